@@ -1,0 +1,36 @@
+"""autoplan: model.py -> trace -> graph -> costs -> ILP plan -> distributed run -> report.
+
+The public API is imported lazily, so ``import autoplan`` stays cheap and planning code
+never pulls in torch.distributed.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_API = {
+    "trace": "autoplan.trace",
+    "trace_model_file": "autoplan.trace",
+    "load_model_file": "autoplan.modelfile",
+    "load_profile": "autoplan.profile",
+    "measure_profile": "autoplan.profile",
+    "estimate": "autoplan.cost",
+    "plan": "autoplan.solve",
+    "parallelize": "autoplan.execute",
+    "report": "autoplan.report",
+    "Graph": "autoplan.types",
+    "Plan": "autoplan.types",
+    "Profile": "autoplan.types",
+    "Cost": "autoplan.types",
+    "AutoplanError": "autoplan.errors",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'autoplan' has no attribute '{name}'")
+    return getattr(importlib.import_module(_API[name]), name)

@@ -1,0 +1,77 @@
+"""The ``autoplan`` command line: a thin shell over the public API.
+
+Each pipeline stage registers its own subcommands (``register(subparsers)`` in its
+``cli`` module), and each subcommand calls one public function. This module only parses
+the shared flags and turns errors into one sentence and a non-zero exit.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from autoplan.errors import AutoplanError
+
+#: Stage modules that add subcommands, in pipeline order.
+COMMAND_MODULES = (
+    "autoplan.trace.cli",
+    "autoplan.profile.cli",
+    "autoplan.solve.cli",
+    "autoplan.execute.cli",
+    "autoplan.report.cli",
+    "autoplan.calibrate.cli",
+)
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show full tracebacks")
+    common.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    parser = argparse.ArgumentParser(
+        prog="autoplan",
+        description="Plan, run and explain hybrid data/tensor/pipeline parallel training.",
+        parents=[common],
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):  # that stage has no commands yet
+                continue
+            raise
+        module.register(subparsers, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        result = args.func(args)
+        return int(result or 0)
+    except AutoplanError as exc:
+        if args.debug:
+            raise
+        print(f"autoplan: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("autoplan: interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
+        if args.debug:
+            raise
+        print(f"autoplan: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback, and please report it).", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Errors a user can act on.
+
+Every stage raises :class:`AutoplanError` (or a subclass) for bad input, with one sentence
+that says what was wrong and what to do. The CLI prints that sentence and exits non-zero;
+it prints a traceback only with ``--debug``. ``assert`` is kept for our own invariants.
+"""
+
+
+class AutoplanError(ValueError):
+    """Bad input from the user: a model file, a profile, a plan or a flag."""
+
+
+class ModelFileError(AutoplanError):
+    """The model file is missing, does not import, or breaks the contract."""
+
+
+class TraceError(AutoplanError):
+    """Neither torch.fx nor torch.export could trace the model."""
+
+
+class ProfileError(AutoplanError):
+    """A hardware profile has a bad field or cannot be found."""
+
+
+class PlanError(AutoplanError):
+    """A plan is invalid, or no plan fits the cluster."""
+
+
+class RunError(AutoplanError):
+    """A distributed run failed: a rank crashed, timed out or mismatched."""

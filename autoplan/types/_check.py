@@ -1,0 +1,56 @@
+"""Small validation helpers shared by the data types.
+
+Each check raises the type's own error with one sentence naming the field, the value and
+what was expected, as torchtitan's ParallelDims does for its degrees.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def require(condition: bool, error: type[Exception], message: str) -> None:
+    """Raise ``error(message)`` unless ``condition`` holds."""
+    if not condition:
+        raise error(message)
+
+
+def require_fields(data: Any, fields: tuple[str, ...], error: type[Exception], what: str) -> None:
+    """Check that a loaded mapping has every required key, naming the first missing one."""
+    require(isinstance(data, dict), error, f"{what} must be a mapping, got {type(data).__name__}.")
+    for name in fields:
+        require(name in data, error, f"{what} is missing the field '{name}'.")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so a crash never
+    leaves a half-written file where the user's last good one was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as indented JSON, atomically."""
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: str | os.PathLike, error: type[Exception], what: str) -> Any:
+    """Read a JSON file, turning a missing file or bad JSON into one clear sentence."""
+    path = Path(path)
+    require(path.is_file(), error, f"{what} file '{path}' does not exist.")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} file '{path}' is not valid JSON ({exc.msg} at line {exc.lineno}).") from None

@@ -1,0 +1,210 @@
+"""The traced model: a cost-annotated operator graph.
+
+A :class:`Graph` is what the tracer hands to the cost model and the planner. It is plain
+data (JSON in, JSON out); :meth:`Graph.nx` gives the ``networkx.DiGraph`` view.
+
+Every number is for ONE global batch of ``batch_size`` samples, unsharded, in the dtype the
+model was traced in. The cost model scales FLOPs and bytes to micro-batches, shards and
+precisions; the tracer never does.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from autoplan.errors import AutoplanError
+from autoplan.types._check import read_json, require, require_fields, write_json_atomic
+
+GRAPH_SCHEMA_VERSION = 1
+
+#: The op kinds a node can have. Parameterised kinds (linear, embedding, conv) are the ones
+#: the planner can split across tensor-parallel ranks.
+OP_KINDS = (
+    "input",        # a placeholder: a forward() argument
+    "output",       # the graph's output
+    "linear",       # y = x W^T + b; attrs: in_features, out_features, bias
+    "embedding",    # a table lookup; attrs: num_embeddings, embedding_dim
+    "conv",         # convolution; attrs: in_channels, out_channels, kernel_size, groups
+    "matmul",       # a matmul between activations (bmm, einsum, @)
+    "attention",    # scaled-dot-product attention; attrs: num_heads, num_kv_heads, head_dim, q_len, kv_len, causal
+    "norm",         # layer norm, RMS norm, batch norm, group norm
+    "elementwise",  # activations, adds, muls, dropout, softmax
+    "reduction",    # sums, means, pooling
+    "view",         # reshapes, transposes, slicing: no FLOPs, usually no bytes
+    "loss",         # the loss function
+    "other",
+)
+PARAM_KINDS = ("linear", "embedding", "conv")
+
+
+class GraphError(AutoplanError):
+    """A graph file is malformed."""
+
+
+@dataclass
+class ParamInfo:
+    """One parameter of the model, by fully qualified name."""
+
+    shape: list[int]
+    dtype: str
+    numel: int
+    bytes: int
+
+
+@dataclass
+class OpNode:
+    """One operator of the traced forward pass.
+
+    ``saved_bytes`` is what autograd keeps from this node for the backward pass: its output
+    when a later op saves it, plus op-internal buffers (softmax statistics, dropout masks)
+    that the op saves itself. The tracer measures it under FakeTensor with saved-tensor hooks.
+    """
+
+    name: str
+    op: str
+    target: str
+    module: str
+    layer: str | None
+    param_names: list[str] = field(default_factory=list)
+    param_count: int = 0
+    param_bytes: int = 0
+    param_dtype: str | None = None
+    output_shape: list[int] = field(default_factory=list)
+    output_dtype: str = ""
+    output_bytes: int = 0
+    saved_bytes: int = 0
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(self.op in OP_KINDS, GraphError, f"node '{self.name}' has op '{self.op}'; expected one of {', '.join(OP_KINDS)}.")
+        for name in ("param_count", "param_bytes", "output_bytes", "saved_bytes", "fwd_flops", "bwd_flops"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 0, GraphError, f"node '{self.name}' has {name}={value!r}; expected an integer >= 0.")
+
+
+@dataclass
+class LayerGroup:
+    """Blocks that are structurally identical (same ops, shapes and parameter shapes).
+
+    The cost model and the solver price one member and reuse the result for the rest.
+    """
+
+    signature: str
+    layers: list[str]
+
+    def __post_init__(self) -> None:
+        require(len(self.layers) >= 1, GraphError, f"layer group '{self.signature}' has no layers.")
+
+
+@dataclass
+class Graph:
+    """A traced model: ordered nodes, data edges, blocks and groups of identical blocks.
+
+    ``layers`` lists the block FQNs in execution order (for a GPT, ``transformer.h.0`` ...).
+    Nodes outside any block (embeddings, the final norm, the head, the loss) have
+    ``layer=None``. ``seq_len`` is the tokens per sample for sequence models, else None.
+    """
+
+    model_name: str
+    batch_size: int
+    trace_method: str
+    nodes: list[OpNode]
+    edges: list[tuple[str, str]]
+    layers: list[str]
+    groups: list[LayerGroup]
+    parameters: dict[str, ParamInfo]
+    seq_len: int | None = None
+    dtype: str = "float32"
+    version: int = GRAPH_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        require(self.batch_size >= 1, GraphError, f"graph batch_size={self.batch_size}; expected >= 1.")
+        require(self.trace_method in ("fx", "export"), GraphError, f"graph trace_method='{self.trace_method}'; expected 'fx' or 'export'.")
+        names = {node.name for node in self.nodes}
+        require(len(names) == len(self.nodes), GraphError, "graph has duplicate node names.")
+        for src, dst in self.edges:
+            require(src in names and dst in names, GraphError, f"graph edge ({src!r}, {dst!r}) names a node that does not exist.")
+        grouped = [layer for group in self.groups for layer in group.layers]
+        require(sorted(grouped) == sorted(self.layers), GraphError, "graph groups must cover every layer exactly once.")
+
+    # ---- views -------------------------------------------------------------------------
+    def nx(self) -> nx.DiGraph:
+        """The graph as a ``networkx.DiGraph`` whose node attribute ``op`` is the OpNode."""
+        graph = nx.DiGraph()
+        for node in self.nodes:
+            graph.add_node(node.name, op=node)
+        graph.add_edges_from(self.edges)
+        return graph
+
+    def node(self, name: str) -> OpNode:
+        return self._by_name()[name]
+
+    def _by_name(self) -> dict[str, OpNode]:
+        cache = self.__dict__.get("_by_name_cache")
+        if cache is None or len(cache) != len(self.nodes):
+            cache = {node.name: node for node in self.nodes}
+            self.__dict__["_by_name_cache"] = cache
+        return cache
+
+    def layer_nodes(self, layer: str | None) -> list[OpNode]:
+        """The nodes of one block, or with ``None`` the nodes outside every block."""
+        return [node for node in self.nodes if node.layer == layer]
+
+    def group_of(self, layer: str) -> LayerGroup:
+        for group in self.groups:
+            if layer in group.layers:
+                return group
+        raise KeyError(layer)
+
+    # ---- totals ------------------------------------------------------------------------
+    @property
+    def param_count(self) -> int:
+        """Unique parameters (a tied embedding counts once)."""
+        return sum(info.numel for info in self.parameters.values())
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(info.bytes for info in self.parameters.values())
+
+    @property
+    def fwd_flops(self) -> int:
+        return sum(node.fwd_flops for node in self.nodes)
+
+    @property
+    def bwd_flops(self) -> int:
+        return sum(node.bwd_flops for node in self.nodes)
+
+    @property
+    def step_flops(self) -> int:
+        """Forward plus backward FLOPs of one global batch, without recomputation."""
+        return self.fwd_flops + self.bwd_flops
+
+    # ---- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["edges"] = [list(edge) for edge in self.edges]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Graph":
+        require_fields(data, ("model_name", "batch_size", "trace_method", "nodes", "edges", "layers", "groups", "parameters"), GraphError, "graph")
+        version = data.get("version", GRAPH_SCHEMA_VERSION)
+        require(version == GRAPH_SCHEMA_VERSION, GraphError, f"graph schema version {version} is not supported; expected {GRAPH_SCHEMA_VERSION}. Re-run 'autoplan trace'.")
+        fields = dict(data)
+        fields["nodes"] = [OpNode(**node) for node in data["nodes"]]
+        fields["edges"] = [tuple(edge) for edge in data["edges"]]
+        fields["groups"] = [LayerGroup(**group) for group in data["groups"]]
+        fields["parameters"] = {name: ParamInfo(**info) for name, info in data["parameters"].items()}
+        return cls(**fields)
+
+    def save(self, path: str | Path) -> Path:
+        return write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Graph":
+        return cls.from_dict(read_json(path, GraphError, "graph"))

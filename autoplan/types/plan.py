@@ -1,0 +1,125 @@
+"""A parallelization plan: what the planner picks and the executor runs.
+
+A Plan is data, not live objects: searching and running are separate steps joined by a
+saved ``plan.json`` (as in alpa's ``parallel_plan.py``). Its schema is versioned; see
+docs/plan-format.md.
+
+Mesh order is ``(pp, dp, tp)`` with tp innermost: ranks ``r`` and ``r+1`` share a tp group,
+so tensor-parallel groups stay inside a node whenever ``tp`` divides the devices per node.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplan.errors import PlanError
+from autoplan.types._check import read_json, require, require_fields, write_json_atomic
+
+PLAN_SCHEMA_VERSION = 1
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("fp32", "bf16", "fp16")
+#: Tensor-parallel splits of one module, in torch.distributed.tensor.parallel's terms.
+#: For an Embedding, "rowwise" splits the vocabulary and "colwise" the embedding dim.
+#: "sequence_parallel" applies to norms and element-wise modules: shard the sequence dim.
+SPLITS = ("replicate", "colwise", "rowwise", "sequence_parallel")
+
+
+@dataclass
+class Plan:
+    """One hybrid data/tensor/pipeline plan.
+
+    ``stages[i]`` lists the block FQNs that pipeline stage ``i`` runs, in order (with
+    interleaving, ``pp * virtual_stages`` chunks, chunk ``c`` on stage ``c % pp``). Modules outside every
+    block go to the first stage (those before the first block) or the last (those after).
+    ``tp_plan`` maps a module FQN to one of :data:`SPLITS`; a module not named is replicated.
+    ``predicted`` is the cost model's breakdown (see :class:`autoplan.types.cost.Cost`).
+    """
+
+    devices: int
+    dp: int
+    tp: int
+    pp: int
+    micro_batch_size: int
+    num_microbatches: int
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    zero_stage: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    precision: str = "fp32"
+    stages: list[list[str]] = field(default_factory=list)
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    model: str = ""
+    profile: str = ""
+    predicted: dict[str, Any] = field(default_factory=dict)
+    version: int = PLAN_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        self._check_degrees()
+        self._check_choices()
+        self._check_stages()
+
+    def _check_degrees(self) -> None:
+        for name in ("devices", "dp", "tp", "pp", "micro_batch_size", "num_microbatches", "virtual_stages"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 1, PlanError, f"plan {name}={value!r}; expected an integer >= 1.")
+        require(
+            self.dp * self.tp * self.pp == self.devices, PlanError,
+            f"plan dp*tp*pp must equal devices: dp={self.dp} * tp={self.tp} * pp={self.pp} = {self.dp * self.tp * self.pp}, devices={self.devices}.",
+        )
+        require(self.zero_stage in (0, 1, 2, 3), PlanError, f"plan zero_stage={self.zero_stage!r}; expected 0, 1, 2 or 3.")
+
+    def _check_choices(self) -> None:
+        require(self.schedule in SCHEDULES, PlanError, f"plan schedule='{self.schedule}'; expected one of {', '.join(SCHEDULES)}.")
+        require(self.recompute in RECOMPUTE, PlanError, f"plan recompute='{self.recompute}'; expected one of {', '.join(RECOMPUTE)}.")
+        require(self.precision in PRECISIONS, PlanError, f"plan precision='{self.precision}'; expected one of {', '.join(PRECISIONS)}.")
+        require(self.virtual_stages == 1 or self.schedule == "interleaved_1f1b", PlanError,
+                f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'.")
+        for module, split in self.tp_plan.items():
+            require(split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
+        require(not self.sequence_parallel or self.tp > 1, PlanError, "plan sequence_parallel=true needs tp > 1.")
+
+    def _check_stages(self) -> None:
+        if not self.stages:
+            return
+        chunks = self.pp * self.virtual_stages
+        require(len(self.stages) == chunks, PlanError,
+                f"plan has {len(self.stages)} stages; expected pp*virtual_stages = {chunks}.")
+        flat = [layer for stage in self.stages for layer in stage]
+        require(len(flat) == len(set(flat)), PlanError, "plan stages list a layer more than once.")
+
+    # ---- derived -----------------------------------------------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        return self.dp * self.micro_batch_size * self.num_microbatches
+
+    def describe(self) -> str:
+        """A one-line human summary, e.g. ``dp=4 tp=2 pp=1 mbs=2x4 1f1b zero=1 rc=none bf16``."""
+        sp = " sp" if self.sequence_parallel else ""
+        v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return (f"dp={self.dp} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
+                f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}")
+
+    # ---- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        require_fields(data, ("devices", "dp", "tp", "pp", "micro_batch_size", "num_microbatches"), PlanError, "plan")
+        version = data.get("version", PLAN_SCHEMA_VERSION)
+        require(version == PLAN_SCHEMA_VERSION, PlanError, f"plan schema version {version} is not supported; expected {PLAN_SCHEMA_VERSION}.")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        require(not unknown, PlanError, f"plan has unknown field '{unknown[0] if unknown else ''}'; expected only {', '.join(sorted(known))}.")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> Path:
+        return write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        return cls.from_dict(read_json(path, PlanError, "plan"))

@@ -1,0 +1,182 @@
+"""A hardware profile: one kind of node, and how nodes connect.
+
+Profiles are data (YAML or JSON; see docs/profile-format.md). A profile plus a device count
+gives a cluster: ``devices_per_node`` devices share the intra-node link, and groups that span
+nodes use the inter-node link. Every number carries a ``source``: a datasheet, a published
+measurement, or "measured on <host> at <date> with <tool version>".
+
+Compute model (roofline with a saturating efficiency curve):
+
+    t_op = max(F / (peak[dtype] * eff(F)),  B / (mem_bw * mem_eff))
+    eff(F) = max_efficiency * F / (F + half_saturation_flops)
+
+Collective model (nccl-tests "bus bandwidth" convention, Thakur et al. 2005):
+
+    t(n, S) = alpha_s * latency_steps(n) + c(n) * S / busbw_bytes_per_s
+    c = 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for send_recv
+
+where S is the full message (for all_gather, the gathered output) in bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autoplan.errors import ProfileError
+from autoplan.types._check import require
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16")
+OP_CLASSES = ("matmul", "attention", "conv")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def _positive(owner: str, name: str, value: Any) -> None:
+    require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, ProfileError,
+            f"profile field '{owner}.{name}' is {value!r}; expected a positive number.")
+
+
+def _sourced(owner: str, source: Any) -> None:
+    require(isinstance(source, str) and source.strip() != "", ProfileError,
+            f"profile field '{owner}.source' is {source!r}; expected a non-empty string naming where the numbers come from.")
+
+
+@dataclass
+class Efficiency:
+    """Achieved fraction of peak as a function of an op's FLOPs: a*F/(F+F_half)."""
+
+    max_efficiency: float
+    half_saturation_flops: float
+    source: str
+
+    def check(self, owner: str) -> None:
+        _positive(owner, "max_efficiency", self.max_efficiency)
+        require(self.max_efficiency <= 1.0, ProfileError,
+                f"profile field '{owner}.max_efficiency' is {self.max_efficiency}; expected a fraction in (0, 1].")
+        require(self.half_saturation_flops >= 0, ProfileError,
+                f"profile field '{owner}.half_saturation_flops' is {self.half_saturation_flops}; expected >= 0.")
+        _sourced(owner, self.source)
+
+    def __call__(self, flops: float) -> float:
+        return self.max_efficiency * flops / (flops + self.half_saturation_flops) if flops > 0 else self.max_efficiency
+
+
+@dataclass
+class OpTiming:
+    """A measured op time: op kind, shape key (e.g. "m=4096,n=4096,k=4096"), dtype, median seconds."""
+
+    op: str
+    shape: str
+    dtype: str
+    time_s: float
+
+
+@dataclass
+class DeviceSpec:
+    name: str
+    memory_bytes: int
+    peak_flops: dict[str, float]
+    memory_bandwidth_bytes_per_s: float
+    efficiency: dict[str, Efficiency]
+    source: str
+    memory_efficiency: float = 0.8
+    op_table: list[OpTiming] = field(default_factory=list)
+
+    def check(self) -> None:
+        _positive("device", "memory_bytes", self.memory_bytes)
+        _positive("device", "memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
+        _positive("device", "memory_efficiency", self.memory_efficiency)
+        _sourced("device", self.source)
+        require(isinstance(self.peak_flops, dict) and self.peak_flops, ProfileError,
+                "profile field 'device.peak_flops' is empty; expected FLOP/s for at least one of " + ", ".join(DTYPES) + ".")
+        for dtype, value in self.peak_flops.items():
+            require(dtype in DTYPES, ProfileError, f"profile field 'device.peak_flops' has dtype '{dtype}'; expected one of {', '.join(DTYPES)}.")
+            _positive("device.peak_flops", dtype, value)
+        require("matmul" in self.efficiency, ProfileError, "profile field 'device.efficiency' has no 'matmul' entry; expected one per op class.")
+        for op_class, eff in self.efficiency.items():
+            require(op_class in OP_CLASSES, ProfileError, f"profile field 'device.efficiency' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.")
+            eff.check(f"device.efficiency.{op_class}")
+
+
+@dataclass
+class CollectiveFit:
+    """alpha-beta fit of one collective on one link; ``points`` keeps the raw measurements
+    as [group_size, message_bytes, time_s] rows."""
+
+    alpha_s: float
+    busbw_bytes_per_s: float
+    source: str
+    points: list[list[float]] = field(default_factory=list)
+
+    def check(self, owner: str) -> None:
+        require(isinstance(self.alpha_s, (int, float)) and self.alpha_s >= 0, ProfileError,
+                f"profile field '{owner}.alpha_s' is {self.alpha_s!r}; expected a number >= 0 (seconds).")
+        _positive(owner, "busbw_bytes_per_s", self.busbw_bytes_per_s)
+        _sourced(owner, self.source)
+
+
+@dataclass
+class LinkSpec:
+    name: str
+    collectives: dict[str, CollectiveFit]
+
+    def check(self, owner: str) -> None:
+        for kind in COLLECTIVES:
+            require(kind in self.collectives, ProfileError,
+                    f"profile field '{owner}.collectives' has no '{kind}'; expected all of {', '.join(COLLECTIVES)}.")
+        for kind, fit in self.collectives.items():
+            require(kind in COLLECTIVES, ProfileError, f"profile field '{owner}.collectives' has '{kind}'; expected one of {', '.join(COLLECTIVES)}.")
+            fit.check(f"{owner}.collectives.{kind}")
+
+
+@dataclass
+class Profile:
+    name: str
+    device: DeviceSpec
+    devices_per_node: int
+    intra_node: LinkSpec
+    inter_node: LinkSpec | None = None
+    backend: str = "nccl"
+    threads: int | None = None
+    price_per_device_hour: float | None = None
+    price_source: str | None = None
+    description: str = ""
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.devices_per_node, int) and self.devices_per_node >= 1, ProfileError,
+                f"profile field 'devices_per_node' is {self.devices_per_node!r}; expected an integer >= 1.")
+        require(self.backend in ("nccl", "gloo"), ProfileError, f"profile field 'backend' is {self.backend!r}; expected 'nccl' or 'gloo'.")
+        if self.price_per_device_hour is not None:
+            _positive("profile", "price_per_device_hour", self.price_per_device_hour)
+        self.device.check()
+        self.intra_node.check("intra_node")
+        if self.inter_node is not None:
+            self.inter_node.check("inter_node")
+
+    def link(self, spans_nodes: bool) -> LinkSpec:
+        """The link a collective uses: inter-node when its group spans nodes."""
+        if spans_nodes:
+            if self.inter_node is None:
+                raise ProfileError(f"profile '{self.name}' has no inter_node link, so it cannot describe more than {self.devices_per_node} devices.")
+            return self.inter_node
+        return self.intra_node
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Profile":
+        """Build from a loaded mapping; the profile io module turns KeyError/TypeError into
+        ProfileError naming the field."""
+        device = dict(data["device"])
+        device["efficiency"] = {k: Efficiency(**v) for k, v in device["efficiency"].items()}
+        device["op_table"] = [OpTiming(**row) for row in device.get("op_table", [])]
+        fields = dict(data)
+        fields["device"] = DeviceSpec(**device)
+        fields["intra_node"] = _link(data["intra_node"])
+        fields["inter_node"] = _link(data["inter_node"]) if data.get("inter_node") else None
+        return cls(**fields)
+
+
+def _link(data: dict[str, Any]) -> LinkSpec:
+    return LinkSpec(name=data["name"], collectives={k: CollectiveFit(**v) for k, v in data["collectives"].items()})
