@@ -68,6 +68,7 @@ class OpTiming:
     shape: str
     dtype: str
     time_s: float
+    flops: float = 0.0  # FLOPs of one call (0 when unknown), so achieved FLOP/s = flops / time_s
 
 
 @dataclass
@@ -80,6 +81,15 @@ class DeviceSpec:
     source: str
     memory_efficiency: float = 0.8
     op_table: list[OpTiming] = field(default_factory=list)
+    #: Optional per-dtype curves that override ``efficiency`` (a measured CPU's bf16 and fp32
+    #: kernels saturate differently); ``efficiency_for`` picks the right one.
+    efficiency_by_dtype: dict[str, dict[str, Efficiency]] = field(default_factory=dict)
+
+    def efficiency_for(self, op_class: str, dtype: str) -> Efficiency:
+        """The efficiency curve of ``op_class`` in ``dtype``: the per-dtype one when given, else the default
+        (falling back to matmul's when the op class has none)."""
+        curves = {**self.efficiency, **self.efficiency_by_dtype.get(dtype, {})}
+        return curves.get(op_class) or curves["matmul"]
 
     def check(self) -> None:
         _positive("device", "memory_bytes", self.memory_bytes)
@@ -95,6 +105,11 @@ class DeviceSpec:
         for op_class, eff in self.efficiency.items():
             require(op_class in OP_CLASSES, ProfileError, f"profile field 'device.efficiency' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.")
             eff.check(f"device.efficiency.{op_class}")
+        for dtype, curves in self.efficiency_by_dtype.items():
+            require(dtype in DTYPES, ProfileError, f"profile field 'device.efficiency_by_dtype' has dtype '{dtype}'; expected one of {', '.join(DTYPES)}.")
+            for op_class, eff in curves.items():
+                require(op_class in OP_CLASSES, ProfileError, f"profile field 'device.efficiency_by_dtype.{dtype}' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.")
+                eff.check(f"device.efficiency_by_dtype.{dtype}.{op_class}")
 
 
 @dataclass
@@ -171,6 +186,8 @@ class Profile:
         device = dict(data["device"])
         device["efficiency"] = {k: Efficiency(**v) for k, v in device["efficiency"].items()}
         device["op_table"] = [OpTiming(**row) for row in device.get("op_table", [])]
+        device["efficiency_by_dtype"] = {dtype: {k: Efficiency(**v) for k, v in curves.items()}
+                                         for dtype, curves in (device.get("efficiency_by_dtype") or {}).items()}
         fields = dict(data)
         fields["device"] = DeviceSpec(**device)
         fields["intra_node"] = _link(data["intra_node"])

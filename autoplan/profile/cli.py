@@ -1,0 +1,109 @@
+"""``autoplan profile``: measure this machine into a profile file, or check and show one.
+
+    autoplan profile --devices N --out profiles/NAME.yaml [--model MODEL.py --batch B] [--threads T]
+    autoplan profile --show NAME_OR_PATH
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from autoplan.errors import ProfileError
+from autoplan.types.profile import Profile
+
+
+def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser("profile", parents=[common], help="measure this machine into a hardware profile, or check one",
+                                   description="Measure compute, memory bandwidth and N-process collectives on this machine "
+                                               "and write a profile (see docs/profile-format.md); or check and show a profile.")
+    parser.add_argument("--devices", type=int, default=2, help="processes (GPUs, or CPU ranks) to measure collectives between (default 2)")
+    parser.add_argument("--out", help="where to write the profile (.yaml or .json)")
+    parser.add_argument("--name", help="profile name (default: the --out file stem)")
+    parser.add_argument("--threads", type=int, help="intra-op threads per process (default: cores // devices)")
+    parser.add_argument("--model", help="also time each traced op of this model file")
+    parser.add_argument("--batch", type=int, default=1, help="global batch for --model (default 1)")
+    parser.add_argument("--quick", action="store_true", help="a small sweep (seconds), for smoke tests")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the collective processes are stopped (default 300)")
+    parser.add_argument("--show", metavar="PROFILE", help="load, validate and summarise a profile (name or path) instead of measuring")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoplan.profile.io import load_profile, save_profile
+
+    if args.show:
+        profile = load_profile(args.show)
+        _print(summary(profile), args)
+        return 0
+    _check_args(args)
+    from autoplan.profile.measure import measure_profile
+    from autoplan.profile.measure.collectives import CommSweep
+    from autoplan.profile.measure.compute import DEFAULT_SWEEP, QUICK_SWEEP
+
+    started = time.perf_counter()
+    quick_comm = CommSweep(max_bytes=4 * 2**20, factor=4)
+    profile = measure_profile(devices=args.devices, name=args.name or _stem(args.out), threads=args.threads,
+                              compute_sweep=QUICK_SWEEP if args.quick else DEFAULT_SWEEP,
+                              comm_sweep=quick_comm if args.quick else CommSweep(),
+                              model=args.model, batch=args.batch, progress=not (args.quiet or args.json),
+                              timeout_s=args.timeout)
+    path = save_profile(profile, args.out)
+    _print({**summary(profile), "written": str(path), "wall_s": round(time.perf_counter() - started, 1)}, args)
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not args.out:
+        raise ProfileError("autoplan profile needs --out PATH.yaml (or --show PROFILE to check an existing one).")
+    if args.devices < 2:
+        raise ProfileError(f"--devices is {args.devices}; expected at least 2 processes to measure collectives.")
+    if args.threads is not None and args.threads < 1:
+        raise ProfileError(f"--threads is {args.threads}; expected an integer >= 1.")
+    if args.batch < 1:
+        raise ProfileError(f"--batch is {args.batch}; expected an integer >= 1.")
+
+
+def _stem(path: str) -> str:
+    from pathlib import Path
+    return Path(path).stem
+
+
+def summary(profile: Profile) -> dict[str, Any]:
+    """The headline numbers of a profile, in SI units."""
+    device = profile.device
+    links = {"intra_node": profile.intra_node, "inter_node": profile.inter_node}
+    return {
+        "name": profile.name, "device": device.name, "devices_per_node": profile.devices_per_node,
+        "backend": profile.backend, "threads": profile.threads,
+        "memory_bytes": device.memory_bytes,
+        "peak_flops": device.peak_flops,
+        "memory_bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s,
+        "efficiency": {k: [round(v.max_efficiency, 3), v.half_saturation_flops] for k, v in device.efficiency.items()},
+        "links": {name: {k: {"alpha_s": f.alpha_s, "busbw_bytes_per_s": f.busbw_bytes_per_s} for k, f in link.collectives.items()}
+                  for name, link in links.items() if link is not None},
+        "price_per_device_hour": profile.price_per_device_hour,
+    }
+
+
+def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return
+    if args.quiet:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{data['name']}[/]: {data['device']}, {data['devices_per_node']} per node, backend {data['backend']}, threads {data['threads']}")
+    console.print("peak FLOP/s: " + ", ".join(f"{k} {v / 1e12:.3g} T" for k, v in data["peak_flops"].items())
+                  + f"; memory {data['memory_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s")
+    table = Table("link", "collective", "alpha (us)", "busbw (GB/s)")
+    for link, fits in data["links"].items():
+        for kind, fit in fits.items():
+            table.add_row(link, kind, f"{fit['alpha_s'] * 1e6:.1f}", f"{fit['busbw_bytes_per_s'] / 1e9:.3g}")
+    console.print(table)
+    if "written" in data:
+        console.print(f"wrote {data['written']} in {data['wall_s']} s")

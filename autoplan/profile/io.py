@@ -1,0 +1,154 @@
+"""Load and save hardware profiles (YAML or JSON).
+
+``load_profile(name_or_path)`` takes a path to a ``.yaml``/``.yml``/``.json`` file, or a
+file stem such as ``dgx-h100`` that is looked up in ``./profiles/`` and then in the
+``profiles/`` folder shipped beside the package. Every way a file can be wrong (missing,
+unparsable, a missing or unknown field, a bad value) raises :class:`ProfileError` with one
+sentence naming the file, the field, the value and what was expected.
+
+``save_profile(profile, path)`` writes YAML or JSON by the path's suffix, atomically.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autoplan.errors import ProfileError
+from autoplan.types._check import write_text_atomic
+from autoplan.types.profile import CollectiveFit, DeviceSpec, Efficiency, LinkSpec, OpTiming, Profile
+
+SUFFIXES = (".yaml", ".yml", ".json")
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "profiles"
+
+#: Which dataclass describes the mapping found at each nesting level ("*" = any key).
+_SCHEMA: dict[tuple[str, ...], type] = {
+    (): Profile,
+    ("device",): DeviceSpec,
+    ("device", "efficiency", "*"): Efficiency,
+    ("device", "op_table", "*"): OpTiming,
+    ("intra_node",): LinkSpec,
+    ("inter_node",): LinkSpec,
+    ("intra_node", "collectives", "*"): CollectiveFit,
+    ("inter_node", "collectives", "*"): CollectiveFit,
+}
+
+
+class _Loader(yaml.SafeLoader):
+    """A safe loader that also reads ``200e9`` and ``1e-5`` as floats (YAML 1.1 wants a dot)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def search_dirs() -> list[Path]:
+    """Folders searched for a profile given by stem: ./profiles, then the shipped folder."""
+    dirs = [Path.cwd() / "profiles", SHIPPED_DIR]
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def available_profiles() -> list[str]:
+    """Stems of every profile file found in :func:`search_dirs`."""
+    return sorted({p.stem for d in search_dirs() if d.is_dir() for p in d.iterdir() if p.suffix in SUFFIXES})
+
+
+def resolve_profile_path(name_or_path: str | os.PathLike) -> Path:
+    """A path that exists, or the file a stem names in :func:`search_dirs`."""
+    path = Path(name_or_path)
+    if path.suffix in SUFFIXES or len(path.parts) > 1:
+        if not path.is_file():
+            raise ProfileError(f"profile file '{path}' does not exist; give an existing .yaml/.json path or one of: {', '.join(available_profiles())}.")
+        return path
+    for folder in search_dirs():
+        for suffix in SUFFIXES:
+            if (folder / f"{path.name}{suffix}").is_file():
+                return folder / f"{path.name}{suffix}"
+    raise ProfileError(f"no profile named '{name_or_path}'; use one of: {', '.join(available_profiles())}, or give a file path.")
+
+
+def load_profile(name_or_path: str | os.PathLike | Profile) -> Profile:
+    """Load and validate a profile by stem or path (a Profile is returned unchanged)."""
+    if isinstance(name_or_path, Profile):
+        return name_or_path
+    path = resolve_profile_path(name_or_path)
+    data = _parse(path)
+    try:
+        _check_fields(data, (), path)
+        return Profile.from_dict(data)
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ProfileError(f"{path}: profile is malformed ({exc}); see docs/profile-format.md.") from None
+
+
+def _parse(path: Path) -> Any:
+    text = path.read_text()
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_Loader)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"profile file '{path}' is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "parse error"
+        raise ProfileError(f"profile file '{path}' is not valid YAML ({problem}{where}).") from None
+
+
+def _check_fields(data: Any, where: tuple[str, ...], path: Path) -> None:
+    """Walk the mapping against the dataclasses, naming the first missing or unknown field."""
+    kind = _SCHEMA.get(where) or _SCHEMA.get(where[:-1] + ("*",))
+    label = ".".join(where) or "the top level"
+    if kind is None:
+        return
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile field '{label}' is {type(data).__name__} {data!r:.60}; expected a mapping.")
+    fields = {f.name: f for f in dataclasses.fields(kind)}
+    for name, spec in fields.items():
+        required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+        if required and name not in data:
+            raise ProfileError(f"profile is missing the field '{'.'.join(where + (name,))}'; see docs/profile-format.md.")
+    for name, value in data.items():
+        if name not in fields:
+            raise ProfileError(f"profile has an unknown field '{'.'.join(where + (str(name),))}'; expected one of {', '.join(fields)}.")
+        _check_children(value, where + (name,), path)
+
+
+def _check_children(value: Any, where: tuple[str, ...], path: Path) -> None:
+    if where in _SCHEMA:
+        if value is not None or where == ("device",):
+            _check_fields(value, where, path)
+        return
+    child = where + ("*",)
+    if child not in _SCHEMA:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_fields(item, where + (str(key),), path)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_fields(item, where + (str(index),), path)
+    else:
+        raise ProfileError(f"profile field '{'.'.join(where)}' is {value!r:.60}; expected a mapping or list.")
+
+
+def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
+    """Validate and write ``profile`` as YAML (.yaml/.yml) or JSON (.json), atomically."""
+    path = Path(path)
+    if path.suffix not in SUFFIXES:
+        raise ProfileError(f"profile output '{path}' has suffix '{path.suffix}'; expected one of {', '.join(SUFFIXES)}.")
+    data = profile.to_dict()
+    Profile.from_dict(data)  # re-validate: the object may have been changed after it was built
+    if path.suffix == ".json":
+        text = json.dumps(data, indent=2) + "\n"
+    else:
+        text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+    return write_text_atomic(path, text)

@@ -1,0 +1,99 @@
+"""How well does a freshly measured profile predict sizes it was not fitted on?
+
+1. Measure a profile of this machine (compute sweep; collectives at 1 KB * 4^i up to 256 MB).
+2. Measure HELD-OUT matmul shapes (none in the sweep) and collective sizes 2 KB * 4^i
+   (between the fitted sizes) with the same thread count.
+3. Predict each from the profile: matmul t = (F + F_half) / (a * peak[dtype]) with the dtype's
+   curve; collective t = alpha + c(n) * S / busbw. Print the error table; write CSV to
+   benchmarks/results/profile_accuracy.csv.
+
+Run:  python benchmarks/profile_accuracy.py [--devices 2]
+Timings on a shared machine are noisy; errors are |pred - meas| / meas.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from autoplan.profile import measure_profile
+from autoplan.profile.fit import predict_collective_s, predict_op_s
+from autoplan.profile.measure import CommSweep
+from autoplan.profile.measure.collectives import measure_collectives
+from autoplan.profile.measure.compute import matmul_case, time_case
+from autoplan.profile.measure.timing import default_device
+
+HELD_OUT_MATMULS = [(96, 96, 96), (192, 192, 192), (384, 384, 384), (768, 768, 768), (1536, 1536, 1536),
+                    (3000, 1000, 500), (1536, 512, 2048), (200, 4000, 1000), (8192, 128, 256), (512, 3072, 768)]
+FIT_COMM = CommSweep(min_bytes=1024, max_bytes=256 * 2**20, factor=4)
+HELD_OUT_COMM = CommSweep(min_bytes=2048, max_bytes=128 * 2**20, factor=4)
+OUT = Path(__file__).resolve().parent / "results" / "profile_accuracy.csv"
+
+
+def matmul_rows(profile, device) -> list[dict]:
+    rows = []
+    for dtype in profile.device.peak_flops:
+        curve = profile.device.efficiency_for("matmul", dtype)
+        for m, n, k in HELD_OUT_MATMULS:
+            case = matmul_case(m=m, n=n, k=k)
+            measured = time_case(case, dtype_name=dtype, device=device, budget_s=0.3).time_s
+            predicted = predict_op_s(flops=case.flops, peak_flops=profile.device.peak_flops[dtype],
+                                     max_efficiency=curve.max_efficiency, half_saturation_flops=curve.half_saturation_flops)
+            rows.append(_row("matmul", case.shape, dtype, measured, predicted))
+    return rows
+
+
+def collective_rows(profile, devices: int) -> list[dict]:
+    _, points = measure_collectives(processes=devices, threads=profile.threads, sweep=HELD_OUT_COMM, timeout_s=300)
+    rows = []
+    for kind, pts in points.items():
+        fit = profile.intra_node.collectives[kind]
+        for group, size, measured in pts:
+            predicted = predict_collective_s(kind=kind, group_size=int(group), message_bytes=size, alpha_s=fit.alpha_s,
+                                             busbw_bytes_per_s=fit.busbw_bytes_per_s)
+            rows.append(_row(kind, f"{int(size)} B", f"n={int(group)}", measured, predicted))
+    return rows
+
+
+def _row(kind: str, shape: str, what: str, measured: float, predicted: float) -> dict:
+    return {"kind": kind, "shape": shape, "dtype_or_group": what, "measured_s": measured, "predicted_s": predicted,
+            "error_pct": 100.0 * (predicted - measured) / measured}
+
+
+def show(rows: list[dict]) -> None:
+    table = Table("kind", "shape", "dtype/group", "measured", "predicted", "error")
+    for r in rows:
+        table.add_row(r["kind"], r["shape"], r["dtype_or_group"], f"{r['measured_s'] * 1e3:.3f} ms",
+                      f"{r['predicted_s'] * 1e3:.3f} ms", f"{r['error_pct']:+.1f}%")
+    summary = Table("kind", "dtype/group", "points", "median |error|", "max |error|")
+    for key in dict.fromkeys((r["kind"], r["dtype_or_group"]) for r in rows):
+        errs = [abs(r["error_pct"]) for r in rows if (r["kind"], r["dtype_or_group"]) == key]
+        summary.add_row(*key, str(len(errs)), f"{statistics.median(errs):.1f}%", f"{max(errs):.1f}%")
+    console = Console()
+    console.print(table)
+    console.print(summary)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=2)
+    args = parser.parse_args()
+    profile = measure_profile(devices=args.devices, name="benchmark", comm_sweep=FIT_COMM)
+    torch.set_num_threads(profile.threads)
+    rows = matmul_rows(profile, default_device()) + collective_rows(profile, args.devices)
+    show(rows)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with OUT.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""A real two-process gloo profiling run (small sweep) yields a valid, monotone profile."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplan.profile import load_profile, measure_profile, save_profile
+from autoplan.profile.fit import predict_collective_s
+from autoplan.profile.measure import CommSweep
+from autoplan.profile.measure.compute import QUICK_SWEEP
+from autoplan.types.profile import COLLECTIVES
+
+
+@pytest.mark.slow
+def test_two_process_gloo_profile(tmp_path: Path) -> None:
+    sweep = CommSweep(max_bytes=2**20, factor=4)
+    profile = measure_profile(devices=2, name="t", compute_sweep=QUICK_SWEEP, comm_sweep=sweep, progress=False, timeout_s=120)
+    assert profile.backend == "gloo" and profile.devices_per_node == 2 and profile.threads >= 1
+    assert profile.device.memory_bandwidth_bytes_per_s > 0 and set(profile.device.peak_flops) == {"fp32", "bf16"}
+    assert {row.op for row in profile.device.op_table} == {"matmul", "attention", "conv"}
+    for kind in COLLECTIVES:
+        fit = profile.intra_node.collectives[kind]
+        assert fit.busbw_bytes_per_s > 0 and fit.alpha_s >= 0
+        assert [int(p[1]) for p in fit.points] == sweep.sizes() and all(p[2] > 0 for p in fit.points)
+        group = int(fit.points[0][0])
+        times = [predict_collective_s(kind=kind, group_size=group, message_bytes=size, alpha_s=fit.alpha_s,
+                                      busbw_bytes_per_s=fit.busbw_bytes_per_s) for size in sweep.sizes()]
+        assert all(a < b for a, b in zip(times, times[1:]))
+    path = save_profile(profile, tmp_path / "t.yaml")
+    assert load_profile(path).to_dict() == profile.to_dict()

@@ -1,0 +1,139 @@
+"""Profiles load, validate, round-trip (YAML and JSON), and bad files give one clear line."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autoplan.cli import main
+from autoplan.errors import ProfileError
+from autoplan.profile import available_profiles, load_profile, save_profile
+from autoplan.types.profile import COLLECTIVES, Profile
+
+SHIPPED = ["dgx-a100", "dgx-h100", "dgx-h200", "cpu-gloo"]
+
+
+@pytest.fixture
+def data() -> dict:
+    return load_profile("dgx-a100").to_dict()
+
+
+def _write(tmp_path: Path, data: object, name: str = "p.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_profile_validates_and_names_its_sources(name: str) -> None:
+    profile = load_profile(name)
+    assert name in available_profiles()
+    assert profile.device.peak_flops and all(v > 0 for v in profile.device.peak_flops.values())
+    for link in filter(None, [profile.intra_node, profile.inter_node]):
+        assert set(link.collectives) == set(COLLECTIVES)
+        assert all(fit.busbw_bytes_per_s > 0 and fit.source.strip() for fit in link.collectives.values())
+
+
+def test_cpu_profile_records_threads_and_raw_points() -> None:
+    profile = load_profile("cpu-gloo")
+    assert profile.backend == "gloo" and profile.threads >= 1
+    points = profile.intra_node.collectives["all_reduce"].points
+    assert len(points) >= 5 and points[0][0] == profile.devices_per_node
+    assert profile.device.op_table and all(row.time_s > 0 for row in profile.device.op_table)
+
+
+def test_datasheet_numbers_match_hardware_csv() -> None:
+    a100, h100 = load_profile("dgx-a100"), load_profile("dgx-h100")
+    assert a100.device.peak_flops["bf16"] == pytest.approx(312e12)
+    assert h100.device.peak_flops["bf16"] == pytest.approx(989.4e12)
+    assert a100.inter_node.collectives["all_reduce"].busbw_bytes_per_s == pytest.approx(192e9)
+    assert 150e9 < a100.intra_node.collectives["all_reduce"].busbw_bytes_per_s < 240e9
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_round_trip(tmp_path: Path, suffix: str) -> None:
+    original = load_profile("cpu-gloo")
+    path = save_profile(original, tmp_path / f"copy{suffix}")
+    assert load_profile(path).to_dict() == original.to_dict()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_load_by_path_and_profile_passthrough(tmp_path: Path, data: dict) -> None:
+    profile = load_profile(_write(tmp_path, data))
+    assert isinstance(profile, Profile) and load_profile(profile) is profile
+
+
+def test_exponent_floats_without_dot_are_read_as_numbers(tmp_path: Path, data: dict) -> None:
+    text = yaml.safe_dump(data).replace("price_per_device_hour: null", "price_per_device_hour: 2e0")
+    assert load_profile(_write(tmp_path, text)).price_per_device_hour == 2.0
+
+
+def _broken(data: dict, edit) -> dict:
+    data = copy.deepcopy(data)
+    edit(data)
+    return data
+
+
+BAD_CASES = {
+    "missing field": (lambda d: d["device"].pop("peak_flops"), "missing the field 'device.peak_flops'"),
+    "negative bandwidth": (lambda d: d["intra_node"]["collectives"]["all_reduce"].__setitem__("busbw_bytes_per_s", -1.0),
+                           "'intra_node.collectives.all_reduce.busbw_bytes_per_s' is -1.0"),
+    "unknown dtype": (lambda d: d["device"]["peak_flops"].__setitem__("fp7", 1e12), "dtype 'fp7'"),
+    "unknown field": (lambda d: d.__setitem__("colour", "red"), "unknown field 'colour'"),
+    "missing collective": (lambda d: d["intra_node"]["collectives"].pop("all_to_all"), "has no 'all_to_all'"),
+    "efficiency above one": (lambda d: d["device"]["efficiency"]["matmul"].__setitem__("max_efficiency", 1.5), "max_efficiency' is 1.5"),
+    "empty source": (lambda d: d["device"].__setitem__("source", ""), "'device.source'"),
+    "bad backend": (lambda d: d.__setitem__("backend", "mpi"), "'backend' is 'mpi'"),
+    "not a mapping": (lambda d: d.__setitem__("device", [1, 2]), "'device' is list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_fields_give_one_line_naming_field_and_value(tmp_path: Path, data: dict, case: str) -> None:
+    edit, expected = BAD_CASES[case]
+    path = _write(tmp_path, _broken(data, edit))
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert expected in message and "\n" not in message and str(path) in message
+
+
+def test_missing_file_and_unknown_name(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile(tmp_path / "nope.yaml")
+    with pytest.raises(ProfileError, match="no profile named 'dgx-z9'.*dgx-a100"):
+        load_profile("dgx-z9")
+
+
+def test_bad_yaml_and_bad_json(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match=r"not valid YAML .* line \d"):
+        load_profile(_write(tmp_path, "name: x\ndevice: [1, 2\n"))
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        load_profile(_write(tmp_path, "{bad", "p.json"))
+
+
+def test_save_rejects_unknown_suffix(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="suffix '.txt'"):
+        save_profile(load_profile("dgx-h100"), tmp_path / "p.txt")
+
+
+def test_cli_show_prints_one_line_error_and_exits_2(tmp_path: Path, data: dict, capsys: pytest.CaptureFixture) -> None:
+    bad = _write(tmp_path, _broken(data, lambda d: d["device"].__setitem__("memory_bandwidth_bytes_per_s", -5)))
+    assert main(["profile", "--show", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "memory_bandwidth_bytes_per_s' is -5" in err
+    assert main(["profile", "--show", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_show_json(capsys: pytest.CaptureFixture) -> None:
+    assert main(["profile", "--json", "--show", "dgx-h200"]) == 0
+    out = capsys.readouterr().out
+    assert '"devices_per_node": 8' in out and '"inter_node"' in out
+
+
+def test_cli_measure_needs_out(capsys: pytest.CaptureFixture) -> None:
+    assert main(["profile", "--devices", "2"]) == 2
+    assert "--out" in capsys.readouterr().err
