@@ -1,0 +1,143 @@
+"""Per-block summaries: what one micro-batch of one block costs on one device.
+
+A :class:`LayerSummary` is priced once per (block group, tp splits, tp, tp group, sequence
+parallelism, precision, micro-batch fraction) and reused for every block of the group and
+every plan that shares those choices, so :class:`autoplan.cost.model.CostModel` prices a
+plan with arithmetic only.
+
+Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
+
+- ``fwd_s``/``bwd_s``: sum of :func:`autoplan.cost.compute.op_time_s` over the block's nodes,
+  each with its compute shard from ``tensor_parallel.tp_layer_cost``.
+- ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
+- ``saved_bytes``: sum of ``saved_bytes * f * dtype_scale / activation_shard`` (what autograd
+  keeps; Korthikanti et al. 2022 section 4 counts the same tensors).
+- selective recomputation (Korthikanti et al. 2022 section 4.3), defined on the graph: the
+  *attention core* is every ``attention`` and activation-``matmul`` node plus the
+  parameter-free nodes on a path between two of them inside the block (softmax, masking,
+  dropout of an unfused attention). Its forward is re-run in the backward
+  (``core_fwd_s``), and the bytes saved by core nodes whose every consumer is also in the
+  core are not kept (``selective_dropped_bytes``): the s^2 tensors of an unfused attention.
+  A fused flash attention saves no s^2 tensor, so this drops almost nothing there.
+- full recomputation (Chen et al. 2016; Korthikanti et al. 2022 section 4.3): only the
+  block inputs are kept (``input_bytes``: the outputs of nodes outside the block that feed
+  it, sharded by tp under sequence parallelism), and the forward and its TP collectives run
+  twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.compute import activation_scale, op_time_s
+from autoplan.cost.tensor_parallel import TPContext, tp_layer_cost
+from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
+
+CORE_SEEDS = ("attention", "matmul")
+CORE_LINKS = ("elementwise", "view", "reduction", "other")
+
+
+@dataclass(frozen=True)
+class LayerSummary:
+    fwd_s: float
+    bwd_s: float
+    core_fwd_s: float
+    tp_fwd_s: float
+    tp_bwd_s: float
+    saved_bytes: float
+    selective_dropped_bytes: float
+    input_bytes: float
+    param_count: float           # parameters held per device (after tp sharding), unique names
+    param_names: tuple[str, ...]
+    flops: float                 # forward + backward FLOPs of one micro-batch, per device (model FLOPs)
+
+
+@dataclass(frozen=True)
+class BlockStructure:
+    """Split-independent facts about a block, computed once per graph."""
+
+    nodes: tuple[OpNode, ...]
+    core: frozenset[str]
+    core_dropped: frozenset[str]
+    inputs: tuple[OpNode, ...]
+
+
+def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | None = None) -> BlockStructure:
+    """Core (selective recomputation) and block inputs of ``layer`` (module docstring)."""
+    nodes = graph.layer_nodes(layer) if nodes is None else nodes
+    names = {n.name for n in nodes}
+    preds, succs = _adjacency(graph)
+    seeds = {n.name for n in nodes if n.op in CORE_SEEDS}
+    links = {n.name for n in nodes if n.op in CORE_LINKS}
+    down = _reach(seeds, succs, links)
+    up = _reach(seeds, preds, links)
+    core = frozenset(seeds | (down & up))
+    dropped = frozenset(n for n in core if succs[n] and all(s in core for s in succs[n]))
+    outside = {p for n in nodes for p in preds[n.name] if p not in names}
+    inputs = tuple(graph.node(p) for p in sorted(outside) if graph.node(p).op != "input" or layer is not None)
+    return BlockStructure(nodes=tuple(nodes), core=core, core_dropped=dropped, inputs=inputs)
+
+
+def _reach(seeds: set[str], step: dict[str, list[str]], allowed: set[str]) -> set[str]:
+    seen: set[str] = set()
+    stack = list(seeds)
+    while stack:
+        for nxt in step[stack.pop()]:
+            if nxt in allowed and nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def _adjacency(graph: Graph) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    cached = graph.__dict__.get("_cost_adjacency")
+    if cached is None:
+        preds: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
+        succs: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
+        for src, dst in graph.edges:
+            preds[dst].append(src)
+            succs[src].append(dst)
+        cached = graph.__dict__["_cost_adjacency"] = (preds, succs)
+    return cached
+
+
+def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
+    """Price one micro-batch of the block (module docstring)."""
+    tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
+    f, precision = ctx.batch_fraction, ctx.precision
+    fwd = bwd = core = saved = dropped = flops = 0.0
+    for node in structure.nodes:
+        shard = tp_cost.compute_shard.get(node.name, 1)
+        t_fwd = op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard)
+        fwd += t_fwd
+        bwd += op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True)
+        flops += (node.fwd_flops + node.bwd_flops) * f / shard
+        kept = node.saved_bytes * f * activation_scale(node, precision=precision) / tp_cost.activation_shard.get(node.name, 1)
+        saved += kept
+        if node.name in structure.core:
+            core += t_fwd
+        if node.name in structure.core_dropped:
+            dropped += kept
+    names, params = _params(graph, structure.nodes, tp_cost.param_shard)
+    return LayerSummary(fwd_s=fwd, bwd_s=bwd, core_fwd_s=core, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
+                        saved_bytes=saved, selective_dropped_bytes=dropped,
+                        input_bytes=_input_bytes(structure, ctx), param_count=params, param_names=names, flops=flops)
+
+
+def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:
+    shard = ctx.tp if ctx.sequence_parallel and ctx.tp > 1 else 1
+    return sum(n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision) for n in structure.inputs) / shard
+
+
+def _params(graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int]) -> tuple[tuple[str, ...], float]:
+    """Unique parameters of the nodes (a tied weight counts once), each divided by its tp shard."""
+    seen: dict[str, float] = {}
+    loose = 0.0
+    for node in nodes:
+        shard = param_shard.get(node.name, 1)
+        if node.param_names:
+            for name in node.param_names:
+                info = graph.parameters.get(name)
+                seen.setdefault(name, (info.numel if info else node.param_count / len(node.param_names)) / shard)
+        elif node.op in PARAM_KINDS or node.param_count:
+            loose += node.param_count / shard
+    return tuple(seen), sum(seen.values()) + loose

@@ -1,0 +1,82 @@
+"""Where the ranks of each mesh axis sit: inside one node, or across nodes.
+
+Ranks form a ``(pp, dp, tp)`` mesh with tp innermost (docs/architecture.md):
+
+    rank(ip, id, it) = (ip * dp + id) * tp + it,      node(rank) = rank // devices_per_node
+
+so a tp group is ``tp`` consecutive ranks, a dp group has stride ``tp`` and a pp group has
+stride ``dp * tp``. :func:`mesh_groups` reports, per axis, the group size and how many of
+the group's ranks share a node. When a group spans nodes, ``ranks_per_node`` is the fewest
+ranks any of its nodes holds (that node's share of the NICs is the bottleneck; see
+autoplan/cost/comm.py). When groups of one axis differ (a tp that does not divide the node),
+the worst group decides, because the collective waits for its slowest group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autoplan.errors import PlanError
+from autoplan.types.profile import Profile
+
+
+@dataclass(frozen=True)
+class AxisGroup:
+    """One process group along a mesh axis, as the cost model sees it."""
+
+    size: int            # ranks in one group along this axis
+    ranks_per_node: int  # how many of those ranks share one node (== size when the group stays in a node)
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.ranks_per_node < self.size
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the group touches (rounded up when groups are irregular)."""
+        return -(-self.size // self.ranks_per_node)
+
+
+def mesh_groups(profile: Profile, *, dp: int, tp: int, pp: int) -> dict[str, AxisGroup]:
+    """The tp, dp and pp groups of a ``(pp, dp, tp)`` mesh on ``profile``'s nodes."""
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp)):
+        if not isinstance(value, int) or value < 1:
+            raise PlanError(f"mesh degree {name}={value!r}; expected an integer >= 1.")
+    return dict(_mesh_groups(profile.devices_per_node, dp, tp, pp))
+
+
+@lru_cache(maxsize=4096)
+def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int) -> tuple[tuple[str, AxisGroup], ...]:
+    tp_groups = [[base + i for i in range(tp)] for base in range(0, dp * tp * pp, tp)]
+    dp_groups = [[(ip * dp + i) * tp + it for i in range(dp)] for ip in range(pp) for it in range(tp)]
+    pp_groups = [[(i * dp + id_) * tp + it for i in range(pp)] for id_ in range(dp) for it in range(tp)]
+    return (("tp", _worst(tp_groups, devices_per_node)),
+            ("dp", _worst(dp_groups, devices_per_node)),
+            ("pp", _worst(pp_groups, devices_per_node)))
+
+
+def _worst(groups: list[list[int]], devices_per_node: int) -> AxisGroup:
+    """The group with the smallest per-node share: a spanning group beats one that stays."""
+    size = len(groups[0])
+    fewest = size
+    for ranks in _distinct_patterns(groups, devices_per_node):
+        counts: dict[int, int] = {}
+        for rank in ranks:
+            counts[rank // devices_per_node] = counts.get(rank // devices_per_node, 0) + 1
+        if len(counts) > 1:
+            fewest = min(fewest, min(counts.values()))
+    return AxisGroup(size=size, ranks_per_node=fewest)
+
+
+def _distinct_patterns(groups: list[list[int]], devices_per_node: int) -> list[list[int]]:
+    """Groups up to a shift by whole nodes: those shifted by a multiple of the node size
+    sit on nodes the same way, so only one of each needs counting."""
+    seen: set[tuple[int, ...]] = set()
+    unique = []
+    for ranks in groups:
+        shift = (ranks[0] // devices_per_node) * devices_per_node
+        key = tuple(rank - shift for rank in ranks)
+        if key not in seen:
+            seen.add(key)
+            unique.append(ranks)
+    return unique

@@ -1,0 +1,256 @@
+"""The cost model: predicted step time, memory and throughput of a plan, without running it.
+
+:class:`CostModel` prices blocks once per distinct choice (autoplan/cost/layers.py) and then
+assembles each plan with arithmetic, so the planner can price thousands of plans a second.
+The step time of one global batch (docs/cost-model.md states every term with its source):
+
+    step = m * T_comp + m * T_tp              (slowest stage; T per micro-batch, all its chunks)
+         + (p - 1) / v * T_max                (bubble, Narayanan et al. SC'21 section 2.2)
+         + pp_comm + dp_exposed + zero_exposed + optimizer
+
+- T_comp: forward + backward (+ recomputed forward) from the roofline (compute.py);
+- T_tp: TP collectives of the blocks (tensor_parallel.tp_layer_cost), repeated in the
+  recomputed forward under full recomputation;
+- pp_comm = 2 (v m + p - 1) t_p2p: one activation send and one gradient send per chunk slot
+  on the critical path; with tp > 1 and no sequence parallelism each tp rank sends 1/tp of the
+  boundary activation (Megatron's scatter/gather optimisation, Narayanan et al. SC'21 4.1);
+- dp_exposed: bucketed gradient all-reduce (reduce-scatter + all-gather of the updated
+  weights under ZeRO-1/2) overlapped with the last micro-batch's backward (schedule.py);
+  stage i's sync may run during the i backward slots of the stages before it;
+- zero_exposed (ZeRO-3 / FSDP): per micro-batch, an all-gather of each block's weights in the
+  forward and again in the backward plus a reduce-scatter of its gradients, prefetched one
+  block ahead (schedule.prefetched_exposed_s);
+- optimizer: Adam is memory bound: 28 bytes per local parameter (read weight, gradient,
+  momentum, variance; write weight, momentum, variance, and the 16-bit copy in mixed
+  precision) / (memory bandwidth * memory efficiency).
+"""
+from __future__ import annotations
+
+import math
+
+from autoplan.cost.comm import collective_time_s
+from autoplan.cost.compute import PRECISION_BYTES, peak_dtype
+from autoplan.cost.layers import LayerSummary, block_structure, summarise
+from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, comm_buffer_bytes, model_states, usable_bytes
+from autoplan.cost.mesh import AxisGroup, mesh_groups
+from autoplan.cost.schedule import balanced_stages, in_flight_chunks, overlapped_sync_exposed_s, prefetched_exposed_s
+from autoplan.cost.stages import StageTotals, add_block
+from autoplan.cost.tensor_parallel import TPContext, default_tp_plan
+from autoplan.errors import PlanError
+from autoplan.types.cost import Cost
+from autoplan.types.graph import PARAM_KINDS, Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+ADAM_BYTES_PER_PARAM = 28
+
+
+class CostModel:
+    """Prices plans for one graph on one profile; block summaries are cached across plans."""
+
+    def __init__(self, graph: Graph, profile: Profile):
+        self.graph, self.profile = graph, profile
+        self._layer_set = set(graph.layers)
+        self._rep: dict[str, str] = {}
+        self._param_modules: dict[str | None, tuple[str, ...]] = {}
+        for group in graph.groups:
+            self._index_group(group.layers)
+        self._structures = {rep: block_structure(graph, rep) for rep in set(self._rep.values())}
+        self._outside = self._split_outside()
+        self._cache: dict[tuple, LayerSummary] = {}
+        self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
+
+    # ---- precomputation ------------------------------------------------------------------
+    def _index_group(self, layers: list[str]) -> None:
+        rep = layers[0]
+        for layer in layers:
+            self._param_modules[layer] = tuple(n.module for n in self.graph.layer_nodes(layer) if n.op in PARAM_KINDS)
+        for layer in layers:
+            same = len(self._param_modules[layer]) == len(self._param_modules[rep])
+            self._rep[layer] = rep if same else layer
+
+    def _split_outside(self) -> dict[str, object]:
+        nodes = self.graph.nodes
+        first = next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
+        pre = [n for n in nodes[:first] if n.layer is None]
+        post = [n for n in nodes[first:] if n.layer is None]
+        self._param_modules[None] = tuple(n.module for n in nodes if n.layer is None and n.op in PARAM_KINDS)
+        return {"pre": block_structure(self.graph, None, nodes=pre), "post": block_structure(self.graph, None, nodes=post)}
+
+    # ---- block summaries -----------------------------------------------------------------
+    def _summary(self, layer: str | None, tp_plan: dict[str, str], ctx: TPContext, part: str = "") -> LayerSummary:
+        rep = self._rep[layer] if layer is not None else None
+        splits = tuple(tp_plan.get(m, "replicate") for m in self._param_modules[layer]) if ctx.tp > 1 else ()
+        key = (rep, part, splits, ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        hit = self._cache.get(key)
+        if hit is None:
+            rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
+            structure = self._structures[rep] if rep is not None else self._outside[part]
+            hit = summarise(self.graph, structure, layer=rep, tp_plan=rep_plan, ctx=ctx)
+            if part == "pre":   # the outside nodes' TP collectives are charged once, to the last stage
+                hit = LayerSummary(**{**hit.__dict__, "tp_fwd_s": 0.0, "tp_bwd_s": 0.0})
+            self._cache[key] = hit
+        return hit
+
+    def _tp_plan(self, plan: Plan) -> dict[str, str]:
+        if plan.tp_plan or plan.tp == 1:
+            return plan.tp_plan
+        key = (plan.tp, plan.sequence_parallel)
+        if key not in self._default_plans:
+            self._default_plans[key] = default_tp_plan(self.graph, plan.tp, sequence_parallel=plan.sequence_parallel)
+        return self._default_plans[key]
+
+    # ---- the plan ------------------------------------------------------------------------
+    def _chunks(self, plan: Plan) -> list[list[str]]:
+        if not plan.stages:
+            return balanced_stages(self.graph.layers, plan.pp * plan.virtual_stages)
+        listed = [layer for chunk in plan.stages for layer in chunk]
+        unknown = [layer for layer in listed if layer not in self._layer_set]
+        if unknown:
+            raise PlanError(f"plan stages name block '{unknown[0]}', which the graph does not have; use the graph's layer names.")
+        if len(listed) != len(self._layer_set):
+            missing = next(layer for layer in self.graph.layers if layer not in set(listed))
+            raise PlanError(f"plan stages leave out block '{missing}'; every block must be on exactly one stage.")
+        return plan.stages
+
+    def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
+        stages = [StageTotals() for _ in range(plan.pp)]
+        add_block(stages[0], self._summary(None, tp_plan, ctx, "pre"), recompute=plan.recompute, is_block=False)
+        for index, chunk in enumerate(self._chunks(plan)):
+            stage = stages[index % plan.pp]
+            for position, layer in enumerate(chunk):
+                block = self._summary(layer, tp_plan, ctx)
+                if position == 0 and index > 0:
+                    stage.boundary_bytes = max(stage.boundary_bytes, block.input_bytes)
+                add_block(stage, block, recompute=plan.recompute)
+        add_block(stages[-1], self._summary(None, tp_plan, ctx, "post"), recompute=plan.recompute, is_block=False)
+        return stages
+
+    def estimate(self, plan: Plan) -> Cost:
+        """Predict ``plan``'s step time, per-device memory and throughput (module docstring)."""
+        self._check(plan)
+        groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)
+        tp_plan = self._tp_plan(plan)
+        ctx = TPContext(profile=self.profile, tp=plan.tp, group=groups["tp"], sequence_parallel=plan.sequence_parallel,
+                        precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
+        stages = self._stages(plan, tp_plan, ctx)
+        cost = Cost()
+        self._time(cost, plan, stages, groups)
+        self._memory(cost, plan, stages)
+        self._throughput(cost, plan)
+        return cost
+
+    def _check(self, plan: Plan) -> None:
+        if plan.pp * plan.virtual_stages > len(self.graph.layers):
+            raise PlanError(f"plan needs {plan.pp * plan.virtual_stages} pipeline chunks but the model has {len(self.graph.layers)} blocks; use fewer stages.")
+        if self.profile.inter_node is None and plan.devices > self.profile.devices_per_node:
+            raise PlanError(f"profile '{self.profile.name}' describes one node of {self.profile.devices_per_node} devices and has no inter_node link; plan for at most that many devices.")
+
+    # ---- time ----------------------------------------------------------------------------
+    def _time(self, cost: Cost, plan: Plan, stages: list[StageTotals], groups: dict[str, AxisGroup]) -> None:
+        m, p, v = plan.num_microbatches, plan.pp, plan.virtual_stages
+        slowest = max(stages, key=lambda s: s.micro_batch_s)
+        cost.compute_s = m * slowest.compute_s
+        cost.recompute_s = m * slowest.recompute_s
+        cost.tp_comm_s = m * slowest.tp_s
+        cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
+        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"])
+        self._dp_time(cost, plan, stages, groups["dp"], slowest)
+        if plan.zero_stage >= 3 and plan.dp > 1:
+            cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, groups["dp"]) for s in stages)
+        local_params = max(s.params for s in stages) / (plan.dp if plan.zero_stage >= 1 else 1)
+        device = self.profile.device
+        cost.optimizer_s = local_params * ADAM_BYTES_PER_PARAM / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+        cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
+
+    def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
+        if plan.pp == 1:
+            return 0.0
+        boundary = max(s.boundary_bytes for s in stages)
+        scatter = plan.tp > 1 and not plan.sequence_parallel
+        t_p2p = collective_time_s(self.profile, "send_recv", boundary / plan.tp if scatter else boundary, group=group)
+        return 2.0 * (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
+
+    def _bucketed_s(self, kind: str, message_bytes: float, group: AxisGroup) -> float:
+        """One collective over ``message_bytes`` sent in DDP buckets (each pays its latency)."""
+        if message_bytes <= 0 or group.size <= 1:
+            return 0.0
+        buckets = max(1, math.ceil(message_bytes / DDP_BUCKET_BYTES))
+        return buckets * collective_time_s(self.profile, kind, message_bytes / buckets, group=group)
+
+    def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, slowest: StageTotals) -> None:
+        if plan.dp == 1 or plan.zero_stage >= 3:
+            return
+        grad_bytes = STATE_BYTES[plan.precision][1]
+        kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
+        slot_s = slowest.bwd_s + slowest.recompute_s
+        exposed, total = 0.0, 0.0
+        for index, stage in enumerate(stages):
+            backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
+            sync = [self._bucketed_s(kind, b.param_count * grad_bytes, group) for b in reversed(stage.blocks)]
+            total = max(total, sum(sync))
+            exposed = max(exposed, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
+        if plan.zero_stage in (1, 2):   # the updated weights come back after the optimizer step
+            gather = self._bucketed_s("all_gather", max(s.params for s in stages) * PRECISION_BYTES[plan.precision], group)
+            total, exposed = total + gather, exposed + gather
+        cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
+
+    def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup) -> float:
+        weight_bytes, grad_bytes, _ = STATE_BYTES[plan.precision]
+        gather = [self._bucketed_s("all_gather", b.param_count * weight_bytes, group) for b in stage.blocks]
+        scatter = [self._bucketed_s("reduce_scatter", b.param_count * grad_bytes, group) for b in stage.blocks]
+        fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in stage.blocks], comm_s=gather)
+        bwd_compute = [b.bwd_s for b in reversed(stage.blocks)]
+        bwd = prefetched_exposed_s(compute_s=bwd_compute, comm_s=[g + s for g, s in zip(reversed(gather), reversed(scatter))])
+        return plan.num_microbatches * (fwd + bwd)
+
+    # ---- memory --------------------------------------------------------------------------
+    def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
+        best = None
+        for index, stage in enumerate(stages):
+            states = model_states(params=stage.params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
+            activations = stage.saved_bytes * in_flight_chunks(plan, index) + stage.peak_block_bytes
+            block_params = max((b.param_count for b in stage.blocks), default=0.0)
+            buffers = comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=stage.boundary_bytes,
+                                        block_params=block_params, precision=plan.precision)
+            parts = (states.weights_bytes, states.grads_bytes, states.optimizer_bytes, activations, buffers)
+            if best is None or sum(parts) > sum(best):
+                best = parts
+        cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes, cost.activations_bytes, cost.comm_buffer_bytes = (int(x) for x in best)
+        cost.peak_memory_bytes = sum(int(x) for x in best)
+        cost.memory_capacity_bytes = int(self.profile.device.memory_bytes)
+        limit = usable_bytes(self.profile.device.memory_bytes)
+        if cost.peak_memory_bytes > limit:
+            cost.feasible = False
+            cost.reason = (f"needs {cost.peak_memory_bytes / 2**30:.1f} GiB per device but {limit / 2**30:.1f} GiB is usable "
+                           f"({self.profile.device.memory_bytes / 2**30:.0f} GiB less allocator headroom)")
+
+    # ---- throughput ----------------------------------------------------------------------
+    def _throughput(self, cost: Cost, plan: Plan) -> None:
+        graph, step = self.graph, cost.step_time_s
+        samples = plan.global_batch_size
+        model_flops = graph.step_flops * samples / graph.batch_size
+        peak = self.profile.device.peak_flops[peak_dtype(self.profile, plan.precision)]
+        cost.samples_per_s = samples / step if step > 0 else 0.0
+        cost.tokens_per_s = cost.samples_per_s * graph.seq_len if graph.seq_len else None
+        cost.mfu = model_flops / (step * plan.devices * peak) if step > 0 else 0.0
+        if self.profile.price_per_device_hour is not None:
+            cost.cost_per_step_usd = self.profile.price_per_device_hour * plan.devices * step / 3600.0
+        cost.extra.update(model_flops=model_flops, hardware_flops=model_flops + self._recompute_flops(plan),
+                          peak_flops_per_device=peak)
+
+    def _recompute_flops(self, plan: Plan) -> float:
+        """FLOPs re-run per step: each block's forward (full) or its attention core (selective)."""
+        if plan.recompute == "none":
+            return 0.0
+        per_sample = 0.0
+        for layer in self.graph.layers:
+            structure = self._structures[self._rep[layer]]
+            chosen = structure.nodes if plan.recompute == "full" else [n for n in structure.nodes if n.name in structure.core]
+            per_sample += sum(n.fwd_flops for n in chosen) / self.graph.batch_size
+        return per_sample * plan.global_batch_size
+
+
+def estimate(graph: Graph, profile: Profile, plan: Plan) -> Cost:
+    """Predict one plan (a convenience around :class:`CostModel`)."""
+    return CostModel(graph, profile).estimate(plan)

@@ -1,0 +1,113 @@
+"""mesh groups, collective times and op times: the three primitives the planner codes against."""
+import pytest
+
+from _cost_fixtures import a100_profile, gpt_graph
+from autoplan.cost.comm import bus_factor, collective_time_s
+from autoplan.cost.compute import op_time_s, peak_dtype
+from autoplan.cost.mesh import AxisGroup, mesh_groups
+from autoplan.errors import AutoplanError, PlanError
+from autoplan.types.profile import OpTiming
+
+
+def test_tp_innermost_keeps_tp_in_a_node_and_dp_spans():
+    groups = mesh_groups(a100_profile(), dp=4, tp=8, pp=2)
+    assert groups["tp"] == AxisGroup(size=8, ranks_per_node=8) and not groups["tp"].spans_nodes
+    assert groups["dp"] == AxisGroup(size=4, ranks_per_node=1) and groups["dp"].spans_nodes
+    assert groups["pp"] == AxisGroup(size=2, ranks_per_node=1)
+
+
+def test_small_mesh_stays_in_one_node():
+    groups = mesh_groups(a100_profile(), dp=2, tp=2, pp=2)
+    assert all(not g.spans_nodes for g in groups.values())
+    assert groups["dp"].ranks_per_node == 2
+
+
+def test_tp_larger_than_node_spans_and_irregular_tp_takes_worst_group():
+    assert mesh_groups(a100_profile(), dp=1, tp=16, pp=1)["tp"] == AxisGroup(size=16, ranks_per_node=8)
+    # tp=3 on 8-GPU nodes: the group {6, 7, 8} straddles two nodes with one rank on the second.
+    assert mesh_groups(a100_profile(), dp=8, tp=3, pp=1)["tp"] == AxisGroup(size=3, ranks_per_node=1)
+
+
+def test_mesh_rejects_bad_degree():
+    with pytest.raises(PlanError, match="tp=0"):
+        mesh_groups(a100_profile(), dp=1, tp=0, pp=1)
+
+
+def test_collective_matches_alpha_beta_busbw_inside_a_node():
+    profile = a100_profile(intra_busbw=200e9)
+    group = AxisGroup(size=8, ranks_per_node=8)
+    size = 1e9
+    assert collective_time_s(profile, "all_reduce", size, group=group) == pytest.approx(10e-6 + 2 * 7 / 8 * size / 200e9)
+    assert collective_time_s(profile, "all_gather", size, group=group) == pytest.approx(10e-6 + 7 / 8 * size / 200e9)
+    assert collective_time_s(profile, "all_reduce", size, group=AxisGroup(1, 1)) == 0.0
+    assert bus_factor("send_recv", 2) == 1.0
+
+
+def test_spanning_collective_scales_node_bandwidth_by_rails_used():
+    profile = a100_profile(inter_busbw=200e9, intra_busbw=230e9)
+    size = 1e9
+    one_rail = collective_time_s(profile, "all_reduce", size, group=AxisGroup(size=4, ranks_per_node=1))
+    all_rails = collective_time_s(profile, "all_reduce", size, group=AxisGroup(size=32, ranks_per_node=8))
+    assert one_rail == pytest.approx(20e-6 * 2 + 2 * 3 / 4 * size / (200e9 / 8))
+    # NIC bound (2*31/32 / 200 GB/s) beats the NVLink level (2*7/8 / 230 GB/s), plus both latencies.
+    assert all_rails == pytest.approx(10e-6 + 20e-6 * 2 + 2 * 31 / 32 * size / 200e9)
+
+
+def test_tp_inside_node_beats_tp_across_nodes_when_inter_is_slower():
+    profile = a100_profile()
+    inside = collective_time_s(profile, "all_reduce", 64e6, group=AxisGroup(size=8, ranks_per_node=8))
+    across = collective_time_s(profile, "all_reduce", 64e6, group=AxisGroup(size=8, ranks_per_node=4))
+    assert inside < across
+
+
+def test_send_recv_uses_one_rail_across_nodes():
+    profile = a100_profile(inter_busbw=200e9)
+    t = collective_time_s(profile, "send_recv", 25e6, group=AxisGroup(size=2, ranks_per_node=1))
+    assert t == pytest.approx(20e-6 + 25e6 / 25e9)
+
+
+def test_unknown_collective_is_rejected():
+    with pytest.raises(AutoplanError, match="collective kind 'broadcast'"):
+        collective_time_s(a100_profile(), "broadcast", 1.0, group=AxisGroup(2, 2))
+
+
+def test_op_time_is_flops_bound_for_big_matmul_and_memory_bound_for_elementwise():
+    graph = gpt_graph(hidden=4096, heads=32, seq_len=2048, batch_size=8, layers=1)
+    profile = a100_profile()
+    fc = graph.node("h.0.mlp.c_fc")
+    t = op_time_s(fc, profile, precision="bf16", batch_fraction=1.0)
+    eff = profile.device.efficiency["matmul"](fc.fwd_flops)
+    assert t == pytest.approx(fc.fwd_flops / (312e12 * eff))
+    gelu = graph.node("h.0.mlp.gelu")
+    t_gelu = op_time_s(gelu, profile, precision="bf16", batch_fraction=1.0)
+    assert t_gelu == pytest.approx(2 * gelu.output_bytes / 2 / (2.039e12 * 0.8))
+    assert op_time_s(gelu, profile, precision="fp32", batch_fraction=1.0) == pytest.approx(2 * t_gelu)
+
+
+def test_op_time_scales_with_batch_shard_and_backward():
+    graph = gpt_graph(hidden=4096, heads=32, seq_len=2048, batch_size=8, layers=1)
+    profile = a100_profile()
+    fc = graph.node("h.0.mlp.c_fc")
+    full = op_time_s(fc, profile, precision="bf16", batch_fraction=1.0)
+    assert op_time_s(fc, profile, precision="bf16", batch_fraction=0.5, shard=2) < full / 3.9
+    assert op_time_s(fc, profile, precision="bf16", batch_fraction=1.0, backward=True) == pytest.approx(2 * full, rel=0.01)
+    assert op_time_s(fc, profile, precision="fp32", batch_fraction=1.0) > 10 * full
+
+
+def test_measured_op_table_wins():
+    graph = gpt_graph(hidden=256, heads=8, seq_len=128, batch_size=8, layers=1)
+    profile = a100_profile()
+    profile.device.op_table.append(OpTiming(op="linear", shape="m=1024,n=1024,k=256", dtype="bf16", time_s=1e-3))
+    fc = graph.node("h.0.mlp.c_fc")
+    assert op_time_s(fc, profile, precision="bf16", batch_fraction=1.0) == 1e-3
+    assert op_time_s(fc, profile, precision="bf16", batch_fraction=1.0, backward=True) == pytest.approx(2e-3)
+
+
+def test_peak_dtype_falls_back_and_rejects_missing():
+    profile = a100_profile()
+    assert peak_dtype(profile, "fp32") == "fp32" and peak_dtype(profile, "fp16") == "fp16"
+    del profile.device.peak_flops["fp16"]
+    assert peak_dtype(profile, "fp16") == "bf16"
+    del profile.device.peak_flops["bf16"]
+    with pytest.raises(PlanError, match="no peak FLOP/s for bf16"):
+        peak_dtype(profile, "bf16")
