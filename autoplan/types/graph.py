@@ -61,6 +61,13 @@ class OpNode:
     ``saved_bytes`` is what autograd keeps from this node for the backward pass: its output
     when a later op saves it, plus op-internal buffers (softmax statistics, dropout masks)
     that the op saves itself. The tracer measures it under FakeTensor with saved-tensor hooks.
+
+    ``attrs`` (docs/trace.md has the full table): linear: in_features, out_features, bias,
+    weight_layout ('out_in' | 'in_out'), module_type; embedding: num_embeddings, embedding_dim;
+    conv: in_channels, out_channels, kernel_size, groups; attention: num_heads, num_kv_heads,
+    num_kv_heads_at_call, head_dim, q_len, kv_len, causal, has_mask, dropout_p,
+    bwd_recompute_flops. Dataflow facts on linears: attention = {roles ⊆ [q, k, v], num_heads,
+    num_kv_heads, head_dim, node}; fused_chunks (parts of a split output); num_experts, expert.
     """
 
     name: str

@@ -1,0 +1,134 @@
+"""``trace(model, example_inputs) -> Graph``: the tracer's public entry points.
+
+Pipeline: swap the weights for meta tensors -> capture a GraphModule (torch.fx, else
+torch.export non-strict) -> swap them for CPU FakeTensors -> run node by node, measuring
+FLOPs, bytes and saved activations (autoplan.trace.propagate) -> run the loss the same way
+-> dataflow annotations (autoplan.trace.dataflow) -> blocks and groups (autoplan.trace.layers).
+No step allocates a real weight or activation; the caller's model is left as it was.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from autoplan.errors import AutoplanError, TraceError
+from autoplan.modelfile import default_loss, load_model_file
+from autoplan.trace import dataflow
+from autoplan.trace.build import build_graph, canonical_names, seq_len_of
+from autoplan.trace.capture import capture, first_line
+from autoplan.trace.propagate import Measured, Propagator
+from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
+from autoplan.types.graph import Graph
+
+
+def trace(model: torch.nn.Module, example_inputs: Any, *, loss_fn: Callable | None = None, target: Any = None,
+          model_name: str = "model") -> Graph:
+    """Trace one training step of ``model`` on ``example_inputs`` (one global batch) into a Graph."""
+    if not isinstance(model, torch.nn.Module):
+        raise TraceError(f"trace() needs a torch.nn.Module; got {type(model).__name__}.")
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
+    if not isinstance(inputs, (tuple, list)) or not inputs:
+        raise TraceError(f"example_inputs must be a non-empty tuple of forward() arguments; got {type(example_inputs).__name__}.")
+    batch = _batch_size(inputs)
+    with training_mode(model), swapped(model, to_meta):
+        captured = capture(model, tuple(map_tensors(tuple(inputs), to_meta)), model_name=model_name)
+        _move_meta_constants(captured.module)
+        with FakeTensorMode() as mode:
+            fake_in = map_tensors(tuple(inputs), _fake)
+            fake_target = map_tensors(target, _fake)
+            with swapped(captured.module, _fake):
+                records = _run(captured.module, fake_in, fake_target, loss_fn or _default_loss, canonical_names(model))
+        dataflow.annotate(records, model)
+        graph = build_graph(records, model=model, model_name=model_name, batch_size=batch,
+                            trace_method=captured.method, seq_len=seq_len_of(tuple(inputs)))
+    return graph
+
+
+def trace_model_file(path: str | Path, batch_size: int) -> Graph:
+    """Load a model file, build its model and inputs on the meta device, and trace them."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise AutoplanError(f"batch size {batch_size!r} is not a positive integer; pass --batch B with B >= 1.")
+    model_file = load_model_file(path)
+    with torch.device("meta"):
+        model = model_file.build()
+        inputs = model_file.inputs(batch_size)
+        target = model_file.target(batch_size)
+    loss = model_file.loss if model_file.loss_fn is not None else None
+    return trace(model, inputs, loss_fn=loss, target=target, model_name=model_file.name)
+
+
+def _default_loss(output: Any, target: Any) -> torch.Tensor:
+    """No loss_fn: the mean of the output (modelfile.default_loss), ignoring the target."""
+    return default_loss(output)
+
+
+def _batch_size(inputs: Any) -> int:
+    for value in inputs:
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            return int(value.shape[0])
+    raise TraceError("example_inputs holds no tensor with a batch dimension; the first dim of the first tensor input is the batch.")
+
+
+def _fake(tensor: torch.Tensor) -> torch.Tensor:
+    """An uninitialised CPU tensor of the same shape and dtype (a FakeTensor under FakeTensorMode)."""
+    return torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu").requires_grad_(tensor.requires_grad)
+
+
+def _move_meta_constants(gm: torch.fx.GraphModule) -> None:
+    """torch.export bakes the capture device (meta) into factory calls; propagation runs on CPU fakes."""
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+    fix = lambda v: cpu if isinstance(v, torch.device) and v == meta else ("cpu" if v == "meta" else v)  # noqa: E731
+    for node in gm.graph.nodes:
+        node.args = torch.fx.node.map_aggregate(node.args, fix)
+        node.kwargs = torch.fx.node.map_aggregate(node.kwargs, fix)
+    gm.recompile()
+
+
+def _run(gm: torch.fx.GraphModule, inputs: tuple, target: Any, loss_fn: Callable, canonical: dict[str, str]) -> list[Measured]:
+    prop = Propagator(gm, canonical)
+    codegen = gm.graph._codegen
+    pytree = isinstance(codegen, torch.fx.graph._PyTreeCodeGen)
+    flat = list(torch.utils._pytree.tree_leaves((tuple(inputs), {}))) if pytree else list(inputs)
+    records: list[Measured] = []
+    outputs = None
+    with prop.counter:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                value = flat.pop(0) if flat else (node.args[0] if node.args else None)
+                records.append(prop.placeholder(node, value))
+            elif node.op == "output":
+                outputs = torch.fx.node.map_arg(node.args[0], lambda n: prop.env.get(n))
+                if pytree and codegen.pytree_info.out_spec is not None:
+                    outputs = torch.utils._pytree.tree_unflatten(list(outputs), codegen.pytree_info.out_spec)
+                records.append(_output_record(node, prop, outputs))
+            else:
+                record = prop.run_node(node)
+                if record is not None:
+                    records.append(record)
+        taken = {r.name for r in records}
+        records.append(_loss_record(prop, loss_fn, outputs, target, records[-1].name, "loss" if "loss" not in taken else "loss_fn"))
+    prop.finish(records)
+    return records
+
+
+def _output_record(node: torch.fx.Node, prop: Propagator, outputs: Any) -> Measured:
+    from autoplan.trace.propagate import _input_names, _tensors
+
+    return Measured(name=node.name, node=node, kind="output", op_name="output", target="output", module="",
+                    inputs=_input_names(node), params=[], outputs=_tensors(outputs))
+
+
+def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any, after: str, name: str) -> Measured:
+    try:
+        loss, fwd, bwd = prop.measure(name=name, node=None, fn=loss_fn, args=(outputs, target), kwargs={}, extra_params=[])
+    except AutoplanError:
+        raise
+    except Exception as exc:
+        raise TraceError(f"the loss function failed on the model's output: {first_line(exc)}; check loss_fn(output, target) and example_target().") from exc
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TraceError(f"the loss function returned {type(loss).__name__}; expected a scalar tensor.")
+    return Measured(name=name, node=None, kind="loss", op_name="loss", target=getattr(loss_fn, "__name__", "loss_fn"), module="",
+                    inputs=[after], params=[], outputs=[loss], fwd_flops=int(fwd), bwd_flops=int(bwd))

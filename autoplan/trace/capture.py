@@ -1,0 +1,198 @@
+"""Capture the forward pass as a torch.fx GraphModule: torch.fx first, torch.export second.
+
+``torch.fx.symbolic_trace`` keeps ``torch.nn`` modules (Linear, Embedding, LayerNorm, ...) as
+single ``call_module`` nodes, which gives the planner one node per parameterised layer. It
+fails on data-dependent Python control flow and on most Hugging Face models; then
+``torch.export.export(..., strict=False)`` runs the real Python code on fake tensors and
+returns an ATen-level graph whose nodes carry ``nn_module_stack``. Both run on a meta copy of
+the weights. When both fail, :class:`TraceError` names the module and the operation that
+failed and the source line, for each path.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.fx
+
+from autoplan.errors import TraceError
+
+_TORCH_DIR = str(Path(torch.__file__).parent)
+_AUTOPLAN_DIR = str(Path(__file__).parent.parent)
+
+
+@dataclass
+class Captured:
+    module: torch.fx.GraphModule
+    method: str  # 'fx' or 'export'
+
+
+@dataclass
+class Failure:
+    method: str
+    module: str
+    where: str
+    message: str
+
+    def sentence(self) -> str:
+        module = f"in module '{self.module}'" if self.module else "in the top-level forward()"
+        where = f" at {self.where}" if self.where else ""
+        return f"{self.method} failed {module}{where}: {self.message}"
+
+
+class _Tracer(torch.fx.Tracer):
+    """symbolic_trace's tracer, remembering the innermost module a failure happened in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed_module: str | None = None
+
+    def call_module(self, m, forward, args, kwargs):
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_module is None:
+                self.failed_module = _path_or_empty(self, m)
+            raise
+
+
+def _path_or_empty(tracer: torch.fx.Tracer, module: torch.nn.Module) -> str:
+    try:
+        return tracer.path_of_module(module)
+    except Exception:
+        return ""
+
+
+def capture(model: torch.nn.Module, meta_inputs: tuple, *, model_name: str) -> Captured:
+    """The forward graph of ``model`` (already on meta) for positional ``meta_inputs``."""
+    fx_failure = _try_fx(model)
+    if isinstance(fx_failure, Captured):
+        return fx_failure
+    export_result = _try_export(model, meta_inputs)
+    if isinstance(export_result, Captured):
+        return export_result
+    raise TraceError(f"could not trace {model_name}: {fx_failure.sentence()}; {export_result.sentence()}. "
+                     "Make the failing code traceable (no Python branching on tensor values, static shapes) or move it out of forward().")
+
+
+def _try_fx(model: torch.nn.Module) -> Captured | Failure:
+    tracer = _Tracer()
+    try:
+        graph = tracer.trace(model)
+        return Captured(torch.fx.GraphModule(tracer.root, graph, type(model).__name__), "fx")
+    except Exception as exc:
+        return Failure("torch.fx", tracer.failed_module or "", user_line(exc), first_line(exc))
+
+
+def _try_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failure:
+    stack: list[str] = []
+    try:
+        with _module_stack(model, stack), _pytree_outputs(model), _quiet_logs():
+            program = torch.export.export(model, meta_inputs, strict=False)
+        return Captured(program.module(), "export")
+    except Exception as exc:
+        return Failure("torch.export (non-strict)", stack[-1] if stack else "", user_line(exc), first_line(exc))
+
+
+@contextlib.contextmanager
+def _module_stack(model: torch.nn.Module, stack: list[str]) -> Iterator[None]:
+    """Keep ``stack`` equal to the FQNs of the modules whose forward is running; a failure leaves
+    the failing module on top."""
+    handles = []
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
+        handles.append(module.register_forward_hook(lambda m, a, o: _pop(stack)))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """torch.export logs the whole partial graph on a failure; the TraceError says what matters."""
+    logging.disable(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _pop(stack: list[str]) -> None:
+    if stack:
+        stack.pop()
+
+
+@contextlib.contextmanager
+def _pytree_outputs(model: torch.nn.Module) -> Iterator[None]:
+    """Drop values torch.export cannot return (a Hugging Face cache object) from a dict-like output."""
+    handle = model.register_forward_hook(lambda m, a, out: _tensor_fields(out))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _tensor_fields(out: Any) -> Any:
+    if not isinstance(out, dict):
+        return out
+    kept = {k: v for k, v in out.items() if v is None or isinstance(v, (torch.Tensor, tuple, list))}
+    if len(kept) == len(out):
+        return out
+    try:
+        return type(out)(**kept)
+    except Exception:
+        return kept
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception message, shortened, with its type."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > 240:
+        text = text[:237] + "..."
+    return f"{type(exc).__name__}: {text}".rstrip(": ").rstrip(".")
+
+
+def user_line(exc: BaseException | None) -> str:
+    """'file.py:LINE (`code`)' for the innermost traceback frame outside torch and autoplan,
+    looking through the exception's causes."""
+    while exc is not None:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_user(f.filename)]
+        if frames:
+            return _frame_text(frames[-1])
+        exc = exc.__cause__ or exc.__context__
+    return ""
+
+
+def stack_trace_line(stack_trace: str | None) -> str:
+    """The innermost user frame of an fx node's recorded ``stack_trace``."""
+    if not stack_trace:
+        return ""
+    frames = traceback.StackSummary.from_list([])
+    entries = [line.strip() for line in stack_trace.splitlines()]
+    for i, line in enumerate(entries):
+        if line.startswith("File "):
+            parts = line.split('"')
+            if len(parts) >= 3 and _is_user(parts[1]):
+                lineno = line.split("line ")[-1].split(",")[0]
+                code = entries[i + 1] if i + 1 < len(entries) and not entries[i + 1].startswith("File ") else ""
+                frames.append(traceback.FrameSummary(parts[1], int(lineno) if lineno.isdigit() else 0, "", line=code))
+    return _frame_text(frames[-1]) if frames else ""
+
+
+def _is_user(filename: str) -> bool:
+    return not (filename.startswith(_TORCH_DIR) or filename.startswith(_AUTOPLAN_DIR) or filename.startswith("<"))
+
+
+def _frame_text(frame: traceback.FrameSummary) -> str:
+    code = f" (`{frame.line.strip()}`)" if frame.line else ""
+    return f"{Path(frame.filename).name}:{frame.lineno}{code}"

@@ -1,0 +1,100 @@
+"""Blocks (the layers a pipeline splits between) and groups of identical blocks.
+
+**Blocks.** Every ``nn.ModuleList`` / ``nn.Sequential`` with two or more children that hold
+parameters is a candidate container. Its score is the parameter count of its *repeated*
+children (children whose class occurs at least twice: a ResNet stage's first block, with its
+downsampling branch, still repeats its siblings' class). Containers are
+accepted in order of score (then of child count), skipping any nested in or holding an
+accepted one, so the container that holds the bulk of a model's repeated weights wins:
+``transformer.h`` of a GPT, ``model.layers`` of a Llama, the four ``layerK`` stages of a
+ResNet. Every child of an accepted container that holds parameters is a block.
+
+**Node layers.** A node belongs to the block whose FQN prefixes its module. A parameter-free
+node outside every block that runs between the first and the last block node (a residual
+add written between blocks) belongs to the block before it, so cutting the graph between
+blocks never leaves it behind.
+
+**Groups.** Blocks whose node sequences match (op kind, target, output shape and parameter
+shapes, node by node) form one :class:`LayerGroup`; the signature is a hash of that sequence.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+import torch
+
+from autoplan.trace.propagate import Measured
+from autoplan.types.graph import LayerGroup
+
+
+def _numel(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def find_blocks(model: torch.nn.Module) -> list[str]:
+    """Block FQNs, in module-registration order."""
+    candidates = []
+    for name, container in model.named_modules():
+        if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = [(f"{name}.{c}" if name else c, m) for c, m in container.named_children() if _numel(m) > 0]
+        if len(children) < 2:
+            continue
+        kinds = Counter(type(m).__name__ for _, m in children)
+        score = sum(_numel(m) for _, m in children if kinds[type(m).__name__] >= 2)
+        if score > 0:
+            candidates.append((score, len(children), name, [c for c, _ in children]))
+    accepted: list[tuple[str, list[str]]] = []
+    for _, _, name, children in sorted(candidates, key=lambda c: (-c[0], -c[1])):
+        if not any(_nested(name, other) for other, _ in accepted):
+            accepted.append((name, children))
+    return [child for _, children in accepted for child in children]
+
+
+def _nested(a: str, b: str) -> bool:
+    return a == b or not a or not b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def assign_layers(records: list[Measured], blocks: list[str]) -> dict[str, str | None]:
+    """node name -> block FQN (or None), and the blocks in execution order."""
+    ordered = sorted(blocks, key=len, reverse=True)
+    layer_of: dict[str, str | None] = {}
+    for record in records:
+        layer_of[record.name] = next((b for b in ordered if record.module == b or record.module.startswith(b + ".")), None)
+    positions = [i for i, r in enumerate(records) if layer_of[r.name] is not None]
+    if positions:
+        current = None
+        for record in records[positions[0]:positions[-1] + 1]:
+            if layer_of[record.name] is not None:
+                current = layer_of[record.name]
+            elif not record.params and record.kind not in ("input", "output", "loss"):
+                layer_of[record.name] = current
+    return layer_of
+
+
+def execution_order(records: list[Measured], layer_of: dict[str, str | None]) -> list[str]:
+    order: list[str] = []
+    for record in records:
+        layer = layer_of[record.name]
+        if layer is not None and layer not in order:
+            order.append(layer)
+    return order
+
+
+def group_layers(records: list[Measured], layer_of: dict[str, str | None], layers: list[str],
+                 param_shapes: dict[str, list[int]]) -> list[LayerGroup]:
+    signatures: dict[str, list[str]] = {}
+    for layer in layers:
+        members = [r for r in records if layer_of[r.name] == layer]
+        signatures.setdefault(_signature(members, layer, param_shapes), []).append(layer)
+    return [LayerGroup(signature=sig, layers=names) for sig, names in signatures.items()]
+
+
+def _signature(members: list[Measured], layer: str, param_shapes: dict[str, list[int]]) -> str:
+    digest = hashlib.sha1()
+    for record in members:
+        shape = list(record.outputs[0].shape) if record.outputs else []
+        params = sorted(tuple(param_shapes.get(p, [])) for p in record.params)
+        digest.update(repr((record.kind, record.target, record.op_name, shape, params, record.module.removeprefix(layer))).encode())
+    return f"{len(members)}ops-{digest.hexdigest()[:12]}"

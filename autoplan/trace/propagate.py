@@ -1,0 +1,238 @@
+"""Run the captured graph node by node on FakeTensors and measure each node.
+
+For every node the propagator runs the node's forward on CPU FakeTensors (no storage is
+ever allocated) and measures:
+
+- ``fwd_flops``: FlopCounterMode over the node's forward (attention per autoplan.trace.flops);
+- ``bwd_flops``: FlopCounterMode over ``torch.autograd.grad`` of the node's outputs with
+  respect to exactly the inputs that require grad in the real step (activations derived from
+  parameters, and the node's own parameters), so a first layer fed raw data computes no
+  input gradient, as in a real backward pass;
+- ``saved_bytes``: every tensor autograd saves during the forward (saved_tensors_hooks),
+  deduplicated by storage across the whole model, parameters and buffers excluded, and
+  attributed to the node that produced the storage; a tensor no node produced (softmax
+  statistics, a dropout mask, attention's logsumexp) belongs to the op that saved it.
+
+Each node runs on private copies of its activation inputs (so in-place ops and per-node
+backward passes stay local); the copies are mapped back to the storage they copy, so the
+attribution and the dedup see through them.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves, tree_map
+
+from autoplan.errors import TraceError
+from autoplan.trace import classify, nodeattrs
+from autoplan.trace.capture import first_line, stack_trace_line
+from autoplan.trace.flops import flop_counter
+
+
+@dataclass
+class Measured:
+    """One executed node, before it becomes an OpNode."""
+
+    name: str
+    node: torch.fx.Node | None
+    kind: str
+    op_name: str
+    target: str
+    module: str
+    inputs: list[str]
+    params: list[str]
+    outputs: list[torch.Tensor]
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    saved_bytes: int = 0
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """The FQN of the innermost module the node ran in ('' for the top level)."""
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return path.removeprefix("L['self'].").removeprefix("L__self__.")
+
+
+class Propagator:
+    def __init__(self, gm: torch.fx.GraphModule, canonical: dict[str, str]) -> None:
+        self.gm = gm
+        self.canonical = canonical
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.frozen = {StorageWeakRef(t.untyped_storage()) for t in [*gm.parameters(), *gm.buffers()]}
+        self.owner: dict[StorageWeakRef, str] = {}
+        self.size: dict[StorageWeakRef, int] = {}
+        self.alias: dict[StorageWeakRef, StorageWeakRef] = {}
+        self.seen: set[StorageWeakRef] = set()
+        self.saved: dict[str, int] = defaultdict(int)
+        self.keep: list[torch.Tensor] = []  # storages stay alive, so their keys are never reused
+        self.current = ""
+        self.counter = flop_counter()
+
+    # ---- storage bookkeeping --------------------------------------------------------------
+    def _key(self, tensor: torch.Tensor) -> StorageWeakRef:
+        key = StorageWeakRef(tensor.untyped_storage())
+        return self.alias.get(key, key)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = self._key(tensor)
+        if key in self.frozen or key in self.seen:
+            return tensor
+        self.seen.add(key)
+        self.keep.append(tensor)
+        owner = self.owner.get(key, self.current)
+        self.saved[owner] += self.size.get(key, tensor.untyped_storage().nbytes())
+        return tensor
+
+    def _register(self, name: str, outputs: list[torch.Tensor]) -> None:
+        for tensor in outputs:
+            key = self._key(tensor)
+            if key not in self.owner and key not in self.frozen:
+                self.owner[key] = name
+                self.size[key] = tensor.untyped_storage().nbytes()
+                self.keep.append(tensor)
+
+    def _localize(self, value: Any) -> tuple[Any, list[torch.Tensor]]:
+        """Private copies of the activations in ``value``; returns them and the grad leaves."""
+        memo: dict[int, torch.Tensor] = {}
+        leaves: list[torch.Tensor] = []
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            if StorageWeakRef(t.untyped_storage()) in self.frozen:
+                return t
+            if id(t) not in memo:
+                if t.requires_grad:
+                    memo[id(t)] = self._copy(t, leaves)
+                else:
+                    memo[id(t)] = t.detach()
+            return memo[id(t)]
+
+        return tree_map(lambda x: local(x) if isinstance(x, torch.Tensor) else x, value), leaves
+
+    def _copy(self, t: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor:
+        """A same-layout copy of ``t`` (size, strides, offset) on a fresh storage: a grad leaf,
+        cloned once more so in-place ops on it are legal."""
+        numel = t.untyped_storage().nbytes() // t.element_size()
+        base = torch.empty(numel, dtype=t.dtype, device=t.device, requires_grad=True)
+        leaves.append(base)
+        copy = base.clone()
+        self.alias[StorageWeakRef(copy.untyped_storage())] = self._key(t)
+        self.keep.append(copy)
+        return copy.as_strided(t.size(), t.stride(), t.storage_offset())
+
+    # ---- running ----------------------------------------------------------------------------
+    def measure(self, *, name: str, node: torch.fx.Node | None, fn, args: tuple, kwargs: dict,
+                extra_params: list[torch.Tensor]) -> tuple[Any, int, int]:
+        """Run ``fn`` on local copies; return (output, forward FLOPs, backward FLOPs)."""
+        (largs, lkwargs), leaves = self._localize((args, kwargs))
+        self.current = name
+        before = self.counter.get_total_flops()
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            output = fn(*largs, **lkwargs)
+        fwd = self.counter.get_total_flops() - before
+        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        self._register(name, tensors)
+        grads_of = [p for p in extra_params if p.requires_grad]
+        return output, fwd, self._backward(tensors, leaves + grads_of)
+
+    def _backward(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> int:
+        outs = [t for t in outputs if t.requires_grad and t.grad_fn is not None]
+        if not outs or not inputs:
+            return 0
+        before = self.counter.get_total_flops()
+        torch.autograd.grad(outs, inputs, grad_outputs=[torch.empty_like(t) for t in outs], allow_unused=True)
+        return self.counter.get_total_flops() - before
+
+    def run_node(self, node: torch.fx.Node) -> Measured | None:
+        if node.op == "get_attr":
+            self.env[node] = _fake_constant(nodeattrs._get_attr(self.gm, node.target))
+            return None
+        if node.op == "call_module" and node.target == "_guards_fn":  # torch.export's input guards
+            return None
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env.get(n))
+        module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+        params = nodeattrs.node_params(node, self.gm, module, self.canonical)
+        try:
+            output, fwd, bwd = self.measure(name=node.name, node=node, fn=self._callable(node, module), args=args, kwargs=kwargs,
+                                            extra_params=[t for _, t in params])
+        except Exception as exc:
+            raise self._failure(node, exc) from exc
+        self.env[node] = output
+        kind, attrs = nodeattrs.kind_and_attrs(node, module, args, kwargs, output, params)
+        if "module_type" in attrs and module is None and node.meta.get("nn_module_stack"):
+            attrs["module_type"] = _class_name(list(node.meta["nn_module_stack"].values())[-1][1])
+        return Measured(name=node.name, node=node, kind=kind, op_name=classify.short_name(node), target=_target_text(node, module), module=module_path(node),
+                        inputs=_input_names(node), params=[n for n, _ in params], outputs=_tensors(output),
+                        fwd_flops=int(fwd), bwd_flops=int(bwd), attrs=attrs)
+
+    def _callable(self, node: torch.fx.Node, module: torch.nn.Module | None):
+        if module is not None:
+            return module
+        if node.op == "call_method":
+            return lambda obj, *a, **k: getattr(obj, node.target)(*a, **k)
+        return node.target
+
+    def _failure(self, node: torch.fx.Node, exc: Exception) -> TraceError:
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+        where = stack_trace_line(node.meta.get("stack_trace"))
+        where = f" at {where}" if where else ""
+        module = module_path(node) or "the top-level forward()"
+        op = _target_text(node, None)
+        if isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException)):
+            return TraceError(f"op '{op}' in module '{module}'{where} has an output that depends on tensor values "
+                              "(data-dependent routing such as nonzero() or boolean-mask indexing), which shape-only tracing cannot size; "
+                              "route with dense masks or a fixed expert capacity instead (see examples/moe.py).")
+        return TraceError(f"op '{op}' in module '{module}'{where} failed on fake tensors: {first_line(exc)}.")
+
+    def placeholder(self, node: torch.fx.Node, value: Any) -> Measured:
+        self.env[node] = value
+        tensors = _tensors(value)
+        self._register(node.name, tensors)
+        return Measured(name=node.name, node=node, kind="input", op_name="input", target="input", module="", inputs=[], params=[], outputs=tensors)
+
+    def finish(self, records: list[Measured]) -> None:
+        for record in records:
+            record.saved_bytes = int(self.saved.get(record.name, 0))
+
+
+def _fake_constant(value: Any) -> Any:
+    """A tensor constant the graph holds outside parameters and buffers, as a FakeTensor (values are not needed)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+        return torch.empty(tuple(value.shape), dtype=value.dtype, device="cpu")
+    return value
+
+
+def _class_name(module_type: Any) -> str:
+    """'Conv1D' from a class or from torch.export's 'transformers.pytorch_utils.Conv1D' string."""
+    return module_type.__name__ if isinstance(module_type, type) else str(module_type).rsplit(".", 1)[-1]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _input_names(node: torch.fx.Node) -> list[str]:
+    names = []
+    for arg in node.all_input_nodes:
+        if arg.op != "get_attr" and arg.name not in names:
+            names.append(arg.name)
+    return names
+
+
+def _target_text(node: torch.fx.Node, module: torch.nn.Module | None) -> str:
+    from autoplan.trace.classify import target_text
+
+    return target_text(node, module)
