@@ -1,0 +1,105 @@
+"""``parallelize(model, plan, ...)``: build everything a plan says, in a fixed order.
+
+Composition order (each step says why it comes after the previous and before the next):
+
+1. **Pipeline split** first: torch.export must see the plain eager model (it cannot trace
+   DTensor parameters or FSDP/checkpoint hooks), and every later step then works on just this
+   rank's stage modules.
+2. **Tensor parallelism** (+SP) after the split, so its parameter sharding and
+   input/output hooks land on the stage modules that actually run; before recomputation, so a
+   checkpointed block replays the TP redistributions as part of its forward.
+3. **Activation recomputation** after TP (see 2) and before FSDP, so FSDP's per-block
+   all-gather hooks stay outside the checkpointed forward and gather once per (re)forward.
+4. **FSDP2 / DDP / explicit all-reduce** after TP, because FSDP2 composes with DTensor
+   parameters already on the tp mesh (2-D dp x tp), and last among the module transforms
+   because DDP / FSDP must see the final parameters.
+5. **Schedule** last: ``PipelineStage`` needs the finished (TP'd, checkpointed, sharded)
+   stage modules.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from autoplan.errors import PlanError
+from autoplan.execute import data_parallel, pipeline, precision
+from autoplan.execute.mesh import build_mesh, coordinates, local_device
+from autoplan.execute.recompute import apply_recompute
+from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
+from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
+from autoplan.execute.trainer import Trainer
+from autoplan.execute.zero import ShardedOptimizer
+from autoplan.types.plan import Plan
+
+
+def default_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-4)
+
+
+def find_blocks(model: nn.Module) -> list[str]:
+    """Repeated blocks when a plan lists none: children of a ModuleList/Sequential that holds
+    two or more modules of one class (transformer layers, ResNet stages' blocks)."""
+    blocks = []
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.ModuleList, nn.Sequential)):
+            children = list(module.named_children())
+            kinds = [type(c) for _, c in children]
+            if len(children) >= 2 and len(set(kinds)) == 1 and list(children[0][1].parameters()):
+                blocks += [f"{name}.{child}" if name else child for child, _ in children]
+    return [b for b in blocks if not any(b.startswith(outer + ".") for outer in blocks)]  # outermost only
+
+
+def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], torch.Tensor],
+                microbatch_inputs: tuple | None = None, device: torch.device | None = None,
+                optimizer_fn: Callable[[list[nn.Parameter]], Any] = default_optimizer) -> Trainer:
+    """Parallelize ``model`` as ``plan`` says; return the :class:`Trainer`.
+
+    Call inside an initialised process group of ``plan.devices`` ranks, with the same model
+    (same seed) on every rank. ``microbatch_inputs`` (forward args for ``micro_batch_size``
+    samples) is needed when ``plan.pp > 1``, to export and split the model."""
+    device = device or local_device()
+    kinds = validate_tp_plan(model=model, plan=plan)
+    mesh = build_mesh(plan=plan)
+    model = model.to(device)
+    blocks = [b for stage in plan.stages for b in stage] or find_blocks(model)
+    ties = tied_names(model)
+    aliases = {alias: names[0] for names in ties for alias in names[1:]}
+    modules, tie_sync = _split(model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device)
+    mode = data_parallel.dp_mode(plan=plan)
+    for index, module in modules.items():
+        apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
+        apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
+        modules[index] = _data_parallel(module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device)
+    params = [p for m in modules.values() for p in m.parameters()]
+    optimizer = ShardedOptimizer(params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"]) if plan.zero_stage == 1 and plan.dp > 1 else optimizer_fn(params)
+    scaler = precision.grad_scaler(precision=plan.precision, device_type=device.type, use_fsdp=mode == "fsdp", pipelined=plan.pp > 1)
+    trainer = Trainer(plan=plan, mesh=mesh, stage_modules=modules, optimizer=optimizer, loss_fn=loss_fn,
+                      device=device, dp_mode=mode, scaler=scaler, tie_sync=tie_sync, aliases=aliases)
+    if plan.pp > 1:
+        trainer.schedule = pipeline.build_schedule(stage_modules=modules, plan=plan, pp_mesh=mesh["pp"], device=device, loss_fn=trainer.schedule_loss)
+    return trainer
+
+
+def _split(*, model: nn.Module, plan: Plan, microbatch_inputs: tuple | None, mesh: Any, ties: list[list[str]],
+           device: torch.device) -> tuple[dict[int, nn.Module], TiedGradSync | None]:
+    if plan.pp == 1:
+        return {0: model}, None
+    if microbatch_inputs is None:
+        raise PlanError(f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) to split the model into stages.")
+    from autoplan.execute.batch import move_to
+    pipe = pipeline.split_model(model=model, plan=plan, microbatch_args=move_to(tuple(microbatch_inputs), device))
+    modules = {i: pipe.get_stage_module(i) for i in pipeline.stage_indices(plan=plan, pp_rank=coordinates(mesh)["pp"])}
+    holders = {i: {n for n, _ in pipe.get_stage_module(i).named_parameters(remove_duplicate=False)} for i in range(pipe.num_stages)}
+    # Groups are created on every rank before any module transform (new_group is a collective).
+    return modules, build_tied_sync(groups=ties, holders=holders, pp=plan.pp, mesh=mesh, my_modules=modules)
+
+
+def _data_parallel(*, module: nn.Module, blocks: list[str], plan: Plan, mesh: Any, mode: str, device: torch.device) -> nn.Module:
+    if mode == "fsdp":
+        return data_parallel.apply_fsdp(module=module, blocks=blocks, plan=plan, dp_mesh=mesh["dp"],
+                                        mp_policy=precision.mp_policy(precision=plan.precision))
+    if mode == "ddp":
+        return data_parallel.apply_ddp(module=module, dp_mesh=mesh["dp"], device=device)
+    return module

@@ -1,0 +1,47 @@
+"""The device mesh a plan runs on.
+
+Ranks form a ``(pp, dp, tp)`` mesh, tp innermost (docs/architecture.md): rank
+``r = (pp_rank * dp + dp_rank) * tp + tp_rank``. Every axis exists even when its degree is 1,
+so the rest of the executor can always ask for ``mesh["dp"]`` or ``mesh["tp"]``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from autoplan.errors import PlanError, RunError
+from autoplan.types.plan import Plan
+
+MESH_AXES = ("pp", "dp", "tp")
+
+
+def device_type() -> str:
+    """'cuda' when CUDA devices are present, else 'cpu'."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def local_device() -> torch.device:
+    """This process's device: its CUDA device by LOCAL_RANK, or the CPU."""
+    if device_type() == "cuda":
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def build_mesh(*, plan: Plan) -> DeviceMesh:
+    """A DeviceMesh named (pp, dp, tp) over the initialised default process group."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RunError("parallelize() needs an initialised process group; call torch.distributed.init_process_group() first (or use `autoplan run`).")
+    world_size = dist.get_world_size()
+    if world_size != plan.devices:
+        raise PlanError(f"the plan needs {plan.devices} processes (dp={plan.dp} x tp={plan.tp} x pp={plan.pp}) but the process group has {world_size}; launch {plan.devices} processes.")
+    return init_device_mesh(device_type(), (plan.pp, plan.dp, plan.tp), mesh_dim_names=MESH_AXES)
+
+
+def coordinates(mesh: DeviceMesh) -> dict[str, int]:
+    """This rank's position on each axis, e.g. {'pp': 1, 'dp': 0, 'tp': 1}."""
+    return {axis: mesh.get_local_rank(axis) for axis in MESH_AXES}

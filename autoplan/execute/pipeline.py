@@ -1,0 +1,73 @@
+"""Pipeline stages from ``plan.stages`` and the schedule from ``plan.schedule``.
+
+The split is generic: ``torch.distributed.pipelining.pipeline()`` exports the model with
+``torch.export`` on one micro-batch and cuts it at the first block FQN of every stage after
+the first (``SplitPoint.BEGINNING``). So code before the first block (embeddings) lands on
+stage 0 and code after the last block (final norm, head) on the last stage, as
+docs/architecture.md says. The stage modules keep the original FQNs and module hierarchy
+(as ``InterpreterModule``s called through ``call_module``), so tensor-parallel hooks,
+checkpoint wrappers and FSDP2 apply to them by FQN as they would to the eager model.
+
+Chunk ``c`` of ``pp * virtual_stages`` runs on pipeline rank ``c % pp`` (interleaved 1F1B).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline
+from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, PipelineScheduleSingle,
+                                                   Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B)
+
+from autoplan.errors import PlanError
+from autoplan.types.plan import Plan
+
+SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+def stage_indices(*, plan: Plan, pp_rank: int) -> list[int]:
+    """The chunk indices this pipeline rank runs: pp_rank, pp_rank + pp, ..."""
+    return list(range(pp_rank, plan.pp * plan.virtual_stages, plan.pp))
+
+
+def check_stages(*, model: nn.Module, plan: Plan) -> None:
+    """Raise PlanError unless every stage names existing blocks, in model order."""
+    if len(plan.stages) != plan.pp * plan.virtual_stages:
+        raise PlanError(f"plan pp={plan.pp} needs {plan.pp * plan.virtual_stages} entries in 'stages', got {len(plan.stages)}; re-plan with stages.")
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    flat = [fqn for stage in plan.stages for fqn in stage]
+    for fqn in flat:
+        if fqn not in order:
+            raise PlanError(f"plan stages name block '{fqn}', which the model does not have; re-plan for this model.")
+    if any(not stage for stage in plan.stages):
+        raise PlanError("plan has an empty pipeline stage; every stage needs at least one block.")
+    if [order[f] for f in flat] != sorted(order[f] for f in flat):
+        raise PlanError("plan stages list blocks out of model order; stage i must hold blocks that run before those of stage i+1.")
+
+
+def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> Any:
+    """Export ``model`` on one micro-batch and cut it into ``len(plan.stages)`` stage modules."""
+    check_stages(model=model, plan=plan)
+    split_spec = {stage[0]: SplitPoint.BEGINNING for stage in plan.stages[1:]}
+    try:
+        pipe = pipeline(model, mb_args=microbatch_args, split_spec=split_spec)
+    except Exception as exc:  # torch.export failed on this model
+        raise PlanError(f"cannot split the model into pipeline stages with torch.export ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); plan pp=1 for this model.") from exc
+    if pipe.num_stages != len(plan.stages):
+        raise PlanError(f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; a split point is probably never called in forward().")
+    return pipe
+
+
+def build_schedule(*, stage_modules: dict[int, nn.Module], plan: Plan, pp_mesh: DeviceMesh,
+                   device: torch.device, loss_fn: Callable) -> Any:
+    """The plan's schedule over this rank's stages; the loss goes to the schedule."""
+    group = pp_mesh.get_group()
+    num_stages = plan.pp * plan.virtual_stages
+    stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in sorted(stage_modules.items())]
+    cls = SCHEDULE_CLASSES[plan.schedule]
+    if issubclass(cls, PipelineScheduleMulti):
+        return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1
+    return cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)

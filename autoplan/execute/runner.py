@@ -1,0 +1,236 @@
+"""One rank of ``autoplan run``: build, parallelize, train S steps, measure, write the run folder.
+
+Run by the launcher (``python -m autoplan.execute.runner ...`` per local process) or directly
+by ``autoplan run`` under an external torchrun (RANK/WORLD_SIZE set). Rank 0 writes
+``measured.csv`` (step, step_time_s, loss, peak_memory_bytes) and ``summary.json`` atomically.
+A step's time is the slowest rank's (all-reduce MAX), measured around ``train_step`` only,
+after a device synchronise. Peak memory: CUDA max allocated, or on CPU the process's peak
+RSS (``ru_maxrss``), the largest over ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autoplan.errors import AutoplanError
+from autoplan.types._check import write_json_atomic, write_text_atomic
+
+EXIT_VERIFY_FAILED = 3
+
+
+@dataclass
+class RunOptions:
+    model: str
+    plan: str
+    steps: int
+    out: str
+    verify: bool = False
+    seed: int = 0
+    threads: int | None = None
+    timeout_s: float = 45.0
+
+
+def threads_per_process(*, requested: int | None, profile_threads: int | None) -> int:
+    """--threads, else the profile's ``threads``, else cores // local processes (>= 1)."""
+    if requested:
+        return requested
+    if profile_threads:
+        return profile_threads
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return max(1, (os.cpu_count() or 1) // max(local, 1))
+
+
+def warmup_steps(steps: int) -> int:
+    """Steps left out of the median: 1 for short runs, 2 from 6 steps, never all of them."""
+    return min(max(steps - 1, 0), 1 if steps < 6 else 2)
+
+
+def _profile_threads(plan) -> int | None:
+    if not plan.profile:
+        return None
+    try:
+        from autoplan.profile import load_profile
+        return load_profile(plan.profile).threads
+    except (AutoplanError, ImportError):
+        return None
+
+
+def _init(opts: RunOptions) -> None:
+    from autoplan.execute.mesh import device_type, local_device
+    backend = "nccl" if device_type() == "cuda" else "gloo"
+    local_device()
+    dist.init_process_group(backend, timeout=timedelta(seconds=opts.timeout_s))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _max_over_ranks(value: float, device: torch.device) -> float:
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
+def run_rank(opts: RunOptions) -> int:
+    """The whole job on this rank; returns the exit code (0, or 3 when --verify fails)."""
+    from autoplan.modelfile import load_model_file
+    from autoplan.types.plan import Plan
+    plan = Plan.load(opts.plan)
+    model_file = load_model_file(opts.model)
+    torch.set_num_threads(threads_per_process(requested=opts.threads, profile_threads=_profile_threads(plan)))
+    _init(opts)
+    try:
+        return _train(opts=opts, plan=plan, model_file=model_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(*, opts: RunOptions, plan, model_file) -> int:
+    from autoplan.execute.api import parallelize
+    from autoplan.execute.verify import disable_dropout
+    torch.manual_seed(opts.seed)
+    model = model_file.build()
+    if opts.verify:
+        disable_dropout(model)
+    reference = copy.deepcopy(model) if opts.verify else None
+    torch.manual_seed(opts.seed)
+    microbatch = model_file.inputs(plan.micro_batch_size)
+    trainer = parallelize(model, plan, loss_fn=model_file.loss, microbatch_inputs=microbatch)
+    rows, verified = [], None
+    for step in range(opts.steps):
+        torch.manual_seed(opts.seed + 1 + step)
+        inputs, target = model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size)
+        row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
+        rows.append(row)
+        if opts.verify and step == 0:
+            verified = _verify(trainer=trainer, reference=reference, plan=plan, model_file=model_file,
+                               inputs=inputs, target=target, loss=row["loss"])
+    if dist.get_rank() == 0:
+        _write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
+    return EXIT_VERIFY_FAILED if verified is not None and not verified["passed"] else 0
+
+
+def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, Any]:
+    x, y = trainer.local_batch(inputs, target)
+    _sync(trainer.device)
+    start = time.perf_counter()
+    loss = trainer.train_step(x, y)
+    _sync(trainer.device)
+    elapsed_s = time.perf_counter() - start
+    return {"step": step, "step_time_s": _max_over_ranks(elapsed_s, trainer.device), "loss": trainer.reduce_loss(loss),
+            "peak_memory_bytes": int(_max_over_ranks(_peak_memory_bytes(trainer.device), trainer.device))}
+
+
+def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float) -> dict[str, Any]:
+    from autoplan.execute.verify import compare, reference_step, verdict
+    reference = reference.to(trainer.device)
+    ref_loss, ref_grads = reference_step(model=reference, plan=plan, inputs=_to(inputs, trainer.device),
+                                         target=_to(target, trainer.device), loss_fn=model_file.loss)
+    diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads)
+    passed, table = verdict(diffs=diffs, precision_name=plan.precision)
+    if dist.get_rank() == 0:
+        print(table, flush=True)
+    worst = diffs[0] if diffs else None
+    return {"passed": passed, "tensors": len(diffs), "worst": worst.name if worst else None,
+            "worst_relative_diff": worst.relative if worst else 0.0}
+
+
+def _to(obj: Any, device: torch.device) -> Any:
+    from autoplan.execute.batch import move_to
+    return move_to(obj, device)
+
+
+def _write_outputs(*, opts: RunOptions, plan, rows: list[dict[str, Any]], verified: dict | None) -> None:
+    out = Path(opts.out)
+    header = "step,step_time_s,loss,peak_memory_bytes"
+    lines = [header] + [f"{r['step']},{r['step_time_s']:.6f},{r['loss']:.6f},{r['peak_memory_bytes']}" for r in rows]
+    write_text_atomic(out / "measured.csv", "\n".join(lines) + "\n")
+    summary = summarize(plan=plan, rows=rows, verified=verified)
+    summary.update(run_inputs(opts=opts, plan=plan))
+    write_json_atomic(out / "summary.json", summary)
+    plan.save(out / "plan.json")
+
+
+def run_inputs(*, opts: RunOptions, plan) -> dict[str, Any]:
+    """What `autoplan calibrate` needs to re-price this run: the model file, the global batch,
+    and the AUTOPLAN_* environment the model file may read its sizes from (plan.json is copied beside)."""
+    return {"model_file": str(Path(opts.model).resolve()), "plan_file": str(Path(opts.plan).resolve()),
+            "global_batch_size": plan.global_batch_size,
+            "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("AUTOPLAN_") and k != "AUTOPLAN_ERROR_DIR"}}
+
+
+def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> dict[str, Any]:
+    """The run summary: median step time after warm-up beside the plan's prediction."""
+    skip = warmup_steps(len(rows))
+    times = [r["step_time_s"] for r in rows[skip:]]
+    median_s = statistics.median(times) if times else None
+    predicted_s = plan.predicted.get("step_time_s")
+    return {
+        "plan": plan.describe(), "model": plan.model, "devices": plan.devices,
+        "backend": "nccl" if torch.cuda.is_available() else "gloo", "threads_per_process": torch.get_num_threads(),
+        "steps": len(rows), "warmup_steps": skip, "median_step_time_s": median_s,
+        "predicted_step_time_s": predicted_s,
+        "measured_over_predicted": (median_s / predicted_s) if median_s and predicted_s else None,
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows), default=None),
+        "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
+        "verify": verified,
+    }
+
+
+def _error_file() -> Path | None:
+    folder = os.environ.get("AUTOPLAN_ERROR_DIR")
+    return Path(folder) / f"rank{os.environ.get('RANK', '0')}.txt" if folder else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of one launched process; records a failure for the launcher to name."""
+    parser = argparse.ArgumentParser(prog="autoplan.execute.runner")
+    for name in ("model", "plan", "out"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--timeout-s", type=float, default=45.0)
+    parser.add_argument("--verify", action="store_true")
+    args = parser.parse_args(argv)
+    opts = RunOptions(model=args.model, plan=args.plan, steps=args.steps, out=args.out, verify=args.verify,
+                      seed=args.seed, threads=args.threads, timeout_s=args.timeout_s)
+    try:
+        return run_rank(opts)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        record_failure(exc)
+        raise
+
+
+def record_failure(exc: BaseException) -> None:
+    path = _error_file()
+    if path is not None:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        write_text_atomic(path, f"{type(exc).__name__}: {first}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Tensor (and sequence) parallelism from ``plan.tp_plan``, for any model code.
+
+Design: *DTensor everywhere inside the tp region.* Every parameter of a tensor-parallel
+module becomes a DTensor on the tp mesh (split ones sharded, the rest ``Replicate``), and
+activations leaving a split module stay DTensors (``use_local_output=False`` in
+torch.distributed.tensor.parallel's terms). DTensor ops keep *global* semantics, so model
+code that reshapes with global head counts (nanoGPT's ``view(B, T, n_head, C // n_head)``),
+splits a fused qkv output, or repeats GQA k/v heads computes the same numbers as the
+unsharded model. Plain tensors met on the way (masks, rotary tables, the residual stream
+before the first split) are full values, and ``implicit_replication`` treats them as
+``Replicate``. Model outputs are turned back into full tensors before the loss.
+
+Per split (``W`` is a Linear weight ``[out, in]``):
+- ``colwise``: ``W``, bias -> ``Shard(0)``; input -> ``Replicate`` (all-gather under SP);
+  output ``Shard(-1)``. Embedding: ``W [vocab, dim]`` -> ``Shard(1)``.
+- ``rowwise``: ``W`` -> ``Shard(1)``, bias ``Replicate``; input -> ``Shard(-1)``; output
+  partial sums -> ``Replicate`` (all-reduce) or ``Shard(1)`` (reduce-scatter) under SP.
+  Embedding: ``W`` -> ``Shard(0)`` (vocabulary), output all-reduced / reduce-scattered.
+- ``sequence_parallel``: parameters ``Replicate``; input -> ``Shard(1)`` (the sequence dim of
+  ``[batch, seq, ...]``); output stays sequence-sharded.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+from autoplan.errors import PlanError
+from autoplan.execute import dtensor_ops  # noqa: F401  (registers CPU attention sharding)
+from autoplan.types.plan import Plan
+
+SEQ_DIM = 1
+PARAM_PLACEMENTS = {  # (kind, split) -> {param name: placement}
+    ("linear", "colwise"): {"weight": Shard(0), "bias": Shard(0)},
+    ("linear", "rowwise"): {"weight": Shard(1), "bias": Replicate()},
+    ("embedding", "colwise"): {"weight": Shard(1)},
+    ("embedding", "rowwise"): {"weight": Shard(0)},
+}
+
+
+def module_kind(module: nn.Module) -> str:
+    """'linear', 'embedding' or 'other': what a split may be applied to."""
+    if isinstance(module, nn.Linear):
+        return "linear"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    return "other"
+
+
+def validate_tp_plan(*, model: nn.Module, plan: Plan) -> dict[str, str]:
+    """Check every split names a module that can take it; return {fqn: kind}.
+
+    Raises PlanError for a module that does not exist, a colwise/rowwise split of something
+    that is not a Linear or Embedding, or a sharded dim that the tp degree does not divide."""
+    modules = dict(model.named_modules())
+    kinds = {}
+    for fqn, split in plan.tp_plan.items():
+        if fqn not in modules:
+            raise PlanError(f"plan tp_plan names module '{fqn}', which the model does not have; re-plan for this model.")
+        kinds[fqn] = module_kind(modules[fqn])
+        if plan.tp > 1 and split in ("colwise", "rowwise"):
+            _check_splittable(fqn=fqn, module=modules[fqn], kind=kinds[fqn], split=split, tp=plan.tp)
+    return kinds
+
+
+def _check_splittable(*, fqn: str, module: nn.Module, kind: str, split: str, tp: int) -> None:
+    if kind == "other":
+        raise PlanError(f"plan tp_plan['{fqn}']='{split}' but {fqn} is a {type(module).__name__}; only nn.Linear and nn.Embedding can be split colwise/rowwise.")
+    weight = module.weight
+    dim = PARAM_PLACEMENTS[(kind, split)]["weight"].dim
+    if weight.shape[dim] % tp:
+        raise PlanError(f"plan tp_plan['{fqn}']='{split}' shards a dim of size {weight.shape[dim]}, which tp={tp} does not divide; pick a tp degree that divides it.")
+
+
+def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh, kinds: dict[str, str]) -> nn.Module:
+    """Shard ``module`` (the whole model or one pipeline stage) in place over ``tp_mesh``."""
+    if plan.tp == 1:
+        return module
+    present = dict(module.named_modules())
+    splits = {fqn: split for fqn, split in plan.tp_plan.items() if fqn in present and split != "replicate"}
+    _distribute_parameters(module, splits=splits, kinds=kinds, mesh=tp_mesh)
+    for fqn, split in splits.items():
+        _add_hooks(present[fqn], split=split, kind=kinds[fqn], mesh=tp_mesh, sp=plan.sequence_parallel)
+    # Enter as DTensors, leave as full plain tensors: then the gradient a pipeline stage
+    # sends back for its input is a plain tensor too, and the loss sees plain outputs.
+    module.register_forward_pre_hook(lambda _m, args: tuple(_as_replicated(a, tp_mesh) for a in args))
+    module.register_forward_hook(lambda _m, _args, output: to_full(output))
+    return module
+
+
+def _as_replicated(x: Any, mesh: DeviceMesh) -> Any:
+    if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) and x.is_floating_point():
+        return DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    return x
+
+
+def _distribute_parameters(module: nn.Module, *, splits: dict[str, str], kinds: dict[str, str], mesh: DeviceMesh) -> None:
+    """Make every parameter a DTensor on the tp mesh: split ones sharded, the rest Replicate
+    (so one optimizer and one gradient rule, :func:`finalize_tp_grads`, cover them all).
+
+    A parameter shared by several modules (tied embeddings) becomes one DTensor set on all of
+    them; its placement is the split one if any user is split (DTensor semantics make every
+    other user compute the same numbers), and two different splits are a PlanError."""
+    users: dict[int, list[tuple[str, nn.Module, str, nn.Parameter]]] = {}
+    for fqn, sub in module.named_modules(remove_duplicate=False):
+        for name, param in sub.named_parameters(recurse=False):
+            users.setdefault(id(param), []).append((fqn, sub, name, param))
+    for group in users.values():
+        placement = _placement_of(group, splits=splits, kinds=kinds)
+        param = group[0][3]
+        shared = nn.Parameter(distribute_tensor(param.data, mesh, [placement]), param.requires_grad)
+        for _fqn, sub, name, _param in group:
+            sub.register_parameter(name, shared)
+
+
+def _placement_of(group: list, *, splits: dict[str, str], kinds: dict[str, str]) -> Any:
+    chosen: dict[str, Any] = {}
+    for fqn, _sub, name, _param in group:
+        if fqn in splits:
+            chosen[fqn] = PARAM_PLACEMENTS.get((kinds[fqn], splits[fqn]), {}).get(name, Replicate())
+    distinct = set(map(repr, chosen.values()))
+    if len(distinct) > 1:
+        names = ", ".join(f"{fqn}={splits[fqn]}" for fqn in chosen)
+        raise PlanError(f"tied parameter '{group[0][0]}.{group[0][2]}' gets different shardings from its users ({names}); give tied modules matching splits.")
+    return next(iter(chosen.values())) if chosen else Replicate()
+
+
+def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp: bool) -> None:
+    want_in, want_out = _layouts(split=split, kind=kind, sp=sp)
+    module.register_forward_pre_hook(lambda _m, args: tuple(_redistribute(a, mesh, want_in) for a in args))
+    if want_out is not None:
+        module.register_forward_hook(lambda _m, _args, out: _settled(_redistribute(out, mesh, want_out)))
+
+
+def _layouts(*, split: str, kind: str, sp: bool) -> tuple[Any, Any]:
+    """(input placement, output placement or None to keep) for one split."""
+    seq_out = Shard(SEQ_DIM) if sp else Replicate()
+    if split == "colwise":
+        return Replicate(), None
+    if split == "rowwise":
+        return (Replicate() if kind == "embedding" else Shard(-1)), seq_out
+    return Shard(SEQ_DIM), None  # sequence_parallel
+
+
+def _redistribute(x: Any, mesh: DeviceMesh, placement: Any) -> Any:
+    """``x`` as a DTensor with ``placement``; a plain tensor is a full (replicated) value."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if not isinstance(x, DTensor):
+        x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    if isinstance(placement, Shard) and placement.dim < 0:
+        placement = Shard(placement.dim + x.dim())
+    return x if tuple(x.placements) == (placement,) else x.redistribute(mesh, [placement])
+
+
+def _settled(x: DTensor) -> DTensor:
+    """``x`` unchanged in forward; in backward its gradient is brought to ``x``'s placement
+    before it reaches the redistribution that made ``x``. Downstream DTensor ops may leave
+    that gradient as a partial sum, and a partial sum cannot be redistributed to every
+    placement (e.g. the masked partial of a vocabulary-sharded embedding). This is where
+    Megatron's all-reduce of the input gradient of a column-parallel layer happens."""
+    placements = tuple(x.placements)
+    return DTensor.from_local(x.to_local(grad_placements=placements), x.device_mesh, placements, run_check=False)
+
+
+def to_full(obj: Any) -> Any:
+    """``obj`` with every DTensor replaced by its full plain tensor (differentiably)."""
+    if isinstance(obj, DTensor):
+        return obj.full_tensor()
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(to_full(o) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(to_full(o) for o in obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, to_full(v)) for k, v in obj.items()) if type(obj) is dict else _to_full_mapping(obj)
+    return obj
+
+
+def _to_full_mapping(obj: Any) -> Any:
+    for key in list(obj.keys()):
+        obj[key] = to_full(obj[key])
+    return obj
+
+
+def finalize_tp_grads(params: list[nn.Parameter]) -> None:
+    """Bring each gradient to its parameter's placements.
+
+    A replicated weight used on a sequence shard (or any weight whose backward DTensor
+    leaves as a partial sum) gets a ``Partial`` gradient; the optimizer needs it reduced.
+    """
+    for param in params:
+        grad = param.grad
+        if isinstance(grad, DTensor) and isinstance(param, DTensor) and tuple(grad.placements) != tuple(param.placements):
+            param.grad = grad.redistribute(param.device_mesh, param.placements)

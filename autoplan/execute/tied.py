@@ -1,0 +1,60 @@
+"""Parameters tied across pipeline stages (e.g. a GPT's token embedding and output head).
+
+``pipeline()`` gives each stage that uses a tied parameter its own copy, and each copy gets
+only its own stage's part of the gradient. The true gradient is their sum (it is what the
+unsplit model accumulates into the one shared tensor), so after backward the holders of
+one tied parameter, at the same (dp, tp) coordinate, all-reduce (SUM) their local gradients.
+The copies start equal and get equal gradients, so they stay equal under any optimizer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from autoplan.execute.data_parallel import local
+
+
+def tied_names(model: nn.Module) -> list[list[str]]:
+    """Groups of parameter FQNs that name one tensor."""
+    by_id: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+@dataclass
+class TiedGradSync:
+    """The process groups and local parameters for this rank's cross-stage ties."""
+
+    pairs: list[tuple[object, list[nn.Parameter]]] = field(default_factory=list)
+
+    def __call__(self) -> None:
+        for group, params in self.pairs:
+            for param in params:
+                if param.grad is not None:
+                    dist.all_reduce(local(param.grad), group=group)
+
+
+def build_tied_sync(*, groups: list[list[str]], holders: dict[int, set[str]], pp: int, mesh: DeviceMesh,
+                    my_modules: dict[int, nn.Module]) -> TiedGradSync:
+    """Create the groups on every rank (a collective), keep the ones this rank is in.
+
+    ``holders[stage]`` is the set of parameter FQNs stage ``stage`` holds."""
+    sync = TiedGradSync()
+    layout = mesh.mesh  # [pp, dp, tp] -> global rank
+    me = dist.get_rank()
+    mine = {n: p for m in my_modules.values() for n, p in m.named_parameters(remove_duplicate=False)}
+    for names in groups:
+        pp_ranks = sorted({stage % pp for stage, held in holders.items() if held & set(names)})
+        if len(pp_ranks) < 2:
+            continue
+        for d in range(layout.shape[1]):
+            for t in range(layout.shape[2]):
+                ranks = [int(layout[p, d, t]) for p in pp_ranks]
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    sync.pairs.append((group, [mine[n] for n in names if n in mine][:1]))
+    return sync

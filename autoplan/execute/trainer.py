@@ -1,0 +1,168 @@
+"""One training step (forward, loss, backward, gradient sync, optimizer step) for every plan.
+
+``train_step(inputs, target)`` takes this dp rank's share of the global batch
+(``micro_batch_size * num_microbatches`` samples; :meth:`Trainer.local_batch` cuts it from a
+global batch). Without a pipeline it accumulates gradients over the micro-batches, syncing
+data-parallel gradients only after the last; with one, the schedule runs the micro-batches
+and computes the loss on the last stage. It returns the mean micro-batch loss on ranks that
+hold the last stage and NaN elsewhere; :meth:`Trainer.reduce_loss` gives every rank the
+global loss (a collective, kept out of the step so it is not timed).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.experimental import implicit_replication
+
+from autoplan.execute import precision
+from autoplan.execute.batch import move_to, shard_batch
+from autoplan.execute.data_parallel import allreduce_grads
+from autoplan.execute.tensor_parallel import finalize_tp_grads
+from autoplan.errors import PlanError
+from autoplan.types.plan import Plan
+
+
+DTENSOR_LIMITS = ("unevenly sharded", "does not have a sharding strategy", "Cannot unflatten")
+
+
+@contextlib.contextmanager
+def _explained(plan: Plan):
+    """Turn DTensor's refusal of a model op under the plan's splits into a PlanError."""
+    try:
+        yield
+    except (RuntimeError, NotImplementedError) as exc:
+        text = str(exc)
+        if plan.tp > 1 and any(marker in text for marker in DTENSOR_LIMITS):
+            first = text.strip().splitlines()[0]
+            raise PlanError(f"the model's code cannot run under this tp_plan ({first}); mark the Linear whose output it reshapes 'replicate' or use another tp degree (docs/executor.md).") from exc
+        raise
+
+
+@dataclass
+class Trainer:
+    plan: Plan
+    mesh: DeviceMesh
+    stage_modules: dict[int, nn.Module]
+    optimizer: Any
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    device: torch.device
+    dp_mode: str
+    schedule: Any = None
+    scaler: Any = None
+    target_given: bool = True
+    tie_sync: Any = None
+    aliases: dict[str, str] | None = None
+
+    def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
+        """The loss the pipeline schedule calls per micro-batch on the last stage."""
+        return self.loss_fn(output, target if self.target_given else None)
+
+    # ---- what callers see ---------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The sharded model (pp=1), or this rank's only stage module (pp>1)."""
+        if len(self.stage_modules) == 1:
+            return next(iter(self.stage_modules.values()))
+        return nn.ModuleDict({str(i): m for i, m in self.stage_modules.items()})
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for m in self.stage_modules.values() for p in m.parameters()]
+
+    @property
+    def holds_last_stage(self) -> bool:
+        return len(self.plan.stages or [[]]) - 1 in self.stage_modules or self.plan.pp == 1
+
+    @property
+    def holds_first_stage(self) -> bool:
+        return 0 in self.stage_modules
+
+    def local_batch(self, inputs: tuple, target: Any) -> tuple[tuple, Any]:
+        """This dp rank's share of a global batch, on this rank's device."""
+        global_batch = self.plan.global_batch_size
+        index, parts = self.mesh.get_local_rank("dp"), self.plan.dp
+        inputs = shard_batch(tuple(inputs), index=index, parts=parts, batch_size=global_batch)
+        target = shard_batch(target, index=index, parts=parts, batch_size=global_batch)
+        return move_to(inputs, self.device), move_to(target, self.device)
+
+    # ---- the step -----------------------------------------------------------------------
+    def train_step(self, inputs: tuple, target: Any) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        # DTensor must accept plain tensors (masks, rotary tables, grads of them) as
+        # replicated values, in forward and in backward.
+        replicate = implicit_replication() if self.plan.tp > 1 else contextlib.nullcontext()
+        with replicate, _explained(self.plan):
+            loss = self._pipelined(tuple(inputs), target) if self.schedule is not None else self._accumulated(tuple(inputs), target)
+            self._sync_grads()
+        self._optimizer_step()
+        return loss
+
+    def _forward_context(self):
+        return precision.autocast(precision=self.plan.precision, device_type=self.device.type,
+                                  use_fsdp=self.dp_mode == "fsdp")
+
+    def _accumulated(self, inputs: tuple, target: Any) -> torch.Tensor:
+        n = self.plan.num_microbatches
+        batch = self.plan.micro_batch_size * n
+        model = self.model
+        total = torch.zeros((), device=self.device)
+        for index in range(n):
+            last = index == n - 1
+            x = shard_batch(inputs, index=index, parts=n, batch_size=batch)
+            y = shard_batch(target, index=index, parts=n, batch_size=batch)
+            with self._grad_sync(model, enabled=last), self._forward_context():
+                loss = self.loss_fn(model(*x), y) / n
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach().float()
+        return total
+
+    def _grad_sync(self, model: nn.Module, *, enabled: bool):
+        """Skip the dp gradient reduction on all but the last micro-batch."""
+        if self.dp_mode == "ddp" and not enabled:
+            return model.no_sync()
+        if self.dp_mode == "fsdp":
+            model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+
+    def _pipelined(self, inputs: tuple, target: Any) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        batch = self.plan.micro_batch_size * self.plan.num_microbatches
+        self.target_given = target is not None
+        if target is None:  # the schedule splits a target per micro-batch; give it one to split
+            target = torch.zeros(batch, device=self.device)
+        kwargs = {"target": target, "losses": losses} if self.holds_last_stage else {}
+        args = inputs if self.holds_first_stage else ()
+        with self._forward_context():
+            self.schedule.step(*args, **kwargs)
+        if not losses:
+            return torch.tensor(float("nan"), device=self.device)
+        return torch.stack([l.detach().float() for l in losses]).mean()
+
+    def _sync_grads(self) -> None:
+        params = self.parameters
+        if self.plan.tp > 1:
+            finalize_tp_grads(params)
+        if self.tie_sync is not None:
+            self.tie_sync()
+        if self.dp_mode == "allreduce":
+            allreduce_grads(params=params, dp_mesh=self.mesh["dp"])
+
+    def _optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+    def reduce_loss(self, loss: torch.Tensor) -> float:
+        """The global mean loss on every rank (averaged over the ranks holding the last stage)."""
+        holders = self.plan.dp * self.plan.tp
+        value = loss.detach().float().reshape(1).clone() if self.holds_last_stage else torch.zeros(1, device=self.device)
+        dist.all_reduce(value)
+        return float(value.item()) / holders

@@ -1,0 +1,95 @@
+"""Run many executor cases in one spawned gloo group and compare each to the reference.
+
+``run_cases(world_size, cases)`` spawns ``world_size`` processes once; each case is
+(name, model name, plan kwargs) and yields, per case, the largest relative differences of the
+loss and of every gradient against a single-process reference (autoplan.execute.verify), or
+the error text when the case raised.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from autoplan.execute.verify import compare, reference_step
+from autoplan.types.plan import Plan
+
+MODELS = {"gpt": "TinyGPT", "llama": "TinyLlama"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def blocks_of(model_name: str) -> list[str]:
+    import exec_models as m
+    prefix = "h" if model_name == "gpt" else "layers"
+    return [f"{prefix}.{i}" for i in range(m.LAYERS)]
+
+
+def make_plan(model_name: str, **kw) -> Plan:
+    import exec_models as m
+    pp = kw.get("pp", 1)
+    blocks = blocks_of(model_name)
+    chunks = pp * kw.get("virtual_stages", 1)
+    per = len(blocks) // chunks
+    kw.setdefault("stages", [blocks[i * per:(i + 1) * per] for i in range(chunks)])
+    sp = kw.get("sequence_parallel", False)
+    if kw.get("tp", 1) > 1 and "tp_plan" not in kw:
+        kw["tp_plan"] = m.gpt_tp_plan(sp) if model_name == "gpt" else m.llama_tp_plan(sp)
+    kw.setdefault("micro_batch_size", 2)
+    kw.setdefault("num_microbatches", 2)
+    for axis in ("dp", "tp", "pp"):
+        kw.setdefault(axis, 1)
+    kw["devices"] = kw["dp"] * kw["tp"] * kw["pp"]
+    return Plan(**kw)
+
+
+def run_case(model_name: str, plan: Plan) -> dict[str, float]:
+    from autoplan.execute import parallelize
+    import exec_models as m
+    build = getattr(m, MODELS[model_name])
+    torch.manual_seed(0)
+    model, reference = build(), build()
+    reference.load_state_dict(model.state_dict())
+    inputs, target = (m.tokens(plan.global_batch_size, 1),), m.tokens(plan.global_batch_size, 2)
+    mb = (m.tokens(plan.micro_batch_size, 3),)
+    trainer = parallelize(model, plan, loss_fn=m.lm_loss, microbatch_inputs=mb)
+    x, y = trainer.local_batch(inputs, target)
+    loss = trainer.reduce_loss(trainer.train_step(x, y))
+    ref_loss, ref_grads = reference_step(model=reference, plan=plan, inputs=inputs, target=target, loss_fn=m.lm_loss)
+    diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads)
+    return {d.name: d.relative for d in diffs}
+
+
+def _worker(rank: int, world_size: int, port: int, cases: list, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from datetime import timedelta
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=int(os.environ.get("AUTOPLAN_TEST_TIMEOUT_S", "60"))))
+    for name, model_name, kw in cases:
+        try:
+            result = run_case(model_name, make_plan(model_name, **kw))
+        except Exception:
+            result = {"error": traceback.format_exc()}
+        if rank == 0 or "error" in result:
+            queue.put((name if rank == 0 else f"{name} (rank {rank})", result))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_cases(world_size: int, cases: list) -> dict[str, dict]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(_worker, args=(world_size, free_port(), cases, queue), nprocs=world_size, start_method="spawn")
+    results = {}
+    while not queue.empty():
+        name, result = queue.get()
+        results[name] = result
+    return results

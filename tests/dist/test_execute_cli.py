@@ -1,0 +1,60 @@
+"""`autoplan run` end to end: run folder contents, --verify, and a crashing rank."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autoplan.types.plan import Plan
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_GPT = {"AUTOPLAN_GPT_N_LAYER": "2", "AUTOPLAN_GPT_N_EMBD": "32", "AUTOPLAN_GPT_N_HEAD": "4",
+             "AUTOPLAN_GPT_VOCAB_SIZE": "128", "AUTOPLAN_GPT_BLOCK_SIZE": "16"}
+
+
+def _run(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    import os
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "autoplan.cli", "run", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+def test_run_writes_measured_and_summary_and_verifies(tmp_path):
+    blocks = ["transformer.h.0", "transformer.h.1"]
+    plan = Plan(devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=2, schedule="gpipe",
+                stages=[blocks[:1], blocks[1:]], predicted={"step_time_s": 0.01})
+    plan_path = plan.save(tmp_path / "plan.json")
+    result = _run([str(ROOT / "examples/gpt.py"), "--plan", str(plan_path), "--steps", "3", "--verify",
+                   "--out", str(tmp_path / "run")], SMALL_GPT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout
+    rows = list(csv.DictReader((tmp_path / "run/measured.csv").open()))
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    assert all(float(r["step_time_s"]) > 0 and float(r["loss"]) > 0 and int(r["peak_memory_bytes"]) > 0 for r in rows)
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["predicted_step_time_s"] == 0.01 and summary["warmup_steps"] == 1
+    assert summary["median_step_time_s"] > 0 and summary["verify"]["passed"] is True
+
+
+def test_crashing_rank_stops_the_job_and_is_named(tmp_path):
+    model = tmp_path / "crash.py"
+    model.write_text(textwrap.dedent("""
+        import os, torch
+        def build_model():
+            if os.environ.get("RANK") == "1":
+                raise RuntimeError("rank one exploded")
+            return torch.nn.Linear(4, 4)
+        def example_inputs(batch_size):
+            return (torch.randn(batch_size, 4),)
+    """))
+    plan_path = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=1).save(tmp_path / "plan.json")
+    result = _run([str(model), "--plan", str(plan_path), "--steps", "2", "--out", str(tmp_path / "run"), "--timeout-s", "600"], timeout=120)
+    assert result.returncode == 2
+    assert "rank 1 failed" in result.stderr and "rank one exploded" in result.stderr
+    assert not (tmp_path / "run/summary.json").exists()

@@ -1,0 +1,90 @@
+"""Executor pieces that need no process group: plan checks, batching, ZeRO-1 partition,
+block discovery, --verify's verdict and the run summary."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from autoplan.errors import PlanError
+from autoplan.execute.api import find_blocks
+from autoplan.execute.batch import shard_batch
+from autoplan.execute.pipeline import check_stages, stage_indices
+from autoplan.execute.runner import summarize, threads_per_process, warmup_steps
+from autoplan.execute.tensor_parallel import validate_tp_plan
+from autoplan.execute.tied import tied_names
+from autoplan.execute.verify import Difference, verdict
+from autoplan.execute.zero import partition
+from autoplan.types.plan import Plan
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.h = nn.ModuleList(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 6)) if i == 0 else nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 6)) for i in range(3))
+        self.head = nn.Linear(6, 10)
+        self.head2 = nn.Linear(8, 10, bias=False)
+        self.head2.weight = self.emb.weight
+
+
+def plan(**kw) -> Plan:
+    for axis in ("dp", "tp", "pp"):
+        kw.setdefault(axis, 1)
+    return Plan(devices=kw["dp"] * kw["tp"] * kw["pp"], micro_batch_size=2, num_microbatches=2, **kw)
+
+
+def test_tp_plan_errors_name_the_problem():
+    with pytest.raises(PlanError, match="does not have"):
+        validate_tp_plan(model=Net(), plan=plan(tp=2, tp_plan={"nope": "colwise"}))
+    with pytest.raises(PlanError, match="only nn.Linear and nn.Embedding"):
+        validate_tp_plan(model=Net(), plan=plan(tp=2, tp_plan={"h.0.0": "colwise"}))
+    with pytest.raises(PlanError, match="tp=4 does not divide"):
+        validate_tp_plan(model=Net(), plan=plan(tp=4, tp_plan={"h.1.1": "colwise"}))
+    assert validate_tp_plan(model=Net(), plan=plan(tp=2, tp_plan={"h.1.1": "rowwise", "emb": "colwise"})) == {"h.1.1": "linear", "emb": "embedding"}
+
+
+def test_stage_checks():
+    check_stages(model=Net(), plan=plan(pp=2, stages=[["h.0"], ["h.1", "h.2"]]))
+    with pytest.raises(PlanError, match="out of model order"):
+        check_stages(model=Net(), plan=plan(pp=2, stages=[["h.1"], ["h.0"]]))
+    with pytest.raises(PlanError, match="does not have"):
+        check_stages(model=Net(), plan=plan(pp=2, stages=[["h.0"], ["x"]]))
+    assert stage_indices(plan=plan(pp=2, schedule="interleaved_1f1b", virtual_stages=2), pp_rank=1) == [1, 3]
+
+
+def test_batch_sharding_slices_only_batch_tensors():
+    x, fixed = torch.arange(8).reshape(8, 1), torch.ones(3)
+    part = shard_batch((x, fixed, 5), index=1, parts=4, batch_size=8)
+    assert part[0].flatten().tolist() == [2, 3] and part[1] is fixed and part[2] == 5
+
+
+def test_zero1_partition_balances_largest_first():
+    owners = partition(sizes=[100, 60, 50, 10], parts=2)
+    loads = [sum(s for s, o in zip([100, 60, 50, 10], owners) if o == p) for p in range(2)]
+    assert owners[0] != owners[1] and sorted(loads) == [110, 110]
+
+
+def test_blocks_and_ties():
+    assert find_blocks(Net()) == ["h.0", "h.1", "h.2"]
+    assert tied_names(Net()) == [["emb.weight", "head2.weight"]]
+
+
+def test_verdict_fails_beyond_tolerance_and_passes_within():
+    good = [Difference("loss", 1e-7, 1.0), Difference("w", 1e-9, 1e-3)]
+    bad = good + [Difference("v", 1e-3, 1e-3)]
+    assert verdict(diffs=good, precision_name="fp32")[0]
+    passed, table = verdict(diffs=bad, precision_name="fp32")
+    assert not passed and "FAILED" in table
+    assert verdict(diffs=bad[2:], precision_name="bf16")[0] is False
+    assert verdict(diffs=[Difference("v", 1e-5, 1e-3)], precision_name="bf16")[0]
+
+
+def test_summary_median_after_warmup_and_threads():
+    rows = [{"step": i, "step_time_s": t, "loss": 1.0, "peak_memory_bytes": 10} for i, t in enumerate([9.0, 1.0, 2.0, 3.0])]
+    summary = summarize(plan=plan(predicted={"step_time_s": 1.0}), rows=rows, verified=None)
+    assert summary["warmup_steps"] == 1 and summary["median_step_time_s"] == 2.0 and summary["measured_over_predicted"] == 2.0
+    assert warmup_steps(1) == 0 and warmup_steps(10) == 2
+    assert threads_per_process(requested=3, profile_threads=2) == 3
+    assert threads_per_process(requested=None, profile_threads=2) == 2
+    assert threads_per_process(requested=None, profile_threads=None) >= 1
