@@ -1,0 +1,69 @@
+"""``autoplan report DIR [RUNDIR...] --out REPORTDIR`` and ``autoplan explain DIR``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers, common: argparse.ArgumentParser) -> None:
+    report = subparsers.add_parser("report", parents=[common], help="turn a plan folder and its runs into tables, figures and report.md",
+                                   description="Write tidy CSVs, PNG figures (timeline, memory, breakdown, predicted vs measured), "
+                                               "explain.md and report.md for a plan folder and any run folders of it.")
+    report.add_argument("plan_dir", metavar="DIR", help="a plan folder (autoplan plan --out DIR)")
+    report.add_argument("run_dirs", metavar="RUNDIR", nargs="*", help="run folders of that plan (autoplan run --out RUNDIR)")
+    report.add_argument("--out", required=True, metavar="REPORTDIR", help="folder to write the report to")
+    report.add_argument("--top-k", type=int, default=5, help="plans to compare in the tables and figures (default 5)")
+    report.add_argument("--no-explain", action="store_true", help="skip the explanation (it re-runs the search)")
+    report.set_defaults(func=run_report)
+    explain = subparsers.add_parser("explain", parents=[common], help="explain why the planner chose its plan",
+                                    description="Compare the chosen plan with its nearest rivals term by term, find what would "
+                                                "change the decision, and say why each other (dp, tp, pp) family lost.")
+    explain.add_argument("plan_dir", metavar="DIR", help="a plan folder (autoplan plan --out DIR)")
+    explain.add_argument("--rivals", type=int, default=3, help="nearest rivals to compare (default 3)")
+    explain.set_defaults(func=run_explain)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from autoplan.errors import AutoplanError
+    from autoplan.report.api import report
+
+    if args.top_k < 1:
+        raise AutoplanError(f"--top-k {args.top_k}: expected at least 1.")
+    with _status("writing the report", enabled=not (args.quiet or args.json)):
+        paths = report(args.plan_dir, args.run_dirs, out=args.out, top_k=args.top_k, explain=not args.no_explain)
+    if args.json:
+        print(json.dumps({name: str(path) for name, path in paths.items()}, indent=2))
+    elif not args.quiet:
+        print(f"wrote {len(paths)} files to {args.out}: {', '.join(sorted(paths))}")
+    return 0
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from autoplan.report.explain import explain
+
+    with _status("re-running the search and re-pricing rivals", enabled=not (args.quiet or args.json)):
+        exp = explain(args.plan_dir, rivals=args.rivals)
+    print_explanation(exp, as_json=args.json, quiet=args.quiet)
+    return 0
+
+
+def print_explanation(exp, *, as_json: bool, quiet: bool) -> None:
+    """Print an Explanation: Markdown rendered by rich, or JSON on stdout."""
+    if as_json:
+        print(json.dumps(exp.to_dict(), indent=2, default=str))
+    elif not quiet:
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(exp.to_markdown()))
+
+
+def _status(message: str, *, enabled: bool):
+    from contextlib import nullcontext
+
+    if not enabled or not sys.stderr.isatty():
+        return nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(message)

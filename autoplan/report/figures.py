@@ -1,0 +1,128 @@
+"""The report's pictures: matplotlib with the Agg backend (no display), PNG, written atomically.
+
+- ``timeline.png``: one row per pipeline stage; forward, backward, send, sync/optimizer and
+  idle segments of one step (autoplan/report/timeline.py), labelled by micro-batch.
+- ``memory.png``: per plan, the most loaded device's weights, gradients, optimizer states,
+  activations and communication buffers, stacked, against the device capacity and the usable
+  limit.
+- ``breakdown.png``: the step-time terms of the top-k plans side by side, stacked.
+- ``predicted_vs_measured.png``: per run, predicted beside median measured step time.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from autoplan.report.terms import TERMS  # noqa: E402
+from autoplan.report.timeline import Timeline  # noqa: E402
+from autoplan.types.cost import Cost  # noqa: E402
+
+GIB = 2**30
+COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "send": "#C44E52", "sync": "#8172B3", "idle": "#DDDDDD"}
+MEMORY_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#DD8452", "#8172B3")
+TERM_COLORS = ("#4C72B0", "#937860", "#C44E52", "#DA8BC3", "#8C8C8C", "#DDDDDD", "#55A868")
+
+
+def save_png(fig, path: Path) -> Path:
+    """Save ``fig`` to ``path`` through a temporary file and a rename; close it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def timeline_figure(timeline: Timeline, path: Path, *, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.6 * timeline.pp))
+    scale, unit = _time_unit(timeline.makespan_s)
+    for seg in timeline.segments:
+        row = timeline.pp - 1 - seg.stage
+        ax.broken_barh([(seg.start_s * scale, (seg.end_s - seg.start_s) * scale)], (row - 0.4, 0.8), facecolors=COLORS[seg.kind],
+                       edgecolor="white", linewidth=0.5)
+        wide = (seg.end_s - seg.start_s) / max(timeline.makespan_s, 1e-30) > 0.02
+        if seg.kind in ("forward", "backward") and wide:
+            ax.text((seg.start_s + seg.end_s) / 2 * scale, row, str(seg.microbatch), ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(timeline.pp), [f"stage {timeline.pp - 1 - r}" for r in range(timeline.pp)])
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(title + (f"\n{timeline.note}" if timeline.note else ""), fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, ["forward", "backward", "send/recv", "dp sync + optimizer", "idle (bubble)"], loc="upper center",
+              bbox_to_anchor=(0.5, -0.25 if timeline.pp > 2 else -0.45), ncol=5, fontsize=8, frameon=False)
+    return save_png(fig, path)
+
+
+def _time_unit(seconds: float) -> tuple[float, str]:
+    if seconds >= 1:
+        return 1.0, "s"
+    return (1e3, "ms") if seconds >= 1e-3 else (1e6, "us")
+
+
+def memory_figure(plans: list[tuple[str, dict]], path: Path, *, capacity_bytes: float, usable_bytes: float) -> Path:
+    """``plans``: (label, {Cost.MEMORY_FIELDS name: bytes}) of each plan's most loaded device."""
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(plans) + 2), 4.5))
+    bottoms = [0.0] * len(plans)
+    for name, color in zip(Cost.MEMORY_FIELDS, MEMORY_COLORS):
+        values = [memory.get(name, 0) / GIB for _, memory in plans]
+        ax.bar(range(len(plans)), values, bottom=bottoms, color=color, label=name.replace("_bytes", "").replace("_", " "))
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    for x, total in enumerate(bottoms):
+        ax.text(x, total, f"{total:.2f} GiB\n{100 * total * GIB / usable_bytes:.0f}% of usable", ha="center", va="bottom", fontsize=7)
+    ax.axhline(capacity_bytes / GIB, color="black", linestyle="-", linewidth=1, label=f"capacity {capacity_bytes / GIB:.1f} GiB")
+    ax.axhline(usable_bytes / GIB, color="black", linestyle="--", linewidth=1, label=f"usable {usable_bytes / GIB:.1f} GiB")
+    ax.set_xticks(range(len(plans)), [_wrap(label) for label, _ in plans], fontsize=7)
+    ax.set_ylabel("GiB per device (most loaded)")
+    ax.set_title("memory per device", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save_png(fig, path)
+
+
+def _wrap(label: str) -> str:
+    words = label.split()
+    return "\n".join(" ".join(words[i:i + 3]) for i in range(0, len(words), 3))
+
+
+def breakdown_figure(breakdown: pd.DataFrame, path: Path) -> Path:
+    """``breakdown``: the long table of autoplan/report/tables.py (rank, plan, term, seconds)."""
+    wide = breakdown.pivot_table(index=["rank", "plan"], columns="term", values="seconds", aggfunc="sum").reset_index()
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(wide) + 2), 4.5))
+    total = wide[[t for t in Cost.TIME_FIELDS if t in wide]].sum(axis=1).max() if len(wide) else 0.0
+    scale, unit = _time_unit(total)
+    bottoms = [0.0] * len(wide)
+    for term, color in zip(Cost.TIME_FIELDS, TERM_COLORS):
+        values = (wide[term] * scale).tolist() if term in wide else [0.0] * len(wide)
+        ax.bar(range(len(wide)), values, bottom=bottoms, color=color, label=TERMS[term][1])
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    ax.set_xticks(range(len(wide)), [f"#{r}\n{_wrap(p)}" for r, p in zip(wide["rank"], wide["plan"])], fontsize=7)
+    ax.set_ylabel(f"step time ({unit})")
+    ax.set_title("step-time breakdown of the top plans", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save_png(fig, path)
+
+
+def predicted_measured_figure(runs: pd.DataFrame, path: Path) -> Path:
+    """``runs``: the predicted_vs_measured table (one row per run)."""
+    fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(runs) + 2), 4))
+    scale, unit = _time_unit(max(runs["predicted_step_time_s"].max(), runs["measured_step_time_s"].max()))
+    xs = list(range(len(runs)))
+    ax.bar([x - 0.2 for x in xs], runs["predicted_step_time_s"] * scale, width=0.4, color="#4C72B0", label="predicted")
+    ax.bar([x + 0.2 for x in xs], runs["measured_step_time_s"] * scale, width=0.4, color="#DD8452", label="measured (median)")
+    for x, (_, row) in zip(xs, runs.iterrows()):
+        ax.text(x, max(row["predicted_step_time_s"], row["measured_step_time_s"]) * scale, f"x{row['measured_over_predicted']:.2f}",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(xs, [_wrap(f"{r} {p}") for r, p in zip(runs["run"], runs["plan"])], fontsize=7)
+    ax.set_ylabel(f"step time ({unit})")
+    ax.set_title("predicted against measured step time", fontsize=10)
+    ax.legend(fontsize=8)
+    return save_png(fig, path)

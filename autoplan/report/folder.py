@@ -1,0 +1,116 @@
+"""Read a plan folder (written by ``autoplan plan``) and a run folder (written by ``autoplan run``).
+
+Plan folder ``DIR`` (docs/plan-format.md): ``plan.json`` (absent when nothing fit),
+``plans.csv``, ``ops.csv``, ``stages.csv``, and the planner's inputs ``graph.json`` and
+``profile.json``. Run folder ``RUNDIR``: ``measured.csv`` and ``summary.json``.
+
+:func:`search_again` re-runs the planner's search on the saved graph and profile with the
+saved options (``plan.json`` ``predicted.search``: batch_size, fixes, objective), which gives
+every candidate back as a priced :class:`~autoplan.types.Plan`; the explanation re-prices
+those plans under changed profiles and batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from autoplan.errors import AutoplanError, PlanError
+from autoplan.types._check import read_json
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+
+class ReportError(AutoplanError):
+    """A plan or run folder is missing a file or has a malformed one."""
+
+
+@dataclass
+class PlanFolder:
+    path: Path
+    plan: Plan | None
+    plans: pd.DataFrame
+    ops: pd.DataFrame | None
+    stages: pd.DataFrame | None
+    graph: Graph | None
+    profile: Profile | None
+
+    @property
+    def search_options(self) -> dict[str, Any]:
+        saved = (self.plan.predicted.get("search", {}) if self.plan else {}) or {}
+        return {"batch_size": saved.get("batch_size"), "fixes": saved.get("fixes") or {}, "objective": saved.get("objective", "time")}
+
+
+@dataclass
+class RunFolder:
+    path: Path
+    measured: pd.DataFrame
+    summary: dict[str, Any]
+
+
+def _csv(path: Path, *, required: bool) -> pd.DataFrame | None:
+    if not path.is_file():
+        if required:
+            raise ReportError(f"'{path}' does not exist; pass a folder written by `autoplan plan --out DIR`.")
+        return None
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ReportError(f"'{path}' is not a readable CSV ({exc}); re-run `autoplan plan`.") from None
+
+
+def load_plan_folder(path: str | Path) -> PlanFolder:
+    """Load every file of a plan folder; only plans.csv is required."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ReportError(f"plan folder '{folder}' does not exist; pass the --out DIR of `autoplan plan`.")
+    plan = Plan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None
+    graph = Graph.load(folder / "graph.json") if (folder / "graph.json").is_file() else None
+    profile = None
+    if (folder / "profile.json").is_file():
+        profile = Profile.from_dict(read_json(folder / "profile.json", ReportError, "profile"))
+    return PlanFolder(path=folder, plan=plan, plans=_csv(folder / "plans.csv", required=True),
+                      ops=_csv(folder / "ops.csv", required=False), stages=_csv(folder / "stages.csv", required=False),
+                      graph=graph, profile=profile)
+
+
+def load_run_folder(path: str | Path) -> RunFolder:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ReportError(f"run folder '{folder}' does not exist; pass the --out RUNDIR of `autoplan run`.")
+    measured = _csv(folder / "measured.csv", required=False)
+    if measured is None:
+        raise ReportError(f"'{folder / 'measured.csv'}' does not exist; pass a folder written by `autoplan run --out RUNDIR`.")
+    return RunFolder(path=folder, measured=measured, summary=read_json(folder / "summary.json", ReportError, "run summary"))
+
+
+def search_again(folder: PlanFolder):
+    """The planner's SearchResult for this folder, re-computed from graph.json and profile.json."""
+    from autoplan.solve.api import plan_graph
+
+    if folder.plan is None:
+        raise ReportError(f"no plan fit in '{folder.path}', so there is no decision to explain; {most_frugal(folder.plans)}")
+    if folder.graph is None or folder.profile is None:
+        missing = "graph.json" if folder.graph is None else "profile.json"
+        raise ReportError(f"plan folder '{folder.path}' has no {missing}; re-run `autoplan plan ... --out {folder.path}` "
+                          "with this version of autoplan to explain it.")
+    options = folder.search_options
+    try:
+        return plan_graph(folder.graph, devices=folder.plan.devices, profile=folder.profile,
+                          batch_size=options["batch_size"] or folder.plan.global_batch_size,
+                          fix=dict(options["fixes"]), objective=options["objective"])
+    except PlanError as exc:
+        raise ReportError(f"re-running the search of '{folder.path}' failed ({exc}); re-run `autoplan plan`.") from None
+
+
+def most_frugal(plans: pd.DataFrame) -> str:
+    """One sentence on the candidate that came closest to fitting (plans.csv's smallest peak)."""
+    peaks = pd.to_numeric(plans["peak_memory_bytes"], errors="coerce")
+    if peaks.notna().any():
+        row = plans.loc[peaks.idxmin()]
+        return (f"the most frugal candidate (dp={row['dp']} tp={row['tp']} pp={row['pp']} zero={row['zero']} "
+                f"recompute={row['recompute']}) {row['reason']}; see plans.csv.")
+    return "see plans.csv's reason column."

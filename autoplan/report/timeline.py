@@ -1,0 +1,163 @@
+"""The pipeline timeline of one training step, simulated from the plan's schedule.
+
+Each stage runs its own ordered list of operations; an operation starts when the stage is
+free and its input has arrived:
+
+- GPipe (Huang et al. 2019): every forward F0..F(m-1), then every backward B0..B(m-1).
+- 1F1B (Narayanan et al. SC'21 section 2.2.1; PipeDream-Flush): stage k runs
+  min(p - k - 1, m) warm-up forwards, then alternates one forward and one backward, then
+  drains the remaining backwards.
+- Interleaved 1F1B (Narayanan et al. SC'21 section 2.2.2, Megatron-LM's order): each stage
+  holds v chunks (global chunk c = local * p + k); forwards go through the chunks in groups
+  of p micro-batches, backwards through the chunks in reverse; the warm-up is
+  min(2 (p - k - 1) + (v - 1) p, m v) chunk-forwards.
+
+Dependencies: the forward of (micro-batch i, chunk c) needs the forward of (i, c - 1) and
+the activation send; the backward of (i, c) needs the backward of (i, c + 1) and the
+gradient send, or for the last chunk its own forward. A send occupies the sending stage for
+``send_s`` right after the operation (blocking point-to-point, as torch.distributed.pipelining
+issues it on gloo). A final segment per stage shows the exposed data-parallel sync and the
+optimizer step. Gaps are idle (the bubble).
+
+Per-stage forward and backward times come from the plan folder's stages.csv
+(``forward_s``; backward = ``micro_batch_time_s - forward_s``); without ``forward_s`` the
+backward is taken as twice the forward (the FLOP ratio of a matmul's backward, Narayanan et
+al. SC'21 section 5.1), and the timeline says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoplan.errors import AutoplanError
+
+
+@dataclass(frozen=True)
+class Segment:
+    stage: int
+    kind: str            # forward | backward | send | sync | idle
+    microbatch: int      # -1 for sync and idle
+    chunk: int
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class Timeline:
+    pp: int
+    schedule: str
+    segments: list[Segment] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def makespan_s(self) -> float:
+        return max((s.end_s for s in self.segments), default=0.0)
+
+    def busy_s(self, stage: int, kind: str) -> float:
+        return sum(s.end_s - s.start_s for s in self.segments if s.stage == stage and s.kind == kind)
+
+
+def stage_order(schedule: str, *, pp: int, stage: int, m: int, v: int = 1) -> list[tuple[str, int, int]]:
+    """The operations of ``stage`` in the order it runs them: (kind, micro-batch, local chunk)."""
+    if schedule == "gpipe":
+        return [("forward", i, 0) for i in range(m)] + [("backward", i, 0) for i in range(m)]
+    if schedule == "1f1b":
+        forwards = [("forward", i, 0) for i in range(m)]
+        backwards = [("backward", i, 0) for i in range(m)]
+        return _one_f_one_b(forwards, backwards, warmup=min(pp - stage - 1, m))
+    if schedule == "interleaved_1f1b":
+        def unit(i: int, backward: bool) -> tuple[int, int]:
+            group = (i // pp) % v
+            return (i // (pp * v)) * pp + i % pp, (v - 1 - group) if backward else group
+        total = m * v
+        forwards = [("forward", *unit(i, False)) for i in range(total)]
+        backwards = [("backward", *unit(i, True)) for i in range(total)]
+        return _one_f_one_b(forwards, backwards, warmup=min(2 * (pp - stage - 1) + (v - 1) * pp, total))
+    raise AutoplanError(f"schedule '{schedule}' has no timeline; expected gpipe, 1f1b or interleaved_1f1b.")
+
+
+def _one_f_one_b(forwards: list, backwards: list, *, warmup: int) -> list:
+    order = forwards[:warmup]
+    for f, b in zip(forwards[warmup:], backwards):
+        order += [f, b]
+    return order + backwards[len(forwards) - warmup:]
+
+
+def simulate(*, schedule: str, pp: int, m: int, v: int, forward_s: list[float], backward_s: list[float],
+             send_s: float = 0.0, tail_s: float = 0.0, note: str = "") -> Timeline:
+    """Simulate one step (module docstring); ``forward_s[k]``/``backward_s[k]`` are stage k's whole
+    micro-batch times (all its chunks)."""
+    if len(forward_s) != pp or len(backward_s) != pp:
+        raise AutoplanError(f"the timeline needs {pp} stage times, got {len(forward_s)}; the plan folder's stages.csv does not match plan.json.")
+    orders = [stage_order(schedule, pp=pp, stage=k, m=m, v=v) for k in range(pp)]
+    done: dict[tuple[str, int, int], float] = {}      # (kind, micro-batch, global chunk) -> arrival at its consumer
+    clock, position = [0.0] * pp, [0] * pp
+    timeline = Timeline(pp=pp, schedule=schedule, note=note)
+    last = pp * v - 1
+    while any(position[k] < len(orders[k]) for k in range(pp)):
+        progressed = False
+        for k in range(pp):
+            while position[k] < len(orders[k]):
+                kind, mb, local = orders[k][position[k]]
+                chunk = local * pp + k
+                ready = _ready(done, kind, mb, chunk, last)
+                if ready is None:
+                    break
+                start = max(clock[k], ready)
+                duration = (forward_s[k] if kind == "forward" else backward_s[k]) / v
+                timeline.segments.append(Segment(k, kind, mb, local, start, start + duration))
+                end = start + duration
+                sends = (kind == "forward" and chunk < last) or (kind == "backward" and chunk > 0)
+                if sends and pp > 1 and send_s > 0:
+                    timeline.segments.append(Segment(k, "send", mb, local, end, end + send_s))
+                    end += send_s
+                done[(kind, mb, chunk)] = end
+                clock[k] = end
+                position[k] += 1
+                progressed = True
+        if not progressed:
+            raise AutoplanError(f"the {schedule} timeline deadlocked at pp={pp}, m={m}, v={v}; this schedule needs pp to divide the micro-batches.")
+    _finish(timeline, clock, tail_s)
+    return timeline
+
+
+def _ready(done: dict, kind: str, mb: int, chunk: int, last: int) -> float | None:
+    if kind == "forward":
+        return 0.0 if chunk == 0 else done.get(("forward", mb, chunk - 1))
+    return done.get(("forward", mb, chunk)) if chunk == last else done.get(("backward", mb, chunk + 1))
+
+
+def _finish(timeline: Timeline, clock: list[float], tail_s: float) -> None:
+    """Add the sync/optimizer tail and the idle gaps of every stage."""
+    end = max(clock) if clock else 0.0
+    for k in range(timeline.pp):
+        if tail_s > 0:
+            timeline.segments.append(Segment(k, "sync", -1, 0, end, end + tail_s))
+        busy = sorted((s.start_s, s.end_s) for s in timeline.segments if s.stage == k and s.kind != "idle")
+        cursor = 0.0
+        for start, stop in busy:
+            if start > cursor + 1e-15:
+                timeline.segments.append(Segment(k, "idle", -1, 0, cursor, start))
+            cursor = max(cursor, stop)
+        if cursor < end + tail_s - 1e-15:
+            timeline.segments.append(Segment(k, "idle", -1, 0, cursor, end + tail_s))
+
+
+def from_plan_folder(folder) -> Timeline:
+    """The timeline of the folder's plan, from plan.json and stages.csv."""
+    plan, stages = folder.plan, folder.stages
+    if plan is None or stages is None:
+        raise AutoplanError(f"plan folder '{folder.path}' has no plan.json or stages.csv, so there is no timeline to draw; re-run `autoplan plan`.")
+    stages = stages.sort_values("stage")
+    total = stages["micro_batch_time_s"].astype(float).tolist()
+    note = ""
+    if "forward_s" in stages:
+        forward = stages["forward_s"].astype(float).tolist()
+    else:
+        forward, note = [t / 3.0 for t in total], "forward/backward split assumed 1:2 (stages.csv has no forward_s)"
+    backward = [t - f for t, f in zip(total, forward)]
+    neighbours = [(k > 0) + (k < plan.pp - 1) for k in range(plan.pp)]
+    send_s = max((s / n for s, n in zip(stages["send_recv_s"].astype(float), neighbours) if n), default=0.0)
+    breakdown = plan.predicted.get("breakdown", {})
+    tail_s = breakdown.get("dp_comm_exposed_s", 0.0) + breakdown.get("optimizer_s", 0.0)
+    return simulate(schedule=plan.schedule, pp=plan.pp, m=plan.num_microbatches, v=plan.virtual_stages, forward_s=forward,
+                    backward_s=backward, send_s=send_s, tail_s=tail_s, note=note)

@@ -1,0 +1,47 @@
+"""The pipeline timeline: schedule orders, and makespans that match the bubble formula."""
+from __future__ import annotations
+
+import pytest
+
+from autoplan.errors import AutoplanError
+from autoplan.report.timeline import simulate, stage_order
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4)])
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 12)])
+def test_uniform_stages_take_m_plus_bubble(schedule, v, pp, m):
+    """(m + (p - 1) / v) * (F + B): Narayanan et al. SC'21 section 2.2."""
+    timeline = simulate(schedule=schedule, pp=pp, m=m, v=v, forward_s=[1.0] * pp, backward_s=[2.0] * pp)
+    assert timeline.makespan_s == pytest.approx((m + (pp - 1) / v) * 3.0)
+    for k in range(pp):
+        assert timeline.busy_s(k, "forward") == pytest.approx(m * 1.0)
+        assert timeline.busy_s(k, "backward") == pytest.approx(m * 2.0)
+        assert timeline.busy_s(k, "idle") == pytest.approx(timeline.makespan_s - 3.0 * m)
+
+
+def test_one_f_one_b_warms_up_then_alternates():
+    order = stage_order("1f1b", pp=4, stage=1, m=6)
+    kinds = "".join(kind[0].upper() for kind, _, _ in order)
+    assert kinds == "FF" + "FB" * 4 + "BB"
+    assert [mb for kind, mb, _ in order if kind == "backward"] == list(range(6))
+    last = stage_order("1f1b", pp=4, stage=3, m=6)
+    assert "".join(kind[0].upper() for kind, _, _ in last) == "FB" * 6
+
+
+def test_sends_lengthen_the_step_and_the_tail_is_added():
+    plain = simulate(schedule="1f1b", pp=2, m=4, v=1, forward_s=[1.0, 1.0], backward_s=[2.0, 2.0])
+    sent = simulate(schedule="1f1b", pp=2, m=4, v=1, forward_s=[1.0, 1.0], backward_s=[2.0, 2.0], send_s=0.5, tail_s=0.25)
+    assert sent.makespan_s > plain.makespan_s + 0.25
+    assert sent.busy_s(0, "send") == pytest.approx(4 * 0.5)     # stage 0 sends only activations
+    assert sent.busy_s(1, "send") == pytest.approx(4 * 0.5)     # stage 1 sends only gradients
+    assert sent.busy_s(0, "sync") == pytest.approx(0.25)
+
+
+def test_slowest_stage_sets_the_pace():
+    timeline = simulate(schedule="gpipe", pp=2, m=4, v=1, forward_s=[1.0, 2.0], backward_s=[2.0, 4.0])
+    assert timeline.makespan_s == pytest.approx(1.0 + 4 * 2.0 + 4 * 4.0 + 2.0)
+
+
+def test_stage_count_mismatch_is_a_clear_error():
+    with pytest.raises(AutoplanError, match="stage times"):
+        simulate(schedule="1f1b", pp=2, m=2, v=1, forward_s=[1.0], backward_s=[2.0])
