@@ -1,0 +1,446 @@
+"""Tensor parallelism inside one block: legal splits, shard factors and resharding costs.
+
+The model is Megatron-LM's (Shoeybi et al. 2019, section 3) generalised to any graph the way
+Alpa's intra-operator pass does it (Zheng et al., OSDI'22, section 4): every parameterised
+node ``v`` picks one split ``s_v`` from :func:`legal_splits`; a split fixes the layout of the
+node's output and the layout it needs on its input:
+
+    split       input needs     output is       input-grad is    (R replicated, S last dim
+    replicate   R               R               R                 sharded, P partial sum,
+    colwise     R               S               P                 Q sequence-sharded under
+    rowwise     S               P               S                 sequence parallelism)
+
+Non-parameterised nodes do not choose: a "layout-preserving" node (element-wise, view, matmul,
+attention) whose activation inputs all descend, through preserving nodes only, from
+parameterised "origins" is *pure*; it runs sharded (S) exactly when all its origins are
+colwise. Every other node sees the residual stream (R, or Q under sequence parallelism).
+
+The comm time of a block is then a sum of terms of at most two splits (linearised in the ILP
+with edge variables) plus "any-of" terms (a shared input all-reduced once however many
+consumers need it):
+
+- unary, per origin ``u`` whose chain reaches the stream (a *sink*): colwise -> all-gather of
+  its output; rowwise -> all-reduce (reduce-scatter under SP, then an all-gather of the grad
+  in the backward); replicate -> under SP an all-gather of the output grad.
+- pairwise, per edge ``u -> v`` from an origin through preserving nodes into a parameterised
+  node, on bytes ``b = |src| / |origins(src)|``: forward S->R needs an all-gather; backward
+  the input-grad of ``v`` (P, R or S) is turned into the grad layout ``u`` needs (S for
+  colwise, else R): P->S reduce-scatter, P->R all-reduce, S->R all-gather.
+- pairwise "siblings", two origins meeting at a pure node with different layouts: the S one is
+  all-gathered.
+- any-of, per stream tensor feeding parameterised nodes: forward under SP an all-gather (Q->R);
+  backward an all-reduce (reduce-scatter under SP) if any consumer is colwise, and an
+  all-gather (all-to-all under SP) if any is rowwise.
+
+Collective times come from autoplan.cost.comm (alpha-beta, Thakur et al. 2005) on the tp
+group; the backward collectives mirror the forward ones (Megatron's f/g conjugate operators,
+Shoeybi et al. 2019 fig. 3; Korthikanti et al. 2022 fig. 5 for sequence parallelism).
+Legality rules (what the executor can run, docs/ilp.md): colwise needs out_features % tp == 0,
+and on a linear feeding attention heads % tp == 0 for q and kv_heads % tp == 0 for k and v;
+rowwise needs in_features % tp == 0; embeddings shard the vocabulary (rowwise) or the
+embedding dim (colwise); convolutions and other ops replicate; norms may be sequence-parallel.
+A fused linear (``attrs['fused_chunks']``: qkv, gate-up) split colwise would hand a rank
+contiguous rows that mix q of one head with k of another; the executor keeps DTensor global
+semantics, so the model's ``split`` of that output all-gathers it first. We price exactly that:
+a *gathered colwise* node divides its own compute and weights by tp, pays an all-gather of its
+output, and its consumers see a replicated tensor (attention after it is not sharded).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from autoplan.cost.comm import collective_time_s
+from autoplan.cost.compute import PRECISION_BYTES, activation_scale
+from autoplan.cost.mesh import AxisGroup
+from autoplan.errors import PlanError
+from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
+from autoplan.types.profile import Profile
+
+PRESERVING = ("elementwise", "view", "matmul", "attention")
+STREAM_KINDS = ("norm", "elementwise", "view")
+OUT_LAYOUT = {"replicate": "R", "colwise": "S", "rowwise": "R"}   # rowwise P is resolved by its unary term
+IN_NEED = {"replicate": "R", "colwise": "R", "rowwise": "S"}
+IN_GRAD = {"replicate": "R", "colwise": "P", "rowwise": "S"}
+OUT_GRAD_NEED = {"replicate": "R", "colwise": "S", "rowwise": "R"}
+
+
+@dataclass(frozen=True)
+class TPContext:
+    profile: Profile
+    tp: int
+    group: AxisGroup               # the tp group (from mesh_groups)
+    sequence_parallel: bool
+    precision: str                 # 'fp32' | 'bf16' | 'fp16'
+    batch_fraction: float          # micro_batch_size / graph.batch_size
+
+
+@dataclass
+class TPLayerCost:
+    comm_fwd_s: float
+    comm_bwd_s: float
+    compute_shard: dict[str, int]
+    param_shard: dict[str, int]
+    activation_shard: dict[str, int]
+
+
+# ---- legality ----------------------------------------------------------------------------
+def legal_splits(node: OpNode, tp: int) -> tuple[str, ...]:
+    """The splits that give correct numbers for ``node`` at ``tp`` and that the executor runs."""
+    if tp <= 1:
+        return ("replicate",)
+    attrs = node.attrs
+    if node.op == "linear":
+        return ("replicate",) + (("colwise",) if _colwise_ok(node, tp) else ()) + (
+            ("rowwise",) if _divides(attrs.get("in_features"), tp) else ())
+    if node.op == "embedding":
+        return ("replicate",) + (("colwise",) if _divides(attrs.get("embedding_dim"), tp) else ()) + (
+            ("rowwise",) if _divides(attrs.get("num_embeddings"), tp) else ())
+    if node.op == "norm" and len(node.output_shape) >= 3 and node.output_shape[1] % tp == 0:
+        return ("replicate", "sequence_parallel")
+    return ("replicate",)
+
+
+def _divides(value: object, tp: int) -> bool:
+    return isinstance(value, int) and value > 0 and value % tp == 0
+
+
+def _colwise_ok(node: OpNode, tp: int) -> bool:
+    attrs = node.attrs
+    out = attrs.get("out_features") or (node.output_shape[-1] if node.output_shape else None)
+    if not _divides(out, tp):
+        return False
+    attention = attrs.get("attention")
+    if not attention:
+        return True
+    roles = set(attention.get("roles", ()))
+    heads_ok = not roles & {"q"} or _divides(attention.get("num_heads"), tp)
+    kv = attention.get("num_kv_heads") or attention.get("num_heads")
+    return heads_ok and (not roles & {"k", "v"} or _divides(kv, tp))
+
+
+# ---- block structure (split-independent, cached on the graph) ----------------------------
+@dataclass
+class BlockAnalysis:
+    """What the graph says about one block, independent of tp and of the splits."""
+
+    nodes: list[OpNode]
+    params: list[str]                                   # parameterised nodes, in order
+    origins: dict[str, frozenset[str]]                  # pure node -> its parameterised origins
+    gathered: frozenset[str] = frozenset()              # fused linears: colwise output is all-gathered
+    sinks: dict[str, float] = field(default_factory=dict)          # origin -> output bytes reaching the stream
+    has_targets: set[str] = field(default_factory=set)             # origins feeding another param node
+    edges: dict[tuple[str, str], float] = field(default_factory=dict)     # (u, v) -> bytes
+    siblings: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    sources: dict[str, tuple[float, list[str], bool, bool]] = field(default_factory=dict)
+    # stream tensor -> (bytes, consumers, needs grad, sequence-shardable)
+    scale: dict[str, float] = field(default_factory=dict)          # node -> precision rescale of its bytes
+
+
+def analyse_block(graph: Graph, layer: str | None) -> BlockAnalysis:
+    """The split-independent structure of block ``layer``; cached on the graph."""
+    cache = graph.__dict__.setdefault("_tp_analysis_cache", {})
+    if layer not in cache:
+        cache[layer] = _analyse(graph, layer)
+    return cache[layer]
+
+
+def _adjacency(graph: Graph) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    adj = graph.__dict__.get("_tp_adjacency")
+    if adj is None:
+        preds: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
+        succs: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
+        for src, dst in graph.edges:
+            preds[dst].append(src)
+            succs[src].append(dst)
+        adj = graph.__dict__["_tp_adjacency"] = (preds, succs)
+    return adj
+
+
+def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
+    preds, succs = _adjacency(graph)
+    nodes = graph.layer_nodes(layer)
+    inside = {n.name for n in nodes}
+    params = [n.name for n in nodes if n.op in PARAM_KINDS]
+    gathered = frozenset(n.name for n in nodes if n.op == "linear" and n.attrs.get("fused_chunks"))
+    block = BlockAnalysis(nodes=nodes, params=params, origins=_origins(graph, nodes, preds, set(params)), gathered=gathered)
+    for node in nodes:
+        block.scale[node.name] = 1.0
+    for u in params:
+        _walk_origin(graph, block, u, inside, succs)
+    for n, origin_set in block.origins.items():
+        _record_siblings(graph, block, n, preds)
+    for v in params:
+        _record_input(graph, block, v, inside, preds)
+    return block
+
+
+def _origins(graph: Graph, nodes: list[OpNode], preds: dict[str, list[str]], params: set[str]) -> dict[str, frozenset[str]]:
+    """Pure preserving nodes and the parameterised nodes they descend from."""
+    origins: dict[str, frozenset[str]] = {}
+    for node in nodes:
+        if node.name in params or node.op not in PRESERVING:
+            continue
+        found: set[str] = set()
+        impure = False
+        for p in preds[node.name]:
+            if p in params:
+                found.add(p)
+            elif p in origins:
+                found |= origins[p]
+            elif not _broadcast_side(graph.node(p), node):
+                impure = True
+        if found and not impure:
+            origins[node.name] = frozenset(found)
+    return origins
+
+
+def _broadcast_side(source: OpNode, node: OpNode) -> bool:
+    """A stream input that only broadcasts into ``node`` (rotary tables, masks, scalars)."""
+    return node.op == "attention" or source.output_bytes < node.output_bytes
+
+
+def _walk_origin(graph: Graph, block: BlockAnalysis, u: str, inside: set[str], succs: dict[str, list[str]]) -> None:
+    """Follow ``u``'s output through pure nodes; note the parameterised nodes and sinks it reaches."""
+    stack, seen = [u], {u}
+    params = set(block.params)
+    while stack:
+        name = stack.pop()
+        consumers = succs[name]
+        if not consumers:
+            block.sinks[u] = float(graph.node(u).output_bytes)
+        for c in consumers:
+            if c in params and c in inside:
+                block.has_targets.add(u)
+            elif c in block.origins and u in block.origins[c]:
+                if c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+            else:
+                block.sinks[u] = float(graph.node(u).output_bytes)
+
+
+def _record_siblings(graph: Graph, block: BlockAnalysis, n: str, preds: dict[str, list[str]]) -> None:
+    sets = [frozenset([p]) if p in block.params else block.origins.get(p, frozenset()) for p in preds[n]]
+    sets = [s for s in sets if s]
+    for a, b in combinations(sets, 2):
+        for u in a:
+            for w in b:
+                if u != w:
+                    key = (u, w) if u < w else (w, u)
+                    block.siblings.setdefault(key, (float(graph.node(key[0]).output_bytes), float(graph.node(key[1]).output_bytes)))
+
+
+def _record_input(graph: Graph, block: BlockAnalysis, v: str, inside: set[str], preds: dict[str, list[str]]) -> None:
+    """Classify ``v``'s activation input: from origins (edges) or from the stream (sources)."""
+    inputs = preds[v]
+    if not inputs:
+        return
+    src = max(inputs, key=lambda p: graph.node(p).output_bytes)
+    node = graph.node(src)
+    if src in block.params or src in block.origins:
+        origin_set = {src} if src in block.params else block.origins[src]
+        for u in origin_set:
+            block.edges[(u, v)] = block.edges.get((u, v), 0.0) + node.output_bytes / len(origin_set)
+        return
+    floating = activation_scale(node, precision="fp32") != 1.0 or "float" in node.output_dtype
+    shardable = floating and (node.op in STREAM_KINDS or src not in inside)
+    bytes_, consumers, _, _ = block.sources.get(src, (float(node.output_bytes), [], floating, shardable))
+    block.sources[src] = (bytes_, consumers + [v], floating, shardable)
+
+
+# ---- priced terms ------------------------------------------------------------------------
+@dataclass
+class TPTerms:
+    """The comm time of one block as terms of at most two splits (seconds, fwd and bwd)."""
+
+    constant: tuple[float, float] = (0.0, 0.0)
+    unary: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    pair: dict[tuple[str, str], dict[tuple[str, str], tuple[float, float]]] = field(default_factory=dict)
+    any_of: list[tuple[tuple[float, float], tuple[tuple[str, str], ...]]] = field(default_factory=list)
+
+
+def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
+    """Every comm term of block ``layer`` under ``ctx``; cached per context on the graph."""
+    cache = graph.__dict__.setdefault("_tp_terms_cache", {})
+    key = (layer, id(ctx.profile), ctx.profile.name, ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+    if key not in cache:
+        cache[key] = _terms(graph, analyse_block(graph, layer), ctx)
+    return cache[key]
+
+
+def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext) -> TPTerms:
+    terms = TPTerms()
+    if ctx.tp <= 1:
+        return terms
+    coll = _Collectives(graph, ctx)
+    legal = {v: legal_splits(graph.node(v), ctx.tp) for v in block.params}
+    for u in block.params:
+        terms.unary[u] = {s: _unary(block, u, s, coll, ctx) for s in legal[u]}
+    lay = {u: {s: _effective(s, u in block.gathered) for s in legal[u]} for u in block.params}
+    for (u, v), b in block.edges.items():
+        terms.pair[(u, v)] = {(a, c): _pair(lay[u][a], c, b, coll) for a in legal[u] for c in legal[v]}
+    for (u, w), (bu, bw) in block.siblings.items():
+        if (u, w) not in terms.pair and (w, u) not in terms.pair:
+            terms.pair[(u, w)] = {(a, c): _sibling(lay[u][a], lay[w][c], bu, bw, coll) for a in legal[u] for c in legal[w]}
+    fwd = 0.0
+    for src, (b, consumers, needs_grad, shardable) in block.sources.items():
+        q = ctx.sequence_parallel and shardable
+        fwd += coll("all_gather", b) if q else 0.0
+        if needs_grad:
+            _source_any_of(terms, b, consumers, legal, q, coll)
+    terms.constant = (fwd, 0.0)
+    return terms
+
+
+class _Collectives:
+    """Collective seconds on the tp group for traced bytes rescaled to the micro-batch and precision."""
+
+    def __init__(self, graph: Graph, ctx: TPContext):
+        traced = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}.get(graph.dtype.replace("torch.", ""), 4)
+        self.factor = ctx.batch_fraction * PRECISION_BYTES[ctx.precision] / traced
+        self.ctx = ctx
+
+    def __call__(self, kind: str, traced_bytes: float) -> float:
+        return collective_time_s(self.ctx.profile, kind, traced_bytes * self.factor, group=self.ctx.group)
+
+
+def _effective(split: str, gathered: bool) -> str:
+    """The split as its consumers see it: a gathered colwise node hands on a replicated output."""
+    return "replicate" if gathered and split == "colwise" else split
+
+
+def _unary(block: BlockAnalysis, u: str, split: str, coll: _Collectives, ctx: TPContext) -> tuple[float, float]:
+    sink = block.sinks.get(u, 0.0)
+    sp = ctx.sequence_parallel
+    if split == "colwise" and u in block.gathered:
+        out = float(next(n.output_bytes for n in block.nodes if n.name == u))
+        return coll("all_gather", out), coll("all_gather", sink) if sp and sink else 0.0
+    if split == "rowwise":
+        out = float(next(n.output_bytes for n in block.nodes if n.name == u))
+        if sp and sink and u not in block.has_targets:
+            return coll("reduce_scatter", out), coll("all_gather", out)
+        return coll("all_reduce", out), 0.0
+    if not sink:
+        return 0.0, 0.0
+    if split == "colwise":
+        return coll("all_gather", sink), coll("all_gather", sink) if sp else 0.0
+    return 0.0, coll("all_gather", sink) if sp else 0.0
+
+
+def _pair(a: str, c: str, b: float, coll: _Collectives) -> tuple[float, float]:
+    fwd = coll("all_gather", b) if OUT_LAYOUT[a] == "S" and IN_NEED[c] == "R" else 0.0
+    grad, need = IN_GRAD[c], OUT_GRAD_NEED[a]
+    bwd = 0.0
+    if grad == "P":
+        bwd = coll("reduce_scatter" if need == "S" else "all_reduce", b)
+    elif grad == "S" and need == "R":
+        bwd = coll("all_gather", b)
+    return fwd, bwd
+
+
+def _sibling(a: str, c: str, bu: float, bw: float, coll: _Collectives) -> tuple[float, float]:
+    if (a == "colwise") == (c == "colwise"):
+        return 0.0, 0.0
+    return coll("all_gather", bu if a == "colwise" else bw), 0.0
+
+
+def _source_any_of(terms: TPTerms, b: float, consumers: list[str], legal: dict, q: bool, coll: _Collectives) -> None:
+    col = tuple((v, "colwise") for v in consumers if "colwise" in legal[v])
+    row = tuple((v, "rowwise") for v in consumers if "rowwise" in legal[v])
+    if col:
+        terms.any_of.append(((0.0, coll("reduce_scatter" if q else "all_reduce", b)), col))
+    if row:
+        terms.any_of.append(((0.0, coll("all_to_all" if q else "all_gather", b)), row))
+
+
+# ---- evaluating a plan -------------------------------------------------------------------
+def sharding_origins(block: BlockAnalysis, origins: frozenset[str], splits: dict[str, str]) -> bool:
+    """A pure node runs sharded when every origin is colwise and none of them is gathered."""
+    return all(splits[u] == "colwise" and u not in block.gathered for u in origins)
+
+
+def node_splits(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp: int) -> dict[str, str]:
+    """Each parameterised node's split from ``tp_plan`` (by module FQN), checked for legality."""
+    splits = {}
+    for v in analyse_block(graph, layer).params:
+        node = graph.node(v)
+        split = tp_plan.get(node.module, "replicate") if tp > 1 else "replicate"
+        if split not in legal_splits(node, tp):
+            raise PlanError(f"tp_plan['{node.module}']='{split}' is not legal at tp={tp} (legal: {', '.join(legal_splits(node, tp))}); see docs/ilp.md for the rules.")
+        splits[v] = split
+    return splits
+
+
+def terms_time_s(terms: TPTerms, splits: dict[str, str]) -> tuple[float, float]:
+    """Forward and backward comm seconds of ``splits`` under ``terms``."""
+    fwd, bwd = terms.constant
+    for u, by_split in terms.unary.items():
+        f, b = by_split[splits[u]]
+        fwd, bwd = fwd + f, bwd + b
+    for (u, v), by_pair in terms.pair.items():
+        f, b = by_pair[(splits[u], splits[v])]
+        fwd, bwd = fwd + f, bwd + b
+    for (f, b), choices in terms.any_of:
+        if any(splits[v] == s for v, s in choices):
+            fwd, bwd = fwd + f, bwd + b
+    return fwd, bwd
+
+
+def shards(graph: Graph, layer: str | None, splits: dict[str, str], *, tp: int, sequence_parallel: bool) -> tuple[dict, dict, dict]:
+    """(compute_shard, param_shard, activation_shard) per node of the block (module doc)."""
+    block = analyse_block(graph, layer)
+    compute, param, act = {}, {}, {}
+    for node in block.nodes:
+        name = node.name
+        if name in splits:
+            sharded = splits[name] != "replicate"
+            compute[name] = param[name] = tp if sharded else 1
+            act[name] = tp if splits[name] == "rowwise" else 1
+            continue
+        if name in block.origins:
+            way = tp if sharding_origins(block, block.origins[name], splits) else 1
+        else:
+            way = tp if sequence_parallel and node.op in STREAM_KINDS else 1
+        compute[name] = act[name] = way
+        param[name] = 1
+    return compute, param, act
+
+
+def tp_layer_cost(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, ctx: TPContext) -> TPLayerCost:
+    """TP comm and shard factors of block ``layer`` (None = nodes outside every block)."""
+    splits = node_splits(graph, layer, tp_plan, tp=ctx.tp)
+    fwd, bwd = terms_time_s(block_terms(graph, layer, ctx=ctx), splits)
+    sp = ctx.sequence_parallel and ctx.tp > 1
+    compute, param, act = shards(graph, layer, splits, tp=ctx.tp, sequence_parallel=sp)
+    return TPLayerCost(comm_fwd_s=fwd, comm_bwd_s=bwd, compute_shard=compute, param_shard=param, activation_shard=act)
+
+
+# ---- the Megatron default ----------------------------------------------------------------
+def default_tp_plan(graph: Graph, tp: int, *, sequence_parallel: bool = False) -> dict[str, str]:
+    """Megatron's plan where legal: vocab-parallel embeddings, colwise on linears fed by the
+    stream, rowwise on linears fed by colwise ones, sequence-parallel norms under SP."""
+    plan: dict[str, str] = {}
+    if tp <= 1:
+        return plan
+    for layer in [None] + list(graph.layers):
+        block = analyse_block(graph, layer)
+        chosen: dict[str, str] = {}
+        for v in block.params:
+            chosen[v] = _megatron_split(graph, block, v, chosen, tp)
+            plan.setdefault(graph.node(v).module, chosen[v])
+        if sequence_parallel:
+            for node in block.nodes:
+                if "sequence_parallel" in legal_splits(node, tp) and node.module:
+                    plan.setdefault(node.module, "sequence_parallel")
+    return {module: split for module, split in plan.items() if split != "replicate"}
+
+
+def _megatron_split(graph: Graph, block: BlockAnalysis, v: str, chosen: dict[str, str], tp: int) -> str:
+    legal = legal_splits(graph.node(v), tp)
+    if graph.node(v).op == "embedding":
+        return "rowwise" if "rowwise" in legal else "replicate"
+    fed = {u for (u, w) in block.edges if w == v}
+    if fed and all(chosen.get(u) == "colwise" for u in fed):
+        return "rowwise" if "rowwise" in legal else "replicate"
+    return "colwise" if "colwise" in legal else "replicate"

@@ -1,0 +1,92 @@
+"""Lower bounds on what CostModel charges a plan, so the search can skip what cannot win.
+
+Each term is one of CostModel's own step-time terms (autoplan/cost/model.py) evaluated at a
+value it can never go below, so a bound never exceeds the priced step time (a test checks
+this for every priced candidate):
+
+- ``compute_min_s``: forward + backward of one micro-batch with every op divided tp ways and no
+  communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a));
+- ``pp_comm_s``: the send/recv term 2 (v m + p - 1) t_p2p with the smallest block boundary;
+- ``step_extras_s``: Adam on the largest stage's parameters (28 bytes per local parameter),
+  the ZeRO-1/2 all-gather of the updated weights, and the gradient sync that is exposed on
+  stage 0 whatever the overlap: its first block (the modules before the first layer)
+  finishes its backward last, so that block's own sync shows; under ZeRO-3, per micro-batch,
+  that block's weight all-gather (forward) and the smallest block's gather + reduce-scatter
+  (backward) are prefetched behind nothing.
+"""
+from __future__ import annotations
+
+import math
+
+from autoplan.cost.comm import collective_time_s
+from autoplan.cost.compute import PRECISION_BYTES, op_time_s
+from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES
+from autoplan.cost.mesh import mesh_groups
+from autoplan.cost.model import ADAM_BYTES_PER_PARAM
+from autoplan.solve.stage_costs import StageCosts
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+
+class Bounds:
+    def __init__(self, graph: Graph, profile: Profile, stage_costs: StageCosts):
+        self.graph, self.profile, self.stage_costs = graph, profile, stage_costs
+        self._c_min: dict[tuple, float] = {}
+
+    def compute_min_s(self, *, tp: int, precision: str, mbs: int) -> float:
+        """C_min (one block per group of identical blocks, times the group size)."""
+        key = (tp, precision, mbs)
+        if key not in self._c_min:
+            f = mbs / self.graph.batch_size
+
+            def nodes_s(nodes) -> float:
+                return sum(op_time_s(n, self.profile, precision=precision, batch_fraction=f, shard=tp)
+                           + op_time_s(n, self.profile, precision=precision, batch_fraction=f, shard=tp, backward=True) for n in nodes)
+            total = nodes_s(self.graph.layer_nodes(None))
+            total += sum(len(group.layers) * nodes_s(self.graph.layer_nodes(group.layers[0])) for group in self.graph.groups)
+            self._c_min[key] = total
+        return self._c_min[key]
+
+    def pp_comm_s(self, plan: Plan) -> float:
+        if plan.pp == 1:
+            return 0.0
+        boundary = self.stage_costs.min_boundary_bytes(plan)
+        scatter = plan.tp > 1 and not plan.sequence_parallel
+        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]
+        t_p2p = collective_time_s(self.profile, "send_recv", boundary / plan.tp if scatter else boundary, group=group)
+        return 2.0 * (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
+
+    def step_extras_s(self, plan: Plan, *, stage_params: float) -> float:
+        return self.optimizer_s(plan, stage_params=stage_params) + self._zero_gather_s(plan, stage_params) + self._sync_s(plan)
+
+    def optimizer_s(self, plan: Plan, *, stage_params: float) -> float:
+        return self.adam_s(stage_params / (plan.dp if plan.zero_stage >= 1 else 1))
+
+    def adam_s(self, local_params: float) -> float:
+        """CostModel's memory-bound Adam step over ``local_params`` parameters."""
+        device = self.profile.device
+        return local_params * ADAM_BYTES_PER_PARAM / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+
+    def _bucketed_s(self, kind: str, message_bytes: float, plan: Plan) -> float:
+        """CostModel's collective in DDP buckets over the dp group (each bucket pays its latency)."""
+        if message_bytes <= 0 or plan.dp == 1:
+            return 0.0
+        buckets = max(1, math.ceil(message_bytes / DDP_BUCKET_BYTES))
+        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["dp"]
+        return buckets * collective_time_s(self.profile, kind, message_bytes / buckets, group=group)
+
+    def _sync_s(self, plan: Plan) -> float:
+        if plan.dp == 1:
+            return 0.0
+        weight, grad, _ = STATE_BYTES[plan.precision]
+        first, smallest = self.stage_costs.sync_params(plan)
+        if plan.zero_stage < 3:
+            return self._bucketed_s("all_reduce" if plan.zero_stage == 0 else "reduce_scatter", first * grad, plan)
+        backward = self._bucketed_s("all_gather", smallest * weight, plan) + self._bucketed_s("reduce_scatter", smallest * grad, plan)
+        return plan.num_microbatches * (self._bucketed_s("all_gather", first * weight, plan) + backward)
+
+    def _zero_gather_s(self, plan: Plan, stage_params: float) -> float:
+        if plan.zero_stage not in (1, 2) or plan.dp == 1:
+            return 0.0
+        return self._bucketed_s("all_gather", stage_params * PRECISION_BYTES[plan.precision], plan)

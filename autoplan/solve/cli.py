@@ -1,0 +1,67 @@
+"""``autoplan plan MODEL.py --devices N --profile P --batch B [--top-k K] [--fix ...] [--objective time|cost] --out DIR``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
+from autoplan.solve.console import search_progress, stdout_console, top_table
+from autoplan.solve.outputs import write_outputs
+from autoplan.solve.search import OBJECTIVES
+from autoplan.solve.space import FIX_KEYS
+
+
+def register(subparsers, common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser("plan", parents=[common], help="search the fastest hybrid parallel plan that fits",
+                                   description="Trace MODEL.py, search every data/tensor/pipeline plan on the profiled cluster, write DIR/plan.json.")
+    parser.add_argument("model", metavar="MODEL.py", help="a model file (build_model, example_inputs)")
+    parser.add_argument("--devices", type=int, required=True, help="number of devices")
+    parser.add_argument("--profile", required=True, help="profile name (see profiles/) or path to a profile file")
+    parser.add_argument("--batch", type=int, required=True, help="global batch size (samples per step)")
+    parser.add_argument("--top-k", type=int, default=5, help="plans to show (default 5)")
+    parser.add_argument("--fix", action="append", default=[], metavar="KEY=VAL,...", help=f"pin part of the plan; keys: {', '.join(FIX_KEYS)}")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="time", help="minimise step time, or dollars per sample")
+    parser.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP backend (default HiGHS, CBC fallback)")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per ILP solve (default 10)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder for plan.json, plans.csv, ops.csv, stages.csv")
+    parser.add_argument("--explain", action="store_true", help="also explain the choice (autoplan explain; see docs/cli.md)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoplan.trace import trace_model_file
+
+    profile = resolve_profile(args.profile)
+    graph = trace_model_file(args.model, args.batch)
+    quiet = args.quiet or args.json
+    try:
+        with search_progress(enabled=not quiet and sys.stderr.isatty()) as progress:
+            result = plan_graph(graph, devices=args.devices, profile=profile, batch_size=args.batch, fix=args.fix,
+                                objective=args.objective, solver=args.solver, time_limit_s=args.time_limit, progress=progress,
+                                top_k=args.top_k)
+    except NoPlanFits as exc:
+        if exc.result is not None:
+            write_outputs(args.out, result=exc.result, graph=graph, profile=profile)
+        raise
+    paths = write_outputs(args.out, result=result, graph=graph, profile=profile)
+    explanation = _explain(result, graph, profile, args) if args.explain else None
+    if args.json:
+        extra = {"explanation": explanation.to_dict()} if explanation else {}
+        print(json.dumps({"plan": result.best.to_dict(), "files": {k: str(v) for k, v in paths.items()}, **extra}, indent=2, default=str))
+    elif not args.quiet:
+        console = stdout_console()
+        console.print(top_table(result, top_k=args.top_k))
+        console.print(f"best: {result.best.describe()}  ->  {paths['plan.json']}")
+    if explanation and not args.json:
+        from autoplan.report.cli import print_explanation
+
+        print_explanation(explanation, as_json=False, quiet=args.quiet)
+    return 0
+
+
+def _explain(result, graph, profile, args):
+    """--explain: autoplan/report/explain.py on the search just run."""
+    from autoplan.report.explain import explain
+
+    return explain(result, graph=graph, profile=profile, objective=args.objective)

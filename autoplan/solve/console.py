@@ -1,0 +1,53 @@
+"""The console view of a search: a progress bar while it runs and a table of the top plans.
+
+Rich renders both on stderr-friendly terminals; with ``--quiet`` or ``--json`` nothing but the
+JSON (or nothing) reaches stdout.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autoplan.solve.search import SearchResult
+
+
+def stdout_console() -> Console:
+    """A console for the table: the terminal's width, or 160 columns when piped to a file."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+@contextmanager
+def search_progress(*, enabled: bool) -> Iterator:
+    """A callback ``(done, total)`` that drives a progress bar on stderr (a no-op when disabled)."""
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("searching plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("search", total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+        yield update
+
+
+def _ms(value: float) -> str:
+    return f"{value * 1e3:.1f}"
+
+
+def top_table(result: SearchResult, *, top_k: int) -> Table:
+    """The best ``top_k`` feasible plans with their step-time breakdown (milliseconds)."""
+    table = Table(title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)")
+    for name in ("#", "plan", "step ms", "compute", "tp", "dp", "zero", "pp", "bubble", "optim", "mem GiB", "MFU"):
+        table.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)
+    for rank, c in enumerate(result.ranked()[:top_k], start=1):
+        cost = c.cost
+        table.add_row(str(rank), c.plan.describe(), _ms(cost.step_time_s), _ms(cost.compute_s), _ms(cost.tp_comm_s),
+                      _ms(cost.dp_comm_exposed_s), _ms(cost.zero_comm_s), _ms(cost.pp_comm_s), _ms(cost.bubble_s),
+                      _ms(cost.optimizer_s), f"{cost.peak_memory_bytes / 2**30:.1f}", f"{cost.mfu:.1%}")
+    return table

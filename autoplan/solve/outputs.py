@@ -1,0 +1,142 @@
+"""The planner's files: plan.json, plans.csv, ops.csv, stages.csv (docs/plan-format.md).
+
+Every file is written atomically (autoplan/types/_check.py). ops.csv attributes the block's
+TP comm terms (autoplan/cost/tensor_parallel.py) to ops: a unary term to its op, an edge term
+to the consuming op, an any-of term to the first consumer that triggers it. Times are per
+micro-batch on one device (forward + backward); bytes are per device.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from autoplan.cost.compute import activation_scale, op_time_s
+from autoplan.cost.memory import model_states
+from autoplan.cost.tensor_parallel import block_terms, node_splits, tp_layer_cost
+from autoplan.solve.search import SearchResult
+from autoplan.solve.stage_costs import StageCosts
+from autoplan.types._check import write_json_atomic, write_text_atomic
+from autoplan.types.cost import Cost
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+CONFIG_COLUMNS = ("devices", "dp", "tp", "pp", "mbs", "num_microbatches", "schedule", "v", "zero", "recompute", "sp", "precision")
+
+
+def write_outputs(out_dir: str | Path, *, result: SearchResult, graph: Graph, profile: Profile) -> dict[str, Path]:
+    """Write the four files (plan.json only when a plan was found); return their paths."""
+    out = Path(out_dir)
+    paths = {"plans.csv": write_text_atomic(out / "plans.csv", plans_csv(result))}
+    if result.best is not None:
+        paths["plan.json"] = result.best.save(out / "plan.json")
+        paths["ops.csv"] = write_text_atomic(out / "ops.csv", ops_csv(graph, profile, result.best))
+        paths["stages.csv"] = write_text_atomic(out / "stages.csv", stages_csv(graph, profile, result.best))
+    # the inputs, so `autoplan explain DIR` and `autoplan report DIR` can re-price plans (autoplan/report/)
+    paths["graph.json"] = graph.save(out / "graph.json")
+    paths["profile.json"] = write_json_atomic(out / "profile.json", profile.to_dict())
+    return paths
+
+
+def _csv(header: list[str], rows: list[list]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def plans_csv(result: SearchResult) -> str:
+    header = ["rank", "status", "feasible", "objective", "step_time_s", *Cost.TIME_FIELDS, "peak_memory_bytes",
+              "samples_per_s", "mfu", "lower_bound", *CONFIG_COLUMNS, "configurations", "reason"]
+    ranks = {id(c): i + 1 for i, c in enumerate(result.ranked())}
+    rows = []
+    for c in sorted(result.candidates, key=lambda c: (ranks.get(id(c), 10**9), c.lower_bound)):
+        cost = c.cost
+        times = [getattr(cost, name) if cost else "" for name in Cost.TIME_FIELDS]
+        rows.append([ranks.get(id(c), ""), c.status, c.feasible if cost else "", c.objective if c.objective is not None else "",
+                     cost.step_time_s if cost else "", *times, cost.peak_memory_bytes if cost else "",
+                     cost.samples_per_s if cost else "", cost.mfu if cost else "", c.lower_bound,
+                     *(c.config.get(k, "") for k in CONFIG_COLUMNS), c.count, c.reason])
+    return _csv(header, rows)
+
+
+def stage_of(graph: Graph, plan: Plan) -> dict[str | None, int]:
+    """Block -> pipeline stage (chunk c runs on stage c % pp)."""
+    return {layer: index % plan.pp for index, chunk in enumerate(plan.stages) for layer in chunk}
+
+
+def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
+    ctx = StageCosts(graph, profile).context(plan)
+    stages = stage_of(graph, plan)
+    first_block = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
+    rows = []
+    for layer in [None, *graph.layers]:
+        cost = tp_layer_cost(graph, layer, plan.tp_plan, ctx=ctx)
+        comm = _comm_by_node(graph, layer, plan, ctx)
+        for node in graph.layer_nodes(layer):
+            index = graph.nodes.index(node) if layer is None else 0
+            stage = stages.get(layer, 0 if index < first_block else plan.pp - 1)
+            shard = cost.compute_shard.get(node.name, 1)
+            kwargs = dict(precision=plan.precision, batch_fraction=ctx.batch_fraction, shard=shard)
+            compute = op_time_s(node, profile, **kwargs) + op_time_s(node, profile, backward=True, **kwargs)
+            params = node.param_count / cost.param_shard.get(node.name, 1)
+            states = model_states(params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
+            saved = node.saved_bytes * ctx.batch_fraction * activation_scale(node, precision=plan.precision) / cost.activation_shard.get(node.name, 1)
+            split = plan.tp_plan.get(node.module, "replicate") if node.module and node.op in ("linear", "embedding", "norm") else "-"
+            rows.append([node.name, node.op, node.module, layer or "", stage, split, shard, compute, comm.get(node.name, 0.0),
+                         int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes), int(saved)])
+    return _csv(["op", "kind", "module", "layer", "stage", "split", "compute_shard", "compute_s", "comm_s", "param_state_bytes", "activation_bytes"], rows)
+
+
+def _comm_by_node(graph: Graph, layer: str | None, plan: Plan, ctx) -> dict[str, float]:
+    if plan.tp == 1:
+        return {}
+    terms = block_terms(graph, layer, ctx=ctx)
+    splits = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
+    comm: dict[str, float] = {}
+    for u, table in terms.unary.items():
+        comm[u] = comm.get(u, 0.0) + sum(table[splits[u]])
+    for (u, v), table in terms.pair.items():
+        comm[v] = comm.get(v, 0.0) + sum(table[(splits[u], splits[v])])
+    for (fwd, bwd), choices in terms.any_of:
+        hit = next((v for v, s in choices if splits[v] == s), None)
+        if hit is not None:
+            comm[hit] = comm.get(hit, 0.0) + fwd + bwd
+    return comm
+
+
+def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
+    costs = StageCosts(graph, profile)
+    problem = costs.problem(plan, memory_limit=False)
+    position = {layer: i for i, layer in enumerate(graph.layers)}
+    owned: list[list[str]] = [[] for _ in range(plan.pp)]
+    for index, chunk in enumerate(plan.stages):
+        owned[index % plan.pp].extend(chunk)
+    boundary = max((costs.summary(layer, "", plan.tp_plan, costs.context(plan)).input_bytes for layer in graph.layers), default=0.0)
+    rows = []
+    for k, layers in enumerate(owned):
+        idx = [position[layer] for layer in layers]
+        time_s = sum(problem.layer_time_s[i] for i in idx) + problem.extra_time_s[k]
+        memory = (sum(problem.layer_static_bytes[i] for i in idx) + problem.in_flight[k] * sum(problem.layer_activation_bytes[i] for i in idx)
+                  + problem.extra_bytes[k])
+        send = boundary if k < plan.pp - 1 else 0.0
+        recv = boundary if k > 0 else 0.0
+        rows.append([k, len(layers), layers[0] if layers else "", layers[-1] if layers else "", time_s, int(memory), int(send), int(recv),
+                     problem.p2p_s * ((k > 0) + (k < plan.pp - 1)) / 2, _forward_s(costs, plan, k, layers)])
+    return _csv(["stage", "blocks", "first_block", "last_block", "micro_batch_time_s", "memory_bytes", "send_bytes", "recv_bytes", "send_recv_s",
+                 "forward_s"], rows)
+
+
+def _forward_s(costs: StageCosts, plan: Plan, stage: int, layers: list[str]) -> float:
+    """The forward part (ops + TP collectives) of one micro-batch on ``stage``; the rest of
+    micro_batch_time_s is backward (and recomputation). Used by the report's timeline."""
+    ctx = costs.context(plan)
+    total = sum(b.fwd_s + b.tp_fwd_s for b in (costs.summary(layer, "", plan.tp_plan, ctx) for layer in layers))
+    if stage == 0:
+        total += costs.summary(None, "pre", plan.tp_plan, ctx).fwd_s
+    if stage == plan.pp - 1:
+        post = costs.summary(None, "post", plan.tp_plan, ctx)
+        total += post.fwd_s + post.tp_fwd_s
+    return total

@@ -1,0 +1,320 @@
+"""The outer search: every legal configuration, priced by the cost model, pruned by bounds.
+
+A *group* fixes (devices, dp, tp, pp, precision, sequence parallelism, micro-batch size); its
+members vary recomputation, schedule (with virtual stages) and ZeRO stage (solve/space.py).
+For each group, before any ILP, a lower bound on the step time of every member is
+
+    LB = (m + (pp - 1) / v_max) * C_min / pp  +  optimizer_min                            (1)
+
+where ``C_min`` is the forward + backward time of one micro-batch with every op divided tp
+ways and no communication (op time only falls as the shard grows), ``m`` the micro-batch
+count and ``v_max`` the most virtual stages the group allows: the cost model charges at
+least ``m * T_slowest + (pp - 1) / v * T_slowest`` and ``T_slowest >= C_min / pp``
+(autoplan/cost/model.py). Groups are visited in increasing LB (best-first branch and bound):
+once a group's bound reaches the ``keep``-th best feasible objective found (``keep`` = the
+console's top-k, so that table is exact), it and every later group are pruned, since none
+can enter the top k. Inside a group, the tp_plan comes from the intra-op ILP
+(solve/tp_plan.py), the stages from the exact partition DP (solve/pipeline.py); when no
+member of a group fits in memory with the fastest splits, the ILP is solved again with its
+memory row (per-block budget: usable memory less buffers and the outside modules, shared by
+the fullest stage's blocks, for the group's most frugal member) and the group is priced
+again with those splits. With the stages fixed, the bound
+
+    LB2 = (m + (pp - 1) / v) * T_slowest + pp_comm + optimizer(zero)                      (2)
+
+uses the real slowest stage (the same block summaries CostModel sums), CostModel's send/recv
+term with the smallest block boundary, its Adam time and, under ZeRO-1/2, its exposed
+all-gather of the updated weights, and the part of the gradient sync (or ZeRO-3 traffic) that
+no schedule can hide (solve/bounds.py); so (2) never exceeds the priced step time. Every surviving
+candidate is priced by ``CostModel.estimate``, so the planner and the cost model agree by
+construction.
+
+Objective ``time``: step time. Objective ``cost``: dollars per sample (price per device-hour *
+devices * step time / batch); it also searches smaller device counts, which can be cheaper.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from autoplan.cost.model import CostModel
+from autoplan.cost.schedule import balanced_stages
+from autoplan.errors import PlanError
+from autoplan.solve import space
+from autoplan.solve.bounds import Bounds
+from autoplan.solve.pipeline import partition
+from autoplan.solve.stage_costs import StageCosts
+from autoplan.solve.tp_plan import TPChoice, TPPlanner, memory_budget
+from autoplan.types.cost import Cost
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+OBJECTIVES = ("time", "cost")
+
+
+@dataclass
+class SearchOptions:
+    devices: int
+    batch_size: int
+    fixes: dict = field(default_factory=dict)
+    objective: str = "time"
+    solver: str = "highs"
+    time_limit_s: float = 10.0
+    progress: Callable[[int, int], None] | None = None
+    keep: int = 1                # the search prices enough to rank the best `keep` plans exactly
+
+
+@dataclass
+class Candidate:
+    config: dict
+    status: str                 # 'evaluated' | 'pruned'
+    lower_bound: float
+    objective: float | None = None
+    cost: Cost | None = None
+    plan: Plan | None = None
+    reason: str = ""
+    count: int = 1              # configurations this row stands for (pruned groups)
+
+    @property
+    def feasible(self) -> bool:
+        return self.cost is not None and self.cost.feasible
+
+
+@dataclass
+class SearchResult:
+    best: Plan | None
+    best_cost: Cost | None
+    candidates: list[Candidate]
+    elapsed_s: float
+    ilp_solves: int
+    ilp_status: str
+    ilp_gap: float
+
+    def ranked(self) -> list[Candidate]:
+        return sorted((c for c in self.candidates if c.feasible), key=lambda c: c.objective)
+
+    @property
+    def evaluated(self) -> int:
+        return sum(c.count for c in self.candidates if c.status == "evaluated")
+
+    @property
+    def pruned(self) -> int:
+        return sum(c.count for c in self.candidates if c.status == "pruned")
+
+
+@dataclass(frozen=True)
+class Group:
+    degrees: space.Degrees
+    precision: str
+    sp: bool
+    mbs: int
+    m: int
+    v_max: int
+
+
+class Search:
+    def __init__(self, graph: Graph, profile: Profile, options: SearchOptions):
+        if options.objective not in OBJECTIVES:
+            raise PlanError(f"--objective {options.objective} is unknown; expected one of {', '.join(OBJECTIVES)}.")
+        if options.objective == "cost" and profile.price_per_device_hour is None:
+            raise PlanError(f"--objective cost needs a price, but profile '{profile.name}' has no price_per_device_hour; add one or use --objective time.")
+        self.graph, self.profile, self.options = graph, profile, options
+        self.fixes = options.fixes
+        self.cost_model = CostModel(graph, profile)
+        self.tp_planner = TPPlanner(graph, profile, solver=options.solver, time_limit_s=options.time_limit_s)
+        self.stage_costs = StageCosts(graph, profile)
+        self.bounds = Bounds(graph, profile, self.stage_costs)
+        self._partitions: dict[tuple, tuple] = {}
+        self.best: Candidate | None = None
+        self._top: list[float] = []          # max-heap (negated) of the best `keep` feasible objectives
+        self.candidates: list[Candidate] = []
+
+    # ---- objective ---------------------------------------------------------------------
+    def objective(self, step_time_s: float, devices: int) -> float:
+        if self.options.objective == "time":
+            return step_time_s
+        return self.profile.price_per_device_hour * devices * step_time_s / 3600.0 / self.options.batch_size
+
+    def _beaten(self, bound: float) -> bool:
+        """Nothing with this bound can enter the top ``keep`` plans (so the top-k table is exact)."""
+        return len(self._top) >= self.options.keep and bound >= -self._top[0]
+
+    @property
+    def _threshold(self) -> float:
+        return -self._top[0]
+
+    # ---- groups and their bounds -------------------------------------------------------
+    def groups(self) -> list[tuple[float, Group]]:
+        opts, layers = self.options, len(self.graph.layers)
+        counts = [opts.devices] if opts.objective == "time" else [d for d in range(1, opts.devices + 1) if opts.devices % d == 0 and _fits_nodes(d, self.profile)]
+        found = []
+        for devices in counts:
+            for deg in space.degree_options(devices=devices, per_node=self.profile.devices_per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes):
+                for precision in space.precision_options(self.profile, fixes=self.fixes):
+                    for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
+                        for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
+                            m = opts.batch_size // (deg.dp * mbs)
+                            schedules = space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes)
+                            if schedules:
+                                group = Group(deg, precision, sp, mbs, m, max(v for _, v in schedules))
+                                found.append((self.lower_bound(group), group))
+        return sorted(found, key=lambda item: item[0])
+
+    def lower_bound(self, g: Group) -> float:
+        """Bound (1) of the module docstring, in objective units."""
+        deg = g.degrees
+        step = (g.m + (deg.pp - 1) / g.v_max) * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs) / deg.pp
+        zero_dp = deg.dp if any(z >= 1 for z in space.zero_options(dp=deg.dp, fixes=self.fixes)) else 1
+        step += self.bounds.adam_s(self.graph.param_count / (deg.tp * deg.pp * zero_dp))
+        return self.objective(step, deg.devices)
+
+    # ---- the search --------------------------------------------------------------------
+    def run(self) -> SearchResult:
+        start = time.perf_counter()
+        groups = self.groups()
+        if not groups:
+            raise PlanError(_no_configuration(self.options))
+        for index, (bound, group) in enumerate(groups):
+            if self.options.progress:
+                self.options.progress(index, len(groups))
+            if self._beaten(bound):
+                self._prune_group(group, bound, "group bound")
+                continue
+            self._run_group(group, bound)
+        if self.options.progress:
+            self.options.progress(len(groups), len(groups))
+        statuses = [s for choice in self.tp_planner._cache.values() for s in choice.statuses]
+        status = "time_limit" if any(s.status == "time_limit" for s in statuses) else "optimal"
+        gap = max((s.gap or 0.0 for s in statuses), default=0.0)
+        best = self.best
+        return SearchResult(best=best.plan if best else None, best_cost=best.cost if best else None, candidates=self.candidates,
+                            elapsed_s=time.perf_counter() - start, ilp_solves=self.tp_planner.solves, ilp_status=status, ilp_gap=gap)
+
+    def _run_group(self, g: Group, bound: float) -> None:
+        deg = g.degrees
+        choice = self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, sequence_parallel=g.sp,
+                                        precision=g.precision, micro_batch_size=g.mbs)
+        first = len(self.candidates)
+        self._run_choice(g, bound, choice)
+        priced = [c for c in self.candidates[first:] if c.cost is not None]
+        if deg.tp > 1 and priced and not any(c.feasible for c in priced):
+            frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
+            budget = memory_budget(self.graph, self.profile, plan=frugal.plan, cost=frugal.cost)
+            retry = self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, sequence_parallel=g.sp, precision=g.precision,
+                                           micro_batch_size=g.mbs, budget=budget)
+            if retry.feasible and retry.tp_plan != choice.tp_plan:
+                self._run_choice(g, bound, retry)
+
+    def _run_choice(self, g: Group, bound: float, choice: TPChoice) -> None:
+        deg = g.degrees
+        layers = len(self.graph.layers)
+        for recompute in space.recompute_options(fixes=self.fixes):
+            for schedule, v in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes):
+                base = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan)
+                stages = self._stages(base)
+                times, params = self.stage_costs.stage_totals(base, stages)
+                core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
+                for zero in space.zero_options(dp=deg.dp, fixes=self.fixes):
+                    plan = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=zero, tp_plan=choice.tp_plan, stages=stages)
+                    extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
+                    sub = max(bound, self.objective(core_s + extra_s, deg.devices))                                 # (2)
+                    if self._beaten(sub):
+                        self.candidates.append(Candidate(config=config_of(plan), status="pruned", lower_bound=sub,
+                                                         reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"))
+                        continue
+                    self._evaluate(plan, sub, ilp_status=choice.status)
+
+    def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
+        cost = self.cost_model.estimate(plan)
+        if not cost.feasible and plan.pp > 1 and plan.schedule != "interleaved_1f1b":
+            cost, plan = self._repartition_for_memory(plan, cost)
+        value = self.objective(cost.step_time_s, plan.devices)
+        candidate = Candidate(config=config_of(plan), status="evaluated", lower_bound=bound, objective=value, cost=cost,
+                              plan=plan, reason=cost.reason if not cost.feasible else f"tp ILP {ilp_status}")
+        self.candidates.append(candidate)
+        if cost.feasible:
+            heapq.heappush(self._top, -value)
+            if len(self._top) > self.options.keep:
+                heapq.heappop(self._top)
+            if self.best is None or value < self.best.objective:
+                self.best = candidate
+
+    def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
+        """The time-optimal stages did not fit: try the best partition under the memory limits."""
+        found = partition(self.stage_costs.problem(plan, memory_limit=True))
+        if found is None:
+            return cost, plan
+        retry = _with(plan, stages=_stages_from(self.graph.layers, found.bounds))
+        retry_cost = self.cost_model.estimate(retry)
+        return (retry_cost, retry) if retry_cost.feasible else (cost, plan)
+
+    def _stages(self, plan: Plan) -> list[list[str]]:
+        """Stages: the exact min-max partition for GPipe/1F1B, balanced chunks when interleaved."""
+        layers = self.graph.layers
+        if plan.pp == 1:
+            return [list(layers)]
+        if plan.schedule == "interleaved_1f1b":
+            return balanced_stages(layers, plan.pp * plan.virtual_stages)
+        key = (id(plan.tp_plan), plan.tp, plan.dp, plan.sequence_parallel, plan.precision, plan.micro_batch_size, plan.recompute)
+        if key not in self._partitions:   # without a memory limit, GPipe and 1F1B share one problem
+            found = partition(self.stage_costs.problem(plan, memory_limit=False))
+            self._partitions[key] = (_stages_from(layers, found.bounds) if found else balanced_stages(layers, plan.pp), plan.tp_plan)
+        return self._partitions[key][0]
+
+    def _plan(self, g: Group, *, recompute: str, schedule: str, v: int, zero: int, tp_plan: dict, stages: list | None = None) -> Plan:
+        """A validated Plan; the tp_plan (checked once, when the ILP produced it) is attached after
+        validation so that thousands of candidates do not re-check hundreds of splits each."""
+        deg = g.degrees
+        plan = Plan(devices=deg.devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, micro_batch_size=g.mbs, num_microbatches=g.m,
+                    schedule=schedule, virtual_stages=v, zero_stage=zero, recompute=recompute, sequence_parallel=g.sp,
+                    precision=g.precision, stages=stages or [], tp_plan={}, model=self.graph.model_name, profile=self.profile.name)
+        plan.tp_plan = tp_plan
+        return plan
+
+    def _prune_group(self, g: Group, bound: float, why: str) -> None:
+        deg = g.degrees
+        layers = len(self.graph.layers)
+        count = sum(len(space.zero_options(dp=deg.dp, fixes=self.fixes))
+                    for _ in space.recompute_options(fixes=self.fixes)
+                    for _ in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes))
+        config = dict(devices=deg.devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, mbs=g.mbs, num_microbatches=g.m, schedule="*",
+                      v="*", zero="*", recompute="*", sp=g.sp, precision=g.precision)
+        self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count,
+                                         reason=f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"))
+
+
+def config_of(plan: Plan) -> dict:
+    return dict(devices=plan.devices, dp=plan.dp, tp=plan.tp, pp=plan.pp, mbs=plan.micro_batch_size,
+                num_microbatches=plan.num_microbatches, schedule=plan.schedule, v=plan.virtual_stages, zero=plan.zero_stage,
+                recompute=plan.recompute, sp=plan.sequence_parallel, precision=plan.precision)
+
+
+def _with(plan: Plan, **changes) -> Plan:
+    return Plan(**{**plan.to_dict(), **changes})
+
+
+def _stages_from(layers: list[str], bounds: list[int]) -> list[list[str]]:
+    return [list(layers[bounds[k]:bounds[k + 1]]) for k in range(len(bounds) - 1)]
+
+
+def _fits_nodes(devices: int, profile: Profile) -> bool:
+    per_node = profile.devices_per_node
+    return devices <= per_node or (devices % per_node == 0 and profile.inter_node is not None)
+
+
+def _no_configuration(options: SearchOptions) -> str:
+    pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
+    if pins:
+        return f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; relax a pin (dp*tp*pp must equal the devices and dp must divide the batch)."
+    return f"no configuration of {options.devices} devices divides the batch of {options.batch_size}; use a batch divisible by a data-parallel degree."
+
+
+def search(graph: Graph, profile: Profile, options: SearchOptions) -> SearchResult:
+    """Search every configuration (module docstring) and return the best plan and all candidates."""
+    space.check_cluster(profile, options.devices)
+    if not isinstance(options.batch_size, int) or options.batch_size < 1:
+        raise PlanError(f"--batch {options.batch_size!r} is not a positive integer.")
+    return Search(graph, profile, options).run()

@@ -1,0 +1,145 @@
+"""The outer search space, and the user's pins on it (``--fix dp=32,tp=8,...``).
+
+Every choice the planner searches, and the rule that makes each one legal:
+
+- degrees ``dp * tp * pp = devices``; tp stays inside a node (``tp`` divides the devices per
+  node, or the device count when that is below one node) unless ``tp`` is pinned; ``pp`` is at
+  most the number of blocks; the global batch divides by ``dp``;
+- micro-batch size: every divisor of ``batch / dp`` (``num_microbatches = batch / (dp * mbs)``);
+- schedule: with ``pp = 1`` just "1f1b" (no pipeline); else gpipe, 1f1b and interleaved 1F1B
+  with ``v >= 2`` virtual stages where ``pp * v`` divides the blocks and ``pp`` divides the
+  micro-batch count (Megatron-LM's condition);
+- ZeRO stage 0-3 (1-3 only with ``dp > 1``); recomputation none, selective, full;
+- sequence parallelism on/off (on only with ``tp > 1`` and ``tp`` dividing the sequence);
+- precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
+  but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.errors import PlanError
+from autoplan.types.plan import PRECISIONS, RECOMPUTE
+from autoplan.types.profile import Profile
+
+FIX_KEYS = ("dp", "tp", "pp", "mbs", "zero", "recompute", "schedule", "sp", "precision", "v")
+_INT_KEYS = ("dp", "tp", "pp", "mbs", "zero", "v")
+_SCHEDULE_ALIASES = {"interleaved": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b", "1f1b": "1f1b", "gpipe": "gpipe"}
+_BOOL = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
+
+
+def parse_fixes(text: str | list[str] | None) -> dict[str, object]:
+    """``"dp=32,tp=8,sp=on"`` (or a list of such strings) -> typed pins; one sentence on error."""
+    items = [text] if isinstance(text, str) else list(text or [])
+    fixes: dict[str, object] = {}
+    for chunk in items:
+        for pair in filter(None, (p.strip() for p in chunk.split(","))):
+            key, sep, value = pair.partition("=")
+            key, value = key.strip().lower(), value.strip().lower()
+            if not sep or key not in FIX_KEYS:
+                raise PlanError(f"--fix '{pair}' is not KEY=VALUE with KEY one of {', '.join(FIX_KEYS)}.")
+            fixes[key] = _typed(key, value)
+    return fixes
+
+
+def _typed(key: str, value: str) -> object:
+    if key in _INT_KEYS:
+        if not value.isdigit() or (key != "zero" and int(value) < 1) or (key == "zero" and int(value) > 3):
+            raise PlanError(f"--fix {key}={value} is not valid; expected {'0, 1, 2 or 3' if key == 'zero' else 'a positive integer'}.")
+        return int(value)
+    if key == "sp":
+        if value not in _BOOL:
+            raise PlanError(f"--fix sp={value} is not valid; expected on or off.")
+        return _BOOL[value]
+    choices = {"recompute": RECOMPUTE, "precision": PRECISIONS, "schedule": tuple(_SCHEDULE_ALIASES)}[key]
+    if value not in choices:
+        raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")
+    return _SCHEDULE_ALIASES[value] if key == "schedule" else value
+
+
+@dataclass(frozen=True)
+class Degrees:
+    devices: int
+    dp: int
+    tp: int
+    pp: int
+
+
+def check_cluster(profile: Profile, devices: int) -> None:
+    """Bad device counts for this profile, in one sentence each."""
+    per_node = profile.devices_per_node
+    if not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"--devices {devices!r} is not a positive integer.")
+    if devices > per_node and profile.inter_node is None:
+        raise PlanError(f"profile '{profile.name}' describes one node of {per_node} devices and no inter-node link; plan for at most {per_node} devices.")
+    if devices > per_node and devices % per_node:
+        raise PlanError(f"--devices {devices} does not fill whole nodes of {per_node} on profile '{profile.name}'; use a multiple of {per_node} (or at most {per_node}).")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_in_node(tp: int, *, devices: int, per_node: int) -> bool:
+    return tp <= per_node and (per_node % tp == 0 if devices >= per_node else devices % tp == 0)
+
+
+def degree_options(*, devices: int, per_node: int, layers: int, batch: int, fixes: dict) -> list[Degrees]:
+    """Every (dp, tp, pp) the rules and the pins allow (module docstring)."""
+    options = []
+    for tp in _divisors(devices):
+        if "tp" in fixes and tp != fixes["tp"] or "tp" not in fixes and not tp_in_node(tp, devices=devices, per_node=per_node):
+            continue
+        for pp in _divisors(devices // tp):
+            dp = devices // (tp * pp)
+            if pp > max(layers, 1) or batch % dp or ("pp" in fixes and pp != fixes["pp"]) or ("dp" in fixes and dp != fixes["dp"]):
+                continue
+            options.append(Degrees(devices=devices, dp=dp, tp=tp, pp=pp))
+    return options
+
+
+def micro_batch_options(*, batch: int, dp: int, fixes: dict) -> list[int]:
+    per_replica = batch // dp
+    if "mbs" in fixes:
+        return [fixes["mbs"]] if per_replica % fixes["mbs"] == 0 else []
+    return _divisors(per_replica)
+
+
+def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict) -> list[tuple[str, int]]:
+    """(schedule, virtual_stages) pairs."""
+    if pp == 1:
+        options = [("1f1b", 1)]
+    else:
+        options = [("gpipe", 1), ("1f1b", 1)]
+        if num_microbatches % pp == 0:
+            options += [("interleaved_1f1b", v) for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
+    if "schedule" in fixes:
+        options = [o for o in options if o[0] == fixes["schedule"]] or ([(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] != "interleaved_1f1b" else [])
+    if "v" in fixes:
+        options = [o for o in options if o[1] == fixes["v"]]
+    return options
+
+
+def zero_options(*, dp: int, fixes: dict) -> list[int]:
+    options = [0, 1, 2, 3] if dp > 1 else [0]
+    return [z for z in options if z == fixes["zero"]] if "zero" in fixes else options
+
+
+def recompute_options(*, fixes: dict) -> list[str]:
+    return [fixes["recompute"]] if "recompute" in fixes else list(RECOMPUTE)
+
+
+def sp_options(*, tp: int, seq_len: int | None, fixes: dict) -> list[bool]:
+    legal = [False] + ([True] if tp > 1 and seq_len and seq_len % tp == 0 else [])
+    return [s for s in legal if s == fixes["sp"]] if "sp" in fixes else legal
+
+
+def precision_options(profile: Profile, *, fixes: dict) -> list[str]:
+    peaks = profile.device.peak_flops
+    options = (["fp32"] if "fp32" in peaks or "tf32" in peaks else []) + (["bf16"] if "bf16" in peaks else ["fp16"] if "fp16" in peaks else [])
+    if "precision" in fixes:
+        wanted = fixes["precision"]
+        if wanted != "fp32" and wanted not in peaks:
+            raise PlanError(f"--fix precision={wanted} but profile '{profile.name}' has no {wanted} peak; pick one of {', '.join(sorted(peaks))}.")
+        return [wanted]
+    return options

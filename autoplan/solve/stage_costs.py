@@ -1,0 +1,146 @@
+"""Per-block numbers for the pipeline partition, from the cost model's own block summaries.
+
+The partition (solve/pipeline.py) needs, per block and micro-batch, its time and its bytes;
+these come from :func:`autoplan.cost.layers.summarise`, the function CostModel prices blocks
+with, so the partition balances exactly what the cost model will charge:
+
+    time_i   = fwd + bwd + tp_fwd + tp_bwd  (+ fwd + tp_fwd under full recomputation,
+                                             + the attention core's fwd under selective)
+    static_i = parameters_i * bytes per parameter of weights, grads and Adam state after ZeRO
+               (autoplan/cost/memory.py, Rajbhandari et al. SC'20)
+    act_i    = saved bytes (none), saved - dropped core bytes (selective), block input (full)
+
+Nodes outside every block add to stage 0 (those before the first block) and to the last stage
+(the rest), as autoplan/cost/stages.py assigns them.
+"""
+from __future__ import annotations
+
+from autoplan.cost.comm import collective_time_s
+from autoplan.cost.layers import LayerSummary, block_structure, summarise
+from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states, usable_bytes
+from autoplan.cost.mesh import mesh_groups
+from autoplan.cost.schedule import in_flight_chunks
+from autoplan.cost.tensor_parallel import TPContext
+from autoplan.solve.pipeline import PartitionProblem
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+
+class StageCosts:
+    """Block summaries for the partition, cached per (block group, splits, context)."""
+
+    def __init__(self, graph: Graph, profile: Profile):
+        self.graph, self.profile = graph, profile
+        nodes = graph.nodes
+        first = next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
+        self._outside = {"pre": block_structure(graph, None, nodes=[n for n in nodes[:first] if n.layer is None]),
+                         "post": block_structure(graph, None, nodes=[n for n in nodes[first:] if n.layer is None])}
+        self._rep = {layer: g.layers[0] for g in graph.groups for layer in g.layers}
+        self._structures = {rep: block_structure(graph, rep) for rep in set(self._rep.values())}
+        self._cache: dict[tuple, LayerSummary] = {}
+        self._totals: dict[tuple, tuple] = {}
+
+    def summary(self, layer: str | None, part: str, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
+        rep = self._rep[layer] if layer is not None else None
+        key = (rep, part, id(tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        if key not in self._cache:
+            structure = self._structures[rep] if rep is not None else self._outside[part]
+            self._cache[key] = (summarise(self.graph, structure, layer=rep, tp_plan=tp_plan, ctx=ctx), tp_plan)
+        return self._cache[key][0]
+
+    def context(self, plan: Plan) -> TPContext:
+        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
+        return TPContext(profile=self.profile, tp=plan.tp, group=group, sequence_parallel=plan.sequence_parallel,
+                         precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
+
+    def problem(self, plan: Plan, *, memory_limit: bool = True) -> PartitionProblem:
+        """The partition problem of ``plan`` (its stages ignored), per the module docstring."""
+        ctx = self.context(plan)
+        blocks = [self.summary(layer, "", plan.tp_plan, ctx) for layer in self.graph.layers]
+        pre, post = (self.summary(None, part, plan.tp_plan, ctx) for part in ("pre", "post"))
+        per_param = sum(_state_bytes(plan))
+        times = [_block_time_s(b, plan.recompute) for b in blocks]
+        acts = [_kept_bytes(b, plan.recompute) for b in blocks]
+        peak_block = max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0
+        extra_time = [0.0] * plan.pp
+        extra_time[0] += pre.fwd_s + pre.bwd_s
+        extra_time[-1] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
+        extra_bytes = [peak_block] * plan.pp
+        in_flight = [in_flight_chunks(plan, k) for k in range(plan.pp)]
+        extra_bytes[0] += pre.param_count * per_param + pre.saved_bytes * in_flight[0]
+        extra_bytes[-1] += post.param_count * per_param + post.saved_bytes * in_flight[-1]
+        boundary = max((b.input_bytes for b in blocks), default=0.0)
+        p2p_s = 2.0 * collective_time_s(self.profile, "send_recv", boundary, group=mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]) if plan.pp > 1 else 0.0
+        capacity = self._capacity(plan, boundary, max(b.param_count for b in blocks)) if memory_limit else float("inf")
+        return PartitionProblem(layer_time_s=times, layer_static_bytes=[b.param_count * per_param for b in blocks],
+                                layer_activation_bytes=acts, pp=plan.pp, extra_time_s=extra_time, extra_bytes=extra_bytes,
+                                in_flight=in_flight, p2p_s=p2p_s, capacity_bytes=capacity)
+
+    def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
+        """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
+        calls ``micro_batch_s``) and the parameters it holds; chunk c runs on stage c % pp."""
+        ctx = self.context(plan)
+        times_of, params_of, pre, post = self._block_totals(plan, ctx)
+        times = [0.0] * plan.pp
+        params = [0.0] * plan.pp
+        times[0] += pre.fwd_s + pre.bwd_s
+        times[-1] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
+        params[0] += pre.param_count
+        params[-1] += post.param_count
+        for index, chunk in enumerate(stages):
+            times[index % plan.pp] += sum(times_of[layer] for layer in chunk)
+            params[index % plan.pp] += sum(params_of[layer] for layer in chunk)
+        return times, params
+
+    def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:
+        key = (id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute)
+        hit = self._totals.get(key)
+        if hit is None:
+            blocks = {layer: self.summary(layer, "", plan.tp_plan, ctx) for layer in self.graph.layers}
+            hit = ({layer: _block_time_s(b, plan.recompute) for layer, b in blocks.items()},
+                   {layer: b.param_count for layer, b in blocks.items()},
+                   self.summary(None, "pre", plan.tp_plan, ctx), self.summary(None, "post", plan.tp_plan, ctx), plan.tp_plan)
+            self._totals[key] = hit
+        return hit[:4]
+
+    def sync_params(self, plan: Plan) -> tuple[float, float]:
+        """(parameters of the nodes before the first block, the fewest any block holds, the
+        nodes after the last block included: they are the last block of the last stage)."""
+        ctx = self.context(plan)
+        _, params_of, pre, post = self._block_totals(plan, ctx)
+        return pre.param_count, min([*params_of.values(), post.param_count])
+
+    def min_boundary_bytes(self, plan: Plan) -> float:
+        """The smallest block input (a lower bound on what a pipeline stage receives)."""
+        ctx = self.context(plan)
+        key = ("boundary", id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        if key not in self._totals:
+            reps = {self._rep[layer] for layer in self.graph.layers}
+            self._totals[key] = (min((self.summary(rep, "", plan.tp_plan, ctx).input_bytes for rep in reps), default=0.0), plan.tp_plan)
+        return self._totals[key][0]
+
+    def _capacity(self, plan: Plan, boundary: float, block_params: float) -> float:
+        weight, grad, _ = STATE_BYTES[plan.precision]
+        buffers = 2 * DDP_BUCKET_BYTES if plan.dp > 1 and plan.zero_stage < 3 else 0.0
+        buffers += block_params * (2 * weight + grad) if plan.zero_stage >= 3 and plan.dp > 1 else 0.0
+        buffers += 2 * boundary if plan.pp > 1 else 0.0
+        return usable_bytes(self.profile.device.memory_bytes) - buffers
+
+
+def _state_bytes(plan: Plan) -> tuple[float, float, float]:
+    states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
+    return states.weights_bytes, states.grads_bytes, states.optimizer_bytes
+
+
+def _block_time_s(block: LayerSummary, recompute: str) -> float:
+    base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s
+    if recompute == "full":
+        return base + block.fwd_s + block.tp_fwd_s
+    return base + (block.core_fwd_s if recompute == "selective" else 0.0)
+
+
+def _kept_bytes(block: LayerSummary, recompute: str) -> float:
+    if recompute == "full":
+        return block.input_bytes
+    return block.saved_bytes - (block.selective_dropped_bytes if recompute == "selective" else 0.0)

@@ -1,0 +1,123 @@
+"""Synthetic transformer graphs and cluster profiles, built from the data types alone.
+
+They let the planner be tested and demonstrated without torch tracing: the graph has the
+shape the tracer produces for a GPT block (norm -> q/k/v -> attention -> o -> residual add ->
+norm -> fc1 -> gelu -> fc2 -> residual add), with FLOPs and bytes from the usual formulas
+(a linear of m rows does 2*m*in*out FLOPs forward and twice that backward; attention
+4*b*s^2*h forward; Narayanan et al. SC'21, section 5.1). The profile numbers are an
+A100-SXM4-80GB node (NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2.0 TB/s
+HBM2e) with NVLink/InfiniBand bus bandwidths in the range nccl-tests reports; they are
+illustrative defaults for tests, not a calibrated profile (use profiles/*.yaml for that).
+"""
+from __future__ import annotations
+
+from autoplan.types.graph import Graph, LayerGroup, OpNode, ParamInfo
+from autoplan.types.profile import COLLECTIVES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile
+
+_SOURCE = "synthetic test profile (A100-SXM4-80GB datasheet figures; not calibrated)"
+
+
+def synthetic_profile(*, devices_per_node: int = 8, memory_bytes: int = 80 * 2**30,
+                      intra_busbw_bytes_per_s: float = 230e9, inter_busbw_bytes_per_s: float = 23e9,
+                      name: str = "synthetic-a100") -> Profile:
+    """An A100-like node profile whose memory and link speeds can be changed for tests."""
+    def link(link_name: str, busbw: float, alpha_s: float) -> LinkSpec:
+        return LinkSpec(name=link_name, collectives={k: CollectiveFit(alpha_s=alpha_s, busbw_bytes_per_s=busbw, source=_SOURCE) for k in COLLECTIVES})
+    eff = {c: Efficiency(max_efficiency=0.8, half_saturation_flops=2e9, source=_SOURCE) for c in ("matmul", "attention")}
+    device = DeviceSpec(name="A100-SXM4-80GB", memory_bytes=memory_bytes,
+                        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+                        memory_bandwidth_bytes_per_s=2.0e12, efficiency=eff, source=_SOURCE)
+    return Profile(name=name, device=device, devices_per_node=devices_per_node,
+                   intra_node=link("nvlink", intra_busbw_bytes_per_s, 10e-6),
+                   inter_node=link("infiniband", inter_busbw_bytes_per_s, 20e-6),
+                   price_per_device_hour=2.0, price_source=_SOURCE)
+
+
+class _Builder:
+    def __init__(self, *, batch: int, seq: int):
+        self.batch, self.seq = batch, seq
+        self.nodes: list[OpNode] = []
+        self.edges: list[tuple[str, str]] = []
+        self.params: dict[str, ParamInfo] = {}
+
+    def add(self, name: str, op: str, *, inputs: tuple[str, ...], width: int, layer: str | None,
+            module: str = "", fwd_flops: int = 0, saved_width: int = 0, params: dict | None = None,
+            attrs: dict | None = None, dtype: str = "float32") -> str:
+        tokens = self.batch * self.seq
+        elem = 8 if dtype == "int64" else 4
+        param_names = []
+        count = 0
+        for pname, shape in (params or {}).items():
+            numel = 1
+            for d in shape:
+                numel *= d
+            self.params[pname] = ParamInfo(shape=list(shape), dtype="float32", numel=numel, bytes=numel * 4)
+            param_names.append(pname)
+            count += numel
+        self.nodes.append(OpNode(
+            name=name, op=op, target=op, module=module, layer=layer, param_names=param_names,
+            param_count=count, param_bytes=count * 4, param_dtype="float32" if count else None,
+            output_shape=[self.batch, self.seq, width], output_dtype=dtype,
+            output_bytes=tokens * width * elem, saved_bytes=tokens * saved_width * 4,
+            fwd_flops=fwd_flops, bwd_flops=2 * fwd_flops, attrs=attrs or {}))
+        self.edges.extend((i, name) for i in inputs)
+        return name
+
+    def linear(self, name: str, x: str, *, layer: str | None, module: str, n_in: int, n_out: int, **attrs) -> str:
+        flops = 2 * self.batch * self.seq * n_in * n_out
+        return self.add(name, "linear", inputs=(x,), width=n_out, layer=layer, module=module, fwd_flops=flops,
+                        saved_width=n_in, params={f"{module}.weight": (n_out, n_in)},
+                        attrs={"in_features": n_in, "out_features": n_out, "bias": False, **attrs})
+
+
+def synthetic_gpt(*, layers: int = 2, hidden: int = 512, heads: int = 8, kv_heads: int | None = None,
+                  vocab: int = 32000, seq: int = 512, batch: int = 16, ffn: int | None = None,
+                  fused_qkv: bool = False, name: str = "synthetic-gpt") -> Graph:
+    """A GPT-style Graph with ``layers`` identical blocks (see the module docstring)."""
+    kv_heads = kv_heads or heads
+    ffn = ffn or 4 * hidden
+    b = _Builder(batch=batch, seq=seq)
+    x = b.add("tokens", "input", inputs=(), width=1, layer=None, dtype="int64")
+    x = b.add("wte", "embedding", inputs=(x,), width=hidden, layer=None, module="wte",
+              params={"wte.weight": (vocab, hidden)}, attrs={"num_embeddings": vocab, "embedding_dim": hidden})
+    names = [f"h.{i}" for i in range(layers)]
+    for layer in names:
+        x = _block(b, x, layer=layer, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, fused_qkv=fused_qkv)
+    x = b.add("ln_f", "norm", inputs=(x,), width=hidden, layer=None, module="ln_f", saved_width=hidden,
+              fwd_flops=5 * batch * seq * hidden, params={"ln_f.weight": (hidden,)})
+    x = b.linear("head", x, layer=None, module="head", n_in=hidden, n_out=vocab)
+    loss = b.add("loss", "loss", inputs=(x,), width=1, layer=None, saved_width=vocab, fwd_flops=3 * batch * seq * vocab)
+    b.add("output", "output", inputs=(loss,), width=1, layer=None)
+    return Graph(model_name=name, batch_size=batch, trace_method="fx", nodes=b.nodes, edges=b.edges,
+                 layers=names, groups=[LayerGroup(signature="block", layers=names)], parameters=b.params, seq_len=seq)
+
+
+def _block(b: _Builder, x: str, *, layer: str, hidden: int, heads: int, kv_heads: int, ffn: int, fused_qkv: bool) -> str:
+    head_dim = hidden // heads
+    kv_width = kv_heads * head_dim
+    tokens = b.batch * b.seq
+    ln1 = b.add(f"{layer}.ln_1", "norm", inputs=(x,), width=hidden, layer=layer, module=f"{layer}.ln_1",
+                saved_width=hidden, fwd_flops=5 * tokens * hidden, params={f"{layer}.ln_1.weight": (hidden,)})
+    att = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim}
+    if fused_qkv:
+        qkv = b.linear(f"{layer}.attn.qkv", ln1, layer=layer, module=f"{layer}.attn.qkv", n_in=hidden,
+                       n_out=hidden + 2 * kv_width, fused_chunks=3, attention={"roles": ["q", "k", "v"], **att})
+        q = b.add(f"{layer}.attn.split_q", "view", inputs=(qkv,), width=hidden, layer=layer, module=f"{layer}.attn")
+        k = b.add(f"{layer}.attn.split_k", "view", inputs=(qkv,), width=kv_width, layer=layer, module=f"{layer}.attn")
+        v = b.add(f"{layer}.attn.split_v", "view", inputs=(qkv,), width=kv_width, layer=layer, module=f"{layer}.attn")
+    else:
+        q = b.linear(f"{layer}.attn.q", ln1, layer=layer, module=f"{layer}.attn.q", n_in=hidden, n_out=hidden, attention={"roles": ["q"], **att})
+        k = b.linear(f"{layer}.attn.k", ln1, layer=layer, module=f"{layer}.attn.k", n_in=hidden, n_out=kv_width, attention={"roles": ["k"], **att})
+        v = b.linear(f"{layer}.attn.v", ln1, layer=layer, module=f"{layer}.attn.v", n_in=hidden, n_out=kv_width, attention={"roles": ["v"], **att})
+    attn = b.add(f"{layer}.attn.sdpa", "attention", inputs=(q, k, v), width=hidden, layer=layer, module=f"{layer}.attn",
+                 fwd_flops=4 * tokens * b.seq * hidden, saved_width=4 * hidden,
+                 attrs={**att, "q_len": b.seq, "kv_len": b.seq, "causal": True})
+    o = b.linear(f"{layer}.attn.o", attn, layer=layer, module=f"{layer}.attn.o", n_in=hidden, n_out=hidden)
+    x = b.add(f"{layer}.add_1", "elementwise", inputs=(x, o), width=hidden, layer=layer, module=layer, fwd_flops=tokens * hidden)
+    ln2 = b.add(f"{layer}.ln_2", "norm", inputs=(x,), width=hidden, layer=layer, module=f"{layer}.ln_2",
+                saved_width=hidden, fwd_flops=5 * tokens * hidden, params={f"{layer}.ln_2.weight": (hidden,)})
+    fc1 = b.linear(f"{layer}.mlp.fc1", ln2, layer=layer, module=f"{layer}.mlp.fc1", n_in=hidden, n_out=ffn)
+    act = b.add(f"{layer}.mlp.gelu", "elementwise", inputs=(fc1,), width=ffn, layer=layer, module=f"{layer}.mlp.act",
+                saved_width=ffn, fwd_flops=8 * tokens * ffn)
+    fc2 = b.linear(f"{layer}.mlp.fc2", act, layer=layer, module=f"{layer}.mlp.fc2", n_in=ffn, n_out=hidden)
+    return b.add(f"{layer}.add_2", "elementwise", inputs=(x, fc2), width=hidden, layer=layer, module=layer, fwd_flops=tokens * hidden)

@@ -1,0 +1,124 @@
+"""A whole-model tp_plan from the per-block ILP, solved once per group of identical blocks.
+
+For a (tp, sequence parallelism, precision, micro-batch) choice, :class:`TPPlanner` solves the
+intra-op ILP (solve/intra_op.py) for the first block of every LayerGroup and for the nodes
+outside every block, then copies each representative's splits to the other members of its
+group position by position (members are structurally identical: same ops in the same order).
+A 96-layer GPT therefore costs one block ILP, not 96. Results are cached per choice (and per
+memory budget when the search asks for a memory-constrained solve).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.memory import model_states, usable_bytes
+from autoplan.cost.mesh import mesh_groups
+from autoplan.cost.schedule import in_flight_chunks
+from autoplan.cost.tensor_parallel import TPContext, analyse_block, node_splits
+from autoplan.solve.backend import SolveStatus
+from autoplan.solve.intra_op import build_block_problem, solve_block
+from autoplan.types.cost import Cost
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+
+@dataclass
+class TPChoice:
+    """The splits chosen for one (tp, sp, precision, micro-batch) choice, and how the solves went."""
+
+    tp_plan: dict[str, str]
+    statuses: list[SolveStatus] = field(default_factory=list)
+    feasible: bool = True
+
+    @property
+    def status(self) -> str:
+        if not self.feasible:
+            return "infeasible"
+        return "time_limit" if any(s.status == "time_limit" for s in self.statuses) else "optimal"
+
+    @property
+    def gap(self) -> float:
+        return max((s.gap or 0.0 for s in self.statuses), default=0.0)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Per-block bytes for the ILP's memory row, with the multipliers that turn traced bytes
+    into bytes per device (see build_block_problem)."""
+
+    block_bytes: float
+    outside_bytes: float
+    param_bytes_factor: float
+    activation_factor: float
+
+
+class TPPlanner:
+    def __init__(self, graph: Graph, profile: Profile, *, solver: str = "highs", time_limit_s: float = 10.0):
+        self.graph, self.profile = graph, profile
+        self.solver, self.time_limit_s = solver, time_limit_s
+        self._cache: dict[tuple, TPChoice] = {}
+        self.solves = 0
+
+    def choose(self, *, dp: int, tp: int, pp: int, sequence_parallel: bool, precision: str, micro_batch_size: int,
+               forward_repeats: int = 1, budget: MemoryBudget | None = None) -> TPChoice:
+        """The tp_plan for one choice (cached); ``budget`` adds the memory row."""
+        group = mesh_groups(self.profile, dp=dp, tp=tp, pp=pp)["tp"]
+        key = (tp, group, sequence_parallel, precision, micro_batch_size, forward_repeats, budget)
+        if key not in self._cache:
+            ctx = TPContext(profile=self.profile, tp=tp, group=group, sequence_parallel=sequence_parallel,
+                            precision=precision, batch_fraction=micro_batch_size / self.graph.batch_size)
+            self._cache[key] = self._solve(ctx, forward_repeats, budget) if tp > 1 else TPChoice(tp_plan={})
+        return self._cache[key]
+
+    def _solve(self, ctx: TPContext, forward_repeats: int, budget: MemoryBudget | None) -> TPChoice:
+        choice = TPChoice(tp_plan={})
+        reps = [(None, [None])] + [(g.layers[0], g.layers) for g in self.graph.groups]
+        for rep, members in reps:
+            factors = dict(param_bytes_factor=budget.param_bytes_factor, activation_factor=budget.activation_factor) if budget else {}
+            problem = build_block_problem(self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, **factors)
+            limit = None if budget is None else (budget.outside_bytes if rep is None else budget.block_bytes)
+            limit = None if limit is not None and limit == float("inf") else limit
+            self.solves += 1
+            solution = solve_block(problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s)
+            if solution is None:
+                return TPChoice(tp_plan={}, statuses=choice.statuses, feasible=False)
+            choice.statuses.append(solution.status)
+            self._copy(solution.splits, rep, members, choice.tp_plan, ctx)
+        Plan(devices=ctx.tp, dp=1, tp=ctx.tp, pp=1, micro_batch_size=1, num_microbatches=1, tp_plan=choice.tp_plan)  # validates the splits once
+        return choice
+
+    def _copy(self, splits: dict[str, str], rep: str | None, members: list, tp_plan: dict[str, str], ctx: TPContext) -> None:
+        rep_params = analyse_block(self.graph, rep).params
+        for member in members:
+            params = analyse_block(self.graph, member).params
+            for rep_node, node in zip(rep_params, params):
+                tp_plan.setdefault(self.graph.node(node).module, splits[rep_node])   # explicit, even "replicate":
+                # an empty tp_plan at tp > 1 means "Megatron default" to CostModel and the executor
+            if ctx.sequence_parallel:
+                for node in analyse_block(self.graph, member).nodes:
+                    if node.op == "norm" and node.module and node.output_shape[1:2] and node.output_shape[1] % ctx.tp == 0:
+                        tp_plan.setdefault(node.module, "sequence_parallel")
+
+
+def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> MemoryBudget:
+    """The ILP memory row for ``plan`` (which did not fit): usable memory less comm buffers and
+    the outside modules' bytes (kept at most what they use now), shared by the blocks of the
+    fullest stage; under full recomputation one block's full activations (live while it is
+    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory.py."""
+    blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
+    states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
+    traced_param = graph.param_bytes / max(1, graph.param_count)
+    traced_act = {"float16": 2.0, "bfloat16": 2.0, "half": 2.0}.get(graph.dtype.replace("torch.", ""), 4.0)
+    scale = plan.micro_batch_size / graph.batch_size * PRECISION_BYTES[plan.precision] / traced_act
+    in_flight = 1.0 / blocks if plan.recompute == "full" else in_flight_chunks(plan, 0)
+    factors = dict(param_bytes_factor=(states.weights_bytes + states.grads_bytes + states.optimizer_bytes) / traced_param,
+                   activation_factor=in_flight * scale)
+    group = mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
+    ctx = TPContext(profile=profile, tp=plan.tp, group=group, sequence_parallel=plan.sequence_parallel,
+                    precision=plan.precision, batch_fraction=plan.micro_batch_size / graph.batch_size)
+    outside = build_block_problem(graph, None, ctx=ctx, **factors)
+    outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]
+    free = usable_bytes(profile.device.memory_bytes) - cost.comm_buffer_bytes - outside_bytes
+    return MemoryBudget(block_bytes=max(0.0, free / blocks), outside_bytes=outside_bytes, **factors)

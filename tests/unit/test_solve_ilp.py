@@ -1,0 +1,122 @@
+"""The intra-op ILP finds the brute-force optimum under the same cost terms; the backend reports honestly."""
+import pulp
+import pytest
+
+from autoplan.cost.mesh import mesh_groups
+from autoplan.cost.tensor_parallel import TPContext
+from autoplan.solve import backend
+from autoplan.solve.intra_op import brute_force_block, build_block_problem, solve_block
+from autoplan.solve.synthetic import synthetic_gpt, synthetic_profile
+
+CASES = [
+    dict(hidden=512, heads=8),                       # plain MHA
+    dict(hidden=384, heads=6),                       # 6 heads: no head split at tp=4
+    dict(hidden=512, heads=8, kv_heads=2),           # GQA
+    dict(hidden=512, heads=8, fused_qkv=True),       # fused qkv (gathered colwise)
+]
+
+
+def _problem(case, *, tp, sp, mbs, layer="h.0", profile=None, **factors):
+    profile = profile or synthetic_profile()
+    graph = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096, **case)
+    ctx = TPContext(profile=profile, tp=tp, group=mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"], sequence_parallel=sp,
+                    precision="bf16", batch_fraction=mbs / 16)
+    return build_block_problem(graph, layer, ctx=ctx, **factors)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("tp, sp, mbs", [(2, False, 1), (4, True, 4), (8, False, 16)])
+def test_ilp_equals_brute_force(case, tp, sp, mbs):
+    for layer in ("h.0", None):
+        problem = _problem(case, tp=tp, sp=sp, mbs=mbs, layer=layer)
+        solution = solve_block(problem)
+        best = brute_force_block(problem)
+        assert solution.status.status == "optimal" and solution.status.gap == 0.0
+        assert solution.time_s == pytest.approx(best[1], rel=1e-7)
+        assert problem.respects_ties(solution.splits)
+
+
+@pytest.mark.parametrize("case", CASES[:2])
+def test_ilp_equals_brute_force_under_a_memory_budget(case):
+    slow_links = synthetic_profile(intra_busbw_bytes_per_s=5e9)    # comm dear: unconstrained optimum replicates
+    problem = _problem(case, tp=4, sp=False, mbs=8, profile=slow_links, param_bytes_factor=4.0, activation_factor=1.0)
+    free = solve_block(problem)
+    lightest = min(problem.evaluate(dict(zip(problem.params, combo)))[1] for combo in _combos(problem))
+    budget = (lightest + free.memory_bytes) / 2
+    assert free.memory_bytes > budget                                  # the budget binds
+    solution = solve_block(problem, memory_budget_bytes=budget)
+    best = brute_force_block(problem, memory_budget_bytes=budget)
+    assert solution.memory_bytes <= budget + 1e-6
+    assert solution.time_s == pytest.approx(best[1], rel=1e-7)
+    assert solution.time_s > free.time_s
+    assert solve_block(problem, memory_budget_bytes=lightest * 0.5) is None
+    assert brute_force_block(problem, memory_budget_bytes=lightest * 0.5) is None
+
+
+def _combos(problem):
+    import itertools
+    return itertools.product(*(problem.legal[v] for v in problem.params))
+
+
+def test_tied_embedding_and_head_shard_the_same_weight_dim():
+    problem = _problem(CASES[0], tp=4, sp=False, mbs=16, layer=None)
+    problem.dim_ties.append(("wte", "head", "embedding", "linear"))    # as a tied model would have
+    splits = solve_block(problem).splits
+    pairs = {("replicate", "replicate"), ("rowwise", "colwise"), ("colwise", "rowwise")}
+    assert (splits["wte"], splits["head"]) in pairs
+
+
+def test_cbc_fallback_finds_the_same_optimum():
+    problem = _problem(CASES[0], tp=4, sp=True, mbs=4)
+    highs, cbc = solve_block(problem, solver="highs"), solve_block(problem, solver="cbc")
+    assert cbc.status.solver == "cbc" and highs.status.solver == "highs"
+    assert cbc.time_s == pytest.approx(highs.time_s, rel=1e-7)
+
+
+class _StoppedAtLimit(pulp.LpProblem):
+    """PuLP says 'Optimal' (status 1) after a time limit; only sol_status tells the truth."""
+
+    def solve(self, solver=None, **kwargs):
+        self.status, self.sol_status = pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
+        return self.status
+
+
+def test_backend_tells_time_limit_from_optimal():
+    model = _StoppedAtLimit("x", pulp.LpMinimize)
+    x = backend.variable(model, "x", low=0, up=1, cat="Binary")
+    model += x
+    assert backend.solve_model(model, time_limit_s=1).status == "time_limit"
+    real = pulp.LpProblem("y", pulp.LpMinimize)
+    y = backend.variable(real, "y", low=0, up=1, cat="Binary")
+    real += y
+    real += y >= 1
+    status = backend.solve_model(real, time_limit_s=5)
+    assert (status.status, status.gap, status.objective) == ("optimal", 0.0, 1.0)
+    infeasible = pulp.LpProblem("z", pulp.LpMinimize)
+    z = backend.variable(infeasible, "z", low=0, up=1, cat="Binary")
+    infeasible += z
+    infeasible += z >= 2
+    assert backend.solve_model(infeasible, time_limit_s=5).status == "infeasible"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ilp_objective_is_what_the_cost_model_charges(case):
+    """The ILP prices a block exactly as tp_layer_cost + op_time_s (what CostModel sums) do."""
+    import itertools
+
+    from autoplan.cost.compute import op_time_s
+    from autoplan.cost.tensor_parallel import tp_layer_cost
+
+    profile = synthetic_profile()
+    graph = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096, **case)
+    ctx = TPContext(profile=profile, tp=4, group=mesh_groups(profile, dp=1, tp=4, pp=1)["tp"], sequence_parallel=True,
+                    precision="bf16", batch_fraction=2 / 16)
+    problem = build_block_problem(graph, "h.0", ctx=ctx, forward_repeats=2)
+    for combo in itertools.islice(itertools.product(*(problem.legal[v] for v in problem.params)), 0, None, 7):
+        splits = dict(zip(problem.params, combo))
+        tp_plan = {graph.node(v).module: s for v, s in splits.items()}
+        cost = tp_layer_cost(graph, "h.0", tp_plan, ctx=ctx)
+        compute = sum(2 * op_time_s(n, profile, precision="bf16", batch_fraction=2 / 16, shard=cost.compute_shard[n.name])
+                      + op_time_s(n, profile, precision="bf16", batch_fraction=2 / 16, shard=cost.compute_shard[n.name], backward=True)
+                      for n in graph.layer_nodes("h.0"))
+        assert problem.evaluate(splits)[0] == pytest.approx(compute + 2 * cost.comm_fwd_s + cost.comm_bwd_s, rel=1e-9)
