@@ -396,13 +396,17 @@ def shards(graph: Graph, layer: str | None, splits: dict[str, str], *, tp: int, 
         if name in splits:
             sharded = splits[name] != "replicate"
             compute[name] = param[name] = tp if sharded else 1
-            act[name] = tp if splits[name] == "rowwise" else 1
+            # Saved bytes are charged to the producing node: a colwise output is the shard,
+            # a rowwise output is whole after its all-reduce, or a sequence shard under SP.
+            act[name] = tp if splits[name] == "colwise" or (splits[name] == "rowwise" and sequence_parallel) else 1
             continue
+        on_stream_shard = sequence_parallel and node.op in STREAM_KINDS  # sequence-sharded under SP
         if name in block.origins:
             way = tp if sharding_origins(block, block.origins[name], splits) else 1
+            compute[name] = way
+            act[name] = tp if on_stream_shard else way  # after a reduce-scatter the stream is a sequence shard
         else:
-            way = tp if sequence_parallel and node.op in STREAM_KINDS else 1
-        compute[name] = act[name] = way
+            compute[name] = act[name] = tp if on_stream_shard else 1
         param[name] = 1
     return compute, param, act
 

@@ -48,17 +48,11 @@ def test_selective_recompute_with_flash_attention_keeps_34_sbh():
     assert _per_layer_activation_sbh(recompute="selective") == pytest.approx(34, rel=0.01)
 
 
-_SHARD_BUG = ("tensor_parallel.shards gives colwise outputs activation_shard 1 and rowwise ones tp; the tracer "
-              "attributes saved bytes to the producing node, so a colwise output is the sharded one")
-
-
-@pytest.mark.xfail(strict=True, reason=_SHARD_BUG)
 def test_activation_memory_tensor_parallel_is_10_plus_24_over_t():
     # Korthikanti et al. 2022 eq. (2): sbh(10 + 24/t + 5as/(ht)).
     assert _per_layer_activation_sbh(tp=4) == pytest.approx(10 + 24 / 4, rel=0.02)
 
 
-@pytest.mark.xfail(strict=True, reason=_SHARD_BUG)
 def test_activation_memory_tensor_and_sequence_parallel_is_34_over_t():
     # Korthikanti et al. 2022 eq. (4): sbh * 34 / t.
     assert _per_layer_activation_sbh(tp=4, sequence_parallel=True) == pytest.approx(34 / 4, rel=0.02)

@@ -98,7 +98,11 @@ def test_shards_follow_the_splits():
     assert cost.compute_shard["h.0.attn.sdpa"] == 4 and cost.compute_shard["h.0.mlp.gelu"] == 4
     assert cost.compute_shard["h.0.ln_1"] == 1 and cost.compute_shard["h.0.add_1"] == 1
     assert cost.param_shard["h.0.attn.q"] == 4
-    assert cost.activation_shard["h.0.attn.q"] == 1 and cost.activation_shard["h.0.attn.o"] == 4   # colwise saves its full input
+    # saved bytes are charged to the producing node (the tracer's rule): the colwise output is the
+    # shard; the rowwise output is whole after its all-reduce
+    assert cost.activation_shard["h.0.attn.q"] == 4 and cost.activation_shard["h.0.attn.o"] == 1
+    sp = tp_layer_cost(graph, "h.0", default_tp_plan(graph, 4, sequence_parallel=True), ctx=_ctx(profile, 4, sp=True))
+    assert sp.activation_shard["h.0.attn.o"] == 4 and sp.activation_shard["h.0.add_1"] == 4
     mixed = dict(default_tp_plan(graph, 4), **{"h.0.attn.k": "replicate"})
     assert tp_layer_cost(graph, "h.0", mixed, ctx=_ctx(profile, 4)).compute_shard["h.0.attn.sdpa"] == 1
 
