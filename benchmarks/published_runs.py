@@ -3,11 +3,14 @@
 For each row of benchmarks/published_runs.csv (numbers and sources in the file): build the
 GPT shape on the meta device, trace it with autoplan's tracer (fp16, one sequence), set the
 published plan with ``Plan(...)`` and predict the step time with profiles/dgx-a100.yaml. No
-per-run factor is fitted: the same profile and cost model price every run.
+per-run factor is fitted: the same profile and cost model price every run. The software
+property that differs from autoplan's executor is set once for all rows: the data-parallel
+gradient all-reduce does not overlap the backward (``OVERLAP_GRAD_REDUCE``).
 
-The GPT is Megatron's: pre-LayerNorm blocks, separate q/k/v projections (Megatron shards its
-fused QKV weight by heads, which is the same as sharding separate projections colwise), fused
-attention, GELU MLP of 4h, and a vocabulary head. Published step time for Narayanan et al.
+The GPT is Megatron-LM's as those papers ran it (examples/gpt_megatron.py): pre-LayerNorm
+blocks, one fused head-interleaved QKV linear, attention that materialises the b*a*s*s
+scores (QK^T, causal mask, softmax, dropout 0.1, probs @ V; no flash attention in 2021-22),
+GELU MLP of 4h, hidden dropout 0.1, and an output head tied to the word embedding. Published step time for Narayanan et al.
 Table 1 rows comes from their eq. (3) FLOPs and the achieved TFLOP/s per GPU; Korthikanti et
 al. report iteration times directly.
 
@@ -16,6 +19,8 @@ al. report iteration times directly.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 import time
 from pathlib import Path
 
@@ -29,47 +34,17 @@ from autoplan.trace import trace
 from autoplan.types import Plan
 
 HERE = Path(__file__).parent
+#: Megatron-LM as those papers ran it all-reduced the gradients after the backward; overlap with
+#: the backward came in 2023 (--overlap-grad-reduce, NVIDIA/Megatron-LM issue #391, commit e801b2b).
+OVERLAP_GRAD_REDUCE = False
 
 
-class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
-        self.proj = nn.Linear(hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = (f(x).view(b, s, self.heads, h // self.heads).transpose(1, 2) for f in (self.q, self.k, self.v))
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, s, h))
-
-
-class Block(nn.Module):
-    def __init__(self, hidden: int, heads: int):
-        super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.attn = Attention(hidden, heads)
-        self.fc, self.out = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.out(nn.functional.gelu(self.fc(self.ln_2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, *, layers: int, hidden: int, heads: int, seq_len: int, vocab: int):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, hidden), nn.Embedding(seq_len, hidden)
-        self.h = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(hidden)
-        self.head = nn.Linear(hidden, vocab, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.h:
-            x = block(x)
-        return self.head(self.ln_f(x))
+def _megatron_example():
+    """examples/gpt_megatron.py, loaded by path (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gpt_megatron", HERE.parent / "examples" / "gpt_megatron.py")
+    module = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
 
 
 def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -77,9 +52,11 @@ def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def trace_gpt(row: pd.Series):
+    example = _megatron_example()
+    config = example.MegatronGPTConfig(n_layer=int(row.layers), n_embd=int(row.hidden), n_head=int(row.heads),
+                                       seq_len=int(row.seq_len), vocab_size=int(row.vocab))
     with torch.device("meta"):
-        model = GPT(layers=int(row.layers), hidden=int(row.hidden), heads=int(row.heads),
-                    seq_len=int(row.seq_len), vocab=int(row.vocab)).to(torch.float16)
+        model = example.MegatronGPT(config).to(torch.float16)
     idx = torch.zeros(1, int(row.seq_len), dtype=torch.long, device="meta")
     return trace(model, (idx,), loss_fn=_loss, target=idx, model_name=str(row.run))
 
@@ -113,7 +90,7 @@ def main() -> None:
     for _, row in runs[runs.run.str.contains(args.only)].iterrows():
         start = time.perf_counter()
         graph = trace_gpt(row)
-        cost = CostModel(graph, profile).estimate(plan_for(row))
+        cost = CostModel(graph, profile, overlap_grad_reduce=OVERLAP_GRAD_REDUCE).estimate(plan_for(row))
         published = published_step_s(row)
         rows.append(dict(run=row.run, devices=row.devices, published_step_s=round(published, 3),
                          predicted_step_s=round(cost.step_time_s, 3), error_pct=round(100 * (cost.step_time_s / published - 1), 1),

@@ -15,17 +15,30 @@ efficiency curve for small ops. Tensor-core op kinds (linear, matmul, attention,
 softmax, losses) use the vector peak (``peak['fp32']``) at ``max_efficiency`` and are
 in practice bound by memory.
 
-Bytes moved (the graph records outputs, not inputs, so inputs are inferred from the op):
-linear reads ``out * in_features/out_features`` and writes ``out``; attention reads q, k, v
-(k and v scaled by num_kv_heads/num_heads) and writes o; other ops read about as much as
-they write (2 * out), losses and reductions read their saved input. Backward moves twice
-the forward's activation bytes (read the output gradient and the saved tensors, write the
-input gradient) plus the weight gradient. Floating-point activations are rescaled from the
-traced dtype to the precision's (2 bytes for bf16/fp16, 4 for fp32), and weights are read
-in the compute dtype. A measured ``op_table`` row for the op's kind, shape and dtype wins
-over the model (backward: the row times bwd_flops / fwd_flops).
+Bytes moved (memory-bound ops are priced by the bytes they read and write, Williams et al.
+2009): an op reads its inputs (``in``: the traced outputs of its predecessors, each rescaled to
+the precision) and writes its output (``out``), so forward = ``in + out``; a linear also reads
+its weights. Backward: GEMM kinds (linear, matmul, conv) run two GEMMs that each read the
+output gradient and one saved operand, ``2 (in + out)`` plus the weight and its gradient;
+other ops read the output gradient and their saved operand and write the input gradient,
+``out + 2 in``. Attention (a fused, flash-like kernel: no s^2 tensor) reads q, k, v (k and v
+scaled by num_kv_heads/num_heads) and writes o; losses and reductions read their saved input.
+Views move nothing. An unfused attention (QK^T matmul, masking, softmax, dropout,
+probs @ V) is priced op by op, so its b*a*s^2 score tensors are read and written in full
+(Korthikanti et al. 2022 section 4.1 count the same tensors for memory).
+
+Dropout masks: PyTorch's CUDA dropout (``native_dropout``) keeps a bool mask of one byte per
+element, written in the forward and read in the backward; its CPU path keeps a noise tensor
+in the activation dtype, which is what a trace on CPU fake tensors records. On a GPU profile
+(backend nccl) the mask is counted at 1 byte per element and never rescaled with the
+precision; every other saved or moved floating tensor is rescaled from the traced dtype to
+the precision's (2 bytes for bf16/fp16, 4 for fp32); integer and bool tensors are not.
+Weights are read in the compute dtype. A measured ``op_table`` row for the op's kind, shape
+and dtype wins over the model (backward: the row times bwd_flops / fwd_flops).
 """
 from __future__ import annotations
+
+import math
 
 from autoplan.errors import PlanError
 from autoplan.types.graph import OpNode
@@ -33,6 +46,7 @@ from autoplan.types.profile import Profile
 
 TENSOR_CORE_OPS = {"linear": "matmul", "matmul": "matmul", "attention": "attention", "conv": "conv"}
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DROPOUT_MASK_BYTES = 1   # torch.bool mask of CUDA native_dropout (aten/src/ATen/native/cuda/Dropout.cu)
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2, "bfloat16": 2}
 
 
@@ -49,13 +63,20 @@ def peak_dtype(profile: Profile, precision: str) -> str:
 
 
 def op_time_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float,
-              shard: int = 1, backward: bool = False) -> float:
-    """Seconds for ``node`` (forward, or its backward) on one device; see the module docstring."""
+              shard: int = 1, backward: bool = False, input_bytes: float | None = None) -> float:
+    """Seconds for ``node`` (forward, or its backward) on one device; see the module docstring.
+
+    ``input_bytes``: what the node reads, the traced outputs of its predecessors rescaled to
+    ``precision`` (:func:`input_bytes_of`), for the whole traced batch; without it the bytes
+    read are inferred from the op kind (a linear reads ``out * in/out``, others ``out``).
+    """
     flops = (node.bwd_flops if backward else node.fwd_flops) * batch_fraction / shard
     measured = _measured_s(node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard)
     if measured is not None:
         return measured * node.bwd_flops / node.fwd_flops if backward and node.fwd_flops else measured
-    bytes_moved = _bytes_moved(node, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward)
+    moved = moved_bytes(node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes)
+    weights = node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
+    bytes_moved = (moved * batch_fraction + weights) / shard
     return max(_flops_time_s(node, profile, flops=flops, precision=precision), _memory_time_s(profile, bytes_moved))
 
 
@@ -82,29 +103,63 @@ def activation_scale(node: OpNode, *, precision: str) -> float:
     return PRECISION_BYTES[precision] / traced if traced else 1.0
 
 
-def io_bytes(node: OpNode) -> float:
-    """Activation bytes one forward of the node reads and writes, as traced (module doc)."""
-    out = float(node.output_bytes)
-    attrs = node.attrs
+def is_dropout(node: OpNode) -> bool:
+    """A dropout that keeps a mask (it saved at least one output's worth of bytes)."""
+    return node.op == "elementwise" and "dropout" in node.target.lower() and node.saved_bytes >= node.output_bytes > 0
+
+
+def mask_bytes(node: OpNode, *, precision: str, gpu: bool) -> float:
+    """Bytes of a dropout's mask in the run: 1 per element on a GPU (CUDA native_dropout's bool
+    mask), else the traced noise tensor rescaled; 0 for any other node."""
+    if not is_dropout(node):
+        return 0.0
+    if gpu:
+        return float(math.prod(node.output_shape)) * DROPOUT_MASK_BYTES
+    return node.output_bytes * activation_scale(node, precision=precision)
+
+
+def saved_activation_bytes(node: OpNode, *, precision: str, gpu: bool) -> float:
+    """``node.saved_bytes`` in the run's precision for the traced batch: floating tensors are
+    rescaled, a dropout mask is counted by :func:`mask_bytes` (module docstring)."""
+    traced_mask = float(node.output_bytes) if is_dropout(node) else 0.0
+    return (node.saved_bytes - traced_mask) * activation_scale(node, precision=precision) + mask_bytes(node, precision=precision, gpu=gpu)
+
+
+def input_bytes_of(predecessors: list[OpNode], *, precision: str) -> float:
+    """What a node reads: its predecessors' traced outputs, each rescaled to ``precision``."""
+    return sum(p.output_bytes * activation_scale(p, precision=precision) for p in predecessors)
+
+
+def moved_bytes(node: OpNode, *, precision: str, gpu: bool, backward: bool, input_bytes: float | None = None) -> float:
+    """Activation bytes the node's forward (or backward) reads and writes for the traced batch,
+    in ``precision``; weights excluded (module docstring)."""
     if node.op == "view":
         return 0.0
-    if node.op == "linear" and attrs.get("in_features") and attrs.get("out_features"):
-        return out * (1.0 + attrs["in_features"] / attrs["out_features"])
+    out = node.output_bytes * activation_scale(node, precision=precision)
+    attrs = node.attrs
     if node.op == "attention":
         kv = attrs.get("num_kv_heads") or attrs.get("num_heads") or 1
-        heads = attrs.get("num_heads") or 1
-        return out * (2.0 + 2.0 * kv / heads)
+        fwd = out * (2.0 + 2.0 * kv / (attrs.get("num_heads") or 1))
+        return 2.0 * fwd if backward else fwd
     if node.op in ("loss", "reduction"):
-        return out + float(node.saved_bytes)
-    return 2.0 * out
+        fwd = out + node.saved_bytes * activation_scale(node, precision=precision)
+        return 2.0 * fwd if backward else fwd
+    read = _read_bytes(node, out, input_bytes)
+    if node.op in TENSOR_CORE_OPS:
+        return 2.0 * (read + out) if backward else read + out
+    mask = mask_bytes(node, precision=precision, gpu=gpu)
+    if backward:   # read dY and the saved operand (the mask for dropout), write dX
+        return out + read + (mask if mask else read)
+    return read + out + mask
 
 
-def _bytes_moved(node: OpNode, *, precision: str, batch_fraction: float, shard: int, backward: bool) -> float:
-    activations = io_bytes(node) * activation_scale(node, precision=precision) * batch_fraction / shard
-    weights = node.param_count * PRECISION_BYTES[precision] / shard
-    if backward:
-        return 2.0 * activations + 2.0 * weights
-    return activations + weights
+def _read_bytes(node: OpNode, out: float, input_bytes: float | None) -> float:
+    if input_bytes is not None:
+        return input_bytes
+    attrs = node.attrs
+    if node.op == "linear" and attrs.get("in_features") and attrs.get("out_features"):
+        return out * attrs["in_features"] / attrs["out_features"]
+    return out
 
 
 def _measured_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int) -> float | None:

@@ -18,7 +18,11 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   dropout of an unfused attention). Its forward is re-run in the backward
   (``core_fwd_s``), and the bytes saved by core nodes whose every consumer is also in the
   core are not kept (``selective_dropped_bytes``): the s^2 tensors of an unfused attention.
-  A fused flash attention saves no s^2 tensor, so this drops almost nothing there.
+  A fused flash attention saves no s^2 tensor, so this drops almost nothing there. The core's
+  inputs (q, k, v) must stay to recompute it (checkpointing keeps a region's inputs): a
+  dropped node still keeps what it reads from outside the core, up to what it saved (the
+  tracer attributes a copy a node makes of its input to that node), so an unfused attention
+  keeps 34 sbh (Korthikanti et al. 2022 section 4.3).
 - full recomputation (Chen et al. 2016; Korthikanti et al. 2022 section 4.3): only the
   block inputs are kept (``input_bytes``: the outputs of nodes outside the block that feed
   it, sharded by tp under sequence parallelism), and the forward and its TP collectives run
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.compute import activation_scale, op_time_s
+from autoplan.cost.compute import activation_scale, input_bytes_of, op_time_s, saved_activation_bytes
 from autoplan.cost.tensor_parallel import TPContext, tp_layer_cost
 from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
 
@@ -58,7 +62,9 @@ class BlockStructure:
     nodes: tuple[OpNode, ...]
     core: frozenset[str]
     core_dropped: frozenset[str]
+    core_reads: dict[str, tuple[OpNode, ...]]   # dropped core node -> floating inputs from outside the core
     inputs: tuple[OpNode, ...]
+    preds: dict[str, tuple[OpNode, ...]]   # node -> the nodes whose outputs it reads
 
 
 def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | None = None) -> BlockStructure:
@@ -72,9 +78,11 @@ def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | No
     up = _reach(seeds, preds, links)
     core = frozenset(seeds | (down & up))
     dropped = frozenset(n for n in core if succs[n] and all(s in core for s in succs[n]))
+    core_reads = {n: tuple(graph.node(p) for p in preds[n] if p not in core and "float" in graph.node(p).output_dtype) for n in dropped}
     outside = {p for n in nodes for p in preds[n.name] if p not in names}
     inputs = tuple(graph.node(p) for p in sorted(outside) if graph.node(p).op != "input" or layer is not None)
-    return BlockStructure(nodes=tuple(nodes), core=core, core_dropped=dropped, inputs=inputs)
+    readers = {n.name: tuple(graph.node(p) for p in preds[n.name]) for n in nodes}
+    return BlockStructure(nodes=tuple(nodes), core=core, core_dropped=dropped, core_reads=core_reads, inputs=inputs, preds=readers)
 
 
 def _reach(seeds: set[str], step: dict[str, list[str]], allowed: set[str]) -> set[str]:
@@ -103,24 +111,30 @@ def _adjacency(graph: Graph) -> tuple[dict[str, list[str]], dict[str, list[str]]
 def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
     """Price one micro-batch of the block (module docstring)."""
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
-    f, precision = ctx.batch_fraction, ctx.precision
+    f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     fwd = bwd = core = saved = dropped = flops = 0.0
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
-        t_fwd = op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard)
+        read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
+        t_fwd = op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, input_bytes=read)
         fwd += t_fwd
-        bwd += op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True)
+        bwd += op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True, input_bytes=read)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
-        kept = node.saved_bytes * f * activation_scale(node, precision=precision) / tp_cost.activation_shard.get(node.name, 1)
+        kept = saved_activation_bytes(node, precision=precision, gpu=gpu) * f / tp_cost.activation_shard.get(node.name, 1)
         saved += kept
         if node.name in structure.core:
             core += t_fwd
         if node.name in structure.core_dropped:
-            dropped += kept
+            dropped += max(0.0, kept - _outside_read_bytes(structure.core_reads[node.name], ctx, tp_cost.activation_shard))
     names, params = _params(graph, structure.nodes, tp_cost.param_shard)
     return LayerSummary(fwd_s=fwd, bwd_s=bwd, core_fwd_s=core, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
                         saved_bytes=saved, selective_dropped_bytes=dropped,
                         input_bytes=_input_bytes(structure, ctx), param_count=params, param_names=names, flops=flops)
+
+
+def _outside_read_bytes(nodes: tuple[OpNode, ...], ctx: TPContext, shard: dict[str, int]) -> float:
+    """Bytes a dropped core node reads from outside the core: kept to recompute it."""
+    return sum(n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision) / shard.get(n.name, 1) for n in nodes)
 
 
 def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:

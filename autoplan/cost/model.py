@@ -16,7 +16,13 @@ The step time of one global batch (docs/cost-model.md states every term with its
   boundary activation (Megatron's scatter/gather optimisation, Narayanan et al. SC'21 4.1);
 - dp_exposed: bucketed gradient all-reduce (reduce-scatter + all-gather of the updated
   weights under ZeRO-1/2) overlapped with the last micro-batch's backward (schedule.py);
-  stage i's sync may run during the i backward slots of the stages before it;
+  stage i's sync may run during the i backward slots of the stages before it. Whether the
+  reduction overlaps the backward at all is a property of the training software, the
+  ``overlap_grad_reduce`` option: ``None`` (default) = as autoplan's executor runs the plan
+  (autoplan/execute/data_parallel.py: PyTorch DDP overlaps when tp = pp = 1 and ZeRO 0, FSDP2
+  overlaps under ZeRO-2/3, an explicit all-reduce after the backward otherwise); ``False``
+  exposes the whole sync (Megatron-LM before its 2023 ``--overlap-grad-reduce``, NVIDIA/
+  Megatron-LM issue #391 and commit e801b2b); ``True`` always overlaps;
 - zero_exposed (ZeRO-3 / FSDP): per micro-batch, an all-gather of each block's weights in the
   forward and again in the backward plus a reduce-scatter of its gradients, prefetched one
   block ahead (schedule.prefetched_exposed_s);
@@ -48,8 +54,9 @@ ADAM_BYTES_PER_PARAM = 28
 class CostModel:
     """Prices plans for one graph on one profile; block summaries are cached across plans."""
 
-    def __init__(self, graph: Graph, profile: Profile):
+    def __init__(self, graph: Graph, profile: Profile, *, overlap_grad_reduce: bool | None = None):
         self.graph, self.profile = graph, profile
+        self.overlap_grad_reduce = overlap_grad_reduce   # module docstring; None = as the executor runs
         self._layer_set = set(graph.layers)
         self._rep: dict[str, str] = {}
         self._param_modules: dict[str | None, tuple[str, ...]] = {}
@@ -58,6 +65,9 @@ class CostModel:
         self._structures = {rep: block_structure(graph, rep) for rep in set(self._rep.values())}
         self._outside = self._split_outside()
         self._cache: dict[tuple, LayerSummary] = {}
+        self._bucket_cache: dict[tuple, float] = {}
+        self._step_flops = graph.step_flops                      # summed once: estimate() stays arithmetic
+        self._recompute_per_sample = {mode: self._recompute_flops_per_sample(mode) for mode in ("none", "selective", "full")}
         self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
 
     # ---- precomputation ------------------------------------------------------------------
@@ -172,11 +182,16 @@ class CostModel:
         return 2.0 * (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
 
     def _bucketed_s(self, kind: str, message_bytes: float, group: AxisGroup) -> float:
-        """One collective over ``message_bytes`` sent in DDP buckets (each pays its latency)."""
+        """One collective over ``message_bytes`` sent in DDP buckets (each pays its latency); memoised,
+        since identical blocks send identical messages."""
         if message_bytes <= 0 or group.size <= 1:
             return 0.0
-        buckets = max(1, math.ceil(message_bytes / DDP_BUCKET_BYTES))
-        return buckets * collective_time_s(self.profile, kind, message_bytes / buckets, group=group)
+        key = (kind, message_bytes, group)
+        hit = self._bucket_cache.get(key)
+        if hit is None:
+            buckets = max(1, math.ceil(message_bytes / DDP_BUCKET_BYTES))
+            hit = self._bucket_cache[key] = buckets * collective_time_s(self.profile, kind, message_bytes / buckets, group=group)
+        return hit
 
     def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, slowest: StageTotals) -> None:
         if plan.dp == 1 or plan.zero_stage >= 3:
@@ -193,7 +208,17 @@ class CostModel:
         if plan.zero_stage in (1, 2):   # the updated weights come back after the optimizer step
             gather = self._bucketed_s("all_gather", max(s.params for s in stages) * PRECISION_BYTES[plan.precision], group)
             total, exposed = total + gather, exposed + gather
+        if not self._overlaps_grad_reduce(plan):
+            exposed = total
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
+
+    def _overlaps_grad_reduce(self, plan: Plan) -> bool:
+        """Whether the gradient reduction runs under the backward (module docstring)."""
+        if self.overlap_grad_reduce is not None:
+            return self.overlap_grad_reduce
+        if plan.zero_stage >= 2:
+            return True
+        return plan.zero_stage == 0 and plan.tp == 1 and plan.pp == 1
 
     def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup) -> float:
         weight_bytes, grad_bytes, _ = STATE_BYTES[plan.precision]
@@ -229,28 +254,28 @@ class CostModel:
     def _throughput(self, cost: Cost, plan: Plan) -> None:
         graph, step = self.graph, cost.step_time_s
         samples = plan.global_batch_size
-        model_flops = graph.step_flops * samples / graph.batch_size
+        model_flops = self._step_flops * samples / graph.batch_size
         peak = self.profile.device.peak_flops[peak_dtype(self.profile, plan.precision)]
         cost.samples_per_s = samples / step if step > 0 else 0.0
         cost.tokens_per_s = cost.samples_per_s * graph.seq_len if graph.seq_len else None
         cost.mfu = model_flops / (step * plan.devices * peak) if step > 0 else 0.0
         if self.profile.price_per_device_hour is not None:
             cost.cost_per_step_usd = self.profile.price_per_device_hour * plan.devices * step / 3600.0
-        cost.extra.update(model_flops=model_flops, hardware_flops=model_flops + self._recompute_flops(plan),
+        cost.extra.update(model_flops=model_flops, hardware_flops=model_flops + self._recompute_per_sample[plan.recompute] * samples,
                           peak_flops_per_device=peak)
 
-    def _recompute_flops(self, plan: Plan) -> float:
-        """FLOPs re-run per step: each block's forward (full) or its attention core (selective)."""
-        if plan.recompute == "none":
+    def _recompute_flops_per_sample(self, mode: str) -> float:
+        """FLOPs re-run per sample: each block's forward (full) or its attention core (selective)."""
+        if mode == "none":
             return 0.0
         per_sample = 0.0
         for layer in self.graph.layers:
             structure = self._structures[self._rep[layer]]
-            chosen = structure.nodes if plan.recompute == "full" else [n for n in structure.nodes if n.name in structure.core]
+            chosen = structure.nodes if mode == "full" else [n for n in structure.nodes if n.name in structure.core]
             per_sample += sum(n.fwd_flops for n in chosen) / self.graph.batch_size
-        return per_sample * plan.global_batch_size
+        return per_sample
 
 
-def estimate(graph: Graph, profile: Profile, plan: Plan) -> Cost:
+def estimate(graph: Graph, profile: Profile, plan: Plan, *, overlap_grad_reduce: bool | None = None) -> Cost:
     """Predict one plan (a convenience around :class:`CostModel`)."""
-    return CostModel(graph, profile).estimate(plan)
+    return CostModel(graph, profile, overlap_grad_reduce=overlap_grad_reduce).estimate(plan)

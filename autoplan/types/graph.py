@@ -10,6 +10,7 @@ precisions; the tracer never does.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -168,25 +169,26 @@ class Graph:
                 return group
         raise KeyError(layer)
 
-    # ---- totals ------------------------------------------------------------------------
-    @property
+    # ---- totals (cached: a Graph is built once and then only read; the planner asks for
+    # these on every candidate it prices) ---------------------------------------------------
+    @cached_property
     def param_count(self) -> int:
         """Unique parameters (a tied embedding counts once)."""
         return sum(info.numel for info in self.parameters.values())
 
-    @property
+    @cached_property
     def param_bytes(self) -> int:
         return sum(info.bytes for info in self.parameters.values())
 
-    @property
+    @cached_property
     def fwd_flops(self) -> int:
         return sum(node.fwd_flops for node in self.nodes)
 
-    @property
+    @cached_property
     def bwd_flops(self) -> int:
         return sum(node.bwd_flops for node in self.nodes)
 
-    @property
+    @cached_property
     def step_flops(self) -> int:
         """Forward plus backward FLOPs of one global batch, without recomputation."""
         return self.fwd_flops + self.bwd_flops
