@@ -25,6 +25,8 @@ import torch.nn as nn
 
 from autoplan.errors import PlanError
 from autoplan.execute import data_parallel, pipeline, precision
+from autoplan.execute.grad_scaler import ShardedGradScaler
+from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, local_device
 from autoplan.execute.recompute import apply_recompute
 from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
@@ -60,6 +62,7 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     (same seed) on every rank. ``microbatch_inputs`` (forward args for ``micro_batch_size``
     samples) is needed when ``plan.pp > 1``, to export and split the model."""
     device = device or local_device()
+    model = materialize(model, device=device)  # built on meta: initialise it (same RNG state on every rank)
     kinds = validate_tp_plan(model=model, plan=plan)
     mesh = build_mesh(plan=plan)
     model = model.to(device)
@@ -68,15 +71,16 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
     modules, tie_sync = _split(model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device)
     mode = data_parallel.dp_mode(plan=plan)
+    policy = precision.policy_for(precision=plan.precision, dp_mode=mode)
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
         apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
-        modules[index] = _data_parallel(module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device)
+        modules[index] = _data_parallel(module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device, policy=policy)
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = ShardedOptimizer(params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"]) if plan.zero_stage == 1 and plan.dp > 1 else optimizer_fn(params)
-    scaler = precision.grad_scaler(precision=plan.precision, device_type=device.type, use_fsdp=mode == "fsdp", pipelined=plan.pp > 1)
+    scaler = ShardedGradScaler(device=device) if policy.scales_loss else None
     trainer = Trainer(plan=plan, mesh=mesh, stage_modules=modules, optimizer=optimizer, loss_fn=loss_fn,
-                      device=device, dp_mode=mode, scaler=scaler, tie_sync=tie_sync, aliases=aliases)
+                      device=device, dp_mode=mode, policy=policy, scaler=scaler, tie_sync=tie_sync, aliases=aliases)
     if plan.pp > 1:
         trainer.schedule = pipeline.build_schedule(stage_modules=modules, plan=plan, pp_mesh=mesh["pp"], device=device, loss_fn=trainer.schedule_loss)
     return trainer
@@ -96,10 +100,11 @@ def _split(*, model: nn.Module, plan: Plan, microbatch_inputs: tuple | None, mes
     return modules, build_tied_sync(groups=ties, holders=holders, pp=plan.pp, mesh=mesh, my_modules=modules)
 
 
-def _data_parallel(*, module: nn.Module, blocks: list[str], plan: Plan, mesh: Any, mode: str, device: torch.device) -> nn.Module:
+def _data_parallel(*, module: nn.Module, blocks: list[str], plan: Plan, mesh: Any, mode: str, device: torch.device,
+                   policy: precision.PrecisionPolicy) -> nn.Module:
     if mode == "fsdp":
         return data_parallel.apply_fsdp(module=module, blocks=blocks, plan=plan, dp_mesh=mesh["dp"],
-                                        mp_policy=precision.mp_policy(precision=plan.precision))
+                                        mp_policy=precision.mp_policy(policy))
     if mode == "ddp":
         return data_parallel.apply_ddp(module=module, dp_mesh=mesh["dp"], device=device)
     return module

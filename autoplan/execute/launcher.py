@@ -2,26 +2,52 @@
 
 Each process runs ``python -m autoplan.execute.runner`` with torchrun's environment
 (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
-AUTOPLAN_ERROR_DIR, where a failing rank writes one line saying why. The launcher polls
-every 0.1 s: when a rank exits non-zero, every other rank is terminated (SIGTERM, then
-SIGKILL after ``grace_s``) and a RunError names the rank and its reason, so a crash never
-waits for a collective timeout. The process groups also get a timeout (``--timeout-s``,
-45 s by default) so a mismatched collective fails within a minute under torchrun too.
-Ctrl-C terminates every rank the same way.
+AUTOPLAN_ERROR_DIR, where a failing rank writes one line saying why. Each rank's stderr is
+passed through to ours and its last lines kept, for a rank that dies without a Python
+exception (gloo aborts the process on a collective whose sizes disagree: "Received data size
+doesn't match expected size"). The launcher polls every 0.1 s: when a rank exits non-zero,
+every other rank is terminated (SIGTERM, then SIGKILL after ``grace_s``) and a RunError names
+each rank that had failed and why (secondary "closed/reset by peer" failures last), so a
+crash never waits for a collective timeout. The process groups also get a timeout
+(``--timeout-s``, 45 s by default), so ranks that wait on each other forever (ops that
+disagree, a hung rank) fail within a minute of the hang, under torchrun too. Ctrl-C
+(KeyboardInterrupt) terminates every rank the same way.
 """
 from __future__ import annotations
 
+import collections
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from autoplan.errors import RunError
 
 POLL_S = 0.1
+SETTLE_S = 2.0
+TAIL_LINES = 20
+SECONDARY = ("by peer", "Connection closed", "Connection reset")
+
+
+class Rank:
+    """One launched rank: its process and the last lines of its stderr (passed through)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            sys.stderr.write(line)
+            self.tail.append(line.rstrip())
 
 
 def free_port() -> int:
@@ -44,38 +70,73 @@ def launch(*, args: list[str], nprocs: int, grace_s: float = 5.0, module: str = 
     agreed verify-failed code, which every rank returns together)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir:
-        procs = [subprocess.Popen([sys.executable, "-m", module, *args],
-                                  env=_env(rank=r, nprocs=nprocs, port=port, error_dir=Path(error_dir)))
+        ranks = [Rank(subprocess.Popen([sys.executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, errors="replace",
+                                       env=_env(rank=r, nprocs=nprocs, port=port, error_dir=Path(error_dir))))
                  for r in range(nprocs)]
+        procs = [r.proc for r in ranks]
         try:
-            return _watch(procs=procs, error_dir=Path(error_dir), grace_s=grace_s)
-        except KeyboardInterrupt:
-            _stop(procs, grace_s=grace_s)
-            raise
-        finally:
+            return _watch(ranks=ranks, error_dir=Path(error_dir), grace_s=grace_s)
+        finally:  # also on KeyboardInterrupt (Ctrl-C), which then propagates
             _stop(procs, grace_s=grace_s)
 
 
-def _watch(*, procs: list[subprocess.Popen], error_dir: Path, grace_s: float) -> int:
+def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float) -> int:
     from autoplan.execute.runner import EXIT_VERIFY_FAILED
     while True:
-        codes = [p.poll() for p in procs]
-        for rank, code in enumerate(codes):
-            if code not in (None, 0, EXIT_VERIFY_FAILED):
-                _stop(procs, grace_s=grace_s)
-                raise RunError(f"rank {rank} failed (exit code {code}): {_reason(error_dir, rank, code)}; stopped all {len(procs)} ranks.")
+        codes = [r.proc.poll() for r in ranks]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0, EXIT_VERIFY_FAILED)]
+        if failed:
+            codes = _settle(ranks)
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0, EXIT_VERIFY_FAILED)]
+            _stop([r.proc for r in ranks], grace_s=grace_s)
+            raise RunError(failure_message(reasons={rank: (codes[rank], _reason(error_dir, rank, ranks[rank])) for rank in failed},
+                                           nprocs=len(ranks)))
         if all(code is not None for code in codes):
             return codes[0] or max(codes)
         time.sleep(POLL_S)
 
 
-def _reason(error_dir: Path, rank: int, code: int) -> str:
+def _settle(ranks: list[Rank]) -> list[int | None]:
+    """Exit codes after giving the other ranks up to SETTLE_S to fail on their own: the first
+    to exit is often a peer that saw the connection close, not the rank that caused it."""
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline and any(r.proc.poll() is None for r in ranks):
+        time.sleep(POLL_S)
+    return [r.proc.poll() for r in ranks]
+
+
+def failure_message(*, reasons: dict[int, tuple[int, str]], nprocs: int) -> str:
+    """One line naming every failed rank with its exit and reason, secondary failures last."""
+    order = sorted(reasons, key=lambda rank: (any(s in reasons[rank][1] for s in SECONDARY), rank))
+    parts = [f"rank {rank} failed ({_exit(reasons[rank][0])}): {reasons[rank][1]}" for rank in order]
+    return f"{'; '.join(parts)}; stopped all {nprocs} ranks."
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _reason(error_dir: Path, rank: int, proc: Rank) -> str:
+    """The rank's recorded exception, else the telling line of its stderr."""
     path = error_dir / f"rank{rank}.txt"
     if path.is_file():
-        return path.read_text().strip()
-    if code < 0:
-        return f"killed by signal {-code}"
+        return _clean(path.read_text().strip())
+    proc.reader.join(timeout=1.0)
+    lines = [line for line in proc.tail if line.strip()]
+    telling = [line for line in lines if "what():" in line or "Error" in line or "error" in line]
+    if telling or lines:
+        return _clean((telling or lines)[-1].split("what():")[-1].strip())
     return "no error recorded (see its output above)"
+
+
+def _clean(text: str) -> str:
+    """Drop gloo/c10 source-location prefixes such as ``[/path/pair.cc:456] `` or ``[enforce fail at ...] ``."""
+    return re.sub(r"\[(?:enforce fail at )?[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", text)
 
 
 def _stop(procs: list[subprocess.Popen], *, grace_s: float) -> None:

@@ -1,36 +1,94 @@
-"""Mixed precision as ``plan.precision`` says.
+"""Mixed precision as ``plan.precision`` says: one :class:`PrecisionPolicy` per run, used by the
+distributed step *and* by --verify's single-process reference, so both compute the same thing.
 
-- Under FSDP2: ``MixedPrecisionPolicy(param_dtype=bf16|fp16, reduce_dtype=fp32)``: params are
-  all-gathered in low precision, gradients reduced in fp32, master weights stay fp32.
-- Otherwise: ``torch.autocast`` around forward (and the pipeline schedule), fp32 weights.
-- fp16 without FSDP scales the loss with ``torch.amp.GradScaler`` (no pipeline: the schedule
-  owns backward there, so fp16 + pipeline runs unscaled; prefer bf16).
+Two policies, chosen by how the data parallelism is realised (``data_parallel.dp_mode``):
+
+- ``cast_params`` (FSDP2, ZeRO 2/3): ``MixedPrecisionPolicy(param_dtype=bf16|fp16,
+  reduce_dtype=fp32)``. FSDP2 all-gathers the parameters already cast to the low dtype, so the
+  whole forward and backward run in it (norms, residual stream and element-wise parameter
+  gradients included); floating forward inputs are cast too (``cast_forward_inputs``); each
+  rank's low-precision gradients are accumulated across micro-batches and reduce-scattered in
+  fp32 onto the fp32 master shards. This is torchtitan's FSDP2 policy and what the cost model
+  prices (2-byte weights and gradients on the wire, fp32 master weights in the optimizer).
+- ``autocast`` (DDP, explicit all-reduce, ZeRO-1, no dp): fp32 parameters and gradients,
+  ``torch.autocast`` around forward (and the pipeline schedule), so matmuls run in the low
+  dtype and autocast's fp32 ops (softmax, losses, ...) in fp32.
+
+The two are different numerics for the same plan; neither is "the truth" (fp32 is), so
+--verify builds its reference with the run's policy (verify.py). fp16 adds dynamic loss
+scaling in both (autoplan/execute/grad_scaler.py).
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def mp_policy(*, precision: str) -> MixedPrecisionPolicy | None:
-    if precision == "fp32":
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """How one run computes: in ``compute_dtype``, by casting parameters or by autocast."""
+
+    name: str                  # plan.precision: fp32 | bf16 | fp16
+    cast_params: bool          # parameters (and floating inputs) cast to compute_dtype; no autocast
+    reduce_dtype: torch.dtype = torch.float32
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return DTYPES[self.name]
+
+    @property
+    def low(self) -> bool:
+        return self.name != "fp32"
+
+    @property
+    def scales_loss(self) -> bool:
+        """fp16's 5 exponent bits underflow small gradients: scale the loss (grad_scaler.py)."""
+        return self.name == "fp16"
+
+
+def policy_for(*, precision: str, dp_mode: str) -> PrecisionPolicy:
+    """The policy of a run: FSDP2 casts parameters, every other dp mode uses autocast."""
+    return PrecisionPolicy(name=precision, cast_params=precision != "fp32" and dp_mode == "fsdp")
+
+
+def mp_policy(policy: PrecisionPolicy) -> MixedPrecisionPolicy | None:
+    """FSDP2's MixedPrecisionPolicy for a cast_params policy; None for fp32."""
+    if not policy.cast_params:
         return None
-    return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=policy.compute_dtype, reduce_dtype=policy.reduce_dtype)
 
 
-def autocast(*, precision: str, device_type: str, use_fsdp: bool):
-    """The forward context: autocast unless fp32 or FSDP already casts."""
-    if precision == "fp32" or use_fsdp:
+def autocast(policy: PrecisionPolicy, *, device_type: str):
+    """The forward context: autocast under an autocast policy in low precision, else nothing."""
+    if not policy.low or policy.cast_params:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, dtype=DTYPES[precision])
+    return torch.autocast(device_type=device_type, dtype=policy.compute_dtype)
 
 
-def grad_scaler(*, precision: str, device_type: str, use_fsdp: bool, pipelined: bool):
-    """A GradScaler for fp16 where we own backward; else None."""
-    if precision != "fp16" or use_fsdp or pipelined:
-        return None
-    return torch.amp.GradScaler(device_type)
+def cast_parameters(model: nn.Module, policy: PrecisionPolicy) -> nn.Module:
+    """Under a cast_params policy, cast every parameter of ``model`` to the compute dtype in
+    place (what FSDP2 computes with); buffers keep their dtype, as under FSDP2."""
+    if policy.cast_params:
+        for param in model.parameters():
+            param.data = param.data.to(policy.compute_dtype)
+    return model
+
+
+def cast_inputs(obj: Any, policy: PrecisionPolicy) -> Any:
+    """Floating tensors in ``obj`` cast to the compute dtype (FSDP2's cast_forward_inputs)."""
+    if not policy.cast_params:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.to(policy.compute_dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(cast_inputs(o, policy) for o in obj)
+    if isinstance(obj, dict):
+        return {k: cast_inputs(v, policy) for k, v in obj.items()}
+    return obj

@@ -101,15 +101,22 @@ def run_rank(opts: RunOptions) -> int:
     _init(opts)
     try:
         return _train(opts=opts, plan=plan, model_file=model_file)
+    except Exception as exc:  # record why before tearing down: peers fail "closed by peer" after it
+        record_failure(exc)
+        raise
     finally:
         dist.destroy_process_group()
 
 
 def _train(*, opts: RunOptions, plan, model_file) -> int:
     from autoplan.execute.api import parallelize
+    from autoplan.execute.materialize import materialize
+    from autoplan.execute.mesh import local_device
     from autoplan.execute.verify import disable_dropout
     torch.manual_seed(opts.seed)
     model = model_file.build()
+    torch.manual_seed(opts.seed)  # a meta-built model is initialised here, the same on every rank
+    model = materialize(model, device=local_device())
     if opts.verify:
         disable_dropout(model)
     reference = copy.deepcopy(model) if opts.verify else None
@@ -122,9 +129,13 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
         inputs, target = model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size)
         row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
         rows.append(row)
-        if opts.verify and step == 0:
+        # The first step that changed the weights (fp16 skips overflowing steps, which leave
+        # them as the reference has them) is compared, with the loss scale it used.
+        if opts.verify and verified is None and not trainer.last_step_skipped:
             verified = _verify(trainer=trainer, reference=reference, plan=plan, model_file=model_file,
-                               inputs=inputs, target=target, loss=row["loss"])
+                               inputs=inputs, target=target, loss=row["loss"], step=step)
+    if opts.verify and verified is None:
+        verified = _no_clean_step(steps=opts.steps)
     if dist.get_rank() == 0:
         _write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
     return EXIT_VERIFY_FAILED if verified is not None and not verified["passed"] else 0
@@ -141,18 +152,27 @@ def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, 
             "peak_memory_bytes": int(_max_over_ranks(_peak_memory_bytes(trainer.device), trainer.device))}
 
 
-def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float) -> dict[str, Any]:
+def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float, step: int) -> dict[str, Any]:
     from autoplan.execute.verify import compare, reference_step, verdict
     reference = reference.to(trainer.device)
     ref_loss, ref_grads = reference_step(model=reference, plan=plan, inputs=_to(inputs, trainer.device),
-                                         target=_to(target, trainer.device), loss_fn=model_file.loss)
+                                         target=_to(target, trainer.device), loss_fn=model_file.loss, policy=trainer.policy,
+                                         loss_scale=trainer.last_loss_scale)
     diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads)
     passed, table = verdict(diffs=diffs, precision_name=plan.precision)
     if dist.get_rank() == 0:
         print(table, flush=True)
     worst = diffs[0] if diffs else None
-    return {"passed": passed, "tensors": len(diffs), "worst": worst.name if worst else None,
-            "worst_relative_diff": worst.relative if worst else 0.0}
+    return {"passed": passed, "step": step, "tensors": len(diffs), "worst": worst.name if worst else None,
+            "worst_relative_diff": worst.relative if worst else 0.0, "loss_scale": trainer.last_loss_scale,
+            "skipped_steps": trainer.scaler.skipped_steps if trainer.scaler else 0}
+
+
+def _no_clean_step(*, steps: int) -> dict[str, Any]:
+    reason = f"every one of the {steps} fp16 steps overflowed and was skipped, so none could be compared; run more steps"
+    if dist.get_rank() == 0:
+        print(f"verify: FAILED ({reason})", flush=True)
+    return {"passed": False, "step": None, "tensors": 0, "worst": None, "worst_relative_diff": None, "reason": reason}
 
 
 def _to(obj: Any, device: torch.device) -> Any:
@@ -229,6 +249,8 @@ def record_failure(exc: BaseException) -> None:
     path = _error_file()
     if path is not None:
         first = (str(exc).strip().splitlines() or [""])[0]
+        if "Timed out" in first or "timed out" in first:
+            first += " (a collective waited the whole --timeout-s: the ranks disagree on their collectives, or one rank hung)"
         write_text_atomic(path, f"{type(exc).__name__}: {first}\n")
 
 

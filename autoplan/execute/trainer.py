@@ -53,15 +53,20 @@ class Trainer:
     loss_fn: Callable[[Any, Any], torch.Tensor]
     device: torch.device
     dp_mode: str
+    policy: precision.PrecisionPolicy
     schedule: Any = None
-    scaler: Any = None
+    scaler: Any = None  # a ShardedGradScaler for fp16 (grad_scaler.py)
     target_given: bool = True
     tie_sync: Any = None
     aliases: dict[str, str] | None = None
+    last_loss_scale: float = 1.0      # the fp16 loss scale the last step back-propagated with
+    last_step_skipped: bool = False   # fp16: the last step overflowed somewhere and was skipped
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
-        """The loss the pipeline schedule calls per micro-batch on the last stage."""
-        return self.loss_fn(output, target if self.target_given else None)
+        """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
+        fp16: the schedule runs backward on what this returns)."""
+        loss = self.loss_fn(output, target if self.target_given else None)
+        return self.scaler.scale_loss(loss) if self.scaler else loss
 
     # ---- what callers see ---------------------------------------------------------------
     @property
@@ -104,8 +109,7 @@ class Trainer:
         return loss
 
     def _forward_context(self):
-        return precision.autocast(precision=self.plan.precision, device_type=self.device.type,
-                                  use_fsdp=self.dp_mode == "fsdp")
+        return precision.autocast(self.policy, device_type=self.device.type)
 
     def _accumulated(self, inputs: tuple, target: Any) -> torch.Tensor:
         n = self.plan.num_microbatches
@@ -118,7 +122,7 @@ class Trainer:
             y = shard_batch(target, index=index, parts=n, batch_size=batch)
             with self._grad_sync(model, enabled=last), self._forward_context():
                 loss = self.loss_fn(model(*x), y) / n
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
             total += loss.detach().float()
         return total
 
@@ -142,7 +146,8 @@ class Trainer:
             self.schedule.step(*args, **kwargs)
         if not losses:
             return torch.tensor(float("nan"), device=self.device)
-        return torch.stack([l.detach().float() for l in losses]).mean()
+        mean = torch.stack([l.detach().float() for l in losses]).mean()
+        return mean / self.scaler.scale if self.scaler else mean
 
     def _sync_grads(self) -> None:
         params = self.parameters
@@ -154,11 +159,16 @@ class Trainer:
             allreduce_grads(params=params, dp_mesh=self.mesh["dp"])
 
     def _optimizer_step(self) -> None:
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
+        """Step (fp16: unscale first, and skip on every rank when any gradient overflowed)."""
+        if self.scaler is None:
             self.optimizer.step()
+            return
+        self.last_loss_scale = self.scaler.scale
+        found_inf = self.scaler.unscale_(self.parameters)
+        self.last_step_skipped = found_inf
+        if not found_inf:
+            self.optimizer.step()
+        self.scaler.update(found_inf)
 
     def reduce_loss(self, loss: torch.Tensor) -> float:
         """The global mean loss on every rank (averaged over the ranks holding the last stage)."""

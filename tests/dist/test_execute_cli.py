@@ -58,3 +58,41 @@ def test_crashing_rank_stops_the_job_and_is_named(tmp_path):
     assert result.returncode == 2
     assert "rank 1 failed" in result.stderr and "rank one exploded" in result.stderr
     assert not (tmp_path / "run/summary.json").exists()
+
+
+# Wide enough that FSDP2's bf16 parameters (bf16 residual stream, norms and bias gradients)
+# differ from autocast's fp32-parameter numerics by far more than bf16 roundoff (~9% on
+# layer-norm biases): --verify must compare against a reference with the run's own policy.
+BF16_GPT = {"AUTOPLAN_GPT_N_LAYER": "2", "AUTOPLAN_GPT_N_EMBD": "128", "AUTOPLAN_GPT_N_HEAD": "4",
+            "AUTOPLAN_GPT_VOCAB_SIZE": "1024", "AUTOPLAN_GPT_BLOCK_SIZE": "256"}
+
+
+@pytest.mark.parametrize("precision,zero", [("bf16", 2), ("fp16", 2), ("fp16", 0)])
+def test_low_precision_dp2_verifies_against_the_same_policy(tmp_path, precision, zero):
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, zero_stage=zero, precision=precision, micro_batch_size=2, num_microbatches=1)
+    result = _run([str(ROOT / "examples/gpt.py"), "--plan", str(plan.save(tmp_path / "plan.json")), "--steps", "3", "--verify",
+                   "--out", str(tmp_path / "run")], BF16_GPT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout
+    verify = json.loads((tmp_path / "run/summary.json").read_text())["verify"]
+    assert verify["passed"] and verify["tensors"] > 10 and verify["worst_relative_diff"] <= {"bf16": 3e-2, "fp16": 5e-3}[precision]
+    if precision == "fp16":  # the loss was scaled: a step that overflowed was skipped, never applied
+        assert verify["loss_scale"] >= 1.0 and verify["step"] == verify["skipped_steps"]
+
+
+def test_meta_device_model_is_materialised_identically_on_every_rank(tmp_path):
+    model = tmp_path / "meta_mlp.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+        def build_model():
+            with torch.device("meta"):
+                return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+        def example_inputs(batch_size):
+            return (torch.randn(batch_size, 8),)
+    """))
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, zero_stage=3, micro_batch_size=2, num_microbatches=2).save(tmp_path / "plan.json")
+    result = _run([str(model), "--plan", str(plan), "--steps", "2", "--verify", "--out", str(tmp_path / "run")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout
+    losses = [float(r["loss"]) for r in csv.DictReader((tmp_path / "run/measured.csv").open())]
+    assert all(loss == loss and loss != 0.0 for loss in losses)  # real numbers, not uninitialised memory

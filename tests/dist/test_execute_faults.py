@@ -1,0 +1,111 @@
+"""Faults in `autoplan run`: collectives the ranks disagree on stop the job with a message that
+names the rank (never the 30-minute default timeout), and Ctrl-C stops every process."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autoplan.types.plan import Plan
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+MODEL = """
+import os, time, torch, torch.distributed as dist
+from pathlib import Path
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+{forward}
+        return self.lin(x)
+
+def build_model():
+    Path(os.environ["MARKERS"], "rank" + os.environ["RANK"]).touch()
+    return Net()
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 4),)
+"""
+SHAPES = """\
+        if dist.get_rank() == 1:   # rank 1 joins a collective of 7 floats rank 0 never calls
+            dist.all_reduce(torch.ones(7))"""
+OPS = """\
+        if dist.get_rank() == 0:   # rank 0 all-reduces while rank 1 waits for a message: both wait
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.recv(torch.empty(4), src=0)"""
+SLOW = """\
+        time.sleep(0.5)"""
+
+
+def _start(tmp_path: Path, forward: str, *extra: str) -> tuple[subprocess.Popen, Path]:
+    model = tmp_path / "model.py"
+    model.write_text(MODEL.replace("{forward}", forward))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, zero_stage=1, micro_batch_size=1, num_microbatches=1).save(tmp_path / "plan.json")
+    cmd = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan), "--out", str(tmp_path / "run"), *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, MARKERS=str(markers)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return proc, markers
+
+
+@pytest.mark.parametrize("forward,expected", [(SHAPES, "rank 1 failed"), (OPS, "Timed out")], ids=["shapes", "ops"])
+def test_mismatched_collective_stops_the_job_and_names_the_rank(tmp_path, forward, expected):
+    proc, _ = _start(tmp_path, forward, "--steps", "2", "--timeout-s", "8")
+    _, stderr = proc.communicate(timeout=120)  # a hang would run into the 30-minute default
+    error = [line for line in stderr.splitlines() if line.startswith("autoplan: error:")]
+    assert proc.returncode == 2 and error, stderr[-3000:]
+    assert expected in error[0] and "stopped all 2 ranks" in error[0]
+    assert "rank " in error[0].split("failed")[0]
+    if forward is SHAPES:
+        assert "collective mismatch" in error[0]  # gloo's own words, from the aborted rank's stderr
+    else:
+        assert "--timeout-s" in error[0]
+    assert not (tmp_path / "run/summary.json").exists()
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    proc, markers = _start(tmp_path, SLOW, "--steps", "100000")
+    for _ in range(600):  # wait (at most a minute) until both ranks have built their model
+        if len(list(markers.iterdir())) == 2 or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    ranks = _children(proc.pid)
+    assert proc.poll() is None and len(ranks) == 2, proc.communicate()[1][-3000:] if proc.poll() is not None else ranks
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert not [pid for pid in ranks if _alive(pid)]
