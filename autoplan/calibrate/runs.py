@@ -1,0 +1,165 @@
+"""Measured runs as calibration data: one run folder -> (traced graph, plan, measured step time).
+
+A run folder is what ``autoplan run ... --out RUNDIR`` writes (docs/executor.md):
+``summary.json`` (``median_step_time_s``; ``model_file``, ``global_batch_size`` and the
+``AUTOPLAN_*`` ``environment`` the model file may read its sizes from) and a copy of the
+``plan.json`` it ran. The model is re-traced at the run's global batch under that environment,
+once per distinct (model file, batch, environment). Every way a folder cannot be used raises
+:class:`CalibrationError` with one sentence.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from autoplan.errors import AutoplanError, PlanError
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+
+class CalibrationError(AutoplanError):
+    """A run folder or profile cannot be used for calibration."""
+
+
+@dataclass
+class Observation:
+    """One measured run: what the cost model prices (graph, plan) and what was measured."""
+
+    graph: Graph
+    plan: Plan
+    measured_step_time_s: float
+    label: str = ""                  # the run folder, or any name
+    model_file: str = ""
+    environment: dict[str, str] = field(default_factory=dict)
+    noise_sigma: float | None = None   # log std of the measured median, from the run's own step times (None: unknown)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    folder: Path
+    plan: Plan
+    measured_step_time_s: float
+    model_file: str
+    global_batch_size: int
+    environment: tuple[tuple[str, str], ...]
+    backend: str | None
+    noise_sigma: float | None = None
+
+
+def read_run_folder(folder: str | os.PathLike) -> RunFolder:
+    """Read and check one run folder (module docstring)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CalibrationError(f"run folder '{folder}' does not exist; pass folders written by `autoplan run ... --out RUNDIR`.")
+    summary = _summary(folder)
+    plan = _plan(folder, summary)
+    measured = summary.get("median_step_time_s")
+    if not isinstance(measured, (int, float)) or measured <= 0:
+        raise CalibrationError(f"run folder '{folder}' has no positive median_step_time_s in summary.json; rerun it with more --steps.")
+    model_file = summary.get("model_file")
+    if not model_file or not Path(model_file).is_file():
+        raise CalibrationError(f"run folder '{folder}' does not record an existing model_file in summary.json ({model_file!r}); "
+                               "rerun it with this autoplan's `autoplan run`, which records it.")
+    batch = int(summary.get("global_batch_size") or plan.global_batch_size)
+    env = tuple(sorted((summary.get("environment") or {}).items()))
+    return RunFolder(folder=folder, plan=plan, measured_step_time_s=float(measured), model_file=str(model_file),
+                     global_batch_size=batch, environment=env, backend=summary.get("backend"),
+                     noise_sigma=median_noise_sigma(folder / "measured.csv", skip=int(summary.get("warmup_steps") or 0)))
+
+
+def median_noise_sigma(path: Path, *, skip: int) -> float | None:
+    """Log standard deviation of a median of k step times: 1.2533 * sigma / sqrt(k) (the median's asymptotic
+    efficiency), sigma = IQR(ln t) / 1.349 (a normal's IQR); None without measured.csv or with < 4 timed steps."""
+    if not path.is_file():
+        return None
+    try:
+        with path.open() as handle:
+            times = [float(row["step_time_s"]) for row in csv.DictReader(handle)][skip:]
+    except (KeyError, ValueError):
+        return None
+    if len(times) < 4 or min(times) <= 0:
+        return None
+    q1, _, q3 = statistics.quantiles([math.log(t) for t in times], n=4)
+    return 1.2533 * (q3 - q1) / 1.349 / math.sqrt(len(times))
+
+
+def _summary(folder: Path) -> dict:
+    path = folder / "summary.json"
+    if not path.is_file():
+        raise CalibrationError(f"run folder '{folder}' has no summary.json; the run did not finish, rerun `autoplan run ... --out {folder}`.")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"'{path}' is not valid JSON ({exc.msg} at line {exc.lineno}); rerun the run.") from None
+    if not isinstance(data, dict):
+        raise CalibrationError(f"'{path}' is not a JSON object; rerun the run.")
+    return data
+
+
+def _plan(folder: Path, summary: dict) -> Plan:
+    candidates = [folder / "plan.json"] + ([Path(summary["plan_file"])] if summary.get("plan_file") else [])
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        raise CalibrationError(f"run folder '{folder}' has no plan.json and its recorded plan_file is gone; rerun it with `autoplan run`.")
+    try:
+        return Plan.load(path)
+    except PlanError as exc:
+        raise CalibrationError(f"run folder '{folder}': {exc}") from None
+
+
+def check_matches(run: RunFolder, profile: Profile) -> None:
+    """A run belongs to ``profile`` when its plan was made for it and it ran on the profile's backend."""
+    if run.plan.profile and run.plan.profile != profile.name:
+        raise CalibrationError(f"run folder '{run.folder}' ran a plan made for profile '{run.plan.profile}', not '{profile.name}'; "
+                               "calibrate each profile from its own runs.")
+    if run.backend and run.backend != profile.backend:
+        raise CalibrationError(f"run folder '{run.folder}' ran on {run.backend} but profile '{profile.name}' describes {profile.backend}; "
+                               "calibrate each profile from its own runs.")
+    if run.plan.devices > profile.devices_per_node and profile.inter_node is None:
+        raise CalibrationError(f"run folder '{run.folder}' used {run.plan.devices} devices but profile '{profile.name}' describes one node of "
+                               f"{profile.devices_per_node}; calibrate a profile with an inter_node link.")
+
+
+@contextmanager
+def environment(pairs: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """Set environment variables for the duration of a trace, restoring the old values after."""
+    saved = {k: os.environ.get(k) for k, _ in pairs}
+    os.environ.update(dict(pairs))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def load_observations(folders: list[str | os.PathLike], *, profile: Profile) -> list[Observation]:
+    """Read every run folder, check it against ``profile``, and trace each distinct model once."""
+    from autoplan.trace import trace_model_file
+
+    if not folders:
+        raise CalibrationError("no run folders given; pass one or more folders written by `autoplan run ... --out RUNDIR`.")
+    runs = [read_run_folder(f) for f in folders]
+    for run in runs:
+        check_matches(run, profile)
+    graphs: dict[tuple, Graph] = {}
+    out = []
+    for run in runs:
+        key = (run.model_file, run.global_batch_size, run.environment)
+        if key not in graphs:
+            with environment(run.environment):
+                graphs[key] = trace_model_file(run.model_file, run.global_batch_size)
+        out.append(Observation(graph=graphs[key], plan=run.plan, measured_step_time_s=run.measured_step_time_s,
+                               label=str(run.folder), model_file=run.model_file, environment=dict(run.environment),
+                               noise_sigma=run.noise_sigma))
+    return out
