@@ -13,7 +13,8 @@ node's output and the layout it needs on its input:
 Non-parameterised nodes do not choose: a "layout-preserving" node (element-wise, view, matmul,
 attention) whose activation inputs all descend, through preserving nodes only, from
 parameterised "origins" is *pure*; it runs sharded (S) exactly when all its origins are
-colwise. Every other node sees the residual stream (R, or Q under sequence parallelism).
+colwise (none gathered), on Q when all are rowwise and reduce-scattered under SP, else R. Every
+other node sees the residual stream (R, or Q under sequence parallelism).
 
 The comm time of a block is then a sum of terms of at most two splits (linearised in the ILP
 with edge variables) plus "any-of" terms (a shared input all-reduced once however many
@@ -37,10 +38,15 @@ group; the backward collectives mirror the forward ones (Megatron's f/g conjugat
 Shoeybi et al. 2019 fig. 3; Korthikanti et al. 2022 fig. 5 for sequence parallelism).
 Legality rules (what the executor can run, docs/ilp.md): colwise needs out_features % tp == 0,
 and on a linear feeding attention heads % tp == 0 for q and kv_heads % tp == 0 for k and v;
+when a view unflattens the linear's features (``attrs['head_split']``: [heads, head_dim],
+Megatron's head-interleaved [heads, 3*head_dim], [3, heads, head_dim]) tp must divide the
+outermost of those dims, so every shard boundary is a head boundary (DTensor cannot unflatten
+an uneven shard);
 rowwise needs in_features % tp == 0; embeddings shard the vocabulary (rowwise) or the
 embedding dim (colwise); convolutions and other ops replicate; norms may be sequence-parallel.
-A fused linear (``attrs['fused_chunks']``: qkv, gate-up) split colwise would hand a rank
-contiguous rows that mix q of one head with k of another; the executor keeps DTensor global
+A fused linear (``attrs['fused_chunks']``: qkv, gate-up) whose chunks are not whole heads per
+rank ([q | k | v] split before the view into heads; :func:`is_gathered`) split colwise would
+hand a rank contiguous rows that mix q of one head with k of another; the executor keeps DTensor global
 semantics, so the model's ``split`` of that output all-gathers it first. We price exactly that:
 a *gathered colwise* node divides its own compute and weights by tp, pays an all-gather of its
 output, and its consumers see a replicated tensor (attention after it is not sharded).
@@ -110,6 +116,9 @@ def _colwise_ok(node: OpNode, tp: int) -> bool:
     out = attrs.get("out_features") or (node.output_shape[-1] if node.output_shape else None)
     if not _divides(out, tp):
         return False
+    head_split = attrs.get("head_split")
+    if head_split and not _divides(head_split[0], tp):
+        return False          # a shard boundary inside a head (or a q/k/v part): DTensor cannot unflatten it
     attention = attrs.get("attention")
     if not attention:
         return True
@@ -117,6 +126,16 @@ def _colwise_ok(node: OpNode, tp: int) -> bool:
     heads_ok = not roles & {"q"} or _divides(attention.get("num_heads"), tp)
     kv = attention.get("num_kv_heads") or attention.get("num_heads")
     return heads_ok and (not roles & {"k", "v"} or _divides(kv, tp))
+
+
+def is_gathered(node: OpNode) -> bool:
+    """A fused linear whose colwise shard is not whole heads per rank: its output is split into
+    parts along the features before any view into heads (nanoGPT's [q | k | v]), or unflattened
+    with the parts outermost ([3, heads, head_dim]). A head-major layout ([heads, 3*head_dim],
+    Megatron's head-interleaved qkv) keeps every rank's q, k and v of the same heads."""
+    parts, head_split = node.attrs.get("fused_chunks"), node.attrs.get("head_split")
+    head_major = bool(head_split) and (len(head_split) == 2 or head_split[0] != parts)
+    return bool(parts) and not head_major
 
 
 # ---- block structure (split-independent, cached on the graph) ----------------------------
@@ -157,12 +176,17 @@ def _adjacency(graph: Graph) -> tuple[dict[str, list[str]], dict[str, list[str]]
     return adj
 
 
+def predecessors(graph: Graph, name: str) -> list[str]:
+    """The nodes whose outputs ``name`` reads, in edge order (as autoplan/cost/layers.py reads them)."""
+    return _adjacency(graph)[0][name]
+
+
 def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
     preds, succs = _adjacency(graph)
     nodes = graph.layer_nodes(layer)
     inside = {n.name for n in nodes}
     params = [n.name for n in nodes if n.op in PARAM_KINDS]
-    gathered = frozenset(n.name for n in nodes if n.op == "linear" and n.attrs.get("fused_chunks"))
+    gathered = frozenset(n.name for n in nodes if n.op == "linear" and is_gathered(n))
     block = BlockAnalysis(nodes=nodes, params=params, origins=_origins(graph, nodes, preds, set(params)), gathered=gathered)
     for node in nodes:
         block.scale[node.name] = 1.0
@@ -258,15 +282,26 @@ class TPTerms:
     unary: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     pair: dict[tuple[str, str], dict[tuple[str, str], tuple[float, float]]] = field(default_factory=dict)
     any_of: list[tuple[tuple[float, float], tuple[tuple[str, str], ...]]] = field(default_factory=list)
+    constant_at: dict[str, float] = field(default_factory=dict)   # the constant's forward part, by first consumer (ops.csv)
 
 
 def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
     """Every comm term of block ``layer`` under ``ctx``; cached per context on the graph."""
     cache = graph.__dict__.setdefault("_tp_terms_cache", {})
-    key = (layer, id(ctx.profile), ctx.profile.name, ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+    key = (layer, _link_key(ctx.profile), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
     if key not in cache:
         cache[key] = _terms(graph, analyse_block(graph, layer), ctx)
     return cache[key]
+
+
+def _link_key(profile) -> tuple:
+    """What the terms read from a profile (autoplan.cost.comm.collective_time_s: devices_per_node and
+    every collective's alpha and busbw on both links), as a cache key: keyed on contents, not on
+    ``id(profile)``, whose value a freed profile hands on to a new one (calibration deep-copies)."""
+    links = (profile.intra_node, profile.inter_node)
+    return (profile.devices_per_node,) + tuple(
+        None if link is None else tuple(sorted((k, f.alpha_s, f.busbw_bytes_per_s) for k, f in link.collectives.items()))
+        for link in links)
 
 
 def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext) -> TPTerms:
@@ -286,7 +321,9 @@ def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext) -> TPTerms:
     fwd = 0.0
     for src, (b, consumers, needs_grad, shardable) in block.sources.items():
         q = ctx.sequence_parallel and shardable
-        fwd += coll("all_gather", b) if q else 0.0
+        gather = coll("all_gather", b) if q else 0.0
+        fwd += gather
+        terms.constant_at[consumers[0]] = terms.constant_at.get(consumers[0], 0.0) + gather
         if needs_grad:
             _source_any_of(terms, b, consumers, legal, q, coll)
     terms.constant = (fwd, 0.0)
@@ -318,7 +355,7 @@ def _unary(block: BlockAnalysis, u: str, split: str, coll: _Collectives, ctx: TP
         return coll("all_gather", out), coll("all_gather", sink) if sp and sink else 0.0
     if split == "rowwise":
         out = float(next(n.output_bytes for n in block.nodes if n.name == u))
-        if sp and sink and u not in block.has_targets:
+        if reduce_scattered(block, u, sequence_parallel=sp):
             return coll("reduce_scatter", out), coll("all_gather", out)
         return coll("all_reduce", out), 0.0
     if not sink:
@@ -355,9 +392,55 @@ def _source_any_of(terms: TPTerms, b: float, consumers: list[str], legal: dict, 
 
 
 # ---- evaluating a plan -------------------------------------------------------------------
-def sharding_origins(block: BlockAnalysis, origins: frozenset[str], splits: dict[str, str]) -> bool:
-    """A pure node runs sharded when every origin is colwise and none of them is gathered."""
-    return all(splits[u] == "colwise" and u not in block.gathered for u in origins)
+def reduce_scattered(block: BlockAnalysis, u: str, *, sequence_parallel: bool) -> bool:
+    """A rowwise ``u`` whose partial sum goes straight to the stream is reduce-scattered to a
+    sequence shard (Q) under SP (Korthikanti et al. 2022 fig. 5); otherwise all-reduced (R)."""
+    return sequence_parallel and bool(block.sinks.get(u)) and u not in block.has_targets
+
+
+def param_node_shards(block: BlockAnalysis, name: str, split: str, *, tp: int, sequence_parallel: bool) -> tuple[int, int, int]:
+    """(compute, param, activation) shard of parameterised node ``name`` under ``split``. Saved
+    bytes are charged to the producing node (the tracer's rule), so the activation shard is
+    that of the output consumers keep: a colwise output is the S shard, unless it is gathered
+    (the full tensor is what its consumers save); a rowwise output is whole after its
+    all-reduce, or a sequence shard after a reduce-scatter under SP."""
+    if split == "replicate":
+        return 1, 1, 1
+    if split == "colwise":
+        return tp, tp, 1 if name in block.gathered else tp
+    return tp, tp, tp if reduce_scattered(block, name, sequence_parallel=sequence_parallel) else 1
+
+
+def pure_layout(block: BlockAnalysis, origins: frozenset[str], splits: dict[str, str], *, sequence_parallel: bool) -> str:
+    """Layout a pure node runs on: S when every origin is colwise and none is gathered; Q when
+    every origin is a rowwise node reduce-scattered under SP; else R (module docstring)."""
+    if all(splits[u] == "colwise" and u not in block.gathered for u in origins):
+        return "S"
+    if all(splits[u] == "rowwise" and reduce_scattered(block, u, sequence_parallel=sequence_parallel) for u in origins):
+        return "Q"
+    return "R"
+
+
+def pure_layouts_possible(block: BlockAnalysis, origins: frozenset[str], legal: dict[str, tuple[str, ...]], *, sequence_parallel: bool) -> tuple[str, ...]:
+    """The layouts :func:`pure_layout` can return for some legal splits of ``origins``."""
+    found = ["R"]
+    if all("colwise" in legal[u] and u not in block.gathered for u in origins):
+        found.append("S")
+    if all("rowwise" in legal[u] and reduce_scattered(block, u, sequence_parallel=sequence_parallel) for u in origins):
+        found.append("Q")
+    return tuple(found)
+
+
+def pure_node_shards(layout: str, *, tp: int) -> tuple[int, int]:
+    """(compute, activation) shard of a pure node running on ``layout`` (R, S or Q)."""
+    return (1, 1) if layout == "R" else (tp, tp)
+
+
+def stream_node_shards(node: OpNode, *, tp: int, sequence_parallel: bool) -> tuple[int, int]:
+    """(compute, activation) shard of a node on the residual stream: Q (/tp) under SP for
+    norms, element-wise ops and views, else replicated."""
+    way = tp if sequence_parallel and node.op in STREAM_KINDS else 1
+    return way, way
 
 
 def node_splits(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp: int) -> dict[str, str]:
@@ -393,21 +476,14 @@ def shards(graph: Graph, layer: str | None, splits: dict[str, str], *, tp: int, 
     compute, param, act = {}, {}, {}
     for node in block.nodes:
         name = node.name
-        if name in splits:
-            sharded = splits[name] != "replicate"
-            compute[name] = param[name] = tp if sharded else 1
-            # Saved bytes are charged to the producing node: a colwise output is the shard,
-            # a rowwise output is whole after its all-reduce, or a sequence shard under SP.
-            act[name] = tp if splits[name] == "colwise" or (splits[name] == "rowwise" and sequence_parallel) else 1
-            continue
-        on_stream_shard = sequence_parallel and node.op in STREAM_KINDS  # sequence-sharded under SP
-        if name in block.origins:
-            way = tp if sharding_origins(block, block.origins[name], splits) else 1
-            compute[name] = way
-            act[name] = tp if on_stream_shard else way  # after a reduce-scatter the stream is a sequence shard
-        else:
-            compute[name] = act[name] = tp if on_stream_shard else 1
         param[name] = 1
+        if name in splits:
+            compute[name], param[name], act[name] = param_node_shards(block, name, splits[name], tp=tp, sequence_parallel=sequence_parallel)
+        elif name in block.origins:
+            layout = pure_layout(block, block.origins[name], splits, sequence_parallel=sequence_parallel)
+            compute[name], act[name] = pure_node_shards(layout, tp=tp)
+        else:
+            compute[name], act[name] = stream_node_shards(node, tp=tp, sequence_parallel=sequence_parallel)
     return compute, param, act
 
 

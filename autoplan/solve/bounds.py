@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES, op_time_s
+from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
+from autoplan.solve.op_costs import node_time_s
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -41,8 +42,7 @@ class Bounds:
             f = mbs / self.graph.batch_size
 
             def nodes_s(nodes) -> float:
-                return sum(op_time_s(n, self.profile, precision=precision, batch_fraction=f, shard=tp)
-                           + op_time_s(n, self.profile, precision=precision, batch_fraction=f, shard=tp, backward=True) for n in nodes)
+                return sum(node_time_s(self.graph, n, self.profile, precision=precision, batch_fraction=f, shard=tp) for n in nodes)
             total = nodes_s(self.graph.layer_nodes(None))
             total += sum(len(group.layers) * nodes_s(self.graph.layer_nodes(group.layers[0])) for group in self.graph.groups)
             self._c_min[key] = total

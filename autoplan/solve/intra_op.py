@@ -5,36 +5,54 @@ Variables, for a block ``b`` at a tp degree (terms from autoplan.cost.tensor_par
     x[v,s] in {0,1}      v parameterised, s in legal_splits(v, tp);  sum_s x[v,s] = 1     (a)
     e[u,v,a,c] in [0,1]  per edge/sibling pair;  sum_c e = x[u,a],  sum_a e = x[v,c]      (b)
     y[k] in [0,1]        per any-of term k;       y[k] >= x[v,s] for each (v,s) of k       (c)
-    z[n] in [0,1]        per pure node n;         z[n] <= x[u,colwise] for u in origins(n) (d)
+    z[n,L] in [0,1]      per pure node n and layout L in {S, Q} its origins allow;
+                         z[n,S] <= x[u,colwise], z[n,Q] <= x[u,rowwise] for u in origins(n)  (d)
 
 With x one-hot, (b) forces e[u,v,a,c] = x[u,a] * x[v,c] (the transportation polytope of two
 0/1 marginals is a point): this linearises the quadratic resharding term. (c) and (d) are
 exact at the optimum because y carries a non-negative cost and z a non-negative saving.
+Every op's time and bytes are priced as CostModel prices them (solve/op_costs.py: the bytes each
+op reads, saved bytes in the precision with 1-byte dropout masks; shard factors from
+tensor_parallel's param_node_shards / pure_layout / stream_node_shards), so the objective and
+the memory row equal what CostModel charges the block.
 
 Objective (seconds per micro-batch, the forward counted ``forward_repeats`` times, 2 under
 full recomputation):
 
     sum x[v,s] * (compute(v,s) + unary_comm(v,s)) + sum e * pair_comm + sum y * anyof_comm
-    + sum_n (t_full(n) - (t_full(n) - t_shard(n)) * z[n]) + constants
+    + sum_n (t_R(n) - sum_L (t_R(n) - t_L(n)) * z[n,L]) + constants
 
 Constraints: (a)-(d), ties (e) x[u,s] = x[w,s] for nodes of one module and equal shard dims
 for nodes sharing a parameter (a tied embedding and head), and the memory row (f)
-``sum bytes(v,s) x + sum act(n) (1 - (1 - 1/tp) z[n]) <= budget``. Identical blocks share one
+``sum bytes(v,s) x + sum_n (act_R(n) - sum_L (act_R - act_L)(n) z[n,L]) + const <= budget``; a budget
+that is NaN, negative, or below the lightest splits is infeasible before any solve
+(:func:`budget_infeasibility`), +inf is no row. Identical blocks share one
 problem: the planner solves it once per LayerGroup and reuses the splits (solve/tp_plan.py).
 """
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import pulp
 
-from autoplan.cost.compute import op_time_s
-from autoplan.cost.tensor_parallel import STREAM_KINDS, TPContext, TPTerms, analyse_block, block_terms, legal_splits, terms_time_s
+from autoplan.cost.tensor_parallel import (BlockAnalysis, TPContext, TPTerms, analyse_block, block_terms, legal_splits, param_node_shards,
+                                           pure_layout, pure_layouts_possible, pure_node_shards, stream_node_shards, terms_time_s)
 from autoplan.solve.backend import SolveStatus, solve_model, variable
+from autoplan.solve.op_costs import node_saved_bytes, node_time_s
 from autoplan.types.graph import Graph
 
 SHARD_DIM = {("linear", "colwise"): 0, ("linear", "rowwise"): 1, ("embedding", "rowwise"): 0, ("embedding", "colwise"): 1}
+
+
+@dataclass
+class PureNode:
+    """A pure node's time and saved bytes on each layout its origins can give it (R, S, Q)."""
+
+    origins: frozenset[str]
+    time_s: dict[str, float]
+    bytes: dict[str, float]
 
 
 @dataclass
@@ -45,13 +63,14 @@ class BlockProblem:
     legal: dict[str, tuple[str, ...]]
     unary_s: dict[str, dict[str, float]]                  # compute + unary comm, per split
     unary_bytes: dict[str, dict[str, float]]              # parameter + saved bytes, per split
-    pure: dict[str, tuple[float, float, float, float, frozenset]]  # n -> (t_full, t_shard, act_full, act_shard, origins)
+    pure: dict[str, PureNode]                              # pure node -> its price per layout
     terms: TPTerms
     forward_repeats: int
     constant_s: float = 0.0
     constant_bytes: float = 0.0
     ties: list[tuple[str, str]] = field(default_factory=list)
-    gathered: frozenset[str] = frozenset()                 # fused linears (never shard what follows)
+    sequence_parallel: bool = False
+    block: BlockAnalysis | None = None                     # the block's structure (layouts of pure nodes)
     dim_ties: list[tuple[str, str, str, str]] = field(default_factory=list)   # (u, w, kind_u, kind_w)
 
     def evaluate(self, splits: dict[str, str]) -> tuple[float, float]:
@@ -62,19 +81,16 @@ class BlockProblem:
         for v in self.params:
             time_s += self.unary_s[v][splits[v]]
             memory += self.unary_bytes[v][splits[v]]
-        for t_full, t_shard, a_full, a_shard, origins in self.pure.values():
-            sharded = all(splits[u] == "colwise" and u not in self.gathered for u in origins)
-            time_s += t_shard if sharded else t_full
-            memory += a_shard if sharded else a_full
+        for pure in self.pure.values():
+            layout = pure_layout(self.block, pure.origins, splits, sequence_parallel=self.sequence_parallel)
+            time_s += pure.time_s[layout]
+            memory += pure.bytes[layout]
         return time_s, memory
 
     def min_memory_bytes(self) -> float:
         """A lower bound on the memory row: each op at its lightest split, independently."""
         memory = self.constant_bytes + sum(min(self.unary_bytes[v].values()) for v in self.params)
-        for _, _, a_full, a_shard, origins in self.pure.values():
-            can_shard = all("colwise" in self.legal[u] and u not in self.gathered for u in origins)
-            memory += a_shard if can_shard else a_full
-        return memory
+        return memory + sum(min(pure.bytes.values()) for pure in self.pure.values())
 
     def respects_ties(self, splits: dict[str, str]) -> bool:
         if any(splits[u] != splits[w] for u, w in self.ties):
@@ -89,40 +105,47 @@ def _without_unary(terms: TPTerms) -> TPTerms:
 def build_block_problem(graph: Graph, layer: str | None, *, ctx: TPContext, forward_repeats: int = 1,
                         param_bytes_factor: float = 0.0, activation_factor: float = 0.0) -> BlockProblem:
     """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
-    bytes and ``activation_factor`` traced saved bytes into bytes per device (0 = ignore)."""
+    bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
+    (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
+    factors are those CostModel charges (solve/op_costs.py, tensor_parallel.shards)."""
     block = analyse_block(graph, layer)
     terms = block_terms(graph, layer, ctx=ctx)
     tp, sp = ctx.tp, ctx.sequence_parallel and ctx.tp > 1
-    time_of = _timer(ctx, forward_repeats)
     problem = BlockProblem(params=list(block.params), legal={v: legal_splits(graph.node(v), tp) for v in block.params},
                            unary_s={}, unary_bytes={}, pure={}, terms=terms, forward_repeats=forward_repeats,
-                           gathered=block.gathered)
+                           sequence_parallel=sp, block=block)
+
+    def time_of(node, shard: int) -> float:
+        return node_time_s(graph, node, ctx.profile, precision=ctx.precision, batch_fraction=ctx.batch_fraction,
+                           shard=shard, forward_repeats=forward_repeats)
+
     seen_params: set[str] = set()
     for node in block.nodes:
         own = [p for p in node.param_names if p not in seen_params]
         seen_params.update(own)
         pbytes = sum(graph.parameters[p].bytes for p in own if p in graph.parameters) * param_bytes_factor
-        abytes = node.saved_bytes * activation_factor
+        abytes = node_saved_bytes(node, ctx.profile, precision=ctx.precision) * activation_factor if activation_factor else 0.0
         if node.name in problem.legal:
-            problem.unary_s[node.name] = {s: time_of(node, tp if s != "replicate" else 1) + _unary_comm(terms, node.name, s, forward_repeats)
-                                          for s in problem.legal[node.name]}
-            problem.unary_bytes[node.name] = {s: pbytes / (tp if s != "replicate" else 1) + abytes / (tp if s == "rowwise" else 1)
-                                              for s in problem.legal[node.name]}
+            _price_param(problem, node, time_of, pbytes, abytes, tp=tp)
         elif node.name in block.origins:
-            problem.pure[node.name] = (time_of(node, 1), time_of(node, tp), abytes, abytes / tp, block.origins[node.name])
+            origins = block.origins[node.name]
+            shard = {lay: pure_node_shards(lay, tp=tp) for lay in pure_layouts_possible(block, origins, problem.legal, sequence_parallel=sp)}
+            problem.pure[node.name] = PureNode(origins=origins, time_s={lay: time_of(node, c) for lay, (c, _) in shard.items()},
+                                               bytes={lay: abytes / a for lay, (_, a) in shard.items()})
         else:
-            way = tp if sp and node.op in STREAM_KINDS else 1
-            problem.constant_s += time_of(node, way)
-            problem.constant_bytes += pbytes + abytes / way
+            compute, act = stream_node_shards(node, tp=tp, sequence_parallel=sp)
+            problem.constant_s += time_of(node, compute)
+            problem.constant_bytes += pbytes + abytes / act
     _add_ties(graph, problem)
     return problem
 
 
-def _timer(ctx: TPContext, forward_repeats: int):
-    def time_of(node, shard: int) -> float:
-        kwargs = dict(precision=ctx.precision, batch_fraction=ctx.batch_fraction, shard=shard)
-        return forward_repeats * op_time_s(node, ctx.profile, **kwargs) + op_time_s(node, ctx.profile, backward=True, **kwargs)
-    return time_of
+def _price_param(problem: BlockProblem, node, time_of, pbytes: float, abytes: float, *, tp: int) -> None:
+    problem.unary_s[node.name], problem.unary_bytes[node.name] = {}, {}
+    for s in problem.legal[node.name]:
+        compute, param, act = param_node_shards(problem.block, node.name, s, tp=tp, sequence_parallel=problem.sequence_parallel)
+        problem.unary_s[node.name][s] = time_of(node, compute) + _unary_comm(problem.terms, node.name, s, problem.forward_repeats)
+        problem.unary_bytes[node.name][s] = pbytes / param + abytes / act
 
 
 def _unary_comm(terms: TPTerms, v: str, split: str, forward_repeats: int) -> float:
@@ -156,9 +179,11 @@ class BlockSolution:
 def solve_block(problem: BlockProblem, *, memory_budget_bytes: float | None = None, solver: str = "highs",
                 time_limit_s: float = 10.0) -> BlockSolution | None:
     """The split of each parameterised op minimising the block's time within the budget;
-    None when no assignment fits the budget."""
-    if memory_budget_bytes is not None and problem.min_memory_bytes() > memory_budget_bytes:
-        return None                      # even the lightest split of every op is too heavy
+    None when no assignment fits the budget (:func:`budget_infeasibility` says why)."""
+    if memory_budget_bytes is not None and math.isinf(memory_budget_bytes) and memory_budget_bytes > 0:
+        memory_budget_bytes = None       # an unlimited budget is no row at all
+    if memory_budget_bytes is not None and budget_infeasibility(problem, memory_budget_bytes):
+        return None
     model = pulp.LpProblem("intra_op", pulp.LpMinimize)
     x = {(v, s): variable(model, f"x{i}_{j}", low=0, up=1, cat="Binary") for i, v in enumerate(problem.params) for j, s in enumerate(problem.legal[v])}
     objective = [problem.constant_s]
@@ -180,6 +205,22 @@ def solve_block(problem: BlockProblem, *, memory_budget_bytes: float | None = No
     splits = {v: max(problem.legal[v], key=lambda s: x[v, s].value() or 0.0) for v in problem.params}
     time_s, memory_bytes = problem.evaluate(splits)
     return BlockSolution(splits=splits, time_s=time_s, memory_bytes=memory_bytes, status=status)
+
+
+def budget_infeasibility(problem: BlockProblem, memory_budget_bytes: float) -> str:
+    """Why no split can meet ``memory_budget_bytes`` before any solve ('' when one may): a budget
+    that is not a number or is negative, bytes that are not finite, or a budget below the
+    lightest split of every op. PuLP cannot take a NaN/inf right-hand side, so these never reach it."""
+    if math.isnan(memory_budget_bytes) or memory_budget_bytes < 0:
+        return f"the per-block memory budget is {memory_budget_bytes / 2**30:.3g} GiB (the rest of the device memory leaves nothing for the blocks)"
+    lightest = problem.min_memory_bytes()
+    coefficients = [b for table in problem.unary_bytes.values() for b in table.values()]
+    coefficients += [b for pure in problem.pure.values() for b in pure.bytes.values()]
+    if not all(math.isfinite(b) for b in [lightest, *coefficients]):
+        return "the block's bytes are not finite; the parameter or activation byte factors are invalid"
+    if lightest > memory_budget_bytes:
+        return f"the lightest splits need {lightest / 2**30:.3g} GiB per block, over the {memory_budget_bytes / 2**30:.3g} GiB budget"
+    return ""
 
 
 def _add_pairs(model, problem: BlockProblem, x, objective) -> None:
@@ -205,16 +246,18 @@ def _add_any_of(model, problem: BlockProblem, x, objective) -> None:
 
 
 def _add_pure(model, problem: BlockProblem, x, objective, memory) -> None:
-    for k, (n, (t_full, t_shard, a_full, a_shard, origins)) in enumerate(problem.pure.items()):
-        objective.append(t_full)
-        memory.append(a_full)
-        if not all((u, "colwise") in x and u not in problem.gathered for u in origins):
-            continue
-        z = variable(model, f"z{k}", low=0, up=1)
-        for u in origins:                                                                            # (d)
-            model += z <= x[u, "colwise"]
-        objective.append(-(t_full - t_shard) * z)
-        memory.append(-(a_full - a_shard) * z)
+    """A pure node costs its R price less the saving of each layout it runs on: z[n,S] <= every
+    origin colwise, z[n,Q] <= every origin rowwise (reduce-scattered under SP).      (d)"""
+    need = {"S": "colwise", "Q": "rowwise"}
+    for k, (n, pure) in enumerate(problem.pure.items()):
+        objective.append(pure.time_s["R"])
+        memory.append(pure.bytes["R"])
+        for layout in (lay for lay in pure.time_s if lay != "R"):
+            z = variable(model, f"z{k}_{layout}", low=0, up=1)
+            for u in pure.origins:
+                model += z <= x[u, need[layout]]
+            objective.append(-(pure.time_s["R"] - pure.time_s[layout]) * z)
+            memory.append(-(pure.bytes["R"] - pure.bytes[layout]) * z)
 
 
 def _add_tie_rows(model, problem: BlockProblem, x) -> None:

@@ -2,8 +2,11 @@
 
 Every file is written atomically (autoplan/types/_check.py). ops.csv attributes the block's
 TP comm terms (autoplan/cost/tensor_parallel.py) to ops: a unary term to its op, an edge term
-to the consuming op, an any-of term to the first consumer that triggers it. Times are per
-micro-batch on one device (forward + backward); bytes are per device.
+to the consuming op, an any-of term to the first consumer that triggers it, the SP all-gather
+of a stream input to its first consumer. Times are per
+micro-batch on one device (forward + backward); bytes are per device. Compute and saved bytes
+come from solve/op_costs.py, which prices each op as autoplan/cost/layers.py does, so a
+block's rows sum to what CostModel charges it (tests/unit/test_solve_agreement.py).
 """
 from __future__ import annotations
 
@@ -11,9 +14,9 @@ import csv
 import io
 from pathlib import Path
 
-from autoplan.cost.compute import activation_scale, op_time_s
 from autoplan.cost.memory import model_states
 from autoplan.cost.tensor_parallel import block_terms, node_splits, tp_layer_cost
+from autoplan.solve.op_costs import node_saved_bytes, node_time_s
 from autoplan.solve.search import SearchResult
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic
@@ -79,11 +82,10 @@ def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
             index = graph.nodes.index(node) if layer is None else 0
             stage = stages.get(layer, 0 if index < first_block else plan.pp - 1)
             shard = cost.compute_shard.get(node.name, 1)
-            kwargs = dict(precision=plan.precision, batch_fraction=ctx.batch_fraction, shard=shard)
-            compute = op_time_s(node, profile, **kwargs) + op_time_s(node, profile, backward=True, **kwargs)
+            compute = node_time_s(graph, node, profile, precision=plan.precision, batch_fraction=ctx.batch_fraction, shard=shard)
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
-            saved = node.saved_bytes * ctx.batch_fraction * activation_scale(node, precision=plan.precision) / cost.activation_shard.get(node.name, 1)
+            saved = node_saved_bytes(node, profile, precision=plan.precision) * ctx.batch_fraction / cost.activation_shard.get(node.name, 1)
             split = plan.tp_plan.get(node.module, "replicate") if node.module and node.op in ("linear", "embedding", "norm") else "-"
             rows.append([node.name, node.op, node.module, layer or "", stage, split, shard, compute, comm.get(node.name, 0.0),
                          int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes), int(saved)])
@@ -95,7 +97,7 @@ def _comm_by_node(graph: Graph, layer: str | None, plan: Plan, ctx) -> dict[str,
         return {}
     terms = block_terms(graph, layer, ctx=ctx)
     splits = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
-    comm: dict[str, float] = {}
+    comm: dict[str, float] = dict(terms.constant_at)
     for u, table in terms.unary.items():
         comm[u] = comm.get(u, 0.0) + sum(table[splits[u]])
     for (u, v), table in terms.pair.items():

@@ -9,15 +9,15 @@ memory budget when the search asks for a memory-constrained solve).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import model_states, usable_bytes
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.tensor_parallel import TPContext, analyse_block, node_splits
 from autoplan.solve.backend import SolveStatus
-from autoplan.solve.intra_op import build_block_problem, solve_block
+from autoplan.solve.intra_op import budget_infeasibility, build_block_problem, solve_block
 from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -31,6 +31,7 @@ class TPChoice:
     tp_plan: dict[str, str]
     statuses: list[SolveStatus] = field(default_factory=list)
     feasible: bool = True
+    reason: str = ""            # why no splits fit the memory budget (when not feasible)
 
     @property
     def status(self) -> str:
@@ -45,8 +46,8 @@ class TPChoice:
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """Per-block bytes for the ILP's memory row, with the multipliers that turn traced bytes
-    into bytes per device (see build_block_problem)."""
+    """Per-block bytes for the ILP's memory row, with the multipliers that turn traced parameter
+    bytes and saved bytes in the run's precision into bytes per device (see build_block_problem)."""
 
     block_bytes: float
     outside_bytes: float
@@ -79,11 +80,13 @@ class TPPlanner:
             factors = dict(param_bytes_factor=budget.param_bytes_factor, activation_factor=budget.activation_factor) if budget else {}
             problem = build_block_problem(self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, **factors)
             limit = None if budget is None else (budget.outside_bytes if rep is None else budget.block_bytes)
-            limit = None if limit is not None and limit == float("inf") else limit
-            self.solves += 1
-            solution = solve_block(problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s)
+            why = budget_infeasibility(problem, limit) if limit is not None and not (math.isinf(limit) and limit > 0) else ""
+            self.solves += 0 if why else 1
+            solution = None if why else solve_block(problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s)
             if solution is None:
-                return TPChoice(tp_plan={}, statuses=choice.statuses, feasible=False)
+                part = "the modules outside the blocks" if rep is None else f"block {rep}"
+                why = why or f"no splits of {part} fit its {limit / 2**30:.3g} GiB budget"
+                return TPChoice(tp_plan={}, statuses=choice.statuses, feasible=False, reason=f"tp ILP infeasible at tp={ctx.tp}: {why}")
             choice.statuses.append(solution.status)
             self._copy(solution.splits, rep, members, choice.tp_plan, ctx)
         Plan(devices=ctx.tp, dp=1, tp=ctx.tp, pp=1, micro_batch_size=1, num_microbatches=1, tp_plan=choice.tp_plan)  # validates the splits once
@@ -109,16 +112,14 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
     recomputed) are spread over them. Bytes per device follow autoplan/cost/memory.py."""
     blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
     states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
-    traced_param = graph.param_bytes / max(1, graph.param_count)
-    traced_act = {"float16": 2.0, "bfloat16": 2.0, "half": 2.0}.get(graph.dtype.replace("torch.", ""), 4.0)
-    scale = plan.micro_batch_size / graph.batch_size * PRECISION_BYTES[plan.precision] / traced_act
+    traced_param = graph.param_bytes / graph.param_count if graph.param_bytes > 0 and graph.param_count > 0 else 4.0
     in_flight = 1.0 / blocks if plan.recompute == "full" else in_flight_chunks(plan, 0)
     factors = dict(param_bytes_factor=(states.weights_bytes + states.grads_bytes + states.optimizer_bytes) / traced_param,
-                   activation_factor=in_flight * scale)
+                   activation_factor=in_flight * plan.micro_batch_size / graph.batch_size)   # saved bytes come in the precision
     group = mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
     ctx = TPContext(profile=profile, tp=plan.tp, group=group, sequence_parallel=plan.sequence_parallel,
                     precision=plan.precision, batch_fraction=plan.micro_batch_size / graph.batch_size)
     outside = build_block_problem(graph, None, ctx=ctx, **factors)
     outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]
     free = usable_bytes(profile.device.memory_bytes) - cost.comm_buffer_bytes - outside_bytes
-    return MemoryBudget(block_bytes=max(0.0, free / blocks), outside_bytes=outside_bytes, **factors)
+    return MemoryBudget(block_bytes=free / blocks, outside_bytes=outside_bytes, **factors)   # negative: nothing left (infeasible)

@@ -21,7 +21,6 @@ import math
 from collections import deque
 from typing import Iterable
 
-import networkx as nx
 import torch
 
 from autoplan.trace.classify import is_split
@@ -35,6 +34,7 @@ def annotate(records: list[Measured], model: torch.nn.Module) -> None:
     by_name = {r.name: r for r in records}
     annotate_attention(records, by_name)
     annotate_fused_chunks(records, by_name)
+    annotate_heads(records, by_name)
     annotate_experts(records, model)
 
 
@@ -122,9 +122,46 @@ def _parts(split: Measured, linear: Measured) -> int:
     return 0
 
 
+# ---- head layout ---------------------------------------------------------------------------
+def annotate_heads(records: list[Measured], by_name: dict[str, Measured]) -> None:
+    """``attrs["head_split"]`` = the dims a view unflattens a linear's whole feature dim into
+    ([heads, head_dim], Megatron's [heads, 3*head_dim], [3, heads, head_dim]), following the
+    output through views that keep that dim last; absent when it is split or used whole."""
+    consumers: dict[str, list[str]] = {}
+    for record in records:
+        for name in record.inputs:
+            consumers.setdefault(name, []).append(record.name)
+    for linear in (r for r in records if r.kind == "linear" and r.outputs and r.attrs.get("out_features")):
+        dims = _head_split(linear, consumers, by_name)
+        if dims:
+            linear.attrs["head_split"] = dims
+
+
+def _head_split(linear: Measured, consumers: dict[str, list[str]], by_name: dict[str, Measured]) -> list[int] | None:
+    features, shape = linear.attrs["out_features"], list(linear.outputs[0].shape)
+    rows = math.prod(shape[:-1])
+    queue, seen = deque(consumers.get(linear.name, [])), set()
+    while queue and len(seen) < 64:
+        record = by_name[queue.popleft()]
+        if record.name in seen or record.kind != "view" or not record.outputs or is_split(record.op_name):
+            continue
+        seen.add(record.name)
+        out = list(record.outputs[0].shape)
+        if out and out[-1] == features and math.prod(out[:-1]) == rows:
+            queue.extend(consumers.get(record.name, []))     # a transpose/contiguous that keeps the features last
+            continue
+        for k in range(len(out) - 2, 0, -1):
+            if math.prod(out[k:]) == features and math.prod(out[:k]) == rows:
+                return out[k:]
+    return None
+
+
 # ---- experts ------------------------------------------------------------------------------
 def annotate_experts(records: list[Measured], model: torch.nn.Module) -> None:
-    graph = nx.DiGraph((src, r.name) for r in records for src in r.inputs)
+    graph: dict[str, list[str]] = {}  # node -> its consumers
+    for record in records:
+        for src in record.inputs:
+            graph.setdefault(src, []).append(record.name)
     for name, container in model.named_modules():
         if not isinstance(container, (torch.nn.ModuleList, torch.nn.ModuleDict)) or len(container) < 2:
             continue
@@ -149,7 +186,7 @@ def _members(records: list[Measured], name: str, container: torch.nn.Module) -> 
     return members
 
 
-def _parallel(graph: nx.DiGraph, members: list[list[Measured]]) -> bool:
+def _parallel(graph: dict[str, list[str]], members: list[list[Measured]]) -> bool:
     owner = {r.name: i for i, member in enumerate(members) for r in member}
     for i, member in enumerate(members):
         reached = _descendants(graph, [r.name for r in member])
@@ -158,11 +195,11 @@ def _parallel(graph: nx.DiGraph, members: list[list[Measured]]) -> bool:
     return True
 
 
-def _descendants(graph: nx.DiGraph, sources: list[str]) -> set[str]:
+def _descendants(graph: dict[str, list[str]], sources: list[str]) -> set[str]:
     seen, queue = set(sources), deque(sources)
     while queue:
         name = queue.popleft()
-        for nxt in graph.successors(name) if graph.has_node(name) else ():
+        for nxt in graph.get(name, ()):
             if nxt not in seen:
                 seen.add(nxt)
                 queue.append(nxt)

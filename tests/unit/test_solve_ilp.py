@@ -101,22 +101,45 @@ def test_backend_tells_time_limit_from_optimal():
 
 @pytest.mark.parametrize("case", CASES)
 def test_ilp_objective_is_what_the_cost_model_charges(case):
-    """The ILP prices a block exactly as tp_layer_cost + op_time_s (what CostModel sums) do."""
+    """The ILP prices a block exactly as autoplan.cost.layers.summarise (what CostModel sums) does:
+    op times with the bytes each op reads, TP comm, and saved bytes with their shards."""
     import itertools
 
-    from autoplan.cost.compute import op_time_s
-    from autoplan.cost.tensor_parallel import tp_layer_cost
+    from autoplan.cost.layers import block_structure, summarise
 
     profile = synthetic_profile()
     graph = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096, **case)
     ctx = TPContext(profile=profile, tp=4, group=mesh_groups(profile, dp=1, tp=4, pp=1)["tp"], sequence_parallel=True,
                     precision="bf16", batch_fraction=2 / 16)
-    problem = build_block_problem(graph, "h.0", ctx=ctx, forward_repeats=2)
+    problem = build_block_problem(graph, "h.0", ctx=ctx, forward_repeats=2, activation_factor=2 / 16)
     for combo in itertools.islice(itertools.product(*(problem.legal[v] for v in problem.params)), 0, None, 7):
         splits = dict(zip(problem.params, combo))
         tp_plan = {graph.node(v).module: s for v, s in splits.items()}
-        cost = tp_layer_cost(graph, "h.0", tp_plan, ctx=ctx)
-        compute = sum(2 * op_time_s(n, profile, precision="bf16", batch_fraction=2 / 16, shard=cost.compute_shard[n.name])
-                      + op_time_s(n, profile, precision="bf16", batch_fraction=2 / 16, shard=cost.compute_shard[n.name], backward=True)
-                      for n in graph.layer_nodes("h.0"))
-        assert problem.evaluate(splits)[0] == pytest.approx(compute + 2 * cost.comm_fwd_s + cost.comm_bwd_s, rel=1e-9)
+        block = summarise(graph, block_structure(graph, "h.0"), layer="h.0", tp_plan=tp_plan, ctx=ctx)
+        time_s, memory = problem.evaluate(splits)
+        assert time_s == pytest.approx(2 * block.fwd_s + block.bwd_s + 2 * block.tp_fwd_s + block.tp_bwd_s, rel=1e-9)
+        assert memory == pytest.approx(block.saved_bytes, rel=1e-9)
+
+
+@pytest.mark.parametrize("budget", [float("nan"), -1.0, float("-inf")])
+def test_impossible_budget_is_infeasible_with_a_reason_never_a_solver_crash(budget):
+    # PuLP raises "Cannot set constraint RHS to NaN/inf" if such a budget reaches it.
+    from autoplan.solve.intra_op import budget_infeasibility
+    from autoplan.solve.tp_plan import MemoryBudget, TPPlanner
+
+    problem = _problem(CASES[0], tp=4, sp=False, mbs=8, param_bytes_factor=4.0, activation_factor=1.0)
+    assert solve_block(problem, memory_budget_bytes=budget) is None
+    assert budget_infeasibility(problem, budget)
+    graph = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096)
+    planner = TPPlanner(graph, synthetic_profile())
+    choice = planner.choose(dp=1, tp=4, pp=1, sequence_parallel=False, precision="bf16", micro_batch_size=8,
+                            budget=MemoryBudget(block_bytes=budget, outside_bytes=2**40, param_bytes_factor=4.0, activation_factor=0.5))
+    assert not choice.feasible and choice.status == "infeasible"
+    assert "tp ILP infeasible at tp=4" in choice.reason and "budget" in choice.reason
+
+
+def test_unlimited_budget_is_no_row_and_infinite_bytes_are_refused():
+    problem = _problem(CASES[0], tp=4, sp=False, mbs=8, param_bytes_factor=4.0, activation_factor=1.0)
+    assert solve_block(problem, memory_budget_bytes=float("inf")).time_s == pytest.approx(solve_block(problem).time_s)
+    broken = _problem(CASES[0], tp=4, sp=False, mbs=8, param_bytes_factor=float("inf"), activation_factor=1.0)
+    assert solve_block(broken, memory_budget_bytes=2**40) is None

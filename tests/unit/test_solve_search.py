@@ -140,3 +140,14 @@ def test_memory_row_of_the_ilp_rescues_a_group_that_only_fits_split():
     tight = plan_graph(graph, devices=8, profile=tight_profile, batch_size=8, fix=pins).best
     assert any(split != "replicate" for module, split in tight.tp_plan.items() if module.startswith("h."))
     assert tight.predicted["peak_memory_bytes"] <= 0.9 * tight_profile.device.memory_bytes
+
+
+def test_a_memory_budget_with_nothing_left_is_a_reason_not_a_crash():
+    # tight memory: the memory-constrained TP ILP gets a negative per-block budget for some groups
+    # (PuLP would raise "Cannot set constraint RHS to NaN/inf" for a NaN one); they are infeasible with a reason.
+    graph = synthetic_gpt(layers=4, hidden=1024, heads=16, batch=64, seq=512)
+    profile = synthetic_profile(inter_busbw_bytes_per_s=200e9, memory_bytes=300 * 10**6)
+    result = Search(graph, profile, SearchOptions(devices=16, batch_size=64)).run()
+    reasons = [c.reason for c in result.candidates if "tp ILP infeasible" in c.reason]
+    assert reasons and all(not c.feasible for c in result.candidates if "tp ILP infeasible" in c.reason)
+    assert "budget" in reasons[0] and "\n" not in reasons[0]

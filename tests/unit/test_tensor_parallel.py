@@ -134,3 +134,153 @@ def test_illegal_split_in_a_plan_is_one_sentence():
     with pytest.raises(PlanError, match="not legal at tp=4") as info:
         node_splits(graph, "h.0", {"h.0.attn.q": "colwise"}, tp=4)
     assert "\n" not in str(info.value)
+
+
+# ---- head layouts read off the dataflow (real tracer) ----------------------------------------
+import math  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from autoplan.trace import trace  # noqa: E402
+
+B, S, A, D = 2, 16, 4, 8
+
+
+class _Attention(torch.nn.Module):
+    """One fused qkv linear h -> 3h in one of four layouts, then attention, then a rowwise-able proj."""
+
+    def __init__(self, layout, heads=A):
+        super().__init__()
+        self.layout, self.heads = layout, heads
+        self.qkv = torch.nn.Linear(heads * D, 3 * heads * D)
+        self.proj = torch.nn.Linear(heads * D, heads * D)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        mixed = self.qkv(x)
+        if self.layout in ("megatron_matmul", "megatron_sdpa"):      # head-interleaved [q_i | k_i | v_i]
+            q, k, v = (t.transpose(1, 2) for t in mixed.view(b, s, self.heads, 3 * D).split(D, dim=-1))
+        elif self.layout == "nanogpt":                                # [q | k | v], then each viewed into heads
+            q, k, v = (t.view(b, s, self.heads, D).transpose(1, 2) for t in mixed.split(h, dim=2))
+        else:                                                         # timm/ViT: (3, heads, head_dim)
+            q, k, v = mixed.reshape(b, s, 3, self.heads, D).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.layout == "megatron_matmul":
+            probs = torch.softmax(torch.matmul(q / math.sqrt(D), k.transpose(-2, -1)), dim=-1)
+            out = torch.matmul(probs, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(out.transpose(1, 2).reshape(b, s, h))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, layout, heads=A):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Attention(layout, heads) for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def _traced(layout, heads=A):
+    graph = trace(_Net(layout, heads), (torch.randn(B, S, heads * D),), loss_fn=lambda out, _: out.sum(), target=None, model_name=layout)
+    layer = graph.layers[0]
+    qkv = next(n for n in graph.layer_nodes(layer) if n.module.endswith("qkv"))
+    return graph, layer, qkv
+
+
+@pytest.mark.parametrize("layout", ["megatron_matmul", "megatron_sdpa"])
+def test_head_interleaved_qkv_is_head_sharded_without_a_gather(layout):
+    # DTensor views a Shard(2) [b, s, 3h] as Shard on the heads of [b, s, a, 3d] and splits the
+    # unsharded last dim locally: no collective, attention sharded (checked with CommDebugMode).
+    graph, layer, qkv = _traced(layout)
+    assert qkv.attrs["head_split"] == [A, 3 * D]
+    assert "colwise" in legal_splits(qkv, 2) and "colwise" in legal_splits(qkv, 4)
+    assert "colwise" not in legal_splits(qkv, 8)                    # 4 heads over 8 ranks would cut heads
+    profile = synthetic_profile()
+    ctx = _traced_ctx(profile, 2)
+    cost = tp_layer_cost(graph, layer, default_tp_plan(graph, 2), ctx=ctx)
+    core = [n.name for n in graph.layer_nodes(layer) if n.op in ("matmul", "attention")]
+    assert core and all(cost.compute_shard[n] == 2 for n in core)
+    assert cost.activation_shard[qkv.name] == 2
+    block_output = B * S * A * D * 2                               # bf16
+    assert cost.comm_fwd_s == pytest.approx(collective_time_s(profile, "all_reduce", block_output, group=ctx.group))
+    # forward: only the proj's all-reduce (Megatron's g), nothing gathered
+
+
+def _traced_ctx(profile, tp):
+    return TPContext(profile=profile, tp=tp, group=mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"], sequence_parallel=False,
+                     precision="bf16", batch_fraction=1.0)
+
+
+def test_split_then_viewed_qkv_is_gathered_and_leading_three_is_never_colwise():
+    graph, layer, qkv = _traced("nanogpt")
+    assert "colwise" in legal_splits(qkv, 2)
+    cost = tp_layer_cost(graph, layer, default_tp_plan(graph, 2), ctx=_traced_ctx(synthetic_profile(), 2))
+    attention = next(n.name for n in graph.layer_nodes(layer) if n.op == "attention")
+    assert cost.compute_shard[qkv.name] == 2 and cost.compute_shard[attention] == 1
+    assert cost.activation_shard[qkv.name] == 1                    # consumers keep the gathered, whole output
+    _, _, vit_qkv = _traced("vit")
+    assert vit_qkv.attrs["head_split"] == [3, A, D]
+    assert "colwise" not in legal_splits(vit_qkv, 2)               # DTensor cannot unflatten 3 over 2 ranks
+
+
+def test_explicit_matmul_attention_gets_a_heads_check():
+    _, _, qkv = _traced("megatron_matmul", heads=6)
+    assert qkv.attrs["out_features"] % 4 == 0                      # 144 features divide, 6 heads do not
+    assert "colwise" in legal_splits(qkv, 2) and "colwise" not in legal_splits(qkv, 4)
+
+
+# ---- Korthikanti et al. 2022 eq. (4)-(5) on the real Megatron graph ----------------------------
+MS, MH, MA = 256, 256, 4
+
+
+@pytest.fixture(scope="module")
+def megatron_graphs():
+    from pathlib import Path
+
+    from autoplan.trace import trace_model_file
+    root = Path(__file__).resolve().parents[2]
+    graphs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for layers in (2, 4):
+            for name, value in dict(N_LAYER=layers, N_EMBD=MH, N_HEAD=MA, SEQ_LEN=MS, VOCAB_SIZE=1024).items():
+                mp.setenv(f"AUTOPLAN_GPTM_{name}", str(value))
+            graphs[layers] = trace_model_file(root / "examples" / "gpt_megatron.py", 2)
+    return graphs
+
+
+def _per_layer_sbh(graphs, tp, *, sp, recompute):
+    from autoplan.cost import CostModel
+    from autoplan.types import Plan
+    profile = synthetic_profile()          # backend nccl: 1-byte dropout masks, as on the A100s
+    kept = []
+    for layers in (2, 4):
+        plan = Plan(devices=tp, dp=1, tp=tp, pp=1, micro_batch_size=1, num_microbatches=2, precision="bf16",
+                    recompute=recompute, sequence_parallel=sp, tp_plan=default_tp_plan(graphs[layers], tp, sequence_parallel=sp))
+        kept.append(CostModel(graphs[layers], profile).estimate(plan).activations_bytes)
+    return (kept[1] - kept[0]) / 2 / (MS * MH)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_megatron_activations_per_layer_follow_korthikanti_eq_4_and_5(megatron_graphs, tp):
+    s2 = 5 * MA * MS / MH
+    # eq. (5), TP + SP: sbh/t (34 + 5as/h); selective recomputation drops the 5as/h term: 34 sbh/t
+    assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="none") == pytest.approx((34 + s2) / tp, rel=0.005)
+    assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="selective") == pytest.approx(34 / tp, rel=0.005)
+    # eq. (4), TP only: sbh (10 + 24/t + 5as/(ht)); selective: sbh (10 + 24/t)
+    assert _per_layer_sbh(megatron_graphs, tp, sp=False, recompute="selective") == pytest.approx(10 + 24 / tp, rel=0.005)
+
+
+def test_every_saving_node_of_a_megatron_block_is_sharded_under_sp(megatron_graphs):
+    graph = megatron_graphs[2]
+    layer = graph.layers[0]
+    ctx = _ctx(synthetic_profile(), 4, sp=True)
+    cost = tp_layer_cost(graph, layer, default_tp_plan(graph, 4, sequence_parallel=True), ctx=ctx)
+    whole = [n.name for n in graph.layer_nodes(layer) if n.saved_bytes and cost.activation_shard[n.name] != 4]
+    assert whole == []
+    # the dropout after a reduce-scattered rowwise linear runs on the sequence shard (compute too)
+    dropouts = [n.name for n in graph.layer_nodes(layer) if "dropout" in n.target and n.output_shape[-1] == MH]
+    assert dropouts and all(cost.compute_shard[d] == 4 for d in dropouts)

@@ -1,0 +1,43 @@
+"""Per-op time and saved bytes, priced exactly as the cost model prices them.
+
+The planner (the intra-op ILP, ops.csv, the search's bounds) must charge each op what
+``autoplan.cost.layers.summarise`` charges, or the ILP optimises something CostModel does not
+price. So, like summarise:
+
+    time(node, shard)  = op_time_s(node, fwd, input_bytes=I) * forward_repeats + op_time_s(node, bwd, input_bytes=I)
+    I                  = input_bytes_of(predecessors(node))      (what the node reads, in the precision)
+    saved(node, shard) = saved_activation_bytes(node) * batch_fraction / shard
+
+``saved_activation_bytes`` rescales floating tensors to the precision and counts a dropout's
+mask at 1 byte per element on a GPU profile (autoplan/cost/compute.py); a hand-made rescale of
+``node.saved_bytes`` would miss that.
+"""
+from __future__ import annotations
+
+from autoplan.cost.compute import input_bytes_of, op_time_s, saved_activation_bytes
+from autoplan.cost.tensor_parallel import predecessors
+from autoplan.types.graph import Graph, OpNode
+from autoplan.types.profile import Profile
+
+
+def read_bytes(graph: Graph, node: OpNode, *, precision: str) -> float:
+    """What ``node`` reads for the traced batch: its predecessors' outputs in ``precision``."""
+    return input_bytes_of([graph.node(p) for p in predecessors(graph, node.name)], precision=precision)
+
+
+def node_times_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int) -> tuple[float, float]:
+    """(forward, backward) seconds of ``node`` on one device for one micro-batch."""
+    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, input_bytes=read_bytes(graph, node, precision=precision))
+    return op_time_s(node, profile, **kwargs), op_time_s(node, profile, backward=True, **kwargs)
+
+
+def node_time_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
+                forward_repeats: int = 1) -> float:
+    """Forward (``forward_repeats`` times: 2 under full recomputation) + backward seconds."""
+    fwd, bwd = node_times_s(graph, node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard)
+    return forward_repeats * fwd + bwd
+
+
+def node_saved_bytes(node: OpNode, profile: Profile, *, precision: str) -> float:
+    """Bytes ``node`` keeps for the backward, for the whole traced batch, in the run's precision."""
+    return saved_activation_bytes(node, precision=precision, gpu=profile.backend == "nccl")
