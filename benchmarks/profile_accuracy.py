@@ -1,10 +1,12 @@
 """How well does a freshly measured profile predict sizes it was not fitted on?
 
 1. Measure a profile of this machine (compute sweep; collectives at 1 KB * 4^i up to 256 MB).
-2. Measure HELD-OUT matmul shapes (none in the sweep) and collective sizes 2 KB * 4^i
-   (between the fitted sizes) with the same thread count.
+2. Measure HELD-OUT matmul and attention shapes (none in the sweep) and collective sizes
+   2 KB * 4^i (between the fitted sizes) the way the profile was measured: the same thread
+   count, all N processes computing at once (median over ranks), attention forward + backward.
 3. Predict each from the profile: matmul t = (F + F_half) / (a * peak[dtype]) with the dtype's
-   curve; collective t = alpha + c(n) * S / busbw. Print the error table; write CSV to
+   curve; attention the cost model's forward (F) + backward (2F) on the attention curve;
+   collective t = alpha + c(n) * S / busbw. Print the error table; write CSV to
    benchmarks/results/profile_accuracy.csv.
 
 Run:  python benchmarks/profile_accuracy.py [--devices 2]
@@ -17,39 +19,44 @@ import csv
 import statistics
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
 from autoplan.profile import measure_profile
 from autoplan.profile.fit import predict_collective_s, predict_op_s
-from autoplan.profile.measure import CommSweep
-from autoplan.profile.measure.collectives import measure_collectives
-from autoplan.profile.measure.compute import matmul_case, time_case
-from autoplan.profile.measure.timing import default_device
+from autoplan.profile.measure import CommSweep, merge_compute
+from autoplan.profile.measure.collectives import merge_collectives
+from autoplan.profile.measure.compute import spec
+from autoplan.profile.measure.ranks import ComputeJob, run_ranks
 
 HELD_OUT_MATMULS = [(96, 96, 96), (192, 192, 192), (384, 384, 384), (768, 768, 768), (1536, 1536, 1536),
                     (3000, 1000, 500), (1536, 512, 2048), (200, 4000, 1000), (8192, 128, 256), (512, 3072, 768)]
+HELD_OUT_ATTENTION = [(1, 4, 96, 64), (1, 8, 192, 64), (2, 8, 384, 64), (1, 8, 768, 64), (4, 4, 128, 32)]
 FIT_COMM = CommSweep(min_bytes=1024, max_bytes=256 * 2**20, factor=4)
 HELD_OUT_COMM = CommSweep(min_bytes=2048, max_bytes=128 * 2**20, factor=4)
 OUT = Path(__file__).resolve().parent / "results" / "profile_accuracy.csv"
 
 
-def matmul_rows(profile, device) -> list[dict]:
-    rows = []
-    for dtype in profile.device.peak_flops:
-        curve = profile.device.efficiency_for("matmul", dtype)
-        for m, n, k in HELD_OUT_MATMULS:
-            case = matmul_case(m=m, n=n, k=k)
-            measured = time_case(case, dtype_name=dtype, device=device, budget_s=0.3).time_s
-            predicted = predict_op_s(flops=case.flops, peak_flops=profile.device.peak_flops[dtype],
-                                     max_efficiency=curve.max_efficiency, half_saturation_flops=curve.half_saturation_flops)
-            rows.append(_row("matmul", case.shape, dtype, measured, predicted))
-    return rows
+def held_out_job(profile) -> ComputeJob:
+    cases = ([spec("matmul", m=m, n=n, k=k) for m, n, k in HELD_OUT_MATMULS]
+             + [spec("attention", batch=b, heads=h, seq=s, head_dim=d) for b, h, s, d in HELD_OUT_ATTENTION])
+    return ComputeJob(items=tuple((c, dtype) for dtype in profile.device.peak_flops for c in cases), budget_s=0.3)
 
 
-def collective_rows(profile, devices: int) -> list[dict]:
-    _, points = measure_collectives(processes=devices, threads=profile.threads, sweep=HELD_OUT_COMM, timeout_s=300)
+def compute_rows(profile, job: ComputeJob, per_rank) -> list[dict]:
+    rows, _ = merge_compute(job, per_rank)
+    out = []
+    for row in rows:
+        curve = profile.device.efficiency_for(row.op, row.dtype)
+        calls = [row.flops] if row.op == "matmul" else [row.flops / 3, 2 * row.flops / 3]   # attention: fwd + bwd
+        predicted = sum(predict_op_s(flops=f, peak_flops=profile.device.peak_flops[row.dtype], max_efficiency=curve.max_efficiency,
+                                     half_saturation_flops=curve.half_saturation_flops) for f in calls)
+        out.append(_row(row.op, row.shape, row.dtype, row.time_s, predicted))
+    return out
+
+
+def collective_rows(profile, per_rank, devices: int) -> list[dict]:
+    points = merge_collectives({r: res.collectives for r, res in per_rank.items()}, processes=devices, sweep=HELD_OUT_COMM)
     rows = []
     for kind, pts in points.items():
         fit = profile.intra_node.collectives[kind]
@@ -84,8 +91,9 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     args = parser.parse_args()
     profile = measure_profile(devices=args.devices, name="benchmark", comm_sweep=FIT_COMM)
-    torch.set_num_threads(profile.threads)
-    rows = matmul_rows(profile, default_device()) + collective_rows(profile, args.devices)
+    job = held_out_job(profile)
+    _, per_rank = run_ranks(processes=args.devices, threads=profile.threads, job=job, sweep=HELD_OUT_COMM, timeout_s=600)
+    rows = compute_rows(profile, job, per_rank) + collective_rows(profile, per_rank, args.devices)
     show(rows)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     with OUT.open("w", newline="") as handle:

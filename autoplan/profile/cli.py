@@ -16,16 +16,16 @@ from autoplan.types.profile import Profile
 
 def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser = subparsers.add_parser("profile", parents=[common], help="measure this machine into a hardware profile, or check one",
-                                   description="Measure compute, memory bandwidth and N-process collectives on this machine "
-                                               "and write a profile (see docs/profile-format.md); or check and show a profile.")
-    parser.add_argument("--devices", type=int, default=2, help="processes (GPUs, or CPU ranks) to measure collectives between (default 2)")
+                                   description="Measure compute and memory bandwidth (all N processes at once) and N-process "
+                                               "collectives on this machine and write a profile (see docs/profile-format.md); or check and show a profile.")
+    parser.add_argument("--devices", type=int, default=2, help="processes (GPUs, or CPU ranks) that compute at once and measure collectives between (default 2)")
     parser.add_argument("--out", help="where to write the profile (.yaml or .json)")
     parser.add_argument("--name", help="profile name (default: the --out file stem)")
     parser.add_argument("--threads", type=int, help="intra-op threads per process (default: cores // devices)")
     parser.add_argument("--model", help="also time each traced op of this model file")
     parser.add_argument("--batch", type=int, default=1, help="global batch for --model (default 1)")
     parser.add_argument("--quick", action="store_true", help="a small sweep (seconds), for smoke tests")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the collective processes are stopped (default 300)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the measuring processes are stopped (default 300)")
     parser.add_argument("--show", metavar="PROFILE", help="load, validate and summarise a profile (name or path) instead of measuring")
     parser.set_defaults(func=run)
 

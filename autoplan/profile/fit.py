@@ -7,7 +7,10 @@ Both models are affine in time, so one robust fit serves both:
   c = 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, all_to_all), 1 (send_recv).
   Fit t against x = c(n)*S: intercept = alpha_s, slope = 1/busbw.
 * Compute efficiency  eff(F) = a*F/(F + F_half)  with t = F / (peak * eff(F)) gives
-  t * peak = F/a + F_half/a, affine in F: slope = 1/a, intercept = F_half/a.
+  t * peak = F/a + F_half/a, affine in F: slope = 1/a, intercept = F_half/a. A point that
+  times ``calls`` kernel calls together (attention forward + backward: 2) of total FLOPs F is
+  predicted by the cost model as the sum over the calls, t * peak = F/a + calls * F_half/a,
+  so F_half = intercept * a / calls.
 
 The fit minimises soft-L1 *relative* residuals ((model - t)/t), because the points span
 five or more decades of time and a few noisy points must not drag the line
@@ -71,15 +74,17 @@ def fit_collective(*, kind: str, points: Sequence[Sequence[float]]) -> tuple[flo
     return alpha_s, 1.0 / slope
 
 
-def fit_efficiency(*, flops: Sequence[float], time_s: Sequence[float], peak_flops: Sequence[float]) -> tuple[float, float]:
+def fit_efficiency(*, flops: Sequence[float], time_s: Sequence[float], peak_flops: Sequence[float],
+                   calls: int = 1) -> tuple[float, float]:
     """(max_efficiency, half_saturation_flops) of eff(F) = a*F/(F+F_half).
 
     ``peak_flops`` is the peak for each point's dtype, so points of several dtypes share one
-    curve after scaling time by their peak (t * peak is the time in "peak FLOPs").
+    curve after scaling time by their peak (t * peak is the time in "peak FLOPs"). ``calls``:
+    kernel calls per timed point, each paying the per-call overhead F_half/(a*peak).
     """
     scaled = [t * p for t, p in zip(time_s, peak_flops)]
     intercept, slope = fit_affine(x=flops, t=scaled)
-    return 1.0 / slope, intercept / slope
+    return 1.0 / slope, intercept / slope / calls
 
 
 def saturated_rate(*, flops: Sequence[float], time_s: Sequence[float]) -> float:

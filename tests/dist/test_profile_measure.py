@@ -19,6 +19,8 @@ def test_two_process_gloo_profile(tmp_path: Path) -> None:
     assert profile.backend == "gloo" and profile.devices_per_node == 2 and profile.threads >= 1
     assert profile.device.memory_bandwidth_bytes_per_s > 0 and set(profile.device.peak_flops) == {"fp32", "bf16"}
     assert {row.op for row in profile.device.op_table} == {"matmul", "attention", "conv"}
+    assert all(row.shape.endswith("fwd+bwd") for row in profile.device.op_table if row.op == "attention")
+    assert "all 2 processes computing at once" in profile.device.source and "at once" in profile.description
     for kind in COLLECTIVES:
         fit = profile.intra_node.collectives[kind]
         assert fit.busbw_bytes_per_s > 0 and fit.alpha_s >= 0

@@ -1,14 +1,17 @@
 """measure_profile: measure the machine it runs on and return a Profile.
 
-Order: (1) fix the thread count T per process so that N * T <= cores, (2) time the
-compute sweep and memory bandwidth in this process with T threads (the executor's ranks
-run with the same T), (3) optionally time each traced op of a model, (4) spawn N processes
-and time the collectives, (5) fit and assemble. Only this package touches torch.distributed.
+Order: (1) fix the thread count T per process so that N * T <= cores, (2) spawn N processes
+(ranks.py) that each, at the same time, time the compute sweep, the memory kernels and
+(with a model) its ops, then (3) time the collectives together, and (4) fit and assemble.
+A compute time is the median over ranks of each rank's median: the rate one rank achieves
+while all N compute, which is how the executor runs ``devices_per_node`` ranks. The profile
+records it (``device.source`` and ``description``). Only this package touches torch.distributed.
 """
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -17,8 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoplan.profile.measure.build import device_spec, link_spec
-from autoplan.profile.measure.collectives import CommSweep, measure_collectives
-from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, memory_bandwidth, time_case
+from autoplan.profile.measure.collectives import CommSweep, merge_collectives
+from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, make_case
+from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
 from autoplan.profile.measure.timing import default_device, supported_dtypes, threads_per_process
 from autoplan.types.profile import OpTiming, Profile
 
@@ -29,27 +33,48 @@ def measure_profile(*, devices: int = 2, name: str | None = None, threads: int |
                     compute_sweep: ComputeSweep = DEFAULT_SWEEP, comm_sweep: CommSweep = CommSweep(),
                     model: str | os.PathLike | None = None, batch: int | None = None,
                     progress: bool = True, timeout_s: float = 300.0) -> Profile:
-    """Measure compute, memory and N-process collectives on this machine."""
+    """Measure compute, memory and N-process collectives on this machine, all N processes at once."""
     threads = threads or threads_per_process(processes=devices)
-    torch.set_num_threads(threads)
     device = default_device()
     dtypes = supported_dtypes(device)
+    job = compute_job(sweep=compute_sweep, dtypes=dtypes, model=model, batch=batch)
     bar = _progress() if progress else None
     with bar or nullcontext():
-        rows = _compute(device=device, dtypes=dtypes, sweep=compute_sweep, bar=bar)
-        copy_bw, mem_eff = _memory(device=device, sweep=compute_sweep, bar=bar)
-        if model is not None:
-            from autoplan.profile.measure.optable import time_model_ops
-            rows += time_model_ops(model_path=Path(model), batch=batch or 1, device=device, dtypes=dtypes[:1],
-                                   budget_s=compute_sweep.budget_s, on_op=_ticker(bar, "model ops"))
-        backend, points = _collectives(devices=devices, threads=threads, sweep=comm_sweep, timeout_s=timeout_s, bar=bar)
+        tick = _phase_ticker(bar, job=job, devices=devices, sweep=comm_sweep)
+        backend, per_rank = run_ranks(processes=devices, threads=threads, job=job, sweep=comm_sweep, timeout_s=timeout_s, on_tick=tick)
+    rows, (copy_bw, mem_eff) = merge_compute(job, per_rank)
+    how = f"all {devices} processes computing at once, {threads} threads each, median over ranks"
     spec = device_spec(name=_device_name(device, threads), memory_bytes=_memory_bytes(device, devices), rows=rows,
-                       copy_bandwidth=copy_bw, memory_efficiency=mem_eff, threads=threads)
+                       copy_bandwidth=copy_bw, memory_efficiency=mem_eff, threads=threads, how=how)
+    points = merge_collectives({r: res.collectives for r, res in per_rank.items()}, processes=devices, sweep=comm_sweep)
     link = link_spec(name=f"{backend} between {devices} local processes on {platform.node()}", points=points, backend=backend)
     return Profile(name=name or f"{platform.node()}-{backend}", device=spec, devices_per_node=devices, intra_node=link,
                    inter_node=None, backend=backend, threads=threads,
                    description=f"Measured by `autoplan profile --devices {devices}` on {platform.node()} "
-                               f"({device.type}, {threads} threads per process, dtypes {', '.join(dtypes)}).")
+                               f"({device.type}, dtypes {', '.join(dtypes)}; compute timed with {how}).")
+
+
+def compute_job(*, sweep: ComputeSweep, dtypes: list[str], model: str | os.PathLike | None, batch: int | None) -> ComputeJob:
+    """The sweep in every dtype, then (with a model) its ops in the first dtype."""
+    items = [(s, dtype) for dtype in dtypes for s in sweep.specs()]
+    if model is not None:
+        from autoplan.profile.measure.optable import model_specs
+        items += [(s, dtypes[0]) for s in model_specs(model_path=Path(model), batch=batch or 1)]
+    return ComputeJob(items=tuple(items), budget_s=sweep.budget_s, memory_bytes=sweep.memory_bytes)
+
+
+def merge_compute(job: ComputeJob, per_rank: dict[int, RankResult]) -> tuple[list[OpTiming], tuple[float, float] | None]:
+    """Rows with the median over ranks of each rank's time, and the median memory numbers
+    (None when the job timed no memory kernels)."""
+    rows = []
+    for i, (case_spec, dtype) in enumerate(job.items):
+        case = make_case(case_spec)
+        time_s = statistics.median(result.compute_s[i] for result in per_rank.values())
+        rows.append(OpTiming(op=case.op_class, shape=case.shape, dtype=dtype, time_s=time_s, flops=case.flops))
+    memory = [result.memory for result in per_rank.values() if result.memory is not None]
+    if not memory:
+        return rows, None
+    return rows, (statistics.median(m[0] for m in memory), statistics.median(m[1] for m in memory))
 
 
 def _progress() -> Progress:
@@ -57,34 +82,14 @@ def _progress() -> Progress:
                     console=Console(stderr=True))
 
 
-def _ticker(bar: Progress | None, label: str, total: int | None = None):
+def _phase_ticker(bar: Progress | None, *, job: ComputeJob, devices: int, sweep: CommSweep):
+    """A progress task per phase (compute, memory, collectives), advanced by rank 0's ticks."""
     if bar is None:
-        return lambda *_: None
-    task = bar.add_task(label, total=total)
-    return lambda *_: bar.advance(task)
-
-
-def _compute(*, device: torch.device, dtypes: list[str], sweep: ComputeSweep, bar: Progress | None) -> list[OpTiming]:
-    cases = sweep.cases()
-    tick = _ticker(bar, "compute sweep", len(cases) * len(dtypes))
-    rows = []
-    for dtype in dtypes:
-        for case in cases:
-            rows.append(time_case(case, dtype_name=dtype, device=device, budget_s=sweep.budget_s))
-            tick()
-    return rows
-
-
-def _memory(*, device: torch.device, sweep: ComputeSweep, bar: Progress | None) -> tuple[float, float]:
-    tick = _ticker(bar, "memory bandwidth", 1)
-    result = memory_bandwidth(device=device, nbytes=sweep.memory_bytes, budget_s=2 * sweep.budget_s)
-    tick()
-    return result
-
-
-def _collectives(*, devices: int, threads: int, sweep: CommSweep, timeout_s: float, bar: Progress | None):
-    tick = _ticker(bar, f"collectives x{devices}", len(sweep.collectives) * len(sweep.sizes()))
-    return measure_collectives(processes=devices, threads=threads, sweep=sweep, timeout_s=timeout_s, on_tick=tick)
+        return None
+    totals = {"compute": len(job.items), "memory": 1, "collectives": len(sweep.collectives) * len(sweep.sizes())}
+    labels = {"compute": f"compute x{devices} at once", "memory": f"memory x{devices} at once", "collectives": f"collectives x{devices}"}
+    tasks = {phase: bar.add_task(labels[phase], total=total) for phase, total in totals.items()}
+    return lambda phase: bar.advance(tasks[phase])
 
 
 def _device_name(device: torch.device, threads: int) -> str:

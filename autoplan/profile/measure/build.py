@@ -4,7 +4,9 @@ Peaks of a measured device: there is no datasheet for "this machine with T threa
 ``peak_flops[dtype]`` is the best saturated rate measured in that dtype (the largest
 1/slope of t(F) over the op classes, see fit.saturated_rate). Efficiencies are then
 fractions of that peak: per dtype in ``efficiency_by_dtype``, and one joint curve per op
-class (all dtypes, time scaled by each dtype's peak) in ``efficiency``.
+class (all dtypes, time scaled by each dtype's peak) in ``efficiency``. Attention rows time
+forward + backward (compute.KERNEL_CALLS): the curve is fitted so that the cost model's
+forward (F/3) plus backward (2F/3) prediction equals the measured pair (fit.fit_efficiency).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 
 import autoplan
 from autoplan.profile.fit import fit_collective, fit_efficiency, saturated_rate
+from autoplan.profile.measure.compute import KERNEL_CALLS
 from autoplan.types.profile import OP_CLASSES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, OpTiming
 
 
@@ -44,7 +47,7 @@ def peaks(rows: list[OpTiming]) -> dict[str, float]:
 
 def _curve(group: list[OpTiming], peak: dict[str, float], source: str) -> Efficiency:
     a, half = fit_efficiency(flops=[r.flops for r in group], time_s=[r.time_s for r in group],
-                             peak_flops=[peak[r.dtype] for r in group])
+                             peak_flops=[peak[r.dtype] for r in group], calls=KERNEL_CALLS[group[0].op])
     return Efficiency(max_efficiency=min(1.0, a), half_saturation_flops=half, source=source)
 
 
@@ -59,10 +62,13 @@ def efficiencies(rows: list[OpTiming], peak: dict[str, float], source: str
 
 
 def device_spec(*, name: str, memory_bytes: int, rows: list[OpTiming], copy_bandwidth: float,
-                memory_efficiency: float, threads: int) -> DeviceSpec:
+                memory_efficiency: float, threads: int, how: str | None = None) -> DeviceSpec:
+    """``how``: how the compute was timed (e.g. all N processes at once), recorded in ``source``."""
     sweep = [row for row in rows if row.op in OP_CLASSES]  # model-op rows (--model) stay in the table only
     peak = peaks(sweep)
-    source = measured_source(f"compute sweep, {threads} threads, least-squares fit of t = (F + F_half)/(a*peak)")
+    timed = how or f"{threads} threads"
+    source = measured_source(f"compute sweep and memory kernels timed with {timed}; attention forward + backward, causal; "
+                             f"least-squares fit of t = (F + calls * F_half)/(a*peak)")
     joint, per_dtype = efficiencies(sweep, peak, source)
     return DeviceSpec(name=name, memory_bytes=memory_bytes, peak_flops=peak, memory_bandwidth_bytes_per_s=copy_bandwidth,
                       efficiency=joint, efficiency_by_dtype=per_dtype, source=source,

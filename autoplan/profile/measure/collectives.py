@@ -1,29 +1,23 @@
 """Measure collectives between N local processes (gloo on CPU, NCCL when GPUs are present).
 
-Each of N spawned processes joins one ``torch.distributed`` group and times every
-collective at geometric message sizes (fewer repeats at large sizes). A time is the
+Each of N spawned processes (autoplan/profile/measure/ranks.py) joins one
+``torch.distributed`` group and times every collective at geometric message sizes (fewer
+repeats at large sizes). A time is the
 median over repeats on each rank, then the maximum over ranks (the slowest rank sets the
 step). Sizes S are full message bytes in the nccl-tests convention: the all_reduce buffer,
 the all_gather output, the reduce_scatter input, the all_to_all buffer, and the message of
 a send/recv (timed as a ping-pong between rank pairs, halved).
-
-Every process and the group have timeouts, so a stuck rank ends the run with an error.
 """
 from __future__ import annotations
 
-import queue as queue_mod
-import socket
 import statistics
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from autoplan.errors import RunError
 from autoplan.types.profile import COLLECTIVES
@@ -57,12 +51,6 @@ def choose_backend(*, processes: int) -> str:
             raise RunError(f"--devices {processes} needs {processes} GPUs but {torch.cuda.device_count()} are visible; use --devices <= {torch.cuda.device_count()}.")
         return "nccl"
     return "gloo"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _buffers(kind: str, numel: int, world: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,80 +100,29 @@ def _time_one(kind: str, nbytes: int, repeats: int, rank: int, world: int, devic
     return median / 2 if kind == "send_recv" else median
 
 
-def _worker(rank: int, world: int, port: int, backend: str, threads: int, sweep: CommSweep,
-            timeout_s: float, results: Any) -> None:
-    try:
-        torch.set_num_threads(threads)
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if backend == "nccl":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
-        times: dict[str, list[float]] = {}
-        for kind in sweep.collectives:
-            times[kind] = []
-            for nbytes in sweep.sizes():
-                times[kind].append(_time_one(kind, nbytes, sweep.repeats(nbytes), rank, world, device))
-                if rank == 0:
-                    results.put(("tick", kind, nbytes))
-        results.put(("done", rank, times))
-        dist.destroy_process_group()
-    except Exception:  # reported to the parent, which raises one clear error
-        results.put(("error", rank, traceback.format_exc(limit=3)))
+def time_collectives(sweep: CommSweep, *, rank: int, world: int, device: torch.device,
+                     tick: Callable[[str], None]) -> dict[str, list[float]]:
+    """This rank's median time of every collective at every size (called inside the group)."""
+    times: dict[str, list[float]] = {}
+    for kind in sweep.collectives:
+        times[kind] = []
+        for nbytes in sweep.sizes():
+            times[kind].append(_time_one(kind, nbytes, sweep.repeats(nbytes), rank, world, device))
+            tick("collectives")
+    return times
 
 
 def measure_collectives(*, processes: int, threads: int, sweep: CommSweep, timeout_s: float = 300.0,
-                        on_tick: Callable[[str, int], None] | None = None) -> tuple[str, Points]:
+                        on_tick: Callable[[str], None] | None = None) -> tuple[str, Points]:
     """Spawn ``processes`` ranks, time every collective, return (backend, points per collective)."""
-    if processes < 2:
-        raise RunError(f"--devices {processes} cannot measure collectives; expected at least 2 processes.")
-    backend = choose_backend(processes=processes)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    args = (processes, _free_port(), backend, threads, sweep, timeout_s, results)
-    procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(processes)]
-    for proc in procs:
-        proc.start()
-    try:
-        per_rank = _collect(procs, results, timeout_s=timeout_s, on_tick=on_tick)
-    finally:
-        _stop(procs)
-    return backend, _merge(per_rank, processes=processes, sweep=sweep)
+    from autoplan.profile.measure.ranks import ComputeJob, run_ranks
+
+    backend, per_rank = run_ranks(processes=processes, threads=threads, job=ComputeJob(), sweep=sweep,
+                                  timeout_s=timeout_s, on_tick=on_tick)
+    return backend, merge_collectives({r: result.collectives for r, result in per_rank.items()}, processes=processes, sweep=sweep)
 
 
-def _collect(procs: list[Any], results: Any, *, timeout_s: float,
-             on_tick: Callable[[str, int], None] | None) -> dict[int, dict[str, list[float]]]:
-    per_rank: dict[int, dict[str, list[float]]] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(per_rank) < len(procs):
-        if time.monotonic() > deadline:
-            raise RunError(f"collective measurement did not finish in {timeout_s:.0f} s; rerun with a smaller sweep or a longer --timeout.")
-        try:
-            message = results.get(timeout=1.0)
-        except queue_mod.Empty:
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                raise RunError(f"a measuring process exited with code {dead[0].exitcode} before reporting; rerun with --debug.") from None
-            continue
-        if message[0] == "tick" and on_tick:
-            on_tick(message[1], message[2])
-        elif message[0] == "done":
-            per_rank[message[1]] = message[2]
-        elif message[0] == "error":
-            raise RunError(f"rank {message[1]} failed while measuring collectives: {message[2].strip().splitlines()[-1]}")
-    return per_rank
-
-
-def _stop(procs: list[Any]) -> None:
-    for proc in procs:
-        proc.join(timeout=10)
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=5)
-
-
-def _merge(per_rank: dict[int, dict[str, list[float]]], *, processes: int, sweep: CommSweep) -> Points:
+def merge_collectives(per_rank: dict[int, dict[str, list[float]]], *, processes: int, sweep: CommSweep) -> Points:
     """[group_size, bytes, time_s] rows: the slowest rank's median at each size."""
     points: Points = {}
     for kind in sweep.collectives:

@@ -1,14 +1,27 @@
 """Compute sweeps: matmul, attention (SDPA) and convolution per dtype, and memory bandwidth.
 
-FLOPs counted per call (forward only, multiply-add = 2 FLOPs):
-  matmul   (m x k) @ (k x n)                      2*m*n*k
-  attention SDPA, q,k,v of (b, h, s, d), no mask   4*b*h*s*s*d   (Q K^T and P V)
-  conv     3x3, stride 1, pad 1, c -> c channels   2*b*c*c*9*hw*hw
+FLOPs of one timed call (multiply-add = 2 FLOPs), counted as the tracer counts them
+(autoplan/trace/flops.py):
+  matmul    (m x k) @ (k x n), forward                          2*m*n*k
+  attention SDPA over q, k, v of (b, h, s, d), causal mask,
+            forward + backward (one call each)                  4*b*h*s*s*d + 2 * 4*b*h*s*s*d
+            (forward Q K^T and P V; backward the four gradient matmuls, 2x the forward; no
+            discount for the causal mask, Megatron's count, and the flash backward's
+            recomputation of Q K^T is not counted)
+  conv      3x3, stride 1, pad 1, c -> c channels, forward      2*b*c*c*9*hw*hw
+Attention is timed forward + backward because training runs both and the two kernels
+saturate very differently (on CPU the backward is several times slower per FLOP); the cost
+model prices a node's forward and backward with the same curve, so the curve is fitted to
+their sum (profile/measure/build.py, KERNEL_CALLS).
 Memory bandwidth: a large copy moves 2 * bytes (read + write); memory-bound kernels
 (add: 3 * bytes, gelu: 2 * bytes) give the achieved fraction of that bandwidth.
+
+Cases are described by picklable ``CaseSpec`` values, so the N measuring processes can build
+and time the same kernels (autoplan/profile/measure/ranks.py).
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +34,9 @@ from autoplan.types.profile import OpTiming
 
 Builder = Callable[[torch.dtype, torch.device], Callable[[], Any]]
 
+#: Kernel calls in one timed call of each op class: attention is forward + backward.
+KERNEL_CALLS = {"matmul": 1, "attention": 2, "conv": 1}
+
 
 @dataclass(frozen=True)
 class OpCase:
@@ -28,6 +44,23 @@ class OpCase:
     shape: str
     flops: float
     build: Builder
+    training: bool = False   # needs autograd (forward + backward)
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """A picklable case: ``kind`` (matmul, attention, conv), its integer sizes, and the op
+    name its rows carry (default: ``kind``; a model's linears are timed as 'linear')."""
+
+    kind: str
+    sizes: tuple[tuple[str, int], ...]
+    label: str | None = None
+
+
+def make_case(spec: CaseSpec) -> OpCase:
+    makers = {"matmul": matmul_case, "attention": attention_case, "conv": conv_case}
+    case = makers[spec.kind](**dict(spec.sizes))
+    return OpCase(spec.label, case.shape, case.flops, case.build, case.training) if spec.label else case
 
 
 def matmul_case(*, m: int, n: int, k: int) -> OpCase:
@@ -37,11 +70,19 @@ def matmul_case(*, m: int, n: int, k: int) -> OpCase:
     return OpCase("matmul", f"m={m},n={n},k={k}", 2.0 * m * n * k, build)
 
 
-def attention_case(*, batch: int, heads: int, seq: int, head_dim: int) -> OpCase:
+def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: int = 1) -> OpCase:
+    """SDPA forward + backward (gradients of q, k and v, as in training)."""
     def build(dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
-        q, k, v = (torch.randn(batch, heads, seq, head_dim, dtype=dtype, device=device) for _ in range(3))
-        return lambda: F.scaled_dot_product_attention(q, k, v)
-    return OpCase("attention", f"b={batch},h={heads},s={seq},d={head_dim}", 4.0 * batch * heads * seq * seq * head_dim, build)
+        q, k, v = (torch.randn(batch, heads, seq, head_dim, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+        grad = torch.randn(batch, heads, seq, head_dim, dtype=dtype, device=device)
+
+        def step() -> Any:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+            return torch.autograd.grad(out, (q, k, v), grad)
+        return step
+    forward = 4.0 * batch * heads * seq * seq * head_dim
+    mask = "causal" if causal else "full"
+    return OpCase("attention", f"b={batch},h={heads},s={seq},d={head_dim},{mask},fwd+bwd", 3.0 * forward, build, training=True)
 
 
 def conv_case(*, batch: int, channels: int, size: int) -> OpCase:
@@ -50,6 +91,10 @@ def conv_case(*, batch: int, channels: int, size: int) -> OpCase:
         w = torch.randn(channels, channels, 3, 3, dtype=dtype, device=device)
         return lambda: F.conv2d(x, w, padding=1)
     return OpCase("conv", f"b={batch},c={channels},hw={size},k=3", 2.0 * batch * channels * channels * 9 * size * size, build)
+
+
+def spec(kind: str, label: str | None = None, **sizes: int) -> CaseSpec:
+    return CaseSpec(kind, tuple(sizes.items()), label)
 
 
 @dataclass(frozen=True)
@@ -63,10 +108,13 @@ class ComputeSweep:
     budget_s: float = 0.25
     memory_bytes: int = 128 * 2**20
 
+    def specs(self) -> list[CaseSpec]:
+        return ([spec("matmul", m=m, n=n, k=k) for m, n, k in self.matmul]
+                + [spec("attention", batch=b, heads=h, seq=s, head_dim=d) for b, h, s, d in self.attention]
+                + [spec("conv", batch=b, channels=c, size=hw) for b, c, hw in self.conv])
+
     def cases(self) -> list[OpCase]:
-        return ([matmul_case(m=m, n=n, k=k) for m, n, k in self.matmul]
-                + [attention_case(batch=b, heads=h, seq=s, head_dim=d) for b, h, s, d in self.attention]
-                + [conv_case(batch=b, channels=c, size=hw) for b, c, hw in self.conv])
+        return [make_case(s) for s in self.specs()]
 
 
 DEFAULT_SWEEP = ComputeSweep(
@@ -85,20 +133,24 @@ QUICK_SWEEP = ComputeSweep(
 )
 
 
-def time_case(case: OpCase, *, dtype_name: str, device: torch.device, budget_s: float) -> OpTiming:
-    """Median time of one case in one dtype."""
-    with tf32_mode(dtype_name), torch.no_grad():
+def time_case(case: OpCase, *, dtype_name: str, device: torch.device, budget_s: float, concurrent: bool = False) -> OpTiming:
+    """Median time of one case in one dtype (``concurrent``: timed by all ranks at once)."""
+    grad_mode = contextlib.nullcontext() if case.training else torch.no_grad()
+    with tf32_mode(dtype_name), grad_mode:
         fn = case.build(DTYPE_NAMES[dtype_name], device)
-        time_s = median_time_s(fn, device=device, budget_s=budget_s)
+        time_s = median_time_s(fn, device=device, budget_s=budget_s, concurrent=concurrent)
     return OpTiming(op=case.op_class, shape=case.shape, dtype=dtype_name, time_s=time_s, flops=case.flops)
 
 
-def memory_bandwidth(*, device: torch.device, nbytes: int, budget_s: float) -> tuple[float, float]:
+def memory_bandwidth(*, device: torch.device, nbytes: int, budget_s: float, concurrent: bool = False) -> tuple[float, float]:
     """(copy bandwidth bytes/s, achieved fraction of it for memory-bound kernels)."""
     numel = nbytes // 4
     src, other, dst = (torch.randn(numel, device=device) for _ in range(3))
+
+    def timed(fn: Callable[[], Any]) -> float:
+        return median_time_s(fn, device=device, budget_s=budget_s, concurrent=concurrent)
     with torch.no_grad():
-        copy_bw = 2 * nbytes / median_time_s(lambda: dst.copy_(src), device=device, budget_s=budget_s)
-        add_bw = 3 * nbytes / median_time_s(lambda: torch.add(src, other, out=dst), device=device, budget_s=budget_s)
-        gelu_bw = 2 * nbytes / median_time_s(lambda: torch.nn.functional.gelu(src), device=device, budget_s=budget_s)
+        copy_bw = 2 * nbytes / timed(lambda: dst.copy_(src))
+        add_bw = 3 * nbytes / timed(lambda: torch.add(src, other, out=dst))
+        gelu_bw = 2 * nbytes / timed(lambda: torch.nn.functional.gelu(src))
     return copy_bw, min(1.0, (add_bw + gelu_bw) / (2 * copy_bw))

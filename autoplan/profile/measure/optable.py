@@ -1,54 +1,45 @@
-"""Time each distinct (op, shape) of a traced model: the profile's measured op table.
+"""The distinct compute-heavy ops of a traced model, as cases for the profile's measured op table.
 
 Uses the tracer (``autoplan.trace.trace_model_file``) and rebuilds the compute-heavy ops
 from node attributes: ``linear`` as a (tokens x in) @ (in x out) matmul, ``attention`` as
-SDPA over (batch, heads, q_len, head_dim). Other kinds are priced by the roofline model.
-Times are medians over repeats (see timing.median_time_s). Rows use the op kind of the
-graph node ("linear", "attention") so the cost model can look a node up by (op, shape, dtype).
+SDPA over (batch, heads, q_len, head_dim) with the node's causal flag. Other kinds are priced
+by the roofline model. The N measuring processes time them together (measure/ranks.py).
+
+What a row holds (docs/profile-format.md, "op_table"):
+* ``linear`` rows: the **forward** GEMM, shape ``m=..,n=..,k=..``. The cost model
+  (autoplan/cost/compute.py ``_measured_s``) looks a linear node up by that key and prices its
+  backward as the row's time x bwd_flops / fwd_flops (two GEMMs of the forward's FLOPs).
+* ``attention`` rows: forward + backward (shape ends in ``,fwd+bwd``; ``flops`` is their sum),
+  like the attention sweep the efficiency curve is fitted on.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from autoplan.errors import ProfileError
-from autoplan.profile.measure.compute import OpCase, attention_case, matmul_case, time_case
-from autoplan.types.profile import OpTiming
+from autoplan.profile.measure.compute import CaseSpec, spec
 
 
-def node_case(node: Any) -> OpCase | None:
+def node_spec(node: Any) -> CaseSpec | None:
     """The timing case for one graph node, or None when its kind is not timed."""
     attrs, out = node.attrs or {}, list(node.output_shape or [])
     if node.op == "linear" and out and "in_features" in attrs:
-        case = matmul_case(m=math.prod(out[:-1]), n=int(attrs["out_features"]), k=int(attrs["in_features"]))
-        return OpCase("linear", case.shape, case.flops, case.build)
+        return spec("matmul", "linear", m=math.prod(out[:-1]), n=int(attrs["out_features"]), k=int(attrs["in_features"]))
     if node.op == "attention" and {"num_heads", "head_dim", "q_len"} <= set(attrs):
         heads, dim, seq = int(attrs["num_heads"]), int(attrs["head_dim"]), int(attrs["q_len"])
         batch = max(1, math.prod(out) // (heads * dim * seq)) if out else 1
-        return attention_case(batch=batch, heads=heads, seq=seq, head_dim=dim)
+        return spec("attention", batch=batch, heads=heads, seq=seq, head_dim=dim, causal=int(bool(attrs.get("causal"))))
     return None
 
 
-def time_model_ops(*, model_path: Path, batch: int, device: torch.device, dtypes: list[str], budget_s: float,
-                   on_op: Callable[..., Any]) -> list[OpTiming]:
+def model_specs(*, model_path: Path, batch: int) -> list[CaseSpec]:
+    """One case per distinct (op, shape) of the traced model, in graph order."""
     try:
         from autoplan.trace import trace_model_file
     except ImportError:
         raise ProfileError("--model needs the tracer (autoplan.trace.trace_model_file), which this install does not have; "
                            "profile without --model.") from None
     graph = trace_model_file(model_path, batch_size=batch)
-    cases = {}
-    for node in graph.nodes:
-        case = node_case(node)
-        if case is not None:
-            cases.setdefault((case.op_class, case.shape), case)
-    rows = []
-    for dtype in dtypes:
-        for case in cases.values():
-            rows.append(time_case(case, dtype_name=dtype, device=device, budget_s=budget_s))
-            on_op()
-    return rows
+    return list(dict.fromkeys(s for s in (node_spec(node) for node in graph.nodes) if s is not None))

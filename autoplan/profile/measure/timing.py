@@ -3,6 +3,13 @@
 Times are medians over repeats after one warm-up call. Accelerator work is asynchronous,
 so every timed call ends with a device synchronize (``torch.accelerator.synchronize``),
 which makes the same code correct on CPU and CUDA.
+
+Concurrent timing (``concurrent=True``, inside a process group): every rank times the same
+kernel at the same moment, as the executor's ranks compute at once. The ranks start
+together (a barrier after the warm-up) and a rank that has its samples keeps running the
+kernel, untimed, until every rank has its own (an asynchronous barrier it polls), so no
+rank's samples are taken while another rank idles. Cores, caches and memory bandwidth a CPU
+node's ranks share, or the host a GPU node's ranks share, are then in every sample.
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 DTYPE_NAMES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -23,11 +31,30 @@ def synchronize(device: torch.device) -> None:
 
 
 def median_time_s(fn: Callable[[], Any], *, device: torch.device, budget_s: float,
-                  min_repeats: int = 3, max_repeats: int = 50) -> float:
+                  min_repeats: int = 3, max_repeats: int = 50, concurrent: bool = False) -> float:
     """Median seconds of ``fn()``: one warm-up, then repeats until ``budget_s`` is spent
-    (but at least ``min_repeats`` and at most ``max_repeats``)."""
+    (but at least ``min_repeats`` and at most ``max_repeats``). ``concurrent``: all ranks of
+    the default process group time it together (module docstring)."""
     fn()
     synchronize(device)
+    if concurrent:
+        dist.barrier()
+    times = _repeat(fn, device=device, budget_s=budget_s, min_repeats=min_repeats, max_repeats=max_repeats)
+    if concurrent:
+        _busy_until_all_done(fn, device=device)
+    return statistics.median(times)
+
+
+def _busy_until_all_done(fn: Callable[[], Any], *, device: torch.device) -> None:
+    """Keep running ``fn`` (untimed) until every rank has entered the barrier."""
+    work = dist.barrier(async_op=True)
+    while not work.is_completed():
+        fn()
+        synchronize(device)
+    work.wait()
+
+
+def _repeat(fn: Callable[[], Any], *, device: torch.device, budget_s: float, min_repeats: int, max_repeats: int) -> list[float]:
     times: list[float] = []
     started = time.perf_counter()
     while len(times) < max_repeats and (len(times) < min_repeats or time.perf_counter() - started < budget_s):
@@ -35,7 +62,7 @@ def median_time_s(fn: Callable[[], Any], *, device: torch.device, budget_s: floa
         fn()
         synchronize(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 def available_cores() -> int:

@@ -1,0 +1,139 @@
+"""The N measuring processes: spawn them, let every rank run the same jobs, gather the results.
+
+Each of N spawned processes (one GPU each under NCCL, else CPU ranks under gloo) sets the
+profile's thread count, joins one ``torch.distributed`` group and runs, in order:
+
+1. the compute job (``ComputeJob``): every (case, dtype) timed by all ranks at once
+   (``timing.median_time_s(concurrent=True)``), then the memory-bandwidth kernels the same
+   way. The executor runs ``devices_per_node`` ranks computing at once, so this is the rate a
+   rank achieves in a real run: on a CPU node the ranks share cores, caches and DRAM
+   bandwidth; on a GPU node each has its own device but the host is shared.
+2. the collective sweep (collectives.time_collectives).
+
+Every process and the group have timeouts, so a stuck rank ends the run with an error.
+"""
+from __future__ import annotations
+
+import queue as queue_mod
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from autoplan.errors import RunError
+from autoplan.profile.measure.collectives import CommSweep, choose_backend, time_collectives
+from autoplan.profile.measure.compute import CaseSpec, make_case, memory_bandwidth, time_case
+
+Tick = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ComputeJob:
+    """What every rank times: ``items`` are (case, dtype) pairs; ``memory_bytes`` 0 skips memory."""
+
+    items: tuple[tuple[CaseSpec, str], ...] = ()
+    budget_s: float = 0.25
+    memory_bytes: int = 0
+
+
+@dataclass
+class RankResult:
+    """One rank's measurements: a time per job item, (copy bandwidth, memory efficiency), collectives."""
+
+    compute_s: list[float]
+    memory: tuple[float, float] | None
+    collectives: dict[str, list[float]]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_compute_job(job: ComputeJob, *, device: torch.device, tick: Tick) -> tuple[list[float], tuple[float, float] | None]:
+    """Time every item and the memory kernels together with the other ranks."""
+    times = []
+    for spec, dtype in job.items:
+        times.append(time_case(make_case(spec), dtype_name=dtype, device=device, budget_s=job.budget_s, concurrent=True).time_s)
+        tick("compute")
+    memory = None
+    if job.memory_bytes:
+        memory = memory_bandwidth(device=device, nbytes=job.memory_bytes, budget_s=2 * job.budget_s, concurrent=True)
+        tick("memory")
+    return times, memory
+
+
+def _worker(rank: int, world: int, port: int, backend: str, threads: int, job: ComputeJob, sweep: CommSweep,
+            timeout_s: float, results: Any) -> None:
+    try:
+        torch.set_num_threads(threads)
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        tick = (lambda phase: results.put(("tick", phase))) if rank == 0 else (lambda phase: None)
+        compute_s, memory = run_compute_job(job, device=device, tick=tick)
+        collectives = time_collectives(sweep, rank=rank, world=world, device=device, tick=tick)
+        results.put(("done", rank, RankResult(compute_s=compute_s, memory=memory, collectives=collectives)))
+        dist.destroy_process_group()
+    except Exception:  # reported to the parent, which raises one clear error
+        results.put(("error", rank, traceback.format_exc(limit=3)))
+
+
+def run_ranks(*, processes: int, threads: int, job: ComputeJob, sweep: CommSweep, timeout_s: float = 300.0,
+              on_tick: Tick | None = None) -> tuple[str, dict[int, RankResult]]:
+    """Spawn ``processes`` ranks, run ``job`` and ``sweep`` in each; (backend, result per rank)."""
+    if processes < 2:
+        raise RunError(f"--devices {processes} cannot be measured; expected at least 2 processes.")
+    backend = choose_backend(processes=processes)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    args = (processes, _free_port(), backend, threads, job, sweep, timeout_s, results)
+    procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(processes)]
+    for proc in procs:
+        proc.start()
+    try:
+        per_rank = _collect(procs, results, timeout_s=timeout_s, on_tick=on_tick)
+    finally:
+        _stop(procs)
+    return backend, per_rank
+
+
+def _collect(procs: list[Any], results: Any, *, timeout_s: float, on_tick: Tick | None) -> dict[int, RankResult]:
+    per_rank: dict[int, RankResult] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(per_rank) < len(procs):
+        if time.monotonic() > deadline:
+            raise RunError(f"measurement did not finish in {timeout_s:.0f} s; rerun with a smaller sweep or a longer --timeout.")
+        try:
+            message = results.get(timeout=1.0)
+        except queue_mod.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RunError(f"a measuring process exited with code {dead[0].exitcode} before reporting; rerun with --debug.") from None
+            continue
+        if message[0] == "tick" and on_tick:
+            on_tick(message[1])
+        elif message[0] == "done":
+            per_rank[message[1]] = message[2]
+        elif message[0] == "error":
+            raise RunError(f"rank {message[1]} failed while measuring: {message[2].strip().splitlines()[-1]}")
+    return per_rank
+
+
+def _stop(procs: list[Any]) -> None:
+    for proc in procs:
+        proc.join(timeout=10)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
