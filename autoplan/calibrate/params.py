@@ -9,7 +9,9 @@ Each parameter is one positive number of the profile, addressed by a dotted path
   refit never moves fp32 predictions;
 - ``device.memory_efficiency``: the achieved fraction of memory bandwidth (memory-bound ops, Adam);
 - ``<intra_node|inter_node>.collectives.<kind>.alpha_s`` and ``...busbw_bytes_per_s``: the
-  alpha-beta fit ``t = alpha_s + c(n) S / busbw`` of one collective on one link.
+  alpha-beta fit ``t = alpha_s + c(n) S / busbw`` of one collective on one link;
+- ``comm_overlap.efficiency``: the fraction of a collective's time that hides under concurrent
+  compute (kept <= 1); runs with overlapped gradient sync (DDP, ZeRO-3 prefetch) inform it.
 
 The fit works on log multipliers ``theta = ln(value / original)``, so every parameter stays
 positive and has the same scale; ``max_efficiency`` is also kept <= 1. Peaks are never refitted:
@@ -30,6 +32,7 @@ from autoplan.types.profile import COLLECTIVES, Efficiency, Profile
 CURVE_CLASSES = ("matmul", "attention", "conv")
 CURVE_FIELDS = ("max_efficiency", "half_saturation_flops")
 LINK_FIELDS = ("alpha_s", "busbw_bytes_per_s")
+OVERLAP_PATH = "comm_overlap.efficiency"
 #: Largest factor a refit may move a number by, either way (a wider move means the model, not the number, is wrong).
 MAX_FACTOR = 20.0
 
@@ -65,6 +68,7 @@ def candidate_parameters(profile: Profile, *, precisions: set[str]) -> list[Para
         for kind in COLLECTIVES:
             fit = link.collectives[kind]
             params += [Parameter(f"{link_name}.collectives.{kind}.{f}", getattr(fit, f), math.inf) for f in LINK_FIELDS]
+    params.append(Parameter(OVERLAP_PATH, profile.comm_overlap.efficiency, 1.0))
     return [p for p in params if p.original > 0]
 
 
@@ -85,7 +89,9 @@ def apply(profile: Profile, params: list[Parameter], values: list[float]) -> Pro
 def set_value(profile: Profile, path: str, value: float) -> None:
     """Write one number at a dotted path (module docstring); per-dtype curves are created on demand."""
     parts = path.split(".")
-    if parts[0] == "device" and parts[1] == "memory_efficiency":
+    if path == OVERLAP_PATH:
+        profile.comm_overlap.efficiency = value
+    elif parts[0] == "device" and parts[1] == "memory_efficiency":
         profile.device.memory_efficiency = value
     elif parts[0] == "device":
         dtype, op_class, name = parts[2], parts[3], parts[4]
@@ -100,6 +106,8 @@ def set_value(profile: Profile, path: str, value: float) -> None:
 
 def get_value(profile: Profile, path: str) -> float:
     parts = path.split(".")
+    if path == OVERLAP_PATH:
+        return profile.comm_overlap.efficiency
     if parts[0] == "device" and parts[1] == "memory_efficiency":
         return profile.device.memory_efficiency
     if parts[0] == "device":
@@ -110,4 +118,6 @@ def get_value(profile: Profile, path: str) -> float:
 def owner_of(path: str) -> str:
     """The dotted path of the object whose ``source`` describes this parameter."""
     parts = path.split(".")
+    if path == OVERLAP_PATH:
+        return "comm_overlap"
     return "device" if parts[1] == "memory_efficiency" else ".".join(parts[:-1])

@@ -67,7 +67,9 @@ def _run_row(obs: Observation, j: int, result: FitResult) -> dict[str, Any]:
 
 def _set_source(profile: Profile, owner: str, note: str) -> None:
     parts = owner.split(".")
-    if parts == ["device"]:   # only memory_efficiency: the peaks keep their own provenance
+    if parts == ["comm_overlap"]:
+        profile.comm_overlap.source = note
+    elif parts == ["device"]:   # only memory_efficiency: the peaks keep their own provenance
         profile.device.source = f"{profile.device.source.split('; memory_efficiency calibrated')[0]}; memory_efficiency {note}"
     elif parts[0] == "device":
         profile.device.efficiency_by_dtype[parts[2]][parts[3]].source = note

@@ -24,8 +24,15 @@ The step time of one global batch (docs/cost-model.md states every term with its
   exposes the whole sync (Megatron-LM before its 2023 ``--overlap-grad-reduce``, NVIDIA/
   Megatron-LM issue #391 and commit e801b2b); ``True`` always overlaps;
 - zero_exposed (ZeRO-3 / FSDP): per micro-batch, an all-gather of each block's weights in the
-  forward and again in the backward plus a reduce-scatter of its gradients, prefetched one
-  block ahead (schedule.prefetched_exposed_s);
+  forward and again in the backward, prefetched one block ahead (schedule.prefetched_exposed_s);
+  the reduce-scatter of its gradients only in the last micro-batch's backward (the executor turns
+  gradient sync off for the others: FSDP2 ``set_requires_gradient_sync``, autoplan/execute/trainer.py);
+- overlap efficiency eta: communication that runs under compute hides only eta of what it could
+  (profile ``comm_overlap``, schedule.partially_hidden_s). FSDP2 overlaps through its own CUDA
+  streams; on a device without streams (a CPU, gloo) it issues every all-gather and reduce-scatter
+  synchronously (``unshard(async_op=False)``, torch/distributed/fsdp/_fully_shard/
+  _fsdp_param_group.py), so eta = 0 for ZeRO-2/3 there; DDP's reducer issues async all-reduces,
+  which keep the profile's eta;
 - optimizer: Adam is memory bound: 28 bytes per local parameter (read weight, gradient,
   momentum, variance; write weight, momentum, variance, and the 16-bit copy in mixed
   precision) / (memory bandwidth * memory efficiency).
@@ -39,7 +46,8 @@ from autoplan.cost.compute import PRECISION_BYTES, peak_dtype
 from autoplan.cost.layers import LayerSummary, block_structure, summarise
 from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, comm_buffer_bytes, model_states, usable_bytes
 from autoplan.cost.mesh import AxisGroup, mesh_groups
-from autoplan.cost.schedule import balanced_stages, in_flight_chunks, overlapped_sync_exposed_s, prefetched_exposed_s
+from autoplan.cost.schedule import (balanced_stages, in_flight_chunks, overlapped_sync_exposed_s, partially_hidden_s,
+                                    prefetched_exposed_s)
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tensor_parallel import TPContext, default_tp_plan
 from autoplan.errors import PlanError
@@ -204,7 +212,8 @@ class CostModel:
             backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
             sync = [self._bucketed_s(kind, b.param_count * grad_bytes, group) for b in reversed(stage.blocks)]
             total = max(total, sum(sync))
-            exposed = max(exposed, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
+            perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
+            exposed = max(exposed, partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=self._overlap_efficiency(plan)))
         if plan.zero_stage in (1, 2):   # the updated weights come back after the optimizer step
             gather = self._bucketed_s("all_gather", max(s.params for s in stages) * PRECISION_BYTES[plan.precision], group)
             total, exposed = total + gather, exposed + gather
@@ -220,14 +229,24 @@ class CostModel:
             return True
         return plan.zero_stage == 0 and plan.tp == 1 and plan.pp == 1
 
+    def _overlap_efficiency(self, plan: Plan) -> float:
+        """eta of the dp communication (module docstring): 0 for FSDP2 (ZeRO-2/3) without CUDA streams."""
+        if plan.zero_stage >= 2 and self.profile.backend != "nccl":
+            return 0.0
+        return self.profile.comm_overlap.efficiency
+
     def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup) -> float:
         weight_bytes, grad_bytes, _ = STATE_BYTES[plan.precision]
+        eta = self._overlap_efficiency(plan)
         gather = [self._bucketed_s("all_gather", b.param_count * weight_bytes, group) for b in stage.blocks]
         scatter = [self._bucketed_s("reduce_scatter", b.param_count * grad_bytes, group) for b in stage.blocks]
-        fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in stage.blocks], comm_s=gather)
+        fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in stage.blocks], comm_s=gather, efficiency=eta)
         bwd_compute = [b.bwd_s for b in reversed(stage.blocks)]
-        bwd = prefetched_exposed_s(compute_s=bwd_compute, comm_s=[g + s for g, s in zip(reversed(gather), reversed(scatter))])
-        return plan.num_microbatches * (fwd + bwd)
+        bwd_gather = prefetched_exposed_s(compute_s=bwd_compute, comm_s=gather[::-1], efficiency=eta)
+        bwd_last = prefetched_exposed_s(compute_s=bwd_compute, comm_s=[g + s for g, s in zip(gather[::-1], scatter[::-1])],
+                                        efficiency=eta)
+        m = plan.num_microbatches
+        return m * fwd + (m - 1) * bwd_gather + bwd_last
 
     # ---- memory --------------------------------------------------------------------------
     def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:

@@ -21,6 +21,12 @@ exposed time is what remains after the last backward ends:
     exposed = max(0, done_last - backward_end)
 
 so the last bucket is always exposed, and sync that outlasts the remaining backward shows.
+
+Partial overlap (profile ``comm_overlap.efficiency`` = eta, measured by autoplan/profile/measure/
+overlap.py): a collective running under compute hides only eta of the time it could hide
+(t_both = t_comp + t_comm - eta * min(t_comp, t_comm)), so every overlap formula here keeps
+eta of its hidden time: exposed(eta) = exposed(1) + (1 - eta) * (total - exposed(1)). eta = 1
+under NCCL (separate CUDA streams); gloo on a CPU shares the cores with compute.
 """
 from __future__ import annotations
 
@@ -71,14 +77,20 @@ def overlapped_sync_exposed_s(*, backward_s: list[float], sync_s: list[float]) -
     return max(0.0, done - clock)
 
 
-def prefetched_exposed_s(*, compute_s: list[float], comm_s: list[float]) -> float:
+def partially_hidden_s(*, exposed_s: float, total_s: float, efficiency: float) -> float:
+    """Exposed time when only ``efficiency`` of the perfectly hidden ``total_s - exposed_s`` hides
+    (module docstring)."""
+    return exposed_s + (1.0 - efficiency) * max(0.0, total_s - exposed_s)
+
+
+def prefetched_exposed_s(*, compute_s: list[float], comm_s: list[float], efficiency: float = 1.0) -> float:
     """Exposed time of per-block communication prefetched one block ahead (FSDP's forward and
     backward prefetch, Zhao et al. VLDB 2023): block i's comm runs under block i-1's compute,
-    so the first block's comm is exposed and every later one shows only where it outlasts the
-    compute before it."""
+    so the first block's comm is exposed and every later one hides ``efficiency`` of the part
+    that fits under the compute before it."""
     if not comm_s:
         return 0.0
     exposed = comm_s[0]
     for t_prev, t_comm in zip(compute_s, comm_s[1:]):
-        exposed += max(0.0, t_comm - t_prev)
+        exposed += t_comm - efficiency * min(t_comm, t_prev)
     return exposed

@@ -21,7 +21,7 @@ import yaml
 
 from autoplan.errors import ProfileError
 from autoplan.types._check import write_text_atomic
-from autoplan.types.profile import CollectiveFit, DeviceSpec, Efficiency, LinkSpec, OpTiming, Profile
+from autoplan.types.profile import CollectiveFit, CommOverlap, DeviceSpec, Efficiency, LinkSpec, OpTiming, Profile
 
 SUFFIXES = (".yaml", ".yml", ".json")
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "profiles"
@@ -36,6 +36,7 @@ _SCHEMA: dict[tuple[str, ...], type] = {
     ("inter_node",): LinkSpec,
     ("intra_node", "collectives", "*"): CollectiveFit,
     ("inter_node", "collectives", "*"): CollectiveFit,
+    ("comm_overlap",): CommOverlap,
 }
 
 

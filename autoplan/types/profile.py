@@ -16,6 +16,12 @@ Collective model (nccl-tests "bus bandwidth" convention, Thakur et al. 2005):
     c = 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for send_recv
 
 where S is the full message (for all_gather, the gathered output) in bytes.
+
+Overlap of communication with compute (``comm_overlap``): when a collective of time t_comm runs
+while the rank computes for t_comp, the pair takes t_comp + t_comm - eta * min(t_comp, t_comm),
+eta = ``comm_overlap.efficiency`` in [0, 1]. NCCL runs collectives on their own CUDA streams
+(eta = 1, the default); gloo on a CPU runs them on threads that share the cores with compute,
+so ``autoplan profile`` measures eta (autoplan/profile/measure/overlap.py).
 """
 from __future__ import annotations
 
@@ -143,6 +149,35 @@ class LinkSpec:
             fit.check(f"{owner}.collectives.{kind}")
 
 
+DEFAULT_OVERLAP_SOURCE = "NCCL runs collectives on separate CUDA streams, concurrently with compute kernels"
+
+
+@dataclass
+class CommOverlap:
+    """Fraction ``efficiency`` of a collective's time that hides under concurrent compute (module
+    docstring); a measured one keeps its three timings (seconds, median over repeats)."""
+
+    efficiency: float = 1.0
+    source: str = DEFAULT_OVERLAP_SOURCE
+    compute_s: float = 0.0   # the compute kernel alone
+    comm_s: float = 0.0      # the collective alone
+    both_s: float = 0.0      # both at once (async collective, compute, then wait)
+
+    def check(self) -> None:
+        e = self.efficiency
+        require(isinstance(e, (int, float)) and not isinstance(e, bool) and 0.0 <= e <= 1.0, ProfileError,
+                f"profile field 'comm_overlap.efficiency' is {e!r}; expected a fraction in [0, 1].")
+        for name in ("compute_s", "comm_s", "both_s"):
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and value >= 0, ProfileError,
+                    f"profile field 'comm_overlap.{name}' is {value!r}; expected a number >= 0 (seconds).")
+        _sourced("comm_overlap", self.source)
+
+    def hidden_s(self, *, compute_s: float, comm_s: float) -> float:
+        """Seconds of ``comm_s`` that hide under ``compute_s`` of concurrent compute."""
+        return self.efficiency * max(0.0, min(compute_s, comm_s))
+
+
 @dataclass
 class Profile:
     name: str
@@ -156,6 +191,7 @@ class Profile:
     price_source: str | None = None
     description: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)
+    comm_overlap: CommOverlap = field(default_factory=CommOverlap)
 
     def __post_init__(self) -> None:
         require(isinstance(self.devices_per_node, int) and self.devices_per_node >= 1, ProfileError,
@@ -163,6 +199,9 @@ class Profile:
         require(self.backend in ("nccl", "gloo"), ProfileError, f"profile field 'backend' is {self.backend!r}; expected 'nccl' or 'gloo'.")
         if self.price_per_device_hour is not None:
             _positive("profile", "price_per_device_hour", self.price_per_device_hour)
+        require(isinstance(self.comm_overlap, CommOverlap), ProfileError,
+                f"profile field 'comm_overlap' is {self.comm_overlap!r}; expected a mapping with 'efficiency' and 'source'.")
+        self.comm_overlap.check()
         self.device.check()
         self.intra_node.check("intra_node")
         if self.inter_node is not None:
@@ -192,6 +231,8 @@ class Profile:
         fields["device"] = DeviceSpec(**device)
         fields["intra_node"] = _link(data["intra_node"])
         fields["inter_node"] = _link(data["inter_node"]) if data.get("inter_node") else None
+        if isinstance(data.get("comm_overlap"), dict):
+            fields["comm_overlap"] = CommOverlap(**data["comm_overlap"])
         return cls(**fields)
 
 

@@ -2,7 +2,8 @@
 
 Order: (1) fix the thread count T per process so that N * T <= cores, (2) spawn N processes
 (ranks.py) that each, at the same time, time the compute sweep, the memory kernels and
-(with a model) its ops, then (3) time the collectives together, and (4) fit and assemble.
+(with a model) its ops, then (3) time the collectives together and a collective overlapped with
+compute (overlap.py: ``comm_overlap``), and (4) fit and assemble.
 A compute time is the median over ranks of each rank's median: the rate one rank achieves
 while all N compute, which is how the executor runs ``devices_per_node`` ranks. The profile
 records it (``device.source`` and ``description``). Only this package touches torch.distributed.
@@ -22,11 +23,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autoplan.profile.measure.build import device_spec, link_spec
 from autoplan.profile.measure.collectives import CommSweep, merge_collectives
 from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, make_case
+from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
 from autoplan.profile.measure.timing import default_device, supported_dtypes, threads_per_process
-from autoplan.types.profile import OpTiming, Profile
+from autoplan.types.profile import CommOverlap, OpTiming, Profile
 
-__all__ = ["measure_profile", "ComputeSweep", "CommSweep", "DEFAULT_SWEEP"]
+__all__ = ["measure_profile", "measure_comm_overlap", "ComputeSweep", "CommSweep", "DEFAULT_SWEEP"]
 
 
 def measure_profile(*, devices: int = 2, name: str | None = None, threads: int | None = None,
@@ -48,10 +50,30 @@ def measure_profile(*, devices: int = 2, name: str | None = None, threads: int |
                        copy_bandwidth=copy_bw, memory_efficiency=mem_eff, threads=threads, how=how)
     points = merge_collectives({r: res.collectives for r, res in per_rank.items()}, processes=devices, sweep=comm_sweep)
     link = link_spec(name=f"{backend} between {devices} local processes on {platform.node()}", points=points, backend=backend)
+    overlap = comm_overlap(per_rank, backend=backend, threads=threads) if comm_sweep.overlap else CommOverlap()
     return Profile(name=name or f"{platform.node()}-{backend}", device=spec, devices_per_node=devices, intra_node=link,
-                   inter_node=None, backend=backend, threads=threads,
+                   inter_node=None, backend=backend, threads=threads, comm_overlap=overlap,
                    description=f"Measured by `autoplan profile --devices {devices}` on {platform.node()} "
                                f"({device.type}, dtypes {', '.join(dtypes)}; compute timed with {how}).")
+
+
+def comm_overlap(per_rank: dict[int, RankResult], *, backend: str, threads: int) -> CommOverlap:
+    """The measured overlap efficiency from every rank's (t_comp, t_comm, t_both) (overlap.py)."""
+    from autoplan.profile.measure.build import measured_source
+
+    compute_s, comm_s, both_s = merge_overlap([r.overlap for r in per_rank.values()])
+    source = measured_source(f"{len(per_rank)} processes, {threads} threads each: matmuls alone, a 25 MB {backend} all_reduce "
+                             f"alone, both at once (async_op); (t_comp + t_comm - t_both) / min(t_comp, t_comm)")
+    return CommOverlap(efficiency=overlap_efficiency(compute_s=compute_s, comm_s=comm_s, both_s=both_s), source=source,
+                       compute_s=compute_s, comm_s=comm_s, both_s=both_s)
+
+
+def measure_comm_overlap(*, devices: int = 2, threads: int | None = None, timeout_s: float = 300.0) -> CommOverlap:
+    """Only the overlap test (no compute or collective sweep): to refresh ``comm_overlap`` of a profile."""
+    threads = threads or threads_per_process(processes=devices)
+    backend, per_rank = run_ranks(processes=devices, threads=threads, job=ComputeJob(),
+                                  sweep=CommSweep(collectives=()), timeout_s=timeout_s)
+    return comm_overlap(per_rank, backend=backend, threads=threads)
 
 
 def compute_job(*, sweep: ComputeSweep, dtypes: list[str], model: str | os.PathLike | None, batch: int | None) -> ComputeJob:
@@ -86,8 +108,9 @@ def _phase_ticker(bar: Progress | None, *, job: ComputeJob, devices: int, sweep:
     """A progress task per phase (compute, memory, collectives), advanced by rank 0's ticks."""
     if bar is None:
         return None
-    totals = {"compute": len(job.items), "memory": 1, "collectives": len(sweep.collectives) * len(sweep.sizes())}
-    labels = {"compute": f"compute x{devices} at once", "memory": f"memory x{devices} at once", "collectives": f"collectives x{devices}"}
+    totals = {"compute": len(job.items), "memory": 1, "collectives": len(sweep.collectives) * len(sweep.sizes()), "overlap": 1}
+    labels = {"compute": f"compute x{devices} at once", "memory": f"memory x{devices} at once", "collectives": f"collectives x{devices}",
+              "overlap": f"overlap x{devices}"}
     tasks = {phase: bar.add_task(labels[phase], total=total) for phase, total in totals.items()}
     return lambda phase: bar.advance(tasks[phase])
 

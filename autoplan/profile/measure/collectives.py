@@ -31,6 +31,7 @@ class CommSweep:
     max_bytes: int = 256 * 2**20
     factor: int = 2
     collectives: tuple[str, ...] = COLLECTIVES
+    overlap: bool = True   # also time a collective overlapped with compute (overlap.py)
 
     def sizes(self) -> list[int]:
         sizes, size = [], self.min_bytes

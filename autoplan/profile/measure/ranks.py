@@ -8,7 +8,8 @@ profile's thread count, joins one ``torch.distributed`` group and runs, in order
    way. The executor runs ``devices_per_node`` ranks computing at once, so this is the rate a
    rank achieves in a real run: on a CPU node the ranks share cores, caches and DRAM
    bandwidth; on a GPU node each has its own device but the host is shared.
-2. the collective sweep (collectives.time_collectives).
+2. the collective sweep (collectives.time_collectives);
+3. unless ``sweep.overlap`` is off, the overlap test (overlap.time_overlap).
 
 Every process and the group have timeouts, so a stuck rank ends the run with an error.
 """
@@ -30,6 +31,7 @@ import torch.multiprocessing as mp
 from autoplan.errors import RunError
 from autoplan.profile.measure.collectives import CommSweep, choose_backend, time_collectives
 from autoplan.profile.measure.compute import CaseSpec, make_case, memory_bandwidth, time_case
+from autoplan.profile.measure.overlap import time_overlap
 
 Tick = Callable[[str], None]
 
@@ -50,6 +52,7 @@ class RankResult:
     compute_s: list[float]
     memory: tuple[float, float] | None
     collectives: dict[str, list[float]]
+    overlap: tuple[float, float, float] | None = None   # (t_comp, t_comm, t_both), overlap.py
 
 
 def _free_port() -> int:
@@ -83,7 +86,10 @@ def _worker(rank: int, world: int, port: int, backend: str, threads: int, job: C
         tick = (lambda phase: results.put(("tick", phase))) if rank == 0 else (lambda phase: None)
         compute_s, memory = run_compute_job(job, device=device, tick=tick)
         collectives = time_collectives(sweep, rank=rank, world=world, device=device, tick=tick)
-        results.put(("done", rank, RankResult(compute_s=compute_s, memory=memory, collectives=collectives)))
+        overlap = time_overlap(device=device) if sweep.overlap else None
+        if overlap is not None:
+            tick("overlap")
+        results.put(("done", rank, RankResult(compute_s=compute_s, memory=memory, collectives=collectives, overlap=overlap)))
         dist.destroy_process_group()
     except Exception:  # reported to the parent, which raises one clear error
         results.put(("error", rank, traceback.format_exc(limit=3)))
