@@ -9,6 +9,9 @@ docs/architecture.md says. The stage modules keep the original FQNs and module h
 checkpoint wrappers and FSDP2 apply to them by FQN as they would to the eager model.
 
 Chunk ``c`` of ``pp * virtual_stages`` runs on pipeline rank ``c % pp`` (interleaved 1F1B).
+Values a chunk needs from a chunk other than the one before it (rotary tables made in the
+root forward, masks, skip connections) are passed through the chunks in between
+(autoplan/execute/pipeline_carry.py).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, Pipel
                                                    Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B)
 
 from autoplan.errors import PlanError
+from autoplan.execute.pipeline_carry import carry_skip_values
 from autoplan.types.plan import Plan
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -57,6 +61,7 @@ def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> Any:
         raise PlanError(f"cannot split the model into pipeline stages with torch.export ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); plan pp=1 for this model.") from exc
     if pipe.num_stages != len(plan.stages):
         raise PlanError(f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; a split point is probably never called in forward().")
+    carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through those between
     return pipe
 
 

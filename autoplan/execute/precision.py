@@ -66,8 +66,12 @@ def mp_policy(policy: PrecisionPolicy) -> MixedPrecisionPolicy | None:
 
 
 def autocast(policy: PrecisionPolicy, *, device_type: str):
-    """The forward context: autocast under an autocast policy in low precision, else nothing."""
-    if not policy.low or policy.cast_params:
+    """The forward context in low precision (else nothing): autocast to the compute dtype.
+
+    Under cast_params (FSDP2) the parameters are already low, so autocast only reconciles ops
+    whose inputs mix dtypes because a floating *buffer* FSDP2 does not cast (rotary tables,
+    masks: ``q * cos`` is fp32 while ``v`` is bf16, and attention refuses mixed dtypes)."""
+    if not policy.low:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=policy.compute_dtype)
 

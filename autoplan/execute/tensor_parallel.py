@@ -12,7 +12,10 @@ before the first split) are full values, and ``implicit_replication`` treats the
 
 Per split (``W`` is a Linear weight ``[out, in]``):
 - ``colwise``: ``W``, bias -> ``Shard(0)``; input -> ``Replicate`` (all-gather under SP);
-  output ``Shard(-1)``. Embedding: ``W [vocab, dim]`` -> ``Shard(1)``.
+  output ``Shard(-1)``. Embedding: ``W [vocab, dim]`` -> ``Shard(1)``, and its output (the
+  residual stream, never a rowwise input in practice) is all-gathered to the stream layout,
+  ``Replicate`` or ``Shard(1)`` under SP, as autoplan.cost.tensor_parallel prices a colwise
+  origin that reaches the stream; kept hidden-sharded, the whole stream would stay so.
 - ``rowwise``: ``W`` -> ``Shard(1)``, bias ``Replicate``; input -> ``Shard(-1)``; output
   partial sums -> ``Replicate`` (all-reduce) or ``Shard(1)`` (reduce-scatter) under SP.
   Embedding: ``W`` -> ``Shard(0)`` (vocabulary), output all-reduced / reduce-scattered.
@@ -29,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from autoplan.errors import PlanError
-from autoplan.execute import dtensor_ops  # noqa: F401  (registers CPU attention sharding)
+from autoplan.execute import dtensor_handlers, dtensor_ops  # noqa: F401  (view/in-place handlers, CPU attention sharding)
 from autoplan.types.plan import Plan
 
 SEQ_DIM = 1
@@ -138,8 +141,8 @@ def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp
 def _layouts(*, split: str, kind: str, sp: bool) -> tuple[Any, Any]:
     """(input placement, output placement or None to keep) for one split."""
     seq_out = Shard(SEQ_DIM) if sp else Replicate()
-    if split == "colwise":
-        return Replicate(), None
+    if split == "colwise":  # an Embedding's output is the residual stream: gathered (the cost model's sink)
+        return Replicate(), (seq_out if kind == "embedding" else None)
     if split == "rowwise":
         return (Replicate() if kind == "embedding" else Shard(-1)), seq_out
     return Shard(SEQ_DIM), None  # sequence_parallel

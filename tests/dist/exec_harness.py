@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from autoplan.execute.verify import compare, reference_step
 from autoplan.types.plan import Plan
 
-MODELS = {"gpt": "TinyGPT", "llama": "TinyLlama"}
+MODELS = {"gpt": "TinyGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama"}
 
 
 def free_port() -> int:

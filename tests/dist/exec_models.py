@@ -1,5 +1,6 @@
 """Small models for the executor's distributed tests: a GPT block with one fused qkv Linear
-(nanoGPT-style global-head reshapes) and a Llama-style block with GQA, RMSNorm and SwiGLU."""
+(nanoGPT-style global-head reshapes), a Llama-style block with GQA, RMSNorm and SwiGLU, and a
+"third-party" Llama (in-place ops on activations, rotary tables as forward args, a long skip)."""
 from __future__ import annotations
 
 import torch
@@ -106,6 +107,60 @@ class TinyLlama(nn.Module):
         return self.output(self.norm(x))
 
 
+class InplaceGQAAttention(GQAAttention):
+    """Third-party habits: an OLMo-2-style q norm over all heads whose variance gets an
+    in-place ``add_`` (a Partial DTensor when wq is colwise), and ``.contiguous().view()``."""
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.wq(x)
+        var = q.pow(2).mean(-1, keepdim=True)
+        var.add_(1e-6)
+        q = (q * var.rsqrt()).view(B, T, HEADS, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, T, KV_HEADS, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, T, KV_HEADS, self.head_dim).transpose(1, 2)
+        q, k = q * cos + _rotate(q) * sin, k * cos + _rotate(k) * sin
+        k, v = k.repeat_interleave(HEADS // KV_HEADS, dim=1), v.repeat_interleave(HEADS // KV_HEADS, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).contiguous().view(B, T, -1))
+
+
+class InplaceLlamaBlock(LlamaBlock):
+    def __init__(self):
+        super().__init__()
+        self.attention = InplaceGQAAttention()
+
+    def forward(self, x, cos, sin):
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        h = self.ffn_norm(x)
+        gate = F.silu(self.w1(h))
+        gate.mul_(self.w3(h))  # in-place on an activation
+        return x + self.w2(gate)
+
+
+class ThirdPartyLlama(nn.Module):
+    """Rotary tables computed in the root forward and passed to every block as arguments (a
+    pipeline chunk needs them from chunk 0, not from the one before it), and a long skip
+    from the embedding to the head (a carried value that needs a gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList(InplaceLlamaBlock() for _ in range(LAYERS))
+        self.norm, self.output = nn.RMSNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
+        head_dim = DIM // HEADS
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False)
+
+    def forward(self, idx):
+        freqs = torch.outer(torch.arange(idx.shape[1], device=idx.device).float(), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        x0 = x = self.tok_embeddings(idx)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.output(self.norm(x + x0))
+
+
 def tokens(batch_size: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch_size, SEQ), generator=torch.Generator().manual_seed(seed))
 
@@ -114,18 +169,21 @@ def lm_loss(logits, target):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1))
 
 
-def gpt_tp_plan(sp: bool) -> dict[str, str]:
+def gpt_tp_plan(sp: bool, *, attention: bool = True) -> dict[str, str]:
+    """Megatron's splits; ``attention=False`` keeps c_attn/c_proj replicated (what the planner
+    picks for a fused qkv), so under SP attention runs on an all-gathered sequence."""
     plan = {"wte": "rowwise", "lm_head": "colwise"}
+    attn = ("colwise", "rowwise") if attention else ("replicate", "replicate")
     for i in range(LAYERS):
-        plan.update({f"h.{i}.attn.c_attn": "colwise", f"h.{i}.attn.c_proj": "rowwise",
+        plan.update({f"h.{i}.attn.c_attn": attn[0], f"h.{i}.attn.c_proj": attn[1],
                      f"h.{i}.c_fc": "colwise", f"h.{i}.c_proj": "rowwise"})
         if sp:
             plan.update({f"h.{i}.ln_1": "sequence_parallel", f"h.{i}.ln_2": "sequence_parallel"})
     return plan
 
 
-def llama_tp_plan(sp: bool) -> dict[str, str]:
-    plan = {"tok_embeddings": "rowwise", "output": "colwise"}
+def llama_tp_plan(sp: bool, *, embedding: str = "rowwise") -> dict[str, str]:
+    plan = {"tok_embeddings": embedding, "output": "colwise"}
     for i in range(LAYERS):
         plan.update({f"layers.{i}.attention.{n}": "colwise" for n in ("wq", "wk", "wv")})
         plan.update({f"layers.{i}.w1": "colwise", f"layers.{i}.w3": "colwise",

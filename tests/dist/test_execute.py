@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+import exec_models as m
 from exec_harness import run_cases
 
 from autoplan.execute.verify import TOLERANCE
@@ -34,6 +35,11 @@ TWO = [
     ("dp2_fp16", "gpt", dict(dp=2, precision="fp16")),
     ("tp2_bf16", "llama", dict(tp=2, precision="bf16")),
     ("pp2_fp16", "gpt", dict(pp=2, schedule="1f1b", precision="fp16")),
+    # calibration-sweep regressions (plans the planner emitted that once failed to run)
+    ("tp2_sp_replicated_attention", "gpt", dict(tp=2, sequence_parallel=True, tp_plan=m.gpt_tp_plan(True, attention=False))),
+    ("tp2_colwise_embedding_inplace", "llama3p", dict(tp=2, recompute="full", tp_plan=m.llama_tp_plan(False, embedding="colwise"))),
+    ("tp2_sp_colwise_embedding_inplace", "llama3p", dict(tp=2, sequence_parallel=True, tp_plan=m.llama_tp_plan(True, embedding="colwise"))),
+    ("pp2_interleaved_rope_args", "llama3p", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),
