@@ -4,7 +4,18 @@ parallelism and precision, every candidate priced by the cost model. See docs/il
 
 ``plan(model, example_inputs, devices=..., profile=..., batch_size=...) -> Plan`` traces and
 searches; ``plan_graph(graph, ...)`` searches an already traced graph and returns every candidate.
+They are imported lazily, so the CLI starts without PuLP.
 """
-from autoplan.solve.api import NoPlanFits, plan, plan_graph
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["plan", "plan_graph", "NoPlanFits"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from autoplan.solve import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'autoplan.solve' has no attribute '{name}'")

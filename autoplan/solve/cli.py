@@ -5,11 +5,7 @@ import argparse
 import json
 import sys
 
-from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
-from autoplan.solve.console import search_progress, stdout_console, top_table
-from autoplan.solve.outputs import write_outputs
-from autoplan.solve.search import OBJECTIVES
-from autoplan.solve.space import FIX_KEYS
+from autoplan.solve.space import FIX_KEYS, OBJECTIVES
 
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:
@@ -29,7 +25,21 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
+#: What ``autoplan plan`` imports: torch, torch._dynamo (FakeTensorMode loads it), the tracer, the planner.
+PLAN_IMPORTS = ("torch", "torch._dynamo", "autoplan.trace.api", "autoplan.solve.api")
+
+
 def run(args: argparse.Namespace) -> int:
+    from autoplan.startup import frozen_imports
+
+    with frozen_imports(*PLAN_IMPORTS):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
+    from autoplan.solve.console import search_progress
+    from autoplan.solve.outputs import write_outputs
     from autoplan.trace import trace_model_file
 
     profile = resolve_profile(args.profile)
@@ -50,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         extra = {"explanation": explanation.to_dict()} if explanation else {}
         print(json.dumps({"plan": result.best.to_dict(), "files": {k: str(v) for k, v in paths.items()}, **extra}, indent=2, default=str))
     elif not args.quiet:
+        from autoplan.solve.console import stdout_console, top_table
+
         console = stdout_console()
         console.print(top_table(result, top_k=args.top_k))
         console.print(f"best: {result.best.describe()}  ->  {paths['plan.json']}")

@@ -1,23 +1,25 @@
 """The console view of a search: a progress bar while it runs and a table of the top plans.
 
 Rich renders both on stderr-friendly terminals; with ``--quiet`` or ``--json`` nothing but the
-JSON (or nothing) reaches stdout.
+JSON (or nothing) reaches stdout. rich is imported only when something is drawn.
 """
 from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
-from autoplan.solve.search import SearchResult
+    from autoplan.solve.search import SearchResult
 
 
 def stdout_console() -> Console:
     """A console for the table: the terminal's width, or 160 columns when piped to a file."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
@@ -27,6 +29,9 @@ def search_progress(*, enabled: bool) -> Iterator:
     if not enabled:
         yield None
         return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (TextColumn("searching plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("search", total=None)
@@ -42,6 +47,8 @@ def _ms(value: float) -> str:
 
 def top_table(result: SearchResult, *, top_k: int) -> Table:
     """The best ``top_k`` feasible plans with their step-time breakdown (milliseconds)."""
+    from rich.table import Table
+
     table = Table(title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)")
     for name in ("#", "plan", "step ms", "compute", "tp", "dp", "zero", "pp", "bubble", "optim", "mem GiB", "MFU"):
         table.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)

@@ -52,7 +52,7 @@ from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
-OBJECTIVES = ("time", "cost")
+OBJECTIVES = space.OBJECTIVES
 
 
 @dataclass
@@ -207,6 +207,9 @@ class Search:
                                            micro_batch_size=g.mbs, budget=budget)
             if retry.feasible and retry.tp_plan != choice.tp_plan:
                 self._run_choice(g, bound, retry)
+            elif not retry.feasible:
+                for c in priced:
+                    c.reason = f"{c.reason}; {retry.reason}" if c.reason else retry.reason
 
     def _run_choice(self, g: Group, bound: float, choice: TPChoice) -> None:
         deg = g.degrees

@@ -22,6 +22,8 @@ from autoplan.errors import PlanError
 from autoplan.types.plan import PRECISIONS, RECOMPUTE
 from autoplan.types.profile import Profile
 
+#: What the search minimises (``--objective``): step time, or dollars per sample.
+OBJECTIVES = ("time", "cost")
 FIX_KEYS = ("dp", "tp", "pp", "mbs", "zero", "recompute", "schedule", "sp", "precision", "v")
 _INT_KEYS = ("dp", "tp", "pp", "mbs", "zero", "v")
 _SCHEDULE_ALIASES = {"interleaved": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b", "1f1b": "1f1b", "gpipe": "gpipe"}

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._mode_utils import no_dispatch
 
 from autoplan.errors import AutoplanError, TraceError
 from autoplan.modelfile import default_loss, load_model_file
@@ -37,9 +38,10 @@ def trace(model: torch.nn.Module, example_inputs: Any, *, loss_fn: Callable | No
         captured = capture(model, tuple(map_tensors(tuple(inputs), to_meta)), model_name=model_name)
         _move_meta_constants(captured.module)
         with FakeTensorMode() as mode:
-            fake_in = map_tensors(tuple(inputs), _fake)
-            fake_target = map_tensors(target, _fake)
-            with swapped(captured.module, _fake):
+            fake = _faker(mode)
+            fake_in = map_tensors(tuple(inputs), fake)
+            fake_target = map_tensors(target, fake)
+            with swapped(captured.module, fake):
                 records = _run(captured.module, fake_in, fake_target, loss_fn or _default_loss, canonical_names(model))
         dataflow.annotate(records, model)
         graph = build_graph(records, model=model, model_name=model_name, batch_size=batch,
@@ -72,19 +74,40 @@ def _batch_size(inputs: Any) -> int:
     raise TraceError("example_inputs holds no tensor with a batch dimension; the first dim of the first tensor input is the batch.")
 
 
-def _fake(tensor: torch.Tensor) -> torch.Tensor:
-    """An uninitialised CPU tensor of the same shape and dtype (a FakeTensor under FakeTensorMode)."""
-    return torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu").requires_grad_(tensor.requires_grad)
+def _faker(mode: FakeTensorMode) -> Callable[[torch.Tensor], torch.Tensor]:
+    """tensor -> an uninitialised CPU FakeTensor of the same shape and dtype, made as ``torch.empty``
+    under ``mode`` makes it (a fresh contiguous meta tensor wrapped by the mode's converter),
+    without dispatching an op per parameter."""
+    cpu = torch.device("cpu")
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        with no_dispatch():
+            meta = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="meta")
+        return mode.fake_tensor_converter.from_meta_and_device(mode, meta, cpu).requires_grad_(tensor.requires_grad)
+
+    return fake
 
 
 def _move_meta_constants(gm: torch.fx.GraphModule) -> None:
-    """torch.export bakes the capture device (meta) into factory calls; propagation runs on CPU fakes."""
+    """torch.export bakes the capture device (meta) into factory calls; propagation runs on CPU fakes.
+    The module's code is regenerated only when a node changed."""
     meta, cpu = torch.device("meta"), torch.device("cpu")
-    fix = lambda v: cpu if isinstance(v, torch.device) and v == meta else ("cpu" if v == "meta" else v)  # noqa: E731
+    found: list[bool] = []
+
+    def fix(value: Any) -> Any:
+        if (isinstance(value, torch.device) and value == meta) or (isinstance(value, str) and value == "meta"):
+            found.append(True)
+            return cpu if isinstance(value, torch.device) else "cpu"
+        return value
+
+    changed = False
     for node in gm.graph.nodes:
-        node.args = torch.fx.node.map_aggregate(node.args, fix)
-        node.kwargs = torch.fx.node.map_aggregate(node.kwargs, fix)
-    gm.recompile()
+        found.clear()
+        args, kwargs = torch.fx.node.map_aggregate(node.args, fix), torch.fx.node.map_aggregate(node.kwargs, fix)
+        if found:
+            node.args, node.kwargs, changed = args, kwargs, True
+    if changed:
+        gm.recompile()
 
 
 def _run(gm: torch.fx.GraphModule, inputs: tuple, target: Any, loss_fn: Callable, canonical: dict[str, str]) -> list[Measured]:

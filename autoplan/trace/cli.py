@@ -23,6 +23,13 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
 
 
 def run(args: argparse.Namespace) -> int:
+    from autoplan.startup import frozen_imports
+
+    with frozen_imports("torch", "torch._dynamo", "autoplan.trace.api"):  # torch._dynamo: FakeTensorMode loads it
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from autoplan.trace import trace_model_file
 
     graph = trace_model_file(args.model, args.batch)

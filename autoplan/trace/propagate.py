@@ -16,6 +16,10 @@ ever allocated) and measures:
 Each node runs on private copies of its activation inputs (so in-place ops and per-node
 backward passes stay local); the copies are mapped back to the storage they copy, so the
 attribution and the dedup see through them.
+
+A node whose call is identical to one already measured (same callable, arguments and tensor
+layouts: autoplan.trace.memo) is not run again: its record is replayed on the node's own inputs,
+which yields the same numbers (``MEMOIZE = False`` measures every node).
 """
 from __future__ import annotations
 
@@ -29,9 +33,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
 from autoplan.errors import TraceError
-from autoplan.trace import classify, nodeattrs
+from autoplan.trace import classify, memo, nodeattrs
 from autoplan.trace.capture import first_line, stack_trace_line
 from autoplan.trace.flops import flop_counter
+
+#: Replay identical calls instead of re-measuring them (autoplan.trace.memo); False measures every node.
+MEMOIZE = True
 
 
 @dataclass
@@ -78,6 +85,9 @@ class Propagator:
         self.keep: list[torch.Tensor] = []  # storages stay alive, so their keys are never reused
         self.current = ""
         self.counter = flop_counter()
+        self.memo: dict[Any, memo.Record] = {}
+        self.module_keys: dict[int, Any] = {}
+        self.packs: list[tuple[Any, int, bool]] | None = None  # saved-tensor events of the call being recorded
 
     # ---- storage bookkeeping --------------------------------------------------------------
     def _key(self, tensor: torch.Tensor) -> StorageWeakRef:
@@ -85,14 +95,21 @@ class Propagator:
         return self.alias.get(key, key)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        key = self._key(tensor)
-        if key in self.frozen or key in self.seen:
-            return tensor
-        self.seen.add(key)
-        self.keep.append(tensor)
-        owner = self.owner.get(key, self.current)
-        self.saved[owner] += self.size.get(key, tensor.untyped_storage().nbytes())
+        key, nbytes = self._key(tensor), tensor.untyped_storage().nbytes()
+        if self.packs is not None:
+            self.packs.append((key, nbytes, key in self.seen))
+        if self._charge(key, nbytes):
+            self.keep.append(tensor)
         return tensor
+
+    def _charge(self, key: Any, nbytes: int) -> bool:
+        """Charge a saved storage once, to the node that produced it (else the current node)."""
+        if key in self.frozen or key in self.seen:
+            return False
+        self.seen.add(key)
+        owner = self.owner.get(key, self.current)
+        self.saved[owner] += self.size.get(key, nbytes)
+        return True
 
     def _register(self, name: str, outputs: list[torch.Tensor]) -> None:
         for tensor in outputs:
@@ -132,18 +149,51 @@ class Propagator:
 
     # ---- running ----------------------------------------------------------------------------
     def measure(self, *, name: str, node: torch.fx.Node | None, fn, args: tuple, kwargs: dict,
-                extra_params: list[torch.Tensor]) -> tuple[Any, int, int]:
-        """Run ``fn`` on local copies; return (output, forward FLOPs, backward FLOPs)."""
-        (largs, lkwargs), leaves = self._localize((args, kwargs))
+                extra_params: list[torch.Tensor], module: torch.nn.Module | None = None) -> tuple[Any, int, int]:
+        """Run ``fn`` on local copies, or replay an identical call (autoplan.trace.memo);
+        return (output, forward FLOPs, backward FLOPs)."""
         self.current = name
+        key, inputs = self._memo_key(node, module, args, kwargs, extra_params)
+        if key is not None and key in self.memo:
+            rec = self.memo[key]
+            output = memo.replay(rec, inputs, storage_key=self._key, charge=self._charge)
+            self._register(name, _tensors(output))
+            return output, rec.fwd_flops, rec.bwd_flops
+        self.packs = [] if key is not None else None
+        try:
+            output, fwd, bwd = self._measure(fn, args, kwargs, extra_params)
+        finally:
+            packs, self.packs = self.packs, None
+        if key is not None:
+            self._remember(key, output, inputs, packs, fwd, bwd)
+        self._register(name, _tensors(output))
+        return output, fwd, bwd
+
+    def _measure(self, fn, args: tuple, kwargs: dict, extra_params: list[torch.Tensor]) -> tuple[Any, int, int]:
+        (largs, lkwargs), leaves = self._localize((args, kwargs))
         before = self.counter.get_total_flops()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             output = fn(*largs, **lkwargs)
         fwd = self.counter.get_total_flops() - before
-        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
-        self._register(name, tensors)
+        tensors = _tensors(output)
         grads_of = [p for p in extra_params if p.requires_grad]
         return output, fwd, self._backward(tensors, leaves + grads_of)
+
+    def _memo_key(self, node, module, args, kwargs, extra_params) -> tuple[Any, list[torch.Tensor]]:
+        if not MEMOIZE or node is None:
+            return None, []
+        try:
+            return memo.call_key(node, module, args, kwargs, extra_params, storage_key=self._key, frozen=self.frozen,
+                                 module_keys=self.module_keys, hook_owner=getattr(self.counter, "mod_tracker", None))
+        except Exception:  # NotMemoizable, or anything unforeseen: measuring for real is always right
+            return None, []
+
+    def _remember(self, key: Any, output: Any, inputs: list[torch.Tensor], packs: list, fwd: int, bwd: int) -> None:
+        try:
+            self.memo[key] = memo.record(output=output, leaves=inputs, packs=packs, fwd=fwd, bwd=bwd,
+                                         storage_key=self._key, frozen=self.frozen, owner=self.owner)
+        except Exception:  # NotMemoizable, or anything unforeseen: this call is just not replayed
+            pass
 
     def _backward(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> int:
         outs = [t for t in outputs if t.requires_grad and t.grad_fn is not None]
@@ -164,7 +214,7 @@ class Propagator:
         params = nodeattrs.node_params(node, self.gm, module, self.canonical)
         try:
             output, fwd, bwd = self.measure(name=node.name, node=node, fn=self._callable(node, module), args=args, kwargs=kwargs,
-                                            extra_params=[t for _, t in params])
+                                            extra_params=[t for _, t in params], module=module)
         except Exception as exc:
             raise self._failure(node, exc) from exc
         self.env[node] = output

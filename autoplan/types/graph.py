@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import AutoplanError
 from autoplan.types._check import read_json, require, require_fields, write_json_atomic
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 GRAPH_SCHEMA_VERSION = 1
 
@@ -68,7 +69,8 @@ class OpNode:
     conv: in_channels, out_channels, kernel_size, groups; attention: num_heads, num_kv_heads,
     num_kv_heads_at_call, head_dim, q_len, kv_len, causal, has_mask, dropout_p,
     bwd_recompute_flops. Dataflow facts on linears: attention = {roles ⊆ [q, k, v], num_heads,
-    num_kv_heads, head_dim, node}; fused_chunks (parts of a split output); num_experts, expert.
+    num_kv_heads, head_dim, node}; fused_chunks (parts of a split output); head_split (dims a view
+    unflattens the whole feature dim into, e.g. [heads, head_dim]); num_experts, expert.
     """
 
     name: str
@@ -143,6 +145,8 @@ class Graph:
     # ---- views -------------------------------------------------------------------------
     def nx(self) -> nx.DiGraph:
         """The graph as a ``networkx.DiGraph`` whose node attribute ``op`` is the OpNode."""
+        import networkx as nx  # here, not at import: the planner never needs it
+
         graph = nx.DiGraph()
         for node in self.nodes:
             graph.add_node(node.name, op=node)
