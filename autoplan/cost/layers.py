@@ -71,7 +71,7 @@ def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | No
     """Core (selective recomputation) and block inputs of ``layer`` (module docstring)."""
     nodes = graph.layer_nodes(layer) if nodes is None else nodes
     names = {n.name for n in nodes}
-    preds, succs = _adjacency(graph)
+    preds, succs = graph.adjacency()
     seeds = {n.name for n in nodes if n.op in CORE_SEEDS}
     links = {n.name for n in nodes if n.op in CORE_LINKS}
     down = _reach(seeds, succs, links)
@@ -94,18 +94,6 @@ def _reach(seeds: set[str], step: dict[str, list[str]], allowed: set[str]) -> se
                 seen.add(nxt)
                 stack.append(nxt)
     return seen
-
-
-def _adjacency(graph: Graph) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    cached = graph.__dict__.get("_cost_adjacency")
-    if cached is None:
-        preds: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
-        succs: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
-        for src, dst in graph.edges:
-            preds[dst].append(src)
-            succs[src].append(dst)
-        cached = graph.__dict__["_cost_adjacency"] = (preds, succs)
-    return cached
 
 
 def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:

@@ -164,25 +164,13 @@ def analyse_block(graph: Graph, layer: str | None) -> BlockAnalysis:
     return cache[layer]
 
 
-def _adjacency(graph: Graph) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    adj = graph.__dict__.get("_tp_adjacency")
-    if adj is None:
-        preds: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
-        succs: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
-        for src, dst in graph.edges:
-            preds[dst].append(src)
-            succs[src].append(dst)
-        adj = graph.__dict__["_tp_adjacency"] = (preds, succs)
-    return adj
-
-
 def predecessors(graph: Graph, name: str) -> list[str]:
     """The nodes whose outputs ``name`` reads, in edge order (as autoplan/cost/layers.py reads them)."""
-    return _adjacency(graph)[0][name]
+    return graph.adjacency()[0][name]
 
 
 def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
-    preds, succs = _adjacency(graph)
+    preds, succs = graph.adjacency()
     nodes = graph.layer_nodes(layer)
     inside = {n.name for n in nodes}
     params = [n.name for n in nodes if n.op in PARAM_KINDS]

@@ -163,6 +163,19 @@ class Graph:
             self.__dict__["_by_name_cache"] = cache
         return cache
 
+    def adjacency(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """(predecessors, successors) of every node by name, built once and cached: the cost
+        model and the TP analysis walk the graph on every block they price."""
+        cached = self.__dict__.get("_adjacency_cache")
+        if cached is None:
+            preds: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+            succs: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+            for src, dst in self.edges:
+                preds[dst].append(src)
+                succs[src].append(dst)
+            cached = self.__dict__["_adjacency_cache"] = (preds, succs)
+        return cached
+
     def layer_nodes(self, layer: str | None) -> list[OpNode]:
         """The nodes of one block, or with ``None`` the nodes outside every block."""
         return [node for node in self.nodes if node.layer == layer]
