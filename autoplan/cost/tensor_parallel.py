@@ -45,7 +45,7 @@ an uneven shard);
 rowwise needs in_features % tp == 0; embeddings shard the vocabulary (rowwise) or the
 embedding dim (colwise); convolutions and other ops replicate; norms may be sequence-parallel.
 A fused linear (``attrs['fused_chunks']``: qkv, gate-up) whose chunks are not whole heads per
-rank ([q | k | v] split before the view into heads; :func:`is_gathered`) split colwise would
+rank ([q | k | v] split before the view into heads; :func:`autoplan.cost.tp_block.is_gathered`) split colwise would
 hand a rank contiguous rows that mix q of one head with k of another; the executor keeps DTensor global
 semantics, so the model's ``split`` of that output all-gathers it first. We price exactly that:
 a *gathered colwise* node divides its own compute and weights by tp, pays an all-gather of its
@@ -54,17 +54,15 @@ output, and its consumers see a replicated tensor (attention after it is not sha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import combinations
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES, activation_scale
+from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.mesh import AxisGroup
+from autoplan.cost.tp_block import STREAM_KINDS, BlockAnalysis, analyse_block
 from autoplan.errors import PlanError
-from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
+from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
 
-PRESERVING = ("elementwise", "view", "matmul", "attention")
-STREAM_KINDS = ("norm", "elementwise", "view")
 OUT_LAYOUT = {"replicate": "R", "colwise": "S", "rowwise": "R"}   # rowwise P is resolved by its unary term
 IN_NEED = {"replicate": "R", "colwise": "R", "rowwise": "S"}
 IN_GRAD = {"replicate": "R", "colwise": "P", "rowwise": "S"}
@@ -126,139 +124,6 @@ def _colwise_ok(node: OpNode, tp: int) -> bool:
     heads_ok = not roles & {"q"} or _divides(attention.get("num_heads"), tp)
     kv = attention.get("num_kv_heads") or attention.get("num_heads")
     return heads_ok and (not roles & {"k", "v"} or _divides(kv, tp))
-
-
-def is_gathered(node: OpNode) -> bool:
-    """A fused linear whose colwise shard is not whole heads per rank: its output is split into
-    parts along the features before any view into heads (nanoGPT's [q | k | v]), or unflattened
-    with the parts outermost ([3, heads, head_dim]). A head-major layout ([heads, 3*head_dim],
-    Megatron's head-interleaved qkv) keeps every rank's q, k and v of the same heads."""
-    parts, head_split = node.attrs.get("fused_chunks"), node.attrs.get("head_split")
-    head_major = bool(head_split) and (len(head_split) == 2 or head_split[0] != parts)
-    return bool(parts) and not head_major
-
-
-# ---- block structure (split-independent, cached on the graph) ----------------------------
-@dataclass
-class BlockAnalysis:
-    """What the graph says about one block, independent of tp and of the splits."""
-
-    nodes: list[OpNode]
-    params: list[str]                                   # parameterised nodes, in order
-    origins: dict[str, frozenset[str]]                  # pure node -> its parameterised origins
-    gathered: frozenset[str] = frozenset()              # fused linears: colwise output is all-gathered
-    sinks: dict[str, float] = field(default_factory=dict)          # origin -> output bytes reaching the stream
-    has_targets: set[str] = field(default_factory=set)             # origins feeding another param node
-    edges: dict[tuple[str, str], float] = field(default_factory=dict)     # (u, v) -> bytes
-    siblings: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
-    sources: dict[str, tuple[float, list[str], bool, bool]] = field(default_factory=dict)
-    # stream tensor -> (bytes, consumers, needs grad, sequence-shardable)
-    scale: dict[str, float] = field(default_factory=dict)          # node -> precision rescale of its bytes
-
-
-def analyse_block(graph: Graph, layer: str | None) -> BlockAnalysis:
-    """The split-independent structure of block ``layer``; cached on the graph."""
-    cache = graph.__dict__.setdefault("_tp_analysis_cache", {})
-    if layer not in cache:
-        cache[layer] = _analyse(graph, layer)
-    return cache[layer]
-
-
-def predecessors(graph: Graph, name: str) -> list[str]:
-    """The nodes whose outputs ``name`` reads, in edge order (as autoplan/cost/layers.py reads them)."""
-    return graph.adjacency()[0][name]
-
-
-def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
-    preds, succs = graph.adjacency()
-    nodes = graph.layer_nodes(layer)
-    inside = {n.name for n in nodes}
-    params = [n.name for n in nodes if n.op in PARAM_KINDS]
-    gathered = frozenset(n.name for n in nodes if n.op == "linear" and is_gathered(n))
-    block = BlockAnalysis(nodes=nodes, params=params, origins=_origins(graph, nodes, preds, set(params)), gathered=gathered)
-    for node in nodes:
-        block.scale[node.name] = 1.0
-    for u in params:
-        _walk_origin(graph, block, u, inside, succs)
-    for n, origin_set in block.origins.items():
-        _record_siblings(graph, block, n, preds)
-    for v in params:
-        _record_input(graph, block, v, inside, preds)
-    return block
-
-
-def _origins(graph: Graph, nodes: list[OpNode], preds: dict[str, list[str]], params: set[str]) -> dict[str, frozenset[str]]:
-    """Pure preserving nodes and the parameterised nodes they descend from."""
-    origins: dict[str, frozenset[str]] = {}
-    for node in nodes:
-        if node.name in params or node.op not in PRESERVING:
-            continue
-        found: set[str] = set()
-        impure = False
-        for p in preds[node.name]:
-            if p in params:
-                found.add(p)
-            elif p in origins:
-                found |= origins[p]
-            elif not _broadcast_side(graph.node(p), node):
-                impure = True
-        if found and not impure:
-            origins[node.name] = frozenset(found)
-    return origins
-
-
-def _broadcast_side(source: OpNode, node: OpNode) -> bool:
-    """A stream input that only broadcasts into ``node`` (rotary tables, masks, scalars)."""
-    return node.op == "attention" or source.output_bytes < node.output_bytes
-
-
-def _walk_origin(graph: Graph, block: BlockAnalysis, u: str, inside: set[str], succs: dict[str, list[str]]) -> None:
-    """Follow ``u``'s output through pure nodes; note the parameterised nodes and sinks it reaches."""
-    stack, seen = [u], {u}
-    params = set(block.params)
-    while stack:
-        name = stack.pop()
-        consumers = succs[name]
-        if not consumers:
-            block.sinks[u] = float(graph.node(u).output_bytes)
-        for c in consumers:
-            if c in params and c in inside:
-                block.has_targets.add(u)
-            elif c in block.origins and u in block.origins[c]:
-                if c not in seen:
-                    seen.add(c)
-                    stack.append(c)
-            else:
-                block.sinks[u] = float(graph.node(u).output_bytes)
-
-
-def _record_siblings(graph: Graph, block: BlockAnalysis, n: str, preds: dict[str, list[str]]) -> None:
-    sets = [frozenset([p]) if p in block.params else block.origins.get(p, frozenset()) for p in preds[n]]
-    sets = [s for s in sets if s]
-    for a, b in combinations(sets, 2):
-        for u in a:
-            for w in b:
-                if u != w:
-                    key = (u, w) if u < w else (w, u)
-                    block.siblings.setdefault(key, (float(graph.node(key[0]).output_bytes), float(graph.node(key[1]).output_bytes)))
-
-
-def _record_input(graph: Graph, block: BlockAnalysis, v: str, inside: set[str], preds: dict[str, list[str]]) -> None:
-    """Classify ``v``'s activation input: from origins (edges) or from the stream (sources)."""
-    inputs = preds[v]
-    if not inputs:
-        return
-    src = max(inputs, key=lambda p: graph.node(p).output_bytes)
-    node = graph.node(src)
-    if src in block.params or src in block.origins:
-        origin_set = {src} if src in block.params else block.origins[src]
-        for u in origin_set:
-            block.edges[(u, v)] = block.edges.get((u, v), 0.0) + node.output_bytes / len(origin_set)
-        return
-    floating = activation_scale(node, precision="fp32") != 1.0 or "float" in node.output_dtype
-    shardable = floating and (node.op in STREAM_KINDS or src not in inside)
-    bytes_, consumers, _, _ = block.sources.get(src, (float(node.output_bytes), [], floating, shardable))
-    block.sources[src] = (bytes_, consumers + [v], floating, shardable)
 
 
 # ---- priced terms ------------------------------------------------------------------------

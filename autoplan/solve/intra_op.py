@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 
 import pulp
 
-from autoplan.cost.tensor_parallel import (BlockAnalysis, TPContext, TPTerms, analyse_block, block_terms, legal_splits, param_node_shards,
-                                           pure_layout, pure_layouts_possible, pure_node_shards, stream_node_shards, terms_time_s)
+from autoplan.cost.tensor_parallel import (TPContext, TPTerms, block_terms, legal_splits, param_node_shards, pure_layout,
+                                           pure_layouts_possible, pure_node_shards, stream_node_shards, terms_time_s)
+from autoplan.cost.tp_block import BlockAnalysis, analyse_block
 from autoplan.solve.backend import SolveStatus, solve_model, variable
 from autoplan.solve.op_costs import node_saved_bytes, node_time_s
 from autoplan.types.graph import Graph

@@ -15,7 +15,7 @@ mask at 1 byte per element on a GPU profile (autoplan/cost/compute.py); a hand-m
 from __future__ import annotations
 
 from autoplan.cost.compute import input_bytes_of, op_time_s, saved_activation_bytes
-from autoplan.cost.tensor_parallel import predecessors
+from autoplan.cost.tp_block import predecessors
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from autoplan.cost.memory import model_states, usable_bytes
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.schedule import in_flight_chunks
-from autoplan.cost.tensor_parallel import TPContext, analyse_block, node_splits
+from autoplan.cost.tensor_parallel import TPContext, node_splits
+from autoplan.cost.tp_block import analyse_block
 from autoplan.solve.backend import SolveStatus
 from autoplan.solve.intra_op import budget_infeasibility, build_block_problem, solve_block
 from autoplan.types.cost import Cost
