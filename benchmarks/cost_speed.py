@@ -18,6 +18,7 @@ import pandas as pd
 from autoplan.cost import CostModel
 from autoplan.profile import load_profile
 from autoplan.types import Plan
+from _results import write_results
 
 HERE = Path(__file__).parent
 
@@ -55,9 +56,7 @@ def main() -> None:
     table = pd.DataFrame(rows)
     print(f"GPT-3 175B graph: {len(graph.nodes)} nodes, {len(graph.layers)} blocks, traced in {trace_s:.1f} s")
     print(table.to_string(index=False))
-    out = HERE / "results" / "cost_speed.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out, index=False)
+    write_results(table, "cost_speed")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Prints a table; writes benchmarks/results/plan_quality.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from autoplan.errors import PlanError
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
 from autoplan.trace import trace_model_file
+from _results import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [  # name, model file, env overrides, clusters (devices, batch)
@@ -99,13 +99,7 @@ def main() -> None:
             rows.append(compare(name, graph, profile, devices, batch))
             print(f"done {name} on {devices}", flush=True)
     _print(rows)
-    out = ROOT / "benchmarks" / "results" / "plan_quality.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out}")
+    write_results(rows, "plan_quality")
 
 
 def _fmt(value, spec: str) -> str:

@@ -15,13 +15,14 @@ a core). Prints a table; writes benchmarks/results/planning_time.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _results import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [
@@ -79,13 +80,7 @@ def main() -> None:
                    "target_s": case["target_s"], **phases_s(case, Path(tmp) / "phases")}
             rows.append(row)
     _print(rows)
-    out = ROOT / "benchmarks" / "results" / "planning_time.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out}")
+    write_results(rows, "planning_time")
 
 
 def _print(rows: list[dict]) -> None:

@@ -15,9 +15,7 @@ Timings on a shared machine are noisy; errors are |pred - meas| / meas.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -28,13 +26,13 @@ from autoplan.profile.measure import CommSweep, merge_compute
 from autoplan.profile.measure.collectives import merge_collectives
 from autoplan.profile.measure.compute import spec
 from autoplan.profile.measure.ranks import ComputeJob, run_ranks
+from _results import write_results
 
 HELD_OUT_MATMULS = [(96, 96, 96), (192, 192, 192), (384, 384, 384), (768, 768, 768), (1536, 1536, 1536),
                     (3000, 1000, 500), (1536, 512, 2048), (200, 4000, 1000), (8192, 128, 256), (512, 3072, 768)]
 HELD_OUT_ATTENTION = [(1, 4, 96, 64), (1, 8, 192, 64), (2, 8, 384, 64), (1, 8, 768, 64), (4, 4, 128, 32)]
 FIT_COMM = CommSweep(min_bytes=1024, max_bytes=256 * 2**20, factor=4)
 HELD_OUT_COMM = CommSweep(min_bytes=2048, max_bytes=128 * 2**20, factor=4)
-OUT = Path(__file__).resolve().parent / "results" / "profile_accuracy.csv"
 
 
 def held_out_job(profile) -> ComputeJob:
@@ -95,12 +93,7 @@ def main() -> None:
     _, per_rank = run_ranks(processes=args.devices, threads=profile.threads, job=job, sweep=HELD_OUT_COMM, timeout_s=600)
     rows = compute_rows(profile, job, per_rank) + collective_rows(profile, per_rank, args.devices)
     show(rows)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with OUT.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {OUT}")
+    write_results(rows, "profile_accuracy")
 
 
 if __name__ == "__main__":

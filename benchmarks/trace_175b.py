@@ -11,6 +11,8 @@ import pandas as pd
 
 from autoplan.trace import trace_model_file
 
+from _results import write_results
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,10 +32,7 @@ def main() -> None:
                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
-    out = ROOT / "benchmarks" / "results" / "trace_175b.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out, index=False)
-    print(f"wrote {out}")
+    write_results(table, "trace_175b")
 
 
 if __name__ == "__main__":
