@@ -143,7 +143,7 @@ class Trainer:
         kwargs = {"target": target, "losses": losses} if self.holds_last_stage else {}
         args = inputs if self.holds_first_stage else ()
         with self._forward_context():
-            self.schedule.step(*args, **kwargs)
+            self.schedule.step(*args, return_outputs=False, **kwargs)  # the losses are all we use; merging logits costs a copy
         if not losses:
             return torch.tensor(float("nan"), device=self.device)
         mean = torch.stack([l.detach().float() for l in losses]).mean()
