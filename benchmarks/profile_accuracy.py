@@ -46,7 +46,8 @@ def compute_rows(profile, job: ComputeJob, per_rank) -> list[dict]:
     out = []
     for row in rows:
         curve = profile.device.efficiency_for(row.op, row.dtype)
-        calls = [row.flops] if row.op == "matmul" else [row.flops / 3, 2 * row.flops / 3]   # attention: fwd + bwd
+        # fwd+bwd rows (attention, and matmuls timed as a training linear): one forward and one backward op
+        calls = [row.flops / 3, 2 * row.flops / 3] if row.shape.endswith("fwd+bwd") else [row.flops]
         predicted = sum(predict_op_s(flops=f, peak_flops=profile.device.peak_flops[row.dtype], max_efficiency=curve.max_efficiency,
                                      half_saturation_flops=curve.half_saturation_flops) for f in calls)
         out.append(_row(row.op, row.shape, row.dtype, row.time_s, predicted))

@@ -2,6 +2,7 @@
 
     autoplan profile --devices N --out profiles/NAME.yaml [--model MODEL.py --batch B] [--threads T]
     autoplan profile --show NAME_OR_PATH
+    autoplan profile --refresh op_overhead|comm_overlap --out PROFILE.yaml   # re-measure one part in place
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from typing import Any
 
 from autoplan.errors import ProfileError
 from autoplan.types.profile import Profile
+
+
+REFRESHABLE = ("op_overhead", "comm_overlap")
 
 
 def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -27,6 +31,8 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small sweep (seconds), for smoke tests")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the measuring processes are stopped (default 300)")
     parser.add_argument("--show", metavar="PROFILE", help="load, validate and summarise a profile (name or path) instead of measuring")
+    parser.add_argument("--refresh", choices=REFRESHABLE, help="re-measure only this part of the existing --out profile (with its "
+                                                               "devices_per_node and threads) and rewrite the file")
     parser.set_defaults(func=run)
 
 
@@ -38,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         _print(summary(profile), args)
         return 0
     _check_args(args)
+    if args.refresh:
+        return refresh(args)
     from autoplan.profile.measure import measure_profile
     from autoplan.profile.measure.collectives import CommSweep
     from autoplan.profile.measure.compute import DEFAULT_SWEEP, QUICK_SWEEP
@@ -49,6 +57,23 @@ def run(args: argparse.Namespace) -> int:
                               comm_sweep=quick_comm if args.quick else CommSweep(),
                               model=args.model, batch=args.batch, progress=not (args.quiet or args.json),
                               timeout_s=args.timeout)
+    path = save_profile(profile, args.out)
+    _print({**summary(profile), "written": str(path), "wall_s": round(time.perf_counter() - started, 1)}, args)
+    return 0
+
+
+def refresh(args: argparse.Namespace) -> int:
+    """Re-measure one part (``--refresh``) of the profile at ``--out`` and write it back."""
+    from autoplan.profile.io import load_profile, save_profile
+    from autoplan.profile.measure import measure_comm_overlap, measure_op_overhead
+
+    started = time.perf_counter()
+    profile = load_profile(args.out)
+    devices, threads = profile.devices_per_node, profile.threads or args.threads
+    if args.refresh == "op_overhead":
+        profile.device.op_overhead = measure_op_overhead(devices=devices, threads=threads, timeout_s=args.timeout)
+    else:
+        profile.comm_overlap = measure_comm_overlap(devices=devices, threads=threads, timeout_s=args.timeout)
     path = save_profile(profile, args.out)
     _print({**summary(profile), "written": str(path), "wall_s": round(time.perf_counter() - started, 1)}, args)
     return 0
@@ -81,6 +106,8 @@ def summary(profile: Profile) -> dict[str, Any]:
         "peak_flops": device.peak_flops,
         "memory_bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s,
         "efficiency": {k: [round(v.max_efficiency, 3), v.half_saturation_flops] for k, v in device.efficiency.items()},
+        "op_overhead_s": None if device.op_overhead is None else {"forward_s": device.op_overhead.forward_s,
+                                                                 "backward_s": device.op_overhead.backward_s},
         "links": {name: {k: {"alpha_s": f.alpha_s, "busbw_bytes_per_s": f.busbw_bytes_per_s} for k, f in link.collectives.items()}
                   for name, link in links.items() if link is not None},
         "price_per_device_hour": profile.price_per_device_hour,
@@ -100,6 +127,9 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
     console.print(f"[bold]{data['name']}[/]: {data['device']}, {data['devices_per_node']} per node, backend {data['backend']}, threads {data['threads']}")
     console.print("peak FLOP/s: " + ", ".join(f"{k} {v / 1e12:.3g} T" for k, v in data["peak_flops"].items())
                   + f"; memory {data['memory_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s")
+    if data["op_overhead_s"]:
+        console.print(f"host overhead per op: forward {data['op_overhead_s']['forward_s'] * 1e6:.1f} us, "
+                      f"backward {data['op_overhead_s']['backward_s'] * 1e6:.1f} us")
     table = Table("link", "collective", "alpha (us)", "busbw (GB/s)")
     for link, fits in data["links"].items():
         for kind, fit in fits.items():

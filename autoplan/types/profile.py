@@ -17,6 +17,13 @@ Collective model (nccl-tests "bus bandwidth" convention, Thakur et al. 2005):
 
 where S is the full message (for all_gather, the gathered output) in bytes.
 
+Host dispatch overhead (``device.op_overhead``, optional): every op a training step runs is
+dispatched by the host (Python, the dispatcher, autograd bookkeeping, a kernel launch), which
+takes a roughly fixed time however small the op. A CPU backend computes on the dispatching
+thread, so an op takes roofline + overhead; a GPU backend queues kernels asynchronously, so an
+op takes max(roofline, overhead) (the host only shows when it is slower than the device).
+``autoplan profile`` measures it as the slope of a chain of tiny ops (profile/measure/overhead.py).
+
 Overlap of communication with compute (``comm_overlap``): when a collective of time t_comm runs
 while the rank computes for t_comp, the pair takes t_comp + t_comm - eta * min(t_comp, t_comm),
 eta = ``comm_overlap.efficiency`` in [0, 1]. NCCL runs collectives on their own CUDA streams
@@ -78,6 +85,22 @@ class OpTiming:
 
 
 @dataclass
+class OpOverhead:
+    """Host time to dispatch one traced op's forward, and its backward, in seconds (module docstring)."""
+
+    forward_s: float
+    backward_s: float
+    source: str
+
+    def check(self) -> None:
+        for name in ("forward_s", "backward_s"):
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, ProfileError,
+                    f"profile field 'device.op_overhead.{name}' is {value!r}; expected a number >= 0 (seconds).")
+        _sourced("device.op_overhead", self.source)
+
+
+@dataclass
 class DeviceSpec:
     name: str
     memory_bytes: int
@@ -90,6 +113,8 @@ class DeviceSpec:
     #: Optional per-dtype curves that override ``efficiency`` (a measured CPU's bf16 and fp32
     #: kernels saturate differently); ``efficiency_for`` picks the right one.
     efficiency_by_dtype: dict[str, dict[str, Efficiency]] = field(default_factory=dict)
+    #: Host dispatch time per op (module docstring); None = not measured, charged as 0.
+    op_overhead: OpOverhead | None = None
 
     def efficiency_for(self, op_class: str, dtype: str) -> Efficiency:
         """The efficiency curve of ``op_class`` in ``dtype``: the per-dtype one when given, else the default
@@ -102,6 +127,10 @@ class DeviceSpec:
         _positive("device", "memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)
         _positive("device", "memory_efficiency", self.memory_efficiency)
         _sourced("device", self.source)
+        if self.op_overhead is not None:
+            require(isinstance(self.op_overhead, OpOverhead), ProfileError,
+                    f"profile field 'device.op_overhead' is {self.op_overhead!r}; expected a mapping with forward_s, backward_s and source.")
+            self.op_overhead.check()
         require(isinstance(self.peak_flops, dict) and self.peak_flops, ProfileError,
                 "profile field 'device.peak_flops' is empty; expected FLOP/s for at least one of " + ", ".join(DTYPES) + ".")
         for dtype, value in self.peak_flops.items():
@@ -227,6 +256,8 @@ class Profile:
         device["op_table"] = [OpTiming(**row) for row in device.get("op_table", [])]
         device["efficiency_by_dtype"] = {dtype: {k: Efficiency(**v) for k, v in curves.items()}
                                          for dtype, curves in (device.get("efficiency_by_dtype") or {}).items()}
+        if isinstance(device.get("op_overhead"), dict):
+            device["op_overhead"] = OpOverhead(**device["op_overhead"])
         fields = dict(data)
         fields["device"] = DeviceSpec(**device)
         fields["intra_node"] = _link(data["intra_node"])

@@ -1,11 +1,14 @@
-"""A real two-process gloo profiling run (small sweep) yields a valid, monotone profile."""
+"""A real two-process gloo profiling run (small sweep) yields a valid, monotone profile with the
+host overhead per op, and ``autoplan profile --refresh op_overhead`` re-measures only that."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from autoplan.profile import load_profile, measure_profile, save_profile
+from autoplan.profile.cli import run as profile_cli
 from autoplan.profile.fit import predict_collective_s
 from autoplan.profile.measure import CommSweep
 from autoplan.profile.measure.compute import QUICK_SWEEP
@@ -19,7 +22,10 @@ def test_two_process_gloo_profile(tmp_path: Path) -> None:
     assert profile.backend == "gloo" and profile.devices_per_node == 2 and profile.threads >= 1
     assert profile.device.memory_bandwidth_bytes_per_s > 0 and set(profile.device.peak_flops) == {"fp32", "bf16"}
     assert {row.op for row in profile.device.op_table} == {"matmul", "attention", "conv"}
-    assert all(row.shape.endswith("fwd+bwd") for row in profile.device.op_table if row.op == "attention")
+    assert all(row.shape.endswith("fwd+bwd") for row in profile.device.op_table if row.op in ("attention", "matmul"))
+    overhead = profile.device.op_overhead
+    assert overhead is not None and overhead.forward_s > 0 and overhead.backward_s > 0
+    assert "chain length" in overhead.source and "all 2 processes" in overhead.source
     assert "all 2 processes computing at once" in profile.device.source and "at once" in profile.description
     for kind in COLLECTIVES:
         fit = profile.intra_node.collectives[kind]
@@ -31,3 +37,13 @@ def test_two_process_gloo_profile(tmp_path: Path) -> None:
         assert all(a < b for a, b in zip(times, times[1:]))
     path = save_profile(profile, tmp_path / "t.yaml")
     assert load_profile(path).to_dict() == profile.to_dict()
+    _refresh_overhead(path, before=profile)
+
+
+def _refresh_overhead(path: Path, *, before) -> None:
+    args = argparse.Namespace(show=None, out=str(path), refresh="op_overhead", devices=2, threads=None, batch=1,
+                              timeout=120.0, quiet=True, json=False)
+    assert profile_cli(args) == 0
+    after = load_profile(path)
+    assert after.device.op_overhead.forward_s > 0 and after.device.op_overhead.source != before.device.op_overhead.source
+    assert after.device.op_table == before.device.op_table and after.intra_node == before.intra_node

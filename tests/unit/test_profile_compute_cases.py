@@ -1,5 +1,5 @@
 """Compute cases: FLOPs counted as the tracer counts them, fits of forward + backward points,
-and the merge of per-rank times (median over ranks)."""
+the matmul case as a training linear's three GEMMs, and the merge of per-rank times (median over ranks)."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from autoplan.profile.fit import fit_efficiency, predict_op_s
 from autoplan.profile.measure import compute_job, merge_compute
-from autoplan.profile.measure.compute import KERNEL_CALLS, QUICK_SWEEP, attention_case, make_case, spec
+from autoplan.profile.measure.compute import KERNEL_CALLS, QUICK_SWEEP, attention_case, make_case, matmul_case, spec
 from autoplan.profile.measure.optable import node_spec
 from autoplan.profile.measure.ranks import RankResult
 from autoplan.trace.flops import flop_counter
@@ -24,6 +24,22 @@ def test_attention_case_flops_match_the_tracer_for_forward_plus_backward() -> No
     assert len(grads) == 3 and all(g.shape == (b, h, s, d) for g in grads)
     assert case.flops == counter.get_total_flops() == 3 * 4 * b * h * s * s * d
     assert case.training and case.shape.endswith("causal,fwd+bwd") and KERNEL_CALLS["attention"] == 2
+
+
+def test_matmul_case_times_a_linears_forward_and_both_backward_gemms() -> None:
+    m, n, k = 5, 7, 3
+    case = matmul_case(m=m, n=n, k=k)
+    torch.manual_seed(0)
+    y, grad_x, grad_w = case.build(torch.float32, torch.device("cpu"))()
+    torch.manual_seed(0)
+    x, weight, grad = (torch.randn(*size) for size in ((m, k), (n, k), (m, n)))
+    x.requires_grad_(), weight.requires_grad_()
+    with flop_counter() as counter:
+        out = F.linear(x, weight)
+        expected = torch.autograd.grad(out, (x, weight), grad)
+    assert torch.allclose(y, out) and torch.allclose(grad_x, expected[0]) and torch.allclose(grad_w, expected[1])
+    assert case.flops == counter.get_total_flops() == 6.0 * m * n * k
+    assert case.shape == "m=5,n=7,k=3,fwd+bwd" and KERNEL_CALLS["matmul"] == 2 and not case.training
 
 
 def _grads(*, causal: bool, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
@@ -61,7 +77,7 @@ def test_model_nodes_become_picklable_cases() -> None:
     attention = OpNode(name="a", op="attention", target="sdpa", module="a", layer=None, output_shape=[2, 4, 16, 8],
                        attrs={"num_heads": 4, "head_dim": 8, "q_len": 16, "causal": True})
     lin, att = make_case(node_spec(linear)), make_case(node_spec(attention))
-    assert (lin.op_class, lin.shape, lin.flops) == ("linear", "m=32,n=64,k=32", 2.0 * 32 * 64 * 32)
+    assert (lin.op_class, lin.shape, lin.flops) == ("linear", "m=32,n=64,k=32,fwd+bwd", 6.0 * 32 * 64 * 32)
     assert att.op_class == "attention" and att.shape == "b=2,h=4,s=16,d=8,causal,fwd+bwd"
 
 
@@ -74,4 +90,4 @@ def test_merge_takes_the_median_over_ranks() -> None:
     assert [r.time_s for r in rows] == [2.0 * (i + 1) for i in range(n)]
     assert (copy_bw, mem_eff) == (2e9, 1.0)
     assert rows[0].op == "matmul" and {r.op for r in rows} == {"matmul", "attention", "conv"}
-    assert make_case(spec("matmul", m=2, n=3, k=4)).flops == 48.0
+    assert make_case(spec("matmul", m=2, n=3, k=4)).flops == 144.0

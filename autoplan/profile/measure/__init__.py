@@ -1,10 +1,11 @@
 """measure_profile: measure the machine it runs on and return a Profile.
 
 Order: (1) fix the thread count T per process so that N * T <= cores, (2) spawn N processes
-(ranks.py) that each, at the same time, time the compute sweep, the memory kernels and
-(with a model) its ops, then (3) time the collectives together and a collective overlapped with
+(ranks.py) that each, at the same time, time the compute sweep, (with a model) its ops, the
+memory kernels and the host dispatch overhead per op (overhead.py: ``device.op_overhead``),
+then (3) time the collectives together and a collective overlapped with
 compute (overlap.py: ``comm_overlap``), and (4) fit and assemble.
-A compute time is the median over ranks of each rank's median: the rate one rank achieves
+A compute time (and each op-overhead number) is the median over ranks of each rank's median: the rate one rank achieves
 while all N compute, which is how the executor runs ``devices_per_node`` ranks. The profile
 records it (``device.source`` and ``description``). Only this package touches torch.distributed.
 """
@@ -20,15 +21,15 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autoplan.profile.measure.build import device_spec, link_spec
+from autoplan.profile.measure.build import device_spec, link_spec, op_overhead
 from autoplan.profile.measure.collectives import CommSweep, merge_collectives
 from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, make_case
 from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
 from autoplan.profile.measure.timing import default_device, supported_dtypes, threads_per_process
-from autoplan.types.profile import CommOverlap, OpTiming, Profile
+from autoplan.types.profile import CommOverlap, OpOverhead, OpTiming, Profile
 
-__all__ = ["measure_profile", "measure_comm_overlap", "ComputeSweep", "CommSweep", "DEFAULT_SWEEP"]
+__all__ = ["measure_profile", "measure_comm_overlap", "measure_op_overhead", "ComputeSweep", "CommSweep", "DEFAULT_SWEEP"]
 
 
 def measure_profile(*, devices: int = 2, name: str | None = None, threads: int | None = None,
@@ -47,7 +48,8 @@ def measure_profile(*, devices: int = 2, name: str | None = None, threads: int |
     rows, (copy_bw, mem_eff) = merge_compute(job, per_rank)
     how = f"all {devices} processes computing at once, {threads} threads each, median over ranks"
     spec = device_spec(name=_device_name(device, threads), memory_bytes=_memory_bytes(device, devices), rows=rows,
-                       copy_bandwidth=copy_bw, memory_efficiency=mem_eff, threads=threads, how=how)
+                       copy_bandwidth=copy_bw, memory_efficiency=mem_eff, threads=threads, how=how,
+                       overhead=merge_overhead(per_rank, how=how))
     points = merge_collectives({r: res.collectives for r, res in per_rank.items()}, processes=devices, sweep=comm_sweep)
     link = link_spec(name=f"{backend} between {devices} local processes on {platform.node()}", points=points, backend=backend)
     overlap = comm_overlap(per_rank, backend=backend, threads=threads) if comm_sweep.overlap else CommOverlap()
@@ -76,13 +78,32 @@ def measure_comm_overlap(*, devices: int = 2, threads: int | None = None, timeou
     return comm_overlap(per_rank, backend=backend, threads=threads)
 
 
+def measure_op_overhead(*, devices: int = 2, threads: int | None = None, budget_s: float = DEFAULT_SWEEP.overhead_budget_s,
+                        timeout_s: float = 300.0) -> OpOverhead:
+    """Only the op-overhead test (overhead.py), all ``devices`` processes at once: to refresh
+    ``device.op_overhead`` of a profile. One process alone: ``overhead.time_op_overhead``."""
+    threads = threads or threads_per_process(processes=devices)
+    _, per_rank = run_ranks(processes=devices, threads=threads, job=ComputeJob(overhead_budget_s=budget_s),
+                            sweep=CommSweep(collectives=(), overlap=False), timeout_s=timeout_s)
+    return merge_overhead(per_rank, how=f"all {devices} processes at once, {threads} threads each, median over ranks")
+
+
+def merge_overhead(per_rank: dict[int, RankResult], *, how: str) -> OpOverhead | None:
+    """The median over ranks of each rank's (forward_s, backward_s); None when not measured."""
+    timed = [result.op_overhead for result in per_rank.values() if result.op_overhead is not None]
+    if not timed:
+        return None
+    return op_overhead(forward_s=statistics.median(t[0] for t in timed), backward_s=statistics.median(t[1] for t in timed), how=how)
+
+
 def compute_job(*, sweep: ComputeSweep, dtypes: list[str], model: str | os.PathLike | None, batch: int | None) -> ComputeJob:
     """The sweep in every dtype, then (with a model) its ops in the first dtype."""
     items = [(s, dtype) for dtype in dtypes for s in sweep.specs()]
     if model is not None:
         from autoplan.profile.measure.optable import model_specs
         items += [(s, dtypes[0]) for s in model_specs(model_path=Path(model), batch=batch or 1)]
-    return ComputeJob(items=tuple(items), budget_s=sweep.budget_s, memory_bytes=sweep.memory_bytes)
+    return ComputeJob(items=tuple(items), budget_s=sweep.budget_s, memory_bytes=sweep.memory_bytes,
+                      overhead_budget_s=sweep.overhead_budget_s)
 
 
 def merge_compute(job: ComputeJob, per_rank: dict[int, RankResult]) -> tuple[list[OpTiming], tuple[float, float] | None]:
@@ -108,9 +129,10 @@ def _phase_ticker(bar: Progress | None, *, job: ComputeJob, devices: int, sweep:
     """A progress task per phase (compute, memory, collectives), advanced by rank 0's ticks."""
     if bar is None:
         return None
-    totals = {"compute": len(job.items), "memory": 1, "collectives": len(sweep.collectives) * len(sweep.sizes()), "overlap": 1}
-    labels = {"compute": f"compute x{devices} at once", "memory": f"memory x{devices} at once", "collectives": f"collectives x{devices}",
-              "overlap": f"overlap x{devices}"}
+    totals = {"compute": len(job.items), "memory": 1, "overhead": 1, "collectives": len(sweep.collectives) * len(sweep.sizes()),
+              "overlap": 1}
+    labels = {"compute": f"compute x{devices} at once", "memory": f"memory x{devices} at once", "overhead": f"op overhead x{devices} at once",
+              "collectives": f"collectives x{devices}", "overlap": f"overlap x{devices}"}
     tasks = {phase: bar.add_task(labels[phase], total=total) for phase, total in totals.items()}
     return lambda phase: bar.advance(tasks[phase])
 

@@ -4,9 +4,12 @@ Peaks of a measured device: there is no datasheet for "this machine with T threa
 ``peak_flops[dtype]`` is the best saturated rate measured in that dtype (the largest
 1/slope of t(F) over the op classes, see fit.saturated_rate). Efficiencies are then
 fractions of that peak: per dtype in ``efficiency_by_dtype``, and one joint curve per op
-class (all dtypes, time scaled by each dtype's peak) in ``efficiency``. Attention rows time
-forward + backward (compute.KERNEL_CALLS): the curve is fitted so that the cost model's
-forward (F/3) plus backward (2F/3) prediction equals the measured pair (fit.fit_efficiency).
+class (all dtypes, time scaled by each dtype's peak) in ``efficiency``. Matmul rows (a
+linear's forward GEMM and both backward GEMMs) and attention rows time forward + backward
+(compute.KERNEL_CALLS = 2): the curve is fitted so that the cost model's forward (F/3) plus
+backward (2F/3) prediction, each paying the half-saturation term once, equals the measured
+time (fit.fit_efficiency). The host dispatch overhead per op (overhead.py) goes to
+``device.op_overhead`` (``op_overhead``).
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import torch
 import autoplan
 from autoplan.profile.fit import fit_collective, fit_efficiency, saturated_rate
 from autoplan.profile.measure.compute import KERNEL_CALLS
-from autoplan.types.profile import OP_CLASSES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, OpTiming
+from autoplan.profile.measure.overhead import describe as describe_overhead
+from autoplan.types.profile import OP_CLASSES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, OpOverhead, OpTiming
 
 
 def measured_source(what: str) -> str:
@@ -61,18 +65,26 @@ def efficiencies(rows: list[OpTiming], peak: dict[str, float], source: str
     return joint, dict(per_dtype)
 
 
+def op_overhead(*, forward_s: float, backward_s: float, how: str) -> OpOverhead:
+    """The measured host overhead per op; ``how``: who timed it (e.g. all N processes at once)."""
+    return OpOverhead(forward_s=forward_s, backward_s=backward_s, source=measured_source(f"{describe_overhead()}; {how}"))
+
+
 def device_spec(*, name: str, memory_bytes: int, rows: list[OpTiming], copy_bandwidth: float,
-                memory_efficiency: float, threads: int, how: str | None = None) -> DeviceSpec:
-    """``how``: how the compute was timed (e.g. all N processes at once), recorded in ``source``."""
+                memory_efficiency: float, threads: int, how: str | None = None,
+                overhead: OpOverhead | None = None) -> DeviceSpec:
+    """``how``: how the compute was timed (e.g. all N processes at once), recorded in ``source``;
+    ``overhead``: the measured ``op_overhead`` (None: not measured)."""
     sweep = [row for row in rows if row.op in OP_CLASSES]  # model-op rows (--model) stay in the table only
     peak = peaks(sweep)
     timed = how or f"{threads} threads"
-    source = measured_source(f"compute sweep and memory kernels timed with {timed}; attention forward + backward, causal; "
+    source = measured_source(f"compute sweep and memory kernels timed with {timed}; matmul as a linear's forward + 2 backward "
+                             f"GEMMs, attention forward + backward, causal; "
                              f"least-squares fit of t = (F + calls * F_half)/(a*peak)")
     joint, per_dtype = efficiencies(sweep, peak, source)
     return DeviceSpec(name=name, memory_bytes=memory_bytes, peak_flops=peak, memory_bandwidth_bytes_per_s=copy_bandwidth,
                       efficiency=joint, efficiency_by_dtype=per_dtype, source=source,
-                      memory_efficiency=memory_efficiency, op_table=rows)
+                      memory_efficiency=memory_efficiency, op_table=rows, op_overhead=overhead)
 
 
 def link_spec(*, name: str, points: dict[str, list[list[float]]], backend: str) -> LinkSpec:

@@ -2,7 +2,8 @@
 
 FLOPs of one timed call (multiply-add = 2 FLOPs), counted as the tracer counts them
 (autoplan/trace/flops.py):
-  matmul    (m x k) @ (k x n), forward                          2*m*n*k
+  matmul    a training linear y = x W^T, x (m x k), W (n x k):
+            forward + both backward GEMMs (one call each)         3 * 2*m*n*k
   attention SDPA over q, k, v of (b, h, s, d), causal mask,
             forward + backward (one call each)                  4*b*h*s*s*d + 2 * 4*b*h*s*s*d
             (forward Q K^T and P V; backward the four gradient matmuls, 2x the forward; no
@@ -13,6 +14,14 @@ Attention is timed forward + backward because training runs both and the two ker
 saturate very differently (on CPU the backward is several times slower per FLOP); the cost
 model prices a node's forward and backward with the same curve, so the curve is fitted to
 their sum (profile/measure/build.py, KERNEL_CALLS).
+Matmul is timed the same way, as the three GEMMs autograd runs for a linear without bias
+(checked with a dispatch log of F.linear + autograd.grad, torch 2.x CPU), on plain tensors
+with no autograd, each operand in the layout autograd hands to ``aten::mm``:
+  forward      y  = x @ W^T    mm(x, W.t())          x row-major, W^T a transposed view
+  grad-input   dX = dY @ W     mm(dY, W)             both row-major
+  grad-weight  dW = dY^T @ x   mm(dY.t(), x)         (mm_mat2_backward keeps W's layout)
+The backward layouts run measurably slower than the forward on CPU BLAS, and the cost model
+prices a linear as one forward op (F/3) and one backward op (2F/3), so KERNEL_CALLS is 2.
 Memory bandwidth: a large copy moves 2 * bytes (read + write); memory-bound kernels
 (add: 3 * bytes, gelu: 2 * bytes) give the achieved fraction of that bandwidth.
 
@@ -34,8 +43,9 @@ from autoplan.types.profile import OpTiming
 
 Builder = Callable[[torch.dtype, torch.device], Callable[[], Any]]
 
-#: Kernel calls in one timed call of each op class: attention is forward + backward.
-KERNEL_CALLS = {"matmul": 1, "attention": 2, "conv": 1}
+#: Cost-model ops in one timed call of each op class: matmul and attention are timed forward +
+#: backward, which the cost model prices as two ops (forward F/3, backward 2F/3).
+KERNEL_CALLS = {"matmul": 2, "attention": 2, "conv": 1}
 
 
 @dataclass(frozen=True)
@@ -64,10 +74,11 @@ def make_case(spec: CaseSpec) -> OpCase:
 
 
 def matmul_case(*, m: int, n: int, k: int) -> OpCase:
+    """A training linear's three GEMMs (module docstring): y = x W^T, dX = dY W, dW = dY^T x."""
     def build(dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
-        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
-        return lambda: torch.mm(a, b)
-    return OpCase("matmul", f"m={m},n={n},k={k}", 2.0 * m * n * k, build)
+        x, weight, grad = (torch.randn(*size, dtype=dtype, device=device) for size in ((m, k), (n, k), (m, n)))
+        return lambda: (torch.mm(x, weight.t()), torch.mm(grad, weight), torch.mm(grad.t(), x))
+    return OpCase("matmul", f"m={m},n={n},k={k},fwd+bwd", 3.0 * 2.0 * m * n * k, build)
 
 
 def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: int = 1) -> OpCase:
@@ -107,6 +118,7 @@ class ComputeSweep:
     conv: tuple[tuple[int, int, int], ...]
     budget_s: float = 0.25
     memory_bytes: int = 128 * 2**20
+    overhead_budget_s: float = 0.1   # per chain timing of the op-overhead test (overhead.py); 0 skips it
 
     def specs(self) -> list[CaseSpec]:
         return ([spec("matmul", m=m, n=n, k=k) for m, n, k in self.matmul]
@@ -130,6 +142,7 @@ QUICK_SWEEP = ComputeSweep(
     conv=((1, 16, 16), (1, 32, 32)),
     budget_s=0.03,
     memory_bytes=16 * 2**20,
+    overhead_budget_s=0.01,
 )
 
 

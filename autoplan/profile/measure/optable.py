@@ -1,14 +1,16 @@
 """The distinct compute-heavy ops of a traced model, as cases for the profile's measured op table.
 
 Uses the tracer (``autoplan.trace.trace_model_file``) and rebuilds the compute-heavy ops
-from node attributes: ``linear`` as a (tokens x in) @ (in x out) matmul, ``attention`` as
-SDPA over (batch, heads, q_len, head_dim) with the node's causal flag. Other kinds are priced
-by the roofline model. The N measuring processes time them together (measure/ranks.py).
+from node attributes: ``linear`` as the matmul case of m = tokens, k = in, n = out (compute.py
+``matmul_case``), ``attention`` as SDPA over (batch, heads, q_len, head_dim) with the node's
+causal flag. Other kinds are priced by the roofline model. The N measuring processes time
+them together (measure/ranks.py).
 
 What a row holds (docs/profile-format.md, "op_table"):
-* ``linear`` rows: the **forward** GEMM, shape ``m=..,n=..,k=..``. The cost model
-  (autoplan/cost/compute.py ``_measured_s``) looks a linear node up by that key and prices its
-  backward as the row's time x bwd_flops / fwd_flops (two GEMMs of the forward's FLOPs).
+* ``linear`` rows: the forward GEMM and both backward GEMMs (grad-input, grad-weight), in
+  the layouts autograd runs them, shape ``m=..,n=..,k=..,fwd+bwd``; ``flops`` = 6*m*n*k, their
+  sum. The cost model (autoplan/cost/compute.py ``_measured_s``) looks a linear node up by
+  that key and splits the row by FLOPs: forward 1/3 of its time, backward 2/3.
 * ``attention`` rows: forward + backward (shape ends in ``,fwd+bwd``; ``flops`` is their sum),
   like the attention sweep the efficiency curve is fitted on.
 """

@@ -4,8 +4,8 @@ Each of N spawned processes (one GPU each under NCCL, else CPU ranks under gloo)
 profile's thread count, joins one ``torch.distributed`` group and runs, in order:
 
 1. the compute job (``ComputeJob``): every (case, dtype) timed by all ranks at once
-   (``timing.median_time_s(concurrent=True)``), then the memory-bandwidth kernels the same
-   way. The executor runs ``devices_per_node`` ranks computing at once, so this is the rate a
+   (``timing.median_time_s(concurrent=True)``), then the memory-bandwidth kernels and the
+   host dispatch overhead per op (overhead.py) the same way. The executor runs ``devices_per_node`` ranks computing at once, so this is the rate a
    rank achieves in a real run: on a CPU node the ranks share cores, caches and DRAM
    bandwidth; on a GPU node each has its own device but the host is shared.
 2. the collective sweep (collectives.time_collectives);
@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 from autoplan.errors import RunError
 from autoplan.profile.measure.collectives import CommSweep, choose_backend, time_collectives
 from autoplan.profile.measure.compute import CaseSpec, make_case, memory_bandwidth, time_case
+from autoplan.profile.measure.overhead import time_op_overhead
 from autoplan.profile.measure.overlap import time_overlap
 
 Tick = Callable[[str], None]
@@ -38,11 +39,13 @@ Tick = Callable[[str], None]
 
 @dataclass(frozen=True)
 class ComputeJob:
-    """What every rank times: ``items`` are (case, dtype) pairs; ``memory_bytes`` 0 skips memory."""
+    """What every rank times: ``items`` are (case, dtype) pairs; ``memory_bytes`` 0 skips memory;
+    ``overhead_budget_s`` 0 skips the op-overhead chains (else the budget of each chain timing)."""
 
     items: tuple[tuple[CaseSpec, str], ...] = ()
     budget_s: float = 0.25
     memory_bytes: int = 0
+    overhead_budget_s: float = 0.0
 
 
 @dataclass
@@ -53,6 +56,7 @@ class RankResult:
     memory: tuple[float, float] | None
     collectives: dict[str, list[float]]
     overlap: tuple[float, float, float] | None = None   # (t_comp, t_comm, t_both), overlap.py
+    op_overhead: tuple[float, float] | None = None      # (forward_s, backward_s) per op, overhead.py
 
 
 def _free_port() -> int:
@@ -62,7 +66,8 @@ def _free_port() -> int:
 
 
 def run_compute_job(job: ComputeJob, *, device: torch.device, tick: Tick) -> tuple[list[float], tuple[float, float] | None]:
-    """Time every item and the memory kernels together with the other ranks."""
+    """Time every item and the memory kernels together with the other ranks (the op overhead:
+    ``run_overhead_job``)."""
     times = []
     for spec, dtype in job.items:
         times.append(time_case(make_case(spec), dtype_name=dtype, device=device, budget_s=job.budget_s, concurrent=True).time_s)
@@ -72,6 +77,15 @@ def run_compute_job(job: ComputeJob, *, device: torch.device, tick: Tick) -> tup
         memory = memory_bandwidth(device=device, nbytes=job.memory_bytes, budget_s=2 * job.budget_s, concurrent=True)
         tick("memory")
     return times, memory
+
+
+def run_overhead_job(job: ComputeJob, *, device: torch.device, tick: Tick) -> tuple[float, float] | None:
+    """(forward_s, backward_s) host overhead per op, timed together with the other ranks; None when skipped."""
+    if not job.overhead_budget_s:
+        return None
+    overhead = time_op_overhead(device=device, budget_s=job.overhead_budget_s, concurrent=True)
+    tick("overhead")
+    return overhead
 
 
 def _worker(rank: int, world: int, port: int, backend: str, threads: int, job: ComputeJob, sweep: CommSweep,
@@ -85,11 +99,13 @@ def _worker(rank: int, world: int, port: int, backend: str, threads: int, job: C
                                 timeout=timedelta(seconds=timeout_s))
         tick = (lambda phase: results.put(("tick", phase))) if rank == 0 else (lambda phase: None)
         compute_s, memory = run_compute_job(job, device=device, tick=tick)
+        op_overhead = run_overhead_job(job, device=device, tick=tick)
         collectives = time_collectives(sweep, rank=rank, world=world, device=device, tick=tick)
         overlap = time_overlap(device=device) if sweep.overlap else None
         if overlap is not None:
             tick("overlap")
-        results.put(("done", rank, RankResult(compute_s=compute_s, memory=memory, collectives=collectives, overlap=overlap)))
+        results.put(("done", rank, RankResult(compute_s=compute_s, memory=memory, collectives=collectives, overlap=overlap,
+                                              op_overhead=op_overhead)))
         dist.destroy_process_group()
     except Exception:  # reported to the parent, which raises one clear error
         results.put(("error", rank, traceback.format_exc(limit=3)))

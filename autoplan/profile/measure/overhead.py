@@ -1,0 +1,126 @@
+"""Host dispatch overhead per op: the slope of a chain of tiny ops against its length.
+
+An op on a tiny tensor (8 fp32 elements) does next to no arithmetic, so timing a chain of N
+of them in a training step measures what every op pays however small it is: Python, the
+dispatcher, autograd recording (forward) and the autograd engine (backward), and on a GPU the
+kernel launch. With a fixed cost c (the call, the leaf, the final sync) and o per op,
+
+    t(N) = c + N * o,    o = slope of t against N (least squares; two lengths: the difference quotient)
+
+Two timed calls per chain length N (``LENGTHS``, 8 and 72 ops):
+  forward  the chain with autograd recording (inputs and weights require grad, as in training);
+  step     the forward, then ``torch.autograd.grad`` of its output w.r.t. the input and every
+           weight (all gradients training computes; none accumulated into ``.grad``, which
+           training does once per parameter, not per op).
+
+    forward_s  = slope(forward)
+    backward_s = slope(step) - slope(forward)
+
+Each op kind gets its own chain, and each reported number is the **median over the kinds**
+(``KINDS``: a scalar mul, an add, a linear with its own 8x8 weight and bias, layer_norm with
+its own affine weights, gelu, and a transpose view), because a traced training graph is a
+mix of such ops and the cost model charges every op the same overhead. A slope is per op as
+the tracer sees it (one ``linear`` node also dispatches its weight's transpose). Negative slopes
+(noise on an idle-fast chain) are clipped to 0. Tiny tensors live on the rank's device; the
+timing helper synchronises the device after each call (timing.median_time_s), and with
+``concurrent=True`` all ranks time each chain at once, like the compute sweep.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from autoplan.errors import ProfileError
+from autoplan.profile.measure.timing import median_time_s
+
+#: Chain lengths timed (ops per chain).
+LENGTHS = (8, 72)
+#: Elements of the tiny activation (1 x WIDTH).
+WIDTH = 8
+KINDS = ("mul", "add", "linear", "layer_norm", "gelu", "transpose")
+
+
+def per_op_slope_s(points: Sequence[tuple[int, float]]) -> float:
+    """Least-squares slope of time against chain length over (N, t) points (>= 2 lengths)."""
+    lengths = [float(n) for n, _ in points]
+    if len(set(lengths)) < 2:
+        raise ProfileError(f"chain lengths {sorted(set(lengths))} cannot give a per-op slope; expected points at two or more lengths.")
+    mean_n, mean_t = statistics.fmean(lengths), statistics.fmean(t for _, t in points)
+    cov = sum((n - mean_n) * (t - mean_t) for n, (_, t) in zip(lengths, points))
+    return cov / sum((n - mean_n) ** 2 for n in lengths)
+
+
+def _weights(kind: str, length: int, device: torch.device) -> list[torch.Tensor]:
+    """Each op's own parameters (a model's layers each have theirs), requiring grad."""
+    def param(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device=device) * scale).requires_grad_()
+    if kind == "linear":   # weights scaled by 1/WIDTH so a long chain stays O(1): no inf, no denormals
+        return [t for _ in range(length) for t in (param(WIDTH, WIDTH, scale=1.0 / WIDTH), param(WIDTH))]
+    if kind == "layer_norm":
+        return [t for _ in range(length) for t in (param(WIDTH), param(WIDTH))]
+    return []
+
+
+def _op(kind: str, device: torch.device) -> Callable[[torch.Tensor, list[torch.Tensor], int], torch.Tensor]:
+    """One op of ``kind``: (activation, chain weights, position) -> activation."""
+    other = torch.randn(1, WIDTH, device=device)
+    ops: dict[str, Callable[[torch.Tensor, list[torch.Tensor], int], torch.Tensor]] = {
+        "mul": lambda x, w, i: x * 1.0001,
+        "add": lambda x, w, i: x + other,
+        "linear": lambda x, w, i: F.linear(x, w[2 * i], w[2 * i + 1]),
+        "layer_norm": lambda x, w, i: F.layer_norm(x, (WIDTH,), w[2 * i], w[2 * i + 1]),
+        "gelu": lambda x, w, i: F.gelu(x),
+        "transpose": lambda x, w, i: x.transpose(0, 1),
+    }
+    return ops[kind]
+
+
+def chain_calls(kind: str, length: int, device: torch.device) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(forward, forward + backward) of a chain of ``length`` ops of ``kind``."""
+    x = torch.randn(1, WIDTH, device=device, requires_grad=True)
+    weights, op = _weights(kind, length, device), _op(kind, device)
+    inputs = [x, *weights]
+
+    def forward() -> torch.Tensor:
+        y = x
+        for i in range(length):
+            y = op(y, weights, i)
+        return y
+
+    def step() -> Any:
+        y = forward()
+        return torch.autograd.grad(y, inputs, torch.ones_like(y))
+    return forward, step
+
+
+def kind_slopes_s(kind: str, *, device: torch.device, budget_s: float, concurrent: bool = False,
+                  lengths: Sequence[int] = LENGTHS) -> tuple[float, float]:
+    """(forward slope, forward + backward slope) in seconds per op for one op kind."""
+    forward_points, step_points = [], []
+    with torch.enable_grad():
+        for length in lengths:
+            forward, step = chain_calls(kind, length, device)
+            forward_points.append((length, median_time_s(forward, device=device, budget_s=budget_s, concurrent=concurrent)))
+            step_points.append((length, median_time_s(step, device=device, budget_s=budget_s, concurrent=concurrent)))
+    return per_op_slope_s(forward_points), per_op_slope_s(step_points)
+
+
+def time_op_overhead(*, device: torch.device | None = None, budget_s: float = 0.05, concurrent: bool = False,
+                     kinds: Sequence[str] = KINDS, lengths: Sequence[int] = LENGTHS) -> tuple[float, float]:
+    """(forward_s, backward_s) host overhead per op on ``device`` (default CPU), median over
+    ``kinds`` (module docstring). ``concurrent``: timed by all ranks of the group at once."""
+    device = device or torch.device("cpu")
+    slopes = [kind_slopes_s(kind, device=device, budget_s=budget_s, concurrent=concurrent, lengths=lengths) for kind in kinds]
+    forward_s = max(0.0, statistics.median(fwd for fwd, _ in slopes))
+    backward_s = max(0.0, statistics.median(step - fwd for fwd, step in slopes))
+    return forward_s, backward_s
+
+
+def describe(*, kinds: Sequence[str] = KINDS, lengths: Sequence[int] = LENGTHS) -> str:
+    """How the overhead was measured, for the profile's ``source``."""
+    return (f"slope of time vs chain length ({' and '.join(map(str, lengths))} ops) of 1x{WIDTH} fp32 ops with autograd, "
+            f"forward and forward + autograd.grad, median over {', '.join(kinds)}")
