@@ -34,7 +34,16 @@ in the activation dtype, which is what a trace on CPU fake tensors records. On a
 precision; every other saved or moved floating tensor is rescaled from the traced dtype to
 the precision's (2 bytes for bf16/fp16, 4 for fp32); integer and bool tensors are not.
 Weights are read in the compute dtype. A measured ``op_table`` row for the op's kind, shape
-and dtype wins over the model (backward: the row times bwd_flops / fwd_flops).
+and dtype wins over the model: a ``fwd+bwd`` row (forward and both backward GEMMs, as
+``autoplan profile`` times linears) is split by FLOPs, forward/(forward + backward) of it for
+the forward; a forward-only row prices the backward as the row times bwd_flops / fwd_flops.
+
+Host dispatch overhead (profile ``device.op_overhead``, autoplan/types/profile.py): each op
+that produces a tensor is dispatched once in the forward (``forward_s``) and, when its output
+needs a gradient (``Graph.grad_nodes``), once more in the backward (``backward_s``). On a CPU
+backend the host computes too, so ``t = t_roofline + overhead``; on a GPU backend kernels are
+queued asynchronously, so ``t = max(t_roofline, overhead)``. Shape arithmetic (``size``,
+``getattr``, integer ``floordiv``: no tensor output) is plain Python and charged nothing.
 """
 from __future__ import annotations
 
@@ -63,21 +72,49 @@ def peak_dtype(profile: Profile, precision: str) -> str:
 
 
 def op_time_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float,
-              shard: int = 1, backward: bool = False, input_bytes: float | None = None) -> float:
+              shard: int = 1, backward: bool = False, input_bytes: float | None = None, needs_grad: bool = True) -> float:
     """Seconds for ``node`` (forward, or its backward) on one device; see the module docstring.
 
     ``input_bytes``: what the node reads, the traced outputs of its predecessors rescaled to
     ``precision`` (:func:`input_bytes_of`), for the whole traced batch; without it the bytes
     read are inferred from the op kind (a linear reads ``out * in/out``, others ``out``).
+    ``needs_grad``: whether autograd runs a backward op for it (``Graph.grad_nodes``); only the
+    host overhead of the backward depends on it.
     """
+    device_s = _device_time_s(node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard,
+                              backward=backward, input_bytes=input_bytes)
+    overhead_s = host_overhead_s(node, profile, backward=backward, needs_grad=needs_grad)
+    return with_host_overhead(device_s, overhead_s, gpu=profile.backend == "nccl")
+
+
+def _device_time_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
+                   backward: bool, input_bytes: float | None) -> float:
+    """The roofline (or a measured op_table row) of the node's forward or backward."""
     flops = (node.bwd_flops if backward else node.fwd_flops) * batch_fraction / shard
-    measured = _measured_s(node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard)
+    measured = _measured_s(node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward)
     if measured is not None:
-        return measured * node.bwd_flops / node.fwd_flops if backward and node.fwd_flops else measured
+        return measured
     moved = moved_bytes(node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes)
     weights = node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard
     return max(_flops_time_s(node, profile, flops=flops, precision=precision), _memory_time_s(profile, bytes_moved))
+
+
+def host_overhead_s(node: OpNode, profile: Profile, *, backward: bool, needs_grad: bool = True) -> float:
+    """Host dispatch seconds of the node's forward or backward (module docstring); 0 without a
+    measured ``op_overhead``, for graph inputs/outputs, shape arithmetic, and backward ops of
+    nodes that need no gradient."""
+    overhead = profile.device.op_overhead
+    if overhead is None or node.op in ("input", "output") or not node.output_dtype:
+        return 0.0
+    if not backward:
+        return overhead.forward_s
+    return overhead.backward_s if needs_grad else 0.0
+
+
+def with_host_overhead(device_s: float, overhead_s: float, *, gpu: bool) -> float:
+    """CPU: the host computes, so the two add; GPU: asynchronous launches, the slower one shows."""
+    return max(device_s, overhead_s) if gpu else device_s + overhead_s
 
 
 def _flops_time_s(node: OpNode, profile: Profile, *, flops: float, precision: str) -> float:
@@ -162,21 +199,29 @@ def _read_bytes(node: OpNode, out: float, input_bytes: float | None) -> float:
     return out
 
 
-def _measured_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int) -> float | None:
-    """A measured op_table time for a linear of this shape, if the profile has one."""
-    table = profile.device.op_table
-    if not table or node.op != "linear" or not node.output_shape:
+def _measured_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
+                backward: bool) -> float | None:
+    """A measured op_table time for this linear's forward or backward, if the profile has a row
+    of its shape (module docstring: ``fwd+bwd`` rows split by FLOPs)."""
+    keys = _linear_keys(node, batch_fraction=batch_fraction, shard=shard)
+    if not keys or not profile.device.op_table:
         return None
-    k, n = node.attrs.get("in_features"), node.attrs.get("out_features")
-    if not k or not n:
-        return None
-    rows = 1
-    for dim in node.output_shape[:-1]:
-        rows *= dim
-    m = int(round(rows * batch_fraction))
     dtype = peak_dtype(profile, precision)
-    keys = {f"m={m},n={n // shard},k={k}", f"m={m},n={n},k={k // shard}"}
-    for row in table:
-        if row.op in ("linear", "matmul") and row.dtype == dtype and row.shape in keys:
-            return row.time_s
+    total = node.fwd_flops + node.bwd_flops
+    for row in profile.device.op_table:
+        if row.op not in ("linear", "matmul") or row.dtype != dtype:
+            continue
+        if row.shape in keys and node.fwd_flops:
+            return row.time_s * node.bwd_flops / node.fwd_flops if backward else row.time_s
+        if row.shape.endswith(",fwd+bwd") and row.shape[:-len(",fwd+bwd")] in keys and total:
+            return row.time_s * (node.bwd_flops if backward else node.fwd_flops) / total
     return None
+
+
+def _linear_keys(node: OpNode, *, batch_fraction: float, shard: int) -> set[str]:
+    """op_table shape keys a linear node's sharded GEMM can have (either dim split by tp)."""
+    k, n = node.attrs.get("in_features"), node.attrs.get("out_features")
+    if node.op != "linear" or not node.output_shape or not k or not n:
+        return set()
+    m = int(round(math.prod(node.output_shape[:-1]) * batch_fraction))
+    return {f"m={m},n={n // shard},k={k}", f"m={m},n={n},k={k // shard}"}

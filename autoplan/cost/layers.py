@@ -8,7 +8,8 @@ plan with arithmetic only.
 Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 
 - ``fwd_s``/``bwd_s``: sum of :func:`autoplan.cost.compute.op_time_s` over the block's nodes,
-  each with its compute shard from ``tensor_parallel.tp_layer_cost``.
+  each with its compute shard from ``tensor_parallel.tp_layer_cost`` and its host dispatch
+  overhead (a backward one only for nodes in ``Graph.grad_nodes``).
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
 - ``saved_bytes``: sum of ``saved_bytes * f * dtype_scale / activation_shard`` (what autograd
   keeps; Korthikanti et al. 2022 section 4 counts the same tensors).
@@ -52,6 +53,7 @@ class LayerSummary:
     input_bytes: float
     param_count: float           # parameters held per device (after tp sharding), unique names
     param_names: tuple[str, ...]
+    param_numels: tuple[float, ...]  # elements of each of param_names held per device (after tp sharding)
     flops: float                 # forward + backward FLOPs of one micro-batch, per device (model FLOPs)
 
 
@@ -100,13 +102,15 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     """Price one micro-batch of the block (module docstring)."""
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
+    grad_nodes = graph.grad_nodes()
     fwd = bwd = core = saved = dropped = flops = 0.0
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
         t_fwd = op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, input_bytes=read)
         fwd += t_fwd
-        bwd += op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True, input_bytes=read)
+        bwd += op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True,
+                         input_bytes=read, needs_grad=node.name in grad_nodes)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
         kept = saved_activation_bytes(node, precision=precision, gpu=gpu) * f / tp_cost.activation_shard.get(node.name, 1)
         saved += kept
@@ -114,10 +118,11 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
             core += t_fwd
         if node.name in structure.core_dropped:
             dropped += max(0.0, kept - _outside_read_bytes(structure.core_reads[node.name], ctx, tp_cost.activation_shard))
-    names, params = _params(graph, structure.nodes, tp_cost.param_shard)
+    held, params = _params(graph, structure.nodes, tp_cost.param_shard)
     return LayerSummary(fwd_s=fwd, bwd_s=bwd, core_fwd_s=core, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
                         saved_bytes=saved, selective_dropped_bytes=dropped,
-                        input_bytes=_input_bytes(structure, ctx), param_count=params, param_names=names, flops=flops)
+                        input_bytes=_input_bytes(structure, ctx), param_count=params,
+                        param_names=tuple(held), param_numels=tuple(held.values()), flops=flops)
 
 
 def _outside_read_bytes(nodes: tuple[OpNode, ...], ctx: TPContext, shard: dict[str, int]) -> float:
@@ -130,8 +135,9 @@ def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:
     return sum(n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision) for n in structure.inputs) / shard
 
 
-def _params(graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int]) -> tuple[tuple[str, ...], float]:
-    """Unique parameters of the nodes (a tied weight counts once), each divided by its tp shard."""
+def _params(graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int]) -> tuple[dict[str, float], float]:
+    """Unique parameters of the nodes (a tied weight counts once), each divided by its tp shard:
+    (elements per name, total elements including parameters the trace could not name)."""
     seen: dict[str, float] = {}
     loose = 0.0
     for node in nodes:
@@ -142,4 +148,4 @@ def _params(graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int]
                 seen.setdefault(name, (info.numel if info else node.param_count / len(node.param_names)) / shard)
         elif node.op in PARAM_KINDS or node.param_count:
             loose += node.param_count / shard
-    return tuple(seen), sum(seen.values()) + loose
+    return seen, sum(seen.values()) + loose

@@ -6,7 +6,7 @@ The step time of one global batch (docs/cost-model.md states every term with its
 
     step = m * T_comp + m * T_tp              (slowest stage; T per micro-batch, all its chunks)
          + (p - 1) / v * T_max                (bubble, Narayanan et al. SC'21 section 2.2)
-         + pp_comm + dp_exposed + zero_exposed + optimizer
+         + pp_comm + grad_accum + dp_exposed + zero_exposed + optimizer
 
 - T_comp: forward + backward (+ recomputed forward) from the roofline (compute.py);
 - T_tp: TP collectives of the blocks (tensor_parallel.tp_layer_cost), repeated in the
@@ -14,6 +14,14 @@ The step time of one global batch (docs/cost-model.md states every term with its
 - pp_comm = 2 (v m + p - 1) t_p2p: one activation send and one gradient send per chunk slot
   on the critical path; with tp > 1 and no sequence parallelism each tp rank sends 1/tp of the
   boundary activation (Megatron's scatter/gather optimisation, Narayanan et al. SC'21 4.1);
+  plus, when a weight is tied across stages (an input embedding reused by the output head),
+  one all-reduce of its gradient between the stages after the backward (Megatron-LM's
+  embedding-group all-reduce, Shoeybi et al. 2019; autoplan/execute/tied.py), of the weight
+  as each stage holds it (1/tp of it when tensor parallelism shards it), on the pp link;
+- grad_accum = (m - 1) * 3 * P_stage * grad_bytes / (mem_bw * mem_eff): with m micro-batches
+  every micro-batch after the first adds its weight gradients into the held ones, reading both
+  and writing one (PyTorch autograd's AccumulateGrad, torch/csrc/autograd/functions/
+  accumulate_grad.h; memory bound), on the stage holding the most parameters;
 - dp_exposed: bucketed gradient all-reduce (reduce-scatter + all-gather of the updated
   weights under ZeRO-1/2) overlapped with the last micro-batch's backward (schedule.py);
   stage i's sync may run during the i backward slots of the stages before it. Whether the
@@ -72,6 +80,7 @@ class CostModel:
             self._index_group(group.layers)
         self._structures = {rep: block_structure(graph, rep) for rep in set(self._rep.values())}
         self._outside = self._split_outside()
+        self._tied = self._tied_places()
         self._cache: dict[tuple, LayerSummary] = {}
         self._bucket_cache: dict[tuple, float] = {}
         self._step_flops = graph.step_flops                      # summed once: estimate() stays arithmetic
@@ -172,7 +181,8 @@ class CostModel:
         cost.recompute_s = m * slowest.recompute_s
         cost.tp_comm_s = m * slowest.tp_s
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
-        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"])
+        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"]) + self._tied_sync_s(plan, stages, groups["pp"])
+        cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         self._dp_time(cost, plan, stages, groups["dp"], slowest)
         if plan.zero_stage >= 3 and plan.dp > 1:
             cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, groups["dp"]) for s in stages)
@@ -188,6 +198,38 @@ class CostModel:
         scatter = plan.tp > 1 and not plan.sequence_parallel
         t_p2p = collective_time_s(self.profile, "send_recv", boundary / plan.tp if scatter else boundary, group=group)
         return 2.0 * (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
+
+    def _tied_places(self) -> dict[str, set[str]]:
+        """Parameters used in more than one place: name -> blocks (or "pre"/"post", the nodes
+        before the first and after the last block) whose nodes use it."""
+        places: dict[str, set[str]] = {}
+        for part, structure in self._outside.items():
+            for node in structure.nodes:
+                for name in node.param_names:
+                    places.setdefault(name, set()).add(part)
+        for layer in self.graph.layers:
+            for node in self.graph.layer_nodes(layer):
+                for name in node.param_names:
+                    places.setdefault(name, set()).add(layer)
+        return {name: where for name, where in places.items() if len(where) > 1}
+
+    def _tied_sync_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
+        """All-reduce of the gradients of weights tied across pipeline stages (module docstring)."""
+        if plan.pp == 1 or not self._tied:
+            return 0.0
+        stage_of = {"pre": 0, "post": plan.pp - 1}
+        stage_of.update({layer: i % plan.pp for i, chunk in enumerate(self._chunks(plan)) for layer in chunk})
+        held = {name: n for stage in (stages[0], stages[-1]) for block in stage.blocks
+                for name, n in zip(block.param_names, block.param_numels)}   # outside nodes' summaries name real weights
+        params = self.graph.parameters
+        tied = sum(held.get(name, params[name].numel if name in params else 0.0)
+                   for name, where in self._tied.items() if len({stage_of[w] for w in where}) > 1)
+        return collective_time_s(self.profile, "all_reduce", tied * STATE_BYTES[plan.precision][1], group=group) if tied else 0.0
+
+    def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
+        """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
+        device = self.profile.device
+        return 3.0 * stage.params * STATE_BYTES[plan.precision][1] / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
 
     def _bucketed_s(self, kind: str, message_bytes: float, group: AxisGroup) -> float:
         """One collective over ``message_bytes`` sent in DDP buckets (each pays its latency); memoised,

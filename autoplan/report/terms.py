@@ -22,8 +22,9 @@ TERMS: dict[str, tuple[str, str]] = {
     "tp_comm_s": ("communication", "tensor-parallel collectives"),
     "dp_comm_exposed_s": ("communication", "data-parallel gradient sync (exposed)"),
     "zero_comm_s": ("communication", "ZeRO-3 parameter gathers (exposed)"),
-    "pp_comm_s": ("communication", "pipeline send/recv"),
+    "pp_comm_s": ("communication", "pipeline send/recv and tied-weight sync"),
     "bubble_s": ("bubble", "pipeline bubble"),
+    "grad_accum_s": ("compute", "gradient accumulation over micro-batches"),
     "optimizer_s": ("optimizer", "optimizer step"),
 }
 CATEGORIES = ("compute", "communication", "bubble", "optimizer", "out of memory")

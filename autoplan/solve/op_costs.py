@@ -4,7 +4,8 @@ The planner (the intra-op ILP, ops.csv, the search's bounds) must charge each op
 ``autoplan.cost.layers.summarise`` charges, or the ILP optimises something CostModel does not
 price. So, like summarise:
 
-    time(node, shard)  = op_time_s(node, fwd, input_bytes=I) * forward_repeats + op_time_s(node, bwd, input_bytes=I)
+    time(node, shard)  = op_time_s(node, fwd, input_bytes=I) * forward_repeats
+                         + op_time_s(node, bwd, input_bytes=I, needs_grad=node in Graph.grad_nodes())
     I                  = input_bytes_of(predecessors(node))      (what the node reads, in the precision)
     saved(node, shard) = saved_activation_bytes(node) * batch_fraction / shard
 
@@ -28,7 +29,8 @@ def read_bytes(graph: Graph, node: OpNode, *, precision: str) -> float:
 def node_times_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int) -> tuple[float, float]:
     """(forward, backward) seconds of ``node`` on one device for one micro-batch."""
     kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, input_bytes=read_bytes(graph, node, precision=precision))
-    return op_time_s(node, profile, **kwargs), op_time_s(node, profile, backward=True, **kwargs)
+    backward = op_time_s(node, profile, backward=True, needs_grad=node.name in graph.grad_nodes(), **kwargs)
+    return op_time_s(node, profile, **kwargs), backward
 
 
 def node_time_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,

@@ -19,8 +19,9 @@ class Cost:
     dp_comm_s: float = 0.0             # data-parallel gradient sync, total
     dp_comm_exposed_s: float = 0.0     # the part of dp_comm_s not hidden under the backward pass
     zero_comm_s: float = 0.0           # ZeRO-3 parameter all-gathers and gradient reduce-scatters (exposed)
-    pp_comm_s: float = 0.0             # pipeline send/recv on the critical path
+    pp_comm_s: float = 0.0             # pipeline send/recv on the critical path, and tied-weight gradient sync
     bubble_s: float = 0.0              # pipeline fill and drain
+    grad_accum_s: float = 0.0          # adding each micro-batch's weight gradients into the held ones
     optimizer_s: float = 0.0           # optimizer step
     step_time_s: float = 0.0
     # memory per device, bytes (the most loaded device)
@@ -40,7 +41,7 @@ class Cost:
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    TIME_FIELDS = ("compute_s", "tp_comm_s", "dp_comm_exposed_s", "zero_comm_s", "pp_comm_s", "bubble_s", "optimizer_s")
+    TIME_FIELDS = ("compute_s", "tp_comm_s", "dp_comm_exposed_s", "zero_comm_s", "pp_comm_s", "bubble_s", "grad_accum_s", "optimizer_s")
     MEMORY_FIELDS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "comm_buffer_bytes")
 
     def to_dict(self) -> dict[str, Any]:

@@ -176,6 +176,24 @@ class Graph:
             cached = self.__dict__["_adjacency_cache"] = (preds, succs)
         return cached
 
+    def grad_nodes(self) -> frozenset[str]:
+        """Nodes whose output needs a gradient, so autograd runs a backward op for them: every
+        node downstream of a parameter-holding node (and the holders), floating outputs only.
+        Built once and cached."""
+        cached = self.__dict__.get("_grad_nodes_cache")
+        if cached is None:
+            _, succs = self.adjacency()
+            stack = [n.name for n in self.nodes if n.param_count > 0]
+            seen = set(stack)
+            while stack:
+                for nxt in succs[stack.pop()]:
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        stack.append(nxt)
+            floating = {n.name for n in self.nodes if "float" in n.output_dtype or "half" in n.output_dtype}
+            cached = self.__dict__["_grad_nodes_cache"] = frozenset(seen & floating)
+        return cached
+
     def layer_nodes(self, layer: str | None) -> list[OpNode]:
         """The nodes of one block, or with ``None`` the nodes outside every block."""
         return [node for node in self.nodes if node.layer == layer]
