@@ -10,6 +10,8 @@ Each parameter is one positive number of the profile, addressed by a dotted path
 - ``device.memory_efficiency``: the achieved fraction of memory bandwidth (memory-bound ops, Adam);
 - ``<intra_node|inter_node>.collectives.<kind>.alpha_s`` and ``...busbw_bytes_per_s``: the
   alpha-beta fit ``t = alpha_s + c(n) S / busbw`` of one collective on one link;
+- ``device.op_overhead.forward_s`` and ``...backward_s``: host dispatch time per op (when the
+  profile has it), which dominates runs with small micro-batches;
 - ``comm_overlap.efficiency``: the fraction of a collective's time that hides under concurrent
   compute (kept <= 1); runs with overlapped gradient sync (DDP, ZeRO-3 prefetch) inform it.
 
@@ -33,6 +35,7 @@ CURVE_CLASSES = ("matmul", "attention", "conv")
 CURVE_FIELDS = ("max_efficiency", "half_saturation_flops")
 LINK_FIELDS = ("alpha_s", "busbw_bytes_per_s")
 OVERLAP_PATH = "comm_overlap.efficiency"
+OVERHEAD_FIELDS = ("forward_s", "backward_s")
 #: Largest factor a refit may move a number by, either way (a wider move means the model, not the number, is wrong).
 MAX_FACTOR = 20.0
 
@@ -53,6 +56,8 @@ class Parameter:
 def candidate_parameters(profile: Profile, *, precisions: set[str]) -> list[Parameter]:
     """Every refittable number of ``profile`` that plans in ``precisions`` can depend on."""
     params = [Parameter("device.memory_efficiency", profile.device.memory_efficiency, math.inf)]
+    if profile.device.op_overhead is not None:
+        params += [Parameter(f"device.op_overhead.{f}", getattr(profile.device.op_overhead, f), math.inf) for f in OVERHEAD_FIELDS]
     for dtype in sorted({peak_dtype(profile, p) for p in precisions}):
         for op_class in CURVE_CLASSES:
             curve = _effective_curve(profile, dtype, op_class)
@@ -93,6 +98,8 @@ def set_value(profile: Profile, path: str, value: float) -> None:
         profile.comm_overlap.efficiency = value
     elif parts[0] == "device" and parts[1] == "memory_efficiency":
         profile.device.memory_efficiency = value
+    elif parts[0] == "device" and parts[1] == "op_overhead":
+        setattr(profile.device.op_overhead, parts[2], value)
     elif parts[0] == "device":
         dtype, op_class, name = parts[2], parts[3], parts[4]
         curves = profile.device.efficiency_by_dtype.setdefault(dtype, {})
@@ -110,6 +117,8 @@ def get_value(profile: Profile, path: str) -> float:
         return profile.comm_overlap.efficiency
     if parts[0] == "device" and parts[1] == "memory_efficiency":
         return profile.device.memory_efficiency
+    if parts[0] == "device" and parts[1] == "op_overhead":
+        return getattr(profile.device.op_overhead, parts[2])
     if parts[0] == "device":
         return getattr(_effective_curve(profile, parts[2], parts[3]), parts[4])
     return getattr(getattr(profile, parts[0]).collectives[parts[2]], parts[3])

@@ -71,6 +71,8 @@ def _set_source(profile: Profile, owner: str, note: str) -> None:
         profile.comm_overlap.source = note
     elif parts == ["device"]:   # only memory_efficiency: the peaks keep their own provenance
         profile.device.source = f"{profile.device.source.split('; memory_efficiency calibrated')[0]}; memory_efficiency {note}"
+    elif parts[:2] == ["device", "op_overhead"]:
+        profile.device.op_overhead.source = note
     elif parts[0] == "device":
         profile.device.efficiency_by_dtype[parts[2]][parts[3]].source = note
     else:

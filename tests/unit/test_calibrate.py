@@ -119,3 +119,14 @@ def test_calibration_record_and_sources(setup):
 def test_no_runs_is_a_clear_error():
     with pytest.raises(CalibrationError, match="no measured runs"):
         fit_profile(load_profile("cpu-gloo"), [])
+
+
+def test_op_overhead_is_refittable_and_written_back():
+    from autoplan.calibrate.params import set_value
+    profile = load_profile("cpu-gloo")
+    paths = {p.path for p in candidate_parameters(profile, precisions={"fp32"})}
+    assert {"device.op_overhead.forward_s", "device.op_overhead.backward_s"} <= paths
+    set_value(profile, "device.op_overhead.backward_s", 4e-5)
+    assert get_value(profile, "device.op_overhead.backward_s") == profile.device.op_overhead.backward_s == 4e-5
+    profile.device.op_overhead = None
+    assert not any("op_overhead" in p.path for p in candidate_parameters(profile, precisions={"fp32"}))
