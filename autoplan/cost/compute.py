@@ -97,7 +97,7 @@ def _device_time_s(node: OpNode, profile: Profile, *, precision: str, batch_frac
     moved = moved_bytes(node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes)
     weights = node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard
-    return max(_flops_time_s(node, profile, flops=flops, precision=precision), _memory_time_s(profile, bytes_moved))
+    return max(_flops_time_s(node, profile, flops=flops, precision=precision), memory_time_s(profile, bytes_moved))
 
 
 def host_overhead_s(node: OpNode, profile: Profile, *, backward: bool, needs_grad: bool = True) -> float:
@@ -129,7 +129,8 @@ def _flops_time_s(node: OpNode, profile: Profile, *, flops: float, precision: st
     return flops / (device.peak_flops[dtype] * device.efficiency_for(op_class, dtype)(flops))
 
 
-def _memory_time_s(profile: Profile, bytes_moved: float) -> float:
+def memory_time_s(profile: Profile, bytes_moved: float) -> float:
+    """A memory-bound pass over ``bytes_moved`` bytes: bytes / (memory bandwidth * memory efficiency)."""
     device = profile.device
     return bytes_moved / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
 

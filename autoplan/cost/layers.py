@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from autoplan.cost.compute import activation_scale, input_bytes_of, op_time_s, saved_activation_bytes
 from autoplan.cost.tensor_parallel import TPContext, tp_layer_cost
-from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
+from autoplan.types.graph import PARAM_KINDS, Graph, OpNode, reachable
 
 CORE_SEEDS = ("attention", "matmul")
 CORE_LINKS = ("elementwise", "view", "reduction", "other")
@@ -76,8 +76,8 @@ def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | No
     preds, succs = graph.adjacency()
     seeds = {n.name for n in nodes if n.op in CORE_SEEDS}
     links = {n.name for n in nodes if n.op in CORE_LINKS}
-    down = _reach(seeds, succs, links)
-    up = _reach(seeds, preds, links)
+    down = reachable(seeds, succs, links)
+    up = reachable(seeds, preds, links)
     core = frozenset(seeds | (down & up))
     dropped = frozenset(n for n in core if succs[n] and all(s in core for s in succs[n]))
     core_reads = {n: tuple(graph.node(p) for p in preds[n] if p not in core and "float" in graph.node(p).output_dtype) for n in dropped}
@@ -85,17 +85,6 @@ def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | No
     inputs = tuple(graph.node(p) for p in sorted(outside) if graph.node(p).op != "input" or layer is not None)
     readers = {n.name: tuple(graph.node(p) for p in preds[n.name]) for n in nodes}
     return BlockStructure(nodes=tuple(nodes), core=core, core_dropped=dropped, core_reads=core_reads, inputs=inputs, preds=readers)
-
-
-def _reach(seeds: set[str], step: dict[str, list[str]], allowed: set[str]) -> set[str]:
-    seen: set[str] = set()
-    stack = list(seeds)
-    while stack:
-        for nxt in step[stack.pop()]:
-            if nxt in allowed and nxt not in seen:
-                seen.add(nxt)
-                stack.append(nxt)
-    return seen
 
 
 def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:

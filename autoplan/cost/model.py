@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES, peak_dtype
+from autoplan.cost.compute import PRECISION_BYTES, memory_time_s, peak_dtype
 from autoplan.cost.layers import LayerSummary, block_structure, summarise
 from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, comm_buffer_bytes, model_states, usable_bytes
 from autoplan.cost.mesh import AxisGroup, mesh_groups
@@ -187,8 +187,7 @@ class CostModel:
         if plan.zero_stage >= 3 and plan.dp > 1:
             cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, groups["dp"]) for s in stages)
         local_params = max(s.params for s in stages) / (plan.dp if plan.zero_stage >= 1 else 1)
-        device = self.profile.device
-        cost.optimizer_s = local_params * ADAM_BYTES_PER_PARAM / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+        cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
     def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
@@ -203,14 +202,11 @@ class CostModel:
         """Parameters used in more than one place: name -> blocks (or "pre"/"post", the nodes
         before the first and after the last block) whose nodes use it."""
         places: dict[str, set[str]] = {}
-        for part, structure in self._outside.items():
-            for node in structure.nodes:
-                for name in node.param_names:
-                    places.setdefault(name, set()).add(part)
-        for layer in self.graph.layers:
-            for node in self.graph.layer_nodes(layer):
-                for name in node.param_names:
-                    places.setdefault(name, set()).add(layer)
+        outside = {node.name: part for part, structure in self._outside.items() for node in structure.nodes}
+        for node in self.graph.nodes:
+            where = node.layer if node.layer is not None else outside.get(node.name)
+            for name in node.param_names if where is not None else ():
+                places.setdefault(name, set()).add(where)
         return {name: where for name, where in places.items() if len(where) > 1}
 
     def _tied_sync_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
@@ -219,8 +215,8 @@ class CostModel:
             return 0.0
         stage_of = {"pre": 0, "post": plan.pp - 1}
         stage_of.update({layer: i % plan.pp for i, chunk in enumerate(self._chunks(plan)) for layer in chunk})
-        held = {name: n for stage in (stages[0], stages[-1]) for block in stage.blocks
-                for name, n in zip(block.param_names, block.param_numels)}   # outside nodes' summaries name real weights
+        outside = (stages[0].blocks[0], stages[-1].blocks[-1])   # the pre and post summaries, which name real weights
+        held = {name: n for block in outside for name, n in zip(block.param_names, block.param_numels)}
         params = self.graph.parameters
         tied = sum(held.get(name, params[name].numel if name in params else 0.0)
                    for name, where in self._tied.items() if len({stage_of[w] for w in where}) > 1)
@@ -228,8 +224,7 @@ class CostModel:
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
-        device = self.profile.device
-        return 3.0 * stage.params * STATE_BYTES[plan.precision][1] / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+        return memory_time_s(self.profile, 3.0 * stage.params * STATE_BYTES[plan.precision][1])
 
     def _bucketed_s(self, kind: str, message_bytes: float, group: AxisGroup) -> float:
         """One collective over ``message_bytes`` sent in DDP buckets (each pays its latency); memoised,

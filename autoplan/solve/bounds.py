@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.compute import PRECISION_BYTES, memory_time_s
 from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
@@ -65,8 +65,7 @@ class Bounds:
 
     def adam_s(self, local_params: float) -> float:
         """CostModel's memory-bound Adam step over ``local_params`` parameters."""
-        device = self.profile.device
-        return local_params * ADAM_BYTES_PER_PARAM / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+        return memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
 
     def _bucketed_s(self, kind: str, message_bytes: float, plan: Plan) -> float:
         """CostModel's collective in DDP buckets over the dp group (each bucket pays its latency)."""

@@ -111,6 +111,20 @@ class LayerGroup:
         require(len(self.layers) >= 1, GraphError, f"layer group '{self.signature}' has no layers.")
 
 
+def reachable(seeds: set[str], step: dict[str, list[str]], allowed: set[str] | None = None) -> set[str]:
+    """Nodes reached from ``seeds`` by following ``step`` (successors or predecessors, as from
+    :meth:`Graph.adjacency`), only through nodes in ``allowed`` when given; a seed is in the
+    result only if it is reached again."""
+    seen: set[str] = set()
+    stack = list(seeds)
+    while stack:
+        for nxt in step[stack.pop()]:
+            if nxt not in seen and (allowed is None or nxt in allowed):
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
 @dataclass
 class Graph:
     """A traced model: ordered nodes, data edges, blocks and groups of identical blocks.
@@ -183,15 +197,9 @@ class Graph:
         cached = self.__dict__.get("_grad_nodes_cache")
         if cached is None:
             _, succs = self.adjacency()
-            stack = [n.name for n in self.nodes if n.param_count > 0]
-            seen = set(stack)
-            while stack:
-                for nxt in succs[stack.pop()]:
-                    if nxt not in seen:
-                        seen.add(nxt)
-                        stack.append(nxt)
-            floating = {n.name for n in self.nodes if "float" in n.output_dtype or "half" in n.output_dtype}
-            cached = self.__dict__["_grad_nodes_cache"] = frozenset(seen & floating)
+            holders = {n.name for n in self.nodes if n.param_count > 0}
+            floating = {n.name for n in self.nodes if "float" in n.output_dtype}
+            cached = self.__dict__["_grad_nodes_cache"] = frozenset((holders | reachable(holders, succs)) & floating)
         return cached
 
     def layer_nodes(self, layer: str | None) -> list[OpNode]:

@@ -49,9 +49,7 @@ def per_op_slope_s(points: Sequence[tuple[int, float]]) -> float:
     lengths = [float(n) for n, _ in points]
     if len(set(lengths)) < 2:
         raise ProfileError(f"chain lengths {sorted(set(lengths))} cannot give a per-op slope; expected points at two or more lengths.")
-    mean_n, mean_t = statistics.fmean(lengths), statistics.fmean(t for _, t in points)
-    cov = sum((n - mean_n) * (t - mean_t) for n, (_, t) in zip(lengths, points))
-    return cov / sum((n - mean_n) ** 2 for n in lengths)
+    return statistics.linear_regression(lengths, [t for _, t in points]).slope
 
 
 def _weights(kind: str, length: int, device: torch.device) -> list[torch.Tensor]:
