@@ -87,6 +87,10 @@ BAD_CASES = {
     "empty source": (lambda d: d["device"].__setitem__("source", ""), "'device.source'"),
     "bad backend": (lambda d: d.__setitem__("backend", "mpi"), "'backend' is 'mpi'"),
     "not a mapping": (lambda d: d.__setitem__("device", [1, 2]), "'device' is list"),
+    "negative op overhead": (lambda d: d["device"].__setitem__("op_overhead", {"forward_s": -1.0, "backward_s": 1e-6, "source": "x"}),
+                             "'device.op_overhead.forward_s' is -1.0"),
+    "op overhead without source": (lambda d: d["device"].__setitem__("op_overhead", {"forward_s": 1e-6, "backward_s": 1e-6, "source": ""}),
+                                   "'device.op_overhead.source'"),
 }
 
 
@@ -137,3 +141,12 @@ def test_cli_show_json(capsys: pytest.CaptureFixture) -> None:
 def test_cli_measure_needs_out(capsys: pytest.CaptureFixture) -> None:
     assert main(["profile", "--devices", "2"]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_refresh_needs_an_existing_profile_at_out(tmp_path: Path, capsys) -> None:
+    from autoplan.cli import main
+    assert main(["profile", "--refresh", "op_overhead"]) == 2
+    assert "needs --out" in capsys.readouterr().err
+    assert main(["profile", "--refresh", "comm_overlap", "--out", str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err
