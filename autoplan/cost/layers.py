@@ -13,17 +13,17 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
 - ``saved_bytes``: sum of ``saved_bytes * f * dtype_scale / activation_shard`` (what autograd
   keeps; Korthikanti et al. 2022 section 4 counts the same tensors).
-- selective recomputation (Korthikanti et al. 2022 section 4.3), defined on the graph: the
-  *attention core* is every ``attention`` and activation-``matmul`` node plus the
-  parameter-free nodes on a path between two of them inside the block (softmax, masking,
-  dropout of an unfused attention). Its forward is re-run in the backward
-  (``core_fwd_s``), and the bytes saved by core nodes whose every consumer is also in the
-  core are not kept (``selective_dropped_bytes``): the s^2 tensors of an unfused attention.
-  A fused flash attention saves no s^2 tensor, so this drops almost nothing there. The core's
-  inputs (q, k, v) must stay to recompute it (checkpointing keeps a region's inputs): a
-  dropped node still keeps what it reads from outside the core, up to what it saved (the
-  tracer attributes a copy a node makes of its input to that node), so an unfused attention
-  keeps 34 sbh (Korthikanti et al. 2022 section 4.3).
+- selective recomputation, defined once for the cost model and the executor
+  (autoplan/execute/recompute.py): op-level selective activation checkpointing as torchtitan
+  runs it (``torch.utils.checkpoint`` with a policy). Inside each block the outputs of
+  matmul-class nodes (``SAVED_KINDS``: linears, activation matmuls, attention kernels,
+  convolutions) are kept and every other node (norms, activations, softmax, masking, dropout,
+  element-wise ops) is re-run in the backward (``selective_recompute_s``, the forward time of
+  those nodes). What stays per micro-batch is the block's inputs plus the kept outputs, so
+  ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs). For an unfused
+  attention this frees the softmax output and dropout tensors, as Korthikanti et al. 2022
+  section 4.3 do, but keeps the QK^T scores (a matmul output); a fused attention saves no s^2
+  tensor in the first place.
 - full recomputation (Chen et al. 2016; Korthikanti et al. 2022 section 4.3): only the
   block inputs are kept (``input_bytes``: the outputs of nodes outside the block that feed
   it, sharded by tp under sequence parallelism), and the forward and its TP collectives run
@@ -35,17 +35,17 @@ from dataclasses import dataclass
 
 from autoplan.cost.compute import activation_scale, input_bytes_of, op_time_s, saved_activation_bytes
 from autoplan.cost.tensor_parallel import TPContext, tp_layer_cost
-from autoplan.types.graph import PARAM_KINDS, Graph, OpNode, reachable
+from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
 
-CORE_SEEDS = ("attention", "matmul")
-CORE_LINKS = ("elementwise", "view", "reduction", "other")
+#: nodes whose outputs selective recomputation keeps (module docstring; execute/recompute.py SAVED_OPS)
+SAVED_KINDS = ("linear", "matmul", "attention", "conv")
 
 
 @dataclass(frozen=True)
 class LayerSummary:
     fwd_s: float
     bwd_s: float
-    core_fwd_s: float
+    selective_recompute_s: float   # forward of the nodes selective recomputation re-runs
     tp_fwd_s: float
     tp_bwd_s: float
     saved_bytes: float
@@ -55,6 +55,8 @@ class LayerSummary:
     param_names: tuple[str, ...]
     param_numels: tuple[float, ...]  # elements of each of param_names held per device (after tp sharding)
     flops: float                 # forward + backward FLOPs of one micro-batch, per device (model FLOPs)
+    matmul_fwd_flops: float = 0.0  # the SAVED_KINDS nodes' share of flops, forward (the audit's measure)
+    matmul_bwd_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -62,29 +64,19 @@ class BlockStructure:
     """Split-independent facts about a block, computed once per graph."""
 
     nodes: tuple[OpNode, ...]
-    core: frozenset[str]
-    core_dropped: frozenset[str]
-    core_reads: dict[str, tuple[OpNode, ...]]   # dropped core node -> floating inputs from outside the core
     inputs: tuple[OpNode, ...]
     preds: dict[str, tuple[OpNode, ...]]   # node -> the nodes whose outputs it reads
 
 
 def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | None = None) -> BlockStructure:
-    """Core (selective recomputation) and block inputs of ``layer`` (module docstring)."""
+    """The nodes, block inputs and readers of ``layer`` (module docstring)."""
     nodes = graph.layer_nodes(layer) if nodes is None else nodes
     names = {n.name for n in nodes}
-    preds, succs = graph.adjacency()
-    seeds = {n.name for n in nodes if n.op in CORE_SEEDS}
-    links = {n.name for n in nodes if n.op in CORE_LINKS}
-    down = reachable(seeds, succs, links)
-    up = reachable(seeds, preds, links)
-    core = frozenset(seeds | (down & up))
-    dropped = frozenset(n for n in core if succs[n] and all(s in core for s in succs[n]))
-    core_reads = {n: tuple(graph.node(p) for p in preds[n] if p not in core and "float" in graph.node(p).output_dtype) for n in dropped}
+    preds, _succs = graph.adjacency()
     outside = {p for n in nodes for p in preds[n.name] if p not in names}
     inputs = tuple(graph.node(p) for p in sorted(outside) if graph.node(p).op != "input" or layer is not None)
     readers = {n.name: tuple(graph.node(p) for p in preds[n.name]) for n in nodes}
-    return BlockStructure(nodes=tuple(nodes), core=core, core_dropped=dropped, core_reads=core_reads, inputs=inputs, preds=readers)
+    return BlockStructure(nodes=tuple(nodes), inputs=inputs, preds=readers)
 
 
 def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
@@ -92,7 +84,7 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     grad_nodes = graph.grad_nodes()
-    fwd = bwd = core = saved = dropped = flops = 0.0
+    fwd = bwd = rerun = saved = kept = flops = mm_fwd = mm_bwd = 0.0
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
@@ -101,22 +93,19 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
         bwd += op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True,
                          input_bytes=read, needs_grad=node.name in grad_nodes)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
-        kept = saved_activation_bytes(node, precision=precision, gpu=gpu) * f / tp_cost.activation_shard.get(node.name, 1)
-        saved += kept
-        if node.name in structure.core:
-            core += t_fwd
-        if node.name in structure.core_dropped:
-            dropped += max(0.0, kept - _outside_read_bytes(structure.core_reads[node.name], ctx, tp_cost.activation_shard))
+        act_shard = tp_cost.activation_shard.get(node.name, 1)
+        saved += saved_activation_bytes(node, precision=precision, gpu=gpu) * f / act_shard
+        if node.op in SAVED_KINDS:
+            kept += node.output_bytes * f * activation_scale(node, precision=precision) / act_shard
+            mm_fwd, mm_bwd = mm_fwd + node.fwd_flops * f / shard, mm_bwd + node.bwd_flops * f / shard
+        else:
+            rerun += t_fwd
     held, params = _params(graph, structure.nodes, tp_cost.param_shard)
-    return LayerSummary(fwd_s=fwd, bwd_s=bwd, core_fwd_s=core, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
-                        saved_bytes=saved, selective_dropped_bytes=dropped,
-                        input_bytes=_input_bytes(structure, ctx), param_count=params,
-                        param_names=tuple(held), param_numels=tuple(held.values()), flops=flops)
-
-
-def _outside_read_bytes(nodes: tuple[OpNode, ...], ctx: TPContext, shard: dict[str, int]) -> float:
-    """Bytes a dropped core node reads from outside the core: kept to recompute it."""
-    return sum(n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision) / shard.get(n.name, 1) for n in nodes)
+    inputs = _input_bytes(structure, ctx)
+    return LayerSummary(fwd_s=fwd, bwd_s=bwd, selective_recompute_s=rerun, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
+                        saved_bytes=saved, selective_dropped_bytes=max(0.0, saved - inputs - kept),
+                        input_bytes=inputs, param_count=params, param_names=tuple(held), param_numels=tuple(held.values()),
+                        flops=flops, matmul_fwd_flops=mm_fwd, matmul_bwd_flops=mm_bwd)
 
 
 def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:

@@ -51,7 +51,7 @@ import math
 
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, memory_time_s, peak_dtype
-from autoplan.cost.layers import LayerSummary, block_structure, summarise
+from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
 from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, comm_buffer_bytes, model_states, usable_bytes
 from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.cost.schedule import (balanced_stages, in_flight_chunks, overlapped_sync_exposed_s, partially_hidden_s,
@@ -153,14 +153,20 @@ class CostModel:
         add_block(stages[-1], self._summary(None, tp_plan, ctx, "post"), recompute=plan.recompute, is_block=False)
         return stages
 
-    def estimate(self, plan: Plan) -> Cost:
-        """Predict ``plan``'s step time, per-device memory and throughput (module docstring)."""
+    def priced_stages(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext]:
+        """The per-stage totals ``estimate`` prices, the tp_plan it prices (the Megatron default
+        when the plan has none) and the TP context: what the execution audit predicts from."""
         self._check(plan)
         groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)
         tp_plan = self._tp_plan(plan)
         ctx = TPContext(profile=self.profile, tp=plan.tp, group=groups["tp"], sequence_parallel=plan.sequence_parallel,
                         precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
-        stages = self._stages(plan, tp_plan, ctx)
+        return self._stages(plan, tp_plan, ctx), tp_plan, ctx
+
+    def estimate(self, plan: Plan) -> Cost:
+        """Predict ``plan``'s step time, per-device memory and throughput (module docstring)."""
+        stages, _tp_plan, _ctx = self.priced_stages(plan)
+        groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)
         cost = Cost()
         self._time(cost, plan, stages, groups)
         self._memory(cost, plan, stages)
@@ -321,13 +327,14 @@ class CostModel:
                           peak_flops_per_device=peak)
 
     def _recompute_flops_per_sample(self, mode: str) -> float:
-        """FLOPs re-run per sample: each block's forward (full) or its attention core (selective)."""
+        """FLOPs re-run per sample: each block's forward (full) or its nodes other than matmuls,
+        attention and convolutions (selective, cost/layers.py)."""
         if mode == "none":
             return 0.0
         per_sample = 0.0
         for layer in self.graph.layers:
             structure = self._structures[self._rep[layer]]
-            chosen = structure.nodes if mode == "full" else [n for n in structure.nodes if n.name in structure.core]
+            chosen = structure.nodes if mode == "full" else [n for n in structure.nodes if n.op not in SAVED_KINDS]
             per_sample += sum(n.fwd_flops for n in chosen) / self.graph.batch_size
         return per_sample
 

@@ -50,7 +50,7 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
         stage.saved_bytes += block.saved_bytes
         return
     if recompute == "selective":
-        stage.recompute_s += block.core_fwd_s
+        stage.recompute_s += block.selective_recompute_s
         stage.saved_bytes += block.saved_bytes - block.selective_dropped_bytes
         return
     stage.recompute_s += block.fwd_s

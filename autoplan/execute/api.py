@@ -66,6 +66,7 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     samples) is needed when ``plan.pp > 1``, to export and split the model."""
     device = device or local_device()
     model = materialize(model, device=device)  # built on meta: initialise it (same RNG state on every rank)
+    plan = with_default_tp_plan(model=model, plan=plan, microbatch_inputs=microbatch_inputs)
     kinds = validate_tp_plan(model=model, plan=plan)
     mesh = build_mesh(plan=plan)
     model = model.to(device)
@@ -74,13 +75,18 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
     modules, tie_sync = _split(model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device)
     mode = data_parallel.dp_mode(plan=plan)
-    policy = precision.policy_for(precision=plan.precision, dp_mode=mode)
+    policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
+    checkpointed = 0
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
-        apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
+        checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
         modules[index] = _data_parallel(module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device, policy=policy)
+    if plan.recompute != "none" and not checkpointed:
+        raise PlanError(f"plan recompute='{plan.recompute}' but this rank holds none of the blocks it applies to "
+                        f"({', '.join(blocks[:3]) or 'the model has no repeated blocks'}); plan recompute='none' or list the blocks in 'stages'.")
     params = [p for m in modules.values() for p in m.parameters()]
-    optimizer = ShardedOptimizer(params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"]) if plan.zero_stage == 1 and plan.dp > 1 else optimizer_fn(params)
+    optimizer = (ShardedOptimizer(params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"], reduce_dtype=policy.reduce_dtype)
+                 if mode == "zero1" else optimizer_fn(params))
     scaler = ShardedGradScaler(device=device) if policy.scales_loss else None
     trainer = Trainer(plan=plan, mesh=mesh, stage_modules=modules, optimizer=optimizer, loss_fn=loss_fn,
                       device=device, dp_mode=mode, policy=policy, scaler=scaler, tie_sync=tie_sync, aliases=aliases)
@@ -109,5 +115,22 @@ def _data_parallel(*, module: nn.Module, blocks: list[str], plan: Plan, mesh: An
         return data_parallel.apply_fsdp(module=module, blocks=blocks, plan=plan, dp_mesh=mesh["dp"],
                                         mp_policy=precision.mp_policy(policy))
     if mode == "ddp":
-        return data_parallel.apply_ddp(module=module, dp_mesh=mesh["dp"], device=device)
+        return data_parallel.apply_ddp(module=module, dp_mesh=mesh["dp"], device=device, reduce_dtype=policy.reduce_dtype)
     return module
+
+
+def with_default_tp_plan(*, model: nn.Module, plan: Plan, microbatch_inputs: tuple | None) -> Plan:
+    """``plan`` itself, or, at tp > 1 with an empty ``tp_plan``, the plan with the Megatron
+    default the cost model prices for it (``cost.tensor_parallel.default_tp_plan`` on a trace of
+    ``model``), so that what runs is what was priced."""
+    if plan.tp == 1 or plan.tp_plan:
+        return plan
+    if microbatch_inputs is None:
+        raise PlanError(f"plan tp={plan.tp} has an empty tp_plan; pass microbatch_inputs so the executor can trace the model "
+                        "and apply the default split the cost model priced, or give the plan a tp_plan.")
+    import dataclasses
+
+    from autoplan.cost.tensor_parallel import default_tp_plan
+    from autoplan.trace import trace
+    graph = trace(model, tuple(microbatch_inputs))
+    return dataclasses.replace(plan, tp_plan=default_tp_plan(graph, plan.tp, sequence_parallel=plan.sequence_parallel))

@@ -2,10 +2,14 @@
 
 | zero | no pipeline, tp=1 | otherwise (pipeline stage or tp>1) |
 |------|-------------------|------------------------------------|
-| 0    | DDP               | explicit gradient all-reduce (DDP cannot wrap a pipeline stage, nor DTensor params) |
-| 1    | explicit all-reduce + :class:`~autoplan.execute.zero.ShardedOptimizer` (states on one dp rank per parameter) | same |
+| 0    | DDP (``gradient_as_bucket_view``: the buckets are the gradients, no second copy) | explicit gradient all-reduce (DDP cannot wrap a pipeline stage, nor DTensor params) |
+| 1    | :class:`~autoplan.execute.zero.ShardedOptimizer`: reduce-scatter, sharded step, all-gather | same |
 | 2    | FSDP2 ``fully_shard(reshard_after_forward=False)``: grads and states sharded, params kept gathered between forward and backward | same |
 | 3    | FSDP2 ``fully_shard(reshard_after_forward=True)``: params resharded after forward | same |
+
+Gradients travel and are summed in ``plan.grad_reduce_dtype``: DDP through a compression
+comm hook (torch's ``bf16_compress_hook`` / ``fp16_compress_hook``), the explicit all-reduce
+and ZeRO-1 by casting their flat buffer, FSDP2 through ``MixedPrecisionPolicy.reduce_dtype``.
 
 FSDP2 wraps each block, then the root (or the stage module), so each block's all-gather
 overlaps the previous block's compute (as torchtitan's ``apply_fsdp``). With dp=1 nothing is
@@ -28,12 +32,14 @@ from autoplan.types.plan import Plan
 
 
 def dp_mode(*, plan: Plan) -> str:
-    """'none', 'ddp', 'allreduce' or 'fsdp' for this plan."""
+    """'none', 'ddp', 'allreduce', 'zero1' or 'fsdp' for this plan."""
     if plan.dp == 1:
         return "none"
     if plan.zero_stage >= 2:
         return "fsdp"
-    if plan.zero_stage == 0 and plan.pp == 1 and plan.tp == 1:
+    if plan.zero_stage == 1:
+        return "zero1"
+    if plan.pp == 1 and plan.tp == 1:
         return "ddp"
     return "allreduce"
 
@@ -52,18 +58,36 @@ def apply_fsdp(*, module: nn.Module, blocks: list[str], plan: Plan, dp_mesh: Dev
     return module
 
 
-def apply_ddp(*, module: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    """Wrap ``module`` in DDP over the dp group."""
+def apply_ddp(*, module: nn.Module, dp_mesh: DeviceMesh, device: torch.device, reduce_dtype: torch.dtype) -> nn.Module:
+    """Wrap ``module`` in DDP over the dp group; gradients are the bucket views (no second
+    copy), buffers are broadcast only when the module has some, and the all-reduce runs in
+    ``reduce_dtype``."""
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids)
+    ddp = DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids,
+                                  gradient_as_bucket_view=True, forward_sync_buffers=any(True for _ in module.buffers()))
+    if reduce_dtype != torch.float32:
+        ddp.register_comm_hook(dp_mesh.get_group(), low_precision_hook(reduce_dtype))
+    return ddp
+
+
+def low_precision_hook(dtype: torch.dtype):
+    """A DDP comm hook that all-reduces the bucket's mean in ``dtype`` and copies it back
+    (torch's ``bf16_compress_hook`` does the same, but only on CUDA with NCCL). DDP checks a
+    hook's annotations by identity, which postponed annotations break, hence none here."""
+    def hook(group, bucket):
+        buffer = bucket.buffer()
+        low = buffer.to(dtype).div_(group.size())
+        future = dist.all_reduce(low, group=group, async_op=True).get_future()
+        return future.then(lambda done: buffer.copy_(done.value()[0]))
+    return hook
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def allreduce_grads(*, params: list[nn.Parameter], dp_mesh: DeviceMesh) -> None:
-    """Average every gradient over the dp group, one flat buffer per dtype."""
+def allreduce_grads(*, params: list[nn.Parameter], dp_mesh: DeviceMesh, reduce_dtype: torch.dtype = torch.float32) -> None:
+    """Average every gradient over the dp group, one flat buffer per dtype, sent in ``reduce_dtype``."""
     group = dp_mesh.get_group()
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for param in params:
@@ -73,7 +97,7 @@ def allreduce_grads(*, params: list[nn.Parameter], dp_mesh: DeviceMesh) -> None:
     op = dist.ReduceOp.AVG if dist.get_backend(group) == "nccl" else dist.ReduceOp.SUM
     size = dist.get_world_size(group)
     for grads in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(reduce_dtype)
         dist.all_reduce(flat, op=op, group=group)
         if op == dist.ReduceOp.SUM:
             flat /= size

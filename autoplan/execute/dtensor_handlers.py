@@ -29,6 +29,8 @@ that one call (under a lock; the table is a plain dict consulted on every call).
 from __future__ import annotations
 
 import threading
+import warnings
+from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -77,6 +79,10 @@ def replicate_in_place(x: DTensor) -> None:
     x._spec = full._spec
 
 
+#: op name -> times an in-place op forced its DTensor to Replicate (communication nobody planned)
+RESHARDED: Counter = Counter()
+
+
 def _inplace_handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
     try:
         return _default(op_call, _inplace_handler, args, kwargs)
@@ -84,8 +90,18 @@ def _inplace_handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
         target = args[0]
         if not isinstance(target, DTensor) or all(p.is_replicate() for p in target.placements):
             raise
+        _note_reshard(str(op_call), target)
         replicate_in_place(target)
         return _default(op_call, _inplace_handler, args, kwargs)
+
+
+def _note_reshard(op: str, target: DTensor) -> None:
+    """Count the fallback and warn once per op: it all-gathers a tensor the cost model priced as sharded."""
+    if not RESHARDED[op]:
+        warnings.warn(f"{op} cannot run in place on a {tuple(target.placements)} DTensor of shape {tuple(target.shape)}; "
+                      "autoplan replicates it first, an all-gather the cost model does not price. Mark the module that "
+                      "produces it 'replicate' in tp_plan to avoid it (the run's audit counts these).", stacklevel=3)
+    RESHARDED[op] += 1
 
 
 def _is_inplace(op: Any) -> bool:

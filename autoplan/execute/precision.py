@@ -53,16 +53,18 @@ class PrecisionPolicy:
         return self.name == "fp16"
 
 
-def policy_for(*, precision: str, dp_mode: str) -> PrecisionPolicy:
-    """The policy of a run: FSDP2 casts parameters, every other dp mode uses autocast."""
-    return PrecisionPolicy(name=precision, cast_params=precision != "fp32" and dp_mode == "fsdp")
+def policy_for(*, precision: str, dp_mode: str, reduce_dtype: str = "fp32") -> PrecisionPolicy:
+    """The policy of a run: FSDP2 casts parameters, every other dp mode uses autocast;
+    data-parallel gradients are reduced in ``reduce_dtype`` (``plan.grad_reduce_dtype``)."""
+    return PrecisionPolicy(name=precision, cast_params=precision != "fp32" and dp_mode == "fsdp", reduce_dtype=DTYPES[reduce_dtype])
 
 
 def mp_policy(policy: PrecisionPolicy) -> MixedPrecisionPolicy | None:
-    """FSDP2's MixedPrecisionPolicy for a cast_params policy; None for fp32."""
-    if not policy.cast_params:
+    """FSDP2's MixedPrecisionPolicy: parameters cast to the compute dtype under cast_params,
+    gradients reduced in the policy's reduce dtype; None when neither differs from fp32."""
+    if not policy.cast_params and policy.reduce_dtype == torch.float32:
         return None
-    return MixedPrecisionPolicy(param_dtype=policy.compute_dtype, reduce_dtype=policy.reduce_dtype)
+    return MixedPrecisionPolicy(param_dtype=policy.compute_dtype if policy.cast_params else None, reduce_dtype=policy.reduce_dtype)
 
 
 def autocast(policy: PrecisionPolicy, *, device_type: str):

@@ -2,9 +2,14 @@
 
 - ``full``: checkpoint each block: keep only its inputs, rerun its forward in backward.
 - ``selective``: op-level selective activation checkpointing (torch.utils.checkpoint with a
-  policy): the outputs of matmuls and attention are saved, everything else (norms,
-  activations, element-wise ops) is recomputed, as in Korthikanti et al. 2022,
-  "Reducing Activation Recomputation in Large Transformer Models", section 4.
+  policy, as torchtitan's op SAC): the outputs of matmuls, attention kernels and
+  convolutions are saved, everything else (norms, activations, softmax, element-wise ops) is
+  recomputed. This is the one definition the cost model prices too (autoplan/cost/layers.py,
+  ``SAVED_KINDS``): re-run the forward of the other nodes, keep the block inputs and the
+  saved outputs. It frees Korthikanti et al.'s softmax and dropout s^2 tensors but keeps the
+  QK^T scores, a matmul output.
+- A plan that asks for recomputation on a rank holding none of the blocks is refused
+  (autoplan/execute/api.py), so recomputation is never priced and silently skipped.
 
 The block's ``forward`` is replaced on the instance, so FQNs stay unchanged (no wrapper
 module), which keeps tp_plan keys, FSDP and --verify's name mapping intact.

@@ -127,11 +127,14 @@ class Trainer:
         return total
 
     def _grad_sync(self, model: nn.Module, *, enabled: bool):
-        """Skip the dp gradient reduction on all but the last micro-batch."""
+        """DDP: skip the gradient all-reduce on all but the last micro-batch. FSDP2 (ZeRO-2/3):
+        reduce-scatter every micro-batch, so gradients stay partitioned (Rajbhandari et al.
+        SC'20 section 5.2); under ZeRO-2 the weights also stay gathered until the last
+        micro-batch's backward (one all-gather per step), as the cost model prices."""
         if self.dp_mode == "ddp" and not enabled:
             return model.no_sync()
-        if self.dp_mode == "fsdp":
-            model.set_requires_gradient_sync(enabled)
+        if self.dp_mode == "fsdp" and self.plan.zero_stage == 2:
+            model.set_reshard_after_backward(enabled)
         return contextlib.nullcontext()
 
     def _pipelined(self, inputs: tuple, target: Any) -> torch.Tensor:
@@ -156,7 +159,7 @@ class Trainer:
         if self.tie_sync is not None:
             self.tie_sync()
         if self.dp_mode == "allreduce":
-            allreduce_grads(params=params, dp_mesh=self.mesh["dp"])
+            allreduce_grads(params=params, dp_mesh=self.mesh["dp"], reduce_dtype=self.policy.reduce_dtype)
 
     def _optimizer_step(self) -> None:
         """Step (fp16: unscale first, and skip on every rank when any gradient overflowed)."""

@@ -68,7 +68,8 @@ def reference_step(*, model: nn.Module, plan: Plan, inputs: tuple, target: Any, 
                    loss_scale: float | None = None) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and fp32 gradients of ``model`` over the global batch, micro-batch by micro-batch,
     under the run's precision policy (module docstring). Casts ``model`` in place under FSDP2's."""
-    policy = policy or precision.policy_for(precision=plan.precision, dp_mode=dp_mode(plan=plan))
+    policy = policy or precision.policy_for(precision=plan.precision, dp_mode=dp_mode(plan=plan),
+                                                reduce_dtype=plan.grad_reduce_dtype)
     scale = loss_scale if loss_scale is not None else (INIT_SCALE if policy.scales_loss else 1.0)
     precision.cast_parameters(model, policy)
     device_type = next(model.parameters()).device.type

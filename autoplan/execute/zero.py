@@ -1,16 +1,23 @@
-"""ZeRO stage 1: optimizer states sharded over the dp group, gradients all-reduced.
+"""ZeRO stage 1 as the cost model prices it: reduce-scatter, sharded step, all-gather.
 
-Each parameter is owned by one dp rank (greedy: next-largest parameter to the least-loaded
-rank, as torch's ZeroRedundancyOptimizer partitions). A rank builds its optimizer over the
-parameters it owns only, so it keeps ~1/dp of the states (Rajbhandari et al. 2020, ZeRO,
-"P_os"). After its step, each owner broadcasts its updated parameters (their local tensors,
-so tensor-parallel shards work) to the other dp ranks, coalesced per owner and dtype.
+The local parameters of a rank (their local tensors, so tensor-parallel shards work) are laid
+end to end in one flat vector of N elements, padded to N' = dp * ceil(N / dp). dp rank r owns
+the slice [r N'/dp, (r+1) N'/dp) (Megatron-LM's distributed optimizer, Rajbhandari et al.
+SC'20 "P_os"). One step:
 
-We do not use ZeroRedundancyOptimizer itself because it broadcasts whole tensors and cannot
-handle DTensor (tensor-parallel) parameters.
+1. reduce-scatter the flat gradient, in ``plan.grad_reduce_dtype``, over the dp group: each
+   rank receives the sum of its slice (divided by dp: the mean, as DDP computes);
+2. the inner optimizer (AdamW) steps an fp32 master copy of the owned slice only, so a rank
+   holds 1/dp of the master weights and moments (12 bytes per parameter / dp);
+3. all-gather the updated slices into the flat parameter vector and copy it back.
+
+Per step and rank that is one reduce-scatter of N' gradient elements and one all-gather of N'
+parameter elements: the cost model's ZeRO-1 terms (autoplan/cost/model.py). Gradients stay
+whole (ZeRO-1 does not partition them) until the step.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -21,29 +28,38 @@ from torch.distributed.device_mesh import DeviceMesh
 from autoplan.execute.data_parallel import local
 
 
-def partition(*, sizes: list[int], parts: int) -> list[int]:
-    """Owner index of each item: largest first, each to the currently lightest part."""
-    load = [0] * parts
-    owner = [0] * len(sizes)
-    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        target = min(range(parts), key=lambda p: (load[p], p))
-        owner[index] = target
-        load[target] += sizes[index]
-    return owner
+def padded_numel(numel: int, dp: int) -> int:
+    """N' = dp * ceil(N / dp): the flat length every rank's slice divides evenly."""
+    return dp * math.ceil(numel / dp)
 
 
 class ShardedOptimizer:
-    """An optimizer whose states live on one dp rank per parameter; same step() API."""
+    """An optimizer over this rank's 1/dp slice of the flat parameters (module docstring)."""
 
-    def __init__(self, *, params: list[nn.Parameter], optimizer_fn: Callable, dp_mesh: DeviceMesh):
+    def __init__(self, *, params: list[nn.Parameter], optimizer_fn: Callable, dp_mesh: DeviceMesh,
+                 reduce_dtype: torch.dtype = torch.float32):
         self.params = params
         self.group = dp_mesh.get_group()
-        self.dp_rank = dp_mesh.get_local_rank()
-        self.owners = partition(sizes=[local(p).numel() for p in params], parts=dp_mesh.size())
-        self.global_owner = [dist.get_global_rank(self.group, o) for o in range(dp_mesh.size())]
-        owned = [p for p, o in zip(params, self.owners) if o == self.dp_rank]
-        self.inner = optimizer_fn(owned) if owned else None
-        self.param_groups = self.inner.param_groups if self.inner else []
+        self.dp, self.rank = dp_mesh.size(), dp_mesh.get_local_rank()
+        self.reduce_dtype = reduce_dtype
+        self.numel = sum(local(p).numel() for p in params)
+        self.shard = padded_numel(self.numel, self.dp) // self.dp
+        flat = self._flat([local(p.data) for p in params], torch.float32)
+        self.master = nn.Parameter(flat[self.rank * self.shard:(self.rank + 1) * self.shard].clone())
+        self.inner = optimizer_fn([self.master])
+        self.param_groups = self.inner.param_groups
+
+    def _flat(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        flat = torch.zeros(self.shard * self.dp, dtype=dtype, device=self.master.device if hasattr(self, "master") else tensors[0].device)
+        offset = 0
+        for t in tensors:
+            flat[offset:offset + t.numel()].copy_(t.reshape(-1))
+            offset += t.numel()
+        return flat
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Tensors this optimizer keeps besides its inner states: the fp32 master slice."""
+        return [self.master]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self.params:
@@ -51,24 +67,27 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        if self.inner is not None:
-            self.inner.step()
-        for owner in range(len(self.global_owner)):
-            self._broadcast_from(owner)
+        self._reduce_scatter_gradients()
+        self.inner.step()
+        self.master.grad = None
+        self._all_gather_parameters()
 
-    def _broadcast_from(self, owner: int) -> None:
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for param, o in zip(self.params, self.owners):
-            if o == owner:
-                data = local(param.data)
-                by_dtype.setdefault(data.dtype, []).append(data)
-        for tensors in by_dtype.values():
-            flat = torch.cat([t.reshape(-1) for t in tensors])
-            dist.broadcast(flat, src=self.global_owner[owner], group=self.group)
-            offset = 0
-            for t in tensors:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+    def _reduce_scatter_gradients(self) -> None:
+        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p.data)) for p in self.params]
+        flat = self._flat(grads, self.reduce_dtype)
+        mine = torch.empty(self.shard, dtype=self.reduce_dtype, device=flat.device)
+        dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.SUM, group=self.group)
+        self.master.grad = mine.to(torch.float32).div_(self.dp)
+
+    def _all_gather_parameters(self) -> None:
+        first = local(self.params[0].data)
+        gathered = torch.empty(self.shard * self.dp, dtype=first.dtype, device=first.device)
+        dist.all_gather_into_tensor(gathered, self.master.detach().to(first.dtype), group=self.group)
+        offset = 0
+        for param in self.params:
+            data = local(param.data)
+            data.copy_(gathered[offset:offset + data.numel()].view_as(data))
+            offset += data.numel()
 
     def state_dict(self) -> dict:
-        return self.inner.state_dict() if self.inner else {}
+        return self.inner.state_dict()

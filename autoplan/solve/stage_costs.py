@@ -137,7 +137,7 @@ def _block_time_s(block: LayerSummary, recompute: str) -> float:
     base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s
     if recompute == "full":
         return base + block.fwd_s + block.tp_fwd_s
-    return base + (block.core_fwd_s if recompute == "selective" else 0.0)
+    return base + (block.selective_recompute_s if recompute == "selective" else 0.0)
 
 
 def _kept_bytes(block: LayerSummary, recompute: str) -> float:

@@ -98,8 +98,8 @@ class TPPlanner:
         for member in members:
             params = analyse_block(self.graph, member).params
             for rep_node, node in zip(rep_params, params):
-                tp_plan.setdefault(self.graph.node(node).module, splits[rep_node])   # explicit, even "replicate":
-                # an empty tp_plan at tp > 1 means "Megatron default" to CostModel and the executor
+                tp_plan.setdefault(self.graph.node(node).module, splits[rep_node])   # explicit, even "replicate": an
+                # empty tp_plan at tp > 1 means the Megatron default (default_tp_plan) to CostModel and the executor alike
             if ctx.sequence_parallel:
                 for node in analyse_block(self.graph, member).nodes:
                     if node.op == "norm" and node.module and node.output_shape[1:2] and node.output_shape[1] % ctx.tp == 0:

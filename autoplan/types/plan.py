@@ -35,6 +35,9 @@ class Plan:
     interleaving, ``pp * virtual_stages`` chunks, chunk ``c`` on stage ``c % pp``). Modules outside every
     block go to the first stage (those before the first block) or the last (those after).
     ``tp_plan`` maps a module FQN to one of :data:`SPLITS`; a module not named is replicated.
+    ``grad_reduce_dtype`` is the dtype data-parallel gradients travel and are summed in (fp32,
+    as Megatron-LM does for bf16 and FSDP2's default ``reduce_dtype``, or the compute dtype);
+    the cost model prices and the executor runs that dtype.
     ``predicted`` is the cost model's breakdown (see :class:`autoplan.types.cost.Cost`).
     """
 
@@ -50,6 +53,7 @@ class Plan:
     recompute: str = "none"
     sequence_parallel: bool = False
     precision: str = "fp32"
+    grad_reduce_dtype: str = "fp32"
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
     model: str = ""
@@ -78,6 +82,11 @@ class Plan:
         require(self.precision in PRECISIONS, PlanError, f"plan precision='{self.precision}'; expected one of {', '.join(PRECISIONS)}.")
         require(self.virtual_stages == 1 or self.schedule == "interleaved_1f1b", PlanError,
                 f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'.")
+        require(self.grad_reduce_dtype in PRECISIONS, PlanError,
+                f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(PRECISIONS)}.")
+        require(self.grad_reduce_dtype in ("fp32", self.precision), PlanError,
+                f"plan grad_reduce_dtype='{self.grad_reduce_dtype}' with precision '{self.precision}'; gradients are reduced "
+                f"in fp32 or in the compute dtype, so use 'fp32' or '{self.precision}'.")
         for module, split in self.tp_plan.items():
             require(split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
         require(not self.sequence_parallel or self.tp > 1, PlanError, "plan sequence_parallel=true needs tp > 1.")
@@ -100,8 +109,9 @@ class Plan:
         """A one-line human summary, e.g. ``dp=4 tp=2 pp=1 mbs=2x4 1f1b zero=1 rc=none bf16``."""
         sp = " sp" if self.sequence_parallel else ""
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
-                f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}")
+                f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}")
 
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Executor pieces that need no process group: plan checks, batching, ZeRO-1 partition,
+"""Executor pieces that need no process group: plan checks, batching, ZeRO-1 flat layout,
 block discovery, --verify's verdict and the run summary."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from autoplan.execute.runner import summarize, threads_per_process, warmup_steps
 from autoplan.execute.tensor_parallel import validate_tp_plan
 from autoplan.execute.tied import tied_names
 from autoplan.execute.verify import Difference, verdict
-from autoplan.execute.zero import partition
+from autoplan.execute.zero import padded_numel
 from autoplan.types.plan import Plan
 
 
@@ -59,10 +59,8 @@ def test_batch_sharding_slices_only_batch_tensors():
     assert part[0].flatten().tolist() == [2, 3] and part[1] is fixed and part[2] == 5
 
 
-def test_zero1_partition_balances_largest_first():
-    owners = partition(sizes=[100, 60, 50, 10], parts=2)
-    loads = [sum(s for s, o in zip([100, 60, 50, 10], owners) if o == p) for p in range(2)]
-    assert owners[0] != owners[1] and sorted(loads) == [110, 110]
+def test_zero1_flat_length_divides_evenly_among_dp_ranks():
+    assert padded_numel(10, 4) == 12 and padded_numel(12, 4) == 12 and padded_numel(1, 3) == 3
 
 
 def test_blocks_and_ties():

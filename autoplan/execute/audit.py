@@ -1,0 +1,254 @@
+"""The execution audit: measure, on a real step, what the cost model prices.
+
+Priced = executed (docs/cost-model.md, "The execution audit"). One training step runs under
+three recorders, each a ``TorchDispatchMode``, so they see every op that reaches the
+dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipelining):
+
+- :class:`CommRecorder`: every ``c10d`` and ``_c10d_functional`` collective, its kind, its
+  message bytes (autoplan/cost/comm.py's convention: the gathered output of an all-gather,
+  the input of a reduce-scatter, the tensor of an all-reduce, broadcast, send or recv) and the
+  mesh dimension of its process group (dp, tp, pp; tied-weight groups count as pp).
+- :class:`LiveBytes`: the peak of live tensor bytes on this rank, tracked by tensor lifetime
+  (each storage counted from the op that made it until Python frees it), starting from the
+  parameters, gradients, buffers and optimizer states alive when the step begins.
+- :class:`MatmulFlops`: FLOPs of matmul-class ops (``torch.utils.flop_counter``'s registry),
+  split into forward and backward (the backward includes recomputed forwards, which run inside
+  it). An op on DTensors is seen with global shapes; its local FLOPs are the global ones over
+  the mesh size when its output is sharded or partial, as Megatron's split matmuls run.
+
+torch's own ``MemTracker`` refuses a module called twice in one tracked window, which every
+micro-batched or pipelined step does, hence :class:`LiveBytes`.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+MESH_DIMS = ("dp", "tp", "pp")
+#: c10d op name -> (collective kind, which argument holds the message, which holds the group)
+C10D_OPS = {
+    "allreduce_": ("all_reduce", 0, 1), "allreduce_coalesced_": ("all_reduce", 0, 1),
+    "_allgather_base_": ("all_gather", 0, 2), "allgather_": ("all_gather", 0, 2),
+    "allgather_into_tensor_coalesced_": ("all_gather", 0, 2),
+    "_reduce_scatter_base_": ("reduce_scatter", 1, 2), "reduce_scatter_": ("reduce_scatter", 1, 2),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 2),
+    "broadcast_": ("broadcast", 0, 1), "send": ("send", 0, 1), "recv_": ("recv", 0, 1),
+    "alltoall_base_": ("all_to_all", 1, 2), "alltoall_": ("all_to_all", 1, 2),
+    "scatter_": ("scatter", 0, 2), "gather_": ("gather", 1, 2),
+}
+#: _c10d_functional op name -> (kind, index of the group name argument, gathered-size argument or None)
+FUNCTIONAL_OPS = {
+    "all_reduce": ("all_reduce", 2, None), "all_reduce_": ("all_reduce", 2, None),
+    "all_reduce_coalesced": ("all_reduce", 2, None),
+    "all_gather_into_tensor": ("all_gather", 2, 1), "all_gather_into_tensor_out": ("all_gather", 2, 1),
+    "all_gather_into_tensor_coalesced": ("all_gather", 2, 1),
+    "reduce_scatter_tensor": ("reduce_scatter", 3, None), "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3, None),
+    "all_to_all_single": ("all_to_all", 3, None), "broadcast": ("broadcast", 2, None),
+}
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward"}
+
+
+def _tensor_bytes(obj: Any) -> int:
+    leaves, _ = tree_flatten(obj)
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+def group_dims(mesh: Any, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """{process group name: mesh dim} for the plan's mesh, plus ``extra`` groups (tied weights)."""
+    names = {}
+    for dim in MESH_DIMS:
+        if dim in (mesh.mesh_dim_names or ()):
+            names[mesh[dim].get_group().group_name] = dim
+    names.update(extra or {})
+    return names
+
+
+@dataclass
+class CommTotals:
+    """Collectives of one rank: (dim, kind) -> [count, bytes]."""
+
+    by_key: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+
+    def add(self, dim: str, kind: str, message_bytes: int, count: int = 1) -> None:
+        entry = self.by_key[(dim, kind)]
+        entry[0] += count
+        entry[1] += int(message_bytes)
+
+    def rows(self) -> list[tuple[str, str, int, int]]:
+        return sorted((dim, kind, c, b) for (dim, kind), (c, b) in self.by_key.items() if c)
+
+
+class CommRecorder(TorchDispatchMode):
+    """Records each collective this rank issues (module docstring)."""
+
+    def __init__(self, groups: dict[str, str]):
+        super().__init__()
+        self.groups = groups
+        self.totals = CommTotals()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        namespace, name = func.namespace, func.__name__.split(".")[0]
+        if namespace == "c10d" and name in C10D_OPS:
+            self._record_c10d(name, args)
+        elif namespace == "_c10d_functional" and name in FUNCTIONAL_OPS:
+            self._record_functional(name, args)
+        return func(*args, **kwargs)
+
+    def _dim(self, group_name: str) -> str:
+        return self.groups.get(group_name, "other")
+
+    def _record_c10d(self, name: str, args: tuple) -> None:
+        kind, message, group = C10D_OPS[name]
+        pg = dist.ProcessGroup.unbox(args[group]) if isinstance(args[group], torch.ScriptObject) else args[group]
+        self.totals.add(self._dim(pg.group_name), kind, _tensor_bytes(args[message]))
+
+    def _record_functional(self, name: str, args: tuple) -> None:
+        kind, group, gathered = FUNCTIONAL_OPS[name]
+        size = int(args[gathered]) if gathered is not None else 1
+        self.totals.add(self._dim(str(args[group])), kind, _tensor_bytes(args[0]) * size)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of live tensor storages on this rank while active (module docstring)."""
+
+    def __init__(self, existing: Iterable[torch.Tensor] = ()):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref] = {}
+        self.current = self.peak = 0
+        for tensor in existing:
+            self._track(tensor)
+        self.start = self.current
+
+    def _track(self, tensor: Any) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        tensor = _local(tensor)
+        if tensor.device.type == "meta":
+            return
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self.live:
+            return
+        size = storage.nbytes()
+        self.live[key] = size
+        self.current += size
+        self._refs[key] = weakref.ref(storage, lambda _ref, k=key: self._free(k))
+        self.peak = max(self.peak, self.current)
+
+    def _free(self, key: int) -> None:
+        size = self.live.pop(key, 0)
+        self._refs.pop(key, None)
+        self.current -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_flatten(out)[0]:
+            self._track(leaf)
+        return out
+
+
+class MatmulFlops(TorchDispatchMode):
+    """Forward and backward FLOPs of matmul-class ops on this rank (module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.forward = self.backward = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        if packet.__name__ in MATMUL_OPS and packet in flop_registry:
+            flops = flop_registry[packet](*args, **kwargs, out_val=out)
+            flops /= _sharded_ways(out)
+            if torch._C._current_graph_task_id() == -1:
+                self.forward += flops
+            else:
+                self.backward += flops
+        return out
+
+
+def _sharded_ways(out: Any) -> int:
+    first = tree_flatten(out)[0][0] if tree_flatten(out)[0] else None
+    if isinstance(first, DTensor) and any(not p.is_replicate() for p in first.placements):
+        return first.device_mesh.size()
+    return 1
+
+
+def existing_tensors(trainer: Any) -> list[torch.Tensor]:
+    """What lives on the rank when a step starts: parameters, gradients, buffers, optimizer states."""
+    found = []
+    for module in trainer.stage_modules.values():
+        found += [p for p in module.parameters()] + [b for b in module.buffers()]
+        found += [p.grad for p in module.parameters() if p.grad is not None]
+    for state in optimizer_states(trainer.optimizer):
+        found += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    found += list(getattr(trainer.optimizer, "held_tensors", lambda: [])())
+    return found
+
+
+def optimizer_states(optimizer: Any) -> list[dict]:
+    inner = getattr(optimizer, "inner", optimizer)
+    return list(inner.state.values()) if inner is not None and hasattr(inner, "state") else []
+
+
+def placement(trainer: Any) -> dict[str, int]:
+    """Bytes of parameters and optimizer states this rank holds, and its parameter elements."""
+    params = [_local(p) for p in trainer.parameters]
+    states = [_local(v) for s in optimizer_states(trainer.optimizer) for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    states += [_local(t) for t in getattr(trainer.optimizer, "held_tensors", lambda: [])()]
+    return {"param_elements": sum(p.numel() for p in params),
+            "weights_bytes": sum(p.numel() * p.element_size() for p in params),
+            "optimizer_bytes": sum(t.numel() * t.element_size() for t in states)}
+
+
+@dataclass
+class StepAudit:
+    """What one rank did in one step."""
+
+    comm: list[tuple[str, str, int, int]]
+    peak_live_bytes: int
+    start_live_bytes: int
+    forward_flops: float
+    backward_flops: float
+    placement: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"comm": [list(r) for r in self.comm], "peak_live_bytes": self.peak_live_bytes,
+                "start_live_bytes": self.start_live_bytes, "forward_flops": self.forward_flops,
+                "backward_flops": self.backward_flops, "placement": self.placement}
+
+
+def audited_step(trainer: Any, inputs: tuple, target: Any, *, groups: dict[str, str]) -> tuple[torch.Tensor, StepAudit]:
+    """Run ``trainer.train_step`` under the three recorders; return its loss and the audit."""
+    comm, flops = CommRecorder(groups), MatmulFlops()
+    memory = LiveBytes(existing_tensors(trainer))
+    with memory, comm, flops:
+        loss = trainer.train_step(inputs, target)
+    audit = StepAudit(comm=comm.totals.rows(), peak_live_bytes=memory.peak, start_live_bytes=memory.start,
+                      forward_flops=flops.forward, backward_flops=flops.backward, placement=placement(trainer))
+    return loss, audit
+
+
+def relative_error(measured: float, predicted: float) -> float:
+    if predicted == 0:
+        return 0.0 if measured == 0 else math.inf
+    return (measured - predicted) / predicted
