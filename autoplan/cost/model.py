@@ -12,8 +12,8 @@ The step time of one global batch (docs/cost-model.md states every term with its
 - T_tp: TP collectives of the blocks (tensor_parallel.tp_layer_cost), repeated in the
   recomputed forward under full recomputation;
 - pp_comm = 2 (v m + p - 1) t_p2p: one activation send and one gradient send per chunk slot
-  on the critical path; with tp > 1 and no sequence parallelism each tp rank sends 1/tp of the
-  boundary activation (Megatron's scatter/gather optimisation, Narayanan et al. SC'21 4.1);
+  on the critical path, of the whole boundary activation on every tp rank (the executor gathers
+  a stage's DTensor output; under sequence parallelism t_p2p includes that all-gather);
   plus, when a weight is tied across stages (an input embedding reused by the output head),
   one all-reduce of its gradient between the stages after the backward (Megatron-LM's
   embedding-group all-reduce, Shoeybi et al. 2019; autoplan/execute/tied.py), of the weight
@@ -32,9 +32,13 @@ The step time of one global batch (docs/cost-model.md states every term with its
   exposes the whole sync (Megatron-LM before its 2023 ``--overlap-grad-reduce``, NVIDIA/
   Megatron-LM issue #391 and commit e801b2b); ``True`` always overlaps;
 - zero_exposed (ZeRO-3 / FSDP): per micro-batch, an all-gather of each block's weights in the
-  forward and again in the backward, prefetched one block ahead (schedule.prefetched_exposed_s);
-  the reduce-scatter of its gradients only in the last micro-batch's backward (the executor turns
-  gradient sync off for the others: FSDP2 ``set_requires_gradient_sync``, autoplan/execute/trainer.py);
+  forward and again in the backward, prefetched one block ahead (schedule.prefetched_exposed_s),
+  and the reduce-scatter of its gradients in every micro-batch's backward, so gradients stay
+  partitioned (autoplan/execute/trainer.py); in a pipeline, torch's stages accumulate unsharded
+  gradients and reduce-scatter once, after the last micro-batch. ZeRO-2 likewise reduce-scatters
+  every micro-batch without a pipeline and all-gathers the weights once a step. Every message is
+  in the bytes the executor sends: gradients in ``plan.grad_reduce_dtype``, ZeRO-1's all-gather
+  in fp32 (the executor's parameters), FSDP2's in the compute dtype (autoplan/cost/volumes.py);
 - overlap efficiency eta: communication that runs under compute hides only eta of what it could
   (profile ``comm_overlap``, schedule.partially_hidden_s). FSDP2 overlaps through its own CUDA
   streams; on a device without streams (a CPU, gloo) it issues every all-gather and reduce-scatter
@@ -187,7 +191,7 @@ class CostModel:
         cost.recompute_s = m * slowest.recompute_s
         cost.tp_comm_s = m * slowest.tp_s
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
-        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"]) + self._tied_sync_s(plan, stages, groups["pp"])
+        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self._tied_sync_s(plan, stages, groups["pp"])
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         self._dp_time(cost, plan, stages, groups["dp"], slowest)
         if plan.zero_stage >= 3 and plan.dp > 1:
@@ -196,12 +200,17 @@ class CostModel:
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
-    def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
+    def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup, tp_group: AxisGroup) -> float:
+        """Sends on the critical path: every tp rank sends the whole boundary activation (the
+        executor gathers a stage's DTensor output, autoplan/execute/tensor_parallel.py), which
+        under sequence parallelism first costs an all-gather over the tp group."""
         if plan.pp == 1:
             return 0.0
-        boundary = max(s.boundary_bytes for s in stages)
-        scatter = plan.tp > 1 and not plan.sequence_parallel
-        t_p2p = collective_time_s(self.profile, "send_recv", boundary / plan.tp if scatter else boundary, group=group)
+        whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
+        boundary = max(s.boundary_bytes for s in stages) * whole
+        t_p2p = collective_time_s(self.profile, "send_recv", boundary, group=group)
+        if whole > 1:
+            t_p2p += collective_time_s(self.profile, "all_gather", boundary, group=tp_group)
         return 2.0 * (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
 
     def _tied_places(self) -> dict[str, set[str]]:
@@ -215,18 +224,37 @@ class CostModel:
                 places.setdefault(name, set()).add(where)
         return {name: where for name, where in places.items() if len(where) > 1}
 
-    def _tied_sync_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
-        """All-reduce of the gradients of weights tied across pipeline stages (module docstring)."""
+    def tied_elements_by_stage(self, plan: Plan, stages: list[StageTotals]) -> dict[int, float]:
+        """Elements of weights tied across pipeline stages that each stage holding them all-reduces
+        (as each stage holds them: 1/tp when TP shards them); empty without a pipeline."""
         if plan.pp == 1 or not self._tied:
-            return 0.0
+            return {}
         stage_of = {"pre": 0, "post": plan.pp - 1}
         stage_of.update({layer: i % plan.pp for i, chunk in enumerate(self._chunks(plan)) for layer in chunk})
         outside = (stages[0].blocks[0], stages[-1].blocks[-1])   # the pre and post summaries, which name real weights
         held = {name: n for block in outside for name, n in zip(block.param_names, block.param_numels)}
         params = self.graph.parameters
-        tied = sum(held.get(name, params[name].numel if name in params else 0.0)
-                   for name, where in self._tied.items() if len({stage_of[w] for w in where}) > 1)
-        return collective_time_s(self.profile, "all_reduce", tied * STATE_BYTES[plan.precision][1], group=group) if tied else 0.0
+        found: dict[int, float] = {}
+        for name, where in self._tied.items():
+            holders = {stage_of[w] for w in where}
+            if len(holders) > 1:
+                for stage in holders:
+                    found[stage] = found.get(stage, 0.0) + held.get(name, params[name].numel if name in params else 0.0)
+        return found
+
+    def chunk_inputs_bytes(self, plan: Plan) -> list[float]:
+        """Bytes of the activation each pipeline chunk receives per micro-batch, whole (each tp
+        rank sends and receives the full boundary: the executor gathers a stage's DTensor output)."""
+        stages, _tp_plan, ctx = self.priced_stages(plan)
+        whole = ctx.tp if ctx.sequence_parallel and ctx.tp > 1 else 1
+        tp_plan = self._tp_plan(plan)
+        return [self._summary(chunk[0], tp_plan, ctx).input_bytes * whole for chunk in self._chunks(plan)]
+
+    def _tied_sync_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
+        """All-reduce of the gradients of weights tied across pipeline stages (module docstring):
+        fp32 gradients, as the executor keeps them outside FSDP2's parameter cast."""
+        tied = max(self.tied_elements_by_stage(plan, stages).values(), default=0.0)
+        return collective_time_s(self.profile, "all_reduce", tied * 4, group=group) if tied else 0.0
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
@@ -247,7 +275,7 @@ class CostModel:
     def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, slowest: StageTotals) -> None:
         if plan.dp == 1 or plan.zero_stage >= 3:
             return
-        grad_bytes = STATE_BYTES[plan.precision][1]
+        grad_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
         kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
         slot_s = slowest.bwd_s + slowest.recompute_s
         exposed, total = 0.0, 0.0
@@ -257,8 +285,12 @@ class CostModel:
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(exposed, partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=self._overlap_efficiency(plan)))
-        if plan.zero_stage in (1, 2):   # the updated weights come back after the optimizer step
-            gather = self._bucketed_s("all_gather", max(s.params for s in stages) * PRECISION_BYTES[plan.precision], group)
+        if plan.zero_stage == 2 and plan.pp == 1 and plan.num_microbatches > 1:   # reduce-scattered every micro-batch
+            earlier = (plan.num_microbatches - 1) * total
+            total, exposed = total + earlier, exposed + earlier * (1.0 - self._overlap_efficiency(plan))
+        if plan.zero_stage in (1, 2):   # ZeRO-1: fp32 parameters back after the step; ZeRO-2: gathered once a step
+            weight = 4 if plan.zero_stage == 1 else PRECISION_BYTES[plan.precision]
+            gather = self._bucketed_s("all_gather", max(s.params for s in stages) * weight, group)
             total, exposed = total + gather, exposed + gather
         if not self._overlaps_grad_reduce(plan):
             exposed = total
@@ -279,7 +311,7 @@ class CostModel:
         return self.profile.comm_overlap.efficiency
 
     def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup) -> float:
-        weight_bytes, grad_bytes, _ = STATE_BYTES[plan.precision]
+        weight_bytes, grad_bytes = PRECISION_BYTES[plan.precision], PRECISION_BYTES[plan.grad_reduce_dtype]
         eta = self._overlap_efficiency(plan)
         gather = [self._bucketed_s("all_gather", b.param_count * weight_bytes, group) for b in stage.blocks]
         scatter = [self._bucketed_s("reduce_scatter", b.param_count * grad_bytes, group) for b in stage.blocks]
@@ -289,7 +321,9 @@ class CostModel:
         bwd_last = prefetched_exposed_s(compute_s=bwd_compute, comm_s=[g + s for g, s in zip(gather[::-1], scatter[::-1])],
                                         efficiency=eta)
         m = plan.num_microbatches
-        return m * fwd + (m - 1) * bwd_gather + bwd_last
+        if plan.pp == 1:   # gradients reduce-scattered every micro-batch (execute/trainer.py)
+            return m * fwd + m * bwd_last
+        return fwd + (m - 1) * bwd_gather + bwd_last   # pipelining: gathered once, synced on the last
 
     # ---- memory --------------------------------------------------------------------------
     def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:

@@ -97,3 +97,51 @@ def run_cases(world_size: int, cases: list) -> dict[str, dict]:
         name, result = queue.get()
         results[name] = result
     return results
+
+
+def audit_case(model_name: str, plan: Plan) -> dict:
+    """Two warm-up steps (DDP rebuilds its buckets, optimizers create their states), then one
+    audited step; every rank's audit, gathered on rank 0, with its pipeline stage."""
+    from autoplan.execute import parallelize
+    from autoplan.execute.audit import audited_step, group_dims
+    from autoplan.execute.mesh import coordinates
+    import exec_models as m
+    torch.manual_seed(0)
+    model = getattr(m, MODELS[model_name])()
+    trainer = parallelize(model, plan, loss_fn=m.lm_loss, microbatch_inputs=(m.tokens(plan.micro_batch_size, 3),))
+    x, y = trainer.local_batch((m.tokens(plan.global_batch_size, 1),), m.tokens(plan.global_batch_size, 2))
+    for _ in range(2):
+        trainer.train_step(x, y)
+    ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
+    _, audit = audited_step(trainer, x, y, groups=group_dims(trainer.mesh, ties))
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
+    return {"ranks": everyone}
+
+
+def _audit_worker(rank: int, world_size: int, port: int, cases: list, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from datetime import timedelta
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=int(os.environ.get("AUTOPLAN_TEST_TIMEOUT_S", "60"))))
+    for name, model_name, kw in cases:
+        try:
+            result = audit_case(model_name, make_plan(model_name, **kw))
+        except Exception:
+            result = {"error": traceback.format_exc()}
+        if rank == 0 or "error" in result:
+            queue.put((name if rank == 0 else f"{name} (rank {rank})", result))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_audits(world_size: int, cases: list) -> dict[str, dict]:
+    """Audit each case in one spawned gloo group (see :func:`audit_case`)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(_audit_worker, args=(world_size, free_port(), cases, queue), nprocs=world_size, start_method="spawn")
+    results = {}
+    while not queue.empty():
+        name, result = queue.get()
+        results[name] = result
+    return results

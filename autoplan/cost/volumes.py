@@ -1,0 +1,142 @@
+"""What one step of a plan sends, per rank: the volumes the execution audit checks.
+
+The time terms of autoplan/cost/model.py are built from these messages; this module states
+them as counts and bytes per step on one rank of each pipeline stage, in the convention of
+autoplan/cost/comm.py (the gathered output of an all-gather, the input of a reduce-scatter).
+P is the stage's local parameter elements (after TP), m the micro-batches, U the FSDP units
+of the stage (its blocks and the stage root), b_g the bytes of ``plan.grad_reduce_dtype``.
+
+| dp mode (execute/data_parallel.py) | per step |
+|---|---|
+| DDP (zero 0, tp = pp = 1) | all-reduce of P b_g bytes (DDP's buckets: count not fixed by the plan) |
+| explicit all-reduce (zero 0) | one all-reduce of P b_g |
+| ZeRO-1 | one reduce-scatter of P' b_g and one all-gather of P' * 4 (fp32 parameters), P' = dp ceil(P/dp) |
+| ZeRO-2, pp = 1 | U all-gathers of P b_w once; U m reduce-scatters of P b_g (every micro-batch) |
+| ZeRO-3, pp = 1 | 2 U m all-gathers of P b_w (forward and backward); U m reduce-scatters |
+| ZeRO-2/3, pp > 1 | torch.distributed.pipelining's FSDP handling: gradients accumulate unsharded and are reduce-scattered once (U); ZeRO-2 gathers once (U); ZeRO-3 gathers in the first forward and in every backward (U (m + 1)) |
+
+b_w is the compute dtype under FSDP2's parameter cast, else 4. Pipeline: each chunk but the
+last sends its output to the next chunk once per micro-batch, and each chunk but the first
+sends the gradient of its input back, both of the boundary activation, whole on every tp
+rank (the executor gathers DTensor outputs at a stage's exit). Tied weights across stages:
+one all-reduce of their gradient on the pp link. fp16: one 4-byte all-reduce of the
+overflow flag on the world group (execute/grad_scaler.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.model import CostModel
+from autoplan.cost.stages import StageTotals
+from autoplan.types.plan import Plan
+
+#: (dim, kind) -> [count or None when the plan does not fix it, bytes]
+Volumes = dict[tuple[str, str], list]
+
+
+@dataclass
+class StagePrediction:
+    """One rank of one pipeline stage, per step."""
+
+    comm: Volumes = field(default_factory=dict)
+    param_elements: float = 0.0
+    forward_flops: float = 0.0
+    backward_flops: float = 0.0
+
+    def add(self, dim: str, kind: str, count: int | None, message_bytes: float) -> None:
+        entry = self.comm.setdefault((dim, kind), [0, 0.0])
+        entry[0] = None if count is None or entry[0] is None else entry[0] + count
+        entry[1] += message_bytes
+
+
+def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
+    """Per pipeline stage, what one of its ranks sends, holds and computes in one step."""
+    stages, _tp_plan, _ctx = model.priced_stages(plan)
+    predictions = []
+    for index, stage in enumerate(stages):
+        pred = StagePrediction(param_elements=_held_elements(plan, stage))
+        _data_parallel(pred, plan, stage, index)
+        _pipeline(pred, plan, index, model)
+        _flops(pred, plan, stage, index)
+        if plan.precision == "fp16":   # the overflow flag, on the world group (a mesh dim's group when it spans the world)
+            pred.add(_world_dim(plan), "all_reduce", 1, 4)
+        predictions.append(pred)
+    _tied(predictions, plan, model, stages)
+    return predictions
+
+
+def _world_dim(plan: Plan) -> str:
+    return next((dim for dim in ("dp", "tp", "pp") if getattr(plan, dim) == plan.devices), "other")
+
+
+def _held_elements(plan: Plan, stage: StageTotals) -> float:
+    return stage.params / plan.dp if plan.zero_stage >= 2 and plan.dp > 1 else stage.params
+
+
+def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:
+    if plan.dp == 1:
+        return
+    p = stage.params
+    grad = PRECISION_BYTES[plan.grad_reduce_dtype]
+    if plan.zero_stage == 0:
+        ddp = plan.tp == 1 and plan.pp == 1
+        pred.add("dp", "all_reduce", None if ddp else 1, p * grad)
+    elif plan.zero_stage == 1:
+        padded = plan.dp * math.ceil(p / plan.dp)
+        pred.add("dp", "reduce_scatter", 1, padded * grad)
+        pred.add("dp", "all_gather", 1, padded * 4)
+    else:
+        _fsdp(pred, plan, stage, grad, index)
+
+
+def _fsdp(pred: StagePrediction, plan: Plan, stage: StageTotals, grad: int, index: int) -> None:
+    p, m = stage.params, plan.num_microbatches
+    weight = PRECISION_BYTES[plan.precision]
+    blocks = _real_blocks(plan, stage, index)
+    root = stage.params - sum(b.param_count for b in blocks)   # the stage module's own (outside-node) weights
+    units = sum(1 for b in blocks if b.param_count) + (1 if root > 0 else 0)
+    if plan.pp == 1:
+        gathers = 1 if plan.zero_stage == 2 else 2 * m
+        scatters = m
+    else:
+        gathers = 1 if plan.zero_stage == 2 else m + 1
+        scatters = 1
+    pred.add("dp", "all_gather", units * gathers, gathers * p * weight)
+    pred.add("dp", "reduce_scatter", units * scatters, scatters * p * grad)
+
+
+def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -> None:
+    if plan.pp == 1:
+        return
+    chunks = model.chunk_inputs_bytes(plan)
+    last = len(chunks) - 1
+    m = plan.num_microbatches
+    for c in range(index, len(chunks), plan.pp):
+        if c < last:
+            pred.add("pp", "send", m, m * chunks[c + 1])   # activation to the next chunk
+            pred.add("pp", "recv", m, m * chunks[c + 1])   # its gradient back
+        if c > 0:
+            pred.add("pp", "recv", m, m * chunks[c])
+            pred.add("pp", "send", m, m * chunks[c])
+
+
+def _real_blocks(plan: Plan, stage: StageTotals, index: int) -> list:
+    """The stage's blocks without the outside-node summaries (first on stage 0, last on the last)."""
+    start = 1 if index == 0 else 0
+    end = len(stage.blocks) - (1 if index == plan.pp - 1 else 0)
+    return stage.blocks[start:end]
+
+
+def _flops(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:
+    m = plan.num_microbatches
+    fwd = sum(b.matmul_fwd_flops for b in stage.blocks)
+    bwd = sum(b.matmul_bwd_flops for b in stage.blocks)
+    rerun = sum(b.matmul_fwd_flops for b in _real_blocks(plan, stage, index)) if plan.recompute == "full" else 0.0
+    pred.forward_flops, pred.backward_flops = m * fwd, m * (bwd + rerun)
+
+
+def _tied(predictions: list[StagePrediction], plan: Plan, model: CostModel, stages: list[StageTotals]) -> None:
+    for index, elements in model.tied_elements_by_stage(plan, stages).items():
+        predictions[index].add("pp", "all_reduce", 1, elements * 4)
