@@ -132,6 +132,10 @@ class CostModel:
         return self._default_plans[key]
 
     # ---- the plan ------------------------------------------------------------------------
+    def chunks(self, plan: Plan) -> list[list[str]]:
+        """The blocks of each pipeline chunk, as priced (the plan's stages, else balanced)."""
+        return self._chunks(plan)
+
     def _chunks(self, plan: Plan) -> list[list[str]]:
         if not plan.stages:
             return balanced_stages(self.graph.layers, plan.pp * plan.virtual_stages)
@@ -326,17 +330,20 @@ class CostModel:
         return fwd + (m - 1) * bwd_gather + bwd_last   # pipelining: gathered once, synced on the last
 
     # ---- memory --------------------------------------------------------------------------
-    def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
-        best = None
+    def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[tuple[float, ...]]:
+        """Per stage: (weights, grads, optimizer, activations, buffers) bytes on one device."""
+        parts = []
         for index, stage in enumerate(stages):
             states = model_states(params=stage.params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
             activations = stage.saved_bytes * in_flight_chunks(plan, index) + stage.peak_block_bytes
             block_params = max((b.param_count for b in stage.blocks), default=0.0)
             buffers = comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=stage.boundary_bytes,
                                         block_params=block_params, precision=plan.precision)
-            parts = (states.weights_bytes, states.grads_bytes, states.optimizer_bytes, activations, buffers)
-            if best is None or sum(parts) > sum(best):
-                best = parts
+            parts.append((states.weights_bytes, states.grads_bytes, states.optimizer_bytes, activations, buffers))
+        return parts
+
+    def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
+        best = max(self.stage_memory(plan, stages), key=sum)
         cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes, cost.activations_bytes, cost.comm_buffer_bytes = (int(x) for x in best)
         cost.peak_memory_bytes = sum(int(x) for x in best)
         cost.memory_capacity_bytes = int(self.profile.device.memory_bytes)

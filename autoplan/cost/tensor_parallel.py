@@ -157,11 +157,11 @@ def _link_key(profile) -> tuple:
         for link in links)
 
 
-def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext) -> TPTerms:
+def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext, coll: "_Collectives | None" = None) -> TPTerms:
     terms = TPTerms()
     if ctx.tp <= 1:
         return terms
-    coll = _Collectives(graph, ctx)
+    coll = coll or _Collectives(graph, ctx)
     legal = {v: legal_splits(graph.node(v), ctx.tp) for v in block.params}
     for u in block.params:
         terms.unary[u] = {s: _unary(block, u, s, coll, ctx) for s in legal[u]}
@@ -193,6 +193,45 @@ class _Collectives:
 
     def __call__(self, kind: str, traced_bytes: float) -> float:
         return collective_time_s(self.ctx.profile, kind, traced_bytes * self.factor, group=self.ctx.group)
+
+
+class Messages:
+    """A sum of collectives, kind -> [count, bytes]: the terms' algebra with messages for seconds
+    (``0.0`` is the empty sum), so the same term code states what a block sends."""
+
+    def __init__(self, by_kind: dict[str, list] | None = None):
+        self.by_kind = {k: list(v) for k, v in (by_kind or {}).items()}
+
+    def __add__(self, other: "Messages | float") -> "Messages":
+        if not isinstance(other, Messages):
+            return self
+        merged = Messages(self.by_kind)
+        for kind, (count, size) in other.by_kind.items():
+            entry = merged.by_kind.setdefault(kind, [0, 0.0])
+            entry[0], entry[1] = entry[0] + count, entry[1] + size
+        return merged
+
+    __radd__ = __add__
+
+    def times(self, n: int) -> "Messages":
+        return Messages({k: [c * n, b * n] for k, (c, b) in self.by_kind.items()})
+
+
+class _MessageCollectives(_Collectives):
+    """One message of ``kind`` per call, in the bytes :class:`_Collectives` prices."""
+
+    def __call__(self, kind: str, traced_bytes: float) -> Messages | float:
+        size = traced_bytes * self.factor
+        return Messages({kind: [1, size]}) if size > 0 and self.ctx.tp > 1 else 0.0
+
+
+def block_messages(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, ctx: TPContext) -> tuple[Messages, Messages]:
+    """The TP collectives of one micro-batch of block ``layer``, forward and backward: the
+    messages behind :func:`tp_layer_cost`'s seconds (the execution audit's prediction)."""
+    splits = node_splits(graph, layer, tp_plan, tp=ctx.tp)
+    terms = _terms(graph, analyse_block(graph, layer), ctx, coll=_MessageCollectives(graph, ctx))
+    fwd, bwd = terms_time_s(terms, splits)
+    return fwd + Messages(), bwd + Messages()
 
 
 def _effective(split: str, gathered: bool) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.model import CostModel
 from autoplan.cost.stages import StageTotals
+from autoplan.cost.tensor_parallel import Messages, block_messages
 from autoplan.types.plan import Plan
 
 #: (dim, kind) -> [count or None when the plan does not fix it, bytes]
@@ -53,10 +54,11 @@ class StagePrediction:
 
 def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
     """Per pipeline stage, what one of its ranks sends, holds and computes in one step."""
-    stages, _tp_plan, _ctx = model.priced_stages(plan)
+    stages, tp_plan, ctx = model.priced_stages(plan)
     predictions = []
     for index, stage in enumerate(stages):
         pred = StagePrediction(param_elements=_held_elements(plan, stage))
+        _tensor_parallel(pred, plan, model, tp_plan, ctx, index)
         _data_parallel(pred, plan, stage, index)
         _pipeline(pred, plan, index, model)
         _flops(pred, plan, stage, index)
@@ -105,6 +107,24 @@ def _fsdp(pred: StagePrediction, plan: Plan, stage: StageTotals, grad: int, inde
         scatters = 1
     pred.add("dp", "all_gather", units * gathers, gathers * p * weight)
     pred.add("dp", "reduce_scatter", units * scatters, scatters * p * grad)
+
+
+def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_plan: dict, ctx, index: int) -> None:
+    """Each block's TP messages per micro-batch (``tensor_parallel.block_messages``), its forward
+    ones twice under full recomputation; the nodes outside every block on the last stage, as the
+    cost model charges them."""
+    if plan.tp == 1:
+        return
+    layers = [layer for c, chunk in enumerate(model.chunks(plan)) if c % plan.pp == index for layer in chunk]
+    total = Messages()
+    for layer in layers:
+        fwd, bwd = block_messages(model.graph, layer, tp_plan, ctx=ctx)
+        total = total + fwd + bwd + (fwd if plan.recompute == "full" else Messages())
+    if index == plan.pp - 1:
+        fwd, bwd = block_messages(model.graph, None, tp_plan, ctx=ctx)
+        total = total + fwd + bwd
+    for kind, (count, size) in total.times(plan.num_microbatches).by_kind.items():
+        pred.add("tp", kind, count, size)
 
 
 def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -> None:

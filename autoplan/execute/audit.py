@@ -13,8 +13,12 @@ dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipel
   parameters, gradients, buffers and optimizer states alive when the step begins.
 - :class:`MatmulFlops`: FLOPs of matmul-class ops (``torch.utils.flop_counter``'s registry),
   split into forward and backward (the backward includes recomputed forwards, which run inside
-  it). An op on DTensors is seen with global shapes; its local FLOPs are the global ones over
-  the mesh size when its output is sharded or partial, as Megatron's split matmuls run.
+  it).
+
+A mode runs before tensor subclasses, and an op it passes on does not come back to it, so a
+DTensor op's own redistributions and local kernels would stay hidden. Each recorder returns
+``NotImplemented`` for an op on DTensors (as torch's ``CommDebugMode`` does): DTensor then
+runs it, and its collectives and local ops reach the recorders on plain, local tensors.
 
 torch's own ``MemTracker`` refuses a module called twice in one tracked window, which every
 micro-batched or pipelined step does, hence :class:`LiveBytes`.
@@ -99,6 +103,8 @@ class CommRecorder(TorchDispatchMode):
         self.totals = CommTotals()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _on_dtensors(types):
+            return NotImplemented
         kwargs = kwargs or {}
         namespace, name = func.namespace, func.__name__.split(".")[0]
         if namespace == "c10d" and name in C10D_OPS:
@@ -159,6 +165,8 @@ class LiveBytes(TorchDispatchMode):
         self.current -= size
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _on_dtensors(types):
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
         for leaf in tree_flatten(out)[0]:
             self._track(leaf)
@@ -173,12 +181,13 @@ class MatmulFlops(TorchDispatchMode):
         self.forward = self.backward = 0.0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _on_dtensors(types):
+            return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
         if packet.__name__ in MATMUL_OPS and packet in flop_registry:
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
-            flops /= _sharded_ways(out)
             if torch._C._current_graph_task_id() == -1:
                 self.forward += flops
             else:
@@ -186,11 +195,9 @@ class MatmulFlops(TorchDispatchMode):
         return out
 
 
-def _sharded_ways(out: Any) -> int:
-    first = tree_flatten(out)[0][0] if tree_flatten(out)[0] else None
-    if isinstance(first, DTensor) and any(not p.is_replicate() for p in first.placements):
-        return first.device_mesh.size()
-    return 1
+def _on_dtensors(types: tuple) -> bool:
+    """Whether an op has DTensor operands: then DTensor runs it first (module docstring)."""
+    return any(issubclass(t, DTensor) for t in types)
 
 
 def existing_tensors(trainer: Any) -> list[torch.Tensor]:
@@ -252,3 +259,31 @@ def relative_error(measured: float, predicted: float) -> float:
     if predicted == 0:
         return 0.0 if measured == 0 else math.inf
     return (measured - predicted) / predicted
+
+
+AUDIT_COLUMNS = ("rank", "stage", "what", "measured_count", "predicted_count", "measured", "predicted", "unit", "relative_error")
+
+
+def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[float]) -> list[dict]:
+    """Predicted beside measured, one row per rank and quantity (docs/cost-model.md, the audit):
+    each collective (dim, kind), the parameter elements held, forward and backward matmul
+    FLOPs, and peak live bytes against the stage's predicted peak."""
+    rows = []
+    for rank, audit in enumerate(ranks):
+        stage = audit["stage"]
+        pred = predictions[stage]
+        measured = {(d, k): (c, b) for d, k, c, b in audit["comm"]}
+        for key in sorted(set(measured) | set(pred.comm)):
+            (mc, mb), (pc, pb) = measured.get(key, (0, 0)), pred.comm.get(key, (0, 0.0))
+            rows.append(_row(rank, stage, f"comm {key[0]} {key[1]}", mb, pb, "bytes", mc, pc))
+        rows.append(_row(rank, stage, "parameters held", audit["placement"]["param_elements"], pred.param_elements, "elements"))
+        rows.append(_row(rank, stage, "forward matmul FLOPs", audit["forward_flops"], pred.forward_flops, "flops"))
+        rows.append(_row(rank, stage, "backward matmul FLOPs", audit["backward_flops"], pred.backward_flops, "flops"))
+        rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], stage_peak_bytes[stage], "bytes"))
+    return rows
+
+
+def _row(rank: int, stage: int, what: str, measured: float, predicted: float, unit: str,
+         measured_count: int | None = None, predicted_count: int | None = None) -> dict:
+    return {"rank": rank, "stage": stage, "what": what, "measured_count": measured_count, "predicted_count": predicted_count,
+            "measured": measured, "predicted": predicted, "unit": unit, "relative_error": relative_error(measured, predicted)}

@@ -21,6 +21,8 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     parser.add_argument("--out", required=True, help="run folder to write")
     parser.add_argument("--verify", action="store_true", help="compare step 1's loss and gradients to a single-process reference")
+    parser.add_argument("--audit", action="store_true", help="after the timed steps, audit one step: collectives, parameters held, "
+                        "matmul FLOPs and peak live memory per rank beside the cost model's prediction (RUNDIR/audit.csv)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="threads per process (default: the profile's, else cores // processes)")
     parser.add_argument("--timeout-s", type=float, default=45.0, help="process-group timeout in seconds (default 45)")
@@ -32,7 +34,7 @@ def _runner_args(args: argparse.Namespace) -> list[str]:
             "--seed", str(args.seed), "--timeout-s", str(args.timeout_s)]
     if args.threads:
         argv += ["--threads", str(args.threads)]
-    return argv + (["--verify"] if args.verify else [])
+    return argv + (["--verify"] if args.verify else []) + (["--audit"] if args.audit else [])
 
 
 def run_command(args: argparse.Namespace) -> int:

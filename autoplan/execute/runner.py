@@ -2,7 +2,9 @@
 
 Run by the launcher (``python -m autoplan.execute.runner ...`` per local process) or directly
 by ``autoplan run`` under an external torchrun (RANK/WORLD_SIZE set). Rank 0 writes
-``measured.csv`` (step, step_time_s, loss, peak_memory_bytes) and ``summary.json`` atomically.
+``measured.csv`` (step, step_time_s, loss, peak_memory_bytes) and ``summary.json`` atomically,
+and with ``--audit`` ``audit.csv``: one more, untimed step under the execution audit, predicted
+beside measured per rank (autoplan/execute/audit.py).
 A step's time is the slowest rank's (all-reduce MAX), measured around ``train_step`` only,
 after a device synchronise. Peak memory: CUDA max allocated, or on CPU the process's peak
 RSS (``ru_maxrss``), the largest over ranks.
@@ -37,6 +39,7 @@ class RunOptions:
     steps: int
     out: str
     verify: bool = False
+    audit: bool = False
     seed: int = 0
     threads: int | None = None
     timeout_s: float = 45.0
@@ -136,8 +139,11 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
                                inputs=inputs, target=target, loss=row["loss"], step=step)
     if opts.verify and verified is None:
         verified = _no_clean_step(steps=opts.steps)
+    audit = _audit(opts=opts, trainer=trainer, plan=plan, model_file=model_file) if opts.audit else None
     if dist.get_rank() == 0:
         _write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
+        if audit is not None:
+            _write_audit(opts=opts, plan=trainer.plan, ranks=audit)
     return EXIT_VERIFY_FAILED if verified is not None and not verified["passed"] else 0
 
 
@@ -152,19 +158,64 @@ def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, 
             "peak_memory_bytes": int(_max_over_ranks(_peak_memory_bytes(trainer.device), trainer.device))}
 
 
+def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
+    """One more step, untimed, under the execution audit's recorders (autoplan/execute/audit.py),
+    after a second warm-up step when the run had one (DDP rebuilds its buckets after the first);
+    every rank's record, on rank 0."""
+    from autoplan.execute.audit import audited_step, group_dims
+    from autoplan.execute.mesh import coordinates
+    torch.manual_seed(opts.seed + 1 + opts.steps)
+    x, y = trainer.local_batch(model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size))
+    if opts.steps < 2:
+        trainer.train_step(x, y)
+    ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
+    _, audit = audited_step(trainer, x, y, groups=group_dims(trainer.mesh, ties))
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
+    return everyone if dist.get_rank() == 0 else None
+
+
+def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
+    """audit.csv: the cost model's prediction beside what each rank measured."""
+    import pandas as pd
+
+    from autoplan.cost.model import CostModel
+    from autoplan.cost.volumes import predict
+    from autoplan.execute.audit import AUDIT_COLUMNS, audit_rows
+    from autoplan.profile import load_profile
+    from autoplan.trace import trace_model_file
+    graph = trace_model_file(opts.model, plan.micro_batch_size)
+    model = CostModel(graph, load_profile(plan.profile or "cpu-gloo"))
+    stages, _tp_plan, _ctx = model.priced_stages(plan)
+    peaks = [sum(parts) for parts in model.stage_memory(plan, stages)]
+    rows = audit_rows(ranks=ranks, predictions=predict(model, plan), stage_peak_bytes=peaks)
+    write_text_atomic(Path(opts.out) / "audit.csv", pd.DataFrame(rows, columns=list(AUDIT_COLUMNS)).to_csv(index=False))
+    comm = [r for r in rows if r["what"].startswith("comm")]
+    equal = sum(1 for r in comm if r["measured"] == r["predicted"] and (r["predicted_count"] is None or r["measured_count"] == r["predicted_count"]))
+    memory = max((abs(r["relative_error"]) for r in rows if r["what"] == "peak live memory"), default=0.0)
+    print(f"audit: {equal} of {len(comm)} collective rows as priced; peak memory within {100 * memory:.0f}% of the "
+          f"prediction; see {opts.out}/audit.csv", flush=True)
+
+
 def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float, step: int) -> dict[str, Any]:
-    from autoplan.execute.verify import compare, reference_step, verdict
+    from autoplan.execute.verify import compare, initial_weights, reference_step, updated_reference, verdict
     reference = reference.to(trainer.device)
+    initial = initial_weights(reference)
     ref_loss, ref_grads = reference_step(model=reference, plan=plan, inputs=_to(inputs, trainer.device),
                                          target=_to(target, trainer.device), loss_fn=model_file.loss, policy=trainer.policy,
                                          loss_scale=trainer.last_loss_scale)
-    diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads)
+    ref_updated = updated_reference(initial=initial, grads=ref_grads)
+    diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads, initial=initial, ref_updated=ref_updated)
     passed, table = verdict(diffs=diffs, precision_name=plan.precision)
     if dist.get_rank() == 0:
         print(table, flush=True)
-    worst = diffs[0] if diffs else None
+    from autoplan.execute.verify import UPDATED
+    worst = next((d for d in diffs if not d.name.endswith(UPDATED)), None)
+    update = next((d for d in diffs if d.name.endswith(UPDATED)), None)
     return {"passed": passed, "step": step, "tensors": len(diffs), "worst": worst.name if worst else None,
-            "worst_relative_diff": worst.relative if worst else 0.0, "loss_scale": trainer.last_loss_scale,
+            "worst_relative_diff": worst.relative if worst else 0.0,
+            "worst_update": update.name if update else None, "worst_update_relative_diff": update.relative if update else None,
+            "loss_scale": trainer.last_loss_scale,
             "skipped_steps": trainer.scaler.skipped_steps if trainer.scaler else 0}
 
 
@@ -233,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--timeout-s", type=float, default=45.0)
     parser.add_argument("--verify", action="store_true")
+    parser.add_argument("--audit", action="store_true")
     args = parser.parse_args(argv)
-    opts = RunOptions(model=args.model, plan=args.plan, steps=args.steps, out=args.out, verify=args.verify,
+    opts = RunOptions(model=args.model, plan=args.plan, steps=args.steps, out=args.out, verify=args.verify, audit=args.audit,
                       seed=args.seed, threads=args.threads, timeout_s=args.timeout_s)
     try:
         return run_rank(opts)

@@ -13,7 +13,8 @@ SC'20 "P_os"). One step:
 
 Per step and rank that is one reduce-scatter of N' gradient elements and one all-gather of N'
 parameter elements: the cost model's ZeRO-1 terms (autoplan/cost/model.py). Gradients stay
-whole (ZeRO-1 does not partition them) until the step.
+whole (ZeRO-1 does not partition them) and local (not reduced): the reduced values exist only
+as each rank's slice, which :meth:`ShardedOptimizer.reduced_gradients` gathers for --verify.
 """
 from __future__ import annotations
 
@@ -64,13 +65,26 @@ class ShardedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self.params:
             param.grad = None
+        self.master.grad = None
 
     @torch.no_grad()
     def step(self) -> None:
         self._reduce_scatter_gradients()
         self.inner.step()
-        self.master.grad = None
         self._all_gather_parameters()
+
+    @torch.no_grad()
+    def reduced_gradients(self) -> list[torch.Tensor]:
+        """Each parameter's dp-mean gradient as a local tensor, from the slices the last step
+        reduced (an all-gather; for --verify, outside the step)."""
+        gathered = torch.empty(self.shard * self.dp, dtype=torch.float32, device=self.master.device)
+        dist.all_gather_into_tensor(gathered, self.master.grad, group=self.group)
+        grads, offset = [], 0
+        for param in self.params:
+            data = local(param.data)
+            grads.append(gathered[offset:offset + data.numel()].view_as(data))
+            offset += data.numel()
+        return grads
 
     def _reduce_scatter_gradients(self) -> None:
         grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p.data)) for p in self.params]

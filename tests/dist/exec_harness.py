@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from autoplan.execute.verify import compare, reference_step
+from autoplan.execute.verify import compare, initial_weights, reference_step, updated_reference
 from autoplan.types.plan import Plan
 
 MODELS = {"gpt": "TinyGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama"}
@@ -66,9 +66,11 @@ def run_case(model_name: str, plan: Plan) -> dict[str, float]:
         loss = trainer.reduce_loss(trainer.train_step(x, y))
         if not trainer.last_step_skipped:
             break
+    initial = initial_weights(reference)
     ref_loss, ref_grads = reference_step(model=reference, plan=plan, inputs=inputs, target=target, loss_fn=m.lm_loss,
                                          policy=trainer.policy, loss_scale=trainer.last_loss_scale)
-    diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads)
+    ref_updated = updated_reference(initial=initial, grads=ref_grads)
+    diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads, initial=initial, ref_updated=ref_updated)
     return {d.name: d.relative for d in diffs}
 
 
@@ -88,15 +90,25 @@ def _worker(rank: int, world_size: int, port: int, cases: list, queue) -> None:
     dist.destroy_process_group()
 
 
-def run_cases(world_size: int, cases: list) -> dict[str, dict]:
+def _spawn(worker, world_size: int, cases: list) -> dict[str, dict]:
+    """Run ``worker`` on ``world_size`` spawned ranks and collect what they queue. The queue is
+    drained while they run: a rank whose results do not fit the pipe cannot exit until read."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    mp.start_processes(_worker, args=(world_size, free_port(), cases, queue), nprocs=world_size, start_method="spawn")
+    context = mp.start_processes(worker, args=(world_size, free_port(), cases, queue), nprocs=world_size,
+                                 start_method="spawn", join=False)
     results = {}
-    while not queue.empty():
-        name, result = queue.get()
-        results[name] = result
+    done = False
+    while not done:
+        done = context.join(timeout=0.2)
+        while not queue.empty():
+            name, result = queue.get()
+            results[name] = result
     return results
+
+
+def run_cases(world_size: int, cases: list) -> dict[str, dict]:
+    return _spawn(_worker, world_size, cases)
 
 
 def audit_case(model_name: str, plan: Plan) -> dict:
@@ -137,11 +149,4 @@ def _audit_worker(rank: int, world_size: int, port: int, cases: list, queue) -> 
 
 def run_audits(world_size: int, cases: list) -> dict[str, dict]:
     """Audit each case in one spawned gloo group (see :func:`audit_case`)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    mp.start_processes(_audit_worker, args=(world_size, free_port(), cases, queue), nprocs=world_size, start_method="spawn")
-    results = {}
-    while not queue.empty():
-        name, result = queue.get()
-        results[name] = result
-    return results
+    return _spawn(_audit_worker, world_size, cases)
