@@ -19,7 +19,7 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   matmul-class nodes (``SAVED_KINDS``: linears, activation matmuls, attention kernels,
   convolutions) are kept and every other node (norms, activations, softmax, masking, dropout,
   element-wise ops) is re-run in the backward (``selective_recompute_s``, the forward time of
-  those nodes). What stays per micro-batch is the block's inputs plus the kept outputs, so
+  those nodes), and so are the block's forward TP collectives (cost/stages.py). What stays per micro-batch is the block's inputs plus the kept outputs, so
   ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs). For an unfused
   attention this frees the softmax output and dropout tensors, as Korthikanti et al. 2022
   section 4.3 do, but keeps the QK^T scores (a matmul output); a fused attention saves no s^2
@@ -100,7 +100,7 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
             mm_fwd, mm_bwd = mm_fwd + node.fwd_flops * f / shard, mm_bwd + node.bwd_flops * f / shard
         else:
             rerun += t_fwd
-    held, params = _params(graph, structure.nodes, tp_cost.param_shard)
+    held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
     inputs = _input_bytes(structure, ctx)
     return LayerSummary(fwd_s=fwd, bwd_s=bwd, selective_recompute_s=rerun, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
                         saved_bytes=saved, selective_dropped_bytes=max(0.0, saved - inputs - kept),
@@ -113,9 +113,11 @@ def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:
     return sum(n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision) for n in structure.inputs) / shard
 
 
-def _params(graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int]) -> tuple[dict[str, float], float]:
-    """Unique parameters of the nodes (a tied weight counts once), each divided by its tp shard:
-    (elements per name, total elements including parameters the trace could not name)."""
+def _params(graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int],
+            whole_bias: frozenset[str] = frozenset()) -> tuple[dict[str, float], float]:
+    """Unique parameters of the nodes (a tied weight counts once), each divided by its tp shard
+    (a rowwise linear's bias is whole: it is added after the all-reduce): (elements per name,
+    total elements including parameters the trace could not name)."""
     seen: dict[str, float] = {}
     loose = 0.0
     for node in nodes:
@@ -123,7 +125,8 @@ def _params(graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int]
         if node.param_names:
             for name in node.param_names:
                 info = graph.parameters.get(name)
-                seen.setdefault(name, (info.numel if info else node.param_count / len(node.param_names)) / shard)
+                way = 1 if node.name in whole_bias and name.endswith("bias") else shard
+                seen.setdefault(name, (info.numel if info else node.param_count / len(node.param_names)) / way)
         elif node.op in PARAM_KINDS or node.param_count:
             loose += node.param_count / shard
     return seen, sum(seen.values()) + loose

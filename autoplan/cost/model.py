@@ -10,7 +10,8 @@ The step time of one global batch (docs/cost-model.md states every term with its
 
 - T_comp: forward + backward (+ recomputed forward) from the roofline (compute.py);
 - T_tp: TP collectives of the blocks (tensor_parallel.tp_layer_cost), repeated in the
-  recomputed forward under full recomputation;
+  recomputed forward under full recomputation; under sequence parallelism also, once a step,
+  the all-reduce of each parameter whose gradient is a partial sum (tensor_parallel.sp_partial_params);
 - pp_comm = 2 (v m + p - 1) t_p2p: one activation send and one gradient send per chunk slot
   on the critical path, of the whole boundary activation on every tp rank (the executor gathers
   a stage's DTensor output; under sequence parallelism t_p2p includes that all-gather);
@@ -61,7 +62,7 @@ from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.cost.schedule import (balanced_stages, in_flight_chunks, overlapped_sync_exposed_s, partially_hidden_s,
                                     prefetched_exposed_s)
 from autoplan.cost.stages import StageTotals, add_block
-from autoplan.cost.tensor_parallel import TPContext, default_tp_plan
+from autoplan.cost.tensor_parallel import TPContext, default_tp_plan, sp_partial_params
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
@@ -193,7 +194,7 @@ class CostModel:
         slowest = max(stages, key=lambda s: s.micro_batch_s)
         cost.compute_s = m * slowest.compute_s
         cost.recompute_s = m * slowest.recompute_s
-        cost.tp_comm_s = m * slowest.tp_s
+        cost.tp_comm_s = m * slowest.tp_s + self._sp_grad_sync_s(plan, groups["tp"])
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
         cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self._tied_sync_s(plan, stages, groups["pp"])
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
@@ -245,6 +246,29 @@ class CostModel:
                 for stage in holders:
                     found[stage] = found.get(stage, 0.0) + held.get(name, params[name].numel if name in params else 0.0)
         return found
+
+    def sp_partial_elements(self, plan: Plan, tp_plan: dict[str, str], layers: list[str | None]) -> list[float]:
+        """Elements of each parameter of ``layers`` (None: the outside nodes) whose gradient is
+        all-reduced once a step under sequence parallelism (tensor_parallel.sp_partial_params)."""
+        params = self.graph.parameters
+        names = {n for layer in layers for n in sp_partial_params(self.graph, layer, tp_plan, tp=plan.tp,
+                                                                      sequence_parallel=plan.sequence_parallel)}
+        return [float(params[n].numel) for n in sorted(names) if n in params]
+
+    def _sp_grad_sync_s(self, plan: Plan, tp_group: AxisGroup) -> float:
+        """Once a step, the all-reduce of each sequence-parallel parameter's fp32 gradient, on the
+        stage that holds the most of them (tensor_parallel.sp_partial_params)."""
+        if plan.tp == 1 or not plan.sequence_parallel:
+            return 0.0
+        tp_plan = self._tp_plan(plan)
+        chunks = self._chunks(plan)
+        worst = 0.0
+        for stage in range(plan.pp):
+            layers = [layer for c, chunk in enumerate(chunks) if c % plan.pp == stage for layer in chunk]
+            layers += [None] if stage == plan.pp - 1 else []
+            elements = self.sp_partial_elements(plan, tp_plan, layers)
+            worst = max(worst, sum(collective_time_s(self.profile, "all_reduce", e * 4, group=tp_group) for e in elements))
+        return worst
 
     def chunk_inputs_bytes(self, plan: Plan) -> list[float]:
         """Bytes of the activation each pipeline chunk receives per micro-batch, whole (each tp

@@ -49,8 +49,9 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes
         return
-    if recompute == "selective":
+    if recompute == "selective":   # everything but matmul-class ops re-runs, the TP collectives too
         stage.recompute_s += block.selective_recompute_s
+        stage.tp_s += block.tp_fwd_s
         stage.saved_bytes += block.saved_bytes - block.selective_dropped_bytes
         return
     stage.recompute_s += block.fwd_s

@@ -86,6 +86,7 @@ class TPLayerCost:
     compute_shard: dict[str, int]
     param_shard: dict[str, int]
     activation_shard: dict[str, int]
+    whole_bias: frozenset[str] = frozenset()   # rowwise linears: their bias is replicated, not split
 
 
 # ---- legality ----------------------------------------------------------------------------
@@ -250,11 +251,10 @@ def _unary(block: BlockAnalysis, u: str, split: str, coll: _Collectives, ctx: TP
         if reduce_scattered(block, u, sequence_parallel=sp):
             return coll("reduce_scatter", out), coll("all_gather", out)
         return coll("all_reduce", out), 0.0
-    if not sink:
+    if not sink or split != "colwise":   # a replicated origin's output on the SP stream: see sp_partial_params
         return 0.0, 0.0
-    if split == "colwise":
-        return coll("all_gather", sink), coll("all_gather", sink) if sp else 0.0
-    return 0.0, coll("all_gather", sink) if sp else 0.0
+    to_stream = sp and u not in block.output_sinks    # the model output is gathered whole: its gradient is a local slice
+    return coll("all_gather", sink), coll("all_gather", sink) if to_stream else 0.0
 
 
 def _pair(a: str, c: str, b: float, coll: _Collectives) -> tuple[float, float]:
@@ -281,6 +281,26 @@ def _source_any_of(terms: TPTerms, b: float, consumers: list[str], legal: dict, 
         terms.any_of.append(((0.0, coll("reduce_scatter" if q else "all_reduce", b)), col))
     if row:
         terms.any_of.append(((0.0, coll("all_to_all" if q else "all_gather", b)), row))
+
+
+def sp_partial_params(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp: int, sequence_parallel: bool) -> list[str]:
+    """Parameters whose gradient comes out as a partial sum over the tp group under sequence
+    parallelism, and is all-reduced once a step (autoplan/execute/tensor_parallel.py
+    ``finalize_tp_grads``; Megatron-LM all-reduces the same sequence-parallel parameters'
+    gradients): the weights of norms, which each rank applies to its sequence shard whether or
+    not the plan names them, and of replicated nodes whose output joins the sequence-sharded
+    stream."""
+    if tp <= 1 or not sequence_parallel:
+        return []
+    block = analyse_block(graph, layer)
+    found = []
+    for node in block.nodes:
+        split = tp_plan.get(node.module, "replicate") if node.module else "replicate"
+        on_stream = node.name in block.sinks and node.name not in block.output_sinks
+        runs_on_shard = split == "sequence_parallel" or node.op in STREAM_KINDS   # norms run on the sequence shard under SP
+        if runs_on_shard or (node.name in block.params and split == "replicate" and on_stream):
+            found += [name for name in node.param_names if name not in found]
+    return found
 
 
 # ---- evaluating a plan -------------------------------------------------------------------
@@ -385,7 +405,9 @@ def tp_layer_cost(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, c
     fwd, bwd = terms_time_s(block_terms(graph, layer, ctx=ctx), splits)
     sp = ctx.sequence_parallel and ctx.tp > 1
     compute, param, act = shards(graph, layer, splits, tp=ctx.tp, sequence_parallel=sp)
-    return TPLayerCost(comm_fwd_s=fwd, comm_bwd_s=bwd, compute_shard=compute, param_shard=param, activation_shard=act)
+    whole_bias = frozenset(v for v, split in splits.items() if split == "rowwise" and graph.node(v).op == "linear")
+    return TPLayerCost(comm_fwd_s=fwd, comm_bwd_s=bwd, compute_shard=compute, param_shard=param, activation_shard=act,
+                       whole_bias=whole_bias)
 
 
 # ---- the Megatron default ----------------------------------------------------------------

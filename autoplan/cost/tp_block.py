@@ -16,6 +16,7 @@ from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
 
 PRESERVING = ("elementwise", "view", "matmul", "attention")
 STREAM_KINDS = ("norm", "elementwise", "view")
+OUTPUT_KINDS = ("output", "loss")   # a sink into these is the model's output, gathered whole (not the stream)
 
 
 def is_gathered(node: OpNode) -> bool:
@@ -38,6 +39,7 @@ class BlockAnalysis:
     origins: dict[str, frozenset[str]]                  # pure node -> its parameterised origins
     gathered: frozenset[str] = frozenset()              # fused linears: colwise output is all-gathered
     sinks: dict[str, float] = field(default_factory=dict)          # origin -> output bytes reaching the stream
+    output_sinks: set[str] = field(default_factory=set)            # origins whose every sink is the model output
     has_targets: set[str] = field(default_factory=set)             # origins feeding another param node
     edges: dict[tuple[str, str], float] = field(default_factory=dict)     # (u, v) -> bytes
     siblings: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
@@ -59,9 +61,23 @@ def predecessors(graph: Graph, name: str) -> list[str]:
     return graph.adjacency()[0][name]
 
 
+#: the nodes outside every block that run before the first block (pipeline stage 0) and after it (the last stage)
+OUTSIDE_PARTS = ("@pre", "@post")
+
+
+def block_nodes(graph: Graph, layer: str | None) -> list[OpNode]:
+    """The nodes of block ``layer``; None: every node outside the blocks; "@pre"/"@post": those
+    before the first block's first node and the rest (docs/architecture.md)."""
+    if layer not in OUTSIDE_PARTS:
+        return graph.layer_nodes(layer)
+    first = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
+    part = graph.nodes[:first] if layer == "@pre" else graph.nodes[first:]
+    return [n for n in part if n.layer is None]
+
+
 def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
     preds, succs = graph.adjacency()
-    nodes = graph.layer_nodes(layer)
+    nodes = block_nodes(graph, layer)
     inside = {n.name for n in nodes}
     params = [n.name for n in nodes if n.op in PARAM_KINDS]
     gathered = frozenset(n.name for n in nodes if n.op == "linear" and is_gathered(n))
@@ -106,11 +122,11 @@ def _walk_origin(graph: Graph, block: BlockAnalysis, u: str, inside: set[str], s
     """Follow ``u``'s output through pure nodes; note the parameterised nodes and sinks it reaches."""
     stack, seen = [u], {u}
     params = set(block.params)
+    to_output = to_stream = False
     while stack:
         name = stack.pop()
         consumers = succs[name]
-        if not consumers:
-            block.sinks[u] = float(graph.node(u).output_bytes)
+        to_output = to_output or not consumers
         for c in consumers:
             if c in params and c in inside:
                 block.has_targets.add(u)
@@ -118,8 +134,14 @@ def _walk_origin(graph: Graph, block: BlockAnalysis, u: str, inside: set[str], s
                 if c not in seen:
                     seen.add(c)
                     stack.append(c)
+            elif graph.node(c).op in OUTPUT_KINDS:
+                to_output = True
             else:
-                block.sinks[u] = float(graph.node(u).output_bytes)
+                to_stream = True
+    if to_output or to_stream:
+        block.sinks[u] = float(graph.node(u).output_bytes)
+    if to_output and not to_stream:
+        block.output_sinks.add(u)
 
 
 def _record_siblings(graph: Graph, block: BlockAnalysis, n: str, preds: dict[str, list[str]]) -> None:

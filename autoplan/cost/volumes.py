@@ -18,9 +18,16 @@ of the stage (its blocks and the stage root), b_g the bytes of ``plan.grad_reduc
 b_w is the compute dtype under FSDP2's parameter cast, else 4. Pipeline: each chunk but the
 last sends its output to the next chunk once per micro-batch, and each chunk but the first
 sends the gradient of its input back, both of the boundary activation, whole on every tp
-rank (the executor gathers DTensor outputs at a stage's exit). Tied weights across stages:
+rank (the executor gathers DTensor outputs at a stage's exit). Tensor parallelism: each
+block's messages per micro-batch from the same terms the cost model prices
+(``tensor_parallel.block_messages``), and under sequence parallelism one all-reduce a step
+per parameter whose gradient is a partial sum (``tensor_parallel.sp_partial_params``); the
+nodes outside every block on the stage that runs them (before the first block: stage 0; the
+rest: the last stage). The step time charges them all to the last stage (model.py): the same
+messages, attributed to one stage. Tied weights across stages:
 one all-reduce of their gradient on the pp link. fp16: one 4-byte all-reduce of the
-overflow flag on the world group (execute/grad_scaler.py).
+overflow flag on the world group (execute/grad_scaler.py), counted under the mesh dim that
+spans the world when one does.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.model import CostModel
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tensor_parallel import Messages, block_messages
+from autoplan.cost.tp_block import OUTSIDE_PARTS
 from autoplan.types.plan import Plan
 
 #: (dim, kind) -> [count or None when the plan does not fix it, bytes]
@@ -70,7 +78,7 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
 
 
 def _world_dim(plan: Plan) -> str:
-    return next((dim for dim in ("dp", "tp", "pp") if getattr(plan, dim) == plan.devices), "other")
+    return next((dim for dim in ("dp", "tp", "pp") if getattr(plan, dim) == plan.devices), "world")
 
 
 def _held_elements(plan: Plan, stage: StageTotals) -> float:
@@ -111,20 +119,39 @@ def _fsdp(pred: StagePrediction, plan: Plan, stage: StageTotals, grad: int, inde
 
 def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_plan: dict, ctx, index: int) -> None:
     """Each block's TP messages per micro-batch (``tensor_parallel.block_messages``), its forward
-    ones twice under full recomputation; the nodes outside every block on the last stage, as the
-    cost model charges them."""
+    ones twice under recomputation (full or selective: collectives are not among the ops
+    selective recomputation keeps); the nodes outside every block on the stage that runs them."""
     if plan.tp == 1:
         return
     layers = [layer for c, chunk in enumerate(model.chunks(plan)) if c % plan.pp == index for layer in chunk]
     total = Messages()
     for layer in layers:
         fwd, bwd = block_messages(model.graph, layer, tp_plan, ctx=ctx)
-        total = total + fwd + bwd + (fwd if plan.recompute == "full" else Messages())
-    if index == plan.pp - 1:
-        fwd, bwd = block_messages(model.graph, None, tp_plan, ctx=ctx)
+        total = total + fwd + bwd + (fwd if plan.recompute != "none" else Messages())   # recomputation re-runs them
+    outside = [part for part, stage in zip(OUTSIDE_PARTS, (0, plan.pp - 1)) if stage == index]
+    for part in outside:
+        fwd, bwd = block_messages(model.graph, part, tp_plan, ctx=ctx)
         total = total + fwd + bwd
     for kind, (count, size) in total.times(plan.num_microbatches).by_kind.items():
         pred.add("tp", kind, count, size)
+    # FSDP2 reduces the partial gradients with each micro-batch's gradients (it syncs every one
+    # without a pipeline); otherwise finalize_tp_grads does, once a step
+    syncs = plan.num_microbatches if plan.zero_stage >= 2 and plan.dp > 1 and plan.pp == 1 else 1
+    for elements in model.sp_partial_elements(plan, tp_plan, layers + outside):
+        pred.add("tp", "all_reduce", syncs, syncs * elements * 4)
+    _sequence_parallel_boundaries(pred, plan, model, index)
+
+
+def _sequence_parallel_boundaries(pred: StagePrediction, plan: Plan, model: CostModel, index: int) -> None:
+    """Under SP a stage gathers its sequence-sharded output before sending it, and gathers the
+    gradient of its input before sending that back: one tp all-gather of the boundary each."""
+    if plan.pp == 1 or not plan.sequence_parallel:
+        return
+    chunks = model.chunk_inputs_bytes(plan)
+    m = plan.num_microbatches
+    for c in range(index, len(chunks), plan.pp):
+        for boundary in ([chunks[c + 1]] if c < len(chunks) - 1 else []) + ([chunks[c]] if c > 0 else []):
+            pred.add("tp", "all_gather", m, m * boundary)
 
 
 def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -> None:

@@ -69,14 +69,24 @@ def _tensor_bytes(obj: Any) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
-def group_dims(mesh: Any, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """{process group name: mesh dim} for the plan's mesh, plus ``extra`` groups (tied weights)."""
-    names = {}
+def group_dims(mesh: Any, extra: dict[str, str] | None = None) -> dict[frozenset, str]:
+    """{ranks of a process group: mesh dim} for this rank's groups of the plan's mesh, plus
+    ``extra`` groups by name (tied weights). Groups are told apart by their ranks, since DTensor
+    and a sub-mesh may each hold their own process group over the same ranks."""
+    dims: dict[frozenset, str] = {}
     for dim in MESH_DIMS:
-        if dim in (mesh.mesh_dim_names or ()):
-            names[mesh[dim].get_group().group_name] = dim
-    names.update(extra or {})
-    return names
+        if dim in (mesh.mesh_dim_names or ()) and mesh[dim].size() > 1:
+            dims[frozenset(dist.get_process_group_ranks(mesh[dim].get_group()))] = dim
+    for name, dim in (extra or {}).items():
+        dims.setdefault(_ranks(name), dim)
+    return dims
+
+
+def _ranks(group: Any) -> frozenset:
+    """The global ranks of a process group, given as a group or by its name."""
+    if isinstance(group, str):
+        group = dist.distributed_c10d._resolve_process_group(group)
+    return frozenset(dist.get_process_group_ranks(group))
 
 
 @dataclass
@@ -97,10 +107,11 @@ class CommTotals:
 class CommRecorder(TorchDispatchMode):
     """Records each collective this rank issues (module docstring)."""
 
-    def __init__(self, groups: dict[str, str]):
+    def __init__(self, groups: dict[frozenset, str]):
         super().__init__()
         self.groups = groups
         self.totals = CommTotals()
+        self._known: dict[Any, str] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _on_dtensors(types):
@@ -113,13 +124,19 @@ class CommRecorder(TorchDispatchMode):
             self._record_functional(name, args)
         return func(*args, **kwargs)
 
-    def _dim(self, group_name: str) -> str:
-        return self.groups.get(group_name, "other")
+    def _dim(self, group: Any) -> str:
+        """The mesh dim of a process group (or group name): by its ranks; "world" or "other" else."""
+        key = group if isinstance(group, str) else group.group_name
+        if key not in self._known:
+            ranks = _ranks(group)
+            world = len(ranks) == dist.get_world_size()
+            self._known[key] = self.groups.get(ranks, "world" if world else "other")
+        return self._known[key]
 
     def _record_c10d(self, name: str, args: tuple) -> None:
         kind, message, group = C10D_OPS[name]
         pg = dist.ProcessGroup.unbox(args[group]) if isinstance(args[group], torch.ScriptObject) else args[group]
-        self.totals.add(self._dim(pg.group_name), kind, _tensor_bytes(args[message]))
+        self.totals.add(self._dim(pg), kind, _tensor_bytes(args[message]))
 
     def _record_functional(self, name: str, args: tuple) -> None:
         kind, group, gathered = FUNCTIONAL_OPS[name]
@@ -244,7 +261,7 @@ class StepAudit:
                 "backward_flops": self.backward_flops, "placement": self.placement}
 
 
-def audited_step(trainer: Any, inputs: tuple, target: Any, *, groups: dict[str, str]) -> tuple[torch.Tensor, StepAudit]:
+def audited_step(trainer: Any, inputs: tuple, target: Any, *, groups: dict[frozenset, str]) -> tuple[torch.Tensor, StepAudit]:
     """Run ``trainer.train_step`` under the three recorders; return its loss and the audit."""
     comm, flops = CommRecorder(groups), MatmulFlops()
     memory = LiveBytes(existing_tensors(trainer))

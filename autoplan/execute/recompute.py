@@ -8,6 +8,9 @@
   ``SAVED_KINDS``): re-run the forward of the other nodes, keep the block inputs and the
   saved outputs. It frees Korthikanti et al.'s softmax and dropout s^2 tensors but keeps the
   QK^T scores, a matmul output.
+- The whole block is re-run: torch stops a recomputation early once the last tensor the
+  backward needs is rebuilt (skipping a block's output projection and its TP all-reduce), but
+  the cost model prices the whole forward and its collectives, so early stop is turned off.
 - A plan that asks for recomputation on a rank holding none of the blocks is refused
   (autoplan/execute/api.py), so recomputation is never priced and silently skipped.
 
@@ -20,7 +23,7 @@ import functools
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, set_checkpoint_early_stop
 
 aten = torch.ops.aten
 SAVED_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.linear.default,
@@ -37,9 +40,10 @@ def _checkpointed(forward, selective: bool):
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
-        if context_fn is None:
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+        with set_checkpoint_early_stop(False):   # re-run the whole block, as priced (module docstring)
+            if context_fn is None:
+                return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
     return run
 
 

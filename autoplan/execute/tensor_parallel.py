@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from autoplan.errors import PlanError
 from autoplan.execute import dtensor_handlers, dtensor_ops  # noqa: F401  (view/in-place handlers, CPU attention sharding)
@@ -85,19 +86,28 @@ def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
     present = dict(module.named_modules())
     splits = {fqn: split for fqn, split in plan.tp_plan.items() if fqn in present and split != "replicate"}
     _distribute_parameters(module, splits=splits, kinds=kinds, mesh=tp_mesh)
+    inputs = SharedInputs(tp_mesh)
     for fqn, split in splits.items():
-        _add_hooks(present[fqn], split=split, kind=kinds[fqn], mesh=tp_mesh, sp=plan.sequence_parallel)
+        _add_hooks(present[fqn], split=split, kind=kinds[fqn], mesh=tp_mesh, sp=plan.sequence_parallel, inputs=inputs)
     # Enter as DTensors, leave as full plain tensors: then the gradient a pipeline stage
     # sends back for its input is a plain tensor too, and the loss sees plain outputs.
-    module.register_forward_pre_hook(lambda _m, args: tuple(_as_replicated(a, tp_mesh) for a in args))
+    sp = plan.sequence_parallel
+    module.register_forward_pre_hook(lambda _m, args: tuple(_entering(a, tp_mesh, sp=sp) for a in args))
     module.register_forward_hook(lambda _m, _args, output: to_full(output))
     return module
 
 
-def _as_replicated(x: Any, mesh: DeviceMesh) -> Any:
-    if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) and x.is_floating_point():
-        return DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-    return x
+def _entering(x: Any, mesh: DeviceMesh, *, sp: bool) -> Any:
+    """A plain floating input as a full (Replicate) DTensor. Under SP an activation that needs a
+    gradient (what a pipeline stage receives: the residual stream) is cut to its sequence shard
+    at once and settled there, so its gradient is all-gathered once, when the stage sends it
+    back, however many of its consumers run on the shard (the cost model's pp_comm term)."""
+    if not isinstance(x, torch.Tensor) or isinstance(x, DTensor) or not x.is_floating_point():
+        return x
+    full = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    if sp and x.requires_grad and x.dim() >= 3 and x.shape[SEQ_DIM] % mesh.size() == 0:
+        return _settled(full.redistribute(mesh, [Shard(SEQ_DIM)]))
+    return full
 
 
 def _distribute_parameters(module: nn.Module, *, splits: dict[str, str], kinds: dict[str, str], mesh: DeviceMesh) -> None:
@@ -131,9 +141,36 @@ def _placement_of(group: list, *, splits: dict[str, str], kinds: dict[str, str])
     return next(iter(chosen.values())) if chosen else Replicate()
 
 
-def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp: bool) -> None:
+class SharedInputs:
+    """A split module's input, brought to the placement it needs once per tensor and placement,
+    however many split modules read it (q, k and v projections of one normed stream), and
+    settled (:func:`_settled`): its gradient is reduced to that placement right there, once.
+
+    This is the cost model's "any-of" term (autoplan/cost/tensor_parallel.py): one all-gather
+    of a sequence-sharded input under SP and one reduction of its gradient, not one per
+    consumer; and a partial gradient never leaks into the norm before it (whose weight
+    gradient would then need a reduction of its own). Entries live as long as the input tensor
+    and are kept apart per autograd pass, so a recomputed forward redistributes anew."""
+
+    def __init__(self, mesh: DeviceMesh):
+        self.mesh = mesh
+        self.done: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def __call__(self, x: Any, placement: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return _redistribute(x, self.mesh, placement)
+        seen = self.done.setdefault(x, {})
+        key = (repr(placement), torch._C._current_graph_task_id())
+        if key not in seen:   # settle in the placement it arrives in, then redistribute: under SP the
+            # gradient of the all-gather is reduce-scattered back to the sequence shard
+            arrived = x.placements[0] if isinstance(x, DTensor) else Replicate()
+            seen[key] = _redistribute(_settled(_redistribute(x, self.mesh, arrived)), self.mesh, placement)
+        return seen[key]
+
+
+def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp: bool, inputs: SharedInputs) -> None:
     want_in, want_out = _layouts(split=split, kind=kind, sp=sp)
-    module.register_forward_pre_hook(lambda _m, args: tuple(_redistribute(a, mesh, want_in) for a in args))
+    module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in) for a in args))
     if want_out is not None:
         module.register_forward_hook(lambda _m, _args, out: _settled(_redistribute(out, mesh, want_out)))
 

@@ -14,8 +14,9 @@ import csv
 import io
 from pathlib import Path
 
+from autoplan.cost.comm import collective_time_s
 from autoplan.cost.memory import model_states
-from autoplan.cost.tensor_parallel import block_terms, node_splits, tp_layer_cost
+from autoplan.cost.tensor_parallel import block_terms, node_splits, sp_partial_params, tp_layer_cost
 from autoplan.solve.op_costs import node_saved_bytes, node_time_s
 from autoplan.solve.search import SearchResult
 from autoplan.solve.stage_costs import StageCosts
@@ -106,6 +107,12 @@ def _comm_by_node(graph: Graph, layer: str | None, plan: Plan, ctx) -> dict[str,
         hit = next((v for v, s in choices if splits[v] == s), None)
         if hit is not None:
             comm[hit] = comm.get(hit, 0.0) + fwd + bwd
+    partial = set(sp_partial_params(graph, layer, plan.tp_plan, tp=plan.tp, sequence_parallel=plan.sequence_parallel))
+    for node in graph.layer_nodes(layer):   # the step's all-reduce of partial gradients, spread over its micro-batches
+        for name in sorted(partial.intersection(node.param_names)):
+            partial.discard(name)               # once per parameter, on the first node that uses it
+            seconds = collective_time_s(ctx.profile, "all_reduce", graph.parameters[name].numel * 4, group=ctx.group)
+            comm[node.name] = comm.get(node.name, 0.0) + seconds / plan.num_microbatches
     return comm
 
 

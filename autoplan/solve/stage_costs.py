@@ -5,10 +5,10 @@ these come from :func:`autoplan.cost.layers.summarise`, the function CostModel p
 with, so the partition balances exactly what the cost model will charge:
 
     time_i   = fwd + bwd + tp_fwd + tp_bwd  (+ fwd + tp_fwd under full recomputation,
-                                             + the attention core's fwd under selective)
+                                             + the re-run nodes' fwd + tp_fwd under selective)
     static_i = parameters_i * bytes per parameter of weights, grads and Adam state after ZeRO
                (autoplan/cost/memory.py, Rajbhandari et al. SC'20)
-    act_i    = saved bytes (none), saved - dropped core bytes (selective), block input (full)
+    act_i    = saved bytes (none), block input + matmul outputs (selective), block input (full)
 
 Nodes outside every block add to stage 0 (those before the first block) and to the last stage
 (the rest), as autoplan/cost/stages.py assigns them.
@@ -137,7 +137,7 @@ def _block_time_s(block: LayerSummary, recompute: str) -> float:
     base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s
     if recompute == "full":
         return base + block.fwd_s + block.tp_fwd_s
-    return base + (block.selective_recompute_s if recompute == "selective" else 0.0)
+    return base + (block.selective_recompute_s + block.tp_fwd_s if recompute == "selective" else 0.0)
 
 
 def _kept_bytes(block: LayerSummary, recompute: str) -> float:

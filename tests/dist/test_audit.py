@@ -4,6 +4,8 @@ own stage totals; parameters held per rank match the plan's shards; and recomput
 re-runs the forward matmuls it is priced for (docs/cost-model.md, "The execution audit")."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import exec_models as m
@@ -31,12 +33,29 @@ CASES = [
     ("recompute_full", "gpt", dict(dp=2, recompute="full")),
     ("recompute_selective", "gpt", dict(dp=2, recompute="selective")),
     ("dp_fp16", "gpt", dict(dp=2, precision="fp16")),
+    ("tp", "gpt", dict(tp=2)),
+    ("tp_default_split", "gpt", dict(tp=2, tp_plan={})),
+    ("tp_gqa", "llama", dict(tp=2)),
+    ("tp_sp", "gpt", dict(tp=2, sequence_parallel=True)),
+    ("tp_sp_gqa", "llama", dict(tp=2, sequence_parallel=True)),
+    ("tp_recompute_full", "gpt", dict(tp=2, recompute="full")),
+    ("tp_sp_recompute_selective", "llama", dict(tp=2, sequence_parallel=True, recompute="selective")),
+]
+FOUR = [
+    ("dp_tp", "gpt", dict(dp=2, tp=2)),
+    ("dp_tp_zero1", "llama", dict(dp=2, tp=2, zero_stage=1)),
+    ("dp_tp_zero3_sp", "llama", dict(dp=2, tp=2, zero_stage=3, sequence_parallel=True)),
+    ("pp_tp", "llama", dict(pp=2, tp=2)),
+    ("pp_tp_sp_1f1b", "gpt", dict(pp=2, tp=2, sequence_parallel=True, schedule="1f1b", num_microbatches=4)),
+    ("pp_dp_zero2", "gpt", dict(pp=2, dp=2, zero_stage=2)),
+    ("pp_dp_zero3_gpipe", "llama", dict(pp=2, dp=2, zero_stage=3, schedule="gpipe")),
+    ("pp_dp_interleaved", "gpt", dict(pp=2, dp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
 ]
 
 
 @pytest.fixture(scope="module")
 def audits():
-    return run_audits(2, CASES)
+    return {**run_audits(2, CASES), **run_audits(4, FOUR)}
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +64,21 @@ def graphs():
 
 
 def _case(name):
-    return next((model, kw) for case, model, kw in CASES if case == name)
+    return next((model, kw) for case, model, kw in CASES + FOUR if case == name)
 
 
 def _predictions(graphs, name):
     model, kw = _case(name)
     plan = make_plan(model, **kw)
-    return plan, predict(CostModel(graphs[model], load_profile("cpu-gloo")), plan)
+    profile = dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8)   # volumes do not depend on the link
+    return plan, predict(CostModel(graphs[model], profile), plan)
 
 
 def _measured(rank: dict) -> dict:
     return {(dim, kind): [count, size] for dim, kind, count, size in rank["comm"]}
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
 def test_collectives_equal_the_priced_volumes(audits, graphs, name):
     result = audits[name]
     assert "error" not in result, result.get("error")
@@ -73,7 +93,7 @@ def test_collectives_equal_the_priced_volumes(audits, graphs, name):
                 assert measured[key][0] == count, f"{name} {key}: {measured[key][0]} collectives run, {count} priced"
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
 def test_each_rank_holds_the_priced_parameter_shard(audits, graphs, name):
     plan, predicted = _predictions(graphs, name)
     for rank in audits[name]["ranks"]:
