@@ -55,8 +55,10 @@ class LayerSummary:
     param_names: tuple[str, ...]
     param_numels: tuple[float, ...]  # elements of each of param_names held per device (after tp sharding)
     flops: float                 # forward + backward FLOPs of one micro-batch, per device (model FLOPs)
-    matmul_fwd_flops: float = 0.0  # the SAVED_KINDS nodes' share of flops, forward (the audit's measure)
+    matmul_fwd_flops: float = 0.0  # linears, matmuls and convolutions' share of flops, forward (the audit's measure)
     matmul_bwd_flops: float = 0.0
+    attention_fwd_flops: float = 0.0
+    attention_bwd_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,8 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     grad_nodes = graph.grad_nodes()
-    fwd = bwd = rerun = saved = kept = flops = mm_fwd = mm_bwd = 0.0
+    fwd = bwd = rerun = saved = kept = flops = 0.0
+    by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
@@ -97,7 +100,9 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
         saved += saved_activation_bytes(node, precision=precision, gpu=gpu) * f / act_shard
         if node.op in SAVED_KINDS:
             kept += node.output_bytes * f * activation_scale(node, precision=precision) / act_shard
-            mm_fwd, mm_bwd = mm_fwd + node.fwd_flops * f / shard, mm_bwd + node.bwd_flops * f / shard
+            part = by_kind["attention" if node.op == "attention" else "matmul"]
+            part[0] += node.fwd_flops * f / shard
+            part[1] += node.bwd_flops * f / shard
         else:
             rerun += t_fwd
     held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
@@ -105,7 +110,8 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     return LayerSummary(fwd_s=fwd, bwd_s=bwd, selective_recompute_s=rerun, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
                         saved_bytes=saved, selective_dropped_bytes=max(0.0, saved - inputs - kept),
                         input_bytes=inputs, param_count=params, param_names=tuple(held), param_numels=tuple(held.values()),
-                        flops=flops, matmul_fwd_flops=mm_fwd, matmul_bwd_flops=mm_bwd)
+                        flops=flops, matmul_fwd_flops=by_kind["matmul"][0], matmul_bwd_flops=by_kind["matmul"][1],
+                        attention_fwd_flops=by_kind["attention"][0], attention_bwd_flops=by_kind["attention"][1])
 
 
 def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:

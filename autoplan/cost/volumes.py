@@ -51,8 +51,10 @@ class StagePrediction:
 
     comm: Volumes = field(default_factory=dict)
     param_elements: float = 0.0
-    forward_flops: float = 0.0
-    backward_flops: float = 0.0
+    forward_flops: float = 0.0            # linears, matmuls, convolutions
+    backward_flops: float = 0.0           # the same, recomputed forwards included
+    attention_forward_flops: float = 0.0
+    attention_backward_flops: float = 0.0
 
     def add(self, dim: str, kind: str, count: int | None, message_bytes: float) -> None:
         entry = self.comm.setdefault((dim, kind), [0, 0.0])
@@ -177,11 +179,16 @@ def _real_blocks(plan: Plan, stage: StageTotals, index: int) -> list:
 
 
 def _flops(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:
+    """The tracer's FLOPs of the stage's matmul-class and attention nodes; full recomputation
+    re-runs the blocks' forward inside the backward (selective keeps their outputs)."""
     m = plan.num_microbatches
-    fwd = sum(b.matmul_fwd_flops for b in stage.blocks)
-    bwd = sum(b.matmul_bwd_flops for b in stage.blocks)
-    rerun = sum(b.matmul_fwd_flops for b in _real_blocks(plan, stage, index)) if plan.recompute == "full" else 0.0
-    pred.forward_flops, pred.backward_flops = m * fwd, m * (bwd + rerun)
+    blocks = _real_blocks(plan, stage, index)
+    rerun = plan.recompute == "full"
+    pred.forward_flops = m * sum(b.matmul_fwd_flops for b in stage.blocks)
+    pred.backward_flops = m * (sum(b.matmul_bwd_flops for b in stage.blocks) + (sum(b.matmul_fwd_flops for b in blocks) if rerun else 0.0))
+    pred.attention_forward_flops = m * sum(b.attention_fwd_flops for b in stage.blocks)
+    pred.attention_backward_flops = m * (sum(b.attention_bwd_flops for b in stage.blocks)
+                                         + (sum(b.attention_fwd_flops for b in blocks) if rerun else 0.0))
 
 
 def _tied(predictions: list[StagePrediction], plan: Plan, model: CostModel, stages: list[StageTotals]) -> None:

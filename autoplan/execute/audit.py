@@ -11,9 +11,10 @@ dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipel
 - :class:`LiveBytes`: the peak of live tensor bytes on this rank, tracked by tensor lifetime
   (each storage counted from the op that made it until Python frees it), starting from the
   parameters, gradients, buffers and optimizer states alive when the step begins.
-- :class:`MatmulFlops`: FLOPs of matmul-class ops (``torch.utils.flop_counter``'s registry),
-  split into forward and backward (the backward includes recomputed forwards, which run inside
-  it).
+- :class:`MatmulFlops`: FLOPs of matmul-class ops and, apart, of attention kernels
+  (``torch.utils.flop_counter``'s formulas), split into forward and backward (the backward
+  includes recomputed forwards, which run inside it). A flash attention's backward recomputes
+  the scores: torch counts it 2.5x its forward, where the tracer's model FLOPs count 2x.
 
 A mode runs before tensor subclasses, and an op it passes on does not come back to it, so a
 DTensor op's own redistributions and local kernels would stay hidden. Each recorder returns
@@ -36,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 MESH_DIMS = ("dp", "tp", "pp")
 #: c10d op name -> (collective kind, which argument holds the message, which holds the group)
@@ -59,9 +60,15 @@ FUNCTIONAL_OPS = {
     "reduce_scatter_tensor": ("reduce_scatter", 3, None), "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3, None),
     "all_to_all_single": ("all_to_all", 3, None), "broadcast": ("broadcast", 2, None),
 }
-MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
-              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
-              "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward"}
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"}
+ATTENTION_OPS = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
+                 "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+                 "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward", "_efficient_attention_backward"}
+#: torch's flop registry has no entry for the CPU flash kernels; their arguments lead with (q, k, v) and
+#: (grad_out, q, k, v), as the CUDA ones' do
+CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu": "forward",
+                 "_scaled_dot_product_flash_attention_for_cpu_backward": "backward"}
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -191,25 +198,33 @@ class LiveBytes(TorchDispatchMode):
 
 
 class MatmulFlops(TorchDispatchMode):
-    """Forward and backward FLOPs of matmul-class ops on this rank (module docstring)."""
+    """Forward and backward FLOPs of matmul-class ops, and of attention kernels apart, on this
+    rank (module docstring)."""
 
     def __init__(self):
         super().__init__()
-        self.forward = self.backward = 0.0
+        self.flops = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}   # kind -> [forward, backward]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _on_dtensors(types):
             return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        packet = func._overloadpacket
-        if packet.__name__ in MATMUL_OPS and packet in flop_registry:
-            flops = flop_registry[packet](*args, **kwargs, out_val=out)
-            if torch._C._current_graph_task_id() == -1:
-                self.forward += flops
-            else:
-                self.backward += flops
+        name = func._overloadpacket.__name__
+        kind = "matmul" if name in MATMUL_OPS else "attention" if name in ATTENTION_OPS | set(CPU_ATTENTION) else None
+        if kind is not None:
+            phase = 0 if torch._C._current_graph_task_id() == -1 else 1
+            self.flops[kind][phase] += _op_flops(func, name, args, kwargs, out)
         return out
+
+
+def _op_flops(func, name: str, args: tuple, kwargs: dict, out: Any) -> float:
+    if name in CPU_ATTENTION:
+        if CPU_ATTENTION[name] == "forward":
+            return float(sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape))
+        return float(sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape, args[3].shape))
+    packet = func._overloadpacket
+    return float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
 
 
 def _on_dtensors(types: tuple) -> bool:
@@ -251,14 +266,17 @@ class StepAudit:
     comm: list[tuple[str, str, int, int]]
     peak_live_bytes: int
     start_live_bytes: int
-    forward_flops: float
-    backward_flops: float
+    forward_flops: float            # matmul-class ops (linears, matmuls, convolutions)
+    backward_flops: float           # the same in the backward, recomputed forwards included
+    attention_forward_flops: float
+    attention_backward_flops: float
     placement: dict[str, int]
 
     def to_dict(self) -> dict[str, Any]:
         return {"comm": [list(r) for r in self.comm], "peak_live_bytes": self.peak_live_bytes,
                 "start_live_bytes": self.start_live_bytes, "forward_flops": self.forward_flops,
-                "backward_flops": self.backward_flops, "placement": self.placement}
+                "backward_flops": self.backward_flops, "attention_forward_flops": self.attention_forward_flops,
+                "attention_backward_flops": self.attention_backward_flops, "placement": self.placement}
 
 
 def audited_step(trainer: Any, inputs: tuple, target: Any, *, groups: dict[frozenset, str]) -> tuple[torch.Tensor, StepAudit]:
@@ -267,8 +285,10 @@ def audited_step(trainer: Any, inputs: tuple, target: Any, *, groups: dict[froze
     memory = LiveBytes(existing_tensors(trainer))
     with memory, comm, flops:
         loss = trainer.train_step(inputs, target)
+    (mm_fwd, mm_bwd), (at_fwd, at_bwd) = flops.flops["matmul"], flops.flops["attention"]
     audit = StepAudit(comm=comm.totals.rows(), peak_live_bytes=memory.peak, start_live_bytes=memory.start,
-                      forward_flops=flops.forward, backward_flops=flops.backward, placement=placement(trainer))
+                      forward_flops=mm_fwd, backward_flops=mm_bwd, attention_forward_flops=at_fwd,
+                      attention_backward_flops=at_bwd, placement=placement(trainer))
     return loss, audit
 
 
@@ -296,6 +316,8 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
         rows.append(_row(rank, stage, "parameters held", audit["placement"]["param_elements"], pred.param_elements, "elements"))
         rows.append(_row(rank, stage, "forward matmul FLOPs", audit["forward_flops"], pred.forward_flops, "flops"))
         rows.append(_row(rank, stage, "backward matmul FLOPs", audit["backward_flops"], pred.backward_flops, "flops"))
+        rows.append(_row(rank, stage, "forward attention FLOPs", audit["attention_forward_flops"], pred.attention_forward_flops, "flops"))
+        rows.append(_row(rank, stage, "backward attention FLOPs", audit["attention_backward_flops"], pred.attention_backward_flops, "flops"))
         rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], stage_peak_bytes[stage], "bytes"))
     return rows
 

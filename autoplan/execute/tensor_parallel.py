@@ -173,6 +173,9 @@ def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp
     module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in) for a in args))
     if want_out is not None:
         module.register_forward_hook(lambda _m, _args, out: _settled(_redistribute(out, mesh, want_out)))
+    else:   # a colwise output keeps its shard, and so does its gradient: when model code gathers the output
+        # (a fused qkv split by global sizes), the weight gradient is still computed on the local shard only
+        module.register_forward_hook(lambda _m, _args, out: _settled(out) if isinstance(out, DTensor) else out)
 
 
 def _layouts(*, split: str, kind: str, sp: bool) -> tuple[Any, Any]:

@@ -101,6 +101,21 @@ def test_each_rank_holds_the_priced_parameter_shard(audits, graphs, name):
         assert held == pytest.approx(predicted[rank["stage"]].param_elements, rel=0.02), name
 
 
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
+def test_each_rank_computes_the_priced_flops(audits, graphs, name):
+    plan, predicted = _predictions(graphs, name)
+    for rank in audits[name]["ranks"]:
+        pred = predicted[rank["stage"]]
+        assert rank["forward_flops"] == pytest.approx(pred.forward_flops, rel=1e-9), name
+        assert rank["backward_flops"] == pytest.approx(pred.backward_flops, rel=1e-9), name   # recomputation included
+        assert rank["attention_forward_flops"] == pytest.approx(pred.attention_forward_flops, rel=1e-9), name
+        # flash attention's backward recomputes the scores: 5 matmuls (torch's count) where model FLOPs
+        # count 4; full recomputation adds the forward (attention lives in blocks only)
+        rerun = pred.attention_forward_flops if plan.recompute == "full" else 0.0
+        expected = 1.25 * (pred.attention_backward_flops - rerun) + rerun
+        assert rank["attention_backward_flops"] == pytest.approx(expected, rel=1e-9), name
+
+
 def test_recomputation_runs_what_it_is_priced_for(audits):
     plain = audits["ddp"]["ranks"][0]
     full, selective = audits["recompute_full"]["ranks"][0], audits["recompute_selective"]["ranks"][0]
