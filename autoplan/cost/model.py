@@ -19,7 +19,7 @@ The step time of one global batch (docs/cost-model.md states every term with its
   one all-reduce of its gradient between the stages after the backward (Megatron-LM's
   embedding-group all-reduce, Shoeybi et al. 2019; autoplan/execute/tied.py), of the weight
   as each stage holds it (1/tp of it when tensor parallelism shards it), on the pp link;
-- grad_accum = (m - 1) * 3 * P_stage * grad_bytes / (mem_bw * mem_eff): with m micro-batches
+- grad_accum = (m - 1) * 3 * P_stage * 4 / (mem_bw * mem_eff) (fp32 gradients): with m micro-batches
   every micro-batch after the first adds its weight gradients into the held ones, reading both
   and writing one (PyTorch autograd's AccumulateGrad, torch/csrc/autograd/functions/
   accumulate_grad.h; memory bound), on the stage holding the most parameters;
@@ -57,7 +57,8 @@ import math
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, memory_time_s, peak_dtype
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
-from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, comm_buffer_bytes, model_states, usable_bytes
+from autoplan.cost.memory import (DDP_BUCKET_BYTES, comm_buffer_bytes, model_states, sync_buffer_bytes,
+                                  usable_bytes)
 from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.cost.schedule import (balanced_stages, in_flight_chunks, overlapped_sync_exposed_s, partially_hidden_s,
                                     prefetched_exposed_s)
@@ -286,7 +287,7 @@ class CostModel:
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
-        return memory_time_s(self.profile, 3.0 * stage.params * STATE_BYTES[plan.precision][1])
+        return memory_time_s(self.profile, 3.0 * stage.params * 4)   # fp32 gradients (cost/memory.py)
 
     def _bucketed_s(self, kind: str, message_bytes: float, group: AxisGroup) -> float:
         """One collective over ``message_bytes`` sent in DDP buckets (each pays its latency); memoised,
@@ -363,6 +364,10 @@ class CostModel:
             block_params = max((b.param_count for b in stage.blocks), default=0.0)
             buffers = comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=stage.boundary_bytes,
                                         block_params=block_params, precision=plan.precision)
+            sync = sync_buffer_bytes(params=stage.params, zero_stage=plan.zero_stage, dp=plan.dp, tp=plan.tp, pp=plan.pp,
+                                     reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype])
+            if sync > activations + buffers:   # after the backward the activations are gone: the peak is the sync
+                activations, buffers = 0.0, sync
             parts.append((states.weights_bytes, states.grads_bytes, states.optimizer_bytes, activations, buffers))
         return parts
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.layers import LayerSummary, block_structure, summarise
-from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states, usable_bytes
+from autoplan.cost.memory import comm_buffer_bytes, model_states, usable_bytes
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.tensor_parallel import TPContext
@@ -121,10 +121,8 @@ class StageCosts:
         return self._totals[key][0]
 
     def _capacity(self, plan: Plan, boundary: float, block_params: float) -> float:
-        weight, grad, _ = STATE_BYTES[plan.precision]
-        buffers = 2 * DDP_BUCKET_BYTES if plan.dp > 1 and plan.zero_stage < 3 else 0.0
-        buffers += block_params * (2 * weight + grad) if plan.zero_stage >= 3 and plan.dp > 1 else 0.0
-        buffers += 2 * boundary if plan.pp > 1 else 0.0
+        buffers = comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=boundary,
+                                    block_params=block_params, precision=plan.precision)
         return usable_bytes(self.profile.device.memory_bytes) - buffers
 
 
