@@ -25,13 +25,12 @@ The step time of one global batch (docs/cost-model.md states every term with its
   accumulate_grad.h; memory bound), on the stage holding the most parameters;
 - dp_exposed: bucketed gradient all-reduce (reduce-scatter + all-gather of the updated
   weights under ZeRO-1/2) overlapped with the last micro-batch's backward (schedule.py);
-  stage i's sync may run during the i backward slots of the stages before it. Whether the
-  reduction overlaps the backward at all is a property of the training software, the
-  ``overlap_grad_reduce`` option: ``None`` (default) = as autoplan's executor runs the plan
-  (autoplan/execute/data_parallel.py: PyTorch DDP overlaps when tp = pp = 1 and ZeRO 0, FSDP2
-  overlaps under ZeRO-2/3, an explicit all-reduce after the backward otherwise); ``False``
-  exposes the whole sync (Megatron-LM before its 2023 ``--overlap-grad-reduce``, NVIDIA/
-  Megatron-LM issue #391 and commit e801b2b); ``True`` always overlaps;
+  stage i's sync may run during the i backward slots of the stages before it. It overlaps
+  only where the executor overlaps it (autoplan/execute/data_parallel.py: PyTorch DDP when
+  tp = pp = 1 and ZeRO 0, FSDP2 under ZeRO-2/3; an explicit all-reduce after the backward
+  otherwise), and never under ``plan.overlap_grad_reduce=False`` (how Megatron-LM ran before its
+  2023 ``--overlap-grad-reduce``, NVIDIA/Megatron-LM issue #391 and commit e801b2b), which the
+  executor runs with its explicit all-reduce;
 - zero_exposed (ZeRO-3 / FSDP): per micro-batch, an all-gather of each block's weights in the
   forward and again in the backward, prefetched one block ahead (schedule.prefetched_exposed_s),
   and the reduce-scatter of its gradients in every micro-batch's backward, so gradients stay
@@ -76,9 +75,8 @@ ADAM_BYTES_PER_PARAM = 28
 class CostModel:
     """Prices plans for one graph on one profile; block summaries are cached across plans."""
 
-    def __init__(self, graph: Graph, profile: Profile, *, overlap_grad_reduce: bool | None = None):
+    def __init__(self, graph: Graph, profile: Profile):
         self.graph, self.profile = graph, profile
-        self.overlap_grad_reduce = overlap_grad_reduce   # module docstring; None = as the executor runs
         self._layer_set = set(graph.layers)
         self._rep: dict[str, str] = {}
         self._param_modules: dict[str | None, tuple[str, ...]] = {}
@@ -327,8 +325,8 @@ class CostModel:
 
     def _overlaps_grad_reduce(self, plan: Plan) -> bool:
         """Whether the gradient reduction runs under the backward (module docstring)."""
-        if self.overlap_grad_reduce is not None:
-            return self.overlap_grad_reduce
+        if not plan.overlap_grad_reduce:
+            return False
         if plan.zero_stage >= 2:
             return True
         return plan.zero_stage == 0 and plan.tp == 1 and plan.pp == 1
@@ -409,6 +407,6 @@ class CostModel:
         return per_sample
 
 
-def estimate(graph: Graph, profile: Profile, plan: Plan, *, overlap_grad_reduce: bool | None = None) -> Cost:
+def estimate(graph: Graph, profile: Profile, plan: Plan) -> Cost:
     """Predict one plan (a convenience around :class:`CostModel`)."""
-    return CostModel(graph, profile, overlap_grad_reduce=overlap_grad_reduce).estimate(plan)
+    return CostModel(graph, profile).estimate(plan)

@@ -2,7 +2,7 @@
 
 | zero | no pipeline, tp=1 | otherwise (pipeline stage or tp>1) |
 |------|-------------------|------------------------------------|
-| 0    | DDP (``gradient_as_bucket_view``: the buckets are the gradients, no second copy) | explicit gradient all-reduce (DDP cannot wrap a pipeline stage, nor DTensor params) |
+| 0    | DDP (``gradient_as_bucket_view``: the buckets are the gradients, no second copy); the explicit all-reduce when ``plan.overlap_grad_reduce`` is false | explicit gradient all-reduce (DDP cannot wrap a pipeline stage, nor DTensor params) |
 | 1    | :class:`~autoplan.execute.zero.ShardedOptimizer`: reduce-scatter, sharded step, all-gather | same |
 | 2    | FSDP2 ``fully_shard(reshard_after_forward=False)``: grads and states sharded, params kept gathered between forward and backward | same |
 | 3    | FSDP2 ``fully_shard(reshard_after_forward=True)``: params resharded after forward | same |
@@ -39,7 +39,7 @@ def dp_mode(*, plan: Plan) -> str:
         return "fsdp"
     if plan.zero_stage == 1:
         return "zero1"
-    if plan.pp == 1 and plan.tp == 1:
+    if plan.pp == 1 and plan.tp == 1 and plan.overlap_grad_reduce:
         return "ddp"
     return "allreduce"
 

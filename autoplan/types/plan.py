@@ -38,6 +38,9 @@ class Plan:
     ``grad_reduce_dtype`` is the dtype data-parallel gradients travel and are summed in (fp32,
     as Megatron-LM does for bf16 and FSDP2's default ``reduce_dtype``, or the compute dtype);
     the cost model prices and the executor runs that dtype.
+    ``overlap_grad_reduce=False`` all-reduces data-parallel gradients after the backward instead
+    of under it (DDP's bucketed overlap): how Megatron-LM ran before 2023, and what its
+    published runs are priced with; the executor then uses its explicit all-reduce.
     ``predicted`` is the cost model's breakdown (see :class:`autoplan.types.cost.Cost`).
     """
 
@@ -54,6 +57,7 @@ class Plan:
     sequence_parallel: bool = False
     precision: str = "fp32"
     grad_reduce_dtype: str = "fp32"
+    overlap_grad_reduce: bool = True
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
     model: str = ""
@@ -90,6 +94,9 @@ class Plan:
         for module, split in self.tp_plan.items():
             require(split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
         require(not self.sequence_parallel or self.tp > 1, PlanError, "plan sequence_parallel=true needs tp > 1.")
+        require(self.overlap_grad_reduce or self.zero_stage < 2, PlanError,
+                "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
+                "backward; use zero_stage 0 or 1 for a reduction after the backward.")
 
     def _check_stages(self) -> None:
         if not self.stages:
@@ -110,6 +117,7 @@ class Plan:
         sp = " sp" if self.sequence_parallel else ""
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
+        red += "" if self.overlap_grad_reduce else " no-overlap"
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
                 f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}")
 

@@ -5,12 +5,14 @@ dropout, probs @ V), so Korthikanti et al. 2022 eq. (1), sbh(34 + 5as/h), applie
 The models are traced in fp32 and priced in bf16: floating tensors halve, the CUDA dropout
 mask stays 1 byte per element.
 """
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from autoplan.cost import CostModel
 from autoplan.cost.compute import op_time_s
+from autoplan.errors import PlanError
 from autoplan.profile import load_profile
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
@@ -112,16 +114,18 @@ def test_transformer_flops_of_traced_gpt_match_narayanan_eq3(monkeypatch, a100):
     assert cost.extra["hardware_flops"] == pytest.approx(blocks * 96 / 72 + head, rel=0.02)
 
 
-def test_overlap_grad_reduce_is_a_documented_run_property(megatron_graphs, a100):
+def test_overlap_grad_reduce_is_a_plan_property(megatron_graphs, a100):
     graph = megatron_graphs[4]
+    model = CostModel(graph, a100)
     dp_only, tp_dp = _plan(dp=16, num_microbatches=1), _plan(dp=8, tp=2, num_microbatches=1)
-    default = CostModel(graph, a100)
-    exposed = CostModel(graph, a100, overlap_grad_reduce=False)
-    # dp only: our executor wraps the model in DDP, which overlaps; Megatron 2021-22 did not.
-    overlapped = default.estimate(dp_only)
+    # dp only: our executor wraps the model in DDP, which overlaps; Megatron 2021-22 did not,
+    # and a plan that says so runs the explicit all-reduce after the backward.
+    overlapped = model.estimate(dp_only)
     assert overlapped.dp_comm_exposed_s < overlapped.dp_comm_s
-    assert exposed.estimate(dp_only).dp_comm_exposed_s == pytest.approx(overlapped.dp_comm_s)
-    # tp > 1: our executor all-reduces after the backward, so the default exposes it all too.
-    tp_cost = default.estimate(tp_dp)
+    exposed = model.estimate(dataclasses.replace(dp_only, overlap_grad_reduce=False))
+    assert exposed.dp_comm_exposed_s == pytest.approx(overlapped.dp_comm_s)
+    # tp > 1: our executor all-reduces after the backward either way
+    tp_cost = model.estimate(tp_dp)
     assert tp_cost.dp_comm_exposed_s == pytest.approx(tp_cost.dp_comm_s) and tp_cost.dp_comm_s > 0
-    assert CostModel(graph, a100, overlap_grad_reduce=True).estimate(tp_dp).dp_comm_exposed_s < tp_cost.dp_comm_s
+    with pytest.raises(PlanError, match="FSDP2"):
+        _plan(dp=16, num_microbatches=1, zero_stage=3, overlap_grad_reduce=False)
