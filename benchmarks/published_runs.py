@@ -5,8 +5,9 @@ GPT shape on the meta device, trace it with autoplan's tracer (fp16, one sequenc
 published plan with ``Plan(...)`` and predict the step time with profiles/dgx-a100.yaml. No
 per-run factor is fitted: the same profile and cost model price every run. Each row's plan
 carries how that software ran, as a user would set it: ``overlap_grad_reduce=false`` (the
-data-parallel all-reduce after the backward, Megatron-LM before 2023) and the micro-batch size
-(1 where the paper does not give it; the CSV's notes say so).
+data-parallel all-reduce after the backward, Megatron-LM before 2023), ``grad_reduce_dtype``
+(fp16 runs reduced fp16 gradients: Megatron-LM forces fp32 only for bf16, arguments.py) and
+the micro-batch size (1 where the paper does not give it; the CSV's notes say so).
 
 The GPT is Megatron-LM's as those papers ran it (examples/gpt_megatron.py): pre-LayerNorm
 blocks, one fused head-interleaved QKV linear, attention that materialises the b*a*s*s
@@ -74,7 +75,7 @@ def plan_for(row: pd.Series) -> Plan:
                 num_microbatches=int(row.global_batch) // (int(row.dp) * micro), schedule=str(row.schedule),
                 virtual_stages=int(row.virtual_stages), recompute=str(row.recompute),
                 sequence_parallel=str(row.sequence_parallel).lower() == "true", precision=str(row.precision),
-                overlap_grad_reduce=str(row.overlap_grad_reduce).lower() == "true")
+                overlap_grad_reduce=str(row.overlap_grad_reduce).lower() == "true", grad_reduce_dtype=str(row.grad_reduce_dtype))
 
 
 def main() -> None:

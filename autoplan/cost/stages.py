@@ -27,6 +27,7 @@ class StageTotals:
     flops: float = 0.0
     blocks: list[LayerSummary] = field(default_factory=list)   # in forward order, outside nodes included
     boundary_bytes: float = 0.0    # activation received from the previous stage, per micro-batch
+    param_names: set[str] = field(default_factory=set)   # the outside nodes' weights: a tied one is held once
 
     @property
     def micro_batch_s(self) -> float:
@@ -38,12 +39,23 @@ class StageTotals:
         return self.fwd_s + self.bwd_s + self.recompute_s
 
 
+def _outside_params(stage: StageTotals, block: LayerSummary) -> float:
+    """Parameters of the outside nodes not already on the stage: with one stage, an output head
+    tied to the input embedding is the same weight (block summaries are shared by a group, so
+    only the outside summaries carry their own names)."""
+    named = dict(zip(block.param_names, block.param_numels))
+    loose = block.param_count - sum(named.values())          # parameters the trace could not name
+    new = sum(n for name, n in named.items() if name not in stage.param_names)
+    stage.param_names.update(named)
+    return loose + new
+
+
 def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool = True) -> None:
     """Add one block (or the outside nodes, ``is_block=False``) to ``stage``."""
     stage.fwd_s += block.fwd_s
     stage.bwd_s += block.bwd_s
     stage.tp_s += block.tp_fwd_s + block.tp_bwd_s
-    stage.params += block.param_count
+    stage.params += block.param_count if is_block else _outside_params(stage, block)
     stage.flops += block.flops
     stage.blocks.append(block)
     if not is_block or recompute == "none":

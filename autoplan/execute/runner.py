@@ -160,13 +160,13 @@ def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, 
 
 def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
     """One more step, untimed, under the execution audit's recorders (autoplan/execute/audit.py),
-    after a second warm-up step when the run had one (DDP rebuilds its buckets after the first);
-    every rank's record, on rank 0."""
+    after at least three steps in all (DDP rebuilds its buckets, with a broadcast, in one of the
+    first); every rank's record, on rank 0."""
     from autoplan.execute.audit import audited_step, group_dims
     from autoplan.execute.mesh import coordinates
     torch.manual_seed(opts.seed + 1 + opts.steps)
     x, y = trainer.local_batch(model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size))
-    if opts.steps < 2:
+    for _ in range(max(0, 3 - opts.steps)):
         trainer.train_step(x, y)
     ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
     _, audit = audited_step(trainer, x, y, groups=group_dims(trainer.mesh, ties))

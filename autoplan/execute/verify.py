@@ -126,10 +126,14 @@ def original_name(name: str) -> str:
 
 
 def gathered_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """This rank's full fp32 weights by original FQN (a collective over its stage's dp x tp)."""
+    """This rank's full fp32 weights by original FQN (a collective over its stage's dp x tp), of
+    the parameters it trains: a stage may also hold an unused copy of a weight tied to another
+    stage (the pipeline split keeps it), which no step touches."""
     weights = {}
     for module in trainer.stage_modules.values():
         for name, param in module.named_parameters():
+            if param.grad is None and trainer.dp_mode != "zero1":
+                continue
             name = original_name(name)
             full = param.full_tensor() if isinstance(param, DTensor) else param
             weights[(trainer.aliases or {}).get(name, name)] = full.detach().float().cpu()

@@ -12,7 +12,7 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.report import figures as fig
 from autoplan.report.folder import load_plan_folder, load_run_folder, search_again
 from autoplan.report.markdown import report_markdown
-from autoplan.report.tables import breakdown_table, plans_table, runs_table, stages_table, write_tables
+from autoplan.report.tables import audit_table, breakdown_table, plans_table, runs_table, stages_table, write_tables
 from autoplan.report.timeline import from_plan_folder
 from autoplan.types._check import write_text_atomic
 from autoplan.types.cost import Cost
@@ -62,7 +62,7 @@ def report(plan_dir: str | Path, run_dirs: list[str | Path] = (), *, out: str | 
     runs_frame = runs_table(folder, runs) if runs else None
     figures = _figures(folder, runs_frame, result, out, top_k=top_k)
     paths.update({name: out / name for name in figures})
-    tables = {"plans": plans_table(folder), "stages": stages_table(folder), "runs": runs_frame}
+    tables = {"plans": plans_table(folder), "stages": stages_table(folder), "runs": runs_frame, "audit": audit_table(runs)}
     text = report_markdown(folder, tables=tables, figures=figures, explanation_md=explanation_md, top_k=top_k)
     paths["report.md"] = write_text_atomic(out / "report.md", text)
     return paths

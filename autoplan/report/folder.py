@@ -2,7 +2,8 @@
 
 Plan folder ``DIR`` (docs/plan-format.md): ``plan.json`` (absent when nothing fit),
 ``plans.csv``, ``ops.csv``, ``stages.csv``, and the planner's inputs ``graph.json`` and
-``profile.json``. Run folder ``RUNDIR``: ``measured.csv`` and ``summary.json``.
+``profile.json``. Run folder ``RUNDIR``: ``measured.csv`` and ``summary.json``, and ``audit.csv`` after
+``autoplan run --audit``.
 
 :func:`search_again` re-runs the planner's search on the saved graph and profile with the
 saved options (``plan.json`` ``predicted.search``: batch_size, fixes, objective), which gives
@@ -49,6 +50,7 @@ class RunFolder:
     path: Path
     measured: pd.DataFrame
     summary: dict[str, Any]
+    audit: pd.DataFrame | None = None   # audit.csv of `autoplan run --audit`: predicted beside measured per rank
 
 
 def _csv(path: Path, *, required: bool) -> pd.DataFrame | None:
@@ -84,7 +86,8 @@ def load_run_folder(path: str | Path) -> RunFolder:
     measured = _csv(folder / "measured.csv", required=False)
     if measured is None:
         raise ReportError(f"'{folder / 'measured.csv'}' does not exist; pass a folder written by `autoplan run --out RUNDIR`.")
-    return RunFolder(path=folder, measured=measured, summary=read_json(folder / "summary.json", ReportError, "run summary"))
+    return RunFolder(path=folder, measured=measured, summary=read_json(folder / "summary.json", ReportError, "run summary"),
+                     audit=_csv(folder / "audit.csv", required=False))
 
 
 def search_again(folder: PlanFolder):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from autoplan.report.folder import PlanFolder, most_frugal
-from autoplan.report.tables import top_feasible, describe_row
+from autoplan.report.tables import audit_summary, describe_row, top_feasible
 from autoplan.types.cost import Cost
 
 GIB = 2**30
@@ -85,6 +85,10 @@ def report_markdown(folder: PlanFolder, *, tables: dict[str, pd.DataFrame], figu
             "measured_peak_memory_bytes", "peak_memory_kind"]) + [""]
         if "predicted_vs_measured.png" in figures:
             lines += [f"![Predicted against measured]({figures['predicted_vs_measured.png']})", ""]
+    if tables.get("audit") is not None:
+        lines += ["## Execution audit", "", "One step per audited run, per rank: collectives (count and bytes), parameters held, "
+                  "matmul and attention FLOPs and peak live memory against the cost model (audit.csv has every row).", ""]
+        lines += _frame_table(audit_summary(tables["audit"]), ["run", "quantity", "rows", "as_priced", "max_abs_error"]) + [""]
     if explanation_md:
         lines += [explanation_md.replace("## ", "### ").replace("### Why this plan", "## Explanation\n\n### Why this plan", 1)]
     return "\n".join(lines) + "\n"

@@ -98,6 +98,21 @@ def steps_table(runs: list[RunFolder]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def audit_table(runs: list[RunFolder]) -> pd.DataFrame | None:
+    """Every audited run's rows (autoplan/execute/audit.py), with the run's folder name; None
+    when no run was audited."""
+    frames = [run.audit.assign(run=run.path.name) for run in runs if run.audit is not None]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def audit_summary(audit: pd.DataFrame) -> pd.DataFrame:
+    """Per run and quantity, over ranks: how many rows equal the prediction and the largest error."""
+    frame = audit.assign(equal=(audit.measured == audit.predicted), abs_error=audit.relative_error.abs())
+    frame["quantity"] = frame.what.str.replace(r"^comm .*", "collectives", regex=True)
+    grouped = frame.groupby(["run", "quantity"], sort=False)
+    return grouped.agg(rows=("equal", "size"), as_priced=("equal", "sum"), max_abs_error=("abs_error", "max")).reset_index()
+
+
 def write_tables(folder: PlanFolder, runs: list[RunFolder], out: Path, *, top_k: int) -> dict[str, Path]:
     """Write every table that has data; return name -> path."""
     plans = plans_table(folder)
@@ -106,4 +121,5 @@ def write_tables(folder: PlanFolder, runs: list[RunFolder], out: Path, *, top_k:
     if runs:
         tables["predicted_vs_measured.csv"] = runs_table(folder, runs)
         tables["measured_steps.csv"] = steps_table(runs)
+        tables["audit.csv"] = audit_table(runs)
     return {name: write_text_atomic(out / name, frame.to_csv(index=False)) for name, frame in tables.items() if frame is not None}

@@ -1,0 +1,97 @@
+"""The execution audit on the shipped examples, through the user's path: `autoplan run --audit`.
+
+For each plan family (data parallel with each ZeRO stage, tensor parallel with and without
+sequence parallelism, pipelines under each schedule, their products, each recomputation mode)
+the script writes a plan for examples/gpt.py or examples/llama.py at a small size, runs it
+for two steps with ``--audit`` on this machine's CPU ranks, and tabulates the run's audit.csv:
+how many collective rows are as priced (count and bytes), the largest FLOP error, and the
+peak live memory against the prediction.
+
+    python benchmarks/audit.py [--only NAME] [--out benchmarks/results/audit.csv]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from _results import write_results
+from autoplan.cost.tensor_parallel import default_tp_plan
+from autoplan.execute.launcher import launch
+from autoplan.trace import trace_model_file
+from autoplan.types import Plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = {"AUTOPLAN_GPT_N_LAYER": "4", "AUTOPLAN_GPT_N_EMBD": "128", "AUTOPLAN_GPT_N_HEAD": "4",
+         "AUTOPLAN_GPT_BLOCK_SIZE": "64", "AUTOPLAN_GPT_VOCAB_SIZE": "1024",
+         "AUTOPLAN_LLAMA_N_LAYERS": "4", "AUTOPLAN_LLAMA_DIM": "128", "AUTOPLAN_LLAMA_FFN_DIM": "352", "AUTOPLAN_LLAMA_N_HEADS": "4",
+         "AUTOPLAN_LLAMA_N_KV_HEADS": "2", "AUTOPLAN_LLAMA_SEQ_LEN": "64", "AUTOPLAN_LLAMA_VOCAB_SIZE": "1024"}
+FAMILIES = [
+    ("ddp", "gpt", dict(dp=2)),
+    ("zero1", "gpt", dict(dp=2, zero_stage=1)),
+    ("zero2", "gpt", dict(dp=2, zero_stage=2)),
+    ("zero3", "llama", dict(dp=2, zero_stage=3)),
+    ("ddp_recompute_full", "gpt", dict(dp=2, recompute="full")),
+    ("ddp_recompute_selective", "llama", dict(dp=2, recompute="selective")),
+    ("tp", "gpt", dict(tp=2)),
+    ("tp_sp", "llama", dict(tp=2, sequence_parallel=True)),
+    ("pp_gpipe", "gpt", dict(pp=2, schedule="gpipe")),
+    ("pp_1f1b", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4)),
+    ("pp_interleaved", "gpt", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
+]
+
+
+def plan_for(model: str, **kw) -> Plan:
+    """The family's plan: balanced stages, the default (Megatron) TP split."""
+    graph = trace_model_file(ROOT / "examples" / f"{model}.py", 2)
+    kw.setdefault("num_microbatches", 2)
+    for axis in ("dp", "tp", "pp"):
+        kw.setdefault(axis, 1)
+    chunks = kw["pp"] * kw.get("virtual_stages", 1)
+    per = len(graph.layers) // chunks
+    stages = [graph.layers[i * per:(i + 1) * per] for i in range(chunks)]
+    tp_plan = default_tp_plan(graph, kw["tp"], sequence_parallel=kw.get("sequence_parallel", False))
+    return Plan(devices=kw["dp"] * kw["tp"] * kw["pp"], micro_batch_size=2, stages=stages, tp_plan=tp_plan,
+                profile="cpu-gloo", model=model, **kw)
+
+
+def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
+    plan = plan_for(model, **kw)
+    plan_path = plan.save(folder / f"{name}.json")
+    out = folder / name
+    code = launch(args=["--model", str(ROOT / "examples" / f"{model}.py"), "--plan", str(plan_path), "--out", str(out),
+                        "--steps", "2", "--audit", "--timeout-s", "120"], nprocs=plan.devices)
+    audit = pd.read_csv(out / "audit.csv")
+    comm = audit[audit.what.str.startswith("comm")]
+    exact = (comm.measured == comm.predicted) & (comm.predicted_count.isna() | (comm.measured_count == comm.predicted_count))
+    flops = audit[audit.what.str.contains("matmul FLOPs")]
+    memory = audit[audit.what == "peak live memory"]
+    return {"family": name, "plan": plan.describe(), "exit": code, "collective_rows": len(comm), "as_priced": int(exact.sum()),
+            "max_comm_error_pct": round(100 * comm.relative_error.abs().max(), 2),
+            "max_matmul_flops_error_pct": round(100 * flops.relative_error.abs().max(), 2),
+            "peak_memory_error_pct": round(100 * memory.relative_error.abs().max(), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run only families whose name contains this")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--runs", default=None, help="keep each family's plan and run folder (with audit.csv) here")
+    args = parser.parse_args()
+    os.environ.update(SIZES)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="autoplan-audit-") as tmp:
+        folder = Path(args.runs or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, model, kw in FAMILIES:
+            if args.only in name:
+                rows.append(audit_family(name, model, dict(kw), folder))
+                print(pd.DataFrame(rows[-1:]).to_string(index=False, header=len(rows) == 1), flush=True)
+    write_results(rows, "audit", path=args.out)
+
+
+if __name__ == "__main__":
+    main()
