@@ -12,9 +12,10 @@ The step time of one global batch (docs/cost-model.md states every term with its
 - T_tp: TP collectives of the blocks (tensor_parallel.tp_layer_cost), repeated in the
   recomputed forward under full recomputation; under sequence parallelism also, once a step,
   the all-reduce of each parameter whose gradient is a partial sum (tensor_parallel.sp_partial_params);
-- pp_comm = 2 (v m + p - 1) t_p2p: one activation send and one gradient send per chunk slot
-  on the critical path, of the whole boundary activation on every tp rank (the executor gathers
-  a stage's DTensor output; under sequence parallelism t_p2p includes that all-gather);
+- pp_comm = (v m + p - 1) (t_p2p(activations) + t_p2p(gradients)): one activation send and one
+  gradient send per chunk slot on the critical path, of the whole boundary tensors on every tp
+  rank (the executor gathers a stage's DTensor output; under sequence parallelism t_p2p includes
+  that all-gather), gradients only of the tensors that need one (not rotary tables or masks);
   plus, when a weight is tied across stages (an input embedding reused by the output head),
   one all-reduce of its gradient between the stages after the backward (Megatron-LM's
   embedding-group all-reduce, Shoeybi et al. 2019; autoplan/execute/tied.py), of the weight
@@ -54,7 +55,7 @@ from __future__ import annotations
 import math
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES, memory_time_s, peak_dtype
+from autoplan.cost.compute import PRECISION_BYTES, activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
 from autoplan.cost.memory import (DDP_BUCKET_BYTES, comm_buffer_bytes, model_states, sync_buffer_bytes,
                                   usable_bytes)
@@ -205,17 +206,19 @@ class CostModel:
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
     def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup, tp_group: AxisGroup) -> float:
-        """Sends on the critical path: every tp rank sends the whole boundary activation (the
-        executor gathers a stage's DTensor output, autoplan/execute/tensor_parallel.py), which
-        under sequence parallelism first costs an all-gather over the tp group."""
+        """Sends on the critical path, one activation and one gradient per chunk slot: every tp
+        rank sends the whole boundary tensors (the executor gathers a stage's DTensor output,
+        autoplan/execute/tensor_parallel.py), which under sequence parallelism first costs an
+        all-gather over the tp group; gradients go back only for tensors that need one."""
         if plan.pp == 1:
             return 0.0
-        whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
-        boundary = max(s.boundary_bytes for s in stages) * whole
-        t_p2p = collective_time_s(self.profile, "send_recv", boundary, group=group)
-        if whole > 1:
-            t_p2p += collective_time_s(self.profile, "all_gather", boundary, group=tp_group)
-        return 2.0 * (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
+        chunks = self.chunk_inputs(plan)[1:]
+        forward = max(sum(f) for f, _ in chunks)
+        backward = max(sum(b) for _, b in chunks)
+        t_slot = sum(collective_time_s(self.profile, "send_recv", size, group=group) for size in (forward, backward) if size)
+        if plan.sequence_parallel and plan.tp > 1:
+            t_slot += sum(collective_time_s(self.profile, "all_gather", size, group=tp_group) for size in (forward, backward) if size)
+        return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_slot
 
     def _tied_places(self) -> dict[str, set[str]]:
         """Parameters used in more than one place: name -> blocks (or "pre"/"post", the nodes
@@ -269,13 +272,19 @@ class CostModel:
             worst = max(worst, sum(collective_time_s(self.profile, "all_reduce", e * 4, group=tp_group) for e in elements))
         return worst
 
-    def chunk_inputs_bytes(self, plan: Plan) -> list[float]:
-        """Bytes of the activation each pipeline chunk receives per micro-batch, whole (each tp
-        rank sends and receives the full boundary: the executor gathers a stage's DTensor output)."""
-        stages, _tp_plan, ctx = self.priced_stages(plan)
-        whole = ctx.tp if ctx.sequence_parallel and ctx.tp > 1 else 1
-        tp_plan = self._tp_plan(plan)
-        return [self._summary(chunk[0], tp_plan, ctx).input_bytes * whole for chunk in self._chunks(plan)]
+    def chunk_inputs(self, plan: Plan) -> list[tuple[list[float], list[float]]]:
+        """Per pipeline chunk, the tensors it receives per micro-batch, whole (each tp rank sends
+        and receives the full boundary: the executor gathers a stage's DTensor output): (bytes of
+        each, bytes of each whose gradient goes back). Values that need no gradient (rotary
+        tables, masks made before the first block) travel forward only."""
+        grads = self.graph.grad_nodes()
+        scale = plan.micro_batch_size / self.graph.batch_size
+        found = []
+        for chunk in self._chunks(plan):
+            inputs = block_structure(self.graph, chunk[0]).inputs
+            sizes = [(n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads) for n in inputs]
+            found.append(([b for b, _ in sizes], [b for b, g in sizes if g]))
+        return found
 
     def _tied_sync_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
         """All-reduce of the gradients of weights tied across pipeline stages (module docstring):

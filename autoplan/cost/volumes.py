@@ -18,7 +18,8 @@ of the stage (its blocks and the stage root), b_g the bytes of ``plan.grad_reduc
 b_w is the compute dtype under FSDP2's parameter cast, else 4. Pipeline: each chunk but the
 last sends its output to the next chunk once per micro-batch, and each chunk but the first
 sends the gradient of its input back, both of the boundary activation, whole on every tp
-rank (the executor gathers DTensor outputs at a stage's exit). Tensor parallelism: each
+rank (the executor gathers DTensor outputs at a stage's exit); one message per tensor, and
+gradients only of those that need one (rotary tables and masks travel forward only). Tensor parallelism: each
 block's messages per micro-batch from the same terms the cost model prices
 (``tensor_parallel.block_messages``), and under sequence parallelism one all-reduce a step
 per parameter whose gradient is a partial sum (``tensor_parallel.sp_partial_params``); the
@@ -149,26 +150,31 @@ def _sequence_parallel_boundaries(pred: StagePrediction, plan: Plan, model: Cost
     gradient of its input before sending that back: one tp all-gather of the boundary each."""
     if plan.pp == 1 or not plan.sequence_parallel:
         return
-    chunks = model.chunk_inputs_bytes(plan)
+    chunks = model.chunk_inputs(plan)
     m = plan.num_microbatches
     for c in range(index, len(chunks), plan.pp):
-        for boundary in ([chunks[c + 1]] if c < len(chunks) - 1 else []) + ([chunks[c]] if c > 0 else []):
-            pred.add("tp", "all_gather", m, m * boundary)
+        sent = [chunks[c + 1][0]] if c < len(chunks) - 1 else []       # the activations leaving the chunk
+        returned = [chunks[c][1]] if c > 0 else []                      # the input gradients going back
+        for sizes in sent + returned:
+            big = [b for b in sizes if b > 0]
+            pred.add("tp", "all_gather", m * len(big[:1]), m * max(big, default=0.0))
 
 
 def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -> None:
     if plan.pp == 1:
         return
-    chunks = model.chunk_inputs_bytes(plan)
+    chunks = model.chunk_inputs(plan)
     last = len(chunks) - 1
     m = plan.num_microbatches
     for c in range(index, len(chunks), plan.pp):
-        if c < last:
-            pred.add("pp", "send", m, m * chunks[c + 1])   # activation to the next chunk
-            pred.add("pp", "recv", m, m * chunks[c + 1])   # its gradient back
+        if c < last:   # what the next chunk receives, and the gradients of those that need one back
+            forward, backward = chunks[c + 1]
+            pred.add("pp", "send", m * len(forward), m * sum(forward))
+            pred.add("pp", "recv", m * len(backward), m * sum(backward))
         if c > 0:
-            pred.add("pp", "recv", m, m * chunks[c])
-            pred.add("pp", "send", m, m * chunks[c])
+            forward, backward = chunks[c]
+            pred.add("pp", "recv", m * len(forward), m * sum(forward))
+            pred.add("pp", "send", m * len(backward), m * sum(backward))
 
 
 def _real_blocks(plan: Plan, stage: StageTotals, index: int) -> list:

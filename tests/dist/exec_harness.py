@@ -74,14 +74,15 @@ def run_case(model_name: str, plan: Plan) -> dict[str, float]:
     return {d.name: d.relative for d in diffs}
 
 
-def _worker(rank: int, world_size: int, port: int, cases: list, queue) -> None:
+def _worker(rank: int, world_size: int, port: int, cases: list, queue, case_fn=None) -> None:
+    """One rank: every case through ``case_fn`` (default :func:`run_case`), results to ``queue``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from datetime import timedelta
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=int(os.environ.get("AUTOPLAN_TEST_TIMEOUT_S", "60"))))
     for name, model_name, kw in cases:
         try:
-            result = run_case(model_name, make_plan(model_name, **kw))
+            result = (case_fn or run_case)(model_name, make_plan(model_name, **kw))
         except Exception:
             result = {"error": traceback.format_exc()}
         if rank == 0 or "error" in result:
@@ -90,12 +91,12 @@ def _worker(rank: int, world_size: int, port: int, cases: list, queue) -> None:
     dist.destroy_process_group()
 
 
-def _spawn(worker, world_size: int, cases: list) -> dict[str, dict]:
-    """Run ``worker`` on ``world_size`` spawned ranks and collect what they queue. The queue is
+def _spawn(world_size: int, cases: list, case_fn=None) -> dict[str, dict]:
+    """Run the cases on ``world_size`` spawned ranks and collect what they queue. The queue is
     drained while they run: a rank whose results do not fit the pipe cannot exit until read."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    context = mp.start_processes(worker, args=(world_size, free_port(), cases, queue), nprocs=world_size,
+    context = mp.start_processes(_worker, args=(world_size, free_port(), cases, queue, case_fn), nprocs=world_size,
                                  start_method="spawn", join=False)
     results = {}
     done = False
@@ -108,7 +109,7 @@ def _spawn(worker, world_size: int, cases: list) -> dict[str, dict]:
 
 
 def run_cases(world_size: int, cases: list) -> dict[str, dict]:
-    return _spawn(_worker, world_size, cases)
+    return _spawn(world_size, cases)
 
 
 def audit_case(model_name: str, plan: Plan) -> dict:
@@ -131,22 +132,6 @@ def audit_case(model_name: str, plan: Plan) -> dict:
     return {"ranks": everyone}
 
 
-def _audit_worker(rank: int, world_size: int, port: int, cases: list, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    from datetime import timedelta
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=int(os.environ.get("AUTOPLAN_TEST_TIMEOUT_S", "60"))))
-    for name, model_name, kw in cases:
-        try:
-            result = audit_case(model_name, make_plan(model_name, **kw))
-        except Exception:
-            result = {"error": traceback.format_exc()}
-        if rank == 0 or "error" in result:
-            queue.put((name if rank == 0 else f"{name} (rank {rank})", result))
-        dist.barrier()
-    dist.destroy_process_group()
-
-
 def run_audits(world_size: int, cases: list) -> dict[str, dict]:
     """Audit each case in one spawned gloo group (see :func:`audit_case`)."""
-    return _spawn(_audit_worker, world_size, cases)
+    return _spawn(world_size, cases, audit_case)

@@ -96,3 +96,34 @@ def test_meta_device_model_is_materialised_identically_on_every_rank(tmp_path):
     assert "verify: PASSED" in result.stdout
     losses = [float(r["loss"]) for r in csv.DictReader((tmp_path / "run/measured.csv").open())]
     assert all(loss == loss and loss != 0.0 for loss in losses)  # real numbers, not uninitialised memory
+
+
+def test_run_audit_writes_predicted_beside_measured(tmp_path):
+    """`autoplan run --audit`: every rank's collectives as priced on a DDP plan of examples/gpt.py,
+    and the parameters each rank holds; `autoplan report` summarises the audit."""
+    plan_path = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, profile="cpu-gloo").save(tmp_path / "plan.json")
+    result = _run([str(ROOT / "examples/gpt.py"), "--plan", str(plan_path), "--steps", "1", "--audit", "--out", str(tmp_path / "run")],
+                  SMALL_GPT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "audit: 2 of 2 collective rows as priced" in result.stdout
+    rows = list(csv.DictReader((tmp_path / "run/audit.csv").open()))
+    assert {r["rank"] for r in rows} == {"0", "1"}
+    comm = [r for r in rows if r["what"] == "comm dp all_reduce"]
+    assert len(comm) == 2 and all(float(r["measured"]) == float(r["predicted"]) > 0 for r in comm)
+    held = [r for r in rows if r["what"] == "parameters held"]
+    assert all(float(r["measured"]) == float(r["predicted"]) for r in held)
+
+
+def test_recompute_that_applies_to_no_block_is_refused(tmp_path):
+    model = tmp_path / "flat.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+        def build_model():
+            return torch.nn.Linear(4, 4)
+        def example_inputs(batch_size):
+            return (torch.randn(batch_size, 4),)
+    """))
+    plan_path = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, recompute="full").save(tmp_path / "plan.json")
+    result = _run([str(model), "--plan", str(plan_path), "--steps", "1", "--out", str(tmp_path / "run")], timeout=120)
+    assert result.returncode == 2
+    assert "recompute='full'" in result.stderr and "holds none of the blocks" in result.stderr
