@@ -20,6 +20,7 @@ import pandas as pd
 
 from _results import write_results
 from autoplan.cost.tensor_parallel import default_tp_plan
+from autoplan.errors import RunError
 from autoplan.execute.launcher import launch
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
@@ -62,8 +63,11 @@ def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
     plan = plan_for(model, **kw)
     plan_path = plan.save(folder / f"{name}.json")
     out = folder / name
-    code = launch(args=["--model", str(ROOT / "examples" / f"{model}.py"), "--plan", str(plan_path), "--out", str(out),
-                        "--steps", "2", "--audit", "--timeout-s", "120"], nprocs=plan.devices)
+    try:
+        code = launch(args=["--model", str(ROOT / "examples" / f"{model}.py"), "--plan", str(plan_path), "--out", str(out),
+                            "--steps", "2", "--audit", "--timeout-s", "120"], nprocs=plan.devices)
+    except RunError as exc:   # a rank died: say so in the table and go on with the other families
+        return {"family": name, "plan": plan.describe(), "exit": "failed", "error": str(exc)}
     audit = pd.read_csv(out / "audit.csv")
     comm = audit[audit.what.str.startswith("comm")]
     exact = (comm.measured == comm.predicted) & (comm.predicted_count.isna() | (comm.measured_count == comm.predicted_count))

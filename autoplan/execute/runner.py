@@ -103,7 +103,9 @@ def run_rank(opts: RunOptions) -> int:
     torch.set_num_threads(threads_per_process(requested=opts.threads, profile_threads=_profile_threads(plan)))
     _init(opts)
     try:
-        return _train(opts=opts, plan=plan, model_file=model_file)
+        code = _train(opts=opts, plan=plan, model_file=model_file)
+        dist.barrier()   # leave together: rank 0 may still be writing (the audit traces the model) while
+        return code      # a peer that tore its process group down first would abort the connection
     except Exception as exc:  # record why before tearing down: peers fail "closed by peer" after it
         record_failure(exc)
         raise

@@ -98,7 +98,10 @@ class Trainer:
 
     # ---- the step -----------------------------------------------------------------------
     def train_step(self, inputs: tuple, target: Any) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
+        # Under DDP the gradients are views of its buckets (gradient_as_bucket_view): zero them in
+        # place, so the micro-batches before the synced one accumulate there too, instead of into
+        # fresh tensors that would live beside the buckets (a second gradient-sized copy).
+        self.optimizer.zero_grad(set_to_none=self.dp_mode != "ddp")
         # DTensor must accept plain tensors (masks, rotary tables, grads of them) as
         # replicated values, in forward and in backward.
         replicate = implicit_replication() if self.plan.tp > 1 else contextlib.nullcontext()
