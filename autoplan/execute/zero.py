@@ -13,8 +13,9 @@ SC'20 "P_os"). One step:
 
 Per step and rank that is one reduce-scatter of N' gradient elements and one all-gather of N'
 parameter elements: the cost model's ZeRO-1 terms (autoplan/cost/model.py). Gradients stay
-whole (ZeRO-1 does not partition them) and local (not reduced): the reduced values exist only
-as each rank's slice, which :meth:`ShardedOptimizer.reduced_gradients` gathers for --verify.
+whole through the backward (ZeRO-1 does not partition them); once flattened for the
+reduce-scatter they are freed, and the reduced values exist only as each rank's slice, which
+:meth:`ShardedOptimizer.reduced_gradients` gathers for --verify.
 """
 from __future__ import annotations
 
@@ -89,6 +90,9 @@ class ShardedOptimizer:
     def _reduce_scatter_gradients(self) -> None:
         grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p.data)) for p in self.params]
         flat = self._flat(grads, self.reduce_dtype)
+        del grads
+        for param in self.params:   # the flat copy carries them now: free the per-parameter gradients
+            param.grad = None
         mine = torch.empty(self.shard, dtype=self.reduce_dtype, device=flat.device)
         dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.SUM, group=self.group)
         self.master.grad = mine.to(torch.float32).div_(self.dp)
