@@ -133,9 +133,9 @@ class CostModel:
         return self._default_plans[key]
 
     # ---- the plan ------------------------------------------------------------------------
-    def chunks(self, plan: Plan) -> list[list[str]]:
-        """The blocks of each pipeline chunk, as priced (the plan's stages, else balanced)."""
-        return self._chunks(plan)
+    def stage_layers(self, plan: Plan, stage: int) -> list[str]:
+        """The blocks pipeline stage ``stage`` runs: those of chunks stage, stage + pp, ..."""
+        return [layer for c, chunk in enumerate(self._chunks(plan)) if c % plan.pp == stage for layer in chunk]
 
     def _chunks(self, plan: Plan) -> list[list[str]]:
         if not plan.stages:
@@ -165,17 +165,20 @@ class CostModel:
     def priced_stages(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext]:
         """The per-stage totals ``estimate`` prices, the tp_plan it prices (the Megatron default
         when the plan has none) and the TP context: what the execution audit predicts from."""
+        stages, tp_plan, ctx, _groups = self._priced(plan)
+        return stages, tp_plan, ctx
+
+    def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
         self._check(plan)
         groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)
         tp_plan = self._tp_plan(plan)
         ctx = TPContext(profile=self.profile, tp=plan.tp, group=groups["tp"], sequence_parallel=plan.sequence_parallel,
                         precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
-        return self._stages(plan, tp_plan, ctx), tp_plan, ctx
+        return self._stages(plan, tp_plan, ctx), tp_plan, ctx, groups
 
     def estimate(self, plan: Plan) -> Cost:
         """Predict ``plan``'s step time, per-device memory and throughput (module docstring)."""
-        stages, _tp_plan, _ctx = self.priced_stages(plan)
-        groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)
+        stages, _tp_plan, _ctx, groups = self._priced(plan)
         cost = Cost()
         self._time(cost, plan, stages, groups)
         self._memory(cost, plan, stages)
@@ -263,11 +266,9 @@ class CostModel:
         if plan.tp == 1 or not plan.sequence_parallel:
             return 0.0
         tp_plan = self._tp_plan(plan)
-        chunks = self._chunks(plan)
         worst = 0.0
         for stage in range(plan.pp):
-            layers = [layer for c, chunk in enumerate(chunks) if c % plan.pp == stage for layer in chunk]
-            layers += [None] if stage == plan.pp - 1 else []
+            layers = self.stage_layers(plan, stage) + ([None] if stage == plan.pp - 1 else [])
             elements = self.sp_partial_elements(plan, tp_plan, layers)
             worst = max(worst, sum(collective_time_s(self.profile, "all_reduce", e * 4, group=tp_group) for e in elements))
         return worst
@@ -281,7 +282,7 @@ class CostModel:
         scale = plan.micro_batch_size / self.graph.batch_size
         found = []
         for chunk in self._chunks(plan):
-            inputs = block_structure(self.graph, chunk[0]).inputs
+            inputs = self._structures[self._rep[chunk[0]]].inputs   # identical blocks receive identical tensors
             sizes = [(n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads) for n in inputs]
             found.append(([b for b, _ in sizes], [b for b, g in sizes if g]))
         return found

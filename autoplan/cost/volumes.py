@@ -126,7 +126,7 @@ def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_pla
     selective recomputation keeps); the nodes outside every block on the stage that runs them."""
     if plan.tp == 1:
         return
-    layers = [layer for c, chunk in enumerate(model.chunks(plan)) if c % plan.pp == index for layer in chunk]
+    layers = model.stage_layers(plan, index)
     total = Messages()
     for layer in layers:
         fwd, bwd = block_messages(model.graph, layer, tp_plan, ctx=ctx)

@@ -69,6 +69,7 @@ ATTENTION_OPS = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_eff
 #: (grad_out, q, k, v), as the CUDA ones' do
 CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu": "forward",
                  "_scaled_dot_product_flash_attention_for_cpu_backward": "backward"}
+ALL_ATTENTION_OPS = ATTENTION_OPS | set(CPU_ATTENTION)
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -211,7 +212,7 @@ class MatmulFlops(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func._overloadpacket.__name__
-        kind = "matmul" if name in MATMUL_OPS else "attention" if name in ATTENTION_OPS | set(CPU_ATTENTION) else None
+        kind = "matmul" if name in MATMUL_OPS else "attention" if name in ALL_ATTENTION_OPS else None
         if kind is not None:
             phase = 0 if torch._C._current_graph_task_id() == -1 else 1
             self.flops[kind][phase] += _op_flops(func, name, args, kwargs, out)
@@ -240,8 +241,12 @@ def existing_tensors(trainer: Any) -> list[torch.Tensor]:
         found += [p.grad for p in module.parameters() if p.grad is not None]
     for state in optimizer_states(trainer.optimizer):
         found += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    found += list(getattr(trainer.optimizer, "held_tensors", lambda: [])())
-    return found
+    return found + _held(trainer.optimizer)
+
+
+def _held(optimizer: Any) -> list[torch.Tensor]:
+    """Tensors an optimizer keeps besides its states (ZeRO-1's fp32 master slice)."""
+    return list(getattr(optimizer, "held_tensors", lambda: [])())
 
 
 def optimizer_states(optimizer: Any) -> list[dict]:
@@ -253,7 +258,7 @@ def placement(trainer: Any) -> dict[str, int]:
     """Bytes of parameters and optimizer states this rank holds, and its parameter elements."""
     params = [_local(p) for p in trainer.parameters]
     states = [_local(v) for s in optimizer_states(trainer.optimizer) for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-    states += [_local(t) for t in getattr(trainer.optimizer, "held_tensors", lambda: [])()]
+    states += [_local(t) for t in _held(trainer.optimizer)]
     return {"param_elements": sum(p.numel() for p in params),
             "weights_bytes": sum(p.numel() * p.element_size() for p in params),
             "optimizer_bytes": sum(t.numel() * t.element_size() for t in states)}
@@ -292,13 +297,25 @@ def audited_step(trainer: Any, inputs: tuple, target: Any, *, groups: dict[froze
     return loss, audit
 
 
+def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
+    """One audited step on every rank (:func:`audited_step`), the collectives of tied-weight
+    groups counted as pp; every rank's record with its pipeline stage, on rank 0 (None elsewhere)."""
+    from autoplan.execute.mesh import coordinates
+    ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
+    _, audit = audited_step(trainer, inputs, target, groups=group_dims(trainer.mesh, ties))
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
+    return everyone if dist.get_rank() == 0 else None
+
+
 def relative_error(measured: float, predicted: float) -> float:
     if predicted == 0:
         return 0.0 if measured == 0 else math.inf
     return (measured - predicted) / predicted
 
 
-AUDIT_COLUMNS = ("rank", "stage", "what", "measured_count", "predicted_count", "measured", "predicted", "unit", "relative_error")
+AUDIT_COLUMNS = ("rank", "stage", "what", "measured_count", "predicted_count", "measured", "predicted", "unit", "relative_error",
+                 "as_priced")
 
 
 def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[float]) -> list[dict]:
@@ -324,5 +341,7 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
 
 def _row(rank: int, stage: int, what: str, measured: float, predicted: float, unit: str,
          measured_count: int | None = None, predicted_count: int | None = None) -> dict:
+    counts_agree = predicted_count is None or measured_count == predicted_count   # DDP's bucket count is not priced
     return {"rank": rank, "stage": stage, "what": what, "measured_count": measured_count, "predicted_count": predicted_count,
-            "measured": measured, "predicted": predicted, "unit": unit, "relative_error": relative_error(measured, predicted)}
+            "measured": measured, "predicted": predicted, "unit": unit, "relative_error": relative_error(measured, predicted),
+            "as_priced": measured == predicted and counts_agree}

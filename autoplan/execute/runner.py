@@ -164,17 +164,12 @@ def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
     """One more step, untimed, under the execution audit's recorders (autoplan/execute/audit.py),
     after at least three steps in all (DDP rebuilds its buckets, with a broadcast, in one of the
     first); every rank's record, on rank 0."""
-    from autoplan.execute.audit import audited_step, group_dims
-    from autoplan.execute.mesh import coordinates
+    from autoplan.execute.audit import audit_ranks
     torch.manual_seed(opts.seed + 1 + opts.steps)
     x, y = trainer.local_batch(model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size))
     for _ in range(max(0, 3 - opts.steps)):
         trainer.train_step(x, y)
-    ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
-    _, audit = audited_step(trainer, x, y, groups=group_dims(trainer.mesh, ties))
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
-    return everyone if dist.get_rank() == 0 else None
+    return audit_ranks(trainer, x, y)
 
 
 def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
@@ -193,7 +188,7 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
     rows = audit_rows(ranks=ranks, predictions=predict(model, plan), stage_peak_bytes=peaks)
     write_text_atomic(Path(opts.out) / "audit.csv", pd.DataFrame(rows, columns=list(AUDIT_COLUMNS)).to_csv(index=False))
     comm = [r for r in rows if r["what"].startswith("comm")]
-    equal = sum(1 for r in comm if r["measured"] == r["predicted"] and (r["predicted_count"] is None or r["measured_count"] == r["predicted_count"]))
+    equal = sum(1 for r in comm if r["as_priced"])
     memory = max((abs(r["relative_error"]) for r in rows if r["what"] == "peak live memory"), default=0.0)
     print(f"audit: {equal} of {len(comm)} collective rows as priced; peak memory within {100 * memory:.0f}% of the "
           f"prediction; see {opts.out}/audit.csv", flush=True)

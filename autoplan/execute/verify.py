@@ -125,34 +125,34 @@ def original_name(name: str) -> str:
     return name.replace("._checkpoint_wrapped_module", "").replace("._fsdp_wrapped_module", "")
 
 
+def _named_parameters(trainer: Trainer):
+    """This rank's parameters by original FQN (wrapper prefixes dropped, tied aliases mapped)."""
+    for module in trainer.stage_modules.values():
+        for name, param in module.named_parameters():
+            name = original_name(name)
+            yield (trainer.aliases or {}).get(name, name), param
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor in fp32 on the CPU (DTensor shards gathered: a collective)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().float().cpu()
+
+
 def gathered_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     """This rank's full fp32 weights by original FQN (a collective over its stage's dp x tp), of
     the parameters it trains: a stage may also hold an unused copy of a weight tied to another
-    stage (the pipeline split keeps it), which no step touches."""
-    weights = {}
-    for module in trainer.stage_modules.values():
-        for name, param in module.named_parameters():
-            if param.grad is None and trainer.dp_mode != "zero1":
-                continue
-            name = original_name(name)
-            full = param.full_tensor() if isinstance(param, DTensor) else param
-            weights[(trainer.aliases or {}).get(name, name)] = full.detach().float().cpu()
-    return weights
+    stage (the pipeline split keeps it), which no step touches. ZeRO-1 frees every gradient in
+    its step, so there every parameter counts."""
+    return {name: _full(param) for name, param in _named_parameters(trainer)
+            if param.grad is not None or trainer.dp_mode == "zero1"}
 
 
 def gathered_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
     """This rank's full gradients by original FQN (a collective over its stage's dp x tp).
     Under ZeRO-1 the reduced gradients are the optimizer's slices, gathered back."""
     reduced = _zero1_gradients(trainer)
-    grads = {}
-    for module in trainer.stage_modules.values():
-        for name, param in module.named_parameters():
-            grad = reduced.get(id(param), param.grad)
-            if grad is None:
-                continue
-            name = original_name(name)
-            grads[(trainer.aliases or {}).get(name, name)] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).detach().float().cpu()
-    return grads
+    found = ((name, reduced.get(id(param), param.grad)) for name, param in _named_parameters(trainer))
+    return {name: _full(grad) for name, grad in found if grad is not None}
 
 
 def _zero1_gradients(trainer: Trainer) -> dict[int, torch.Tensor]:

@@ -116,8 +116,7 @@ def audit_case(model_name: str, plan: Plan) -> dict:
     """Two warm-up steps (DDP rebuilds its buckets, optimizers create their states), then one
     audited step; every rank's audit, gathered on rank 0, with its pipeline stage."""
     from autoplan.execute import parallelize
-    from autoplan.execute.audit import audited_step, group_dims
-    from autoplan.execute.mesh import coordinates
+    from autoplan.execute.audit import audit_ranks
     import exec_models as m
     torch.manual_seed(0)
     model = getattr(m, MODELS[model_name])()
@@ -125,11 +124,7 @@ def audit_case(model_name: str, plan: Plan) -> dict:
     x, y = trainer.local_batch((m.tokens(plan.global_batch_size, 1),), m.tokens(plan.global_batch_size, 2))
     for _ in range(2):
         trainer.train_step(x, y)
-    ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
-    _, audit = audited_step(trainer, x, y, groups=group_dims(trainer.mesh, ties))
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
-    return {"ranks": everyone}
+    return {"ranks": audit_ranks(trainer, x, y)}
 
 
 def run_audits(world_size: int, cases: list) -> dict[str, dict]:
