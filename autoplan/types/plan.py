@@ -88,9 +88,10 @@ class Plan:
                 f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'.")
         require(self.grad_reduce_dtype in PRECISIONS, PlanError,
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(PRECISIONS)}.")
+        allowed = "'fp32'" if self.precision == "fp32" else f"'fp32' or '{self.precision}'"
         require(self.grad_reduce_dtype in ("fp32", self.precision), PlanError,
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}' with precision '{self.precision}'; gradients are reduced "
-                f"in fp32 or in the compute dtype, so use 'fp32' or '{self.precision}'.")
+                f"in fp32 or in the compute dtype, so use {allowed}.")
         for module, split in self.tp_plan.items():
             require(split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
         require(not self.sequence_parallel or self.tp > 1, PlanError, "plan sequence_parallel=true needs tp > 1.")

@@ -34,6 +34,10 @@ def test_plan_round_trips_through_json(tmp_path):
     (dict(virtual_stages=2), "needs schedule 'interleaved_1f1b'"),
     (dict(micro_batch_size=0), "micro_batch_size=0"),
     (dict(dp=4, tp=1, sequence_parallel=True), "sequence_parallel=true needs tp > 1"),
+    (dict(grad_reduce_dtype="int8"), "grad_reduce_dtype='int8'"),
+    (dict(grad_reduce_dtype="bf16"), "precision 'fp32'; gradients are reduced in fp32 or in the compute dtype, so use 'fp32'."),
+    (dict(precision="bf16", grad_reduce_dtype="fp16"), "use 'fp32' or 'bf16'"),
+    (dict(zero_stage=3, overlap_grad_reduce=False), "overlap_grad_reduce=false with ZeRO-2/3"),
 ])
 def test_plan_rejects_bad_fields_with_one_sentence(overrides, words):
     with pytest.raises(PlanError, match=None) as info:
