@@ -12,7 +12,13 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   overhead (a backward one only for nodes in ``Graph.grad_nodes``).
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
 - ``saved_bytes``: sum of ``saved_bytes * f * dtype_scale / activation_shard`` (what autograd
-  keeps; Korthikanti et al. 2022 section 4 counts the same tensors).
+  keeps; Korthikanti et al. 2022 section 4 counts the same tensors), plus the copies that
+  tensor-parallel resharding keeps (autoplan/cost/tp_memory.py).
+- ``loss_grad_bytes``: what the loss's backward makes while every activation is still alive,
+  the start of the last micro-batch's backward: the gradient of the loss's floating inputs
+  (the logits) and one gradient per tensor the loss saved (cross-entropy's log-softmax
+  output), ``(|inputs| + saved(loss)) * f``; measured by the execution audit as the peak
+  (autoplan/execute/audit.py, at ``_log_softmax_backward_data``).
 - selective recomputation, defined once for the cost model and the executor
   (autoplan/execute/recompute.py): op-level selective activation checkpointing as torchtitan
   runs it (``torch.utils.checkpoint`` with a policy). Inside each block the outputs of
@@ -33,8 +39,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.compute import activation_scale, input_bytes_of, op_time_s, saved_activation_bytes
-from autoplan.cost.tensor_parallel import TPContext, tp_layer_cost
+from autoplan.cost.compute import activation_scale, executed_bwd_flops, input_bytes_of, op_time_s, saved_activation_bytes
+from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
+from autoplan.cost.tp_block import analyse_block
+from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
 
 #: nodes whose outputs selective recomputation keeps (module docstring; execute/recompute.py SAVED_OPS)
@@ -59,6 +67,7 @@ class LayerSummary:
     matmul_bwd_flops: float = 0.0
     attention_fwd_flops: float = 0.0
     attention_bwd_flops: float = 0.0
+    loss_grad_bytes: float = 0.0     # gradients the loss's backward makes while every activation is alive
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,7 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     grad_nodes = graph.grad_nodes()
+    block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
     fwd = bwd = rerun = saved = kept = flops = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
     for node in structure.nodes:
@@ -97,21 +107,37 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
                          input_bytes=read, needs_grad=node.name in grad_nodes)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
         act_shard = tp_cost.activation_shard.get(node.name, 1)
-        saved += saved_activation_bytes(node, precision=precision, gpu=gpu) * f / act_shard
+        copies = param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision) if node.name in splits else 0.0
+        saved += (saved_activation_bytes(node, precision=precision, gpu=gpu) / act_shard + copies) * f
         if node.op in SAVED_KINDS:
-            kept += node.output_bytes * f * activation_scale(node, precision=precision) / act_shard
+            own_output = copies if splits.get(node.name) == "colwise" else 0.0   # a gathered colwise output's local shard
+            kept += (node.output_bytes * activation_scale(node, precision=precision) / act_shard + own_output) * f
             part = by_kind["attention" if node.op == "attention" else "matmul"]
             part[0] += node.fwd_flops * f / shard
-            part[1] += node.bwd_flops * f / shard
+            part[1] += executed_bwd_flops(node) * f / shard   # the audit measures what runs
         else:
             rerun += t_fwd
+    names = {n.name for n in structure.nodes}
+    gathered = stream_copy_bytes(graph, block, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel, precision=precision)
+    saved += sum(b for consumer, b in gathered.items() if consumer in names) * f
     held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
     inputs = _input_bytes(structure, ctx)
     return LayerSummary(fwd_s=fwd, bwd_s=bwd, selective_recompute_s=rerun, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
                         saved_bytes=saved, selective_dropped_bytes=max(0.0, saved - inputs - kept),
+                        loss_grad_bytes=sum(loss_grad_bytes(structure, n, precision=precision, gpu=gpu) for n in structure.nodes) * f,
                         input_bytes=inputs, param_count=params, param_names=tuple(held), param_numels=tuple(held.values()),
                         flops=flops, matmul_fwd_flops=by_kind["matmul"][0], matmul_bwd_flops=by_kind["matmul"][1],
                         attention_fwd_flops=by_kind["attention"][0], attention_bwd_flops=by_kind["attention"][1])
+
+
+def loss_grad_bytes(structure: BlockStructure, node: OpNode, *, precision: str, gpu: bool) -> float:
+    """Bytes the backward of a loss node makes at its start (module docstring): the gradient of
+    each floating input, and one gradient per tensor the loss saved of its own (cross-entropy's
+    log-softmax output); 0 for other nodes."""
+    if node.op != "loss":
+        return 0.0
+    inputs = [p for p in structure.preds[node.name] if "float" in p.output_dtype]
+    return input_bytes_of(inputs, precision=precision) + saved_activation_bytes(node, precision=precision, gpu=gpu)
 
 
 def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:

@@ -23,6 +23,7 @@ class StageTotals:
     tp_s: float = 0.0
     saved_bytes: float = 0.0       # activations kept per micro-batch after the recompute choice
     peak_block_bytes: float = 0.0  # one block's full activations (live while it is recomputed)
+    loss_grad_bytes: float = 0.0   # the loss backward's gradients (cost/layers.py), on the stage holding the loss
     params: float = 0.0
     flops: float = 0.0
     blocks: list[LayerSummary] = field(default_factory=list)   # in forward order, outside nodes included
@@ -33,6 +34,12 @@ class StageTotals:
     def micro_batch_s(self) -> float:
         """Forward + backward + recompute + TP collectives of one micro-batch on this stage."""
         return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s
+
+    @property
+    def transient_bytes(self) -> float:
+        """Activations alive beyond the saved ones at the backward's peak: a block recomputed
+        (full recomputation) and the loss's gradients happen at different moments, so the larger."""
+        return max(self.peak_block_bytes, self.loss_grad_bytes)
 
     @property
     def compute_s(self) -> float:
@@ -58,6 +65,7 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     stage.params += block.param_count if is_block else _outside_params(stage, block)
     stage.flops += block.flops
     stage.blocks.append(block)
+    stage.loss_grad_bytes = max(stage.loss_grad_bytes, block.loss_grad_bytes)
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes
         return

@@ -40,6 +40,7 @@ import pulp
 from autoplan.cost.tensor_parallel import (TPContext, TPTerms, block_terms, legal_splits, param_node_shards, pure_layout,
                                            pure_layouts_possible, pure_node_shards, stream_node_shards, terms_time_s)
 from autoplan.cost.tp_block import BlockAnalysis, analyse_block
+from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.solve.backend import SolveStatus, solve_model, variable
 from autoplan.solve.op_costs import node_saved_bytes, node_time_s
 from autoplan.types.graph import Graph
@@ -127,7 +128,9 @@ def build_block_problem(graph: Graph, layer: str | None, *, ctx: TPContext, forw
         pbytes = sum(graph.parameters[p].bytes for p in own if p in graph.parameters) * param_bytes_factor
         abytes = node_saved_bytes(node, ctx.profile, precision=ctx.precision) * activation_factor if activation_factor else 0.0
         if node.name in problem.legal:
-            _price_param(problem, node, time_of, pbytes, abytes, tp=tp)
+            copies = {split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision) * activation_factor
+                      for split in problem.legal[node.name]}
+            _price_param(problem, node, time_of, pbytes, abytes, copies, tp=tp)
         elif node.name in block.origins:
             origins = block.origins[node.name]
             shard = {lay: pure_node_shards(lay, tp=tp) for lay in pure_layouts_possible(block, origins, problem.legal, sequence_parallel=sp)}
@@ -137,16 +140,17 @@ def build_block_problem(graph: Graph, layer: str | None, *, ctx: TPContext, forw
             compute, act = stream_node_shards(node, tp=tp, sequence_parallel=sp)
             problem.constant_s += time_of(node, compute)
             problem.constant_bytes += pbytes + abytes / act
+    problem.constant_bytes += sum(stream_copy_bytes(graph, block, tp=tp, sequence_parallel=sp, precision=ctx.precision).values()) * activation_factor
     _add_ties(graph, problem)
     return problem
 
 
-def _price_param(problem: BlockProblem, node, time_of, pbytes: float, abytes: float, *, tp: int) -> None:
+def _price_param(problem: BlockProblem, node, time_of, pbytes: float, abytes: float, copies: dict[str, float], *, tp: int) -> None:
     problem.unary_s[node.name], problem.unary_bytes[node.name] = {}, {}
     for s in problem.legal[node.name]:
         compute, param, act = param_node_shards(problem.block, node.name, s, tp=tp, sequence_parallel=problem.sequence_parallel)
         problem.unary_s[node.name][s] = time_of(node, compute) + _unary_comm(problem.terms, node.name, s, problem.forward_repeats)
-        problem.unary_bytes[node.name][s] = pbytes / param + abytes / act
+        problem.unary_bytes[node.name][s] = pbytes / param + abytes / act + copies[s]
 
 
 def _unary_comm(terms: TPTerms, v: str, split: str, forward_repeats: int) -> float:

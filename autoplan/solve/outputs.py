@@ -16,7 +16,10 @@ from pathlib import Path
 
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.memory import model_states
+from autoplan.cost.layers import block_structure, loss_grad_bytes
 from autoplan.cost.tensor_parallel import block_terms, node_splits, sp_partial_params, tp_layer_cost
+from autoplan.cost.tp_block import analyse_block
+from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.solve.op_costs import node_saved_bytes, node_time_s
 from autoplan.solve.search import SearchResult
 from autoplan.solve.stage_costs import StageCosts
@@ -79,18 +82,29 @@ def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     for layer in [None, *graph.layers]:
         cost = tp_layer_cost(graph, layer, plan.tp_plan, ctx=ctx)
         comm = _comm_by_node(graph, layer, plan, ctx)
+        copies = stream_copy_bytes(graph, analyse_block(graph, layer), tp=plan.tp, sequence_parallel=plan.sequence_parallel, precision=plan.precision)
+        split_of = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
+        structure = block_structure(graph, layer)
         for node in graph.layer_nodes(layer):
             index = graph.nodes.index(node) if layer is None else 0
             stage = stages.get(layer, 0 if index < first_block else plan.pp - 1)
             shard = cost.compute_shard.get(node.name, 1)
             compute = node_time_s(graph, node, profile, precision=plan.precision, batch_fraction=ctx.batch_fraction, shard=shard)
             params = node.param_count / cost.param_shard.get(node.name, 1)
-            states = model_states(params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
-            saved = node_saved_bytes(node, profile, precision=plan.precision) * ctx.batch_fraction / cost.activation_shard.get(node.name, 1)
+            states = model_states(params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
+            saved = node_saved_bytes(node, profile, precision=plan.precision) / cost.activation_shard.get(node.name, 1)
+            saved = (saved + copies.get(node.name, 0.0) + _param_copies(graph, layer, node, plan, split_of)) * ctx.batch_fraction
+            saved += loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl") * ctx.batch_fraction
             split = plan.tp_plan.get(node.module, "replicate") if node.module and node.op in ("linear", "embedding", "norm") else "-"
             rows.append([node.name, node.op, node.module, layer or "", stage, split, shard, compute, comm.get(node.name, 0.0),
                          int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes), int(saved)])
     return _csv(["op", "kind", "module", "layer", "stage", "split", "compute_shard", "compute_s", "comm_s", "param_state_bytes", "activation_bytes"], rows)
+
+
+def _param_copies(graph: Graph, layer: str | None, node, plan: Plan, split_of: dict[str, str]) -> float:
+    if node.name not in split_of:
+        return 0.0
+    return param_copy_bytes(graph, analyse_block(graph, layer), node.name, split_of[node.name], tp=plan.tp, precision=plan.precision)
 
 
 def _comm_by_node(graph: Graph, layer: str | None, plan: Plan, ctx) -> dict[str, float]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.layers import LayerSummary, block_structure, summarise
-from autoplan.cost.memory import comm_buffer_bytes, model_states, usable_bytes
+from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.memory import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.tensor_parallel import TPContext
@@ -66,7 +67,7 @@ class StageCosts:
         extra_time = [0.0] * plan.pp
         extra_time[0] += pre.fwd_s + pre.bwd_s
         extra_time[-1] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
-        extra_bytes = [peak_block] * plan.pp
+        extra_bytes = [peak_block] * (plan.pp - 1) + [max(peak_block, post.loss_grad_bytes)]   # StageTotals.transient_bytes
         in_flight = [in_flight_chunks(plan, k) for k in range(plan.pp)]
         extra_bytes[0] += pre.param_count * per_param + pre.saved_bytes * in_flight[0]
         extra_bytes[-1] += post.param_count * per_param + post.saved_bytes * in_flight[-1]
@@ -123,11 +124,13 @@ class StageCosts:
     def _capacity(self, plan: Plan, boundary: float, block_params: float) -> float:
         buffers = comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=boundary,
                                     block_params=block_params, precision=plan.precision)
+        buffers += scatter_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, block_params=block_params, precision=plan.precision,
+                                        reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype])   # nothing freed: an upper bound
         return usable_bytes(self.profile.device.memory_bytes) - buffers
 
 
 def _state_bytes(plan: Plan) -> tuple[float, float, float]:
-    states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
+    states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
     return states.weights_bytes, states.grads_bytes, states.optimizer_bytes
 
 

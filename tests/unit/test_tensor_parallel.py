@@ -268,9 +268,11 @@ def _per_layer_sbh(graphs, tp, *, sp, recompute):
 def test_megatron_activations_per_layer_follow_korthikanti_eq_4_and_5(megatron_graphs, tp):
     s2 = 5 * MA * MS / MH
     scores = 2 * MA * MS / MH
-    # eq. (5), TP + SP: sbh/t (34 + 5as/h). Selective recomputation (cost/layers.py) keeps the block
+    # eq. (5), TP + SP: sbh/t (34 + 5as/h), plus the whole copies of the two gathered LayerNorm
+    # outputs the executor's linears save, 2 x 2sbh (1 - 1/t), where Megatron gathers them again in
+    # the backward (cost/tp_memory.py). Selective recomputation (cost/layers.py) keeps the block
     # input and the matmul outputs: input 2, qkv 6, QK^T scores 2as/h, attention 2, proj 2, fc1 8, fc2 2
-    assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="none") == pytest.approx((34 + s2) / tp, rel=0.005)
+    assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="none") == pytest.approx((34 + s2) / tp + 4 * (1 - 1 / tp), rel=0.005)
     assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="selective") == pytest.approx((22 + scores) / tp, rel=0.005)
     # TP only: the input and the all-reduced fc2 and proj outputs (2 + 2 + 2) stay whole, the rest is /t
     assert _per_layer_sbh(megatron_graphs, tp, sp=False, recompute="selective") == pytest.approx(6 + (16 + scores) / tp, rel=0.005)
