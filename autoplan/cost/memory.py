@@ -8,6 +8,11 @@ realises the plan's data parallelism (autoplan/execute/data_parallel.py), with N
     ZeRO-1 (execute/zero.py)         4 (+2 low copy)              4            12 / N  (fp32 master slice 4 + moments 8)
     FSDP2, ZeRO-2                    4/N + b (gathered for the step)  4/N      8 / N
     FSDP2, ZeRO-3                    4/N (+ two gathered blocks, buffers)  4/N  8 / N
+    FSDP2 under a pipeline (pp > 1)  as above                     4            as above
+
+A pipeline stage under FSDP2 (torch.distributed.pipelining's ``PipelineStage``) turns gradient
+sync off for all but the last micro-batch, so its gradients accumulate unsharded and are
+reduce-scattered once (the comm price, autoplan/cost/volumes.py, counts the same).
 
 Parameters stay fp32 outside FSDP2 and autocast computes in bf16/fp16, caching a low-precision
 copy of every weight it casts (2 bytes, alive from the forward to the backward); gradients are
@@ -22,12 +27,36 @@ micro-batches in flight (autoplan/cost/schedule.py). Under full recomputation on
 inputs are kept per micro-batch, plus one block's full activations while it is recomputed
 and back-propagated.
 
+The peak is the largest of three moments (:func:`stage_memory`), with W, G, O the model
+states, S the saved activations of one micro-batch, n the micro-batches in flight and n' those
+in flight after the stage's first backward (autoplan/cost/schedule.py), T the backward's
+transient (the loss's gradients, or a block recomputed under full recomputation,
+autoplan/cost/stages.py):
+
+    M1 = n S + T + buffers (+ G under DDP)          the forward's end, the backward's start
+    M2 = n' S + G + max(T, scatter - S_block) + buffers   every later backward, gradients made
+    M3 = G + sync                                   after the backward, activations gone
+    peak = W + O + max(M1, M2, M3)
+
+Gradients live through the step only under DDP, which zeroes its bucket views in place; every
+other realisation frees them at the step's start (``zero_grad(set_to_none=True)``,
+autoplan/execute/trainer.py) and makes them in the first backward as activations are freed, so
+M1 has none. M2 and M1 differ where nothing refills the pipeline after its first backward
+(GPipe, short 1F1B, one micro-batch). The parts are reported each at its largest, so they may
+sum to more than the peak.
+
 Communication buffers: DDP's buckets are the gradients themselves (``gradient_as_bucket_view``),
 so none; the explicit all-reduce and ZeRO-1 flatten the gradients once a step after the
 backward (one gradient-sized buffer, when the activations are gone: it counts only if that
-moment is the peak); the pipeline's send and receive buffers (2 boundary activations); under
-ZeRO-3 the gathered weights of two blocks (the running one and the prefetched one, FSDP) plus
-one block's unsharded gradients before the reduce-scatter.
+moment is the peak), and ZeRO-1 also holds its reduce-scattered slice (``P / N`` in the
+reduce dtype, plus its fp32 copy when that is 16-bit) beside the flat buffer; the pipeline's
+send and receive buffers (2 boundary activations); under ZeRO-3 the gathered weights of two
+blocks (the running one and the prefetched one, FSDP) and, in the backward, one block's
+reduce-scatter (``scatter``): its unsharded gradients in the compute dtype, FSDP2's flat
+reduce-scatter input in the reduce dtype and the output slice (``b + r + r/N`` bytes per block
+parameter, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``). It
+exists only once a block's backward is done, when that block's activations are freed
+(``S_block``), and after the loss's gradients are.
 
 A plan fits when the peak of the most loaded stage is at most ``(1 - ALLOCATOR_HEADROOM)``
 of the device memory: the PyTorch caching allocator's fragmentation, the CUDA context and
@@ -54,27 +83,79 @@ class ModelStates:
     optimizer_bytes: float
 
 
-def model_states(*, params: float, precision: str, zero_stage: int, dp: int) -> ModelStates:
+def model_states(*, params: float, precision: str, zero_stage: int, dp: int, pp: int = 1) -> ModelStates:
     """Model-state bytes for ``params`` parameters on one device, as the executor holds them
     (module docstring)."""
     low = LOW_BYTES[precision]
     if dp > 1 and zero_stage >= 2:   # FSDP2: fp32 shards; ZeRO-2 keeps the compute-dtype weights gathered
         gathered = params * (low or 4) if zero_stage == 2 else 0.0
-        return ModelStates(weights_bytes=4 * params / dp + gathered, grads_bytes=4 * params / dp, optimizer_bytes=8 * params / dp)
+        grads = 4 * params if pp > 1 else 4 * params / dp   # a pipeline stage accumulates them unsharded
+        return ModelStates(weights_bytes=4 * params / dp + gathered, grads_bytes=grads, optimizer_bytes=8 * params / dp)
     optimizer = 12 * params / dp if zero_stage == 1 and dp > 1 else 8 * params
     return ModelStates(weights_bytes=(4 + low) * params, grads_bytes=4 * params, optimizer_bytes=optimizer)
 
 
+def runs_ddp(plan) -> bool:
+    """Whether the executor realises the plan's data parallelism with DDP (autoplan/execute/
+    data_parallel.py ``dp_mode``): dp > 1, ZeRO-0, no tp or pp, the reduction overlapped. Only
+    then do gradients live through the step (module docstring)."""
+    return plan.dp > 1 and plan.zero_stage == 0 and plan.tp == 1 and plan.pp == 1 and plan.overlap_grad_reduce
+
+
 def comm_buffer_bytes(*, zero_stage: int, dp: int, pp: int, boundary_bytes: float, block_params: float, precision: str) -> float:
-    """Bytes of communication buffers on one device during the forward and backward (module
-    docstring); the gradient flattening after the backward is :func:`sync_buffer_bytes`."""
+    """Bytes of communication buffers on one device through the forward and backward (module
+    docstring): ZeRO-3's two gathered blocks and the pipeline's send and receive buffers. The
+    backward's reduce-scatter is :func:`scatter_buffer_bytes`, the flattening after it
+    :func:`sync_buffer_bytes`."""
     weight_bytes = LOW_BYTES[precision] or 4
     total = 0.0
     if zero_stage >= 3 and dp > 1:
-        total += block_params * (2 * weight_bytes + 4)
+        total += block_params * 2 * weight_bytes
     if pp > 1:
         total += 2 * boundary_bytes
     return total
+
+
+def scatter_buffer_bytes(*, zero_stage: int, dp: int, pp: int, block_params: float, precision: str, reduce_bytes: int) -> float:
+    """ZeRO-3's reduce-scatter of one block in the backward (module docstring): its unsharded
+    gradients in the compute dtype, FSDP2's flat input in the reduce dtype and the output slice.
+    Under a pipeline the unsharded gradients are the accumulated ones, already in G."""
+    if zero_stage < 3 or dp == 1:
+        return 0.0
+    unsharded = 0 if pp > 1 else (LOW_BYTES[precision] or 4)
+    return block_params * (unsharded + reduce_bytes + reduce_bytes / dp)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One stage's memory on one device: the parts, each at its largest, and the peak, the
+    largest of three moments (module docstring)."""
+
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float      # n S + T
+    buffers_bytes: float          # forward buffers + the largest backward or sync buffer
+    peak_bytes: float
+
+
+def stage_memory(*, states: ModelStates, saved_bytes: float, transient_bytes: float, in_flight: float, in_flight_after: float,
+                 last_block_bytes: float, buffers_bytes: float, scatter_bytes: float, sync_bytes: float, grads_persist: bool) -> StageMemory:
+    """The three moments of the module docstring:
+
+        M1 = n S + T + buffers + (G if gradients persist)        the forward's end, backward's start
+        M2 = n' S + G + max(T, scatter - S_block) + buffers      the backward after the first one
+        M3 = G + sync                                            after the backward
+        peak = W + O + max(M1, M2, M3)
+    """
+    grads = states.grads_bytes
+    m1 = in_flight * saved_bytes + transient_bytes + buffers_bytes + (grads if grads_persist else 0.0)
+    m2 = in_flight_after * saved_bytes + grads + max(transient_bytes, scatter_bytes - last_block_bytes) + buffers_bytes
+    m3 = grads + sync_bytes
+    return StageMemory(weights_bytes=states.weights_bytes, grads_bytes=grads, optimizer_bytes=states.optimizer_bytes,
+                       activations_bytes=in_flight * saved_bytes + transient_bytes,
+                       buffers_bytes=buffers_bytes + max(scatter_bytes, sync_bytes),
+                       peak_bytes=states.weights_bytes + states.optimizer_bytes + max(m1, m2, m3))
 
 
 def sync_buffer_bytes(*, params: float, zero_stage: int, dp: int, tp: int, pp: int, reduce_bytes: int) -> float:
@@ -82,7 +163,10 @@ def sync_buffer_bytes(*, params: float, zero_stage: int, dp: int, tp: int, pp: i
     alive after the backward; DDP reduces in place and FSDP2 per block."""
     if dp == 1 or zero_stage >= 2 or (zero_stage == 0 and tp == 1 and pp == 1):
         return 0.0
-    return params * max(4, reduce_bytes)
+    flat = params * max(4, reduce_bytes)
+    if zero_stage == 1:   # the reduce-scattered slice, and its fp32 copy when reduced in 16 bits (execute/zero.py)
+        flat += params / dp * (reduce_bytes + (4 if reduce_bytes != 4 else 0))
+    return flat
 
 
 def usable_bytes(memory_bytes: float) -> float:

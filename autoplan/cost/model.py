@@ -31,7 +31,10 @@ The step time of one global batch (docs/cost-model.md states every term with its
   tp = pp = 1 and ZeRO 0, FSDP2 under ZeRO-2/3; an explicit all-reduce after the backward
   otherwise), and never under ``plan.overlap_grad_reduce=False`` (how Megatron-LM ran before its
   2023 ``--overlap-grad-reduce``, NVIDIA/Megatron-LM issue #391 and commit e801b2b), which the
-  executor runs with its explicit all-reduce;
+  executor runs with its explicit all-reduce. DDP also broadcasts rank 0's module buffers
+  (``broadcast_buffers``, the graph's ``buffer_bytes``) before the forward of each synced
+  micro-batch, once a step, on the dp group, exposed; priced as an all-gather of the same bytes
+  (a pipelined broadcast moves the whole message over every link, as a ring all-gather does);
 - zero_exposed (ZeRO-3 / FSDP): per micro-batch, an all-gather of each block's weights in the
   forward and again in the backward, prefetched one block ahead (schedule.prefetched_exposed_s),
   and the reduce-scatter of its gradients in every micro-batch's backward, so gradients stay
@@ -57,11 +60,11 @@ import math
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
-from autoplan.cost.memory import (DDP_BUCKET_BYTES, comm_buffer_bytes, model_states, sync_buffer_bytes,
-                                  usable_bytes)
+from autoplan.cost.memory import (DDP_BUCKET_BYTES, StageMemory, comm_buffer_bytes, model_states, runs_ddp, scatter_buffer_bytes,
+                                  stage_memory, sync_buffer_bytes, usable_bytes)
 from autoplan.cost.mesh import AxisGroup, mesh_groups
-from autoplan.cost.schedule import (balanced_stages, in_flight_chunks, overlapped_sync_exposed_s, partially_hidden_s,
-                                    prefetched_exposed_s)
+from autoplan.cost.schedule import (balanced_stages, in_flight_after_first_backward, in_flight_chunks, overlapped_sync_exposed_s,
+                                    partially_hidden_s, prefetched_exposed_s)
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tensor_parallel import TPContext, default_tp_plan, sp_partial_params
 from autoplan.errors import PlanError
@@ -331,15 +334,16 @@ class CostModel:
             total, exposed = total + gather, exposed + gather
         if not self._overlaps_grad_reduce(plan):
             exposed = total
+        if runs_ddp(plan) and self.graph.buffer_bytes:   # rank 0's buffers, broadcast before a forward: never hidden
+            broadcast = collective_time_s(self.profile, "all_gather", self.graph.buffer_bytes, group=group)
+            total, exposed = total + broadcast, exposed + broadcast
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
 
     def _overlaps_grad_reduce(self, plan: Plan) -> bool:
         """Whether the gradient reduction runs under the backward (module docstring)."""
         if not plan.overlap_grad_reduce:
             return False
-        if plan.zero_stage >= 2:
-            return True
-        return plan.zero_stage == 0 and plan.tp == 1 and plan.pp == 1
+        return plan.zero_stage >= 2 or runs_ddp(plan)
 
     def _overlap_efficiency(self, plan: Plan) -> float:
         """eta of the dp communication (module docstring): 0 for FSDP2 (ZeRO-2/3) without CUDA streams."""
@@ -363,26 +367,32 @@ class CostModel:
         return fwd + (m - 1) * bwd_gather + bwd_last   # pipelining: gathered once, synced on the last
 
     # ---- memory --------------------------------------------------------------------------
-    def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[tuple[float, ...]]:
-        """Per stage: (weights, grads, optimizer, activations, buffers) bytes on one device."""
-        parts = []
-        for index, stage in enumerate(stages):
-            states = model_states(params=stage.params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp)
-            activations = stage.saved_bytes * in_flight_chunks(plan, index) + stage.peak_block_bytes
-            block_params = max((b.param_count for b in stage.blocks), default=0.0)
-            buffers = comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=stage.boundary_bytes,
-                                        block_params=block_params, precision=plan.precision)
-            sync = sync_buffer_bytes(params=stage.params, zero_stage=plan.zero_stage, dp=plan.dp, tp=plan.tp, pp=plan.pp,
-                                     reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype])
-            if sync > activations + buffers:   # after the backward the activations are gone: the peak is the sync
-                activations, buffers = 0.0, sync
-            parts.append((states.weights_bytes, states.grads_bytes, states.optimizer_bytes, activations, buffers))
-        return parts
+    def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
+        """Per stage, its memory on one device: the parts and the peak (cost/memory.py)."""
+        return [self._stage_memory(plan, index, stage) for index, stage in enumerate(stages)]
+
+    def _stage_memory(self, plan: Plan, index: int, stage: StageTotals) -> StageMemory:
+        reduce_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
+        blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
+        block_params = max((b.param_count for b in stage.blocks), default=0.0)
+        return stage_memory(
+            states=model_states(params=stage.params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp),
+            saved_bytes=stage.saved_bytes, transient_bytes=stage.transient_bytes,
+            in_flight=in_flight_chunks(plan, index), in_flight_after=in_flight_after_first_backward(plan, index),
+            last_block_bytes=blocks[-1].saved_bytes if blocks else 0.0,
+            buffers_bytes=comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=stage.boundary_bytes,
+                                            block_params=block_params, precision=plan.precision),
+            scatter_bytes=scatter_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, block_params=block_params,
+                                               precision=plan.precision, reduce_bytes=reduce_bytes),
+            sync_bytes=sync_buffer_bytes(params=stage.params, zero_stage=plan.zero_stage, dp=plan.dp, tp=plan.tp, pp=plan.pp,
+                                         reduce_bytes=reduce_bytes),
+            grads_persist=runs_ddp(plan))
 
     def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
-        best = max(self.stage_memory(plan, stages), key=sum)
-        cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes, cost.activations_bytes, cost.comm_buffer_bytes = (int(x) for x in best)
-        cost.peak_memory_bytes = sum(int(x) for x in best)
+        worst = max(self.stage_memory(plan, stages), key=lambda m: m.peak_bytes)
+        cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes = int(worst.weights_bytes), int(worst.grads_bytes), int(worst.optimizer_bytes)
+        cost.activations_bytes, cost.comm_buffer_bytes = int(worst.activations_bytes), int(worst.buffers_bytes)
+        cost.peak_memory_bytes = int(worst.peak_bytes)
         cost.memory_capacity_bytes = int(self.profile.device.memory_bytes)
         limit = usable_bytes(self.profile.device.memory_bytes)
         if cost.peak_memory_bytes > limit:

@@ -11,6 +11,13 @@ Micro-batches of activations in flight on stage i (0-based):
   count plus the running one; for stage 0 this is p v (1 + (p - 1)/(p v)) chunks, the factor of
   Korthikanti et al. 2022 section 4.2.3), each holding 1/v of the stage's layers.
 
+After the stage's first backward (of one micro-batch, or one chunk) the count drops by one and
+a schedule that has forwards left refills it at once (1F1B's steady state); GPipe has none left,
+and neither has a 1F1B stage whose warm-up already ran every micro-batch. This matters where
+gradients are freed at each step's start (autoplan/cost/memory.py): the first backward starts
+without them, so the peak is the larger of "all in flight, no gradients" and "one fewer (or
+refilled) in flight, every gradient made".
+
 Gradient sync overlapped with the backward (PyTorch DDP's bucketed all-reduce, Li et al.
 VLDB 2020): the gradients of a block are ready when its backward of the last micro-batch
 ends; they are reduced in buckets on one communication stream in reverse layer order. The
@@ -62,6 +69,15 @@ def in_flight_chunks(plan: Plan, stage: int) -> float:
         return float(min(p - stage, m))
     chunks = min(2 * (p - stage - 1) + (v - 1) * p + 1, v * m)
     return chunks / v
+
+
+def in_flight_after_first_backward(plan: Plan, stage: int) -> float:
+    """Micro-batches of activations held on ``stage`` once its first backward is done (module
+    docstring), in units of the whole stage's layers."""
+    p, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
+    held = in_flight_chunks(plan, stage) * v
+    refilled = plan.schedule != "gpipe" and held < v * m
+    return (held if refilled else held - 1) / v
 
 
 def overlapped_sync_exposed_s(*, backward_s: list[float], sync_s: list[float]) -> float:

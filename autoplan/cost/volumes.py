@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 
 from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.memory import runs_ddp
 from autoplan.cost.model import CostModel
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tensor_parallel import Messages, block_messages
@@ -70,7 +71,7 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
     for index, stage in enumerate(stages):
         pred = StagePrediction(param_elements=_held_elements(plan, stage))
         _tensor_parallel(pred, plan, model, tp_plan, ctx, index)
-        _data_parallel(pred, plan, stage, index)
+        _data_parallel(pred, plan, stage, index, model.graph.buffer_bytes)
         _pipeline(pred, plan, index, model)
         _flops(pred, plan, stage, index)
         if plan.precision == "fp16":   # the overflow flag, on the world group (a mesh dim's group when it spans the world)
@@ -88,14 +89,16 @@ def _held_elements(plan: Plan, stage: StageTotals) -> float:
     return stage.params / plan.dp if plan.zero_stage >= 2 and plan.dp > 1 else stage.params
 
 
-def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:
+def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int, buffer_bytes: int) -> None:
     if plan.dp == 1:
         return
     p = stage.params
     grad = PRECISION_BYTES[plan.grad_reduce_dtype]
     if plan.zero_stage == 0:
-        ddp = plan.tp == 1 and plan.pp == 1
+        ddp = runs_ddp(plan)
         pred.add("dp", "all_reduce", None if ddp else 1, p * grad)
+        if ddp and buffer_bytes:   # DDP broadcasts rank 0's buffers before the synced micro-batch's forward
+            pred.add("dp", "broadcast", 1, buffer_bytes)
     elif plan.zero_stage == 1:
         padded = plan.dp * math.ceil(p / plan.dp)
         pred.add("dp", "reduce_scatter", 1, padded * grad)

@@ -184,7 +184,7 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
     graph = trace_model_file(opts.model, plan.micro_batch_size)
     model = CostModel(graph, load_profile(plan.profile or "cpu-gloo"))
     stages, _tp_plan, _ctx = model.priced_stages(plan)
-    peaks = [sum(parts) for parts in model.stage_memory(plan, stages)]
+    peaks = [m.peak_bytes for m in model.stage_memory(plan, stages)]
     rows = audit_rows(ranks=ranks, predictions=predict(model, plan), stage_peak_bytes=peaks)
     write_text_atomic(Path(opts.out) / "audit.csv", pd.DataFrame(rows, columns=list(AUDIT_COLUMNS)).to_csv(index=False))
     comm = [r for r in rows if r["what"].startswith("comm")]

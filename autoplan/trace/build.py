@@ -61,4 +61,5 @@ def build_graph(records: list[Measured], *, model: torch.nn.Module, model_name: 
     dtypes = Counter(info.dtype for info in params.values())
     return Graph(model_name=model_name, batch_size=batch_size, trace_method=trace_method, nodes=nodes, edges=edges,
                  layers=order, groups=groups, parameters=params, seq_len=seq_len,
-                 dtype=dtypes.most_common(1)[0][0] if dtypes else "float32")
+                 dtype=dtypes.most_common(1)[0][0] if dtypes else "float32",
+                 buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))

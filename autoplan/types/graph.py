@@ -144,6 +144,7 @@ class Graph:
     parameters: dict[str, ParamInfo]
     seq_len: int | None = None
     dtype: str = "float32"
+    buffer_bytes: int = 0          # the model's buffers (DDP broadcasts them from rank 0 each step)
     version: int = GRAPH_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
