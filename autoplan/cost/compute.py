@@ -3,7 +3,8 @@
 For a micro-batch that is ``batch_fraction`` of the traced global batch, with the op's work
 divided ``shard`` ways (tensor parallelism):
 
-    F = flops * batch_fraction / shard                       (fwd_flops, or bwd_flops for backward)
+    F = flops * batch_fraction / shard                       (fwd_flops, or bwd_flops for backward,
+                                                              plus a fused attention's recomputed Q·K^T)
     B = io_bytes * batch_fraction / shard + param_bytes / shard
     t = max( F / (peak[dtype] * eff(F)),  B / (mem_bw * memory_efficiency) )
     eff(F) = max_efficiency * F / (F + half_saturation_flops)        (autoplan/types/profile.py)
@@ -90,7 +91,7 @@ def op_time_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction:
 def _device_time_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
                    backward: bool, input_bytes: float | None) -> float:
     """The roofline (or a measured op_table row) of the node's forward or backward."""
-    flops = (node.bwd_flops if backward else node.fwd_flops) * batch_fraction / shard
+    flops = (executed_bwd_flops(node) if backward else node.fwd_flops) * batch_fraction / shard
     measured = _measured_s(node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward)
     if measured is not None:
         return measured
@@ -98,6 +99,13 @@ def _device_time_s(node: OpNode, profile: Profile, *, precision: str, batch_frac
     weights = node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard
     return max(_flops_time_s(node, profile, flops=flops, precision=precision), memory_time_s(profile, bytes_moved))
+
+
+def executed_bwd_flops(node: OpNode) -> float:
+    """The backward's FLOPs as the kernel runs them: the model FLOPs plus what a fused attention
+    recomputes (Q·K^T once more, the ``bwd_recompute_flops`` attr, autoplan/trace/flops.py;
+    Dao 2023, FlashAttention-2 section 4.1, counts the backward as 2.5x the forward)."""
+    return node.bwd_flops + float(node.attrs.get("bwd_recompute_flops", 0.0))
 
 
 def host_overhead_s(node: OpNode, profile: Profile, *, backward: bool, needs_grad: bool = True) -> float:
