@@ -62,6 +62,10 @@ def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> Any:
     if pipe.num_stages != len(plan.stages):
         raise PlanError(f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; a split point is probably never called in forward().")
     carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through those between
+    for i in range(pipe.num_stages):
+        # pipeline() leaves a tied weight's other owner on a stage that never calls it (GPT's lm_head
+        # on the embedding's stage): a dead copy the cost model does not charge, so drop it
+        pipe.get_stage_module(i).delete_all_unused_submodules()
     return pipe
 
 
