@@ -10,7 +10,9 @@ dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipel
   mesh dimension of its process group (dp, tp, pp; tied-weight groups count as pp).
 - :class:`LiveBytes`: the peak of live tensor bytes on this rank, tracked by tensor lifetime
   (each storage counted from the op that made it until Python frees it), starting from the
-  parameters, gradients, buffers and optimizer states alive when the step begins.
+  parameters, gradients, buffers and optimizer states alive when the step begins; a candidate
+  peak is re-read from the storages' sizes, since FSDP2 frees by resizing storages in place.
+  The op running at the peak is kept (``peak_op``).
 - :class:`MatmulFlops`: FLOPs of matmul-class ops and, apart, of attention kernels
   (``torch.utils.flop_counter``'s formulas), split into forward and backward (the backward
   includes recomputed forwards, which run inside it). A flash attention's backward recomputes
@@ -26,6 +28,7 @@ micro-batched or pipelined step does, hence :class:`LiveBytes`.
 """
 from __future__ import annotations
 
+import gc
 import math
 import weakref
 from collections import defaultdict
@@ -164,6 +167,8 @@ class LiveBytes(TorchDispatchMode):
         self.live: dict[int, int] = {}
         self._refs: dict[int, weakref.ref] = {}
         self.current = self.peak = 0
+        self.peak_op = ""
+        self._op = "before the step"
         for tensor in existing:
             self._track(tensor)
         self.start = self.current
@@ -182,7 +187,19 @@ class LiveBytes(TorchDispatchMode):
         self.live[key] = size
         self.current += size
         self._refs[key] = weakref.ref(storage, lambda _ref, k=key: self._free(k))
-        self.peak = max(self.peak, self.current)
+        if self.current > self.peak and self._resync() > self.peak:
+            self.peak, self.peak_op = self.current, self._op
+
+    def _resync(self) -> int:
+        """The current bytes, re-read from every live storage: FSDP2 frees and re-allocates its
+        unsharded parameters by resizing their storages in place (``resize_(0)``), which no
+        dispatched op shows; a new peak is only taken on these exact sizes."""
+        for key, ref in self._refs.items():
+            storage = ref()
+            if storage is not None:
+                self.live[key] = storage.nbytes()
+        self.current = sum(self.live.values())
+        return self.current
 
     def _free(self, key: int) -> None:
         size = self.live.pop(key, 0)
@@ -193,9 +210,16 @@ class LiveBytes(TorchDispatchMode):
         if _on_dtensors(types):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
+        self._op = _op_label(func)
         for leaf in tree_flatten(out)[0]:
             self._track(leaf)
         return out
+
+
+def _op_label(func) -> str:
+    """The op's name and pass, e.g. 'addmm (forward)': the audit says where the peak happened."""
+    running = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+    return f"{func._overloadpacket.__name__} ({running})"
 
 
 class MatmulFlops(TorchDispatchMode):
@@ -271,6 +295,7 @@ class StepAudit:
     comm: list[tuple[str, str, int, int]]
     peak_live_bytes: int
     start_live_bytes: int
+    peak_op: str
     forward_flops: float            # matmul-class ops (linears, matmuls, convolutions)
     backward_flops: float           # the same in the backward, recomputed forwards included
     attention_forward_flops: float
@@ -279,7 +304,7 @@ class StepAudit:
 
     def to_dict(self) -> dict[str, Any]:
         return {"comm": [list(r) for r in self.comm], "peak_live_bytes": self.peak_live_bytes,
-                "start_live_bytes": self.start_live_bytes, "forward_flops": self.forward_flops,
+                "start_live_bytes": self.start_live_bytes, "peak_op": self.peak_op, "forward_flops": self.forward_flops,
                 "backward_flops": self.backward_flops, "attention_forward_flops": self.attention_forward_flops,
                 "attention_backward_flops": self.attention_backward_flops, "placement": self.placement}
 
@@ -287,11 +312,12 @@ class StepAudit:
 def audited_step(trainer: Any, inputs: tuple, target: Any, *, groups: dict[frozenset, str]) -> tuple[torch.Tensor, StepAudit]:
     """Run ``trainer.train_step`` under the three recorders; return its loss and the audit."""
     comm, flops = CommRecorder(groups), MatmulFlops()
+    gc.collect()   # the last step's cyclic garbage is not this step's memory
     memory = LiveBytes(existing_tensors(trainer))
     with memory, comm, flops:
         loss = trainer.train_step(inputs, target)
     (mm_fwd, mm_bwd), (at_fwd, at_bwd) = flops.flops["matmul"], flops.flops["attention"]
-    audit = StepAudit(comm=comm.totals.rows(), peak_live_bytes=memory.peak, start_live_bytes=memory.start,
+    audit = StepAudit(comm=comm.totals.rows(), peak_live_bytes=memory.peak, start_live_bytes=memory.start, peak_op=memory.peak_op,
                       forward_flops=mm_fwd, backward_flops=mm_bwd, attention_forward_flops=at_fwd,
                       attention_backward_flops=at_bwd, placement=placement(trainer))
     return loss, audit
