@@ -44,7 +44,7 @@ from autoplan.types.plan import Plan
 def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
     """Contiguous partition of ``layers`` into ``chunks`` parts whose sizes differ by at most one
     (the earlier chunks take the remainder)."""
-    if chunks > len(layers):
+    if chunks > max(1, len(layers)):   # one chunk holds the whole model, blocks or not
         raise PlanError(f"plan asks for {chunks} pipeline chunks but the model has {len(layers)} blocks; use fewer stages or virtual stages.")
     base, extra = divmod(len(layers), chunks)
     stages, start = [], 0

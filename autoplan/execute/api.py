@@ -33,6 +33,7 @@ from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
 from autoplan.execute.trainer import Trainer
 from autoplan.execute.zero import ShardedOptimizer
+from autoplan.trace.layers import find_blocks
 from autoplan.types.plan import Plan
 
 
@@ -41,19 +42,6 @@ def default_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
     28 bytes per parameter the cost model charges, autoplan/cost/model.py), where the
     for-loop and foreach versions make a pass per arithmetic step."""
     return torch.optim.AdamW(params, lr=1e-4, fused=True)
-
-
-def find_blocks(model: nn.Module) -> list[str]:
-    """Repeated blocks when a plan lists none: children of a ModuleList/Sequential that holds
-    two or more modules of one class (transformer layers, ResNet stages' blocks)."""
-    blocks = []
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)):
-            children = list(module.named_children())
-            kinds = [type(c) for _, c in children]
-            if len(children) >= 2 and len(set(kinds)) == 1 and list(children[0][1].parameters()):
-                blocks += [f"{name}.{child}" if name else child for child, _ in children]
-    return [b for b in blocks if not any(b.startswith(outer + ".") for outer in blocks)]  # outermost only
 
 
 def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], torch.Tensor],
@@ -70,7 +58,7 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     kinds = validate_tp_plan(model=model, plan=plan)
     mesh = build_mesh(plan=plan)
     model = model.to(device)
-    blocks = [b for stage in plan.stages for b in stage] or find_blocks(model)
+    blocks = [b for stage in plan.stages for b in stage] or find_blocks(model)   # the tracer's rule (autoplan/trace/layers.py)
     ties = tied_names(model)
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
     modules, tie_sync = _split(model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device)

@@ -13,7 +13,10 @@ least ``m * T_slowest + (pp - 1) / v * T_slowest`` and ``T_slowest >= C_min / pp
 (autoplan/cost/model.py). Groups are visited in increasing LB (best-first branch and bound):
 once a group's bound reaches the ``keep``-th best feasible objective found (``keep`` = the
 console's top-k, so that table is exact), it and every later group are pruned, since none
-can enter the top k. Inside a group, the tp_plan comes from the intra-op ILP
+can enter the top k. A group whose ILP splits no op at tp > 1 is pruned unless tp is pinned:
+its tp ranks would all repeat the same work, which is not tensor parallelism (dp spends those
+devices better); on equal objectives the plan with fewer tp, then pp, ranks ranks first.
+Inside a group, the tp_plan comes from the intra-op ILP
 (solve/tp_plan.py), the stages from the exact partition DP (solve/pipeline.py); when no
 member of a group fits in memory with the fastest splits, the ILP is solved again with its
 memory row (per-block budget: usable memory less buffers and the outside modules, shared by
@@ -94,7 +97,7 @@ class SearchResult:
     ilp_gap: float
 
     def ranked(self) -> list[Candidate]:
-        return sorted((c for c in self.candidates if c.feasible), key=lambda c: c.objective)
+        return sorted((c for c in self.candidates if c.feasible), key=_rank_key)
 
     @property
     def evaluated(self) -> int:
@@ -176,7 +179,7 @@ class Search:
         start = time.perf_counter()
         groups = self.groups()
         if not groups:
-            raise PlanError(_no_configuration(self.options))
+            raise PlanError(_no_configuration(self.options, len(self.graph.layers)))
         for index, (bound, group) in enumerate(groups):
             if self.options.progress:
                 self.options.progress(index, len(groups))
@@ -197,6 +200,9 @@ class Search:
         deg = g.degrees
         choice = self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, sequence_parallel=g.sp,
                                         precision=g.precision, micro_batch_size=g.mbs)
+        if deg.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan):
+            self._prune_group(g, bound, "degenerate tp", reason=f"pruned: tp={deg.tp} splits no op (the ILP replicates every layer), so its ranks would repeat the same work")
+            return
         first = len(self.candidates)
         self._run_choice(g, bound, choice)
         priced = [c for c in self.candidates[first:] if c.cost is not None]
@@ -214,7 +220,7 @@ class Search:
     def _run_choice(self, g: Group, bound: float, choice: TPChoice) -> None:
         deg = g.degrees
         layers = len(self.graph.layers)
-        for recompute in space.recompute_options(fixes=self.fixes):
+        for recompute in space.recompute_options(fixes=self.fixes, layers=layers):
             for schedule, v in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes):
                 base = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan)
                 stages = self._stages(base)
@@ -242,7 +248,7 @@ class Search:
             heapq.heappush(self._top, -value)
             if len(self._top) > self.options.keep:
                 heapq.heappop(self._top)
-            if self.best is None or value < self.best.objective:
+            if self.best is None or _rank_key(candidate) < _rank_key(self.best):
                 self.best = candidate
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
@@ -277,16 +283,26 @@ class Search:
         plan.tp_plan = tp_plan
         return plan
 
-    def _prune_group(self, g: Group, bound: float, why: str) -> None:
+    def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
         layers = len(self.graph.layers)
         count = sum(len(space.zero_options(dp=deg.dp, fixes=self.fixes))
-                    for _ in space.recompute_options(fixes=self.fixes)
+                    for _ in space.recompute_options(fixes=self.fixes, layers=layers)
                     for _ in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes))
         config = dict(devices=deg.devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, mbs=g.mbs, num_microbatches=g.m, schedule="*",
                       v="*", zero="*", recompute="*", sp=g.sp, precision=g.precision)
-        self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count,
-                                         reason=f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"))
+        reason = reason or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"
+        self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count, reason=reason))
+
+
+def _rank_key(c: Candidate) -> tuple:
+    """Objective first; on a tie, fewer model-parallel ranks (dp before tp before pp)."""
+    return (c.objective, c.plan.tp, c.plan.pp)
+
+
+def splits_nothing(tp_plan: dict[str, str]) -> bool:
+    """A tp_plan that replicates every op: tp ranks would all repeat the same work."""
+    return all(split == "replicate" for split in tp_plan.values())
 
 
 def config_of(plan: Plan) -> dict:
@@ -308,8 +324,10 @@ def _fits_nodes(devices: int, profile: Profile) -> bool:
     return devices <= per_node or (devices % per_node == 0 and profile.inter_node is not None)
 
 
-def _no_configuration(options: SearchOptions) -> str:
+def _no_configuration(options: SearchOptions, layers: int) -> str:
     pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
+    if options.fixes.get("pp", 1) > max(1, layers):
+        return f"--fix pp={options.fixes['pp']} needs at least {options.fixes['pp']} repeated blocks to place on stages and this model has {layers}; use pp=1{f' or at most pp={layers}' if layers > 1 else ''}."
     if pins:
         return f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; relax a pin (dp*tp*pp must equal the devices and dp must divide the batch)."
     return f"no configuration of {options.devices} devices divides the batch of {options.batch_size}; use a batch divisible by a data-parallel degree."

@@ -4,12 +4,14 @@ Every choice the planner searches, and the rule that makes each one legal:
 
 - degrees ``dp * tp * pp = devices``; tp stays inside a node (``tp`` divides the devices per
   node, or the device count when that is below one node) unless ``tp`` is pinned; ``pp`` is at
-  most the number of blocks; the global batch divides by ``dp``;
+  most the number of blocks (a model without blocks plans with ``pp = 1``); the global batch
+  divides by ``dp``;
 - micro-batch size: every divisor of ``batch / dp`` (``num_microbatches = batch / (dp * mbs)``);
 - schedule: with ``pp = 1`` just "1f1b" (no pipeline); else gpipe, 1f1b and interleaved 1F1B
   with ``v >= 2`` virtual stages where ``pp * v`` divides the blocks and ``pp`` divides the
   micro-batch count (Megatron-LM's condition);
-- ZeRO stage 0-3 (1-3 only with ``dp > 1``); recomputation none, selective, full;
+- ZeRO stage 0-3 (1-3 only with ``dp > 1``); recomputation none, selective, full (only
+  "none" for a model without blocks: recomputation checkpoints blocks);
 - sequence parallelism on/off (on only with ``tp > 1`` and ``tp`` dividing the sequence);
 - precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
   but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling).
@@ -127,8 +129,13 @@ def zero_options(*, dp: int, fixes: dict) -> list[int]:
     return [z for z in options if z == fixes["zero"]] if "zero" in fixes else options
 
 
-def recompute_options(*, fixes: dict) -> list[str]:
-    return [fixes["recompute"]] if "recompute" in fixes else list(RECOMPUTE)
+def recompute_options(*, fixes: dict, layers: int) -> list[str]:
+    """Recomputation checkpoints blocks: a model without blocks has only "none"."""
+    if "recompute" in fixes:
+        if fixes["recompute"] != "none" and not layers:
+            raise PlanError(f"--fix recompute={fixes['recompute']} checkpoints repeated blocks and this model has none; use recompute=none.")
+        return [fixes["recompute"]]
+    return list(RECOMPUTE) if layers else ["none"]
 
 
 def sp_options(*, tp: int, seq_len: int | None, fixes: dict) -> list[bool]:

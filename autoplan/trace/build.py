@@ -52,7 +52,7 @@ def _op_node(record: Measured, layer: str | None, params: dict[str, ParamInfo]) 
 def build_graph(records: list[Measured], *, model: torch.nn.Module, model_name: str, batch_size: int,
                 trace_method: str, seq_len: int | None) -> Graph:
     params = parameter_table(model)
-    layer_of = layers_mod.assign_layers(records, layers_mod.find_blocks(model))
+    layer_of = layers_mod.assign_layers(records, layers_mod.find_blocks(model, records))
     order = layers_mod.execution_order(records, layer_of)
     groups = layers_mod.group_layers(records, layer_of, order, {k: v.shape for k, v in params.items()})
     nodes = [_op_node(r, layer_of[r.name], params) for r in records]

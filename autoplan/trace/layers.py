@@ -7,7 +7,10 @@ downsampling branch, still repeats its siblings' class). Containers are
 accepted in order of score (then of child count), skipping any nested in or holding an
 accepted one, so the container that holds the bulk of a model's repeated weights wins:
 ``transformer.h`` of a GPT, ``model.layers`` of a Llama, the four ``layerK`` stages of a
-ResNet. Every child of an accepted container that holds parameters is a block.
+ResNet. Every child of an accepted container that holds parameters is a block. A container
+whose children do not each run as one contiguous stretch of the forward (a module called
+several times, interleaved with its siblings, as when one block's weights are shared across
+depth) is not cut into blocks: a pipeline could not place its children on stages in order.
 
 **Node layers.** A node belongs to the block whose FQN prefixes its module. A parameter-free
 node outside every block that runs between the first and the last block node (a residual
@@ -32,8 +35,9 @@ def _numel(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def find_blocks(model: torch.nn.Module) -> list[str]:
-    """Block FQNs, in module-registration order."""
+def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -> list[str]:
+    """Block FQNs, in module-registration order; with ``records``, only containers whose
+    children each run once, contiguously (module docstring)."""
     candidates = []
     for name, container in model.named_modules():
         if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
@@ -47,9 +51,19 @@ def find_blocks(model: torch.nn.Module) -> list[str]:
             candidates.append((score, len(children), name, [c for c, _ in children]))
     accepted: list[tuple[str, list[str]]] = []
     for _, _, name, children in sorted(candidates, key=lambda c: (-c[0], -c[1])):
-        if not any(_nested(name, other) for other, _ in accepted):
+        if not any(_nested(name, other) for other, _ in accepted) and (records is None or _runs_once(records, children)):
             accepted.append((name, children))
     return [child for _, children in accepted for child in children]
+
+
+def _runs_once(records: list[Measured], children: list[str]) -> bool:
+    """Whether each child's nodes form a single contiguous run in execution order."""
+    runs: list[str] = []
+    for record in records:
+        child = next((c for c in children if record.module == c or record.module.startswith(c + ".")), None)
+        if child is not None and (not runs or runs[-1] != child):
+            runs.append(child)
+    return len(runs) == len(set(runs))
 
 
 def _nested(a: str, b: str) -> bool:

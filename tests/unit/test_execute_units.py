@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.execute.api import find_blocks
+from autoplan.trace.layers import find_blocks
 from autoplan.execute.batch import shard_batch
 from autoplan.execute.pipeline import check_stages, stage_indices
 from autoplan.execute.runner import summarize, threads_per_process, warmup_steps

@@ -1,0 +1,73 @@
+"""Every model plans: blocks are an optimisation the tracer finds, never a requirement."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplan.errors import PlanError
+from autoplan.solve.api import plan_graph
+from autoplan.trace import trace_model_file
+
+ODD = Path(__file__).resolve().parents[1] / "odd_models"
+ROOT = ODD.parents[1]
+#: model file -> the blocks the tracer must find (a pipeline places these on stages)
+BLOCKS = {
+    "no_blocks": [],
+    "one_block": [],                                   # one child is not a repeated container
+    "mixed_blocks": [f"body.{i}" for i in range(8)],   # blocks and width-changing projections
+    "nested": ["groups.low.0", "groups.low.1", "groups.high.0", "groups.high.1"],
+    "shared_module": [],                               # its children interleave over three calls
+    "side_effects": [f"layers.{i}" for i in range(4)],
+}
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {name: trace_model_file(ODD / f"{name}.py", 8) for name in BLOCKS}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_tracer_finds_exactly_the_blocks_a_pipeline_can_cut(graphs, name):
+    assert graphs[name].layers == BLOCKS[name]
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+@pytest.mark.parametrize("fix", ["", "dp=2", "tp=2", "dp=2,zero=3"])
+def test_every_odd_model_plans_and_its_stages_hold_every_block_once(graphs, name, fix):
+    result = plan_graph(graphs[name], devices=2, profile="cpu-gloo", fix=fix or None)
+    plan = result.best
+    assert plan.pp <= max(1, len(BLOCKS[name]))
+    assert [b for stage in plan.stages for b in stage] == BLOCKS[name]
+    assert result.best_cost.step_time_s > 0 and result.best_cost.peak_memory_bytes > 0
+    if not BLOCKS[name]:
+        assert plan.recompute == "none"   # recomputation checkpoints blocks
+
+
+@pytest.mark.parametrize("name", ["mixed_blocks", "nested", "side_effects"])
+def test_models_with_blocks_can_pipeline(graphs, name):
+    plan = plan_graph(graphs[name], devices=2, profile="cpu-gloo", fix="pp=2").best
+    assert plan.pp == 2 and all(plan.stages) and sum(plan.stages, []) == BLOCKS[name]
+
+
+@pytest.mark.parametrize("fix, says", [("pp=2", "needs at least 2 repeated blocks"),
+                                       ("recompute=full", "this model has none")])
+def test_asking_a_blockless_model_for_what_needs_blocks_is_one_clear_sentence(graphs, fix, says):
+    with pytest.raises(PlanError, match=says):
+        plan_graph(graphs["no_blocks"], devices=2, profile="cpu-gloo", fix=fix)
+
+
+def test_a_tp_degree_that_splits_nothing_is_pruned_unless_pinned(graphs):
+    result = plan_graph(graphs["no_blocks"], devices=2, profile="cpu-gloo", top_k=5)
+    assert result.best.tp == 1
+    assert all(c.plan.tp == 1 for c in result.ranked())
+    assert any("splits no op" in c.reason for c in result.candidates if c.status == "pruned")
+    pinned = plan_graph(graphs["no_blocks"], devices=2, profile="cpu-gloo", fix="tp=2").best
+    assert pinned.tp == 2
+
+
+def test_resnet_on_eight_gpus_uses_them_for_data_not_replicated_tp():
+    graph = trace_model_file(ROOT / "examples/resnet.py", 16)
+    result = plan_graph(graph, devices=8, profile="dgx-a100", top_k=3)
+    assert all(c.plan.tp == 1 for c in result.ranked()[:3])
+    assert result.best.dp > 1
