@@ -14,7 +14,10 @@ blocks, one fused head-interleaved QKV linear, attention that materialises the b
 scores (QK^T, causal mask, softmax, dropout 0.1, probs @ V; no flash attention in 2021-22),
 GELU MLP of 4h, hidden dropout 0.1, and an output head tied to the word embedding. Published step time for Narayanan et al.
 Table 1 rows comes from their eq. (3) FLOPs and the achieved TFLOP/s per GPU; Korthikanti et
-al. report iteration times directly.
+al. report iteration times directly. The ``narayanan-t2-*`` rows are their Table 2: GPT-175B at
+a fixed global batch of 1,536 under ZeRO-3 without model parallelism (DeepSpeed, 2021) and
+under PTD-P, on 384, 768 and 1,536 GPUs: a check of how the two are ranked (``zero_stage``
+column; docs/cost-model.md discusses the ZeRO-3 rows).
 
     python benchmarks/published_runs.py [--profile profiles/dgx-a100.yaml] [--only korthikanti]
 """
@@ -73,7 +76,7 @@ def plan_for(row: pd.Series) -> Plan:
     micro = int(row.micro_batch)
     return Plan(devices=int(row.devices), dp=int(row.dp), tp=int(row.tp), pp=int(row.pp), micro_batch_size=micro,
                 num_microbatches=int(row.global_batch) // (int(row.dp) * micro), schedule=str(row.schedule),
-                virtual_stages=int(row.virtual_stages), recompute=str(row.recompute),
+                virtual_stages=int(row.virtual_stages), zero_stage=int(row.zero_stage), recompute=str(row.recompute),
                 sequence_parallel=str(row.sequence_parallel).lower() == "true", precision=str(row.precision),
                 overlap_grad_reduce=str(row.overlap_grad_reduce).lower() == "true", grad_reduce_dtype=str(row.grad_reduce_dtype))
 
@@ -102,7 +105,10 @@ def main() -> None:
     table = pd.DataFrame(rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
-    print(f"\nmean |error| {table.error_pct.abs().mean():.1f}%, max |error| {table.error_pct.abs().max():.1f}%  -> {args.out}")
+    table["source"] = list(runs[runs.run.str.contains(args.only)].source)
+    for source, part in table.groupby("source", sort=False):
+        print(f"{source}: mean |error| {part.error_pct.abs().mean():.1f}%, max |error| {part.error_pct.abs().max():.1f}%")
+    print(f"-> {args.out}")
 
 
 if __name__ == "__main__":

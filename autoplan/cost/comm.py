@@ -15,10 +15,20 @@ intra-node hops and the inter-node NIC hops at the same time, so the slowest lev
 the bandwidth term, and each level adds its own latency:
 
     bandwidth: max( c(kind, k) * S / busbw_intra,  c(kind, n) * S / (busbw_inter * k / d) )
-    latency:   alpha_intra + alpha_inter * max(1, ceil(log2 N))
+    latency:   alpha_intra + alpha_inter * max(1, ceil(log2 N))                 (tree)
+               max(tree, alpha_intra / (d - 1) * (n - N) + alpha_inter * (N - 1))  (ring: all_gather,
+                                                                                reduce_scatter, k > 1)
 
 (the inter-node start-up grows with the depth of NCCL's trees across N nodes; alpha_inter
-is fitted on 2-node groups, where the depth is 1).
+is fitted on 2-node groups, where the depth is 1). NCCL has no tree for all-gather and
+reduce-scatter: they run as rings (PAT only with one rank per node), whose n - 1 steps each pay
+a hop's latency, N - 1 of them across a NIC (NVIDIA/nccl src/graph/tuning.cc:
+``latency = baseLat + (nsteps - nInterSteps) * intraLat + nInterSteps * interLat`` with
+``nsteps = n - 1``, ``nInterSteps = N - 1``). The per-hop latencies come from the profile's own
+fits: an NVLink hop is alpha_intra over the d - 1 steps of the d-rank ring it was fitted on
+(3.1 us on dgx-a100, NCCL's table has 3.4 us), a NIC hop is alpha_inter. At 1,536 ranks this
+is ~8.6 ms per all-gather, where the tree form gave 0.2 ms: the latency that makes ZeRO-3's
+per-block collectives grow with the group.
 
 ``busbw_inter`` is the full-node figure (nccl-tests with all d GPUs of every node in the
 group, one NIC rail per GPU, docs/profile-format.md); a group holding k ranks of a node
@@ -64,6 +74,17 @@ def collective_time_s(profile: Profile, kind: str, message_bytes: float, *, grou
     return _spanning_s(profile, kind, message_bytes, group=group)
 
 
+def bucketed_time_s(profile: Profile, kind: str, message_bytes: float, *, group: AxisGroup, bucket_bytes: float | None) -> float:
+    """``message_bytes`` sent as ceil(S / bucket_bytes) equal collectives, each paying its latency
+    (DDP's gradient buckets), or as one collective when ``bucket_bytes`` is None (an FSDP unit's
+    flat all-gather or reduce-scatter, ZeRO-1's flat buffer: NCCL pipelines one large call
+    internally and pays its start-up once, tuning.cc's ``lat * numPipeOps``)."""
+    if message_bytes <= 0 or group.size <= 1:
+        return 0.0
+    buckets = max(1, math.ceil(message_bytes / bucket_bytes)) if bucket_bytes else 1
+    return buckets * collective_time_s(profile, kind, message_bytes / buckets, group=group)
+
+
 def _flat_s(fit: CollectiveFit, kind: str, n: int, message_bytes: float) -> float:
     return fit.alpha_s + bus_factor(kind, n) * message_bytes / fit.busbw_bytes_per_s
 
@@ -82,8 +103,21 @@ def _spanning_s(profile: Profile, kind: str, message_bytes: float, *, group: Axi
     k, n, nodes = group.ranks_per_node, group.size, group.nodes
     intra_bw_s = bus_factor(kind, k) * message_bytes / intra.busbw_bytes_per_s
     inter_bw_s = bus_factor(kind, n) * message_bytes / (inter.busbw_bytes_per_s * _nic_share(profile, group))
-    latency_s = (intra.alpha_s if k > 1 else 0.0) + inter.alpha_s * max(1, math.ceil(math.log2(nodes)))
-    return latency_s + max(intra_bw_s, inter_bw_s)
+    return _spanning_latency_s(profile, kind, group) + max(intra_bw_s, inter_bw_s)
+
+
+RING_ONLY = ("all_gather", "reduce_scatter")   # NCCL runs no tree for these (module docstring)
+
+
+def _spanning_latency_s(profile: Profile, kind: str, group: AxisGroup) -> float:
+    """Start-up of a collective across nodes: tree depth, or a ring's n - 1 hops (module docstring)."""
+    intra, inter = profile.intra_node.collectives[kind], profile.link(True).collectives[kind]
+    k, n, nodes = group.ranks_per_node, group.size, group.nodes
+    tree_s = (intra.alpha_s if k > 1 else 0.0) + inter.alpha_s * max(1, math.ceil(math.log2(nodes)))
+    if kind not in RING_ONLY or k <= 1:
+        return tree_s
+    hop_intra_s = intra.alpha_s / max(1, profile.devices_per_node - 1)
+    return max(tree_s, hop_intra_s * (n - nodes) + inter.alpha_s * (nodes - 1))
 
 
 def _nic_share(profile: Profile, group: AxisGroup) -> float:

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 
-from autoplan.cost.comm import collective_time_s
+from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
 from autoplan.cost.memory import (DDP_BUCKET_BYTES, StageMemory, comm_buffer_bytes, model_states, runs_ddp, scatter_buffer_bytes,
@@ -300,16 +300,15 @@ class CostModel:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
         return memory_time_s(self.profile, 3.0 * stage.params * 4)   # fp32 gradients (cost/memory.py)
 
-    def _bucketed_s(self, kind: str, message_bytes: float, group: AxisGroup) -> float:
-        """One collective over ``message_bytes`` sent in DDP buckets (each pays its latency); memoised,
-        since identical blocks send identical messages."""
-        if message_bytes <= 0 or group.size <= 1:
-            return 0.0
-        key = (kind, message_bytes, group)
+    def _dp_message_s(self, plan: Plan, kind: str, message_bytes: float, group: AxisGroup) -> float:
+        """One dp collective as the executor sends it: in DDP buckets under DDP, else one call per
+        FSDP unit or flat buffer (comm.bucketed_time_s); memoised, since identical blocks send
+        identical messages."""
+        bucket = DDP_BUCKET_BYTES if runs_ddp(plan) else None
+        key = (kind, message_bytes, group, bucket)
         hit = self._bucket_cache.get(key)
         if hit is None:
-            buckets = max(1, math.ceil(message_bytes / DDP_BUCKET_BYTES))
-            hit = self._bucket_cache[key] = buckets * collective_time_s(self.profile, kind, message_bytes / buckets, group=group)
+            hit = self._bucket_cache[key] = bucketed_time_s(self.profile, kind, message_bytes, group=group, bucket_bytes=bucket)
         return hit
 
     def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, slowest: StageTotals) -> None:
@@ -321,7 +320,7 @@ class CostModel:
         exposed, total = 0.0, 0.0
         for index, stage in enumerate(stages):
             backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
-            sync = [self._bucketed_s(kind, b.param_count * grad_bytes, group) for b in reversed(stage.blocks)]
+            sync = [self._dp_message_s(plan, kind, b.param_count * grad_bytes, group) for b in reversed(stage.blocks)]
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(exposed, partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=self._overlap_efficiency(plan)))
@@ -330,7 +329,7 @@ class CostModel:
             total, exposed = total + earlier, exposed + earlier * (1.0 - self._overlap_efficiency(plan))
         if plan.zero_stage in (1, 2):   # ZeRO-1: fp32 parameters back after the step; ZeRO-2: gathered once a step
             weight = 4 if plan.zero_stage == 1 else PRECISION_BYTES[plan.precision]
-            gather = self._bucketed_s("all_gather", max(s.params for s in stages) * weight, group)
+            gather = self._dp_message_s(plan, "all_gather", max(s.params for s in stages) * weight, group)
             total, exposed = total + gather, exposed + gather
         if not self._overlaps_grad_reduce(plan):
             exposed = total
@@ -354,8 +353,8 @@ class CostModel:
     def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup) -> float:
         weight_bytes, grad_bytes = PRECISION_BYTES[plan.precision], PRECISION_BYTES[plan.grad_reduce_dtype]
         eta = self._overlap_efficiency(plan)
-        gather = [self._bucketed_s("all_gather", b.param_count * weight_bytes, group) for b in stage.blocks]
-        scatter = [self._bucketed_s("reduce_scatter", b.param_count * grad_bytes, group) for b in stage.blocks]
+        gather = [self._dp_message_s(plan, "all_gather", b.param_count * weight_bytes, group) for b in stage.blocks]
+        scatter = [self._dp_message_s(plan, "reduce_scatter", b.param_count * grad_bytes, group) for b in stage.blocks]
         fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in stage.blocks], comm_s=gather, efficiency=eta)
         bwd_compute = [b.bwd_s for b in reversed(stage.blocks)]
         bwd_gather = prefetched_exposed_s(compute_s=bwd_compute, comm_s=gather[::-1], efficiency=eta)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 
-from autoplan.cost.comm import collective_time_s
+from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, memory_time_s
-from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES
+from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, runs_ddp
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
 from autoplan.solve.op_costs import node_time_s
@@ -68,12 +68,11 @@ class Bounds:
         return memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
 
     def _bucketed_s(self, kind: str, message_bytes: float, plan: Plan) -> float:
-        """CostModel's collective in DDP buckets over the dp group (each bucket pays its latency)."""
-        if message_bytes <= 0 or plan.dp == 1:
+        """CostModel's dp collective (CostModel._dp_message_s): DDP buckets under DDP, else one call."""
+        if plan.dp == 1:
             return 0.0
-        buckets = max(1, math.ceil(message_bytes / DDP_BUCKET_BYTES))
         group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["dp"]
-        return buckets * collective_time_s(self.profile, kind, message_bytes / buckets, group=group)
+        return bucketed_time_s(self.profile, kind, message_bytes, group=group, bucket_bytes=DDP_BUCKET_BYTES if runs_ddp(plan) else None)
 
     def _sync_s(self, plan: Plan) -> float:
         if plan.dp == 1:

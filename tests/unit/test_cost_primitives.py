@@ -1,4 +1,6 @@
 """mesh groups, collective times and op times: the three primitives the planner codes against."""
+import math
+
 import pytest
 
 from _cost_fixtures import a100_profile, gpt_graph
@@ -111,3 +113,37 @@ def test_peak_dtype_falls_back_and_rejects_missing():
     del profile.device.peak_flops["bf16"]
     with pytest.raises(PlanError, match="no peak FLOP/s for bf16"):
         peak_dtype(profile, "bf16")
+
+
+def test_ring_only_collectives_pay_a_hop_per_rank_across_nodes_and_all_reduce_a_tree():
+    """NCCL runs all-gather and reduce-scatter as rings (n - 1 hops, N - 1 over a NIC), all-reduce
+    as a tree at scale (log2 N): the start-up of a tiny message shows which (cost/comm.py)."""
+    profile = a100_profile()
+    intra, inter = profile.intra_node.collectives, profile.inter_node.collectives
+    for n in (384, 1536):
+        group, nodes = AxisGroup(size=n, ranks_per_node=8), n // 8
+        ring = intra["all_gather"].alpha_s / 7 * (n - nodes) + inter["all_gather"].alpha_s * (nodes - 1)
+        assert collective_time_s(profile, "all_gather", 1.0, group=group) == pytest.approx(ring, rel=1e-3)
+        tree = intra["all_reduce"].alpha_s + inter["all_reduce"].alpha_s * math.ceil(math.log2(nodes))
+        assert collective_time_s(profile, "all_reduce", 1.0, group=group) == pytest.approx(tree, rel=1e-3)
+    one_per_node = AxisGroup(size=64, ranks_per_node=1)   # PAT, not a ring: logarithmic
+    assert collective_time_s(profile, "all_gather", 1.0, group=one_per_node) == pytest.approx(
+        inter["all_gather"].alpha_s * 6, rel=1e-3)
+
+
+def test_dp_messages_are_bucketed_only_under_ddp():
+    """DDP sends 25 MiB buckets, each paying its start-up; FSDP units and ZeRO-1's flat buffer are
+    one call each, as the audit counts them (cost/volumes.py)."""
+    from autoplan.cost.memory import DDP_BUCKET_BYTES
+    from autoplan.cost.model import CostModel
+    from autoplan.types.plan import Plan
+
+    profile, size = a100_profile(), 40 * DDP_BUCKET_BYTES
+    model = CostModel(gpt_graph(), profile)
+    group = AxisGroup(size=64, ranks_per_node=8)
+    ddp = Plan(devices=64, dp=64, tp=1, pp=1, micro_batch_size=1, num_microbatches=1)
+    fsdp = Plan(devices=64, dp=64, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, zero_stage=3)
+    one = collective_time_s(profile, "all_reduce", size, group=group)
+    bucket = collective_time_s(profile, "all_reduce", DDP_BUCKET_BYTES, group=group)
+    assert model._dp_message_s(ddp, "all_reduce", size, group) == pytest.approx(40 * bucket)
+    assert model._dp_message_s(fsdp, "all_reduce", size, group) == pytest.approx(one)
