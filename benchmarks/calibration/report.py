@@ -15,11 +15,17 @@ from scipy.stats import spearmanr
 from autoplan.types.cost import Cost
 
 FIELDS = ["model", "plan", "split", "chosen", "measured_s", "predicted_s", "abs_pct_err", "calibrated_s", "calibrated_abs_pct_err",
-          "measured_rank", "spread_pct", *Cost.TIME_FIELDS, "folder", "error"]
+          "measured_rank", "spread_pct", "predicted_peak_bytes", "measured_peak_bytes", "memory_err_pct", *Cost.TIME_FIELDS,
+          "folder", "error"]
 
 
 def ape(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured * 100.0
+
+
+def signed_pct(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured in %: negative is an under-prediction (an OOM risk)."""
+    return None if not predicted or not measured else (predicted - measured) / measured * 100.0
 
 
 def metrics(rows: list[dict], *, predicted: str = "predicted_s") -> dict:
@@ -29,6 +35,10 @@ def metrics(rows: list[dict], *, predicted: str = "predicted_s") -> dict:
     errors = [ape(r[predicted], r["measured_s"]) for r in ok]
     rho = spearmanr([r[predicted] for r in ok], [r["measured_s"] for r in ok]).statistic if len(ok) > 2 else float("nan")
     out = {"plans": len(ok), "median_abs_pct": statistics.median(errors), "max_abs_pct": max(errors), "spearman": float(rho)}
+    memory = [r["memory_err_pct"] for r in ok if r.get("memory_err_pct") is not None]
+    if memory:
+        out["memory_median_abs_pct"] = statistics.median(abs(e) for e in memory)
+        out["memory_worst_under_pct"] = min(memory)
     chosen = [r for r in ok if r["chosen"]]
     if chosen:
         fastest = min(r["measured_s"] for r in ok)
@@ -56,20 +66,23 @@ def print_table(rows: list[dict], summaries: dict[str, dict]) -> None:
     from rich.table import Table
 
     table = Table(title="calibration benchmark: step time per plan (s)")
-    for column in ("model", "plan", "split", "measured", "IQR %", "predicted", "err %", "calibrated", "err %", "rank"):
+    for column in ("model", "plan", "split", "measured", "IQR %", "predicted", "err %", "calibrated", "err %", "rank", "mem err %"):
         table.add_column(column)
     for r in sorted(rows, key=lambda r: (r["model"], r["measured_s"] or 1e9)):
         flag = " *" if r["chosen"] else ""
         table.add_row(r["model"], r["plan"] + flag, r["split"], _f(r["measured_s"]), _f(r.get("spread_pct"), 0), _f(r["predicted_s"]), _f(r["abs_pct_err"], 1),
-                      _f(r["calibrated_s"]), _f(r["calibrated_abs_pct_err"], 1), str(r.get("measured_rank") or r["error"][:40]))
+                      _f(r["calibrated_s"]), _f(r["calibrated_abs_pct_err"], 1), str(r.get("measured_rank") or r["error"][:40]),
+                      _f(r.get("memory_err_pct"), 1))
     console = Console(width=160)
     console.print(table)
     summary = Table(title="accuracy (* = the planner's chosen plan)")
-    for column in ("set", "plans", "median |err| %", "max |err| %", "spearman", "chosen rank", "chosen vs fastest %"):
+    for column in ("set", "plans", "median |err| %", "max |err| %", "spearman", "chosen rank", "chosen vs fastest %",
+                   "memory median |err| %", "memory worst under %"):
         summary.add_column(column)
     for name, m in summaries.items():
         summary.add_row(name, str(m.get("plans")), _f(m.get("median_abs_pct"), 1), _f(m.get("max_abs_pct"), 1), _f(m.get("spearman"), 3),
-                        str(m.get("chosen_rank", "")), _f(m.get("chosen_gap_pct"), 1))
+                        str(m.get("chosen_rank", "")), _f(m.get("chosen_gap_pct"), 1), _f(m.get("memory_median_abs_pct"), 1),
+                        _f(m.get("memory_worst_under_pct"), 1))
     console.print(summary)
 
 

@@ -9,6 +9,9 @@
 3. Run each with `autoplan run --steps S` (resumable: a finished run folder is reused unless --fresh).
 4. Metrics (report.py): median / max |predicted - measured| / measured, Spearman, chosen plan's
    rank. Targets: median <= 20 %, Spearman >= 0.8, chosen within 10 % of the measured fastest.
+   Memory: each run adds `--audit` (one untimed step after the timed ones), whose peak live
+   tensor bytes (largest over ranks) stand beside the priced peak; targets: median |error|
+   <= 10 %, no plan under-predicted by more than 15 %.
 5. Calibrate the profile (autoplan.calibrate) on every other plan ("train") of both models and
    report the error on the rest ("held_out"), which the fit never saw.
 
@@ -84,7 +87,8 @@ def model_rows(name: str, args: argparse.Namespace, profile, out: Path) -> tuple
 def _row(model: str, plan, done, *, chosen: bool, split: str) -> dict:
     row = {"model": model, "plan": plan.describe(), "split": split, "chosen": chosen, "measured_s": done.measured_s,
            "predicted_s": plan.predicted["step_time_s"], "folder": str(done.folder), "error": done.error, "plan_obj": plan,
-           "spread_pct": done.spread_pct,
+           "spread_pct": done.spread_pct, "predicted_peak_bytes": done.predicted_peak_bytes,
+           "measured_peak_bytes": done.measured_peak_bytes, "memory_err_pct": report.signed_pct(done.predicted_peak_bytes, done.measured_peak_bytes),
            "measured_rank": None, "calibrated_s": None, "calibrated_abs_pct_err": None,
            "abs_pct_err": report.ape(plan.predicted["step_time_s"], done.measured_s) if done.measured_s else None}
     row.update({k: plan.predicted["breakdown"][k] for k in Cost.TIME_FIELDS})

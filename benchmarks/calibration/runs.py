@@ -20,6 +20,8 @@ class Measured:
     measured_s: float | None
     error: str = ""
     spread_pct: float | None = None   # interquartile range of the timed steps / their median, in %
+    predicted_peak_bytes: float | None = None   # the audit's priced peak, the largest over ranks
+    measured_peak_bytes: float | None = None    # the audit's peak live tensor bytes, the largest over ranks
 
 
 def slug(key: str) -> str:
@@ -30,11 +32,11 @@ def run_plan(*, model_file: str, env: dict[str, str], plan: Plan, folder: Path, 
     """Write the plan, run it for ``steps`` steps (unless a finished run of as many steps is there), read the median."""
     folder.mkdir(parents=True, exist_ok=True)
     summary = folder / "summary.json"
-    if not fresh and summary.is_file() and json.loads(summary.read_text()).get("steps", 0) >= steps:
+    if not fresh and summary.is_file() and (folder / "audit.csv").is_file() and json.loads(summary.read_text()).get("steps", 0) >= steps:
         return _read(folder, plan)
     plan_path = plan.save(folder / "plan.json")
     command = [sys.executable, "-m", "autoplan.cli", "run", model_file, "--plan", str(plan_path), "--steps", str(steps),
-               "--out", str(folder), "--quiet"]
+               "--out", str(folder), "--audit", "--quiet"]
     try:
         done = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -47,8 +49,22 @@ def run_plan(*, model_file: str, env: dict[str, str], plan: Plan, folder: Path, 
 
 def _read(folder: Path, plan: Plan) -> Measured:
     data = json.loads((folder / "summary.json").read_text())
+    predicted, measured = _peaks(folder / "audit.csv")
     return Measured(folder=folder, plan=plan, measured_s=data.get("median_step_time_s"),
-                    spread_pct=_spread_pct(folder / "measured.csv", skip=data.get("warmup_steps", 0)))
+                    spread_pct=_spread_pct(folder / "measured.csv", skip=data.get("warmup_steps", 0)),
+                    predicted_peak_bytes=predicted, measured_peak_bytes=measured)
+
+
+def _peaks(path: Path) -> tuple[float | None, float | None]:
+    """(priced, measured) peak live memory from audit.csv, each the largest over ranks (the
+    measurement that decides an out-of-memory; the untimed audit step runs after the timed ones)."""
+    if not path.is_file():
+        return None, None
+    with path.open() as handle:
+        rows = [r for r in csv.DictReader(handle) if r["what"] == "peak live memory"]
+    if not rows:
+        return None, None
+    return max(float(r["predicted"]) for r in rows), max(float(r["measured"]) for r in rows)
 
 
 def _spread_pct(path: Path, *, skip: int) -> float | None:
