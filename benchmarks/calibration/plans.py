@@ -51,7 +51,7 @@ def full_space(graph: Graph, profile: Profile, *, devices: int, batch: int, prec
                     m = batch // (deg.dp * mbs)
                     for schedule, v in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=m, fixes={}):
                         for zero in space.zero_options(dp=deg.dp, fixes={}):
-                            for recompute in space.recompute_options(fixes={}):
+                            for recompute in space.recompute_options(fixes={}, layers=layers):
                                 out.append(Config((("dp", deg.dp), ("tp", deg.tp), ("pp", deg.pp), ("mbs", mbs), ("schedule", schedule),
                                                    ("v", v), ("zero", zero), ("recompute", recompute), ("sp", sp), ("precision", precision))))
     return out
