@@ -1,28 +1,58 @@
-"""Pipeline partition: layers into ``pp`` contiguous stages, minimising the slowest stage.
+"""Pipeline partition: layers into ``pp * v`` contiguous chunks, minimising the slowest stage.
 
-Given per-layer time ``t_i`` (forward + backward of one micro-batch, TP comm included),
-per-layer static bytes ``m_i`` (weights, gradients, optimizer state) and per-layer activation
-bytes ``a_i`` (one micro-batch), stage ``k`` holding layers ``[i, j)`` costs
+Chunk ``c`` runs on stage ``c % pp`` (``v`` = virtual stages per stage: 1 for GPipe and 1F1B,
+``v >= 2`` for interleaved 1F1B, Narayanan et al. SC'21 section 2.2.2). Given per-layer time
+``t_i`` (forward + backward of one micro-batch, TP comm included), per-layer static bytes ``m_i``
+(weights, gradients, optimizer state) and per-layer activation bytes ``a_i`` (one micro-batch),
+chunk ``c`` holding layers ``[b_c, b_{c+1})`` and stage ``k`` holding the chunks ``c = k (mod pp)``
+cost
 
-    T_k(i, j) = sum t[i:j] + extra_time_s[k] + p2p_s * (neighbours of k)
-    M_k(i, j) = sum m[i:j] + in_flight[k] * sum a[i:j] + extra_bytes[k]   <=  capacity_bytes
+    T_k = sum over its chunks of (sum t[b_c:b_{c+1}] + p2p_s * neighbours(c))  +  extra_time_s[k]
+    M_k = sum over its chunks of (sum m[b_c:b_{c+1}] + in_flight[k] * sum a[b_c:b_{c+1}])
+          + extra_bytes[k]  <=  capacity_bytes
 
 where ``extra`` holds what runs outside the blocks (embedding on stage 0, head and loss on the
-last), ``p2p_s`` is one send/recv of the boundary activation and its gradient, and
-``in_flight[k]`` the micro-batches whose activations stage k holds (schedule dependent:
-1F1B holds pp - k, GPipe all m; Narayanan et al. SC'21 section 2.2). Objective
-``min max_k T_k`` subject to every ``M_k <= capacity`` and every stage non-empty.
+last), ``p2p_s`` is one send/recv of the boundary activation and its gradient, ``neighbours(c)``
+counts the chunks next to chunk c (2, or 1 for the first and last), and ``in_flight[k]`` the
+micro-batches whose activations stage k holds, in units of the whole stage's layers (schedule
+dependent: 1F1B holds pp - k, GPipe all m, interleaved 1F1B autoplan/cost/schedule.py's chunk
+count / v; Narayanan et al. SC'21 section 2.2). This is what CostModel charges: it sums a
+stage's chunks into one micro-batch time and the slowest stage sets both ``m * T`` and the
+bubble ``(pp - 1) / v * T`` (autoplan/cost/model.py). Objective ``min max_k T_k`` subject to
+every ``M_k <= capacity`` and every chunk non-empty; ``b_0 = 0``, ``b_{pp v} = L``.
 
-Solved exactly by :func:`partition`, the dynamic program
+:func:`partition` solves it exactly, by the first method that applies:
 
-    F[0][0] = 0,   F[k+1][j] = min over i < j with M_k(i, j) <= capacity of max(F[k][i], T_k(i, j)),
+1. ``v = 1``: the dynamic program (a stage is one contiguous chunk)
 
-answer F[pp][L], O(pp L^2) work done as pp vectorised (L+1) x (L+1) numpy steps (a 96-layer,
-64-stage case takes milliseconds). The tests prove it equal to :func:`partition_ilp` (the same
-problem as an ILP) and :func:`partition_brute_force` on random instances.
+       F[0][0] = 0,   F[k+1][j] = min over i < j with M_k(i, j) <= capacity of max(F[k][i], T_k(i, j)),
+
+   answer F[pp][L], O(pp L^2) work done as pp vectorised (L+1) x (L+1) numpy steps (a
+   96-layer, 64-stage case takes milliseconds), :func:`_partition_dp`.
+2. ``v > 1`` and identical layers (every ``t_i``, ``m_i``, ``a_i`` equal: a transformer's blocks;
+   the embedding and head are in ``extra``): T_k = base_k + n_k t and M_k = extra_bytes_k +
+   n_k (m + in_flight[k] a) depend only on the number ``n_k >= v`` of layers stage k holds, and
+   every such count is some partition (split n_k over the stage's v chunks). Start every n_k at
+   v and hand the other L - pp v layers out one at a time to the stage whose time after taking
+   it is smallest among those with memory for it. Exact: stage k's successive times base_k +
+   (v+1) t, base_k + (v+2) t, ... rise, so the greedy takes the L - pp v smallest of them, and
+   any partition takes L - pp v of them, a prefix per stage, so its slowest stage is at least
+   the greedy's; O(L log pp), :func:`_partition_uniform`.
+3. Otherwise (interleaved, layers of different kinds) the problem is NP-hard (with pp = 2 and
+   zero-time filler layers the two stages can take any subset of the other layers: PARTITION).
+   The ILP :func:`partition_ilp` solves it; HiGHS proves small cases optimal at once but may
+   not close the gap on 100+ layers in seconds, so it runs for at most ``time_limit_s`` and the
+   answer is the best of its incumbent, :func:`_partition_fill` (bisection on T with a
+   fair-share fill, milliseconds, within a few percent of the ILP's 30 s incumbent on the
+   cases we tried) and even chunks: exact when the ILP proves optimality, never worse than
+   even chunks.
+
+The tests prove the DP, the greedy and the ILP equal :func:`partition_brute_force` on random
+instances, interleaved or not.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass
 
@@ -42,9 +72,10 @@ class PartitionProblem:
     pp: int
     extra_time_s: list[float]          # per stage
     extra_bytes: list[float]           # per stage
-    in_flight: list[float]             # per stage
+    in_flight: list[float]             # per stage, in units of the stage's layers
     p2p_s: float
     capacity_bytes: float
+    virtual_stages: int = 1            # chunks per stage: chunk c runs on stage c % pp
 
     def __post_init__(self) -> None:
         self._t = np.concatenate([[0.0], np.cumsum(self.layer_time_s)])
@@ -55,39 +86,63 @@ class PartitionProblem:
     def layers(self) -> int:
         return len(self.layer_time_s)
 
-    def stage_time_s(self, k: int, i: int, j: int) -> float:
-        neighbours = (k > 0) + (k < self.pp - 1)
-        return float(self._t[j] - self._t[i]) + self.extra_time_s[k] + self.p2p_s * neighbours
+    @property
+    def chunks(self) -> int:
+        return self.pp * self.virtual_stages
 
-    def stage_bytes(self, k: int, i: int, j: int) -> float:
-        return float(self._m[j] - self._m[i] + self.in_flight[k] * (self._a[j] - self._a[i]) + self.extra_bytes[k])
+    def neighbours(self, chunk: int) -> int:
+        return (chunk > 0) + (chunk < self.chunks - 1)
 
-    def fits(self, k: int, i: int, j: int) -> bool:
-        return self.stage_bytes(k, i, j) <= self.capacity_bytes
+    def totals(self, bounds: list[int]) -> tuple[list[float], list[float]]:
+        """Per stage, T_k and M_k of the module docstring, chunk c being layers[bounds[c]:bounds[c+1]]."""
+        times, used = list(self.extra_time_s), list(self.extra_bytes)
+        for c in range(self.chunks):
+            k, i, j = c % self.pp, bounds[c], bounds[c + 1]
+            times[k] += float(self._t[j] - self._t[i]) + self.p2p_s * self.neighbours(c)
+            used[k] += float(self._m[j] - self._m[i] + self.in_flight[k] * (self._a[j] - self._a[i]))
+        return times, used
 
     def evaluate(self, bounds: list[int]) -> float:
-        """Slowest stage of the partition with stage k = layers[bounds[k]:bounds[k+1]] (inf if infeasible)."""
-        worst = 0.0
-        for k in range(self.pp):
-            i, j = bounds[k], bounds[k + 1]
-            if j <= i or not self.fits(k, i, j):
-                return INF
-            worst = max(worst, self.stage_time_s(k, i, j))
-        return worst
+        """Slowest stage of the partition with chunk c = layers[bounds[c]:bounds[c+1]] (inf if infeasible)."""
+        if len(bounds) != self.chunks + 1 or any(j <= i for i, j in zip(bounds, bounds[1:])):
+            return INF
+        times, used = self.totals(bounds)
+        return INF if any(u > self.capacity_bytes for u in used) else max(times)
 
 
 @dataclass
 class Partition:
-    bounds: list[int]                  # stage k runs layers[bounds[k]:bounds[k+1]]
+    bounds: list[int]                  # chunk c runs layers[bounds[c]:bounds[c+1]], on stage c % pp
     max_stage_time_s: float
 
 
-def partition(problem: PartitionProblem) -> Partition | None:
-    """The exact DP  F[k][j] = min_i max(F[k-1][i], T_k(i, j))  over feasible (i, j), each stage
-    one vectorised (L+1) x (L+1) step; None when no partition fits the memory."""
-    L, pp = problem.layers, problem.pp
-    if pp > L or L == 0:
+def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s: float = 0.25) -> Partition | None:
+    """The optimal partition (module docstring: DP, greedy or ILP); None when none fits the memory.
+    ``time_limit_s`` bounds the ILP (method 3) only; past it the best of its incumbent, the fill
+    and even chunks is returned."""
+    L, C = problem.layers, problem.chunks
+    if C > L or L == 0:
         return None
+    if problem.virtual_stages == 1:
+        return _partition_dp(problem)
+    if C == L:   # one layer per chunk: the only partition
+        return _checked(problem, list(range(L + 1)))
+    if all(len(set(xs)) == 1 for xs in (problem.layer_time_s, problem.layer_static_bytes, problem.layer_activation_bytes)):
+        return _partition_uniform(problem)
+    even = _checked(problem, _bounds_from_counts([L // C + (c < L % C) for c in range(C)], 1))
+    candidates = [p for p in (partition_ilp(problem, solver=solver, time_limit_s=time_limit_s), _partition_fill(problem), even) if p]
+    return min(candidates, key=lambda p: p.max_stage_time_s) if candidates else None
+
+
+def _checked(problem: PartitionProblem, bounds: list[int]) -> Partition | None:
+    value = problem.evaluate(bounds)
+    return Partition(bounds=bounds, max_stage_time_s=value) if value < INF else None
+
+
+def _partition_dp(problem: PartitionProblem) -> Partition | None:
+    """The exact DP  F[k][j] = min_i max(F[k-1][i], T_k(i, j))  over feasible (i, j), each stage
+    one vectorised (L+1) x (L+1) step (v = 1)."""
+    L, pp = problem.layers, problem.pp
     seg_t = np.subtract.outer(problem._t, problem._t).T          # seg[i, j] = t[j] - t[i]
     seg_m = np.subtract.outer(problem._m, problem._m).T
     seg_a = np.subtract.outer(problem._a, problem._a).T
@@ -97,8 +152,7 @@ def partition(problem: PartitionProblem) -> Partition | None:
     best[0] = 0.0
     cuts = []
     for k in range(pp):
-        neighbours = (k > 0) + (k < pp - 1)
-        time = seg_t + problem.extra_time_s[k] + problem.p2p_s * neighbours
+        time = seg_t + problem.extra_time_s[k] + problem.p2p_s * problem.neighbours(k)
         fits = seg_m + problem.in_flight[k] * seg_a + problem.extra_bytes[k] <= problem.capacity_bytes
         value = np.where(nonempty & fits, np.maximum(best[:, None], time), INF)
         cuts.append(np.argmin(value, axis=0))
@@ -112,41 +166,137 @@ def partition(problem: PartitionProblem) -> Partition | None:
     return Partition(bounds=bounds, max_stage_time_s=problem.evaluate(bounds))
 
 
-def partition_ilp(problem: PartitionProblem, *, time_limit_s: float = 30.0) -> Partition | None:
-    """The same problem as an ILP: a[i,k] = layer i on stage k, stage indices non-decreasing by
-    steps of 0 or 1 from 0 to pp-1 (contiguous, non-empty), T >= every stage time."""
-    L, pp = problem.layers, problem.pp
-    if pp > L:
+def _partition_uniform(problem: PartitionProblem) -> Partition | None:
+    """Identical layers: each stage's layer count by the greedy of the module docstring (method 2)."""
+    L, pp, v = problem.layers, problem.pp, problem.virtual_stages
+    t = problem.layer_time_s[0]
+    base = [problem.extra_time_s[k] + problem.p2p_s * sum(problem.neighbours(c) for c in range(k, pp * v, pp)) for k in range(pp)]
+    per = [problem.layer_static_bytes[0] + problem.in_flight[k] * problem.layer_activation_bytes[0] for k in range(pp)]
+    most = [_most_layers(problem.capacity_bytes - problem.extra_bytes[k], per[k], L) for k in range(pp)]
+    if any(n < v for n in most):
+        return None
+    counts = [v] * pp
+    ready = [(base[k] + (v + 1) * t, (v + 1) * per[k], k) for k in range(pp) if most[k] > v]
+    heapq.heapify(ready)
+    for _ in range(L - pp * v):
+        if not ready:
+            return None                  # the memory holds fewer layers than the model has
+        _, _, k = heapq.heappop(ready)
+        counts[k] += 1
+        if counts[k] < most[k]:
+            heapq.heappush(ready, (base[k] + (counts[k] + 1) * t, (counts[k] + 1) * per[k], k))
+    return _checked(problem, _bounds_from_counts(counts, v))
+
+
+def _most_layers(room_bytes: float, per_layer_bytes: float, layers: int) -> int:
+    """The most identical layers of ``per_layer_bytes`` that fit in ``room_bytes`` (-1: not even none)."""
+    if room_bytes < 0:
+        return -1
+    if per_layer_bytes <= 0 or room_bytes == INF:
+        return layers
+    n = min(layers, int(room_bytes // per_layer_bytes))
+    while n > 0 and n * per_layer_bytes > room_bytes:
+        n -= 1
+    while n < layers and (n + 1) * per_layer_bytes <= room_bytes:
+        n += 1
+    return n
+
+
+def _bounds_from_counts(counts: list[int], v: int) -> list[int]:
+    """Chunk boundaries giving stage k ``counts[k]`` layers over its v chunks, as evenly as
+    possible; the later chunks take the remainder (interleaved 1F1B's warm-up holds the fewest
+    micro-batches of a stage's last chunk)."""
+    pp = len(counts)
+    sizes = [[n // v + (q >= v - n % v) for q in range(v)] for n in counts]
+    return [0, *itertools.accumulate(sizes[c % pp][c // pp] for c in range(pp * v))]
+
+
+def _partition_fill(problem: PartitionProblem, *, steps: int = 40) -> Partition | None:
+    """A fast partition for method 3 (not proved optimal): bisect on a target T; for each, fill
+    the chunks in order, each taking its stage's fair share (T - stage time so far) / (its chunks
+    left) of layers, rounded down or to the nearest layer; keep the best partition seen."""
+    low = (problem._t[-1] + sum(problem.extra_time_s)) / problem.pp
+    high, best = 2.0 * low + 1.0, None
+    for _ in range(steps):
+        target = (low + high) / 2.0
+        found = [_checked(problem, _fill(problem, target, nearest=nearest)) for nearest in (False, True)]
+        values = [p.max_stage_time_s for p in found if p]
+        best = min([p for p in (best, *found) if p], key=lambda p: p.max_stage_time_s, default=None)
+        low, high = (low, target) if values and min(values) <= target else (target, high)
+    return best
+
+
+def _fill(problem: PartitionProblem, target: float, *, nearest: bool) -> list[int]:
+    """Chunk boundaries giving each chunk its stage's fair share of ``target`` (see _partition_fill)."""
+    L, C, pp, v = problem.layers, problem.chunks, problem.pp, problem.virtual_stages
+    used = [problem.extra_time_s[k] + problem.p2p_s * sum(problem.neighbours(c) for c in range(k, C, pp)) for k in range(pp)]
+    bounds = [0]
+    for c in range(C):
+        k, i = c % pp, bounds[-1]
+        goal = problem._t[i] + (target - used[k]) / (v - c // pp)
+        j = max(i, int(np.searchsorted(problem._t, goal, side="right")) - 1)
+        if nearest and j < L and goal - problem._t[j] > problem._t[j + 1] - goal:
+            j += 1
+        j = L if c == C - 1 else min(max(j, i + 1), L - (C - c - 1))   # every later chunk keeps a layer
+        used[k] += float(problem._t[j] - problem._t[i])
+        bounds.append(j)
+    return bounds
+
+
+def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limit_s: float = 30.0) -> Partition | None:
+    """The problem as an ILP over the chunk staircase: u[i,c] = 1 when layer i lies in chunk c or
+    later (c = 1..C-1, C = pp v), non-increasing in c and non-decreasing in i, and the chunk
+    index sum_c u[i,c] rising by 0 or 1 per layer from 0 to C-1 (contiguous, non-empty chunks).
+    Layer i is in chunk c exactly when u[i,c] - u[i,c+1] = 1, so each T_k and M_k is linear in u;
+    T >= every T_k, every M_k <= capacity, minimise T. Only u inside a layer's window of chunks
+    (c <= i, and c >= i - (L - C) so the later chunks keep a layer each) are variables."""
+    L, C, pp = problem.layers, problem.chunks, problem.pp
+    if C > L or L == 0:
         return None
     model = pulp.LpProblem("partition", pulp.LpMinimize)
-    a = {(i, k): variable(model, f"a{i}_{k}", low=0, up=1, cat="Binary") for i in range(L) for k in range(pp)}
-    bound = variable(model, "T", low=0)
-    stage = {i: pulp.lpSum(k * a[i, k] for k in range(pp)) for i in range(L)}
-    for i in range(L):
-        model += pulp.lpSum(a[i, k] for k in range(pp)) == 1
-    model += stage[0] == 0
-    model += stage[L - 1] == pp - 1
+    slack = L - C
+    free = {(i, c): variable(model, f"u{i}_{c}", low=0, up=1, cat="Binary")
+            for i in range(L) for c in range(max(1, i - slack + 1), min(i, C - 1) + 1)}
+
+    def u(i: int, c: int):
+        if (i, c) in free:
+            return free[i, c]
+        return 1 if c <= 0 or (c < C and c <= i - slack) else 0
+
+    if not free:   # C = 1 or C = L: one partition only
+        return _checked(problem, _staircase_bounds(u, L, C))
+    for i, c in free:   # the last layer is always in the last chunk, so i + 1 < L
+        model += u(i, c) - u(i, c + 1) >= 0
+        model += u(i + 1, c) - u(i, c) >= 0
     for i in range(L - 1):
-        model += stage[i + 1] - stage[i] >= 0
-        model += stage[i + 1] - stage[i] <= 1
+        if any((j, c) in free for j in (i, i + 1) for c in range(1, C)):
+            model += pulp.lpSum(u(i + 1, c) - u(i, c) for c in range(1, C)) <= 1
+    bound = variable(model, "T", low=0)
     for k in range(pp):
-        neighbours = (k > 0) + (k < pp - 1)
-        model += bound >= pulp.lpSum(problem.layer_time_s[i] * a[i, k] for i in range(L)) + problem.extra_time_s[k] + problem.p2p_s * neighbours
-        used = pulp.lpSum((problem.layer_static_bytes[i] + problem.in_flight[k] * problem.layer_activation_bytes[i]) * a[i, k] for i in range(L))
-        model += used + problem.extra_bytes[k] <= problem.capacity_bytes
+        mine = [(i, c) for c in range(k, C, pp) for i in range(c, c + slack + 1)]   # layer i may be in chunk c
+        neighbours = sum(problem.neighbours(c) for c in range(k, C, pp))
+        member = {(i, c): u(i, c) - u(i, c + 1) for i, c in mine}
+        model += bound >= pulp.lpSum(problem.layer_time_s[i] * x for (i, _), x in member.items()) + problem.extra_time_s[k] + problem.p2p_s * neighbours
+        if problem.capacity_bytes < INF:
+            weight = [problem.layer_static_bytes[i] + problem.in_flight[k] * problem.layer_activation_bytes[i] for i in range(L)]
+            model += pulp.lpSum(weight[i] * x for (i, _), x in member.items()) + problem.extra_bytes[k] <= problem.capacity_bytes
     model += bound
-    status = solve_model(model, time_limit_s=time_limit_s)
+    status = solve_model(model, solver=solver, time_limit_s=time_limit_s)
     if not status.has_solution:
         return None
-    owner = [max(range(pp), key=lambda k: a[i, k].value() or 0.0) for i in range(L)]
-    bounds = [0] + [i for i in range(1, L) if owner[i] != owner[i - 1]] + [L]
-    return Partition(bounds=bounds, max_stage_time_s=problem.evaluate(bounds))
+    return _checked(problem, _staircase_bounds(u, L, C))
+
+
+def _staircase_bounds(u, layers: int, chunks: int) -> list[int]:
+    """Chunk boundaries of a solved staircase: layer i is in chunk sum_c u[i,c]."""
+    chunk = [round(sum(pulp.value(u(i, c)) for c in range(1, chunks))) for i in range(layers)]
+    return [0] + [i for i in range(1, layers) if chunk[i] != chunk[i - 1]] + [layers]
 
 
 def partition_brute_force(problem: PartitionProblem) -> Partition | None:
-    """Every choice of pp-1 cut points (small cases only)."""
+    """Every choice of pp v - 1 cut points (small cases only)."""
     best = None
-    for cuts in itertools.combinations(range(1, problem.layers), problem.pp - 1):
+    for cuts in itertools.combinations(range(1, problem.layers), problem.chunks - 1):
         bounds = [0, *cuts, problem.layers]
         value = problem.evaluate(bounds)
         if value < INF and (best is None or value < best.max_stage_time_s):

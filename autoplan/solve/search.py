@@ -17,7 +17,8 @@ can enter the top k. A group whose ILP splits no op at tp > 1 is pruned unless t
 its tp ranks would all repeat the same work, which is not tensor parallelism (dp spends those
 devices better); on equal objectives the plan with fewer tp, then pp, ranks ranks first.
 Inside a group, the tp_plan comes from the intra-op ILP
-(solve/tp_plan.py), the stages from the exact partition DP (solve/pipeline.py); when no
+(solve/tp_plan.py), the stages (chunks, when interleaved) from the min-max partition
+(solve/pipeline.py); when no
 member of a group fits in memory with the fastest splits, the ILP is solved again with its
 memory row (per-block budget: usable memory less buffers and the outside modules, shared by
 the fullest stage's blocks, for the group's most frugal member) and the group is priced
@@ -238,7 +239,7 @@ class Search:
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
         cost = self.cost_model.estimate(plan)
-        if not cost.feasible and plan.pp > 1 and plan.schedule != "interleaved_1f1b":
+        if not cost.feasible and plan.pp > 1:
             cost, plan = self._repartition_for_memory(plan, cost)
         value = self.objective(cost.step_time_s, plan.devices)
         candidate = Candidate(config=config_of(plan), status="evaluated", lower_bound=bound, objective=value, cost=cost,
@@ -252,8 +253,8 @@ class Search:
                 self.best = candidate
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
-        """The time-optimal stages did not fit: try the best partition under the memory limits."""
-        found = partition(self.stage_costs.problem(plan, memory_limit=True))
+        """The time-optimal stages (or chunks) did not fit: try the best partition under the memory limits."""
+        found = partition(self.stage_costs.problem(plan, memory_limit=True), solver=self.options.solver)
         if found is None:
             return cost, plan
         retry = _with(plan, stages=_stages_from(self.graph.layers, found.bounds))
@@ -261,16 +262,17 @@ class Search:
         return (retry_cost, retry) if retry_cost.feasible else (cost, plan)
 
     def _stages(self, plan: Plan) -> list[list[str]]:
-        """Stages: the exact min-max partition for GPipe/1F1B, balanced chunks when interleaved."""
+        """Stages (``pp * v`` chunks when interleaved): the min-max partition of solve/pipeline.py,
+        which minimises the slowest stage's total over its chunks, as CostModel charges it."""
         layers = self.graph.layers
         if plan.pp == 1:
             return [list(layers)]
-        if plan.schedule == "interleaved_1f1b":
-            return balanced_stages(layers, plan.pp * plan.virtual_stages)
-        key = (id(plan.tp_plan), plan.tp, plan.dp, plan.sequence_parallel, plan.precision, plan.micro_batch_size, plan.recompute)
+        chunks = plan.pp * plan.virtual_stages
+        key = (id(plan.tp_plan), plan.tp, plan.dp, plan.sequence_parallel, plan.precision, plan.micro_batch_size, plan.recompute,
+               plan.virtual_stages)
         if key not in self._partitions:   # without a memory limit, GPipe and 1F1B share one problem
-            found = partition(self.stage_costs.problem(plan, memory_limit=False))
-            self._partitions[key] = (_stages_from(layers, found.bounds) if found else balanced_stages(layers, plan.pp), plan.tp_plan)
+            found = partition(self.stage_costs.problem(plan, memory_limit=False), solver=self.options.solver)
+            self._partitions[key] = (_stages_from(layers, found.bounds) if found else balanced_stages(layers, chunks), plan.tp_plan)
         return self._partitions[key][0]
 
     def _plan(self, g: Group, *, recompute: str, schedule: str, v: int, zero: int, tp_plan: dict, stages: list | None = None) -> Plan:

@@ -56,7 +56,8 @@ class StageCosts:
                          precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
 
     def problem(self, plan: Plan, *, memory_limit: bool = True) -> PartitionProblem:
-        """The partition problem of ``plan`` (its stages ignored), per the module docstring."""
+        """The partition problem of ``plan`` (its stages ignored; ``pp * virtual_stages`` chunks),
+        per the module docstring."""
         ctx = self.context(plan)
         blocks = [self.summary(layer, "", plan.tp_plan, ctx) for layer in self.graph.layers]
         pre, post = (self.summary(None, part, plan.tp_plan, ctx) for part in ("pre", "post"))
@@ -76,7 +77,7 @@ class StageCosts:
         capacity = self._capacity(plan, boundary, max(b.param_count for b in blocks)) if memory_limit else float("inf")
         return PartitionProblem(layer_time_s=times, layer_static_bytes=[b.param_count * per_param for b in blocks],
                                 layer_activation_bytes=acts, pp=plan.pp, extra_time_s=extra_time, extra_bytes=extra_bytes,
-                                in_flight=in_flight, p2p_s=p2p_s, capacity_bytes=capacity)
+                                in_flight=in_flight, p2p_s=p2p_s, capacity_bytes=capacity, virtual_stages=plan.virtual_stages)
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
