@@ -12,7 +12,7 @@ import gc
 import importlib
 import sys
 
-from autoplan.errors import AutoplanError
+from autoplan.errors import AutoplanError, StopSignal
 
 #: Stage modules that add subcommands, in pipeline order.
 COMMAND_MODULES = (
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
         return int(result or 0)
+    except StopSignal as exc:
+        print(f"autoplan: {exc}", file=sys.stderr)
+        return exc.exit_code
     except AutoplanError as exc:
         if args.debug:
             raise

@@ -28,3 +28,13 @@ class PlanError(AutoplanError):
 
 class RunError(AutoplanError):
     """A distributed run failed: a rank crashed, timed out or mismatched."""
+
+
+class StopSignal(RunError):
+    """``autoplan run`` was told to stop (SIGTERM, SIGHUP): every rank was ended; exits 128 + signal."""
+
+    def __init__(self, signum: int, nprocs: int):
+        import signal
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}: all {nprocs} ranks were ended; "
+                         "this run wrote no results (rerun it to train).")

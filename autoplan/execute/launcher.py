@@ -11,7 +11,11 @@ each rank that had failed and why (secondary "closed/reset by peer" failures las
 crash never waits for a collective timeout. The process groups also get a timeout
 (``--timeout-s``, 45 s by default), so ranks that wait on each other forever (ops that
 disagree, a hung rank) fail within a minute of the hang, under torchrun too. Ctrl-C
-(KeyboardInterrupt) terminates every rank the same way.
+(KeyboardInterrupt), SIGTERM and SIGHUP (what Slurm and Kubernetes send) terminate every rank
+the same way; a stop signal ends the launcher with exit 128 + signal and one sentence
+(errors.StopSignal). Killed without a chance to clean up (SIGKILL), the launcher still takes its
+ranks with it: each rank asks the kernel to end it when its parent dies
+(autoplan/execute/lifeline.py).
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-from autoplan.errors import RunError
+from autoplan.errors import RunError, StopSignal
+from autoplan.execute.lifeline import LAUNCHER_PID_ENV
 
 POLL_S = 0.1
 SETTLE_S = 2.0
@@ -60,6 +65,7 @@ def _env(*, rank: int, nprocs: int, port: int, error_dir: Path) -> dict[str, str
     env = dict(os.environ)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), AUTOPLAN_ERROR_DIR=str(error_dir))
+    env[LAUNCHER_PID_ENV] = str(os.getpid())
     return env
 
 
@@ -69,7 +75,7 @@ def launch(*, args: list[str], nprocs: int, grace_s: float = 5.0, module: str = 
     Raises RunError naming the first rank that failed (non-zero exit other than the
     agreed verify-failed code, which every rank returns together)."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir:
+    with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir, _stop_signals_raise(nprocs):
         ranks = [Rank(subprocess.Popen([sys.executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, errors="replace",
                                        env=_env(rank=r, nprocs=nprocs, port=port, error_dir=Path(error_dir))))
                  for r in range(nprocs)]
@@ -78,6 +84,31 @@ def launch(*, args: list[str], nprocs: int, grace_s: float = 5.0, module: str = 
             return _watch(ranks=ranks, error_dir=Path(error_dir), grace_s=grace_s)
         finally:  # also on KeyboardInterrupt (Ctrl-C), which then propagates
             _stop(procs, grace_s=grace_s)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _stop_signals_raise:
+    """While launching and watching: a stop signal raises StopSignal, so the ranks are stopped
+    on the way out (launch's ``finally``); the previous handlers come back after. Only the main
+    thread may set handlers; elsewhere (an API caller's thread) this does nothing."""
+
+    def __init__(self, nprocs: int):
+        self.nprocs, self.previous = nprocs, {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._raise) for sig in STOP_SIGNALS}
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _raise(self, signum, _frame) -> None:
+        for sig in STOP_SIGNALS:   # a second signal must not interrupt stopping the ranks
+            signal.signal(sig, signal.SIG_IGN)
+        raise StopSignal(signum, self.nprocs)
 
 
 def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float) -> int:

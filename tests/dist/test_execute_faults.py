@@ -1,5 +1,6 @@
 """Faults in `autoplan run`: collectives the ranks disagree on stop the job with a message that
-names the rank (never the 30-minute default timeout), and Ctrl-C stops every process."""
+names the rank (never the 30-minute default timeout); Ctrl-C and SIGTERM stop every process, and
+ranks never outlive a launcher killed with SIGKILL."""
 from __future__ import annotations
 
 import os
@@ -98,6 +99,14 @@ def _alive(pid: int) -> bool:
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
+    proc, ranks = _running_ranks(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert not [pid for pid in ranks if _alive(pid)]
+
+
+def _running_ranks(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     proc, markers = _start(tmp_path, SLOW, "--steps", "100000")
     for _ in range(600):  # wait (at most a minute) until both ranks have built their model
         if len(list(markers.iterdir())) == 2 or proc.poll() is not None:
@@ -105,7 +114,31 @@ def test_ctrl_c_stops_every_process(tmp_path):
         time.sleep(0.1)
     ranks = _children(proc.pid)
     assert proc.poll() is None and len(ranks) == 2, proc.communicate()[1][-3000:] if proc.poll() is not None else ranks
-    proc.send_signal(signal.SIGINT)
+    return proc, ranks
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    return [pid for pid in pids if _alive(pid)]
+
+
+def test_sigterm_ends_every_rank_and_says_so_in_one_line(tmp_path):
+    """What Slurm and Kubernetes send: the ranks end with the launcher, which exits 128 + 15."""
+    proc, ranks = _running_ranks(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-3000:]
+    said = [line for line in stderr.splitlines() if line.startswith("autoplan:")]
+    assert said == ["autoplan: stopped by SIGTERM: all 2 ranks were ended; this run wrote no results (rerun it to train)."]
+    assert "Traceback" not in stderr
+    assert not _gone_within(ranks, 10)
+
+
+def test_ranks_never_outlive_a_launcher_killed_hard(tmp_path):
+    """SIGKILL gives the launcher no chance to clean up; each rank's parent-death signal does it."""
+    proc, ranks = _running_ranks(tmp_path)
+    proc.kill()
     proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    assert not [pid for pid in ranks if _alive(pid)]
+    assert not _gone_within(ranks, 15)
