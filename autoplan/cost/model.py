@@ -67,6 +67,7 @@ from autoplan.cost.schedule import (balanced_stages, in_flight_after_first_backw
                                     partially_hidden_s, prefetched_exposed_s)
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tensor_parallel import TPContext, default_tp_plan, sp_partial_params
+from autoplan.cost.tp_block import analyse_block
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
@@ -94,6 +95,8 @@ class CostModel:
         self._step_flops = graph.step_flops                      # summed once: estimate() stays arithmetic
         self._recompute_per_sample = {mode: self._recompute_flops_per_sample(mode) for mode in ("none", "selective", "full")}
         self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
+        self._sp_names: dict[tuple, tuple[str, ...]] = {}        # (layer, tp, the layer's splits) -> sp_partial_params
+        self._modules_of: dict[str | None, tuple[str, ...]] = {}
 
     # ---- precomputation ------------------------------------------------------------------
     def _index_group(self, layers: list[str]) -> None:
@@ -259,9 +262,25 @@ class CostModel:
         """Elements of each parameter of ``layers`` (None: the outside nodes) whose gradient is
         all-reduced once a step under sequence parallelism (tensor_parallel.sp_partial_params)."""
         params = self.graph.parameters
-        names = {n for layer in layers for n in sp_partial_params(self.graph, layer, tp_plan, tp=plan.tp,
-                                                                      sequence_parallel=plan.sequence_parallel)}
+        names = {n for layer in layers for n in self._sp_partial_names(layer, tp_plan, plan)}
         return [float(params[n].numel) for n in sorted(names) if n in params]
+
+    def _sp_partial_names(self, layer: str | None, tp_plan: dict[str, str], plan: Plan) -> tuple[str, ...]:
+        """tensor_parallel.sp_partial_params, memoised on what it reads: the layer, tp, SP and the
+        splits of the layer's own modules (so two tp_plans that agree on the layer share it)."""
+        if plan.tp <= 1 or not plan.sequence_parallel:
+            return ()
+        modules = self._layer_modules(layer)
+        key = (layer, plan.tp, tuple(tp_plan.get(m) for m in modules))
+        hit = self._sp_names.get(key)
+        if hit is None:
+            hit = self._sp_names[key] = tuple(sp_partial_params(self.graph, layer, tp_plan, tp=plan.tp, sequence_parallel=True))
+        return hit
+
+    def _layer_modules(self, layer: str | None) -> tuple[str, ...]:
+        if layer not in self._modules_of:
+            self._modules_of[layer] = tuple(sorted({n.module for n in analyse_block(self.graph, layer).nodes if n.module}))
+        return self._modules_of[layer]
 
     def _sp_grad_sync_s(self, plan: Plan, tp_group: AxisGroup) -> float:
         """Once a step, the all-reduce of each sequence-parallel parameter's fp32 gradient, on the
@@ -273,8 +292,15 @@ class CostModel:
         for stage in range(plan.pp):
             layers = self.stage_layers(plan, stage) + ([None] if stage == plan.pp - 1 else [])
             elements = self.sp_partial_elements(plan, tp_plan, layers)
-            worst = max(worst, sum(collective_time_s(self.profile, "all_reduce", e * 4, group=tp_group) for e in elements))
+            worst = max(worst, sum(self._all_reduce_s(e * 4, tp_group) for e in elements))
         return worst
+
+    def _all_reduce_s(self, message_bytes: float, group: AxisGroup) -> float:
+        key = ("all_reduce", message_bytes, group, "single")
+        hit = self._bucket_cache.get(key)
+        if hit is None:
+            hit = self._bucket_cache[key] = collective_time_s(self.profile, "all_reduce", message_bytes, group=group)
+        return hit
 
     def chunk_inputs(self, plan: Plan) -> list[tuple[list[float], list[float]]]:
         """Per pipeline chunk, the tensors it receives per micro-batch, whole (each tp rank sends
