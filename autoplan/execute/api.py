@@ -61,7 +61,7 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     blocks = [b for stage in plan.stages for b in stage] or find_blocks(model)   # the tracer's rule (autoplan/trace/layers.py)
     ties = tied_names(model)
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
-    modules, tie_sync = _split(model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device)
+    modules, tie_sync, out_spec = _split(model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device)
     mode = data_parallel.dp_mode(plan=plan)
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
     checkpointed = 0
@@ -79,22 +79,25 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     trainer = Trainer(plan=plan, mesh=mesh, stage_modules=modules, optimizer=optimizer, loss_fn=loss_fn,
                       device=device, dp_mode=mode, policy=policy, scaler=scaler, tie_sync=tie_sync, aliases=aliases)
     if plan.pp > 1:
-        trainer.schedule = pipeline.build_schedule(stage_modules=modules, plan=plan, pp_mesh=mesh["pp"], device=device, loss_fn=trainer.schedule_loss)
+        trainer.schedule = pipeline.build_schedule(stage_modules=modules, plan=plan, pp_mesh=mesh["pp"], device=device,
+                                                   loss_fn=trainer.schedule_loss, out_spec=out_spec)
     return trainer
 
 
 def _split(*, model: nn.Module, plan: Plan, microbatch_inputs: tuple | None, mesh: Any, ties: list[list[str]],
-           device: torch.device) -> tuple[dict[int, nn.Module], TiedGradSync | None]:
+           device: torch.device) -> tuple[dict[int, nn.Module], TiedGradSync | None, Any]:
+    """This rank's stage modules, the tied-weight gradient sync, and the spec that rebuilds the
+    model's output from the last stage's tensors (``pipeline.split_model``)."""
     if plan.pp == 1:
-        return {0: model}, None
+        return {0: model}, None, None
     if microbatch_inputs is None:
         raise PlanError(f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) to split the model into stages.")
     from autoplan.execute.batch import move_to
-    pipe = pipeline.split_model(model=model, plan=plan, microbatch_args=move_to(tuple(microbatch_inputs), device))
+    pipe, out_spec = pipeline.split_model(model=model, plan=plan, microbatch_args=move_to(tuple(microbatch_inputs), device))
     modules = {i: pipe.get_stage_module(i) for i in pipeline.stage_indices(plan=plan, pp_rank=coordinates(mesh)["pp"])}
     holders = {i: {n for n, _ in pipe.get_stage_module(i).named_parameters(remove_duplicate=False)} for i in range(pipe.num_stages)}
     # Groups are created on every rank before any module transform (new_group is a collective).
-    return modules, build_tied_sync(groups=ties, holders=holders, pp=plan.pp, mesh=mesh, my_modules=modules)
+    return modules, build_tied_sync(groups=ties, holders=holders, pp=plan.pp, mesh=mesh, my_modules=modules), out_spec
 
 
 def _data_parallel(*, module: nn.Module, blocks: list[str], plan: Plan, mesh: Any, mode: str, device: torch.device,

@@ -12,20 +12,31 @@ Chunk ``c`` of ``pp * virtual_stages`` runs on pipeline rank ``c % pp`` (interle
 Values a chunk needs from a chunk other than the one before it (rotary tables made in the
 root forward, masks, skip connections) are passed through the chunks in between
 (autoplan/execute/pipeline_carry.py).
+
+``torch.export`` flattens the model's output to its tensors, and ``pipeline()`` drops the
+output's pytree spec (a TODO in torch's ``Pipe.from_tracing``), so the last stage returns bare
+logits where the model returns a ``ModelOutput`` (Hugging Face) or a tuple. ``PipelineStage``
+accepts only tensors from a stage, even the last, so ``split_model`` records the spec while
+``pipeline()`` exports, and the schedule's loss rebuilds the model's output from the last
+stage's tensors with it: the model file's ``loss_fn(output, target)`` sees what it sees at pp=1.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
+import torch.utils._pytree as pytree
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline
 from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, PipelineScheduleSingle,
                                                    Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B)
 
 from autoplan.errors import PlanError
-from autoplan.execute.pipeline_carry import carry_skip_values
+from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
 from autoplan.types.plan import Plan
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -51,27 +62,64 @@ def check_stages(*, model: nn.Module, plan: Plan) -> None:
         raise PlanError("plan stages list blocks out of model order; stage i must hold blocks that run before those of stage i+1.")
 
 
-def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> Any:
-    """Export ``model`` on one micro-batch and cut it into ``len(plan.stages)`` stage modules."""
+def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> tuple[Any, pytree.TreeSpec | None]:
+    """Export ``model`` on one micro-batch and cut it into ``len(plan.stages)`` stage modules.
+    Return the ``Pipe`` and the spec that rebuilds the model's output from the last stage's
+    tensors (None where the model returns one tensor), for ``build_schedule``."""
     check_stages(model=model, plan=plan)
     split_spec = {stage[0]: SplitPoint.BEGINNING for stage in plan.stages[1:]}
     try:
-        pipe = pipeline(model, mb_args=microbatch_args, split_spec=split_spec)
+        with _output_spec(model) as spec:
+            pipe = pipeline(model, mb_args=microbatch_args, split_spec=split_spec)
     except Exception as exc:  # torch.export failed on this model
         raise PlanError(f"cannot split the model into pipeline stages with torch.export ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); plan pp=1 for this model.") from exc
     if pipe.num_stages != len(plan.stages):
         raise PlanError(f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; a split point is probably never called in forward().")
     carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through those between
+    out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None)
     for i in range(pipe.num_stages):
         # pipeline() leaves a tied weight's other owner on a stage that never calls it (GPT's lm_head
         # on the embedding's stage): a dead copy the cost model does not charge, so drop it
         pipe.get_stage_module(i).delete_all_unused_submodules()
-    return pipe
+    return pipe, out_spec
+
+
+@contextlib.contextmanager
+def _output_spec(model: nn.Module) -> Iterator[list[pytree.TreeSpec]]:
+    """Record the pytree spec of what ``model`` returns while ``pipeline()`` exports it."""
+    specs: list[pytree.TreeSpec] = []
+    handle = model.register_forward_hook(lambda module, args, output: specs.append(pytree.tree_structure(output)))
+    try:
+        yield specs
+    finally:
+        handle.remove()
+
+
+def _flat_model_output(split_gm: fx.GraphModule, *, out_spec: pytree.TreeSpec | None) -> pytree.TreeSpec | None:
+    """Make the last stage return the model's output tensors in the model's flattening order;
+    return the spec that rebuilds the model's output from them (None: a single tensor, as is)."""
+    if out_spec is None or out_spec.is_leaf():
+        return None  # the model returns one tensor (or export ran without calling forward): already right
+    result = split_gm.graph.output_node().args[0]
+    leaves = list(result) if isinstance(result, (tuple, list)) else [result]
+    last = [n for n in split_gm.graph.nodes if n.op == "call_module"][-1]
+    module = getattr(split_gm, last.target)
+    output = module.graph.output_node()
+    own = own_outputs(output, last)
+    if len(leaves) != out_spec.num_leaves or any(leaf not in own for leaf in leaves):
+        raise PlanError("the model returns a value its last pipeline stage does not compute (a constant, or a tensor made "
+                        "on an earlier stage); return only what the last stage computes, or plan pp=1 for this model.")
+    output.args = (tuple(own[leaf] for leaf in leaves),)
+    module.recompile()
+    return out_spec
 
 
 def build_schedule(*, stage_modules: dict[int, nn.Module], plan: Plan, pp_mesh: DeviceMesh,
-                   device: torch.device, loss_fn: Callable) -> Any:
-    """The plan's schedule over this rank's stages; the loss goes to the schedule."""
+                   device: torch.device, loss_fn: Callable, out_spec: pytree.TreeSpec | None = None) -> Any:
+    """The plan's schedule over this rank's stages; the loss goes to the schedule, and sees the
+    last stage's tensors rebuilt into what the model returns (``out_spec``, from ``split_model``)."""
+    if out_spec is not None:
+        loss_fn = functools.partial(_loss_on_model_output, loss_fn=loss_fn, out_spec=out_spec)
     group = pp_mesh.get_group()
     num_stages = plan.pp * plan.virtual_stages
     stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in sorted(stage_modules.items())]
@@ -80,3 +128,8 @@ def build_schedule(*, stage_modules: dict[int, nn.Module], plan: Plan, pp_mesh: 
         return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1
     return cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: pytree.TreeSpec) -> torch.Tensor:
+    leaves = list(output) if isinstance(output, (tuple, list)) else [output]
+    return loss_fn(pytree.tree_unflatten(leaves, out_spec), target)

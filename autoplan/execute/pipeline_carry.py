@@ -83,14 +83,14 @@ def _rewrite_stage(module: fx.GraphModule, *, call: fx.Node, in_keys: list, out_
         graph.erase_node(placeholder)
     if out_keys is not None:
         output = next(n for n in graph.nodes if n.op == "output")
-        own = _own_outputs(output, call)
+        own = own_outputs(output, call)
         values = tuple(own[key] if key in own else new[key] for key in out_keys)
         output.args = (values[0] if len(values) == 1 else values,)
     graph.lint()
     module.recompile()
 
 
-def _own_outputs(output: fx.Node, call: fx.Node) -> dict:
+def own_outputs(output: fx.Node, call: fx.Node) -> dict:
     """split-graph value node -> this stage's graph node that produces it."""
     result = output.args[0]
     getitems = [u for u in call.users if u.target is operator.getitem]
