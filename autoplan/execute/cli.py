@@ -49,13 +49,39 @@ def run_command(args: argparse.Namespace) -> int:
         code = runner.main(_runner_args(args))
     else:
         _check_devices(plan.devices)
+        _warn_other_device(plan)
         from autoplan.execute.launcher import launch
         code = launch(args=_runner_args(args), nprocs=plan.devices)
     if code == runner.EXIT_VERIFY_FAILED:
         print("autoplan: --verify found differences beyond tolerance (see the table above).", file=sys.stderr)
     elif code == 0 and not args.quiet and os.environ.get("RANK", "0") == "0":
         print(f"wrote {args.out}/measured.csv and {args.out}/summary.json")
+        _print_measured_beside_predicted(args.out, plan)
     return code
+
+
+def _warn_other_device(plan) -> None:
+    """One line when the plan was priced with a profile of another device (profile/host.py)."""
+    from autoplan.errors import AutoplanError
+    from autoplan.profile import load_profile
+    from autoplan.profile.host import device_mismatch
+    try:
+        profile = load_profile(plan.profile) if plan.profile else None
+    except AutoplanError:
+        return
+    if profile and (warning := device_mismatch(profile, running=True)):
+        print(f"autoplan: warning: {warning}", file=sys.stderr)
+
+
+def _print_measured_beside_predicted(out: str, plan) -> None:
+    import json
+    from pathlib import Path
+
+    from autoplan.profile.host import measured_beside_predicted
+    summary = json.loads((Path(out) / "summary.json").read_text())
+    for line in measured_beside_predicted(measured_s=summary.get("median_step_time_s"), predicted_s=summary.get("predicted_step_time_s"),
+                                          profile_name=plan.profile or "PROFILE", run_dir=out):
+        print(line)
 
 
 def _check_devices(devices: int) -> None:

@@ -43,6 +43,9 @@ def _run(args: argparse.Namespace) -> int:
     from autoplan.trace import trace_model_file
 
     profile = resolve_profile(args.profile)
+    from autoplan.profile.host import device_mismatch
+    if (warning := device_mismatch(profile, running=False)) and not args.json:
+        print(f"autoplan: warning: {warning}", file=sys.stderr)
     graph = trace_model_file(args.model, args.batch)
     quiet = args.quiet or args.json
     try:
