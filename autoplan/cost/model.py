@@ -292,15 +292,8 @@ class CostModel:
         for stage in range(plan.pp):
             layers = self.stage_layers(plan, stage) + ([None] if stage == plan.pp - 1 else [])
             elements = self.sp_partial_elements(plan, tp_plan, layers)
-            worst = max(worst, sum(self._all_reduce_s(e * 4, tp_group) for e in elements))
+            worst = max(worst, sum(self._collective_s("all_reduce", e * 4, tp_group, None) for e in elements))
         return worst
-
-    def _all_reduce_s(self, message_bytes: float, group: AxisGroup) -> float:
-        key = ("all_reduce", message_bytes, group, "single")
-        hit = self._bucket_cache.get(key)
-        if hit is None:
-            hit = self._bucket_cache[key] = collective_time_s(self.profile, "all_reduce", message_bytes, group=group)
-        return hit
 
     def chunk_inputs(self, plan: Plan) -> list[tuple[list[float], list[float]]]:
         """Per pipeline chunk, the tensors it receives per micro-batch, whole (each tp rank sends
@@ -328,13 +321,15 @@ class CostModel:
 
     def _dp_message_s(self, plan: Plan, kind: str, message_bytes: float, group: AxisGroup) -> float:
         """One dp collective as the executor sends it: in DDP buckets under DDP, else one call per
-        FSDP unit or flat buffer (comm.bucketed_time_s); memoised, since identical blocks send
-        identical messages."""
-        bucket = DDP_BUCKET_BYTES if runs_ddp(plan) else None
-        key = (kind, message_bytes, group, bucket)
+        FSDP unit or flat buffer (comm.bucketed_time_s)."""
+        return self._collective_s(kind, message_bytes, group, DDP_BUCKET_BYTES if runs_ddp(plan) else None)
+
+    def _collective_s(self, kind: str, message_bytes: float, group: AxisGroup, bucket_bytes: float | None) -> float:
+        """comm.bucketed_time_s, memoised: identical blocks and parameters send identical messages."""
+        key = (kind, message_bytes, group, bucket_bytes)
         hit = self._bucket_cache.get(key)
         if hit is None:
-            hit = self._bucket_cache[key] = bucketed_time_s(self.profile, kind, message_bytes, group=group, bucket_bytes=bucket)
+            hit = self._bucket_cache[key] = bucketed_time_s(self.profile, kind, message_bytes, group=group, bucket_bytes=bucket_bytes)
         return hit
 
     def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, slowest: StageTotals) -> None:

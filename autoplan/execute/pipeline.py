@@ -14,7 +14,7 @@ root forward, masks, skip connections) are passed through the chunks in between
 (autoplan/execute/pipeline_carry.py).
 
 ``torch.export`` flattens the model's output to its tensors, and ``pipeline()`` drops the
-output's pytree spec (a TODO in torch's ``Pipe.from_tracing``), so the last stage returns bare
+output's pytree spec (torch's ``Pipe.from_tracing`` does not keep it), so the last stage returns bare
 logits where the model returns a ``ModelOutput`` (Hugging Face) or a tuple. ``PipelineStage``
 accepts only tensors from a stage, even the last, so ``split_model`` records the spec while
 ``pipeline()`` exports, and the schedule's loss rebuilds the model's output from the last

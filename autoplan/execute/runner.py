@@ -305,5 +305,16 @@ def record_failure(exc: BaseException) -> None:
         write_text_atomic(path, f"{type(exc).__name__}: {first}\n")
 
 
+def exit_now(code: int) -> None:
+    """Leave without interpreter finalisation once the rank's work is done: its files are written
+    atomically and its process group destroyed, but gloo's worker threads can still hold
+    completed-work objects whose tensors, freed while the interpreter is torn down, take the GIL
+    and abort the process ("terminate called without an active exception", seen once in CI on a
+    rank that had finished). Flushing and ``os._exit`` skip that teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -20,7 +20,8 @@ MISMATCH_RATIO = 0.25
 
 
 def cpu_model() -> str:
-    """This machine's CPU model, as /proc/cpuinfo (else the platform) names it."""
+    """This machine's CPU model, as /proc/cpuinfo (else the platform) names it: what
+    ``autoplan profile`` records in ``device.name`` and what it is compared with."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autoplan.profile.host import cpu_model
 from autoplan.profile.measure.build import device_spec, link_spec, op_overhead
 from autoplan.profile.measure.collectives import CommSweep, merge_collectives
 from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, make_case
@@ -140,15 +141,7 @@ def _phase_ticker(bar: Progress | None, *, job: ComputeJob, devices: int, sweep:
 def _device_name(device: torch.device, threads: int) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.processor())
-    return f"{model or 'CPU'} ({threads} threads)"
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
+    return f"{cpu_model() or 'CPU'} ({threads} threads)"
 
 
 def _memory_bytes(device: torch.device, devices: int) -> int:
