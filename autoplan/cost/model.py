@@ -92,6 +92,7 @@ class CostModel:
         self._tied = self._tied_places()
         self._cache: dict[tuple, LayerSummary] = {}
         self._bucket_cache: dict[tuple, float] = {}
+        self._by_tp_plan: dict[tuple, tuple] = {}                # see _for_tp_plan
         self._step_flops = graph.step_flops                      # summed once: estimate() stays arithmetic
         self._recompute_per_sample = {mode: self._recompute_flops_per_sample(mode) for mode in ("none", "selective", "full")}
         self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
@@ -155,13 +156,28 @@ class CostModel:
             raise PlanError(f"plan stages leave out block '{missing}'; every block must be on exactly one stage.")
         return plan.stages
 
+    def _for_tp_plan(self, key: tuple, tp_plan: dict[str, str], make):
+        """``make()``, memoised on ``key`` and the tp_plan (thousands of candidate plans share the
+        ILP's one dict): an entry keeps a copy of the dict it was made from and is remade when
+        the dict now differs, so a tp_plan edited in place is never priced from a stale entry."""
+        full = (id(tp_plan), *key)
+        hit = self._by_tp_plan.get(full)
+        if hit is None or hit[1] != tp_plan:
+            hit = self._by_tp_plan[full] = (make(), dict(tp_plan))
+        return hit[0]
+
+    def _block_summaries(self, tp_plan: dict[str, str], ctx: TPContext) -> dict[str, LayerSummary]:
+        key = ("blocks", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        return self._for_tp_plan(key, tp_plan, lambda: {layer: self._summary(layer, tp_plan, ctx) for layer in self.graph.layers})
+
     def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         stages = [StageTotals() for _ in range(plan.pp)]
+        summaries = self._block_summaries(tp_plan, ctx)
         add_block(stages[0], self._summary(None, tp_plan, ctx, "pre"), recompute=plan.recompute, is_block=False)
         for index, chunk in enumerate(self._chunks(plan)):
             stage = stages[index % plan.pp]
             for position, layer in enumerate(chunk):
-                block = self._summary(layer, tp_plan, ctx)
+                block = summaries[layer]
                 if position == 0 and index > 0:
                     stage.boundary_bytes = max(stage.boundary_bytes, block.input_bytes)
                 add_block(stage, block, recompute=plan.recompute)
@@ -288,6 +304,11 @@ class CostModel:
         if plan.tp == 1 or not plan.sequence_parallel:
             return 0.0
         tp_plan = self._tp_plan(plan)
+        chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
+        return self._for_tp_plan(("sp sync", plan.tp, plan.pp, chunks, tp_group), tp_plan,
+                                 lambda: self._sp_grad_sync_worst_s(plan, tp_plan, tp_group))
+
+    def _sp_grad_sync_worst_s(self, plan: Plan, tp_plan: dict[str, str], tp_group: AxisGroup) -> float:
         worst = 0.0
         for stage in range(plan.pp):
             layers = self.stage_layers(plan, stage) + ([None] if stage == plan.pp - 1 else [])

@@ -59,7 +59,7 @@ class StageCosts:
         """The partition problem of ``plan`` (its stages ignored; ``pp * virtual_stages`` chunks),
         per the module docstring."""
         ctx = self.context(plan)
-        blocks = [self.summary(layer, "", plan.tp_plan, ctx) for layer in self.graph.layers]
+        blocks = self._blocks(plan, ctx)
         pre, post = (self.summary(None, part, plan.tp_plan, ctx) for part in ("pre", "post"))
         per_param = sum(_state_bytes(plan))
         times = [_block_time_s(b, plan.recompute) for b in blocks]
@@ -78,6 +78,15 @@ class StageCosts:
         return PartitionProblem(layer_time_s=times, layer_static_bytes=[b.param_count * per_param for b in blocks],
                                 layer_activation_bytes=acts, pp=plan.pp, extra_time_s=extra_time, extra_bytes=extra_bytes,
                                 in_flight=in_flight, p2p_s=p2p_s, capacity_bytes=capacity, virtual_stages=plan.virtual_stages)
+
+    def _blocks(self, plan: Plan, ctx: TPContext) -> list[LayerSummary]:
+        """Every block's summary in order, memoised on the tp_plan (kept as a copy and compared, so
+        a dict edited in place is never read stale) and the TP context."""
+        key = ("blocks", id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        hit = self._totals.get(key)
+        if hit is None or hit[1] != plan.tp_plan:
+            hit = self._totals[key] = ([self.summary(layer, "", plan.tp_plan, ctx) for layer in self.graph.layers], dict(plan.tp_plan))
+        return hit[0]
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
