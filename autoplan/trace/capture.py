@@ -22,6 +22,7 @@ import torch
 import torch.fx
 
 from autoplan.errors import TraceError
+from autoplan.trace.stitch import KEPT, repeated_blocks, stitch, truncated
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
 _AUTOPLAN_DIR = str(Path(__file__).parent.parent)
@@ -91,6 +92,9 @@ def _try_fx(model: torch.nn.Module) -> Captured | Failure:
 
 
 def _try_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failure:
+    stitched = _try_stitched_export(model, meta_inputs)
+    if stitched is not None:
+        return stitched
     stack: list[str] = []
     try:
         with _module_stack(model, stack), _pytree_outputs(model), _quiet_logs():
@@ -98,6 +102,23 @@ def _try_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failur
         return Captured(program.module(), "export")
     except Exception as exc:
         return Failure("torch.export (non-strict)", stack[-1] if stack else "", user_line(exc), first_line(exc))
+
+
+def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | None:
+    """Export with the first few repeated blocks and stitch the rest (autoplan/trace/stitch.py);
+    None when the model has no such blocks or refuses the shortcut: the full export follows."""
+    found = repeated_blocks(model)
+    if found is None:
+        return None
+    name, container = found
+    blocks = list(container)
+    try:
+        with truncated(model, name, KEPT), _pytree_outputs(model), _quiet_logs():
+            program = torch.export.export(model, meta_inputs, strict=False)
+    except Exception:
+        return None
+    module = program.module()
+    return Captured(module, "export") if stitch(module, prefix=name, blocks=blocks) else None
 
 
 @contextlib.contextmanager
