@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from autoplan.solve.pipeline import PartitionProblem, partition, partition_brute_force, partition_ilp
+from autoplan.solve.pipeline import PartitionProblem, _partition_dp, partition, partition_brute_force, partition_ilp
 
 
 def _random_problem(rng):
@@ -48,8 +48,8 @@ def test_memory_limit_moves_layers_off_the_first_stage():
     assert partition(PartitionProblem([1.0] * 4, [0.0] * 4, [1.0] * 4, 2, [0.0] * 2, [0.0] * 2, [2.0, 1.0], 0.0, 1.5)) is None
 
 
-def _random_interleaved(rng, *, uniform):
-    pp, v = rng.randint(1, 3), rng.randint(2, 3)
+def _random_interleaved(rng, *, uniform, v=None):
+    pp, v = rng.randint(1, 3), v or rng.randint(2, 3)
     layers = rng.randint(pp * v, min(10, pp * v + 5))
     def per_layer(low, high):
         return [rng.uniform(low, high)] * layers if uniform else [rng.uniform(low, high) for _ in range(layers)]
@@ -81,6 +81,17 @@ def test_interleaved_identical_layers_greedy_equals_brute_force(seed):
         return
     assert _value(found) == pytest.approx(brute.max_stage_time_s, rel=1e-9)
     assert problem.evaluate(found.bounds) == pytest.approx(found.max_stage_time_s)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_identical_layers_one_chunk_per_stage_greedy_equals_dp_and_brute_force(seed):
+    problem = _random_interleaved(random.Random(2000 + seed), uniform=True, v=1)
+    found, dp, brute = partition(problem), _partition_dp(problem), partition_brute_force(problem)
+    if brute is None:
+        assert found is None and dp is None
+        return
+    assert _value(found) == pytest.approx(brute.max_stage_time_s, rel=1e-9)
+    assert _value(dp) == pytest.approx(brute.max_stage_time_s, rel=1e-9)
 
 
 def _interleaved(layers, pp, v, *, extra_time_s, in_flight, activation=0.0, capacity=float("inf")):
