@@ -56,6 +56,7 @@ The step time of one global batch (docs/cost-model.md states every term with its
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, activation_scale, memory_time_s, peak_dtype
@@ -171,6 +172,13 @@ class CostModel:
         return self._for_tp_plan(key, tp_plan, lambda: {layer: self._summary(layer, tp_plan, ctx) for layer in self.graph.layers})
 
     def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
+        """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
+        schedule share them."""
+        chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
+        key = ("stages", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute, plan.pp, chunks)
+        return self._for_tp_plan(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
+
+    def _sum_stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         stages = [StageTotals() for _ in range(plan.pp)]
         summaries = self._block_summaries(tp_plan, ctx)
         add_block(stages[0], self._summary(None, tp_plan, ctx, "pre"), recompute=plan.recompute, is_block=False)
@@ -188,7 +196,7 @@ class CostModel:
         """The per-stage totals ``estimate`` prices, the tp_plan it prices (the Megatron default
         when the plan has none) and the TP context: what the execution audit predicts from."""
         stages, tp_plan, ctx, _groups = self._priced(plan)
-        return stages, tp_plan, ctx
+        return [replace(stage) for stage in stages], tp_plan, ctx
 
     def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
         self._check(plan)

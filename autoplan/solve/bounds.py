@@ -13,6 +13,14 @@ this for every priced candidate):
   finishes its backward last, so that block's own sync shows; under ZeRO-3, per micro-batch,
   that block's weight all-gather (forward) and the smallest block's gather + reduce-scatter
   (backward) are prefetched behind nothing.
+
+One bound is on memory, not time: ``states_floor_bytes``, the weights, gradients and optimizer
+state (cost/memory.model_states) of the fewest parameters the fullest pipeline stage can hold
+under any partition, (blocks + the larger of the parts before and after the blocks) / pp (the
+smaller part is dropped: with one stage it may be the tied copy the stage holds once). CostModel's
+peak is W + O + max(M1, M2, M3) >= W + O + G (cost/memory.stage_memory), so a plan whose floor
+exceeds the usable memory cannot fit whatever its partition (a test checks floor <= peak for every
+priced candidate).
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ import math
 
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, memory_time_s
-from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, runs_ddp
+from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states, runs_ddp
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
 from autoplan.solve.op_costs import node_time_s
@@ -47,6 +55,13 @@ class Bounds:
             total += sum(len(group.layers) * nodes_s(self.graph.layer_nodes(group.layers[0])) for group in self.graph.groups)
             self._c_min[key] = total
         return self._c_min[key]
+
+    def states_floor_bytes(self, plan: Plan) -> float:
+        """The memory floor of the module docstring, bytes per device."""
+        pre, post, blocks = self.stage_costs.param_parts(plan)
+        states = model_states(params=(blocks + max(pre, post)) / plan.pp, precision=plan.precision,
+                              zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
+        return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
 
     def pp_comm_s(self, plan: Plan) -> float:
         if plan.pp == 1:

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import balanced_stages
 from autoplan.errors import PlanError
@@ -132,6 +133,7 @@ class Search:
         self.stage_costs = StageCosts(graph, profile)
         self.bounds = Bounds(graph, profile, self.stage_costs)
         self._partitions: dict[tuple, tuple] = {}
+        self._usable_bytes = usable_bytes(profile.device.memory_bytes)   # what CostModel calls feasible
         self.best: Candidate | None = None
         self._top: list[float] = []          # max-heap (negated) of the best `keep` feasible objectives
         self.candidates: list[Candidate] = []
@@ -219,8 +221,13 @@ class Search:
                     c.reason = f"{c.reason}; {retry.reason}" if c.reason else retry.reason
 
     def _run_choice(self, g: Group, bound: float, choice: TPChoice) -> None:
+        """Price every recompute x schedule x ZeRO plan of the group that its bounds do not rule
+        out. A plan whose memory floor (bounds.states_floor_bytes) exceeds the device is set aside
+        unpriced, except the one with the lowest floor when nothing else of the group was priced:
+        its cost is what the memory-budgeted TP retry of _run_group starts from."""
         deg = g.degrees
         layers = len(self.graph.layers)
+        first, too_big = len(self.candidates), []
         for recompute in space.recompute_options(fixes=self.fixes, layers=layers):
             for schedule, v in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes):
                 base = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan)
@@ -235,7 +242,23 @@ class Search:
                         self.candidates.append(Candidate(config=config_of(plan), status="pruned", lower_bound=sub,
                                                          reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"))
                         continue
+                    floor = self.bounds.states_floor_bytes(plan)
+                    if floor > self._usable_bytes:
+                        too_big.append((floor, plan, sub))
+                        continue
                     self._evaluate(plan, sub, ilp_status=choice.status)
+        self._set_aside(too_big, priced_any=any(c.cost is not None for c in self.candidates[first:]), ilp_status=choice.status)
+
+    def _set_aside(self, too_big: list[tuple[float, Plan, float]], *, priced_any: bool, ilp_status: str) -> None:
+        if too_big and not priced_any:
+            frugal = min(too_big, key=lambda item: item[0])
+            too_big = [item for item in too_big if item is not frugal]
+            self._evaluate(frugal[1], frugal[2], ilp_status=ilp_status)
+        gib = 2 ** 30
+        for floor, plan, sub in too_big:
+            self.candidates.append(Candidate(config=config_of(plan), status="pruned", lower_bound=sub,
+                                             reason=f"pruned (memory): weights, gradients and optimizer state alone need "
+                                                    f"{floor / gib:.1f} GiB per device under any partition, {self._usable_bytes / gib:.1f} GiB is usable"))
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
         cost = self.cost_model.estimate(plan)

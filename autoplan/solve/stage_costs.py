@@ -122,6 +122,12 @@ class StageCosts:
         _, params_of, pre, post = self._block_totals(plan, ctx)
         return pre.param_count, min([*params_of.values(), post.param_count])
 
+    def param_parts(self, plan: Plan) -> tuple[float, float, float]:
+        """(parameters of the nodes before the first block, after the last block, of all blocks),
+        per device."""
+        _, params_of, pre, post = self._block_totals(plan, self.context(plan))
+        return pre.param_count, post.param_count, sum(params_of.values())
+
     def min_boundary_bytes(self, plan: Plan) -> float:
         """The smallest block input (a lower bound on what a pipeline stage receives)."""
         ctx = self.context(plan)

@@ -73,6 +73,27 @@ def test_bounds_never_exceed_the_priced_objective():
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in evaluated)
 
 
+def test_the_memory_floor_never_exceeds_the_priced_peak():
+    """bounds.states_floor_bytes is a lower bound on CostModel's peak for every plan, whatever its
+    partition, so setting aside plans whose floor exceeds the device loses no plan that fits."""
+    graph = synthetic_gpt(layers=8, hidden=4096, heads=32, vocab=32000, seq=1024, batch=32)
+    search = Search(graph, synthetic_profile(memory_bytes=12 * 2**30), SearchOptions(devices=16, batch_size=32, keep=10 ** 6))
+    search._usable_bytes = float("inf")
+    result = search.run()
+    priced = [c for c in result.candidates if c.cost is not None]
+    assert len(priced) > 100 and any(not c.cost.feasible for c in priced) and any(c.plan.pp > 1 for c in priced)
+    assert all(search.bounds.states_floor_bytes(c.plan) <= c.cost.peak_memory_bytes * (1 + 1e-12) for c in priced)
+    tight = max(search.bounds.states_floor_bytes(c.plan) / c.cost.peak_memory_bytes for c in priced)
+    assert tight > 0.5                                  # a floor, but not a vacuous one
+
+
+def test_plans_that_cannot_fit_are_set_aside_with_the_reason():
+    graph = synthetic_gpt(layers=8, hidden=4096, heads=32, vocab=32000, seq=1024, batch=32)
+    result = plan_graph(graph, devices=16, profile=synthetic_profile(memory_bytes=12 * 2**30), batch_size=32)
+    aside = [c for c in result.candidates if c.reason.startswith("pruned (memory)")]
+    assert aside and all("GiB per device under any partition" in c.reason for c in aside)
+
+
 def test_search_is_exhaustive_where_it_prunes():
     """The pruned search ranks the same top plans as pricing every configuration."""
     graph, profile = synthetic_gpt(layers=4, hidden=512, heads=8, vocab=8000, seq=256, batch=8), synthetic_profile()
@@ -80,6 +101,7 @@ def test_search_is_exhaustive_where_it_prunes():
     pruned = Search(graph, profile, options).run()
     everything = Search(graph, profile, options)
     everything._beaten = lambda bound: False            # price every candidate
+    everything._usable_bytes = float("inf")             # whatever its memory floor
     full = everything.run()
     degenerate = sum(c.count for c in full.candidates if "splits no op" in c.reason)   # pruned by rule, not by bound
     assert full.pruned == degenerate and full.evaluated + degenerate == pruned.evaluated + pruned.pruned
