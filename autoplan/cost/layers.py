@@ -68,6 +68,10 @@ class LayerSummary:
     attention_fwd_flops: float = 0.0
     attention_bwd_flops: float = 0.0
     loss_grad_bytes: float = 0.0     # gradients the loss's backward makes while every activation is alive
+    tp_matmul_fwd_s: float = 0.0     # the split (colwise/rowwise) linears' time, which tp_comm_overlap hides collectives under
+    tp_matmul_bwd_s: float = 0.0
+    tp_overlap_chunking_fwd_s: float = 0.0   # their extra time run as tp token slices (autoplan/cost/tp_overlap.py)
+    tp_overlap_chunking_bwd_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,13 +102,17 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
     fwd = bwd = rerun = saved = kept = flops = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
+    overlap = [0.0, 0.0, 0.0, 0.0]   # split matmuls fwd, bwd; their decomposition's extra fwd, bwd
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
         t_fwd = op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, input_bytes=read)
+        t_bwd = op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True,
+                          input_bytes=read, needs_grad=node.name in grad_nodes)
         fwd += t_fwd
-        bwd += op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True,
-                         input_bytes=read, needs_grad=node.name in grad_nodes)
+        bwd += t_bwd
+        if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
+            _add_overlap(overlap, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd, needs_grad=node.name in grad_nodes)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
         act_shard = tp_cost.activation_shard.get(node.name, 1)
         copies = param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision) if node.name in splits else 0.0
@@ -127,7 +135,23 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
                         loss_grad_bytes=sum(loss_grad_bytes(structure, n, precision=precision, gpu=gpu) for n in structure.nodes) * f,
                         input_bytes=inputs, param_count=params, param_names=tuple(held), param_numels=tuple(held.values()),
                         flops=flops, matmul_fwd_flops=by_kind["matmul"][0], matmul_bwd_flops=by_kind["matmul"][1],
-                        attention_fwd_flops=by_kind["attention"][0], attention_bwd_flops=by_kind["attention"][1])
+                        attention_fwd_flops=by_kind["attention"][0], attention_bwd_flops=by_kind["attention"][1],
+                        tp_matmul_fwd_s=overlap[0], tp_matmul_bwd_s=overlap[1],
+                        tp_overlap_chunking_fwd_s=overlap[2], tp_overlap_chunking_bwd_s=overlap[3])
+
+
+def _add_overlap(totals: list[float], node: OpNode, ctx: TPContext, *, shard: int, read: float, t_fwd: float, t_bwd: float,
+                 needs_grad: bool) -> None:
+    """A split linear's time, and what running it as tp slices of the tokens adds
+    (autoplan/cost/tp_overlap.py): tp * t(1/tp of the tokens) - t(all of them)."""
+    n, f = ctx.tp, ctx.batch_fraction
+    slice_fwd = op_time_s(node, ctx.profile, precision=ctx.precision, batch_fraction=f / n, shard=shard, input_bytes=read)
+    slice_bwd = op_time_s(node, ctx.profile, precision=ctx.precision, batch_fraction=f / n, shard=shard, backward=True,
+                          input_bytes=read, needs_grad=needs_grad)
+    totals[0] += t_fwd
+    totals[1] += t_bwd
+    totals[2] += max(0.0, n * slice_fwd - t_fwd)
+    totals[3] += max(0.0, n * slice_bwd - t_bwd)
 
 
 def loss_grad_bytes(structure: BlockStructure, node: OpNode, *, precision: str, gpu: bool) -> float:

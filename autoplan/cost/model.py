@@ -69,6 +69,7 @@ from autoplan.cost.schedule import (balanced_stages, in_flight_after_first_backw
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tensor_parallel import TPContext, default_tp_plan, sp_partial_params
 from autoplan.cost.tp_block import analyse_block
+from autoplan.cost.tp_overlap import overlapped
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
@@ -167,21 +168,29 @@ class CostModel:
             hit = self._by_tp_plan[full] = (make(), dict(tp_plan))
         return hit[0]
 
-    def _block_summaries(self, tp_plan: dict[str, str], ctx: TPContext) -> dict[str, LayerSummary]:
-        key = ("blocks", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
-        return self._for_tp_plan(key, tp_plan, lambda: {layer: self._summary(layer, tp_plan, ctx) for layer in self.graph.layers})
+    def _block_summaries(self, tp_plan: dict[str, str], ctx: TPContext, tp_overlap: bool) -> dict[str, LayerSummary]:
+        key = ("blocks", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, tp_overlap)
+        return self._for_tp_plan(key, tp_plan, lambda: {layer: self._as_run(self._summary(layer, tp_plan, ctx), ctx, tp_overlap)
+                                                         for layer in self.graph.layers})
+
+    def _as_run(self, summary: LayerSummary, ctx: TPContext, tp_overlap: bool) -> LayerSummary:
+        """The summary as the plan runs it: with tp_comm_overlap, collectives partly hidden under
+        the split matmuls and those matmuls decomposed (autoplan/cost/tp_overlap.py)."""
+        return overlapped(summary, tp=ctx.tp, efficiency=self.profile.comm_overlap.efficiency) if tp_overlap else summary
 
     def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
         schedule share them."""
         chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
-        key = ("stages", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute, plan.pp, chunks)
+        key = ("stages", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute, plan.pp, chunks,
+               plan.tp_comm_overlap)
         return self._for_tp_plan(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
 
     def _sum_stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         stages = [StageTotals() for _ in range(plan.pp)]
-        summaries = self._block_summaries(tp_plan, ctx)
-        add_block(stages[0], self._summary(None, tp_plan, ctx, "pre"), recompute=plan.recompute, is_block=False)
+        summaries = self._block_summaries(tp_plan, ctx, plan.tp_comm_overlap)
+        pre, post = (self._as_run(self._summary(None, tp_plan, ctx, part), ctx, plan.tp_comm_overlap) for part in ("pre", "post"))
+        add_block(stages[0], pre, recompute=plan.recompute, is_block=False)
         for index, chunk in enumerate(self._chunks(plan)):
             stage = stages[index % plan.pp]
             for position, layer in enumerate(chunk):
@@ -189,7 +198,7 @@ class CostModel:
                 if position == 0 and index > 0:
                     stage.boundary_bytes = max(stage.boundary_bytes, block.input_bytes)
                 add_block(stage, block, recompute=plan.recompute)
-        add_block(stages[-1], self._summary(None, tp_plan, ctx, "post"), recompute=plan.recompute, is_block=False)
+        add_block(stages[-1], post, recompute=plan.recompute, is_block=False)
         return stages
 
     def priced_stages(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext]:

@@ -10,6 +10,8 @@ Composition order (each step says why it comes after the previous and before the
    checkpointed block replays the TP redistributions as part of its forward.
 3. **Activation recomputation** after TP (see 2) and before FSDP, so FSDP's per-block
    all-gather hooks stay outside the checkpointed forward and gather once per (re)forward.
+   With ``tp_comm_overlap`` each block is then compiled for torch's async TP
+   (autoplan/execute/tp_overlap.py), still before FSDP, as torchtitan orders it.
 4. **FSDP2 / DDP / explicit all-reduce** after TP, because FSDP2 composes with DTensor
    parameters already on the tp mesh (2-D dp x tp), and last among the module transforms
    because DDP / FSDP must see the final parameters.
@@ -31,6 +33,7 @@ from autoplan.execute.mesh import build_mesh, coordinates, local_device
 from autoplan.execute.recompute import apply_recompute
 from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
+from autoplan.execute.tp_overlap import apply_async_tp, check_runs_here
 from autoplan.execute.trainer import Trainer
 from autoplan.execute.zero import ShardedOptimizer
 from autoplan.trace.layers import find_blocks
@@ -52,6 +55,7 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     Call inside an initialised process group of ``plan.devices`` ranks, with the same model
     (same seed) on every rank. ``microbatch_inputs`` (forward args for ``micro_batch_size``
     samples) is needed when ``plan.pp > 1``, to export and split the model."""
+    check_runs_here(plan)
     device = device or local_device()
     model = materialize(model, device=device)  # built on meta: initialise it (same RNG state on every rank)
     plan = with_default_tp_plan(model=model, plan=plan, microbatch_inputs=microbatch_inputs)
@@ -68,6 +72,8 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
+        if plan.tp_comm_overlap:
+            apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
         modules[index] = _data_parallel(module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device, policy=policy)
     if plan.recompute != "none" and not checkpointed:
         raise PlanError(f"plan recompute='{plan.recompute}' but this rank holds none of the blocks it applies to "

@@ -39,11 +39,13 @@ def _runner_args(args: argparse.Namespace) -> list[str]:
 
 def run_command(args: argparse.Namespace) -> int:
     from autoplan.execute import runner
+    from autoplan.execute.tp_overlap import check_runs_here
     from autoplan.modelfile import load_model_file
     from autoplan.types.plan import Plan
     if args.steps < 1:
         raise RunError(f"--steps {args.steps}: expected at least 1 step.")
     plan = Plan.load(args.plan)
+    check_runs_here(plan)        # a plan this machine cannot run stops before any rank starts
     load_model_file(args.model)  # fail here, once, rather than in every rank
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: we are one rank
         code = runner.main(_runner_args(args))

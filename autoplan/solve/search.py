@@ -226,28 +226,35 @@ class Search:
         unpriced, except the one with the lowest floor when nothing else of the group was priced:
         its cost is what the memory-budgeted TP retry of _run_group starts from."""
         deg = g.degrees
-        layers = len(self.graph.layers)
         first, too_big = len(self.candidates), []
-        for recompute in space.recompute_options(fixes=self.fixes, layers=layers):
-            for schedule, v in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes):
-                base = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan)
-                stages = self._stages(base)
-                times, params = self.stage_costs.stage_totals(base, stages)
-                core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
-                for zero in space.zero_options(dp=deg.dp, fixes=self.fixes):
-                    plan = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=zero, tp_plan=choice.tp_plan, stages=stages)
-                    extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
-                    sub = max(bound, self.objective(core_s + extra_s, deg.devices))                                 # (2)
-                    if self._beaten(sub):
-                        self.candidates.append(Candidate(config=config_of(plan), status="pruned", lower_bound=sub,
-                                                         reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"))
-                        continue
-                    floor = self.bounds.states_floor_bytes(plan)
-                    if floor > self._usable_bytes:
-                        too_big.append((floor, plan, sub))
-                        continue
-                    self._evaluate(plan, sub, ilp_status=choice.status)
+        for overlap, recompute, (schedule, v) in self._stage_options(g):
+            base = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap)
+            stages = self._stages(base)
+            times, params = self.stage_costs.stage_totals(base, stages)
+            core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
+            for zero in space.zero_options(dp=deg.dp, fixes=self.fixes):
+                plan = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=zero, tp_plan=choice.tp_plan, stages=stages,
+                                  tp_overlap=overlap)
+                extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
+                sub = max(bound, self.objective(core_s + extra_s, deg.devices))                                 # (2)
+                if self._beaten(sub):
+                    self.candidates.append(Candidate(config=config_of(plan), status="pruned", lower_bound=sub,
+                                                     reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"))
+                    continue
+                floor = self.bounds.states_floor_bytes(plan)
+                if floor > self._usable_bytes:
+                    too_big.append((floor, plan, sub))
+                    continue
+                self._evaluate(plan, sub, ilp_status=choice.status)
         self._set_aside(too_big, priced_any=any(c.cost is not None for c in self.candidates[first:]), ilp_status=choice.status)
+
+    def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int]]]:
+        """(tp_comm_overlap, recompute, (schedule, v)) choices of a group: what sets its stage times."""
+        deg, layers = g.degrees, len(self.graph.layers)
+        return [(overlap, recompute, sv)
+                for overlap in space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
+                for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
+                for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)]
 
     def _set_aside(self, too_big: list[tuple[float, Plan, float]], *, priced_any: bool, ilp_status: str) -> None:
         if too_big and not priced_any:
@@ -292,30 +299,30 @@ class Search:
             return [list(layers)]
         chunks = plan.pp * plan.virtual_stages
         key = (id(plan.tp_plan), plan.tp, plan.dp, plan.sequence_parallel, plan.precision, plan.micro_batch_size, plan.recompute,
-               plan.virtual_stages)
+               plan.virtual_stages, plan.tp_comm_overlap)
         if key not in self._partitions:   # without a memory limit, GPipe and 1F1B share one problem
             found = partition(self.stage_costs.problem(plan, memory_limit=False), solver=self.options.solver)
             self._partitions[key] = (_stages_from(layers, found.bounds) if found else balanced_stages(layers, chunks), plan.tp_plan)
         return self._partitions[key][0]
 
-    def _plan(self, g: Group, *, recompute: str, schedule: str, v: int, zero: int, tp_plan: dict, stages: list | None = None) -> Plan:
+    def _plan(self, g: Group, *, recompute: str, schedule: str, v: int, zero: int, tp_plan: dict, stages: list | None = None,
+              tp_overlap: bool = False) -> Plan:
         """A validated Plan; the tp_plan (checked once, when the ILP produced it) is attached after
         validation so that thousands of candidates do not re-check hundreds of splits each."""
         deg = g.degrees
         plan = Plan(devices=deg.devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, micro_batch_size=g.mbs, num_microbatches=g.m,
                     schedule=schedule, virtual_stages=v, zero_stage=zero, recompute=recompute, sequence_parallel=g.sp,
-                    precision=g.precision, stages=stages or [], tp_plan={}, model=self.graph.model_name, profile=self.profile.name)
+                    precision=g.precision, tp_comm_overlap=tp_overlap, stages=stages or [], tp_plan={}, model=self.graph.model_name,
+                    profile=self.profile.name)
         plan.tp_plan = tp_plan
         return plan
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
         layers = len(self.graph.layers)
-        count = sum(len(space.zero_options(dp=deg.dp, fixes=self.fixes))
-                    for _ in space.recompute_options(fixes=self.fixes, layers=layers)
-                    for _ in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes))
+        count = len(self._stage_options(g)) * len(space.zero_options(dp=deg.dp, fixes=self.fixes))
         config = dict(devices=deg.devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, mbs=g.mbs, num_microbatches=g.m, schedule="*",
-                      v="*", zero="*", recompute="*", sp=g.sp, precision=g.precision)
+                      v="*", zero="*", recompute="*", sp=g.sp, tp_overlap="*", precision=g.precision)
         reason = reason or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"
         self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count, reason=reason))
 
@@ -333,7 +340,7 @@ def splits_nothing(tp_plan: dict[str, str]) -> bool:
 def config_of(plan: Plan) -> dict:
     return dict(devices=plan.devices, dp=plan.dp, tp=plan.tp, pp=plan.pp, mbs=plan.micro_batch_size,
                 num_microbatches=plan.num_microbatches, schedule=plan.schedule, v=plan.virtual_stages, zero=plan.zero_stage,
-                recompute=plan.recompute, sp=plan.sequence_parallel, precision=plan.precision)
+                recompute=plan.recompute, sp=plan.sequence_parallel, tp_overlap=plan.tp_comm_overlap, precision=plan.precision)
 
 
 def _with(plan: Plan, **changes) -> Plan:

@@ -13,6 +13,8 @@ Every choice the planner searches, and the rule that makes each one legal:
 - ZeRO stage 0-3 (1-3 only with ``dp > 1``); recomputation none, selective, full (only
   "none" for a model without blocks: recomputation checkpoints blocks);
 - sequence parallelism on/off (on only with ``tp > 1`` and ``tp`` dividing the sequence);
+- tensor-parallel communication overlap on/off (on only with sequence parallelism, on an NCCL
+  profile, with the tp group inside one node: PyTorch's async TP copies through peer memory);
 - precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
   but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling).
 """
@@ -26,7 +28,7 @@ from autoplan.types.profile import Profile
 
 #: What the search minimises (``--objective``): step time, or dollars per sample.
 OBJECTIVES = ("time", "cost")
-FIX_KEYS = ("dp", "tp", "pp", "mbs", "zero", "recompute", "schedule", "sp", "precision", "v")
+FIX_KEYS = ("dp", "tp", "pp", "mbs", "zero", "recompute", "schedule", "sp", "precision", "v", "tp_overlap")
 _INT_KEYS = ("dp", "tp", "pp", "mbs", "zero", "v")
 _SCHEDULE_ALIASES = {"interleaved": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b", "1f1b": "1f1b", "gpipe": "gpipe"}
 _BOOL = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
@@ -51,9 +53,9 @@ def _typed(key: str, value: str) -> object:
         if not value.isdigit() or (key != "zero" and int(value) < 1) or (key == "zero" and int(value) > 3):
             raise PlanError(f"--fix {key}={value} is not valid; expected {'0, 1, 2 or 3' if key == 'zero' else 'a positive integer'}.")
         return int(value)
-    if key == "sp":
+    if key in ("sp", "tp_overlap"):
         if value not in _BOOL:
-            raise PlanError(f"--fix sp={value} is not valid; expected on or off.")
+            raise PlanError(f"--fix {key}={value} is not valid; expected on or off.")
         return _BOOL[value]
     choices = {"recompute": RECOMPUTE, "precision": PRECISIONS, "schedule": tuple(_SCHEDULE_ALIASES)}[key]
     if value not in choices:
@@ -122,6 +124,22 @@ def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict
     if "v" in fixes:
         options = [o for o in options if o[1] == fixes["v"]]
     return options
+
+
+def tp_overlap_options(*, profile: Profile, tp: int, sequence_parallel: bool, fixes: dict) -> list[bool]:
+    """tp_comm_overlap choices (module docstring); pinning it on where it cannot run is an error."""
+    runs = sequence_parallel and profile.backend == "nccl" and 1 < tp <= profile.devices_per_node
+    if fixes.get("tp_overlap") is True:
+        if not sequence_parallel:
+            return []          # the pin asks for sp as well; the group without it has no plan
+        if not runs:
+            raise PlanError(f"--fix tp_overlap=on needs an NCCL (GPU) profile with the tp group inside one node; profile "
+                            f"'{profile.name}' runs {profile.backend}"
+                            f"{'' if tp <= profile.devices_per_node else f' and tp={tp} spans nodes'}: drop the pin.")
+        return [True]
+    if fixes.get("tp_overlap") is False:
+        return [False]
+    return [False, True] if runs else [False]
 
 
 def zero_options(*, dp: int, fixes: dict) -> list[int]:

@@ -22,6 +22,7 @@ from autoplan.cost.memory import comm_buffer_bytes, model_states, scatter_buffer
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.tensor_parallel import TPContext
+from autoplan.cost.tp_overlap import overlapped
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -60,7 +61,7 @@ class StageCosts:
         per the module docstring."""
         ctx = self.context(plan)
         blocks = self._blocks(plan, ctx)
-        pre, post = (self.summary(None, part, plan.tp_plan, ctx) for part in ("pre", "post"))
+        pre, post = (self._as_run(self.summary(None, part, plan.tp_plan, ctx), plan) for part in ("pre", "post"))
         per_param = sum(_state_bytes(plan))
         times = [_block_time_s(b, plan.recompute) for b in blocks]
         acts = [_kept_bytes(b, plan.recompute) for b in blocks]
@@ -82,11 +83,18 @@ class StageCosts:
     def _blocks(self, plan: Plan, ctx: TPContext) -> list[LayerSummary]:
         """Every block's summary in order, memoised on the tp_plan (kept as a copy and compared, so
         a dict edited in place is never read stale) and the TP context."""
-        key = ("blocks", id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        key = ("blocks", id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.tp_comm_overlap)
         hit = self._totals.get(key)
         if hit is None or hit[1] != plan.tp_plan:
-            hit = self._totals[key] = ([self.summary(layer, "", plan.tp_plan, ctx) for layer in self.graph.layers], dict(plan.tp_plan))
+            hit = self._totals[key] = ([self._as_run(self.summary(layer, "", plan.tp_plan, ctx), plan) for layer in self.graph.layers],
+                                       dict(plan.tp_plan))
         return hit[0]
+
+    def _as_run(self, summary: LayerSummary, plan: Plan) -> LayerSummary:
+        """CostModel._as_run: the summary with tp_comm_overlap applied when the plan has it."""
+        if not plan.tp_comm_overlap:
+            return summary
+        return overlapped(summary, tp=plan.tp, efficiency=self.profile.comm_overlap.efficiency)
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
@@ -105,13 +113,15 @@ class StageCosts:
         return times, params
 
     def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:
-        key = (id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute)
+        key = (id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute,
+               plan.tp_comm_overlap)
         hit = self._totals.get(key)
         if hit is None:
-            blocks = {layer: self.summary(layer, "", plan.tp_plan, ctx) for layer in self.graph.layers}
+            blocks = {layer: self._as_run(self.summary(layer, "", plan.tp_plan, ctx), plan) for layer in self.graph.layers}
             hit = ({layer: _block_time_s(b, plan.recompute) for layer, b in blocks.items()},
                    {layer: b.param_count for layer, b in blocks.items()},
-                   self.summary(None, "pre", plan.tp_plan, ctx), self.summary(None, "post", plan.tp_plan, ctx), plan.tp_plan)
+                   self._as_run(self.summary(None, "pre", plan.tp_plan, ctx), plan),
+                   self._as_run(self.summary(None, "post", plan.tp_plan, ctx), plan), plan.tp_plan)
             self._totals[key] = hit
         return hit[:4]
 

@@ -41,6 +41,10 @@ class Plan:
     ``overlap_grad_reduce=False`` all-reduces data-parallel gradients after the backward instead
     of under it (DDP's bucketed overlap): how Megatron-LM ran before 2023, and what its
     published runs are priced with; the executor then uses its explicit all-reduce.
+    ``tp_comm_overlap`` hides the sequence-parallel all-gathers and reduce-scatters under the
+    matmuls beside them by decomposing both into tp steps (PyTorch's async tensor parallelism,
+    Megatron-Core's ``--tp-comm-overlap``); it needs sequence parallelism, and the executor runs
+    it only on CUDA devices with NCCL (autoplan/cost/tp_overlap.py prices it).
     ``predicted`` is the cost model's breakdown (see :class:`autoplan.types.cost.Cost`).
     """
 
@@ -58,6 +62,7 @@ class Plan:
     precision: str = "fp32"
     grad_reduce_dtype: str = "fp32"
     overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
     model: str = ""
@@ -95,6 +100,9 @@ class Plan:
         for module, split in self.tp_plan.items():
             require(split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
         require(not self.sequence_parallel or self.tp > 1, PlanError, "plan sequence_parallel=true needs tp > 1.")
+        require(not self.tp_comm_overlap or self.sequence_parallel, PlanError,
+                "plan tp_comm_overlap=true needs sequence_parallel=true: the overlapped collectives are sequence "
+                "parallelism's all-gather before and reduce-scatter after each split matmul.")
         require(self.overlap_grad_reduce or self.zero_stage < 2, PlanError,
                 "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
                 "backward; use zero_stage 0 or 1 for a reduction after the backward.")
@@ -119,6 +127,7 @@ class Plan:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
         red += "" if self.overlap_grad_reduce else " no-overlap"
+        red += " tp-overlap" if self.tp_comm_overlap else ""
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
                 f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}")
 

@@ -1,0 +1,55 @@
+"""``plan.tp_comm_overlap`` as it runs: PyTorch's asynchronous tensor parallelism.
+
+torch's async TP (the ``_micro_pipeline_tp`` pass of TorchInductor with symmetric memory on the
+tp group) rewrites each all-gather -> matmul and matmul -> reduce-scatter pair of a compiled
+block into ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, which move one rank's
+shard at a time through peer (NVLink) memory while the matmul computes on the shards already
+there: the decomposition autoplan/cost/tp_overlap.py prices. It needs CUDA devices of one node
+with NCCL, and compiled blocks, as torchtitan's ``maybe_enable_async_tp`` requires; so the
+executor compiles each block of the rank's stage after tensor parallelism and recomputation
+(step 2-3 of autoplan/execute/api.py) and before FSDP wraps it.
+
+On any other device the plan is refused before a rank starts (:func:`check_runs_here`), in
+one sentence that says what to do instead. This machine has no GPU, so the CUDA path is
+exercised only where one is present.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from autoplan.errors import PlanError
+from autoplan.types.plan import Plan
+
+
+def check_runs_here(plan: Plan) -> None:
+    """Raise PlanError when ``plan`` asks for tp_comm_overlap on a device that cannot run it."""
+    if not plan.tp_comm_overlap:
+        return
+    if not torch.cuda.is_available():
+        raise PlanError("plan tp_comm_overlap=true runs as torch's async tensor parallelism, which needs CUDA devices with "
+                        "NCCL, and this machine has none; set tp_comm_overlap to false in the plan (or re-plan with "
+                        "--fix tp_overlap=off) to run here.")
+    if plan.tp > torch.cuda.device_count():
+        raise PlanError(f"plan tp_comm_overlap=true needs its tp group of {plan.tp} inside one node (async TP copies through "
+                        f"peer memory), but a node here has {torch.cuda.device_count()} GPUs; re-plan with --fix tp_overlap=off.")
+
+
+def apply_async_tp(*, module: nn.Module, blocks: list[str], tp_mesh: DeviceMesh) -> int:
+    """Enable async TP on the tp group and compile every block of ``blocks`` in ``module``;
+    return how many were compiled."""
+    import torch._inductor.config as inductor_config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    inductor_config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    compiled = 0
+    for fqn in blocks:
+        try:
+            block = module.get_submodule(fqn)
+        except AttributeError:
+            continue            # on another pipeline stage
+        block.compile()
+        compiled += 1
+    return compiled
