@@ -7,7 +7,7 @@ plan with arithmetic only.
 
 Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 
-- ``fwd_s``/``bwd_s``: sum of :func:`autoplan.cost.compute.op_time_s` over the block's nodes,
+- ``fwd_s``/``bwd_s``: sum of :func:`autoplan.cost.op_costs.node_times_s` over the block's nodes,
   each with its compute shard from ``tensor_parallel.tp_layer_cost`` and its host dispatch
   overhead (a backward one only for nodes in ``Graph.grad_nodes``).
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
@@ -39,7 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.compute import activation_scale, executed_bwd_flops, input_bytes_of, op_time_s, saved_activation_bytes
+from autoplan.cost.compute import activation_scale, executed_bwd_flops, input_bytes_of, saved_activation_bytes
+from autoplan.cost.op_costs import node_times_s
 from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
@@ -98,7 +99,6 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     """Price one micro-batch of the block (module docstring)."""
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
-    grad_nodes = graph.grad_nodes()
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
     fwd = bwd = rerun = saved = kept = flops = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
@@ -106,13 +106,11 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
-        t_fwd = op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, input_bytes=read)
-        t_bwd = op_time_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=True,
-                          input_bytes=read, needs_grad=node.name in grad_nodes)
+        t_fwd, t_bwd = node_times_s(graph, node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read)
         fwd += t_fwd
         bwd += t_bwd
         if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
-            _add_overlap(overlap, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd, needs_grad=node.name in grad_nodes)
+            _add_overlap(overlap, graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
         act_shard = tp_cost.activation_shard.get(node.name, 1)
         copies = param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision) if node.name in splits else 0.0
@@ -140,14 +138,13 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
                         tp_overlap_chunking_fwd_s=overlap[2], tp_overlap_chunking_bwd_s=overlap[3])
 
 
-def _add_overlap(totals: list[float], node: OpNode, ctx: TPContext, *, shard: int, read: float, t_fwd: float, t_bwd: float,
-                 needs_grad: bool) -> None:
+def _add_overlap(totals: list[float], graph: Graph, node: OpNode, ctx: TPContext, *, shard: int, read: float, t_fwd: float,
+                 t_bwd: float) -> None:
     """A split linear's time, and what running it as tp slices of the tokens adds
     (autoplan/cost/tp_overlap.py): tp * t(1/tp of the tokens) - t(all of them)."""
-    n, f = ctx.tp, ctx.batch_fraction
-    slice_fwd = op_time_s(node, ctx.profile, precision=ctx.precision, batch_fraction=f / n, shard=shard, input_bytes=read)
-    slice_bwd = op_time_s(node, ctx.profile, precision=ctx.precision, batch_fraction=f / n, shard=shard, backward=True,
-                          input_bytes=read, needs_grad=needs_grad)
+    n = ctx.tp
+    slice_fwd, slice_bwd = node_times_s(graph, node, ctx.profile, precision=ctx.precision, batch_fraction=ctx.batch_fraction / n,
+                                        shard=shard, reads=read)
     totals[0] += t_fwd
     totals[1] += t_bwd
     totals[2] += max(0.0, n * slice_fwd - t_fwd)

@@ -119,7 +119,10 @@ class CostModel:
         return {"pre": block_structure(self.graph, None, nodes=pre), "post": block_structure(self.graph, None, nodes=post)}
 
     # ---- block summaries -----------------------------------------------------------------
-    def _summary(self, layer: str | None, tp_plan: dict[str, str], ctx: TPContext, part: str = "") -> LayerSummary:
+    def block_summary(self, layer: str | None, tp_plan: dict[str, str], ctx: TPContext, part: str = "") -> LayerSummary:
+        """One micro-batch of block ``layer`` (or of the outside nodes, ``layer=None`` with part
+        "pre"/"post") under ``tp_plan`` and ``ctx``, priced once per group of identical blocks
+        (``cost.layers.summarise``); the solver's partition reads the same summaries."""
         rep = self._rep[layer] if layer is not None else None
         splits = tuple(tp_plan.get(m, "replicate") for m in self._param_modules[layer]) if ctx.tp > 1 else ()
         key = (rep, part, splits, ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
@@ -170,7 +173,7 @@ class CostModel:
 
     def _block_summaries(self, tp_plan: dict[str, str], ctx: TPContext, tp_overlap: bool) -> dict[str, LayerSummary]:
         key = ("blocks", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, tp_overlap)
-        return self._for_tp_plan(key, tp_plan, lambda: {layer: self._as_run(self._summary(layer, tp_plan, ctx), ctx, tp_overlap)
+        return self._for_tp_plan(key, tp_plan, lambda: {layer: self._as_run(self.block_summary(layer, tp_plan, ctx), ctx, tp_overlap)
                                                          for layer in self.graph.layers})
 
     def _as_run(self, summary: LayerSummary, ctx: TPContext, tp_overlap: bool) -> LayerSummary:
@@ -189,7 +192,7 @@ class CostModel:
     def _sum_stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         stages = [StageTotals() for _ in range(plan.pp)]
         summaries = self._block_summaries(tp_plan, ctx, plan.tp_comm_overlap)
-        pre, post = (self._as_run(self._summary(None, tp_plan, ctx, part), ctx, plan.tp_comm_overlap) for part in ("pre", "post"))
+        pre, post = (self._as_run(self.block_summary(None, tp_plan, ctx, part), ctx, plan.tp_comm_overlap) for part in ("pre", "post"))
         add_block(stages[0], pre, recompute=plan.recompute, is_block=False)
         for index, chunk in enumerate(self._chunks(plan)):
             stage = stages[index % plan.pp]
@@ -207,12 +210,21 @@ class CostModel:
         stages, tp_plan, ctx, _groups = self._priced(plan)
         return [replace(stage) for stage in stages], tp_plan, ctx
 
+    def tp_context(self, plan: Plan) -> TPContext:
+        """The tensor-parallel context ``plan`` is priced in (its tp group on the profile's nodes)."""
+        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
+        return TPContext(profile=self.profile, tp=plan.tp, group=group, sequence_parallel=plan.sequence_parallel,
+                         precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
+
+    def as_run(self, summary: LayerSummary, plan: Plan) -> LayerSummary:
+        """``summary`` as ``plan`` runs it (with tp_comm_overlap: autoplan/cost/tp_overlap.py)."""
+        return overlapped(summary, tp=plan.tp, efficiency=self.profile.comm_overlap.efficiency) if plan.tp_comm_overlap else summary
+
     def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
         self._check(plan)
         groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)
         tp_plan = self._tp_plan(plan)
-        ctx = TPContext(profile=self.profile, tp=plan.tp, group=groups["tp"], sequence_parallel=plan.sequence_parallel,
-                        precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
+        ctx = self.tp_context(plan)
         return self._stages(plan, tp_plan, ctx), tp_plan, ctx, groups
 
     def estimate(self, plan: Plan) -> Cost:

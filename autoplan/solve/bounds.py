@@ -31,7 +31,7 @@ from autoplan.cost.compute import PRECISION_BYTES, memory_time_s
 from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states, runs_ddp
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
-from autoplan.solve.op_costs import node_time_s
+from autoplan.cost.op_costs import node_time_s
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan

@@ -11,7 +11,7 @@ Variables, for a block ``b`` at a tp degree (terms from autoplan.cost.tensor_par
 With x one-hot, (b) forces e[u,v,a,c] = x[u,a] * x[v,c] (the transportation polytope of two
 0/1 marginals is a point): this linearises the quadratic resharding term. (c) and (d) are
 exact at the optimum because y carries a non-negative cost and z a non-negative saving.
-Every op's time and bytes are priced as CostModel prices them (solve/op_costs.py: the bytes each
+Every op's time and bytes are priced as CostModel prices them (cost/op_costs.py: the bytes each
 op reads, saved bytes in the precision with 1-byte dropout masks; shard factors from
 tensor_parallel's param_node_shards / pure_layout / stream_node_shards), so the objective and
 the memory row equal what CostModel charges the block.
@@ -42,7 +42,7 @@ from autoplan.cost.tensor_parallel import (TPContext, TPTerms, block_terms, lega
 from autoplan.cost.tp_block import BlockAnalysis, analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.solve.backend import SolveStatus, solve_model, variable
-from autoplan.solve.op_costs import node_saved_bytes, node_time_s
+from autoplan.cost.op_costs import node_saved_bytes, node_time_s
 from autoplan.types.graph import Graph
 
 SHARD_DIM = {("linear", "colwise"): 0, ("linear", "rowwise"): 1, ("embedding", "rowwise"): 0, ("embedding", "colwise"): 1}
@@ -109,7 +109,7 @@ def build_block_problem(graph: Graph, layer: str | None, *, ctx: TPContext, forw
     """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
     bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
     (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
-    factors are those CostModel charges (solve/op_costs.py, tensor_parallel.shards)."""
+    factors are those CostModel charges (cost/op_costs.py, tensor_parallel.shards)."""
     block = analyse_block(graph, layer)
     terms = block_terms(graph, layer, ctx=ctx)
     tp, sp = ctx.tp, ctx.sequence_parallel and ctx.tp > 1

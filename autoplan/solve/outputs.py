@@ -5,7 +5,7 @@ TP comm terms (autoplan/cost/tensor_parallel.py) to ops: a unary term to its op,
 to the consuming op, an any-of term to the first consumer that triggers it, the SP all-gather
 of a stream input to its first consumer. Times are per
 micro-batch on one device (forward + backward); bytes are per device. Compute and saved bytes
-come from solve/op_costs.py, which prices each op as autoplan/cost/layers.py does, so a
+come from cost/op_costs.py, which prices each op as autoplan/cost/layers.py does, so a
 block's rows sum to what CostModel charges it (tests/unit/test_solve_agreement.py).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from autoplan.cost.layers import block_structure, loss_grad_bytes
 from autoplan.cost.tensor_parallel import block_terms, node_splits, sp_partial_params, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
-from autoplan.solve.op_costs import node_saved_bytes, node_time_s
+from autoplan.cost.op_costs import node_saved_bytes, node_time_s
 from autoplan.solve.search import SearchResult
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic

@@ -130,7 +130,7 @@ class Search:
         self.fixes = options.fixes
         self.cost_model = CostModel(graph, profile)
         self.tp_planner = TPPlanner(graph, profile, solver=options.solver, time_limit_s=options.time_limit_s)
-        self.stage_costs = StageCosts(graph, profile)
+        self.stage_costs = StageCosts(graph, profile, self.cost_model)
         self.bounds = Bounds(graph, profile, self.stage_costs)
         self._partitions: dict[tuple, tuple] = {}
         self._usable_bytes = usable_bytes(profile.device.memory_bytes)   # what CostModel calls feasible
@@ -192,7 +192,7 @@ class Search:
             self._run_group(group, bound)
         if self.options.progress:
             self.options.progress(len(groups), len(groups))
-        statuses = [s for choice in self.tp_planner._cache.values() for s in choice.statuses]
+        statuses = self.tp_planner.statuses()
         status = "time_limit" if any(s.status == "time_limit" for s in statuses) else "optimal"
         gap = max((s.gap or 0.0 for s in statuses), default=0.0)
         best = self.best

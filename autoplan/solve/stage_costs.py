@@ -16,13 +16,13 @@ Nodes outside every block add to stage 0 (those before the first block) and to t
 from __future__ import annotations
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.layers import LayerSummary, block_structure, summarise
+from autoplan.cost.layers import LayerSummary
+from autoplan.cost.model import CostModel
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.tensor_parallel import TPContext
-from autoplan.cost.tp_overlap import overlapped
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -30,31 +30,19 @@ from autoplan.types.profile import Profile
 
 
 class StageCosts:
-    """Block summaries for the partition, cached per (block group, splits, context)."""
+    """The partition's view of a plan: CostModel's own block summaries (``CostModel.block_summary``),
+    arranged per block and stage and memoised per tp_plan."""
 
-    def __init__(self, graph: Graph, profile: Profile):
+    def __init__(self, graph: Graph, profile: Profile, cost_model: CostModel | None = None):
         self.graph, self.profile = graph, profile
-        nodes = graph.nodes
-        first = next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
-        self._outside = {"pre": block_structure(graph, None, nodes=[n for n in nodes[:first] if n.layer is None]),
-                         "post": block_structure(graph, None, nodes=[n for n in nodes[first:] if n.layer is None])}
-        self._rep = {layer: g.layers[0] for g in graph.groups for layer in g.layers}
-        self._structures = {rep: block_structure(graph, rep) for rep in set(self._rep.values())}
-        self._cache: dict[tuple, LayerSummary] = {}
+        self.cost_model = cost_model or CostModel(graph, profile)
         self._totals: dict[tuple, tuple] = {}
 
     def summary(self, layer: str | None, part: str, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
-        rep = self._rep[layer] if layer is not None else None
-        key = (rep, part, id(tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
-        if key not in self._cache:
-            structure = self._structures[rep] if rep is not None else self._outside[part]
-            self._cache[key] = (summarise(self.graph, structure, layer=rep, tp_plan=tp_plan, ctx=ctx), tp_plan)
-        return self._cache[key][0]
+        return self.cost_model.block_summary(layer, tp_plan, ctx, part)
 
     def context(self, plan: Plan) -> TPContext:
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
-        return TPContext(profile=self.profile, tp=plan.tp, group=group, sequence_parallel=plan.sequence_parallel,
-                         precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
+        return self.cost_model.tp_context(plan)
 
     def problem(self, plan: Plan, *, memory_limit: bool = True) -> PartitionProblem:
         """The partition problem of ``plan`` (its stages ignored; ``pp * virtual_stages`` chunks),
@@ -91,10 +79,7 @@ class StageCosts:
         return hit[0]
 
     def _as_run(self, summary: LayerSummary, plan: Plan) -> LayerSummary:
-        """CostModel._as_run: the summary with tp_comm_overlap applied when the plan has it."""
-        if not plan.tp_comm_overlap:
-            return summary
-        return overlapped(summary, tp=plan.tp, efficiency=self.profile.comm_overlap.efficiency)
+        return self.cost_model.as_run(summary, plan)
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
@@ -143,8 +128,8 @@ class StageCosts:
         ctx = self.context(plan)
         key = ("boundary", id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
         if key not in self._totals:
-            reps = {self._rep[layer] for layer in self.graph.layers}
-            self._totals[key] = (min((self.summary(rep, "", plan.tp_plan, ctx).input_bytes for rep in reps), default=0.0), plan.tp_plan)
+            self._totals[key] = (min((self.summary(layer, "", plan.tp_plan, ctx).input_bytes for layer in self.graph.layers), default=0.0),
+                                 plan.tp_plan)
         return self._totals[key][0]
 
     def _capacity(self, plan: Plan, boundary: float, block_params: float) -> float:

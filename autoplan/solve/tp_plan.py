@@ -74,6 +74,10 @@ class TPPlanner:
             self._cache[key] = self._solve(ctx, forward_repeats, budget) if tp > 1 else TPChoice(tp_plan={})
         return self._cache[key]
 
+    def statuses(self) -> list:
+        """Every block ILP's solver status so far (what the search reports as its ILP status)."""
+        return [status for choice in self._cache.values() for status in choice.statuses]
+
     def _solve(self, ctx: TPContext, forward_repeats: int, budget: MemoryBudget | None) -> TPChoice:
         choice = TPChoice(tp_plan={})
         reps = [(None, [None])] + [(g.layers[0], g.layers) for g in self.graph.groups]

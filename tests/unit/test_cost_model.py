@@ -107,7 +107,7 @@ def test_megatron_tp_volume_is_four_all_reduces_of_bsh_per_layer():
     from autoplan.cost.comm import collective_time_s
     from autoplan.cost.mesh import AxisGroup
     one = collective_time_s(profile, "all_reduce", S * B * H * 2, group=AxisGroup(size=4, ranks_per_node=4))
-    block = model._summary("h.1", model._tp_plan(_plan(tp=4)), _ctx(model, tp=4))
+    block = model.block_summary("h.1", model._tp_plan(_plan(tp=4)), _ctx(model, tp=4))
     assert block.tp_fwd_s == pytest.approx(2 * one, rel=0.01)
     assert block.tp_fwd_s + block.tp_bwd_s == pytest.approx(4 * one, rel=0.01)
 

@@ -1,8 +1,8 @@
-"""Per-op time and saved bytes, priced exactly as the cost model prices them.
+"""Per-op time and saved bytes: the one place an op is priced.
 
-The planner (the intra-op ILP, ops.csv, the search's bounds) must charge each op what
-``autoplan.cost.layers.summarise`` charges, or the ILP optimises something CostModel does not
-price. So, like summarise:
+CostModel's block summaries (``autoplan.cost.layers.summarise``), the intra-op ILP, ops.csv and
+the search's bounds all call these functions, so the ILP optimises exactly what CostModel
+prices:
 
     time(node, shard)  = op_time_s(node, fwd, input_bytes=I) * forward_repeats
                          + op_time_s(node, bwd, input_bytes=I, needs_grad=node in Graph.grad_nodes())
@@ -26,9 +26,12 @@ def read_bytes(graph: Graph, node: OpNode, *, precision: str) -> float:
     return input_bytes_of([graph.node(p) for p in predecessors(graph, node.name)], precision=precision)
 
 
-def node_times_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int) -> tuple[float, float]:
-    """(forward, backward) seconds of ``node`` on one device for one micro-batch."""
-    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, input_bytes=read_bytes(graph, node, precision=precision))
+def node_times_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
+                 reads: float | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of ``node`` on one device for one micro-batch; ``reads`` is
+    :func:`read_bytes` when the caller has it already."""
+    reads = read_bytes(graph, node, precision=precision) if reads is None else reads
+    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, input_bytes=reads)
     backward = op_time_s(node, profile, backward=True, needs_grad=node.name in graph.grad_nodes(), **kwargs)
     return op_time_s(node, profile, **kwargs), backward
 
