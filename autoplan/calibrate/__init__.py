@@ -1,6 +1,6 @@
 """Calibration: refit a profile's efficiency and link numbers from measured runs (docs/calibration.md).
 
-The names below are imported lazily, so ``autoplan.calibrate.cli`` (and with it every
+The names below are imported lazily, so ``autoplan.cli.calibrate`` (and with it every
 ``autoplan`` command) starts without scipy.
 """
 from __future__ import annotations

@@ -25,8 +25,8 @@ METHOD = ("scipy.optimize.least_squares (trf, bounded) on ln(predicted / measure
 def _versions() -> dict[str, str]:
     import torch
 
-    import autoplan
-    return {"autoplan": str(autoplan.__version__), "torch": str(torch.__version__)}
+    from autoplan.version import __version__
+    return {"autoplan": str(__version__), "torch": str(torch.__version__)}
 
 
 def error_summary(predicted_s: list[float], measured_s: list[float]) -> dict[str, float]:

@@ -3,7 +3,7 @@ FSDP2/DDP, schedule (see docs/executor.md).
 
 ``parallelize(model, plan, loss_fn=...)`` inside an initialised process group returns a
 :class:`~autoplan.execute.trainer.Trainer` with ``train_step(inputs, target)``, ``.model``
-and ``.optimizer``. ``autoplan run`` launches it (autoplan/execute/cli.py).
+and ``.optimizer``. ``autoplan run`` launches it (autoplan/cli/execute.py).
 """
 from __future__ import annotations
 

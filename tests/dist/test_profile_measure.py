@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.profile import load_profile, measure_profile, save_profile
-from autoplan.profile.cli import run as profile_cli
+from autoplan.cli.profile import run as profile_cli
 from autoplan.profile.fit import predict_collective_s
 from autoplan.profile.measure import CommSweep
 from autoplan.profile.measure.compute import QUICK_SWEEP

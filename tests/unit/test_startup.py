@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from autoplan.startup import frozen_imports
+from autoplan.cli.startup import frozen_imports
 
 HEAVY = ("torch", "scipy", "pandas", "matplotlib", "rich", "pulp", "networkx", "torch.distributed")
 

@@ -19,17 +19,17 @@ from datetime import datetime, timezone
 
 import torch
 
-import autoplan
 from autoplan.profile.fit import fit_collective, fit_efficiency, saturated_rate
 from autoplan.profile.measure.compute import KERNEL_CALLS
 from autoplan.profile.measure.overhead import describe as describe_overhead
 from autoplan.types.profile import OP_CLASSES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, OpOverhead, OpTiming
+from autoplan.version import __version__
 
 
 def measured_source(what: str) -> str:
     """'measured on <host> at <date> with autoplan X / torch Y (<what>)'."""
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"measured on {platform.node()} at {stamp} with autoplan {autoplan.__version__} / torch {torch.__version__} ({what})"
+    return f"measured on {platform.node()} at {stamp} with autoplan {__version__} / torch {torch.__version__} ({what})"
 
 
 def _by(rows: list[OpTiming], *keys: str) -> dict[tuple, list[OpTiming]]:

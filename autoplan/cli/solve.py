@@ -30,7 +30,7 @@ PLAN_IMPORTS = ("torch", "torch._dynamo", "autoplan.trace.api", "autoplan.solve.
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoplan.startup import frozen_imports
+    from autoplan.cli.startup import frozen_imports
 
     with frozen_imports(*PLAN_IMPORTS):
         return _run(args)
@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
         console.print(top_table(result, top_k=args.top_k))
         console.print(f"best: {result.best.describe()}  ->  {paths['plan.json']}")
     if explanation and not args.json:
-        from autoplan.report.cli import print_explanation
+        from autoplan.cli.report import print_explanation
 
         print_explanation(explanation, as_json=False, quiet=args.quiet)
     return 0

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoplan.startup import frozen_imports
+    from autoplan.cli.startup import frozen_imports
 
     with frozen_imports("torch", "torch._dynamo", "autoplan.trace.api"):  # torch._dynamo: FakeTensorMode loads it
         return _run(args)

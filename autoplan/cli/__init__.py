@@ -1,8 +1,12 @@
-"""The ``autoplan`` command line: a thin shell over the public API.
+"""The ``autoplan`` command line: a thin shell over the public API, in one layer.
 
-Each pipeline stage registers its own subcommands (``register(subparsers)`` in its
-``cli`` module), and each subcommand calls one public function. This module only parses
-the shared flags and turns errors into one sentence and a non-zero exit.
+Every command lives in this package, one module per pipeline stage (``trace``, ``profile``,
+``solve``, ``execute``, ``report``, ``calibrate``), each registering its subcommands with
+``register(subparsers, common)``; a command module may import any stage, while the stages
+themselves are libraries that import only earlier stages and ``autoplan.types``. Start-up
+laziness lives here too (:mod:`autoplan.cli.startup`): a command imports torch and the stages
+it needs inside its handler. This module parses the shared flags and turns errors into one
+sentence and a non-zero exit.
 """
 from __future__ import annotations
 
@@ -14,14 +18,14 @@ import sys
 
 from autoplan.errors import AutoplanError, StopSignal
 
-#: Stage modules that add subcommands, in pipeline order.
+#: Command modules, in pipeline order.
 COMMAND_MODULES = (
-    "autoplan.trace.cli",
-    "autoplan.profile.cli",
-    "autoplan.solve.cli",
-    "autoplan.execute.cli",
-    "autoplan.report.cli",
-    "autoplan.calibrate.cli",
+    "autoplan.cli.trace",
+    "autoplan.cli.profile",
+    "autoplan.cli.solve",
+    "autoplan.cli.execute",
+    "autoplan.cli.report",
+    "autoplan.cli.calibrate",
 )
 
 EXIT_BAD_INPUT = 2
@@ -41,13 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):  # that stage has no commands yet
-                continue
-            raise
-        module.register(subparsers, common)
+        importlib.import_module(name).register(subparsers, common)
     return parser
 
 
@@ -78,7 +76,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"autoplan: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback, and please report it).", file=sys.stderr)
         return EXIT_INTERNAL
-
-
-if __name__ == "__main__":
-    sys.exit(main())

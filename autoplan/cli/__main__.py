@@ -1,0 +1,6 @@
+"""``python -m autoplan.cli``: the ``autoplan`` command."""
+import sys
+
+from autoplan.cli import main
+
+sys.exit(main())

@@ -1,0 +1,62 @@
+"""The package layout keeps the pipeline's order: stages import only earlier stages, prices are
+defined only under cost/, commands live only in cli/ (issue: one place for each idea)."""
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "autoplan"
+ORDER = ("errors", "version", "types", "modelfile", "trace", "profile", "cost", "solve", "execute", "report", "calibrate", "cli")
+PRICES = ("op_time_s", "node_times_s", "node_time_s", "collective_time_s", "bucketed_time_s", "memory_time_s", "summarise",
+          "exposed_tp_s", "model_states", "stage_memory")
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        yield parts[0], path, ast.parse(path.read_text())
+
+
+def _imported(tree: ast.AST) -> list[str]:
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return [n for n in names if n == "autoplan" or n.startswith("autoplan.")]
+
+
+def test_every_stage_imports_only_earlier_stages():
+    late = []
+    for stage, path, tree in _modules():
+        if stage == "__init__":
+            continue
+        for name in _imported(tree):
+            target = name.split(".")[1] if "." in name else "__root__"
+            if target == "__root__" or (target != stage and ORDER.index(target) > ORDER.index(stage)):
+                late.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert not late, late
+
+
+def test_prices_are_defined_only_under_cost():
+    where = {}
+    for stage, path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in PRICES:
+                where.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    assert set(where) == set(PRICES)
+    assert all(path.startswith("cost/") for paths in where.values() for path in paths), where
+
+
+def test_commands_live_in_one_layer():
+    assert not list(PACKAGE.glob("*/cli.py"))
+    registered = {path.stem for path in (PACKAGE / "cli").glob("*.py") if "def register(" in path.read_text()}
+    assert registered == {"trace", "profile", "solve", "execute", "report", "calibrate"}
+
+
+def test_the_version_is_the_projects():
+    from autoplan.version import __version__
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    assert __version__ == project["version"]
