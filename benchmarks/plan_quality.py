@@ -77,8 +77,8 @@ def compare(name: str, graph, profile, devices: int, batch: int) -> dict:
     }
     row = {"model": name, "params_b": graph.param_count / 1e9, "devices": devices, "batch": batch}
     for key, plan in plans.items():
-        row[f"{key}_samples_per_s"] = plan.predicted["samples_per_s"] if plan else None
-        row[f"{key}_mfu"] = plan.predicted["mfu"] if plan else None
+        row[f"{key}_samples_per_s"] = plan.predicted.samples_per_s if plan else None
+        row[f"{key}_mfu"] = plan.predicted.mfu if plan else None
         row[f"{key}_plan"] = plan.describe() if plan else "does not fit"
     base = row["autoplan_samples_per_s"]
     for key in ("megatron", "fsdp", "dp"):

@@ -252,7 +252,7 @@ def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> dic
     skip = warmup_steps(len(rows))
     times = [r["step_time_s"] for r in rows[skip:]]
     median_s = statistics.median(times) if times else None
-    predicted_s = plan.predicted.get("step_time_s")
+    predicted_s = plan.predicted.step_time_s if plan.predicted else None
     return {
         "plan": plan.describe(), "model": plan.model, "devices": plan.devices,
         "backend": "nccl" if torch.cuda.is_available() else "gloo", "threads_per_process": torch.get_num_threads(),

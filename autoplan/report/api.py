@@ -22,8 +22,8 @@ def _memory_plans(folder, result, top_k: int) -> list[tuple[str, dict]]:
     """(label, memory components) of the top plans: re-priced candidates, else plan.json's own."""
     if result is not None:
         return [(c.plan.describe(), {name: getattr(c.cost, name) for name in Cost.MEMORY_FIELDS}) for c in result.ranked()[:top_k]]
-    if folder.plan is not None and folder.plan.predicted.get("memory"):
-        return [(folder.plan.describe(), folder.plan.predicted["memory"])]
+    if folder.plan is not None and folder.plan.predicted and folder.plan.predicted.memory:
+        return [(folder.plan.describe(), folder.plan.predicted.memory)]
     return []
 
 
@@ -37,7 +37,7 @@ def _figures(folder, runs_frame, result, out: Path, *, top_k: int) -> dict[str, 
         title = f"{folder.plan.describe()}: one step ({folder.plan.schedule}, {folder.plan.num_microbatches} micro-batches)"
         made["timeline.png"] = fig.timeline_figure(from_plan_folder(folder), out / "timeline.png", title=title)
     memory = _memory_plans(folder, result, top_k)
-    capacity = folder.profile.device.memory_bytes if folder.profile else (folder.plan.predicted.get("memory_capacity_bytes") if folder.plan else None)
+    capacity = folder.profile.device.memory_bytes if folder.profile else (folder.plan.predicted.memory_capacity_bytes if folder.plan and folder.plan.predicted else None)
     if memory and capacity:
         made["memory.png"] = fig.memory_figure(memory, out / "memory.png", capacity_bytes=capacity, usable_bytes=usable_bytes(capacity))
     if runs_frame is not None and len(runs_frame):

@@ -41,8 +41,10 @@ class PlanFolder:
 
     @property
     def search_options(self) -> dict[str, Any]:
-        saved = (self.plan.predicted.get("search", {}) if self.plan else {}) or {}
-        return {"batch_size": saved.get("batch_size"), "fixes": saved.get("fixes") or {}, "objective": saved.get("objective", "time")}
+        saved = self.plan.predicted.search if self.plan and self.plan.predicted else None
+        if saved is None:
+            return {"batch_size": None, "fixes": {}, "objective": "time"}
+        return {"batch_size": saved.batch_size, "fixes": saved.fixes or {}, "objective": saved.objective}
 
 
 @dataclass

@@ -39,13 +39,16 @@ def _plan_lines(folder: PlanFolder) -> list[str]:
     if plan is None:
         return ["**No plan fits:** " + most_frugal(folder.plans)]
     pred = plan.predicted
-    tokens = f", {pred['tokens_per_s']:.4g} tokens/s" if pred.get("tokens_per_s") else ""
-    search = pred.get("search", {})
-    return [f"**Chosen plan:** `{plan.describe()}` on {plan.devices} devices, global batch {plan.global_batch_size}.", "",
-            f"Predicted: {_ms(pred['step_time_s'])} ms per step, {pred['samples_per_s']:.4g} samples/s{tokens}, "
-            f"MFU {100 * pred['mfu']:.1f}%, peak {pred['peak_memory_bytes'] / GIB:.2f} GiB per device. "
-            f"The search priced {search.get('candidates_evaluated', '?')} plans and pruned {search.get('candidates_pruned', '?')} "
-            f"in {search.get('search_time_s', 0):.2f} s (tp ILP: {search.get('ilp_status', '?')}, gap {search.get('ilp_gap', 0):.2g})."]
+    head = f"**Chosen plan:** `{plan.describe()}` on {plan.devices} devices, global batch {plan.global_batch_size}."
+    if pred is None:
+        return [head, "", "The plan carries no prediction."]
+    tokens = f", {pred.tokens_per_s:.4g} tokens/s" if pred.tokens_per_s else ""
+    lines = [head, "", f"Predicted: {_ms(pred.step_time_s)} ms per step, {pred.samples_per_s:.4g} samples/s{tokens}, "
+                       f"MFU {100 * pred.mfu:.1f}%, peak {pred.peak_memory_bytes / GIB:.2f} GiB per device."]
+    if (search := pred.search) is not None:
+        lines[-1] += (f" The search priced {search.candidates_evaluated} plans and pruned {search.candidates_pruned} "
+                      f"in {search.search_time_s:.2f} s (tp ILP: {search.ilp_status}, gap {search.ilp_gap:.2g}).")
+    return lines
 
 
 def _top_table(plans: pd.DataFrame, top_k: int) -> list[str]:

@@ -77,7 +77,7 @@ def stages_table(folder: PlanFolder) -> pd.DataFrame | None:
 
 
 def runs_table(folder: PlanFolder, runs: list[RunFolder]) -> pd.DataFrame:
-    predicted_peak = folder.plan.predicted.get("peak_memory_bytes") if folder.plan else None
+    predicted_peak = folder.plan.predicted.peak_memory_bytes if folder.plan and folder.plan.predicted else None
     rows = []
     for run in runs:
         s = run.summary

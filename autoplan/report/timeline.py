@@ -157,7 +157,7 @@ def from_plan_folder(folder) -> Timeline:
     backward = [t - f for t, f in zip(total, forward)]
     neighbours = [(k > 0) + (k < plan.pp - 1) for k in range(plan.pp)]
     send_s = max((s / n for s, n in zip(stages["send_recv_s"].astype(float), neighbours) if n), default=0.0)
-    breakdown = plan.predicted.get("breakdown", {})
+    breakdown = plan.predicted.breakdown if plan.predicted else {}
     tail_s = breakdown.get("dp_comm_exposed_s", 0.0) + breakdown.get("optimizer_s", 0.0)
     return simulate(schedule=plan.schedule, pp=plan.pp, m=plan.num_microbatches, v=plan.virtual_stages, forward_s=forward,
                     backward_s=backward, send_s=send_s, tail_s=tail_s, note=note)

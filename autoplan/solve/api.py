@@ -14,9 +14,9 @@ from autoplan.cost.model import CostModel
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.search import SearchOptions, SearchResult, search
-from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
+from autoplan.types.prediction import Prediction, SearchSummary
 from autoplan.types.profile import Profile
 
 FRUGAL_PINS = ("recompute", "zero", "mbs", "sp")
@@ -50,8 +50,10 @@ def plan_graph(graph: Graph, *, devices: int, profile: Profile | str, batch_size
     result = search(graph, profile, options)
     if result.best is None:
         raise NoPlanFits(explain_no_fit(graph, profile, options, result), result)
-    result.best.predicted = predicted(result.best_cost, result)
-    result.best.predicted["search"].update(batch_size=options.batch_size, fixes=dict(fixes), objective=objective)  # for autoplan explain
+    summary = SearchSummary(candidates_evaluated=result.evaluated, candidates_pruned=result.pruned, search_time_s=result.elapsed_s,
+                            ilp_solves=result.ilp_solves, ilp_status=result.ilp_status, ilp_gap=result.ilp_gap,
+                            batch_size=options.batch_size, fixes=dict(fixes), objective=objective)   # for autoplan explain
+    result.best.predicted = Prediction.from_cost(result.best_cost, summary)
     return result
 
 
@@ -62,19 +64,6 @@ def plan(model: Any, example_inputs: Any, *, devices: int, profile: Profile | st
 
     graph = trace(model, example_inputs, loss_fn=loss_fn, target=target, model_name=type(model).__name__)
     return plan_graph(graph, devices=devices, profile=profile, batch_size=batch_size, fix=fix, objective=objective, **kwargs).best
-
-
-def predicted(cost: Cost, result: SearchResult) -> dict[str, Any]:
-    """The ``predicted`` block of plan.json (docs/plan-format.md)."""
-    return {
-        "step_time_s": cost.step_time_s, "samples_per_s": cost.samples_per_s, "tokens_per_s": cost.tokens_per_s,
-        "peak_memory_bytes": cost.peak_memory_bytes, "memory_capacity_bytes": cost.memory_capacity_bytes, "mfu": cost.mfu,
-        "cost_per_step_usd": cost.cost_per_step_usd,
-        "breakdown": {name: getattr(cost, name) for name in Cost.TIME_FIELDS},
-        "memory": {name: getattr(cost, name) for name in Cost.MEMORY_FIELDS},
-        "search": {"candidates_evaluated": result.evaluated, "candidates_pruned": result.pruned, "search_time_s": result.elapsed_s,
-                   "ilp_solves": result.ilp_solves, "ilp_status": result.ilp_status, "ilp_gap": result.ilp_gap},
-    }
 
 
 def explain_no_fit(graph: Graph, profile: Profile, options: SearchOptions, result: SearchResult) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, write_json_atomic
+from autoplan.types.prediction import Prediction
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -45,7 +46,8 @@ class Plan:
     matmuls beside them by decomposing both into tp steps (PyTorch's async tensor parallelism,
     Megatron-Core's ``--tp-comm-overlap``); it needs sequence parallelism, and the executor runs
     it only on CUDA devices with NCCL (autoplan/cost/tp_overlap.py prices it).
-    ``predicted`` is the cost model's breakdown (see :class:`autoplan.types.cost.Cost`).
+    ``predicted`` is what the planner predicted (:class:`autoplan.types.prediction.Prediction`),
+    None for a plan nobody priced; a mapping given here (plan.json's object) is read into one.
     """
 
     devices: int
@@ -67,10 +69,14 @@ class Plan:
     tp_plan: dict[str, str] = field(default_factory=dict)
     model: str = ""
     profile: str = ""
-    predicted: dict[str, Any] = field(default_factory=dict)
+    predicted: Prediction | None = None
     version: int = PLAN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
+        if isinstance(self.predicted, dict):
+            self.predicted = Prediction.from_dict(self.predicted) if self.predicted else None
+        require(self.predicted is None or isinstance(self.predicted, Prediction), PlanError,
+                f"plan predicted={self.predicted!r}; expected a Prediction, a mapping or nothing.")
         self._check_degrees()
         self._check_choices()
         self._check_stages()
@@ -133,7 +139,9 @@ class Plan:
 
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["predicted"] = self.predicted.to_dict() if self.predicted else {}
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":

@@ -86,12 +86,12 @@ def model_rows(name: str, args: argparse.Namespace, profile, out: Path) -> tuple
 
 def _row(model: str, plan, done, *, chosen: bool, split: str) -> dict:
     row = {"model": model, "plan": plan.describe(), "split": split, "chosen": chosen, "measured_s": done.measured_s,
-           "predicted_s": plan.predicted["step_time_s"], "folder": str(done.folder), "error": done.error, "plan_obj": plan,
+           "predicted_s": plan.predicted.step_time_s, "folder": str(done.folder), "error": done.error, "plan_obj": plan,
            "spread_pct": done.spread_pct, "predicted_peak_bytes": done.predicted_peak_bytes,
            "measured_peak_bytes": done.measured_peak_bytes, "memory_err_pct": report.signed_pct(done.predicted_peak_bytes, done.measured_peak_bytes),
            "measured_rank": None, "calibrated_s": None, "calibrated_abs_pct_err": None,
-           "abs_pct_err": report.ape(plan.predicted["step_time_s"], done.measured_s) if done.measured_s else None}
-    row.update({k: plan.predicted["breakdown"][k] for k in Cost.TIME_FIELDS})
+           "abs_pct_err": report.ape(plan.predicted.step_time_s, done.measured_s) if done.measured_s else None}
+    row.update({k: plan.predicted.breakdown[k] for k in Cost.TIME_FIELDS})
     return row
 
 

@@ -33,7 +33,7 @@ def _run_folder(path, plan):
     write_text_atomic(path / "measured.csv", "step,step_time_s,loss,peak_memory_bytes\n" + "\n".join(rows) + "\n")
     median = float(np.median(STEP_TIMES[2:]))
     write_json_atomic(path / "summary.json", {"plan": plan.describe(), "steps": len(STEP_TIMES), "warmup_steps": 2,
-                                              "median_step_time_s": median, "predicted_step_time_s": plan.predicted["step_time_s"],
+                                              "median_step_time_s": median, "predicted_step_time_s": plan.predicted.step_time_s,
                                               "peak_memory_bytes": 1005, "peak_memory_kind": "cpu_max_rss", "final_loss": 4.5})
     return median
 
@@ -67,8 +67,8 @@ def test_breakdown_table_holds_the_best_plans_terms(built):
     assert len(breakdown) == min(3, feasible) * len(Cost.TIME_FIELDS)
     first = breakdown[breakdown["rank"] == 1].set_index("term")["seconds"]
     for term in Cost.TIME_FIELDS:
-        assert first[term] == pytest.approx(result.best.predicted["breakdown"][term])
-    assert first.sum() == pytest.approx(result.best.predicted["step_time_s"])
+        assert first[term] == pytest.approx(result.best.predicted.breakdown[term])
+    assert first.sum() == pytest.approx(result.best.predicted.step_time_s)
 
 
 def test_stage_and_op_tables(built):
@@ -88,8 +88,8 @@ def test_predicted_vs_measured_table(built):
     assert len(runs) == 1
     row = runs.iloc[0]
     assert row["measured_step_time_s"] == pytest.approx(median)
-    assert row["predicted_step_time_s"] == pytest.approx(result.best.predicted["step_time_s"])
-    assert row["measured_over_predicted"] == pytest.approx(median / result.best.predicted["step_time_s"])
+    assert row["predicted_step_time_s"] == pytest.approx(result.best.predicted.step_time_s)
+    assert row["measured_over_predicted"] == pytest.approx(median / result.best.predicted.step_time_s)
     steps = pd.read_csv(root / "out" / "measured_steps.csv")
     assert steps["step_time_s"].tolist() == pytest.approx(STEP_TIMES)
 

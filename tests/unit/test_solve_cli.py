@@ -30,11 +30,11 @@ def test_plan_writes_valid_round_tripping_files(small_gpt, tmp_path, capsys):
     assert Plan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
     assert printed["plan"] == plan.to_dict()
     for key in ("step_time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "mfu", "breakdown"):
-        assert key in plan.predicted
+        assert key in plan.predicted.to_dict()
     assert plan.devices == 4 and plan.global_batch_size == 8
     plans = _rows(tmp_path / "plans.csv")
     assert plans[0]["rank"] == "1" and plans[0]["feasible"] == "True"
-    assert float(plans[0]["step_time_s"]) == pytest.approx(plan.predicted["step_time_s"])
+    assert float(plans[0]["step_time_s"]) == pytest.approx(plan.predicted.step_time_s)
     assert {row["status"] for row in plans} <= {"evaluated", "pruned"}
     ops = _rows(tmp_path / "ops.csv")
     assert {"op", "stage", "split", "compute_s", "comm_s", "param_state_bytes", "activation_bytes"} <= set(ops[0])
@@ -90,5 +90,5 @@ def test_python_api_traces_and_plans_a_module():
     model = nn.Sequential(nn.Linear(32, 64), Block(), Block(), nn.Linear(64, 8))
     plan = autoplan.plan(model, (torch.randn(8, 32),), devices=2, profile="dgx-a100", batch_size=8)
     assert isinstance(plan, Plan) and plan.devices == 2 and plan.global_batch_size == 8
-    assert plan.predicted["step_time_s"] > 0 and plan.predicted["tokens_per_s"] is None
+    assert plan.predicted.step_time_s > 0 and plan.predicted.tokens_per_s is None
     assert Plan.from_dict(plan.to_dict()) == plan

@@ -18,7 +18,7 @@ def _tiny():
 def test_tiny_model_on_eight_devices_is_pure_data_parallel():
     best = plan_graph(_tiny(), devices=8, profile=synthetic_profile(), batch_size=16).best
     assert (best.dp, best.tp, best.pp) == (8, 1, 1)
-    assert best.predicted["step_time_s"] > 0 and 0 < best.predicted["mfu"] < 1
+    assert best.predicted.step_time_s > 0 and 0 < best.predicted.mfu < 1
 
 
 def test_model_too_large_for_one_device_gets_tp_or_pp():
@@ -26,7 +26,7 @@ def test_model_too_large_for_one_device_gets_tp_or_pp():
     profile = synthetic_profile(memory_bytes=16 * 2**30)                                     # 16 B/param needs ~30 GiB
     best = plan_graph(graph, devices=8, profile=profile, batch_size=8, fix={"zero": 0}).best
     assert best.tp > 1 or best.pp > 1
-    assert best.predicted["peak_memory_bytes"] <= profile.device.memory_bytes
+    assert best.predicted.peak_memory_bytes <= profile.device.memory_bytes
 
 
 def test_tp_stays_inside_a_node_when_links_between_nodes_are_slow():
@@ -115,8 +115,8 @@ def test_cost_objective_may_use_fewer_devices():
     cheapest = plan_graph(_tiny(), devices=8, profile=profile, batch_size=16, objective="cost").best
     fastest = plan_graph(_tiny(), devices=8, profile=profile, batch_size=16).best
     assert cheapest.devices < 8                          # a tiny model scales sub-linearly: fewer devices cost less
-    assert cheapest.predicted["cost_per_step_usd"] < fastest.predicted["cost_per_step_usd"]
-    assert cheapest.predicted["step_time_s"] > fastest.predicted["step_time_s"]
+    assert cheapest.predicted.cost_per_step_usd < fastest.predicted.cost_per_step_usd
+    assert cheapest.predicted.step_time_s > fastest.predicted.step_time_s
 
 
 def test_nothing_fits_names_the_devices_that_would():
@@ -162,7 +162,7 @@ def test_memory_row_of_the_ilp_rescues_a_group_that_only_fits_split():
     tight_profile = synthetic_profile(memory_bytes=16 * 2**30, intra_busbw_bytes_per_s=2e9)
     tight = plan_graph(graph, devices=8, profile=tight_profile, batch_size=8, fix=pins).best
     assert any(split != "replicate" for module, split in tight.tp_plan.items() if module.startswith("h."))
-    assert tight.predicted["peak_memory_bytes"] <= 0.9 * tight_profile.device.memory_bytes
+    assert tight.predicted.peak_memory_bytes <= 0.9 * tight_profile.device.memory_bytes
 
 
 def test_a_memory_budget_with_nothing_left_is_a_reason_not_a_crash():

@@ -133,3 +133,23 @@ def test_profile_requires_every_collective():
     del data["intra_node"]["collectives"]["all_to_all"]
     with pytest.raises(ProfileError, match="has no 'all_to_all'"):
         Profile.from_dict(data)
+
+
+def test_the_prediction_is_typed_and_keeps_plan_json_s_shape(tmp_path):
+    from autoplan.errors import PlanError
+    from autoplan.types import Prediction, SearchSummary
+    data = {"step_time_s": 2.0, "samples_per_s": 4.0, "mfu": 0.5, "breakdown": {"compute_s": 1.5}, "memory": {"weights_bytes": 8},
+            "search": {"candidates_evaluated": 3, "batch_size": 8, "fixes": {"tp": 2}, "objective": "time"}}
+    plan = _plan(predicted=data)
+    assert isinstance(plan.predicted, Prediction) and isinstance(plan.predicted.search, SearchSummary)
+    assert plan.predicted.step_time_s == 2.0 and plan.predicted.search.fixes == {"tp": 2}
+    saved = json.loads(plan.save(tmp_path / "plan.json").read_text())["predicted"]
+    assert saved["breakdown"] == {"compute_s": 1.5} and saved["search"]["batch_size"] == 8 and "tokens_per_s" in saved
+    assert Plan.load(tmp_path / "plan.json") == plan
+    assert _plan(predicted={}).predicted is None and _plan().to_dict()["predicted"] == {}
+    with pytest.raises(PlanError, match="unknown term 'compute'"):
+        _plan(predicted={"step_time_s": 1.0, "breakdown": {"compute": 1.0}})
+    with pytest.raises(PlanError, match="no 'step_time_s'"):
+        _plan(predicted={"mfu": 0.3})
+    with pytest.raises(PlanError, match="step_time_s=-1"):
+        _plan(predicted={"step_time_s": -1})

@@ -1,0 +1,94 @@
+"""What the planner predicted for a plan, as typed data: ``Plan.predicted``.
+
+A :class:`Prediction` is the cost model's headline numbers for the plan (from a
+:class:`autoplan.types.cost.Cost`), its time and memory breakdowns, and, when the planner made
+the plan, a :class:`SearchSummary` of the search that chose it (what ``autoplan explain``
+re-runs from). In plan.json it is the ``predicted`` object, with the same keys as before it was
+typed (docs/plan-format.md); a plan nobody priced has ``predicted: {}``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from autoplan.errors import PlanError
+from autoplan.types._check import require
+from autoplan.types.cost import Cost
+
+
+def _known(cls: type, data: dict[str, Any], what: str) -> None:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    require(not unknown, PlanError, f"plan {what} has unknown field '{unknown[0] if unknown else ''}'; expected only {', '.join(sorted(names))}.")
+
+
+@dataclass
+class SearchSummary:
+    """How the search that chose the plan went, and the options it ran with."""
+
+    candidates_evaluated: int = 0
+    candidates_pruned: int = 0
+    search_time_s: float = 0.0
+    ilp_solves: int = 0
+    ilp_status: str = ""
+    ilp_gap: float = 0.0
+    batch_size: int | None = None
+    fixes: dict[str, Any] = field(default_factory=dict)
+    objective: str = "time"
+
+    def __post_init__(self) -> None:
+        for name in ("candidates_evaluated", "candidates_pruned", "ilp_solves"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 0, PlanError, f"plan predicted.search.{name}={value!r}; expected an integer >= 0.")
+        require(isinstance(self.fixes, dict), PlanError, f"plan predicted.search.fixes={self.fixes!r}; expected a mapping.")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SearchSummary":
+        _known(cls, data, "predicted.search")
+        return cls(**data)
+
+
+@dataclass
+class Prediction:
+    """The predicted step of a plan (module docstring); times in seconds, memory in bytes per device."""
+
+    step_time_s: float
+    samples_per_s: float = 0.0
+    tokens_per_s: float | None = None
+    peak_memory_bytes: float = 0
+    memory_capacity_bytes: float = 0
+    mfu: float = 0.0
+    cost_per_step_usd: float | None = None
+    breakdown: dict[str, float] = field(default_factory=dict)   # Cost.TIME_FIELDS
+    memory: dict[str, float] = field(default_factory=dict)      # Cost.MEMORY_FIELDS
+    search: SearchSummary | None = None
+
+    def __post_init__(self) -> None:
+        value = self.step_time_s
+        require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, PlanError,
+                f"plan predicted.step_time_s={value!r}; expected a number of seconds >= 0.")
+        for name, allowed in (("breakdown", Cost.TIME_FIELDS), ("memory", Cost.MEMORY_FIELDS)):
+            unknown = sorted(set(getattr(self, name)) - set(allowed))
+            require(not unknown, PlanError, f"plan predicted.{name} has unknown term '{unknown[0] if unknown else ''}'; expected some of {', '.join(allowed)}.")
+        if isinstance(self.search, dict):
+            self.search = SearchSummary.from_dict(self.search)
+
+    @classmethod
+    def from_cost(cls, cost: Cost, search: SearchSummary | None = None) -> "Prediction":
+        return cls(step_time_s=cost.step_time_s, samples_per_s=cost.samples_per_s, tokens_per_s=cost.tokens_per_s,
+                   peak_memory_bytes=cost.peak_memory_bytes, memory_capacity_bytes=cost.memory_capacity_bytes, mfu=cost.mfu,
+                   cost_per_step_usd=cost.cost_per_step_usd,
+                   breakdown={name: getattr(cost, name) for name in Cost.TIME_FIELDS},
+                   memory={name: getattr(cost, name) for name in Cost.MEMORY_FIELDS}, search=search)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.search is None:
+            del data["search"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Prediction":
+        _known(cls, data, "predicted")
+        require("step_time_s" in data, PlanError, "plan predicted has no 'step_time_s'; a prediction needs at least the step time (or use predicted: {}).")
+        return cls(**data)
