@@ -40,8 +40,9 @@ def describe_row(row: pd.Series) -> str:
     """The Plan.describe() string of a plans.csv row."""
     sp = " sp" if str(row["sp"]).lower() == "true" else ""
     v = f" v={row['v']}" if str(row["v"]) not in ("1", "*") else ""
+    overlap = " tp-overlap" if str(row.get("tp_overlap", "")).lower() == "true" else ""
     return (f"dp={row['dp']} tp={row['tp']} pp={row['pp']} mbs={row['mbs']}x{row['num_microbatches']} {row['schedule']}{v} "
-            f"zero={row['zero']} rc={row['recompute']}{sp} {row['precision']}")
+            f"zero={row['zero']} rc={row['recompute']}{sp} {row['precision']}{overlap}")
 
 
 def top_feasible(plans: pd.DataFrame, k: int) -> pd.DataFrame:

@@ -29,7 +29,8 @@ from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
-CONFIG_COLUMNS = ("devices", "dp", "tp", "pp", "mbs", "num_microbatches", "schedule", "v", "zero", "recompute", "sp", "precision")
+CONFIG_COLUMNS = ("devices", "dp", "tp", "pp", "mbs", "num_microbatches", "schedule", "v", "zero", "recompute", "sp", "tp_overlap",
+                  "precision")
 
 
 def write_outputs(out_dir: str | Path, *, result: SearchResult, graph: Graph, profile: Profile) -> dict[str, Path]:
