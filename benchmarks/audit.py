@@ -21,7 +21,7 @@ import pandas as pd
 from _results import write_results
 from autoplan.cost.tensor_parallel import default_tp_plan
 from autoplan.errors import RunError
-from autoplan.execute.launcher import launch
+from autoplan.jobs.launcher import launch
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 
@@ -65,7 +65,7 @@ def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
     out = folder / name
     try:
         code = launch(args=["--model", str(ROOT / "examples" / f"{model}.py"), "--plan", str(plan_path), "--out", str(out),
-                            "--steps", "2", "--audit", "--timeout-s", "120"], nprocs=plan.devices)
+                            "--steps", "2", "--audit", "--timeout-s", "120"], nprocs=plan.devices, module="autoplan.execute.runner")
     except RunError as exc:   # a rank died: say so in the table and go on with the other families
         return {"family": name, "plan": plan.describe(), "exit": "failed", "error": str(exc)}
     audit = pd.read_csv(out / "audit.csv")

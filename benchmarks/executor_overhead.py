@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
-    from autoplan.execute.launcher import free_port
+    from autoplan.jobs.launcher import free_port
     queue = mp.get_context("spawn").Queue()
     mp.start_processes(_worker, args=(args, free_port(), queue), nprocs=2, start_method="spawn")
     ours, theirs = queue.get()

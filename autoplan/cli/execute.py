@@ -52,8 +52,9 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         _check_devices(plan.devices)
         _warn_other_device(plan)
-        from autoplan.execute.launcher import launch
-        code = launch(args=_runner_args(args), nprocs=plan.devices)
+        from autoplan.jobs.launcher import launch
+        code = launch(args=_runner_args(args), nprocs=plan.devices, module="autoplan.execute.runner",
+                      agreed_codes=(runner.EXIT_VERIFY_FAILED,))
     if code == runner.EXIT_VERIFY_FAILED:
         print("autoplan: --verify found differences beyond tolerance (see the table above).", file=sys.stderr)
     elif code == 0 and not args.quiet and os.environ.get("RANK", "0") == "0":

@@ -273,7 +273,7 @@ def _error_file() -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one launched process; records a failure for the launcher to name."""
-    from autoplan.execute.lifeline import die_with_launcher
+    from autoplan.jobs.lifeline import die_with_launcher
     die_with_launcher()
     parser = argparse.ArgumentParser(prog="autoplan.execute.runner")
     for name in ("model", "plan", "out"):

@@ -8,23 +8,17 @@ the error text when the case raised.
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from autoplan.jobs.launcher import free_port
 from autoplan.execute.verify import compare, initial_weights, reference_step, updated_reference
 from autoplan.types.plan import Plan
 
 MODELS = {"gpt": "TinyGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def blocks_of(model_name: str) -> list[str]:

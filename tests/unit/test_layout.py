@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "autoplan"
-ORDER = ("errors", "version", "types", "modelfile", "trace", "profile", "cost", "solve", "execute", "report", "calibrate", "cli")
+ORDER = ("errors", "version", "types", "jobs", "modelfile", "trace", "profile", "cost", "solve", "execute", "report", "calibrate", "cli")
 PRICES = ("op_time_s", "node_times_s", "node_time_s", "collective_time_s", "bucketed_time_s", "memory_time_s", "summarise",
           "exposed_tp_s", "model_states", "stage_memory")
 
@@ -54,6 +54,12 @@ def test_commands_live_in_one_layer():
     assert not list(PACKAGE.glob("*/cli.py"))
     registered = {path.stem for path in (PACKAGE / "cli").glob("*.py") if "def register(" in path.read_text()}
     assert registered == {"trace", "profile", "solve", "execute", "report", "calibrate"}
+
+
+def test_one_port_picker():
+    defined = [str(path.relative_to(PACKAGE)) for _, path, tree in _modules() for node in ast.walk(tree)
+               if isinstance(node, ast.FunctionDef) and "port" in node.name and "free" in node.name]
+    assert defined == ["jobs/launcher.py"]
 
 
 def test_the_version_is_the_projects():

@@ -16,7 +16,6 @@ Every process and the group have timeouts, so a stuck rank ends the run with an 
 from __future__ import annotations
 
 import queue as queue_mod
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autoplan.errors import RunError
+from autoplan.jobs.launcher import free_port
 from autoplan.profile.measure.collectives import CommSweep, choose_backend, time_collectives
 from autoplan.profile.measure.compute import CaseSpec, make_case, memory_bandwidth, time_case
 from autoplan.profile.measure.overhead import time_op_overhead
@@ -57,12 +57,6 @@ class RankResult:
     collectives: dict[str, list[float]]
     overlap: tuple[float, float, float] | None = None   # (t_comp, t_comm, t_both), overlap.py
     op_overhead: tuple[float, float] | None = None      # (forward_s, backward_s) per op, overhead.py
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_compute_job(job: ComputeJob, *, device: torch.device, tick: Tick) -> tuple[list[float], tuple[float, float] | None]:
@@ -119,7 +113,7 @@ def run_ranks(*, processes: int, threads: int, job: ComputeJob, sweep: CommSweep
     backend = choose_backend(processes=processes)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    args = (processes, _free_port(), backend, threads, job, sweep, timeout_s, results)
+    args = (processes, free_port(), backend, threads, job, sweep, timeout_s, results)
     procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(processes)]
     for proc in procs:
         proc.start()

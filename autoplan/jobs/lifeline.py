@@ -1,6 +1,6 @@
 """Ranks never outlive the `autoplan run` that launched them.
 
-The launcher (autoplan/execute/launcher.py) puts its pid in ``AUTOPLAN_LAUNCHER_PID``. A rank
+The launcher (autoplan/jobs/launcher.py) puts its pid in ``AUTOPLAN_LAUNCHER_PID``. A rank
 that finds it asks the kernel for SIGTERM when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``,
 which holds across the launcher being killed with SIGKILL), then checks that the launcher is
 still its parent (it may have died before the request). Where prctl is missing (macOS), a

@@ -1,6 +1,6 @@
-"""Start N local processes for a plan, watch them, and stop them all on the first failure.
+"""Start N local processes as one job, watch them, and stop them all on the first failure.
 
-Each process runs ``python -m autoplan.execute.runner`` with torchrun's environment
+Each process runs ``python -m MODULE`` (the executor's ``autoplan.execute.runner``) with torchrun's environment
 (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
 AUTOPLAN_ERROR_DIR, where a failing rank writes one line saying why. Each rank's stderr is
 passed through to ours and its last lines kept, for a rank that dies without a Python
@@ -15,7 +15,7 @@ disagree, a hung rank) fail within a minute of the hang, under torchrun too. Ctr
 the same way; a stop signal ends the launcher with exit 128 + signal and one sentence
 (errors.StopSignal). Killed without a chance to clean up (SIGKILL), the launcher still takes its
 ranks with it: each rank asks the kernel to end it when its parent dies
-(autoplan/execute/lifeline.py).
+(autoplan/jobs/lifeline.py).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from autoplan.errors import RunError, StopSignal
-from autoplan.execute.lifeline import LAUNCHER_PID_ENV
+from autoplan.jobs.lifeline import LAUNCHER_PID_ENV
 
 POLL_S = 0.1
 SETTLE_S = 2.0
@@ -69,11 +69,11 @@ def _env(*, rank: int, nprocs: int, port: int, error_dir: Path) -> dict[str, str
     return env
 
 
-def launch(*, args: list[str], nprocs: int, grace_s: float = 5.0, module: str = "autoplan.execute.runner") -> int:
+def launch(*, args: list[str], nprocs: int, module: str, grace_s: float = 5.0, agreed_codes: tuple[int, ...] = ()) -> int:
     """Run ``python -m module *args`` on ``nprocs`` local ranks; return rank 0's exit code.
 
-    Raises RunError naming the first rank that failed (non-zero exit other than the
-    agreed verify-failed code, which every rank returns together)."""
+    Raises RunError naming the first rank that failed: a non-zero exit other than the
+    ``agreed_codes``, which every rank returns together (the executor's verify-failed code)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir, _stop_signals_raise(nprocs):
         ranks = [Rank(subprocess.Popen([sys.executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, errors="replace",
@@ -81,7 +81,7 @@ def launch(*, args: list[str], nprocs: int, grace_s: float = 5.0, module: str = 
                  for r in range(nprocs)]
         procs = [r.proc for r in ranks]
         try:
-            return _watch(ranks=ranks, error_dir=Path(error_dir), grace_s=grace_s)
+            return _watch(ranks=ranks, error_dir=Path(error_dir), grace_s=grace_s, ok=(None, 0, *agreed_codes))
         finally:  # also on KeyboardInterrupt (Ctrl-C), which then propagates
             _stop(procs, grace_s=grace_s)
 
@@ -111,14 +111,13 @@ class _stop_signals_raise:
         raise StopSignal(signum, self.nprocs)
 
 
-def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float) -> int:
-    from autoplan.execute.runner import EXIT_VERIFY_FAILED
+def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float, ok: tuple) -> int:
     while True:
         codes = [r.proc.poll() for r in ranks]
-        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0, EXIT_VERIFY_FAILED)]
+        failed = [rank for rank, code in enumerate(codes) if code not in ok]
         if failed:
             codes = _settle(ranks)
-            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0, EXIT_VERIFY_FAILED)]
+            failed = [rank for rank, code in enumerate(codes) if code not in ok]
             _stop([r.proc for r in ranks], grace_s=grace_s)
             raise RunError(failure_message(reasons={rank: (codes[rank], _reason(error_dir, rank, ranks[rank])) for rank in failed},
                                            nprocs=len(ranks)))
