@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from _cost_fixtures import gpt_graph
+from synthetic import gpt_graph
 from autoplan.calibrate import CalibrationError, FitOptions, Observation, calibrate_observations, fit_profile
 from autoplan.calibrate.fit import predict_s
 from autoplan.calibrate.params import apply, candidate_parameters, get_value

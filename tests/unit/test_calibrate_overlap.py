@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from _cost_fixtures import gpt_graph
+from synthetic import gpt_graph
 from autoplan.calibrate import FitOptions, Observation, fit_profile
 from autoplan.calibrate.fit import predict_s
 from autoplan.calibrate.params import OVERLAP_PATH, apply, candidate_parameters, get_value, owner_of

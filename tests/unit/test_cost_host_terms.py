@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from _cost_fixtures import a100_profile, gpt_graph
+from synthetic import a100_profile, gpt_graph
 from autoplan.cost import CostModel
 from autoplan.cost.compute import host_overhead_s, op_time_s
 from autoplan.trace import trace_model_file

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from _cost_fixtures import a100_profile, gpt_graph
+from synthetic import a100_profile, gpt_graph
 from autoplan.cost import CostModel
 from autoplan.cost.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
 from autoplan.types.plan import Plan

@@ -13,7 +13,7 @@ from autoplan.report.sensitivity import _at_batch, batch_threshold, scaled_profi
 from autoplan.report.terms import TERMS, deciding_term, term_diffs
 from autoplan.solve.api import plan_graph
 from autoplan.solve.search import Candidate, SearchResult, config_of
-from autoplan.solve.synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
 

@@ -13,7 +13,7 @@ from autoplan.report.api import report
 from autoplan.report.folder import load_plan_folder
 from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import write_outputs
-from autoplan.solve.synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.types._check import write_json_atomic, write_text_atomic
 from autoplan.types.cost import Cost
 

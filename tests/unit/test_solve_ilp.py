@@ -6,7 +6,7 @@ from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.tensor_parallel import TPContext
 from autoplan.solve import backend
 from autoplan.solve.intra_op import brute_force_block, build_block_problem, solve_block
-from autoplan.solve.synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 
 CASES = [
     dict(hidden=512, heads=8),                       # plain MHA

@@ -8,7 +8,7 @@ from autoplan.solve import space
 from autoplan.solve.api import NoPlanFits, plan_graph
 from autoplan.solve.search import Search, SearchOptions
 from autoplan.solve.stage_costs import StageCosts
-from autoplan.solve.synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 
 
 def _tiny():

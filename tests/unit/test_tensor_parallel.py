@@ -5,7 +5,7 @@ from autoplan.cost.comm import collective_time_s
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.tensor_parallel import TPContext, default_tp_plan, legal_splits, node_splits, tp_layer_cost
 from autoplan.errors import PlanError
-from autoplan.solve.synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.types.graph import OpNode
 
 HIDDEN, SEQ, BATCH = 512, 256, 8

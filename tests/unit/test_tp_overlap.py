@@ -18,7 +18,7 @@ from autoplan.execute.tp_overlap import check_runs_here
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
 from autoplan.solve.search import Search, SearchOptions
-from autoplan.solve.synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.types.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import copy
 
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.tensor_parallel import TPContext, block_terms
-from autoplan.solve.synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 
 BATCH = 8
 

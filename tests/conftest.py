@@ -1,0 +1,1 @@
+"""Puts tests/ on the import path, so every tier imports the one fixtures module, ``synthetic``."""
