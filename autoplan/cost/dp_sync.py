@@ -1,0 +1,112 @@
+"""Data-parallel gradient sync and ZeRO traffic, as CostModel prices them (docs/cost-model.md).
+
+- dp_exposed: bucketed gradient all-reduce (reduce-scatter + all-gather of the updated
+  weights under ZeRO-1/2) overlapped with the last micro-batch's backward (schedule.py);
+  stage i's sync may run during the i backward slots of the stages before it. It overlaps
+  only where the executor overlaps it (autoplan/execute/data_parallel.py: PyTorch DDP when
+  tp = pp = 1 and ZeRO 0, FSDP2 under ZeRO-2/3; an explicit all-reduce after the backward
+  otherwise), and never under ``plan.overlap_grad_reduce=False`` (how Megatron-LM ran before its
+  2023 ``--overlap-grad-reduce``, NVIDIA/Megatron-LM issue #391 and commit e801b2b), which the
+  executor runs with its explicit all-reduce. DDP also broadcasts rank 0's module buffers
+  (``broadcast_buffers``, the graph's ``buffer_bytes``) before the forward of each synced
+  micro-batch, once a step, on the dp group, exposed; priced as an all-gather of the same bytes
+  (a pipelined broadcast moves the whole message over every link, as a ring all-gather does);
+- zero_exposed (ZeRO-3 / FSDP): per micro-batch, an all-gather of each block's weights in the
+  forward and again in the backward, prefetched one block ahead (schedule.prefetched_exposed_s),
+  and the reduce-scatter of its gradients in every micro-batch's backward, so gradients stay
+  partitioned (autoplan/execute/trainer.py); in a pipeline, torch's stages accumulate unsharded
+  gradients and reduce-scatter once, after the last micro-batch. ZeRO-2 likewise reduce-scatters
+  every micro-batch without a pipeline and all-gathers the weights once a step. Every message is
+  in the bytes the executor sends: gradients in ``plan.grad_reduce_dtype``, ZeRO-1's all-gather
+  in fp32 (the executor's parameters), FSDP2's in the compute dtype (autoplan/cost/volumes.py);
+- overlap efficiency eta: communication that runs under compute hides only eta of what it could
+  (profile ``comm_overlap``, schedule.partially_hidden_s). FSDP2 overlaps through its own CUDA
+  streams; on a device without streams (a CPU, gloo) it issues every all-gather and reduce-scatter
+  synchronously (``unshard(async_op=False)``, torch/distributed/fsdp/_fully_shard/
+  _fsdp_param_group.py), so eta = 0 for ZeRO-2/3 there; DDP's reducer issues async all-reduces,
+  which keep the profile's eta;
+
+:class:`DataParallelSync` holds these terms for :class:`autoplan.cost.model.CostModel`; it reads
+the model's profile, graph and collective memo.
+"""
+from __future__ import annotations
+
+from autoplan.cost.comm import bucketed_time_s, collective_time_s
+from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.memory import DDP_BUCKET_BYTES, runs_ddp
+from autoplan.cost.mesh import AxisGroup
+from autoplan.cost.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
+from autoplan.cost.stages import StageTotals
+from autoplan.types.cost import Cost
+from autoplan.types.plan import Plan
+
+
+class DataParallelSync:
+    """The dp and ZeRO terms of CostModel (module docstring)."""
+
+    def _dp_message_s(self, plan: Plan, kind: str, message_bytes: float, group: AxisGroup) -> float:
+        """One dp collective as the executor sends it: in DDP buckets under DDP, else one call per
+        FSDP unit or flat buffer (comm.bucketed_time_s)."""
+        return self._collective_s(kind, message_bytes, group, DDP_BUCKET_BYTES if runs_ddp(plan) else None)
+
+    def _collective_s(self, kind: str, message_bytes: float, group: AxisGroup, bucket_bytes: float | None) -> float:
+        """comm.bucketed_time_s, memoised: identical blocks and parameters send identical messages."""
+        key = (kind, message_bytes, group, bucket_bytes)
+        hit = self._bucket_cache.get(key)
+        if hit is None:
+            hit = self._bucket_cache[key] = bucketed_time_s(self.profile, kind, message_bytes, group=group, bucket_bytes=bucket_bytes)
+        return hit
+
+    def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, slowest: StageTotals) -> None:
+        if plan.dp == 1 or plan.zero_stage >= 3:
+            return
+        grad_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
+        kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
+        slot_s = slowest.bwd_s + slowest.recompute_s
+        exposed, total = 0.0, 0.0
+        for index, stage in enumerate(stages):
+            backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
+            sync = [self._dp_message_s(plan, kind, b.param_count * grad_bytes, group) for b in reversed(stage.blocks)]
+            total = max(total, sum(sync))
+            perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
+            exposed = max(exposed, partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=self._overlap_efficiency(plan)))
+        if plan.zero_stage == 2 and plan.pp == 1 and plan.num_microbatches > 1:   # reduce-scattered every micro-batch
+            earlier = (plan.num_microbatches - 1) * total
+            total, exposed = total + earlier, exposed + earlier * (1.0 - self._overlap_efficiency(plan))
+        if plan.zero_stage in (1, 2):   # ZeRO-1: fp32 parameters back after the step; ZeRO-2: gathered once a step
+            weight = 4 if plan.zero_stage == 1 else PRECISION_BYTES[plan.precision]
+            gather = self._dp_message_s(plan, "all_gather", max(s.params for s in stages) * weight, group)
+            total, exposed = total + gather, exposed + gather
+        if not self._overlaps_grad_reduce(plan):
+            exposed = total
+        if runs_ddp(plan) and self.graph.buffer_bytes:   # rank 0's buffers, broadcast before a forward: never hidden
+            broadcast = collective_time_s(self.profile, "all_gather", self.graph.buffer_bytes, group=group)
+            total, exposed = total + broadcast, exposed + broadcast
+        cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
+
+    def _overlaps_grad_reduce(self, plan: Plan) -> bool:
+        """Whether the gradient reduction runs under the backward (module docstring)."""
+        if not plan.overlap_grad_reduce:
+            return False
+        return plan.zero_stage >= 2 or runs_ddp(plan)
+
+    def _overlap_efficiency(self, plan: Plan) -> float:
+        """eta of the dp communication (module docstring): 0 for FSDP2 (ZeRO-2/3) without CUDA streams."""
+        if plan.zero_stage >= 2 and self.profile.backend != "nccl":
+            return 0.0
+        return self.profile.comm_overlap.efficiency
+
+    def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup) -> float:
+        weight_bytes, grad_bytes = PRECISION_BYTES[plan.precision], PRECISION_BYTES[plan.grad_reduce_dtype]
+        eta = self._overlap_efficiency(plan)
+        gather = [self._dp_message_s(plan, "all_gather", b.param_count * weight_bytes, group) for b in stage.blocks]
+        scatter = [self._dp_message_s(plan, "reduce_scatter", b.param_count * grad_bytes, group) for b in stage.blocks]
+        fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in stage.blocks], comm_s=gather, efficiency=eta)
+        bwd_compute = [b.bwd_s for b in reversed(stage.blocks)]
+        bwd_gather = prefetched_exposed_s(compute_s=bwd_compute, comm_s=gather[::-1], efficiency=eta)
+        bwd_last = prefetched_exposed_s(compute_s=bwd_compute, comm_s=[g + s for g, s in zip(gather[::-1], scatter[::-1])],
+                                        efficiency=eta)
+        m = plan.num_microbatches
+        if plan.pp == 1:   # gradients reduce-scattered every micro-batch (execute/trainer.py)
+            return m * fwd + m * bwd_last
+        return fwd + (m - 1) * bwd_gather + bwd_last   # pipelining: gathered once, synced on the last
