@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from autoplan.version import __version__
+from autoplan.version import __version__ as __version__
 
 _API = {
     "trace": "autoplan.trace",

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
-
 from _results import write_results
+
 from autoplan.cost.tensor_parallel import default_tp_plan
 from autoplan.errors import RunError
 from autoplan.jobs.launcher import launch

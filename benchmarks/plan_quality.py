@@ -21,11 +21,12 @@ import argparse
 import os
 from pathlib import Path
 
+from _results import write_results
+
 from autoplan.errors import PlanError
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
 from autoplan.trace import trace_model_file
-from _results import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [  # name, model file, env overrides, clusters (devices, batch)

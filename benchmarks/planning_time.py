@@ -52,12 +52,11 @@ def end_to_end_s(case: dict, out: Path) -> tuple[float, float]:
 
 
 def phases_s(case: dict, out: Path) -> dict:
+    from autoplan.calibrate.runs import environment
     from autoplan.profile import load_profile
     from autoplan.solve.api import plan_graph
     from autoplan.solve.outputs import write_outputs
     from autoplan.trace import trace_model_file
-
-    from autoplan.calibrate.runs import environment
 
     profile = load_profile(case["profile"])
     clocks = [(time.perf_counter(), _user_s())]

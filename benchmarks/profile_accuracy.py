@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from _results import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -26,7 +27,6 @@ from autoplan.profile.measure import CommSweep, merge_compute
 from autoplan.profile.measure.collectives import merge_collectives
 from autoplan.profile.measure.compute import spec
 from autoplan.profile.measure.ranks import ComputeJob, run_ranks
-from _results import write_results
 
 HELD_OUT_MATMULS = [(96, 96, 96), (192, 192, 192), (384, 384, 384), (768, 768, 768), (1536, 1536, 1536),
                     (3000, 1000, 500), (1536, 512, 2048), (200, 4000, 1000), (8192, 128, 256), (512, 3072, 768)]

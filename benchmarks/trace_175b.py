@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _results import write_results
 
 from autoplan.trace import trace_model_file
-
-from _results import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 

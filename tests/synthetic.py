@@ -13,7 +13,14 @@ illustrative defaults for tests, not a calibrated profile (use profiles/*.yaml f
 from __future__ import annotations
 
 from autoplan.types.graph import Graph, LayerGroup, OpNode, ParamInfo
-from autoplan.types.profile import COLLECTIVES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile
+from autoplan.types.profile import (
+    COLLECTIVES,
+    CollectiveFit,
+    DeviceSpec,
+    Efficiency,
+    LinkSpec,
+    Profile,
+)
 
 _SOURCE = "synthetic test profile (A100-SXM4-80GB datasheet figures; not calibrated)"
 
@@ -125,7 +132,7 @@ def _block(b: _Builder, x: str, *, layer: str, hidden: int, heads: int, kv_heads
 
 # ---- the cost-model tests' GPT and DGX-A100 profile ------------------------------------------
 # Synthetic inputs for the cost-model tests: a GPT graph and a DGX-A100-like profile.
-# 
+#
 # The GPT graph mirrors what the tracer records for a nanoGPT block with flash attention
 # (torch SDPA) and dropout: per node the saved bytes that autograd keeps (Korthikanti et al.
 # 2022 section 4.1 lists the same tensors) and the matmul FLOPs of Narayanan et al. SC'21.

@@ -14,7 +14,6 @@ from typing import Any
 from autoplan.errors import ProfileError
 from autoplan.types.profile import Profile
 
-
 REFRESHABLE = ("op_overhead", "comm_overlap")
 
 

@@ -100,7 +100,7 @@ def _send_recv_s(profile: Profile, message_bytes: float, *, group: AxisGroup) ->
 def _spanning_s(profile: Profile, kind: str, message_bytes: float, *, group: AxisGroup) -> float:
     intra = profile.intra_node.collectives[kind]
     inter = profile.link(True).collectives[kind]
-    k, n, nodes = group.ranks_per_node, group.size, group.nodes
+    k, n = group.ranks_per_node, group.size
     intra_bw_s = bus_factor(kind, k) * message_bytes / intra.busbw_bytes_per_s
     inter_bw_s = bus_factor(kind, n) * message_bytes / (inter.busbw_bytes_per_s * _nic_share(profile, group))
     return _spanning_latency_s(profile, kind, group) + max(intra_bw_s, inter_bw_s)

@@ -34,16 +34,33 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES, activation_scale, memory_time_s, peak_dtype
+from autoplan.cost.compute import (
+    PRECISION_BYTES,
+    activation_scale,
+    memory_time_s,
+    peak_dtype,
+)
 from autoplan.cost.dp_sync import DataParallelSync
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
-from autoplan.cost.memory import (StageMemory, comm_buffer_bytes, model_states, runs_ddp, scatter_buffer_bytes,
-                                  stage_memory, sync_buffer_bytes, usable_bytes)
+from autoplan.cost.memory import (
+    StageMemory,
+    comm_buffer_bytes,
+    model_states,
+    runs_ddp,
+    scatter_buffer_bytes,
+    stage_memory,
+    sync_buffer_bytes,
+    usable_bytes,
+)
 from autoplan.cost.mesh import AxisGroup, mesh_groups
-from autoplan.cost.schedule import (balanced_stages, in_flight_after_first_backward, in_flight_chunks)
+from autoplan.cost.schedule import (
+    balanced_stages,
+    in_flight_after_first_backward,
+    in_flight_chunks,
+)
+from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tensor_parallel import TPContext, default_tp_plan
-from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.tp_overlap import overlapped
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost

@@ -74,7 +74,7 @@ def in_flight_chunks(plan: Plan, stage: int) -> float:
 def in_flight_after_first_backward(plan: Plan, stage: int) -> float:
     """Micro-batches of activations held on ``stage`` once its first backward is done (module
     docstring), in units of the whole stage's layers."""
-    p, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
+    m, v = plan.num_microbatches, plan.virtual_stages
     held = in_flight_chunks(plan, stage) * v
     refilled = plan.schedule != "gpipe" and held < v * m
     return (held if refilled else held - 1) / v

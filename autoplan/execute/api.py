@@ -31,8 +31,8 @@ from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, local_device
 from autoplan.execute.recompute import apply_recompute
-from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
+from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tp_overlap import apply_async_tp, check_runs_here
 from autoplan.execute.trainer import Trainer
 from autoplan.execute.zero import ShardedOptimizer

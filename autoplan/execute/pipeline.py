@@ -32,8 +32,13 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline
-from torch.distributed.pipelining.schedules import (PipelineScheduleMulti, PipelineScheduleSingle,
-                                                   Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B)
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
 
 from autoplan.errors import PlanError
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs

@@ -20,13 +20,12 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.experimental import implicit_replication
 
+from autoplan.errors import PlanError
 from autoplan.execute import precision
 from autoplan.execute.batch import move_to, shard_batch
 from autoplan.execute.data_parallel import allreduce_grads
 from autoplan.execute.tensor_parallel import finalize_tp_grads
-from autoplan.errors import PlanError
 from autoplan.types.plan import Plan
-
 
 DTENSOR_LIMITS = ("unevenly sharded", "does not have a sharding strategy", "Cannot unflatten")
 
@@ -152,7 +151,7 @@ class Trainer:
             self.schedule.step(*args, return_outputs=False, **kwargs)  # the losses are all we use; merging logits costs a copy
         if not losses:
             return torch.tensor(float("nan"), device=self.device)
-        mean = torch.stack([l.detach().float() for l in losses]).mean()
+        mean = torch.stack([loss.detach().float() for loss in losses]).mean()
         return mean / self.scaler.scale if self.scaler else mean
 
     def _sync_grads(self) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoplan.report.folder import PlanFolder, RunFolder, ReportError
+from autoplan.report.folder import PlanFolder, ReportError, RunFolder
 from autoplan.types._check import write_text_atomic
 from autoplan.types.cost import Cost
 

@@ -24,8 +24,6 @@ priced candidate).
 """
 from __future__ import annotations
 
-import math
-
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, memory_time_s
 from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states, runs_ddp

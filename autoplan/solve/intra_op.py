@@ -37,12 +37,22 @@ from dataclasses import dataclass, field
 
 import pulp
 
-from autoplan.cost.tensor_parallel import (TPContext, TPTerms, block_terms, legal_splits, param_node_shards, pure_layout,
-                                           pure_layouts_possible, pure_node_shards, stream_node_shards, terms_time_s)
+from autoplan.cost.op_costs import node_saved_bytes, node_time_s
+from autoplan.cost.tensor_parallel import (
+    TPContext,
+    TPTerms,
+    block_terms,
+    legal_splits,
+    param_node_shards,
+    pure_layout,
+    pure_layouts_possible,
+    pure_node_shards,
+    stream_node_shards,
+    terms_time_s,
+)
 from autoplan.cost.tp_block import BlockAnalysis, analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.solve.backend import SolveStatus, solve_model, variable
-from autoplan.cost.op_costs import node_saved_bytes, node_time_s
 from autoplan.types.graph import Graph
 
 SHARD_DIM = {("linear", "colwise"): 0, ("linear", "rowwise"): 1, ("embedding", "rowwise"): 0, ("embedding", "colwise"): 1}

@@ -15,12 +15,17 @@ import io
 from pathlib import Path
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.memory import model_states
 from autoplan.cost.layers import block_structure, loss_grad_bytes
-from autoplan.cost.tensor_parallel import block_terms, node_splits, sp_partial_params, tp_layer_cost
+from autoplan.cost.memory import model_states
+from autoplan.cost.op_costs import node_saved_bytes, node_time_s
+from autoplan.cost.tensor_parallel import (
+    block_terms,
+    node_splits,
+    sp_partial_params,
+    tp_layer_cost,
+)
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
-from autoplan.cost.op_costs import node_saved_bytes, node_time_s
 from autoplan.solve.search import SearchResult
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic

@@ -319,7 +319,6 @@ class Search:
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
-        layers = len(self.graph.layers)
         count = len(self._stage_options(g)) * len(space.zero_options(dp=deg.dp, fixes=self.fixes))
         config = dict(devices=deg.devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, mbs=g.mbs, num_microbatches=g.m, schedule="*",
                       v="*", zero="*", recompute="*", sp=g.sp, tp_overlap="*", precision=g.precision)

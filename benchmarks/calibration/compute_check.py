@@ -53,7 +53,9 @@ def measured_by_class(model_file, *, mbs: int, steps: int) -> tuple[dict[str, fl
         step()
     walls = []
     for _ in range(steps):
-        start = time.perf_counter(); step(); walls.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        step()
+        walls.append(time.perf_counter() - start)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()

@@ -25,8 +25,12 @@ def _work(barrier, queue, threads: int, size: int, repeats: int) -> None:
     barrier.wait()
     matmul, add = [], []
     for _ in range(repeats):
-        start = time.perf_counter(); a @ b; matmul.append(time.perf_counter() - start)
-        start = time.perf_counter(); x + y; add.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        a @ b
+        matmul.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        x + y
+        add.append(time.perf_counter() - start)
     queue.put((2 * size**3 / statistics.median(matmul), 3 * x.numel() * 4 / statistics.median(add)))
 
 

@@ -107,8 +107,10 @@ def plot(path: Path, rows: list[dict]) -> None:
         high = max(max(r["measured_s"], r["predicted_s"], r["calibrated_s"]) for r in ok) * 1.25
         ax.plot([low, high], [low, high], "k-", lw=1)
         ax.fill_between([low, high], [low * 0.8, high * 0.8], [low * 1.2, high * 1.2], color="grey", alpha=0.15, label="±20%")
-        ax.set_xscale("log"); ax.set_yscale("log")
-        ax.set_xlabel("measured step time (s)"); ax.set_title(title)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured step time (s)")
+        ax.set_title(title)
     axes[0].set_ylabel("predicted step time (s)")
     axes[1].legend(fontsize=7)
     fig.tight_layout()

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from autoplan.execute.api import parallelize, with_default_tp_plan
-from autoplan.execute.mesh import build_mesh, coordinates
+from autoplan.execute.mesh import coordinates
 from autoplan.modelfile import load_model_file
 from autoplan.types.plan import Plan
 

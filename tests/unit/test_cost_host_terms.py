@@ -3,8 +3,8 @@ gradient sync of weights tied across pipeline stages, and fwd+bwd op-table rows.
 from pathlib import Path
 
 import pytest
-
 from synthetic import a100_profile, gpt_graph
+
 from autoplan.cost import CostModel
 from autoplan.cost.compute import host_overhead_s, op_time_s
 from autoplan.trace import trace_model_file
@@ -120,8 +120,8 @@ def _pp_group(profile):
 
 
 def _ctx(model):
-    from autoplan.cost.tensor_parallel import TPContext
     from autoplan.cost.mesh import mesh_groups
+    from autoplan.cost.tensor_parallel import TPContext
     groups = mesh_groups(model.profile, dp=1, tp=1, pp=2)
     return TPContext(profile=model.profile, tp=1, group=groups["tp"], sequence_parallel=False, precision="bf16",
                      batch_fraction=1 / model.graph.batch_size)

@@ -5,8 +5,8 @@ traced in bf16 so 16-bit activations need no rescaling). Flash attention saves n
 tensor, so Korthikanti's 5as/h term does not apply: the checks compare the 34 sbh part.
 """
 import pytest
-
 from synthetic import a100_profile, gpt_graph
+
 from autoplan.cost import CostModel, estimate
 from autoplan.cost.memory import model_states
 from autoplan.cost.schedule import bubble_fraction, in_flight_chunks

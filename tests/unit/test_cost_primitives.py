@@ -2,8 +2,8 @@
 import math
 
 import pytest
-
 from synthetic import a100_profile, gpt_graph
+
 from autoplan.cost.comm import bus_factor, collective_time_s
 from autoplan.cost.compute import op_time_s, peak_dtype
 from autoplan.cost.mesh import AxisGroup, mesh_groups

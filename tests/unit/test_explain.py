@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
@@ -13,7 +14,6 @@ from autoplan.report.sensitivity import _at_batch, batch_threshold, scaled_profi
 from autoplan.report.terms import TERMS, deciding_term, term_diffs
 from autoplan.solve.api import plan_graph
 from autoplan.solve.search import Candidate, SearchResult, config_of
-from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
 

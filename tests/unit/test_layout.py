@@ -3,8 +3,9 @@ defined only under cost/, commands live only in cli/ (issue: one place for each 
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 PACKAGE = Path(__file__).resolve().parents[2] / "autoplan"
 ORDER = ("errors", "version", "types", "jobs", "modelfile", "trace", "profile", "cost", "solve", "execute", "report", "calibrate", "cli")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import plans_csv
-from synthetic import synthetic_gpt, synthetic_profile
 
 GOLDEN = Path(__file__).parent / "data" / "plans_golden.csv"
 VOLATILE = ("reason",)   # carries thresholds printed to 4 digits; its words are checked below

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 
 from autoplan.errors import ProfileError
-from autoplan.profile.fit import bus_factor, fit_affine, fit_collective, fit_efficiency, predict_collective_s, predict_op_s
+from autoplan.profile.fit import (
+    bus_factor,
+    fit_affine,
+    fit_collective,
+    fit_efficiency,
+    predict_collective_s,
+    predict_op_s,
+)
 from autoplan.types.profile import DeviceSpec, Efficiency
 
 

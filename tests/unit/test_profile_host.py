@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.profile import load_profile
-from autoplan.profile import host
+from autoplan.profile import host, load_profile
 
 
 @pytest.fixture

@@ -7,13 +7,13 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cli import main
 from autoplan.report.api import report
 from autoplan.report.folder import load_plan_folder
 from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import write_outputs
-from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.types._check import write_json_atomic, write_text_atomic
 from autoplan.types.cost import Cost
 

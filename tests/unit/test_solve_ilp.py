@@ -1,12 +1,12 @@
 """The intra-op ILP finds the brute-force optimum under the same cost terms; the backend reports honestly."""
 import pulp
 import pytest
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.tensor_parallel import TPContext
 from autoplan.solve import backend
 from autoplan.solve.intra_op import brute_force_block, build_block_problem, solve_block
-from synthetic import synthetic_gpt, synthetic_profile
 
 CASES = [
     dict(hidden=512, heads=8),                       # plain MHA

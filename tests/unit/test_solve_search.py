@@ -1,5 +1,6 @@
 """The outer search: known answers, pins, bounds, exhaustiveness and no-fit messages."""
 import pytest
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.tensor_parallel import tp_layer_cost
@@ -8,7 +9,6 @@ from autoplan.solve import space
 from autoplan.solve.api import NoPlanFits, plan_graph
 from autoplan.solve.search import Search, SearchOptions
 from autoplan.solve.stage_costs import StageCosts
-from synthetic import synthetic_gpt, synthetic_profile
 
 
 def _tiny():

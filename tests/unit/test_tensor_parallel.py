@@ -1,11 +1,17 @@
 """The tensor-parallel model of a block: legality, Megatron's comm volumes, shard factors."""
 import pytest
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.mesh import mesh_groups
-from autoplan.cost.tensor_parallel import TPContext, default_tp_plan, legal_splits, node_splits, tp_layer_cost
+from autoplan.cost.tensor_parallel import (
+    TPContext,
+    default_tp_plan,
+    legal_splits,
+    node_splits,
+    tp_layer_cost,
+)
 from autoplan.errors import PlanError
-from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.types.graph import OpNode
 
 HIDDEN, SEQ, BATCH = 512, 256, 8

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.model import CostModel
 from autoplan.cost.tensor_parallel import default_tp_plan
@@ -18,7 +19,6 @@ from autoplan.execute.tp_overlap import check_runs_here
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
 from autoplan.solve.search import Search, SearchOptions
-from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.types.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]

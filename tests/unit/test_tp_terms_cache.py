@@ -6,9 +6,10 @@ new profile at a reused id silently got the freed one's comm terms.
 """
 import copy
 
+from synthetic import synthetic_gpt, synthetic_profile
+
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.tensor_parallel import TPContext, block_terms
-from synthetic import synthetic_gpt, synthetic_profile
 
 BATCH = 8
 

@@ -5,7 +5,10 @@ import pytest
 
 from autoplan.errors import PlanError, ProfileError
 from autoplan.types import Graph, GraphError, LayerGroup, OpNode, ParamInfo, Plan
-from autoplan.types.profile import CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile, COLLECTIVES
+from autoplan.types.profile import (
+    COLLECTIVES,
+    Profile,
+)
 
 
 def _plan(**overrides):

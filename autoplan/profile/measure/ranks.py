@@ -29,8 +29,17 @@ import torch.multiprocessing as mp
 
 from autoplan.errors import RunError
 from autoplan.jobs.launcher import free_port
-from autoplan.profile.measure.collectives import CommSweep, choose_backend, time_collectives
-from autoplan.profile.measure.compute import CaseSpec, make_case, memory_bandwidth, time_case
+from autoplan.profile.measure.collectives import (
+    CommSweep,
+    choose_backend,
+    time_collectives,
+)
+from autoplan.profile.measure.compute import (
+    CaseSpec,
+    make_case,
+    memory_bandwidth,
+    time_case,
+)
 from autoplan.profile.measure.overhead import time_op_overhead
 from autoplan.profile.measure.overlap import time_overlap
 
