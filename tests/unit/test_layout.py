@@ -57,6 +57,11 @@ def test_commands_live_in_one_layer():
     assert registered == {"trace", "profile", "solve", "execute", "report", "calibrate"}
 
 
+def test_unit_test_folders_mirror_the_package():
+    folders = {path.name for path in Path(__file__).parent.iterdir() if path.is_dir() and not path.name.startswith((".", "_"))}
+    assert folders and folders <= {path.name for path in PACKAGE.iterdir() if path.is_dir() and not path.name.startswith("_")}
+
+
 def test_one_port_picker():
     defined = [str(path.relative_to(PACKAGE)) for _, path, tree in _modules() for node in ast.walk(tree)
                if isinstance(node, ast.FunctionDef) and "port" in node.name and "free" in node.name]

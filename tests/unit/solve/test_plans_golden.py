@@ -1,9 +1,9 @@
 """Refactoring must not move a number: plans.csv of a fixed search equals the committed one.
 
 The search below (a synthetic 8-block GPT on 16 synthetic A100s, free plan, every pruning rule
-active) writes plans.csv; every column must equal tests/unit/data/plans_golden.csv, numbers
+active) writes plans.csv; every column must equal tests/unit/solve/data/plans_golden.csv, numbers
 to 1e-9 relative. A change that is meant to re-price plans regenerates the file with
-``AUTOPLAN_REGENERATE_GOLDEN=1 python -m pytest tests/unit/test_plans_golden.py`` and says why
+``AUTOPLAN_REGENERATE_GOLDEN=1 python -m pytest tests/unit/solve/test_plans_golden.py`` and says why
 in its commit.
 """
 from __future__ import annotations

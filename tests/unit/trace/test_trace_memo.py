@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from autoplan.trace import propagate, trace, trace_model_file
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 CALLS = {"count": 0}
 
 

@@ -21,7 +21,7 @@ from autoplan.solve.api import plan_graph
 from autoplan.solve.search import Search, SearchOptions
 from autoplan.types.plan import Plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_collective_shorter_than_its_matmul_shows_one_slice():

@@ -9,7 +9,7 @@ from autoplan.errors import PlanError
 from autoplan.solve.api import plan_graph
 from autoplan.trace import trace_model_file
 
-ODD = Path(__file__).resolve().parents[1] / "odd_models"
+ODD = Path(__file__).resolve().parents[2] / "odd_models"
 ROOT = ODD.parents[1]
 #: model file -> the blocks the tracer must find (a pipeline places these on stages)
 BLOCKS = {

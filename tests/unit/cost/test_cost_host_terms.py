@@ -11,7 +11,7 @@ from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 from autoplan.types.profile import OpOverhead, OpTiming
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _plan(**kw):

@@ -19,7 +19,7 @@ from autoplan.profile import load_profile
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 S, H, A, V, BATCH = 256, 256, 4, 1024, 2
 
 

@@ -10,7 +10,7 @@ from autoplan.cli import main
 from autoplan.trace import trace_model_file
 from autoplan.types.graph import Graph
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 #: example -> (trace method, number of blocks, number of groups)
 EXPECTED = {"gpt": ("fx", 4, 1), "llama": ("fx", 4, 1), "resnet": ("fx", 8, 7), "vit": ("fx", 4, 1), "mlp": ("fx", 4, 1),
             "moe": ("fx", 2, 1), "hf_gpt2": ("export", 2, 1), "hf_llama": ("export", 2, 1)}

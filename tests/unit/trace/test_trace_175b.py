@@ -9,7 +9,7 @@ import pytest
 
 from autoplan.trace import trace_model_file
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.mark.slow

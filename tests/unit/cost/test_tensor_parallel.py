@@ -248,7 +248,7 @@ def megatron_graphs():
     from pathlib import Path
 
     from autoplan.trace import trace_model_file
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     graphs = {}
     with pytest.MonkeyPatch.context() as mp:
         for layers in (2, 4):

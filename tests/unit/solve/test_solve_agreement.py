@@ -23,7 +23,7 @@ from autoplan.solve.tp_plan import TPPlanner
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BATCH = 4
 SIZES = {"gpt": ("AUTOPLAN_GPT", dict(N_LAYER=2, N_EMBD=128, N_HEAD=4, BLOCK_SIZE=128, VOCAB_SIZE=512, DROPOUT=0.1)),
          "gpt_megatron": ("AUTOPLAN_GPTM", dict(N_LAYER=2, N_EMBD=128, N_HEAD=4, SEQ_LEN=128, VOCAB_SIZE=512))}

@@ -8,7 +8,7 @@ import pytest
 from autoplan.cli import main
 from autoplan.types.plan import Plan
 
-GPT = str(Path(__file__).resolve().parents[2] / "examples" / "gpt.py")
+GPT = str(Path(__file__).resolve().parents[3] / "examples" / "gpt.py")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from autoplan.trace import trace, trace_model_file
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.fixture(scope="module")

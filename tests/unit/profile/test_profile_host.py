@@ -59,7 +59,7 @@ def test_plan_cli_prints_the_warning_on_stderr(monkeypatch, tmp_path, capsys, cp
     monkeypatch.setattr(host, "cpu_model", lambda: "AMD EPYC 7R13 Processor")
     path = tmp_path / "other.yaml"
     save_profile(cpu_profile, path)
-    code = main(["plan", str(Path(__file__).resolve().parents[2] / "examples/mlp.py"), "--devices", "2", "--profile", str(path), "--batch", "8", "--fix", "dp=2",
+    code = main(["plan", str(Path(__file__).resolve().parents[3] / "examples/mlp.py"), "--devices", "2", "--profile", str(path), "--batch", "8", "--fix", "dp=2",
                  "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 0
     assert "autoplan: warning: profile 'cpu-gloo' was measured on Intel(R) Xeon(R) Platinum 8375C CPU" in capsys.readouterr().err
