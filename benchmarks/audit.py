@@ -65,7 +65,7 @@ def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
     out = folder / name
     try:
         code = launch(args=["--model", str(ROOT / "examples" / f"{model}.py"), "--plan", str(plan_path), "--out", str(out),
-                            "--steps", "2", "--audit", "--timeout-s", "120"], nprocs=plan.devices, module="autoplan.execute.runner")
+                            "--steps", "2", "--audit", "--timeout-s", "120"], nprocs=plan.devices, module="autoplan.execute.job.runner")
     except RunError as exc:   # a rank died: say so in the table and go on with the other families
         return {"family": name, "plan": plan.describe(), "exit": "failed", "error": str(exc)}
     audit = pd.read_csv(out / "audit.csv")

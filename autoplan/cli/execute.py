@@ -38,7 +38,7 @@ def _runner_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autoplan.execute import runner
+    from autoplan.execute.job import runner
     from autoplan.execute.tp_overlap import check_runs_here
     from autoplan.modelfile import load_model_file
     from autoplan.types.plan import Plan
@@ -53,7 +53,7 @@ def run_command(args: argparse.Namespace) -> int:
         _check_devices(plan.devices)
         _warn_other_device(plan)
         from autoplan.jobs.launcher import launch
-        code = launch(args=_runner_args(args), nprocs=plan.devices, module="autoplan.execute.runner",
+        code = launch(args=_runner_args(args), nprocs=plan.devices, module="autoplan.execute.job.runner",
                       agreed_codes=(runner.EXIT_VERIFY_FAILED,))
     if code == runner.EXIT_VERIFY_FAILED:
         print("autoplan: --verify found differences beyond tolerance (see the table above).", file=sys.stderr)

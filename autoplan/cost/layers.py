@@ -18,7 +18,7 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   the start of the last micro-batch's backward: the gradient of the loss's floating inputs
   (the logits) and one gradient per tensor the loss saved (cross-entropy's log-softmax
   output), ``(|inputs| + saved(loss)) * f``; measured by the execution audit as the peak
-  (autoplan/execute/audit.py, at ``_log_softmax_backward_data``).
+  (autoplan/execute/job/audit.py, at ``_log_softmax_backward_data``).
 - selective recomputation, defined once for the cost model and the executor
   (autoplan/execute/recompute.py): op-level selective activation checkpointing as torchtitan
   runs it (``torch.utils.checkpoint`` with a policy). Inside each block the outputs of

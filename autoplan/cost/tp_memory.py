@@ -4,7 +4,7 @@ The tracer charges each saved tensor to the node that produced it (autoplan/trac
 and autoplan/cost/tensor_parallel.py divides that charge by the node's activation shard. The
 executor (autoplan/execute/tensor_parallel.py) reshards with DTensor, and three of its copies
 are kept for the backward beside what the trace saw, measured by the execution audit
-(autoplan/execute/audit.py, ``benchmarks/audit.py``):
+(autoplan/execute/job/audit.py, ``benchmarks/audit.py``):
 
 - *gathered colwise* linear ``u`` (a fused qkv split before its view into heads): the model's
   ``split`` all-gathers the output and its consumers save views of the gathered copy (charged at

@@ -100,7 +100,7 @@ def steps_table(runs: list[RunFolder]) -> pd.DataFrame:
 
 
 def audit_table(runs: list[RunFolder]) -> pd.DataFrame | None:
-    """Every audited run's rows (autoplan/execute/audit.py), with the run's folder name; None
+    """Every audited run's rows (autoplan/execute/job/audit.py), with the run's folder name; None
     when no run was audited."""
     frames = [run.audit.assign(run=run.path.name) for run in runs if run.audit is not None]
     return pd.concat(frames, ignore_index=True) if frames else None

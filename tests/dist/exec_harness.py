@@ -2,7 +2,7 @@
 
 ``run_cases(world_size, cases)`` spawns ``world_size`` processes once; each case is
 (name, model name, plan kwargs) and yields, per case, the largest relative differences of the
-loss and of every gradient against a single-process reference (autoplan.execute.verify), or
+loss and of every gradient against a single-process reference (autoplan.execute.job.verify), or
 the error text when the case raised.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autoplan.jobs.launcher import free_port
-from autoplan.execute.verify import compare, initial_weights, reference_step, updated_reference
+from autoplan.execute.job.verify import compare, initial_weights, reference_step, updated_reference
 from autoplan.types.plan import Plan
 
 MODELS = {"gpt": "TinyGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama"}
@@ -110,7 +110,7 @@ def audit_case(model_name: str, plan: Plan) -> dict:
     """Two warm-up steps (DDP rebuilds its buckets, optimizers create their states), then one
     audited step; every rank's audit, gathered on rank 0, with its pipeline stage."""
     from autoplan.execute import parallelize
-    from autoplan.execute.audit import audit_ranks
+    from autoplan.execute.job.audit import audit_ranks
     import exec_models as m
     torch.manual_seed(0)
     model = getattr(m, MODELS[model_name])()

@@ -10,11 +10,11 @@ import pytest
 import exec_models as m
 from exec_harness import run_cases
 
-from autoplan.execute.verify import TOLERANCE, UPDATE_TOLERANCE, UPDATED
+from autoplan.execute.job.verify import TOLERANCE, UPDATE_TOLERANCE, UPDATED
 
 pytestmark = pytest.mark.slow
 
-TOL = 1e-5  # fp32: ||g - g_ref|| / ||g_ref|| per tensor (autoplan/execute/verify.py)
+TOL = 1e-5  # fp32: ||g - g_ref|| / ||g_ref|| per tensor (autoplan/execute/job/verify.py)
 
 TWO = [
     ("dp2", "gpt", dict(dp=2)),

@@ -62,6 +62,13 @@ def test_unit_test_folders_mirror_the_package():
     assert folders and folders <= {path.name for path in PACKAGE.iterdir() if path.is_dir() and not path.name.startswith("_")}
 
 
+def test_the_appliers_never_import_the_job_that_runs_them():
+    appliers = [path for path in (PACKAGE / "execute").glob("*.py")]
+    found = [f"{path.name} imports {name}" for path in appliers for name in _imported(ast.parse(path.read_text()))
+             if name.startswith("autoplan.execute.job")]
+    assert appliers and not found, found
+
+
 def test_one_port_picker():
     defined = [str(path.relative_to(PACKAGE)) for _, path, tree in _modules() for node in ast.walk(tree)
                if isinstance(node, ast.FunctionDef) and "port" in node.name and "free" in node.name]

@@ -8,11 +8,11 @@ import torch.nn as nn
 
 from autoplan.errors import PlanError
 from autoplan.execute.batch import shard_batch
+from autoplan.execute.job.runner import summarize, threads_per_process, warmup_steps
+from autoplan.execute.job.verify import Difference, verdict
 from autoplan.execute.pipeline import check_stages, stage_indices
-from autoplan.execute.runner import summarize, threads_per_process, warmup_steps
 from autoplan.execute.tensor_parallel import validate_tp_plan
 from autoplan.execute.tied import tied_names
-from autoplan.execute.verify import Difference, verdict
 from autoplan.execute.zero import padded_numel
 from autoplan.trace.layers import find_blocks
 from autoplan.types.plan import Plan

@@ -1,10 +1,10 @@
 """One rank of ``autoplan run``: build, parallelize, train S steps, measure, write the run folder.
 
-Run by the launcher (``python -m autoplan.execute.runner ...`` per local process) or directly
+Run by the launcher (``python -m autoplan.execute.job.runner ...`` per local process) or directly
 by ``autoplan run`` under an external torchrun (RANK/WORLD_SIZE set). Rank 0 writes
 ``measured.csv`` (step, step_time_s, loss, peak_memory_bytes) and ``summary.json`` atomically,
 and with ``--audit`` ``audit.csv``: one more, untimed step under the execution audit, predicted
-beside measured per rank (autoplan/execute/audit.py).
+beside measured per rank (autoplan/execute/job/audit.py).
 A step's time is the slowest rank's (all-reduce MAX), measured around ``train_step`` only,
 after a device synchronise. Peak memory: CUDA max allocated, or on CPU the process's peak
 RSS (``ru_maxrss``), the largest over ranks.
@@ -115,9 +115,9 @@ def run_rank(opts: RunOptions) -> int:
 
 def _train(*, opts: RunOptions, plan, model_file) -> int:
     from autoplan.execute.api import parallelize
+    from autoplan.execute.job.verify import disable_dropout
     from autoplan.execute.materialize import materialize
     from autoplan.execute.mesh import local_device
-    from autoplan.execute.verify import disable_dropout
     torch.manual_seed(opts.seed)
     model = model_file.build()
     torch.manual_seed(opts.seed)  # a meta-built model is initialised here, the same on every rank
@@ -161,10 +161,10 @@ def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, 
 
 
 def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
-    """One more step, untimed, under the execution audit's recorders (autoplan/execute/audit.py),
+    """One more step, untimed, under the execution audit's recorders (autoplan/execute/job/audit.py),
     after at least three steps in all (DDP rebuilds its buckets, with a broadcast, in one of the
     first); every rank's record, on rank 0."""
-    from autoplan.execute.audit import audit_ranks
+    from autoplan.execute.job.audit import audit_ranks
     torch.manual_seed(opts.seed + 1 + opts.steps)
     x, y = trainer.local_batch(model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size))
     for _ in range(max(0, 3 - opts.steps)):
@@ -178,7 +178,7 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
 
     from autoplan.cost.model import CostModel
     from autoplan.cost.volumes import predict
-    from autoplan.execute.audit import AUDIT_COLUMNS, audit_rows
+    from autoplan.execute.job.audit import AUDIT_COLUMNS, audit_rows
     from autoplan.profile import load_profile
     from autoplan.trace import trace_model_file
     graph = trace_model_file(opts.model, plan.micro_batch_size)
@@ -195,7 +195,7 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
 
 
 def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float, step: int) -> dict[str, Any]:
-    from autoplan.execute.verify import (
+    from autoplan.execute.job.verify import (
         compare,
         initial_weights,
         reference_step,
@@ -212,7 +212,7 @@ def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float
     passed, table = verdict(diffs=diffs, precision_name=plan.precision)
     if dist.get_rank() == 0:
         print(table, flush=True)
-    from autoplan.execute.verify import UPDATED
+    from autoplan.execute.job.verify import UPDATED
     worst = next((d for d in diffs if not d.name.endswith(UPDATED)), None)
     update = next((d for d in diffs if d.name.endswith(UPDATED)), None)
     return {"passed": passed, "step": step, "tensors": len(diffs), "worst": worst.name if worst else None,
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of one launched process; records a failure for the launcher to name."""
     from autoplan.jobs.lifeline import die_with_launcher
     die_with_launcher()
-    parser = argparse.ArgumentParser(prog="autoplan.execute.runner")
+    parser = argparse.ArgumentParser(prog="autoplan.execute.job.runner")
     for name in ("model", "plan", "out"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--steps", type=int, required=True)
