@@ -15,8 +15,6 @@ Every process and the group have timeouts, so a stuck rank ends the run with an 
 """
 from __future__ import annotations
 
-import queue as queue_mod
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,10 +23,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from autoplan.errors import RunError
-from autoplan.jobs.launcher import free_port
+from autoplan.jobs.spawn import spawn_ranks
 from autoplan.profile.measure.collectives import (
     CommSweep,
     choose_backend,
@@ -116,49 +113,11 @@ def _worker(rank: int, world: int, port: int, backend: str, threads: int, job: C
 
 def run_ranks(*, processes: int, threads: int, job: ComputeJob, sweep: CommSweep, timeout_s: float = 300.0,
               on_tick: Tick | None = None) -> tuple[str, dict[int, RankResult]]:
-    """Spawn ``processes`` ranks, run ``job`` and ``sweep`` in each; (backend, result per rank)."""
+    """Spawn ``processes`` ranks (autoplan/jobs/spawn.py), run ``job`` and ``sweep`` in each;
+    (backend, result per rank)."""
     if processes < 2:
         raise RunError(f"--devices {processes} cannot be measured; expected at least 2 processes.")
     backend = choose_backend(processes=processes)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    args = (processes, free_port(), backend, threads, job, sweep, timeout_s, results)
-    procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(processes)]
-    for proc in procs:
-        proc.start()
-    try:
-        per_rank = _collect(procs, results, timeout_s=timeout_s, on_tick=on_tick)
-    finally:
-        _stop(procs)
+    per_rank = spawn_ranks(_worker, processes=processes, args=(backend, threads, job, sweep, timeout_s), timeout_s=timeout_s,
+                           on_tick=on_tick, what="measuring")
     return backend, per_rank
-
-
-def _collect(procs: list[Any], results: Any, *, timeout_s: float, on_tick: Tick | None) -> dict[int, RankResult]:
-    per_rank: dict[int, RankResult] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(per_rank) < len(procs):
-        if time.monotonic() > deadline:
-            raise RunError(f"measurement did not finish in {timeout_s:.0f} s; rerun with a smaller sweep or a longer --timeout.")
-        try:
-            message = results.get(timeout=1.0)
-        except queue_mod.Empty:
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                raise RunError(f"a measuring process exited with code {dead[0].exitcode} before reporting; rerun with --debug.") from None
-            continue
-        if message[0] == "tick" and on_tick:
-            on_tick(message[1])
-        elif message[0] == "done":
-            per_rank[message[1]] = message[2]
-        elif message[0] == "error":
-            raise RunError(f"rank {message[1]} failed while measuring: {message[2].strip().splitlines()[-1]}")
-    return per_rank
-
-
-def _stop(procs: list[Any]) -> None:
-    for proc in procs:
-        proc.join(timeout=10)
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=5)

@@ -1,0 +1,71 @@
+"""N in-process workers that report back: the job layer's second way to start ranks.
+
+``launcher.launch`` starts whole programs (``python -m MODULE``) and watches their exit codes.
+A measurement needs something else: N ranks that run one Python function and send results
+back. :func:`spawn_ranks` starts ``worker(rank, world, port, *args, messages)`` in N spawned
+processes (torch.multiprocessing, ``spawn``), and :func:`collect` reads their messages:
+``("tick", text)`` for progress, ``("done", rank, value)`` for a result, ``("error", rank,
+traceback)`` for a failure. A deadline, a rank that dies without reporting, or an error
+raises RunError in one sentence; the processes are always joined or terminated
+(:func:`stop`). The rendezvous port comes from :func:`autoplan.jobs.launcher.free_port`.
+"""
+from __future__ import annotations
+
+import queue as queue_mod
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from autoplan.errors import RunError
+from autoplan.jobs.launcher import free_port
+
+
+def spawn_ranks(worker: Callable[..., None], *, processes: int, args: tuple, timeout_s: float,
+                on_tick: Callable[[str], None] | None = None, what: str = "running") -> dict[int, Any]:
+    """Run ``worker(rank, processes, port, *args, messages)`` on ``processes`` ranks; the value
+    each rank reported, by rank."""
+    ctx = mp.get_context("spawn")
+    messages = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(rank, processes, port, *args, messages), daemon=True) for rank in range(processes)]
+    for proc in procs:
+        proc.start()
+    try:
+        return collect(procs, messages, timeout_s=timeout_s, on_tick=on_tick, what=what)
+    finally:
+        stop(procs)
+
+
+def collect(procs: list[Any], messages: Any, *, timeout_s: float, on_tick: Callable[[str], None] | None, what: str) -> dict[int, Any]:
+    """Each rank's reported value (module docstring), or RunError."""
+    per_rank: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(per_rank) < len(procs):
+        if time.monotonic() > deadline:
+            raise RunError(f"{what} did not finish in {timeout_s:.0f} s; rerun with a smaller sweep or a longer --timeout.")
+        try:
+            message = messages.get(timeout=1.0)
+        except queue_mod.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RunError(f"a process exited with code {dead[0].exitcode} before reporting while {what}; rerun with --debug.") from None
+            continue
+        if message[0] == "tick" and on_tick:
+            on_tick(message[1])
+        elif message[0] == "done":
+            per_rank[message[1]] = message[2]
+        elif message[0] == "error":
+            raise RunError(f"rank {message[1]} failed while {what}: {message[2].strip().splitlines()[-1]}")
+    return per_rank
+
+
+def stop(procs: list[Any]) -> None:
+    """Join every process, terminating those still alive after 10 s."""
+    for proc in procs:
+        proc.join(timeout=10)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)

@@ -1,0 +1,48 @@
+"""The job layer's in-process ranks (autoplan/jobs/spawn.py): results by rank, one-sentence failures."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from autoplan.errors import RunError
+from autoplan.jobs.spawn import spawn_ranks
+
+pytestmark = pytest.mark.slow
+
+
+def _report(rank, world, port, scale, messages):
+    messages.put(("tick", f"rank {rank} of {world}"))
+    messages.put(("done", rank, (rank * scale, port)))
+
+
+def _raise(rank, world, port, messages):
+    try:
+        raise ValueError(f"boom on {rank}")
+    except ValueError:
+        import traceback
+        messages.put(("error", rank, traceback.format_exc()))
+
+
+def _die(rank, world, port, messages):
+    os._exit(7)
+
+
+def _hang(rank, world, port, messages):
+    import time
+    time.sleep(60)
+
+
+def test_every_rank_reports_its_value_on_one_port():
+    ticks = []
+    values = spawn_ranks(_report, processes=3, args=(10,), timeout_s=60, on_tick=ticks.append, what="testing")
+    assert sorted(values) == [0, 1, 2] and [values[r][0] for r in range(3)] == [0, 10, 20]
+    assert len({port for _, port in values.values()}) == 1 and len(ticks) == 3
+
+
+@pytest.mark.parametrize("worker, message", [(_raise, "rank 0 failed while testing: ValueError: boom on 0"),
+                                             (_die, "exited with code 7 before reporting while testing"),
+                                             (_hang, "testing did not finish in 3 s")])
+def test_a_failing_rank_is_one_sentence(worker, message):
+    with pytest.raises(RunError, match=message):
+        spawn_ranks(worker, processes=1, args=(), timeout_s=3, what="testing")
