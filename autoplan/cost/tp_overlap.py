@@ -46,8 +46,10 @@ def exposed_tp_s(*, comm_s: float, matmul_s: float, tp: int, efficiency: float) 
 
 def overlapped(block: LayerSummary, *, tp: int, efficiency: float) -> LayerSummary:
     """``block`` as it runs with tp_comm_overlap: collectives partly hidden, matmuls decomposed."""
-    return replace(block,
-                   tp_fwd_s=exposed_tp_s(comm_s=block.tp_fwd_s, matmul_s=block.tp_matmul_fwd_s, tp=tp, efficiency=efficiency),
-                   tp_bwd_s=exposed_tp_s(comm_s=block.tp_bwd_s, matmul_s=block.tp_matmul_bwd_s, tp=tp, efficiency=efficiency),
-                   fwd_s=block.fwd_s + block.tp_overlap_chunking_fwd_s,
-                   bwd_s=block.bwd_s + block.tp_overlap_chunking_bwd_s)
+    return replace(
+        block,
+        tp_fwd_s=exposed_tp_s(comm_s=block.tp_fwd_s, matmul_s=block.tp_matmul_fwd_s, tp=tp, efficiency=efficiency),
+        tp_bwd_s=exposed_tp_s(comm_s=block.tp_bwd_s, matmul_s=block.tp_matmul_bwd_s, tp=tp, efficiency=efficiency),
+        fwd_s=block.fwd_s + block.tp_overlap_chunking_fwd_s,
+        bwd_s=block.bwd_s + block.tp_overlap_chunking_bwd_s,
+    )

@@ -28,12 +28,16 @@ def check_runs_here(plan: Plan) -> None:
     if not plan.tp_comm_overlap:
         return
     if not torch.cuda.is_available():
-        raise PlanError("plan tp_comm_overlap=true runs as torch's async tensor parallelism, which needs CUDA devices with "
-                        "NCCL, and this machine has none; set tp_comm_overlap to false in the plan (or re-plan with "
-                        "--fix tp_overlap=off) to run here.")
+        raise PlanError(
+            "plan tp_comm_overlap=true runs as torch's async tensor parallelism, which needs CUDA devices with "
+            "NCCL, and this machine has none; set tp_comm_overlap to false in the plan (or re-plan with "
+            "--fix tp_overlap=off) to run here."
+        )
     if plan.tp > torch.cuda.device_count():
-        raise PlanError(f"plan tp_comm_overlap=true needs its tp group of {plan.tp} inside one node (async TP copies through "
-                        f"peer memory), but a node here has {torch.cuda.device_count()} GPUs; re-plan with --fix tp_overlap=off.")
+        raise PlanError(
+            f"plan tp_comm_overlap=true needs its tp group of {plan.tp} inside one node (async TP copies through "
+            f"peer memory), but a node here has {torch.cuda.device_count()} GPUs; re-plan with --fix tp_overlap=off."
+        )
 
 
 def apply_async_tp(*, module: nn.Module, blocks: list[str], tp_mesh: DeviceMesh) -> int:

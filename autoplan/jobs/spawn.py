@@ -29,7 +29,10 @@ def spawn_ranks(worker: Callable[..., None], *, processes: int, args: tuple, tim
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(rank, processes, port, *args, messages), daemon=True) for rank in range(processes)]
+    procs = [
+        ctx.Process(target=worker, args=(rank, processes, port, *args, messages), daemon=True)
+        for rank in range(processes)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -38,19 +41,25 @@ def spawn_ranks(worker: Callable[..., None], *, processes: int, args: tuple, tim
         stop(procs)
 
 
-def collect(procs: list[Any], messages: Any, *, timeout_s: float, on_tick: Callable[[str], None] | None, what: str) -> dict[int, Any]:
+def collect(
+    procs: list[Any], messages: Any, *, timeout_s: float, on_tick: Callable[[str], None] | None, what: str
+) -> dict[int, Any]:
     """Each rank's reported value (module docstring), or RunError."""
     per_rank: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     while len(per_rank) < len(procs):
         if time.monotonic() > deadline:
-            raise RunError(f"{what} did not finish in {timeout_s:.0f} s; rerun with a smaller sweep or a longer --timeout.")
+            raise RunError(
+                f"{what} did not finish in {timeout_s:.0f} s; rerun with a smaller sweep or a longer --timeout."
+            )
         try:
             message = messages.get(timeout=1.0)
         except queue_mod.Empty:
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead:
-                raise RunError(f"a process exited with code {dead[0].exitcode} before reporting while {what}; rerun with --debug.") from None
+                raise RunError(
+                    f"a process exited with code {dead[0].exitcode} before reporting while {what}; rerun with --debug."
+                ) from None
             continue
         if message[0] == "tick" and on_tick:
             on_tick(message[1])

@@ -55,10 +55,16 @@ def _signature(block: nn.Module) -> tuple:
     for name, module in block.named_modules():
         if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
             return ("hooked", id(module))
-        params = tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in module._parameters.items() if p is not None)
+        params = tuple(
+            (n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in module._parameters.items() if p is not None
+        )
         buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in module._buffers.items() if b is not None)
-        attrs = tuple(sorted(((k, _value(v)) for k, v in vars(module).items() if not k.startswith("_") and k != "training"),
-                             key=lambda kv: kv[0]))
+        attrs = tuple(
+            sorted(
+                ((k, _value(v)) for k, v in vars(module).items() if not k.startswith("_") and k != "training"),
+                key=lambda kv: kv[0],
+            )
+        )
         parts.append((name, type(module), params, buffers, attrs))
     return tuple(parts)
 
@@ -197,7 +203,10 @@ def _shaper(block: list[torch.fx.Node], previous: list[torch.fx.Node], prefix: s
         return ("outside", node)
 
     def shape(node: torch.fx.Node) -> Any:
-        return torch.fx.node.map_aggregate((node.args, node.kwargs), lambda v: one(v) if isinstance(v, torch.fx.Node) else v)
+        return torch.fx.node.map_aggregate(
+            (node.args, node.kwargs), lambda v: one(v) if isinstance(v, torch.fx.Node) else v
+        )
+
     return shape
 
 
@@ -215,6 +224,8 @@ def _reads_only_previous(gm: torch.fx.GraphModule, runs: list[list[torch.fx.Node
     for node in gm.graph.nodes:
         if node in last:
             past_last = True
-        elif past_last and node not in inside and any(arg in inside and arg not in last for arg in node.all_input_nodes):
+        elif (
+            past_last and node not in inside and any(arg in inside and arg not in last for arg in node.all_input_nodes)
+        ):
             return False
     return True

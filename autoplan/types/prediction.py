@@ -19,7 +19,11 @@ from autoplan.types.cost import Cost
 def _known(cls: type, data: dict[str, Any], what: str) -> None:
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
-    require(not unknown, PlanError, f"plan {what} has unknown field '{unknown[0] if unknown else ''}'; expected only {', '.join(sorted(names))}.")
+    require(
+        not unknown,
+        PlanError,
+        f"plan {what} has unknown field '{unknown[0] if unknown else ''}'; expected only {', '.join(sorted(names))}.",
+    )
 
 
 @dataclass
@@ -39,8 +43,14 @@ class SearchSummary:
     def __post_init__(self) -> None:
         for name in ("candidates_evaluated", "candidates_pruned", "ilp_solves"):
             value = getattr(self, name)
-            require(isinstance(value, int) and value >= 0, PlanError, f"plan predicted.search.{name}={value!r}; expected an integer >= 0.")
-        require(isinstance(self.fixes, dict), PlanError, f"plan predicted.search.fixes={self.fixes!r}; expected a mapping.")
+            require(
+                isinstance(value, int) and value >= 0,
+                PlanError,
+                f"plan predicted.search.{name}={value!r}; expected an integer >= 0.",
+            )
+        require(
+            isinstance(self.fixes, dict), PlanError, f"plan predicted.search.fixes={self.fixes!r}; expected a mapping."
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SearchSummary":
@@ -69,17 +79,26 @@ class Prediction:
                 f"plan predicted.step_time_s={value!r}; expected a number of seconds >= 0.")
         for name, allowed in (("breakdown", Cost.TIME_FIELDS), ("memory", Cost.MEMORY_FIELDS)):
             unknown = sorted(set(getattr(self, name)) - set(allowed))
-            require(not unknown, PlanError, f"plan predicted.{name} has unknown term '{unknown[0] if unknown else ''}'; expected some of {', '.join(allowed)}.")
+            first = unknown[0] if unknown else ""
+            require(not unknown, PlanError,
+                    f"plan predicted.{name} has unknown term '{first}'; expected some of {', '.join(allowed)}.")
         if isinstance(self.search, dict):
             self.search = SearchSummary.from_dict(self.search)
 
     @classmethod
     def from_cost(cls, cost: Cost, search: SearchSummary | None = None) -> "Prediction":
-        return cls(step_time_s=cost.step_time_s, samples_per_s=cost.samples_per_s, tokens_per_s=cost.tokens_per_s,
-                   peak_memory_bytes=cost.peak_memory_bytes, memory_capacity_bytes=cost.memory_capacity_bytes, mfu=cost.mfu,
-                   cost_per_step_usd=cost.cost_per_step_usd,
-                   breakdown={name: getattr(cost, name) for name in Cost.TIME_FIELDS},
-                   memory={name: getattr(cost, name) for name in Cost.MEMORY_FIELDS}, search=search)
+        return cls(
+            step_time_s=cost.step_time_s,
+            samples_per_s=cost.samples_per_s,
+            tokens_per_s=cost.tokens_per_s,
+            peak_memory_bytes=cost.peak_memory_bytes,
+            memory_capacity_bytes=cost.memory_capacity_bytes,
+            mfu=cost.mfu,
+            cost_per_step_usd=cost.cost_per_step_usd,
+            breakdown={name: getattr(cost, name) for name in Cost.TIME_FIELDS},
+            memory={name: getattr(cost, name) for name in Cost.MEMORY_FIELDS},
+            search=search,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -90,5 +109,9 @@ class Prediction:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Prediction":
         _known(cls, data, "predicted")
-        require("step_time_s" in data, PlanError, "plan predicted has no 'step_time_s'; a prediction needs at least the step time (or use predicted: {}).")
+        require(
+            "step_time_s" in data,
+            PlanError,
+            "plan predicted has no 'step_time_s'; a prediction needs at least the step time (or use predicted: {}).",
+        )
         return cls(**data)

@@ -86,8 +86,17 @@ def test_a_rank_deep_in_the_mesh_has_its_coordinates_and_shards(fake_rank, world
 def test_fsdp_shards_each_tp_shard_over_the_dp_ranks(fake_rank):
     world, dp, tp = 128, 16, 8
     fake_rank(77, world)
-    plan = Plan(devices=world, dp=dp, tp=tp, pp=1, micro_batch_size=1, num_microbatches=1, sequence_parallel=True, zero_stage=3,
-                precision="bf16")
+    plan = Plan(
+        devices=world,
+        dp=dp,
+        tp=tp,
+        pp=1,
+        micro_batch_size=1,
+        num_microbatches=1,
+        sequence_parallel=True,
+        zero_stage=3,
+        precision="bf16",
+    )
     trainer, plan = _parallelized(plan)
     model = trainer.stage_modules[0]
     global_shapes = {n: tuple(p.shape) for n, p in GPT.build().named_parameters(remove_duplicate=False)}
@@ -103,8 +112,16 @@ def test_a_pipeline_rank_holds_only_its_stage(fake_rank):
     rank = 3 * dp * tp + 5                # pipeline stage 3 (the last), dp 1, tp 1
     fake_rank(rank, world)
     blocks = [f"transformer.h.{i}" for i in range(4)]
-    plan = Plan(devices=world, dp=dp, tp=tp, pp=pp, micro_batch_size=1, num_microbatches=4, stages=[[b] for b in blocks],
-                sequence_parallel=True)
+    plan = Plan(
+        devices=world,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        micro_batch_size=1,
+        num_microbatches=4,
+        stages=[[b] for b in blocks],
+        sequence_parallel=True,
+    )
     trainer, plan = _parallelized(plan)
     assert coordinates(trainer.mesh) == {"pp": 3, "dp": 1, "tp": 1}
     assert list(trainer.stage_modules) == [3]

@@ -36,7 +36,9 @@ def test_a_collective_longer_than_its_matmul_shows_its_excess_per_slice():
 @pytest.mark.parametrize("eta", [0.0, 0.3, 1.0])
 def test_partial_overlap_keeps_eta_of_what_hides(eta):
     perfect = exposed_tp_s(comm_s=4.0, matmul_s=8.0, tp=4, efficiency=1.0)
-    assert exposed_tp_s(comm_s=4.0, matmul_s=8.0, tp=4, efficiency=eta) == pytest.approx(perfect + (1 - eta) * (4.0 - perfect))
+    assert exposed_tp_s(comm_s=4.0, matmul_s=8.0, tp=4, efficiency=eta) == pytest.approx(
+        perfect + (1 - eta) * (4.0 - perfect)
+    )
 
 
 def test_never_more_than_the_collective_and_nothing_to_hide_without_tp():
@@ -45,7 +47,9 @@ def test_never_more_than_the_collective_and_nothing_to_hide_without_tp():
 
 
 def _plan(**changes) -> Plan:
-    base = dict(devices=8, dp=1, tp=8, pp=1, micro_batch_size=2, num_microbatches=4, sequence_parallel=True, precision="bf16")
+    base = dict(
+        devices=8, dp=1, tp=8, pp=1, micro_batch_size=2, num_microbatches=4, sequence_parallel=True, precision="bf16"
+    )
     return Plan(**{**base, **changes})
 
 
@@ -63,7 +67,10 @@ def test_overlap_hides_tp_time_and_charges_the_sliced_matmuls():
 def test_on_small_matmuls_slicing_can_cost_more_than_it_hides():
     graph, profile = synthetic_gpt(layers=2, hidden=256, heads=4, seq=64, batch=8), synthetic_profile()
     model = CostModel(graph, profile)
-    plain, hidden = model.estimate(_plan(micro_batch_size=1, num_microbatches=8)), model.estimate(_plan(micro_batch_size=1, num_microbatches=8, tp_comm_overlap=True))
+    plain, hidden = (
+        model.estimate(_plan(micro_batch_size=1, num_microbatches=8)),
+        model.estimate(_plan(micro_batch_size=1, num_microbatches=8, tp_comm_overlap=True)),
+    )
     assert hidden.compute_s - plain.compute_s > 0
     stages, _, _ = model.priced_stages(_plan(micro_batch_size=1, num_microbatches=8, tp_comm_overlap=True))
     assert any(b.tp_overlap_chunking_fwd_s > 0 for b in stages[0].blocks)
@@ -80,8 +87,18 @@ def test_overlap_needs_sequence_parallelism():
 def test_the_partition_balances_what_the_cost_model_charges():
     graph, profile = synthetic_gpt(layers=8, hidden=2048, heads=16, seq=1024, batch=16), synthetic_profile()
     search = Search(graph, profile, SearchOptions(devices=16, batch_size=16))
-    plan = Plan(devices=16, dp=1, tp=8, pp=2, micro_batch_size=2, num_microbatches=8, sequence_parallel=True, precision="bf16",
-                tp_comm_overlap=True, tp_plan=default_tp_plan(graph, 8, sequence_parallel=True))
+    plan = Plan(
+        devices=16,
+        dp=1,
+        tp=8,
+        pp=2,
+        micro_batch_size=2,
+        num_microbatches=8,
+        sequence_parallel=True,
+        precision="bf16",
+        tp_comm_overlap=True,
+        tp_plan=default_tp_plan(graph, 8, sequence_parallel=True),
+    )
     stages = search._stages(plan)
     times, _ = search.stage_costs.stage_totals(plan, stages)
     priced, _, _ = search.cost_model.priced_stages(replace(plan, stages=stages))
@@ -100,12 +117,38 @@ def test_the_search_offers_overlap_on_gpus_and_never_on_gloo():
 
 
 def test_a_cpu_refuses_the_plan_in_one_sentence(tmp_path):
-    plan = Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=2, num_microbatches=1, sequence_parallel=True, tp_comm_overlap=True)
+    plan = Plan(
+        devices=2,
+        dp=1,
+        tp=2,
+        pp=1,
+        micro_batch_size=2,
+        num_microbatches=1,
+        sequence_parallel=True,
+        tp_comm_overlap=True,
+    )
     with pytest.raises(PlanError, match="needs CUDA devices with NCCL"):
         check_runs_here(plan)
     path = plan.save(tmp_path / "plan.json")
-    proc = subprocess.run([sys.executable, "-m", "autoplan.cli", "run", str(ROOT / "examples/gpt.py"), "--plan", str(path), "--steps", "1",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autoplan.cli",
+            "run",
+            str(ROOT / "examples/gpt.py"),
+            "--plan",
+            str(path),
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "tp_comm_overlap=true" in proc.stderr and "--fix tp_overlap=off" in proc.stderr
     assert not (tmp_path / "run" / "measured.csv").exists()

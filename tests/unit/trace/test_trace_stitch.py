@@ -75,7 +75,9 @@ def test_stitched_export_is_the_full_export_node_for_node(monkeypatch):
     assert used == [True]
     assert stitched == full
     assert len(model.blocks) == BLOCKS and stitched["trace_method"] == "export"
-    assert [n["module"] for n in stitched["nodes"] if n["module"].endswith(".down")] == [f"blocks.{i}.down" for i in range(BLOCKS)]
+    assert [n["module"] for n in stitched["nodes"] if n["module"].endswith(".down")] == [
+        f"blocks.{i}.down" for i in range(BLOCKS)
+    ]
 
 
 def test_a_model_that_reads_every_block_is_exported_whole(monkeypatch):
