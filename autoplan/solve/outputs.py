@@ -6,7 +6,7 @@ to the consuming op, an any-of term to the first consumer that triggers it, the 
 of a stream input to its first consumer. Times are per
 micro-batch on one device (forward + backward); bytes are per device. Compute and saved bytes
 come from cost/op_costs.py, which prices each op as autoplan/cost/layers.py does, so a
-block's rows sum to what CostModel charges it (tests/unit/test_solve_agreement.py).
+block's rows sum to what CostModel charges it (tests/unit/solve/test_solve_agreement.py).
 """
 from __future__ import annotations
 
