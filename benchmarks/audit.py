@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 from _results import write_results
 
-from autoplan.cost.tensor_parallel import default_tp_plan
+from autoplan.cost.tp_default import default_tp_plan
 from autoplan.errors import RunError
 from autoplan.jobs.launcher import launch
 from autoplan.trace import trace_model_file

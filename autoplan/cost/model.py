@@ -11,7 +11,7 @@ The step time of one global batch (docs/cost-model.md states every term with its
 - T_comp: forward + backward (+ recomputed forward) from the roofline (compute.py);
 - T_tp: TP collectives of the blocks (tensor_parallel.tp_layer_cost), repeated in the
   recomputed forward under full recomputation; under sequence parallelism also, once a step,
-  the all-reduce of each parameter whose gradient is a partial sum (tensor_parallel.sp_partial_params);
+  the all-reduce of each parameter whose gradient is a partial sum (sp_sync.sp_partial_params);
 - pp_comm = (v m + p - 1) (t_p2p(activations) + t_p2p(gradients)): one activation send and one
   gradient send per chunk slot on the critical path, of the whole boundary tensors on every tp
   rank (the executor gathers a stage's DTensor output; under sequence parallelism t_p2p includes
@@ -60,7 +60,8 @@ from autoplan.cost.schedule import (
 )
 from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.stages import StageTotals, add_block
-from autoplan.cost.tensor_parallel import TPContext, default_tp_plan
+from autoplan.cost.tensor_parallel import TPContext
+from autoplan.cost.tp_default import default_tp_plan
 from autoplan.cost.tp_overlap import overlapped
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost

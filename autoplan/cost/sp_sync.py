@@ -2,16 +2,36 @@
 
 Under sequence parallelism a parameter used on sequence shards (a norm's weight, a rowwise
 linear's bias) gets a partial gradient on every tp rank, all-reduced in fp32 once a step on the
-stage that holds the most of them (tensor_parallel.sp_partial_params; Korthikanti et al. 2022
+stage that holds the most of them (sp_partial_params; Korthikanti et al. 2022
 section 4.2.2). :class:`SequenceParallelSync` holds that term for
 :class:`autoplan.cost.model.CostModel`, memoised on what it reads.
 """
 from __future__ import annotations
 
 from autoplan.cost.mesh import AxisGroup
-from autoplan.cost.tensor_parallel import sp_partial_params
-from autoplan.cost.tp_block import analyse_block
+from autoplan.cost.tp_block import STREAM_KINDS, analyse_block
+from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
+
+
+def sp_partial_params(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp: int, sequence_parallel: bool) -> list[str]:
+    """Parameters whose gradient comes out as a partial sum over the tp group under sequence
+    parallelism, and is all-reduced once a step (autoplan/execute/tensor_parallel.py
+    ``finalize_tp_grads``; Megatron-LM all-reduces the same sequence-parallel parameters'
+    gradients): the weights of norms, which each rank applies to its sequence shard whether or
+    not the plan names them, and of replicated nodes whose output joins the sequence-sharded
+    stream."""
+    if tp <= 1 or not sequence_parallel:
+        return []
+    block = analyse_block(graph, layer)
+    found = []
+    for node in block.nodes:
+        split = tp_plan.get(node.module, "replicate") if node.module else "replicate"
+        on_stream = node.name in block.sinks and node.name not in block.output_sinks
+        runs_on_shard = split == "sequence_parallel" or node.op in STREAM_KINDS   # norms run on the sequence shard under SP
+        if runs_on_shard or (node.name in block.params and split == "replicate" and on_stream):
+            found += [name for name in node.param_names if name not in found]
+    return found
 
 
 class SequenceParallelSync:
@@ -19,13 +39,13 @@ class SequenceParallelSync:
 
     def sp_partial_elements(self, plan: Plan, tp_plan: dict[str, str], layers: list[str | None]) -> list[float]:
         """Elements of each parameter of ``layers`` (None: the outside nodes) whose gradient is
-        all-reduced once a step under sequence parallelism (tensor_parallel.sp_partial_params)."""
+        all-reduced once a step under sequence parallelism (sp_partial_params)."""
         params = self.graph.parameters
         names = {n for layer in layers for n in self._sp_partial_names(layer, tp_plan, plan)}
         return [float(params[n].numel) for n in sorted(names) if n in params]
 
     def _sp_partial_names(self, layer: str | None, tp_plan: dict[str, str], plan: Plan) -> tuple[str, ...]:
-        """tensor_parallel.sp_partial_params, memoised on what it reads: the layer, tp, SP and the
+        """sp_partial_params, memoised on what it reads: the layer, tp, SP and the
         splits of the layer's own modules (so two tp_plans that agree on the layer share it)."""
         if plan.tp <= 1 or not plan.sequence_parallel:
             return ()
@@ -43,7 +63,7 @@ class SequenceParallelSync:
 
     def _sp_grad_sync_s(self, plan: Plan, tp_group: AxisGroup) -> float:
         """Once a step, the all-reduce of each sequence-parallel parameter's fp32 gradient, on the
-        stage that holds the most of them (tensor_parallel.sp_partial_params)."""
+        stage that holds the most of them (sp_partial_params)."""
         if plan.tp == 1 or not plan.sequence_parallel:
             return 0.0
         tp_plan = self._tp_plan(plan)

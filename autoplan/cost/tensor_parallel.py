@@ -251,7 +251,7 @@ def _unary(block: BlockAnalysis, u: str, split: str, coll: _Collectives, ctx: TP
         if reduce_scattered(block, u, sequence_parallel=sp):
             return coll("reduce_scatter", out), coll("all_gather", out)
         return coll("all_reduce", out), 0.0
-    if not sink or split != "colwise":   # a replicated origin's output on the SP stream: see sp_partial_params
+    if not sink or split != "colwise":   # a replicated origin's output on the SP stream: see sp_sync.sp_partial_params
         return 0.0, 0.0
     to_stream = sp and u not in block.output_sinks    # the model output is gathered whole: its gradient is a local slice
     return coll("all_gather", sink), coll("all_gather", sink) if to_stream else 0.0
@@ -281,26 +281,6 @@ def _source_any_of(terms: TPTerms, b: float, consumers: list[str], legal: dict, 
         terms.any_of.append(((0.0, coll("reduce_scatter" if q else "all_reduce", b)), col))
     if row:
         terms.any_of.append(((0.0, coll("all_to_all" if q else "all_gather", b)), row))
-
-
-def sp_partial_params(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp: int, sequence_parallel: bool) -> list[str]:
-    """Parameters whose gradient comes out as a partial sum over the tp group under sequence
-    parallelism, and is all-reduced once a step (autoplan/execute/tensor_parallel.py
-    ``finalize_tp_grads``; Megatron-LM all-reduces the same sequence-parallel parameters'
-    gradients): the weights of norms, which each rank applies to its sequence shard whether or
-    not the plan names them, and of replicated nodes whose output joins the sequence-sharded
-    stream."""
-    if tp <= 1 or not sequence_parallel:
-        return []
-    block = analyse_block(graph, layer)
-    found = []
-    for node in block.nodes:
-        split = tp_plan.get(node.module, "replicate") if node.module else "replicate"
-        on_stream = node.name in block.sinks and node.name not in block.output_sinks
-        runs_on_shard = split == "sequence_parallel" or node.op in STREAM_KINDS   # norms run on the sequence shard under SP
-        if runs_on_shard or (node.name in block.params and split == "replicate" and on_stream):
-            found += [name for name in node.param_names if name not in found]
-    return found
 
 
 # ---- evaluating a plan -------------------------------------------------------------------
@@ -408,33 +388,3 @@ def tp_layer_cost(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, c
     whole_bias = frozenset(v for v, split in splits.items() if split == "rowwise" and graph.node(v).op == "linear")
     return TPLayerCost(comm_fwd_s=fwd, comm_bwd_s=bwd, compute_shard=compute, param_shard=param, activation_shard=act,
                        whole_bias=whole_bias)
-
-
-# ---- the Megatron default ----------------------------------------------------------------
-def default_tp_plan(graph: Graph, tp: int, *, sequence_parallel: bool = False) -> dict[str, str]:
-    """Megatron's plan where legal: vocab-parallel embeddings, colwise on linears fed by the
-    stream, rowwise on linears fed by colwise ones, sequence-parallel norms under SP."""
-    plan: dict[str, str] = {}
-    if tp <= 1:
-        return plan
-    for layer in [None] + list(graph.layers):
-        block = analyse_block(graph, layer)
-        chosen: dict[str, str] = {}
-        for v in block.params:
-            chosen[v] = _megatron_split(graph, block, v, chosen, tp)
-            plan.setdefault(graph.node(v).module, chosen[v])
-        if sequence_parallel:
-            for node in block.nodes:
-                if "sequence_parallel" in legal_splits(node, tp) and node.module:
-                    plan.setdefault(node.module, "sequence_parallel")
-    return {module: split for module, split in plan.items() if split != "replicate"}
-
-
-def _megatron_split(graph: Graph, block: BlockAnalysis, v: str, chosen: dict[str, str], tp: int) -> str:
-    legal = legal_splits(graph.node(v), tp)
-    if graph.node(v).op == "embedding":
-        return "rowwise" if "rowwise" in legal else "replicate"
-    fed = {u for (u, w) in block.edges if w == v}
-    if fed and all(chosen.get(u) == "colwise" for u in fed):
-        return "rowwise" if "rowwise" in legal else "replicate"
-    return "colwise" if "colwise" in legal else "replicate"

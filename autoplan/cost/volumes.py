@@ -22,7 +22,7 @@ rank (the executor gathers DTensor outputs at a stage's exit); one message per t
 gradients only of those that need one (rotary tables and masks travel forward only). Tensor parallelism: each
 block's messages per micro-batch from the same terms the cost model prices
 (``tensor_parallel.block_messages``), and under sequence parallelism one all-reduce a step
-per parameter whose gradient is a partial sum (``tensor_parallel.sp_partial_params``); the
+per parameter whose gradient is a partial sum (``sp_sync.sp_partial_params``); the
 nodes outside every block on the stage that runs them (before the first block: stage 0; the
 rest: the last stage). The step time charges them all to the last stage (model.py): the same
 messages, attributed to one stage. Tied weights across stages:

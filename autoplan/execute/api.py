@@ -118,7 +118,7 @@ def _data_parallel(*, module: nn.Module, blocks: list[str], plan: Plan, mesh: An
 
 def with_default_tp_plan(*, model: nn.Module, plan: Plan, microbatch_inputs: tuple | None) -> Plan:
     """``plan`` itself, or, at tp > 1 with an empty ``tp_plan``, the plan with the Megatron
-    default the cost model prices for it (``cost.tensor_parallel.default_tp_plan`` on a trace of
+    default the cost model prices for it (``cost.tp_default.default_tp_plan`` on a trace of
     ``model``), so that what runs is what was priced."""
     if plan.tp == 1 or plan.tp_plan:
         return plan
@@ -127,7 +127,7 @@ def with_default_tp_plan(*, model: nn.Module, plan: Plan, microbatch_inputs: tup
                         "and apply the default split the cost model priced, or give the plan a tp_plan.")
     import dataclasses
 
-    from autoplan.cost.tensor_parallel import default_tp_plan
+    from autoplan.cost.tp_default import default_tp_plan
     from autoplan.trace import trace
     graph = trace(model, tuple(microbatch_inputs))
     return dataclasses.replace(plan, tp_plan=default_tp_plan(graph, plan.tp, sequence_parallel=plan.sequence_parallel))

@@ -18,10 +18,10 @@ from autoplan.cost.comm import collective_time_s
 from autoplan.cost.layers import block_structure, loss_grad_bytes
 from autoplan.cost.memory import model_states
 from autoplan.cost.op_costs import node_saved_bytes, node_time_s
+from autoplan.cost.sp_sync import sp_partial_params
 from autoplan.cost.tensor_parallel import (
     block_terms,
     node_splits,
-    sp_partial_params,
     tp_layer_cost,
 )
 from autoplan.cost.tp_block import analyse_block

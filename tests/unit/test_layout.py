@@ -97,6 +97,12 @@ def test_the_appliers_never_import_the_job_that_runs_them():
     assert appliers and not found, found
 
 
+def test_no_module_holds_two_ideas_by_length():
+    """STYLE.md: a file over about 400 lines usually holds two ideas."""
+    long = {str(path.relative_to(PACKAGE)): n for path in PACKAGE.rglob("*.py") if (n := len(path.read_text().splitlines())) > 400}
+    assert not long, long
+
+
 def test_one_port_picker():
     defined = [str(path.relative_to(PACKAGE)) for _, path, tree in _modules() for node in ast.walk(tree)
                if isinstance(node, ast.FunctionDef) and "port" in node.name and "free" in node.name]

@@ -6,11 +6,11 @@ from autoplan.cost.comm import collective_time_s
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.tensor_parallel import (
     TPContext,
-    default_tp_plan,
     legal_splits,
     node_splits,
     tp_layer_cost,
 )
+from autoplan.cost.tp_default import default_tp_plan
 from autoplan.errors import PlanError
 from autoplan.types.graph import OpNode
 

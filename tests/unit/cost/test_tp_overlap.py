@@ -12,7 +12,7 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.model import CostModel
-from autoplan.cost.tensor_parallel import default_tp_plan
+from autoplan.cost.tp_default import default_tp_plan
 from autoplan.cost.tp_overlap import exposed_tp_s
 from autoplan.errors import PlanError
 from autoplan.execute.tp_overlap import check_runs_here
