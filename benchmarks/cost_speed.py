@@ -24,9 +24,7 @@ HERE = Path(__file__).parent
 
 
 def gpt3_graph():
-    from published_runs import (
-        trace_gpt,  # the Megatron-shaped GPT of the published-runs benchmark
-    )
+    from published_runs import trace_gpt  # the Megatron-shaped GPT of the published-runs benchmark
     row = pd.Series(dict(run="gpt3-175b", layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200))
     return trace_gpt(row)
 

@@ -13,14 +13,7 @@ illustrative defaults for tests, not a calibrated profile (use profiles/*.yaml f
 from __future__ import annotations
 
 from autoplan.types.graph import Graph, LayerGroup, OpNode, ParamInfo
-from autoplan.types.profile import (
-    COLLECTIVES,
-    CollectiveFit,
-    DeviceSpec,
-    Efficiency,
-    LinkSpec,
-    Profile,
-)
+from autoplan.types.profile import COLLECTIVES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile
 
 _SOURCE = "synthetic test profile (A100-SXM4-80GB datasheet figures; not calibrated)"
 

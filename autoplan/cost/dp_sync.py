@@ -35,11 +35,7 @@ from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import DDP_BUCKET_BYTES, runs_ddp
 from autoplan.cost.mesh import AxisGroup
-from autoplan.cost.schedule import (
-    overlapped_sync_exposed_s,
-    partially_hidden_s,
-    prefetched_exposed_s,
-)
+from autoplan.cost.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan

@@ -39,12 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.compute import (
-    activation_scale,
-    executed_bwd_flops,
-    input_bytes_of,
-    saved_activation_bytes,
-)
+from autoplan.cost.compute import activation_scale, executed_bwd_flops, input_bytes_of, saved_activation_bytes
 from autoplan.cost.op_costs import node_times_s
 from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block

@@ -34,12 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import (
-    PRECISION_BYTES,
-    activation_scale,
-    memory_time_s,
-    peak_dtype,
-)
+from autoplan.cost.compute import PRECISION_BYTES, activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.dp_sync import DataParallelSync
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
 from autoplan.cost.memory import (
@@ -53,11 +48,7 @@ from autoplan.cost.memory import (
     usable_bytes,
 )
 from autoplan.cost.mesh import AxisGroup, mesh_groups
-from autoplan.cost.schedule import (
-    balanced_stages,
-    in_flight_after_first_backward,
-    in_flight_chunks,
-)
+from autoplan.cost.schedule import balanced_stages, in_flight_after_first_backward, in_flight_chunks
 from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tensor_parallel import TPContext

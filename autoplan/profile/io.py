@@ -21,15 +21,7 @@ import yaml
 
 from autoplan.errors import ProfileError
 from autoplan.types._check import write_text_atomic
-from autoplan.types.profile import (
-    CollectiveFit,
-    CommOverlap,
-    DeviceSpec,
-    Efficiency,
-    LinkSpec,
-    OpTiming,
-    Profile,
-)
+from autoplan.types.profile import CollectiveFit, CommOverlap, DeviceSpec, Efficiency, LinkSpec, OpTiming, Profile
 
 SUFFIXES = (".yaml", ".yml", ".json")
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "profiles"

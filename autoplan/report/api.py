@@ -12,14 +12,7 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.report import figures as fig
 from autoplan.report.folder import load_plan_folder, load_run_folder, search_again
 from autoplan.report.markdown import report_markdown
-from autoplan.report.tables import (
-    audit_table,
-    breakdown_table,
-    plans_table,
-    runs_table,
-    stages_table,
-    write_tables,
-)
+from autoplan.report.tables import audit_table, breakdown_table, plans_table, runs_table, stages_table, write_tables
 from autoplan.report.timeline import from_plan_folder
 from autoplan.types._check import write_text_atomic
 from autoplan.types.cost import Cost

@@ -19,11 +19,7 @@ from autoplan.cost.layers import block_structure, loss_grad_bytes
 from autoplan.cost.memory import model_states
 from autoplan.cost.op_costs import node_saved_bytes, node_time_s
 from autoplan.cost.sp_sync import sp_partial_params
-from autoplan.cost.tensor_parallel import (
-    block_terms,
-    node_splits,
-    tp_layer_cost,
-)
+from autoplan.cost.tensor_parallel import block_terms, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.solve.search import SearchResult

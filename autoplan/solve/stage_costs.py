@@ -18,12 +18,7 @@ from __future__ import annotations
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.layers import LayerSummary
-from autoplan.cost.memory import (
-    comm_buffer_bytes,
-    model_states,
-    scatter_buffer_bytes,
-    usable_bytes,
-)
+from autoplan.cost.memory import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import in_flight_chunks

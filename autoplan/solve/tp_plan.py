@@ -18,11 +18,7 @@ from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.tensor_parallel import TPContext, node_splits
 from autoplan.cost.tp_block import analyse_block
 from autoplan.solve.backend import SolveStatus
-from autoplan.solve.intra_op import (
-    budget_infeasibility,
-    build_block_problem,
-    solve_block,
-)
+from autoplan.solve.intra_op import budget_infeasibility, build_block_problem, solve_block
 from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan

@@ -233,10 +233,7 @@ class Propagator:
         return node.target
 
     def _failure(self, node: torch.fx.Node, exc: Exception) -> TraceError:
-        from torch._subclasses.fake_tensor import (
-            DataDependentOutputException,
-            DynamicOutputShapeException,
-        )
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
         where = stack_trace_line(node.meta.get("stack_trace"))
         where = f" at {where}" if where else ""

@@ -1,22 +1,7 @@
 """The data passed between autoplan's stages. Imports no torch.distributed."""
 from autoplan.types.cost import Cost
-from autoplan.types.graph import (
-    OP_KINDS,
-    PARAM_KINDS,
-    Graph,
-    GraphError,
-    LayerGroup,
-    OpNode,
-    ParamInfo,
-)
-from autoplan.types.plan import (
-    PLAN_SCHEMA_VERSION,
-    PRECISIONS,
-    RECOMPUTE,
-    SCHEDULES,
-    SPLITS,
-    Plan,
-)
+from autoplan.types.graph import OP_KINDS, PARAM_KINDS, Graph, GraphError, LayerGroup, OpNode, ParamInfo
+from autoplan.types.plan import PLAN_SCHEMA_VERSION, PRECISIONS, RECOMPUTE, SCHEDULES, SPLITS, Plan
 from autoplan.types.prediction import Prediction, SearchSummary
 from autoplan.types.profile import (
     COLLECTIVES,

@@ -40,11 +40,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import (
-    flop_registry,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-)
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 MESH_DIMS = ("dp", "tp", "pp")
 #: c10d op name -> (collective kind, which argument holds the message, which holds the group)

@@ -195,13 +195,7 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
 
 
 def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float, step: int) -> dict[str, Any]:
-    from autoplan.execute.job.verify import (
-        compare,
-        initial_weights,
-        reference_step,
-        updated_reference,
-        verdict,
-    )
+    from autoplan.execute.job.verify import compare, initial_weights, reference_step, updated_reference, verdict
     reference = reference.to(trainer.device)
     initial = initial_weights(reference)
     ref_loss, ref_grads = reference_step(model=reference, plan=plan, inputs=_to(inputs, trainer.device),

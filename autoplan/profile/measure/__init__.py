@@ -19,13 +19,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoplan.profile.host import cpu_model
 from autoplan.profile.measure.build import device_spec, link_spec, op_overhead
@@ -33,11 +27,7 @@ from autoplan.profile.measure.collectives import CommSweep, merge_collectives
 from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, make_case
 from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
-from autoplan.profile.measure.timing import (
-    default_device,
-    supported_dtypes,
-    threads_per_process,
-)
+from autoplan.profile.measure.timing import default_device, supported_dtypes, threads_per_process
 from autoplan.types.profile import CommOverlap, OpOverhead, OpTiming, Profile
 
 __all__ = ["measure_profile", "measure_comm_overlap", "measure_op_overhead", "ComputeSweep", "CommSweep", "DEFAULT_SWEEP"]

@@ -22,15 +22,7 @@ import torch
 from autoplan.profile.fit import fit_collective, fit_efficiency, saturated_rate
 from autoplan.profile.measure.compute import KERNEL_CALLS
 from autoplan.profile.measure.overhead import describe as describe_overhead
-from autoplan.types.profile import (
-    OP_CLASSES,
-    CollectiveFit,
-    DeviceSpec,
-    Efficiency,
-    LinkSpec,
-    OpOverhead,
-    OpTiming,
-)
+from autoplan.types.profile import OP_CLASSES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, OpOverhead, OpTiming
 from autoplan.version import __version__
 
 

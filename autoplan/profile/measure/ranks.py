@@ -26,17 +26,8 @@ import torch.distributed as dist
 
 from autoplan.errors import RunError
 from autoplan.jobs.spawn import spawn_ranks
-from autoplan.profile.measure.collectives import (
-    CommSweep,
-    choose_backend,
-    time_collectives,
-)
-from autoplan.profile.measure.compute import (
-    CaseSpec,
-    make_case,
-    memory_bandwidth,
-    time_case,
-)
+from autoplan.profile.measure.collectives import CommSweep, choose_backend, time_collectives
+from autoplan.profile.measure.compute import CaseSpec, make_case, memory_bandwidth, time_case
 from autoplan.profile.measure.overhead import time_op_overhead
 from autoplan.profile.measure.overlap import time_overlap
 

@@ -12,13 +12,7 @@ import statistics
 import pytest
 from synthetic import gpt_graph
 
-from autoplan.calibrate import (
-    CalibrationError,
-    FitOptions,
-    Observation,
-    calibrate_observations,
-    fit_profile,
-)
+from autoplan.calibrate import CalibrationError, FitOptions, Observation, calibrate_observations, fit_profile
 from autoplan.calibrate.fit import predict_s
 from autoplan.calibrate.params import apply, candidate_parameters, get_value
 from autoplan.profile import load_profile

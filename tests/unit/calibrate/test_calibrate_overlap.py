@@ -8,13 +8,7 @@ from synthetic import gpt_graph
 
 from autoplan.calibrate import FitOptions, Observation, fit_profile
 from autoplan.calibrate.fit import predict_s
-from autoplan.calibrate.params import (
-    OVERLAP_PATH,
-    apply,
-    candidate_parameters,
-    get_value,
-    owner_of,
-)
+from autoplan.calibrate.params import OVERLAP_PATH, apply, candidate_parameters, get_value, owner_of
 from autoplan.calibrate.record import _set_source
 from autoplan.profile import load_profile
 from autoplan.types.plan import Plan

@@ -4,12 +4,7 @@ from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.mesh import mesh_groups
-from autoplan.cost.tensor_parallel import (
-    TPContext,
-    legal_splits,
-    node_splits,
-    tp_layer_cost,
-)
+from autoplan.cost.tensor_parallel import TPContext, legal_splits, node_splits, tp_layer_cost
 from autoplan.cost.tp_default import default_tp_plan
 from autoplan.errors import PlanError
 from autoplan.types.graph import OpNode

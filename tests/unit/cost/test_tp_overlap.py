@@ -87,18 +87,8 @@ def test_overlap_needs_sequence_parallelism():
 def test_the_partition_balances_what_the_cost_model_charges():
     graph, profile = synthetic_gpt(layers=8, hidden=2048, heads=16, seq=1024, batch=16), synthetic_profile()
     search = Search(graph, profile, SearchOptions(devices=16, batch_size=16))
-    plan = Plan(
-        devices=16,
-        dp=1,
-        tp=8,
-        pp=2,
-        micro_batch_size=2,
-        num_microbatches=8,
-        sequence_parallel=True,
-        precision="bf16",
-        tp_comm_overlap=True,
-        tp_plan=default_tp_plan(graph, 8, sequence_parallel=True),
-    )
+    plan = Plan(devices=16, dp=1, tp=8, pp=2, micro_batch_size=2, num_microbatches=8, sequence_parallel=True,
+                precision="bf16", tp_comm_overlap=True, tp_plan=default_tp_plan(graph, 8, sequence_parallel=True))
     stages = search._stages(plan)
     times, _ = search.stage_costs.stage_totals(plan, stages)
     priced, _, _ = search.cost_model.priced_stages(replace(plan, stages=stages))
@@ -117,16 +107,8 @@ def test_the_search_offers_overlap_on_gpus_and_never_on_gloo():
 
 
 def test_a_cpu_refuses_the_plan_in_one_sentence(tmp_path):
-    plan = Plan(
-        devices=2,
-        dp=1,
-        tp=2,
-        pp=1,
-        micro_batch_size=2,
-        num_microbatches=1,
-        sequence_parallel=True,
-        tp_comm_overlap=True,
-    )
+    plan = Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=2, num_microbatches=1, sequence_parallel=True,
+                tp_comm_overlap=True)
     with pytest.raises(PlanError, match="needs CUDA devices with NCCL"):
         check_runs_here(plan)
     path = plan.save(tmp_path / "plan.json")

@@ -11,12 +11,7 @@ import torch.nn as nn
 
 from autoplan.errors import ModelFileError
 from autoplan.execute.grad_scaler import ShardedGradScaler
-from autoplan.execute.job.verify import (
-    Difference,
-    reference_step,
-    tensor_difference,
-    verdict,
-)
+from autoplan.execute.job.verify import Difference, reference_step, tensor_difference, verdict
 from autoplan.execute.materialize import materialize, uninitialisable
 from autoplan.execute.precision import policy_for
 from autoplan.jobs.launcher import _clean, failure_message

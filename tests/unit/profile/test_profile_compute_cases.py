@@ -8,14 +8,7 @@ import torch.nn.functional as F
 
 from autoplan.profile.fit import fit_efficiency, predict_op_s
 from autoplan.profile.measure import compute_job, merge_compute
-from autoplan.profile.measure.compute import (
-    KERNEL_CALLS,
-    QUICK_SWEEP,
-    attention_case,
-    make_case,
-    matmul_case,
-    spec,
-)
+from autoplan.profile.measure.compute import KERNEL_CALLS, QUICK_SWEEP, attention_case, make_case, matmul_case, spec
 from autoplan.profile.measure.optable import node_spec
 from autoplan.profile.measure.ranks import RankResult
 from autoplan.trace.flops import flop_counter

@@ -9,13 +9,7 @@ import torch
 
 from autoplan.errors import ProfileError
 from autoplan.profile.measure import merge_overhead
-from autoplan.profile.measure.overhead import (
-    KINDS,
-    WIDTH,
-    chain_calls,
-    per_op_slope_s,
-    time_op_overhead,
-)
+from autoplan.profile.measure.overhead import KINDS, WIDTH, chain_calls, per_op_slope_s, time_op_overhead
 from autoplan.profile.measure.ranks import RankResult
 from autoplan.types.profile import OpOverhead
 

@@ -4,13 +4,7 @@ import random
 
 import pytest
 
-from autoplan.solve.pipeline import (
-    PartitionProblem,
-    _partition_dp,
-    partition,
-    partition_brute_force,
-    partition_ilp,
-)
+from autoplan.solve.pipeline import PartitionProblem, _partition_dp, partition, partition_brute_force, partition_ilp
 
 
 def _random_problem(rng):

@@ -5,10 +5,7 @@ import pytest
 
 from autoplan.errors import PlanError, ProfileError
 from autoplan.types import Graph, GraphError, LayerGroup, OpNode, ParamInfo, Plan
-from autoplan.types.profile import (
-    COLLECTIVES,
-    Profile,
-)
+from autoplan.types.profile import COLLECTIVES, Profile
 
 
 def _plan(**overrides):
