@@ -54,6 +54,7 @@ from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tensor_parallel import TPContext
 from autoplan.cost.tp_default import default_tp_plan
 from autoplan.cost.tp_overlap import overlapped
+from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
@@ -78,7 +79,7 @@ class CostModel(DataParallelSync, SequenceParallelSync):
         self._tied = self._tied_places()
         self._cache: dict[tuple, LayerSummary] = {}
         self._bucket_cache: dict[tuple, float] = {}
-        self._by_tp_plan: dict[tuple, tuple] = {}                # see _for_tp_plan
+        self._memo = TpPlanMemo()                                # per-tp_plan values shared by candidate plans
         self._step_flops = graph.step_flops                      # summed once: estimate() stays arithmetic
         self._recompute_per_sample = {mode: self._recompute_flops_per_sample(mode) for mode in ("none", "selective", "full")}
         self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
@@ -145,25 +146,21 @@ class CostModel(DataParallelSync, SequenceParallelSync):
             raise PlanError(f"plan stages leave out block '{missing}'; every block must be on exactly one stage.")
         return plan.stages
 
-    def _for_tp_plan(self, key: tuple, tp_plan: dict[str, str], make):
-        """``make()``, memoised on ``key`` and the tp_plan (thousands of candidate plans share the
-        ILP's one dict): an entry keeps a copy of the dict it was made from and is remade when
-        the dict now differs, so a tp_plan edited in place is never priced from a stale entry."""
-        full = (id(tp_plan), *key)
-        hit = self._by_tp_plan.get(full)
-        if hit is None or hit[1] != tp_plan:
-            hit = self._by_tp_plan[full] = (make(), dict(tp_plan))
-        return hit[0]
+    def block_summaries(self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool) -> dict[str, LayerSummary]:
+        """Every block's summary as the plan runs it, in the graph's order, memoised per tp_plan."""
+        key = ("blocks", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, tp_comm_overlap)
+        return self._memo.get(key, tp_plan, lambda: {layer: self._as_run(self.block_summary(layer, tp_plan, ctx), ctx, tp_comm_overlap)
+                                                     for layer in self.graph.layers})
 
-    def _block_summaries(self, tp_plan: dict[str, str], ctx: TPContext, tp_overlap: bool) -> dict[str, LayerSummary]:
-        key = ("blocks", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, tp_overlap)
-        return self._for_tp_plan(key, tp_plan, lambda: {layer: self._as_run(self.block_summary(layer, tp_plan, ctx), ctx, tp_overlap)
-                                                         for layer in self.graph.layers})
+    def outside_summaries(self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool) -> tuple[LayerSummary, LayerSummary]:
+        """The nodes before the first block and after the last, as the plan runs them."""
+        pre, post = (self._as_run(self.block_summary(None, tp_plan, ctx, part), ctx, tp_comm_overlap) for part in ("pre", "post"))
+        return pre, post
 
-    def _as_run(self, summary: LayerSummary, ctx: TPContext, tp_overlap: bool) -> LayerSummary:
+    def _as_run(self, summary: LayerSummary, ctx: TPContext, tp_comm_overlap: bool) -> LayerSummary:
         """The summary as the plan runs it: with tp_comm_overlap, collectives partly hidden under
         the split matmuls and those matmuls decomposed (autoplan/cost/tp_overlap.py)."""
-        return overlapped(summary, tp=ctx.tp, efficiency=self.profile.comm_overlap.efficiency) if tp_overlap else summary
+        return overlapped(summary, tp=ctx.tp, efficiency=self.profile.comm_overlap.efficiency) if tp_comm_overlap else summary
 
     def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
@@ -171,12 +168,12 @@ class CostModel(DataParallelSync, SequenceParallelSync):
         chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
         key = ("stages", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute, plan.pp, chunks,
                plan.tp_comm_overlap)
-        return self._for_tp_plan(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
+        return self._memo.get(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
 
     def _sum_stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         stages = [StageTotals() for _ in range(plan.pp)]
-        summaries = self._block_summaries(tp_plan, ctx, plan.tp_comm_overlap)
-        pre, post = (self._as_run(self.block_summary(None, tp_plan, ctx, part), ctx, plan.tp_comm_overlap) for part in ("pre", "post"))
+        summaries = self.block_summaries(tp_plan, ctx, plan.tp_comm_overlap)
+        pre, post = self.outside_summaries(tp_plan, ctx, plan.tp_comm_overlap)
         add_block(stages[0], pre, recompute=plan.recompute, is_block=False)
         for index, chunk in enumerate(self._chunks(plan)):
             stage = stages[index % plan.pp]
@@ -199,10 +196,6 @@ class CostModel(DataParallelSync, SequenceParallelSync):
         group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
         return TPContext(profile=self.profile, tp=plan.tp, group=group, sequence_parallel=plan.sequence_parallel,
                          precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
-
-    def as_run(self, summary: LayerSummary, plan: Plan) -> LayerSummary:
-        """``summary`` as ``plan`` runs it (with tp_comm_overlap: autoplan/cost/tp_overlap.py)."""
-        return overlapped(summary, tp=plan.tp, efficiency=self.profile.comm_overlap.efficiency) if plan.tp_comm_overlap else summary
 
     def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
         self._check(plan)

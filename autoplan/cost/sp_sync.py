@@ -68,7 +68,7 @@ class SequenceParallelSync:
             return 0.0
         tp_plan = self._tp_plan(plan)
         chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
-        return self._for_tp_plan(("sp sync", plan.tp, plan.pp, chunks, tp_group), tp_plan,
+        return self._memo.get(("sp sync", plan.tp, plan.pp, chunks, tp_group), tp_plan,
                                  lambda: self._sp_grad_sync_worst_s(plan, tp_plan, tp_group))
 
     def _sp_grad_sync_worst_s(self, plan: Plan, tp_plan: dict[str, str], tp_group: AxisGroup) -> float:

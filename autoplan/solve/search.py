@@ -46,6 +46,7 @@ from typing import Callable
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import balanced_stages
+from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.bounds import Bounds
@@ -132,7 +133,7 @@ class Search:
         self.tp_planner = TPPlanner(graph, profile, solver=options.solver, time_limit_s=options.time_limit_s)
         self.stage_costs = StageCosts(graph, profile, self.cost_model)
         self.bounds = Bounds(graph, profile, self.stage_costs)
-        self._partitions: dict[tuple, tuple] = {}
+        self._partitions = TpPlanMemo()
         self._usable_bytes = usable_bytes(profile.device.memory_bytes)   # what CostModel calls feasible
         self.best: Candidate | None = None
         self._top: list[float] = []          # max-heap (negated) of the best `keep` feasible objectives
@@ -298,12 +299,13 @@ class Search:
         if plan.pp == 1:
             return [list(layers)]
         chunks = plan.pp * plan.virtual_stages
-        key = (id(plan.tp_plan), plan.tp, plan.dp, plan.sequence_parallel, plan.precision, plan.micro_batch_size, plan.recompute,
+        key = (plan.tp, plan.dp, plan.sequence_parallel, plan.precision, plan.micro_batch_size, plan.recompute,
                plan.virtual_stages, plan.tp_comm_overlap)
-        if key not in self._partitions:   # without a memory limit, GPipe and 1F1B share one problem
+
+        def make() -> list[list[str]]:   # without a memory limit, GPipe and 1F1B share one problem
             found = partition(self.stage_costs.problem(plan, memory_limit=False), solver=self.options.solver)
-            self._partitions[key] = (_stages_from(layers, found.bounds) if found else balanced_stages(layers, chunks), plan.tp_plan)
-        return self._partitions[key][0]
+            return _stages_from(layers, found.bounds) if found else balanced_stages(layers, chunks)
+        return self._partitions.get(key, plan.tp_plan, make)
 
     def _plan(self, g: Group, *, recompute: str, schedule: str, v: int, zero: int, tp_plan: dict, stages: list | None = None,
               tp_overlap: bool = False) -> Plan:

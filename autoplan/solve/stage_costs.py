@@ -23,6 +23,7 @@ from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.tensor_parallel import TPContext
+from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -36,7 +37,7 @@ class StageCosts:
     def __init__(self, graph: Graph, profile: Profile, cost_model: CostModel | None = None):
         self.graph, self.profile = graph, profile
         self.cost_model = cost_model or CostModel(graph, profile)
-        self._totals: dict[tuple, tuple] = {}
+        self._memo = TpPlanMemo()
 
     def summary(self, layer: str | None, part: str, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
         return self.cost_model.block_summary(layer, tp_plan, ctx, part)
@@ -48,8 +49,8 @@ class StageCosts:
         """The partition problem of ``plan`` (its stages ignored; ``pp * virtual_stages`` chunks),
         per the module docstring."""
         ctx = self.context(plan)
-        blocks = self._blocks(plan, ctx)
-        pre, post = (self._as_run(self.summary(None, part, plan.tp_plan, ctx), plan) for part in ("pre", "post"))
+        blocks = list(self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values())
+        pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
         per_param = sum(_state_bytes(plan))
         times = [_block_time_s(b, plan.recompute) for b in blocks]
         acts = [_kept_bytes(b, plan.recompute) for b in blocks]
@@ -68,19 +69,6 @@ class StageCosts:
                                 layer_activation_bytes=acts, pp=plan.pp, extra_time_s=extra_time, extra_bytes=extra_bytes,
                                 in_flight=in_flight, p2p_s=p2p_s, capacity_bytes=capacity, virtual_stages=plan.virtual_stages)
 
-    def _blocks(self, plan: Plan, ctx: TPContext) -> list[LayerSummary]:
-        """Every block's summary in order, memoised on the tp_plan (kept as a copy and compared, so
-        a dict edited in place is never read stale) and the TP context."""
-        key = ("blocks", id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.tp_comm_overlap)
-        hit = self._totals.get(key)
-        if hit is None or hit[1] != plan.tp_plan:
-            hit = self._totals[key] = ([self._as_run(self.summary(layer, "", plan.tp_plan, ctx), plan) for layer in self.graph.layers],
-                                       dict(plan.tp_plan))
-        return hit[0]
-
-    def _as_run(self, summary: LayerSummary, plan: Plan) -> LayerSummary:
-        return self.cost_model.as_run(summary, plan)
-
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
         calls ``micro_batch_s``) and the parameters it holds; chunk c runs on stage c % pp."""
@@ -98,17 +86,15 @@ class StageCosts:
         return times, params
 
     def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:
-        key = (id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute,
+        """({block: time}, {block: parameters}, pre, post) of ``plan``'s blocks, memoised per tp_plan."""
+        def make() -> tuple:
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            return ({layer: _block_time_s(b, plan.recompute) for layer, b in blocks.items()},
+                    {layer: b.param_count for layer, b in blocks.items()}, pre, post)
+        key = ("totals", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute,
                plan.tp_comm_overlap)
-        hit = self._totals.get(key)
-        if hit is None:
-            blocks = {layer: self._as_run(self.summary(layer, "", plan.tp_plan, ctx), plan) for layer in self.graph.layers}
-            hit = ({layer: _block_time_s(b, plan.recompute) for layer, b in blocks.items()},
-                   {layer: b.param_count for layer, b in blocks.items()},
-                   self._as_run(self.summary(None, "pre", plan.tp_plan, ctx), plan),
-                   self._as_run(self.summary(None, "post", plan.tp_plan, ctx), plan), plan.tp_plan)
-            self._totals[key] = hit
-        return hit[:4]
+        return self._memo.get(key, plan.tp_plan, make)
 
     def sync_params(self, plan: Plan) -> tuple[float, float]:
         """(parameters of the nodes before the first block, the fewest any block holds, the
@@ -126,11 +112,9 @@ class StageCosts:
     def min_boundary_bytes(self, plan: Plan) -> float:
         """The smallest block input (a lower bound on what a pipeline stage receives)."""
         ctx = self.context(plan)
-        key = ("boundary", id(plan.tp_plan), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
-        if key not in self._totals:
-            self._totals[key] = (min((self.summary(layer, "", plan.tp_plan, ctx).input_bytes for layer in self.graph.layers), default=0.0),
-                                 plan.tp_plan)
-        return self._totals[key][0]
+        key = ("boundary", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        return self._memo.get(key, plan.tp_plan, lambda: min((self.summary(layer, "", plan.tp_plan, ctx).input_bytes
+                                                               for layer in self.graph.layers), default=0.0))
 
     def _capacity(self, plan: Plan, boundary: float, block_params: float) -> float:
         buffers = comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=boundary,
