@@ -109,13 +109,12 @@ def stitch(gm: torch.fx.GraphModule, *, prefix: str, blocks: list[nn.Module]) ->
     for index in range(KEPT, len(blocks)):
         holder.add_module(str(index), blocks[index])
     last, previous, anchor = runs[-1], runs[-1], runs[-1][-1]
-    copied: set[torch.fx.Node] = set()
     for index in range(KEPT, len(blocks)):
         previous, anchor = _copy_block(gm, last, previous_of=dict(zip(runs[-2], previous)), anchor=anchor,
                                        old=f"{prefix}.{KEPT - 1}", new=f"{prefix}.{index}")
-        copied.update(previous)
     final = dict(zip(last, previous))
-    for node in list(anchor.graph.nodes)[list(anchor.graph.nodes).index(anchor) + 1:]:
+    nodes = list(gm.graph.nodes)
+    for node in nodes[nodes.index(anchor) + 1:]:   # what follows the blocks reads the last copy
         node.args = torch.fx.node.map_arg(node.args, lambda n: final.get(n, n))
         node.kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: final.get(n, n))
     gm.graph.lint()
@@ -154,7 +153,7 @@ def _under(path: str, prefix: str) -> bool:
 
 
 def _block_of(node: torch.fx.Node, prefix: str) -> int | None:
-    from autoplan.trace.propagate import module_path
+    from autoplan.trace.propagate import module_path  # propagate imports capture, which imports this module
     path = str(node.target) if node.op == "get_attr" else module_path(node)
     if not _under(path, prefix) or path == prefix:
         return None
@@ -182,11 +181,10 @@ def _aligned(runs: list[list[torch.fx.Node]], prefix: str) -> bool:
     """Blocks KEPT-2 and KEPT-1 are the same ops on the same constants, wired the same way:
     an argument is the same position inside the block, the same position of the block before,
     the same parameter name inside the block, or the same node from outside every block."""
-    pairs = list(zip(runs[-3:], runs[-2:]))   # (block before, block)
-    (prev_a, a), (prev_b, b) = pairs[0], pairs[1]
+    before, a, b = runs[KEPT - 3], runs[KEPT - 2], runs[KEPT - 1]
     if len(a) != len(b):
         return False
-    shape_a, shape_b = _shaper(a, prev_a, prefix), _shaper(b, prev_b, prefix)
+    shape_a, shape_b = _shaper(a, before, prefix), _shaper(b, a, prefix)
     return all(x.op == y.op and x.target == y.target and shape_a(x) == shape_b(y) for x, y in zip(a, b))
 
 
