@@ -25,6 +25,14 @@ def require_fields(data: Any, fields: tuple[str, ...], error: type[Exception], w
         require(name in data, error, f"{what} is missing the field '{name}'.")
 
 
+def require_known_fields(data: dict[str, Any], cls: type, error: type[Exception], what: str) -> None:
+    """Check that a loaded mapping has no key the dataclass ``cls`` lacks, naming the first one."""
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    first = unknown[0] if unknown else ""
+    require(not unknown, error, f"{what} has unknown field '{first}'; expected only {', '.join(sorted(known))}.")
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename, so a crash never
     leaves a half-written file where the user's last good one was."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import PlanError
-from autoplan.types._check import read_json, require, require_fields, write_json_atomic
+from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
 from autoplan.types.prediction import Prediction
 
 PLAN_SCHEMA_VERSION = 1
@@ -148,9 +148,7 @@ class Plan:
         require_fields(data, ("devices", "dp", "tp", "pp", "micro_batch_size", "num_microbatches"), PlanError, "plan")
         version = data.get("version", PLAN_SCHEMA_VERSION)
         require(version == PLAN_SCHEMA_VERSION, PlanError, f"plan schema version {version} is not supported; expected {PLAN_SCHEMA_VERSION}.")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        require(not unknown, PlanError, f"plan has unknown field '{unknown[0] if unknown else ''}'; expected only {', '.join(sorted(known))}.")
+        require_known_fields(data, cls, PlanError, "plan")
         return cls(**data)
 
     def save(self, path: str | Path) -> Path:

@@ -8,22 +8,12 @@ typed (docs/plan-format.md); a plan nobody priced has ``predicted: {}``.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autoplan.errors import PlanError
-from autoplan.types._check import require
+from autoplan.types._check import require, require_known_fields
 from autoplan.types.cost import Cost
-
-
-def _known(cls: type, data: dict[str, Any], what: str) -> None:
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - names)
-    require(
-        not unknown,
-        PlanError,
-        f"plan {what} has unknown field '{unknown[0] if unknown else ''}'; expected only {', '.join(sorted(names))}.",
-    )
 
 
 @dataclass
@@ -54,7 +44,7 @@ class SearchSummary:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SearchSummary":
-        _known(cls, data, "predicted.search")
+        require_known_fields(data, cls, PlanError, "plan predicted.search")
         return cls(**data)
 
 
@@ -108,7 +98,7 @@ class Prediction:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Prediction":
-        _known(cls, data, "predicted")
+        require_known_fields(data, cls, PlanError, "plan predicted")
         require(
             "step_time_s" in data,
             PlanError,
