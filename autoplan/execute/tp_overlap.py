@@ -48,12 +48,8 @@ def apply_async_tp(*, module: nn.Module, blocks: list[str], tp_mesh: DeviceMesh)
 
     inductor_config._micro_pipeline_tp = True
     enable_symm_mem_for_group(tp_mesh.get_group().group_name)
-    compiled = 0
-    for fqn in blocks:
-        try:
-            block = module.get_submodule(fqn)
-        except AttributeError:
-            continue            # on another pipeline stage
+    present = dict(module.named_modules())   # a block of another pipeline stage is absent
+    mine = [present[fqn] for fqn in blocks if fqn in present]
+    for block in mine:
         block.compile()
-        compiled += 1
-    return compiled
+    return len(mine)
