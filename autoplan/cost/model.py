@@ -34,24 +34,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES, activation_scale, memory_time_s, peak_dtype
+from autoplan.cost.compute import activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.dp_sync import DataParallelSync
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
-from autoplan.cost.memory import (
-    StageMemory,
-    comm_buffer_bytes,
-    model_states,
-    runs_ddp,
-    scatter_buffer_bytes,
-    stage_memory,
-    sync_buffer_bytes,
-    usable_bytes,
-)
 from autoplan.cost.mesh import AxisGroup, mesh_groups
-from autoplan.cost.schedule import balanced_stages, in_flight_after_first_backward, in_flight_chunks
+from autoplan.cost.plan_memory import PlanMemory
+from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tensor_parallel import TPContext
+from autoplan.cost.tied_sync import TiedWeightSync
 from autoplan.cost.tp_default import default_tp_plan
 from autoplan.cost.tp_overlap import overlapped
 from autoplan.cost.tp_plan_memo import TpPlanMemo
@@ -64,7 +56,7 @@ from autoplan.types.profile import Profile
 ADAM_BYTES_PER_PARAM = 28
 
 
-class CostModel(DataParallelSync, SequenceParallelSync):
+class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemory):
     """Prices plans for one graph on one profile; block summaries are cached across plans."""
 
     def __init__(self, graph: Graph, profile: Profile):
@@ -251,35 +243,6 @@ class CostModel(DataParallelSync, SequenceParallelSync):
             t_slot += sum(collective_time_s(self.profile, "all_gather", size, group=tp_group) for size in (forward, backward) if size)
         return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_slot
 
-    def _tied_places(self) -> dict[str, set[str]]:
-        """Parameters used in more than one place: name -> blocks (or "pre"/"post", the nodes
-        before the first and after the last block) whose nodes use it."""
-        places: dict[str, set[str]] = {}
-        outside = {node.name: part for part, structure in self._outside.items() for node in structure.nodes}
-        for node in self.graph.nodes:
-            where = node.layer if node.layer is not None else outside.get(node.name)
-            for name in node.param_names if where is not None else ():
-                places.setdefault(name, set()).add(where)
-        return {name: where for name, where in places.items() if len(where) > 1}
-
-    def tied_elements_by_stage(self, plan: Plan, stages: list[StageTotals]) -> dict[int, float]:
-        """Elements of weights tied across pipeline stages that each stage holding them all-reduces
-        (as each stage holds them: 1/tp when TP shards them); empty without a pipeline."""
-        if plan.pp == 1 or not self._tied:
-            return {}
-        stage_of = {"pre": 0, "post": plan.pp - 1}
-        stage_of.update({layer: i % plan.pp for i, chunk in enumerate(self._chunks(plan)) for layer in chunk})
-        outside = (stages[0].blocks[0], stages[-1].blocks[-1])   # the pre and post summaries, which name real weights
-        held = {name: n for block in outside for name, n in zip(block.param_names, block.param_numels)}
-        params = self.graph.parameters
-        found: dict[int, float] = {}
-        for name, where in self._tied.items():
-            holders = {stage_of[w] for w in where}
-            if len(holders) > 1:
-                for stage in holders:
-                    found[stage] = found.get(stage, 0.0) + held.get(name, params[name].numel if name in params else 0.0)
-        return found
-
     def chunk_inputs(self, plan: Plan) -> list[tuple[list[float], list[float]]]:
         """Per pipeline chunk, the tensors it receives per micro-batch, whole (each tp rank sends
         and receives the full boundary: the executor gathers a stage's DTensor output): (bytes of
@@ -294,49 +257,9 @@ class CostModel(DataParallelSync, SequenceParallelSync):
             found.append(([b for b, _ in sizes], [b for b, g in sizes if g]))
         return found
 
-    def _tied_sync_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:
-        """All-reduce of the gradients of weights tied across pipeline stages (module docstring):
-        fp32 gradients, as the executor keeps them outside FSDP2's parameter cast."""
-        tied = max(self.tied_elements_by_stage(plan, stages).values(), default=0.0)
-        return collective_time_s(self.profile, "all_reduce", tied * 4, group=group) if tied else 0.0
-
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
         return memory_time_s(self.profile, 3.0 * stage.params * 4)   # fp32 gradients (cost/memory.py)
-
-    # ---- memory --------------------------------------------------------------------------
-    def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
-        """Per stage, its memory on one device: the parts and the peak (cost/memory.py)."""
-        return [self._stage_memory(plan, index, stage) for index, stage in enumerate(stages)]
-
-    def _stage_memory(self, plan: Plan, index: int, stage: StageTotals) -> StageMemory:
-        reduce_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
-        blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
-        block_params = max((b.param_count for b in stage.blocks), default=0.0)
-        return stage_memory(
-            states=model_states(params=stage.params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp),
-            saved_bytes=stage.saved_bytes, transient_bytes=stage.transient_bytes,
-            in_flight=in_flight_chunks(plan, index), in_flight_after=in_flight_after_first_backward(plan, index),
-            last_block_bytes=blocks[-1].saved_bytes if blocks else 0.0,
-            buffers_bytes=comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=stage.boundary_bytes,
-                                            block_params=block_params, precision=plan.precision),
-            scatter_bytes=scatter_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, block_params=block_params,
-                                               precision=plan.precision, reduce_bytes=reduce_bytes),
-            sync_bytes=sync_buffer_bytes(params=stage.params, zero_stage=plan.zero_stage, dp=plan.dp, tp=plan.tp, pp=plan.pp,
-                                         reduce_bytes=reduce_bytes),
-            grads_persist=runs_ddp(plan))
-
-    def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
-        worst = max(self.stage_memory(plan, stages), key=lambda m: m.peak_bytes)
-        cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes = int(worst.weights_bytes), int(worst.grads_bytes), int(worst.optimizer_bytes)
-        cost.activations_bytes, cost.comm_buffer_bytes = int(worst.activations_bytes), int(worst.buffers_bytes)
-        cost.peak_memory_bytes = int(worst.peak_bytes)
-        cost.memory_capacity_bytes = int(self.profile.device.memory_bytes)
-        limit = usable_bytes(self.profile.device.memory_bytes)
-        if cost.peak_memory_bytes > limit:
-            cost.feasible = False
-            cost.reason = (f"needs {cost.peak_memory_bytes / 2**30:.1f} GiB per device but {limit / 2**30:.1f} GiB is usable "
-                           f"({self.profile.device.memory_bytes / 2**30:.0f} GiB less allocator headroom)")
 
     # ---- throughput ----------------------------------------------------------------------
     def _throughput(self, cost: Cost, plan: Plan) -> None:

@@ -58,7 +58,8 @@ from dataclasses import dataclass, field
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.mesh import AxisGroup
-from autoplan.cost.tp_block import STREAM_KINDS, BlockAnalysis, analyse_block
+from autoplan.cost.tp_block import BlockAnalysis, analyse_block
+from autoplan.cost.tp_shards import reduce_scattered, shards
 from autoplan.errors import PlanError
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
@@ -284,57 +285,6 @@ def _source_any_of(terms: TPTerms, b: float, consumers: list[str], legal: dict, 
 
 
 # ---- evaluating a plan -------------------------------------------------------------------
-def reduce_scattered(block: BlockAnalysis, u: str, *, sequence_parallel: bool) -> bool:
-    """A rowwise ``u`` whose partial sum goes straight to the stream is reduce-scattered to a
-    sequence shard (Q) under SP (Korthikanti et al. 2022 fig. 5); otherwise all-reduced (R)."""
-    return sequence_parallel and bool(block.sinks.get(u)) and u not in block.has_targets
-
-
-def param_node_shards(block: BlockAnalysis, name: str, split: str, *, tp: int, sequence_parallel: bool) -> tuple[int, int, int]:
-    """(compute, param, activation) shard of parameterised node ``name`` under ``split``. Saved
-    bytes are charged to the producing node (the tracer's rule), so the activation shard is
-    that of the output consumers keep: a colwise output is the S shard, unless it is gathered
-    (the full tensor is what its consumers save); a rowwise output is whole after its
-    all-reduce, or a sequence shard after a reduce-scatter under SP."""
-    if split == "replicate":
-        return 1, 1, 1
-    if split == "colwise":
-        return tp, tp, 1 if name in block.gathered else tp
-    return tp, tp, tp if reduce_scattered(block, name, sequence_parallel=sequence_parallel) else 1
-
-
-def pure_layout(block: BlockAnalysis, origins: frozenset[str], splits: dict[str, str], *, sequence_parallel: bool) -> str:
-    """Layout a pure node runs on: S when every origin is colwise and none is gathered; Q when
-    every origin is a rowwise node reduce-scattered under SP; else R (module docstring)."""
-    if all(splits[u] == "colwise" and u not in block.gathered for u in origins):
-        return "S"
-    if all(splits[u] == "rowwise" and reduce_scattered(block, u, sequence_parallel=sequence_parallel) for u in origins):
-        return "Q"
-    return "R"
-
-
-def pure_layouts_possible(block: BlockAnalysis, origins: frozenset[str], legal: dict[str, tuple[str, ...]], *, sequence_parallel: bool) -> tuple[str, ...]:
-    """The layouts :func:`pure_layout` can return for some legal splits of ``origins``."""
-    found = ["R"]
-    if all("colwise" in legal[u] and u not in block.gathered for u in origins):
-        found.append("S")
-    if all("rowwise" in legal[u] and reduce_scattered(block, u, sequence_parallel=sequence_parallel) for u in origins):
-        found.append("Q")
-    return tuple(found)
-
-
-def pure_node_shards(layout: str, *, tp: int) -> tuple[int, int]:
-    """(compute, activation) shard of a pure node running on ``layout`` (R, S or Q)."""
-    return (1, 1) if layout == "R" else (tp, tp)
-
-
-def stream_node_shards(node: OpNode, *, tp: int, sequence_parallel: bool) -> tuple[int, int]:
-    """(compute, activation) shard of a node on the residual stream: Q (/tp) under SP for
-    norms, element-wise ops and views, else replicated."""
-    way = tp if sequence_parallel and node.op in STREAM_KINDS else 1
-    return way, way
-
-
 def node_splits(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp: int) -> dict[str, str]:
     """Each parameterised node's split from ``tp_plan`` (by module FQN), checked for legality."""
     splits = {}
@@ -360,23 +310,6 @@ def terms_time_s(terms: TPTerms, splits: dict[str, str]) -> tuple[float, float]:
         if any(splits[v] == s for v, s in choices):
             fwd, bwd = fwd + f, bwd + b
     return fwd, bwd
-
-
-def shards(graph: Graph, layer: str | None, splits: dict[str, str], *, tp: int, sequence_parallel: bool) -> tuple[dict, dict, dict]:
-    """(compute_shard, param_shard, activation_shard) per node of the block (module doc)."""
-    block = analyse_block(graph, layer)
-    compute, param, act = {}, {}, {}
-    for node in block.nodes:
-        name = node.name
-        param[name] = 1
-        if name in splits:
-            compute[name], param[name], act[name] = param_node_shards(block, name, splits[name], tp=tp, sequence_parallel=sequence_parallel)
-        elif name in block.origins:
-            layout = pure_layout(block, block.origins[name], splits, sequence_parallel=sequence_parallel)
-            compute[name], act[name] = pure_node_shards(layout, tp=tp)
-        else:
-            compute[name], act[name] = stream_node_shards(node, tp=tp, sequence_parallel=sequence_parallel)
-    return compute, param, act
 
 
 def tp_layer_cost(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, ctx: TPContext) -> TPLayerCost:

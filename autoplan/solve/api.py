@@ -13,7 +13,8 @@ from typing import Any
 from autoplan.cost.model import CostModel
 from autoplan.errors import PlanError
 from autoplan.solve import space
-from autoplan.solve.search import SearchOptions, SearchResult, search
+from autoplan.solve.candidates import SearchOptions, SearchResult
+from autoplan.solve.search import search
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.prediction import Prediction, SearchSummary

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from autoplan.solve.search import SearchResult
+    from autoplan.solve.candidates import SearchResult
 
 
 def stdout_console() -> Console:

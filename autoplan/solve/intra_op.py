@@ -13,7 +13,7 @@ With x one-hot, (b) forces e[u,v,a,c] = x[u,a] * x[v,c] (the transportation poly
 exact at the optimum because y carries a non-negative cost and z a non-negative saving.
 Every op's time and bytes are priced as CostModel prices them (cost/op_costs.py: the bytes each
 op reads, saved bytes in the precision with 1-byte dropout masks; shard factors from
-tensor_parallel's param_node_shards / pure_layout / stream_node_shards), so the objective and
+tp_shards' param_node_shards / pure_layout / stream_node_shards), so the objective and
 the memory row equal what CostModel charges the block.
 
 Objective (seconds per micro-batch, the forward counted ``forward_repeats`` times, 2 under
@@ -38,20 +38,16 @@ from dataclasses import dataclass, field
 import pulp
 
 from autoplan.cost.op_costs import node_saved_bytes, node_time_s
-from autoplan.cost.tensor_parallel import (
-    TPContext,
-    TPTerms,
-    block_terms,
-    legal_splits,
+from autoplan.cost.tensor_parallel import TPContext, TPTerms, block_terms, legal_splits, terms_time_s
+from autoplan.cost.tp_block import BlockAnalysis, analyse_block
+from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
+from autoplan.cost.tp_shards import (
     param_node_shards,
     pure_layout,
     pure_layouts_possible,
     pure_node_shards,
     stream_node_shards,
-    terms_time_s,
 )
-from autoplan.cost.tp_block import BlockAnalysis, analyse_block
-from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.solve.backend import SolveStatus, solve_model, variable
 from autoplan.types.graph import Graph
 
@@ -119,7 +115,7 @@ def build_block_problem(graph: Graph, layer: str | None, *, ctx: TPContext, forw
     """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
     bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
     (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
-    factors are those CostModel charges (cost/op_costs.py, tensor_parallel.shards)."""
+    factors are those CostModel charges (cost/op_costs.py, tp_shards.shards)."""
     block = analyse_block(graph, layer)
     terms = block_terms(graph, layer, ctx=ctx)
     tp, sp = ctx.tp, ctx.sequence_parallel and ctx.tp > 1

@@ -22,7 +22,7 @@ from autoplan.cost.sp_sync import sp_partial_params
 from autoplan.cost.tensor_parallel import block_terms, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
-from autoplan.solve.search import SearchResult
+from autoplan.solve.candidates import SearchResult
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic
 from autoplan.types.cost import Cost

@@ -40,8 +40,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
@@ -50,6 +49,7 @@ from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.bounds import Bounds
+from autoplan.solve.candidates import Candidate, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.pipeline import partition
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.tp_plan import TPChoice, TPPlanner, memory_budget
@@ -59,56 +59,6 @@ from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
 OBJECTIVES = space.OBJECTIVES
-
-
-@dataclass
-class SearchOptions:
-    devices: int
-    batch_size: int
-    fixes: dict = field(default_factory=dict)
-    objective: str = "time"
-    solver: str = "highs"
-    time_limit_s: float = 10.0
-    progress: Callable[[int, int], None] | None = None
-    keep: int = 1                # the search prices enough to rank the best `keep` plans exactly
-
-
-@dataclass
-class Candidate:
-    config: dict
-    status: str                 # 'evaluated' | 'pruned'
-    lower_bound: float
-    objective: float | None = None
-    cost: Cost | None = None
-    plan: Plan | None = None
-    reason: str = ""
-    count: int = 1              # configurations this row stands for (pruned groups)
-
-    @property
-    def feasible(self) -> bool:
-        return self.cost is not None and self.cost.feasible
-
-
-@dataclass
-class SearchResult:
-    best: Plan | None
-    best_cost: Cost | None
-    candidates: list[Candidate]
-    elapsed_s: float
-    ilp_solves: int
-    ilp_status: str
-    ilp_gap: float
-
-    def ranked(self) -> list[Candidate]:
-        return sorted((c for c in self.candidates if c.feasible), key=_rank_key)
-
-    @property
-    def evaluated(self) -> int:
-        return sum(c.count for c in self.candidates if c.status == "evaluated")
-
-    @property
-    def pruned(self) -> int:
-        return sum(c.count for c in self.candidates if c.status == "pruned")
 
 
 @dataclass(frozen=True)
@@ -280,7 +230,7 @@ class Search:
             heapq.heappush(self._top, -value)
             if len(self._top) > self.options.keep:
                 heapq.heappop(self._top)
-            if self.best is None or _rank_key(candidate) < _rank_key(self.best):
+            if self.best is None or rank_key(candidate) < rank_key(self.best):
                 self.best = candidate
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
@@ -326,22 +276,6 @@ class Search:
                       v="*", zero="*", recompute="*", sp=g.sp, tp_overlap="*", precision=g.precision)
         reason = reason or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"
         self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count, reason=reason))
-
-
-def _rank_key(c: Candidate) -> tuple:
-    """Objective first; on a tie, fewer model-parallel ranks (dp before tp before pp)."""
-    return (c.objective, c.plan.tp, c.plan.pp)
-
-
-def splits_nothing(tp_plan: dict[str, str]) -> bool:
-    """A tp_plan that replicates every op: tp ranks would all repeat the same work."""
-    return all(split == "replicate" for split in tp_plan.values())
-
-
-def config_of(plan: Plan) -> dict:
-    return dict(devices=plan.devices, dp=plan.dp, tp=plan.tp, pp=plan.pp, mbs=plan.micro_batch_size,
-                num_microbatches=plan.num_microbatches, schedule=plan.schedule, v=plan.virtual_stages, zero=plan.zero_stage,
-                recompute=plan.recompute, sp=plan.sequence_parallel, tp_overlap=plan.tp_comm_overlap, precision=plan.precision)
 
 
 def _with(plan: Plan, **changes) -> Plan:

@@ -33,7 +33,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
 from autoplan.errors import TraceError
-from autoplan.trace import classify, memo, nodeattrs
+from autoplan.trace import classify, memo, memo_keys, nodeattrs
 from autoplan.trace.capture import first_line, stack_trace_line
 from autoplan.trace.flops import flop_counter
 
@@ -183,7 +183,7 @@ class Propagator:
         if not MEMOIZE or node is None:
             return None, []
         try:
-            return memo.call_key(node, module, args, kwargs, extra_params, storage_key=self._key, frozen=self.frozen,
+            return memo_keys.call_key(node, module, args, kwargs, extra_params, storage_key=self._key, frozen=self.frozen,
                                  module_keys=self.module_keys, hook_owner=getattr(self.counter, "mod_tracker", None))
         except Exception:  # NotMemoizable, or anything unforeseen: measuring for real is always right
             return None, []

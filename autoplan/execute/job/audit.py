@@ -8,39 +8,30 @@ dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipel
   message bytes (autoplan/cost/comm.py's convention: the gathered output of an all-gather,
   the input of a reduce-scatter, the tensor of an all-reduce, broadcast, send or recv) and the
   mesh dimension of its process group (dp, tp, pp; tied-weight groups count as pp).
-- :class:`LiveBytes`: the peak of live tensor bytes on this rank, tracked by tensor lifetime
-  (each storage counted from the op that made it until Python frees it), starting from the
-  parameters, gradients, buffers and optimizer states alive when the step begins; a candidate
-  peak is re-read from the storages' sizes, since FSDP2 frees by resizing storages in place.
-  The op running at the peak is kept (``peak_op``).
-- :class:`MatmulFlops`: FLOPs of matmul-class ops and, apart, of attention kernels
-  (``torch.utils.flop_counter``'s formulas), split into forward and backward (the backward
-  includes recomputed forwards, which run inside it). A flash attention's backward recomputes
-  the scores: torch counts it 2.5x its forward, where the tracer's model FLOPs count 2x.
+- :class:`~autoplan.execute.job.meters.LiveBytes`: the peak of live tensor bytes on this rank,
+  by tensor lifetime, and the op running at the peak (execute/job/meters.py);
+- :class:`~autoplan.execute.job.meters.MatmulFlops`: FLOPs of matmul-class ops and, apart, of
+  attention kernels, forward and backward (execute/job/meters.py).
 
 A mode runs before tensor subclasses, and an op it passes on does not come back to it, so a
 DTensor op's own redistributions and local kernels would stay hidden. Each recorder returns
 ``NotImplemented`` for an op on DTensors (as torch's ``CommDebugMode`` does): DTensor then
 runs it, and its collectives and local ops reach the recorders on plain, local tensors.
-
-torch's own ``MemTracker`` refuses a module called twice in one tracked window, which every
-micro-batched or pipelined step does, hence :class:`LiveBytes`.
 """
 from __future__ import annotations
 
 import gc
 import math
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
 
 MESH_DIMS = ("dp", "tp", "pp")
 #: c10d op name -> (collective kind, which argument holds the message, which holds the group)
@@ -63,16 +54,6 @@ FUNCTIONAL_OPS = {
     "reduce_scatter_tensor": ("reduce_scatter", 3, None), "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3, None),
     "all_to_all_single": ("all_to_all", 3, None), "broadcast": ("broadcast", 2, None),
 }
-MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"}
-ATTENTION_OPS = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
-                 "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
-                 "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward", "_efficient_attention_backward"}
-#: torch's flop registry has no entry for the CPU flash kernels; their arguments lead with (q, k, v) and
-#: (grad_out, q, k, v), as the CUDA ones' do
-CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu": "forward",
-                 "_scaled_dot_product_flash_attention_for_cpu_backward": "backward"}
-ALL_ATTENTION_OPS = ATTENTION_OPS | set(CPU_ATTENTION)
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -125,7 +106,7 @@ class CommRecorder(TorchDispatchMode):
         self._known: dict[Any, str] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _on_dtensors(types):
+        if on_dtensors(types):
             return NotImplemented
         kwargs = kwargs or {}
         namespace, name = func.namespace, func.__name__.split(".")[0]
@@ -155,108 +136,6 @@ class CommRecorder(TorchDispatchMode):
         self.totals.add(self._dim(str(args[group])), kind, _tensor_bytes(args[0]) * size)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
-class LiveBytes(TorchDispatchMode):
-    """Peak bytes of live tensor storages on this rank while active (module docstring)."""
-
-    def __init__(self, existing: Iterable[torch.Tensor] = ()):
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self._refs: dict[int, weakref.ref] = {}
-        self.current = self.peak = 0
-        self.peak_op = ""
-        self._op = "before the step"
-        for tensor in existing:
-            self._track(tensor)
-        self.start = self.current
-
-    def _track(self, tensor: Any) -> None:
-        if not isinstance(tensor, torch.Tensor):
-            return
-        tensor = _local(tensor)
-        if tensor.device.type == "meta":
-            return
-        storage = tensor.untyped_storage()
-        key = storage._cdata
-        if key in self.live:
-            return
-        size = storage.nbytes()
-        self.live[key] = size
-        self.current += size
-        self._refs[key] = weakref.ref(storage, lambda _ref, k=key: self._free(k))
-        if self.current > self.peak and self._resync() > self.peak:
-            self.peak, self.peak_op = self.current, self._op
-
-    def _resync(self) -> int:
-        """The current bytes, re-read from every live storage: FSDP2 frees and re-allocates its
-        unsharded parameters by resizing their storages in place (``resize_(0)``), which no
-        dispatched op shows; a new peak is only taken on these exact sizes."""
-        for key, ref in self._refs.items():
-            storage = ref()
-            if storage is not None:
-                self.live[key] = storage.nbytes()
-        self.current = sum(self.live.values())
-        return self.current
-
-    def _free(self, key: int) -> None:
-        size = self.live.pop(key, 0)
-        self._refs.pop(key, None)
-        self.current -= size
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _on_dtensors(types):
-            return NotImplemented
-        out = func(*args, **(kwargs or {}))
-        self._op = _op_label(func)
-        for leaf in tree_flatten(out)[0]:
-            self._track(leaf)
-        return out
-
-
-def _op_label(func) -> str:
-    """The op's name and pass, e.g. 'addmm (forward)': the audit says where the peak happened."""
-    running = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
-    return f"{func._overloadpacket.__name__} ({running})"
-
-
-class MatmulFlops(TorchDispatchMode):
-    """Forward and backward FLOPs of matmul-class ops, and of attention kernels apart, on this
-    rank (module docstring)."""
-
-    def __init__(self):
-        super().__init__()
-        self.flops = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}   # kind -> [forward, backward]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _on_dtensors(types):
-            return NotImplemented
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func._overloadpacket.__name__
-        kind = "matmul" if name in MATMUL_OPS else "attention" if name in ALL_ATTENTION_OPS else None
-        if kind is not None:
-            phase = 0 if torch._C._current_graph_task_id() == -1 else 1
-            self.flops[kind][phase] += _op_flops(func, name, args, kwargs, out)
-        return out
-
-
-def _op_flops(func, name: str, args: tuple, kwargs: dict, out: Any) -> float:
-    if name in CPU_ATTENTION:
-        if CPU_ATTENTION[name] == "forward":
-            return float(sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape))
-        return float(sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape, args[3].shape))
-    packet = func._overloadpacket
-    return float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
-
-
-def _on_dtensors(types: tuple) -> bool:
-    """Whether an op has DTensor operands: then DTensor runs it first (module docstring)."""
-    return any(issubclass(t, DTensor) for t in types)
-
-
 def existing_tensors(trainer: Any) -> list[torch.Tensor]:
     """What lives on the rank when a step starts: parameters, gradients, buffers, optimizer states."""
     found = []
@@ -280,9 +159,9 @@ def optimizer_states(optimizer: Any) -> list[dict]:
 
 def placement(trainer: Any) -> dict[str, int]:
     """Bytes of parameters and optimizer states this rank holds, and its parameter elements."""
-    params = [_local(p) for p in trainer.parameters]
-    states = [_local(v) for s in optimizer_states(trainer.optimizer) for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-    states += [_local(t) for t in _held(trainer.optimizer)]
+    params = [local_tensor(p) for p in trainer.parameters]
+    states = [local_tensor(v) for s in optimizer_states(trainer.optimizer) for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    states += [local_tensor(t) for t in _held(trainer.optimizer)]
     return {"param_elements": sum(p.numel() for p in params),
             "weights_bytes": sum(p.numel() * p.element_size() for p in params),
             "optimizer_bytes": sum(t.numel() * t.element_size() for t in states)}

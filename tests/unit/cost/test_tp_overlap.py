@@ -18,7 +18,8 @@ from autoplan.errors import PlanError
 from autoplan.execute.tp_overlap import check_runs_here
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
-from autoplan.solve.search import Search, SearchOptions
+from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.search import Search
 from autoplan.types.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -13,7 +13,7 @@ from autoplan.report.explain import explain, family_of
 from autoplan.report.sensitivity import _at_batch, batch_threshold, scaled_profile
 from autoplan.report.terms import TERMS, deciding_term, term_diffs
 from autoplan.solve.api import plan_graph
-from autoplan.solve.search import Candidate, SearchResult, config_of
+from autoplan.solve.candidates import Candidate, SearchResult, config_of
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
 

@@ -7,7 +7,8 @@ from autoplan.cost.tensor_parallel import tp_layer_cost
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.api import NoPlanFits, plan_graph
-from autoplan.solve.search import Search, SearchOptions
+from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.search import Search
 from autoplan.solve.stage_costs import StageCosts
 
 

@@ -1,0 +1,139 @@
+"""Two meters of the execution audit (execute/job/audit.py): live tensor bytes and matmul FLOPs.
+
+- :class:`LiveBytes`: the peak of live tensor bytes on this rank, tracked by tensor lifetime
+  (each storage counted from the op that made it until Python frees it), starting from the
+  parameters, gradients, buffers and optimizer states alive when the step begins; a candidate
+  peak is re-read from the storages' sizes, since FSDP2 frees by resizing storages in place.
+  The op running at the peak is kept (``peak_op``). torch's own ``MemTracker`` refuses a
+  module called twice in one tracked window, which every micro-batched or pipelined step does.
+- :class:`MatmulFlops`: FLOPs of matmul-class ops and, apart, of attention kernels
+  (``torch.utils.flop_counter``'s formulas), split into forward and backward (the backward
+  includes recomputed forwards, which run inside it). A flash attention's backward recomputes
+  the scores: torch counts it 2.5x its forward, where the tracer's model FLOPs count 2x.
+
+Both return ``NotImplemented`` for an op on DTensors (:func:`on_dtensors`), so DTensor runs it
+and its local ops reach the meters on plain tensors.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"}
+ATTENTION_OPS = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
+                 "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+                 "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward", "_efficient_attention_backward"}
+#: torch's flop registry has no entry for the CPU flash kernels; their arguments lead with (q, k, v) and
+#: (grad_out, q, k, v), as the CUDA ones' do
+CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu": "forward",
+                 "_scaled_dot_product_flash_attention_for_cpu_backward": "backward"}
+ALL_ATTENTION_OPS = ATTENTION_OPS | set(CPU_ATTENTION)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of live tensor storages on this rank while active (module docstring)."""
+
+    def __init__(self, existing: Iterable[torch.Tensor] = ()):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref] = {}
+        self.current = self.peak = 0
+        self.peak_op = ""
+        self._op = "before the step"
+        for tensor in existing:
+            self._track(tensor)
+        self.start = self.current
+
+    def _track(self, tensor: Any) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        tensor = local_tensor(tensor)
+        if tensor.device.type == "meta":
+            return
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self.live:
+            return
+        size = storage.nbytes()
+        self.live[key] = size
+        self.current += size
+        self._refs[key] = weakref.ref(storage, lambda _ref, k=key: self._free(k))
+        if self.current > self.peak and self._resync() > self.peak:
+            self.peak, self.peak_op = self.current, self._op
+
+    def _resync(self) -> int:
+        """The current bytes, re-read from every live storage: FSDP2 frees and re-allocates its
+        unsharded parameters by resizing their storages in place (``resize_(0)``), which no
+        dispatched op shows; a new peak is only taken on these exact sizes."""
+        for key, ref in self._refs.items():
+            storage = ref()
+            if storage is not None:
+                self.live[key] = storage.nbytes()
+        self.current = sum(self.live.values())
+        return self.current
+
+    def _free(self, key: int) -> None:
+        size = self.live.pop(key, 0)
+        self._refs.pop(key, None)
+        self.current -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if on_dtensors(types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        self._op = _op_label(func)
+        for leaf in tree_flatten(out)[0]:
+            self._track(leaf)
+        return out
+
+
+def _op_label(func) -> str:
+    """The op's name and pass, e.g. 'addmm (forward)': the audit says where the peak happened."""
+    running = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+    return f"{func._overloadpacket.__name__} ({running})"
+
+
+class MatmulFlops(TorchDispatchMode):
+    """Forward and backward FLOPs of matmul-class ops, and of attention kernels apart, on this
+    rank (module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flops = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}   # kind -> [forward, backward]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if on_dtensors(types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._overloadpacket.__name__
+        kind = "matmul" if name in MATMUL_OPS else "attention" if name in ALL_ATTENTION_OPS else None
+        if kind is not None:
+            phase = 0 if torch._C._current_graph_task_id() == -1 else 1
+            self.flops[kind][phase] += _op_flops(func, name, args, kwargs, out)
+        return out
+
+
+def _op_flops(func, name: str, args: tuple, kwargs: dict, out: Any) -> float:
+    if name in CPU_ATTENTION:
+        if CPU_ATTENTION[name] == "forward":
+            return float(sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape))
+        return float(sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape, args[3].shape))
+    packet = func._overloadpacket
+    return float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
+
+
+def on_dtensors(types: tuple) -> bool:
+    """Whether an op has DTensor operands: then DTensor runs it first (module docstring)."""
+    return any(issubclass(t, DTensor) for t in types)

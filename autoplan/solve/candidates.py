@@ -1,0 +1,80 @@
+"""What a search returns: its options, one row per configuration priced or pruned, and the result.
+
+A pruned row stands for every configuration of its group (``count``); ``SearchResult.ranked``
+orders the feasible rows by objective and, on a tie, by fewer tp then pp ranks, so dp is
+preferred when it is as fast (solve/search.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from autoplan.types.cost import Cost
+from autoplan.types.plan import Plan
+
+
+@dataclass
+class SearchOptions:
+    devices: int
+    batch_size: int
+    fixes: dict = field(default_factory=dict)
+    objective: str = "time"
+    solver: str = "highs"
+    time_limit_s: float = 10.0
+    progress: Callable[[int, int], None] | None = None
+    keep: int = 1                # the search prices enough to rank the best `keep` plans exactly
+
+
+@dataclass
+class Candidate:
+    config: dict
+    status: str                 # 'evaluated' | 'pruned'
+    lower_bound: float
+    objective: float | None = None
+    cost: Cost | None = None
+    plan: Plan | None = None
+    reason: str = ""
+    count: int = 1              # configurations this row stands for (pruned groups)
+
+    @property
+    def feasible(self) -> bool:
+        return self.cost is not None and self.cost.feasible
+
+
+@dataclass
+class SearchResult:
+    best: Plan | None
+    best_cost: Cost | None
+    candidates: list[Candidate]
+    elapsed_s: float
+    ilp_solves: int
+    ilp_status: str
+    ilp_gap: float
+
+    def ranked(self) -> list[Candidate]:
+        return sorted((c for c in self.candidates if c.feasible), key=rank_key)
+
+    @property
+    def evaluated(self) -> int:
+        return sum(c.count for c in self.candidates if c.status == "evaluated")
+
+    @property
+    def pruned(self) -> int:
+        return sum(c.count for c in self.candidates if c.status == "pruned")
+
+
+def rank_key(c: Candidate) -> tuple:
+    """Objective first; on a tie, fewer model-parallel ranks (dp before tp before pp)."""
+    return (c.objective, c.plan.tp, c.plan.pp)
+
+
+def splits_nothing(tp_plan: dict[str, str]) -> bool:
+    """A tp_plan that replicates every op: tp ranks would all repeat the same work."""
+    return all(split == "replicate" for split in tp_plan.values())
+
+
+def config_of(plan: Plan) -> dict:
+    return dict(devices=plan.devices, dp=plan.dp, tp=plan.tp, pp=plan.pp, mbs=plan.micro_batch_size,
+                num_microbatches=plan.num_microbatches, schedule=plan.schedule, v=plan.virtual_stages,
+                zero=plan.zero_stage, recompute=plan.recompute, sp=plan.sequence_parallel,
+                tp_overlap=plan.tp_comm_overlap, precision=plan.precision)
