@@ -3,6 +3,7 @@
 The public API is imported lazily, so ``import autoplan`` stays cheap and planning code
 never pulls in torch.distributed.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -35,6 +35,9 @@ class StopSignal(RunError):
 
     def __init__(self, signum: int, nprocs: int):
         import signal
+
         self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}: all {nprocs} ranks were ended; "
-                         "this run wrote no results (rerun it to train).")
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name}: all {nprocs} ranks were ended; "
+            "this run wrote no results (rerun it to train)."
+        )

@@ -10,6 +10,7 @@ A model file is a plain Python file that defines::
 Every way a file can break the contract raises :class:`ModelFileError` with one sentence
 that names the file and what is wrong.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,7 +45,9 @@ class ModelFile:
         """Call ``build_model()`` and check it returns a module."""
         model = self._call("build_model", self.build_model)
         if not isinstance(model, torch.nn.Module):
-            raise ModelFileError(f"{self.path}: build_model() returned {type(model).__name__}; expected a torch.nn.Module.")
+            raise ModelFileError(
+                f"{self.path}: build_model() returned {type(model).__name__}; expected a torch.nn.Module."
+            )
         return model
 
     def inputs(self, batch_size: int) -> tuple:
@@ -53,7 +56,9 @@ class ModelFile:
         if isinstance(inputs, torch.Tensor):
             inputs = (inputs,)
         if not isinstance(inputs, (tuple, list)):
-            raise ModelFileError(f"{self.path}: example_inputs({batch_size}) returned {type(inputs).__name__}; expected a tuple of forward() arguments.")
+            raise ModelFileError(
+                f"{self.path}: example_inputs({batch_size}) returned {type(inputs).__name__}; expected a tuple of forward() arguments."
+            )
         return tuple(inputs)
 
     def target(self, batch_size: int) -> Any:
@@ -79,7 +84,9 @@ class ModelFile:
             raise
         except Exception as exc:  # the user's code failed: name it and where
             where = _user_frame(exc, self.path)
-            raise ModelFileError(f"{self.path}: {what}({', '.join(map(repr, args))}) raised {type(exc).__name__}: {exc}{where}.") from exc
+            raise ModelFileError(
+                f"{self.path}: {what}({', '.join(map(repr, args))}) raised {type(exc).__name__}: {exc}{where}."
+            ) from exc
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -94,21 +101,29 @@ def default_loss(output: Any) -> torch.Tensor:
         for item in output:
             if isinstance(item, torch.Tensor):
                 return item.float().mean()
-    raise ModelFileError(f"cannot take a default loss of a {type(output).__name__}; define loss_fn(output, target) in the model file.")
+    raise ModelFileError(
+        f"cannot take a default loss of a {type(output).__name__}; define loss_fn(output, target) in the model file."
+    )
 
 
 def load_model_file(path: str | Path) -> ModelFile:
     """Import a model file by path and check the contract's functions exist and are callable."""
     path = Path(path)
     if not path.is_file():
-        raise ModelFileError(f"model file '{path}' does not exist; pass the path to a .py file that defines build_model() and example_inputs(batch_size).")
+        raise ModelFileError(
+            f"model file '{path}' does not exist; pass the path to a .py file that defines build_model() and example_inputs(batch_size)."
+        )
     if path.suffix != ".py":
-        raise ModelFileError(f"model file '{path}' is not a .py file; pass a Python file that defines build_model() and example_inputs(batch_size).")
+        raise ModelFileError(
+            f"model file '{path}' is not a .py file; pass a Python file that defines build_model() and example_inputs(batch_size)."
+        )
     module = _import(path)
     required = {name: getattr(module, name, None) for name in ("build_model", "example_inputs")}
     for name, fn in required.items():
         if not callable(fn):
-            raise ModelFileError(f"{path}: defines no function {name}(); a model file must define build_model() and example_inputs(batch_size).")
+            raise ModelFileError(
+                f"{path}: defines no function {name}(); a model file must define build_model() and example_inputs(batch_size)."
+            )
     optional = {name: getattr(module, name, None) for name in ("example_target", "loss_fn")}
     for name, fn in optional.items():
         if fn is not None and not callable(fn):

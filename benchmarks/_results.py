@@ -3,6 +3,7 @@
 Benchmarks are run as scripts (``python benchmarks/NAME.py``), so their folder is on sys.path
 and they import this module as ``_results``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -9,6 +9,7 @@ peak live memory against the prediction.
 
     python benchmarks/audit.py [--only NAME] [--out benchmarks/results/audit.csv]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,20 @@ from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
-SIZES = {"AUTOPLAN_GPT_N_LAYER": "4", "AUTOPLAN_GPT_N_EMBD": "128", "AUTOPLAN_GPT_N_HEAD": "4",
-         "AUTOPLAN_GPT_BLOCK_SIZE": "64", "AUTOPLAN_GPT_VOCAB_SIZE": "1024",
-         "AUTOPLAN_LLAMA_N_LAYERS": "4", "AUTOPLAN_LLAMA_DIM": "128", "AUTOPLAN_LLAMA_FFN_DIM": "352", "AUTOPLAN_LLAMA_N_HEADS": "4",
-         "AUTOPLAN_LLAMA_N_KV_HEADS": "2", "AUTOPLAN_LLAMA_SEQ_LEN": "64", "AUTOPLAN_LLAMA_VOCAB_SIZE": "1024"}
+SIZES = {
+    "AUTOPLAN_GPT_N_LAYER": "4",
+    "AUTOPLAN_GPT_N_EMBD": "128",
+    "AUTOPLAN_GPT_N_HEAD": "4",
+    "AUTOPLAN_GPT_BLOCK_SIZE": "64",
+    "AUTOPLAN_GPT_VOCAB_SIZE": "1024",
+    "AUTOPLAN_LLAMA_N_LAYERS": "4",
+    "AUTOPLAN_LLAMA_DIM": "128",
+    "AUTOPLAN_LLAMA_FFN_DIM": "352",
+    "AUTOPLAN_LLAMA_N_HEADS": "4",
+    "AUTOPLAN_LLAMA_N_KV_HEADS": "2",
+    "AUTOPLAN_LLAMA_SEQ_LEN": "64",
+    "AUTOPLAN_LLAMA_VOCAB_SIZE": "1024",
+}
 FAMILIES = [
     ("ddp", "gpt", dict(dp=2)),
     ("zero1", "gpt", dict(dp=2, zero_stage=1)),
@@ -53,10 +64,17 @@ def plan_for(model: str, **kw) -> Plan:
         kw.setdefault(axis, 1)
     chunks = kw["pp"] * kw.get("virtual_stages", 1)
     per = len(graph.layers) // chunks
-    stages = [graph.layers[i * per:(i + 1) * per] for i in range(chunks)]
+    stages = [graph.layers[i * per : (i + 1) * per] for i in range(chunks)]
     tp_plan = default_tp_plan(graph, kw["tp"], sequence_parallel=kw.get("sequence_parallel", False))
-    return Plan(devices=kw["dp"] * kw["tp"] * kw["pp"], micro_batch_size=2, stages=stages, tp_plan=tp_plan,
-                profile="cpu-gloo", model=model, **kw)
+    return Plan(
+        devices=kw["dp"] * kw["tp"] * kw["pp"],
+        micro_batch_size=2,
+        stages=stages,
+        tp_plan=tp_plan,
+        profile="cpu-gloo",
+        model=model,
+        **kw,
+    )
 
 
 def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
@@ -64,18 +82,39 @@ def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
     plan_path = plan.save(folder / f"{name}.json")
     out = folder / name
     try:
-        code = launch(args=["--model", str(ROOT / "examples" / f"{model}.py"), "--plan", str(plan_path), "--out", str(out),
-                            "--steps", "2", "--audit", "--timeout-s", "120"], nprocs=plan.devices, module="autoplan.execute.job.runner")
-    except RunError as exc:   # a rank died: say so in the table and go on with the other families
+        code = launch(
+            args=[
+                "--model",
+                str(ROOT / "examples" / f"{model}.py"),
+                "--plan",
+                str(plan_path),
+                "--out",
+                str(out),
+                "--steps",
+                "2",
+                "--audit",
+                "--timeout-s",
+                "120",
+            ],
+            nprocs=plan.devices,
+            module="autoplan.execute.job.runner",
+        )
+    except RunError as exc:  # a rank died: say so in the table and go on with the other families
         return {"family": name, "plan": plan.describe(), "exit": "failed", "error": str(exc)}
     audit = pd.read_csv(out / "audit.csv")
     comm = audit[audit.what.str.startswith("comm")]
     flops = audit[audit.what.str.contains("matmul FLOPs")]
     memory = audit[audit.what == "peak live memory"]
-    return {"family": name, "plan": plan.describe(), "exit": code, "collective_rows": len(comm), "as_priced": int(comm.as_priced.sum()),
-            "max_comm_error_pct": round(100 * comm.relative_error.abs().max(), 2),
-            "max_matmul_flops_error_pct": round(100 * flops.relative_error.abs().max(), 2),
-            "peak_memory_error_pct": round(100 * memory.relative_error.abs().max(), 1)}
+    return {
+        "family": name,
+        "plan": plan.describe(),
+        "exit": code,
+        "collective_rows": len(comm),
+        "as_priced": int(comm.as_priced.sum()),
+        "max_comm_error_pct": round(100 * comm.relative_error.abs().max(), 2),
+        "max_matmul_flops_error_pct": round(100 * flops.relative_error.abs().max(), 2),
+        "peak_memory_error_pct": round(100 * memory.relative_error.abs().max(), 1),
+    }
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ re-priced sweep (warm cache), and writes benchmarks/results/cost_speed.csv.
 
     python benchmarks/cost_speed.py
 """
+
 from __future__ import annotations
 
 import itertools
@@ -25,18 +26,34 @@ HERE = Path(__file__).parent
 
 def gpt3_graph():
     from published_runs import trace_gpt  # the Megatron-shaped GPT of the published-runs benchmark
+
     row = pd.Series(dict(run="gpt3-175b", layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200))
     return trace_gpt(row)
 
 
 def plans(devices: int = 1024, batch: int = 1536) -> list[Plan]:
     out = []
-    for tp, pp, mbs, zero, rc, sched in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16), (1, 2), (0, 1, 3), ("none", "selective", "full"), ("1f1b", "gpipe")):
+    for tp, pp, mbs, zero, rc, sched in itertools.product(
+        (1, 2, 4, 8), (1, 2, 4, 8, 16), (1, 2), (0, 1, 3), ("none", "selective", "full"), ("1f1b", "gpipe")
+    ):
         dp = devices // (tp * pp)
         if dp * tp * pp != devices or batch % (dp * mbs):
             continue
-        out.append(Plan(devices=devices, dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, num_microbatches=batch // (dp * mbs),
-                        schedule=sched, zero_stage=zero, recompute=rc, precision="bf16", sequence_parallel=tp > 1))
+        out.append(
+            Plan(
+                devices=devices,
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                micro_batch_size=mbs,
+                num_microbatches=batch // (dp * mbs),
+                schedule=sched,
+                zero_stage=zero,
+                recompute=rc,
+                precision="bf16",
+                sequence_parallel=tp > 1,
+            )
+        )
     return out
 
 
@@ -52,7 +69,14 @@ def main() -> None:
         for plan in candidates:
             model.estimate(plan)
         elapsed = time.perf_counter() - start
-        rows.append(dict(cache=label, plans=len(candidates), seconds=round(elapsed, 3), plans_per_s=round(len(candidates) / elapsed)))
+        rows.append(
+            dict(
+                cache=label,
+                plans=len(candidates),
+                seconds=round(elapsed, 3),
+                plans_per_s=round(len(candidates) / elapsed),
+            )
+        )
     table = pd.DataFrame(rows)
     print(f"GPT-3 175B graph: {len(graph.nodes)} nodes, {len(graph.layers)} blocks, traced in {trace_s:.1f} s")
     print(table.to_string(index=False))

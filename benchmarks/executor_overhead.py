@@ -7,6 +7,7 @@ benchmarks/results/executor_overhead.csv.
 
     python benchmarks/executor_overhead.py [--model examples/mlp.py] [--steps 30] [--batch 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 def _ddp_loop(model_file, x, y, steps: int) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel
+
     torch.manual_seed(0)
     model = DistributedDataParallel(model_file.build())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -42,6 +44,7 @@ def _ddp_loop(model_file, x, y, steps: int) -> list[float]:
 
 def _autoplan_loop(model_file, plan, x, y, steps: int) -> list[float]:
     from autoplan.execute import parallelize
+
     torch.manual_seed(0)
     trainer = parallelize(model_file.build(), plan, loss_fn=model_file.loss)
     times = []
@@ -56,6 +59,7 @@ def _worker(rank: int, args, port: int, queue) -> None:
     from autoplan.execute.batch import shard_batch
     from autoplan.modelfile import load_model_file
     from autoplan.types.plan import Plan
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -82,6 +86,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     from autoplan.jobs.launcher import free_port
+
     queue = mp.get_context("spawn").Queue()
     mp.start_processes(_worker, args=(args, free_port(), queue), nprocs=2, start_method="spawn")
     ours, theirs = queue.get()

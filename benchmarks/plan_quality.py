@@ -15,6 +15,7 @@ Prints a table; writes benchmarks/results/plan_quality.csv.
 
     python benchmarks/plan_quality.py [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,24 @@ from autoplan.trace import trace_model_file
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [  # name, model file, env overrides, clusters (devices, batch)
-    ("GPT 1.3B", "examples/gpt.py", dict(N_LAYER=24, N_EMBD=2048, N_HEAD=16, VOCAB_SIZE=51200, BLOCK_SIZE=2048), [(8, 64), (64, 512)]),
-    ("GPT 6.7B", "examples/gpt.py", dict(N_LAYER=32, N_EMBD=4096, N_HEAD=32, VOCAB_SIZE=51200, BLOCK_SIZE=2048), [(8, 64), (64, 512)]),
-    ("GPT 13B", "examples/gpt.py", dict(N_LAYER=40, N_EMBD=5120, N_HEAD=40, VOCAB_SIZE=51200, BLOCK_SIZE=2048), [(64, 512), (256, 1024)]),
+    (
+        "GPT 1.3B",
+        "examples/gpt.py",
+        dict(N_LAYER=24, N_EMBD=2048, N_HEAD=16, VOCAB_SIZE=51200, BLOCK_SIZE=2048),
+        [(8, 64), (64, 512)],
+    ),
+    (
+        "GPT 6.7B",
+        "examples/gpt.py",
+        dict(N_LAYER=32, N_EMBD=4096, N_HEAD=32, VOCAB_SIZE=51200, BLOCK_SIZE=2048),
+        [(8, 64), (64, 512)],
+    ),
+    (
+        "GPT 13B",
+        "examples/gpt.py",
+        dict(N_LAYER=40, N_EMBD=5120, N_HEAD=40, VOCAB_SIZE=51200, BLOCK_SIZE=2048),
+        [(64, 512), (256, 1024)],
+    ),
     ("GPT-3 175B", "examples/gpt3_175b.py", {}, [(512, 1536), (1024, 1536)]),
 ]
 
@@ -62,7 +78,7 @@ def megatron(graph, profile, devices: int, batch: int):
     for pp in (p for p in range(1, len(graph.layers) + 1) if (devices // tp) % p == 0):
         pins = {"tp": tp, "pp": pp, "sp": True, "schedule": "1f1b"}
         if devices // (tp * pp) > 1:
-            pins["zero"] = 1                     # the distributed optimizer needs data parallelism
+            pins["zero"] = 1  # the distributed optimizer needs data parallelism
         found = best_or_none(graph, profile, devices, batch, pins)
         if found is not None:
             return found
@@ -112,12 +128,33 @@ def _print(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="predicted samples/s (MFU): autoplan vs rules of thumb, dgx-a100")
-    for column in ("model", "devices", "batch", "autoplan", "Megatron rule", "FSDP", "pure DP", "x Megatron", "x FSDP", "autoplan plan"):
+    for column in (
+        "model",
+        "devices",
+        "batch",
+        "autoplan",
+        "Megatron rule",
+        "FSDP",
+        "pure DP",
+        "x Megatron",
+        "x FSDP",
+        "autoplan plan",
+    ):
         table.add_column(column, no_wrap=True)
     for r in rows:
-        cells = [f"{_fmt(r[f'{k}_samples_per_s'], '.1f')} ({_fmt(r[f'{k}_mfu'], '.0%')})" for k in ("autoplan", "megatron", "fsdp", "dp")]
-        table.add_row(r["model"], str(r["devices"]), str(r["batch"]), *cells, _fmt(r["speedup_vs_megatron"], ".2f"),
-                      _fmt(r["speedup_vs_fsdp"], ".2f"), r["autoplan_plan"])
+        cells = [
+            f"{_fmt(r[f'{k}_samples_per_s'], '.1f')} ({_fmt(r[f'{k}_mfu'], '.0%')})"
+            for k in ("autoplan", "megatron", "fsdp", "dp")
+        ]
+        table.add_row(
+            r["model"],
+            str(r["devices"]),
+            str(r["batch"]),
+            *cells,
+            _fmt(r["speedup_vs_megatron"], ".2f"),
+            _fmt(r["speedup_vs_fsdp"], ".2f"),
+            r["autoplan_plan"],
+        )
     Console(width=220).print(table)
 
 

@@ -15,6 +15,7 @@ a core). Prints a table; writes benchmarks/results/planning_time.csv.
 
     python benchmarks/planning_time.py [--repeats N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,22 +30,69 @@ from pathlib import Path
 from _results import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-GPT_1T = {"AUTOPLAN_GPTM_N_LAYER": "128", "AUTOPLAN_GPTM_N_EMBD": "25600", "AUTOPLAN_GPTM_N_HEAD": "160",
-          "AUTOPLAN_GPTM_SEQ_LEN": "2048", "AUTOPLAN_GPTM_VOCAB_SIZE": "51200"}   # Narayanan et al. 2021's 1T GPT
+GPT_1T = {
+    "AUTOPLAN_GPTM_N_LAYER": "128",
+    "AUTOPLAN_GPTM_N_EMBD": "25600",
+    "AUTOPLAN_GPTM_N_HEAD": "160",
+    "AUTOPLAN_GPTM_SEQ_LEN": "2048",
+    "AUTOPLAN_GPTM_VOCAB_SIZE": "51200",
+}  # Narayanan et al. 2021's 1T GPT
 CASES = [
-    {"name": "GPT-3 175B", "model": "examples/gpt3_175b.py", "devices": 1024, "profile": "dgx-a100", "batch": 1536, "target_s": 10.0},
-    {"name": "GPT 4L h512", "model": "examples/gpt.py", "devices": 8, "profile": "dgx-a100", "batch": 16, "target_s": 3.0},
-    {"name": "GPT-1T", "model": "examples/gpt_megatron.py", "devices": 3072, "profile": "dgx-a100", "batch": 3072, "target_s": 10.0,
-     "env": GPT_1T},
-    {"name": "GPT-1T", "model": "examples/gpt_megatron.py", "devices": 4096, "profile": "dgx-a100", "batch": 4096, "target_s": 10.0,
-     "env": GPT_1T},
+    {
+        "name": "GPT-3 175B",
+        "model": "examples/gpt3_175b.py",
+        "devices": 1024,
+        "profile": "dgx-a100",
+        "batch": 1536,
+        "target_s": 10.0,
+    },
+    {
+        "name": "GPT 4L h512",
+        "model": "examples/gpt.py",
+        "devices": 8,
+        "profile": "dgx-a100",
+        "batch": 16,
+        "target_s": 3.0,
+    },
+    {
+        "name": "GPT-1T",
+        "model": "examples/gpt_megatron.py",
+        "devices": 3072,
+        "profile": "dgx-a100",
+        "batch": 3072,
+        "target_s": 10.0,
+        "env": GPT_1T,
+    },
+    {
+        "name": "GPT-1T",
+        "model": "examples/gpt_megatron.py",
+        "devices": 4096,
+        "profile": "dgx-a100",
+        "batch": 4096,
+        "target_s": 10.0,
+        "env": GPT_1T,
+    },
 ]
 
 
 def end_to_end_s(case: dict, out: Path) -> tuple[float, float]:
     """(wall s, user CPU s) of one ``autoplan plan`` process."""
-    command = [sys.executable, "-m", "autoplan.cli", "plan", str(ROOT / case["model"]), "--devices", str(case["devices"]),
-               "--profile", case["profile"], "--batch", str(case["batch"]), "--out", str(out), "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "autoplan.cli",
+        "plan",
+        str(ROOT / case["model"]),
+        "--devices",
+        str(case["devices"]),
+        "--profile",
+        case["profile"],
+        "--batch",
+        str(case["batch"]),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     user_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     start = time.perf_counter()
     subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, **case.get("env", {})})
@@ -71,8 +119,15 @@ def phases_s(case: dict, out: Path) -> dict:
     for i, phase in enumerate(("trace", "search", "write")):
         times[f"{phase}_s"] = clocks[i + 1][0] - clocks[i][0]
         times[f"{phase}_user_s"] = clocks[i + 1][1] - clocks[i][1]
-    return {**times, "in_process_s": clocks[-1][0] - clocks[0][0], "evaluated": result.evaluated, "pruned": result.pruned,
-            "ilp_solves": result.ilp_solves, "ilp_status": result.ilp_status, "plan": result.best.describe()}
+    return {
+        **times,
+        "in_process_s": clocks[-1][0] - clocks[0][0],
+        "evaluated": result.evaluated,
+        "pruned": result.pruned,
+        "ilp_solves": result.ilp_solves,
+        "ilp_status": result.ilp_status,
+        "plan": result.best.describe(),
+    }
 
 
 def _user_s() -> float:
@@ -84,12 +139,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="end-to-end runs per case (the minimum is reported)")
     args = parser.parse_args()
     import autoplan.cli  # noqa: F401  (import torch and the planner once, outside the in-process timings)
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in CASES:
             e2e, e2e_user = min(end_to_end_s(case, Path(tmp) / "e2e") for _ in range(args.repeats))
-            row = {"case": case["name"], "devices": case["devices"], "batch": case["batch"], "end_to_end_s": e2e, "end_to_end_user_s": e2e_user,
-                   "target_s": case["target_s"], **phases_s(case, Path(tmp) / "phases")}
+            row = {
+                "case": case["name"],
+                "devices": case["devices"],
+                "batch": case["batch"],
+                "end_to_end_s": e2e,
+                "end_to_end_user_s": e2e_user,
+                "target_s": case["target_s"],
+                **phases_s(case, Path(tmp) / "phases"),
+            }
             rows.append(row)
     _print(rows)
     write_results(rows, "planning_time")
@@ -100,13 +163,35 @@ def _print(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="planning time: model file -> plan.json")
-    for name in ("case", "devices", "end-to-end s (user)", "target s", "trace s (user)", "search s (user)", "write s (user)",
-                 "priced", "pruned", "ILPs", "plan"):
+    for name in (
+        "case",
+        "devices",
+        "end-to-end s (user)",
+        "target s",
+        "trace s (user)",
+        "search s (user)",
+        "write s (user)",
+        "priced",
+        "pruned",
+        "ILPs",
+        "plan",
+    ):
         table.add_column(name, no_wrap=True)
     both = lambda r, k: f"{r[k + '_s']:.2f} ({r[k + '_user_s']:.2f})"  # noqa: E731
     for r in rows:
-        table.add_row(r["case"], str(r["devices"]), both(r, "end_to_end"), f"{r['target_s']:.0f}", both(r, "trace"),
-                      both(r, "search"), both(r, "write"), str(r["evaluated"]), str(r["pruned"]), str(r["ilp_solves"]), r["plan"])
+        table.add_row(
+            r["case"],
+            str(r["devices"]),
+            both(r, "end_to_end"),
+            f"{r['target_s']:.0f}",
+            both(r, "trace"),
+            both(r, "search"),
+            both(r, "write"),
+            str(r["evaluated"]),
+            str(r["pruned"]),
+            str(r["ilp_solves"]),
+            r["plan"],
+        )
     Console(width=200).print(table)
 
 

@@ -21,6 +21,7 @@ column; docs/cost-model.md discusses the ZeRO-3 rows).
 
     python benchmarks/published_runs.py [--profile profiles/dgx-a100.yaml] [--only korthikanti]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,13 @@ def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def trace_gpt(row: pd.Series):
     example = _megatron_example()
-    config = example.MegatronGPTConfig(n_layer=int(row.layers), n_embd=int(row.hidden), n_head=int(row.heads),
-                                       seq_len=int(row.seq_len), vocab_size=int(row.vocab))
+    config = example.MegatronGPTConfig(
+        n_layer=int(row.layers),
+        n_embd=int(row.hidden),
+        n_head=int(row.heads),
+        seq_len=int(row.seq_len),
+        vocab_size=int(row.vocab),
+    )
     with torch.device("meta"):
         model = example.MegatronGPT(config).to(torch.float16)
     idx = torch.zeros(1, int(row.seq_len), dtype=torch.long, device="meta")
@@ -74,11 +80,22 @@ def published_step_s(row: pd.Series) -> float:
 
 def plan_for(row: pd.Series) -> Plan:
     micro = int(row.micro_batch)
-    return Plan(devices=int(row.devices), dp=int(row.dp), tp=int(row.tp), pp=int(row.pp), micro_batch_size=micro,
-                num_microbatches=int(row.global_batch) // (int(row.dp) * micro), schedule=str(row.schedule),
-                virtual_stages=int(row.virtual_stages), zero_stage=int(row.zero_stage), recompute=str(row.recompute),
-                sequence_parallel=str(row.sequence_parallel).lower() == "true", precision=str(row.precision),
-                overlap_grad_reduce=str(row.overlap_grad_reduce).lower() == "true", grad_reduce_dtype=str(row.grad_reduce_dtype))
+    return Plan(
+        devices=int(row.devices),
+        dp=int(row.dp),
+        tp=int(row.tp),
+        pp=int(row.pp),
+        micro_batch_size=micro,
+        num_microbatches=int(row.global_batch) // (int(row.dp) * micro),
+        schedule=str(row.schedule),
+        virtual_stages=int(row.virtual_stages),
+        zero_stage=int(row.zero_stage),
+        recompute=str(row.recompute),
+        sequence_parallel=str(row.sequence_parallel).lower() == "true",
+        precision=str(row.precision),
+        overlap_grad_reduce=str(row.overlap_grad_reduce).lower() == "true",
+        grad_reduce_dtype=str(row.grad_reduce_dtype),
+    )
 
 
 def main() -> None:
@@ -95,19 +112,35 @@ def main() -> None:
         graph = trace_gpt(row)
         cost = CostModel(graph, profile).estimate(plan_for(row))
         published = published_step_s(row)
-        rows.append(dict(run=row.run, devices=row.devices, published_step_s=round(published, 3),
-                         predicted_step_s=round(cost.step_time_s, 3), error_pct=round(100 * (cost.step_time_s / published - 1), 1),
-                         compute_s=round(cost.compute_s, 3), recompute_s=round(cost.recompute_s, 3), tp_s=round(cost.tp_comm_s, 3),
-                         bubble_s=round(cost.bubble_s, 3), pp_s=round(cost.pp_comm_s, 3), dp_exposed_s=round(cost.dp_comm_exposed_s, 3),
-                         optimizer_s=round(cost.optimizer_s, 3), mfu=round(cost.mfu, 3), peak_gib=round(cost.peak_memory_bytes / 2**30, 1),
-                         feasible=cost.feasible, trace_s=round(time.perf_counter() - start, 1)))
+        rows.append(
+            dict(
+                run=row.run,
+                devices=row.devices,
+                published_step_s=round(published, 3),
+                predicted_step_s=round(cost.step_time_s, 3),
+                error_pct=round(100 * (cost.step_time_s / published - 1), 1),
+                compute_s=round(cost.compute_s, 3),
+                recompute_s=round(cost.recompute_s, 3),
+                tp_s=round(cost.tp_comm_s, 3),
+                bubble_s=round(cost.bubble_s, 3),
+                pp_s=round(cost.pp_comm_s, 3),
+                dp_exposed_s=round(cost.dp_comm_exposed_s, 3),
+                optimizer_s=round(cost.optimizer_s, 3),
+                mfu=round(cost.mfu, 3),
+                peak_gib=round(cost.peak_memory_bytes / 2**30, 1),
+                feasible=cost.feasible,
+                trace_s=round(time.perf_counter() - start, 1),
+            )
+        )
         print(pd.DataFrame(rows[-1:]).to_string(index=False, header=len(rows) == 1), flush=True)
     table = pd.DataFrame(rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
     table["source"] = list(runs[runs.run.str.contains(args.only)].source)
     for source, part in table.groupby("source", sort=False):
-        print(f"{source}: mean |error| {part.error_pct.abs().mean():.1f}%, max |error| {part.error_pct.abs().max():.1f}%")
+        print(
+            f"{source}: mean |error| {part.error_pct.abs().mean():.1f}%, max |error| {part.error_pct.abs().max():.1f}%"
+        )
     print(f"-> {args.out}")
 
 

@@ -4,6 +4,7 @@ Fused qkv projection (``c_attn``), ``F.scaled_dot_product_attention`` with a cau
 pre-norm blocks in ``transformer.h``, GELU MLP of width 4h, and an output head tied to the
 token embedding. Sizes come from :class:`GPTConfig`; each example file fills one in.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,11 @@ class GPTConfig:
         for f in fields(self):
             value = os.environ.get(f"{prefix}_{f.name.upper()}")
             if value is not None:
-                setattr(self, f.name, type(getattr(self, f.name))(value) if f.type != "bool" else value.lower() in ("1", "true"))
+                setattr(
+                    self,
+                    f.name,
+                    type(getattr(self, f.name))(value) if f.type != "bool" else value.lower() in ("1", "true"),
+                )
         return self
 
 
@@ -81,13 +86,15 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in nanoGPT
 

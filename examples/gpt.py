@@ -1,6 +1,7 @@
 """A nanoGPT-style GPT (fused qkv, SDPA, tied embeddings): 4 layers, hidden 512, 8 heads,
 vocab 32000, seq 512 by default. Override any size with AUTOPLAN_GPT_<FIELD>, e.g.
 AUTOPLAN_GPT_N_LAYER=12 (fields: see examples/_gpt_common.py GPTConfig)."""
+
 import sys
 from pathlib import Path
 

@@ -2,6 +2,7 @@
 vocab 51200 (padded from 50257 as in Megatron). Same code as examples/gpt.py; it builds on
 the meta device, so it never allocates its 700 GB of fp32 weights. Override sizes with
 AUTOPLAN_GPT3_<FIELD>."""
+
 import sys
 from pathlib import Path
 

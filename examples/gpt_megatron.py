@@ -27,6 +27,7 @@ bytes are the same up to the b*s*h query scaling.
 Defaults: a 4-layer GPT (hidden 512, 8 heads, seq 512, vocab 32000, dropout 0.1); override
 any field with AUTOPLAN_GPTM_<FIELD>, e.g. AUTOPLAN_GPTM_N_LAYER=24.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,8 @@ class MegatronGPTConfig:
     n_embd: int = 512
     vocab_size: int = 32000
     seq_len: int = 512
-    hidden_dropout: float = 0.1      # Megatron-LM's --hidden-dropout default
-    attention_dropout: float = 0.1   # Megatron-LM's --attention-dropout default
+    hidden_dropout: float = 0.1  # Megatron-LM's --hidden-dropout default
+    attention_dropout: float = 0.1  # Megatron-LM's --attention-dropout default
 
     def with_env(self, prefix: str) -> "MegatronGPTConfig":
         for f in fields(self):
@@ -69,8 +70,8 @@ class MegatronAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         mixed = self.query_key_value(x).view(b, s, self.heads, 3 * self.head_dim)
-        q, k, v = (t.transpose(1, 2) for t in mixed.split(self.head_dim, dim=-1))   # [b, a, s, d] each
-        scores = torch.matmul(q / math.sqrt(self.head_dim), k.transpose(-2, -1))      # [b, a, s, s]
+        q, k, v = (t.transpose(1, 2) for t in mixed.split(self.head_dim, dim=-1))  # [b, a, s, d] each
+        scores = torch.matmul(q / math.sqrt(self.head_dim), k.transpose(-2, -1))  # [b, a, s, s]
         probs = torch.softmax(scores.masked_fill(self.causal_mask[:s, :s], float("-inf")), dim=-1)
         probs = self.attention_dropout(probs)
         context = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, h)
@@ -115,7 +116,7 @@ class MegatronGPT(nn.Module):
         x = self.embedding_dropout(self.word_embeddings(idx) + self.position_embeddings(positions))
         for layer in self.layers:
             x = layer(x)
-        return F.linear(self.final_layernorm(x), self.word_embeddings.weight)   # output head tied to the embedding
+        return F.linear(self.final_layernorm(x), self.word_embeddings.weight)  # output head tied to the embedding
 
 
 CONFIG = MegatronGPTConfig().with_env("AUTOPLAN_GPTM")

@@ -1,6 +1,7 @@
 """A Llama-style decoder: RMSNorm, SwiGLU MLP, rotary position embeddings and grouped-query
 attention (8 query heads share 2 key/value heads). Sizes in CONFIG, overridable with
 AUTOPLAN_LLAMA_<FIELD> (e.g. AUTOPLAN_LLAMA_N_LAYERS=32)."""
+
 import os
 from dataclasses import dataclass, fields
 

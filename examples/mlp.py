@@ -2,6 +2,7 @@
 (LayerNorm -> Linear -> GELU -> Linear, residual), a classifier. Sizes overridable with
 AUTOPLAN_MLP_DEPTH / _FEATURES / _HIDDEN / _CLASSES. No loss_fn: the default loss (a mean
 of the output) is used."""
+
 import os
 
 import torch

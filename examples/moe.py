@@ -4,6 +4,7 @@ Routing is GShard/Switch-style with a fixed expert capacity, written with dense 
 dispatch and combine tensors (einsum), so every shape is static and the model traces on fake
 tensors: each expert processes exactly ``capacity`` token slots. Sizes overridable with
 AUTOPLAN_MOE_<NAME> for LAYERS, DIM, HEADS, EXPERTS, TOP_K, VOCAB, SEQ."""
+
 import math
 import os
 
@@ -41,14 +42,14 @@ class MoE(nn.Module):
         tokens = x.reshape(B * T, C)
         capacity = math.ceil(CAPACITY_FACTOR * B * T * TOP_K / EXPERTS)
         probs = F.softmax(self.router(tokens), dim=-1)
-        weights, chosen = probs.topk(TOP_K, dim=-1)                                   # [S, k]
-        onehot = F.one_hot(chosen, EXPERTS).to(x.dtype)                                 # [S, k, E]
+        weights, chosen = probs.topk(TOP_K, dim=-1)  # [S, k]
+        onehot = F.one_hot(chosen, EXPERTS).to(x.dtype)  # [S, k, E]
         position = (torch.cumsum(onehot.reshape(-1, EXPERTS), dim=0).reshape(B * T, TOP_K, EXPERTS) - 1) * onehot
-        keep = onehot * (position < capacity).to(x.dtype)                               # drop overflow tokens
+        keep = onehot * (position < capacity).to(x.dtype)  # drop overflow tokens
         slots = F.one_hot(position.long().clamp(0, capacity - 1), capacity).to(x.dtype) * keep.unsqueeze(-1)
-        dispatch = slots.sum(1)                                                          # [S, E, C]
-        combine = (slots * weights.unsqueeze(-1).unsqueeze(-1)).sum(1)                   # [S, E, C]
-        expert_in = torch.einsum("sec,sd->ecd", dispatch, tokens)                        # [E, C, D]
+        dispatch = slots.sum(1)  # [S, E, C]
+        combine = (slots * weights.unsqueeze(-1).unsqueeze(-1)).sum(1)  # [S, E, C]
+        expert_in = torch.einsum("sec,sd->ecd", dispatch, tokens)  # [E, C, D]
         expert_out = torch.stack([expert(expert_in[i]) for i, expert in enumerate(self.experts)])
         return torch.einsum("sec,ecd->sd", combine, expert_out).reshape(B, T, C)
 

@@ -1,5 +1,6 @@
 """A ResNet-18-style image classifier (BasicBlocks in four stages layer1..layer4), 64x64
 images, 100 classes. Sizes overridable with AUTOPLAN_RESNET_WIDTH / _IMAGE / _CLASSES / _BLOCKS."""
+
 import os
 
 import torch
@@ -36,7 +37,7 @@ class ResNet(nn.Module):
         self.bn1 = nn.BatchNorm2d(WIDTH)
         cin = WIDTH
         for i, n in enumerate(BLOCKS):
-            cout, stride = WIDTH * 2 ** i, 1 if i == 0 else 2
+            cout, stride = WIDTH * 2**i, 1 if i == 0 else 2
             blocks = [BasicBlock(cin if j == 0 else cout, cout, stride if j == 0 else 1) for j in range(n)]
             setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
             cin = cout

@@ -1,6 +1,7 @@
 """A Vision Transformer (ViT-style): conv patch embedding, class token, learned positions,
 pre-norm encoder blocks with SDPA (not causal), classification head. Sizes overridable with
 AUTOPLAN_VIT_<NAME> for LAYERS, DIM, HEADS, IMAGE, PATCH, CLASSES."""
+
 import os
 
 import torch

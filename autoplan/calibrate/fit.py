@@ -28,6 +28,7 @@ busbw), which is how micro-benchmarks and real runs usually differ (contention b
 framework overhead). The cost model is piecewise (roofline max, overlap), so the second start
 guards against a local optimum that trades compute time for memory time.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,18 +46,18 @@ from autoplan.types.profile import Profile
 
 @dataclass
 class FitOptions:
-    noise_sigma: float = 0.05        # s_m: log std of a measured median step time
-    prior_sigma: float = 1.0         # s_p: log std of the prior on each number (1.0 = a factor e)
-    min_sensitivity: float = 1e-3    # fit a number only if doubling it moves some prediction by this (log)
+    noise_sigma: float = 0.05  # s_m: log std of a measured median step time
+    prior_sigma: float = 1.0  # s_p: log std of the prior on each number (1.0 = a factor e)
+    min_sensitivity: float = 1e-3  # fit a number only if doubling it moves some prediction by this (log)
     max_evaluations: int = 400
 
 
 @dataclass
 class FitResult:
-    profile: Profile                 # the calibrated profile (calibration field not yet written)
+    profile: Profile  # the calibrated profile (calibration field not yet written)
     fitted: list[Parameter]
     values_after: list[float]
-    unused: list[str]                # candidate numbers the runs carry no information about
+    unused: list[str]  # candidate numbers the runs carry no information about
     labels: list[str]
     measured_s: list[float]
     predicted_before_s: list[float]
@@ -89,12 +90,14 @@ def _lean(profile: Profile) -> Profile:
     """A copy without the raw collective points, which predictions never read (faster copies)."""
     lean = copy.deepcopy(profile)
     for link in (lean.intra_node, lean.inter_node):
-        for fit in (link.collectives.values() if link is not None else ()):
+        for fit in link.collectives.values() if link is not None else ():
             fit.points = []
     return lean
 
 
-def informative(profile: Profile, params: list[Parameter], observations: list[Observation], *, min_sensitivity: float) -> list[bool]:
+def informative(
+    profile: Profile, params: list[Parameter], observations: list[Observation], *, min_sensitivity: float
+) -> list[bool]:
     """For each parameter: does doubling it (halving a capped max_efficiency) move any prediction?"""
     base = np.log(predict_s(profile, observations))
     flags = []
@@ -125,15 +128,28 @@ def _fit(profile: Profile, observations: list[Observation], options: FitOptions)
     theta, converged, message = _solve(lean, fitted, observations, np.log(measured), options)
     values = [p.original * math.exp(t) for p, t in zip(fitted, theta)]
     after = predict_s(apply(lean, fitted, values), observations)
-    return FitResult(profile=apply(profile, fitted, values), fitted=fitted, values_after=values,
-                     unused=[p.path for p, used in zip(candidates, flags) if not used],
-                     labels=[obs.label or f"run {j}" for j, obs in enumerate(observations)], measured_s=measured.tolist(),
-                     predicted_before_s=before.tolist(), predicted_after_s=after.tolist(), converged=converged,
-                     message=message, options=options)
+    return FitResult(
+        profile=apply(profile, fitted, values),
+        fitted=fitted,
+        values_after=values,
+        unused=[p.path for p, used in zip(candidates, flags) if not used],
+        labels=[obs.label or f"run {j}" for j, obs in enumerate(observations)],
+        measured_s=measured.tolist(),
+        predicted_before_s=before.tolist(),
+        predicted_after_s=after.tolist(),
+        converged=converged,
+        message=message,
+        options=options,
+    )
 
 
-def _solve(lean: Profile, fitted: list[Parameter], observations: list[Observation], log_measured: np.ndarray,
-           options: FitOptions) -> tuple[np.ndarray, bool, str]:
+def _solve(
+    lean: Profile,
+    fitted: list[Parameter],
+    observations: list[Observation],
+    log_measured: np.ndarray,
+    options: FitOptions,
+) -> tuple[np.ndarray, bool, str]:
     """Two starts, keep the better: the original profile, and a uniform compute / link scale (module doc)."""
     if not fitted:
         return np.zeros(0), True, "no parameter of the profile changes any run's prediction"
@@ -147,8 +163,18 @@ def _solve(lean: Profile, fitted: list[Parameter], observations: list[Observatio
     low, high = (np.array(b) for b in zip(*(p.theta_bounds for p in fitted)))
     best = None
     for x0 in (np.zeros(len(fitted)), _group_start(fitted, residuals, low, high)):
-        result = least_squares(residuals, np.clip(x0, low, high), bounds=(low, high), method="trf", diff_step=1e-3, x_scale="jac",
-                               ftol=1e-10, xtol=1e-10, gtol=1e-10, max_nfev=options.max_evaluations)
+        result = least_squares(
+            residuals,
+            np.clip(x0, low, high),
+            bounds=(low, high),
+            method="trf",
+            diff_step=1e-3,
+            x_scale="jac",
+            ftol=1e-10,
+            xtol=1e-10,
+            gtol=1e-10,
+            max_nfev=options.max_evaluations,
+        )
         if best is None or result.cost < best.cost:
             best = result
     return best.x, bool(best.success), str(best.message)
@@ -172,8 +198,13 @@ def _group_start(fitted: list[Parameter], residuals, low: np.ndarray, high: np.n
     members = np.array([[1.0 if group_of(p) == g else 0.0 for g in groups] for p in fitted])
     g_low = np.array([max(low[members[:, k] > 0]) for k in range(len(groups))])
     g_high = np.array([min(high[members[:, k] > 0]) for k in range(len(groups))])
-    result = least_squares(lambda phi: residuals(members @ phi), np.clip(np.zeros(len(groups)), g_low, g_high),
-                           bounds=(g_low, np.maximum(g_high, g_low + 1e-9)), method="trf", diff_step=1e-3)
+    result = least_squares(
+        lambda phi: residuals(members @ phi),
+        np.clip(np.zeros(len(groups)), g_low, g_high),
+        bounds=(g_low, np.maximum(g_high, g_low + 1e-9)),
+        method="trf",
+        diff_step=1e-3,
+    )
     return members @ result.x
 
 
@@ -182,7 +213,9 @@ def _check(observations: list[Observation]) -> None:
         raise CalibrationError("no measured runs to calibrate from; pass one or more run folders.")
     for obs in observations:
         if not obs.measured_step_time_s > 0:
-            raise CalibrationError(f"run '{obs.label}' has measured step time {obs.measured_step_time_s!r}; expected a positive number of seconds.")
+            raise CalibrationError(
+                f"run '{obs.label}' has measured step time {obs.measured_step_time_s!r}; expected a positive number of seconds."
+            )
 
 
 def abs_pct_errors(predicted_s: list[float], measured_s: list[float]) -> list[float]:

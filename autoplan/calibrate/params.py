@@ -21,6 +21,7 @@ positive and has the same scale; ``max_efficiency`` is also kept <= 1. Peaks are
 A parameter whose original value is 0 (e.g. ``half_saturation_flops = 0``) cannot be scaled and
 is left as it is.
 """
+
 from __future__ import annotations
 
 import copy
@@ -42,9 +43,9 @@ MAX_FACTOR = 20.0
 
 @dataclass(frozen=True)
 class Parameter:
-    path: str          # dotted path, e.g. "intra_node.collectives.all_reduce.busbw_bytes_per_s"
+    path: str  # dotted path, e.g. "intra_node.collectives.all_reduce.busbw_bytes_per_s"
     original: float
-    upper: float       # largest allowed value (max_efficiency <= 1)
+    upper: float  # largest allowed value (max_efficiency <= 1)
 
     @property
     def theta_bounds(self) -> tuple[float, float]:
@@ -57,7 +58,10 @@ def candidate_parameters(profile: Profile, *, precisions: set[str]) -> list[Para
     """Every refittable number of ``profile`` that plans in ``precisions`` can depend on."""
     params = [Parameter("device.memory_efficiency", profile.device.memory_efficiency, math.inf)]
     if profile.device.op_overhead is not None:
-        params += [Parameter(f"device.op_overhead.{f}", getattr(profile.device.op_overhead, f), math.inf) for f in OVERHEAD_FIELDS]
+        params += [
+            Parameter(f"device.op_overhead.{f}", getattr(profile.device.op_overhead, f), math.inf)
+            for f in OVERHEAD_FIELDS
+        ]
     for dtype in sorted({peak_dtype(profile, p) for p in precisions}):
         for op_class in CURVE_CLASSES:
             curve = _effective_curve(profile, dtype, op_class)

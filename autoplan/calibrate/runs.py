@@ -7,6 +7,7 @@ A run folder is what ``autoplan run ... --out RUNDIR`` writes (docs/executor.md)
 once per distinct (model file, batch, environment). Every way a folder cannot be used raises
 :class:`CalibrationError` with one sentence.
 """
+
 from __future__ import annotations
 
 import csv
@@ -36,10 +37,10 @@ class Observation:
     graph: Graph
     plan: Plan
     measured_step_time_s: float
-    label: str = ""                  # the run folder, or any name
+    label: str = ""  # the run folder, or any name
     model_file: str = ""
     environment: dict[str, str] = field(default_factory=dict)
-    noise_sigma: float | None = None   # log std of the measured median, from the run's own step times (None: unknown)
+    noise_sigma: float | None = None  # log std of the measured median, from the run's own step times (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -58,21 +59,34 @@ def read_run_folder(folder: str | os.PathLike) -> RunFolder:
     """Read and check one run folder (module docstring)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise CalibrationError(f"run folder '{folder}' does not exist; pass folders written by `autoplan run ... --out RUNDIR`.")
+        raise CalibrationError(
+            f"run folder '{folder}' does not exist; pass folders written by `autoplan run ... --out RUNDIR`."
+        )
     summary = _summary(folder)
     plan = _plan(folder, summary)
     measured = summary.get("median_step_time_s")
     if not isinstance(measured, (int, float)) or measured <= 0:
-        raise CalibrationError(f"run folder '{folder}' has no positive median_step_time_s in summary.json; rerun it with more --steps.")
+        raise CalibrationError(
+            f"run folder '{folder}' has no positive median_step_time_s in summary.json; rerun it with more --steps."
+        )
     model_file = summary.get("model_file")
     if not model_file or not Path(model_file).is_file():
-        raise CalibrationError(f"run folder '{folder}' does not record an existing model_file in summary.json ({model_file!r}); "
-                               "rerun it with this autoplan's `autoplan run`, which records it.")
+        raise CalibrationError(
+            f"run folder '{folder}' does not record an existing model_file in summary.json ({model_file!r}); "
+            "rerun it with this autoplan's `autoplan run`, which records it."
+        )
     batch = int(summary.get("global_batch_size") or plan.global_batch_size)
     env = tuple(sorted((summary.get("environment") or {}).items()))
-    return RunFolder(folder=folder, plan=plan, measured_step_time_s=float(measured), model_file=str(model_file),
-                     global_batch_size=batch, environment=env, backend=summary.get("backend"),
-                     noise_sigma=median_noise_sigma(folder / "measured.csv", skip=int(summary.get("warmup_steps") or 0)))
+    return RunFolder(
+        folder=folder,
+        plan=plan,
+        measured_step_time_s=float(measured),
+        model_file=str(model_file),
+        global_batch_size=batch,
+        environment=env,
+        backend=summary.get("backend"),
+        noise_sigma=median_noise_sigma(folder / "measured.csv", skip=int(summary.get("warmup_steps") or 0)),
+    )
 
 
 def median_noise_sigma(path: Path, *, skip: int) -> float | None:
@@ -94,7 +108,9 @@ def median_noise_sigma(path: Path, *, skip: int) -> float | None:
 def _summary(folder: Path) -> dict:
     path = folder / "summary.json"
     if not path.is_file():
-        raise CalibrationError(f"run folder '{folder}' has no summary.json; the run did not finish, rerun `autoplan run ... --out {folder}`.")
+        raise CalibrationError(
+            f"run folder '{folder}' has no summary.json; the run did not finish, rerun `autoplan run ... --out {folder}`."
+        )
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -108,7 +124,9 @@ def _plan(folder: Path, summary: dict) -> Plan:
     candidates = [folder / "plan.json"] + ([Path(summary["plan_file"])] if summary.get("plan_file") else [])
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
-        raise CalibrationError(f"run folder '{folder}' has no plan.json and its recorded plan_file is gone; rerun it with `autoplan run`.")
+        raise CalibrationError(
+            f"run folder '{folder}' has no plan.json and its recorded plan_file is gone; rerun it with `autoplan run`."
+        )
     try:
         return Plan.load(path)
     except PlanError as exc:
@@ -118,14 +136,20 @@ def _plan(folder: Path, summary: dict) -> Plan:
 def check_matches(run: RunFolder, profile: Profile) -> None:
     """A run belongs to ``profile`` when its plan was made for it and it ran on the profile's backend."""
     if run.plan.profile and run.plan.profile != profile.name:
-        raise CalibrationError(f"run folder '{run.folder}' ran a plan made for profile '{run.plan.profile}', not '{profile.name}'; "
-                               "calibrate each profile from its own runs.")
+        raise CalibrationError(
+            f"run folder '{run.folder}' ran a plan made for profile '{run.plan.profile}', not '{profile.name}'; "
+            "calibrate each profile from its own runs."
+        )
     if run.backend and run.backend != profile.backend:
-        raise CalibrationError(f"run folder '{run.folder}' ran on {run.backend} but profile '{profile.name}' describes {profile.backend}; "
-                               "calibrate each profile from its own runs.")
+        raise CalibrationError(
+            f"run folder '{run.folder}' ran on {run.backend} but profile '{profile.name}' describes {profile.backend}; "
+            "calibrate each profile from its own runs."
+        )
     if run.plan.devices > profile.devices_per_node and profile.inter_node is None:
-        raise CalibrationError(f"run folder '{run.folder}' used {run.plan.devices} devices but profile '{profile.name}' describes one node of "
-                               f"{profile.devices_per_node}; calibrate a profile with an inter_node link.")
+        raise CalibrationError(
+            f"run folder '{run.folder}' used {run.plan.devices} devices but profile '{profile.name}' describes one node of "
+            f"{profile.devices_per_node}; calibrate a profile with an inter_node link."
+        )
 
 
 @contextmanager
@@ -148,7 +172,9 @@ def load_observations(folders: list[str | os.PathLike], *, profile: Profile) -> 
     from autoplan.trace import trace_model_file
 
     if not folders:
-        raise CalibrationError("no run folders given; pass one or more folders written by `autoplan run ... --out RUNDIR`.")
+        raise CalibrationError(
+            "no run folders given; pass one or more folders written by `autoplan run ... --out RUNDIR`."
+        )
     runs = [read_run_folder(f) for f in folders]
     for run in runs:
         check_matches(run, profile)
@@ -159,7 +185,15 @@ def load_observations(folders: list[str | os.PathLike], *, profile: Profile) -> 
         if key not in graphs:
             with environment(run.environment):
                 graphs[key] = trace_model_file(run.model_file, run.global_batch_size)
-        out.append(Observation(graph=graphs[key], plan=run.plan, measured_step_time_s=run.measured_step_time_s,
-                               label=str(run.folder), model_file=run.model_file, environment=dict(run.environment),
-                               noise_sigma=run.noise_sigma))
+        out.append(
+            Observation(
+                graph=graphs[key],
+                plan=run.plan,
+                measured_step_time_s=run.measured_step_time_s,
+                label=str(run.folder),
+                model_file=run.model_file,
+                environment=dict(run.environment),
+                noise_sigma=run.noise_sigma,
+            )
+        )
     return out

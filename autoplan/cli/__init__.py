@@ -8,6 +8,7 @@ laziness lives here too (:mod:`autoplan.cli.startup`): a command imports torch a
 it needs inside its handler. This module parses the shared flags and turns errors into one
 sentence and a non-zero exit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,5 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
         if args.debug:
             raise
-        print(f"autoplan: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback, and please report it).", file=sys.stderr)
+        print(
+            f"autoplan: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback, and please report it).",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL

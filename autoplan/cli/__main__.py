@@ -1,4 +1,5 @@
 """``python -m autoplan.cli``: the ``autoplan`` command."""
+
 import sys
 
 from autoplan.cli import main

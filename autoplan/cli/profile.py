@@ -1,9 +1,10 @@
 """``autoplan profile``: measure this machine into a profile file, or check and show one.
 
-    autoplan profile --devices N --out profiles/NAME.yaml [--model MODEL.py --batch B] [--threads T]
-    autoplan profile --show NAME_OR_PATH
-    autoplan profile --refresh op_overhead|comm_overlap --out PROFILE.yaml   # re-measure one part in place
+autoplan profile --devices N --out profiles/NAME.yaml [--model MODEL.py --batch B] [--threads T]
+autoplan profile --show NAME_OR_PATH
+autoplan profile --refresh op_overhead|comm_overlap --out PROFILE.yaml   # re-measure one part in place
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,20 +19,37 @@ REFRESHABLE = ("op_overhead", "comm_overlap")
 
 
 def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    parser = subparsers.add_parser("profile", parents=[common], help="measure this machine into a hardware profile, or check one",
-                                   description="Measure compute and memory bandwidth (all N processes at once) and N-process "
-                                               "collectives on this machine and write a profile (see docs/profile-format.md); or check and show a profile.")
-    parser.add_argument("--devices", type=int, default=2, help="processes (GPUs, or CPU ranks) that compute at once and measure collectives between (default 2)")
+    parser = subparsers.add_parser(
+        "profile",
+        parents=[common],
+        help="measure this machine into a hardware profile, or check one",
+        description="Measure compute and memory bandwidth (all N processes at once) and N-process "
+        "collectives on this machine and write a profile (see docs/profile-format.md); or check and show a profile.",
+    )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=2,
+        help="processes (GPUs, or CPU ranks) that compute at once and measure collectives between (default 2)",
+    )
     parser.add_argument("--out", help="where to write the profile (.yaml or .json)")
     parser.add_argument("--name", help="profile name (default: the --out file stem)")
     parser.add_argument("--threads", type=int, help="intra-op threads per process (default: cores // devices)")
     parser.add_argument("--model", help="also time each traced op of this model file")
     parser.add_argument("--batch", type=int, default=1, help="global batch for --model (default 1)")
     parser.add_argument("--quick", action="store_true", help="a small sweep (seconds), for smoke tests")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the measuring processes are stopped (default 300)")
-    parser.add_argument("--show", metavar="PROFILE", help="load, validate and summarise a profile (name or path) instead of measuring")
-    parser.add_argument("--refresh", choices=REFRESHABLE, help="re-measure only this part of the existing --out profile (with its "
-                                                               "devices_per_node and threads) and rewrite the file")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before the measuring processes are stopped (default 300)"
+    )
+    parser.add_argument(
+        "--show", metavar="PROFILE", help="load, validate and summarise a profile (name or path) instead of measuring"
+    )
+    parser.add_argument(
+        "--refresh",
+        choices=REFRESHABLE,
+        help="re-measure only this part of the existing --out profile (with its "
+        "devices_per_node and threads) and rewrite the file",
+    )
     parser.set_defaults(func=run)
 
 
@@ -51,11 +69,17 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     quick_comm = CommSweep(max_bytes=4 * 2**20, factor=4)
-    profile = measure_profile(devices=args.devices, name=args.name or _stem(args.out), threads=args.threads,
-                              compute_sweep=QUICK_SWEEP if args.quick else DEFAULT_SWEEP,
-                              comm_sweep=quick_comm if args.quick else CommSweep(),
-                              model=args.model, batch=args.batch, progress=not (args.quiet or args.json),
-                              timeout_s=args.timeout)
+    profile = measure_profile(
+        devices=args.devices,
+        name=args.name or _stem(args.out),
+        threads=args.threads,
+        compute_sweep=QUICK_SWEEP if args.quick else DEFAULT_SWEEP,
+        comm_sweep=quick_comm if args.quick else CommSweep(),
+        model=args.model,
+        batch=args.batch,
+        progress=not (args.quiet or args.json),
+        timeout_s=args.timeout,
+    )
     path = save_profile(profile, args.out)
     _print({**summary(profile), "written": str(path), "wall_s": round(time.perf_counter() - started, 1)}, args)
     return 0
@@ -91,6 +115,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _stem(path: str) -> str:
     from pathlib import Path
+
     return Path(path).stem
 
 
@@ -99,16 +124,25 @@ def summary(profile: Profile) -> dict[str, Any]:
     device = profile.device
     links = {"intra_node": profile.intra_node, "inter_node": profile.inter_node}
     return {
-        "name": profile.name, "device": device.name, "devices_per_node": profile.devices_per_node,
-        "backend": profile.backend, "threads": profile.threads,
+        "name": profile.name,
+        "device": device.name,
+        "devices_per_node": profile.devices_per_node,
+        "backend": profile.backend,
+        "threads": profile.threads,
         "memory_bytes": device.memory_bytes,
         "peak_flops": device.peak_flops,
         "memory_bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s,
         "efficiency": {k: [round(v.max_efficiency, 3), v.half_saturation_flops] for k, v in device.efficiency.items()},
-        "op_overhead_s": None if device.op_overhead is None else {"forward_s": device.op_overhead.forward_s,
-                                                                 "backward_s": device.op_overhead.backward_s},
-        "links": {name: {k: {"alpha_s": f.alpha_s, "busbw_bytes_per_s": f.busbw_bytes_per_s} for k, f in link.collectives.items()}
-                  for name, link in links.items() if link is not None},
+        "op_overhead_s": None
+        if device.op_overhead is None
+        else {"forward_s": device.op_overhead.forward_s, "backward_s": device.op_overhead.backward_s},
+        "links": {
+            name: {
+                k: {"alpha_s": f.alpha_s, "busbw_bytes_per_s": f.busbw_bytes_per_s} for k, f in link.collectives.items()
+            }
+            for name, link in links.items()
+            if link is not None
+        },
         "price_per_device_hour": profile.price_per_device_hour,
     }
 
@@ -123,12 +157,19 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{data['name']}[/]: {data['device']}, {data['devices_per_node']} per node, backend {data['backend']}, threads {data['threads']}")
-    console.print("peak FLOP/s: " + ", ".join(f"{k} {v / 1e12:.3g} T" for k, v in data["peak_flops"].items())
-                  + f"; memory {data['memory_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s")
+    console.print(
+        f"[bold]{data['name']}[/]: {data['device']}, {data['devices_per_node']} per node, backend {data['backend']}, threads {data['threads']}"
+    )
+    console.print(
+        "peak FLOP/s: "
+        + ", ".join(f"{k} {v / 1e12:.3g} T" for k, v in data["peak_flops"].items())
+        + f"; memory {data['memory_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s"
+    )
     if data["op_overhead_s"]:
-        console.print(f"host overhead per op: forward {data['op_overhead_s']['forward_s'] * 1e6:.1f} us, "
-                      f"backward {data['op_overhead_s']['backward_s'] * 1e6:.1f} us")
+        console.print(
+            f"host overhead per op: forward {data['op_overhead_s']['forward_s'] * 1e6:.1f} us, "
+            f"backward {data['op_overhead_s']['backward_s'] * 1e6:.1f} us"
+        )
     table = Table("link", "collective", "alpha (us)", "busbw (GB/s)")
     for link, fits in data["links"].items():
         for kind, fit in fits.items():

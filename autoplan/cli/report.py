@@ -1,4 +1,5 @@
 """``autoplan report DIR [RUNDIR...] --out REPORTDIR`` and ``autoplan explain DIR``."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,18 +8,28 @@ import sys
 
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:
-    report = subparsers.add_parser("report", parents=[common], help="turn a plan folder and its runs into tables, figures and report.md",
-                                   description="Write tidy CSVs, PNG figures (timeline, memory, breakdown, predicted vs measured), "
-                                               "explain.md and report.md for a plan folder and any run folders of it.")
+    report = subparsers.add_parser(
+        "report",
+        parents=[common],
+        help="turn a plan folder and its runs into tables, figures and report.md",
+        description="Write tidy CSVs, PNG figures (timeline, memory, breakdown, predicted vs measured), "
+        "explain.md and report.md for a plan folder and any run folders of it.",
+    )
     report.add_argument("plan_dir", metavar="DIR", help="a plan folder (autoplan plan --out DIR)")
-    report.add_argument("run_dirs", metavar="RUNDIR", nargs="*", help="run folders of that plan (autoplan run --out RUNDIR)")
+    report.add_argument(
+        "run_dirs", metavar="RUNDIR", nargs="*", help="run folders of that plan (autoplan run --out RUNDIR)"
+    )
     report.add_argument("--out", required=True, metavar="REPORTDIR", help="folder to write the report to")
     report.add_argument("--top-k", type=int, default=5, help="plans to compare in the tables and figures (default 5)")
     report.add_argument("--no-explain", action="store_true", help="skip the explanation (it re-runs the search)")
     report.set_defaults(func=run_report)
-    explain = subparsers.add_parser("explain", parents=[common], help="explain why the planner chose its plan",
-                                    description="Compare the chosen plan with its nearest rivals term by term, find what would "
-                                                "change the decision, and say why each other (dp, tp, pp) family lost.")
+    explain = subparsers.add_parser(
+        "explain",
+        parents=[common],
+        help="explain why the planner chose its plan",
+        description="Compare the chosen plan with its nearest rivals term by term, find what would "
+        "change the decision, and say why each other (dp, tp, pp) family lost.",
+    )
     explain.add_argument("plan_dir", metavar="DIR", help="a plan folder (autoplan plan --out DIR)")
     explain.add_argument("--rivals", type=int, default=3, help="nearest rivals to compare (default 3)")
     explain.set_defaults(func=run_explain)

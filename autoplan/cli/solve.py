@@ -1,4 +1,5 @@
 """``autoplan plan MODEL.py --devices N --profile P --batch B [--top-k K] [--fix ...] [--objective time|cost] --out DIR``."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,19 +10,37 @@ from autoplan.solve.space import FIX_KEYS, OBJECTIVES
 
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:
-    parser = subparsers.add_parser("plan", parents=[common], help="search the fastest hybrid parallel plan that fits",
-                                   description="Trace MODEL.py, search every data/tensor/pipeline plan on the profiled cluster, write DIR/plan.json.")
+    parser = subparsers.add_parser(
+        "plan",
+        parents=[common],
+        help="search the fastest hybrid parallel plan that fits",
+        description="Trace MODEL.py, search every data/tensor/pipeline plan on the profiled cluster, write DIR/plan.json.",
+    )
     parser.add_argument("model", metavar="MODEL.py", help="a model file (build_model, example_inputs)")
     parser.add_argument("--devices", type=int, required=True, help="number of devices")
     parser.add_argument("--profile", required=True, help="profile name (see profiles/) or path to a profile file")
     parser.add_argument("--batch", type=int, required=True, help="global batch size (samples per step)")
     parser.add_argument("--top-k", type=int, default=5, help="plans to show (default 5)")
-    parser.add_argument("--fix", action="append", default=[], metavar="KEY=VAL,...", help=f"pin part of the plan; keys: {', '.join(FIX_KEYS)}")
-    parser.add_argument("--objective", choices=OBJECTIVES, default="time", help="minimise step time, or dollars per sample")
-    parser.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP backend (default HiGHS, CBC fallback)")
+    parser.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="KEY=VAL,...",
+        help=f"pin part of the plan; keys: {', '.join(FIX_KEYS)}",
+    )
+    parser.add_argument(
+        "--objective", choices=OBJECTIVES, default="time", help="minimise step time, or dollars per sample"
+    )
+    parser.add_argument(
+        "--solver", choices=("highs", "cbc"), default="highs", help="ILP backend (default HiGHS, CBC fallback)"
+    )
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per ILP solve (default 10)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="output folder for plan.json, plans.csv, ops.csv, stages.csv")
-    parser.add_argument("--explain", action="store_true", help="also explain the choice (autoplan explain; see docs/cli.md)")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="output folder for plan.json, plans.csv, ops.csv, stages.csv"
+    )
+    parser.add_argument(
+        "--explain", action="store_true", help="also explain the choice (autoplan explain; see docs/cli.md)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -44,15 +63,25 @@ def _run(args: argparse.Namespace) -> int:
 
     profile = resolve_profile(args.profile)
     from autoplan.profile.host import device_mismatch
+
     if (warning := device_mismatch(profile, running=False)) and not args.json:
         print(f"autoplan: warning: {warning}", file=sys.stderr)
     graph = trace_model_file(args.model, args.batch)
     quiet = args.quiet or args.json
     try:
         with search_progress(enabled=not quiet and sys.stderr.isatty()) as progress:
-            result = plan_graph(graph, devices=args.devices, profile=profile, batch_size=args.batch, fix=args.fix,
-                                objective=args.objective, solver=args.solver, time_limit_s=args.time_limit, progress=progress,
-                                top_k=args.top_k)
+            result = plan_graph(
+                graph,
+                devices=args.devices,
+                profile=profile,
+                batch_size=args.batch,
+                fix=args.fix,
+                objective=args.objective,
+                solver=args.solver,
+                time_limit_s=args.time_limit,
+                progress=progress,
+                top_k=args.top_k,
+            )
     except NoPlanFits as exc:
         if exc.result is not None:
             write_outputs(args.out, result=exc.result, graph=graph, profile=profile)
@@ -61,7 +90,13 @@ def _run(args: argparse.Namespace) -> int:
     explanation = _explain(result, graph, profile, args) if args.explain else None
     if args.json:
         extra = {"explanation": explanation.to_dict()} if explanation else {}
-        print(json.dumps({"plan": result.best.to_dict(), "files": {k: str(v) for k, v in paths.items()}, **extra}, indent=2, default=str))
+        print(
+            json.dumps(
+                {"plan": result.best.to_dict(), "files": {k: str(v) for k, v in paths.items()}, **extra},
+                indent=2,
+                default=str,
+            )
+        )
     elif not args.quiet:
         from autoplan.solve.console import stdout_console, top_table
 

@@ -8,6 +8,7 @@ imports with the cyclic collector paused, then freezes the heap (``gc.freeze``: 
 skip those objects) for the rest of the command, and unfreezes it afterwards, so a test process
 that calls the CLI keeps collecting as before.
 """
+
 from __future__ import annotations
 
 import gc

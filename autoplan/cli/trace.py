@@ -1,5 +1,6 @@
 """``autoplan trace MODEL.py --batch B --out DIR``: trace a model file, write graph.json and
 ops.csv, print a summary (a rich table, or JSON with --json)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,12 +11,27 @@ from typing import Any
 from autoplan.types._check import write_text_atomic
 from autoplan.types.graph import Graph
 
-OPS_COLUMNS = ["name", "op", "module", "layer", "params", "param_bytes", "output_bytes", "saved_bytes", "fwd_flops", "bwd_flops"]
+OPS_COLUMNS = [
+    "name",
+    "op",
+    "module",
+    "layer",
+    "params",
+    "param_bytes",
+    "output_bytes",
+    "saved_bytes",
+    "fwd_flops",
+    "bwd_flops",
+]
 
 
 def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    parser = subparsers.add_parser("trace", parents=[common], help="trace a model file into a cost-annotated graph",
-                                   description="Trace MODEL.py on fake tensors; write DIR/graph.json and DIR/ops.csv.")
+    parser = subparsers.add_parser(
+        "trace",
+        parents=[common],
+        help="trace a model file into a cost-annotated graph",
+        description="Trace MODEL.py on fake tensors; write DIR/graph.json and DIR/ops.csv.",
+    )
     parser.add_argument("model", help="a model file defining build_model() and example_inputs(batch_size)")
     parser.add_argument("--batch", type=int, required=True, help="global batch size in samples")
     parser.add_argument("--out", required=True, help="output folder")
@@ -47,18 +63,42 @@ def _run(args: argparse.Namespace) -> int:
 def ops_table(graph: Graph):
     import pandas as pd
 
-    rows = [[n.name, n.op, n.module, n.layer or "", n.param_count, n.param_bytes, n.output_bytes, n.saved_bytes,
-             n.fwd_flops, n.bwd_flops] for n in graph.nodes]
+    rows = [
+        [
+            n.name,
+            n.op,
+            n.module,
+            n.layer or "",
+            n.param_count,
+            n.param_bytes,
+            n.output_bytes,
+            n.saved_bytes,
+            n.fwd_flops,
+            n.bwd_flops,
+        ]
+        for n in graph.nodes
+    ]
     return pd.DataFrame(rows, columns=OPS_COLUMNS)
 
 
 def summarize(graph: Graph, out: Path) -> dict[str, Any]:
-    return {"model": graph.model_name, "trace_method": graph.trace_method, "batch_size": graph.batch_size,
-            "seq_len": graph.seq_len, "parameters": graph.param_count, "parameter_bytes": graph.param_bytes,
-            "fwd_flops": graph.fwd_flops, "bwd_flops": graph.bwd_flops, "step_flops": graph.step_flops,
-            "saved_activation_bytes": sum(n.saved_bytes for n in graph.nodes), "nodes": len(graph.nodes),
-            "layers": len(graph.layers), "groups": [{"signature": g.signature, "layers": len(g.layers), "first": g.layers[0]} for g in graph.groups],
-            "graph": str(out / "graph.json"), "ops": str(out / "ops.csv")}
+    return {
+        "model": graph.model_name,
+        "trace_method": graph.trace_method,
+        "batch_size": graph.batch_size,
+        "seq_len": graph.seq_len,
+        "parameters": graph.param_count,
+        "parameter_bytes": graph.param_bytes,
+        "fwd_flops": graph.fwd_flops,
+        "bwd_flops": graph.bwd_flops,
+        "step_flops": graph.step_flops,
+        "saved_activation_bytes": sum(n.saved_bytes for n in graph.nodes),
+        "nodes": len(graph.nodes),
+        "layers": len(graph.layers),
+        "groups": [{"signature": g.signature, "layers": len(g.layers), "first": g.layers[0]} for g in graph.groups],
+        "graph": str(out / "graph.json"),
+        "ops": str(out / "ops.csv"),
+    }
 
 
 def _print(summary: dict[str, Any]) -> None:
@@ -66,10 +106,18 @@ def _print(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"autoplan trace: {summary['model']} (batch {summary['batch_size']})", show_header=False)
-    rows = [("trace method", summary["trace_method"]), ("parameters", f"{summary['parameters']:,} ({summary['parameter_bytes'] / 2**30:.2f} GiB)"),
-            ("FLOPs per step", f"{summary['step_flops']:.4g} (fwd {summary['fwd_flops']:.4g}, bwd {summary['bwd_flops']:.4g})"),
-            ("saved activations", f"{summary['saved_activation_bytes'] / 2**30:.3f} GiB"), ("nodes", str(summary["nodes"])),
-            ("layers", str(summary["layers"])), ("seq len", str(summary["seq_len"]))]
+    rows = [
+        ("trace method", summary["trace_method"]),
+        ("parameters", f"{summary['parameters']:,} ({summary['parameter_bytes'] / 2**30:.2f} GiB)"),
+        (
+            "FLOPs per step",
+            f"{summary['step_flops']:.4g} (fwd {summary['fwd_flops']:.4g}, bwd {summary['bwd_flops']:.4g})",
+        ),
+        ("saved activations", f"{summary['saved_activation_bytes'] / 2**30:.3f} GiB"),
+        ("nodes", str(summary["nodes"])),
+        ("layers", str(summary["layers"])),
+        ("seq len", str(summary["seq_len"])),
+    ]
     for group in summary["groups"]:
         rows.append((f"group {group['signature']}", f"{group['layers']} layers, first {group['first']}"))
     rows += [("wrote", f"{summary['graph']}, {summary['ops']}")]

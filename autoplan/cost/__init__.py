@@ -6,6 +6,7 @@ Graph + Profile + Plan -> Cost, as plain functions with no process group:
 and ``memory`` hold the pipeline and memory formulas, and ``model.CostModel`` assembles them.
 docs/cost-model.md states every formula with its source.
 """
+
 from autoplan.cost.model import CostModel, estimate
 
 __all__ = ["CostModel", "estimate"]

@@ -37,6 +37,7 @@ busbw (about the per-node NIC bandwidth for a DGX A100). A sequential 2-D decomp
 (intra reduce-scatter, inter all-reduce of S/k, intra all-gather) would add the NVLink time
 on top and over-predict multi-node all-reduce by ~70% on a DGX A100, so it is not used.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,7 +75,9 @@ def collective_time_s(profile: Profile, kind: str, message_bytes: float, *, grou
     return _spanning_s(profile, kind, message_bytes, group=group)
 
 
-def bucketed_time_s(profile: Profile, kind: str, message_bytes: float, *, group: AxisGroup, bucket_bytes: float | None) -> float:
+def bucketed_time_s(
+    profile: Profile, kind: str, message_bytes: float, *, group: AxisGroup, bucket_bytes: float | None
+) -> float:
     """``message_bytes`` sent as ceil(S / bucket_bytes) equal collectives, each paying its latency
     (DDP's gradient buckets), or as one collective when ``bucket_bytes`` is None (an FSDP unit's
     flat all-gather or reduce-scatter, ZeRO-1's flat buffer: NCCL pipelines one large call
@@ -106,7 +109,7 @@ def _spanning_s(profile: Profile, kind: str, message_bytes: float, *, group: Axi
     return _spanning_latency_s(profile, kind, group) + max(intra_bw_s, inter_bw_s)
 
 
-RING_ONLY = ("all_gather", "reduce_scatter")   # NCCL runs no tree for these (module docstring)
+RING_ONLY = ("all_gather", "reduce_scatter")  # NCCL runs no tree for these (module docstring)
 
 
 def _spanning_latency_s(profile: Profile, kind: str, group: AxisGroup) -> float:

@@ -46,6 +46,7 @@ backend the host computes too, so ``t = t_roofline + overhead``; on a GPU backen
 queued asynchronously, so ``t = max(t_roofline, overhead)``. Shape arithmetic (``size``,
 ``getattr``, integer ``floordiv``: no tensor output) is plain Python and charged nothing.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,7 +57,7 @@ from autoplan.types.profile import Profile
 
 TENSOR_CORE_OPS = {"linear": "matmul", "matmul": "matmul", "attention": "attention", "conv": "conv"}
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-DROPOUT_MASK_BYTES = 1   # torch.bool mask of CUDA native_dropout (aten/src/ATen/native/cuda/Dropout.cu)
+DROPOUT_MASK_BYTES = 1  # torch.bool mask of CUDA native_dropout (aten/src/ATen/native/cuda/Dropout.cu)
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2, "bfloat16": 2}
 
 
@@ -69,11 +70,22 @@ def peak_dtype(profile: Profile, precision: str) -> str:
     for dtype in order:
         if dtype in profile.device.peak_flops:
             return dtype
-    raise PlanError(f"profile '{profile.name}' has no peak FLOP/s for {precision}; add device.peak_flops.{order[0]} or pick another precision.")
+    raise PlanError(
+        f"profile '{profile.name}' has no peak FLOP/s for {precision}; add device.peak_flops.{order[0]} or pick another precision."
+    )
 
 
-def op_time_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float,
-              shard: int = 1, backward: bool = False, input_bytes: float | None = None, needs_grad: bool = True) -> float:
+def op_time_s(
+    node: OpNode,
+    profile: Profile,
+    *,
+    precision: str,
+    batch_fraction: float,
+    shard: int = 1,
+    backward: bool = False,
+    input_bytes: float | None = None,
+    needs_grad: bool = True,
+) -> float:
     """Seconds for ``node`` (forward, or its backward) on one device; see the module docstring.
 
     ``input_bytes``: what the node reads, the traced outputs of its predecessors rescaled to
@@ -82,20 +94,39 @@ def op_time_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction:
     ``needs_grad``: whether autograd runs a backward op for it (``Graph.grad_nodes``); only the
     host overhead of the backward depends on it.
     """
-    device_s = _device_time_s(node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard,
-                              backward=backward, input_bytes=input_bytes)
+    device_s = _device_time_s(
+        node,
+        profile,
+        precision=precision,
+        batch_fraction=batch_fraction,
+        shard=shard,
+        backward=backward,
+        input_bytes=input_bytes,
+    )
     overhead_s = host_overhead_s(node, profile, backward=backward, needs_grad=needs_grad)
     return with_host_overhead(device_s, overhead_s, gpu=profile.backend == "nccl")
 
 
-def _device_time_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
-                   backward: bool, input_bytes: float | None) -> float:
+def _device_time_s(
+    node: OpNode,
+    profile: Profile,
+    *,
+    precision: str,
+    batch_fraction: float,
+    shard: int,
+    backward: bool,
+    input_bytes: float | None,
+) -> float:
     """The roofline (or a measured op_table row) of the node's forward or backward."""
     flops = (executed_bwd_flops(node) if backward else node.fwd_flops) * batch_fraction / shard
-    measured = _measured_s(node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward)
+    measured = _measured_s(
+        node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward
+    )
     if measured is not None:
         return measured
-    moved = moved_bytes(node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes)
+    moved = moved_bytes(
+        node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
+    )
     weights = node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard
     return max(_flops_time_s(node, profile, flops=flops, precision=precision), memory_time_s(profile, bytes_moved))
@@ -168,7 +199,9 @@ def saved_activation_bytes(node: OpNode, *, precision: str, gpu: bool) -> float:
     """``node.saved_bytes`` in the run's precision for the traced batch: floating tensors are
     rescaled, a dropout mask is counted by :func:`mask_bytes` (module docstring)."""
     traced_mask = float(node.output_bytes) if is_dropout(node) else 0.0
-    return (node.saved_bytes - traced_mask) * activation_scale(node, precision=precision) + mask_bytes(node, precision=precision, gpu=gpu)
+    return (node.saved_bytes - traced_mask) * activation_scale(node, precision=precision) + mask_bytes(
+        node, precision=precision, gpu=gpu
+    )
 
 
 def input_bytes_of(predecessors: list[OpNode], *, precision: str) -> float:
@@ -194,7 +227,7 @@ def moved_bytes(node: OpNode, *, precision: str, gpu: bool, backward: bool, inpu
     if node.op in TENSOR_CORE_OPS:
         return 2.0 * (read + out) if backward else read + out
     mask = mask_bytes(node, precision=precision, gpu=gpu)
-    if backward:   # read dY and the saved operand (the mask for dropout), write dX
+    if backward:  # read dY and the saved operand (the mask for dropout), write dX
         return out + read + (mask if mask else read)
     return read + out + mask
 
@@ -208,8 +241,9 @@ def _read_bytes(node: OpNode, out: float, input_bytes: float | None) -> float:
     return out
 
 
-def _measured_s(node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
-                backward: bool) -> float | None:
+def _measured_s(
+    node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int, backward: bool
+) -> float | None:
     """A measured op_table time for this linear's forward or backward, if the profile has a row
     of its shape (module docstring: ``fwd+bwd`` rows split by FLOPs)."""
     keys = _linear_keys(node, batch_fraction=batch_fraction, shard=shard)
@@ -222,7 +256,7 @@ def _measured_s(node: OpNode, profile: Profile, *, precision: str, batch_fractio
             continue
         if row.shape in keys and node.fwd_flops:
             return row.time_s * node.bwd_flops / node.fwd_flops if backward else row.time_s
-        if row.shape.endswith(",fwd+bwd") and row.shape[:-len(",fwd+bwd")] in keys and total:
+        if row.shape.endswith(",fwd+bwd") and row.shape[: -len(",fwd+bwd")] in keys and total:
             return row.time_s * (node.bwd_flops if backward else node.fwd_flops) / total
     return None
 

@@ -29,6 +29,7 @@
 :class:`DataParallelSync` holds these terms for :class:`autoplan.cost.model.CostModel`; it reads
 the model's profile, graph and collective memo.
 """
+
 from __future__ import annotations
 
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
@@ -54,10 +55,14 @@ class DataParallelSync:
         key = (kind, message_bytes, group, bucket_bytes)
         hit = self._bucket_cache.get(key)
         if hit is None:
-            hit = self._bucket_cache[key] = bucketed_time_s(self.profile, kind, message_bytes, group=group, bucket_bytes=bucket_bytes)
+            hit = self._bucket_cache[key] = bucketed_time_s(
+                self.profile, kind, message_bytes, group=group, bucket_bytes=bucket_bytes
+            )
         return hit
 
-    def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, slowest: StageTotals) -> None:
+    def _dp_time(
+        self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, slowest: StageTotals
+    ) -> None:
         if plan.dp == 1 or plan.zero_stage >= 3:
             return
         grad_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
@@ -69,17 +74,20 @@ class DataParallelSync:
             sync = [self._dp_message_s(plan, kind, b.param_count * grad_bytes, group) for b in reversed(stage.blocks)]
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
-            exposed = max(exposed, partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=self._overlap_efficiency(plan)))
-        if plan.zero_stage == 2 and plan.pp == 1 and plan.num_microbatches > 1:   # reduce-scattered every micro-batch
+            exposed = max(
+                exposed,
+                partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=self._overlap_efficiency(plan)),
+            )
+        if plan.zero_stage == 2 and plan.pp == 1 and plan.num_microbatches > 1:  # reduce-scattered every micro-batch
             earlier = (plan.num_microbatches - 1) * total
             total, exposed = total + earlier, exposed + earlier * (1.0 - self._overlap_efficiency(plan))
-        if plan.zero_stage in (1, 2):   # ZeRO-1: fp32 parameters back after the step; ZeRO-2: gathered once a step
+        if plan.zero_stage in (1, 2):  # ZeRO-1: fp32 parameters back after the step; ZeRO-2: gathered once a step
             weight = 4 if plan.zero_stage == 1 else PRECISION_BYTES[plan.precision]
             gather = self._dp_message_s(plan, "all_gather", max(s.params for s in stages) * weight, group)
             total, exposed = total + gather, exposed + gather
         if not self._overlaps_grad_reduce(plan):
             exposed = total
-        if runs_ddp(plan) and self.graph.buffer_bytes:   # rank 0's buffers, broadcast before a forward: never hidden
+        if runs_ddp(plan) and self.graph.buffer_bytes:  # rank 0's buffers, broadcast before a forward: never hidden
             broadcast = collective_time_s(self.profile, "all_gather", self.graph.buffer_bytes, group=group)
             total, exposed = total + broadcast, exposed + broadcast
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
@@ -104,9 +112,10 @@ class DataParallelSync:
         fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in stage.blocks], comm_s=gather, efficiency=eta)
         bwd_compute = [b.bwd_s for b in reversed(stage.blocks)]
         bwd_gather = prefetched_exposed_s(compute_s=bwd_compute, comm_s=gather[::-1], efficiency=eta)
-        bwd_last = prefetched_exposed_s(compute_s=bwd_compute, comm_s=[g + s for g, s in zip(gather[::-1], scatter[::-1])],
-                                        efficiency=eta)
+        bwd_last = prefetched_exposed_s(
+            compute_s=bwd_compute, comm_s=[g + s for g, s in zip(gather[::-1], scatter[::-1])], efficiency=eta
+        )
         m = plan.num_microbatches
-        if plan.pp == 1:   # gradients reduce-scattered every micro-batch (execute/trainer.py)
+        if plan.pp == 1:  # gradients reduce-scattered every micro-batch (execute/trainer.py)
             return m * fwd + m * bwd_last
-        return fwd + (m - 1) * bwd_gather + bwd_last   # pipelining: gathered once, synced on the last
+        return fwd + (m - 1) * bwd_gather + bwd_last  # pipelining: gathered once, synced on the last

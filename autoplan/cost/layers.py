@@ -35,6 +35,7 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   it, sharded by tp under sequence parallelism), and the forward and its TP collectives run
   twice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,24 +55,26 @@ SAVED_KINDS = ("linear", "matmul", "attention", "conv")
 class LayerSummary:
     fwd_s: float
     bwd_s: float
-    selective_recompute_s: float   # forward of the nodes selective recomputation re-runs
+    selective_recompute_s: float  # forward of the nodes selective recomputation re-runs
     tp_fwd_s: float
     tp_bwd_s: float
     saved_bytes: float
     selective_dropped_bytes: float
     input_bytes: float
-    param_count: float           # parameters held per device (after tp sharding), unique names
+    param_count: float  # parameters held per device (after tp sharding), unique names
     param_names: tuple[str, ...]
     param_numels: tuple[float, ...]  # elements of each of param_names held per device (after tp sharding)
-    flops: float                 # forward + backward FLOPs of one micro-batch, per device (model FLOPs)
+    flops: float  # forward + backward FLOPs of one micro-batch, per device (model FLOPs)
     matmul_fwd_flops: float = 0.0  # linears, matmuls and convolutions' share of flops, forward (the audit's measure)
     matmul_bwd_flops: float = 0.0
     attention_fwd_flops: float = 0.0
     attention_bwd_flops: float = 0.0
-    loss_grad_bytes: float = 0.0     # gradients the loss's backward makes while every activation is alive
-    tp_matmul_fwd_s: float = 0.0     # the split (colwise/rowwise) linears' time, which tp_comm_overlap hides collectives under
+    loss_grad_bytes: float = 0.0  # gradients the loss's backward makes while every activation is alive
+    tp_matmul_fwd_s: float = (
+        0.0  # the split (colwise/rowwise) linears' time, which tp_comm_overlap hides collectives under
+    )
     tp_matmul_bwd_s: float = 0.0
-    tp_overlap_chunking_fwd_s: float = 0.0   # their extra time run as tp token slices (autoplan/cost/tp_overlap.py)
+    tp_overlap_chunking_fwd_s: float = 0.0  # their extra time run as tp token slices (autoplan/cost/tp_overlap.py)
     tp_overlap_chunking_bwd_s: float = 0.0
 
 
@@ -81,7 +84,7 @@ class BlockStructure:
 
     nodes: tuple[OpNode, ...]
     inputs: tuple[OpNode, ...]
-    preds: dict[str, tuple[OpNode, ...]]   # node -> the nodes whose outputs it reads
+    preds: dict[str, tuple[OpNode, ...]]  # node -> the nodes whose outputs it reads
 
 
 def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | None = None) -> BlockStructure:
@@ -95,32 +98,42 @@ def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | No
     return BlockStructure(nodes=tuple(nodes), inputs=inputs, preds=readers)
 
 
-def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
+def summarise(
+    graph: Graph, structure: BlockStructure, *, layer: str | None, tp_plan: dict[str, str], ctx: TPContext
+) -> LayerSummary:
     """Price one micro-batch of the block (module docstring)."""
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
     fwd = bwd = rerun = saved = kept = flops = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
-    overlap = [0.0, 0.0, 0.0, 0.0]   # split matmuls fwd, bwd; their decomposition's extra fwd, bwd
+    overlap = [0.0, 0.0, 0.0, 0.0]  # split matmuls fwd, bwd; their decomposition's extra fwd, bwd
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
-        t_fwd, t_bwd = node_times_s(graph, node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read)
+        t_fwd, t_bwd = node_times_s(
+            graph, node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read
+        )
         fwd += t_fwd
         bwd += t_bwd
         if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
             _add_overlap(overlap, graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
         act_shard = tp_cost.activation_shard.get(node.name, 1)
-        copies = param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision) if node.name in splits else 0.0
+        copies = (
+            param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision)
+            if node.name in splits
+            else 0.0
+        )
         saved += (saved_activation_bytes(node, precision=precision, gpu=gpu) / act_shard + copies) * f
         if node.op in SAVED_KINDS:
-            own_output = copies if splits.get(node.name) == "colwise" else 0.0   # a gathered colwise output's local shard
+            own_output = (
+                copies if splits.get(node.name) == "colwise" else 0.0
+            )  # a gathered colwise output's local shard
             kept += (node.output_bytes * activation_scale(node, precision=precision) / act_shard + own_output) * f
             part = by_kind["attention" if node.op == "attention" else "matmul"]
             part[0] += node.fwd_flops * f / shard
-            part[1] += executed_bwd_flops(node) * f / shard   # the audit measures what runs
+            part[1] += executed_bwd_flops(node) * f / shard  # the audit measures what runs
         else:
             rerun += t_fwd
     names = {n.name for n in structure.nodes}
@@ -128,23 +141,54 @@ def summarise(graph: Graph, structure: BlockStructure, *, layer: str | None, tp_
     saved += sum(b for consumer, b in gathered.items() if consumer in names) * f
     held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
     inputs = _input_bytes(structure, ctx)
-    return LayerSummary(fwd_s=fwd, bwd_s=bwd, selective_recompute_s=rerun, tp_fwd_s=tp_cost.comm_fwd_s, tp_bwd_s=tp_cost.comm_bwd_s,
-                        saved_bytes=saved, selective_dropped_bytes=max(0.0, saved - inputs - kept),
-                        loss_grad_bytes=sum(loss_grad_bytes(structure, n, precision=precision, gpu=gpu) for n in structure.nodes) * f,
-                        input_bytes=inputs, param_count=params, param_names=tuple(held), param_numels=tuple(held.values()),
-                        flops=flops, matmul_fwd_flops=by_kind["matmul"][0], matmul_bwd_flops=by_kind["matmul"][1],
-                        attention_fwd_flops=by_kind["attention"][0], attention_bwd_flops=by_kind["attention"][1],
-                        tp_matmul_fwd_s=overlap[0], tp_matmul_bwd_s=overlap[1],
-                        tp_overlap_chunking_fwd_s=overlap[2], tp_overlap_chunking_bwd_s=overlap[3])
+    return LayerSummary(
+        fwd_s=fwd,
+        bwd_s=bwd,
+        selective_recompute_s=rerun,
+        tp_fwd_s=tp_cost.comm_fwd_s,
+        tp_bwd_s=tp_cost.comm_bwd_s,
+        saved_bytes=saved,
+        selective_dropped_bytes=max(0.0, saved - inputs - kept),
+        loss_grad_bytes=sum(loss_grad_bytes(structure, n, precision=precision, gpu=gpu) for n in structure.nodes) * f,
+        input_bytes=inputs,
+        param_count=params,
+        param_names=tuple(held),
+        param_numels=tuple(held.values()),
+        flops=flops,
+        matmul_fwd_flops=by_kind["matmul"][0],
+        matmul_bwd_flops=by_kind["matmul"][1],
+        attention_fwd_flops=by_kind["attention"][0],
+        attention_bwd_flops=by_kind["attention"][1],
+        tp_matmul_fwd_s=overlap[0],
+        tp_matmul_bwd_s=overlap[1],
+        tp_overlap_chunking_fwd_s=overlap[2],
+        tp_overlap_chunking_bwd_s=overlap[3],
+    )
 
 
-def _add_overlap(totals: list[float], graph: Graph, node: OpNode, ctx: TPContext, *, shard: int, read: float, t_fwd: float,
-                 t_bwd: float) -> None:
+def _add_overlap(
+    totals: list[float],
+    graph: Graph,
+    node: OpNode,
+    ctx: TPContext,
+    *,
+    shard: int,
+    read: float,
+    t_fwd: float,
+    t_bwd: float,
+) -> None:
     """A split linear's time, and what running it as tp slices of the tokens adds
     (autoplan/cost/tp_overlap.py): tp * t(1/tp of the tokens) - t(all of them)."""
     n = ctx.tp
-    slice_fwd, slice_bwd = node_times_s(graph, node, ctx.profile, precision=ctx.precision, batch_fraction=ctx.batch_fraction / n,
-                                        shard=shard, reads=read)
+    slice_fwd, slice_bwd = node_times_s(
+        graph,
+        node,
+        ctx.profile,
+        precision=ctx.precision,
+        batch_fraction=ctx.batch_fraction / n,
+        shard=shard,
+        reads=read,
+    )
     totals[0] += t_fwd
     totals[1] += t_bwd
     totals[2] += max(0.0, n * slice_fwd - t_fwd)
@@ -163,11 +207,17 @@ def loss_grad_bytes(structure: BlockStructure, node: OpNode, *, precision: str, 
 
 def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:
     shard = ctx.tp if ctx.sequence_parallel and ctx.tp > 1 else 1
-    return sum(n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision) for n in structure.inputs) / shard
+    return (
+        sum(
+            n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision) for n in structure.inputs
+        )
+        / shard
+    )
 
 
-def _params(graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int],
-            whole_bias: frozenset[str] = frozenset()) -> tuple[dict[str, float], float]:
+def _params(
+    graph: Graph, nodes: tuple[OpNode, ...], param_shard: dict[str, int], whole_bias: frozenset[str] = frozenset()
+) -> tuple[dict[str, float], float]:
     """Unique parameters of the nodes (a tied weight counts once), each divided by its tp shard
     (a rowwise linear's bias is whole: it is added after the all-reduce): (elements per name,
     total elements including parameters the trace could not name)."""

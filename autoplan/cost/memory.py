@@ -63,6 +63,7 @@ of the device memory: the PyTorch caching allocator's fragmentation, the CUDA co
 library workspaces take the rest (10% is the headroom DeepSpeed's and Megatron's memory
 estimators leave in practice; a documented constant, not fitted to any run).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -87,9 +88,9 @@ def model_states(*, params: float, precision: str, zero_stage: int, dp: int, pp:
     """Model-state bytes for ``params`` parameters on one device, as the executor holds them
     (module docstring)."""
     low = LOW_BYTES[precision]
-    if dp > 1 and zero_stage >= 2:   # FSDP2: fp32 shards; ZeRO-2 keeps the compute-dtype weights gathered
+    if dp > 1 and zero_stage >= 2:  # FSDP2: fp32 shards; ZeRO-2 keeps the compute-dtype weights gathered
         gathered = params * (low or 4) if zero_stage == 2 else 0.0
-        grads = 4 * params if pp > 1 else 4 * params / dp   # a pipeline stage accumulates them unsharded
+        grads = 4 * params if pp > 1 else 4 * params / dp  # a pipeline stage accumulates them unsharded
         return ModelStates(weights_bytes=4 * params / dp + gathered, grads_bytes=grads, optimizer_bytes=8 * params / dp)
     optimizer = 12 * params / dp if zero_stage == 1 and dp > 1 else 8 * params
     return ModelStates(weights_bytes=(4 + low) * params, grads_bytes=4 * params, optimizer_bytes=optimizer)
@@ -102,7 +103,9 @@ def runs_ddp(plan) -> bool:
     return plan.dp > 1 and plan.zero_stage == 0 and plan.tp == 1 and plan.pp == 1 and plan.overlap_grad_reduce
 
 
-def comm_buffer_bytes(*, zero_stage: int, dp: int, pp: int, boundary_bytes: float, block_params: float, precision: str) -> float:
+def comm_buffer_bytes(
+    *, zero_stage: int, dp: int, pp: int, boundary_bytes: float, block_params: float, precision: str
+) -> float:
     """Bytes of communication buffers on one device through the forward and backward (module
     docstring): ZeRO-3's two gathered blocks and the pipeline's send and receive buffers. The
     backward's reduce-scatter is :func:`scatter_buffer_bytes`, the flattening after it
@@ -116,7 +119,9 @@ def comm_buffer_bytes(*, zero_stage: int, dp: int, pp: int, boundary_bytes: floa
     return total
 
 
-def scatter_buffer_bytes(*, zero_stage: int, dp: int, pp: int, block_params: float, precision: str, reduce_bytes: int) -> float:
+def scatter_buffer_bytes(
+    *, zero_stage: int, dp: int, pp: int, block_params: float, precision: str, reduce_bytes: int
+) -> float:
     """ZeRO-3's reduce-scatter of one block in the backward (module docstring): its unsharded
     gradients in the compute dtype, FSDP2's flat input in the reduce dtype and the output slice.
     Under a pipeline the unsharded gradients are the accumulated ones, already in G."""
@@ -134,28 +139,43 @@ class StageMemory:
     weights_bytes: float
     grads_bytes: float
     optimizer_bytes: float
-    activations_bytes: float      # n S + T
-    buffers_bytes: float          # forward buffers + the largest backward or sync buffer
+    activations_bytes: float  # n S + T
+    buffers_bytes: float  # forward buffers + the largest backward or sync buffer
     peak_bytes: float
 
 
-def stage_memory(*, states: ModelStates, saved_bytes: float, transient_bytes: float, in_flight: float, in_flight_after: float,
-                 last_block_bytes: float, buffers_bytes: float, scatter_bytes: float, sync_bytes: float, grads_persist: bool) -> StageMemory:
+def stage_memory(
+    *,
+    states: ModelStates,
+    saved_bytes: float,
+    transient_bytes: float,
+    in_flight: float,
+    in_flight_after: float,
+    last_block_bytes: float,
+    buffers_bytes: float,
+    scatter_bytes: float,
+    sync_bytes: float,
+    grads_persist: bool,
+) -> StageMemory:
     """The three moments of the module docstring:
 
-        M1 = n S + T + buffers + (G if gradients persist)        the forward's end, backward's start
-        M2 = n' S + G + max(T, scatter - S_block) + buffers      the backward after the first one
-        M3 = G + sync                                            after the backward
-        peak = W + O + max(M1, M2, M3)
+    M1 = n S + T + buffers + (G if gradients persist)        the forward's end, backward's start
+    M2 = n' S + G + max(T, scatter - S_block) + buffers      the backward after the first one
+    M3 = G + sync                                            after the backward
+    peak = W + O + max(M1, M2, M3)
     """
     grads = states.grads_bytes
     m1 = in_flight * saved_bytes + transient_bytes + buffers_bytes + (grads if grads_persist else 0.0)
     m2 = in_flight_after * saved_bytes + grads + max(transient_bytes, scatter_bytes - last_block_bytes) + buffers_bytes
     m3 = grads + sync_bytes
-    return StageMemory(weights_bytes=states.weights_bytes, grads_bytes=grads, optimizer_bytes=states.optimizer_bytes,
-                       activations_bytes=in_flight * saved_bytes + transient_bytes,
-                       buffers_bytes=buffers_bytes + max(scatter_bytes, sync_bytes),
-                       peak_bytes=states.weights_bytes + states.optimizer_bytes + max(m1, m2, m3))
+    return StageMemory(
+        weights_bytes=states.weights_bytes,
+        grads_bytes=grads,
+        optimizer_bytes=states.optimizer_bytes,
+        activations_bytes=in_flight * saved_bytes + transient_bytes,
+        buffers_bytes=buffers_bytes + max(scatter_bytes, sync_bytes),
+        peak_bytes=states.weights_bytes + states.optimizer_bytes + max(m1, m2, m3),
+    )
 
 
 def sync_buffer_bytes(*, params: float, zero_stage: int, dp: int, tp: int, pp: int, reduce_bytes: int) -> float:
@@ -164,7 +184,7 @@ def sync_buffer_bytes(*, params: float, zero_stage: int, dp: int, tp: int, pp: i
     if dp == 1 or zero_stage >= 2 or (zero_stage == 0 and tp == 1 and pp == 1):
         return 0.0
     flat = params * max(4, reduce_bytes)
-    if zero_stage == 1:   # the reduce-scattered slice, and its fp32 copy when reduced in 16 bits (execute/zero.py)
+    if zero_stage == 1:  # the reduce-scattered slice, and its fp32 copy when reduced in 16 bits (execute/zero.py)
         flat += params / dp * (reduce_bytes + (4 if reduce_bytes != 4 else 0))
     return flat
 

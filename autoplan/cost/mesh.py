@@ -11,6 +11,7 @@ ranks any of its nodes holds (that node's share of the NICs is the bottleneck; s
 autoplan/cost/comm.py). When groups of one axis differ (a tp that does not divide the node),
 the worst group decides, because the collective waits for its slowest group.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from autoplan.types.profile import Profile
 class AxisGroup:
     """One process group along a mesh axis, as the cost model sees it."""
 
-    size: int            # ranks in one group along this axis
+    size: int  # ranks in one group along this axis
     ranks_per_node: int  # how many of those ranks share one node (== size when the group stays in a node)
 
     @property
@@ -50,9 +51,11 @@ def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int) -> tuple[tupl
     tp_groups = [[base + i for i in range(tp)] for base in range(0, dp * tp * pp, tp)]
     dp_groups = [[(ip * dp + i) * tp + it for i in range(dp)] for ip in range(pp) for it in range(tp)]
     pp_groups = [[(i * dp + id_) * tp + it for i in range(pp)] for id_ in range(dp) for it in range(tp)]
-    return (("tp", _worst(tp_groups, devices_per_node)),
-            ("dp", _worst(dp_groups, devices_per_node)),
-            ("pp", _worst(pp_groups, devices_per_node)))
+    return (
+        ("tp", _worst(tp_groups, devices_per_node)),
+        ("dp", _worst(dp_groups, devices_per_node)),
+        ("pp", _worst(pp_groups, devices_per_node)),
+    )
 
 
 def _worst(groups: list[list[int]], devices_per_node: int) -> AxisGroup:

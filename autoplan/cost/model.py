@@ -29,6 +29,7 @@ The step time of one global batch (docs/cost-model.md states every term with its
   momentum, variance; write weight, momentum, variance, and the 16-bit copy in mixed
   precision) / (memory bandwidth * memory efficiency).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -71,11 +72,13 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         self._tied = self._tied_places()
         self._cache: dict[tuple, LayerSummary] = {}
         self._bucket_cache: dict[tuple, float] = {}
-        self._memo = TpPlanMemo()                                # per-tp_plan values shared by candidate plans
-        self._step_flops = graph.step_flops                      # summed once: estimate() stays arithmetic
-        self._recompute_per_sample = {mode: self._recompute_flops_per_sample(mode) for mode in ("none", "selective", "full")}
+        self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
+        self._step_flops = graph.step_flops  # summed once: estimate() stays arithmetic
+        self._recompute_per_sample = {
+            mode: self._recompute_flops_per_sample(mode) for mode in ("none", "selective", "full")
+        }
         self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
-        self._sp_names: dict[tuple, tuple[str, ...]] = {}        # (layer, tp, the layer's splits) -> sp_partial_params
+        self._sp_names: dict[tuple, tuple[str, ...]] = {}  # (layer, tp, the layer's splits) -> sp_partial_params
         self._modules_of: dict[str | None, tuple[str, ...]] = {}
 
     # ---- precomputation ------------------------------------------------------------------
@@ -93,7 +96,10 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         pre = [n for n in nodes[:first] if n.layer is None]
         post = [n for n in nodes[first:] if n.layer is None]
         self._param_modules[None] = tuple(n.module for n in nodes if n.layer is None and n.op in PARAM_KINDS)
-        return {"pre": block_structure(self.graph, None, nodes=pre), "post": block_structure(self.graph, None, nodes=post)}
+        return {
+            "pre": block_structure(self.graph, None, nodes=pre),
+            "post": block_structure(self.graph, None, nodes=post),
+        }
 
     # ---- block summaries -----------------------------------------------------------------
     def block_summary(self, layer: str | None, tp_plan: dict[str, str], ctx: TPContext, part: str = "") -> LayerSummary:
@@ -108,7 +114,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
             structure = self._structures[rep] if rep is not None else self._outside[part]
             hit = summarise(self.graph, structure, layer=rep, tp_plan=rep_plan, ctx=ctx)
-            if part == "pre":   # the outside nodes' TP collectives are charged once, to the last stage
+            if part == "pre":  # the outside nodes' TP collectives are charged once, to the last stage
                 hit = LayerSummary(**{**hit.__dict__, "tp_fwd_s": 0.0, "tp_bwd_s": 0.0})
             self._cache[key] = hit
         return hit
@@ -132,34 +138,62 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         listed = [layer for chunk in plan.stages for layer in chunk]
         unknown = [layer for layer in listed if layer not in self._layer_set]
         if unknown:
-            raise PlanError(f"plan stages name block '{unknown[0]}', which the graph does not have; use the graph's layer names.")
+            raise PlanError(
+                f"plan stages name block '{unknown[0]}', which the graph does not have; use the graph's layer names."
+            )
         if len(listed) != len(self._layer_set):
             missing = next(layer for layer in self.graph.layers if layer not in set(listed))
             raise PlanError(f"plan stages leave out block '{missing}'; every block must be on exactly one stage.")
         return plan.stages
 
-    def block_summaries(self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool) -> dict[str, LayerSummary]:
+    def block_summaries(
+        self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool
+    ) -> dict[str, LayerSummary]:
         """Every block's summary as the plan runs it, in the graph's order, memoised per tp_plan."""
         key = ("blocks", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, tp_comm_overlap)
-        return self._memo.get(key, tp_plan, lambda: {layer: self._as_run(self.block_summary(layer, tp_plan, ctx), ctx, tp_comm_overlap)
-                                                     for layer in self.graph.layers})
+        return self._memo.get(
+            key,
+            tp_plan,
+            lambda: {
+                layer: self._as_run(self.block_summary(layer, tp_plan, ctx), ctx, tp_comm_overlap)
+                for layer in self.graph.layers
+            },
+        )
 
-    def outside_summaries(self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool) -> tuple[LayerSummary, LayerSummary]:
+    def outside_summaries(
+        self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool
+    ) -> tuple[LayerSummary, LayerSummary]:
         """The nodes before the first block and after the last, as the plan runs them."""
-        pre, post = (self._as_run(self.block_summary(None, tp_plan, ctx, part), ctx, tp_comm_overlap) for part in ("pre", "post"))
+        pre, post = (
+            self._as_run(self.block_summary(None, tp_plan, ctx, part), ctx, tp_comm_overlap) for part in ("pre", "post")
+        )
         return pre, post
 
     def _as_run(self, summary: LayerSummary, ctx: TPContext, tp_comm_overlap: bool) -> LayerSummary:
         """The summary as the plan runs it: with tp_comm_overlap, collectives partly hidden under
         the split matmuls and those matmuls decomposed (autoplan/cost/tp_overlap.py)."""
-        return overlapped(summary, tp=ctx.tp, efficiency=self.profile.comm_overlap.efficiency) if tp_comm_overlap else summary
+        return (
+            overlapped(summary, tp=ctx.tp, efficiency=self.profile.comm_overlap.efficiency)
+            if tp_comm_overlap
+            else summary
+        )
 
     def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
         schedule share them."""
         chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
-        key = ("stages", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute, plan.pp, chunks,
-               plan.tp_comm_overlap)
+        key = (
+            "stages",
+            ctx.tp,
+            ctx.group,
+            ctx.sequence_parallel,
+            ctx.precision,
+            ctx.batch_fraction,
+            plan.recompute,
+            plan.pp,
+            chunks,
+            plan.tp_comm_overlap,
+        )
         return self._memo.get(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
 
     def _sum_stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
@@ -186,8 +220,14 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
     def tp_context(self, plan: Plan) -> TPContext:
         """The tensor-parallel context ``plan`` is priced in (its tp group on the profile's nodes)."""
         group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
-        return TPContext(profile=self.profile, tp=plan.tp, group=group, sequence_parallel=plan.sequence_parallel,
-                         precision=plan.precision, batch_fraction=plan.micro_batch_size / self.graph.batch_size)
+        return TPContext(
+            profile=self.profile,
+            tp=plan.tp,
+            group=group,
+            sequence_parallel=plan.sequence_parallel,
+            precision=plan.precision,
+            batch_fraction=plan.micro_batch_size / self.graph.batch_size,
+        )
 
     def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
         self._check(plan)
@@ -206,10 +246,14 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         return cost
 
     def _check(self, plan: Plan) -> None:
-        if plan.pp * plan.virtual_stages > max(1, len(self.graph.layers)):   # one chunk needs no blocks
-            raise PlanError(f"plan needs {plan.pp * plan.virtual_stages} pipeline chunks but the model has {len(self.graph.layers)} blocks; use fewer stages.")
+        if plan.pp * plan.virtual_stages > max(1, len(self.graph.layers)):  # one chunk needs no blocks
+            raise PlanError(
+                f"plan needs {plan.pp * plan.virtual_stages} pipeline chunks but the model has {len(self.graph.layers)} blocks; use fewer stages."
+            )
         if self.profile.inter_node is None and plan.devices > self.profile.devices_per_node:
-            raise PlanError(f"profile '{self.profile.name}' describes one node of {self.profile.devices_per_node} devices and has no inter_node link; plan for at most that many devices.")
+            raise PlanError(
+                f"profile '{self.profile.name}' describes one node of {self.profile.devices_per_node} devices and has no inter_node link; plan for at most that many devices."
+            )
 
     # ---- time ----------------------------------------------------------------------------
     def _time(self, cost: Cost, plan: Plan, stages: list[StageTotals], groups: dict[str, AxisGroup]) -> None:
@@ -219,7 +263,9 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         cost.recompute_s = m * slowest.recompute_s
         cost.tp_comm_s = m * slowest.tp_s + self._sp_grad_sync_s(plan, groups["tp"])
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
-        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self._tied_sync_s(plan, stages, groups["pp"])
+        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self._tied_sync_s(
+            plan, stages, groups["pp"]
+        )
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         self._dp_time(cost, plan, stages, groups["dp"], slowest)
         if plan.zero_stage >= 3 and plan.dp > 1:
@@ -238,9 +284,15 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         chunks = self.chunk_inputs(plan)[1:]
         forward = max(sum(f) for f, _ in chunks)
         backward = max(sum(b) for _, b in chunks)
-        t_slot = sum(collective_time_s(self.profile, "send_recv", size, group=group) for size in (forward, backward) if size)
+        t_slot = sum(
+            collective_time_s(self.profile, "send_recv", size, group=group) for size in (forward, backward) if size
+        )
         if plan.sequence_parallel and plan.tp > 1:
-            t_slot += sum(collective_time_s(self.profile, "all_gather", size, group=tp_group) for size in (forward, backward) if size)
+            t_slot += sum(
+                collective_time_s(self.profile, "all_gather", size, group=tp_group)
+                for size in (forward, backward)
+                if size
+            )
         return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_slot
 
     def chunk_inputs(self, plan: Plan) -> list[tuple[list[float], list[float]]]:
@@ -252,14 +304,17 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         scale = plan.micro_batch_size / self.graph.batch_size
         found = []
         for chunk in self._chunks(plan):
-            inputs = self._structures[self._rep[chunk[0]]].inputs   # identical blocks receive identical tensors
-            sizes = [(n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads) for n in inputs]
+            inputs = self._structures[self._rep[chunk[0]]].inputs  # identical blocks receive identical tensors
+            sizes = [
+                (n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads)
+                for n in inputs
+            ]
             found.append(([b for b, _ in sizes], [b for b, g in sizes if g]))
         return found
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
-        return memory_time_s(self.profile, 3.0 * stage.params * 4)   # fp32 gradients (cost/memory.py)
+        return memory_time_s(self.profile, 3.0 * stage.params * 4)  # fp32 gradients (cost/memory.py)
 
     # ---- throughput ----------------------------------------------------------------------
     def _throughput(self, cost: Cost, plan: Plan) -> None:
@@ -272,8 +327,11 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         cost.mfu = model_flops / (step * plan.devices * peak) if step > 0 else 0.0
         if self.profile.price_per_device_hour is not None:
             cost.cost_per_step_usd = self.profile.price_per_device_hour * plan.devices * step / 3600.0
-        cost.extra.update(model_flops=model_flops, hardware_flops=model_flops + self._recompute_per_sample[plan.recompute] * samples,
-                          peak_flops_per_device=peak)
+        cost.extra.update(
+            model_flops=model_flops,
+            hardware_flops=model_flops + self._recompute_per_sample[plan.recompute] * samples,
+            peak_flops_per_device=peak,
+        )
 
     def _recompute_flops_per_sample(self, mode: str) -> float:
         """FLOPs re-run per sample: each block's forward (full) or its nodes other than matmuls,

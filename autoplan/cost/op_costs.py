@@ -13,6 +13,7 @@ prices:
 mask at 1 byte per element on a GPU profile (autoplan/cost/compute.py); a hand-made rescale of
 ``node.saved_bytes`` would miss that.
 """
+
 from __future__ import annotations
 
 from autoplan.cost.compute import input_bytes_of, op_time_s, saved_activation_bytes
@@ -26,8 +27,16 @@ def read_bytes(graph: Graph, node: OpNode, *, precision: str) -> float:
     return input_bytes_of([graph.node(p) for p in predecessors(graph, node.name)], precision=precision)
 
 
-def node_times_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
-                 reads: float | None = None) -> tuple[float, float]:
+def node_times_s(
+    graph: Graph,
+    node: OpNode,
+    profile: Profile,
+    *,
+    precision: str,
+    batch_fraction: float,
+    shard: int,
+    reads: float | None = None,
+) -> tuple[float, float]:
     """(forward, backward) seconds of ``node`` on one device for one micro-batch; ``reads`` is
     :func:`read_bytes` when the caller has it already."""
     reads = read_bytes(graph, node, precision=precision) if reads is None else reads
@@ -36,8 +45,16 @@ def node_times_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str
     return op_time_s(node, profile, **kwargs), backward
 
 
-def node_time_s(graph: Graph, node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int,
-                forward_repeats: int = 1) -> float:
+def node_time_s(
+    graph: Graph,
+    node: OpNode,
+    profile: Profile,
+    *,
+    precision: str,
+    batch_fraction: float,
+    shard: int,
+    forward_repeats: int = 1,
+) -> float:
     """Forward (``forward_repeats`` times: 2 under full recomputation) + backward seconds."""
     fwd, bwd = node_times_s(graph, node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard)
     return forward_repeats * fwd + bwd

@@ -4,6 +4,7 @@ The formulas live in cost/memory.py (model states, saved activations, in-flight 
 communication buffers); :class:`PlanMemory` feeds them a plan's stages and marks a plan
 infeasible when the worst stage's peak exceeds the usable memory of the device.
 """
+
 from __future__ import annotations
 
 from autoplan.cost.compute import PRECISION_BYTES
@@ -35,26 +36,55 @@ class PlanMemory:
         blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
         block_params = max((b.param_count for b in stage.blocks), default=0.0)
         return stage_memory(
-            states=model_states(params=stage.params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp),
-            saved_bytes=stage.saved_bytes, transient_bytes=stage.transient_bytes,
-            in_flight=in_flight_chunks(plan, index), in_flight_after=in_flight_after_first_backward(plan, index),
+            states=model_states(
+                params=stage.params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp
+            ),
+            saved_bytes=stage.saved_bytes,
+            transient_bytes=stage.transient_bytes,
+            in_flight=in_flight_chunks(plan, index),
+            in_flight_after=in_flight_after_first_backward(plan, index),
             last_block_bytes=blocks[-1].saved_bytes if blocks else 0.0,
-            buffers_bytes=comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=stage.boundary_bytes,
-                                            block_params=block_params, precision=plan.precision),
-            scatter_bytes=scatter_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, block_params=block_params,
-                                               precision=plan.precision, reduce_bytes=reduce_bytes),
-            sync_bytes=sync_buffer_bytes(params=stage.params, zero_stage=plan.zero_stage, dp=plan.dp, tp=plan.tp, pp=plan.pp,
-                                         reduce_bytes=reduce_bytes),
-            grads_persist=runs_ddp(plan))
+            buffers_bytes=comm_buffer_bytes(
+                zero_stage=plan.zero_stage,
+                dp=plan.dp,
+                pp=plan.pp,
+                boundary_bytes=stage.boundary_bytes,
+                block_params=block_params,
+                precision=plan.precision,
+            ),
+            scatter_bytes=scatter_buffer_bytes(
+                zero_stage=plan.zero_stage,
+                dp=plan.dp,
+                pp=plan.pp,
+                block_params=block_params,
+                precision=plan.precision,
+                reduce_bytes=reduce_bytes,
+            ),
+            sync_bytes=sync_buffer_bytes(
+                params=stage.params,
+                zero_stage=plan.zero_stage,
+                dp=plan.dp,
+                tp=plan.tp,
+                pp=plan.pp,
+                reduce_bytes=reduce_bytes,
+            ),
+            grads_persist=runs_ddp(plan),
+        )
 
     def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
         worst = max(self.stage_memory(plan, stages), key=lambda m: m.peak_bytes)
-        cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes = int(worst.weights_bytes), int(worst.grads_bytes), int(worst.optimizer_bytes)
+        cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes = (
+            int(worst.weights_bytes),
+            int(worst.grads_bytes),
+            int(worst.optimizer_bytes),
+        )
         cost.activations_bytes, cost.comm_buffer_bytes = int(worst.activations_bytes), int(worst.buffers_bytes)
         cost.peak_memory_bytes = int(worst.peak_bytes)
         cost.memory_capacity_bytes = int(self.profile.device.memory_bytes)
         limit = usable_bytes(self.profile.device.memory_bytes)
         if cost.peak_memory_bytes > limit:
             cost.feasible = False
-            cost.reason = (f"needs {cost.peak_memory_bytes / 2**30:.1f} GiB per device but {limit / 2**30:.1f} GiB is usable "
-                           f"({self.profile.device.memory_bytes / 2**30:.0f} GiB less allocator headroom)")
+            cost.reason = (
+                f"needs {cost.peak_memory_bytes / 2**30:.1f} GiB per device but {limit / 2**30:.1f} GiB is usable "
+                f"({self.profile.device.memory_bytes / 2**30:.0f} GiB less allocator headroom)"
+            )

@@ -35,6 +35,7 @@ overlap.py): a collective running under compute hides only eta of the time it co
 eta of its hidden time: exposed(eta) = exposed(1) + (1 - eta) * (total - exposed(1)). eta = 1
 under NCCL (separate CUDA streams); gloo on a CPU shares the cores with compute.
 """
+
 from __future__ import annotations
 
 from autoplan.errors import PlanError
@@ -44,13 +45,15 @@ from autoplan.types.plan import Plan
 def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
     """Contiguous partition of ``layers`` into ``chunks`` parts whose sizes differ by at most one
     (the earlier chunks take the remainder)."""
-    if chunks > max(1, len(layers)):   # one chunk holds the whole model, blocks or not
-        raise PlanError(f"plan asks for {chunks} pipeline chunks but the model has {len(layers)} blocks; use fewer stages or virtual stages.")
+    if chunks > max(1, len(layers)):  # one chunk holds the whole model, blocks or not
+        raise PlanError(
+            f"plan asks for {chunks} pipeline chunks but the model has {len(layers)} blocks; use fewer stages or virtual stages."
+        )
     base, extra = divmod(len(layers), chunks)
     stages, start = [], 0
     for i in range(chunks):
         size = base + (1 if i < extra else 0)
-        stages.append(layers[start:start + size])
+        stages.append(layers[start : start + size])
         start += size
     return stages
 

@@ -6,6 +6,7 @@ stage that holds the most of them (sp_partial_params; Korthikanti et al. 2022
 section 4.2.2). :class:`SequenceParallelSync` holds that term for
 :class:`autoplan.cost.model.CostModel`, memoised on what it reads.
 """
+
 from __future__ import annotations
 
 from autoplan.cost.mesh import AxisGroup
@@ -14,7 +15,9 @@ from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 
 
-def sp_partial_params(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp: int, sequence_parallel: bool) -> list[str]:
+def sp_partial_params(
+    graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp: int, sequence_parallel: bool
+) -> list[str]:
     """Parameters whose gradient comes out as a partial sum over the tp group under sequence
     parallelism, and is all-reduced once a step (autoplan/execute/tensor_parallel.py
     ``finalize_tp_grads``; Megatron-LM all-reduces the same sequence-parallel parameters'
@@ -28,7 +31,9 @@ def sp_partial_params(graph: Graph, layer: str | None, tp_plan: dict[str, str], 
     for node in block.nodes:
         split = tp_plan.get(node.module, "replicate") if node.module else "replicate"
         on_stream = node.name in block.sinks and node.name not in block.output_sinks
-        runs_on_shard = split == "sequence_parallel" or node.op in STREAM_KINDS   # norms run on the sequence shard under SP
+        runs_on_shard = (
+            split == "sequence_parallel" or node.op in STREAM_KINDS
+        )  # norms run on the sequence shard under SP
         if runs_on_shard or (node.name in block.params and split == "replicate" and on_stream):
             found += [name for name in node.param_names if name not in found]
     return found
@@ -53,12 +58,16 @@ class SequenceParallelSync:
         key = (layer, plan.tp, tuple(tp_plan.get(m) for m in modules))
         hit = self._sp_names.get(key)
         if hit is None:
-            hit = self._sp_names[key] = tuple(sp_partial_params(self.graph, layer, tp_plan, tp=plan.tp, sequence_parallel=True))
+            hit = self._sp_names[key] = tuple(
+                sp_partial_params(self.graph, layer, tp_plan, tp=plan.tp, sequence_parallel=True)
+            )
         return hit
 
     def _layer_modules(self, layer: str | None) -> tuple[str, ...]:
         if layer not in self._modules_of:
-            self._modules_of[layer] = tuple(sorted({n.module for n in analyse_block(self.graph, layer).nodes if n.module}))
+            self._modules_of[layer] = tuple(
+                sorted({n.module for n in analyse_block(self.graph, layer).nodes if n.module})
+            )
         return self._modules_of[layer]
 
     def _sp_grad_sync_s(self, plan: Plan, tp_group: AxisGroup) -> float:
@@ -68,8 +77,11 @@ class SequenceParallelSync:
             return 0.0
         tp_plan = self._tp_plan(plan)
         chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
-        return self._memo.get(("sp sync", plan.tp, plan.pp, chunks, tp_group), tp_plan,
-                                 lambda: self._sp_grad_sync_worst_s(plan, tp_plan, tp_group))
+        return self._memo.get(
+            ("sp sync", plan.tp, plan.pp, chunks, tp_group),
+            tp_plan,
+            lambda: self._sp_grad_sync_worst_s(plan, tp_plan, tp_group),
+        )
 
     def _sp_grad_sync_worst_s(self, plan: Plan, tp_plan: dict[str, str], tp_group: AxisGroup) -> float:
         worst = 0.0

@@ -6,6 +6,7 @@ they run before the first block (embeddings) and to the last stage otherwise (fi
 head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/layers.py) applies to
 blocks only.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,14 +22,14 @@ class StageTotals:
     bwd_s: float = 0.0
     recompute_s: float = 0.0
     tp_s: float = 0.0
-    saved_bytes: float = 0.0       # activations kept per micro-batch after the recompute choice
+    saved_bytes: float = 0.0  # activations kept per micro-batch after the recompute choice
     peak_block_bytes: float = 0.0  # one block's full activations (live while it is recomputed)
-    loss_grad_bytes: float = 0.0   # the loss backward's gradients (cost/layers.py), on the stage holding the loss
+    loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/layers.py), on the stage holding the loss
     params: float = 0.0
     flops: float = 0.0
-    blocks: list[LayerSummary] = field(default_factory=list)   # in forward order, outside nodes included
-    boundary_bytes: float = 0.0    # activation received from the previous stage, per micro-batch
-    param_names: set[str] = field(default_factory=set)   # the outside nodes' weights: a tied one is held once
+    blocks: list[LayerSummary] = field(default_factory=list)  # in forward order, outside nodes included
+    boundary_bytes: float = 0.0  # activation received from the previous stage, per micro-batch
+    param_names: set[str] = field(default_factory=set)  # the outside nodes' weights: a tied one is held once
 
     @property
     def micro_batch_s(self) -> float:
@@ -51,7 +52,7 @@ def _outside_params(stage: StageTotals, block: LayerSummary) -> float:
     tied to the input embedding is the same weight (block summaries are shared by a group, so
     only the outside summaries carry their own names)."""
     named = dict(zip(block.param_names, block.param_numels))
-    loose = block.param_count - sum(named.values())          # parameters the trace could not name
+    loose = block.param_count - sum(named.values())  # parameters the trace could not name
     new = sum(n for name, n in named.items() if name not in stage.param_names)
     stage.param_names.update(named)
     return loose + new
@@ -69,7 +70,7 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes
         return
-    if recompute == "selective":   # everything but matmul-class ops re-runs, the TP collectives too
+    if recompute == "selective":  # everything but matmul-class ops re-runs, the TP collectives too
         stage.recompute_s += block.selective_recompute_s
         stage.tp_s += block.tp_fwd_s
         stage.saved_bytes += block.saved_bytes - block.selective_dropped_bytes

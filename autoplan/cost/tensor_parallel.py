@@ -51,6 +51,7 @@ semantics, so the model's ``split`` of that output all-gathers it first. We pric
 a *gathered colwise* node divides its own compute and weights by tp, pays an all-gather of its
 output, and its consumers see a replicated tensor (attention after it is not sharded).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,7 +65,7 @@ from autoplan.errors import PlanError
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
 
-OUT_LAYOUT = {"replicate": "R", "colwise": "S", "rowwise": "R"}   # rowwise P is resolved by its unary term
+OUT_LAYOUT = {"replicate": "R", "colwise": "S", "rowwise": "R"}  # rowwise P is resolved by its unary term
 IN_NEED = {"replicate": "R", "colwise": "R", "rowwise": "S"}
 IN_GRAD = {"replicate": "R", "colwise": "P", "rowwise": "S"}
 OUT_GRAD_NEED = {"replicate": "R", "colwise": "S", "rowwise": "R"}
@@ -74,10 +75,10 @@ OUT_GRAD_NEED = {"replicate": "R", "colwise": "S", "rowwise": "R"}
 class TPContext:
     profile: Profile
     tp: int
-    group: AxisGroup               # the tp group (from mesh_groups)
+    group: AxisGroup  # the tp group (from mesh_groups)
     sequence_parallel: bool
-    precision: str                 # 'fp32' | 'bf16' | 'fp16'
-    batch_fraction: float          # micro_batch_size / graph.batch_size
+    precision: str  # 'fp32' | 'bf16' | 'fp16'
+    batch_fraction: float  # micro_batch_size / graph.batch_size
 
 
 @dataclass
@@ -87,7 +88,7 @@ class TPLayerCost:
     compute_shard: dict[str, int]
     param_shard: dict[str, int]
     activation_shard: dict[str, int]
-    whole_bias: frozenset[str] = frozenset()   # rowwise linears: their bias is replicated, not split
+    whole_bias: frozenset[str] = frozenset()  # rowwise linears: their bias is replicated, not split
 
 
 # ---- legality ----------------------------------------------------------------------------
@@ -97,11 +98,17 @@ def legal_splits(node: OpNode, tp: int) -> tuple[str, ...]:
         return ("replicate",)
     attrs = node.attrs
     if node.op == "linear":
-        return ("replicate",) + (("colwise",) if _colwise_ok(node, tp) else ()) + (
-            ("rowwise",) if _divides(attrs.get("in_features"), tp) else ())
+        return (
+            ("replicate",)
+            + (("colwise",) if _colwise_ok(node, tp) else ())
+            + (("rowwise",) if _divides(attrs.get("in_features"), tp) else ())
+        )
     if node.op == "embedding":
-        return ("replicate",) + (("colwise",) if _divides(attrs.get("embedding_dim"), tp) else ()) + (
-            ("rowwise",) if _divides(attrs.get("num_embeddings"), tp) else ())
+        return (
+            ("replicate",)
+            + (("colwise",) if _divides(attrs.get("embedding_dim"), tp) else ())
+            + (("rowwise",) if _divides(attrs.get("num_embeddings"), tp) else ())
+        )
     if node.op == "norm" and len(node.output_shape) >= 3 and node.output_shape[1] % tp == 0:
         return ("replicate", "sequence_parallel")
     return ("replicate",)
@@ -118,7 +125,7 @@ def _colwise_ok(node: OpNode, tp: int) -> bool:
         return False
     head_split = attrs.get("head_split")
     if head_split and not _divides(head_split[0], tp):
-        return False          # a shard boundary inside a head (or a q/k/v part): DTensor cannot unflatten it
+        return False  # a shard boundary inside a head (or a q/k/v part): DTensor cannot unflatten it
     attention = attrs.get("attention")
     if not attention:
         return True
@@ -137,7 +144,9 @@ class TPTerms:
     unary: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     pair: dict[tuple[str, str], dict[tuple[str, str], tuple[float, float]]] = field(default_factory=dict)
     any_of: list[tuple[tuple[float, float], tuple[tuple[str, str], ...]]] = field(default_factory=list)
-    constant_at: dict[str, float] = field(default_factory=dict)   # the constant's forward part, by first consumer (ops.csv)
+    constant_at: dict[str, float] = field(
+        default_factory=dict
+    )  # the constant's forward part, by first consumer (ops.csv)
 
 
 def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
@@ -155,8 +164,11 @@ def _link_key(profile) -> tuple:
     ``id(profile)``, whose value a freed profile hands on to a new one (calibration deep-copies)."""
     links = (profile.intra_node, profile.inter_node)
     return (profile.devices_per_node,) + tuple(
-        None if link is None else tuple(sorted((k, f.alpha_s, f.busbw_bytes_per_s) for k, f in link.collectives.items()))
-        for link in links)
+        None
+        if link is None
+        else tuple(sorted((k, f.alpha_s, f.busbw_bytes_per_s) for k, f in link.collectives.items()))
+        for link in links
+    )
 
 
 def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext, coll: "_Collectives | None" = None) -> TPTerms:
@@ -172,7 +184,9 @@ def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext, coll: "_Collectiv
         terms.pair[(u, v)] = {(a, c): _pair(lay[u][a], c, b, coll) for a in legal[u] for c in legal[v]}
     for (u, w), (bu, bw) in block.siblings.items():
         if (u, w) not in terms.pair and (w, u) not in terms.pair:
-            terms.pair[(u, w)] = {(a, c): _sibling(lay[u][a], lay[w][c], bu, bw, coll) for a in legal[u] for c in legal[w]}
+            terms.pair[(u, w)] = {
+                (a, c): _sibling(lay[u][a], lay[w][c], bu, bw, coll) for a in legal[u] for c in legal[w]
+            }
     fwd = 0.0
     for src, (b, consumers, needs_grad, shardable) in block.sources.items():
         q = ctx.sequence_parallel and shardable
@@ -189,7 +203,9 @@ class _Collectives:
     """Collective seconds on the tp group for traced bytes rescaled to the micro-batch and precision."""
 
     def __init__(self, graph: Graph, ctx: TPContext):
-        traced = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}.get(graph.dtype.replace("torch.", ""), 4)
+        traced = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}.get(
+            graph.dtype.replace("torch.", ""), 4
+        )
         self.factor = ctx.batch_fraction * PRECISION_BYTES[ctx.precision] / traced
         self.ctx = ctx
 
@@ -227,7 +243,9 @@ class _MessageCollectives(_Collectives):
         return Messages({kind: [1, size]}) if size > 0 and self.ctx.tp > 1 else 0.0
 
 
-def block_messages(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, ctx: TPContext) -> tuple[Messages, Messages]:
+def block_messages(
+    graph: Graph, layer: str | None, tp_plan: dict[str, str], *, ctx: TPContext
+) -> tuple[Messages, Messages]:
     """The TP collectives of one micro-batch of block ``layer``, forward and backward: the
     messages behind :func:`tp_layer_cost`'s seconds (the execution audit's prediction)."""
     splits = node_splits(graph, layer, tp_plan, tp=ctx.tp)
@@ -252,9 +270,9 @@ def _unary(block: BlockAnalysis, u: str, split: str, coll: _Collectives, ctx: TP
         if reduce_scattered(block, u, sequence_parallel=sp):
             return coll("reduce_scatter", out), coll("all_gather", out)
         return coll("all_reduce", out), 0.0
-    if not sink or split != "colwise":   # a replicated origin's output on the SP stream: see sp_sync.sp_partial_params
+    if not sink or split != "colwise":  # a replicated origin's output on the SP stream: see sp_sync.sp_partial_params
         return 0.0, 0.0
-    to_stream = sp and u not in block.output_sinks    # the model output is gathered whole: its gradient is a local slice
+    to_stream = sp and u not in block.output_sinks  # the model output is gathered whole: its gradient is a local slice
     return coll("all_gather", sink), coll("all_gather", sink) if to_stream else 0.0
 
 
@@ -292,7 +310,9 @@ def node_splits(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp:
         node = graph.node(v)
         split = tp_plan.get(node.module, "replicate") if tp > 1 else "replicate"
         if split not in legal_splits(node, tp):
-            raise PlanError(f"tp_plan['{node.module}']='{split}' is not legal at tp={tp} (legal: {', '.join(legal_splits(node, tp))}); see docs/ilp.md for the rules.")
+            raise PlanError(
+                f"tp_plan['{node.module}']='{split}' is not legal at tp={tp} (legal: {', '.join(legal_splits(node, tp))}); see docs/ilp.md for the rules."
+            )
         splits[v] = split
     return splits
 
@@ -319,5 +339,11 @@ def tp_layer_cost(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, c
     sp = ctx.sequence_parallel and ctx.tp > 1
     compute, param, act = shards(graph, layer, splits, tp=ctx.tp, sequence_parallel=sp)
     whole_bias = frozenset(v for v, split in splits.items() if split == "rowwise" and graph.node(v).op == "linear")
-    return TPLayerCost(comm_fwd_s=fwd, comm_bwd_s=bwd, compute_shard=compute, param_shard=param, activation_shard=act,
-                       whole_bias=whole_bias)
+    return TPLayerCost(
+        comm_fwd_s=fwd,
+        comm_bwd_s=bwd,
+        compute_shard=compute,
+        param_shard=param,
+        activation_shard=act,
+        whole_bias=whole_bias,
+    )

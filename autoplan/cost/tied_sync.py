@@ -6,6 +6,7 @@ head), each stage holding it all-reduces its gradient with the others after the 
 the weight as each stage holds it (1/tp of it when tensor parallelism shards it), in fp32, on
 the pp link. :class:`TiedWeightSync` holds that term for :class:`autoplan.cost.model.CostModel`.
 """
+
 from __future__ import annotations
 
 from autoplan.cost.comm import collective_time_s
@@ -35,7 +36,7 @@ class TiedWeightSync:
             return {}
         stage_of = {"pre": 0, "post": plan.pp - 1}
         stage_of.update({layer: i % plan.pp for i, chunk in enumerate(self._chunks(plan)) for layer in chunk})
-        outside = (stages[0].blocks[0], stages[-1].blocks[-1])   # the pre and post summaries, which name real weights
+        outside = (stages[0].blocks[0], stages[-1].blocks[-1])  # the pre and post summaries, which name real weights
         held = {name: n for block in outside for name, n in zip(block.param_names, block.param_numels)}
         params = self.graph.parameters
         found: dict[int, float] = {}

@@ -6,6 +6,7 @@ linears are priced as gathered. It depends on the graph alone (not on tp or the 
 is computed once per block and cached on the graph; autoplan/cost/tensor_parallel.py prices
 splits on top of it (its module docstring states the model).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
 
 PRESERVING = ("elementwise", "view", "matmul", "attention")
 STREAM_KINDS = ("norm", "elementwise", "view")
-OUTPUT_KINDS = ("output", "loss")   # a sink into these is the model's output, gathered whole (not the stream)
+OUTPUT_KINDS = ("output", "loss")  # a sink into these is the model's output, gathered whole (not the stream)
 
 
 def is_gathered(node: OpNode) -> bool:
@@ -35,17 +36,17 @@ class BlockAnalysis:
     """What the graph says about one block, independent of tp and of the splits."""
 
     nodes: list[OpNode]
-    params: list[str]                                   # parameterised nodes, in order
-    origins: dict[str, frozenset[str]]                  # pure node -> its parameterised origins
-    gathered: frozenset[str] = frozenset()              # fused linears: colwise output is all-gathered
-    sinks: dict[str, float] = field(default_factory=dict)          # origin -> output bytes reaching the stream
-    output_sinks: set[str] = field(default_factory=set)            # origins whose every sink is the model output
-    has_targets: set[str] = field(default_factory=set)             # origins feeding another param node
-    edges: dict[tuple[str, str], float] = field(default_factory=dict)     # (u, v) -> bytes
+    params: list[str]  # parameterised nodes, in order
+    origins: dict[str, frozenset[str]]  # pure node -> its parameterised origins
+    gathered: frozenset[str] = frozenset()  # fused linears: colwise output is all-gathered
+    sinks: dict[str, float] = field(default_factory=dict)  # origin -> output bytes reaching the stream
+    output_sinks: set[str] = field(default_factory=set)  # origins whose every sink is the model output
+    has_targets: set[str] = field(default_factory=set)  # origins feeding another param node
+    edges: dict[tuple[str, str], float] = field(default_factory=dict)  # (u, v) -> bytes
     siblings: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     sources: dict[str, tuple[float, list[str], bool, bool]] = field(default_factory=dict)
     # stream tensor -> (bytes, consumers, needs grad, sequence-shardable)
-    scale: dict[str, float] = field(default_factory=dict)          # node -> precision rescale of its bytes
+    scale: dict[str, float] = field(default_factory=dict)  # node -> precision rescale of its bytes
 
 
 def analyse_block(graph: Graph, layer: str | None) -> BlockAnalysis:
@@ -81,7 +82,9 @@ def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
     inside = {n.name for n in nodes}
     params = [n.name for n in nodes if n.op in PARAM_KINDS]
     gathered = frozenset(n.name for n in nodes if n.op == "linear" and is_gathered(n))
-    block = BlockAnalysis(nodes=nodes, params=params, origins=_origins(graph, nodes, preds, set(params)), gathered=gathered)
+    block = BlockAnalysis(
+        nodes=nodes, params=params, origins=_origins(graph, nodes, preds, set(params)), gathered=gathered
+    )
     for node in nodes:
         block.scale[node.name] = 1.0
     for u in params:
@@ -93,7 +96,9 @@ def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
     return block
 
 
-def _origins(graph: Graph, nodes: list[OpNode], preds: dict[str, list[str]], params: set[str]) -> dict[str, frozenset[str]]:
+def _origins(
+    graph: Graph, nodes: list[OpNode], preds: dict[str, list[str]], params: set[str]
+) -> dict[str, frozenset[str]]:
     """Pure preserving nodes and the parameterised nodes they descend from."""
     origins: dict[str, frozenset[str]] = {}
     for node in nodes:
@@ -152,7 +157,9 @@ def _record_siblings(graph: Graph, block: BlockAnalysis, n: str, preds: dict[str
             for w in b:
                 if u != w:
                     key = (u, w) if u < w else (w, u)
-                    block.siblings.setdefault(key, (float(graph.node(key[0]).output_bytes), float(graph.node(key[1]).output_bytes)))
+                    block.siblings.setdefault(
+                        key, (float(graph.node(key[0]).output_bytes), float(graph.node(key[1]).output_bytes))
+                    )
 
 
 def _record_input(graph: Graph, block: BlockAnalysis, v: str, inside: set[str], preds: dict[str, list[str]]) -> None:

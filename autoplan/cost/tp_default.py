@@ -6,6 +6,7 @@ all-reduce, or a reduce-scatter under sequence parallelism), and, with sequence 
 norms on the sequence shard. This is what an empty ``tp_plan`` at tp > 1 means, to the cost
 model and the executor alike (autoplan/execute/api.with_default_tp_plan).
 """
+
 from __future__ import annotations
 
 from autoplan.cost.tensor_parallel import legal_splits

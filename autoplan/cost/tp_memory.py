@@ -25,6 +25,7 @@ are kept for the backward beside what the trace saw, measured by the execution a
 Bytes are for the whole traced batch in the run's precision, like
 ``autoplan.cost.compute.saved_activation_bytes``; callers scale by the micro-batch fraction.
 """
+
 from __future__ import annotations
 
 from autoplan.cost.compute import activation_scale
@@ -47,7 +48,9 @@ def param_copy_bytes(graph: Graph, block: BlockAnalysis, name: str, split: str, 
     return 0.0
 
 
-def stream_copy_bytes(graph: Graph, block: BlockAnalysis, *, tp: int, sequence_parallel: bool, precision: str) -> dict[str, float]:
+def stream_copy_bytes(
+    graph: Graph, block: BlockAnalysis, *, tp: int, sequence_parallel: bool, precision: str
+) -> dict[str, float]:
     """The whole copies of the block's sequence-sharded stream tensors that its parameterised
     consumers save under sequence parallelism (module docstring), by the first consumer (they
     are charged where the gather happens, which a pipeline cut never separates from it);

@@ -27,6 +27,7 @@ carries it (``tp_overlap_chunking_*_s``) and it is added to the block's compute.
 pairing (all of a block's collectives against all of its split matmuls) assumes each collective
 sits beside a matmul of its block, which sequence parallelism guarantees for transformer blocks.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

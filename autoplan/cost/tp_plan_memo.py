@@ -4,6 +4,7 @@ Keying on the dict's identity is what makes the memo cheap, but an id is reused 
 freed, and a caller may edit a tp_plan in place. Each entry therefore keeps a copy of the dict
 it was made from and is remade when the dict now differs: a stale entry is never returned.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -7,6 +7,7 @@ parallelism, else replicated (R); every other node is on the residual stream, a 
 under SP for norms, element-wise ops and views (Korthikanti et al. 2022 fig. 5), else whole.
 CostModel (cost/layers.py) and the intra-op ILP (solve/intra_op.py) both read these factors.
 """
+
 from __future__ import annotations
 
 from autoplan.cost.tp_block import STREAM_KINDS, BlockAnalysis, analyse_block
@@ -19,7 +20,9 @@ def reduce_scattered(block: BlockAnalysis, u: str, *, sequence_parallel: bool) -
     return sequence_parallel and bool(block.sinks.get(u)) and u not in block.has_targets
 
 
-def param_node_shards(block: BlockAnalysis, name: str, split: str, *, tp: int, sequence_parallel: bool) -> tuple[int, int, int]:
+def param_node_shards(
+    block: BlockAnalysis, name: str, split: str, *, tp: int, sequence_parallel: bool
+) -> tuple[int, int, int]:
     """(compute, param, activation) shard of parameterised node ``name`` under ``split``. Saved
     bytes are charged to the producing node (the tracer's rule), so the activation shard is
     that of the output consumers keep: a colwise output is the S shard, unless it is gathered
@@ -32,7 +35,9 @@ def param_node_shards(block: BlockAnalysis, name: str, split: str, *, tp: int, s
     return tp, tp, tp if reduce_scattered(block, name, sequence_parallel=sequence_parallel) else 1
 
 
-def pure_layout(block: BlockAnalysis, origins: frozenset[str], splits: dict[str, str], *, sequence_parallel: bool) -> str:
+def pure_layout(
+    block: BlockAnalysis, origins: frozenset[str], splits: dict[str, str], *, sequence_parallel: bool
+) -> str:
     """Layout a pure node runs on: S when every origin is colwise and none is gathered; Q when
     every origin is a rowwise node reduce-scattered under SP; else R (module docstring)."""
     if all(splits[u] == "colwise" and u not in block.gathered for u in origins):
@@ -42,7 +47,9 @@ def pure_layout(block: BlockAnalysis, origins: frozenset[str], splits: dict[str,
     return "R"
 
 
-def pure_layouts_possible(block: BlockAnalysis, origins: frozenset[str], legal: dict[str, tuple[str, ...]], *, sequence_parallel: bool) -> tuple[str, ...]:
+def pure_layouts_possible(
+    block: BlockAnalysis, origins: frozenset[str], legal: dict[str, tuple[str, ...]], *, sequence_parallel: bool
+) -> tuple[str, ...]:
     """The layouts :func:`pure_layout` can return for some legal splits of ``origins``."""
     found = ["R"]
     if all("colwise" in legal[u] and u not in block.gathered for u in origins):
@@ -64,7 +71,9 @@ def stream_node_shards(node: OpNode, *, tp: int, sequence_parallel: bool) -> tup
     return way, way
 
 
-def shards(graph: Graph, layer: str | None, splits: dict[str, str], *, tp: int, sequence_parallel: bool) -> tuple[dict, dict, dict]:
+def shards(
+    graph: Graph, layer: str | None, splits: dict[str, str], *, tp: int, sequence_parallel: bool
+) -> tuple[dict, dict, dict]:
     """(compute_shard, param_shard, activation_shard) per node of the block (module doc)."""
     block = analyse_block(graph, layer)
     compute, param, act = {}, {}, {}
@@ -72,7 +81,9 @@ def shards(graph: Graph, layer: str | None, splits: dict[str, str], *, tp: int, 
         name = node.name
         param[name] = 1
         if name in splits:
-            compute[name], param[name], act[name] = param_node_shards(block, name, splits[name], tp=tp, sequence_parallel=sequence_parallel)
+            compute[name], param[name], act[name] = param_node_shards(
+                block, name, splits[name], tp=tp, sequence_parallel=sequence_parallel
+            )
         elif name in block.origins:
             layout = pure_layout(block, block.origins[name], splits, sequence_parallel=sequence_parallel)
             compute[name], act[name] = pure_node_shards(layout, tp=tp)

@@ -30,6 +30,7 @@ one all-reduce of their gradient on the pp link. fp16: one 4-byte all-reduce of 
 overflow flag on the world group (execute/grad_scaler.py), counted under the mesh dim that
 spans the world when one does.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,8 @@ class StagePrediction:
 
     comm: Volumes = field(default_factory=dict)
     param_elements: float = 0.0
-    forward_flops: float = 0.0            # linears, matmuls, convolutions
-    backward_flops: float = 0.0           # the same, recomputed forwards included
+    forward_flops: float = 0.0  # linears, matmuls, convolutions
+    backward_flops: float = 0.0  # the same, recomputed forwards included
     attention_forward_flops: float = 0.0
     attention_backward_flops: float = 0.0
 
@@ -74,7 +75,9 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
         _data_parallel(pred, plan, stage, index, model.graph.buffer_bytes)
         _pipeline(pred, plan, index, model)
         _flops(pred, plan, stage, index)
-        if plan.precision == "fp16":   # the overflow flag, on the world group (a mesh dim's group when it spans the world)
+        if (
+            plan.precision == "fp16"
+        ):  # the overflow flag, on the world group (a mesh dim's group when it spans the world)
             pred.add(_world_dim(plan), "all_reduce", 1, 4)
         predictions.append(pred)
     _tied(predictions, plan, model, stages)
@@ -97,7 +100,7 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     if plan.zero_stage == 0:
         ddp = runs_ddp(plan)
         pred.add("dp", "all_reduce", None if ddp else 1, p * grad)
-        if ddp and buffer_bytes:   # DDP broadcasts rank 0's buffers before the synced micro-batch's forward
+        if ddp and buffer_bytes:  # DDP broadcasts rank 0's buffers before the synced micro-batch's forward
             pred.add("dp", "broadcast", 1, buffer_bytes)
     elif plan.zero_stage == 1:
         padded = plan.dp * math.ceil(p / plan.dp)
@@ -111,7 +114,7 @@ def _fsdp(pred: StagePrediction, plan: Plan, stage: StageTotals, grad: int, inde
     p, m = stage.params, plan.num_microbatches
     weight = PRECISION_BYTES[plan.precision]
     blocks = _real_blocks(plan, stage, index)
-    root = stage.params - sum(b.param_count for b in blocks)   # the stage module's own (outside-node) weights
+    root = stage.params - sum(b.param_count for b in blocks)  # the stage module's own (outside-node) weights
     units = sum(1 for b in blocks if b.param_count) + (1 if root > 0 else 0)
     if plan.pp == 1:
         gathers = 1 if plan.zero_stage == 2 else 2 * m
@@ -133,7 +136,7 @@ def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_pla
     total = Messages()
     for layer in layers:
         fwd, bwd = block_messages(model.graph, layer, tp_plan, ctx=ctx)
-        total = total + fwd + bwd + (fwd if plan.recompute != "none" else Messages())   # recomputation re-runs them
+        total = total + fwd + bwd + (fwd if plan.recompute != "none" else Messages())  # recomputation re-runs them
     outside = [part for part, stage in zip(OUTSIDE_PARTS, (0, plan.pp - 1)) if stage == index]
     for part in outside:
         fwd, bwd = block_messages(model.graph, part, tp_plan, ctx=ctx)
@@ -156,8 +159,8 @@ def _sequence_parallel_boundaries(pred: StagePrediction, plan: Plan, model: Cost
     chunks = model.chunk_inputs(plan)
     m = plan.num_microbatches
     for c in range(index, len(chunks), plan.pp):
-        sent = [chunks[c + 1][0]] if c < len(chunks) - 1 else []       # the activations leaving the chunk
-        returned = [chunks[c][1]] if c > 0 else []                      # the input gradients going back
+        sent = [chunks[c + 1][0]] if c < len(chunks) - 1 else []  # the activations leaving the chunk
+        returned = [chunks[c][1]] if c > 0 else []  # the input gradients going back
         for sizes in sent + returned:
             big = [b for b in sizes if b > 0]
             pred.add("tp", "all_gather", m * len(big[:1]), m * max(big, default=0.0))
@@ -170,7 +173,7 @@ def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -
     last = len(chunks) - 1
     m = plan.num_microbatches
     for c in range(index, len(chunks), plan.pp):
-        if c < last:   # what the next chunk receives, and the gradients of those that need one back
+        if c < last:  # what the next chunk receives, and the gradients of those that need one back
             forward, backward = chunks[c + 1]
             pred.add("pp", "send", m * len(forward), m * sum(forward))
             pred.add("pp", "recv", m * len(backward), m * sum(backward))
@@ -194,10 +197,14 @@ def _flops(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) ->
     blocks = _real_blocks(plan, stage, index)
     rerun = plan.recompute == "full"
     pred.forward_flops = m * sum(b.matmul_fwd_flops for b in stage.blocks)
-    pred.backward_flops = m * (sum(b.matmul_bwd_flops for b in stage.blocks) + (sum(b.matmul_fwd_flops for b in blocks) if rerun else 0.0))
+    pred.backward_flops = m * (
+        sum(b.matmul_bwd_flops for b in stage.blocks) + (sum(b.matmul_fwd_flops for b in blocks) if rerun else 0.0)
+    )
     pred.attention_forward_flops = m * sum(b.attention_fwd_flops for b in stage.blocks)
-    pred.attention_backward_flops = m * (sum(b.attention_bwd_flops for b in stage.blocks)
-                                         + (sum(b.attention_fwd_flops for b in blocks) if rerun else 0.0))
+    pred.attention_backward_flops = m * (
+        sum(b.attention_bwd_flops for b in stage.blocks)
+        + (sum(b.attention_fwd_flops for b in blocks) if rerun else 0.0)
+    )
 
 
 def _tied(predictions: list[StagePrediction], plan: Plan, model: CostModel, stages: list[StageTotals]) -> None:

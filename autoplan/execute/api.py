@@ -18,6 +18,7 @@ Composition order (each step says why it comes after the previous and before the
 5. **Schedule** last: ``PipelineStage`` needs the finished (TP'd, checkpointed, sharded)
    stage modules.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -47,9 +48,15 @@ def default_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-4, fused=True)
 
 
-def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], torch.Tensor],
-                microbatch_inputs: tuple | None = None, device: torch.device | None = None,
-                optimizer_fn: Callable[[list[nn.Parameter]], Any] = default_optimizer) -> Trainer:
+def parallelize(
+    model: nn.Module,
+    plan: Plan,
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    microbatch_inputs: tuple | None = None,
+    device: torch.device | None = None,
+    optimizer_fn: Callable[[list[nn.Parameter]], Any] = default_optimizer,
+) -> Trainer:
     """Parallelize ``model`` as ``plan`` says; return the :class:`Trainer`.
 
     Call inside an initialised process group of ``plan.devices`` ranks, with the same model
@@ -62,10 +69,14 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
     kinds = validate_tp_plan(model=model, plan=plan)
     mesh = build_mesh(plan=plan)
     model = model.to(device)
-    blocks = [b for stage in plan.stages for b in stage] or find_blocks(model)   # the tracer's rule (autoplan/trace/layers.py)
+    blocks = [b for stage in plan.stages for b in stage] or find_blocks(
+        model
+    )  # the tracer's rule (autoplan/trace/layers.py)
     ties = tied_names(model)
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
-    modules, tie_sync, out_spec = _split(model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device)
+    modules, tie_sync, out_spec = _split(
+        model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device
+    )
     mode = data_parallel.dp_mode(plan=plan)
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
     checkpointed = 0
@@ -74,45 +85,95 @@ def parallelize(model: nn.Module, plan: Plan, *, loss_fn: Callable[[Any, Any], t
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
         if plan.tp_comm_overlap:
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
-        modules[index] = _data_parallel(module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device, policy=policy)
+        modules[index] = _data_parallel(
+            module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device, policy=policy
+        )
     if plan.recompute != "none" and not checkpointed:
-        raise PlanError(f"plan recompute='{plan.recompute}' but this rank holds none of the blocks it applies to "
-                        f"({', '.join(blocks[:3]) or 'the model has no repeated blocks'}); plan recompute='none' or list the blocks in 'stages'.")
+        raise PlanError(
+            f"plan recompute='{plan.recompute}' but this rank holds none of the blocks it applies to "
+            f"({', '.join(blocks[:3]) or 'the model has no repeated blocks'}); plan recompute='none' or list the blocks in 'stages'."
+        )
     params = [p for m in modules.values() for p in m.parameters()]
-    optimizer = (ShardedOptimizer(params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"], reduce_dtype=policy.reduce_dtype)
-                 if mode == "zero1" else optimizer_fn(params))
+    optimizer = (
+        ShardedOptimizer(params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"], reduce_dtype=policy.reduce_dtype)
+        if mode == "zero1"
+        else optimizer_fn(params)
+    )
     scaler = ShardedGradScaler(device=device) if policy.scales_loss else None
-    trainer = Trainer(plan=plan, mesh=mesh, stage_modules=modules, optimizer=optimizer, loss_fn=loss_fn,
-                      device=device, dp_mode=mode, policy=policy, scaler=scaler, tie_sync=tie_sync, aliases=aliases)
+    trainer = Trainer(
+        plan=plan,
+        mesh=mesh,
+        stage_modules=modules,
+        optimizer=optimizer,
+        loss_fn=loss_fn,
+        device=device,
+        dp_mode=mode,
+        policy=policy,
+        scaler=scaler,
+        tie_sync=tie_sync,
+        aliases=aliases,
+    )
     if plan.pp > 1:
-        trainer.schedule = pipeline.build_schedule(stage_modules=modules, plan=plan, pp_mesh=mesh["pp"], device=device,
-                                                   loss_fn=trainer.schedule_loss, out_spec=out_spec)
+        trainer.schedule = pipeline.build_schedule(
+            stage_modules=modules,
+            plan=plan,
+            pp_mesh=mesh["pp"],
+            device=device,
+            loss_fn=trainer.schedule_loss,
+            out_spec=out_spec,
+        )
     return trainer
 
 
-def _split(*, model: nn.Module, plan: Plan, microbatch_inputs: tuple | None, mesh: Any, ties: list[list[str]],
-           device: torch.device) -> tuple[dict[int, nn.Module], TiedGradSync | None, Any]:
+def _split(
+    *,
+    model: nn.Module,
+    plan: Plan,
+    microbatch_inputs: tuple | None,
+    mesh: Any,
+    ties: list[list[str]],
+    device: torch.device,
+) -> tuple[dict[int, nn.Module], TiedGradSync | None, Any]:
     """This rank's stage modules, the tied-weight gradient sync, and the spec that rebuilds the
     model's output from the last stage's tensors (``pipeline.split_model``)."""
     if plan.pp == 1:
         return {0: model}, None, None
     if microbatch_inputs is None:
-        raise PlanError(f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) to split the model into stages.")
+        raise PlanError(
+            f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) to split the model into stages."
+        )
     from autoplan.execute.batch import move_to
-    pipe, out_spec = pipeline.split_model(model=model, plan=plan, microbatch_args=move_to(tuple(microbatch_inputs), device))
+
+    pipe, out_spec = pipeline.split_model(
+        model=model, plan=plan, microbatch_args=move_to(tuple(microbatch_inputs), device)
+    )
     modules = {i: pipe.get_stage_module(i) for i in pipeline.stage_indices(plan=plan, pp_rank=coordinates(mesh)["pp"])}
-    holders = {i: {n for n, _ in pipe.get_stage_module(i).named_parameters(remove_duplicate=False)} for i in range(pipe.num_stages)}
+    holders = {
+        i: {n for n, _ in pipe.get_stage_module(i).named_parameters(remove_duplicate=False)}
+        for i in range(pipe.num_stages)
+    }
     # Groups are created on every rank before any module transform (new_group is a collective).
     return modules, build_tied_sync(groups=ties, holders=holders, pp=plan.pp, mesh=mesh, my_modules=modules), out_spec
 
 
-def _data_parallel(*, module: nn.Module, blocks: list[str], plan: Plan, mesh: Any, mode: str, device: torch.device,
-                   policy: precision.PrecisionPolicy) -> nn.Module:
+def _data_parallel(
+    *,
+    module: nn.Module,
+    blocks: list[str],
+    plan: Plan,
+    mesh: Any,
+    mode: str,
+    device: torch.device,
+    policy: precision.PrecisionPolicy,
+) -> nn.Module:
     if mode == "fsdp":
-        return data_parallel.apply_fsdp(module=module, blocks=blocks, plan=plan, dp_mesh=mesh["dp"],
-                                        mp_policy=precision.mp_policy(policy))
+        return data_parallel.apply_fsdp(
+            module=module, blocks=blocks, plan=plan, dp_mesh=mesh["dp"], mp_policy=precision.mp_policy(policy)
+        )
     if mode == "ddp":
-        return data_parallel.apply_ddp(module=module, dp_mesh=mesh["dp"], device=device, reduce_dtype=policy.reduce_dtype)
+        return data_parallel.apply_ddp(
+            module=module, dp_mesh=mesh["dp"], device=device, reduce_dtype=policy.reduce_dtype
+        )
     return module
 
 
@@ -123,11 +184,14 @@ def with_default_tp_plan(*, model: nn.Module, plan: Plan, microbatch_inputs: tup
     if plan.tp == 1 or plan.tp_plan:
         return plan
     if microbatch_inputs is None:
-        raise PlanError(f"plan tp={plan.tp} has an empty tp_plan; pass microbatch_inputs so the executor can trace the model "
-                        "and apply the default split the cost model priced, or give the plan a tp_plan.")
+        raise PlanError(
+            f"plan tp={plan.tp} has an empty tp_plan; pass microbatch_inputs so the executor can trace the model "
+            "and apply the default split the cost model priced, or give the plan a tp_plan."
+        )
     import dataclasses
 
     from autoplan.cost.tp_default import default_tp_plan
     from autoplan.trace import trace
+
     graph = trace(model, tuple(microbatch_inputs))
     return dataclasses.replace(plan, tp_plan=default_tp_plan(graph, plan.tp, sequence_parallel=plan.sequence_parallel))

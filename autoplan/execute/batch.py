@@ -3,6 +3,7 @@
 A batch is any nesting of tuples, lists and dicts whose tensors have the batch on dim 0;
 tensors whose dim 0 is not the batch size (and non-tensors) are passed whole.
 """
+
 from __future__ import annotations
 
 from typing import Any

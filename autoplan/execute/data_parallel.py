@@ -18,6 +18,7 @@ wrapped: there is no one to share with.
 Explicit all-reduce: after backward, gradients (the local shards of DTensor gradients) are
 flattened per dtype into one buffer, all-reduced with AVG over the dp group, and copied back.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,8 +45,9 @@ def dp_mode(*, plan: Plan) -> str:
     return "allreduce"
 
 
-def apply_fsdp(*, module: nn.Module, blocks: list[str], plan: Plan, dp_mesh: DeviceMesh,
-               mp_policy: MixedPrecisionPolicy | None) -> nn.Module:
+def apply_fsdp(
+    *, module: nn.Module, blocks: list[str], plan: Plan, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None
+) -> nn.Module:
     """fully_shard each block present in ``module``, then ``module`` itself."""
     kwargs = {"mesh": dp_mesh, "reshard_after_forward": plan.zero_stage == 3}
     if mp_policy is not None:
@@ -63,8 +65,13 @@ def apply_ddp(*, module: nn.Module, dp_mesh: DeviceMesh, device: torch.device, r
     copy), buffers are broadcast only when the module has some, and the all-reduce runs in
     ``reduce_dtype``."""
     device_ids = [device.index] if device.type == "cuda" else None
-    ddp = DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids,
-                                  gradient_as_bucket_view=True, forward_sync_buffers=any(True for _ in module.buffers()))
+    ddp = DistributedDataParallel(
+        module,
+        process_group=dp_mesh.get_group(),
+        device_ids=device_ids,
+        gradient_as_bucket_view=True,
+        forward_sync_buffers=any(True for _ in module.buffers()),
+    )
     if reduce_dtype != torch.float32:
         ddp.register_comm_hook(dp_mesh.get_group(), low_precision_hook(reduce_dtype))
     return ddp
@@ -74,11 +81,13 @@ def low_precision_hook(dtype: torch.dtype):
     """A DDP comm hook that all-reduces the bucket's mean in ``dtype`` and copies it back
     (torch's ``bf16_compress_hook`` does the same, but only on CUDA with NCCL). DDP checks a
     hook's annotations by identity, which postponed annotations break, hence none here."""
+
     def hook(group, bucket):
         buffer = bucket.buffer()
         low = buffer.to(dtype).div_(group.size())
         future = dist.all_reduce(low, group=group, async_op=True).get_future()
         return future.then(lambda done: buffer.copy_(done.value()[0]))
+
     return hook
 
 
@@ -86,7 +95,9 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def allreduce_grads(*, params: list[nn.Parameter], dp_mesh: DeviceMesh, reduce_dtype: torch.dtype = torch.float32) -> None:
+def allreduce_grads(
+    *, params: list[nn.Parameter], dp_mesh: DeviceMesh, reduce_dtype: torch.dtype = torch.float32
+) -> None:
     """Average every gradient over the dp group, one flat buffer per dtype, sent in ``reduce_dtype``."""
     group = dp_mesh.get_group()
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -103,5 +114,5 @@ def allreduce_grads(*, params: list[nn.Parameter], dp_mesh: DeviceMesh, reduce_d
             flat /= size
         offset = 0
         for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()

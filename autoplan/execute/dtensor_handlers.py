@@ -26,6 +26,7 @@ uses for its own corner cases), so any model's code runs unchanged:
 A handler reaches DTensor's normal dispatch by removing itself from the handler table for
 that one call (under a lock; the table is a plain dict consulted on every call).
 """
+
 from __future__ import annotations
 
 import threading
@@ -98,9 +99,12 @@ def _inplace_handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
 def _note_reshard(op: str, target: DTensor) -> None:
     """Count the fallback and warn once per op: it all-gathers a tensor the cost model priced as sharded."""
     if not RESHARDED[op]:
-        warnings.warn(f"{op} cannot run in place on a {tuple(target.placements)} DTensor of shape {tuple(target.shape)}; "
-                      "autoplan replicates it first, an all-gather the cost model does not price. Mark the module that "
-                      "produces it 'replicate' in tp_plan to avoid it (the run's audit counts these).", stacklevel=3)
+        warnings.warn(
+            f"{op} cannot run in place on a {tuple(target.placements)} DTensor of shape {tuple(target.shape)}; "
+            "autoplan replicates it first, an all-gather the cost model does not price. Mark the module that "
+            "produces it 'replicate' in tp_plan to avoid it (the run's audit counts these).",
+            stacklevel=3,
+        )
     RESHARDED[op] += 1
 
 
@@ -109,8 +113,12 @@ def _is_inplace(op: Any) -> bool:
     if schema is None or not schema.arguments or schema.name.startswith("aten::_foreach"):
         return False
     first = schema.arguments[0]
-    return bool(first.alias_info and first.alias_info.is_write and not first.is_out
-                and isinstance(first.type, torch._C.TensorType))
+    return bool(
+        first.alias_info
+        and first.alias_info.is_write
+        and not first.is_out
+        and isinstance(first.type, torch._C.TensorType)
+    )
 
 
 def inplace_ops() -> list:

@@ -6,6 +6,7 @@ strategy for. Attention is independent per (batch, head), so it is legal to shar
 the output and the log-sum-exp on the batch dim (0) or the head dim (1), or to replicate all;
 the sequence dim is not (every query needs every key). CUDA kernels already have strategies.
 """
+
 from __future__ import annotations
 
 import torch

@@ -12,6 +12,7 @@ steps.
 ``torch.amp.GradScaler`` checks only this rank's gradients, so with FSDP2 shards, tp shards
 or pipeline stages one rank could step while another skips; hence this scaler.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,14 +21,21 @@ import torch.nn as nn
 
 from autoplan.execute.data_parallel import local
 
-INIT_SCALE = 2.0 ** 16
+INIT_SCALE = 2.0**16
 
 
 class ShardedGradScaler:
     """Loss scale ``scale``; ``unscale_(params)`` -> found_inf (job-wide); ``update(found_inf)``."""
 
-    def __init__(self, *, device: torch.device, init_scale: float = INIT_SCALE, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        init_scale: float = INIT_SCALE,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+    ):
         self.device = device
         self.scale = float(init_scale)
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor

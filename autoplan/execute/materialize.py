@@ -19,6 +19,7 @@ Every meta parameter or buffer must be covered: held by a module that has
 rank, and before --verify copies the model, so all ranks and the reference get the same
 weights.
 """
+
 from __future__ import annotations
 
 import torch
@@ -72,8 +73,10 @@ def materialize(model: nn.Module, *, device: torch.device) -> nn.Module:
         return model
     missing = uninitialisable(model)
     if missing:
-        raise ModelFileError(f"build_model() built the model on the meta device but nothing can initialise {', '.join(missing[:3])}"
-                             f"{' ...' if len(missing) > 3 else ''}; give its module a reset_parameters() (or the root model an init_weights()), or build the model on a real device.")
+        raise ModelFileError(
+            f"build_model() built the model on the meta device but nothing can initialise {', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''}; give its module a reset_parameters() (or the root model an init_weights()), or build the model on a real device."
+        )
     ties = tied_names(model)
     model.to_empty(device=device)
     retie(model, ties)

@@ -4,6 +4,7 @@ Ranks form a ``(pp, dp, tp)`` mesh, tp innermost (docs/architecture.md): rank
 ``r = (pp_rank * dp + dp_rank) * tp + tp_rank``. Every axis exists even when its degree is 1,
 so the rest of the executor can always ask for ``mesh["dp"]`` or ``mesh["tp"]``.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,10 +36,14 @@ def local_device() -> torch.device:
 def build_mesh(*, plan: Plan) -> DeviceMesh:
     """A DeviceMesh named (pp, dp, tp) over the initialised default process group."""
     if not dist.is_available() or not dist.is_initialized():
-        raise RunError("parallelize() needs an initialised process group; call torch.distributed.init_process_group() first (or use `autoplan run`).")
+        raise RunError(
+            "parallelize() needs an initialised process group; call torch.distributed.init_process_group() first (or use `autoplan run`)."
+        )
     world_size = dist.get_world_size()
     if world_size != plan.devices:
-        raise PlanError(f"the plan needs {plan.devices} processes (dp={plan.dp} x tp={plan.tp} x pp={plan.pp}) but the process group has {world_size}; launch {plan.devices} processes.")
+        raise PlanError(
+            f"the plan needs {plan.devices} processes (dp={plan.dp} x tp={plan.tp} x pp={plan.pp}) but the process group has {world_size}; launch {plan.devices} processes."
+        )
     return init_device_mesh(device_type(), (plan.pp, plan.dp, plan.tp), mesh_dim_names=MESH_AXES)
 
 

@@ -20,6 +20,7 @@ accepts only tensors from a stage, even the last, so ``split_model`` records the
 ``pipeline()`` exports, and the schedule's loss rebuilds the model's output from the last
 stage's tensors with it: the model file's ``loss_fn(output, target)`` sees what it sees at pp=1.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,7 +56,9 @@ def stage_indices(*, plan: Plan, pp_rank: int) -> list[int]:
 def check_stages(*, model: nn.Module, plan: Plan) -> None:
     """Raise PlanError unless every stage names existing blocks, in model order."""
     if len(plan.stages) != plan.pp * plan.virtual_stages:
-        raise PlanError(f"plan pp={plan.pp} needs {plan.pp * plan.virtual_stages} entries in 'stages', got {len(plan.stages)}; re-plan with stages.")
+        raise PlanError(
+            f"plan pp={plan.pp} needs {plan.pp * plan.virtual_stages} entries in 'stages', got {len(plan.stages)}; re-plan with stages."
+        )
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     flat = [fqn for stage in plan.stages for fqn in stage]
     for fqn in flat:
@@ -64,7 +67,9 @@ def check_stages(*, model: nn.Module, plan: Plan) -> None:
     if any(not stage for stage in plan.stages):
         raise PlanError("plan has an empty pipeline stage; every stage needs at least one block.")
     if [order[f] for f in flat] != sorted(order[f] for f in flat):
-        raise PlanError("plan stages list blocks out of model order; stage i must hold blocks that run before those of stage i+1.")
+        raise PlanError(
+            "plan stages list blocks out of model order; stage i must hold blocks that run before those of stage i+1."
+        )
 
 
 def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> tuple[Any, pytree.TreeSpec | None]:
@@ -77,9 +82,13 @@ def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> tupl
         with _output_spec(model) as spec:
             pipe = pipeline(model, mb_args=microbatch_args, split_spec=split_spec)
     except Exception as exc:  # torch.export failed on this model
-        raise PlanError(f"cannot split the model into pipeline stages with torch.export ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); plan pp=1 for this model.") from exc
+        raise PlanError(
+            f"cannot split the model into pipeline stages with torch.export ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); plan pp=1 for this model."
+        ) from exc
     if pipe.num_stages != len(plan.stages):
-        raise PlanError(f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; a split point is probably never called in forward().")
+        raise PlanError(
+            f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; a split point is probably never called in forward()."
+        )
     carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through those between
     out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None)
     for i in range(pipe.num_stages):
@@ -112,22 +121,33 @@ def _flat_model_output(split_gm: fx.GraphModule, *, out_spec: pytree.TreeSpec | 
     output = module.graph.output_node()
     own = own_outputs(output, last)
     if len(leaves) != out_spec.num_leaves or any(leaf not in own for leaf in leaves):
-        raise PlanError("the model returns a value its last pipeline stage does not compute (a constant, or a tensor made "
-                        "on an earlier stage); return only what the last stage computes, or plan pp=1 for this model.")
+        raise PlanError(
+            "the model returns a value its last pipeline stage does not compute (a constant, or a tensor made "
+            "on an earlier stage); return only what the last stage computes, or plan pp=1 for this model."
+        )
     output.args = (tuple(own[leaf] for leaf in leaves),)
     module.recompile()
     return out_spec
 
 
-def build_schedule(*, stage_modules: dict[int, nn.Module], plan: Plan, pp_mesh: DeviceMesh,
-                   device: torch.device, loss_fn: Callable, out_spec: pytree.TreeSpec | None = None) -> Any:
+def build_schedule(
+    *,
+    stage_modules: dict[int, nn.Module],
+    plan: Plan,
+    pp_mesh: DeviceMesh,
+    device: torch.device,
+    loss_fn: Callable,
+    out_spec: pytree.TreeSpec | None = None,
+) -> Any:
     """The plan's schedule over this rank's stages; the loss goes to the schedule, and sees the
     last stage's tensors rebuilt into what the model returns (``out_spec``, from ``split_model``)."""
     if out_spec is not None:
         loss_fn = functools.partial(_loss_on_model_output, loss_fn=loss_fn, out_spec=out_spec)
     group = pp_mesh.get_group()
     num_stages = plan.pp * plan.virtual_stages
-    stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in sorted(stage_modules.items())]
+    stages = [
+        PipelineStage(module, index, num_stages, device, group=group) for index, module in sorted(stage_modules.items())
+    ]
     cls = SCHEDULE_CLASSES[plan.schedule]
     if issubclass(cls, PipelineScheduleMulti):
         return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)

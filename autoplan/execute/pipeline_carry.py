@@ -19,6 +19,7 @@ A carried value is an identity in the chunks it passes, so in backward its gradi
 back through them to the chunk that made it (or nowhere, for rotary tables and masks).
 Only the stage modules change; ``pipe.split_gm``'s own forward is not used afterwards.
 """
+
 from __future__ import annotations
 
 import operator

@@ -18,6 +18,7 @@ The two are different numerics for the same plan; neither is "the truth" (fp32 i
 --verify builds its reference with the run's policy (verify.py). fp16 adds dynamic loss
 scaling in both (autoplan/execute/grad_scaler.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 class PrecisionPolicy:
     """How one run computes: in ``compute_dtype``, by casting parameters or by autocast."""
 
-    name: str                  # plan.precision: fp32 | bf16 | fp16
-    cast_params: bool          # parameters (and floating inputs) cast to compute_dtype; no autocast
+    name: str  # plan.precision: fp32 | bf16 | fp16
+    cast_params: bool  # parameters (and floating inputs) cast to compute_dtype; no autocast
     reduce_dtype: torch.dtype = torch.float32
 
     @property
@@ -56,7 +57,9 @@ class PrecisionPolicy:
 def policy_for(*, precision: str, dp_mode: str, reduce_dtype: str = "fp32") -> PrecisionPolicy:
     """The policy of a run: FSDP2 casts parameters, every other dp mode uses autocast;
     data-parallel gradients are reduced in ``reduce_dtype`` (``plan.grad_reduce_dtype``)."""
-    return PrecisionPolicy(name=precision, cast_params=precision != "fp32" and dp_mode == "fsdp", reduce_dtype=DTYPES[reduce_dtype])
+    return PrecisionPolicy(
+        name=precision, cast_params=precision != "fp32" and dp_mode == "fsdp", reduce_dtype=DTYPES[reduce_dtype]
+    )
 
 
 def mp_policy(policy: PrecisionPolicy) -> MixedPrecisionPolicy | None:
@@ -64,7 +67,9 @@ def mp_policy(policy: PrecisionPolicy) -> MixedPrecisionPolicy | None:
     gradients reduced in the policy's reduce dtype; None when neither differs from fp32."""
     if not policy.cast_params and policy.reduce_dtype == torch.float32:
         return None
-    return MixedPrecisionPolicy(param_dtype=policy.compute_dtype if policy.cast_params else None, reduce_dtype=policy.reduce_dtype)
+    return MixedPrecisionPolicy(
+        param_dtype=policy.compute_dtype if policy.cast_params else None, reduce_dtype=policy.reduce_dtype
+    )
 
 
 def autocast(policy: PrecisionPolicy, *, device_type: str):

@@ -17,6 +17,7 @@
 The block's ``forward`` is replaced on the instance, so FQNs stay unchanged (no wrapper
 module), which keeps tp_plan keys, FSDP and --verify's name mapping intact.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,9 +32,17 @@ from torch.utils.checkpoint import (
 )
 
 aten = torch.ops.aten
-SAVED_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.linear.default,
-             aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
-             aten._scaled_dot_product_flash_attention_for_cpu.default, aten.convolution.default}
+SAVED_OPS = {
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten.baddbmm.default,
+    aten.linear.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten.convolution.default,
+}
 
 
 def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
@@ -45,10 +54,11 @@ def _checkpointed(forward, selective: bool):
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
-        with set_checkpoint_early_stop(False):   # re-run the whole block, as priced (module docstring)
+        with set_checkpoint_early_stop(False):  # re-run the whole block, as priced (module docstring)
             if context_fn is None:
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)
             return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
     return run
 
 

@@ -22,6 +22,7 @@ Per split (``W`` is a Linear weight ``[out, in]``):
 - ``sequence_parallel``: parameters ``Replicate``; input -> ``Shard(1)`` (the sequence dim of
   ``[batch, seq, ...]``); output stays sequence-sharded.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -63,7 +64,9 @@ def validate_tp_plan(*, model: nn.Module, plan: Plan) -> dict[str, str]:
     kinds = {}
     for fqn, split in plan.tp_plan.items():
         if fqn not in modules:
-            raise PlanError(f"plan tp_plan names module '{fqn}', which the model does not have; re-plan for this model.")
+            raise PlanError(
+                f"plan tp_plan names module '{fqn}', which the model does not have; re-plan for this model."
+            )
         kinds[fqn] = module_kind(modules[fqn])
         if plan.tp > 1 and split in ("colwise", "rowwise"):
             _check_splittable(fqn=fqn, module=modules[fqn], kind=kinds[fqn], split=split, tp=plan.tp)
@@ -72,11 +75,15 @@ def validate_tp_plan(*, model: nn.Module, plan: Plan) -> dict[str, str]:
 
 def _check_splittable(*, fqn: str, module: nn.Module, kind: str, split: str, tp: int) -> None:
     if kind == "other":
-        raise PlanError(f"plan tp_plan['{fqn}']='{split}' but {fqn} is a {type(module).__name__}; only nn.Linear and nn.Embedding can be split colwise/rowwise.")
+        raise PlanError(
+            f"plan tp_plan['{fqn}']='{split}' but {fqn} is a {type(module).__name__}; only nn.Linear and nn.Embedding can be split colwise/rowwise."
+        )
     weight = module.weight
     dim = PARAM_PLACEMENTS[(kind, split)]["weight"].dim
     if weight.shape[dim] % tp:
-        raise PlanError(f"plan tp_plan['{fqn}']='{split}' shards a dim of size {weight.shape[dim]}, which tp={tp} does not divide; pick a tp degree that divides it.")
+        raise PlanError(
+            f"plan tp_plan['{fqn}']='{split}' shards a dim of size {weight.shape[dim]}, which tp={tp} does not divide; pick a tp degree that divides it."
+        )
 
 
 def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh, kinds: dict[str, str]) -> nn.Module:
@@ -110,7 +117,9 @@ def _entering(x: Any, mesh: DeviceMesh, *, sp: bool) -> Any:
     return full
 
 
-def _distribute_parameters(module: nn.Module, *, splits: dict[str, str], kinds: dict[str, str], mesh: DeviceMesh) -> None:
+def _distribute_parameters(
+    module: nn.Module, *, splits: dict[str, str], kinds: dict[str, str], mesh: DeviceMesh
+) -> None:
     """Make every parameter a DTensor on the tp mesh: split ones sharded, the rest Replicate
     (so one optimizer and one gradient rule, :func:`finalize_tp_grads`, cover them all).
 
@@ -137,7 +146,9 @@ def _placement_of(group: list, *, splits: dict[str, str], kinds: dict[str, str])
     distinct = set(map(repr, chosen.values()))
     if len(distinct) > 1:
         names = ", ".join(f"{fqn}={splits[fqn]}" for fqn in chosen)
-        raise PlanError(f"tied parameter '{group[0][0]}.{group[0][2]}' gets different shardings from its users ({names}); give tied modules matching splits.")
+        raise PlanError(
+            f"tied parameter '{group[0][0]}.{group[0][2]}' gets different shardings from its users ({names}); give tied modules matching splits."
+        )
     return next(iter(chosen.values())) if chosen else Replicate()
 
 
@@ -161,7 +172,7 @@ class SharedInputs:
             return _redistribute(x, self.mesh, placement)
         seen = self.done.setdefault(x, {})
         key = (repr(placement), torch._C._current_graph_task_id())
-        if key not in seen:   # settle in the placement it arrives in, then redistribute: under SP the
+        if key not in seen:  # settle in the placement it arrives in, then redistribute: under SP the
             # gradient of the all-gather is reduce-scattered back to the sequence shard
             arrived = x.placements[0] if isinstance(x, DTensor) else Replicate()
             seen[key] = _redistribute(_settled(_redistribute(x, self.mesh, arrived)), self.mesh, placement)
@@ -173,7 +184,7 @@ def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp
     module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in) for a in args))
     if want_out is not None:
         module.register_forward_hook(lambda _m, _args, out: _settled(_redistribute(out, mesh, want_out)))
-    else:   # a colwise output keeps its shard, and so does its gradient: when model code gathers the output
+    else:  # a colwise output keeps its shard, and so does its gradient: when model code gathers the output
         # (a fused qkv split by global sizes), the weight gradient is still computed on the local shard only
         module.register_forward_hook(lambda _m, _args, out: _settled(out) if isinstance(out, DTensor) else out)
 
@@ -236,5 +247,9 @@ def finalize_tp_grads(params: list[nn.Parameter]) -> None:
     """
     for param in params:
         grad = param.grad
-        if isinstance(grad, DTensor) and isinstance(param, DTensor) and tuple(grad.placements) != tuple(param.placements):
+        if (
+            isinstance(grad, DTensor)
+            and isinstance(param, DTensor)
+            and tuple(grad.placements) != tuple(param.placements)
+        ):
             param.grad = grad.redistribute(param.device_mesh, param.placements)

@@ -6,6 +6,7 @@ unsplit model accumulates into the one shared tensor), so after backward the hol
 one tied parameter, at the same (dp, tp) coordinate, all-reduce (SUM) their local gradients.
 The copies start equal and get equal gradients, so they stay equal under any optimizer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -38,8 +39,14 @@ class TiedGradSync:
                     dist.all_reduce(local(param.grad), group=group)
 
 
-def build_tied_sync(*, groups: list[list[str]], holders: dict[int, set[str]], pp: int, mesh: DeviceMesh,
-                    my_modules: dict[int, nn.Module]) -> TiedGradSync:
+def build_tied_sync(
+    *,
+    groups: list[list[str]],
+    holders: dict[int, set[str]],
+    pp: int,
+    mesh: DeviceMesh,
+    my_modules: dict[int, nn.Module],
+) -> TiedGradSync:
     """Create the groups on every rank (a collective), keep the ones this rank is in.
 
     ``holders[stage]`` is the set of parameter FQNs stage ``stage`` holds."""

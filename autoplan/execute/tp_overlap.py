@@ -13,6 +13,7 @@ On any other device the plan is refused before a rank starts (:func:`check_runs_
 one sentence that says what to do instead. This machine has no GPU, so the CUDA path is
 exercised only where one is present.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,7 +49,7 @@ def apply_async_tp(*, module: nn.Module, blocks: list[str], tp_mesh: DeviceMesh)
 
     inductor_config._micro_pipeline_tp = True
     enable_symm_mem_for_group(tp_mesh.get_group().group_name)
-    present = dict(module.named_modules())   # a block of another pipeline stage is absent
+    present = dict(module.named_modules())  # a block of another pipeline stage is absent
     mine = [present[fqn] for fqn in blocks if fqn in present]
     for block in mine:
         block.compile()

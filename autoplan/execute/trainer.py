@@ -8,6 +8,7 @@ and computes the loss on the last stage. It returns the mean micro-batch loss on
 hold the last stage and NaN elsewhere; :meth:`Trainer.reduce_loss` gives every rank the
 global loss (a collective, kept out of the step so it is not timed).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,7 +40,9 @@ def _explained(plan: Plan):
         text = str(exc)
         if plan.tp > 1 and any(marker in text for marker in DTENSOR_LIMITS):
             first = text.strip().splitlines()[0]
-            raise PlanError(f"the model's code cannot run under this tp_plan ({first}); mark the Linear whose output it reshapes 'replicate' or use another tp degree (docs/executor.md).") from exc
+            raise PlanError(
+                f"the model's code cannot run under this tp_plan ({first}); mark the Linear whose output it reshapes 'replicate' or use another tp degree (docs/executor.md)."
+            ) from exc
         raise
 
 
@@ -58,8 +61,8 @@ class Trainer:
     target_given: bool = True
     tie_sync: Any = None
     aliases: dict[str, str] | None = None
-    last_loss_scale: float = 1.0      # the fp16 loss scale the last step back-propagated with
-    last_step_skipped: bool = False   # fp16: the last step overflowed somewhere and was skipped
+    last_loss_scale: float = 1.0  # the fp16 loss scale the last step back-propagated with
+    last_step_skipped: bool = False  # fp16: the last step overflowed somewhere and was skipped
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
@@ -105,7 +108,11 @@ class Trainer:
         # replicated values, in forward and in backward.
         replicate = implicit_replication() if self.plan.tp > 1 else contextlib.nullcontext()
         with replicate, _explained(self.plan):
-            loss = self._pipelined(tuple(inputs), target) if self.schedule is not None else self._accumulated(tuple(inputs), target)
+            loss = (
+                self._pipelined(tuple(inputs), target)
+                if self.schedule is not None
+                else self._accumulated(tuple(inputs), target)
+            )
             self._sync_grads()
         self._optimizer_step()
         return loss
@@ -148,7 +155,9 @@ class Trainer:
         kwargs = {"target": target, "losses": losses} if self.holds_last_stage else {}
         args = inputs if self.holds_first_stage else ()
         with self._forward_context():
-            self.schedule.step(*args, return_outputs=False, **kwargs)  # the losses are all we use; merging logits costs a copy
+            self.schedule.step(
+                *args, return_outputs=False, **kwargs
+            )  # the losses are all we use; merging logits costs a copy
         if not losses:
             return torch.tensor(float("nan"), device=self.device)
         mean = torch.stack([loss.detach().float() for loss in losses]).mean()
@@ -178,6 +187,8 @@ class Trainer:
     def reduce_loss(self, loss: torch.Tensor) -> float:
         """The global mean loss on every rank (averaged over the ranks holding the last stage)."""
         holders = self.plan.dp * self.plan.tp
-        value = loss.detach().float().reshape(1).clone() if self.holds_last_stage else torch.zeros(1, device=self.device)
+        value = (
+            loss.detach().float().reshape(1).clone() if self.holds_last_stage else torch.zeros(1, device=self.device)
+        )
         dist.all_reduce(value)
         return float(value.item()) / holders

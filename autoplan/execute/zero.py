@@ -17,6 +17,7 @@ whole through the backward (ZeRO-1 does not partition them); once flattened for 
 reduce-scatter they are freed, and the reduced values exist only as each rank's slice, which
 :meth:`ShardedOptimizer.reduced_gradients` gathers for --verify.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,14 @@ def padded_numel(numel: int, dp: int) -> int:
 class ShardedOptimizer:
     """An optimizer over this rank's 1/dp slice of the flat parameters (module docstring)."""
 
-    def __init__(self, *, params: list[nn.Parameter], optimizer_fn: Callable, dp_mesh: DeviceMesh,
-                 reduce_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        *,
+        params: list[nn.Parameter],
+        optimizer_fn: Callable,
+        dp_mesh: DeviceMesh,
+        reduce_dtype: torch.dtype = torch.float32,
+    ):
         self.params = params
         self.group = dp_mesh.get_group()
         self.dp, self.rank = dp_mesh.size(), dp_mesh.get_local_rank()
@@ -47,15 +54,19 @@ class ShardedOptimizer:
         self.numel = sum(local(p).numel() for p in params)
         self.shard = padded_numel(self.numel, self.dp) // self.dp
         flat = self._flat([local(p.data) for p in params], torch.float32)
-        self.master = nn.Parameter(flat[self.rank * self.shard:(self.rank + 1) * self.shard].clone())
+        self.master = nn.Parameter(flat[self.rank * self.shard : (self.rank + 1) * self.shard].clone())
         self.inner = optimizer_fn([self.master])
         self.param_groups = self.inner.param_groups
 
     def _flat(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        flat = torch.zeros(self.shard * self.dp, dtype=dtype, device=self.master.device if hasattr(self, "master") else tensors[0].device)
+        flat = torch.zeros(
+            self.shard * self.dp,
+            dtype=dtype,
+            device=self.master.device if hasattr(self, "master") else tensors[0].device,
+        )
         offset = 0
         for t in tensors:
-            flat[offset:offset + t.numel()].copy_(t.reshape(-1))
+            flat[offset : offset + t.numel()].copy_(t.reshape(-1))
             offset += t.numel()
         return flat
 
@@ -83,7 +94,7 @@ class ShardedOptimizer:
         grads, offset = [], 0
         for param in self.params:
             data = local(param.data)
-            grads.append(gathered[offset:offset + data.numel()].view_as(data))
+            grads.append(gathered[offset : offset + data.numel()].view_as(data))
             offset += data.numel()
         return grads
 
@@ -91,7 +102,7 @@ class ShardedOptimizer:
         grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p.data)) for p in self.params]
         flat = self._flat(grads, self.reduce_dtype)
         del grads
-        for param in self.params:   # the flat copy carries them now: free the per-parameter gradients
+        for param in self.params:  # the flat copy carries them now: free the per-parameter gradients
             param.grad = None
         mine = torch.empty(self.shard, dtype=self.reduce_dtype, device=flat.device)
         dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.SUM, group=self.group)
@@ -104,7 +115,7 @@ class ShardedOptimizer:
         offset = 0
         for param in self.params:
             data = local(param.data)
-            data.copy_(gathered[offset:offset + data.numel()].view_as(data))
+            data.copy_(gathered[offset : offset + data.numel()].view_as(data))
             offset += data.numel()
 
     def state_dict(self) -> dict:

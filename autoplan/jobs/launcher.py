@@ -17,6 +17,7 @@ the same way; a stop signal ends the launcher with exit 128 + signal and one sen
 ranks with it: each rank asks the kernel to end it when its parent dies
 (autoplan/jobs/lifeline.py).
 """
+
 from __future__ import annotations
 
 import collections
@@ -63,22 +64,40 @@ def free_port() -> int:
 
 def _env(*, rank: int, nprocs: int, port: int, error_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), AUTOPLAN_ERROR_DIR=str(error_dir))
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_WORLD_SIZE=str(nprocs),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        AUTOPLAN_ERROR_DIR=str(error_dir),
+    )
     env[LAUNCHER_PID_ENV] = str(os.getpid())
     return env
 
 
-def launch(*, args: list[str], nprocs: int, module: str, grace_s: float = 5.0, agreed_codes: tuple[int, ...] = ()) -> int:
+def launch(
+    *, args: list[str], nprocs: int, module: str, grace_s: float = 5.0, agreed_codes: tuple[int, ...] = ()
+) -> int:
     """Run ``python -m module *args`` on ``nprocs`` local ranks; return rank 0's exit code.
 
     Raises RunError naming the first rank that failed: a non-zero exit other than the
     ``agreed_codes``, which every rank returns together (the executor's verify-failed code)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir, _stop_signals_raise(nprocs):
-        ranks = [Rank(subprocess.Popen([sys.executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, errors="replace",
-                                       env=_env(rank=r, nprocs=nprocs, port=port, error_dir=Path(error_dir))))
-                 for r in range(nprocs)]
+        ranks = [
+            Rank(
+                subprocess.Popen(
+                    [sys.executable, "-m", module, *args],
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
+                    env=_env(rank=r, nprocs=nprocs, port=port, error_dir=Path(error_dir)),
+                )
+            )
+            for r in range(nprocs)
+        ]
         procs = [r.proc for r in ranks]
         try:
             return _watch(ranks=ranks, error_dir=Path(error_dir), grace_s=grace_s, ok=(None, 0, *agreed_codes))
@@ -106,7 +125,7 @@ class _stop_signals_raise:
             signal.signal(sig, handler)
 
     def _raise(self, signum, _frame) -> None:
-        for sig in STOP_SIGNALS:   # a second signal must not interrupt stopping the ranks
+        for sig in STOP_SIGNALS:  # a second signal must not interrupt stopping the ranks
             signal.signal(sig, signal.SIG_IGN)
         raise StopSignal(signum, self.nprocs)
 
@@ -119,8 +138,12 @@ def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float, ok: tuple) -> 
             codes = _settle(ranks)
             failed = [rank for rank, code in enumerate(codes) if code not in ok]
             _stop([r.proc for r in ranks], grace_s=grace_s)
-            raise RunError(failure_message(reasons={rank: (codes[rank], _reason(error_dir, rank, ranks[rank])) for rank in failed},
-                                           nprocs=len(ranks)))
+            raise RunError(
+                failure_message(
+                    reasons={rank: (codes[rank], _reason(error_dir, rank, ranks[rank])) for rank in failed},
+                    nprocs=len(ranks),
+                )
+            )
         if all(code is not None for code in codes):
             return codes[0] or max(codes)
         time.sleep(POLL_S)

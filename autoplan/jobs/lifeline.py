@@ -7,6 +7,7 @@ still its parent (it may have died before the request). Where prctl is missing (
 daemon thread polls the parent pid once a second instead. Under torchrun the variable is unset
 and torchrun's agent owns the ranks' lifetime.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -30,7 +31,7 @@ def die_with_launcher() -> None:
     launcher_pid = int(launcher)
     if not _request_parent_death_signal():
         threading.Thread(target=_watch_parent, args=(launcher_pid,), daemon=True, name="autoplan-lifeline").start()
-    if os.getppid() != launcher_pid:   # the launcher died before the request took effect
+    if os.getppid() != launcher_pid:  # the launcher died before the request took effect
         _leave()
 
 

@@ -9,6 +9,7 @@ traceback)`` for a failure. A deadline, a rank that dies without reporting, or a
 raises RunError in one sentence; the processes are always joined or terminated
 (:func:`stop`). The rendezvous port comes from :func:`autoplan.jobs.launcher.free_port`.
 """
+
 from __future__ import annotations
 
 import queue as queue_mod
@@ -22,8 +23,15 @@ from autoplan.errors import RunError
 from autoplan.jobs.launcher import free_port
 
 
-def spawn_ranks(worker: Callable[..., None], *, processes: int, args: tuple, timeout_s: float,
-                on_tick: Callable[[str], None] | None = None, what: str = "running") -> dict[int, Any]:
+def spawn_ranks(
+    worker: Callable[..., None],
+    *,
+    processes: int,
+    args: tuple,
+    timeout_s: float,
+    on_tick: Callable[[str], None] | None = None,
+    what: str = "running",
+) -> dict[int, Any]:
     """Run ``worker(rank, processes, port, *args, messages)`` on ``processes`` ranks; the value
     each rank reported, by rank."""
     ctx = mp.get_context("spawn")

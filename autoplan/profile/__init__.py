@@ -3,6 +3,7 @@
 ``load_profile`` and ``save_profile`` never import torch.distributed; ``measure_profile``
 imports the measurement package only when called.
 """
+
 from __future__ import annotations
 
 from typing import Any

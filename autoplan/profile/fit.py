@@ -17,6 +17,7 @@ five or more decades of time and a few noisy points must not drag the line
 (scipy.optimize.least_squares, loss="soft_l1"). Both coefficients are kept >= 0 and the
 slope > 0, so every fitted time increases strictly with size.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -39,14 +40,18 @@ def bus_factor(*, kind: str, group_size: int) -> float:
         return (n - 1) / n
     if kind == "send_recv":
         return 1.0
-    raise ProfileError(f"collective '{kind}' is unknown; expected all_reduce, all_gather, reduce_scatter, all_to_all or send_recv.")
+    raise ProfileError(
+        f"collective '{kind}' is unknown; expected all_reduce, all_gather, reduce_scatter, all_to_all or send_recv."
+    )
 
 
 def fit_affine(*, x: Sequence[float], t: Sequence[float]) -> tuple[float, float]:
     """Robust fit of t = intercept + slope * x with intercept >= 0 and slope > 0."""
     x_arr, t_arr = np.asarray(x, dtype=float), np.asarray(t, dtype=float)
     if len(x_arr) < 2 or np.any(t_arr <= 0) or np.any(x_arr < 0):
-        raise ProfileError(f"cannot fit a line to {len(x_arr)} points with non-positive times; expected >= 2 points with times > 0.")
+        raise ProfileError(
+            f"cannot fit a line to {len(x_arr)} points with non-positive times; expected >= 2 points with times > 0."
+        )
     scale_x, scale_t = float(x_arr.max()), float(t_arr.max())
     xs, ts = x_arr / scale_x, t_arr / scale_t
     start = _start(xs, ts)
@@ -54,8 +59,9 @@ def fit_affine(*, x: Sequence[float], t: Sequence[float]) -> tuple[float, float]
     def residuals(p: np.ndarray) -> np.ndarray:
         return (p[0] + p[1] * xs - ts) / ts
 
-    result = least_squares(residuals, start, bounds=([0.0, 1e-12], [np.inf, np.inf]),
-                           loss="soft_l1", f_scale=RELATIVE_NOISE_SCALE)
+    result = least_squares(
+        residuals, start, bounds=([0.0, 1e-12], [np.inf, np.inf]), loss="soft_l1", f_scale=RELATIVE_NOISE_SCALE
+    )
     intercept, slope = result.x
     return float(intercept * scale_t), float(slope * scale_t / scale_x)
 
@@ -74,8 +80,9 @@ def fit_collective(*, kind: str, points: Sequence[Sequence[float]]) -> tuple[flo
     return alpha_s, 1.0 / slope
 
 
-def fit_efficiency(*, flops: Sequence[float], time_s: Sequence[float], peak_flops: Sequence[float],
-                   calls: int = 1) -> tuple[float, float]:
+def fit_efficiency(
+    *, flops: Sequence[float], time_s: Sequence[float], peak_flops: Sequence[float], calls: int = 1
+) -> tuple[float, float]:
     """(max_efficiency, half_saturation_flops) of eff(F) = a*F/(F+F_half).
 
     ``peak_flops`` is the peak for each point's dtype, so points of several dtypes share one
@@ -93,7 +100,9 @@ def saturated_rate(*, flops: Sequence[float], time_s: Sequence[float]) -> float:
     return 1.0 / slope
 
 
-def predict_collective_s(*, kind: str, group_size: int, message_bytes: float, alpha_s: float, busbw_bytes_per_s: float) -> float:
+def predict_collective_s(
+    *, kind: str, group_size: int, message_bytes: float, alpha_s: float, busbw_bytes_per_s: float
+) -> float:
     """t(n, S) = alpha + c(n) S / busbw."""
     return alpha_s + bus_factor(kind=kind, group_size=group_size) * message_bytes / busbw_bytes_per_s
 

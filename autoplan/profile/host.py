@@ -7,6 +7,7 @@ measured on an Intel Xeon predicted an AMD EPYC 4-5x too fast (issue 13). A GPU 
 describes a cluster that planning need not have: ``plan`` compares it only when this machine
 has a GPU; ``run`` always does, since that is where the plan runs.
 """
+
 from __future__ import annotations
 
 import platform
@@ -43,6 +44,7 @@ def device_mismatch(profile: Profile, *, running: bool) -> str | None:
         here = cpu_model()
     else:
         import torch
+
         if torch.cuda.is_available():
             here = torch.cuda.get_device_name(0)
         elif running:
@@ -51,12 +53,16 @@ def device_mismatch(profile: Profile, *, running: bool) -> str | None:
             return None
     if not here or not theirs or _bare(here).lower() == _bare(theirs).lower():
         return None
-    return (f"profile '{profile.name}' was measured on {_bare(theirs)}, but this machine is {here}: predicted times may be "
-            f"far off; measure this machine with `autoplan profile --out profiles/this-machine.yaml` and plan with "
-            f"`--profile profiles/this-machine.yaml`.")
+    return (
+        f"profile '{profile.name}' was measured on {_bare(theirs)}, but this machine is {here}: predicted times may be "
+        f"far off; measure this machine with `autoplan profile --out profiles/this-machine.yaml` and plan with "
+        f"`--profile profiles/this-machine.yaml`."
+    )
 
 
-def measured_beside_predicted(*, measured_s: float | None, predicted_s: float | None, profile_name: str, run_dir: str) -> list[str]:
+def measured_beside_predicted(
+    *, measured_s: float | None, predicted_s: float | None, profile_name: str, run_dir: str
+) -> list[str]:
     """The end of ``autoplan run``: measured beside predicted, and what to do when they differ
     by more than MISMATCH_RATIO."""
     if not measured_s or not predicted_s:
@@ -64,7 +70,9 @@ def measured_beside_predicted(*, measured_s: float | None, predicted_s: float | 
     ratio = measured_s / predicted_s
     lines = [f"step time: measured {measured_s:.4g} s, predicted {predicted_s:.4g} s ({100 * (ratio - 1):+.0f}%)"]
     if abs(ratio - 1) > MISMATCH_RATIO:
-        lines.append(f"measured and predicted differ by more than {100 * MISMATCH_RATIO:.0f}%: re-measure this machine with "
-                     f"`autoplan profile --out profiles/this-machine.yaml`, or fit the profile to this run with "
-                     f"`autoplan calibrate {run_dir} --profile {profile_name} --out profiles/{profile_name}-calibrated.yaml`.")
+        lines.append(
+            f"measured and predicted differ by more than {100 * MISMATCH_RATIO:.0f}%: re-measure this machine with "
+            f"`autoplan profile --out profiles/this-machine.yaml`, or fit the profile to this run with "
+            f"`autoplan calibrate {run_dir} --profile {profile_name} --out profiles/{profile_name}-calibrated.yaml`."
+        )
     return lines

@@ -8,6 +8,7 @@ sentence naming the file, the field, the value and what was expected.
 
 ``save_profile(profile, path)`` writes YAML or JSON by the path's suffix, atomically.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,9 +46,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$"),
-    list("-+0123456789."),
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$"), list("-+0123456789.")
 )
 
 
@@ -67,13 +66,17 @@ def resolve_profile_path(name_or_path: str | os.PathLike) -> Path:
     path = Path(name_or_path)
     if path.suffix in SUFFIXES or len(path.parts) > 1:
         if not path.is_file():
-            raise ProfileError(f"profile file '{path}' does not exist; give an existing .yaml/.json path or one of: {', '.join(available_profiles())}.")
+            raise ProfileError(
+                f"profile file '{path}' does not exist; give an existing .yaml/.json path or one of: {', '.join(available_profiles())}."
+            )
         return path
     for folder in search_dirs():
         for suffix in SUFFIXES:
             if (folder / f"{path.name}{suffix}").is_file():
                 return folder / f"{path.name}{suffix}"
-    raise ProfileError(f"no profile named '{name_or_path}'; use one of: {', '.join(available_profiles())}, or give a file path.")
+    raise ProfileError(
+        f"no profile named '{name_or_path}'; use one of: {', '.join(available_profiles())}, or give a file path."
+    )
 
 
 def load_profile(name_or_path: str | os.PathLike | Profile) -> Profile:
@@ -116,10 +119,14 @@ def _check_fields(data: Any, where: tuple[str, ...], path: Path) -> None:
     for name, spec in fields.items():
         required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
         if required and name not in data:
-            raise ProfileError(f"profile is missing the field '{'.'.join(where + (name,))}'; see docs/profile-format.md.")
+            raise ProfileError(
+                f"profile is missing the field '{'.'.join(where + (name,))}'; see docs/profile-format.md."
+            )
     for name, value in data.items():
         if name not in fields:
-            raise ProfileError(f"profile has an unknown field '{'.'.join(where + (str(name),))}'; expected one of {', '.join(fields)}.")
+            raise ProfileError(
+                f"profile has an unknown field '{'.'.join(where + (str(name),))}'; expected one of {', '.join(fields)}."
+            )
         _check_children(value, where + (name,), path)
 
 
@@ -145,7 +152,9 @@ def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
     """Validate and write ``profile`` as YAML (.yaml/.yml) or JSON (.json), atomically."""
     path = Path(path)
     if path.suffix not in SUFFIXES:
-        raise ProfileError(f"profile output '{path}' has suffix '{path.suffix}'; expected one of {', '.join(SUFFIXES)}.")
+        raise ProfileError(
+            f"profile output '{path}' has suffix '{path.suffix}'; expected one of {', '.join(SUFFIXES)}."
+        )
     data = profile.to_dict()
     Profile.from_dict(data)  # re-validate: the object may have been changed after it was built
     if path.suffix == ".json":

@@ -5,6 +5,7 @@ the planner's reasons (``explain``). Imported lazily, so the CLI starts without 
     report("plan_dir", ["run_dir"], out="report_dir")   # -> {name: path}
     print(explain("plan_dir").to_markdown())             # or explain(search_result, graph=..., profile=...)
 """
+
 from __future__ import annotations
 
 import importlib

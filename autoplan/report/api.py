@@ -4,6 +4,7 @@ REPORTDIR receives the tidy tables (autoplan/report/tables.py), the figures
 (autoplan/report/figures.py), ``explain.md`` (autoplan/report/explain.py, when the plan
 folder holds graph.json and profile.json) and ``report.md`` (autoplan/report/markdown.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,7 +22,10 @@ from autoplan.types.cost import Cost
 def _memory_plans(folder, result, top_k: int) -> list[tuple[str, dict]]:
     """(label, memory components) of the top plans: re-priced candidates, else plan.json's own."""
     if result is not None:
-        return [(c.plan.describe(), {name: getattr(c.cost, name) for name in Cost.MEMORY_FIELDS}) for c in result.ranked()[:top_k]]
+        return [
+            (c.plan.describe(), {name: getattr(c.cost, name) for name in Cost.MEMORY_FIELDS})
+            for c in result.ranked()[:top_k]
+        ]
     if folder.plan is not None and folder.plan.predicted and folder.plan.predicted.memory:
         return [(folder.plan.describe(), folder.plan.predicted.memory)]
     return []
@@ -34,18 +38,28 @@ def _figures(folder, runs_frame, result, out: Path, *, top_k: int) -> dict[str, 
     if len(breakdown):
         made["breakdown.png"] = fig.breakdown_figure(breakdown, out / "breakdown.png")
     if folder.plan is not None and folder.stages is not None:
-        title = f"{folder.plan.describe()}: one step ({folder.plan.schedule}, {folder.plan.num_microbatches} micro-batches)"
+        title = (
+            f"{folder.plan.describe()}: one step ({folder.plan.schedule}, {folder.plan.num_microbatches} micro-batches)"
+        )
         made["timeline.png"] = fig.timeline_figure(from_plan_folder(folder), out / "timeline.png", title=title)
     memory = _memory_plans(folder, result, top_k)
-    capacity = folder.profile.device.memory_bytes if folder.profile else (folder.plan.predicted.memory_capacity_bytes if folder.plan and folder.plan.predicted else None)
+    capacity = (
+        folder.profile.device.memory_bytes
+        if folder.profile
+        else (folder.plan.predicted.memory_capacity_bytes if folder.plan and folder.plan.predicted else None)
+    )
     if memory and capacity:
-        made["memory.png"] = fig.memory_figure(memory, out / "memory.png", capacity_bytes=capacity, usable_bytes=usable_bytes(capacity))
+        made["memory.png"] = fig.memory_figure(
+            memory, out / "memory.png", capacity_bytes=capacity, usable_bytes=usable_bytes(capacity)
+        )
     if runs_frame is not None and len(runs_frame):
         made["predicted_vs_measured.png"] = fig.predicted_measured_figure(runs_frame, out / "predicted_vs_measured.png")
     return {name: path.name for name, path in made.items()}
 
 
-def report(plan_dir: str | Path, run_dirs: list[str | Path] = (), *, out: str | Path, top_k: int = 5, explain: bool = True) -> dict[str, Path]:
+def report(
+    plan_dir: str | Path, run_dirs: list[str | Path] = (), *, out: str | Path, top_k: int = 5, explain: bool = True
+) -> dict[str, Path]:
     """Write the report of ``plan_dir`` (and its run folders) to ``out``; return name -> path."""
     from autoplan.report.explain import explain_result
 
@@ -56,13 +70,20 @@ def report(plan_dir: str | Path, run_dirs: list[str | Path] = (), *, out: str | 
     result, explanation_md = None, None
     if explain and folder.plan is not None and folder.graph is not None and folder.profile is not None:
         result = search_again(folder)
-        exp = explain_result(result, graph=folder.graph, profile=folder.profile, objective=folder.search_options["objective"])
+        exp = explain_result(
+            result, graph=folder.graph, profile=folder.profile, objective=folder.search_options["objective"]
+        )
         explanation_md = exp.to_markdown()
         paths["explain.md"] = write_text_atomic(out / "explain.md", explanation_md)
     runs_frame = runs_table(folder, runs) if runs else None
     figures = _figures(folder, runs_frame, result, out, top_k=top_k)
     paths.update({name: out / name for name in figures})
-    tables = {"plans": plans_table(folder), "stages": stages_table(folder), "runs": runs_frame, "audit": audit_table(runs)}
+    tables = {
+        "plans": plans_table(folder),
+        "stages": stages_table(folder),
+        "runs": runs_frame,
+        "audit": audit_table(runs),
+    }
     text = report_markdown(folder, tables=tables, figures=figures, explanation_md=explanation_md, top_k=top_k)
     paths["report.md"] = write_text_atomic(out / "report.md", text)
     return paths

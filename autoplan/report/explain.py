@@ -16,6 +16,7 @@ Three parts, each derived from the search's priced candidates (never canned text
    is priced with the cost model's default layout (balanced stages, Megatron tp plan) to name
    the term.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -54,7 +55,7 @@ class Rival:
 @dataclass
 class FamilyVerdict:
     family: str
-    verdict: str           # chosen | compute | communication | bubble | optimizer | out of memory | tie
+    verdict: str  # chosen | compute | communication | bubble | optimizer | out of memory | tie
     detail: str
     member: str | None = None
     slower_pct: float | None = None
@@ -70,10 +71,10 @@ class Explanation:
     peak_memory_bytes: int
     ties: list[str]
     rivals: list[Rival]
-    decision: str                      # category of the deciding term vs the nearest other family
+    decision: str  # category of the deciding term vs the nearest other family
     decision_rival: Rival | None
     families: list[FamilyVerdict]
-    thresholds: list[Any] = field(default_factory=list)   # sensitivity.Threshold
+    thresholds: list[Any] = field(default_factory=list)  # sensitivity.Threshold
     memory: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +89,7 @@ class Explanation:
 
     def to_markdown(self) -> str:
         from autoplan.report.narrate import explanation_markdown
+
         return explanation_markdown(self)
 
 
@@ -97,14 +99,30 @@ def family_of(config: dict) -> str:
 
 def _rival(best, cand) -> Rival:
     bc, rc = best.cost, cand.cost
-    return Rival(plan=cand.plan.describe(), family=family_of(cand.config), objective=cand.objective, step_time_s=rc.step_time_s,
-                 slower_pct=100.0 * (cand.objective / best.objective - 1.0), deciding=deciding_term(bc, rc),
-                 diffs=term_diffs(bc, rc), peak_memory_bytes=rc.peak_memory_bytes,
-                 memory_diff_bytes=rc.peak_memory_bytes - bc.peak_memory_bytes)
+    return Rival(
+        plan=cand.plan.describe(),
+        family=family_of(cand.config),
+        objective=cand.objective,
+        step_time_s=rc.step_time_s,
+        slower_pct=100.0 * (cand.objective / best.objective - 1.0),
+        deciding=deciding_term(bc, rc),
+        diffs=term_diffs(bc, rc),
+        peak_memory_bytes=rc.peak_memory_bytes,
+        memory_diff_bytes=rc.peak_memory_bytes - bc.peak_memory_bytes,
+    )
 
 
 def _differs(best: Plan, other: Plan) -> str:
-    keys = ("micro_batch_size", "num_microbatches", "schedule", "virtual_stages", "zero_stage", "recompute", "sequence_parallel", "precision")
+    keys = (
+        "micro_batch_size",
+        "num_microbatches",
+        "schedule",
+        "virtual_stages",
+        "zero_stage",
+        "recompute",
+        "sequence_parallel",
+        "precision",
+    )
     return ", ".join(f"{k}={getattr(other, k)}" for k in keys if getattr(other, k) != getattr(best, k)) or "layout only"
 
 
@@ -112,8 +130,12 @@ def why_this_plan(ranked: list, *, rivals: int) -> tuple[list[str], list[Rival],
     """Ties with the best, the nearest ``rivals`` others, and the nearest rival of another family."""
     best = ranked[0]
     tie_limit = best.objective * (1 + REL_TIE)
-    ties = [f"{c.plan.describe()} (differs in {_differs(best.plan, c.plan)}; peak memory "
-            f"{(c.cost.peak_memory_bytes - best.cost.peak_memory_bytes) / GIB:+.2f} GiB)" for c in ranked[1:] if c.objective <= tie_limit]
+    ties = [
+        f"{c.plan.describe()} (differs in {_differs(best.plan, c.plan)}; peak memory "
+        f"{(c.cost.peak_memory_bytes - best.cost.peak_memory_bytes) / GIB:+.2f} GiB)"
+        for c in ranked[1:]
+        if c.objective <= tie_limit
+    ]
     others = [c for c in ranked[1:] if c.objective > tie_limit]
     near = [_rival(best, c) for c in others[:rivals]]
     other_family = next((c for c in others if family_of(c.config) != family_of(best.config)), None)
@@ -129,9 +151,13 @@ def _oom_verdict(family: str, members: list, best, usable: float) -> FamilyVerdi
     faster = [c for c in priced if not c.cost.feasible and c.objective < best.objective]
     if faster:
         c = min(faster, key=lambda c: c.objective)
-        detail = (f"its fastest member ({c.plan.describe()}) would be {100 * (1 - c.objective / best.objective):.1f}% faster "
-                  f"but needs {_gib(c.cost.peak_memory_bytes)} per device of {_gib(usable)} usable")
-        return FamilyVerdict(family, "out of memory", detail, c.plan.describe(), 100 * (c.objective / best.objective - 1))
+        detail = (
+            f"its fastest member ({c.plan.describe()}) would be {100 * (1 - c.objective / best.objective):.1f}% faster "
+            f"but needs {_gib(c.cost.peak_memory_bytes)} per device of {_gib(usable)} usable"
+        )
+        return FamilyVerdict(
+            family, "out of memory", detail, c.plan.describe(), 100 * (c.objective / best.objective - 1)
+        )
     if priced and not any(c.feasible for c in priced):
         c = min(priced, key=lambda c: c.cost.peak_memory_bytes)
         detail = f"none of its {len(priced)} priced members fits: the most frugal ({c.plan.describe()}) needs {_gib(c.cost.peak_memory_bytes)} of {_gib(usable)} usable"
@@ -143,13 +169,23 @@ def _term_verdict(family: str, best, cand, *, prefix: str = "") -> FamilyVerdict
     rival = _rival(best, cand)
     d = rival.deciding
     if d is None:
-        return FamilyVerdict(family, "tie", f"{prefix}its best member ({rival.plan}) ties with the chosen plan", rival.plan, rival.slower_pct)
-    detail = (f"{prefix}its best member ({rival.plan}) is {rival.slower_pct:.1f}% slower, mostly in {d.words} "
-              f"({d.rival_s * 1e3:.3g} ms vs {d.best_s * 1e3:.3g} ms)")
+        return FamilyVerdict(
+            family,
+            "tie",
+            f"{prefix}its best member ({rival.plan}) ties with the chosen plan",
+            rival.plan,
+            rival.slower_pct,
+        )
+    detail = (
+        f"{prefix}its best member ({rival.plan}) is {rival.slower_pct:.1f}% slower, mostly in {d.words} "
+        f"({d.rival_s * 1e3:.3g} ms vs {d.best_s * 1e3:.3g} ms)"
+    )
     return FamilyVerdict(family, d.category, detail, rival.plan, rival.slower_pct, d.term)
 
 
-def _pruned_verdict(family: str, members: list, best, model: CostModel | None, objective, stand_ins: list) -> FamilyVerdict:
+def _pruned_verdict(
+    family: str, members: list, best, model: CostModel | None, objective, stand_ins: list
+) -> FamilyVerdict:
     bound = min(members, key=lambda c: (c.config.get("precision") != best.config.get("precision"), c.lower_bound))
     head = f"pruned: its lower bound {bound.lower_bound:.4g} is already above the best {best.objective:.4g}"
     plan = _default_layout(bound.config)
@@ -160,8 +196,13 @@ def _pruned_verdict(family: str, members: list, best, model: CostModel | None, o
     except AutoplanError:
         return FamilyVerdict(family, "compute", head)
     if not cost.feasible:
-        return FamilyVerdict(family, "out of memory", f"{head}; with a default layout ({plan.describe()}) it also needs "
-                             f"{_gib(cost.peak_memory_bytes)} per device", plan.describe())
+        return FamilyVerdict(
+            family,
+            "out of memory",
+            f"{head}; with a default layout ({plan.describe()}) it also needs "
+            f"{_gib(cost.peak_memory_bytes)} per device",
+            plan.describe(),
+        )
     stand_in = _Priced(config=bound.config, plan=plan, cost=cost, objective=objective(cost, plan))
     stand_ins.append(plan)
     return _term_verdict(family, best, stand_in, prefix=head + "; priced with a default layout, ")
@@ -182,20 +223,33 @@ class _Priced:
 
 def _default_layout(config: dict) -> Plan | None:
     """A plan for a pruned configuration: wildcards become 1f1b, v=1, ZeRO 0, no recomputation."""
+
     def pick(key, default):
         value = config.get(key, default)
         return default if value in ("*", "", None) else value
+
     try:
-        return Plan(devices=config["devices"], dp=config["dp"], tp=config["tp"], pp=config["pp"], micro_batch_size=config["mbs"],
-                    num_microbatches=config["num_microbatches"], schedule=pick("schedule", "1f1b"), virtual_stages=pick("v", 1),
-                    zero_stage=pick("zero", 0), recompute=pick("recompute", "none"), sequence_parallel=bool(config.get("sp")),
-                    precision=config["precision"])
+        return Plan(
+            devices=config["devices"],
+            dp=config["dp"],
+            tp=config["tp"],
+            pp=config["pp"],
+            micro_batch_size=config["mbs"],
+            num_microbatches=config["num_microbatches"],
+            schedule=pick("schedule", "1f1b"),
+            virtual_stages=pick("v", 1),
+            zero_stage=pick("zero", 0),
+            recompute=pick("recompute", "none"),
+            sequence_parallel=bool(config.get("sp")),
+            precision=config["precision"],
+        )
     except (AutoplanError, KeyError, TypeError):
         return None
 
 
-def families(candidates: list, best, *, model: CostModel | None, objective, usable: float,
-             stand_ins: list | None = None) -> list[FamilyVerdict]:
+def families(
+    candidates: list, best, *, model: CostModel | None, objective, usable: float, stand_ins: list | None = None
+) -> list[FamilyVerdict]:
     """One verdict per (dp, tp, pp) family, the chosen one first, then by how close each came;
     the default-layout plans priced for pruned families are appended to ``stand_ins``."""
     stand_ins = [] if stand_ins is None else stand_ins
@@ -206,7 +260,9 @@ def families(candidates: list, best, *, model: CostModel | None, objective, usab
     for family, members in grouped.items():
         feasible = [c for c in members if c.feasible]
         if family == family_of(best.config):
-            verdicts.append(FamilyVerdict(family, "chosen", f"the chosen plan ({best.plan.describe()})", best.plan.describe(), 0.0))
+            verdicts.append(
+                FamilyVerdict(family, "chosen", f"the chosen plan ({best.plan.describe()})", best.plan.describe(), 0.0)
+            )
             continue
         verdict = _oom_verdict(family, members, best, usable)
         if verdict is None and feasible:
@@ -215,7 +271,9 @@ def families(candidates: list, best, *, model: CostModel | None, objective, usab
             verdict = _pruned_verdict(family, members, best, model, objective, stand_ins)
         verdicts.append(verdict)
     order = {"chosen": -1}
-    return sorted(verdicts, key=lambda v: (order.get(v.verdict, 0), v.slower_pct if v.slower_pct is not None else float("inf")))
+    return sorted(
+        verdicts, key=lambda v: (order.get(v.verdict, 0), v.slower_pct if v.slower_pct is not None else float("inf"))
+    )
 
 
 def objective_fn(name: str, profile: Profile, batch_size: int):
@@ -225,12 +283,15 @@ def objective_fn(name: str, profile: Profile, batch_size: int):
     return lambda cost, plan: cost.step_time_s
 
 
-def explain_result(result, *, graph: Graph, profile: Profile, objective: str = "time", rivals: int = 3,
-                   sensitivity: bool = True) -> Explanation:
+def explain_result(
+    result, *, graph: Graph, profile: Profile, objective: str = "time", rivals: int = 3, sensitivity: bool = True
+) -> Explanation:
     """Explain a planner SearchResult (autoplan/solve/search.py) for ``graph`` on ``profile``."""
     ranked = result.ranked()
     if not ranked:
-        raise AutoplanError("no plan fits, so there is no decision to explain; see plans.csv's reason column for what each candidate needs.")
+        raise AutoplanError(
+            "no plan fits, so there is no decision to explain; see plans.csv's reason column for what each candidate needs."
+        )
     best = ranked[0]
     batch = best.plan.global_batch_size
     obj = objective_fn(objective, profile, batch)
@@ -238,20 +299,42 @@ def explain_result(result, *, graph: Graph, profile: Profile, objective: str = "
     usable = usable_bytes(profile.device.memory_bytes)
     ties, near, other = why_this_plan(ranked, rivals=rivals)
     stand_ins: list[Plan] = []
-    exp = Explanation(plan=best.plan.describe(), family=family_of(best.config), objective=objective, step_time_s=best.cost.step_time_s,
-                      peak_memory_bytes=best.cost.peak_memory_bytes, ties=ties, rivals=near,
-                      decision=other.category if other else "no other family fits", decision_rival=other,
-                      families=families(result.candidates, best, model=model, objective=obj, usable=usable, stand_ins=stand_ins))
+    exp = Explanation(
+        plan=best.plan.describe(),
+        family=family_of(best.config),
+        objective=objective,
+        step_time_s=best.cost.step_time_s,
+        peak_memory_bytes=best.cost.peak_memory_bytes,
+        ties=ties,
+        rivals=near,
+        decision=other.category if other else "no other family fits",
+        decision_rival=other,
+        families=families(result.candidates, best, model=model, objective=obj, usable=usable, stand_ins=stand_ins),
+    )
     if sensitivity:
         from autoplan.report.sensitivity import sensitivities
 
-        exp.thresholds, exp.memory = sensitivities(graph=graph, profile=profile, ranked=ranked, candidates=result.candidates,
-                                                   objective=obj, families=exp.families, stand_ins=stand_ins)
+        exp.thresholds, exp.memory = sensitivities(
+            graph=graph,
+            profile=profile,
+            ranked=ranked,
+            candidates=result.candidates,
+            objective=obj,
+            families=exp.families,
+            stand_ins=stand_ins,
+        )
     return exp
 
 
-def explain(source, *, graph: Graph | None = None, profile: Profile | None = None, objective: str | None = None,
-            rivals: int = 3, sensitivity: bool = True) -> Explanation:
+def explain(
+    source,
+    *,
+    graph: Graph | None = None,
+    profile: Profile | None = None,
+    objective: str | None = None,
+    rivals: int = 3,
+    sensitivity: bool = True,
+) -> Explanation:
     """Explain a plan folder (``autoplan plan --out DIR``) or a SearchResult (with its graph and profile)."""
     if isinstance(source, (str, Path)):
         from autoplan.report.folder import load_plan_folder, search_again
@@ -263,5 +346,9 @@ def explain(source, *, graph: Graph | None = None, profile: Profile | None = Non
     else:
         result = source
         if graph is None or profile is None:
-            raise AutoplanError("explain(result) needs the graph and the profile the search ran on; pass graph= and profile=.")
-    return explain_result(result, graph=graph, profile=profile, objective=objective or "time", rivals=rivals, sensitivity=sensitivity)
+            raise AutoplanError(
+                "explain(result) needs the graph and the profile the search ran on; pass graph= and profile=."
+            )
+    return explain_result(
+        result, graph=graph, profile=profile, objective=objective or "time", rivals=rivals, sensitivity=sensitivity
+    )

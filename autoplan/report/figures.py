@@ -8,6 +8,7 @@
 - ``breakdown.png``: the step-time terms of the top-k plans side by side, stacked.
 - ``predicted_vs_measured.png``: per run, predicted beside median measured step time.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,17 +50,37 @@ def timeline_figure(timeline: Timeline, path: Path, *, title: str) -> Path:
     scale, unit = _time_unit(timeline.makespan_s)
     for seg in timeline.segments:
         row = timeline.pp - 1 - seg.stage
-        ax.broken_barh([(seg.start_s * scale, (seg.end_s - seg.start_s) * scale)], (row - 0.4, 0.8), facecolors=COLORS[seg.kind],
-                       edgecolor="white", linewidth=0.5)
+        ax.broken_barh(
+            [(seg.start_s * scale, (seg.end_s - seg.start_s) * scale)],
+            (row - 0.4, 0.8),
+            facecolors=COLORS[seg.kind],
+            edgecolor="white",
+            linewidth=0.5,
+        )
         wide = (seg.end_s - seg.start_s) / max(timeline.makespan_s, 1e-30) > 0.02
         if seg.kind in ("forward", "backward") and wide:
-            ax.text((seg.start_s + seg.end_s) / 2 * scale, row, str(seg.microbatch), ha="center", va="center", fontsize=7, color="white")
+            ax.text(
+                (seg.start_s + seg.end_s) / 2 * scale,
+                row,
+                str(seg.microbatch),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
     ax.set_yticks(range(timeline.pp), [f"stage {timeline.pp - 1 - r}" for r in range(timeline.pp)])
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(title + (f"\n{timeline.note}" if timeline.note else ""), fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, ["forward", "backward", "send/recv", "dp sync + optimizer", "idle (bubble)"], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if timeline.pp > 2 else -0.45), ncol=5, fontsize=8, frameon=False)
+    ax.legend(
+        handles,
+        ["forward", "backward", "send/recv", "dp sync + optimizer", "idle (bubble)"],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25 if timeline.pp > 2 else -0.45),
+        ncol=5,
+        fontsize=8,
+        frameon=False,
+    )
     return save_png(fig, path)
 
 
@@ -75,12 +96,29 @@ def memory_figure(plans: list[tuple[str, dict]], path: Path, *, capacity_bytes: 
     bottoms = [0.0] * len(plans)
     for name, color in zip(Cost.MEMORY_FIELDS, MEMORY_COLORS):
         values = [memory.get(name, 0) / GIB for _, memory in plans]
-        ax.bar(range(len(plans)), values, bottom=bottoms, color=color, label=name.replace("_bytes", "").replace("_", " "))
+        ax.bar(
+            range(len(plans)), values, bottom=bottoms, color=color, label=name.replace("_bytes", "").replace("_", " ")
+        )
         bottoms = [b + v for b, v in zip(bottoms, values)]
     for x, total in enumerate(bottoms):
-        ax.text(x, total, f"{total:.2f} GiB\n{100 * total * GIB / usable_bytes:.0f}% of usable", ha="center", va="bottom", fontsize=7)
-    ax.axhline(capacity_bytes / GIB, color="black", linestyle="-", linewidth=1, label=f"capacity {capacity_bytes / GIB:.1f} GiB")
-    ax.axhline(usable_bytes / GIB, color="black", linestyle="--", linewidth=1, label=f"usable {usable_bytes / GIB:.1f} GiB")
+        ax.text(
+            x,
+            total,
+            f"{total:.2f} GiB\n{100 * total * GIB / usable_bytes:.0f}% of usable",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
+    ax.axhline(
+        capacity_bytes / GIB,
+        color="black",
+        linestyle="-",
+        linewidth=1,
+        label=f"capacity {capacity_bytes / GIB:.1f} GiB",
+    )
+    ax.axhline(
+        usable_bytes / GIB, color="black", linestyle="--", linewidth=1, label=f"usable {usable_bytes / GIB:.1f} GiB"
+    )
     ax.set_xticks(range(len(plans)), [_wrap(label) for label, _ in plans], fontsize=7)
     ax.set_ylabel("GiB per device (most loaded)")
     ax.set_title("memory per device", fontsize=10)
@@ -90,7 +128,7 @@ def memory_figure(plans: list[tuple[str, dict]], path: Path, *, capacity_bytes: 
 
 def _wrap(label: str) -> str:
     words = label.split()
-    return "\n".join(" ".join(words[i:i + 3]) for i in range(0, len(words), 3))
+    return "\n".join(" ".join(words[i : i + 3]) for i in range(0, len(words), 3))
 
 
 def breakdown_figure(breakdown: pd.DataFrame, path: Path) -> Path:
@@ -117,10 +155,22 @@ def predicted_measured_figure(runs: pd.DataFrame, path: Path) -> Path:
     scale, unit = _time_unit(max(runs["predicted_step_time_s"].max(), runs["measured_step_time_s"].max()))
     xs = list(range(len(runs)))
     ax.bar([x - 0.2 for x in xs], runs["predicted_step_time_s"] * scale, width=0.4, color="#4C72B0", label="predicted")
-    ax.bar([x + 0.2 for x in xs], runs["measured_step_time_s"] * scale, width=0.4, color="#DD8452", label="measured (median)")
+    ax.bar(
+        [x + 0.2 for x in xs],
+        runs["measured_step_time_s"] * scale,
+        width=0.4,
+        color="#DD8452",
+        label="measured (median)",
+    )
     for x, (_, row) in zip(xs, runs.iterrows()):
-        ax.text(x, max(row["predicted_step_time_s"], row["measured_step_time_s"]) * scale, f"x{row['measured_over_predicted']:.2f}",
-                ha="center", va="bottom", fontsize=8)
+        ax.text(
+            x,
+            max(row["predicted_step_time_s"], row["measured_step_time_s"]) * scale,
+            f"x{row['measured_over_predicted']:.2f}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xticks(xs, [_wrap(f"{r} {p}") for r, p in zip(runs["run"], runs["plan"])], fontsize=7)
     ax.set_ylabel(f"step time ({unit})")
     ax.set_title("predicted against measured step time", fontsize=10)

@@ -10,6 +10,7 @@ saved options (``plan.json`` ``predicted.search``: batch_size, fixes, objective)
 every candidate back as a priced :class:`~autoplan.types.Plan`; the explanation re-prices
 those plans under changed profiles and batches.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ class RunFolder:
     path: Path
     measured: pd.DataFrame
     summary: dict[str, Any]
-    audit: pd.DataFrame | None = None   # audit.csv of `autoplan run --audit`: predicted beside measured per rank
+    audit: pd.DataFrame | None = None  # audit.csv of `autoplan run --audit`: predicted beside measured per rank
 
 
 def _csv(path: Path, *, required: bool) -> pd.DataFrame | None:
@@ -76,9 +77,15 @@ def load_plan_folder(path: str | Path) -> PlanFolder:
     profile = None
     if (folder / "profile.json").is_file():
         profile = Profile.from_dict(read_json(folder / "profile.json", ReportError, "profile"))
-    return PlanFolder(path=folder, plan=plan, plans=_csv(folder / "plans.csv", required=True),
-                      ops=_csv(folder / "ops.csv", required=False), stages=_csv(folder / "stages.csv", required=False),
-                      graph=graph, profile=profile)
+    return PlanFolder(
+        path=folder,
+        plan=plan,
+        plans=_csv(folder / "plans.csv", required=True),
+        ops=_csv(folder / "ops.csv", required=False),
+        stages=_csv(folder / "stages.csv", required=False),
+        graph=graph,
+        profile=profile,
+    )
 
 
 def load_run_folder(path: str | Path) -> RunFolder:
@@ -87,9 +94,15 @@ def load_run_folder(path: str | Path) -> RunFolder:
         raise ReportError(f"run folder '{folder}' does not exist; pass the --out RUNDIR of `autoplan run`.")
     measured = _csv(folder / "measured.csv", required=False)
     if measured is None:
-        raise ReportError(f"'{folder / 'measured.csv'}' does not exist; pass a folder written by `autoplan run --out RUNDIR`.")
-    return RunFolder(path=folder, measured=measured, summary=read_json(folder / "summary.json", ReportError, "run summary"),
-                     audit=_csv(folder / "audit.csv", required=False))
+        raise ReportError(
+            f"'{folder / 'measured.csv'}' does not exist; pass a folder written by `autoplan run --out RUNDIR`."
+        )
+    return RunFolder(
+        path=folder,
+        measured=measured,
+        summary=read_json(folder / "summary.json", ReportError, "run summary"),
+        audit=_csv(folder / "audit.csv", required=False),
+    )
 
 
 def search_again(folder: PlanFolder):
@@ -97,16 +110,25 @@ def search_again(folder: PlanFolder):
     from autoplan.solve.api import plan_graph
 
     if folder.plan is None:
-        raise ReportError(f"no plan fit in '{folder.path}', so there is no decision to explain; {most_frugal(folder.plans)}")
+        raise ReportError(
+            f"no plan fit in '{folder.path}', so there is no decision to explain; {most_frugal(folder.plans)}"
+        )
     if folder.graph is None or folder.profile is None:
         missing = "graph.json" if folder.graph is None else "profile.json"
-        raise ReportError(f"plan folder '{folder.path}' has no {missing}; re-run `autoplan plan ... --out {folder.path}` "
-                          "with this version of autoplan to explain it.")
+        raise ReportError(
+            f"plan folder '{folder.path}' has no {missing}; re-run `autoplan plan ... --out {folder.path}` "
+            "with this version of autoplan to explain it."
+        )
     options = folder.search_options
     try:
-        return plan_graph(folder.graph, devices=folder.plan.devices, profile=folder.profile,
-                          batch_size=options["batch_size"] or folder.plan.global_batch_size,
-                          fix=dict(options["fixes"]), objective=options["objective"])
+        return plan_graph(
+            folder.graph,
+            devices=folder.plan.devices,
+            profile=folder.profile,
+            batch_size=options["batch_size"] or folder.plan.global_batch_size,
+            fix=dict(options["fixes"]),
+            objective=options["objective"],
+        )
     except PlanError as exc:
         raise ReportError(f"re-running the search of '{folder.path}' failed ({exc}); re-run `autoplan plan`.") from None
 
@@ -116,6 +138,8 @@ def most_frugal(plans: pd.DataFrame) -> str:
     peaks = pd.to_numeric(plans["peak_memory_bytes"], errors="coerce")
     if peaks.notna().any():
         row = plans.loc[peaks.idxmin()]
-        return (f"the most frugal candidate (dp={row['dp']} tp={row['tp']} pp={row['pp']} zero={row['zero']} "
-                f"recompute={row['recompute']}) {row['reason']}; see plans.csv.")
+        return (
+            f"the most frugal candidate (dp={row['dp']} tp={row['tp']} pp={row['pp']} zero={row['zero']} "
+            f"recompute={row['recompute']}) {row['reason']}; see plans.csv."
+        )
     return "see plans.csv's reason column."

@@ -4,6 +4,7 @@ Sections: what was planned (model and cluster), the chosen plan and its predicti
 top plans side by side, the pipeline timeline and memory, predicted against measured (when
 run folders were given) and the explanation (autoplan/report/narrate.py).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -24,13 +25,17 @@ def _model_lines(folder: PlanFolder) -> list[str]:
     lines = []
     if g is not None:
         seq = f", sequence {g.seq_len}" if g.seq_len else ""
-        lines.append(f"- **Model:** {g.model_name}: {g.param_count / 1e6:.2f} M parameters, {len(g.layers)} blocks, "
-                     f"{g.step_flops / g.batch_size / 1e9:.3g} GFLOP per sample per step{seq}.")
+        lines.append(
+            f"- **Model:** {g.model_name}: {g.param_count / 1e6:.2f} M parameters, {len(g.layers)} blocks, "
+            f"{g.step_flops / g.batch_size / 1e9:.3g} GFLOP per sample per step{seq}."
+        )
     if p is not None:
         inter = p.inter_node.collectives["all_reduce"].busbw_bytes_per_s / 1e9 if p.inter_node else None
-        lines.append(f"- **Cluster:** profile `{p.name}`: {p.device.name}, {p.device.memory_bytes / GIB:.1f} GiB, "
-                     f"{p.devices_per_node} per node, intra-node all-reduce {p.intra_node.collectives['all_reduce'].busbw_bytes_per_s / 1e9:.3g} GB/s"
-                     + (f", inter-node {inter:.3g} GB/s." if inter else ", no inter-node link."))
+        lines.append(
+            f"- **Cluster:** profile `{p.name}`: {p.device.name}, {p.device.memory_bytes / GIB:.1f} GiB, "
+            f"{p.devices_per_node} per node, intra-node all-reduce {p.intra_node.collectives['all_reduce'].busbw_bytes_per_s / 1e9:.3g} GB/s"
+            + (f", inter-node {inter:.3g} GB/s." if inter else ", no inter-node link.")
+        )
     return lines
 
 
@@ -43,21 +48,32 @@ def _plan_lines(folder: PlanFolder) -> list[str]:
     if pred is None:
         return [head, "", "The plan carries no prediction."]
     tokens = f", {pred.tokens_per_s:.4g} tokens/s" if pred.tokens_per_s else ""
-    lines = [head, "", f"Predicted: {_ms(pred.step_time_s)} ms per step, {pred.samples_per_s:.4g} samples/s{tokens}, "
-                       f"MFU {100 * pred.mfu:.1f}%, peak {pred.peak_memory_bytes / GIB:.2f} GiB per device."]
+    lines = [
+        head,
+        "",
+        f"Predicted: {_ms(pred.step_time_s)} ms per step, {pred.samples_per_s:.4g} samples/s{tokens}, "
+        f"MFU {100 * pred.mfu:.1f}%, peak {pred.peak_memory_bytes / GIB:.2f} GiB per device.",
+    ]
     if (search := pred.search) is not None:
-        lines[-1] += (f" The search priced {search.candidates_evaluated} plans and pruned {search.candidates_pruned} "
-                      f"in {search.search_time_s:.2f} s (tp ILP: {search.ilp_status}, gap {search.ilp_gap:.2g}).")
+        lines[-1] += (
+            f" The search priced {search.candidates_evaluated} plans and pruned {search.candidates_pruned} "
+            f"in {search.search_time_s:.2f} s (tp ILP: {search.ilp_status}, gap {search.ilp_gap:.2g})."
+        )
     return lines
 
 
 def _top_table(plans: pd.DataFrame, top_k: int) -> list[str]:
     top = top_feasible(plans, top_k)
     terms = [t.replace("_s", "").replace("_exposed", "") for t in Cost.TIME_FIELDS]
-    lines = ["| # | plan | step ms | " + " | ".join(terms) + " | peak GiB |", "|---|---|---:|" + "---:|" * len(terms) + "---:|"]
+    lines = [
+        "| # | plan | step ms | " + " | ".join(terms) + " | peak GiB |",
+        "|---|---|---:|" + "---:|" * len(terms) + "---:|",
+    ]
     for rank, (_, row) in enumerate(top.iterrows(), start=1):
         cells = " | ".join(_ms(row[t]) for t in Cost.TIME_FIELDS)
-        lines.append(f"| {rank} | {describe_row(row)} | {_ms(row['step_time_s'])} | {cells} | {float(row['peak_memory_bytes']) / GIB:.2f} |")
+        lines.append(
+            f"| {rank} | {describe_row(row)} | {_ms(row['step_time_s'])} | {cells} | {float(row['peak_memory_bytes']) / GIB:.2f} |"
+        )
     return lines
 
 
@@ -65,33 +81,83 @@ def _frame_table(frame: pd.DataFrame, columns: list[str]) -> list[str]:
     columns = [c for c in columns if c in frame]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for _, row in frame.iterrows():
-        lines.append("| " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in columns) + " |")
+        lines.append(
+            "| " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in columns) + " |"
+        )
     return lines
 
 
-def report_markdown(folder: PlanFolder, *, tables: dict[str, pd.DataFrame], figures: dict[str, str], explanation_md: str | None,
-                    top_k: int) -> str:
+def report_markdown(
+    folder: PlanFolder,
+    *,
+    tables: dict[str, pd.DataFrame],
+    figures: dict[str, str],
+    explanation_md: str | None,
+    top_k: int,
+) -> str:
     lines = [f"# autoplan report: {folder.path.name}", "", "## What was planned", ""] + _model_lines(folder) + [""]
     lines += _plan_lines(folder) + [""]
     if len(top_feasible(tables["plans"], top_k)):
         lines += [f"## The top {top_k} plans (milliseconds per step)", ""] + _top_table(tables["plans"], top_k) + [""]
-    for name, caption in (("breakdown.png", "Step-time breakdown"), ("timeline.png", "Pipeline timeline of one step"),
-                          ("memory.png", "Memory per device")):
+    for name, caption in (
+        ("breakdown.png", "Step-time breakdown"),
+        ("timeline.png", "Pipeline timeline of one step"),
+        ("memory.png", "Memory per device"),
+    ):
         if name in figures:
             lines += [f"![{caption}]({figures[name]})", ""]
     if tables.get("stages") is not None:
-        lines += ["## Stages", ""] + _frame_table(tables["stages"], ["stage", "blocks", "first_block", "last_block", "forward_s", "backward_s",
-                                                                    "send_recv_s", "memory_gib"]) + [""]
+        lines += (
+            ["## Stages", ""]
+            + _frame_table(
+                tables["stages"],
+                [
+                    "stage",
+                    "blocks",
+                    "first_block",
+                    "last_block",
+                    "forward_s",
+                    "backward_s",
+                    "send_recv_s",
+                    "memory_gib",
+                ],
+            )
+            + [""]
+        )
     if tables.get("runs") is not None:
-        lines += ["## Predicted against measured", ""] + _frame_table(tables["runs"], [
-            "run", "plan", "steps", "predicted_step_time_s", "measured_step_time_s", "measured_over_predicted", "error_pct",
-            "measured_peak_memory_bytes", "peak_memory_kind"]) + [""]
+        lines += (
+            ["## Predicted against measured", ""]
+            + _frame_table(
+                tables["runs"],
+                [
+                    "run",
+                    "plan",
+                    "steps",
+                    "predicted_step_time_s",
+                    "measured_step_time_s",
+                    "measured_over_predicted",
+                    "error_pct",
+                    "measured_peak_memory_bytes",
+                    "peak_memory_kind",
+                ],
+            )
+            + [""]
+        )
         if "predicted_vs_measured.png" in figures:
             lines += [f"![Predicted against measured]({figures['predicted_vs_measured.png']})", ""]
     if tables.get("audit") is not None:
-        lines += ["## Execution audit", "", "One step per audited run, per rank: collectives (count and bytes), parameters held, "
-                  "matmul and attention FLOPs and peak live memory against the cost model (audit.csv has every row).", ""]
-        lines += _frame_table(audit_summary(tables["audit"]), ["run", "quantity", "rows", "as_priced", "max_abs_error"]) + [""]
+        lines += [
+            "## Execution audit",
+            "",
+            "One step per audited run, per rank: collectives (count and bytes), parameters held, "
+            "matmul and attention FLOPs and peak live memory against the cost model (audit.csv has every row).",
+            "",
+        ]
+        lines += _frame_table(
+            audit_summary(tables["audit"]), ["run", "quantity", "rows", "as_priced", "max_abs_error"]
+        ) + [""]
     if explanation_md:
-        lines += [explanation_md.replace("## ", "### ").replace("### Why this plan", "## Explanation\n\n### Why this plan", 1)]
+        lines += [
+            explanation_md.replace("## ", "### ").replace("### Why this plan", "## Explanation\n\n### Why this plan", 1)
+        ]
     return "\n".join(lines) + "\n"

@@ -2,6 +2,7 @@
 
 Every number comes from the explanation; the words only connect them.
 """
+
 from __future__ import annotations
 
 GIB = 2**30
@@ -28,14 +29,22 @@ def _decision(exp) -> str:
     d = r.deciding
     if d is None:
         return f"**Decision:** the nearest other family, {r.plan}, ties with it."
-    return (f"**Decision: {exp.decision}.** The nearest plan of another family, {r.plan}, is {r.slower_pct:.1f}% slower; "
-            f"it loses most on {d.words}: {_ms(d.rival_s)} against {_ms(d.best_s)} (+{_ms(d.diff_s)}).")
+    return (
+        f"**Decision: {exp.decision}.** The nearest plan of another family, {r.plan}, is {r.slower_pct:.1f}% slower; "
+        f"it loses most on {d.words}: {_ms(d.rival_s)} against {_ms(d.best_s)} (+{_ms(d.diff_s)})."
+    )
 
 
 def explanation_markdown(exp) -> str:
-    lines = ["## Why this plan", "",
-             f"Chosen: **{exp.plan}**, {_ms(exp.step_time_s)} per step, {exp.peak_memory_bytes / GIB:.2f} GiB peak per device "
-             f"(objective: {exp.objective}).", "", _decision(exp), ""]
+    lines = [
+        "## Why this plan",
+        "",
+        f"Chosen: **{exp.plan}**, {_ms(exp.step_time_s)} per step, {exp.peak_memory_bytes / GIB:.2f} GiB peak per device "
+        f"(objective: {exp.objective}).",
+        "",
+        _decision(exp),
+        "",
+    ]
     if exp.ties:
         lines += [f"{len(exp.ties)} plan(s) tie with it on {exp.objective}:", ""] + [f"- {t}" for t in exp.ties] + [""]
     if exp.rivals:
@@ -43,8 +52,10 @@ def explanation_markdown(exp) -> str:
     lines += ["## What would change the decision", ""] + [f"- {t.sentence}" for t in exp.thresholds]
     if exp.memory:
         m = exp.memory
-        lines.append(f"- memory headroom: {m['headroom_bytes'] / GIB:.2f} GiB of {m['usable_bytes'] / GIB:.2f} GiB usable "
-                     f"({100 * m['headroom_fraction']:.1f}%); the plan fits any device of {m['smallest_device_bytes'] / GIB:.2f} GiB or more.")
+        lines.append(
+            f"- memory headroom: {m['headroom_bytes'] / GIB:.2f} GiB of {m['usable_bytes'] / GIB:.2f} GiB usable "
+            f"({100 * m['headroom_fraction']:.1f}%); the plan fits any device of {m['smallest_device_bytes'] / GIB:.2f} GiB or more."
+        )
     lines += ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
     lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ of every family, each with its layout (stages, tp_plan) held fixed.
   autoplan/cost/memory.py) - the best plan's peak; the smallest device that still fits it;
   and the device memory at which the fastest plan that does not fit would fit (and win).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,7 @@ class Threshold:
     current: float
     unit: str
     threshold: float | None
-    direction: str          # "below" | "above" | "" (no change found)
+    direction: str  # "below" | "above" | "" (no change found)
     winner: str | None
     sentence: str
 
@@ -92,9 +93,23 @@ def link_thresholds(graph: Graph, profile: Profile, plans: list[Plan], objective
     spec = getattr(profile, link)
     knob = f"{link.replace('_', '-')} bandwidth"
     if spec is None:
-        return [Threshold(knob, 0.0, "bytes/s", None, "", None, f"the profile has no {link.replace('_', '-')} link (one node).")]
+        return [
+            Threshold(
+                knob, 0.0, "bytes/s", None, "", None, f"the profile has no {link.replace('_', '-')} link (one node)."
+            )
+        ]
     if link == "inter_node" and not any(p.devices > profile.devices_per_node for p in plans):
-        return [Threshold(knob, 0.0, "bytes/s", None, "", None, "no plan here spans nodes, so the inter-node link cannot change the decision.")]
+        return [
+            Threshold(
+                knob,
+                0.0,
+                "bytes/s",
+                None,
+                "",
+                None,
+                "no plan here spans nodes, so the inter-node link cannot change the decision.",
+            )
+        ]
     base = spec.collectives["all_reduce"].busbw_bytes_per_s
     cache: dict[float, int] = {}
 
@@ -102,6 +117,7 @@ def link_thresholds(graph: Graph, profile: Profile, plans: list[Plan], objective
         if f not in cache:
             cache[f] = _winner(CostModel(graph, scaled_profile(profile, link=link, factor=f)), plans, objective)
         return cache[f]
+
     found = []
     for direction, sign in (("below", -1), ("above", 1)):
         previous = 1.0
@@ -113,17 +129,28 @@ def link_thresholds(graph: Graph, profile: Profile, plans: list[Plan], objective
                 break
             previous = factor
     if not found:
-        return [Threshold(knob, base, "bytes/s", None, "", None,
-                          f"{plans[0].describe()} stays best from 1/{2 ** MAX_DOUBLINGS} to {2 ** MAX_DOUBLINGS}x today's {knob} "
-                          f"({base / 1e9:.3g} GB/s all-reduce bus bandwidth).")]
+        return [
+            Threshold(
+                knob,
+                base,
+                "bytes/s",
+                None,
+                "",
+                None,
+                f"{plans[0].describe()} stays best from 1/{2**MAX_DOUBLINGS} to {2**MAX_DOUBLINGS}x today's {knob} "
+                f"({base / 1e9:.3g} GB/s all-reduce bus bandwidth).",
+            )
+        ]
     return found
 
 
 def _link_threshold(knob: str, base: float, factor: float, direction: str, winner: Plan, best: Plan) -> Threshold:
     value = base * factor
     verb = "fell below" if direction == "below" else "rose above"
-    sentence = (f"if the {knob} {verb} {value / 1e9:.3g} GB/s (all-reduce bus bandwidth; today {base / 1e9:.3g} GB/s, "
-                f"{factor:.3g}x), {winner.describe()} would beat {best.describe()}.")
+    sentence = (
+        f"if the {knob} {verb} {value / 1e9:.3g} GB/s (all-reduce bus bandwidth; today {base / 1e9:.3g} GB/s, "
+        f"{factor:.3g}x), {winner.describe()} would beat {best.describe()}."
+    )
     return Threshold(knob, base, "bytes/s", value, direction, winner.describe(), sentence)
 
 
@@ -144,7 +171,15 @@ def batch_threshold(model: CostModel, plans: list[Plan], objective) -> Threshold
     flat = next((p for p in plans if p.pp == 1), None)
     if piped is None or flat is None:
         what = "flat (pp = 1)" if flat is None else "pipelined (pp > 1)"
-        return Threshold(knob, batch, "samples", None, "", None, f"no {what} plan fits, so the batch size cannot flip the choice between them here.")
+        return Threshold(
+            knob,
+            batch,
+            "samples",
+            None,
+            "",
+            None,
+            f"no {what} plan fits, so the batch size cannot flip the choice between them here.",
+        )
     unit = math.lcm(piped.dp * piped.micro_batch_size, flat.dp * flat.micro_batch_size)
     if piped.schedule == "interleaved_1f1b":
         unit = math.lcm(unit, piped.dp * piped.micro_batch_size * piped.pp)
@@ -156,6 +191,7 @@ def batch_threshold(model: CostModel, plans: list[Plan], objective) -> Threshold
             cost = model.estimate(scaled) if scaled else None
             values.append(objective(cost, scaled) / (unit * j) if cost is not None and cost.feasible else math.inf)
         return values[0] < values[1]
+
     now = max(1, round(batch / unit))
     state = pipe_wins(now)
     for sign in (-1, 1):
@@ -165,12 +201,21 @@ def batch_threshold(model: CostModel, plans: list[Plan], objective) -> Threshold
             if j < 1:
                 break
             if pipe_wins(j) != state:
-                return _batch_sentence(unit, _bisect_int(j_prev, j, lambda x: pipe_wins(x) != state), state, sign, piped, flat, batch)
+                return _batch_sentence(
+                    unit, _bisect_int(j_prev, j, lambda x: pipe_wins(x) != state), state, sign, piped, flat, batch
+                )
             j_prev = j
     leader = piped if state else flat
-    return Threshold(knob, batch, "samples", None, "", leader.describe(),
-                     f"{'pipeline parallelism keeps' if state else 'flat plans keep'} winning ({leader.describe()}) at every global batch "
-                     f"from {unit} to {unit * now * 2 ** MAX_DOUBLINGS} samples, holding each plan's micro-batch size.")
+    return Threshold(
+        knob,
+        batch,
+        "samples",
+        None,
+        "",
+        leader.describe(),
+        f"{'pipeline parallelism keeps' if state else 'flat plans keep'} winning ({leader.describe()}) at every global batch "
+        f"from {unit} to {unit * now * 2**MAX_DOUBLINGS} samples, holding each plan's micro-batch size.",
+    )
 
 
 def _bisect_int(same: int, other: int, changed) -> int:
@@ -199,22 +244,41 @@ def memory_threshold(profile: Profile, ranked: list, candidates: list) -> tuple[
     capacity = profile.device.memory_bytes
     usable = usable_bytes(capacity)
     fraction = usable / capacity
-    memory = {"capacity_bytes": capacity, "usable_bytes": int(usable), "peak_bytes": best.cost.peak_memory_bytes,
-              "headroom_bytes": int(usable - best.cost.peak_memory_bytes), "headroom_fraction": 1 - best.cost.peak_memory_bytes / usable,
-              "smallest_device_bytes": int(math.ceil(best.cost.peak_memory_bytes / fraction))}
-    faster = [c for c in candidates if c.cost is not None and not c.cost.feasible and c.objective is not None and c.objective < best.objective]
+    memory = {
+        "capacity_bytes": capacity,
+        "usable_bytes": int(usable),
+        "peak_bytes": best.cost.peak_memory_bytes,
+        "headroom_bytes": int(usable - best.cost.peak_memory_bytes),
+        "headroom_fraction": 1 - best.cost.peak_memory_bytes / usable,
+        "smallest_device_bytes": int(math.ceil(best.cost.peak_memory_bytes / fraction)),
+    }
+    faster = [
+        c
+        for c in candidates
+        if c.cost is not None and not c.cost.feasible and c.objective is not None and c.objective < best.objective
+    ]
     if not faster:
         sentence = "no plan that the memory limit rejected would have been faster, so more memory would not change the decision."
         return Threshold("device memory", capacity, "bytes", None, "", None, sentence), memory
     c = min(faster, key=lambda c: c.objective)
     need = c.cost.peak_memory_bytes / fraction
-    sentence = (f"with devices of at least {need / GIB:.1f} GiB (today {capacity / GIB:.1f} GiB), {c.plan.describe()} would fit and be "
-                f"{100 * (1 - c.objective / best.objective):.1f}% faster.")
+    sentence = (
+        f"with devices of at least {need / GIB:.1f} GiB (today {capacity / GIB:.1f} GiB), {c.plan.describe()} would fit and be "
+        f"{100 * (1 - c.objective / best.objective):.1f}% faster."
+    )
     return Threshold("device memory", capacity, "bytes", need, "above", c.plan.describe(), sentence), memory
 
 
-def sensitivities(*, graph: Graph, profile: Profile, ranked: list, candidates: list, objective, families: list,
-                  stand_ins: list[Plan] = ()) -> tuple[list[Threshold], dict]:
+def sensitivities(
+    *,
+    graph: Graph,
+    profile: Profile,
+    ranked: list,
+    candidates: list,
+    objective,
+    families: list,
+    stand_ins: list[Plan] = (),
+) -> tuple[list[Threshold], dict]:
     """Every threshold of the module docstring, and the memory numbers."""
     plans = contenders(ranked, families, stand_ins)
     found: list[Threshold] = []

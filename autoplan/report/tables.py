@@ -10,6 +10,7 @@
 - ``predicted_vs_measured.csv``: one row per run folder: predicted and median measured step
   time, their ratio and error, predicted and measured peak memory.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,9 +26,11 @@ GIB = 2**30
 
 def plans_table(folder: PlanFolder) -> pd.DataFrame:
     plans = folder.plans.copy()
-    for column in ("rank", "peak_memory_bytes"):   # integers with blanks (pruned rows) read back as floats
+    for column in ("rank", "peak_memory_bytes"):  # integers with blanks (pruned rows) read back as floats
         plans[column] = pd.to_numeric(plans[column], errors="coerce").round().astype("Int64")
-    plans["family"] = "dp=" + plans["dp"].astype(str) + " tp=" + plans["tp"].astype(str) + " pp=" + plans["pp"].astype(str)
+    plans["family"] = (
+        "dp=" + plans["dp"].astype(str) + " tp=" + plans["tp"].astype(str) + " pp=" + plans["pp"].astype(str)
+    )
     step = pd.to_numeric(plans["step_time_s"], errors="coerce")
     feasible = plans["feasible"].astype(str).str.lower() == "true"
     best = step[feasible].min() if feasible.any() else float("nan")
@@ -41,8 +44,10 @@ def describe_row(row: pd.Series) -> str:
     sp = " sp" if str(row["sp"]).lower() == "true" else ""
     v = f" v={row['v']}" if str(row["v"]) not in ("1", "*") else ""
     overlap = " tp-overlap" if str(row.get("tp_overlap", "")).lower() == "true" else ""
-    return (f"dp={row['dp']} tp={row['tp']} pp={row['pp']} mbs={row['mbs']}x{row['num_microbatches']} {row['schedule']}{v} "
-            f"zero={row['zero']} rc={row['recompute']}{sp} {row['precision']}{overlap}")
+    return (
+        f"dp={row['dp']} tp={row['tp']} pp={row['pp']} mbs={row['mbs']}x{row['num_microbatches']} {row['schedule']}{v} "
+        f"zero={row['zero']} rc={row['recompute']}{sp} {row['precision']}{overlap}"
+    )
 
 
 def top_feasible(plans: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -53,8 +58,11 @@ def top_feasible(plans: pd.DataFrame, k: int) -> pd.DataFrame:
 
 def breakdown_table(plans: pd.DataFrame, *, top_k: int) -> pd.DataFrame:
     top = top_feasible(plans, top_k)
-    rows = [{"rank": i + 1, "plan": describe_row(row), "term": term, "seconds": float(row[term])}
-            for i, (_, row) in enumerate(top.iterrows()) for term in Cost.TIME_FIELDS]
+    rows = [
+        {"rank": i + 1, "plan": describe_row(row), "term": term, "seconds": float(row[term])}
+        for i, (_, row) in enumerate(top.iterrows())
+        for term in Cost.TIME_FIELDS
+    ]
     return pd.DataFrame(rows, columns=["rank", "plan", "term", "seconds"])
 
 
@@ -84,12 +92,25 @@ def runs_table(folder: PlanFolder, runs: list[RunFolder]) -> pd.DataFrame:
         s = run.summary
         predicted, measured = s.get("predicted_step_time_s"), s.get("median_step_time_s")
         if predicted is None or measured is None:
-            raise ReportError(f"run folder '{run.path}' has no predicted or median step time in summary.json; re-run `autoplan run`.")
-        rows.append({"run": run.path.name, "plan": s.get("plan"), "steps": s.get("steps"), "warmup_steps": s.get("warmup_steps"),
-                     "predicted_step_time_s": predicted, "measured_step_time_s": measured,
-                     "measured_over_predicted": measured / predicted, "error_pct": 100.0 * (predicted - measured) / measured,
-                     "predicted_peak_memory_bytes": predicted_peak, "measured_peak_memory_bytes": s.get("peak_memory_bytes"),
-                     "peak_memory_kind": s.get("peak_memory_kind"), "final_loss": s.get("final_loss")})
+            raise ReportError(
+                f"run folder '{run.path}' has no predicted or median step time in summary.json; re-run `autoplan run`."
+            )
+        rows.append(
+            {
+                "run": run.path.name,
+                "plan": s.get("plan"),
+                "steps": s.get("steps"),
+                "warmup_steps": s.get("warmup_steps"),
+                "predicted_step_time_s": predicted,
+                "measured_step_time_s": measured,
+                "measured_over_predicted": measured / predicted,
+                "error_pct": 100.0 * (predicted - measured) / measured,
+                "predicted_peak_memory_bytes": predicted_peak,
+                "measured_peak_memory_bytes": s.get("peak_memory_bytes"),
+                "peak_memory_kind": s.get("peak_memory_kind"),
+                "final_loss": s.get("final_loss"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -111,16 +132,26 @@ def audit_summary(audit: pd.DataFrame) -> pd.DataFrame:
     frame = audit.assign(abs_error=audit.relative_error.abs())
     frame["quantity"] = frame.what.str.replace(r"^comm .*", "collectives", regex=True)
     grouped = frame.groupby(["run", "quantity"], sort=False)
-    return grouped.agg(rows=("as_priced", "size"), as_priced=("as_priced", "sum"), max_abs_error=("abs_error", "max")).reset_index()
+    return grouped.agg(
+        rows=("as_priced", "size"), as_priced=("as_priced", "sum"), max_abs_error=("abs_error", "max")
+    ).reset_index()
 
 
 def write_tables(folder: PlanFolder, runs: list[RunFolder], out: Path, *, top_k: int) -> dict[str, Path]:
     """Write every table that has data; return name -> path."""
     plans = plans_table(folder)
-    tables = {"plans.csv": plans, "breakdown.csv": breakdown_table(plans, top_k=top_k),
-              "ops.csv": ops_table(folder), "stages.csv": stages_table(folder)}
+    tables = {
+        "plans.csv": plans,
+        "breakdown.csv": breakdown_table(plans, top_k=top_k),
+        "ops.csv": ops_table(folder),
+        "stages.csv": stages_table(folder),
+    }
     if runs:
         tables["predicted_vs_measured.csv"] = runs_table(folder, runs)
         tables["measured_steps.csv"] = steps_table(runs)
         tables["audit.csv"] = audit_table(runs)
-    return {name: write_text_atomic(out / name, frame.to_csv(index=False)) for name, frame in tables.items() if frame is not None}
+    return {
+        name: write_text_atomic(out / name, frame.to_csv(index=False))
+        for name, frame in tables.items()
+        if frame is not None
+    }

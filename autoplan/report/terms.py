@@ -10,6 +10,7 @@ The *deciding term* between two plans is the term with the largest positive diff
 one the rival loses most on. Each term belongs to a category (compute, communication, bubble,
 optimizer) used to say why a family of plans lost.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

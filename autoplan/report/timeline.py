@@ -24,6 +24,7 @@ Per-stage forward and backward times come from the plan folder's stages.csv
 backward is taken as twice the forward (the FLOP ratio of a matmul's backward, Narayanan et
 al. SC'21 section 5.1), and the timeline says so.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,8 +35,8 @@ from autoplan.errors import AutoplanError
 @dataclass(frozen=True)
 class Segment:
     stage: int
-    kind: str            # forward | backward | send | sync | idle
-    microbatch: int      # -1 for sync and idle
+    kind: str  # forward | backward | send | sync | idle
+    microbatch: int  # -1 for sync and idle
     chunk: int
     start_s: float
     end_s: float
@@ -65,9 +66,11 @@ def stage_order(schedule: str, *, pp: int, stage: int, m: int, v: int = 1) -> li
         backwards = [("backward", i, 0) for i in range(m)]
         return _one_f_one_b(forwards, backwards, warmup=min(pp - stage - 1, m))
     if schedule == "interleaved_1f1b":
+
         def unit(i: int, backward: bool) -> tuple[int, int]:
             group = (i // pp) % v
             return (i // (pp * v)) * pp + i % pp, (v - 1 - group) if backward else group
+
         total = m * v
         forwards = [("forward", *unit(i, False)) for i in range(total)]
         backwards = [("backward", *unit(i, True)) for i in range(total)]
@@ -79,17 +82,29 @@ def _one_f_one_b(forwards: list, backwards: list, *, warmup: int) -> list:
     order = forwards[:warmup]
     for f, b in zip(forwards[warmup:], backwards):
         order += [f, b]
-    return order + backwards[len(forwards) - warmup:]
+    return order + backwards[len(forwards) - warmup :]
 
 
-def simulate(*, schedule: str, pp: int, m: int, v: int, forward_s: list[float], backward_s: list[float],
-             send_s: float = 0.0, tail_s: float = 0.0, note: str = "") -> Timeline:
+def simulate(
+    *,
+    schedule: str,
+    pp: int,
+    m: int,
+    v: int,
+    forward_s: list[float],
+    backward_s: list[float],
+    send_s: float = 0.0,
+    tail_s: float = 0.0,
+    note: str = "",
+) -> Timeline:
     """Simulate one step (module docstring); ``forward_s[k]``/``backward_s[k]`` are stage k's whole
     micro-batch times (all its chunks)."""
     if len(forward_s) != pp or len(backward_s) != pp:
-        raise AutoplanError(f"the timeline needs {pp} stage times, got {len(forward_s)}; the plan folder's stages.csv does not match plan.json.")
+        raise AutoplanError(
+            f"the timeline needs {pp} stage times, got {len(forward_s)}; the plan folder's stages.csv does not match plan.json."
+        )
     orders = [stage_order(schedule, pp=pp, stage=k, m=m, v=v) for k in range(pp)]
-    done: dict[tuple[str, int, int], float] = {}      # (kind, micro-batch, global chunk) -> arrival at its consumer
+    done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, global chunk) -> arrival at its consumer
     clock, position = [0.0] * pp, [0] * pp
     timeline = Timeline(pp=pp, schedule=schedule, note=note)
     last = pp * v - 1
@@ -115,7 +130,9 @@ def simulate(*, schedule: str, pp: int, m: int, v: int, forward_s: list[float], 
                 position[k] += 1
                 progressed = True
         if not progressed:
-            raise AutoplanError(f"the {schedule} timeline deadlocked at pp={pp}, m={m}, v={v}; this schedule needs pp to divide the micro-batches.")
+            raise AutoplanError(
+                f"the {schedule} timeline deadlocked at pp={pp}, m={m}, v={v}; this schedule needs pp to divide the micro-batches."
+            )
     _finish(timeline, clock, tail_s)
     return timeline
 
@@ -146,7 +163,9 @@ def from_plan_folder(folder) -> Timeline:
     """The timeline of the folder's plan, from plan.json and stages.csv."""
     plan, stages = folder.plan, folder.stages
     if plan is None or stages is None:
-        raise AutoplanError(f"plan folder '{folder.path}' has no plan.json or stages.csv, so there is no timeline to draw; re-run `autoplan plan`.")
+        raise AutoplanError(
+            f"plan folder '{folder.path}' has no plan.json or stages.csv, so there is no timeline to draw; re-run `autoplan plan`."
+        )
     stages = stages.sort_values("stage")
     total = stages["micro_batch_time_s"].astype(float).tolist()
     note = ""
@@ -159,5 +178,14 @@ def from_plan_folder(folder) -> Timeline:
     send_s = max((s / n for s, n in zip(stages["send_recv_s"].astype(float), neighbours) if n), default=0.0)
     breakdown = plan.predicted.breakdown if plan.predicted else {}
     tail_s = breakdown.get("dp_comm_exposed_s", 0.0) + breakdown.get("optimizer_s", 0.0)
-    return simulate(schedule=plan.schedule, pp=plan.pp, m=plan.num_microbatches, v=plan.virtual_stages, forward_s=forward,
-                    backward_s=backward, send_s=send_s, tail_s=tail_s, note=note)
+    return simulate(
+        schedule=plan.schedule,
+        pp=plan.pp,
+        m=plan.num_microbatches,
+        v=plan.virtual_stages,
+        forward_s=forward,
+        backward_s=backward,
+        send_s=send_s,
+        tail_s=tail_s,
+        note=note,
+    )

@@ -6,6 +6,7 @@ parallelism and precision, every candidate priced by the cost model. See docs/il
 searches; ``plan_graph(graph, ...)`` searches an already traced graph and returns every candidate.
 They are imported lazily, so the CLI starts without PuLP.
 """
+
 from __future__ import annotations
 
 from typing import Any

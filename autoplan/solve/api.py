@@ -6,6 +6,7 @@ says in one sentence what would: more devices (the smallest count that fits, fou
 the most memory-frugal configurations of 2x, 4x, ... the devices), or the changes
 (recomputation, ZeRO, micro-batch, batch) the user pinned away.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,32 +40,71 @@ def resolve_profile(profile: Profile | str) -> Profile:
     return load_profile(profile)
 
 
-def plan_graph(graph: Graph, *, devices: int, profile: Profile | str, batch_size: int | None = None,
-               fix: dict | str | None = None, objective: str = "time", solver: str = "highs",
-               time_limit_s: float = 10.0, progress=None, top_k: int = 1) -> SearchResult:
+def plan_graph(
+    graph: Graph,
+    *,
+    devices: int,
+    profile: Profile | str,
+    batch_size: int | None = None,
+    fix: dict | str | None = None,
+    objective: str = "time",
+    solver: str = "highs",
+    time_limit_s: float = 10.0,
+    progress=None,
+    top_k: int = 1,
+) -> SearchResult:
     """Search plans for a traced graph; raises NoPlanFits when nothing fits. The best ``top_k``
     plans are ranked exactly (pruning only skips what cannot enter them)."""
     profile = resolve_profile(profile)
     fixes = space.parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
-    options = SearchOptions(devices=devices, batch_size=batch_size or graph.batch_size, fixes=fixes, objective=objective,
-                            solver=solver, time_limit_s=time_limit_s, progress=progress, keep=max(1, top_k))
+    options = SearchOptions(
+        devices=devices,
+        batch_size=batch_size or graph.batch_size,
+        fixes=fixes,
+        objective=objective,
+        solver=solver,
+        time_limit_s=time_limit_s,
+        progress=progress,
+        keep=max(1, top_k),
+    )
     result = search(graph, profile, options)
     if result.best is None:
         raise NoPlanFits(explain_no_fit(graph, profile, options, result), result)
-    summary = SearchSummary(candidates_evaluated=result.evaluated, candidates_pruned=result.pruned, search_time_s=result.elapsed_s,
-                            ilp_solves=result.ilp_solves, ilp_status=result.ilp_status, ilp_gap=result.ilp_gap,
-                            batch_size=options.batch_size, fixes=dict(fixes), objective=objective)   # for autoplan explain
+    summary = SearchSummary(
+        candidates_evaluated=result.evaluated,
+        candidates_pruned=result.pruned,
+        search_time_s=result.elapsed_s,
+        ilp_solves=result.ilp_solves,
+        ilp_status=result.ilp_status,
+        ilp_gap=result.ilp_gap,
+        batch_size=options.batch_size,
+        fixes=dict(fixes),
+        objective=objective,
+    )  # for autoplan explain
     result.best.predicted = Prediction.from_cost(result.best_cost, summary)
     return result
 
 
-def plan(model: Any, example_inputs: Any, *, devices: int, profile: Profile | str, batch_size: int | None = None,
-         fix: dict | str | None = None, objective: str = "time", loss_fn=None, target=None, **kwargs: Any) -> Plan:
+def plan(
+    model: Any,
+    example_inputs: Any,
+    *,
+    devices: int,
+    profile: Profile | str,
+    batch_size: int | None = None,
+    fix: dict | str | None = None,
+    objective: str = "time",
+    loss_fn=None,
+    target=None,
+    **kwargs: Any,
+) -> Plan:
     """Trace ``model`` on ``example_inputs`` and return the fastest (or cheapest) plan that fits."""
     from autoplan.trace import trace
 
     graph = trace(model, example_inputs, loss_fn=loss_fn, target=target, model_name=type(model).__name__)
-    return plan_graph(graph, devices=devices, profile=profile, batch_size=batch_size, fix=fix, objective=objective, **kwargs).best
+    return plan_graph(
+        graph, devices=devices, profile=profile, batch_size=batch_size, fix=fix, objective=objective, **kwargs
+    ).best
 
 
 def explain_no_fit(graph: Graph, profile: Profile, options: SearchOptions, result: SearchResult) -> str:
@@ -73,15 +113,21 @@ def explain_no_fit(graph: Graph, profile: Profile, options: SearchOptions, resul
     closest = min(evaluated, key=lambda c: c.cost.peak_memory_bytes) if evaluated else None
     head = "no plan fits in device memory"
     if closest is not None:
-        head += (f": the most frugal one evaluated ({closest.plan.describe()}) needs {closest.cost.peak_memory_bytes / 2**30:.1f} GiB"
-                 f" per device of {profile.device.memory_bytes / 2**30:.0f} GiB")
+        head += (
+            f": the most frugal one evaluated ({closest.plan.describe()}) needs {closest.cost.peak_memory_bytes / 2**30:.1f} GiB"
+            f" per device of {profile.device.memory_bytes / 2**30:.0f} GiB"
+        )
     pinned = [k for k in FRUGAL_PINS if k in options.fixes]
-    if pinned and _fits(graph, profile, options.devices, options.batch_size, {k: v for k, v in options.fixes.items() if k not in pinned}):
+    if pinned and _fits(
+        graph, profile, options.devices, options.batch_size, {k: v for k, v in options.fixes.items() if k not in pinned}
+    ):
         return f"{head}; unpin {', '.join(pinned)} (e.g. recompute=full, zero=3, mbs=1) and it fits on {options.devices} devices."
     needed = smallest_fitting_devices(graph, profile, options)
     if needed is not None:
         return f"{head}; it would fit on {needed} devices (the most frugal configuration: full recomputation, ZeRO-3, micro-batch 1)."
-    return f"{head}, even on {options.devices * 64} devices; use a smaller model or batch, or a device with more memory."
+    return (
+        f"{head}, even on {options.devices * 64} devices; use a smaller model or batch, or a device with more memory."
+    )
 
 
 def smallest_fitting_devices(graph: Graph, profile: Profile, options: SearchOptions) -> int | None:
@@ -99,14 +145,25 @@ def _fits(graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict)
     """Whether the most memory-frugal configurations of ``devices`` fit (full recompute, ZeRO-3, mbs 1)."""
     model = CostModel(graph, profile)
     frugal = {"recompute": "full", "mbs": 1, **fixes}
-    for deg in space.degree_options(devices=devices, per_node=profile.devices_per_node, layers=len(graph.layers), batch=batch, fixes=frugal):
+    for deg in space.degree_options(
+        devices=devices, per_node=profile.devices_per_node, layers=len(graph.layers), batch=batch, fixes=frugal
+    ):
         for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes=frugal)[-1:]:
             for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal)[:1]:
                 zero = max(space.zero_options(dp=deg.dp, fixes=frugal) or [0])
                 precision = space.precision_options(profile, fixes=frugal)[-1]
-                candidate = Plan(devices=devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, micro_batch_size=mbs,
-                                 num_microbatches=batch // (deg.dp * mbs), zero_stage=zero, recompute=frugal["recompute"],
-                                 sequence_parallel=sp, precision=precision)
+                candidate = Plan(
+                    devices=devices,
+                    dp=deg.dp,
+                    tp=deg.tp,
+                    pp=deg.pp,
+                    micro_batch_size=mbs,
+                    num_microbatches=batch // (deg.dp * mbs),
+                    zero_stage=zero,
+                    recompute=frugal["recompute"],
+                    sequence_parallel=sp,
+                    precision=precision,
+                )
                 if model.estimate(candidate).feasible:
                     return True
     return False

@@ -6,6 +6,7 @@ with a merely feasible incumbent; the honest answer is ``LpProblem.sol_status``
 and the relative MIP gap HiGHS reports (``mip_gap`` in its info; CBC's is not exposed by
 PuLP, so it is None there unless the solve was optimal, where it is 0).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,9 +25,9 @@ SOLVERS = ("highs", "cbc")
 
 @dataclass(frozen=True)
 class SolveStatus:
-    status: str            # 'optimal' | 'time_limit' | 'infeasible'
-    solver: str            # 'highs' | 'cbc'
-    gap: float | None      # relative MIP gap of the returned solution (0 when optimal)
+    status: str  # 'optimal' | 'time_limit' | 'infeasible'
+    solver: str  # 'highs' | 'cbc'
+    gap: float | None  # relative MIP gap of the returned solution (0 when optimal)
     objective: float | None
     solve_time_s: float
 
@@ -35,7 +36,9 @@ class SolveStatus:
         return self.status in ("optimal", "time_limit")
 
 
-def variable(model: pulp.LpProblem, name: str, *, low: float | None = None, up: float | None = None, cat: str = "Continuous") -> pulp.LpVariable:
+def variable(
+    model: pulp.LpProblem, name: str, *, low: float | None = None, up: float | None = None, cat: str = "Continuous"
+) -> pulp.LpVariable:
     """A variable attached to ``model`` (PuLP >= 3.3's add_variable; older PuLP: LpVariable)."""
     if hasattr(model, "add_variable"):
         return model.add_variable(name, low, up, cat=cat)
@@ -50,7 +53,7 @@ def make_solver(name: str, *, time_limit_s: float):
         solver = pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1)
         if solver.available():
             return "highs", solver
-    with warnings.catch_warnings():   # PuLP 3.3 deprecates its bundled CBC in favour of COIN_CMD
+    with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled CBC in favour of COIN_CMD
         warnings.simplefilter("ignore", DeprecationWarning)
         return "cbc", pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s)
 

@@ -22,6 +22,7 @@ peak is W + O + max(M1, M2, M3) >= W + O + G (cost/memory.stage_memory), so a pl
 exceeds the usable memory cannot fit whatever its partition (a test checks floor <= peak for every
 priced candidate).
 """
+
 from __future__ import annotations
 
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
@@ -48,17 +49,28 @@ class Bounds:
             f = mbs / self.graph.batch_size
 
             def nodes_s(nodes) -> float:
-                return sum(node_time_s(self.graph, n, self.profile, precision=precision, batch_fraction=f, shard=tp) for n in nodes)
+                return sum(
+                    node_time_s(self.graph, n, self.profile, precision=precision, batch_fraction=f, shard=tp)
+                    for n in nodes
+                )
+
             total = nodes_s(self.graph.layer_nodes(None))
-            total += sum(len(group.layers) * nodes_s(self.graph.layer_nodes(group.layers[0])) for group in self.graph.groups)
+            total += sum(
+                len(group.layers) * nodes_s(self.graph.layer_nodes(group.layers[0])) for group in self.graph.groups
+            )
             self._c_min[key] = total
         return self._c_min[key]
 
     def states_floor_bytes(self, plan: Plan) -> float:
         """The memory floor of the module docstring, bytes per device."""
         pre, post, blocks = self.stage_costs.param_parts(plan)
-        states = model_states(params=(blocks + max(pre, post)) / plan.pp, precision=plan.precision,
-                              zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
+        states = model_states(
+            params=(blocks + max(pre, post)) / plan.pp,
+            precision=plan.precision,
+            zero_stage=plan.zero_stage,
+            dp=plan.dp,
+            pp=plan.pp,
+        )
         return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
 
     def pp_comm_s(self, plan: Plan) -> float:
@@ -71,7 +83,11 @@ class Bounds:
         return 2.0 * (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
 
     def step_extras_s(self, plan: Plan, *, stage_params: float) -> float:
-        return self.optimizer_s(plan, stage_params=stage_params) + self._zero_gather_s(plan, stage_params) + self._sync_s(plan)
+        return (
+            self.optimizer_s(plan, stage_params=stage_params)
+            + self._zero_gather_s(plan, stage_params)
+            + self._sync_s(plan)
+        )
 
     def optimizer_s(self, plan: Plan, *, stage_params: float) -> float:
         return self.adam_s(stage_params / (plan.dp if plan.zero_stage >= 1 else 1))
@@ -85,7 +101,9 @@ class Bounds:
         if plan.dp == 1:
             return 0.0
         group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["dp"]
-        return bucketed_time_s(self.profile, kind, message_bytes, group=group, bucket_bytes=DDP_BUCKET_BYTES if runs_ddp(plan) else None)
+        return bucketed_time_s(
+            self.profile, kind, message_bytes, group=group, bucket_bytes=DDP_BUCKET_BYTES if runs_ddp(plan) else None
+        )
 
     def _sync_s(self, plan: Plan) -> float:
         if plan.dp == 1:
@@ -94,7 +112,9 @@ class Bounds:
         first, smallest = self.stage_costs.sync_params(plan)
         if plan.zero_stage < 3:
             return self._bucketed_s("all_reduce" if plan.zero_stage == 0 else "reduce_scatter", first * grad, plan)
-        backward = self._bucketed_s("all_gather", smallest * weight, plan) + self._bucketed_s("reduce_scatter", smallest * grad, plan)
+        backward = self._bucketed_s("all_gather", smallest * weight, plan) + self._bucketed_s(
+            "reduce_scatter", smallest * grad, plan
+        )
         return plan.num_microbatches * (self._bucketed_s("all_gather", first * weight, plan) + backward)
 
     def _zero_gather_s(self, plan: Plan, stage_params: float) -> float:

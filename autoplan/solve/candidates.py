@@ -1,14 +1,17 @@
-"""What a search returns: its options, one row per configuration priced or pruned, and the result.
+"""What a search works on and returns: its options, the groups it visits, one row per
+configuration priced or pruned, and the result.
 
 A pruned row stands for every configuration of its group (``count``); ``SearchResult.ranked``
 orders the feasible rows by objective and, on a tie, by fewer tp then pp ranks, so dp is
 preferred when it is as fast (solve/search.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
+from autoplan.solve import space
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
 
@@ -22,19 +25,19 @@ class SearchOptions:
     solver: str = "highs"
     time_limit_s: float = 10.0
     progress: Callable[[int, int], None] | None = None
-    keep: int = 1                # the search prices enough to rank the best `keep` plans exactly
+    keep: int = 1  # the search prices enough to rank the best `keep` plans exactly
 
 
 @dataclass
 class Candidate:
     config: dict
-    status: str                 # 'evaluated' | 'pruned'
+    status: str  # 'evaluated' | 'pruned'
     lower_bound: float
     objective: float | None = None
     cost: Cost | None = None
     plan: Plan | None = None
     reason: str = ""
-    count: int = 1              # configurations this row stands for (pruned groups)
+    count: int = 1  # configurations this row stands for (pruned groups)
 
     @property
     def feasible(self) -> bool:
@@ -63,6 +66,74 @@ class SearchResult:
         return sum(c.count for c in self.candidates if c.status == "pruned")
 
 
+@dataclass(frozen=True)
+class Group:
+    degrees: space.Degrees
+    precision: str
+    sp: bool
+    mbs: int
+    m: int
+    v_max: int
+
+    def pruned_config(self) -> dict:
+        """The row of a group pruned whole: what varies inside it is '*'."""
+        deg = self.degrees
+        return dict(
+            devices=deg.devices,
+            dp=deg.dp,
+            tp=deg.tp,
+            pp=deg.pp,
+            mbs=self.mbs,
+            num_microbatches=self.m,
+            schedule="*",
+            v="*",
+            zero="*",
+            recompute="*",
+            sp=self.sp,
+            tp_overlap="*",
+            precision=self.precision,
+        )
+
+    def plan(
+        self,
+        *,
+        recompute: str,
+        schedule: str,
+        v: int,
+        zero: int,
+        tp_plan: dict,
+        model: str,
+        profile: str,
+        stages: list | None = None,
+        tp_overlap: bool = False,
+    ) -> Plan:
+        """A validated Plan of this group; the tp_plan (checked once, when the ILP produced it) is
+        attached after validation so that thousands of candidates do not re-check hundreds of
+        splits each."""
+        deg = self.degrees
+        plan = Plan(
+            devices=deg.devices,
+            dp=deg.dp,
+            tp=deg.tp,
+            pp=deg.pp,
+            micro_batch_size=self.mbs,
+            num_microbatches=self.m,
+            schedule=schedule,
+            virtual_stages=v,
+            zero_stage=zero,
+            recompute=recompute,
+            sequence_parallel=self.sp,
+            precision=self.precision,
+            tp_comm_overlap=tp_overlap,
+            stages=stages or [],
+            tp_plan={},
+            model=model,
+            profile=profile,
+        )
+        plan.tp_plan = tp_plan
+        return plan
+
+
 def rank_key(c: Candidate) -> tuple:
     """Objective first; on a tie, fewer model-parallel ranks (dp before tp before pp)."""
     return (c.objective, c.plan.tp, c.plan.pp)
@@ -74,7 +145,18 @@ def splits_nothing(tp_plan: dict[str, str]) -> bool:
 
 
 def config_of(plan: Plan) -> dict:
-    return dict(devices=plan.devices, dp=plan.dp, tp=plan.tp, pp=plan.pp, mbs=plan.micro_batch_size,
-                num_microbatches=plan.num_microbatches, schedule=plan.schedule, v=plan.virtual_stages,
-                zero=plan.zero_stage, recompute=plan.recompute, sp=plan.sequence_parallel,
-                tp_overlap=plan.tp_comm_overlap, precision=plan.precision)
+    return dict(
+        devices=plan.devices,
+        dp=plan.dp,
+        tp=plan.tp,
+        pp=plan.pp,
+        mbs=plan.micro_batch_size,
+        num_microbatches=plan.num_microbatches,
+        schedule=plan.schedule,
+        v=plan.virtual_stages,
+        zero=plan.zero_stage,
+        recompute=plan.recompute,
+        sp=plan.sequence_parallel,
+        tp_overlap=plan.tp_comm_overlap,
+        precision=plan.precision,
+    )

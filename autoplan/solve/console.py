@@ -3,6 +3,7 @@
 Rich renders both on stderr-friendly terminals; with ``--quiet`` or ``--json`` nothing but the
 JSON (or nothing) reaches stdout. rich is imported only when something is drawn.
 """
+
 from __future__ import annotations
 
 import sys
@@ -38,6 +39,7 @@ def search_progress(*, enabled: bool) -> Iterator:
 
         def update(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
+
         yield update
 
 
@@ -49,12 +51,40 @@ def top_table(result: SearchResult, *, top_k: int) -> Table:
     """The best ``top_k`` feasible plans with their step-time breakdown (milliseconds)."""
     from rich.table import Table
 
-    table = Table(title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)")
-    for name in ("#", "plan", "step ms", "compute", "tp", "dp", "zero", "pp", "bubble", "accum", "optim", "mem GiB", "MFU"):
+    table = Table(
+        title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)"
+    )
+    for name in (
+        "#",
+        "plan",
+        "step ms",
+        "compute",
+        "tp",
+        "dp",
+        "zero",
+        "pp",
+        "bubble",
+        "accum",
+        "optim",
+        "mem GiB",
+        "MFU",
+    ):
         table.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)
     for rank, c in enumerate(result.ranked()[:top_k], start=1):
         cost = c.cost
-        table.add_row(str(rank), c.plan.describe(), _ms(cost.step_time_s), _ms(cost.compute_s), _ms(cost.tp_comm_s),
-                      _ms(cost.dp_comm_exposed_s), _ms(cost.zero_comm_s), _ms(cost.pp_comm_s), _ms(cost.bubble_s),
-                      _ms(cost.grad_accum_s), _ms(cost.optimizer_s), f"{cost.peak_memory_bytes / 2**30:.1f}", f"{cost.mfu:.1%}")
+        table.add_row(
+            str(rank),
+            c.plan.describe(),
+            _ms(cost.step_time_s),
+            _ms(cost.compute_s),
+            _ms(cost.tp_comm_s),
+            _ms(cost.dp_comm_exposed_s),
+            _ms(cost.zero_comm_s),
+            _ms(cost.pp_comm_s),
+            _ms(cost.bubble_s),
+            _ms(cost.grad_accum_s),
+            _ms(cost.optimizer_s),
+            f"{cost.peak_memory_bytes / 2**30:.1f}",
+            f"{cost.mfu:.1%}",
+        )
     return table

@@ -29,6 +29,7 @@ that is NaN, negative, or below the lightest splits is infeasible before any sol
 (:func:`budget_infeasibility`), +inf is no row. Identical blocks share one
 problem: the planner solves it once per LayerGroup and reuses the splits (solve/tp_plan.py).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -51,7 +52,12 @@ from autoplan.cost.tp_shards import (
 from autoplan.solve.backend import SolveStatus, solve_model, variable
 from autoplan.types.graph import Graph
 
-SHARD_DIM = {("linear", "colwise"): 0, ("linear", "rowwise"): 1, ("embedding", "rowwise"): 0, ("embedding", "colwise"): 1}
+SHARD_DIM = {
+    ("linear", "colwise"): 0,
+    ("linear", "rowwise"): 1,
+    ("embedding", "rowwise"): 0,
+    ("embedding", "colwise"): 1,
+}
 
 
 @dataclass
@@ -69,17 +75,17 @@ class BlockProblem:
 
     params: list[str]
     legal: dict[str, tuple[str, ...]]
-    unary_s: dict[str, dict[str, float]]                  # compute + unary comm, per split
-    unary_bytes: dict[str, dict[str, float]]              # parameter + saved bytes, per split
-    pure: dict[str, PureNode]                              # pure node -> its price per layout
+    unary_s: dict[str, dict[str, float]]  # compute + unary comm, per split
+    unary_bytes: dict[str, dict[str, float]]  # parameter + saved bytes, per split
+    pure: dict[str, PureNode]  # pure node -> its price per layout
     terms: TPTerms
     forward_repeats: int
     constant_s: float = 0.0
     constant_bytes: float = 0.0
     ties: list[tuple[str, str]] = field(default_factory=list)
     sequence_parallel: bool = False
-    block: BlockAnalysis | None = None                     # the block's structure (layouts of pure nodes)
-    dim_ties: list[tuple[str, str, str, str]] = field(default_factory=list)   # (u, w, kind_u, kind_w)
+    block: BlockAnalysis | None = None  # the block's structure (layouts of pure nodes)
+    dim_ties: list[tuple[str, str, str, str]] = field(default_factory=list)  # (u, w, kind_u, kind_w)
 
     def evaluate(self, splits: dict[str, str]) -> tuple[float, float]:
         """(seconds, bytes) of ``splits``: the ILP's objective and memory row, evaluated directly."""
@@ -110,8 +116,15 @@ def _without_unary(terms: TPTerms) -> TPTerms:
     return TPTerms(constant=terms.constant, unary={}, pair=terms.pair, any_of=terms.any_of)
 
 
-def build_block_problem(graph: Graph, layer: str | None, *, ctx: TPContext, forward_repeats: int = 1,
-                        param_bytes_factor: float = 0.0, activation_factor: float = 0.0) -> BlockProblem:
+def build_block_problem(
+    graph: Graph,
+    layer: str | None,
+    *,
+    ctx: TPContext,
+    forward_repeats: int = 1,
+    param_bytes_factor: float = 0.0,
+    activation_factor: float = 0.0,
+) -> BlockProblem:
     """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
     bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
     (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
@@ -119,43 +132,80 @@ def build_block_problem(graph: Graph, layer: str | None, *, ctx: TPContext, forw
     block = analyse_block(graph, layer)
     terms = block_terms(graph, layer, ctx=ctx)
     tp, sp = ctx.tp, ctx.sequence_parallel and ctx.tp > 1
-    problem = BlockProblem(params=list(block.params), legal={v: legal_splits(graph.node(v), tp) for v in block.params},
-                           unary_s={}, unary_bytes={}, pure={}, terms=terms, forward_repeats=forward_repeats,
-                           sequence_parallel=sp, block=block)
+    problem = BlockProblem(
+        params=list(block.params),
+        legal={v: legal_splits(graph.node(v), tp) for v in block.params},
+        unary_s={},
+        unary_bytes={},
+        pure={},
+        terms=terms,
+        forward_repeats=forward_repeats,
+        sequence_parallel=sp,
+        block=block,
+    )
 
     def time_of(node, shard: int) -> float:
-        return node_time_s(graph, node, ctx.profile, precision=ctx.precision, batch_fraction=ctx.batch_fraction,
-                           shard=shard, forward_repeats=forward_repeats)
+        return node_time_s(
+            graph,
+            node,
+            ctx.profile,
+            precision=ctx.precision,
+            batch_fraction=ctx.batch_fraction,
+            shard=shard,
+            forward_repeats=forward_repeats,
+        )
 
     seen_params: set[str] = set()
     for node in block.nodes:
         own = [p for p in node.param_names if p not in seen_params]
         seen_params.update(own)
         pbytes = sum(graph.parameters[p].bytes for p in own if p in graph.parameters) * param_bytes_factor
-        abytes = node_saved_bytes(node, ctx.profile, precision=ctx.precision) * activation_factor if activation_factor else 0.0
+        abytes = (
+            node_saved_bytes(node, ctx.profile, precision=ctx.precision) * activation_factor
+            if activation_factor
+            else 0.0
+        )
         if node.name in problem.legal:
-            copies = {split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision) * activation_factor
-                      for split in problem.legal[node.name]}
+            copies = {
+                split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision)
+                * activation_factor
+                for split in problem.legal[node.name]
+            }
             _price_param(problem, node, time_of, pbytes, abytes, copies, tp=tp)
         elif node.name in block.origins:
             origins = block.origins[node.name]
-            shard = {lay: pure_node_shards(lay, tp=tp) for lay in pure_layouts_possible(block, origins, problem.legal, sequence_parallel=sp)}
-            problem.pure[node.name] = PureNode(origins=origins, time_s={lay: time_of(node, c) for lay, (c, _) in shard.items()},
-                                               bytes={lay: abytes / a for lay, (_, a) in shard.items()})
+            shard = {
+                lay: pure_node_shards(lay, tp=tp)
+                for lay in pure_layouts_possible(block, origins, problem.legal, sequence_parallel=sp)
+            }
+            problem.pure[node.name] = PureNode(
+                origins=origins,
+                time_s={lay: time_of(node, c) for lay, (c, _) in shard.items()},
+                bytes={lay: abytes / a for lay, (_, a) in shard.items()},
+            )
         else:
             compute, act = stream_node_shards(node, tp=tp, sequence_parallel=sp)
             problem.constant_s += time_of(node, compute)
             problem.constant_bytes += pbytes + abytes / act
-    problem.constant_bytes += sum(stream_copy_bytes(graph, block, tp=tp, sequence_parallel=sp, precision=ctx.precision).values()) * activation_factor
+    problem.constant_bytes += (
+        sum(stream_copy_bytes(graph, block, tp=tp, sequence_parallel=sp, precision=ctx.precision).values())
+        * activation_factor
+    )
     _add_ties(graph, problem)
     return problem
 
 
-def _price_param(problem: BlockProblem, node, time_of, pbytes: float, abytes: float, copies: dict[str, float], *, tp: int) -> None:
+def _price_param(
+    problem: BlockProblem, node, time_of, pbytes: float, abytes: float, copies: dict[str, float], *, tp: int
+) -> None:
     problem.unary_s[node.name], problem.unary_bytes[node.name] = {}, {}
     for s in problem.legal[node.name]:
-        compute, param, act = param_node_shards(problem.block, node.name, s, tp=tp, sequence_parallel=problem.sequence_parallel)
-        problem.unary_s[node.name][s] = time_of(node, compute) + _unary_comm(problem.terms, node.name, s, problem.forward_repeats)
+        compute, param, act = param_node_shards(
+            problem.block, node.name, s, tp=tp, sequence_parallel=problem.sequence_parallel
+        )
+        problem.unary_s[node.name][s] = time_of(node, compute) + _unary_comm(
+            problem.terms, node.name, s, problem.forward_repeats
+        )
         problem.unary_bytes[node.name][s] = pbytes / param + abytes / act + copies[s]
 
 
@@ -187,20 +237,29 @@ class BlockSolution:
     status: SolveStatus
 
 
-def solve_block(problem: BlockProblem, *, memory_budget_bytes: float | None = None, solver: str = "highs",
-                time_limit_s: float = 10.0) -> BlockSolution | None:
+def solve_block(
+    problem: BlockProblem,
+    *,
+    memory_budget_bytes: float | None = None,
+    solver: str = "highs",
+    time_limit_s: float = 10.0,
+) -> BlockSolution | None:
     """The split of each parameterised op minimising the block's time within the budget;
     None when no assignment fits the budget (:func:`budget_infeasibility` says why)."""
     if memory_budget_bytes is not None and math.isinf(memory_budget_bytes) and memory_budget_bytes > 0:
-        memory_budget_bytes = None       # an unlimited budget is no row at all
+        memory_budget_bytes = None  # an unlimited budget is no row at all
     if memory_budget_bytes is not None and budget_infeasibility(problem, memory_budget_bytes):
         return None
     model = pulp.LpProblem("intra_op", pulp.LpMinimize)
-    x = {(v, s): variable(model, f"x{i}_{j}", low=0, up=1, cat="Binary") for i, v in enumerate(problem.params) for j, s in enumerate(problem.legal[v])}
+    x = {
+        (v, s): variable(model, f"x{i}_{j}", low=0, up=1, cat="Binary")
+        for i, v in enumerate(problem.params)
+        for j, s in enumerate(problem.legal[v])
+    }
     objective = [problem.constant_s]
     memory = [problem.constant_bytes]
     for v in problem.params:
-        model += pulp.lpSum(x[v, s] for s in problem.legal[v]) == 1                                  # (a)
+        model += pulp.lpSum(x[v, s] for s in problem.legal[v]) == 1  # (a)
         objective += [problem.unary_s[v][s] * x[v, s] for s in problem.legal[v]]
         memory += [problem.unary_bytes[v][s] * x[v, s] for s in problem.legal[v]]
     _add_pairs(model, problem, x, objective)
@@ -208,7 +267,7 @@ def solve_block(problem: BlockProblem, *, memory_budget_bytes: float | None = No
     _add_pure(model, problem, x, objective, memory)
     _add_tie_rows(model, problem, x)
     if memory_budget_bytes is not None:
-        model += pulp.lpSum(memory) <= memory_budget_bytes                                            # (f)
+        model += pulp.lpSum(memory) <= memory_budget_bytes  # (f)
     model += pulp.lpSum(objective)
     status = solve_model(model, solver=solver, time_limit_s=time_limit_s)
     if not status.has_solution:
@@ -240,7 +299,7 @@ def _add_pairs(model, problem: BlockProblem, x, objective) -> None:
         if not any(f or b for f, b in table.values()):
             continue
         e = {(a, c): variable(model, f"e{k}_{i}", low=0, up=1) for i, (a, c) in enumerate(table)}
-        for a in problem.legal[u]:                                                                   # (b)
+        for a in problem.legal[u]:  # (b)
             model += pulp.lpSum(e[a, c] for c in problem.legal[v]) == x[u, a]
         for c in problem.legal[v]:
             model += pulp.lpSum(e[a, c] for a in problem.legal[u]) == x[v, c]
@@ -251,7 +310,7 @@ def _add_any_of(model, problem: BlockProblem, x, objective) -> None:
     r = problem.forward_repeats
     for k, ((f, b), choices) in enumerate(problem.terms.any_of):
         y = variable(model, f"y{k}", low=0, up=1)
-        for v, s in choices:                                                                         # (c)
+        for v, s in choices:  # (c)
             model += y >= x[v, s]
         objective.append((r * f + b) * y)
 
@@ -272,7 +331,7 @@ def _add_pure(model, problem: BlockProblem, x, objective, memory) -> None:
 
 
 def _add_tie_rows(model, problem: BlockProblem, x) -> None:
-    for u, w in problem.ties:                                                                        # (e)
+    for u, w in problem.ties:  # (e)
         for s in problem.legal[u]:
             model += x[u, s] == (x[w, s] if (w, s) in x else 0)
     for u, w, ku, kw in problem.dim_ties:
@@ -283,7 +342,9 @@ def _add_tie_rows(model, problem: BlockProblem, x) -> None:
 
 
 # ---- the reference -----------------------------------------------------------------------
-def brute_force_block(problem: BlockProblem, *, memory_budget_bytes: float | None = None) -> tuple[dict[str, str], float] | None:
+def brute_force_block(
+    problem: BlockProblem, *, memory_budget_bytes: float | None = None
+) -> tuple[dict[str, str], float] | None:
     """Enumerate every assignment (small blocks only): the exact optimum the ILP must match."""
     best: tuple[dict[str, str], float] | None = None
     for combo in itertools.product(*(problem.legal[v] for v in problem.params)):

@@ -8,6 +8,7 @@ micro-batch on one device (forward + backward); bytes are per device. Compute an
 come from cost/op_costs.py, which prices each op as autoplan/cost/layers.py does, so a
 block's rows sum to what CostModel charges it (tests/unit/solve/test_solve_agreement.py).
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,8 +31,21 @@ from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
-CONFIG_COLUMNS = ("devices", "dp", "tp", "pp", "mbs", "num_microbatches", "schedule", "v", "zero", "recompute", "sp", "tp_overlap",
-                  "precision")
+CONFIG_COLUMNS = (
+    "devices",
+    "dp",
+    "tp",
+    "pp",
+    "mbs",
+    "num_microbatches",
+    "schedule",
+    "v",
+    "zero",
+    "recompute",
+    "sp",
+    "tp_overlap",
+    "precision",
+)
 
 
 def write_outputs(out_dir: str | Path, *, result: SearchResult, graph: Graph, profile: Profile) -> dict[str, Path]:
@@ -57,17 +71,43 @@ def _csv(header: list[str], rows: list[list]) -> str:
 
 
 def plans_csv(result: SearchResult) -> str:
-    header = ["rank", "status", "feasible", "objective", "step_time_s", *Cost.TIME_FIELDS, "peak_memory_bytes",
-              "samples_per_s", "mfu", "lower_bound", *CONFIG_COLUMNS, "configurations", "reason"]
+    header = [
+        "rank",
+        "status",
+        "feasible",
+        "objective",
+        "step_time_s",
+        *Cost.TIME_FIELDS,
+        "peak_memory_bytes",
+        "samples_per_s",
+        "mfu",
+        "lower_bound",
+        *CONFIG_COLUMNS,
+        "configurations",
+        "reason",
+    ]
     ranks = {id(c): i + 1 for i, c in enumerate(result.ranked())}
     rows = []
     for c in sorted(result.candidates, key=lambda c: (ranks.get(id(c), 10**9), c.lower_bound)):
         cost = c.cost
         times = [getattr(cost, name) if cost else "" for name in Cost.TIME_FIELDS]
-        rows.append([ranks.get(id(c), ""), c.status, c.feasible if cost else "", c.objective if c.objective is not None else "",
-                     cost.step_time_s if cost else "", *times, cost.peak_memory_bytes if cost else "",
-                     cost.samples_per_s if cost else "", cost.mfu if cost else "", c.lower_bound,
-                     *(c.config.get(k, "") for k in CONFIG_COLUMNS), c.count, c.reason])
+        rows.append(
+            [
+                ranks.get(id(c), ""),
+                c.status,
+                c.feasible if cost else "",
+                c.objective if c.objective is not None else "",
+                cost.step_time_s if cost else "",
+                *times,
+                cost.peak_memory_bytes if cost else "",
+                cost.samples_per_s if cost else "",
+                cost.mfu if cost else "",
+                c.lower_bound,
+                *(c.config.get(k, "") for k in CONFIG_COLUMNS),
+                c.count,
+                c.reason,
+            ]
+        )
     return _csv(header, rows)
 
 
@@ -84,29 +124,78 @@ def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     for layer in [None, *graph.layers]:
         cost = tp_layer_cost(graph, layer, plan.tp_plan, ctx=ctx)
         comm = _comm_by_node(graph, layer, plan, ctx)
-        copies = stream_copy_bytes(graph, analyse_block(graph, layer), tp=plan.tp, sequence_parallel=plan.sequence_parallel, precision=plan.precision)
+        copies = stream_copy_bytes(
+            graph,
+            analyse_block(graph, layer),
+            tp=plan.tp,
+            sequence_parallel=plan.sequence_parallel,
+            precision=plan.precision,
+        )
         split_of = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
         structure = block_structure(graph, layer)
         for node in graph.layer_nodes(layer):
             index = graph.nodes.index(node) if layer is None else 0
             stage = stages.get(layer, 0 if index < first_block else plan.pp - 1)
             shard = cost.compute_shard.get(node.name, 1)
-            compute = node_time_s(graph, node, profile, precision=plan.precision, batch_fraction=ctx.batch_fraction, shard=shard)
+            compute = node_time_s(
+                graph, node, profile, precision=plan.precision, batch_fraction=ctx.batch_fraction, shard=shard
+            )
             params = node.param_count / cost.param_shard.get(node.name, 1)
-            states = model_states(params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
+            states = model_states(
+                params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp
+            )
             saved = node_saved_bytes(node, profile, precision=plan.precision) / cost.activation_shard.get(node.name, 1)
-            saved = (saved + copies.get(node.name, 0.0) + _param_copies(graph, layer, node, plan, split_of)) * ctx.batch_fraction
-            saved += loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl") * ctx.batch_fraction
-            split = plan.tp_plan.get(node.module, "replicate") if node.module and node.op in ("linear", "embedding", "norm") else "-"
-            rows.append([node.name, node.op, node.module, layer or "", stage, split, shard, compute, comm.get(node.name, 0.0),
-                         int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes), int(saved)])
-    return _csv(["op", "kind", "module", "layer", "stage", "split", "compute_shard", "compute_s", "comm_s", "param_state_bytes", "activation_bytes"], rows)
+            saved = (
+                saved + copies.get(node.name, 0.0) + _param_copies(graph, layer, node, plan, split_of)
+            ) * ctx.batch_fraction
+            saved += (
+                loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl")
+                * ctx.batch_fraction
+            )
+            split = (
+                plan.tp_plan.get(node.module, "replicate")
+                if node.module and node.op in ("linear", "embedding", "norm")
+                else "-"
+            )
+            rows.append(
+                [
+                    node.name,
+                    node.op,
+                    node.module,
+                    layer or "",
+                    stage,
+                    split,
+                    shard,
+                    compute,
+                    comm.get(node.name, 0.0),
+                    int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes),
+                    int(saved),
+                ]
+            )
+    return _csv(
+        [
+            "op",
+            "kind",
+            "module",
+            "layer",
+            "stage",
+            "split",
+            "compute_shard",
+            "compute_s",
+            "comm_s",
+            "param_state_bytes",
+            "activation_bytes",
+        ],
+        rows,
+    )
 
 
 def _param_copies(graph: Graph, layer: str | None, node, plan: Plan, split_of: dict[str, str]) -> float:
     if node.name not in split_of:
         return 0.0
-    return param_copy_bytes(graph, analyse_block(graph, layer), node.name, split_of[node.name], tp=plan.tp, precision=plan.precision)
+    return param_copy_bytes(
+        graph, analyse_block(graph, layer), node.name, split_of[node.name], tp=plan.tp, precision=plan.precision
+    )
 
 
 def _comm_by_node(graph: Graph, layer: str | None, plan: Plan, ctx) -> dict[str, float]:
@@ -124,9 +213,9 @@ def _comm_by_node(graph: Graph, layer: str | None, plan: Plan, ctx) -> dict[str,
         if hit is not None:
             comm[hit] = comm.get(hit, 0.0) + fwd + bwd
     partial = set(sp_partial_params(graph, layer, plan.tp_plan, tp=plan.tp, sequence_parallel=plan.sequence_parallel))
-    for node in graph.layer_nodes(layer):   # the step's all-reduce of partial gradients, spread over its micro-batches
+    for node in graph.layer_nodes(layer):  # the step's all-reduce of partial gradients, spread over its micro-batches
         for name in sorted(partial.intersection(node.param_names)):
-            partial.discard(name)               # once per parameter, on the first node that uses it
+            partial.discard(name)  # once per parameter, on the first node that uses it
             seconds = collective_time_s(ctx.profile, "all_reduce", graph.parameters[name].numel * 4, group=ctx.group)
             comm[node.name] = comm.get(node.name, 0.0) + seconds / plan.num_microbatches
     return comm
@@ -139,19 +228,49 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     owned: list[list[str]] = [[] for _ in range(plan.pp)]
     for index, chunk in enumerate(plan.stages):
         owned[index % plan.pp].extend(chunk)
-    boundary = max((costs.summary(layer, "", plan.tp_plan, costs.context(plan)).input_bytes for layer in graph.layers), default=0.0)
+    boundary = max(
+        (costs.summary(layer, "", plan.tp_plan, costs.context(plan)).input_bytes for layer in graph.layers), default=0.0
+    )
     rows = []
     for k, layers in enumerate(owned):
         idx = [position[layer] for layer in layers]
         time_s = sum(problem.layer_time_s[i] for i in idx) + problem.extra_time_s[k]
-        memory = (sum(problem.layer_static_bytes[i] for i in idx) + problem.in_flight[k] * sum(problem.layer_activation_bytes[i] for i in idx)
-                  + problem.extra_bytes[k])
+        memory = (
+            sum(problem.layer_static_bytes[i] for i in idx)
+            + problem.in_flight[k] * sum(problem.layer_activation_bytes[i] for i in idx)
+            + problem.extra_bytes[k]
+        )
         send = boundary if k < plan.pp - 1 else 0.0
         recv = boundary if k > 0 else 0.0
-        rows.append([k, len(layers), layers[0] if layers else "", layers[-1] if layers else "", time_s, int(memory), int(send), int(recv),
-                     problem.p2p_s * ((k > 0) + (k < plan.pp - 1)) / 2, _forward_s(costs, plan, k, layers)])
-    return _csv(["stage", "blocks", "first_block", "last_block", "micro_batch_time_s", "memory_bytes", "send_bytes", "recv_bytes", "send_recv_s",
-                 "forward_s"], rows)
+        rows.append(
+            [
+                k,
+                len(layers),
+                layers[0] if layers else "",
+                layers[-1] if layers else "",
+                time_s,
+                int(memory),
+                int(send),
+                int(recv),
+                problem.p2p_s * ((k > 0) + (k < plan.pp - 1)) / 2,
+                _forward_s(costs, plan, k, layers),
+            ]
+        )
+    return _csv(
+        [
+            "stage",
+            "blocks",
+            "first_block",
+            "last_block",
+            "micro_batch_time_s",
+            "memory_bytes",
+            "send_bytes",
+            "recv_bytes",
+            "send_recv_s",
+            "forward_s",
+        ],
+        rows,
+    )
 
 
 def _forward_s(costs: StageCosts, plan: Plan, stage: int, layers: list[str]) -> float:

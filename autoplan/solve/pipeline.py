@@ -51,6 +51,7 @@ every ``M_k <= capacity`` and every chunk non-empty; ``b_0 = 0``, ``b_{pp v} = L
 The tests prove the DP, the greedy and the ILP equal :func:`partition_brute_force` on random
 instances, interleaved or not.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -71,12 +72,12 @@ class PartitionProblem:
     layer_static_bytes: list[float]
     layer_activation_bytes: list[float]
     pp: int
-    extra_time_s: list[float]          # per stage
-    extra_bytes: list[float]           # per stage
-    in_flight: list[float]             # per stage, in units of the stage's layers
+    extra_time_s: list[float]  # per stage
+    extra_bytes: list[float]  # per stage
+    in_flight: list[float]  # per stage, in units of the stage's layers
     p2p_s: float
     capacity_bytes: float
-    virtual_stages: int = 1            # chunks per stage: chunk c runs on stage c % pp
+    virtual_stages: int = 1  # chunks per stage: chunk c runs on stage c % pp
 
     def __post_init__(self) -> None:
         self._t = np.concatenate([[0.0], np.cumsum(self.layer_time_s)])
@@ -113,7 +114,7 @@ class PartitionProblem:
 
 @dataclass
 class Partition:
-    bounds: list[int]                  # chunk c runs layers[bounds[c]:bounds[c+1]], on stage c % pp
+    bounds: list[int]  # chunk c runs layers[bounds[c]:bounds[c+1]], on stage c % pp
     max_stage_time_s: float
 
 
@@ -124,14 +125,20 @@ def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s:
     L, C = problem.layers, problem.chunks
     if C > L or L == 0:
         return None
-    if C == L:   # one layer per chunk: the only partition
+    if C == L:  # one layer per chunk: the only partition
         return _checked(problem, list(range(L + 1)))
-    if all(len(set(xs)) == 1 for xs in (problem.layer_time_s, problem.layer_static_bytes, problem.layer_activation_bytes)):
+    if all(
+        len(set(xs)) == 1 for xs in (problem.layer_time_s, problem.layer_static_bytes, problem.layer_activation_bytes)
+    ):
         return _partition_uniform(problem)
     if problem.virtual_stages == 1:
         return _partition_dp(problem)
     even = _checked(problem, _bounds_from_counts([L // C + (c < L % C) for c in range(C)], 1))
-    candidates = [p for p in (partition_ilp(problem, solver=solver, time_limit_s=time_limit_s), _partition_fill(problem), even) if p]
+    candidates = [
+        p
+        for p in (partition_ilp(problem, solver=solver, time_limit_s=time_limit_s), _partition_fill(problem), even)
+        if p
+    ]
     return min(candidates, key=lambda p: p.max_stage_time_s) if candidates else None
 
 
@@ -144,7 +151,7 @@ def _partition_dp(problem: PartitionProblem) -> Partition | None:
     """The exact DP  F[k][j] = min_i max(F[k-1][i], T_k(i, j))  over feasible (i, j), each stage
     one vectorised (L+1) x (L+1) step (v = 1)."""
     L, pp = problem.layers, problem.pp
-    seg_t = np.subtract.outer(problem._t, problem._t).T          # seg[i, j] = t[j] - t[i]
+    seg_t = np.subtract.outer(problem._t, problem._t).T  # seg[i, j] = t[j] - t[i]
     seg_m = np.subtract.outer(problem._m, problem._m).T
     seg_a = np.subtract.outer(problem._a, problem._a).T
     order = np.arange(L + 1)
@@ -171,7 +178,10 @@ def _partition_uniform(problem: PartitionProblem) -> Partition | None:
     """Identical layers: each stage's layer count by the greedy of the module docstring (method 2)."""
     L, pp, v = problem.layers, problem.pp, problem.virtual_stages
     t = problem.layer_time_s[0]
-    base = [problem.extra_time_s[k] + problem.p2p_s * sum(problem.neighbours(c) for c in range(k, pp * v, pp)) for k in range(pp)]
+    base = [
+        problem.extra_time_s[k] + problem.p2p_s * sum(problem.neighbours(c) for c in range(k, pp * v, pp))
+        for k in range(pp)
+    ]
     per = [problem.layer_static_bytes[0] + problem.in_flight[k] * problem.layer_activation_bytes[0] for k in range(pp)]
     most = [_most_layers(problem.capacity_bytes - problem.extra_bytes[k], per[k], L) for k in range(pp)]
     if any(n < v for n in most):
@@ -181,7 +191,7 @@ def _partition_uniform(problem: PartitionProblem) -> Partition | None:
     heapq.heapify(ready)
     for _ in range(L - pp * v):
         if not ready:
-            return None                  # the memory holds fewer layers than the model has
+            return None  # the memory holds fewer layers than the model has
         _, _, k = heapq.heappop(ready)
         counts[k] += 1
         if counts[k] < most[k]:
@@ -230,7 +240,9 @@ def _partition_fill(problem: PartitionProblem, *, steps: int = 40) -> Partition 
 def _fill(problem: PartitionProblem, target: float, *, nearest: bool) -> list[int]:
     """Chunk boundaries giving each chunk its stage's fair share of ``target`` (see _partition_fill)."""
     L, C, pp, v = problem.layers, problem.chunks, problem.pp, problem.virtual_stages
-    used = [problem.extra_time_s[k] + problem.p2p_s * sum(problem.neighbours(c) for c in range(k, C, pp)) for k in range(pp)]
+    used = [
+        problem.extra_time_s[k] + problem.p2p_s * sum(problem.neighbours(c) for c in range(k, C, pp)) for k in range(pp)
+    ]
     bounds = [0]
     for c in range(C):
         k, i = c % pp, bounds[-1]
@@ -238,7 +250,7 @@ def _fill(problem: PartitionProblem, target: float, *, nearest: bool) -> list[in
         j = max(i, int(np.searchsorted(problem._t, goal, side="right")) - 1)
         if nearest and j < L and goal - problem._t[j] > problem._t[j + 1] - goal:
             j += 1
-        j = L if c == C - 1 else min(max(j, i + 1), L - (C - c - 1))   # every later chunk keeps a layer
+        j = L if c == C - 1 else min(max(j, i + 1), L - (C - c - 1))  # every later chunk keeps a layer
         used[k] += float(problem._t[j] - problem._t[i])
         bounds.append(j)
     return bounds
@@ -256,17 +268,20 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
         return None
     model = pulp.LpProblem("partition", pulp.LpMinimize)
     slack = L - C
-    free = {(i, c): variable(model, f"u{i}_{c}", low=0, up=1, cat="Binary")
-            for i in range(L) for c in range(max(1, i - slack + 1), min(i, C - 1) + 1)}
+    free = {
+        (i, c): variable(model, f"u{i}_{c}", low=0, up=1, cat="Binary")
+        for i in range(L)
+        for c in range(max(1, i - slack + 1), min(i, C - 1) + 1)
+    }
 
     def u(i: int, c: int):
         if (i, c) in free:
             return free[i, c]
         return 1 if c <= 0 or (c < C and c <= i - slack) else 0
 
-    if not free:   # C = 1 or C = L: one partition only
+    if not free:  # C = 1 or C = L: one partition only
         return _checked(problem, _staircase_bounds(u, L, C))
-    for i, c in free:   # the last layer is always in the last chunk, so i + 1 < L
+    for i, c in free:  # the last layer is always in the last chunk, so i + 1 < L
         model += u(i, c) - u(i, c + 1) >= 0
         model += u(i + 1, c) - u(i, c) >= 0
     for i in range(L - 1):
@@ -274,13 +289,24 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
             model += pulp.lpSum(u(i + 1, c) - u(i, c) for c in range(1, C)) <= 1
     bound = variable(model, "T", low=0)
     for k in range(pp):
-        mine = [(i, c) for c in range(k, C, pp) for i in range(c, c + slack + 1)]   # layer i may be in chunk c
+        mine = [(i, c) for c in range(k, C, pp) for i in range(c, c + slack + 1)]  # layer i may be in chunk c
         neighbours = sum(problem.neighbours(c) for c in range(k, C, pp))
         member = {(i, c): u(i, c) - u(i, c + 1) for i, c in mine}
-        model += bound >= pulp.lpSum(problem.layer_time_s[i] * x for (i, _), x in member.items()) + problem.extra_time_s[k] + problem.p2p_s * neighbours
+        model += (
+            bound
+            >= pulp.lpSum(problem.layer_time_s[i] * x for (i, _), x in member.items())
+            + problem.extra_time_s[k]
+            + problem.p2p_s * neighbours
+        )
         if problem.capacity_bytes < INF:
-            weight = [problem.layer_static_bytes[i] + problem.in_flight[k] * problem.layer_activation_bytes[i] for i in range(L)]
-            model += pulp.lpSum(weight[i] * x for (i, _), x in member.items()) + problem.extra_bytes[k] <= problem.capacity_bytes
+            weight = [
+                problem.layer_static_bytes[i] + problem.in_flight[k] * problem.layer_activation_bytes[i]
+                for i in range(L)
+            ]
+            model += (
+                pulp.lpSum(weight[i] * x for (i, _), x in member.items()) + problem.extra_bytes[k]
+                <= problem.capacity_bytes
+            )
     model += bound
     status = solve_model(model, solver=solver, time_limit_s=time_limit_s)
     if not status.has_solution:

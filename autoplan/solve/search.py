@@ -36,11 +36,11 @@ construction.
 Objective ``time``: step time. Objective ``cost``: dollars per sample (price per device-hour *
 devices * step time / batch); it also searches smaller device counts, which can be cheaper.
 """
+
 from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
 
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
@@ -49,7 +49,7 @@ from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.bounds import Bounds
-from autoplan.solve.candidates import Candidate, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
+from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.pipeline import partition
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.tp_plan import TPChoice, TPPlanner, memory_budget
@@ -61,22 +61,14 @@ from autoplan.types.profile import Profile
 OBJECTIVES = space.OBJECTIVES
 
 
-@dataclass(frozen=True)
-class Group:
-    degrees: space.Degrees
-    precision: str
-    sp: bool
-    mbs: int
-    m: int
-    v_max: int
-
-
 class Search:
     def __init__(self, graph: Graph, profile: Profile, options: SearchOptions):
         if options.objective not in OBJECTIVES:
             raise PlanError(f"--objective {options.objective} is unknown; expected one of {', '.join(OBJECTIVES)}.")
         if options.objective == "cost" and profile.price_per_device_hour is None:
-            raise PlanError(f"--objective cost needs a price, but profile '{profile.name}' has no price_per_device_hour; add one or use --objective time.")
+            raise PlanError(
+                f"--objective cost needs a price, but profile '{profile.name}' has no price_per_device_hour; add one or use --objective time."
+            )
         self.graph, self.profile, self.options = graph, profile, options
         self.fixes = options.fixes
         self.cost_model = CostModel(graph, profile)
@@ -84,9 +76,9 @@ class Search:
         self.stage_costs = StageCosts(graph, profile, self.cost_model)
         self.bounds = Bounds(graph, profile, self.stage_costs)
         self._partitions = TpPlanMemo()
-        self._usable_bytes = usable_bytes(profile.device.memory_bytes)   # what CostModel calls feasible
+        self._usable_bytes = usable_bytes(profile.device.memory_bytes)  # what CostModel calls feasible
         self.best: Candidate | None = None
-        self._top: list[float] = []          # max-heap (negated) of the best `keep` feasible objectives
+        self._top: list[float] = []  # max-heap (negated) of the best `keep` feasible objectives
         self.candidates: list[Candidate] = []
 
     # ---- objective ---------------------------------------------------------------------
@@ -106,15 +98,27 @@ class Search:
     # ---- groups and their bounds -------------------------------------------------------
     def groups(self) -> list[tuple[float, Group]]:
         opts, layers = self.options, len(self.graph.layers)
-        counts = [opts.devices] if opts.objective == "time" else [d for d in range(1, opts.devices + 1) if opts.devices % d == 0 and _fits_nodes(d, self.profile)]
+        counts = (
+            [opts.devices]
+            if opts.objective == "time"
+            else [d for d in range(1, opts.devices + 1) if opts.devices % d == 0 and space.fits_nodes(d, self.profile)]
+        )
         found = []
         for devices in counts:
-            for deg in space.degree_options(devices=devices, per_node=self.profile.devices_per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes):
+            for deg in space.degree_options(
+                devices=devices,
+                per_node=self.profile.devices_per_node,
+                layers=layers,
+                batch=opts.batch_size,
+                fixes=self.fixes,
+            ):
                 for precision in space.precision_options(self.profile, fixes=self.fixes):
                     for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
                         for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
                             m = opts.batch_size // (deg.dp * mbs)
-                            schedules = space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes)
+                            schedules = space.schedule_options(
+                                pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes
+                            )
                             if schedules:
                                 group = Group(deg, precision, sp, mbs, m, max(v for _, v in schedules))
                                 found.append((self.lower_bound(group), group))
@@ -123,7 +127,11 @@ class Search:
     def lower_bound(self, g: Group) -> float:
         """Bound (1) of the module docstring, in objective units."""
         deg = g.degrees
-        step = (g.m + (deg.pp - 1) / g.v_max) * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs) / deg.pp
+        step = (
+            (g.m + (deg.pp - 1) / g.v_max)
+            * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs)
+            / deg.pp
+        )
         zero_dp = deg.dp if any(z >= 1 for z in space.zero_options(dp=deg.dp, fixes=self.fixes)) else 1
         step += self.bounds.adam_s(self.graph.param_count / (deg.tp * deg.pp * zero_dp))
         return self.objective(step, deg.devices)
@@ -133,7 +141,7 @@ class Search:
         start = time.perf_counter()
         groups = self.groups()
         if not groups:
-            raise PlanError(_no_configuration(self.options, len(self.graph.layers)))
+            raise PlanError(space.no_configuration(self.options, len(self.graph.layers)))
         for index, (bound, group) in enumerate(groups):
             if self.options.progress:
                 self.options.progress(index, len(groups))
@@ -147,15 +155,28 @@ class Search:
         status = "time_limit" if any(s.status == "time_limit" for s in statuses) else "optimal"
         gap = max((s.gap or 0.0 for s in statuses), default=0.0)
         best = self.best
-        return SearchResult(best=best.plan if best else None, best_cost=best.cost if best else None, candidates=self.candidates,
-                            elapsed_s=time.perf_counter() - start, ilp_solves=self.tp_planner.solves, ilp_status=status, ilp_gap=gap)
+        return SearchResult(
+            best=best.plan if best else None,
+            best_cost=best.cost if best else None,
+            candidates=self.candidates,
+            elapsed_s=time.perf_counter() - start,
+            ilp_solves=self.tp_planner.solves,
+            ilp_status=status,
+            ilp_gap=gap,
+        )
 
     def _run_group(self, g: Group, bound: float) -> None:
         deg = g.degrees
-        choice = self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, sequence_parallel=g.sp,
-                                        precision=g.precision, micro_batch_size=g.mbs)
+        choice = self.tp_planner.choose(
+            dp=deg.dp, tp=deg.tp, pp=deg.pp, sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs
+        )
         if deg.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan):
-            self._prune_group(g, bound, "degenerate tp", reason=f"pruned: tp={deg.tp} splits no op (the ILP replicates every layer), so its ranks would repeat the same work")
+            self._prune_group(
+                g,
+                bound,
+                "degenerate tp",
+                reason=f"pruned: tp={deg.tp} splits no op (the ILP replicates every layer), so its ranks would repeat the same work",
+            )
             return
         first = len(self.candidates)
         self._run_choice(g, bound, choice)
@@ -163,8 +184,15 @@ class Search:
         if deg.tp > 1 and priced and not any(c.feasible for c in priced):
             frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
             budget = memory_budget(self.graph, self.profile, plan=frugal.plan, cost=frugal.cost)
-            retry = self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, sequence_parallel=g.sp, precision=g.precision,
-                                           micro_batch_size=g.mbs, budget=budget)
+            retry = self.tp_planner.choose(
+                dp=deg.dp,
+                tp=deg.tp,
+                pp=deg.pp,
+                sequence_parallel=g.sp,
+                precision=g.precision,
+                micro_batch_size=g.mbs,
+                budget=budget,
+            )
             if retry.feasible and retry.tp_plan != choice.tp_plan:
                 self._run_choice(g, bound, retry)
             elif not retry.feasible:
@@ -176,55 +204,90 @@ class Search:
         out. A plan whose memory floor (bounds.states_floor_bytes) exceeds the device is set aside
         unpriced, except the one with the lowest floor when nothing else of the group was priced:
         its cost is what the memory-budgeted TP retry of _run_group starts from."""
-        deg = g.degrees
+        deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big = len(self.candidates), []
         for overlap, recompute, (schedule, v) in self._stage_options(g):
-            base = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap)
+            base = g.plan(
+                recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
+            )
             stages = self._stages(base)
             times, params = self.stage_costs.stage_totals(base, stages)
             core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
             for zero in space.zero_options(dp=deg.dp, fixes=self.fixes):
-                plan = self._plan(g, recompute=recompute, schedule=schedule, v=v, zero=zero, tp_plan=choice.tp_plan, stages=stages,
-                                  tp_overlap=overlap)
+                plan = g.plan(
+                    recompute=recompute,
+                    schedule=schedule,
+                    v=v,
+                    zero=zero,
+                    tp_plan=choice.tp_plan,
+                    stages=stages,
+                    tp_overlap=overlap,
+                    **names,
+                )
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
-                sub = max(bound, self.objective(core_s + extra_s, deg.devices))                                 # (2)
+                sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
-                    self.candidates.append(Candidate(config=config_of(plan), status="pruned", lower_bound=sub,
-                                                     reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"))
+                    self.candidates.append(
+                        Candidate(
+                            config=config_of(plan),
+                            status="pruned",
+                            lower_bound=sub,
+                            reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}",
+                        )
+                    )
                     continue
                 floor = self.bounds.states_floor_bytes(plan)
                 if floor > self._usable_bytes:
                     too_big.append((floor, plan, sub))
                     continue
                 self._evaluate(plan, sub, ilp_status=choice.status)
-        self._set_aside(too_big, priced_any=any(c.cost is not None for c in self.candidates[first:]), ilp_status=choice.status)
+        self._set_aside(
+            too_big, priced_any=any(c.cost is not None for c in self.candidates[first:]), ilp_status=choice.status
+        )
 
     def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int]]]:
         """(tp_comm_overlap, recompute, (schedule, v)) choices of a group: what sets its stage times."""
         deg, layers = g.degrees, len(self.graph.layers)
-        return [(overlap, recompute, sv)
-                for overlap in space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
-                for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
-                for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)]
+        return [
+            (overlap, recompute, sv)
+            for overlap in space.tp_overlap_options(
+                profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes
+            )
+            for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
+            for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)
+        ]
 
     def _set_aside(self, too_big: list[tuple[float, Plan, float]], *, priced_any: bool, ilp_status: str) -> None:
         if too_big and not priced_any:
             frugal = min(too_big, key=lambda item: item[0])
             too_big = [item for item in too_big if item is not frugal]
             self._evaluate(frugal[1], frugal[2], ilp_status=ilp_status)
-        gib = 2 ** 30
+        gib = 2**30
         for floor, plan, sub in too_big:
-            self.candidates.append(Candidate(config=config_of(plan), status="pruned", lower_bound=sub,
-                                             reason=f"pruned (memory): weights, gradients and optimizer state alone need "
-                                                    f"{floor / gib:.1f} GiB per device under any partition, {self._usable_bytes / gib:.1f} GiB is usable"))
+            self.candidates.append(
+                Candidate(
+                    config=config_of(plan),
+                    status="pruned",
+                    lower_bound=sub,
+                    reason=f"pruned (memory): weights, gradients and optimizer state alone need "
+                    f"{floor / gib:.1f} GiB per device under any partition, {self._usable_bytes / gib:.1f} GiB is usable",
+                )
+            )
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
         cost = self.cost_model.estimate(plan)
         if not cost.feasible and plan.pp > 1:
             cost, plan = self._repartition_for_memory(plan, cost)
         value = self.objective(cost.step_time_s, plan.devices)
-        candidate = Candidate(config=config_of(plan), status="evaluated", lower_bound=bound, objective=value, cost=cost,
-                              plan=plan, reason=cost.reason if not cost.feasible else f"tp ILP {ilp_status}")
+        candidate = Candidate(
+            config=config_of(plan),
+            status="evaluated",
+            lower_bound=bound,
+            objective=value,
+            cost=cost,
+            plan=plan,
+            reason=cost.reason if not cost.feasible else f"tp ILP {ilp_status}",
+        )
         self.candidates.append(candidate)
         if cost.feasible:
             heapq.heappush(self._top, -value)
@@ -249,32 +312,31 @@ class Search:
         if plan.pp == 1:
             return [list(layers)]
         chunks = plan.pp * plan.virtual_stages
-        key = (plan.tp, plan.dp, plan.sequence_parallel, plan.precision, plan.micro_batch_size, plan.recompute,
-               plan.virtual_stages, plan.tp_comm_overlap)
+        key = (
+            plan.tp,
+            plan.dp,
+            plan.sequence_parallel,
+            plan.precision,
+            plan.micro_batch_size,
+            plan.recompute,
+            plan.virtual_stages,
+            plan.tp_comm_overlap,
+        )
 
-        def make() -> list[list[str]]:   # without a memory limit, GPipe and 1F1B share one problem
+        def make() -> list[list[str]]:  # without a memory limit, GPipe and 1F1B share one problem
             found = partition(self.stage_costs.problem(plan, memory_limit=False), solver=self.options.solver)
             return _stages_from(layers, found.bounds) if found else balanced_stages(layers, chunks)
-        return self._partitions.get(key, plan.tp_plan, make)
 
-    def _plan(self, g: Group, *, recompute: str, schedule: str, v: int, zero: int, tp_plan: dict, stages: list | None = None,
-              tp_overlap: bool = False) -> Plan:
-        """A validated Plan; the tp_plan (checked once, when the ILP produced it) is attached after
-        validation so that thousands of candidates do not re-check hundreds of splits each."""
-        deg = g.degrees
-        plan = Plan(devices=deg.devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, micro_batch_size=g.mbs, num_microbatches=g.m,
-                    schedule=schedule, virtual_stages=v, zero_stage=zero, recompute=recompute, sequence_parallel=g.sp,
-                    precision=g.precision, tp_comm_overlap=tp_overlap, stages=stages or [], tp_plan={}, model=self.graph.model_name,
-                    profile=self.profile.name)
-        plan.tp_plan = tp_plan
-        return plan
+        return self._partitions.get(key, plan.tp_plan, make)
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
         count = len(self._stage_options(g)) * len(space.zero_options(dp=deg.dp, fixes=self.fixes))
-        config = dict(devices=deg.devices, dp=deg.dp, tp=deg.tp, pp=deg.pp, mbs=g.mbs, num_microbatches=g.m, schedule="*",
-                      v="*", zero="*", recompute="*", sp=g.sp, tp_overlap="*", precision=g.precision)
-        reason = reason or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"
+        config = g.pruned_config()
+        reason = (
+            reason
+            or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"
+        )
         self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count, reason=reason))
 
 
@@ -283,21 +345,7 @@ def _with(plan: Plan, **changes) -> Plan:
 
 
 def _stages_from(layers: list[str], bounds: list[int]) -> list[list[str]]:
-    return [list(layers[bounds[k]:bounds[k + 1]]) for k in range(len(bounds) - 1)]
-
-
-def _fits_nodes(devices: int, profile: Profile) -> bool:
-    per_node = profile.devices_per_node
-    return devices <= per_node or (devices % per_node == 0 and profile.inter_node is not None)
-
-
-def _no_configuration(options: SearchOptions, layers: int) -> str:
-    pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
-    if options.fixes.get("pp", 1) > max(1, layers):
-        return f"--fix pp={options.fixes['pp']} needs at least {options.fixes['pp']} repeated blocks to place on stages and this model has {layers}; use pp=1{f' or at most pp={layers}' if layers > 1 else ''}."
-    if pins:
-        return f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; relax a pin (dp*tp*pp must equal the devices and dp must divide the batch)."
-    return f"no configuration of {options.devices} devices divides the batch of {options.batch_size}; use a batch divisible by a data-parallel degree."
+    return [list(layers[bounds[k] : bounds[k + 1]]) for k in range(len(bounds) - 1)]
 
 
 def search(graph: Graph, profile: Profile, options: SearchOptions) -> SearchResult:

@@ -18,9 +18,11 @@ Every choice the planner searches, and the rule that makes each one legal:
 - precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
   but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types.plan import PRECISIONS, RECOMPUTE
@@ -30,7 +32,12 @@ from autoplan.types.profile import Profile
 OBJECTIVES = ("time", "cost")
 FIX_KEYS = ("dp", "tp", "pp", "mbs", "zero", "recompute", "schedule", "sp", "precision", "v", "tp_overlap")
 _INT_KEYS = ("dp", "tp", "pp", "mbs", "zero", "v")
-_SCHEDULE_ALIASES = {"interleaved": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b", "1f1b": "1f1b", "gpipe": "gpipe"}
+_SCHEDULE_ALIASES = {
+    "interleaved": "interleaved_1f1b",
+    "interleaved_1f1b": "interleaved_1f1b",
+    "1f1b": "1f1b",
+    "gpipe": "gpipe",
+}
 _BOOL = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
 
 
@@ -51,7 +58,9 @@ def parse_fixes(text: str | list[str] | None) -> dict[str, object]:
 def _typed(key: str, value: str) -> object:
     if key in _INT_KEYS:
         if not value.isdigit() or (key != "zero" and int(value) < 1) or (key == "zero" and int(value) > 3):
-            raise PlanError(f"--fix {key}={value} is not valid; expected {'0, 1, 2 or 3' if key == 'zero' else 'a positive integer'}.")
+            raise PlanError(
+                f"--fix {key}={value} is not valid; expected {'0, 1, 2 or 3' if key == 'zero' else 'a positive integer'}."
+            )
         return int(value)
     if key in ("sp", "tp_overlap"):
         if value not in _BOOL:
@@ -77,9 +86,13 @@ def check_cluster(profile: Profile, devices: int) -> None:
     if not isinstance(devices, int) or devices < 1:
         raise PlanError(f"--devices {devices!r} is not a positive integer.")
     if devices > per_node and profile.inter_node is None:
-        raise PlanError(f"profile '{profile.name}' describes one node of {per_node} devices and no inter-node link; plan for at most {per_node} devices.")
+        raise PlanError(
+            f"profile '{profile.name}' describes one node of {per_node} devices and no inter-node link; plan for at most {per_node} devices."
+        )
     if devices > per_node and devices % per_node:
-        raise PlanError(f"--devices {devices} does not fill whole nodes of {per_node} on profile '{profile.name}'; use a multiple of {per_node} (or at most {per_node}).")
+        raise PlanError(
+            f"--devices {devices} does not fill whole nodes of {per_node} on profile '{profile.name}'; use a multiple of {per_node} (or at most {per_node})."
+        )
 
 
 def _divisors(n: int) -> list[int]:
@@ -94,11 +107,21 @@ def degree_options(*, devices: int, per_node: int, layers: int, batch: int, fixe
     """Every (dp, tp, pp) the rules and the pins allow (module docstring)."""
     options = []
     for tp in _divisors(devices):
-        if "tp" in fixes and tp != fixes["tp"] or "tp" not in fixes and not tp_in_node(tp, devices=devices, per_node=per_node):
+        if (
+            "tp" in fixes
+            and tp != fixes["tp"]
+            or "tp" not in fixes
+            and not tp_in_node(tp, devices=devices, per_node=per_node)
+        ):
             continue
         for pp in _divisors(devices // tp):
             dp = devices // (tp * pp)
-            if pp > max(layers, 1) or batch % dp or ("pp" in fixes and pp != fixes["pp"]) or ("dp" in fixes and dp != fixes["dp"]):
+            if (
+                pp > max(layers, 1)
+                or batch % dp
+                or ("pp" in fixes and pp != fixes["pp"])
+                or ("dp" in fixes and dp != fixes["dp"])
+            ):
                 continue
             options.append(Degrees(devices=devices, dp=dp, tp=tp, pp=pp))
     return options
@@ -120,7 +143,9 @@ def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict
         if num_microbatches % pp == 0:
             options += [("interleaved_1f1b", v) for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
     if "schedule" in fixes:
-        options = [o for o in options if o[0] == fixes["schedule"]] or ([(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] != "interleaved_1f1b" else [])
+        options = [o for o in options if o[0] == fixes["schedule"]] or (
+            [(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] != "interleaved_1f1b" else []
+        )
     if "v" in fixes:
         options = [o for o in options if o[1] == fixes["v"]]
     return options
@@ -131,11 +156,13 @@ def tp_overlap_options(*, profile: Profile, tp: int, sequence_parallel: bool, fi
     runs = sequence_parallel and profile.backend == "nccl" and 1 < tp <= profile.devices_per_node
     if fixes.get("tp_overlap") is True:
         if not sequence_parallel:
-            return []          # the pin asks for sp as well; the group without it has no plan
+            return []  # the pin asks for sp as well; the group without it has no plan
         if not runs:
-            raise PlanError(f"--fix tp_overlap=on needs an NCCL (GPU) profile with the tp group inside one node; profile "
-                            f"'{profile.name}' runs {profile.backend}"
-                            f"{'' if tp <= profile.devices_per_node else f' and tp={tp} spans nodes'}: drop the pin.")
+            raise PlanError(
+                f"--fix tp_overlap=on needs an NCCL (GPU) profile with the tp group inside one node; profile "
+                f"'{profile.name}' runs {profile.backend}"
+                f"{'' if tp <= profile.devices_per_node else f' and tp={tp} spans nodes'}: drop the pin."
+            )
         return [True]
     if fixes.get("tp_overlap") is False:
         return [False]
@@ -151,7 +178,9 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     """Recomputation checkpoints blocks: a model without blocks has only "none"."""
     if "recompute" in fixes:
         if fixes["recompute"] != "none" and not layers:
-            raise PlanError(f"--fix recompute={fixes['recompute']} checkpoints repeated blocks and this model has none; use recompute=none.")
+            raise PlanError(
+                f"--fix recompute={fixes['recompute']} checkpoints repeated blocks and this model has none; use recompute=none."
+            )
         return [fixes["recompute"]]
     return list(RECOMPUTE) if layers else ["none"]
 
@@ -163,10 +192,28 @@ def sp_options(*, tp: int, seq_len: int | None, fixes: dict) -> list[bool]:
 
 def precision_options(profile: Profile, *, fixes: dict) -> list[str]:
     peaks = profile.device.peak_flops
-    options = (["fp32"] if "fp32" in peaks or "tf32" in peaks else []) + (["bf16"] if "bf16" in peaks else ["fp16"] if "fp16" in peaks else [])
+    options = (["fp32"] if "fp32" in peaks or "tf32" in peaks else []) + (
+        ["bf16"] if "bf16" in peaks else ["fp16"] if "fp16" in peaks else []
+    )
     if "precision" in fixes:
         wanted = fixes["precision"]
         if wanted != "fp32" and wanted not in peaks:
-            raise PlanError(f"--fix precision={wanted} but profile '{profile.name}' has no {wanted} peak; pick one of {', '.join(sorted(peaks))}.")
+            raise PlanError(
+                f"--fix precision={wanted} but profile '{profile.name}' has no {wanted} peak; pick one of {', '.join(sorted(peaks))}."
+            )
         return [wanted]
     return options
+
+
+def fits_nodes(devices: int, profile: Profile) -> bool:
+    per_node = profile.devices_per_node
+    return devices <= per_node or (devices % per_node == 0 and profile.inter_node is not None)
+
+
+def no_configuration(options: Any, layers: int) -> str:
+    pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
+    if options.fixes.get("pp", 1) > max(1, layers):
+        return f"--fix pp={options.fixes['pp']} needs at least {options.fixes['pp']} repeated blocks to place on stages and this model has {layers}; use pp=1{f' or at most pp={layers}' if layers > 1 else ''}."
+    if pins:
+        return f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; relax a pin (dp*tp*pp must equal the devices and dp must divide the batch)."
+    return f"no configuration of {options.devices} devices divides the batch of {options.batch_size}; use a batch divisible by a data-parallel degree."

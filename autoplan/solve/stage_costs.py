@@ -13,6 +13,7 @@ with, so the partition balances exactly what the cost model will charge:
 Nodes outside every block add to stage 0 (those before the first block) and to the last stage
 (the rest), as autoplan/cost/stages.py assigns them.
 """
+
 from __future__ import annotations
 
 from autoplan.cost.comm import collective_time_s
@@ -58,16 +59,37 @@ class StageCosts:
         extra_time = [0.0] * plan.pp
         extra_time[0] += pre.fwd_s + pre.bwd_s
         extra_time[-1] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
-        extra_bytes = [peak_block] * (plan.pp - 1) + [max(peak_block, post.loss_grad_bytes)]   # StageTotals.transient_bytes
+        extra_bytes = [peak_block] * (plan.pp - 1) + [
+            max(peak_block, post.loss_grad_bytes)
+        ]  # StageTotals.transient_bytes
         in_flight = [in_flight_chunks(plan, k) for k in range(plan.pp)]
         extra_bytes[0] += pre.param_count * per_param + pre.saved_bytes * in_flight[0]
         extra_bytes[-1] += post.param_count * per_param + post.saved_bytes * in_flight[-1]
         boundary = max((b.input_bytes for b in blocks), default=0.0)
-        p2p_s = 2.0 * collective_time_s(self.profile, "send_recv", boundary, group=mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]) if plan.pp > 1 else 0.0
+        p2p_s = (
+            2.0
+            * collective_time_s(
+                self.profile,
+                "send_recv",
+                boundary,
+                group=mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"],
+            )
+            if plan.pp > 1
+            else 0.0
+        )
         capacity = self._capacity(plan, boundary, max(b.param_count for b in blocks)) if memory_limit else float("inf")
-        return PartitionProblem(layer_time_s=times, layer_static_bytes=[b.param_count * per_param for b in blocks],
-                                layer_activation_bytes=acts, pp=plan.pp, extra_time_s=extra_time, extra_bytes=extra_bytes,
-                                in_flight=in_flight, p2p_s=p2p_s, capacity_bytes=capacity, virtual_stages=plan.virtual_stages)
+        return PartitionProblem(
+            layer_time_s=times,
+            layer_static_bytes=[b.param_count * per_param for b in blocks],
+            layer_activation_bytes=acts,
+            pp=plan.pp,
+            extra_time_s=extra_time,
+            extra_bytes=extra_bytes,
+            in_flight=in_flight,
+            p2p_s=p2p_s,
+            capacity_bytes=capacity,
+            virtual_stages=plan.virtual_stages,
+        )
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
@@ -87,13 +109,27 @@ class StageCosts:
 
     def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:
         """({block: time}, {block: parameters}, pre, post) of ``plan``'s blocks, memoised per tp_plan."""
+
         def make() -> tuple:
             blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-            return ({layer: _block_time_s(b, plan.recompute) for layer, b in blocks.items()},
-                    {layer: b.param_count for layer, b in blocks.items()}, pre, post)
-        key = ("totals", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, plan.recompute,
-               plan.tp_comm_overlap)
+            return (
+                {layer: _block_time_s(b, plan.recompute) for layer, b in blocks.items()},
+                {layer: b.param_count for layer, b in blocks.items()},
+                pre,
+                post,
+            )
+
+        key = (
+            "totals",
+            ctx.tp,
+            ctx.group,
+            ctx.sequence_parallel,
+            ctx.precision,
+            ctx.batch_fraction,
+            plan.recompute,
+            plan.tp_comm_overlap,
+        )
         return self._memo.get(key, plan.tp_plan, make)
 
     def sync_params(self, plan: Plan) -> tuple[float, float]:
@@ -113,14 +149,31 @@ class StageCosts:
         """The smallest block input (a lower bound on what a pipeline stage receives)."""
         ctx = self.context(plan)
         key = ("boundary", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
-        return self._memo.get(key, plan.tp_plan, lambda: min((self.summary(layer, "", plan.tp_plan, ctx).input_bytes
-                                                               for layer in self.graph.layers), default=0.0))
+        return self._memo.get(
+            key,
+            plan.tp_plan,
+            lambda: min(
+                (self.summary(layer, "", plan.tp_plan, ctx).input_bytes for layer in self.graph.layers), default=0.0
+            ),
+        )
 
     def _capacity(self, plan: Plan, boundary: float, block_params: float) -> float:
-        buffers = comm_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, boundary_bytes=boundary,
-                                    block_params=block_params, precision=plan.precision)
-        buffers += scatter_buffer_bytes(zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp, block_params=block_params, precision=plan.precision,
-                                        reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype])   # nothing freed: an upper bound
+        buffers = comm_buffer_bytes(
+            zero_stage=plan.zero_stage,
+            dp=plan.dp,
+            pp=plan.pp,
+            boundary_bytes=boundary,
+            block_params=block_params,
+            precision=plan.precision,
+        )
+        buffers += scatter_buffer_bytes(
+            zero_stage=plan.zero_stage,
+            dp=plan.dp,
+            pp=plan.pp,
+            block_params=block_params,
+            precision=plan.precision,
+            reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype],
+        )  # nothing freed: an upper bound
         return usable_bytes(self.profile.device.memory_bytes) - buffers
 
 

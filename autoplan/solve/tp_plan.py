@@ -7,6 +7,7 @@ group position by position (members are structurally identical: same ops in the 
 A 96-layer GPT therefore costs one block ILP, not 96. Results are cached per choice (and per
 memory budget when the search asks for a memory-constrained solve).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,7 @@ class TPChoice:
     tp_plan: dict[str, str]
     statuses: list[SolveStatus] = field(default_factory=list)
     feasible: bool = True
-    reason: str = ""            # why no splits fit the memory budget (when not feasible)
+    reason: str = ""  # why no splits fit the memory budget (when not feasible)
 
     @property
     def status(self) -> str:
@@ -63,14 +64,30 @@ class TPPlanner:
         self._cache: dict[tuple, TPChoice] = {}
         self.solves = 0
 
-    def choose(self, *, dp: int, tp: int, pp: int, sequence_parallel: bool, precision: str, micro_batch_size: int,
-               forward_repeats: int = 1, budget: MemoryBudget | None = None) -> TPChoice:
+    def choose(
+        self,
+        *,
+        dp: int,
+        tp: int,
+        pp: int,
+        sequence_parallel: bool,
+        precision: str,
+        micro_batch_size: int,
+        forward_repeats: int = 1,
+        budget: MemoryBudget | None = None,
+    ) -> TPChoice:
         """The tp_plan for one choice (cached); ``budget`` adds the memory row."""
         group = mesh_groups(self.profile, dp=dp, tp=tp, pp=pp)["tp"]
         key = (tp, group, sequence_parallel, precision, micro_batch_size, forward_repeats, budget)
         if key not in self._cache:
-            ctx = TPContext(profile=self.profile, tp=tp, group=group, sequence_parallel=sequence_parallel,
-                            precision=precision, batch_fraction=micro_batch_size / self.graph.batch_size)
+            ctx = TPContext(
+                profile=self.profile,
+                tp=tp,
+                group=group,
+                sequence_parallel=sequence_parallel,
+                precision=precision,
+                batch_fraction=micro_batch_size / self.graph.batch_size,
+            )
             self._cache[key] = self._solve(ctx, forward_repeats, budget) if tp > 1 else TPChoice(tp_plan={})
         return self._cache[key]
 
@@ -82,31 +99,57 @@ class TPPlanner:
         choice = TPChoice(tp_plan={})
         reps = [(None, [None])] + [(g.layers[0], g.layers) for g in self.graph.groups]
         for rep, members in reps:
-            factors = dict(param_bytes_factor=budget.param_bytes_factor, activation_factor=budget.activation_factor) if budget else {}
+            factors = (
+                dict(param_bytes_factor=budget.param_bytes_factor, activation_factor=budget.activation_factor)
+                if budget
+                else {}
+            )
             problem = build_block_problem(self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, **factors)
             limit = None if budget is None else (budget.outside_bytes if rep is None else budget.block_bytes)
-            why = budget_infeasibility(problem, limit) if limit is not None and not (math.isinf(limit) and limit > 0) else ""
+            why = (
+                budget_infeasibility(problem, limit)
+                if limit is not None and not (math.isinf(limit) and limit > 0)
+                else ""
+            )
             self.solves += 0 if why else 1
-            solution = None if why else solve_block(problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s)
+            solution = (
+                None
+                if why
+                else solve_block(problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s)
+            )
             if solution is None:
                 part = "the modules outside the blocks" if rep is None else f"block {rep}"
                 why = why or f"no splits of {part} fit its {limit / 2**30:.3g} GiB budget"
-                return TPChoice(tp_plan={}, statuses=choice.statuses, feasible=False, reason=f"tp ILP infeasible at tp={ctx.tp}: {why}")
+                return TPChoice(
+                    tp_plan={},
+                    statuses=choice.statuses,
+                    feasible=False,
+                    reason=f"tp ILP infeasible at tp={ctx.tp}: {why}",
+                )
             choice.statuses.append(solution.status)
             self._copy(solution.splits, rep, members, choice.tp_plan, ctx)
-        Plan(devices=ctx.tp, dp=1, tp=ctx.tp, pp=1, micro_batch_size=1, num_microbatches=1, tp_plan=choice.tp_plan)  # validates the splits once
+        Plan(
+            devices=ctx.tp, dp=1, tp=ctx.tp, pp=1, micro_batch_size=1, num_microbatches=1, tp_plan=choice.tp_plan
+        )  # validates the splits once
         return choice
 
-    def _copy(self, splits: dict[str, str], rep: str | None, members: list, tp_plan: dict[str, str], ctx: TPContext) -> None:
+    def _copy(
+        self, splits: dict[str, str], rep: str | None, members: list, tp_plan: dict[str, str], ctx: TPContext
+    ) -> None:
         rep_params = analyse_block(self.graph, rep).params
         for member in members:
             params = analyse_block(self.graph, member).params
             for rep_node, node in zip(rep_params, params):
-                tp_plan.setdefault(self.graph.node(node).module, splits[rep_node])   # explicit, even "replicate": an
+                tp_plan.setdefault(self.graph.node(node).module, splits[rep_node])  # explicit, even "replicate": an
                 # empty tp_plan at tp > 1 means the Megatron default (default_tp_plan) to CostModel and the executor alike
             if ctx.sequence_parallel:
                 for node in analyse_block(self.graph, member).nodes:
-                    if node.op == "norm" and node.module and node.output_shape[1:2] and node.output_shape[1] % ctx.tp == 0:
+                    if (
+                        node.op == "norm"
+                        and node.module
+                        and node.output_shape[1:2]
+                        and node.output_shape[1] % ctx.tp == 0
+                    ):
                         tp_plan.setdefault(node.module, "sequence_parallel")
 
 
@@ -119,12 +162,22 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
     states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
     traced_param = graph.param_bytes / graph.param_count if graph.param_bytes > 0 and graph.param_count > 0 else 4.0
     in_flight = 1.0 / blocks if plan.recompute == "full" else in_flight_chunks(plan, 0)
-    factors = dict(param_bytes_factor=(states.weights_bytes + states.grads_bytes + states.optimizer_bytes) / traced_param,
-                   activation_factor=in_flight * plan.micro_batch_size / graph.batch_size)   # saved bytes come in the precision
+    factors = dict(
+        param_bytes_factor=(states.weights_bytes + states.grads_bytes + states.optimizer_bytes) / traced_param,
+        activation_factor=in_flight * plan.micro_batch_size / graph.batch_size,
+    )  # saved bytes come in the precision
     group = mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
-    ctx = TPContext(profile=profile, tp=plan.tp, group=group, sequence_parallel=plan.sequence_parallel,
-                    precision=plan.precision, batch_fraction=plan.micro_batch_size / graph.batch_size)
+    ctx = TPContext(
+        profile=profile,
+        tp=plan.tp,
+        group=group,
+        sequence_parallel=plan.sequence_parallel,
+        precision=plan.precision,
+        batch_fraction=plan.micro_batch_size / graph.batch_size,
+    )
     outside = build_block_problem(graph, None, ctx=ctx, **factors)
     outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]
     free = usable_bytes(profile.device.memory_bytes) - cost.comm_buffer_bytes - outside_bytes
-    return MemoryBudget(block_bytes=free / blocks, outside_bytes=outside_bytes, **factors)   # negative: nothing left (infeasible)
+    return MemoryBudget(
+        block_bytes=free / blocks, outside_bytes=outside_bytes, **factors
+    )  # negative: nothing left (infeasible)

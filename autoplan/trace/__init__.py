@@ -4,6 +4,7 @@ torch.fx first, torch.export (non-strict) as the fallback; shapes, FLOPs and sav
 activation bytes measured per node on FakeTensors; repeated blocks grouped. See docs/trace.md.
 ``trace`` and ``trace_model_file`` are imported lazily, so the CLI starts without torch.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ FLOPs, bytes and saved activations (autoplan.trace.propagate) -> run the loss th
 -> dataflow annotations (autoplan.trace.dataflow) -> blocks and groups (autoplan.trace.layers).
 No step allocates a real weight or activation; the caller's model is left as it was.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,14 +26,22 @@ from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
 from autoplan.types.graph import Graph
 
 
-def trace(model: torch.nn.Module, example_inputs: Any, *, loss_fn: Callable | None = None, target: Any = None,
-          model_name: str = "model") -> Graph:
+def trace(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    loss_fn: Callable | None = None,
+    target: Any = None,
+    model_name: str = "model",
+) -> Graph:
     """Trace one training step of ``model`` on ``example_inputs`` (one global batch) into a Graph."""
     if not isinstance(model, torch.nn.Module):
         raise TraceError(f"trace() needs a torch.nn.Module; got {type(model).__name__}.")
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
     if not isinstance(inputs, (tuple, list)) or not inputs:
-        raise TraceError(f"example_inputs must be a non-empty tuple of forward() arguments; got {type(example_inputs).__name__}.")
+        raise TraceError(
+            f"example_inputs must be a non-empty tuple of forward() arguments; got {type(example_inputs).__name__}."
+        )
     batch = _batch_size(inputs)
     with training_mode(model), swapped(model, to_meta):
         captured = capture(model, tuple(map_tensors(tuple(inputs), to_meta)), model_name=model_name)
@@ -44,8 +53,14 @@ def trace(model: torch.nn.Module, example_inputs: Any, *, loss_fn: Callable | No
             with swapped(captured.module, fake):
                 records = _run(captured.module, fake_in, fake_target, loss_fn or _default_loss, canonical_names(model))
         dataflow.annotate(records, model)
-        graph = build_graph(records, model=model, model_name=model_name, batch_size=batch,
-                            trace_method=captured.method, seq_len=seq_len_of(tuple(inputs)))
+        graph = build_graph(
+            records,
+            model=model,
+            model_name=model_name,
+            batch_size=batch,
+            trace_method=captured.method,
+            seq_len=seq_len_of(tuple(inputs)),
+        )
     return graph
 
 
@@ -71,7 +86,9 @@ def _batch_size(inputs: Any) -> int:
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.dim() >= 1:
             return int(value.shape[0])
-    raise TraceError("example_inputs holds no tensor with a batch dimension; the first dim of the first tensor input is the batch.")
+    raise TraceError(
+        "example_inputs holds no tensor with a batch dimension; the first dim of the first tensor input is the batch."
+    )
 
 
 def _faker(mode: FakeTensorMode) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -110,7 +127,9 @@ def _move_meta_constants(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
-def _run(gm: torch.fx.GraphModule, inputs: tuple, target: Any, loss_fn: Callable, canonical: dict[str, str]) -> list[Measured]:
+def _run(
+    gm: torch.fx.GraphModule, inputs: tuple, target: Any, loss_fn: Callable, canonical: dict[str, str]
+) -> list[Measured]:
     prop = Propagator(gm, canonical)
     codegen = gm.graph._codegen
     pytree = isinstance(codegen, torch.fx.graph._PyTreeCodeGen)
@@ -132,7 +151,9 @@ def _run(gm: torch.fx.GraphModule, inputs: tuple, target: Any, loss_fn: Callable
                 if record is not None:
                     records.append(record)
         taken = {r.name for r in records}
-        records.append(_loss_record(prop, loss_fn, outputs, target, records[-1].name, "loss" if "loss" not in taken else "loss_fn"))
+        records.append(
+            _loss_record(prop, loss_fn, outputs, target, records[-1].name, "loss" if "loss" not in taken else "loss_fn")
+        )
     prop.finish(records)
     return records
 
@@ -140,18 +161,42 @@ def _run(gm: torch.fx.GraphModule, inputs: tuple, target: Any, loss_fn: Callable
 def _output_record(node: torch.fx.Node, prop: Propagator, outputs: Any) -> Measured:
     from autoplan.trace.propagate import _input_names, _tensors
 
-    return Measured(name=node.name, node=node, kind="output", op_name="output", target="output", module="",
-                    inputs=_input_names(node), params=[], outputs=_tensors(outputs))
+    return Measured(
+        name=node.name,
+        node=node,
+        kind="output",
+        op_name="output",
+        target="output",
+        module="",
+        inputs=_input_names(node),
+        params=[],
+        outputs=_tensors(outputs),
+    )
 
 
 def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any, after: str, name: str) -> Measured:
     try:
-        loss, fwd, bwd = prop.measure(name=name, node=None, fn=loss_fn, args=(outputs, target), kwargs={}, extra_params=[])
+        loss, fwd, bwd = prop.measure(
+            name=name, node=None, fn=loss_fn, args=(outputs, target), kwargs={}, extra_params=[]
+        )
     except AutoplanError:
         raise
     except Exception as exc:
-        raise TraceError(f"the loss function failed on the model's output: {first_line(exc)}; check loss_fn(output, target) and example_target().") from exc
+        raise TraceError(
+            f"the loss function failed on the model's output: {first_line(exc)}; check loss_fn(output, target) and example_target()."
+        ) from exc
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise TraceError(f"the loss function returned {type(loss).__name__}; expected a scalar tensor.")
-    return Measured(name=name, node=None, kind="loss", op_name="loss", target=getattr(loss_fn, "__name__", "loss_fn"), module="",
-                    inputs=[after], params=[], outputs=[loss], fwd_flops=int(fwd), bwd_flops=int(bwd))
+    return Measured(
+        name=name,
+        node=None,
+        kind="loss",
+        op_name="loss",
+        target=getattr(loss_fn, "__name__", "loss_fn"),
+        module="",
+        inputs=[after],
+        params=[],
+        outputs=[loss],
+        fwd_flops=int(fwd),
+        bwd_flops=int(bwd),
+    )

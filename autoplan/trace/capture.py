@@ -8,6 +8,7 @@ returns an ATen-level graph whose nodes carry ``nn_module_stack``. Both run on a
 the weights. When both fail, :class:`TraceError` names the module and the operation that
 failed and the source line, for each path.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,10 @@ def capture(model: torch.nn.Module, meta_inputs: tuple, *, model_name: str) -> C
     export_result = _try_export(model, meta_inputs)
     if isinstance(export_result, Captured):
         return export_result
-    raise TraceError(f"could not trace {model_name}: {fx_failure.sentence()}; {export_result.sentence()}. "
-                     "Make the failing code traceable (no Python branching on tensor values, static shapes) or move it out of forward().")
+    raise TraceError(
+        f"could not trace {model_name}: {fx_failure.sentence()}; {export_result.sentence()}. "
+        "Make the failing code traceable (no Python branching on tensor values, static shapes) or move it out of forward()."
+    )
 
 
 def _try_fx(model: torch.nn.Module) -> Captured | Failure:

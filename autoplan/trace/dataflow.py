@@ -15,6 +15,7 @@
   branches); each linear inside child ``i`` gets ``attrs["num_experts"]`` and ``attrs["expert"] = i``.
   Blocks run in sequence, so a list of transformer layers never qualifies.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,9 +66,13 @@ def annotate_attention(records: list[Measured], by_name: dict[str, Measured]) ->
                 roles.setdefault(linear.name, []).append(role)
         _fix_kv_heads(att, roles, by_name)
         for name, linear_roles in roles.items():
-            by_name[name].attrs["attention"] = {"roles": linear_roles, "num_heads": att.attrs["num_heads"],
-                                                "num_kv_heads": att.attrs["num_kv_heads"], "head_dim": att.attrs["head_dim"],
-                                                "node": att.name}
+            by_name[name].attrs["attention"] = {
+                "roles": linear_roles,
+                "num_heads": att.attrs["num_heads"],
+                "num_kv_heads": att.attrs["num_kv_heads"],
+                "head_dim": att.attrs["head_dim"],
+                "node": att.name,
+            }
 
 
 def _fix_kv_heads(att: Measured, roles: dict[str, list[str]], by_name: dict[str, Measured]) -> None:
@@ -148,7 +153,7 @@ def _head_split(linear: Measured, consumers: dict[str, list[str]], by_name: dict
         seen.add(record.name)
         out = list(record.outputs[0].shape)
         if out and out[-1] == features and math.prod(out[:-1]) == rows:
-            queue.extend(consumers.get(record.name, []))     # a transpose/contiguous that keeps the features last
+            queue.extend(consumers.get(record.name, []))  # a transpose/contiguous that keeps the features last
             continue
         for k in range(len(out) - 2, 0, -1):
             if math.prod(out[k:]) == features and math.prod(out[:k]) == rows:

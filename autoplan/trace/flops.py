@@ -13,6 +13,7 @@ torch's own table counts 0 for the CPU flash kernel (``_scaled_dot_product_flash
 and 2.5x for the backward of the CUDA kernels; :data:`CUSTOM_FLOPS` fixes both, and is passed
 to ``FlopCounterMode(custom_mapping=...)`` so no global registry is changed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,10 +36,18 @@ def attention_recompute_flops(query_shape, key_shape) -> int:
     return 2 * b * h * s_q * key_shape[-2] * d
 
 
-_FORWARD_OPS = [aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
-                aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention]
-_BACKWARD_OPS = [aten._scaled_dot_product_flash_attention_for_cpu_backward, aten._scaled_dot_product_flash_attention_backward,
-                 aten._scaled_dot_product_efficient_attention_backward, aten._scaled_dot_product_cudnn_attention_backward]
+_FORWARD_OPS = [
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+]
+_BACKWARD_OPS = [
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+]
 
 #: op -> formula over argument shapes, for FlopCounterMode(custom_mapping=...).
 CUSTOM_FLOPS = {**{op: _sdpa_forward for op in _FORWARD_OPS}, **{op: _sdpa_backward for op in _BACKWARD_OPS}}

@@ -20,6 +20,7 @@ blocks never leaves it behind.
 **Groups.** Blocks whose node sequences match (op kind, target, output shape and parameter
 shapes, node by node) form one :class:`LayerGroup`; the signature is a hash of that sequence.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,7 +52,9 @@ def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -
             candidates.append((score, len(children), name, [c for c, _ in children]))
     accepted: list[tuple[str, list[str]]] = []
     for _, _, name, children in sorted(candidates, key=lambda c: (-c[0], -c[1])):
-        if not any(_nested(name, other) for other, _ in accepted) and (records is None or _runs_once(records, children)):
+        if not any(_nested(name, other) for other, _ in accepted) and (
+            records is None or _runs_once(records, children)
+        ):
             accepted.append((name, children))
     return [child for _, children in accepted for child in children]
 
@@ -75,11 +78,13 @@ def assign_layers(records: list[Measured], blocks: list[str]) -> dict[str, str |
     ordered = sorted(blocks, key=len, reverse=True)
     layer_of: dict[str, str | None] = {}
     for record in records:
-        layer_of[record.name] = next((b for b in ordered if record.module == b or record.module.startswith(b + ".")), None)
+        layer_of[record.name] = next(
+            (b for b in ordered if record.module == b or record.module.startswith(b + ".")), None
+        )
     positions = [i for i, r in enumerate(records) if layer_of[r.name] is not None]
     if positions:
         current = None
-        for record in records[positions[0]:positions[-1] + 1]:
+        for record in records[positions[0] : positions[-1] + 1]:
             if layer_of[record.name] is not None:
                 current = layer_of[record.name]
             elif not record.params and record.kind not in ("input", "output", "loss"):
@@ -96,8 +101,9 @@ def execution_order(records: list[Measured], layer_of: dict[str, str | None]) ->
     return order
 
 
-def group_layers(records: list[Measured], layer_of: dict[str, str | None], layers: list[str],
-                 param_shapes: dict[str, list[int]]) -> list[LayerGroup]:
+def group_layers(
+    records: list[Measured], layer_of: dict[str, str | None], layers: list[str], param_shapes: dict[str, list[int]]
+) -> list[LayerGroup]:
     signatures: dict[str, list[str]] = {}
     for layer in layers:
         members = [r for r in records if layer_of[r.name] == layer]
@@ -110,5 +116,9 @@ def _signature(members: list[Measured], layer: str, param_shapes: dict[str, list
     for record in members:
         shape = list(record.outputs[0].shape) if record.outputs else []
         params = sorted(tuple(param_shapes.get(p, [])) for p in record.params)
-        digest.update(repr((record.kind, record.target, record.op_name, shape, params, record.module.removeprefix(layer))).encode())
+        digest.update(
+            repr(
+                (record.kind, record.target, record.op_name, shape, params, record.module.removeprefix(layer))
+            ).encode()
+        )
     return f"{len(members)}ops-{digest.hexdigest()[:12]}"

@@ -26,6 +26,7 @@ A call outside what the key describes is never replayed: a user-defined function
 an argument of unknown type, a parameter view with autograd history, an output that views a
 parameter or reinterprets an input's dtype, or a saved tensor from outside the call.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,8 +62,17 @@ class Record:
 
 
 # ---- keys ------------------------------------------------------------------------------------
-def record(*, output: Any, leaves: list[torch.Tensor], packs: list[tuple[Any, int, bool]], fwd: int, bwd: int,
-           storage_key: Callable, frozen: set, owner: dict) -> Record:
+def record(
+    *,
+    output: Any,
+    leaves: list[torch.Tensor],
+    packs: list[tuple[Any, int, bool]],
+    fwd: int,
+    bwd: int,
+    storage_key: Callable,
+    frozen: set,
+    owner: dict,
+) -> Record:
     """What a real run did, in terms of its inputs; raises NotMemoizable if it cannot be replayed."""
     inputs: dict[Any, int] = {}
     for index, tensor in enumerate(leaves):
@@ -70,16 +80,35 @@ def record(*, output: Any, leaves: list[torch.Tensor], packs: list[tuple[Any, in
     flat, spec = tree_flatten(output)
     new: dict[Any, int] = {}
     storages: list[tuple[int, torch.dtype]] = []
-    outputs = tuple(_output(v, i, flat, leaves, inputs, new, storages, storage_key, frozen, owner) for i, v in enumerate(flat))
+    outputs = tuple(
+        _output(v, i, flat, leaves, inputs, new, storages, storage_key, frozen, owner) for i, v in enumerate(flat)
+    )
     modes = {id(v.fake_mode): v.fake_mode for v in flat if isinstance(v, FakeTensor)}
     if len(modes) > 1:
         raise NotMemoizable("outputs of several fake modes")
-    return Record(fwd_flops=int(fwd), bwd_flops=int(bwd), spec=spec, outputs=outputs, storages=tuple(storages),
-                  packs=_pack_events(packs, inputs, new, frozen, owner), fake_mode=next(iter(modes.values()), None))
+    return Record(
+        fwd_flops=int(fwd),
+        bwd_flops=int(bwd),
+        spec=spec,
+        outputs=outputs,
+        storages=tuple(storages),
+        packs=_pack_events(packs, inputs, new, frozen, owner),
+        fake_mode=next(iter(modes.values()), None),
+    )
 
 
-def _output(value: Any, position: int, flat: list, leaves: list, inputs: dict, new: dict, storages: list,
-            storage_key: Callable, frozen: set, owner: dict) -> Output:
+def _output(
+    value: Any,
+    position: int,
+    flat: list,
+    leaves: list,
+    inputs: dict,
+    new: dict,
+    storages: list,
+    storage_key: Callable,
+    frozen: set,
+    owner: dict,
+) -> Output:
     if not isinstance(value, torch.Tensor):
         const_key(value)  # only immutable, known types
         return Output("const", value=value)
@@ -131,7 +160,9 @@ def _pack_events(packs: list[tuple[Any, int, bool]], inputs: dict, new: dict, fr
 
 
 # ---- replaying -------------------------------------------------------------------------------
-def replay(rec: Record, leaves: list[torch.Tensor], *, storage_key: Callable, charge: Callable[[Any, int], None]) -> Any:
+def replay(
+    rec: Record, leaves: list[torch.Tensor], *, storage_key: Callable, charge: Callable[[Any, int], None]
+) -> Any:
     """Rebuild the output on ``leaves`` and charge the saved storages; returns the output.
 
     Each output FakeTensor is made the way FakeTensorMode makes its results: a meta tensor with

@@ -6,6 +6,7 @@ with no hooks), every non-tensor argument by type and value, and every tensor ar
 layout, ``requires_grad``, parameter-ness and aliasing. Anything it cannot describe raises
 :class:`NotMemoizable`, and the propagator measures that call for real.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -15,7 +16,19 @@ import torch.fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.multiprocessing.reductions import StorageWeakRef
 
-_SCALARS = (bool, int, float, complex, str, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_SCALARS = (
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    type(None),
+    type(Ellipsis),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
 _FUNCTION_MODULES = ("torch", "_operator", "operator", "math")
 _BUILTINS = (getattr, len, isinstance)
 _SEQUENCES = (tuple, list, immutable_list)  # torch.fx keeps a node's list arguments as immutable_list
@@ -25,8 +38,15 @@ _MAPPINGS = (dict, immutable_dict)
 def _is_sequence(kind: type) -> bool:
     """A tuple/list, fx's immutable_list, or a torch.return_types result (topk's (values, indices))."""
     return kind in _SEQUENCES or (issubclass(kind, tuple) and kind.__module__ == "torch.return_types")
+
+
 _MODULE_STRUCTURE = ("_parameters", "_buffers", "_modules")
-_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks", "_global_backward_hooks")
+_GLOBAL_HOOKS = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+)
 
 
 class NotMemoizable(Exception):
@@ -53,8 +73,19 @@ def const_key(value: Any) -> Any:
 
 def tensor_layout(tensor: torch.Tensor, storage_nbytes: int | None = None) -> tuple:
     nbytes = tensor.untyped_storage().nbytes() if storage_nbytes is None else storage_nbytes
-    return (type(tensor), tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype, tensor.device,
-            tensor.layout, nbytes, tensor.requires_grad, tensor.is_conj(), tensor.is_neg())
+    return (
+        type(tensor),
+        tuple(tensor.shape),
+        tensor.stride(),
+        tensor.storage_offset(),
+        tensor.dtype,
+        tensor.device,
+        tensor.layout,
+        nbytes,
+        tensor.requires_grad,
+        tensor.is_conj(),
+        tensor.is_neg(),
+    )
 
 
 class _ArgWalker:
@@ -88,12 +119,28 @@ class _ArgWalker:
             raise NotMemoizable("a storage shared between dtypes")
         # a parameter or buffer is passed to the call as it is; an activation is copied first
         as_is = (isinstance(t, torch.nn.Parameter), t._is_view()) if is_frozen else None
-        return ("T", tensor_layout(t, nbytes), is_frozen, as_is,
-                self.first_id.setdefault(id(t), index), self.first_storage.setdefault(self.storage_key(t), index))
+        return (
+            "T",
+            tensor_layout(t, nbytes),
+            is_frozen,
+            as_is,
+            self.first_id.setdefault(id(t), index),
+            self.first_storage.setdefault(self.storage_key(t), index),
+        )
 
 
-def call_key(node: torch.fx.Node, module: torch.nn.Module | None, args: tuple, kwargs: dict, extra_params: list[torch.Tensor],
-             *, storage_key: Callable, frozen: set, module_keys: dict[int, Any], hook_owner: Any = None) -> tuple[Any, list[torch.Tensor]]:
+def call_key(
+    node: torch.fx.Node,
+    module: torch.nn.Module | None,
+    args: tuple,
+    kwargs: dict,
+    extra_params: list[torch.Tensor],
+    *,
+    storage_key: Callable,
+    frozen: set,
+    module_keys: dict[int, Any],
+    hook_owner: Any = None,
+) -> tuple[Any, list[torch.Tensor]]:
     """(key, tensor leaves of the arguments); raises NotMemoizable. ``hook_owner``: the object whose
     global module hooks are known to change nothing measured (the FLOP counter's module tracker)."""
     walker = _ArgWalker(storage_key, frozen)
@@ -144,7 +191,9 @@ def _check_global_hooks(owner: Any) -> None:
 
     for name in _GLOBAL_HOOKS:
         hooks = getattr(module_mod, name, None)
-        if isinstance(hooks, dict) and any(getattr(h, "__self__", None) is not owner or owner is None for h in hooks.values()):
+        if isinstance(hooks, dict) and any(
+            getattr(h, "__self__", None) is not owner or owner is None for h in hooks.values()
+        ):
             raise NotMemoizable("global module hooks")
 
 
@@ -164,8 +213,11 @@ def _module_key(module: torch.nn.Module) -> Any:
         if isinstance(value, torch.Tensor):
             raise NotMemoizable("a tensor attribute")
         state.append((name, const_key(value)))
-    tensors = tuple((kind, name, None if t is None else tensor_layout(t))
-                    for kind in ("_parameters", "_buffers") for name, t in getattr(module, kind).items())
+    tensors = tuple(
+        (kind, name, None if t is None else tensor_layout(t))
+        for kind in ("_parameters", "_buffers")
+        for name, t in getattr(module, kind).items()
+    )
     children = tuple((name, None if child is None else _module_key(child)) for name, child in module._modules.items())
     first: dict[int, int] = {}
     params = [p for _, p in module.named_parameters(remove_duplicate=False)]

@@ -4,6 +4,7 @@ Parameters are named canonically: a tensor tied into several modules (a GPT's to
 embedding and its output head) is named by its first fully qualified name, the name
 ``Graph.parameters`` uses, so the cost model can count each parameter once.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +17,9 @@ from autoplan.trace import classify
 from autoplan.trace.flops import attention_recompute_flops
 
 
-def node_params(node: torch.fx.Node, gm: torch.fx.GraphModule, module: torch.nn.Module | None,
-                canonical: dict[str, str]) -> list[tuple[str, torch.Tensor]]:
+def node_params(
+    node: torch.fx.Node, gm: torch.fx.GraphModule, module: torch.nn.Module | None, canonical: dict[str, str]
+) -> list[tuple[str, torch.Tensor]]:
     """(canonical name, tensor) for each parameter the node reads: its module's, or its get_attr args'."""
     if module is not None:
         found = [(f"{node.target}.{name}", p) for name, p in module.named_parameters()]
@@ -50,8 +52,14 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) 
     return args[index] if len(args) > index else default
 
 
-def kind_and_attrs(node: torch.fx.Node, module: torch.nn.Module | None, args: tuple, kwargs: dict,
-                   output: Any, params: list[tuple[str, torch.Tensor]]) -> tuple[str, dict[str, Any]]:
+def kind_and_attrs(
+    node: torch.fx.Node,
+    module: torch.nn.Module | None,
+    args: tuple,
+    kwargs: dict,
+    output: Any,
+    params: list[tuple[str, torch.Tensor]],
+) -> tuple[str, dict[str, Any]]:
     """The node's op kind and its attrs (see docs/trace.md for each key)."""
     if node.op == "placeholder":
         return "input", {}
@@ -67,7 +75,9 @@ def kind_and_attrs(node: torch.fx.Node, module: torch.nn.Module | None, args: tu
 def _module_attrs(kind: str, module: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
     type_name = type(module).__name__
     if kind == "linear":
-        return classify.linear_attrs(weight=module.weight, bias=module.bias is not None, weight_is_out_in=True, module_type=type_name)
+        return classify.linear_attrs(
+            weight=module.weight, bias=module.bias is not None, weight_is_out_in=True, module_type=type_name
+        )
     if kind == "embedding":
         return classify.embedding_attrs(module.weight, type_name)
     if kind == "conv":
@@ -81,28 +91,45 @@ def _module_attrs(kind: str, module: torch.nn.Module, args: tuple, kwargs: dict)
 def _mha_attrs(module: torch.nn.MultiheadAttention, args: tuple) -> dict[str, Any]:
     query, key = args[0], args[1]
     seq_dim = 1 if module.batch_first else 0
-    return {"num_heads": module.num_heads, "num_kv_heads": module.num_heads, "head_dim": module.head_dim,
-            "q_len": int(query.shape[seq_dim]), "kv_len": int(key.shape[seq_dim]), "causal": False,
-            "module_type": "MultiheadAttention"}
+    return {
+        "num_heads": module.num_heads,
+        "num_kv_heads": module.num_heads,
+        "head_dim": module.head_dim,
+        "q_len": int(query.shape[seq_dim]),
+        "kv_len": int(key.shape[seq_dim]),
+        "causal": False,
+        "module_type": "MultiheadAttention",
+    }
 
 
 def _function_attrs(kind: str, name: str, args: tuple, kwargs: dict, weights: set[int]) -> dict[str, Any]:
     if kind == "linear":
         return _linear_call_attrs(name, args, kwargs, weights)
     if kind == "embedding":
-        weight = next(a for a in args if isinstance(a, torch.Tensor) and id(a) in weights) if weights else _arg(args, kwargs, 1, "weight")
+        weight = (
+            next(a for a in args if isinstance(a, torch.Tensor) and id(a) in weights)
+            if weights
+            else _arg(args, kwargs, 1, "weight")
+        )
         return classify.embedding_attrs(weight, name)
     if kind == "conv":
-        if name in ("convolution", "_convolution"):  # aten: (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        if name in (
+            "convolution",
+            "_convolution",
+        ):  # aten: (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
             transposed, groups = bool(_arg(args, kwargs, 6, "transposed", False)), _arg(args, kwargs, 8, "groups", 1)
         else:  # F.conv2d / F.conv_transpose2d: groups is the 7th argument
             transposed, groups = "transpose" in name, _arg(args, kwargs, 6, "groups", 1)
         return classify.conv_attrs(args[1], groups=int(groups), transposed=transposed, module_type=name)
     if kind == "attention":
         query, key = args[0], args[1]
-        attrs = classify.attention_attrs(query, key, causal=bool(_arg(args, kwargs, 5, "is_causal", False)),
-                                         has_mask=_arg(args, kwargs, 3, "attn_mask") is not None,
-                                         dropout_p=float(_arg(args, kwargs, 4, "dropout_p", 0.0)))
+        attrs = classify.attention_attrs(
+            query,
+            key,
+            causal=bool(_arg(args, kwargs, 5, "is_causal", False)),
+            has_mask=_arg(args, kwargs, 3, "attn_mask") is not None,
+            dropout_p=float(_arg(args, kwargs, 4, "dropout_p", 0.0)),
+        )
         attrs["bwd_recompute_flops"] = attention_recompute_flops(tuple(query.shape), tuple(key.shape))
         return attrs
     if classify.is_split(name):

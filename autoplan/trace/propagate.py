@@ -21,6 +21,7 @@ A node whose call is identical to one already measured (same callable, arguments
 layouts: autoplan.trace.memo) is not run again: its record is replayed on the node's own inputs,
 which yields the same numbers (``MEMOIZE = False`` measures every node).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -148,8 +149,17 @@ class Propagator:
         return copy.as_strided(t.size(), t.stride(), t.storage_offset())
 
     # ---- running ----------------------------------------------------------------------------
-    def measure(self, *, name: str, node: torch.fx.Node | None, fn, args: tuple, kwargs: dict,
-                extra_params: list[torch.Tensor], module: torch.nn.Module | None = None) -> tuple[Any, int, int]:
+    def measure(
+        self,
+        *,
+        name: str,
+        node: torch.fx.Node | None,
+        fn,
+        args: tuple,
+        kwargs: dict,
+        extra_params: list[torch.Tensor],
+        module: torch.nn.Module | None = None,
+    ) -> tuple[Any, int, int]:
         """Run ``fn`` on local copies, or replay an identical call (autoplan.trace.memo);
         return (output, forward FLOPs, backward FLOPs)."""
         self.current = name
@@ -183,15 +193,32 @@ class Propagator:
         if not MEMOIZE or node is None:
             return None, []
         try:
-            return memo_keys.call_key(node, module, args, kwargs, extra_params, storage_key=self._key, frozen=self.frozen,
-                                 module_keys=self.module_keys, hook_owner=getattr(self.counter, "mod_tracker", None))
+            return memo_keys.call_key(
+                node,
+                module,
+                args,
+                kwargs,
+                extra_params,
+                storage_key=self._key,
+                frozen=self.frozen,
+                module_keys=self.module_keys,
+                hook_owner=getattr(self.counter, "mod_tracker", None),
+            )
         except Exception:  # NotMemoizable, or anything unforeseen: measuring for real is always right
             return None, []
 
     def _remember(self, key: Any, output: Any, inputs: list[torch.Tensor], packs: list, fwd: int, bwd: int) -> None:
         try:
-            self.memo[key] = memo.record(output=output, leaves=inputs, packs=packs, fwd=fwd, bwd=bwd,
-                                         storage_key=self._key, frozen=self.frozen, owner=self.owner)
+            self.memo[key] = memo.record(
+                output=output,
+                leaves=inputs,
+                packs=packs,
+                fwd=fwd,
+                bwd=bwd,
+                storage_key=self._key,
+                frozen=self.frozen,
+                owner=self.owner,
+            )
         except Exception:  # NotMemoizable, or anything unforeseen: this call is just not replayed
             pass
 
@@ -213,17 +240,35 @@ class Propagator:
         module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
         params = nodeattrs.node_params(node, self.gm, module, self.canonical)
         try:
-            output, fwd, bwd = self.measure(name=node.name, node=node, fn=self._callable(node, module), args=args, kwargs=kwargs,
-                                            extra_params=[t for _, t in params], module=module)
+            output, fwd, bwd = self.measure(
+                name=node.name,
+                node=node,
+                fn=self._callable(node, module),
+                args=args,
+                kwargs=kwargs,
+                extra_params=[t for _, t in params],
+                module=module,
+            )
         except Exception as exc:
             raise self._failure(node, exc) from exc
         self.env[node] = output
         kind, attrs = nodeattrs.kind_and_attrs(node, module, args, kwargs, output, params)
         if "module_type" in attrs and module is None and node.meta.get("nn_module_stack"):
             attrs["module_type"] = _class_name(list(node.meta["nn_module_stack"].values())[-1][1])
-        return Measured(name=node.name, node=node, kind=kind, op_name=classify.short_name(node), target=_target_text(node, module), module=module_path(node),
-                        inputs=_input_names(node), params=[n for n, _ in params], outputs=_tensors(output),
-                        fwd_flops=int(fwd), bwd_flops=int(bwd), attrs=attrs)
+        return Measured(
+            name=node.name,
+            node=node,
+            kind=kind,
+            op_name=classify.short_name(node),
+            target=_target_text(node, module),
+            module=module_path(node),
+            inputs=_input_names(node),
+            params=[n for n, _ in params],
+            outputs=_tensors(output),
+            fwd_flops=int(fwd),
+            bwd_flops=int(bwd),
+            attrs=attrs,
+        )
 
     def _callable(self, node: torch.fx.Node, module: torch.nn.Module | None):
         if module is not None:
@@ -240,16 +285,28 @@ class Propagator:
         module = module_path(node) or "the top-level forward()"
         op = _target_text(node, None)
         if isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException)):
-            return TraceError(f"op '{op}' in module '{module}'{where} has an output that depends on tensor values "
-                              "(data-dependent routing such as nonzero() or boolean-mask indexing), which shape-only tracing cannot size; "
-                              "route with dense masks or a fixed expert capacity instead (see examples/moe.py).")
+            return TraceError(
+                f"op '{op}' in module '{module}'{where} has an output that depends on tensor values "
+                "(data-dependent routing such as nonzero() or boolean-mask indexing), which shape-only tracing cannot size; "
+                "route with dense masks or a fixed expert capacity instead (see examples/moe.py)."
+            )
         return TraceError(f"op '{op}' in module '{module}'{where} failed on fake tensors: {first_line(exc)}.")
 
     def placeholder(self, node: torch.fx.Node, value: Any) -> Measured:
         self.env[node] = value
         tensors = _tensors(value)
         self._register(node.name, tensors)
-        return Measured(name=node.name, node=node, kind="input", op_name="input", target="input", module="", inputs=[], params=[], outputs=tensors)
+        return Measured(
+            name=node.name,
+            node=node,
+            kind="input",
+            op_name="input",
+            target="input",
+            module="",
+            inputs=[],
+            params=[],
+            outputs=tensors,
+        )
 
     def finish(self, records: list[Measured]) -> None:
         for record in records:

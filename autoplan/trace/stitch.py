@@ -22,6 +22,7 @@ the copies would not be what a full export records:
 
 The model's own module list is put back before the function returns, whatever happens.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,8 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-MIN_BLOCKS = 6     # below this a full export is cheap enough
-KEPT = 3           # blocks 0, 1 and 2: block 0 may differ, 1 and 2 must trace alike
+MIN_BLOCKS = 6  # below this a full export is cheap enough
+KEPT = 3  # blocks 0, 1 and 2: block 0 may differ, 1 and 2 must trace alike
 
 
 def repeated_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
@@ -74,7 +75,7 @@ def _value(value: Any) -> Any:
         return value
     if isinstance(value, (tuple, list)):
         return tuple(_value(v) for v in value)
-    return ("object", id(value))   # shared objects (a config) are equal; distinct ones never are
+    return ("object", id(value))  # shared objects (a config) are equal; distinct ones never are
 
 
 def _alike(a: Any, position_a: int, b: Any, position_b: int) -> bool:
@@ -110,19 +111,26 @@ def stitch(gm: torch.fx.GraphModule, *, prefix: str, blocks: list[nn.Module]) ->
         holder.add_module(str(index), blocks[index])
     last, previous, anchor = runs[-1], runs[-1], runs[-1][-1]
     for index in range(KEPT, len(blocks)):
-        previous, anchor = _copy_block(gm, last, previous_of=dict(zip(runs[-2], previous)), anchor=anchor,
-                                       old=f"{prefix}.{KEPT - 1}", new=f"{prefix}.{index}")
+        previous, anchor = _copy_block(
+            gm,
+            last,
+            previous_of=dict(zip(runs[-2], previous)),
+            anchor=anchor,
+            old=f"{prefix}.{KEPT - 1}",
+            new=f"{prefix}.{index}",
+        )
     final = dict(zip(last, previous))
     nodes = list(gm.graph.nodes)
-    for node in nodes[nodes.index(anchor) + 1:]:   # what follows the blocks reads the last copy
+    for node in nodes[nodes.index(anchor) + 1 :]:  # what follows the blocks reads the last copy
         node.args = torch.fx.node.map_arg(node.args, lambda n: final.get(n, n))
         node.kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: final.get(n, n))
     gm.graph.lint()
     return True
 
 
-def _copy_block(gm: torch.fx.GraphModule, last: list[torch.fx.Node], *, previous_of: dict, anchor: torch.fx.Node,
-                old: str, new: str) -> tuple[list[torch.fx.Node], torch.fx.Node]:
+def _copy_block(
+    gm: torch.fx.GraphModule, last: list[torch.fx.Node], *, previous_of: dict, anchor: torch.fx.Node, old: str, new: str
+) -> tuple[list[torch.fx.Node], torch.fx.Node]:
     """One copy of block ``last`` (FQN ``old``) as block ``new``, after ``anchor``: inputs from the
     block before it (``previous_of`` maps the exported previous block's nodes to that block's),
     parameters and buffers its own. Returns the copies and the new anchor."""
@@ -132,7 +140,7 @@ def _copy_block(gm: torch.fx.GraphModule, last: list[torch.fx.Node], *, previous
         for arg in node.all_input_nodes:
             if arg.op == "get_attr" and _under(str(arg.target), old) and arg not in made:
                 with gm.graph.inserting_after(anchor):
-                    made[arg] = anchor = gm.graph.get_attr(new + str(arg.target)[len(old):])
+                    made[arg] = anchor = gm.graph.get_attr(new + str(arg.target)[len(old) :])
         with gm.graph.inserting_after(anchor):
             copy = gm.graph.node_copy(node, lambda n: made.get(n) or previous_of.get(n, n))
         copy.meta = {**node.meta, "nn_module_stack": _renamed_stack(node.meta.get("nn_module_stack"), old, new)}
@@ -144,8 +152,10 @@ def _copy_block(gm: torch.fx.GraphModule, last: list[torch.fx.Node], *, previous
 def _renamed_stack(stack: dict | None, old: str, new: str) -> dict | None:
     if not stack:
         return stack
-    return {key.replace(old, new, 1): ((new + path[len(old):]) if _under(path, old) else path, kind)
-            for key, (path, kind) in stack.items()}
+    return {
+        key.replace(old, new, 1): ((new + path[len(old) :]) if _under(path, old) else path, kind)
+        for key, (path, kind) in stack.items()
+    }
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -154,10 +164,11 @@ def _under(path: str, prefix: str) -> bool:
 
 def _block_of(node: torch.fx.Node, prefix: str) -> int | None:
     from autoplan.trace.propagate import module_path  # propagate imports capture, which imports this module
+
     path = str(node.target) if node.op == "get_attr" else module_path(node)
     if not _under(path, prefix) or path == prefix:
         return None
-    head = path[len(prefix) + 1:].split(".", 1)[0]
+    head = path[len(prefix) + 1 :].split(".", 1)[0]
     return int(head) if head.isdigit() else None
 
 
@@ -197,7 +208,7 @@ def _shaper(block: list[torch.fx.Node], previous: list[torch.fx.Node], prefix: s
         if node in before:
             return ("previous", before[node])
         if node.op == "get_attr" and _block_of(node, prefix) is not None:
-            return ("attr", str(node.target)[len(prefix) + 1:].split(".", 1)[-1])
+            return ("attr", str(node.target)[len(prefix) + 1 :].split(".", 1)[-1])
         return ("outside", node)
 
     def shape(node: torch.fx.Node) -> Any:

@@ -5,6 +5,7 @@ module tree by a stand-in made by ``make(tensor)`` (an empty meta tensor, or a F
 the CPU), and restores the originals on exit. Tensors shared between modules (tied
 embeddings) stay shared: each distinct tensor is converted once, by identity.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """The data passed between autoplan's stages. Imports no torch.distributed."""
+
 from autoplan.types.cost import Cost
 from autoplan.types.graph import OP_KINDS, PARAM_KINDS, Graph, GraphError, LayerGroup, OpNode, ParamInfo
 from autoplan.types.plan import PLAN_SCHEMA_VERSION, PRECISIONS, RECOMPUTE, SCHEDULES, SPLITS, Plan
@@ -15,7 +16,28 @@ from autoplan.types.profile import (
 )
 
 __all__ = [
-    "Cost", "Graph", "GraphError", "LayerGroup", "OpNode", "ParamInfo", "OP_KINDS", "PARAM_KINDS",
-    "Plan", "Prediction", "SearchSummary", "PLAN_SCHEMA_VERSION", "SCHEDULES", "RECOMPUTE", "PRECISIONS", "SPLITS",
-    "Profile", "DeviceSpec", "Efficiency", "LinkSpec", "CollectiveFit", "OpTiming", "COLLECTIVES", "DTYPES",
+    "Cost",
+    "Graph",
+    "GraphError",
+    "LayerGroup",
+    "OpNode",
+    "ParamInfo",
+    "OP_KINDS",
+    "PARAM_KINDS",
+    "Plan",
+    "Prediction",
+    "SearchSummary",
+    "PLAN_SCHEMA_VERSION",
+    "SCHEDULES",
+    "RECOMPUTE",
+    "PRECISIONS",
+    "SPLITS",
+    "Profile",
+    "DeviceSpec",
+    "Efficiency",
+    "LinkSpec",
+    "CollectiveFit",
+    "OpTiming",
+    "COLLECTIVES",
+    "DTYPES",
 ]

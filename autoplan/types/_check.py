@@ -3,6 +3,7 @@
 Each check raises the type's own error with one sentence naming the field, the value and
 what was expected, as torchtitan's ParallelDims does for its degrees.
 """
+
 from __future__ import annotations
 
 import json

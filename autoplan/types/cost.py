@@ -4,6 +4,7 @@ Times are seconds per training step (one global batch); memory is bytes on the m
 device. ``step_time_s`` is not the plain sum of the time fields: the cost model states how
 they combine (overlap) in docs/cost-model.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -13,16 +14,16 @@ from typing import Any
 @dataclass
 class Cost:
     # step time, seconds
-    compute_s: float = 0.0             # forward + backward (+ recomputed forward) of the slowest stage
-    recompute_s: float = 0.0           # the part of compute_s spent re-running the forward
-    tp_comm_s: float = 0.0             # tensor/sequence-parallel collectives on the critical path
-    dp_comm_s: float = 0.0             # data-parallel gradient sync, total
-    dp_comm_exposed_s: float = 0.0     # the part of dp_comm_s not hidden under the backward pass
-    zero_comm_s: float = 0.0           # ZeRO-3 parameter all-gathers and gradient reduce-scatters (exposed)
-    pp_comm_s: float = 0.0             # pipeline send/recv on the critical path, and tied-weight gradient sync
-    bubble_s: float = 0.0              # pipeline fill and drain
-    grad_accum_s: float = 0.0          # adding each micro-batch's weight gradients into the held ones
-    optimizer_s: float = 0.0           # optimizer step
+    compute_s: float = 0.0  # forward + backward (+ recomputed forward) of the slowest stage
+    recompute_s: float = 0.0  # the part of compute_s spent re-running the forward
+    tp_comm_s: float = 0.0  # tensor/sequence-parallel collectives on the critical path
+    dp_comm_s: float = 0.0  # data-parallel gradient sync, total
+    dp_comm_exposed_s: float = 0.0  # the part of dp_comm_s not hidden under the backward pass
+    zero_comm_s: float = 0.0  # ZeRO-3 parameter all-gathers and gradient reduce-scatters (exposed)
+    pp_comm_s: float = 0.0  # pipeline send/recv on the critical path, and tied-weight gradient sync
+    bubble_s: float = 0.0  # pipeline fill and drain
+    grad_accum_s: float = 0.0  # adding each micro-batch's weight gradients into the held ones
+    optimizer_s: float = 0.0  # optimizer step
     step_time_s: float = 0.0
     # memory per device, bytes (the most loaded device)
     weights_bytes: int = 0
@@ -41,7 +42,16 @@ class Cost:
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    TIME_FIELDS = ("compute_s", "tp_comm_s", "dp_comm_exposed_s", "zero_comm_s", "pp_comm_s", "bubble_s", "grad_accum_s", "optimizer_s")
+    TIME_FIELDS = (
+        "compute_s",
+        "tp_comm_s",
+        "dp_comm_exposed_s",
+        "zero_comm_s",
+        "pp_comm_s",
+        "bubble_s",
+        "grad_accum_s",
+        "optimizer_s",
+    )
     MEMORY_FIELDS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "comm_buffer_bytes")
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ Every number is for ONE global batch of ``batch_size`` samples, unsharded, in th
 model was traced in. The cost model scales FLOPs and bytes to micro-batches, shards and
 precisions; the tracer never does.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -25,18 +26,18 @@ GRAPH_SCHEMA_VERSION = 1
 #: The op kinds a node can have. Parameterised kinds (linear, embedding, conv) are the ones
 #: the planner can split across tensor-parallel ranks.
 OP_KINDS = (
-    "input",        # a placeholder: a forward() argument
-    "output",       # the graph's output
-    "linear",       # y = x W^T + b; attrs: in_features, out_features, bias
-    "embedding",    # a table lookup; attrs: num_embeddings, embedding_dim
-    "conv",         # convolution; attrs: in_channels, out_channels, kernel_size, groups
-    "matmul",       # a matmul between activations (bmm, einsum, @)
-    "attention",    # scaled-dot-product attention; attrs: num_heads, num_kv_heads, head_dim, q_len, kv_len, causal
-    "norm",         # layer norm, RMS norm, batch norm, group norm
+    "input",  # a placeholder: a forward() argument
+    "output",  # the graph's output
+    "linear",  # y = x W^T + b; attrs: in_features, out_features, bias
+    "embedding",  # a table lookup; attrs: num_embeddings, embedding_dim
+    "conv",  # convolution; attrs: in_channels, out_channels, kernel_size, groups
+    "matmul",  # a matmul between activations (bmm, einsum, @)
+    "attention",  # scaled-dot-product attention; attrs: num_heads, num_kv_heads, head_dim, q_len, kv_len, causal
+    "norm",  # layer norm, RMS norm, batch norm, group norm
     "elementwise",  # activations, adds, muls, dropout, softmax
-    "reduction",    # sums, means, pooling
-    "view",         # reshapes, transposes, slicing: no FLOPs, usually no bytes
-    "loss",         # the loss function
+    "reduction",  # sums, means, pooling
+    "view",  # reshapes, transposes, slicing: no FLOPs, usually no bytes
+    "loss",  # the loss function
     "other",
 )
 PARAM_KINDS = ("linear", "embedding", "conv")
@@ -91,10 +92,18 @@ class OpNode:
     attrs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        require(self.op in OP_KINDS, GraphError, f"node '{self.name}' has op '{self.op}'; expected one of {', '.join(OP_KINDS)}.")
+        require(
+            self.op in OP_KINDS,
+            GraphError,
+            f"node '{self.name}' has op '{self.op}'; expected one of {', '.join(OP_KINDS)}.",
+        )
         for name in ("param_count", "param_bytes", "output_bytes", "saved_bytes", "fwd_flops", "bwd_flops"):
             value = getattr(self, name)
-            require(isinstance(value, int) and value >= 0, GraphError, f"node '{self.name}' has {name}={value!r}; expected an integer >= 0.")
+            require(
+                isinstance(value, int) and value >= 0,
+                GraphError,
+                f"node '{self.name}' has {name}={value!r}; expected an integer >= 0.",
+            )
 
 
 @dataclass
@@ -144,16 +153,24 @@ class Graph:
     parameters: dict[str, ParamInfo]
     seq_len: int | None = None
     dtype: str = "float32"
-    buffer_bytes: int = 0          # the model's buffers (DDP broadcasts them from rank 0 each step)
+    buffer_bytes: int = 0  # the model's buffers (DDP broadcasts them from rank 0 each step)
     version: int = GRAPH_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, GraphError, f"graph batch_size={self.batch_size}; expected >= 1.")
-        require(self.trace_method in ("fx", "export"), GraphError, f"graph trace_method='{self.trace_method}'; expected 'fx' or 'export'.")
+        require(
+            self.trace_method in ("fx", "export"),
+            GraphError,
+            f"graph trace_method='{self.trace_method}'; expected 'fx' or 'export'.",
+        )
         names = {node.name for node in self.nodes}
         require(len(names) == len(self.nodes), GraphError, "graph has duplicate node names.")
         for src, dst in self.edges:
-            require(src in names and dst in names, GraphError, f"graph edge ({src!r}, {dst!r}) names a node that does not exist.")
+            require(
+                src in names and dst in names,
+                GraphError,
+                f"graph edge ({src!r}, {dst!r}) names a node that does not exist.",
+            )
         grouped = [layer for group in self.groups for layer in group.layers]
         require(sorted(grouped) == sorted(self.layers), GraphError, "graph groups must cover every layer exactly once.")
 
@@ -251,9 +268,18 @@ class Graph:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Graph":
-        require_fields(data, ("model_name", "batch_size", "trace_method", "nodes", "edges", "layers", "groups", "parameters"), GraphError, "graph")
+        require_fields(
+            data,
+            ("model_name", "batch_size", "trace_method", "nodes", "edges", "layers", "groups", "parameters"),
+            GraphError,
+            "graph",
+        )
         version = data.get("version", GRAPH_SCHEMA_VERSION)
-        require(version == GRAPH_SCHEMA_VERSION, GraphError, f"graph schema version {version} is not supported; expected {GRAPH_SCHEMA_VERSION}. Re-run 'autoplan trace'.")
+        require(
+            version == GRAPH_SCHEMA_VERSION,
+            GraphError,
+            f"graph schema version {version} is not supported; expected {GRAPH_SCHEMA_VERSION}. Re-run 'autoplan trace'.",
+        )
         fields = dict(data)
         fields["nodes"] = [OpNode(**node) for node in data["nodes"]]
         fields["edges"] = [tuple(edge) for edge in data["edges"]]

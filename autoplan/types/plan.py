@@ -7,6 +7,7 @@ docs/plan-format.md.
 Mesh order is ``(pp, dp, tp)`` with tp innermost: ranks ``r`` and ``r+1`` share a tp group,
 so tensor-parallel groups stay inside a node whenever ``tp`` divides the devices per node.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -75,8 +76,11 @@ class Plan:
     def __post_init__(self) -> None:
         if isinstance(self.predicted, dict):
             self.predicted = Prediction.from_dict(self.predicted) if self.predicted else None
-        require(self.predicted is None or isinstance(self.predicted, Prediction), PlanError,
-                f"plan predicted={self.predicted!r}; expected a Prediction, a mapping or nothing.")
+        require(
+            self.predicted is None or isinstance(self.predicted, Prediction),
+            PlanError,
+            f"plan predicted={self.predicted!r}; expected a Prediction, a mapping or nothing.",
+        )
         self._check_degrees()
         self._check_choices()
         self._check_stages()
@@ -84,41 +88,78 @@ class Plan:
     def _check_degrees(self) -> None:
         for name in ("devices", "dp", "tp", "pp", "micro_batch_size", "num_microbatches", "virtual_stages"):
             value = getattr(self, name)
-            require(isinstance(value, int) and value >= 1, PlanError, f"plan {name}={value!r}; expected an integer >= 1.")
+            require(
+                isinstance(value, int) and value >= 1, PlanError, f"plan {name}={value!r}; expected an integer >= 1."
+            )
         require(
-            self.dp * self.tp * self.pp == self.devices, PlanError,
+            self.dp * self.tp * self.pp == self.devices,
+            PlanError,
             f"plan dp*tp*pp must equal devices: dp={self.dp} * tp={self.tp} * pp={self.pp} = {self.dp * self.tp * self.pp}, devices={self.devices}.",
         )
-        require(self.zero_stage in (0, 1, 2, 3), PlanError, f"plan zero_stage={self.zero_stage!r}; expected 0, 1, 2 or 3.")
+        require(
+            self.zero_stage in (0, 1, 2, 3), PlanError, f"plan zero_stage={self.zero_stage!r}; expected 0, 1, 2 or 3."
+        )
 
     def _check_choices(self) -> None:
-        require(self.schedule in SCHEDULES, PlanError, f"plan schedule='{self.schedule}'; expected one of {', '.join(SCHEDULES)}.")
-        require(self.recompute in RECOMPUTE, PlanError, f"plan recompute='{self.recompute}'; expected one of {', '.join(RECOMPUTE)}.")
-        require(self.precision in PRECISIONS, PlanError, f"plan precision='{self.precision}'; expected one of {', '.join(PRECISIONS)}.")
-        require(self.virtual_stages == 1 or self.schedule == "interleaved_1f1b", PlanError,
-                f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'.")
-        require(self.grad_reduce_dtype in PRECISIONS, PlanError,
-                f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(PRECISIONS)}.")
+        require(
+            self.schedule in SCHEDULES,
+            PlanError,
+            f"plan schedule='{self.schedule}'; expected one of {', '.join(SCHEDULES)}.",
+        )
+        require(
+            self.recompute in RECOMPUTE,
+            PlanError,
+            f"plan recompute='{self.recompute}'; expected one of {', '.join(RECOMPUTE)}.",
+        )
+        require(
+            self.precision in PRECISIONS,
+            PlanError,
+            f"plan precision='{self.precision}'; expected one of {', '.join(PRECISIONS)}.",
+        )
+        require(
+            self.virtual_stages == 1 or self.schedule == "interleaved_1f1b",
+            PlanError,
+            f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'.",
+        )
+        require(
+            self.grad_reduce_dtype in PRECISIONS,
+            PlanError,
+            f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(PRECISIONS)}.",
+        )
         allowed = "'fp32'" if self.precision == "fp32" else f"'fp32' or '{self.precision}'"
-        require(self.grad_reduce_dtype in ("fp32", self.precision), PlanError,
-                f"plan grad_reduce_dtype='{self.grad_reduce_dtype}' with precision '{self.precision}'; gradients are reduced "
-                f"in fp32 or in the compute dtype, so use {allowed}.")
+        require(
+            self.grad_reduce_dtype in ("fp32", self.precision),
+            PlanError,
+            f"plan grad_reduce_dtype='{self.grad_reduce_dtype}' with precision '{self.precision}'; gradients are reduced "
+            f"in fp32 or in the compute dtype, so use {allowed}.",
+        )
         for module, split in self.tp_plan.items():
-            require(split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
+            require(
+                split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}."
+            )
         require(not self.sequence_parallel or self.tp > 1, PlanError, "plan sequence_parallel=true needs tp > 1.")
-        require(not self.tp_comm_overlap or self.sequence_parallel, PlanError,
-                "plan tp_comm_overlap=true needs sequence_parallel=true: the overlapped collectives are sequence "
-                "parallelism's all-gather before and reduce-scatter after each split matmul.")
-        require(self.overlap_grad_reduce or self.zero_stage < 2, PlanError,
-                "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
-                "backward; use zero_stage 0 or 1 for a reduction after the backward.")
+        require(
+            not self.tp_comm_overlap or self.sequence_parallel,
+            PlanError,
+            "plan tp_comm_overlap=true needs sequence_parallel=true: the overlapped collectives are sequence "
+            "parallelism's all-gather before and reduce-scatter after each split matmul.",
+        )
+        require(
+            self.overlap_grad_reduce or self.zero_stage < 2,
+            PlanError,
+            "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
+            "backward; use zero_stage 0 or 1 for a reduction after the backward.",
+        )
 
     def _check_stages(self) -> None:
         if not self.stages:
             return
         chunks = self.pp * self.virtual_stages
-        require(len(self.stages) == chunks, PlanError,
-                f"plan has {len(self.stages)} stages; expected pp*virtual_stages = {chunks}.")
+        require(
+            len(self.stages) == chunks,
+            PlanError,
+            f"plan has {len(self.stages)} stages; expected pp*virtual_stages = {chunks}.",
+        )
         flat = [layer for stage in self.stages for layer in stage]
         require(len(flat) == len(set(flat)), PlanError, "plan stages list a layer more than once.")
 
@@ -134,8 +175,10 @@ class Plan:
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
         red += "" if self.overlap_grad_reduce else " no-overlap"
         red += " tp-overlap" if self.tp_comm_overlap else ""
-        return (f"dp={self.dp} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
-                f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}")
+        return (
+            f"dp={self.dp} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
+            f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}"
+        )
 
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -147,7 +190,11 @@ class Plan:
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
         require_fields(data, ("devices", "dp", "tp", "pp", "micro_batch_size", "num_microbatches"), PlanError, "plan")
         version = data.get("version", PLAN_SCHEMA_VERSION)
-        require(version == PLAN_SCHEMA_VERSION, PlanError, f"plan schema version {version} is not supported; expected {PLAN_SCHEMA_VERSION}.")
+        require(
+            version == PLAN_SCHEMA_VERSION,
+            PlanError,
+            f"plan schema version {version} is not supported; expected {PLAN_SCHEMA_VERSION}.",
+        )
         require_known_fields(data, cls, PlanError, "plan")
         return cls(**data)
 

@@ -6,6 +6,7 @@ the plan, a :class:`SearchSummary` of the search that chose it (what ``autoplan 
 re-runs from). In plan.json it is the ``predicted`` object, with the same keys as before it was
 typed (docs/plan-format.md); a plan nobody priced has ``predicted: {}``.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -59,19 +60,25 @@ class Prediction:
     memory_capacity_bytes: float = 0
     mfu: float = 0.0
     cost_per_step_usd: float | None = None
-    breakdown: dict[str, float] = field(default_factory=dict)   # Cost.TIME_FIELDS
-    memory: dict[str, float] = field(default_factory=dict)      # Cost.MEMORY_FIELDS
+    breakdown: dict[str, float] = field(default_factory=dict)  # Cost.TIME_FIELDS
+    memory: dict[str, float] = field(default_factory=dict)  # Cost.MEMORY_FIELDS
     search: SearchSummary | None = None
 
     def __post_init__(self) -> None:
         value = self.step_time_s
-        require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, PlanError,
-                f"plan predicted.step_time_s={value!r}; expected a number of seconds >= 0.")
+        require(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+            PlanError,
+            f"plan predicted.step_time_s={value!r}; expected a number of seconds >= 0.",
+        )
         for name, allowed in (("breakdown", Cost.TIME_FIELDS), ("memory", Cost.MEMORY_FIELDS)):
             unknown = sorted(set(getattr(self, name)) - set(allowed))
             first = unknown[0] if unknown else ""
-            require(not unknown, PlanError,
-                    f"plan predicted.{name} has unknown term '{first}'; expected some of {', '.join(allowed)}.")
+            require(
+                not unknown,
+                PlanError,
+                f"plan predicted.{name} has unknown term '{first}'; expected some of {', '.join(allowed)}.",
+            )
         if isinstance(self.search, dict):
             self.search = SearchSummary.from_dict(self.search)
 

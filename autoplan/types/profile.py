@@ -30,6 +30,7 @@ eta = ``comm_overlap.efficiency`` in [0, 1]. NCCL runs collectives on their own 
 (eta = 1, the default); gloo on a CPU runs them on threads that share the cores with compute,
 so ``autoplan profile`` measures eta (autoplan/profile/measure/overlap.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -44,13 +45,19 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send
 
 
 def _positive(owner: str, name: str, value: Any) -> None:
-    require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, ProfileError,
-            f"profile field '{owner}.{name}' is {value!r}; expected a positive number.")
+    require(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+        ProfileError,
+        f"profile field '{owner}.{name}' is {value!r}; expected a positive number.",
+    )
 
 
 def _sourced(owner: str, source: Any) -> None:
-    require(isinstance(source, str) and source.strip() != "", ProfileError,
-            f"profile field '{owner}.source' is {source!r}; expected a non-empty string naming where the numbers come from.")
+    require(
+        isinstance(source, str) and source.strip() != "",
+        ProfileError,
+        f"profile field '{owner}.source' is {source!r}; expected a non-empty string naming where the numbers come from.",
+    )
 
 
 @dataclass
@@ -63,10 +70,16 @@ class Efficiency:
 
     def check(self, owner: str) -> None:
         _positive(owner, "max_efficiency", self.max_efficiency)
-        require(self.max_efficiency <= 1.0, ProfileError,
-                f"profile field '{owner}.max_efficiency' is {self.max_efficiency}; expected a fraction in (0, 1].")
-        require(self.half_saturation_flops >= 0, ProfileError,
-                f"profile field '{owner}.half_saturation_flops' is {self.half_saturation_flops}; expected >= 0.")
+        require(
+            self.max_efficiency <= 1.0,
+            ProfileError,
+            f"profile field '{owner}.max_efficiency' is {self.max_efficiency}; expected a fraction in (0, 1].",
+        )
+        require(
+            self.half_saturation_flops >= 0,
+            ProfileError,
+            f"profile field '{owner}.half_saturation_flops' is {self.half_saturation_flops}; expected >= 0.",
+        )
         _sourced(owner, self.source)
 
     def __call__(self, flops: float) -> float:
@@ -95,8 +108,11 @@ class OpOverhead:
     def check(self) -> None:
         for name in ("forward_s", "backward_s"):
             value = getattr(self, name)
-            require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, ProfileError,
-                    f"profile field 'device.op_overhead.{name}' is {value!r}; expected a number >= 0 (seconds).")
+            require(
+                isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+                ProfileError,
+                f"profile field 'device.op_overhead.{name}' is {value!r}; expected a number >= 0 (seconds).",
+            )
         _sourced("device.op_overhead", self.source)
 
 
@@ -128,22 +144,50 @@ class DeviceSpec:
         _positive("device", "memory_efficiency", self.memory_efficiency)
         _sourced("device", self.source)
         if self.op_overhead is not None:
-            require(isinstance(self.op_overhead, OpOverhead), ProfileError,
-                    f"profile field 'device.op_overhead' is {self.op_overhead!r}; expected a mapping with forward_s, backward_s and source.")
+            require(
+                isinstance(self.op_overhead, OpOverhead),
+                ProfileError,
+                f"profile field 'device.op_overhead' is {self.op_overhead!r}; expected a mapping with forward_s, backward_s and source.",
+            )
             self.op_overhead.check()
-        require(isinstance(self.peak_flops, dict) and self.peak_flops, ProfileError,
-                "profile field 'device.peak_flops' is empty; expected FLOP/s for at least one of " + ", ".join(DTYPES) + ".")
+        require(
+            isinstance(self.peak_flops, dict) and self.peak_flops,
+            ProfileError,
+            "profile field 'device.peak_flops' is empty; expected FLOP/s for at least one of "
+            + ", ".join(DTYPES)
+            + ".",
+        )
         for dtype, value in self.peak_flops.items():
-            require(dtype in DTYPES, ProfileError, f"profile field 'device.peak_flops' has dtype '{dtype}'; expected one of {', '.join(DTYPES)}.")
+            require(
+                dtype in DTYPES,
+                ProfileError,
+                f"profile field 'device.peak_flops' has dtype '{dtype}'; expected one of {', '.join(DTYPES)}.",
+            )
             _positive("device.peak_flops", dtype, value)
-        require("matmul" in self.efficiency, ProfileError, "profile field 'device.efficiency' has no 'matmul' entry; expected one per op class.")
+        require(
+            "matmul" in self.efficiency,
+            ProfileError,
+            "profile field 'device.efficiency' has no 'matmul' entry; expected one per op class.",
+        )
         for op_class, eff in self.efficiency.items():
-            require(op_class in OP_CLASSES, ProfileError, f"profile field 'device.efficiency' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.")
+            require(
+                op_class in OP_CLASSES,
+                ProfileError,
+                f"profile field 'device.efficiency' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.",
+            )
             eff.check(f"device.efficiency.{op_class}")
         for dtype, curves in self.efficiency_by_dtype.items():
-            require(dtype in DTYPES, ProfileError, f"profile field 'device.efficiency_by_dtype' has dtype '{dtype}'; expected one of {', '.join(DTYPES)}.")
+            require(
+                dtype in DTYPES,
+                ProfileError,
+                f"profile field 'device.efficiency_by_dtype' has dtype '{dtype}'; expected one of {', '.join(DTYPES)}.",
+            )
             for op_class, eff in curves.items():
-                require(op_class in OP_CLASSES, ProfileError, f"profile field 'device.efficiency_by_dtype.{dtype}' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.")
+                require(
+                    op_class in OP_CLASSES,
+                    ProfileError,
+                    f"profile field 'device.efficiency_by_dtype.{dtype}' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.",
+                )
                 eff.check(f"device.efficiency_by_dtype.{dtype}.{op_class}")
 
 
@@ -158,8 +202,11 @@ class CollectiveFit:
     points: list[list[float]] = field(default_factory=list)
 
     def check(self, owner: str) -> None:
-        require(isinstance(self.alpha_s, (int, float)) and self.alpha_s >= 0, ProfileError,
-                f"profile field '{owner}.alpha_s' is {self.alpha_s!r}; expected a number >= 0 (seconds).")
+        require(
+            isinstance(self.alpha_s, (int, float)) and self.alpha_s >= 0,
+            ProfileError,
+            f"profile field '{owner}.alpha_s' is {self.alpha_s!r}; expected a number >= 0 (seconds).",
+        )
         _positive(owner, "busbw_bytes_per_s", self.busbw_bytes_per_s)
         _sourced(owner, self.source)
 
@@ -171,10 +218,17 @@ class LinkSpec:
 
     def check(self, owner: str) -> None:
         for kind in COLLECTIVES:
-            require(kind in self.collectives, ProfileError,
-                    f"profile field '{owner}.collectives' has no '{kind}'; expected all of {', '.join(COLLECTIVES)}.")
+            require(
+                kind in self.collectives,
+                ProfileError,
+                f"profile field '{owner}.collectives' has no '{kind}'; expected all of {', '.join(COLLECTIVES)}.",
+            )
         for kind, fit in self.collectives.items():
-            require(kind in COLLECTIVES, ProfileError, f"profile field '{owner}.collectives' has '{kind}'; expected one of {', '.join(COLLECTIVES)}.")
+            require(
+                kind in COLLECTIVES,
+                ProfileError,
+                f"profile field '{owner}.collectives' has '{kind}'; expected one of {', '.join(COLLECTIVES)}.",
+            )
             fit.check(f"{owner}.collectives.{kind}")
 
 
@@ -188,18 +242,24 @@ class CommOverlap:
 
     efficiency: float = 1.0
     source: str = DEFAULT_OVERLAP_SOURCE
-    compute_s: float = 0.0   # the compute kernel alone
-    comm_s: float = 0.0      # the collective alone
-    both_s: float = 0.0      # both at once (async collective, compute, then wait)
+    compute_s: float = 0.0  # the compute kernel alone
+    comm_s: float = 0.0  # the collective alone
+    both_s: float = 0.0  # both at once (async collective, compute, then wait)
 
     def check(self) -> None:
         e = self.efficiency
-        require(isinstance(e, (int, float)) and not isinstance(e, bool) and 0.0 <= e <= 1.0, ProfileError,
-                f"profile field 'comm_overlap.efficiency' is {e!r}; expected a fraction in [0, 1].")
+        require(
+            isinstance(e, (int, float)) and not isinstance(e, bool) and 0.0 <= e <= 1.0,
+            ProfileError,
+            f"profile field 'comm_overlap.efficiency' is {e!r}; expected a fraction in [0, 1].",
+        )
         for name in ("compute_s", "comm_s", "both_s"):
             value = getattr(self, name)
-            require(isinstance(value, (int, float)) and value >= 0, ProfileError,
-                    f"profile field 'comm_overlap.{name}' is {value!r}; expected a number >= 0 (seconds).")
+            require(
+                isinstance(value, (int, float)) and value >= 0,
+                ProfileError,
+                f"profile field 'comm_overlap.{name}' is {value!r}; expected a number >= 0 (seconds).",
+            )
         _sourced("comm_overlap", self.source)
 
     def hidden_s(self, *, compute_s: float, comm_s: float) -> float:
@@ -223,13 +283,23 @@ class Profile:
     comm_overlap: CommOverlap = field(default_factory=CommOverlap)
 
     def __post_init__(self) -> None:
-        require(isinstance(self.devices_per_node, int) and self.devices_per_node >= 1, ProfileError,
-                f"profile field 'devices_per_node' is {self.devices_per_node!r}; expected an integer >= 1.")
-        require(self.backend in ("nccl", "gloo"), ProfileError, f"profile field 'backend' is {self.backend!r}; expected 'nccl' or 'gloo'.")
+        require(
+            isinstance(self.devices_per_node, int) and self.devices_per_node >= 1,
+            ProfileError,
+            f"profile field 'devices_per_node' is {self.devices_per_node!r}; expected an integer >= 1.",
+        )
+        require(
+            self.backend in ("nccl", "gloo"),
+            ProfileError,
+            f"profile field 'backend' is {self.backend!r}; expected 'nccl' or 'gloo'.",
+        )
         if self.price_per_device_hour is not None:
             _positive("profile", "price_per_device_hour", self.price_per_device_hour)
-        require(isinstance(self.comm_overlap, CommOverlap), ProfileError,
-                f"profile field 'comm_overlap' is {self.comm_overlap!r}; expected a mapping with 'efficiency' and 'source'.")
+        require(
+            isinstance(self.comm_overlap, CommOverlap),
+            ProfileError,
+            f"profile field 'comm_overlap' is {self.comm_overlap!r}; expected a mapping with 'efficiency' and 'source'.",
+        )
         self.comm_overlap.check()
         self.device.check()
         self.intra_node.check("intra_node")
@@ -240,7 +310,9 @@ class Profile:
         """The link a collective uses: inter-node when its group spans nodes."""
         if spans_nodes:
             if self.inter_node is None:
-                raise ProfileError(f"profile '{self.name}' has no inter_node link, so it cannot describe more than {self.devices_per_node} devices.")
+                raise ProfileError(
+                    f"profile '{self.name}' has no inter_node link, so it cannot describe more than {self.devices_per_node} devices."
+                )
             return self.inter_node
         return self.intra_node
 
@@ -254,8 +326,10 @@ class Profile:
         device = dict(data["device"])
         device["efficiency"] = {k: Efficiency(**v) for k, v in device["efficiency"].items()}
         device["op_table"] = [OpTiming(**row) for row in device.get("op_table", [])]
-        device["efficiency_by_dtype"] = {dtype: {k: Efficiency(**v) for k, v in curves.items()}
-                                         for dtype, curves in (device.get("efficiency_by_dtype") or {}).items()}
+        device["efficiency_by_dtype"] = {
+            dtype: {k: Efficiency(**v) for k, v in curves.items()}
+            for dtype, curves in (device.get("efficiency_by_dtype") or {}).items()
+        }
         if isinstance(device.get("op_overhead"), dict):
             device["op_overhead"] = OpOverhead(**device["op_overhead"])
         fields = dict(data)

@@ -9,6 +9,7 @@ the compute term's alone.
 
     python -m benchmarks.calibration.compute_check [--model gpt|llama] [--mbs 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,9 @@ def predicted_by_class(graph, profile, *, mbs: int) -> dict[str, float]:
     for node in graph.nodes:
         cls = {"linear": "matmul", "matmul": "matmul", "attention": "attention"}.get(node.op, "other")
         for backward in (False, True):
-            out[cls] += op_time_s(node, profile, precision="fp32", batch_fraction=mbs / graph.batch_size, backward=backward)
+            out[cls] += op_time_s(
+                node, profile, precision="fp32", batch_fraction=mbs / graph.batch_size, backward=backward
+            )
     return dict(out)
 
 
@@ -80,13 +83,17 @@ def main(argv=None) -> int:
         model_file = load_model_file(ROOT / path)
     predicted = predicted_by_class(graph, profile, mbs=args.mbs)
     measured, wall_s = measured_by_class(model_file, mbs=args.mbs, steps=args.steps)
-    print(f"{args.model}, micro-batch {args.mbs}, fp32, {torch.get_num_threads()} thread(s): forward + backward seconds")
+    print(
+        f"{args.model}, micro-batch {args.mbs}, fp32, {torch.get_num_threads()} thread(s): forward + backward seconds"
+    )
     print(f"{'op class':12s}{'measured':>10s}{'predicted':>11s}{'meas/pred':>11s}")
     for cls in ("matmul", "attention", "other"):
         m, p = measured.get(cls, 0.0), predicted.get(cls, 0.0)
         print(f"{cls:12s}{m:10.4f}{p:11.4f}{(m / p if p else float('nan')):11.2f}")
     total_p = sum(predicted.values())
-    print(f"{'total':12s}{sum(measured.values()):10.4f}{total_p:11.4f}{sum(measured.values()) / total_p:11.2f}   (wall, no profiler: {wall_s:.4f})")
+    print(
+        f"{'total':12s}{sum(measured.values()):10.4f}{total_p:11.4f}{sum(measured.values()) / total_p:11.2f}   (wall, no profiler: {wall_s:.4f})"
+    )
     return 0
 
 

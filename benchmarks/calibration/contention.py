@@ -7,6 +7,7 @@ A ratio below 1 is a slowdown the profile's compute numbers do not contain.
 
     python -m benchmarks.calibration.contention [--processes 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,7 @@ import time
 
 def _work(barrier, queue, threads: int, size: int, repeats: int) -> None:
     import torch
+
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
     x, y = torch.randn(8 * 2**20), torch.randn(8 * 2**20)
@@ -53,7 +55,9 @@ def main(argv=None) -> int:
     alone = measure(1)
     together = measure(args.processes)
     print(f"{'':28s}{'alone':>12s}{f'{args.processes} at once':>14s}{'ratio':>8s}")
-    print(f"{'fp32 matmul 512^3 GFLOP/s':28s}{alone[0] / 1e9:12.1f}{together[0] / 1e9:14.1f}{together[0] / alone[0]:8.2f}")
+    print(
+        f"{'fp32 matmul 512^3 GFLOP/s':28s}{alone[0] / 1e9:12.1f}{together[0] / 1e9:14.1f}{together[0] / alone[0]:8.2f}"
+    )
     print(f"{'add 8M fp32 GB/s':28s}{alone[1] / 1e9:12.2f}{together[1] / 1e9:14.2f}{together[1] / alone[1]:8.2f}")
     return 0
 

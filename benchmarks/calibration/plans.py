@@ -14,6 +14,7 @@ Spaces:
   plans per model, and each run costs ~20 s of process start-up here);
 - ``quick``: a handful (one per degree, one pipeline schedule), for development.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,10 +42,14 @@ def _text(value: object) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
-def full_space(graph: Graph, profile: Profile, *, devices: int, batch: int, precisions: tuple[str, ...]) -> list[Config]:
+def full_space(
+    graph: Graph, profile: Profile, *, devices: int, batch: int, precisions: tuple[str, ...]
+) -> list[Config]:
     """Every configuration of solve/space.py for this graph (precisions restricted to ``precisions``)."""
     layers, out = len(graph.layers), []
-    for deg in space.degree_options(devices=devices, per_node=profile.devices_per_node, layers=layers, batch=batch, fixes={}):
+    for deg in space.degree_options(
+        devices=devices, per_node=profile.devices_per_node, layers=layers, batch=batch, fixes={}
+    ):
         for precision in [p for p in space.precision_options(profile, fixes={}) if p in precisions]:
             for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes={}):
                 for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes={}):
@@ -52,8 +57,22 @@ def full_space(graph: Graph, profile: Profile, *, devices: int, batch: int, prec
                     for schedule, v in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=m, fixes={}):
                         for zero in space.zero_options(dp=deg.dp, fixes={}):
                             for recompute in space.recompute_options(fixes={}, layers=layers):
-                                out.append(Config((("dp", deg.dp), ("tp", deg.tp), ("pp", deg.pp), ("mbs", mbs), ("schedule", schedule),
-                                                   ("v", v), ("zero", zero), ("recompute", recompute), ("sp", sp), ("precision", precision))))
+                                out.append(
+                                    Config(
+                                        (
+                                            ("dp", deg.dp),
+                                            ("tp", deg.tp),
+                                            ("pp", deg.pp),
+                                            ("mbs", mbs),
+                                            ("schedule", schedule),
+                                            ("v", v),
+                                            ("zero", zero),
+                                            ("recompute", recompute),
+                                            ("sp", sp),
+                                            ("precision", precision),
+                                        )
+                                    )
+                                )
     return out
 
 
@@ -82,7 +101,13 @@ def _recompute_variants(configs: list[Config], *, batch: int) -> list[Config]:
     for config in configs:
         pins = dict(config.pins)
         m = batch // (pins["dp"] * pins["mbs"])
-        if pins["recompute"] == "none" or pins["sp"] or pins["zero"] or pins["schedule"] == "gpipe" or m != (4 if pins["pp"] > 1 else 1):
+        if (
+            pins["recompute"] == "none"
+            or pins["sp"]
+            or pins["zero"]
+            or pins["schedule"] == "gpipe"
+            or m != (4 if pins["pp"] > 1 else 1)
+        ):
             continue
         key = (pins["dp"], pins["tp"], pins["pp"], pins["precision"], pins["recompute"])
         if key not in seen:
@@ -107,7 +132,16 @@ def chosen_plan(graph: Graph, profile: Profile, *, devices: int, batch: int, pre
 
 
 def config_key(plan: Plan) -> str:
-    pins = (("dp", plan.dp), ("tp", plan.tp), ("pp", plan.pp), ("mbs", plan.micro_batch_size), ("schedule", plan.schedule),
-            ("v", plan.virtual_stages), ("zero", plan.zero_stage), ("recompute", plan.recompute), ("sp", plan.sequence_parallel),
-            ("precision", plan.precision))
+    pins = (
+        ("dp", plan.dp),
+        ("tp", plan.tp),
+        ("pp", plan.pp),
+        ("mbs", plan.micro_batch_size),
+        ("schedule", plan.schedule),
+        ("v", plan.virtual_stages),
+        ("zero", plan.zero_stage),
+        ("recompute", plan.recompute),
+        ("sp", plan.sequence_parallel),
+        ("precision", plan.precision),
+    )
     return Config(pins).key

@@ -4,6 +4,7 @@ Per plan: |predicted - measured| / measured. Per set of plans: the median and la
 Spearman's rank correlation of predicted against measured (scipy.stats.spearmanr), and where the
 planner's chosen plan ranks among the measured times (1 = fastest) with its gap to the fastest.
 """
+
 from __future__ import annotations
 
 import csv
@@ -14,9 +15,25 @@ from scipy.stats import spearmanr
 
 from autoplan.types.cost import Cost
 
-FIELDS = ["model", "plan", "split", "chosen", "measured_s", "predicted_s", "abs_pct_err", "calibrated_s", "calibrated_abs_pct_err",
-          "measured_rank", "spread_pct", "predicted_peak_bytes", "measured_peak_bytes", "memory_err_pct", *Cost.TIME_FIELDS,
-          "folder", "error"]
+FIELDS = [
+    "model",
+    "plan",
+    "split",
+    "chosen",
+    "measured_s",
+    "predicted_s",
+    "abs_pct_err",
+    "calibrated_s",
+    "calibrated_abs_pct_err",
+    "measured_rank",
+    "spread_pct",
+    "predicted_peak_bytes",
+    "measured_peak_bytes",
+    "memory_err_pct",
+    *Cost.TIME_FIELDS,
+    "folder",
+    "error",
+]
 
 
 def ape(predicted: float, measured: float) -> float:
@@ -33,8 +50,15 @@ def metrics(rows: list[dict], *, predicted: str = "predicted_s") -> dict:
     if not ok:
         return {"plans": 0}
     errors = [ape(r[predicted], r["measured_s"]) for r in ok]
-    rho = spearmanr([r[predicted] for r in ok], [r["measured_s"] for r in ok]).statistic if len(ok) > 2 else float("nan")
-    out = {"plans": len(ok), "median_abs_pct": statistics.median(errors), "max_abs_pct": max(errors), "spearman": float(rho)}
+    rho = (
+        spearmanr([r[predicted] for r in ok], [r["measured_s"] for r in ok]).statistic if len(ok) > 2 else float("nan")
+    )
+    out = {
+        "plans": len(ok),
+        "median_abs_pct": statistics.median(errors),
+        "max_abs_pct": max(errors),
+        "spearman": float(rho),
+    }
     memory = [r["memory_err_pct"] for r in ok if r.get("memory_err_pct") is not None]
     if memory:
         out["memory_median_abs_pct"] = statistics.median(abs(e) for e in memory)
@@ -66,23 +90,62 @@ def print_table(rows: list[dict], summaries: dict[str, dict]) -> None:
     from rich.table import Table
 
     table = Table(title="calibration benchmark: step time per plan (s)")
-    for column in ("model", "plan", "split", "measured", "IQR %", "predicted", "err %", "calibrated", "err %", "rank", "mem err %"):
+    for column in (
+        "model",
+        "plan",
+        "split",
+        "measured",
+        "IQR %",
+        "predicted",
+        "err %",
+        "calibrated",
+        "err %",
+        "rank",
+        "mem err %",
+    ):
         table.add_column(column)
     for r in sorted(rows, key=lambda r: (r["model"], r["measured_s"] or 1e9)):
         flag = " *" if r["chosen"] else ""
-        table.add_row(r["model"], r["plan"] + flag, r["split"], _f(r["measured_s"]), _f(r.get("spread_pct"), 0), _f(r["predicted_s"]), _f(r["abs_pct_err"], 1),
-                      _f(r["calibrated_s"]), _f(r["calibrated_abs_pct_err"], 1), str(r.get("measured_rank") or r["error"][:40]),
-                      _f(r.get("memory_err_pct"), 1))
+        table.add_row(
+            r["model"],
+            r["plan"] + flag,
+            r["split"],
+            _f(r["measured_s"]),
+            _f(r.get("spread_pct"), 0),
+            _f(r["predicted_s"]),
+            _f(r["abs_pct_err"], 1),
+            _f(r["calibrated_s"]),
+            _f(r["calibrated_abs_pct_err"], 1),
+            str(r.get("measured_rank") or r["error"][:40]),
+            _f(r.get("memory_err_pct"), 1),
+        )
     console = Console(width=160)
     console.print(table)
     summary = Table(title="accuracy (* = the planner's chosen plan)")
-    for column in ("set", "plans", "median |err| %", "max |err| %", "spearman", "chosen rank", "chosen vs fastest %",
-                   "memory median |err| %", "memory worst under %"):
+    for column in (
+        "set",
+        "plans",
+        "median |err| %",
+        "max |err| %",
+        "spearman",
+        "chosen rank",
+        "chosen vs fastest %",
+        "memory median |err| %",
+        "memory worst under %",
+    ):
         summary.add_column(column)
     for name, m in summaries.items():
-        summary.add_row(name, str(m.get("plans")), _f(m.get("median_abs_pct"), 1), _f(m.get("max_abs_pct"), 1), _f(m.get("spearman"), 3),
-                        str(m.get("chosen_rank", "")), _f(m.get("chosen_gap_pct"), 1), _f(m.get("memory_median_abs_pct"), 1),
-                        _f(m.get("memory_worst_under_pct"), 1))
+        summary.add_row(
+            name,
+            str(m.get("plans")),
+            _f(m.get("median_abs_pct"), 1),
+            _f(m.get("max_abs_pct"), 1),
+            _f(m.get("spearman"), 3),
+            str(m.get("chosen_rank", "")),
+            _f(m.get("chosen_gap_pct"), 1),
+            _f(m.get("memory_median_abs_pct"), 1),
+            _f(m.get("memory_worst_under_pct"), 1),
+        )
     console.print(summary)
 
 
@@ -92,21 +155,34 @@ def _f(value, digits: int = 4) -> str:
 
 def plot(path: Path, rows: list[dict]) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["measured_s"]]
     fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharex=True, sharey=True)
-    for ax, column, title in ((axes[0], "predicted_s", "profile as measured"), (axes[1], "calibrated_s", "calibrated (fit on 'train' plans)")):
+    for ax, column, title in (
+        (axes[0], "predicted_s", "profile as measured"),
+        (axes[1], "calibrated_s", "calibrated (fit on 'train' plans)"),
+    ):
         for model, marker in zip(sorted({r["model"] for r in ok}), "os^D"):
             for split, fill in (("train", "none"), ("held_out", None)):
                 pts = [r for r in ok if r["model"] == model and r["split"] == split]
-                ax.scatter([r["measured_s"] for r in pts], [r[column] for r in pts], marker=marker, label=f"{model} {split}",
-                           facecolors=fill, edgecolors="C0" if model == "gpt" else "C1", color=None if fill else ("C0" if model == "gpt" else "C1"))
+                ax.scatter(
+                    [r["measured_s"] for r in pts],
+                    [r[column] for r in pts],
+                    marker=marker,
+                    label=f"{model} {split}",
+                    facecolors=fill,
+                    edgecolors="C0" if model == "gpt" else "C1",
+                    color=None if fill else ("C0" if model == "gpt" else "C1"),
+                )
         low = min(min(r["measured_s"], r["predicted_s"], r["calibrated_s"]) for r in ok) * 0.8
         high = max(max(r["measured_s"], r["predicted_s"], r["calibrated_s"]) for r in ok) * 1.25
         ax.plot([low, high], [low, high], "k-", lw=1)
-        ax.fill_between([low, high], [low * 0.8, high * 0.8], [low * 1.2, high * 1.2], color="grey", alpha=0.15, label="±20%")
+        ax.fill_between(
+            [low, high], [low * 0.8, high * 0.8], [low * 1.2, high * 1.2], color="grey", alpha=0.15, label="±20%"
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("measured step time (s)")

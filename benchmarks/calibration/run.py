@@ -19,6 +19,7 @@ Writes benchmarks/results/calibration/{calibration.csv, calibration.png, summary
 cpu-gloo-calibrated.yaml} and one run folder per plan. The machine is shared and has 2 cores:
 timings are noisy (the spread over a run's steps is in each measured.csv).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,20 +40,41 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "calibration"
 DEVICES, BATCH = 2, 8
 MODELS = {
-    "gpt": ("examples/gpt.py", {"AUTOPLAN_GPT_N_LAYER": "4", "AUTOPLAN_GPT_N_EMBD": "256", "AUTOPLAN_GPT_N_HEAD": "8",
-                                "AUTOPLAN_GPT_BLOCK_SIZE": "128", "AUTOPLAN_GPT_VOCAB_SIZE": "8192"}),
-    "llama": ("examples/llama.py", {"AUTOPLAN_LLAMA_N_LAYERS": "4", "AUTOPLAN_LLAMA_DIM": "256", "AUTOPLAN_LLAMA_N_HEADS": "8",
-                                    "AUTOPLAN_LLAMA_N_KV_HEADS": "2", "AUTOPLAN_LLAMA_FFN_DIM": "704", "AUTOPLAN_LLAMA_SEQ_LEN": "128",
-                                    "AUTOPLAN_LLAMA_VOCAB_SIZE": "8192"}),
+    "gpt": (
+        "examples/gpt.py",
+        {
+            "AUTOPLAN_GPT_N_LAYER": "4",
+            "AUTOPLAN_GPT_N_EMBD": "256",
+            "AUTOPLAN_GPT_N_HEAD": "8",
+            "AUTOPLAN_GPT_BLOCK_SIZE": "128",
+            "AUTOPLAN_GPT_VOCAB_SIZE": "8192",
+        },
+    ),
+    "llama": (
+        "examples/llama.py",
+        {
+            "AUTOPLAN_LLAMA_N_LAYERS": "4",
+            "AUTOPLAN_LLAMA_DIM": "256",
+            "AUTOPLAN_LLAMA_N_HEADS": "8",
+            "AUTOPLAN_LLAMA_N_KV_HEADS": "2",
+            "AUTOPLAN_LLAMA_FFN_DIM": "704",
+            "AUTOPLAN_LLAMA_SEQ_LEN": "128",
+            "AUTOPLAN_LLAMA_VOCAB_SIZE": "8192",
+        },
+    ),
 }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few plans of one model, 4 steps (development)")
-    parser.add_argument("--space", choices=("quick", "default", "full"), default=None, help="which plans (see plans.py)")
+    parser.add_argument(
+        "--space", choices=("quick", "default", "full"), default=None, help="which plans (see plans.py)"
+    )
     parser.add_argument("--models", default=None, help="comma-separated, from: " + ", ".join(MODELS))
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 8; 2 warm-up steps are left out of the median)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per run (default 8; 2 warm-up steps are left out of the median)"
+    )
     parser.add_argument("--precisions", default="fp32", help="comma-separated precisions to enumerate (default fp32)")
     parser.add_argument("--profile", default="cpu-gloo")
     parser.add_argument("--fresh", action="store_true", help="rerun plans whose run folder already has a result")
@@ -71,26 +93,54 @@ def model_rows(name: str, args: argparse.Namespace, profile, out: Path) -> tuple
     model_file, env = MODELS[name]
     with environment(tuple(env.items())):
         graph = trace_model_file(str(ROOT / model_file), BATCH)
-    configs = P.select(P.full_space(graph, profile, devices=DEVICES, batch=BATCH, precisions=args.precisions), name=args.space, batch=BATCH)
-    plans = {c.key: p for c in configs if (p := P.make_plan(graph, profile, c, devices=DEVICES, batch=BATCH)) is not None}
+    configs = P.select(
+        P.full_space(graph, profile, devices=DEVICES, batch=BATCH, precisions=args.precisions),
+        name=args.space,
+        batch=BATCH,
+    )
+    plans = {
+        c.key: p for c in configs if (p := P.make_plan(graph, profile, c, devices=DEVICES, batch=BATCH)) is not None
+    }
     chosen = P.chosen_plan(graph, profile, devices=DEVICES, batch=BATCH, precisions=args.precisions)
     plans.setdefault(P.config_key(chosen), chosen)
     rows = []
     for index, (key, plan) in enumerate(sorted(plans.items())):
         print(f"[{name} {index + 1}/{len(plans)}] {plan.describe()}", flush=True)
-        done = run_plan(model_file=str(ROOT / model_file), env=env, plan=plan, folder=out / name / slug(key), steps=args.steps,
-                        fresh=args.fresh, timeout_s=args.timeout_s)
-        rows.append(_row(name, plan, done, chosen=key == P.config_key(chosen), split="train" if index % 2 == 0 else "held_out"))
+        done = run_plan(
+            model_file=str(ROOT / model_file),
+            env=env,
+            plan=plan,
+            folder=out / name / slug(key),
+            steps=args.steps,
+            fresh=args.fresh,
+            timeout_s=args.timeout_s,
+        )
+        rows.append(
+            _row(name, plan, done, chosen=key == P.config_key(chosen), split="train" if index % 2 == 0 else "held_out")
+        )
     return rows, graph
 
 
 def _row(model: str, plan, done, *, chosen: bool, split: str) -> dict:
-    row = {"model": model, "plan": plan.describe(), "split": split, "chosen": chosen, "measured_s": done.measured_s,
-           "predicted_s": plan.predicted.step_time_s, "folder": str(done.folder), "error": done.error, "plan_obj": plan,
-           "spread_pct": done.spread_pct, "predicted_peak_bytes": done.predicted_peak_bytes,
-           "measured_peak_bytes": done.measured_peak_bytes, "memory_err_pct": report.signed_pct(done.predicted_peak_bytes, done.measured_peak_bytes),
-           "measured_rank": None, "calibrated_s": None, "calibrated_abs_pct_err": None,
-           "abs_pct_err": report.ape(plan.predicted.step_time_s, done.measured_s) if done.measured_s else None}
+    row = {
+        "model": model,
+        "plan": plan.describe(),
+        "split": split,
+        "chosen": chosen,
+        "measured_s": done.measured_s,
+        "predicted_s": plan.predicted.step_time_s,
+        "folder": str(done.folder),
+        "error": done.error,
+        "plan_obj": plan,
+        "spread_pct": done.spread_pct,
+        "predicted_peak_bytes": done.predicted_peak_bytes,
+        "measured_peak_bytes": done.measured_peak_bytes,
+        "memory_err_pct": report.signed_pct(done.predicted_peak_bytes, done.measured_peak_bytes),
+        "measured_rank": None,
+        "calibrated_s": None,
+        "calibrated_abs_pct_err": None,
+        "abs_pct_err": report.ape(plan.predicted.step_time_s, done.measured_s) if done.measured_s else None,
+    }
     row.update({k: plan.predicted.breakdown[k] for k in Cost.TIME_FIELDS})
     return row
 
@@ -128,8 +178,13 @@ def main(argv=None) -> int:
     report.write_csv(out / "calibration.csv", rows)
     report.plot(out / "calibration.png", rows)
     report.print_table(rows, summaries)
-    (out / "summary.json").write_text(json.dumps({"summaries": summaries, "calibrated_parameters": parameters,
-                                                  "space": args.space, "steps": args.steps}, indent=2, default=str))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {"summaries": summaries, "calibrated_parameters": parameters, "space": args.space, "steps": args.steps},
+            indent=2,
+            default=str,
+        )
+    )
     print(f"wrote {out / 'calibration.csv'}, {out / 'calibration.png'}, {out / 'summary.json'}")
     return 0
 

@@ -32,6 +32,7 @@ residuals):
   issue #812, quoted in #1576). alpha: 46.3 us, the smallest-message 2-node 16-GPU all_reduce
   time published in NVIDIA/nccl issue #1244 (NDR, NCCL 2.21.5); half that for the others.
 """
+
 from __future__ import annotations
 
 import sys
@@ -45,56 +46,164 @@ from autoplan.types.profile import CollectiveFit, DeviceSpec, Efficiency, LinkSp
 
 T, G = 1e12, 1e9
 AZURE = "Azure/AI-benchmarking-guide Azure_Results/{page} ({what})"
-GEMM_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 16384, 16384),
-               (1024, 2145, 1024), (6144, 12288, 12288), (802816, 192, 768)]
+GEMM_SHAPES = [
+    (1024, 1024, 1024),
+    (2048, 2048, 2048),
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+    (16384, 16384, 16384),
+    (1024, 2145, 1024),
+    (6144, 12288, 12288),
+    (802816, 192, 768),
+]
 GEMM_TFLOPS = {  # cuBLASLt GEMM TFLOPS for GEMM_SHAPES (32768^3 rows of the FP8 tables appended)
     "a100": ([119.4, 221.8, 228.0, 253.7, 256.5, 132.8, 250.8, 157.8], []),
     "h100": ([274.1, 1011.3, 1216.9, 1290.1, 1377.3, 410.7, 1351.4, 663.8], [1382.2]),
     "h200": ([290.8, 1013.4, 1249.1, 1300.6, 1366.3, 407.9, 1318.0, 717.5], [1349.5]),
 }
 ALLREDUCE_BUSBW_GBS = {  # nccl-tests all_reduce busbw, in-place, 8 GPUs, sizes 1 KiB * 2^i, i = 0..23
-    "a100": [0.04, 0.08, 0.17, 0.33, 0.67, 1.37, 2.70, 5.15, 10.11, 19.24, 36.22, 53.54, 71.43, 89.99, 109.22,
-             132.77, 166.63, 174.18, 213.87, 221.58, 228.10, 230.22, 230.48, 231.58],
-    "h100": [0.07, 0.14, 0.27, 0.53, 0.95, 1.71, 2.72, 5.40, 10.86, 21.35, 43.70, 81.93, 128.73, 172.13, 234.45,
-             295.53, 361.78, 400.61, 423.38, 438.46, 466.35, 472.36, 475.54, 478.87],
-    "h200": [0.06, 0.12, 0.23, 0.47, 0.93, 1.84, 3.72, 7.39, 14.75, 29.38, 52.96, 88.78, 138.44, 181.94, 240.41,
-             300.91, 368.11, 412.45, 432.24, 442.72, 467.58, 472.57, 477.41, 479.98],
+    "a100": [
+        0.04,
+        0.08,
+        0.17,
+        0.33,
+        0.67,
+        1.37,
+        2.70,
+        5.15,
+        10.11,
+        19.24,
+        36.22,
+        53.54,
+        71.43,
+        89.99,
+        109.22,
+        132.77,
+        166.63,
+        174.18,
+        213.87,
+        221.58,
+        228.10,
+        230.22,
+        230.48,
+        231.58,
+    ],
+    "h100": [
+        0.07,
+        0.14,
+        0.27,
+        0.53,
+        0.95,
+        1.71,
+        2.72,
+        5.40,
+        10.86,
+        21.35,
+        43.70,
+        81.93,
+        128.73,
+        172.13,
+        234.45,
+        295.53,
+        361.78,
+        400.61,
+        423.38,
+        438.46,
+        466.35,
+        472.36,
+        475.54,
+        478.87,
+    ],
+    "h200": [
+        0.06,
+        0.12,
+        0.23,
+        0.47,
+        0.93,
+        1.84,
+        3.72,
+        7.39,
+        14.75,
+        29.38,
+        52.96,
+        88.78,
+        138.44,
+        181.94,
+        240.41,
+        300.91,
+        368.11,
+        412.45,
+        432.24,
+        442.72,
+        467.58,
+        472.57,
+        477.41,
+        479.98,
+    ],
 }
 
 SYSTEMS = {
     "a100": dict(
-        profile="dgx-a100", device="NVIDIA A100-SXM4-80GB", memory_bytes=80 * 2**30,
+        profile="dgx-a100",
+        device="NVIDIA A100-SXM4-80GB",
+        memory_bytes=80 * 2**30,
         peak={"fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T},
         peak_source="NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4), dense: FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS",
-        hbm=2.039e12, hbm_source="NVIDIA A100 80GB SXM datasheet: 2,039 GB/s", stream_copy=1.61e12,
-        page="ND_A100_v4_results.md", gemm_dtype="fp16", gemm_peak=312 * T, flash_tflops=179.5,
-        nvlink_dir=300 * G, other_busbw=None, other_busbw_source=None,
-        nic=200 * G, nic_source="8x ConnectX-6 200 Gb/s HDR per DGX A100 (DGX A100 datasheet; Narayanan et al. SC'21)",
+        hbm=2.039e12,
+        hbm_source="NVIDIA A100 80GB SXM datasheet: 2,039 GB/s",
+        stream_copy=1.61e12,
+        page="ND_A100_v4_results.md",
+        gemm_dtype="fp16",
+        gemm_peak=312 * T,
+        flash_tflops=179.5,
+        nvlink_dir=300 * G,
+        other_busbw=None,
+        other_busbw_source=None,
+        nic=200 * G,
+        nic_source="8x ConnectX-6 200 Gb/s HDR per DGX A100 (DGX A100 datasheet; Narayanan et al. SC'21)",
     ),
     "h100": dict(
-        profile="dgx-h100", device="NVIDIA H100-SXM5-80GB", memory_bytes=80 * 2**30,
+        profile="dgx-h100",
+        device="NVIDIA H100-SXM5-80GB",
+        memory_bytes=80 * 2**30,
         peak={"fp32": 66.9 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T},
         peak_source="NVIDIA H100 SXM datasheet, dense (sparse figures halved): FP32 66.9, TF32 494.7, BF16/FP16 989.4 TFLOPS",
-        hbm=3.35e12, hbm_source="NVIDIA H100 SXM datasheet: 3.35 TB/s", stream_copy=2.90e12,
-        page="ND_H100_v5_results.md", gemm_dtype="fp8", gemm_peak=1978.9 * T, flash_tflops=327.9,
-        nvlink_dir=450 * G, other_busbw=370 * G,
+        hbm=3.35e12,
+        hbm_source="NVIDIA H100 SXM datasheet: 3.35 TB/s",
+        stream_copy=2.90e12,
+        page="ND_H100_v5_results.md",
+        gemm_dtype="fp8",
+        gemm_peak=1978.9 * T,
+        flash_tflops=327.9,
+        nvlink_dir=450 * G,
+        other_busbw=370 * G,
         other_busbw_source="NVIDIA/nccl-tests issue #212, NCCL maintainer: effective NVLink busbw 370 GB/s for non-all_reduce ops on 8x H100",
-        nic=400 * G, nic_source="8x ConnectX-7 400 Gb/s NDR per DGX H100 (NVIDIA DGX H100 user guide via stas00/ml-engineering)",
+        nic=400 * G,
+        nic_source="8x ConnectX-7 400 Gb/s NDR per DGX H100 (NVIDIA DGX H100 user guide via stas00/ml-engineering)",
     ),
     "h200": dict(
-        profile="dgx-h200", device="NVIDIA H200-SXM-141GB", memory_bytes=141 * 10**9,
+        profile="dgx-h200",
+        device="NVIDIA H200-SXM-141GB",
+        memory_bytes=141 * 10**9,
         peak={"fp32": 66.9 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T},
         peak_source="same GH100 compute as H100 SXM (NVIDIA H200 announcement; hardware.csv): dense FP32 66.9, TF32 494.7, BF16/FP16 989.4 TFLOPS",
-        hbm=4.8e12, hbm_source="NVIDIA H200 datasheet: 4.8 TB/s HBM3e", stream_copy=4.01e12,
-        page="ND_H200_v5_results.md", gemm_dtype="fp8", gemm_peak=1978.9 * T, flash_tflops=329.3,
-        nvlink_dir=450 * G, other_busbw=370 * G,
+        hbm=4.8e12,
+        hbm_source="NVIDIA H200 datasheet: 4.8 TB/s HBM3e",
+        stream_copy=4.01e12,
+        page="ND_H200_v5_results.md",
+        gemm_dtype="fp8",
+        gemm_peak=1978.9 * T,
+        flash_tflops=329.3,
+        nvlink_dir=450 * G,
+        other_busbw=370 * G,
         other_busbw_source="NVIDIA/nccl-tests issue #212, NCCL maintainer: effective NVLink4 busbw 370 GB/s for non-all_reduce ops (same NVLink4/NVSwitch as H100)",
-        nic=400 * G, nic_source="8x ConnectX-7 400 Gb/s NDR per DGX H200 (NVIDIA DGX H100/H200 user guide via stas00/ml-engineering)",
+        nic=400 * G,
+        nic_source="8x ConnectX-7 400 Gb/s NDR per DGX H200 (NVIDIA DGX H100/H200 user guide via stas00/ml-engineering)",
     ),
 }
 SEND_RECV_FRACTION = 396.4 / 450  # stas00/ml-engineering: nvbandwidth pairwise copy on 8x H200
-INTER_EFFICIENCY = 192 / 200      # NVIDIA/nccl #812 (in #1576): 192 GB/s all_reduce busbw on DGX A100, 8x200 Gb/s
-INTER_ALPHA_S = 46.3e-6           # NVIDIA/nccl #1244: smallest-message time, 2 nodes x 8 GPUs, NDR
+INTER_EFFICIENCY = 192 / 200  # NVIDIA/nccl #812 (in #1576): 192 GB/s all_reduce busbw on DGX A100, 8x200 Gb/s
+INTER_ALPHA_S = 46.3e-6  # NVIDIA/nccl #1244: smallest-message time, 2 nodes x 8 GPUs, NDR
 
 
 def matmul_curve(key: str, spec: dict) -> tuple[Efficiency, list]:
@@ -108,9 +217,12 @@ def matmul_curve(key: str, spec: dict) -> tuple[Efficiency, list]:
     for (m, n, k), f, t in zip(shapes, flops, times):
         pred = a * f / (f + half)
         print(f"   {m}x{n}x{k}: published eff {f / t / spec['gemm_peak']:.3f}  fitted {pred:.3f}")
-    source = (AZURE.format(page=spec["page"], what=f"cuBLASLt {spec['gemm_dtype'].upper()} GEMM sweep, {len(flops)} shapes")
-              + f"; least-squares fit by profiles/sources/fit_published.py (F_half fitted {half:.3g} FLOP"
-              + (", rescaled to BF16 by bf16/fp8 peak" if spec["gemm_dtype"] == "fp8" else "") + ")")
+    source = (
+        AZURE.format(page=spec["page"], what=f"cuBLASLt {spec['gemm_dtype'].upper()} GEMM sweep, {len(flops)} shapes")
+        + f"; least-squares fit by profiles/sources/fit_published.py (F_half fitted {half:.3g} FLOP"
+        + (", rescaled to BF16 by bf16/fp8 peak" if spec["gemm_dtype"] == "fp8" else "")
+        + ")"
+    )
     return Efficiency(max_efficiency=a, half_saturation_flops=half_bf16, source=source), list(zip(flops, times))
 
 
@@ -119,48 +231,77 @@ def allreduce_fit(key: str, spec: dict) -> CollectiveFit:
     points = [[8, float(1024 * 2**i), c * 1024 * 2**i / (bw * G)] for i, bw in enumerate(ALLREDUCE_BUSBW_GBS[key])]
     alpha, busbw = fit_collective(kind="all_reduce", points=points)
     print(f"{key} all_reduce intra: alpha={alpha * 1e6:.1f} us busbw={busbw / G:.1f} GB/s")
-    source = AZURE.format(page=spec["page"], what="nccl-tests all_reduce busbw 1 KB..8 GB, 8 GPUs") + "; robust fit by profiles/sources/fit_published.py"
+    source = (
+        AZURE.format(page=spec["page"], what="nccl-tests all_reduce busbw 1 KB..8 GB, 8 GPUs")
+        + "; robust fit by profiles/sources/fit_published.py"
+    )
     return CollectiveFit(alpha_s=alpha, busbw_bytes_per_s=busbw, source=source, points=points)
 
 
 def intra_link(key: str, spec: dict) -> LinkSpec:
     ar = allreduce_fit(key, spec)
     other = spec["other_busbw"] or ar.busbw_bytes_per_s
-    other_src = spec["other_busbw_source"] or "all_reduce busbw fit (nccl-tests PERFORMANCE.md: busbw is comparable across collectives)"
+    other_src = (
+        spec["other_busbw_source"]
+        or "all_reduce busbw fit (nccl-tests PERFORMANCE.md: busbw is comparable across collectives)"
+    )
     half_alpha = "; alpha = all_reduce alpha / 2 (Thakur et al. 2005: (n-1) vs 2(n-1) latency steps)"
     fits = {"all_reduce": ar}
     for kind in ("all_gather", "reduce_scatter", "all_to_all"):
         fits[kind] = CollectiveFit(alpha_s=ar.alpha_s / 2, busbw_bytes_per_s=other, source=other_src + half_alpha)
     fits["send_recv"] = CollectiveFit(
-        alpha_s=ar.alpha_s / 2, busbw_bytes_per_s=SEND_RECV_FRACTION * spec["nvlink_dir"],
-        source=f"{SEND_RECV_FRACTION:.3f} x {spec['nvlink_dir'] / G:.0f} GB/s per-direction NVLink (stas00/ml-engineering nvbandwidth on H200: 396.4 of 450 GB/s)" + half_alpha)
+        alpha_s=ar.alpha_s / 2,
+        busbw_bytes_per_s=SEND_RECV_FRACTION * spec["nvlink_dir"],
+        source=f"{SEND_RECV_FRACTION:.3f} x {spec['nvlink_dir'] / G:.0f} GB/s per-direction NVLink (stas00/ml-engineering nvbandwidth on H200: 396.4 of 450 GB/s)"
+        + half_alpha,
+    )
     return LinkSpec(name="NVLink + NVSwitch", collectives=fits)
 
 
 def inter_link(spec: dict) -> LinkSpec:
     busbw = spec["nic"] * INTER_EFFICIENCY
-    source = (f"{spec['nic_source']} x {INTER_EFFICIENCY:.2f} (NVIDIA/nccl issue #812: 192 GB/s busbw on DGX A100 8x200 Gb/s); "
-              f"alpha {INTER_ALPHA_S * 1e6:.1f} us from NVIDIA/nccl issue #1244 (2-node 16-GPU smallest-message all_reduce), half for the others")
-    fits = {kind: CollectiveFit(alpha_s=INTER_ALPHA_S if kind == "all_reduce" else INTER_ALPHA_S / 2, busbw_bytes_per_s=busbw, source=source)
-            for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")}
+    source = (
+        f"{spec['nic_source']} x {INTER_EFFICIENCY:.2f} (NVIDIA/nccl issue #812: 192 GB/s busbw on DGX A100 8x200 Gb/s); "
+        f"alpha {INTER_ALPHA_S * 1e6:.1f} us from NVIDIA/nccl issue #1244 (2-node 16-GPU smallest-message all_reduce), half for the others"
+    )
+    fits = {
+        kind: CollectiveFit(
+            alpha_s=INTER_ALPHA_S if kind == "all_reduce" else INTER_ALPHA_S / 2, busbw_bytes_per_s=busbw, source=source
+        )
+        for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+    }
     return LinkSpec(name="InfiniBand, rail-optimised, busbw per full node", collectives=fits)
 
 
 def build(key: str, spec: dict) -> Profile:
     matmul, _ = matmul_curve(key, spec)
     flash_a = spec["flash_tflops"] * T / spec["peak"]["bf16"]
-    attention = Efficiency(max_efficiency=flash_a, half_saturation_flops=matmul.half_saturation_flops,
-                           source=AZURE.format(page=spec["page"], what=f"Flash Attention 2.0 {spec['flash_tflops']} TFLOPS, seq 8192")
-                           + "; F_half from the matmul fit")
+    attention = Efficiency(
+        max_efficiency=flash_a,
+        half_saturation_flops=matmul.half_saturation_flops,
+        source=AZURE.format(page=spec["page"], what=f"Flash Attention 2.0 {spec['flash_tflops']} TFLOPS, seq 8192")
+        + "; F_half from the matmul fit",
+    )
     device = DeviceSpec(
-        name=spec["device"], memory_bytes=spec["memory_bytes"], peak_flops=spec["peak"],
-        memory_bandwidth_bytes_per_s=spec["hbm"], efficiency={"matmul": matmul, "attention": attention},
+        name=spec["device"],
+        memory_bytes=spec["memory_bytes"],
+        peak_flops=spec["peak"],
+        memory_bandwidth_bytes_per_s=spec["hbm"],
+        efficiency={"matmul": matmul, "attention": attention},
         memory_efficiency=spec["stream_copy"] / spec["hbm"],
         source=f"{spec['peak_source']}; {spec['hbm_source']}; memory_efficiency = STREAM copy {spec['stream_copy'] / 1e12:.2f} TB/s "
-               + AZURE.format(page=spec["page"], what="HBM bandwidth") + " / datasheet")
-    return Profile(name=spec["profile"], device=device, devices_per_node=8, intra_node=intra_link(key, spec),
-                   inter_node=inter_link(spec), backend="nccl",
-                   description=f"DGX node of 8x {spec['device']}, built from published figures by profiles/sources/fit_published.py.")
+        + AZURE.format(page=spec["page"], what="HBM bandwidth")
+        + " / datasheet",
+    )
+    return Profile(
+        name=spec["profile"],
+        device=device,
+        devices_per_node=8,
+        intra_node=intra_link(key, spec),
+        inter_node=inter_link(spec),
+        backend="nccl",
+        description=f"DGX node of 8x {spec['device']}, built from published figures by profiles/sources/fit_published.py.",
+    )
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ what the gloo tier cannot reach on 2-4 CPU ranks: the mesh coordinates of a rank
 large job, and every parameter's placements and local shard shape under tp x dp x pp, derived
 here from the plan's own splits (not from the executor's tables).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,8 +30,10 @@ GPT = load_model_file(ROOT / "examples" / "gpt.py")
 @pytest.fixture
 def fake_rank():
     """``join(rank, world)`` makes this process that rank of a fake group; left on teardown."""
+
     def join(rank: int, world: int) -> None:
         dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+
     yield join
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -62,7 +65,7 @@ def test_a_rank_deep_in_the_mesh_has_its_coordinates_and_shards(fake_rank, world
     fake_rank(rank, world)
     plan = Plan(devices=world, dp=dp, tp=tp, pp=1, micro_batch_size=1, num_microbatches=1, sequence_parallel=True)
     trainer, plan = _parallelized(plan)
-    assert coordinates(trainer.mesh) == {"pp": 0, "dp": rank // tp % dp, "tp": rank % tp}   # (pp, dp, tp), tp innermost
+    assert coordinates(trainer.mesh) == {"pp": 0, "dp": rank // tp % dp, "tp": rank % tp}  # (pp, dp, tp), tp innermost
     model = trainer.stage_modules[0]
     global_shapes = {n: tuple(p.shape) for n, p in GPT.build().named_parameters(remove_duplicate=False)}
     split_count = 0
@@ -80,7 +83,7 @@ def test_a_rank_deep_in_the_mesh_has_its_coordinates_and_shards(fake_rank, world
             elif isinstance(param, DTensor):
                 assert param.placements == (Replicate(),), full
             assert local == tuple(expected), full
-    assert split_count >= 4 * 4          # every block's qkv, proj, fc and fc2 at least
+    assert split_count >= 4 * 4  # every block's qkv, proj, fc and fc2 at least
 
 
 def test_fsdp_shards_each_tp_shard_over_the_dp_ranks(fake_rank):
@@ -109,7 +112,7 @@ def test_fsdp_shards_each_tp_shard_over_the_dp_ranks(fake_rank):
 
 def test_a_pipeline_rank_holds_only_its_stage(fake_rank):
     world, dp, tp, pp = 64, 4, 4, 4
-    rank = 3 * dp * tp + 5                # pipeline stage 3 (the last), dp 1, tp 1
+    rank = 3 * dp * tp + 5  # pipeline stage 3 (the last), dp 1, tp 1
     fake_rank(rank, world)
     blocks = [f"transformer.h.{i}" for i in range(4)]
     plan = Plan(
@@ -128,4 +131,4 @@ def test_a_pipeline_rank_holds_only_its_stage(fake_rank):
     held = {n for n, _ in trainer.stage_modules[3].named_parameters()}
     assert any(n.startswith("transformer.h.3.") for n in held)
     assert not any(n.startswith(("transformer.h.0.", "transformer.h.1.", "transformer.h.2.")) for n in held)
-    assert any("lm_head" in n or "wte" in n for n in held)                # the head (tied or not) is on the last stage
+    assert any("lm_head" in n or "wte" in n for n in held)  # the head (tied or not) is on the last stage

@@ -1,5 +1,6 @@
 """Blocks of different shapes: a funnel of residual blocks whose width halves at each stage,
 joined by projections, so no two consecutive blocks are identical."""
+
 import torch
 import torch.nn as nn
 

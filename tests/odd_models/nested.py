@@ -1,5 +1,6 @@
 """Blocks inside nested containers: a ModuleDict of ModuleLists of Sequentials, walked in a
 Python loop in forward."""
+
 import torch
 import torch.nn as nn
 
@@ -12,8 +13,12 @@ class Nested(nn.Module):
     def __init__(self, width=64):
         super().__init__()
         self.embed = nn.Linear(16, width)
-        self.groups = nn.ModuleDict({"low": nn.ModuleList([block(width) for _ in range(2)]),
-                                     "high": nn.ModuleList([block(width) for _ in range(2)])})
+        self.groups = nn.ModuleDict(
+            {
+                "low": nn.ModuleList([block(width) for _ in range(2)]),
+                "high": nn.ModuleList([block(width) for _ in range(2)]),
+            }
+        )
         self.head = nn.Linear(width, 16)
 
     def forward(self, x):

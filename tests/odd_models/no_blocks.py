@@ -1,4 +1,5 @@
 """Two Linear attributes and a relu: no repeated block, nothing for a pipeline to cut."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

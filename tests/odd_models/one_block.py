@@ -1,4 +1,5 @@
 """A single residual block between an input and an output projection: one block, so pp <= 1."""
+
 import torch
 import torch.nn as nn
 

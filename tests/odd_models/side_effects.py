@@ -1,5 +1,6 @@
 """A forward with Python side effects: it counts its calls on the module, appends to a list
 and reads a flag, none of which is a tensor operation."""
+
 import torch
 import torch.nn as nn
 

@@ -1,5 +1,6 @@
 """The package layout keeps the pipeline's order: stages import only earlier stages, prices are
 defined only under cost/, commands live only in cli/ (issue: one place for each idea)."""
+
 from __future__ import annotations
 
 import ast
@@ -92,8 +93,12 @@ def test_unit_test_folders_mirror_the_package():
 
 def test_the_appliers_never_import_the_job_that_runs_them():
     appliers = [path for path in (PACKAGE / "execute").glob("*.py")]
-    found = [f"{path.name} imports {name}" for path in appliers for name in _imported(ast.parse(path.read_text()))
-             if name.startswith("autoplan.execute.job")]
+    found = [
+        f"{path.name} imports {name}"
+        for path in appliers
+        for name in _imported(ast.parse(path.read_text()))
+        if name.startswith("autoplan.execute.job")
+    ]
     assert appliers and not found, found
 
 
@@ -105,8 +110,12 @@ def test_no_module_holds_two_ideas_by_length():
 
 
 def test_one_port_picker():
-    defined = [str(path.relative_to(PACKAGE)) for _, path, tree in _modules() for node in ast.walk(tree)
-               if isinstance(node, ast.FunctionDef) and "port" in node.name and "free" in node.name]
+    defined = [
+        str(path.relative_to(PACKAGE))
+        for _, path, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and "port" in node.name and "free" in node.name
+    ]
     assert defined == ["jobs/launcher.py"]
 
 
@@ -115,12 +124,16 @@ def test_the_long_line_exemptions_only_shrink():
     file whose long lines were shortened must leave the list (and CI's ruff keeps others out)."""
     config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["ruff"]
     limit, exempt = config["line-length"], config["lint"]["per-file-ignores"]
-    stale = [name for name, rules in exempt.items() if "E501" in rules
-             and not any(len(line) > limit for line in (PACKAGE.parent / name).read_text().splitlines())]
+    stale = [
+        name
+        for name, rules in exempt.items()
+        if "E501" in rules and not any(len(line) > limit for line in (PACKAGE.parent / name).read_text().splitlines())
+    ]
     assert not stale, f"no longer over {limit} characters; remove from per-file-ignores: {stale}"
 
 
 def test_the_version_is_the_projects():
     from autoplan.version import __version__
+
     project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
     assert __version__ == project["version"]

@@ -1,4 +1,5 @@
 """Every bad model file or untraceable model: one line on stderr, exit 2, no traceback."""
+
 from __future__ import annotations
 
 import subprocess
@@ -30,11 +31,19 @@ CASES = {
                 return x
         def build_model():
             return Model()
-        """) + GOOD_INPUTS,
+        """)
+    + GOOD_INPUTS,
 }
-EXPECT = {"syntax_error": "SyntaxError", "import_error": "does not import", "no_build_model": "build_model()",
-          "no_example_inputs": "example_inputs", "build_returns_non_module": "torch.nn.Module",
-          "inputs_wrong_type": "expected a tuple", "build_raises": "boom", "untraceable": "could not trace"}
+EXPECT = {
+    "syntax_error": "SyntaxError",
+    "import_error": "does not import",
+    "no_build_model": "build_model()",
+    "no_example_inputs": "example_inputs",
+    "build_returns_non_module": "torch.nn.Module",
+    "inputs_wrong_type": "expected a tuple",
+    "build_raises": "boom",
+    "untraceable": "could not trace",
+}
 
 
 def _run(argv, capsys):
@@ -78,6 +87,9 @@ def test_bad_batch(tmp_path, capsys):
 def test_subprocess_prints_no_traceback(tmp_path):
     path = tmp_path / "broken.py"
     path.write_text(CASES["import_error"])
-    proc = subprocess.run([sys.executable, "-m", "autoplan.cli", "trace", str(path), "--batch", "1", "--out", str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autoplan.cli", "trace", str(path), "--batch", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -18,6 +18,7 @@ DTensor op's own redistributions and local kernels would stay hidden. Each recor
 ``NotImplemented`` for an op on DTensors (as torch's ``CommDebugMode`` does): DTensor then
 runs it, and its collectives and local ops reach the recorders on plain, local tensors.
 """
+
 from __future__ import annotations
 
 import gc
@@ -36,23 +37,34 @@ from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on
 MESH_DIMS = ("dp", "tp", "pp")
 #: c10d op name -> (collective kind, which argument holds the message, which holds the group)
 C10D_OPS = {
-    "allreduce_": ("all_reduce", 0, 1), "allreduce_coalesced_": ("all_reduce", 0, 1),
-    "_allgather_base_": ("all_gather", 0, 2), "allgather_": ("all_gather", 0, 2),
+    "allreduce_": ("all_reduce", 0, 1),
+    "allreduce_coalesced_": ("all_reduce", 0, 1),
+    "_allgather_base_": ("all_gather", 0, 2),
+    "allgather_": ("all_gather", 0, 2),
     "allgather_into_tensor_coalesced_": ("all_gather", 0, 2),
-    "_reduce_scatter_base_": ("reduce_scatter", 1, 2), "reduce_scatter_": ("reduce_scatter", 1, 2),
+    "_reduce_scatter_base_": ("reduce_scatter", 1, 2),
+    "reduce_scatter_": ("reduce_scatter", 1, 2),
     "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 2),
-    "broadcast_": ("broadcast", 0, 1), "send": ("send", 0, 1), "recv_": ("recv", 0, 1),
-    "alltoall_base_": ("all_to_all", 1, 2), "alltoall_": ("all_to_all", 1, 2),
-    "scatter_": ("scatter", 0, 2), "gather_": ("gather", 1, 2),
+    "broadcast_": ("broadcast", 0, 1),
+    "send": ("send", 0, 1),
+    "recv_": ("recv", 0, 1),
+    "alltoall_base_": ("all_to_all", 1, 2),
+    "alltoall_": ("all_to_all", 1, 2),
+    "scatter_": ("scatter", 0, 2),
+    "gather_": ("gather", 1, 2),
 }
 #: _c10d_functional op name -> (kind, index of the group name argument, gathered-size argument or None)
 FUNCTIONAL_OPS = {
-    "all_reduce": ("all_reduce", 2, None), "all_reduce_": ("all_reduce", 2, None),
+    "all_reduce": ("all_reduce", 2, None),
+    "all_reduce_": ("all_reduce", 2, None),
     "all_reduce_coalesced": ("all_reduce", 2, None),
-    "all_gather_into_tensor": ("all_gather", 2, 1), "all_gather_into_tensor_out": ("all_gather", 2, 1),
+    "all_gather_into_tensor": ("all_gather", 2, 1),
+    "all_gather_into_tensor_out": ("all_gather", 2, 1),
     "all_gather_into_tensor_coalesced": ("all_gather", 2, 1),
-    "reduce_scatter_tensor": ("reduce_scatter", 3, None), "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3, None),
-    "all_to_all_single": ("all_to_all", 3, None), "broadcast": ("broadcast", 2, None),
+    "reduce_scatter_tensor": ("reduce_scatter", 3, None),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 3, None),
+    "all_to_all_single": ("all_to_all", 3, None),
+    "broadcast": ("broadcast", 2, None),
 }
 
 
@@ -160,11 +172,18 @@ def optimizer_states(optimizer: Any) -> list[dict]:
 def placement(trainer: Any) -> dict[str, int]:
     """Bytes of parameters and optimizer states this rank holds, and its parameter elements."""
     params = [local_tensor(p) for p in trainer.parameters]
-    states = [local_tensor(v) for s in optimizer_states(trainer.optimizer) for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    states = [
+        local_tensor(v)
+        for s in optimizer_states(trainer.optimizer)
+        for v in s.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    ]
     states += [local_tensor(t) for t in _held(trainer.optimizer)]
-    return {"param_elements": sum(p.numel() for p in params),
-            "weights_bytes": sum(p.numel() * p.element_size() for p in params),
-            "optimizer_bytes": sum(t.numel() * t.element_size() for t in states)}
+    return {
+        "param_elements": sum(p.numel() for p in params),
+        "weights_bytes": sum(p.numel() * p.element_size() for p in params),
+        "optimizer_bytes": sum(t.numel() * t.element_size() for t in states),
+    }
 
 
 @dataclass
@@ -175,30 +194,47 @@ class StepAudit:
     peak_live_bytes: int
     start_live_bytes: int
     peak_op: str
-    forward_flops: float            # matmul-class ops (linears, matmuls, convolutions)
-    backward_flops: float           # the same in the backward, recomputed forwards included
+    forward_flops: float  # matmul-class ops (linears, matmuls, convolutions)
+    backward_flops: float  # the same in the backward, recomputed forwards included
     attention_forward_flops: float
     attention_backward_flops: float
     placement: dict[str, int]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"comm": [list(r) for r in self.comm], "peak_live_bytes": self.peak_live_bytes,
-                "start_live_bytes": self.start_live_bytes, "peak_op": self.peak_op, "forward_flops": self.forward_flops,
-                "backward_flops": self.backward_flops, "attention_forward_flops": self.attention_forward_flops,
-                "attention_backward_flops": self.attention_backward_flops, "placement": self.placement}
+        return {
+            "comm": [list(r) for r in self.comm],
+            "peak_live_bytes": self.peak_live_bytes,
+            "start_live_bytes": self.start_live_bytes,
+            "peak_op": self.peak_op,
+            "forward_flops": self.forward_flops,
+            "backward_flops": self.backward_flops,
+            "attention_forward_flops": self.attention_forward_flops,
+            "attention_backward_flops": self.attention_backward_flops,
+            "placement": self.placement,
+        }
 
 
-def audited_step(trainer: Any, inputs: tuple, target: Any, *, groups: dict[frozenset, str]) -> tuple[torch.Tensor, StepAudit]:
+def audited_step(
+    trainer: Any, inputs: tuple, target: Any, *, groups: dict[frozenset, str]
+) -> tuple[torch.Tensor, StepAudit]:
     """Run ``trainer.train_step`` under the three recorders; return its loss and the audit."""
     comm, flops = CommRecorder(groups), MatmulFlops()
-    gc.collect()   # the last step's cyclic garbage is not this step's memory
+    gc.collect()  # the last step's cyclic garbage is not this step's memory
     memory = LiveBytes(existing_tensors(trainer))
     with memory, comm, flops:
         loss = trainer.train_step(inputs, target)
     (mm_fwd, mm_bwd), (at_fwd, at_bwd) = flops.flops["matmul"], flops.flops["attention"]
-    audit = StepAudit(comm=comm.totals.rows(), peak_live_bytes=memory.peak, start_live_bytes=memory.start, peak_op=memory.peak_op,
-                      forward_flops=mm_fwd, backward_flops=mm_bwd, attention_forward_flops=at_fwd,
-                      attention_backward_flops=at_bwd, placement=placement(trainer))
+    audit = StepAudit(
+        comm=comm.totals.rows(),
+        peak_live_bytes=memory.peak,
+        start_live_bytes=memory.start,
+        peak_op=memory.peak_op,
+        forward_flops=mm_fwd,
+        backward_flops=mm_bwd,
+        attention_forward_flops=at_fwd,
+        attention_backward_flops=at_bwd,
+        placement=placement(trainer),
+    )
     return loss, audit
 
 
@@ -206,6 +242,7 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
     """One audited step on every rank (:func:`audited_step`), the collectives of tied-weight
     groups counted as pp; every rank's record with its pipeline stage, on rank 0 (None elsewhere)."""
     from autoplan.execute.mesh import coordinates
+
     ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
     _, audit = audited_step(trainer, inputs, target, groups=group_dims(trainer.mesh, ties))
     everyone: list = [None] * dist.get_world_size()
@@ -219,8 +256,18 @@ def relative_error(measured: float, predicted: float) -> float:
     return (measured - predicted) / predicted
 
 
-AUDIT_COLUMNS = ("rank", "stage", "what", "measured_count", "predicted_count", "measured", "predicted", "unit", "relative_error",
-                 "as_priced")
+AUDIT_COLUMNS = (
+    "rank",
+    "stage",
+    "what",
+    "measured_count",
+    "predicted_count",
+    "measured",
+    "predicted",
+    "unit",
+    "relative_error",
+    "as_priced",
+)
 
 
 def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[float]) -> list[dict]:
@@ -235,18 +282,55 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
         for key in sorted(set(measured) | set(pred.comm)):
             (mc, mb), (pc, pb) = measured.get(key, (0, 0)), pred.comm.get(key, (0, 0.0))
             rows.append(_row(rank, stage, f"comm {key[0]} {key[1]}", mb, pb, "bytes", mc, pc))
-        rows.append(_row(rank, stage, "parameters held", audit["placement"]["param_elements"], pred.param_elements, "elements"))
+        rows.append(
+            _row(rank, stage, "parameters held", audit["placement"]["param_elements"], pred.param_elements, "elements")
+        )
         rows.append(_row(rank, stage, "forward matmul FLOPs", audit["forward_flops"], pred.forward_flops, "flops"))
         rows.append(_row(rank, stage, "backward matmul FLOPs", audit["backward_flops"], pred.backward_flops, "flops"))
-        rows.append(_row(rank, stage, "forward attention FLOPs", audit["attention_forward_flops"], pred.attention_forward_flops, "flops"))
-        rows.append(_row(rank, stage, "backward attention FLOPs", audit["attention_backward_flops"], pred.attention_backward_flops, "flops"))
+        rows.append(
+            _row(
+                rank,
+                stage,
+                "forward attention FLOPs",
+                audit["attention_forward_flops"],
+                pred.attention_forward_flops,
+                "flops",
+            )
+        )
+        rows.append(
+            _row(
+                rank,
+                stage,
+                "backward attention FLOPs",
+                audit["attention_backward_flops"],
+                pred.attention_backward_flops,
+                "flops",
+            )
+        )
         rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], stage_peak_bytes[stage], "bytes"))
     return rows
 
 
-def _row(rank: int, stage: int, what: str, measured: float, predicted: float, unit: str,
-         measured_count: int | None = None, predicted_count: int | None = None) -> dict:
-    counts_agree = predicted_count is None or measured_count == predicted_count   # DDP's bucket count is not priced
-    return {"rank": rank, "stage": stage, "what": what, "measured_count": measured_count, "predicted_count": predicted_count,
-            "measured": measured, "predicted": predicted, "unit": unit, "relative_error": relative_error(measured, predicted),
-            "as_priced": measured == predicted and counts_agree}
+def _row(
+    rank: int,
+    stage: int,
+    what: str,
+    measured: float,
+    predicted: float,
+    unit: str,
+    measured_count: int | None = None,
+    predicted_count: int | None = None,
+) -> dict:
+    counts_agree = predicted_count is None or measured_count == predicted_count  # DDP's bucket count is not priced
+    return {
+        "rank": rank,
+        "stage": stage,
+        "what": what,
+        "measured_count": measured_count,
+        "predicted_count": predicted_count,
+        "measured": measured,
+        "predicted": predicted,
+        "unit": unit,
+        "relative_error": relative_error(measured, predicted),
+        "as_priced": measured == predicted and counts_agree,
+    }

@@ -14,6 +14,7 @@
 Both return ``NotImplemented`` for an op on DTensors (:func:`on_dtensors`), so DTensor runs it
 and its local ops reach the meters on plain tensors.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -26,14 +27,24 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"}
-ATTENTION_OPS = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
-                 "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
-                 "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward", "_efficient_attention_backward"}
+ATTENTION_OPS = {
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_backward",
+    "_efficient_attention_backward",
+}
 #: torch's flop registry has no entry for the CPU flash kernels; their arguments lead with (q, k, v) and
 #: (grad_out, q, k, v), as the CUDA ones' do
-CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu": "forward",
-                 "_scaled_dot_product_flash_attention_for_cpu_backward": "backward"}
+CPU_ATTENTION = {
+    "_scaled_dot_product_flash_attention_for_cpu": "forward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward": "backward",
+}
 ALL_ATTENTION_OPS = ATTENTION_OPS | set(CPU_ATTENTION)
 
 
@@ -110,7 +121,7 @@ class MatmulFlops(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.flops = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}   # kind -> [forward, backward]
+        self.flops = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}  # kind -> [forward, backward]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if on_dtensors(types):

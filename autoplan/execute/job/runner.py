@@ -9,6 +9,7 @@ A step's time is the slowest rank's (all-reduce MAX), measured around ``train_st
 after a device synchronise. Peak memory: CUDA max allocated, or on CPU the process's peak
 RSS (``ru_maxrss``), the largest over ranks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,6 +66,7 @@ def _profile_threads(plan) -> int | None:
         return None
     try:
         from autoplan.profile import load_profile
+
         return load_profile(plan.profile).threads
     except (AutoplanError, ImportError):
         return None
@@ -72,6 +74,7 @@ def _profile_threads(plan) -> int | None:
 
 def _init(opts: RunOptions) -> None:
     from autoplan.execute.mesh import device_type, local_device
+
     backend = "nccl" if device_type() == "cuda" else "gloo"
     local_device()
     dist.init_process_group(backend, timeout=timedelta(seconds=opts.timeout_s))
@@ -98,14 +101,15 @@ def run_rank(opts: RunOptions) -> int:
     """The whole job on this rank; returns the exit code (0, or 3 when --verify fails)."""
     from autoplan.modelfile import load_model_file
     from autoplan.types.plan import Plan
+
     plan = Plan.load(opts.plan)
     model_file = load_model_file(opts.model)
     torch.set_num_threads(threads_per_process(requested=opts.threads, profile_threads=_profile_threads(plan)))
     _init(opts)
     try:
         code = _train(opts=opts, plan=plan, model_file=model_file)
-        dist.barrier()   # leave together: rank 0 may still be writing (the audit traces the model) while
-        return code      # a peer that tore its process group down first would abort the connection
+        dist.barrier()  # leave together: rank 0 may still be writing (the audit traces the model) while
+        return code  # a peer that tore its process group down first would abort the connection
     except Exception as exc:  # record why before tearing down: peers fail "closed by peer" after it
         record_failure(exc)
         raise
@@ -118,6 +122,7 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
     from autoplan.execute.job.verify import disable_dropout
     from autoplan.execute.materialize import materialize
     from autoplan.execute.mesh import local_device
+
     torch.manual_seed(opts.seed)
     model = model_file.build()
     torch.manual_seed(opts.seed)  # a meta-built model is initialised here, the same on every rank
@@ -137,8 +142,16 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
         # The first step that changed the weights (fp16 skips overflowing steps, which leave
         # them as the reference has them) is compared, with the loss scale it used.
         if opts.verify and verified is None and not trainer.last_step_skipped:
-            verified = _verify(trainer=trainer, reference=reference, plan=plan, model_file=model_file,
-                               inputs=inputs, target=target, loss=row["loss"], step=step)
+            verified = _verify(
+                trainer=trainer,
+                reference=reference,
+                plan=plan,
+                model_file=model_file,
+                inputs=inputs,
+                target=target,
+                loss=row["loss"],
+                step=step,
+            )
     if opts.verify and verified is None:
         verified = _no_clean_step(steps=opts.steps)
     audit = _audit(opts=opts, trainer=trainer, plan=plan, model_file=model_file) if opts.audit else None
@@ -156,8 +169,12 @@ def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, 
     loss = trainer.train_step(x, y)
     _sync(trainer.device)
     elapsed_s = time.perf_counter() - start
-    return {"step": step, "step_time_s": _max_over_ranks(elapsed_s, trainer.device), "loss": trainer.reduce_loss(loss),
-            "peak_memory_bytes": int(_max_over_ranks(_peak_memory_bytes(trainer.device), trainer.device))}
+    return {
+        "step": step,
+        "step_time_s": _max_over_ranks(elapsed_s, trainer.device),
+        "loss": trainer.reduce_loss(loss),
+        "peak_memory_bytes": int(_max_over_ranks(_peak_memory_bytes(trainer.device), trainer.device)),
+    }
 
 
 def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
@@ -165,6 +182,7 @@ def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
     after at least three steps in all (DDP rebuilds its buckets, with a broadcast, in one of the
     first); every rank's record, on rank 0."""
     from autoplan.execute.job.audit import audit_ranks
+
     torch.manual_seed(opts.seed + 1 + opts.steps)
     x, y = trainer.local_batch(model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size))
     for _ in range(max(0, 3 - opts.steps)):
@@ -181,6 +199,7 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
     from autoplan.execute.job.audit import AUDIT_COLUMNS, audit_rows
     from autoplan.profile import load_profile
     from autoplan.trace import trace_model_file
+
     graph = trace_model_file(opts.model, plan.micro_batch_size)
     model = CostModel(graph, load_profile(plan.profile or "cpu-gloo"))
     stages, _tp_plan, _ctx = model.priced_stages(plan)
@@ -190,34 +209,55 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
     comm = [r for r in rows if r["what"].startswith("comm")]
     equal = sum(1 for r in comm if r["as_priced"])
     memory = max((abs(r["relative_error"]) for r in rows if r["what"] == "peak live memory"), default=0.0)
-    print(f"audit: {equal} of {len(comm)} collective rows as priced; peak memory within {100 * memory:.0f}% of the "
-          f"prediction; see {opts.out}/audit.csv", flush=True)
+    print(
+        f"audit: {equal} of {len(comm)} collective rows as priced; peak memory within {100 * memory:.0f}% of the "
+        f"prediction; see {opts.out}/audit.csv",
+        flush=True,
+    )
 
 
 def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float, step: int) -> dict[str, Any]:
     from autoplan.execute.job.verify import compare, initial_weights, reference_step, updated_reference, verdict
+
     reference = reference.to(trainer.device)
     initial = initial_weights(reference)
-    ref_loss, ref_grads = reference_step(model=reference, plan=plan, inputs=_to(inputs, trainer.device),
-                                         target=_to(target, trainer.device), loss_fn=model_file.loss, policy=trainer.policy,
-                                         loss_scale=trainer.last_loss_scale)
+    ref_loss, ref_grads = reference_step(
+        model=reference,
+        plan=plan,
+        inputs=_to(inputs, trainer.device),
+        target=_to(target, trainer.device),
+        loss_fn=model_file.loss,
+        policy=trainer.policy,
+        loss_scale=trainer.last_loss_scale,
+    )
     ref_updated = updated_reference(initial=initial, grads=ref_grads)
-    diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads, initial=initial, ref_updated=ref_updated)
+    diffs = compare(
+        trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads, initial=initial, ref_updated=ref_updated
+    )
     passed, table = verdict(diffs=diffs, precision_name=plan.precision)
     if dist.get_rank() == 0:
         print(table, flush=True)
     from autoplan.execute.job.verify import UPDATED
+
     worst = next((d for d in diffs if not d.name.endswith(UPDATED)), None)
     update = next((d for d in diffs if d.name.endswith(UPDATED)), None)
-    return {"passed": passed, "step": step, "tensors": len(diffs), "worst": worst.name if worst else None,
-            "worst_relative_diff": worst.relative if worst else 0.0,
-            "worst_update": update.name if update else None, "worst_update_relative_diff": update.relative if update else None,
-            "loss_scale": trainer.last_loss_scale,
-            "skipped_steps": trainer.scaler.skipped_steps if trainer.scaler else 0}
+    return {
+        "passed": passed,
+        "step": step,
+        "tensors": len(diffs),
+        "worst": worst.name if worst else None,
+        "worst_relative_diff": worst.relative if worst else 0.0,
+        "worst_update": update.name if update else None,
+        "worst_update_relative_diff": update.relative if update else None,
+        "loss_scale": trainer.last_loss_scale,
+        "skipped_steps": trainer.scaler.skipped_steps if trainer.scaler else 0,
+    }
 
 
 def _no_clean_step(*, steps: int) -> dict[str, Any]:
-    reason = f"every one of the {steps} fp16 steps overflowed and was skipped, so none could be compared; run more steps"
+    reason = (
+        f"every one of the {steps} fp16 steps overflowed and was skipped, so none could be compared; run more steps"
+    )
     if dist.get_rank() == 0:
         print(f"verify: FAILED ({reason})", flush=True)
     return {"passed": False, "step": None, "tensors": 0, "worst": None, "worst_relative_diff": None, "reason": reason}
@@ -225,6 +265,7 @@ def _no_clean_step(*, steps: int) -> dict[str, Any]:
 
 def _to(obj: Any, device: torch.device) -> Any:
     from autoplan.execute.batch import move_to
+
     return move_to(obj, device)
 
 
@@ -242,9 +283,14 @@ def _write_outputs(*, opts: RunOptions, plan, rows: list[dict[str, Any]], verifi
 def run_inputs(*, opts: RunOptions, plan) -> dict[str, Any]:
     """What `autoplan calibrate` needs to re-price this run: the model file, the global batch,
     and the AUTOPLAN_* environment the model file may read its sizes from (plan.json is copied beside)."""
-    return {"model_file": str(Path(opts.model).resolve()), "plan_file": str(Path(opts.plan).resolve()),
-            "global_batch_size": plan.global_batch_size,
-            "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("AUTOPLAN_") and k != "AUTOPLAN_ERROR_DIR"}}
+    return {
+        "model_file": str(Path(opts.model).resolve()),
+        "plan_file": str(Path(opts.plan).resolve()),
+        "global_batch_size": plan.global_batch_size,
+        "environment": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith("AUTOPLAN_") and k != "AUTOPLAN_ERROR_DIR"
+        },
+    }
 
 
 def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> dict[str, Any]:
@@ -254,9 +300,14 @@ def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> dic
     median_s = statistics.median(times) if times else None
     predicted_s = plan.predicted.step_time_s if plan.predicted else None
     return {
-        "plan": plan.describe(), "model": plan.model, "devices": plan.devices,
-        "backend": "nccl" if torch.cuda.is_available() else "gloo", "threads_per_process": torch.get_num_threads(),
-        "steps": len(rows), "warmup_steps": skip, "median_step_time_s": median_s,
+        "plan": plan.describe(),
+        "model": plan.model,
+        "devices": plan.devices,
+        "backend": "nccl" if torch.cuda.is_available() else "gloo",
+        "threads_per_process": torch.get_num_threads(),
+        "steps": len(rows),
+        "warmup_steps": skip,
+        "median_step_time_s": median_s,
         "predicted_step_time_s": predicted_s,
         "measured_over_predicted": (median_s / predicted_s) if median_s and predicted_s else None,
         "final_loss": rows[-1]["loss"] if rows else None,
@@ -274,6 +325,7 @@ def _error_file() -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one launched process; records a failure for the launcher to name."""
     from autoplan.jobs.lifeline import die_with_launcher
+
     die_with_launcher()
     parser = argparse.ArgumentParser(prog="autoplan.execute.job.runner")
     for name in ("model", "plan", "out"):
@@ -285,8 +337,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", action="store_true")
     parser.add_argument("--audit", action="store_true")
     args = parser.parse_args(argv)
-    opts = RunOptions(model=args.model, plan=args.plan, steps=args.steps, out=args.out, verify=args.verify, audit=args.audit,
-                      seed=args.seed, threads=args.threads, timeout_s=args.timeout_s)
+    opts = RunOptions(
+        model=args.model,
+        plan=args.plan,
+        steps=args.steps,
+        out=args.out,
+        verify=args.verify,
+        audit=args.audit,
+        seed=args.seed,
+        threads=args.threads,
+        timeout_s=args.timeout_s,
+    )
     try:
         return run_rank(opts)
     except KeyboardInterrupt:

@@ -36,6 +36,7 @@ Tolerances: a few units of roundoff of the compute dtype, amplified by reduction
 order (about 8-10 units): fp32 1e-4; bf16 3e-2 (unit roundoff 2^-8 = 3.9e-3); fp16 5e-3
 (2^-11 = 4.9e-4). A wrong scaling, a missing reduction or a wrong shard is off by O(1).
 """
+
 from __future__ import annotations
 
 import math
@@ -65,9 +66,9 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 @dataclass
 class Difference:
     name: str
-    error_norm: float          # ||g - g_ref||_2 (|loss - loss_ref| for the loss)
-    ref_norm: float            # ||g_ref||_2
-    floor: float = 0.0         # FLOOR * ||G_ref||_2
+    error_norm: float  # ||g - g_ref||_2 (|loss - loss_ref| for the loss)
+    ref_norm: float  # ||g_ref||_2
+    floor: float = 0.0  # FLOOR * ||G_ref||_2
     max_abs_diff: float = 0.0  # max |g - g_ref|, for the table
 
     @property
@@ -77,13 +78,21 @@ class Difference:
         return self.error_norm / max(self.ref_norm, self.floor, 1e-30)
 
 
-def reference_step(*, model: nn.Module, plan: Plan, inputs: tuple, target: Any, loss_fn: Callable,
-                   policy: precision.PrecisionPolicy | None = None,
-                   loss_scale: float | None = None) -> tuple[float, dict[str, torch.Tensor]]:
+def reference_step(
+    *,
+    model: nn.Module,
+    plan: Plan,
+    inputs: tuple,
+    target: Any,
+    loss_fn: Callable,
+    policy: precision.PrecisionPolicy | None = None,
+    loss_scale: float | None = None,
+) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and fp32 gradients of ``model`` over the global batch, micro-batch by micro-batch,
     under the run's precision policy (module docstring). Casts ``model`` in place under FSDP2's."""
-    policy = policy or precision.policy_for(precision=plan.precision, dp_mode=dp_mode(plan=plan),
-                                                reduce_dtype=plan.grad_reduce_dtype)
+    policy = policy or precision.policy_for(
+        precision=plan.precision, dp_mode=dp_mode(plan=plan), reduce_dtype=plan.grad_reduce_dtype
+    )
     scale = loss_scale if loss_scale is not None else (INIT_SCALE if policy.scales_loss else 1.0)
     precision.cast_parameters(model, policy)
     device_type = next(model.parameters()).device.type
@@ -107,11 +116,13 @@ def initial_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().float().clone() for name, p in model.named_parameters()}
 
 
-def updated_reference(*, initial: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
-                      optimizer_fn: Callable | None = None) -> dict[str, torch.Tensor]:
+def updated_reference(
+    *, initial: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], optimizer_fn: Callable | None = None
+) -> dict[str, torch.Tensor]:
     """The weights after one step of the run's optimizer (the executor's default unless given)
     from ``initial`` with the reference gradients ``grads``: what the run's step must produce."""
     from autoplan.execute.api import default_optimizer
+
     params = {name: nn.Parameter(w.clone()) for name, w in initial.items() if name in grads}
     for name, param in params.items():
         param.grad = grads[name].to(param.device)
@@ -143,8 +154,11 @@ def gathered_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     the parameters it trains: a stage may also hold an unused copy of a weight tied to another
     stage (the pipeline split keeps it), which no step touches. ZeRO-1 frees every gradient in
     its step, so there every parameter counts."""
-    return {name: _full(param) for name, param in _named_parameters(trainer)
-            if param.grad is not None or trainer.dp_mode == "zero1"}
+    return {
+        name: _full(param)
+        for name, param in _named_parameters(trainer)
+        if param.grad is not None or trainer.dp_mode == "zero1"
+    }
 
 
 def gathered_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -168,8 +182,15 @@ def _zero1_gradients(trainer: Trainer) -> dict[int, torch.Tensor]:
     return found
 
 
-def compare(*, trainer: Trainer, loss: float, ref_loss: float, ref_grads: dict[str, torch.Tensor],
-            initial: dict[str, torch.Tensor] | None = None, ref_updated: dict[str, torch.Tensor] | None = None) -> list[Difference]:
+def compare(
+    *,
+    trainer: Trainer,
+    loss: float,
+    ref_loss: float,
+    ref_grads: dict[str, torch.Tensor],
+    initial: dict[str, torch.Tensor] | None = None,
+    ref_updated: dict[str, torch.Tensor] | None = None,
+) -> list[Difference]:
     """Per-tensor differences, gathered from every rank; loss first. With ``initial`` and
     ``ref_updated`` (:func:`updated_reference`) the weights after the optimizer step are compared
     too (module docstring)."""
@@ -182,7 +203,9 @@ def compare(*, trainer: Trainer, loss: float, ref_loss: float, ref_grads: dict[s
             continue
         local.append(tensor_difference(name=name, grad=grad, ref=ref.cpu(), floor=floor))
     if ref_updated is not None and initial is not None:
-        local += _weight_differences(trainer, initial=initial, ref_updated=ref_updated, ref_grads=ref_grads, floor=floor)
+        local += _weight_differences(
+            trainer, initial=initial, ref_updated=ref_updated, ref_grads=ref_grads, floor=floor
+        )
     everyone: list[list[Difference]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, local)
     merged = {}
@@ -199,7 +222,9 @@ def _norm(tensors) -> float:
     return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
 
 
-def _weight_differences(trainer: Trainer, *, initial: dict, ref_updated: dict, ref_grads: dict, floor: float) -> list[Difference]:
+def _weight_differences(
+    trainer: Trainer, *, initial: dict, ref_updated: dict, ref_grads: dict, floor: float
+) -> list[Difference]:
     """Updated weights against the reference step, relative to the reference update (module
     docstring); tensors whose reference gradient is below the floor are not judged, since Adam
     turns a gradient of pure rounding noise into a full-size step of random sign."""
@@ -211,15 +236,24 @@ def _weight_differences(trainer: Trainer, *, initial: dict, ref_updated: dict, r
         ref = ref_updated[name].cpu()
         step = float((ref.double() - initial[name].cpu().double()).norm())
         diff = weight.double() - ref.double()
-        found.append(Difference(f"{name} {UPDATED}", float(diff.norm()), step, update_floor,
-                                float(diff.abs().max()) if diff.numel() else 0.0))
+        found.append(
+            Difference(
+                f"{name} {UPDATED}",
+                float(diff.norm()),
+                step,
+                update_floor,
+                float(diff.abs().max()) if diff.numel() else 0.0,
+            )
+        )
     return found
 
 
 def tensor_difference(*, name: str, grad: torch.Tensor, ref: torch.Tensor, floor: float) -> Difference:
     """The norm-relative difference of one gradient (module docstring)."""
     diff = grad.double() - ref.double()
-    return Difference(name, float(diff.norm()), float(ref.double().norm()), floor, float(diff.abs().max()) if diff.numel() else 0.0)
+    return Difference(
+        name, float(diff.norm()), float(ref.double().norm()), floor, float(diff.abs().max()) if diff.numel() else 0.0
+    )
 
 
 def tolerance_for(name: str, precision_name: str) -> float:
@@ -230,11 +264,15 @@ def tolerance_for(name: str, precision_name: str) -> float:
 def verdict(*, diffs: list[Difference], precision_name: str) -> tuple[bool, str]:
     """(passed, a short table of the largest differences)."""
     tol, update_tol = TOLERANCE[precision_name], UPDATE_TOLERANCE[precision_name]
-    lines = [f"verify ({precision_name}, tolerance {tol:g} on ||diff|| / ||reference|| for gradients, {update_tol:g} of "
-             f"the reference update for weights after the step): {len(diffs)} tensors compared"]
+    lines = [
+        f"verify ({precision_name}, tolerance {tol:g} on ||diff|| / ||reference|| for gradients, {update_tol:g} of "
+        f"the reference update for weights after the step): {len(diffs)} tensors compared"
+    ]
     for diff in diffs[:8]:
-        lines.append(f"  {diff.name:<50s} rel={diff.relative:.3e}  ||diff||={diff.error_norm:.3e}  "
-                     f"||ref||={diff.ref_norm:.3e}  max|diff|={diff.max_abs_diff:.3e}")
+        lines.append(
+            f"  {diff.name:<50s} rel={diff.relative:.3e}  ||diff||={diff.error_norm:.3e}  "
+            f"||ref||={diff.ref_norm:.3e}  max|diff|={diff.max_abs_diff:.3e}"
+        )
     passed = all(d.relative <= tolerance_for(d.name, precision_name) for d in diffs)
     lines.append("verify: PASSED" if passed else "verify: FAILED")
     return passed, "\n".join(lines)

@@ -9,6 +9,7 @@ A compute time (and each op-overhead number) is the median over ranks of each ra
 while all N compute, which is how the executor runs ``devices_per_node`` ranks. The profile
 records it (``device.source`` and ``description``). Only this package touches torch.distributed.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,13 +31,28 @@ from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
 from autoplan.profile.measure.timing import default_device, supported_dtypes, threads_per_process
 from autoplan.types.profile import CommOverlap, OpOverhead, OpTiming, Profile
 
-__all__ = ["measure_profile", "measure_comm_overlap", "measure_op_overhead", "ComputeSweep", "CommSweep", "DEFAULT_SWEEP"]
+__all__ = [
+    "measure_profile",
+    "measure_comm_overlap",
+    "measure_op_overhead",
+    "ComputeSweep",
+    "CommSweep",
+    "DEFAULT_SWEEP",
+]
 
 
-def measure_profile(*, devices: int = 2, name: str | None = None, threads: int | None = None,
-                    compute_sweep: ComputeSweep = DEFAULT_SWEEP, comm_sweep: CommSweep = CommSweep(),
-                    model: str | os.PathLike | None = None, batch: int | None = None,
-                    progress: bool = True, timeout_s: float = 300.0) -> Profile:
+def measure_profile(
+    *,
+    devices: int = 2,
+    name: str | None = None,
+    threads: int | None = None,
+    compute_sweep: ComputeSweep = DEFAULT_SWEEP,
+    comm_sweep: CommSweep = CommSweep(),
+    model: str | os.PathLike | None = None,
+    batch: int | None = None,
+    progress: bool = True,
+    timeout_s: float = 300.0,
+) -> Profile:
     """Measure compute, memory and N-process collectives on this machine, all N processes at once."""
     threads = threads or threads_per_process(processes=devices)
     device = default_device()
@@ -45,19 +61,38 @@ def measure_profile(*, devices: int = 2, name: str | None = None, threads: int |
     bar = _progress() if progress else None
     with bar or nullcontext():
         tick = _phase_ticker(bar, job=job, devices=devices, sweep=comm_sweep)
-        backend, per_rank = run_ranks(processes=devices, threads=threads, job=job, sweep=comm_sweep, timeout_s=timeout_s, on_tick=tick)
+        backend, per_rank = run_ranks(
+            processes=devices, threads=threads, job=job, sweep=comm_sweep, timeout_s=timeout_s, on_tick=tick
+        )
     rows, (copy_bw, mem_eff) = merge_compute(job, per_rank)
     how = f"all {devices} processes computing at once, {threads} threads each, median over ranks"
-    spec = device_spec(name=_device_name(device, threads), memory_bytes=_memory_bytes(device, devices), rows=rows,
-                       copy_bandwidth=copy_bw, memory_efficiency=mem_eff, threads=threads, how=how,
-                       overhead=merge_overhead(per_rank, how=how))
+    spec = device_spec(
+        name=_device_name(device, threads),
+        memory_bytes=_memory_bytes(device, devices),
+        rows=rows,
+        copy_bandwidth=copy_bw,
+        memory_efficiency=mem_eff,
+        threads=threads,
+        how=how,
+        overhead=merge_overhead(per_rank, how=how),
+    )
     points = merge_collectives({r: res.collectives for r, res in per_rank.items()}, processes=devices, sweep=comm_sweep)
-    link = link_spec(name=f"{backend} between {devices} local processes on {platform.node()}", points=points, backend=backend)
+    link = link_spec(
+        name=f"{backend} between {devices} local processes on {platform.node()}", points=points, backend=backend
+    )
     overlap = comm_overlap(per_rank, backend=backend, threads=threads) if comm_sweep.overlap else CommOverlap()
-    return Profile(name=name or f"{platform.node()}-{backend}", device=spec, devices_per_node=devices, intra_node=link,
-                   inter_node=None, backend=backend, threads=threads, comm_overlap=overlap,
-                   description=f"Measured by `autoplan profile --devices {devices}` on {platform.node()} "
-                               f"({device.type}, dtypes {', '.join(dtypes)}; compute timed with {how}).")
+    return Profile(
+        name=name or f"{platform.node()}-{backend}",
+        device=spec,
+        devices_per_node=devices,
+        intra_node=link,
+        inter_node=None,
+        backend=backend,
+        threads=threads,
+        comm_overlap=overlap,
+        description=f"Measured by `autoplan profile --devices {devices}` on {platform.node()} "
+        f"({device.type}, dtypes {', '.join(dtypes)}; compute timed with {how}).",
+    )
 
 
 def comm_overlap(per_rank: dict[int, RankResult], *, backend: str, threads: int) -> CommOverlap:
@@ -65,27 +100,45 @@ def comm_overlap(per_rank: dict[int, RankResult], *, backend: str, threads: int)
     from autoplan.profile.measure.build import measured_source
 
     compute_s, comm_s, both_s = merge_overlap([r.overlap for r in per_rank.values()])
-    source = measured_source(f"{len(per_rank)} processes, {threads} threads each: matmuls alone, a 25 MB {backend} all_reduce "
-                             f"alone, both at once (async_op); (t_comp + t_comm - t_both) / min(t_comp, t_comm)")
-    return CommOverlap(efficiency=overlap_efficiency(compute_s=compute_s, comm_s=comm_s, both_s=both_s), source=source,
-                       compute_s=compute_s, comm_s=comm_s, both_s=both_s)
+    source = measured_source(
+        f"{len(per_rank)} processes, {threads} threads each: matmuls alone, a 25 MB {backend} all_reduce "
+        f"alone, both at once (async_op); (t_comp + t_comm - t_both) / min(t_comp, t_comm)"
+    )
+    return CommOverlap(
+        efficiency=overlap_efficiency(compute_s=compute_s, comm_s=comm_s, both_s=both_s),
+        source=source,
+        compute_s=compute_s,
+        comm_s=comm_s,
+        both_s=both_s,
+    )
 
 
 def measure_comm_overlap(*, devices: int = 2, threads: int | None = None, timeout_s: float = 300.0) -> CommOverlap:
     """Only the overlap test (no compute or collective sweep): to refresh ``comm_overlap`` of a profile."""
     threads = threads or threads_per_process(processes=devices)
-    backend, per_rank = run_ranks(processes=devices, threads=threads, job=ComputeJob(),
-                                  sweep=CommSweep(collectives=()), timeout_s=timeout_s)
+    backend, per_rank = run_ranks(
+        processes=devices, threads=threads, job=ComputeJob(), sweep=CommSweep(collectives=()), timeout_s=timeout_s
+    )
     return comm_overlap(per_rank, backend=backend, threads=threads)
 
 
-def measure_op_overhead(*, devices: int = 2, threads: int | None = None, budget_s: float = DEFAULT_SWEEP.overhead_budget_s,
-                        timeout_s: float = 300.0) -> OpOverhead:
+def measure_op_overhead(
+    *,
+    devices: int = 2,
+    threads: int | None = None,
+    budget_s: float = DEFAULT_SWEEP.overhead_budget_s,
+    timeout_s: float = 300.0,
+) -> OpOverhead:
     """Only the op-overhead test (overhead.py), all ``devices`` processes at once: to refresh
     ``device.op_overhead`` of a profile. One process alone: ``overhead.time_op_overhead``."""
     threads = threads or threads_per_process(processes=devices)
-    _, per_rank = run_ranks(processes=devices, threads=threads, job=ComputeJob(overhead_budget_s=budget_s),
-                            sweep=CommSweep(collectives=(), overlap=False), timeout_s=timeout_s)
+    _, per_rank = run_ranks(
+        processes=devices,
+        threads=threads,
+        job=ComputeJob(overhead_budget_s=budget_s),
+        sweep=CommSweep(collectives=(), overlap=False),
+        timeout_s=timeout_s,
+    )
     return merge_overhead(per_rank, how=f"all {devices} processes at once, {threads} threads each, median over ranks")
 
 
@@ -94,20 +147,31 @@ def merge_overhead(per_rank: dict[int, RankResult], *, how: str) -> OpOverhead |
     timed = [result.op_overhead for result in per_rank.values() if result.op_overhead is not None]
     if not timed:
         return None
-    return op_overhead(forward_s=statistics.median(t[0] for t in timed), backward_s=statistics.median(t[1] for t in timed), how=how)
+    return op_overhead(
+        forward_s=statistics.median(t[0] for t in timed), backward_s=statistics.median(t[1] for t in timed), how=how
+    )
 
 
-def compute_job(*, sweep: ComputeSweep, dtypes: list[str], model: str | os.PathLike | None, batch: int | None) -> ComputeJob:
+def compute_job(
+    *, sweep: ComputeSweep, dtypes: list[str], model: str | os.PathLike | None, batch: int | None
+) -> ComputeJob:
     """The sweep in every dtype, then (with a model) its ops in the first dtype."""
     items = [(s, dtype) for dtype in dtypes for s in sweep.specs()]
     if model is not None:
         from autoplan.profile.measure.optable import model_specs
+
         items += [(s, dtypes[0]) for s in model_specs(model_path=Path(model), batch=batch or 1)]
-    return ComputeJob(items=tuple(items), budget_s=sweep.budget_s, memory_bytes=sweep.memory_bytes,
-                      overhead_budget_s=sweep.overhead_budget_s)
+    return ComputeJob(
+        items=tuple(items),
+        budget_s=sweep.budget_s,
+        memory_bytes=sweep.memory_bytes,
+        overhead_budget_s=sweep.overhead_budget_s,
+    )
 
 
-def merge_compute(job: ComputeJob, per_rank: dict[int, RankResult]) -> tuple[list[OpTiming], tuple[float, float] | None]:
+def merge_compute(
+    job: ComputeJob, per_rank: dict[int, RankResult]
+) -> tuple[list[OpTiming], tuple[float, float] | None]:
     """Rows with the median over ranks of each rank's time, and the median memory numbers
     (None when the job timed no memory kernels)."""
     rows = []
@@ -122,18 +186,33 @@ def merge_compute(job: ComputeJob, per_rank: dict[int, RankResult]) -> tuple[lis
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True))
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
 
 
 def _phase_ticker(bar: Progress | None, *, job: ComputeJob, devices: int, sweep: CommSweep):
     """A progress task per phase (compute, memory, collectives), advanced by rank 0's ticks."""
     if bar is None:
         return None
-    totals = {"compute": len(job.items), "memory": 1, "overhead": 1, "collectives": len(sweep.collectives) * len(sweep.sizes()),
-              "overlap": 1}
-    labels = {"compute": f"compute x{devices} at once", "memory": f"memory x{devices} at once", "overhead": f"op overhead x{devices} at once",
-              "collectives": f"collectives x{devices}", "overlap": f"overlap x{devices}"}
+    totals = {
+        "compute": len(job.items),
+        "memory": 1,
+        "overhead": 1,
+        "collectives": len(sweep.collectives) * len(sweep.sizes()),
+        "overlap": 1,
+    }
+    labels = {
+        "compute": f"compute x{devices} at once",
+        "memory": f"memory x{devices} at once",
+        "overhead": f"op overhead x{devices} at once",
+        "collectives": f"collectives x{devices}",
+        "overlap": f"overlap x{devices}",
+    }
     tasks = {phase: bar.add_task(labels[phase], total=total) for phase, total in totals.items()}
     return lambda phase: bar.advance(tasks[phase])
 

@@ -11,6 +11,7 @@ backward (2F/3) prediction, each paying the half-saturation term once, equals th
 time (fit.fit_efficiency). The host dispatch overhead per op (overhead.py) goes to
 ``device.op_overhead`` (``op_overhead``).
 """
+
 from __future__ import annotations
 
 import platform
@@ -50,13 +51,18 @@ def peaks(rows: list[OpTiming]) -> dict[str, float]:
 
 
 def _curve(group: list[OpTiming], peak: dict[str, float], source: str) -> Efficiency:
-    a, half = fit_efficiency(flops=[r.flops for r in group], time_s=[r.time_s for r in group],
-                             peak_flops=[peak[r.dtype] for r in group], calls=KERNEL_CALLS[group[0].op])
+    a, half = fit_efficiency(
+        flops=[r.flops for r in group],
+        time_s=[r.time_s for r in group],
+        peak_flops=[peak[r.dtype] for r in group],
+        calls=KERNEL_CALLS[group[0].op],
+    )
     return Efficiency(max_efficiency=min(1.0, a), half_saturation_flops=half, source=source)
 
 
-def efficiencies(rows: list[OpTiming], peak: dict[str, float], source: str
-                 ) -> tuple[dict[str, Efficiency], dict[str, dict[str, Efficiency]]]:
+def efficiencies(
+    rows: list[OpTiming], peak: dict[str, float], source: str
+) -> tuple[dict[str, Efficiency], dict[str, dict[str, Efficiency]]]:
     """(joint curve per op class, per-dtype curves per op class)."""
     joint = {op: _curve(group, peak, source) for (op,), group in _by(rows, "op").items()}
     per_dtype: dict[str, dict[str, Efficiency]] = defaultdict(dict)
@@ -67,24 +73,45 @@ def efficiencies(rows: list[OpTiming], peak: dict[str, float], source: str
 
 def op_overhead(*, forward_s: float, backward_s: float, how: str) -> OpOverhead:
     """The measured host overhead per op; ``how``: who timed it (e.g. all N processes at once)."""
-    return OpOverhead(forward_s=forward_s, backward_s=backward_s, source=measured_source(f"{describe_overhead()}; {how}"))
+    return OpOverhead(
+        forward_s=forward_s, backward_s=backward_s, source=measured_source(f"{describe_overhead()}; {how}")
+    )
 
 
-def device_spec(*, name: str, memory_bytes: int, rows: list[OpTiming], copy_bandwidth: float,
-                memory_efficiency: float, threads: int, how: str | None = None,
-                overhead: OpOverhead | None = None) -> DeviceSpec:
+def device_spec(
+    *,
+    name: str,
+    memory_bytes: int,
+    rows: list[OpTiming],
+    copy_bandwidth: float,
+    memory_efficiency: float,
+    threads: int,
+    how: str | None = None,
+    overhead: OpOverhead | None = None,
+) -> DeviceSpec:
     """``how``: how the compute was timed (e.g. all N processes at once), recorded in ``source``;
     ``overhead``: the measured ``op_overhead`` (None: not measured)."""
     sweep = [row for row in rows if row.op in OP_CLASSES]  # model-op rows (--model) stay in the table only
     peak = peaks(sweep)
     timed = how or f"{threads} threads"
-    source = measured_source(f"compute sweep and memory kernels timed with {timed}; matmul as a linear's forward + 2 backward "
-                             f"GEMMs, attention forward + backward, causal; "
-                             f"least-squares fit of t = (F + calls * F_half)/(a*peak)")
+    source = measured_source(
+        f"compute sweep and memory kernels timed with {timed}; matmul as a linear's forward + 2 backward "
+        f"GEMMs, attention forward + backward, causal; "
+        f"least-squares fit of t = (F + calls * F_half)/(a*peak)"
+    )
     joint, per_dtype = efficiencies(sweep, peak, source)
-    return DeviceSpec(name=name, memory_bytes=memory_bytes, peak_flops=peak, memory_bandwidth_bytes_per_s=copy_bandwidth,
-                      efficiency=joint, efficiency_by_dtype=per_dtype, source=source,
-                      memory_efficiency=memory_efficiency, op_table=rows, op_overhead=overhead)
+    return DeviceSpec(
+        name=name,
+        memory_bytes=memory_bytes,
+        peak_flops=peak,
+        memory_bandwidth_bytes_per_s=copy_bandwidth,
+        efficiency=joint,
+        efficiency_by_dtype=per_dtype,
+        source=source,
+        memory_efficiency=memory_efficiency,
+        op_table=rows,
+        op_overhead=overhead,
+    )
 
 
 def link_spec(*, name: str, points: dict[str, list[list[float]]], backend: str) -> LinkSpec:

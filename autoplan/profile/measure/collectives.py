@@ -8,6 +8,7 @@ step). Sizes S are full message bytes in the nccl-tests convention: the all_redu
 the all_gather output, the reduce_scatter input, the all_to_all buffer, and the message of
 a send/recv (timed as a ping-pong between rank pairs, halved).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,7 +32,7 @@ class CommSweep:
     max_bytes: int = 256 * 2**20
     factor: int = 2
     collectives: tuple[str, ...] = COLLECTIVES
-    overlap: bool = True   # also time a collective overlapped with compute (overlap.py)
+    overlap: bool = True  # also time a collective overlapped with compute (overlap.py)
 
     def sizes(self) -> list[int]:
         sizes, size = [], self.min_bytes
@@ -49,7 +50,9 @@ def choose_backend(*, processes: int) -> str:
     """NCCL when each process can have its own GPU, gloo otherwise (CPU)."""
     if torch.cuda.is_available():
         if torch.cuda.device_count() < processes:
-            raise RunError(f"--devices {processes} needs {processes} GPUs but {torch.cuda.device_count()} are visible; use --devices <= {torch.cuda.device_count()}.")
+            raise RunError(
+                f"--devices {processes} needs {processes} GPUs but {torch.cuda.device_count()} are visible; use --devices <= {torch.cuda.device_count()}."
+            )
         return "nccl"
     return "gloo"
 
@@ -101,8 +104,9 @@ def _time_one(kind: str, nbytes: int, repeats: int, rank: int, world: int, devic
     return median / 2 if kind == "send_recv" else median
 
 
-def time_collectives(sweep: CommSweep, *, rank: int, world: int, device: torch.device,
-                     tick: Callable[[str], None]) -> dict[str, list[float]]:
+def time_collectives(
+    sweep: CommSweep, *, rank: int, world: int, device: torch.device, tick: Callable[[str], None]
+) -> dict[str, list[float]]:
     """This rank's median time of every collective at every size (called inside the group)."""
     times: dict[str, list[float]] = {}
     for kind in sweep.collectives:
@@ -113,14 +117,23 @@ def time_collectives(sweep: CommSweep, *, rank: int, world: int, device: torch.d
     return times
 
 
-def measure_collectives(*, processes: int, threads: int, sweep: CommSweep, timeout_s: float = 300.0,
-                        on_tick: Callable[[str], None] | None = None) -> tuple[str, Points]:
+def measure_collectives(
+    *,
+    processes: int,
+    threads: int,
+    sweep: CommSweep,
+    timeout_s: float = 300.0,
+    on_tick: Callable[[str], None] | None = None,
+) -> tuple[str, Points]:
     """Spawn ``processes`` ranks, time every collective, return (backend, points per collective)."""
     from autoplan.profile.measure.ranks import ComputeJob, run_ranks
 
-    backend, per_rank = run_ranks(processes=processes, threads=threads, job=ComputeJob(), sweep=sweep,
-                                  timeout_s=timeout_s, on_tick=on_tick)
-    return backend, merge_collectives({r: result.collectives for r, result in per_rank.items()}, processes=processes, sweep=sweep)
+    backend, per_rank = run_ranks(
+        processes=processes, threads=threads, job=ComputeJob(), sweep=sweep, timeout_s=timeout_s, on_tick=on_tick
+    )
+    return backend, merge_collectives(
+        {r: result.collectives for r, result in per_rank.items()}, processes=processes, sweep=sweep
+    )
 
 
 def merge_collectives(per_rank: dict[int, dict[str, list[float]]], *, processes: int, sweep: CommSweep) -> Points:
@@ -128,6 +141,7 @@ def merge_collectives(per_rank: dict[int, dict[str, list[float]]], *, processes:
     points: Points = {}
     for kind in sweep.collectives:
         group = 2 if kind == "send_recv" else processes
-        points[kind] = [[group, float(size), max(per_rank[r][kind][i] for r in per_rank)]
-                        for i, size in enumerate(sweep.sizes())]
+        points[kind] = [
+            [group, float(size), max(per_rank[r][kind][i] for r in per_rank)] for i, size in enumerate(sweep.sizes())
+        ]
     return points

@@ -28,6 +28,7 @@ Memory bandwidth: a large copy moves 2 * bytes (read + write); memory-bound kern
 Cases are described by picklable ``CaseSpec`` values, so the N measuring processes can build
 and time the same kernels (autoplan/profile/measure/ranks.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,7 +55,7 @@ class OpCase:
     shape: str
     flops: float
     build: Builder
-    training: bool = False   # needs autograd (forward + backward)
+    training: bool = False  # needs autograd (forward + backward)
 
 
 @dataclass(frozen=True)
@@ -75,27 +76,36 @@ def make_case(spec: CaseSpec) -> OpCase:
 
 def matmul_case(*, m: int, n: int, k: int) -> OpCase:
     """A training linear's three GEMMs (module docstring): y = x W^T, dX = dY W, dW = dY^T x."""
+
     def build(dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
         x, weight, grad = (torch.randn(*size, dtype=dtype, device=device) for size in ((m, k), (n, k), (m, n)))
         return lambda: (torch.mm(x, weight.t()), torch.mm(grad, weight), torch.mm(grad.t(), x))
+
     return OpCase("matmul", f"m={m},n={n},k={k},fwd+bwd", 3.0 * 2.0 * m * n * k, build)
 
 
 def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: int = 1) -> OpCase:
     """SDPA forward + backward (gradients of q, k and v, as in training)."""
+
     def build(dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
-        q, k, v = (torch.randn(batch, heads, seq, head_dim, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+        q, k, v = (
+            torch.randn(batch, heads, seq, head_dim, dtype=dtype, device=device, requires_grad=True) for _ in range(3)
+        )
         grad = torch.randn(batch, heads, seq, head_dim, dtype=dtype, device=device)
 
         def step() -> Any:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
             return torch.autograd.grad(out, (q, k, v), grad)
+
         return step
+
     forward = 4.0 * batch * heads * seq * seq * head_dim
     mask = "causal" if causal else "full"
     # the FLOPs the kernels run: the backward's four gradient matmuls and the scores it recomputes,
     # 2.5x the forward (autoplan/cost/compute.py executed_bwd_flops)
-    return OpCase("attention", f"b={batch},h={heads},s={seq},d={head_dim},{mask},fwd+bwd", 3.5 * forward, build, training=True)
+    return OpCase(
+        "attention", f"b={batch},h={heads},s={seq},d={head_dim},{mask},fwd+bwd", 3.5 * forward, build, training=True
+    )
 
 
 def conv_case(*, batch: int, channels: int, size: int) -> OpCase:
@@ -103,7 +113,10 @@ def conv_case(*, batch: int, channels: int, size: int) -> OpCase:
         x = torch.randn(batch, channels, size, size, dtype=dtype, device=device)
         w = torch.randn(channels, channels, 3, 3, dtype=dtype, device=device)
         return lambda: F.conv2d(x, w, padding=1)
-    return OpCase("conv", f"b={batch},c={channels},hw={size},k=3", 2.0 * batch * channels * channels * 9 * size * size, build)
+
+    return OpCase(
+        "conv", f"b={batch},c={channels},hw={size},k=3", 2.0 * batch * channels * channels * 9 * size * size, build
+    )
 
 
 def spec(kind: str, label: str | None = None, **sizes: int) -> CaseSpec:
@@ -120,20 +133,33 @@ class ComputeSweep:
     conv: tuple[tuple[int, int, int], ...]
     budget_s: float = 0.25
     memory_bytes: int = 128 * 2**20
-    overhead_budget_s: float = 0.1   # per chain timing of the op-overhead test (overhead.py); 0 skips it
+    overhead_budget_s: float = 0.1  # per chain timing of the op-overhead test (overhead.py); 0 skips it
 
     def specs(self) -> list[CaseSpec]:
-        return ([spec("matmul", m=m, n=n, k=k) for m, n, k in self.matmul]
-                + [spec("attention", batch=b, heads=h, seq=s, head_dim=d) for b, h, s, d in self.attention]
-                + [spec("conv", batch=b, channels=c, size=hw) for b, c, hw in self.conv])
+        return (
+            [spec("matmul", m=m, n=n, k=k) for m, n, k in self.matmul]
+            + [spec("attention", batch=b, heads=h, seq=s, head_dim=d) for b, h, s, d in self.attention]
+            + [spec("conv", batch=b, channels=c, size=hw) for b, c, hw in self.conv]
+        )
 
     def cases(self) -> list[OpCase]:
         return [make_case(s) for s in self.specs()]
 
 
 DEFAULT_SWEEP = ComputeSweep(
-    matmul=((32, 32, 32), (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024),
-            (2048, 256, 256), (256, 1024, 2048), (4096, 512, 128), (1024, 4096, 256), (64, 2048, 2048)),
+    matmul=(
+        (32, 32, 32),
+        (64, 64, 64),
+        (128, 128, 128),
+        (256, 256, 256),
+        (512, 512, 512),
+        (1024, 1024, 1024),
+        (2048, 256, 256),
+        (256, 1024, 2048),
+        (4096, 512, 128),
+        (1024, 4096, 256),
+        (64, 2048, 2048),
+    ),
     attention=((1, 4, 64, 64), (1, 4, 128, 64), (1, 8, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64)),
     conv=((1, 16, 16), (1, 32, 28), (2, 64, 28), (4, 64, 56)),
 )
@@ -148,7 +174,9 @@ QUICK_SWEEP = ComputeSweep(
 )
 
 
-def time_case(case: OpCase, *, dtype_name: str, device: torch.device, budget_s: float, concurrent: bool = False) -> OpTiming:
+def time_case(
+    case: OpCase, *, dtype_name: str, device: torch.device, budget_s: float, concurrent: bool = False
+) -> OpTiming:
     """Median time of one case in one dtype (``concurrent``: timed by all ranks at once)."""
     grad_mode = contextlib.nullcontext() if case.training else torch.no_grad()
     with tf32_mode(dtype_name), grad_mode:
@@ -157,13 +185,16 @@ def time_case(case: OpCase, *, dtype_name: str, device: torch.device, budget_s: 
     return OpTiming(op=case.op_class, shape=case.shape, dtype=dtype_name, time_s=time_s, flops=case.flops)
 
 
-def memory_bandwidth(*, device: torch.device, nbytes: int, budget_s: float, concurrent: bool = False) -> tuple[float, float]:
+def memory_bandwidth(
+    *, device: torch.device, nbytes: int, budget_s: float, concurrent: bool = False
+) -> tuple[float, float]:
     """(copy bandwidth bytes/s, achieved fraction of it for memory-bound kernels)."""
     numel = nbytes // 4
     src, other, dst = (torch.randn(numel, device=device) for _ in range(3))
 
     def timed(fn: Callable[[], Any]) -> float:
         return median_time_s(fn, device=device, budget_s=budget_s, concurrent=concurrent)
+
     with torch.no_grad():
         copy_bw = 2 * nbytes / timed(lambda: dst.copy_(src))
         add_bw = 3 * nbytes / timed(lambda: torch.add(src, other, out=dst))

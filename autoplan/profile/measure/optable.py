@@ -14,6 +14,7 @@ What a row holds (docs/profile-format.md, "op_table"):
 * ``attention`` rows: forward + backward (shape ends in ``,fwd+bwd``; ``flops`` is their sum),
   like the attention sweep the efficiency curve is fitted on.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,9 @@ def node_spec(node: Any) -> CaseSpec | None:
     """The timing case for one graph node, or None when its kind is not timed."""
     attrs, out = node.attrs or {}, list(node.output_shape or [])
     if node.op == "linear" and out and "in_features" in attrs:
-        return spec("matmul", "linear", m=math.prod(out[:-1]), n=int(attrs["out_features"]), k=int(attrs["in_features"]))
+        return spec(
+            "matmul", "linear", m=math.prod(out[:-1]), n=int(attrs["out_features"]), k=int(attrs["in_features"])
+        )
     if node.op == "attention" and {"num_heads", "head_dim", "q_len"} <= set(attrs):
         heads, dim, seq = int(attrs["num_heads"]), int(attrs["head_dim"]), int(attrs["q_len"])
         batch = max(1, math.prod(out) // (heads * dim * seq)) if out else 1
@@ -41,7 +44,9 @@ def model_specs(*, model_path: Path, batch: int) -> list[CaseSpec]:
     try:
         from autoplan.trace import trace_model_file
     except ImportError:
-        raise ProfileError("--model needs the tracer (autoplan.trace.trace_model_file), which this install does not have; "
-                           "profile without --model.") from None
+        raise ProfileError(
+            "--model needs the tracer (autoplan.trace.trace_model_file), which this install does not have; "
+            "profile without --model."
+        ) from None
     graph = trace_model_file(model_path, batch_size=batch)
     return list(dict.fromkeys(s for s in (node_spec(node) for node in graph.nodes) if s is not None))

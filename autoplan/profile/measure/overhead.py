@@ -25,6 +25,7 @@ the tracer sees it (one ``linear`` node also dispatches its weight's transpose).
 timing helper synchronises the device after each call (timing.median_time_s), and with
 ``concurrent=True`` all ranks time each chain at once, like the compute sweep.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -48,15 +49,19 @@ def per_op_slope_s(points: Sequence[tuple[int, float]]) -> float:
     """Least-squares slope of time against chain length over (N, t) points (>= 2 lengths)."""
     lengths = [float(n) for n, _ in points]
     if len(set(lengths)) < 2:
-        raise ProfileError(f"chain lengths {sorted(set(lengths))} cannot give a per-op slope; expected points at two or more lengths.")
+        raise ProfileError(
+            f"chain lengths {sorted(set(lengths))} cannot give a per-op slope; expected points at two or more lengths."
+        )
     return statistics.linear_regression(lengths, [t for _, t in points]).slope
 
 
 def _weights(kind: str, length: int, device: torch.device) -> list[torch.Tensor]:
     """Each op's own parameters (a model's layers each have theirs), requiring grad."""
+
     def param(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(*shape, device=device) * scale).requires_grad_()
-    if kind == "linear":   # weights scaled by 1/WIDTH so a long chain stays O(1): no inf, no denormals
+
+    if kind == "linear":  # weights scaled by 1/WIDTH so a long chain stays O(1): no inf, no denormals
         return [t for _ in range(length) for t in (param(WIDTH, WIDTH, scale=1.0 / WIDTH), param(WIDTH))]
     if kind == "layer_norm":
         return [t for _ in range(length) for t in (param(WIDTH), param(WIDTH))]
@@ -92,27 +97,39 @@ def chain_calls(kind: str, length: int, device: torch.device) -> tuple[Callable[
     def step() -> Any:
         y = forward()
         return torch.autograd.grad(y, inputs, torch.ones_like(y))
+
     return forward, step
 
 
-def kind_slopes_s(kind: str, *, device: torch.device, budget_s: float, concurrent: bool = False,
-                  lengths: Sequence[int] = LENGTHS) -> tuple[float, float]:
+def kind_slopes_s(
+    kind: str, *, device: torch.device, budget_s: float, concurrent: bool = False, lengths: Sequence[int] = LENGTHS
+) -> tuple[float, float]:
     """(forward slope, forward + backward slope) in seconds per op for one op kind."""
     forward_points, step_points = [], []
     with torch.enable_grad():
         for length in lengths:
             forward, step = chain_calls(kind, length, device)
-            forward_points.append((length, median_time_s(forward, device=device, budget_s=budget_s, concurrent=concurrent)))
+            forward_points.append(
+                (length, median_time_s(forward, device=device, budget_s=budget_s, concurrent=concurrent))
+            )
             step_points.append((length, median_time_s(step, device=device, budget_s=budget_s, concurrent=concurrent)))
     return per_op_slope_s(forward_points), per_op_slope_s(step_points)
 
 
-def time_op_overhead(*, device: torch.device | None = None, budget_s: float = 0.05, concurrent: bool = False,
-                     kinds: Sequence[str] = KINDS, lengths: Sequence[int] = LENGTHS) -> tuple[float, float]:
+def time_op_overhead(
+    *,
+    device: torch.device | None = None,
+    budget_s: float = 0.05,
+    concurrent: bool = False,
+    kinds: Sequence[str] = KINDS,
+    lengths: Sequence[int] = LENGTHS,
+) -> tuple[float, float]:
     """(forward_s, backward_s) host overhead per op on ``device`` (default CPU), median over
     ``kinds`` (module docstring). ``concurrent``: timed by all ranks of the group at once."""
     device = device or torch.device("cpu")
-    slopes = [kind_slopes_s(kind, device=device, budget_s=budget_s, concurrent=concurrent, lengths=lengths) for kind in kinds]
+    slopes = [
+        kind_slopes_s(kind, device=device, budget_s=budget_s, concurrent=concurrent, lengths=lengths) for kind in kinds
+    ]
     forward_s = max(0.0, statistics.median(fwd for fwd, _ in slopes))
     backward_s = max(0.0, statistics.median(step - fwd for fwd, step in slopes))
     return forward_s, backward_s
@@ -120,5 +137,7 @@ def time_op_overhead(*, device: torch.device | None = None, budget_s: float = 0.
 
 def describe(*, kinds: Sequence[str] = KINDS, lengths: Sequence[int] = LENGTHS) -> str:
     """How the overhead was measured, for the profile's ``source``."""
-    return (f"slope of time vs chain length ({' and '.join(map(str, lengths))} ops) of 1x{WIDTH} fp32 ops with autograd, "
-            f"forward and forward + autograd.grad, median over {', '.join(kinds)}")
+    return (
+        f"slope of time vs chain length ({' and '.join(map(str, lengths))} ops) of 1x{WIDTH} fp32 ops with autograd, "
+        f"forward and forward + autograd.grad, median over {', '.join(kinds)}"
+    )

@@ -16,6 +16,7 @@ is the fraction of the shorter activity that hid under the longer (the cost mode
 with the compute threads, so little hides. A time is each rank's median over repeats, then the
 slowest rank's (the slowest rank sets the step), as for the collective sweep.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -44,7 +45,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _median_s(call: Callable[[], None], *, device: torch.device, repeats: int) -> float:
-    call()   # warm-up
+    call()  # warm-up
     _sync(device)
     times = []
     for _ in range(repeats):
@@ -64,25 +65,29 @@ def _compute(device: torch.device) -> tuple[Callable[[int], None], float]:
     def run(k: int) -> None:
         for _ in range(k):
             torch.mm(a, b)
+
     one = torch.tensor([_median_s(lambda: run(1), device=device, repeats=REPEATS)], device=device)
     dist.all_reduce(one, op=dist.ReduceOp.MAX)
     return run, float(one.item())
 
 
-def time_overlap(*, device: torch.device, nbytes: int = OVERLAP_BYTES, repeats: int = REPEATS) -> tuple[float, float, float]:
+def time_overlap(
+    *, device: torch.device, nbytes: int = OVERLAP_BYTES, repeats: int = REPEATS
+) -> tuple[float, float, float]:
     """This rank's (t_comp, t_comm, t_both) medians (called inside the group, on every rank)."""
     buf = torch.ones(max(1, nbytes // 4), device=device)
     comm_s = _median_s(lambda: dist.all_reduce(buf), device=device, repeats=repeats)
     agreed = torch.tensor([comm_s], device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     run, one_s = _compute(device)
-    k = max(1, round(float(agreed.item()) / one_s))   # t_comp ~ t_comm: the test is most sensitive there
+    k = max(1, round(float(agreed.item()) / one_s))  # t_comp ~ t_comm: the test is most sensitive there
     compute_s = _median_s(lambda: run(k), device=device, repeats=repeats)
 
     def both() -> None:
         work = dist.all_reduce(buf, async_op=True)
         run(k)
         work.wait()
+
     both_s = _median_s(both, device=device, repeats=repeats)
     return compute_s, comm_s, both_s
 

@@ -13,6 +13,7 @@ profile's thread count, joins one ``torch.distributed`` group and runs, in order
 
 Every process and the group have timeouts, so a stuck rank ends the run with an error.
 """
+
 from __future__ import annotations
 
 import traceback
@@ -52,16 +53,20 @@ class RankResult:
     compute_s: list[float]
     memory: tuple[float, float] | None
     collectives: dict[str, list[float]]
-    overlap: tuple[float, float, float] | None = None   # (t_comp, t_comm, t_both), overlap.py
-    op_overhead: tuple[float, float] | None = None      # (forward_s, backward_s) per op, overhead.py
+    overlap: tuple[float, float, float] | None = None  # (t_comp, t_comm, t_both), overlap.py
+    op_overhead: tuple[float, float] | None = None  # (forward_s, backward_s) per op, overhead.py
 
 
-def run_compute_job(job: ComputeJob, *, device: torch.device, tick: Tick) -> tuple[list[float], tuple[float, float] | None]:
+def run_compute_job(
+    job: ComputeJob, *, device: torch.device, tick: Tick
+) -> tuple[list[float], tuple[float, float] | None]:
     """Time every item and the memory kernels together with the other ranks (the op overhead:
     ``run_overhead_job``)."""
     times = []
     for spec, dtype in job.items:
-        times.append(time_case(make_case(spec), dtype_name=dtype, device=device, budget_s=job.budget_s, concurrent=True).time_s)
+        times.append(
+            time_case(make_case(spec), dtype_name=dtype, device=device, budget_s=job.budget_s, concurrent=True).time_s
+        )
         tick("compute")
     memory = None
     if job.memory_bytes:
@@ -79,15 +84,29 @@ def run_overhead_job(job: ComputeJob, *, device: torch.device, tick: Tick) -> tu
     return overhead
 
 
-def _worker(rank: int, world: int, port: int, backend: str, threads: int, job: ComputeJob, sweep: CommSweep,
-            timeout_s: float, results: Any) -> None:
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    backend: str,
+    threads: int,
+    job: ComputeJob,
+    sweep: CommSweep,
+    timeout_s: float,
+    results: Any,
+) -> None:
     try:
         torch.set_num_threads(threads)
         device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
         if backend == "nccl":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
         tick = (lambda phase: results.put(("tick", phase))) if rank == 0 else (lambda phase: None)
         compute_s, memory = run_compute_job(job, device=device, tick=tick)
         op_overhead = run_overhead_job(job, device=device, tick=tick)
@@ -95,20 +114,44 @@ def _worker(rank: int, world: int, port: int, backend: str, threads: int, job: C
         overlap = time_overlap(device=device) if sweep.overlap else None
         if overlap is not None:
             tick("overlap")
-        results.put(("done", rank, RankResult(compute_s=compute_s, memory=memory, collectives=collectives, overlap=overlap,
-                                              op_overhead=op_overhead)))
+        results.put(
+            (
+                "done",
+                rank,
+                RankResult(
+                    compute_s=compute_s,
+                    memory=memory,
+                    collectives=collectives,
+                    overlap=overlap,
+                    op_overhead=op_overhead,
+                ),
+            )
+        )
         dist.destroy_process_group()
     except Exception:  # reported to the parent, which raises one clear error
         results.put(("error", rank, traceback.format_exc(limit=3)))
 
 
-def run_ranks(*, processes: int, threads: int, job: ComputeJob, sweep: CommSweep, timeout_s: float = 300.0,
-              on_tick: Tick | None = None) -> tuple[str, dict[int, RankResult]]:
+def run_ranks(
+    *,
+    processes: int,
+    threads: int,
+    job: ComputeJob,
+    sweep: CommSweep,
+    timeout_s: float = 300.0,
+    on_tick: Tick | None = None,
+) -> tuple[str, dict[int, RankResult]]:
     """Spawn ``processes`` ranks (autoplan/jobs/spawn.py), run ``job`` and ``sweep`` in each;
     (backend, result per rank)."""
     if processes < 2:
         raise RunError(f"--devices {processes} cannot be measured; expected at least 2 processes.")
     backend = choose_backend(processes=processes)
-    per_rank = spawn_ranks(_worker, processes=processes, args=(backend, threads, job, sweep, timeout_s), timeout_s=timeout_s,
-                           on_tick=on_tick, what="measuring")
+    per_rank = spawn_ranks(
+        _worker,
+        processes=processes,
+        args=(backend, threads, job, sweep, timeout_s),
+        timeout_s=timeout_s,
+        on_tick=on_tick,
+        what="measuring",
+    )
     return backend, per_rank

@@ -11,6 +11,7 @@ kernel, untimed, until every rank has its own (an asynchronous barrier it polls)
 rank's samples are taken while another rank idles. Cores, caches and memory bandwidth a CPU
 node's ranks share, or the host a GPU node's ranks share, are then in every sample.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,15 @@ def synchronize(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-def median_time_s(fn: Callable[[], Any], *, device: torch.device, budget_s: float,
-                  min_repeats: int = 3, max_repeats: int = 50, concurrent: bool = False) -> float:
+def median_time_s(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device,
+    budget_s: float,
+    min_repeats: int = 3,
+    max_repeats: int = 50,
+    concurrent: bool = False,
+) -> float:
     """Median seconds of ``fn()``: one warm-up, then repeats until ``budget_s`` is spent
     (but at least ``min_repeats`` and at most ``max_repeats``). ``concurrent``: all ranks of
     the default process group time it together (module docstring)."""
@@ -54,7 +62,9 @@ def _busy_until_all_done(fn: Callable[[], Any], *, device: torch.device) -> None
     work.wait()
 
 
-def _repeat(fn: Callable[[], Any], *, device: torch.device, budget_s: float, min_repeats: int, max_repeats: int) -> list[float]:
+def _repeat(
+    fn: Callable[[], Any], *, device: torch.device, budget_s: float, min_repeats: int, max_repeats: int
+) -> list[float]:
     times: list[float] = []
     started = time.perf_counter()
     while len(times) < max_repeats and (len(times) < min_repeats or time.perf_counter() - started < budget_s):

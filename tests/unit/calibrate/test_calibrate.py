@@ -4,6 +4,7 @@
 with three numbers perturbed by known factors; the refit starts from the unperturbed profile and
 must find those factors, reproduce the times it saw, and predict plans it never saw.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,9 +19,11 @@ from autoplan.calibrate.params import apply, candidate_parameters, get_value
 from autoplan.profile import load_profile
 from autoplan.types.plan import Plan
 
-TRUTH = {"device.memory_efficiency": 0.5,
-         "device.efficiency_by_dtype.fp32.matmul.max_efficiency": 0.7,
-         "intra_node.collectives.all_reduce.busbw_bytes_per_s": 0.5}
+TRUTH = {
+    "device.memory_efficiency": 0.5,
+    "device.efficiency_by_dtype.fp32.matmul.max_efficiency": 0.7,
+    "intra_node.collectives.all_reduce.busbw_bytes_per_s": 0.5,
+}
 
 
 def _plans() -> list[Plan]:
@@ -28,13 +31,46 @@ def _plans() -> list[Plan]:
     for precision in ("fp32", "bf16"):
         for zero in (0, 1, 2, 3):
             for recompute in ("none", "full"):
-                plans.append(Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=4, num_microbatches=1, zero_stage=zero,
-                                  recompute=recompute, precision=precision))
+                plans.append(
+                    Plan(
+                        devices=2,
+                        dp=2,
+                        tp=1,
+                        pp=1,
+                        micro_batch_size=4,
+                        num_microbatches=1,
+                        zero_stage=zero,
+                        recompute=recompute,
+                        precision=precision,
+                    )
+                )
         for sp in (False, True):
-            plans.append(Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=8, num_microbatches=1, sequence_parallel=sp, precision=precision))
+            plans.append(
+                Plan(
+                    devices=2,
+                    dp=1,
+                    tp=2,
+                    pp=1,
+                    micro_batch_size=8,
+                    num_microbatches=1,
+                    sequence_parallel=sp,
+                    precision=precision,
+                )
+            )
         for schedule in ("gpipe", "1f1b"):
             for m in (2, 4, 8):
-                plans.append(Plan(devices=2, dp=1, tp=1, pp=2, micro_batch_size=8 // m, num_microbatches=m, schedule=schedule, precision=precision))
+                plans.append(
+                    Plan(
+                        devices=2,
+                        dp=1,
+                        tp=1,
+                        pp=2,
+                        micro_batch_size=8 // m,
+                        num_microbatches=m,
+                        schedule=schedule,
+                        precision=precision,
+                    )
+                )
     return plans
 
 
@@ -46,7 +82,10 @@ def setup():
     truth = apply(profile, [candidates[k] for k in TRUTH], [candidates[k].original * f for k, f in TRUTH.items()])
     plans = _plans()
     measured = predict_s(truth, [Observation(graph=graph, plan=p, measured_step_time_s=1.0) for p in plans])
-    observations = [Observation(graph=graph, plan=p, measured_step_time_s=float(t), label=p.describe()) for p, t in zip(plans, measured)]
+    observations = [
+        Observation(graph=graph, plan=p, measured_step_time_s=float(t), label=p.describe())
+        for p, t in zip(plans, measured)
+    ]
     return profile, observations[::2], observations[1::2]
 
 
@@ -60,12 +99,12 @@ def _abs_errors(predicted, observations):
 
 def test_recovers_perturbed_parameters_and_times(setup):
     profile, train, _ = setup
-    result = fit_profile(profile, train, FitOptions(noise_sigma=0.01))   # synthetic times are exact: little noise
+    result = fit_profile(profile, train, FitOptions(noise_sigma=0.01))  # synthetic times are exact: little noise
     found = {p.path: v / p.original for p, v in zip(result.fitted, result.values_after)}
     for path, factor in TRUTH.items():
         assert found[path] == pytest.approx(factor, rel=0.1), path
     assert max(_abs_errors(result.predicted_after_s, train)) < 0.02
-    assert statistics.median(_abs_errors(result.predicted_before_s, train)) > 0.1   # the perturbation mattered
+    assert statistics.median(_abs_errors(result.predicted_before_s, train)) > 0.1  # the perturbation mattered
 
 
 def test_held_out_plans_improve(setup):
@@ -80,13 +119,15 @@ def test_held_out_plans_improve(setup):
 def test_only_informed_parameters_move(setup):
     profile, train, _ = setup
     result = fit_profile(profile, train)
-    assert "intra_node.collectives.all_to_all.busbw_bytes_per_s" in result.unused   # no plan uses all_to_all
-    assert not set(TRUTH) & set(result.unused)   # the numbers the runs do carry information about move
+    assert "intra_node.collectives.all_to_all.busbw_bytes_per_s" in result.unused  # no plan uses all_to_all
+    assert not set(TRUTH) & set(result.unused)  # the numbers the runs do carry information about move
     base = predict_s(profile, train)
-    for path in result.unused:                   # "unused" means: doubling it moves no run's prediction
+    for path in result.unused:  # "unused" means: doubling it moves no run's prediction
         doubled = predict_s(apply(profile, [_param(profile, path)], [2 * get_value(profile, path)]), train)
         assert all(abs(d / b - 1.0) < 1e-3 for d, b in zip(doubled, base)), path
-    assert get_value(result.profile, "intra_node.collectives.all_to_all.busbw_bytes_per_s") == get_value(profile, "intra_node.collectives.all_to_all.busbw_bytes_per_s")
+    assert get_value(result.profile, "intra_node.collectives.all_to_all.busbw_bytes_per_s") == get_value(
+        profile, "intra_node.collectives.all_to_all.busbw_bytes_per_s"
+    )
 
 
 def test_bounds_hold_when_measurements_are_far_off():
@@ -112,8 +153,8 @@ def test_calibration_record_and_sources(setup):
         if path.startswith("intra_node"):
             kind = path.split(".")[2]
             assert calibrated.intra_node.collectives[kind].source.startswith("calibrated on")
-    assert profile.calibration == {}   # the input profile is not modified
-    type(calibrated).from_dict(calibrated.to_dict())   # still a valid profile
+    assert profile.calibration == {}  # the input profile is not modified
+    type(calibrated).from_dict(calibrated.to_dict())  # still a valid profile
 
 
 def test_no_runs_is_a_clear_error():
@@ -123,6 +164,7 @@ def test_no_runs_is_a_clear_error():
 
 def test_op_overhead_is_refittable_and_written_back():
     from autoplan.calibrate.params import set_value
+
     profile = load_profile("cpu-gloo")
     paths = {p.path for p in candidate_parameters(profile, precisions={"fp32"})}
     assert {"device.op_overhead.forward_s", "device.op_overhead.backward_s"} <= paths

@@ -1,4 +1,5 @@
 """`autoplan calibrate`: a real run folder round trip, and bad input -> one line, exit 2."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from autoplan.cli import main
 from autoplan.profile import load_profile
 from autoplan.types.plan import Plan
 
-MODEL = '''
+MODEL = """
 import os
 import torch
 import torch.nn as nn
@@ -22,11 +23,18 @@ def build_model():
 
 def example_inputs(batch_size):
     return (torch.randn(batch_size, WIDTH),)
-'''
+"""
 
 
-def _run_folder(tmp_path: Path, name: str, *, measured_s: float = 0.05, profile: str = "cpu-gloo", width: int = 64,
-                summary: bool = True) -> Path:
+def _run_folder(
+    tmp_path: Path,
+    name: str,
+    *,
+    measured_s: float = 0.05,
+    profile: str = "cpu-gloo",
+    width: int = 64,
+    summary: bool = True,
+) -> Path:
     model = tmp_path / "tiny.py"
     model.write_text(MODEL)
     folder = tmp_path / name
@@ -34,9 +42,18 @@ def _run_folder(tmp_path: Path, name: str, *, measured_s: float = 0.05, profile:
     plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=4, num_microbatches=1, model="tiny", profile=profile)
     plan.save(folder / "plan.json")
     if summary:
-        (folder / "summary.json").write_text(json.dumps({
-            "plan": plan.describe(), "backend": "gloo", "median_step_time_s": measured_s, "model_file": str(model),
-            "global_batch_size": 8, "environment": {"AUTOPLAN_TINY_WIDTH": str(width)}}))
+        (folder / "summary.json").write_text(
+            json.dumps(
+                {
+                    "plan": plan.describe(),
+                    "backend": "gloo",
+                    "median_step_time_s": measured_s,
+                    "model_file": str(model),
+                    "global_batch_size": 8,
+                    "environment": {"AUTOPLAN_TINY_WIDTH": str(width)},
+                }
+            )
+        )
     return folder
 
 
@@ -86,25 +103,29 @@ def test_bad_output_suffix(tmp_path, capsys):
 
 def test_executor_records_what_calibration_needs(tmp_path, monkeypatch):
     from autoplan.execute.job.runner import RunOptions, run_inputs
+
     monkeypatch.setenv("AUTOPLAN_TINY_WIDTH", "32")
     monkeypatch.setenv("AUTOPLAN_ERROR_DIR", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=4, num_microbatches=3)
     recorded = run_inputs(opts=RunOptions(model="tiny.py", plan="p/plan.json", steps=2, out="run"), plan=plan)
     assert recorded["model_file"] == str(tmp_path / "tiny.py") and recorded["global_batch_size"] == 24
-    assert recorded["environment"]["AUTOPLAN_TINY_WIDTH"] == "32" and "AUTOPLAN_ERROR_DIR" not in recorded["environment"]
+    assert (
+        recorded["environment"]["AUTOPLAN_TINY_WIDTH"] == "32" and "AUTOPLAN_ERROR_DIR" not in recorded["environment"]
+    )
 
 
 def test_run_noise_from_its_own_steps(tmp_path):
     import math
 
     from autoplan.calibrate.runs import median_noise_sigma
+
     steady, noisy = tmp_path / "steady.csv", tmp_path / "noisy.csv"
     steady.write_text("step,step_time_s\n" + "".join(f"{i},0.5\n" for i in range(8)))
-    times = [9.0, 9.0, 0.4, 0.5, 0.6, 0.4, 0.5, 0.6]   # two warm-up steps, then +-20 %
+    times = [9.0, 9.0, 0.4, 0.5, 0.6, 0.4, 0.5, 0.6]  # two warm-up steps, then +-20 %
     noisy.write_text("step,step_time_s\n" + "".join(f"{i},{t}\n" for i, t in enumerate(times)))
     assert median_noise_sigma(steady, skip=2) == 0.0
-    q1, q3 = math.log(0.4), math.log(0.6)   # statistics.quantiles (exclusive) of the 6 timed steps
+    q1, q3 = math.log(0.4), math.log(0.6)  # statistics.quantiles (exclusive) of the 6 timed steps
     assert median_noise_sigma(noisy, skip=2) == pytest.approx(1.2533 * (q3 - q1) / 1.349 / math.sqrt(6))
     assert median_noise_sigma(tmp_path / "absent.csv", skip=0) is None
-    assert median_noise_sigma(noisy, skip=6) is None   # too few timed steps to say
+    assert median_noise_sigma(noisy, skip=6) is None  # too few timed steps to say

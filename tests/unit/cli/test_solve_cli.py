@@ -1,4 +1,5 @@
 """`autoplan plan`: the files it writes, --json, --fix, and one-sentence errors with exit 2."""
+
 import csv
 import json
 from pathlib import Path
@@ -13,7 +14,13 @@ GPT = str(Path(__file__).resolve().parents[3] / "examples" / "gpt.py")
 
 @pytest.fixture
 def small_gpt(monkeypatch):
-    for field, value in (("N_LAYER", "2"), ("N_EMBD", "128"), ("N_HEAD", "4"), ("VOCAB_SIZE", "1024"), ("BLOCK_SIZE", "64")):
+    for field, value in (
+        ("N_LAYER", "2"),
+        ("N_EMBD", "128"),
+        ("N_HEAD", "4"),
+        ("VOCAB_SIZE", "1024"),
+        ("BLOCK_SIZE", "64"),
+    ):
         monkeypatch.setenv(f"AUTOPLAN_GPT_{field}", value)
     return GPT
 
@@ -24,7 +31,24 @@ def _rows(path):
 
 
 def test_plan_writes_valid_round_tripping_files(small_gpt, tmp_path, capsys):
-    assert main(["plan", small_gpt, "--devices", "4", "--profile", "dgx-a100", "--batch", "8", "--out", str(tmp_path), "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                small_gpt,
+                "--devices",
+                "4",
+                "--profile",
+                "dgx-a100",
+                "--batch",
+                "8",
+                "--out",
+                str(tmp_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     plan = Plan.load(tmp_path / "plan.json")
     assert Plan.from_dict(json.loads((tmp_path / "plan.json").read_text())) == plan
@@ -42,21 +66,47 @@ def test_plan_writes_valid_round_tripping_files(small_gpt, tmp_path, capsys):
 
 
 def test_fix_is_honoured_from_the_command_line(small_gpt, tmp_path):
-    args = ["plan", small_gpt, "--devices", "8", "--profile", "dgx-a100", "--batch", "16", "--out", str(tmp_path), "--quiet",
-            "--fix", "tp=2,pp=2,mbs=2", "--fix", "recompute=full,zero=1,sp=on"]
+    args = [
+        "plan",
+        small_gpt,
+        "--devices",
+        "8",
+        "--profile",
+        "dgx-a100",
+        "--batch",
+        "16",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+        "--fix",
+        "tp=2,pp=2,mbs=2",
+        "--fix",
+        "recompute=full,zero=1,sp=on",
+    ]
     assert main(args) == 0
     plan = Plan.load(tmp_path / "plan.json")
-    assert (plan.tp, plan.pp, plan.dp, plan.micro_batch_size, plan.recompute, plan.zero_stage, plan.sequence_parallel) == (2, 2, 2, 2, "full", 1, True)
+    assert (
+        plan.tp,
+        plan.pp,
+        plan.dp,
+        plan.micro_batch_size,
+        plan.recompute,
+        plan.zero_stage,
+        plan.sequence_parallel,
+    ) == (2, 2, 2, 2, "full", 1, True)
     assert len(plan.stages) == 2 and sum(map(len, plan.stages)) == 2
     assert any(split != "replicate" for split in plan.tp_plan.values())
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--devices", "12", "--profile", "dgx-a100"], "whole nodes of 8"),
-    (["--devices", "8", "--profile", "no-such-profile"], "no-such-profile"),
-    (["--devices", "8", "--profile", "dgx-a100", "--fix", "dp=3"], "dp=3"),
-    (["--devices", "8", "--profile", "dgx-a100", "--fix", "colour=red"], "KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--devices", "12", "--profile", "dgx-a100"], "whole nodes of 8"),
+        (["--devices", "8", "--profile", "no-such-profile"], "no-such-profile"),
+        (["--devices", "8", "--profile", "dgx-a100", "--fix", "dp=3"], "dp=3"),
+        (["--devices", "8", "--profile", "dgx-a100", "--fix", "colour=red"], "KEY=VALUE"),
+    ],
+)
 def test_bad_input_exits_2_with_one_sentence(small_gpt, tmp_path, capsys, extra, words):
     assert main(["plan", small_gpt, "--batch", "8", "--out", str(tmp_path), *extra]) == 2
     err = capsys.readouterr().err.strip()
@@ -64,11 +114,19 @@ def test_bad_input_exits_2_with_one_sentence(small_gpt, tmp_path, capsys, extra,
 
 
 def test_nothing_fits_exits_2_and_still_writes_plans_csv(monkeypatch, tmp_path, capsys):
-    for field, value in (("N_LAYER", "4"), ("N_EMBD", "4096"), ("N_HEAD", "32"), ("VOCAB_SIZE", "32000"), ("BLOCK_SIZE", "256")):
+    for field, value in (
+        ("N_LAYER", "4"),
+        ("N_EMBD", "4096"),
+        ("N_HEAD", "32"),
+        ("VOCAB_SIZE", "32000"),
+        ("BLOCK_SIZE", "256"),
+    ):
         monkeypatch.setenv(f"AUTOPLAN_GPT_{field}", value)
     assert main(["plan", GPT, "--devices", "1", "--profile", "cpu-gloo", "--batch", "2", "--out", str(tmp_path)]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("autoplan: warning:")]
-    assert len(errors) == 1 and "no plan fits in device memory" in errors[0]   # one line (a device warning may precede it)
+    assert (
+        len(errors) == 1 and "no plan fits in device memory" in errors[0]
+    )  # one line (a device warning may precede it)
     assert not (tmp_path / "plan.json").exists()
     assert all(row["feasible"] == "False" for row in _rows(tmp_path / "plans.csv") if row["status"] == "evaluated")
 

@@ -1,5 +1,6 @@
 """CLI start-up: building the parser imports no heavy library, and frozen_imports leaves the
 garbage collector as it found it."""
+
 from __future__ import annotations
 
 import gc
@@ -14,8 +15,10 @@ HEAVY = ("torch", "scipy", "pandas", "matplotlib", "rich", "pulp", "networkx", "
 
 
 def test_parser_builds_without_heavy_imports():
-    code = ("import sys, autoplan.cli as cli; cli.build_parser(); "
-            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    code = (
+        "import sys, autoplan.cli as cli; cli.build_parser(); "
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == ""
 

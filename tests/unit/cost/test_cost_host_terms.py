@@ -1,5 +1,6 @@
 """Host-side cost terms: per-op dispatch overhead, gradient accumulation over micro-batches,
 gradient sync of weights tied across pipeline stages, and fwd+bwd op-table rows."""
+
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,12 @@ def test_cpu_backend_adds_overhead_and_gpu_backend_hides_it_under_long_ops():
     bare = a100_profile()
     for node in (fc, add):
         base = op_time_s(node, bare, precision="bf16", batch_fraction=1.0)
-        assert op_time_s(node, _with_overhead("gloo"), precision="bf16", batch_fraction=1.0) == pytest.approx(base + 20e-6)
-        assert op_time_s(node, _with_overhead("nccl"), precision="bf16", batch_fraction=1.0) == pytest.approx(max(base, 20e-6))
+        assert op_time_s(node, _with_overhead("gloo"), precision="bf16", batch_fraction=1.0) == pytest.approx(
+            base + 20e-6
+        )
+        assert op_time_s(node, _with_overhead("nccl"), precision="bf16", batch_fraction=1.0) == pytest.approx(
+            max(base, 20e-6)
+        )
     # a huge overhead shows on the GPU backend too, as the host becomes the bottleneck
     assert op_time_s(fc, _with_overhead("nccl", forward_s=1.0), precision="bf16", batch_fraction=1.0) == 1.0
 
@@ -46,7 +51,7 @@ def test_no_overhead_for_graph_inputs_shape_arithmetic_or_backward_of_nodes_with
     add = graph.node("h.0.add_1")
     assert host_overhead_s(add, profile, backward=True) == 30e-6
     assert host_overhead_s(add, profile, backward=True, needs_grad=False) == 0.0
-    add.output_dtype = ""   # a python-level size/getattr node
+    add.output_dtype = ""  # a python-level size/getattr node
     assert host_overhead_s(add, profile, backward=False) == 0.0
 
 
@@ -86,7 +91,9 @@ def test_gradient_accumulation_reads_two_and_writes_one_gradient_per_extra_micro
 def test_fwd_bwd_op_table_row_is_split_by_flops():
     graph = gpt_graph(hidden=256, heads=8, seq_len=128, batch_size=8, layers=1)
     profile = a100_profile()
-    profile.device.op_table.append(OpTiming(op="linear", shape="m=1024,n=1024,k=256,fwd+bwd", dtype="bf16", time_s=3e-3))
+    profile.device.op_table.append(
+        OpTiming(op="linear", shape="m=1024,n=1024,k=256,fwd+bwd", dtype="bf16", time_s=3e-3)
+    )
     fc = graph.node("h.0.mlp.c_fc")
     assert op_time_s(fc, profile, precision="bf16", batch_fraction=1.0) == pytest.approx(1e-3)
     assert op_time_s(fc, profile, precision="bf16", batch_fraction=1.0, backward=True) == pytest.approx(2e-3)
@@ -104,11 +111,15 @@ def test_weight_tied_across_pipeline_stages_pays_one_gradient_all_reduce(tied_gp
     profile = a100_profile()
     model = CostModel(tied_gpt, profile)
     split = model.estimate(_plan(pp=2, num_microbatches=4, micro_batch_size=1))
-    sends_only = model._pp_comm_s(_plan(pp=2, num_microbatches=4, micro_batch_size=1),
-                                  model._stages(_plan(pp=2, num_microbatches=4, micro_batch_size=1), {}, _ctx(model)), _pp_group(profile),
-                                  _pp_group(profile))
-    tied_bytes = 512 * 64 * 4   # fp32 gradients: the executor keeps parameters in fp32 outside FSDP2
+    sends_only = model._pp_comm_s(
+        _plan(pp=2, num_microbatches=4, micro_batch_size=1),
+        model._stages(_plan(pp=2, num_microbatches=4, micro_batch_size=1), {}, _ctx(model)),
+        _pp_group(profile),
+        _pp_group(profile),
+    )
+    tied_bytes = 512 * 64 * 4  # fp32 gradients: the executor keeps parameters in fp32 outside FSDP2
     from autoplan.cost.comm import collective_time_s
+
     expected = collective_time_s(profile, "all_reduce", tied_bytes, group=_pp_group(profile))
     assert split.pp_comm_s - sends_only == pytest.approx(expected, rel=1e-6)
     assert model._tied_sync_s(_plan(num_microbatches=4, micro_batch_size=1), [], _pp_group(profile)) == 0.0
@@ -116,12 +127,20 @@ def test_weight_tied_across_pipeline_stages_pays_one_gradient_all_reduce(tied_gp
 
 def _pp_group(profile):
     from autoplan.cost.mesh import mesh_groups
+
     return mesh_groups(profile, dp=1, tp=1, pp=2)["pp"]
 
 
 def _ctx(model):
     from autoplan.cost.mesh import mesh_groups
     from autoplan.cost.tensor_parallel import TPContext
+
     groups = mesh_groups(model.profile, dp=1, tp=1, pp=2)
-    return TPContext(profile=model.profile, tp=1, group=groups["tp"], sequence_parallel=False, precision="bf16",
-                     batch_fraction=1 / model.graph.batch_size)
+    return TPContext(
+        profile=model.profile,
+        tp=1,
+        group=groups["tp"],
+        sequence_parallel=False,
+        precision="bf16",
+        batch_fraction=1 / model.graph.batch_size,
+    )

@@ -4,6 +4,7 @@ The GPT is the cost-model one of tests/synthetic.py (a nanoGPT block with flash 
 traced in bf16 so 16-bit activations need no rescaling). Flash attention saves no s^2
 tensor, so Korthikanti's 5as/h term does not apply: the checks compare the 34 sbh part.
 """
+
 import pytest
 from synthetic import a100_profile, gpt_graph
 
@@ -76,19 +77,23 @@ def test_zero_stage_three_shrinks_cost_model_states():
     model = CostModel(graph, a100_profile())
     plain = model.estimate(_plan(dp=8, num_microbatches=1))
     sharded = model.estimate(_plan(dp=8, num_microbatches=1, zero_stage=3))
-    assert plain.optimizer_bytes == pytest.approx(8 * graph.param_count, rel=1e-6)     # AdamW's fp32 moments
+    assert plain.optimizer_bytes == pytest.approx(8 * graph.param_count, rel=1e-6)  # AdamW's fp32 moments
     assert sharded.weights_bytes == pytest.approx(4 * graph.param_count / 8, rel=1e-6)  # fp32 shards
     assert sharded.zero_comm_s > 0 and sharded.dp_comm_s == 0
 
 
-@pytest.mark.parametrize("schedule, v, expected", [("1f1b", 1, 3 / 8), ("gpipe", 1, 3 / 8), ("interleaved_1f1b", 2, 3 / 16)])
+@pytest.mark.parametrize(
+    "schedule, v, expected", [("1f1b", 1, 3 / 8), ("gpipe", 1, 3 / 8), ("interleaved_1f1b", 2, 3 / 16)]
+)
 def test_bubble_is_p_minus_1_over_v_m(schedule, v, expected):
     # Narayanan et al. SC'21 section 2.2: (p-1)/m, interleaved (p-1)/(v m).
     assert bubble_fraction(pp=4, num_microbatches=8, virtual_stages=v) == pytest.approx(expected)
     graph = gpt_graph(layers=8, hidden=H, heads=A, seq_len=S, vocab=V, batch_size=8)
-    cost = CostModel(graph, a100_profile()).estimate(_plan(pp=4, num_microbatches=8, schedule=schedule, virtual_stages=v))
+    cost = CostModel(graph, a100_profile()).estimate(
+        _plan(pp=4, num_microbatches=8, schedule=schedule, virtual_stages=v)
+    )
     ideal = cost.compute_s + cost.tp_comm_s
-    assert cost.bubble_s / ideal == pytest.approx(expected, rel=0.15)   # stage imbalance: head on the last stage
+    assert cost.bubble_s / ideal == pytest.approx(expected, rel=0.15)  # stage imbalance: head on the last stage
 
 
 def test_in_flight_micro_batches_per_schedule():
@@ -96,7 +101,7 @@ def test_in_flight_micro_batches_per_schedule():
     assert in_flight_chunks(_plan(pp=4, num_microbatches=8), 3) == 1
     assert in_flight_chunks(_plan(pp=4, num_microbatches=8, schedule="gpipe"), 3) == 8
     inter = _plan(pp=4, num_microbatches=8, schedule="interleaved_1f1b", virtual_stages=2)
-    assert in_flight_chunks(inter, 0) == pytest.approx(4 * (1 + 3 / 8))   # Korthikanti 4.2.3
+    assert in_flight_chunks(inter, 0) == pytest.approx(4 * (1 + 3 / 8))  # Korthikanti 4.2.3
 
 
 def test_megatron_tp_volume_is_four_all_reduces_of_bsh_per_layer():
@@ -106,6 +111,7 @@ def test_megatron_tp_volume_is_four_all_reduces_of_bsh_per_layer():
     model = CostModel(graph, profile)
     from autoplan.cost.comm import collective_time_s
     from autoplan.cost.mesh import AxisGroup
+
     one = collective_time_s(profile, "all_reduce", S * B * H * 2, group=AxisGroup(size=4, ranks_per_node=4))
     block = model.block_summary("h.1", model._tp_plan(_plan(tp=4)), _ctx(model, tp=4))
     assert block.tp_fwd_s == pytest.approx(2 * one, rel=0.01)
@@ -115,9 +121,16 @@ def test_megatron_tp_volume_is_four_all_reduces_of_bsh_per_layer():
 def _ctx(model, *, tp):
     from autoplan.cost.mesh import mesh_groups
     from autoplan.cost.tensor_parallel import TPContext
+
     group = mesh_groups(model.profile, dp=1, tp=tp, pp=1)["tp"]
-    return TPContext(profile=model.profile, tp=tp, group=group, sequence_parallel=False, precision="bf16",
-                     batch_fraction=B / model.graph.batch_size)
+    return TPContext(
+        profile=model.profile,
+        tp=tp,
+        group=group,
+        sequence_parallel=False,
+        precision="bf16",
+        batch_fraction=B / model.graph.batch_size,
+    )
 
 
 def test_transformer_flops_match_narayanan_eq3():

@@ -1,4 +1,5 @@
 """mesh groups, collective times and op times: the three primitives the planner codes against."""
+
 import math
 
 import pytest
@@ -39,7 +40,9 @@ def test_collective_matches_alpha_beta_busbw_inside_a_node():
     profile = a100_profile(intra_busbw=200e9)
     group = AxisGroup(size=8, ranks_per_node=8)
     size = 1e9
-    assert collective_time_s(profile, "all_reduce", size, group=group) == pytest.approx(10e-6 + 2 * 7 / 8 * size / 200e9)
+    assert collective_time_s(profile, "all_reduce", size, group=group) == pytest.approx(
+        10e-6 + 2 * 7 / 8 * size / 200e9
+    )
     assert collective_time_s(profile, "all_gather", size, group=group) == pytest.approx(10e-6 + 7 / 8 * size / 200e9)
     assert collective_time_s(profile, "all_reduce", size, group=AxisGroup(1, 1)) == 0.0
     assert bus_factor("send_recv", 2) == 1.0
@@ -92,7 +95,9 @@ def test_op_time_scales_with_batch_shard_and_backward():
     fc = graph.node("h.0.mlp.c_fc")
     full = op_time_s(fc, profile, precision="bf16", batch_fraction=1.0)
     assert op_time_s(fc, profile, precision="bf16", batch_fraction=0.5, shard=2) < full / 3.9
-    assert op_time_s(fc, profile, precision="bf16", batch_fraction=1.0, backward=True) == pytest.approx(2 * full, rel=0.01)
+    assert op_time_s(fc, profile, precision="bf16", batch_fraction=1.0, backward=True) == pytest.approx(
+        2 * full, rel=0.01
+    )
     assert op_time_s(fc, profile, precision="fp32", batch_fraction=1.0) > 10 * full
 
 
@@ -126,9 +131,10 @@ def test_ring_only_collectives_pay_a_hop_per_rank_across_nodes_and_all_reduce_a_
         assert collective_time_s(profile, "all_gather", 1.0, group=group) == pytest.approx(ring, rel=1e-3)
         tree = intra["all_reduce"].alpha_s + inter["all_reduce"].alpha_s * math.ceil(math.log2(nodes))
         assert collective_time_s(profile, "all_reduce", 1.0, group=group) == pytest.approx(tree, rel=1e-3)
-    one_per_node = AxisGroup(size=64, ranks_per_node=1)   # PAT, not a ring: logarithmic
+    one_per_node = AxisGroup(size=64, ranks_per_node=1)  # PAT, not a ring: logarithmic
     assert collective_time_s(profile, "all_gather", 1.0, group=one_per_node) == pytest.approx(
-        inter["all_gather"].alpha_s * 6, rel=1e-3)
+        inter["all_gather"].alpha_s * 6, rel=1e-3
+    )
 
 
 def test_dp_messages_are_bucketed_only_under_ddp():

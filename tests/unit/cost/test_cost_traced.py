@@ -5,6 +5,7 @@ dropout, probs @ V), so Korthikanti et al. 2022 eq. (1), sbh(34 + 5as/h), applie
 The models are traced in fp32 and priced in bf16: floating tensors halve, the CUDA dropout
 mask stays 1 byte per element.
 """
+
 import dataclasses
 from pathlib import Path
 
@@ -82,7 +83,9 @@ def test_s2_score_tensors_are_priced_by_bytes_moved(megatron_graphs, a100):
     expected = 2 * scores / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     assert op_time_s(softmax, a100, precision="bf16", batch_fraction=1.0, input_bytes=scores) == pytest.approx(expected)
     # Its backward reads dY and the saved output and writes dX.
-    assert op_time_s(softmax, a100, precision="bf16", batch_fraction=1.0, input_bytes=scores, backward=True) == pytest.approx(1.5 * expected)
+    assert op_time_s(
+        softmax, a100, precision="bf16", batch_fraction=1.0, input_bytes=scores, backward=True
+    ) == pytest.approx(1.5 * expected)
 
 
 def test_unfused_attention_costs_more_than_flash(monkeypatch, megatron_graphs, a100):
@@ -129,7 +132,9 @@ def test_overlap_grad_reduce_is_a_plan_property(megatron_graphs, a100):
     # DDP also broadcasts the model's buffers (this model's causal mask) each step; the explicit all-reduce does not
     group = mesh_groups(a100, dp=16, tp=1, pp=1)["dp"]
     assert graph.buffer_bytes > 0
-    assert overlapped.dp_comm_s - exposed.dp_comm_s == pytest.approx(collective_time_s(a100, "all_gather", graph.buffer_bytes, group=group))
+    assert overlapped.dp_comm_s - exposed.dp_comm_s == pytest.approx(
+        collective_time_s(a100, "all_gather", graph.buffer_bytes, group=group)
+    )
     # tp > 1: our executor all-reduces after the backward either way
     tp_cost = model.estimate(tp_dp)
     assert tp_cost.dp_comm_exposed_s == pytest.approx(tp_cost.dp_comm_s) and tp_cost.dp_comm_s > 0

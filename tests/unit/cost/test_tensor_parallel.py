@@ -1,4 +1,5 @@
 """The tensor-parallel model of a block: legality, Megatron's comm volumes, shard factors."""
+
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
@@ -14,12 +15,21 @@ HIDDEN, SEQ, BATCH = 512, 256, 8
 
 def _ctx(profile, tp, *, sp=False, precision="bf16", mbs=1):
     group = mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"]
-    return TPContext(profile=profile, tp=tp, group=group, sequence_parallel=sp, precision=precision, batch_fraction=mbs / BATCH)
+    return TPContext(
+        profile=profile, tp=tp, group=group, sequence_parallel=sp, precision=precision, batch_fraction=mbs / BATCH
+    )
 
 
 def _linear(out_features, in_features=64, **attrs):
-    return OpNode(name="l", op="linear", target="linear", module="l", layer="h.0", output_shape=[2, 16, out_features],
-                  attrs={"in_features": in_features, "out_features": out_features, **attrs})
+    return OpNode(
+        name="l",
+        op="linear",
+        target="linear",
+        module="l",
+        layer="h.0",
+        output_shape=[2, 16, out_features],
+        attrs={"in_features": in_features, "out_features": out_features, **attrs},
+    )
 
 
 def test_tp_one_only_replicates():
@@ -29,8 +39,8 @@ def test_tp_one_only_replicates():
 def test_heads_that_do_not_divide_tp_forbid_colwise_on_q():
     q = _linear(96, attention={"roles": ["q"], "num_heads": 6, "num_kv_heads": 6, "head_dim": 16})
     assert "colwise" in legal_splits(q, 2)
-    assert "colwise" not in legal_splits(q, 4)          # 6 heads over 4 ranks would cut a head
-    assert "rowwise" in legal_splits(q, 4)              # its input features still divide
+    assert "colwise" not in legal_splits(q, 4)  # 6 heads over 4 ranks would cut a head
+    assert "rowwise" in legal_splits(q, 4)  # its input features still divide
 
 
 def test_gqa_kv_heads_limit_k_and_v_but_not_q():
@@ -43,13 +53,20 @@ def test_gqa_kv_heads_limit_k_and_v_but_not_q():
 
 
 def test_embedding_norm_and_conv_splits():
-    emb = OpNode(name="e", op="embedding", target="e", module="e", layer=None, output_shape=[2, 16, 64],
-                 attrs={"num_embeddings": 1000, "embedding_dim": 64})
+    emb = OpNode(
+        name="e",
+        op="embedding",
+        target="e",
+        module="e",
+        layer=None,
+        output_shape=[2, 16, 64],
+        attrs={"num_embeddings": 1000, "embedding_dim": 64},
+    )
     assert set(legal_splits(emb, 4)) == {"replicate", "colwise", "rowwise"}
-    assert set(legal_splits(emb, 16)) == {"replicate", "colwise"}          # 1000 % 16 != 0
+    assert set(legal_splits(emb, 16)) == {"replicate", "colwise"}  # 1000 % 16 != 0
     norm = OpNode(name="n", op="norm", target="n", module="n", layer="h.0", output_shape=[2, 16, 64])
     assert legal_splits(norm, 4) == ("replicate", "sequence_parallel")
-    assert legal_splits(norm, 32) == ("replicate",)                         # seq 16 % 32 != 0
+    assert legal_splits(norm, 32) == ("replicate",)  # seq 16 % 32 != 0
     conv = OpNode(name="c", op="conv", target="c", module="c", layer="h.0", output_shape=[2, 8, 4, 4])
     assert legal_splits(conv, 2) == ("replicate",)
 
@@ -123,10 +140,14 @@ def test_fused_qkv_colwise_is_gathered_not_head_sharded():
     ctx = _ctx(profile, 4)
     cost = tp_layer_cost(graph, "h.0", plan, ctx=ctx)
     assert cost.compute_shard["h.0.attn.qkv"] == 4
-    assert cost.compute_shard["h.0.attn.sdpa"] == 1           # attention sees gathered q, k, v
+    assert cost.compute_shard["h.0.attn.sdpa"] == 1  # attention sees gathered q, k, v
     gather = collective_time_s(profile, "all_gather", SEQ * 3 * HIDDEN * 2, group=ctx.group)
-    unfused = tp_layer_cost(synthetic_gpt(layers=2, hidden=HIDDEN, seq=SEQ, batch=BATCH), "h.0",
-                            default_tp_plan(synthetic_gpt(layers=2, hidden=HIDDEN, seq=SEQ, batch=BATCH), 4), ctx=ctx)
+    unfused = tp_layer_cost(
+        synthetic_gpt(layers=2, hidden=HIDDEN, seq=SEQ, batch=BATCH),
+        "h.0",
+        default_tp_plan(synthetic_gpt(layers=2, hidden=HIDDEN, seq=SEQ, batch=BATCH), 4),
+        ctx=ctx,
+    )
     assert cost.comm_fwd_s >= unfused.comm_fwd_s + gather * 0.99
 
 
@@ -160,11 +181,11 @@ class _Attention(torch.nn.Module):
     def forward(self, x):
         b, s, h = x.shape
         mixed = self.qkv(x)
-        if self.layout in ("megatron_matmul", "megatron_sdpa"):      # head-interleaved [q_i | k_i | v_i]
+        if self.layout in ("megatron_matmul", "megatron_sdpa"):  # head-interleaved [q_i | k_i | v_i]
             q, k, v = (t.transpose(1, 2) for t in mixed.view(b, s, self.heads, 3 * D).split(D, dim=-1))
-        elif self.layout == "nanogpt":                                # [q | k | v], then each viewed into heads
+        elif self.layout == "nanogpt":  # [q | k | v], then each viewed into heads
             q, k, v = (t.view(b, s, self.heads, D).transpose(1, 2) for t in mixed.split(h, dim=2))
-        else:                                                         # timm/ViT: (3, heads, head_dim)
+        else:  # timm/ViT: (3, heads, head_dim)
             q, k, v = mixed.reshape(b, s, 3, self.heads, D).permute(2, 0, 3, 1, 4).unbind(0)
         if self.layout == "megatron_matmul":
             probs = torch.softmax(torch.matmul(q / math.sqrt(D), k.transpose(-2, -1)), dim=-1)
@@ -186,7 +207,13 @@ class _Net(torch.nn.Module):
 
 
 def _traced(layout, heads=A):
-    graph = trace(_Net(layout, heads), (torch.randn(B, S, heads * D),), loss_fn=lambda out, _: out.sum(), target=None, model_name=layout)
+    graph = trace(
+        _Net(layout, heads),
+        (torch.randn(B, S, heads * D),),
+        loss_fn=lambda out, _: out.sum(),
+        target=None,
+        model_name=layout,
+    )
     layer = graph.layers[0]
     qkv = next(n for n in graph.layer_nodes(layer) if n.module.endswith("qkv"))
     return graph, layer, qkv
@@ -199,21 +226,27 @@ def test_head_interleaved_qkv_is_head_sharded_without_a_gather(layout):
     graph, layer, qkv = _traced(layout)
     assert qkv.attrs["head_split"] == [A, 3 * D]
     assert "colwise" in legal_splits(qkv, 2) and "colwise" in legal_splits(qkv, 4)
-    assert "colwise" not in legal_splits(qkv, 8)                    # 4 heads over 8 ranks would cut heads
+    assert "colwise" not in legal_splits(qkv, 8)  # 4 heads over 8 ranks would cut heads
     profile = synthetic_profile()
     ctx = _traced_ctx(profile, 2)
     cost = tp_layer_cost(graph, layer, default_tp_plan(graph, 2), ctx=ctx)
     core = [n.name for n in graph.layer_nodes(layer) if n.op in ("matmul", "attention")]
     assert core and all(cost.compute_shard[n] == 2 for n in core)
     assert cost.activation_shard[qkv.name] == 2
-    block_output = B * S * A * D * 2                               # bf16
+    block_output = B * S * A * D * 2  # bf16
     assert cost.comm_fwd_s == pytest.approx(collective_time_s(profile, "all_reduce", block_output, group=ctx.group))
     # forward: only the proj's all-reduce (Megatron's g), nothing gathered
 
 
 def _traced_ctx(profile, tp):
-    return TPContext(profile=profile, tp=tp, group=mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"], sequence_parallel=False,
-                     precision="bf16", batch_fraction=1.0)
+    return TPContext(
+        profile=profile,
+        tp=tp,
+        group=mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"],
+        sequence_parallel=False,
+        precision="bf16",
+        batch_fraction=1.0,
+    )
 
 
 def test_split_then_viewed_qkv_is_gathered_and_leading_three_is_never_colwise():
@@ -222,15 +255,15 @@ def test_split_then_viewed_qkv_is_gathered_and_leading_three_is_never_colwise():
     cost = tp_layer_cost(graph, layer, default_tp_plan(graph, 2), ctx=_traced_ctx(synthetic_profile(), 2))
     attention = next(n.name for n in graph.layer_nodes(layer) if n.op == "attention")
     assert cost.compute_shard[qkv.name] == 2 and cost.compute_shard[attention] == 1
-    assert cost.activation_shard[qkv.name] == 1                    # consumers keep the gathered, whole output
+    assert cost.activation_shard[qkv.name] == 1  # consumers keep the gathered, whole output
     _, _, vit_qkv = _traced("vit")
     assert vit_qkv.attrs["head_split"] == [3, A, D]
-    assert "colwise" not in legal_splits(vit_qkv, 2)               # DTensor cannot unflatten 3 over 2 ranks
+    assert "colwise" not in legal_splits(vit_qkv, 2)  # DTensor cannot unflatten 3 over 2 ranks
 
 
 def test_explicit_matmul_attention_gets_a_heads_check():
     _, _, qkv = _traced("megatron_matmul", heads=6)
-    assert qkv.attrs["out_features"] % 4 == 0                      # 144 features divide, 6 heads do not
+    assert qkv.attrs["out_features"] % 4 == 0  # 144 features divide, 6 heads do not
     assert "colwise" in legal_splits(qkv, 2) and "colwise" not in legal_splits(qkv, 4)
 
 
@@ -243,6 +276,7 @@ def megatron_graphs():
     from pathlib import Path
 
     from autoplan.trace import trace_model_file
+
     root = Path(__file__).resolve().parents[3]
     graphs = {}
     with pytest.MonkeyPatch.context() as mp:
@@ -256,11 +290,22 @@ def megatron_graphs():
 def _per_layer_sbh(graphs, tp, *, sp, recompute):
     from autoplan.cost import CostModel
     from autoplan.types import Plan
-    profile = synthetic_profile()          # backend nccl: 1-byte dropout masks, as on the A100s
+
+    profile = synthetic_profile()  # backend nccl: 1-byte dropout masks, as on the A100s
     kept = []
     for layers in (2, 4):
-        plan = Plan(devices=tp, dp=1, tp=tp, pp=1, micro_batch_size=1, num_microbatches=2, precision="bf16",
-                    recompute=recompute, sequence_parallel=sp, tp_plan=default_tp_plan(graphs[layers], tp, sequence_parallel=sp))
+        plan = Plan(
+            devices=tp,
+            dp=1,
+            tp=tp,
+            pp=1,
+            micro_batch_size=1,
+            num_microbatches=2,
+            precision="bf16",
+            recompute=recompute,
+            sequence_parallel=sp,
+            tp_plan=default_tp_plan(graphs[layers], tp, sequence_parallel=sp),
+        )
         kept.append(CostModel(graphs[layers], profile).estimate(plan).activations_bytes)
     return (kept[1] - kept[0]) / 2 / (MS * MH)
 
@@ -273,10 +318,16 @@ def test_megatron_activations_per_layer_follow_korthikanti_eq_4_and_5(megatron_g
     # outputs the executor's linears save, 2 x 2sbh (1 - 1/t), where Megatron gathers them again in
     # the backward (cost/tp_memory.py). Selective recomputation (cost/layers.py) keeps the block
     # input and the matmul outputs: input 2, qkv 6, QK^T scores 2as/h, attention 2, proj 2, fc1 8, fc2 2
-    assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="none") == pytest.approx((34 + s2) / tp + 4 * (1 - 1 / tp), rel=0.005)
-    assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="selective") == pytest.approx((22 + scores) / tp, rel=0.005)
+    assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="none") == pytest.approx(
+        (34 + s2) / tp + 4 * (1 - 1 / tp), rel=0.005
+    )
+    assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="selective") == pytest.approx(
+        (22 + scores) / tp, rel=0.005
+    )
     # TP only: the input and the all-reduced fc2 and proj outputs (2 + 2 + 2) stay whole, the rest is /t
-    assert _per_layer_sbh(megatron_graphs, tp, sp=False, recompute="selective") == pytest.approx(6 + (16 + scores) / tp, rel=0.005)
+    assert _per_layer_sbh(megatron_graphs, tp, sp=False, recompute="selective") == pytest.approx(
+        6 + (16 + scores) / tp, rel=0.005
+    )
 
 
 def test_every_saving_node_of_a_megatron_block_is_sharded_under_sp(megatron_graphs):

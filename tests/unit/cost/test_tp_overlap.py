@@ -1,5 +1,6 @@
 """tp_comm_overlap: priced from the decomposition (autoplan/cost/tp_overlap.py), searched where it
 can run, refused before any rank starts where it cannot."""
+
 from __future__ import annotations
 
 import json
@@ -59,10 +60,10 @@ def test_overlap_hides_tp_time_and_charges_the_sliced_matmuls():
     model = CostModel(graph, profile)
     plain, hidden = model.estimate(_plan()), model.estimate(_plan(tp_comm_overlap=True))
     assert hidden.tp_comm_s < 0.5 * plain.tp_comm_s
-    assert hidden.compute_s > plain.compute_s                      # matmuls run as 8 token slices
+    assert hidden.compute_s > plain.compute_s  # matmuls run as 8 token slices
     assert hidden.compute_s - plain.compute_s < plain.tp_comm_s - hidden.tp_comm_s
     assert hidden.step_time_s < plain.step_time_s
-    assert model.estimate(_plan()).step_time_s == plain.step_time_s   # the plain plan is priced as before
+    assert model.estimate(_plan()).step_time_s == plain.step_time_s  # the plain plan is priced as before
 
 
 def test_on_small_matmuls_slicing_can_cost_more_than_it_hides():
@@ -88,8 +89,18 @@ def test_overlap_needs_sequence_parallelism():
 def test_the_partition_balances_what_the_cost_model_charges():
     graph, profile = synthetic_gpt(layers=8, hidden=2048, heads=16, seq=1024, batch=16), synthetic_profile()
     search = Search(graph, profile, SearchOptions(devices=16, batch_size=16))
-    plan = Plan(devices=16, dp=1, tp=8, pp=2, micro_batch_size=2, num_microbatches=8, sequence_parallel=True,
-                precision="bf16", tp_comm_overlap=True, tp_plan=default_tp_plan(graph, 8, sequence_parallel=True))
+    plan = Plan(
+        devices=16,
+        dp=1,
+        tp=8,
+        pp=2,
+        micro_batch_size=2,
+        num_microbatches=8,
+        sequence_parallel=True,
+        precision="bf16",
+        tp_comm_overlap=True,
+        tp_plan=default_tp_plan(graph, 8, sequence_parallel=True),
+    )
     stages = search._stages(plan)
     times, _ = search.stage_costs.stage_totals(plan, stages)
     priced, _, _ = search.cost_model.priced_stages(replace(plan, stages=stages))
@@ -100,7 +111,7 @@ def test_the_search_offers_overlap_on_gpus_and_never_on_gloo():
     graph = synthetic_gpt(layers=4, hidden=4096, heads=32, seq=2048, batch=16)
     gpu = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=16, fix="tp=8,sp=on")
     assert {c.config["tp_overlap"] for c in gpu.candidates} >= {True, False}
-    assert gpu.best.tp_comm_overlap                              # big matmuls at tp=8 hide their collectives
+    assert gpu.best.tp_comm_overlap  # big matmuls at tp=8 hide their collectives
     cpu = plan_graph(graph, devices=2, profile=load_profile("cpu-gloo"), batch_size=16, fix="tp=2,sp=on")
     assert all(c.config["tp_overlap"] in (False, "*") for c in cpu.candidates)
     with pytest.raises(PlanError, match="tp_overlap=on needs an NCCL"):
@@ -108,8 +119,16 @@ def test_the_search_offers_overlap_on_gpus_and_never_on_gloo():
 
 
 def test_a_cpu_refuses_the_plan_in_one_sentence(tmp_path):
-    plan = Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=2, num_microbatches=1, sequence_parallel=True,
-                tp_comm_overlap=True)
+    plan = Plan(
+        devices=2,
+        dp=1,
+        tp=2,
+        pp=1,
+        micro_batch_size=2,
+        num_microbatches=1,
+        sequence_parallel=True,
+        tp_comm_overlap=True,
+    )
     with pytest.raises(PlanError, match="needs CUDA devices with NCCL"):
         check_runs_here(plan)
     path = plan.save(tmp_path / "plan.json")
@@ -139,6 +158,7 @@ def test_a_cpu_refuses_the_plan_in_one_sentence(tmp_path):
 
 def test_the_pin_takes_on_or_off_only():
     from autoplan.solve.space import parse_fixes
+
     assert parse_fixes("tp_overlap=on") == {"tp_overlap": True}
     assert parse_fixes("tp_overlap=off") == {"tp_overlap": False}
     with pytest.raises(PlanError, match="--fix tp_overlap=maybe is not valid; expected on or off"):

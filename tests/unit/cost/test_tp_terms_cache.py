@@ -4,6 +4,7 @@ The cache lives on the graph; it used to be keyed by ``id(profile)``, which CPyt
 to a new object once the old one is freed (calibration deep-copies profiles in a loop), so a
 new profile at a reused id silently got the freed one's comm terms.
 """
+
 import copy
 
 from synthetic import synthetic_gpt, synthetic_profile
@@ -16,7 +17,9 @@ BATCH = 8
 
 def _terms(graph, profile):
     group = mesh_groups(profile, dp=1, tp=2, pp=1)["tp"]
-    ctx = TPContext(profile=profile, tp=2, group=group, sequence_parallel=False, precision="bf16", batch_fraction=1 / BATCH)
+    ctx = TPContext(
+        profile=profile, tp=2, group=group, sequence_parallel=False, precision="bf16", batch_fraction=1 / BATCH
+    )
     return block_terms(graph, graph.layers[0], ctx=ctx)
 
 

@@ -1,6 +1,7 @@
 """Executor pieces added for low precision, meta-device models and faults, without a process
 group: the precision policy, the sharded grad scaler, the norm-relative verify measure, the
 same-policy reference, meta materialisation and the launcher's failure message."""
+
 from __future__ import annotations
 
 import copy
@@ -50,7 +51,9 @@ def test_fp16_loss_scaling_keeps_gradients_that_underflow_unscaled():
     plan = Plan(devices=2, dp=2, tp=1, pp=1, zero_stage=2, precision="fp16", micro_batch_size=2, num_microbatches=1)
     x = (torch.randn(4, 8),)
     tiny = lambda out, _: out.float().mean() * 1e-6  # noqa: E731  gradients ~1e-8: fp16 subnormals, a few bits left
-    _, unscaled = reference_step(model=copy.deepcopy(model), plan=plan, inputs=x, target=None, loss_fn=tiny, loss_scale=1.0)
+    _, unscaled = reference_step(
+        model=copy.deepcopy(model), plan=plan, inputs=x, target=None, loss_fn=tiny, loss_scale=1.0
+    )
     _, scaled = reference_step(model=copy.deepcopy(model), plan=plan, inputs=x, target=None, loss_fn=tiny)
     exact = plan.__class__(**{**plan.to_dict(), "precision": "fp32", "zero_stage": 0})
     _, truth = reference_step(model=copy.deepcopy(model), plan=exact, inputs=x, target=None, loss_fn=tiny)
@@ -62,7 +65,9 @@ def test_reference_under_fsdp_policy_casts_parameters_and_inputs():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
     plan = Plan(devices=2, dp=2, tp=1, pp=1, zero_stage=3, precision="bf16", micro_batch_size=1, num_microbatches=2)
-    _, grads = reference_step(model=model, plan=plan, inputs=(torch.randn(4, 4),), target=None, loss_fn=lambda o, _: o.float().pow(2).mean())
+    _, grads = reference_step(
+        model=model, plan=plan, inputs=(torch.randn(4, 4),), target=None, loss_fn=lambda o, _: o.float().pow(2).mean()
+    )
     assert model[0].weight.dtype == torch.bfloat16 and all(g.dtype == torch.float32 for g in grads.values())
 
 
@@ -118,6 +123,13 @@ def test_materialize_names_what_it_cannot_initialise():
 
 
 def test_failure_message_puts_the_cause_before_peers_that_lost_their_connection():
-    text = failure_message(reasons={0: (1, "RuntimeError: Connection closed by peer [127.0.0.1]:1"),
-                                    1: (-6, _clean("[enforce fail at /x/pair.cc:456] Received data size doesn't match"))}, nprocs=2)
-    assert text.startswith("rank 1 failed (killed by SIGABRT): Received data size") and text.endswith("stopped all 2 ranks.")
+    text = failure_message(
+        reasons={
+            0: (1, "RuntimeError: Connection closed by peer [127.0.0.1]:1"),
+            1: (-6, _clean("[enforce fail at /x/pair.cc:456] Received data size doesn't match")),
+        },
+        nprocs=2,
+    )
+    assert text.startswith("rank 1 failed (killed by SIGABRT): Received data size") and text.endswith(
+        "stopped all 2 ranks."
+    )

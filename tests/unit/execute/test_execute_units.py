@@ -1,5 +1,6 @@
 """Executor pieces that need no process group: plan checks, batching, ZeRO-1 flat layout,
 block discovery, --verify's verdict and the run summary."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,12 @@ class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(10, 8)
-        self.h = nn.ModuleList(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 6)) if i == 0 else nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 6)) for i in range(3))
+        self.h = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 6))
+            if i == 0
+            else nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 6))
+            for i in range(3)
+        )
         self.head = nn.Linear(6, 10)
         self.head2 = nn.Linear(8, 10, bias=False)
         self.head2.weight = self.emb.weight
@@ -41,7 +47,10 @@ def test_tp_plan_errors_name_the_problem():
         validate_tp_plan(model=Net(), plan=plan(tp=2, tp_plan={"h.0.0": "colwise"}))
     with pytest.raises(PlanError, match="tp=4 does not divide"):
         validate_tp_plan(model=Net(), plan=plan(tp=4, tp_plan={"h.1.1": "colwise"}))
-    assert validate_tp_plan(model=Net(), plan=plan(tp=2, tp_plan={"h.1.1": "rowwise", "emb": "colwise"})) == {"h.1.1": "linear", "emb": "embedding"}
+    assert validate_tp_plan(model=Net(), plan=plan(tp=2, tp_plan={"h.1.1": "rowwise", "emb": "colwise"})) == {
+        "h.1.1": "linear",
+        "emb": "embedding",
+    }
 
 
 def test_stage_checks():
@@ -79,9 +88,15 @@ def test_verdict_fails_beyond_tolerance_and_passes_within():
 
 
 def test_summary_median_after_warmup_and_threads():
-    rows = [{"step": i, "step_time_s": t, "loss": 1.0, "peak_memory_bytes": 10} for i, t in enumerate([9.0, 1.0, 2.0, 3.0])]
+    rows = [
+        {"step": i, "step_time_s": t, "loss": 1.0, "peak_memory_bytes": 10} for i, t in enumerate([9.0, 1.0, 2.0, 3.0])
+    ]
     summary = summarize(plan=plan(predicted={"step_time_s": 1.0}), rows=rows, verified=None)
-    assert summary["warmup_steps"] == 1 and summary["median_step_time_s"] == 2.0 and summary["measured_over_predicted"] == 2.0
+    assert (
+        summary["warmup_steps"] == 1
+        and summary["median_step_time_s"] == 2.0
+        and summary["measured_over_predicted"] == 2.0
+    )
     assert warmup_steps(1) == 0 and warmup_steps(10) == 2
     assert threads_per_process(requested=3, profile_threads=2) == 3
     assert threads_per_process(requested=None, profile_threads=2) == 2

@@ -1,5 +1,6 @@
 """Compute cases: FLOPs counted as the tracer counts them, fits of forward + backward points,
 the matmul case as a training linear's three GEMMs, and the merge of per-rank times (median over ranks)."""
+
 from __future__ import annotations
 
 import pytest
@@ -68,17 +69,36 @@ def test_fit_of_two_call_points_matches_the_cost_models_forward_plus_backward_su
     curve and adding them gives back the measured time."""
     a, half, peak = 0.6, 4e7, 1e11
     forward = [1e6 * 4**i for i in range(8)]
-    measured = [predict_op_s(flops=f, peak_flops=peak, max_efficiency=a, half_saturation_flops=half)
-                + predict_op_s(flops=2 * f, peak_flops=peak, max_efficiency=a, half_saturation_flops=half) for f in forward]
-    fitted_a, fitted_half = fit_efficiency(flops=[3 * f for f in forward], time_s=measured, peak_flops=[peak] * 8, calls=2)
+    measured = [
+        predict_op_s(flops=f, peak_flops=peak, max_efficiency=a, half_saturation_flops=half)
+        + predict_op_s(flops=2 * f, peak_flops=peak, max_efficiency=a, half_saturation_flops=half)
+        for f in forward
+    ]
+    fitted_a, fitted_half = fit_efficiency(
+        flops=[3 * f for f in forward], time_s=measured, peak_flops=[peak] * 8, calls=2
+    )
     assert fitted_a == pytest.approx(a, rel=1e-3) and fitted_half == pytest.approx(half, rel=1e-2)
 
 
 def test_model_nodes_become_picklable_cases() -> None:
-    linear = OpNode(name="l", op="linear", target="linear", module="l", layer=None, output_shape=[2, 16, 64],
-                    attrs={"in_features": 32, "out_features": 64})
-    attention = OpNode(name="a", op="attention", target="sdpa", module="a", layer=None, output_shape=[2, 4, 16, 8],
-                       attrs={"num_heads": 4, "head_dim": 8, "q_len": 16, "causal": True})
+    linear = OpNode(
+        name="l",
+        op="linear",
+        target="linear",
+        module="l",
+        layer=None,
+        output_shape=[2, 16, 64],
+        attrs={"in_features": 32, "out_features": 64},
+    )
+    attention = OpNode(
+        name="a",
+        op="attention",
+        target="sdpa",
+        module="a",
+        layer=None,
+        output_shape=[2, 4, 16, 8],
+        attrs={"num_heads": 4, "head_dim": 8, "q_len": 16, "causal": True},
+    )
     lin, att = make_case(node_spec(linear)), make_case(node_spec(attention))
     assert (lin.op_class, lin.shape, lin.flops) == ("linear", "m=32,n=64,k=32,fwd+bwd", 6.0 * 32 * 64 * 32)
     assert att.op_class == "attention" and att.shape == "b=2,h=4,s=16,d=8,causal,fwd+bwd"
@@ -87,8 +107,10 @@ def test_model_nodes_become_picklable_cases() -> None:
 def test_merge_takes_the_median_over_ranks() -> None:
     job = compute_job(sweep=QUICK_SWEEP, dtypes=["fp32"], model=None, batch=None)
     n = len(job.items)
-    per_rank = {r: RankResult(compute_s=[scale * (i + 1) for i in range(n)], memory=(scale * 1e9, 0.5 * scale), collectives={})
-                for r, scale in enumerate((1.0, 2.0, 10.0))}
+    per_rank = {
+        r: RankResult(compute_s=[scale * (i + 1) for i in range(n)], memory=(scale * 1e9, 0.5 * scale), collectives={})
+        for r, scale in enumerate((1.0, 2.0, 10.0))
+    }
     rows, (copy_bw, mem_eff) = merge_compute(job, per_rank)
     assert [r.time_s for r in rows] == [2.0 * (i + 1) for i in range(n)]
     assert (copy_bw, mem_eff) == (2e9, 1.0)

@@ -1,4 +1,5 @@
 """The fits recover known parameters from synthetic points, robustly, and stay monotone."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,15 @@ def test_bus_factors_follow_nccl_tests() -> None:
 def test_collective_fit_recovers_alpha_and_busbw_despite_an_outlier() -> None:
     rng = np.random.default_rng(0)
     sizes = np.geomspace(1024, 2**28, 19)
-    points = [[4, s, predict_collective_s(kind="all_gather", group_size=4, message_bytes=s, alpha_s=20e-6, busbw_bytes_per_s=5e9)
-               * (1 + 0.02 * rng.standard_normal())] for s in sizes]
+    points = [
+        [
+            4,
+            s,
+            predict_collective_s(kind="all_gather", group_size=4, message_bytes=s, alpha_s=20e-6, busbw_bytes_per_s=5e9)
+            * (1 + 0.02 * rng.standard_normal()),
+        ]
+        for s in sizes
+    ]
     points[10][2] *= 5  # one straggler
     alpha_s, busbw = fit_collective(kind="all_gather", points=points)
     assert alpha_s == pytest.approx(20e-6, rel=0.15)
@@ -38,8 +46,11 @@ def test_collective_fit_recovers_alpha_and_busbw_despite_an_outlier() -> None:
 def test_efficiency_fit_recovers_curve_across_dtypes() -> None:
     flops = np.geomspace(1e5, 1e10, 12)
     peaks = {"fp32": 1e11, "bf16": 8e11}
-    rows = [(f, predict_op_s(flops=f, peak_flops=p, max_efficiency=0.7, half_saturation_flops=3e7), p)
-            for p in peaks.values() for f in flops]
+    rows = [
+        (f, predict_op_s(flops=f, peak_flops=p, max_efficiency=0.7, half_saturation_flops=3e7), p)
+        for p in peaks.values()
+        for f in flops
+    ]
     a, half = fit_efficiency(flops=[r[0] for r in rows], time_s=[r[1] for r in rows], peak_flops=[r[2] for r in rows])
     assert a == pytest.approx(0.7, rel=1e-3) and half == pytest.approx(3e7, rel=1e-2)
 
@@ -59,8 +70,15 @@ def test_fit_rejects_bad_points() -> None:
 def test_efficiency_for_prefers_per_dtype_curve() -> None:
     base = Efficiency(max_efficiency=0.5, half_saturation_flops=1.0, source="s")
     bf16 = Efficiency(max_efficiency=0.9, half_saturation_flops=1.0, source="s")
-    spec = DeviceSpec(name="d", memory_bytes=1, peak_flops={"fp32": 1.0, "bf16": 2.0}, memory_bandwidth_bytes_per_s=1.0,
-                      efficiency={"matmul": base}, efficiency_by_dtype={"bf16": {"matmul": bf16}}, source="s")
+    spec = DeviceSpec(
+        name="d",
+        memory_bytes=1,
+        peak_flops={"fp32": 1.0, "bf16": 2.0},
+        memory_bandwidth_bytes_per_s=1.0,
+        efficiency={"matmul": base},
+        efficiency_by_dtype={"bf16": {"matmul": bf16}},
+        source="s",
+    )
     assert spec.efficiency_for("matmul", "bf16") is bf16
     assert spec.efficiency_for("matmul", "fp32") is base
     assert spec.efficiency_for("conv", "fp32") is base

@@ -1,4 +1,5 @@
 """A profile belongs to a machine: plan and run say when it is another one (profile/host.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,9 @@ from autoplan.profile import host, load_profile
 @pytest.fixture
 def cpu_profile():
     profile = load_profile("cpu-gloo")
-    return dataclasses.replace(profile, device=dataclasses.replace(profile.device, name="Intel(R) Xeon(R) Platinum 8375C CPU (2 threads)"))
+    return dataclasses.replace(
+        profile, device=dataclasses.replace(profile.device, name="Intel(R) Xeon(R) Platinum 8375C CPU (2 threads)")
+    )
 
 
 def test_a_cpu_profile_of_another_cpu_model_is_named_with_the_fixing_command(monkeypatch, cpu_profile):
@@ -30,6 +33,7 @@ def test_the_same_cpu_with_another_thread_count_is_the_same_machine(monkeypatch,
 
 def test_a_gpu_cluster_profile_plans_silently_on_a_machine_without_gpus_but_a_run_says_so(monkeypatch):
     import torch
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(host, "cpu_model", lambda: "AMD EPYC")
     a100 = load_profile("dgx-a100")
@@ -39,6 +43,7 @@ def test_a_gpu_cluster_profile_plans_silently_on_a_machine_without_gpus_but_a_ru
 
 def test_a_gpu_profile_on_another_gpu_warns_in_plan(monkeypatch):
     import torch
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     assert "this machine is NVIDIA H100 80GB HBM3" in host.device_mismatch(load_profile("dgx-a100"), running=False)
@@ -46,7 +51,9 @@ def test_a_gpu_profile_on_another_gpu_warns_in_plan(monkeypatch):
 
 @pytest.mark.parametrize("measured, suggests", [(0.30, True), (0.24, False), (0.12, True)])
 def test_run_ends_with_measured_beside_predicted_and_suggests_a_fix_beyond_25_percent(measured, suggests):
-    lines = host.measured_beside_predicted(measured_s=measured, predicted_s=0.2, profile_name="cpu-gloo", run_dir="runs/a")
+    lines = host.measured_beside_predicted(
+        measured_s=measured, predicted_s=0.2, profile_name="cpu-gloo", run_dir="runs/a"
+    )
     assert lines[0].startswith(f"step time: measured {measured:.4g} s, predicted 0.2 s")
     assert (len(lines) == 2) == suggests
     if suggests:
@@ -56,10 +63,29 @@ def test_run_ends_with_measured_beside_predicted_and_suggests_a_fix_beyond_25_pe
 def test_plan_cli_prints_the_warning_on_stderr(monkeypatch, tmp_path, capsys, cpu_profile):
     from autoplan.cli import main
     from autoplan.profile import save_profile
+
     monkeypatch.setattr(host, "cpu_model", lambda: "AMD EPYC 7R13 Processor")
     path = tmp_path / "other.yaml"
     save_profile(cpu_profile, path)
-    code = main(["plan", str(Path(__file__).resolve().parents[3] / "examples/mlp.py"), "--devices", "2", "--profile", str(path), "--batch", "8", "--fix", "dp=2",
-                 "--out", str(tmp_path / "out"), "--quiet"])
+    code = main(
+        [
+            "plan",
+            str(Path(__file__).resolve().parents[3] / "examples/mlp.py"),
+            "--devices",
+            "2",
+            "--profile",
+            str(path),
+            "--batch",
+            "8",
+            "--fix",
+            "dp=2",
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+        ]
+    )
     assert code == 0
-    assert "autoplan: warning: profile 'cpu-gloo' was measured on Intel(R) Xeon(R) Platinum 8375C CPU" in capsys.readouterr().err
+    assert (
+        "autoplan: warning: profile 'cpu-gloo' was measured on Intel(R) Xeon(R) Platinum 8375C CPU"
+        in capsys.readouterr().err
+    )

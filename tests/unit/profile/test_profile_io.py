@@ -1,4 +1,5 @@
 """Profiles load, validate, round-trip (YAML and JSON), and bad files give one clear line."""
+
 from __future__ import annotations
 
 import copy
@@ -78,19 +79,28 @@ def _broken(data: dict, edit) -> dict:
 
 BAD_CASES = {
     "missing field": (lambda d: d["device"].pop("peak_flops"), "missing the field 'device.peak_flops'"),
-    "negative bandwidth": (lambda d: d["intra_node"]["collectives"]["all_reduce"].__setitem__("busbw_bytes_per_s", -1.0),
-                           "'intra_node.collectives.all_reduce.busbw_bytes_per_s' is -1.0"),
+    "negative bandwidth": (
+        lambda d: d["intra_node"]["collectives"]["all_reduce"].__setitem__("busbw_bytes_per_s", -1.0),
+        "'intra_node.collectives.all_reduce.busbw_bytes_per_s' is -1.0",
+    ),
     "unknown dtype": (lambda d: d["device"]["peak_flops"].__setitem__("fp7", 1e12), "dtype 'fp7'"),
     "unknown field": (lambda d: d.__setitem__("colour", "red"), "unknown field 'colour'"),
     "missing collective": (lambda d: d["intra_node"]["collectives"].pop("all_to_all"), "has no 'all_to_all'"),
-    "efficiency above one": (lambda d: d["device"]["efficiency"]["matmul"].__setitem__("max_efficiency", 1.5), "max_efficiency' is 1.5"),
+    "efficiency above one": (
+        lambda d: d["device"]["efficiency"]["matmul"].__setitem__("max_efficiency", 1.5),
+        "max_efficiency' is 1.5",
+    ),
     "empty source": (lambda d: d["device"].__setitem__("source", ""), "'device.source'"),
     "bad backend": (lambda d: d.__setitem__("backend", "mpi"), "'backend' is 'mpi'"),
     "not a mapping": (lambda d: d.__setitem__("device", [1, 2]), "'device' is list"),
-    "negative op overhead": (lambda d: d["device"].__setitem__("op_overhead", {"forward_s": -1.0, "backward_s": 1e-6, "source": "x"}),
-                             "'device.op_overhead.forward_s' is -1.0"),
-    "op overhead without source": (lambda d: d["device"].__setitem__("op_overhead", {"forward_s": 1e-6, "backward_s": 1e-6, "source": ""}),
-                                   "'device.op_overhead.source'"),
+    "negative op overhead": (
+        lambda d: d["device"].__setitem__("op_overhead", {"forward_s": -1.0, "backward_s": 1e-6, "source": "x"}),
+        "'device.op_overhead.forward_s' is -1.0",
+    ),
+    "op overhead without source": (
+        lambda d: d["device"].__setitem__("op_overhead", {"forward_s": 1e-6, "backward_s": 1e-6, "source": ""}),
+        "'device.op_overhead.source'",
+    ),
 }
 
 
@@ -145,6 +155,7 @@ def test_cli_measure_needs_out(capsys: pytest.CaptureFixture) -> None:
 
 def test_refresh_needs_an_existing_profile_at_out(tmp_path: Path, capsys) -> None:
     from autoplan.cli import main
+
     assert main(["profile", "--refresh", "op_overhead"]) == 2
     assert "needs --out" in capsys.readouterr().err
     assert main(["profile", "--refresh", "comm_overlap", "--out", str(tmp_path / "nope.yaml")]) == 2

@@ -1,5 +1,6 @@
 """Host dispatch overhead per op (profile/measure/overhead.py): the slope arithmetic, the chains
 it times, a real measurement on this CPU, and the merge over ranks into ``device.op_overhead``."""
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,7 @@ def _autograd_nodes(root: object) -> int:
 def test_a_chain_records_one_autograd_node_per_op_and_yields_every_gradient(kind: str) -> None:
     forward, step = chain_calls(kind, 6, torch.device("cpu"))
     out = forward()
-    per_op = 2 if kind == "linear" else 1   # F.linear also records the weight's transpose (TBackward)
+    per_op = 2 if kind == "linear" else 1  # F.linear also records the weight's transpose (TBackward)
     assert _autograd_nodes(out.grad_fn) == 6 * per_op and out.numel() == WIDTH and torch.isfinite(out).all()
     grads = step()
     params = {"linear": 2 * 6, "layer_norm": 2 * 6}.get(kind, 0)
@@ -56,8 +57,10 @@ def test_measured_overhead_on_this_cpu_is_positive_with_a_backward() -> None:
 
 
 def test_merge_takes_the_median_over_ranks_and_sources_it() -> None:
-    per_rank = {r: RankResult(compute_s=[], memory=None, collectives={}, op_overhead=(f, b))
-                for r, (f, b) in enumerate(((1e-6, 5e-6), (3e-6, 2e-6), (2e-6, 9e-6)))}
+    per_rank = {
+        r: RankResult(compute_s=[], memory=None, collectives={}, op_overhead=(f, b))
+        for r, (f, b) in enumerate(((1e-6, 5e-6), (3e-6, 2e-6), (2e-6, 9e-6)))
+    }
     merged = merge_overhead(per_rank, how="3 ranks at once")
     assert isinstance(merged, OpOverhead) and (merged.forward_s, merged.backward_s) == (2e-6, 5e-6)
     assert "chain length" in merged.source and "3 ranks at once" in merged.source

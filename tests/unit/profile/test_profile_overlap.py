@@ -1,4 +1,5 @@
 """comm_overlap: the measured fraction of a collective that hides under compute (profile field and formula)."""
+
 from __future__ import annotations
 
 import copy
@@ -12,14 +13,17 @@ from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.types.profile import DEFAULT_OVERLAP_SOURCE, CommOverlap, Profile
 
 
-@pytest.mark.parametrize("comp, comm, both, expected", [
-    (1.0, 0.5, 1.0, 1.0),     # perfect: the shorter one vanished
-    (1.0, 0.5, 1.5, 0.0),     # none: the times add
-    (1.0, 0.5, 1.25, 0.5),    # half of the collective hid
-    (1.0, 0.5, 1.8, 0.0),     # contention made both slower than in sequence: clipped
-    (1.0, 0.5, 0.9, 1.0),     # faster than the longer one alone (noise): clipped
-    (0.0, 0.5, 0.5, 0.0),     # nothing to hide under
-])
+@pytest.mark.parametrize(
+    "comp, comm, both, expected",
+    [
+        (1.0, 0.5, 1.0, 1.0),  # perfect: the shorter one vanished
+        (1.0, 0.5, 1.5, 0.0),  # none: the times add
+        (1.0, 0.5, 1.25, 0.5),  # half of the collective hid
+        (1.0, 0.5, 1.8, 0.0),  # contention made both slower than in sequence: clipped
+        (1.0, 0.5, 0.9, 1.0),  # faster than the longer one alone (noise): clipped
+        (0.0, 0.5, 0.5, 0.0),  # nothing to hide under
+    ],
+)
 def test_overlap_efficiency_formula(comp, comm, both, expected):
     assert overlap_efficiency(compute_s=comp, comm_s=comm, both_s=both) == pytest.approx(expected)
 
@@ -35,7 +39,8 @@ def test_gpu_profiles_overlap_fully_and_cpu_profile_is_measured():
     cpu = load_profile("cpu-gloo").comm_overlap
     assert cpu.source.startswith("measured on")
     assert cpu.both_s > 0 and cpu.efficiency == pytest.approx(
-        overlap_efficiency(compute_s=cpu.compute_s, comm_s=cpu.comm_s, both_s=cpu.both_s), abs=1e-3)
+        overlap_efficiency(compute_s=cpu.compute_s, comm_s=cpu.comm_s, both_s=cpu.both_s), abs=1e-3
+    )
 
 
 def test_missing_field_defaults_to_full_overlap(tmp_path):
@@ -47,12 +52,15 @@ def test_missing_field_defaults_to_full_overlap(tmp_path):
     assert overlap.efficiency == 1.0 and overlap.source == DEFAULT_OVERLAP_SOURCE
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("efficiency", 1.5, "comm_overlap.efficiency"),
-    ("efficiency", -0.1, "comm_overlap.efficiency"),
-    ("source", "", "comm_overlap.source"),
-    ("both_s", -1.0, "comm_overlap.both_s"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("efficiency", 1.5, "comm_overlap.efficiency"),
+        ("efficiency", -0.1, "comm_overlap.efficiency"),
+        ("source", "", "comm_overlap.source"),
+        ("both_s", -1.0, "comm_overlap.both_s"),
+    ],
+)
 def test_bad_overlap_is_one_clear_error(field, value, needle):
     data = load_profile("dgx-a100").to_dict()
     data["comm_overlap"][field] = value

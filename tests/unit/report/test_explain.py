@@ -1,4 +1,5 @@
 """autoplan explain: the deciding term in constructed cases, and the thresholds re-checked with CostModel."""
+
 from __future__ import annotations
 
 import math
@@ -59,7 +60,7 @@ def test_fast_link_pure_data_parallel_wins(fast):
 
 def test_slow_inter_node_link_communication_decides(slow, fast):
     result, exp = slow
-    assert exp.family != fast[1].family           # the slow link changed the decision
+    assert exp.family != fast[1].family  # the slow link changed the decision
     assert exp.decision == "communication"
     assert exp.decision_rival.deciding.term in COMM_TERMS
     pure_dp = exp.family_verdict("dp=16 tp=1 pp=1")
@@ -90,11 +91,27 @@ def _priced(graph, profile, plans):
     candidates = []
     for plan in plans:
         cost = model.estimate(plan)
-        candidates.append(Candidate(config=config_of(plan), status="evaluated", lower_bound=0.0, objective=cost.step_time_s,
-                                    cost=cost, plan=plan, reason=cost.reason))
+        candidates.append(
+            Candidate(
+                config=config_of(plan),
+                status="evaluated",
+                lower_bound=0.0,
+                objective=cost.step_time_s,
+                cost=cost,
+                plan=plan,
+                reason=cost.reason,
+            )
+        )
     best = min((c for c in candidates if c.feasible), key=lambda c: c.objective, default=None)
-    return SearchResult(best=best.plan if best else None, best_cost=best.cost if best else None, candidates=candidates,
-                        elapsed_s=0.0, ilp_solves=0, ilp_status="optimal", ilp_gap=0.0)
+    return SearchResult(
+        best=best.plan if best else None,
+        best_cost=best.cost if best else None,
+        candidates=candidates,
+        elapsed_s=0.0,
+        ilp_solves=0,
+        ilp_status="optimal",
+        ilp_gap=0.0,
+    )
 
 
 def _space():
@@ -103,8 +120,20 @@ def _space():
         for mbs in (1, 4):
             for zero in (0, 3):
                 for recompute in ("none", "full"):
-                    plans.append(Plan(devices=16, dp=dp, tp=tp, pp=1, micro_batch_size=mbs, num_microbatches=64 // (dp * mbs),
-                                      zero_stage=zero, recompute=recompute, precision="bf16", sequence_parallel=tp > 1))
+                    plans.append(
+                        Plan(
+                            devices=16,
+                            dp=dp,
+                            tp=tp,
+                            pp=1,
+                            micro_batch_size=mbs,
+                            num_microbatches=64 // (dp * mbs),
+                            zero_stage=zero,
+                            recompute=recompute,
+                            precision="bf16",
+                            sequence_parallel=tp > 1,
+                        )
+                    )
     return plans
 
 
@@ -114,8 +143,12 @@ def test_tiny_memory_names_out_of_memory(graph):
     assert roomy.family == "dp=16 tp=1 pp=1"
     assert all(f.verdict != "out of memory" for f in roomy.families)
     model = CostModel(graph, roomy_profile)
-    peaks = {family_of(config_of(p)): min(model.estimate(q).peak_memory_bytes for q in _space() if family_of(config_of(q)) == family_of(config_of(p)))
-             for p in _space()}
+    peaks = {
+        family_of(config_of(p)): min(
+            model.estimate(q).peak_memory_bytes for q in _space() if family_of(config_of(q)) == family_of(config_of(p))
+        )
+        for p in _space()
+    }
     # room for the tp=8 family's most frugal plan, not for any pure data-parallel one
     assert peaks["dp=2 tp=8 pp=1"] < peaks["dp=16 tp=1 pp=1"]
     memory = int((peaks["dp=2 tp=8 pp=1"] + peaks["dp=16 tp=1 pp=1"]) / 2 / usable_bytes(1.0))
@@ -137,13 +170,14 @@ def test_batch_threshold_flips_between_the_two_plans(slow, graph):
     flat = next(c.plan for c in result.ranked() if c.plan.pp == 1)
     model = CostModel(graph, profile)
     found = batch_threshold(model, [flat, piped], lambda cost, plan: cost.step_time_s)
-    assert found.threshold is not None, found.sentence   # the fixture's two plans must cross somewhere
+    assert found.threshold is not None, found.sentence  # the fixture's two plans must cross somewhere
     edge = int(found.threshold)
     unit = math.lcm(piped.dp * piped.micro_batch_size, flat.dp * flat.micro_batch_size)
     before = edge - unit if found.direction == "above" else edge + unit
 
     def pipe_wins(batch):
         return model.estimate(_at_batch(piped, batch)).step_time_s < model.estimate(_at_batch(flat, batch)).step_time_s
+
     assert pipe_wins(edge) != pipe_wins(before)
 
 

@@ -1,4 +1,5 @@
 """autoplan report: the tables' contents, every figure written and not blank, report.md, and the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -32,9 +33,19 @@ def _run_folder(path, plan):
     rows = [f"{i},{t},{5.0 - 0.1 * i},{1000 + i}" for i, t in enumerate(STEP_TIMES)]
     write_text_atomic(path / "measured.csv", "step,step_time_s,loss,peak_memory_bytes\n" + "\n".join(rows) + "\n")
     median = float(np.median(STEP_TIMES[2:]))
-    write_json_atomic(path / "summary.json", {"plan": plan.describe(), "steps": len(STEP_TIMES), "warmup_steps": 2,
-                                              "median_step_time_s": median, "predicted_step_time_s": plan.predicted.step_time_s,
-                                              "peak_memory_bytes": 1005, "peak_memory_kind": "cpu_max_rss", "final_loss": 4.5})
+    write_json_atomic(
+        path / "summary.json",
+        {
+            "plan": plan.describe(),
+            "steps": len(STEP_TIMES),
+            "warmup_steps": 2,
+            "median_step_time_s": median,
+            "predicted_step_time_s": plan.predicted.step_time_s,
+            "peak_memory_bytes": 1005,
+            "peak_memory_kind": "cpu_max_rss",
+            "final_loss": 4.5,
+        },
+    )
     return median
 
 
@@ -55,7 +66,9 @@ def test_plans_table_keeps_every_candidate_and_ranks_them(built):
     feasible = plans[plans["feasible"].astype(str) == "True"]
     assert feasible["slowdown_vs_best"].min() == pytest.approx(0.0)
     assert (feasible["slowdown_vs_best"] >= -1e-12).all()
-    assert set(plans["family"]) >= {f"dp={p} tp={t} pp=2" for p, t in ((4, 1),) if result.best.dp == 4} | {f"dp={result.best.dp} tp={result.best.tp} pp=2"}
+    assert set(plans["family"]) >= {f"dp={p} tp={t} pp=2" for p, t in ((4, 1),) if result.best.dp == 4} | {
+        f"dp={result.best.dp} tp={result.best.tp} pp=2"
+    }
     row = feasible.sort_values("step_time_s").iloc[0]
     assert row["peak_memory_gib"] == pytest.approx(row["peak_memory_bytes"] / 2**30)
 
@@ -76,7 +89,7 @@ def test_stage_and_op_tables(built):
     stages = pd.read_csv(root / "out" / "stages.csv")
     assert list(stages["stage"]) == list(range(result.best.pp))
     assert (stages["forward_s"] + stages["backward_s"]).tolist() == pytest.approx(stages["micro_batch_time_s"].tolist())
-    assert (stages["backward_s"] > stages["forward_s"]).all()     # a backward does about twice a forward's FLOPs
+    assert (stages["backward_s"] > stages["forward_s"]).all()  # a backward does about twice a forward's FLOPs
     ops = pd.read_csv(root / "out" / "ops.csv")
     assert ops["share_of_compute"].sum() == pytest.approx(1.0)
     assert set(ops["stage"]) == set(range(result.best.pp))
@@ -102,7 +115,7 @@ def test_every_figure_is_a_non_blank_png(built, name):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = mpimg.imread(path)
     assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
-    assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 10   # drawn, not a blank canvas
+    assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 10  # drawn, not a blank canvas
 
 
 def test_report_md_puts_it_together(built):

@@ -1,4 +1,5 @@
 """The pipeline timeline: schedule orders, and makespans that match the bubble formula."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,10 +31,12 @@ def test_one_f_one_b_warms_up_then_alternates():
 
 def test_sends_lengthen_the_step_and_the_tail_is_added():
     plain = simulate(schedule="1f1b", pp=2, m=4, v=1, forward_s=[1.0, 1.0], backward_s=[2.0, 2.0])
-    sent = simulate(schedule="1f1b", pp=2, m=4, v=1, forward_s=[1.0, 1.0], backward_s=[2.0, 2.0], send_s=0.5, tail_s=0.25)
+    sent = simulate(
+        schedule="1f1b", pp=2, m=4, v=1, forward_s=[1.0, 1.0], backward_s=[2.0, 2.0], send_s=0.5, tail_s=0.25
+    )
     assert sent.makespan_s > plain.makespan_s + 0.25
-    assert sent.busy_s(0, "send") == pytest.approx(4 * 0.5)     # stage 0 sends only activations
-    assert sent.busy_s(1, "send") == pytest.approx(4 * 0.5)     # stage 1 sends only gradients
+    assert sent.busy_s(0, "send") == pytest.approx(4 * 0.5)  # stage 0 sends only activations
+    assert sent.busy_s(1, "send") == pytest.approx(4 * 0.5)  # stage 1 sends only gradients
     assert sent.busy_s(0, "sync") == pytest.approx(0.25)
 
 

@@ -1,4 +1,5 @@
 """Every model plans: blocks are an optimisation the tracer finds, never a requirement."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,10 +15,10 @@ ROOT = ODD.parents[1]
 #: model file -> the blocks the tracer must find (a pipeline places these on stages)
 BLOCKS = {
     "no_blocks": [],
-    "one_block": [],                                   # one child is not a repeated container
-    "mixed_blocks": [f"body.{i}" for i in range(8)],   # blocks and width-changing projections
+    "one_block": [],  # one child is not a repeated container
+    "mixed_blocks": [f"body.{i}" for i in range(8)],  # blocks and width-changing projections
     "nested": ["groups.low.0", "groups.low.1", "groups.high.0", "groups.high.1"],
-    "shared_module": [],                               # its children interleave over three calls
+    "shared_module": [],  # its children interleave over three calls
     "side_effects": [f"layers.{i}" for i in range(4)],
 }
 
@@ -41,7 +42,7 @@ def test_every_odd_model_plans_and_its_stages_hold_every_block_once(graphs, name
     assert [b for stage in plan.stages for b in stage] == BLOCKS[name]
     assert result.best_cost.step_time_s > 0 and result.best_cost.peak_memory_bytes > 0
     if not BLOCKS[name]:
-        assert plan.recompute == "none"   # recomputation checkpoints blocks
+        assert plan.recompute == "none"  # recomputation checkpoints blocks
 
 
 @pytest.mark.parametrize("name", ["mixed_blocks", "nested", "side_effects"])
@@ -50,8 +51,9 @@ def test_models_with_blocks_can_pipeline(graphs, name):
     assert plan.pp == 2 and all(plan.stages) and sum(plan.stages, []) == BLOCKS[name]
 
 
-@pytest.mark.parametrize("fix, says", [("pp=2", "needs at least 2 repeated blocks"),
-                                       ("recompute=full", "this model has none")])
+@pytest.mark.parametrize(
+    "fix, says", [("pp=2", "needs at least 2 repeated blocks"), ("recompute=full", "this model has none")]
+)
 def test_asking_a_blockless_model_for_what_needs_blocks_is_one_clear_sentence(graphs, fix, says):
     with pytest.raises(PlanError, match=says):
         plan_graph(graphs["no_blocks"], devices=2, profile="cpu-gloo", fix=fix)

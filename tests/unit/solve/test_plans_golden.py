@@ -6,6 +6,7 @@ to 1e-9 relative. A change that is meant to re-price plans regenerates the file 
 ``AUTOPLAN_REGENERATE_GOLDEN=1 python -m pytest tests/unit/solve/test_plans_golden.py`` and says why
 in its commit.
 """
+
 from __future__ import annotations
 
 import io
@@ -20,7 +21,7 @@ from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import plans_csv
 
 GOLDEN = Path(__file__).parent / "data" / "plans_golden.csv"
-VOLATILE = ("reason",)   # carries thresholds printed to 4 digits; its words are checked below
+VOLATILE = ("reason",)  # carries thresholds printed to 4 digits; its words are checked below
 
 
 def _plans() -> pd.DataFrame:
@@ -53,5 +54,5 @@ def test_plans_csv_equals_the_committed_one():
     for column in plans.columns:
         if column not in VOLATILE:
             assert [_value(v) for v in plans[column]] == [_cell(v) for v in golden[column]], column
-    kinds = lambda frame: frame["reason"].str.split(":").str[0].tolist()   # noqa: E731
+    kinds = lambda frame: frame["reason"].str.split(":").str[0].tolist()  # noqa: E731
     assert kinds(plans) == kinds(golden)

@@ -5,6 +5,7 @@ examples/gpt.py (nanoGPT: fused [q | k | v], SDPA, dropout 0.1) and examples/gpt
 on a GPU profile) are traced once each; for several tp plans the intra-op ILP's objective and
 memory row, and the per-op rows of ops.csv, must sum to CostModel's own numbers.
 """
+
 import csv
 import io
 import itertools
@@ -26,8 +27,10 @@ from autoplan.types import Plan
 
 ROOT = Path(__file__).resolve().parents[3]
 BATCH = 4
-SIZES = {"gpt": ("AUTOPLAN_GPT", dict(N_LAYER=2, N_EMBD=128, N_HEAD=4, BLOCK_SIZE=128, VOCAB_SIZE=512, DROPOUT=0.1)),
-         "gpt_megatron": ("AUTOPLAN_GPTM", dict(N_LAYER=2, N_EMBD=128, N_HEAD=4, SEQ_LEN=128, VOCAB_SIZE=512))}
+SIZES = {
+    "gpt": ("AUTOPLAN_GPT", dict(N_LAYER=2, N_EMBD=128, N_HEAD=4, BLOCK_SIZE=128, VOCAB_SIZE=512, DROPOUT=0.1)),
+    "gpt_megatron": ("AUTOPLAN_GPTM", dict(N_LAYER=2, N_EMBD=128, N_HEAD=4, SEQ_LEN=128, VOCAB_SIZE=512)),
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,14 @@ def a100():
 
 
 def _ctx(profile, tp, sp, mbs=2):
-    return TPContext(profile=profile, tp=tp, group=mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"], sequence_parallel=sp,
-                     precision="bf16", batch_fraction=mbs / BATCH)
+    return TPContext(
+        profile=profile,
+        tp=tp,
+        group=mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"],
+        sequence_parallel=sp,
+        precision="bf16",
+        batch_fraction=mbs / BATCH,
+    )
 
 
 @pytest.mark.parametrize("example", list(SIZES))
@@ -61,7 +70,7 @@ def test_ilp_objective_and_memory_row_equal_the_cost_models_block(graphs, a100, 
     structure = block_structure(graph, layer)
     combos = list(itertools.product(*(problem.legal[v] for v in problem.params)))
     assert len(combos) > 8
-    for combo in combos[::max(1, len(combos) // 40)]:
+    for combo in combos[:: max(1, len(combos) // 40)]:
         splits = dict(zip(problem.params, combo))
         if not problem.respects_ties(splits):
             continue
@@ -78,8 +87,18 @@ def _plans(graph, profile):
     for sp in (False, True):
         chosen = planner.choose(dp=1, tp=2, pp=1, sequence_parallel=sp, precision="bf16", micro_batch_size=2).tp_plan
         for tp_plan in (default_tp_plan(graph, 2, sequence_parallel=sp), chosen):
-            yield Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=2, num_microbatches=BATCH // 2, precision="bf16",
-                       sequence_parallel=sp, stages=[list(graph.layers)], tp_plan=tp_plan)
+            yield Plan(
+                devices=2,
+                dp=1,
+                tp=2,
+                pp=1,
+                micro_batch_size=2,
+                num_microbatches=BATCH // 2,
+                precision="bf16",
+                sequence_parallel=sp,
+                stages=[list(graph.layers)],
+                tp_plan=tp_plan,
+            )
 
 
 @pytest.mark.parametrize("example", list(SIZES))
@@ -88,7 +107,7 @@ def test_ops_csv_sums_to_what_cost_model_charges(graphs, a100, example):
     for plan in _plans(graph, a100):
         rows = list(csv.DictReader(io.StringIO(ops_csv(graph, a100, plan))))
         cost = CostModel(graph, a100).estimate(plan)
-        m = plan.num_microbatches                    # pp = 1: every op runs on the one stage, m times
+        m = plan.num_microbatches  # pp = 1: every op runs on the one stage, m times
         assert m * sum(float(r["compute_s"]) for r in rows) == pytest.approx(cost.compute_s, rel=1e-9)
         assert m * sum(float(r["comm_s"]) for r in rows) == pytest.approx(cost.tp_comm_s, rel=1e-9)
         # 1F1B with pp = 1 keeps one micro-batch in flight; ops.csv rounds each op to whole bytes

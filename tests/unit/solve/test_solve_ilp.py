@@ -1,4 +1,5 @@
 """The intra-op ILP finds the brute-force optimum under the same cost terms; the backend reports honestly."""
+
 import pulp
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
@@ -9,18 +10,24 @@ from autoplan.solve import backend
 from autoplan.solve.intra_op import brute_force_block, build_block_problem, solve_block
 
 CASES = [
-    dict(hidden=512, heads=8),                       # plain MHA
-    dict(hidden=384, heads=6),                       # 6 heads: no head split at tp=4
-    dict(hidden=512, heads=8, kv_heads=2),           # GQA
-    dict(hidden=512, heads=8, fused_qkv=True),       # fused qkv (gathered colwise)
+    dict(hidden=512, heads=8),  # plain MHA
+    dict(hidden=384, heads=6),  # 6 heads: no head split at tp=4
+    dict(hidden=512, heads=8, kv_heads=2),  # GQA
+    dict(hidden=512, heads=8, fused_qkv=True),  # fused qkv (gathered colwise)
 ]
 
 
 def _problem(case, *, tp, sp, mbs, layer="h.0", profile=None, **factors):
     profile = profile or synthetic_profile()
     graph = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096, **case)
-    ctx = TPContext(profile=profile, tp=tp, group=mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"], sequence_parallel=sp,
-                    precision="bf16", batch_fraction=mbs / 16)
+    ctx = TPContext(
+        profile=profile,
+        tp=tp,
+        group=mesh_groups(profile, dp=1, tp=tp, pp=1)["tp"],
+        sequence_parallel=sp,
+        precision="bf16",
+        batch_fraction=mbs / 16,
+    )
     return build_block_problem(graph, layer, ctx=ctx, **factors)
 
 
@@ -38,12 +45,12 @@ def test_ilp_equals_brute_force(case, tp, sp, mbs):
 
 @pytest.mark.parametrize("case", CASES[:2])
 def test_ilp_equals_brute_force_under_a_memory_budget(case):
-    slow_links = synthetic_profile(intra_busbw_bytes_per_s=5e9)    # comm dear: unconstrained optimum replicates
+    slow_links = synthetic_profile(intra_busbw_bytes_per_s=5e9)  # comm dear: unconstrained optimum replicates
     problem = _problem(case, tp=4, sp=False, mbs=8, profile=slow_links, param_bytes_factor=4.0, activation_factor=1.0)
     free = solve_block(problem)
     lightest = min(problem.evaluate(dict(zip(problem.params, combo)))[1] for combo in _combos(problem))
     budget = (lightest + free.memory_bytes) / 2
-    assert free.memory_bytes > budget                                  # the budget binds
+    assert free.memory_bytes > budget  # the budget binds
     solution = solve_block(problem, memory_budget_bytes=budget)
     best = brute_force_block(problem, memory_budget_bytes=budget)
     assert solution.memory_bytes <= budget + 1e-6
@@ -55,12 +62,13 @@ def test_ilp_equals_brute_force_under_a_memory_budget(case):
 
 def _combos(problem):
     import itertools
+
     return itertools.product(*(problem.legal[v] for v in problem.params))
 
 
 def test_tied_embedding_and_head_shard_the_same_weight_dim():
     problem = _problem(CASES[0], tp=4, sp=False, mbs=16, layer=None)
-    problem.dim_ties.append(("wte", "head", "embedding", "linear"))    # as a tied model would have
+    problem.dim_ties.append(("wte", "head", "embedding", "linear"))  # as a tied model would have
     splits = solve_block(problem).splits
     pairs = {("replicate", "replicate"), ("rowwise", "colwise"), ("colwise", "rowwise")}
     assert (splits["wte"], splits["head"]) in pairs
@@ -109,8 +117,14 @@ def test_ilp_objective_is_what_the_cost_model_charges(case):
 
     profile = synthetic_profile()
     graph = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096, **case)
-    ctx = TPContext(profile=profile, tp=4, group=mesh_groups(profile, dp=1, tp=4, pp=1)["tp"], sequence_parallel=True,
-                    precision="bf16", batch_fraction=2 / 16)
+    ctx = TPContext(
+        profile=profile,
+        tp=4,
+        group=mesh_groups(profile, dp=1, tp=4, pp=1)["tp"],
+        sequence_parallel=True,
+        precision="bf16",
+        batch_fraction=2 / 16,
+    )
     problem = build_block_problem(graph, "h.0", ctx=ctx, forward_repeats=2, activation_factor=2 / 16)
     for combo in itertools.islice(itertools.product(*(problem.legal[v] for v in problem.params)), 0, None, 7):
         splits = dict(zip(problem.params, combo))
@@ -132,8 +146,15 @@ def test_impossible_budget_is_infeasible_with_a_reason_never_a_solver_crash(budg
     assert budget_infeasibility(problem, budget)
     graph = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096)
     planner = TPPlanner(graph, synthetic_profile())
-    choice = planner.choose(dp=1, tp=4, pp=1, sequence_parallel=False, precision="bf16", micro_batch_size=8,
-                            budget=MemoryBudget(block_bytes=budget, outside_bytes=2**40, param_bytes_factor=4.0, activation_factor=0.5))
+    choice = planner.choose(
+        dp=1,
+        tp=4,
+        pp=1,
+        sequence_parallel=False,
+        precision="bf16",
+        micro_batch_size=8,
+        budget=MemoryBudget(block_bytes=budget, outside_bytes=2**40, param_bytes_factor=4.0, activation_factor=0.5),
+    )
     assert not choice.feasible and choice.status == "infeasible"
     assert "tp ILP infeasible at tp=4" in choice.reason and "budget" in choice.reason
 

@@ -1,5 +1,6 @@
 """The pipeline partition is exact: the DP (one chunk per stage), the greedy (interleaved, identical
 layers) and the ILP (interleaved, any layers) equal brute force on random instances."""
+
 import random
 
 import pytest
@@ -14,8 +15,13 @@ def _random_problem(rng):
         layer_time_s=[rng.uniform(0.2, 2.0) for _ in range(layers)],
         layer_static_bytes=[rng.uniform(1, 3) for _ in range(layers)],
         layer_activation_bytes=[rng.uniform(0, 2) for _ in range(layers)],
-        pp=pp, extra_time_s=[rng.uniform(0, 2) for _ in range(pp)], extra_bytes=[rng.uniform(0, 3) for _ in range(pp)],
-        in_flight=[rng.choice([pp - k, 1, 3]) for k in range(pp)], p2p_s=rng.uniform(0, 0.3), capacity_bytes=rng.uniform(4, 16))
+        pp=pp,
+        extra_time_s=[rng.uniform(0, 2) for _ in range(pp)],
+        extra_bytes=[rng.uniform(0, 3) for _ in range(pp)],
+        in_flight=[rng.choice([pp - k, 1, 3]) for k in range(pp)],
+        p2p_s=rng.uniform(0, 0.3),
+        capacity_bytes=rng.uniform(4, 16),
+    )
 
 
 def _value(found):
@@ -38,26 +44,38 @@ def test_uniform_layers_split_evenly_and_extras_shift_layers():
     even = PartitionProblem([1.0] * 8, [0.0] * 8, [0.0] * 8, 4, [0.0] * 4, [0.0] * 4, [1.0] * 4, 0.0, 1.0)
     assert partition(even).bounds == [0, 2, 4, 6, 8]
     heavy_head = PartitionProblem([1.0] * 8, [0.0] * 8, [0.0] * 8, 2, [0.0, 2.0], [0.0] * 2, [1.0] * 2, 0.0, 1.0)
-    assert partition(heavy_head).bounds == [0, 5, 8]      # the head's 2 s take the place of two layers
+    assert partition(heavy_head).bounds == [0, 5, 8]  # the head's 2 s take the place of two layers
 
 
 def test_memory_limit_moves_layers_off_the_first_stage():
     # 1F1B: stage 0 holds 2 micro-batches of activations, stage 1 one; time alone would split 2/2
     problem = PartitionProblem([1.0] * 4, [0.0] * 4, [1.0] * 4, 2, [0.0] * 2, [0.0] * 2, [2.0, 1.0], 0.0, 3.0)
     assert partition(problem).bounds == [0, 1, 4]
-    assert partition(PartitionProblem([1.0] * 4, [0.0] * 4, [1.0] * 4, 2, [0.0] * 2, [0.0] * 2, [2.0, 1.0], 0.0, 1.5)) is None
+    assert (
+        partition(PartitionProblem([1.0] * 4, [0.0] * 4, [1.0] * 4, 2, [0.0] * 2, [0.0] * 2, [2.0, 1.0], 0.0, 1.5))
+        is None
+    )
 
 
 def _random_interleaved(rng, *, uniform, v=None):
     pp, v = rng.randint(1, 3), v or rng.randint(2, 3)
     layers = rng.randint(pp * v, min(10, pp * v + 5))
+
     def per_layer(low, high):
         return [rng.uniform(low, high)] * layers if uniform else [rng.uniform(low, high) for _ in range(layers)]
+
     return PartitionProblem(
-        layer_time_s=per_layer(0.2, 2.0), layer_static_bytes=per_layer(1, 3), layer_activation_bytes=per_layer(0, 2),
-        pp=pp, extra_time_s=[rng.uniform(0, 3) for _ in range(pp)], extra_bytes=[rng.uniform(0, 3) for _ in range(pp)],
-        in_flight=[rng.choice([1.5, 1, 2.5]) for _ in range(pp)], p2p_s=rng.uniform(0, 0.3), capacity_bytes=rng.uniform(6, 30),
-        virtual_stages=v)
+        layer_time_s=per_layer(0.2, 2.0),
+        layer_static_bytes=per_layer(1, 3),
+        layer_activation_bytes=per_layer(0, 2),
+        pp=pp,
+        extra_time_s=[rng.uniform(0, 3) for _ in range(pp)],
+        extra_bytes=[rng.uniform(0, 3) for _ in range(pp)],
+        in_flight=[rng.choice([1.5, 1, 2.5]) for _ in range(pp)],
+        p2p_s=rng.uniform(0, 0.3),
+        capacity_bytes=rng.uniform(6, 30),
+        virtual_stages=v,
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -95,8 +113,18 @@ def test_identical_layers_one_chunk_per_stage_greedy_equals_dp_and_brute_force(s
 
 
 def _interleaved(layers, pp, v, *, extra_time_s, in_flight, activation=0.0, capacity=float("inf")):
-    return PartitionProblem([1.0] * layers, [0.0] * layers, [activation] * layers, pp, extra_time_s, [0.0] * pp, in_flight,
-                            0.0, capacity, virtual_stages=v)
+    return PartitionProblem(
+        [1.0] * layers,
+        [0.0] * layers,
+        [activation] * layers,
+        pp,
+        extra_time_s,
+        [0.0] * pp,
+        in_flight,
+        0.0,
+        capacity,
+        virtual_stages=v,
+    )
 
 
 def test_interleaved_head_takes_the_place_of_layers_on_the_last_stage():
@@ -116,7 +144,10 @@ def test_interleaved_memory_limit_moves_layers_off_the_first_stage():
     found = partition(problem)
     sizes = [j - i for i, j in zip(found.bounds, found.bounds[1:])]
     assert sizes[0] + sizes[2] == 3 and sizes[1] + sizes[3] == 5
-    assert partition(_interleaved(8, 2, 2, extra_time_s=[0.0, 0.0], in_flight=[2.0, 1.0], activation=1.0, capacity=3.0)) is None
+    assert (
+        partition(_interleaved(8, 2, 2, extra_time_s=[0.0, 0.0], in_flight=[2.0, 1.0], activation=1.0, capacity=3.0))
+        is None
+    )
 
 
 def test_interleaved_mixed_layers_beyond_the_ilp_limit_beat_even_chunks():
@@ -124,8 +155,18 @@ def test_interleaved_mixed_layers_beyond_the_ilp_limit_beat_even_chunks():
     # answer (its incumbent or the fill) is a valid partition no slower than even chunks
     layers, pp = 48, 4
     times = [1.0 if (i // 4) % 2 == 0 else 1.7 for i in range(layers)]
-    problem = PartitionProblem(times, [1.0] * layers, [0.5] * layers, pp, [1.3, 0.0, 0.0, 4.1], [0.0] * pp, [1.0] * pp, 0.01,
-                               float("inf"), virtual_stages=3)
+    problem = PartitionProblem(
+        times,
+        [1.0] * layers,
+        [0.5] * layers,
+        pp,
+        [1.3, 0.0, 0.0, 4.1],
+        [0.0] * pp,
+        [1.0] * pp,
+        0.01,
+        float("inf"),
+        virtual_stages=3,
+    )
     found = partition(problem, time_limit_s=0.2)
     assert len(found.bounds) == 13 and problem.evaluate(found.bounds) == pytest.approx(found.max_stage_time_s)
     assert found.max_stage_time_s < problem.evaluate(list(range(0, 49, 4)))

@@ -1,4 +1,5 @@
 """The outer search: known answers, pins, bounds, exhaustiveness and no-fit messages."""
+
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
@@ -23,8 +24,8 @@ def test_tiny_model_on_eight_devices_is_pure_data_parallel():
 
 
 def test_model_too_large_for_one_device_gets_tp_or_pp():
-    graph = synthetic_gpt(layers=8, hidden=4096, heads=32, vocab=32000, seq=1024, batch=8)   # ~1.9e9 params
-    profile = synthetic_profile(memory_bytes=16 * 2**30)                                     # 16 B/param needs ~30 GiB
+    graph = synthetic_gpt(layers=8, hidden=4096, heads=32, vocab=32000, seq=1024, batch=8)  # ~1.9e9 params
+    profile = synthetic_profile(memory_bytes=16 * 2**30)  # 16 B/param needs ~30 GiB
     best = plan_graph(graph, devices=8, profile=profile, batch_size=8, fix={"zero": 0}).best
     assert best.tp > 1 or best.pp > 1
     assert best.predicted.peak_memory_bytes <= profile.device.memory_bytes
@@ -45,7 +46,11 @@ def test_tp_stays_inside_a_node_when_links_between_nodes_are_slow():
 def test_heads_that_do_not_divide_tp_are_never_split():
     graph = synthetic_gpt(layers=2, hidden=384, heads=6, vocab=8000, seq=128, batch=16)
     profile = synthetic_profile()
-    candidates = [c for tp in (4, 8) for c in plan_graph(graph, devices=8, profile=profile, batch_size=16, fix={"tp": tp}).candidates]
+    candidates = [
+        c
+        for tp in (4, 8)
+        for c in plan_graph(graph, devices=8, profile=profile, batch_size=16, fix={"tp": tp}).candidates
+    ]
     seen_tp = set()
     for c in candidates:
         if c.status != "evaluated" or 6 % c.plan.tp == 0:
@@ -78,14 +83,16 @@ def test_the_memory_floor_never_exceeds_the_priced_peak():
     """bounds.states_floor_bytes is a lower bound on CostModel's peak for every plan, whatever its
     partition, so setting aside plans whose floor exceeds the device loses no plan that fits."""
     graph = synthetic_gpt(layers=8, hidden=4096, heads=32, vocab=32000, seq=1024, batch=32)
-    search = Search(graph, synthetic_profile(memory_bytes=12 * 2**30), SearchOptions(devices=16, batch_size=32, keep=10 ** 6))
+    search = Search(
+        graph, synthetic_profile(memory_bytes=12 * 2**30), SearchOptions(devices=16, batch_size=32, keep=10**6)
+    )
     search._usable_bytes = float("inf")
     result = search.run()
     priced = [c for c in result.candidates if c.cost is not None]
     assert len(priced) > 100 and any(not c.cost.feasible for c in priced) and any(c.plan.pp > 1 for c in priced)
     assert all(search.bounds.states_floor_bytes(c.plan) <= c.cost.peak_memory_bytes * (1 + 1e-12) for c in priced)
     tight = max(search.bounds.states_floor_bytes(c.plan) / c.cost.peak_memory_bytes for c in priced)
-    assert tight > 0.5                                  # a floor, but not a vacuous one
+    assert tight > 0.5  # a floor, but not a vacuous one
 
 
 def test_plans_that_cannot_fit_are_set_aside_with_the_reason():
@@ -101,10 +108,10 @@ def test_search_is_exhaustive_where_it_prunes():
     options = SearchOptions(devices=8, batch_size=8, keep=3)
     pruned = Search(graph, profile, options).run()
     everything = Search(graph, profile, options)
-    everything._beaten = lambda bound: False            # price every candidate
-    everything._usable_bytes = float("inf")             # whatever its memory floor
+    everything._beaten = lambda bound: False  # price every candidate
+    everything._usable_bytes = float("inf")  # whatever its memory floor
     full = everything.run()
-    degenerate = sum(c.count for c in full.candidates if "splits no op" in c.reason)   # pruned by rule, not by bound
+    degenerate = sum(c.count for c in full.candidates if "splits no op" in c.reason)  # pruned by rule, not by bound
     assert full.pruned == degenerate and full.evaluated + degenerate == pruned.evaluated + pruned.pruned
     assert pruned.pruned > 0
     top = [c.objective for c in pruned.ranked()[:3]]
@@ -115,7 +122,7 @@ def test_cost_objective_may_use_fewer_devices():
     profile = synthetic_profile()
     cheapest = plan_graph(_tiny(), devices=8, profile=profile, batch_size=16, objective="cost").best
     fastest = plan_graph(_tiny(), devices=8, profile=profile, batch_size=16).best
-    assert cheapest.devices < 8                          # a tiny model scales sub-linearly: fewer devices cost less
+    assert cheapest.devices < 8  # a tiny model scales sub-linearly: fewer devices cost less
     assert cheapest.predicted.cost_per_step_usd < fastest.predicted.cost_per_step_usd
     assert cheapest.predicted.step_time_s > fastest.predicted.step_time_s
 
@@ -130,13 +137,16 @@ def test_nothing_fits_names_the_devices_that_would():
     assert info.value.result is not None and not info.value.result.ranked()
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(devices=12), "whole nodes of 8"),
-    (dict(devices=8, fix="dp=3"), "satisfies --fix dp=3"),
-    (dict(devices=8, fix="tpp=2"), "KEY=VALUE"),
-    (dict(devices=8, fix="zero=5"), "zero=5"),
-    (dict(devices=8, objective="speed"), "objective"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(devices=12), "whole nodes of 8"),
+        (dict(devices=8, fix="dp=3"), "satisfies --fix dp=3"),
+        (dict(devices=8, fix="tpp=2"), "KEY=VALUE"),
+        (dict(devices=8, fix="zero=5"), "zero=5"),
+        (dict(devices=8, objective="speed"), "objective"),
+    ],
+)
 def test_bad_input_is_one_sentence(kwargs, words):
     with pytest.raises(PlanError) as info:
         plan_graph(_tiny(), profile=synthetic_profile(), batch_size=16, **kwargs)
@@ -144,7 +154,11 @@ def test_bad_input_is_one_sentence(kwargs, words):
 
 
 def test_space_rules():
-    assert space.parse_fixes(["dp=2,sp=on", "schedule=interleaved"]) == {"dp": 2, "sp": True, "schedule": "interleaved_1f1b"}
+    assert space.parse_fixes(["dp=2,sp=on", "schedule=interleaved"]) == {
+        "dp": 2,
+        "sp": True,
+        "schedule": "interleaved_1f1b",
+    }
     degrees = space.degree_options(devices=16, per_node=8, layers=4, batch=16, fixes={})
     assert all(d.tp in (1, 2, 4, 8) and d.pp <= 4 and d.dp * d.tp * d.pp == 16 for d in degrees)
     assert ("interleaved_1f1b", 2) in space.schedule_options(pp=2, layers=4, num_microbatches=4, fixes={})
@@ -157,8 +171,13 @@ def test_memory_row_of_the_ilp_rescues_a_group_that_only_fits_split():
     must shard some weights instead, and the plan then fits."""
     graph = synthetic_gpt(layers=4, hidden=4096, heads=32, vocab=32000, seq=512, batch=8)
     pins = {"tp": 8, "zero": 0, "pp": 1, "precision": "bf16"}
-    roomy = plan_graph(graph, devices=8, profile=synthetic_profile(memory_bytes=160 * 2**30, intra_busbw_bytes_per_s=2e9),
-                       batch_size=8, fix=pins).best
+    roomy = plan_graph(
+        graph,
+        devices=8,
+        profile=synthetic_profile(memory_bytes=160 * 2**30, intra_busbw_bytes_per_s=2e9),
+        batch_size=8,
+        fix=pins,
+    ).best
     assert all(split == "replicate" for module, split in roomy.tp_plan.items() if module.startswith("h."))
     tight_profile = synthetic_profile(memory_bytes=16 * 2**30, intra_busbw_bytes_per_s=2e9)
     tight = plan_graph(graph, devices=8, profile=tight_profile, batch_size=8, fix=pins).best

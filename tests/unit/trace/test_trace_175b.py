@@ -1,5 +1,6 @@
 """GPT-3 175B traces on meta/fake tensors: 96 identical layers in one group, the published
 parameter count, and no real weights (peak RSS stays far below the 350 GB of fp16 weights)."""
+
 from __future__ import annotations
 
 import resource

@@ -1,4 +1,5 @@
 """Every example traces through the API and the CLI; graphs round-trip through JSON."""
+
 from __future__ import annotations
 
 import csv
@@ -12,8 +13,16 @@ from autoplan.types.graph import Graph
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 #: example -> (trace method, number of blocks, number of groups)
-EXPECTED = {"gpt": ("fx", 4, 1), "llama": ("fx", 4, 1), "resnet": ("fx", 8, 7), "vit": ("fx", 4, 1), "mlp": ("fx", 4, 1),
-            "moe": ("fx", 2, 1), "hf_gpt2": ("export", 2, 1), "hf_llama": ("export", 2, 1)}
+EXPECTED = {
+    "gpt": ("fx", 4, 1),
+    "llama": ("fx", 4, 1),
+    "resnet": ("fx", 8, 7),
+    "vit": ("fx", 4, 1),
+    "mlp": ("fx", 4, 1),
+    "moe": ("fx", 2, 1),
+    "hf_gpt2": ("export", 2, 1),
+    "hf_llama": ("export", 2, 1),
+}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +74,18 @@ def test_cli_writes_graph_and_ops(name, tmp_path, capsys):
     graph = Graph.load(tmp_path / "graph.json")
     with open(tmp_path / "ops.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["name", "op", "module", "layer", "params", "param_bytes", "output_bytes", "saved_bytes", "fwd_flops", "bwd_flops"]
+    assert list(rows[0]) == [
+        "name",
+        "op",
+        "module",
+        "layer",
+        "params",
+        "param_bytes",
+        "output_bytes",
+        "saved_bytes",
+        "fwd_flops",
+        "bwd_flops",
+    ]
     assert [r["name"] for r in rows] == [n.name for n in graph.nodes]
     assert sum(int(r["fwd_flops"]) for r in rows) == graph.fwd_flops
 

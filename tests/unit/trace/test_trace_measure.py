@@ -1,5 +1,6 @@
 """FLOPs against the closed form, saved activations against Korthikanti et al., and the
 dataflow annotations the tensor-parallel legality check reads."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -74,7 +75,11 @@ def test_gpt_fused_qkv_annotations(gpt):
 
 def test_llama_gqa_roles():
     graph = trace_model_file(EXAMPLES / "llama.py", 1)
-    roles = {n.module.rsplit(".", 1)[-1]: n.attrs["attention"] for n in graph.layer_nodes("layers.0") if "attention" in n.attrs}
+    roles = {
+        n.module.rsplit(".", 1)[-1]: n.attrs["attention"]
+        for n in graph.layer_nodes("layers.0")
+        if "attention" in n.attrs
+    }
     assert {k: v["roles"] for k, v in roles.items()} == {"wq": ["q"], "wk": ["k"], "wv": ["v"]}
     assert all(v["num_heads"] == 8 and v["num_kv_heads"] == 2 and v["head_dim"] == 64 for v in roles.values())
     attention = next(n for n in graph.layer_nodes("layers.0") if n.op == "attention")

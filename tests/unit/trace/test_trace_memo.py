@@ -1,5 +1,6 @@
 """Replaying identical calls (autoplan.trace.memo) records exactly what measuring every node
 records, measures each distinct call once, and never replays a call it cannot vouch for."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """A stitched export (autoplan/trace/stitch.py) gives the graph a full export gives, or is refused."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ class Block(nn.Module):
     def __init__(self, position: int, scale: float = 1.0):
         super().__init__()
         self.layer_idx, self.width, self.scale = position, WIDTH, scale
-        self.groups = 5   # equal to block 5's position, and to no other's
+        self.groups = 5  # equal to block 5's position, and to no other's
         self.up, self.down = nn.Linear(WIDTH, 2 * WIDTH), nn.Linear(WIDTH, WIDTH)
 
     def forward(self, x):
@@ -50,6 +51,7 @@ def _traced(model: nn.Module, monkeypatch, *, stitched: bool) -> tuple[dict, lis
     def spy(gm, **kwargs):
         results.append(real(gm, **kwargs))
         return results[-1]
+
     monkeypatch.setattr(capture, "stitch", spy)
     if not stitched:
         monkeypatch.setattr(capture, "_try_stitched_export", lambda m, i: None)
@@ -92,7 +94,7 @@ def test_a_forward_that_indexes_every_block_is_exported_whole(monkeypatch):
     model = Stack(indexed=True)
     stitched, used = _traced(model, monkeypatch, stitched=True)
     full, _ = _traced(model, monkeypatch, stitched=False)
-    assert used == []            # the truncated export failed; the full one ran
+    assert used == []  # the truncated export failed; the full one ran
     assert stitched == full
     assert len(model.blocks) == BLOCKS
 
@@ -102,13 +104,13 @@ def test_blocks_that_differ_are_not_stitched():
 
 
 def test_a_layer_index_is_not_a_difference_even_where_it_equals_another_attribute():
-    found = stitch.repeated_blocks(Stack())    # block 5: layer_idx == groups == 5, elsewhere they differ
+    found = stitch.repeated_blocks(Stack())  # block 5: layer_idx == groups == 5, elsewhere they differ
     assert found is not None and found[0] == "blocks"
 
 
 def test_an_attribute_equal_to_the_position_must_follow_it():
     a, b = Block(3), Block(4)
-    a.width = 3   # equals a's position; b's width (16) does not equal b's position (4)
+    a.width = 3  # equals a's position; b's width (16) does not equal b's position (4)
     assert not stitch._alike(stitch._signature(a), 3, stitch._signature(b), 4)
 
 

@@ -1,4 +1,5 @@
 """The data types between stages validate themselves and round-trip through JSON."""
+
 import json
 
 import pytest
@@ -9,8 +10,16 @@ from autoplan.types.profile import COLLECTIVES, Profile
 
 
 def _plan(**overrides):
-    fields = dict(devices=8, dp=2, tp=2, pp=2, micro_batch_size=1, num_microbatches=4,
-                  stages=[["h.0"], ["h.1"]], tp_plan={"h.0.fc": "colwise"})
+    fields = dict(
+        devices=8,
+        dp=2,
+        tp=2,
+        pp=2,
+        micro_batch_size=1,
+        num_microbatches=4,
+        stages=[["h.0"], ["h.1"]],
+        tp_plan={"h.0.fc": "colwise"},
+    )
     fields.update(overrides)
     return Plan(**fields)
 
@@ -23,22 +32,28 @@ def test_plan_round_trips_through_json(tmp_path):
     assert plan.global_batch_size == 8
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (dict(dp=3), "dp*tp*pp must equal devices"),
-    (dict(schedule="zigzag"), "schedule='zigzag'"),
-    (dict(zero_stage=4), "zero_stage=4"),
-    (dict(recompute="some"), "recompute='some'"),
-    (dict(tp_plan={"fc": "diagonal"}), "tp_plan['fc']='diagonal'"),
-    (dict(stages=[["h.0"]]), "expected pp*virtual_stages = 2"),
-    (dict(stages=[["h.0"], ["h.0"]]), "more than once"),
-    (dict(virtual_stages=2), "needs schedule 'interleaved_1f1b'"),
-    (dict(micro_batch_size=0), "micro_batch_size=0"),
-    (dict(dp=4, tp=1, sequence_parallel=True), "sequence_parallel=true needs tp > 1"),
-    (dict(grad_reduce_dtype="int8"), "grad_reduce_dtype='int8'"),
-    (dict(grad_reduce_dtype="bf16"), "precision 'fp32'; gradients are reduced in fp32 or in the compute dtype, so use 'fp32'."),
-    (dict(precision="bf16", grad_reduce_dtype="fp16"), "use 'fp32' or 'bf16'"),
-    (dict(zero_stage=3, overlap_grad_reduce=False), "overlap_grad_reduce=false with ZeRO-2/3"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (dict(dp=3), "dp*tp*pp must equal devices"),
+        (dict(schedule="zigzag"), "schedule='zigzag'"),
+        (dict(zero_stage=4), "zero_stage=4"),
+        (dict(recompute="some"), "recompute='some'"),
+        (dict(tp_plan={"fc": "diagonal"}), "tp_plan['fc']='diagonal'"),
+        (dict(stages=[["h.0"]]), "expected pp*virtual_stages = 2"),
+        (dict(stages=[["h.0"], ["h.0"]]), "more than once"),
+        (dict(virtual_stages=2), "needs schedule 'interleaved_1f1b'"),
+        (dict(micro_batch_size=0), "micro_batch_size=0"),
+        (dict(dp=4, tp=1, sequence_parallel=True), "sequence_parallel=true needs tp > 1"),
+        (dict(grad_reduce_dtype="int8"), "grad_reduce_dtype='int8'"),
+        (
+            dict(grad_reduce_dtype="bf16"),
+            "precision 'fp32'; gradients are reduced in fp32 or in the compute dtype, so use 'fp32'.",
+        ),
+        (dict(precision="bf16", grad_reduce_dtype="fp16"), "use 'fp32' or 'bf16'"),
+        (dict(zero_stage=3, overlap_grad_reduce=False), "overlap_grad_reduce=false with ZeRO-2/3"),
+    ],
+)
 def test_plan_rejects_bad_fields_with_one_sentence(overrides, words):
     with pytest.raises(PlanError, match=None) as info:
         _plan(**overrides)
@@ -62,13 +77,38 @@ def test_plan_load_names_unknown_field_and_bad_json(tmp_path):
 def _graph():
     nodes = [
         OpNode(name="x", op="input", target="x", module="", layer=None),
-        OpNode(name="fc0", op="linear", target="Linear", module="h.0.fc", layer="h.0", param_count=6, fwd_flops=12, bwd_flops=24),
-        OpNode(name="fc1", op="linear", target="Linear", module="h.1.fc", layer="h.1", param_count=6, fwd_flops=12, bwd_flops=24),
+        OpNode(
+            name="fc0",
+            op="linear",
+            target="Linear",
+            module="h.0.fc",
+            layer="h.0",
+            param_count=6,
+            fwd_flops=12,
+            bwd_flops=24,
+        ),
+        OpNode(
+            name="fc1",
+            op="linear",
+            target="Linear",
+            module="h.1.fc",
+            layer="h.1",
+            param_count=6,
+            fwd_flops=12,
+            bwd_flops=24,
+        ),
     ]
     params = {f"h.{i}.fc.weight": ParamInfo(shape=[2, 3], dtype="float32", numel=6, bytes=24) for i in range(2)}
-    return Graph(model_name="toy", batch_size=2, trace_method="fx", nodes=nodes,
-                 edges=[("x", "fc0"), ("fc0", "fc1")], layers=["h.0", "h.1"],
-                 groups=[LayerGroup(signature="abc", layers=["h.0", "h.1"])], parameters=params)
+    return Graph(
+        model_name="toy",
+        batch_size=2,
+        trace_method="fx",
+        nodes=nodes,
+        edges=[("x", "fc0"), ("fc0", "fc1")],
+        layers=["h.0", "h.1"],
+        groups=[LayerGroup(signature="abc", layers=["h.0", "h.1"])],
+        parameters=params,
+    )
 
 
 def test_graph_round_trips_and_exposes_networkx(tmp_path):
@@ -93,10 +133,16 @@ def test_graph_rejects_dangling_edges_and_bad_ops():
 def _profile_dict():
     fit = {"alpha_s": 1e-5, "busbw_bytes_per_s": 1e11, "source": "test"}
     return {
-        "name": "toy", "devices_per_node": 8,
-        "device": {"name": "gpu", "memory_bytes": 80e9, "peak_flops": {"bf16": 3e14},
-                   "memory_bandwidth_bytes_per_s": 2e12, "source": "datasheet",
-                   "efficiency": {"matmul": {"max_efficiency": 0.8, "half_saturation_flops": 1e9, "source": "fit"}}},
+        "name": "toy",
+        "devices_per_node": 8,
+        "device": {
+            "name": "gpu",
+            "memory_bytes": 80e9,
+            "peak_flops": {"bf16": 3e14},
+            "memory_bandwidth_bytes_per_s": 2e12,
+            "source": "datasheet",
+            "efficiency": {"matmul": {"max_efficiency": 0.8, "half_saturation_flops": 1e9, "source": "fit"}},
+        },
         "intra_node": {"name": "nvlink", "collectives": {k: dict(fit) for k in COLLECTIVES}},
     }
 
@@ -111,12 +157,15 @@ def test_profile_builds_from_dict_and_efficiency_saturates():
         profile.link(spans_nodes=True)
 
 
-@pytest.mark.parametrize("path, value, words", [
-    (("device", "peak_flops"), {"bf17": 1.0}, "dtype 'bf17'"),
-    (("device", "memory_bandwidth_bytes_per_s"), -1, "'device.memory_bandwidth_bytes_per_s' is -1"),
-    (("device", "source"), "", "'device.source'"),
-    (("devices_per_node",), 0, "'devices_per_node' is 0"),
-])
+@pytest.mark.parametrize(
+    "path, value, words",
+    [
+        (("device", "peak_flops"), {"bf17": 1.0}, "dtype 'bf17'"),
+        (("device", "memory_bandwidth_bytes_per_s"), -1, "'device.memory_bandwidth_bytes_per_s' is -1"),
+        (("device", "source"), "", "'device.source'"),
+        (("devices_per_node",), 0, "'devices_per_node' is 0"),
+    ],
+)
 def test_profile_names_the_bad_field(path, value, words):
     data = _profile_dict()
     target = data
@@ -138,8 +187,15 @@ def test_profile_requires_every_collective():
 def test_the_prediction_is_typed_and_keeps_plan_json_s_shape(tmp_path):
     from autoplan.errors import PlanError
     from autoplan.types import Prediction, SearchSummary
-    data = {"step_time_s": 2.0, "samples_per_s": 4.0, "mfu": 0.5, "breakdown": {"compute_s": 1.5}, "memory": {"weights_bytes": 8},
-            "search": {"candidates_evaluated": 3, "batch_size": 8, "fixes": {"tp": 2}, "objective": "time"}}
+
+    data = {
+        "step_time_s": 2.0,
+        "samples_per_s": 4.0,
+        "mfu": 0.5,
+        "breakdown": {"compute_s": 1.5},
+        "memory": {"weights_bytes": 8},
+        "search": {"candidates_evaluated": 3, "batch_size": 8, "fixes": {"tp": 2}, "objective": "time"},
+    }
     plan = _plan(predicted=data)
     assert isinstance(plan.predicted, Prediction) and isinstance(plan.predicted.search, SearchSummary)
     assert plan.predicted.step_time_s == 2.0 and plan.predicted.search.fixes == {"tp": 2}
