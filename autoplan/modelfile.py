@@ -57,7 +57,8 @@ class ModelFile:
             inputs = (inputs,)
         if not isinstance(inputs, (tuple, list)):
             raise ModelFileError(
-                f"{self.path}: example_inputs({batch_size}) returned {type(inputs).__name__}; expected a tuple of forward() arguments."
+                f"{self.path}: example_inputs({batch_size}) returned {type(inputs).__name__}; "
+                "expected a tuple of forward() arguments."
             )
         return tuple(inputs)
 
@@ -111,18 +112,21 @@ def load_model_file(path: str | Path) -> ModelFile:
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(
-            f"model file '{path}' does not exist; pass the path to a .py file that defines build_model() and example_inputs(batch_size)."
+            f"model file '{path}' does not exist; pass the path to a .py file that defines build_model() "
+            "and example_inputs(batch_size)."
         )
     if path.suffix != ".py":
         raise ModelFileError(
-            f"model file '{path}' is not a .py file; pass a Python file that defines build_model() and example_inputs(batch_size)."
+            f"model file '{path}' is not a .py file; pass a Python file that defines build_model() "
+            "and example_inputs(batch_size)."
         )
     module = _import(path)
     required = {name: getattr(module, name, None) for name in ("build_model", "example_inputs")}
     for name, fn in required.items():
         if not callable(fn):
             raise ModelFileError(
-                f"{path}: defines no function {name}(); a model file must define build_model() and example_inputs(batch_size)."
+                f"{path}: defines no function {name}(); "
+                "a model file must define build_model() and example_inputs(batch_size)."
             )
     optional = {name: getattr(module, name, None) for name in ("example_target", "loss_fn")}
     for name, fn in optional.items():

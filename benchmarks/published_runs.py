@@ -12,12 +12,13 @@ the micro-batch size (1 where the paper does not give it; the CSV's notes say so
 The GPT is Megatron-LM's as those papers ran it (examples/gpt_megatron.py): pre-LayerNorm
 blocks, one fused head-interleaved QKV linear, attention that materialises the b*a*s*s
 scores (QK^T, causal mask, softmax, dropout 0.1, probs @ V; no flash attention in 2021-22),
-GELU MLP of 4h, hidden dropout 0.1, and an output head tied to the word embedding. Published step time for Narayanan et al.
-Table 1 rows comes from their eq. (3) FLOPs and the achieved TFLOP/s per GPU; Korthikanti et
-al. report iteration times directly. The ``narayanan-t2-*`` rows are their Table 2: GPT-175B at
-a fixed global batch of 1,536 under ZeRO-3 without model parallelism (DeepSpeed, 2021) and
-under PTD-P, on 384, 768 and 1,536 GPUs: a check of how the two are ranked (``zero_stage``
-column; docs/cost-model.md discusses the ZeRO-3 rows).
+GELU MLP of 4h, hidden dropout 0.1, and an output head tied to the word embedding.
+Published step time for Narayanan et al. Table 1 rows comes from their eq. (3) FLOPs and
+the achieved TFLOP/s per GPU; Korthikanti et al. report iteration times directly. The
+``narayanan-t2-*`` rows are their Table 2: GPT-175B at a fixed global batch of 1,536 under
+ZeRO-3 without model parallelism (DeepSpeed, 2021) and under PTD-P, on 384, 768 and 1,536
+GPUs: a check of how the two are ranked (``zero_stage`` column; docs/cost-model.md
+discusses the ZeRO-3 rows).
 
     python benchmarks/published_runs.py [--profile profiles/dgx-a100.yaml] [--only korthikanti]
 """

@@ -214,7 +214,8 @@ def _check(observations: list[Observation]) -> None:
     for obs in observations:
         if not obs.measured_step_time_s > 0:
             raise CalibrationError(
-                f"run '{obs.label}' has measured step time {obs.measured_step_time_s!r}; expected a positive number of seconds."
+                f"run '{obs.label}' has measured step time {obs.measured_step_time_s!r}; "
+                "expected a positive number of seconds."
             )
 
 

@@ -44,7 +44,8 @@ def record(result: FitResult, observations: list[Observation], *, original: Prof
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     versions = _versions()
     note = (
-        f"calibrated on {socket.gethostname()} at {now} with autoplan {versions['autoplan']} from {len(observations)} measured runs "
+        f"calibrated on {socket.gethostname()} at {now} with autoplan {versions['autoplan']} "
+        f"from {len(observations)} measured runs "
         f"(autoplan calibrate; see calibration)"
     )
     for owner in sorted({owner_of(p.path) for p in result.fitted}):

@@ -109,7 +109,8 @@ def _summary(folder: Path) -> dict:
     path = folder / "summary.json"
     if not path.is_file():
         raise CalibrationError(
-            f"run folder '{folder}' has no summary.json; the run did not finish, rerun `autoplan run ... --out {folder}`."
+            f"run folder '{folder}' has no summary.json; the run did not finish, "
+            f"rerun `autoplan run ... --out {folder}`."
         )
     try:
         data = json.loads(path.read_text())
@@ -147,8 +148,9 @@ def check_matches(run: RunFolder, profile: Profile) -> None:
         )
     if run.plan.devices > profile.devices_per_node and profile.inter_node is None:
         raise CalibrationError(
-            f"run folder '{run.folder}' used {run.plan.devices} devices but profile '{profile.name}' describes one node of "
-            f"{profile.devices_per_node}; calibrate a profile with an inter_node link."
+            f"run folder '{run.folder}' used {run.plan.devices} devices "
+            f"but profile '{profile.name}' describes one node of {profile.devices_per_node}; "
+            "calibrate a profile with an inter_node link."
         )
 
 

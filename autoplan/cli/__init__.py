@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(
-            f"autoplan: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback, and please report it).",
+            f"autoplan: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with --debug for the traceback, and please report it).",
             file=sys.stderr,
         )
         return EXIT_INTERNAL

@@ -19,7 +19,8 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "run",
         parents=[common],
         help="run a plan with torch.distributed and measure it",
-        description="Run a plan for S training steps on synthetic batches; write RUNDIR/measured.csv and RUNDIR/summary.json.",
+        description="Run a plan for S training steps on synthetic batches; "
+        "write RUNDIR/measured.csv and RUNDIR/summary.json.",
     )
     parser.add_argument("model", help="model file (defines build_model() and example_inputs(batch_size))")
     parser.add_argument("--plan", required=True, help="plan.json written by `autoplan plan`")
@@ -132,5 +133,6 @@ def _check_devices(devices: int) -> None:
 
     if torch.cuda.is_available() and torch.cuda.device_count() < devices:
         raise PlanError(
-            f"the plan needs {devices} GPUs but this machine has {torch.cuda.device_count()}; run it under torchrun across nodes (docs/executor.md)."
+            f"the plan needs {devices} GPUs but this machine has {torch.cuda.device_count()}; "
+            "run it under torchrun across nodes (docs/executor.md)."
         )

@@ -158,7 +158,8 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
 
     console = Console()
     console.print(
-        f"[bold]{data['name']}[/]: {data['device']}, {data['devices_per_node']} per node, backend {data['backend']}, threads {data['threads']}"
+        f"[bold]{data['name']}[/]: {data['device']}, {data['devices_per_node']} per node, "
+        f"backend {data['backend']}, threads {data['threads']}"
     )
     console.print(
         "peak FLOP/s: "

@@ -1,4 +1,5 @@
-"""``autoplan plan MODEL.py --devices N --profile P --batch B [--top-k K] [--fix ...] [--objective time|cost] --out DIR``."""
+"""``autoplan plan MODEL.py --devices N --profile P --batch B [--top-k K] [--fix ...]
+[--objective time|cost] --out DIR``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "plan",
         parents=[common],
         help="search the fastest hybrid parallel plan that fits",
-        description="Trace MODEL.py, search every data/tensor/pipeline plan on the profiled cluster, write DIR/plan.json.",
+        description="Trace MODEL.py, search every data/tensor/pipeline plan on the profiled cluster, "
+        "write DIR/plan.json.",
     )
     parser.add_argument("model", metavar="MODEL.py", help="a model file (build_model, example_inputs)")
     parser.add_argument("--devices", type=int, required=True, help="number of devices")

@@ -71,7 +71,8 @@ def peak_dtype(profile: Profile, precision: str) -> str:
         if dtype in profile.device.peak_flops:
             return dtype
     raise PlanError(
-        f"profile '{profile.name}' has no peak FLOP/s for {precision}; add device.peak_flops.{order[0]} or pick another precision."
+        f"profile '{profile.name}' has no peak FLOP/s for {precision}; "
+        f"add device.peak_flops.{order[0]} or pick another precision."
     )
 
 

@@ -25,7 +25,8 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   matmul-class nodes (``SAVED_KINDS``: linears, activation matmuls, attention kernels,
   convolutions) are kept and every other node (norms, activations, softmax, masking, dropout,
   element-wise ops) is re-run in the backward (``selective_recompute_s``, the forward time of
-  those nodes), and so are the block's forward TP collectives (cost/stages.py). What stays per micro-batch is the block's inputs plus the kept outputs, so
+  those nodes), and so are the block's forward TP collectives (cost/stages.py). What stays
+  per micro-batch is the block's inputs plus the kept outputs, so
   ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs). For an unfused
   attention this frees the softmax output and dropout tensors, as Korthikanti et al. 2022
   section 4.3 do, but keeps the QK^T scores (a matmul output); a fused attention saves no s^2

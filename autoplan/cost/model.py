@@ -248,11 +248,13 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
     def _check(self, plan: Plan) -> None:
         if plan.pp * plan.virtual_stages > max(1, len(self.graph.layers)):  # one chunk needs no blocks
             raise PlanError(
-                f"plan needs {plan.pp * plan.virtual_stages} pipeline chunks but the model has {len(self.graph.layers)} blocks; use fewer stages."
+                f"plan needs {plan.pp * plan.virtual_stages} pipeline chunks "
+                f"but the model has {len(self.graph.layers)} blocks; use fewer stages."
             )
         if self.profile.inter_node is None and plan.devices > self.profile.devices_per_node:
             raise PlanError(
-                f"profile '{self.profile.name}' describes one node of {self.profile.devices_per_node} devices and has no inter_node link; plan for at most that many devices."
+                f"profile '{self.profile.name}' describes one node of {self.profile.devices_per_node} devices "
+                "and has no inter_node link; plan for at most that many devices."
             )
 
     # ---- time ----------------------------------------------------------------------------

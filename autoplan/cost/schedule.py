@@ -47,7 +47,8 @@ def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
     (the earlier chunks take the remainder)."""
     if chunks > max(1, len(layers)):  # one chunk holds the whole model, blocks or not
         raise PlanError(
-            f"plan asks for {chunks} pipeline chunks but the model has {len(layers)} blocks; use fewer stages or virtual stages."
+            f"plan asks for {chunks} pipeline chunks but the model has {len(layers)} blocks; "
+            "use fewer stages or virtual stages."
         )
     base, extra = divmod(len(layers), chunks)
     stages, start = [], 0

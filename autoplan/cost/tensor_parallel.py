@@ -311,7 +311,8 @@ def node_splits(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, tp:
         split = tp_plan.get(node.module, "replicate") if tp > 1 else "replicate"
         if split not in legal_splits(node, tp):
             raise PlanError(
-                f"tp_plan['{node.module}']='{split}' is not legal at tp={tp} (legal: {', '.join(legal_splits(node, tp))}); see docs/ilp.md for the rules."
+                f"tp_plan['{node.module}']='{split}' is not legal at tp={tp} "
+                f"(legal: {', '.join(legal_splits(node, tp))}); see docs/ilp.md for the rules."
             )
         splits[v] = split
     return splits

@@ -13,14 +13,18 @@ of the stage (its blocks and the stage root), b_g the bytes of ``plan.grad_reduc
 | ZeRO-1 | one reduce-scatter of P' b_g and one all-gather of P' * 4 (fp32 parameters), P' = dp ceil(P/dp) |
 | ZeRO-2, pp = 1 | U all-gathers of P b_w once; U m reduce-scatters of P b_g (every micro-batch) |
 | ZeRO-3, pp = 1 | 2 U m all-gathers of P b_w (forward and backward); U m reduce-scatters |
-| ZeRO-2/3, pp > 1 | torch.distributed.pipelining's FSDP handling: gradients accumulate unsharded and are reduce-scattered once (U); ZeRO-2 gathers once (U); ZeRO-3 gathers in the first forward and in every backward (U (m + 1)) |
+| ZeRO-2/3, pp > 1 | see below |
+
+ZeRO-2/3, pp > 1: torch.distributed.pipelining's FSDP handling: gradients accumulate
+unsharded and are reduce-scattered once (U); ZeRO-2 gathers once (U); ZeRO-3 gathers in the
+first forward and in every backward (U (m + 1)).
 
 b_w is the compute dtype under FSDP2's parameter cast, else 4. Pipeline: each chunk but the
 last sends its output to the next chunk once per micro-batch, and each chunk but the first
 sends the gradient of its input back, both of the boundary activation, whole on every tp
 rank (the executor gathers DTensor outputs at a stage's exit); one message per tensor, and
-gradients only of those that need one (rotary tables and masks travel forward only). Tensor parallelism: each
-block's messages per micro-batch from the same terms the cost model prices
+gradients only of those that need one (rotary tables and masks travel forward only).
+Tensor parallelism: each block's messages per micro-batch from the same terms the cost model prices
 (``tensor_parallel.block_messages``), and under sequence parallelism one all-reduce a step
 per parameter whose gradient is a partial sum (``sp_sync.sp_partial_params``); the
 nodes outside every block on the stage that runs them (before the first block: stage 0; the

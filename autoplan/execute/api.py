@@ -91,7 +91,8 @@ def parallelize(
     if plan.recompute != "none" and not checkpointed:
         raise PlanError(
             f"plan recompute='{plan.recompute}' but this rank holds none of the blocks it applies to "
-            f"({', '.join(blocks[:3]) or 'the model has no repeated blocks'}); plan recompute='none' or list the blocks in 'stages'."
+            f"({', '.join(blocks[:3]) or 'the model has no repeated blocks'}); "
+            "plan recompute='none' or list the blocks in 'stages'."
         )
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = (
@@ -140,7 +141,8 @@ def _split(
         return {0: model}, None, None
     if microbatch_inputs is None:
         raise PlanError(
-            f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) to split the model into stages."
+            f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) "
+            "to split the model into stages."
         )
     from autoplan.execute.batch import move_to
 

@@ -2,10 +2,14 @@
 
 | zero | no pipeline, tp=1 | otherwise (pipeline stage or tp>1) |
 |------|-------------------|------------------------------------|
-| 0    | DDP (``gradient_as_bucket_view``: the buckets are the gradients, no second copy); the explicit all-reduce when ``plan.overlap_grad_reduce`` is false | explicit gradient all-reduce (DDP cannot wrap a pipeline stage, nor DTensor params) |
+| 0    | DDP (1) | explicit gradient all-reduce (DDP cannot wrap a pipeline stage, nor DTensor params) |
 | 1    | :class:`~autoplan.execute.zero.ShardedOptimizer`: reduce-scatter, sharded step, all-gather | same |
-| 2    | FSDP2 ``fully_shard(reshard_after_forward=False)``: grads and states sharded, params kept gathered between forward and backward | same |
+| 2    | FSDP2 ``fully_shard(reshard_after_forward=False)`` (2) | same |
 | 3    | FSDP2 ``fully_shard(reshard_after_forward=True)``: params resharded after forward | same |
+
+(1) DDP (``gradient_as_bucket_view``: the buckets are the gradients, no second copy); the
+explicit all-reduce when ``plan.overlap_grad_reduce`` is false.
+(2) grads and states sharded, params kept gathered between forward and backward.
 
 Gradients travel and are summed in ``plan.grad_reduce_dtype``: DDP through a compression
 comm hook (torch's ``bf16_compress_hook`` / ``fp16_compress_hook``), the explicit all-reduce

@@ -75,7 +75,8 @@ def materialize(model: nn.Module, *, device: torch.device) -> nn.Module:
     if missing:
         raise ModelFileError(
             f"build_model() built the model on the meta device but nothing can initialise {', '.join(missing[:3])}"
-            f"{' ...' if len(missing) > 3 else ''}; give its module a reset_parameters() (or the root model an init_weights()), or build the model on a real device."
+            f"{' ...' if len(missing) > 3 else ''}; give its module a reset_parameters() "
+            "(or the root model an init_weights()), or build the model on a real device."
         )
     ties = tied_names(model)
     model.to_empty(device=device)

@@ -37,12 +37,14 @@ def build_mesh(*, plan: Plan) -> DeviceMesh:
     """A DeviceMesh named (pp, dp, tp) over the initialised default process group."""
     if not dist.is_available() or not dist.is_initialized():
         raise RunError(
-            "parallelize() needs an initialised process group; call torch.distributed.init_process_group() first (or use `autoplan run`)."
+            "parallelize() needs an initialised process group; "
+            "call torch.distributed.init_process_group() first (or use `autoplan run`)."
         )
     world_size = dist.get_world_size()
     if world_size != plan.devices:
         raise PlanError(
-            f"the plan needs {plan.devices} processes (dp={plan.dp} x tp={plan.tp} x pp={plan.pp}) but the process group has {world_size}; launch {plan.devices} processes."
+            f"the plan needs {plan.devices} processes (dp={plan.dp} x tp={plan.tp} x pp={plan.pp}) "
+            f"but the process group has {world_size}; launch {plan.devices} processes."
         )
     return init_device_mesh(device_type(), (plan.pp, plan.dp, plan.tp), mesh_dim_names=MESH_AXES)
 

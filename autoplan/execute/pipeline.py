@@ -57,7 +57,8 @@ def check_stages(*, model: nn.Module, plan: Plan) -> None:
     """Raise PlanError unless every stage names existing blocks, in model order."""
     if len(plan.stages) != plan.pp * plan.virtual_stages:
         raise PlanError(
-            f"plan pp={plan.pp} needs {plan.pp * plan.virtual_stages} entries in 'stages', got {len(plan.stages)}; re-plan with stages."
+            f"plan pp={plan.pp} needs {plan.pp * plan.virtual_stages} entries in 'stages', "
+            f"got {len(plan.stages)}; re-plan with stages."
         )
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     flat = [fqn for stage in plan.stages for fqn in stage]
@@ -83,11 +84,13 @@ def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> tupl
             pipe = pipeline(model, mb_args=microbatch_args, split_spec=split_spec)
     except Exception as exc:  # torch.export failed on this model
         raise PlanError(
-            f"cannot split the model into pipeline stages with torch.export ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); plan pp=1 for this model."
+            "cannot split the model into pipeline stages with torch.export "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); plan pp=1 for this model."
         ) from exc
     if pipe.num_stages != len(plan.stages):
         raise PlanError(
-            f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; a split point is probably never called in forward()."
+            f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; "
+            "a split point is probably never called in forward()."
         )
     carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through those between
     out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None)

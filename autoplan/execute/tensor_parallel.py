@@ -76,13 +76,15 @@ def validate_tp_plan(*, model: nn.Module, plan: Plan) -> dict[str, str]:
 def _check_splittable(*, fqn: str, module: nn.Module, kind: str, split: str, tp: int) -> None:
     if kind == "other":
         raise PlanError(
-            f"plan tp_plan['{fqn}']='{split}' but {fqn} is a {type(module).__name__}; only nn.Linear and nn.Embedding can be split colwise/rowwise."
+            f"plan tp_plan['{fqn}']='{split}' but {fqn} is a {type(module).__name__}; "
+            "only nn.Linear and nn.Embedding can be split colwise/rowwise."
         )
     weight = module.weight
     dim = PARAM_PLACEMENTS[(kind, split)]["weight"].dim
     if weight.shape[dim] % tp:
         raise PlanError(
-            f"plan tp_plan['{fqn}']='{split}' shards a dim of size {weight.shape[dim]}, which tp={tp} does not divide; pick a tp degree that divides it."
+            f"plan tp_plan['{fqn}']='{split}' shards a dim of size {weight.shape[dim]}, "
+            f"which tp={tp} does not divide; pick a tp degree that divides it."
         )
 
 
@@ -147,7 +149,8 @@ def _placement_of(group: list, *, splits: dict[str, str], kinds: dict[str, str])
     if len(distinct) > 1:
         names = ", ".join(f"{fqn}={splits[fqn]}" for fqn in chosen)
         raise PlanError(
-            f"tied parameter '{group[0][0]}.{group[0][2]}' gets different shardings from its users ({names}); give tied modules matching splits."
+            f"tied parameter '{group[0][0]}.{group[0][2]}' gets different shardings from its users ({names}); "
+            "give tied modules matching splits."
         )
     return next(iter(chosen.values())) if chosen else Replicate()
 

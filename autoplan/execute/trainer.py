@@ -41,7 +41,8 @@ def _explained(plan: Plan):
         if plan.tp > 1 and any(marker in text for marker in DTENSOR_LIMITS):
             first = text.strip().splitlines()[0]
             raise PlanError(
-                f"the model's code cannot run under this tp_plan ({first}); mark the Linear whose output it reshapes 'replicate' or use another tp degree (docs/executor.md)."
+                f"the model's code cannot run under this tp_plan ({first}); mark the Linear whose output it reshapes "
+                "'replicate' or use another tp degree (docs/executor.md)."
             ) from exc
         raise
 

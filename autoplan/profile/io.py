@@ -67,7 +67,8 @@ def resolve_profile_path(name_or_path: str | os.PathLike) -> Path:
     if path.suffix in SUFFIXES or len(path.parts) > 1:
         if not path.is_file():
             raise ProfileError(
-                f"profile file '{path}' does not exist; give an existing .yaml/.json path or one of: {', '.join(available_profiles())}."
+                f"profile file '{path}' does not exist; give an existing .yaml/.json path "
+                f"or one of: {', '.join(available_profiles())}."
             )
         return path
     for folder in search_dirs():

@@ -160,7 +160,10 @@ def _oom_verdict(family: str, members: list, best, usable: float) -> FamilyVerdi
         )
     if priced and not any(c.feasible for c in priced):
         c = min(priced, key=lambda c: c.cost.peak_memory_bytes)
-        detail = f"none of its {len(priced)} priced members fits: the most frugal ({c.plan.describe()}) needs {_gib(c.cost.peak_memory_bytes)} of {_gib(usable)} usable"
+        detail = (
+            f"none of its {len(priced)} priced members fits: the most frugal ({c.plan.describe()}) "
+            f"needs {_gib(c.cost.peak_memory_bytes)} of {_gib(usable)} usable"
+        )
         return FamilyVerdict(family, "out of memory", detail, c.plan.describe())
     return None
 
@@ -290,7 +293,8 @@ def explain_result(
     ranked = result.ranked()
     if not ranked:
         raise AutoplanError(
-            "no plan fits, so there is no decision to explain; see plans.csv's reason column for what each candidate needs."
+            "no plan fits, so there is no decision to explain; "
+            "see plans.csv's reason column for what each candidate needs."
         )
     best = ranked[0]
     batch = best.plan.global_batch_size

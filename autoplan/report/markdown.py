@@ -33,7 +33,8 @@ def _model_lines(folder: PlanFolder) -> list[str]:
         inter = p.inter_node.collectives["all_reduce"].busbw_bytes_per_s / 1e9 if p.inter_node else None
         lines.append(
             f"- **Cluster:** profile `{p.name}`: {p.device.name}, {p.device.memory_bytes / GIB:.1f} GiB, "
-            f"{p.devices_per_node} per node, intra-node all-reduce {p.intra_node.collectives['all_reduce'].busbw_bytes_per_s / 1e9:.3g} GB/s"
+            f"{p.devices_per_node} per node, "
+            f"intra-node all-reduce {p.intra_node.collectives['all_reduce'].busbw_bytes_per_s / 1e9:.3g} GB/s"
             + (f", inter-node {inter:.3g} GB/s." if inter else ", no inter-node link.")
         )
     return lines
@@ -72,7 +73,8 @@ def _top_table(plans: pd.DataFrame, top_k: int) -> list[str]:
     for rank, (_, row) in enumerate(top.iterrows(), start=1):
         cells = " | ".join(_ms(row[t]) for t in Cost.TIME_FIELDS)
         lines.append(
-            f"| {rank} | {describe_row(row)} | {_ms(row['step_time_s'])} | {cells} | {float(row['peak_memory_bytes']) / GIB:.2f} |"
+            f"| {rank} | {describe_row(row)} | {_ms(row['step_time_s'])} | {cells} | "
+            f"{float(row['peak_memory_bytes']) / GIB:.2f} |"
         )
     return lines
 

@@ -39,8 +39,8 @@ def explanation_markdown(exp) -> str:
     lines = [
         "## Why this plan",
         "",
-        f"Chosen: **{exp.plan}**, {_ms(exp.step_time_s)} per step, {exp.peak_memory_bytes / GIB:.2f} GiB peak per device "
-        f"(objective: {exp.objective}).",
+        f"Chosen: **{exp.plan}**, {_ms(exp.step_time_s)} per step, "
+        f"{exp.peak_memory_bytes / GIB:.2f} GiB peak per device (objective: {exp.objective}).",
         "",
         _decision(exp),
         "",
@@ -54,7 +54,8 @@ def explanation_markdown(exp) -> str:
         m = exp.memory
         lines.append(
             f"- memory headroom: {m['headroom_bytes'] / GIB:.2f} GiB of {m['usable_bytes'] / GIB:.2f} GiB usable "
-            f"({100 * m['headroom_fraction']:.1f}%); the plan fits any device of {m['smallest_device_bytes'] / GIB:.2f} GiB or more."
+            f"({100 * m['headroom_fraction']:.1f}%); "
+            f"the plan fits any device of {m['smallest_device_bytes'] / GIB:.2f} GiB or more."
         )
     lines += ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
     lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]

@@ -213,8 +213,9 @@ def batch_threshold(model: CostModel, plans: list[Plan], objective) -> Threshold
         None,
         "",
         leader.describe(),
-        f"{'pipeline parallelism keeps' if state else 'flat plans keep'} winning ({leader.describe()}) at every global batch "
-        f"from {unit} to {unit * now * 2**MAX_DOUBLINGS} samples, holding each plan's micro-batch size.",
+        f"{'pipeline parallelism keeps' if state else 'flat plans keep'} winning ({leader.describe()}) "
+        f"at every global batch from {unit} to {unit * now * 2**MAX_DOUBLINGS} samples, "
+        "holding each plan's micro-batch size.",
     )
 
 
@@ -230,10 +231,16 @@ def _batch_sentence(unit: int, j: int, pipe_won: bool, sign: int, piped: Plan, f
     direction = "below" if sign < 0 else "above"
     bound = "at or below" if sign < 0 else "at or above"
     if pipe_won:
-        sentence = f"pipeline parallelism stops paying {bound} a global batch of {edge} (today {batch}): there {flat.describe()} beats {piped.describe()}."
+        sentence = (
+            f"pipeline parallelism stops paying {bound} a global batch of {edge} (today {batch}): "
+            f"there {flat.describe()} beats {piped.describe()}."
+        )
         winner = flat
     else:
-        sentence = f"pipeline parallelism would start paying {bound} a global batch of {edge} (today {batch}): there {piped.describe()} beats {flat.describe()}."
+        sentence = (
+            f"pipeline parallelism would start paying {bound} a global batch of {edge} (today {batch}): "
+            f"there {piped.describe()} beats {flat.describe()}."
+        )
         winner = piped
     return Threshold("global batch size", batch, "samples", edge, direction, winner.describe(), sentence)
 
@@ -258,13 +265,16 @@ def memory_threshold(profile: Profile, ranked: list, candidates: list) -> tuple[
         if c.cost is not None and not c.cost.feasible and c.objective is not None and c.objective < best.objective
     ]
     if not faster:
-        sentence = "no plan that the memory limit rejected would have been faster, so more memory would not change the decision."
+        sentence = (
+            "no plan that the memory limit rejected would have been faster, "
+            "so more memory would not change the decision."
+        )
         return Threshold("device memory", capacity, "bytes", None, "", None, sentence), memory
     c = min(faster, key=lambda c: c.objective)
     need = c.cost.peak_memory_bytes / fraction
     sentence = (
-        f"with devices of at least {need / GIB:.1f} GiB (today {capacity / GIB:.1f} GiB), {c.plan.describe()} would fit and be "
-        f"{100 * (1 - c.objective / best.objective):.1f}% faster."
+        f"with devices of at least {need / GIB:.1f} GiB (today {capacity / GIB:.1f} GiB), "
+        f"{c.plan.describe()} would fit and be {100 * (1 - c.objective / best.objective):.1f}% faster."
     )
     return Threshold("device memory", capacity, "bytes", need, "above", c.plan.describe(), sentence), memory
 

@@ -101,7 +101,8 @@ def simulate(
     micro-batch times (all its chunks)."""
     if len(forward_s) != pp or len(backward_s) != pp:
         raise AutoplanError(
-            f"the timeline needs {pp} stage times, got {len(forward_s)}; the plan folder's stages.csv does not match plan.json."
+            f"the timeline needs {pp} stage times, got {len(forward_s)}; "
+            "the plan folder's stages.csv does not match plan.json."
         )
     orders = [stage_order(schedule, pp=pp, stage=k, m=m, v=v) for k in range(pp)]
     done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, global chunk) -> arrival at its consumer
@@ -131,7 +132,8 @@ def simulate(
                 progressed = True
         if not progressed:
             raise AutoplanError(
-                f"the {schedule} timeline deadlocked at pp={pp}, m={m}, v={v}; this schedule needs pp to divide the micro-batches."
+                f"the {schedule} timeline deadlocked at pp={pp}, m={m}, v={v}; "
+                "this schedule needs pp to divide the micro-batches."
             )
     _finish(timeline, clock, tail_s)
     return timeline
@@ -164,7 +166,8 @@ def from_plan_folder(folder) -> Timeline:
     plan, stages = folder.plan, folder.stages
     if plan is None or stages is None:
         raise AutoplanError(
-            f"plan folder '{folder.path}' has no plan.json or stages.csv, so there is no timeline to draw; re-run `autoplan plan`."
+            f"plan folder '{folder.path}' has no plan.json or stages.csv, so there is no timeline to draw; "
+            "re-run `autoplan plan`."
         )
     stages = stages.sort_values("stage")
     total = stages["micro_batch_time_s"].astype(float).tolist()

@@ -114,17 +114,24 @@ def explain_no_fit(graph: Graph, profile: Profile, options: SearchOptions, resul
     head = "no plan fits in device memory"
     if closest is not None:
         head += (
-            f": the most frugal one evaluated ({closest.plan.describe()}) needs {closest.cost.peak_memory_bytes / 2**30:.1f} GiB"
+            f": the most frugal one evaluated ({closest.plan.describe()}) "
+            f"needs {closest.cost.peak_memory_bytes / 2**30:.1f} GiB"
             f" per device of {profile.device.memory_bytes / 2**30:.0f} GiB"
         )
     pinned = [k for k in FRUGAL_PINS if k in options.fixes]
     if pinned and _fits(
         graph, profile, options.devices, options.batch_size, {k: v for k, v in options.fixes.items() if k not in pinned}
     ):
-        return f"{head}; unpin {', '.join(pinned)} (e.g. recompute=full, zero=3, mbs=1) and it fits on {options.devices} devices."
+        return (
+            f"{head}; unpin {', '.join(pinned)} (e.g. recompute=full, zero=3, mbs=1) "
+            f"and it fits on {options.devices} devices."
+        )
     needed = smallest_fitting_devices(graph, profile, options)
     if needed is not None:
-        return f"{head}; it would fit on {needed} devices (the most frugal configuration: full recomputation, ZeRO-3, micro-batch 1)."
+        return (
+            f"{head}; it would fit on {needed} devices "
+            "(the most frugal configuration: full recomputation, ZeRO-3, micro-batch 1)."
+        )
     return (
         f"{head}, even on {options.devices * 64} devices; use a smaller model or batch, or a device with more memory."
     )

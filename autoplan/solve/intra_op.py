@@ -282,14 +282,20 @@ def budget_infeasibility(problem: BlockProblem, memory_budget_bytes: float) -> s
     that is not a number or is negative, bytes that are not finite, or a budget below the
     lightest split of every op. PuLP cannot take a NaN/inf right-hand side, so these never reach it."""
     if math.isnan(memory_budget_bytes) or memory_budget_bytes < 0:
-        return f"the per-block memory budget is {memory_budget_bytes / 2**30:.3g} GiB (the rest of the device memory leaves nothing for the blocks)"
+        return (
+            f"the per-block memory budget is {memory_budget_bytes / 2**30:.3g} GiB "
+            "(the rest of the device memory leaves nothing for the blocks)"
+        )
     lightest = problem.min_memory_bytes()
     coefficients = [b for table in problem.unary_bytes.values() for b in table.values()]
     coefficients += [b for pure in problem.pure.values() for b in pure.bytes.values()]
     if not all(math.isfinite(b) for b in [lightest, *coefficients]):
         return "the block's bytes are not finite; the parameter or activation byte factors are invalid"
     if lightest > memory_budget_bytes:
-        return f"the lightest splits need {lightest / 2**30:.3g} GiB per block, over the {memory_budget_bytes / 2**30:.3g} GiB budget"
+        return (
+            f"the lightest splits need {lightest / 2**30:.3g} GiB per block, "
+            f"over the {memory_budget_bytes / 2**30:.3g} GiB budget"
+        )
     return ""
 
 

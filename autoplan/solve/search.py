@@ -67,7 +67,8 @@ class Search:
             raise PlanError(f"--objective {options.objective} is unknown; expected one of {', '.join(OBJECTIVES)}.")
         if options.objective == "cost" and profile.price_per_device_hour is None:
             raise PlanError(
-                f"--objective cost needs a price, but profile '{profile.name}' has no price_per_device_hour; add one or use --objective time."
+                f"--objective cost needs a price, but profile '{profile.name}' has no price_per_device_hour; "
+                "add one or use --objective time."
             )
         self.graph, self.profile, self.options = graph, profile, options
         self.fixes = options.fixes
@@ -175,7 +176,8 @@ class Search:
                 g,
                 bound,
                 "degenerate tp",
-                reason=f"pruned: tp={deg.tp} splits no op (the ILP replicates every layer), so its ranks would repeat the same work",
+                reason=f"pruned: tp={deg.tp} splits no op (the ILP replicates every layer), "
+                "so its ranks would repeat the same work",
             )
             return
         first = len(self.candidates)
@@ -232,7 +234,8 @@ class Search:
                             config=config_of(plan),
                             status="pruned",
                             lower_bound=sub,
-                            reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}",
+                            reason=f"pruned: lower bound {sub:.4g} >= "
+                            f"top-{self.options.keep} objective {self._threshold:.4g}",
                         )
                     )
                     continue
@@ -270,7 +273,8 @@ class Search:
                     status="pruned",
                     lower_bound=sub,
                     reason=f"pruned (memory): weights, gradients and optimizer state alone need "
-                    f"{floor / gib:.1f} GiB per device under any partition, {self._usable_bytes / gib:.1f} GiB is usable",
+                    f"{floor / gib:.1f} GiB per device under any partition, "
+                    f"{self._usable_bytes / gib:.1f} GiB is usable",
                 )
             )
 

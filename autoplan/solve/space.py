@@ -59,7 +59,8 @@ def _typed(key: str, value: str) -> object:
     if key in _INT_KEYS:
         if not value.isdigit() or (key != "zero" and int(value) < 1) or (key == "zero" and int(value) > 3):
             raise PlanError(
-                f"--fix {key}={value} is not valid; expected {'0, 1, 2 or 3' if key == 'zero' else 'a positive integer'}."
+                f"--fix {key}={value} is not valid; "
+                f"expected {'0, 1, 2 or 3' if key == 'zero' else 'a positive integer'}."
             )
         return int(value)
     if key in ("sp", "tp_overlap"):
@@ -87,11 +88,13 @@ def check_cluster(profile: Profile, devices: int) -> None:
         raise PlanError(f"--devices {devices!r} is not a positive integer.")
     if devices > per_node and profile.inter_node is None:
         raise PlanError(
-            f"profile '{profile.name}' describes one node of {per_node} devices and no inter-node link; plan for at most {per_node} devices."
+            f"profile '{profile.name}' describes one node of {per_node} devices and no inter-node link; "
+            f"plan for at most {per_node} devices."
         )
     if devices > per_node and devices % per_node:
         raise PlanError(
-            f"--devices {devices} does not fill whole nodes of {per_node} on profile '{profile.name}'; use a multiple of {per_node} (or at most {per_node})."
+            f"--devices {devices} does not fill whole nodes of {per_node} on profile '{profile.name}'; "
+            f"use a multiple of {per_node} (or at most {per_node})."
         )
 
 
@@ -179,7 +182,8 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     if "recompute" in fixes:
         if fixes["recompute"] != "none" and not layers:
             raise PlanError(
-                f"--fix recompute={fixes['recompute']} checkpoints repeated blocks and this model has none; use recompute=none."
+                f"--fix recompute={fixes['recompute']} checkpoints repeated blocks and this model has none; "
+                "use recompute=none."
             )
         return [fixes["recompute"]]
     return list(RECOMPUTE) if layers else ["none"]
@@ -199,7 +203,8 @@ def precision_options(profile: Profile, *, fixes: dict) -> list[str]:
         wanted = fixes["precision"]
         if wanted != "fp32" and wanted not in peaks:
             raise PlanError(
-                f"--fix precision={wanted} but profile '{profile.name}' has no {wanted} peak; pick one of {', '.join(sorted(peaks))}."
+                f"--fix precision={wanted} but profile '{profile.name}' has no {wanted} peak; "
+                f"pick one of {', '.join(sorted(peaks))}."
             )
         return [wanted]
     return options
@@ -213,7 +218,16 @@ def fits_nodes(devices: int, profile: Profile) -> bool:
 def no_configuration(options: Any, layers: int) -> str:
     pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
     if options.fixes.get("pp", 1) > max(1, layers):
-        return f"--fix pp={options.fixes['pp']} needs at least {options.fixes['pp']} repeated blocks to place on stages and this model has {layers}; use pp=1{f' or at most pp={layers}' if layers > 1 else ''}."
+        return (
+            f"--fix pp={options.fixes['pp']} needs at least {options.fixes['pp']} repeated blocks to place on stages "
+            f"and this model has {layers}; use pp=1{f' or at most pp={layers}' if layers > 1 else ''}."
+        )
     if pins:
-        return f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; relax a pin (dp*tp*pp must equal the devices and dp must divide the batch)."
-    return f"no configuration of {options.devices} devices divides the batch of {options.batch_size}; use a batch divisible by a data-parallel degree."
+        return (
+            f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; "
+            "relax a pin (dp*tp*pp must equal the devices and dp must divide the batch)."
+        )
+    return (
+        f"no configuration of {options.devices} devices divides the batch of {options.batch_size}; "
+        "use a batch divisible by a data-parallel degree."
+    )

@@ -140,8 +140,9 @@ class TPPlanner:
         for member in members:
             params = analyse_block(self.graph, member).params
             for rep_node, node in zip(rep_params, params):
-                tp_plan.setdefault(self.graph.node(node).module, splits[rep_node])  # explicit, even "replicate": an
-                # empty tp_plan at tp > 1 means the Megatron default (default_tp_plan) to CostModel and the executor alike
+                # explicit, even "replicate": an empty tp_plan at tp > 1 means the Megatron default (default_tp_plan)
+                # to CostModel and the executor alike
+                tp_plan.setdefault(self.graph.node(node).module, splits[rep_node])
             if ctx.sequence_parallel:
                 for node in analyse_block(self.graph, member).nodes:
                     if (

@@ -183,7 +183,8 @@ def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any,
         raise
     except Exception as exc:
         raise TraceError(
-            f"the loss function failed on the model's output: {first_line(exc)}; check loss_fn(output, target) and example_target()."
+            f"the loss function failed on the model's output: {first_line(exc)}; "
+            "check loss_fn(output, target) and example_target()."
         ) from exc
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise TraceError(f"the loss function returned {type(loss).__name__}; expected a scalar tensor.")

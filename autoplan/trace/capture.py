@@ -81,7 +81,8 @@ def capture(model: torch.nn.Module, meta_inputs: tuple, *, model_name: str) -> C
         return export_result
     raise TraceError(
         f"could not trace {model_name}: {fx_failure.sentence()}; {export_result.sentence()}. "
-        "Make the failing code traceable (no Python branching on tensor values, static shapes) or move it out of forward()."
+        "Make the failing code traceable (no Python branching on tensor values, static shapes) "
+        "or move it out of forward()."
     )
 
 

@@ -44,7 +44,8 @@ from autoplan.trace.memo_keys import NotMemoizable, const_key
 
 @dataclass(frozen=True)
 class Output:
-    kind: str  # 'const', 'same' (as an earlier output), 'in' (on input leaf index's storage), 'new' (on new storage index)
+    # 'const', 'same' (as an earlier output), 'in' (on input leaf index's storage), 'new' (on new storage index)
+    kind: str
     index: int = 0
     value: Any = None  # the constant, or a tensor's (fake) device
     layout: tuple = ()  # (shape, stride, offset, requires_grad, dtype) for tensors

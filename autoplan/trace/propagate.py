@@ -287,7 +287,8 @@ class Propagator:
         if isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException)):
             return TraceError(
                 f"op '{op}' in module '{module}'{where} has an output that depends on tensor values "
-                "(data-dependent routing such as nonzero() or boolean-mask indexing), which shape-only tracing cannot size; "
+                "(data-dependent routing such as nonzero() or boolean-mask indexing), "
+                "which shape-only tracing cannot size; "
                 "route with dense masks or a fixed expert capacity instead (see examples/moe.py)."
             )
         return TraceError(f"op '{op}' in module '{module}'{where} failed on fake tensors: {first_line(exc)}.")

@@ -278,7 +278,8 @@ class Graph:
         require(
             version == GRAPH_SCHEMA_VERSION,
             GraphError,
-            f"graph schema version {version} is not supported; expected {GRAPH_SCHEMA_VERSION}. Re-run 'autoplan trace'.",
+            f"graph schema version {version} is not supported; expected {GRAPH_SCHEMA_VERSION}. "
+            "Re-run 'autoplan trace'.",
         )
         fields = dict(data)
         fields["nodes"] = [OpNode(**node) for node in data["nodes"]]

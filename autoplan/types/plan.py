@@ -94,7 +94,8 @@ class Plan:
         require(
             self.dp * self.tp * self.pp == self.devices,
             PlanError,
-            f"plan dp*tp*pp must equal devices: dp={self.dp} * tp={self.tp} * pp={self.pp} = {self.dp * self.tp * self.pp}, devices={self.devices}.",
+            f"plan dp*tp*pp must equal devices: dp={self.dp} * tp={self.tp} * pp={self.pp} "
+            f"= {self.dp * self.tp * self.pp}, devices={self.devices}.",
         )
         require(
             self.zero_stage in (0, 1, 2, 3), PlanError, f"plan zero_stage={self.zero_stage!r}; expected 0, 1, 2 or 3."
@@ -130,8 +131,8 @@ class Plan:
         require(
             self.grad_reduce_dtype in ("fp32", self.precision),
             PlanError,
-            f"plan grad_reduce_dtype='{self.grad_reduce_dtype}' with precision '{self.precision}'; gradients are reduced "
-            f"in fp32 or in the compute dtype, so use {allowed}.",
+            f"plan grad_reduce_dtype='{self.grad_reduce_dtype}' with precision '{self.precision}'; "
+            f"gradients are reduced in fp32 or in the compute dtype, so use {allowed}.",
         )
         for module, split in self.tp_plan.items():
             require(

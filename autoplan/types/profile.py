@@ -56,7 +56,8 @@ def _sourced(owner: str, source: Any) -> None:
     require(
         isinstance(source, str) and source.strip() != "",
         ProfileError,
-        f"profile field '{owner}.source' is {source!r}; expected a non-empty string naming where the numbers come from.",
+        f"profile field '{owner}.source' is {source!r}; "
+        "expected a non-empty string naming where the numbers come from.",
     )
 
 
@@ -147,7 +148,8 @@ class DeviceSpec:
             require(
                 isinstance(self.op_overhead, OpOverhead),
                 ProfileError,
-                f"profile field 'device.op_overhead' is {self.op_overhead!r}; expected a mapping with forward_s, backward_s and source.",
+                f"profile field 'device.op_overhead' is {self.op_overhead!r}; "
+                "expected a mapping with forward_s, backward_s and source.",
             )
             self.op_overhead.check()
         require(
@@ -173,7 +175,8 @@ class DeviceSpec:
             require(
                 op_class in OP_CLASSES,
                 ProfileError,
-                f"profile field 'device.efficiency' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.",
+                f"profile field 'device.efficiency' has op class '{op_class}'; "
+                f"expected one of {', '.join(OP_CLASSES)}.",
             )
             eff.check(f"device.efficiency.{op_class}")
         for dtype, curves in self.efficiency_by_dtype.items():
@@ -186,7 +189,8 @@ class DeviceSpec:
                 require(
                     op_class in OP_CLASSES,
                     ProfileError,
-                    f"profile field 'device.efficiency_by_dtype.{dtype}' has op class '{op_class}'; expected one of {', '.join(OP_CLASSES)}.",
+                    f"profile field 'device.efficiency_by_dtype.{dtype}' has op class '{op_class}'; "
+                    f"expected one of {', '.join(OP_CLASSES)}.",
                 )
                 eff.check(f"device.efficiency_by_dtype.{dtype}.{op_class}")
 
@@ -298,7 +302,8 @@ class Profile:
         require(
             isinstance(self.comm_overlap, CommOverlap),
             ProfileError,
-            f"profile field 'comm_overlap' is {self.comm_overlap!r}; expected a mapping with 'efficiency' and 'source'.",
+            f"profile field 'comm_overlap' is {self.comm_overlap!r}; "
+            "expected a mapping with 'efficiency' and 'source'.",
         )
         self.comm_overlap.check()
         self.device.check()
@@ -311,7 +316,8 @@ class Profile:
         if spans_nodes:
             if self.inter_node is None:
                 raise ProfileError(
-                    f"profile '{self.name}' has no inter_node link, so it cannot describe more than {self.devices_per_node} devices."
+                    f"profile '{self.name}' has no inter_node link, "
+                    f"so it cannot describe more than {self.devices_per_node} devices."
                 )
             return self.inter_node
         return self.intra_node

@@ -148,7 +148,8 @@ SYSTEMS = {
         device="NVIDIA A100-SXM4-80GB",
         memory_bytes=80 * 2**30,
         peak={"fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T},
-        peak_source="NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4), dense: FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS",
+        peak_source="NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4), "
+        "dense: FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS",
         hbm=2.039e12,
         hbm_source="NVIDIA A100 80GB SXM datasheet: 2,039 GB/s",
         stream_copy=1.61e12,
@@ -167,7 +168,8 @@ SYSTEMS = {
         device="NVIDIA H100-SXM5-80GB",
         memory_bytes=80 * 2**30,
         peak={"fp32": 66.9 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T},
-        peak_source="NVIDIA H100 SXM datasheet, dense (sparse figures halved): FP32 66.9, TF32 494.7, BF16/FP16 989.4 TFLOPS",
+        peak_source="NVIDIA H100 SXM datasheet, dense (sparse figures halved): "
+        "FP32 66.9, TF32 494.7, BF16/FP16 989.4 TFLOPS",
         hbm=3.35e12,
         hbm_source="NVIDIA H100 SXM datasheet: 3.35 TB/s",
         stream_copy=2.90e12,
@@ -177,7 +179,8 @@ SYSTEMS = {
         flash_tflops=327.9,
         nvlink_dir=450 * G,
         other_busbw=370 * G,
-        other_busbw_source="NVIDIA/nccl-tests issue #212, NCCL maintainer: effective NVLink busbw 370 GB/s for non-all_reduce ops on 8x H100",
+        other_busbw_source="NVIDIA/nccl-tests issue #212, NCCL maintainer: "
+        "effective NVLink busbw 370 GB/s for non-all_reduce ops on 8x H100",
         nic=400 * G,
         nic_source="8x ConnectX-7 400 Gb/s NDR per DGX H100 (NVIDIA DGX H100 user guide via stas00/ml-engineering)",
     ),
@@ -186,7 +189,8 @@ SYSTEMS = {
         device="NVIDIA H200-SXM-141GB",
         memory_bytes=141 * 10**9,
         peak={"fp32": 66.9 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T},
-        peak_source="same GH100 compute as H100 SXM (NVIDIA H200 announcement; hardware.csv): dense FP32 66.9, TF32 494.7, BF16/FP16 989.4 TFLOPS",
+        peak_source="same GH100 compute as H100 SXM (NVIDIA H200 announcement; hardware.csv): "
+        "dense FP32 66.9, TF32 494.7, BF16/FP16 989.4 TFLOPS",
         hbm=4.8e12,
         hbm_source="NVIDIA H200 datasheet: 4.8 TB/s HBM3e",
         stream_copy=4.01e12,
@@ -196,9 +200,11 @@ SYSTEMS = {
         flash_tflops=329.3,
         nvlink_dir=450 * G,
         other_busbw=370 * G,
-        other_busbw_source="NVIDIA/nccl-tests issue #212, NCCL maintainer: effective NVLink4 busbw 370 GB/s for non-all_reduce ops (same NVLink4/NVSwitch as H100)",
+        other_busbw_source="NVIDIA/nccl-tests issue #212, NCCL maintainer: effective NVLink4 busbw 370 GB/s "
+        "for non-all_reduce ops (same NVLink4/NVSwitch as H100)",
         nic=400 * G,
-        nic_source="8x ConnectX-7 400 Gb/s NDR per DGX H200 (NVIDIA DGX H100/H200 user guide via stas00/ml-engineering)",
+        nic_source="8x ConnectX-7 400 Gb/s NDR per DGX H200 "
+        "(NVIDIA DGX H100/H200 user guide via stas00/ml-engineering)",
     ),
 }
 SEND_RECV_FRACTION = 396.4 / 450  # stas00/ml-engineering: nvbandwidth pairwise copy on 8x H200
@@ -252,8 +258,8 @@ def intra_link(key: str, spec: dict) -> LinkSpec:
     fits["send_recv"] = CollectiveFit(
         alpha_s=ar.alpha_s / 2,
         busbw_bytes_per_s=SEND_RECV_FRACTION * spec["nvlink_dir"],
-        source=f"{SEND_RECV_FRACTION:.3f} x {spec['nvlink_dir'] / G:.0f} GB/s per-direction NVLink (stas00/ml-engineering nvbandwidth on H200: 396.4 of 450 GB/s)"
-        + half_alpha,
+        source=f"{SEND_RECV_FRACTION:.3f} x {spec['nvlink_dir'] / G:.0f} GB/s per-direction NVLink "
+        "(stas00/ml-engineering nvbandwidth on H200: 396.4 of 450 GB/s)" + half_alpha,
     )
     return LinkSpec(name="NVLink + NVSwitch", collectives=fits)
 
@@ -261,8 +267,10 @@ def intra_link(key: str, spec: dict) -> LinkSpec:
 def inter_link(spec: dict) -> LinkSpec:
     busbw = spec["nic"] * INTER_EFFICIENCY
     source = (
-        f"{spec['nic_source']} x {INTER_EFFICIENCY:.2f} (NVIDIA/nccl issue #812: 192 GB/s busbw on DGX A100 8x200 Gb/s); "
-        f"alpha {INTER_ALPHA_S * 1e6:.1f} us from NVIDIA/nccl issue #1244 (2-node 16-GPU smallest-message all_reduce), half for the others"
+        f"{spec['nic_source']} x {INTER_EFFICIENCY:.2f} "
+        "(NVIDIA/nccl issue #812: 192 GB/s busbw on DGX A100 8x200 Gb/s); "
+        f"alpha {INTER_ALPHA_S * 1e6:.1f} us from NVIDIA/nccl issue #1244 "
+        "(2-node 16-GPU smallest-message all_reduce), half for the others"
     )
     fits = {
         kind: CollectiveFit(
@@ -289,7 +297,8 @@ def build(key: str, spec: dict) -> Profile:
         memory_bandwidth_bytes_per_s=spec["hbm"],
         efficiency={"matmul": matmul, "attention": attention},
         memory_efficiency=spec["stream_copy"] / spec["hbm"],
-        source=f"{spec['peak_source']}; {spec['hbm_source']}; memory_efficiency = STREAM copy {spec['stream_copy'] / 1e12:.2f} TB/s "
+        source=f"{spec['peak_source']}; {spec['hbm_source']}; "
+        f"memory_efficiency = STREAM copy {spec['stream_copy'] / 1e12:.2f} TB/s "
         + AZURE.format(page=spec["page"], what="HBM bandwidth")
         + " / datasheet",
     )
@@ -300,7 +309,8 @@ def build(key: str, spec: dict) -> Profile:
         intra_node=intra_link(key, spec),
         inter_node=inter_link(spec),
         backend="nccl",
-        description=f"DGX node of 8x {spec['device']}, built from published figures by profiles/sources/fit_published.py.",
+        description=f"DGX node of 8x {spec['device']}, "
+        "built from published figures by profiles/sources/fit_published.py.",
     )
 
 

@@ -17,7 +17,8 @@ CASES = {
     "no_build_model": "import torch\n" + GOOD_INPUTS,
     "no_example_inputs": "import torch\ndef build_model():\n    return torch.nn.Linear(4, 4)\n",
     "build_returns_non_module": "import torch\ndef build_model():\n    return 42\n" + GOOD_INPUTS,
-    "inputs_wrong_type": "import torch\ndef build_model():\n    return torch.nn.Linear(4, 4)\ndef example_inputs(batch_size):\n    return 'tokens'\n",
+    "inputs_wrong_type": "import torch\ndef build_model():\n    return torch.nn.Linear(4, 4)\n"
+    "def example_inputs(batch_size):\n    return 'tokens'\n",
     "build_raises": "import torch\ndef build_model():\n    raise RuntimeError('boom')\n" + GOOD_INPUTS,
     "untraceable": textwrap.dedent("""
         import torch

@@ -362,7 +362,10 @@ def record_failure(exc: BaseException) -> None:
     if path is not None:
         first = (str(exc).strip().splitlines() or [""])[0]
         if "Timed out" in first or "timed out" in first:
-            first += " (a collective waited the whole --timeout-s: the ranks disagree on their collectives, or one rank hung)"
+            first += (
+                " (a collective waited the whole --timeout-s: "
+                "the ranks disagree on their collectives, or one rank hung)"
+            )
         write_text_atomic(path, f"{type(exc).__name__}: {first}\n")
 
 

@@ -51,7 +51,8 @@ def choose_backend(*, processes: int) -> str:
     if torch.cuda.is_available():
         if torch.cuda.device_count() < processes:
             raise RunError(
-                f"--devices {processes} needs {processes} GPUs but {torch.cuda.device_count()} are visible; use --devices <= {torch.cuda.device_count()}."
+                f"--devices {processes} needs {processes} GPUs but {torch.cuda.device_count()} are visible; "
+                f"use --devices <= {torch.cuda.device_count()}."
             )
         return "nccl"
     return "gloo"

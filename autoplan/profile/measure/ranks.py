@@ -5,9 +5,10 @@ profile's thread count, joins one ``torch.distributed`` group and runs, in order
 
 1. the compute job (``ComputeJob``): every (case, dtype) timed by all ranks at once
    (``timing.median_time_s(concurrent=True)``), then the memory-bandwidth kernels and the
-   host dispatch overhead per op (overhead.py) the same way. The executor runs ``devices_per_node`` ranks computing at once, so this is the rate a
-   rank achieves in a real run: on a CPU node the ranks share cores, caches and DRAM
-   bandwidth; on a GPU node each has its own device but the host is shared.
+   host dispatch overhead per op (overhead.py) the same way. The executor runs
+   ``devices_per_node`` ranks computing at once, so this is the rate a rank achieves in a real
+   run: on a CPU node the ranks share cores, caches and DRAM bandwidth; on a GPU node each has
+   its own device but the host is shared.
 2. the collective sweep (collectives.time_collectives);
 3. unless ``sweep.overlap`` is off, the overlap test (overlap.time_overlap).
 
