@@ -121,12 +121,15 @@ class Propagator:
                 self.keep.append(tensor)
 
     def _localize(self, value: Any) -> tuple[Any, list[torch.Tensor]]:
-        """Private copies of the activations in ``value``; returns them and the grad leaves."""
+        """Private copies of the activations in ``value``; returns them and the tensors whose
+        gradient the node computes: the copies' leaves, and views of parameters."""
         memo: dict[int, torch.Tensor] = {}
         leaves: list[torch.Tensor] = []
 
         def local(t: torch.Tensor) -> torch.Tensor:
             if StorageWeakRef(t.untyped_storage()) in self.frozen:
+                if t.grad_fn is not None and all(t is not leaf for leaf in leaves):
+                    leaves.append(t)  # a parameter's view (w.T, w[e]): its gradient is this node's work
                 return t
             if id(t) not in memo:
                 if t.requires_grad:
@@ -288,8 +291,9 @@ class Propagator:
             return TraceError(
                 f"op '{op}' in module '{module}'{where} has an output that depends on tensor values "
                 "(data-dependent routing such as nonzero() or boolean-mask indexing), "
-                "which shape-only tracing cannot size; "
-                "route with dense masks or a fixed expert capacity instead (see examples/moe.py)."
+                "which shape-only tracing cannot size. autoplan runs Mixture-of-Experts routing under its routing "
+                "model when the experts follow Hugging Face's experts interface (docs/moe.md); otherwise route "
+                "with dense masks or a fixed expert capacity (see examples/moe.py)."
             )
         return TraceError(f"op '{op}' in module '{module}'{where} failed on fake tensors: {first_line(exc)}.")
 
