@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from autoplan.cli.trace import add_routing_arguments
 from autoplan.solve.space import FIX_KEYS, OBJECTIVES
 
 
@@ -43,6 +44,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--explain", action="store_true", help="also explain the choice (autoplan explain; see docs/cli.md)"
     )
+    add_routing_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from autoplan.cli.trace import routing_of
     from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
     from autoplan.solve.console import search_progress
     from autoplan.solve.outputs import write_outputs
@@ -68,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if (warning := device_mismatch(profile, running=False)) and not args.json:
         print(f"autoplan: warning: {warning}", file=sys.stderr)
-    graph = trace_model_file(args.model, args.batch)
+    graph = trace_model_file(args.model, args.batch, routing=routing_of(args))
     quiet = args.quiet or args.json
     try:
         with search_progress(enabled=not quiet and sys.stderr.isatty()) as progress:

@@ -10,6 +10,7 @@ from typing import Any
 
 from autoplan.types._check import write_text_atomic
 from autoplan.types.graph import Graph
+from autoplan.types.moe import DEFAULT_IMBALANCE, IMBALANCE_SOURCE, RoutingModel
 
 OPS_COLUMNS = [
     "name",
@@ -35,7 +36,33 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
     parser.add_argument("model", help="a model file defining build_model() and example_inputs(batch_size)")
     parser.add_argument("--batch", type=int, required=True, help="global batch size in samples")
     parser.add_argument("--out", required=True, help="output folder")
+    add_routing_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
+    """The routing model of Mixture-of-Experts layers (types/moe.py, docs/moe.md)."""
+    parser.add_argument(
+        "--moe-imbalance",
+        type=float,
+        default=None,
+        metavar="I",
+        help=f"busiest expert's load over the mean, >= 1 (default {DEFAULT_IMBALANCE}: {IMBALANCE_SOURCE})",
+    )
+    parser.add_argument(
+        "--moe-capacity-factor",
+        type=float,
+        default=None,
+        metavar="C",
+        help="give every expert ceil(C * tokens * top_k / experts) slots, dropping or padding (default: dropless)",
+    )
+
+
+def routing_of(args: argparse.Namespace) -> RoutingModel:
+    """The routing model the command line asks for (one sentence if a value is out of range)."""
+    imbalance = DEFAULT_IMBALANCE if args.moe_imbalance is None else args.moe_imbalance
+    source = IMBALANCE_SOURCE if args.moe_imbalance is None else "set with --moe-imbalance"
+    return RoutingModel(imbalance=imbalance, capacity_factor=args.moe_capacity_factor, imbalance_source=source)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from autoplan.trace import trace_model_file
 
-    graph = trace_model_file(args.model, args.batch)
+    graph = trace_model_file(args.model, args.batch, routing=routing_of(args))
     out = Path(args.out)
     graph.save(out / "graph.json")
     write_text_atomic(out / "ops.csv", ops_table(graph).to_csv(index=False))
@@ -96,9 +123,19 @@ def summarize(graph: Graph, out: Path) -> dict[str, Any]:
         "nodes": len(graph.nodes),
         "layers": len(graph.layers),
         "groups": [{"signature": g.signature, "layers": len(g.layers), "first": g.layers[0]} for g in graph.groups],
+        "moe_layers": [_moe_summary(layer) for layer in graph.moe_layers],
         "graph": str(out / "graph.json"),
         "ops": str(out / "ops.csv"),
     }
+
+
+def _moe_summary(layer) -> dict[str, Any]:
+    shared = f" + shared {layer.shared_module}" if layer.shared_module else ""
+    shape = (
+        f"{layer.num_experts} experts top-{layer.top_k}, FFN {layer.hidden_size}x{layer.expert_ffn_size}{shared}, "
+        f"{layer.slots_per_expert} slots per expert"
+    )
+    return {"module": layer.module, "shape": shape, **layer.to_dict()}
 
 
 def _print(summary: dict[str, Any]) -> None:
@@ -120,6 +157,9 @@ def _print(summary: dict[str, Any]) -> None:
     ]
     for group in summary["groups"]:
         rows.append((f"group {group['signature']}", f"{group['layers']} layers, first {group['first']}"))
+    if summary["moe_layers"]:
+        first = summary["moe_layers"][0]
+        rows.append(("MoE layers", f"{len(summary['moe_layers'])}, first {first['module']}: {first['shape']}"))
     rows += [("wrote", f"{summary['graph']}, {summary['ops']}")]
     for key, value in rows:
         table.add_row(key, value)

@@ -18,12 +18,13 @@ from torch.utils._mode_utils import no_dispatch
 
 from autoplan.errors import AutoplanError, TraceError
 from autoplan.modelfile import default_loss, load_model_file
-from autoplan.trace import dataflow
+from autoplan.trace import dataflow, moe
 from autoplan.trace.build import build_graph, canonical_names, seq_len_of
 from autoplan.trace.capture import capture, first_line
 from autoplan.trace.propagate import Measured, Propagator
 from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
 from autoplan.types.graph import Graph
+from autoplan.types.moe import RoutingModel
 
 
 def trace(
@@ -33,6 +34,7 @@ def trace(
     loss_fn: Callable | None = None,
     target: Any = None,
     model_name: str = "model",
+    routing: RoutingModel | None = None,
 ) -> Graph:
     """Trace one training step of ``model`` on ``example_inputs`` (one global batch) into a Graph."""
     if not isinstance(model, torch.nn.Module):
@@ -43,7 +45,8 @@ def trace(
             f"example_inputs must be a non-empty tuple of forward() arguments; got {type(example_inputs).__name__}."
         )
     batch = _batch_size(inputs)
-    with training_mode(model), swapped(model, to_meta):
+    routing = routing or RoutingModel()
+    with training_mode(model), swapped(model, to_meta), moe.routed(model, routing) as seen:
         captured = capture(model, tuple(map_tensors(tuple(inputs), to_meta)), model_name=model_name)
         _move_meta_constants(captured.module)
         with FakeTensorMode() as mode:
@@ -61,10 +64,12 @@ def trace(
             trace_method=captured.method,
             seq_len=seq_len_of(tuple(inputs)),
         )
+        tokens = batch * (graph.seq_len or 1)
+        graph.moe_layers = moe.describe(model, records, routing=routing, seen=seen, tokens=tokens, blocks=graph.layers)
     return graph
 
 
-def trace_model_file(path: str | Path, batch_size: int) -> Graph:
+def trace_model_file(path: str | Path, batch_size: int, *, routing: RoutingModel | None = None) -> Graph:
     """Load a model file, build its model and inputs on the meta device, and trace them."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise AutoplanError(f"batch size {batch_size!r} is not a positive integer; pass --batch B with B >= 1.")
@@ -74,7 +79,7 @@ def trace_model_file(path: str | Path, batch_size: int) -> Graph:
         inputs = model_file.inputs(batch_size)
         target = model_file.target(batch_size)
     loss = model_file.loss if model_file.loss_fn is not None else None
-    return trace(model, inputs, loss_fn=loss, target=target, model_name=model_file.name)
+    return trace(model, inputs, loss_fn=loss, target=target, model_name=model_file.name, routing=routing)
 
 
 def _default_loss(output: Any, target: Any) -> torch.Tensor:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import AutoplanError
 from autoplan.types._check import read_json, require, require_fields, write_json_atomic
+from autoplan.types.moe import MoELayer
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -154,6 +155,7 @@ class Graph:
     seq_len: int | None = None
     dtype: str = "float32"
     buffer_bytes: int = 0  # the model's buffers (DDP broadcasts them from rank 0 each step)
+    moe_layers: list[MoELayer] = field(default_factory=list)  # types/moe.py; empty for a dense model
     version: int = GRAPH_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -264,6 +266,7 @@ class Graph:
         data["edges"] = [list(edge) for edge in self.edges]
         data["groups"] = [asdict(group) for group in self.groups]
         data["parameters"] = {name: asdict(info) for name, info in self.parameters.items()}
+        data["moe_layers"] = [layer.to_dict() for layer in self.moe_layers]
         return data
 
     @classmethod
@@ -286,6 +289,7 @@ class Graph:
         fields["edges"] = [tuple(edge) for edge in data["edges"]]
         fields["groups"] = [LayerGroup(**group) for group in data["groups"]]
         fields["parameters"] = {name: ParamInfo(**info) for name, info in data["parameters"].items()}
+        fields["moe_layers"] = [MoELayer.from_dict(layer) for layer in data.get("moe_layers", [])]
         return cls(**fields)
 
     def save(self, path: str | Path) -> Path:

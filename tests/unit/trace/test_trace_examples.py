@@ -22,6 +22,7 @@ EXPECTED = {
     "moe": ("fx", 2, 1),
     "hf_gpt2": ("export", 2, 1),
     "hf_llama": ("export", 2, 1),
+    "hf_mixtral": ("export", 2, 1),
 }
 
 

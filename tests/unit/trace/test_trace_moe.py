@@ -1,0 +1,185 @@
+"""Mixture-of-Experts models trace as they are written, under the routing model (trace/moe.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from autoplan.cli import main
+from autoplan.errors import AutoplanError, TraceError
+from autoplan.trace import trace, trace_model_file
+from autoplan.types.graph import Graph
+from autoplan.types.moe import DEFAULT_IMBALANCE, MoELayer, RoutingModel
+
+transformers = pytest.importorskip("transformers")
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+VOCAB, SEQ, HIDDEN = 256, 32, 64
+COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4)
+COMMON.update(max_position_embeddings=SEQ, use_cache=False)
+#: family -> (config class, model class, config sizes, experts, top-k, FFN width, shared module name or None)
+FAMILIES = {
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_key_value_heads=2, intermediate_size=128, num_local_experts=4, num_experts_per_tok=2),
+        4, 2, 128, None,
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(num_key_value_heads=2, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+             num_experts_per_tok=2, shared_expert_intermediate_size=64),
+        8, 2, 32, "shared_expert",
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=16,
+             num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+             kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
+        16, 4, 32, "shared_experts",
+    ),
+}  # fmt: skip
+
+
+def _model(family: str) -> nn.Module:
+    config_name, model_name, sizes, *_ = FAMILIES[family]
+    config = getattr(transformers, config_name)(**COMMON, **sizes)
+    with torch.device("meta"):
+        return getattr(transformers, model_name)(config)
+
+
+def _trace(family: str, routing: RoutingModel | None = None, batch: int = 2) -> tuple[nn.Module, Graph]:
+    model = _model(family)
+    with torch.device("meta"):
+        tokens = torch.randint(0, VOCAB, (batch, SEQ))
+    return model, trace(model, (tokens,), model_name=family, routing=routing)
+
+
+@pytest.fixture(scope="module")
+def traced() -> dict[str, tuple[nn.Module, Graph]]:
+    return {family: _trace(family) for family in FAMILIES}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_hf_moe_families_trace_with_default_configs(traced, family):
+    model, graph = traced[family]
+    *_, experts, top_k, ffn, shared = FAMILIES[family]
+    moe_blocks = [name for name, m in model.named_modules() if hasattr(m, "experts") and hasattr(m, "gate")]
+    assert [layer.module for layer in graph.moe_layers] == moe_blocks and moe_blocks  # DeepSeek: layer 0 is dense
+    for layer in graph.moe_layers:
+        assert (layer.num_experts, layer.top_k, layer.hidden_size, layer.expert_ffn_size) == (
+            experts,
+            top_k,
+            HIDDEN,
+            ffn,
+        )
+        assert layer.router_module == f"{layer.module}.gate" and layer.gated
+        assert layer.shared_module == (f"{layer.module}.{shared}" if shared else None)
+        assert layer.shared_params == (sum(p.numel() for p in model.get_submodule(layer.shared_module).parameters())
+                                       if shared else 0)  # fmt: skip
+        assert layer.tokens == 2 * SEQ and layer.slots_per_expert == math.ceil(2 * SEQ * top_k / experts)
+        assert layer.layer is not None and layer.module.startswith(layer.layer + ".")
+        assert set(layer.expert_param_names) <= set(graph.parameters)
+        assert layer.params_per_expert * experts == sum(graph.parameters[p].numel for p in layer.expert_param_names)
+        assert layer.routing.imbalance == DEFAULT_IMBALANCE and layer.routing.capacity_factor is None
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_routed_experts_do_the_balanced_work_on_their_own_weights(traced, family):
+    """Forward FLOPs of a layer's experts are tokens * top_k * 6 * hidden * ffn (a gated FFN: gate
+    and up, then down); the backward is twice that (input and weight gradients)."""
+    _, graph = traced[family]
+    for layer in graph.moe_layers:
+        nodes = [n for n in graph.nodes if n.module.startswith(layer.experts_module)]
+        expected = layer.num_experts * layer.slots_per_expert * 6 * layer.hidden_size * layer.expert_ffn_size
+        assert sum(n.fwd_flops for n in nodes) == expected
+        assert sum(n.bwd_flops for n in nodes) == 2 * expected
+        assert {p for n in nodes for p in n.param_names} == set(layer.expert_param_names)
+
+
+def test_the_users_model_is_left_as_it_was(traced):
+    model, _ = traced["mixtral"]
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_a_capacity_factor_pads_every_expert_to_its_capacity():
+    _, balanced = _trace("mixtral")
+    _, padded = _trace("mixtral", RoutingModel(capacity_factor=1.5))
+    base, layer = balanced.moe_layers[0], padded.moe_layers[0]
+    assert layer.slots_per_expert == math.ceil(1.5 * base.tokens * base.top_k / base.num_experts)
+    assert layer.routing.capacity_factor == 1.5
+
+    def flops(graph):
+        return sum(n.fwd_flops for n in graph.nodes if n.module.startswith(layer.experts_module))
+
+    assert flops(padded) == pytest.approx(flops(balanced) * layer.slots_per_expert / base.slots_per_expert)
+
+
+def test_static_routing_is_recorded_as_written():
+    """examples/moe.py routes with a fixed capacity in one-hot einsums: it traces as written and
+    its ModuleList experts, router and top-k (read from its topk call) are recorded."""
+    graph = trace_model_file(EXAMPLES / "moe.py", 2)
+    assert len(graph.moe_layers) == 2
+    layer = graph.moe_layers[0]
+    assert (layer.module, layer.experts_module, layer.router_module) == ("layers.0.moe", "layers.0.moe.experts",
+                                                                         "layers.0.moe.router")  # fmt: skip
+    assert (layer.num_experts, layer.top_k, layer.gated) == (4, 2, False)
+    tokens = 2 * 128
+    assert layer.slots_per_expert == math.ceil(1.25 * tokens * 2 / 4)  # the example's capacity factor
+
+
+def test_graph_json_keeps_the_moe_layers(traced, tmp_path):
+    _, graph = traced["qwen2_moe"]
+    loaded = Graph.load(graph.save(tmp_path / "graph.json"))
+    assert [layer.to_dict() for layer in loaded.moe_layers] == [layer.to_dict() for layer in graph.moe_layers]
+    assert all(isinstance(layer, MoELayer) for layer in loaded.moe_layers)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(imbalance=0.9), "MoE imbalance 0.9 must be a number >= 1"),
+        (dict(capacity_factor=0.0), "MoE capacity factor 0.0 must be a positive number"),
+    ],
+)
+def test_a_routing_model_out_of_range_is_one_sentence(kwargs, message):
+    with pytest.raises(AutoplanError, match=message):
+        RoutingModel(**kwargs)
+
+
+def test_cli_reports_moe_layers_and_refuses_bad_routing(tmp_path, capsys):
+    args = ["trace", str(EXAMPLES / "hf_mixtral.py"), "--batch", "2", "--out", str(tmp_path), "--json"]
+    assert main(args + ["--moe-capacity-factor", "2"]) == 0
+    out = capsys.readouterr().out
+    assert '"moe_layers"' in out and "8 experts top-2" in out and '"capacity_factor": 2.0' in out
+    assert main(args + ["--moe-imbalance", "0.5"]) != 0
+    assert "MoE imbalance 0.5 must be a number >= 1" in capsys.readouterr().err
+
+
+class DataDependentMoE(nn.Module):
+    """Experts in a ModuleList, routed with nonzero(): shapes only real data can size."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(8, 4)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        chosen = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows = (chosen == e).nonzero().squeeze(-1)
+            out = out.index_add(0, rows, expert(x[rows]))
+        return out
+
+
+def test_routing_it_cannot_interpret_names_the_op_and_module():
+    with torch.device("meta"):
+        model, x = DataDependentMoE(), torch.randn(16, 8)
+    with pytest.raises(TraceError, match=r"nonzero.*(depends on tensor values|Mixture-of-Experts)"):
+        trace(model, (x,), loss_fn=lambda out, target: out.sum())
