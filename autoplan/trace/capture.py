@@ -23,7 +23,7 @@ import torch
 import torch.fx
 
 from autoplan.errors import TraceError
-from autoplan.trace.stitch import KEPT, repeated_blocks, stitch, truncated
+from autoplan.trace.stitch import repeated_blocks, stitch, truncated
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
 _AUTOPLAN_DIR = str(Path(__file__).parent.parent)
@@ -114,15 +114,15 @@ def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured
     found = repeated_blocks(model)
     if found is None:
         return None
-    name, container = found
+    name, container, kept = found
     blocks = list(container)
     try:
-        with truncated(model, name, KEPT), _pytree_outputs(model), _quiet_logs():
+        with truncated(model, name, kept), _pytree_outputs(model), _quiet_logs():
             program = torch.export.export(model, meta_inputs, strict=False)
     except Exception:
         return None
     module = program.module()
-    return Captured(module, "export") if stitch(module, prefix=name, blocks=blocks) else None
+    return Captured(module, "export") if stitch(module, prefix=name, blocks=blocks, kept=kept) else None
 
 
 @contextlib.contextmanager

@@ -3,19 +3,23 @@
 ``torch.export`` runs the model's Python once per block: for Narayanan et al.'s GPT-1T (128
 blocks) that is most of a 14 s trace, and it is the path every model takes that torch.fx cannot
 trace (most Hugging Face models). When the model keeps its blocks in one ``nn.ModuleList`` (or
-``nn.Sequential``) of ``N >= MIN_BLOCKS`` modules that are all alike, :func:`export_stitched`
-exports the model with only the first ``KEPT`` blocks and builds the graph of blocks
-``KEPT .. N-1`` by copying the last exported block's nodes, each copy reading its own block's
+``nn.Sequential``) of ``N >= MIN_BLOCKS`` modules that are alike from some block ``s`` on,
+the model is exported with only its first ``kept`` blocks (``KEPT = 3`` when ``s <= 1``, else
+``s + 3``: the leading unlike blocks, such as DeepSeek-V3's dense layers before its MoE ones, are
+exported as they are, followed by three of the run) and the graph of blocks ``kept .. N-1`` is
+built by copying the last exported block's nodes, each copy reading its own block's
 parameters and the previous copy's outputs. The result is the graph a full export gives, node
 for node, and the propagator (autoplan/trace/propagate.py) then measures every block as before.
 
 Blocks are alike when, module by module, they have the same classes, parameter and buffer
 layouts, hooks (none) and non-tensor attributes, an integer attribute equal to the block's own
-position (Hugging Face's ``layer_idx``) counting as the same. Block 0 may differ (it is exported
-as it is). The stitch is refused, and the whole model exported as before, when anything says
-the copies would not be what a full export records:
+position (Hugging Face's ``layer_idx``) counting as the same. Blocks before the run may differ
+(they are exported as they are), and so may the run's first block. The stitch is refused, and
+the whole model exported as before, when anything says the copies would not be what a full
+export records:
 
-- blocks 1 and 2 do not trace to the same nodes (same ops, same constants, the same wiring);
+- the last two exported blocks do not trace to the same nodes (same ops, same constants, the
+  same wiring);
 - a block reads any earlier block but the one before it, or a node after the blocks reads any
   block but the last (a model that collects every block's output);
 - the model does not run with fewer blocks (its forward indexes ``range(config.n_layer)``).
@@ -26,6 +30,7 @@ The model's own module list is put back before the function returns, whatever ha
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any, Iterator
 
 import torch
@@ -36,17 +41,27 @@ MIN_BLOCKS = 6  # below this a full export is cheap enough
 KEPT = 3  # blocks 0, 1 and 2: block 0 may differ, 1 and 2 must trace alike
 
 
-def repeated_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
-    """(FQN, container) of the largest ModuleList/Sequential whose blocks 1.. are alike, or None."""
+def repeated_blocks(model: nn.Module) -> tuple[str, nn.Module, int] | None:
+    """(FQN, container, blocks to export) of the largest ModuleList/Sequential with a run of at
+    least ``MIN_BLOCKS - 1`` alike blocks that reaches its end, or None (module docstring)."""
     best = None
     for name, module in model.named_modules():
         if type(module) not in (nn.ModuleList, nn.Sequential) or len(module) < MIN_BLOCKS:
             continue
-        signatures = [_signature(block) for block in module]
-        if all(_alike(signatures[1], 1, other, i) for i, other in enumerate(signatures[2:], start=2)):
+        start = _run_start([_signature(block) for block in module])
+        kept = KEPT if start <= 1 else start + KEPT
+        if len(module) - start >= MIN_BLOCKS - 1 and kept < len(module):
             if best is None or len(module) > len(best[1]):
-                best = (name, module)
+                best = (name, module, kept)
     return best
+
+
+def _run_start(signatures: list[tuple]) -> int:
+    """The first block of the longest run of alike blocks that ends with the last one."""
+    start = len(signatures) - 1
+    while start > 0 and _alike(signatures[start - 1], start - 1, signatures[start], start):
+        start -= 1
+    return start
 
 
 def _signature(block: nn.Module) -> tuple:
@@ -75,6 +90,8 @@ def _value(value: Any) -> Any:
         return value
     if isinstance(value, (tuple, list)):
         return tuple(_value(v) for v in value)
+    if isinstance(value, types.FunctionType):  # a per-instance forward (trace/moe.py routes experts so)
+        return ("function", value.__code__)  # what it captures is checked where blocks must trace alike
     return ("object", id(value))  # shared objects (a config) are equal; distinct ones never are
 
 
@@ -100,23 +117,23 @@ def truncated(model: nn.Module, name: str, kept: int) -> Iterator[None]:
         container._modules = saved
 
 
-def stitch(gm: torch.fx.GraphModule, *, prefix: str, blocks: list[nn.Module]) -> bool:
-    """Extend ``gm`` (exported with the first KEPT of ``blocks``) to all of them; False, with
+def stitch(gm: torch.fx.GraphModule, *, prefix: str, blocks: list[nn.Module], kept: int = KEPT) -> bool:
+    """Extend ``gm`` (exported with the first ``kept`` of ``blocks``) to all of them; False, with
     ``gm`` untouched, when its nodes break a rule of the module docstring."""
-    runs = _block_runs(gm, prefix)
+    runs = _block_runs(gm, prefix, kept)
     if runs is None or not _aligned(runs, prefix) or not _reads_only_previous(gm, runs, prefix):
         return False
     holder = gm.get_submodule(prefix)
-    for index in range(KEPT, len(blocks)):
+    for index in range(kept, len(blocks)):
         holder.add_module(str(index), blocks[index])
     last, previous, anchor = runs[-1], runs[-1], runs[-1][-1]
-    for index in range(KEPT, len(blocks)):
+    for index in range(kept, len(blocks)):
         previous, anchor = _copy_block(
             gm,
             last,
             previous_of=dict(zip(runs[-2], previous)),
             anchor=anchor,
-            old=f"{prefix}.{KEPT - 1}",
+            old=f"{prefix}.{kept - 1}",
             new=f"{prefix}.{index}",
         )
     final = dict(zip(last, previous))
@@ -172,9 +189,9 @@ def _block_of(node: torch.fx.Node, prefix: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _block_runs(gm: torch.fx.GraphModule, prefix: str) -> list[list[torch.fx.Node]] | None:
+def _block_runs(gm: torch.fx.GraphModule, prefix: str, kept: int) -> list[list[torch.fx.Node]] | None:
     """The compute nodes of each exported block, in order; None unless each is one contiguous run."""
-    runs: list[list[torch.fx.Node]] = [[] for _ in range(KEPT)]
+    runs: list[list[torch.fx.Node]] = [[] for _ in range(kept)]
     order: list[int] = []
     for node in gm.graph.nodes:
         block = None if node.op == "get_attr" else _block_of(node, prefix)
@@ -185,14 +202,14 @@ def _block_runs(gm: torch.fx.GraphModule, prefix: str) -> list[list[torch.fx.Nod
         if not order or order[-1] != block:
             order.append(block)
         runs[block].append(node)
-    return runs if order == list(range(KEPT)) else None
+    return runs if order == list(range(kept)) else None
 
 
 def _aligned(runs: list[list[torch.fx.Node]], prefix: str) -> bool:
-    """Blocks KEPT-2 and KEPT-1 are the same ops on the same constants, wired the same way:
+    """The last two exported blocks are the same ops on the same constants, wired the same way:
     an argument is the same position inside the block, the same position of the block before,
     the same parameter name inside the block, or the same node from outside every block."""
-    before, a, b = runs[KEPT - 3], runs[KEPT - 2], runs[KEPT - 1]
+    before, a, b = runs[-3], runs[-2], runs[-1]
     if len(a) != len(b):
         return False
     shape_a, shape_b = _shaper(a, before, prefix), _shaper(b, a, prefix)
@@ -220,13 +237,13 @@ def _shaper(block: list[torch.fx.Node], previous: list[torch.fx.Node], prefix: s
 
 
 def _reads_only_previous(gm: torch.fx.GraphModule, runs: list[list[torch.fx.Node]], prefix: str) -> bool:
-    """Block KEPT-1 reads no block but KEPT-2 (nor another block's parameters), and nothing after
-    the blocks reads any block but the last."""
+    """The last exported block reads no block but the one before it (nor another block's
+    parameters), and nothing after the blocks reads any block but the last."""
     last = set(runs[-1])
     earlier = {n for run in runs[:-2] for n in run}
     for node in runs[-1]:
         for arg in node.all_input_nodes:
-            if arg in earlier or (arg.op == "get_attr" and _block_of(arg, prefix) not in (None, KEPT - 1)):
+            if arg in earlier or (arg.op == "get_attr" and _block_of(arg, prefix) not in (None, len(runs) - 1)):
                 return False
     inside = {n for run in runs for n in run}
     past_last = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -183,3 +184,33 @@ def test_routing_it_cannot_interpret_names_the_op_and_module():
         model, x = DataDependentMoE(), torch.randn(16, 8)
     with pytest.raises(TraceError, match=r"nonzero.*(depends on tensor values|Mixture-of-Experts)"):
         trace(model, (x,), loss_fn=lambda out, target: out.sum())
+
+
+SMALL_DSV3 = dict(LAYERS=9, DENSE=2, DIM=64, HEADS=4, FFN=128, MOE_FFN=32, EXPERTS=16, TOP_K=4, VOCAB=256, SEQ=32)
+
+
+def test_deepseek_v3_example_stitches_its_moe_run_after_the_dense_layers(monkeypatch):
+    """examples/hf_deepseek_v3.py (small sizes): two dense layers, then seven MoE ones. The export
+    keeps the dense layers and three MoE ones and copies the rest (trace/stitch.py); the graph
+    equals the full export's node for node."""
+    import autoplan.trace.capture as capture
+
+    for name, value in SMALL_DSV3.items():
+        monkeypatch.setenv(f"AUTOPLAN_HF_DSV3_{name}", str(value))
+    real, used = capture._try_stitched_export, []
+    monkeypatch.setattr(capture, "_try_stitched_export", lambda m, i: used.append(real(m, i)) or used[-1])
+    stitched = trace_model_file(EXAMPLES / "hf_deepseek_v3.py", 2)
+    monkeypatch.setattr(capture, "_try_stitched_export", lambda m, i: None)
+    full = trace_model_file(EXAMPLES / "hf_deepseek_v3.py", 2)
+    assert used and used[0] is not None
+    assert [layer.module for layer in stitched.moe_layers] == [f"model.layers.{i}.mlp" for i in range(2, 9)]
+    assert _canonical(stitched) == _canonical(full)
+
+
+def _canonical(graph: Graph) -> dict:
+    data = graph.to_dict()
+    index = {node["name"]: i for i, node in enumerate(data["nodes"])}
+    for node in data["nodes"]:
+        node["name"] = index[node["name"]]
+    data["edges"] = sorted([index[a], index[b]] for a, b in data["edges"])
+    return json.loads(json.dumps(data, default=str))

@@ -82,6 +82,21 @@ def test_stitched_export_is_the_full_export_node_for_node(monkeypatch):
     ]
 
 
+def test_leading_unlike_blocks_are_exported_as_they_are_and_the_run_stitched(monkeypatch):
+    """Three blocks unlike the rest (DeepSeek-V3's dense layers before its MoE ones), then six
+    alike: six blocks are exported (three of the run) and three copied."""
+    model = Stack()
+    model.blocks = nn.ModuleList(Block(i, 2.0 if i < 3 else 1.0) for i in range(9))
+    assert stitch.repeated_blocks(model)[2] == 6
+    stitched, used = _traced(model, monkeypatch, stitched=True)
+    full, _ = _traced(model, monkeypatch, stitched=False)
+    assert used == [True]
+    assert stitched == full
+    assert [n["module"] for n in stitched["nodes"] if n["module"].endswith(".down")] == [
+        f"blocks.{i}.down" for i in range(9)
+    ]
+
+
 def test_a_model_that_reads_every_block_is_exported_whole(monkeypatch):
     model = Stack(collect=True)
     stitched, used = _traced(model, monkeypatch, stitched=True)
