@@ -63,10 +63,15 @@ def _runs_once(records: list[Measured], children: list[str]) -> bool:
     """Whether each child's nodes form a single contiguous run in execution order."""
     runs: list[str] = []
     for record in records:
-        child = next((c for c in children if record.module == c or record.module.startswith(c + ".")), None)
+        child = next((c for c in children if within(record.module, c)), None)
         if child is not None and (not runs or runs[-1] != child):
             runs.append(child)
     return len(runs) == len(set(runs))
+
+
+def within(path: str, prefix: str) -> bool:
+    """Module ``path`` is ``prefix`` or inside it."""
+    return path == prefix or path.startswith(prefix + ".")
 
 
 def _nested(a: str, b: str) -> bool:
@@ -78,9 +83,7 @@ def assign_layers(records: list[Measured], blocks: list[str]) -> dict[str, str |
     ordered = sorted(blocks, key=len, reverse=True)
     layer_of: dict[str, str | None] = {}
     for record in records:
-        layer_of[record.name] = next(
-            (b for b in ordered if record.module == b or record.module.startswith(b + ".")), None
-        )
+        layer_of[record.name] = next((b for b in ordered if within(record.module, b)), None)
     positions = [i for i, r in enumerate(records) if layer_of[r.name] is not None]
     if positions:
         current = None

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import TraceError
+from autoplan.trace.layers import within
 from autoplan.types.moe import MoELayer, RoutingModel
 
 _TOP_K_NAMES = ("top_k", "num_experts_per_tok", "k", "moe_top_k", "router_topk")
@@ -113,26 +114,26 @@ def describe(
     for name, module in model.named_modules():
         experts = _experts_of(name, module)
         if experts is not None:
-            found.append(_layer(model, name, module, experts, records, routing, seen, tokens, blocks))
+            found.append(_layer(name, module, experts, records, routing, seen, tokens, blocks))
     return found
 
 
 def _experts_of(name: str, module: nn.Module) -> tuple[str, nn.Module] | None:
     """The routed experts directly inside MoE block ``module``, if it is one."""
     for child_name, child in module.named_children():
-        if is_hf_experts(child) or _expert_list(module, child) is not None:
+        if is_hf_experts(child) or _is_expert_list(module, child):
             return f"{name}.{child_name}" if name else child_name, child
     return None
 
 
-def _expert_list(parent: nn.Module, child: nn.Module) -> int | None:
+def _is_expert_list(parent: nn.Module, child: nn.Module) -> bool:
     """Experts held as a ModuleList of alike modules, beside a router with one output per expert."""
     if not isinstance(child, nn.ModuleList) or len(child) < 2:
-        return None
+        return False
     shapes = {tuple((n, tuple(p.shape)) for n, p in m.named_parameters()) for m in child}
     if len(shapes) != 1 or not next(iter(shapes)) or len({type(m) for m in child}) != 1:
-        return None
-    return len(child) if _router(parent, len(child)) is not None else None
+        return False
+    return _router(parent, len(child)) is not None
 
 
 def _router(parent: nn.Module, experts: int) -> str | None:
@@ -144,7 +145,7 @@ def _router(parent: nn.Module, experts: int) -> str | None:
     return None
 
 
-def _layer(model, name, module, experts, records, routing, seen, tokens, blocks) -> MoELayer:
+def _layer(name, module, experts, records, routing, seen, tokens, blocks) -> MoELayer:
     experts_name, experts_module = experts
     count = experts_module.num_experts if is_hf_experts(experts_module) else len(experts_module)
     params = dict(experts_module.named_parameters())
@@ -156,7 +157,7 @@ def _layer(model, name, module, experts, records, routing, seen, tokens, blocks)
     return MoELayer(
         module=name,
         experts_module=experts_name,
-        layer=next((b for b in blocks if name == b or name.startswith(b + ".")), None),
+        layer=next((b for b in blocks if within(name, b)), None),
         num_experts=count,
         top_k=top_k,
         hidden_size=hidden,
@@ -190,7 +191,7 @@ def _slots(name: str, experts: nn.Module, routing: RoutingModel, tokens: int, to
     routing written with static shapes, the rows its first expert's first linear received."""
     if is_hf_experts(experts):
         return routing.slots_per_expert(tokens, top_k, experts.num_experts)
-    first = next((r for r in records if r.module.startswith(f"{name}.") and r.params), None)
+    first = next((r for r in records if within(r.module, name) and r.params), None)
     return int(first.outputs[0].shape[-2]) if first is not None and first.outputs[0].dim() >= 2 else 0
 
 
@@ -201,7 +202,7 @@ def _top_k(name: str, module: nn.Module, router: str | None, records: list) -> i
             value = getattr(holder, attr, None) if holder is not None else None
             if isinstance(value, int) and value >= 1:
                 return value
-    picks = [r for r in records if r.op_name.endswith("topk") and (r.module == name or r.module.startswith(name + "."))]
+    picks = [r for r in records if r.op_name.endswith("topk") and within(r.module, name)]
     if picks and picks[-1].node is not None and len(picks[-1].node.args) > 1:
         return int(picks[-1].node.args[1])
     raise TraceError(
