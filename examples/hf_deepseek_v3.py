@@ -5,10 +5,11 @@ downloaded). autoplan traces its routing under the routing model (docs/moe.md). 
 `pip install 'autoplan[hf]'`. Sizes overridable with AUTOPLAN_HF_DSV3_<NAME> for LAYERS, DENSE,
 DIM, HEADS, FFN, MOE_FFN, EXPERTS, TOP_K, VOCAB, SEQ."""
 
-import os
+import sys
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).parent))
+from _hf_common import env_size, logits_loss, token_batch  # noqa: E402
 
 try:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -18,14 +19,18 @@ except ImportError as exc:
     ) from exc
 
 
-def _size(name: str, default: int) -> int:
-    return int(os.environ.get(f"AUTOPLAN_HF_DSV3_{name}", default))
-
-
+PREFIX = "AUTOPLAN_HF_DSV3"
 # DeepSeek-V3 technical report (arXiv 2412.19437) section 4.2 and its released config.json
-LAYERS, DENSE, DIM, HEADS = _size("LAYERS", 61), _size("DENSE", 3), _size("DIM", 7168), _size("HEADS", 128)
-FFN, MOE_FFN, EXPERTS, TOP_K = _size("FFN", 18432), _size("MOE_FFN", 2048), _size("EXPERTS", 256), _size("TOP_K", 8)
-VOCAB, SEQ = _size("VOCAB", 129280), _size("SEQ", 4096)
+LAYERS = env_size(PREFIX, "LAYERS", 61)
+DENSE = env_size(PREFIX, "DENSE", 3)
+DIM = env_size(PREFIX, "DIM", 7168)
+HEADS = env_size(PREFIX, "HEADS", 128)
+FFN = env_size(PREFIX, "FFN", 18432)
+MOE_FFN = env_size(PREFIX, "MOE_FFN", 2048)
+EXPERTS = env_size(PREFIX, "EXPERTS", 256)
+TOP_K = env_size(PREFIX, "TOP_K", 8)
+VOCAB = env_size(PREFIX, "VOCAB", 129280)
+SEQ = env_size(PREFIX, "SEQ", 4096)
 
 
 def build_model():
@@ -50,13 +55,11 @@ def build_model():
 
 
 def example_inputs(batch_size):
-    return (torch.randint(0, VOCAB, (batch_size, SEQ)),)
+    return (token_batch(VOCAB, SEQ, batch_size),)
 
 
 def example_target(batch_size):
-    return torch.randint(0, VOCAB, (batch_size, SEQ))
+    return token_batch(VOCAB, SEQ, batch_size)
 
 
-def loss_fn(output, target):
-    logits = output["logits"]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+loss_fn = logits_loss

@@ -2,10 +2,11 @@
 trace with torch.fx, so autoplan falls back to torch.export. Needs `pip install 'autoplan[hf]'`.
 Sizes overridable with AUTOPLAN_HF_GPT2_<NAME> for LAYERS, DIM, HEADS, VOCAB, SEQ."""
 
-import os
+import sys
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).parent))
+from _hf_common import env_size, logits_loss, token_batch  # noqa: E402
 
 try:
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -14,11 +15,12 @@ except ImportError as exc:  # one clear line from autoplan's model-file loader
         "examples/hf_gpt2.py needs Hugging Face transformers; install it with: pip install 'autoplan[hf]'"
     ) from exc
 
-LAYERS = int(os.environ.get("AUTOPLAN_HF_GPT2_LAYERS", 2))
-DIM = int(os.environ.get("AUTOPLAN_HF_GPT2_DIM", 256))
-HEADS = int(os.environ.get("AUTOPLAN_HF_GPT2_HEADS", 4))
-VOCAB = int(os.environ.get("AUTOPLAN_HF_GPT2_VOCAB", 8000))
-SEQ = int(os.environ.get("AUTOPLAN_HF_GPT2_SEQ", 128))
+PREFIX = "AUTOPLAN_HF_GPT2"
+LAYERS = env_size(PREFIX, "LAYERS", 2)
+DIM = env_size(PREFIX, "DIM", 256)
+HEADS = env_size(PREFIX, "HEADS", 4)
+VOCAB = env_size(PREFIX, "VOCAB", 8000)
+SEQ = env_size(PREFIX, "SEQ", 128)
 
 
 def build_model():
@@ -37,13 +39,11 @@ def build_model():
 
 
 def example_inputs(batch_size):
-    return (torch.randint(0, VOCAB, (batch_size, SEQ)),)
+    return (token_batch(VOCAB, SEQ, batch_size),)
 
 
 def example_target(batch_size):
-    return torch.randint(0, VOCAB, (batch_size, SEQ))
+    return token_batch(VOCAB, SEQ, batch_size)
 
 
-def loss_fn(output, target):
-    logits = output["logits"]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+loss_fn = logits_loss

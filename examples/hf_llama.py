@@ -2,10 +2,11 @@
 weights downloaded); traced through the torch.export fallback. Needs `pip install 'autoplan[hf]'`.
 Sizes overridable with AUTOPLAN_HF_LLAMA_<NAME> for LAYERS, DIM, HEADS, KV_HEADS, FFN, VOCAB, SEQ."""
 
-import os
+import sys
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).parent))
+from _hf_common import env_size, logits_loss, token_batch  # noqa: E402
 
 try:
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -14,13 +15,14 @@ except ImportError as exc:
         "examples/hf_llama.py needs Hugging Face transformers; install it with: pip install 'autoplan[hf]'"
     ) from exc
 
-LAYERS = int(os.environ.get("AUTOPLAN_HF_LLAMA_LAYERS", 2))
-DIM = int(os.environ.get("AUTOPLAN_HF_LLAMA_DIM", 256))
-HEADS = int(os.environ.get("AUTOPLAN_HF_LLAMA_HEADS", 8))
-KV_HEADS = int(os.environ.get("AUTOPLAN_HF_LLAMA_KV_HEADS", 2))
-FFN = int(os.environ.get("AUTOPLAN_HF_LLAMA_FFN", 688))
-VOCAB = int(os.environ.get("AUTOPLAN_HF_LLAMA_VOCAB", 8000))
-SEQ = int(os.environ.get("AUTOPLAN_HF_LLAMA_SEQ", 128))
+PREFIX = "AUTOPLAN_HF_LLAMA"
+LAYERS = env_size(PREFIX, "LAYERS", 2)
+DIM = env_size(PREFIX, "DIM", 256)
+HEADS = env_size(PREFIX, "HEADS", 8)
+KV_HEADS = env_size(PREFIX, "KV_HEADS", 2)
+FFN = env_size(PREFIX, "FFN", 688)
+VOCAB = env_size(PREFIX, "VOCAB", 8000)
+SEQ = env_size(PREFIX, "SEQ", 128)
 
 
 def build_model():
@@ -42,13 +44,11 @@ def build_model():
 
 
 def example_inputs(batch_size):
-    return (torch.randint(0, VOCAB, (batch_size, SEQ)),)
+    return (token_batch(VOCAB, SEQ, batch_size),)
 
 
 def example_target(batch_size):
-    return torch.randint(0, VOCAB, (batch_size, SEQ))
+    return token_batch(VOCAB, SEQ, batch_size)
 
 
-def loss_fn(output, target):
-    logits = output["logits"]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+loss_fn = logits_loss

@@ -5,10 +5,11 @@ autoplan traces under its routing model (docs/moe.md). Needs `pip install 'autop
 Sizes overridable with AUTOPLAN_HF_MIXTRAL_<NAME> for LAYERS, DIM, HEADS, KV_HEADS, FFN, EXPERTS,
 TOP_K, VOCAB, SEQ."""
 
-import os
+import sys
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).parent))
+from _hf_common import env_size, logits_loss, token_batch  # noqa: E402
 
 try:
     from transformers import MixtralConfig, MixtralForCausalLM
@@ -18,13 +19,16 @@ except ImportError as exc:
     ) from exc
 
 
-def _size(name: str, default: int) -> int:
-    return int(os.environ.get(f"AUTOPLAN_HF_MIXTRAL_{name}", default))
-
-
-LAYERS, DIM, HEADS, KV_HEADS = _size("LAYERS", 2), _size("DIM", 256), _size("HEADS", 8), _size("KV_HEADS", 2)
-FFN, EXPERTS, TOP_K = _size("FFN", 512), _size("EXPERTS", 8), _size("TOP_K", 2)
-VOCAB, SEQ = _size("VOCAB", 8000), _size("SEQ", 128)
+PREFIX = "AUTOPLAN_HF_MIXTRAL"
+LAYERS = env_size(PREFIX, "LAYERS", 2)
+DIM = env_size(PREFIX, "DIM", 256)
+HEADS = env_size(PREFIX, "HEADS", 8)
+KV_HEADS = env_size(PREFIX, "KV_HEADS", 2)
+FFN = env_size(PREFIX, "FFN", 512)
+EXPERTS = env_size(PREFIX, "EXPERTS", 8)
+TOP_K = env_size(PREFIX, "TOP_K", 2)
+VOCAB = env_size(PREFIX, "VOCAB", 8000)
+SEQ = env_size(PREFIX, "SEQ", 128)
 
 
 def build_model():
@@ -44,13 +48,11 @@ def build_model():
 
 
 def example_inputs(batch_size):
-    return (torch.randint(0, VOCAB, (batch_size, SEQ)),)
+    return (token_batch(VOCAB, SEQ, batch_size),)
 
 
 def example_target(batch_size):
-    return torch.randint(0, VOCAB, (batch_size, SEQ))
+    return token_batch(VOCAB, SEQ, batch_size)
 
 
-def loss_fn(output, target):
-    logits = output["logits"]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+loss_fn = logits_loss
