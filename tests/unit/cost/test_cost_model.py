@@ -1,6 +1,6 @@
 """The cost model against the published formulas of ../shared/reference/COST_MODEL_REFERENCES.md.
 
-The GPT is the cost-model one of tests/synthetic.py (a nanoGPT block with flash SDPA and dropout,
+The GPT is the cost-model one of tests/synthetic/graphs.py (a nanoGPT block with flash SDPA and dropout,
 traced in bf16 so 16-bit activations need no rescaling). Flash attention saves no s^2
 tensor, so Korthikanti's 5as/h term does not apply: the checks compare the 34 sbh part.
 """

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
+from synthetic import canonical_graph
 
 from autoplan.cli import main
 from autoplan.errors import AutoplanError, TraceError
@@ -204,13 +204,4 @@ def test_deepseek_v3_example_stitches_its_moe_run_after_the_dense_layers(monkeyp
     full = trace_model_file(EXAMPLES / "hf_deepseek_v3.py", 2)
     assert used and used[0] is not None
     assert [layer.module for layer in stitched.moe_layers] == [f"model.layers.{i}.mlp" for i in range(2, 9)]
-    assert _canonical(stitched) == _canonical(full)
-
-
-def _canonical(graph: Graph) -> dict:
-    data = graph.to_dict()
-    index = {node["name"]: i for i, node in enumerate(data["nodes"])}
-    for node in data["nodes"]:
-        node["name"] = index[node["name"]]
-    data["edges"] = sorted([index[a], index[b]] for a, b in data["edges"])
-    return json.loads(json.dumps(data, default=str))
+    assert canonical_graph(stitched) == canonical_graph(full)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn as nn
+from synthetic import canonical_graph
 
 import autoplan.trace.capture as capture
 from autoplan.trace import stitch, trace
@@ -57,17 +56,7 @@ def _traced(model: nn.Module, monkeypatch, *, stitched: bool) -> tuple[dict, lis
         monkeypatch.setattr(capture, "_try_stitched_export", lambda m, i: None)
     graph = trace(model, (torch.randn(2, 8),))
     monkeypatch.undo()
-    return _canonical(graph), results
-
-
-def _canonical(graph) -> dict:
-    """The graph's dict with node names replaced by their positions (a copy is numbered anew)."""
-    data = graph.to_dict()
-    index = {node["name"]: i for i, node in enumerate(data["nodes"])}
-    for node in data["nodes"]:
-        node["name"] = index[node["name"]]
-    data["edges"] = sorted([index[a], index[b]] for a, b in data["edges"])
-    return json.loads(json.dumps(data, default=str))
+    return canonical_graph(graph), results
 
 
 def test_stitched_export_is_the_full_export_node_for_node(monkeypatch):

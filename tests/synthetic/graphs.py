@@ -1,62 +1,15 @@
-"""The tests' one fixtures module: synthetic transformer graphs and cluster profiles, built from
-the data types alone, for every test tier.
-
-They let the planner be tested and demonstrated without torch tracing: the graph has the
-shape the tracer produces for a GPT block (norm -> q/k/v -> attention -> o -> residual add ->
-norm -> fc1 -> gelu -> fc2 -> residual add), with FLOPs and bytes from the usual formulas
-(a linear of m rows does 2*m*in*out FLOPs forward and twice that backward; attention
-4*b*s^2*h forward; Narayanan et al. SC'21, section 5.1). The profile numbers are an
-A100-SXM4-80GB node (NVIDIA A100 datasheet: 312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2.0 TB/s
-HBM2e) with NVLink/InfiniBand bus bandwidths in the range nccl-tests reports; they are
-illustrative defaults for tests, not a calibrated profile (use profiles/*.yaml for that).
+"""Synthetic transformer graphs with the shape the tracer produces for a GPT block (norm -> q/k/v
+-> attention -> o -> residual add -> norm -> fc1 -> gelu -> fc2 -> residual add), with FLOPs and
+bytes from the usual formulas (a linear of m rows does 2*m*in*out FLOPs forward and twice that
+backward; attention 4*b*s^2*h forward; Narayanan et al. SC'21, section 5.1), and
+:func:`canonical_graph` to compare two graphs whose copied nodes are numbered differently.
 """
 
 from __future__ import annotations
 
+import json
+
 from autoplan.types.graph import Graph, LayerGroup, OpNode, ParamInfo
-from autoplan.types.profile import COLLECTIVES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile
-
-_SOURCE = "synthetic test profile (A100-SXM4-80GB datasheet figures; not calibrated)"
-
-
-def synthetic_profile(
-    *,
-    devices_per_node: int = 8,
-    memory_bytes: int = 80 * 2**30,
-    intra_busbw_bytes_per_s: float = 230e9,
-    inter_busbw_bytes_per_s: float = 23e9,
-    name: str = "synthetic-a100",
-) -> Profile:
-    """An A100-like node profile whose memory and link speeds can be changed for tests."""
-
-    def link(link_name: str, busbw: float, alpha_s: float) -> LinkSpec:
-        return LinkSpec(
-            name=link_name,
-            collectives={
-                k: CollectiveFit(alpha_s=alpha_s, busbw_bytes_per_s=busbw, source=_SOURCE) for k in COLLECTIVES
-            },
-        )
-
-    eff = {
-        c: Efficiency(max_efficiency=0.8, half_saturation_flops=2e9, source=_SOURCE) for c in ("matmul", "attention")
-    }
-    device = DeviceSpec(
-        name="A100-SXM4-80GB",
-        memory_bytes=memory_bytes,
-        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-        memory_bandwidth_bytes_per_s=2.0e12,
-        efficiency=eff,
-        source=_SOURCE,
-    )
-    return Profile(
-        name=name,
-        device=device,
-        devices_per_node=devices_per_node,
-        intra_node=link("nvlink", intra_busbw_bytes_per_s, 10e-6),
-        inter_node=link("infiniband", inter_busbw_bytes_per_s, 20e-6),
-        price_per_device_hour=2.0,
-        price_source=_SOURCE,
-    )
 
 
 class _Builder:
@@ -479,33 +432,11 @@ def gpt_graph(*, layers=4, hidden=256, heads=8, seq_len=128, vocab=1024, batch_s
     )
 
 
-def _link(name, busbw, alpha_s):
-    return LinkSpec(
-        name=name,
-        collectives={
-            kind: CollectiveFit(alpha_s=alpha_s, busbw_bytes_per_s=busbw, source="test") for kind in COLLECTIVES
-        },
-    )
-
-
-def a100_profile(*, inter_busbw=200e9, intra_busbw=230e9, price=None) -> Profile:
-    """A DGX-A100-like profile (hardware.csv): 312 TFLOP/s bf16, 80 GB, NVLink, 8x HDR."""
-    device = DeviceSpec(
-        name="A100-SXM4-80GB",
-        memory_bytes=80 * 2**30,
-        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-        memory_bandwidth_bytes_per_s=2.039e12,
-        efficiency={
-            "matmul": Efficiency(max_efficiency=0.8, half_saturation_flops=2e9, source="test"),
-            "attention": Efficiency(max_efficiency=0.6, half_saturation_flops=2e9, source="test"),
-        },
-        source="test",
-    )
-    return Profile(
-        name="test-a100",
-        device=device,
-        devices_per_node=8,
-        intra_node=_link("nvlink", intra_busbw, 10e-6),
-        inter_node=_link("ib", inter_busbw, 20e-6),
-        price_per_device_hour=price,
-    )
+def canonical_graph(graph: Graph) -> dict:
+    """The graph's dict with node names replaced by their positions (a copied node is numbered anew)."""
+    data = graph.to_dict()
+    index = {node["name"]: i for i, node in enumerate(data["nodes"])}
+    for node in data["nodes"]:
+        node["name"] = index[node["name"]]
+    data["edges"] = sorted([index[a], index[b]] for a, b in data["edges"])
+    return json.loads(json.dumps(data, default=str))

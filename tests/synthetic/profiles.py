@@ -1,0 +1,82 @@
+"""Synthetic cluster profiles: an A100-SXM4-80GB node (NVIDIA A100 datasheet: 312 TFLOP/s bf16,
+19.5 TFLOP/s fp32, 2.0 TB/s HBM2e) with NVLink/InfiniBand bus bandwidths in the range nccl-tests
+reports; illustrative defaults for tests, not a calibrated profile (use profiles/*.yaml for that).
+"""
+
+from __future__ import annotations
+
+from autoplan.types.profile import COLLECTIVES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile
+
+_SOURCE = "synthetic test profile (A100-SXM4-80GB datasheet figures; not calibrated)"
+
+
+def synthetic_profile(
+    *,
+    devices_per_node: int = 8,
+    memory_bytes: int = 80 * 2**30,
+    intra_busbw_bytes_per_s: float = 230e9,
+    inter_busbw_bytes_per_s: float = 23e9,
+    name: str = "synthetic-a100",
+) -> Profile:
+    """An A100-like node profile whose memory and link speeds can be changed for tests."""
+
+    def link(link_name: str, busbw: float, alpha_s: float) -> LinkSpec:
+        return LinkSpec(
+            name=link_name,
+            collectives={
+                k: CollectiveFit(alpha_s=alpha_s, busbw_bytes_per_s=busbw, source=_SOURCE) for k in COLLECTIVES
+            },
+        )
+
+    eff = {
+        c: Efficiency(max_efficiency=0.8, half_saturation_flops=2e9, source=_SOURCE) for c in ("matmul", "attention")
+    }
+    device = DeviceSpec(
+        name="A100-SXM4-80GB",
+        memory_bytes=memory_bytes,
+        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+        memory_bandwidth_bytes_per_s=2.0e12,
+        efficiency=eff,
+        source=_SOURCE,
+    )
+    return Profile(
+        name=name,
+        device=device,
+        devices_per_node=devices_per_node,
+        intra_node=link("nvlink", intra_busbw_bytes_per_s, 10e-6),
+        inter_node=link("infiniband", inter_busbw_bytes_per_s, 20e-6),
+        price_per_device_hour=2.0,
+        price_source=_SOURCE,
+    )
+
+
+def _link(name, busbw, alpha_s):
+    return LinkSpec(
+        name=name,
+        collectives={
+            kind: CollectiveFit(alpha_s=alpha_s, busbw_bytes_per_s=busbw, source="test") for kind in COLLECTIVES
+        },
+    )
+
+
+def a100_profile(*, inter_busbw=200e9, intra_busbw=230e9, price=None) -> Profile:
+    """A DGX-A100-like profile (hardware.csv): 312 TFLOP/s bf16, 80 GB, NVLink, 8x HDR."""
+    device = DeviceSpec(
+        name="A100-SXM4-80GB",
+        memory_bytes=80 * 2**30,
+        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+        memory_bandwidth_bytes_per_s=2.039e12,
+        efficiency={
+            "matmul": Efficiency(max_efficiency=0.8, half_saturation_flops=2e9, source="test"),
+            "attention": Efficiency(max_efficiency=0.6, half_saturation_flops=2e9, source="test"),
+        },
+        source="test",
+    )
+    return Profile(
+        name="test-a100",
+        device=device,
+        devices_per_node=8,
+        intra_node=_link("nvlink", intra_busbw, 10e-6),
+        inter_node=_link("ib", inter_busbw, 20e-6),
+        price_per_device_hour=price,
+    )
