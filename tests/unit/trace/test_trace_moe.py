@@ -205,3 +205,16 @@ def test_deepseek_v3_example_stitches_its_moe_run_after_the_dense_layers(monkeyp
     assert used and used[0] is not None
     assert [layer.module for layer in stitched.moe_layers] == [f"model.layers.{i}.mlp" for i in range(2, 9)]
     assert canonical_graph(stitched) == canonical_graph(full)
+
+
+def test_plan_traces_under_the_routing_model_it_is_given(tmp_path, capsys, monkeypatch):
+    """`autoplan plan` takes the same routing flags: its plan folder's graph.json records them."""
+    for name, value in dict(LAYERS=1, DIM=64, HEADS=4, FFN=128, EXPERTS=4, VOCAB=256, SEQ=32).items():
+        monkeypatch.setenv(f"AUTOPLAN_HF_MIXTRAL_{name}", str(value))
+    args = ["plan", str(EXAMPLES / "hf_mixtral.py"), "--devices", "2", "--profile", "dgx-a100", "--batch", "4"]
+    assert main(args + ["--out", str(tmp_path), "--quiet", "--moe-capacity-factor", "1.5"]) == 0
+    layer = Graph.load(tmp_path / "graph.json").moe_layers[0]
+    assert layer.routing.capacity_factor == 1.5 and layer.slots_per_expert == math.ceil(1.5 * 4 * 32 * 2 / 4)
+    capsys.readouterr()
+    assert main(args + ["--out", str(tmp_path / "bad"), "--moe-capacity-factor", "-1"]) != 0
+    assert "MoE capacity factor -1.0 must be a positive number" in capsys.readouterr().err
