@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
+from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.prediction import Prediction
 
 PLAN_SCHEMA_VERSION = 1
@@ -47,6 +48,14 @@ class Plan:
     matmuls beside them by decomposing both into tp steps (PyTorch's async tensor parallelism,
     Megatron-Core's ``--tp-comm-overlap``); it needs sequence parallelism, and the executor runs
     it only on CUDA devices with NCCL (autoplan/cost/tp_overlap.py prices it).
+    ``ep`` is the expert-parallel degree of a Mixture-of-Experts model: each MoE layer's routed
+    experts are split over ``ep`` ranks, folded over the data-parallel ranks (``ep`` divides
+    ``dp``; consecutive dp ranks form an ep group), and tokens reach their experts by
+    all-to-all (docs/moe.md). Dense parameters stay replicated (or ZeRO-sharded) over all
+    ``dp`` ranks; an expert's parameters over the ``dp / ep`` ranks that hold it. ``ep > 1`` needs
+    ``tp = 1``: expert tensor parallelism is not supported yet.
+    ``routing`` is the routing model the plan was priced under (None for a dense model), so
+    that run and calibrate re-trace the model as the planner did.
     ``predicted`` is what the planner predicted (:class:`autoplan.types.prediction.Prediction`),
     None for a plan nobody priced; a mapping given here (plan.json's object) is read into one.
     """
@@ -66,6 +75,8 @@ class Plan:
     grad_reduce_dtype: str = "fp32"
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
+    ep: int = 1
+    routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
     model: str = ""
@@ -74,6 +85,11 @@ class Plan:
     version: int = PLAN_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
+        if isinstance(self.routing, dict):
+            try:
+                self.routing = RoutingModel.from_dict(self.routing) if self.routing else None
+            except MoEError as exc:
+                raise PlanError(f"plan routing: {exc}") from exc
         if isinstance(self.predicted, dict):
             self.predicted = Prediction.from_dict(self.predicted) if self.predicted else None
         require(
@@ -86,7 +102,7 @@ class Plan:
         self._check_stages()
 
     def _check_degrees(self) -> None:
-        for name in ("devices", "dp", "tp", "pp", "micro_batch_size", "num_microbatches", "virtual_stages"):
+        for name in ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "virtual_stages"):
             value = getattr(self, name)
             require(
                 isinstance(value, int) and value >= 1, PlanError, f"plan {name}={value!r}; expected an integer >= 1."
@@ -96,6 +112,17 @@ class Plan:
             PlanError,
             f"plan dp*tp*pp must equal devices: dp={self.dp} * tp={self.tp} * pp={self.pp} "
             f"= {self.dp * self.tp * self.pp}, devices={self.devices}.",
+        )
+        require(
+            self.dp % self.ep == 0,
+            PlanError,
+            f"plan ep={self.ep} must divide dp={self.dp}: expert parallelism is folded over the data-parallel ranks.",
+        )
+        require(
+            self.ep == 1 or self.tp == 1,
+            PlanError,
+            f"plan ep={self.ep} with tp={self.tp}: expert parallelism composes with data and pipeline parallelism "
+            "only; use tp=1 (expert tensor parallelism is not supported yet, docs/moe.md).",
         )
         require(
             self.zero_stage in (0, 1, 2, 3), PlanError, f"plan zero_stage={self.zero_stage!r}; expected 0, 1, 2 or 3."
@@ -172,12 +199,13 @@ class Plan:
     def describe(self) -> str:
         """A one-line human summary, e.g. ``dp=4 tp=2 pp=1 mbs=2x4 1f1b zero=1 rc=none bf16``."""
         sp = " sp" if self.sequence_parallel else ""
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
         red += "" if self.overlap_grad_reduce else " no-overlap"
         red += " tp-overlap" if self.tp_comm_overlap else ""
         return (
-            f"dp={self.dp} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
+            f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
             f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}"
         )
 
@@ -185,6 +213,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["predicted"] = self.predicted.to_dict() if self.predicted else {}
+        data["routing"] = self.routing.to_dict() if self.routing else None
         return data
 
     @classmethod

@@ -52,6 +52,9 @@ def test_plan_round_trips_through_json(tmp_path):
         ),
         (dict(precision="bf16", grad_reduce_dtype="fp16"), "use 'fp32' or 'bf16'"),
         (dict(zero_stage=3, overlap_grad_reduce=False), "overlap_grad_reduce=false with ZeRO-2/3"),
+        (dict(dp=4, tp=1, ep=3), "plan ep=3 must divide dp=4"),
+        (dict(ep=2), "plan ep=2 with tp=2"),
+        (dict(routing={"imbalance": 0.5}), "MoE imbalance 0.5 must be a number >= 1"),
     ],
 )
 def test_plan_rejects_bad_fields_with_one_sentence(overrides, words):
@@ -59,6 +62,14 @@ def test_plan_rejects_bad_fields_with_one_sentence(overrides, words):
         _plan(**overrides)
     assert words in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_an_expert_parallel_plan_keeps_its_degree_and_routing_model_through_json(tmp_path):
+    plan = _plan(dp=4, tp=1, ep=2, routing={"imbalance": 1.5, "capacity_factor": 2.0})
+    again = Plan.load(plan.save(tmp_path / "plan.json"))
+    assert again == plan and again.routing.capacity_factor == 2.0 and again.ep == 2
+    assert "dp=4 ep=2 tp=1" in again.describe()
+    assert Plan.from_dict(_plan().to_dict()).routing is None
 
 
 def test_plan_load_names_unknown_field_and_bad_json(tmp_path):
