@@ -19,6 +19,9 @@
   every micro-batch without a pipeline and all-gathers the weights once a step. Every message is
   in the bytes the executor sends: gradients in ``plan.grad_reduce_dtype``, ZeRO-1's all-gather
   in fp32 (the executor's parameters), FSDP2's in the compute dtype (autoplan/cost/volumes.py);
+- expert parallelism: a block's routed experts (1/ep of them per rank) sync over the dp / ep
+  ranks holding the same experts, its dense parameters over the dp group
+  (autoplan/cost/expert_parallel.py);
 - overlap efficiency eta: communication that runs under compute hides only eta of what it could
   (profile ``comm_overlap``, schedule.partially_hidden_s). FSDP2 overlaps through its own CUDA
   streams; on a device without streams (a CPU, gloo) it issues every all-gather and reduce-scatter
@@ -50,6 +53,22 @@ class DataParallelSync:
         FSDP unit or flat buffer (comm.bucketed_time_s)."""
         return self._collective_s(kind, message_bytes, group, DDP_BUCKET_BYTES if runs_ddp(plan) else None)
 
+    def _block_sync_s(self, plan: Plan, kind: str, block, bytes_per_param: int, group: AxisGroup) -> float:
+        """One block's dp collective: its dense parameters over the dp group, its routed experts'
+        (1/ep of them) over the ranks holding the same experts (autoplan/cost/expert_parallel.py)."""
+        dense = (block.param_count - block.expert_param_count) * bytes_per_param
+        return self._split_message_s(plan, kind, dense, block.expert_param_count * bytes_per_param, group)
+
+    def _split_message_s(
+        self, plan: Plan, kind: str, dense_bytes: float, expert_bytes: float, group: AxisGroup
+    ) -> float:
+        """A dp collective of dense bytes over ``group`` plus, under ep > 1, one of the experts'
+        bytes over the edp group (at ep = 1 they travel together)."""
+        if plan.ep == 1:
+            return self._dp_message_s(plan, kind, dense_bytes + expert_bytes, group)
+        edp = self.edp_group(plan)
+        return self._dp_message_s(plan, kind, dense_bytes, group) + self._dp_message_s(plan, kind, expert_bytes, edp)
+
     def _collective_s(self, kind: str, message_bytes: float, group: AxisGroup, bucket_bytes: float | None) -> float:
         """comm.bucketed_time_s, memoised: identical blocks and parameters send identical messages."""
         key = (kind, message_bytes, group, bucket_bytes)
@@ -71,7 +90,7 @@ class DataParallelSync:
         exposed, total = 0.0, 0.0
         for index, stage in enumerate(stages):
             backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
-            sync = [self._dp_message_s(plan, kind, b.param_count * grad_bytes, group) for b in reversed(stage.blocks)]
+            sync = [self._block_sync_s(plan, kind, b, grad_bytes, group) for b in reversed(stage.blocks)]
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(
@@ -83,7 +102,10 @@ class DataParallelSync:
             total, exposed = total + earlier, exposed + earlier * (1.0 - self._overlap_efficiency(plan))
         if plan.zero_stage in (1, 2):  # ZeRO-1: fp32 parameters back after the step; ZeRO-2: gathered once a step
             weight = 4 if plan.zero_stage == 1 else PRECISION_BYTES[plan.precision]
-            gather = self._dp_message_s(plan, "all_gather", max(s.params for s in stages) * weight, group)
+            fullest = max(stages, key=lambda s: s.params)
+            gather = self._split_message_s(
+                plan, "all_gather", fullest.dense_params * weight, fullest.expert_params * weight, group
+            )
             total, exposed = total + gather, exposed + gather
         if not self._overlaps_grad_reduce(plan):
             exposed = total
@@ -107,8 +129,8 @@ class DataParallelSync:
     def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup) -> float:
         weight_bytes, grad_bytes = PRECISION_BYTES[plan.precision], PRECISION_BYTES[plan.grad_reduce_dtype]
         eta = self._overlap_efficiency(plan)
-        gather = [self._dp_message_s(plan, "all_gather", b.param_count * weight_bytes, group) for b in stage.blocks]
-        scatter = [self._dp_message_s(plan, "reduce_scatter", b.param_count * grad_bytes, group) for b in stage.blocks]
+        gather = [self._block_sync_s(plan, "all_gather", b, weight_bytes, group) for b in stage.blocks]
+        scatter = [self._block_sync_s(plan, "reduce_scatter", b, grad_bytes, group) for b in stage.blocks]
         fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in stage.blocks], comm_s=gather, efficiency=eta)
         bwd_compute = [b.bwd_s for b in reversed(stage.blocks)]
         bwd_gather = prefetched_exposed_s(compute_s=bwd_compute, comm_s=gather[::-1], efficiency=eta)

@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.cost.compute import activation_scale, executed_bwd_flops, input_bytes_of, saved_activation_bytes
+from autoplan.cost.experts import BlockExperts, block_experts, grouped_gemm_s
 from autoplan.cost.op_costs import node_times_s
 from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
@@ -77,6 +78,9 @@ class LayerSummary:
     tp_matmul_bwd_s: float = 0.0
     tp_overlap_chunking_fwd_s: float = 0.0  # their extra time run as tp token slices (autoplan/cost/tp_overlap.py)
     tp_overlap_chunking_bwd_s: float = 0.0
+    ep_fwd_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/experts.py), forward
+    ep_bwd_s: float = 0.0
+    expert_param_count: float = 0.0  # routed experts' parameters held per device (1/ep of them)
 
 
 @dataclass(frozen=True)
@@ -108,13 +112,21 @@ def summarise(
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
     fwd = bwd = rerun = saved = kept = flops = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
+    experts = block_experts(
+        graph, structure.nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
+    )
     overlap = [0.0, 0.0, 0.0, 0.0]  # split matmuls fwd, bwd; their decomposition's extra fwd, bwd
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
-        t_fwd, t_bwd = node_times_s(
-            graph, node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read
-        )
+        if experts is not None and node.name in experts.gemms:
+            t_fwd, t_bwd = grouped_gemm_s(
+                node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
+            )
+        else:
+            t_fwd, t_bwd = node_times_s(
+                graph, node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read
+            )
         fwd += t_fwd
         bwd += t_bwd
         if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
@@ -141,6 +153,7 @@ def summarise(
     gathered = stream_copy_bytes(graph, block, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel, precision=precision)
     saved += sum(b for consumer, b in gathered.items() if consumer in names) * f
     held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
+    held, params, expert_params = _split_experts(held, params, experts)
     inputs = _input_bytes(structure, ctx)
     return LayerSummary(
         fwd_s=fwd,
@@ -164,7 +177,21 @@ def summarise(
         tp_matmul_bwd_s=overlap[1],
         tp_overlap_chunking_fwd_s=overlap[2],
         tp_overlap_chunking_bwd_s=overlap[3],
+        ep_fwd_s=experts.a2a_fwd_s if experts else 0.0,
+        ep_bwd_s=experts.a2a_bwd_s if experts else 0.0,
+        expert_param_count=expert_params,
     )
+
+
+def _split_experts(
+    held: dict[str, float], params: float, experts: BlockExperts | None
+) -> tuple[dict[str, float], float, float]:
+    """The held parameters with the routed experts' divided over ep: (per name, total, experts')."""
+    if experts is None:
+        return held, params, 0.0
+    mine = {name: n / experts.ep for name, n in held.items() if name in experts.param_names}
+    saved = sum(held[name] - n for name, n in mine.items())
+    return {**held, **mine}, params - saved, sum(mine.values())
 
 
 def _add_overlap(

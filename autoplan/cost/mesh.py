@@ -58,6 +58,22 @@ def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int) -> tuple[tupl
     )
 
 
+def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int) -> dict[str, AxisGroup]:
+    """The expert-parallel groups of a ``(pp, dp, 1)`` mesh with ``ep`` folded over dp: "ep", the
+    ``ep`` consecutive dp ranks that split the experts, and "edp", the ``dp / ep`` ranks (stride
+    ``ep``) that hold the same experts and reduce their gradients (autoplan/cost/experts.py)."""
+    if ep < 1 or dp % ep:
+        raise PlanError(f"mesh degree ep={ep} must divide dp={dp}.")
+    return dict(_ep_groups(profile.devices_per_node, dp, ep, pp))
+
+
+@lru_cache(maxsize=1024)
+def _ep_groups(devices_per_node: int, dp: int, ep: int, pp: int) -> tuple[tuple[str, AxisGroup], ...]:
+    ep_groups = [[ip * dp + base + i for i in range(ep)] for ip in range(pp) for base in range(0, dp, ep)]
+    edp_groups = [[ip * dp + j * ep + i for j in range(dp // ep)] for ip in range(pp) for i in range(ep)]
+    return (("ep", _worst(ep_groups, devices_per_node)), ("edp", _worst(edp_groups, devices_per_node)))
+
+
 def _worst(groups: list[list[int]], devices_per_node: int) -> AxisGroup:
     """The group with the smallest per-node share: a spanning group beats one that stays."""
     size = len(groups[0])

@@ -37,6 +37,8 @@ from dataclasses import replace
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.dp_sync import DataParallelSync
+from autoplan.cost.expert_parallel import ExpertParallel
+from autoplan.cost.experts import check_divides
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
 from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.cost.plan_memory import PlanMemory
@@ -57,7 +59,7 @@ from autoplan.types.profile import Profile
 ADAM_BYTES_PER_PARAM = 28
 
 
-class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemory):
+class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemory, ExpertParallel):
     """Prices plans for one graph on one profile; block summaries are cached across plans."""
 
     def __init__(self, graph: Graph, profile: Profile):
@@ -108,7 +110,17 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         (``cost.layers.summarise``); the solver's partition reads the same summaries."""
         rep = self._rep[layer] if layer is not None else None
         splits = tuple(tp_plan.get(m, "replicate") for m in self._param_modules[layer]) if ctx.tp > 1 else ()
-        key = (rep, part, splits, ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        key = (
+            rep,
+            part,
+            splits,
+            ctx.tp,
+            ctx.group,
+            ctx.sequence_parallel,
+            ctx.precision,
+            ctx.batch_fraction,
+            ctx.experts,
+        )
         hit = self._cache.get(key)
         if hit is None:
             rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
@@ -150,7 +162,16 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool
     ) -> dict[str, LayerSummary]:
         """Every block's summary as the plan runs it, in the graph's order, memoised per tp_plan."""
-        key = ("blocks", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction, tp_comm_overlap)
+        key = (
+            "blocks",
+            ctx.tp,
+            ctx.group,
+            ctx.sequence_parallel,
+            ctx.precision,
+            ctx.batch_fraction,
+            ctx.experts,
+            tp_comm_overlap,
+        )
         return self._memo.get(
             key,
             tp_plan,
@@ -189,6 +210,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             ctx.sequence_parallel,
             ctx.precision,
             ctx.batch_fraction,
+            ctx.experts,
             plan.recompute,
             plan.pp,
             chunks,
@@ -227,6 +249,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             sequence_parallel=plan.sequence_parallel,
             precision=plan.precision,
             batch_fraction=plan.micro_batch_size / self.graph.batch_size,
+            experts=self.expert_placement(plan),
         )
 
     def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
@@ -251,6 +274,8 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
                 f"plan needs {plan.pp * plan.virtual_stages} pipeline chunks "
                 f"but the model has {len(self.graph.layers)} blocks; use fewer stages."
             )
+        if plan.ep > 1:
+            check_divides(self.graph, plan.ep)
         if self.profile.inter_node is None and plan.devices > self.profile.devices_per_node:
             raise PlanError(
                 f"profile '{self.profile.name}' describes one node of {self.profile.devices_per_node} devices "
@@ -264,6 +289,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         cost.compute_s = m * slowest.compute_s
         cost.recompute_s = m * slowest.recompute_s
         cost.tp_comm_s = m * slowest.tp_s + self._sp_grad_sync_s(plan, groups["tp"])
+        cost.ep_comm_s = m * slowest.ep_s
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
         cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self._tied_sync_s(
             plan, stages, groups["pp"]
@@ -272,7 +298,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         self._dp_time(cost, plan, stages, groups["dp"], slowest)
         if plan.zero_stage >= 3 and plan.dp > 1:
             cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, groups["dp"]) for s in stages)
-        local_params = max(s.params for s in stages) / (plan.dp if plan.zero_stage >= 1 else 1)
+        local_params = max(self.optimizer_params(plan, s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 

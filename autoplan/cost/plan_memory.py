@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import (
+    ModelStates,
     StageMemory,
     comm_buffer_bytes,
     model_states,
@@ -36,9 +37,7 @@ class PlanMemory:
         blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
         block_params = max((b.param_count for b in stage.blocks), default=0.0)
         return stage_memory(
-            states=model_states(
-                params=stage.params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp
-            ),
+            states=self._states(plan, stage),
             saved_bytes=stage.saved_bytes,
             transient_bytes=stage.transient_bytes,
             in_flight=in_flight_chunks(plan, index),
@@ -69,6 +68,27 @@ class PlanMemory:
                 reduce_bytes=reduce_bytes,
             ),
             grads_persist=runs_ddp(plan),
+        )
+
+    def _states(self, plan: Plan, stage: StageTotals) -> ModelStates:
+        """Weights, gradients and optimizer state: dense parameters sharded over dp, the routed
+        experts' (1/ep of them) over the dp / ep ranks that hold the same experts."""
+        dense = model_states(
+            params=stage.dense_params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp
+        )
+        if not stage.expert_params:
+            return dense
+        experts = model_states(
+            params=stage.expert_params,
+            precision=plan.precision,
+            zero_stage=plan.zero_stage,
+            dp=plan.dp // plan.ep,
+            pp=plan.pp,
+        )
+        return ModelStates(
+            weights_bytes=dense.weights_bytes + experts.weights_bytes,
+            grads_bytes=dense.grads_bytes + experts.grads_bytes,
+            optimizer_bytes=dense.optimizer_bytes + experts.optimizer_bytes,
         )
 
     def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:

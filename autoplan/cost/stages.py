@@ -4,7 +4,8 @@ Chunk ``c`` of ``plan.stages`` (``pp * virtual_stages`` chunks) runs on stage ``
 (Narayanan et al. SC'21 section 2.2.2). Nodes outside every block go to the first stage when
 they run before the first block (embeddings) and to the last stage otherwise (final norm,
 head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/layers.py) applies to
-blocks only.
+blocks only; a recomputed MoE block re-runs its all-to-alls (torch.utils.checkpoint re-runs the
+forward's collectives; the selective policy saves matmul outputs only).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ class StageTotals:
     bwd_s: float = 0.0
     recompute_s: float = 0.0
     tp_s: float = 0.0
+    ep_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/experts.py)
     saved_bytes: float = 0.0  # activations kept per micro-batch after the recompute choice
     peak_block_bytes: float = 0.0  # one block's full activations (live while it is recomputed)
     loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/layers.py), on the stage holding the loss
     params: float = 0.0
+    expert_params: float = 0.0  # the routed experts' share of params (held 1/ep, reduced over dp/ep)
     flops: float = 0.0
     blocks: list[LayerSummary] = field(default_factory=list)  # in forward order, outside nodes included
     boundary_bytes: float = 0.0  # activation received from the previous stage, per micro-batch
@@ -33,8 +36,13 @@ class StageTotals:
 
     @property
     def micro_batch_s(self) -> float:
-        """Forward + backward + recompute + TP collectives of one micro-batch on this stage."""
-        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s
+        """Forward + backward + recompute + TP and EP collectives of one micro-batch on this stage."""
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.ep_s
+
+    @property
+    def dense_params(self) -> float:
+        """Parameters reduced and ZeRO-sharded over all dp ranks (all but the routed experts')."""
+        return self.params - self.expert_params
 
     @property
     def transient_bytes(self) -> float:
@@ -63,13 +71,16 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     stage.fwd_s += block.fwd_s
     stage.bwd_s += block.bwd_s
     stage.tp_s += block.tp_fwd_s + block.tp_bwd_s
+    stage.ep_s += block.ep_fwd_s + block.ep_bwd_s
     stage.params += block.param_count if is_block else _outside_params(stage, block)
+    stage.expert_params += block.expert_param_count
     stage.flops += block.flops
     stage.blocks.append(block)
     stage.loss_grad_bytes = max(stage.loss_grad_bytes, block.loss_grad_bytes)
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes
         return
+    stage.ep_s += block.ep_fwd_s  # a recomputed forward dispatches and combines again
     if recompute == "selective":  # everything but matmul-class ops re-runs, the TP collectives too
         stage.recompute_s += block.selective_recompute_s
         stage.tp_s += block.tp_fwd_s

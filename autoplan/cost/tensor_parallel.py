@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.experts import ExpertPlacement
 from autoplan.cost.mesh import AxisGroup
 from autoplan.cost.tp_block import BlockAnalysis, analyse_block
 from autoplan.cost.tp_shards import reduce_scattered, shards
@@ -79,6 +80,7 @@ class TPContext:
     sequence_parallel: bool
     precision: str  # 'fp32' | 'bf16' | 'fp16'
     batch_fraction: float  # micro_batch_size / graph.batch_size
+    experts: ExpertPlacement | None = None  # MoE experts' placement (tp = 1 only), autoplan/cost/experts.py
 
 
 @dataclass

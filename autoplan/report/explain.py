@@ -94,7 +94,9 @@ class Explanation:
 
 
 def family_of(config: dict) -> str:
-    return f"dp={config['dp']} tp={config['tp']} pp={config['pp']}"
+    ep = config.get("ep", 1)
+    ep = f" ep={ep}" if str(ep) not in ("1", "nan", "") else ""
+    return f"dp={config['dp']}{ep} tp={config['tp']} pp={config['pp']}"
 
 
 def _rival(best, cand) -> Rival:
@@ -237,6 +239,7 @@ def _default_layout(config: dict) -> Plan | None:
             dp=config["dp"],
             tp=config["tp"],
             pp=config["pp"],
+            ep=pick("ep", 1),
             micro_batch_size=config["mbs"],
             num_microbatches=config["num_microbatches"],
             schedule=pick("schedule", "1f1b"),

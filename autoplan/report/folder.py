@@ -133,13 +133,18 @@ def search_again(folder: PlanFolder):
         raise ReportError(f"re-running the search of '{folder.path}' failed ({exc}); re-run `autoplan plan`.") from None
 
 
+def _ep(row) -> str:
+    ep = str(row.get("ep", 1))
+    return f" ep={ep}" if ep not in ("1", "nan") else ""
+
+
 def most_frugal(plans: pd.DataFrame) -> str:
     """One sentence on the candidate that came closest to fitting (plans.csv's smallest peak)."""
     peaks = pd.to_numeric(plans["peak_memory_bytes"], errors="coerce")
     if peaks.notna().any():
         row = plans.loc[peaks.idxmin()]
         return (
-            f"the most frugal candidate (dp={row['dp']} tp={row['tp']} pp={row['pp']} zero={row['zero']} "
+            f"the most frugal candidate (dp={row['dp']}{_ep(row)} tp={row['tp']} pp={row['pp']} zero={row['zero']} "
             f"recompute={row['recompute']}) {row['reason']}; see plans.csv."
         )
     return "see plans.csv's reason column."

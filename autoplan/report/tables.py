@@ -44,8 +44,10 @@ def describe_row(row: pd.Series) -> str:
     sp = " sp" if str(row["sp"]).lower() == "true" else ""
     v = f" v={row['v']}" if str(row["v"]) not in ("1", "*") else ""
     overlap = " tp-overlap" if str(row.get("tp_overlap", "")).lower() == "true" else ""
+    ep = f" ep={row['ep']}" if str(row.get("ep", 1)) not in ("1", "nan") else ""
     return (
-        f"dp={row['dp']} tp={row['tp']} pp={row['pp']} mbs={row['mbs']}x{row['num_microbatches']} {row['schedule']}{v} "
+        f"dp={row['dp']}{ep} tp={row['tp']} pp={row['pp']} "
+        f"mbs={row['mbs']}x{row['num_microbatches']} {row['schedule']}{v} "
         f"zero={row['zero']} rc={row['recompute']}{sp} {row['precision']}{overlap}"
     )
 

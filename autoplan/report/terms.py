@@ -21,6 +21,7 @@ from autoplan.types.cost import Cost
 TERMS: dict[str, tuple[str, str]] = {
     "compute_s": ("compute", "compute (forward, backward, recomputation)"),
     "tp_comm_s": ("communication", "tensor-parallel collectives"),
+    "ep_comm_s": ("communication", "expert-parallel all-to-all (MoE dispatch and combine)"),
     "dp_comm_exposed_s": ("communication", "data-parallel gradient sync (exposed)"),
     "zero_comm_s": ("communication", "ZeRO-3 parameter gathers (exposed)"),
     "pp_comm_s": ("communication", "pipeline send/recv and tied-weight sync"),

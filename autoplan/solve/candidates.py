@@ -13,6 +13,7 @@ from typing import Callable
 
 from autoplan.solve import space
 from autoplan.types.cost import Cost
+from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 
 
@@ -74,6 +75,7 @@ class Group:
     mbs: int
     m: int
     v_max: int
+    routing: RoutingModel | None = None  # the graph's, for an MoE model: the plan records it
 
     def pruned_config(self) -> dict:
         """The row of a group pruned whole: what varies inside it is '*'."""
@@ -83,6 +85,7 @@ class Group:
             dp=deg.dp,
             tp=deg.tp,
             pp=deg.pp,
+            ep=deg.ep,
             mbs=self.mbs,
             num_microbatches=self.m,
             schedule="*",
@@ -125,6 +128,8 @@ class Group:
             sequence_parallel=self.sp,
             precision=self.precision,
             tp_comm_overlap=tp_overlap,
+            ep=deg.ep,
+            routing=self.routing,
             stages=stages or [],
             tp_plan={},
             model=model,
@@ -150,6 +155,7 @@ def config_of(plan: Plan) -> dict:
         dp=plan.dp,
         tp=plan.tp,
         pp=plan.pp,
+        ep=plan.ep,
         mbs=plan.micro_batch_size,
         num_microbatches=plan.num_microbatches,
         schedule=plan.schedule,

@@ -34,6 +34,7 @@ from autoplan.types.profile import Profile
 CONFIG_COLUMNS = (
     "devices",
     "dp",
+    "ep",
     "tp",
     "pp",
     "mbs",

@@ -42,6 +42,7 @@ from __future__ import annotations
 import heapq
 import time
 
+from autoplan.cost.experts import check_ep_pin, ep_options
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import balanced_stages
@@ -72,6 +73,11 @@ class Search:
             )
         self.graph, self.profile, self.options = graph, profile, options
         self.fixes = options.fixes
+        if self.fixes.get("ep", 1) > 1:
+            check_ep_pin(graph, self.fixes["ep"])
+        self.eps = tuple(ep_options(graph))
+        self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
+        self.expert_params = sum(m.expert_params for m in graph.moe_layers)
         self.cost_model = CostModel(graph, profile)
         self.tp_planner = TPPlanner(graph, profile, solver=options.solver, time_limit_s=options.time_limit_s)
         self.stage_costs = StageCosts(graph, profile, self.cost_model)
@@ -112,6 +118,7 @@ class Search:
                 layers=layers,
                 batch=opts.batch_size,
                 fixes=self.fixes,
+                eps=self.eps,
             ):
                 for precision in space.precision_options(self.profile, fixes=self.fixes):
                     for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
@@ -121,7 +128,8 @@ class Search:
                                 pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes
                             )
                             if schedules:
-                                group = Group(deg, precision, sp, mbs, m, max(v for _, v in schedules))
+                                v_max = max(v for _, v in schedules)
+                                group = Group(deg, precision, sp, mbs, m, v_max, routing=self.routing)
                                 found.append((self.lower_bound(group), group))
         return sorted(found, key=lambda item: item[0])
 
@@ -134,7 +142,8 @@ class Search:
             / deg.pp
         )
         zero_dp = deg.dp if any(z >= 1 for z in space.zero_options(dp=deg.dp, fixes=self.fixes)) else 1
-        step += self.bounds.adam_s(self.graph.param_count / (deg.tp * deg.pp * zero_dp))
+        held = self.graph.param_count - self.expert_params * (1 - 1 / deg.ep)  # 1/ep of the experts per rank
+        step += self.bounds.adam_s(held / (deg.tp * deg.pp * zero_dp))
         return self.objective(step, deg.devices)
 
     # ---- the search --------------------------------------------------------------------
@@ -325,6 +334,7 @@ class Search:
             plan.recompute,
             plan.virtual_stages,
             plan.tp_comm_overlap,
+            plan.ep,
         )
 
         def make() -> list[list[str]]:  # without a memory limit, GPipe and 1F1B share one problem

@@ -2,6 +2,8 @@
 
 Every choice the planner searches, and the rule that makes each one legal:
 
+- expert parallelism (MoE models): ``ep`` divides ``dp`` and every MoE layer's expert count,
+  with ``tp = 1`` (autoplan/types/plan.py); 1 for a dense model;
 - degrees ``dp * tp * pp = devices``; tp stays inside a node (``tp`` divides the devices per
   node, or the device count when that is below one node) unless ``tp`` is pinned; ``pp`` is at
   most the number of blocks (a model without blocks plans with ``pp = 1``); the global batch
@@ -30,8 +32,8 @@ from autoplan.types.profile import Profile
 
 #: What the search minimises (``--objective``): step time, or dollars per sample.
 OBJECTIVES = ("time", "cost")
-FIX_KEYS = ("dp", "tp", "pp", "mbs", "zero", "recompute", "schedule", "sp", "precision", "v", "tp_overlap")
-_INT_KEYS = ("dp", "tp", "pp", "mbs", "zero", "v")
+FIX_KEYS = ("dp", "ep", "tp", "pp", "mbs", "zero", "recompute", "schedule", "sp", "precision", "v", "tp_overlap")
+_INT_KEYS = ("dp", "ep", "tp", "pp", "mbs", "zero", "v")
 _SCHEDULE_ALIASES = {
     "interleaved": "interleaved_1f1b",
     "interleaved_1f1b": "interleaved_1f1b",
@@ -79,6 +81,7 @@ class Degrees:
     dp: int
     tp: int
     pp: int
+    ep: int = 1
 
 
 def check_cluster(profile: Profile, devices: int) -> None:
@@ -106,8 +109,11 @@ def tp_in_node(tp: int, *, devices: int, per_node: int) -> bool:
     return tp <= per_node and (per_node % tp == 0 if devices >= per_node else devices % tp == 0)
 
 
-def degree_options(*, devices: int, per_node: int, layers: int, batch: int, fixes: dict) -> list[Degrees]:
-    """Every (dp, tp, pp) the rules and the pins allow (module docstring)."""
+def degree_options(
+    *, devices: int, per_node: int, layers: int, batch: int, fixes: dict, eps: tuple[int, ...] = (1,)
+) -> list[Degrees]:
+    """Every (dp, tp, pp, ep) the rules and the pins allow (module docstring); ``eps`` are the
+    expert-parallel degrees the model's MoE layers allow (cost/experts.ep_options)."""
     options = []
     for tp in _divisors(devices):
         if (
@@ -126,8 +132,14 @@ def degree_options(*, devices: int, per_node: int, layers: int, batch: int, fixe
                 or ("dp" in fixes and dp != fixes["dp"])
             ):
                 continue
-            options.append(Degrees(devices=devices, dp=dp, tp=tp, pp=pp))
+            options += [Degrees(devices=devices, dp=dp, tp=tp, pp=pp, ep=ep) for ep in ep_options(dp, tp, eps, fixes)]
     return options
+
+
+def ep_options(dp: int, tp: int, eps: tuple[int, ...], fixes: dict) -> list[int]:
+    """ep degrees for one (dp, tp): those the experts allow that divide dp, with tp = 1."""
+    legal = [ep for ep in eps if dp % ep == 0 and (ep == 1 or tp == 1)]
+    return [ep for ep in legal if ep == fixes["ep"]] if "ep" in fixes else legal
 
 
 def micro_batch_options(*, batch: int, dp: int, fixes: dict) -> list[int]:

@@ -54,6 +54,7 @@ class StageCosts:
         pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
         per_param = sum(_state_bytes(plan))
         times = [_block_time_s(b, plan.recompute) for b in blocks]
+        expert_per_param = sum(_state_bytes(plan, dp=plan.dp // plan.ep))
         acts = [_kept_bytes(b, plan.recompute) for b in blocks]
         peak_block = max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0
         extra_time = [0.0] * plan.pp
@@ -80,7 +81,10 @@ class StageCosts:
         capacity = self._capacity(plan, boundary, max(b.param_count for b in blocks)) if memory_limit else float("inf")
         return PartitionProblem(
             layer_time_s=times,
-            layer_static_bytes=[b.param_count * per_param for b in blocks],
+            layer_static_bytes=[
+                (b.param_count - b.expert_param_count) * per_param + b.expert_param_count * expert_per_param
+                for b in blocks
+            ],
             layer_activation_bytes=acts,
             pp=plan.pp,
             extra_time_s=extra_time,
@@ -93,7 +97,8 @@ class StageCosts:
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
-        calls ``micro_batch_s``) and the parameters it holds; chunk c runs on stage c % pp."""
+        calls ``micro_batch_s``) and the dense parameters it holds (the routed experts' left out: the
+        bounds that read them must stay below what their other groups cost); chunk c runs on stage c % pp."""
         ctx = self.context(plan)
         times_of, params_of, pre, post = self._block_totals(plan, ctx)
         times = [0.0] * plan.pp
@@ -115,7 +120,7 @@ class StageCosts:
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             return (
                 {layer: _block_time_s(b, plan.recompute) for layer, b in blocks.items()},
-                {layer: b.param_count for layer, b in blocks.items()},
+                {layer: b.param_count - b.expert_param_count for layer, b in blocks.items()},
                 pre,
                 post,
             )
@@ -127,13 +132,14 @@ class StageCosts:
             ctx.sequence_parallel,
             ctx.precision,
             ctx.batch_fraction,
+            ctx.experts,
             plan.recompute,
             plan.tp_comm_overlap,
         )
         return self._memo.get(key, plan.tp_plan, make)
 
     def sync_params(self, plan: Plan) -> tuple[float, float]:
-        """(parameters of the nodes before the first block, the fewest any block holds, the
+        """(parameters of the nodes before the first block, the fewest dense ones any block holds, the
         nodes after the last block included: they are the last block of the last stage)."""
         ctx = self.context(plan)
         _, params_of, pre, post = self._block_totals(plan, ctx)
@@ -177,16 +183,21 @@ class StageCosts:
         return usable_bytes(self.profile.device.memory_bytes) - buffers
 
 
-def _state_bytes(plan: Plan) -> tuple[float, float, float]:
-    states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
+def _state_bytes(plan: Plan, dp: int | None = None) -> tuple[float, float, float]:
+    """Bytes per parameter sharded over ``dp`` ranks (the plan's dp unless given: the routed
+    experts' are sharded over dp / ep)."""
+    states = model_states(
+        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=dp or plan.dp, pp=plan.pp
+    )
     return states.weights_bytes, states.grads_bytes, states.optimizer_bytes
 
 
 def _block_time_s(block: LayerSummary, recompute: str) -> float:
-    base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s
+    base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s + block.ep_fwd_s + block.ep_bwd_s
     if recompute == "full":
-        return base + block.fwd_s + block.tp_fwd_s
-    return base + (block.selective_recompute_s + block.tp_fwd_s if recompute == "selective" else 0.0)
+        return base + block.fwd_s + block.tp_fwd_s + block.ep_fwd_s
+    rerun = block.selective_recompute_s + block.tp_fwd_s + block.ep_fwd_s
+    return base + (rerun if recompute == "selective" else 0.0)
 
 
 def _kept_bytes(block: LayerSummary, recompute: str) -> float:

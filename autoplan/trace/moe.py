@@ -171,6 +171,7 @@ def _layer(name, module, experts, records, routing, seen, tokens, blocks) -> MoE
         tokens=traced_tokens,
         slots_per_expert=_slots(experts_name, experts_module, routing, traced_tokens, top_k, records),
         routing=routing,
+        interface="grouped" if is_hf_experts(experts_module) else "module_list",
     )
 
 

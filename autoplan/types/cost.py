@@ -17,6 +17,7 @@ class Cost:
     compute_s: float = 0.0  # forward + backward (+ recomputed forward) of the slowest stage
     recompute_s: float = 0.0  # the part of compute_s spent re-running the forward
     tp_comm_s: float = 0.0  # tensor/sequence-parallel collectives on the critical path
+    ep_comm_s: float = 0.0  # expert-parallel all-to-all (MoE dispatch and combine) on the critical path
     dp_comm_s: float = 0.0  # data-parallel gradient sync, total
     dp_comm_exposed_s: float = 0.0  # the part of dp_comm_s not hidden under the backward pass
     zero_comm_s: float = 0.0  # ZeRO-3 parameter all-gathers and gradient reduce-scatters (exposed)
@@ -45,6 +46,7 @@ class Cost:
     TIME_FIELDS = (
         "compute_s",
         "tp_comm_s",
+        "ep_comm_s",
         "dp_comm_exposed_s",
         "zero_comm_s",
         "pp_comm_s",

@@ -27,6 +27,7 @@ from typing import Any
 from autoplan.errors import AutoplanError
 from autoplan.types._check import require, require_known_fields
 
+INTERFACES = ("grouped", "module_list")
 DEFAULT_IMBALANCE = 1.25
 IMBALANCE_SOURCE = "Switch Transformer's training capacity factor (Fedus et al. 2022, Table 1)"
 
@@ -82,10 +83,19 @@ class MoELayer:
     tokens: int = 0  # tokens entering the layer per global batch
     slots_per_expert: int = 0  # what each expert computed in the trace (RoutingModel)
     routing: RoutingModel = field(default_factory=RoutingModel)
+    #: "grouped": one module holds every expert's weights stacked ([E, ...]) and is called with the
+    #: routing (the Hugging Face experts interface); expert parallelism runs on these.
+    #: "module_list": one module per expert; priced, but run only at ep = 1.
+    interface: str = "grouped"
 
     def __post_init__(self) -> None:
         if isinstance(self.routing, dict):
             self.routing = RoutingModel.from_dict(self.routing)
+        require(
+            self.interface in INTERFACES,
+            MoEError,
+            f"MoE layer {self.module}: interface '{self.interface}'; expected one of {', '.join(INTERFACES)}.",
+        )
         require(
             self.num_experts >= 1 and 1 <= self.top_k <= self.num_experts,
             MoEError,

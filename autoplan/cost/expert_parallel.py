@@ -1,0 +1,49 @@
+"""Where a plan's MoE experts sit and how their parameters sync, as CostModel prices them.
+
+Expert parallelism folds ``ep`` over the data-parallel ranks (autoplan/types/plan.py), so the
+parameters of a stage fall in two sets with two data-parallel groups:
+
+- dense parameters: replicated (or ZeRO-sharded) over all ``dp`` ranks; gradients reduced over
+  the dp group;
+- the routed experts' parameters, ``1 / ep`` of them per rank: replicated (or ZeRO-sharded)
+  over the ``dp / ep`` ranks that hold the same experts (the "edp" group, cost/mesh.ep_groups),
+  gradients reduced over it (Megatron-Core's expert data parallel group; torchtitan's
+  ``dp_mod_ep`` mesh).
+
+Per-block times and the all-to-alls are in autoplan/cost/experts.py. The placement sets the
+imbalance: the routing model's ``i`` at ep > 1 (the busiest rank sets the pace), 1 at ep = 1
+(every expert on the rank: the total work does not depend on the split).
+"""
+
+from __future__ import annotations
+
+from autoplan.cost.experts import ExpertPlacement
+from autoplan.cost.mesh import AxisGroup, ep_groups
+from autoplan.cost.stages import StageTotals
+from autoplan.types.plan import Plan
+
+
+class ExpertParallel:
+    """Mixin of CostModel: reads ``graph`` and ``profile``."""
+
+    def expert_placement(self, plan: Plan) -> ExpertPlacement | None:
+        """How ``plan`` runs the experts; None for a dense model or under tensor parallelism (its
+        expert matmuls are then priced as the ops they trace to)."""
+        if not self.graph.moe_layers or plan.tp > 1:
+            return None
+        if plan.ep == 1:
+            return ExpertPlacement(ep=1, imbalance=1.0, group=AxisGroup(size=1, ranks_per_node=1))
+        routing = plan.routing or self.graph.moe_layers[0].routing
+        group = ep_groups(self.profile, dp=plan.dp, ep=plan.ep, pp=plan.pp)["ep"]
+        return ExpertPlacement(ep=plan.ep, imbalance=routing.imbalance, group=group)
+
+    def edp_group(self, plan: Plan) -> AxisGroup:
+        """The group an expert's gradients are reduced over (the dp group's ranks at ep = 1)."""
+        return ep_groups(self.profile, dp=plan.dp, ep=plan.ep, pp=plan.pp)["edp"]
+
+    def optimizer_params(self, plan: Plan, stage: StageTotals) -> float:
+        """Parameters whose optimizer step runs on one device: all, or its ZeRO shards (dense
+        over dp, experts over dp / ep)."""
+        if plan.zero_stage < 1:
+            return stage.params
+        return stage.dense_params / plan.dp + stage.expert_params / (plan.dp // plan.ep)

@@ -1,0 +1,222 @@
+"""Mixture-of-Experts layers under expert parallelism: grouped GEMMs, all-to-all, expert memory.
+
+A plan with expert-parallel degree ``ep`` (autoplan/types/plan.py) splits each MoE layer's ``E``
+routed experts over ``ep`` ranks folded over the data-parallel ranks; tokens travel to their
+experts and back by all-to-all (GShard, Lepikhin et al. 2021 section 2.3; Megatron-Core's
+``MoEAlltoAllTokenDispatcher``; DeepSeek-V3 report section 3.2.2). Per MoE layer, micro-batch
+and rank, with ``f`` = micro_batch_size / graph.batch_size, ``C`` the slots each expert
+computed in the trace (docs/moe.md), ``H`` the hidden size, ``b`` bytes per activation element
+and ``i`` the routing model's imbalance (the busiest rank's load over the mean, 1 at ep = 1):
+
+- **grouped GEMM** (each traced expert matmul ``[E, C, K] x [E, K, N]``): the rank runs
+  ``G = E / ep`` GEMMs of ``M = i * ep * C * f`` rows each (its experts receive the slots of the
+  whole ep group), at the efficiency of one such GEMM rather than of the whole batched one:
+
+      t_fwd = G * max( 2 M' K N / (peak * eff(2 M K N)),  (M K + K N + M N) b / (mem_bw * mem_eff) )
+      t_bwd = 2 t_fwd                              (data and weight gradients: two GEMMs alike)
+      M'    = ceil(M / m_tile) * m_tile            (rows padded to the kernel's M tile)
+
+  ``eff`` is the profile's saturating efficiency curve for matmuls (autoplan/types/profile.py,
+  fitted on single-GEMM microbenchmarks), so fine-grained experts (small M) run far below
+  peak, which is what a grouped GEMM's per-group tiles do. ``m_tile`` = 128 on GPU profiles:
+  grouped GEMM kernels for MoE align each expert's rows to the M block (DeepGEMM's contiguous
+  layout, github.com/deepseek-ai/DeepGEMM README, ``get_mk_alignment_for_contiguous_layout()``
+  = 128); 1 on a CPU, where each expert's GEMM runs on its exact rows. Host dispatch: one
+  launch per GEMM node on a GPU (one grouped kernel), ``G`` on a CPU (the experts' own eager
+  loop runs one GEMM per expert).
+- **all-to-all**: each rank sends its ``E C f`` (token, expert) rows of ``H`` elements, of which
+  ``(ep - 1) / ep`` leave the rank (comm.bus_factor), and the busiest rank receives ``i`` times
+  the mean, so one message is ``S = i E C f H b``. Forward: the per-expert counts (``E`` int64,
+  latency) then dispatch, and combine; backward: the gradients of both; a recomputed forward
+  (full or selective recomputation) runs the counts, dispatch and combine again:
+
+      t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward   on the ep group (comm.collective_time_s)
+
+  An ep group is ``ep`` consecutive ranks (tp = 1), inside one node when ``ep`` divides the
+  devices per node, across nodes (the NIC-bound inter-node fit) otherwise: mesh.ep_groups.
+- **memory**: a rank holds ``1 / ep`` of every routed expert's parameters; their gradients and
+  optimizer states are reduced and (ZeRO) sharded over the ``dp / ep`` ranks that hold the
+  same experts (the "expert data parallel" group), dense parameters over all ``dp``.
+- **router**: the router's linear, softmax and top-k are nodes of the traced graph and are
+  priced as any op (autoplan/trace/moe.py runs the router as written).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autoplan.cost.comm import collective_time_s
+from autoplan.cost.compute import PRECISION_BYTES, peak_dtype, with_host_overhead
+from autoplan.cost.mesh import AxisGroup
+from autoplan.trace.layers import within
+from autoplan.types.graph import Graph, OpNode
+from autoplan.types.moe import MoELayer
+from autoplan.types.profile import Profile
+
+GPU_M_TILE = 128  # DeepGEMM contiguous-layout M alignment (module docstring)
+COUNT_BYTES = 8  # one int64 count per expert
+
+
+@dataclass(frozen=True)
+class ExpertPlacement:
+    """How a plan places MoE experts: the ep degree, the busiest rank's load over the mean, and
+    where the ep group's ranks sit."""
+
+    ep: int
+    imbalance: float
+    group: AxisGroup
+
+
+@dataclass(frozen=True)
+class ExpertTimes:
+    """One MoE layer, one micro-batch, on the busiest rank."""
+
+    gemm_fwd_s: float
+    gemm_bwd_s: float
+    a2a_fwd_s: float
+    a2a_bwd_s: float
+
+
+def runs_grouped(moe: MoELayer) -> bool:
+    """Whether the layer's experts are one module of stacked weights (the grouped interface)."""
+    return moe.interface == "grouped"
+
+
+def layers_in(graph: Graph, nodes: tuple[OpNode, ...]) -> list[MoELayer]:
+    """The grouped MoE layers whose experts run among ``nodes``."""
+    modules = {n.module for n in nodes}
+    return [
+        moe for moe in graph.moe_layers if runs_grouped(moe) and any(within(m, moe.experts_module) for m in modules)
+    ]
+
+
+def is_expert_gemm(node: OpNode, moe: MoELayer) -> bool:
+    """A batched matmul over the layer's experts: ``[E, C, N]`` in the experts module."""
+    shape = node.output_shape
+    return (
+        node.op == "matmul"
+        and within(node.module, moe.experts_module)
+        and len(shape) == 3
+        and shape[0] == moe.num_experts
+        and node.fwd_flops > 0
+    )
+
+
+def grouped_gemm_s(
+    node: OpNode, moe: MoELayer, profile: Profile, *, precision: str, batch_fraction: float, place: ExpertPlacement
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one traced expert matmul run as a grouped GEMM (module docstring)."""
+    experts, slots, n_out = node.output_shape
+    k_in = node.fwd_flops / (2.0 * experts * slots * n_out)
+    groups = experts // place.ep
+    rows = place.imbalance * place.ep * slots * batch_fraction
+    if rows <= 0:
+        return 0.0, 0.0
+    gpu = profile.backend == "nccl"
+    tile = GPU_M_TILE if gpu else 1
+    padded = math.ceil(rows / tile) * tile
+    flops = 2.0 * rows * k_in * n_out
+    dtype = peak_dtype(profile, precision)
+    device = profile.device
+    compute_s = 2.0 * padded * k_in * n_out / (device.peak_flops[dtype] * device.efficiency_for("matmul", dtype)(flops))
+    moved = (rows * k_in + k_in * n_out + rows * n_out) * PRECISION_BYTES[precision]
+    memory_s = moved / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+    one_s = groups * max(compute_s, memory_s)
+    overhead = device.op_overhead
+    launches = 1 if gpu else groups
+    fwd_over = overhead.forward_s * launches if overhead else 0.0
+    bwd_over = overhead.backward_s * launches if overhead else 0.0
+    return with_host_overhead(one_s, fwd_over, gpu=gpu), with_host_overhead(2.0 * one_s, bwd_over, gpu=gpu)
+
+
+def dispatch_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, imbalance: float) -> float:
+    """S of the module docstring: one dispatch (or combine) message of the busiest rank."""
+    rows = moe.num_experts * moe.slots_per_expert * batch_fraction
+    return imbalance * rows * moe.hidden_size * PRECISION_BYTES[precision]
+
+
+def a2a_times_s(
+    moe: MoELayer, profile: Profile, *, precision: str, batch_fraction: float, place: ExpertPlacement
+) -> tuple[float, float]:
+    """(forward, backward) all-to-all seconds of one MoE layer and micro-batch (module docstring)."""
+    if place.ep <= 1:
+        return 0.0, 0.0
+    message = dispatch_bytes(moe, precision=precision, batch_fraction=batch_fraction, imbalance=place.imbalance)
+    tokens_s = collective_time_s(profile, "all_to_all", message, group=place.group)
+    counts_s = collective_time_s(profile, "all_to_all", moe.num_experts * COUNT_BYTES, group=place.group)
+    return counts_s + 2.0 * tokens_s, 2.0 * tokens_s
+
+
+@dataclass(frozen=True)
+class BlockExperts:
+    """The MoE part of one block under a placement: which nodes are expert GEMMs, the block's
+    all-to-all seconds per micro-batch, and the parameters split over ep."""
+
+    gemms: dict[str, MoELayer]
+    a2a_fwd_s: float
+    a2a_bwd_s: float
+    param_names: frozenset[str]
+    ep: int
+
+
+def block_experts(
+    graph: Graph,
+    nodes: tuple[OpNode, ...],
+    profile: Profile,
+    *,
+    precision: str,
+    batch_fraction: float,
+    place: ExpertPlacement | None,
+) -> BlockExperts | None:
+    """The grouped MoE layers among ``nodes`` as ``place`` runs them; None without any (or
+    without a placement: tensor parallelism prices experts as the ops they trace to)."""
+    found = layers_in(graph, nodes) if place is not None else []
+    if not found:
+        return None
+    gemms = {n.name: moe for moe in found for n in nodes if is_expert_gemm(n, moe)}
+    times = [a2a_times_s(m, profile, precision=precision, batch_fraction=batch_fraction, place=place) for m in found]
+    return BlockExperts(
+        gemms=gemms,
+        a2a_fwd_s=sum(t[0] for t in times),
+        a2a_bwd_s=sum(t[1] for t in times),
+        param_names=frozenset(name for moe in found for name in moe.expert_param_names),
+        ep=place.ep,
+    )
+
+
+def check_divides(graph: Graph, ep: int) -> None:
+    """Every grouped MoE layer's experts split evenly over ``ep`` ranks, else one sentence."""
+    from autoplan.errors import PlanError
+
+    for moe in graph.moe_layers:
+        if ep > 1 and not runs_grouped(moe):
+            raise PlanError(
+                f"plan ep={ep} but MoE layer '{moe.module}' keeps its experts as separate modules, which autoplan "
+                "cannot split over ranks; use ep=1 (docs/moe.md lists the experts interface EP runs)."
+            )
+        if moe.num_experts % ep:
+            raise PlanError(
+                f"plan ep={ep} does not divide the {moe.num_experts} experts of MoE layer '{moe.module}'; "
+                f"use an ep that divides {moe.num_experts}."
+            )
+
+
+def check_ep_pin(graph: Graph, ep: int) -> None:
+    """``--fix ep=N`` on a model that cannot take it, in one sentence."""
+    from autoplan.errors import PlanError
+
+    if not graph.moe_layers:
+        raise PlanError(
+            f"--fix ep={ep} needs a Mixture-of-Experts model, and this one has no MoE layers; drop the pin."
+        )
+    check_divides(graph, ep)
+
+
+def ep_options(graph: Graph) -> list[int]:
+    """Every ep the model's MoE layers allow (before the plan's dp): divisors of every layer's
+    expert count; only 1 without grouped MoE layers."""
+    if not graph.moe_layers or not all(runs_grouped(m) for m in graph.moe_layers):
+        return [1]
+    common = math.gcd(*(m.num_experts for m in graph.moe_layers))
+    return [d for d in range(1, common + 1) if common % d == 0]
