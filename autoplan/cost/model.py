@@ -328,17 +328,17 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         and receives the full boundary: the executor gathers a stage's DTensor output): (bytes of
         each, bytes of each whose gradient goes back). Values that need no gradient (rotary
         tables, masks made before the first block) travel forward only."""
+        return [self.block_inputs(chunk[0], plan) for chunk in self._chunks(plan)]
+
+    def block_inputs(self, layer: str, plan: Plan) -> tuple[list[float], list[float]]:
+        """What a chunk starting at block ``layer`` receives per micro-batch (chunk_inputs)."""
         grads = self.graph.grad_nodes()
         scale = plan.micro_batch_size / self.graph.batch_size
-        found = []
-        for chunk in self._chunks(plan):
-            inputs = self._structures[self._rep[chunk[0]]].inputs  # identical blocks receive identical tensors
-            sizes = [
-                (n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads)
-                for n in inputs
-            ]
-            found.append(([b for b, _ in sizes], [b for b, g in sizes if g]))
-        return found
+        inputs = self._structures[self._rep[layer]].inputs  # identical blocks receive identical tensors
+        sizes = [
+            (n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads) for n in inputs
+        ]
+        return [b for b, _ in sizes], [b for b, g in sizes if g]
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""

@@ -6,13 +6,15 @@ this for every priced candidate):
 
 - ``compute_min_s``: forward + backward of one micro-batch with every op divided tp ways and no
   communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a));
-- ``pp_comm_s``: the send/recv term 2 (v m + p - 1) t_p2p with the smallest block boundary;
+- ``pp_comm_s``: the send/recv term (v m + p - 1) (t_p2p(forward) + t_p2p(backward)) with the
+  smallest block inputs, all of them forward and those that need a gradient backward;
 - ``step_extras_s``: Adam on the largest stage's parameters (28 bytes per local parameter),
   the ZeRO-1/2 all-gather of the updated weights, and the gradient sync that is exposed on
   stage 0 whatever the overlap: its first block (the modules before the first layer)
   finishes its backward last, so that block's own sync shows; under ZeRO-3, per micro-batch,
   that block's weight all-gather (forward) and the smallest block's gather + reduce-scatter
-  (backward) are prefetched behind nothing.
+  (backward) are prefetched behind nothing; in a pipeline, whose stages gather once in the first
+  forward and reduce-scatter once after the last backward, only that first gather.
 
 One bound is on memory, not time: ``states_floor_bytes``, the weights, gradients and optimizer
 state (cost/memory.model_states) of the fewest parameters the fullest pipeline stage can hold
@@ -76,11 +78,14 @@ class Bounds:
     def pp_comm_s(self, plan: Plan) -> float:
         if plan.pp == 1:
             return 0.0
-        boundary = self.stage_costs.min_boundary_bytes(plan)
         scatter = plan.tp > 1 and not plan.sequence_parallel
         group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]
-        t_p2p = collective_time_s(self.profile, "send_recv", boundary / plan.tp if scatter else boundary, group=group)
-        return 2.0 * (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
+        t_p2p = sum(
+            collective_time_s(self.profile, "send_recv", size / plan.tp if scatter else size, group=group)
+            for size in self.stage_costs.min_boundary_bytes(plan)
+            if size
+        )
+        return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
 
     def step_extras_s(self, plan: Plan, *, stage_params: float) -> float:
         return (
@@ -112,6 +117,8 @@ class Bounds:
         first, smallest = self.stage_costs.sync_params(plan)
         if plan.zero_stage < 3:
             return self._bucketed_s("all_reduce" if plan.zero_stage == 0 else "reduce_scatter", first * grad, plan)
+        if plan.pp > 1:  # a pipeline stage gathers in the first forward only, and scatters once (cost/dp_sync.py)
+            return self._bucketed_s("all_gather", first * weight, plan)
         backward = self._bucketed_s("all_gather", smallest * weight, plan) + self._bucketed_s(
             "reduce_scatter", smallest * grad, plan
         )

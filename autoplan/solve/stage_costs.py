@@ -151,17 +151,17 @@ class StageCosts:
         _, params_of, pre, post = self._block_totals(plan, self.context(plan))
         return pre.param_count, post.param_count, sum(params_of.values())
 
-    def min_boundary_bytes(self, plan: Plan) -> float:
-        """The smallest block input (a lower bound on what a pipeline stage receives)."""
+    def min_boundary_bytes(self, plan: Plan) -> tuple[float, float]:
+        """The smallest block inputs, forward and those whose gradient goes back (rotary tables and
+        masks do not): lower bounds on what a pipeline stage receives and sends back per micro-batch."""
         ctx = self.context(plan)
         key = ("boundary", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
-        return self._memo.get(
-            key,
-            plan.tp_plan,
-            lambda: min(
-                (self.summary(layer, "", plan.tp_plan, ctx).input_bytes for layer in self.graph.layers), default=0.0
-            ),
-        )
+
+        def make() -> tuple[float, float]:
+            sizes = [self.cost_model.block_inputs(layer, plan) for layer in self.graph.layers]
+            return min((sum(f) for f, _ in sizes), default=0.0), min((sum(b) for _, b in sizes), default=0.0)
+
+        return self._memo.get(key, plan.tp_plan, make)
 
     def _capacity(self, plan: Plan, boundary: float, block_params: float) -> float:
         buffers = comm_buffer_bytes(

@@ -1,0 +1,191 @@
+"""Expert parallelism as the cost model prices it (autoplan/cost/experts.py, expert_parallel.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from synthetic import synthetic_gpt, synthetic_profile
+
+from autoplan.cli import main
+from autoplan.cost.comm import collective_time_s
+from autoplan.cost.experts import GPU_M_TILE, ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm
+from autoplan.cost.memory import LOW_BYTES
+from autoplan.cost.mesh import AxisGroup, ep_groups
+from autoplan.cost.model import CostModel
+from autoplan.errors import PlanError
+from autoplan.solve.api import plan_graph
+from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.search import Search
+from autoplan.types.moe import RoutingModel
+from autoplan.types.plan import Plan
+
+transformers = pytest.importorskip("transformers")
+EXPERTS, BATCH = 8, 32
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hf_mixtral.py"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from autoplan.trace import trace
+
+    config = MixtralConfig(
+        num_hidden_layers=4,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        num_local_experts=EXPERTS,
+        num_experts_per_tok=2,
+        vocab_size=1024,
+        max_position_embeddings=128,
+        use_cache=False,
+    )
+    with torch.device("meta"):
+        model = MixtralForCausalLM(config)
+    return trace(model, (torch.randint(0, 1024, (BATCH, 128)),))
+
+
+def _plan(**changes) -> Plan:
+    fields = dict(devices=8, dp=8, tp=1, pp=1, micro_batch_size=4, num_microbatches=1, precision="bf16")
+    return Plan(**{**fields, **changes})
+
+
+def _place(ep: int, imbalance: float = 1.0, group=None) -> ExpertPlacement:
+    return ExpertPlacement(ep=ep, imbalance=imbalance, group=group or AxisGroup(size=ep, ranks_per_node=ep))
+
+
+def test_an_expert_matmul_runs_as_ep_times_fewer_groups_of_ep_times_more_rows(graph):
+    moe = graph.moe_layers[0]
+    node = next(n for n in graph.nodes if is_expert_gemm(n, moe))
+    profile, f = synthetic_profile(), 4 / BATCH
+    experts, slots, n_out = node.output_shape
+    k_in = node.fwd_flops / (2 * experts * slots * n_out)
+    for ep in (1, 2, 8):
+        rows = ep * slots * f
+        flops = 2 * rows * k_in * n_out
+        padded = math.ceil(rows / GPU_M_TILE) * GPU_M_TILE
+        compute = 2 * padded * k_in * n_out / (312e12 * 0.8 * flops / (flops + 2e9))
+        memory = (rows * k_in + k_in * n_out + rows * n_out) * 2 / 2.0e12
+        fwd, bwd = grouped_gemm_s(node, moe, profile, precision="bf16", batch_fraction=f, place=_place(ep))
+        assert fwd == pytest.approx(experts // ep * max(compute, memory), rel=1e-12)
+        assert bwd == pytest.approx(2 * fwd, rel=1e-12)
+    times = [
+        grouped_gemm_s(node, moe, profile, precision="bf16", batch_fraction=f, place=_place(ep))[0] for ep in (1, 8)
+    ]
+    assert times[1] < times[0]  # the same FLOPs in bigger GEMMs run faster
+    busy = grouped_gemm_s(node, moe, profile, precision="bf16", batch_fraction=f, place=_place(8, imbalance=2.0))[0]
+    assert busy > times[1]
+
+
+def test_dispatch_and_combine_cross_the_ep_group_inside_a_node_or_between_nodes(graph):
+    moe, profile, f = graph.moe_layers[0], synthetic_profile(), 4 / BATCH
+    message = moe.num_experts * moe.slots_per_expert * f * moe.hidden_size * 2
+    assert a2a_times_s(moe, profile, precision="bf16", batch_fraction=f, place=_place(1)) == (0.0, 0.0)
+    inside = ep_groups(profile, dp=16, ep=8, pp=1)["ep"]
+    across = ep_groups(profile, dp=16, ep=16, pp=1)["ep"]
+    assert not inside.spans_nodes and across.spans_nodes
+    for group in (inside, across):
+        fwd, bwd = a2a_times_s(moe, profile, precision="bf16", batch_fraction=f, place=_place(group.size, 1.5, group))
+        tokens = collective_time_s(profile, "all_to_all", 1.5 * message, group=group)
+        counts = collective_time_s(profile, "all_to_all", moe.num_experts * 8, group=group)
+        assert fwd == pytest.approx(counts + 2 * tokens) and bwd == pytest.approx(2 * tokens)
+    per_rank = [
+        a2a_times_s(moe, profile, precision="bf16", batch_fraction=1.0, place=_place(g.size, 1, g))[1]
+        for g in (inside, across)
+    ]
+    assert per_rank[1] > 5 * per_rank[0]  # the NICs, not NVLink (the whole batch: bandwidth-bound)
+
+
+def test_an_expert_lives_on_one_rank_of_its_ep_group_and_syncs_over_dp_over_ep(graph):
+    model = CostModel(graph, synthetic_profile())
+    experts = sum(m.expert_params for m in graph.moe_layers)
+    dense = graph.param_count - experts
+    low = 4 + LOW_BYTES["bf16"]
+    for ep in (1, 2, 8):
+        plain = model.estimate(_plan(ep=ep))
+        assert plain.weights_bytes == pytest.approx(low * (dense + experts / ep), rel=1e-9)
+        sharded = model.estimate(_plan(ep=ep, zero_stage=3))
+        assert sharded.optimizer_bytes == pytest.approx(8 * (dense + experts) / 8, rel=1e-9)
+        if ep < 8:  # FSDP over the dp / ep ranks holding the same experts
+            assert sharded.weights_bytes == pytest.approx(4 * (dense / 8 + experts / ep / (8 // ep)), rel=1e-9)
+        else:  # ep = dp: no rank shares an expert, which stays whole (fp32 and its bf16 copy)
+            assert sharded.weights_bytes == pytest.approx(4 * dense / 8 + low * experts / 8, rel=1e-9)
+    edp = ep_groups(model.profile, dp=8, ep=2, pp=1)["edp"]
+    assert edp == AxisGroup(size=4, ranks_per_node=4)
+
+
+def test_the_all_to_alls_repeat_in_a_recomputed_forward_and_scale_with_the_imbalance(graph):
+    model = CostModel(graph, synthetic_profile())
+    none, full = (
+        model.estimate(_plan(ep=4, recompute=r, num_microbatches=2, micro_batch_size=2)) for r in ("none", "full")
+    )
+    place = model.expert_placement(_plan(ep=4))
+    per_layer = a2a_times_s(graph.moe_layers[0], model.profile, precision="bf16", batch_fraction=2 / BATCH, place=place)
+    assert none.ep_comm_s == pytest.approx(2 * len(graph.moe_layers) * sum(per_layer), rel=1e-9)
+    assert full.ep_comm_s - none.ep_comm_s == pytest.approx(2 * len(graph.moe_layers) * per_layer[0], rel=1e-9)
+    slow = CostModel(graph, synthetic_profile(intra_busbw_bytes_per_s=1e9))  # bandwidth-bound all-to-alls
+    calm = slow.estimate(_plan(ep=4, routing=RoutingModel(imbalance=1.0)))
+    hot = slow.estimate(_plan(ep=4, routing=RoutingModel(imbalance=2.0)))
+    assert hot.ep_comm_s > 1.5 * calm.ep_comm_s and hot.compute_s > calm.compute_s
+    assert model.estimate(_plan(ep=1)).ep_comm_s == 0.0
+
+
+def test_the_search_offers_ep_and_the_plan_keeps_its_routing_model(graph):
+    result = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, top_k=3)
+    eps = {c.config["ep"] for c in result.candidates}
+    assert eps == {1, 2, 4, 8}
+    assert all(c.plan.tp == 1 for c in result.candidates if c.plan is not None and c.plan.ep > 1)
+    pinned = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, fix="ep=2").best
+    assert pinned.ep == 2 and pinned.routing == graph.moe_layers[0].routing
+
+
+def test_bounds_stay_below_what_expert_parallel_plans_are_priced_at(graph):
+    search = Search(
+        graph, synthetic_profile(memory_bytes=2**30), SearchOptions(devices=16, batch_size=BATCH, keep=10**6)
+    )
+    search._usable_bytes = float("inf")
+    result = search.run()
+    priced = [c for c in result.candidates if c.cost is not None]
+    assert any(c.plan.ep > 1 for c in priced) and any(c.plan.ep > 1 and c.plan.pp > 1 for c in priced)
+    assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)
+    assert all(search.bounds.states_floor_bytes(c.plan) <= c.cost.peak_memory_bytes * (1 + 1e-12) for c in priced)
+
+
+@pytest.mark.parametrize(
+    "fix, words",
+    [("ep=3", "does not divide the model's 8 experts"), ("ep=16", "does not divide the model's 8 experts")],
+)
+def test_an_ep_the_experts_cannot_take_is_one_sentence(graph, fix, words):
+    with pytest.raises(PlanError) as info:
+        plan_graph(graph, devices=16, profile=synthetic_profile(), batch_size=BATCH, fix=fix)
+    assert "ep=" in str(info.value) and "8 experts" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ep_on_a_dense_model_or_a_plan_that_splits_experts_unevenly_is_refused(graph):
+    dense = synthetic_gpt(layers=2, hidden=128, heads=4, vocab=512, seq=64, batch=8)
+    with pytest.raises(PlanError, match="no MoE layers"):
+        plan_graph(dense, devices=8, profile=synthetic_profile(), batch_size=8, fix="ep=2")
+    with pytest.raises(PlanError, match=r"ep=6 does not divide the 8 experts of MoE layer 'model\.layers\.0\.mlp'"):
+        CostModel(graph, synthetic_profile()).estimate(_plan(devices=6, dp=6, ep=6, micro_batch_size=1))
+
+
+def test_plan_cli_pins_ep_and_writes_it(tmp_path, monkeypatch):
+    for name, value in dict(LAYERS=2, DIM=64, FFN=128, EXPERTS=4, VOCAB=512, SEQ=32).items():
+        monkeypatch.setenv(f"AUTOPLAN_HF_MIXTRAL_{name}", str(value))
+    out = tmp_path / "out"
+    code = main(["plan", str(EXAMPLE), "--devices", "8", "--profile", "dgx-h100", "--batch", "16",
+                 "--fix", "ep=4", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["ep"] == 4 and plan["routing"]["imbalance"] == 1.25
+    header = (out / "plans.csv").read_text().splitlines()[0].split(",")
+    assert "ep" in header and "ep_comm_s" in header
+    bad = main(["plan", str(EXAMPLE), "--devices", "8", "--profile", "dgx-h100", "--batch", "16",
+                "--fix", "ep=8", "--out", str(tmp_path / "bad")])  # fmt: skip
+    assert bad != 0
