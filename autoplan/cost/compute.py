@@ -128,7 +128,8 @@ def _device_time_s(
     moved = moved_bytes(
         node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
     )
-    weights = node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
+    # a view of a parameter (w.T feeding a matmul) moves nothing: its reader reads the weight
+    weights = 0.0 if node.op == "view" else node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard
     return max(_flops_time_s(node, profile, flops=flops, precision=precision), memory_time_s(profile, bytes_moved))
 
@@ -213,7 +214,7 @@ def input_bytes_of(predecessors: list[OpNode], *, precision: str) -> float:
 def moved_bytes(node: OpNode, *, precision: str, gpu: bool, backward: bool, input_bytes: float | None = None) -> float:
     """Activation bytes the node's forward (or backward) reads and writes for the traced batch,
     in ``precision``; weights excluded (module docstring)."""
-    if node.op == "view":
+    if node.op == "view" or not node.output_bytes:  # a view, or an op with no tensor out (a metadata assert)
         return 0.0
     out = node.output_bytes * activation_scale(node, precision=precision)
     attrs = node.attrs

@@ -95,7 +95,7 @@ def is_expert_gemm(node: OpNode, moe: MoELayer) -> bool:
     """A batched matmul over the layer's experts: ``[E, C, N]`` in the experts module."""
     shape = node.output_shape
     return (
-        node.op == "matmul"
+        node.op in ("matmul", "linear")  # a bmm, or one that adds a bias (GPT-OSS)
         and within(node.module, moe.experts_module)
         and len(shape) == 3
         and shape[0] == moe.num_experts

@@ -189,3 +189,13 @@ def test_plan_cli_pins_ep_and_writes_it(tmp_path, monkeypatch):
     bad = main(["plan", str(EXAMPLE), "--devices", "8", "--profile", "dgx-h100", "--batch", "16",
                 "--fix", "ep=8", "--out", str(tmp_path / "bad")])  # fmt: skip
     assert bad != 0
+
+
+def test_an_expert_matmul_with_a_bias_is_a_grouped_gemm_too(graph):
+    """GPT-OSS adds its experts' biases to the bmm, which the tracer classifies as a linear."""
+    from dataclasses import replace
+
+    moe = graph.moe_layers[0]
+    node = next(n for n in graph.nodes if is_expert_gemm(n, moe))
+    assert is_expert_gemm(replace(node, op="linear"), moe)
+    assert not is_expert_gemm(replace(node, output_shape=[2, *node.output_shape[1:]]), moe)

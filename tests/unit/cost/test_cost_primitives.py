@@ -153,3 +153,21 @@ def test_dp_messages_are_bucketed_only_under_ddp():
     bucket = collective_time_s(profile, "all_reduce", DDP_BUCKET_BYTES, group=group)
     assert model._dp_message_s(ddp, "all_reduce", size, group) == pytest.approx(40 * bucket)
     assert model._dp_message_s(fsdp, "all_reduce", size, group) == pytest.approx(one)
+
+
+def test_a_view_of_a_parameter_and_a_metadata_assert_move_nothing():
+    """w.T feeding a matmul is a view: the matmul reads the weight, the view costs nothing (an
+    expert's [E, H, I] weight transposed for a bmm once cost a full read of every expert); an
+    op with no tensor output (aten._assert_tensor_metadata) reads nothing either."""
+    from autoplan.types.graph import OpNode
+
+    profile = a100_profile()
+    view = OpNode(
+        name="t", op="view", target="aten.transpose.int", module="experts", layer=None,
+        param_names=["experts.w"], param_count=256 * 7168 * 4096, output_shape=[256, 4096, 7168],
+        output_dtype="torch.float32", output_bytes=4 * 256 * 7168 * 4096,
+    )  # fmt: skip
+    check = OpNode(name="a", op="other", target="aten._assert_tensor_metadata.default", module="m", layer=None)
+    for node in (view, check):
+        for backward in (False, True):
+            assert op_time_s(node, profile, precision="bf16", batch_fraction=1.0, backward=backward) == 0.0
