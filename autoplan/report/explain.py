@@ -192,7 +192,11 @@ def _pruned_verdict(
     family: str, members: list, best, model: CostModel | None, objective, stand_ins: list
 ) -> FamilyVerdict:
     bound = min(members, key=lambda c: (c.config.get("precision") != best.config.get("precision"), c.lower_bound))
-    head = f"pruned: its lower bound {bound.lower_bound:.4g} is already above the best {best.objective:.4g}"
+    head = (
+        f"pruned: its lower bound {bound.lower_bound:.4g} is already above the best {best.objective:.4g}"
+        if bound.lower_bound >= best.objective
+        else bound.reason  # pruned by a rule, not by its bound (degenerate tp, the memory floor)
+    )
     plan = _default_layout(bound.config)
     if model is None or plan is None:
         return FamilyVerdict(family, "compute", head + " (compute and optimizer alone, with no communication)")

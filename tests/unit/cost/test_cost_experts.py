@@ -199,3 +199,17 @@ def test_an_expert_matmul_with_a_bias_is_a_grouped_gemm_too(graph):
     node = next(n for n in graph.nodes if is_expert_gemm(n, moe))
     assert is_expert_gemm(replace(node, op="linear"), moe)
     assert not is_expert_gemm(replace(node, output_shape=[2, *node.output_shape[1:]]), moe)
+
+
+def test_explain_names_expert_parallel_families_and_only_true_bounds(tmp_path, monkeypatch, capsys):
+    import re
+
+    for name, value in dict(LAYERS=2, DIM=64, FFN=128, EXPERTS=4, VOCAB=512, SEQ=32).items():
+        monkeypatch.setenv(f"AUTOPLAN_HF_MIXTRAL_{name}", str(value))
+    code = main(["plan", str(EXAMPLE), "--devices", "8", "--profile", "dgx-h100", "--batch", "16",
+                 "--out", str(tmp_path / "out"), "--explain", "--json"])  # fmt: skip
+    assert code == 0
+    text = json.dumps(json.loads(capsys.readouterr().out)["explanation"])
+    assert re.search(r"dp=\d+ ep=\d+ tp=1", text)
+    claims = re.findall(r"its lower bound ([0-9.e+-]+) is already above the best ([0-9.e+-]+)", text)
+    assert all(float(bound) >= float(best) for bound, best in claims)
