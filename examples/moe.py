@@ -1,9 +1,15 @@
-"""A mixture-of-experts transformer: attention + a top-2 MoE MLP in every layer.
+"""A mixture-of-experts transformer in plain torch: attention + a top-2 MoE MLP in every layer.
 
-Routing is GShard/Switch-style with a fixed expert capacity, written with dense one-hot
-dispatch and combine tensors (einsum), so every shape is static and the model traces on fake
-tensors: each expert processes exactly ``capacity`` token slots. Sizes overridable with
-AUTOPLAN_MOE_<NAME> for LAYERS, DIM, HEADS, EXPERTS, TOP_K, VOCAB, SEQ."""
+The MoE MLP routes dropless: a router Linear scores each token's experts, softmax, and each token
+goes to its ``TOP_K`` best experts, weighted by their softmax probabilities as they are (not
+renormalised over the top k, as Switch Transformer and Qwen2-MoE's default do). The experts
+follow the Hugging Face experts interface (docs/moe.md), so autoplan traces them under its
+routing model and can split them over ranks with expert parallelism (docs/executor.md):
+``num_experts`` and 3-D weights ``up_proj [E, 4D, D]`` and ``down_proj [E, D, 4D]`` (a GELU FFN,
+no gate: ``has_gate = False``; ``[out, in]`` per expert: ``is_transposed = False``), called as
+``experts(hidden [S, D], top_k_index [S, k], top_k_weights [S, k])``. Its eager forward loops over
+the experts that received tokens, with index ops. Sizes overridable with AUTOPLAN_MOE_<NAME> for
+LAYERS, DIM, HEADS, EXPERTS, TOP_K, VOCAB, SEQ."""
 
 import math
 import os
@@ -19,39 +25,51 @@ EXPERTS = int(os.environ.get("AUTOPLAN_MOE_EXPERTS", 4))
 TOP_K = int(os.environ.get("AUTOPLAN_MOE_TOP_K", 2))
 VOCAB = int(os.environ.get("AUTOPLAN_MOE_VOCAB", 8000))
 SEQ = int(os.environ.get("AUTOPLAN_MOE_SEQ", 128))
-CAPACITY_FACTOR = 1.25
 
 
-class Expert(nn.Module):
-    def __init__(self):
+class Experts(nn.Module):
+    """``num_experts`` GELU FFNs stored as 3-D weights (the Hugging Face experts interface)."""
+
+    has_gate, has_bias, is_transposed = False, False, False
+
+    def __init__(self, num_experts: int = EXPERTS, dim: int = DIM, hidden: int = 4 * DIM):
         super().__init__()
-        self.w_in, self.w_out = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+        self.num_experts = num_experts
+        self.up_proj = nn.Parameter(torch.empty(num_experts, hidden, dim))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, dim, hidden))
+        self.act_fn = nn.GELU()
+        self.reset_parameters()
 
-    def forward(self, x):
-        return self.w_out(F.gelu(self.w_in(x)))
+    def reset_parameters(self):
+        for weight in (self.up_proj, self.down_proj):  # each expert as nn.Linear initialises its weight
+            bound = 1 / math.sqrt(weight.shape[-1])
+            nn.init.uniform_(weight, -bound, bound)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            hit = torch.unique(top_k_index)
+        for expert in hit.tolist():
+            token, choice = torch.where(top_k_index == expert)
+            h = self.act_fn(F.linear(hidden_states[token], self.up_proj[expert]))
+            h = F.linear(h, self.down_proj[expert]) * top_k_weights[token, choice, None]
+            out.index_add_(0, token, h.to(out.dtype))
+        return out
 
 
 class MoE(nn.Module):
     def __init__(self):
         super().__init__()
+        self.top_k = TOP_K
         self.router = nn.Linear(DIM, EXPERTS, bias=False)
-        self.experts = nn.ModuleList([Expert() for _ in range(EXPERTS)])
+        self.experts = Experts()
 
     def forward(self, x):
         B, T, C = x.shape
         tokens = x.reshape(B * T, C)
-        capacity = math.ceil(CAPACITY_FACTOR * B * T * TOP_K / EXPERTS)
         probs = F.softmax(self.router(tokens), dim=-1)
-        weights, chosen = probs.topk(TOP_K, dim=-1)  # [S, k]
-        onehot = F.one_hot(chosen, EXPERTS).to(x.dtype)  # [S, k, E]
-        position = (torch.cumsum(onehot.reshape(-1, EXPERTS), dim=0).reshape(B * T, TOP_K, EXPERTS) - 1) * onehot
-        keep = onehot * (position < capacity).to(x.dtype)  # drop overflow tokens
-        slots = F.one_hot(position.long().clamp(0, capacity - 1), capacity).to(x.dtype) * keep.unsqueeze(-1)
-        dispatch = slots.sum(1)  # [S, E, C]
-        combine = (slots * weights.unsqueeze(-1).unsqueeze(-1)).sum(1)  # [S, E, C]
-        expert_in = torch.einsum("sec,sd->ecd", dispatch, tokens)  # [E, C, D]
-        expert_out = torch.stack([expert(expert_in[i]) for i, expert in enumerate(self.experts)])
-        return torch.einsum("sec,ecd->sd", combine, expert_out).reshape(B, T, C)
+        weights, chosen = probs.topk(self.top_k, dim=-1)  # [S, k]
+        return self.experts(tokens, chosen, weights).reshape(B, T, C)
 
 
 class Layer(nn.Module):

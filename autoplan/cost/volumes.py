@@ -32,7 +32,8 @@ rest: the last stage). The step time charges them all to the last stage (model.p
 messages, attributed to one stage. Tied weights across stages:
 one all-reduce of their gradient on the pp link. fp16: one 4-byte all-reduce of the
 overflow flag on the world group (execute/grad_scaler.py), counted under the mesh dim that
-spans the world when one does.
+spans the world when one does. Expert parallelism: the all-to-alls on the ep group and the
+experts' gradient sync on the edp group (``_experts``); dense parameters as above.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import math
 from dataclasses import dataclass, field
 
 from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.experts import COUNT_BYTES, dispatch_bytes
 from autoplan.cost.memory import runs_ddp
 from autoplan.cost.model import CostModel
 from autoplan.cost.stages import StageTotals
@@ -78,6 +80,7 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
         _tensor_parallel(pred, plan, model, tp_plan, ctx, index)
         _data_parallel(pred, plan, stage, index, model.graph.buffer_bytes)
         _pipeline(pred, plan, index, model)
+        _experts(pred, plan, model, stage, index)
         _flops(pred, plan, stage, index)
         if (
             plan.precision == "fp16"
@@ -93,13 +96,17 @@ def _world_dim(plan: Plan) -> str:
 
 
 def _held_elements(plan: Plan, stage: StageTotals) -> float:
-    return stage.params / plan.dp if plan.zero_stage >= 2 and plan.dp > 1 else stage.params
+    if plan.zero_stage < 2 or plan.dp == 1:
+        return stage.params
+    if plan.ep == 1:
+        return stage.params / plan.dp
+    return stage.dense_params / plan.dp + stage.expert_params / (plan.dp // plan.ep)
 
 
 def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int, buffer_bytes: int) -> None:
     if plan.dp == 1:
         return
-    p = stage.params
+    p = _dense(plan, stage)
     grad = PRECISION_BYTES[plan.grad_reduce_dtype]
     if plan.zero_stage == 0:
         ddp = runs_ddp(plan)
@@ -114,20 +121,69 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
         _fsdp(pred, plan, stage, grad, index)
 
 
+def _dense(plan: Plan, stage: StageTotals) -> float:
+    """The parameters synced over dp: all of them, or all but the experts' under ep > 1."""
+    return stage.dense_params if plan.ep > 1 else stage.params
+
+
 def _fsdp(pred: StagePrediction, plan: Plan, stage: StageTotals, grad: int, index: int) -> None:
-    p, m = stage.params, plan.num_microbatches
-    weight = PRECISION_BYTES[plan.precision]
+    p = _dense(plan, stage)
     blocks = _real_blocks(plan, stage, index)
-    root = stage.params - sum(b.param_count for b in blocks)  # the stage module's own (outside-node) weights
+    experts = plan.ep > 1
+    root = p - sum(b.param_count - (b.expert_param_count if experts else 0.0) for b in blocks)  # the stage's own
     units = sum(1 for b in blocks if b.param_count) + (1 if root > 0 else 0)
+    _fsdp_units(pred, plan, "dp", units, p, grad)
+
+
+def _fsdp_units(pred: StagePrediction, plan: Plan, dim: str, units: int, p: float, grad: int) -> None:
+    """``units`` FSDP2 units of ``p`` parameters in all, on the ``dim`` group (module docstring)."""
+    m, weight = plan.num_microbatches, PRECISION_BYTES[plan.precision]
     if plan.pp == 1:
         gathers = 1 if plan.zero_stage == 2 else 2 * m
         scatters = m
     else:
         gathers = 1 if plan.zero_stage == 2 else m + 1
         scatters = 1
-    pred.add("dp", "all_gather", units * gathers, gathers * p * weight)
-    pred.add("dp", "reduce_scatter", units * scatters, scatters * p * grad)
+    pred.add(dim, "all_gather", units * gathers, gathers * p * weight)
+    pred.add(dim, "reduce_scatter", units * scatters, scatters * p * grad)
+
+
+def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTotals, index: int) -> None:
+    """Expert parallelism: per MoE layer and micro-batch five all-to-alls on the ep group (the
+    per-expert counts, dispatch and combine, and the gradients of the last two), three more when
+    recomputation re-runs the forward, of the rows a rank sends under balanced routing (the
+    measured bytes of the combine and its gradient follow the real routing); and the experts'
+    gradient sync over the edp group."""
+    if plan.ep == 1:
+        return
+    names = set(model.stage_layers(plan, index))
+    moes = [moe for moe in model.graph.moe_layers if moe.layer in names or (moe.layer is None and plan.pp == 1)]
+    f, m = plan.micro_batch_size / model.graph.batch_size, plan.num_microbatches
+    counts, tokens = (2, 6) if plan.recompute != "none" else (1, 4)
+    for moe in moes:
+        rows = dispatch_bytes(moe, precision=plan.precision, batch_fraction=f, imbalance=1.0)
+        pred.add(
+            "ep", "all_to_all", m * (counts + tokens), m * (counts * moe.num_experts * COUNT_BYTES + tokens * rows)
+        )
+    _expert_sync(pred, plan, stage.expert_params, units=len(moes))
+
+
+def _expert_sync(pred: StagePrediction, plan: Plan, elements: float, *, units: int) -> None:
+    """The experts' gradients over edp (autoplan/execute/expert_parallel.py): one all-reduce with
+    DDP or the explicit all-reduce (none when no other rank holds the experts), ZeRO-1's second
+    sharded optimizer (a one-rank group's copies too), or one FSDP2 unit per experts module."""
+    edp, grad = plan.dp // plan.ep, PRECISION_BYTES[plan.grad_reduce_dtype]
+    if not elements:
+        return
+    if plan.zero_stage == 0:
+        if edp > 1:
+            pred.add("edp", "all_reduce", 1, elements * grad)
+    elif plan.zero_stage == 1:
+        padded = edp * math.ceil(elements / edp)
+        pred.add("edp", "reduce_scatter", 1, padded * grad)
+        pred.add("edp", "all_gather", 1, padded * 4)
+    elif edp > 1:  # FSDP2 on a one-rank mesh issues no collective
+        _fsdp_units(pred, plan, "edp", units, elements, grad)
 
 
 def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_plan: dict, ctx, index: int) -> None:

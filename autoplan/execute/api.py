@@ -5,17 +5,23 @@ Composition order (each step says why it comes after the previous and before the
 1. **Pipeline split** first: torch.export must see the plain eager model (it cannot trace
    DTensor parameters or FSDP/checkpoint hooks), and every later step then works on just this
    rank's stage modules.
-2. **Tensor parallelism** (+SP) after the split, so its parameter sharding and
+   Mixture-of-Experts experts modules are exported as one opaque op each and run by their
+   eager dispatch (autoplan/execute/expert_dispatch.py).
+2. **Expert parallelism** after the split, so each stage slices only the experts it holds
+   (and the opaque op's parameters are the stage's own), before TP (which it excludes, ``ep > 1``
+   needs ``tp = 1``) and before data parallelism, which must see the sliced parameters: FSDP2
+   shards them over the edp mesh, DDP ignores them (autoplan/execute/expert_parallel.py).
+3. **Tensor parallelism** (+SP) after the split, so its parameter sharding and
    input/output hooks land on the stage modules that actually run; before recomputation, so a
    checkpointed block replays the TP redistributions as part of its forward.
-3. **Activation recomputation** after TP (see 2) and before FSDP, so FSDP's per-block
+4. **Activation recomputation** after TP (see 3) and before FSDP, so FSDP's per-block
    all-gather hooks stay outside the checkpointed forward and gather once per (re)forward.
    With ``tp_comm_overlap`` each block is then compiled for torch's async TP
    (autoplan/execute/tp_overlap.py), still before FSDP, as torchtitan orders it.
-4. **FSDP2 / DDP / explicit all-reduce** after TP, because FSDP2 composes with DTensor
+5. **FSDP2 / DDP / explicit all-reduce** after TP, because FSDP2 composes with DTensor
    parameters already on the tp mesh (2-D dp x tp), and last among the module transforms
    because DDP / FSDP must see the final parameters.
-5. **Schedule** last: ``PipelineStage`` needs the finished (TP'd, checkpointed, sharded)
+6. **Schedule** last: ``PipelineStage`` needs the finished (TP'd, checkpointed, sharded)
    stage modules.
 """
 
@@ -27,16 +33,16 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.execute import data_parallel, pipeline, precision
+from autoplan.execute import data_parallel, expert_parallel, pipeline, precision
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
-from autoplan.execute.mesh import build_mesh, coordinates, local_device
+from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, local_device
 from autoplan.execute.recompute import apply_recompute
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
 from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tp_overlap import apply_async_tp, check_runs_here
 from autoplan.execute.trainer import Trainer
-from autoplan.execute.zero import ShardedOptimizer
+from autoplan.execute.zero import sharded_optimizer
 from autoplan.trace.layers import find_blocks
 from autoplan.types.plan import Plan
 
@@ -67,7 +73,10 @@ def parallelize(
     model = materialize(model, device=device)  # built on meta: initialise it (same RNG state on every rank)
     plan = with_default_tp_plan(model=model, plan=plan, microbatch_inputs=microbatch_inputs)
     kinds = validate_tp_plan(model=model, plan=plan)
+    experts = expert_parallel.find_experts(model)
+    expert_parallel.check_expert_parallel(model=model, plan=plan, dispatches=experts)
     mesh = build_mesh(plan=plan)
+    ep_mesh = expert_mesh(mesh=mesh, plan=plan)
     model = model.to(device)
     blocks = [b for stage in plan.stages for b in stage] or find_blocks(
         model
@@ -75,7 +84,16 @@ def parallelize(
     ties = tied_names(model)
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
     modules, tie_sync, out_spec = _split(
-        model=model, plan=plan, microbatch_inputs=microbatch_inputs, mesh=mesh, ties=ties, device=device
+        model=model,
+        plan=plan,
+        microbatch_inputs=microbatch_inputs,
+        mesh=mesh,
+        ties=ties,
+        device=device,
+        experts=experts,
+    )
+    ep_state = expert_parallel.apply_expert_parallel(
+        modules=modules, plan=plan, dispatches=experts, expert_mesh=ep_mesh, eager=plan.pp == 1
     )
     mode = data_parallel.dp_mode(plan=plan)
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
@@ -86,7 +104,7 @@ def parallelize(
         if plan.tp_comm_overlap:
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
         modules[index] = _data_parallel(
-            module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device, policy=policy
+            module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device, policy=policy, ep=ep_state
         )
     if plan.recompute != "none" and not checkpointed:
         raise PlanError(
@@ -96,7 +114,9 @@ def parallelize(
         )
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = (
-        ShardedOptimizer(params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"], reduce_dtype=policy.reduce_dtype)
+        sharded_optimizer(
+            params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"], reduce_dtype=policy.reduce_dtype, ep=ep_state
+        )
         if mode == "zero1"
         else optimizer_fn(params)
     )
@@ -113,6 +133,7 @@ def parallelize(
         scaler=scaler,
         tie_sync=tie_sync,
         aliases=aliases,
+        experts=ep_state,
     )
     if plan.pp > 1:
         trainer.schedule = pipeline.build_schedule(
@@ -134,6 +155,7 @@ def _split(
     mesh: Any,
     ties: list[list[str]],
     device: torch.device,
+    experts: dict[str, expert_parallel.ExpertsDispatch],
 ) -> tuple[dict[int, nn.Module], TiedGradSync | None, Any]:
     """This rank's stage modules, the tied-weight gradient sync, and the spec that rebuilds the
     model's output from the last stage's tensors (``pipeline.split_model``)."""
@@ -147,7 +169,7 @@ def _split(
     from autoplan.execute.batch import move_to
 
     pipe, out_spec = pipeline.split_model(
-        model=model, plan=plan, microbatch_args=move_to(tuple(microbatch_inputs), device)
+        model=model, plan=plan, microbatch_args=move_to(tuple(microbatch_inputs), device), experts=experts
     )
     modules = {i: pipe.get_stage_module(i) for i in pipeline.stage_indices(plan=plan, pp_rank=coordinates(mesh)["pp"])}
     holders = {
@@ -167,14 +189,28 @@ def _data_parallel(
     mode: str,
     device: torch.device,
     policy: precision.PrecisionPolicy,
+    ep: expert_parallel.ExpertParallel | None,
 ) -> nn.Module:
+    """Data parallelism on one stage module; its expert parameters (``ep``) on the edp mesh
+    (FSDP2) or left out of DDP, which the Trainer's gradient sync then reduces."""
+    experts = [layer.module for layer in ep.layers if any(m is layer.module for m in module.modules())] if ep else []
     if mode == "fsdp":
         return data_parallel.apply_fsdp(
-            module=module, blocks=blocks, plan=plan, dp_mesh=mesh["dp"], mp_policy=precision.mp_policy(policy)
+            module=module,
+            blocks=blocks,
+            plan=plan,
+            dp_mesh=mesh["dp"],
+            mp_policy=precision.mp_policy(policy),
+            experts=experts,
+            edp_mesh=ep.edp_mesh if ep else None,
         )
     if mode == "ddp":
         return data_parallel.apply_ddp(
-            module=module, dp_mesh=mesh["dp"], device=device, reduce_dtype=policy.reduce_dtype
+            module=module,
+            dp_mesh=mesh["dp"],
+            device=device,
+            reduce_dtype=policy.reduce_dtype,
+            ignore=frozenset(id(p) for m in experts for p in m.parameters()),
         )
     return module
 
@@ -195,5 +231,5 @@ def with_default_tp_plan(*, model: nn.Module, plan: Plan, microbatch_inputs: tup
     from autoplan.cost.tp_default import default_tp_plan
     from autoplan.trace import trace
 
-    graph = trace(model, tuple(microbatch_inputs))
+    graph = trace(model, tuple(microbatch_inputs), routing=plan.routing)
     return dataclasses.replace(plan, tp_plan=default_tp_plan(graph, plan.tp, sequence_parallel=plan.sequence_parallel))

@@ -19,11 +19,19 @@ FSDP2 wraps each block, then the root (or the stage module), so each block's all
 overlaps the previous block's compute (as torchtitan's ``apply_fsdp``). With dp=1 nothing is
 wrapped: there is no one to share with.
 
+Expert parallelism (autoplan/execute/expert_parallel.py): an experts module's sliced parameters
+are ``fully_shard``-ed on the edp mesh before the blocks (inner first, as FSDP2 needs), without
+casting its inputs (its routing weights stay in the router's dtype, as in the unsharded model);
+DDP ignores them; the explicit all-reduce is given only the dense parameters.
+
 Explicit all-reduce: after backward, gradients (the local shards of DTensor gradients) are
 flattened per dtype into one buffer, all-reduced with AVG over the dp group, and copied back.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -50,12 +58,23 @@ def dp_mode(*, plan: Plan) -> str:
 
 
 def apply_fsdp(
-    *, module: nn.Module, blocks: list[str], plan: Plan, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None
+    *,
+    module: nn.Module,
+    blocks: list[str],
+    plan: Plan,
+    dp_mesh: DeviceMesh,
+    mp_policy: MixedPrecisionPolicy | None,
+    experts: Sequence[nn.Module] = (),
+    edp_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
-    """fully_shard each block present in ``module``, then ``module`` itself."""
+    """fully_shard each experts module on the edp mesh, then each block present in ``module``,
+    then ``module`` itself."""
     kwargs = {"mesh": dp_mesh, "reshard_after_forward": plan.zero_stage == 3}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
+    for expert_module in experts:
+        policy = dataclasses.replace(mp_policy or MixedPrecisionPolicy(), cast_forward_inputs=False)
+        fully_shard(expert_module, **{**kwargs, "mesh": edp_mesh, "mp_policy": policy})
     present = dict(module.named_modules())
     for fqn in sorted(blocks, key=lambda b: -b.count(".")):  # inner before outer, as fully_shard needs
         if fqn in present:
@@ -64,10 +83,20 @@ def apply_fsdp(
     return module
 
 
-def apply_ddp(*, module: nn.Module, dp_mesh: DeviceMesh, device: torch.device, reduce_dtype: torch.dtype) -> nn.Module:
+def apply_ddp(
+    *,
+    module: nn.Module,
+    dp_mesh: DeviceMesh,
+    device: torch.device,
+    reduce_dtype: torch.dtype,
+    ignore: frozenset[int] = frozenset(),
+) -> nn.Module:
     """Wrap ``module`` in DDP over the dp group; gradients are the bucket views (no second
     copy), buffers are broadcast only when the module has some, and the all-reduce runs in
-    ``reduce_dtype``."""
+    ``reduce_dtype``. Parameters in ``ignore`` (by id: sliced experts) are left alone."""
+    if ignore:
+        names = [name for name, p in module.named_parameters() if id(p) in ignore]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
     device_ids = [device.index] if device.type == "cuda" else None
     ddp = DistributedDataParallel(
         module,

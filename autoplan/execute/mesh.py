@@ -3,6 +3,11 @@
 Ranks form a ``(pp, dp, tp)`` mesh, tp innermost (docs/architecture.md): rank
 ``r = (pp_rank * dp + dp_rank) * tp + tp_rank``. Every axis exists even when its degree is 1,
 so the rest of the executor can always ask for ``mesh["dp"]`` or ``mesh["tp"]``.
+
+With expert parallelism (``plan.ep > 1``) the dp axis is also unflattened into ``(edp, ep)``, ep
+innermost, on a second mesh (:func:`expert_mesh`): consecutive dp ranks form an ep group, and the
+ranks holding the same experts an edp group (autoplan/execute/expert_parallel.py). The plan's
+``(pp, dp, tp)`` mesh is left as it is, so ``mesh["dp"]`` keeps meaning every data-parallel rank.
 """
 
 from __future__ import annotations
@@ -52,3 +57,11 @@ def build_mesh(*, plan: Plan) -> DeviceMesh:
 def coordinates(mesh: DeviceMesh) -> dict[str, int]:
     """This rank's position on each axis, e.g. {'pp': 1, 'dp': 0, 'tp': 1}."""
     return {axis: mesh.get_local_rank(axis) for axis in MESH_AXES}
+
+
+def expert_mesh(*, mesh: DeviceMesh, plan: Plan) -> DeviceMesh | None:
+    """The ``(pp, edp, ep, tp)`` mesh of an expert-parallel plan (module docstring); None at ep = 1.
+    A collective: every rank calls it, in the same order."""
+    if plan.ep == 1:
+        return None
+    return mesh._unflatten("dp", (plan.dp // plan.ep, plan.ep), ("edp", "ep"))

@@ -19,6 +19,10 @@ logits where the model returns a ``ModelOutput`` (Hugging Face) or a tuple. ``Pi
 accepts only tensors from a stage, even the last, so ``split_model`` records the spec while
 ``pipeline()`` exports, and the schedule's loss rebuilds the model's output from the last
 stage's tensors with it: the model file's ``loss_fn(output, target)`` sees what it sees at pp=1.
+
+Mixture-of-Experts experts modules (the Hugging Face interface) route with data-dependent ops
+torch.export cannot trace; while ``pipeline()`` exports, each is one opaque ``autoplan::experts``
+op, which the stage graphs then call as the module's eager dispatch (autoplan/execute/expert_dispatch.py).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from autoplan.errors import PlanError
+from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
 from autoplan.types.plan import Plan
 
@@ -73,14 +78,18 @@ def check_stages(*, model: nn.Module, plan: Plan) -> None:
         )
 
 
-def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> tuple[Any, pytree.TreeSpec | None]:
+def split_model(
+    *, model: nn.Module, plan: Plan, microbatch_args: tuple, experts: dict[str, ExpertsDispatch] | None = None
+) -> tuple[Any, pytree.TreeSpec | None]:
     """Export ``model`` on one micro-batch and cut it into ``len(plan.stages)`` stage modules.
     Return the ``Pipe`` and the spec that rebuilds the model's output from the last stage's
-    tensors (None where the model returns one tensor), for ``build_schedule``."""
+    tensors (None where the model returns one tensor), for ``build_schedule``. ``experts``: the
+    model's experts modules by FQN, exported as one opaque op each and run by their dispatch."""
     check_stages(model=model, plan=plan)
+    experts = experts or {}
     split_spec = {stage[0]: SplitPoint.BEGINNING for stage in plan.stages[1:]}
     try:
-        with _output_spec(model) as spec:
+        with _output_spec(model) as spec, opaque_experts(model, experts):
             pipe = pipeline(model, mb_args=microbatch_args, split_spec=split_spec)
     except Exception as exc:  # torch.export failed on this model
         raise PlanError(
@@ -93,6 +102,8 @@ def split_model(*, model: nn.Module, plan: Plan, microbatch_args: tuple) -> tupl
             "a split point is probably never called in forward()."
         )
     carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through those between
+    replaced = sum(replace_experts_ops(pipe.get_stage_module(i), experts) for i in range(pipe.num_stages))
+    assert replaced >= len(experts), f"{len(experts)} experts modules exported as {replaced} autoplan::experts ops"
     out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None)
     for i in range(pipe.num_stages):
         # pipeline() leaves a tied weight's other owner on a stage that never calls it (GPT's lm_head

@@ -25,6 +25,7 @@ from autoplan.errors import PlanError
 from autoplan.execute import precision
 from autoplan.execute.batch import move_to, shard_batch
 from autoplan.execute.data_parallel import allreduce_grads
+from autoplan.execute.expert_parallel import split_params
 from autoplan.execute.tensor_parallel import finalize_tp_grads
 from autoplan.types.plan import Plan
 
@@ -64,6 +65,7 @@ class Trainer:
     aliases: dict[str, str] | None = None
     last_loss_scale: float = 1.0  # the fp16 loss scale the last step back-propagated with
     last_step_skipped: bool = False  # fp16: the last step overflowed somewhere and was skipped
+    experts: Any = None  # an ExpertParallel under expert parallelism (expert_parallel.py)
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
@@ -170,8 +172,11 @@ class Trainer:
             finalize_tp_grads(params)
         if self.tie_sync is not None:
             self.tie_sync()
+        if self.experts is not None:  # their own rule: summed over edp, divided by dp
+            self.experts.sync_grads(dp_mode=self.dp_mode, reduce_dtype=self.policy.reduce_dtype)
         if self.dp_mode == "allreduce":
-            allreduce_grads(params=params, dp_mesh=self.mesh["dp"], reduce_dtype=self.policy.reduce_dtype)
+            dense, _ = split_params(params, self.experts)
+            allreduce_grads(params=dense, dp_mesh=self.mesh["dp"], reduce_dtype=self.policy.reduce_dtype)
 
     def _optimizer_step(self) -> None:
         """Step (fp16: unscale first, and skip on every rank when any gradient overflowed)."""

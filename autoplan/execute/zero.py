@@ -16,6 +16,10 @@ parameter elements: the cost model's ZeRO-1 terms (autoplan/cost/model.py). Grad
 whole through the backward (ZeRO-1 does not partition them); once flattened for the
 reduce-scatter they are freed, and the reduced values exist only as each rank's slice, which
 :meth:`ShardedOptimizer.reduced_gradients` gathers for --verify.
+
+Under expert parallelism the sliced expert parameters get a second ``ShardedOptimizer`` over
+their edp group, dividing by dp instead of the group's size (the gradient rule of
+autoplan/execute/expert_parallel.py); :class:`ShardedOptimizers` steps both as one.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from autoplan.execute.data_parallel import local
+from autoplan.execute.expert_parallel import ExpertParallel, split_params
 
 
 def padded_numel(numel: int, dp: int) -> int:
@@ -46,10 +51,12 @@ class ShardedOptimizer:
         optimizer_fn: Callable,
         dp_mesh: DeviceMesh,
         reduce_dtype: torch.dtype = torch.float32,
+        divide_by: int | None = None,
     ):
         self.params = params
         self.group = dp_mesh.get_group()
         self.dp, self.rank = dp_mesh.size(), dp_mesh.get_local_rank()
+        self.divide_by = divide_by or self.dp  # the reduced gradient is the slices' sum over this
         self.reduce_dtype = reduce_dtype
         self.numel = sum(local(p).numel() for p in params)
         self.shard = padded_numel(self.numel, self.dp) // self.dp
@@ -106,7 +113,7 @@ class ShardedOptimizer:
             param.grad = None
         mine = torch.empty(self.shard, dtype=self.reduce_dtype, device=flat.device)
         dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.SUM, group=self.group)
-        self.master.grad = mine.to(torch.float32).div_(self.dp)
+        self.master.grad = mine.to(torch.float32).div_(self.divide_by)
 
     def _all_gather_parameters(self) -> None:
         first = local(self.params[0].data)
@@ -120,3 +127,61 @@ class ShardedOptimizer:
 
     def state_dict(self) -> dict:
         return self.inner.state_dict()
+
+
+class ShardedOptimizers:
+    """Several :class:`ShardedOptimizer` stepped as one (dense parameters over dp, experts over edp)."""
+
+    def __init__(self, parts: list[ShardedOptimizer]):
+        self.parts = parts
+        self.params = [p for part in parts for p in part.params]
+        self.param_groups = [g for part in parts for g in part.param_groups]
+
+    @property
+    def state(self) -> dict:
+        return {k: v for part in self.parts for k, v in part.inner.state.items()}
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        return [t for part in self.parts for t in part.held_tensors()]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none)
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def reduced_gradients(self) -> list[torch.Tensor]:
+        return [g for part in self.parts for g in part.reduced_gradients()]
+
+    def state_dict(self) -> dict:
+        return {str(i): part.state_dict() for i, part in enumerate(self.parts)}
+
+
+def sharded_optimizer(
+    *,
+    params: list[nn.Parameter],
+    optimizer_fn: Callable,
+    dp_mesh: DeviceMesh,
+    reduce_dtype: torch.dtype,
+    ep: ExpertParallel | None = None,
+) -> ShardedOptimizer | ShardedOptimizers:
+    """ZeRO-1's optimizer: one :class:`ShardedOptimizer` over dp, plus, with expert parallelism,
+    one over edp for the expert parameters that divides by dp (module docstring)."""
+    dense, experts = split_params(params, ep)
+    main = ShardedOptimizer(params=dense, optimizer_fn=optimizer_fn, dp_mesh=dp_mesh, reduce_dtype=reduce_dtype)
+    if not experts:
+        return main
+    return ShardedOptimizers(
+        [
+            main,
+            ShardedOptimizer(
+                params=experts,
+                optimizer_fn=optimizer_fn,
+                dp_mesh=ep.edp_mesh,
+                reduce_dtype=reduce_dtype,
+                divide_by=ep.dp,
+            ),
+        ]
+    )

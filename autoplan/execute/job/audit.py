@@ -6,8 +6,11 @@ dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipel
 
 - :class:`CommRecorder`: every ``c10d`` and ``_c10d_functional`` collective, its kind, its
   message bytes (autoplan/cost/comm.py's convention: the gathered output of an all-gather,
-  the input of a reduce-scatter, the tensor of an all-reduce, broadcast, send or recv) and the
-  mesh dimension of its process group (dp, tp, pp; tied-weight groups count as pp).
+  the input of a reduce-scatter, the tensor of an all-reduce, broadcast, send or recv, the input
+  of an all-to-all) and the mesh dimension of its process group (dp, tp, pp; tied-weight groups
+  count as pp; under expert parallelism ep for the all-to-alls of its token exchange and edp for
+  the expert gradients' reductions: when ep = dp the two groups have the same ranks, and an
+  all-to-all there is ep, anything else dp).
 - :class:`~autoplan.execute.job.meters.LiveBytes`: the peak of live tensor bytes on this rank,
   by tensor lifetime, and the op running at the peak (execute/job/meters.py);
 - :class:`~autoplan.execute.job.meters.MatmulFlops`: FLOPs of matmul-class ops and, apart, of
@@ -35,6 +38,7 @@ from torch.utils._pytree import tree_flatten
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
 
 MESH_DIMS = ("dp", "tp", "pp")
+EXPERT_DIMS = ("ep", "edp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
 #: c10d op name -> (collective kind, which argument holds the message, which holds the group)
 C10D_OPS = {
     "allreduce_": ("all_reduce", 0, 1),
@@ -73,17 +77,34 @@ def _tensor_bytes(obj: Any) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
-def group_dims(mesh: Any, extra: dict[str, str] | None = None) -> dict[frozenset, str]:
+def group_dims(mesh: Any, extra: dict[str, str] | None = None, experts: Any = None) -> dict[frozenset, str]:
     """{ranks of a process group: mesh dim} for this rank's groups of the plan's mesh, plus
-    ``extra`` groups by name (tied weights). Groups are told apart by their ranks, since DTensor
-    and a sub-mesh may each hold their own process group over the same ranks."""
+    ``extra`` groups by name (tied weights) and, under expert parallelism (``experts``, an
+    ExpertParallel), the edp and ep groups where they are not already a dp group. Groups are told
+    apart by their ranks, since DTensor and a sub-mesh may each hold their own process group over
+    the same ranks."""
     dims: dict[frozenset, str] = {}
     for dim in MESH_DIMS:
         if dim in (mesh.mesh_dim_names or ()) and mesh[dim].size() > 1:
             dims[frozenset(dist.get_process_group_ranks(mesh[dim].get_group()))] = dim
     for name, dim in (extra or {}).items():
         dims.setdefault(_ranks(name), dim)
+    for dim, sub in _expert_meshes(experts):
+        dims.setdefault(_ranks(sub.get_group()), dim)
     return dims
+
+
+def all_to_all_dims(experts: Any) -> dict[frozenset, str]:
+    """{ranks: "ep"} for the ep group: its all-to-alls are ep even when dp has the same ranks."""
+    return {_ranks(sub.get_group()): dim for dim, sub in _expert_meshes(experts) if dim == "ep"}
+
+
+def _expert_meshes(experts: Any) -> list[tuple[str, Any]]:
+    if experts is None:
+        return []
+    meshes = {"ep": experts.ep_mesh, "edp": experts.edp_mesh}
+    # a one-rank edp group (ep = dp) still carries ZeRO-1's sharded step of the experts
+    return [(dim, meshes[dim]) for dim in EXPERT_DIMS if meshes[dim].size() > 1 or dim == "edp"]
 
 
 def _ranks(group: Any) -> frozenset:
@@ -111,9 +132,10 @@ class CommTotals:
 class CommRecorder(TorchDispatchMode):
     """Records each collective this rank issues (module docstring)."""
 
-    def __init__(self, groups: dict[frozenset, str]):
+    def __init__(self, groups: dict[frozenset, str], all_to_all: dict[frozenset, str] | None = None):
         super().__init__()
         self.groups = groups
+        self.all_to_all = all_to_all or {}  # groups whose all-to-alls belong to another dim (ep)
         self.totals = CommTotals()
         self._known: dict[Any, str] = {}
 
@@ -128,24 +150,25 @@ class CommRecorder(TorchDispatchMode):
             self._record_functional(name, args)
         return func(*args, **kwargs)
 
-    def _dim(self, group: Any) -> str:
+    def _dim(self, group: Any, kind: str) -> str:
         """The mesh dim of a process group (or group name): by its ranks; "world" or "other" else."""
-        key = group if isinstance(group, str) else group.group_name
+        key = (group if isinstance(group, str) else group.group_name, kind == "all_to_all")
         if key not in self._known:
             ranks = _ranks(group)
             world = len(ranks) == dist.get_world_size()
-            self._known[key] = self.groups.get(ranks, "world" if world else "other")
+            found = self.all_to_all.get(ranks) if kind == "all_to_all" else None
+            self._known[key] = found or self.groups.get(ranks, "world" if world else "other")
         return self._known[key]
 
     def _record_c10d(self, name: str, args: tuple) -> None:
         kind, message, group = C10D_OPS[name]
         pg = dist.ProcessGroup.unbox(args[group]) if isinstance(args[group], torch.ScriptObject) else args[group]
-        self.totals.add(self._dim(pg), kind, _tensor_bytes(args[message]))
+        self.totals.add(self._dim(pg, kind), kind, _tensor_bytes(args[message]))
 
     def _record_functional(self, name: str, args: tuple) -> None:
         kind, group, gathered = FUNCTIONAL_OPS[name]
         size = int(args[gathered]) if gathered is not None else 1
-        self.totals.add(self._dim(str(args[group])), kind, _tensor_bytes(args[0]) * size)
+        self.totals.add(self._dim(str(args[group]), kind), kind, _tensor_bytes(args[0]) * size)
 
 
 def existing_tensors(trainer: Any) -> list[torch.Tensor]:
@@ -215,10 +238,15 @@ class StepAudit:
 
 
 def audited_step(
-    trainer: Any, inputs: tuple, target: Any, *, groups: dict[frozenset, str]
+    trainer: Any,
+    inputs: tuple,
+    target: Any,
+    *,
+    groups: dict[frozenset, str],
+    all_to_all: dict[frozenset, str] | None = None,
 ) -> tuple[torch.Tensor, StepAudit]:
     """Run ``trainer.train_step`` under the three recorders; return its loss and the audit."""
-    comm, flops = CommRecorder(groups), MatmulFlops()
+    comm, flops = CommRecorder(groups, all_to_all), MatmulFlops()
     gc.collect()  # the last step's cyclic garbage is not this step's memory
     memory = LiveBytes(existing_tensors(trainer))
     with memory, comm, flops:
@@ -244,7 +272,10 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
     from autoplan.execute.mesh import coordinates
 
     ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
-    _, audit = audited_step(trainer, inputs, target, groups=group_dims(trainer.mesh, ties))
+    experts = getattr(trainer, "experts", None)
+    _, audit = audited_step(
+        trainer, inputs, target, groups=group_dims(trainer.mesh, ties, experts), all_to_all=all_to_all_dims(experts)
+    )
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
     return everyone if dist.get_rank() == 0 else None

@@ -10,6 +10,8 @@
   (``torch.utils.flop_counter``'s formulas), split into forward and backward (the backward
   includes recomputed forwards, which run inside it). A flash attention's backward recomputes
   the scores: torch counts it 2.5x its forward, where the tracer's model FLOPs count 2x.
+  Grouped GEMMs (``aten._grouped_mm``, the experts of Hugging Face MoE models) have no entry in
+  torch's registry; :func:`grouped_mm_flops` counts them, 2 FLOPs per multiply-add of every group.
 
 Both return ``NotImplemented`` for an op on DTensors (:func:`on_dtensors`), so DTensor runs it
 and its local ops reach the meters on plain tensors.
@@ -26,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"}
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "_grouped_mm"}
 ATTENTION_OPS = {
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",
@@ -141,8 +143,20 @@ def _op_flops(func, name: str, args: tuple, kwargs: dict, out: Any) -> float:
         if CPU_ATTENTION[name] == "forward":
             return float(sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape))
         return float(sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape, args[3].shape))
+    if name == "_grouped_mm":
+        return grouped_mm_flops(args[0], args[1], out)
     packet = func._overloadpacket
     return float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
+
+
+def grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> float:
+    """FLOPs of ``torch._grouped_mm(a, b, offs)``: groups along the rows of a 2-D ``a`` against a
+    3-D ``b`` (or the other way round, or 3-D x 3-D) each contract ``a``'s last dim, so 2 x the
+    output's elements x K; 2-D x 2-D groups split the contraction itself (a weight gradient), so
+    2 x M x K_total x N."""
+    if a.dim() == 2 and b.dim() == 2:
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    return 2.0 * out.numel() * a.shape[-1]
 
 
 def on_dtensors(types: tuple) -> bool:

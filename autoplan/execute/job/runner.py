@@ -200,7 +200,7 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
     from autoplan.profile import load_profile
     from autoplan.trace import trace_model_file
 
-    graph = trace_model_file(opts.model, plan.micro_batch_size)
+    graph = trace_model_file(opts.model, plan.micro_batch_size, routing=plan.routing)
     model = CostModel(graph, load_profile(plan.profile or "cpu-gloo"))
     stages, _tp_plan, _ctx = model.priced_stages(plan)
     peaks = [m.peak_bytes for m in model.stage_memory(plan, stages)]
@@ -234,7 +234,7 @@ def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float
     diffs = compare(
         trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads, initial=initial, ref_updated=ref_updated
     )
-    passed, table = verdict(diffs=diffs, precision_name=plan.precision)
+    passed, table = verdict(diffs=diffs, precision_name=plan.precision, regrouped=plan.ep > 1)
     if dist.get_rank() == 0:
         print(table, flush=True)
     from autoplan.execute.job.verify import UPDATED

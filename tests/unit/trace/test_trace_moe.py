@@ -121,17 +121,67 @@ def test_a_capacity_factor_pads_every_expert_to_its_capacity():
     assert flops(padded) == pytest.approx(flops(balanced) * layer.slots_per_expert / base.slots_per_expert)
 
 
-def test_static_routing_is_recorded_as_written():
-    """examples/moe.py routes with a fixed capacity in one-hot einsums: it traces as written and
-    its ModuleList experts, router and top-k (read from its topk call) are recorded."""
+def test_the_moe_example_is_traced_through_the_experts_interface():
+    """examples/moe.py routes dropless in plain torch through experts in the Hugging Face interface
+    (non-gated GELU, 3-D up_proj/down_proj): the stand-in runs them under the routing model, the
+    router and top-k come from the block, and the experts do tokens * top_k * 4 * hidden * ffn
+    forward FLOPs (up and down, no gate), backward twice that."""
+    from autoplan.trace.moe import is_hf_experts
+
     graph = trace_model_file(EXAMPLES / "moe.py", 2)
     assert len(graph.moe_layers) == 2
     layer = graph.moe_layers[0]
     assert (layer.module, layer.experts_module, layer.router_module) == ("layers.0.moe", "layers.0.moe.experts",
                                                                          "layers.0.moe.router")  # fmt: skip
-    assert (layer.num_experts, layer.top_k, layer.gated) == (4, 2, False)
+    assert (layer.num_experts, layer.top_k, layer.gated, layer.interface) == (4, 2, False, "grouped")
+    assert (layer.hidden_size, layer.expert_ffn_size) == (256, 1024)
+    assert layer.expert_param_names == ["layers.0.moe.experts.up_proj", "layers.0.moe.experts.down_proj"]
     tokens = 2 * 128
-    assert layer.slots_per_expert == math.ceil(1.25 * tokens * 2 / 4)  # the example's capacity factor
+    assert layer.tokens == tokens and layer.slots_per_expert == math.ceil(tokens * 2 / 4)  # dropless, balanced
+    nodes = [n for n in graph.nodes if n.module.startswith(layer.experts_module)]
+    expected = layer.num_experts * layer.slots_per_expert * 4 * layer.hidden_size * layer.expert_ffn_size
+    assert sum(n.fwd_flops for n in nodes) == expected and sum(n.bwd_flops for n in nodes) == 2 * expected
+    from autoplan.modelfile import load_model_file
+
+    assert is_hf_experts(load_model_file(EXAMPLES / "moe.py").build().layers[0].moe.experts)
+
+
+class StaticMoE(nn.Module):
+    """GShard/Switch-style routing with a fixed capacity, written with one-hot dispatch and combine
+    einsums (what examples/moe.py was before it became dropless): every shape is static."""
+
+    def __init__(self, dim: int = 16, experts: int = 4, top_k: int = 2, capacity_factor: float = 1.25):
+        super().__init__()
+        self.experts_count, self.choices, self.capacity_factor = experts, top_k, capacity_factor  # no top_k attribute
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)) for _ in range(experts)
+        )
+
+    def forward(self, x):
+        S, E = x.shape[0], self.experts_count
+        capacity = math.ceil(self.capacity_factor * S * self.choices / E)
+        weights, chosen = torch.softmax(self.router(x), dim=-1).topk(self.choices, dim=-1)
+        onehot = nn.functional.one_hot(chosen, E).to(x.dtype)  # [S, k, E]
+        position = (torch.cumsum(onehot.reshape(-1, E), dim=0).reshape(S, self.choices, E) - 1) * onehot
+        keep = onehot * (position < capacity).to(x.dtype)
+        slots = nn.functional.one_hot(position.long().clamp(0, capacity - 1), capacity).to(x.dtype)
+        slots = slots * keep.unsqueeze(-1)
+        expert_in = torch.einsum("sec,sd->ecd", slots.sum(1), x)
+        expert_out = torch.stack([expert(expert_in[i]) for i, expert in enumerate(self.experts)])
+        return torch.einsum("sec,ecd->sd", (slots * weights[..., None, None]).sum(1), expert_out)
+
+
+def test_static_routing_is_recorded_as_written():
+    """Routing with a fixed capacity in one-hot einsums traces as written; its ModuleList experts,
+    router and top-k (read from its topk call) are recorded."""
+    with torch.device("meta"):
+        model, x = nn.Sequential(StaticMoE()), torch.randn(64, 16)
+    graph = trace(model, (x,), loss_fn=lambda out, target: out.sum())
+    layer = graph.moe_layers[0]
+    assert (layer.module, layer.experts_module, layer.router_module) == ("0", "0.experts", "0.router")
+    assert (layer.num_experts, layer.top_k, layer.gated, layer.interface) == (4, 2, False, "module_list")
+    assert layer.slots_per_expert == math.ceil(1.25 * 64 * 2 / 4)  # the capacity factor
 
 
 def test_graph_json_keeps_the_moe_layers(traced, tmp_path):

@@ -1,0 +1,239 @@
+"""Route tokens to experts held on other ranks: the forward of one experts module under expert
+parallelism, and the opaque op that lets torch.export (the pipeline split) step over it.
+
+An experts module in the Hugging Face interface (autoplan/trace/moe.py, ``is_hf_experts``) is
+called as ``experts(hidden [S, H], top_k_index [S, k], top_k_weights [S, k]) -> [S, H]``. With
+``ep`` ranks in an expert-parallel group, each holds ``L = E / ep`` consecutive experts (rank
+``j``: experts ``j L ... (j+1) L - 1``). :meth:`ExpertsDispatch.__call__` on one rank:
+
+1. sort the ``S k`` (token, choice) pairs by expert (stable) and count the pairs per expert, ``[E]``;
+2. exchange the counts (one all-to-all of ``E`` integers, equal splits of ``L``): each rank learns
+   how many rows every rank sends to each of its local experts;
+3. all-to-all the pairs' token rows (``all_to_all_single_autograd``, variable splits): rows for
+   rank ``j`` go to rank ``j``, sorted by expert, so the receiver rebuilds each row's local expert
+   id from the counts alone (no second exchange);
+4. run the module's own forward on the received rows through ``torch.func.functional_call`` on a
+   shallow copy whose ``num_experts`` is ``L``, with local ids ``[N, 1]`` and unit weights ``[N, 1]``:
+   the gate, activation, biases and norms are exactly the model's, only the rows are regrouped;
+5. all-to-all the outputs back (the reverse splits), multiply each by its routing weight and sum
+   each token's ``k`` choices (``index_add`` in the product's dtype, then the hidden dtype, as the
+   grouped-GEMM forward of transformers does).
+
+So the result is the model's up to the order of floating-point sums. Under tensor parallelism
+(``ep = 1``) the experts are replicated on every tp rank, as the cost model prices them: their
+DTensor inputs and parameters are brought to ``Replicate`` and run as local tensors (DTensor has
+no strategy for the data-dependent ops of an experts forward), and the output is a replicated
+DTensor again. The backward of each
+all-to-all is the reverse all-to-all, so a rank's expert gradient is the sum over its ep group of
+the contributions of every rank's tokens (the gradient rule: autoplan/execute/expert_parallel.py).
+Every rank runs both all-to-alls in forward and backward even when it sends or receives no rows,
+and touches every local parameter, so the collectives and gradient reductions stay matched.
+
+**Pipelines.** torch.export cannot trace an experts forward (data-dependent loops, ``histc``,
+``nonzero``). While ``pipeline()`` exports, :func:`opaque_experts` makes each experts module call
+the custom op ``autoplan::experts(fqn, hidden, index, weights, params)``, whose fake kernel only
+gives the output's shape; after the split, :func:`replace_experts_ops` points every such node of
+the stage graphs at the module's :class:`ExpertsDispatch` (an ordinary Python call, so autograd
+runs through it as in eager mode, with no recomputation) and re-finalises the graph. The op's
+parameters stay ``get_attr`` nodes of the stage module, so the stage's (sliced, or FSDP-gathered)
+parameters are what the dispatch sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.nn as nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.tensor import DTensor, Replicate
+
+OP_NAME = "autoplan::experts"
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def experts_op(
+    fqn: str, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, params: list[torch.Tensor]
+) -> torch.Tensor:
+    """A stand-in that only torch.export sees (module docstring); never run for real."""
+    raise AssertionError(f"autoplan::experts ({fqn}) ran unreplaced; split_model points it at the experts' dispatch.")
+
+
+@experts_op.register_fake
+def _experts_op_fake(fqn, hidden, index, weights, params):
+    return hidden.new_empty(hidden.shape)
+
+
+def _wire_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype rows travel in: the autocast dtype under autocast (the experts' first GEMM casts
+    its input to it anyway, and their output is in it; Megatron-Core and DeepEP dispatch in the
+    compute dtype too), else the hidden states' own. This is what the cost model prices
+    (autoplan/cost/experts.py: b bytes of the plan's precision)."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+
+
+class ExpertsDispatch:
+    """The forward of one experts module, on the parameters it is given (module docstring).
+
+    ``group`` None: the module's own forward (pipelines at ep = 1). Otherwise this rank holds
+    experts ``rank * L ... (rank + 1) * L - 1`` of ``num_experts`` and exchanges rows over ``group``."""
+
+    __name__ = "autoplan_experts_dispatch"  # torch.fx names a call_function target by it
+
+    def __init__(self, *, fqn: str, module: nn.Module):
+        self.fqn = fqn
+        self.num_experts = int(module.num_experts)
+        self.names = tuple(name for name, _ in module.named_parameters())
+        self.sharded = tuple(
+            name for name, p in module.named_parameters() if p.dim() >= 1 and p.shape[0] == self.num_experts
+        )
+        self.template = _template(module)
+        self.group: dist.ProcessGroup | None = None
+        self.ep, self.ep_rank = 1, 0
+
+    def shard(self, *, group: dist.ProcessGroup) -> None:
+        """From now on this rank holds its ``E / ep`` experts and exchanges rows over ``group``."""
+        self.group, self.ep, self.ep_rank = group, dist.get_world_size(group), dist.get_rank(group)
+        self.template.num_experts = self.num_experts // self.ep
+
+    def __call__(
+        self, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, params: list[torch.Tensor]
+    ) -> torch.Tensor:
+        mesh = next((t.device_mesh for t in (hidden, index, weights, *params) if isinstance(t, DTensor)), None)
+        if mesh is not None:
+            return self._replicated(mesh, hidden, index, weights, params)
+        named = dict(zip(self.names, params))
+        if self.group is None:
+            return torch.func.functional_call(self.template, named, (hidden, index, weights))
+        return self._exchanged(hidden, index, weights, named)
+
+    def _replicated(self, mesh, hidden, index, weights, params) -> torch.Tensor:
+        """tp > 1: the whole experts module on this rank's full copies (module docstring)."""
+        out = self(*(_local(t) for t in (hidden, index, weights)), [_local(p) for p in params])
+        return (
+            DTensor.from_local(out, mesh, [Replicate()] * mesh.ndim, run_check=False)
+            if isinstance(hidden, DTensor)
+            else out
+        )
+
+    def _exchanged(
+        self, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, params: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        k, local = index.shape[-1], self.num_experts // self.ep
+        flat = index.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (token, choice) pairs sorted by expert
+        tokens = order // k
+        sent = torch.bincount(flat, minlength=self.num_experts)  # pairs per expert, [E]
+        received = torch.empty_like(sent)  # [ep, L]: what each rank sends to each of my experts
+        dist.all_to_all_single(received, sent, group=self.group)
+        send_splits = sent.view(self.ep, local).sum(1).tolist()
+        recv_splits = received.view(self.ep, local).sum(1).tolist()
+        wire = _wire_dtype(hidden)
+        rows = all_to_all_single_autograd(hidden[tokens].to(wire), recv_splits, send_splits, self.group)
+        local_ids = torch.arange(local, device=index.device).repeat(self.ep).repeat_interleave(received)
+        out = self._local_experts(rows, local_ids, weights.dtype, params)
+        back = all_to_all_single_autograd(out.to(wire), send_splits, recv_splits, self.group)
+        weighted = back * weights.reshape(-1)[order].unsqueeze(-1)
+        summed = weighted.new_zeros(hidden.shape).index_add(0, tokens, weighted)
+        return summed.to(hidden.dtype)
+
+    def _local_experts(
+        self, rows: torch.Tensor, ids: torch.Tensor, weight_dtype: torch.dtype, params: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """This rank's experts on the rows it received, through the module's own forward."""
+        if rows.shape[0] == 0:  # keep the backward all-to-all and every parameter's gradient on this rank
+            return rows * 0 + sum(p.reshape(-1)[:0].sum() for p in params.values())
+        unit = torch.ones(rows.shape[0], 1, dtype=weight_dtype, device=rows.device)
+        return torch.func.functional_call(self.template, params, (rows, ids.unsqueeze(-1), unit))
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value as a local tensor (differentiable); a tensor as it is."""
+    if not isinstance(tensor, DTensor):
+        return tensor
+    return tensor.redistribute(tensor.device_mesh, [Replicate()] * tensor.device_mesh.ndim).to_local()
+
+
+def _template(module: nn.Module) -> nn.Module:
+    """A shallow copy of ``module`` to run its class's forward on given parameters: its own
+    parameter and buffer dicts (meta placeholders, so it keeps no weights alive), the
+    module's submodules and attributes shared, no per-instance forward."""
+    template = copy.copy(module)
+    template.__dict__.pop("forward", None)
+    template._parameters = {
+        name: nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad) if p is not None else None
+        for name, p in module._parameters.items()
+    }
+    template._buffers = dict(module._buffers)
+    for key, value in module.__dict__.items():
+        if "hooks" in key and isinstance(value, (dict, set)):  # hooks FSDP2 and others add to ``module`` later
+            template.__dict__[key] = type(value)()
+    return template
+
+
+def install(*, module: nn.Module, dispatch: ExpertsDispatch) -> None:
+    """Make ``module`` (an eager experts module) run ``dispatch`` on its current parameters
+    (FSDP2's gathered ones during its forward)."""
+
+    def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        return dispatch(hidden_states, top_k_index, top_k_weights, [module.get_parameter(n) for n in dispatch.names])
+
+    module.forward = forward
+
+
+# ---- pipelines ------------------------------------------------------------------------------
+@contextlib.contextmanager
+def opaque_experts(model: nn.Module, dispatches: dict[str, ExpertsDispatch]) -> Iterator[None]:
+    """While inside, each experts module of ``dispatches`` calls the opaque ``autoplan::experts``
+    op on its parameters (module docstring), so torch.export records one node per module."""
+    patched = []
+    for fqn, dispatch in dispatches.items():
+        module = model.get_submodule(fqn)
+        patched.append((module, module.__dict__.get("forward")))
+        module.forward = _opaque_forward(module, fqn, dispatch.names)
+    try:
+        yield
+    finally:
+        for module, own in patched:
+            del module.forward
+            if own is not None:
+                module.forward = own
+
+
+def _opaque_forward(module: nn.Module, fqn: str, names: tuple[str, ...]):
+    def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        params = [module.get_parameter(n) for n in names]
+        return torch.ops.autoplan.experts(fqn, hidden_states, top_k_index, top_k_weights, params)
+
+    return forward
+
+
+def replace_experts_ops(root: nn.Module, dispatches: dict[str, ExpertsDispatch]) -> int:
+    """Point every ``autoplan::experts`` node in the graphs under ``root`` (a stage module and its
+    InterpreterModules) at its module's dispatch; return how many were replaced."""
+    replaced = 0
+    for module in root.modules():
+        graph = getattr(module, "graph", None)
+        if not isinstance(graph, fx.Graph):
+            continue
+        nodes = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.autoplan.experts.default]
+        for node in nodes:
+            fqn, hidden, index, weights, params = node.args
+            node.target, node.args = dispatches[fqn], (hidden, index, weights, params)
+        if nodes:
+            _refinalise(module)
+            replaced += len(nodes)
+    return replaced
+
+
+def _refinalise(module: nn.Module) -> None:
+    """Regenerate a changed graph's code: an InterpreterModule's ``finalize`` or a GraphModule's ``recompile``."""
+    if hasattr(module, "finalize"):
+        module.finalize()
+    elif isinstance(module, fx.GraphModule):
+        module.recompile()

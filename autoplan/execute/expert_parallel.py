@@ -1,0 +1,220 @@
+"""Expert parallelism (``plan.ep``): each MoE layer's routed experts split over ``ep`` ranks.
+
+**Groups.** ``ep`` divides ``dp`` and consecutive dp ranks form an expert-parallel group: the
+mesh's dp axis is unflattened into ``(edp, ep)``, ep innermost (autoplan/execute/mesh.py,
+``expert_mesh``). dp rank ``d`` is ep rank ``d % ep`` of ep group ``d // ep``; its ``edp`` group
+("expert data parallel") is the ``dp / ep`` ranks with the same ep rank, which hold the same
+experts. Dense parameters stay on the dp axis as before.
+
+**Parameters.** Every parameter of an experts module (the Hugging Face experts interface,
+autoplan/trace/moe.py ``is_hf_experts``) whose leading dimension is the expert count ``E``
+(``gate_up_proj``/``up_proj``, ``down_proj`` and their biases) becomes a parameter holding this
+rank's ``E / ep`` experts, ``ep_rank * E / ep`` onwards; the module then routes tokens to their
+experts by all-to-all (autoplan/execute/expert_dispatch.py). At ``ep = 1`` the model is untouched,
+except under tensor parallelism, where experts modules run replicated on local tensors.
+
+**Gradients.** Each rank's loss is the mean over its own micro-batch, and the step's loss is the
+mean of the ``dp`` ranks' losses. A dense parameter's gradient is therefore the mean over dp of
+the ranks' gradients (DDP, the explicit all-reduce, ZeRO, FSDP2: unchanged). An expert's local
+gradient on rank ``r`` already sums, through the backward all-to-all, the contributions of the
+tokens of every rank of its ep group, so its gradient is
+
+    g_e = (1 / dp) * SUM_{r in edp(e)} g_e^(r)
+
+a sum over the edp group divided by dp, not by the edp group's size (at ``edp = 1`` it is just
+``g_e / dp``). How each dp mode realises it (:class:`ExpertParallel`):
+
+- DDP ignores the expert parameters (``_set_params_and_buffers_to_ignore_for_model``) and the
+  explicit all-reduce leaves them out; after the backward :meth:`ExpertParallel.sync_grads`
+  all-reduces them (SUM) over edp in one flat buffer per dtype and divides by dp;
+- ZeRO-1: a second ``ShardedOptimizer`` over edp dividing by dp (autoplan/execute/zero.py);
+- FSDP2 (ZeRO-2/3): the experts module is ``fully_shard``-ed on the edp mesh before its block
+  (autoplan/execute/data_parallel.py), which averages over edp; :meth:`ExpertParallel.sync_grads`
+  then multiplies the sharded gradients by ``edp / dp = 1 / ep``. (FSDP2's
+  ``set_gradient_divide_factor`` would fold this into the reduction, but in torch 2.13 it
+  reduces with ``PREMUL_SUM``, which gloo refuses, and on a one-rank edp mesh it divides twice
+  under forced-sum or fp16 reductions.)
+
+Parameters of an experts module that are not per expert (a norm shared by all experts) stay
+whole on every rank; their local gradient sums the contributions of the rows this rank's experts
+processed, and the dense rule (mean over dp) is again the right one. Under FSDP2 they would be
+sharded on edp with the experts, so ZeRO-2/3 with such a module is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from autoplan.errors import PlanError
+from autoplan.execute.data_parallel import local
+from autoplan.execute.expert_dispatch import ExpertsDispatch, install
+from autoplan.trace.moe import _experts_of, is_hf_experts
+from autoplan.types.plan import Plan
+
+
+def find_experts(model: nn.Module) -> dict[str, ExpertsDispatch]:
+    """One :class:`ExpertsDispatch` per experts module of ``model`` in the Hugging Face interface,
+    by FQN (made before the model is split or sharded, from its eager modules)."""
+    return {
+        name: ExpertsDispatch(fqn=name, module=module)
+        for name, module in model.named_modules()
+        if is_hf_experts(module)
+    }
+
+
+def check_expert_parallel(*, model: nn.Module, plan: Plan, dispatches: dict[str, ExpertsDispatch]) -> None:
+    """Raise PlanError, in one sentence, for an ``ep`` this model cannot run."""
+    if plan.ep == 1:
+        return
+    for name, module in model.named_modules():
+        found = _experts_of(name, module)
+        if found is not None and found[0] not in dispatches:
+            raise PlanError(
+                f"plan ep={plan.ep} needs Mixture-of-Experts layers in the Hugging Face experts interface "
+                f"(docs/moe.md), but '{found[0]}' holds its experts as separate modules; plan ep=1 for this model."
+            )
+    if not dispatches:
+        raise PlanError(
+            f"plan ep={plan.ep} but the model has no experts module in the Hugging Face experts interface "
+            "(docs/moe.md) to split; plan ep=1 for this model."
+        )
+    for name, dispatch in dispatches.items():
+        if dispatch.num_experts % plan.ep:
+            raise PlanError(
+                f"plan ep={plan.ep} does not divide the {dispatch.num_experts} experts of '{name}'; "
+                f"choose an ep that divides {dispatch.num_experts}."
+            )
+        shared = [n for n in dispatch.names if n not in dispatch.sharded]
+        if shared and plan.zero_stage >= 2:
+            raise PlanError(
+                f"plan ep={plan.ep} with ZeRO-{plan.zero_stage} cannot shard '{name}', whose parameter "
+                f"'{shared[0]}' is shared by all its experts; plan zero_stage 0 or 1 for this model."
+            )
+
+
+@dataclass
+class ExpertLayer:
+    """One experts module of this rank's stage modules and the parameters sliced over ep."""
+
+    fqn: str  # in the original model (stage modules keep FQNs)
+    module: nn.Module  # the module in the stage that holds the parameters
+    sharded: tuple[str, ...]
+
+
+@dataclass
+class ExpertParallel:
+    """This rank's expert-parallel state: its groups and experts, and the gradient rule (module docstring)."""
+
+    ep: int
+    dp: int
+    ep_mesh: DeviceMesh
+    edp_mesh: DeviceMesh
+    layers: list[ExpertLayer] = field(default_factory=list)
+
+    @property
+    def names(self) -> set[str]:
+        """Original FQNs of the parameters sliced over ep."""
+        return {f"{layer.fqn}.{name}" for layer in self.layers for name in layer.sharded}
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The sliced parameters as the stage modules hold them now (FSDP2's DTensors once sharded)."""
+        return [layer.module.get_parameter(name) for layer in self.layers for name in layer.sharded]
+
+    def sync_grads(self, *, dp_mode: str, reduce_dtype: torch.dtype = torch.float32) -> None:
+        """Give every expert parameter its gradient (module docstring), summed in ``reduce_dtype``
+        (``plan.grad_reduce_dtype``, as the dense ones); ZeRO-1 reduces in its step."""
+        params = self.parameters()
+        if dp_mode == "fsdp":
+            for param in params:
+                if param.grad is not None:
+                    local(param.grad).div_(self.ep)  # FSDP2 averaged over edp; the rule divides by dp
+        elif dp_mode in ("ddp", "allreduce"):
+            self._all_reduce(params, reduce_dtype)
+
+    def _all_reduce(self, params: list[nn.Parameter], reduce_dtype: torch.dtype) -> None:
+        group, by_dtype = self.edp_mesh.get_group(), {}
+        for param in params:
+            if param.grad is None:  # no token reached this rank's experts: a zero contribution
+                param.grad = torch.zeros_like(param)
+            by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads]).to(reduce_dtype)
+            if self.edp_mesh.size() > 1:
+                dist.all_reduce(flat, group=group)
+            flat /= self.dp
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole ``[E, ...]`` tensor from this ep group's ``[E / ep, ...]`` slices (a collective)."""
+        parts = [torch.empty_like(tensor) for _ in range(self.ep)]
+        dist.all_gather(parts, tensor.contiguous(), group=self.ep_mesh.get_group())
+        return torch.cat(parts)
+
+
+def apply_expert_parallel(
+    *,
+    modules: dict[int, nn.Module],
+    plan: Plan,
+    dispatches: dict[str, ExpertsDispatch],
+    expert_mesh: DeviceMesh | None,
+    eager: bool,
+) -> ExpertParallel | None:
+    """Slice the experts of this rank's stage ``modules`` over the ep group and make them route
+    by all-to-all; None at ep = 1. ``eager``: the stage modules are the eager model (pp = 1),
+    whose experts modules get the dispatch as their forward; pipeline stages already call it
+    (autoplan/execute/expert_dispatch.py, ``replace_experts_ops``). At tp > 1 (ep = 1) eager
+    experts modules get it too: it runs them replicated on local tensors."""
+    if plan.ep == 1 or expert_mesh is None:
+        for fqn, dispatch in dispatches.items() if eager and plan.tp > 1 else ():
+            for stage in modules.values():
+                if (module := _submodule(stage, fqn)) is not None:
+                    install(module=module, dispatch=dispatch)
+        return None
+    ep_mesh, edp_mesh = expert_mesh["ep"], expert_mesh["edp"]
+    state = ExpertParallel(ep=plan.ep, dp=plan.dp, ep_mesh=ep_mesh, edp_mesh=edp_mesh)
+    for fqn, dispatch in dispatches.items():
+        dispatch.shard(group=ep_mesh.get_group())
+        for stage in modules.values():
+            module = _submodule(stage, fqn)
+            if module is None:
+                continue
+            _slice(module, dispatch)
+            if eager:
+                install(module=module, dispatch=dispatch)
+            state.layers.append(ExpertLayer(fqn=fqn, module=module, sharded=dispatch.sharded))
+    return state
+
+
+def _submodule(stage: nn.Module, fqn: str) -> nn.Module | None:
+    try:
+        return stage.get_submodule(fqn)
+    except AttributeError:  # another pipeline stage holds it
+        return None
+
+
+@torch.no_grad()
+def _slice(module: nn.Module, dispatch: ExpertsDispatch) -> None:
+    """Replace each per-expert parameter of ``module`` by this rank's ``E / ep`` experts."""
+    per_rank = dispatch.num_experts // dispatch.ep
+    start = dispatch.ep_rank * per_rank
+    for name in dispatch.sharded:
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        full = owner.get_parameter(attr)
+        owner.register_parameter(attr, nn.Parameter(full[start : start + per_rank].clone(), full.requires_grad))
+
+
+def split_params(params: list[nn.Parameter], state: ExpertParallel | None) -> tuple[list, list]:
+    """(dense, expert) parameters of ``params``, by identity."""
+    if state is None:
+        return list(params), []
+    experts = {id(p) for p in state.parameters()}
+    return [p for p in params if id(p) not in experts], [p for p in params if id(p) in experts]

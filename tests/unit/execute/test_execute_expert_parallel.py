@@ -1,0 +1,136 @@
+"""Expert parallelism's pieces that need no process group: the plans it refuses (one sentence
+each), the experts it finds, the dispatch's copy of a module, the pipeline split's opaque op, and
+the grouped-GEMM FLOPs the audit counts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from autoplan.errors import PlanError
+from autoplan.execute.expert_dispatch import ExpertsDispatch
+from autoplan.execute.expert_parallel import check_expert_parallel, find_experts
+from autoplan.execute.job.meters import MatmulFlops
+from autoplan.execute.pipeline import split_model
+from autoplan.types.plan import Plan
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+@pytest.fixture
+def moe(monkeypatch):
+    """examples/moe.py at a small size (its module, freshly loaded)."""
+    for name, value in dict(LAYERS=2, DIM=16, HEADS=2, EXPERTS=4, VOCAB=64, SEQ=8).items():
+        monkeypatch.setenv(f"AUTOPLAN_MOE_{name}", str(value))
+    spec = importlib.util.spec_from_file_location("moe_example", EXAMPLES / "moe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def plan(**kw) -> Plan:
+    kw.setdefault("dp", 2)
+    return Plan(
+        devices=kw["dp"] * kw.get("pp", 1), tp=1, pp=kw.pop("pp", 1), micro_batch_size=2, num_microbatches=1, **kw
+    )
+
+
+class ListMoE(nn.Module):
+    """Experts as a ModuleList beside a router with one output per expert (not the HF interface)."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(8, 4, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+
+def test_an_ep_the_model_cannot_run_is_one_sentence(moe):
+    model = moe.build_model()
+    found = find_experts(model)
+    with pytest.raises(PlanError, match=r"^plan ep=3 does not divide the 4 experts of 'layers.0.moe.experts'; "
+                                        r"choose an ep that divides 4\.$"):  # fmt: skip
+        check_expert_parallel(model=model, plan=plan(dp=3, ep=3), dispatches=found)
+    listed = nn.Sequential(ListMoE())
+    with pytest.raises(PlanError, match=r"'0.experts' holds its experts as separate modules; plan ep=1"):
+        check_expert_parallel(model=listed, plan=plan(ep=2), dispatches=find_experts(listed))
+    dense = nn.Sequential(nn.Linear(8, 8))
+    with pytest.raises(
+        PlanError, match=r"^plan ep=2 but the model has no experts module .* plan ep=1 for this model\.$"
+    ):
+        check_expert_parallel(model=dense, plan=plan(ep=2), dispatches={})
+    check_expert_parallel(model=model, plan=plan(ep=2, zero_stage=3), dispatches=found)
+    check_expert_parallel(model=listed, plan=plan(ep=1), dispatches={})  # ep=1 runs any MoE
+
+
+def test_zero_2_3_refuse_experts_with_a_parameter_shared_by_all_experts(moe):
+    model = moe.build_model()
+    model.layers[0].moe.experts.post_norm = nn.LayerNorm(16)
+    found = find_experts(model)
+    sentence = (
+        r"^plan ep=2 with ZeRO-2 cannot shard 'layers.0.moe.experts', whose parameter 'post_norm.weight' is shared "
+        r"by all its experts; plan zero_stage 0 or 1 for this model\.$"
+    )
+    with pytest.raises(PlanError, match=sentence):
+        check_expert_parallel(model=model, plan=plan(ep=2, zero_stage=2), dispatches=found)
+    check_expert_parallel(model=model, plan=plan(ep=2, zero_stage=1), dispatches=found)
+
+
+def test_each_experts_module_gets_a_dispatch_over_its_per_expert_parameters(moe):
+    model = moe.build_model()
+    found = find_experts(model)
+    assert list(found) == ["layers.0.moe.experts", "layers.1.moe.experts"]
+    dispatch = found["layers.0.moe.experts"]
+    assert (dispatch.num_experts, dispatch.names, dispatch.sharded) == (
+        4,
+        ("up_proj", "down_proj"),
+        ("up_proj", "down_proj"),
+    )
+    template = dispatch.template
+    assert all(p.device.type == "meta" for p in template.parameters())  # it keeps no weights alive
+    assert template._forward_pre_hooks is not model.layers[0].moe.experts._forward_pre_hooks
+
+
+def test_the_dispatch_without_a_group_is_the_modules_own_forward(moe):
+    torch.manual_seed(0)
+    experts = moe.build_model().layers[0].moe.experts
+    dispatch = ExpertsDispatch(fqn="e", module=experts)
+    hidden, index, weights = torch.randn(6, 16), torch.randint(0, 4, (6, 2)), torch.rand(6, 2)
+    params = [experts.get_parameter(n) for n in dispatch.names]
+    torch.testing.assert_close(
+        dispatch(hidden, index, weights, params), experts(hidden, index, weights), rtol=0, atol=0
+    )
+
+
+def test_a_pipeline_split_runs_the_experts_through_their_dispatch(moe):
+    """torch.export cannot trace the experts' data-dependent loop: the split exports each as one
+    opaque op, then the stage graphs call its dispatch; the stages chained give the eager output."""
+    torch.manual_seed(0)
+    model = moe.build_model()
+    x = moe.example_inputs(2)
+    expected = model(*x)
+    found = find_experts(model)
+    pipe, _ = split_model(model=model, plan=plan(dp=1, pp=2, stages=[["layers.0"], ["layers.1"]]),
+                          microbatch_args=x, experts=found)  # fmt: skip
+    targets = [
+        n.target for i in range(2) for m in pipe.get_stage_module(i).modules() if hasattr(m, "graph")
+        for n in m.graph.nodes if n.op == "call_function"
+    ]  # fmt: skip
+    assert sum(t is found[name] for t in targets for name in found) == 2
+    assert not any(t is torch.ops.autoplan.experts.default for t in targets)
+    out = pipe.get_stage_module(1)(pipe.get_stage_module(0)(*x))
+    torch.testing.assert_close(out, expected)
+    assert "forward" not in model.layers[0].moe.experts.__dict__  # the model is left as it was
+
+
+def test_grouped_gemms_are_counted_as_matmul_flops():
+    a, b = torch.randn(12, 8, requires_grad=True), torch.randn(3, 8, 4, requires_grad=True)  # 16-byte strides
+    offs = torch.tensor([4, 4, 12], dtype=torch.int32)  # an empty group too
+    with MatmulFlops() as meter:
+        out = torch._grouped_mm(a, b, offs=offs)
+        out.backward(torch.randn_like(out))
+    forward, backward = meter.flops["matmul"]
+    assert forward == 2 * 12 * 8 * 4 and backward == 2 * forward  # input and weight gradients
