@@ -96,9 +96,9 @@ class TPLayerCost:
 # ---- legality ----------------------------------------------------------------------------
 def legal_splits(node: OpNode, tp: int) -> tuple[str, ...]:
     """The splits that give correct numbers for ``node`` at ``tp`` and that the executor runs."""
-    if tp <= 1:
-        return ("replicate",)
     attrs = node.attrs
+    if tp <= 1 or attrs.get("tp_splittable") is False:  # a module the executor cannot split (trace/nodeattrs.py)
+        return ("replicate",)
     if node.op == "linear":
         return (
             ("replicate",)

@@ -74,12 +74,17 @@ def kind_and_attrs(
 
 def _module_attrs(kind: str, module: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
     type_name = type(module).__name__
-    if kind == "linear":
-        return classify.linear_attrs(
-            weight=module.weight, bias=module.bias is not None, weight_is_out_in=True, module_type=type_name
-        )
+    if kind == "linear":  # tp_splittable: the executor splits nn.Linear modules only (a router need not be one)
+        attrs = classify.linear_attrs(
+            weight=module.weight, bias=getattr(module, "bias", None) is not None, weight_is_out_in=True,
+            module_type=type_name,
+        )  # fmt: skip
+        return {**attrs, "tp_splittable": isinstance(module, torch.nn.Linear)}
     if kind == "embedding":
-        return classify.embedding_attrs(module.weight, type_name)
+        return {
+            **classify.embedding_attrs(module.weight, type_name),
+            "tp_splittable": isinstance(module, torch.nn.Embedding),
+        }
     if kind == "conv":
         transposed = isinstance(module, torch.nn.modules.conv._ConvTransposeNd)
         return classify.conv_attrs(module.weight, groups=module.groups, transposed=transposed, module_type=type_name)

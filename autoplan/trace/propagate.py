@@ -24,6 +24,7 @@ which yields the same numbers (``MEMOIZE = False`` measures every node).
 
 from __future__ import annotations
 
+import pydoc
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -257,7 +258,12 @@ class Propagator:
         self.env[node] = output
         kind, attrs = nodeattrs.kind_and_attrs(node, module, args, kwargs, output, params)
         if "module_type" in attrs and module is None and node.meta.get("nn_module_stack"):
-            attrs["module_type"] = _class_name(list(node.meta["nn_module_stack"].values())[-1][1])
+            path, owner = list(node.meta["nn_module_stack"].values())[-1]
+            attrs["module_type"] = _class_name(owner)
+            if any(name.rpartition(".")[0] == path for name, _ in params):  # the module owns the weight it calls with
+                splittable = _splittable(kind, owner)
+                if splittable is not None:
+                    attrs["tp_splittable"] = splittable
         return Measured(
             name=node.name,
             node=node,
@@ -325,6 +331,14 @@ def _fake_constant(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
         return torch.empty(tuple(value.shape), dtype=value.dtype, device="cpu")
     return value
+
+
+def _splittable(kind: str, owner: Any) -> bool | None:
+    """Whether the module a linear or embedding call sits in is one the executor can split
+    (an nn.Linear, an nn.Embedding: autoplan/execute/tensor_parallel.py); None when unknown."""
+    base = {"linear": torch.nn.Linear, "embedding": torch.nn.Embedding}.get(kind)
+    cls = owner if isinstance(owner, type) else pydoc.locate(str(owner))
+    return issubclass(cls, base) if base is not None and isinstance(cls, type) else None
 
 
 def _class_name(module_type: Any) -> str:

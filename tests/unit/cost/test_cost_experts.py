@@ -213,3 +213,16 @@ def test_explain_names_expert_parallel_families_and_only_true_bounds(tmp_path, m
     assert re.search(r"dp=\d+ ep=\d+ tp=1", text)
     claims = re.findall(r"its lower bound ([0-9.e+-]+) is already above the best ([0-9.e+-]+)", text)
     assert all(float(bound) >= float(best) for bound, best in claims)
+
+
+def test_a_router_that_is_not_an_nn_linear_is_never_split(graph):
+    """Mixtral's router (MixtralTopKRouter) calls F.linear on its own weight; the executor splits
+    nn.Linear modules only, so the cost model and the default tp plan keep it whole."""
+    from autoplan.cost.tensor_parallel import legal_splits
+    from autoplan.cost.tp_default import default_tp_plan
+
+    routers = [n for n in graph.nodes if n.op == "linear" and n.module.endswith("mlp.gate")]
+    assert routers and all(n.attrs["tp_splittable"] is False for n in routers)
+    assert all(legal_splits(n, 2) == ("replicate",) for n in routers)
+    plan = default_tp_plan(graph, 2)
+    assert plan["model.layers.0.self_attn.q_proj"] == "colwise" and "model.layers.0.mlp.gate" not in plan
