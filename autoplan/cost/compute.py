@@ -58,6 +58,7 @@ from autoplan.types.profile import Profile
 TENSOR_CORE_OPS = {"linear": "matmul", "matmul": "matmul", "attention": "attention", "conv": "conv"}
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DROPOUT_MASK_BYTES = 1  # torch.bool mask of CUDA native_dropout (aten/src/ATen/native/cuda/Dropout.cu)
+_PEAK_ORDER = {"fp32": ("fp32", "tf32"), "bf16": ("bf16", "fp16"), "fp16": ("fp16", "bf16")}
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2, "bfloat16": 2}
 
 
@@ -66,7 +67,7 @@ def peak_dtype(profile: Profile, precision: str) -> str:
     off for matmuls), bf16 -> bf16, fp16 -> fp16, each falling back to its 16-bit twin."""
     if precision not in PRECISION_BYTES:
         raise PlanError(f"precision '{precision}' is unknown; expected one of {', '.join(PRECISION_BYTES)}.")
-    order = {"fp32": ("fp32", "tf32"), "bf16": ("bf16", "fp16"), "fp16": ("fp16", "bf16")}[precision]
+    order = _PEAK_ORDER[precision]
     for dtype in order:
         if dtype in profile.device.peak_flops:
             return dtype
@@ -248,8 +249,10 @@ def _measured_s(
 ) -> float | None:
     """A measured op_table time for this linear's forward or backward, if the profile has a row
     of its shape (module docstring: ``fwd+bwd`` rows split by FLOPs)."""
+    if not profile.device.op_table:
+        return None
     keys = _linear_keys(node, batch_fraction=batch_fraction, shard=shard)
-    if not keys or not profile.device.op_table:
+    if not keys:
         return None
     dtype = peak_dtype(profile, precision)
     total = node.fwd_flops + node.bwd_flops

@@ -20,6 +20,7 @@ from __future__ import annotations
 from autoplan.cost.experts import ExpertPlacement
 from autoplan.cost.mesh import AxisGroup, ep_groups
 from autoplan.cost.stages import StageTotals
+from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 
 
@@ -29,13 +30,18 @@ class ExpertParallel:
     def expert_placement(self, plan: Plan) -> ExpertPlacement | None:
         """How ``plan`` runs the experts; None for a dense model or under tensor parallelism (its
         expert matmuls are then priced as the ops they trace to)."""
-        if not self.graph.moe_layers or plan.tp > 1:
+        return self.placement(tp=plan.tp, dp=plan.dp, ep=plan.ep, pp=plan.pp, routing=plan.routing)
+
+    def placement(self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None) -> ExpertPlacement | None:
+        """:meth:`expert_placement` of a plan with these degrees and routing model (the search's
+        bounds ask before any plan is built)."""
+        if not self.graph.moe_layers or tp > 1:
             return None
-        if plan.ep == 1:
+        if ep == 1:
             return ExpertPlacement(ep=1, imbalance=1.0, group=AxisGroup(size=1, ranks_per_node=1))
-        routing = plan.routing or self.graph.moe_layers[0].routing
-        group = ep_groups(self.profile, dp=plan.dp, ep=plan.ep, pp=plan.pp)["ep"]
-        return ExpertPlacement(ep=plan.ep, imbalance=routing.imbalance, group=group)
+        routing = routing or self.graph.moe_layers[0].routing
+        group = ep_groups(self.profile, dp=dp, ep=ep, pp=pp)["ep"]
+        return ExpertPlacement(ep=ep, imbalance=routing.imbalance, group=group)
 
     def edp_group(self, plan: Plan) -> AxisGroup:
         """The group an expert's gradients are reduced over (the dp group's ranks at ep = 1)."""

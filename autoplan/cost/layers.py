@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from autoplan.cost.compute import activation_scale, executed_bwd_flops, input_bytes_of, saved_activation_bytes
 from autoplan.cost.experts import BlockExperts, block_experts, grouped_gemm_s
-from autoplan.cost.op_costs import node_times_s
+from autoplan.cost.op_costs import NodeTimes, node_times_s
 from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
@@ -104,9 +104,16 @@ def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | No
 
 
 def summarise(
-    graph: Graph, structure: BlockStructure, *, layer: str | None, tp_plan: dict[str, str], ctx: TPContext
+    graph: Graph,
+    structure: BlockStructure,
+    *,
+    layer: str | None,
+    tp_plan: dict[str, str],
+    ctx: TPContext,
+    node_times: NodeTimes | None = None,
 ) -> LayerSummary:
-    """Price one micro-batch of the block (module docstring)."""
+    """Price one micro-batch of the block (module docstring); ``node_times`` memoises op times."""
+    times = node_times or NodeTimes(graph, ctx.profile)
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
@@ -124,9 +131,7 @@ def summarise(
                 node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
             )
         else:
-            t_fwd, t_bwd = node_times_s(
-                graph, node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read
-            )
+            t_fwd, t_bwd = times(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read)
         fwd += t_fwd
         bwd += t_bwd
         if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):

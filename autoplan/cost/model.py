@@ -41,6 +41,7 @@ from autoplan.cost.expert_parallel import ExpertParallel
 from autoplan.cost.experts import check_divides
 from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
 from autoplan.cost.mesh import AxisGroup, mesh_groups
+from autoplan.cost.op_costs import NodeTimes
 from autoplan.cost.plan_memory import PlanMemory
 from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.sp_sync import SequenceParallelSync
@@ -73,6 +74,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         self._outside = self._split_outside()
         self._tied = self._tied_places()
         self._cache: dict[tuple, LayerSummary] = {}
+        self.node_times = NodeTimes(graph, profile)  # shared with the search's bounds and ILPs
         self._bucket_cache: dict[tuple, float] = {}
         self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
         self._step_flops = graph.step_flops  # summed once: estimate() stays arithmetic
@@ -125,7 +127,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         if hit is None:
             rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
             structure = self._structures[rep] if rep is not None else self._outside[part]
-            hit = summarise(self.graph, structure, layer=rep, tp_plan=rep_plan, ctx=ctx)
+            hit = summarise(self.graph, structure, layer=rep, tp_plan=rep_plan, ctx=ctx, node_times=self.node_times)
             if part == "pre":  # the outside nodes' TP collectives are charged once, to the last stage
                 hit = LayerSummary(**{**hit.__dict__, "tp_fwd_s": 0.0, "tp_bwd_s": 0.0})
             self._cache[key] = hit

@@ -45,6 +45,44 @@ def node_times_s(
     return op_time_s(node, profile, **kwargs), backward
 
 
+class NodeTimes:
+    """:func:`node_times_s` of one graph on one profile, memoised: a search prices the same op at
+    the same micro-batch and shard in its bounds, its block ILPs and CostModel's block summaries.
+    Keyed on the node, precision, batch fraction, shard and bytes read (the same numbers: the
+    function is pure); a call with another profile is not memoised."""
+
+    def __init__(self, graph: Graph, profile: Profile):
+        self.graph, self.profile = graph, profile
+        self._times: dict[tuple, tuple[float, float]] = {}
+        self._reads: dict[tuple[str, str], float] = {}
+
+    def __call__(
+        self,
+        node: OpNode,
+        profile: Profile,
+        *,
+        precision: str,
+        batch_fraction: float,
+        shard: int,
+        reads: float | None = None,
+    ) -> tuple[float, float]:
+        if profile is not self.profile:
+            return node_times_s(
+                self.graph, node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, reads=reads
+            )
+        if reads is None:
+            reads = self._reads.get((node.name, precision))
+            if reads is None:
+                reads = self._reads[node.name, precision] = read_bytes(self.graph, node, precision=precision)
+        key = (node.name, precision, batch_fraction, shard, reads)
+        hit = self._times.get(key)
+        if hit is None:
+            hit = self._times[key] = node_times_s(
+                self.graph, node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, reads=reads
+            )
+        return hit
+
+
 def node_time_s(
     graph: Graph,
     node: OpNode,
@@ -54,9 +92,12 @@ def node_time_s(
     batch_fraction: float,
     shard: int,
     forward_repeats: int = 1,
+    times: NodeTimes | None = None,
 ) -> float:
-    """Forward (``forward_repeats`` times: 2 under full recomputation) + backward seconds."""
-    fwd, bwd = node_times_s(graph, node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard)
+    """Forward (``forward_repeats`` times: 2 under full recomputation) + backward seconds;
+    ``times`` memoises them (:class:`NodeTimes`)."""
+    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard)
+    fwd, bwd = times(node, profile, **kwargs) if times else node_times_s(graph, node, profile, **kwargs)
     return forward_repeats * fwd + bwd
 
 

@@ -5,7 +5,12 @@ value it can never go below, so a bound never exceeds the priced step time (a te
 this for every priced candidate):
 
 - ``compute_min_s``: forward + backward of one micro-batch with every op divided tp ways and no
-  communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a));
+  communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a)),
+  except the routed experts' GEMMs of grouped MoE layers (cost/experts.py): at tp = 1 they are
+  priced as CostModel prices them, grouped GEMMs under the plan's expert placement, plus the
+  block's all-to-alls (zero at ep = 1); at tp > 1 CostModel prices them as the ops they trace to,
+  divided tp ways only where some legal split shards them (never a batched matmul, which is
+  neither a parameterised linear nor a pure node: every tp rank runs it whole);
 - ``pp_comm_s``: the send/recv term (v m + p - 1) (t_p2p(forward) + t_p2p(backward)) with the
   smallest block inputs, all of them forward and those that need a gradient backward;
 - ``step_extras_s``: Adam on the largest stage's parameters (28 bytes per local parameter),
@@ -29,12 +34,17 @@ from __future__ import annotations
 
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, memory_time_s
+from autoplan.cost.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
 from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states, runs_ddp
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
 from autoplan.cost.op_costs import node_time_s
+from autoplan.cost.tensor_parallel import legal_splits
+from autoplan.cost.tp_block import STREAM_KINDS, BlockAnalysis, analyse_block
+from autoplan.cost.tp_shards import pure_layouts_possible
 from autoplan.solve.stage_costs import StageCosts
-from autoplan.types.graph import Graph
+from autoplan.types.graph import Graph, OpNode
+from autoplan.types.moe import MoELayer
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -43,25 +53,86 @@ class Bounds:
     def __init__(self, graph: Graph, profile: Profile, stage_costs: StageCosts):
         self.graph, self.profile, self.stage_costs = graph, profile, stage_costs
         self._c_min: dict[tuple, float] = {}
+        self._experts_min: dict[tuple, float] = {}
+        reps = [(None, 1)] + [(group.layers[0], len(group.layers)) for group in graph.groups]
+        self._nodes = {rep: graph.layer_nodes(rep) for rep, _ in reps}
+        self._moe = {rep: layers_in(graph, tuple(self._nodes[rep])) for rep, _ in reps}  # grouped MoE layers
+        self._gemms = {rep: _expert_gemms(self._nodes[rep], self._moe[rep]) for rep, _ in reps}  # node -> its layer
+        self._reps = [(rep, count) for rep, count in reps if self._gemms[rep]]
 
-    def compute_min_s(self, *, tp: int, precision: str, mbs: int) -> float:
-        """C_min (one block per group of identical blocks, times the group size)."""
+    def compute_min_s(self, *, tp: int, precision: str, mbs: int, experts: ExpertPlacement | None = None) -> float:
+        """C_min (one block per group of identical blocks, times the group size); ``experts`` is
+        the plan's expert placement (CostModel.placement), which prices the routed experts at tp = 1."""
         key = (tp, precision, mbs)
         if key not in self._c_min:
-            f = mbs / self.graph.batch_size
+            f, times = mbs / self.graph.batch_size, self.stage_costs.cost_model.node_times
 
-            def nodes_s(nodes) -> float:
+            def nodes_s(layer: str | None) -> float:
+                skip = self._gemms[layer]  # priced by _experts_min_s
                 return sum(
-                    node_time_s(self.graph, n, self.profile, precision=precision, batch_fraction=f, shard=tp)
-                    for n in nodes
+                    node_time_s(
+                        self.graph, n, self.profile, precision=precision, batch_fraction=f, shard=tp, times=times
+                    )
+                    for n in self._nodes[layer]
+                    if n.name not in skip
                 )
 
-            total = nodes_s(self.graph.layer_nodes(None))
-            total += sum(
-                len(group.layers) * nodes_s(self.graph.layer_nodes(group.layers[0])) for group in self.graph.groups
-            )
+            total = nodes_s(None)
+            total += sum(len(group.layers) * nodes_s(group.layers[0]) for group in self.graph.groups)
             self._c_min[key] = total
-        return self._c_min[key]
+        if not self._reps:
+            return self._c_min[key]
+        return self._c_min[key] + self._experts_min_s(tp=tp, precision=precision, mbs=mbs, experts=experts)
+
+    def _experts_min_s(self, *, tp: int, precision: str, mbs: int, experts: ExpertPlacement | None) -> float:
+        """The routed experts' GEMMs and all-to-alls in C_min (module docstring)."""
+        place = experts if tp == 1 else None
+        key = (tp, precision, mbs, place)
+        if key not in self._experts_min:
+            f = mbs / self.graph.batch_size
+            self._experts_min[key] = sum(
+                count
+                * (
+                    self._grouped_s(rep, precision=precision, f=f, place=place)
+                    if place
+                    else self._traced_s(rep, tp=tp, precision=precision, f=f)
+                )
+                for rep, count in self._reps
+            )
+        return self._experts_min[key]
+
+    def _grouped_s(self, rep: str | None, *, precision: str, f: float, place: ExpertPlacement) -> float:
+        """Block ``rep``'s expert GEMMs as grouped GEMMs and its all-to-alls, as CostModel prices them at tp = 1."""
+        gemms = sum(
+            sum(
+                grouped_gemm_s(
+                    self.graph.node(name), moe, self.profile, precision=precision, batch_fraction=f, place=place
+                )
+            )
+            for name, moe in self._gemms[rep].items()
+        )
+        a2a = sum(
+            sum(a2a_times_s(moe, self.profile, precision=precision, batch_fraction=f, place=place))
+            for moe in self._moe[rep]
+        )
+        return gemms + a2a
+
+    def _traced_s(self, rep: str | None, *, tp: int, precision: str, f: float) -> float:
+        """Block ``rep``'s expert GEMMs as the ops they trace to, each at the largest shard a split gives it."""
+        block = analyse_block(self.graph, rep)
+        legal = {v: legal_splits(self.graph.node(v), tp) for v in block.params}
+        return sum(
+            node_time_s(
+                self.graph,
+                node,
+                self.profile,
+                precision=precision,
+                batch_fraction=f,
+                shard=_most_shards(block, legal, node, tp),
+                times=self.stage_costs.cost_model.node_times,
+            )
+            for node in map(self.graph.node, self._gemms[rep])
+        )
 
     def states_floor_bytes(self, plan: Plan) -> float:
         """The memory floor of the module docstring, bytes per device."""
@@ -128,3 +199,21 @@ class Bounds:
         if plan.zero_stage not in (1, 2) or plan.dp == 1:
             return 0.0
         return self._bucketed_s("all_gather", stage_params * PRECISION_BYTES[plan.precision], plan)
+
+
+def _expert_gemms(nodes: list[OpNode], layers: list[MoELayer]) -> dict[str, MoELayer]:
+    """The routed experts' GEMMs among a block's ``nodes``, each with its MoE layer of ``layers``:
+    the nodes CostModel prices as grouped GEMMs at tp = 1 (cost/experts.block_experts)."""
+    return {n.name: moe for moe in layers for n in nodes if is_expert_gemm(n, moe)}
+
+
+def _most_shards(block: BlockAnalysis, legal: dict[str, tuple[str, ...]], node: OpNode, tp: int) -> int:
+    """The largest compute shard any legal splits give ``node`` at ``tp`` (cost/tp_shards.shards):
+    tp for a parameterised node with a split other than replicate, a pure node that can run on S
+    or Q, or a node on the residual stream of a kind sequence parallelism shards; else 1."""
+    if node.name in legal:
+        return tp if len(legal[node.name]) > 1 else 1
+    if node.name in block.origins:
+        layouts = pure_layouts_possible(block, block.origins[node.name], legal, sequence_parallel=True)
+        return tp if len(layouts) > 1 else 1
+    return tp if node.op in STREAM_KINDS else 1

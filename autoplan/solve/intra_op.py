@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import pulp
 
-from autoplan.cost.op_costs import node_saved_bytes, node_time_s
+from autoplan.cost.op_costs import NodeTimes, node_saved_bytes, node_time_s
 from autoplan.cost.tensor_parallel import TPContext, TPTerms, block_terms, legal_splits, terms_time_s
 from autoplan.cost.tp_block import BlockAnalysis, analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
@@ -124,11 +124,13 @@ def build_block_problem(
     forward_repeats: int = 1,
     param_bytes_factor: float = 0.0,
     activation_factor: float = 0.0,
+    node_times: NodeTimes | None = None,
 ) -> BlockProblem:
     """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
     bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
     (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
-    factors are those CostModel charges (cost/op_costs.py, tp_shards.shards)."""
+    factors are those CostModel charges (cost/op_costs.py, tp_shards.shards); ``node_times``
+    memoises the op times."""
     block = analyse_block(graph, layer)
     terms = block_terms(graph, layer, ctx=ctx)
     tp, sp = ctx.tp, ctx.sequence_parallel and ctx.tp > 1
@@ -153,6 +155,7 @@ def build_block_problem(
             batch_fraction=ctx.batch_fraction,
             shard=shard,
             forward_repeats=forward_repeats,
+            times=node_times,
         )
 
     seen_params: set[str] = set()

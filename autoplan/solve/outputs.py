@@ -27,7 +27,7 @@ from autoplan.solve.candidates import SearchResult
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic
 from autoplan.types.cost import Cost
-from autoplan.types.graph import Graph
+from autoplan.types.graph import Graph, OpNode
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -121,10 +121,11 @@ def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     ctx = StageCosts(graph, profile).context(plan)
     stages = stage_of(graph, plan)
     first_block = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
+    nodes_of = _nodes_by_layer(graph)
     rows = []
     for layer in [None, *graph.layers]:
         cost = tp_layer_cost(graph, layer, plan.tp_plan, ctx=ctx)
-        comm = _comm_by_node(graph, layer, plan, ctx)
+        comm = _comm_by_node(graph, layer, plan, ctx, nodes_of[layer])
         copies = stream_copy_bytes(
             graph,
             analyse_block(graph, layer),
@@ -134,8 +135,7 @@ def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
         )
         split_of = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
         structure = block_structure(graph, layer)
-        for node in graph.layer_nodes(layer):
-            index = graph.nodes.index(node) if layer is None else 0
+        for index, node in nodes_of[layer]:
             stage = stages.get(layer, 0 if index < first_block else plan.pp - 1)
             shard = cost.compute_shard.get(node.name, 1)
             compute = node_time_s(
@@ -191,6 +191,14 @@ def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     )
 
 
+def _nodes_by_layer(graph: Graph) -> dict[str | None, list[tuple[int, OpNode]]]:
+    """(position in the graph, node) of every node, by block (None: outside every block), in graph order."""
+    found: dict[str | None, list[tuple[int, OpNode]]] = {layer: [] for layer in [None, *graph.layers]}
+    for index, node in enumerate(graph.nodes):
+        found.setdefault(node.layer, []).append((index, node))
+    return found
+
+
 def _param_copies(graph: Graph, layer: str | None, node, plan: Plan, split_of: dict[str, str]) -> float:
     if node.name not in split_of:
         return 0.0
@@ -199,7 +207,9 @@ def _param_copies(graph: Graph, layer: str | None, node, plan: Plan, split_of: d
     )
 
 
-def _comm_by_node(graph: Graph, layer: str | None, plan: Plan, ctx) -> dict[str, float]:
+def _comm_by_node(
+    graph: Graph, layer: str | None, plan: Plan, ctx, nodes: list[tuple[int, OpNode]]
+) -> dict[str, float]:
     if plan.tp == 1:
         return {}
     terms = block_terms(graph, layer, ctx=ctx)
@@ -214,7 +224,7 @@ def _comm_by_node(graph: Graph, layer: str | None, plan: Plan, ctx) -> dict[str,
         if hit is not None:
             comm[hit] = comm.get(hit, 0.0) + fwd + bwd
     partial = set(sp_partial_params(graph, layer, plan.tp_plan, tp=plan.tp, sequence_parallel=plan.sequence_parallel))
-    for node in graph.layer_nodes(layer):  # the step's all-reduce of partial gradients, spread over its micro-batches
+    for _, node in nodes:  # the step's all-reduce of partial gradients, spread over its micro-batches
         for name in sorted(partial.intersection(node.param_names)):
             partial.discard(name)  # once per parameter, on the first node that uses it
             seconds = collective_time_s(ctx.profile, "all_reduce", graph.parameters[name].numel * 4, group=ctx.group)

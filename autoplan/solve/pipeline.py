@@ -21,7 +21,10 @@ stage's chunks into one micro-batch time and the slowest stage sets both ``m * T
 bubble ``(pp - 1) / v * T`` (autoplan/cost/model.py). Objective ``min max_k T_k`` subject to
 every ``M_k <= capacity`` and every chunk non-empty; ``b_0 = 0``, ``b_{pp v} = L``.
 
-:func:`partition` solves it exactly, by the first method that applies:
+:func:`partition` solves it exactly, by the first method that applies, after a test that proves
+some problems infeasible at once (:func:`_surely_infeasible`: a stage that cannot hold even its
+lightest v layers, or layers whose lightest placement, spread evenly, overflows every stage; the
+search tries a memory-limited partition for every plan that did not fit, and most have none):
 
 1. Identical layers (every ``t_i``, ``m_i``, ``a_i`` equal: a transformer's blocks; the
    embedding and head are in ``extra``), any ``v``: T_k = base_k + n_k t and M_k = extra_bytes_k +
@@ -38,7 +41,8 @@ every ``M_k <= capacity`` and every chunk non-empty; ``b_0 = 0``, ``b_{pp v} = L
        F[0][0] = 0,   F[k+1][j] = min over i < j with M_k(i, j) <= capacity of max(F[k][i], T_k(i, j)),
 
    answer F[pp][L], O(pp L^2) work done as pp vectorised (L+1) x (L+1) numpy steps (a
-   96-layer, 64-stage case takes milliseconds), :func:`_partition_dp`.
+   96-layer, 64-stage case takes milliseconds; without a memory limit the fit test is
+   skipped), :func:`_partition_dp`.
 3. Otherwise (interleaved, layers of different kinds) the problem is NP-hard (with pp = 2 and
    zero-time filler layers the two stages can take any subset of the other layers: PARTITION).
    The ILP :func:`partition_ilp` solves it; HiGHS proves small cases optimal at once but may
@@ -123,7 +127,7 @@ def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s:
     ``time_limit_s`` bounds the ILP (method 3) only; past it the best of its incumbent, the fill
     and even chunks is returned."""
     L, C = problem.layers, problem.chunks
-    if C > L or L == 0:
+    if C > L or L == 0 or _surely_infeasible(problem):
         return None
     if C == L:  # one layer per chunk: the only partition
         return _checked(problem, list(range(L + 1)))
@@ -142,6 +146,27 @@ def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s:
     return min(candidates, key=lambda p: p.max_stage_time_s) if candidates else None
 
 
+def _surely_infeasible(problem: PartitionProblem, *, margin: float = 1e-6) -> bool:
+    """No partition fits the memory (module docstring): stage k holds at least v layers, so
+    M_k >= extra_bytes[k] + its v lightest layers; and the stages together hold every layer, so
+    the fullest holds at least the mean of extra_bytes plus each layer at the stage where it is
+    lightest. ``margin`` keeps rounding from deciding: a near miss goes to the exact methods."""
+    capacity = problem.capacity_bytes
+    if capacity == INF:
+        return False
+    limit = capacity + margin * abs(capacity)
+    static, act, v = problem.layer_static_bytes, problem.layer_activation_bytes, problem.virtual_stages
+    low, high = min(problem.in_flight), max(problem.in_flight)
+    total = sum(problem.extra_bytes) + sum(m + min(low * a, high * a) for m, a in zip(static, act))
+    if total / problem.pp > limit:
+        return True
+    return any(
+        problem.extra_bytes[k] + sum(heapq.nsmallest(v, (m + problem.in_flight[k] * a for m, a in zip(static, act))))
+        > limit
+        for k in range(problem.pp)
+    )
+
+
 def _checked(problem: PartitionProblem, bounds: list[int]) -> Partition | None:
     value = problem.evaluate(bounds)
     return Partition(bounds=bounds, max_stage_time_s=value) if value < INF else None
@@ -152,17 +177,24 @@ def _partition_dp(problem: PartitionProblem) -> Partition | None:
     one vectorised (L+1) x (L+1) step (v = 1)."""
     L, pp = problem.layers, problem.pp
     seg_t = np.subtract.outer(problem._t, problem._t).T  # seg[i, j] = t[j] - t[i]
-    seg_m = np.subtract.outer(problem._m, problem._m).T
-    seg_a = np.subtract.outer(problem._a, problem._a).T
     order = np.arange(L + 1)
     nonempty = order[None, :] > order[:, None]
+    limited = problem.capacity_bytes != INF
+    if limited:
+        seg_m = np.subtract.outer(problem._m, problem._m).T
+        seg_a = np.subtract.outer(problem._a, problem._a).T
+    else:  # every chunk fits: only the empty ones are ruled out
+        seg_t = np.where(nonempty, seg_t, INF)
     best = np.full(L + 1, INF)
     best[0] = 0.0
     cuts = []
     for k in range(pp):
         time = seg_t + problem.extra_time_s[k] + problem.p2p_s * problem.neighbours(k)
-        fits = seg_m + problem.in_flight[k] * seg_a + problem.extra_bytes[k] <= problem.capacity_bytes
-        value = np.where(nonempty & fits, np.maximum(best[:, None], time), INF)
+        if limited:
+            fits = seg_m + problem.in_flight[k] * seg_a + problem.extra_bytes[k] <= problem.capacity_bytes
+            value = np.where(nonempty & fits, np.maximum(best[:, None], time), INF)
+        else:
+            value = np.maximum(best[:, None], time)
         cuts.append(np.argmin(value, axis=0))
         best = value[cuts[-1], order]
     if best[L] == INF:

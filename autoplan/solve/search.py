@@ -7,7 +7,8 @@ For each group, before any ILP, a lower bound on the step time of every member i
     LB = (m + (pp - 1) / v_max) * C_min / pp  +  optimizer_min                            (1)
 
 where ``C_min`` is the forward + backward time of one micro-batch with every op divided tp
-ways and no communication (op time only falls as the shard grows), ``m`` the micro-batch
+ways and no communication (op time only falls as the shard grows; the routed experts' GEMMs
+and all-to-alls as CostModel prices them, solve/bounds.py), ``m`` the micro-batch
 count and ``v_max`` the most virtual stages the group allows: the cost model charges at
 least ``m * T_slowest + (pp - 1) / v * T_slowest`` and ``T_slowest >= C_min / pp``
 (autoplan/cost/model.py). Groups are visited in increasing LB (best-first branch and bound):
@@ -79,7 +80,13 @@ class Search:
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
         self.cost_model = CostModel(graph, profile)
-        self.tp_planner = TPPlanner(graph, profile, solver=options.solver, time_limit_s=options.time_limit_s)
+        self.tp_planner = TPPlanner(
+            graph,
+            profile,
+            solver=options.solver,
+            time_limit_s=options.time_limit_s,
+            node_times=self.cost_model.node_times,
+        )
         self.stage_costs = StageCosts(graph, profile, self.cost_model)
         self.bounds = Bounds(graph, profile, self.stage_costs)
         self._partitions = TpPlanMemo()
@@ -136,9 +143,10 @@ class Search:
     def lower_bound(self, g: Group) -> float:
         """Bound (1) of the module docstring, in objective units."""
         deg = g.degrees
+        experts = self.cost_model.placement(tp=deg.tp, dp=deg.dp, ep=deg.ep, pp=deg.pp, routing=g.routing)
         step = (
             (g.m + (deg.pp - 1) / g.v_max)
-            * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs)
+            * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts)
             / deg.pp
         )
         zero_dp = deg.dp if any(z >= 1 for z in space.zero_options(dp=deg.dp, fixes=self.fixes)) else 1

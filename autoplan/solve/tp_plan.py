@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from autoplan.cost.memory import model_states, usable_bytes
 from autoplan.cost.mesh import mesh_groups
+from autoplan.cost.op_costs import NodeTimes
 from autoplan.cost.schedule import in_flight_chunks
 from autoplan.cost.tensor_parallel import TPContext, node_splits
 from autoplan.cost.tp_block import analyse_block
@@ -58,9 +59,18 @@ class MemoryBudget:
 
 
 class TPPlanner:
-    def __init__(self, graph: Graph, profile: Profile, *, solver: str = "highs", time_limit_s: float = 10.0):
+    def __init__(
+        self,
+        graph: Graph,
+        profile: Profile,
+        *,
+        solver: str = "highs",
+        time_limit_s: float = 10.0,
+        node_times: NodeTimes | None = None,
+    ):
         self.graph, self.profile = graph, profile
         self.solver, self.time_limit_s = solver, time_limit_s
+        self.node_times = node_times or NodeTimes(graph, profile)  # op times, memoised across choices
         self._cache: dict[tuple, TPChoice] = {}
         self.solves = 0
 
@@ -104,7 +114,9 @@ class TPPlanner:
                 if budget
                 else {}
             )
-            problem = build_block_problem(self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, **factors)
+            problem = build_block_problem(
+                self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, node_times=self.node_times, **factors
+            )
             limit = None if budget is None else (budget.outside_bytes if rep is None else budget.block_bytes)
             why = (
                 budget_infeasibility(problem, limit)

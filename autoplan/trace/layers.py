@@ -43,13 +43,14 @@ def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -
     for name, container in model.named_modules():
         if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
             continue
-        children = [(f"{name}.{c}" if name else c, m) for c, m in container.named_children() if _numel(m) > 0]
+        children = [(f"{name}.{c}" if name else c, m, _numel(m)) for c, m in container.named_children()]
+        children = [(c, m, n) for c, m, n in children if n > 0]
         if len(children) < 2:
             continue
-        kinds = Counter(type(m).__name__ for _, m in children)
-        score = sum(_numel(m) for _, m in children if kinds[type(m).__name__] >= 2)
+        kinds = Counter(type(m).__name__ for _, m, _ in children)
+        score = sum(n for _, m, n in children if kinds[type(m).__name__] >= 2)
         if score > 0:
-            candidates.append((score, len(children), name, [c for c, _ in children]))
+            candidates.append((score, len(children), name, [c for c, _, _ in children]))
     accepted: list[tuple[str, list[str]]] = []
     for _, _, name, children in sorted(candidates, key=lambda c: (-c[0], -c[1])):
         if not any(_nested(name, other) for other, _ in accepted) and (
@@ -62,8 +63,9 @@ def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -
 def _runs_once(records: list[Measured], children: list[str]) -> bool:
     """Whether each child's nodes form a single contiguous run in execution order."""
     runs: list[str] = []
+    names = set(children)
     for record in records:
-        child = next((c for c in children if within(record.module, c)), None)
+        child = _innermost(record.module, names)  # siblings: at most one holds the module
         if child is not None and (not runs or runs[-1] != child):
             runs.append(child)
     return len(runs) == len(set(runs))
@@ -74,16 +76,26 @@ def within(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + ".")
 
 
+def _innermost(path: str, names: set[str]) -> str | None:
+    """The longest of ``names`` that ``path`` is within (:func:`within`), or None: the path's
+    own prefixes, longest first, looked up (a dotted path has few; the names may be many)."""
+    while path:
+        if path in names:
+            return path
+        path = path.rpartition(".")[0]
+    return None
+
+
 def _nested(a: str, b: str) -> bool:
     return a == b or not a or not b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def assign_layers(records: list[Measured], blocks: list[str]) -> dict[str, str | None]:
     """node name -> block FQN (or None), and the blocks in execution order."""
-    ordered = sorted(blocks, key=len, reverse=True)
+    names = set(blocks)
     layer_of: dict[str, str | None] = {}
     for record in records:
-        layer_of[record.name] = next((b for b in ordered if within(record.module, b)), None)
+        layer_of[record.name] = _innermost(record.module, names)  # the innermost block holding it
     positions = [i for i, r in enumerate(records) if layer_of[r.name] is not None]
     if positions:
         current = None
@@ -107,10 +119,12 @@ def execution_order(records: list[Measured], layer_of: dict[str, str | None]) ->
 def group_layers(
     records: list[Measured], layer_of: dict[str, str | None], layers: list[str], param_shapes: dict[str, list[int]]
 ) -> list[LayerGroup]:
+    members: dict[str | None, list[Measured]] = {layer: [] for layer in layers}
+    for record in records:
+        members.setdefault(layer_of[record.name], []).append(record)
     signatures: dict[str, list[str]] = {}
     for layer in layers:
-        members = [r for r in records if layer_of[r.name] == layer]
-        signatures.setdefault(_signature(members, layer, param_shapes), []).append(layer)
+        signatures.setdefault(_signature(members[layer], layer, param_shapes), []).append(layer)
     return [LayerGroup(signature=sig, layers=names) for sig, names in signatures.items()]
 
 
