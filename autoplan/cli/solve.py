@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from autoplan.cli.trace import routing_of
-    from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
+    from autoplan.solve.api import NoPlanFits, plan_graph, profile_file, resolve_profile
     from autoplan.solve.console import search_progress
     from autoplan.solve.outputs import write_outputs
     from autoplan.trace import trace_model_file
@@ -91,6 +91,8 @@ def _run(args: argparse.Namespace) -> int:
         if exc.result is not None:
             write_outputs(args.out, result=exc.result, graph=graph, profile=profile)
         raise
+    if (source := profile_file(args.profile)) is not None:  # run --audit and calibrate load it again
+        result.best.profile = source
     paths = write_outputs(args.out, result=result, graph=graph, profile=profile)
     explanation = _explain(result, graph, profile, args) if args.explain else None
     if args.json:

@@ -73,6 +73,7 @@ def measured_beside_predicted(
         lines.append(
             f"measured and predicted differ by more than {100 * MISMATCH_RATIO:.0f}%: re-measure this machine with "
             f"`autoplan profile --out profiles/this-machine.yaml`, or fit the profile to this run with "
-            f"`autoplan calibrate {run_dir} --profile {profile_name} --out profiles/{profile_name}-calibrated.yaml`."
+            f"`autoplan calibrate {run_dir} --profile {profile_name} "
+            f"--out profiles/{Path(profile_name).stem}-calibrated.yaml`."
         )
     return lines

@@ -9,6 +9,7 @@ the most memory-frugal configurations of 2x, 4x, ... the devices), or the change
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from autoplan.cost.model import CostModel
@@ -30,6 +31,13 @@ class NoPlanFits(PlanError):
     def __init__(self, message: str, result: SearchResult | None = None):
         super().__init__(message)
         self.result = result
+
+
+def profile_file(profile: Profile | str) -> str | None:
+    """The absolute path of a profile given as a file, else None (a name or a Profile)."""
+    if isinstance(profile, str) and Path(profile).suffix in (".yaml", ".yml", ".json") and Path(profile).is_file():
+        return str(Path(profile).resolve())
+    return None
 
 
 def resolve_profile(profile: Profile | str) -> Profile:
@@ -54,7 +62,10 @@ def plan_graph(
     top_k: int = 1,
 ) -> SearchResult:
     """Search plans for a traced graph; raises NoPlanFits when nothing fits. The best ``top_k``
-    plans are ranked exactly (pruning only skips what cannot enter them)."""
+    plans are ranked exactly (pruning only skips what cannot enter them). A profile given as a
+    file is recorded in the plan by its path, so that ``run --audit`` and ``calibrate`` can load
+    it again (a shipped profile by its name)."""
+    source = profile_file(profile)
     profile = resolve_profile(profile)
     fixes = space.parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
     options = SearchOptions(
@@ -70,6 +81,8 @@ def plan_graph(
     result = search(graph, profile, options)
     if result.best is None:
         raise NoPlanFits(explain_no_fit(graph, profile, options, result), result)
+    if source is not None:
+        result.best.profile = source
     summary = SearchSummary(
         candidates_evaluated=result.evaluated,
         candidates_pruned=result.pruned,

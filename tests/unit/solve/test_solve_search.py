@@ -194,3 +194,16 @@ def test_a_memory_budget_with_nothing_left_is_a_reason_not_a_crash():
     reasons = [c.reason for c in result.candidates if "tp ILP infeasible" in c.reason]
     assert reasons and all(not c.feasible for c in result.candidates if "tp ILP infeasible" in c.reason)
     assert "budget" in reasons[0] and "\n" not in reasons[0]
+
+
+def test_a_profile_given_as_a_file_is_recorded_by_its_path(tmp_path):
+    """run --audit and calibrate load the plan's profile again: a file is found only by its path."""
+    from pathlib import Path
+
+    from autoplan.profile import load_profile, save_profile
+
+    path = save_profile(synthetic_profile(name="my-cluster"), tmp_path / "my-cluster.yaml")
+    best = plan_graph(_tiny(), devices=8, profile=str(path), batch_size=16).best
+    assert best.profile == str(Path(path).resolve())
+    assert load_profile(best.profile).name == "my-cluster"
+    assert plan_graph(_tiny(), devices=8, profile=synthetic_profile(), batch_size=16).best.profile == "synthetic-a100"
