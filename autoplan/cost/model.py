@@ -112,17 +112,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         (``cost.layers.summarise``); the solver's partition reads the same summaries."""
         rep = self._rep[layer] if layer is not None else None
         splits = tuple(tp_plan.get(m, "replicate") for m in self._param_modules[layer]) if ctx.tp > 1 else ()
-        key = (
-            rep,
-            part,
-            splits,
-            ctx.tp,
-            ctx.group,
-            ctx.sequence_parallel,
-            ctx.precision,
-            ctx.batch_fraction,
-            ctx.experts,
-        )
+        key = (rep, part, splits, *ctx.key)
         hit = self._cache.get(key)
         if hit is None:
             rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
@@ -164,16 +154,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool
     ) -> dict[str, LayerSummary]:
         """Every block's summary as the plan runs it, in the graph's order, memoised per tp_plan."""
-        key = (
-            "blocks",
-            ctx.tp,
-            ctx.group,
-            ctx.sequence_parallel,
-            ctx.precision,
-            ctx.batch_fraction,
-            ctx.experts,
-            tp_comm_overlap,
-        )
+        key = ("blocks", *ctx.key, tp_comm_overlap)
         return self._memo.get(
             key,
             tp_plan,
@@ -205,19 +186,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
         schedule share them."""
         chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
-        key = (
-            "stages",
-            ctx.tp,
-            ctx.group,
-            ctx.sequence_parallel,
-            ctx.precision,
-            ctx.batch_fraction,
-            ctx.experts,
-            plan.recompute,
-            plan.pp,
-            chunks,
-            plan.tp_comm_overlap,
-        )
+        key = ("stages", *ctx.key, plan.recompute, plan.pp, chunks, plan.tp_comm_overlap)
         return self._memo.get(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
 
     def _sum_stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:

@@ -82,6 +82,12 @@ class TPContext:
     batch_fraction: float  # micro_batch_size / graph.batch_size
     experts: ExpertPlacement | None = None  # MoE experts' placement (tp = 1 only), autoplan/cost/experts.py
 
+    @property
+    def key(self) -> tuple:
+        """Every field but the profile (one per cost model): what a memo of per-context prices keys on,
+        so a field added here reaches every such memo."""
+        return (self.tp, self.group, self.sequence_parallel, self.precision, self.batch_fraction, self.experts)
+
 
 @dataclass
 class TPLayerCost:

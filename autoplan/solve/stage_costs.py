@@ -125,17 +125,7 @@ class StageCosts:
                 post,
             )
 
-        key = (
-            "totals",
-            ctx.tp,
-            ctx.group,
-            ctx.sequence_parallel,
-            ctx.precision,
-            ctx.batch_fraction,
-            ctx.experts,
-            plan.recompute,
-            plan.tp_comm_overlap,
-        )
+        key = ("totals", *ctx.key, plan.recompute, plan.tp_comm_overlap)
         return self._memo.get(key, plan.tp_plan, make)
 
     def sync_params(self, plan: Plan) -> tuple[float, float]:
@@ -155,7 +145,7 @@ class StageCosts:
         """The smallest block inputs, forward and those whose gradient goes back (rotary tables and
         masks do not): lower bounds on what a pipeline stage receives and sends back per micro-batch."""
         ctx = self.context(plan)
-        key = ("boundary", ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+        key = ("boundary", *ctx.key)
 
         def make() -> tuple[float, float]:
             sizes = [self.cost_model.block_inputs(layer, plan) for layer in self.graph.layers]
