@@ -33,7 +33,6 @@ parallelism is not published.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ from pathlib import Path
 import pandas as pd
 from _results import write_results
 
+from autoplan.calibrate.runs import environment
 from autoplan.cost import CostModel
 from autoplan.profile import load_profile
 from autoplan.trace import trace_model_file
@@ -127,13 +127,8 @@ def published_plan(row: pd.Series) -> Plan:
 
 def traced(model: str, batch: int):
     example, env = MODELS[model_key(model)]
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environment(tuple(env.items())):
         return trace_model_file(EXAMPLES / example, batch, routing=RoutingModel(imbalance=1.0))
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def predict(row: pd.Series, profile, graphs: dict) -> dict:
