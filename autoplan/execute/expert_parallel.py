@@ -53,7 +53,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from autoplan.errors import PlanError
 from autoplan.execute.data_parallel import local
 from autoplan.execute.expert_dispatch import ExpertsDispatch, install
-from autoplan.trace.moe import _experts_of, is_hf_experts
+from autoplan.trace.moe import experts_of, is_hf_experts
 from autoplan.types.plan import Plan
 
 
@@ -72,7 +72,7 @@ def check_expert_parallel(*, model: nn.Module, plan: Plan, dispatches: dict[str,
     if plan.ep == 1:
         return
     for name, module in model.named_modules():
-        found = _experts_of(name, module)
+        found = experts_of(name, module)
         if found is not None and found[0] not in dispatches:
             raise PlanError(
                 f"plan ep={plan.ep} needs Mixture-of-Experts layers in the Hugging Face experts interface "

@@ -112,13 +112,13 @@ def describe(
     from the module's attributes or, failing those, from the last ``topk`` its block ran."""
     found = []
     for name, module in model.named_modules():
-        experts = _experts_of(name, module)
+        experts = experts_of(name, module)
         if experts is not None:
             found.append(_layer(name, module, experts, records, routing, seen, tokens, blocks))
     return found
 
 
-def _experts_of(name: str, module: nn.Module) -> tuple[str, nn.Module] | None:
+def experts_of(name: str, module: nn.Module) -> tuple[str, nn.Module] | None:
     """The routed experts directly inside MoE block ``module``, if it is one."""
     for child_name, child in module.named_children():
         if is_hf_experts(child) or _is_expert_list(module, child):
