@@ -30,14 +30,16 @@ class RunError(AutoplanError):
     """A distributed run failed: a rank crashed, timed out or mismatched."""
 
 
+class CheckpointError(AutoplanError):
+    """A checkpoint is missing, corrupt, of another model, or of an incompatible autoplan version."""
+
+
 class StopSignal(RunError):
     """``autoplan run`` was told to stop (SIGTERM, SIGHUP): every rank was ended; exits 128 + signal."""
 
-    def __init__(self, signum: int, nprocs: int):
+    def __init__(self, signum: int, nprocs: int, hint: str = ""):
         import signal
 
         self.exit_code = 128 + signum
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name}: all {nprocs} ranks were ended; "
-            "this run wrote no results (rerun it to train)."
-        )
+        after = hint or "this run wrote no results (rerun it to train)"
+        super().__init__(f"stopped by {signal.Signals(signum).name}: all {nprocs} ranks were ended; {after}.")

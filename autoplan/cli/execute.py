@@ -43,7 +43,47 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         help="threads per process (default: the profile's, else cores // processes)",
     )
     parser.add_argument("--timeout-s", type=float, default=45.0, help="process-group timeout in seconds (default 45)")
+    add_checkpoint_arguments(parser)
     parser.set_defaults(func=run_command)
+    from autoplan.cli.checkpoints import register_replan
+
+    register_replan(subparsers, common)
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """Checkpoint, resume and restart flags of ``autoplan run`` (docs/elastic.md)."""
+    group = parser.add_argument_group("checkpoints and restarts (docs/elastic.md)")
+    group.add_argument(
+        "--checkpoint-dir",
+        metavar="D",
+        help="save checkpoints in D (at the end, on a stop signal, and as --checkpoint-every says)",
+    )
+    group.add_argument(
+        "--checkpoint-every",
+        type=int,
+        metavar="N",
+        help="save every N steps (default: the plan's Young/Daly interval when its profile has failure data, else only "
+        "at the end and on a stop signal)",
+    )
+    group.add_argument(
+        "--async-checkpoint", action="store_true", help="write checkpoints in the background while training goes on"
+    )
+    group.add_argument(
+        "--resume", metavar="D", help="continue from the newest checkpoint in D (or the step directory D)"
+    )
+    group.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="restart the job from its last checkpoint when a rank fails, up to K times (torchelastic's agent)",
+    )
+    group.add_argument(
+        "--elastic",
+        action="store_true",
+        help="when the job has another number of ranks than the plan (a torchrun restart with fewer or more nodes), "
+        "re-plan for it and reshard the checkpoint",
+    )
 
 
 def _runner_args(args: argparse.Namespace) -> list[str]:
@@ -63,7 +103,14 @@ def _runner_args(args: argparse.Namespace) -> list[str]:
     ]
     if args.threads:
         argv += ["--threads", str(args.threads)]
-    return argv + (["--verify"] if args.verify else []) + (["--audit"] if args.audit else [])
+    for flag, value in (
+        ("--checkpoint-dir", args.checkpoint_dir),
+        ("--checkpoint-every", args.checkpoint_every),
+        ("--resume", args.resume),
+    ):
+        argv += [flag, str(value)] if value is not None else []
+    switches = ("verify", "audit", "async_checkpoint", "elastic")
+    return argv + [f"--{name.replace('_', '-')}" for name in switches if getattr(args, name)]
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -76,26 +123,47 @@ def run_command(args: argparse.Namespace) -> int:
         raise RunError(f"--steps {args.steps}: expected at least 1 step.")
     plan = Plan.load(args.plan)
     check_runs_here(plan)  # a plan this machine cannot run stops before any rank starts
-    load_model_file(args.model)  # fail here, once, rather than in every rank
+    model_file = load_model_file(args.model)  # fail here, once, rather than in every rank
+    from autoplan.cli.checkpoints import check_checkpoint_arguments, stop_hint
+
+    args.checkpoint_every = check_checkpoint_arguments(args, plan=plan, model_file=model_file)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: we are one rank
         code = runner.main(_runner_args(args))
     else:
         _check_devices(plan.devices)
         _warn_other_device(plan)
-        from autoplan.jobs.launcher import launch
-
-        code = launch(
-            args=_runner_args(args),
-            nprocs=plan.devices,
-            module="autoplan.execute.job.runner",
-            agreed_codes=(runner.EXIT_VERIFY_FAILED,),
-        )
-    if code == runner.EXIT_VERIFY_FAILED:
+        code = _launch(args, plan=plan, hint=stop_hint(args))
+    if code == runner.EXIT_STOPPED:
+        print(f"autoplan: stopped by a signal after a final checkpoint; {stop_hint(args)}.", file=sys.stderr)
+    elif code == runner.EXIT_VERIFY_FAILED:
         print("autoplan: --verify found differences beyond tolerance (see the table above).", file=sys.stderr)
     elif code == 0 and not args.quiet and os.environ.get("RANK", "0") == "0":
         print(f"wrote {args.out}/measured.csv and {args.out}/summary.json")
         _print_measured_beside_predicted(args.out, plan)
     return code
+
+
+def _launch(args: argparse.Namespace, *, plan, hint: str) -> int:
+    """Local ranks: under torchelastic's agent with --max-restarts, else autoplan's launcher."""
+    from autoplan.execute.job import runner
+
+    module = "autoplan.execute.job.runner"
+    if args.max_restarts > 0:
+        from autoplan.jobs.elastic import launch_elastic
+
+        return launch_elastic(
+            args=_runner_args(args), nprocs=plan.devices, module=module, max_restarts=args.max_restarts, hint=hint
+        )
+    from autoplan.jobs.launcher import launch
+
+    return launch(
+        args=_runner_args(args),
+        nprocs=plan.devices,
+        module=module,
+        agreed_codes=(runner.EXIT_VERIFY_FAILED, runner.EXIT_STOPPED),
+        grace_s=60.0 if args.checkpoint_dir or args.resume else 5.0,  # time for a final checkpoint
+        hint=hint,
+    )
 
 
 def _warn_other_device(plan) -> None:

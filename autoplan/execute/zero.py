@@ -96,14 +96,26 @@ class ShardedOptimizer:
     def reduced_gradients(self) -> list[torch.Tensor]:
         """Each parameter's dp-mean gradient as a local tensor, from the slices the last step
         reduced (an all-gather; for --verify, outside the step)."""
-        gathered = torch.empty(self.shard * self.dp, dtype=torch.float32, device=self.master.device)
-        dist.all_gather_into_tensor(gathered, self.master.grad, group=self.group)
-        grads, offset = [], 0
+        return self.per_parameter(self.gather(self.master.grad))
+
+    def gather(self, mine: torch.Tensor) -> torch.Tensor:
+        """The whole flat vector from every dp rank's slice ``mine`` (an all-gather)."""
+        gathered = torch.empty(self.shard * self.dp, dtype=mine.dtype, device=mine.device)
+        dist.all_gather_into_tensor(gathered, mine.detach().contiguous(), group=self.group)
+        return gathered
+
+    def per_parameter(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Views of a whole flat vector, one per parameter, shaped like its local tensor."""
+        views, offset = [], 0
         for param in self.params:
             data = local(param.data)
-            grads.append(gathered[offset : offset + data.numel()].view_as(data))
+            views.append(flat[offset : offset + data.numel()].view_as(data))
             offset += data.numel()
-        return grads
+        return views
+
+    def my_slice(self, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a whole flat vector."""
+        return flat[self.rank * self.shard : (self.rank + 1) * self.shard]
 
     def _reduce_scatter_gradients(self) -> None:
         grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p.data)) for p in self.params]

@@ -78,14 +78,22 @@ def _env(*, rank: int, nprocs: int, port: int, error_dir: Path) -> dict[str, str
 
 
 def launch(
-    *, args: list[str], nprocs: int, module: str, grace_s: float = 5.0, agreed_codes: tuple[int, ...] = ()
+    *,
+    args: list[str],
+    nprocs: int,
+    module: str,
+    grace_s: float = 5.0,
+    agreed_codes: tuple[int, ...] = (),
+    hint: str = "",
 ) -> int:
     """Run ``python -m module *args`` on ``nprocs`` local ranks; return rank 0's exit code.
 
     Raises RunError naming the first rank that failed: a non-zero exit other than the
-    ``agreed_codes``, which every rank returns together (the executor's verify-failed code)."""
+    ``agreed_codes``, which every rank returns together (the executor's verify-failed code).
+    ``hint`` ends a stop signal's message (where a checkpoint was written, to resume from);
+    ``grace_s`` is how long stopped ranks get to leave (to write that checkpoint) before SIGKILL."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir, _stop_signals_raise(nprocs):
+    with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir, _stop_signals_raise(nprocs, hint):
         ranks = [
             Rank(
                 subprocess.Popen(
@@ -113,8 +121,8 @@ class _stop_signals_raise:
     on the way out (launch's ``finally``); the previous handlers come back after. Only the main
     thread may set handlers; elsewhere (an API caller's thread) this does nothing."""
 
-    def __init__(self, nprocs: int):
-        self.nprocs, self.previous = nprocs, {}
+    def __init__(self, nprocs: int, hint: str = ""):
+        self.nprocs, self.hint, self.previous = nprocs, hint, {}
 
     def __enter__(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -127,7 +135,7 @@ class _stop_signals_raise:
     def _raise(self, signum, _frame) -> None:
         for sig in STOP_SIGNALS:  # a second signal must not interrupt stopping the ranks
             signal.signal(sig, signal.SIG_IGN)
-        raise StopSignal(signum, self.nprocs)
+        raise StopSignal(signum, self.nprocs, hint=self.hint)
 
 
 def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float, ok: tuple) -> int:
@@ -174,11 +182,16 @@ def _exit(code: int) -> str:
     return f"exit code {code}"
 
 
+def _reason_text(error_dir: Path, rank: int) -> str | None:
+    """The exception the rank recorded before it failed, if any."""
+    path = error_dir / f"rank{rank}.txt"
+    return _clean(path.read_text().strip()) if path.is_file() else None
+
+
 def _reason(error_dir: Path, rank: int, proc: Rank) -> str:
     """The rank's recorded exception, else the telling line of its stderr."""
-    path = error_dir / f"rank{rank}.txt"
-    if path.is_file():
-        return _clean(path.read_text().strip())
+    if (recorded := _reason_text(error_dir, rank)) is not None:
+        return recorded
     proc.reader.join(timeout=1.0)
     lines = [line for line in proc.tail if line.strip()]
     telling = [line for line in lines if "what():" in line or "Error" in line or "error" in line]

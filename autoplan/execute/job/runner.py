@@ -16,7 +16,6 @@ import argparse
 import copy
 import os
 import resource
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -28,9 +27,12 @@ import torch
 import torch.distributed as dist
 
 from autoplan.errors import AutoplanError
-from autoplan.types._check import write_json_atomic, write_text_atomic
+from autoplan.execute.job import checkpointing
+from autoplan.execute.job.outputs import write_outputs
+from autoplan.types._check import write_text_atomic
 
 EXIT_VERIFY_FAILED = 3
+EXIT_STOPPED = 143  # 128 + SIGTERM: stopped by a signal after a final checkpoint
 
 
 @dataclass
@@ -44,6 +46,11 @@ class RunOptions:
     seed: int = 0
     threads: int | None = None
     timeout_s: float = 45.0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    async_checkpoint: bool = False
+    resume: str | None = None
+    elastic: bool = False
 
 
 def threads_per_process(*, requested: int | None, profile_threads: int | None) -> int:
@@ -54,11 +61,6 @@ def threads_per_process(*, requested: int | None, profile_threads: int | None) -
         return profile_threads
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     return max(1, (os.cpu_count() or 1) // max(local, 1))
-
-
-def warmup_steps(steps: int) -> int:
-    """Steps left out of the median: 1 for short runs, 2 from 6 steps, never all of them."""
-    return min(max(steps - 1, 0), 1 if steps < 6 else 2)
 
 
 def _profile_threads(plan) -> int | None:
@@ -77,7 +79,24 @@ def _init(opts: RunOptions) -> None:
 
     backend = "nccl" if device_type() == "cuda" else "gloo"
     local_device()
-    dist.init_process_group(backend, timeout=timedelta(seconds=opts.timeout_s))
+    timeout = timedelta(seconds=opts.timeout_s)
+    dist.init_process_group(backend, timeout=timeout, **_attempt_store(timeout))
+
+
+def _attempt_store(timeout: timedelta) -> dict[str, Any]:
+    """Under torchelastic's shared store, a store of this attempt's own: the agent keeps one store
+    across restarts and torch 2.13's env:// rendezvous adds no per-attempt prefix, so a restarted
+    rank would read a dead rank's address from the last attempt (gloo: "connectFullMesh failed ...
+    Connection refused"). Empty otherwise (env:// as usual)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    from autoplan.execute.job.checkpointing import restart_count
+
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    shared = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
+    return {"store": dist.PrefixStore(f"autoplan/attempt{restart_count()}", shared), "rank": rank, "world_size": world}
 
 
 def _sync(device: torch.device) -> None:
@@ -107,7 +126,7 @@ def run_rank(opts: RunOptions) -> int:
     torch.set_num_threads(threads_per_process(requested=opts.threads, profile_threads=_profile_threads(plan)))
     _init(opts)
     try:
-        code = _train(opts=opts, plan=plan, model_file=model_file)
+        code = _train(opts=opts, plan=plan_for_world(opts=opts, plan=plan), model_file=model_file)
         dist.barrier()  # leave together: rank 0 may still be writing (the audit traces the model) while
         return code  # a peer that tore its process group down first would abort the connection
     except Exception as exc:  # record why before tearing down: peers fail "closed by peer" after it
@@ -115,6 +134,30 @@ def run_rank(opts: RunOptions) -> int:
         raise
     finally:
         dist.destroy_process_group()
+
+
+def plan_for_world(*, opts: RunOptions, plan):
+    """``plan``, or with --elastic a plan for a job of another size (torchelastic restarted it with
+    fewer or more nodes): rank 0 re-plans for the world size, keeping the global batch, and every
+    rank takes its plan (autoplan/execute/checkpoint/replan.py)."""
+    world = dist.get_world_size()
+    if world == plan.devices:
+        return plan
+    if not opts.elastic:
+        raise AutoplanError(
+            f"the plan is for {plan.devices} devices but this job has {world} ranks; pass --elastic to re-plan "
+            f"for {world}, or make a plan for {world} with `autoplan replan`."
+        )
+    from autoplan.execute.checkpoint.replan import replan_plan
+    from autoplan.types.plan import Plan
+
+    chosen = [None]
+    if dist.get_rank() == 0:
+        best = replan_plan(model=opts.model, plan=plan, devices=world)
+        print(f"autoplan: --elastic: {world} ranks, not {plan.devices}; re-planned: {best.describe()}", flush=True)
+        chosen = [best.to_dict()]
+    dist.broadcast_object_list(chosen, src=0)
+    return Plan.from_dict(chosen[0])
 
 
 def _train(*, opts: RunOptions, plan, model_file) -> int:
@@ -133,12 +176,15 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
     torch.manual_seed(opts.seed)
     microbatch = model_file.inputs(plan.micro_batch_size)
     trainer = parallelize(model, plan, loss_fn=model_file.loss, microbatch_inputs=microbatch)
-    rows, verified = [], None
-    for step in range(opts.steps):
+    session = checkpointing.open_session(opts=opts, trainer=trainer)
+    rows, verified, stopped, steps_done = session.rows, None, False, session.start_step
+    for step in range(session.start_step, opts.steps):
+        checkpointing.maybe_inject_fault(step)
         torch.manual_seed(opts.seed + 1 + step)
         inputs, target = model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size)
         row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
         rows.append(row)
+        steps_done = step + 1
         # The first step that changed the weights (fp16 skips overflowing steps, which leave
         # them as the reference has them) is compared, with the loss scale it used.
         if opts.verify and verified is None and not trainer.last_step_skipped:
@@ -152,11 +198,18 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
                 loss=row["loss"],
                 step=step,
             )
+        if stopped := session.after_step(trainer, steps_done=steps_done, rows=rows):
+            break
+    session.close(trainer, steps_done=steps_done, rows=rows)
+    if stopped:
+        if dist.get_rank() == 0:
+            write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
+        return EXIT_STOPPED
     if opts.verify and verified is None:
         verified = _no_clean_step(steps=opts.steps)
     audit = _audit(opts=opts, trainer=trainer, plan=plan, model_file=model_file) if opts.audit else None
     if dist.get_rank() == 0:
-        _write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
+        write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
         if audit is not None:
             _write_audit(opts=opts, plan=trainer.plan, ranks=audit)
     return EXIT_VERIFY_FAILED if verified is not None and not verified["passed"] else 0
@@ -269,54 +322,6 @@ def _to(obj: Any, device: torch.device) -> Any:
     return move_to(obj, device)
 
 
-def _write_outputs(*, opts: RunOptions, plan, rows: list[dict[str, Any]], verified: dict | None) -> None:
-    out = Path(opts.out)
-    header = "step,step_time_s,loss,peak_memory_bytes"
-    lines = [header] + [f"{r['step']},{r['step_time_s']:.6f},{r['loss']:.6f},{r['peak_memory_bytes']}" for r in rows]
-    write_text_atomic(out / "measured.csv", "\n".join(lines) + "\n")
-    summary = summarize(plan=plan, rows=rows, verified=verified)
-    summary.update(run_inputs(opts=opts, plan=plan))
-    write_json_atomic(out / "summary.json", summary)
-    plan.save(out / "plan.json")
-
-
-def run_inputs(*, opts: RunOptions, plan) -> dict[str, Any]:
-    """What `autoplan calibrate` needs to re-price this run: the model file, the global batch,
-    and the AUTOPLAN_* environment the model file may read its sizes from (plan.json is copied beside)."""
-    return {
-        "model_file": str(Path(opts.model).resolve()),
-        "plan_file": str(Path(opts.plan).resolve()),
-        "global_batch_size": plan.global_batch_size,
-        "environment": {
-            k: v for k, v in sorted(os.environ.items()) if k.startswith("AUTOPLAN_") and k != "AUTOPLAN_ERROR_DIR"
-        },
-    }
-
-
-def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> dict[str, Any]:
-    """The run summary: median step time after warm-up beside the plan's prediction."""
-    skip = warmup_steps(len(rows))
-    times = [r["step_time_s"] for r in rows[skip:]]
-    median_s = statistics.median(times) if times else None
-    predicted_s = plan.predicted.step_time_s if plan.predicted else None
-    return {
-        "plan": plan.describe(),
-        "model": plan.model,
-        "devices": plan.devices,
-        "backend": "nccl" if torch.cuda.is_available() else "gloo",
-        "threads_per_process": torch.get_num_threads(),
-        "steps": len(rows),
-        "warmup_steps": skip,
-        "median_step_time_s": median_s,
-        "predicted_step_time_s": predicted_s,
-        "measured_over_predicted": (median_s / predicted_s) if median_s and predicted_s else None,
-        "final_loss": rows[-1]["loss"] if rows else None,
-        "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows), default=None),
-        "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
-        "verify": verified,
-    }
-
-
 def _error_file() -> Path | None:
     folder = os.environ.get("AUTOPLAN_ERROR_DIR")
     return Path(folder) / f"rank{os.environ.get('RANK', '0')}.txt" if folder else None
@@ -334,20 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--timeout-s", type=float, default=45.0)
-    parser.add_argument("--verify", action="store_true")
-    parser.add_argument("--audit", action="store_true")
-    args = parser.parse_args(argv)
-    opts = RunOptions(
-        model=args.model,
-        plan=args.plan,
-        steps=args.steps,
-        out=args.out,
-        verify=args.verify,
-        audit=args.audit,
-        seed=args.seed,
-        threads=args.threads,
-        timeout_s=args.timeout_s,
-    )
+    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--checkpoint-every", type=int, default=None)
+    parser.add_argument("--resume", default=None)
+    for flag in ("--verify", "--audit", "--async-checkpoint", "--elastic"):
+        parser.add_argument(flag, action="store_true")
+    opts = RunOptions(**vars(parser.parse_args(argv)))
     try:
         return run_rank(opts)
     except KeyboardInterrupt:

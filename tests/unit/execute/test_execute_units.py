@@ -9,7 +9,8 @@ import torch.nn as nn
 
 from autoplan.errors import PlanError
 from autoplan.execute.batch import shard_batch
-from autoplan.execute.job.runner import summarize, threads_per_process, warmup_steps
+from autoplan.execute.job.outputs import summarize, warmup_steps
+from autoplan.execute.job.runner import threads_per_process
 from autoplan.execute.job.verify import UPDATED, Difference, verdict
 from autoplan.execute.pipeline import check_stages, stage_indices
 from autoplan.execute.tensor_parallel import validate_tp_plan

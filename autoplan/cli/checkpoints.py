@@ -1,0 +1,123 @@
+"""``autoplan replan CHECKPOINT --devices N --out DIR`` (registered by the execute stage's
+command module, autoplan/cli/execute.py), and the checks ``autoplan run`` makes on
+its checkpoint flags before any rank starts (docs/elastic.md).
+
+Checked once here, in one sentence each (exit 2): a --resume that names no complete checkpoint,
+a corrupt one, one from another checkpoint format, one of another model (the first tensor whose
+name or shape differs), one already at --steps; a --checkpoint-dir that already holds checkpoints
+without --resume (never a silent start from step 0 over them); --max-restarts without a
+checkpoint directory to restart from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from autoplan.errors import CheckpointError, RunError
+
+
+def register_replan(subparsers, common: argparse.ArgumentParser) -> None:
+    """``autoplan replan``, registered with ``autoplan run`` by autoplan/cli/execute.py (both run plans)."""
+    parser = subparsers.add_parser(
+        "replan",
+        parents=[common],
+        help="plan for another device count from a checkpoint, keeping its global batch",
+        description="Read the plan and model a checkpoint records, search the best plan for N devices with the "
+        "same global batch, and write DIR/plan.json; `autoplan run --resume` then reshards the checkpoint into it.",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint directory (its newest checkpoint) or one step directory")
+    parser.add_argument("--devices", type=int, required=True, help="number of devices to continue on")
+    parser.add_argument(
+        "--profile", help="profile name or file (default: the one the checkpoint's plan was priced with)"
+    )
+    parser.add_argument("--model", help="the model file, when it moved since the checkpoint was written")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder for plan.json and the plan tables")
+    parser.set_defaults(func=replan_command)
+
+
+def replan_command(args: argparse.Namespace) -> int:
+    from autoplan.execute.checkpoint import store
+    from autoplan.execute.checkpoint.replan import replan
+    from autoplan.profile import load_profile
+    from autoplan.solve.outputs import write_outputs
+    from autoplan.trace import trace_model_file
+
+    if args.devices < 1:
+        raise RunError(f"--devices {args.devices}: expected at least 1 device.")
+    step_dir = store.find_checkpoint(args.checkpoint)
+    info = store.read_info(step_dir)
+    result = replan(args.checkpoint, devices=args.devices, profile=args.profile, model=args.model)
+    best, model = result.best, args.model or info.model_file
+    graph = trace_model_file(model, best.global_batch_size, routing=best.routing)
+    paths = write_outputs(args.out, result=result, graph=graph, profile=load_profile(best.profile or args.profile))
+    if args.json:
+        import json
+
+        print(json.dumps({"plan": best.to_dict(), "checkpoint": str(step_dir)}, indent=2, default=str))
+    elif not args.quiet:
+        print(f"checkpoint {step_dir} (step {info.step}) was trained with: {_describe(info.plan)}")
+        print(f"best for {args.devices} devices: {best.describe()}  ->  {paths['plan.json']}")
+        print(f"continue with: autoplan run {model} --plan {paths['plan.json']} --resume {args.checkpoint} --steps S")
+    return 0
+
+
+def _describe(plan: dict) -> str:
+    from autoplan.types.plan import Plan
+
+    return Plan.from_dict(plan).describe()
+
+
+def check_checkpoint_arguments(args: argparse.Namespace, *, plan, model_file) -> int | None:
+    """Refuse bad checkpoint flags (module docstring); the --checkpoint-every to use."""
+    from autoplan.execute.checkpoint import store
+    from autoplan.execute.job.checkpointing import restart_count
+
+    every = args.checkpoint_every
+    if every is not None and every < 1:
+        raise RunError(f"--checkpoint-every {every}: expected at least 1 step.")
+    if args.max_restarts < 0:
+        raise RunError(f"--max-restarts {args.max_restarts}: expected 0 or more.")
+    wants_dir = every is not None or args.async_checkpoint or args.max_restarts > 0 or args.elastic
+    if wants_dir and not (args.checkpoint_dir or args.resume):
+        raise RunError(
+            "--checkpoint-every, --async-checkpoint, --max-restarts and --elastic need --checkpoint-dir D "
+            "(where the run saves, and restarts from)."
+        )
+    if args.resume:
+        step_dir, info = store.check(args.resume, expected=store.model_shapes(model_file))
+        if info.step >= args.steps:
+            raise CheckpointError(
+                f"checkpoint '{step_dir}' is already at step {info.step}; ask for more --steps than {args.steps}."
+            )
+        if info.model_sha256 != store.model_sha256(args.model) and not args.quiet:
+            print(
+                f"autoplan: warning: {args.model} has changed since checkpoint '{step_dir}' was written; "
+                "its tensors still match the model.",
+                file=sys.stderr,
+            )
+    elif (
+        args.checkpoint_dir
+        and restart_count() == 0
+        and (found := store.complete_checkpoints(Path(args.checkpoint_dir)))
+    ):
+        raise CheckpointError(
+            f"--checkpoint-dir '{args.checkpoint_dir}' already holds checkpoints up to {found[-1].name}; "
+            f"pass --resume {args.checkpoint_dir} to continue from it, or choose an empty directory."
+        )
+    return every if every is not None else _young_daly_steps(plan)
+
+
+def _young_daly_steps(plan) -> int | None:
+    """The plan's priced checkpoint interval in steps, when its profile had failure data."""
+    steps = getattr(plan.predicted, "checkpoint_every_steps", None) if plan.predicted else None
+    return int(steps) if steps else None
+
+
+def stop_hint(args: argparse.Namespace) -> str:
+    """The end of a stop signal's message: where to resume from."""
+    folder = args.checkpoint_dir or args.resume
+    if not folder:
+        return ""
+    return f"the last checkpoint is in {folder}: continue with --resume {folder}"

@@ -1,0 +1,198 @@
+"""A trainer's state in one plan-independent form: what a checkpoint saves and loads.
+
+Every tensor is keyed by the parameter's (or persistent buffer's) FQN in the original model,
+whatever the plan did to it: DDP's ``module.`` prefix, checkpoint and compile wrappers are
+dropped, a pipeline stage keeps the original FQNs, and a tied alias maps to its first name
+(autoplan/execute/job/verify.py ``original_name``). The values are global tensors, sharded:
+
+- a parameter that TP or FSDP2 sharded is its DTensor (the global shape, this rank's shards);
+- an expert parameter sliced over the ep group (``[E / ep, ...]``) becomes a DTensor sharded
+  ``Shard(0)`` over that group, so its global shape is ``[E, ...]``;
+- everything else is a plain tensor, the same on the ranks that hold it.
+
+Keys: ``model.<fqn>``, ``optim.<fqn>.<state>`` (AdamW's ``step``, ``exp_avg``, ``exp_avg_sq``,
+or whatever the optimizer keeps per parameter), ``extra.loss_scale`` (fp16) and
+``rng.rank<r>.cpu`` / ``.cuda``. torch.distributed.checkpoint (DCP) saves each shard once and,
+on load, reads whatever slice each rank's destination covers, so a checkpoint written by one
+plan loads into any other plan of the same model (another dp, tp, pp, ZeRO stage or ep).
+
+autoplan's ZeRO-1 keeps its optimizer state as a flat fp32 slice per dp rank
+(autoplan/execute/zero.py), which no FQN-keyed API can see: :func:`trainer_state` all-gathers
+the flat state over dp and cuts it into per-parameter tensors, and :meth:`TrainerState.write_back`
+scatters loaded values into the slices again. For a torch optimizer the per-parameter state
+tensors themselves are in the dictionary, so DCP loads straight into them; a fresh optimizer
+first gets its state created by one step with zero gradients and a zero learning rate, which
+leaves every weight as it is (AdamW: ``p -= 0 * (wd p + m / (sqrt(v) + eps))``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor, Shard
+
+from autoplan.execute.data_parallel import local
+from autoplan.execute.trainer import Trainer
+
+MODEL, OPTIM, EXTRA, RNG = "model.", "optim.", "extra.", "rng."
+
+
+@dataclass
+class TrainerState:
+    """The state dictionary DCP saves or loads in place, and what to do after a load."""
+
+    tensors: dict[str, Any]
+    after_load: list[Callable[[], None]] = field(default_factory=list)
+
+    def write_back(self) -> None:
+        """Copy loaded values where the trainer keeps them (ZeRO-1's flat slices, the loss scale)."""
+        for step in self.after_load:
+            step()
+
+
+def named_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """This rank's parameters and persistent buffers by original FQN (first holder of a name)."""
+    from autoplan.execute.job.verify import original_name
+
+    aliases = trainer.aliases or {}
+    found: dict[str, torch.Tensor] = {}
+    for module in trainer.stage_modules.values():
+        persistent = {original_name(k) for k in module.state_dict().keys()}
+        for name, param in module.named_parameters():
+            found.setdefault(aliases.get(original_name(name), original_name(name)), param)
+        for name, buffer in module.named_buffers():
+            if original_name(name) in persistent:
+                found.setdefault(original_name(name), buffer)
+    return found
+
+
+def global_view(trainer: Trainer, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (a parameter, or a state shaped like it) as a global tensor sharing its storage."""
+    tensor = tensor.detach()
+    experts = trainer.experts
+    if experts is not None and name in experts.names:
+        if isinstance(tensor, DTensor):  # FSDP2 on the edp mesh: not expressible on one mesh here
+            raise NotImplementedError("checkpointing experts sharded by FSDP2 under ep > 1")
+        return DTensor.from_local(tensor, experts.ep_mesh, [Shard(0)], run_check=False)
+    return tensor
+
+
+def trainer_state(trainer: Trainer, *, for_load: bool = False) -> TrainerState:
+    """The trainer's state as DCP saves it (module docstring); ``for_load``: create a fresh
+    optimizer's state first, so there is somewhere to load it."""
+    named = named_state(trainer)
+    state = TrainerState({MODEL + name: global_view(trainer, name, t) for name, t in named.items()})
+    params = {name: t for name, t in named.items() if isinstance(t, nn.Parameter) or t.requires_grad}
+    if hasattr(trainer.optimizer, "reduced_gradients"):  # ZeRO-1 (one or two sharded optimizers)
+        _zero1_state(trainer, params, state, for_load=for_load)
+    else:
+        if for_load:
+            create_optimizer_state(trainer.optimizer, list(params.values()))
+        _optimizer_state(trainer, params, state)
+    if trainer.scaler is not None:
+        _scaler_state(trainer, state)
+    _rng_state(state)
+    return state
+
+
+def _optimizer_state(trainer: Trainer, params: dict[str, torch.Tensor], state: TrainerState) -> None:
+    for name, param in params.items():
+        for key, value in trainer.optimizer.state.get(param, {}).items():
+            if isinstance(value, torch.Tensor):
+                value = value if value.dim() == 0 else global_view(trainer, name, value)
+                state.tensors[f"{OPTIM}{name}.{key}"] = value
+
+
+@torch.no_grad()
+def create_optimizer_state(optimizer: Any, params: list[torch.Tensor]) -> None:
+    """One step with zero gradients at lr = 0 (module docstring), where some parameter has no state."""
+    if all(optimizer.state.get(p) for p in params):
+        return
+    saved = [group["lr"] for group in optimizer.param_groups]
+    grads = [p.grad for p in params]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0 if not isinstance(group["lr"], torch.Tensor) else group["lr"].zero_()
+    try:
+        optimizer.step()
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved):
+            group["lr"] = lr
+        for param, grad in zip(params, grads):
+            param.grad = grad
+
+
+def _zero1_state(trainer: Trainer, params: dict[str, torch.Tensor], state: TrainerState, *, for_load: bool) -> None:
+    """Per-parameter views of ZeRO-1's flat slices, all-gathered over dp; write_back scatters
+    loaded values into the slices (module docstring)."""
+    names = {id(p): name for name, p in params.items()}
+    parts = getattr(trainer.optimizer, "parts", [trainer.optimizer])
+    for part in parts:
+        if for_load:
+            create_optimizer_state(part.inner, [part.master])
+        inner = part.inner.state.get(part.master) or {}
+        keys = [k for k, v in inner.items() if isinstance(v, torch.Tensor) and v.dim() == 1]
+        for key in keys:
+            flat = inner.get(key, torch.zeros_like(part.master))
+            views = part.per_parameter(part.gather(flat))
+            for param, view in zip(part.params, views):
+                state.tensors[f"{OPTIM}{names[id(param)]}.{key}"] = global_view(trainer, names[id(param)], view)
+            state.after_load.append(_scatter_back(part, key, views))
+        step = inner.get("step", torch.zeros((), dtype=torch.float32, device=part.master.device))
+        step = step.detach().clone()
+        for param in part.params:
+            state.tensors[f"{OPTIM}{names[id(param)]}.step"] = step
+        state.after_load.append(_restore_master(part, step))
+
+
+def _scatter_back(part: Any, key: str, views: list[torch.Tensor]) -> Callable[[], None]:
+    def write() -> None:
+        mine = part.my_slice(part._flat([local(v) for v in views], torch.float32))
+        inner = part.inner.state.setdefault(part.master, {})
+        if key in inner:
+            inner[key].copy_(mine)
+        else:
+            inner[key] = mine.clone()
+
+    return write
+
+
+def _restore_master(part: Any, step: torch.Tensor) -> Callable[[], None]:
+    """The fp32 master slice from the loaded parameters, and the optimizer's step count."""
+
+    @torch.no_grad()
+    def write() -> None:
+        part.master.data.copy_(part.my_slice(part._flat([local(p.data) for p in part.params], torch.float32)))
+        inner = part.inner.state.setdefault(part.master, {})
+        inner["step"] = step.detach().clone().to(inner["step"].device) if "step" in inner else step.clone()
+
+    return write
+
+
+def _scaler_state(trainer: Trainer, state: TrainerState) -> None:
+    scaler = trainer.scaler
+    value = torch.tensor([scaler.scale, float(scaler.clean_steps), float(scaler.skipped_steps)], dtype=torch.float64)
+    state.tensors[EXTRA + "loss_scale"] = value
+
+    def write() -> None:
+        scaler.scale, clean, skipped = (float(v) for v in value.tolist())
+        scaler.clean_steps, scaler.skipped_steps = int(clean), int(skipped)
+
+    state.after_load.append(write)
+
+
+def _rng_state(state: TrainerState) -> None:
+    """This rank's RNG states (restored only when the world size is unchanged, store.load_state)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    cpu = torch.get_rng_state()
+    state.tensors[f"{RNG}rank{rank}.cpu"] = cpu
+    state.after_load.append(lambda: torch.set_rng_state(cpu))
+    if torch.cuda.is_available():
+        cuda = torch.cuda.get_rng_state()
+        state.tensors[f"{RNG}rank{rank}.cuda"] = cuda
+        state.after_load.append(lambda: torch.cuda.set_rng_state(cuda))

@@ -1,0 +1,67 @@
+"""The run folder rank 0 writes: ``measured.csv`` (one row per step), ``summary.json`` (median
+step time after warm-up beside the prediction, the verify verdict, what re-pricing the run needs)
+and a copy of the plan, each atomically."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autoplan.types._check import write_json_atomic, write_text_atomic
+
+
+def warmup_steps(steps: int) -> int:
+    """Steps left out of the median: 1 for short runs, 2 from 6 steps, never all of them."""
+    return min(max(steps - 1, 0), 1 if steps < 6 else 2)
+
+
+def write_outputs(*, opts: Any, plan, rows: list[dict[str, Any]], verified: dict | None) -> None:
+    out = Path(opts.out)
+    header = "step,step_time_s,loss,peak_memory_bytes"
+    lines = [header] + [f"{r['step']},{r['step_time_s']:.6f},{r['loss']:.6f},{r['peak_memory_bytes']}" for r in rows]
+    write_text_atomic(out / "measured.csv", "\n".join(lines) + "\n")
+    summary = summarize(plan=plan, rows=rows, verified=verified)
+    summary.update(run_inputs(opts=opts, plan=plan))
+    write_json_atomic(out / "summary.json", summary)
+    plan.save(out / "plan.json")
+
+
+def run_inputs(*, opts: Any, plan) -> dict[str, Any]:
+    """What `autoplan calibrate` needs to re-price this run: the model file, the global batch,
+    and the AUTOPLAN_* environment the model file may read its sizes from (plan.json is copied beside)."""
+    return {
+        "model_file": str(Path(opts.model).resolve()),
+        "plan_file": str(Path(opts.plan).resolve()),
+        "global_batch_size": plan.global_batch_size,
+        "environment": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith("AUTOPLAN_") and k != "AUTOPLAN_ERROR_DIR"
+        },
+    }
+
+
+def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> dict[str, Any]:
+    """The run summary: median step time after warm-up beside the plan's prediction."""
+    skip = warmup_steps(len(rows))
+    times = [r["step_time_s"] for r in rows[skip:]]
+    median_s = statistics.median(times) if times else None
+    predicted_s = plan.predicted.step_time_s if plan.predicted else None
+    return {
+        "plan": plan.describe(),
+        "model": plan.model,
+        "devices": plan.devices,
+        "backend": "nccl" if torch.cuda.is_available() else "gloo",
+        "threads_per_process": torch.get_num_threads(),
+        "steps": len(rows),
+        "warmup_steps": skip,
+        "median_step_time_s": median_s,
+        "predicted_step_time_s": predicted_s,
+        "measured_over_predicted": (median_s / predicted_s) if median_s and predicted_s else None,
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows), default=None),
+        "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
+        "verify": verified,
+    }
