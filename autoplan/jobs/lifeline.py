@@ -4,8 +4,10 @@ The launcher (autoplan/jobs/launcher.py) puts its pid in ``AUTOPLAN_LAUNCHER_PID
 that finds it asks the kernel for SIGTERM when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``,
 which holds across the launcher being killed with SIGKILL), then checks that the launcher is
 still its parent (it may have died before the request). Where prctl is missing (macOS), a
-daemon thread polls the parent pid once a second instead. Under torchrun the variable is unset
-and torchrun's agent owns the ranks' lifetime.
+daemon thread polls the parent pid once a second instead. Under torchrun (``TORCHELASTIC_RUN_ID``
+set, no launcher pid) the parent is torchrun's agent, which handles stop signals itself, but a
+node whose agent is killed with SIGKILL (a node lost) must not leave its ranks training with the
+survivors, so the rank ties itself to the agent, its parent, the same way.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ POLL_S = 1.0
 
 
 def die_with_launcher() -> None:
-    """Arrange for this rank to end when its launcher does (module docstring); no-op under torchrun."""
+    """Arrange for this rank to end when its launcher (or torchrun agent) does (module docstring)."""
     launcher = os.environ.get(LAUNCHER_PID_ENV)
-    if not launcher or not launcher.isdigit():
+    if launcher and launcher.isdigit():
+        launcher_pid = int(launcher)
+    elif os.environ.get("TORCHELASTIC_RUN_ID"):
+        launcher_pid = os.getppid()  # torchrun's agent
+    else:
         return
-    launcher_pid = int(launcher)
     if not _request_parent_death_signal():
         threading.Thread(target=_watch_parent, args=(launcher_pid,), daemon=True, name="autoplan-lifeline").start()
     if os.getppid() != launcher_pid:  # the launcher died before the request took effect
