@@ -105,11 +105,12 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     elif not args.quiet:
-        from autoplan.solve.console import stdout_console, top_table
+        from autoplan.solve.console import goodput_line, stdout_console, top_table
 
         console = stdout_console()
         console.print(top_table(result, top_k=args.top_k))
         console.print(f"best: {result.best.describe()}  ->  {paths['plan.json']}")
+        console.print(goodput_line(result.best.predicted, profile), highlight=False)
     if explanation and not args.json:
         from autoplan.cli.report import print_explanation
 

@@ -23,6 +23,7 @@ import yaml
 from autoplan.errors import ProfileError
 from autoplan.types._check import write_text_atomic
 from autoplan.types.profile import CollectiveFit, CommOverlap, DeviceSpec, Efficiency, LinkSpec, OpTiming, Profile
+from autoplan.types.reliability import ReliabilitySpec, StorageSpec
 
 SUFFIXES = (".yaml", ".yml", ".json")
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "profiles"
@@ -38,6 +39,8 @@ _SCHEMA: dict[tuple[str, ...], type] = {
     ("intra_node", "collectives", "*"): CollectiveFit,
     ("inter_node", "collectives", "*"): CollectiveFit,
     ("comm_overlap",): CommOverlap,
+    ("storage",): StorageSpec,
+    ("reliability",): ReliabilitySpec,
 }
 
 

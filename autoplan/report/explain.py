@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan.cost import reliability
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError
@@ -76,6 +77,8 @@ class Explanation:
     families: list[FamilyVerdict]
     thresholds: list[Any] = field(default_factory=list)  # sensitivity.Threshold
     memory: dict[str, Any] = field(default_factory=dict)
+    goodput: dict[str, Any] = field(default_factory=dict)  # Prediction's checkpoint fields; {} = not priced
+    goodput_note: str = ""  # why not, when not
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -321,6 +324,10 @@ def explain_result(
         decision=other.category if other else "no other family fits",
         decision_rival=other,
         families=families(result.candidates, best, model=model, objective=obj, usable=usable, stand_ins=stand_ins),
+        goodput=reliability.prediction_fields(
+            params=graph.param_count, devices=best.plan.devices, profile=profile, step_time_s=best.cost.step_time_s
+        ),
+        goodput_note=reliability.not_priced_reason(profile) or "",
     )
     if sensitivity:
         from autoplan.report.sensitivity import sensitivities

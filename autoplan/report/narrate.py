@@ -59,4 +59,22 @@ def explanation_markdown(exp) -> str:
         )
     lines += ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
     lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]
+    lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"
+
+
+def _goodput_lines(exp) -> list[str]:
+    """The checkpoint interval and expected goodput (autoplan/cost/reliability.py), or why not."""
+    g = exp.goodput
+    if not g:
+        return [exp.goodput_note or "Checkpoint interval and goodput not priced."]
+    steps = f"every {g['checkpoint_every_steps']} steps, " if g.get("checkpoint_every_steps") else ""
+    return [
+        f"- checkpoint: {g['checkpoint_bytes'] / 1e9:.4g} GB (fp32 weights and AdamW moments), "
+        f"written in {g['checkpoint_write_s']:.3g} s, read in {g['checkpoint_read_s']:.3g} s",
+        f"- job mean time between failures: {g['job_mtbf_s'] / 3600:.3g} h",
+        f"- checkpoint interval minimising expected lost time (Daly 2006): {steps}{g['checkpoint_interval_s']:.4g} s",
+        f"- expected goodput: {100 * g['expected_goodput']:.2f}% of wall time trains",
+        "",
+        "The checkpoint is the same size for every plan on these devices, so it does not change the ranking.",
+    ]

@@ -1,10 +1,11 @@
 """``autoplan.plan(model, example_inputs, devices=..., profile=..., batch_size=...) -> Plan``.
 
 Trace (autoplan.trace) -> search (solve/search.py) -> the best Plan, whose ``predicted`` holds
-the cost model's prediction (docs/plan-format.md). When nothing fits, :class:`NoPlanFits`
-says in one sentence what would: more devices (the smallest count that fits, found by pricing
-the most memory-frugal configurations of 2x, 4x, ... the devices), or the changes
-(recomputation, ZeRO, micro-batch, batch) the user pinned away.
+the cost model's prediction (docs/plan-format.md), with the checkpoint interval and expected
+goodput when the profile has storage and reliability sections (cost/reliability.py). When
+nothing fits, :class:`NoPlanFits` says in one sentence what would: more devices (the smallest
+count that fits, found by pricing the most memory-frugal configurations of 2x, 4x, ... the
+devices), or the changes (recomputation, ZeRO, micro-batch, batch) the user pinned away.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autoplan.cost import reliability
 from autoplan.cost.model import CostModel
 from autoplan.errors import PlanError
 from autoplan.solve import space
@@ -94,7 +96,10 @@ def plan_graph(
         fixes=dict(fixes),
         objective=objective,
     )  # for autoplan explain
-    result.best.predicted = Prediction.from_cost(result.best_cost, summary)
+    checkpoints = reliability.prediction_fields(
+        params=graph.param_count, devices=devices, profile=profile, step_time_s=result.best_cost.step_time_s
+    )  # the same for every plan of this cluster, so it ranks nothing (cost/reliability.py)
+    result.best.predicted = Prediction.from_cost(result.best_cost, summary, **checkpoints)
     return result
 
 

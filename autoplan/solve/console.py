@@ -1,4 +1,5 @@
-"""The console view of a search: a progress bar while it runs and a table of the top plans.
+"""The console view of a search: a progress bar while it runs, a table of the top plans, and
+one line on the best plan's checkpoints and expected goodput (or why they are not priced).
 
 Rich renders both on stderr-friendly terminals; with ``--quiet`` or ``--json`` nothing but the
 JSON (or nothing) reaches stdout. rich is imported only when something is drawn.
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from autoplan.solve.candidates import SearchResult
+    from autoplan.types.prediction import Prediction
+    from autoplan.types.profile import Profile
 
 
 def stdout_console() -> Console:
@@ -90,3 +93,13 @@ def top_table(result: SearchResult, *, top_k: int) -> Table:
             f"{cost.mfu:.1%}",
         )
     return table
+
+
+def goodput_line(prediction: Prediction, profile: Profile) -> str:
+    """The best plan's checkpoint interval and expected goodput (cost/reliability.py), or the
+    one sentence that says why the profile cannot price them."""
+    from autoplan.cost import reliability
+
+    if not prediction.has_goodput:
+        return reliability.not_priced_reason(profile) or "checkpoint interval and goodput not priced."
+    return reliability.summary(prediction.to_dict()) + " (the same for every plan on this cluster)."

@@ -14,6 +14,7 @@ from autoplan.types.profile import (
     OpTiming,
     Profile,
 )
+from autoplan.types.reliability import ReliabilitySpec, StorageSpec
 
 __all__ = [
     "Cost",
@@ -38,6 +39,8 @@ __all__ = [
     "LinkSpec",
     "CollectiveFit",
     "OpTiming",
+    "StorageSpec",
+    "ReliabilitySpec",
     "COLLECTIVES",
     "DTYPES",
 ]

@@ -5,6 +5,10 @@ A :class:`Prediction` is the cost model's headline numbers for the plan (from a
 the plan, a :class:`SearchSummary` of the search that chose it (what ``autoplan explain``
 re-runs from). In plan.json it is the ``predicted`` object, with the same keys as before it was
 typed (docs/plan-format.md); a plan nobody priced has ``predicted: {}``.
+
+When the profile has storage and reliability sections the prediction also records the
+checkpoint interval that minimises expected lost time and the expected goodput of the plan on
+its cluster (autoplan/cost/reliability.py); otherwise those keys are absent from the JSON.
 """
 
 from __future__ import annotations
@@ -63,6 +67,24 @@ class Prediction:
     breakdown: dict[str, float] = field(default_factory=dict)  # Cost.TIME_FIELDS
     memory: dict[str, float] = field(default_factory=dict)  # Cost.MEMORY_FIELDS
     search: SearchSummary | None = None
+    # checkpoints and failures (cost/reliability.py); None when the profile cannot price them
+    checkpoint_bytes: float | None = None
+    checkpoint_write_s: float | None = None
+    checkpoint_read_s: float | None = None
+    checkpoint_interval_s: float | None = None
+    checkpoint_every_steps: int | None = None
+    job_mtbf_s: float | None = None
+    expected_goodput: float | None = None
+
+    RELIABILITY_FIELDS = (
+        "checkpoint_bytes",
+        "checkpoint_write_s",
+        "checkpoint_read_s",
+        "checkpoint_interval_s",
+        "checkpoint_every_steps",
+        "job_mtbf_s",
+        "expected_goodput",
+    )
 
     def __post_init__(self) -> None:
         value = self.step_time_s
@@ -81,9 +103,26 @@ class Prediction:
             )
         if isinstance(self.search, dict):
             self.search = SearchSummary.from_dict(self.search)
+        goodput = self.expected_goodput
+        require(
+            goodput is None or (isinstance(goodput, (int, float)) and 0.0 <= goodput <= 1.0),
+            PlanError,
+            f"plan predicted.expected_goodput={goodput!r}; expected a fraction in [0, 1].",
+        )
+        steps = self.checkpoint_every_steps
+        require(
+            steps is None or (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1),
+            PlanError,
+            f"plan predicted.checkpoint_every_steps={steps!r}; expected an integer >= 1.",
+        )
+
+    @property
+    def has_goodput(self) -> bool:
+        return self.expected_goodput is not None
 
     @classmethod
-    def from_cost(cls, cost: Cost, search: SearchSummary | None = None) -> "Prediction":
+    def from_cost(cls, cost: Cost, search: SearchSummary | None = None, **reliability: Any) -> "Prediction":
+        """From a Cost; ``reliability`` = cost/reliability.py ``prediction_fields`` (may be empty)."""
         return cls(
             step_time_s=cost.step_time_s,
             samples_per_s=cost.samples_per_s,
@@ -95,12 +134,16 @@ class Prediction:
             breakdown={name: getattr(cost, name) for name in Cost.TIME_FIELDS},
             memory={name: getattr(cost, name) for name in Cost.MEMORY_FIELDS},
             search=search,
+            **reliability,
         )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if self.search is None:
             del data["search"]
+        for name in self.RELIABILITY_FIELDS:
+            if data[name] is None:
+                del data[name]
         return data
 
     @classmethod

@@ -38,6 +38,7 @@ from typing import Any
 
 from autoplan.errors import ProfileError
 from autoplan.types._check import require
+from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_section
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 OP_CLASSES = ("matmul", "attention", "conv")
@@ -285,6 +286,9 @@ class Profile:
     description: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)
     comm_overlap: CommOverlap = field(default_factory=CommOverlap)
+    #: Checkpoint storage and failure rate (types/reliability.py); None = not known, not priced.
+    storage: StorageSpec | None = None
+    reliability: ReliabilitySpec | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -306,6 +310,8 @@ class Profile:
             "expected a mapping with 'efficiency' and 'source'.",
         )
         self.comm_overlap.check()
+        check_section(self.storage, StorageSpec, "storage")
+        check_section(self.reliability, ReliabilitySpec, "reliability")
         self.device.check()
         self.intra_node.check("intra_node")
         if self.inter_node is not None:
@@ -344,6 +350,9 @@ class Profile:
         fields["inter_node"] = _link(data["inter_node"]) if data.get("inter_node") else None
         if isinstance(data.get("comm_overlap"), dict):
             fields["comm_overlap"] = CommOverlap(**data["comm_overlap"])
+        for name, kind in (("storage", StorageSpec), ("reliability", ReliabilitySpec)):
+            if isinstance(data.get(name), dict):
+                fields[name] = kind(**data[name])
         return cls(**fields)
 
 

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from autoplan.profile.fit import bus_factor, fit_collective, fit_efficiency  # noqa: E402
 from autoplan.profile.io import save_profile  # noqa: E402
 from autoplan.types.profile import CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile  # noqa: E402
+from autoplan.types.reliability import ReliabilitySpec, StorageSpec  # noqa: E402
 
 T, G = 1e12, 1e9
 AZURE = "Azure/AI-benchmarking-guide Azure_Results/{page} ({what})"
@@ -212,6 +213,66 @@ INTER_EFFICIENCY = 192 / 200  # NVIDIA/nccl #812 (in #1576): 192 GB/s all_reduce
 INTER_ALPHA_S = 46.3e-6  # NVIDIA/nccl #1244: smallest-message time, 2 nodes x 8 GPUs, NDR
 
 
+LLAMA3_GPUS = 16384
+TECTONIC_SUSTAINED, TECTONIC_PEAK = 2e12, 7e12
+STORAGE_SOURCE = (
+    "Llama 3 paper (Dubey et al. 2024, 'The Llama 3 Herd of Models', section 3.3.1): Tectonic, 240 PB on 7,500 "
+    "SSD servers, 2 TB/s sustained and 7 TB/s peak for the 16K-GPU Llama 3 405B cluster; per device = 2 TB/s / "
+    "16,384 GPUs (write and read alike), max_total = the 7 TB/s peak"
+)
+STAGING = {  # device-to-host copy bytes/s per device, for an asynchronous save's blocking staging
+    "a100": (
+        0.88 * 31.5e9,
+        "; staging: PCIe Gen4 x16 (A100 datasheet, 31.5 GB/s per direction) x 0.88, the fraction of PCIe5 x16 "
+        "that nvbandwidth measures on H200 (stas00/ml-engineering)",
+    ),
+    "h100": (55.06e9, "; staging: PCIe5 x16 D2H 55.06 GB/s measured with nvbandwidth on H200 (stas00/ml-engineering)"),
+    "h200": (55.06e9, "; staging: PCIe5 x16 D2H 55.06 GB/s measured with nvbandwidth on H200 (stas00/ml-engineering)"),
+}
+LLAMA3_RATE = 419 / (LLAMA3_GPUS * 54 * 24)  # unexpected interruptions per GPU-hour
+LLAMA3_SOURCE = (
+    "Llama 3 paper (Dubey et al. 2024, section 3.3.4): 419 unexpected job interruptions in a 54-day snapshot of "
+    "Llama 3 405B pre-training on 16,384 H100 GPUs (466 in all, 47 planned; ~78% attributed to confirmed or "
+    "suspected hardware): 419 / (16,384 x 54 x 24 GPU-hours)"
+)
+RELIABILITY = {
+    "a100": (
+        1 / (1.8 * LLAMA3_GPUS),
+        "Kokolis et al. 2024, 'Revisiting Reliability in Large-Scale Machine Learning Research Clusters' "
+        "(arXiv 2410.21680, HPCA 2025), A100 clusters RSC-1/RSC-2: projected job MTTF 1.8 h at 16,384 GPUs "
+        "(7.9 h at 1,024, ~14 min at 131,072), as quoted by clockwork.io ('Common approaches to fault-tolerant AI "
+        "training'); rate = 1 / (1.8 h x 16,384)",
+    ),
+    "h100": (LLAMA3_RATE, LLAMA3_SOURCE),
+    "h200": (LLAMA3_RATE, LLAMA3_SOURCE + "; no published H200 fleet figure was found, the same-generation H100 one"),
+}
+RESTART_S = 600.0
+RESTART_SOURCE = (
+    "assumed, not measured: 10 min to detect a failure (collective timeout), reschedule, relaunch and "
+    "re-initialise the job (the checkpoint read is priced from storage); no published per-restart time was "
+    "found; replace it with your cluster's"
+)
+
+
+def storage_spec(key: str) -> StorageSpec:
+    staging, staging_source = STAGING[key]
+    share = TECTONIC_SUSTAINED / LLAMA3_GPUS
+    return StorageSpec(
+        write_bytes_per_s_per_device=share,
+        read_bytes_per_s_per_device=share,
+        max_total_bytes_per_s=TECTONIC_PEAK,
+        staging_bytes_per_s_per_device=staging,
+        source=STORAGE_SOURCE + staging_source,
+    )
+
+
+def reliability_spec(key: str) -> ReliabilitySpec:
+    rate, source = RELIABILITY[key]
+    return ReliabilitySpec(
+        failures_per_device_hour=rate, restart_s=RESTART_S, source=source, restart_source=RESTART_SOURCE
+    )
+
+
 def matmul_curve(key: str, spec: dict) -> tuple[Efficiency, list]:
     main, extra = GEMM_TFLOPS[key]
     shapes = GEMM_SHAPES + [(32768, 32768, 32768)] * len(extra)
@@ -311,6 +372,8 @@ def build(key: str, spec: dict) -> Profile:
         backend="nccl",
         description=f"DGX node of 8x {spec['device']}, "
         "built from published figures by profiles/sources/fit_published.py.",
+        storage=storage_spec(key),
+        reliability=reliability_spec(key),
     )
 
 
