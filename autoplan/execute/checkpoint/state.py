@@ -7,7 +7,8 @@ dropped, a pipeline stage keeps the original FQNs, and a tied alias maps to its 
 
 - a parameter that TP or FSDP2 sharded is its DTensor (the global shape, this rank's shards);
 - an expert parameter sliced over the ep group (``[E / ep, ...]``) becomes a DTensor sharded
-  ``Shard(0)`` over that group, so its global shape is ``[E, ...]``;
+  ``Shard(0)`` over that group, so its global shape is ``[E, ...]`` (under FSDP2, which shards the
+  slice again over edp, the slice is gathered first and the loaded shard copied back);
 - everything else is a plain tensor, the same on the ranks that hold it.
 
 Keys: ``model.<fqn>``, ``optim.<fqn>.<state>`` (AdamW's ``step``, ``exp_avg``, ``exp_avg_sq``,
@@ -70,22 +71,38 @@ def named_state(trainer: Trainer) -> dict[str, torch.Tensor]:
     return found
 
 
-def global_view(trainer: Trainer, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` (a parameter, or a state shaped like it) as a global tensor sharing its storage."""
+def global_view(trainer: Trainer, name: str, tensor: torch.Tensor, state: TrainerState) -> torch.Tensor:
+    """``tensor`` (a parameter, or a state shaped like it) as a global tensor: sharing its storage,
+    except for an expert that FSDP2 also sharded over edp, whose ``[E / ep, ...]`` slice is gathered
+    (and written back into this rank's edp shard after a load)."""
     tensor = tensor.detach()
     experts = trainer.experts
-    if experts is not None and name in experts.names:
-        if isinstance(tensor, DTensor):  # FSDP2 on the edp mesh: not expressible on one mesh here
-            raise NotImplementedError("checkpointing experts sharded by FSDP2 under ep > 1")
-        return DTensor.from_local(tensor, experts.ep_mesh, [Shard(0)], run_check=False)
-    return tensor
+    if experts is None or name not in experts.names:
+        return tensor
+    if isinstance(tensor, DTensor):  # FSDP2's Shard(0) over edp, of this ep rank's slice
+        whole = tensor.full_tensor()
+        state.after_load.append(_copy_edp_shard(whole, tensor, experts.edp_mesh))
+        tensor = whole
+    return DTensor.from_local(tensor, experts.ep_mesh, [Shard(0)], run_check=False)
+
+
+def _copy_edp_shard(whole: torch.Tensor, sharded: DTensor, edp_mesh: Any) -> Callable[[], None]:
+    """After a load: this rank's FSDP2 shard (torch.chunk over edp) of the loaded ``[E / ep, ...]`` slice."""
+
+    @torch.no_grad()
+    def write() -> None:
+        mine = whole.chunk(edp_mesh.size())[edp_mesh.get_local_rank()]
+        sharded.to_local().copy_(mine)
+
+    return write
 
 
 def trainer_state(trainer: Trainer, *, for_load: bool = False) -> TrainerState:
     """The trainer's state as DCP saves it (module docstring); ``for_load``: create a fresh
     optimizer's state first, so there is somewhere to load it."""
     named = named_state(trainer)
-    state = TrainerState({MODEL + name: global_view(trainer, name, t) for name, t in named.items()})
+    state = TrainerState({})
+    state.tensors.update({MODEL + name: global_view(trainer, name, t, state) for name, t in named.items()})
     params = {name: t for name, t in named.items() if isinstance(t, nn.Parameter) or t.requires_grad}
     if hasattr(trainer.optimizer, "reduced_gradients"):  # ZeRO-1 (one or two sharded optimizers)
         _zero1_state(trainer, params, state, for_load=for_load)
@@ -103,7 +120,7 @@ def _optimizer_state(trainer: Trainer, params: dict[str, torch.Tensor], state: T
     for name, param in params.items():
         for key, value in trainer.optimizer.state.get(param, {}).items():
             if isinstance(value, torch.Tensor):
-                value = value if value.dim() == 0 else global_view(trainer, name, value)
+                value = value if value.dim() == 0 else global_view(trainer, name, value, state)
                 state.tensors[f"{OPTIM}{name}.{key}"] = value
 
 
@@ -141,7 +158,7 @@ def _zero1_state(trainer: Trainer, params: dict[str, torch.Tensor], state: Train
             flat = inner.get(key, torch.zeros_like(part.master))
             views = part.per_parameter(part.gather(flat))
             for param, view in zip(part.params, views):
-                state.tensors[f"{OPTIM}{names[id(param)]}.{key}"] = global_view(trainer, names[id(param)], view)
+                state.tensors[f"{OPTIM}{names[id(param)]}.{key}"] = global_view(trainer, names[id(param)], view, state)
             state.after_load.append(_scatter_back(part, key, views))
         step = inner.get("step", torch.zeros((), dtype=torch.float32, device=part.master.device))
         step = step.detach().clone()
