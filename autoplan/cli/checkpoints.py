@@ -4,14 +4,15 @@ its checkpoint flags before any rank starts (docs/elastic.md).
 
 Checked once here, in one sentence each (exit 2): a --resume that names no complete checkpoint,
 a corrupt one, one from another checkpoint format, one of another model (the first tensor whose
-name or shape differs), one already at --steps; a --checkpoint-dir that already holds checkpoints
-without --resume (never a silent start from step 0 over them); --max-restarts without a
-checkpoint directory to restart from.
+name or shape differs), one already at --steps; --max-restarts without a checkpoint directory to
+restart from. A --checkpoint-dir that already holds checkpoints is resumed from, said in one
+line, and checked the same way: never a silent start from step 0 over them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -72,7 +73,6 @@ def _describe(plan: dict) -> str:
 def check_checkpoint_arguments(args: argparse.Namespace, *, plan, model_file) -> int | None:
     """Refuse bad checkpoint flags (module docstring); the --checkpoint-every to use."""
     from autoplan.execute.checkpoint import store
-    from autoplan.execute.job.checkpointing import restart_count
 
     every = args.checkpoint_every
     if every is not None and every < 1:
@@ -85,28 +85,37 @@ def check_checkpoint_arguments(args: argparse.Namespace, *, plan, model_file) ->
             "--checkpoint-every, --async-checkpoint, --max-restarts and --elastic need --checkpoint-dir D "
             "(where the run saves, and restarts from)."
         )
-    if args.resume:
-        step_dir, info = store.check(args.resume, expected=store.model_shapes(model_file))
-        if info.step >= args.steps:
-            raise CheckpointError(
-                f"checkpoint '{step_dir}' is already at step {info.step}; ask for more --steps than {args.steps}."
-            )
-        if info.model_sha256 != store.model_sha256(args.model) and not args.quiet:
-            print(
-                f"autoplan: warning: {args.model} has changed since checkpoint '{step_dir}' was written; "
-                "its tensors still match the model.",
-                file=sys.stderr,
-            )
-    elif (
-        args.checkpoint_dir
-        and restart_count() == 0
-        and (found := store.complete_checkpoints(Path(args.checkpoint_dir)))
-    ):
-        raise CheckpointError(
-            f"--checkpoint-dir '{args.checkpoint_dir}' already holds checkpoints up to {found[-1].name}; "
-            f"pass --resume {args.checkpoint_dir} to continue from it, or choose an empty directory."
-        )
+    source = args.resume
+    if source is None and args.checkpoint_dir and store.complete_checkpoints(Path(args.checkpoint_dir)):
+        source = args.checkpoint_dir  # resumed by itself (autoplan/execute/job/checkpointing.py)
+    if source is not None:
+        _check_resume(args, source=source, model_file=model_file)
     return every if every is not None else _young_daly_steps(plan)
+
+
+def _check_resume(args: argparse.Namespace, *, source: str, model_file) -> None:
+    from autoplan.execute.checkpoint import store
+
+    step_dir, info = store.check(source, expected=store.model_shapes(model_file))
+    if info.step >= args.steps:
+        raise CheckpointError(
+            f"checkpoint '{step_dir}' is already at step {info.step}; ask for more --steps than {args.steps}, "
+            "or give a new --checkpoint-dir to start over."
+        )
+    if args.quiet or os.environ.get("RANK", "0") != "0":  # under torchrun every rank checks; one says so
+        return
+    if not args.resume:
+        print(
+            f"autoplan: --checkpoint-dir {args.checkpoint_dir} holds {step_dir.name}: resuming from it "
+            "(a new directory starts over).",
+            file=sys.stderr,
+        )
+    if info.model_sha256 and info.model_sha256 != store.model_sha256(args.model):
+        print(
+            f"autoplan: warning: {args.model} has changed since checkpoint '{step_dir}' was written; "
+            "its tensors still match the model.",
+            file=sys.stderr,
+        )
 
 
 def _young_daly_steps(plan) -> int | None:

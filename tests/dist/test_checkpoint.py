@@ -192,8 +192,6 @@ def _stop_and_resume(tmp_path: Path, *, model: Path, plan: Path, steps: int) -> 
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _losses(tmp_path / "b") == _losses(tmp_path / "ref")
-    again = _autoplan("run", model, "--plan", plan, "--out", tmp_path / "c", "--steps", steps, "--checkpoint-dir", ck)
-    assert again.returncode == 2 and f"pass --resume {ck}" in again.stderr  # never a silent start from step 0
 
 
 def _cpu_profile(tmp_path: Path, devices: int) -> Path:

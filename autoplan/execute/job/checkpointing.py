@@ -1,8 +1,9 @@
 """Checkpoints inside ``autoplan run``: where a run starts, when it saves, and injected faults.
 
 A run starts from step 0 unless it resumes: ``--resume D`` (a checkpoint directory or one step
-directory in it), or, after torchelastic restarted the job (``TORCHELASTIC_RESTART_COUNT`` > 0),
-the newest checkpoint in ``--checkpoint-dir`` when there is one. It then continues at the
+directory in it), or the newest checkpoint already in ``--checkpoint-dir`` (a job that Slurm
+requeued, or torchelastic restarted, runs the same command again and goes on where it stopped;
+after a restart that directory wins over an older ``--resume``). It then continues at the
 checkpoint's step with its weights, optimizer state, loss scale, RNG states and measured rows;
 batch ``k`` is drawn from seed ``seed + 1 + k`` in every run, so the data continue too.
 
@@ -78,13 +79,16 @@ def checkpoint_root(opts: Any) -> Path | None:
 
 
 def resume_source(opts: Any) -> Path | None:
-    """The checkpoint this run continues from (module docstring), or None for step 0."""
+    """The checkpoint this run continues from (module docstring), or None for step 0: after a
+    restart, the newest in the checkpoint directory (not an older --resume); else --resume; else
+    the newest already in --checkpoint-dir (a requeued job resumes by itself)."""
+    root = Path(opts.checkpoint_dir) if opts.checkpoint_dir else None
+    newest = store.find_checkpoint(root) if root is not None and store.complete_checkpoints(root) else None
+    if restart_count() > 0 and newest is not None:
+        return newest
     if opts.resume:
         return store.find_checkpoint(opts.resume)
-    root = Path(opts.checkpoint_dir) if opts.checkpoint_dir else None
-    if root is not None and restart_count() > 0 and store.complete_checkpoints(root):
-        return store.find_checkpoint(root)
-    return None
+    return newest
 
 
 def open_session(*, opts: Any, trainer: Any) -> Session:

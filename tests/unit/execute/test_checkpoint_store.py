@@ -125,11 +125,11 @@ def _run(tmp_path: Path, model: Path, *extra: str) -> int:
         ("none", ("--resume", "{ck}/nothing"), "does not exist; check the path given to --resume"),
         ("empty", ("--resume", "{ck}"), "holds no complete checkpoint"),
         ("done", ("--resume", "{ck}"), "is already at step 6; ask for more --steps than 4"),
-        ("full", ("--checkpoint-dir", "{ck}"), "already holds checkpoints up to step-00000006; pass --resume"),
+        ("full", ("--checkpoint-dir", "{ck}"), "is already at step 6; ask for more --steps than 4, or give a new"),
         ("none", ("--max-restarts", "2"), "need --checkpoint-dir D"),
         ("none", ("--checkpoint-dir", "{ck}", "--checkpoint-every", "0"), "--checkpoint-every 0: expected at least 1"),
     ],
-    ids=["other-model", "missing", "empty", "done", "not-resumed", "restarts-need-dir", "every"],
+    ids=["other-model", "missing", "empty", "done", "dir-resumed", "restarts-need-dir", "every"],
 )
 def test_run_refuses_bad_checkpoint_flags_before_any_rank_starts(tmp_path, capsys, setup, extra, words):
     ck = tmp_path / "ck"
