@@ -22,6 +22,7 @@ import yaml
 
 from autoplan.errors import ProfileError
 from autoplan.types._check import write_text_atomic
+from autoplan.types.pricing import PricingSpec
 from autoplan.types.profile import CollectiveFit, CommOverlap, DeviceSpec, Efficiency, LinkSpec, OpTiming, Profile
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec
 
@@ -41,7 +42,10 @@ _SCHEMA: dict[tuple[str, ...], type] = {
     ("comm_overlap",): CommOverlap,
     ("storage",): StorageSpec,
     ("reliability",): ReliabilitySpec,
+    ("pricing",): PricingSpec,
 }
+#: Older top-level fields still read (Profile.from_dict turns them into ``pricing``).
+_LEGACY: frozenset[str] = frozenset({"price_per_device_hour", "price_source"})
 
 
 class _Loader(yaml.SafeLoader):
@@ -127,7 +131,7 @@ def _check_fields(data: Any, where: tuple[str, ...], path: Path) -> None:
                 f"profile is missing the field '{'.'.join(where + (name,))}'; see docs/profile-format.md."
             )
     for name, value in data.items():
-        if name not in fields:
+        if name not in fields and not (where == () and name in _LEGACY):
             raise ProfileError(
                 f"profile has an unknown field '{'.'.join(where + (str(name),))}'; expected one of {', '.join(fields)}."
             )

@@ -38,6 +38,7 @@ from typing import Any
 
 from autoplan.errors import ProfileError
 from autoplan.types._check import require
+from autoplan.types.pricing import PricingSpec, pricing_from
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_section
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
@@ -281,8 +282,8 @@ class Profile:
     inter_node: LinkSpec | None = None
     backend: str = "nccl"
     threads: int | None = None
-    price_per_device_hour: float | None = None
-    price_source: str | None = None
+    #: Rental price, dated and sourced (types/pricing.py); None = no price known.
+    pricing: PricingSpec | None = None
     description: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)
     comm_overlap: CommOverlap = field(default_factory=CommOverlap)
@@ -301,8 +302,13 @@ class Profile:
             ProfileError,
             f"profile field 'backend' is {self.backend!r}; expected 'nccl' or 'gloo'.",
         )
-        if self.price_per_device_hour is not None:
-            _positive("profile", "price_per_device_hour", self.price_per_device_hour)
+        if self.pricing is not None:
+            require(
+                isinstance(self.pricing, PricingSpec),
+                ProfileError,
+                f"profile field 'pricing' is {self.pricing!r}; expected a mapping (docs/profile-format.md).",
+            )
+            self.pricing.check()
         require(
             isinstance(self.comm_overlap, CommOverlap),
             ProfileError,
@@ -316,6 +322,11 @@ class Profile:
         self.intra_node.check("intra_node")
         if self.inter_node is not None:
             self.inter_node.check("inter_node")
+
+    @property
+    def price_per_device_hour(self) -> float | None:
+        """The on-demand price per device-hour, or None (``pricing``)."""
+        return self.pricing.on_demand_per_device_hour if self.pricing else None
 
     def link(self, spans_nodes: bool) -> LinkSpec:
         """The link a collective uses: inter-node when its group spans nodes."""
@@ -344,7 +355,8 @@ class Profile:
         }
         if isinstance(device.get("op_overhead"), dict):
             device["op_overhead"] = OpOverhead(**device["op_overhead"])
-        fields = dict(data)
+        fields = {k: v for k, v in data.items() if k not in ("price_per_device_hour", "price_source")}
+        fields["pricing"] = pricing_from(data)  # the older flat price fields load too
         fields["device"] = DeviceSpec(**device)
         fields["intra_node"] = _link(data["intra_node"])
         fields["inter_node"] = _link(data["inter_node"]) if data.get("inter_node") else None

@@ -5,6 +5,7 @@ reports; illustrative defaults for tests, not a calibrated profile (use profiles
 
 from __future__ import annotations
 
+from autoplan.types.pricing import PricingSpec
 from autoplan.types.profile import COLLECTIVES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile
 
 _SOURCE = "synthetic test profile (A100-SXM4-80GB datasheet figures; not calibrated)"
@@ -45,8 +46,7 @@ def synthetic_profile(
         devices_per_node=devices_per_node,
         intra_node=link("nvlink", intra_busbw_bytes_per_s, 10e-6),
         inter_node=link("infiniband", inter_busbw_bytes_per_s, 20e-6),
-        price_per_device_hour=2.0,
-        price_source=_SOURCE,
+        pricing=PricingSpec(on_demand_per_device_hour=2.0, source=_SOURCE),
     )
 
 
@@ -78,5 +78,5 @@ def a100_profile(*, inter_busbw=200e9, intra_busbw=230e9, price=None) -> Profile
         devices_per_node=8,
         intra_node=_link("nvlink", intra_busbw, 10e-6),
         inter_node=_link("ib", inter_busbw, 20e-6),
-        price_per_device_hour=price,
+        pricing=PricingSpec(on_demand_per_device_hour=price, source="test") if price is not None else None,
     )

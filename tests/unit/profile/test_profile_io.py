@@ -67,8 +67,10 @@ def test_load_by_path_and_profile_passthrough(tmp_path: Path, data: dict) -> Non
 
 
 def test_exponent_floats_without_dot_are_read_as_numbers(tmp_path: Path, data: dict) -> None:
-    text = yaml.safe_dump(data).replace("price_per_device_hour: null", "price_per_device_hour: 2e0")
+    text = yaml.safe_dump(data) + "price_per_device_hour: 2e0\nprice_source: test\n"  # the older flat fields
     assert load_profile(_write(tmp_path, text)).price_per_device_hour == 2.0
+    text = yaml.safe_dump(data) + "pricing: {on_demand_per_device_hour: 3e0, source: test, as_of: 2026-01-21}\n"
+    assert load_profile(_write(tmp_path, text)).pricing.as_of == "2026-01-21"
 
 
 def _broken(data: dict, edit) -> dict:
