@@ -1,5 +1,6 @@
 """``autoplan plan MODEL.py --devices N --profile P --batch B [--top-k K] [--fix ...]
-[--objective time|cost] --out DIR``."""
+[--objective time|cost] [--tokens N | --steps N] [--spot] [--deadline D] [--budget $] --out DIR``,
+and ``autoplan sweep`` (cli/sweep.py): the planner's commands."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import argparse
 import json
 import sys
 
+from autoplan.cli.sweep import add_sweep_parser
 from autoplan.cli.trace import add_routing_arguments
+from autoplan.cli.whole_run import add_run_arguments
 from autoplan.solve.space import FIX_KEYS, OBJECTIVES
 
 
@@ -32,7 +35,10 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         help=f"pin part of the plan; keys: {', '.join(FIX_KEYS)}",
     )
     parser.add_argument(
-        "--objective", choices=OBJECTIVES, default="time", help="minimise step time, or dollars per sample"
+        "--objective",
+        choices=OBJECTIVES,
+        default="time",
+        help="minimise step time, or dollars (of the whole run with --tokens/--steps, else per sample)",
     )
     parser.add_argument(
         "--solver", choices=("highs", "cbc"), default="highs", help="ILP backend (default HiGHS, CBC fallback)"
@@ -45,7 +51,9 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "--explain", action="store_true", help="also explain the choice (autoplan explain; see docs/cli.md)"
     )
     add_routing_arguments(parser)
+    add_run_arguments(parser)
     parser.set_defaults(func=run)
+    add_sweep_parser(subparsers, common)
 
 
 #: What ``autoplan plan`` imports: torch, torch._dynamo (FakeTensorMode loads it), the tracer, the planner.
@@ -61,12 +69,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from autoplan.cli.trace import routing_of
+    from autoplan.cli.whole_run import run_spec_of
     from autoplan.solve.api import NoPlanFits, plan_graph, profile_file, resolve_profile
     from autoplan.solve.console import search_progress
     from autoplan.solve.outputs import write_outputs
     from autoplan.trace import trace_model_file
 
+    spec = run_spec_of(args)  # bad whole-run flags fail before the trace
     profile = resolve_profile(args.profile)
+    if spec is not None:
+        from autoplan.cost.whole_run import check_prices, priced_profile
+
+        profile = priced_profile(profile, spec)  # --price-per-device-hour and the spot flags, into profile.json
+        check_prices(profile, spec, objective=args.objective)
     from autoplan.profile.host import device_mismatch
 
     if (warning := device_mismatch(profile, running=False)) and not args.json:
@@ -86,14 +101,15 @@ def _run(args: argparse.Namespace) -> int:
                 time_limit_s=args.time_limit,
                 progress=progress,
                 top_k=args.top_k,
+                run=spec,
             )
     except NoPlanFits as exc:
         if exc.result is not None:
-            write_outputs(args.out, result=exc.result, graph=graph, profile=profile)
+            write_outputs(args.out, result=exc.result, graph=graph, profile=profile, run=spec)
         raise
     if (source := profile_file(args.profile)) is not None:  # run --audit and calibrate load it again
         result.best.profile = source
-    paths = write_outputs(args.out, result=result, graph=graph, profile=profile)
+    paths = write_outputs(args.out, result=result, graph=graph, profile=profile, run=spec)
     explanation = _explain(result, graph, profile, args) if args.explain else None
     if args.json:
         extra = {"explanation": explanation.to_dict()} if explanation else {}
@@ -111,6 +127,10 @@ def _run(args: argparse.Namespace) -> int:
         console.print(top_table(result, top_k=args.top_k))
         console.print(f"best: {result.best.describe()}  ->  {paths['plan.json']}")
         console.print(goodput_line(result.best.predicted, profile), highlight=False)
+        if result.best.predicted.run is not None:
+            from autoplan.cost.whole_run import summary
+
+            console.print(summary(result.best.predicted.run), highlight=False)
     if explanation and not args.json:
         from autoplan.cli.report import print_explanation
 

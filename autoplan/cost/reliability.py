@@ -125,19 +125,24 @@ def expected_goodput(
     interval_s: float | None = None,
     async_save: bool = False,
     held_bytes: float | None = None,
+    spot_interruptions_per_device_hour: float = 0.0,
 ) -> Goodput:
     """Checkpoint interval and goodput of a ``params``-parameter model on ``devices`` devices.
 
     The interval is Daly's unless ``interval_s`` is given; with ``step_time_s`` it is rounded to
     whole steps (at least one), the executor's ``--checkpoint-every``, and goodput is priced at
     the rounded interval. ``async_save`` prices ``--async-checkpoint``; ``held_bytes`` is what one
-    device stages (default C / N, fully sharded states). Raises ProfileError without the
+    device stages (default C / N, fully sharded states). On spot devices each interruption is
+    one more failure: M = 3600 / ((lambda + lambda_spot) N). Raises ProfileError without the
     profile's storage and reliability sections (:func:`not_priced_reason`)."""
     if (reason := not_priced_reason(profile)) is not None:
         raise ProfileError(reason)
     size = checkpoint_bytes(params=params)
     write_s, read_s = checkpoint_times_s(checkpoint_bytes=size, devices=devices, profile=profile)
     mtbf_s = profile.reliability.job_mtbf_s(devices)
+    if spot_interruptions_per_device_hour:
+        rate = profile.reliability.failures_per_device_hour + spot_interruptions_per_device_hour
+        mtbf_s = 3600.0 / (rate * devices)
     restart_s = profile.reliability.restart_s + read_s
     blocking_s, floor_s = write_s, 0.0
     if async_save:

@@ -2,19 +2,25 @@
 
 Trace (autoplan.trace) -> search (solve/search.py) -> the best Plan, whose ``predicted`` holds
 the cost model's prediction (docs/plan-format.md), with the checkpoint interval and expected
-goodput when the profile has storage and reliability sections (cost/reliability.py). When
+goodput when the profile has storage and reliability sections (cost/reliability.py), and with
+``run`` (a :class:`RunSpec`: the run's tokens or steps, prices, spot, deadline, budget) the
+whole run's wall time, device-hours and dollars (cost/whole_run.py). When
 nothing fits, :class:`NoPlanFits` says in one sentence what would: more devices (the smallest
 count that fits, found by pricing the most memory-frugal configurations of 2x, 4x, ... the
-devices), or the changes (recomputation, ZeRO, micro-batch, batch) the user pinned away.
+devices), or the changes (recomputation, ZeRO, micro-batch, batch) the user pinned away; when
+plans fit but none meets the deadline or budget, it names the device count that meets the
+deadline or the budget needed (solve/run_limits.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autoplan.cost import reliability
 from autoplan.cost.model import CostModel
+from autoplan.cost.whole_run import priced_profile, run_pricer
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.candidates import SearchOptions, SearchResult
@@ -23,6 +29,7 @@ from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.prediction import Prediction, SearchSummary
 from autoplan.types.profile import Profile
+from autoplan.types.run import RunSpec
 
 FRUGAL_PINS = ("recompute", "zero", "mbs", "sp")
 
@@ -62,13 +69,18 @@ def plan_graph(
     time_limit_s: float = 10.0,
     progress=None,
     top_k: int = 1,
+    run: RunSpec | dict | None = None,
 ) -> SearchResult:
     """Search plans for a traced graph; raises NoPlanFits when nothing fits. The best ``top_k``
     plans are ranked exactly (pruning only skips what cannot enter them). A profile given as a
     file is recorded in the plan by its path, so that ``run --audit`` and ``calibrate`` can load
-    it again (a shipped profile by its name)."""
+    it again (a shipped profile by its name). ``run`` (a RunSpec or its fields as a dict) prices the
+    whole run into ``predicted.run`` and applies its deadline and budget."""
     source = profile_file(profile)
     profile = resolve_profile(profile)
+    run = RunSpec(**run) if isinstance(run, dict) else run
+    if run is not None:
+        profile = priced_profile(profile, run)
     fixes = space.parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
     options = SearchOptions(
         devices=devices,
@@ -79,8 +91,16 @@ def plan_graph(
         time_limit_s=time_limit_s,
         progress=progress,
         keep=max(1, top_k),
+        run=run,
     )
     result = search(graph, profile, options)
+    if result.best is None and run is not None and run.constrained:
+        free = search(graph, profile, replace(options, run=replace(run, deadline_h=None, budget_usd=None)))
+        if free.best is not None:  # plans fit, but none meets the deadline or budget
+            from autoplan.solve.run_limits import explain_unmet
+
+            raise NoPlanFits(explain_unmet(graph, profile, options), result)
+        result = free
     if result.best is None:
         raise NoPlanFits(explain_no_fit(graph, profile, options, result), result)
     if source is not None:
@@ -99,7 +119,11 @@ def plan_graph(
     checkpoints = reliability.prediction_fields(
         params=graph.param_count, devices=devices, profile=profile, step_time_s=result.best_cost.step_time_s
     )  # the same for every plan of this cluster, so it ranks nothing (cost/reliability.py)
-    result.best.predicted = Prediction.from_cost(result.best_cost, summary, **checkpoints)
+    pricer = run_pricer(run, graph=graph, profile=profile, batch=options.batch_size, objective=objective)
+    estimate = (
+        pricer.estimate(step_time_s=result.best_cost.step_time_s, devices=result.best.devices) if pricer else None
+    )
+    result.best.predicted = Prediction.from_cost(result.best_cost, summary, run=estimate, **checkpoints)
     return result
 
 

@@ -15,6 +15,7 @@ from autoplan.solve import space
 from autoplan.types.cost import Cost
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
+from autoplan.types.run import RunSpec
 
 
 @dataclass
@@ -27,6 +28,7 @@ class SearchOptions:
     time_limit_s: float = 10.0
     progress: Callable[[int, int], None] | None = None
     keep: int = 1  # the search prices enough to rank the best `keep` plans exactly
+    run: RunSpec | None = None  # the whole run: its length, prices, deadline and budget (cost/whole_run.py)
 
 
 @dataclass
@@ -39,10 +41,11 @@ class Candidate:
     plan: Plan | None = None
     reason: str = ""
     count: int = 1  # configurations this row stands for (pruned groups)
+    misses: str = ""  # the deadline or budget this plan's whole run misses (cost/whole_run.violation)
 
     @property
     def feasible(self) -> bool:
-        return self.cost is not None and self.cost.feasible
+        return self.cost is not None and self.cost.feasible and not self.misses
 
 
 @dataclass

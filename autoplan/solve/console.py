@@ -1,5 +1,6 @@
 """The console view of a search: a progress bar while it runs, a table of the top plans, and
-one line on the best plan's checkpoints and expected goodput (or why they are not priced).
+one line on the best plan's checkpoints and expected goodput (or why they are not priced); for a
+sweep (solve/cluster.py), the table of its Pareto front.
 
 Rich renders both on stderr-friendly terminals; with ``--quiet`` or ``--json`` nothing but the
 JSON (or nothing) reaches stdout. rich is imported only when something is drawn.
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from autoplan.solve.candidates import SearchResult
+    from autoplan.solve.cluster import SweepResult
     from autoplan.types.prediction import Prediction
     from autoplan.types.profile import Profile
 
@@ -28,7 +30,7 @@ def stdout_console() -> Console:
 
 
 @contextmanager
-def search_progress(*, enabled: bool) -> Iterator:
+def search_progress(*, enabled: bool, label: str = "searching plans") -> Iterator:
     """A callback ``(done, total)`` that drives a progress bar on stderr (a no-op when disabled)."""
     if not enabled:
         yield None
@@ -36,7 +38,7 @@ def search_progress(*, enabled: bool) -> Iterator:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("searching plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("search", total=None)
 
@@ -103,3 +105,35 @@ def goodput_line(prediction: Prediction, profile: Profile) -> str:
     if not prediction.has_goodput:
         return reliability.not_priced_reason(profile) or "checkpoint interval and goodput not priced."
     return reliability.summary(prediction.to_dict()) + " (the same for every plan on this cluster)."
+
+
+def pareto_table(result: SweepResult) -> Table:
+    """The sweep's Pareto front, fastest first: time and dollars of the whole run, the plan, and
+    a star on the recommended point."""
+    from rich.table import Table
+
+    from autoplan.cost.whole_run import hours_text, usd_text
+
+    spot = " (spot)" if result.spec.spot else ""
+    table = Table(
+        title=f"Pareto front: whole-run time vs cost{spot} ({len(result.planned)} points planned, "
+        f"{result.plan_calls} of {result.grid_size} searched, {result.elapsed_s:.1f} s)"
+    )
+    for name in ("", "cluster", "rent", "plan", "step s", "time", "device-h", "cost", "goodput"):
+        text = name in ("cluster", "rent", "plan")  # these wrap on a narrow terminal; numbers never do
+        table.add_column(name, justify="left" if text else "right", no_wrap=not text)
+    for row in result.pareto:
+        estimate = row.estimate
+        goodput = estimate.spot_goodput if result.spec.spot else estimate.goodput
+        table.add_row(
+            "*" if row is result.recommended else "",
+            row.label,
+            row.rental(),
+            row.plan.describe(),
+            f"{estimate.step_time_s:.3g}",
+            hours_text(row.wall_h),
+            f"{(estimate.spot_device_hours if result.spec.spot else estimate.device_hours):,.0f}",
+            usd_text(row.dollars),
+            "-" if estimate.goodput_note else f"{goodput:.1%}",
+        )
+    return table

@@ -23,6 +23,7 @@ from autoplan.cost.sp_sync import sp_partial_params
 from autoplan.cost.tensor_parallel import block_terms, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
+from autoplan.cost.whole_run import RunPricer, priced_profile
 from autoplan.solve.candidates import SearchResult
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic
@@ -30,6 +31,7 @@ from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.run import RunSpec
 
 CONFIG_COLUMNS = (
     "devices",
@@ -49,10 +51,23 @@ CONFIG_COLUMNS = (
 )
 
 
-def write_outputs(out_dir: str | Path, *, result: SearchResult, graph: Graph, profile: Profile) -> dict[str, Path]:
-    """Write the four files (plan.json only when a plan was found); return their paths."""
+def write_outputs(
+    out_dir: str | Path, *, result: SearchResult, graph: Graph, profile: Profile, run: RunSpec | None = None
+) -> dict[str, Path]:
+    """Write the four files (plan.json only when a plan was found); return their paths. With the
+    whole run's length (``run``), plans.csv has its time and cost for every priced plan."""
     out = Path(out_dir)
-    paths = {"plans.csv": write_text_atomic(out / "plans.csv", plans_csv(result))}
+    pricer = None
+    plans = [c.plan for c in result.candidates if c.plan is not None]
+    if run is not None and run.has_length and plans:
+        pricer = RunPricer(
+            run,
+            profile=priced_profile(profile, run),
+            params=graph.param_count,
+            batch_size=plans[0].global_batch_size,
+            seq_len=graph.seq_len,
+        )
+    paths = {"plans.csv": write_text_atomic(out / "plans.csv", plans_csv(result, pricer=pricer))}
     if result.best is not None:
         paths["plan.json"] = result.best.save(out / "plan.json")
         paths["ops.csv"] = write_text_atomic(out / "ops.csv", ops_csv(graph, profile, result.best))
@@ -71,7 +86,12 @@ def _csv(header: list[str], rows: list[list]) -> str:
     return buffer.getvalue()
 
 
-def plans_csv(result: SearchResult) -> str:
+RUN_COLUMNS = ("wall_h", "device_hours", "cost_usd", "spot_wall_h", "spot_cost_usd")
+
+
+def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
+    """Every candidate; with ``pricer``, also its whole run (RUN_COLUMNS; cost/whole_run.py)."""
+    run_columns = [] if pricer is None else [c for c in RUN_COLUMNS if pricer.spec.spot or not c.startswith("spot")]
     header = [
         "rank",
         "status",
@@ -82,6 +102,7 @@ def plans_csv(result: SearchResult) -> str:
         "peak_memory_bytes",
         "samples_per_s",
         "mfu",
+        *run_columns,
         "lower_bound",
         *CONFIG_COLUMNS,
         "configurations",
@@ -92,6 +113,8 @@ def plans_csv(result: SearchResult) -> str:
     for c in sorted(result.candidates, key=lambda c: (ranks.get(id(c), 10**9), c.lower_bound)):
         cost = c.cost
         times = [getattr(cost, name) if cost else "" for name in Cost.TIME_FIELDS]
+        estimate = pricer.estimate(step_time_s=cost.step_time_s, devices=c.plan.devices) if pricer and cost else None
+        run = [getattr(estimate, name) if estimate else "" for name in run_columns]
         rows.append(
             [
                 ranks.get(id(c), ""),
@@ -103,6 +126,7 @@ def plans_csv(result: SearchResult) -> str:
                 cost.peak_memory_bytes if cost else "",
                 cost.samples_per_s if cost else "",
                 cost.mfu if cost else "",
+                *run,
                 c.lower_bound,
                 *(c.config.get(k, "") for k in CONFIG_COLUMNS),
                 c.count,
@@ -110,6 +134,51 @@ def plans_csv(result: SearchResult) -> str:
             ]
         )
     return _csv(header, rows)
+
+
+SWEEP_COLUMNS = (
+    "profile",
+    "instance",
+    "devices",
+    "status",
+    "pareto",
+    "recommended",
+    "plan",
+    "step_time_s",
+    "steps",
+    "expected_wall_h",
+    "device_hours",
+    "cost_usd",
+    "spot_wall_h",
+    "spot_cost_usd",
+    "goodput",
+    "spot_goodput",
+    "reason",
+)
+
+
+def sweep_csv(result) -> str:
+    """One row per (profile, devices) point of a sweep (solve/cluster.py), planned or not, and why."""
+    rows = []
+    for row in result.rows:
+        e = row.estimate
+        rows.append(
+            [
+                row.profile,
+                row.rental(),
+                row.devices,
+                row.status,
+                row.pareto,
+                row is result.recommended,
+                row.plan.describe() if row.plan else "",
+                *(
+                    getattr(e, name) if e is not None and getattr(e, name) is not None else ""
+                    for name in SWEEP_COLUMNS[7:16]
+                ),
+                row.reason,
+            ]
+        )
+    return _csv(list(SWEEP_COLUMNS), rows)
 
 
 def stage_of(graph: Graph, plan: Plan) -> dict[str | None, int]:

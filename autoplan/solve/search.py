@@ -35,7 +35,12 @@ candidate is priced by ``CostModel.estimate``, so the planner and the cost model
 construction.
 
 Objective ``time``: step time. Objective ``cost``: dollars per sample (price per device-hour *
-devices * step time / batch); it also searches smaller device counts, which can be cheaper.
+devices * step time / batch), or with the whole run's length the run's expected dollars
+(cost/whole_run.py: billed devices x steps x step time / goodput(devices) x price); it also
+searches smaller device counts, which can be cheaper. Both are increasing in the step time at a
+fixed device count, so the bounds stay bounds. A deadline or budget (``SearchOptions.run``) makes
+a plan whose whole run misses it infeasible (``Candidate.misses``); it never enters the top k,
+and a group whose bound (1) already misses it is pruned.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.tp_plan_memo import TpPlanMemo
+from autoplan.cost.whole_run import run_pricer
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.bounds import Bounds
@@ -69,9 +75,12 @@ class Search:
             raise PlanError(f"--objective {options.objective} is unknown; expected one of {', '.join(OBJECTIVES)}.")
         if options.objective == "cost" and profile.price_per_device_hour is None:
             raise PlanError(
-                f"--objective cost needs a price, but profile '{profile.name}' has no price_per_device_hour; "
-                "add one or use --objective time."
+                f"--objective cost needs a price, but profile '{profile.name}' has no pricing section; pass "
+                "--price-per-device-hour X, add pricing (docs/profile-format.md) or use --objective time."
             )
+        self.pricer = run_pricer(
+            options.run, graph=graph, profile=profile, batch=options.batch_size, objective=options.objective
+        )
         self.graph, self.profile, self.options = graph, profile, options
         self.fixes = options.fixes
         if self.fixes.get("ep", 1) > 1:
@@ -99,6 +108,8 @@ class Search:
     def objective(self, step_time_s: float, devices: int) -> float:
         if self.options.objective == "time":
             return step_time_s
+        if self.pricer is not None:
+            return self.pricer.dollars(step_time_s=step_time_s, devices=devices)
         return self.profile.price_per_device_hour * devices * step_time_s / 3600.0 / self.options.batch_size
 
     def _beaten(self, bound: float) -> bool:
@@ -142,6 +153,10 @@ class Search:
 
     def lower_bound(self, g: Group) -> float:
         """Bound (1) of the module docstring, in objective units."""
+        return self.objective(self.step_lower_bound_s(g), g.degrees.devices)
+
+    def step_lower_bound_s(self, g: Group) -> float:
+        """Bound (1) of the module docstring, in seconds."""
         deg = g.degrees
         experts = self.cost_model.placement(tp=deg.tp, dp=deg.dp, ep=deg.ep, pp=deg.pp, routing=g.routing)
         step = (
@@ -151,8 +166,7 @@ class Search:
         )
         zero_dp = deg.dp if any(z >= 1 for z in space.zero_options(dp=deg.dp, fixes=self.fixes)) else 1
         held = self.graph.param_count - self.expert_params * (1 - 1 / deg.ep)  # 1/ep of the experts per rank
-        step += self.bounds.adam_s(held / (deg.tp * deg.pp * zero_dp))
-        return self.objective(step, deg.devices)
+        return step + self.bounds.adam_s(held / (deg.tp * deg.pp * zero_dp))
 
     # ---- the search --------------------------------------------------------------------
     def run(self) -> SearchResult:
@@ -166,6 +180,11 @@ class Search:
             if self._beaten(bound):
                 self._prune_group(group, bound, "group bound")
                 continue
+            if self.pricer is not None and self.pricer.spec.constrained:  # the run misses even at bound (1)
+                step_s, devices = self.step_lower_bound_s(group), group.degrees.devices
+                if misses := self.pricer.violation(step_time_s=step_s, devices=devices):
+                    self._prune_group(group, bound, "run", reason=f"pruned: even at its lower bound the run {misses}")
+                    continue
             self._run_group(group, bound)
         if self.options.progress:
             self.options.progress(len(groups), len(groups))
@@ -309,8 +328,11 @@ class Search:
             plan=plan,
             reason=cost.reason if not cost.feasible else f"tp ILP {ilp_status}",
         )
+        if cost.feasible and self.pricer is not None and self.pricer.spec.constrained:
+            candidate.misses = self.pricer.violation(step_time_s=cost.step_time_s, devices=plan.devices)
+            candidate.reason = candidate.misses or candidate.reason
         self.candidates.append(candidate)
-        if cost.feasible:
+        if candidate.feasible:
             heapq.heappush(self._top, -value)
             if len(self._top) > self.options.keep:
                 heapq.heappop(self._top)

@@ -15,6 +15,7 @@ from autoplan.types.profile import (
     Profile,
 )
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec
+from autoplan.types.run import RunEstimate, RunSpec
 
 __all__ = [
     "Cost",
@@ -27,6 +28,8 @@ __all__ = [
     "PARAM_KINDS",
     "Plan",
     "Prediction",
+    "RunSpec",
+    "RunEstimate",
     "SearchSummary",
     "PLAN_SCHEMA_VERSION",
     "SCHEDULES",

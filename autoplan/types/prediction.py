@@ -9,6 +9,8 @@ typed (docs/plan-format.md); a plan nobody priced has ``predicted: {}``.
 When the profile has storage and reliability sections the prediction also records the
 checkpoint interval that minimises expected lost time and the expected goodput of the plan on
 its cluster (autoplan/cost/reliability.py); otherwise those keys are absent from the JSON.
+When the planner was given the whole run's length (``--tokens`` or ``--steps``), ``run`` holds
+its :class:`autoplan.types.run.RunEstimate`: steps, wall time, device-hours and dollars.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from autoplan.errors import PlanError
 from autoplan.types._check import require, require_known_fields
 from autoplan.types.cost import Cost
+from autoplan.types.run import RunEstimate
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Prediction:
     checkpoint_every_steps: int | None = None
     job_mtbf_s: float | None = None
     expected_goodput: float | None = None
+    run: RunEstimate | None = None  # the whole run (types/run.py); None without --tokens/--steps
 
     RELIABILITY_FIELDS = (
         "checkpoint_bytes",
@@ -103,6 +107,8 @@ class Prediction:
             )
         if isinstance(self.search, dict):
             self.search = SearchSummary.from_dict(self.search)
+        if isinstance(self.run, dict):
+            self.run = RunEstimate.from_dict(self.run)
         goodput = self.expected_goodput
         require(
             goodput is None or (isinstance(goodput, (int, float)) and 0.0 <= goodput <= 1.0),
@@ -121,8 +127,11 @@ class Prediction:
         return self.expected_goodput is not None
 
     @classmethod
-    def from_cost(cls, cost: Cost, search: SearchSummary | None = None, **reliability: Any) -> "Prediction":
-        """From a Cost; ``reliability`` = cost/reliability.py ``prediction_fields`` (may be empty)."""
+    def from_cost(
+        cls, cost: Cost, search: SearchSummary | None = None, run: RunEstimate | None = None, **reliability: Any
+    ) -> "Prediction":
+        """From a Cost; ``reliability`` = cost/reliability.py ``prediction_fields`` (may be empty),
+        ``run`` = the whole run's estimate (cost/whole_run.py), if any."""
         return cls(
             step_time_s=cost.step_time_s,
             samples_per_s=cost.samples_per_s,
@@ -134,6 +143,7 @@ class Prediction:
             breakdown={name: getattr(cost, name) for name in Cost.TIME_FIELDS},
             memory={name: getattr(cost, name) for name in Cost.MEMORY_FIELDS},
             search=search,
+            run=run,
             **reliability,
         )
 
@@ -141,6 +151,10 @@ class Prediction:
         data = asdict(self)
         if self.search is None:
             del data["search"]
+        if self.run is None:
+            del data["run"]
+        else:
+            data["run"] = self.run.to_dict()
         for name in self.RELIABILITY_FIELDS:
             if data[name] is None:
                 del data[name]

@@ -80,3 +80,49 @@ def a100_profile(*, inter_busbw=200e9, intra_busbw=230e9, price=None) -> Profile
         inter_node=_link("ib", inter_busbw, 20e-6),
         pricing=PricingSpec(on_demand_per_device_hour=price, source="test") if price is not None else None,
     )
+
+
+def rental_profile(
+    *,
+    name: str,
+    price: float,
+    inter_busbw_bytes_per_s: float = 23e9,
+    flops_scale: float = 1.0,
+    spot_price: float | None = None,
+    spot_interruptions: float | None = None,
+    failures_per_device_hour: float | None = None,
+    instance: str = "",
+) -> Profile:
+    """A priced 8-device instance for cluster sweeps (solve/cluster.py): ``synthetic_profile`` with its
+    inter-node bandwidth, its compute scaled by ``flops_scale``, a price, optionally a spot price and
+    interruption rate, and with ``failures_per_device_hour`` storage and reliability sections."""
+    from dataclasses import replace
+
+    from autoplan.types.reliability import ReliabilitySpec, StorageSpec
+
+    base = synthetic_profile(name=name, inter_busbw_bytes_per_s=inter_busbw_bytes_per_s)
+    device = replace(base.device, peak_flops={k: v * flops_scale for k, v in base.device.peak_flops.items()})
+    pricing = PricingSpec(
+        on_demand_per_device_hour=price,
+        source=_SOURCE,
+        instance=instance or f"{name}.8x",
+        devices_per_instance=8,
+        spot_per_device_hour=spot_price,
+        spot_source=_SOURCE if spot_price is not None else None,
+        spot_interruptions_per_device_hour=spot_interruptions,
+        spot_interruption_source=_SOURCE if spot_interruptions is not None else None,
+    )
+    reliable = failures_per_device_hour is not None
+    return replace(
+        base,
+        device=device,
+        pricing=pricing,
+        storage=StorageSpec(write_bytes_per_s_per_device=1e9, read_bytes_per_s_per_device=1e9, source=_SOURCE)
+        if reliable
+        else None,
+        reliability=ReliabilitySpec(
+            failures_per_device_hour=failures_per_device_hour, restart_s=600.0, source=_SOURCE, restart_source=_SOURCE
+        )
+        if reliable
+        else None,
+    )
