@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from autoplan.errors import CheckpointError, RunError
+from autoplan.errors import RunError
 
 
 def register_replan(subparsers, common: argparse.ArgumentParser) -> None:
@@ -39,28 +39,25 @@ def register_replan(subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def replan_command(args: argparse.Namespace) -> int:
-    from autoplan.execute.checkpoint import store
     from autoplan.execute.checkpoint.replan import replan
-    from autoplan.profile import load_profile
     from autoplan.solve.outputs import write_outputs
-    from autoplan.trace import trace_model_file
 
     if args.devices < 1:
         raise RunError(f"--devices {args.devices}: expected at least 1 device.")
-    step_dir = store.find_checkpoint(args.checkpoint)
-    info = store.read_info(step_dir)
-    result = replan(args.checkpoint, devices=args.devices, profile=args.profile, model=args.model)
-    best, model = result.best, args.model or info.model_file
-    graph = trace_model_file(model, best.global_batch_size, routing=best.routing)
-    paths = write_outputs(args.out, result=result, graph=graph, profile=load_profile(best.profile or args.profile))
+    found = replan(args.checkpoint, devices=args.devices, profile=args.profile, model=args.model)
+    best, step_dir = found.best, found.step_dir
+    paths = write_outputs(args.out, result=found.result, graph=found.graph, profile=found.profile)
     if args.json:
         import json
 
         print(json.dumps({"plan": best.to_dict(), "checkpoint": str(step_dir)}, indent=2, default=str))
     elif not args.quiet:
-        print(f"checkpoint {step_dir} (step {info.step}) was trained with: {_describe(info.plan)}")
+        print(f"checkpoint {step_dir} (step {found.info.step}) was trained with: {_describe(found.info.plan)}")
         print(f"best for {args.devices} devices: {best.describe()}  ->  {paths['plan.json']}")
-        print(f"continue with: autoplan run {model} --plan {paths['plan.json']} --resume {args.checkpoint} --steps S")
+        print(
+            f"continue with: autoplan run {found.model_file} --plan {paths['plan.json']} "
+            f"--resume {args.checkpoint} --steps S"
+        )
     return 0
 
 
@@ -95,13 +92,10 @@ def check_checkpoint_arguments(args: argparse.Namespace, *, plan, model_file) ->
 
 def _check_resume(args: argparse.Namespace, *, source: str, model_file) -> None:
     from autoplan.execute.checkpoint import store
+    from autoplan.execute.job.checkpointing import check_resumable
 
     step_dir, info = store.check(source, expected=store.model_shapes(model_file))
-    if info.step >= args.steps:
-        raise CheckpointError(
-            f"checkpoint '{step_dir}' is already at step {info.step}; ask for more --steps than {args.steps}, "
-            "or give a new --checkpoint-dir to start over."
-        )
+    check_resumable(info, source=step_dir, steps=args.steps, verify=args.verify)
     if args.quiet or os.environ.get("RANK", "0") != "0":  # under torchrun every rank checks; one says so
         return
     if not args.resume:

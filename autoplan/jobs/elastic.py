@@ -58,7 +58,10 @@ def launch_elastic(*, args: list[str], nprocs: int, module: str, max_restarts: i
             raise StopSignal(int(exc.sigval), nprocs, hint=hint) from None
         finally:
             for key, value in saved.items():
-                os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def _failed(exc, *, error_dir: Path, max_restarts: int, hint: str) -> str:

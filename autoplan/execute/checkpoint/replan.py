@@ -9,6 +9,7 @@ another is given. The checkpoint then loads into the new plan, resharded
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,28 @@ from autoplan.execute.checkpoint import store
 from autoplan.types.plan import Plan
 
 
+@dataclass
+class Replanned:
+    """A plan search for another device count from a checkpoint: the search ``result`` (``.best``
+    is the plan), the ``graph`` and ``profile`` it searched, and the checkpoint it started from."""
+
+    result: Any
+    graph: Any
+    profile: Any
+    step_dir: Path
+    info: store.CheckpointInfo
+    model_file: Path
+
+    @property
+    def best(self) -> Plan:
+        return self.result.best
+
+
 def replan(
     checkpoint: str | Path, *, devices: int, profile: Any = None, model: str | Path | None = None, **options: Any
-) -> Any:
-    """The planner's search result for ``devices`` devices (``.best`` is the plan); see the module docstring.
-    ``model`` overrides the model file the checkpoint records (it moved)."""
+) -> Replanned:
+    """The best plan for ``devices`` devices (module docstring); ``model`` overrides the model file
+    the checkpoint records (it moved)."""
     step_dir = store.find_checkpoint(checkpoint)
     info = store.read_info(step_dir)
     model_file = Path(model) if model else Path(info.model_file)
@@ -30,15 +48,19 @@ def replan(
             f"checkpoint '{step_dir}' was written for model file '{info.model_file}', which does not exist here; "
             "pass the model file with --model."
         )
-    return search(model=model_file, plan=Plan.from_dict(info.plan), devices=devices, profile=profile, **options)
+    result, graph, resolved = search(
+        model=model_file, plan=Plan.from_dict(info.plan), devices=devices, profile=profile, **options
+    )
+    return Replanned(result, graph, resolved, step_dir, info, model_file)
 
 
 def replan_plan(*, model: str | Path, plan: Plan, devices: int) -> Plan:
     """The best plan for ``devices`` devices with ``plan``'s global batch, profile and routing."""
-    return search(model=model, plan=plan, devices=devices).best
+    return search(model=model, plan=plan, devices=devices)[0].best
 
 
-def search(*, model: str | Path, plan: Plan, devices: int, profile: Any = None, **options: Any) -> Any:
+def search(*, model: str | Path, plan: Plan, devices: int, profile: Any = None, **options: Any) -> tuple:
+    """(search result, graph, profile) for ``devices`` devices at ``plan``'s global batch and routing."""
     from autoplan.solve.api import plan_graph, profile_file, resolve_profile
     from autoplan.trace import trace_model_file
 
@@ -50,4 +72,4 @@ def search(*, model: str | Path, plan: Plan, devices: int, profile: Any = None, 
     result = plan_graph(graph, devices=devices, profile=resolved, batch_size=plan.global_batch_size, **options)
     if isinstance(chosen, str) and (source := profile_file(chosen)) is not None:
         result.best.profile = source
-    return result
+    return result, graph, resolved

@@ -122,16 +122,24 @@ def open_session(*, opts: Any, trainer: Any) -> Session:
     return session
 
 
-def _check_resumable(info: store.CheckpointInfo, *, opts: Any, plan: Any, source: Path) -> None:
-    if info.step >= opts.steps:
+def check_resumable(info: store.CheckpointInfo, *, source: Path, steps: int, verify: bool) -> None:
+    """Refuse a resume that cannot train (CheckpointError): the checkpoint is already at ``steps``,
+    or --verify, whose reference starts from the initial weights. Checked by the CLI before any
+    rank starts, and by each rank (under torchrun, after a restart, from the API)."""
+    if info.step >= steps:
         raise CheckpointError(
-            f"checkpoint '{source}' is already at step {info.step}; ask for more --steps than {opts.steps} to continue."
+            f"checkpoint '{source}' is already at step {info.step}; ask for more --steps than {steps}, "
+            "or give a new --checkpoint-dir to start over."
         )
-    if opts.verify:
+    if verify:
         raise CheckpointError(
             "--verify compares the first step with a reference built from the initial weights, "
             "so it cannot follow a resume; run --verify without --resume."
         )
+
+
+def _check_resumable(info: store.CheckpointInfo, *, opts: Any, plan: Any, source: Path) -> None:
+    check_resumable(info, source=source, steps=opts.steps, verify=opts.verify)
     if info.global_batch_size != plan.global_batch_size and dist.get_rank() == 0:
         print(
             f"autoplan: warning: the checkpoint was trained with global batch {info.global_batch_size}, this plan "

@@ -126,16 +126,17 @@ def _run(tmp_path: Path, model: Path, *extra: str) -> int:
         ("empty", ("--resume", "{ck}"), "holds no complete checkpoint"),
         ("done", ("--resume", "{ck}"), "is already at step 6; ask for more --steps than 4"),
         ("full", ("--checkpoint-dir", "{ck}"), "is already at step 6; ask for more --steps than 4, or give a new"),
+        ("early", ("--resume", "{ck}", "--verify"), "so it cannot follow a resume; run --verify without --resume"),
         ("none", ("--max-restarts", "2"), "need --checkpoint-dir D"),
         ("none", ("--checkpoint-dir", "{ck}", "--checkpoint-every", "0"), "--checkpoint-every 0: expected at least 1"),
     ],
-    ids=["other-model", "missing", "empty", "done", "dir-resumed", "restarts-need-dir", "every"],
+    ids=["other-model", "missing", "empty", "done", "dir-resumed", "verify", "restarts-need-dir", "every"],
 )
 def test_run_refuses_bad_checkpoint_flags_before_any_rank_starts(tmp_path, capsys, setup, extra, words):
     ck = tmp_path / "ck"
     ck.mkdir()
-    if setup in ("other-model", "done", "full"):
-        _write(ck, 6, width=8)
+    if setup in ("other-model", "done", "full", "early"):
+        _write(ck, 2 if setup == "early" else 6, width=8)
     model = _model_file(tmp_path, width=6 if setup == "other-model" else 8)
     code = _run(tmp_path, model, *(e.format(ck=ck) for e in extra))
     err = capsys.readouterr().err.strip().splitlines()
