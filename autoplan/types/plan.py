@@ -23,7 +23,12 @@ PLAN_SCHEMA_VERSION = 1
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+#: dtypes data-parallel gradients may travel and be summed in; below fp32 is lossy (``Plan.lossy``).
+REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+#: Gradient compression for data parallelism: none, or PowerSGD (Vogels et al. 2019) with
+#: error feedback, as torch's DDP ``powerSGD_hook`` runs it.
+GRAD_COMPRESSIONS = ("none", "powersgd")
 #: Tensor-parallel splits of one module, in torch.distributed.tensor.parallel's terms.
 #: For an Embedding, "rowwise" splits the vocabulary and "colwise" the embedding dim.
 #: "sequence_parallel" applies to norms and element-wise modules: shard the sequence dim.
@@ -38,9 +43,15 @@ class Plan:
     interleaving, ``pp * virtual_stages`` chunks, chunk ``c`` on stage ``c % pp``). Modules outside every
     block go to the first stage (those before the first block) or the last (those after).
     ``tp_plan`` maps a module FQN to one of :data:`SPLITS`; a module not named is replicated.
-    ``grad_reduce_dtype`` is the dtype data-parallel gradients travel and are summed in (fp32,
-    as Megatron-LM does for bf16 and FSDP2's default ``reduce_dtype``, or the compute dtype);
+    ``precision`` "fp8" runs every eligible ``nn.Linear`` (both dims divisible by 16) in FP8 with
+    dynamic tensorwise scaling (torchao's float8 training) and everything else as bf16 does.
+    ``grad_reduce_dtype`` is the dtype data-parallel gradients travel and are summed in: fp32 (as
+    Megatron-LM does for bf16), or bf16/fp16, which halves the bytes and rounds the sum (lossy);
     the cost model prices and the executor runs that dtype.
+    ``grad_compression="powersgd"`` compresses each gradient matrix to rank ``powersgd_rank``
+    with error feedback (Vogels et al. 2019; torch's DDP ``powerSGD_hook``): lossy, and only
+    where the executor runs DDP (dp > 1, tp = pp = ep = 1, ZeRO 0, overlapped reduction, fp32
+    reduction). :attr:`lossy` names the lossy choices; the planner makes them only when allowed.
     ``overlap_grad_reduce=False`` all-reduces data-parallel gradients after the backward instead
     of under it (DDP's bucketed overlap): how Megatron-LM ran before 2023, and what its
     published runs are priced with; the executor then uses its explicit all-reduce.
@@ -73,6 +84,8 @@ class Plan:
     sequence_parallel: bool = False
     precision: str = "fp32"
     grad_reduce_dtype: str = "fp32"
+    grad_compression: str = "none"
+    powersgd_rank: int = 0
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
     ep: int = 1
@@ -150,17 +163,11 @@ class Plan:
             f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'.",
         )
         require(
-            self.grad_reduce_dtype in PRECISIONS,
+            self.grad_reduce_dtype in REDUCE_DTYPES,
             PlanError,
-            f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(PRECISIONS)}.",
+            f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}.",
         )
-        allowed = "'fp32'" if self.precision == "fp32" else f"'fp32' or '{self.precision}'"
-        require(
-            self.grad_reduce_dtype in ("fp32", self.precision),
-            PlanError,
-            f"plan grad_reduce_dtype='{self.grad_reduce_dtype}' with precision '{self.precision}'; "
-            f"gradients are reduced in fp32 or in the compute dtype, so use {allowed}.",
-        )
+        self._check_compression()
         for module, split in self.tp_plan.items():
             require(
                 split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}."
@@ -178,6 +185,48 @@ class Plan:
             "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
             "backward; use zero_stage 0 or 1 for a reduction after the backward.",
         )
+
+    def _check_compression(self) -> None:
+        require(
+            self.grad_compression in GRAD_COMPRESSIONS,
+            PlanError,
+            f"plan grad_compression='{self.grad_compression}'; expected one of {', '.join(GRAD_COMPRESSIONS)}.",
+        )
+        if self.grad_compression == "none":
+            require(
+                self.powersgd_rank == 0,
+                PlanError,
+                f"plan powersgd_rank={self.powersgd_rank} without grad_compression='powersgd'; use 0.",
+            )
+            return
+        require(
+            isinstance(self.powersgd_rank, int) and self.powersgd_rank >= 1,
+            PlanError,
+            f"plan powersgd_rank={self.powersgd_rank!r}; PowerSGD needs a rank >= 1.",
+        )
+        ddp = self.dp > 1 and self.tp == self.pp == self.ep == 1 and self.zero_stage == 0
+        require(
+            ddp and self.overlap_grad_reduce,
+            PlanError,
+            f"plan grad_compression='powersgd' with {self.describe()}: PowerSGD runs as a DDP communication "
+            "hook, so it needs dp > 1, tp = pp = ep = 1, zero_stage 0 and overlap_grad_reduce.",
+        )
+        require(
+            self.grad_reduce_dtype == "fp32",
+            PlanError,
+            f"plan grad_compression='powersgd' with grad_reduce_dtype='{self.grad_reduce_dtype}': PowerSGD "
+            "compresses fp32 gradients; use grad_reduce_dtype 'fp32'.",
+        )
+
+    @property
+    def lossy(self) -> list[str]:
+        """The choices that change the gradient sum the optimizer sees (``--allow-lossy``)."""
+        found = []
+        if self.grad_reduce_dtype != "fp32":
+            found.append(f"gradient reduction in {self.grad_reduce_dtype}")
+        if self.grad_compression == "powersgd":
+            found.append(f"PowerSGD rank {self.powersgd_rank}")
+        return found
 
     def _check_stages(self) -> None:
         if not self.stages:
@@ -202,6 +251,7 @@ class Plan:
         ep = f" ep={self.ep}" if self.ep > 1 else ""
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
+        red += f" powersgd={self.powersgd_rank}" if self.grad_compression == "powersgd" else ""
         red += "" if self.overlap_grad_reduce else " no-overlap"
         red += " tp-overlap" if self.tp_comm_overlap else ""
         return (
