@@ -35,6 +35,11 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         help=f"pin part of the plan; keys: {', '.join(FIX_KEYS)}",
     )
     parser.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="also consider gradient reduction in bf16/fp16 and PowerSGD compression (lossy: docs/cost-model.md)",
+    )
+    parser.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default="time",
@@ -102,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
                 progress=progress,
                 top_k=args.top_k,
                 run=spec,
+                allow_lossy=args.allow_lossy,
             )
     except NoPlanFits as exc:
         if exc.result is not None:

@@ -19,6 +19,11 @@
   every micro-batch without a pipeline and all-gathers the weights once a step. Every message is
   in the bytes the executor sends: gradients in ``plan.grad_reduce_dtype``, ZeRO-1's all-gather
   in fp32 (the executor's parameters), FSDP2's in the compute dtype (autoplan/cost/volumes.py);
+- PowerSGD (``plan.grad_compression``, autoplan/cost/compression.py): each block's gradients
+  travel as torch's hook sends them, three all-reduces per DDP bucket of the uncompressed
+  tensors and the P and Q factors, overlapped like DDP's; the hook's own matmuls and
+  error-feedback passes run on the backward's thread and stream, so ``compression_s`` adds
+  them to the step whole;
 - expert parallelism: a block's routed experts (1/ep of them per rank) sync over the dp / ep
   ranks holding the same experts, its dense parameters over the dp group
   (autoplan/cost/expert_parallel.py);
@@ -35,6 +40,7 @@ the model's profile, graph and collective memo.
 
 from __future__ import annotations
 
+from autoplan.cost import compression
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import DDP_BUCKET_BYTES, runs_ddp
@@ -90,7 +96,7 @@ class DataParallelSync:
         exposed, total = 0.0, 0.0
         for index, stage in enumerate(stages):
             backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
-            sync = [self._block_sync_s(plan, kind, b, grad_bytes, group) for b in reversed(stage.blocks)]
+            sync = [self._grad_sync_s(plan, kind, b, grad_bytes, group) for b in reversed(stage.blocks)]
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(
@@ -113,6 +119,34 @@ class DataParallelSync:
             broadcast = collective_time_s(self.profile, "all_gather", self.graph.buffer_bytes, group=group)
             total, exposed = total + broadcast, exposed + broadcast
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
+        self._compression_time(cost, plan, stages)
+
+    def _grad_sync_s(self, plan: Plan, kind: str, block, grad_bytes: int, group: AxisGroup) -> float:
+        """One block's gradient sync: as sent, or PowerSGD's three all-reduces per bucket."""
+        if plan.grad_compression != "powersgd":
+            return self._block_sync_s(plan, kind, block, grad_bytes, group)
+        traffic = self.powersgd_traffic(block, plan.powersgd_rank)
+        return compression.sync_s(self.profile, traffic, group=group, bucket_bytes=DDP_BUCKET_BYTES)
+
+    def powersgd_traffic(self, block, rank: int) -> compression.PowerSGDTraffic:
+        """A block's PowerSGD traffic, memoised by its parameter names (compression.block_traffic)."""
+        key = ("powersgd", block.param_names, rank)
+        hit = self._bucket_cache.get(key)
+        if hit is None:
+            hit = self._bucket_cache[key] = compression.block_traffic(self.graph, block.param_names, rank)
+        return hit
+
+    def _compression_time(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
+        """PowerSGD's own work on the slowest stage's rank (compression.compute_s); 0 without it."""
+        if plan.grad_compression != "powersgd" or plan.dp == 1:
+            return
+        cost.compression_s = max(
+            compression.compute_s(
+                self.profile,
+                sum((self.powersgd_traffic(b, plan.powersgd_rank) for b in s.blocks), compression.PowerSGDTraffic()),
+            )
+            for s in stages
+        )
 
     def _overlaps_grad_reduce(self, plan: Plan) -> bool:
         """Whether the gradient reduction runs under the backward (module docstring)."""

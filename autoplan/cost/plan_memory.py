@@ -7,8 +7,10 @@ infeasible when the worst stage's peak exceeds the usable memory of the device.
 
 from __future__ import annotations
 
+from autoplan.cost.compression import GRAD_BYTES, PowerSGDTraffic
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import (
+    DDP_BUCKET_BYTES,
     ModelStates,
     StageMemory,
     comm_buffer_bytes,
@@ -26,7 +28,7 @@ from autoplan.types.plan import Plan
 
 
 class PlanMemory:
-    """Mixin of CostModel: reads ``profile``."""
+    """Mixin of CostModel: reads ``profile`` (and DataParallelSync's ``powersgd_traffic``)."""
 
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
         """Per stage, its memory on one device: the parts and the peak (cost/memory.py)."""
@@ -50,7 +52,8 @@ class PlanMemory:
                 boundary_bytes=stage.boundary_bytes,
                 block_params=block_params,
                 precision=plan.precision,
-            ),
+            )
+            + self._compression_bytes(plan, stage),
             scatter_bytes=scatter_buffer_bytes(
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
@@ -69,6 +72,14 @@ class PlanMemory:
             ),
             grads_persist=runs_ddp(plan),
         )
+
+    def _compression_bytes(self, plan: Plan, stage: StageTotals) -> float:
+        """PowerSGD's error feedback and warm-start factors, held through the run, plus the hook's
+        copy of one bucket (autoplan/cost/compression.py); 0 without compression."""
+        if plan.grad_compression != "powersgd" or plan.dp == 1:
+            return 0.0
+        traffic = sum((self.powersgd_traffic(b, plan.powersgd_rank) for b in stage.blocks), PowerSGDTraffic())
+        return traffic.held_bytes + min(DDP_BUCKET_BYTES, GRAD_BYTES * traffic.elements)
 
     def _states(self, plan: Plan, stage: StageTotals) -> ModelStates:
         """Weights, gradients and optimizer state: dense parameters sharded over dp, the routed

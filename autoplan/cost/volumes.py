@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from autoplan.cost.compression import PowerSGDTraffic
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.experts import COUNT_BYTES, dispatch_bytes
 from autoplan.cost.memory import runs_ddp
@@ -79,6 +80,7 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
         pred = StagePrediction(param_elements=_held_elements(plan, stage))
         _tensor_parallel(pred, plan, model, tp_plan, ctx, index)
         _data_parallel(pred, plan, stage, index, model.graph.buffer_bytes)
+        _compressed(pred, plan, stage, model)
         _pipeline(pred, plan, index, model)
         _experts(pred, plan, model, stage, index)
         _flops(pred, plan, stage, index)
@@ -119,6 +121,15 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
         pred.add("dp", "all_gather", 1, padded * 4)
     else:
         _fsdp(pred, plan, stage, grad, index)
+
+
+def _compressed(pred: StagePrediction, plan: Plan, stage: StageTotals, model: CostModel) -> None:
+    """PowerSGD sends the uncompressed tensors and the P and Q factors instead of every gradient
+    (autoplan/cost/compression.py): replace the DDP all-reduce bytes with those."""
+    if plan.grad_compression != "powersgd" or plan.dp == 1:
+        return
+    traffic = sum((model.powersgd_traffic(b, plan.powersgd_rank) for b in stage.blocks), PowerSGDTraffic())
+    pred.comm[("dp", "all_reduce")] = [None, traffic.sent_bytes]
 
 
 def _dense(plan: Plan, stage: StageTotals) -> float:

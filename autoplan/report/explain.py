@@ -28,6 +28,7 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError
 from autoplan.report.terms import TermDiff, category_of, deciding_term, term_diffs
+from autoplan.report.trade import trade_rows
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -79,6 +80,7 @@ class Explanation:
     memory: dict[str, Any] = field(default_factory=dict)
     goodput: dict[str, Any] = field(default_factory=dict)  # Prediction's checkpoint fields; {} = not priced
     goodput_note: str = ""  # why not, when not
+    trade: list[dict[str, Any]] = field(default_factory=list)  # report/trade.py's rows
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -328,6 +330,7 @@ def explain_result(
             params=graph.param_count, devices=best.plan.devices, profile=profile, step_time_s=best.cost.step_time_s
         ),
         goodput_note=reliability.not_priced_reason(profile) or "",
+        trade=[row.to_dict() for row in trade_rows(model, best.plan, allow_lossy=_allowed_lossy(result))],
     )
     if sensitivity:
         from autoplan.report.sensitivity import sensitivities
@@ -342,6 +345,12 @@ def explain_result(
             stand_ins=stand_ins,
         )
     return exp
+
+
+def _allowed_lossy(result) -> bool:
+    """Whether the search that chose the plan could pick lossy options (its saved summary)."""
+    predicted = result.best.predicted if result.best is not None else None
+    return bool(predicted and predicted.search and predicted.search.allow_lossy)
 
 
 def explain(

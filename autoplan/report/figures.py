@@ -28,7 +28,18 @@ from autoplan.types.cost import Cost  # noqa: E402
 GIB = 2**30
 COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "send": "#C44E52", "sync": "#8172B3", "idle": "#DDDDDD"}
 MEMORY_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#DD8452", "#8172B3")
-TERM_COLORS = ("#4C72B0", "#937860", "#C44E52", "#DA8BC3", "#8C8C8C", "#DDDDDD", "#64B5CD", "#55A868")
+TERM_COLORS = (
+    "#4C72B0",
+    "#937860",
+    "#C44E52",
+    "#DA8BC3",
+    "#CCB974",
+    "#8C8C8C",
+    "#DDDDDD",
+    "#64B5CD",
+    "#55A868",
+    "#8172B3",
+)
 
 
 def save_png(fig, path: Path) -> Path:

@@ -44,8 +44,13 @@ class PlanFolder:
     def search_options(self) -> dict[str, Any]:
         saved = self.plan.predicted.search if self.plan and self.plan.predicted else None
         if saved is None:
-            return {"batch_size": None, "fixes": {}, "objective": "time"}
-        return {"batch_size": saved.batch_size, "fixes": saved.fixes or {}, "objective": saved.objective}
+            return {"batch_size": None, "fixes": {}, "objective": "time", "allow_lossy": False}
+        return {
+            "batch_size": saved.batch_size,
+            "fixes": saved.fixes or {},
+            "objective": saved.objective,
+            "allow_lossy": saved.allow_lossy,
+        }
 
 
 @dataclass
@@ -128,6 +133,7 @@ def search_again(folder: PlanFolder):
             batch_size=options["batch_size"] or folder.plan.global_batch_size,
             fix=dict(options["fixes"]),
             objective=options["objective"],
+            allow_lossy=options["allow_lossy"],
         )
     except PlanError as exc:
         raise ReportError(f"re-running the search of '{folder.path}' failed ({exc}); re-run `autoplan plan`.") from None

@@ -5,6 +5,8 @@ Every number comes from the explanation; the words only connect them.
 
 from __future__ import annotations
 
+from autoplan.report.trade import trade_lines
+
 GIB = 2**30
 
 
@@ -59,6 +61,7 @@ def explanation_markdown(exp) -> str:
         )
     lines += ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
     lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]
+    lines += ["", "## Precision and gradient sync: the trade", ""] + trade_lines(exp.trade)
     lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"
 

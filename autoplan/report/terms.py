@@ -23,6 +23,7 @@ TERMS: dict[str, tuple[str, str]] = {
     "tp_comm_s": ("communication", "tensor-parallel collectives"),
     "ep_comm_s": ("communication", "expert-parallel all-to-all (MoE dispatch and combine)"),
     "dp_comm_exposed_s": ("communication", "data-parallel gradient sync (exposed)"),
+    "compression_s": ("compute", "gradient compression (PowerSGD matmuls, error feedback)"),
     "zero_comm_s": ("communication", "ZeRO-3 parameter gathers (exposed)"),
     "pp_comm_s": ("communication", "pipeline send/recv and tied-weight sync"),
     "bubble_s": ("bubble", "pipeline bubble"),

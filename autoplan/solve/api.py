@@ -70,12 +70,14 @@ def plan_graph(
     progress=None,
     top_k: int = 1,
     run: RunSpec | dict | None = None,
+    allow_lossy: bool = False,
 ) -> SearchResult:
     """Search plans for a traced graph; raises NoPlanFits when nothing fits. The best ``top_k``
     plans are ranked exactly (pruning only skips what cannot enter them). A profile given as a
     file is recorded in the plan by its path, so that ``run --audit`` and ``calibrate`` can load
     it again (a shipped profile by its name). ``run`` (a RunSpec or its fields as a dict) prices the
-    whole run into ``predicted.run`` and applies its deadline and budget."""
+    whole run into ``predicted.run`` and applies its deadline and budget. ``allow_lossy`` also
+    searches (and allows pins of) gradient reduction below fp32 and PowerSGD (Plan.lossy)."""
     source = profile_file(profile)
     profile = resolve_profile(profile)
     run = RunSpec(**run) if isinstance(run, dict) else run
@@ -92,6 +94,7 @@ def plan_graph(
         progress=progress,
         keep=max(1, top_k),
         run=run,
+        allow_lossy=allow_lossy,
     )
     result = search(graph, profile, options)
     if result.best is None and run is not None and run.constrained:
@@ -115,6 +118,7 @@ def plan_graph(
         batch_size=options.batch_size,
         fixes=dict(fixes),
         objective=objective,
+        allow_lossy=allow_lossy,
     )  # for autoplan explain
     checkpoints = reliability.prediction_fields(
         params=graph.param_count, devices=devices, profile=profile, step_time_s=result.best_cost.step_time_s

@@ -10,7 +10,9 @@ this for every priced candidate):
   priced as CostModel prices them, grouped GEMMs under the plan's expert placement, plus the
   block's all-to-alls (zero at ep = 1); at tp > 1 CostModel prices them as the ops they trace to,
   divided tp ways only where some legal split shards them (never a batched matmul, which is
-  neither a parameterised linear nor a pure node: every tp rank runs it whole);
+  neither a parameterised linear nor a pure node: every tp rank runs it whole); under fp8 a
+  linear is also priced whole and the smaller time kept, since whether it runs in FP8 depends on
+  its shard (autoplan/cost/compute.fp8_linear: FP8 at 1 way may beat bf16 at tp ways);
 - ``pp_comm_s``: the send/recv term (v m + p - 1) (t_p2p(forward) + t_p2p(backward)) with the
   smallest block inputs, all of them forward and those that need a gradient backward;
 - ``step_extras_s``: Adam on the largest stage's parameters (28 bytes per local parameter),
@@ -65,17 +67,12 @@ class Bounds:
         the plan's expert placement (CostModel.placement), which prices the routed experts at tp = 1."""
         key = (tp, precision, mbs)
         if key not in self._c_min:
-            f, times = mbs / self.graph.batch_size, self.stage_costs.cost_model.node_times
+            f = mbs / self.graph.batch_size
 
             def nodes_s(layer: str | None) -> float:
                 skip = self._gemms[layer]  # priced by _experts_min_s
-                return sum(
-                    node_time_s(
-                        self.graph, n, self.profile, precision=precision, batch_fraction=f, shard=tp, times=times
-                    )
-                    for n in self._nodes[layer]
-                    if n.name not in skip
-                )
+                nodes = [n for n in self._nodes[layer] if n.name not in skip]
+                return sum(self._op_min_s(n, shard=tp, precision=precision, f=f) for n in nodes)
 
             total = nodes_s(None)
             total += sum(len(group.layers) * nodes_s(group.layers[0]) for group in self.graph.groups)
@@ -83,6 +80,24 @@ class Bounds:
         if not self._reps:
             return self._c_min[key]
         return self._c_min[key] + self._experts_min_s(tp=tp, precision=precision, mbs=mbs, experts=experts)
+
+    def _op_min_s(self, node: OpNode, *, shard: int, precision: str, f: float) -> float:
+        """node_time_s at ``shard``; under fp8 a linear's also at shard 1, the smaller of the two
+        (module docstring: whether it runs in FP8 depends on its shard)."""
+
+        def at(way: int) -> float:
+            return node_time_s(
+                self.graph,
+                node,
+                self.profile,
+                precision=precision,
+                batch_fraction=f,
+                shard=way,
+                times=self.stage_costs.cost_model.node_times,
+            )
+
+        fastest = at(shard)
+        return min(fastest, at(1)) if precision == "fp8" and node.op == "linear" and shard > 1 else fastest
 
     def _experts_min_s(self, *, tp: int, precision: str, mbs: int, experts: ExpertPlacement | None) -> float:
         """The routed experts' GEMMs and all-to-alls in C_min (module docstring)."""
@@ -122,15 +137,7 @@ class Bounds:
         block = analyse_block(self.graph, rep)
         legal = {v: legal_splits(self.graph.node(v), tp) for v in block.params}
         return sum(
-            node_time_s(
-                self.graph,
-                node,
-                self.profile,
-                precision=precision,
-                batch_fraction=f,
-                shard=_most_shards(block, legal, node, tp),
-                times=self.stage_costs.cost_model.node_times,
-            )
+            self._op_min_s(node, shard=_most_shards(block, legal, node, tp), precision=precision, f=f)
             for node in map(self.graph.node, self._gemms[rep])
         )
 
@@ -182,9 +189,10 @@ class Bounds:
         )
 
     def _sync_s(self, plan: Plan) -> float:
-        if plan.dp == 1:
+        if plan.dp == 1 or plan.grad_compression != "none":  # PowerSGD's factors: bounded below by 0
             return 0.0
         weight, grad, _ = STATE_BYTES[plan.precision]
+        grad = min(grad, PRECISION_BYTES[plan.grad_reduce_dtype])
         first, smallest = self.stage_costs.sync_params(plan)
         if plan.zero_stage < 3:
             return self._bucketed_s("all_reduce" if plan.zero_stage == 0 else "reduce_scatter", first * grad, plan)

@@ -29,6 +29,7 @@ class SearchOptions:
     progress: Callable[[int, int], None] | None = None
     keep: int = 1  # the search prices enough to rank the best `keep` plans exactly
     run: RunSpec | None = None  # the whole run: its length, prices, deadline and budget (cost/whole_run.py)
+    allow_lossy: bool = False  # search (and allow pins of) lossy gradient sync: Plan.lossy
 
 
 @dataclass
@@ -98,6 +99,8 @@ class Group:
             sp=self.sp,
             tp_overlap="*",
             precision=self.precision,
+            reduce="*",
+            compression="*",
         )
 
     def plan(
@@ -112,6 +115,7 @@ class Group:
         profile: str,
         stages: list | None = None,
         tp_overlap: bool = False,
+        grads: space.GradSync = space.EXACT,
     ) -> Plan:
         """A validated Plan of this group; the tp_plan (checked once, when the ILP produced it) is
         attached after validation so that thousands of candidates do not re-check hundreds of
@@ -131,6 +135,9 @@ class Group:
             sequence_parallel=self.sp,
             precision=self.precision,
             tp_comm_overlap=tp_overlap,
+            grad_reduce_dtype=grads.reduce_dtype,
+            grad_compression=grads.compression,
+            powersgd_rank=grads.rank,
             ep=deg.ep,
             routing=self.routing,
             stages=stages or [],
@@ -168,4 +175,6 @@ def config_of(plan: Plan) -> dict:
         sp=plan.sequence_parallel,
         tp_overlap=plan.tp_comm_overlap,
         precision=plan.precision,
+        reduce=plan.grad_reduce_dtype,
+        compression=f"powersgd:{plan.powersgd_rank}" if plan.grad_compression == "powersgd" else "none",
     )

@@ -59,38 +59,21 @@ def top_table(result: SearchResult, *, top_k: int) -> Table:
     table = Table(
         title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)"
     )
-    for name in (
-        "#",
-        "plan",
-        "step ms",
-        "compute",
-        "tp",
-        "ep",
-        "dp",
-        "zero",
-        "pp",
-        "bubble",
-        "accum",
-        "optim",
-        "mem GiB",
-        "MFU",
-    ):
+    top = result.ranked()[:top_k]
+    compressed = any(c.cost.compression_s for c in top)  # a column only when a plan compresses
+    names = ["#", "plan", "step ms", "compute", "tp", "ep", "dp", *(["compress"] if compressed else [])]
+    for name in [*names, "zero", "pp", "bubble", "accum", "optim", "mem GiB", "MFU"]:
         table.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)
-    for rank, c in enumerate(result.ranked()[:top_k], start=1):
+    for rank, c in enumerate(top, start=1):
         cost = c.cost
+        terms = [cost.compute_s, cost.tp_comm_s, cost.ep_comm_s, cost.dp_comm_exposed_s]
+        terms += [cost.compression_s] if compressed else []
+        terms += [cost.zero_comm_s, cost.pp_comm_s, cost.bubble_s, cost.grad_accum_s, cost.optimizer_s]
         table.add_row(
             str(rank),
             c.plan.describe(),
             _ms(cost.step_time_s),
-            _ms(cost.compute_s),
-            _ms(cost.tp_comm_s),
-            _ms(cost.ep_comm_s),
-            _ms(cost.dp_comm_exposed_s),
-            _ms(cost.zero_comm_s),
-            _ms(cost.pp_comm_s),
-            _ms(cost.bubble_s),
-            _ms(cost.grad_accum_s),
-            _ms(cost.optimizer_s),
+            *(_ms(t) for t in terms),
             f"{cost.peak_memory_bytes / 2**30:.1f}",
             f"{cost.mfu:.1%}",
         )

@@ -48,6 +48,8 @@ CONFIG_COLUMNS = (
     "sp",
     "tp_overlap",
     "precision",
+    "reduce",
+    "compression",
 )
 
 

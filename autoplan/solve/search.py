@@ -85,6 +85,7 @@ class Search:
         self.fixes = options.fixes
         if self.fixes.get("ep", 1) > 1:
             check_ep_pin(graph, self.fixes["ep"])
+        space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
         self.eps = tuple(ep_options(graph))
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
@@ -251,7 +252,7 @@ class Search:
             stages = self._stages(base)
             times, params = self.stage_costs.stage_totals(base, stages)
             core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
-            for zero in space.zero_options(dp=deg.dp, fixes=self.fixes):
+            for zero, grads in self._dp_options(deg):
                 plan = g.plan(
                     recompute=recompute,
                     schedule=schedule,
@@ -260,6 +261,7 @@ class Search:
                     tp_plan=choice.tp_plan,
                     stages=stages,
                     tp_overlap=overlap,
+                    grads=grads,
                     **names,
                 )
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
@@ -295,6 +297,9 @@ class Search:
             for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
             for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)
         ]
+
+    def _dp_options(self, deg: space.Degrees) -> list[tuple[int, space.GradSync]]:
+        return space.dp_options(self.profile, deg=deg, fixes=self.fixes, allow_lossy=self.options.allow_lossy)
 
     def _set_aside(self, too_big: list[tuple[float, Plan, float]], *, priced_any: bool, ilp_status: str) -> None:
         if too_big and not priced_any:
@@ -375,7 +380,7 @@ class Search:
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
-        count = len(self._stage_options(g)) * len(space.zero_options(dp=deg.dp, fixes=self.fixes))
+        count = len(self._stage_options(g)) * len(self._dp_options(deg))
         config = g.pruned_config()
         reason = (
             reason

@@ -18,22 +18,48 @@ Every choice the planner searches, and the rule that makes each one legal:
 - tensor-parallel communication overlap on/off (on only with sequence parallelism, on an NCCL
   profile, with the tp group inside one node: PyTorch's async TP copies through peer memory);
 - precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
-  but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling).
+  but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling); fp8
+  where it has an fp8 peak (FP8 linears, the rest bf16: autoplan/cost/compute.py);
+- gradient sync (data parallelism only): fp32 reduction always; with ``allow_lossy`` also the
+  16-bit reduction (bf16 where the profile has a bf16 peak, else fp16: with both they price the
+  same and bf16 cannot overflow) and, where the executor runs DDP (ZeRO 0, tp = pp = ep = 1),
+  PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK`. The cost model knows no
+  accuracy, so it would always take the smallest rank; the rank is the user's accuracy knob.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoplan.errors import PlanError
-from autoplan.types.plan import PRECISIONS, RECOMPUTE
+from autoplan.types.graph import Graph
+from autoplan.types.plan import PRECISIONS, RECOMPUTE, REDUCE_DTYPES
 from autoplan.types.profile import Profile
 
 #: What the search minimises (``--objective``): step time, or dollars per sample.
 OBJECTIVES = ("time", "cost")
-FIX_KEYS = ("dp", "ep", "tp", "pp", "mbs", "zero", "recompute", "schedule", "sp", "precision", "v", "tp_overlap")
-_INT_KEYS = ("dp", "ep", "tp", "pp", "mbs", "zero", "v")
+FIX_KEYS = (
+    "dp",
+    "ep",
+    "tp",
+    "pp",
+    "mbs",
+    "zero",
+    "recompute",
+    "schedule",
+    "sp",
+    "precision",
+    "v",
+    "tp_overlap",
+    "reduce",
+    "powersgd",
+)
+_INT_KEYS = ("dp", "ep", "tp", "pp", "mbs", "zero", "v", "powersgd")
+#: PowerSGD's rank when the planner picks it unpinned: Vogels et al. (NeurIPS 2019) section 5
+#: reach the uncompressed test accuracy with rank 2 on ResNet-18/CIFAR-10 and rank 4 on an
+#: LSTM/WikiText-2; the larger of the two is the safer default for language models.
+DEFAULT_POWERSGD_RANK = 4
 _SCHEDULE_ALIASES = {
     "interleaved": "interleaved_1f1b",
     "interleaved_1f1b": "interleaved_1f1b",
@@ -59,17 +85,23 @@ def parse_fixes(text: str | list[str] | None) -> dict[str, object]:
 
 def _typed(key: str, value: str) -> object:
     if key in _INT_KEYS:
-        if not value.isdigit() or (key != "zero" and int(value) < 1) or (key == "zero" and int(value) > 3):
-            raise PlanError(
-                f"--fix {key}={value} is not valid; "
-                f"expected {'0, 1, 2 or 3' if key == 'zero' else 'a positive integer'}."
-            )
+        if key == "powersgd" and value in ("off", "none"):
+            return 0
+        floor = 0 if key in ("zero", "powersgd") else 1
+        if not value.isdigit() or int(value) < floor or (key == "zero" and int(value) > 3):
+            expected = {"zero": "0, 1, 2 or 3", "powersgd": "a rank >= 1, or off"}.get(key, "a positive integer")
+            raise PlanError(f"--fix {key}={value} is not valid; expected {expected}.")
         return int(value)
     if key in ("sp", "tp_overlap"):
         if value not in _BOOL:
             raise PlanError(f"--fix {key}={value} is not valid; expected on or off.")
         return _BOOL[value]
-    choices = {"recompute": RECOMPUTE, "precision": PRECISIONS, "schedule": tuple(_SCHEDULE_ALIASES)}[key]
+    choices = {
+        "recompute": RECOMPUTE,
+        "precision": PRECISIONS,
+        "schedule": tuple(_SCHEDULE_ALIASES),
+        "reduce": REDUCE_DTYPES,
+    }[key]
     if value not in choices:
         raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")
     return _SCHEDULE_ALIASES[value] if key == "schedule" else value
@@ -184,6 +216,61 @@ def tp_overlap_options(*, profile: Profile, tp: int, sequence_parallel: bool, fi
     return [False, True] if runs else [False]
 
 
+@dataclass(frozen=True)
+class GradSync:
+    """How data-parallel gradients travel: the plan's grad_reduce_dtype, grad_compression, powersgd_rank."""
+
+    reduce_dtype: str = "fp32"
+    compression: str = "none"
+    rank: int = 0
+
+
+EXACT = GradSync()
+
+
+def check_lossy_pins(graph: Graph, fixes: dict, *, allow_lossy: bool) -> None:
+    """A lossy pin without --allow-lossy, or a PowerSGD rank no matrix can use: one sentence."""
+    asked = [f"reduce={fixes['reduce']}"] if fixes.get("reduce", "fp32") != "fp32" else []
+    asked += [f"powersgd={fixes['powersgd']}"] if fixes.get("powersgd") else []
+    if asked and not allow_lossy:
+        raise PlanError(
+            f"--fix {', '.join(asked)} is lossy (the optimizer then sees a rounded or compressed gradient "
+            "sum, not the exact one); add --allow-lossy to allow it."
+        )
+    if fixes.get("powersgd"):
+        from autoplan.cost.compression import check_rank  # the CLI parser imports this module: no torch yet
+
+        check_rank(graph, fixes["powersgd"])
+
+
+def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, allow_lossy: bool) -> list[tuple[int, GradSync]]:
+    """(ZeRO stage, gradient sync) choices of one degree."""
+    return [
+        (zero, grads)
+        for zero in zero_options(dp=deg.dp, fixes=fixes)
+        for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=allow_lossy)
+    ]
+
+
+def grad_sync_options(profile: Profile, *, deg: Degrees, zero: int, fixes: dict, allow_lossy: bool) -> list[GradSync]:
+    """The gradient-sync choices of one (degrees, ZeRO stage) (module docstring)."""
+    if deg.dp == 1:
+        return [EXACT]
+    options = [EXACT]
+    if allow_lossy:
+        low = "bf16" if "bf16" in profile.device.peak_flops else "fp16"
+        pinned = fixes.get("reduce")
+        options.append(replace(EXACT, reduce_dtype=pinned if pinned and pinned != "fp32" else low))
+        if zero == 0 and deg.tp == deg.pp == deg.ep == 1 and fixes.get("powersgd", 1):
+            rank = fixes.get("powersgd") or DEFAULT_POWERSGD_RANK
+            options.append(GradSync(compression="powersgd", rank=rank))
+    if "reduce" in fixes:
+        options = [o for o in options if o.reduce_dtype == fixes["reduce"]]
+    if fixes.get("powersgd"):
+        options = [o for o in options if o.compression == "powersgd"]
+    return options
+
+
 def zero_options(*, dp: int, fixes: dict) -> list[int]:
     options = [0, 1, 2, 3] if dp > 1 else [0]
     return [z for z in options if z == fixes["zero"]] if "zero" in fixes else options
@@ -208,11 +295,18 @@ def sp_options(*, tp: int, seq_len: int | None, fixes: dict) -> list[bool]:
 
 def precision_options(profile: Profile, *, fixes: dict) -> list[str]:
     peaks = profile.device.peak_flops
-    options = (["fp32"] if "fp32" in peaks or "tf32" in peaks else []) + (
-        ["bf16"] if "bf16" in peaks else ["fp16"] if "fp16" in peaks else []
+    options = (
+        (["fp32"] if "fp32" in peaks or "tf32" in peaks else [])
+        + (["bf16"] if "bf16" in peaks else ["fp16"] if "fp16" in peaks else [])
+        + (["fp8"] if "fp8" in peaks and "bf16" in peaks else [])
     )
     if "precision" in fixes:
         wanted = fixes["precision"]
+        if wanted == "fp8" and wanted not in options:
+            raise PlanError(
+                f"--fix precision=fp8 but profile '{profile.name}' ({profile.device.name}) has no fp8 and bf16 "
+                "peaks: FP8 training needs a GPU with FP8 tensor cores (H100, H200, ...); use precision=bf16."
+            )
         if wanted != "fp32" and wanted not in peaks:
             raise PlanError(
                 f"--fix precision={wanted} but profile '{profile.name}' has no {wanted} peak; "

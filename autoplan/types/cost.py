@@ -20,6 +20,7 @@ class Cost:
     ep_comm_s: float = 0.0  # expert-parallel all-to-all (MoE dispatch and combine) on the critical path
     dp_comm_s: float = 0.0  # data-parallel gradient sync, total
     dp_comm_exposed_s: float = 0.0  # the part of dp_comm_s not hidden under the backward pass
+    compression_s: float = 0.0  # gradient compression's own work (PowerSGD's matmuls, error feedback)
     zero_comm_s: float = 0.0  # ZeRO-3 parameter all-gathers and gradient reduce-scatters (exposed)
     pp_comm_s: float = 0.0  # pipeline send/recv on the critical path, and tied-weight gradient sync
     bubble_s: float = 0.0  # pipeline fill and drain
@@ -48,6 +49,7 @@ class Cost:
         "tp_comm_s",
         "ep_comm_s",
         "dp_comm_exposed_s",
+        "compression_s",
         "zero_comm_s",
         "pp_comm_s",
         "bubble_s",

@@ -37,6 +37,7 @@ class SearchSummary:
     batch_size: int | None = None
     fixes: dict[str, Any] = field(default_factory=dict)
     objective: str = "time"
+    allow_lossy: bool = False  # lossy gradient sync was searched (--allow-lossy)
 
     def __post_init__(self) -> None:
         for name in ("candidates_evaluated", "candidates_pruned", "ilp_solves"):

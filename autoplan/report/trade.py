@@ -1,0 +1,154 @@
+"""The precision and gradient-sync trade of a chosen plan: what each option would change.
+
+For the chosen plan, CostModel re-prices the same plan with each choice the device and the
+plan's shape allow, one at a time (docs/cost-model.md prices them):
+
+- gradient reduction in fp32 (exact) and in 16 bits (bf16 where the device has a bf16 peak,
+  else fp16): half the bytes, a rounded sum;
+- PowerSGD at ranks 1, 2, 4 and 8 (and the plan's), where the executor runs DDP (ZeRO 0,
+  tp = pp = ep = 1): the uncompressed tensors plus the P and Q factors on the wire, the hook's
+  matmuls and error feedback added to the step, error-feedback memory held;
+- the matmul precision: bf16 beside fp8 where the device has an fp8 peak.
+
+Each row gives the step time and its ratio to the chosen plan's, the gradient bytes one rank
+sends per step, the compression compute, the peak memory, whether it is lossy (``Plan.lossy``)
+and whether the search was allowed to pick it (``--allow-lossy``). Nothing here is fitted: it
+is the cost model, asked again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from autoplan.cost.compression import PowerSGDTraffic, compresses, matrix_of
+from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.model import CostModel
+from autoplan.errors import PlanError
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+POWERSGD_RANKS = (1, 2, 4, 8)
+
+
+@dataclass
+class TradeRow:
+    option: str
+    step_time_s: float
+    vs_chosen: float  # step time / the chosen plan's
+    grad_bytes_sent: float  # gradient bytes one rank sends per step
+    compression_s: float
+    peak_memory_bytes: int
+    feasible: bool
+    lossy: bool
+    allowed: bool
+    chosen: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def trade_rows(model: CostModel, plan: Plan, *, allow_lossy: bool) -> list[TradeRow]:
+    """The chosen plan re-priced with each option (module docstring); [] when it has no dp."""
+    chosen_s = model.estimate(plan).step_time_s
+    rows = []
+    for label, variant in _variants(plan, model.profile, model):
+        try:
+            cost = model.estimate(variant)
+        except PlanError:
+            continue  # this option cannot price on this profile
+        rows.append(
+            TradeRow(
+                option=label,
+                step_time_s=cost.step_time_s,
+                vs_chosen=cost.step_time_s / chosen_s if chosen_s else 1.0,
+                grad_bytes_sent=_grad_bytes(model, variant),
+                compression_s=cost.compression_s,
+                peak_memory_bytes=cost.peak_memory_bytes,
+                feasible=cost.feasible,
+                lossy=bool(variant.lossy),
+                allowed=allow_lossy or not variant.lossy,
+                chosen=_same_choice(variant, plan),
+            )
+        )
+    return rows
+
+
+def _variants(plan: Plan, profile: Profile, model: CostModel) -> list[tuple[str, Plan]]:
+    """Each option once (by what it changes), the chosen plan first."""
+    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0)
+    peaks = profile.device.peak_flops
+    variants = [plan]
+    if plan.precision in ("bf16", "fp8"):
+        variants += [_with(exact, precision=p) for p in ("bf16", "fp8") if p in peaks]
+    if plan.dp > 1:
+        low = "bf16" if "bf16" in peaks else "fp16"
+        variants += [exact, _with(exact, grad_reduce_dtype=low)]
+        variants += _powersgd_variants(plan, exact, model)
+    unique: dict[tuple, tuple[str, Plan]] = {}
+    for variant in variants:
+        unique.setdefault(_choice(variant), (label_of(variant), variant))
+    return list(unique.values())
+
+
+def label_of(plan: Plan) -> str:
+    """``bf16, reduce fp32`` / ``fp32, PowerSGD rank 4``: the choices a trade row varies."""
+    if plan.grad_compression == "powersgd":
+        return f"{plan.precision}, PowerSGD rank {plan.powersgd_rank}"
+    return f"{plan.precision}, reduce {plan.grad_reduce_dtype}" if plan.dp > 1 else plan.precision
+
+
+def _powersgd_variants(plan: Plan, exact: Plan, model: CostModel) -> list[Plan]:
+    """PowerSGD at the usual ranks, where the executor runs DDP and the rank compresses something."""
+    if not (plan.zero_stage == 0 and plan.tp == plan.pp == plan.ep == 1 and plan.overlap_grad_reduce):
+        return []
+    matrices = [matrix_of(info.shape) for info in model.graph.parameters.values()]
+    return [
+        _with(exact, grad_compression="powersgd", powersgd_rank=rank)
+        for rank in sorted({*POWERSGD_RANKS, plan.powersgd_rank} - {0})
+        if any(compresses(n, m, rank) for n, m in matrices)
+    ]
+
+
+def _choice(plan: Plan) -> tuple:
+    return (plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank)
+
+
+def _same_choice(a: Plan, b: Plan) -> bool:
+    return _choice(a) == _choice(b)
+
+
+def _with(plan: Plan, **changes) -> Plan:
+    changed = replace(plan, tp_plan={}, predicted=None, **changes)
+    changed.tp_plan = plan.tp_plan
+    return changed
+
+
+def _grad_bytes(model: CostModel, plan: Plan) -> float:
+    """Gradient bytes one rank sends per step over dp (the message, not the ring's bus traffic)."""
+    if plan.dp == 1:
+        return 0.0
+    stages, _, _ = model.priced_stages(plan)
+    if plan.grad_compression == "powersgd":
+        blocks = [b for s in stages for b in s.blocks]
+        return sum((model.powersgd_traffic(b, plan.powersgd_rank) for b in blocks), PowerSGDTraffic()).sent_bytes
+    return max(s.params for s in stages) * PRECISION_BYTES[plan.grad_reduce_dtype]
+
+
+def trade_lines(rows: list[dict]) -> list[str]:
+    """A Markdown table of the rows (dicts of TradeRow)."""
+    if not rows:
+        return ["No precision or gradient-sync option applies to this plan."]
+    lines = [
+        "| option | step ms | vs chosen | grad MB sent | compress ms | peak GiB | lossy | allowed |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        mark = " (chosen)" if r["chosen"] else ""
+        fits = "" if r["feasible"] else " (does not fit)"
+        lines.append(
+            f"| {r['option']}{mark} | {1e3 * r['step_time_s']:.1f} | {r['vs_chosen']:.2f}x | "
+            f"{r['grad_bytes_sent'] / 1e6:.1f} | {1e3 * r['compression_s']:.1f} | "
+            f"{r['peak_memory_bytes'] / 2**30:.2f}{fits} | {'yes' if r['lossy'] else 'no'} | "
+            f"{'yes' if r['allowed'] else 'needs --allow-lossy'} |"
+        )
+    return lines
