@@ -35,6 +35,9 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--fix", action="append", default=[], metavar="KEY=VAL,...", help="pin part of every plan")
     parser.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="ILP backend")
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per ILP solve (default 10)")
+    parser.add_argument(
+        "--allow-lossy", action="store_true", help="let every point pick lossy gradient sync (as autoplan plan)"
+    )
     parser.add_argument("--no-prune", action="store_true", help="plan every point (slower; same front)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
     add_routing_arguments(parser)
@@ -83,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
                 time_limit_s=args.time_limit,
                 prune=not args.no_prune,
                 progress=progress,
+                allow_lossy=args.allow_lossy,
             )
     except NoClusterMeets as exc:
         if exc.result.planned:

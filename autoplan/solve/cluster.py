@@ -159,9 +159,12 @@ def sweep_graph(
     time_limit_s: float = 10.0,
     prune: bool = True,
     progress=None,
+    allow_lossy: bool = False,
 ) -> SweepResult:
     """Plan every (profile, devices) point worth planning (module docstring); the front and the
-    recommendation. Raises NoClusterMeets when no point meets the deadline or budget."""
+    recommendation. Raises NoClusterMeets when no point meets the deadline or budget. ``allow_lossy``
+    lets every point's search pick lossy gradient sync (solve/space.py); the pruning floor holds
+    for it too (bound (1) of solve/search.py has no gradient-sync term)."""
     start = time.perf_counter()
     run = RunSpec(**run) if isinstance(run, dict) else run
     if not run.has_length:
@@ -207,6 +210,7 @@ def sweep_graph(
                 solver=solver,
                 time_limit_s=time_limit_s,
                 run=replace(run, deadline_h=None, budget_usd=None),
+                allow_lossy=allow_lossy,
             )
         except NoPlanFits as exc:
             row.status, row.reason = "no fit", str(exc)
