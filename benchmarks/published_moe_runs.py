@@ -13,7 +13,7 @@ How each layout is pinned, as its software ran it:
   interleaved 1F1B; FSDP (NeMo AutoModel's FSDP2) as ZeRO-3; Megatron runs without FSDP as
   ZeRO-1 (the distributed optimizer; an assumption the CSV does not state);
 - "activation checkpointing on" as full recomputation, Megatron's selective recomputation of
-  norms and activations as selective, none as none; bf16;
+  norms and activations as selective, none as none; bf16, or fp8 for the FP8 rows;
 - routing: every NVIDIA row forces balanced routing for benchmarking ("force-balance", "fake
   balanced gate"), so the routing model's imbalance is 1 for them.
 
@@ -23,9 +23,14 @@ full s² matmuls in the sliding-window layers), which is what autoplan traces an
 published runs used Transformer Engine's fused sliding-window attention. Their error measures
 that difference of code, not the cost model; the summary gives the median with and without them.
 
-Rows left out, with the reason printed: FP8 runs (autoplan prices no FP8 yet; the FP8 issue),
-tensor parallelism with expert parallelism (expert-TP is not supported), and rows whose expert
-parallelism is not published.
+FP8 rows (Megatron's per-tensor current scaling) are priced at precision "fp8", torchao's
+tensorwise recipe (docs/cost-model.md, "FP8"): its nn.Linear layers run in FP8, while the stacked
+expert weights of a grouped MoE layer are no nn.Linear and stay bf16; Transformer Engine ran the
+expert grouped GEMMs in FP8 too. So they are priced but not comparable, like GPT-OSS.
+
+Rows left out, with the reason printed: GPUs without a shipped profile (H800), blockwise FP8
+scaling (DeepSeek-V3's own recipe), tensor parallelism with expert parallelism (expert-TP is not
+supported), and rows whose expert parallelism is not published.
 
     python benchmarks/published_moe_runs.py [--only NAME_SUBSTRING]
 """
@@ -81,8 +86,10 @@ def why_left_out(row: pd.Series) -> str:
     """'' for a row autoplan can express, else the reason."""
     if model_key(row["model"]) is None:
         return f"no example builds {row['model']}"
-    if str(row["precision"]).upper() != "BF16":
-        return f"{row['precision']}: autoplan prices no FP8 yet"
+    if row["gpu"] != "H100":
+        return f"{row['gpu']}: no shipped profile of that GPU"
+    if "fine-grained blockwise" in str(row["precision"]).lower():
+        return f"{row['precision']}: autoplan prices tensorwise FP8 scaling only"
     if pd.isna(row["ep"]):
         return "expert parallelism not published"
     if int(row["tp"]) > 1:
@@ -90,6 +97,11 @@ def why_left_out(row: pd.Series) -> str:
     if int(row["cp"]) > 1:
         return "context parallelism is not supported"
     return ""
+
+
+def precision_of(row: pd.Series) -> str:
+    """fp8 for an FP8 run (per-tensor current scaling: torchao's tensorwise recipe), else bf16."""
+    return "fp8" if str(row["precision"]).upper().startswith("FP8") else "bf16"
 
 
 def recompute_of(text) -> str:
@@ -119,7 +131,7 @@ def published_plan(row: pd.Series) -> Plan:
         virtual_stages=v,
         zero_stage=3 if fsdp else 1,
         recompute=recompute_of(row["recompute"]),
-        precision="bf16",
+        precision=precision_of(row),
         routing=RoutingModel(imbalance=1.0),  # the benchmarks forced balanced routing (module docstring)
         profile="dgx-h100",
     )
@@ -163,7 +175,7 @@ def predict(row: pd.Series, profile, graphs: dict) -> dict:
         "bubble_s": cost.bubble_s,
         "peak_GiB": cost.peak_memory_bytes / 2**30,
         "fits": cost.feasible,
-        "comparable": model_key(row["model"]) not in NOT_COMPARABLE,
+        "comparable": model_key(row["model"]) not in NOT_COMPARABLE and plan.precision != "fp8",
         "predicted_tflops": tflops,
     }
 

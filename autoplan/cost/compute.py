@@ -45,6 +45,37 @@ needs a gradient (``Graph.grad_nodes``), once more in the backward (``backward_s
 backend the host computes too, so ``t = t_roofline + overhead``; on a GPU backend kernels are
 queued asynchronously, so ``t = max(t_roofline, overhead)``. Shape arithmetic (``size``,
 ``getattr``, integer ``floordiv``: no tensor output) is plain Python and charged nothing.
+
+FP8 (precision "fp8", autoplan/types/plan.py): torchao's ``convert_to_float8_training`` default
+recipe (torchao/float8/config.py: dynamic tensorwise scaling, input and weight e4m3, grad_output
+e5m2). Only an ``nn.Linear`` (a linear node whose ``tp_splittable`` is not False) whose GEMM
+dims stay multiples of 16 (``torch._scaled_mm``) runs in FP8; ``shard`` does not say which dim
+tensor parallelism splits, so both ``in_features`` and ``out_features`` must be multiples of
+``16 * shard`` (:func:`fp8_linear`; otherwise the linear is bf16). An FP8 linear's three GEMMs
+run at ``peak['fp8']`` on ``efficiency_for('matmul', 'fp8')``; every tensor it reads, writes or
+saves stays in bf16's bytes (``PRECISION_BYTES['fp8'] = 2``: torchao saves the high-precision
+input and weight for the backward). Everything else (attention, bmm/matmul, a grouped MoE's
+stacked expert weights, which are not nn.Linear modules) prices exactly as bf16, and a profile
+without ``peak_flops.fp8`` cannot price fp8 at all (:func:`peak_dtype` raises).
+Scaling and casting are memory-bound passes added to the GEMM's roofline (separate kernels).
+torchao/float8/float8_linear.py (``matmul_with_hp_or_float8_args``) calls
+``hp_tensor_to_float8_dynamic`` twice in the forward (input, weight) and four times in the
+backward (grad_output for dgrad, the saved weight again, grad_output for wgrad, the saved
+input again); each call is an amax pass (read 2 B/element) and a scaled cast (read 2, write
+1): 5 B/element. torchao/float8/float8_ops.py (``preprocess_addmm``) then copies an operand
+into the layout ``torch._scaled_mm`` needs (row-major A, column-major B: read 1, write 1) for
+the weight in dgrad and for grad_output and the input in wgrad. With ``M`` tokens, ``K`` in and
+``N`` out features, elements ``x = M K``, ``w = K N``, ``g = M N``:
+
+    bytes_fwd = 5 (x + w)
+    bytes_bwd = 5 (2 g + w + x) + 2 (w + g + x) = 12 g + 7 w + 7 x
+    t_fp8     = max(F / (peak['fp8'] * eff_fp8(F)), B / (mem_bw * mem_eff)) + bytes / shard / (mem_bw * mem_eff)
+
+``bytes`` is divided by ``shard`` as the roofline's are (the split dim is not known here), and
+2 B/element assumes bf16 sources (FSDP2's gathered weights; an fp32 weight outside FSDP reads
+4). Eager PyTorch runs each pass as several element-wise kernels (abs, max, mul, clamp, to);
+the count above is one kernel per pass, what ``torch.compile`` fuses them to (torchao's
+documented way to run float8 training).
 """
 
 from __future__ import annotations
@@ -56,17 +87,25 @@ from autoplan.types.graph import OpNode
 from autoplan.types.profile import Profile
 
 TENSOR_CORE_OPS = {"linear": "matmul", "matmul": "matmul", "attention": "attention", "conv": "conv"}
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: bytes per activation/weight element as stored and moved; fp8 keeps bf16's (module docstring)
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 DROPOUT_MASK_BYTES = 1  # torch.bool mask of CUDA native_dropout (aten/src/ATen/native/cuda/Dropout.cu)
-_PEAK_ORDER = {"fp32": ("fp32", "tf32"), "bf16": ("bf16", "fp16"), "fp16": ("fp16", "bf16")}
+_PEAK_ORDER = {"fp32": ("fp32", "tf32"), "bf16": ("bf16", "fp16"), "fp16": ("fp16", "bf16"), "fp8": ("bf16", "fp16")}
+FP8_ALIGN = 16  # torch._scaled_mm: every GEMM dim a multiple of 16
+FP8_CAST_BYTES = 2 + 2 + 1  # per element, one hp_tensor_to_float8_dynamic: amax read, cast read + FP8 write
+FP8_LAYOUT_BYTES = 1 + 1  # per element, an FP8 operand copied to the layout _scaled_mm needs
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2, "bfloat16": 2}
 
 
 def peak_dtype(profile: Profile, precision: str) -> str:
-    """The profile peak a precision runs matmuls at: fp32 -> fp32 (PyTorch's default has TF32
-    off for matmuls), bf16 -> bf16, fp16 -> fp16, each falling back to its 16-bit twin."""
+    """The profile peak a precision runs its non-FP8 tensor-core ops at: fp32 -> fp32 (PyTorch's
+    default has TF32 off for matmuls), bf16 -> bf16, fp16 -> fp16, each falling back to its
+    16-bit twin; fp8 -> bf16's (only eligible linears use ``peak['fp8']``, :func:`fp8_linear`),
+    and a profile without an fp8 peak cannot price fp8 (:func:`require_fp8_peak`)."""
     if precision not in PRECISION_BYTES:
         raise PlanError(f"precision '{precision}' is unknown; expected one of {', '.join(PRECISION_BYTES)}.")
+    if precision == "fp8":
+        require_fp8_peak(profile)
     order = _PEAK_ORDER[precision]
     for dtype in order:
         if dtype in profile.device.peak_flops:
@@ -75,6 +114,48 @@ def peak_dtype(profile: Profile, precision: str) -> str:
         f"profile '{profile.name}' has no peak FLOP/s for {precision}; "
         f"add device.peak_flops.{order[0]} or pick another precision."
     )
+
+
+def require_fp8_peak(profile: Profile) -> None:
+    """Raise a PlanError unless the profile's device has an FP8 tensor-core peak."""
+    if "fp8" not in profile.device.peak_flops:
+        raise PlanError(
+            f"profile '{profile.name}' device '{profile.device.name}' has no FP8 peak (device.peak_flops.fp8): "
+            "FP8 needs a GPU with FP8 tensor cores (H100, H200, ...); use precision bf16."
+        )
+
+
+def fp8_linear(node: OpNode, *, precision: str, shard: int = 1) -> bool:
+    """Whether ``node`` runs as FP8 GEMMs under ``precision``: an nn.Linear (``tp_splittable`` not
+    False) whose in and out features are both multiples of 16 * shard (module docstring)."""
+    attrs = node.attrs
+    if precision != "fp8" or node.op != "linear" or attrs.get("tp_splittable") is False:
+        return False
+    k, n = attrs.get("in_features"), attrs.get("out_features")
+    align = FP8_ALIGN * max(1, shard)
+    return isinstance(k, int) and isinstance(n, int) and k > 0 and n > 0 and k % align == 0 and n % align == 0
+
+
+def fp8_cast_bytes(node: OpNode, *, batch_fraction: float, backward: bool) -> float:
+    """Bytes torchao's scaling, casting and layout passes move for one FP8 linear's forward (or
+    backward) on the traced batch times ``batch_fraction``, unsharded (module docstring)."""
+    k, n = node.attrs["in_features"], node.attrs["out_features"]
+    tokens = math.prod(node.output_shape[:-1]) * batch_fraction
+    x, w, g = tokens * k, float(k * n), tokens * n
+    if not backward:
+        return FP8_CAST_BYTES * (x + w)
+    return FP8_CAST_BYTES * (2.0 * g + w + x) + FP8_LAYOUT_BYTES * (w + g + x)
+
+
+def fp8_weight_cast_s(node: OpNode, profile: Profile, *, precision: str, shard: int, backward: bool) -> float:
+    """Seconds of an FP8 linear's weight passes alone (its share of :func:`fp8_cast_bytes`: 5 w
+    forward, 7 w backward), 0 for any other node. A matmul decomposed into tp token slices (async
+    TP, autoplan/cost/tp_overlap.py) casts its weight once, not once per slice."""
+    if not fp8_linear(node, precision=precision, shard=shard):
+        return 0.0
+    per_element = FP8_CAST_BYTES + (FP8_LAYOUT_BYTES if backward else 0)
+    weight = float(node.attrs["in_features"] * node.attrs["out_features"])
+    return memory_time_s(profile, per_element * weight / shard)
 
 
 def op_time_s(
@@ -119,20 +200,28 @@ def _device_time_s(
     backward: bool,
     input_bytes: float | None,
 ) -> float:
-    """The roofline (or a measured op_table row) of the node's forward or backward."""
+    """The roofline (or a measured op_table row) of the node's forward or backward, plus an FP8
+    linear's casts (module docstring)."""
+    fp8 = fp8_linear(node, precision=precision, shard=shard)
+    cast_s = (
+        memory_time_s(profile, fp8_cast_bytes(node, batch_fraction=batch_fraction, backward=backward) / shard)
+        if fp8
+        else 0.0
+    )
     flops = (executed_bwd_flops(node) if backward else node.fwd_flops) * batch_fraction / shard
     measured = _measured_s(
         node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward
     )
     if measured is not None:
-        return measured
+        return measured + cast_s
     moved = moved_bytes(
         node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
     )
     # a view of a parameter (w.T feeding a matmul) moves nothing: its reader reads the weight
     weights = 0.0 if node.op == "view" else node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard
-    return max(_flops_time_s(node, profile, flops=flops, precision=precision), memory_time_s(profile, bytes_moved))
+    compute_s = _flops_time_s(node, profile, flops=flops, precision=precision, fp8=fp8)
+    return max(compute_s, memory_time_s(profile, bytes_moved)) + cast_s
 
 
 def executed_bwd_flops(node: OpNode) -> float:
@@ -159,12 +248,14 @@ def with_host_overhead(device_s: float, overhead_s: float, *, gpu: bool) -> floa
     return max(device_s, overhead_s) if gpu else device_s + overhead_s
 
 
-def _flops_time_s(node: OpNode, profile: Profile, *, flops: float, precision: str) -> float:
+def _flops_time_s(node: OpNode, profile: Profile, *, flops: float, precision: str, fp8: bool = False) -> float:
     if flops <= 0:
         return 0.0
     device = profile.device
     op_class = TENSOR_CORE_OPS.get(node.op)
-    dtype = peak_dtype(profile, precision)
+    dtype = peak_dtype(profile, precision)  # raises for fp8 on a profile without an fp8 peak
+    if fp8:
+        dtype = "fp8"
     if op_class is None:
         vector_peak = device.peak_flops.get("fp32") or min(device.peak_flops.values())
         return flops / (vector_peak * device.efficiency_for("matmul", dtype).max_efficiency)
@@ -255,6 +346,8 @@ def _measured_s(
     if not keys:
         return None
     dtype = peak_dtype(profile, precision)
+    if fp8_linear(node, precision=precision, shard=shard):
+        dtype = "fp8"  # an FP8 GEMM's row (the casts are priced on top, _device_time_s)
     total = node.fwd_flops + node.bwd_flops
     for row in profile.device.op_table:
         if row.op not in ("linear", "matmul") or row.dtype != dtype:

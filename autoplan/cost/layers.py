@@ -41,7 +41,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.compute import activation_scale, executed_bwd_flops, input_bytes_of, saved_activation_bytes
+from autoplan.cost.compute import (
+    activation_scale,
+    executed_bwd_flops,
+    fp8_weight_cast_s,
+    input_bytes_of,
+    saved_activation_bytes,
+)
 from autoplan.cost.experts import BlockExperts, block_experts, grouped_gemm_s
 from autoplan.cost.op_costs import NodeTimes, node_times_s
 from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
@@ -211,8 +217,12 @@ def _add_overlap(
     t_bwd: float,
 ) -> None:
     """A split linear's time, and what running it as tp slices of the tokens adds
-    (autoplan/cost/tp_overlap.py): tp * t(1/tp of the tokens) - t(all of them)."""
+    (autoplan/cost/tp_overlap.py): tp * t(1/tp of the tokens) - t(all of them), less the
+    (tp - 1) extra casts of an FP8 weight that is cast once for all slices."""
     n = ctx.tp
+    kw = dict(precision=ctx.precision, shard=shard)
+    recast = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=False, **kw)
+    recast_bwd = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=True, **kw)
     slice_fwd, slice_bwd = node_times_s(
         graph,
         node,
@@ -224,8 +234,8 @@ def _add_overlap(
     )
     totals[0] += t_fwd
     totals[1] += t_bwd
-    totals[2] += max(0.0, n * slice_fwd - t_fwd)
-    totals[3] += max(0.0, n * slice_bwd - t_bwd)
+    totals[2] += max(0.0, n * slice_fwd - t_fwd - recast)
+    totals[3] += max(0.0, n * slice_bwd - t_bwd - recast_bwd)
 
 
 def loss_grad_bytes(structure: BlockStructure, node: OpNode, *, precision: str, gpu: bool) -> float:

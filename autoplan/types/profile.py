@@ -41,7 +41,7 @@ from autoplan.types._check import require
 from autoplan.types.pricing import PricingSpec, pricing_from
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_section
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 OP_CLASSES = ("matmul", "attention", "conv")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 

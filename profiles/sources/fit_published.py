@@ -11,7 +11,9 @@ residuals):
   For H100/H200 only FP8 sweeps are published; their curve is fitted against the FP8 dense
   peak, and F_half is rescaled to BF16 by bf16_peak/fp8_peak, which keeps the fitted fixed
   per-call overhead t0 = F_half/(a*peak) unchanged (the model's small-size penalty is a
-  fixed time; a slower dtype needs proportionally fewer FLOPs to hide it).
+  fixed time; a slower dtype needs proportionally fewer FLOPs to hide it). The un-rescaled FP8
+  fit is the profile's ``efficiency_by_dtype.fp8.matmul`` (what precision "fp8" prices FP8
+  linears with, autoplan/cost/compute.py), beside ``peak_flops.fp8`` = the FP8 dense datasheet peak.
 * attention: a = Flash-Attention-2 TFLOPS / peak from the same Azure pages (one large
   point, so F_half is taken from the matmul fit: same launch/tail overhead argument).
   No conv figures were found, so GPU profiles have no conv curve (the cost model then
@@ -42,7 +44,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autoplan.profile.fit import bus_factor, fit_collective, fit_efficiency  # noqa: E402
 from autoplan.profile.io import save_profile  # noqa: E402
-from autoplan.types.profile import CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile  # noqa: E402
+from autoplan.types.profile import (  # noqa: E402
+    DEFAULT_OVERLAP_SOURCE,
+    CollectiveFit,
+    CommOverlap,
+    DeviceSpec,
+    Efficiency,
+    LinkSpec,
+    Profile,
+)
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec  # noqa: E402
 
 T, G = 1e12, 1e9
@@ -168,9 +178,9 @@ SYSTEMS = {
         profile="dgx-h100",
         device="NVIDIA H100-SXM5-80GB",
         memory_bytes=80 * 2**30,
-        peak={"fp32": 66.9 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T},
+        peak={"fp32": 66.9 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T, "fp8": 1978.9 * T},
         peak_source="NVIDIA H100 SXM datasheet, dense (sparse figures halved): "
-        "FP32 66.9, TF32 494.7, BF16/FP16 989.4 TFLOPS",
+        "FP32 66.9, TF32 494.7, BF16/FP16 989.4, FP8 1978.9 TFLOPS",
         hbm=3.35e12,
         hbm_source="NVIDIA H100 SXM datasheet: 3.35 TB/s",
         stream_copy=2.90e12,
@@ -189,9 +199,9 @@ SYSTEMS = {
         profile="dgx-h200",
         device="NVIDIA H200-SXM-141GB",
         memory_bytes=141 * 10**9,
-        peak={"fp32": 66.9 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T},
+        peak={"fp32": 66.9 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T, "fp8": 1978.9 * T},
         peak_source="same GH100 compute as H100 SXM (NVIDIA H200 announcement; hardware.csv): "
-        "dense FP32 66.9, TF32 494.7, BF16/FP16 989.4 TFLOPS",
+        "dense FP32 66.9, TF32 494.7, BF16/FP16 989.4, FP8 1978.9 TFLOPS",
         hbm=4.8e12,
         hbm_source="NVIDIA H200 datasheet: 4.8 TB/s HBM3e",
         stream_copy=4.01e12,
@@ -273,7 +283,8 @@ def reliability_spec(key: str) -> ReliabilitySpec:
     )
 
 
-def matmul_curve(key: str, spec: dict) -> tuple[Efficiency, list]:
+def matmul_curve(key: str, spec: dict) -> tuple[Efficiency, Efficiency | None, list]:
+    """The bf16 (or fp16) matmul curve and, where the sweep is FP8, the un-rescaled FP8 one."""
     main, extra = GEMM_TFLOPS[key]
     shapes = GEMM_SHAPES + [(32768, 32768, 32768)] * len(extra)
     flops = [2.0 * m * n * k for m, n, k in shapes]
@@ -284,13 +295,19 @@ def matmul_curve(key: str, spec: dict) -> tuple[Efficiency, list]:
     for (m, n, k), f, t in zip(shapes, flops, times):
         pred = a * f / (f + half)
         print(f"   {m}x{n}x{k}: published eff {f / t / spec['gemm_peak']:.3f}  fitted {pred:.3f}")
-    source = (
-        AZURE.format(page=spec["page"], what=f"cuBLASLt {spec['gemm_dtype'].upper()} GEMM sweep, {len(flops)} shapes")
-        + f"; least-squares fit by profiles/sources/fit_published.py (F_half fitted {half:.3g} FLOP"
-        + (", rescaled to BF16 by bf16/fp8 peak" if spec["gemm_dtype"] == "fp8" else "")
-        + ")"
+    sweep = AZURE.format(
+        page=spec["page"], what=f"cuBLASLt {spec['gemm_dtype'].upper()} GEMM sweep, {len(flops)} shapes"
     )
-    return Efficiency(max_efficiency=a, half_saturation_flops=half_bf16, source=source), list(zip(flops, times))
+    fitted = f"; least-squares fit by profiles/sources/fit_published.py (F_half fitted {half:.3g} FLOP"
+    fp8 = spec["gemm_dtype"] == "fp8"
+    source = sweep + fitted + (", rescaled to BF16 by bf16/fp8 peak" if fp8 else "") + ")"
+    main_curve = Efficiency(max_efficiency=a, half_saturation_flops=half_bf16, source=source)
+    fp8_curve = (
+        Efficiency(max_efficiency=a, half_saturation_flops=half, source=sweep + fitted + ", against the FP8 peak)")
+        if fp8
+        else None
+    )
+    return main_curve, fp8_curve, list(zip(flops, times))
 
 
 def allreduce_fit(key: str, spec: dict) -> CollectiveFit:
@@ -343,7 +360,7 @@ def inter_link(spec: dict) -> LinkSpec:
 
 
 def build(key: str, spec: dict) -> Profile:
-    matmul, _ = matmul_curve(key, spec)
+    matmul, fp8_matmul, _ = matmul_curve(key, spec)
     flash_a = spec["flash_tflops"] * T / spec["peak"]["bf16"]
     attention = Efficiency(
         max_efficiency=flash_a,
@@ -357,6 +374,7 @@ def build(key: str, spec: dict) -> Profile:
         peak_flops=spec["peak"],
         memory_bandwidth_bytes_per_s=spec["hbm"],
         efficiency={"matmul": matmul, "attention": attention},
+        efficiency_by_dtype={"fp8": {"matmul": fp8_matmul}} if fp8_matmul else {},
         memory_efficiency=spec["stream_copy"] / spec["hbm"],
         source=f"{spec['peak_source']}; {spec['hbm_source']}; "
         f"memory_efficiency = STREAM copy {spec['stream_copy'] / 1e12:.2f} TB/s "
@@ -374,6 +392,7 @@ def build(key: str, spec: dict) -> Profile:
         "built from published figures by profiles/sources/fit_published.py.",
         storage=storage_spec(key),
         reliability=reliability_spec(key),
+        comm_overlap=CommOverlap(efficiency=1.0, source=DEFAULT_OVERLAP_SOURCE + " (no SM contention modelled)"),
     )
 
 
