@@ -137,6 +137,11 @@ def _missing_sections(profile: Profile) -> str | None:
     return None if reason is None else reason[reason.index("profile '") :]
 
 
+def dollars_per_sample(profile: Profile, *, devices: int, step_time_s: float, batch_size: int) -> float:
+    """``--objective cost`` without a run length: price per device-hour x devices x step time / batch."""
+    return profile.price_per_device_hour * devices * step_time_s / 3600.0 / batch_size
+
+
 def billed_devices(devices: int, profile: Profile) -> int:
     """ceil(N / n) n: the devices of the whole instances a cloud rents for N."""
     per = (profile.pricing.devices_per_instance if profile.pricing else None) or 1

@@ -26,6 +26,7 @@ from typing import Any
 from autoplan.cost import reliability
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
+from autoplan.cost.whole_run import dollars_per_sample
 from autoplan.errors import AutoplanError
 from autoplan.report.terms import TermDiff, category_of, deciding_term, term_diffs
 from autoplan.report.trade import trade_rows
@@ -294,7 +295,9 @@ def families(
 def objective_fn(name: str, profile: Profile, batch_size: int):
     """The planner's objective (solve/search.py): step time, or dollars per sample."""
     if name == "cost":
-        return lambda cost, plan: profile.price_per_device_hour * plan.devices * cost.step_time_s / 3600.0 / batch_size
+        return lambda cost, plan: dollars_per_sample(
+            profile, devices=plan.devices, step_time_s=cost.step_time_s, batch_size=batch_size
+        )
     return lambda cost, plan: cost.step_time_s
 
 

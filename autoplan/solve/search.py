@@ -16,14 +16,13 @@ once a group's bound reaches the ``keep``-th best feasible objective found (``ke
 console's top-k, so that table is exact), it and every later group are pruned, since none
 can enter the top k. A group whose ILP splits no op at tp > 1 is pruned unless tp is pinned:
 its tp ranks would all repeat the same work, which is not tensor parallelism (dp spends those
-devices better); on equal objectives the plan with fewer tp, then pp, ranks ranks first.
-Inside a group, the tp_plan comes from the intra-op ILP
-(solve/tp_plan.py), the stages (chunks, when interleaved) from the min-max partition
-(solve/pipeline.py); when no
-member of a group fits in memory with the fastest splits, the ILP is solved again with its
-memory row (per-block budget: usable memory less buffers and the outside modules, shared by
-the fullest stage's blocks, for the group's most frugal member) and the group is priced
-again with those splits. With the stages fixed, the bound
+devices better); on equal objectives the plan with fewer tp, then pp, ranks ranks first. Inside
+a group, the tp_plan comes from the intra-op ILP (solve/tp_plan.py), the stages (chunks, when
+interleaved) from the min-max partition (solve/pipeline.py); when no member of a group fits in
+memory with the fastest splits, the ILP is solved again with its memory row (per-block budget:
+usable memory less buffers and the outside modules, shared by the fullest stage's blocks, for
+the group's most frugal member) and the group is priced again with those splits. Members also
+vary the gradient sync (space.dp_options). With the stages fixed, the bound
 
     LB2 = (m + (pp - 1) / v) * T_slowest + pp_comm + optimizer(zero)                      (2)
 
@@ -53,14 +52,14 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.tp_plan_memo import TpPlanMemo
-from autoplan.cost.whole_run import run_pricer
+from autoplan.cost.whole_run import dollars_per_sample, run_pricer
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.bounds import Bounds
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.pipeline import partition
 from autoplan.solve.stage_costs import StageCosts
-from autoplan.solve.tp_plan import TPChoice, TPPlanner, memory_budget
+from autoplan.solve.tp_plan import MemoryBudget, TPChoice, TPPlanner, memory_budget
 from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -111,7 +110,9 @@ class Search:
             return step_time_s
         if self.pricer is not None:
             return self.pricer.dollars(step_time_s=step_time_s, devices=devices)
-        return self.profile.price_per_device_hour * devices * step_time_s / 3600.0 / self.options.batch_size
+        return dollars_per_sample(
+            self.profile, devices=devices, step_time_s=step_time_s, batch_size=self.options.batch_size
+        )
 
     def _beaten(self, bound: float) -> bool:
         """Nothing with this bound can enter the top ``keep`` plans (so the top-k table is exact)."""
@@ -205,9 +206,7 @@ class Search:
 
     def _run_group(self, g: Group, bound: float) -> None:
         deg = g.degrees
-        choice = self.tp_planner.choose(
-            dp=deg.dp, tp=deg.tp, pp=deg.pp, sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs
-        )
+        choice = self._choose(g)
         if deg.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan):
             self._prune_group(
                 g,
@@ -223,20 +222,16 @@ class Search:
         if deg.tp > 1 and priced and not any(c.feasible for c in priced):
             frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
             budget = memory_budget(self.graph, self.profile, plan=frugal.plan, cost=frugal.cost)
-            retry = self.tp_planner.choose(
-                dp=deg.dp,
-                tp=deg.tp,
-                pp=deg.pp,
-                sequence_parallel=g.sp,
-                precision=g.precision,
-                micro_batch_size=g.mbs,
-                budget=budget,
-            )
+            retry = self._choose(g, budget=budget)
             if retry.feasible and retry.tp_plan != choice.tp_plan:
                 self._run_choice(g, bound, retry)
             elif not retry.feasible:
                 for c in priced:
                     c.reason = f"{c.reason}; {retry.reason}" if c.reason else retry.reason
+
+    def _choose(self, g: Group, budget: MemoryBudget | None = None) -> TPChoice:
+        deg, ilp = g.degrees, dict(sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs)
+        return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
 
     def _run_choice(self, g: Group, bound: float, choice: TPChoice) -> None:
         """Price every recompute x schedule x ZeRO plan of the group that its bounds do not rule
@@ -245,6 +240,7 @@ class Search:
         its cost is what the memory-budgeted TP retry of _run_group starts from."""
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big = len(self.candidates), []
+        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, lossy=self.options.allow_lossy)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
@@ -252,7 +248,7 @@ class Search:
             stages = self._stages(base)
             times, params = self.stage_costs.stage_totals(base, stages)
             core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
-            for zero, grads in self._dp_options(deg):
+            for zero, grads in dp_choices:
                 plan = g.plan(
                     recompute=recompute,
                     schedule=schedule,
@@ -297,9 +293,6 @@ class Search:
             for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
             for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)
         ]
-
-    def _dp_options(self, deg: space.Degrees) -> list[tuple[int, space.GradSync]]:
-        return space.dp_options(self.profile, deg=deg, fixes=self.fixes, allow_lossy=self.options.allow_lossy)
 
     def _set_aside(self, too_big: list[tuple[float, Plan, float]], *, priced_any: bool, ilp_status: str) -> None:
         if too_big and not priced_any:
@@ -380,7 +373,8 @@ class Search:
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
-        count = len(self._stage_options(g)) * len(self._dp_options(deg))
+        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, lossy=self.options.allow_lossy)
+        count = len(self._stage_options(g)) * len(dp_choices)
         config = g.pruned_config()
         reason = (
             reason

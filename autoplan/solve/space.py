@@ -243,12 +243,12 @@ def check_lossy_pins(graph: Graph, fixes: dict, *, allow_lossy: bool) -> None:
         check_rank(graph, fixes["powersgd"])
 
 
-def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, allow_lossy: bool) -> list[tuple[int, GradSync]]:
-    """(ZeRO stage, gradient sync) choices of one degree."""
+def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, lossy: bool) -> list[tuple[int, GradSync]]:
+    """(ZeRO stage, gradient sync) choices of one degree; ``lossy``: --allow-lossy."""
     return [
         (zero, grads)
         for zero in zero_options(dp=deg.dp, fixes=fixes)
-        for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=allow_lossy)
+        for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=lossy)
     ]
 
 
