@@ -46,6 +46,8 @@ FAMILIES = [
     ("zero1", "gpt", dict(dp=2, zero_stage=1)),
     ("zero2", "gpt", dict(dp=2, zero_stage=2)),
     ("zero3", "llama", dict(dp=2, zero_stage=3)),
+    ("ddp_bf16_reduce", "gpt", dict(dp=2, grad_reduce_dtype="bf16")),
+    ("ddp_powersgd", "gpt", dict(dp=2, grad_compression="powersgd", powersgd_rank=4)),
     ("ddp_recompute_full", "gpt", dict(dp=2, recompute="full")),
     ("ddp_recompute_selective", "llama", dict(dp=2, recompute="selective")),
     ("tp", "gpt", dict(tp=2)),

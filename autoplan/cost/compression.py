@@ -21,6 +21,11 @@ step, for the gradient dtype's b = 4 bytes:
     feedback_bytes = 4 passes * 2 * b * sum_all n m          (M += E; copy M; E = M_in - M: read + write)
     held_bytes     = b * (sum_all n m  +  sum_compressed (n + m) r')   (E for the whole bucket, warm-start P, Q)
 
+The hook also copies the bucket it compresses (``input_tensor_cp``) and makes the new error
+(``input_tensor_cp - input_tensor``) before it drops the old: two buckets that live only after
+the bucket's gradients are ready, so they are priced with the last bucket, after the backward
+(autoplan/cost/plan_memory.py), not at the backward's activation peak.
+
 The compression compute runs inside the hook, on the thread and stream of the backward, so it
 adds to the step (dp_sync.py); the three all-reduces overlap the backward as DDP's do. The
 first ``start_powerSGD_iter`` steps (2, autoplan/execute/data_parallel.py) all-reduce
@@ -125,6 +130,24 @@ def traffic_of(shapes: list[list[int]], rank: int) -> PowerSGDTraffic:
 def block_traffic(graph: Graph, param_names: tuple[str, ...], rank: int) -> PowerSGDTraffic:
     """The traffic of one block's parameters (their traced shapes: PowerSGD runs with tp = 1)."""
     return traffic_of([graph.parameters[name].shape for name in param_names if name in graph.parameters], rank)
+
+
+def blocks_traffic(graph: Graph, blocks: list, rank: int) -> list[PowerSGDTraffic]:
+    """Per block (in order), the traffic of its parameters. Identical blocks are priced from one
+    representative, so equal ``param_names`` stand for different layers and all count; a name
+    already met in another block's names is a tied weight (an embedding reused by the head), one
+    DDP gradient, sent once."""
+    seen: dict[str, tuple[str, ...]] = {}
+    found = []
+    for block in blocks:
+        unique = dict.fromkeys(block.param_names)
+        names = tuple(n for n in unique if seen.setdefault(n, block.param_names) == block.param_names)
+        found.append(block_traffic(graph, names, rank))
+    return found
+
+
+def total(traffics: list[PowerSGDTraffic]) -> PowerSGDTraffic:
+    return sum(traffics, PowerSGDTraffic())
 
 
 def compute_s(profile: Profile, traffic: PowerSGDTraffic) -> float:

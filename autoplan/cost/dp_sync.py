@@ -23,7 +23,8 @@
   travel as torch's hook sends them, three all-reduces per DDP bucket of the uncompressed
   tensors and the P and Q factors, overlapped like DDP's; the hook's own matmuls and
   error-feedback passes run on the backward's thread and stream, so ``compression_s`` adds
-  them to the step whole;
+  them to the step whole; under gloo the executor waits for each bucket's hook before the next
+  (autoplan/execute/data_parallel.py ``bucket_at_a_time``), so there nothing overlaps;
 - expert parallelism: a block's routed experts (1/ep of them per rank) sync over the dp / ep
   ranks holding the same experts, its dense parameters over the dp group
   (autoplan/cost/expert_parallel.py);
@@ -96,7 +97,7 @@ class DataParallelSync:
         exposed, total = 0.0, 0.0
         for index, stage in enumerate(stages):
             backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
-            sync = [self._grad_sync_s(plan, kind, b, grad_bytes, group) for b in reversed(stage.blocks)]
+            sync = self._grad_syncs_s(plan, kind, stage, grad_bytes, group)
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(
@@ -121,19 +122,19 @@ class DataParallelSync:
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
         self._compression_time(cost, plan, stages)
 
-    def _grad_sync_s(self, plan: Plan, kind: str, block, grad_bytes: int, group: AxisGroup) -> float:
-        """One block's gradient sync: as sent, or PowerSGD's three all-reduces per bucket."""
+    def _grad_syncs_s(self, plan: Plan, kind: str, stage: StageTotals, grad_bytes: int, group: AxisGroup) -> list:
+        """Each block's gradient sync, last block first: as sent, or PowerSGD's three all-reduces per bucket."""
         if plan.grad_compression != "powersgd":
-            return self._block_sync_s(plan, kind, block, grad_bytes, group)
-        traffic = self.powersgd_traffic(block, plan.powersgd_rank)
-        return compression.sync_s(self.profile, traffic, group=group, bucket_bytes=DDP_BUCKET_BYTES)
+            return [self._block_sync_s(plan, kind, b, grad_bytes, group) for b in reversed(stage.blocks)]
+        traffics = self.powersgd_traffics(stage.blocks, plan.powersgd_rank)
+        return [compression.sync_s(self.profile, t, group=group, bucket_bytes=DDP_BUCKET_BYTES) for t in traffics[::-1]]
 
-    def powersgd_traffic(self, block, rank: int) -> compression.PowerSGDTraffic:
-        """A block's PowerSGD traffic, memoised by its parameter names (compression.block_traffic)."""
-        key = ("powersgd", block.param_names, rank)
+    def powersgd_traffics(self, blocks: list, rank: int) -> list[compression.PowerSGDTraffic]:
+        """The blocks' PowerSGD traffic (compression.blocks_traffic), memoised by their parameters."""
+        key = ("powersgd", tuple(b.param_names for b in blocks), rank)
         hit = self._bucket_cache.get(key)
         if hit is None:
-            hit = self._bucket_cache[key] = compression.block_traffic(self.graph, block.param_names, rank)
+            hit = self._bucket_cache[key] = compression.blocks_traffic(self.graph, blocks, rank)
         return hit
 
     def _compression_time(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
@@ -141,10 +142,7 @@ class DataParallelSync:
         if plan.grad_compression != "powersgd" or plan.dp == 1:
             return
         cost.compression_s = max(
-            compression.compute_s(
-                self.profile,
-                sum((self.powersgd_traffic(b, plan.powersgd_rank) for b in s.blocks), compression.PowerSGDTraffic()),
-            )
+            compression.compute_s(self.profile, compression.total(self.powersgd_traffics(s.blocks, plan.powersgd_rank)))
             for s in stages
         )
 
@@ -152,6 +150,8 @@ class DataParallelSync:
         """Whether the gradient reduction runs under the backward (module docstring)."""
         if not plan.overlap_grad_reduce:
             return False
+        if plan.grad_compression == "powersgd" and self.profile.backend != "nccl":
+            return False  # under gloo the executor finishes each bucket's hook before the next
         return plan.zero_stage >= 2 or runs_ddp(plan)
 
     def _overlap_efficiency(self, plan: Plan) -> float:

@@ -7,7 +7,7 @@ infeasible when the worst stage's peak exceeds the usable memory of the device.
 
 from __future__ import annotations
 
-from autoplan.cost.compression import GRAD_BYTES, PowerSGDTraffic
+from autoplan.cost.compression import GRAD_BYTES, total
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import (
     DDP_BUCKET_BYTES,
@@ -28,7 +28,7 @@ from autoplan.types.plan import Plan
 
 
 class PlanMemory:
-    """Mixin of CostModel: reads ``profile`` (and DataParallelSync's ``powersgd_traffic``)."""
+    """Mixin of CostModel: reads ``profile`` (and DataParallelSync's ``powersgd_traffics``)."""
 
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
         """Per stage, its memory on one device: the parts and the peak (cost/memory.py)."""
@@ -69,17 +69,29 @@ class PlanMemory:
                 tp=plan.tp,
                 pp=plan.pp,
                 reduce_bytes=reduce_bytes,
-            ),
+            )
+            + self._hook_copy_bytes(plan, stage),
             grads_persist=runs_ddp(plan),
         )
 
     def _compression_bytes(self, plan: Plan, stage: StageTotals) -> float:
-        """PowerSGD's error feedback and warm-start factors, held through the run, plus the hook's
-        copy of one bucket (autoplan/cost/compression.py); 0 without compression."""
+        """PowerSGD's error feedback and warm-start factors, held through the run
+        (autoplan/cost/compression.py); 0 without compression."""
         if plan.grad_compression != "powersgd" or plan.dp == 1:
             return 0.0
-        traffic = sum((self.powersgd_traffic(b, plan.powersgd_rank) for b in stage.blocks), PowerSGDTraffic())
-        return traffic.held_bytes + min(DDP_BUCKET_BYTES, GRAD_BYTES * traffic.elements)
+        traffic = total(self.powersgd_traffics(stage.blocks, plan.powersgd_rank))
+        return traffic.held_bytes
+
+    def _hook_copy_bytes(self, plan: Plan, stage: StageTotals) -> float:
+        """What the PowerSGD hook allocates for the bucket it compresses: its copy
+        (``input_tensor_cp``) and, while the old error is still held, the new error
+        (``input_tensor_cp - input_tensor``), two buckets of at most 25 MiB each, live after the
+        bucket's gradients are ready: with the last bucket, after the backward (M3 of
+        cost/memory.stage_memory); 0 without compression."""
+        if plan.grad_compression != "powersgd" or plan.dp == 1:
+            return 0.0
+        elements = total(self.powersgd_traffics(stage.blocks, plan.powersgd_rank)).elements
+        return 2 * min(DDP_BUCKET_BYTES, GRAD_BYTES * elements)
 
     def _states(self, plan: Plan, stage: StageTotals) -> ModelStates:
         """Weights, gradients and optimizer state: dense parameters sharded over dp, the routed

@@ -2,11 +2,15 @@
 
 Composition order (each step says why it comes after the previous and before the next):
 
+0. **Device rules**: a plan this machine cannot run (async TP, FP8) is refused before anything is built.
 1. **Pipeline split** first: torch.export must see the plain eager model (it cannot trace
    DTensor parameters or FSDP/checkpoint hooks), and every later step then works on just this
    rank's stage modules.
    Mixture-of-Experts experts modules are exported as one opaque op each and run by their
    eager dispatch (autoplan/execute/expert_dispatch.py).
+   **FP8** (``precision="fp8"``): the eligible linears of each stage module become torchao's
+   ``Float8Linear`` right after the split (the export traces the plain model) and before every
+   wrapper below, as torchao requires (autoplan/execute/float8.py).
 2. **Expert parallelism** after the split, so each stage slices only the experts it holds
    (and the opaque op's parameters are the stage's own), before TP (which it excludes, ``ep > 1``
    needs ``tp = 1``) and before data parallelism, which must see the sliced parameters: FSDP2
@@ -33,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.execute import data_parallel, expert_parallel, pipeline, precision
+from autoplan.execute import data_parallel, expert_parallel, float8, pipeline, precision
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, local_device
@@ -75,6 +79,7 @@ def parallelize(
     kinds = validate_tp_plan(model=model, plan=plan)
     experts = expert_parallel.find_experts(model)
     expert_parallel.check_expert_parallel(model=model, plan=plan, dispatches=experts)
+    fp8_linears = float8.eligible_fqns(model, plan, exclude=tuple(experts))
     mesh = build_mesh(plan=plan)
     ep_mesh = expert_mesh(mesh=mesh, plan=plan)
     model = model.to(device)
@@ -92,6 +97,9 @@ def parallelize(
         device=device,
         experts=experts,
     )
+    # FP8 linears before expert, tensor and data parallelism, which must see them (float8.py).
+    for module in modules.values():
+        float8.convert_linears(module, fp8_linears)
     ep_state = expert_parallel.apply_expert_parallel(
         modules=modules, plan=plan, dispatches=experts, expert_mesh=ep_mesh, eager=plan.pp == 1
     )
@@ -211,6 +219,7 @@ def _data_parallel(
             device=device,
             reduce_dtype=policy.reduce_dtype,
             ignore=frozenset(id(p) for m in experts for p in m.parameters()),
+            powersgd_rank=plan.powersgd_rank if plan.grad_compression == "powersgd" else 0,
         )
     return module
 

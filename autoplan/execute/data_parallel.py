@@ -15,6 +15,20 @@ Gradients travel and are summed in ``plan.grad_reduce_dtype``: DDP through a com
 comm hook (torch's ``bf16_compress_hook`` / ``fp16_compress_hook``), the explicit all-reduce
 and ZeRO-1 by casting their flat buffer, FSDP2 through ``MixedPrecisionPolicy.reduce_dtype``.
 
+PowerSGD (``plan.grad_compression="powersgd"``, DDP only: the Plan checks it) is torch's own
+DDP hook, ``powerSGD_hook`` with a ``PowerSGDState`` (Vogels et al., NeurIPS 2019). Per bucket
+and step, each gradient viewed as an ``n x m`` matrix ``M`` (``[shape[0], rest]``) with
+``r = min(n, m, powersgd_rank)`` is compressed only when ``2 (n + m) r < n m`` (torch's default
+``min_compression_rate`` = 2, kept: the cost model prices the same rule, autoplan/cost/compression.py);
+the rest (vectors, small matrices) are all-reduced whole. For a compressed one, with error
+feedback ``M += e`` (last step's local error) and a warm-started ``Q [m, r]``:
+``P = M Q``, all-reduce ``P``, orthogonalise ``P``; ``Q = M^T P``, all-reduce ``Q``, divide by dp;
+``M' = P Q^T``; ``e = M - M'``. The first ``POWERSGD_START_ITER`` = 2 steps all-reduce
+uncompressed: torch requires more than 1 with error feedback (DDP rebuilds its buckets after the
+first step), and its default of 1000 would leave a short run uncompressed. The error feedback
+and the P/Q memories live in the hook's state (``ddp.powersgd_state``), which checkpoints do not
+save: a resumed run starts them afresh (docs/executor.md).
+
 FSDP2 wraps each block, then the root (or the stage module), so each block's all-gather
 overlaps the previous block's compute (as torchtitan's ``apply_fsdp``). With dp=1 nothing is
 wrapped: there is no one to share with.
@@ -36,12 +50,18 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.types.plan import Plan
+
+#: PowerSGD compresses from this step on (torch: > 1 with error feedback; module docstring)
+POWERSGD_START_ITER = 2
+#: torch's default: compress a matrix only when (n + m) r times this is below n m
+POWERSGD_MIN_COMPRESSION_RATE = 2
 
 
 def dp_mode(*, plan: Plan) -> str:
@@ -90,10 +110,12 @@ def apply_ddp(
     device: torch.device,
     reduce_dtype: torch.dtype,
     ignore: frozenset[int] = frozenset(),
+    powersgd_rank: int = 0,
 ) -> nn.Module:
     """Wrap ``module`` in DDP over the dp group; gradients are the bucket views (no second
     copy), buffers are broadcast only when the module has some, and the all-reduce runs in
-    ``reduce_dtype``. Parameters in ``ignore`` (by id: sliced experts) are left alone."""
+    ``reduce_dtype``, or, with ``powersgd_rank`` > 0, through torch's PowerSGD hook at that
+    rank (module docstring). Parameters in ``ignore`` (by id: sliced experts) are left alone."""
     if ignore:
         names = [name for name, p in module.named_parameters() if id(p) in ignore]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
@@ -105,9 +127,43 @@ def apply_ddp(
         gradient_as_bucket_view=True,
         forward_sync_buffers=any(True for _ in module.buffers()),
     )
-    if reduce_dtype != torch.float32:
+    if powersgd_rank > 0:
+        assert reduce_dtype == torch.float32, "the Plan allows PowerSGD with fp32 reduction only"
+        ddp.powersgd_state = powersgd_state(group=dp_mesh.get_group(), rank=powersgd_rank)
+        in_order = dist.get_backend(dp_mesh.get_group()) == "gloo"
+        ddp.register_comm_hook(ddp.powersgd_state, bucket_at_a_time(powerSGD_hook) if in_order else powerSGD_hook)
+    elif reduce_dtype != torch.float32:
         ddp.register_comm_hook(dp_mesh.get_group(), low_precision_hook(reduce_dtype))
     return ddp
+
+
+def bucket_at_a_time(hook):
+    """``hook`` with each bucket finished before the hook returns. torch's PowerSGD hook issues
+    its second and third all-reduces (P, Q) from future callbacks; under gloo those run on its
+    worker threads, so with two buckets in flight ranks can issue them in different orders (a
+    collective mismatch, seen as soon as DDP makes a second bucket). Waiting serialises the
+    buckets; on a CPU the backward and the reduction share the cores anyway."""
+
+    def serial(state, bucket):
+        done = hook(state, bucket).wait()
+        future = torch.futures.Future()
+        future.set_result(done)
+        return future
+
+    return serial
+
+
+def powersgd_state(*, group: dist.ProcessGroup, rank: int) -> PowerSGDState:
+    """torch's PowerSGD state at ``rank`` with error feedback and warm start, compressing from
+    step ``POWERSGD_START_ITER`` on, a matrix only when that pays ``POWERSGD_MIN_COMPRESSION_RATE``."""
+    return PowerSGDState(
+        process_group=group,
+        matrix_approximation_rank=rank,
+        start_powerSGD_iter=POWERSGD_START_ITER,
+        min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE,
+        use_error_feedback=True,
+        warm_start=True,
+    )
 
 
 def low_precision_hook(dtype: torch.dtype):

@@ -14,6 +14,14 @@ Two policies, chosen by how the data parallelism is realised (``data_parallel.dp
   ``torch.autocast`` around forward (and the pipeline schedule), so matmuls run in the low
   dtype and autocast's fp32 ops (softmax, losses, ...) in fp32.
 
+"fp8" is "bf16" with the eligible linears in FP8 (torchao's float8 training,
+autoplan/execute/float8.py): its compute dtype is bf16 and it follows bf16's two policies.
+
+The reduce dtype (``plan.grad_reduce_dtype``) is independent of the precision: fp32 parameters
+(precision fp32, or autocast) may still have their gradients reduced in bf16/fp16, and FSDP2 then
+gets ``MixedPrecisionPolicy(param_dtype=None, reduce_dtype=bf16|fp16)``: it casts each gradient
+to the reduce dtype for the reduce-scatter and back to the fp32 shard after it.
+
 The two are different numerics for the same plan; neither is "the truth" (fp32 is), so
 --verify builds its reference with the run's policy (verify.py). fp16 adds dynamic loss
 scaling in both (autoplan/execute/grad_scaler.py).
@@ -30,19 +38,21 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: the dtype everything but the FP8 GEMMs computes in, per plan precision
+COMPUTE_DTYPES = {**DTYPES, "fp8": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class PrecisionPolicy:
     """How one run computes: in ``compute_dtype``, by casting parameters or by autocast."""
 
-    name: str  # plan.precision: fp32 | bf16 | fp16
+    name: str  # plan.precision: fp32 | bf16 | fp16 | fp8
     cast_params: bool  # parameters (and floating inputs) cast to compute_dtype; no autocast
     reduce_dtype: torch.dtype = torch.float32
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        return DTYPES[self.name]
+        return COMPUTE_DTYPES[self.name]
 
     @property
     def low(self) -> bool:

@@ -21,6 +21,10 @@ Per split (``W`` is a Linear weight ``[out, in]``):
   Embedding: ``W`` -> ``Shard(0)`` (vocabulary), output all-reduced / reduce-scattered.
 - ``sequence_parallel``: parameters ``Replicate``; input -> ``Shard(1)`` (the sequence dim of
   ``[batch, seq, ...]``); output stays sequence-sharded.
+
+A linear converted to FP8 (``precision="fp8"``, autoplan/execute/float8.py) keeps these
+placements; its input is cast to fp8 before the redistribution and its output gradient before
+the backward one, by torchao's ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` functions.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.utils.weak import WeakIdKeyDictionary
 
 from autoplan.errors import PlanError
-from autoplan.execute import dtensor_handlers, dtensor_ops  # noqa: F401  (view/in-place handlers, CPU attention sharding)
+from autoplan.execute import dtensor_handlers, dtensor_ops, float8  # noqa: F401  (view/in-place handlers, CPU attention sharding)
 from autoplan.types.plan import Plan
 
 SEQ_DIM = 1
@@ -170,26 +174,53 @@ class SharedInputs:
         self.mesh = mesh
         self.done: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
-    def __call__(self, x: Any, placement: Any) -> Any:
+    def __call__(self, x: Any, placement: Any, *, fp8: tuple[nn.Module, str] | None = None) -> Any:
+        """``x`` in ``placement``; with ``fp8`` (a converted linear and its split) cast to fp8
+        before the redistribution (autoplan/execute/float8.py), shared by every fp8 consumer."""
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             return _redistribute(x, self.mesh, placement)
         seen = self.done.setdefault(x, {})
-        key = (repr(placement), torch._C._current_graph_task_id())
+        key = (repr(placement), torch._C._current_graph_task_id(), fp8 is not None)
         if key not in seen:  # settle in the placement it arrives in, then redistribute: under SP the
             # gradient of the all-gather is reduce-scattered back to the sequence shard
             arrived = x.placements[0] if isinstance(x, DTensor) else Replicate()
-            seen[key] = _redistribute(_settled(_redistribute(x, self.mesh, arrived)), self.mesh, placement)
+            settled = _settled(_redistribute(x, self.mesh, arrived))
+            if fp8 is None:
+                seen[key] = _redistribute(settled, self.mesh, placement)
+            else:
+                placement = _normalized(placement, settled.dim())
+                seen[key] = float8.tp_input(module=fp8[0], split=fp8[1], x=settled, placement=placement, mesh=self.mesh)
         return seen[key]
 
 
 def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp: bool, inputs: SharedInputs) -> None:
     want_in, want_out = _layouts(split=split, kind=kind, sp=sp)
+    if float8.is_float8(module):  # fp8 casts before the redistributions (torchao's float8 TP styles)
+        _add_float8_hooks(module, split=split, mesh=mesh, inputs=inputs, want_in=want_in, want_out=want_out)
+        return
     module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in) for a in args))
     if want_out is not None:
         module.register_forward_hook(lambda _m, _args, out: _settled(_redistribute(out, mesh, want_out)))
     else:  # a colwise output keeps its shard, and so does its gradient: when model code gathers the output
         # (a fused qkv split by global sizes), the weight gradient is still computed on the local shard only
         module.register_forward_hook(lambda _m, _args, out: _settled(out) if isinstance(out, DTensor) else out)
+
+
+def _add_float8_hooks(
+    module: nn.Module, *, split: str, mesh: DeviceMesh, inputs: SharedInputs, want_in: Any, want_out: Any
+) -> None:
+    """A converted linear's hooks: its input cast to fp8, then brought to ``want_in``; its output
+    brought to ``want_out`` (None: kept) with its gradient cast to fp8 (autoplan/execute/float8.py)."""
+    fp8 = (module, split)
+    module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in, fp8=fp8) for a in args))
+    module.register_forward_hook(
+        lambda m, _args, out: _settled(float8.tp_output(module=m, split=split, out=out, placement=want_out, mesh=mesh))
+    )
+
+
+def _normalized(placement: Any, ndim: int) -> Any:
+    """``Shard(-k)`` as ``Shard(ndim - k)``; any other placement unchanged."""
+    return Shard(placement.dim + ndim) if isinstance(placement, Shard) and placement.dim < 0 else placement
 
 
 def _layouts(*, split: str, kind: str, sp: bool) -> tuple[Any, Any]:
@@ -208,8 +239,7 @@ def _redistribute(x: Any, mesh: DeviceMesh, placement: Any) -> Any:
         return x
     if not isinstance(x, DTensor):
         x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-    if isinstance(placement, Shard) and placement.dim < 0:
-        placement = Shard(placement.dim + x.dim())
+    placement = _normalized(placement, x.dim())
     return x if tuple(x.placements) == (placement,) else x.redistribute(mesh, [placement])
 
 

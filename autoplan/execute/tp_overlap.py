@@ -25,6 +25,16 @@ from autoplan.types.plan import Plan
 
 
 def check_runs_here(plan: Plan) -> None:
+    """Raise PlanError, in one sentence, when ``plan`` needs a device this machine lacks: every
+    device rule of a plan, async TP's (:func:`check_tp_overlap_runs_here`) and FP8's
+    (autoplan/execute/float8.py). The CLI calls it before a rank starts, ``parallelize`` first."""
+    from autoplan.execute.float8 import check_runs_here as check_float8_runs_here
+
+    check_tp_overlap_runs_here(plan)
+    check_float8_runs_here(plan)
+
+
+def check_tp_overlap_runs_here(plan: Plan) -> None:
     """Raise PlanError when ``plan`` asks for tp_comm_overlap on a device that cannot run it."""
     if not plan.tp_comm_overlap:
         return

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from autoplan.cost.compression import PowerSGDTraffic, compresses, matrix_of
+from autoplan.cost.compression import compresses, matrix_of, total
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.model import CostModel
 from autoplan.errors import PlanError
@@ -130,7 +130,7 @@ def _grad_bytes(model: CostModel, plan: Plan) -> float:
     stages, _, _ = model.priced_stages(plan)
     if plan.grad_compression == "powersgd":
         blocks = [b for s in stages for b in s.blocks]
-        return sum((model.powersgd_traffic(b, plan.powersgd_rank) for b in blocks), PowerSGDTraffic()).sent_bytes
+        return total(model.powersgd_traffics(blocks, plan.powersgd_rank)).sent_bytes
     return max(s.params for s in stages) * PRECISION_BYTES[plan.grad_reduce_dtype]
 
 

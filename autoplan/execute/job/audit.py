@@ -16,6 +16,11 @@ dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipel
 - :class:`~autoplan.execute.job.meters.MatmulFlops`: FLOPs of matmul-class ops and, apart, of
   attention kernels, forward and backward (execute/job/meters.py).
 
+A dispatch mode is thread-local. Collectives issued from another thread (gloo runs future
+callbacks on its own threads: torch's PowerSGD hook issues its P and Q all-reduces from them)
+are recorded by :class:`CommRecorder` wrapping ``torch.distributed.all_reduce`` for the step,
+counting only calls from other threads, so nothing is counted twice.
+
 A mode runs before tensor subclasses, and an op it passes on does not come back to it, so a
 DTensor op's own redistributions and local kernels would stay hidden. Each recorder returns
 ``NotImplemented`` for an op on DTensors (as torch's ``CommDebugMode`` does): DTensor then
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import gc
 import math
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,6 +145,23 @@ class CommRecorder(TorchDispatchMode):
         self.totals = CommTotals()
         self._known: dict[Any, str] = {}
 
+    def __enter__(self):
+        self._thread, self._all_reduce = threading.get_ident(), dist.all_reduce
+        recorder = self
+
+        def all_reduce(tensor, *args, **kwargs):  # torch.distributed.all_reduce's signature
+            if threading.get_ident() != recorder._thread:  # the mode sees this thread's own calls
+                group = kwargs.get("group", args[1] if len(args) > 1 else None) or dist.group.WORLD
+                recorder.totals.add(recorder._dim(group, "all_reduce"), "all_reduce", _tensor_bytes(tensor))
+            return recorder._all_reduce(tensor, *args, **kwargs)
+
+        dist.all_reduce = all_reduce
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self._all_reduce
+        return super().__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if on_dtensors(types):
             return NotImplemented
@@ -172,11 +195,15 @@ class CommRecorder(TorchDispatchMode):
 
 
 def existing_tensors(trainer: Any) -> list[torch.Tensor]:
-    """What lives on the rank when a step starts: parameters, gradients, buffers, optimizer states."""
+    """What lives on the rank when a step starts: parameters, gradients, buffers, optimizer states,
+    and a PowerSGD hook's error feedback and P, Q memories (execute/data_parallel.py)."""
     found = []
     for module in trainer.stage_modules.values():
         found += [p for p in module.parameters()] + [b for b in module.buffers()]
         found += [p.grad for p in module.parameters() if p.grad is not None]
+        hook = getattr(module, "powersgd_state", None)
+        for held in (hook.error_dict, hook.p_memory_dict, hook.q_memory_dict) if hook is not None else ():
+            found += list(held.values())
     for state in optimizer_states(trainer.optimizer):
         found += [v for v in state.values() if isinstance(v, torch.Tensor)]
     return found + _held(trainer.optimizer)

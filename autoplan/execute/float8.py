@@ -1,0 +1,187 @@
+"""``plan.precision == "fp8"`` as it runs: torchao's float8 training on the eligible linears.
+
+Every ``nn.Linear`` whose input and output features are both divisible by 16 *per local
+shard* (``out / tp`` for a colwise split, ``in / tp`` for a rowwise one; FP8 GEMMs
+(``torch._scaled_mm``) need multiples of 16) becomes torchao's ``Float8Linear`` with its
+default recipe: dynamic tensorwise scaling, e4m3 for inputs and weights, e5m2 for output
+gradients (``torchao.float8.convert_to_float8_training``, ``Float8LinearConfig()``). Per GEMM
+``Y = X W^T`` the scale of a tensor ``T`` is ``s_T = fp8_max / amax(|T|)`` over the whole
+(global, under tensor parallelism) tensor, and ``Y = (s_X X)_fp8 (s_W W)^T_fp8 / (s_X s_W)``,
+accumulated in fp32. Everything else runs as precision "bf16" does (autocast bf16 under
+DDP / ZeRO-1 / no dp, FSDP2 ``param_dtype`` bf16 under ZeRO-2/3, autoplan/execute/precision.py).
+FSDP2 all-gathers bf16 weights (torchao's ``enable_fsdp_float8_all_gather`` stays off).
+
+Order (autoplan/execute/api.py): the linears are converted on each stage module *before* tensor
+parallelism, recomputation and data parallelism, as torchao requires (its ``Float8Linear`` must
+be what FSDP2/DDP wrap and what TP shards). Under tensor parallelism a converted linear split
+colwise or rowwise casts its input and its output gradient to fp8 through torchao's
+``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` input and output functions
+(:func:`tp_input`, :func:`tp_output`), *after* the tp redistributions, so sequence parallelism's
+collectives move 16-bit bytes, as the cost model prices them (torchtitan moves fp8 bytes there).
+
+Device rule (:func:`check_runs_here`): FP8 tensor cores need CUDA compute capability 8.9+ (Ada,
+Hopper, Blackwell). Anywhere else the plan is refused before a rank starts, in one sentence.
+``AUTOPLAN_FP8_EMULATE=1`` lets a CPU run through: ``torch._scaled_mm`` has a CPU kernel, so the
+executor path can be tested without a GPU. It is for tests only and says nothing about speed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from autoplan.errors import PlanError
+from autoplan.types.plan import Plan
+
+#: the environment variable that lets an fp8 plan run emulated on the CPU (tests only)
+EMULATE_ENV = "AUTOPLAN_FP8_EMULATE"
+#: FP8 GEMMs need both matrix dims divisible by this (torch._scaled_mm)
+FP8_DIM_MULTIPLE = 16
+#: the first CUDA compute capability with FP8 tensor cores (Ada Lovelace, sm_89)
+FP8_MIN_CAPABILITY = (8, 9)
+FP8_GPUS = "H100, H200, L40S, B200"
+
+
+def emulated() -> bool:
+    """True when ``AUTOPLAN_FP8_EMULATE=1`` lets fp8 run on the CPU (tests only)."""
+    return os.environ.get(EMULATE_ENV, "") == "1"
+
+
+def check_runs_here(plan: Plan) -> None:
+    """Raise PlanError, in one sentence, when ``plan`` asks for fp8 where it cannot run: no
+    CUDA device (unless emulated), a GPU without FP8 tensor cores, or torchao missing."""
+    if plan.precision != "fp8":
+        return
+    need = (
+        f"plan precision fp8 needs a CUDA GPU with FP8 tensor cores (compute capability "
+        f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}+: {FP8_GPUS})"
+    )
+    if not torch.cuda.is_available():
+        if not emulated():
+            raise PlanError(f"{need}; this run is on CPU: re-plan with --fix precision=bf16.")
+    elif torch.cuda.get_device_capability() < FP8_MIN_CAPABILITY:
+        major, minor = torch.cuda.get_device_capability()
+        raise PlanError(
+            f"{need}; this run is on {torch.cuda.get_device_name()} (compute capability {major}.{minor}): "
+            "re-plan with --fix precision=bf16."
+        )
+    if importlib.util.find_spec("torchao") is None:
+        raise PlanError(
+            "plan precision fp8 runs on torchao's float8 training, which is not installed here: "
+            "pip install torchao (or re-plan with --fix precision=bf16)."
+        )
+
+
+def _torchao_float8():
+    """``torchao.float8``, imported with torchao's import-time warnings about optional CUDA
+    kernels it cannot load on this machine kept quiet (they do not concern float8 training)."""
+    logger = logging.getLogger("torchao")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import torchao.float8 as float8
+    finally:
+        logger.setLevel(level)
+    return float8
+
+
+def local_dims(*, module: nn.Linear, split: str, tp: int) -> tuple[int, int]:
+    """(in_features, out_features) of this rank's shard of ``module`` under ``split``."""
+    inp, out = module.in_features, module.out_features
+    if tp > 1 and split == "colwise":
+        out //= tp
+    if tp > 1 and split == "rowwise":
+        inp //= tp
+    return inp, out
+
+
+def eligible(*, module: nn.Module, split: str = "replicate", tp: int = 1) -> bool:
+    """Whether ``module`` runs in fp8: an ``nn.Linear`` whose local dims divide by 16."""
+    if not isinstance(module, nn.Linear) or is_float8(module):  # Float8Linear is an nn.Linear: once is enough
+        return False
+    return all(d % FP8_DIM_MULTIPLE == 0 for d in local_dims(module=module, split=split, tp=tp))
+
+
+def eligible_fqns(model: nn.Module, plan: Plan, *, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The FQNs of ``model``'s linears that run in fp8 under ``plan`` (none unless its precision
+    is fp8), leaving out those under a prefix in ``exclude`` (expert modules, which expert
+    parallelism slices: not converted)."""
+    if plan.precision != "fp8":
+        return []
+    return [
+        fqn
+        for fqn, module in model.named_modules()
+        if eligible(module=module, split=plan.tp_plan.get(fqn, "replicate"), tp=plan.tp)
+        and not any(fqn == p or fqn.startswith(p + ".") for p in exclude)
+    ]
+
+
+def convert_linears(module: nn.Module, fqns: list[str]) -> list[str]:
+    """Swap the linears of ``module`` (the whole model or one pipeline stage; FQNs as in the
+    model) named in ``fqns`` (:func:`eligible_fqns`) for torchao's ``Float8Linear``, in place,
+    with the default recipe (``convert_to_float8_training``); return the FQNs converted here.
+    Weights and ties are kept: ``Float8Linear.from_float`` reuses the Linear's Parameters."""
+    present = dict(module.named_modules())
+    mine = [fqn for fqn in fqns if fqn in present]
+    if not mine:
+        return []
+    for fqn in mine:
+        _as_linear(module, fqn, present[fqn])
+    float8 = _torchao_float8()
+    wanted = set(mine)
+    float8.convert_to_float8_training(
+        module, module_filter_fn=lambda _m, fqn: fqn in wanted, config=float8.Float8LinearConfig()
+    )
+    return mine
+
+
+def _as_linear(root: nn.Module, fqn: str, module: nn.Module) -> None:
+    """Make the module at ``fqn`` a plain ``nn.Linear`` again if the pipeline split turned it
+    into a graph module (``InterpreterModule``, called with the input only), on its own Parameters."""
+    if isinstance(module, nn.Linear):
+        return
+    weight, bias = module.get_parameter("weight"), getattr(module, "bias", None)
+    with torch.device("meta"):
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight, linear.bias = weight, bias
+    parent, _, name = fqn.rpartition(".")
+    root.get_submodule(parent).register_module(name, linear)
+
+
+def is_float8(module: nn.Module) -> bool:
+    """Whether ``module`` is a torchao ``Float8Linear`` (without importing torchao otherwise)."""
+    return type(module).__name__ == "Float8Linear" and type(module).__module__.startswith("torchao.")
+
+
+def _style(split: str) -> Any:
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    return Float8ColwiseParallel if split == "colwise" else Float8RowwiseParallel
+
+
+def tp_input(*, module: nn.Module, split: str, x: Any, placement: Any, mesh: Any) -> Any:
+    """A converted linear's input under tensor parallelism: ``x`` (a DTensor) redistributed to
+    ``placement`` in 16 bits, then cast to fp8 with its global tensorwise scale (torchao's style
+    input function). torchao and torchtitan cast *before* the redistribution, so sequence
+    parallelism's all-gather moves fp8 bytes; autoplan's cost model prices tensor-parallel
+    collectives in 16-bit bytes, so the executor casts after it: the same numbers (the scale is
+    the global amax either way and a cast is element-wise), and gloo has no float8 dtypes."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return x
+    if tuple(x.placements) != (placement,):
+        x = x.redistribute(mesh, [placement])
+    return _style(split)._prepare_input_fn(tuple(x.placements), (placement,), module, (x,), mesh)
+
+
+def tp_output(*, module: nn.Module, split: str, out: Any, placement: Any | None, mesh: Any) -> Any:
+    """A converted linear's output under tensor parallelism: marked so that its gradient is cast
+    to fp8 (e5m2) for the backward GEMMs (torchao's style output function), then redistributed
+    to ``placement`` (None: kept) in 16 bits, as :func:`tp_input` says why."""
+    layouts = tuple(out.placements) if placement is None else (placement,)
+    marked = _style(split)._prepare_output_fn(tuple(out.placements), False, module, out, mesh)
+    return marked if tuple(marked.placements) == layouts else marked.redistribute(mesh, list(layouts))
