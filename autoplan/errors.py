@@ -30,6 +30,10 @@ class RunError(AutoplanError):
     """A distributed run failed: a rank crashed, timed out or mismatched."""
 
 
+class ExportError(AutoplanError):
+    """A plan that cannot be exported to a trainer's config, or a config that cannot be read."""
+
+
 class CheckpointError(AutoplanError):
     """A checkpoint is missing, corrupt, of another model, or of an incompatible autoplan version."""
 

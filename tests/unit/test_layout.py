@@ -22,6 +22,7 @@ ORDER = (
     "execute",
     "report",
     "calibrate",
+    "export",
     "cli",
 )
 PRICES = (

@@ -1,0 +1,112 @@
+"""What every exporter and importer shares: the model facts a trainer's config needs beside the
+plan, the exported file, and the config read back.
+
+A framework's config carries the parallel layout *and* some model facts (Megatron-LM's
+``--num-layers``, ``--hidden-size``; torchtitan's ``seq_len``). :class:`ModelFacts` holds those,
+read from the traced graph (``graph.json`` of a plan folder) where it has them; a fact it lacks
+is left out of the config with a comment saying which flag to set, never guessed.
+
+:class:`Exported` is one file in the framework's own format. ``unexpressed`` lists, one sentence
+each, what of the plan the framework cannot express (a per-op tensor-parallel split it has no
+hook for, a schedule it lacks, a lossy option it has no switch for); each also appears as a
+comment in ``text`` and as a warning on the CLI, so nothing is dropped silently.
+
+:class:`Imported` is a config read back: the plan fields it sets (``Plan(**fields)`` with the
+layout the framework would run: balanced stages and the default tensor-parallel split), what it
+could not map, and the facts it states about the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoplan.errors import ExportError
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+
+FRAMEWORKS = ("torchtitan", "megatron", "deepspeed", "accelerate")
+__all__ = ["FRAMEWORKS", "ExportError", "Exported", "Imported", "ModelFacts"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Model facts a trainer's config names; None where the trace does not say."""
+
+    name: str = "model"
+    layers: int | None = None  # repeated blocks
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    seq_len: int | None = None
+    vocab_size: int | None = None
+    block_class: str | None = None  # the repeated block's module class name (FSDP's wrap policy), when given
+
+    @classmethod
+    def from_graph(cls, graph: Graph | None) -> "ModelFacts":
+        if graph is None:
+            return cls()
+        attention = next((n.attrs for n in graph.nodes if n.op == "attention"), {})
+        embedding = next((n.attrs for n in graph.nodes if n.op == "embedding"), {})
+        return cls(
+            name=graph.model_name,
+            layers=len(graph.layers) or None,
+            hidden_size=embedding.get("embedding_dim"),
+            num_heads=attention.get("num_heads"),
+            num_kv_heads=attention.get("num_kv_heads"),
+            seq_len=graph.seq_len,
+            vocab_size=embedding.get("num_embeddings"),
+        )
+
+
+@dataclass
+class Exported:
+    """One config file in a framework's own format (module docstring)."""
+
+    framework: str
+    filename: str  # the suggested file name, e.g. "torchtitan.toml"
+    text: str
+    unexpressed: list[str] = field(default_factory=list)
+    launch: str = ""  # the framework's own launch command for this file
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "framework": self.framework,
+            "filename": self.filename,
+            "unexpressed": list(self.unexpressed),
+            "launch": self.launch,
+        }
+
+
+@dataclass
+class Imported:
+    """A framework config read back (module docstring)."""
+
+    framework: str
+    fields: dict[str, Any]  # Plan fields
+    unmapped: list[str] = field(default_factory=list)  # settings autoplan does not price, one sentence each
+    facts: ModelFacts = field(default_factory=ModelFacts)
+
+    def plan(self) -> Plan:
+        return Plan(**self.fields)
+
+
+def layers_per_stage(plan: Plan) -> int | None:
+    """Blocks per pipeline chunk when the plan's stages are even, else None (a framework that only
+    takes a count then cannot express the partition)."""
+    if not plan.stages:
+        return None
+    sizes = {len(stage) for stage in plan.stages}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def split_note(plan: Plan) -> str | None:
+    """One sentence when the plan's tensor-parallel splits differ from the Megatron default a
+    framework applies (autoplan/cost/tp_default.py), else None."""
+    if plan.tp == 1 or not plan.tp_plan:
+        return None
+    return (
+        f"autoplan's tensor-parallel plan splits {sum(1 for s in plan.tp_plan.values() if s != 'replicate')} "
+        "modules by its own per-op choice; this framework applies its own fixed split (Megatron-style "
+        "column/row pairs), so the priced split may differ from the one it runs."
+    )
