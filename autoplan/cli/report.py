@@ -1,10 +1,13 @@
-"""``autoplan report DIR [RUNDIR...] --out REPORTDIR`` and ``autoplan explain DIR``."""
+"""``autoplan report DIR [RUNDIR...] --out REPORTDIR``, ``autoplan explain DIR`` (or ``--config FILE``)
+and ``autoplan export`` (autoplan/cli/export.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from autoplan.cli.export import add_config_arguments, add_export_parser
 
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:
@@ -30,9 +33,11 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         description="Compare the chosen plan with its nearest rivals term by term, find what would "
         "change the decision, and say why each other (dp, tp, pp) family lost.",
     )
-    explain.add_argument("plan_dir", metavar="DIR", help="a plan folder (autoplan plan --out DIR)")
+    explain.add_argument("plan_dir", metavar="DIR", nargs="?", help="a plan folder (autoplan plan --out DIR)")
     explain.add_argument("--rivals", type=int, default=3, help="nearest rivals to compare (default 3)")
+    add_config_arguments(explain)
     explain.set_defaults(func=run_explain)
+    add_export_parser(subparsers, common)
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -51,7 +56,15 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    from autoplan.errors import AutoplanError
     from autoplan.report.explain import explain
+
+    if args.config:
+        from autoplan.cli.export import run_explain_config
+
+        return run_explain_config(args)
+    if not args.plan_dir:
+        raise AutoplanError("explain needs a plan folder (autoplan plan --out DIR) or --config FILE.")
 
     with _status("re-running the search and re-pricing rivals", enabled=not (args.quiet or args.json)):
         exp = explain(args.plan_dir, rivals=args.rivals)
@@ -68,6 +81,14 @@ def print_explanation(exp, *, as_json: bool, quiet: bool) -> None:
         from rich.markdown import Markdown
 
         Console().print(Markdown(exp.to_markdown()))
+
+
+def print_markdown(text: str) -> None:
+    """Render Markdown on stdout with rich."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    Console().print(Markdown(text))
 
 
 def _status(message: str, *, enabled: bool):

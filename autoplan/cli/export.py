@@ -1,0 +1,90 @@
+"""``autoplan export PLAN --to torchtitan|megatron|deepspeed|accelerate`` and ``autoplan explain
+--config FILE`` (registered by the report stage's command module, autoplan/cli/report.py:
+both turn a plan into something to read or hand on).
+
+``export`` writes the framework's own config (autoplan/export/), prints each thing the
+framework cannot express as a warning (they are comments in the file too) and the framework's
+launch command. ``explain --config`` reads a framework's config back, traces the model at its
+global batch and prices it beside the best plan for the same devices (export/api.price_config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
+    from autoplan.export.common import FRAMEWORKS
+
+    parser = subparsers.add_parser(
+        "export",
+        parents=[common],
+        help="write a plan as torchtitan, Megatron-LM, DeepSpeed or Accelerate configuration",
+        description="Write the plan in a trainer's own config format; what the trainer cannot express is "
+        "named in the file and as a warning (docs/export.md).",
+    )
+    parser.add_argument("plan", metavar="PLAN", help="a plan folder (autoplan plan --out DIR) or a plan.json")
+    parser.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework to export to")
+    parser.add_argument("--out", metavar="FILE", help="where to write (default: the framework's file name here)")
+    parser.set_defaults(func=run_export)
+
+
+def add_config_arguments(explain: argparse.ArgumentParser) -> None:
+    """``explain --config FILE --model MODEL.py --profile P``: price an existing config."""
+    from autoplan.export.common import FRAMEWORKS
+
+    explain.add_argument("--config", metavar="FILE", help="a trainer's config to price instead of a plan folder")
+    explain.add_argument("--framework", choices=FRAMEWORKS, help="the config's framework (default: recognised)")
+    explain.add_argument("--model", metavar="MODEL.py", help="with --config: the model file the config trains")
+    explain.add_argument("--profile", help="with --config: the profile (name or file) of the cluster")
+    explain.add_argument("--devices", type=int, help="with --config: world size, where the config does not say")
+    explain.add_argument("--allow-lossy", action="store_true", help="with --config: let the best plan be lossy")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from autoplan.export.api import export_plan, write_export
+
+    exported = export_plan(args.plan, to=args.to)
+    path = write_export(exported, args.out)
+    if args.json:
+        print(json.dumps({"file": str(path), **exported.to_dict()}, indent=2))
+        return 0
+    for sentence in exported.unexpressed:
+        print(f"autoplan: warning: {args.to} cannot express this: {sentence}", file=sys.stderr)
+    if not args.quiet:
+        print(f"wrote {path}")
+        print(f"launch with: {exported.launch}")
+    return 0
+
+
+def run_explain_config(args: argparse.Namespace) -> int:
+    """``autoplan explain --config FILE --model MODEL.py --profile P``."""
+    from autoplan.errors import ExportError
+    from autoplan.export.api import import_config, price_config, pricing_lines
+    from autoplan.solve.api import resolve_profile
+    from autoplan.trace import trace_model_file
+
+    missing = [flag for flag, value in (("--model", args.model), ("--profile", args.profile)) if not value]
+    if missing:
+        raise ExportError(
+            f"explain --config needs {' and '.join(missing)}: the model the config trains and the cluster."
+        )
+    imported = import_config(args.config, framework=args.framework, devices=args.devices)
+    graph = trace_model_file(args.model, imported.plan().global_batch_size)
+    result = price_config(
+        args.config,
+        graph=graph,
+        profile=resolve_profile(args.profile),
+        framework=imported.framework,
+        devices=args.devices,
+        allow_lossy=args.allow_lossy,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    elif not args.quiet:
+        from autoplan.cli.report import print_markdown
+
+        print_markdown("\n".join(pricing_lines(result)) + "\n")
+    return 0
