@@ -106,31 +106,44 @@ def test_each_rank_holds_the_priced_parameter_shard(audits, graphs, name):
         assert held == pytest.approx(predicted[rank["stage"]].param_elements, rel=0.02), name
 
 
-def _powersgd_flops_seen(graphs, plan) -> float:
-    """The PowerSGD hook's matmuls the FLOP meter sees: M Q runs on the backward's thread, while
-    M^T P and P Q^T run in gloo's future callbacks, on threads a dispatch mode does not see; all
-    three are priced as compression time (autoplan/cost/compression.py), not as model FLOPs."""
+def _powersgd_flops(graphs, plan) -> float:
+    """The PowerSGD hook's three matmuls per compressed matrix (M Q, M^T P, P Q^T), priced as
+    compression time (autoplan/cost/compression.py), not as model FLOPs. M Q runs on the
+    backward's thread; the other two run in the callbacks of its all-reduces' futures, on
+    whichever thread completes them (gloo's, unseen by a thread-local dispatch mode, or this one
+    when the future is already done), so the meter sees between a third and all of them."""
     if plan.grad_compression != "powersgd":
         return 0.0
     shapes = [info.shape for info in graphs["gpt"].parameters.values()]
-    return traffic_of(shapes, plan.powersgd_rank).matmul_flops / 3
+    return traffic_of(shapes, plan.powersgd_rank).matmul_flops
+
+
+#: Families whose peak a thread-local meter cannot see whole: PowerSGD's hook allocates its
+#: decompressed matrices and new error in future callbacks, on whichever thread completes the
+#: all-reduce (see _powersgd_flops), so the measured peak depends on thread timing. Its priced
+#: memory is checked through the user's path instead, on a model large enough for the backward's
+#: peak to dominate: benchmarks/audit.py's ddp_powersgd row (benchmarks/results/audit.csv).
+MEMORY_UNSEEN = {"ddp_powersgd"}
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
 def test_each_rank_computes_the_priced_flops(audits, graphs, name):
     plan, predicted = _predictions(graphs, name)
-    hook = _powersgd_flops_seen(graphs, plan)
+    hook = _powersgd_flops(graphs, plan)
     for rank in audits[name]["ranks"]:
         pred = predicted[rank["stage"]]
         assert rank["forward_flops"] == pytest.approx(pred.forward_flops, rel=1e-9), name
-        assert rank["backward_flops"] == pytest.approx(pred.backward_flops + hook, rel=1e-9), name   # recomputation included
+        if hook:  # M Q always on the backward's thread; M^T P and P Q^T wherever their future completes
+            assert pred.backward_flops + hook / 3 <= rank["backward_flops"] <= pred.backward_flops + hook, name
+        else:
+            assert rank["backward_flops"] == pytest.approx(pred.backward_flops, rel=1e-9), name   # recomputation included
         assert rank["attention_forward_flops"] == pytest.approx(pred.attention_forward_flops, rel=1e-9), name
         # flash attention's backward recomputes the scores (5 matmuls, priced as cost/compute.py
         # executed_bwd_flops); full recomputation adds the forward
         assert rank["attention_backward_flops"] == pytest.approx(pred.attention_backward_flops, rel=1e-9), name
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR if c[0] not in MEMORY_UNSEEN])
 def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs, name):
     """The ranks of one stage run the same program; gloo finishes an asynchronous collective (and
     frees what it holds) at a time the scheduler picks, so one rank may peak a few percent above
