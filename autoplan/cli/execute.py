@@ -46,8 +46,10 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser)
     parser.set_defaults(func=run_command)
     from autoplan.cli.checkpoints import register_replan
+    from autoplan.cli.launch import add_launch_parser
 
     register_replan(subparsers, common)
+    add_launch_parser(subparsers, common)
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:

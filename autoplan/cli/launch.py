@@ -1,0 +1,194 @@
+"""``autoplan launch MODEL.py PLAN --slurm | --skypilot | --torchx``: a file that runs the plan on a cluster.
+
+Registered by the execute stage's command module (autoplan/cli/execute.py), beside ``autoplan
+run``: the file it writes runs ``autoplan run`` on every node under torchrun (docs/launch.md).
+The nodes: ``devices / G`` of them, G from ``--gpus-per-node`` or else the plan's profile
+(``devices_per_node``). Slurm gets absolute paths (a shared file system); SkyPilot and TorchX get
+paths relative to this folder, which SkyPilot syncs and a TorchX image is built from. Bad input
+(no plan, devices that are not whole nodes, not exactly one target) is one sentence, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from autoplan.errors import RunError
+
+TARGETS = {"slurm": ("launch.sbatch", "sbatch {file}"), "skypilot": ("sky.yaml", "sky launch {file}")}
+TARGETS["torchx"] = ("torchx_job.py", "torchx run --scheduler kubernetes --scheduler_args queue=default {file}:train")
+
+
+def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
+    """``autoplan launch``: called by autoplan/cli/execute.py's register."""
+    parser = subparsers.add_parser(
+        "launch",
+        parents=[common],
+        help="write a Slurm script, SkyPilot task or TorchX component that runs a plan on many nodes",
+        description="Write a file that runs `autoplan run MODEL --plan PLAN` under one torchrun per node "
+        "(docs/launch.md), and print the command that submits it.",
+    )
+    parser.add_argument("model", help="model file (as for `autoplan run`)")
+    parser.add_argument("plan", help="a plan folder (autoplan plan --out DIR) or its plan.json")
+    target = parser.add_argument_group("target (exactly one)")
+    target.add_argument("--slurm", action="store_true", help="an sbatch script (submit: sbatch FILE)")
+    target.add_argument("--skypilot", action="store_true", help="a SkyPilot task YAML (submit: sky launch FILE)")
+    target.add_argument("--torchx", action="store_true", help="a TorchX component for Kubernetes (torchx run)")
+    nodes = parser.add_argument_group("nodes")
+    nodes.add_argument("--gpus-per-node", type=int, metavar="G", help="ranks per node (default: the profile's)")
+    nodes.add_argument("--cpus-per-node", type=int, metavar="C", help="CPU cores per node (default 8 per rank)")
+    nodes.add_argument("--accelerator", help="cloud GPU name, e.g. H100 (default: from the profile's device)")
+    nodes.add_argument("--rdzv-port", type=int, default=29500, help="rendezvous port on the first node (29500)")
+    parser.add_argument("--partition", metavar="P", help="Slurm partition")
+    parser.add_argument("--time", default="24:00:00", metavar="HH:MM:SS", help="Slurm time limit (24:00:00)")
+    parser.add_argument("--setup", help="SkyPilot setup command (default: pip install autoplan==VERSION)")
+    parser.add_argument("--image", default="IMAGE", help="TorchX container image with autoplan, model and plan")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
+    parser.add_argument("--run-dir", metavar="D", help="the run folder (default: RUN beside the plan)")
+    parser.add_argument(
+        "--checkpoint-dir",
+        metavar="D",
+        help="shared checkpoint folder; a restart resumes from it (default: beside the plan)",
+    )
+    parser.add_argument("--checkpoint-every", type=int, metavar="N", help="save every N steps (as `autoplan run`)")
+    parser.add_argument("--out", metavar="FILE", help="file to write (default: beside the plan)")
+    parser.set_defaults(func=launch_command)
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    from autoplan.types._check import write_text_atomic
+
+    target = _target(args)
+    args.plan = plan_file(args.plan)
+    plan = _plan(args.plan)
+    if not Path(args.model).is_file():
+        raise RunError(f"model file '{args.model}' does not exist.")
+    if args.steps < 1:
+        raise RunError(f"--steps {args.steps}: expected at least 1 step.")
+    out = Path(args.out or Path(args.plan).parent / TARGETS[target][0])
+    job = _job(args, plan=plan, target=target)
+    text = _render(args, job=job, target=target, out=out, plan=plan)
+    write_text_atomic(out, text)
+    submit = TARGETS[target][1].format(file=out)
+    if args.json:
+        import json
+
+        print(json.dumps({"file": str(out), "nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "submit": submit}))
+    elif not args.quiet:
+        print(f"wrote {out}: {job.nodes} node(s) x {job.gpus_per_node} rank(s), {plan.describe()}")
+        print(f"submit with: {submit}")
+    return 0
+
+
+def _target(args: argparse.Namespace) -> str:
+    chosen = [name for name in TARGETS if getattr(args, name)]
+    if len(chosen) != 1:
+        raise RunError(f"give exactly one of --slurm, --skypilot and --torchx, not {len(chosen)}.")
+    return chosen[0]
+
+
+def _plan(path: str):
+    from autoplan.errors import PlanError
+    from autoplan.types.plan import Plan
+
+    if not Path(path).is_file():
+        raise PlanError(
+            f"plan '{path}' is neither a plan.json nor a plan folder; write one with `autoplan plan --out DIR`."
+        )
+    return Plan.load(path)
+
+
+def plan_file(path: str) -> str:
+    """PLAN as given: a plan.json, or a plan folder (autoplan plan --out DIR) holding one."""
+    folder = Path(path)
+    return str(folder / "plan.json") if folder.is_dir() else path
+
+
+def _job(args: argparse.Namespace, *, plan, target: str):
+    from autoplan.jobs.cloud import accelerator_name
+    from autoplan.jobs.nodejob import NodeJob, executor_args, job_name
+
+    profile = _profile(plan, needed=args.gpus_per_node is None)
+    absolute = target == "slurm"
+    run_dir = args.run_dir or str(Path(args.plan).parent / "run")
+    checkpoint_dir = args.checkpoint_dir or str(Path(args.plan).parent / "checkpoints")
+    return NodeJob(
+        name=job_name(Path(args.model).stem),
+        devices=plan.devices,
+        gpus_per_node=args.gpus_per_node or profile.devices_per_node,
+        executor_args=executor_args(
+            model=_path(args.model, absolute=absolute),
+            plan=_path(args.plan, absolute=absolute),
+            steps=args.steps,
+            run_dir=_path(run_dir, absolute=absolute, exists=False),
+            checkpoint_dir=_path(checkpoint_dir, absolute=absolute, exists=False),
+            checkpoint_every=args.checkpoint_every,
+        ),
+        uses_gpus=profile is None or profile.backend == "nccl" or bool(args.accelerator),
+        accelerator=args.accelerator or (accelerator_name(profile.device.name) if profile else None),
+        rdzv_port=args.rdzv_port,
+    )
+
+
+def _profile(plan, *, needed: bool):
+    """The plan's profile; None when it cannot be read and --gpus-per-node makes it unneeded."""
+    from autoplan.errors import AutoplanError
+    from autoplan.profile import load_profile
+
+    try:
+        if not plan.profile:
+            raise RunError("the plan names no profile")
+        return load_profile(plan.profile)
+    except AutoplanError as exc:
+        if not needed:
+            return None
+        raise RunError(
+            f"cannot tell the devices per node from the plan's profile ({str(exc).rstrip('.')}); "
+            "pass --gpus-per-node G."
+        ) from None
+
+
+def _path(path: str, *, absolute: bool, exists: bool = True) -> str:
+    """Absolute for Slurm; else relative to this folder, which the cloud copies (module docstring)."""
+    resolved = Path(path).resolve()
+    if absolute:
+        return str(resolved)
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        what = "file" if exists else "folder"
+        raise RunError(
+            f"{what} '{path}' is outside this folder, which SkyPilot and TorchX copy to the nodes; "
+            "run `autoplan launch` from a folder that holds it."
+        ) from None
+
+
+def _render(args: argparse.Namespace, *, job, target: str, out: Path, plan) -> str:
+    header = (
+        f"Written by `autoplan launch` for {args.plan} ({plan.describe()}): "
+        f"{job.nodes} node(s) x {job.gpus_per_node} rank(s).\nSubmit with: {TARGETS[target][1].format(file=out)}"
+    )
+    if target == "slurm":
+        from autoplan.jobs.slurm import sbatch_script
+
+        output = str(out.resolve().parent / f"{job.name}-%j.out")
+        return sbatch_script(
+            job,
+            time_limit=args.time,
+            output=output,
+            partition=args.partition,
+            cpus_per_node=args.cpus_per_node,
+            header=header,
+        )
+    from autoplan.jobs.cloud import skypilot_task, torchx_component
+
+    if target == "skypilot":
+        return skypilot_task(job, setup=args.setup or _default_setup(), header=header)
+    cpus = args.cpus_per_node or 8 * job.gpus_per_node
+    return torchx_component(job, image=args.image, cpus_per_node=cpus, memory_mb_per_node=16384 * job.gpus_per_node)
+
+
+def _default_setup() -> str:
+    from autoplan.version import __version__
+
+    return f"pip install autoplan=={__version__}"

@@ -1,0 +1,285 @@
+"""A plan as Hugging Face Accelerate's config YAML (``accelerate_fsdp.yaml``), and such a file read back.
+
+The file is what ``accelerate config`` writes and ``accelerate launch --config_file`` reads
+(Accelerate 1.16); the tests run it through that launch path and build Accelerate's own
+``FullyShardedDataParallelPlugin`` and ``ParallelismConfig`` from it. Mapping:
+
+| plan | YAML | note |
+|---|---|---|
+| ``devices`` | ``num_processes`` (all machines), ``num_machines`` = ceil(devices / devices per node) | |
+| ``zero_stage`` 0, ``tp`` = 1 | ``distributed_type: MULTI_GPU`` (DDP; ``NO`` on one device) | |
+| ``zero_stage`` 3 | ``FSDP``, ``fsdp_version: 2``, ``fsdp_reshard_after_forward: true`` | |
+| ``zero_stage`` 2 | ``fsdp_reshard_after_forward: false`` | |
+| ``zero_stage`` 1 (or 0 with tp > 1) | as ZeRO-2 | FSDP2 has no ZeRO-1; Accelerate's TP needs FSDP2 |
+| ``precision`` | ``mixed_precision: no|bf16|fp16|fp8`` (fp8: ``fp8_config.backend: AO``, torchao) | |
+| ``grad_reduce_dtype`` | (FSDP2 reduces in the mixed-precision dtype, DDP in fp32) | other dtypes are code |
+| ``recompute`` full | ``fsdp_activation_checkpointing: true`` (every wrapped block) | selective: none |
+| ``tp``, ``dp`` | ``parallelism_config``: ``dp_shard_size = dp``, ``tp_size = tp``, ``cp_size = 1`` | when tp > 1 |
+| ``pp`` | (none: Accelerate has no pipeline parallelism) | the pp ranks run as data parallel |
+| ``micro_batch_size``, ``num_microbatches`` | ``# autoplan.`` comments | training-script arguments |
+
+What the file cannot say is in :attr:`Exported.unexpressed` and in the comments at its top.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import yaml
+
+from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, split_note
+from autoplan.types.plan import Plan
+
+FILENAME = "accelerate_fsdp.yaml"
+MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+#: The dtype FSDP2 reduces gradients in under each ``mixed_precision``
+#: (``FullyShardedDataParallelPlugin.set_mixed_precision``: reduce_dtype = param_dtype; fp8 runs the rest as bf16).
+FSDP_REDUCE = {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16"}
+COMMENT = re.compile(r"^#\s*autoplan\.(\w+):\s*(\S+)", re.MULTILINE)
+
+
+# ---- export -------------------------------------------------------------------------------
+def export(plan: Plan, facts: ModelFacts, *, devices_per_node: int = 8) -> Exported:
+    """``plan`` as Accelerate's config YAML (module docstring); ``devices_per_node`` sets num_machines."""
+    kind = _distributed_type(plan)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": kind,
+        "downcast_bf16": "no",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": MIXED_PRECISION[plan.precision],
+        "num_machines": math.ceil(plan.devices / devices_per_node),
+        "num_processes": plan.devices,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if plan.precision == "fp8":
+        config["fp8_config"] = {"backend": "AO"}  # torchao's float8 training, as autoplan runs it
+    if kind == "FSDP":
+        config["fsdp_config"] = _fsdp_config(plan, facts)
+        if plan.tp > 1:
+            config["parallelism_config"] = _parallelism_config(plan)
+    unexpressed = _unexpressed(plan, kind)
+    text = _header(plan, facts, kind, devices_per_node, unexpressed) + yaml.safe_dump(config, sort_keys=True)
+    return Exported(
+        framework="accelerate", filename=FILENAME, text=text, unexpressed=unexpressed, launch=launch_command()
+    )
+
+
+def launch_command() -> str:
+    """Accelerate's own launcher for this file (run on every machine, with ``--machine_rank``)."""
+    return f"accelerate launch --config_file {FILENAME} train.py"
+
+
+def _distributed_type(plan: Plan) -> str:
+    if plan.zero_stage == 0 and plan.tp == 1:
+        return "MULTI_GPU" if plan.devices > 1 else "NO"
+    return "FSDP"  # ZeRO-1/2/3, and any tensor parallelism (Accelerate composes TP only under FSDP2)
+
+
+def _fsdp_config(plan: Plan, facts: ModelFacts) -> dict[str, Any]:
+    fsdp: dict[str, Any] = {
+        "fsdp_version": 2,
+        "fsdp_reshard_after_forward": plan.zero_stage == 3,
+        "fsdp_activation_checkpointing": plan.recompute != "none",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_offload_params": False,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    }
+    if facts.block_class:
+        fsdp["fsdp_transformer_layer_cls_to_wrap"] = facts.block_class
+    return fsdp
+
+
+def _parallelism_config(plan: Plan) -> dict[str, int]:
+    # The pipeline ranks have no Accelerate equivalent; they run as more data-parallel ranks.
+    return {
+        "parallelism_config_dp_replicate_size": 1,
+        "parallelism_config_dp_shard_size": plan.dp * plan.pp,
+        "parallelism_config_tp_size": plan.tp,
+        "parallelism_config_cp_size": 1,
+    }
+
+
+def _header(plan: Plan, facts: ModelFacts, kind: str, devices_per_node: int, unexpressed: list[str]) -> str:
+    lines = [
+        f"# Accelerate config written by autoplan for {facts.name}: {plan.describe()}",
+        f"# num_machines assumes {devices_per_node} devices per machine; set it to the machines you launch on.",
+        "# Training-script settings (Accelerate's config has no key for them; `autoplan explain` reads them):",
+        f"# autoplan.micro_batch_size: {plan.micro_batch_size}",
+        f"# autoplan.gradient_accumulation_steps: {plan.num_microbatches}",
+    ]
+    if kind == "FSDP" and not facts.block_class:
+        lines.append(
+            "# fsdp_transformer_layer_cls_to_wrap: add your block class (e.g. LlamaDecoderLayer); without it "
+            "Accelerate wraps the model's _no_split_modules."
+        )
+    lines += ["# Not expressed:"] + [f"# - {sentence}" for sentence in unexpressed]
+    return "\n".join(lines) + "\n"
+
+
+def _unexpressed(plan: Plan, kind: str) -> list[str]:
+    found = [
+        f"micro_batch_size={plan.micro_batch_size} and gradient accumulation {plan.num_microbatches} are "
+        "training-script arguments: the DataLoader's batch_size and "
+        f"Accelerator(gradient_accumulation_steps={plan.num_microbatches})."
+    ]
+    found += _sharding_gaps(plan, kind) + _parallel_gaps(plan) + _reduction_gaps(plan, kind)
+    if plan.recompute == "selective":
+        found.append(
+            "recompute=selective has no Accelerate switch; fsdp_activation_checkpointing checkpoints whole blocks "
+            "(full recompute), so it is written as full."
+        )
+    return found
+
+
+def _sharding_gaps(plan: Plan, kind: str) -> list[str]:
+    if kind != "FSDP" or plan.zero_stage >= 2:
+        return []
+    if plan.zero_stage == 1:
+        return [
+            "zero_stage=1 (optimizer states sharded) has no FSDP2 equivalent; written as the nearest, "
+            "reshard_after_forward=false (ZeRO-2: gradients sharded too)."
+        ]
+    return [
+        f"zero_stage=0 with tp={plan.tp}: Accelerate composes tensor parallelism only under FSDP2, so this is "
+        "written as FSDP2 with reshard_after_forward=false (ZeRO-2)."
+    ]
+
+
+def _parallel_gaps(plan: Plan) -> list[str]:
+    found = []
+    if plan.pp > 1:
+        found.append(
+            f"pp={plan.pp} ({plan.schedule}): Accelerate has no pipeline parallelism; the {plan.devices} processes "
+            f"run as {plan.dp * plan.pp} data-parallel ranks, so the global batch is {plan.pp}x the plan's unless "
+            "gradient_accumulation_steps is divided by pp."
+        )
+    if plan.tp > 1:
+        found.append(
+            f"tp={plan.tp}: Accelerate applies the model's own tensor-parallel plan (a transformers model's "
+            "tp_plan), not autoplan's tp_plan."
+        )
+        note = split_note(plan)
+        found += [note] if note else []
+        if plan.dp * plan.pp == 1:
+            found.append(
+                "dp=1: FSDP2 then has no dimension to shard over and Accelerator() refuses it; load the model "
+                "with transformers' tp_plan='auto' under a MULTI_GPU config instead."
+            )
+    if plan.sequence_parallel or plan.tp_comm_overlap:
+        found.append(
+            "sequence_parallel / tp_comm_overlap have no Accelerate config key (its sp_size is DeepSpeed Ulysses; "
+            "async TP is TorchTensorParallelConfig(enable_async_tp=True) in code)."
+        )
+    if plan.ep > 1:
+        found.append(f"ep={plan.ep}: Accelerate's config has no expert parallelism.")
+    return found
+
+
+def _reduction_gaps(plan: Plan, kind: str) -> list[str]:
+    runs = FSDP_REDUCE[MIXED_PRECISION[plan.precision]] if kind == "FSDP" else "fp32"
+    found = []
+    if plan.grad_reduce_dtype != runs:
+        how = (
+            "FullyShardedDataParallelPlugin(mixed_precision_policy={'param_dtype': ..., 'reduce_dtype': ...})"
+            if kind == "FSDP"
+            else "DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.BF16 or FP16)"
+        )
+        found.append(
+            f"grad_reduce_dtype={plan.grad_reduce_dtype}: this config reduces gradients in {runs}; another dtype "
+            f"is code: {how}."
+        )
+    if plan.grad_compression == "powersgd":
+        found.append(
+            f"grad_compression=powersgd is code: DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType."
+            f"POWER_SGD, comm_state_option={{'matrix_approximation_rank': {plan.powersgd_rank}}})."
+        )
+    if not plan.overlap_grad_reduce:
+        found.append(
+            "overlap_grad_reduce=false: DDP and FSDP2 always overlap the gradient reduction with the backward."
+        )
+    return found
+
+
+# ---- read ---------------------------------------------------------------------------------
+def read(text: str, *, devices: int | None = None, batch_size: int | None = None) -> Imported:
+    """An Accelerate config YAML back to plan fields (module docstring). Micro-batch and gradient
+    accumulation come from the ``# autoplan.`` comments, else from ``batch_size`` (the global batch)."""
+    config = yaml.safe_load(text)
+    if not isinstance(config, dict) or "distributed_type" not in config:
+        raise ExportError(
+            "Accelerate config must be a YAML mapping with distributed_type (as `accelerate config` writes)."
+        )
+    unmapped: list[str] = []
+    world = int(config.get("num_processes") or devices or 1)
+    kind = str(config["distributed_type"])
+    tp, dp = _read_degrees(config, world, unmapped)
+    mixed = str(config.get("mixed_precision") or "no").lower()
+    fields = {
+        "devices": world,
+        "dp": dp,
+        "tp": tp,
+        "pp": 1,
+        **_read_batch(text, dp, batch_size, unmapped),
+        **_read_sharding(config, kind, unmapped),
+        "precision": {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(mixed, "fp32"),
+        "grad_reduce_dtype": FSDP_REDUCE.get(mixed, "fp32") if kind == "FSDP" else "fp32",
+    }
+    if (config.get("fsdp_config") or {}).get("fsdp_offload_params"):
+        unmapped.append("fsdp_offload_params: autoplan does not price CPU offload.")
+    return Imported(framework="accelerate", fields=fields, unmapped=unmapped)
+
+
+def _read_degrees(config: dict, world: int, unmapped: list[str]) -> tuple[int, int]:
+    sizes = config.get("parallelism_config") or {}
+    tp = int(sizes.get("parallelism_config_tp_size", 1))
+    replicate = int(sizes.get("parallelism_config_dp_replicate_size", 1))
+    for name in ("cp", "sp"):
+        if int(sizes.get(f"parallelism_config_{name}_size", 1)) > 1:
+            unmapped.append(f"parallelism_config_{name}_size: autoplan does not price {name.upper()} parallelism.")
+    if replicate > 1:
+        unmapped.append("dp_replicate_size > 1 (HSDP): autoplan prices sharding over all data-parallel ranks.")
+    if world % tp:
+        raise ExportError(f"num_processes {world} is not a multiple of parallelism_config_tp_size {tp}.")
+    return tp, world // tp
+
+
+def _read_batch(text: str, dp: int, batch_size: int | None, unmapped: list[str]) -> dict[str, int]:
+    found = {key: int(value) for key, value in COMMENT.findall(text) if value.isdigit()}
+    if "micro_batch_size" in found:
+        return {
+            "micro_batch_size": found["micro_batch_size"],
+            "num_microbatches": found.get("gradient_accumulation_steps", 1),
+        }
+    if batch_size is not None:
+        if batch_size % dp:
+            raise ExportError(f"batch size {batch_size} does not divide over {dp} data-parallel ranks.")
+        return {"micro_batch_size": batch_size // dp, "num_microbatches": 1}
+    unmapped.append("the micro-batch is a training-script argument; read as 1 per device, no accumulation.")
+    return {"micro_batch_size": 1, "num_microbatches": 1}
+
+
+def _read_sharding(config: dict, kind: str, unmapped: list[str]) -> dict[str, Any]:
+    fsdp = config.get("fsdp_config") or {}
+    recompute = "full" if fsdp.get("fsdp_activation_checkpointing") else "none"
+    if kind in ("NO", "MULTI_GPU"):
+        return {"zero_stage": 0, "recompute": recompute}
+    if kind == "DEEPSPEED":
+        unmapped.append("distributed_type DEEPSPEED: read its deepspeed_config_file with --framework deepspeed.")
+        return {"zero_stage": int((config.get("deepspeed_config") or {}).get("zero_stage", 0)), "recompute": recompute}
+    if kind != "FSDP":
+        raise ExportError(f"distributed_type {kind}: autoplan reads NO, MULTI_GPU, FSDP and DEEPSPEED configs.")
+    if int(fsdp.get("fsdp_version", 1)) == 2:
+        reshard = str(fsdp.get("fsdp_reshard_after_forward", True)).lower() in ("true", "1", "yes")
+        return {"zero_stage": 3 if reshard else 2, "recompute": recompute}
+    strategy = str(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD")).upper()
+    stages = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "_HYBRID_SHARD_ZERO2": 2, "NO_SHARD": 0}
+    if strategy.startswith("_HYBRID") or strategy == "HYBRID_SHARD":
+        unmapped.append(f"fsdp_sharding_strategy {strategy} (HSDP): autoplan prices sharding over all dp ranks.")
+    return {"zero_stage": stages.get(strategy, 3), "recompute": recompute}

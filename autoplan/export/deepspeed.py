@@ -1,0 +1,315 @@
+"""A plan as DeepSpeed's JSON config (``ds_config.json``), and such a config read back.
+
+DeepSpeed 0.19 reads the config in ``deepspeed.runtime.config.DeepSpeedConfig``; the tests load
+every exported file with it. Mapping (plan field → JSON key):
+
+| plan | ds_config.json | note |
+|---|---|---|
+| ``dp·micro_batch_size·num_microbatches`` | ``train_batch_size`` | DeepSpeed asserts ``= mbs·ga·dp`` |
+| ``micro_batch_size`` | ``train_micro_batch_size_per_gpu`` | |
+| ``num_microbatches`` | ``gradient_accumulation_steps`` | also the pipeline's micro-batches |
+| ``zero_stage`` 0–3 | ``zero_optimization.stage`` | ZeRO-3 frees gathered weights after forward; pp > 1: ZeRO-1 |
+| ``overlap_grad_reduce`` | ``zero_optimization.overlap_comm`` | stage 0 all-reduces after the backward, always |
+| ``precision`` bf16 / fp16 | ``bf16.enabled`` / ``fp16.enabled`` | fp16 with a dynamic loss scale (``loss_scale: 0``) |
+| ``precision`` fp8 | ``bf16.enabled`` | DeepSpeed's FP8 is Transformer Engine, in model code |
+| ``grad_reduce_dtype`` | ``communication_data_type`` | absent: DeepSpeed reduces in the training dtype |
+| (fp32 accumulation) | ``data_types.grad_accum_dtype: "fp32"`` | |
+| ``recompute`` full / selective | ``activation_checkpointing`` | options only; model code checkpoints |
+| ``tp`` | ``tensor_parallel.autotp_size`` | AutoTP training: DeepSpeed's own split |
+| ``ep`` | ``expert_parallel: {enabled, autoep_size}`` | AutoEP: DeepSpeed finds the MoE layers itself |
+| ``pp``, ``schedule``, ``virtual_stages``, ``stages`` | ``"autoplan"`` section | ``PipelineModule`` is code |
+
+The JSON has no comments, so the sentences of :attr:`Exported.unexpressed` also go in the
+``"autoplan"`` section's ``"unexpressed"`` list; DeepSpeed ignores unknown top-level keys.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, layers_per_stage, split_note
+from autoplan.types.plan import Plan
+
+FILENAME = "ds_config.json"
+SECTION = "autoplan"
+#: DeepSpeed's dynamic loss scaling for fp16: ``loss_scale: 0`` means dynamic, starting at 2**16.
+FP16_DYNAMIC = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                "hysteresis": 2, "min_loss_scale": 1}  # fmt: skip
+#: ``deepspeed.checkpointing``'s options, left at DeepSpeed's defaults (nothing partitioned or offloaded).
+CHECKPOINTING = {"partition_activations": False, "contiguous_memory_optimization": False, "cpu_checkpointing": False,
+                 "number_checkpoints": None, "synchronize_checkpoint_boundary": False, "profile": False}  # fmt: skip
+
+
+# ---- export -------------------------------------------------------------------------------
+def export(plan: Plan, facts: ModelFacts) -> Exported:
+    """``plan`` as a DeepSpeed JSON config (module docstring)."""
+    unexpressed = _unexpressed(plan, facts)
+    config: dict[str, Any] = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.num_microbatches,
+        "zero_optimization": _zero(plan),
+        **_precision(plan),
+        "communication_data_type": plan.grad_reduce_dtype,
+        "data_types": {"grad_accum_dtype": "fp32"},
+    }
+    if plan.recompute != "none":
+        config["activation_checkpointing"] = dict(CHECKPOINTING)
+    if plan.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": plan.tp}
+    if plan.ep > 1:
+        config["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep}
+    config[SECTION] = _section(plan, facts, unexpressed)
+    return Exported(
+        framework="deepspeed",
+        filename=FILENAME,
+        text=json.dumps(config, indent=2) + "\n",
+        unexpressed=unexpressed,
+        launch=launch_command(plan),
+    )
+
+
+def launch_command(plan: Plan, *, devices_per_node: int = 8) -> str:
+    """DeepSpeed's own launcher for this file (``devices_per_node`` GPUs a node, 8 unless told)."""
+    per_node = min(plan.devices, devices_per_node)
+    nodes = -(-plan.devices // per_node)
+    return f"deepspeed --num_nodes {nodes} --num_gpus {per_node} train.py --deepspeed --deepspeed_config {FILENAME}"
+
+
+def zero_stage(plan: Plan) -> int:
+    """The ZeRO stage DeepSpeed runs: its PipelineEngine refuses ZeRO-2/3, so a pipeline gets ZeRO-1."""
+    return min(plan.zero_stage, 1) if plan.pp > 1 else plan.zero_stage
+
+
+def _zero(plan: Plan) -> dict[str, Any]:
+    # Stage 0 has no overlap switch: DeepSpeed all-reduces after the backward (engine.allreduce_gradients).
+    zero: dict[str, Any] = {"stage": zero_stage(plan)}
+    if zero["stage"] > 0:
+        zero["overlap_comm"] = plan.overlap_grad_reduce
+    return zero
+
+
+def _precision(plan: Plan) -> dict[str, Any]:
+    if plan.precision in ("bf16", "fp8"):
+        return {"bf16": {"enabled": True}}
+    if plan.precision == "fp16":
+        return {"fp16": dict(FP16_DYNAMIC)}
+    return {}
+
+
+def _section(plan: Plan, facts: ModelFacts, unexpressed: list[str]) -> dict[str, Any]:
+    """What DeepSpeed's JSON cannot hold, for a reader (and :func:`read`); DeepSpeed ignores it."""
+    return {
+        "model": facts.name,
+        "pp": plan.pp,
+        "schedule": plan.schedule,
+        "virtual_stages": plan.virtual_stages,
+        "tp": plan.tp,
+        "stages": plan.stages,
+        "unexpressed": list(unexpressed),
+    }
+
+
+def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
+    found = _pipeline_gaps(plan, facts) + _tensor_gaps(plan)
+    if plan.zero_stage == 0 and plan.overlap_grad_reduce and plan.dp > 1:
+        found.append(
+            "overlap_grad_reduce: DeepSpeed without ZeRO all-reduces gradients after the backward at the "
+            "accumulation boundary; it has no switch to overlap them with the backward (ZeRO-1+ has overlap_comm)."
+        )
+    if plan.recompute != "none":
+        found.append(
+            "recompute: DeepSpeed's checkpointing is invoked by model code (deepspeed.checkpointing.checkpoint "
+            "around each block, or PipelineModule(activation_checkpoint_interval=1)); the config only sets its "
+            "options."
+        )
+    if plan.recompute == "selective":
+        found.append(
+            "recompute=selective (attention only) has no DeepSpeed equivalent; checkpointing whole blocks is "
+            "full recompute, which costs more compute."
+        )
+    if plan.precision == "fp8":
+        found.append(
+            "precision=fp8: DeepSpeed's FP8 goes through Transformer Engine layers in model code; the config "
+            "says bf16 for everything else."
+        )
+    if plan.grad_compression == "powersgd":
+        found.append(
+            f"grad_compression=powersgd (rank {plan.powersgd_rank}) has no DeepSpeed switch; its compressed "
+            "optimizers (1-bit Adam, 0/1 Adam) are different algorithms."
+        )
+    return found
+
+
+def _pipeline_gaps(plan: Plan, facts: ModelFacts) -> list[str]:
+    if plan.pp == 1:
+        return []
+    blocks = f"its {facts.layers} blocks" if facts.layers else "its blocks"
+    found = [
+        f"pp={plan.pp}: DeepSpeed's JSON has no pipeline degree; build the model as deepspeed.pipe.PipelineModule("
+        f"layers=..., num_stages={plan.pp}, partition_method='uniform') over {blocks} and train it with "
+        "engine.train_batch()."
+    ]
+    if plan.stages and not layers_per_stage(plan):
+        sizes = [len(stage) for stage in plan.stages]
+        found.append(
+            f"stages of {sizes} blocks: DeepSpeed's partition methods (uniform, parameters, type:REGEX) take no "
+            "explicit split; the 'autoplan' section lists autoplan's."
+        )
+    if plan.zero_stage >= 2:
+        found.append(
+            f"zero_stage={plan.zero_stage} with pp={plan.pp}: DeepSpeed's PipelineEngine refuses ZeRO-2/3, so the "
+            "config says ZeRO-1 (optimizer states sharded, gradients and weights not)."
+        )
+    if plan.schedule != "1f1b" or plan.virtual_stages > 1:
+        found.append(
+            f"schedule={plan.schedule} (virtual_stages={plan.virtual_stages}): DeepSpeed runs its one 1F1B "
+            "TrainSchedule, one chunk per stage; it has no GPipe or interleaved schedule."
+        )
+    return found
+
+
+def _tensor_gaps(plan: Plan) -> list[str]:
+    if plan.tp == 1:
+        return []
+    found = [
+        f"tp={plan.tp}: written as tensor_parallel.autotp_size (DeepSpeed AutoTP training), which splits the "
+        "model's linear layers by its own rules (Hugging Face models), not by autoplan's tp_plan."
+    ]
+    note = split_note(plan)
+    if note:
+        found.append(note)
+    if plan.sequence_parallel:
+        found.append(
+            "sequence_parallel (Megatron's, over the tp ranks) has no DeepSpeed switch; its sequence_parallel_size "
+            "is Ulysses attention-head parallelism, a different scheme."
+        )
+    if plan.tp_comm_overlap:
+        found.append("tp_comm_overlap has no DeepSpeed AutoTP switch; its collectives run unoverlapped.")
+    return found
+
+
+# ---- read ---------------------------------------------------------------------------------
+def read(text: str, *, devices: int | None = None) -> Imported:
+    """A DeepSpeed JSON config back to plan fields (module docstring); ``devices`` is the world size
+    (DeepSpeed takes it from the launcher, not the file)."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ExportError(f"DeepSpeed config is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    if not isinstance(config, dict):
+        raise ExportError("DeepSpeed config must be a JSON object.")
+    section = config.get(SECTION) or {}
+    unmapped: list[str] = []
+    layout = _read_layout(config, section, devices, unmapped)
+    zero = config.get("zero_optimization") or {}
+    fields = {
+        **layout,
+        **_read_precision(config),
+        **_read_zero(zero, unmapped),
+        "recompute": "full" if config.get("activation_checkpointing") is not None else "none",
+    }
+    if fields["recompute"] == "full":
+        unmapped.append(
+            "activation_checkpointing only configures deepspeed.checkpointing; read as full recompute, which "
+            "holds when the model code checkpoints every block."
+        )
+    unmapped += _read_unmapped(config, zero)
+    return Imported(
+        framework="deepspeed", fields=fields, unmapped=unmapped, facts=ModelFacts(name=section.get("model", "model"))
+    )
+
+
+def _read_layout(config: dict, section: dict, devices: int | None, unmapped: list[str]) -> dict[str, Any]:
+    tp = int((config.get("tensor_parallel") or {}).get("autotp_size", section.get("tp", 1)) or 1)
+    pp = int(section.get("pp", 1))
+    if SECTION not in config:
+        unmapped.append("DeepSpeed's JSON has no pipeline degree (PipelineModule is code); read as pp=1.")
+    mbs, ga, dp = _read_batch(config, devices, tp * pp)
+    expert = config.get("expert_parallel") or {}
+    fields = {
+        "devices": dp * tp * pp,
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "micro_batch_size": mbs,
+        "num_microbatches": ga,
+        "ep": int(expert.get("autoep_size", 1)) if expert.get("enabled") else 1,
+    }
+    if pp > 1:
+        fields["schedule"] = "1f1b"  # the one schedule DeepSpeed runs
+        stages = section.get("stages") or []
+        if stages and len(stages) == pp:
+            fields["stages"] = [list(s) for s in stages]
+    return fields
+
+
+def _read_batch(config: dict, devices: int | None, model_parallel: int) -> tuple[int, int, int]:
+    """(micro-batch, accumulation steps, dp) from any two of DeepSpeed's three batch keys, as DeepSpeed derives them."""
+    # "auto" (the Hugging Face Trainer fills it in) says nothing: treated as absent.
+    tbs, mbs, ga = (
+        None if config.get(key) == "auto" else config.get(key)
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    )
+    if devices is not None:
+        if devices % model_parallel:
+            raise ExportError(f"--devices {devices} is not a multiple of tp*pp = {model_parallel} in the config.")
+        dp = devices // model_parallel
+    elif None not in (tbs, mbs, ga) and tbs % (mbs * ga) == 0:
+        dp = tbs // (mbs * ga)
+    else:
+        raise ExportError("DeepSpeed takes the world size from its launcher; pass --devices for this config.")
+    if mbs is None and ga is None:
+        mbs, ga = (tbs // dp if tbs else 1), 1
+    elif mbs is None:
+        mbs = tbs // (ga * dp)
+    elif ga is None:
+        ga = tbs // (mbs * dp) if tbs else 1
+    if tbs is not None and tbs != mbs * ga * dp:
+        raise ExportError(
+            f"train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} * gradient_accumulation_steps {ga} "
+            f"* data-parallel size {dp}; DeepSpeed refuses this config."
+        )
+    return int(mbs), int(ga), int(dp)
+
+
+def _read_precision(config: dict) -> dict[str, str]:
+    precision = "fp32"
+    if (config.get("bf16") or config.get("bfloat16") or {}).get("enabled"):
+        precision = "bf16"
+    elif (config.get("fp16") or {}).get("enabled"):
+        precision = "fp16"
+    # Absent, DeepSpeed reduces in the training dtype (engine.communication_data_type).
+    reduce = config.get("communication_data_type") or precision
+    if reduce == "auto":
+        reduce = precision
+    return {"precision": precision, "grad_reduce_dtype": str(reduce).lower()}
+
+
+def _read_zero(zero: dict, unmapped: list[str]) -> dict[str, Any]:
+    stage = int(zero.get("stage", 0))
+    overlap = bool(zero.get("overlap_comm", stage == 3)) if stage else False
+    if stage >= 2 and not overlap:
+        unmapped.append(
+            "overlap_comm=false with ZeRO-2/3: DeepSpeed still reduces in the backward's hooks; autoplan prices "
+            "that reduction as overlapped."
+        )
+        overlap = True
+    return {"zero_stage": stage, "overlap_grad_reduce": overlap}
+
+
+def _read_unmapped(config: dict, zero: dict) -> list[str]:
+    found = []
+    for key in ("offload_param", "offload_optimizer"):
+        device = (zero.get(key) or {}).get("device", "none")
+        if device not in (None, "none"):
+            found.append(f"zero_optimization.{key} to {device}: autoplan does not price CPU/NVMe offload.")
+    if int(config.get("sequence_parallel_size", 1) or 1) > 1:
+        found.append("sequence_parallel_size (Ulysses sequence parallelism): autoplan does not price it.")
+    if (config.get("activation_checkpointing") or {}).get("cpu_checkpointing"):
+        found.append("activation_checkpointing.cpu_checkpointing: autoplan does not price activations kept on the CPU.")
+    for key in ("zenflow", "compile", "torch_autocast", "curriculum_learning", "data_efficiency"):
+        if config.get(key):
+            found.append(f"{key}: autoplan does not price it.")
+    return found
