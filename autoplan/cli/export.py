@@ -40,6 +40,7 @@ def add_config_arguments(explain: argparse.ArgumentParser) -> None:
     explain.add_argument("--model", metavar="MODEL.py", help="with --config: the model file the config trains")
     explain.add_argument("--profile", help="with --config: the profile (name or file) of the cluster")
     explain.add_argument("--devices", type=int, help="with --config: world size, where the config does not say")
+    explain.add_argument("--batch", type=int, help="with --config: global batch, where the config does not say")
     explain.add_argument("--allow-lossy", action="store_true", help="with --config: let the best plan be lossy")
 
 
@@ -71,7 +72,7 @@ def run_explain_config(args: argparse.Namespace) -> int:
         raise ExportError(
             f"explain --config needs {' and '.join(missing)}: the model the config trains and the cluster."
         )
-    imported = import_config(args.config, framework=args.framework, devices=args.devices)
+    imported = import_config(args.config, framework=args.framework, devices=args.devices, batch_size=args.batch)
     graph = trace_model_file(args.model, imported.plan().global_batch_size)
     result = price_config(
         args.config,
@@ -79,6 +80,7 @@ def run_explain_config(args: argparse.Namespace) -> int:
         profile=resolve_profile(args.profile),
         framework=imported.framework,
         devices=args.devices,
+        batch_size=args.batch,
         allow_lossy=args.allow_lossy,
     )
     if args.json:

@@ -82,15 +82,19 @@ def detect_framework(path: Path, text: str) -> str:
     raise ExportError(f"cannot tell which framework '{path}' is for; pass --framework one of {', '.join(FRAMEWORKS)}.")
 
 
-def import_config(path: str | Path, *, framework: str | None = None, devices: int | None = None) -> Imported:
-    """A framework's config file read back into plan fields (module docstring)."""
+def import_config(
+    path: str | Path, *, framework: str | None = None, devices: int | None = None, batch_size: int | None = None
+) -> Imported:
+    """A framework's config file read back into plan fields (module docstring). ``devices`` and
+    ``batch_size`` (the global batch) fill in what a config leaves to its launcher or script."""
     path = Path(path)
     if not path.is_file():
         raise ExportError(f"config '{path}' does not exist; pass the trainer's config file.")
     text = path.read_text()
     name = framework or detect_framework(path, text)
+    hints = {"batch_size": batch_size} if batch_size and name == "accelerate" else {}  # its script holds the batch
     try:
-        return _module(name).read(text, devices=devices)
+        return _module(name).read(text, devices=devices, **hints)
     except AutoplanError:
         raise
     except (ValueError, KeyError, TypeError) as exc:
@@ -109,6 +113,7 @@ class ConfigPricing:
     best_plan: Plan
     best_step_s: float
     unmapped: list[str] = field(default_factory=list)
+    allow_lossy: bool = False  # the best plan's search could pick lossy options
     terms: list[dict[str, Any]] = field(default_factory=list)  # report/terms.term_diffs, config minus best
 
     @property
@@ -138,6 +143,7 @@ def price_config(
     profile: Profile,
     framework: str | None = None,
     devices: int | None = None,
+    batch_size: int | None = None,
     allow_lossy: bool = False,
 ) -> ConfigPricing:
     """Price an existing config and the planner's best plan for its devices and batch (module docstring)."""
@@ -145,7 +151,7 @@ def price_config(
     from autoplan.report.terms import term_diffs
     from autoplan.solve.api import plan_graph
 
-    imported = import_config(path, framework=framework, devices=devices)
+    imported = import_config(path, framework=framework, devices=devices, batch_size=batch_size)
     fields = {**imported.fields, "model": graph.model_name, "profile": profile.name}
     try:
         plan = Plan(**fields)
@@ -165,6 +171,7 @@ def price_config(
         best_plan=best.best,
         best_step_s=best.best_cost.step_time_s,
         unmapped=imported.unmapped,
+        allow_lossy=allow_lossy,
         terms=[{"term": d.term, "words": d.words, "config_s": d.rival_s, "best_s": d.best_s} for d in diffs],
     )
 
@@ -178,6 +185,14 @@ def pricing_lines(result: ConfigPricing) -> list[str]:
         f"- your config: **{result.config_plan.describe()}**, {1e3 * result.config_step_s:.1f} ms per step{fits}",
         f"- best plan: **{result.best_plan.describe()}**, {1e3 * result.best_step_s:.1f} ms per step",
         f"- your config is {result.slower:.2f}x the best plan's step time",
+        *(
+            [
+                f"- your config is lossy ({', '.join(result.config_plan.lossy)}); the best plan was searched "
+                f"{'with' if result.allow_lossy else 'without'} lossy options"
+            ]
+            if result.config_plan.lossy
+            else []
+        ),
         "",
         "| term | yours ms | best ms | difference ms |",
         "|---|---:|---:|---:|",

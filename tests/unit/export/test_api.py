@@ -1,0 +1,85 @@
+"""The export API and CLI over the framework modules: recognising a config, the round trip through
+a plan folder, pricing an existing config against the best plan, and bad input in one sentence."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from synthetic import synthetic_gpt, synthetic_profile
+
+from autoplan.errors import ExportError
+from autoplan.export.api import detect_framework, export_plan, import_config, price_config, write_export
+from autoplan.solve.api import plan_graph
+from autoplan.solve.outputs import write_outputs
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    graph = synthetic_gpt(layers=4, hidden=256, heads=8, vocab=8000, seq=128, batch=32)
+    profile = synthetic_profile()
+    result = plan_graph(graph, devices=16, profile=profile, batch_size=32, fix={"tp": 2, "pp": 2})
+    out = tmp_path_factory.mktemp("plan")
+    write_outputs(out, result=result, graph=graph, profile=profile)
+    return out, graph, profile, result.best
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "megatron", "deepspeed", "accelerate"])
+def test_each_export_is_recognised_read_back_and_priced(folder, tmp_path, framework):
+    out, graph, profile, best = folder
+    exported = export_plan(out, to=framework)
+    path = write_export(exported, tmp_path)
+    assert path.name == exported.filename and path.read_text() == exported.text
+    assert detect_framework(path, path.read_text()) == framework
+    imported = import_config(path, devices=best.devices, batch_size=best.global_batch_size)
+    plan = imported.plan()
+    runs = best.pp if framework == "accelerate" else 1  # no pipelines there: pp ranks run as more dp ranks
+    assert plan.devices == best.devices and plan.global_batch_size == best.global_batch_size * runs
+    priced = price_config(path, graph=graph, profile=profile, devices=best.devices, batch_size=best.global_batch_size)
+    assert priced.config_step_s > 0 and priced.best_step_s > 0
+    assert priced.slower >= 1 - 1e-9 or priced.config_plan.lossy  # nothing exact beats the best plan
+
+
+def test_facts_come_from_the_plan_folders_graph(folder):
+    out, graph, _, _ = folder
+    text = export_plan(out, to="megatron").text
+    assert f"--num-layers {len(graph.layers)}" in text and "--hidden-size 256" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [("a.json", "{not json", "is not valid JSON"), ("a.cfg", "hello world", "cannot tell which framework")],
+)
+def test_unrecognisable_configs_are_one_sentence(tmp_path, name, text, words):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ExportError, match=words):
+        import_config(path)
+
+
+def test_a_missing_config_or_plan_is_one_sentence(tmp_path):
+    with pytest.raises(ExportError, match="does not exist"):
+        import_config(tmp_path / "nope.toml")
+    with pytest.raises(ExportError, match="neither a plan.json nor a plan folder"):
+        export_plan(tmp_path / "nope", to="deepspeed")
+
+
+def test_the_cli_exports_warns_and_fails_in_one_sentence(folder, tmp_path):
+    out, _, _, _ = folder
+    run = [sys.executable, "-m", "autoplan.cli"]
+    done = subprocess.run(
+        [*run, "export", str(out), "--to", "deepspeed", "--out", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert Path(summary["file"]).is_file() and summary["unexpressed"] and summary["launch"].startswith("deepspeed")
+    bad = subprocess.run([*run, "export", str(tmp_path / "none"), "--to", "megatron"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    explain = subprocess.run([*run, "explain", "--config", summary["file"]], capture_output=True, text=True)
+    assert explain.returncode == 2 and "needs --model and --profile" in explain.stderr
