@@ -304,8 +304,9 @@ def precision_options(profile: Profile, *, fixes: dict) -> list[str]:
         wanted = fixes["precision"]
         if wanted == "fp8" and wanted not in options:
             raise PlanError(
-                f"--fix precision=fp8 but profile '{profile.name}' ({profile.device.name}) has no fp8 and bf16 "
-                "peaks: FP8 training needs a GPU with FP8 tensor cores (H100, H200, ...); use precision=bf16."
+                f"--fix precision=fp8 but profile '{profile.name}' ({profile.device.name}) has no "
+                f"{'fp8' if 'fp8' not in peaks else 'bf16'} peak: FP8 training needs a GPU with FP8 tensor cores "
+                "(H100, H200, ...) and runs the rest in bf16; use precision=bf16."
             )
         if wanted != "fp32" and wanted not in peaks:
             raise PlanError(
