@@ -18,6 +18,7 @@ could not map, and the facts it states about the model.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,3 +111,24 @@ def split_note(plan: Plan) -> str | None:
         "modules by its own per-op choice; this framework applies its own fixed split (Megatron-style "
         "column/row pairs), so the priced split may differ from the one it runs."
     )
+
+
+def comment_lines(framework: str, *, notes: list[str], remarks: list[str]) -> list[str]:
+    """``#`` lines for a config file: what ``framework`` cannot express (``notes``) and what the
+    user sets by hand (``remarks``), each item wrapped at 100 characters."""
+    lines: list[str] = []
+    if notes:
+        lines += ["#", f"# {framework} cannot express these parts of the plan (autoplan priced them as planned):"]
+        lines += _comment_block(notes)
+    if remarks:
+        lines += ["#", "# set by hand:"]
+        lines += _comment_block(remarks)
+    return lines
+
+
+def _comment_block(items: list[str]) -> list[str]:
+    out = []
+    for item in items:
+        wrapped = textwrap.wrap(item, width=100, break_on_hyphens=False)
+        out += [f"# - {wrapped[0]}"] + [f"#   {w}" for w in wrapped[1:]]
+    return out

@@ -46,10 +46,17 @@ from __future__ import annotations
 
 import re
 import shlex
-import textwrap
 from typing import Any
 
-from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, layers_per_stage, split_note
+from autoplan.export.common import (
+    Exported,
+    ExportError,
+    Imported,
+    ModelFacts,
+    comment_lines,
+    layers_per_stage,
+    split_note,
+)
 from autoplan.types.plan import Plan
 
 FILENAME = "megatron_args.txt"
@@ -225,22 +232,9 @@ def _launch(plan: Plan) -> str:
 
 def _render(flags: Flags, *, header: list[str], notes: list[str], remarks: list[str]) -> str:
     lines = [f"# {h}" for h in header]
-    if notes:
-        lines += ["#", "# Megatron-LM cannot express these parts of the plan (autoplan priced them as planned):"]
-        lines += _comment_block(notes)
-    if remarks:
-        lines += ["#", "# set by hand:"]
-        lines += _comment_block(remarks)
+    lines += comment_lines("Megatron-LM", notes=notes, remarks=remarks)
     lines += [flag if value is None else f"{flag} {value}" for flag, value in flags]
     return "\n".join(lines) + "\n"
-
-
-def _comment_block(items: list[str]) -> list[str]:
-    out = []
-    for item in items:
-        wrapped = textwrap.wrap(item, width=100, break_on_hyphens=False)
-        out += [f"# - {wrapped[0]}"] + [f"#   {w}" for w in wrapped[1:]]
-    return out
 
 
 # ---- read --------------------------------------------------------------------------------------

@@ -46,12 +46,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import textwrap
 from typing import Any
 
 import tomllib
 
-from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, split_note
+from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines, split_note
 from autoplan.types.plan import Plan
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
@@ -216,24 +215,11 @@ def _launch(devices: int) -> str:
 
 def _render(sections: dict[str, dict[str, Any]], *, header: list[str], notes: list[str], remarks: list[str]) -> str:
     lines = [f"# {h}" for h in header]
-    if notes:
-        lines += ["#", "# torchtitan cannot express these parts of the plan (autoplan priced them as planned):"]
-        lines += _comment_block(notes)
-    if remarks:
-        lines += ["#", "# set by hand:"]
-        lines += _comment_block(remarks)
+    lines += comment_lines("torchtitan", notes=notes, remarks=remarks)
     for name, table in ((n, t) for n, t in sections.items() if t):
         lines += ["", f"[{name}]"]
         lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
     return "\n".join(lines) + "\n"
-
-
-def _comment_block(items: list[str]) -> list[str]:
-    out = []
-    for item in items:
-        wrapped = textwrap.wrap(item, width=100, break_on_hyphens=False)
-        out += [f"# - {wrapped[0]}"] + [f"#   {w}" for w in wrapped[1:]]
-    return out
 
 
 def _toml_value(value: Any) -> str:
