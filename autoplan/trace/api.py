@@ -9,6 +9,7 @@ No step allocates a real weight or activation; the caller's model is left as it 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +26,15 @@ from autoplan.trace.propagate import Measured, Propagator
 from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
 from autoplan.types.graph import Graph
 from autoplan.types.moe import RoutingModel
+
+
+@contextlib.contextmanager
+def _grad_mode(enabled: bool):
+    """Restore autograd's global mode on the way out, whatever the traced code left it as."""
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(enabled)
 
 
 def trace(
@@ -46,7 +56,8 @@ def trace(
         )
     batch = _batch_size(inputs)
     routing = routing or RoutingModel()
-    with training_mode(model), swapped(model, to_meta), moe.routed(model, routing) as seen:
+    grad_mode = torch.is_grad_enabled()  # an op that fails inside a set_grad_enabled region must not leak it
+    with training_mode(model), swapped(model, to_meta), moe.routed(model, routing) as seen, _grad_mode(grad_mode):
         captured = capture(model, tuple(map_tensors(tuple(inputs), to_meta)), model_name=model_name)
         _move_meta_constants(captured.module)
         with FakeTensorMode() as mode:
