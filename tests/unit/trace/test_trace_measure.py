@@ -139,3 +139,21 @@ def test_data_dependent_routing_fails_clearly():
 
     with pytest.raises(TraceError, match="nonzero"):
         trace(Router(), (torch.randn(4, 8),))
+
+
+class _FailsWithoutGrad(torch.nn.Module):
+    """Leaves autograd off when its forward fails, as a failing op inside set_grad_enabled(False) can."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        torch.set_grad_enabled(False)
+        raise RuntimeError("this op cannot run on fake tensors")
+
+
+def test_a_failed_trace_leaves_autograd_on():
+    with pytest.raises(Exception):
+        trace(_FailsWithoutGrad(), (torch.randn(2, 4),))
+    assert torch.is_grad_enabled()
