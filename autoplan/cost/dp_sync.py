@@ -44,7 +44,7 @@ from __future__ import annotations
 from autoplan.cost import compression
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES
-from autoplan.cost.memory import DDP_BUCKET_BYTES, runs_ddp
+from autoplan.cost.memory import DDP_BUCKET_BYTES
 from autoplan.cost.mesh import AxisGroup
 from autoplan.cost.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
 from autoplan.cost.stages import StageTotals
@@ -58,7 +58,7 @@ class DataParallelSync:
     def _dp_message_s(self, plan: Plan, kind: str, message_bytes: float, group: AxisGroup) -> float:
         """One dp collective as the executor sends it: in DDP buckets under DDP, else one call per
         FSDP unit or flat buffer (comm.bucketed_time_s)."""
-        return self._collective_s(kind, message_bytes, group, DDP_BUCKET_BYTES if runs_ddp(plan) else None)
+        return self._collective_s(kind, message_bytes, group, DDP_BUCKET_BYTES if plan.runs_ddp else None)
 
     def _block_sync_s(self, plan: Plan, kind: str, block, bytes_per_param: int, group: AxisGroup) -> float:
         """One block's dp collective: its dense parameters over the dp group, its routed experts'
@@ -116,7 +116,7 @@ class DataParallelSync:
             total, exposed = total + gather, exposed + gather
         if not self._overlaps_grad_reduce(plan):
             exposed = total
-        if runs_ddp(plan) and self.graph.buffer_bytes:  # rank 0's buffers, broadcast before a forward: never hidden
+        if plan.runs_ddp and self.graph.buffer_bytes:  # rank 0's buffers, broadcast before a forward: never hidden
             broadcast = collective_time_s(self.profile, "all_gather", self.graph.buffer_bytes, group=group)
             total, exposed = total + broadcast, exposed + broadcast
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
@@ -152,7 +152,7 @@ class DataParallelSync:
             return False
         if plan.grad_compression == "powersgd" and self.profile.backend != "nccl":
             return False  # under gloo the executor finishes each bucket's hook before the next
-        return plan.zero_stage >= 2 or runs_ddp(plan)
+        return plan.zero_stage >= 2 or plan.runs_ddp
 
     def _overlap_efficiency(self, plan: Plan) -> float:
         """eta of the dp communication (module docstring): 0 for FSDP2 (ZeRO-2/3) without CUDA streams."""

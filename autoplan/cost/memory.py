@@ -97,13 +97,6 @@ def model_states(*, params: float, precision: str, zero_stage: int, dp: int, pp:
     return ModelStates(weights_bytes=(4 + low) * params, grads_bytes=4 * params, optimizer_bytes=optimizer)
 
 
-def runs_ddp(plan) -> bool:
-    """Whether the executor realises the plan's data parallelism with DDP (autoplan/execute/
-    data_parallel.py ``dp_mode``): dp > 1, ZeRO-0, no tp or pp, the reduction overlapped. Only
-    then do gradients live through the step (module docstring)."""
-    return plan.dp > 1 and plan.zero_stage == 0 and plan.tp == 1 and plan.pp == 1 and plan.overlap_grad_reduce
-
-
 def comm_buffer_bytes(
     *, zero_stage: int, dp: int, pp: int, boundary_bytes: float, block_params: float, precision: str
 ) -> float:

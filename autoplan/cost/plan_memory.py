@@ -15,7 +15,6 @@ from autoplan.cost.memory import (
     StageMemory,
     comm_buffer_bytes,
     model_states,
-    runs_ddp,
     scatter_buffer_bytes,
     stage_memory,
     sync_buffer_bytes,
@@ -71,7 +70,7 @@ class PlanMemory:
                 reduce_bytes=reduce_bytes,
             )
             + self._hook_copy_bytes(plan, stage),
-            grads_persist=runs_ddp(plan),
+            grads_persist=plan.runs_ddp,
         )
 
     def _compression_bytes(self, plan: Plan, stage: StageTotals) -> float:

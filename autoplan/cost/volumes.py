@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from autoplan.cost.compression import total
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.experts import COUNT_BYTES, dispatch_bytes
-from autoplan.cost.memory import runs_ddp
 from autoplan.cost.model import CostModel
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tensor_parallel import Messages, block_messages
@@ -111,7 +110,7 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     p = _dense(plan, stage)
     grad = PRECISION_BYTES[plan.grad_reduce_dtype]
     if plan.zero_stage == 0:
-        ddp = runs_ddp(plan)
+        ddp = plan.runs_ddp
         pred.add("dp", "all_reduce", None if ddp else 1, p * grad)
         if ddp and buffer_bytes:  # DDP broadcasts rank 0's buffers before the synced micro-batch's forward
             pred.add("dp", "broadcast", 1, buffer_bytes)

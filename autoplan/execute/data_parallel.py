@@ -72,7 +72,7 @@ def dp_mode(*, plan: Plan) -> str:
         return "fsdp"
     if plan.zero_stage == 1:
         return "zero1"
-    if plan.pp == 1 and plan.tp == 1 and plan.overlap_grad_reduce:
+    if plan.runs_ddp:
         return "ddp"
     return "allreduce"
 

@@ -99,7 +99,7 @@ def label_of(plan: Plan) -> str:
 
 def _powersgd_variants(plan: Plan, exact: Plan, model: CostModel) -> list[Plan]:
     """PowerSGD at the usual ranks, where the executor runs DDP and the rank compresses something."""
-    if not (plan.zero_stage == 0 and plan.tp == plan.pp == plan.ep == 1 and plan.overlap_grad_reduce):
+    if not (plan.runs_ddp and plan.ep == 1):
         return []
     matrices = [matrix_of(info.shape) for info in model.graph.parameters.values()]
     return [

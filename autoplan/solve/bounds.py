@@ -37,7 +37,7 @@ from __future__ import annotations
 from autoplan.cost.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, memory_time_s
 from autoplan.cost.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
-from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states, runs_ddp
+from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
 from autoplan.cost.op_costs import node_time_s
@@ -185,7 +185,7 @@ class Bounds:
             return 0.0
         group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["dp"]
         return bucketed_time_s(
-            self.profile, kind, message_bytes, group=group, bucket_bytes=DDP_BUCKET_BYTES if runs_ddp(plan) else None
+            self.profile, kind, message_bytes, group=group, bucket_bytes=DDP_BUCKET_BYTES if plan.runs_ddp else None
         )
 
     def _sync_s(self, plan: Plan) -> float:

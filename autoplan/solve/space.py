@@ -34,7 +34,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types.graph import Graph
-from autoplan.types.plan import PRECISIONS, RECOMPUTE, REDUCE_DTYPES
+from autoplan.types.plan import PRECISIONS, RECOMPUTE, REDUCE_DTYPES, runs_ddp
 from autoplan.types.profile import Profile
 
 #: What the search minimises (``--objective``): step time, or dollars per sample.
@@ -261,7 +261,8 @@ def grad_sync_options(profile: Profile, *, deg: Degrees, zero: int, fixes: dict,
         low = "bf16" if "bf16" in profile.device.peak_flops else "fp16"
         pinned = fixes.get("reduce")
         options.append(replace(EXACT, reduce_dtype=pinned if pinned and pinned != "fp32" else low))
-        if zero == 0 and deg.tp == deg.pp == deg.ep == 1 and fixes.get("powersgd", 1):
+        ddp = runs_ddp(dp=deg.dp, tp=deg.tp, pp=deg.pp, zero_stage=zero)  # the search overlaps the reduction
+        if ddp and deg.ep == 1 and fixes.get("powersgd", 1):
             rank = fixes.get("powersgd") or DEFAULT_POWERSGD_RANK
             options.append(GradSync(compression="powersgd", rank=rank))
     if "reduce" in fixes:

@@ -35,6 +35,14 @@ GRAD_COMPRESSIONS = ("none", "powersgd")
 SPLITS = ("replicate", "colwise", "rowwise", "sequence_parallel")
 
 
+def runs_ddp(*, dp: int, tp: int, pp: int, zero_stage: int, overlap_grad_reduce: bool = True) -> bool:
+    """Whether the executor realises data parallelism with PyTorch DDP (autoplan/execute/
+    data_parallel.py ``dp_mode``): dp > 1, ZeRO-0, no tp or pp, the reduction overlapped. Only then
+    do gradients live through the step as DDP's buckets, and only then can a DDP communication
+    hook (PowerSGD) run; the cost model, the search and the executor all ask this one rule."""
+    return dp > 1 and zero_stage == 0 and tp == 1 and pp == 1 and overlap_grad_reduce
+
+
 @dataclass
 class Plan:
     """One hybrid data/tensor/pipeline plan.
@@ -204,9 +212,8 @@ class Plan:
             PlanError,
             f"plan powersgd_rank={self.powersgd_rank!r}; PowerSGD needs a rank >= 1.",
         )
-        ddp = self.dp > 1 and self.tp == self.pp == self.ep == 1 and self.zero_stage == 0
         require(
-            ddp and self.overlap_grad_reduce,
+            self.runs_ddp and self.ep == 1,
             PlanError,
             f"plan grad_compression='powersgd' with {self.describe()}: PowerSGD runs as a DDP communication "
             "hook, so it needs dp > 1, tp = pp = ep = 1, zero_stage 0 and overlap_grad_reduce.",
@@ -216,6 +223,13 @@ class Plan:
             PlanError,
             f"plan grad_compression='powersgd' with grad_reduce_dtype='{self.grad_reduce_dtype}': PowerSGD "
             "compresses fp32 gradients; use grad_reduce_dtype 'fp32'.",
+        )
+
+    @property
+    def runs_ddp(self) -> bool:
+        """Whether the executor realises this plan's data parallelism with DDP (:func:`runs_ddp`)."""
+        return runs_ddp(
+            dp=self.dp, tp=self.tp, pp=self.pp, zero_stage=self.zero_stage, overlap_grad_reduce=self.overlap_grad_reduce
         )
 
     @property
