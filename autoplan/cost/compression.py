@@ -35,10 +35,11 @@ uncompressed; a whole-run price ignores them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import memory_time_s
+from autoplan.cost.memory import DDP_BUCKET_BYTES
 from autoplan.cost.mesh import AxisGroup
 from autoplan.errors import PlanError
 from autoplan.types.graph import Graph
@@ -78,20 +79,14 @@ class PowerSGDTraffic:
         """Error feedback for every gradient plus the warm-start factors."""
         return GRAD_BYTES * (self.elements + self.factor_elements)
 
+    @property
+    def hook_bytes(self) -> float:
+        """What the hook allocates for the bucket it compresses, after its gradients are ready: its
+        copy and the new error made before the old is dropped, each at most one DDP bucket."""
+        return 2 * min(DDP_BUCKET_BYTES, GRAD_BYTES * self.elements)
+
     def __add__(self, other: "PowerSGDTraffic") -> "PowerSGDTraffic":
-        return PowerSGDTraffic(*(a + b for a, b in zip(_fields(self), _fields(other))))
-
-
-def _fields(traffic: PowerSGDTraffic) -> tuple[float, ...]:
-    return (
-        traffic.elements,
-        traffic.uncompressed_elements,
-        traffic.p_elements,
-        traffic.q_elements,
-        traffic.matmul_flops,
-        traffic.matmul_elements,
-        traffic.orth_flops,
-    )
+        return PowerSGDTraffic(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
 
 def matrix_of(shape: list[int]) -> tuple[int, int]:

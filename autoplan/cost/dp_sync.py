@@ -137,14 +137,17 @@ class DataParallelSync:
             hit = self._bucket_cache[key] = compression.blocks_traffic(self.graph, blocks, rank)
         return hit
 
+    def powersgd_stage(self, plan: Plan, stage: StageTotals) -> compression.PowerSGDTraffic:
+        """A stage's PowerSGD traffic, all zeros when the plan does not compress (so every term of
+        it, sent, computed or held, is 0)."""
+        if plan.grad_compression != "powersgd" or plan.dp == 1:
+            return compression.PowerSGDTraffic()
+        return compression.total(self.powersgd_traffics(stage.blocks, plan.powersgd_rank))
+
     def _compression_time(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
         """PowerSGD's own work on the slowest stage's rank (compression.compute_s); 0 without it."""
-        if plan.grad_compression != "powersgd" or plan.dp == 1:
-            return
-        cost.compression_s = max(
-            compression.compute_s(self.profile, compression.total(self.powersgd_traffics(s.blocks, plan.powersgd_rank)))
-            for s in stages
-        )
+        if plan.grad_compression == "powersgd" and plan.dp > 1:
+            cost.compression_s = max(compression.compute_s(self.profile, self.powersgd_stage(plan, s)) for s in stages)
 
     def _overlaps_grad_reduce(self, plan: Plan) -> bool:
         """Whether the gradient reduction runs under the backward (module docstring)."""

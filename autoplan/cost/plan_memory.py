@@ -7,10 +7,8 @@ infeasible when the worst stage's peak exceeds the usable memory of the device.
 
 from __future__ import annotations
 
-from autoplan.cost.compression import GRAD_BYTES, total
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import (
-    DDP_BUCKET_BYTES,
     ModelStates,
     StageMemory,
     comm_buffer_bytes,
@@ -27,7 +25,7 @@ from autoplan.types.plan import Plan
 
 
 class PlanMemory:
-    """Mixin of CostModel: reads ``profile`` (and DataParallelSync's ``powersgd_traffics``)."""
+    """Mixin of CostModel: reads ``profile`` (and DataParallelSync's ``powersgd_stage``)."""
 
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
         """Per stage, its memory on one device: the parts and the peak (cost/memory.py)."""
@@ -52,7 +50,7 @@ class PlanMemory:
                 block_params=block_params,
                 precision=plan.precision,
             )
-            + self._compression_bytes(plan, stage),
+            + self.powersgd_stage(plan, stage).held_bytes,  # error feedback and P, Q (cost/compression.py)
             scatter_bytes=scatter_buffer_bytes(
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
@@ -69,28 +67,9 @@ class PlanMemory:
                 pp=plan.pp,
                 reduce_bytes=reduce_bytes,
             )
-            + self._hook_copy_bytes(plan, stage),
+            + self.powersgd_stage(plan, stage).hook_bytes,  # with the last bucket, after the backward (M3)
             grads_persist=plan.runs_ddp,
         )
-
-    def _compression_bytes(self, plan: Plan, stage: StageTotals) -> float:
-        """PowerSGD's error feedback and warm-start factors, held through the run
-        (autoplan/cost/compression.py); 0 without compression."""
-        if plan.grad_compression != "powersgd" or plan.dp == 1:
-            return 0.0
-        traffic = total(self.powersgd_traffics(stage.blocks, plan.powersgd_rank))
-        return traffic.held_bytes
-
-    def _hook_copy_bytes(self, plan: Plan, stage: StageTotals) -> float:
-        """What the PowerSGD hook allocates for the bucket it compresses: its copy
-        (``input_tensor_cp``) and, while the old error is still held, the new error
-        (``input_tensor_cp - input_tensor``), two buckets of at most 25 MiB each, live after the
-        bucket's gradients are ready: with the last bucket, after the backward (M3 of
-        cost/memory.stage_memory); 0 without compression."""
-        if plan.grad_compression != "powersgd" or plan.dp == 1:
-            return 0.0
-        elements = total(self.powersgd_traffics(stage.blocks, plan.powersgd_rank)).elements
-        return 2 * min(DDP_BUCKET_BYTES, GRAD_BYTES * elements)
 
     def _states(self, plan: Plan, stage: StageTotals) -> ModelStates:
         """Weights, gradients and optimizer state: dense parameters sharded over dp, the routed

@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autoplan.cost.compression import total
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.experts import COUNT_BYTES, dispatch_bytes
 from autoplan.cost.model import CostModel
@@ -127,7 +126,7 @@ def _compressed(pred: StagePrediction, plan: Plan, stage: StageTotals, model: Co
     (autoplan/cost/compression.py): replace the DDP all-reduce bytes with those."""
     if plan.grad_compression != "powersgd" or plan.dp == 1:
         return
-    traffic = total(model.powersgd_traffics(stage.blocks, plan.powersgd_rank))
+    traffic = model.powersgd_stage(plan, stage)
     pred.comm[("dp", "all_reduce")] = [None, traffic.sent_bytes]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from autoplan.cost.compression import compresses, matrix_of, total
+from autoplan.cost.compression import compresses, matrix_of
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.model import CostModel
 from autoplan.errors import PlanError
@@ -129,8 +129,7 @@ def _grad_bytes(model: CostModel, plan: Plan) -> float:
         return 0.0
     stages, _, _ = model.priced_stages(plan)
     if plan.grad_compression == "powersgd":
-        blocks = [b for s in stages for b in s.blocks]
-        return total(model.powersgd_traffics(blocks, plan.powersgd_rank)).sent_bytes
+        return max(model.powersgd_stage(plan, s).sent_bytes for s in stages)
     return max(s.params for s in stages) * PRECISION_BYTES[plan.grad_reduce_dtype]
 
 
