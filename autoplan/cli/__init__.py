@@ -34,15 +34,23 @@ EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _common_flags(default) -> argparse.ArgumentParser:
+    """--debug, --quiet and --json. The command parsers get them with ``default=SUPPRESS``: a
+    subparser's default would otherwise overwrite the same flag given before the command name
+    (``autoplan --json plan ...``), which argparse parses first."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show full tracebacks")
-    common.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    common.add_argument("--debug", action="store_true", default=default, help="show full tracebacks")
+    common.add_argument("--quiet", action="store_true", default=default, help="print nothing but errors")
+    common.add_argument("--json", action="store_true", default=default, help="print the result as JSON on stdout")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_flags(argparse.SUPPRESS)
     parser = argparse.ArgumentParser(
         prog="autoplan",
         description="Plan, run and explain hybrid data/tensor/pipeline parallel training.",
-        parents=[common],
+        parents=[_common_flags(False)],
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:

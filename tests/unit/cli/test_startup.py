@@ -50,3 +50,14 @@ def test_frozen_imports_unfreezes_on_error():
         with frozen_imports("autoplan_no_such_module"):
             pass
     assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["--json", "explain", "out"], True), (["explain", "out", "--json"], True), (["explain", "out"], False)],
+)
+def test_the_common_flags_hold_before_or_after_the_command(argv, expected):
+    import autoplan.cli as cli
+
+    args = cli.build_parser().parse_args(argv)
+    assert args.json is expected and args.quiet is False and args.debug is False
