@@ -63,7 +63,7 @@ def run_export(args: argparse.Namespace) -> int:
 def run_explain_config(args: argparse.Namespace) -> int:
     """``autoplan explain --config FILE --model MODEL.py --profile P``."""
     from autoplan.errors import ExportError
-    from autoplan.export.api import import_config, price_config, pricing_lines
+    from autoplan.export.api import import_config, price_imported, pricing_lines
     from autoplan.solve.api import resolve_profile
     from autoplan.trace import trace_model_file
 
@@ -73,15 +73,9 @@ def run_explain_config(args: argparse.Namespace) -> int:
             f"explain --config needs {' and '.join(missing)}: the model the config trains and the cluster."
         )
     imported = import_config(args.config, framework=args.framework, devices=args.devices, batch_size=args.batch)
-    graph = trace_model_file(args.model, imported.plan().global_batch_size)
-    result = price_config(
-        args.config,
-        graph=graph,
-        profile=resolve_profile(args.profile),
-        framework=imported.framework,
-        devices=args.devices,
-        batch_size=args.batch,
-        allow_lossy=args.allow_lossy,
+    graph = trace_model_file(args.model, imported.plan().global_batch_size)  # at the config's global batch
+    result = price_imported(
+        imported, graph=graph, profile=resolve_profile(args.profile), allow_lossy=args.allow_lossy, source=args.config
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))

@@ -147,16 +147,23 @@ def price_config(
     allow_lossy: bool = False,
 ) -> ConfigPricing:
     """Price an existing config and the planner's best plan for its devices and batch (module docstring)."""
+    imported = import_config(path, framework=framework, devices=devices, batch_size=batch_size)
+    return price_imported(imported, graph=graph, profile=profile, allow_lossy=allow_lossy, source=str(path))
+
+
+def price_imported(
+    imported: Imported, *, graph: Graph, profile: Profile, allow_lossy: bool = False, source: str = "the config"
+) -> ConfigPricing:
+    """:func:`price_config` for a config already read (:func:`import_config`)."""
     from autoplan.cost.model import CostModel
     from autoplan.report.terms import term_diffs
     from autoplan.solve.api import plan_graph
 
-    imported = import_config(path, framework=framework, devices=devices, batch_size=batch_size)
     fields = {**imported.fields, "model": graph.model_name, "profile": profile.name}
     try:
         plan = Plan(**fields)
     except AutoplanError as exc:
-        raise ExportError(f"'{path}' describes a plan autoplan cannot price: {exc}") from None
+        raise ExportError(f"'{source}' describes a plan autoplan cannot price: {exc}") from None
     cost = CostModel(graph, profile).estimate(plan)
     best = plan_graph(
         graph, devices=plan.devices, profile=profile, batch_size=plan.global_batch_size, allow_lossy=allow_lossy

@@ -83,3 +83,42 @@ def test_the_cli_exports_warns_and_fails_in_one_sentence(folder, tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
     explain = subprocess.run([*run, "explain", "--config", summary["file"]], capture_output=True, text=True)
     assert explain.returncode == 2 and "needs --model and --profile" in explain.stderr
+
+
+def test_the_cli_prices_an_exported_config_against_the_best_plan(tmp_path):
+    """plan -> export -> explain --config, each a real command: the config is the best plan itself."""
+    run = [sys.executable, "-m", "autoplan.cli"]
+    model, plan_dir = str(ROOT / "examples" / "gpt.py"), tmp_path / "plan"
+    for argv in (
+        ["plan", model, "--profile", "dgx-a100", "--devices", "16", "--batch", "64", "--out", str(plan_dir)],
+        ["export", str(plan_dir), "--to", "megatron", "--out", str(tmp_path)],
+    ):
+        done = subprocess.run([*run, "--quiet", *argv], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+    explain = subprocess.run(
+        [*run, "--json", "explain", "--config", str(tmp_path / "megatron_args.txt"), "--model", model],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert explain.returncode == 2 and "needs --profile" in explain.stderr
+    explain = subprocess.run(
+        [
+            *run,
+            "--json",
+            "explain",
+            "--config",
+            str(tmp_path / "megatron_args.txt"),
+            "--model",
+            model,
+            "--profile",
+            "dgx-a100",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert explain.returncode == 0, explain.stderr
+    result = json.loads(explain.stdout)
+    assert result["framework"] == "megatron" and result["config_plan"] == result["best_plan"]
+    assert result["slower"] == pytest.approx(1.0, rel=1e-6)
