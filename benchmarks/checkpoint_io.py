@@ -45,7 +45,6 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 from _results import write_results
@@ -192,23 +191,21 @@ def _async_job(trainer, x, y, job: dict) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, job: dict, messages) -> None:
-    import torch.distributed as dist
+    from autoplan.jobs.spawn import report
 
-    try:
-        trainer, x, y, params = _setup(rank, world, port, job)
-        value = _size_job(trainer, x, y, job) if job["kind"] == "size" else _async_job(trainer, x, y, job)
-        value["params"] = params
-        messages.put(("done", rank, value))
-    except Exception:  # noqa: BLE001 - reported to the parent, which raises RunError
-        messages.put(("error", rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    report(messages, rank, lambda: _run_job(rank, world, port, job))
+
+
+def _run_job(rank: int, world: int, port: int, job: dict) -> dict:
+    trainer, x, y, params = _setup(rank, world, port, job)
+    value = _size_job(trainer, x, y, job) if job["kind"] == "size" else _async_job(trainer, x, y, job)
+    value["params"] = params
+    return value
 
 
 def run_job(job: dict, tmp: str) -> dict:
     """``job`` on two spawned ranks in a fresh checkpoint folder under ``tmp``; rank 0's value."""
-    from autoplan.jobs.spawn import spawn_ranks
+    from autoplan.jobs.spawn import spawn_ranks  # noqa: F401 (below)
 
     root = tempfile.mkdtemp(prefix="autoplan-ckpt-bench-", dir=tmp)
     try:

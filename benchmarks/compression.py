@@ -33,7 +33,6 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from _results import RESULTS, write_results
@@ -110,21 +109,20 @@ def _train(fields: dict, steps: int) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, job: dict, messages) -> None:
+    from autoplan.jobs.spawn import report
+
+    report(messages, rank, lambda: _run_options(rank, world, port, job))
+
+
+def _run_options(rank: int, world: int, port: int, job: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-        os.environ.update({f"AUTOPLAN_GPT_{k}": str(v) for k, v in GPT.items()}, AUTOPLAN_FP8_EMULATE="1")
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        value = {label: _train(OPTIONS[label], job["steps"]) for label in job["options"]}
-        messages.put(("done", rank, value))
-    except Exception:  # noqa: BLE001 - reported to the parent, which raises RunError
-        messages.put(("error", rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update({f"AUTOPLAN_GPT_{k}": str(v) for k, v in GPT.items()}, AUTOPLAN_FP8_EMULATE="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    return {label: _train(OPTIONS[label], job["steps"]) for label in job["options"]}
 
 
 # ---- tables and figure -----------------------------------------------------------------------
@@ -194,7 +192,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--no-fp8", action="store_true", help="leave out the emulated fp8 run (the slow one)")
     args = parser.parse_args()
-    from autoplan.jobs.spawn import spawn_ranks
+    from autoplan.jobs.spawn import spawn_ranks  # noqa: F401 (below)
 
     options = [o for o in OPTIONS if not (args.no_fp8 and "fp8" in o)]
     job = {"steps": args.steps, "options": options}

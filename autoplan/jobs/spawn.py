@@ -5,15 +5,17 @@ A measurement needs something else: N ranks that run one Python function and sen
 back. :func:`spawn_ranks` starts ``worker(rank, world, port, *args, messages)`` in N spawned
 processes (torch.multiprocessing, ``spawn``), and :func:`collect` reads their messages:
 ``("tick", text)`` for progress, ``("done", rank, value)`` for a result, ``("error", rank,
-traceback)`` for a failure. A deadline, a rank that dies without reporting, or an error
-raises RunError in one sentence; the processes are always joined or terminated
-(:func:`stop`). The rendezvous port comes from :func:`autoplan.jobs.launcher.free_port`.
+traceback)`` for a failure; a worker's :func:`report` sends one of the last two. A deadline,
+a rank that dies without reporting, or an error raises RunError in one sentence; the
+processes are always joined or terminated (:func:`stop`). The rendezvous port comes from
+:func:`autoplan.jobs.launcher.free_port`.
 """
 
 from __future__ import annotations
 
 import queue as queue_mod
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +49,20 @@ def spawn_ranks(
         return collect(procs, messages, timeout_s=timeout_s, on_tick=on_tick, what=what)
     finally:
         stop(procs)
+
+
+def report(messages: Any, rank: int, work: Callable[[], Any]) -> None:
+    """A worker's side of the protocol: run ``work`` and send its value, or its traceback, then
+    leave the process group ``work`` may have joined, whichever way it ended."""
+    import torch.distributed as dist
+
+    try:
+        messages.put(("done", rank, work()))
+    except Exception:  # noqa: BLE001 - reported to the parent, which raises RunError
+        messages.put(("error", rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def collect(

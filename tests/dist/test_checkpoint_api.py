@@ -4,21 +4,17 @@ takes the same step the ZeRO-1 trainer takes."""
 from __future__ import annotations
 
 import os
-import traceback
 from datetime import timedelta
 
 import pytest
 
-from autoplan.jobs.spawn import spawn_ranks
+from autoplan.jobs.spawn import report, spawn_ranks
 
 pytestmark = pytest.mark.slow
 
 
 def _worker(rank, world, port, folder, messages):
-    try:
-        messages.put(("done", rank, _train_save_resume(rank, world, port, folder)))
-    except Exception:
-        messages.put(("error", rank, traceback.format_exc()))
+    report(messages, rank, lambda: _train_save_resume(rank, world, port, folder))
 
 
 def _train_save_resume(rank, world, port, folder):

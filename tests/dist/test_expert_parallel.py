@@ -14,13 +14,12 @@ import importlib.util
 import os
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
 
-from autoplan.jobs.spawn import spawn_ranks
+from autoplan.jobs.spawn import report, spawn_ranks
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 
@@ -85,17 +84,16 @@ def _dispatch_case(rank: int, world: int, kind: str, skewed: bool) -> None:
 
 
 def _dispatch_worker(rank, world, port, cases, messages):
+    report(messages, rank, lambda: _dispatch_cases(rank, world, port, cases))
+
+
+def _dispatch_cases(rank, world, port, cases):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        for kind, skewed in cases:
-            _dispatch_case(rank, world, kind, skewed)
-        messages.put(("done", rank, "ok"))
-    except Exception:
-        messages.put(("error", rank, traceback.format_exc()))
-    finally:
-        torch.distributed.destroy_process_group()
+    for kind, skewed in cases:
+        _dispatch_case(rank, world, kind, skewed)
+    return "ok"
 
 
 def test_the_dispatch_on_two_ranks_is_the_unsharded_experts_module():

@@ -6,22 +6,22 @@ import os
 import pytest
 
 from autoplan.errors import RunError
-from autoplan.jobs.spawn import spawn_ranks
+from autoplan.jobs.spawn import report, spawn_ranks
 
 pytestmark = pytest.mark.slow
 
 
 def _report(rank, world, port, scale, messages):
     messages.put(("tick", f"rank {rank} of {world}"))
-    messages.put(("done", rank, (rank * scale, port)))
+    report(messages, rank, lambda: (rank * scale, port))
+
+
+def _boom(rank):
+    raise ValueError(f"boom on {rank}")
 
 
 def _raise(rank, world, port, messages):
-    try:
-        raise ValueError(f"boom on {rank}")
-    except ValueError:
-        import traceback
-        messages.put(("error", rank, traceback.format_exc()))
+    report(messages, rank, lambda: _boom(rank))
 
 
 def _die(rank, world, port, messages):
