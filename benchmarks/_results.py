@@ -21,3 +21,24 @@ def write_results(rows: list[dict] | pd.DataFrame, name: str, *, path: str | Pat
     out = write_text_atomic(Path(path) if path else RESULTS / f"{name}.csv", table.to_csv(index=False))
     print(f"wrote {out}")
     return out
+
+
+def predict_published(runs: pd.DataFrame, *, only: str, why_left_out, predict, profile) -> pd.DataFrame:
+    """Each published run whose name contains ``only``: said left out (``why_left_out(row)``, a
+    reason or '') or priced (``predict(row, profile, graphs)``, graphs a shared trace memo); the
+    priced rows as a table, printed without their plan column."""
+    rows, graphs = [], {}
+    for _, row in runs.iterrows():
+        if only not in row["name"]:
+            continue
+        reason = why_left_out(row)
+        if reason:
+            print(f"left out {row['name']}: {reason}")
+            continue
+        print(f"{row['name']}:")
+        rows.append(predict(row, profile, graphs))
+    table = pd.DataFrame(rows)
+    if not table.empty:
+        with pd.option_context("display.width", 250, "display.max_columns", 30):
+            print(table.drop(columns=["plan"]).round(3).to_string(index=False))
+    return table

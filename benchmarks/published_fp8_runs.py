@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _results import write_results
+from _results import predict_published, write_results
 
 from autoplan.calibrate.runs import environment
 from autoplan.cost import CostModel
@@ -173,21 +173,9 @@ def main() -> None:
     args = parser.parse_args()
     runs = pd.read_csv(HERE / "published_fp8_runs.csv")
     profile = load_profile("dgx-h100")
-    rows, graphs = [], {}
-    for _, row in runs.iterrows():
-        if args.only not in row["name"]:
-            continue
-        reason = why_left_out(row)
-        if reason:
-            print(f"left out {row['name']}: {reason}")
-            continue
-        print(f"{row['name']}:")
-        rows.append(predict(row, profile, graphs))
-    table = pd.DataFrame(rows)
+    table = predict_published(runs, only=args.only, why_left_out=why_left_out, predict=predict, profile=profile)
     if table.empty:
         return
-    with pd.option_context("display.width", 250, "display.max_columns", 30):
-        print(table.drop(columns=["plan"]).round(3).to_string(index=False))
     print(summary(table))
     write_results(table, "published_fp8_runs")
 
