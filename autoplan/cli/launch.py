@@ -57,9 +57,10 @@ def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 def launch_command(args: argparse.Namespace) -> int:
     from autoplan.types._check import write_text_atomic
+    from autoplan.types.plan import plan_json
 
     target = _target(args)
-    args.plan = plan_file(args.plan)
+    args.plan = str(plan_json(args.plan))
     plan = _plan(args.plan)
     if not Path(args.model).is_file():
         raise RunError(f"model file '{args.model}' does not exist.")
@@ -96,12 +97,6 @@ def _plan(path: str):
             f"plan '{path}' is neither a plan.json nor a plan folder; write one with `autoplan plan --out DIR`."
         )
     return Plan.load(path)
-
-
-def plan_file(path: str) -> str:
-    """PLAN as given: a plan.json, or a plan folder (autoplan plan --out DIR) holding one."""
-    folder = Path(path)
-    return str(folder / "plan.json") if folder.is_dir() else path
 
 
 def _job(args: argparse.Namespace, *, plan, target: str):

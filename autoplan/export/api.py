@@ -23,7 +23,7 @@ from autoplan.errors import AutoplanError, ExportError
 from autoplan.export.common import FRAMEWORKS, Exported, Imported, ModelFacts
 from autoplan.types._check import write_text_atomic
 from autoplan.types.graph import Graph
-from autoplan.types.plan import Plan
+from autoplan.types.plan import Plan, plan_json
 from autoplan.types.profile import Profile
 
 
@@ -39,12 +39,12 @@ def load_plan(source: Plan | str | Path) -> tuple[Plan, Graph | None]:
     """A Plan and, for a plan folder, its traced graph (the model facts)."""
     if isinstance(source, Plan):
         return source, None
-    path = Path(source)
-    folder = path if path.is_dir() else path.parent
-    plan_file = path / "plan.json" if path.is_dir() else path
+    plan_file = plan_json(source)
     if not plan_file.is_file():
-        raise ExportError(f"'{path}' is neither a plan.json nor a plan folder; pass the --out DIR of `autoplan plan`.")
-    graph_file = folder / "graph.json"
+        raise ExportError(
+            f"'{source}' is neither a plan.json nor a plan folder; pass the --out DIR of `autoplan plan`."
+        )
+    graph_file = plan_file.parent / "graph.json"
     return Plan.load(plan_file), Graph.load(graph_file) if graph_file.is_file() else None
 
 

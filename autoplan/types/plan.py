@@ -35,6 +35,13 @@ GRAD_COMPRESSIONS = ("none", "powersgd")
 SPLITS = ("replicate", "colwise", "rowwise", "sequence_parallel")
 
 
+def plan_json(path: str | Path) -> Path:
+    """A plan as a user names it, a ``plan.json`` or the plan folder holding one (``autoplan plan
+    --out DIR``), as the plan.json path (which may not exist: the caller says so)."""
+    path = Path(path)
+    return path / "plan.json" if path.is_dir() else path
+
+
 def runs_ddp(*, dp: int, tp: int, pp: int, zero_stage: int, overlap_grad_reduce: bool = True) -> bool:
     """Whether the executor realises data parallelism with PyTorch DDP (autoplan/execute/
     data_parallel.py ``dp_mode``): dp > 1, ZeRO-0, no tp or pp, the reduction overlapped. Only then
