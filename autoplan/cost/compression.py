@@ -167,6 +167,11 @@ def sync_s(profile: Profile, traffic: PowerSGDTraffic, *, group: AxisGroup, buck
     )
 
 
+def compresses_any(graph: Graph, rank: int) -> bool:
+    """Whether PowerSGD at ``rank`` compresses at least one of the graph's gradients."""
+    return any(compresses(*matrix_of(info.shape), rank) for info in graph.parameters.values())
+
+
 def check_rank(graph: Graph, rank: int) -> None:
     """A PowerSGD rank no gradient matrix can use: one sentence."""
     matrices = [matrix_of(info.shape) for info in graph.parameters.values()]
@@ -178,7 +183,7 @@ def check_rank(graph: Graph, rank: int) -> None:
             f"(the largest smaller side is {largest}); use a rank of at most {largest}"
             + (", and below it for compression to pay." if largest else ".")
         )
-    if not any(compresses(n, m, rank) for n, m in matrices):
+    if not compresses_any(graph, rank):
         raise PlanError(
             f"PowerSGD rank {rank} compresses no gradient of '{graph.model_name}': no matrix shrinks "
             f"{MIN_COMPRESSION_RATE}x at that rank; use a smaller rank or no compression."

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from autoplan.cost.compression import compresses, matrix_of
+from autoplan.cost.compression import compresses_any
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.model import CostModel
 from autoplan.errors import PlanError
 from autoplan.types.plan import Plan
-from autoplan.types.profile import Profile
 
 POWERSGD_RANKS = (1, 2, 4, 8)
 
@@ -48,10 +47,9 @@ class TradeRow:
 
 
 def trade_rows(model: CostModel, plan: Plan, *, allow_lossy: bool) -> list[TradeRow]:
-    """The chosen plan re-priced with each option (module docstring); [] when it has no dp."""
-    chosen_s = model.estimate(plan).step_time_s
+    """The chosen plan re-priced with each option (module docstring), the chosen one first."""
     rows = []
-    for label, variant in _variants(plan, model.profile, model):
+    for label, variant in _variants(plan, model):
         try:
             cost = model.estimate(variant)
         except PlanError:
@@ -60,7 +58,7 @@ def trade_rows(model: CostModel, plan: Plan, *, allow_lossy: bool) -> list[Trade
             TradeRow(
                 option=label,
                 step_time_s=cost.step_time_s,
-                vs_chosen=cost.step_time_s / chosen_s if chosen_s else 1.0,
+                vs_chosen=1.0,
                 grad_bytes_sent=_grad_bytes(model, variant),
                 compression_s=cost.compression_s,
                 peak_memory_bytes=cost.peak_memory_bytes,
@@ -70,13 +68,16 @@ def trade_rows(model: CostModel, plan: Plan, *, allow_lossy: bool) -> list[Trade
                 chosen=_same_choice(variant, plan),
             )
         )
+    chosen_s = next((row.step_time_s for row in rows if row.chosen), 0.0)
+    for row in rows:
+        row.vs_chosen = row.step_time_s / chosen_s if chosen_s else 1.0
     return rows
 
 
-def _variants(plan: Plan, profile: Profile, model: CostModel) -> list[tuple[str, Plan]]:
+def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
     """Each option once (by what it changes), the chosen plan first."""
     exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0)
-    peaks = profile.device.peak_flops
+    peaks = model.profile.device.peak_flops
     variants = [plan]
     if plan.precision in ("bf16", "fp8"):
         variants += [_with(exact, precision=p) for p in ("bf16", "fp8") if p in peaks]
@@ -101,11 +102,10 @@ def _powersgd_variants(plan: Plan, exact: Plan, model: CostModel) -> list[Plan]:
     """PowerSGD at the usual ranks, where the executor runs DDP and the rank compresses something."""
     if not (plan.runs_ddp and plan.ep == 1):
         return []
-    matrices = [matrix_of(info.shape) for info in model.graph.parameters.values()]
     return [
         _with(exact, grad_compression="powersgd", powersgd_rank=rank)
         for rank in sorted({*POWERSGD_RANKS, plan.powersgd_rank} - {0})
-        if any(compresses(n, m, rank) for n, m in matrices)
+        if compresses_any(model.graph, rank)
     ]
 
 
