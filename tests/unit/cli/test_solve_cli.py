@@ -150,3 +150,16 @@ def test_python_api_traces_and_plans_a_module():
     assert isinstance(plan, Plan) and plan.devices == 2 and plan.global_batch_size == 8
     assert plan.predicted.step_time_s > 0 and plan.predicted.tokens_per_s is None
     assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_allow_lossy_lets_plan_compress_on_a_slow_link_and_a_lossy_pin_needs_it(small_gpt, tmp_path, capsys):
+    args = ["plan", small_gpt, "--devices", "32", "--profile", "aws-p3", "--batch", "64", "--out", str(tmp_path)]
+    assert main([*args, "--fix", "powersgd=2"]) == 2
+    assert "--fix powersgd=2 is lossy" in capsys.readouterr().err
+    assert main([*args, "--fix", "reduce=bf16,zero=0", "--allow-lossy", "--quiet"]) == 0
+    assert Plan.load(tmp_path / "plan.json").grad_reduce_dtype == "bf16"
+    assert main([*args, "--fix", "powersgd=2", "--allow-lossy", "--quiet"]) == 0
+    plan = Plan.load(tmp_path / "plan.json")
+    assert (plan.grad_compression, plan.powersgd_rank) == ("powersgd", 2)
+    assert plan.predicted.search.allow_lossy and "compression" in _rows(tmp_path / "plans.csv")[0]
+    assert main([*args, "--fix", "powersgd=off"]) == 0 and Plan.load(tmp_path / "plan.json").lossy == []

@@ -127,3 +127,12 @@ def test_sweep_json_and_its_errors(small_gpt, tmp_path, capsys):
     assert main([*args, "--tokens", "1e12", "--deadline", "1min"]) == 2
     err = capsys.readouterr().err
     assert "no swept cluster meets the 1 min deadline: the fastest" in err and "relax --deadline" in err
+
+
+def test_sweep_allow_lossy_reaches_every_point(small_gpt, tmp_path, capsys):
+    args = ["sweep", small_gpt, "--devices", "16,32", "--profile", "aws-p3", "--batch", "64", "--steps", "1000"]
+    assert main([*args, "--out", str(tmp_path / "exact"), "--quiet"]) == 0
+    assert main([*args, "--out", str(tmp_path / "lossy"), "--allow-lossy", "--quiet"]) == 0
+    exact, lossy = Plan.load(tmp_path / "exact" / "plan.json"), Plan.load(tmp_path / "lossy" / "plan.json")
+    assert exact.lossy == [] and lossy.lossy  # 25 Gbit/s Ethernet: compression pays
+    assert lossy.predicted.step_time_s < exact.predicted.step_time_s
