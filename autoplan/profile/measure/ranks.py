@@ -144,8 +144,8 @@ def run_ranks(
 ) -> tuple[str, dict[int, RankResult]]:
     """Spawn ``processes`` ranks (autoplan/jobs/spawn.py), run ``job`` and ``sweep`` in each;
     (backend, result per rank)."""
-    if processes < 2:
-        raise RunError(f"--devices {processes} cannot be measured; expected at least 2 processes.")
+    if processes < 1:
+        raise RunError(f"--devices {processes} cannot be measured; expected at least 1 process.")
     backend = choose_backend(processes=processes)
     per_rank = spawn_ranks(
         _worker,
