@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         return refresh(args)
     from autoplan.profile.measure import measure_profile
     from autoplan.profile.measure.collectives import CommSweep
-    from autoplan.profile.measure.compute import DEFAULT_SWEEP, QUICK_SWEEP
+    from autoplan.profile.measure.compute import QUICK_SWEEP, default_sweep
+    from autoplan.profile.measure.timing import default_device
 
     started = time.perf_counter()
     quick_comm = CommSweep(max_bytes=4 * 2**20, factor=4)
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         devices=args.devices,
         name=args.name or _stem(args.out),
         threads=args.threads,
-        compute_sweep=QUICK_SWEEP if args.quick else DEFAULT_SWEEP,
+        compute_sweep=QUICK_SWEEP if args.quick else default_sweep(default_device()),
         comm_sweep=quick_comm if args.quick else CommSweep(),
         model=args.model,
         batch=args.batch,

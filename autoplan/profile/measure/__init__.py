@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autoplan.profile.host import cpu_model
 from autoplan.profile.measure.build import device_spec, link_spec, op_overhead
 from autoplan.profile.measure.collectives import CommSweep, merge_collectives
-from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, make_case
+from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, default_sweep, make_case
 from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
 from autoplan.profile.measure.timing import default_device, supported_dtypes, threads_per_process
@@ -47,7 +47,7 @@ def measure_profile(
     devices: int = 2,
     name: str | None = None,
     threads: int | None = None,
-    compute_sweep: ComputeSweep = DEFAULT_SWEEP,
+    compute_sweep: ComputeSweep | None = None,
     comm_sweep: CommSweep = CommSweep(),
     model: str | os.PathLike | None = None,
     batch: int | None = None,
@@ -64,6 +64,7 @@ def measure_profile(
     if devices == 1:
         comm_sweep = CommSweep(collectives=(), overlap=False)
     device = default_device()
+    compute_sweep = compute_sweep or default_sweep(device)
     dtypes = supported_dtypes(device)
     job = compute_job(sweep=compute_sweep, dtypes=dtypes, model=model, batch=batch)
     bar = _progress() if progress else None

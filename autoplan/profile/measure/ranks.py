@@ -107,6 +107,7 @@ def _worker(
             rank=rank,
             world_size=world,
             timeout=timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,  # NCCL binds the rank's GPU; no guessing (and no warning)
         )
         tick = (lambda phase: results.put(("tick", phase))) if rank == 0 else (lambda phase: None)
         compute_s, memory = run_compute_job(job, device=device, tick=tick)
