@@ -44,7 +44,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout-s", type=float, default=45.0, help="process-group timeout in seconds (default 45)")
     add_checkpoint_arguments(parser)
-    parser.set_defaults(func=run_command)
+    parser.set_defaults(func=run_command, out_kind="folder")
     from autoplan.cli.checkpoints import register_replan
     from autoplan.cli.launch import add_launch_parser
 

@@ -28,7 +28,7 @@ def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="a plan folder (autoplan plan --out DIR) or a plan.json")
     parser.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework to export to")
     parser.add_argument("--out", metavar="FILE", help="where to write (default: the framework's file name here)")
-    parser.set_defaults(func=run_export)
+    parser.set_defaults(func=run_export, out_kind="file_or_folder")
 
 
 def add_config_arguments(explain: argparse.ArgumentParser) -> None:

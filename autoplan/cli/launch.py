@@ -52,7 +52,7 @@ def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--checkpoint-every", type=int, metavar="N", help="save every N steps (as `autoplan run`)")
     parser.add_argument("--out", metavar="FILE", help="file to write (default: beside the plan)")
-    parser.set_defaults(func=launch_command)
+    parser.set_defaults(func=launch_command, out_kind="file")
 
 
 def launch_command(args: argparse.Namespace) -> int:
