@@ -330,8 +330,10 @@ def _error_file() -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one launched process; records a failure for the launcher to name."""
     from autoplan.jobs.lifeline import die_with_launcher
+    from autoplan.quiet import silence_known_noise
 
     die_with_launcher()
+    silence_known_noise()  # before the model file imports its libraries (autoplan/quiet.py)
     parser = argparse.ArgumentParser(prog="autoplan.execute.job.runner")
     for name in ("model", "plan", "out"):
         parser.add_argument(f"--{name}", required=True)
