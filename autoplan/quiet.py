@@ -22,6 +22,10 @@ The lines, and why none concerns an autoplan run:
   only on CUDA-like devices, so on CPU a random op draws from each rank's own generator, which
   the runner seeds alike on every rank before each step (docs/executor.md says what that means
   for dropout under tensor parallelism).
+- torch 2.13 deprecates its own ``LeafSpec`` class with a FutureWarning on construction, and
+  torch.distributed.pipelining deep-copies tree specs holding them when it splits a model: the
+  warning (``isinstance(treespec, LeafSpec)` is deprecated``) then comes from ``copyreg``, torch
+  copying its own objects. Only that origin is matched.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ DTENSOR_RNG_WARNINGS = (
     r"DTensor random operators may not have complete support on cpu device mesh",
     r"DTensor manual_seed\(\) may not have complete support on cpu device mesh",
 )
+
+#: torch's deprecation of its own LeafSpec, when copy/pickle (``copyreg``) builds one.
+LEAFSPEC_COPY = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, r"copyreg")
 
 
 class _TorchaoKernelNote(logging.Filter):
@@ -70,3 +77,5 @@ def silence_known_noise() -> None:
     _add_once("torch.utils._pytree", _TorchaoEnumNote)
     for message in DTENSOR_RNG_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    message, category, module = LEAFSPEC_COPY
+    warnings.filterwarnings("ignore", message=message, category=category, module=module)
