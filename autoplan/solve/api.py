@@ -108,6 +108,7 @@ def plan_graph(
         raise NoPlanFits(explain_no_fit(graph, profile, options, result), result)
     if source is not None:
         result.best.profile = source
+    result.best.model_sha256, result.best.graph_signature = graph.model_sha256, graph.signature  # what it is for
     summary = SearchSummary(
         candidates_evaluated=result.evaluated,
         candidates_pruned=result.pruned,
