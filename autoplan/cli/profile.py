@@ -56,7 +56,7 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="re-measure only this part of the existing --out profile (with its "
         "devices_per_node and threads) and rewrite the file",
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, out_kind="file")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -130,27 +130,27 @@ class Search:
             if opts.objective == "time"
             else [d for d in range(1, opts.devices + 1) if opts.devices % d == 0 and space.fits_nodes(d, self.profile)]
         )
-        found = []
-        for devices in counts:
+        found, per_node, eps = [], self.profile.devices_per_node, self.eps
+        degrees = [
+            deg
+            for n in counts
             for deg in space.degree_options(
-                devices=devices,
-                per_node=self.profile.devices_per_node,
-                layers=layers,
-                batch=opts.batch_size,
-                fixes=self.fixes,
-                eps=self.eps,
-            ):
-                for precision in space.precision_options(self.profile, fixes=self.fixes):
-                    for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
-                        for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
-                            m = opts.batch_size // (deg.dp * mbs)
-                            schedules = space.schedule_options(
-                                pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes
-                            )
-                            if schedules:
-                                v_max = max(v for _, v in schedules)
-                                group = Group(deg, precision, sp, mbs, m, v_max, routing=self.routing)
-                                found.append((self.lower_bound(group), group))
+                devices=n, per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=eps
+            )
+        ]
+        space.check_zero_pin(degrees, self.fixes)
+        for deg in [d for d in degrees if space.zero_options(dp=d.dp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
+            for precision in space.precision_options(self.profile, fixes=self.fixes):
+                for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
+                    for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
+                        m = opts.batch_size // (deg.dp * mbs)
+                        schedules = space.schedule_options(
+                            pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes
+                        )
+                        if schedules:
+                            v_max = max(v for _, v in schedules)
+                            group = Group(deg, precision, sp, mbs, m, v_max, routing=self.routing)
+                            found.append((self.lower_bound(group), group))
         return sorted(found, key=lambda item: item[0])
 
     def lower_bound(self, g: Group) -> float:

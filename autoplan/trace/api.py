@@ -90,7 +90,9 @@ def trace_model_file(path: str | Path, batch_size: int, *, routing: RoutingModel
         inputs = model_file.inputs(batch_size)
         target = model_file.target(batch_size)
     loss = model_file.loss if model_file.loss_fn is not None else None
-    return trace(model, inputs, loss_fn=loss, target=target, model_name=model_file.name, routing=routing)
+    graph = trace(model, inputs, loss_fn=loss, target=target, model_name=model_file.name, routing=routing)
+    graph.model_sha256 = model_file.sha256
+    return graph
 
 
 def _default_loss(output: Any, target: Any) -> torch.Tensor:
