@@ -193,3 +193,76 @@ def test_data_dependent_code_outside_an_moe_layer_still_names_its_line():
         model, x = CountsNonzero(), torch.randn(TOKENS, DIM)
     with pytest.raises(TraceError, match=r"test_trace_moe_loop.py:\d+ \(`return self.proj\(x\) if keep.numel\(\)"):
         trace(model, (x,), loss_fn=lambda out, target: out.sum())
+
+
+# ---- the command line ------------------------------------------------------------------------
+LATE_BRANCH = '''
+import torch
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + torch.relu(self.fc(x))
+
+
+class LateBranch(nn.Module):
+    """Many alike blocks, then a branch on tensor values after them: no MoE layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(8))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        kept = (x.sum(-1) > 0).nonzero()
+        if kept.numel() == 0:
+            return x * 0
+        return x
+
+
+def build_model():
+    return LateBranch()
+
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 16),)
+'''
+
+
+def test_cli_plans_a_loop_moe_model_without_pipelines_and_refuses_a_pp_pin(tmp_path, capsys):
+    from autoplan.cli import main
+    from autoplan.types.graph import Graph
+    from autoplan.types.plan import Plan
+
+    args = ["plan", str(LOOP_MOE), "--devices", "2", "--profile", "cpu-gloo", "--batch", "8", "--quiet"]
+    assert main(args + ["--out", str(tmp_path / "plan")]) == 0
+    assert Plan.load(tmp_path / "plan" / "plan.json").pp == 1
+    assert all(m.data_dependent for m in Graph.load(tmp_path / "plan" / "graph.json").moe_layers)
+    capsys.readouterr()
+    assert main(args + ["--fix", "pp=2", "--out", str(tmp_path / "pinned")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("autoplan: error: --fix pp=2 cannot split this model: MoE layer 'layers.0.moe'")
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_cli_refuses_data_dependent_control_flow_after_one_export(tmp_path, capsys, monkeypatch):
+    """The stitched export (three of the eight blocks) stops at the branch; the full export would
+    run the same code and stop there too, after every block, so it is not run."""
+    from autoplan.cli import main
+
+    path = tmp_path / "late_branch.py"
+    path.write_text(LATE_BRANCH)
+    real, exports = torch.export.export, []
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: exports.append(1) or real(*a, **k))
+    assert main(["trace", str(path), "--batch", "4", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    line = LATE_BRANCH.splitlines().index("        if kept.numel() == 0:") + 1
+    assert f"late_branch.py:{line} (`if kept.numel() == 0:`)" in err and "GuardOnDataDependentSymNode" in err
+    assert len(exports) == 1
