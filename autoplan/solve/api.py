@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.cost import reliability
+from autoplan.cost.experts import pipeline_blocks
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.whole_run import priced_profile, run_pricer
@@ -214,7 +215,7 @@ def _frugal_fit(graph: Graph, profile: Profile, devices: int, batch: int, fixes:
     model = CostModel(graph, profile)
     frugal = {"recompute": "full", "mbs": 1, **fixes}
     for deg in space.degree_options(
-        devices=devices, per_node=profile.devices_per_node, layers=len(graph.layers), batch=batch, fixes=frugal
+        devices=devices, per_node=profile.devices_per_node, layers=pipeline_blocks(graph), batch=batch, fixes=frugal
     ):
         for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes=frugal)[-1:]:
             for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal)[:1]:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import time
 
-from autoplan.cost.experts import check_ep_pin, ep_options
+from autoplan.cost.experts import check_ep_pin, check_pp_pin, ep_options, pipeline_blocks
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import balanced_stages
@@ -84,6 +84,7 @@ class Search:
         self.fixes = options.fixes
         if self.fixes.get("ep", 1) > 1:
             check_ep_pin(graph, self.fixes["ep"])
+        check_pp_pin(graph, self.fixes.get("pp", 1))
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
         self.eps = tuple(ep_options(graph))
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
@@ -124,7 +125,7 @@ class Search:
 
     # ---- groups and their bounds -------------------------------------------------------
     def groups(self) -> list[tuple[float, Group]]:
-        opts, layers = self.options, len(self.graph.layers)
+        opts, layers = self.options, pipeline_blocks(self.graph)
         counts = (
             [opts.devices]
             if opts.objective == "time"
