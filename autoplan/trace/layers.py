@@ -16,10 +16,10 @@ depth) is not cut into blocks: a pipeline could not place its children on stages
 LSTM and a head; a model whose one repeated container shares its blocks across depth) still
 has the split points ``torch.distributed.pipelining`` cuts at: the boundaries between its
 top-level modules. Its blocks are then the children that hold parameters of the shallowest
-module with two or more of them (a single wrapper child, ``self.net``, is looked through), when
-each is called exactly once, as one uninterrupted call: a module called twice (weights reused)
-would have to start a stage at each call, so such a model has no blocks. The check needs the
-trace (``records``); without it only containers count.
+module with two or more of them (a single wrapper child, ``self.net``, is looked through) that
+forward() calls, when each is called exactly once, as one uninterrupted call: a module called
+twice (weights reused) would have to start a stage at each call, so such a model has no blocks.
+The check needs the trace (``records``); without it only containers count.
 
 **Node layers.** A node belongs to the block whose FQN prefixes its module. A parameter-free
 node outside every block that runs between the first and the last block node (a residual
@@ -71,22 +71,23 @@ def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -
 
 
 def top_level_blocks(model: torch.nn.Module, records: list[Measured]) -> list[str]:
-    """The children holding parameters of the shallowest module with two or more of them, if each
-    is called once (module docstring, "Top-level modules"); else none."""
+    """The called children holding parameters of the shallowest module with two or more of them, if
+    each is called once (module docstring, "Top-level modules"); else none."""
     prefix, module = "", model
     while True:
         children = [(f"{prefix}.{c}" if prefix else c, m) for c, m in module.named_children() if _numel(m) > 0]
         if len(children) != 1:
             break
         prefix, module = children[0]
-    names = [c for c, _ in children]
-    return names if len(names) >= 2 and _called_once(records, names) else []
+    calls = _calls(records, [c for c, _ in children])
+    called = [c for c, _ in children if calls.get(c)]  # a child forward() never calls is no block
+    return called if len(called) >= 2 and all(calls[c] == 1 for c in called) else []
 
 
-def _called_once(records: list[Measured], children: list[str]) -> bool:
-    """Whether each child's nodes form one call: a single run of records, not broken by any other
-    record (the parent's own ops between two calls) nor by a new call of the same module (the
-    ``nn_module_stack`` key torch.export gives each call, ``part1@1`` for the second)."""
+def _calls(records: list[Measured], children: list[str]) -> Counter:
+    """child -> how many calls of it the trace ran: runs of its records, broken by any other record
+    (the parent's own ops between two calls) or by a new call of the same module (the
+    ``nn_module_stack`` key torch.export and torch.fx give each call, ``part1@1`` for the second)."""
     names = set(children)
     runs: list[tuple[str | None, str | None]] = []
     for record in records:
@@ -94,8 +95,7 @@ def _called_once(records: list[Measured], children: list[str]) -> bool:
         run = (child, _call_key(record, child))
         if not runs or runs[-1] != run:
             runs.append(run)
-    called = [child for child, _ in runs if child is not None]
-    return len(called) == len(set(called)) == len(children)
+    return Counter(child for child, _ in runs if child is not None)
 
 
 def _call_key(record: Measured, child: str | None) -> str | None:

@@ -54,6 +54,17 @@ class CalledAround(nn.Module):
         return self.a(self.b(self.a(x)))
 
 
+class OneUnused(nn.Module):
+    """``spare`` holds parameters forward() never uses: no block, the other two are."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.spare, self.b = nn.Linear(100, 10), nn.Linear(3, 3), nn.Linear(10, 10)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
 class BlocksAndModules(nn.Module):
     """Repeated blocks in a ModuleList between two projections: the blocks, as before."""
 
@@ -76,6 +87,7 @@ class BlocksAndModules(nn.Module):
         (Wrapped(), ["net.part1", "net.part2"]),
         (CalledTwice(), []),
         (CalledAround(), []),
+        (OneUnused(), ["a", "b"]),
         (BlocksAndModules(), ["layers.0", "layers.1", "layers.2"]),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else None,
