@@ -120,7 +120,7 @@ def parallelize(
     if plan.recompute != "none" and not checkpointed:
         raise PlanError(
             f"plan recompute='{plan.recompute}' but this rank holds none of the blocks it applies to "
-            f"({', '.join(blocks[:3]) or 'the model has no repeated blocks'}); "
+            f"({', '.join(blocks[:3]) or 'the model has no blocks'}); "
             "plan recompute='none' or list the blocks in 'stages'."
         )
     params = [p for m in modules.values() for p in m.parameters()]

@@ -59,23 +59,20 @@ def stage_indices(*, plan: Plan, pp_rank: int) -> list[int]:
 
 
 def check_stages(*, model: nn.Module, plan: Plan) -> None:
-    """Raise PlanError unless every stage names existing blocks, in model order."""
+    """Raise PlanError unless every stage names existing blocks (that they run in the order the
+    stages list them is checked on the split itself, :func:`_check_split`: forward() may call
+    modules in another order than it registers them)."""
     if len(plan.stages) != plan.pp * plan.virtual_stages:
         raise PlanError(
             f"plan pp={plan.pp} needs {plan.pp * plan.virtual_stages} entries in 'stages', "
             f"got {len(plan.stages)}; re-plan with stages."
         )
-    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
-    flat = [fqn for stage in plan.stages for fqn in stage]
-    for fqn in flat:
-        if fqn not in order:
+    names = {name for name, _ in model.named_modules()}
+    for fqn in (fqn for stage in plan.stages for fqn in stage):
+        if fqn not in names:
             raise PlanError(f"plan stages name block '{fqn}', which the model does not have; re-plan for this model.")
     if any(not stage for stage in plan.stages):
         raise PlanError("plan has an empty pipeline stage; every stage needs at least one block.")
-    if [order[f] for f in flat] != sorted(order[f] for f in flat):
-        raise PlanError(
-            "plan stages list blocks out of model order; stage i must hold blocks that run before those of stage i+1."
-        )
 
 
 def split_model(
@@ -102,6 +99,8 @@ def split_model(
             "a split point is probably never called in forward()."
         )
     carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through those between
+    for i in range(pipe.num_stages - 1):
+        _send_contiguous(pipe.get_stage_module(i))
     replaced = sum(replace_experts_ops(pipe.get_stage_module(i), experts) for i in range(pipe.num_stages))
     assert replaced >= len(experts), f"{len(experts)} experts modules exported as {replaced} autoplan::experts ops"
     out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None)
@@ -109,7 +108,36 @@ def split_model(
         # pipeline() leaves a tied weight's other owner on a stage that never calls it (GPT's lm_head
         # on the embedding's stage): a dead copy the cost model does not charge, so drop it
         pipe.get_stage_module(i).delete_all_unused_submodules()
+    _check_split(pipe, plan)
     return pipe, out_spec
+
+
+def _check_split(pipe: Any, plan: Plan) -> None:
+    """Raise PlanError unless stage i of the split runs every block ``plan.stages[i]`` lists: the
+    split cuts where forward() calls each stage's first block, so stages that list blocks out of
+    the order forward() calls them put a block on another stage than the plan priced."""
+    for index, stage in enumerate(plan.stages):
+        held = {name for name, _ in pipe.get_stage_module(index).named_modules()}
+        for fqn in stage:
+            if fqn not in held:
+                raise PlanError(
+                    f"plan stage {index} lists block '{fqn}', which forward() does not run on that stage: stages "
+                    "must list blocks in the order forward() calls them; re-plan for this model."
+                )
+
+
+def _send_contiguous(module: fx.GraphModule) -> None:
+    """Make every tensor a stage sends contiguous. ``PipelineStage`` receives into buffers with
+    the strides of the sender's output and gloo and NCCL send only contiguous tensors, so a
+    stage ending in a view (an LSTM's ``batch_first`` output is a transpose) would fail at its
+    first send; ``contiguous()`` is free where the tensor already is."""
+    output = module.graph.output_node()
+    values = output.args[0]
+    flat = list(values) if isinstance(values, (tuple, list)) else [values]
+    with module.graph.inserting_before(output):
+        made = [module.graph.call_method("contiguous", (v,)) if isinstance(v, fx.Node) else v for v in flat]
+    output.args = (type(values)(made) if isinstance(values, (tuple, list)) else made[0],)
+    module.recompile()
 
 
 @contextlib.contextmanager

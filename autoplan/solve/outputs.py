@@ -310,11 +310,14 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     owned: list[list[str]] = [[] for _ in range(plan.pp)]
     for index, chunk in enumerate(plan.stages):
         owned[index % plan.pp].extend(chunk)
-    boundary = max(
-        (costs.summary(layer, "", plan.tp_plan, costs.context(plan)).input_bytes for layer in graph.layers), default=0.0
-    )
+    chunks = [(c, position[chunk[0]], position[chunk[-1]] + 1) for c, chunk in enumerate(plan.stages) if chunk]
+    ctx = costs.context(plan)
+    inputs = [costs.summary(layer, "", plan.tp_plan, ctx).input_bytes for layer in graph.layers]
     rows = []
     for k, layers in enumerate(owned):
+        mine = [(c, i, j) for c, i, j in chunks if c % plan.pp == k]
+        recv = max((inputs[i] for c, i, _ in mine if c > 0), default=0.0)
+        send = max((inputs[j] for c, _, j in mine if c < len(plan.stages) - 1), default=0.0)
         idx = [position[layer] for layer in layers]
         time_s = sum(problem.layer_time_s[i] for i in idx) + problem.extra_time_s[k]
         memory = (
@@ -322,8 +325,6 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
             + problem.in_flight[k] * sum(problem.layer_activation_bytes[i] for i in idx)
             + problem.extra_bytes[k]
         )
-        send = boundary if k < plan.pp - 1 else 0.0
-        recv = boundary if k > 0 else 0.0
         rows.append(
             [
                 k,
@@ -334,7 +335,7 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
                 int(memory),
                 int(send),
                 int(recv),
-                problem.p2p_s * ((k > 0) + (k < plan.pp - 1)) / 2,
+                sum(problem.chunk_cuts_s(c, i, j) for c, i, j in mine) / 2,
                 _forward_s(costs, plan, k, layers),
             ]
         )

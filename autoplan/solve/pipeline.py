@@ -7,13 +7,16 @@ Chunk ``c`` runs on stage ``c % pp`` (``v`` = virtual stages per stage: 1 for GP
 chunk ``c`` holding layers ``[b_c, b_{c+1})`` and stage ``k`` holding the chunks ``c = k (mod pp)``
 cost
 
-    T_k = sum over its chunks of (sum t[b_c:b_{c+1}] + p2p_s * neighbours(c))  +  extra_time_s[k]
+    T_k = sum over its chunks of (sum t[b_c:b_{c+1}] + cut[b_c] [c > 0] + cut[b_{c+1}] [c < pp v - 1])
+          + extra_time_s[k]
     M_k = sum over its chunks of (sum m[b_c:b_{c+1}] + in_flight[k] * sum a[b_c:b_{c+1}])
           + extra_bytes[k]  <=  capacity_bytes
 
 where ``extra`` holds what runs outside the blocks (embedding on stage 0, head and loss on the
-last), ``p2p_s`` is one send/recv of the boundary activation and its gradient, ``neighbours(c)``
-counts the chunks next to chunk c (2, or 1 for the first and last), and ``in_flight[k]`` the
+last), ``cut[i]`` is one send/recv of the activation and its gradient at the boundary before
+layer i (``cut_s``; ``p2p_s`` at every boundary when not given: identical blocks receive
+identical tensors, while unlike layers, a model's top-level modules, cut at tensors of
+different sizes), and ``in_flight[k]`` the
 micro-batches whose activations stage k holds, in units of the whole stage's layers (schedule
 dependent: 1F1B holds pp - k, GPipe all m, interleaved 1F1B autoplan/cost/schedule.py's chunk
 count / v; Narayanan et al. SC'21 section 2.2). This is what CostModel charges: it sums a
@@ -26,8 +29,8 @@ some problems infeasible at once (:func:`_surely_infeasible`: a stage that canno
 lightest v layers, or layers whose lightest placement, spread evenly, overflows every stage; the
 search tries a memory-limited partition for every plan that did not fit, and most have none):
 
-1. Identical layers (every ``t_i``, ``m_i``, ``a_i`` equal: a transformer's blocks; the
-   embedding and head are in ``extra``), any ``v``: T_k = base_k + n_k t and M_k = extra_bytes_k +
+1. Identical layers (every ``t_i``, ``m_i``, ``a_i`` and cut equal: a transformer's blocks;
+   the embedding and head are in ``extra``), any ``v``: T_k = base_k + n_k t and M_k = extra_bytes_k +
    n_k (m + in_flight[k] a) depend only on the number ``n_k >= v`` of layers stage k holds, and
    every such count is some partition (split n_k over the stage's v chunks). Start every n_k at
    v and hand the other L - pp v layers out one at a time to the stage whose time after taking
@@ -82,11 +85,16 @@ class PartitionProblem:
     p2p_s: float
     capacity_bytes: float
     virtual_stages: int = 1  # chunks per stage: chunk c runs on stage c % pp
+    cut_s: list[float] | None = None  # per boundary i (before layer i, 0..L), its p2p time; None: p2p_s each
 
     def __post_init__(self) -> None:
         self._t = np.concatenate([[0.0], np.cumsum(self.layer_time_s)])
         self._m = np.concatenate([[0.0], np.cumsum(self.layer_static_bytes)])
         self._a = np.concatenate([[0.0], np.cumsum(self.layer_activation_bytes)])
+        cuts = self.cut_s if self.cut_s is not None else [self.p2p_s] * (self.layers + 1)
+        if len(cuts) != self.layers + 1:
+            raise ValueError(f"cut_s has {len(cuts)} entries; {self.layers} layers need one per boundary.")
+        self._cut = np.asarray(cuts, dtype=float)
 
     @property
     def layers(self) -> int:
@@ -99,12 +107,23 @@ class PartitionProblem:
     def neighbours(self, chunk: int) -> int:
         return (chunk > 0) + (chunk < self.chunks - 1)
 
+    def uniform_cuts(self) -> bool:
+        """Whether every boundary a partition can cut at (1..L-1) costs the same."""
+        return len(set(self._cut[1:-1].tolist())) <= 1
+
+    def mean_cut_s(self) -> float:
+        return float(self._cut[1:-1].mean()) if self.layers > 1 else 0.0
+
+    def chunk_cuts_s(self, chunk: int, i: int, j: int) -> float:
+        """The p2p time of chunk ``chunk`` = layers[i:j]: its receive at i and its send at j."""
+        return float(self._cut[i]) * (chunk > 0) + float(self._cut[j]) * (chunk < self.chunks - 1)
+
     def totals(self, bounds: list[int]) -> tuple[list[float], list[float]]:
         """Per stage, T_k and M_k of the module docstring, chunk c being layers[bounds[c]:bounds[c+1]]."""
         times, used = list(self.extra_time_s), list(self.extra_bytes)
         for c in range(self.chunks):
             k, i, j = c % self.pp, bounds[c], bounds[c + 1]
-            times[k] += float(self._t[j] - self._t[i]) + self.p2p_s * self.neighbours(c)
+            times[k] += float(self._t[j] - self._t[i]) + self.chunk_cuts_s(c, i, j)
             used[k] += float(self._m[j] - self._m[i] + self.in_flight[k] * (self._a[j] - self._a[i]))
         return times, used
 
@@ -131,7 +150,7 @@ def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s:
         return None
     if C == L:  # one layer per chunk: the only partition
         return _checked(problem, list(range(L + 1)))
-    if all(
+    if problem.uniform_cuts() and all(
         len(set(xs)) == 1 for xs in (problem.layer_time_s, problem.layer_static_bytes, problem.layer_activation_bytes)
     ):
         return _partition_uniform(problem)
@@ -188,8 +207,10 @@ def _partition_dp(problem: PartitionProblem) -> Partition | None:
     best = np.full(L + 1, INF)
     best[0] = 0.0
     cuts = []
+    zero = np.zeros(L + 1)
     for k in range(pp):
-        time = seg_t + problem.extra_time_s[k] + problem.p2p_s * problem.neighbours(k)
+        receive, send = (problem._cut if k > 0 else zero), (problem._cut if k < pp - 1 else zero)
+        time = seg_t + problem.extra_time_s[k] + receive[:, None] + send[None, :]
         if limited:
             fits = seg_m + problem.in_flight[k] * seg_a + problem.extra_bytes[k] <= problem.capacity_bytes
             value = np.where(nonempty & fits, np.maximum(best[:, None], time), INF)
@@ -209,11 +230,8 @@ def _partition_dp(problem: PartitionProblem) -> Partition | None:
 def _partition_uniform(problem: PartitionProblem) -> Partition | None:
     """Identical layers: each stage's layer count by the greedy of the module docstring (method 2)."""
     L, pp, v = problem.layers, problem.pp, problem.virtual_stages
-    t = problem.layer_time_s[0]
-    base = [
-        problem.extra_time_s[k] + problem.p2p_s * sum(problem.neighbours(c) for c in range(k, pp * v, pp))
-        for k in range(pp)
-    ]
+    t, cut = problem.layer_time_s[0], problem.mean_cut_s()  # every cut costs the same here
+    base = [problem.extra_time_s[k] + cut * sum(problem.neighbours(c) for c in range(k, pp * v, pp)) for k in range(pp)]
     per = [problem.layer_static_bytes[0] + problem.in_flight[k] * problem.layer_activation_bytes[0] for k in range(pp)]
     most = [_most_layers(problem.capacity_bytes - problem.extra_bytes[k], per[k], L) for k in range(pp)]
     if any(n < v for n in most):
@@ -270,11 +288,12 @@ def _partition_fill(problem: PartitionProblem, *, steps: int = 40) -> Partition 
 
 
 def _fill(problem: PartitionProblem, target: float, *, nearest: bool) -> list[int]:
-    """Chunk boundaries giving each chunk its stage's fair share of ``target`` (see _partition_fill)."""
+    """Chunk boundaries giving each chunk its stage's fair share of ``target`` (see _partition_fill;
+    boundaries are charged their mean cut: the fill is a heuristic, :meth:`PartitionProblem.evaluate`
+    prices what it returns exactly)."""
     L, C, pp, v = problem.layers, problem.chunks, problem.pp, problem.virtual_stages
-    used = [
-        problem.extra_time_s[k] + problem.p2p_s * sum(problem.neighbours(c) for c in range(k, C, pp)) for k in range(pp)
-    ]
+    cut = problem.mean_cut_s()
+    used = [problem.extra_time_s[k] + cut * sum(problem.neighbours(c) for c in range(k, C, pp)) for k in range(pp)]
     bounds = [0]
     for c in range(C):
         k, i = c % pp, bounds[-1]
@@ -293,6 +312,7 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
     later (c = 1..C-1, C = pp v), non-increasing in c and non-decreasing in i, and the chunk
     index sum_c u[i,c] rising by 0 or 1 per layer from 0 to C-1 (contiguous, non-empty chunks).
     Layer i is in chunk c exactly when u[i,c] - u[i,c+1] = 1, so each T_k and M_k is linear in u;
+    and so is chunk c's receive, sum_i cut[i] (u[i,c] - u[i-1,c]) (layer i starts chunk c);
     T >= every T_k, every M_k <= capacity, minimise T. Only u inside a layer's window of chunks
     (c <= i, and c >= i - (L - C) so the later chunks keep a layer each) are variables."""
     L, C, pp = problem.layers, problem.chunks, problem.pp
@@ -322,14 +342,12 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
     bound = variable(model, "T", low=0)
     for k in range(pp):
         mine = [(i, c) for c in range(k, C, pp) for i in range(c, c + slack + 1)]  # layer i may be in chunk c
-        neighbours = sum(problem.neighbours(c) for c in range(k, C, pp))
         member = {(i, c): u(i, c) - u(i, c + 1) for i, c in mine}
-        model += (
-            bound
-            >= pulp.lpSum(problem.layer_time_s[i] * x for (i, _), x in member.items())
-            + problem.extra_time_s[k]
-            + problem.p2p_s * neighbours
-        )
+        cuts = [_chunk_start_s(problem, u, c) for c in range(k, C, pp) if c > 0]  # receive
+        cuts += [_chunk_start_s(problem, u, c + 1) for c in range(k, C, pp) if c < C - 1]  # send
+        model += bound >= pulp.lpSum(
+            problem.layer_time_s[i] * x for (i, _), x in member.items()
+        ) + problem.extra_time_s[k] + pulp.lpSum(cuts)
         if problem.capacity_bytes < INF:
             weight = [
                 problem.layer_static_bytes[i] + problem.in_flight[k] * problem.layer_activation_bytes[i]
@@ -344,6 +362,11 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
     if not status.has_solution:
         return None
     return _checked(problem, _staircase_bounds(u, L, C))
+
+
+def _chunk_start_s(problem: PartitionProblem, u, chunk: int):
+    """The cut before chunk ``chunk`` (>= 1) of the staircase: layer i starts it when u[i,c] - u[i-1,c] = 1."""
+    return pulp.lpSum(float(problem._cut[i]) * (u(i, chunk) - u(i - 1, chunk)) for i in range(1, problem.layers))
 
 
 def _staircase_bounds(u, layers: int, chunks: int) -> list[int]:

@@ -351,8 +351,9 @@ def no_configuration(options: Any, layers: int) -> str:
     pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
     if options.fixes.get("pp", 1) > max(1, layers):
         return (
-            f"--fix pp={options.fixes['pp']} needs at least {options.fixes['pp']} repeated blocks to place on stages "
-            f"and this model has {layers}; use pp=1{f' or at most pp={layers}' if layers > 1 else ''}."
+            f"--fix pp={options.fixes['pp']} needs at least {options.fixes['pp']} blocks to place on stages (repeated "
+            f"blocks, or top-level modules that forward() calls once each) and this model has {layers}; "
+            f"use pp=1{f' or at most pp={layers}' if layers > 1 else ''}."
         )
     if pins:
         return (

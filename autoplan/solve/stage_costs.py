@@ -11,7 +11,10 @@ with, so the partition balances exactly what the cost model will charge:
     act_i    = saved bytes (none), block input + matmul outputs (selective), block input (full)
 
 Nodes outside every block add to stage 0 (those before the first block) and to the last stage
-(the rest), as autoplan/cost/stages.py assigns them.
+(the rest), as autoplan/cost/stages.py assigns them. A cut before block i costs one send/recv
+of block i's input and one of its gradient (``cut_s``): identical blocks all cost the same, while
+unlike blocks (a model's top-level modules, autoplan/trace/layers.py) cut at tensors of different
+sizes, so the partition prefers the small ones.
 """
 
 from __future__ import annotations
@@ -66,18 +69,8 @@ class StageCosts:
         in_flight = [in_flight_chunks(plan, k) for k in range(plan.pp)]
         extra_bytes[0] += pre.param_count * per_param + pre.saved_bytes * in_flight[0]
         extra_bytes[-1] += post.param_count * per_param + post.saved_bytes * in_flight[-1]
-        boundary = max((b.input_bytes for b in blocks), default=0.0)
-        p2p_s = (
-            2.0
-            * collective_time_s(
-                self.profile,
-                "send_recv",
-                boundary,
-                group=mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"],
-            )
-            if plan.pp > 1
-            else 0.0
-        )
+        boundary = max((b.input_bytes for b in blocks[1:]), default=0.0)  # the first block's is never sent
+        cut_s = [0.0, *(self._p2p_s(plan, b.input_bytes) for b in blocks[1:]), 0.0]
         capacity = self._capacity(plan, boundary, max(b.param_count for b in blocks)) if memory_limit else float("inf")
         return PartitionProblem(
             layer_time_s=times,
@@ -90,10 +83,18 @@ class StageCosts:
             extra_time_s=extra_time,
             extra_bytes=extra_bytes,
             in_flight=in_flight,
-            p2p_s=p2p_s,
+            p2p_s=max(cut_s),
             capacity_bytes=capacity,
             virtual_stages=plan.virtual_stages,
+            cut_s=cut_s,
         )
+
+    def _p2p_s(self, plan: Plan, boundary_bytes: float) -> float:
+        """A cut's one send/recv of the activation and one of its gradient, ``boundary_bytes`` each."""
+        if plan.pp == 1:
+            return 0.0
+        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]
+        return 2.0 * collective_time_s(self.profile, "send_recv", boundary_bytes, group=group)
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel

@@ -12,6 +12,15 @@ whose children do not each run as one contiguous stretch of the forward (a modul
 several times, interleaved with its siblings, as when one block's weights are shared across
 depth) is not cut into blocks: a pipeline could not place its children on stages in order.
 
+**Top-level modules.** A model with no such container (two unlike Linears, an Embedding, an
+LSTM and a head; a model whose one repeated container shares its blocks across depth) still
+has the split points ``torch.distributed.pipelining`` cuts at: the boundaries between its
+top-level modules. Its blocks are then the children that hold parameters of the shallowest
+module with two or more of them (a single wrapper child, ``self.net``, is looked through) that
+forward() calls, when each is called exactly once, as one uninterrupted call: a module called
+twice (weights reused) would have to start a stage at each call, so such a model has no blocks.
+The check needs the trace (``records``); without it only containers count.
+
 **Node layers.** A node belongs to the block whose FQN prefixes its module. A parameter-free
 node outside every block that runs between the first and the last block node (a residual
 add written between blocks) belongs to the block before it, so cutting the graph between
@@ -28,7 +37,7 @@ from collections import Counter
 
 import torch
 
-from autoplan.trace.propagate import Measured
+from autoplan.trace.propagate import Measured, stack_path
 from autoplan.types.graph import LayerGroup
 
 
@@ -57,7 +66,45 @@ def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -
             records is None or _runs_once(records, children)
         ):
             accepted.append((name, children))
-    return [child for _, children in accepted for child in children]
+    blocks = [child for _, children in accepted for child in children]
+    return blocks if blocks or records is None else top_level_blocks(model, records)
+
+
+def top_level_blocks(model: torch.nn.Module, records: list[Measured]) -> list[str]:
+    """The called children holding parameters of the shallowest module with two or more of them, if
+    each is called once (module docstring, "Top-level modules"); else none."""
+    prefix, module = "", model
+    while True:
+        children = [(f"{prefix}.{c}" if prefix else c, m) for c, m in module.named_children() if _numel(m) > 0]
+        if len(children) != 1:
+            break
+        prefix, module = children[0]
+    calls = _calls(records, [c for c, _ in children])
+    called = [c for c, _ in children if calls.get(c)]  # a child forward() never calls is no block
+    return called if len(called) >= 2 and all(calls[c] == 1 for c in called) else []
+
+
+def _calls(records: list[Measured], children: list[str]) -> Counter:
+    """child -> how many calls of it the trace ran: runs of its records, broken by any other record
+    (the parent's own ops between two calls) or by a new call of the same module (the
+    ``nn_module_stack`` key torch.export and torch.fx give each call, ``part1@1`` for the second)."""
+    names = set(children)
+    runs: list[tuple[str | None, str | None]] = []
+    for record in records:
+        child = _innermost(record.module, names)
+        run = (child, _call_key(record, child))
+        if not runs or runs[-1] != run:
+            runs.append(run)
+    return Counter(child for child, _ in runs if child is not None)
+
+
+def _call_key(record: Measured, child: str | None) -> str | None:
+    """The ``nn_module_stack`` key of ``child``'s call that ``record`` ran in (None if unknown)."""
+    if child is None or record.node is None:
+        return None
+    stack = record.node.meta.get("nn_module_stack") or {}
+    keys = [key for key, (path, _) in stack.items() if stack_path(path) == child]
+    return keys[0] if keys else None
 
 
 def _runs_once(records: list[Measured], children: list[str]) -> bool:

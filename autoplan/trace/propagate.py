@@ -69,7 +69,11 @@ def module_path(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
         return ""
-    path = list(stack.values())[-1][0]
+    return stack_path(list(stack.values())[-1][0])
+
+
+def stack_path(path: str) -> str:
+    """A module FQN as an ``nn_module_stack`` entry spells it, without the tracer's root prefix."""
     return path.removeprefix("L['self'].").removeprefix("L__self__.")
 
 

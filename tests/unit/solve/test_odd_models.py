@@ -1,4 +1,5 @@
-"""Every model plans: blocks are an optimisation the tracer finds, never a requirement."""
+"""Every model plans: blocks are an optimisation the tracer finds, never a requirement; a model
+without repeated blocks pipelines at the boundaries between its top-level modules."""
 
 from __future__ import annotations
 
@@ -7,18 +8,22 @@ from pathlib import Path
 import pytest
 
 from autoplan.errors import PlanError
+from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
+from autoplan.solve.pipeline import partition_brute_force
+from autoplan.solve.stage_costs import StageCosts
 from autoplan.trace import trace_model_file
 
 ODD = Path(__file__).resolve().parents[2] / "odd_models"
 ROOT = ODD.parents[1]
 #: model file -> the blocks the tracer must find (a pipeline places these on stages)
 BLOCKS = {
-    "no_blocks": [],
-    "one_block": [],  # one child is not a repeated container
+    "two_modules": ["a", "b"],  # no repeated container: the top-level modules
+    "unlike_modules": ["embed", "rnn", "head"],  # in the order forward() calls them, not registers them
+    "one_block": ["inp", "block", "out"],  # one child is not a repeated container: the top-level modules
     "mixed_blocks": [f"body.{i}" for i in range(8)],  # blocks and width-changing projections
     "nested": ["groups.low.0", "groups.low.1", "groups.high.0", "groups.high.1"],
-    "shared_module": [],  # its children interleave over three calls
+    "shared_module": [],  # its children interleave over three calls, and it is called three times
     "side_effects": [f"layers.{i}" for i in range(4)],
     "loop_moe": ["layers.0", "layers.1"],  # blocks, but an MoE loop no pipeline split can export
 }
@@ -46,26 +51,35 @@ def test_every_odd_model_plans_and_its_stages_hold_every_block_once(graphs, name
         assert plan.recompute == "none"  # recomputation checkpoints blocks
 
 
-@pytest.mark.parametrize("name", ["mixed_blocks", "nested", "side_effects"])
+@pytest.mark.parametrize("name", sorted(name for name, blocks in BLOCKS.items() if len(blocks) >= 2))
 def test_models_with_blocks_can_pipeline(graphs, name):
     plan = plan_graph(graphs[name], devices=2, profile="cpu-gloo", fix="pp=2").best
     assert plan.pp == 2 and all(plan.stages) and sum(plan.stages, []) == BLOCKS[name]
 
 
+def test_unlike_modules_are_partitioned_at_the_optimum_of_what_the_cost_model_charges(graphs):
+    graph = graphs["unlike_modules"]
+    plan = plan_graph(graph, devices=2, profile="cpu-gloo", fix="pp=2,precision=fp32").best
+    problem = StageCosts(graph, load_profile("cpu-gloo")).problem(plan)
+    best = partition_brute_force(problem)
+    assert [len(stage) for stage in plan.stages] == [j - i for i, j in zip(best.bounds, best.bounds[1:])]
+    assert len(set(problem.cut_s[1:-1])) == 2  # the embedding's output and the LSTM's differ in size
+
+
 @pytest.mark.parametrize(
-    "fix, says", [("pp=2", "needs at least 2 repeated blocks"), ("recompute=full", "this model has none")]
+    "fix, says", [("pp=2", "needs at least 2 blocks .* top-level modules"), ("recompute=full", "this model has none")]
 )
 def test_asking_a_blockless_model_for_what_needs_blocks_is_one_clear_sentence(graphs, fix, says):
     with pytest.raises(PlanError, match=says):
-        plan_graph(graphs["no_blocks"], devices=2, profile="cpu-gloo", fix=fix)
+        plan_graph(graphs["shared_module"], devices=2, profile="cpu-gloo", fix=fix)
 
 
 def test_a_tp_degree_that_splits_nothing_is_pruned_unless_pinned(graphs):
-    result = plan_graph(graphs["no_blocks"], devices=2, profile="cpu-gloo", top_k=5)
+    result = plan_graph(graphs["two_modules"], devices=2, profile="cpu-gloo", top_k=5)
     assert result.best.tp == 1
     assert all(c.plan.tp == 1 for c in result.ranked())
     assert any("splits no op" in c.reason for c in result.candidates if c.status == "pruned")
-    pinned = plan_graph(graphs["no_blocks"], devices=2, profile="cpu-gloo", fix="tp=2").best
+    pinned = plan_graph(graphs["two_modules"], devices=2, profile="cpu-gloo", fix="tp=2").best
     assert pinned.tp == 2
 
 

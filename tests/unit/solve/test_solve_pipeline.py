@@ -1,5 +1,6 @@
 """The pipeline partition is exact: the DP (one chunk per stage), the greedy (interleaved, identical
-layers) and the ILP (interleaved, any layers) equal brute force on random instances."""
+layers) and the ILP (interleaved, any layers) equal brute force on random instances, including
+unlike layers that cut at tensors of different sizes (a model's top-level modules)."""
 
 import random
 
@@ -8,7 +9,12 @@ import pytest
 from autoplan.solve.pipeline import PartitionProblem, _partition_dp, partition, partition_brute_force, partition_ilp
 
 
-def _random_problem(rng):
+def _random_cuts(rng, layers):
+    """Per-boundary p2p times, as unlike layers have: the sizes of the tensors they cut at differ."""
+    return [rng.uniform(0, 0.6) for _ in range(layers + 1)]
+
+
+def _random_problem(rng, *, cuts=False):
     layers = rng.randint(1, 9)
     pp = rng.randint(1, min(4, layers))
     return PartitionProblem(
@@ -21,6 +27,7 @@ def _random_problem(rng):
         in_flight=[rng.choice([pp - k, 1, 3]) for k in range(pp)],
         p2p_s=rng.uniform(0, 0.3),
         capacity_bytes=rng.uniform(4, 16),
+        cut_s=_random_cuts(rng, layers) if cuts else None,
     )
 
 
@@ -28,9 +35,10 @@ def _value(found):
     return None if found is None else found.max_stage_time_s
 
 
+@pytest.mark.parametrize("cuts", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_dp_equals_ilp_and_brute_force(seed):
-    problem = _random_problem(random.Random(seed))
+def test_dp_equals_ilp_and_brute_force(seed, cuts):
+    problem = _random_problem(random.Random(seed), cuts=cuts)
     dp, ilp, brute = partition(problem), partition_ilp(problem), partition_brute_force(problem)
     if brute is None:
         assert dp is None and ilp is None
@@ -57,7 +65,7 @@ def test_memory_limit_moves_layers_off_the_first_stage():
     )
 
 
-def _random_interleaved(rng, *, uniform, v=None):
+def _random_interleaved(rng, *, uniform, v=None, cuts=False):
     pp, v = rng.randint(1, 3), v or rng.randint(2, 3)
     layers = rng.randint(pp * v, min(10, pp * v + 5))
 
@@ -75,12 +83,14 @@ def _random_interleaved(rng, *, uniform, v=None):
         p2p_s=rng.uniform(0, 0.3),
         capacity_bytes=rng.uniform(6, 30),
         virtual_stages=v,
+        cut_s=_random_cuts(rng, layers) if cuts else None,
     )
 
 
+@pytest.mark.parametrize("cuts", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_interleaved_ilp_equals_brute_force(seed):
-    problem = _random_interleaved(random.Random(seed), uniform=False)
+def test_interleaved_ilp_equals_brute_force(seed, cuts):
+    problem = _random_interleaved(random.Random(seed), uniform=False, cuts=cuts)
     found, ilp, brute = partition(problem), partition_ilp(problem), partition_brute_force(problem)
     if brute is None:
         assert found is None and ilp is None
@@ -110,6 +120,24 @@ def test_identical_layers_one_chunk_per_stage_greedy_equals_dp_and_brute_force(s
         return
     assert _value(found) == pytest.approx(brute.max_stage_time_s, rel=1e-9)
     assert _value(dp) == pytest.approx(brute.max_stage_time_s, rel=1e-9)
+
+
+def test_identical_layers_with_unlike_cuts_leave_the_greedy_and_cut_at_the_small_tensor():
+    # four equal layers on two stages: the even cut (after layer 2) sends a big tensor, the cut
+    # after layer 1 a small one; the DP takes the uneven split when the saved send pays for it
+    cuts = [0.0, 0.1, 3.0, 0.1, 0.0]
+    problem = PartitionProblem(
+        [1.0] * 4, [0.0] * 4, [0.0] * 4, 2, [0.0] * 2, [0.0] * 2, [1.0] * 2, 3.0, 1.0, cut_s=cuts
+    )
+    found = partition(problem)
+    assert found.bounds in ([0, 1, 4], [0, 3, 4]) and found.max_stage_time_s == pytest.approx(3.1)
+    assert found.max_stage_time_s == partition_brute_force(problem).max_stage_time_s
+    assert problem.evaluate([0, 2, 4]) == pytest.approx(5.0)
+
+
+def test_cut_times_need_one_entry_per_boundary():
+    with pytest.raises(ValueError, match="one per boundary"):
+        PartitionProblem([1.0] * 3, [0.0] * 3, [0.0] * 3, 2, [0.0] * 2, [0.0] * 2, [1.0] * 2, 0.0, 1.0, cut_s=[0.0])
 
 
 def _interleaved(layers, pp, v, *, extra_time_s, in_flight, activation=0.0, capacity=float("inf")):

@@ -1,4 +1,4 @@
-"""Two Linear attributes and a relu: no repeated block, nothing for a pipeline to cut."""
+"""Two Linear attributes and a relu: no repeated block; a pipeline cuts between the two modules."""
 
 import torch
 import torch.nn as nn
