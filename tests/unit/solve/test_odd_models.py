@@ -51,7 +51,14 @@ def test_every_odd_model_plans_and_its_stages_hold_every_block_once(graphs, name
         assert plan.recompute == "none"  # recomputation checkpoints blocks
 
 
-@pytest.mark.parametrize("name", sorted(name for name, blocks in BLOCKS.items() if len(blocks) >= 2))
+#: Models with blocks that a pipeline split cannot export (a loop over experts: data-dependent shapes);
+#: tests/unit/cli covers the sentence their pp pin gets.
+UNSPLITTABLE = {"loop_moe"}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, blocks in BLOCKS.items() if len(blocks) >= 2 and n not in UNSPLITTABLE)
+)
 def test_models_with_blocks_can_pipeline(graphs, name):
     plan = plan_graph(graphs[name], devices=2, profile="cpu-gloo", fix="pp=2").best
     assert plan.pp == 2 and all(plan.stages) and sum(plan.stages, []) == BLOCKS[name]
