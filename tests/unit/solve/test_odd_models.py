@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from autoplan.cli import main
 from autoplan.errors import PlanError
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
 from autoplan.solve.pipeline import partition_brute_force
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.trace import trace_model_file
+from autoplan.types.plan import Plan
 
 ODD = Path(__file__).resolve().parents[2] / "odd_models"
 ROOT = ODD.parents[1]
@@ -87,3 +89,13 @@ def test_resnet_on_eight_gpus_uses_them_for_data_not_replicated_tp():
     result = plan_graph(graph, devices=8, profile="dgx-a100", top_k=3)
     assert all(c.plan.tp == 1 for c in result.ranked()[:3])
     assert result.best.dp > 1
+
+
+def test_the_command_line_pipelines_two_modules_and_refuses_a_reused_one_in_one_sentence(tmp_path, capsys):
+    args = ["--devices", "2", "--profile", "cpu-gloo", "--batch", "8", "--fix", "pp=2", "--quiet"]
+    assert main(["plan", str(ODD / "two_modules.py"), *args, "--out", str(tmp_path / "two")]) == 0
+    assert Plan.load(tmp_path / "two" / "plan.json").stages == [["a"], ["b"]]
+    capsys.readouterr()
+    assert main(["plan", str(ODD / "shared_module.py"), *args, "--out", str(tmp_path / "shared")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("autoplan: warning:")]
+    assert len(errors) == 1 and "forward() calls once each" in errors[0] and "Traceback" not in errors[0]
