@@ -13,6 +13,7 @@ that names the file and what is wrong.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 import traceback
@@ -40,6 +41,11 @@ class ModelFile:
     @property
     def name(self) -> str:
         return self.path.stem
+
+    @property
+    def sha256(self) -> str:
+        """The SHA-256 of the file's bytes (recorded in a plan beside its graph signature: types/plan.py)."""
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
     def build(self) -> torch.nn.Module:
         """Call ``build_model()`` and check it returns a module."""

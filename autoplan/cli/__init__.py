@@ -17,7 +17,9 @@ import gc
 import importlib
 import sys
 
+from autoplan.cli.outpath import check_out
 from autoplan.errors import AutoplanError, StopSignal
+from autoplan.quiet import silence_known_noise
 
 #: Command modules, in pipeline order.
 COMMAND_MODULES = (
@@ -61,12 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # run as a program: after the last atexit handler, freeze the heap so the
         atexit.register(gc.freeze)  # interpreter's final collection (~0.7 s over torch's objects) is skipped
+    silence_known_noise()  # before any library is imported: their known harmless lines (autoplan/quiet.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
+        check_out(args)  # a path --out cannot be, before any work (cli/outpath.py)
         result = args.func(args)
         return int(result or 0)
     except StopSignal as exc:

@@ -30,7 +30,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prior-sigma", type=float, default=1.0, help="log std of the prior on each refitted number (default 1.0)"
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, out_kind="file")
 
 
 def run(args: argparse.Namespace) -> int:

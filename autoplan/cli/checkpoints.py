@@ -35,7 +35,7 @@ def register_replan(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", help="the model file, when it moved since the checkpoint was written")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for plan.json and the plan tables")
-    parser.set_defaults(func=replan_command)
+    parser.set_defaults(func=replan_command, out_kind="folder")
 
 
 def replan_command(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "write RUNDIR/measured.csv and RUNDIR/summary.json.",
     )
     parser.add_argument("model", help="model file (defines build_model() and example_inputs(batch_size))")
-    parser.add_argument("--plan", required=True, help="plan.json written by `autoplan plan`")
+    parser.add_argument("--plan", required=True, help="a plan folder (autoplan plan --out DIR) or its plan.json")
     parser.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     parser.add_argument("--out", required=True, help="run folder to write")
     parser.add_argument(
@@ -44,7 +44,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout-s", type=float, default=45.0, help="process-group timeout in seconds (default 45)")
     add_checkpoint_arguments(parser)
-    parser.set_defaults(func=run_command)
+    parser.set_defaults(func=run_command, out_kind="folder")
     from autoplan.cli.checkpoints import register_replan
     from autoplan.cli.launch import add_launch_parser
 
@@ -119,13 +119,17 @@ def run_command(args: argparse.Namespace) -> int:
     from autoplan.execute.job import runner
     from autoplan.execute.tp_overlap import check_runs_here
     from autoplan.modelfile import load_model_file
-    from autoplan.types.plan import Plan
+    from autoplan.trace.identity import check_plan_is_for
+    from autoplan.types.plan import Plan, plan_json
 
     if args.steps < 1:
         raise RunError(f"--steps {args.steps}: expected at least 1 step.")
+    args.plan = str(plan_json(args.plan))  # a plan folder, or its plan.json
     plan = Plan.load(args.plan)
     check_runs_here(plan)  # a plan this machine cannot run stops before any rank starts
     model_file = load_model_file(args.model)  # fail here, once, rather than in every rank
+    if (warning := check_plan_is_for(plan, model_file, plan_name=f"plan '{args.plan}'")) and not args.quiet:
+        print(f"autoplan: warning: {warning}", file=sys.stderr)
     from autoplan.cli.checkpoints import check_checkpoint_arguments, stop_hint
 
     args.checkpoint_every = check_checkpoint_arguments(args, plan=plan, model_file=model_file)
@@ -148,6 +152,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace, *, plan, hint: str) -> int:
     """Local ranks: under torchelastic's agent with --max-restarts, else autoplan's launcher."""
     from autoplan.execute.job import runner
+    from autoplan.execute.job.nonfinite import EXIT_NONFINITE_LOSS
 
     module = "autoplan.execute.job.runner"
     if args.max_restarts > 0:
@@ -162,7 +167,7 @@ def _launch(args: argparse.Namespace, *, plan, hint: str) -> int:
         args=_runner_args(args),
         nprocs=plan.devices,
         module=module,
-        agreed_codes=(runner.EXIT_VERIFY_FAILED, runner.EXIT_STOPPED),
+        agreed_codes=(runner.EXIT_VERIFY_FAILED, runner.EXIT_STOPPED, EXIT_NONFINITE_LOSS),
         grace_s=60.0 if args.checkpoint_dir or args.resume else 5.0,  # time for a final checkpoint
         hint=hint,
     )

@@ -28,7 +28,10 @@ def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="a plan folder (autoplan plan --out DIR) or a plan.json")
     parser.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework to export to")
     parser.add_argument("--out", metavar="FILE", help="where to write (default: the framework's file name here)")
-    parser.set_defaults(func=run_export)
+    parser.add_argument(
+        "--model", metavar="MODEL.py", help="the model file the config will train: refused if the plan is for another"
+    )
+    parser.set_defaults(func=run_export, out_kind="file_or_folder")
 
 
 def add_config_arguments(explain: argparse.ArgumentParser) -> None:
@@ -45,8 +48,14 @@ def add_config_arguments(explain: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from autoplan.export.api import export_plan, write_export
+    from autoplan.export.api import export_plan, load_plan, write_export
 
+    if args.model:  # the model the exported config will train: the plan must be for it (trace/identity.py)
+        from autoplan.trace.identity import check_plan_is_for
+
+        warning = check_plan_is_for(load_plan(args.plan)[0], args.model, plan_name=f"plan '{args.plan}'")
+        if warning and not args.quiet:
+            print(f"autoplan: warning: {warning}", file=sys.stderr)
     exported = export_plan(args.plan, to=args.to)
     path = write_export(exported, args.out)
     if args.json:

@@ -52,7 +52,7 @@ def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--checkpoint-every", type=int, metavar="N", help="save every N steps (as `autoplan run`)")
     parser.add_argument("--out", metavar="FILE", help="file to write (default: beside the plan)")
-    parser.set_defaults(func=launch_command)
+    parser.set_defaults(func=launch_command, out_kind="file")
 
 
 def launch_command(args: argparse.Namespace) -> int:
@@ -64,6 +64,7 @@ def launch_command(args: argparse.Namespace) -> int:
     plan = _plan(args.plan)
     if not Path(args.model).is_file():
         raise RunError(f"model file '{args.model}' does not exist.")
+    _check_model(args, plan)
     if args.steps < 1:
         raise RunError(f"--steps {args.steps}: expected at least 1 step.")
     out = Path(args.out or Path(args.plan).parent / TARGETS[target][0])
@@ -79,6 +80,16 @@ def launch_command(args: argparse.Namespace) -> int:
         print(f"wrote {out}: {job.nodes} node(s) x {job.gpus_per_node} rank(s), {plan.describe()}")
         print(f"submit with: {submit}")
     return 0
+
+
+def _check_model(args: argparse.Namespace, plan) -> None:
+    """Refuse a model the plan was not made for; warn when only its file changed (trace/identity.py)."""
+    import sys
+
+    from autoplan.trace.identity import check_plan_is_for
+
+    if (warning := check_plan_is_for(plan, args.model, plan_name=f"plan '{args.plan}'")) and not args.quiet:
+        print(f"autoplan: warning: {warning}", file=sys.stderr)
 
 
 def _target(args: argparse.Namespace) -> str:

@@ -32,6 +32,12 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
         default=2,
         help="processes (GPUs, or CPU ranks) that compute at once and measure collectives between (default 2)",
     )
+    parser.add_argument(
+        "--links-from",
+        metavar="PROFILE",
+        help="with --devices 1 (a single-GPU machine, nothing to measure collectives between): take the links, "
+        "overlap and devices per node from this profile (name or path) of the cluster the device stands for",
+    )
     parser.add_argument("--out", help="where to write the profile (.yaml or .json)")
     parser.add_argument("--name", help="profile name (default: the --out file stem)")
     parser.add_argument("--threads", type=int, help="intra-op threads per process (default: cores // devices)")
@@ -50,7 +56,7 @@ def register(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="re-measure only this part of the existing --out profile (with its "
         "devices_per_node and threads) and rewrite the file",
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, out_kind="file")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         return refresh(args)
     from autoplan.profile.measure import measure_profile
     from autoplan.profile.measure.collectives import CommSweep
-    from autoplan.profile.measure.compute import DEFAULT_SWEEP, QUICK_SWEEP
+    from autoplan.profile.measure.compute import QUICK_SWEEP, default_sweep
+    from autoplan.profile.measure.timing import default_device
 
     started = time.perf_counter()
     quick_comm = CommSweep(max_bytes=4 * 2**20, factor=4)
@@ -73,12 +80,13 @@ def run(args: argparse.Namespace) -> int:
         devices=args.devices,
         name=args.name or _stem(args.out),
         threads=args.threads,
-        compute_sweep=QUICK_SWEEP if args.quick else DEFAULT_SWEEP,
+        compute_sweep=QUICK_SWEEP if args.quick else default_sweep(default_device()),
         comm_sweep=quick_comm if args.quick else CommSweep(),
         model=args.model,
         batch=args.batch,
         progress=not (args.quiet or args.json),
         timeout_s=args.timeout,
+        links_from=load_profile(args.links_from) if args.links_from else None,
     )
     path = save_profile(profile, args.out)
     _print({**summary(profile), "written": str(path), "wall_s": round(time.perf_counter() - started, 1)}, args)
@@ -105,8 +113,15 @@ def refresh(args: argparse.Namespace) -> int:
 def _check_args(args: argparse.Namespace) -> None:
     if not args.out:
         raise ProfileError("autoplan profile needs --out PATH.yaml (or --show PROFILE to check an existing one).")
-    if args.devices < 2:
-        raise ProfileError(f"--devices is {args.devices}; expected at least 2 processes to measure collectives.")
+    if args.devices < 1:
+        raise ProfileError(f"--devices is {args.devices}; expected an integer >= 1.")
+    if args.devices == 1 and not args.links_from and not args.refresh:
+        raise ProfileError(
+            "--devices 1 has no collective to measure; add --links-from PROFILE (e.g. dgx-h200) to take the links "
+            "from the cluster this device stands for, or measure with --devices 2 or more."
+        )
+    if args.links_from and args.devices != 1:
+        raise ProfileError(f"--links-from is for --devices 1; with --devices {args.devices} the links are measured.")
     if args.threads is not None and args.threads < 1:
         raise ProfileError(f"--threads is {args.threads}; expected an integer >= 1.")
     if args.batch < 1:

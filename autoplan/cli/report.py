@@ -25,7 +25,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     report.add_argument("--out", required=True, metavar="REPORTDIR", help="folder to write the report to")
     report.add_argument("--top-k", type=int, default=5, help="plans to compare in the tables and figures (default 5)")
     report.add_argument("--no-explain", action="store_true", help="skip the explanation (it re-runs the search)")
-    report.set_defaults(func=run_report)
+    report.set_defaults(func=run_report, out_kind="folder")
     explain = subparsers.add_parser(
         "explain",
         parents=[common],

@@ -57,7 +57,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     )
     add_routing_arguments(parser)
     add_run_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, out_kind="folder")
     add_sweep_parser(subparsers, common)
 
 

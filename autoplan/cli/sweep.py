@@ -42,7 +42,7 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
     add_routing_arguments(parser)
     add_run_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, out_kind="folder")
 
 
 def run(args: argparse.Namespace) -> int:

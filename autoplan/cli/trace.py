@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
     parser.add_argument("--batch", type=int, required=True, help="global batch size in samples")
     parser.add_argument("--out", required=True, help="output folder")
     add_routing_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, out_kind="folder")
 
 
 def add_routing_arguments(parser: argparse.ArgumentParser) -> None:

@@ -213,6 +213,27 @@ def check_ep_pin(graph: Graph, ep: int) -> None:
     check_divides(graph, ep)
 
 
+def pipeline_blocks(graph: Graph) -> int:
+    """Blocks a pipeline may place on stages: all of them, or none when an MoE layer selects its
+    experts' rows by data-dependent shapes (``MoELayer.data_dependent``): such a layer runs only
+    eagerly as written, and torch.export, which splits pipelines (autoplan/execute/pipeline.py),
+    cannot capture it."""
+    return 0 if any(m.data_dependent for m in graph.moe_layers) else len(graph.layers)
+
+
+def check_pp_pin(graph: Graph, pp: int) -> None:
+    """``--fix pp=N`` on a model whose MoE layers cannot be pipelined, in one sentence."""
+    from autoplan.errors import PlanError
+
+    layer = next((m for m in graph.moe_layers if m.data_dependent), None)
+    if pp > 1 and layer is not None:
+        raise PlanError(
+            f"--fix pp={pp} cannot split this model: MoE layer '{layer.module}' loops over its experts with "
+            "data-dependent shapes, which torch.export (the pipeline split) cannot capture; use pp=1, or write "
+            "its experts in the Hugging Face experts interface (docs/moe.md)."
+        )
+
+
 def ep_options(graph: Graph) -> list[int]:
     """Every ep the model's MoE layers allow (before the plan's dp): divisors of every layer's
     expert count; only 1 without grouped MoE layers."""

@@ -17,7 +17,8 @@ Composition order (each step says why it comes after the previous and before the
    shards them over the edp mesh, DDP ignores them (autoplan/execute/expert_parallel.py).
 3. **Tensor parallelism** (+SP) after the split, so its parameter sharding and
    input/output hooks land on the stage modules that actually run; before recomputation, so a
-   checkpointed block replays the TP redistributions as part of its forward.
+   checkpointed block replays the TP redistributions as part of its forward. MoE layers whose
+   experts are a ``ModuleList`` then run whole on local tensors (autoplan/execute/expert_loop.py).
 4. **Activation recomputation** after TP (see 3) and before FSDP, so FSDP's per-block
    all-gather hooks stay outside the checkpointed forward and gather once per (re)forward.
    With ``tp_comm_overlap`` each block is then compiled for torch's async TP
@@ -37,7 +38,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.execute import data_parallel, expert_parallel, float8, pipeline, precision
+from autoplan.execute import data_parallel, expert_loop, expert_parallel, float8, pipeline, precision
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, local_device
@@ -79,7 +80,8 @@ def parallelize(
     kinds = validate_tp_plan(model=model, plan=plan)
     experts = expert_parallel.find_experts(model)
     expert_parallel.check_expert_parallel(model=model, plan=plan, dispatches=experts)
-    fp8_linears = float8.eligible_fqns(model, plan, exclude=tuple(experts))
+    list_moe = expert_loop.list_layers(model)
+    fp8_linears = float8.eligible_fqns(model, plan, exclude=tuple(experts) + list_moe)
     mesh = build_mesh(plan=plan)
     ep_mesh = expert_mesh(mesh=mesh, plan=plan)
     model = model.to(device)
@@ -108,6 +110,7 @@ def parallelize(
     checkpointed = 0
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
+        expert_loop.run_list_layers_whole(module=module, plan=plan, layers=list_moe)  # DTensor cannot route them
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
         if plan.tp_comm_overlap:
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])

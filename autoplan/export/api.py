@@ -45,7 +45,14 @@ def load_plan(source: Plan | str | Path) -> tuple[Plan, Graph | None]:
             f"'{source}' is neither a plan.json nor a plan folder; pass the --out DIR of `autoplan plan`."
         )
     graph_file = plan_file.parent / "graph.json"
-    return Plan.load(plan_file), Graph.load(graph_file) if graph_file.is_file() else None
+    plan, graph = Plan.load(plan_file), Graph.load(graph_file) if graph_file.is_file() else None
+    if graph is not None and plan.graph_signature and graph.signature != plan.graph_signature:
+        raise ExportError(
+            f"'{plan_file}' was made for another model than the graph.json beside it (graph signature "
+            f"{plan.graph_signature}, not {graph.signature}); export the plan from the folder `autoplan plan` "
+            "wrote it to."
+        )
+    return plan, graph
 
 
 def export_plan(source: Plan | str | Path, *, to: str, graph: Graph | None = None) -> Exported:

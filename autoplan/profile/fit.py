@@ -94,9 +94,23 @@ def fit_efficiency(
     return 1.0 / slope, intercept / slope / calls
 
 
+#: The sweep reached the saturated regime when its largest call spends at most this fraction of its
+#: time in the fitted fixed cost (the intercept); past it, 1/slope extrapolates beyond anything timed.
+SATURATED_INTERCEPT_FRACTION = 0.1
+
+
 def saturated_rate(*, flops: Sequence[float], time_s: Sequence[float]) -> float:
-    """The large-size throughput (FLOP/s) of one op class in one dtype: 1/slope of t(F)."""
-    _, slope = fit_affine(x=flops, t=time_s)
+    """The large-size throughput (FLOP/s) of one op class in one dtype: 1/slope of t(F) = t0 + F/rate.
+
+    Trusted only when the sweep saturated (its largest call's time t_max has t0 <= 0.1 * t_max,
+    SATURATED_INTERCEPT_FRACTION): a sweep of launch-bound calls (small shapes on a GPU) gives a
+    slope near zero, and 1/slope a rate no call achieved. Then the best achieved rate max F/t is
+    the answer: a lower bound that the sweep measured."""
+    intercept, slope = fit_affine(x=flops, t=time_s)
+    achieved = max(f / t for f, t in zip(flops, time_s))
+    largest_s = max(t for f, t in zip(flops, time_s) if f == max(flops))
+    if intercept > SATURATED_INTERCEPT_FRACTION * largest_s:
+        return achieved
     return 1.0 / slope
 
 

@@ -37,6 +37,24 @@ def _bare(name: str) -> str:
     return " ".join(re.sub(r"\(\d+ threads\)", "", name).split())
 
 
+#: Words that name a GPU's form factor in CUDA's device names ("NVIDIA H100 PCIe", "NVIDIA H200 NVL");
+#: the SXM parts carry none of them ("NVIDIA H100 80GB HBM3", "NVIDIA H200").
+_GPU_VARIANTS = {"pcie", "nvl"}
+
+
+def same_device(a: str, b: str) -> bool:
+    """Do two device names name the same hardware? CPUs: the same model string. GPUs: the same model
+    (H200, A100, ...) and form factor, however a datasheet profile spells the rest ("NVIDIA
+    H200-SXM-141GB" is what CUDA calls "NVIDIA H200")."""
+    if _bare(a).lower() == _bare(b).lower():
+        return True
+    words_a, words_b = (set(re.split(r"[\s\-_]+", _bare(n).lower())) for n in (a, b))
+    if "nvidia" not in words_a or "nvidia" not in words_b:
+        return False
+    models_a, models_b = ({w for w in ws if re.fullmatch(r"[a-z]+\d{2,4}[a-z]*", w)} for ws in (words_a, words_b))
+    return bool(models_a & models_b) and words_a & _GPU_VARIANTS == words_b & _GPU_VARIANTS
+
+
 def device_mismatch(profile: Profile, *, running: bool) -> str | None:
     """One sentence when ``profile``'s device is not this machine's (module docstring), else None."""
     theirs = profile.device.name
@@ -51,7 +69,7 @@ def device_mismatch(profile: Profile, *, running: bool) -> str | None:
             here = f"{cpu_model() or 'a CPU'} with no GPU"
         else:
             return None
-    if not here or not theirs or _bare(here).lower() == _bare(theirs).lower():
+    if not here or not theirs or same_device(here, theirs):
         return None
     return (
         f"profile '{profile.name}' was measured on {_bare(theirs)}, but this machine is {here}: predicted times may be "

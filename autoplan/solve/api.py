@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.cost import reliability
+from autoplan.cost.experts import pipeline_blocks
+from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.whole_run import priced_profile, run_pricer
 from autoplan.errors import PlanError
@@ -108,6 +110,7 @@ def plan_graph(
         raise NoPlanFits(explain_no_fit(graph, profile, options, result), result)
     if source is not None:
         result.best.profile = source
+    result.best.model_sha256, result.best.graph_signature = graph.model_sha256, graph.signature  # what it is for
     summary = SearchSummary(
         candidates_evaluated=result.evaluated,
         candidates_pruned=result.pruned,
@@ -161,49 +164,65 @@ def explain_no_fit(graph: Graph, profile: Profile, options: SearchOptions, resul
     if closest is not None:
         head += (
             f": the most frugal one evaluated ({closest.plan.describe()}) "
-            f"needs {closest.cost.peak_memory_bytes / 2**30:.1f} GiB"
-            f" per device of {profile.device.memory_bytes / 2**30:.0f} GiB"
+            f"needs {closest.cost.peak_memory_bytes / 2**30:.1f} GiB per device, more than the "
+            f"{usable_bytes(profile.device.memory_bytes) / 2**30:.1f} GiB usable of "
+            f"{profile.device.memory_bytes / 2**30:.0f} GiB (less allocator headroom)"
         )
     pinned = [k for k in FRUGAL_PINS if k in options.fixes]
-    if pinned and _fits(
-        graph, profile, options.devices, options.batch_size, {k: v for k, v in options.fixes.items() if k not in pinned}
-    ):
-        return (
-            f"{head}; unpin {', '.join(pinned)} (e.g. recompute=full, zero=3, mbs=1) "
-            f"and it fits on {options.devices} devices."
-        )
+    kept = {k: v for k, v in options.fixes.items() if k not in pinned}
+    if pinned and (fit := _frugal_fit(graph, profile, options.devices, options.batch_size, kept)) is not None:
+        return f"{head}; unpin {', '.join(pinned)}: --fix {_pins(fit, kept)} fits on {options.devices} devices."
     needed = smallest_fitting_devices(graph, profile, options)
     if needed is not None:
-        return (
-            f"{head}; it would fit on {needed} devices "
-            "(the most frugal configuration: full recomputation, ZeRO-3, micro-batch 1)."
-        )
+        return f"{head}; it would fit on {needed.devices} devices (for example --fix {_pins(needed, {})})."
     return (
         f"{head}, even on {options.devices * 64} devices; use a smaller model or batch, or a device with more memory."
     )
 
 
-def smallest_fitting_devices(graph: Graph, profile: Profile, options: SearchOptions) -> int | None:
+def smallest_fitting_devices(graph: Graph, profile: Profile, options: SearchOptions) -> Plan | None:
+    """The most frugal plan that fits on the fewest of 2x, 4x, ... 64x the devices, or None."""
     count = options.devices
     for _ in range(6):
         count *= 2
         if count > profile.devices_per_node and (profile.inter_node is None or count % profile.devices_per_node):
             continue
-        if _fits(graph, profile, count, options.batch_size, {}):
-            return count
+        if (fit := _frugal_fit(graph, profile, count, options.batch_size, {})) is not None:
+            return fit
     return None
 
 
-def _fits(graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict) -> bool:
-    """Whether the most memory-frugal configurations of ``devices`` fit (full recompute, ZeRO-3, mbs 1)."""
+def _pins(plan: Plan, kept: dict) -> str:
+    """``--fix`` pins that give ``plan``: the ones the user keeps, then the plan's own degrees and
+    memory choices (each such plan was priced by CostModel and fits)."""
+    own = {
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "zero": plan.zero_stage,
+        "recompute": plan.recompute,
+        "mbs": plan.micro_batch_size,
+        "sp": plan.sequence_parallel,
+        "precision": plan.precision,
+    }
+    pins = {**kept, **{k: v for k, v in own.items() if k not in kept}}
+    return ",".join(f"{k}={('on' if v else 'off') if isinstance(v, bool) else v}" for k, v in pins.items())
+
+
+def _frugal_fit(graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict) -> Plan | None:
+    """The first of the most memory-frugal configurations of ``devices`` (full recomputation, the
+    highest ZeRO stage dp allows, micro-batch 1, sequence parallelism, the narrowest precision)
+    that fits, or None. Degrees whose dp a ZeRO pin rules out are skipped, as the search skips them."""
     model = CostModel(graph, profile)
     frugal = {"recompute": "full", "mbs": 1, **fixes}
     for deg in space.degree_options(
-        devices=devices, per_node=profile.devices_per_node, layers=len(graph.layers), batch=batch, fixes=frugal
+        devices=devices, per_node=profile.devices_per_node, layers=pipeline_blocks(graph), batch=batch, fixes=frugal
     ):
         for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes=frugal)[-1:]:
             for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal)[:1]:
-                zero = max(space.zero_options(dp=deg.dp, fixes=frugal) or [0])
+                zeros = space.zero_options(dp=deg.dp, fixes=frugal)
+                if not zeros:
+                    continue
+                zero = max(zeros)
                 precision = space.precision_options(profile, fixes=frugal)[-1]
                 candidate = Plan(
                     devices=devices,
@@ -218,5 +237,5 @@ def _fits(graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict)
                     precision=precision,
                 )
                 if model.estimate(candidate).feasible:
-                    return True
-    return False
+                    return candidate
+    return None

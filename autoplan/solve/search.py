@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import time
 
-from autoplan.cost.experts import check_ep_pin, ep_options
+from autoplan.cost.experts import check_ep_pin, check_pp_pin, ep_options, pipeline_blocks
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.schedule import balanced_stages
@@ -84,6 +84,7 @@ class Search:
         self.fixes = options.fixes
         if self.fixes.get("ep", 1) > 1:
             check_ep_pin(graph, self.fixes["ep"])
+        check_pp_pin(graph, self.fixes.get("pp", 1))
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
         self.eps = tuple(ep_options(graph))
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
@@ -124,33 +125,33 @@ class Search:
 
     # ---- groups and their bounds -------------------------------------------------------
     def groups(self) -> list[tuple[float, Group]]:
-        opts, layers = self.options, len(self.graph.layers)
+        opts, layers = self.options, pipeline_blocks(self.graph)
         counts = (
             [opts.devices]
             if opts.objective == "time"
             else [d for d in range(1, opts.devices + 1) if opts.devices % d == 0 and space.fits_nodes(d, self.profile)]
         )
-        found = []
-        for devices in counts:
+        found, per_node, eps = [], self.profile.devices_per_node, self.eps
+        degrees = [
+            deg
+            for n in counts
             for deg in space.degree_options(
-                devices=devices,
-                per_node=self.profile.devices_per_node,
-                layers=layers,
-                batch=opts.batch_size,
-                fixes=self.fixes,
-                eps=self.eps,
-            ):
-                for precision in space.precision_options(self.profile, fixes=self.fixes):
-                    for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
-                        for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
-                            m = opts.batch_size // (deg.dp * mbs)
-                            schedules = space.schedule_options(
-                                pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes
-                            )
-                            if schedules:
-                                v_max = max(v for _, v in schedules)
-                                group = Group(deg, precision, sp, mbs, m, v_max, routing=self.routing)
-                                found.append((self.lower_bound(group), group))
+                devices=n, per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=eps
+            )
+        ]
+        space.check_zero_pin(degrees, self.fixes)
+        for deg in [d for d in degrees if space.zero_options(dp=d.dp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
+            for precision in space.precision_options(self.profile, fixes=self.fixes):
+                for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
+                    for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
+                        m = opts.batch_size // (deg.dp * mbs)
+                        schedules = space.schedule_options(
+                            pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes
+                        )
+                        if schedules:
+                            v_max = max(v for _, v in schedules)
+                            group = Group(deg, precision, sp, mbs, m, v_max, routing=self.routing)
+                            found.append((self.lower_bound(group), group))
         return sorted(found, key=lambda item: item[0])
 
     def lower_bound(self, g: Group) -> float:

@@ -277,6 +277,30 @@ def zero_options(*, dp: int, fixes: dict) -> list[int]:
     return [z for z in options if z == fixes["zero"]] if "zero" in fixes else options
 
 
+#: What each ZeRO stage partitions over the data-parallel ranks (Rajbhandari et al., SC'20, section 5).
+ZERO_PARTITIONS = {
+    1: "optimizer states",
+    2: "optimizer states and gradients",
+    3: "optimizer states, gradients and weights",
+}
+
+
+def check_zero_pin(degrees: list[Degrees], fixes: dict) -> None:
+    """A ZeRO pin where every configuration the other pins leave has dp = 1: the rule, in one
+    sentence. ZeRO partitions over the data-parallel ranks, and one rank has nothing to share
+    with, so ZeRO-k at dp = 1 is the zero=0 plan and the search lists it once, as zero=0."""
+    zero = fixes.get("zero", 0)
+    if not zero or not degrees or any(d.dp > 1 for d in degrees):
+        return
+    splits = sorted({f"tp={d.tp}, pp={d.pp}" for d in degrees})
+    left = splits[0] if len(splits) == 1 else f"every split ({'; '.join(splits)})"
+    raise PlanError(
+        f"--fix zero={zero} partitions {ZERO_PARTITIONS[zero]} over the data-parallel ranks, and {left} on "
+        f"{degrees[0].devices} devices leaves dp=1, one rank with nothing to partition; pin zero=0 (the same plan), "
+        "or leave dp > 1 with a smaller tp or pp."
+    )
+
+
 def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     """Recomputation checkpoints blocks: a model without blocks has only "none"."""
     if "recompute" in fixes:

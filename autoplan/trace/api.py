@@ -57,7 +57,7 @@ def trace(
     batch = _batch_size(inputs)
     routing = routing or RoutingModel()
     grad_mode = torch.is_grad_enabled()  # an op that fails inside a set_grad_enabled region must not leak it
-    with training_mode(model), swapped(model, to_meta), moe.routed(model, routing) as seen, _grad_mode(grad_mode):
+    with training_mode(model), swapped(model, to_meta), moe.routed(model, routing) as log, _grad_mode(grad_mode):
         captured = capture(model, tuple(map_tensors(tuple(inputs), to_meta)), model_name=model_name)
         _move_meta_constants(captured.module)
         with FakeTensorMode() as mode:
@@ -76,7 +76,8 @@ def trace(
             seq_len=seq_len_of(tuple(inputs)),
         )
         tokens = batch * (graph.seq_len or 1)
-        graph.moe_layers = moe.describe(model, records, routing=routing, seen=seen, tokens=tokens, blocks=graph.layers)
+        graph.moe_layers = moe.describe(model, records, routing=routing, log=log, tokens=tokens, blocks=graph.layers)
+        moe.keep_list_layers_whole(graph)
     return graph
 
 
@@ -90,7 +91,9 @@ def trace_model_file(path: str | Path, batch_size: int, *, routing: RoutingModel
         inputs = model_file.inputs(batch_size)
         target = model_file.target(batch_size)
     loss = model_file.loss if model_file.loss_fn is not None else None
-    return trace(model, inputs, loss_fn=loss, target=target, model_name=model_file.name, routing=routing)
+    graph = trace(model, inputs, loss_fn=loss, target=target, model_name=model_file.name, routing=routing)
+    graph.model_sha256 = model_file.sha256
+    return graph
 
 
 def _default_loss(output: Any, target: Any) -> torch.Tensor:

@@ -108,21 +108,41 @@ def _try_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failur
         return Failure("torch.export (non-strict)", stack[-1] if stack else "", user_line(exc), first_line(exc))
 
 
-def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | None:
+def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failure | None:
     """Export with the first few repeated blocks and stitch the rest (autoplan/trace/stitch.py);
-    None when the model has no such blocks or refuses the shortcut: the full export follows."""
+    None when the model has no such blocks or refuses the shortcut: the full export follows.
+    A failure on data-dependent shapes is final: the full export runs the same code (the
+    blocks before the cut and everything around them) and would stop at the same op, after
+    running every block (a minute on a large model), so its :class:`Failure` is returned."""
     found = repeated_blocks(model)
     if found is None:
         return None
     name, container, kept = found
     blocks = list(container)
+    stack: list[str] = []
     try:
-        with truncated(model, name, kept), _pytree_outputs(model), _quiet_logs():
+        with truncated(model, name, kept), _module_stack(model, stack), _pytree_outputs(model), _quiet_logs():
             program = torch.export.export(model, meta_inputs, strict=False)
-    except Exception:
-        return None
+    except Exception as exc:
+        if not data_dependent(exc):
+            return None
+        return Failure("torch.export (non-strict)", stack[-1] if stack else "", user_line(exc), first_line(exc))
     module = program.module()
     return Captured(module, "export") if stitch(module, prefix=name, blocks=blocks, kept=kept) else None
+
+
+def data_dependent(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it came from) is a guard or an output size that depends
+    on tensor values, which no export of the same code can get past."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    kinds = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
+    while exc is not None:
+        if isinstance(exc, kinds):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ graph records each layer (:func:`describe`).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
@@ -30,6 +31,7 @@ import torch.nn as nn
 
 from autoplan.errors import TraceError
 from autoplan.trace.layers import within
+from autoplan.trace.moe_loop import loop_routed
 from autoplan.types.moe import MoELayer, RoutingModel
 
 _TOP_K_NAMES = ("top_k", "num_experts_per_tok", "k", "moe_top_k", "router_topk")
@@ -48,21 +50,44 @@ def is_hf_experts(module: nn.Module) -> bool:
     )
 
 
+@dataclass
+class RoutingLog:
+    """What the routed layers saw while traced: tokens per experts module (FQN -> T), and the
+    experts modules of loop-written layers whose data-dependent row selections were sized."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+    sized: set[str] = field(default_factory=set)
+
+
 @contextlib.contextmanager
-def routed(model: nn.Module, routing: RoutingModel) -> Iterator[dict[str, int]]:
-    """Run every recognised experts module of ``model`` under ``routing`` while inside; yields
-    the tokens each one saw (name -> T), filled in as the trace runs."""
-    seen: dict[str, int] = {}
+def routed(model: nn.Module, routing: RoutingModel) -> Iterator[RoutingLog]:
+    """Run every recognised experts module of ``model`` under ``routing`` while inside (the
+    grouped interface here, loop-written layers by trace/moe_loop.py); yields the
+    :class:`RoutingLog`, filled in as the trace runs."""
+    log = RoutingLog()
+    seen = log.tokens
     patched = [(m, name, m.__dict__.get("forward")) for name, m in model.named_modules() if is_hf_experts(m)]
     for module, name, _ in patched:
         module.forward = routed_experts(module, routing, lambda tokens, name=name: seen.__setitem__(name, tokens))
     try:
-        yield seen
+        with loop_routed(model, _expert_lists(model), routing, log.tokens, log.sized):
+            yield log
     finally:
         for module, _, own in patched:
             del module.forward
             if own is not None:
                 module.forward = own
+
+
+def _expert_lists(model: nn.Module) -> dict[str, tuple[str, int]]:
+    """MoE layers whose experts are a ``ModuleList`` (FQN -> (experts FQN, expert count)): their
+    forward loops over the experts, traced under trace/moe_loop.py."""
+    layers = {}
+    for name, module in model.named_modules():
+        found = experts_of(name, module)
+        if found is not None and not is_hf_experts(found[1]):
+            layers[name] = (found[0], len(found[1]))
+    return layers
 
 
 def routed_experts(module: nn.Module, routing: RoutingModel, saw: Callable[[int], None]) -> Callable:
@@ -106,7 +131,7 @@ def _combine(out: torch.Tensor, weights: torch.Tensor, pairs: int) -> torch.Tens
 
 # ---- what the graph records ---------------------------------------------------------------
 def describe(
-    model: nn.Module, records: list, *, routing: RoutingModel, seen: dict[str, int], tokens: int, blocks: list[str]
+    model: nn.Module, records: list, *, routing: RoutingModel, log: RoutingLog, tokens: int, blocks: list[str]
 ) -> list[MoELayer]:
     """One :class:`MoELayer` per MoE layer of ``model``: its experts found by structure, its top-k
     from the module's attributes or, failing those, from the last ``topk`` its block ran."""
@@ -114,8 +139,22 @@ def describe(
     for name, module in model.named_modules():
         experts = experts_of(name, module)
         if experts is not None:
-            found.append(_layer(name, module, experts, records, routing, seen, tokens, blocks))
+            layer = _layer(name, module, experts, records, routing, log.tokens, tokens, blocks)
+            layer.data_dependent = experts[0] in log.sized
+            found.append(layer)
     return found
+
+
+def keep_list_layers_whole(graph) -> None:
+    """Mark the linears of every MoE layer whose experts are a ``ModuleList`` (router and experts)
+    ``tp_splittable = False``: at tp > 1 the executor runs such a layer whole on every
+    tensor-parallel rank, on local tensors (autoplan/execute/expert_loop.py), since DTensor has no
+    strategy for the data-dependent row selections of a loop over experts; the cost model then
+    prices it so (cost/tensor_parallel.py ``legal_splits``)."""
+    layers = [m.module for m in graph.moe_layers if m.interface == "module_list"]
+    for node in graph.nodes:
+        if node.op == "linear" and any(within(node.module, layer) for layer in layers):
+            node.attrs["tp_splittable"] = False
 
 
 def experts_of(name: str, module: nn.Module) -> tuple[str, nn.Module] | None:
@@ -151,7 +190,8 @@ def _layer(name, module, experts, records, routing, seen, tokens, blocks) -> MoE
     params = dict(experts_module.named_parameters())
     router = _router(module, count)
     shared = next((s for s in _SHARED_NAMES if isinstance(getattr(module, s, None), nn.Module)), None)
-    hidden, ffn, gated = _ffn_shape(experts_module)
+    router_weight = getattr(module, router).weight if router else None
+    hidden, ffn, gated = _ffn_shape(experts_module, router_weight.shape[1] if router_weight is not None else None)
     traced_tokens = seen.get(experts_name, tokens)
     top_k = _top_k(name, module, router, records)
     return MoELayer(
@@ -175,8 +215,9 @@ def _layer(name, module, experts, records, routing, seen, tokens, blocks) -> MoE
     )
 
 
-def _ffn_shape(experts: nn.Module) -> tuple[int, int, bool]:
-    """(hidden, one expert's FFN width, gated) from the experts' down projection."""
+def _ffn_shape(experts: nn.Module, hidden: int | None) -> tuple[int, int, bool]:
+    """(hidden, one expert's FFN width, gated) from the experts' down projection: the one that
+    maps back to the hidden size the router reads (``hidden``; without a router, the last linear)."""
     if is_hf_experts(experts):
         down = experts.down_proj.shape  # [E, H, I], or [E, I, H] when transposed
         hidden, ffn = (down[2], down[1]) if experts.is_transposed else (down[1], down[2])
@@ -184,7 +225,8 @@ def _ffn_shape(experts: nn.Module) -> tuple[int, int, bool]:
     linears = [m for m in experts[0].modules() if isinstance(m, nn.Linear)]
     if not linears:
         return 0, 0, False
-    return linears[-1].out_features, linears[-1].in_features, len(linears) > 2
+    down = [m for m in linears if m.out_features == hidden] or linears[-1:]
+    return down[-1].out_features, down[-1].in_features, len(linears) > 2
 
 
 def _slots(name: str, experts: nn.Module, routing: RoutingModel, tokens: int, top_k: int, records: list) -> int:

@@ -302,8 +302,9 @@ class Propagator:
                 f"op '{op}' in module '{module}'{where} has an output that depends on tensor values "
                 "(data-dependent routing such as nonzero() or boolean-mask indexing), "
                 "which shape-only tracing cannot size. autoplan runs Mixture-of-Experts routing under its routing "
-                "model when the experts follow Hugging Face's experts interface (docs/moe.md; examples/moe.py "
-                "follows it in plain torch); otherwise route with dense masks or a fixed expert capacity."
+                "model when it recognises the layer: a router with one output per expert, a topk over them, and "
+                "experts in Hugging Face's experts interface or an nn.ModuleList of alike modules (docs/moe.md); "
+                "otherwise route with dense masks or a fixed expert capacity."
             )
         return TraceError(f"op '{op}' in module '{module}'{where} failed on fake tensors: {first_line(exc)}.")
 

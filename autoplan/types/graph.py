@@ -10,6 +10,8 @@ precisions; the tracer never does.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -121,6 +123,18 @@ class LayerGroup:
         require(len(self.layers) >= 1, GraphError, f"layer group '{self.signature}' has no layers.")
 
 
+def parameters_signature(parameters: dict[str, ParamInfo]) -> str:
+    """What a plan was made for (``Plan.graph_signature``): the first 16 hex digits of the SHA-256
+    of every parameter's name, shape and dtype, in the model's order. A plan names the model's
+    modules and blocks and is priced on its parameter shapes, so another model (a GPT plan given
+    to a Llama) or other sizes (``AUTOPLAN_GPT_N_LAYER=2`` beside 4) give another signature, while
+    an edited comment, a reordered import or another machine or torch version give the same one.
+    The run side computes it from the model built on the meta device (trace/identity.py), without
+    a trace, so this is the same function of the same table the tracer records."""
+    table = [[name, list(info.shape), info.dtype] for name, info in parameters.items()]
+    return hashlib.sha256(json.dumps(table, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
 def reachable(seeds: set[str], step: dict[str, list[str]], allowed: set[str] | None = None) -> set[str]:
     """Nodes reached from ``seeds`` by following ``step`` (successors or predecessors, as from
     :meth:`Graph.adjacency`), only through nodes in ``allowed`` when given; a seed is in the
@@ -156,6 +170,7 @@ class Graph:
     dtype: str = "float32"
     buffer_bytes: int = 0  # the model's buffers (DDP broadcasts them from rank 0 each step)
     moe_layers: list[MoELayer] = field(default_factory=list)  # types/moe.py; empty for a dense model
+    model_sha256: str = ""  # the SHA-256 of the model file it was traced from ("" when traced from a module)
     version: int = GRAPH_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -242,6 +257,11 @@ class Graph:
     @cached_property
     def param_bytes(self) -> int:
         return sum(info.bytes for info in self.parameters.values())
+
+    @cached_property
+    def signature(self) -> str:
+        """:func:`parameters_signature` of this graph's parameters."""
+        return parameters_signature(self.parameters)
 
     @cached_property
     def fwd_flops(self) -> int:

@@ -87,6 +87,11 @@ class MoELayer:
     #: routing (the Hugging Face experts interface); expert parallelism runs on these.
     #: "module_list": one module per expert; priced, but run only at ep = 1.
     interface: str = "grouped"
+    #: the layer selects each expert's rows by data-dependent shapes (a loop over a ModuleList
+    #: with ``torch.where``/``nonzero``, as transformers 4.x wrote Mixtral), traced under the
+    #: routing model (trace/moe_loop.py): it runs eagerly as written, so torch.export, which
+    #: splits pipelines, cannot capture it.
+    data_dependent: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.routing, dict):

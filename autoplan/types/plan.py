@@ -82,6 +82,11 @@ class Plan:
     ``tp = 1``: expert tensor parallelism is not supported yet.
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
+    ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
+    SHA-256 and the traced graph's signature (:func:`autoplan.types.graph.parameters_signature`:
+    its parameters' names, shapes and dtypes). ``run``, ``launch`` and ``export`` refuse a model
+    of another signature and warn when only the file changed (trace/identity.py); a plan written
+    before they existed has them empty and is not checked.
     ``predicted`` is what the planner predicted (:class:`autoplan.types.prediction.Prediction`),
     None for a plan nobody priced; a mapping given here (plan.json's object) is read into one.
     """
@@ -108,6 +113,8 @@ class Plan:
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
     model: str = ""
+    model_sha256: str = ""
+    graph_signature: str = ""
     profile: str = ""
     predicted: Prediction | None = None
     version: int = PLAN_SCHEMA_VERSION

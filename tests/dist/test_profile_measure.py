@@ -3,6 +3,8 @@ host overhead per op, and ``autoplan profile --refresh op_overhead`` re-measures
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,9 +43,31 @@ def test_two_process_gloo_profile(tmp_path: Path) -> None:
 
 
 def _refresh_overhead(path: Path, *, before) -> None:
-    args = argparse.Namespace(show=None, out=str(path), refresh="op_overhead", devices=2, threads=None, batch=1,
+    args = argparse.Namespace(show=None, out=str(path), refresh="op_overhead", devices=2, threads=None, batch=1, links_from=None,
                               timeout=120.0, quiet=True, json=False)
     assert profile_cli(args) == 0
     after = load_profile(path)
     assert after.device.op_overhead.forward_s > 0 and after.device.op_overhead.source != before.device.op_overhead.source
     assert after.device.op_table == before.device.op_table and after.intra_node == before.intra_node
+
+
+@pytest.mark.slow
+def test_one_device_profile_takes_its_links_from_the_named_cluster(tmp_path: Path) -> None:
+    """A single-GPU machine: its device is measured, its links are the named profile's, each source saying so."""
+    out = tmp_path / "one.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "autoplan.cli", "--quiet", "profile", "--devices", "1", "--links-from", "cpu-gloo",
+         "--quick", "--timeout", "120", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    profile, cluster = load_profile(out), load_profile("cpu-gloo")
+    assert profile.device.op_overhead is not None and profile.device.memory_bandwidth_bytes_per_s > 0
+    assert profile.devices_per_node == cluster.devices_per_node and profile.backend == cluster.backend
+    assert profile.intra_node.collectives == cluster.intra_node.collectives
+    assert "copied from profile 'cpu-gloo'" in profile.intra_node.name and "copied" in profile.comm_overlap.source
+    refused = subprocess.run(
+        [sys.executable, "-m", "autoplan.cli", "profile", "--devices", "1", "--out", str(tmp_path / "x.yaml")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert refused.returncode != 0 and "--links-from" in refused.stderr and "Traceback" not in refused.stderr

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "autoplan"
 ORDER = (
     "errors",
     "version",
+    "quiet",
     "types",
     "jobs",
     "modelfile",

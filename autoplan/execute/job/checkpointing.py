@@ -67,6 +67,11 @@ class Session:
             self.checkpointer.save(trainer, steps_done=steps_done, rows=rows)
         self.checkpointer.wait()
 
+    def abandon(self) -> None:
+        """No final checkpoint (the weights are not worth keeping: a non-finite loss); wait for any save in flight."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+
 
 def checkpoint_root(opts: Any) -> Path | None:
     """Where this run saves: --checkpoint-dir, else the directory --resume read from."""

@@ -19,13 +19,18 @@ def warmup_steps(steps: int) -> int:
     return min(max(steps - 1, 0), 1 if steps < 6 else 2)
 
 
-def write_outputs(*, opts: Any, plan, rows: list[dict[str, Any]], verified: dict | None) -> None:
+def write_outputs(
+    *, opts: Any, plan, rows: list[dict[str, Any]], verified: dict | None, nonfinite: dict | None = None
+) -> None:
+    """``nonfinite``: the step whose loss stopped the run (execute/job/nonfinite.py), for summary.json."""
     out = Path(opts.out)
     header = "step,step_time_s,loss,peak_memory_bytes"
     lines = [header] + [f"{r['step']},{r['step_time_s']:.6f},{r['loss']:.6f},{r['peak_memory_bytes']}" for r in rows]
     write_text_atomic(out / "measured.csv", "\n".join(lines) + "\n")
     summary = summarize(plan=plan, rows=rows, verified=verified)
     summary.update(run_inputs(opts=opts, plan=plan))
+    if nonfinite is not None:
+        summary.update(nonfinite_loss=nonfinite, final_loss=None)
     write_json_atomic(out / "summary.json", summary)
     plan.save(out / "plan.json")
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from autoplan.errors import AutoplanError
-from autoplan.execute.job import checkpointing
+from autoplan.execute.job import checkpointing, nonfinite
 from autoplan.execute.job.outputs import write_outputs
 from autoplan.types._check import write_text_atomic
 
@@ -185,6 +185,8 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
         row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
         rows.append(row)
         steps_done = step + 1
+        if not nonfinite.is_finite(row["loss"]):  # the same all-reduced loss on every rank: all stop here
+            return _stop_at_nonfinite(opts=opts, plan=plan, session=session, rows=rows, verified=verified)
         # The first step that changed the weights (fp16 skips overflowing steps, which leave
         # them as the reference has them) is compared, with the loss scale it used.
         if opts.verify and verified is None and not trainer.last_step_skipped:
@@ -213,6 +215,15 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
         if audit is not None:
             _write_audit(opts=opts, plan=trainer.plan, ranks=audit)
     return EXIT_VERIFY_FAILED if verified is not None and not verified["passed"] else 0
+
+
+def _stop_at_nonfinite(*, opts: RunOptions, plan, session, rows: list[dict], verified: dict | None) -> int:
+    """The first non-finite loss ends the run (autoplan/execute/job/nonfinite.py): no final checkpoint."""
+    session.abandon()
+    if dist.get_rank() == 0:
+        write_outputs(opts=opts, plan=plan, rows=rows, verified=verified, nonfinite=nonfinite.summary_entry(rows[-1]))
+    nonfinite.announce(row=rows[-1], precision=plan.precision)
+    return nonfinite.EXIT_NONFINITE_LOSS
 
 
 def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, Any]:
@@ -330,8 +341,10 @@ def _error_file() -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one launched process; records a failure for the launcher to name."""
     from autoplan.jobs.lifeline import die_with_launcher
+    from autoplan.quiet import silence_known_noise
 
     die_with_launcher()
+    silence_known_noise()  # before the model file imports its libraries (autoplan/quiet.py)
     parser = argparse.ArgumentParser(prog="autoplan.execute.job.runner")
     for name in ("model", "plan", "out"):
         parser.add_argument(f"--{name}", required=True)

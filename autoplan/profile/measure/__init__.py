@@ -16,6 +16,7 @@ import os
 import platform
 import statistics
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,11 +26,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autoplan.profile.host import cpu_model
 from autoplan.profile.measure.build import device_spec, link_spec, op_overhead
 from autoplan.profile.measure.collectives import CommSweep, merge_collectives
-from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, make_case
+from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, default_sweep, make_case
 from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
 from autoplan.profile.measure.timing import default_device, supported_dtypes, threads_per_process
-from autoplan.types.profile import CommOverlap, OpOverhead, OpTiming, Profile
+from autoplan.types.profile import CommOverlap, DeviceSpec, LinkSpec, OpOverhead, OpTiming, Profile
 
 __all__ = [
     "measure_profile",
@@ -46,16 +47,24 @@ def measure_profile(
     devices: int = 2,
     name: str | None = None,
     threads: int | None = None,
-    compute_sweep: ComputeSweep = DEFAULT_SWEEP,
+    compute_sweep: ComputeSweep | None = None,
     comm_sweep: CommSweep = CommSweep(),
     model: str | os.PathLike | None = None,
     batch: int | None = None,
     progress: bool = True,
     timeout_s: float = 300.0,
+    links_from: Profile | None = None,
 ) -> Profile:
-    """Measure compute, memory and N-process collectives on this machine, all N processes at once."""
+    """Measure compute, memory and N-process collectives on this machine, all N processes at once.
+
+    One device (a single-GPU machine) has no collective to time: its compute, memory and op overhead
+    are measured, and the links and overlap are copied from ``links_from``, the profile of the
+    cluster it stands for, each source saying so (``_copied_links``)."""
     threads = threads or threads_per_process(processes=devices)
+    if devices == 1:
+        comm_sweep = CommSweep(collectives=(), overlap=False)
     device = default_device()
+    compute_sweep = compute_sweep or default_sweep(device)
     dtypes = supported_dtypes(device)
     job = compute_job(sweep=compute_sweep, dtypes=dtypes, model=model, batch=batch)
     bar = _progress() if progress else None
@@ -76,6 +85,8 @@ def measure_profile(
         how=how,
         overhead=merge_overhead(per_rank, how=how),
     )
+    if devices == 1:
+        return _one_device_profile(spec, links_from=links_from, name=name, backend=backend, threads=threads, how=how)
     points = merge_collectives({r: res.collectives for r, res in per_rank.items()}, processes=devices, sweep=comm_sweep)
     link = link_spec(
         name=f"{backend} between {devices} local processes on {platform.node()}", points=points, backend=backend
@@ -93,6 +104,31 @@ def measure_profile(
         description=f"Measured by `autoplan profile --devices {devices}` on {platform.node()} "
         f"({device.type}, dtypes {', '.join(dtypes)}; compute timed with {how}).",
     )
+
+
+def _one_device_profile(
+    spec: DeviceSpec, *, links_from: Profile | None, name: str | None, backend: str, threads: int, how: str
+) -> Profile:
+    """This device's measured numbers with ``links_from``'s links, overlap and node size."""
+    if links_from is None:
+        raise ValueError("one device has no collective to measure; name the cluster's links with links_from")
+    note = f"copied from profile '{links_from.name}': one device here has no link to measure"
+    return Profile(
+        name=name or f"{platform.node()}-{backend}-1",
+        device=spec,
+        devices_per_node=links_from.devices_per_node,
+        intra_node=_copied_link(links_from.intra_node, note),
+        inter_node=_copied_link(links_from.inter_node, note),
+        backend=links_from.backend,
+        threads=threads,
+        comm_overlap=replace(links_from.comm_overlap, source=f"{links_from.comm_overlap.source} ({note})"),
+        description=f"Device measured by `autoplan profile --devices 1` on {platform.node()} (compute timed with "
+        f"{how}); links, overlap and devices_per_node {note}.",
+    )
+
+
+def _copied_link(link: LinkSpec | None, note: str) -> LinkSpec | None:
+    return None if link is None else replace(link, name=f"{link.name} ({note})")
 
 
 def comm_overlap(per_rank: dict[int, RankResult], *, backend: str, threads: int) -> CommOverlap:
@@ -204,7 +240,7 @@ def _phase_ticker(bar: Progress | None, *, job: ComputeJob, devices: int, sweep:
         "memory": 1,
         "overhead": 1,
         "collectives": len(sweep.collectives) * len(sweep.sizes()),
-        "overlap": 1,
+        "overlap": int(sweep.overlap),
     }
     labels = {
         "compute": f"compute x{devices} at once",
@@ -213,7 +249,7 @@ def _phase_ticker(bar: Progress | None, *, job: ComputeJob, devices: int, sweep:
         "collectives": f"collectives x{devices}",
         "overlap": f"overlap x{devices}",
     }
-    tasks = {phase: bar.add_task(labels[phase], total=total) for phase, total in totals.items()}
+    tasks = {phase: bar.add_task(labels[phase], total=total) for phase, total in totals.items() if total}
     return lambda phase: bar.advance(tasks[phase])
 
 

@@ -164,6 +164,33 @@ DEFAULT_SWEEP = ComputeSweep(
     conv=((1, 16, 16), (1, 32, 28), (2, 64, 28), (4, 64, 56)),
 )
 
+#: Accelerators compute a 1024^3 GEMM in microseconds, all launch overhead: their sweep goes on to
+#: shapes that take milliseconds (8192^3 is 3.3 TFLOP forward + backward) and attention at 8K
+#: tokens, and copies 2 GiB, well past a GPU's L2 (60 MB on an H200), so that each curve sees its
+#: saturated regime (fit.saturated_rate).
+ACCELERATOR_SWEEP = ComputeSweep(
+    matmul=(
+        (256, 256, 256),
+        (512, 512, 512),
+        (1024, 1024, 1024),
+        (2048, 2048, 2048),
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (16384, 1024, 4096),
+        (4096, 14336, 4096),
+        (8192, 4096, 14336),
+    ),
+    attention=((1, 8, 512, 64), (2, 16, 1024, 128), (4, 16, 2048, 128), (2, 32, 4096, 128), (1, 32, 8192, 128)),
+    conv=((8, 64, 56), (16, 128, 56), (32, 256, 56), (64, 256, 56)),
+    memory_bytes=2 * 2**30,
+)
+
+
+def default_sweep(device: torch.device) -> ComputeSweep:
+    """The CPU sweep on a CPU, the accelerator sweep on anything else."""
+    return DEFAULT_SWEEP if device.type == "cpu" else ACCELERATOR_SWEEP
+
+
 QUICK_SWEEP = ComputeSweep(
     matmul=((32, 32, 32), (128, 128, 128), (512, 512, 512)),
     attention=((1, 4, 64, 64), (1, 4, 256, 64)),

@@ -107,6 +107,7 @@ def _worker(
             rank=rank,
             world_size=world,
             timeout=timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,  # NCCL binds the rank's GPU; no guessing (and no warning)
         )
         tick = (lambda phase: results.put(("tick", phase))) if rank == 0 else (lambda phase: None)
         compute_s, memory = run_compute_job(job, device=device, tick=tick)
@@ -144,8 +145,8 @@ def run_ranks(
 ) -> tuple[str, dict[int, RankResult]]:
     """Spawn ``processes`` ranks (autoplan/jobs/spawn.py), run ``job`` and ``sweep`` in each;
     (backend, result per rank)."""
-    if processes < 2:
-        raise RunError(f"--devices {processes} cannot be measured; expected at least 2 processes.")
+    if processes < 1:
+        raise RunError(f"--devices {processes} cannot be measured; expected at least 1 process.")
     backend = choose_backend(processes=processes)
     per_rank = spawn_ranks(
         _worker,

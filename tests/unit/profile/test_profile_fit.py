@@ -13,6 +13,7 @@ from autoplan.profile.fit import (
     fit_efficiency,
     predict_collective_s,
     predict_op_s,
+    saturated_rate,
 )
 from autoplan.types.profile import DeviceSpec, Efficiency
 
@@ -82,3 +83,15 @@ def test_efficiency_for_prefers_per_dtype_curve() -> None:
     assert spec.efficiency_for("matmul", "bf16") is bf16
     assert spec.efficiency_for("matmul", "fp32") is base
     assert spec.efficiency_for("conv", "fp32") is base
+
+
+def test_saturated_rate_is_the_slope_only_where_the_sweep_saturated() -> None:
+    """A sweep into the saturated regime gives 1/slope; one of launch-bound calls (a CPU sweep on a
+    GPU: 10 us of launch, 1 PFLOP/s) gives the best achieved rate, never a rate no call reached."""
+    flops = np.geomspace(1e6, 1e13, 15)
+    saturated = 10e-6 + flops / 1e15
+    assert saturated_rate(flops=flops, time_s=saturated) == pytest.approx(1e15, rel=0.02)
+    launch_bound = flops[:6]
+    times = 10e-6 + launch_bound / 1e15
+    rate = saturated_rate(flops=launch_bound, time_s=times)
+    assert rate == pytest.approx(max(launch_bound / times)) and rate < 1e15

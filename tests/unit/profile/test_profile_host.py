@@ -89,3 +89,19 @@ def test_plan_cli_prints_the_warning_on_stderr(monkeypatch, tmp_path, capsys, cp
         "autoplan: warning: profile 'cpu-gloo' was measured on Intel(R) Xeon(R) Platinum 8375C CPU"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("here", "profile_device", "same"),
+    [
+        ("NVIDIA H200", "NVIDIA H200-SXM-141GB", True),  # what CUDA calls the part the datasheet profile describes
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100-SXM5-80GB", True),
+        ("NVIDIA H100 PCIe", "NVIDIA H100-SXM5-80GB", False),  # another form factor, other clocks and power
+        ("NVIDIA H200 NVL", "NVIDIA H200-SXM-141GB", False),
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H200-SXM-141GB", False),
+        ("AMD EPYC 7B13", "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", False),
+        ("AMD EPYC 7B13", "AMD EPYC 7B13 (2 threads)", True),
+    ],
+)
+def test_same_device_reads_gpu_names_as_cuda_and_datasheets_spell_them(here: str, profile_device: str, same: bool):
+    assert host.same_device(here, profile_device) is same

@@ -27,6 +27,7 @@ BLOCKS = {
     "nested": ["groups.low.0", "groups.low.1", "groups.high.0", "groups.high.1"],
     "shared_module": [],  # its children interleave over three calls, and it is called three times
     "side_effects": [f"layers.{i}" for i in range(4)],
+    "loop_moe": ["layers.0", "layers.1"],  # blocks, but an MoE loop no pipeline split can export
 }
 
 
