@@ -29,6 +29,8 @@ BLOCKS = {
     "side_effects": [f"layers.{i}" for i in range(4)],
     "loop_moe": ["layers.0", "layers.1"],  # blocks, but an MoE loop no pipeline split can export
 }
+#: models with blocks that the planner still refuses to pipeline: torch.export cannot split them
+UNSPLITTABLE = {"loop_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def test_every_odd_model_plans_and_its_stages_hold_every_block_once(graphs, name
         assert plan.recompute == "none"  # recomputation checkpoints blocks
 
 
-@pytest.mark.parametrize("name", sorted(name for name, blocks in BLOCKS.items() if len(blocks) >= 2))
+@pytest.mark.parametrize("name", sorted(n for n, b in BLOCKS.items() if len(b) >= 2 and n not in UNSPLITTABLE))
 def test_models_with_blocks_can_pipeline(graphs, name):
     plan = plan_graph(graphs[name], devices=2, profile="cpu-gloo", fix="pp=2").best
     assert plan.pp == 2 and all(plan.stages) and sum(plan.stages, []) == BLOCKS[name]
