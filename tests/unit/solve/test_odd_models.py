@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from autoplan.cli import main
 from autoplan.errors import PlanError
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
 from autoplan.solve.pipeline import partition_brute_force
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.trace import trace_model_file
+from autoplan.types.plan import Plan
 
 ODD = Path(__file__).resolve().parents[2] / "odd_models"
 ROOT = ODD.parents[1]
@@ -27,6 +29,8 @@ BLOCKS = {
     "side_effects": [f"layers.{i}" for i in range(4)],
     "loop_moe": ["layers.0", "layers.1"],  # blocks, but an MoE loop no pipeline split can export
 }
+#: models with blocks that the planner still refuses to pipeline: torch.export cannot split them
+UNSPLITTABLE = {"loop_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +55,7 @@ def test_every_odd_model_plans_and_its_stages_hold_every_block_once(graphs, name
         assert plan.recompute == "none"  # recomputation checkpoints blocks
 
 
-#: Models with blocks that a pipeline split cannot export (a loop over experts: data-dependent shapes);
-#: tests/unit/cli covers the sentence their pp pin gets.
-UNSPLITTABLE = {"loop_moe"}
-
-
-@pytest.mark.parametrize(
-    "name", sorted(n for n, blocks in BLOCKS.items() if len(blocks) >= 2 and n not in UNSPLITTABLE)
-)
+@pytest.mark.parametrize("name", sorted(n for n, b in BLOCKS.items() if len(b) >= 2 and n not in UNSPLITTABLE))
 def test_models_with_blocks_can_pipeline(graphs, name):
     plan = plan_graph(graphs[name], devices=2, profile="cpu-gloo", fix="pp=2").best
     assert plan.pp == 2 and all(plan.stages) and sum(plan.stages, []) == BLOCKS[name]
@@ -95,3 +92,13 @@ def test_resnet_on_eight_gpus_uses_them_for_data_not_replicated_tp():
     result = plan_graph(graph, devices=8, profile="dgx-a100", top_k=3)
     assert all(c.plan.tp == 1 for c in result.ranked()[:3])
     assert result.best.dp > 1
+
+
+def test_the_command_line_pipelines_two_modules_and_refuses_a_reused_one_in_one_sentence(tmp_path, capsys):
+    args = ["--devices", "2", "--profile", "cpu-gloo", "--batch", "8", "--fix", "pp=2", "--quiet"]
+    assert main(["plan", str(ODD / "two_modules.py"), *args, "--out", str(tmp_path / "two")]) == 0
+    assert Plan.load(tmp_path / "two" / "plan.json").stages == [["a"], ["b"]]
+    capsys.readouterr()
+    assert main(["plan", str(ODD / "shared_module.py"), *args, "--out", str(tmp_path / "shared")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("autoplan: warning:")]
+    assert len(errors) == 1 and "forward() calls once each" in errors[0] and "Traceback" not in errors[0]
