@@ -78,9 +78,11 @@ def _init(opts: RunOptions) -> None:
     from autoplan.execute.mesh import device_type, local_device
 
     backend = "nccl" if device_type() == "cuda" else "gloo"
-    local_device()
+    device = local_device()
     timeout = timedelta(seconds=opts.timeout_s)
-    dist.init_process_group(backend, timeout=timeout, **_attempt_store(timeout))
+    # NCCL bound to this rank's GPU up front: barriers and collectives need not guess it (and warn)
+    bound = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, timeout=timeout, **bound, **_attempt_store(timeout))
 
 
 def _attempt_store(timeout: timedelta) -> dict[str, Any]:
