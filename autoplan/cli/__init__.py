@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
         if args.debug:
             raise
+        if isinstance(exc, OSError) and exc.filename:  # the file system refused a path: not a bug
+            print(f"autoplan: error: cannot use '{exc.filename}': {exc.strerror or exc}.", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(
             f"autoplan: internal error: {type(exc).__name__}: {exc} "
             "(rerun with --debug for the traceback, and please report it).",

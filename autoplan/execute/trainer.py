@@ -12,7 +12,7 @@ global loss (a collective, kept out of the step so it is not timed).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -66,12 +66,17 @@ class Trainer:
     last_loss_scale: float = 1.0  # the fp16 loss scale the last step back-propagated with
     last_step_skipped: bool = False  # fp16: the last step overflowed somewhere and was skipped
     experts: Any = None  # an ExpertParallel under expert parallelism (expert_parallel.py)
+    unscaled_losses: list = field(default_factory=list)  # (returned, unscaled) per loss call on the last stage
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
-        fp16: the schedule runs backward on what this returns)."""
+        fp16: the schedule runs backward on what this returns). The unscaled loss is kept for
+        :meth:`_pipelined` to report: a 16-bit loss times the scale can overflow where the loss
+        does not (the scaler then skips the step), and a reported inf would read as a diverged run."""
         loss = self.loss_fn(output, target if self.target_given else None)
-        return self.scaler.scale_loss(loss) if self.scaler else loss
+        scaled = self.scaler.scale_loss(loss) if self.scaler else loss
+        self.unscaled_losses.append((scaled, loss.detach().float()))
+        return scaled
 
     # ---- what callers see ---------------------------------------------------------------
     @property
@@ -157,14 +162,18 @@ class Trainer:
             target = torch.zeros(batch, device=self.device)
         kwargs = {"target": target, "losses": losses} if self.holds_last_stage else {}
         args = inputs if self.holds_first_stage else ()
+        self.unscaled_losses.clear()
         with self._forward_context():
             self.schedule.step(
                 *args, return_outputs=False, **kwargs
             )  # the losses are all we use; merging logits costs a copy
-        if not losses:
+        # The schedule's own losses, unscaled; torch's first step also calls the loss on its shape-
+        # inference pass (on uninitialised tensors), which is left out by identity.
+        kept = [unscaled for scaled, unscaled in self.unscaled_losses if any(scaled is loss for loss in losses)]
+        self.unscaled_losses.clear()
+        if not kept:
             return torch.tensor(float("nan"), device=self.device)
-        mean = torch.stack([loss.detach().float() for loss in losses]).mean()
-        return mean / self.scaler.scale if self.scaler else mean
+        return torch.stack(kept).mean()
 
     def _sync_grads(self) -> None:
         params = self.parameters

@@ -12,8 +12,9 @@ Every choice the planner searches, and the rule that makes each one legal:
 - schedule: with ``pp = 1`` just "1f1b" (no pipeline); else gpipe, 1f1b and interleaved 1F1B
   with ``v >= 2`` virtual stages where ``pp * v`` divides the blocks and ``pp`` divides the
   micro-batch count (Megatron-LM's condition);
-- ZeRO stage 0-3 (1-3 only with ``dp > 1``); recomputation none, selective, full (only
-  "none" for a model without blocks: recomputation checkpoints blocks);
+- ZeRO stage 0-3 (1-3 only with ``dp > 1``: at dp = 1 it is the zero=0 plan, and a ZeRO pin
+  that leaves dp = 1 everywhere is refused with that rule, :func:`check_zero_pin`); recomputation
+  none, selective, full (only "none" for a model without blocks: recomputation checkpoints blocks);
 - sequence parallelism on/off (on only with ``tp > 1`` and ``tp`` dividing the sequence);
 - tensor-parallel communication overlap on/off (on only with sequence parallelism, on an NCCL
   profile, with the tp group inside one node: PyTorch's async TP copies through peer memory);

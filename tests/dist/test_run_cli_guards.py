@@ -122,3 +122,48 @@ def test_plan_and_run_print_only_autoplans_lines(tmp_path):
     for result in (plan, run):
         assert all(line.startswith("autoplan: ") for line in result.stderr.splitlines() if line.strip()), result.stderr
         assert not any(noise in result.stdout + result.stderr for noise in NOISE), result.stdout + result.stderr
+
+
+LOUD_LOSS = textwrap.dedent('''
+    import torch
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = torch.relu(block(x))
+            return self.head(x)
+
+
+    def build_model():
+        return Net()
+
+
+    def example_inputs(batch_size):
+        return (torch.randn(batch_size, 8),)
+
+
+    def loss_fn(output, target):
+        return output.float().mean() * 4  # times the initial loss scale 2**16, its fp16 gradients overflow
+''')
+
+
+def test_fp16_steps_the_loss_scaler_skips_do_not_stop_the_run(tmp_path):
+    """The scaler skips the first steps (their scaled gradients overflow fp16); their losses are
+    finite, so the pipelined run goes on to the end and verifies the first applied step."""
+    (tmp_path / "loud.py").write_text(LOUD_LOSS)
+    plan = Plan(
+        devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=2, schedule="gpipe", precision="fp16",
+        stages=[["blocks.0"], ["blocks.1"]],
+    ).save(tmp_path / "plan.json")
+    result = _autoplan(["run", "loud.py", "--plan", str(plan), "--steps", "5", "--verify", "--out", "run"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["verify"]["passed"] and summary["verify"]["skipped_steps"] >= 1 and "nonfinite_loss" not in summary
+    losses = [float(r["loss"]) for r in csv.DictReader((tmp_path / "run/measured.csv").open())]
+    assert len(losses) == 5 and all(abs(loss) < 100 for loss in losses)  # unscaled, finite

@@ -59,7 +59,14 @@ def summary_entry(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def announce(*, row: dict[str, Any], precision: str) -> None:
-    """Rank 0 prints the sentence, as the command line prints every error."""
+    """Rank 0 prints the sentence, as the command line prints every error; every rank also records
+    it where a launcher looks for a failed rank's reason (under torchelastic's agent, exit 4 is a
+    failure like any other, and its last message then names this cause)."""
+    from autoplan.errors import RunError
+    from autoplan.execute.job.runner import record_failure
+
+    sentence = message(step=row["step"], loss=row["loss"], precision=precision)
+    record_failure(RunError(sentence))
     if dist.get_rank() == 0:
-        print(f"autoplan: error: {message(step=row['step'], loss=row['loss'], precision=precision)}", file=sys.stderr)
+        print(f"autoplan: error: {sentence}", file=sys.stderr)
         sys.stderr.flush()

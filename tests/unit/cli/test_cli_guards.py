@@ -75,6 +75,13 @@ def test_an_out_that_cannot_be_written_is_one_sentence(small_gpt, tmp_path, caps
     assert a_file.read_text() == "" and not any(a_folder.iterdir())  # nothing written, nothing replaced
 
 
+def test_a_path_the_file_system_refuses_is_one_sentence(small_gpt, tmp_path, capsys):
+    """Not a bug of ours: the OS's reason, not 'internal error: OSError'."""
+    too_long = tmp_path / ("x" * 300) / "trace"
+    assert main(["trace", small_gpt, "--batch", "2", "--out", str(too_long)]) == 2
+    _one_sentence(capsys, "cannot use", "File name too long")
+
+
 # ---- a plan made for another model ---------------------------------------------------------
 def test_plan_records_what_it_was_made_for(plan_dir):
     plan = json.loads((plan_dir / "plan.json").read_text())
