@@ -33,3 +33,19 @@ def test_odd_model_runs_its_plan_and_verifies(tmp_path, name, fix):
                             capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "verify: PASSED" in result.stdout
+
+
+def test_a_loop_moe_whose_experts_some_rank_never_uses_runs_under_ddp(tmp_path, monkeypatch):
+    """16 experts at top-1 and 16 tokens per rank: some expert gets no row on some rank, and its
+    loop skips it (`continue`). DDP looks for such parameters (execute/expert_loop.py), so the
+    step runs, and one no rank used keeps no gradient, as in the reference."""
+    for name, value in dict(EXPERTS=16, TOP_K=1, SEQ=4).items():
+        monkeypatch.setenv(f"AUTOPLAN_LOOP_MOE_{name}", str(value))
+    model = ODD / "loop_moe.py"
+    plan = plan_graph(trace_model_file(model, 8), devices=2, profile="cpu-gloo", fix="dp=2").best
+    path = plan.save(tmp_path / "plan.json")
+    result = subprocess.run([sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(path),
+                             "--steps", "2", "--verify", "--out", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout
