@@ -22,7 +22,7 @@ ODD = ROOT / "tests/odd_models"
     ("nested", "pp=2,recompute=full"),
     ("shared_module", "dp=2,zero=1"),
     ("side_effects", "pp=2,schedule=gpipe"),
-    ("loop_moe", "dp=2,recompute=full"),
+    ("loop_moe", "dp=2,zero=3,recompute=full"),  # FSDP2: every expert touched (execute/expert_loop.py)
     ("loop_moe", "tp=2,sp=true"),  # the MoE loop runs whole on each tp rank, on the gathered sequence
 ])
 def test_odd_model_runs_its_plan_and_verifies(tmp_path, name, fix):
