@@ -15,6 +15,9 @@ of the stage (its blocks and the stage root), b_g the bytes of ``plan.grad_reduc
 | ZeRO-3, pp = 1 | 2 U m all-gathers of P b_w (forward and backward); U m reduce-scatters |
 | ZeRO-2/3, pp > 1 | see below |
 
+DDP on a model with ModuleList MoE layers also all-reduces its map of unused parameters, 4 bytes
+per parameter tensor (``_unused_map``).
+
 ZeRO-2/3, pp > 1: torch.distributed.pipelining's FSDP handling: gradients accumulate
 unsharded and are reduce-scattered once (U); ZeRO-2 gathers once (U); ZeRO-3 gathers in the
 first forward and in every backward (U (m + 1)).
@@ -79,6 +82,7 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
         _tensor_parallel(pred, plan, model, tp_plan, ctx, index)
         _data_parallel(pred, plan, stage, index, model.graph.buffer_bytes)
         _compressed(pred, plan, stage, model)
+        _unused_map(pred, plan, model)
         _pipeline(pred, plan, index, model)
         _experts(pred, plan, model, stage, index)
         _flops(pred, plan, stage, index)
@@ -128,6 +132,14 @@ def _compressed(pred: StagePrediction, plan: Plan, stage: StageTotals, model: Co
         return
     traffic = model.powersgd_stage(plan, stage)
     pred.comm[("dp", "all_reduce")] = [None, traffic.sent_bytes]
+
+
+def _unused_map(pred: StagePrediction, plan: Plan, model: CostModel) -> None:
+    """DDP on a model with MoE layers whose experts are a ModuleList looks for parameters a rank
+    did not use (``find_unused_parameters``, autoplan/execute/expert_loop.py): each step it
+    all-reduces its map of them, one int32 per parameter tensor."""
+    if plan.runs_ddp and any(m.interface == "module_list" for m in model.graph.moe_layers):
+        pred.add("dp", "all_reduce", None, 4 * len(model.graph.parameters))
 
 
 def _dense(plan: Plan, stage: StageTotals) -> float:

@@ -18,7 +18,9 @@ Composition order (each step says why it comes after the previous and before the
 3. **Tensor parallelism** (+SP) after the split, so its parameter sharding and
    input/output hooks land on the stage modules that actually run; before recomputation, so a
    checkpointed block replays the TP redistributions as part of its forward. MoE layers whose
-   experts are a ``ModuleList`` then run whole on local tensors (autoplan/execute/expert_loop.py).
+   experts are a ``ModuleList`` then run whole on local tensors at tp > 1 and, under FSDP2, ZeRO-1
+   or the explicit all-reduce, touch every expert (DDP finds the unused ones itself:
+   autoplan/execute/expert_loop.py), before recomputation replays them.
 4. **Activation recomputation** after TP (see 3) and before FSDP, so FSDP's per-block
    all-gather hooks stay outside the checkpointed forward and gather once per (re)forward.
    With ``tp_comm_overlap`` each block is then compiled for torch's async TP
@@ -110,12 +112,20 @@ def parallelize(
     checkpointed = 0
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
-        expert_loop.run_list_layers_whole(module=module, plan=plan, layers=list_moe)  # DTensor cannot route them
+        expert_loop.install(module=module, plan=plan, layers=list_moe, touch=plan.dp > 1 and mode != "ddp")
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
         if plan.tp_comm_overlap:
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
         modules[index] = _data_parallel(
-            module=module, blocks=blocks, plan=plan, mesh=mesh, mode=mode, device=device, policy=policy, ep=ep_state
+            module=module,
+            blocks=blocks,
+            plan=plan,
+            mesh=mesh,
+            mode=mode,
+            device=device,
+            policy=policy,
+            ep=ep_state,
+            find_unused=bool(list_moe),
         )
     if plan.recompute != "none" and not checkpointed:
         raise PlanError(
@@ -201,9 +211,11 @@ def _data_parallel(
     device: torch.device,
     policy: precision.PrecisionPolicy,
     ep: expert_parallel.ExpertParallel | None,
+    find_unused: bool = False,
 ) -> nn.Module:
     """Data parallelism on one stage module; its expert parameters (``ep``) on the edp mesh
-    (FSDP2) or left out of DDP, which the Trainer's gradient sync then reduces."""
+    (FSDP2) or left out of DDP, which the Trainer's gradient sync then reduces. ``find_unused``:
+    DDP looks for parameters without a gradient (experts of loop-written MoE layers)."""
     experts = [layer.module for layer in ep.layers if any(m is layer.module for m in module.modules())] if ep else []
     if mode == "fsdp":
         return data_parallel.apply_fsdp(
@@ -223,6 +235,7 @@ def _data_parallel(
             reduce_dtype=policy.reduce_dtype,
             ignore=frozenset(id(p) for m in experts for p in m.parameters()),
             powersgd_rank=plan.powersgd_rank if plan.grad_compression == "powersgd" else 0,
+            find_unused=find_unused,
         )
     return module
 

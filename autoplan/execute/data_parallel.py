@@ -111,11 +111,15 @@ def apply_ddp(
     reduce_dtype: torch.dtype,
     ignore: frozenset[int] = frozenset(),
     powersgd_rank: int = 0,
+    find_unused: bool = False,
 ) -> nn.Module:
     """Wrap ``module`` in DDP over the dp group; gradients are the bucket views (no second
     copy), buffers are broadcast only when the module has some, and the all-reduce runs in
     ``reduce_dtype``, or, with ``powersgd_rank`` > 0, through torch's PowerSGD hook at that
-    rank (module docstring). Parameters in ``ignore`` (by id: sliced experts) are left alone."""
+    rank (module docstring). Parameters in ``ignore`` (by id: sliced experts) are left alone.
+    ``find_unused``: some parameters may get no gradient on a rank (an expert of a loop-written
+    MoE layer that got no rows, autoplan/execute/expert_loop.py); DDP then reduces zeros for
+    them, and leaves the gradient of one that no rank used unset, as one device would."""
     if ignore:
         names = [name for name, p in module.named_parameters() if id(p) in ignore]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
@@ -126,6 +130,7 @@ def apply_ddp(
         device_ids=device_ids,
         gradient_as_bucket_view=True,
         forward_sync_buffers=any(True for _ in module.buffers()),
+        find_unused_parameters=find_unused,
     )
     if powersgd_rank > 0:
         assert reduce_dtype == torch.float32, "the Plan allows PowerSGD with fp32 reduction only"

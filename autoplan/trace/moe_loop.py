@@ -92,7 +92,7 @@ class LoopRouting(TorchFunctionMode):
         if size is None:
             return func(*args, **kwargs)
         found = torch.nonzero_static(mask, size=size)
-        every = size == mask.numel()  # all entries true (the experts that received tokens): positions known
+        every = size == mask.numel() <= self.experts  # every expert received tokens: their positions are known
         positions = [list(p) for p in itertools.product(*map(range, mask.shape))] if every else None
         if func is torch.where or kwargs.get("as_tuple", False):
             columns = found.unbind(1)
@@ -113,7 +113,7 @@ class LoopRouting(TorchFunctionMode):
         indexing a row and reading it as an int give the values, so ``self.experts[expert_idx]``
         picks the right expert (transformers 4.48+ loops ``for expert_idx in expert_hit``)."""
         if func in _TO_INT:
-            flat = torch.tensor(value).reshape(-1).tolist()
+            flat = _flat(value)
             return int(flat[0]) if len(flat) == 1 else func(*args, **kwargs)
         if func is torch.Tensor.tolist:
             return value
@@ -154,6 +154,10 @@ class LoopRouting(TorchFunctionMode):
     def _sized(self, entries: int) -> int:
         self.sized += 1
         return entries
+
+
+def _flat(value: Any) -> list:
+    return [x for v in value for x in _flat(v)] if isinstance(value, list) else [value]
 
 
 def _is_mask(value: Any) -> bool:

@@ -24,13 +24,29 @@ ODD = ROOT / "tests/odd_models"
     ("nested", "pp=2,recompute=full"),
     ("shared_module", "dp=2,zero=1"),
     ("side_effects", "pp=2,schedule=gpipe"),
-    ("loop_moe", "dp=2,recompute=full"),
+    ("loop_moe", "dp=2,zero=3,recompute=full"),  # FSDP2: every expert touched (execute/expert_loop.py)
     ("loop_moe", "tp=2,sp=true"),  # the MoE loop runs whole on each tp rank, on the gathered sequence
 ])
 def test_odd_model_runs_its_plan_and_verifies(tmp_path, name, fix):
     plan = plan_graph(trace_model_file(ODD / f"{name}.py", 8), devices=2, profile="cpu-gloo", fix=fix).best
     path = plan.save(tmp_path / "plan.json")
     result = subprocess.run([sys.executable, "-m", "autoplan.cli", "run", str(ODD / f"{name}.py"), "--plan", str(path),
+                             "--steps", "2", "--verify", "--out", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout
+
+
+def test_a_loop_moe_whose_experts_some_rank_never_uses_runs_under_ddp(tmp_path, monkeypatch):
+    """16 experts at top-1 and 16 tokens per rank: some expert gets no row on some rank, and its
+    loop skips it (`continue`). DDP looks for such parameters (execute/expert_loop.py), so the
+    step runs, and one no rank used keeps no gradient, as in the reference."""
+    for name, value in dict(EXPERTS=16, TOP_K=1, SEQ=4).items():
+        monkeypatch.setenv(f"AUTOPLAN_LOOP_MOE_{name}", str(value))
+    model = ODD / "loop_moe.py"
+    plan = plan_graph(trace_model_file(model, 8), devices=2, profile="cpu-gloo", fix="dp=2").best
+    path = plan.save(tmp_path / "plan.json")
+    result = subprocess.run([sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(path),
                              "--steps", "2", "--verify", "--out", str(tmp_path / "run")],
                             capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
