@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.execute import data_parallel, expert_parallel, float8, pipeline, precision
+from autoplan.execute import data_parallel, expert_parallel, expert_sequence, float8, pipeline, precision
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, local_device
@@ -79,6 +79,8 @@ def parallelize(
     kinds = validate_tp_plan(model=model, plan=plan)
     experts = expert_parallel.find_experts(model)
     expert_parallel.check_expert_parallel(model=model, plan=plan, dispatches=experts)
+    moe_blocks = expert_sequence.moe_blocks(list(experts))
+    expert_sequence.check_unsplit(plan=plan, blocks=moe_blocks)
     fp8_linears = float8.eligible_fqns(model, plan, exclude=tuple(experts))
     mesh = build_mesh(plan=plan)
     ep_mesh = expert_mesh(mesh=mesh, plan=plan)
@@ -108,6 +110,10 @@ def parallelize(
     checkpointed = 0
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
+        if plan.tp > 1 and plan.sequence_parallel:  # on the DTensor parameters TP made, inside what recompute wraps
+            expert_sequence.apply_sequence_parallel_experts(
+                modules={index: module}, blocks=moe_blocks, tp_mesh=mesh["tp"]
+            )
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
         if plan.tp_comm_overlap:
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
