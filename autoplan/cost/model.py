@@ -39,10 +39,11 @@ from autoplan.cost.compute import activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.dp_sync import DataParallelSync
 from autoplan.cost.expert_parallel import ExpertParallel
 from autoplan.cost.experts import check_divides
-from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
+from autoplan.cost.layers import LayerSummary, block_structure, summarise
 from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.cost.op_costs import NodeTimes
 from autoplan.cost.plan_memory import PlanMemory
+from autoplan.cost.saved_ops import SAVED_KINDS
 from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.stages import StageTotals, add_block
