@@ -47,10 +47,13 @@ sum to more than the peak.
 
 Communication buffers: DDP's buckets are the gradients themselves (``gradient_as_bucket_view``),
 so none; the explicit all-reduce and ZeRO-1 flatten the gradients once a step after the
-backward (one gradient-sized buffer, when the activations are gone: it counts only if that
-moment is the peak), and ZeRO-1 also holds its reduce-scattered slice (``P / N`` in the
-reduce dtype, plus its fp32 copy when that is 16-bit) beside the flat buffer; the pipeline's
-send and receive buffers (2 boundary activations); under ZeRO-3 the gathered weights of two
+backward, when the activations are gone (it counts only if that moment is the peak): the
+all-reduce concatenates the fp32 gradients and casts the whole to the reduce dtype (``4 + r``
+bytes per parameter while the cast runs, 4 when r = 4), ZeRO-1 copies them into one buffer in
+the reduce dtype (``r``) and also holds its reduce-scattered slice (``P / N`` in the reduce
+dtype, plus its fp32 copy when that is 16-bit); the pipeline's send and receive buffers (2
+boundary activations, whole on every tp rank, also under sequence parallelism: a stage gathers
+its output before sending it); under ZeRO-3 the gathered weights of two
 blocks (the running one and the prefetched one, FSDP) and, in the backward, one block's
 reduce-scatter (``scatter``): its unsharded gradients in the compute dtype, FSDP2's flat
 reduce-scatter input in the reduce dtype and the output slice (``b + r + r/N`` bytes per block
@@ -177,10 +180,13 @@ def sync_buffer_bytes(*, params: float, zero_stage: int, dp: int, tp: int, pp: i
     alive after the backward; DDP reduces in place and FSDP2 per block."""
     if dp == 1 or zero_stage >= 2 or (zero_stage == 0 and tp == 1 and pp == 1):
         return 0.0
-    flat = params * max(4, reduce_bytes)
-    if zero_stage == 1:  # the reduce-scattered slice, and its fp32 copy when reduced in 16 bits (execute/zero.py)
-        flat += params / dp * (reduce_bytes + (4 if reduce_bytes != 4 else 0))
-    return flat
+    widened = 4 if reduce_bytes != 4 else 0  # a 16-bit reduction's copy in fp32, or of fp32 in 16 bits
+    if zero_stage == 1:  # the flat buffer is built in the reduce dtype; its reduce-scattered slice and the
+        # slice's fp32 copy when reduced in 16 bits (execute/zero.py)
+        return params * reduce_bytes + params / dp * (reduce_bytes + widened)
+    # the explicit all-reduce concatenates the fp32 gradients, then casts the whole to the reduce dtype
+    # (execute/data_parallel.py): both are alive while the cast runs
+    return params * (4 + (reduce_bytes if reduce_bytes != 4 else 0))
 
 
 def usable_bytes(memory_bytes: float) -> float:

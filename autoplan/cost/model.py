@@ -199,8 +199,9 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             stage = stages[index % plan.pp]
             for position, layer in enumerate(chunk):
                 block = summaries[layer]
-                if position == 0 and index > 0:
-                    stage.boundary_bytes = max(stage.boundary_bytes, block.input_bytes)
+                if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
+                    whole = block.input_bytes * (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1)
+                    stage.boundary_bytes = max(stage.boundary_bytes, whole)
                 add_block(stage, block, recompute=plan.recompute)
         add_block(stages[-1], post, recompute=plan.recompute, is_block=False)
         return stages
