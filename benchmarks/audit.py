@@ -24,6 +24,7 @@ in-place reshards (an all-gather no plan prices) the step ran. The families:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -34,6 +35,7 @@ from _results import write_results
 from autoplan.cost.tp_default import default_tp_plan
 from autoplan.errors import RunError
 from autoplan.jobs.launcher import launch
+from autoplan.profile import load_profile, save_profile
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 from autoplan.types.moe import RoutingModel
@@ -126,7 +128,19 @@ def plan_for(model: str, **kw) -> Plan:
     )
 
 
+def node_profile(devices: int, folder: Path) -> str:
+    """cpu-gloo, or, for more ranks than its one node holds, a copy of it whose node holds them
+    all, saved in ``folder`` (the volumes the audit checks do not depend on the link)."""
+    profile = load_profile("cpu-gloo")
+    if devices <= profile.devices_per_node:
+        return "cpu-gloo"
+    wide = dataclasses.replace(profile, devices_per_node=devices)
+    return str(save_profile(wide, folder / f"cpu-gloo-{devices}.yaml"))
+
+
 def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
+    if "profile" not in kw:
+        kw["profile"] = node_profile(kw.get("dp", 1) * kw.get("tp", 1) * kw.get("pp", 1), folder)
     plan = plan_for(model, **kw)
     plan_path = plan.save(folder / f"{name}.json")
     out = folder / name
