@@ -185,7 +185,7 @@ def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="run only families whose name contains this")
+    parser.add_argument("--only", default="", help="run only families whose name contains one of these (a,b,...)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--runs", default=None, help="keep each family's plan and run folder (with audit.csv) here")
     args = parser.parse_args()
@@ -195,7 +195,7 @@ def main() -> None:
         folder = Path(args.runs or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for name, model, kw in FAMILIES:
-            if args.only in name:
+            if any(part in name for part in args.only.split(",")):
                 rows.append(audit_family(name, model, dict(kw), folder))
                 print(pd.DataFrame(rows[-1:]).to_string(index=False, header=len(rows) == 1), flush=True)
     write_results(rows, "audit", path=args.out)

@@ -56,11 +56,12 @@ CASES = [
     ("tp_sp_recompute_selective", "llama", dict(tp=2, sequence_parallel=True, recompute="selective")),
     ("zero1_fp32_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, grad_reduce_dtype="bf16")),
     # an MoE block runs whole on the tokens a tp rank holds: all of them, or its sequence shard
-    # under SP with the weights' gradients reduced once a step (execute/expert_sequence.py)
+    # under SP with the weights' gradients reduced once a step (execute/expert_sequence.py). Expert
+    # parallelism's all-to-all bytes follow the real routing: tests/dist/test_expert_parallel.py
+    # audits it by counts
     ("moe_tp", "moe", dict(tp=2)),
     ("moe_tp_sp", "moe", dict(tp=2, sequence_parallel=True)),
     ("moe_tp_sp_recompute_selective", "moe", dict(tp=2, sequence_parallel=True, recompute="selective")),
-    ("moe_ep", "moe", dict(dp=2, ep=2)),
 ]
 #: a plan whose in-place op cannot run on its DTensor placement (ThirdPartyLlama's q norm does
 #: ``var.add_`` on a partial sum under a colwise wq): the executor replicates it first
@@ -150,7 +151,7 @@ MEMORY_UNSEEN = {"ddp_powersgd"}
 #: gradients that no plan changes (the same bytes at dp, tp and tp with SP) and that the grouped
 #: GEMM the cost model prices does not have. Their memory is held through the user's path on a
 #: grouped-GEMM model instead: test_mixtral_under_sequence_parallelism_runs_as_priced.
-LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective", "moe_ep"}
+LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective"}
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
