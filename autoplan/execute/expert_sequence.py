@@ -43,8 +43,9 @@ SEQ_DIM = 1  # autoplan/execute/tensor_parallel.py: the sequence dim of [batch, 
 
 
 def moe_blocks(experts_fqns: list[str]) -> list[str]:
-    """The MoE block of each experts module: its parent (autoplan/trace/moe.py ``experts_of``)."""
-    return sorted({fqn.rpartition(".")[0] for fqn in experts_fqns})
+    """The MoE block of each experts module: its parent (autoplan/trace/moe.py ``experts_of``);
+    none for experts at the model's root, whose parent is the whole model."""
+    return sorted({parent for parent in (fqn.rpartition(".")[0] for fqn in experts_fqns) if parent})
 
 
 def check_unsplit(*, plan: Plan, blocks: list[str]) -> None:
