@@ -18,12 +18,12 @@ from autoplan.jobs.launcher import free_port
 from autoplan.execute.job.verify import compare, initial_weights, reference_step, updated_reference
 from autoplan.types.plan import Plan
 
-MODELS = {"gpt": "TinyGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE"}
+MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE"}
 
 
 def blocks_of(model_name: str) -> list[str]:
     import exec_models as m
-    prefix = "h" if model_name == "gpt" else "layers"
+    prefix = "h" if model_name.startswith("gpt") else "layers"
     return [f"{prefix}.{i}" for i in range(m.LAYERS)]
 
 

@@ -50,6 +50,15 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+class TiedGPT(TinyGPT):
+    """TinyGPT whose head shares the token embedding's weight (GPT-2's tie): a pipeline puts the
+    two on different stages, which sum their gradients (autoplan/execute/tied.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm_head.weight = self.wte.weight
+
+
 class GQAAttention(nn.Module):
     def __init__(self):
         super().__init__()
