@@ -147,6 +147,16 @@ def fp8_cast_bytes(node: OpNode, *, batch_fraction: float, backward: bool) -> fl
     return FP8_CAST_BYTES * (2.0 * g + w + x) + FP8_LAYOUT_BYTES * (w + g + x)
 
 
+def fp8_cast_s(
+    node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int, backward: bool
+) -> float:
+    """Seconds of an FP8 linear's scaling, casting and layout passes (:func:`fp8_cast_bytes`
+    at the memory roofline, split by ``shard`` as the GEMM's bytes are), 0 for any other node."""
+    if not fp8_linear(node, precision=precision, shard=shard):
+        return 0.0
+    return memory_time_s(profile, fp8_cast_bytes(node, batch_fraction=batch_fraction, backward=backward) / shard)
+
+
 def fp8_weight_cast_s(node: OpNode, profile: Profile, *, precision: str, shard: int, backward: bool) -> float:
     """Seconds of an FP8 linear's weight passes alone (its share of :func:`fp8_cast_bytes`: 5 w
     forward, 7 w backward), 0 for any other node. A matmul decomposed into tp token slices (async
@@ -203,10 +213,8 @@ def _device_time_s(
     """The roofline (or a measured op_table row) of the node's forward or backward, plus an FP8
     linear's casts (module docstring)."""
     fp8 = fp8_linear(node, precision=precision, shard=shard)
-    cast_s = (
-        memory_time_s(profile, fp8_cast_bytes(node, batch_fraction=batch_fraction, backward=backward) / shard)
-        if fp8
-        else 0.0
+    cast_s = fp8_cast_s(
+        node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward
     )
     flops = (executed_bwd_flops(node) if backward else node.fwd_flops) * batch_fraction / shard
     measured = _measured_s(

@@ -27,7 +27,8 @@
   (autoplan/execute/data_parallel.py ``bucket_at_a_time``), so there nothing overlaps;
 - expert parallelism: a block's routed experts (1/ep of them per rank) sync over the dp / ep
   ranks holding the same experts, its dense parameters over the dp group
-  (autoplan/cost/expert_parallel.py);
+  (autoplan/cost/expert_parallel.py); with ZeRO 0 the experts' all-reduce runs after the
+  backward, exposed (DDP ignores them; autoplan/execute/expert_parallel.py ``sync_grads``);
 - overlap efficiency eta: communication that runs under compute hides only eta of what it could
   (profile ``comm_overlap``, schedule.partially_hidden_s). FSDP2 overlaps through its own CUDA
   streams; on a device without streams (a CPU, gloo) it issues every all-gather and reduce-scatter
@@ -60,11 +61,26 @@ class DataParallelSync:
         FSDP unit or flat buffer (comm.bucketed_time_s)."""
         return self._collective_s(kind, message_bytes, group, DDP_BUCKET_BYTES if plan.runs_ddp else None)
 
-    def _block_sync_s(self, plan: Plan, kind: str, block, bytes_per_param: int, group: AxisGroup) -> float:
+    def _block_sync_s(
+        self, plan: Plan, kind: str, block, bytes_per_param: int, group: AxisGroup, *, experts: bool = True
+    ) -> float:
         """One block's dp collective: its dense parameters over the dp group, its routed experts'
-        (1/ep of them) over the ranks holding the same experts (autoplan/cost/expert_parallel.py)."""
+        (1/ep of them) over the ranks holding the same experts (autoplan/cost/expert_parallel.py),
+        unless ``experts`` is False."""
         dense = (block.param_count - block.expert_param_count) * bytes_per_param
-        return self._split_message_s(plan, kind, dense, block.expert_param_count * bytes_per_param, group)
+        expert = block.expert_param_count * bytes_per_param if experts else 0.0
+        return self._split_message_s(plan, kind, dense, expert, group)
+
+    def _expert_sync_after_s(self, plan: Plan, stages: list[StageTotals], grad_bytes: int) -> float:
+        """Under expert parallelism with DDP or the explicit all-reduce (ZeRO 0), the routed
+        experts' gradient all-reduce over edp, which runs after the backward, not under it: DDP
+        ignores the expert parameters and ``ExpertParallel.sync_grads`` (autoplan/execute/
+        expert_parallel.py) reduces them in one flat buffer once the backward is done; the
+        slowest stage's. 0 otherwise (ZeRO-1 steps them in its sharded optimizer, FSDP2 per unit)."""
+        if plan.ep == 1 or plan.zero_stage != 0 or plan.dp // plan.ep == 1:
+            return 0.0
+        edp = self.edp_group(plan)
+        return max(self._collective_s("all_reduce", s.expert_params * grad_bytes, edp, None) for s in stages)
 
     def _split_message_s(
         self, plan: Plan, kind: str, dense_bytes: float, expert_bytes: float, group: AxisGroup
@@ -95,9 +111,10 @@ class DataParallelSync:
         kind = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
         slot_s = slowest.bwd_s + slowest.recompute_s
         exposed, total = 0.0, 0.0
+        after = self._expert_sync_after_s(plan, stages, grad_bytes)
         for index, stage in enumerate(stages):
             backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
-            sync = self._grad_syncs_s(plan, kind, stage, grad_bytes, group)
+            sync = self._grad_syncs_s(plan, kind, stage, grad_bytes, group, experts=not after)
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(
@@ -107,6 +124,7 @@ class DataParallelSync:
         if plan.zero_stage == 2 and plan.pp == 1 and plan.num_microbatches > 1:  # reduce-scattered every micro-batch
             earlier = (plan.num_microbatches - 1) * total
             total, exposed = total + earlier, exposed + earlier * (1.0 - self._overlap_efficiency(plan))
+        total, exposed = total + after, exposed + after
         if plan.zero_stage in (1, 2):  # ZeRO-1: fp32 parameters back after the step; ZeRO-2: gathered once a step
             weight = 4 if plan.zero_stage == 1 else PRECISION_BYTES[plan.precision]
             fullest = max(stages, key=lambda s: s.params)
@@ -122,10 +140,15 @@ class DataParallelSync:
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
         self._compression_time(cost, plan, stages)
 
-    def _grad_syncs_s(self, plan: Plan, kind: str, stage: StageTotals, grad_bytes: int, group: AxisGroup) -> list:
-        """Each block's gradient sync, last block first: as sent, or PowerSGD's three all-reduces per bucket."""
+    def _grad_syncs_s(
+        self, plan: Plan, kind: str, stage: StageTotals, grad_bytes: int, group: AxisGroup, *, experts: bool = True
+    ) -> list:
+        """Each block's gradient sync, last block first: as sent (without the routed experts'
+        when ``experts`` is False), or PowerSGD's three all-reduces per bucket."""
         if plan.grad_compression != "powersgd":
-            return [self._block_sync_s(plan, kind, b, grad_bytes, group) for b in reversed(stage.blocks)]
+            return [
+                self._block_sync_s(plan, kind, b, grad_bytes, group, experts=experts) for b in reversed(stage.blocks)
+            ]
         traffics = self.powersgd_traffics(stage.blocks, plan.powersgd_rank)
         return [compression.sync_s(self.profile, t, group=group, bucket_bytes=DDP_BUCKET_BYTES) for t in traffics[::-1]]
 

@@ -23,9 +23,11 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   (autoplan/execute/recompute.py): op-level selective activation checkpointing as torchtitan
   runs it (``torch.utils.checkpoint`` with a policy). Inside each block the outputs of
   matmul-class nodes (``SAVED_KINDS``: linears, activation matmuls, attention kernels,
-  convolutions) are kept and every other node (norms, activations, softmax, masking, dropout,
+  convolutions; cost/saved_ops.py states the kernels each runs as, the executor's policy reads
+  the same table) are kept and every other node (norms, activations, softmax, masking, dropout,
   element-wise ops) is re-run in the backward (``selective_recompute_s``, the forward time of
-  those nodes), and so are the block's forward TP collectives (cost/stages.py). What stays
+  those nodes, plus the forward scaling passes of FP8 linears), and so are the block's forward
+  TP collectives (cost/stages.py). What stays
   per micro-batch is the block's inputs plus the kept outputs, so
   ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs). For an unfused
   attention this frees the softmax output and dropout tensors, as Korthikanti et al. 2022
@@ -44,19 +46,18 @@ from dataclasses import dataclass
 from autoplan.cost.compute import (
     activation_scale,
     executed_bwd_flops,
+    fp8_cast_s,
     fp8_weight_cast_s,
     input_bytes_of,
     saved_activation_bytes,
 )
 from autoplan.cost.experts import BlockExperts, block_experts, grouped_gemm_s
 from autoplan.cost.op_costs import NodeTimes, node_times_s
+from autoplan.cost.saved_ops import SAVED_KINDS
 from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
-
-#: nodes whose outputs selective recomputation keeps (module docstring; execute/recompute.py SAVED_OPS)
-SAVED_KINDS = ("linear", "matmul", "attention", "conv")
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,8 @@ def summarise(
             part = by_kind["attention" if node.op == "attention" else "matmul"]
             part[0] += node.fwd_flops * f / shard
             part[1] += executed_bwd_flops(node) * f / shard  # the audit measures what runs
+            # FP8's scaling passes are not kept (cost/saved_ops.py): they re-run before the kept GEMM
+            rerun += fp8_cast_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False)
         else:
             rerun += t_fwd
     names = {n.name for n in structure.nodes}

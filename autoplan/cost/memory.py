@@ -47,10 +47,14 @@ sum to more than the peak.
 
 Communication buffers: DDP's buckets are the gradients themselves (``gradient_as_bucket_view``),
 so none; the explicit all-reduce and ZeRO-1 flatten the gradients once a step after the
-backward (one gradient-sized buffer, when the activations are gone: it counts only if that
-moment is the peak), and ZeRO-1 also holds its reduce-scattered slice (``P / N`` in the
-reduce dtype, plus its fp32 copy when that is 16-bit) beside the flat buffer; the pipeline's
-send and receive buffers (2 boundary activations); under ZeRO-3 the gathered weights of two
+backward, when the activations are gone (it counts only if that moment is the peak): the
+all-reduce concatenates the fp32 gradients and casts the whole to the reduce dtype (``4 + r``
+bytes per parameter while the cast runs, 4 when r = 4), ZeRO-1 copies them into one buffer in
+the reduce dtype (``r``), reduce-scatters into a slice (``P / N`` in the reduce dtype, plus its
+fp32 copy when that is 16-bit) and, after the step, all-gathers the parameters into a whole
+fp32 buffer (``_zero1_sync_bytes``: the larger moment); the pipeline's send and receive buffers (2
+boundary activations, whole on every tp rank, also under sequence parallelism: a stage gathers
+its output before sending it); under ZeRO-3 the gathered weights of two
 blocks (the running one and the prefetched one, FSDP) and, in the backward, one block's
 reduce-scatter (``scatter``): its unsharded gradients in the compute dtype, FSDP2's flat
 reduce-scatter input in the reduce dtype and the output slice (``b + r + r/N`` bytes per block
@@ -177,10 +181,25 @@ def sync_buffer_bytes(*, params: float, zero_stage: int, dp: int, tp: int, pp: i
     alive after the backward; DDP reduces in place and FSDP2 per block."""
     if dp == 1 or zero_stage >= 2 or (zero_stage == 0 and tp == 1 and pp == 1):
         return 0.0
-    flat = params * max(4, reduce_bytes)
-    if zero_stage == 1:  # the reduce-scattered slice, and its fp32 copy when reduced in 16 bits (execute/zero.py)
-        flat += params / dp * (reduce_bytes + (4 if reduce_bytes != 4 else 0))
-    return flat
+    if zero_stage == 1:
+        return _zero1_sync_bytes(params=params, dp=dp, reduce_bytes=reduce_bytes)
+    # the explicit all-reduce concatenates the fp32 gradients, then casts the whole to the reduce dtype
+    # (execute/data_parallel.py): both are alive while the cast runs
+    return params * (4 + (reduce_bytes if reduce_bytes != 4 else 0))
+
+
+def _zero1_sync_bytes(*, params: float, dp: int, reduce_bytes: int) -> float:
+    """ZeRO-1's step beyond the fp32 gradients G = 4 P (execute/zero.py), the largest of three
+    moments, as the execution audit measures them: the flat copy of the gradients in the reduce
+    dtype and its reduce-scattered slice, beside the gradients (``r P + r P / N``); once they are
+    released, the slice's fp32 copy when r is 16-bit (``r P + (r + 4) P / N``, less G); the
+    all-gather of the updated parameters into a whole fp32 buffer beside the slice's fp32
+    gradient (``4 P + 4 P / N``, less G)."""
+    widened = 4 if reduce_bytes != 4 else 0
+    scattered = params * reduce_bytes + params / dp * reduce_bytes
+    widening = scattered + params / dp * widened - 4 * params
+    gathered = params / dp * 4
+    return max(scattered, widening, gathered)
 
 
 def usable_bytes(memory_bytes: float) -> float:

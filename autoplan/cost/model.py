@@ -39,10 +39,11 @@ from autoplan.cost.compute import activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.dp_sync import DataParallelSync
 from autoplan.cost.expert_parallel import ExpertParallel
 from autoplan.cost.experts import check_divides
-from autoplan.cost.layers import SAVED_KINDS, LayerSummary, block_structure, summarise
+from autoplan.cost.layers import LayerSummary, block_structure, summarise
 from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.cost.op_costs import NodeTimes
 from autoplan.cost.plan_memory import PlanMemory
+from autoplan.cost.saved_ops import SAVED_KINDS
 from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.stages import StageTotals, add_block
@@ -198,8 +199,9 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             stage = stages[index % plan.pp]
             for position, layer in enumerate(chunk):
                 block = summaries[layer]
-                if position == 0 and index > 0:
-                    stage.boundary_bytes = max(stage.boundary_bytes, block.input_bytes)
+                if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
+                    whole = block.input_bytes * (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1)
+                    stage.boundary_bytes = max(stage.boundary_bytes, whole)
                 add_block(stage, block, recompute=plan.recompute)
         add_block(stages[-1], post, recompute=plan.recompute, is_block=False)
         return stages

@@ -7,6 +7,8 @@ infeasible when the worst stage's peak exceeds the usable memory of the device.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.memory import (
     ModelStates,
@@ -79,13 +81,13 @@ class PlanMemory:
         )
         if not stage.expert_params:
             return dense
+        edp = plan.dp // plan.ep
         experts = model_states(
-            params=stage.expert_params,
-            precision=plan.precision,
-            zero_stage=plan.zero_stage,
-            dp=plan.dp // plan.ep,
-            pp=plan.pp,
+            params=stage.expert_params, precision=plan.precision, zero_stage=plan.zero_stage, dp=edp, pp=plan.pp
         )
+        if plan.zero_stage == 1 and plan.dp > 1 and edp == 1:  # ZeRO-1 steps the experts in a sharded
+            # optimizer of one rank (execute/zero.py sharded_optimizer): its fp32 master is a whole copy
+            experts = replace(experts, optimizer_bytes=12 * stage.expert_params)
         return ModelStates(
             weights_bytes=dense.weights_bytes + experts.weights_bytes,
             grads_bytes=dense.grads_bytes + experts.grads_bytes,

@@ -23,12 +23,17 @@ def sp_partial_params(
     ``finalize_tp_grads``; Megatron-LM all-reduces the same sequence-parallel parameters'
     gradients): the weights of norms, which each rank applies to its sequence shard whether or
     not the plan names them, and of replicated nodes whose output joins the sequence-sharded
-    stream."""
+    stream; and every weight of an MoE block, which runs on the sequence shard
+    (tp_block.token_wise_nodes; Megatron-Core marks its router's weight ``sequence_parallel`` and
+    reduces its experts' gradients over a group that holds the tp ranks at expert-tensor-parallel size 1)."""
     if tp <= 1 or not sequence_parallel:
         return []
     block = analyse_block(graph, layer)
     found = []
     for node in block.nodes:
+        if node.name in block.token_wise:
+            found += [name for name in node.param_names if name not in found]
+            continue
         split = tp_plan.get(node.module, "replicate") if node.module else "replicate"
         on_stream = node.name in block.sinks and node.name not in block.output_sinks
         runs_on_shard = (

@@ -3,8 +3,9 @@
 When a weight is used in more than one pipeline stage (an input embedding reused by the output
 head), each stage holding it all-reduces its gradient with the others after the backward
 (Megatron-LM's embedding-group all-reduce, Shoeybi et al. 2019; autoplan/execute/tied.py), of
-the weight as each stage holds it (1/tp of it when tensor parallelism shards it), in fp32, on
-the pp link. :class:`TiedWeightSync` holds that term for :class:`autoplan.cost.model.CostModel`.
+the weight as each stage holds it (1/tp of it when tensor parallelism shards it, 1/dp of that
+under ZeRO-2/3, where the sync runs on FSDP2's gradient shards), in fp32, on the pp link.
+:class:`TiedWeightSync` holds that term for :class:`autoplan.cost.model.CostModel`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class TiedWeightSync:
 
     def tied_elements_by_stage(self, plan: Plan, stages: list[StageTotals]) -> dict[int, float]:
         """Elements of weights tied across pipeline stages that each stage holding them all-reduces
-        (as each stage holds them: 1/tp when TP shards them); empty without a pipeline."""
+        (as each stage holds them: 1/tp when TP shards them, and 1/dp of that under ZeRO-2/3, whose
+        FSDP2 gradients are dp shards by then); empty without a pipeline."""
         if plan.pp == 1 or not self._tied:
             return {}
         stage_of = {"pre": 0, "post": plan.pp - 1}
@@ -39,12 +41,14 @@ class TiedWeightSync:
         outside = (stages[0].blocks[0], stages[-1].blocks[-1])  # the pre and post summaries, which name real weights
         held = {name: n for block in outside for name, n in zip(block.param_names, block.param_numels)}
         params = self.graph.parameters
+        sharded = plan.dp if plan.zero_stage >= 2 else 1  # autoplan/execute/tied.py reduces the local shard
         found: dict[int, float] = {}
         for name, where in self._tied.items():
             holders = {stage_of[w] for w in where}
             if len(holders) > 1:
+                elements = held.get(name, params[name].numel if name in params else 0.0) / sharded
                 for stage in holders:
-                    found[stage] = found.get(stage, 0.0) + held.get(name, params[name].numel if name in params else 0.0)
+                    found[stage] = found.get(stage, 0.0) + elements
         return found
 
     def _tied_sync_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> float:

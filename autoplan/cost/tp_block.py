@@ -47,6 +47,7 @@ class BlockAnalysis:
     sources: dict[str, tuple[float, list[str], bool, bool]] = field(default_factory=dict)
     # stream tensor -> (bytes, consumers, needs grad, sequence-shardable)
     scale: dict[str, float] = field(default_factory=dict)  # node -> precision rescale of its bytes
+    token_wise: frozenset[str] = frozenset()  # nodes of MoE blocks: run whole on the rank's tokens (token_wise_nodes)
 
 
 def analyse_block(graph: Graph, layer: str | None) -> BlockAnalysis:
@@ -76,14 +77,32 @@ def block_nodes(graph: Graph, layer: str | None) -> list[OpNode]:
     return [n for n in part if n.layer is None]
 
 
+def token_wise_nodes(graph: Graph, nodes: list[OpNode]) -> frozenset[str]:
+    """The nodes of ``nodes`` inside a dropless MoE block (``MoELayer.interface`` "grouped": the
+    router, its top-k, the experts and any shared expert). Such a block is token-wise: each
+    token's output depends on that token alone, so under tensor parallelism it runs whole, with
+    replicated weights, on the tokens the rank holds: all of them on the replicated stream, its
+    sequence shard under sequence parallelism, where the weights' gradients are partial sums
+    (autoplan/execute/expert_sequence.py; Megatron-Core's experts at expert-tensor-parallel size 1).
+    Its nodes choose no split and send nothing. A block routing with a fixed capacity is not
+    token-wise (the capacity depends on how many tokens it sees) and is not listed."""
+    blocks = [moe.module for moe in graph.moe_layers if moe.interface == "grouped"]
+    return frozenset(n.name for n in nodes if any(n.module == b or n.module.startswith(b + ".") for b in blocks))
+
+
 def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
     preds, succs = graph.adjacency()
     nodes = block_nodes(graph, layer)
     inside = {n.name for n in nodes}
-    params = [n.name for n in nodes if n.op in PARAM_KINDS]
+    token_wise = token_wise_nodes(graph, nodes)
+    params = [n.name for n in nodes if n.op in PARAM_KINDS and n.name not in token_wise]
     gathered = frozenset(n.name for n in nodes if n.op == "linear" and is_gathered(n))
     block = BlockAnalysis(
-        nodes=nodes, params=params, origins=_origins(graph, nodes, preds, set(params)), gathered=gathered
+        nodes=nodes,
+        params=params,
+        origins=_origins(graph, nodes, preds, set(params)),
+        gathered=gathered,
+        token_wise=token_wise,
     )
     for node in nodes:
         block.scale[node.name] = 1.0

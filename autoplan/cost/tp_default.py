@@ -28,7 +28,8 @@ def default_tp_plan(graph: Graph, tp: int, *, sequence_parallel: bool = False) -
             plan.setdefault(graph.node(v).module, chosen[v])
         if sequence_parallel:
             for node in block.nodes:
-                if "sequence_parallel" in legal_splits(node, tp) and node.module:
+                # an MoE block's nodes take no split: it runs whole on the rank's tokens (tp_block.token_wise_nodes)
+                if "sequence_parallel" in legal_splits(node, tp) and node.module and node.name not in block.token_wise:
                     plan.setdefault(node.module, "sequence_parallel")
     return {module: split for module, split in plan.items() if split != "replicate"}
 

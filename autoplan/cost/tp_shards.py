@@ -4,7 +4,8 @@ The layouts are tensor_parallel.py's (module docstring there): a parameterised n
 fixes its shard; a *pure* node runs sharded (S) when every origin is colwise and none gathered,
 on sequence shards (Q) when every origin is a rowwise node reduce-scattered under sequence
 parallelism, else replicated (R); every other node is on the residual stream, a sequence shard
-under SP for norms, element-wise ops and views (Korthikanti et al. 2022 fig. 5), else whole.
+under SP for norms, element-wise ops and views (Korthikanti et al. 2022 fig. 5) and for every node
+of an MoE block (tp_block.token_wise_nodes), else whole.
 CostModel (cost/layers.py) and the intra-op ILP (solve/intra_op.py) both read these factors.
 """
 
@@ -64,10 +65,11 @@ def pure_node_shards(layout: str, *, tp: int) -> tuple[int, int]:
     return (1, 1) if layout == "R" else (tp, tp)
 
 
-def stream_node_shards(node: OpNode, *, tp: int, sequence_parallel: bool) -> tuple[int, int]:
+def stream_node_shards(node: OpNode, *, tp: int, sequence_parallel: bool, token_wise: bool = False) -> tuple[int, int]:
     """(compute, activation) shard of a node on the residual stream: Q (/tp) under SP for
-    norms, element-wise ops and views, else replicated."""
-    way = tp if sequence_parallel and node.op in STREAM_KINDS else 1
+    norms, element-wise ops and views, and for every node of an MoE block (``token_wise``,
+    tp_block.token_wise_nodes: the block runs on the rank's sequence shard), else replicated."""
+    way = tp if sequence_parallel and (node.op in STREAM_KINDS or token_wise) else 1
     return way, way
 
 
@@ -88,5 +90,7 @@ def shards(
             layout = pure_layout(block, block.origins[name], splits, sequence_parallel=sequence_parallel)
             compute[name], act[name] = pure_node_shards(layout, tp=tp)
         else:
-            compute[name], act[name] = stream_node_shards(node, tp=tp, sequence_parallel=sequence_parallel)
+            compute[name], act[name] = stream_node_shards(
+                node, tp=tp, sequence_parallel=sequence_parallel, token_wise=name in block.token_wise
+            )
     return compute, param, act

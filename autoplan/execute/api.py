@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.execute import data_parallel, expert_loop, expert_parallel, float8, pipeline, precision
+from autoplan.execute import data_parallel, expert_loop, expert_parallel, expert_sequence, float8, pipeline, precision
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, local_device
@@ -83,6 +83,8 @@ def parallelize(
     experts = expert_parallel.find_experts(model)
     expert_parallel.check_expert_parallel(model=model, plan=plan, dispatches=experts)
     list_moe = expert_loop.list_layers(model)
+    moe_blocks = expert_sequence.moe_blocks(list(experts))
+    expert_sequence.check_unsplit(plan=plan, blocks=moe_blocks)
     fp8_linears = float8.eligible_fqns(model, plan, exclude=tuple(experts) + list_moe)
     mesh = build_mesh(plan=plan)
     ep_mesh = expert_mesh(mesh=mesh, plan=plan)
@@ -113,6 +115,10 @@ def parallelize(
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
         expert_loop.install(module=module, plan=plan, layers=list_moe, touch=plan.dp > 1 and mode != "ddp")
+        if plan.tp > 1 and plan.sequence_parallel:  # on the DTensor parameters TP made, inside what recompute wraps
+            expert_sequence.apply_sequence_parallel_experts(
+                modules={index: module}, blocks=moe_blocks, tp_mesh=mesh["tp"]
+            )
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
         if plan.tp_comm_overlap:
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])

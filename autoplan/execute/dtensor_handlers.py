@@ -102,7 +102,8 @@ def _note_reshard(op: str, target: DTensor) -> None:
         warnings.warn(
             f"{op} cannot run in place on a {tuple(target.placements)} DTensor of shape {tuple(target.shape)}; "
             "autoplan replicates it first, an all-gather the cost model does not price. Mark the module that "
-            "produces it 'replicate' in tp_plan to avoid it (the run's audit counts these).",
+            "produces it 'replicate' in tp_plan to avoid it (`autoplan run --audit` counts these: its "
+            "'in-place reshards' rows).",
             stacklevel=3,
         )
     RESHARDED[op] += 1

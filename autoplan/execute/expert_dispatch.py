@@ -181,9 +181,17 @@ def install(*, module: nn.Module, dispatch: ExpertsDispatch) -> None:
     (FSDP2's gathered ones during its forward)."""
 
     def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        return dispatch(hidden_states, top_k_index, top_k_weights, [module.get_parameter(n) for n in dispatch.names])
+        return dispatch(hidden_states, top_k_index, top_k_weights, [_param(module, n) for n in dispatch.names])
 
     module.forward = forward
+
+
+def _param(module: nn.Module, name: str) -> torch.Tensor:
+    """``module``'s parameter ``name`` as it holds it now: FSDP2's gathered one, or the tensor
+    ``torch.func.functional_call`` put in its place (autoplan/execute/expert_sequence.py), which
+    ``get_parameter`` refuses for not being an ``nn.Parameter``."""
+    owner, _, attr = name.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, attr)
 
 
 # ---- pipelines ------------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 
 - ``full``: checkpoint each block: keep only its inputs, rerun its forward in backward.
 - ``selective``: op-level selective activation checkpointing (torch.utils.checkpoint with a
-  policy, as torchtitan's op SAC): the outputs of matmuls, attention kernels and
-  convolutions are saved, everything else (norms, activations, softmax, element-wise ops) is
-  recomputed. This is the one definition the cost model prices too (autoplan/cost/layers.py,
-  ``SAVED_KINDS``): re-run the forward of the other nodes, keep the block inputs and the
-  saved outputs. It frees Korthikanti et al.'s softmax and dropout s^2 tensors but keeps the
-  QK^T scores, a matmul output.
+  policy, as torchtitan's op SAC): the outputs of matmuls (grouped and FP8-scaled ones too),
+  attention kernels and convolutions are saved, everything else (norms, activations, softmax,
+  element-wise ops, FP8's scaling passes) is recomputed. The kernels saved are the cost model's
+  own table (autoplan/cost/saved_ops.py ``SAVED_ATEN_OPS``), so what is priced as kept is kept:
+  re-run the forward of the other nodes, keep the block inputs and the saved outputs. It frees
+  Korthikanti et al.'s softmax and dropout s^2 tensors but keeps the QK^T scores, a matmul output.
 - The whole block is re-run: torch stops a recomputation early once the last tensor the
   backward needs is rebuilt (skipping a block's output projection and its TP all-reduce), but
   the cost model prices the whole forward and its collectives, so early stop is turned off.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
 import torch.nn as nn
 from torch.utils.checkpoint import (
     CheckpointPolicy,
@@ -31,22 +30,16 @@ from torch.utils.checkpoint import (
     set_checkpoint_early_stop,
 )
 
-aten = torch.ops.aten
-SAVED_OPS = {
-    aten.mm.default,
-    aten.addmm.default,
-    aten.bmm.default,
-    aten.baddbmm.default,
-    aten.linear.default,
-    aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_efficient_attention.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default,
-    aten.convolution.default,
-}
+from autoplan.cost.saved_ops import SAVED_ATEN_OPS
+
+#: the kernels whose outputs selective recomputation keeps: the cost model's table (cost/saved_ops.py)
+SAVED_OPS = SAVED_ATEN_OPS
 
 
 def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    packet = getattr(op, "_overloadpacket", None)
+    saved = packet is not None and packet.__name__ in SAVED_OPS
+    return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _checkpointed(forward, selective: bool):

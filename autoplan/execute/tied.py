@@ -30,11 +30,13 @@ def tied_names(model: nn.Module) -> list[list[str]]:
 class TiedGradSync:
     """The process groups and local parameters for this rank's cross-stage ties."""
 
-    pairs: list[tuple[object, list[nn.Parameter]]] = field(default_factory=list)
+    pairs: list[tuple[object, list[tuple[nn.Module, str]]]] = field(default_factory=list)  # (group, [(stage, name)])
 
     def __call__(self) -> None:
-        for group, params in self.pairs:
-            for param in params:
+        for group, held in self.pairs:
+            for stage, name in held:
+                # looked up now: FSDP2 (ZeRO-2/3) replaces a stage's parameters after this sync is built
+                param = stage.get_parameter(name)
                 if param.grad is not None:
                     dist.all_reduce(local(param.grad), group=group)
 
@@ -53,7 +55,7 @@ def build_tied_sync(
     sync = TiedGradSync()
     layout = mesh.mesh  # [pp, dp, tp] -> global rank
     me = dist.get_rank()
-    mine = {n: p for m in my_modules.values() for n, p in m.named_parameters(remove_duplicate=False)}
+    mine = {n: (m, n) for m in my_modules.values() for n, _ in m.named_parameters(remove_duplicate=False)}
     for names in groups:
         pp_ranks = sorted({stage % pp for stage, held in holders.items() if held & set(names)})
         if len(pp_ranks) < 2:

@@ -224,4 +224,4 @@ def _most_shards(block: BlockAnalysis, legal: dict[str, tuple[str, ...]], node: 
     if node.name in block.origins:
         layouts = pure_layouts_possible(block, block.origins[node.name], legal, sequence_parallel=True)
         return tp if len(layouts) > 1 else 1
-    return tp if node.op in STREAM_KINDS else 1
+    return tp if node.op in STREAM_KINDS or node.name in block.token_wise else 1

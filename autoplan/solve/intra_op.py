@@ -187,7 +187,9 @@ def build_block_problem(
                 bytes={lay: abytes / a for lay, (_, a) in shard.items()},
             )
         else:
-            compute, act = stream_node_shards(node, tp=tp, sequence_parallel=sp)
+            compute, act = stream_node_shards(
+                node, tp=tp, sequence_parallel=sp, token_wise=node.name in block.token_wise
+            )
             problem.constant_s += time_of(node, compute)
             problem.constant_bytes += pbytes + abytes / act
     problem.constant_bytes += (

@@ -156,9 +156,11 @@ class TPPlanner:
                 # to CostModel and the executor alike
                 tp_plan.setdefault(self.graph.node(node).module, splits[rep_node])
             if ctx.sequence_parallel:
-                for node in analyse_block(self.graph, member).nodes:
+                block = analyse_block(self.graph, member)
+                for node in block.nodes:
                     if (
                         node.op == "norm"
+                        and node.name not in block.token_wise  # an MoE block takes no split (tp_block)
                         and node.module
                         and node.output_shape[1:2]
                         and node.output_shape[1] % ctx.tp == 0

@@ -18,12 +18,12 @@ from autoplan.jobs.launcher import free_port
 from autoplan.execute.job.verify import compare, initial_weights, reference_step, updated_reference
 from autoplan.types.plan import Plan
 
-MODELS = {"gpt": "TinyGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama"}
+MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE"}
 
 
 def blocks_of(model_name: str) -> list[str]:
     import exec_models as m
-    prefix = "h" if model_name == "gpt" else "layers"
+    prefix = "h" if model_name.startswith("gpt") else "layers"
     return [f"{prefix}.{i}" for i in range(m.LAYERS)]
 
 
@@ -35,8 +35,8 @@ def make_plan(model_name: str, **kw) -> Plan:
     per = len(blocks) // chunks
     kw.setdefault("stages", [blocks[i * per:(i + 1) * per] for i in range(chunks)])
     sp = kw.get("sequence_parallel", False)
-    if kw.get("tp", 1) > 1 and "tp_plan" not in kw:
-        kw["tp_plan"] = m.gpt_tp_plan(sp) if model_name == "gpt" else m.llama_tp_plan(sp)
+    if kw.get("tp", 1) > 1 and "tp_plan" not in kw:  # TinyMoE: the default (Megatron) plan
+        kw["tp_plan"] = m.gpt_tp_plan(sp) if model_name == "gpt" else {} if model_name == "moe" else m.llama_tp_plan(sp)
     kw.setdefault("micro_batch_size", 2)
     kw.setdefault("num_microbatches", 2)
     for axis in ("dp", "tp", "pp"):

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB, DIM, HEADS, KV_HEADS, SEQ, LAYERS = 64, 32, 4, 2, 8, 4
+VOCAB, DIM, HEADS, KV_HEADS, SEQ, LAYERS, EXPERTS = 64, 32, 4, 2, 8, 4, 4
 
 
 class FusedAttention(nn.Module):
@@ -48,6 +48,15 @@ class TinyGPT(nn.Module):
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+
+class TiedGPT(TinyGPT):
+    """TinyGPT whose head shares the token embedding's weight (GPT-2's tie): a pipeline puts the
+    two on different stages, which sum their gradients (autoplan/execute/tied.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm_head.weight = self.wte.weight
 
 
 class GQAAttention(nn.Module):
@@ -159,6 +168,67 @@ class ThirdPartyLlama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.output(self.norm(x + x0))
+
+
+class LoopExperts(nn.Module):
+    """``EXPERTS`` SwiGLU FFNs in the Hugging Face experts interface (autoplan/trace/moe.py), run
+    as transformers 4.x ran them: a loop over the experts that received tokens, index_add."""
+
+    has_gate, has_bias, is_transposed = True, False, False
+
+    def __init__(self):
+        super().__init__()
+        self.num_experts = EXPERTS
+        self.gate_up_proj = nn.Parameter(torch.randn(EXPERTS, 4 * DIM, DIM) / DIM**0.5)
+        self.down_proj = nn.Parameter(torch.randn(EXPERTS, DIM, 2 * DIM) / (2 * DIM) ** 0.5)
+
+    def _apply_gate(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def forward(self, hidden, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden)
+        for expert in torch.unique(top_k_index).tolist():
+            token, choice = torch.where(top_k_index == expert)
+            h = self._apply_gate(F.linear(hidden[token], self.gate_up_proj[expert]))
+            h = F.linear(h, self.down_proj[expert]) * top_k_weights[token, choice, None]
+            out.index_add_(0, token, h.to(out.dtype))
+        return out
+
+
+class MoEMLP(nn.Module):
+    """A Mixtral-style sparse block: a router Linear, softmax, top-2 renormalised, the experts."""
+
+    def __init__(self):
+        super().__init__()
+        self.top_k = 2
+        self.router, self.experts = nn.Linear(DIM, EXPERTS, bias=False), LoopExperts()
+
+    def forward(self, x):
+        B, T, C = x.shape
+        tokens = x.reshape(B * T, C)
+        weights, chosen = F.softmax(self.router(tokens), dim=-1).topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        return self.experts(tokens, chosen, weights).reshape(B, T, C)
+
+
+class MoEBlock(LlamaBlock):
+    def __init__(self):
+        super().__init__()
+        del self.w1, self.w2, self.w3
+        self.moe = MoEMLP()
+
+    def forward(self, x, cos, sin):
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.moe(self.ffn_norm(x))
+
+
+class TinyMoE(TinyLlama):
+    """TinyLlama with a routed MoE MLP in every block (Mixtral's shape, the Hugging Face experts interface)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(MoEBlock() for _ in range(LAYERS))
 
 
 def tokens(batch_size: int, seed: int = 0) -> torch.Tensor:

@@ -16,6 +16,10 @@ dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipel
 - :class:`~autoplan.execute.job.meters.MatmulFlops`: FLOPs of matmul-class ops and, apart, of
   attention kernels, forward and backward (execute/job/meters.py).
 
+Beside them it reads how many in-place ops DTensor could not run on their placement and the
+executor replicated first (autoplan/execute/dtensor_handlers.py ``RESHARDED``), an all-gather no
+plan prices: the audit's "in-place reshards" row, priced at 0.
+
 A dispatch mode is thread-local. Collectives issued from another thread (gloo runs future
 callbacks on its own threads: torch's PowerSGD hook issues its P and Q all-reduces from them)
 are recorded by :class:`CommRecorder` wrapping ``torch.distributed.all_reduce`` for the step,
@@ -32,7 +36,7 @@ from __future__ import annotations
 import gc
 import math
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +45,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
 
 MESH_DIMS = ("dp", "tp", "pp")
@@ -249,6 +254,7 @@ class StepAudit:
     attention_forward_flops: float
     attention_backward_flops: float
     placement: dict[str, int]
+    resharded: dict[str, int] = field(default_factory=dict)  # op -> in-place reshards in the step
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -261,6 +267,7 @@ class StepAudit:
             "attention_forward_flops": self.attention_forward_flops,
             "attention_backward_flops": self.attention_backward_flops,
             "placement": self.placement,
+            "resharded": dict(self.resharded),
         }
 
 
@@ -276,6 +283,7 @@ def audited_step(
     comm, flops = CommRecorder(groups, all_to_all), MatmulFlops()
     gc.collect()  # the last step's cyclic garbage is not this step's memory
     memory = LiveBytes(existing_tensors(trainer))
+    before = Counter(RESHARDED)
     with memory, comm, flops:
         loss = trainer.train_step(inputs, target)
     (mm_fwd, mm_bwd), (at_fwd, at_bwd) = flops.flops["matmul"], flops.flops["attention"]
@@ -289,6 +297,7 @@ def audited_step(
         attention_forward_flops=at_fwd,
         attention_backward_flops=at_bwd,
         placement=placement(trainer),
+        resharded=dict(Counter(RESHARDED) - before),
     )
     return loss, audit
 
@@ -366,6 +375,8 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
             )
         )
         rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], stage_peak_bytes[stage], "bytes"))
+        reshards = sum(audit.get("resharded", {}).values())
+        rows.append(_row(rank, stage, "in-place reshards", reshards, 0, "ops", reshards, 0))
     return rows
 
 

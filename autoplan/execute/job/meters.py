@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "_grouped_mm"}
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "_grouped_mm", "_scaled_mm"}
 ATTENTION_OPS = {
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",

@@ -275,9 +275,11 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
     comm = [r for r in rows if r["what"].startswith("comm")]
     equal = sum(1 for r in comm if r["as_priced"])
     memory = max((abs(r["relative_error"]) for r in rows if r["what"] == "peak live memory"), default=0.0)
+    reshards = max((r["measured"] for r in rows if r["what"] == "in-place reshards"), default=0)
+    unpriced = f"; {reshards:.0f} in-place reshards no plan prices" if reshards else ""
     print(
         f"audit: {equal} of {len(comm)} collective rows as priced; peak memory within {100 * memory:.0f}% of the "
-        f"prediction; see {opts.out}/audit.csv",
+        f"prediction{unpriced}; see {opts.out}/audit.csv",
         flush=True,
     )
 

@@ -226,3 +226,44 @@ def test_a_router_that_is_not_an_nn_linear_is_never_split(graph):
     assert all(legal_splits(n, 2) == ("replicate",) for n in routers)
     plan = default_tp_plan(graph, 2)
     assert plan["model.layers.0.self_attn.q_proj"] == "colwise" and "model.layers.0.mlp.gate" not in plan
+
+
+def test_with_ddp_the_experts_all_reduce_after_the_backward_is_exposed(graph):
+    """DDP ignores the expert parameters and ExpertParallel.sync_grads all-reduces them over edp
+    after the backward: their sync is priced exposed, on top of the dense one; at ep = dp no rank
+    shares an expert and nothing is sent."""
+    model = CostModel(graph, synthetic_profile())
+    plan = _plan(ep=2)
+    cost = model.estimate(plan)
+    held = sum(m.expert_params for m in graph.moe_layers) / 2  # this rank's experts, fp32 gradients
+    edp = ep_groups(model.profile, dp=8, ep=2, pp=1)["edp"]
+    after = collective_time_s(model.profile, "all_reduce", held * 4, group=edp)
+    assert cost.dp_comm_exposed_s >= after
+    dense_only = model.estimate(_plan(ep=8))  # edp = 1: the experts' all-reduce is not sent
+    assert cost.dp_comm_exposed_s >= dense_only.dp_comm_exposed_s + after * (1 - 1e-9)
+
+
+def test_under_sequence_parallelism_an_moe_block_runs_on_the_sequence_shard(graph):
+    """tp=2 with SP: the MoE block's nodes take no split, compute and keep 1/tp (the rank's
+    tokens), send nothing, and every weight of the block is in the SP gradient sync."""
+    from autoplan.cost.sp_sync import sp_partial_params
+    from autoplan.cost.tensor_parallel import block_messages, node_splits
+    from autoplan.cost.tp_block import analyse_block
+    from autoplan.cost.tp_default import default_tp_plan
+    from autoplan.cost.tp_shards import shards
+
+    layer, moe = graph.layers[0], graph.moe_layers[0]
+    block = analyse_block(graph, layer)
+    inside = {n.name for n in block.nodes if n.module == moe.module or n.module.startswith(moe.module + ".")}
+    assert inside and block.token_wise == inside and not inside & set(block.params)
+    tp_plan = default_tp_plan(graph, 2, sequence_parallel=True)
+    assert not [m for m in tp_plan if m.startswith(moe.module + ".")]
+    compute, param, act = shards(graph, layer, node_splits(graph, layer, tp_plan, tp=2), tp=2, sequence_parallel=True)
+    assert all(compute[n] == 2 and act[n] == 2 and param[n] == 1 for n in inside)
+    synced = set(sp_partial_params(graph, layer, tp_plan, tp=2, sequence_parallel=True))
+    assert set(moe.expert_param_names) <= synced and f"{moe.router_module}.weight" in synced
+    model = CostModel(graph, synthetic_profile())
+    _stages, _tp, ctx = model.priced_stages(_plan(dp=1, tp=2, devices=2, sequence_parallel=True, tp_plan=tp_plan))
+    fwd, bwd = block_messages(graph, layer, tp_plan, ctx=ctx)
+    attention_only = {k: c for k, (c, _) in (fwd + bwd).by_kind.items()}
+    assert attention_only == {"all_gather": 2, "reduce_scatter": 2}  # qkv's input and o_proj's output, each way

@@ -1,0 +1,70 @@
+"""Selective recomputation keeps what the cost model prices as kept (autoplan/cost/saved_ops.py):
+every kernel a kept node runs as is saved by the executor's policy, and a grouped expert GEMM is
+not re-run in the backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import CheckpointPolicy
+
+from autoplan.execute.job.meters import MatmulFlops
+from autoplan.execute.recompute import _policy, apply_recompute
+
+aten = torch.ops.aten
+KEPT = [
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten._grouped_mm.default,
+    aten._scaled_mm.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten.convolution.default,
+]
+RERUN = [aten.gelu.default, aten._softmax.default, aten.native_layer_norm.default, aten.abs.default, aten.amax.default]
+
+
+@pytest.mark.parametrize("op", KEPT + RERUN, ids=str)
+def test_the_policy_keeps_the_kernels_of_kept_nodes_and_reruns_the_rest(op):
+    expected = CheckpointPolicy.MUST_SAVE if op in KEPT else CheckpointPolicy.PREFER_RECOMPUTE
+    assert _policy(None, op) == expected
+
+
+class _Block(nn.Module):
+    """A router and Hugging Face Mixtral's experts, run as grouped GEMMs (``aten._grouped_mm``)."""
+
+    def __init__(self, experts: nn.Module):
+        super().__init__()
+        self.router, self.experts = nn.Linear(16, 4, bias=False), experts
+
+    def forward(self, x):
+        weights, index = torch.softmax(self.router(x), dim=-1).topk(2, dim=-1)
+        return self.experts(torch.nn.functional.gelu(x), index, weights)
+
+
+def _backward_flops(mode: str) -> tuple[float, float]:
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    config = MixtralConfig(hidden_size=16, intermediate_size=32, num_local_experts=4)
+    config._experts_implementation = "grouped_mm"
+    torch.manual_seed(0)
+    model = nn.Sequential(_Block(MixtralExperts(config)))
+    for weight in model.parameters():
+        nn.init.normal_(weight, std=0.2)
+    apply_recompute(module=model, blocks=["0"], mode=mode)
+    meter = MatmulFlops()
+    with meter:
+        model(torch.randn(24, 16)).square().sum().backward()
+    return tuple(meter.flops["matmul"])
+
+
+def test_selective_recomputation_does_not_rerun_grouped_expert_gemms():
+    pytest.importorskip("transformers")
+    plain, selective, full = _backward_flops("none"), _backward_flops("selective"), _backward_flops("full")
+    assert selective == plain  # the kept GEMMs are looked up, not re-run
+    assert full[1] > plain[1]  # full recomputation does re-run them: the meter sees grouped GEMMs
