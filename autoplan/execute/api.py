@@ -17,7 +17,9 @@ Composition order (each step says why it comes after the previous and before the
    shards them over the edp mesh, DDP ignores them (autoplan/execute/expert_parallel.py).
 3. **Tensor parallelism** (+SP) after the split, so its parameter sharding and
    input/output hooks land on the stage modules that actually run; before recomputation, so a
-   checkpointed block replays the TP redistributions as part of its forward.
+   checkpointed block replays the TP redistributions as part of its forward. DTensor's random
+   ops get the tp mesh's RNG tracker here (autoplan/execute/rng.py: dropout masks equal across tp
+   ranks on replicated activations, independent on sharded ones).
 4. **Activation recomputation** after TP (see 3) and before FSDP, so FSDP's per-block
    all-gather hooks stay outside the checkpointed forward and gather once per (re)forward.
    With ``tp_comm_overlap`` each block is then compiled for torch's async TP
@@ -37,7 +39,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.execute import data_parallel, expert_parallel, float8, pipeline, precision
+from autoplan.execute import data_parallel, expert_parallel, float8, pipeline, precision, rng
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, local_device
@@ -106,6 +108,8 @@ def parallelize(
     mode = data_parallel.dp_mode(plan=plan)
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
     checkpointed = 0
+    if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)
+        rng.install_tracker(mesh["tp"])
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
