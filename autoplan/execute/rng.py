@@ -181,7 +181,8 @@ class DropoutOff(TorchFunctionMode):
             self.dropped += _would_drop(func, args, kwargs)
             return args[0] if args else kwargs["input"]
         if func is F.scaled_dot_product_attention:
-            args, kwargs = _without_attention_dropout(args, kwargs)
+            args, kwargs, rate = _without_attention_dropout(args, kwargs)
+            self.dropped += int(rate > 0)
         elif func in OTHER_RANDOM:
             self.other_random[getattr(func, "__name__", str(func))] += 1
         return func(*args, **kwargs)
@@ -199,14 +200,28 @@ def _would_drop(func, args: tuple, kwargs: dict) -> int:
     return int(bool(training) and float(values.get("p", 0.0)) > 0)
 
 
-def _without_attention_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _without_attention_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict, float]:
+    """``F.scaled_dot_product_attention``'s arguments with ``dropout_p`` = 0, and the rate it had."""
+    rate = float(kwargs.get("dropout_p", args[SDPA_DROPOUT_INDEX] if len(args) > SDPA_DROPOUT_INDEX else 0.0))
     if len(args) > SDPA_DROPOUT_INDEX:
         args = (*args[:SDPA_DROPOUT_INDEX], 0.0, *args[SDPA_DROPOUT_INDEX + 1 :])
     if "dropout_p" in kwargs:
         kwargs = {**kwargs, "dropout_p": 0.0}
-    return args, kwargs
+    return args, kwargs, rate
 
 
 def dropout_off() -> DropoutOff:
     """A context (a torch function mode) in which dropout is off: module docstring."""
     return DropoutOff()
+
+
+def describe(mode: DropoutOff) -> str:
+    """How --verify controlled randomness, in words, after the run and its reference ran under ``mode``."""
+    if mode.dropped:
+        said = f"dropout off in the run and in the reference ({mode.dropped} calls with p > 0 returned their input)"
+    else:
+        said = "dropout off in the run and in the reference (the model ran no dropout with p > 0)"
+    if mode.other_random:
+        drawn = ", ".join(f"{name} x{count}" for name, count in sorted(mode.other_random.items()))
+        said += f"; the model also draws random numbers outside dropout ({drawn}), which the two draw differently"
+    return said
