@@ -29,9 +29,12 @@ reference draws its masks on whole micro-batches in one process, the run on shar
 another order, so equal masks would need every draw to be replayed per shard. Off, the two
 compute the same function. Dropout is found wherever a model calls it: ``nn.Dropout`` modules,
 ``F.dropout`` called with a rate stored as a number (Hugging Face T5's attention keeps
-``config.dropout_rate`` as a float and calls ``F.dropout(..., p=self.dropout)``), and the
-``dropout_p`` of ``F.scaled_dot_product_attention``. Other random draws inside the step (a
-custom ``bernoulli_`` drop-path, noisy routing) are counted, so --verify can name them.
+``config.dropout_rate`` as a float and calls ``F.dropout(..., p=self.dropout)``), the
+``dropout_p`` of ``F.scaled_dot_product_attention``, and the same as the aten ops a pipeline
+stage's exported graph calls (``aten.dropout``, ``aten.scaled_dot_product_attention``): a torch
+function mode sees them all, above autograd, so the backward is that of the identity. Other
+random draws inside the step (a custom ``bernoulli_`` drop-path, noisy routing) are counted, so
+--verify can name them.
 """
 
 from __future__ import annotations
@@ -134,6 +137,38 @@ DROPOUT_FUNCTIONS = frozenset(
         torch.alpha_dropout_,
         torch.feature_alpha_dropout,
         torch.feature_alpha_dropout_,
+        # what a torch.export-ed graph calls (a pipeline stage): the same ops as aten overloads
+        *(
+            getattr(torch.ops.aten, f"{kind}dropout{inplace}").default
+            for kind in ("", "feature_", "alpha_", "feature_alpha_")
+            for inplace in ("", "_")
+        ),
+    }
+)
+#: attention with a dropout_p argument, in Python and in an exported graph
+ATTENTION_FUNCTIONS = frozenset({F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default})
+#: aten ops (any overload) that draw random numbers, as an exported graph calls them: counted
+RANDOM_ATEN = frozenset(
+    {
+        "bernoulli",
+        "bernoulli_",
+        "native_dropout",
+        "rand",
+        "rand_like",
+        "randn",
+        "randn_like",
+        "randint",
+        "randint_like",
+        "randperm",
+        "normal",
+        "normal_",
+        "uniform_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "random_",
+        "multinomial",
     }
 )
 #: random draws that are not dropout: counted, left as they are
@@ -180,21 +215,27 @@ class DropoutOff(TorchFunctionMode):
         if func in DROPOUT_FUNCTIONS:
             self.dropped += _would_drop(func, args, kwargs)
             return args[0] if args else kwargs["input"]
-        if func is F.scaled_dot_product_attention:
+        if func in ATTENTION_FUNCTIONS:
             args, kwargs, rate = _without_attention_dropout(args, kwargs)
             self.dropped += int(rate > 0)
-        elif func in OTHER_RANDOM:
+        elif func in OTHER_RANDOM or _random_aten(func):
             self.other_random[getattr(func, "__name__", str(func))] += 1
         return func(*args, **kwargs)
+
+
+def _random_aten(func) -> bool:
+    return isinstance(func, torch._ops.OpOverload) and func.overloadpacket.__name__ in RANDOM_ATEN
 
 
 def _would_drop(func, args: tuple, kwargs: dict) -> int:
     """1 when this dropout call, left alone, would have dropped anything (p > 0 in training)."""
     try:
+        if isinstance(func, torch._ops.OpOverload):
+            raise TypeError("an aten op: (input, p, train)")
         bound = inspect.signature(func).bind(*args, **kwargs)
         bound.apply_defaults()
         values = bound.arguments
-    except (TypeError, ValueError):  # torch's builtins: (input, p, train), all given
+    except (TypeError, ValueError):  # torch's builtins and aten ops: (input, p, train), all given
         values = {**dict(zip(("input", "p", "train"), args)), **kwargs}
     training = values.get("training", values.get("train", True))
     return int(bool(training) and float(values.get("p", 0.0)) > 0)

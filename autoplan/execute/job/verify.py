@@ -1,4 +1,6 @@
-"""--verify: one distributed step against a single-process reference.
+"""--verify: a distributed step against a single-process reference (the comparison and its
+tolerances; autoplan/execute/job/reference.py runs it over several steps, and
+autoplan/execute/rng.py turns dropout off in both).
 
 The reference is the same model (same seed, so the same initial weights) run unsharded in
 this process over the same micro-batches in the same order: for every dp rank d and
@@ -38,6 +40,10 @@ softmax) is judged against 1e-3 of the model's gradient norm instead of its own 
 Tolerances: a few units of roundoff of the compute dtype, amplified by reductions in another
 order (about 8-10 units): fp32 1e-4; bf16 3e-2 (unit roundoff 2^-8 = 3.9e-3); fp16 5e-3
 (2^-11 = 4.9e-4). A wrong scaling, a missing reduction or a wrong shard is off by O(1).
+**The reduce dtype counts too** (:func:`tolerance_of`): a plan whose data-parallel gradients are
+summed in bf16/fp16 (``grad_reduce_dtype``, lossy) rounds every gradient to that dtype, so it is
+judged by the coarser of its precision and its reduce dtype (an fp32 plan reducing in bf16:
+3.9e-3 measured on examples/gpt.py dp2, bf16's 3e-2 applies).
 
 **FP8** (autoplan/execute/float8.py): the reference converts the same linears and casts each
 micro-batch with its own tensorwise scales, as every dp rank does, so under data parallelism

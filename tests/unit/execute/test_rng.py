@@ -55,9 +55,13 @@ def test_dropout_off_zeroes_attention_dropout_and_counts_other_draws():
         kw = F.scaled_dot_product_attention(q, q, q, dropout_p=0.9)
         _ = torch.rand(3), torch.empty(3).bernoulli_(0.5)
         same = F.dropout(q, p=0.5, training=False)
+        # what a pipeline stage's exported graph calls (docs/executor.md: the stages are torch.export graphs)
+        graph_dropout = torch.ops.aten.dropout.default(q, 0.5, True)
+        graph_attention = torch.ops.aten.scaled_dot_product_attention.default(q, q, q, None, 0.9)
     plain = F.scaled_dot_product_attention(q, q, q)
     assert torch.equal(out, plain) and torch.equal(kw, plain) and same is q
-    assert mode.dropped == 2  # the two attentions; a call that would not drop (training=False) is not counted
+    assert graph_dropout is q and torch.equal(graph_attention, plain)
+    assert mode.dropped == 4  # two attentions, two graph ops; a call that would not drop (training=False) is not
     assert "rand x1" in rng.describe(mode) and "bernoulli_ x1" in rng.describe(mode)
 
 
