@@ -119,3 +119,19 @@ def test_powersgd_reference_accepts_the_compressed_mean_and_nothing_else():
     assert torch.allclose(feedback["w"], mean - right, atol=1e-5)  # what the step left out, carried
     fed = _compressed(mean + feedback["w"], 2)  # the next step compresses the gradient plus it
     assert error(fed, feedback) < 1e-5 and error(_compressed(mean, 2), feedback) > 0.1
+
+
+def test_each_pipeline_stage_draws_from_a_stream_of_its_own():
+    """rng.seed_step: the same stream on every dp/tp rank of a stage, another per stage and per
+    step (Megatron seeds stages 100 apart), and apart from the stream the step's batch came from."""
+
+    def draws(**kw) -> torch.Tensor:
+        rng.seed_step(**kw)
+        return torch.rand(8)
+
+    first = draws(seed=0, step=3, pp_rank=0)
+    assert torch.equal(first, draws(seed=0, step=3, pp_rank=0))
+    assert not torch.equal(first, draws(seed=0, step=3, pp_rank=1))
+    assert not torch.equal(first, draws(seed=0, step=4, pp_rank=0))
+    torch.manual_seed(0 + 1 + 3)  # the runner's batch seed for step 3
+    assert not torch.equal(first, torch.rand(8))
