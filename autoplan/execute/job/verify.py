@@ -20,8 +20,9 @@ times the scaler's initial scale and divides the gradients by it, as the run's f
 So the only differences left are those of sharding: reductions split across ranks and summed
 in another order.
 
-**Updated weights.** The reference also takes one step of the run's optimizer from the same
-initial weights with its gradients (:func:`updated_reference`), and each updated weight is
+**Updated weights.** The reference also takes a step of the run's optimizer from the weights the
+step started from, with its gradients (:func:`updated_reference`; over several steps, with its
+own optimizer states: autoplan/execute/job/reference.py), and each updated weight is
 compared, relative to the size of the reference's update (so a wrong shard, a missing
 all-gather after a sharded step or a wrong scaling is O(1), whatever the learning rate).
 
