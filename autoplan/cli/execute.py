@@ -27,7 +27,10 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     parser.add_argument("--out", required=True, help="run folder to write")
     parser.add_argument(
-        "--verify", action="store_true", help="compare step 1's loss and gradients to a single-process reference"
+        "--verify",
+        action="store_true",
+        help="compare the first steps' loss, gradients and updated weights with a single-process reference, "
+        "dropout off in both (2 steps, 3 with PowerSGD; docs/executor.md)",
     )
     parser.add_argument(
         "--audit",
@@ -126,6 +129,7 @@ def run_command(args: argparse.Namespace) -> int:
         raise RunError(f"--steps {args.steps}: expected at least 1 step.")
     args.plan = str(plan_json(args.plan))  # a plan folder, or its plan.json
     plan = Plan.load(args.plan)
+    _check_verify_steps(args, plan)
     check_runs_here(plan)  # a plan this machine cannot run stops before any rank starts
     model_file = load_model_file(args.model)  # fail here, once, rather than in every rank
     if (warning := check_plan_is_for(plan, model_file, plan_name=f"plan '{args.plan}'")) and not args.quiet:
@@ -147,6 +151,20 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}/measured.csv and {args.out}/summary.json")
         _print_measured_beside_predicted(args.out, plan)
     return code
+
+
+def _check_verify_steps(args: argparse.Namespace, plan) -> None:
+    """--verify compares the first steps up to each plan option's steady state: refuse fewer steps."""
+    if not args.verify:
+        return
+    from autoplan.execute.job.reference import verify_steps, why_steps
+
+    wanted = verify_steps(plan)
+    if args.steps < wanted:
+        raise RunError(
+            f"--verify compares the first {wanted} steps of this plan ({why_steps(plan)}); "
+            f"pass --steps {wanted} or more."
+        )
 
 
 def _launch(args: argparse.Namespace, *, plan, hint: str) -> int:

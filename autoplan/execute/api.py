@@ -17,7 +17,9 @@ Composition order (each step says why it comes after the previous and before the
    shards them over the edp mesh, DDP ignores them (autoplan/execute/expert_parallel.py).
 3. **Tensor parallelism** (+SP) after the split, so its parameter sharding and
    input/output hooks land on the stage modules that actually run; before recomputation, so a
-   checkpointed block replays the TP redistributions as part of its forward. MoE layers whose
+   checkpointed block replays the TP redistributions as part of its forward. DTensor's random
+   ops get the tp mesh's RNG tracker here (autoplan/execute/rng.py: dropout masks equal across tp
+   ranks on replicated activations, independent on sharded ones). MoE layers whose
    experts are a ``ModuleList`` then run whole on local tensors at tp > 1 and, under FSDP2, ZeRO-1
    or the explicit all-reduce, touch every expert (DDP finds the unused ones itself:
    autoplan/execute/expert_loop.py), before recomputation replays them.
@@ -40,7 +42,16 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.execute import data_parallel, expert_loop, expert_parallel, expert_sequence, float8, pipeline, precision
+from autoplan.execute import (
+    data_parallel,
+    expert_loop,
+    expert_parallel,
+    expert_sequence,
+    float8,
+    pipeline,
+    precision,
+    rng,
+)
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, local_device
@@ -112,6 +123,8 @@ def parallelize(
     mode = data_parallel.dp_mode(plan=plan)
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
     checkpointed = 0
+    if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)
+        rng.install_tracker(mesh["tp"])
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
         expert_loop.install(module=module, plan=plan, layers=list_moe, touch=plan.dp > 1 and mode != "ddp")

@@ -1,9 +1,10 @@
 """Run many executor cases in one spawned gloo group and compare each to the reference.
 
 ``run_cases(world_size, cases)`` spawns ``world_size`` processes once; each case is
-(name, model name, plan kwargs) and yields, per case, the largest relative differences of the
-loss and of every gradient against a single-process reference (autoplan.execute.job.verify), or
-the error text when the case raised.
+(name, model name, plan kwargs) and yields, per case, the verdict of `autoplan run --verify`
+(autoplan.execute.job.reference: several steps, each against a single-process reference) with
+the largest relative difference of the loss, every gradient and every updated weight, or the
+error text when the case raised.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autoplan.jobs.launcher import free_port
-from autoplan.execute.job.verify import compare, initial_weights, reference_step, updated_reference
 from autoplan.types.plan import Plan
 
 MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE"}
@@ -45,8 +45,12 @@ def make_plan(model_name: str, **kw) -> Plan:
     return Plan(**kw)
 
 
-def run_case(model_name: str, plan: Plan) -> dict[str, float]:
-    from autoplan.execute import parallelize
+def run_case(model_name: str, plan: Plan) -> dict:
+    """Train as `autoplan run --verify` does (dropout off, fp16's skipped steps not compared) until
+    the reference has compared as many steps as it asks; the verdict `autoplan run` prints
+    (``passed``, ``report``) and, per tensor, its largest relative difference over those steps."""
+    from autoplan.execute import parallelize, rng
+    from autoplan.execute.job.reference import Reference, verdict, verify_steps
     import exec_models as m
     build = getattr(m, MODELS[model_name])
     torch.manual_seed(0)
@@ -55,17 +59,21 @@ def run_case(model_name: str, plan: Plan) -> dict[str, float]:
     inputs, target = (m.tokens(plan.global_batch_size, 1),), m.tokens(plan.global_batch_size, 2)
     mb = (m.tokens(plan.micro_batch_size, 3),)
     trainer = parallelize(model, plan, loss_fn=m.lm_loss, microbatch_inputs=mb)
+    follower = Reference(model=reference, plan=trainer.plan, loss_fn=m.lm_loss, policy=trainer.policy)
     x, y = trainer.local_batch(inputs, target)
-    for _ in range(8):  # fp16 skips steps whose scaled gradients overflow; the weights stay as they were
-        loss = trainer.reduce_loss(trainer.train_step(x, y))
-        if not trainer.last_step_skipped:
-            break
-    initial = initial_weights(reference)
-    ref_loss, ref_grads = reference_step(model=reference, plan=plan, inputs=inputs, target=target, loss_fn=m.lm_loss,
-                                         policy=trainer.policy, loss_scale=trainer.last_loss_scale)
-    ref_updated = updated_reference(initial=initial, grads=ref_grads)
-    diffs = compare(trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads, initial=initial, ref_updated=ref_updated)
-    return {d.name: d.relative for d in diffs}
+    with rng.dropout_off() as randomness:
+        for step in range(8 + verify_steps(plan)):  # fp16 skips steps whose scaled gradients overflow
+            loss = trainer.reduce_loss(trainer.train_step(x, y))
+            if not trainer.last_step_skipped:
+                follower.check(trainer=trainer, inputs=inputs, target=target, loss=loss, step=step)
+            if follower.done:
+                break
+    passed, report = verdict(checks=follower.checks, plan=trainer.plan, randomness=rng.describe(randomness))
+    worst: dict[str, float] = {}
+    for check in follower.checks:
+        for d in check.diffs:
+            worst[d.name] = max(worst.get(d.name, 0.0), d.relative)
+    return {"passed": passed, "report": report, "diffs": worst, "steps": [c.step for c in follower.checks]}
 
 
 def _worker(rank: int, world_size: int, port: int, cases: list, queue, case_fn=None) -> None:

@@ -1,8 +1,9 @@
 """Every executor composition against a single-process reference, on real gloo groups.
 
 One spawned group per world size runs all its cases (spawning is the slow part); each case
-compares the loss and every parameter's gradient (DTensor shards gathered, FQNs mapped back)
-with the unsharded model over the same micro-batches."""
+compares the loss, every parameter's gradient (DTensor shards gathered, FQNs mapped back) and
+every updated weight with the unsharded model over the same micro-batches, over the steps
+`autoplan run --verify` compares, and asserts its verdict."""
 from __future__ import annotations
 
 import pytest
@@ -10,11 +11,9 @@ import pytest
 import exec_models as m
 from exec_harness import run_cases
 
-from autoplan.execute.job.verify import TOLERANCE, UPDATE_TOLERANCE, UPDATED
+from autoplan.execute.job.verify import UPDATED
 
 pytestmark = pytest.mark.slow
-
-TOL = 1e-5  # fp32: ||g - g_ref|| / ||g_ref|| per tensor (autoplan/execute/job/verify.py)
 
 TWO = [
     ("dp2", "gpt", dict(dp=2)),
@@ -64,17 +63,16 @@ def four():
 
 
 def _check(results: dict, name: str) -> None:
+    """The verdict `autoplan run --verify` gives (autoplan/execute/job/reference.py), over the
+    steps it compares, each with the loss, every gradient and every updated weight."""
     errors = {k: v["error"] for k, v in results.items() if k.startswith(name) and "error" in v}
     assert not errors, "\n".join(f"{k}:\n{v}" for k, v in errors.items())
-    diffs = results[name]
-    assert "loss" in diffs and len(diffs) > 10  # the loss and every parameter were compared
-    updates = {k: v for k, v in diffs.items() if k.endswith(UPDATED)}
-    grads = {k: v for k, v in diffs.items() if not k.endswith(UPDATED)}
-    assert len(updates) > 10   # and the weights after the optimizer step
-    precision = next(kw.get("precision", "fp32") for case, _, kw in TWO + FOUR + EIGHT if case == name)
-    for found, tol in ((grads, TOL if precision == "fp32" else TOLERANCE[precision]), (updates, UPDATE_TOLERANCE[precision])):
-        worst = max(found, key=found.get)
-        assert found[worst] <= tol, f"{name}: {worst} differs by {found[worst]:.3e} (relative)"
+    found = results[name]
+    diffs = found["diffs"]
+    assert "loss" in diffs and len([k for k in diffs if not k.endswith(UPDATED)]) > 10
+    assert len([k for k in diffs if k.endswith(UPDATED)]) > 10
+    assert len(found["steps"]) >= 2, found["steps"]  # DDP's rebuilt buckets and the optimizer's states
+    assert found["passed"], f"{name}:\n{found['report']}"
 
 
 @pytest.mark.parametrize("name", [c[0] for c in TWO])

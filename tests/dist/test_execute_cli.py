@@ -42,6 +42,23 @@ def test_run_writes_measured_and_summary_and_verifies(tmp_path):
     assert summary["median_step_time_s"] > 0 and summary["verify"]["passed"] is True
 
 
+@pytest.mark.parametrize("lossy,steps,said", [
+    (dict(grad_reduce_dtype="bf16"), 2, "gradients are reduced in bf16"),
+    (dict(grad_compression="powersgd", powersgd_rank=1), 3, "step 2 (compressed by PowerSGD): within tolerance"),
+], ids=["fp32-reduced-in-bf16", "powersgd"])
+def test_lossy_plans_verify_under_their_own_tolerance_and_steady_state(tmp_path, lossy, steps, said):
+    """Issue 29 items 11-12: an fp32 plan reducing in bf16 is judged by bf16's tolerance (it
+    reported FAILED, exit 3), and a PowerSGD plan is verified over 3 steps, the third compressed
+    and judged against the same compression (it compared the first, uncompressed, step only)."""
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, **lossy)
+    result = _run([str(ROOT / "examples/gpt.py"), "--plan", str(plan.save(tmp_path / "plan.json")), "--steps",
+                   str(steps), "--verify", "--out", str(tmp_path / "run")], SMALL_GPT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout and said in result.stdout
+    verify = json.loads((tmp_path / "run/summary.json").read_text())["verify"]
+    assert verify["steps"] == list(range(steps))
+
+
 def test_crashing_rank_stops_the_job_and_is_named(tmp_path):
     model = tmp_path / "crash.py"
     model.write_text(textwrap.dedent("""

@@ -138,7 +138,7 @@ def check_resumable(info: store.CheckpointInfo, *, source: Path, steps: int, ver
         )
     if verify:
         raise CheckpointError(
-            "--verify compares the first step with a reference built from the initial weights, "
+            "--verify compares the first steps with a reference built from the initial weights, "
             "so it cannot follow a resume; run --verify without --resume."
         )
 

@@ -13,6 +13,7 @@ RSS (``ru_maxrss``), the largest over ranks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import resource
@@ -163,8 +164,8 @@ def plan_for_world(*, opts: RunOptions, plan):
 
 
 def _train(*, opts: RunOptions, plan, model_file) -> int:
+    from autoplan.execute import rng
     from autoplan.execute.api import parallelize
-    from autoplan.execute.job.verify import disable_dropout
     from autoplan.execute.materialize import materialize
     from autoplan.execute.mesh import local_device
 
@@ -172,45 +173,47 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
     model = model_file.build()
     torch.manual_seed(opts.seed)  # a meta-built model is initialised here, the same on every rank
     model = materialize(model, device=local_device())
-    if opts.verify:
-        disable_dropout(model)
     reference = copy.deepcopy(model) if opts.verify else None
     torch.manual_seed(opts.seed)
     microbatch = model_file.inputs(plan.micro_batch_size)
     trainer = parallelize(model, plan, loss_fn=model_file.loss, microbatch_inputs=microbatch)
+    verifier = _reference(trainer=trainer, model=reference, model_file=model_file) if opts.verify else None
     session = checkpointing.open_session(opts=opts, trainer=trainer)
-    rows, verified, stopped, steps_done = session.rows, None, False, session.start_step
+    rows, stopped, steps_done = session.rows, False, session.start_step
+    pp_rank = trainer.mesh.get_local_rank("pp")
+    # --verify: dropout off in the run's steps and in its reference, which then compute the same function
+    # (rng.py); the batches are drawn outside, so its count of other random draws is the model's own
+    randomness = rng.dropout_off() if opts.verify else None
+    model_only = randomness if randomness is not None else contextlib.nullcontext()
     for step in range(session.start_step, opts.steps):
         checkpointing.maybe_inject_fault(step)
-        torch.manual_seed(opts.seed + 1 + step)
+        torch.manual_seed(opts.seed + 1 + step)  # the same global batch on every rank
         inputs, target = model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size)
-        row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
+        rng.seed_step(seed=opts.seed, step=step, pp_rank=pp_rank)
+        with model_only:
+            row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
         rows.append(row)
         steps_done = step + 1
         if not nonfinite.is_finite(row["loss"]):  # the same all-reduced loss on every rank: all stop here
-            return _stop_at_nonfinite(opts=opts, plan=plan, session=session, rows=rows, verified=verified)
-        # The first step that changed the weights (fp16 skips overflowing steps, which leave
-        # them as the reference has them) is compared, with the loss scale it used.
-        if opts.verify and verified is None and not trainer.last_step_skipped:
-            verified = _verify(
-                trainer=trainer,
-                reference=reference,
-                plan=plan,
-                model_file=model_file,
-                inputs=inputs,
-                target=target,
-                loss=row["loss"],
-                step=step,
-            )
+            return _stop_at_nonfinite(opts=opts, plan=plan, session=session, rows=rows, verified=None)
+        # fp16 skips overflowing steps, which leave the weights as they were: not compared
+        if verifier is not None and not verifier.done and not trainer.last_step_skipped:
+            with model_only:
+                verifier.check(
+                    trainer=trainer,
+                    inputs=_to(inputs, trainer.device),
+                    target=_to(target, trainer.device),
+                    loss=row["loss"],
+                    step=step,
+                )
         if stopped := session.after_step(trainer, steps_done=steps_done, rows=rows):
             break
+    verified = _verified(verifier, trainer=trainer, randomness=randomness) if verifier is not None else None
     session.close(trainer, steps_done=steps_done, rows=rows)
     if stopped:
         if dist.get_rank() == 0:
             write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
         return EXIT_STOPPED
-    if opts.verify and verified is None:
-        verified = _no_clean_step(steps=opts.steps)
     audit = _audit(opts=opts, trainer=trainer, plan=plan, model_file=model_file) if opts.audit else None
     if dist.get_rank() == 0:
         write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
@@ -247,10 +250,12 @@ def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
     """One more step, untimed, under the execution audit's recorders (autoplan/execute/job/audit.py),
     after at least three steps in all (DDP rebuilds its buckets, with a broadcast, in one of the
     first); every rank's record, on rank 0."""
+    from autoplan.execute import rng
     from autoplan.execute.job.audit import audit_ranks
 
     torch.manual_seed(opts.seed + 1 + opts.steps)
     x, y = trainer.local_batch(model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size))
+    rng.seed_step(seed=opts.seed, step=opts.steps, pp_rank=trainer.mesh.get_local_rank("pp"))
     for _ in range(max(0, 3 - opts.steps)):
         trainer.train_step(x, y)
     return audit_ranks(trainer, x, y)
@@ -284,51 +289,43 @@ def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
     )
 
 
-def _verify(*, trainer, reference, plan, model_file, inputs, target, loss: float, step: int) -> dict[str, Any]:
-    from autoplan.execute.job.verify import compare, initial_weights, reference_step, updated_reference, verdict
+def _reference(*, trainer, model, model_file):
+    """--verify's reference: ``model`` (the run's model before parallelizing) prepared as the run
+    is, which follows the run step by step (autoplan/execute/job/reference.py)."""
+    from autoplan.execute.job.reference import Reference
 
-    reference = reference.to(trainer.device)
-    initial = initial_weights(reference)
-    ref_loss, ref_grads = reference_step(
-        model=reference,
-        plan=plan,
-        inputs=_to(inputs, trainer.device),
-        target=_to(target, trainer.device),
-        loss_fn=model_file.loss,
-        policy=trainer.policy,
-        loss_scale=trainer.last_loss_scale,
-    )
-    ref_updated = updated_reference(initial=initial, grads=ref_grads)
-    diffs = compare(
-        trainer=trainer, loss=loss, ref_loss=ref_loss, ref_grads=ref_grads, initial=initial, ref_updated=ref_updated
-    )
-    passed, table = verdict(diffs=diffs, precision_name=plan.precision, regrouped=plan.ep > 1)
-    if dist.get_rank() == 0:
-        print(table, flush=True)
+    return Reference(model=model.to(trainer.device), plan=trainer.plan, loss_fn=model_file.loss, policy=trainer.policy)
+
+
+def _verified(verifier, *, trainer, randomness) -> dict[str, Any]:
+    """Print --verify's report (rank 0) and return summary.json's ``verify`` entry."""
+    from autoplan.execute import rng
+    from autoplan.execute.job.reference import verdict, verify_steps
     from autoplan.execute.job.verify import UPDATED
 
-    worst = next((d for d in diffs if not d.name.endswith(UPDATED)), None)
-    update = next((d for d in diffs if d.name.endswith(UPDATED)), None)
+    said = rng.describe(randomness)
+    passed, report = verdict(checks=verifier.checks, plan=trainer.plan, randomness=said)
+    if dist.get_rank() == 0:
+        print(report, flush=True)
+    diffs = [d for check in verifier.checks for d in check.diffs]
+    worst = max((d for d in diffs if not d.name.endswith(UPDATED)), key=lambda d: d.relative, default=None)
+    update = max((d for d in diffs if d.name.endswith(UPDATED)), key=lambda d: d.relative, default=None)
+    steps = [check.step for check in verifier.checks]
     return {
         "passed": passed,
-        "step": step,
-        "tensors": len(diffs),
+        "step": steps[0] if steps else None,
+        "steps": steps,
+        "steps_wanted": verify_steps(trainer.plan),
+        "compressed_steps": [check.step for check in verifier.checks if check.compressed],
+        "tensors": len(verifier.checks[-1].diffs) if steps else 0,
         "worst": worst.name if worst else None,
-        "worst_relative_diff": worst.relative if worst else 0.0,
+        "worst_relative_diff": worst.relative if worst else None,
         "worst_update": update.name if update else None,
         "worst_update_relative_diff": update.relative if update else None,
         "loss_scale": trainer.last_loss_scale,
         "skipped_steps": trainer.scaler.skipped_steps if trainer.scaler else 0,
+        "randomness": said,
     }
-
-
-def _no_clean_step(*, steps: int) -> dict[str, Any]:
-    reason = (
-        f"every one of the {steps} fp16 steps overflowed and was skipped, so none could be compared; run more steps"
-    )
-    if dist.get_rank() == 0:
-        print(f"verify: FAILED ({reason})", flush=True)
-    return {"passed": False, "step": None, "tensors": 0, "worst": None, "worst_relative_diff": None, "reason": reason}
 
 
 def _to(obj: Any, device: torch.device) -> Any:

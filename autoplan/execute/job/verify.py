@@ -1,4 +1,6 @@
-"""--verify: one distributed step against a single-process reference.
+"""--verify: a distributed step against a single-process reference (the comparison and its
+tolerances; autoplan/execute/job/reference.py runs it over several steps, and
+autoplan/execute/rng.py turns dropout off in both).
 
 The reference is the same model (same seed, so the same initial weights) run unsharded in
 this process over the same micro-batches in the same order: for every dp rank d and
@@ -18,8 +20,9 @@ times the scaler's initial scale and divides the gradients by it, as the run's f
 So the only differences left are those of sharding: reductions split across ranks and summed
 in another order.
 
-**Updated weights.** The reference also takes one step of the run's optimizer from the same
-initial weights with its gradients (:func:`updated_reference`), and each updated weight is
+**Updated weights.** The reference also takes a step of the run's optimizer from the weights the
+step started from, with its gradients (:func:`updated_reference`; over several steps, with its
+own optimizer states: autoplan/execute/job/reference.py), and each updated weight is
 compared, relative to the size of the reference's update (so a wrong shard, a missing
 all-gather after a sharded step or a wrong scaling is O(1), whatever the learning rate).
 
@@ -38,6 +41,10 @@ softmax) is judged against 1e-3 of the model's gradient norm instead of its own 
 Tolerances: a few units of roundoff of the compute dtype, amplified by reductions in another
 order (about 8-10 units): fp32 1e-4; bf16 3e-2 (unit roundoff 2^-8 = 3.9e-3); fp16 5e-3
 (2^-11 = 4.9e-4). A wrong scaling, a missing reduction or a wrong shard is off by O(1).
+**The reduce dtype counts too** (:func:`tolerance_of`): a plan whose data-parallel gradients are
+summed in bf16/fp16 (``grad_reduce_dtype``, lossy) rounds every gradient to that dtype, so it is
+judged by the coarser of its precision and its reduce dtype (an fp32 plan reducing in bf16:
+3.9e-3 measured on examples/gpt.py dp2, bf16's 3e-2 applies).
 
 **FP8** (autoplan/execute/float8.py): the reference converts the same linears and casts each
 micro-batch with its own tensorwise scales, as every dp rank does, so under data parallelism
@@ -110,16 +117,15 @@ def reference_step(
     loss_fn: Callable,
     policy: precision.PrecisionPolicy | None = None,
     loss_scale: float | None = None,
+    prepared: bool = False,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and fp32 gradients of ``model`` over the global batch, micro-batch by micro-batch,
-    under the run's precision policy (module docstring). Casts ``model`` in place under FSDP2's,
-    and converts its eligible linears to FP8 in place under precision fp8, as the run does."""
-    policy = policy or precision.policy_for(
-        precision=plan.precision, dp_mode=dp_mode(plan=plan), reduce_dtype=plan.grad_reduce_dtype
-    )
+    under the run's precision policy (module docstring). Unless ``prepared`` (by
+    :func:`prepare_reference`, once), prepares ``model`` in place as the run does first."""
+    policy = policy or policy_of(plan)
     scale = loss_scale if loss_scale is not None else (INIT_SCALE if policy.scales_loss else 1.0)
-    float8.convert_linears(model, float8.eligible_fqns(model, plan, exclude=tuple(find_experts(model))))
-    precision.cast_parameters(model, policy)
+    if not prepared:
+        prepare_reference(model, plan=plan, policy=policy)
     device_type = next(model.parameters()).device.type
     parts, total, grads = plan.dp * plan.num_microbatches, 0.0, {}
     for index in range(parts):
@@ -134,6 +140,19 @@ def reference_step(
             if p.grad is not None:
                 grads[name] = grads.get(name, 0.0) + p.grad.detach().float() / scale
     return total, grads
+
+
+def policy_of(plan: Plan) -> precision.PrecisionPolicy:
+    """The precision policy the executor gives ``plan``."""
+    mode = dp_mode(plan=plan)
+    return precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
+
+
+def prepare_reference(model: nn.Module, *, plan: Plan, policy: precision.PrecisionPolicy) -> None:
+    """Convert ``model``'s eligible linears to FP8 (precision fp8) and cast its parameters
+    (FSDP2's policy) in place, as the run does: once, before its first reference step."""
+    float8.convert_linears(model, float8.eligible_fqns(model, plan, exclude=tuple(find_experts(model))))
+    precision.cast_parameters(model, policy)
 
 
 def initial_weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -222,10 +241,11 @@ def compare(
     ref_grads: dict[str, torch.Tensor],
     initial: dict[str, torch.Tensor] | None = None,
     ref_updated: dict[str, torch.Tensor] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> list[Difference]:
     """Per-tensor differences, gathered from every rank; loss first. With ``initial`` and
     ``ref_updated`` (:func:`updated_reference`) the weights after the optimizer step are compared
-    too (module docstring)."""
+    too (module docstring): ``weights`` (:func:`gathered_weights`), when the caller has them."""
     floor = FLOOR * _norm(ref_grads.values())
     local = [Difference("loss", abs(loss - ref_loss), abs(ref_loss))]
     for name, grad in gathered_grads(trainer).items():
@@ -235,9 +255,15 @@ def compare(
             continue
         local.append(tensor_difference(name=name, grad=grad, ref=ref.cpu(), floor=floor))
     if ref_updated is not None and initial is not None:
-        noise = TOLERANCE[trainer.plan.precision]
+        noise = tolerance_of(trainer.plan).noise
         local += _weight_differences(
-            trainer, initial=initial, ref_updated=ref_updated, ref_grads=ref_grads, floor=floor, noise=noise
+            trainer,
+            initial=initial,
+            ref_updated=ref_updated,
+            ref_grads=ref_grads,
+            floor=floor,
+            noise=noise,
+            weights=weights,
         )
     everyone: list[list[Difference]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, local)
@@ -256,7 +282,14 @@ def _norm(tensors) -> float:
 
 
 def _weight_differences(
-    trainer: Trainer, *, initial: dict, ref_updated: dict, ref_grads: dict, floor: float, noise: float
+    trainer: Trainer,
+    *,
+    initial: dict,
+    ref_updated: dict,
+    ref_grads: dict,
+    floor: float,
+    noise: float,
+    weights: dict | None = None,
 ) -> list[Difference]:
     """Updated weights against the reference step, relative to the reference update (module
     docstring). Adam turns a gradient of pure rounding noise into a full-size step of random
@@ -267,7 +300,8 @@ def _weight_differences(
     grouping). A missing all-gather or a wrong learning rate still moves every other element."""
     update_floor = FLOOR * _norm(ref_updated[n] - initial[n] for n in ref_updated)
     found = []
-    for name, weight in gathered_weights(trainer).items():
+    weights = weights if weights is not None else gathered_weights(trainer)
+    for name, weight in weights.items():
         if name not in ref_updated or float(ref_grads[name].double().norm()) <= floor:
             continue
         grad = ref_grads[name].cpu().double().abs()
@@ -295,34 +329,58 @@ def tensor_difference(*, name: str, grad: torch.Tensor, ref: torch.Tensor, floor
     )
 
 
-def tolerance_for(name: str, precision_name: str, *, regrouped: bool = False) -> float:
-    """The tolerance of one compared quantity: gradients and loss, or an updated weight;
-    ``regrouped``: expert parallelism in a 16-bit precision (module docstring)."""
-    if name.endswith(UPDATED):
-        return UPDATE_TOLERANCE[precision_name]
-    return TOLERANCE[precision_name] * (REGROUPED_FACTOR if regrouped and precision_name != "fp32" else 1.0)
+@dataclass(frozen=True)
+class Tolerance:
+    """What --verify allows a plan (module docstring): on gradients and the loss, on updated
+    weights relative to the reference update, the rounding band left out of the update check
+    (``noise``), and which dtype set them, in words."""
+
+    gradient: float
+    update: float
+    noise: float
+    source: str
+
+    def of(self, name: str) -> float:
+        return self.update if name.endswith(UPDATED) else self.gradient
 
 
-def verdict(*, diffs: list[Difference], precision_name: str, regrouped: bool = False) -> tuple[bool, str]:
-    """(passed, a short table of the largest differences)."""
-    tol = tolerance_for("", precision_name, regrouped=regrouped)
-    update_tol = UPDATE_TOLERANCE[precision_name]
+def tolerance_of(plan: Plan) -> Tolerance:
+    """The tolerance of a plan: that of the coarser of its compute precision and, when gradients
+    are reduced (dp > 1), its ``grad_reduce_dtype``: an fp32 plan that sums its gradients in bf16
+    rounds each of them to bf16 (a relative 2^-9), so it is judged as bf16 is. Expert parallelism in
+    a 16-bit precision widens the gradient tolerance by ``REGROUPED_FACTOR`` (module docstring)."""
+    coarsest = plan.precision
+    if plan.dp > 1 and TOLERANCE.get(plan.grad_reduce_dtype, 0.0) > TOLERANCE[coarsest]:
+        coarsest = plan.grad_reduce_dtype
+    source = plan.precision if coarsest == plan.precision else f"{coarsest}: gradients are reduced in {coarsest}"
+    regrouped = plan.ep > 1 and coarsest != "fp32"
+    return Tolerance(
+        gradient=TOLERANCE[coarsest] * (REGROUPED_FACTOR if regrouped else 1.0),
+        update=UPDATE_TOLERANCE[coarsest],
+        noise=TOLERANCE[coarsest],
+        source=source + (f", experts regrouped over ep={plan.ep}" if regrouped else ""),
+    )
+
+
+def step_table(
+    *, diffs: list[Difference], plan: Plan, step: int | None = None, rows: int = 8
+) -> tuple[bool, list[str]]:
+    """(passed, a short table of the ``rows`` largest differences) of one compared step."""
+    tol = tolerance_of(plan)
+    at = f"step {step}, " if step is not None else ""
     lines = [
-        f"verify ({precision_name}, tolerance {tol:g} on ||diff|| / ||reference|| for gradients, {update_tol:g} of "
-        f"the reference update for weights after the step): {len(diffs)} tensors compared"
+        f"verify ({at}{tol.source}, tolerance {tol.gradient:g} on ||diff|| / ||reference|| for gradients, "
+        f"{tol.update:g} of the reference update for weights after the step): {len(diffs)} tensors compared"
     ]
-    for diff in diffs[:8]:
+    for diff in diffs[:rows]:
         lines.append(
             f"  {diff.name:<50s} rel={diff.relative:.3e}  ||diff||={diff.error_norm:.3e}  "
             f"||ref||={diff.ref_norm:.3e}  max|diff|={diff.max_abs_diff:.3e}"
         )
-    passed = all(d.relative <= tolerance_for(d.name, precision_name, regrouped=regrouped) for d in diffs)
-    lines.append("verify: PASSED" if passed else "verify: FAILED")
-    return passed, "\n".join(lines)
+    return all(d.relative <= tol.of(d.name) for d in diffs), lines
 
 
-def disable_dropout(model: nn.Module) -> None:
-    """Dropout draws different random numbers in a sharded run; turn it off for --verify."""
-    for module in model.modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd):
-            module.p = 0.0
+def verdict(*, diffs: list[Difference], plan: Plan) -> tuple[bool, str]:
+    """(passed, the table of one compared step and ``verify: PASSED`` or ``verify: FAILED``)."""
+    passed, lines = step_table(diffs=diffs, plan=plan)
+    return passed, "\n".join([*lines, "verify: PASSED" if passed else "verify: FAILED"])

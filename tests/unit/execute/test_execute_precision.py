@@ -78,7 +78,8 @@ def test_norm_relative_error_is_not_dominated_by_near_zero_elements():
     zero = tensor_difference(name="k_bias", grad=torch.full((3,), 1e-9), ref=torch.zeros(3), floor=1e-4)
     assert zero.relative < 1e-4  # a mathematically-zero gradient is judged against the floor
     assert Difference("x", float("nan"), 1.0).relative == float("inf")
-    assert not verdict(diffs=[Difference("x", 4e-2, 1.0)], precision_name="bf16")[0]
+    bf16 = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, precision="bf16")
+    assert not verdict(diffs=[Difference("x", 4e-2, 1.0)], plan=bf16)[0]
 
 
 class Scaled(nn.Module):

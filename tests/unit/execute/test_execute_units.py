@@ -11,7 +11,7 @@ from autoplan.errors import PlanError
 from autoplan.execute.batch import shard_batch
 from autoplan.execute.job.outputs import summarize, warmup_steps
 from autoplan.execute.job.runner import threads_per_process
-from autoplan.execute.job.verify import UPDATED, Difference, verdict
+from autoplan.execute.job.verify import UPDATED, Difference, Tolerance, tolerance_of, verdict
 from autoplan.execute.pipeline import check_stages, split_model, stage_indices
 from autoplan.execute.tensor_parallel import validate_tp_plan
 from autoplan.execute.tied import tied_names
@@ -107,11 +107,29 @@ def test_blocks_and_ties():
 def test_verdict_fails_beyond_tolerance_and_passes_within():
     good = [Difference("loss", 1e-7, 1.0), Difference("w", 1e-9, 1e-3)]
     bad = good + [Difference("v", 1e-3, 1e-3)]
-    assert verdict(diffs=good, precision_name="fp32")[0]
-    passed, table = verdict(diffs=bad, precision_name="fp32")
+    assert verdict(diffs=good, plan=plan(dp=2))[0]
+    passed, table = verdict(diffs=bad, plan=plan(dp=2))
     assert not passed and "FAILED" in table
-    assert verdict(diffs=bad[2:], precision_name="bf16")[0] is False
-    assert verdict(diffs=[Difference("v", 1e-5, 1e-3)], precision_name="bf16")[0]
+    assert verdict(diffs=bad[2:], plan=plan(dp=2, precision="bf16"))[0] is False
+    assert verdict(diffs=[Difference("v", 1e-5, 1e-3)], plan=plan(dp=2, precision="bf16"))[0]
+
+
+def test_the_tolerance_follows_the_gradient_reduce_dtype():
+    """An fp32 plan that sums its gradients in bf16 rounds each one to bf16 (2^-9 relative): it
+    is judged as bf16 is (issue 29 item 11: it reported FAILED), and says why; with nothing to
+    reduce (dp = 1) or fp32 reduction it keeps fp32's tolerance."""
+    rounded = [Difference("w", 8e-3, 1.0), Difference(f"w {UPDATED}", 0.2, 1.0)]
+    lossy = plan(dp=2, grad_reduce_dtype="bf16")
+    passed, table = verdict(diffs=rounded, plan=lossy)
+    assert passed and "gradients are reduced in bf16" in table
+    assert tolerance_of(lossy) == Tolerance(
+        gradient=3e-2, update=0.5, noise=3e-2, source="bf16: gradients are reduced in bf16"
+    )
+    assert not verdict(diffs=rounded, plan=plan(dp=2))[0]
+    assert not verdict(diffs=rounded, plan=plan(dp=1, tp=2, grad_reduce_dtype="bf16"))[0]
+    assert tolerance_of(plan(dp=2, grad_reduce_dtype="fp16")).gradient == 5e-3
+    assert tolerance_of(plan(dp=2, precision="bf16", grad_reduce_dtype="fp16")).gradient == 3e-2  # the coarser
+    assert not verdict(diffs=[Difference("w", 1.0, 1.0)], plan=lossy)[0]  # a missing reduction is still O(1)
 
 
 def test_summary_median_after_warmup_and_threads():
@@ -134,8 +152,9 @@ def test_expert_parallel_widens_only_the_16_bit_gradient_tolerance():
     """Under ep > 1 a bf16/fp16 forward is rounded on other row groups than the reference's
     (verify.py, "Expert parallelism in 16 bits"); fp32, updates and O(1) errors are unchanged."""
     seen = [Difference("w", 3.8e-2, 1.0)]
-    assert not verdict(diffs=seen, precision_name="bf16")[0]
-    assert verdict(diffs=seen, precision_name="bf16", regrouped=True)[0]
-    assert not verdict(diffs=[Difference("w", 1.0, 1.0)], precision_name="bf16", regrouped=True)[0]
-    assert not verdict(diffs=[Difference("w", 2e-4, 1.0)], precision_name="fp32", regrouped=True)[0]
-    assert not verdict(diffs=[Difference(f"w {UPDATED}", 0.6, 1.0)], precision_name="bf16", regrouped=True)[0]
+    bf16, bf16_ep = plan(dp=2, precision="bf16"), plan(dp=2, ep=2, precision="bf16")
+    assert not verdict(diffs=seen, plan=bf16)[0]
+    assert verdict(diffs=seen, plan=bf16_ep)[0]
+    assert not verdict(diffs=[Difference("w", 1.0, 1.0)], plan=bf16_ep)[0]
+    assert not verdict(diffs=[Difference("w", 2e-4, 1.0)], plan=plan(dp=2, ep=2))[0]
+    assert not verdict(diffs=[Difference(f"w {UPDATED}", 0.6, 1.0)], plan=bf16_ep)[0]

@@ -1,0 +1,237 @@
+"""--verify over several steps: a single-process reference that follows the run step by step.
+
+**How many steps.** One step checks the arithmetic of a first step only. Several plan options
+reach their steady state later, so --verify compares the first :func:`verify_steps` steps that
+change the weights (fp16 steps the loss scaler skips leave them as they were, and are not
+compared):
+
+- 2 at least: DDP rebuilds its buckets after the first step (the second reduces in other
+  buckets), and the optimizer's second step is the first to read the states it keeps (Adam's
+  moments; ZeRO-1's sharded ones);
+- PowerSGD all-reduces uncompressed for its first ``POWERSGD_START_ITER`` = 2 steps, so 3.
+
+**Each step from the run's weights.** Before step k the reference takes the weights the run
+holds (gathered after step k-1, so step k-1's update was already judged), computes its gradients
+over the same micro-batches, and takes a step of its own optimizer, whose states it keeps from
+its own earlier steps. Every step is judged from the same starting point, so rounding does not
+compound over the steps (Adam turns a rounding-level gradient into a step of a whole learning
+rate, which would).
+
+**PowerSGD is lossy, and is judged against the same compression.** torch's hook (Vogels et al.
+2019; autoplan/execute/data_parallel.py) computes, per compressed matrix, with ``M_i`` rank i's
+gradient plus its error feedback ``e_i``: ``P = orth(sum_i M_i Q)``, ``Q = sum_i M_i^T P / dp``,
+gradient ``M' = P Q^T = P P^T Mbar`` with ``Mbar = mean_i M_i``, and ``e_i = M_i - M'``. All of it
+is linear in the ``M_i``, so the reference replays it on its own mean gradient ``g``:
+``Mbar = g + ebar`` (``ebar``, the mean error feedback, kept by the reference:
+``ebar <- Mbar - M'``), and the expected gradient is ``U U^T Mbar`` with ``U`` an orthonormal
+basis of ``M'``'s columns (at most ``r``; singular values below ``RANK_CUTOFF`` of the largest
+are rounding). Matrices the hook leaves whole, and every gradient before the compressed steps,
+are expected to be ``Mbar``. The subspace ``span(P)`` is the run's (torch's power iteration from
+its own random start); everything else is checked at the fp32 tolerance: which gradient was
+compressed (the mean over dp, not one rank's), the error feedback, that the result is an
+orthogonal projection of rank <= r, and the optimizer step taken with it. A missing division by
+dp, a rank-local gradient or an uncompressed step is O(1) off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from autoplan.cost.compression import matrix_of
+from autoplan.execute.data_parallel import POWERSGD_START_ITER
+from autoplan.execute.job import verify
+from autoplan.types.plan import Plan
+
+#: steps every plan is compared over (module docstring)
+STEADY_STEPS = 2
+#: singular values of a compressed gradient below this fraction of its largest are rounding
+RANK_CUTOFF = 1e-5
+
+
+def verify_steps(plan: Plan) -> int:
+    """How many weight-changing steps --verify compares for ``plan`` (module docstring)."""
+    if plan.grad_compression == "powersgd":
+        return max(STEADY_STEPS, POWERSGD_START_ITER + 1)
+    return STEADY_STEPS
+
+
+def why_steps(plan: Plan) -> str:
+    """The reason for :func:`verify_steps`, in words."""
+    if plan.grad_compression == "powersgd":
+        return f"PowerSGD compresses from step {POWERSGD_START_ITER} on"
+    return "DDP's rebuilt buckets and the optimizer's states are first used in the second step"
+
+
+@dataclass
+class StepCheck:
+    step: int
+    diffs: list[verify.Difference]
+    compressed: bool = False
+
+
+@dataclass
+class Reference:
+    """The reference model (a copy of the run's, same initial weights), prepared as the run is;
+    :meth:`check` compares one step of the run with it (module docstring)."""
+
+    model: nn.Module
+    plan: Plan
+    loss_fn: Callable
+    policy: Any
+    optimizer_fn: Callable | None = None
+    masters: dict[str, nn.Parameter] = field(default_factory=dict)
+    optimizer: Any = None
+    feedback: dict[str, torch.Tensor] = field(default_factory=dict)  # PowerSGD's mean error feedback
+    checks: list[StepCheck] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.masters = {name: nn.Parameter(w) for name, w in verify.initial_weights(self.model).items()}
+        verify.prepare_reference(self.model, plan=self.plan, policy=self.policy)
+
+    @property
+    def done(self) -> bool:
+        return len(self.checks) >= verify_steps(self.plan)
+
+    def check(self, *, trainer, inputs: tuple, target: Any, loss: float, step: int) -> StepCheck:
+        """Compare the step the run just took (from the weights it held before) with the reference's
+        (a collective: every rank calls it)."""
+        self._load_masters()
+        ref_loss, grads = verify.reference_step(
+            model=self.model,
+            plan=self.plan,
+            inputs=inputs,
+            target=target,
+            loss_fn=self.loss_fn,
+            policy=self.policy,
+            loss_scale=trainer.last_loss_scale,
+            prepared=True,
+        )
+        state = getattr(trainer.model, "powersgd_state", None)
+        compressed = state is not None and state.iter - 1 >= state.start_powerSGD_iter  # iter counts steps done
+        if state is not None:
+            run = verify.gathered_grads(trainer)
+            grads = self._powersgd_expected(grads, run=run, state=state, compressed=compressed)
+        before = {name: self.masters[name].detach().clone() for name in grads}
+        updated = self._step(grads)
+        weights = verify.gathered_weights(trainer)
+        diffs = verify.compare(
+            trainer=trainer,
+            loss=loss,
+            ref_loss=ref_loss,
+            ref_grads=grads,
+            initial=before,
+            ref_updated=updated,
+            weights=weights,
+        )
+        self._follow(trainer, weights)
+        self.checks.append(StepCheck(step=step, diffs=diffs, compressed=compressed))
+        return self.checks[-1]
+
+    def _load_masters(self) -> None:
+        """The reference model's parameters := the fp32 masters (cast to its own dtype)."""
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                param.copy_(self.masters[name].to(param.device))
+
+    def _step(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One step of the run's optimizer on the masters with ``grads``; the updated weights."""
+        from autoplan.execute.api import default_optimizer
+
+        if self.optimizer is None:
+            params = [self.masters[name] for name in grads]
+            self.optimizer = (self.optimizer_fn or default_optimizer)(params)
+        for name, grad in grads.items():
+            self.masters[name].grad = grad.to(self.masters[name].device, torch.float32)
+        self.optimizer.step()
+        return {name: self.masters[name].detach().clone() for name in grads}
+
+    def _follow(self, trainer, weights: dict[str, torch.Tensor]) -> None:
+        """The masters := the weights the run holds after this step, from one rank per stage
+        (dp and tp rank 0: the others hold the same gathered values)."""
+        coordinate = {axis: trainer.mesh.get_local_rank(axis) for axis in ("dp", "tp")}
+        mine = weights if coordinate["dp"] == 0 and coordinate["tp"] == 0 else {}
+        everyone: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
+        dist.all_gather_object(everyone, {name: w.cpu() for name, w in mine.items()})
+        with torch.no_grad():
+            for found in everyone:
+                for name, weight in found.items():
+                    if name in self.masters:
+                        self.masters[name].copy_(weight)
+
+    def _powersgd_expected(
+        self, grads: dict[str, torch.Tensor], *, run: dict[str, torch.Tensor], state, compressed: bool
+    ) -> dict[str, torch.Tensor]:
+        """The gradients the run's PowerSGD step must produce (:func:`powersgd_expected`)."""
+        if not compressed:
+            return grads
+        return powersgd_expected(
+            grads,
+            run=run,
+            feedback=self.feedback,
+            rank=state.matrix_approximation_rank,
+            min_compression_rate=state.min_compression_rate,
+        )
+
+
+def powersgd_expected(
+    grads: dict[str, torch.Tensor],
+    *,
+    run: dict[str, torch.Tensor],
+    feedback: dict[str, torch.Tensor],
+    rank: int,
+    min_compression_rate: float,
+) -> dict[str, torch.Tensor]:
+    """The gradients a compressed PowerSGD step must produce from the mean gradients ``grads``,
+    given the run's result ``run`` (module docstring): ``U U^T (g + ebar)`` for a matrix torch
+    compresses (its ``_should_compress``: ``(n + m) r * min_compression_rate < n m``), ``g + ebar``
+    for the rest. Updates the mean error feedback ``feedback`` (by name) in place."""
+    expected = {}
+    for name, grad in grads.items():
+        fed = grad.double() + feedback.get(name, torch.zeros_like(grad, dtype=torch.float64))
+        got = run[name].double()
+        n, m = matrix_of(list(grad.shape))
+        r = min(n, m, rank)
+        if grad.dim() > 1 and (n + m) * r * min_compression_rate < n * m:
+            expected[name] = _projected(fed.reshape(n, m), onto=got.reshape(n, m), rank=r).reshape(grad.shape)
+        else:
+            expected[name] = fed
+        feedback[name] = fed - got
+    return {name: g.float() for name, g in expected.items()}
+
+
+def _projected(matrix: torch.Tensor, *, onto: torch.Tensor, rank: int) -> torch.Tensor:
+    """``U U^T matrix``, ``U`` an orthonormal basis of ``onto``'s column space (at most ``rank``
+    directions, singular values above ``RANK_CUTOFF`` of the largest)."""
+    u, s, _ = torch.linalg.svd(onto, full_matrices=False)
+    keep = int((s[:rank] > RANK_CUTOFF * float(s[0])).sum()) if s.numel() and float(s[0]) > 0 else 0
+    basis = u[:, :keep]
+    return basis @ (basis.T @ matrix)
+
+
+def verdict(*, checks: list[StepCheck], plan: Plan, randomness: str, rows: int = 5) -> tuple[bool, str]:
+    """(passed, the report): one table per compared step, how randomness was controlled, and
+    ``verify: PASSED`` when every step passed and as many were compared as :func:`verify_steps` asks."""
+    passed, lines = True, []
+    for found in checks:
+        ok, table = verify.step_table(diffs=found.diffs, plan=plan, step=found.step, rows=rows)
+        passed &= ok
+        lines += table
+        lines.append(
+            f"  step {found.step}{' (compressed by PowerSGD)' if found.compressed else ''}: "
+            f"{'within tolerance' if ok else 'BEYOND TOLERANCE'}"
+        )
+    wanted = verify_steps(plan)
+    if len(checks) < wanted:
+        passed = False
+        lines.append(
+            f"verify: only {len(checks)} of the {wanted} steps it compares changed the weights ({why_steps(plan)}; "
+            "fp16 skips the steps whose gradients overflow); run more steps"
+        )
+    lines.append(f"verify: randomness: {randomness}")
+    lines.append("verify: PASSED" if passed else "verify: FAILED")
+    return passed, "\n".join(lines)

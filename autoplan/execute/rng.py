@@ -1,0 +1,268 @@
+"""Random numbers in a parallel run: dropout masks under tensor and pipeline parallelism, and
+dropout turned off for ``--verify``.
+
+**Which ranks draw the same masks** (Megatron-LM's model-parallel RNG tracker,
+``megatron/core/tensor_parallel/random.py``, and torchtitan's ``set_determinism``):
+
+- the ranks of one tp group draw *the same* mask on a replicated activation (the residual stream
+  after a row-parallel all-reduce): they must, or the replicas of one tensor would diverge;
+- they draw *independent* masks on a sharded activation (attention probabilities of the heads a
+  rank holds, the hidden units of a column-parallel output): each shard is a different part of
+  one tensor, and equal masks on every shard would repeat one pattern ``tp`` times;
+- pipeline stages draw from different streams (Megatron seeds ``seed + 100 * pp_rank``; here
+  :func:`seed_step`, per step), so two layers on two stages never share a mask;
+- dp ranks share the seed (as in Megatron and torchtitan): they see different samples.
+
+DTensor (torch.distributed.tensor) sends every random op on a DTensor (``native_dropout``,
+``bernoulli_``, ``uniform_`` ...) through its RNG tracker. On CUDA that is torch's
+``OffsetBasedRNGTracker``: a Philox offset per shard, so a sharded mask is the matching slice of
+the mask the whole tensor would get. The CPU's Mersenne Twister has no offsets, and without a
+tracker DTensor draws each local shard from the rank's own generator, warning on every op: with
+equal seeds every shard of a sharded activation got the same mask. :class:`ShardSeededTracker`
+gives each shard a seed of its own instead (Megatron's ``seed + 2718 + tp_rank`` rule, with the
+shard's index on the tensor's mesh in place of the tp rank), drawn from the synchronised default
+generator so every rank's generator advances alike; a replicated tensor's op runs on the default
+generator, the same on every rank. :func:`install_tracker` picks one of the two for the tp mesh.
+
+**--verify turns dropout off** in the run and in its reference (:func:`dropout_off`): the
+reference draws its masks on whole micro-batches in one process, the run on shards and in
+another order, so equal masks would need every draw to be replayed per shard. Off, the two
+compute the same function. Dropout is found wherever a model calls it: ``nn.Dropout`` modules,
+``F.dropout`` called with a rate stored as a number (Hugging Face T5's attention keeps
+``config.dropout_rate`` as a float and calls ``F.dropout(..., p=self.dropout)``), the
+``dropout_p`` of ``F.scaled_dot_product_attention``, and the same as the aten ops a pipeline
+stage's exported graph calls (``aten.dropout``, ``aten.scaled_dot_product_attention``): a torch
+function mode sees them all, above autograd, so the backward is that of the identity. Other
+random draws inside the step (a custom ``bernoulli_`` drop-path, noisy routing) are counted, so
+--verify can name them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import _random as dtensor_random
+from torch.overrides import TorchFunctionMode
+
+#: dropout streams start here, away from the seeds the runner draws batches with (seed + 1 + step)
+STREAM_OFFSET = 2**40
+#: one stream per (step, pipeline stage): stages below this never share a seed
+MAX_STAGES = 2**16
+#: sub-seeds of sharded random ops are drawn below this (fits torch.manual_seed's 64 bits with the shard index)
+SUBSEED_LIMIT = 2**62
+
+
+class ShardSeededTracker(dtensor_random._RNGStateTracker):
+    """DTensor's RNG tracker for meshes without Philox offsets (the CPU): module docstring."""
+
+    def __init__(self, mesh: DeviceMesh):
+        super().__init__(torch.device(mesh.device_type))
+
+    @contextlib.contextmanager
+    def _distribute_region(self, spec, generator: torch.Generator | None = None):
+        shard = shard_index(spec)
+        if shard is None:  # replicated: the synchronised generator, the same draw on every rank
+            with _on_default(generator):
+                yield
+            return
+        source = generator if generator is not None else torch.default_generator
+        subseed = int(torch.randint(SUBSEED_LIMIT, (), generator=source))  # advances every rank alike
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(subseed + shard)
+            yield
+
+
+def shard_index(spec) -> int | None:
+    """The linear index of this rank's shard of a DTensor (torch's own shard coordinates,
+    ``torch.distributed.tensor._random``), or None when no placement shards it."""
+    coordinate = spec.mesh.get_coordinate()
+    if coordinate is None or not any(p.is_shard() for p in spec.placements):
+        return None
+    index, count = dtensor_random._calc_shard_info(coordinate, spec)
+    return int(dtensor_random._calc_shard_linear_idx(index, count))
+
+
+@contextlib.contextmanager
+def _on_default(generator: torch.Generator | None):
+    """Run a random op that DTensor took ``generator`` from on the default generator, with
+    ``generator``'s state, and give the advanced state back to it."""
+    if generator is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(generator.get_state())
+        yield
+        generator.set_state(torch.get_rng_state())
+
+
+def install_tracker(tp_mesh: DeviceMesh) -> None:
+    """Make DTensor draw random numbers per the module docstring on ``tp_mesh``'s device type:
+    torch's Philox-offset tracker where the device has one (CUDA), else :class:`ShardSeededTracker`.
+    Every rank has seeded its generator alike (:func:`seed_step`), so no state is broadcast."""
+    handle = getattr(torch, tp_mesh.device_type, None)
+    if tp_mesh.device_type != "cpu" and hasattr(handle, "set_rng_state"):
+        dtensor_random._rng_tracker = dtensor_random.OffsetBasedRNGTracker(tp_mesh, run_state_sync=False)
+    else:
+        dtensor_random._rng_tracker = ShardSeededTracker(tp_mesh)
+
+
+def seed_step(*, seed: int, step: int, pp_rank: int) -> None:
+    """Seed this rank's generators for the random ops of training step ``step``: the same on every
+    dp and tp rank of a pipeline stage, a stream of its own per stage (module docstring), apart from
+    the stream the step's batch was drawn from. Call after drawing the (global, identical) batch."""
+    torch.manual_seed(STREAM_OFFSET + (seed + 1 + step) * MAX_STAGES + pp_rank)
+
+
+# ---- dropout off for --verify ------------------------------------------------------------------
+
+#: dropout functions (and their in-place forms) whose output with dropout off is their input
+DROPOUT_FUNCTIONS = frozenset(
+    {
+        F.dropout,
+        F.dropout1d,
+        F.dropout2d,
+        F.dropout3d,
+        F.alpha_dropout,
+        F.feature_alpha_dropout,
+        torch.dropout,
+        torch.dropout_,
+        torch.feature_dropout,
+        torch.feature_dropout_,
+        torch.alpha_dropout,
+        torch.alpha_dropout_,
+        torch.feature_alpha_dropout,
+        torch.feature_alpha_dropout_,
+        # what a torch.export-ed graph calls (a pipeline stage): the same ops as aten overloads
+        *(
+            getattr(torch.ops.aten, f"{kind}dropout{inplace}").default
+            for kind in ("", "feature_", "alpha_", "feature_alpha_")
+            for inplace in ("", "_")
+        ),
+    }
+)
+#: attention with a dropout_p argument, in Python and in an exported graph
+ATTENTION_FUNCTIONS = frozenset({F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default})
+#: aten ops (any overload) that draw random numbers, as an exported graph calls them: counted
+RANDOM_ATEN = frozenset(
+    {
+        "bernoulli",
+        "bernoulli_",
+        "native_dropout",
+        "rand",
+        "rand_like",
+        "randn",
+        "randn_like",
+        "randint",
+        "randint_like",
+        "randperm",
+        "normal",
+        "normal_",
+        "uniform_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "random_",
+        "multinomial",
+    }
+)
+#: random draws that are not dropout: counted, left as they are
+OTHER_RANDOM = frozenset(
+    {
+        torch.bernoulli,
+        torch.Tensor.bernoulli,
+        torch.Tensor.bernoulli_,
+        torch.native_dropout,
+        torch.rand,
+        torch.rand_like,
+        torch.randn,
+        torch.randn_like,
+        torch.randint,
+        torch.randint_like,
+        torch.randperm,
+        torch.normal,
+        torch.multinomial,
+        torch.Tensor.multinomial,
+        torch.Tensor.normal_,
+        torch.Tensor.uniform_,
+        torch.Tensor.exponential_,
+        torch.Tensor.geometric_,
+        torch.Tensor.cauchy_,
+        torch.Tensor.log_normal_,
+        torch.Tensor.random_,
+    }
+)
+SDPA_DROPOUT_INDEX = 4  # F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, ...)
+
+
+class DropoutOff(TorchFunctionMode):
+    """Every dropout call returns its input, and attention runs with ``dropout_p = 0``; counts
+    the dropout calls that would have dropped (``dropped``) and the other random draws
+    (``other_random``, by function name)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropped = 0
+        self.other_random: Counter[str] = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in DROPOUT_FUNCTIONS:
+            self.dropped += _would_drop(func, args, kwargs)
+            return args[0] if args else kwargs["input"]
+        if func in ATTENTION_FUNCTIONS:
+            args, kwargs, rate = _without_attention_dropout(args, kwargs)
+            self.dropped += int(rate > 0)
+        elif func in OTHER_RANDOM or _random_aten(func):
+            self.other_random[getattr(func, "__name__", str(func))] += 1
+        return func(*args, **kwargs)
+
+
+def _random_aten(func) -> bool:
+    return isinstance(func, torch._ops.OpOverload) and func.overloadpacket.__name__ in RANDOM_ATEN
+
+
+def _would_drop(func, args: tuple, kwargs: dict) -> int:
+    """1 when this dropout call, left alone, would have dropped anything (p > 0 in training)."""
+    try:
+        if isinstance(func, torch._ops.OpOverload):
+            raise TypeError("an aten op: (input, p, train)")
+        bound = inspect.signature(func).bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+    except (TypeError, ValueError):  # torch's builtins and aten ops: (input, p, train), all given
+        values = {**dict(zip(("input", "p", "train"), args)), **kwargs}
+    training = values.get("training", values.get("train", True))
+    return int(bool(training) and float(values.get("p", 0.0)) > 0)
+
+
+def _without_attention_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict, float]:
+    """``F.scaled_dot_product_attention``'s arguments with ``dropout_p`` = 0, and the rate it had."""
+    rate = float(kwargs.get("dropout_p", args[SDPA_DROPOUT_INDEX] if len(args) > SDPA_DROPOUT_INDEX else 0.0))
+    if len(args) > SDPA_DROPOUT_INDEX:
+        args = (*args[:SDPA_DROPOUT_INDEX], 0.0, *args[SDPA_DROPOUT_INDEX + 1 :])
+    if "dropout_p" in kwargs:
+        kwargs = {**kwargs, "dropout_p": 0.0}
+    return args, kwargs, rate
+
+
+def dropout_off() -> DropoutOff:
+    """A context (a torch function mode) in which dropout is off: module docstring."""
+    return DropoutOff()
+
+
+def describe(mode: DropoutOff) -> str:
+    """How --verify controlled randomness, in words, after the run and its reference ran under ``mode``."""
+    if mode.dropped:
+        said = f"dropout off in the run and in the reference ({mode.dropped} calls with p > 0 returned their input)"
+    else:
+        said = "dropout off in the run and in the reference (the model ran no dropout with p > 0)"
+    if mode.other_random:
+        drawn = ", ".join(f"{name} x{count}" for name, count in sorted(mode.other_random.items()))
+        said += f"; the model also draws random numbers outside dropout ({drawn}), which the two draw differently"
+    return said
