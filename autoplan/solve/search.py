@@ -141,7 +141,11 @@ class Search:
                 eps=self.eps,
             ):
                 for precision in space.precision_options(self.profile, fixes=self.fixes):
-                    for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
+                    moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
+                    sp_options = space.sp_options(
+                        tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes, pp=deg.pp, moe=moe
+                    )
+                    for sp in sp_options:
                         for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
                             m = opts.batch_size // (deg.dp * mbs)
                             schedules = space.schedule_options(

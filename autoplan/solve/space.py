@@ -289,8 +289,17 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     return list(RECOMPUTE) if layers else ["none"]
 
 
-def sp_options(*, tp: int, seq_len: int | None, fixes: dict) -> list[bool]:
-    legal = [False] + ([True] if tp > 1 and seq_len and seq_len % tp == 0 else [])
+def sp_options(*, tp: int, seq_len: int | None, fixes: dict, pp: int = 1, moe: bool = False) -> list[bool]:
+    """Sequence parallelism where tp divides the sequence; not for a model with MoE blocks (``moe``)
+    under a pipeline: a block runs on the rank's sequence shard (autoplan/execute/expert_sequence.py),
+    which a pipeline stage's exported graph, shaped for the whole sequence, cannot."""
+    in_pipeline = moe and pp > 1
+    if in_pipeline and fixes.get("sp") is True and fixes.get("pp", 1) > 1:
+        raise PlanError(
+            "--fix sp=on with pp > 1 cannot run this model's MoE blocks on a sequence shard inside a pipeline "
+            "stage; pin sp=off or pp=1."
+        )
+    legal = [False] + ([True] if tp > 1 and seq_len and seq_len % tp == 0 and not in_pipeline else [])
     return [s for s in legal if s == fixes["sp"]] if "sp" in fixes else legal
 
 
