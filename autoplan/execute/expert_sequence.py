@@ -49,7 +49,14 @@ def moe_blocks(experts_fqns: list[str]) -> list[str]:
 
 
 def check_unsplit(*, plan: Plan, blocks: list[str]) -> None:
-    """Raise PlanError, in one sentence, for a tp_plan that splits a module inside an MoE block."""
+    """Raise PlanError, in one sentence, for a tp_plan that splits a module inside an MoE block, or
+    for sequence parallelism with MoE blocks inside pipeline stages, whose exported graphs are
+    shaped for the whole sequence (the planner does not offer it, autoplan/solve/space.py)."""
+    if blocks and plan.tp > 1 and plan.sequence_parallel and plan.pp > 1:
+        raise PlanError(
+            f"plan pp={plan.pp} with tp={plan.tp} and sequence parallelism cannot run the MoE block "
+            f"'{blocks[0]}' on a sequence shard inside a pipeline stage; plan sequence_parallel off or pp=1."
+        )
     for fqn, split in plan.tp_plan.items():
         block = next((b for b in blocks if fqn == b or fqn.startswith(b + ".")), None)
         if block is not None and split != "replicate" and plan.tp > 1:

@@ -217,7 +217,8 @@ def _frugal_fit(graph: Graph, profile: Profile, devices: int, batch: int, fixes:
     for deg in space.degree_options(
         devices=devices, per_node=profile.devices_per_node, layers=pipeline_blocks(graph), batch=batch, fixes=frugal
     ):
-        for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes=frugal)[-1:]:
+        moe = any(layer.interface == "grouped" for layer in graph.moe_layers)
+        for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes=frugal, pp=deg.pp, moe=moe)[-1:]:
             for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal)[:1]:
                 zeros = space.zero_options(dp=deg.dp, fixes=frugal)
                 if not zeros:

@@ -126,11 +126,7 @@ class Search:
     # ---- groups and their bounds -------------------------------------------------------
     def groups(self) -> list[tuple[float, Group]]:
         opts, layers = self.options, pipeline_blocks(self.graph)
-        counts = (
-            [opts.devices]
-            if opts.objective == "time"
-            else [d for d in range(1, opts.devices + 1) if opts.devices % d == 0 and space.fits_nodes(d, self.profile)]
-        )
+        counts = space.device_counts(devices=opts.devices, objective=opts.objective, profile=self.profile)
         found, per_node, eps = [], self.profile.devices_per_node, self.eps
         degrees = [
             deg
@@ -140,9 +136,10 @@ class Search:
             )
         ]
         space.check_zero_pin(degrees, self.fixes)
+        moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
         for deg in [d for d in degrees if space.zero_options(dp=d.dp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
             for precision in space.precision_options(self.profile, fixes=self.fixes):
-                for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
+                for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes, pp=deg.pp, moe=moe):
                     for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
                         m = opts.batch_size // (deg.dp * mbs)
                         schedules = space.schedule_options(

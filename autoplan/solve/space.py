@@ -314,8 +314,17 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     return list(RECOMPUTE) if layers else ["none"]
 
 
-def sp_options(*, tp: int, seq_len: int | None, fixes: dict) -> list[bool]:
-    legal = [False] + ([True] if tp > 1 and seq_len and seq_len % tp == 0 else [])
+def sp_options(*, tp: int, seq_len: int | None, fixes: dict, pp: int = 1, moe: bool = False) -> list[bool]:
+    """Sequence parallelism where tp divides the sequence; not for a model with MoE blocks (``moe``)
+    under a pipeline: a block runs on the rank's sequence shard (autoplan/execute/expert_sequence.py),
+    which a pipeline stage's exported graph, shaped for the whole sequence, cannot."""
+    in_pipeline = moe and pp > 1
+    if in_pipeline and fixes.get("sp") is True and fixes.get("pp", 1) > 1:
+        raise PlanError(
+            "--fix sp=on with pp > 1 cannot run this model's MoE blocks on a sequence shard inside a pipeline "
+            "stage; pin sp=off or pp=1."
+        )
+    legal = [False] + ([True] if tp > 1 and seq_len and seq_len % tp == 0 and not in_pipeline else [])
     return [s for s in legal if s == fixes["sp"]] if "sp" in fixes else legal
 
 
@@ -341,6 +350,14 @@ def precision_options(profile: Profile, *, fixes: dict) -> list[str]:
             )
         return [wanted]
     return options
+
+
+def device_counts(*, devices: int, objective: str, profile: Profile) -> list[int]:
+    """The device counts searched: ``devices`` for the time objective; for a dollar objective every
+    divisor of it that fills whole nodes, since fewer devices can train more cheaply."""
+    if objective == "time":
+        return [devices]
+    return [d for d in range(1, devices + 1) if devices % d == 0 and fits_nodes(d, profile)]
 
 
 def fits_nodes(devices: int, profile: Profile) -> bool:

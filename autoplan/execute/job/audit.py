@@ -337,6 +337,15 @@ AUDIT_COLUMNS = (
 )
 
 
+#: (row, the StepAudit and StagePrediction field it compares)
+FLOP_ROWS = (
+    ("forward matmul FLOPs", "forward_flops"),
+    ("backward matmul FLOPs", "backward_flops"),
+    ("forward attention FLOPs", "attention_forward_flops"),
+    ("backward attention FLOPs", "attention_backward_flops"),
+)
+
+
 def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[float]) -> list[dict]:
     """Predicted beside measured, one row per rank and quantity (docs/cost-model.md, the audit):
     each collective (dim, kind), the parameter elements held, forward and backward matmul
@@ -352,28 +361,8 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
         rows.append(
             _row(rank, stage, "parameters held", audit["placement"]["param_elements"], pred.param_elements, "elements")
         )
-        rows.append(_row(rank, stage, "forward matmul FLOPs", audit["forward_flops"], pred.forward_flops, "flops"))
-        rows.append(_row(rank, stage, "backward matmul FLOPs", audit["backward_flops"], pred.backward_flops, "flops"))
-        rows.append(
-            _row(
-                rank,
-                stage,
-                "forward attention FLOPs",
-                audit["attention_forward_flops"],
-                pred.attention_forward_flops,
-                "flops",
-            )
-        )
-        rows.append(
-            _row(
-                rank,
-                stage,
-                "backward attention FLOPs",
-                audit["attention_backward_flops"],
-                pred.attention_backward_flops,
-                "flops",
-            )
-        )
+        for what, key in FLOP_ROWS:
+            rows.append(_row(rank, stage, what, audit[key], getattr(pred, key), "flops"))
         rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], stage_peak_bytes[stage], "bytes"))
         reshards = sum(audit.get("resharded", {}).values())
         rows.append(_row(rank, stage, "in-place reshards", reshards, 0, "ops", reshards, 0))

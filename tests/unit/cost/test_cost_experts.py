@@ -267,3 +267,20 @@ def test_under_sequence_parallelism_an_moe_block_runs_on_the_sequence_shard(grap
     fwd, bwd = block_messages(graph, layer, tp_plan, ctx=ctx)
     attention_only = {k: c for k, (c, _) in (fwd + bwd).by_kind.items()}
     assert attention_only == {"all_gather": 2, "reduce_scatter": 2}  # qkv's input and o_proj's output, each way
+
+
+def test_sequence_parallelism_is_not_offered_to_moe_blocks_inside_a_pipeline(graph):
+    """An MoE block runs on the rank's sequence shard, which a pipeline stage's exported graph
+    (shaped for the whole sequence) cannot: the search leaves SP out under pp > 1 for this model,
+    a pin of both is one sentence, and the executor refuses such a plan in one sentence too."""
+    from autoplan.solve import space
+
+    assert space.sp_options(tp=2, seq_len=128, fixes={}, pp=2, moe=True) == [False]
+    assert space.sp_options(tp=2, seq_len=128, fixes={}, pp=1, moe=True) == [False, True]
+    with pytest.raises(PlanError, match="sequence shard inside a pipeline"):
+        space.sp_options(tp=2, seq_len=128, fixes={"sp": True, "pp": 2}, pp=2, moe=True)
+    from autoplan.execute.expert_sequence import check_unsplit
+
+    plan = _plan(dp=2, tp=2, pp=2, sequence_parallel=True)
+    with pytest.raises(PlanError, match="sequence shard inside a pipeline"):
+        check_unsplit(plan=plan, blocks=["model.layers.0.mlp"])
