@@ -22,7 +22,7 @@ from autoplan.cost import reliability
 from autoplan.cost.model import CostModel
 from autoplan.cost.whole_run import priced_profile, run_pricer
 from autoplan.errors import PlanError
-from autoplan.solve import space
+from autoplan.solve import space, tp_runnable
 from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.search import search
 from autoplan.types.graph import Graph
@@ -199,7 +199,12 @@ def _fits(graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict)
     model = CostModel(graph, profile)
     frugal = {"recompute": "full", "mbs": 1, **fixes}
     for deg in space.degree_options(
-        devices=devices, per_node=profile.devices_per_node, layers=len(graph.layers), batch=batch, fixes=frugal
+        devices=devices,
+        per_node=profile.devices_per_node,
+        layers=len(graph.layers),
+        batch=batch,
+        fixes=frugal,
+        max_tp=tp_runnable.max_tp(graph, fixes),
     ):
         for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes=frugal)[-1:]:
             for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal)[:1]:

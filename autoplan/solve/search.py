@@ -54,7 +54,7 @@ from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.cost.whole_run import dollars_per_sample, run_pricer
 from autoplan.errors import PlanError
-from autoplan.solve import space
+from autoplan.solve import space, tp_runnable
 from autoplan.solve.bounds import Bounds
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.pipeline import partition
@@ -80,11 +80,11 @@ class Search:
         self.pricer = run_pricer(
             options.run, graph=graph, profile=profile, batch=options.batch_size, objective=options.objective
         )
-        self.graph, self.profile, self.options = graph, profile, options
-        self.fixes = options.fixes
+        self.graph, self.profile, self.options, self.fixes = graph, profile, options, options.fixes
         if self.fixes.get("ep", 1) > 1:
             check_ep_pin(graph, self.fixes["ep"])
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
+        self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
         self.eps = tuple(ep_options(graph))
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
@@ -139,6 +139,7 @@ class Search:
                 batch=opts.batch_size,
                 fixes=self.fixes,
                 eps=self.eps,
+                max_tp=self.max_tp,
             ):
                 for precision in space.precision_options(self.profile, fixes=self.fixes):
                     for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes):
