@@ -159,6 +159,8 @@ def build_schedule(
         loss_fn = functools.partial(_loss_on_model_output, loss_fn=loss_fn, out_spec=out_spec)
     group = pp_mesh.get_group()
     num_stages = plan.pp * plan.virtual_stages
+    for module in stage_modules.values():  # a stage sends what it returns, and gloo/NCCL sends need contiguous
+        module.register_forward_hook(_contiguous_outputs)  # tensors (an expanded attention mask is not)
     stages = [
         PipelineStage(module, index, num_stages, device, group=group) for index, module in sorted(stage_modules.items())
     ]
@@ -167,6 +169,11 @@ def build_schedule(
         return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1
     return cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+def _contiguous_outputs(_module: nn.Module, _args: Any, output: Any) -> Any:
+    """``output`` with every tensor contiguous (a copy only where one is not; autograd sees through it)."""
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), output)
 
 
 def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: pytree.TreeSpec) -> torch.Tensor:
