@@ -48,6 +48,7 @@ from torch.distributed.pipelining.schedules import (
 from autoplan.errors import PlanError
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
+from autoplan.execute.tied import retie, tied_names
 from autoplan.types.plan import Plan
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -98,13 +99,15 @@ def split_model(
             f"splitting at {list(split_spec)} gave {pipe.num_stages} stages, not {len(plan.stages)}; "
             "a split point is probably never called in forward()."
         )
-    carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through those between
+    received = carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through
     for i in range(pipe.num_stages - 1):
         _send_contiguous(pipe.get_stage_module(i))
     replaced = sum(replace_experts_ops(pipe.get_stage_module(i), experts) for i in range(pipe.num_stages))
     assert replaced >= len(experts), f"{len(experts)} experts modules exported as {replaced} autoplan::experts ops"
-    out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None)
+    out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None, received=received)
+    ties = tied_names(model)
     for i in range(pipe.num_stages):
+        retie(pipe.get_stage_module(i), ties)  # one Parameter per tied tensor within a stage
         # pipeline() leaves a tied weight's other owner on a stage that never calls it (GPT's lm_head
         # on the embedding's stage): a dead copy the cost model does not charge, so drop it
         pipe.get_stage_module(i).delete_all_unused_submodules()
@@ -151,8 +154,11 @@ def _output_spec(model: nn.Module) -> Iterator[list[pytree.TreeSpec]]:
         handle.remove()
 
 
-def _flat_model_output(split_gm: fx.GraphModule, *, out_spec: pytree.TreeSpec | None) -> pytree.TreeSpec | None:
-    """Make the last stage return the model's output tensors in the model's flattening order;
+def _flat_model_output(
+    split_gm: fx.GraphModule, *, out_spec: pytree.TreeSpec | None, received: list[fx.Node]
+) -> pytree.TreeSpec | None:
+    """Make the last stage return the model's output tensors in the model's flattening order, those
+    it computes and those it receives (``received``: the split values its placeholders hold);
     return the spec that rebuilds the model's output from them (None: a single tensor, as is)."""
     if out_spec is None or out_spec.is_leaf():
         return None  # the model returns one tensor (or export ran without calling forward): already right
@@ -161,11 +167,12 @@ def _flat_model_output(split_gm: fx.GraphModule, *, out_spec: pytree.TreeSpec | 
     last = [n for n in split_gm.graph.nodes if n.op == "call_module"][-1]
     module = getattr(split_gm, last.target)
     output = module.graph.output_node()
-    own = own_outputs(output, last)
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    own = {**dict(zip(received, placeholders)), **own_outputs(output, last)}
     if len(leaves) != out_spec.num_leaves or any(leaf not in own for leaf in leaves):
         raise PlanError(
-            "the model returns a value its last pipeline stage does not compute (a constant, or a tensor made "
-            "on an earlier stage); return only what the last stage computes, or plan pp=1 for this model."
+            "the model returns a value its last pipeline stage neither computes nor receives (a constant); "
+            "return only tensors the model computes, or plan pp=1 for this model."
         )
     output.args = (tuple(own[leaf] for leaf in leaves),)
     module.recompile()

@@ -29,8 +29,10 @@ import torch.fx as fx
 from autoplan.errors import PlanError
 
 
-def carry_skip_values(split_gm: fx.GraphModule) -> bool:
-    """Rewrite the stage modules of ``split_gm`` in place; return whether anything changed."""
+def carry_skip_values(split_gm: fx.GraphModule) -> list[fx.Node]:
+    """Rewrite the stage modules of ``split_gm`` in place; return the split-graph values the last
+    chunk receives, in the order of its placeholders. A value the model returns counts as used
+    after the last chunk, so one made earlier (T5's ``encoder_last_hidden_state``) reaches it."""
     graph = split_gm.graph
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
     calls = [n for n in graph.nodes if n.op == "call_module"]
@@ -41,15 +43,17 @@ def carry_skip_values(split_gm: fx.GraphModule) -> bool:
             raise PlanError(f"pipeline stage {k} takes keyword arguments from the split; plan pp=1 for this model.")
         for arg in call.args:
             last_use[arg] = k
+    for value in graph.output_node().all_input_nodes:
+        last_use[value] = len(calls)
     order = list(inputs) + [v for v in made_by if v not in inputs]
     live = [[v for v in order if made_by[v] <= k < last_use.get(v, -1)] for k in range(len(calls) - 1)]
     stage_in = [list(inputs)] + live
     if all(list(call.args) == stage_in[k] and _plain_outputs(call, live, k) for k, call in enumerate(calls)):
-        return False
+        return stage_in[-1]
     for k, call in enumerate(calls):
         out_keys = live[k] if k < len(calls) - 1 else None
         _rewrite_stage(getattr(split_gm, call.target), call=call, in_keys=stage_in[k], out_keys=out_keys)
-    return True
+    return stage_in[-1]
 
 
 def _producers(inputs: list[fx.Node], calls: list[fx.Node]) -> dict[fx.Node, int]:

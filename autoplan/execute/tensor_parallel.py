@@ -38,7 +38,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.utils.weak import WeakIdKeyDictionary
 
 from autoplan.errors import PlanError
-from autoplan.execute import dtensor_handlers, dtensor_ops, float8  # noqa: F401  (view/in-place handlers, CPU attention sharding)
+from autoplan.execute import dtensor_handlers, float8  # noqa: F401  (view and in-place handlers)
+from autoplan.trace import dtensor_rules  # noqa: F401  (CPU attention sharding)
 from autoplan.types.plan import Plan
 
 SEQ_DIM = 1

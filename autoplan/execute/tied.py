@@ -26,6 +26,18 @@ def tied_names(model: nn.Module) -> list[list[str]]:
     return [names for names in by_id.values() if len(names) > 1]
 
 
+def retie(module: nn.Module, groups: list[list[str]]) -> None:
+    """Make the names of one tied tensor that ``module`` (a pipeline stage) holds share one
+    Parameter again: ``pipeline()`` can give a stage one copy per name (T5's encoder and decoder
+    token embeddings), each then getting only its own part of the gradient."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    for names in groups:
+        held = [name for name in names if name in params]
+        for name in held[1:]:
+            owner, _, attr = name.rpartition(".")
+            module.get_submodule(owner).register_parameter(attr, params[held[0]])
+
+
 @dataclass
 class TiedGradSync:
     """The process groups and local parameters for this rank's cross-stage ties."""

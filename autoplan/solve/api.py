@@ -24,7 +24,7 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.whole_run import priced_profile, run_pricer
 from autoplan.errors import PlanError
-from autoplan.solve import space
+from autoplan.solve import space, tp_runnable
 from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.search import search
 from autoplan.types.graph import Graph
@@ -215,7 +215,12 @@ def _frugal_fit(graph: Graph, profile: Profile, devices: int, batch: int, fixes:
     model = CostModel(graph, profile)
     frugal = {"recompute": "full", "mbs": 1, **fixes}
     for deg in space.degree_options(
-        devices=devices, per_node=profile.devices_per_node, layers=pipeline_blocks(graph), batch=batch, fixes=frugal
+        devices=devices,
+        per_node=profile.devices_per_node,
+        layers=pipeline_blocks(graph),
+        batch=batch,
+        fixes=frugal,
+        max_tp=tp_runnable.max_tp(graph, fixes),
     ):
         moe = any(layer.interface == "grouped" for layer in graph.moe_layers)
         for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes=frugal, pp=deg.pp, moe=moe)[-1:]:

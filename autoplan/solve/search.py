@@ -54,7 +54,7 @@ from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.cost.whole_run import dollars_per_sample, run_pricer
 from autoplan.errors import PlanError
-from autoplan.solve import space
+from autoplan.solve import space, tp_runnable
 from autoplan.solve.bounds import Bounds
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.pipeline import partition
@@ -80,12 +80,12 @@ class Search:
         self.pricer = run_pricer(
             options.run, graph=graph, profile=profile, batch=options.batch_size, objective=options.objective
         )
-        self.graph, self.profile, self.options = graph, profile, options
-        self.fixes = options.fixes
+        self.graph, self.profile, self.options, self.fixes = graph, profile, options, options.fixes
         if self.fixes.get("ep", 1) > 1:
             check_ep_pin(graph, self.fixes["ep"])
         check_pp_pin(graph, self.fixes.get("pp", 1))
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
+        self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
         self.eps = tuple(ep_options(graph))
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
@@ -127,14 +127,9 @@ class Search:
     def groups(self) -> list[tuple[float, Group]]:
         opts, layers = self.options, pipeline_blocks(self.graph)
         counts = space.device_counts(devices=opts.devices, objective=opts.objective, profile=self.profile)
-        found, per_node, eps = [], self.profile.devices_per_node, self.eps
-        degrees = [
-            deg
-            for n in counts
-            for deg in space.degree_options(
-                devices=n, per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=eps
-            )
-        ]
+        found, per_node = [], self.profile.devices_per_node
+        kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.eps)
+        degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
         space.check_zero_pin(degrees, self.fixes)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
         for deg in [d for d in degrees if space.zero_options(dp=d.dp, fixes=self.fixes)]:  # ZeRO pins skip dp=1

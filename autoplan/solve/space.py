@@ -7,7 +7,7 @@ Every choice the planner searches, and the rule that makes each one legal:
 - degrees ``dp * tp * pp = devices``; tp stays inside a node (``tp`` divides the devices per
   node, or the device count when that is below one node) unless ``tp`` is pinned; ``pp`` is at
   most the number of blocks (a model without blocks plans with ``pp = 1``); the global batch
-  divides by ``dp``;
+  divides by ``dp``; ``tp = 1`` for a model with an op DTensor cannot run (solve/tp_runnable.py);
 - micro-batch size: every divisor of ``batch / dp`` (``num_microbatches = batch / (dp * mbs)``);
 - schedule: with ``pp = 1`` just "1f1b" (no pipeline); else gpipe, 1f1b and interleaved 1F1B
   with ``v >= 2`` virtual stages where ``pp * v`` divides the blocks and ``pp`` divides the
@@ -143,13 +143,21 @@ def tp_in_node(tp: int, *, devices: int, per_node: int) -> bool:
 
 
 def degree_options(
-    *, devices: int, per_node: int, layers: int, batch: int, fixes: dict, eps: tuple[int, ...] = (1,)
+    *,
+    devices: int,
+    per_node: int,
+    layers: int,
+    batch: int,
+    fixes: dict,
+    eps: tuple[int, ...] = (1,),
+    max_tp: int | None = None,
 ) -> list[Degrees]:
     """Every (dp, tp, pp, ep) the rules and the pins allow (module docstring); ``eps`` are the
-    expert-parallel degrees the model's MoE layers allow (cost/experts.ep_options)."""
+    expert-parallel degrees the model's MoE layers allow (cost/experts.ep_options), ``max_tp`` the
+    largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit)."""
     options = []
     for tp in _divisors(devices):
-        if (
+        if (max_tp is not None and tp > max_tp) or (
             "tp" in fixes
             and tp != fixes["tp"]
             or "tp" not in fixes

@@ -24,6 +24,7 @@ which yields the same numbers (``MEMOIZE = False`` measures every node).
 
 from __future__ import annotations
 
+import contextlib
 import pydoc
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
 from autoplan.errors import TraceError
-from autoplan.trace import classify, memo, memo_keys, nodeattrs
+from autoplan.trace import classify, dtensor_reach, memo, memo_keys, nodeattrs
 from autoplan.trace.capture import first_line, stack_trace_line
 from autoplan.trace.flops import flop_counter
 
@@ -94,6 +95,8 @@ class Propagator:
         self.memo: dict[Any, memo.Record] = {}
         self.module_keys: dict[int, Any] = {}
         self.packs: list[tuple[Any, int, bool]] | None = None  # saved-tensor events of the call being recorded
+        self.recorder: Any = contextlib.nullcontext()  # the ops of the call being measured (dtensor_reach)
+        self.dtensor_lacks: dict[Any, list[str]] = {}  # node name or memo key -> ops DTensor cannot run
 
     # ---- storage bookkeeping --------------------------------------------------------------
     def _key(self, tensor: torch.Tensor) -> StorageWeakRef:
@@ -174,14 +177,20 @@ class Propagator:
         key, inputs = self._memo_key(node, module, args, kwargs, extra_params)
         if key is not None and key in self.memo:
             rec = self.memo[key]
+            self.dtensor_lacks[name] = self.dtensor_lacks.get(key, [])
             output = memo.replay(rec, inputs, storage_key=self._key, charge=self._charge)
             self._register(name, _tensors(output))
             return output, rec.fwd_flops, rec.bwd_flops
         self.packs = [] if key is not None else None
+        self.recorder = dtensor_reach.OpRecorder() if node is not None else contextlib.nullcontext()
         try:
             output, fwd, bwd = self._measure(fn, args, kwargs, extra_params)
         finally:
             packs, self.packs = self.packs, None
+        if node is not None:
+            self.dtensor_lacks[name] = dtensor_reach.lacking(list(self.recorder.ops))
+            if key is not None:
+                self.dtensor_lacks[key] = self.dtensor_lacks[name]
         if key is not None:
             self._remember(key, output, inputs, packs, fwd, bwd)
         self._register(name, _tensors(output))
@@ -190,12 +199,13 @@ class Propagator:
     def _measure(self, fn, args: tuple, kwargs: dict, extra_params: list[torch.Tensor]) -> tuple[Any, int, int]:
         (largs, lkwargs), leaves = self._localize((args, kwargs))
         before = self.counter.get_total_flops()
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t), self.recorder:
             output = fn(*largs, **lkwargs)
         fwd = self.counter.get_total_flops() - before
         tensors = _tensors(output)
         grads_of = [p for p in extra_params if p.requires_grad]
-        return output, fwd, self._backward(tensors, leaves + grads_of)
+        with self.recorder:
+            return output, fwd, self._backward(tensors, leaves + grads_of)
 
     def _memo_key(self, node, module, args, kwargs, extra_params) -> tuple[Any, list[torch.Tensor]]:
         if not MEMOIZE or node is None:
@@ -261,6 +271,8 @@ class Propagator:
             raise self._failure(node, exc) from exc
         self.env[node] = output
         kind, attrs = nodeattrs.kind_and_attrs(node, module, args, kwargs, output, params)
+        if self.dtensor_lacks.get(node.name):  # tensor parallelism cannot run this node (dtensor_reach)
+            attrs["dtensor_lacks"] = self.dtensor_lacks[node.name]
         if "module_type" in attrs and module is None and node.meta.get("nn_module_stack"):
             path, owner = list(node.meta["nn_module_stack"].values())[-1]
             attrs["module_type"] = _class_name(owner)

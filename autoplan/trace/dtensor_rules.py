@@ -1,5 +1,9 @@
 """Sharding rules DTensor lacks on CPU, registered once on import.
 
+They live beside the trace because the planner asks the same registry the executor dispatches
+through (autoplan/trace/dtensor_reach.py): an op is tensor-parallel runnable when DTensor, with
+these rules added, has a strategy for it.
+
 ``F.scaled_dot_product_attention`` on CPU dispatches to
 ``aten._scaled_dot_product_flash_attention_for_cpu`` (and its backward), which DTensor has no
 strategy for. Attention is independent per (batch, head), so it is legal to shard q, k, v,
