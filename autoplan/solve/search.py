@@ -124,7 +124,8 @@ class Search:
 
     # ---- groups and their bounds -------------------------------------------------------
     def groups(self) -> list[tuple[float, Group]]:
-        opts, layers = self.options, len(self.graph.layers)
+        opts, layers, seq = self.options, len(self.graph.layers), self.graph.seq_len
+        moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)  # no SP in a pipeline then
         counts = (
             [opts.devices]
             if opts.objective == "time"
@@ -141,11 +142,7 @@ class Search:
                 eps=self.eps,
             ):
                 for precision in space.precision_options(self.profile, fixes=self.fixes):
-                    moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
-                    sp_options = space.sp_options(
-                        tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes, pp=deg.pp, moe=moe
-                    )
-                    for sp in sp_options:
+                    for sp in space.sp_options(tp=deg.tp, seq_len=seq, fixes=self.fixes, pp=deg.pp, moe=moe):
                         for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
                             m = opts.batch_size // (deg.dp * mbs)
                             schedules = space.schedule_options(
