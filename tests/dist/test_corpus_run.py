@@ -2,9 +2,8 @@
 devices with the shipped cpu-gloo profile, ``autoplan plan`` then ``autoplan run --verify`` for the
 planner's own pick and for pinned dp=2, tp=2 and pp=2. A split the model forbids is never the
 planner's pick, and its pin is refused in one sentence (non-zero exit, no traceback).
-
-Cases marked ``xfail(strict=True, reason="issue 29 item N")`` fail today for that item of the
-issue, fixed elsewhere; strict, so the mark has to go when the fix lands."""
+A case that fails for a known, open reason goes into MARKS as ``xfail(strict=True, reason=...)``
+naming the issue: strict, so the mark has to go when the fix lands."""
 
 from __future__ import annotations
 
@@ -23,22 +22,14 @@ BATCH = 4
 PINS = {"pick": None, "dp": "dp=2", "tp": "tp=2", "pp": "pp=2"}
 
 
-def _xfail(item: int) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=f"issue 29 item {item}")
-
-
 #: model -> {case: "runs" | "refused"}; a case left out runs. "refused": the model's ops forbid
 #: the split (autoplan/trace/dtensor_reach.py), so the pick avoids it and the pin gets a sentence.
 EXPECTED = {
     "lstm_lm": {"tp": "refused"},  # nn.LSTM's fused aten.mkldnn_rnn_layer has no DTensor strategy
     "densenet": {"tp": "refused"},  # AvgPool2d's aten.avg_pool2d_backward has no DTensor strategy
+    "moe_loop": {"pp": "refused"},  # torch.export cannot split a loop over experts (data-dependent shapes)
 }
-MARKS = {
-    ("lstm_lm", "pp"): _xfail(3),  # pipelining at a boundary between top-level modules
-    ("two_module", "pp"): _xfail(3),
-    **{("hf_t5", case): _xfail(2) for case in PINS},  # dropout: the plan and the reference draw different masks
-    **{("moe_loop", case): _xfail(4) for case in PINS},  # an MoE written as a loop over experts
-}
+MARKS: dict[tuple[str, str], pytest.MarkDecorator] = {}  # (model, case) -> an xfail naming the open issue
 CASES = [
     pytest.param(model, case, marks=MARKS.get((model, case), ()), id=f"{model}-{case}")
     for model in ("lstm_lm", "densenet", "hf_bert", "hf_t5", "moe_loop", "two_module")
