@@ -17,6 +17,7 @@ number in docs/, re-run the benchmark, then this script: never edit a block by h
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
 from collections.abc import Callable
@@ -27,13 +28,12 @@ import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 @dataclass(frozen=True)
 class Block:
     doc: str  # under docs/
-    source: str  # under benchmarks/results/
+    source: str  # relative to the repository root
     made_by: str  # the command that writes the source
     render: Callable[[Path], str]
 
@@ -214,25 +214,78 @@ def gpu_check(path: Path) -> str:
     return _table(header, rows) + "\n\n" + profile
 
 
+def audit(path: Path) -> str:
+    """benchmarks/audit.py's families: each collective as priced, FLOPs and memory against the price."""
+    runs = pd.read_csv(path)
+    rows = [
+        [
+            r.family,
+            f"`{r.plan}`",
+            f"{r.as_priced}/{r.collective_rows}",
+            f"{r.max_comm_error_pct:.1f}%",
+            f"{r.max_matmul_flops_error_pct:.1f}%",
+            f"{r.peak_memory_error_pct:+.1f}%",
+        ]
+        for r in runs.itertuples()
+    ]
+    exact = runs[(runs.as_priced == runs.collective_rows) & (runs.exit == 0)]
+    summary = (
+        f"{len(runs)} families; {len(exact)} have every collective as priced, with peak memory "
+        f"{exact.peak_memory_error_pct.abs().min():.0f}-{exact.peak_memory_error_pct.abs().max():.0f}% from the "
+        f"prediction."
+    )
+    header = ["family", "plan", "collectives as priced", "max comm error", "max matmul FLOPs error", "peak memory"]
+    return _table(header, rows, align="---|---|---:|---:|---:|---:") + "\n\n" + summary
+
+
+def audit_families(path: Path) -> str:
+    """How many plan families tests/dist/test_audit.py runs (its CASES on 2 ranks, FOUR on 4)."""
+    counts = {}
+    for node in ast.parse(path.read_text()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if getattr(target, "id", None) in ("CASES", "FOUR"):
+            counts[target.id] = len(node.value.elts)
+    two, four = counts["CASES"], counts["FOUR"]
+    return (
+        f"`tests/dist/test_audit.py` runs {two + four} plan families on real gloo groups of 2 and 4 ranks "
+        f"({two} and {four}, `CASES` and `FOUR`):"
+    )
+
+
 BLOCKS = {
     "published_runs": Block(
-        "cost-model.md", "published_runs.csv", "python benchmarks/published_runs.py", published_runs
+        "cost-model.md", "benchmarks/results/published_runs.csv", "python benchmarks/published_runs.py", published_runs
     ),
     "published_zero3": Block(
-        "cost-model.md", "published_runs.csv", "python benchmarks/published_runs.py", published_zero3
+        "cost-model.md", "benchmarks/results/published_runs.csv", "python benchmarks/published_runs.py", published_zero3
     ),
-    "goodput": Block("cost-model.md", "goodput.csv", "python benchmarks/goodput.py", goodput),
+    "goodput": Block("cost-model.md", "benchmarks/results/goodput.csv", "python benchmarks/goodput.py", goodput),
     "whole_run_hours": Block(
-        "whole-run-checks.md", "whole_run_hours.csv", "python benchmarks/whole_run_hours.py", whole_run_hours
+        "whole-run-checks.md",
+        "benchmarks/results/whole_run_hours.csv",
+        "python benchmarks/whole_run_hours.py",
+        whole_run_hours,
     ),
     "whole_run_steps": Block(
-        "whole-run-checks.md", "whole_run_hours.csv", "python benchmarks/whole_run_hours.py", whole_run_steps
+        "whole-run-checks.md",
+        "benchmarks/results/whole_run_hours.csv",
+        "python benchmarks/whole_run_hours.py",
+        whole_run_steps,
     ),
-    "checkpoint_io": Block("elastic.md", "checkpoint_io.csv", "python benchmarks/checkpoint_io.py", checkpoint_io),
+    "checkpoint_io": Block(
+        "elastic.md", "benchmarks/results/checkpoint_io.csv", "python benchmarks/checkpoint_io.py", checkpoint_io
+    ),
     "executor_overhead": Block(
-        "executor.md", "executor_overhead.csv", "python benchmarks/executor_overhead.py", executor_overhead
+        "executor.md",
+        "benchmarks/results/executor_overhead.csv",
+        "python benchmarks/executor_overhead.py",
+        executor_overhead,
     ),
-    "gpu_check": Block("calibration.md", "gpu_check/summary.csv", "benchmarks/gpu_check.sh (on a GPU)", gpu_check),
+    "audit": Block("cost-model.md", "benchmarks/results/audit.csv", "python benchmarks/audit.py", audit),
+    "audit_families": Block("cost-model.md", "tests/dist/test_audit.py", "the test file itself", audit_families),
+    "gpu_check": Block(
+        "calibration.md", "benchmarks/results/gpu_check/summary.csv", "benchmarks/gpu_check.sh (on a GPU)", gpu_check
+    ),
 }
 
 
@@ -241,7 +294,7 @@ def _pattern(name: str) -> re.Pattern[str]:
 
 
 def rendered(name: str, block: Block) -> str:
-    return block.render(RESULTS / block.source)
+    return block.render(ROOT / block.source)
 
 
 def apply(name: str, block: Block, text: str) -> str:
@@ -249,7 +302,7 @@ def apply(name: str, block: Block, text: str) -> str:
     pattern = _pattern(name)
     if not pattern.search(text):
         raise SystemExit(f"docs/{block.doc} has no block '{name}'; add its markers (module docstring).")
-    header = f"<!-- numbers: {name} (from benchmarks/results/{block.source}: {block.made_by}) -->\n"
+    header = f"<!-- numbers: {name} (from {block.source}: {block.made_by}) -->\n"
     body = header + rendered(name, block) + f"\n<!-- /numbers: {name} -->"
     return pattern.sub(lambda _: body, text, count=1)
 
@@ -267,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             if block.doc == doc:
                 new = apply(name, block, after)
                 if new != after:
-                    stale.append(f"docs/{doc}: block '{name}' differs from benchmarks/results/{block.source}")
+                    stale.append(f"docs/{doc}: block '{name}' differs from {block.source}")
                 after = new
         if after != before and not args.check:
             path.write_text(after)
