@@ -174,6 +174,7 @@ def parallelize(
         tie_sync=tie_sync,
         aliases=aliases,
         experts=ep_state,
+        some_unused=bool(list_moe),
     )
     if plan.pp > 1:
         trainer.schedule = pipeline.build_schedule(

@@ -66,6 +66,9 @@ class Trainer:
     last_loss_scale: float = 1.0  # the fp16 loss scale the last step back-propagated with
     last_step_skipped: bool = False  # fp16: the last step overflowed somewhere and was skipped
     experts: Any = None  # an ExpertParallel under expert parallelism (expert_parallel.py)
+    # some parameters may get no gradient in a step (loop-written experts no token reached): their
+    # gradients are set to None, as one device's zero_grad() leaves them, so AdamW skips them
+    some_unused: bool = False
     unscaled_losses: list = field(default_factory=list)  # (returned, unscaled) per loss call on the last stage
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
@@ -110,8 +113,10 @@ class Trainer:
     def train_step(self, inputs: tuple, target: Any) -> torch.Tensor:
         # Under DDP the gradients are views of its buckets (gradient_as_bucket_view): zero them in
         # place, so the micro-batches before the synced one accumulate there too, instead of into
-        # fresh tensors that would live beside the buckets (a second gradient-sized copy).
-        self.optimizer.zero_grad(set_to_none=self.dp_mode != "ddp")
+        # fresh tensors that would live beside the buckets (a second gradient-sized copy). Where a
+        # parameter may go unused, None: DDP leaves a globally unused one's gradient untouched, so it
+        # stays None and AdamW skips it (a zeroed one would still take a momentum step).
+        self.optimizer.zero_grad(set_to_none=self.dp_mode != "ddp" or self.some_unused)
         # DTensor must accept plain tensors (masks, rotary tables, grads of them) as
         # replicated values, in forward and in backward.
         replicate = implicit_replication() if self.plan.tp > 1 else contextlib.nullcontext()

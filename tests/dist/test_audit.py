@@ -234,7 +234,7 @@ def test_mixtral_under_sequence_parallelism_runs_as_priced(tmp_path):
     plan = Plan(devices=2, dp=1, tp=2, pp=1, sequence_parallel=True, recompute="selective", micro_batch_size=2,
                 num_microbatches=2, stages=[["model.layers.0", "model.layers.1"]], routing=RoutingModel(), profile="cpu-gloo")
     command = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan.save(tmp_path / "plan.json")),
-               "--steps", "1", "--verify", "--audit", "--out", str(tmp_path / "run")]  # fmt: skip
+               "--steps", "2", "--verify", "--audit", "--out", str(tmp_path / "run")]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "verify: PASSED" in result.stdout
