@@ -249,9 +249,15 @@ def _settled(x: DTensor) -> DTensor:
     before it reaches the redistribution that made ``x``. Downstream DTensor ops may leave
     that gradient as a partial sum, and a partial sum cannot be redistributed to every
     placement (e.g. the masked partial of a vocabulary-sharded embedding). This is where
-    Megatron's all-reduce of the input gradient of a column-parallel layer happens."""
+    Megatron's all-reduce of the input gradient of a column-parallel layer happens.
+
+    The global shape and stride are passed on, not inferred from the local shard: a sequence
+    that tp does not divide (a 7-token decoder at tp=2) has shards of 4 and 3 positions, and
+    ``from_local`` would take each rank's shard times tp as the whole (8 on one rank, 6 on the
+    other), so the next all-gather mismatches or the result has the wrong length."""
     placements = tuple(x.placements)
-    return DTensor.from_local(x.to_local(grad_placements=placements), x.device_mesh, placements, run_check=False)
+    local = x.to_local(grad_placements=placements)
+    return DTensor.from_local(local, x.device_mesh, placements, run_check=False, shape=x.shape, stride=x.stride())
 
 
 def to_full(obj: Any) -> Any:
