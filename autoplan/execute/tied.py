@@ -62,13 +62,13 @@ class TiedGradSync:
             for param in params:
                 if param.grad is None:  # a copy whose stage did not reach it this step still takes the sum
                     param.grad = torch.zeros_like(param)
-            grads = [local(param.grad) for param in params]
-            total = grads[0] if len(grads) == 1 else torch.stack(grads).sum(dim=0)
+            total, *others = [local(param.grad) for param in params]
+            for grad in others:  # summed into the first copy's gradient: no buffer beyond the gradients
+                total += grad
             if group is not None:
                 dist.all_reduce(total, group=group)
-            for grad in grads:
-                if grad is not total:
-                    grad.copy_(total)
+            for grad in others:
+                grad.copy_(total)
 
 
 def build_tied_sync(
