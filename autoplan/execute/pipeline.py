@@ -209,7 +209,7 @@ class _ZeroFilledStage(PipelineStage):
     """A ``PipelineStage`` whose metadata inference runs on zeros, not on uninitialised memory.
 
     On its first step, torch's schedule runs every stage but the first on tensors it builds from
-    the shapes and dtypes the stage before reports (``torch.empty_strided``, torch >= 2.10), to learn
+    the shapes and dtypes the stage before reports (``torch.empty_strided`` in torch 2.13), to learn
     what each stage sends. An integer input a later stage indexes with (T5's carried
     ``decoder_input_ids`` into its decoder embedding, position ids, a mask used as an index) then
     holds whatever the allocator left there, and the lookup fails ("index out of range in self")
