@@ -216,7 +216,8 @@ class _ZeroFilledStage(PipelineStage):
     on some runs and not others. Zero is a valid index into every non-empty table and a finite
     value for every float, so the inference pass runs the stage on well-defined inputs; the shapes
     it learns are the same. Tensors the schedule passes in (the first stage's real inputs, the
-    target) are views of the caller's data and are left as they are."""
+    target) are views of the caller's data and are left as they are. ``_to_tensor`` is torch's
+    private hook for this; a torch without it never calls the override, and behaves as before."""
 
     def _to_tensor(self, arg: Any) -> torch.Tensor:
         tensor = super()._to_tensor(arg)
