@@ -195,13 +195,36 @@ def build_schedule(
     group = pp_mesh.get_group()
     num_stages = plan.pp * plan.virtual_stages
     stages = [
-        PipelineStage(module, index, num_stages, device, group=group) for index, module in sorted(stage_modules.items())
+        _ZeroFilledStage(module, index, num_stages, device, group=group)
+        for index, module in sorted(stage_modules.items())
     ]
     cls = SCHEDULE_CLASSES[plan.schedule]
     if issubclass(cls, PipelineScheduleMulti):
         return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1
     return cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+class _ZeroFilledStage(PipelineStage):
+    """A ``PipelineStage`` whose metadata inference runs on zeros, not on uninitialised memory.
+
+    On its first step, torch's schedule runs every stage but the first on tensors it builds from
+    the shapes and dtypes the stage before reports (``torch.empty_strided`` in torch 2.13), to learn
+    what each stage sends. An integer input a later stage indexes with (T5's carried
+    ``decoder_input_ids`` into its decoder embedding, position ids, a mask used as an index) then
+    holds whatever the allocator left there, and the lookup fails ("index out of range in self")
+    on some runs and not others. Zero is a valid index into every non-empty table and a finite
+    value for every float, so the inference pass runs the stage on well-defined inputs; the shapes
+    it learns are the same. Tensors the schedule passes in (the first stage's real inputs, the
+    target) are views of the caller's data and are left as they are. ``_to_tensor`` is torch's
+    private hook for this; a torch without it never calls the override, and behaves as before."""
+
+    def _to_tensor(self, arg: Any) -> torch.Tensor:
+        tensor = super()._to_tensor(arg)
+        if not isinstance(arg, torch.Tensor):  # built from metadata: uninitialised
+            with torch.no_grad():
+                tensor.zero_()
+        return tensor
 
 
 def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: pytree.TreeSpec) -> torch.Tensor:

@@ -102,6 +102,8 @@ def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
     _distribute_parameters(module, splits=splits, kinds=kinds, mesh=tp_mesh)
     inputs = SharedInputs(tp_mesh)
     for fqn, split in splits.items():
+        if plan.sequence_parallel:  # first: these hooks see what the redistributions below receive
+            _check_even_sequences(present[fqn], fqn=fqn, split=split, kind=kinds[fqn], tp=plan.tp)
         _add_hooks(present[fqn], split=split, kind=kinds[fqn], mesh=tp_mesh, sp=plan.sequence_parallel, inputs=inputs)
     # Enter as DTensors, leave as full plain tensors: then the gradient a pipeline stage
     # sends back for its input is a plain tensor too, and the loss sees plain outputs.
@@ -194,6 +196,27 @@ class SharedInputs:
         return seen[key]
 
 
+def _check_even_sequences(module: nn.Module, *, fqn: str, split: str, kind: str, tp: int) -> None:
+    """Raise PlanError where sequence parallelism would shard a sequence that tp does not divide
+    (the input of a ``sequence_parallel`` module, the output of a rowwise one): DTensor pads such a
+    shard's collectives past the price and cannot view a sequence of one position on two ranks. The
+    planner never offers it (autoplan/solve/sequence_parallel.py); a hand-written plan gets this."""
+    want_in, want_out = _layouts(split=split, kind=kind, sp=True)
+
+    def check(what: str, *values: Any) -> None:
+        for x in values:
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 3 and x.shape[SEQ_DIM] % tp:
+                raise PlanError(
+                    f"plan sequence_parallel shards the sequence of {fqn}'s {what} ({x.shape[SEQ_DIM]} positions) "
+                    f"over tp={tp}, which does not divide it; plan sp=off or a tp that divides every sequence length."
+                )
+
+    if want_in == Shard(SEQ_DIM):
+        module.register_forward_pre_hook(lambda _m, args: check("input", *args))
+    if want_out == Shard(SEQ_DIM):
+        module.register_forward_hook(lambda _m, _args, out: check("output", out))
+
+
 def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp: bool, inputs: SharedInputs) -> None:
     want_in, want_out = _layouts(split=split, kind=kind, sp=sp)
     if float8.is_float8(module):  # fp8 casts before the redistributions (torchao's float8 TP styles)
@@ -249,9 +272,15 @@ def _settled(x: DTensor) -> DTensor:
     before it reaches the redistribution that made ``x``. Downstream DTensor ops may leave
     that gradient as a partial sum, and a partial sum cannot be redistributed to every
     placement (e.g. the masked partial of a vocabulary-sharded embedding). This is where
-    Megatron's all-reduce of the input gradient of a column-parallel layer happens."""
+    Megatron's all-reduce of the input gradient of a column-parallel layer happens.
+
+    The global shape and stride are passed on, not inferred from the local shard: a sequence
+    that tp does not divide (a 7-token decoder at tp=2) has shards of 4 and 3 positions, and
+    ``from_local`` would take each rank's shard times tp as the whole (8 on one rank, 6 on the
+    other), so the next all-gather mismatches or the result has the wrong length."""
     placements = tuple(x.placements)
-    return DTensor.from_local(x.to_local(grad_placements=placements), x.device_mesh, placements, run_check=False)
+    local = x.to_local(grad_placements=placements)
+    return DTensor.from_local(local, x.device_mesh, placements, run_check=False, shape=x.shape, stride=x.stride())
 
 
 def to_full(obj: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -40,17 +41,34 @@ def retie(module: nn.Module, groups: list[list[str]]) -> None:
 
 @dataclass
 class TiedGradSync:
-    """The process groups and local parameters for this rank's cross-stage ties."""
+    """This rank's copies of each cross-stage tie, and the group that sums them across pipeline ranks.
 
-    pairs: list[tuple[object, list[tuple[nn.Module, str]]]] = field(default_factory=list)  # (group, [(stage, name)])
+    Under interleaved schedules one rank runs several stages, and two of them can hold copies of one
+    tied tensor (T5 at pp=2 with 2 virtual stages: the decoder's token embedding on stage 1 and the
+    output head on stage 3, both on pipeline rank 1). The true gradient is the sum over every copy,
+    so each rank first sums its own copies, then all-reduces that sum over the ranks that hold one,
+    and writes the total back into each of its copies."""
+
+    #: (group or None where one rank holds every copy, [(stage module, parameter name)] on this rank)
+    pairs: list[tuple[object, list[tuple[nn.Module, str]]]] = field(default_factory=list)
 
     def __call__(self) -> None:
         for group, held in self.pairs:
-            for stage, name in held:
-                # looked up now: FSDP2 (ZeRO-2/3) replaces a stage's parameters after this sync is built
-                param = stage.get_parameter(name)
-                if param.grad is not None:
-                    dist.all_reduce(local(param.grad), group=group)
+            # looked up now: FSDP2 (ZeRO-2/3) replaces a stage's parameters after this sync is built
+            params = [stage.get_parameter(name) for stage, name in held]
+            params = [p for p in params if p.requires_grad]
+            if not params:
+                continue
+            for param in params:
+                if param.grad is None:  # a copy whose stage did not reach it this step still takes the sum
+                    param.grad = torch.zeros_like(param)
+            total, *others = [local(param.grad) for param in params]
+            for grad in others:  # summed into the first copy's gradient: no buffer beyond the gradients
+                total += grad
+            if group is not None:
+                dist.all_reduce(total, group=group)
+            for grad in others:
+                grad.copy_(total)
 
 
 def build_tied_sync(
@@ -61,21 +79,28 @@ def build_tied_sync(
     mesh: DeviceMesh,
     my_modules: dict[int, nn.Module],
 ) -> TiedGradSync:
-    """Create the groups on every rank (a collective), keep the ones this rank is in.
+    """Create the groups on every rank (a collective, in the same order everywhere), keep the ones
+    this rank is in, with this rank's copies: one name per stage module that holds the tie (``retie``
+    already made a stage's names of one tensor share one Parameter).
 
     ``holders[stage]`` is the set of parameter FQNs stage ``stage`` holds."""
     sync = TiedGradSync()
     layout = mesh.mesh  # [pp, dp, tp] -> global rank
     me = dist.get_rank()
-    mine = {n: (m, n) for m in my_modules.values() for n, _ in m.named_parameters(remove_duplicate=False)}
     for names in groups:
-        pp_ranks = sorted({stage % pp for stage, held in holders.items() if held & set(names)})
-        if len(pp_ranks) < 2:
+        stages = sorted(stage for stage, held in holders.items() if held & set(names))
+        if len(stages) < 2:
+            continue
+        copies = [(my_modules[s], next(n for n in names if n in holders[s])) for s in stages if s in my_modules]
+        pp_ranks = sorted({stage % pp for stage in stages})
+        if len(pp_ranks) < 2:  # every copy on one pipeline rank: a local sum, no group
+            if copies:
+                sync.pairs.append((None, copies))
             continue
         for d in range(layout.shape[1]):
             for t in range(layout.shape[2]):
                 ranks = [int(layout[p, d, t]) for p in pp_ranks]
                 group = dist.new_group(ranks)
                 if me in ranks:
-                    sync.pairs.append((group, [mine[n] for n in names if n in mine][:1]))
+                    sync.pairs.append((group, copies))
     return sync

@@ -24,7 +24,7 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.whole_run import priced_profile, run_pricer
 from autoplan.errors import PlanError
-from autoplan.solve import space, tp_runnable
+from autoplan.solve import sequence_parallel, space, tp_runnable
 from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.search import search
 from autoplan.types.graph import Graph
@@ -214,6 +214,7 @@ def _frugal_fit(graph: Graph, profile: Profile, devices: int, batch: int, fixes:
     that fits, or None. Degrees whose dp a ZeRO pin rules out are skipped, as the search skips them."""
     model = CostModel(graph, profile)
     frugal = {"recompute": "full", "mbs": 1, **fixes}
+    seq_lens = sequence_parallel.sequence_lengths(graph)
     for deg in space.degree_options(
         devices=devices,
         per_node=profile.devices_per_node,
@@ -223,7 +224,7 @@ def _frugal_fit(graph: Graph, profile: Profile, devices: int, batch: int, fixes:
         max_tp=tp_runnable.max_tp(graph, fixes),
     ):
         moe = any(layer.interface == "grouped" for layer in graph.moe_layers)
-        for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes=frugal, pp=deg.pp, moe=moe)[-1:]:
+        for sp in sequence_parallel.sp_options(tp=deg.tp, seq_lens=seq_lens, fixes=frugal, pp=deg.pp, moe=moe)[-1:]:
             for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal)[:1]:
                 zeros = space.zero_options(dp=deg.dp, fixes=frugal)
                 if not zeros:

@@ -58,6 +58,7 @@ from autoplan.solve import space, tp_runnable
 from autoplan.solve.bounds import Bounds
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.pipeline import partition
+from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.tp_plan import MemoryBudget, TPChoice, TPPlanner, memory_budget
 from autoplan.types.cost import Cost
@@ -132,9 +133,10 @@ class Search:
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
         space.check_zero_pin(degrees, self.fixes)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
+        seq_lens = sequence_lengths(self.graph)
         for deg in [d for d in degrees if space.zero_options(dp=d.dp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
             for precision in space.precision_options(self.profile, fixes=self.fixes):
-                for sp in space.sp_options(tp=deg.tp, seq_len=self.graph.seq_len, fixes=self.fixes, pp=deg.pp, moe=moe):
+                for sp in sp_options(tp=deg.tp, seq_lens=seq_lens, fixes=self.fixes, pp=deg.pp, moe=moe):
                     for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
                         m = opts.batch_size // (deg.dp * mbs)
                         schedules = space.schedule_options(

@@ -15,7 +15,8 @@ Every choice the planner searches, and the rule that makes each one legal:
 - ZeRO stage 0-3 (1-3 only with ``dp > 1``: at dp = 1 it is the zero=0 plan, and a ZeRO pin
   that leaves dp = 1 everywhere is refused with that rule, :func:`check_zero_pin`); recomputation
   none, selective, full (only "none" for a model without blocks: recomputation checkpoints blocks);
-- sequence parallelism on/off (on only with ``tp > 1`` and ``tp`` dividing the sequence);
+- sequence parallelism on/off (on only with ``tp > 1`` and ``tp`` dividing every sequence it shards:
+  an encoder-decoder's two; autoplan/solve/sequence_parallel.py);
 - tensor-parallel communication overlap on/off (on only with sequence parallelism, on an NCCL
   profile, with the tp group inside one node: PyTorch's async TP copies through peer memory);
 - precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
@@ -320,20 +321,6 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
             )
         return [fixes["recompute"]]
     return list(RECOMPUTE) if layers else ["none"]
-
-
-def sp_options(*, tp: int, seq_len: int | None, fixes: dict, pp: int = 1, moe: bool = False) -> list[bool]:
-    """Sequence parallelism where tp divides the sequence; not for a model with MoE blocks (``moe``)
-    under a pipeline: a block runs on the rank's sequence shard (autoplan/execute/expert_sequence.py),
-    which a pipeline stage's exported graph, shaped for the whole sequence, cannot."""
-    in_pipeline = moe and pp > 1
-    if in_pipeline and fixes.get("sp") is True and fixes.get("pp", 1) > 1:
-        raise PlanError(
-            "--fix sp=on with pp > 1 cannot run this model's MoE blocks on a sequence shard inside a pipeline "
-            "stage; pin sp=off or pp=1."
-        )
-    legal = [False] + ([True] if tp > 1 and seq_len and seq_len % tp == 0 and not in_pipeline else [])
-    return [s for s in legal if s == fixes["sp"]] if "sp" in fixes else legal
 
 
 def precision_options(profile: Profile, *, fixes: dict) -> list[str]:

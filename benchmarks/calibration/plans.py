@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.errors import PlanError
-from autoplan.solve import space
+from autoplan.solve import sequence_parallel, space
 from autoplan.solve.api import plan_graph
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -47,11 +47,12 @@ def full_space(
 ) -> list[Config]:
     """Every configuration of solve/space.py for this graph (precisions restricted to ``precisions``)."""
     layers, out = len(graph.layers), []
+    seq_lens = sequence_parallel.sequence_lengths(graph)
     for deg in space.degree_options(
         devices=devices, per_node=profile.devices_per_node, layers=layers, batch=batch, fixes={}
     ):
         for precision in [p for p in space.precision_options(profile, fixes={}) if p in precisions]:
-            for sp in space.sp_options(tp=deg.tp, seq_len=graph.seq_len, fixes={}):
+            for sp in sequence_parallel.sp_options(tp=deg.tp, seq_lens=seq_lens, fixes={}):
                 for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes={}):
                     m = batch // (deg.dp * mbs)
                     for schedule, v in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=m, fixes={}):

@@ -49,16 +49,18 @@ def done(tmp_path_factory) -> dict:
     return {"root": tmp_path_factory.mktemp("corpus")}
 
 
-def _plan(done: dict, model: str, fix: str | None) -> tuple[subprocess.CompletedProcess, dict | None]:
+def _plan(
+    done: dict, model: str, fix: str | None, batch: int = BATCH
+) -> tuple[subprocess.CompletedProcess, dict | None]:
     """``autoplan plan`` of a corpus model on 2 devices, and the plan it wrote (None if it failed)."""
-    if (model, fix) not in done:
-        out = done["root"] / f"{model}-{fix or 'pick'}"
+    if (model, fix, batch) not in done:
+        out = done["root"] / f"{model}-{fix or 'pick'}-{batch}"
         pins = ["--fix", fix] if fix else []
         result = _cli("plan", str(CORPUS / f"{model}.py"), "--devices", "2", "--profile", "cpu-gloo",
-                      "--batch", str(BATCH), *pins, "--out", str(out), "--quiet")  # fmt: skip
+                      "--batch", str(batch), *pins, "--out", str(out), "--quiet")  # fmt: skip
         plan = json.loads((out / "plan.json").read_text()) if result.returncode == 0 else None
-        done[(model, fix)] = (result, plan)
-    return done[(model, fix)]
+        done[(model, fix, batch)] = (result, plan)
+    return done[(model, fix, batch)]
 
 
 def _run_verified(done: dict, model: str, plan: dict) -> subprocess.CompletedProcess:
@@ -93,5 +95,19 @@ def test_corpus_model_plans_run_and_verify(done, model, case):
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert case == "pick" or plan[case] == 2
     ran = _run_verified(done, model, plan)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    assert "verify: PASSED" in ran.stdout
+
+
+def test_interleaved_pipeline_carries_integer_inputs_and_sums_tied_copies_on_one_rank(done):
+    """The planner's own pick for T5 at batch 16 (pp=2 with 2 virtual stages), pinned here so the
+    case stays whatever the prices do. Two faults it once hit: torch's first-step metadata inference
+    ran stage 1 on uninitialised int64 ``decoder_input_ids`` (IndexError in the decoder embedding),
+    and rank 1 holds two copies of the tied ``shared.weight`` (decoder embedding on stage 1, head on
+    stage 3), of which the gradient sync summed only one (verify: 74% off)."""
+    planned, plan = _plan(done, "hf_t5", "pp=2,v=2", batch=16)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert plan["pp"] == 2 and plan["virtual_stages"] == 2 and plan["schedule"] == "interleaved_1f1b"
+    ran = _run_verified(done, "hf_t5", plan)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     assert "verify: PASSED" in ran.stdout

@@ -273,12 +273,12 @@ def test_sequence_parallelism_is_not_offered_to_moe_blocks_inside_a_pipeline(gra
     """An MoE block runs on the rank's sequence shard, which a pipeline stage's exported graph
     (shaped for the whole sequence) cannot: the search leaves SP out under pp > 1 for this model,
     a pin of both is one sentence, and the executor refuses such a plan in one sentence too."""
-    from autoplan.solve import space
+    from autoplan.solve import sequence_parallel
 
-    assert space.sp_options(tp=2, seq_len=128, fixes={}, pp=2, moe=True) == [False]
-    assert space.sp_options(tp=2, seq_len=128, fixes={}, pp=1, moe=True) == [False, True]
+    assert sequence_parallel.sp_options(tp=2, seq_lens=(128,), fixes={}, pp=2, moe=True) == [False]
+    assert sequence_parallel.sp_options(tp=2, seq_lens=(128,), fixes={}, pp=1, moe=True) == [False, True]
     with pytest.raises(PlanError, match="sequence shard inside a pipeline"):
-        space.sp_options(tp=2, seq_len=128, fixes={"sp": True, "pp": 2}, pp=2, moe=True)
+        sequence_parallel.sp_options(tp=2, seq_lens=(128,), fixes={"sp": True, "pp": 2}, pp=2, moe=True)
     from autoplan.execute.expert_sequence import check_unsplit
 
     plan = _plan(dp=2, tp=2, pp=2, sequence_parallel=True)

@@ -6,7 +6,7 @@ from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.cost.mesh import mesh_groups
 from autoplan.cost.tensor_parallel import tp_layer_cost
 from autoplan.errors import PlanError
-from autoplan.solve import space
+from autoplan.solve import sequence_parallel, space
 from autoplan.solve.api import NoPlanFits, plan_graph
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.search import Search
@@ -163,7 +163,7 @@ def test_space_rules():
     assert all(d.tp in (1, 2, 4, 8) and d.pp <= 4 and d.dp * d.tp * d.pp == 16 for d in degrees)
     assert ("interleaved_1f1b", 2) in space.schedule_options(pp=2, layers=4, num_microbatches=4, fixes={})
     assert ("interleaved_1f1b", 2) not in space.schedule_options(pp=2, layers=4, num_microbatches=3, fixes={})
-    assert space.sp_options(tp=1, seq_len=128, fixes={}) == [False]
+    assert sequence_parallel.sp_options(tp=1, seq_lens=(128,), fixes={}) == [False]
 
 
 def test_memory_row_of_the_ilp_rescues_a_group_that_only_fits_split():
