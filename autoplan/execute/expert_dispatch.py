@@ -52,6 +52,8 @@ import torch.nn as nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.tensor import DTensor, Replicate
 
+from autoplan.trace.forwards import replaced_forwards
+
 OP_NAME = "autoplan::experts"
 
 
@@ -199,18 +201,9 @@ def _param(module: nn.Module, name: str) -> torch.Tensor:
 def opaque_experts(model: nn.Module, dispatches: dict[str, ExpertsDispatch]) -> Iterator[None]:
     """While inside, each experts module of ``dispatches`` calls the opaque ``autoplan::experts``
     op on its parameters (module docstring), so torch.export records one node per module."""
-    patched = []
-    for fqn, dispatch in dispatches.items():
-        module = model.get_submodule(fqn)
-        patched.append((module, module.__dict__.get("forward")))
-        module.forward = _opaque_forward(module, fqn, dispatch.names)
-    try:
+    make = {fqn: lambda module, fqn=fqn, d=d: _opaque_forward(module, fqn, d.names) for fqn, d in dispatches.items()}
+    with replaced_forwards(model, make):
         yield
-    finally:
-        for module, own in patched:
-            del module.forward
-            if own is not None:
-                module.forward = own
 
 
 def _opaque_forward(module: nn.Module, fqn: str, names: tuple[str, ...]):

@@ -41,6 +41,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from autoplan.errors import TraceError
+from autoplan.trace.forwards import replaced_forwards
 from autoplan.types.moe import RoutingModel
 
 _TOPK = (torch.topk, torch.Tensor.topk)
@@ -181,18 +182,14 @@ def loop_routed(
     """Run each MoE layer of ``model`` whose experts are a list (FQN -> (experts FQN, expert
     count)) under :class:`LoopRouting` while inside; ``seen`` gets each experts module's tokens,
     ``sized`` the experts modules whose row selections the routing model sized."""
-    patched = []
-    for name, (experts_name, count) in layers.items():
-        module = model.get_submodule(name)
-        patched.append((module, module.__dict__.get("forward")))
-        module.forward = _routed_forward(module.forward, name, count, routing, (experts_name, seen, sized))
-    try:
+    make = {
+        name: lambda module, name=name, experts=experts, count=count: _routed_forward(
+            module.forward, name, count, routing, (experts, seen, sized)
+        )
+        for name, (experts, count) in layers.items()
+    }
+    with replaced_forwards(model, make):
         yield
-    finally:
-        for module, own in patched:
-            del module.forward
-            if own is not None:
-                module.forward = own
 
 
 def _routed_forward(forward: Callable, layer: str, experts: int, routing: RoutingModel, log: tuple) -> Callable:
