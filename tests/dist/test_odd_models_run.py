@@ -36,11 +36,6 @@ def test_odd_model_runs_its_plan_and_verifies(tmp_path, name, fix):
     assert "verify: PASSED" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: --verify's second step (issue 29 item 12) finds experts that no token reached in step 0 "
-    "taking a first AdamW step in the run but not in the reference at step 1; cause not found yet",
-)
 def test_a_loop_moe_whose_experts_some_rank_never_uses_runs_under_ddp(tmp_path, monkeypatch):
     """16 experts at top-1 and 16 tokens per rank: some expert gets no row on some rank, and its
     loop skips it (`continue`). DDP looks for such parameters (execute/expert_loop.py), so the

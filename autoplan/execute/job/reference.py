@@ -142,11 +142,12 @@ class Reference:
         """One step of the run's optimizer on the masters with ``grads``; the updated weights."""
         from autoplan.execute.api import default_optimizer
 
+        # over every parameter, as the run's optimizer is: one that gets its first gradient in a later
+        # step (an expert no token reached before) takes its first step then, in both
         if self.optimizer is None:
-            params = [self.masters[name] for name in grads]
-            self.optimizer = (self.optimizer_fn or default_optimizer)(params)
-        for name, grad in grads.items():
-            self.masters[name].grad = grad.to(self.masters[name].device, torch.float32)
+            self.optimizer = (self.optimizer_fn or default_optimizer)(list(self.masters.values()))
+        for name, master in self.masters.items():
+            master.grad = grads[name].to(master.device, torch.float32) if name in grads else None
         self.optimizer.step()
         return {name: self.masters[name].detach().clone() for name in grads}
 
