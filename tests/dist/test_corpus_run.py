@@ -7,12 +7,16 @@ naming the issue: strict, so the mark has to go when the fix lands."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from autoplan.cli import main
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -43,6 +47,15 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+def _cli_here(*args: str) -> subprocess.CompletedProcess:
+    """``autoplan ARGS`` in this process (planning starts no process group): the CLI's own main, its
+    exit code and what it printed, without a fresh interpreter's imports for every plan."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def done(tmp_path_factory) -> dict:
     """What the cases share: each (model, --fix) planned once, each distinct plan run once."""
@@ -56,7 +69,7 @@ def _plan(
     if (model, fix, batch) not in done:
         out = done["root"] / f"{model}-{fix or 'pick'}-{batch}"
         pins = ["--fix", fix] if fix else []
-        result = _cli("plan", str(CORPUS / f"{model}.py"), "--devices", "2", "--profile", "cpu-gloo",
+        result = _cli_here("plan", str(CORPUS / f"{model}.py"), "--devices", "2", "--profile", "cpu-gloo",
                       "--batch", str(batch), *pins, "--out", str(out), "--quiet")  # fmt: skip
         plan = json.loads((out / "plan.json").read_text()) if result.returncode == 0 else None
         done[(model, fix, batch)] = (result, plan)
