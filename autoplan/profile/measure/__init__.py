@@ -59,9 +59,11 @@ def measure_profile(
 
     One device (a single-GPU machine) has no collective to time: its compute, memory and op overhead
     are measured, and the links and overlap are copied from ``links_from``, the profile of the
-    cluster it stands for, each source saying so (``_copied_links``)."""
+    cluster it stands for, each source saying so (``_one_device_profile``)."""
     threads = threads or threads_per_process(processes=devices)
     if devices == 1:
+        if links_from is None:  # before any measuring, not after it
+            raise ValueError("one device has no collective to measure; name the cluster's links with links_from")
         comm_sweep = CommSweep(collectives=(), overlap=False)
     device = default_device()
     compute_sweep = compute_sweep or default_sweep(device)
@@ -107,11 +109,9 @@ def measure_profile(
 
 
 def _one_device_profile(
-    spec: DeviceSpec, *, links_from: Profile | None, name: str | None, backend: str, threads: int, how: str
+    spec: DeviceSpec, *, links_from: Profile, name: str | None, backend: str, threads: int, how: str
 ) -> Profile:
     """This device's measured numbers with ``links_from``'s links, overlap and node size."""
-    if links_from is None:
-        raise ValueError("one device has no collective to measure; name the cluster's links with links_from")
     note = f"copied from profile '{links_from.name}': one device here has no link to measure"
     return Profile(
         name=name or f"{platform.node()}-{backend}-1",
