@@ -5,7 +5,9 @@ both turn a plan into something to read or hand on).
 ``export`` writes the framework's own config (autoplan/export/), prints each thing the
 framework cannot express as a warning (they are comments in the file too) and the framework's
 launch command. ``explain --config`` reads a framework's config back, traces the model at its
-global batch and prices it beside the best plan for the same devices (export/api.price_config).
+global batch, refuses a config written for another model, and prices it beside the best plan for
+the same devices at the config's own precision, with ``plan``'s ``--fix`` and ``--allow-*``
+(export/pricing.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 def add_config_arguments(explain: argparse.ArgumentParser) -> None:
     """``explain --config FILE --model MODEL.py --profile P``: price an existing config."""
+    from autoplan.cli.solve import add_search_arguments
     from autoplan.export.common import FRAMEWORKS
 
     explain.add_argument("--config", metavar="FILE", help="a trainer's config to price instead of a plan folder")
@@ -44,7 +47,7 @@ def add_config_arguments(explain: argparse.ArgumentParser) -> None:
     explain.add_argument("--profile", help="with --config: the profile (name or file) of the cluster")
     explain.add_argument("--devices", type=int, help="with --config: world size, where the config does not say")
     explain.add_argument("--batch", type=int, help="with --config: global batch, where the config does not say")
-    explain.add_argument("--allow-lossy", action="store_true", help="with --config: let the best plan be lossy")
+    add_search_arguments(explain)  # plan's --fix and --allow-*: the best plan is searched as `autoplan plan` would
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -71,8 +74,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_explain_config(args: argparse.Namespace) -> int:
     """``autoplan explain --config FILE --model MODEL.py --profile P``."""
+    from autoplan.cli.solve import search_options
     from autoplan.errors import ExportError
-    from autoplan.export.api import import_config, price_imported, pricing_lines
+    from autoplan.export.api import import_config
+    from autoplan.export.pricing import price_imported, pricing_lines
     from autoplan.solve.api import resolve_profile
     from autoplan.trace import trace_model_file
 
@@ -84,7 +89,12 @@ def run_explain_config(args: argparse.Namespace) -> int:
     imported = import_config(args.config, framework=args.framework, devices=args.devices, batch_size=args.batch)
     graph = trace_model_file(args.model, imported.plan().global_batch_size)  # at the config's global batch
     result = price_imported(
-        imported, graph=graph, profile=resolve_profile(args.profile), allow_lossy=args.allow_lossy, source=args.config
+        imported,
+        graph=graph,
+        profile=resolve_profile(args.profile),
+        search=search_options(args),
+        source=args.config,
+        model=args.model,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))

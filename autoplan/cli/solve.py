@@ -27,18 +27,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", required=True, help="profile name (see profiles/) or path to a profile file")
     parser.add_argument("--batch", type=int, required=True, help="global batch size (samples per step)")
     parser.add_argument("--top-k", type=int, default=5, help="plans to show (default 5)")
-    parser.add_argument(
-        "--fix",
-        action="append",
-        default=[],
-        metavar="KEY=VAL,...",
-        help=f"pin part of the plan; keys: {', '.join(FIX_KEYS)}",
-    )
-    parser.add_argument(
-        "--allow-lossy",
-        action="store_true",
-        help="also consider gradient reduction in bf16/fp16 and PowerSGD compression (lossy: docs/cost-model.md)",
-    )
+    add_search_arguments(parser)
     parser.add_argument(
         "--objective",
         choices=OBJECTIVES,
@@ -59,6 +48,28 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.set_defaults(func=run, out_kind="folder")
     add_sweep_parser(subparsers, common)
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """The search's pins and permissions (``--fix``, ``--allow-*``): one definition for ``plan`` and
+    ``explain --config``, read back by :func:`search_options`."""
+    parser.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="KEY=VAL,...",
+        help=f"pin part of the plan; keys: {', '.join(FIX_KEYS)}",
+    )
+    parser.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="also consider gradient reduction in bf16/fp16 and PowerSGD compression (lossy: docs/cost-model.md)",
+    )
+
+
+def search_options(args: argparse.Namespace) -> dict:
+    """``plan_graph``'s keyword arguments from :func:`add_search_arguments`' flags: ``fix`` and every ``allow_*``."""
+    return {"fix": args.fix, **{name: value for name, value in vars(args).items() if name.startswith("allow_")}}
 
 
 #: What ``autoplan plan`` imports: torch, torch._dynamo (FakeTensorMode loads it), the tracer, the planner.
@@ -100,14 +111,13 @@ def _run(args: argparse.Namespace) -> int:
                 devices=args.devices,
                 profile=profile,
                 batch_size=args.batch,
-                fix=args.fix,
                 objective=args.objective,
                 solver=args.solver,
                 time_limit_s=args.time_limit,
                 progress=progress,
                 top_k=args.top_k,
                 run=spec,
-                allow_lossy=args.allow_lossy,
+                **search_options(args),
             )
     except NoPlanFits as exc:
         if exc.result is not None:

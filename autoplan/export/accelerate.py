@@ -218,6 +218,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
         )
     unmapped: list[str] = []
     world = int(config.get("num_processes") or devices or 1)
+    assumptions = [] if config.get("num_processes") else [_world_assumption(world, devices)]
     kind = str(config["distributed_type"])
     tp, dp = _read_degrees(config, world, unmapped)
     mixed = str(config.get("mixed_precision") or "no").lower()
@@ -226,14 +227,19 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
         "dp": dp,
         "tp": tp,
         "pp": 1,
-        **_read_batch(text, dp, batch_size, unmapped),
+        **_read_batch(text, dp, batch_size, assumptions),
         **_read_sharding(config, kind, unmapped),
         "precision": {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(mixed, "fp32"),
         "grad_reduce_dtype": FSDP_REDUCE.get(mixed, "fp32") if kind == "FSDP" else "fp32",
     }
     if (config.get("fsdp_config") or {}).get("fsdp_offload_params"):
         unmapped.append("fsdp_offload_params: autoplan does not price CPU offload.")
-    return Imported(framework="accelerate", fields=fields, unmapped=unmapped)
+    return Imported(framework="accelerate", fields=fields, unmapped=unmapped, assumptions=assumptions)
+
+
+def _world_assumption(world: int, devices: int | None) -> str:
+    source = "from --devices" if devices else "(Accelerate's default; pass --devices for the world size)"
+    return f"num_processes not stated: read as {world} {source}."
 
 
 def _read_degrees(config: dict, world: int, unmapped: list[str]) -> tuple[int, int]:
@@ -250,18 +256,22 @@ def _read_degrees(config: dict, world: int, unmapped: list[str]) -> tuple[int, i
     return tp, world // tp
 
 
-def _read_batch(text: str, dp: int, batch_size: int | None, unmapped: list[str]) -> dict[str, int]:
+def _read_batch(text: str, dp: int, batch_size: int | None, assumptions: list[str]) -> dict[str, int]:
+    """Micro-batch and accumulation steps: training-script arguments, so from the exporter's
+    ``# autoplan.`` comments, else ``batch_size`` (--batch) over the dp ranks, else one per device."""
     found = {key: int(value) for key, value in COMMENT.findall(text) if value.isdigit()}
     if "micro_batch_size" in found:
         return {
             "micro_batch_size": found["micro_batch_size"],
             "num_microbatches": found.get("gradient_accumulation_steps", 1),
         }
+    script = "the micro-batch is a training-script argument"
     if batch_size is not None:
         if batch_size % dp:
             raise ExportError(f"batch size {batch_size} does not divide over {dp} data-parallel ranks.")
+        assumptions.append(f"{script}: read as --batch {batch_size} / dp {dp} = {batch_size // dp}, no accumulation.")
         return {"micro_batch_size": batch_size // dp, "num_microbatches": 1}
-    unmapped.append("the micro-batch is a training-script argument; read as 1 per device, no accumulation.")
+    assumptions.append(f"{script}: read as 1 per device, no accumulation (pass --batch for the global batch).")
     return {"micro_batch_size": 1, "num_microbatches": 1}
 
 

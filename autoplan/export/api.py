@@ -7,20 +7,20 @@
   ``train_batch_size`` or ``zero_optimization`` DeepSpeed's, a ``.yaml`` with
   ``distributed_type`` Accelerate's, a file of ``--flags`` Megatron-LM's);
 - :func:`price_config`: how far an existing config is from the best plan: the config's plan and
-  the planner's best for the same devices and global batch, both priced by the cost model, with
-  their term-by-term difference (autoplan/report/terms.py).
+  the planner's best for the same model, devices, global batch and numerics, both priced by the
+  cost model, with their term-by-term difference (autoplan/export/pricing.py).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import AutoplanError, ExportError
 from autoplan.export.common import FRAMEWORKS, Exported, Imported, ModelFacts
+from autoplan.export.pricing import ConfigPricing, price_imported
 from autoplan.types._check import write_text_atomic
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan, plan_json
@@ -93,54 +93,32 @@ def import_config(
     path: str | Path, *, framework: str | None = None, devices: int | None = None, batch_size: int | None = None
 ) -> Imported:
     """A framework's config file read back into plan fields (module docstring). ``devices`` and
-    ``batch_size`` (the global batch) fill in what a config leaves to its launcher or script."""
+    ``batch_size`` (the global batch) fill in what a config leaves to its launcher or script; each
+    value filled in, and a ``devices`` or ``batch_size`` the config overrides, is in ``assumptions``."""
     path = Path(path)
     if not path.is_file():
         raise ExportError(f"config '{path}' does not exist; pass the trainer's config file.")
     text = path.read_text()
     name = framework or detect_framework(path, text)
-    hints = {"batch_size": batch_size} if batch_size and name == "accelerate" else {}  # its script holds the batch
     try:
-        return _module(name).read(text, devices=devices, **hints)
+        imported = _module(name).read(text, devices=devices, batch_size=batch_size)
     except AutoplanError:
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise ExportError(f"'{path}' is not a {name} config autoplan can read ({exc}).") from None
+    imported.assumptions += _unused(imported, devices=devices, batch_size=batch_size)
+    return imported
 
 
-@dataclass
-class ConfigPricing:
-    """An existing config beside the best plan for the same devices and batch."""
-
-    framework: str
-    config_plan: Plan
-    config_step_s: float
-    config_feasible: bool
-    config_reason: str
-    best_plan: Plan
-    best_step_s: float
-    unmapped: list[str] = field(default_factory=list)
-    allow_lossy: bool = False  # the best plan's search could pick lossy options
-    terms: list[dict[str, Any]] = field(default_factory=list)  # report/terms.term_diffs, config minus best
-
-    @property
-    def slower(self) -> float:
-        """The config's step time over the best plan's."""
-        return self.config_step_s / self.best_step_s if self.best_step_s else 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "framework": self.framework,
-            "config_plan": self.config_plan.describe(),
-            "config_step_s": self.config_step_s,
-            "config_feasible": self.config_feasible,
-            "config_reason": self.config_reason,
-            "best_plan": self.best_plan.describe(),
-            "best_step_s": self.best_step_s,
-            "slower": self.slower,
-            "unmapped": self.unmapped,
-            "terms": self.terms,
-        }
+def _unused(imported: Imported, *, devices: int | None, batch_size: int | None) -> list[str]:
+    """A --devices or --batch that the config overrides, one sentence each."""
+    fields, found = imported.fields, []
+    batch = fields["dp"] * fields["micro_batch_size"] * fields["num_microbatches"]
+    if devices is not None and devices != fields["devices"]:
+        found.append(f"--devices {devices} not used: the config states world size {fields['devices']}.")
+    if batch_size is not None and batch_size != batch:
+        found.append(f"--batch {batch_size} not used: the config gives a global batch of {batch}.")
+    return found
 
 
 def price_config(
@@ -151,70 +129,9 @@ def price_config(
     framework: str | None = None,
     devices: int | None = None,
     batch_size: int | None = None,
-    allow_lossy: bool = False,
+    search: dict[str, Any] | None = None,
 ) -> ConfigPricing:
-    """Price an existing config and the planner's best plan for its devices and batch (module docstring)."""
+    """Price an existing config and the planner's best plan for its devices and batch (module
+    docstring); ``search``: the ``plan`` command's ``fix`` and ``allow_*`` options."""
     imported = import_config(path, framework=framework, devices=devices, batch_size=batch_size)
-    return price_imported(imported, graph=graph, profile=profile, allow_lossy=allow_lossy, source=str(path))
-
-
-def price_imported(
-    imported: Imported, *, graph: Graph, profile: Profile, allow_lossy: bool = False, source: str = "the config"
-) -> ConfigPricing:
-    """:func:`price_config` for a config already read (:func:`import_config`)."""
-    from autoplan.cost.model import CostModel
-    from autoplan.report.terms import term_diffs
-    from autoplan.solve.api import plan_graph
-
-    fields = {**imported.fields, "model": graph.model_name, "profile": profile.name}
-    try:
-        plan = Plan(**fields)
-    except AutoplanError as exc:
-        raise ExportError(f"'{source}' describes a plan autoplan cannot price: {exc}") from None
-    cost = CostModel(graph, profile).estimate(plan)
-    best = plan_graph(
-        graph, devices=plan.devices, profile=profile, batch_size=plan.global_batch_size, allow_lossy=allow_lossy
-    )
-    diffs = term_diffs(best.best_cost, cost)
-    return ConfigPricing(
-        framework=imported.framework,
-        config_plan=plan,
-        config_step_s=cost.step_time_s,
-        config_feasible=cost.feasible,
-        config_reason=cost.reason,
-        best_plan=best.best,
-        best_step_s=best.best_cost.step_time_s,
-        unmapped=imported.unmapped,
-        allow_lossy=allow_lossy,
-        terms=[{"term": d.term, "words": d.words, "config_s": d.rival_s, "best_s": d.best_s} for d in diffs],
-    )
-
-
-def pricing_lines(result: ConfigPricing) -> list[str]:
-    """The comparison as Markdown lines."""
-    fits = "" if result.config_feasible else f" (does not fit: {result.config_reason})"
-    lines = [
-        f"## Your {result.framework} config against the best plan",
-        "",
-        f"- your config: **{result.config_plan.describe()}**, {1e3 * result.config_step_s:.1f} ms per step{fits}",
-        f"- best plan: **{result.best_plan.describe()}**, {1e3 * result.best_step_s:.1f} ms per step",
-        f"- your config is {result.slower:.2f}x the best plan's step time",
-        *(
-            [
-                f"- your config is lossy ({', '.join(result.config_plan.lossy)}); the best plan was searched "
-                f"{'with' if result.allow_lossy else 'without'} lossy options"
-            ]
-            if result.config_plan.lossy
-            else []
-        ),
-        "",
-        "| term | yours ms | best ms | difference ms |",
-        "|---|---:|---:|---:|",
-    ]
-    for t in result.terms:
-        if t["config_s"] or t["best_s"]:
-            diff = 1e3 * (t["config_s"] - t["best_s"])
-            lines.append(f"| {t['words']} | {1e3 * t['config_s']:.1f} | {1e3 * t['best_s']:.1f} | {diff:+.1f} |")
-    if result.unmapped:
-        lines += ["", "Not priced (autoplan has no term for them):", ""] + [f"- {u}" for u in result.unmapped]
-    return lines
+    return price_imported(imported, graph=graph, profile=profile, search=search, source=str(path))

@@ -13,7 +13,9 @@ comment in ``text`` and as a warning on the CLI, so nothing is dropped silently.
 
 :class:`Imported` is a config read back: the plan fields it sets (``Plan(**fields)`` with the
 layout the framework would run: balanced stages and the default tensor-parallel split), what it
-could not map, and the facts it states about the model.
+could not map, the facts it states about the model (compared with the traced model before pricing:
+autoplan/export/pricing.py), and one sentence for each value that reading filled in because the
+config does not state it (a framework default, ``--devices``/``--batch``, a DeepSpeed ``"auto"``).
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ class Imported:
     framework: str
     fields: dict[str, Any]  # Plan fields
     unmapped: list[str] = field(default_factory=list)  # settings autoplan does not price, one sentence each
-    facts: ModelFacts = field(default_factory=ModelFacts)
+    facts: ModelFacts = field(default_factory=ModelFacts)  # what the config states about the model; None: not stated
+    assumptions: list[str] = field(default_factory=list)  # what reading filled in (a default, --batch, "auto")
+    vocab_multiple: int = 1  # the framework pads the stated vocabulary to a multiple of this (Megatron-LM)
 
     def plan(self) -> Plan:
         return Plan(**self.fields)

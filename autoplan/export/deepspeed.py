@@ -26,6 +26,7 @@ The JSON has no comments, so the sentences of :attr:`Exported.unexpressed` also 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, layers_per_stage, split_note
@@ -191,9 +192,10 @@ def _tensor_gaps(plan: Plan) -> list[str]:
 
 
 # ---- read ---------------------------------------------------------------------------------
-def read(text: str, *, devices: int | None = None) -> Imported:
+def read(text: str, *, devices: int | None = None, batch_size: int | None = None) -> Imported:
     """A DeepSpeed JSON config back to plan fields (module docstring); ``devices`` is the world size
-    (DeepSpeed takes it from the launcher, not the file)."""
+    (DeepSpeed takes it from the launcher, not the file), ``batch_size`` the global batch where the
+    file leaves it to the Hugging Face Trainer (``"auto"``) or does not state it."""
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -202,7 +204,8 @@ def read(text: str, *, devices: int | None = None) -> Imported:
         raise ExportError("DeepSpeed config must be a JSON object.")
     section = config.get(SECTION) or {}
     unmapped: list[str] = []
-    layout = _read_layout(config, section, devices, unmapped)
+    assumptions: list[str] = []
+    layout = _read_layout(config, section, devices, batch_size, unmapped, assumptions)
     zero = config.get("zero_optimization") or {}
     fields = {
         **layout,
@@ -216,25 +219,31 @@ def read(text: str, *, devices: int | None = None) -> Imported:
             "holds when the model code checkpoints every block."
         )
     unmapped += _read_unmapped(config, zero)
-    return Imported(
-        framework="deepspeed", fields=fields, unmapped=unmapped, facts=ModelFacts(name=section.get("model", "model"))
-    )
+    facts = ModelFacts(name=section.get("model", "model"))
+    return Imported(framework="deepspeed", fields=fields, unmapped=unmapped, facts=facts, assumptions=assumptions)
 
 
-def _read_layout(config: dict, section: dict, devices: int | None, unmapped: list[str]) -> dict[str, Any]:
+def _read_layout(
+    config: dict, section: dict, devices: int | None, batch_size: int | None, unmapped: list[str], assumptions: list
+) -> dict[str, Any]:
     tp = int((config.get("tensor_parallel") or {}).get("autotp_size", section.get("tp", 1)) or 1)
     pp = int(section.get("pp", 1))
     if SECTION not in config:
         unmapped.append("DeepSpeed's JSON has no pipeline degree (PipelineModule is code); read as pp=1.")
-    mbs, ga, dp = _read_batch(config, devices, tp * pp)
+    batch = _read_batch(config, devices, tp * pp, batch_size)
+    world = "--devices" if devices is not None else "the three batch values"
+    assumptions += [
+        f"world size {batch.dp * tp * pp} from {world} (DeepSpeed takes it from its launcher).",
+        *batch.assumptions,
+    ]
     expert = config.get("expert_parallel") or {}
     fields = {
-        "devices": dp * tp * pp,
-        "dp": dp,
+        "devices": batch.dp * tp * pp,
+        "dp": batch.dp,
         "tp": tp,
         "pp": pp,
-        "micro_batch_size": mbs,
-        "num_microbatches": ga,
+        "micro_batch_size": batch.micro,
+        "num_microbatches": batch.accumulation,
         "ep": int(expert.get("autoep_size", 1)) if expert.get("enabled") else 1,
     }
     if pp > 1:
@@ -245,33 +254,100 @@ def _read_layout(config: dict, section: dict, devices: int | None, unmapped: lis
     return fields
 
 
-def _read_batch(config: dict, devices: int | None, model_parallel: int) -> tuple[int, int, int]:
-    """(micro-batch, accumulation steps, dp) from any two of DeepSpeed's three batch keys, as DeepSpeed derives them."""
-    # "auto" (the Hugging Face Trainer fills it in) says nothing: treated as absent.
-    tbs, mbs, ga = (
-        None if config.get(key) == "auto" else config.get(key)
-        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-    )
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+@dataclass
+class _Batch:
+    """DeepSpeed's three batch values and the data-parallel size, with how each unstated one was filled in."""
+
+    dp: int
+    total: int | None  # train_batch_size
+    micro: int | None  # train_micro_batch_size_per_gpu
+    accumulation: int | None  # gradient_accumulation_steps
+    defaulted: set[str] = field(default_factory=set)  # keys that took DeepSpeed's default of 1
+    assumptions: list[str] = field(default_factory=list)
+
+
+def _read_batch(config: dict, devices: int | None, model_parallel: int, batch_size: int | None) -> _Batch:
+    """The batch values as DeepSpeed derives them from any two of its three keys
+    (``DeepSpeedConfig._set_batch_related_parameters``: ``train_batch_size = micro · accumulation · dp``).
+    A key that is ``"auto"`` (the Hugging Face Trainer fills it in) or absent is unknown; the global batch
+    ``batch_size`` (``--batch``) stands for an unknown ``train_batch_size``, and what is still unknown
+    takes DeepSpeed's default (one accumulation step, else one sample per device). Each such value is
+    named in ``assumptions``."""
+    stated = {key: config.get(key) for key in BATCH_KEYS}
+    known = [None if v in (None, "auto") else int(v) for v in stated.values()]
+    batch = _Batch(_read_dp(known, devices, model_parallel), *known)
+    from_batch = batch_size is not None and batch.total is None and None in (batch.micro, batch.accumulation)
+    if from_batch:
+        batch.total = batch_size
+    _derive_batch(batch)
+    batch.assumptions = _batch_assumptions(stated, batch, from_batch=from_batch)
+    return batch
+
+
+def _batch_assumptions(stated: dict, batch: _Batch, *, from_batch: bool) -> list[str]:
+    """One sentence per batch key the config leaves unknown, saying what it was read as."""
+    found = []
+    resolved = dict(zip(BATCH_KEYS, (batch.total, batch.micro, batch.accumulation), strict=True))
+    for key, value in stated.items():
+        if value not in (None, "auto"):
+            continue
+        how = '"auto"' if value == "auto" else "not stated"
+        if key == "train_batch_size":
+            source = " from --batch" if from_batch else " (micro-batch x accumulation x data-parallel size)"
+            if "train_micro_batch_size_per_gpu" in batch.defaulted:
+                source += ": pass --batch for the global batch"
+        elif key in batch.defaulted:
+            source = " (DeepSpeed's default)"
+        else:
+            source = f" (train_batch_size over the other two and data-parallel size {batch.dp})"
+        found.append(f"DeepSpeed {key} {how}: read as {resolved[key]}{source}.")
+    return found
+
+
+def _read_dp(known: list[int | None], devices: int | None, model_parallel: int) -> int:
+    total, micro, accumulation = known
     if devices is not None:
         if devices % model_parallel:
             raise ExportError(f"--devices {devices} is not a multiple of tp*pp = {model_parallel} in the config.")
-        dp = devices // model_parallel
-    elif None not in (tbs, mbs, ga) and tbs % (mbs * ga) == 0:
-        dp = tbs // (mbs * ga)
-    else:
-        raise ExportError("DeepSpeed takes the world size from its launcher; pass --devices for this config.")
-    if mbs is None and ga is None:
-        mbs, ga = (tbs // dp if tbs else 1), 1
-    elif mbs is None:
-        mbs = tbs // (ga * dp)
-    elif ga is None:
-        ga = tbs // (mbs * dp) if tbs else 1
-    if tbs is not None and tbs != mbs * ga * dp:
+        return devices // model_parallel
+    if None not in known and total % (micro * accumulation) == 0:
+        return total // (micro * accumulation)
+    raise ExportError("DeepSpeed takes the world size from its launcher; pass --devices for this config.")
+
+
+def _derive_batch(batch: _Batch) -> None:
+    """Fill the unknown batch values as DeepSpeed does (:func:`_read_batch`), or one sentence."""
+    if batch.accumulation is None and (batch.total is None or batch.micro is None):
+        batch.accumulation = 1
+        batch.defaulted.add("gradient_accumulation_steps")
+    if batch.total is None:
+        if batch.micro is None:
+            batch.micro = 1
+            batch.defaulted.add("train_micro_batch_size_per_gpu")
+        batch.total = batch.micro * batch.accumulation * batch.dp
+    elif batch.micro is None:
+        batch.micro = _divide(batch.total, batch.accumulation * batch.dp, "train_micro_batch_size_per_gpu", batch)
+    elif batch.accumulation is None:
+        batch.accumulation = _divide(batch.total, batch.micro * batch.dp, "gradient_accumulation_steps", batch)
+    if batch.total != batch.micro * batch.accumulation * batch.dp:
         raise ExportError(
-            f"train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} * gradient_accumulation_steps {ga} "
-            f"* data-parallel size {dp}; DeepSpeed refuses this config."
+            f"train_batch_size {batch.total} != train_micro_batch_size_per_gpu {batch.micro} * "
+            f"gradient_accumulation_steps {batch.accumulation} * data-parallel size {batch.dp}; "
+            "DeepSpeed refuses this config."
         )
-    return int(mbs), int(ga), int(dp)
+
+
+def _divide(total: int, by: int, key: str, batch: _Batch) -> int:
+    if total % by:
+        raise ExportError(
+            f"global batch {total} does not divide into {key} over data-parallel size {batch.dp} "
+            f"(micro-batch {batch.micro or '?'}, accumulation {batch.accumulation or '?'}); "
+            "pass a --batch that does, or state the batch keys in the config."
+        )
+    return total // by
 
 
 def _read_precision(config: dict) -> dict[str, str]:

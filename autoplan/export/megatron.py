@@ -238,26 +238,28 @@ def _render(flags: Flags, *, header: list[str], notes: list[str], remarks: list[
 
 
 # ---- read --------------------------------------------------------------------------------------
-def read(text: str, *, devices: int | None = None) -> Imported:
+def read(text: str, *, devices: int | None = None, batch_size: int | None = None) -> Imported:
     """Megatron-LM arguments (a file or one line) read back into Plan fields (module docstring)."""
     args, unmapped = _parse(text)
     world = devices or _world_from(text)
     if world is None:
         raise ExportError("Megatron-LM's arguments do not state the world size (torchrun sets it); pass devices.")
+    assumptions = [f"world size {world} from {'--devices' if devices else 'the file'} (torchrun sets it)."]
     fields = _read_degrees(args, world, unmapped)
-    fields.update(_read_batch(args, fields["dp"]))
+    fields.update(_read_batch(args, fields["dp"], batch_size, assumptions))
     fields.update(_read_precision(args, unmapped))
     fields["recompute"] = _read_recompute(args, unmapped)
     fields.update(_read_data_parallel(args, fields["dp"], unmapped))
     facts = ModelFacts(
         layers=_int(args, "--num-layers"),
         hidden_size=_int(args, "--hidden-size"),
-        num_heads=_int(args, "--num-attention-heads"),
-        num_kv_heads=_int(args, "--num-query-groups") if "--group-query-attention" in args else None,
+        num_heads=_int(args, "--num-attention-heads"),  # KV heads: the query groups with GQA, else one per head
+        num_kv_heads=_int(args, "--num-query-groups" if "--group-query-attention" in args else "--num-attention-heads"),
         seq_len=_int(args, "--seq-length"),
         vocab_size=_int(args, "--vocab-size"),
     )
-    return Imported(framework="megatron", fields=fields, unmapped=unmapped, facts=facts)
+    pad = _int(args, "--make-vocab-size-divisible-by", 128) * fields["tp"]  # Megatron pads the vocabulary
+    return Imported("megatron", fields, unmapped, facts=facts, assumptions=assumptions, vocab_multiple=pad)
 
 
 def _parse(text: str) -> tuple[dict[str, Any], list[str]]:
@@ -341,9 +343,13 @@ def _read_virtual(args: dict[str, Any], pp: int) -> int:
     return layers // (pp * per_chunk)
 
 
-def _read_batch(args: dict[str, Any], dp: int) -> dict[str, Any]:
-    mbs = _int(args, "--micro-batch-size", 1)
-    global_batch = _int(args, "--global-batch-size", mbs * dp)
+def _read_batch(args: dict[str, Any], dp: int, batch_size: int | None, assumptions: list[str]) -> dict[str, Any]:
+    mbs, global_batch = _int(args, "--micro-batch-size", 1), _int(args, "--global-batch-size")
+    assumptions += [] if "--micro-batch-size" in args else ["--micro-batch-size not stated (Megatron requires it): 1."]
+    if global_batch is None:  # Megatron-LM's default: one micro-batch per data-parallel rank
+        global_batch = batch_size or mbs * dp
+        how = "from --batch" if batch_size else f"Megatron-LM's default micro-batch {mbs} x dp {dp}"
+        assumptions.append(f"--global-batch-size not stated: read as {global_batch} ({how}).")
     if global_batch % (mbs * dp):
         raise ExportError(f"--global-batch-size {global_batch} is not divisible by --micro-batch-size {mbs} x dp {dp}.")
     return {"micro_batch_size": mbs, "num_microbatches": global_batch // (mbs * dp)}

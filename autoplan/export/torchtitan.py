@@ -58,6 +58,9 @@ MULTI_STAGE = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzero
 GPUS_PER_NODE = 8  # a plan does not say how its devices sit in nodes; the launch line assumes 8
 FLOAT8 = "quantize.linear.float8"
 FILENAME = "torchtitan.toml"
+#: torchtitan 0.2.2's defaults (``JobConfig``) for keys that set a price: (section, key, value).
+DEFAULTS = (("training", "mixed_precision_param", "bfloat16"), ("activation_checkpoint", "mode", "selective"),
+            ("training", "local_batch_size", 8))  # fmt: skip
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -231,8 +234,8 @@ def _toml_value(value: Any) -> str:
 
 
 # ---- read --------------------------------------------------------------------------------------
-def read(text: str, *, devices: int | None = None) -> Imported:
-    """A torchtitan 0.2.2 TOML read back into Plan fields (module docstring)."""
+def read(text: str, *, devices: int | None = None, batch_size: int | None = None) -> Imported:
+    """A torchtitan 0.2.2 TOML read back into Plan fields (module docstring); ``batch_size``: an unset global batch."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -240,6 +243,9 @@ def read(text: str, *, devices: int | None = None) -> Imported:
     par, training = data.get("parallelism", {}), data.get("training", {})
     unmapped: list[str] = []
     degrees = _read_degrees(par, devices, unmapped)
+    assumptions = _defaults_used(data, degrees["dp"], batch_size)
+    if batch_size and training.get("global_batch_size", -1) < 0:
+        training = {**training, "global_batch_size": batch_size}
     layers = _layers_from(data)
     fields = {**degrees, **_read_batch(par, training, degrees, unmapped)}
     fields.update(_read_pipeline(par, degrees["pp"], layers, unmapped))
@@ -250,7 +256,21 @@ def read(text: str, *, devices: int | None = None) -> Imported:
     if training.get("enable_cpu_offload"):
         unmapped.append("enable_cpu_offload: autoplan does not price CPU offload.")
     facts = ModelFacts(layers=layers, seq_len=training.get("seq_len"))
-    return Imported(framework="torchtitan", fields=fields, unmapped=unmapped, facts=facts)
+    return Imported(framework="torchtitan", fields=fields, unmapped=unmapped, facts=facts, assumptions=assumptions)
+
+
+def _defaults_used(data: dict[str, Any], dp: int, batch_size: int | None) -> list[str]:
+    """The defaults (:data:`DEFAULTS`) and --devices/--batch values used for keys the file leaves out."""
+    training = data.get("training", {})
+    found = [f"{s}.{k} not stated: torchtitan's default {v!r}." for s, k, v in DEFAULTS if k not in data.get(s, {})]
+    if data.get("parallelism", {}).get("data_parallel_shard_degree", -1) == -1:
+        found.append(f"data_parallel_shard_degree -1 (torchtitan's default): the ranks --devices leaves, dp {dp}.")
+    if training.get("global_batch_size", -1) < 0:
+        local = training.get("local_batch_size", 8)
+        how = f"{batch_size} from --batch" if batch_size else f"local_batch_size {local} x dp {dp} (no accumulation)"
+        found.append(f"training.global_batch_size not stated: read as {how}.")
+    flavor = data.get("model", {}).get("flavor")
+    return found + ([f"model.flavor {flavor!r}: its sizes are not compared with the model's."] if flavor else [])
 
 
 def _read_degrees(par: dict[str, Any], devices: int | None, unmapped: list[str]) -> dict[str, Any]:

@@ -151,7 +151,7 @@ def test_read_without_comments_takes_the_batch_from_the_caller(facts):
                      if not line.startswith("#"))  # fmt: skip
     assert acc_export.read(text, batch_size=64).fields["micro_batch_size"] == 4
     plain = acc_export.read(text)
-    assert plain.fields["micro_batch_size"] == 1 and any("training-script argument" in u for u in plain.unmapped)
+    assert plain.fields["micro_batch_size"] == 1 and any("training-script argument" in a for a in plain.assumptions)
 
 
 def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
