@@ -190,7 +190,7 @@ def _numerics(plan: Plan) -> tuple[str, str]:
 
 
 def _words(pins: dict[str, str]) -> str:
-    return ", ".join(f"{'gradient reduction' if k == 'reduce' else k} {v}" for k, v in pins.items())
+    return " and ".join(f"{'gradient reduction' if k == 'reduce' else k} {v}" for k, v in pins.items())
 
 
 def pricing_lines(result: ConfigPricing) -> list[str]:
@@ -204,6 +204,7 @@ def pricing_lines(result: ConfigPricing) -> list[str]:
         f"- best plan{f' at your {at}' if at else ''}: **{result.best_plan.describe()}**, "
         f"{_ms(result.best_step_s)} per step",
         f"- your config is {result.slower:.2f}x the best plan's step time",
+        *_lossy_line(result),
         _precision_line(result),
         "",
         "| term | yours ms | best ms | difference ms |",
@@ -218,6 +219,13 @@ def pricing_lines(result: ConfigPricing) -> list[str]:
     if result.assumptions:
         lines += ["", "Assumed in reading the config:", ""] + [f"- {a}" for a in result.assumptions]
     return lines
+
+
+def _lossy_line(result: ConfigPricing) -> list[str]:
+    plan = result.config_plan
+    if not plan.lossy or result.compared_at.get("reduce") != plan.grad_reduce_dtype:
+        return []
+    return [f"- your config is lossy ({', '.join(plan.lossy)}); the best plan is compared with the same reduction"]
 
 
 def _precision_line(result: ConfigPricing) -> str:
