@@ -129,9 +129,9 @@ def price_config(
     framework: str | None = None,
     devices: int | None = None,
     batch_size: int | None = None,
-    search: dict[str, Any] | None = None,
+    **search: Any,
 ) -> ConfigPricing:
     """Price an existing config and the planner's best plan for its devices and batch (module
-    docstring); ``search``: the ``plan`` command's ``fix`` and ``allow_*`` options."""
+    docstring); ``search``: the planner's ``fix`` and ``allow_*`` options (``plan_graph``'s)."""
     imported = import_config(path, framework=framework, devices=devices, batch_size=batch_size)
     return price_imported(imported, graph=graph, profile=profile, search=search, source=str(path))

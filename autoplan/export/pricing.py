@@ -125,7 +125,6 @@ def price_imported(
     ``search`` holds ``plan_graph``'s ``fix`` and ``allow_*`` options (the ``plan`` command's flags)."""
     from autoplan.cost.model import CostModel
     from autoplan.report.terms import term_diffs
-    from autoplan.solve.space import parse_fixes
 
     assumptions = imported.assumptions + check_facts(imported, graph, source=source, model=model or graph.model_name)
     try:
@@ -133,21 +132,7 @@ def price_imported(
     except AutoplanError as exc:
         raise ExportError(f"'{source}' describes a plan autoplan cannot price: {exc}") from None
     cost = CostModel(graph, profile).estimate(plan)
-    options = dict(search or {})
-    fixes = parse_fixes(options.pop("fix", None))
-    same = {"precision": plan.precision, "reduce": plan.grad_reduce_dtype}
-    pins = {key: value for key, value in same.items() if key not in fixes}
-    lossy = options.get("allow_lossy", False) or plan.grad_reduce_dtype != "fp32"  # the config's own reduction
-    best, other, note = _search(graph, profile, plan, {**options, "allow_lossy": lossy}, {**fixes, **pins}), None, ""
-    if best is None:  # the search builds no plan at the config's numerics (a precision it does not offer)
-        note = f"no plan the search builds fits at your config's {_words(pins)}; compared at any precision"
-        best, pins = _search(graph, profile, plan, options, fixes, strict=True), {}
-    elif pins:
-        other = _search(graph, profile, plan, options, fixes)
-        faster = other is not None and other.best_cost.step_time_s < best.best_cost.step_time_s
-        other = (
-            other if faster and (other.best.precision, other.best.grad_reduce_dtype) != _numerics(best.best) else None
-        )
+    best, other, compared_at, note = _best_plans(graph, profile, plan, dict(search or {}))
     return ConfigPricing(
         framework=imported.framework,
         config_plan=plan,
@@ -156,7 +141,7 @@ def price_imported(
         config_reason=cost.reason,
         best_plan=best.best,
         best_step_s=best.best_cost.step_time_s,
-        compared_at={**{k: v for k, v in fixes.items() if k in same}, **pins},
+        compared_at=compared_at,
         note=note,
         any_plan=other.best if other else None,
         any_step_s=other.best_cost.step_time_s if other else None,
@@ -167,6 +152,26 @@ def price_imported(
             for d in term_diffs(best.best_cost, cost)
         ],
     )
+
+
+def _best_plans(graph: Graph, profile: Profile, plan: Plan, options: dict[str, Any]):
+    """(like-for-like best, faster best at other numerics or None, the numerics pinned, a note) for
+    the config's ``plan`` (module docstring, 2 and 3); ``options``: ``plan_graph``'s fix and allow_*."""
+    from autoplan.solve.space import parse_fixes
+
+    fixes = parse_fixes(options.pop("fix", None))
+    same = {"precision": plan.precision, "reduce": plan.grad_reduce_dtype}
+    pins = {key: value for key, value in same.items() if key not in fixes}  # the user's pins win
+    compared_at = {**{key: value for key, value in fixes.items() if key in same}, **pins}
+    lossy = options.get("allow_lossy", False) or plan.grad_reduce_dtype != "fp32"  # the config's own reduction
+    best = _search(graph, profile, plan, {**options, "allow_lossy": lossy}, {**fixes, **pins})
+    if best is None:  # the search builds no plan at the config's numerics (a precision it does not offer)
+        note = f"no plan the search builds fits at your config's {_words(pins)}; compared at any precision"
+        return _search(graph, profile, plan, options, fixes, strict=True), None, {}, note
+    other = _search(graph, profile, plan, options, fixes) if pins else None
+    if other is None or other.best_cost.step_time_s >= best.best_cost.step_time_s:
+        return best, None, compared_at, ""
+    return best, (None if _numerics(other.best) == _numerics(best.best) else other), compared_at, ""
 
 
 def _search(graph: Graph, profile: Profile, plan: Plan, options: dict[str, Any], fixes: dict, *, strict=False):
