@@ -50,6 +50,24 @@ def add_config_arguments(explain: argparse.ArgumentParser) -> None:
     add_search_arguments(explain)  # plan's --fix and --allow-*: the best plan is searched as `autoplan plan` would
 
 
+def refuse_config_flags_without_config(args: argparse.Namespace) -> None:
+    """``explain DIR`` re-runs the plan folder's own search: the flags that describe a config and its
+    search (:func:`add_config_arguments`) would be ignored there, so they are refused in one sentence."""
+    from autoplan.errors import AutoplanError
+
+    names = ("framework", "model", "profile", "devices", "batch", "fix")
+    given = [f"--{name}" for name in names if getattr(args, name)]
+    given += [
+        f"--{name.replace('_', '-')}" for name, value in vars(args).items() if name.startswith("allow_") and value
+    ]
+    if given:
+        verb = "is" if len(given) == 1 else "are"
+        raise AutoplanError(
+            f"{', '.join(given)} {verb} for explain --config FILE; a plan folder is explained with the search "
+            "it was planned with."
+        )
+
+
 def run_export(args: argparse.Namespace) -> int:
     from autoplan.export.api import export_plan, load_plan, write_export
 

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from autoplan.cli.export import add_config_arguments, add_export_parser
+from autoplan.cli.export import add_config_arguments, add_export_parser, refuse_config_flags_without_config
 
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:
@@ -65,6 +65,7 @@ def run_explain(args: argparse.Namespace) -> int:
         return run_explain_config(args)
     if not args.plan_dir:
         raise AutoplanError("explain needs a plan folder (autoplan plan --out DIR) or --config FILE.")
+    refuse_config_flags_without_config(args)
 
     with _status("re-running the search and re-pricing rivals", enabled=not (args.quiet or args.json)):
         exp = explain(args.plan_dir, rivals=args.rivals)

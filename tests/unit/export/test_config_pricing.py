@@ -125,3 +125,10 @@ def test_explain_config_takes_plans_fix(tmp_path, capsys):
     result = json.loads(out)
     assert result["compared_at"] == {"precision": "bf16", "reduce": "fp32"} and result["any_precision"] is None
     assert " tp=2 " in result["best_plan"] and result["best_plan"].endswith(" bf16")
+
+
+def test_search_flags_without_a_config_are_refused_not_ignored(tmp_path, capsys):
+    """``explain DIR`` explains the folder's own search: a --fix there would be silently ignored."""
+    assert main(["explain", str(tmp_path / "plan"), "--fix", "tp=2", "--allow-lossy"]) == 2
+    err = capsys.readouterr().err
+    assert "--fix, --allow-lossy are for explain --config FILE" in err and err.count("\n") == 1
