@@ -266,13 +266,25 @@ def _render_slurm(args: argparse.Namespace, *, job, out: Path, plan, header: str
         partition=args.partition,
         cpus_per_node=args.cpus_per_node,
         header=header,
+        shutdown_flag=(flag := torchrun_has_shutdown_timeout()),
+    )
+    waits = (
+        f"waits up to {stop.shutdown_timeout_s} s" if flag else "(this torch's, without --shutdown-timeout) waits 30 s"
     )
     note = (
-        f"at the time limit: the ranks get SIGTERM {stop.signal_lead_s} s before it and torchrun waits up to "
-        f"{stop.shutdown_timeout_s} s for their final checkpoint ({stop.basis}), then the job requeues itself"
+        f"at the time limit: the ranks get SIGTERM {stop.signal_lead_s} s before it and torchrun {waits} "
+        f"for their final checkpoint ({stop.basis}), then the job requeues itself"
     )
-    fields = {"shutdown_timeout_s": stop.shutdown_timeout_s, "signal_lead_s": stop.signal_lead_s}
+    fields = {"shutdown_timeout_s": stop.shutdown_timeout_s if flag else None, "signal_lead_s": stop.signal_lead_s}
     return text, {"assumptions": [note], **fields}
+
+
+def torchrun_has_shutdown_timeout() -> bool:
+    """Whether this torch's torchrun accepts ``--shutdown-timeout`` (pytorch/pytorch#172596); an older
+    one would end the job at once on the unknown flag, and gives the ranks its fixed 30 s."""
+    from torch.distributed.run import get_args_parser
+
+    return any("--shutdown-timeout" in action.option_strings for action in get_args_parser()._actions)
 
 
 def _node_install(args: argparse.Namespace):

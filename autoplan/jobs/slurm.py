@@ -97,9 +97,12 @@ def sbatch_script(
     partition: str | None = None,
     cpus_per_node: int | None = None,
     header: str = "",
+    shutdown_flag: bool = True,
 ) -> str:
     """The batch script (module docstring); ``output`` is the log path (``%j`` = job id), in a
-    folder that exists when the job starts (Slurm does not create it)."""
+    folder that exists when the job starts (Slurm does not create it). ``shutdown_flag`` False
+    leaves out torchrun's ``--shutdown-timeout``, which an older torch does not accept
+    (it came with pytorch/pytorch#172596)."""
     _check_time(time_limit, stop)
     cpus = cpus_per_node or CPUS_PER_RANK * job.gpus_per_node
     if cpus < 1:
@@ -107,7 +110,7 @@ def sbatch_script(
     lines = ["#!/bin/bash", *(f"# {line}" for line in header.splitlines())]
     lines += [f"#SBATCH {option}" for option in _options(job, time_limit, output, partition, cpus, stop)]
     lines += ["", "set -eu  # no pipefail: `head -n 1` may close scontrol's pipe early, which is no error"]
-    lines += [*_environment(job), *_rendezvous(job), *_traps(stop), *_step(job, cpus, stop)]
+    lines += [*_environment(job), *_rendezvous(job), *_traps(stop), *_step(job, cpus, stop, shutdown_flag)]
     return "\n".join(lines) + "\n"
 
 
@@ -159,14 +162,15 @@ def _traps(stop: StopTimes) -> list[str]:
     ]
 
 
-def _step(job: NodeJob, cpus: int, stop: StopTimes) -> list[str]:
+def _step(job: NodeJob, cpus: int, stop: StopTimes, shutdown_flag: bool) -> list[str]:
+    shutdown = [f"    --shutdown-timeout={stop.shutdown_timeout_s} \\"] if shutdown_flag else []
     return [
         "",
         "# one torchrun per node; it starts this node's ranks and numbers them with the other nodes'",
         f"srun --kill-on-bad-exit=1 --cpus-per-task={cpus} torchrun \\",
         f'    --nnodes="$SLURM_NNODES" --nproc-per-node={job.gpus_per_node} \\',
         f'    --rdzv-backend=c10d --rdzv-endpoint="$HEAD:{job.rdzv_port}" --rdzv-id="$SLURM_JOB_ID" \\',
-        f"    --shutdown-timeout={stop.shutdown_timeout_s} \\",
+        *shutdown,
         f"    {job.executor_command(break_before_flags=CONTINUATION)} &",
         'wait "$!"  # the step runs in the background, so that the traps run while it trains',
     ]

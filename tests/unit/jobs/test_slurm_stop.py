@@ -119,3 +119,20 @@ def test_launch_derives_the_stop_times_from_the_plan_and_says_so(tmp_path, monke
     assert "SIGTERM 204 s before it and torchrun waits up to 144 s" in out and "checkpoint write (40.2 s)" in out
     script = (tmp_path / "launch.sbatch").read_text()
     assert sbatch_options(script)["--signal"] == "B:USR1@204" and "--shutdown-timeout=144 " in script
+
+
+def test_a_torchrun_without_shutdown_timeout_gets_no_such_flag(tmp_path, monkeypatch, capsys):
+    """An older torch's torchrun rejects the unknown flag (the job would fail at once); launch says
+    that its ranks get torchrun's fixed 30 s instead."""
+    import autoplan.cli.launch as launch
+
+    assert launch.torchrun_has_shutdown_timeout()  # torch 2.13's torchrun has it
+    monkeypatch.setattr(launch, "torchrun_has_shutdown_timeout", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(Path(__file__).resolve().parents[3] / "examples/mlp.py", tmp_path / "mlp.py")
+    Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, profile="dgx-h100").save("plan.json")
+    assert main(["launch", "mlp.py", "plan.json", "--slurm", "--gpus-per-node", "2"]) == 0
+    assert "torchrun (this torch's, without --shutdown-timeout) waits 30 s" in capsys.readouterr().out
+    script = (tmp_path / "launch.sbatch").read_text()
+    assert "--shutdown-timeout" not in script and "--signal=B:USR1@120" in script
+    assert subprocess.run(["bash", "-n", str(tmp_path / "launch.sbatch")]).returncode == 0
