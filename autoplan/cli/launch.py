@@ -97,7 +97,10 @@ def _report(args: argparse.Namespace, *, job, out: Path, submit: str, plan, note
         print(f"wrote {out}: {job.nodes} node(s) x {job.gpus_per_node} rank(s), {plan.describe()}")
         if job.environment:
             sizes = " ".join(f"{name}={value}" for name, value in job.environment)
-            print(f"the ranks build the model with {sizes} (the sizes the plan was checked against here)")
+            checked = (
+                "checked against the plan's graph signature" if plan.graph_signature else "the plan has none to check"
+            )
+            print(f"the ranks build the model with {sizes} (set here; {checked})")
         for note in notes.get("assumptions", []):
             print(note)
         print(f"submit with: {submit}")

@@ -49,7 +49,7 @@ def _run_script(work: Path, script: Path, env: dict) -> str:
 def test_the_slurm_script_sets_the_sizes_the_plan_was_made_with(work, monkeypatch, capsys):
     monkeypatch.setenv("AUTOPLAN_INJECT_FAULT", "0:1")  # a run control of autoplan's, not a size
     assert main(["launch", "mlp.py", "plan.json", "--slurm", "--gpus-per-node", "2"]) == 0
-    assert "AUTOPLAN_MLP_DEPTH=2 (the sizes the plan was checked against here)" in capsys.readouterr().out
+    assert "AUTOPLAN_MLP_DEPTH=2 (set here; checked against the plan's graph signature)" in capsys.readouterr().out
     script = (work / "launch.sbatch").read_text()
     assert "export AUTOPLAN_MLP_DEPTH=2\n" in script and "AUTOPLAN_INJECT_FAULT" not in script
     # the node's shell has none of the launching shell's variables: the script sets them itself
