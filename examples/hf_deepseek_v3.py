@@ -2,7 +2,7 @@
 layers of 256 fine-grained routed experts, top-8 with group-limited routing, plus 1 shared expert),
 at its published size (671B parameters) by default, built on the meta device (no weights
 downloaded). autoplan traces its routing under the routing model (docs/moe.md). Needs
-`pip install 'autoplan[hf]'`. Sizes overridable with AUTOPLAN_HF_DSV3_<NAME> for LAYERS, DENSE,
+`pip install -e '.[hf]'`. Sizes overridable with AUTOPLAN_HF_DSV3_<NAME> for LAYERS, DENSE,
 DIM, HEADS, FFN, MOE_FFN, EXPERTS, TOP_K, VOCAB, SEQ."""
 
 import sys
@@ -15,7 +15,7 @@ try:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 except ImportError as exc:
     raise ImportError(
-        "examples/hf_deepseek_v3.py needs Hugging Face transformers; install it with: pip install 'autoplan[hf]'"
+        "examples/hf_deepseek_v3.py needs Hugging Face transformers; install it with: pip install -e '.[hf]'"
     ) from exc
 
 

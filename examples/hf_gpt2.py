@@ -1,5 +1,5 @@
 """Hugging Face transformers GPT-2, built from a config (no weights downloaded). It does not
-trace with torch.fx, so autoplan falls back to torch.export. Needs `pip install 'autoplan[hf]'`.
+trace with torch.fx, so autoplan falls back to torch.export. Needs `pip install -e '.[hf]'`.
 Sizes overridable with AUTOPLAN_HF_GPT2_<NAME> for LAYERS, DIM, HEADS, VOCAB, SEQ."""
 
 import sys
@@ -12,7 +12,7 @@ try:
     from transformers import GPT2Config, GPT2LMHeadModel
 except ImportError as exc:  # one clear line from autoplan's model-file loader
     raise ImportError(
-        "examples/hf_gpt2.py needs Hugging Face transformers; install it with: pip install 'autoplan[hf]'"
+        "examples/hf_gpt2.py needs Hugging Face transformers; install it with: pip install -e '.[hf]'"
     ) from exc
 
 PREFIX = "AUTOPLAN_HF_GPT2"

@@ -2,7 +2,7 @@
 SwiGLU; attention with sinks, alternating 128-token sliding-window and full layers), at
 gpt-oss-120b's published size by default, built on the meta device (no weights downloaded).
 autoplan traces its routing under the routing model (docs/moe.md). Needs
-`pip install 'autoplan[hf]'`. Sizes overridable with AUTOPLAN_HF_GPT_OSS_<NAME> for LAYERS, DIM,
+`pip install -e '.[hf]'`. Sizes overridable with AUTOPLAN_HF_GPT_OSS_<NAME> for LAYERS, DIM,
 HEADS, KV_HEADS, HEAD_DIM, FFN, EXPERTS, TOP_K, VOCAB, SEQ."""
 
 import sys
@@ -15,7 +15,7 @@ try:
     from transformers import GptOssConfig, GptOssForCausalLM
 except ImportError as exc:
     raise ImportError(
-        "examples/hf_gpt_oss.py needs Hugging Face transformers; install it with: pip install 'autoplan[hf]'"
+        "examples/hf_gpt_oss.py needs Hugging Face transformers; install it with: pip install -e '.[hf]'"
     ) from exc
 
 

@@ -1,5 +1,5 @@
 """Hugging Face transformers Llama (GQA, RMSNorm, SwiGLU, rotary), built from a config (no
-weights downloaded); traced through the torch.export fallback. Needs `pip install 'autoplan[hf]'`.
+weights downloaded); traced through the torch.export fallback. Needs `pip install -e '.[hf]'`.
 Sizes overridable with AUTOPLAN_HF_LLAMA_<NAME> for LAYERS, DIM, HEADS, KV_HEADS, FFN, VOCAB, SEQ."""
 
 import sys
@@ -12,7 +12,7 @@ try:
     from transformers import LlamaConfig, LlamaForCausalLM
 except ImportError as exc:
     raise ImportError(
-        "examples/hf_llama.py needs Hugging Face transformers; install it with: pip install 'autoplan[hf]'"
+        "examples/hf_llama.py needs Hugging Face transformers; install it with: pip install -e '.[hf]'"
     ) from exc
 
 PREFIX = "AUTOPLAN_HF_LLAMA"

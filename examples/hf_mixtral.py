@@ -1,7 +1,7 @@
 """Hugging Face transformers Mixtral (sparse MoE: a top-2 router over 8 SwiGLU experts in every
 layer, GQA, RMSNorm, rotary), built from its default config with smaller sizes (no weights
 downloaded). Its experts route tokens with data-dependent ops (sort, histc, grouped GEMMs), which
-autoplan traces under its routing model (docs/moe.md). Needs `pip install 'autoplan[hf]'`.
+autoplan traces under its routing model (docs/moe.md). Needs `pip install -e '.[hf]'`.
 Sizes overridable with AUTOPLAN_HF_MIXTRAL_<NAME> for LAYERS, DIM, HEADS, KV_HEADS, FFN, EXPERTS,
 TOP_K, VOCAB, SEQ."""
 
@@ -15,7 +15,7 @@ try:
     from transformers import MixtralConfig, MixtralForCausalLM
 except ImportError as exc:
     raise ImportError(
-        "examples/hf_mixtral.py needs Hugging Face transformers; install it with: pip install 'autoplan[hf]'"
+        "examples/hf_mixtral.py needs Hugging Face transformers; install it with: pip install -e '.[hf]'"
     ) from exc
 
 

@@ -1,7 +1,7 @@
 """Hugging Face transformers Qwen3-MoE (128 fine-grained routed experts, top-8, no shared expert,
 GQA with 4 KV heads and a 128-wide head, QK-norm), at Qwen3-30B-A3B's published size by default,
 built on the meta device (no weights downloaded). autoplan traces its routing under the routing
-model (docs/moe.md). Needs `pip install 'autoplan[hf]'`. Sizes overridable with
+model (docs/moe.md). Needs `pip install -e '.[hf]'`. Sizes overridable with
 AUTOPLAN_HF_QWEN3_MOE_<NAME> for LAYERS, DIM, HEADS, KV_HEADS, HEAD_DIM, MOE_FFN, EXPERTS,
 TOP_K, VOCAB, SEQ."""
 
@@ -15,7 +15,7 @@ try:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 except ImportError as exc:
     raise ImportError(
-        "examples/hf_qwen3_moe.py needs Hugging Face transformers; install it with: pip install 'autoplan[hf]'"
+        "examples/hf_qwen3_moe.py needs Hugging Face transformers; install it with: pip install -e '.[hf]'"
     ) from exc
 
 

@@ -4,8 +4,11 @@ Registered by the execute stage's command module (autoplan/cli/execute.py), besi
 run``: the file it writes runs ``autoplan run`` on every node under torchrun (docs/launch.md).
 The nodes: ``devices / G`` of them, G from ``--gpus-per-node`` or else the plan's profile
 (``devices_per_node``). Slurm gets absolute paths (a shared file system); SkyPilot and TorchX get
-paths relative to this folder, which SkyPilot syncs and a TorchX image is built from. Bad input
-(no plan, devices that are not whole nodes, not exactly one target) is one sentence, exit 2.
+paths relative to this folder, which SkyPilot syncs and a TorchX image is built from. The file
+sets the model's size variables (every ``AUTOPLAN_*`` variable set here but autoplan's own run
+controls: the sizes the plan's graph signature was just checked under). Bad input (no plan,
+another model's plan, devices that are not whole nodes, not exactly one target, TorchX retries
+without a checkpoint volume) is one sentence, exit 2.
 """
 
 from __future__ import annotations
@@ -41,8 +44,16 @@ def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
     nodes.add_argument("--rdzv-port", type=int, default=29500, help="rendezvous port on the first node (29500)")
     parser.add_argument("--partition", metavar="P", help="Slurm partition")
     parser.add_argument("--time", default="24:00:00", metavar="HH:MM:SS", help="Slurm time limit (24:00:00)")
-    parser.add_argument("--setup", help="SkyPilot setup command (default: pip install autoplan==VERSION)")
+    parser.add_argument("--setup", help="SkyPilot setup command (default: install this checkout on each node)")
     parser.add_argument("--image", default="IMAGE", help="TorchX container image with autoplan, model and plan")
+    parser.add_argument(
+        "--checkpoint-volume",
+        metavar="V",
+        help="TorchX: a PersistentVolumeClaim (or absolute host path) every replica mounts at /checkpoints",
+    )
+    parser.add_argument(
+        "--max-retries", type=int, default=3, metavar="N", help="TorchX whole-job restarts (3; needs a volume)"
+    )
     parser.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
     parser.add_argument("--run-dir", metavar="D", help="the run folder (default: RUN beside the plan)")
     parser.add_argument(
@@ -69,17 +80,30 @@ def launch_command(args: argparse.Namespace) -> int:
         raise RunError(f"--steps {args.steps}: expected at least 1 step.")
     out = Path(args.out or Path(args.plan).parent / TARGETS[target][0])
     job = _job(args, plan=plan, target=target)
-    text = _render(args, job=job, target=target, out=out, plan=plan)
+    text, notes = _render(args, job=job, target=target, out=out, plan=plan)
     write_text_atomic(out, text)
-    submit = TARGETS[target][1].format(file=out)
+    _report(args, job=job, out=out, submit=TARGETS[target][1].format(file=out), plan=plan, notes=notes)
+    return 0
+
+
+def _report(args: argparse.Namespace, *, job, out: Path, submit: str, plan, notes: dict) -> None:
+    """What was written, each assumption the file makes (``notes``: one sentence each), and how to submit it."""
     if args.json:
         import json
 
-        print(json.dumps({"file": str(out), "nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "submit": submit}))
+        fields = {"file": str(out), "nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "submit": submit}
+        print(json.dumps({**fields, "environment": dict(job.environment), **notes}))
     elif not args.quiet:
         print(f"wrote {out}: {job.nodes} node(s) x {job.gpus_per_node} rank(s), {plan.describe()}")
+        if job.environment:
+            sizes = " ".join(f"{name}={value}" for name, value in job.environment)
+            checked = (
+                "checked against the plan's graph signature" if plan.graph_signature else "the plan has none to check"
+            )
+            print(f"the ranks build the model with {sizes} (set here; {checked})")
+        for note in notes.get("assumptions", []):
+            print(note)
         print(f"submit with: {submit}")
-    return 0
 
 
 def _check_model(args: argparse.Namespace, plan) -> None:
@@ -96,6 +120,13 @@ def _target(args: argparse.Namespace) -> str:
     chosen = [name for name in TARGETS if getattr(args, name)]
     if len(chosen) != 1:
         raise RunError(f"give exactly one of --slurm, --skypilot and --torchx, not {len(chosen)}.")
+    if args.checkpoint_volume and chosen[0] != "torchx":
+        raise RunError("--checkpoint-volume is for --torchx; a Slurm or SkyPilot job names a shared --checkpoint-dir.")
+    if args.checkpoint_volume and args.checkpoint_dir:
+        raise RunError(
+            "with --checkpoint-volume the checkpoint folder is that volume, mounted at /checkpoints; "
+            "drop --checkpoint-dir."
+        )
     return chosen[0]
 
 
@@ -117,7 +148,6 @@ def _job(args: argparse.Namespace, *, plan, target: str):
     profile = _profile(plan, needed=args.gpus_per_node is None)
     absolute = target == "slurm"
     run_dir = args.run_dir or str(Path(args.plan).parent / "run")
-    checkpoint_dir = args.checkpoint_dir or str(Path(args.plan).parent / "checkpoints")
     return NodeJob(
         name=job_name(Path(args.model).stem),
         devices=plan.devices,
@@ -127,12 +157,40 @@ def _job(args: argparse.Namespace, *, plan, target: str):
             plan=_path(args.plan, absolute=absolute),
             steps=args.steps,
             run_dir=_path(run_dir, absolute=absolute, exists=False),
-            checkpoint_dir=_path(checkpoint_dir, absolute=absolute, exists=False),
+            checkpoint_dir=_checkpoint_dir(args, absolute=absolute),
             checkpoint_every=args.checkpoint_every,
         ),
         uses_gpus=profile is None or profile.backend == "nccl" or bool(args.accelerator),
         accelerator=args.accelerator or (accelerator_name(profile.device.name) if profile else None),
         rdzv_port=args.rdzv_port,
+        environment=model_environment(),
+    )
+
+
+def _checkpoint_dir(args: argparse.Namespace, *, absolute: bool) -> str:
+    """--checkpoint-dir as the nodes see it; a TorchX volume's mount point when one is given."""
+    from autoplan.jobs.cloud import TORCHX_CHECKPOINTS
+
+    if args.checkpoint_volume:
+        return TORCHX_CHECKPOINTS
+    checkpoint_dir = args.checkpoint_dir or str(Path(args.plan).parent / "checkpoints")
+    return _path(checkpoint_dir, absolute=absolute, exists=False)
+
+
+def model_environment() -> tuple[tuple[str, str], ...]:
+    """The ``AUTOPLAN_*`` variables set here, which model files read their sizes from (examples/*.py),
+    less autoplan's own run controls (error folder, launcher pid, fault injection, FP8 emulation)."""
+    import os
+
+    from autoplan.execute.float8 import EMULATE_ENV
+    from autoplan.execute.job.checkpointing import FAULT_ENV
+    from autoplan.jobs.lifeline import LAUNCHER_PID_ENV
+
+    controls = {"AUTOPLAN_ERROR_DIR", LAUNCHER_PID_ENV, FAULT_ENV, EMULATE_ENV}
+    return tuple(
+        (name, value)
+        for name, value in sorted(os.environ.items())
+        if name.startswith("AUTOPLAN_") and name not in controls
     )
 
 
@@ -169,32 +227,73 @@ def _path(path: str, *, absolute: bool, exists: bool = True) -> str:
         ) from None
 
 
-def _render(args: argparse.Namespace, *, job, target: str, out: Path, plan) -> str:
+def _render(args: argparse.Namespace, *, job, target: str, out: Path, plan) -> tuple[str, dict]:
+    """The file's text, and what it assumed (printed by :func:`_report`)."""
     header = (
         f"Written by `autoplan launch` for {args.plan} ({plan.describe()}): "
         f"{job.nodes} node(s) x {job.gpus_per_node} rank(s).\nSubmit with: {TARGETS[target][1].format(file=out)}"
     )
+    if plan.graph_signature:
+        header += f"\nModel: {Path(args.model).name} (graph signature {plan.graph_signature})."
     if target == "slurm":
-        from autoplan.jobs.slurm import sbatch_script
-
-        output = str(out.resolve().parent / f"{job.name}-%j.out")
-        return sbatch_script(
-            job,
-            time_limit=args.time,
-            output=output,
-            partition=args.partition,
-            cpus_per_node=args.cpus_per_node,
-            header=header,
-        )
+        return _render_slurm(args, job=job, out=out, plan=plan, header=header)
     from autoplan.jobs.cloud import skypilot_task, torchx_component
 
     if target == "skypilot":
-        return skypilot_task(job, setup=args.setup or _default_setup(), header=header)
+        return skypilot_task(job, install=_node_install(args), header=header), {}
     cpus = args.cpus_per_node or 8 * job.gpus_per_node
-    return torchx_component(job, image=args.image, cpus_per_node=cpus, memory_mb_per_node=16384 * job.gpus_per_node)
+    text = torchx_component(
+        job,
+        image=args.image,
+        cpus_per_node=cpus,
+        memory_mb_per_node=16384 * job.gpus_per_node,
+        max_retries=args.max_retries,
+        checkpoint_volume=args.checkpoint_volume,
+    )
+    return text, {}
 
 
-def _default_setup() -> str:
-    from autoplan.version import __version__
+def _render_slurm(args: argparse.Namespace, *, job, out: Path, plan, header: str) -> tuple[str, dict]:
+    from autoplan.jobs.slurm import sbatch_script, stop_times
 
-    return f"pip install autoplan=={__version__}"
+    predicted = plan.predicted
+    stop = stop_times(
+        step_time_s=predicted.step_time_s if predicted else None,
+        checkpoint_write_s=predicted.checkpoint_write_s if predicted else None,
+    )
+    text = sbatch_script(
+        job,
+        time_limit=args.time,
+        output=str(out.resolve().parent / f"{job.name}-%j.out"),
+        stop=stop,
+        partition=args.partition,
+        cpus_per_node=args.cpus_per_node,
+        header=header,
+        shutdown_flag=(flag := torchrun_has_shutdown_timeout()),
+    )
+    waits = (
+        f"waits up to {stop.shutdown_timeout_s} s" if flag else "(this torch's, without --shutdown-timeout) waits 30 s"
+    )
+    note = (
+        f"at the time limit: the ranks get SIGTERM {stop.signal_lead_s} s before it and torchrun {waits} "
+        f"for their final checkpoint ({stop.basis}), then the job requeues itself"
+    )
+    fields = {"shutdown_timeout_s": stop.shutdown_timeout_s if flag else None, "signal_lead_s": stop.signal_lead_s}
+    return text, {"assumptions": [note], **fields}
+
+
+def torchrun_has_shutdown_timeout() -> bool:
+    """Whether this torch's torchrun accepts ``--shutdown-timeout`` (pytorch/pytorch#172596); an older
+    one would end the job at once on the unknown flag, and gives the ranks its fixed 30 s."""
+    from torch.distributed.run import get_args_parser
+
+    return any("--shutdown-timeout" in action.option_strings for action in get_args_parser()._actions)
+
+
+def _node_install(args: argparse.Namespace):
+    """SkyPilot's setup: --setup as given, else this checkout (autoplan/jobs/install.py)."""
+    from autoplan.jobs.install import NodeInstall, checkout_root, node_install
+
+    if args.setup:
+        return NodeInstall(setup=args.setup)
+    return node_install(checkout=checkout_root(), workdir=Path.cwd())

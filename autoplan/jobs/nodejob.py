@@ -28,7 +28,9 @@ class NodeJob:
     ``executor_args`` follow ``python -m autoplan.cli`` (``("run", MODEL, "--plan", PLAN, ...)``,
     see :func:`executor_args`); ``uses_gpus`` is False for CPU nodes (a gloo profile), whose ranks
     ask the scheduler for no GPU; ``accelerator`` is the cloud name of the node's GPU (``"H100"``),
-    None when unknown (SkyPilot then needs one: :mod:`autoplan.jobs.cloud`).
+    None when unknown (SkyPilot then needs one: :mod:`autoplan.jobs.cloud`). ``environment`` holds
+    the ``(NAME, value)`` variables every rank needs set: the model file's sizes the plan was made
+    with (``AUTOPLAN_GPT_N_LAYER``...), which a node's fresh shell would not have.
     """
 
     name: str
@@ -38,6 +40,7 @@ class NodeJob:
     uses_gpus: bool = True
     accelerator: str | None = None
     rdzv_port: int = DEFAULT_RDZV_PORT
+    environment: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
@@ -51,6 +54,9 @@ class NodeJob:
             raise RunError(f"--rdzv-port {self.rdzv_port}: expected a TCP port between 1 and 65535.")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
             raise RunError(f"job name {self.name!r}: expected letters, digits, '.', '_' and '-' only.")
+        for name, _ in self.environment:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise RunError(f"environment variable {name!r}: expected letters, digits and '_', not a digit first.")
 
     @property
     def nodes(self) -> int:

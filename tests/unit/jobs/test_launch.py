@@ -15,8 +15,9 @@ import yaml
 from autoplan.cli import main
 from autoplan.errors import RunError
 from autoplan.jobs.cloud import accelerator_name, skypilot_task, torchx_component
+from autoplan.jobs.install import NodeInstall
 from autoplan.jobs.nodejob import NodeJob, executor_args
-from autoplan.jobs.slurm import sbatch_options, sbatch_script
+from autoplan.jobs.slurm import sbatch_options, sbatch_script, stop_times
 from autoplan.types.plan import Plan
 
 ARGS = executor_args(
@@ -31,8 +32,14 @@ def _job(**kw) -> NodeJob:
     return NodeJob(**kw)
 
 
+#: no predicted checkpoint write: torchrun's 60 s and a 120 s lead (autoplan/jobs/slurm.py stop_times)
+DEFAULT_STOP = stop_times(step_time_s=None, checkpoint_write_s=None)
+
+
 def _script(**kw) -> str:
-    return sbatch_script(_job(**kw), time_limit="12:00:00", output="/logs/%x-%j.out", partition="gpu")
+    return sbatch_script(
+        _job(**kw), time_limit="12:00:00", output="/logs/%x-%j.out", partition="gpu", stop=DEFAULT_STOP
+    )
 
 
 def test_the_sbatch_script_is_bash_and_asks_for_whole_nodes(tmp_path):
@@ -51,7 +58,7 @@ def test_the_sbatch_script_is_bash_and_asks_for_whole_nodes(tmp_path):
         "--output": "/logs/%x-%j.out",
         "--open-mode": "append",
         "--requeue": "",
-        "--signal": "TERM@120",
+        "--signal": "B:USR1@120",
     }
 
 
@@ -69,12 +76,14 @@ def test_srun_starts_one_torchrun_per_node_in_a_c10d_rendezvous_on_the_first_nod
     argv = done.stdout.splitlines()[1:]  # after the script's own "autoplan: job ..." line
     assert argv == [
         "--kill-on-bad-exit=1",
+        "--cpus-per-task=64",  # srun does not inherit sbatch's --cpus-per-task since Slurm 22.05
         "torchrun",
         "--nnodes=2",
         "--nproc-per-node=8",
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=node007:29500",
         "--rdzv-id=77",
+        "--shutdown-timeout=60",
         "-m",
         "autoplan.cli",
         *ARGS,
@@ -103,7 +112,7 @@ def test_bad_jobs_are_one_sentence(kw, sentence):
 
 def test_a_bad_time_limit_is_one_sentence():
     with pytest.raises(RunError, match="--time '12h'"):
-        sbatch_script(_job(), time_limit="12h", output="x.out")
+        sbatch_script(_job(), time_limit="12h", output="x.out", stop=DEFAULT_STOP)
 
 
 @pytest.mark.parametrize(
@@ -123,14 +132,14 @@ def test_accelerator_names_come_from_the_profiles_device(device, name):
 
 def _sky(tmp_path: Path) -> Path:
     path = tmp_path / "sky.yaml"
-    path.write_text(skypilot_task(_job(), setup="pip install autoplan==0.1.0", header="a comment"))
+    path.write_text(skypilot_task(_job(), install=NodeInstall(setup="pip install -e ."), header="a comment"))
     return path
 
 
 def test_the_skypilot_task_is_yaml_with_nodes_accelerators_and_a_torchrun_per_node(tmp_path):
     task = yaml.safe_load(_sky(tmp_path).read_text())
     assert task["num_nodes"] == 2 and task["resources"] == {"accelerators": "H100:8"}
-    assert task["setup"].strip() == "pip install autoplan==0.1.0"
+    assert task["setup"].strip() == "pip install -e ."
     for variable in ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE"):
         assert f"${variable}" in task["run"]
     (tmp_path / "run.sh").write_text(task["run"])
@@ -150,12 +159,16 @@ def test_the_skypilot_task_loads_with_skypilot(tmp_path, monkeypatch):
 
 def test_skypilot_needs_a_known_accelerator():
     with pytest.raises(RunError, match="pass --accelerator"):
-        skypilot_task(_job(accelerator=None), setup="true")
+        skypilot_task(_job(accelerator=None), install=NodeInstall(setup="true"))
 
 
-def _component(tmp_path: Path) -> Path:
+def _component(tmp_path: Path, **volume) -> Path:
+    volume = {"max_retries": 3, "checkpoint_volume": "ckpt-claim", **volume}
     path = tmp_path / "torchx_job.py"
-    path.write_text(torchx_component(_job(), image="ghcr.io/me/autoplan:1", cpus_per_node=64, memory_mb_per_node=2048))
+    component = torchx_component(
+        _job(), image="ghcr.io/me/autoplan:1", cpus_per_node=64, memory_mb_per_node=2048, **volume
+    )
+    path.write_text(component)
     return path
 
 
