@@ -78,17 +78,19 @@ def print_explanation(exp, *, as_json: bool, quiet: bool) -> None:
         print(json.dumps(exp.to_dict(), indent=2, default=str))
     elif not quiet:
         from rich.console import Console
-        from rich.markdown import Markdown
 
-        Console().print(Markdown(exp.to_markdown()))
+        from autoplan.cli.rendering import FitMarkdown
+
+        Console().print(FitMarkdown(exp.to_markdown()))
 
 
 def print_markdown(text: str) -> None:
     """Render Markdown on stdout with rich."""
     from rich.console import Console
-    from rich.markdown import Markdown
 
-    Console().print(Markdown(text))
+    from autoplan.cli.rendering import FitMarkdown
+
+    Console().print(FitMarkdown(text))
 
 
 def _status(message: str, *, enabled: bool):

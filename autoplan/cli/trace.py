@@ -140,9 +140,11 @@ def _moe_summary(layer) -> dict[str, Any]:
 
 def _print(summary: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"autoplan trace: {summary['model']} (batch {summary['batch_size']})", show_header=False)
+    from autoplan.display import FitTable
+
+    title = f"autoplan trace: {summary['model']} (batch {summary['batch_size']})"
+    table = FitTable(headers=["what", "value"], numbers=set(), title=title)
     rows = [
         ("trace method", summary["trace_method"]),
         ("parameters", f"{summary['parameters']:,} ({summary['parameter_bytes'] / 2**30:.2f} GiB)"),
