@@ -10,11 +10,12 @@ Three parts, each derived from the search's priced candidates (never canned text
 2. **What would change it** (autoplan/report/sensitivity.py): the link bandwidths and the
    batch size at which another plan wins, found by re-pricing with CostModel and bisection,
    and the memory headroom.
-3. **Why each rejected family lost.** A family is one (dp, tp, pp) shape. It lost to memory
-   when its members that would beat the best do not fit (or none fits); otherwise on the
-   deciding term of its best feasible member. A family the search pruned by its lower bound
-   is priced with the cost model's default layout (balanced stages, Megatron tp plan) to name
-   the term.
+3. **Why each rejected family lost.** A family is one (dp, tp, pp) shape. A family with a
+   member that fits lost on the deciding term of its best fitting member, and its members that
+   would have won but do not fit are named beside it; a family none of whose members fits lost
+   to memory. A family the search pruned by its lower bound is priced with the cost model's
+   default layout (balanced stages, Megatron tp plan) to name the term. The decision line states
+   the verdict of the nearest other family, so the two never disagree.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from autoplan.cost import reliability
 from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.whole_run import dollars_per_sample
+from autoplan.display import duration_text
 from autoplan.errors import AutoplanError
 from autoplan.report.terms import TermDiff, category_of, deciding_term, term_diffs
 from autoplan.report.trade import trade_rows
@@ -74,7 +76,7 @@ class Explanation:
     peak_memory_bytes: int
     ties: list[str]
     rivals: list[Rival]
-    decision: str  # category of the deciding term vs the nearest other family
+    decision: str  # the verdict of the nearest other family (families), or "no other family fits"
     decision_rival: Rival | None
     families: list[FamilyVerdict]
     thresholds: list[Any] = field(default_factory=list)  # sensitivity.Threshold
@@ -155,25 +157,41 @@ def _gib(value: float) -> str:
 
 
 def _oom_verdict(family: str, members: list, best, usable: float) -> FamilyVerdict | None:
+    """A family none of whose priced members fits: its fastest would-be winner, or its most frugal."""
     priced = [c for c in members if c.cost is not None]
-    faster = [c for c in priced if not c.cost.feasible and c.objective < best.objective]
+    if not priced or any(c.feasible for c in priced):
+        return None
+    faster = [c for c in priced if c.objective < best.objective]
     if faster:
         c = min(faster, key=lambda c: c.objective)
-        detail = (
-            f"its fastest member ({c.plan.describe()}) would be {100 * (1 - c.objective / best.objective):.1f}% faster "
-            f"but needs {_gib(c.cost.peak_memory_bytes)} per device of {_gib(usable)} usable"
-        )
+        detail = f"none of its members fits; {_would_win(c, best, usable)}"
         return FamilyVerdict(
             family, "out of memory", detail, c.plan.describe(), 100 * (c.objective / best.objective - 1)
         )
-    if priced and not any(c.feasible for c in priced):
-        c = min(priced, key=lambda c: c.cost.peak_memory_bytes)
-        detail = (
-            f"none of its {len(priced)} priced members fits: the most frugal ({c.plan.describe()}) "
-            f"needs {_gib(c.cost.peak_memory_bytes)} of {_gib(usable)} usable"
-        )
-        return FamilyVerdict(family, "out of memory", detail, c.plan.describe())
-    return None
+    c = min(priced, key=lambda c: c.cost.peak_memory_bytes)
+    detail = (
+        f"none of its {len(priced)} priced members fits: the most frugal ({c.plan.describe()}) "
+        f"needs {_gib(c.cost.peak_memory_bytes)} of {_gib(usable)} usable"
+    )
+    return FamilyVerdict(family, "out of memory", detail, c.plan.describe())
+
+
+def _would_win(c, best, usable: float) -> str:
+    return (
+        f"its fastest ({c.plan.describe()}) would be {100 * (1 - c.objective / best.objective):.1f}% faster than "
+        f"the chosen plan but needs {_gib(c.cost.peak_memory_bytes)} per device of {_gib(usable)} usable"
+    )
+
+
+def _fitting_verdict(family: str, members: list, best, usable: float) -> FamilyVerdict:
+    """A family with a member that fits lost on the deciding term of that member (the planner's
+    own ranking picks it); members that would have won but do not fit are named after it."""
+    feasible = [c for c in members if c.feasible]
+    verdict = _term_verdict(family, best, min(feasible, key=lambda c: c.objective))
+    faster = [c for c in members if c.cost is not None and not c.feasible and c.objective < best.objective]
+    if faster:
+        verdict.detail += "; " + _would_win(min(faster, key=lambda c: c.objective), best, usable)
+    return verdict
 
 
 def _term_verdict(family: str, best, cand, *, prefix: str = "") -> FamilyVerdict:
@@ -189,7 +207,7 @@ def _term_verdict(family: str, best, cand, *, prefix: str = "") -> FamilyVerdict
         )
     detail = (
         f"{prefix}its best member ({rival.plan}) is {rival.slower_pct:.1f}% slower, mostly in {d.words} "
-        f"({d.rival_s * 1e3:.3g} ms vs {d.best_s * 1e3:.3g} ms)"
+        f"({duration_text(d.rival_s)} against {duration_text(d.best_s)})"
     )
     return FamilyVerdict(family, d.category, detail, rival.plan, rival.slower_pct, d.term)
 
@@ -280,9 +298,10 @@ def families(
                 FamilyVerdict(family, "chosen", f"the chosen plan ({best.plan.describe()})", best.plan.describe(), 0.0)
             )
             continue
-        verdict = _oom_verdict(family, members, best, usable)
-        if verdict is None and feasible:
-            verdict = _term_verdict(family, best, min(feasible, key=lambda c: c.objective))
+        if feasible:
+            verdict = _fitting_verdict(family, members, best, usable)
+        else:
+            verdict = _oom_verdict(family, members, best, usable)
         if verdict is None:
             verdict = _pruned_verdict(family, members, best, model, objective, stand_ins)
         verdicts.append(verdict)
@@ -326,7 +345,7 @@ def explain_result(
         peak_memory_bytes=best.cost.peak_memory_bytes,
         ties=ties,
         rivals=near,
-        decision=other.category if other else "no other family fits",
+        decision="no other family fits",
         decision_rival=other,
         families=families(result.candidates, best, model=model, objective=obj, usable=usable, stand_ins=stand_ins),
         goodput=reliability.prediction_fields(
@@ -335,6 +354,8 @@ def explain_result(
         goodput_note=reliability.not_priced_reason(profile) or "",
         trade=[row.to_dict() for row in trade_rows(model, best.plan, allow_lossy=_allowed_lossy(result))],
     )
+    if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
+        exp.decision = exp.family_verdict(other.family).verdict
     if sensitivity:
         from autoplan.report.sensitivity import sensitivities
 
