@@ -157,17 +157,26 @@ def _longest_word(text: str) -> int:
 def _widths(grid: _Grid, width: int) -> list[int] | None:
     """Each column's width (padding and borders aside) so that numbers stay whole and text wraps
     only at spaces; None when that needs more than ``width``. Text columns share what is left
-    in proportion to what more they could use."""
+    (:func:`_share`)."""
     columns = [[(h, "text"), *(row[i] for row in grid.cells)] for i, h in enumerate(grid.headers)]
     low = [max(len(t) if k == "number" else _longest_word(t) for t, k in col) for col in columns]
     high = [max(len(t) for t, _ in col) for col in columns]
     free = width - (3 * len(columns) + 1) - sum(low)  # a box border and a space each side of every column
     if free < 0:
         return None
-    want = sum(h - lo for h, lo in zip(high, low))
-    if want <= free:
-        return high
-    return [lo + (h - lo) * free // want for h, lo in zip(high, low)]
+    return _share(low, high, free)
+
+
+def _share(low: list[int], high: list[int], free: int) -> list[int]:
+    """Max-min fair shares of ``free`` columns: the column that wants least is served first, each
+    getting at most an equal share of what is left (so a short column is never squeezed by a long one)."""
+    widths = list(low)
+    order = sorted(range(len(low)), key=lambda i: high[i] - low[i])
+    for served, i in enumerate(order):
+        give = min(high[i] - low[i], free // (len(order) - served))
+        widths[i] += give
+        free -= give
+    return widths
 
 
 def _rich_table(grid: _Grid, widths: list[int], *, title: str, caption: str):

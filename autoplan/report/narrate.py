@@ -5,7 +5,7 @@ Every number comes from the explanation; the words only connect them.
 
 from __future__ import annotations
 
-from autoplan.display import duration_text
+from autoplan.display import duration_text, number_text
 from autoplan.report.trade import trade_lines
 
 GIB = 2**30
@@ -39,6 +39,7 @@ def explanation_markdown(exp) -> str:
         f"Chosen: **{exp.plan}**, {duration_text(exp.step_time_s)} per step, "
         f"{exp.peak_memory_bytes / GIB:.2f} GiB peak per device (objective: {exp.objective}).",
         "",
+        *(f"**Warning:** {w}\n" for w in exp.warnings),
         _decision(exp),
         "",
     ]
@@ -50,9 +51,9 @@ def explanation_markdown(exp) -> str:
     if exp.memory:
         m = exp.memory
         lines.append(
-            f"- memory headroom: {m['headroom_bytes'] / GIB:.2f} GiB of {m['usable_bytes'] / GIB:.2f} GiB usable "
-            f"({100 * m['headroom_fraction']:.1f}%); "
-            f"the plan fits any device of {m['smallest_device_bytes'] / GIB:.2f} GiB or more."
+            f"- memory headroom: {number_text(m['headroom_bytes'] / GIB)} GiB of "
+            f"{number_text(m['usable_bytes'] / GIB)} GiB usable ({100 * m['headroom_fraction']:.1f}%); "
+            f"the plan fits any device of {number_text(m['smallest_device_bytes'] / GIB)} GiB or more."
         )
     lines += ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
     lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]

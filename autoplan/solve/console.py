@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 
 
 def stdout_console() -> Console:
-    """A console for the table: the terminal's width, or 160 columns when piped to a file."""
+    """A console for tables: the terminal's width (or ``COLUMNS``), else 160 columns when piped."""
+    import os
+
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    return Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=160)
 
 
 @contextmanager
