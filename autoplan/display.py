@@ -73,6 +73,15 @@ def number_text(value: float) -> str:
     return f"{value:.{decimals}f}"
 
 
+SI_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
+
+
+def si_text(value: float, unit: str) -> str:
+    """``value`` with the SI prefix that makes it read 1 to 999: ``428 MFLOP``, ``2.04 TB/s``."""
+    scale, prefix = next(((s, p) for s, p in SI_PREFIXES if abs(value) >= s), SI_PREFIXES[-1])
+    return f"{number_text(value / scale)} {prefix}{unit}"
+
+
 DURATION_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
 
 

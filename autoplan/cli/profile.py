@@ -170,7 +170,7 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
         return
     from rich.console import Console
 
-    from autoplan.display import FitTable
+    from autoplan.display import FitTable, si_text
 
     console = Console()
     console.print(
@@ -180,7 +180,7 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
     console.print(
         "peak FLOP/s: "
         + ", ".join(f"{k} {v / 1e12:.3g} T" for k, v in data["peak_flops"].items())
-        + f"; memory {data['memory_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s"
+        + f"; memory {si_text(data['memory_bandwidth_bytes_per_s'], 'B/s')}"
     )
     if data["op_overhead_s"]:
         console.print(

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from synthetic import a100_profile, synthetic_gpt
 
-from autoplan.display import FitTable, duration_text, number_text
+from autoplan.display import FitTable, duration_text, number_text, si_text
 from autoplan.solve.api import plan_graph
 from autoplan.solve.console import top_table
 
@@ -78,3 +78,7 @@ def test_durations_read_in_a_sensible_unit(seconds, text):
 
 def test_numbers_keep_three_figures_and_no_exponent():
     assert [number_text(v) for v in (1182.34, 12.345, 0.04017, 0.0)] == ["1182", "12.3", "0.0402", "0"]
+
+
+def test_counts_read_with_an_si_prefix():
+    assert si_text(4.278e8, "FLOP") == "428 MFLOP" and si_text(2.039e12, "B/s") == "2.04 TB/s"
