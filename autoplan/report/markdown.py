@@ -102,7 +102,7 @@ def report_markdown(
     lines = [f"# autoplan report: {folder.path.name}", "", "## What was planned", ""] + _model_lines(folder) + [""]
     lines += _plan_lines(folder) + [""]
     if len(top_feasible(tables["plans"], top_k)):
-        lines += [f"## The top {top_k} plans (milliseconds per step)", ""] + _top_table(tables["plans"], top_k) + [""]
+        lines += [f"## The top {top_k} plans (step time and its terms)", ""] + _top_table(tables["plans"], top_k) + [""]
     for name, caption in (
         ("breakdown.png", "Step-time breakdown"),
         ("timeline.png", "Pipeline timeline of one step"),

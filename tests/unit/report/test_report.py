@@ -152,6 +152,15 @@ def test_memory_figure_draws_the_priced_peak_of_the_breakdown_plans(built):
     assert any(total > bar["peak"] * 1.01 for total, bar in zip(overstated, bars))  # what it drew before
 
 
+def test_stage_memory_is_the_priced_peak(built):
+    """stages.csv (and report.md's stage table) states each stage's priced peak: the largest is plan.json's."""
+    root, result, _, _ = built
+    stages = pd.read_csv(root / "plan" / "stages.csv")
+    assert len(stages) == 2 and stages["memory_bytes"].max() == pytest.approx(
+        result.best.predicted.peak_memory_bytes, abs=1
+    )
+
+
 @pytest.mark.parametrize("columns", ["80", "120"])
 def test_cli_explain_prints_every_number_whole(built, monkeypatch, capsys, columns):
     root, _, _, _ = built
