@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
             from autoplan.cost.whole_run import summary
 
             console.print(summary(result.best.predicted.run), highlight=False)
-    for note in [] if args.json else notes:
+    for note in [] if args.json or (explanation and not args.quiet) else notes:  # --explain states them
         print(f"autoplan: warning: {note}", file=sys.stderr)
     if explanation and not args.json:
         from autoplan.cli.report import print_explanation
