@@ -190,11 +190,12 @@ def _share(low: list[int], high: list[int], free: int) -> list[int]:
 
 def _rich_table(grid: _Grid, widths: list[int], *, title: str, caption: str):
     from rich.table import Table
+    from rich.text import Text  # cells are plain text: "[1, 2]" is not rich markup
 
-    table = Table(title=title or None, caption=caption or None)
+    table = Table(title=Text(title) if title else None, caption=Text(caption) if caption else None)
     numeric = [all(k == "number" for _, k in (row[i] for row in grid.cells)) for i in range(len(grid.headers))]
     for header, width, is_number in zip(grid.headers, widths, numeric):
-        table.add_column(header, width=width, justify="right" if is_number else "left", overflow="fold")
+        table.add_column(Text(header), width=width, justify="right" if is_number else "left", overflow="fold")
     for row in grid.cells:
-        table.add_row(*(text for text, _ in row))
+        table.add_row(*(Text(text) for text, _ in row))
     return table

@@ -82,3 +82,9 @@ def test_numbers_keep_three_figures_and_no_exponent():
 
 def test_counts_read_with_an_si_prefix():
     assert si_text(4.278e8, "FLOP") == "428 MFLOP" and si_text(2.039e12, "B/s") == "2.04 TB/s"
+
+
+def test_cells_are_text_not_markup():
+    table = FitTable(headers=["what", "value"], numbers=set())
+    table.add_row("[bold]stages[/bold]", "[0, 1]")
+    assert "[bold]stages[/bold]" in rendered(table, 80) and "[0, 1]" in rendered(table, 80)
