@@ -61,12 +61,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _print(calibration: dict, path: Path) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from autoplan.display import FitTable
 
     console = Console()
-    runs = Table(title="runs: step time (s)")
-    for column in ("run", "plan", "measured", "before", "after"):
-        runs.add_column(column)
+    numbers = {"measured", "before", "after"}
+    headers = ["run", "plan", "measured", "before", "after"]
+    runs = FitTable(headers=headers, numbers=numbers, title="runs: step time (s)")
     for row in calibration["runs"]:
         runs.add_row(
             Path(row["folder"]).name,
@@ -76,9 +77,7 @@ def _print(calibration: dict, path: Path) -> None:
             f"{row['predicted_after_s']:.4f}",
         )
     console.print(runs)
-    params = Table(title="refitted numbers")
-    for column in ("parameter", "before", "after"):
-        params.add_column(column)
+    params = FitTable(headers=["parameter", "before", "after"], numbers=numbers, title="refitted numbers")
     for name, change in calibration["parameters"].items():
         params.add_row(name, f"{change['before']:.4g}", f"{change['after']:.4g}")
     console.print(params)

@@ -169,7 +169,8 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
     if args.quiet:
         return
     from rich.console import Console
-    from rich.table import Table
+
+    from autoplan.display import FitTable, si_text
 
     console = Console()
     console.print(
@@ -179,14 +180,15 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
     console.print(
         "peak FLOP/s: "
         + ", ".join(f"{k} {v / 1e12:.3g} T" for k, v in data["peak_flops"].items())
-        + f"; memory {data['memory_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s"
+        + f"; memory {si_text(data['memory_bandwidth_bytes_per_s'], 'B/s')}"
     )
     if data["op_overhead_s"]:
         console.print(
             f"host overhead per op: forward {data['op_overhead_s']['forward_s'] * 1e6:.1f} us, "
             f"backward {data['op_overhead_s']['backward_s'] * 1e6:.1f} us"
         )
-    table = Table("link", "collective", "alpha (us)", "busbw (GB/s)")
+    headers = ["link", "collective", "alpha (µs)", "busbw (GB/s)"]
+    table = FitTable(headers=headers, numbers=set(headers[2:]))
     for link, fits in data["links"].items():
         for kind, fit in fits.items():
             table.add_row(link, kind, f"{fit['alpha_s'] * 1e6:.1f}", f"{fit['busbw_bytes_per_s'] / 1e9:.3g}")

@@ -78,18 +78,18 @@ def print_explanation(exp, *, as_json: bool, quiet: bool) -> None:
     if as_json:
         print(json.dumps(exp.to_dict(), indent=2, default=str))
     elif not quiet:
-        from rich.console import Console
-        from rich.markdown import Markdown
+        from autoplan.cli.rendering import FitMarkdown
+        from autoplan.solve.console import stdout_console
 
-        Console().print(Markdown(exp.to_markdown()))
+        stdout_console().print(FitMarkdown(exp.to_markdown()))
 
 
 def print_markdown(text: str) -> None:
     """Render Markdown on stdout with rich."""
-    from rich.console import Console
-    from rich.markdown import Markdown
+    from autoplan.cli.rendering import FitMarkdown
+    from autoplan.solve.console import stdout_console
 
-    Console().print(Markdown(text))
+    stdout_console().print(FitMarkdown(text))
 
 
 def _status(message: str, *, enabled: bool):

@@ -126,12 +126,20 @@ def _run(args: argparse.Namespace) -> int:
     if (source := profile_file(args.profile)) is not None:  # run --audit and calibrate load it again
         result.best.profile = source
     paths = write_outputs(args.out, result=result, graph=graph, profile=profile, run=spec)
+    from autoplan.solve.notes import plan_notes
+
+    notes = plan_notes(result, profile)  # little memory headroom; dp bound by a rule (solve/notes.py)
     explanation = _explain(result, graph, profile, args) if args.explain else None
     if args.json:
         extra = {"explanation": explanation.to_dict()} if explanation else {}
         print(
             json.dumps(
-                {"plan": result.best.to_dict(), "files": {k: str(v) for k, v in paths.items()}, **extra},
+                {
+                    "plan": result.best.to_dict(),
+                    "files": {k: str(v) for k, v in paths.items()},
+                    "warnings": notes,
+                    **extra,
+                },
                 indent=2,
                 default=str,
             )
@@ -147,6 +155,8 @@ def _run(args: argparse.Namespace) -> int:
             from autoplan.cost.whole_run import summary
 
             console.print(summary(result.best.predicted.run), highlight=False)
+    for note in [] if args.json or (explanation and not args.quiet) else notes:  # --explain states them
+        print(f"autoplan: warning: {note}", file=sys.stderr)
     if explanation and not args.json:
         from autoplan.cli.report import print_explanation
 

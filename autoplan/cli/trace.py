@@ -140,17 +140,20 @@ def _moe_summary(layer) -> dict[str, Any]:
 
 def _print(summary: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"autoplan trace: {summary['model']} (batch {summary['batch_size']})", show_header=False)
+    from autoplan.display import FitTable, number_text, si_text
+
+    title = f"autoplan trace: {summary['model']} (batch {summary['batch_size']})"
+    table = FitTable(headers=["what", "value"], numbers=set(), title=title)
     rows = [
         ("trace method", summary["trace_method"]),
-        ("parameters", f"{summary['parameters']:,} ({summary['parameter_bytes'] / 2**30:.2f} GiB)"),
+        ("parameters", f"{summary['parameters']:,} ({number_text(summary['parameter_bytes'] / 2**30)} GiB)"),
         (
             "FLOPs per step",
-            f"{summary['step_flops']:.4g} (fwd {summary['fwd_flops']:.4g}, bwd {summary['bwd_flops']:.4g})",
+            f"{si_text(summary['step_flops'], 'FLOP')} (fwd {si_text(summary['fwd_flops'], 'FLOP')}, "
+            f"bwd {si_text(summary['bwd_flops'], 'FLOP')})",
         ),
-        ("saved activations", f"{summary['saved_activation_bytes'] / 2**30:.3f} GiB"),
+        ("saved activations", f"{number_text(summary['saved_activation_bytes'] / 2**30)} GiB"),
         ("nodes", str(summary["nodes"])),
         ("layers", str(summary["layers"])),
         ("seq len", str(summary["seq_len"])),

@@ -43,7 +43,9 @@ other realisation frees them at the step's start (``zero_grad(set_to_none=True)`
 autoplan/execute/trainer.py) and makes them in the first backward as activations are freed, so
 M1 has none. M2 and M1 differ where nothing refills the pipeline after its first backward
 (GPipe, short 1F1B, one micro-batch). The parts are reported each at its largest, so they may
-sum to more than the peak.
+sum to more than the peak; ``StageMemory.at_peak_bytes`` splits the peak moment itself (in M2,
+``scatter - S_block`` is the scatter buffer beside a block's freed activations), so it sums to
+the peak (report/figures.py draws it).
 
 Communication buffers: DDP's buckets are the gradients themselves (``gradient_as_bucket_view``),
 so none; the explicit all-reduce and ZeRO-1 flatten the gradients once a step after the
@@ -140,6 +142,8 @@ class StageMemory:
     activations_bytes: float  # n S + T
     buffers_bytes: float  # forward buffers + the largest backward or sync buffer
     peak_bytes: float
+    #: the peak moment split into (weights, grads, optimizer, activations, buffers): they sum to peak_bytes
+    at_peak_bytes: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def stage_memory(
@@ -163,9 +167,18 @@ def stage_memory(
     peak = W + O + max(M1, M2, M3)
     """
     grads = states.grads_bytes
+    kept = in_flight_after * saved_bytes
+    moments = (  # (grads, activations, buffers) of M1, M2, M3
+        (grads if grads_persist else 0.0, in_flight * saved_bytes + transient_bytes, buffers_bytes),
+        (grads, kept + transient_bytes, buffers_bytes)
+        if transient_bytes >= scatter_bytes - last_block_bytes
+        else (grads, kept - last_block_bytes, buffers_bytes + scatter_bytes),  # the block's activations freed
+        (grads, 0.0, sync_bytes),
+    )
     m1 = in_flight * saved_bytes + transient_bytes + buffers_bytes + (grads if grads_persist else 0.0)
-    m2 = in_flight_after * saved_bytes + grads + max(transient_bytes, scatter_bytes - last_block_bytes) + buffers_bytes
+    m2 = kept + grads + max(transient_bytes, scatter_bytes - last_block_bytes) + buffers_bytes
     m3 = grads + sync_bytes
+    peak = moments[(m1, m2, m3).index(max(m1, m2, m3))]
     return StageMemory(
         weights_bytes=states.weights_bytes,
         grads_bytes=grads,
@@ -173,6 +186,7 @@ def stage_memory(
         activations_bytes=in_flight * saved_bytes + transient_bytes,
         buffers_bytes=buffers_bytes + max(scatter_bytes, sync_bytes),
         peak_bytes=states.weights_bytes + states.optimizer_bytes + max(m1, m2, m3),
+        at_peak_bytes=(states.weights_bytes, peak[0], states.optimizer_bytes, peak[1], peak[2]),
     )
 
 

@@ -13,22 +13,10 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.report import figures as fig
 from autoplan.report.folder import load_plan_folder, load_run_folder, search_again
 from autoplan.report.markdown import report_markdown
+from autoplan.report.memory import memory_bars
 from autoplan.report.tables import audit_table, breakdown_table, plans_table, runs_table, stages_table, write_tables
 from autoplan.report.timeline import from_plan_folder
 from autoplan.types._check import write_text_atomic
-from autoplan.types.cost import Cost
-
-
-def _memory_plans(folder, result, top_k: int) -> list[tuple[str, dict]]:
-    """(label, memory components) of the top plans: re-priced candidates, else plan.json's own."""
-    if result is not None:
-        return [
-            (c.plan.describe(), {name: getattr(c.cost, name) for name in Cost.MEMORY_FIELDS})
-            for c in result.ranked()[:top_k]
-        ]
-    if folder.plan is not None and folder.plan.predicted and folder.plan.predicted.memory:
-        return [(folder.plan.describe(), folder.plan.predicted.memory)]
-    return []
 
 
 def _figures(folder, runs_frame, result, out: Path, *, top_k: int) -> dict[str, str]:
@@ -42,7 +30,7 @@ def _figures(folder, runs_frame, result, out: Path, *, top_k: int) -> dict[str, 
             f"{folder.plan.describe()}: one step ({folder.plan.schedule}, {folder.plan.num_microbatches} micro-batches)"
         )
         made["timeline.png"] = fig.timeline_figure(from_plan_folder(folder), out / "timeline.png", title=title)
-    memory = _memory_plans(folder, result, top_k)
+    memory = memory_bars(folder, result, top_k=top_k)
     capacity = (
         folder.profile.device.memory_bytes
         if folder.profile
@@ -68,8 +56,9 @@ def report(
     out = Path(out)
     paths = write_tables(folder, runs, out, top_k=top_k)
     result, explanation_md = None, None
-    if explain and folder.plan is not None and folder.graph is not None and folder.profile is not None:
-        result = search_again(folder)
+    if folder.plan is not None and folder.graph is not None and folder.profile is not None:
+        result = search_again(folder)  # memory.png re-prices the top plans from it
+    if explain and result is not None:
         exp = explain_result(
             result, graph=folder.graph, profile=folder.profile, objective=folder.search_options["objective"]
         )

@@ -2,8 +2,9 @@
 
 - ``timeline.png``: one row per pipeline stage; forward, backward, send, sync/optimizer and
   idle segments of one step (autoplan/report/timeline.py), labelled by micro-batch.
-- ``memory.png``: per plan, the most loaded device's weights, gradients, optimizer states,
-  activations and communication buffers, stacked, against the device capacity and the usable
+- ``memory.png``: per plan (those of ``breakdown.png``), the most loaded device's priced peak,
+  stacked from the weights, gradients, optimizer states, activations and communication buffers
+  alive at that moment (autoplan/report/memory.py), against the device capacity and the usable
   limit.
 - ``breakdown.png``: the step-time terms of the top-k plans side by side, stacked.
 - ``predicted_vs_measured.png``: per run, predicted beside median measured step time.
@@ -21,7 +22,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from autoplan.report.terms import TERMS  # noqa: E402
+from autoplan.display import TERM_NAMES, duration_unit  # noqa: E402
+from autoplan.report.memory import MemoryBar  # noqa: E402
 from autoplan.report.timeline import Timeline  # noqa: E402
 from autoplan.types.cost import Cost  # noqa: E402
 
@@ -96,26 +98,26 @@ def timeline_figure(timeline: Timeline, path: Path, *, title: str) -> Path:
 
 
 def _time_unit(seconds: float) -> tuple[float, str]:
-    if seconds >= 1:
-        return 1.0, "s"
-    return (1e3, "ms") if seconds >= 1e-3 else (1e6, "us")
+    """(units per second, unit) of autoplan/display.py's choice for ``seconds``."""
+    per_unit_s, unit = duration_unit(seconds)
+    return 1.0 / per_unit_s, unit
 
 
-def memory_figure(plans: list[tuple[str, dict]], path: Path, *, capacity_bytes: float, usable_bytes: float) -> Path:
-    """``plans``: (label, {Cost.MEMORY_FIELDS name: bytes}) of each plan's most loaded device."""
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(plans) + 2), 4.5))
-    bottoms = [0.0] * len(plans)
-    for name, color in zip(Cost.MEMORY_FIELDS, MEMORY_COLORS):
-        values = [memory.get(name, 0) / GIB for _, memory in plans]
-        ax.bar(
-            range(len(plans)), values, bottom=bottoms, color=color, label=name.replace("_bytes", "").replace("_", " ")
-        )
+def memory_figure(bars: list[MemoryBar], path: Path, *, capacity_bytes: float, usable_bytes: float) -> Path:
+    """``bars``: each plan's priced peak split into the parts alive then (autoplan/report/memory.py);
+    each stack sums to its peak, the number written above it."""
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(bars) + 2), 4.5))
+    names = list(dict.fromkeys(name for bar in bars for name in bar.parts_bytes))
+    bottoms = [0.0] * len(bars)
+    for name, color in zip(names, MEMORY_COLORS * 2):
+        values = [bar.parts_bytes.get(name, 0.0) / GIB for bar in bars]
+        ax.bar(range(len(bars)), values, bottom=bottoms, color=color, label=name)
         bottoms = [b + v for b, v in zip(bottoms, values)]
-    for x, total in enumerate(bottoms):
+    for x, bar in enumerate(bars):
         ax.text(
             x,
-            total,
-            f"{total:.2f} GiB\n{100 * total * GIB / usable_bytes:.0f}% of usable",
+            bar.peak_bytes / GIB,
+            f"{bar.peak_bytes / GIB:.2f} GiB\n{100 * bar.peak_bytes / usable_bytes:.0f}% of usable",
             ha="center",
             va="bottom",
             fontsize=7,
@@ -130,9 +132,9 @@ def memory_figure(plans: list[tuple[str, dict]], path: Path, *, capacity_bytes: 
     ax.axhline(
         usable_bytes / GIB, color="black", linestyle="--", linewidth=1, label=f"usable {usable_bytes / GIB:.1f} GiB"
     )
-    ax.set_xticks(range(len(plans)), [_wrap(label) for label, _ in plans], fontsize=7)
-    ax.set_ylabel("GiB per device (most loaded)")
-    ax.set_title("memory per device", fontsize=10)
+    ax.set_xticks(range(len(bars)), [_wrap(bar.label) for bar in bars], fontsize=7)
+    ax.set_ylabel("GiB per device at the priced peak (most loaded)")
+    ax.set_title("memory per device at its peak", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return save_png(fig, path)
 
@@ -151,7 +153,7 @@ def breakdown_figure(breakdown: pd.DataFrame, path: Path) -> Path:
     bottoms = [0.0] * len(wide)
     for term, color in zip(Cost.TIME_FIELDS, TERM_COLORS):
         values = (wide[term] * scale).tolist() if term in wide else [0.0] * len(wide)
-        ax.bar(range(len(wide)), values, bottom=bottoms, color=color, label=TERMS[term][1])
+        ax.bar(range(len(wide)), values, bottom=bottoms, color=color, label=TERM_NAMES[term].words)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     ax.set_xticks(range(len(wide)), [f"#{r}\n{_wrap(p)}" for r, p in zip(wide["rank"], wide["plan"])], fontsize=7)
     ax.set_ylabel(f"step time ({unit})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from autoplan.display import TERM_NAMES, duration_unit, number_text
 from autoplan.report.folder import PlanFolder, most_frugal
 from autoplan.report.tables import audit_summary, describe_row, top_feasible
 from autoplan.types.cost import Cost
@@ -17,7 +18,7 @@ GIB = 2**30
 
 
 def _ms(value) -> str:
-    return f"{float(value) * 1e3:.4g}"
+    return number_text(float(value) * 1e3)
 
 
 def _model_lines(folder: PlanFolder) -> list[str]:
@@ -64,16 +65,17 @@ def _plan_lines(folder: PlanFolder) -> list[str]:
 
 
 def _top_table(plans: pd.DataFrame, top_k: int) -> list[str]:
+    """The top plans and their step-time terms (autoplan/display.py names), in the best step's unit."""
     top = top_feasible(plans, top_k)
-    terms = [t.replace("_s", "").replace("_exposed", "") for t in Cost.TIME_FIELDS]
+    scale, unit = duration_unit(float(top["step_time_s"].iloc[0]) if len(top) else 1.0)
     lines = [
-        "| # | plan | step ms | " + " | ".join(terms) + " | peak GiB |",
-        "|---|---|---:|" + "---:|" * len(terms) + "---:|",
+        f"| # | plan | step {unit} | " + " | ".join(TERM_NAMES[t].header for t in Cost.TIME_FIELDS) + " | peak GiB |",
+        "|---|---|---:|" + "---:|" * len(Cost.TIME_FIELDS) + "---:|",
     ]
     for rank, (_, row) in enumerate(top.iterrows(), start=1):
-        cells = " | ".join(_ms(row[t]) for t in Cost.TIME_FIELDS)
+        cells = " | ".join(number_text(float(row[t]) / scale) for t in Cost.TIME_FIELDS)
         lines.append(
-            f"| {rank} | {describe_row(row)} | {_ms(row['step_time_s'])} | {cells} | "
+            f"| {rank} | {describe_row(row)} | {number_text(float(row['step_time_s']) / scale)} | {cells} | "
             f"{float(row['peak_memory_bytes']) / GIB:.2f} |"
         )
     return lines
@@ -100,7 +102,7 @@ def report_markdown(
     lines = [f"# autoplan report: {folder.path.name}", "", "## What was planned", ""] + _model_lines(folder) + [""]
     lines += _plan_lines(folder) + [""]
     if len(top_feasible(tables["plans"], top_k)):
-        lines += [f"## The top {top_k} plans (milliseconds per step)", ""] + _top_table(tables["plans"], top_k) + [""]
+        lines += [f"## The top {top_k} plans (step time and its terms)", ""] + _top_table(tables["plans"], top_k) + [""]
     for name, caption in (
         ("breakdown.png", "Step-time breakdown"),
         ("timeline.png", "Pipeline timeline of one step"),

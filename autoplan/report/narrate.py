@@ -5,45 +5,41 @@ Every number comes from the explanation; the words only connect them.
 
 from __future__ import annotations
 
+from autoplan.display import duration_text, number_text
 from autoplan.report.trade import trade_lines
 
 GIB = 2**30
 
 
-def _ms(value: float) -> str:
-    return f"{value * 1e3:.4g} ms"
-
-
 def _rival_lines(exp) -> list[str]:
     lines = ["| rival | slower | deciding term | rival loses on | rival gains on |", "|---|---:|---|---|---|"]
     for r in exp.rivals:
-        losses = ", ".join(f"{d.term} +{_ms(d.diff_s)}" for d in r.diffs if d.diff_s > 0) or "-"
-        gains = ", ".join(f"{d.term} {_ms(d.diff_s)}" for d in r.diffs if d.diff_s < 0) or "-"
+        losses = ", ".join(f"{d.name} {duration_text(d.diff_s, signed=True)}" for d in r.diffs if d.diff_s > 0) or "-"
+        gains = ", ".join(f"{d.name} {duration_text(d.diff_s)}" for d in r.diffs if d.diff_s < 0) or "-"
         term = f"{r.deciding.words}" if r.deciding else "tie"
         lines.append(f"| {r.plan} | {r.slower_pct:.2f}% | {term} | {losses} | {gains} |")
     return lines
 
 
 def _decision(exp) -> str:
+    """The nearest other family's verdict, word for word as the families table states it."""
     r = exp.decision_rival
     if r is None:
         return f"**Decision:** no plan of another family fits, so the {exp.family} shape was the only option."
-    d = r.deciding
-    if d is None:
-        return f"**Decision:** the nearest other family, {r.plan}, ties with it."
-    return (
-        f"**Decision: {exp.decision}.** The nearest plan of another family, {r.plan}, is {r.slower_pct:.1f}% slower; "
-        f"it loses most on {d.words}: {_ms(d.rival_s)} against {_ms(d.best_s)} (+{_ms(d.diff_s)})."
-    )
+    verdict = exp.family_verdict(r.family)
+    if verdict.verdict == "tie":
+        return f"**Decision:** the nearest other family, {r.family}, ties with it: {verdict.detail}."
+    return f"**Decision: {verdict.verdict}.** The nearest other family, {r.family}, lost: {verdict.detail}."
 
 
 def explanation_markdown(exp) -> str:
     lines = [
         "## Why this plan",
         "",
-        f"Chosen: **{exp.plan}**, {_ms(exp.step_time_s)} per step, "
+        f"Chosen: **{exp.plan}**, {duration_text(exp.step_time_s)} per step, "
         f"{exp.peak_memory_bytes / GIB:.2f} GiB peak per device (objective: {exp.objective}).",
         "",
+        *(f"**Warning:** {w}\n" for w in exp.warnings),
         _decision(exp),
         "",
     ]
@@ -55,9 +51,9 @@ def explanation_markdown(exp) -> str:
     if exp.memory:
         m = exp.memory
         lines.append(
-            f"- memory headroom: {m['headroom_bytes'] / GIB:.2f} GiB of {m['usable_bytes'] / GIB:.2f} GiB usable "
-            f"({100 * m['headroom_fraction']:.1f}%); "
-            f"the plan fits any device of {m['smallest_device_bytes'] / GIB:.2f} GiB or more."
+            f"- memory headroom: {number_text(m['headroom_bytes'] / GIB)} GiB of "
+            f"{number_text(m['usable_bytes'] / GIB)} GiB usable ({100 * m['headroom_fraction']:.1f}%); "
+            f"the plan fits any device of {number_text(m['smallest_device_bytes'] / GIB)} GiB or more."
         )
     lines += ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
     lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]

@@ -53,9 +53,10 @@ def describe_row(row: pd.Series) -> str:
 
 
 def top_feasible(plans: pd.DataFrame, k: int) -> pd.DataFrame:
+    """The ``k`` best feasible plans in the planner's own order (its objective: plans.csv's rank)."""
     feasible = plans[plans["feasible"].astype(str).str.lower() == "true"].copy()
     feasible["step_time_s"] = pd.to_numeric(feasible["step_time_s"])
-    return feasible.sort_values("step_time_s", kind="stable").head(k)
+    return feasible.sort_values(["rank", "step_time_s"], kind="stable").head(k)
 
 
 def breakdown_table(plans: pd.DataFrame, *, top_k: int) -> pd.DataFrame:

@@ -15,20 +15,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.display import TERM_NAMES
 from autoplan.types.cost import Cost
 
-#: term -> (category, words)
+#: term -> (category, words); the words are autoplan/display.py's, the one name of each term
 TERMS: dict[str, tuple[str, str]] = {
-    "compute_s": ("compute", "compute (forward, backward, recomputation)"),
-    "tp_comm_s": ("communication", "tensor-parallel collectives"),
-    "ep_comm_s": ("communication", "expert-parallel all-to-all (MoE dispatch and combine)"),
-    "dp_comm_exposed_s": ("communication", "data-parallel gradient sync (exposed)"),
-    "compression_s": ("compute", "gradient compression (PowerSGD matmuls, error feedback)"),
-    "zero_comm_s": ("communication", "ZeRO-3 parameter gathers (exposed)"),
-    "pp_comm_s": ("communication", "pipeline send/recv and tied-weight sync"),
-    "bubble_s": ("bubble", "pipeline bubble"),
-    "grad_accum_s": ("compute", "gradient accumulation over micro-batches"),
-    "optimizer_s": ("optimizer", "optimizer step"),
+    term: (category, TERM_NAMES[term].words)
+    for term, category in {
+        "compute_s": "compute",
+        "tp_comm_s": "communication",
+        "ep_comm_s": "communication",
+        "dp_comm_exposed_s": "communication",
+        "compression_s": "compute",
+        "zero_comm_s": "communication",
+        "pp_comm_s": "communication",
+        "bubble_s": "bubble",
+        "grad_accum_s": "compute",
+        "optimizer_s": "optimizer",
+    }.items()
 }
 CATEGORIES = ("compute", "communication", "bubble", "optimizer", "out of memory")
 assert set(TERMS) == set(Cost.TIME_FIELDS), "TERMS must name every Cost time field"
@@ -51,6 +55,11 @@ class TermDiff:
     @property
     def words(self) -> str:
         return TERMS[self.term][1]
+
+    @property
+    def name(self) -> str:
+        """The term's short name (a table header), never its field name."""
+        return TERM_NAMES[self.term].header
 
 
 def term_diffs(best: Cost, rival: Cost) -> list[TermDiff]:

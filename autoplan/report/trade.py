@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from autoplan.cost.compression import compresses_any
 from autoplan.cost.compute import PRECISION_BYTES
 from autoplan.cost.model import CostModel
+from autoplan.display import number_text
 from autoplan.errors import PlanError
 from autoplan.types.plan import Plan
 
@@ -145,8 +146,8 @@ def trade_lines(rows: list[dict]) -> list[str]:
         mark = " (chosen)" if r["chosen"] else ""
         fits = "" if r["feasible"] else " (does not fit)"
         lines.append(
-            f"| {r['option']}{mark} | {1e3 * r['step_time_s']:.1f} | {r['vs_chosen']:.2f}x | "
-            f"{r['grad_bytes_sent'] / 1e6:.1f} | {1e3 * r['compression_s']:.1f} | "
+            f"| {r['option']}{mark} | {number_text(1e3 * r['step_time_s'])} | {r['vs_chosen']:.2f}x | "
+            f"{number_text(r['grad_bytes_sent'] / 1e6)} | {number_text(1e3 * r['compression_s'])} | "
             f"{r['peak_memory_bytes'] / 2**30:.2f}{fits} | {'yes' if r['lossy'] else 'no'} | "
             f"{'yes' if r['allowed'] else 'needs --allow-lossy'} |"
         )

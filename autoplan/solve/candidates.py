@@ -58,6 +58,7 @@ class SearchResult:
     ilp_solves: int
     ilp_status: str
     ilp_gap: float
+    refused: list[space.RefusedShape] = field(default_factory=list)  # shapes a rule refused (space.degree_options)
 
     def ranked(self) -> list[Candidate]:
         return sorted((c for c in self.candidates if c.feasible), key=rank_key)

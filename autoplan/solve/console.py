@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.table import Table
 
+    from autoplan.display import FitTable
     from autoplan.solve.candidates import SearchResult
     from autoplan.solve.cluster import SweepResult
     from autoplan.types.prediction import Prediction
@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 
 
 def stdout_console() -> Console:
-    """A console for the table: the terminal's width, or 160 columns when piped to a file."""
+    """A console for tables: the terminal's width (or ``COLUMNS``), else 160 columns when piped."""
+    import os
+
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    return Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=160)
 
 
 @contextmanager
@@ -48,33 +50,30 @@ def search_progress(*, enabled: bool, label: str = "searching plans") -> Iterato
         yield update
 
 
-def _ms(value: float) -> str:
-    return f"{value * 1e3:.1f}"
+def top_table(result: SearchResult, *, top_k: int) -> FitTable:
+    """The best ``top_k`` feasible plans with their step-time terms (autoplan/display.py names),
+    in the unit of the best step time; a term that is zero for every plan shown is left out."""
+    from autoplan.display import TERM_NAMES, FitTable, duration_unit, number_text
 
-
-def top_table(result: SearchResult, *, top_k: int) -> Table:
-    """The best ``top_k`` feasible plans with their step-time breakdown (milliseconds)."""
-    from rich.table import Table
-
-    table = Table(
-        title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)"
-    )
     top = result.ranked()[:top_k]
-    compressed = any(c.cost.compression_s for c in top)  # a column only when a plan compresses
-    names = ["#", "plan", "step ms", "compute", "tp", "ep", "dp", *(["compress"] if compressed else [])]
-    for name in [*names, "zero", "pp", "bubble", "accum", "optim", "mem GiB", "MFU"]:
-        table.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)
+    scale, unit = duration_unit(top[0].cost.step_time_s if top else 1.0)
+    terms = [t for t in TERM_NAMES if t == "compute_s" or any(getattr(c.cost, t) for c in top)]
+    headers = ["#", "plan", f"step {unit}", *(TERM_NAMES[t].header for t in terms), "mem GiB", "MFU"]
+    left_out = len(TERM_NAMES) - len(terms)
+    table = FitTable(
+        headers=headers,
+        numbers=set(headers) - {"plan"},
+        title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)",
+        caption=f"times in {unit}; {left_out} terms that are zero for every plan shown are left out" * bool(left_out),
+    )
     for rank, c in enumerate(top, start=1):
         cost = c.cost
-        terms = [cost.compute_s, cost.tp_comm_s, cost.ep_comm_s, cost.dp_comm_exposed_s]
-        terms += [cost.compression_s] if compressed else []
-        terms += [cost.zero_comm_s, cost.pp_comm_s, cost.bubble_s, cost.grad_accum_s, cost.optimizer_s]
         table.add_row(
             str(rank),
             c.plan.describe(),
-            _ms(cost.step_time_s),
-            *(_ms(t) for t in terms),
-            f"{cost.peak_memory_bytes / 2**30:.1f}",
+            number_text(cost.step_time_s / scale),
+            *(number_text(getattr(cost, t) / scale) for t in terms),
+            number_text(cost.peak_memory_bytes / 2**30),
             f"{cost.mfu:.1%}",
         )
     return table
@@ -90,21 +89,20 @@ def goodput_line(prediction: Prediction, profile: Profile) -> str:
     return reliability.summary(prediction.to_dict()) + " (the same for every plan on this cluster)."
 
 
-def pareto_table(result: SweepResult) -> Table:
+def pareto_table(result: SweepResult) -> FitTable:
     """The sweep's Pareto front, fastest first: time and dollars of the whole run, the plan, and
     a star on the recommended point."""
-    from rich.table import Table
-
     from autoplan.cost.whole_run import hours_text, usd_text
+    from autoplan.display import FitTable
 
     spot = " (spot)" if result.spec.spot else ""
-    table = Table(
+    headers = ["pick", "cluster", "rent", "plan", "step s", "time", "device-h", "cost", "goodput"]
+    table = FitTable(
+        headers=headers,
+        numbers={"step s", "time", "device-h", "cost", "goodput"},
         title=f"Pareto front: whole-run time vs cost{spot} ({len(result.planned)} points planned, "
-        f"{result.plan_calls} of {result.grid_size} searched, {result.elapsed_s:.1f} s)"
+        f"{result.plan_calls} of {result.grid_size} searched, {result.elapsed_s:.1f} s)",
     )
-    for name in ("", "cluster", "rent", "plan", "step s", "time", "device-h", "cost", "goodput"):
-        text = name in ("cluster", "rent", "plan")  # these wrap on a narrow terminal; numbers never do
-        table.add_column(name, justify="left" if text else "right", no_wrap=not text)
     for row in result.pareto:
         estimate = row.estimate
         goodput = estimate.spot_goodput if result.spec.spot else estimate.goodput

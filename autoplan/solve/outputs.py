@@ -313,6 +313,8 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     chunks = [(c, position[chunk[0]], position[chunk[-1]] + 1) for c, chunk in enumerate(plan.stages) if chunk]
     ctx = costs.context(plan)
     inputs = [costs.summary(layer, "", plan.tp_plan, ctx).input_bytes for layer in graph.layers]
+    priced, _tp_plan, _ctx = costs.cost_model.priced_stages(plan)  # each stage's peak, as plan.json prices it
+    peaks = [m.peak_bytes for m in costs.cost_model.stage_memory(plan, priced)]
     rows = []
     for k, layers in enumerate(owned):
         mine = [(c, i, j) for c, i, j in chunks if c % plan.pp == k]
@@ -320,11 +322,6 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
         send = max((inputs[j] for c, _, j in mine if c < len(plan.stages) - 1), default=0.0)
         idx = [position[layer] for layer in layers]
         time_s = sum(problem.layer_time_s[i] for i in idx) + problem.extra_time_s[k]
-        memory = (
-            sum(problem.layer_static_bytes[i] for i in idx)
-            + problem.in_flight[k] * sum(problem.layer_activation_bytes[i] for i in idx)
-            + problem.extra_bytes[k]
-        )
         rows.append(
             [
                 k,
@@ -332,7 +329,7 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
                 layers[0] if layers else "",
                 layers[-1] if layers else "",
                 time_s,
-                int(memory),
+                int(peaks[k]),
                 int(send),
                 int(recv),
                 sum(problem.chunk_cuts_s(c, i, j) for c, i, j in mine) / 2,

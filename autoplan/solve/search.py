@@ -105,6 +105,7 @@ class Search:
         self.best: Candidate | None = None
         self._top: list[float] = []  # max-heap (negated) of the best `keep` feasible objectives
         self.candidates: list[Candidate] = []
+        self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
 
     # ---- objective ---------------------------------------------------------------------
     def objective(self, step_time_s: float, devices: int) -> float:
@@ -130,6 +131,7 @@ class Search:
         counts = space.device_counts(devices=opts.devices, objective=opts.objective, profile=self.profile)
         found, per_node = [], self.profile.devices_per_node
         kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.eps)
+        kw["refused"] = self.refused
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
         space.check_zero_pin(degrees, self.fixes)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
@@ -197,6 +199,7 @@ class Search:
             ilp_solves=self.tp_planner.solves,
             ilp_status=status,
             ilp_gap=gap,
+            refused=self.refused,
         )
 
     def _run_group(self, g: Group, bound: float) -> None:

@@ -143,6 +143,18 @@ def tp_in_node(tp: int, *, devices: int, per_node: int) -> bool:
     return tp <= per_node and (per_node % tp == 0 if devices >= per_node else devices % tp == 0)
 
 
+@dataclass(frozen=True)
+class RefusedShape:
+    """A (dp, tp, pp) on ``devices`` no plan may take, and the rule that refused it: ``pin KEY``, ``layers``
+    (pp above the blocks), ``batch`` (it does not divide by dp), ``tp node`` or ``tp ops`` (max_tp)."""
+
+    devices: int
+    dp: int
+    tp: int
+    pp: int
+    rule: str
+
+
 def degree_options(
     *,
     devices: int,
@@ -152,30 +164,39 @@ def degree_options(
     fixes: dict,
     eps: tuple[int, ...] = (1,),
     max_tp: int | None = None,
+    refused: list[RefusedShape] | None = None,
 ) -> list[Degrees]:
     """Every (dp, tp, pp, ep) the rules and the pins allow (module docstring); ``eps`` are the
     expert-parallel degrees the model's MoE layers allow (cost/experts.ep_options), ``max_tp`` the
-    largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit)."""
+    largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit). Each shape a rule
+    refuses is appended to ``refused`` (the search's record: solve/notes.py reads it)."""
+    refused = [] if refused is None else refused
     options = []
     for tp in _divisors(devices):
-        if (max_tp is not None and tp > max_tp) or (
-            "tp" in fixes
-            and tp != fixes["tp"]
-            or "tp" not in fixes
-            and not tp_in_node(tp, devices=devices, per_node=per_node)
-        ):
-            continue
         for pp in _divisors(devices // tp):
             dp = devices // (tp * pp)
-            if (
-                pp > max(layers, 1)
-                or batch % dp
-                or ("pp" in fixes and pp != fixes["pp"])
-                or ("dp" in fixes and dp != fixes["dp"])
-            ):
+            rule = _tp_rule(tp, devices, per_node, fixes, max_tp) or _shape_rule(dp, pp, layers, batch, fixes)
+            if rule:
+                refused.append(RefusedShape(devices=devices, dp=dp, tp=tp, pp=pp, rule=rule))
                 continue
             options += [Degrees(devices=devices, dp=dp, tp=tp, pp=pp, ep=ep) for ep in ep_options(dp, tp, eps, fixes)]
     return options
+
+
+def _tp_rule(tp: int, devices: int, per_node: int, fixes: dict, max_tp: int | None) -> str:
+    if max_tp is not None and tp > max_tp:
+        return "tp ops"
+    if "tp" in fixes:
+        return "pin tp" if tp != fixes["tp"] else ""
+    return "" if tp_in_node(tp, devices=devices, per_node=per_node) else "tp node"
+
+
+def _shape_rule(dp: int, pp: int, layers: int, batch: int, fixes: dict) -> str:
+    if pinned := [key for key, value in (("dp", dp), ("pp", pp)) if key in fixes and value != fixes[key]]:
+        return f"pin {pinned[0]}"
+    if pp > max(layers, 1):
+        return "layers"
+    return "batch" if batch % dp else ""
 
 
 def ep_options(dp: int, tp: int, eps: tuple[int, ...], fixes: dict) -> list[int]:

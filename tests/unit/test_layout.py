@@ -14,6 +14,7 @@ ORDER = (
     "version",
     "quiet",
     "types",
+    "display",
     "jobs",
     "modelfile",
     "trace",

@@ -171,3 +171,32 @@ def test_a_view_of_a_parameter_and_a_metadata_assert_move_nothing():
     for node in (view, check):
         for backward in (False, True):
             assert op_time_s(node, profile, precision="bf16", batch_fraction=1.0, backward=backward) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("transient", "scatter", "sync", "after", "at_peak"),
+    [
+        (5.0, 0.0, 0.0, 1, (100, 0, 200, 125, 2)),  # M1: the forward's end, no gradients yet
+        (5.0, 0.0, 0.0, 3, (100, 50, 200, 95, 2)),  # M2: a later backward
+        (1.0, 40.0, 0.0, 3, (100, 50, 200, 80, 42)),  # M2: a block's scatter beside its freed activations
+        (0.0, 0.0, 500.0, 3, (100, 50, 200, 0, 500)),  # M3: the sync buffer after the backward
+    ],
+)
+def test_the_peak_moment_splits_into_parts_that_sum_to_the_peak(transient, scatter, sync, after, at_peak):
+    """memory.png draws at_peak_bytes (report/memory.py): the moment itself, not each part's maximum."""
+    from autoplan.cost.memory import ModelStates, stage_memory
+
+    memory = stage_memory(
+        states=ModelStates(weights_bytes=100.0, grads_bytes=50.0, optimizer_bytes=200.0),
+        saved_bytes=30.0,
+        transient_bytes=transient,
+        in_flight=4,
+        in_flight_after=after,
+        last_block_bytes=10.0,
+        buffers_bytes=2.0,
+        scatter_bytes=scatter,
+        sync_bytes=sync,
+        grads_persist=False,
+    )
+    assert memory.at_peak_bytes == pytest.approx(at_peak)
+    assert sum(memory.at_peak_bytes) == pytest.approx(memory.peak_bytes)

@@ -163,6 +163,36 @@ def test_tiny_memory_names_out_of_memory(graph):
     assert exp.memory["headroom_bytes"] == exp.memory["usable_bytes"] - exp.memory["peak_bytes"]
 
 
+def test_the_decision_line_and_the_family_table_say_the_same(graph):
+    """At every memory size between two plans' peaks: a family with a member that fits is never
+    called out of memory, and the decision line states its verdict word for word."""
+    model = CostModel(graph, synthetic_profile(inter_busbw_bytes_per_s=200e9))
+    peaks = sorted({model.estimate(p).peak_memory_bytes for p in _space()})
+    named_a_faster_misfit = False
+    for low, high in zip(peaks, peaks[1:]):
+        memory = int((low + high) / 2 / usable_bytes(1.0))
+        profile = synthetic_profile(inter_busbw_bytes_per_s=200e9, memory_bytes=memory)
+        result = _priced(graph, profile, _space())
+        if not result.ranked():
+            continue
+        exp = explain(result, graph=graph, profile=profile, sensitivity=False)
+        fitting = {family_of(c.config) for c in result.ranked()}
+        assert all(f.verdict != "out of memory" for f in exp.families if f.family in fitting)
+        if exp.decision_rival is not None:
+            verdict = exp.family_verdict(exp.decision_rival.family)
+            assert exp.decision == verdict.verdict
+            assert verdict.detail in exp.to_markdown().split("## What would change")[0]
+            named_a_faster_misfit |= "would be" in verdict.detail
+    assert named_a_faster_misfit  # the case that contradicted itself is among these
+
+
+def test_explain_names_terms_as_the_docs_do(slow):
+    _, exp = slow
+    text = exp.to_markdown()
+    assert not [t for t in Cost.TIME_FIELDS if t in text]
+    assert "e-0" not in text and "e+0" not in text
+
+
 def test_batch_threshold_flips_between_the_two_plans(slow, graph):
     result, _ = slow
     profile = synthetic_profile(inter_busbw_bytes_per_s=0.05e9)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cli import main
+from autoplan.cost.model import CostModel
+from autoplan.report import figures
 from autoplan.report.api import report
 from autoplan.report.folder import load_plan_folder
 from autoplan.solve.api import plan_graph
@@ -54,8 +57,20 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     result = _plan_folder(root / "plan", fix="pp=2")
     median = _run_folder(root / "run", result.best)
-    paths = report(root / "plan", [root / "run"], out=root / "out", top_k=3)
+    with pytest.MonkeyPatch.context() as patch:  # keep what memory.png draws
+        patch.setattr(figures, "memory_figure", _recording(figures.memory_figure, root))
+        paths = report(root / "plan", [root / "run"], out=root / "out", top_k=3)
     return root, result, median, paths
+
+
+def _recording(draw, root):
+    def memory_figure(bars, path, **kwargs):
+        root.joinpath("memory_bars.json").write_text(
+            json.dumps([{"label": b.label, "parts": b.parts_bytes, "peak": b.peak_bytes} for b in bars])
+        )
+        return draw(bars, path, **kwargs)
+
+    return memory_figure
 
 
 def test_plans_table_keeps_every_candidate_and_ranks_them(built):
@@ -116,6 +131,46 @@ def test_every_figure_is_a_non_blank_png(built, name):
     image = mpimg.imread(path)
     assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
     assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 10  # drawn, not a blank canvas
+
+
+def test_memory_figure_draws_the_priced_peak_of_the_breakdown_plans(built):
+    """Each bar sums to the cost model's peak (report.md's number for the chosen plan), for the
+    plans breakdown.png draws; the parts' own maxima would overstate it."""
+    root, result, _, _ = built
+    bars = json.loads((root / "memory_bars.json").read_text())
+    breakdown = pd.read_csv(root / "out" / "breakdown.csv")
+    assert [b["label"] for b in bars] == list(dict.fromkeys(breakdown["plan"]))
+    folder = load_plan_folder(root / "plan")
+    model = CostModel(folder.graph, folder.profile)
+    for bar, candidate in zip(bars, result.ranked()):
+        assert sum(bar["parts"].values()) == pytest.approx(bar["peak"])
+        assert bar["peak"] == pytest.approx(model.estimate(candidate.plan).peak_memory_bytes)
+    chosen = result.best.predicted.peak_memory_bytes
+    assert bars[0]["peak"] == pytest.approx(chosen)
+    assert f"{chosen / 2**30:.2f} GiB" in (root / "out" / "report.md").read_text()
+    overstated = [sum(getattr(c.cost, f) for f in Cost.MEMORY_FIELDS) for c in result.ranked()[: len(bars)]]
+    assert any(total > bar["peak"] * 1.01 for total, bar in zip(overstated, bars))  # what it drew before
+
+
+def test_stage_memory_is_the_priced_peak(built):
+    """stages.csv (and report.md's stage table) states each stage's priced peak: the largest is plan.json's."""
+    root, result, _, _ = built
+    stages = pd.read_csv(root / "plan" / "stages.csv")
+    assert len(stages) == 2 and stages["memory_bytes"].max() == pytest.approx(
+        result.best.predicted.peak_memory_bytes, abs=1
+    )
+
+
+@pytest.mark.parametrize("columns", ["80", "120"])
+def test_cli_explain_prints_every_number_whole(built, monkeypatch, capsys, columns):
+    root, _, _, _ = built
+    monkeypatch.setenv("COLUMNS", columns)
+    assert main(["explain", str(root / "plan")]) == 0
+    printed = capsys.readouterr().out
+    written = (root / "out" / "explain.md").read_text()
+    number = re.compile(r"[+-]?[0-9][0-9.,]*[%x]?")
+    assert "…" not in printed
+    assert set(number.findall(written)) <= set(number.findall(printed))
 
 
 def test_report_md_puts_it_together(built):

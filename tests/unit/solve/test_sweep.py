@@ -177,3 +177,20 @@ def test_cost_objective_over_the_whole_run_counts_whole_instances(graph):
     instance is never cheaper than a full one."""
     best = plan_graph(graph, devices=32, profile=CHEAP, objective="cost", run=RunSpec(tokens=TOKENS)).best
     assert best.devices == 8 and best.predicted.run.billed_devices == 8
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_pareto_table_prints_every_number_whole(pruned, width):
+    import io
+
+    from rich.console import Console
+
+    from autoplan.solve.console import pareto_table
+
+    table = pareto_table(pruned)
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    console.print(table)
+    text = console.file.getvalue()
+    assert "…" not in text
+    numeric = [i for i, h in enumerate(table.headers) if h in table.numbers]
+    assert all(row[i] in text for row in table.rows for i in numeric), text

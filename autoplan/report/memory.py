@@ -1,0 +1,60 @@
+"""What memory.png draws: per plan, the cost model's priced peak per device, split into the parts
+that are alive at that moment, so each bar's stack sums to the peak that report.md and plan.json
+state (cost/memory.py ``StageMemory.at_peak_bytes``), for the plans breakdown.png draws.
+
+Each part's largest value over the step (``Cost.MEMORY_FIELDS``) would overstate the peak: the
+activations peak before the backward, the gradients and sync buffers after it. A plan folder
+without graph.json cannot be re-priced; its bar is plan.json's peak, split into the weights and
+optimizer states (alive throughout) and the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.model import CostModel
+from autoplan.display import MEMORY_NAMES
+from autoplan.report.tables import describe_row, plans_table, top_feasible
+from autoplan.types.cost import Cost
+from autoplan.types.plan import Plan
+
+REST = "gradients, activations and buffers"
+
+
+@dataclass(frozen=True)
+class MemoryBar:
+    label: str
+    parts_bytes: dict[str, float]  # display name -> bytes at the peak moment; they sum to peak_bytes
+    peak_bytes: float
+
+
+def peak_parts(model: CostModel, plan: Plan) -> MemoryBar:
+    """The most loaded stage's peak moment, as CostModel prices it."""
+    stages, _tp_plan, _ctx = model.priced_stages(plan)
+    worst = max(model.stage_memory(plan, stages), key=lambda m: m.peak_bytes)
+    parts = {MEMORY_NAMES[name]: value for name, value in zip(Cost.MEMORY_FIELDS, worst.at_peak_bytes)}
+    return MemoryBar(plan.describe(), parts, worst.peak_bytes)
+
+
+def memory_bars(folder, result, *, top_k: int) -> list[MemoryBar]:
+    """The bars of memory.png: breakdown.png's plans (plans.csv's top ranks) re-priced from the
+    search ``result``, else plan.json's own peak."""
+    if result is not None and folder.graph is not None and folder.profile is not None:
+        model = CostModel(folder.graph, folder.profile)
+        ranked = result.ranked()
+        rows = top_feasible(plans_table(folder), top_k)
+        return [
+            _labelled(peak_parts(model, ranked[int(row["rank"]) - 1].plan), describe_row(row))
+            for _, row in rows.iterrows()
+            if int(row["rank"]) <= len(ranked)
+        ]
+    plan = folder.plan
+    if plan is None or not plan.predicted or not plan.predicted.memory:
+        return []
+    memory, peak = plan.predicted.memory, plan.predicted.peak_memory_bytes
+    held = {MEMORY_NAMES[n]: memory.get(n, 0.0) for n in ("weights_bytes", "optimizer_bytes")}
+    return [MemoryBar(plan.describe(), {**held, REST: peak - sum(held.values())}, peak)]
+
+
+def _labelled(bar: MemoryBar, label: str) -> MemoryBar:
+    return MemoryBar(label, bar.parts_bytes, bar.peak_bytes)
