@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoplan.display import duration_text
 from autoplan.errors import AutoplanError, ExportError
 from autoplan.export.common import Imported, ModelFacts
 from autoplan.types.graph import Graph
@@ -212,13 +213,13 @@ def pricing_lines(result: ConfigPricing) -> list[str]:
         *_lossy_line(result),
         _precision_line(result),
         "",
-        "| term | yours ms | best ms | difference ms |",
+        "| term | yours | best | difference |",
         "|---|---:|---:|---:|",
     ]
     for t in result.terms:
         if t["config_s"] or t["best_s"]:
-            diff = 1e3 * (t["config_s"] - t["best_s"])
-            lines.append(f"| {t['words']} | {1e3 * t['config_s']:.1f} | {1e3 * t['best_s']:.1f} | {diff:+.1f} |")
+            diff = duration_text(t["config_s"] - t["best_s"], signed=True)
+            lines.append(f"| {t['words']} | {_ms(t['config_s'])} | {_ms(t['best_s'])} | {diff} |")
     if result.unmapped:
         lines += ["", "Not priced (autoplan has no term for them):", ""] + [f"- {u}" for u in result.unmapped]
     if result.assumptions:
@@ -247,4 +248,5 @@ def _precision_line(result: ConfigPricing) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return f"{1e3 * seconds:.1f} ms"
+    """A duration as the rest of autoplan prints one (autoplan/display.py): ``91.9 ms``, ``40.2 ns``."""
+    return duration_text(seconds)
