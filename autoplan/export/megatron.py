@@ -17,9 +17,14 @@ stages (v = 1)      uneven: ``--decoder-first/last-pipeline-num-layers`` when th
 sequence_parallel   ``--sequence-parallel``; tp_comm_overlap → ``--tp-comm-overlap``
 micro-batches       ``--micro-batch-size mbs``, ``--global-batch-size dp·mbs·n``
 zero_stage 1        ``--use-distributed-optimizer``
-zero_stage 2, 3     Megatron-FSDP: ``--use-megatron-fsdp --data-parallel-sharding-strategy
-                    optim_grads`` (2) or ``optim_grads_params`` (3), with ``--ckpt-format fsdp_dtensor``
-                    (which Megatron-FSDP requires)
+zero_stage 2, 3     Megatron-FSDP with the flags its user guide (core_v0.16.1, "Required
+                    Configurations") requires: ``--use-megatron-fsdp --data-parallel-sharding-strategy
+                    optim_grads`` (2) or ``optim_grads_params`` (3), ``--use-distributed-optimizer``
+                    (else Megatron builds its non-distributed optimizer over FSDP's sharded
+                    parameters), ``--no-gradient-accumulation-fusion``, ``--ckpt-format
+                    fsdp_dtensor``; ZeRO-3 adds ``--overlap-param-gather``: each block's weights are
+                    all-gathered ahead of its use, as autoplan prices and runs ZeRO-3 (prefetched one
+                    block ahead, autoplan/cost/dp_sync.py)
 recompute           selective → ``--recompute-granularity selective`` (Megatron re-runs the attention
                     core, autoplan's selective is op-level: named); full → ``--recompute-granularity
                     full --recompute-method uniform --recompute-num-layers 1``
@@ -28,6 +33,9 @@ precision           bf16 → ``--bf16``; fp16 → ``--fp16``; fp8 → ``--bf16 -
 grad_reduce_dtype   fp32 with 16-bit training → ``--accumulate-allreduce-grads-in-fp32``; bf16 →
                     ``--grad-reduce-in-bf16``; fp16 with fp16 training is Megatron's default
 overlap_grad_reduce ``--overlap-grad-reduce``; absent, Megatron reduces after the backward
+ZeRO-1/2 gather     the updated weights are all-gathered after the optimizer step, as autoplan prices and
+                    runs them, so ``--overlap-param-gather`` (which hides that gather under the next
+                    forward) is not written; read from a config it is named in ``unmapped``
 model facts         ``--num-layers``, ``--hidden-size``, ``--num-attention-heads``,
                     ``--group-query-attention --num-query-groups``, ``--seq-length``,
                     ``--max-position-embeddings``; a missing fact is a comment naming its flag
@@ -146,12 +154,15 @@ def _data_parallel_flags(plan: Plan) -> Flags:
     flags: Flags = [("--overlap-grad-reduce", None)] if plan.overlap_grad_reduce else []
     if plan.zero_stage == 1:
         flags.append(("--use-distributed-optimizer", None))
-    elif plan.zero_stage >= 2:
+    elif plan.zero_stage >= 2:  # Megatron-FSDP's required flags (module docstring)
         flags += [
             ("--use-megatron-fsdp", None),
             ("--data-parallel-sharding-strategy", SHARDING[plan.zero_stage]),
+            ("--use-distributed-optimizer", None),
+            ("--no-gradient-accumulation-fusion", None),
             ("--ckpt-format", "fsdp_dtensor"),
         ]
+        flags += [("--overlap-param-gather", None)] if plan.zero_stage == 3 else []
     return flags
 
 

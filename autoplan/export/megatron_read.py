@@ -39,7 +39,7 @@ SWITCHES = {
     "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer", "--use-megatron-fsdp",
     "--use-custom-fsdp", "--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16",
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
-    "--group-query-attention",
+    "--overlap-param-gather", "--no-gradient-accumulation-fusion", "--group-query-attention",
     "--recompute-activations",
 }  # fmt: skip
 #: Launcher options giving processes per node and nodes (torchrun, torch.distributed.launch, deepspeed).
@@ -262,4 +262,24 @@ def _read_data_parallel(args: dict[str, Any], dp: int, unmapped: list[str]) -> d
     overlap = "--overlap-grad-reduce" in args or zero >= 2
     if zero >= 2 and "--overlap-grad-reduce" not in args:
         unmapped.append("FSDP without --overlap-grad-reduce: autoplan prices FSDP's reduce-scatter under the backward.")
+    unmapped += _param_gather_notes(args, zero, dp)
     return {"zero_stage": zero, "overlap_grad_reduce": overlap}
+
+
+def _param_gather_notes(args: dict[str, Any], zero: int, dp: int) -> list[str]:
+    """How the config's weight all-gather differs from autoplan's pricing (docs/export.md): ZeRO-1/2
+    all-gather after the step, exposed; ZeRO-3 prefetched one block ahead."""
+    if dp == 1 or zero == 0:
+        return []
+    overlapped = "--overlap-param-gather" in args
+    if zero in (1, 2) and overlapped:
+        return [
+            "--overlap-param-gather: Megatron gathers the updated weights under the next forward; autoplan "
+            "prices that all-gather after the optimizer step, exposed, so the config may run faster than priced."
+        ]
+    if zero == 3 and not overlapped and "--use-torch-fsdp2" not in args:
+        return [
+            "Megatron-FSDP without --overlap-param-gather gathers each block's weights when it is needed; "
+            "autoplan prices them prefetched one block ahead, so the config may run slower than priced."
+        ]
+    return []
