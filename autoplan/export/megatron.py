@@ -33,9 +33,9 @@ precision           bf16 → ``--bf16``; fp16 → ``--fp16``; fp8 → ``--bf16 -
 grad_reduce_dtype   fp32 with 16-bit training → ``--accumulate-allreduce-grads-in-fp32``; bf16 →
                     ``--grad-reduce-in-bf16``; fp16 with fp16 training is Megatron's default
 overlap_grad_reduce ``--overlap-grad-reduce``; absent, Megatron reduces after the backward
-ZeRO-1/2 gather     the updated weights are all-gathered after the optimizer step, as autoplan prices and
-                    runs them, so ``--overlap-param-gather`` (which hides that gather under the next
-                    forward) is not written; read from a config it is named in ``unmapped``
+overlap_param_gather ZeRO-1/2: ``--overlap-param-gather`` (the updated weights all-gathered under the
+                    next forward; a plan has it only when read from a Megatron config); without it
+                    Megatron gathers after the optimizer step, as autoplan's executor does
 model facts         ``--num-layers``, ``--hidden-size``, ``--num-attention-heads``,
                     ``--group-query-attention --num-query-groups``, ``--seq-length``,
                     ``--max-position-embeddings``; a missing fact is a comment naming its flag
@@ -152,6 +152,7 @@ def _pipeline_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
 
 def _data_parallel_flags(plan: Plan) -> Flags:
     flags: Flags = [("--overlap-grad-reduce", None)] if plan.overlap_grad_reduce else []
+    flags += [("--overlap-param-gather", None)] if plan.overlap_param_gather else []
     if plan.zero_stage == 1:
         flags.append(("--use-distributed-optimizer", None))
     elif plan.zero_stage >= 2:  # Megatron-FSDP's required flags (module docstring)

@@ -263,21 +263,21 @@ def _read_data_parallel(args: dict[str, Any], dp: int, unmapped: list[str]) -> d
     if zero >= 2 and "--overlap-grad-reduce" not in args:
         unmapped.append("FSDP without --overlap-grad-reduce: autoplan prices FSDP's reduce-scatter under the backward.")
     unmapped += _param_gather_notes(args, zero, dp)
-    return {"zero_stage": zero, "overlap_grad_reduce": overlap}
+    param_gather = zero in (1, 2) and "--overlap-grad-reduce" in args and "--overlap-param-gather" in args
+    return {"zero_stage": zero, "overlap_grad_reduce": overlap, "overlap_param_gather": param_gather}
 
 
 def _param_gather_notes(args: dict[str, Any], zero: int, dp: int) -> list[str]:
-    """How the config's weight all-gather differs from autoplan's pricing (docs/export.md): ZeRO-1/2
-    all-gather after the step, exposed; ZeRO-3 prefetched one block ahead."""
-    if dp == 1 or zero == 0:
-        return []
+    """Where the config's weight all-gather is not priced as Megatron runs it (docs/export-megatron.md):
+    --overlap-param-gather that Megatron-LM refuses (without the distributed optimizer or FSDP, or
+    without --overlap-grad-reduce), and Megatron-FSDP ZeRO-3 without it (priced prefetched)."""
     overlapped = "--overlap-param-gather" in args
-    if zero in (1, 2) and overlapped:
+    if overlapped and (zero == 0 or "--overlap-grad-reduce" not in args) and zero < 2:
         return [
-            "--overlap-param-gather: Megatron gathers the updated weights under the next forward; autoplan "
-            "prices that all-gather after the optimizer step, exposed, so the config may run faster than priced."
+            "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce (Megatron-LM "
+            "refuses it otherwise); read without it."
         ]
-    if zero == 3 and not overlapped and "--use-torch-fsdp2" not in args:
+    if zero == 3 and dp > 1 and not overlapped and "--use-torch-fsdp2" not in args:
         return [
             "Megatron-FSDP without --overlap-param-gather gathers each block's weights when it is needed; "
             "autoplan prices them prefetched one block ahead, so the config may run slower than priced."

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import autoplan.trace
+from autoplan.errors import PlanError
 from autoplan.export import megatron
 from autoplan.export.common import ExportError, ModelFacts
 from autoplan.types import Plan
@@ -34,6 +35,8 @@ PLANS = {
         devices=16, dp=16, tp=1, pp=1, micro_batch_size=1, num_microbatches=4, zero_stage=1, precision="fp16",
         grad_reduce_dtype="fp16", overlap_grad_reduce=False,
     ),
+    "zero1-bf16-param-gather": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=2, num_microbatches=2,
+                                    zero_stage=1, precision="bf16", overlap_param_gather=True),
     "zero2-fp16": Plan(devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, zero_stage=2,
                        precision="fp16"),
     "zero3-bf16-full": Plan(
@@ -163,7 +166,7 @@ def _check_data_parallel(args, plan: Plan) -> None:
     sharding = {0: "no_shard", 1: "no_shard", 2: "optim_grads", 3: "optim_grads_params"}
     assert ddp.data_parallel_sharding_strategy == sharding[plan.zero_stage]
     assert ddp.overlap_grad_reduce == plan.overlap_grad_reduce
-    assert ddp.overlap_param_gather == (plan.zero_stage == 3)  # as autoplan prices each ZeRO-1/2/3 gather
+    assert ddp.overlap_param_gather == (plan.zero_stage == 3 or plan.overlap_param_gather)  # as priced
     assert ddp.grad_reduce_in_fp32 == (plan.precision != "fp32" and plan.grad_reduce_dtype == "fp32")
     assert args.grad_reduce_in_bf16 == (plan.precision in ("bf16", "fp8") and plan.grad_reduce_dtype == "bf16")
     calculator = ConstantNumMicroBatchesCalculator(
@@ -223,7 +226,7 @@ def test_read_gives_the_plan_back(name, facts):
         back = imported.plan()
         same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "virtual_stages",
                 "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
-                "overlap_grad_reduce")  # fmt: skip
+                "overlap_grad_reduce", "overlap_param_gather")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.schedule == ("1f1b" if plan.schedule == "gpipe" else plan.schedule)
         expressible = plan.grad_reduce_dtype == "fp32" or plan.precision in ("bf16", "fp8", "fp16")
@@ -300,11 +303,17 @@ def test_read_refuses_what_megatron_would_refuse():
         megatron.read("--micro-batch-size two", devices=2)
 
 
-def test_read_names_how_megatrons_weight_gather_differs_from_the_priced_one():
-    """ZeRO-1/2 with --overlap-param-gather gathers under the next forward (autoplan prices it after the
-    step); Megatron-FSDP ZeRO-3 without it gathers on demand (autoplan prices a prefetch)."""
-    zero1 = "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16"
-    assert "gathers the updated weights under the next forward" in " ".join(megatron.read(zero1, devices=8).unmapped)
+def test_megatrons_weight_gather_is_read_as_it_runs():
+    """ZeRO-1/2 with --overlap-param-gather is priced gathering under the next forward (a plan the
+    executor refuses to run); Megatron-FSDP ZeRO-3 without it gathers on demand (priced prefetched: named)."""
+    from autoplan.execute.tp_overlap import check_runs_here
+
+    zero1 = megatron.read("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16", devices=8)
+    assert zero1.fields["overlap_param_gather"] and zero1.unmapped == []
+    with pytest.raises(PlanError, match="overlap_param_gather=true is Megatron-LM.s"):
+        check_runs_here(zero1.plan())
+    refused = megatron.read("--use-distributed-optimizer --overlap-param-gather --bf16", devices=8)
+    assert not refused.fields["overlap_param_gather"] and "Megatron-LM refuses it" in refused.unmapped[0]
     zero3 = "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --use-distributed-optimizer"
     imported = megatron.read(zero3 + " --overlap-grad-reduce --bf16", devices=8)
     assert imported.fields["zero_stage"] == 3 and "gathers each block's weights when" in imported.unmapped[0]
