@@ -13,7 +13,8 @@ tp, pp, ep          ``--tensor-model-parallel-size``, ``--pipeline-model-paralle
 virtual_stages v    ``--num-layers-per-virtual-pipeline-stage layers/(pp·v)`` (even stages), else
                     ``--num-virtual-stages-per-pipeline-rank v``; Megatron runs 1F1B, interleaved
                     when v > 1; GPipe has no switch (named)
-stages (v = 1)      uneven: ``--decoder-first/last-pipeline-num-layers`` when the middle stages are equal
+stages              uneven: ``--decoder-first/last-pipeline-num-layers`` when v = 1 and the middle
+                    stages are equal, else ``--pipeline-model-parallel-layout`` listing every chunk
 sequence_parallel   ``--sequence-parallel``; tp_comm_overlap → ``--tp-comm-overlap``
 micro-batches       ``--micro-batch-size mbs``, ``--global-batch-size dp·mbs·n``
 zero_stage 1        ``--use-distributed-optimizer``
@@ -41,8 +42,8 @@ model facts         ``--num-layers``, ``--hidden-size``, ``--num-attention-heads
                     ``--max-position-embeddings``; a missing fact is a comment naming its flag
 =================== ==========================================================================
 
-Also named in ``unexpressed``: PowerSGD, uneven pipeline stages, reduction dtypes Megatron has no
-switch for, and a per-op ``tp_plan`` (:func:`split_note`).
+Also named in ``unexpressed``: PowerSGD, reduction dtypes Megatron has no switch for, and a per-op
+``tp_plan`` (:func:`split_note`).
 
 :func:`read` (autoplan/export/megatron_read.py) takes the same file, a one-line argument string,
 or a launch script.
@@ -137,10 +138,7 @@ def _pipeline_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
                 ("--decoder-first-pipeline-num-layers", sizes[0]),
                 ("--decoder-last-pipeline-num-layers", sizes[-1]),
             ]
-        notes.append(
-            f"uneven pipeline stages: Megatron-LM splits the layers evenly over the {chunks} chunks, or over the "
-            "middle stages only (--pipeline-model-parallel-layout can list them by hand)."
-        )
+        return [("--pipeline-model-parallel-layout", _layout(sizes))]
     if plan.virtual_stages == 1:
         return []
     if per_chunk is None and not plan.stages and facts.layers and facts.layers % chunks == 0:
@@ -148,6 +146,16 @@ def _pipeline_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
     if per_chunk is None:
         return [("--num-virtual-stages-per-pipeline-rank", plan.virtual_stages)]
     return [("--num-layers-per-virtual-pipeline-stage", per_chunk)]
+
+
+def _layout(sizes: list[int]) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for chunks of ``sizes`` blocks, in chunk order
+    (chunk c on pipeline rank c % pp, as Plan.stages): "|" between chunks, ``t`` a transformer block,
+    ``E`` the embedding on the first, ``L`` the loss on the last (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py)."""
+    chunks = ["t" * n for n in sizes]
+    chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
+    return "|".join(chunks)
 
 
 def _data_parallel_flags(plan: Plan) -> Flags:

@@ -6,7 +6,10 @@ quotes, variables and arrays assigned in the script (``GPT_MODEL_ARGS=( ... )``,
 ``${GPT_MODEL_ARGS[@]}``) and integer arithmetic. Its launch command is the one that runs a
 ``.py`` training script (``torchrun ... pretrain_gpt.py``, ``python -m torch.distributed.run
 ...``, ``python pretrain_gpt.py``, ``deepspeed pretrain_gpt.py``): the flags are the words after
-the script. Without such a command every word must be a flag (the exporter's file).
+the script. Without such a command every word must be a flag. The exporter's own file (every
+line a ``#`` comment or a ``--flag``, with no quotes, ``$``, backquotes or backslashes) is split
+on whitespace instead, as its launch line's ``$(grep -v '^#' megatron_args.txt)`` splits it, so a
+value such as ``--pipeline-model-parallel-layout Et|tt|tL`` keeps its ``|``.
 
 Megatron's arguments do not state the world size (torchrun sets WORLD_SIZE); it is ``devices``
 when given, else the exporter's ``# world size: N`` line, else torchrun's ``--nproc-per-node``
@@ -33,7 +36,7 @@ VALUED = {
     "--recompute-num-layers", "--recompute-modules", "--fp8-format", "--fp8-recipe",
     "--data-parallel-sharding-strategy", "--ckpt-format", "--num-layers", "--hidden-size", "--num-attention-heads",
     "--num-query-groups", "--seq-length", "--max-position-embeddings", "--vocab-size",
-    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
 }  # fmt: skip
 SWITCHES = {
     "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer", "--use-megatron-fsdp",
@@ -75,6 +78,10 @@ def read(text: str, *, devices: int | None = None) -> Imported:
 
 def _script_flags(text: str) -> tuple[list[Word], int | None]:
     """The words holding Megatron's flags, and the world size the launcher states (module docstring)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if all(line.startswith("--") for line in lines) and not re.search(r"[\"'$`\\]", "\n".join(lines)):
+        words = [word for line in lines for word in re.split(r"\s#", line, maxsplit=1)[0].split()]
+        return [Word(word) for word in words], None
     commands = read_script(text)
     launches = [c for c in commands if _script_at(c) is not None]
     if launches:
@@ -180,6 +187,8 @@ def _read_degrees(args: dict[str, Any], world: int, unmapped: list[str]) -> dict
         unmapped.append(f"--context-parallel-size {cp}: autoplan does not price context parallelism; read without it.")
     virtual = _read_virtual(args, pp)
     given = [f"{flag} {args[flag]}" for flag in UNEVEN if flag in args]
+    layout = args.get("--pipeline-model-parallel-layout")
+    given += [f"--pipeline-model-parallel-layout {layout}"] if layout and len(set(_layout_chunks(layout))) > 1 else []
     if given and pp > 1:
         unmapped.append(f"{' '.join(given)}: uneven stages; autoplan reads a config with balanced stages.")
     sp = tp > 1 and "--sequence-parallel" in args
@@ -196,9 +205,23 @@ def _read_degrees(args: dict[str, Any], world: int, unmapped: list[str]) -> dict
     }
 
 
+def _layout_chunks(layout: str) -> list[int]:
+    """Transformer blocks per chunk of ``--pipeline-model-parallel-layout``, its ``(...)*n`` and
+    ``x*n`` unrolled as Megatron does (PipelineParallelLayerLayout.parse_str_to_list)."""
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), text)
+    return [chunk.count("t") for chunk in text.split("|")]
+
+
 def _read_virtual(args: dict[str, Any], pp: int) -> int:
     if pp == 1:
         return 1
+    if "--pipeline-model-parallel-layout" in args:
+        chunks = len(_layout_chunks(args["--pipeline-model-parallel-layout"]))
+        if chunks % pp:
+            raise ExportError(f"--pipeline-model-parallel-layout has {chunks} stages, not a multiple of pp {pp}.")
+        return chunks // pp
     if "--num-virtual-stages-per-pipeline-rank" in args:
         return _int(args, "--num-virtual-stages-per-pipeline-rank")
     per_chunk = _int(args, "--num-layers-per-virtual-pipeline-stage")

@@ -134,9 +134,8 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
     assert config.expert_model_parallel_size == plan.ep
     assert (config.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
-    if plan.stages and plan.virtual_stages == 1 and len({len(s) for s in plan.stages}) > 1:
-        ends = (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
-        assert ends == (len(plan.stages[0]), len(plan.stages[-1]))
+    if plan.stages and len({len(s) for s in plan.stages}) > 1:  # uneven: first/last, or the layout
+        assert _blocks_per_chunk(config, plan) == [len(stage) for stage in plan.stages]
     assert (config.sequence_parallel, config.tp_comm_overlap) == (plan.sequence_parallel, plan.tp_comm_overlap)
     assert config.bf16 == (plan.precision in ("bf16", "fp8")) and config.fp16 == (plan.precision == "fp16")
     assert (config.fp8, config.fp8_recipe) == (
@@ -150,6 +149,20 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     )  # fmt: skip
     assert args.seq_length == facts.seq_len
     _check_data_parallel(args, plan)
+
+
+def _blocks_per_chunk(config, plan: Plan) -> list[int]:
+    """Transformer blocks of each chunk (chunk c on pipeline rank c % pp) as Megatron will build them."""
+    layout = config.pipeline_model_parallel_layout
+    if layout is None:
+        first, last = config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage
+        middle = (config.num_layers - first - last) // (plan.pp - 2) if plan.pp > 2 else 0
+        return [first] + [middle] * (plan.pp - 2) + [last]
+    from megatron.core.transformer.enums import LayerType
+
+    return [
+        layout.layout[c % plan.pp][c // plan.pp].count(LayerType.decoder) for c in range(plan.pp * plan.virtual_stages)
+    ]
 
 
 def _check_data_parallel(args, plan: Plan) -> None:
@@ -231,9 +244,12 @@ def test_read_gives_the_plan_back(name, facts):
         assert back.schedule == ("1f1b" if plan.schedule == "gpipe" else plan.schedule)
         expressible = plan.grad_reduce_dtype == "fp32" or plan.precision in ("bf16", "fp8", "fp16")
         assert back.grad_reduce_dtype == (plan.grad_reduce_dtype if expressible else "fp32")
-        assert imported.unmapped == ([] if name != "pp2-uneven" else ["--decoder-first-pipeline-num-layers 1 "
-                                     "--decoder-last-pipeline-num-layers 3: uneven stages; autoplan reads a config "
-                                     "with balanced stages."])  # fmt: skip
+        uneven = {"pp2-uneven": "--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3",
+                  "pp2-v2-uneven-middle": "--pipeline-model-parallel-layout Et|tt|t|L"}  # fmt: skip
+        said = (
+            [f"{uneven[name]}: uneven stages; autoplan reads a config with balanced stages."] if name in uneven else []
+        )
+        assert imported.unmapped == said
         assert (imported.facts.layers, imported.facts.num_kv_heads) == (facts.layers, facts.num_kv_heads)
 
 
@@ -250,7 +266,7 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
         return " ".join(exported.unexpressed)
 
     assert said("ddp-fp32") == "" and said("zero3-bf16-full") == "" and said("pp2-tp2-interleaved-fp8") == ""
-    assert "GPipe" in said("pp4-gpipe") and said("pp2-uneven") == "" and "uneven" in said("pp2-v2-uneven-middle")
+    assert "GPipe" in said("pp4-gpipe") and said("pp2-uneven") == "" and said("pp2-v2-uneven-middle") == ""
     tp = said("tp2-sp-overlap-selective")
     assert "attention core" in tp and "per-op choice" in tp
     assert "gradient reduction in bf16 with fp32" in said("fp32-reduce-bf16")

@@ -183,3 +183,13 @@ def test_explain_refuses_an_unreadable_script_in_one_sentence(tmp_path, capsys):
     assert main(["explain", "--config", str(script), "--model", model, "--profile", "dgx-a100"]) == 2
     err = capsys.readouterr().err
     assert "$TP" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_quoted_layout_keeps_its_bars_and_the_exported_file_needs_no_quotes():
+    """In a script the layout's ``|`` must be quoted (else it is a pipe); in the exporter's file, which
+    the launch line word-splits with ``$(grep -v '^#' megatron_args.txt)``, it is a plain character."""
+    flags = "--pipeline-model-parallel-size 2 --num-layers 5 --pipeline-model-parallel-layout"
+    scripted = megatron.read(f'torchrun --nproc-per-node 2 pretrain_gpt.py {flags} "E|(tt|)*2,tL"')
+    exported = megatron.read(f"# world size: 2\n{flags} E|tt|tt|tL\n")
+    for imported in (scripted, exported):
+        assert imported.fields["virtual_stages"] == 2 and "uneven stages" in imported.unmapped[0]
