@@ -60,7 +60,8 @@ def read(text: str, *, devices: int | None = None) -> Imported:
         raise ExportError(
             "Megatron-LM's arguments do not state the world size (torchrun sets it); pass devices (--devices)."
         )
-    fields = _read_degrees(args, world, unmapped)
+    source = "" if devices or _world_from(text) else " (the launcher's processes per node x nodes: pass --devices)"
+    fields = _read_degrees(args, world, unmapped, source=source)
     fields.update(_read_batch(args, fields["dp"]))
     fields.update(_read_precision(args, unmapped))
     fields["recompute"] = _read_recompute(args, unmapped)
@@ -177,11 +178,11 @@ def _int(args: dict[str, Any], flag: str, default: int | None = None) -> int | N
         raise ExportError(f"{flag} {args[flag]}: expected an integer.") from None
 
 
-def _read_degrees(args: dict[str, Any], world: int, unmapped: list[str]) -> dict[str, Any]:
+def _read_degrees(args: dict[str, Any], world: int, unmapped: list[str], *, source: str = "") -> dict[str, Any]:
     tp, pp = _int(args, "--tensor-model-parallel-size", 1), _int(args, "--pipeline-model-parallel-size", 1)
     cp, ep = _int(args, "--context-parallel-size", 1), _int(args, "--expert-model-parallel-size", 1)
     if world % (tp * pp * cp):
-        raise ExportError(f"world size {world} is not divisible by tp {tp} x pp {pp} x cp {cp}.")
+        raise ExportError(f"world size {world}{source} is not divisible by tp {tp} x pp {pp} x cp {cp}.")
     dp = world // (tp * pp * cp)
     if cp > 1:
         unmapped.append(f"--context-parallel-size {cp}: autoplan does not price context parallelism; read without it.")

@@ -149,6 +149,10 @@ def test_quotes_comments_assignments_and_equals_signs_follow_the_shell():
         ("torchrun pretrain_gpt.py --bf16 --micro-batch-size 'two\n", "quote that is never closed"),
         ("ARGS=(\n--bf16\n", r"array ARGS=\( is never closed"),
         ("torchrun pretrain_gpt.py --bf16", "do not state the world size"),
+        (
+            "torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 16",
+            r"world size 8 \(the launcher's processes per node x nodes: pass --devices\) is not divisible by tp 16",
+        ),
     ],
 )
 def test_a_script_autoplan_cannot_read_is_one_sentence(text, words):
