@@ -18,7 +18,11 @@
   gradients and reduce-scatter once, after the last micro-batch. ZeRO-2 likewise reduce-scatters
   every micro-batch without a pipeline and all-gathers the weights once a step. Every message is
   in the bytes the executor sends: gradients in ``plan.grad_reduce_dtype``, ZeRO-1's all-gather
-  in fp32 (the executor's parameters), FSDP2's in the compute dtype (autoplan/cost/volumes.py);
+  in fp32 (the executor's parameters), FSDP2's in the compute dtype (autoplan/cost/volumes.py).
+  With ``plan.overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``, read from its
+  config) ZeRO-1/2's weight all-gather runs per block under the next step's first forward,
+  prefetched one block ahead as Megatron's forward pre-hooks dispatch it
+  (megatron/core/distributed/distributed_data_parallel.py), on each stage, the slowest counted;
 - PowerSGD (``plan.grad_compression``, autoplan/cost/compression.py): each block's gradients
   travel as torch's hook sends them, three all-reduces per DDP bucket of the uncompressed
   tensors and the P and Q factors, overlapped like DDP's; the hook's own matmuls and
@@ -125,20 +129,37 @@ class DataParallelSync:
             earlier = (plan.num_microbatches - 1) * total
             total, exposed = total + earlier, exposed + earlier * (1.0 - self._overlap_efficiency(plan))
         total, exposed = total + after, exposed + after
-        if plan.zero_stage in (1, 2):  # ZeRO-1: fp32 parameters back after the step; ZeRO-2: gathered once a step
-            weight = 4 if plan.zero_stage == 1 else PRECISION_BYTES[plan.precision]
-            fullest = max(stages, key=lambda s: s.params)
-            gather = self._split_message_s(
-                plan, "all_gather", fullest.dense_params * weight, fullest.expert_params * weight, group
-            )
-            total, exposed = total + gather, exposed + gather
+        gather_s, gather_exposed_s = self._weight_gather_s(plan, stages, group)
         if not self._overlaps_grad_reduce(plan):
             exposed = total
+        total, exposed = total + gather_s, exposed + gather_exposed_s
         if plan.runs_ddp and self.graph.buffer_bytes:  # rank 0's buffers, broadcast before a forward: never hidden
             broadcast = collective_time_s(self.profile, "all_gather", self.graph.buffer_bytes, group=group)
             total, exposed = total + broadcast, exposed + broadcast
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
         self._compression_time(cost, plan, stages)
+
+    def _weight_gather_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup) -> tuple[float, float]:
+        """ZeRO-1/2's all-gather of the updated weights once a step (ZeRO-1: the executor's fp32
+        parameters; ZeRO-2: the compute dtype) and its exposed part: all of it after the step, or
+        with ``overlap_param_gather`` per block prefetched under the first forward (module
+        docstring). (0, 0) for other stages."""
+        if plan.zero_stage not in (1, 2):
+            return 0.0, 0.0
+        weight = 4 if plan.zero_stage == 1 else PRECISION_BYTES[plan.precision]
+        if not plan.overlap_param_gather:
+            fullest = max(stages, key=lambda s: s.params)
+            gather = self._split_message_s(
+                plan, "all_gather", fullest.dense_params * weight, fullest.expert_params * weight, group
+            )
+            return gather, gather
+        eta, total, exposed = self._overlap_efficiency(plan), 0.0, 0.0
+        for stage in stages:
+            gathers = [self._block_sync_s(plan, "all_gather", b, weight, group) for b in stage.blocks]
+            forward = [b.fwd_s for b in stage.blocks]
+            total = max(total, sum(gathers))
+            exposed = max(exposed, prefetched_exposed_s(compute_s=forward, comm_s=gathers, efficiency=eta))
+        return total, exposed
 
     def _grad_syncs_s(
         self, plan: Plan, kind: str, stage: StageTotals, grad_bytes: int, group: AxisGroup, *, experts: bool = True

@@ -27,9 +27,16 @@ from autoplan.types.plan import Plan
 def check_runs_here(plan: Plan) -> None:
     """Raise PlanError, in one sentence, when ``plan`` needs a device this machine lacks: every
     device rule of a plan, async TP's (:func:`check_tp_overlap_runs_here`) and FP8's
-    (autoplan/execute/float8.py). The CLI calls it before a rank starts, ``parallelize`` first."""
+    (autoplan/execute/float8.py); or asks for what the executor does not run
+    (``overlap_param_gather``, Megatron-LM's, priced for a config read back). The CLI calls it
+    before a rank starts, ``parallelize`` first."""
     from autoplan.execute.float8 import check_runs_here as check_float8_runs_here
 
+    if plan.overlap_param_gather:
+        raise PlanError(
+            "plan overlap_param_gather=true is Megatron-LM's --overlap-param-gather, which autoplan's executor "
+            "does not run (it all-gathers the updated weights after the optimizer step); set it to false to run here."
+        )
     check_tp_overlap_runs_here(plan)
     check_float8_runs_here(plan)
 

@@ -13,13 +13,19 @@ tp, pp, ep          ``--tensor-model-parallel-size``, ``--pipeline-model-paralle
 virtual_stages v    ``--num-layers-per-virtual-pipeline-stage layers/(pp·v)`` (even stages), else
                     ``--num-virtual-stages-per-pipeline-rank v``; Megatron runs 1F1B, interleaved
                     when v > 1; GPipe has no switch (named)
-stages (v = 1)      uneven: ``--decoder-first/last-pipeline-num-layers`` when the middle stages are equal
+stages              uneven: ``--decoder-first/last-pipeline-num-layers`` when v = 1 and the middle
+                    stages are equal, else ``--pipeline-model-parallel-layout`` listing every chunk
 sequence_parallel   ``--sequence-parallel``; tp_comm_overlap → ``--tp-comm-overlap``
 micro-batches       ``--micro-batch-size mbs``, ``--global-batch-size dp·mbs·n``
 zero_stage 1        ``--use-distributed-optimizer``
-zero_stage 2, 3     Megatron-FSDP: ``--use-megatron-fsdp --data-parallel-sharding-strategy
-                    optim_grads`` (2) or ``optim_grads_params`` (3), with ``--ckpt-format fsdp_dtensor``
-                    (which Megatron-FSDP requires)
+zero_stage 2, 3     Megatron-FSDP with the flags its user guide (core_v0.16.1, "Required
+                    Configurations") requires: ``--use-megatron-fsdp --data-parallel-sharding-strategy
+                    optim_grads`` (2) or ``optim_grads_params`` (3), ``--use-distributed-optimizer``
+                    (else Megatron builds its non-distributed optimizer over FSDP's sharded
+                    parameters), ``--no-gradient-accumulation-fusion``, ``--ckpt-format
+                    fsdp_dtensor``; ZeRO-3 adds ``--overlap-param-gather``: each block's weights are
+                    all-gathered ahead of its use, as autoplan prices and runs ZeRO-3 (prefetched one
+                    block ahead, autoplan/cost/dp_sync.py)
 recompute           selective → ``--recompute-granularity selective`` (Megatron re-runs the attention
                     core, autoplan's selective is op-level: named); full → ``--recompute-granularity
                     full --recompute-method uniform --recompute-num-layers 1``
@@ -28,58 +34,34 @@ precision           bf16 → ``--bf16``; fp16 → ``--fp16``; fp8 → ``--bf16 -
 grad_reduce_dtype   fp32 with 16-bit training → ``--accumulate-allreduce-grads-in-fp32``; bf16 →
                     ``--grad-reduce-in-bf16``; fp16 with fp16 training is Megatron's default
 overlap_grad_reduce ``--overlap-grad-reduce``; absent, Megatron reduces after the backward
+overlap_param_gather ZeRO-1/2: ``--overlap-param-gather`` (the updated weights all-gathered under the
+                    next forward; a plan has it only when read from a Megatron config); without it
+                    Megatron gathers after the optimizer step, as autoplan's executor does
 model facts         ``--num-layers``, ``--hidden-size``, ``--num-attention-heads``,
                     ``--group-query-attention --num-query-groups``, ``--seq-length``,
                     ``--max-position-embeddings``; a missing fact is a comment naming its flag
 =================== ==========================================================================
 
-Also named in ``unexpressed``: PowerSGD, uneven pipeline stages, reduction dtypes Megatron has no
-switch for, and a per-op ``tp_plan`` (:func:`split_note`).
+Also named in ``unexpressed``: PowerSGD, reduction dtypes Megatron has no switch for, and a per-op
+``tp_plan`` (:func:`split_note`).
 
-:func:`read` takes the same file, or a one-line argument string. Megatron's arguments do not
-state the world size (torchrun sets WORLD_SIZE), so ``devices`` is needed unless the file has
-the exporter's ``# world size: N`` line. Context parallelism and flags autoplan does not price
-are listed in ``unmapped``, one sentence each.
+:func:`read` (autoplan/export/megatron_read.py) takes the same file, a one-line argument string,
+or a launch script.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
 from typing import Any
 
-from autoplan.export.common import (
-    Exported,
-    ExportError,
-    Imported,
-    ModelFacts,
-    comment_lines,
-    layers_per_stage,
-    split_note,
-)
+from autoplan.export.common import Exported, ModelFacts, comment_lines, layers_per_stage, split_note
+from autoplan.export.megatron_read import read
 from autoplan.types.plan import Plan
+
+__all__ = ["FILENAME", "export", "read"]
 
 FILENAME = "megatron_args.txt"
 GPUS_PER_NODE = 8  # a plan does not say how its devices sit in nodes; the launch line assumes up to 8
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
-UNEVEN = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
-#: Flags read back that take a value; every other known flag is a switch.
-VALUED = {
-    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-    "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
-    "--micro-batch-size", "--global-batch-size", "--recompute-granularity", "--recompute-method",
-    "--recompute-num-layers", "--recompute-modules", "--fp8-format", "--fp8-recipe",
-    "--data-parallel-sharding-strategy", "--ckpt-format", "--num-layers", "--hidden-size", "--num-attention-heads",
-    "--num-query-groups", "--seq-length", "--max-position-embeddings", "--vocab-size",
-    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-}  # fmt: skip
-SWITCHES = {
-    "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer", "--use-megatron-fsdp",
-    "--use-custom-fsdp", "--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16",
-    "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
-    "--group-query-attention", "--recompute-activations",
-}  # fmt: skip
-
 Flags = list[tuple[str, Any]]  # (flag, value); None for a switch
 
 
@@ -156,10 +138,7 @@ def _pipeline_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
                 ("--decoder-first-pipeline-num-layers", sizes[0]),
                 ("--decoder-last-pipeline-num-layers", sizes[-1]),
             ]
-        notes.append(
-            f"uneven pipeline stages: Megatron-LM splits the layers evenly over the {chunks} chunks, or over the "
-            "middle stages only (--pipeline-model-parallel-layout can list them by hand)."
-        )
+        return [("--pipeline-model-parallel-layout", _layout(sizes))]
     if plan.virtual_stages == 1:
         return []
     if per_chunk is None and not plan.stages and facts.layers and facts.layers % chunks == 0:
@@ -169,16 +148,30 @@ def _pipeline_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
     return [("--num-layers-per-virtual-pipeline-stage", per_chunk)]
 
 
+def _layout(sizes: list[int]) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for chunks of ``sizes`` blocks, in chunk order
+    (chunk c on pipeline rank c % pp, as Plan.stages): "|" between chunks, ``t`` a transformer block,
+    ``E`` the embedding on the first, ``L`` the loss on the last (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py)."""
+    chunks = ["t" * n for n in sizes]
+    chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
+    return "|".join(chunks)
+
+
 def _data_parallel_flags(plan: Plan) -> Flags:
     flags: Flags = [("--overlap-grad-reduce", None)] if plan.overlap_grad_reduce else []
+    flags += [("--overlap-param-gather", None)] if plan.overlap_param_gather else []
     if plan.zero_stage == 1:
         flags.append(("--use-distributed-optimizer", None))
-    elif plan.zero_stage >= 2:
+    elif plan.zero_stage >= 2:  # Megatron-FSDP's required flags (module docstring)
         flags += [
             ("--use-megatron-fsdp", None),
             ("--data-parallel-sharding-strategy", SHARDING[plan.zero_stage]),
+            ("--use-distributed-optimizer", None),
+            ("--no-gradient-accumulation-fusion", None),
             ("--ckpt-format", "fsdp_dtensor"),
         ]
+        flags += [("--overlap-param-gather", None)] if plan.zero_stage == 3 else []
     return flags
 
 
@@ -235,166 +228,3 @@ def _render(flags: Flags, *, header: list[str], notes: list[str], remarks: list[
     lines += comment_lines("Megatron-LM", notes=notes, remarks=remarks)
     lines += [flag if value is None else f"{flag} {value}" for flag, value in flags]
     return "\n".join(lines) + "\n"
-
-
-# ---- read --------------------------------------------------------------------------------------
-def read(text: str, *, devices: int | None = None, batch_size: int | None = None) -> Imported:
-    """Megatron-LM arguments (a file or one line) read back into Plan fields (module docstring)."""
-    args, unmapped = _parse(text)
-    world = devices or _world_from(text)
-    if world is None:
-        raise ExportError("Megatron-LM's arguments do not state the world size (torchrun sets it); pass devices.")
-    assumptions = [f"world size {world} from {'--devices' if devices else 'the file'} (torchrun sets it)."]
-    fields = _read_degrees(args, world, unmapped)
-    fields.update(_read_batch(args, fields["dp"], batch_size, assumptions))
-    fields.update(_read_precision(args, unmapped))
-    fields["recompute"] = _read_recompute(args, unmapped)
-    fields.update(_read_data_parallel(args, fields["dp"], unmapped))
-    facts = ModelFacts(
-        layers=_int(args, "--num-layers"),
-        hidden_size=_int(args, "--hidden-size"),
-        num_heads=_int(args, "--num-attention-heads"),  # KV heads: the query groups with GQA, else one per head
-        num_kv_heads=_int(args, "--num-query-groups" if "--group-query-attention" in args else "--num-attention-heads"),
-        seq_len=_int(args, "--seq-length"),
-        vocab_size=_int(args, "--vocab-size"),
-    )
-    pad = _int(args, "--make-vocab-size-divisible-by", 128) * fields["tp"]  # Megatron pads the vocabulary
-    return Imported("megatron", fields, unmapped, facts=facts, assumptions=assumptions, vocab_multiple=pad)
-
-
-def _parse(text: str) -> tuple[dict[str, Any], list[str]]:
-    """Flags and their values (True for a switch), and one sentence per flag autoplan does not read."""
-    tokens = shlex.split("\n".join(line.split("#", 1)[0] for line in text.splitlines()))
-    args: dict[str, Any] = {}
-    unmapped: list[str] = []
-    i = 0
-    while i < len(tokens):
-        flag, i = tokens[i], i + 1
-        if not flag.startswith("--"):
-            raise ExportError(f"'{flag}' is not a --flag or a flag's value.")
-        values = []
-        while i < len(tokens) and not tokens[i].startswith("--") and (flag not in SWITCHES):
-            values, i = values + [tokens[i]], i + 1
-        if flag in SWITCHES:
-            args[flag] = True
-        elif flag in VALUED:
-            if not values:
-                raise ExportError(f"{flag} needs a value.")
-            args[flag] = values if flag == "--recompute-modules" else values[0]
-        else:
-            shown = f"{flag} {' '.join(values)}".strip()
-            unmapped.append(f"{shown}: not a setting autoplan prices; ignored.")
-    return args, unmapped
-
-
-def _world_from(text: str) -> int | None:
-    match = re.search(r"^#\s*world size:\s*(\d+)", text, flags=re.MULTILINE)
-    return int(match.group(1)) if match else None
-
-
-def _int(args: dict[str, Any], flag: str, default: int | None = None) -> int | None:
-    if flag not in args:
-        return default
-    try:
-        return int(args[flag])
-    except ValueError:
-        raise ExportError(f"{flag} {args[flag]}: expected an integer.") from None
-
-
-def _read_degrees(args: dict[str, Any], world: int, unmapped: list[str]) -> dict[str, Any]:
-    tp, pp = _int(args, "--tensor-model-parallel-size", 1), _int(args, "--pipeline-model-parallel-size", 1)
-    cp, ep = _int(args, "--context-parallel-size", 1), _int(args, "--expert-model-parallel-size", 1)
-    if world % (tp * pp * cp):
-        raise ExportError(f"world size {world} is not divisible by tp {tp} x pp {pp} x cp {cp}.")
-    dp = world // (tp * pp * cp)
-    if cp > 1:
-        unmapped.append(f"--context-parallel-size {cp}: autoplan does not price context parallelism; read without it.")
-    virtual = _read_virtual(args, pp)
-    given = [f"{flag} {args[flag]}" for flag in UNEVEN if flag in args]
-    if given and pp > 1:
-        unmapped.append(f"{' '.join(given)}: uneven stages; autoplan reads a config with balanced stages.")
-    sp = tp > 1 and "--sequence-parallel" in args
-    return {
-        "devices": dp * tp * pp,
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-        "ep": ep,
-        "schedule": "interleaved_1f1b" if virtual > 1 else "1f1b",
-        "virtual_stages": virtual,
-        "sequence_parallel": sp,
-        "tp_comm_overlap": sp and "--tp-comm-overlap" in args,
-    }
-
-
-def _read_virtual(args: dict[str, Any], pp: int) -> int:
-    if pp == 1:
-        return 1
-    if "--num-virtual-stages-per-pipeline-rank" in args:
-        return _int(args, "--num-virtual-stages-per-pipeline-rank")
-    per_chunk = _int(args, "--num-layers-per-virtual-pipeline-stage")
-    if per_chunk is None:
-        return 1
-    layers = _int(args, "--num-layers")
-    if layers is None:
-        raise ExportError("--num-layers-per-virtual-pipeline-stage needs --num-layers to give the virtual stages.")
-    if layers % (pp * per_chunk):
-        raise ExportError(f"--num-layers {layers} is not divisible by pp {pp} x {per_chunk} layers per virtual stage.")
-    return layers // (pp * per_chunk)
-
-
-def _read_batch(args: dict[str, Any], dp: int, batch_size: int | None, assumptions: list[str]) -> dict[str, Any]:
-    mbs, global_batch = _int(args, "--micro-batch-size", 1), _int(args, "--global-batch-size")
-    assumptions += [] if "--micro-batch-size" in args else ["--micro-batch-size not stated (Megatron requires it): 1."]
-    if global_batch is None:  # Megatron-LM's default: one micro-batch per data-parallel rank
-        global_batch = batch_size or mbs * dp
-        how = "from --batch" if batch_size else f"Megatron-LM's default micro-batch {mbs} x dp {dp}"
-        assumptions.append(f"--global-batch-size not stated: read as {global_batch} ({how}).")
-    if global_batch % (mbs * dp):
-        raise ExportError(f"--global-batch-size {global_batch} is not divisible by --micro-batch-size {mbs} x dp {dp}.")
-    return {"micro_batch_size": mbs, "num_microbatches": global_batch // (mbs * dp)}
-
-
-def _read_precision(args: dict[str, Any], unmapped: list[str]) -> dict[str, Any]:
-    precision = "bf16" if "--bf16" in args else "fp16" if "--fp16" in args else "fp32"
-    if "--fp8-format" in args:
-        precision = "fp8"
-        if args.get("--fp8-recipe", "delayed") != "tensorwise":
-            recipe = args.get("--fp8-recipe", "delayed")
-            unmapped.append(f"--fp8-recipe {recipe}: autoplan prices dynamic tensorwise scaling; read as fp8.")
-    if precision in ("bf16", "fp8"):
-        reduce = "bf16" if "--grad-reduce-in-bf16" in args else "fp32"
-    elif precision == "fp16":
-        reduce = "fp32" if "--accumulate-allreduce-grads-in-fp32" in args else "fp16"
-    else:
-        reduce = "fp32"
-    return {"precision": precision, "grad_reduce_dtype": reduce}
-
-
-def _read_recompute(args: dict[str, Any], unmapped: list[str]) -> str:
-    granularity = args.get("--recompute-granularity")
-    if granularity is None:
-        return "selective" if "--recompute-activations" in args else "none"
-    if granularity not in ("full", "selective"):
-        raise ExportError(f"--recompute-granularity {granularity}: expected full or selective.")
-    if granularity == "full":
-        method, count = args.get("--recompute-method", "uniform"), _int(args, "--recompute-num-layers", 1)
-        if (method, count) != ("uniform", 1):
-            unmapped.append(
-                f"--recompute-method {method} --recompute-num-layers {count}: autoplan prices full recompute "
-                "of every block; read as that."
-            )
-    return granularity
-
-
-def _read_data_parallel(args: dict[str, Any], dp: int, unmapped: list[str]) -> dict[str, Any]:
-    zero = 1 if "--use-distributed-optimizer" in args else 0
-    if "--use-megatron-fsdp" in args or "--use-custom-fsdp" in args:
-        strategy = args.get("--data-parallel-sharding-strategy", "no_shard")
-        zero = {"no_shard": zero, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(strategy, zero)
-    if "--use-torch-fsdp2" in args:
-        zero = 2 if "--torch-fsdp2-no-reshard-after-forward" in args else 3
-    overlap = "--overlap-grad-reduce" in args or zero >= 2
-    if zero >= 2 and "--overlap-grad-reduce" not in args:
-        unmapped.append("FSDP without --overlap-grad-reduce: autoplan prices FSDP's reduce-scatter under the backward.")
-    return {"zero_stage": zero, "overlap_grad_reduce": overlap}

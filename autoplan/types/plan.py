@@ -70,6 +70,12 @@ class Plan:
     ``overlap_grad_reduce=False`` all-reduces data-parallel gradients after the backward instead
     of under it (DDP's bucketed overlap): how Megatron-LM ran before 2023, and what its
     published runs are priced with; the executor then uses its explicit all-reduce.
+    ``overlap_param_gather`` runs ZeRO-1/2's all-gather of the updated weights under the next
+    step's first forward, bucket by bucket ahead of the block that needs it (Megatron-LM's
+    ``--overlap-param-gather`` with its distributed optimizer); false (the default) gathers after
+    the optimizer step, as the executor does. The planner never chooses it and the executor
+    refuses it: it comes from a Megatron-LM config read back (``explain --config``), so that the
+    config is priced as Megatron runs it (autoplan/cost/dp_sync.py).
     ``tp_comm_overlap`` hides the sequence-parallel all-gathers and reduce-scatters under the
     matmuls beside them by decomposing both into tp steps (PyTorch's async tensor parallelism,
     Megatron-Core's ``--tp-comm-overlap``); it needs sequence parallelism, and the executor runs
@@ -107,6 +113,7 @@ class Plan:
     grad_compression: str = "none"
     powersgd_rank: int = 0
     overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     ep: int = 1
     routing: RoutingModel | None = None
@@ -207,6 +214,12 @@ class Plan:
             "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
             "backward; use zero_stage 0 or 1 for a reduction after the backward.",
         )
+        require(
+            not self.overlap_param_gather or (self.zero_stage in (1, 2) and self.overlap_grad_reduce),
+            PlanError,
+            "plan overlap_param_gather=true needs zero_stage 1 or 2 with overlap_grad_reduce (as Megatron-LM's "
+            "--overlap-param-gather does); ZeRO-3 always gathers each block's weights ahead of its use.",
+        )
 
     def _check_compression(self) -> None:
         require(
@@ -281,6 +294,7 @@ class Plan:
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
         red += f" powersgd={self.powersgd_rank}" if self.grad_compression == "powersgd" else ""
         red += "" if self.overlap_grad_reduce else " no-overlap"
+        red += " param-gather-overlap" if self.overlap_param_gather else ""
         red += " tp-overlap" if self.tp_comm_overlap else ""
         return (
             f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "

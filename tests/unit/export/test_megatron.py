@@ -1,20 +1,27 @@
-"""Megatron-LM export: every exported ``megatron_args.txt`` is checked by megatron-core 0.16.1's own
-code. Megatron-LM generates most of its flags from megatron-core's ``TransformerConfig`` and
-``DistributedDataParallelConfig`` fields (a field ``x_y`` is ``--x-y`` unless its ``argparse_meta``
-names the flag), so the test maps each flag to its field by that rule, builds both dataclasses
-(whose ``__post_init__`` checks the combination), and takes the micro-batch count from
-megatron-core's ``ConstantNumMicroBatchesCalculator``; the values must equal the plan's.
-``read`` gives the plan back. Megatron-LM's own ``arguments.py`` is not on PyPI and is not copied.
+"""Megatron-LM export: every exported ``megatron_args.txt`` starts Megatron-LM as far as a CPU can.
+Megatron-LM's own ``parse_args``, ``validate_args`` and ``core_transformer_config_from_args``
+(``megatron/training/arguments.py`` at tag core_v0.16.1, vendored as test data in megatron_lm/:
+the megatron-core wheel does not ship it) run on the file's flags with the launch line's
+environment and WORLD_SIZE, over the installed megatron-core 0.16.1, whose TransformerConfig and
+DistributedDataParallelConfig check the combination; the values Megatron derives (dp size,
+virtual stages, micro-batch count, ...) must equal the plan's. Megatron-FSDP exports must also set
+what its user guide lists as required. ``read`` gives the plan back.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import io
+import sys
+import warnings
+from pathlib import Path
 
 import pytest
-import torch
 
 import autoplan.trace
+from autoplan.errors import PlanError
 from autoplan.export import megatron
 from autoplan.export.common import ExportError, ModelFacts
 from autoplan.types import Plan
@@ -28,6 +35,8 @@ PLANS = {
         devices=16, dp=16, tp=1, pp=1, micro_batch_size=1, num_microbatches=4, zero_stage=1, precision="fp16",
         grad_reduce_dtype="fp16", overlap_grad_reduce=False,
     ),
+    "zero1-bf16-param-gather": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=2, num_microbatches=2,
+                                    zero_stage=1, precision="bf16", overlap_param_gather=True),
     "zero2-fp16": Plan(devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, zero_stage=2,
                        precision="fp16"),
     "zero3-bf16-full": Plan(
@@ -61,19 +70,14 @@ PLANS = {
                 precision="bf16"),
     "fp32-reduce-bf16": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1,
                              grad_reduce_dtype="bf16"),
+    "tp2-zero3": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                      precision="bf16", sequence_parallel=True),
     "powersgd": Plan(
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, grad_compression="powersgd",
         powersgd_rank=4,
     ),
 }  # fmt: skip
-#: Megatron-LM flags defined in its own arguments.py (tag core_v0.16.1), not generated from a megatron-core field.
-TRAINING_FLAGS = {
-    "--micro-batch-size", "--global-batch-size", "--num-layers-per-virtual-pipeline-stage",
-    "--num-virtual-stages-per-pipeline-rank", "--seq-length", "--max-position-embeddings", "--group-query-attention",
-    "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--ckpt-format",
-    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-}  # fmt: skip
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+VENDORED = Path(__file__).parent / "megatron_lm"  # Megatron-LM's own argument code, core_v0.16.1 (its README.md)
 
 
 @pytest.fixture(scope="module")
@@ -82,114 +86,147 @@ def facts() -> ModelFacts:
 
 
 @pytest.fixture(scope="module")
-def mcore():
-    """megatron-core's config dataclasses, the flag each field is given on Megatron-LM's command line, and the
-    micro-batch calculator."""
+def megatron_lm():
+    """Megatron-LM's ``megatron/training/arguments.py`` (vendored, see megatron_lm/README.md) over the
+    installed megatron-core."""
     pytest.importorskip("megatron.core", reason="megatron-core 0.16.1 is not installed (pip install megatron-core)")
-    from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
-    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(VENDORED))
+        from megatron.training import arguments, utils
 
-    def flag_names(cls) -> dict[str, str]:
-        names = {}
-        for f in dataclasses.fields(cls):
-            meta = f.metadata.get("argparse_meta", {})
-            for flag in meta.get("arg_names", ["--" + f.name.replace("_", "-")]):
-                names[flag] = f.name
-        return names
-
-    return {
-        "transformer": (TransformerConfig, flag_names(TransformerConfig)),
-        "ddp": (DistributedDataParallelConfig, flag_names(DistributedDataParallelConfig)),
-        "calculator": ConstantNumMicroBatchesCalculator,
-    }
+        yield arguments, utils
+    for name in [n for n in sys.modules if n.startswith("megatron.training")]:
+        del sys.modules[name]
 
 
-def _flags(text: str) -> dict[str, str | bool]:
-    flags = {}
-    for line in text.splitlines():
-        if line.strip() and not line.startswith("#"):
-            flag, *value = line.split()
-            flags[flag] = value[0] if value else True
-    return flags
+def _start(megatron_lm, exported, *, world: int, extra: tuple[str, ...] = (), arch: int = 9):
+    """What ``pretrain_gpt.py`` does with the exported file before it builds a model: the launch
+    line's environment, ``$(grep -v '^#' megatron_args.txt)`` word-split onto the command line,
+    WORLD_SIZE from torchrun, then Megatron-LM's parse_args, validate_args and
+    core_transformer_config_from_args. ``arch`` stands in for the GPU (utils.DEVICE_ARCH)."""
+    arguments, utils = megatron_lm
+    flags = " ".join(line for line in exported.text.splitlines() if not line.startswith("#")).split()
+    env = dict(word.split("=", 1) for word in exported.launch.split(" torchrun ")[0].split() if "=" in word)
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        patch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+        for name, value in {**env, "WORLD_SIZE": str(world), "RANK": "0"}.items():
+            patch.setenv(name, value)
+        patch.setattr(sys, "argv", ["pretrain_gpt.py", *flags, *extra])
+        patch.setattr(utils, "DEVICE_ARCH", arch)
+        args = arguments.parse_args()
+        arguments.validate_args(args)
+        return args, arguments.core_transformer_config_from_args(args)
 
 
-def _value(raw):
-    return raw if raw is True or not str(raw).lstrip("-").isdigit() else int(raw)
-
-
-def _megatron_configs(text: str, mcore, plan: Plan):
-    """TransformerConfig and DistributedDataParallelConfig built from the flags as Megatron-LM does."""
-    flags = _flags(text)
-    (tc_cls, tc_names), (ddp_cls, ddp_names) = mcore["transformer"], mcore["ddp"]
-    unknown = set(flags) - set(tc_names) - set(ddp_names) - TRAINING_FLAGS
-    assert not unknown, f"flags Megatron-LM does not define: {unknown}"
-    tc = {tc_names[f]: _value(v) for f, v in flags.items() if f in tc_names}
-    ddp = {ddp_names[f]: _value(v) for f, v in flags.items() if f in ddp_names}
-    ddp["grad_reduce_in_fp32"] = "--accumulate-allreduce-grads-in-fp32" in flags  # as Megatron-LM's training.py
-    pp, layers = tc.get("pipeline_model_parallel_size", 1), tc.get("num_layers")
-    if "--num-layers-per-virtual-pipeline-stage" in flags:  # as Megatron-LM's validate_args
-        tc["virtual_pipeline_model_parallel_size"] = layers // (
-            pp * int(flags["--num-layers-per-virtual-pipeline-stage"])
-        )
-    for end in ("first", "last"):  # as Megatron-LM's core_transformer_config_from_args
-        if f"--decoder-{end}-pipeline-num-layers" in flags:
-            tc[f"num_layers_in_{end}_pipeline_stage"] = int(flags[f"--decoder-{end}-pipeline-num-layers"])
-    if "--num-virtual-stages-per-pipeline-rank" in flags:
-        tc["virtual_pipeline_model_parallel_size"] = int(flags["--num-virtual-stages-per-pipeline-rank"])
-    if plan.ep > 1:  # the expert count the file's comment asks for (ModelFacts has none)
-        assert "--num-experts" in text
-        tc["num_moe_experts"] = 4 * plan.ep
-    dtype = DTYPES[plan.precision]  # Megatron-LM: params_dtype from --bf16/--fp16, pipeline_dtype = params_dtype
-    return tc_cls(**tc, params_dtype=dtype, pipeline_dtype=dtype), ddp_cls(**ddp), flags
+def _user_flags(plan: Plan) -> tuple[str, ...]:
+    """What the file's comments ask the user to add (the expert count under ep; ModelFacts has none)."""
+    return ("--num-experts", str(4 * plan.ep)) if plan.ep > 1 else ()
 
 
 @pytest.mark.parametrize("name", PLANS)
-def test_megatron_core_builds_the_export_with_the_plans_numbers(name, facts, mcore):
+def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, megatron_lm):
     plan = PLANS[name]
-    config, ddp, flags = _megatron_configs(megatron.export(plan, facts).text, mcore, plan)
+    exported = megatron.export(plan, facts)
+    assert "--num-experts" in exported.text or plan.ep == 1  # the comment asking for it
+    args, config = _start(megatron_lm, exported, world=plan.devices, extra=_user_flags(plan))
+    assert args.data_parallel_size == plan.dp  # Megatron: world / (tp * pp * cp)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
     assert config.expert_model_parallel_size == plan.ep
     assert (config.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
-    if plan.stages and plan.virtual_stages == 1 and len({len(s) for s in plan.stages}) > 1:
-        ends = (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
-        assert ends == (len(plan.stages[0]), len(plan.stages[-1]))
+    if plan.stages and len({len(s) for s in plan.stages}) > 1:  # uneven: first/last, or the layout
+        assert _blocks_per_chunk(config, plan) == [len(stage) for stage in plan.stages]
     assert (config.sequence_parallel, config.tp_comm_overlap) == (plan.sequence_parallel, plan.tp_comm_overlap)
     assert config.bf16 == (plan.precision in ("bf16", "fp8")) and config.fp16 == (plan.precision == "fp16")
     assert (config.fp8, config.fp8_recipe) == (
         ("hybrid", "tensorwise") if plan.precision == "fp8" else (None, "delayed")
     )
-    granularity = None if plan.recompute == "none" else plan.recompute
-    assert config.recompute_granularity == granularity
+    assert config.recompute_granularity == (None if plan.recompute == "none" else plan.recompute)
     if plan.recompute == "full":
         assert (config.recompute_method, config.recompute_num_layers) == ("uniform", 1)
     assert (config.num_layers, config.hidden_size, config.num_attention_heads, config.num_query_groups) == (
         facts.layers, facts.hidden_size, facts.num_heads, facts.num_kv_heads,
     )  # fmt: skip
-    assert ddp.use_distributed_optimizer == (plan.zero_stage == 1)
+    assert args.seq_length == facts.seq_len
+    _check_data_parallel(args, plan)
+
+
+def _blocks_per_chunk(config, plan: Plan) -> list[int]:
+    """Transformer blocks of each chunk (chunk c on pipeline rank c % pp) as Megatron will build them."""
+    layout = config.pipeline_model_parallel_layout
+    if layout is None:
+        first, last = config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage
+        middle = (config.num_layers - first - last) // (plan.pp - 2) if plan.pp > 2 else 0
+        return [first] + [middle] * (plan.pp - 2) + [last]
+    from megatron.core.transformer.enums import LayerType
+
+    return [
+        layout.layout[c % plan.pp][c // plan.pp].count(LayerType.decoder) for c in range(plan.pp * plan.virtual_stages)
+    ]
+
+
+def _check_data_parallel(args, plan: Plan) -> None:
+    """Megatron's data-parallel arguments, and the DistributedDataParallelConfig its training.py
+    (get_model) builds from them, equal the plan's."""
+    from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+
+    fields = dataclasses.fields(DistributedDataParallelConfig)
+    kwargs = {f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)}
+    ddp = DistributedDataParallelConfig(**{**kwargs, "grad_reduce_in_fp32": args.accumulate_allreduce_grads_in_fp32})
+    assert ddp.use_distributed_optimizer == (plan.zero_stage >= 1)
     assert ddp.use_megatron_fsdp == (plan.zero_stage >= 2)
     sharding = {0: "no_shard", 1: "no_shard", 2: "optim_grads", 3: "optim_grads_params"}
     assert ddp.data_parallel_sharding_strategy == sharding[plan.zero_stage]
     assert ddp.overlap_grad_reduce == plan.overlap_grad_reduce
+    assert ddp.overlap_param_gather == (plan.zero_stage == 3 or plan.overlap_param_gather)  # as priced
     assert ddp.grad_reduce_in_fp32 == (plan.precision != "fp32" and plan.grad_reduce_dtype == "fp32")
-    assert ("--grad-reduce-in-bf16" in flags) == (
-        plan.precision in ("bf16", "fp8") and plan.grad_reduce_dtype == "bf16"
+    assert args.grad_reduce_in_bf16 == (plan.precision in ("bf16", "fp8") and plan.grad_reduce_dtype == "bf16")
+    calculator = ConstantNumMicroBatchesCalculator(
+        args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False, 0
     )
-    world = plan.devices  # the file's "# world size" line; Megatron-LM: dp = world / (tp * pp * cp)
-    dp = world // (config.tensor_model_parallel_size * config.pipeline_model_parallel_size)
-    gbs, mbs = int(flags["--global-batch-size"]), int(flags["--micro-batch-size"])
-    assert mcore["calculator"](gbs, mbs, dp, False, 0).get() == plan.num_microbatches
-    assert int(flags["--seq-length"]) == facts.seq_len
+    assert calculator.get() == plan.num_microbatches
 
 
-def test_megatron_core_itself_refuses_a_tampered_export(facts, mcore):
+def _required_fsdp_flags() -> list[str]:
+    """The "Required Configurations" block of Megatron-LM's Megatron-FSDP user guide (core_v0.16.1)."""
+    guide = (VENDORED / "megatron-fsdp-user-guide.md").read_text()
+    block = guide.split("### Required Configurations", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return block.split()
+
+
+@pytest.mark.parametrize("name", [n for n, p in PLANS.items() if p.zero_stage >= 2])
+def test_megatron_fsdp_exports_set_what_its_user_guide_requires(name, facts, megatron_lm):
+    """Megatron-LM's validate_args accepts Megatron-FSDP without these flags; its user guide lists
+    them as required. Read both through Megatron-LM's own parser and compare the settings."""
+    arguments, _ = megatron_lm
+    plan = PLANS[name]
+    args, _ = _start(megatron_lm, megatron.export(plan, facts), world=plan.devices, extra=_user_flags(plan))
+    parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    required = _required_fsdp_flags()
+    assert "--use-distributed-optimizer" in required and "--no-gradient-accumulation-fusion" in required
+    wanted = parser.parse_args(required)
+    dests = {parser._option_string_actions[w].dest for w in required if w.startswith("--")}
+    dests.discard("data_parallel_sharding_strategy")  # the guide's example is ZeRO-3's; the plan's is checked above
+    assert {d: getattr(args, d) for d in dests} == {d: getattr(wanted, d) for d in dests}
+
+
+def test_megatron_lm_itself_refuses_a_tampered_export(facts, megatron_lm):
+    """The start-up check can fail: Megatron-LM's own checks refuse edits of the export."""
     plan = PLANS["tp2-sp-overlap-selective"]
-    text = megatron.export(plan, facts).text
+    exported = megatron.export(plan, facts)
+    tp3 = dataclasses.replace(
+        exported, text=exported.text.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 3")
+    )
     with pytest.raises(ValueError, match="num_attention_heads"):
-        _megatron_configs(text.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 3"), mcore, plan)
-    gbs = plan.global_batch_size
-    with pytest.raises(AssertionError, match="not divisible"):
-        mcore["calculator"](gbs + 1, plan.micro_batch_size, plan.dp, False, 0)
+        _start(megatron_lm, tp3, world=24)  # TransformerConfig: 3 does not divide the heads
+    no_env = dataclasses.replace(exported, launch=exported.launch.replace("CUDA_DEVICE_MAX_CONNECTIONS=1 ", ""))
+    with pytest.raises(AssertionError, match="CUDA_DEVICE_MAX_CONNECTIONS"):
+        _start(megatron_lm, no_env, world=plan.devices)  # validate_args on Hopper
+    _start(megatron_lm, no_env, world=plan.devices, arch=10)  # Blackwell lifts that requirement
+    ddp = megatron.export(PLANS["ddp-fp32"], facts)
+    with pytest.raises(AssertionError, match="--overlap-param-gather only supported with distributed optimizer"):
+        _start(megatron_lm, ddp, world=8, extra=("--overlap-param-gather",))
 
 
 @pytest.mark.parametrize("name", PLANS)
@@ -202,14 +239,17 @@ def test_read_gives_the_plan_back(name, facts):
         back = imported.plan()
         same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "virtual_stages",
                 "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
-                "overlap_grad_reduce")  # fmt: skip
+                "overlap_grad_reduce", "overlap_param_gather")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.schedule == ("1f1b" if plan.schedule == "gpipe" else plan.schedule)
         expressible = plan.grad_reduce_dtype == "fp32" or plan.precision in ("bf16", "fp8", "fp16")
         assert back.grad_reduce_dtype == (plan.grad_reduce_dtype if expressible else "fp32")
-        assert imported.unmapped == ([] if name != "pp2-uneven" else ["--decoder-first-pipeline-num-layers 1 "
-                                     "--decoder-last-pipeline-num-layers 3: uneven stages; autoplan reads a config "
-                                     "with balanced stages."])  # fmt: skip
+        uneven = {"pp2-uneven": "--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3",
+                  "pp2-v2-uneven-middle": "--pipeline-model-parallel-layout Et|tt|t|L"}  # fmt: skip
+        said = (
+            [f"{uneven[name]}: uneven stages; autoplan reads a config with balanced stages."] if name in uneven else []
+        )
+        assert imported.unmapped == said
         assert (imported.facts.layers, imported.facts.num_kv_heads) == (facts.layers, facts.num_kv_heads)
 
 
@@ -226,7 +266,7 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
         return " ".join(exported.unexpressed)
 
     assert said("ddp-fp32") == "" and said("zero3-bf16-full") == "" and said("pp2-tp2-interleaved-fp8") == ""
-    assert "GPipe" in said("pp4-gpipe") and said("pp2-uneven") == "" and "uneven" in said("pp2-v2-uneven-middle")
+    assert "GPipe" in said("pp4-gpipe") and said("pp2-uneven") == "" and said("pp2-v2-uneven-middle") == ""
     tp = said("tp2-sp-overlap-selective")
     assert "attention core" in tp and "per-op choice" in tp
     assert "gradient reduction in bf16 with fp32" in said("fp32-reduce-bf16")
@@ -277,3 +317,20 @@ def test_read_refuses_what_megatron_would_refuse():
         megatron.read("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2", devices=2)
     with pytest.raises(ExportError, match="expected an integer"):
         megatron.read("--micro-batch-size two", devices=2)
+
+
+def test_megatrons_weight_gather_is_read_as_it_runs():
+    """ZeRO-1/2 with --overlap-param-gather is priced gathering under the next forward (a plan the
+    executor refuses to run); Megatron-FSDP ZeRO-3 without it gathers on demand (priced prefetched: named)."""
+    from autoplan.execute.tp_overlap import check_runs_here
+
+    zero1 = megatron.read("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16", devices=8)
+    assert zero1.fields["overlap_param_gather"] and zero1.unmapped == []
+    with pytest.raises(PlanError, match="overlap_param_gather=true is Megatron-LM.s"):
+        check_runs_here(zero1.plan())
+    refused = megatron.read("--use-distributed-optimizer --overlap-param-gather --bf16", devices=8)
+    assert not refused.fields["overlap_param_gather"] and "Megatron-LM refuses it" in refused.unmapped[0]
+    zero3 = "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --use-distributed-optimizer"
+    imported = megatron.read(zero3 + " --overlap-grad-reduce --bf16", devices=8)
+    assert imported.fields["zero_stage"] == 3 and "gathers each block's weights when" in imported.unmapped[0]
+    assert megatron.read(zero3 + " --overlap-grad-reduce --overlap-param-gather", devices=8).unmapped == []
