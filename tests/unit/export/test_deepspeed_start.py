@@ -29,7 +29,6 @@ import torch
 
 from autoplan.export import deepspeed as ds_export
 from autoplan.export.common import ModelFacts
-from autoplan.jobs.launcher import free_port
 from autoplan.jobs.spawn import report, spawn_ranks
 from autoplan.types import Plan
 
@@ -64,17 +63,17 @@ TWO_RANKS = {
 
 
 @contextmanager
-def deepspeed_on_cpu(rank: int, world: int, port: int):
-    """DeepSpeed's CPU accelerator and a gloo world, with the allowances of the module docstring. One
-    engine a world, as in a real job: leaving the world resets DeepSpeed's global groups (the mpu
-    a pipeline or AutoTP engine installs), which the next engine would otherwise inherit."""
+def deepspeed_on_cpu(rank: int, world: int, store_path: str):
+    """DeepSpeed's CPU accelerator and a gloo world met at a file (``store_path``, new for each world:
+    no port to race for), with the allowances of the module docstring. One engine a world, as in a
+    real job: leaving the world resets DeepSpeed's global groups (the mpu a pipeline or AutoTP engine
+    installs), which the next engine would otherwise inherit."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator, set_accelerator
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
     ds_comm = importlib.import_module("deepspeed.comm.torch")  # `import ... as` finds deepspeed.comm's torch
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank),
-           "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}  # fmt: skip
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
     before = get_accelerator()
     with ExitStack() as stack:
         stack.enter_context(mock.patch.dict(os.environ, env))
@@ -82,7 +81,8 @@ def deepspeed_on_cpu(rank: int, world: int, port: int):
         stack.enter_context(mock.patch.object(CPU_Accelerator, "is_fp16_supported", return_value=True))
         stack.enter_context(mock.patch("deepspeed.runtime.bf16_optimizer.see_memory_usage"))
         set_accelerator(CPU_Accelerator())
-        deepspeed.init_distributed(dist_backend="gloo")
+        torch.distributed.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+        deepspeed.init_distributed(dist_backend="gloo")  # takes the world it finds
         try:
             yield
         finally:
@@ -138,6 +138,7 @@ def _one_step(plan: Plan) -> dict:
     config = json.loads(ds_export.export(plan, FACTS).text)
     torch.manual_seed(0)
     model = _model(plan, config)
+    whole = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     dtype = next(engine.module.parameters()).dtype
@@ -149,7 +150,8 @@ def _one_step(plan: Plan) -> dict:
         engine.backward(loss)
         engine.step()
     return {"steps": engine.global_steps, "skipped": engine.skipped_steps, "loss": loss.item(), "dtype": str(dtype),
-            "zero": engine.zero_optimization_stage(), "optimizer": type(engine.optimizer).__name__}  # fmt: skip
+            "zero": engine.zero_optimization_stage(), "optimizer": type(engine.optimizer).__name__,
+            "held": sum(p.numel() for p in engine.module.parameters()) / whole}  # fmt: skip
 
 
 def _batch(plan: Plan, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,10 +168,10 @@ def _check(plan: Plan, ran: dict) -> None:
 
 
 @pytest.mark.parametrize("name", ONE_RANK)
-def test_deepspeed_starts_the_export_and_steps(name):
+def test_deepspeed_starts_the_export_and_steps(name, tmp_path):
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)")
     plan = ONE_RANK[name]
-    with deepspeed_on_cpu(0, 1, free_port()):
+    with deepspeed_on_cpu(0, 1, str(tmp_path / "store")):
         _check(plan, _one_step(plan))
 
 
@@ -181,11 +183,11 @@ def test_without_zero_a_low_precision_export_says_where_gradients_accumulate():
     assert "zero_stage=0" not in " ".join(ds_export.export(ONE_RANK["pp2-zero0-bf16"], FACTS).unexpressed)
 
 
-def _two_rank_worker(rank, world, port, names, more_ports, messages):
-    def work():  # a world of its own for each engine (deepspeed_on_cpu), on its own port
+def _two_rank_worker(rank, world, port, names, folder, messages):
+    def work():  # a world of its own for each engine (deepspeed_on_cpu)
         ran = {}
-        for name, rendezvous_port in zip(names, [port, *more_ports]):
-            with deepspeed_on_cpu(rank, world, rendezvous_port):
+        for name in names:
+            with deepspeed_on_cpu(rank, world, os.path.join(folder, f"{name}.store")):
                 ran[name] = _one_step(TWO_RANKS[name])
         return ran
 
@@ -193,17 +195,14 @@ def _two_rank_worker(rank, world, port, names, more_ports, messages):
 
 
 @pytest.mark.slow
-def test_deepspeed_starts_pipeline_autotp_and_data_parallel_exports_on_two_ranks():
+def test_deepspeed_starts_pipeline_autotp_and_data_parallel_exports_on_two_ranks(tmp_path):
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)")
     pytest.importorskip("transformers", reason="DeepSpeed's AutoTP splits a Hugging Face model")
     ranks = spawn_ranks(
-        _two_rank_worker,
-        processes=2,
-        args=(list(TWO_RANKS), [free_port() for _ in list(TWO_RANKS)[1:]]),
-        timeout_s=300,
-        what="starting DeepSpeed",
+        _two_rank_worker, processes=2, args=(list(TWO_RANKS), str(tmp_path)), timeout_s=300, what="starting DeepSpeed"
     )
     for name, plan in TWO_RANKS.items():
         for rank in (0, 1):
             _check(plan, ranks[rank][name])
+            assert (ranks[rank][name]["held"] < 1) == (plan.tp > 1)  # AutoTP split the Llama over the two ranks
         assert ranks[0][name]["loss"] == ranks[1][name]["loss"] or plan.dp > 1  # one loss per model replica
