@@ -12,7 +12,7 @@ accelerator JIT-compiles a shared-memory all-reduce kernel at start-up (about 40
 compiler) that gloo does without, and it declines fp16 because CPUs have no fast fp16 kernels;
 the fp16 engine (loss scaler, FP16 and ZeRO optimizers) is device-independent, so the tests let
 it run. Its BF16_Optimizer also forces four memory printouts, each after a ``gc.collect()`` of
-the whole (test) process; they report, so the tests leave them out.
+the whole (test) process; they only report, so the tests leave them out.
 """
 
 from __future__ import annotations
