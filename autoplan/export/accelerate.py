@@ -7,6 +7,7 @@ The file is what ``accelerate config`` writes and ``accelerate launch --config_f
 | plan | YAML | note |
 |---|---|---|
 | ``devices`` | ``num_processes`` (all machines), ``num_machines`` = ceil(devices / devices per node) | |
+| (more than one machine) | ``main_process_ip``, ``main_process_port`` | machine 0's address: given, or a placeholder |
 | ``zero_stage`` 0, ``tp`` = 1 | ``distributed_type: MULTI_GPU`` (DDP; ``NO`` on one device) | |
 | ``zero_stage`` 3 | ``FSDP``, ``fsdp_version: 2``, ``fsdp_reshard_after_forward: true`` | |
 | ``zero_stage`` 2 | ``fsdp_reshard_after_forward: false`` | |
@@ -19,6 +20,13 @@ The file is what ``accelerate config`` writes and ``accelerate launch --config_f
 | ``micro_batch_size``, ``num_microbatches`` | ``# autoplan.`` comments | training-script arguments |
 
 What the file cannot say is in :attr:`Exported.unexpressed` and in the comments at its top.
+
+On more than one machine ``accelerate launch`` hands torchrun a rendezvous at
+``main_process_ip:main_process_port`` and this machine's ``--machine_rank``; with no address it
+passes the string ``None`` (``accelerate.utils.launch.prepare_multi_gpu_env``), and the workers
+fail to connect. So a multi-machine file names both keys (the address is a placeholder unless
+given, :data:`MACHINE_0`), and the launch command passes all three on each machine; a flag on
+the command line wins over the file.
 """
 
 from __future__ import annotations
@@ -37,13 +45,27 @@ MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 #: The dtype FSDP2 reduces gradients in under each ``mixed_precision``
 #: (``FullyShardedDataParallelPlugin.set_mixed_precision``: reduce_dtype = param_dtype; fp8 runs the rest as bf16).
 FSDP_REDUCE = {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16"}
+#: torchrun's and Accelerate's default rendezvous port.
+MAIN_PROCESS_PORT = 29500
+#: Written for ``main_process_ip`` when the address of machine 0 is not given: never a resolvable
+#: host name (an underscore), so a file launched without setting it fails on the name.
+MACHINE_0 = "ADDRESS_OF_MACHINE_0"
 COMMENT = re.compile(r"^#\s*autoplan\.(\w+):\s*(\S+)", re.MULTILINE)
 
 
 # ---- export -------------------------------------------------------------------------------
-def export(plan: Plan, facts: ModelFacts, *, devices_per_node: int = 8) -> Exported:
-    """``plan`` as Accelerate's config YAML (module docstring); ``devices_per_node`` sets num_machines."""
+def export(
+    plan: Plan,
+    facts: ModelFacts,
+    *,
+    devices_per_node: int = 8,
+    main_process_ip: str | None = None,
+    main_process_port: int = MAIN_PROCESS_PORT,
+) -> Exported:
+    """``plan`` as Accelerate's config YAML (module docstring); ``devices_per_node`` sets num_machines,
+    ``main_process_ip`` and ``main_process_port`` the rendezvous of a multi-machine job."""
     kind = _distributed_type(plan)
+    machines = math.ceil(plan.devices / devices_per_node)
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -52,12 +74,14 @@ def export(plan: Plan, facts: ModelFacts, *, devices_per_node: int = 8) -> Expor
         "machine_rank": 0,
         "main_training_function": "main",
         "mixed_precision": MIXED_PRECISION[plan.precision],
-        "num_machines": math.ceil(plan.devices / devices_per_node),
+        "num_machines": machines,
         "num_processes": plan.devices,
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
     }
+    if machines > 1:
+        config |= {"main_process_ip": main_process_ip or MACHINE_0, "main_process_port": main_process_port}
     if plan.precision == "fp8":
         config["fp8_config"] = {"backend": "AO"}  # torchao's float8 training, as autoplan runs it
     if kind == "FSDP":
@@ -65,15 +89,32 @@ def export(plan: Plan, facts: ModelFacts, *, devices_per_node: int = 8) -> Expor
         if plan.tp > 1:
             config["parallelism_config"] = _parallelism_config(plan)
     unexpressed = _unexpressed(plan, kind)
-    text = _header(plan, facts, kind, devices_per_node, unexpressed) + yaml.safe_dump(config, sort_keys=True)
-    return Exported(
-        framework="accelerate", filename=FILENAME, text=text, unexpressed=unexpressed, launch=launch_command()
+    launch = launch_command(machines=machines, main_process_ip=main_process_ip, main_process_port=main_process_port)
+    text = _header(plan, facts, kind, devices_per_node, unexpressed) + _machines_header(machines, launch)
+    text += yaml.safe_dump(config, sort_keys=True)
+    return Exported(framework="accelerate", filename=FILENAME, text=text, unexpressed=unexpressed, launch=launch)
+
+
+def launch_command(
+    *, machines: int = 1, main_process_ip: str | None = None, main_process_port: int = MAIN_PROCESS_PORT
+) -> str:
+    """Accelerate's own launcher for this file; on more than one machine, run on each with its rank
+    and machine 0's address (``$MACHINE_RANK``, ``$MAIN_PROCESS_IP`` unless the address is given)."""
+    if machines == 1:
+        return f"accelerate launch --config_file {FILENAME} train.py"
+    return (
+        f"accelerate launch --config_file {FILENAME} --machine_rank $MACHINE_RANK "
+        f"--main_process_ip {main_process_ip or '$MAIN_PROCESS_IP'} --main_process_port {main_process_port} train.py"
     )
 
 
-def launch_command() -> str:
-    """Accelerate's own launcher for this file (run on every machine, with ``--machine_rank``)."""
-    return f"accelerate launch --config_file {FILENAME} train.py"
+def _machines_header(machines: int, launch: str) -> str:
+    if machines == 1:
+        return ""
+    return (
+        f"# On each of the {machines} machines, MACHINE_RANK 0..{machines - 1} and MAIN_PROCESS_IP the address of "
+        f"machine 0:\n#   {launch}\n"
+    )
 
 
 def _distributed_type(plan: Plan) -> str:

@@ -5,7 +5,7 @@ every exported file with it. Mapping (plan field → JSON key):
 
 | plan | ds_config.json | note |
 |---|---|---|
-| ``dp·micro_batch_size·num_microbatches`` | ``train_batch_size`` | DeepSpeed asserts ``= mbs·ga·dp`` |
+| ``dp·micro_batch_size·num_microbatches`` | ``train_batch_size`` | DeepSpeed asserts ``= mbs·ga·dp``; none if tp > 1 |
 | ``micro_batch_size`` | ``train_micro_batch_size_per_gpu`` | |
 | ``num_microbatches`` | ``gradient_accumulation_steps`` | also the pipeline's micro-batches |
 | ``zero_stage`` 0–3 | ``zero_optimization.stage`` | ZeRO-3 frees gathered weights after forward; pp > 1: ZeRO-1 |
@@ -13,11 +13,18 @@ every exported file with it. Mapping (plan field → JSON key):
 | ``precision`` bf16 / fp16 | ``bf16.enabled`` / ``fp16.enabled`` | fp16 with a dynamic loss scale (``loss_scale: 0``) |
 | ``precision`` fp8 | ``bf16.enabled`` | DeepSpeed's FP8 is Transformer Engine, in model code |
 | ``grad_reduce_dtype`` | ``communication_data_type`` | absent: DeepSpeed reduces in the training dtype |
-| (fp32 accumulation) | ``data_types.grad_accum_dtype: "fp32"`` | |
+| (fp32 accumulation) | ``data_types.grad_accum_dtype`` | ``"fp32"``; the training dtype at ZeRO-0 bf16/fp16 |
 | ``recompute`` full / selective | ``activation_checkpointing`` | options only; model code checkpoints |
 | ``tp`` | ``tensor_parallel.autotp_size`` | AutoTP training: DeepSpeed's own split |
 | ``ep`` | ``expert_parallel: {enabled, autoep_size}`` | AutoEP: DeepSpeed finds the MoE layers itself |
 | ``pp``, ``schedule``, ``virtual_stages``, ``stages`` | ``"autoplan"`` section | ``PipelineModule`` is code |
+
+``deepspeed.initialize`` refuses two things its config loader accepts, so the writer avoids them
+(the tests start the engine on every family): without ZeRO, a bf16 or fp16 model whose
+``grad_accum_dtype`` is fp32 (``DeepSpeedEngine._do_optimizer_sanity_check``: "unsupported mix");
+and under AutoTP a ``train_batch_size`` of ``mbs·ga·dp``, because with the tensor-parallel
+degree given only in the config, ``DeepSpeedConfig`` checks the batch against the whole world
+size, tp ranks included (``mbs·ga·dp·tp``): the micro-batch and accumulation steps say it all.
 
 The JSON has no comments, so the sentences of :attr:`Exported.unexpressed` also go in the
 ``"autoplan"`` section's ``"unexpressed"`` list; DeepSpeed ignores unknown top-level keys.
@@ -47,13 +54,11 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
     """``plan`` as a DeepSpeed JSON config (module docstring)."""
     unexpressed = _unexpressed(plan, facts)
     config: dict[str, Any] = {
-        "train_batch_size": plan.global_batch_size,
-        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
-        "gradient_accumulation_steps": plan.num_microbatches,
+        **_batch(plan),
         "zero_optimization": _zero(plan),
         **_precision(plan),
         "communication_data_type": plan.grad_reduce_dtype,
-        "data_types": {"grad_accum_dtype": "fp32"},
+        "data_types": {"grad_accum_dtype": grad_accum_dtype(plan)},
     }
     if plan.recompute != "none":
         config["activation_checkpointing"] = dict(CHECKPOINTING)
@@ -83,6 +88,24 @@ def zero_stage(plan: Plan) -> int:
     return min(plan.zero_stage, 1) if plan.pp > 1 else plan.zero_stage
 
 
+def grad_accum_dtype(plan: Plan) -> str:
+    """The dtype DeepSpeed accumulates gradients in: fp32, except without ZeRO under bf16/fp16, where
+    ``DeepSpeedEngine._do_optimizer_sanity_check`` accepts only the model's own dtype (its
+    FP16_Optimizer, or for a bf16 pipeline its BF16_Optimizer, which accumulates in fp32 anyway)."""
+    if zero_stage(plan) > 0 or plan.precision == "fp32":
+        return "fp32"
+    return "fp16" if plan.precision == "fp16" else "bf16"  # fp8 trains the rest in bf16 (_precision)
+
+
+def _batch(plan: Plan) -> dict[str, int]:
+    # Under AutoTP DeepSpeedConfig would check train_batch_size against mbs·ga·(dp·tp) (module docstring).
+    sizes = {
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.num_microbatches,
+    }
+    return sizes if plan.tp > 1 else {"train_batch_size": plan.global_batch_size, **sizes}
+
+
 def _zero(plan: Plan) -> dict[str, Any]:
     # Stage 0 has no overlap switch: DeepSpeed all-reduces after the backward (engine.allreduce_gradients).
     zero: dict[str, Any] = {"stage": zero_stage(plan)}
@@ -107,6 +130,7 @@ def _section(plan: Plan, facts: ModelFacts, unexpressed: list[str]) -> dict[str,
         "schedule": plan.schedule,
         "virtual_stages": plan.virtual_stages,
         "tp": plan.tp,
+        "global_batch_size": plan.global_batch_size,
         "stages": plan.stages,
         "unexpressed": list(unexpressed),
     }
@@ -114,6 +138,12 @@ def _section(plan: Plan, facts: ModelFacts, unexpressed: list[str]) -> dict[str,
 
 def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
     found = _pipeline_gaps(plan, facts) + _tensor_gaps(plan)
+    if grad_accum_dtype(plan) != "fp32" and not (plan.pp > 1 and plan.precision != "fp16"):
+        found.append(
+            f"zero_stage=0 with {plan.precision}: DeepSpeed without ZeRO holds and accumulates gradients in the "
+            f"training dtype ({grad_accum_dtype(plan)}; fp32 accumulation needs ZeRO-1 or more), so gradient memory "
+            "is half what autoplan priced, and long accumulation loses precision."
+        )
     if plan.zero_stage == 0 and plan.overlap_grad_reduce and plan.dp > 1:
         found.append(
             "overlap_grad_reduce: DeepSpeed without ZeRO all-reduces gradients after the backward at the "
@@ -176,7 +206,10 @@ def _tensor_gaps(plan: Plan) -> list[str]:
         return []
     found = [
         f"tp={plan.tp}: written as tensor_parallel.autotp_size (DeepSpeed AutoTP training), which splits the "
-        "model's linear layers by its own rules (Hugging Face models), not by autoplan's tp_plan."
+        "model's linear layers by its own rules (Hugging Face models), not by autoplan's tp_plan.",
+        f"train_batch_size is left out: under AutoTP DeepSpeed checks it against every rank, tp ranks included "
+        f"(micro-batch x accumulation x {plan.devices // plan.pp} ranks), not the {plan.dp} data-parallel ranks; "
+        f"the plan's global batch of {plan.global_batch_size} is in the 'autoplan' section.",
     ]
     note = split_note(plan)
     if note:

@@ -169,7 +169,7 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
 
 
 def test_launch_command_is_accelerates_own(facts):
-    exported = acc_export.export(PLANS["zero3-bf16-full"], facts)
+    exported = acc_export.export(PLANS["ddp-bf16"], facts)  # one machine; more: test_accelerate_start.py
     assert exported.launch == "accelerate launch --config_file accelerate_fsdp.yaml train.py"
     assert exported.filename == "accelerate_fsdp.yaml"
     assert "num_machines: 4" in acc_export.export(PLANS["zero3-bf16-full"], facts, devices_per_node=4).text

@@ -119,7 +119,9 @@ def test_deepspeed_loads_the_export_with_the_plans_numbers(name, facts, ds_confi
     if plan.precision == "fp16":
         assert config.float16_config.loss_scale == 0  # dynamic
     assert config.communication_data_type == TORCH_DTYPES[plan.grad_reduce_dtype]
-    assert config.grad_accum_dtype == "fp32"
+    low = {"fp16": "fp16", "fp32": "fp32"}.get(plan.precision, "bf16")  # DeepSpeed without ZeRO: the model's dtype
+    assert config.grad_accum_dtype == ("fp32" if ds_export.zero_stage(plan) else low)
+    assert ("train_batch_size" in json.loads(exported.text)) == (plan.tp == 1)  # AutoTP counts tp ranks in it
     assert (config.tensor_parallel_config.autotp_size or 1) == plan.tp  # 0: AutoTP off
     assert config.expert_parallel_config.enabled == (plan.ep > 1)
     assert config.expert_parallel_config.autoep_size == plan.ep
@@ -142,7 +144,8 @@ def test_deepspeed_itself_refuses_a_tampered_batch(facts, ds_config):
 def test_read_gives_the_plan_back(name, facts):
     plan = PLANS[name]
     text = ds_export.export(plan, facts).text
-    for devices in (plan.devices, None):  # None: dp from train_batch_size / (mbs * ga)
+    # None: dp from train_batch_size / (mbs * ga); under AutoTP the file has none, so the world size is needed.
+    for devices in (plan.devices, None) if plan.tp == 1 else (plan.devices,):
         back = ds_export.read(text, devices=devices).plan()
         same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches")
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
