@@ -144,8 +144,9 @@ def test_deepspeed_itself_refuses_a_tampered_batch(facts, ds_config):
 def test_read_gives_the_plan_back(name, facts):
     plan = PLANS[name]
     text = ds_export.export(plan, facts).text
-    # None: dp from train_batch_size / (mbs * ga); under AutoTP the file has none, so the world size is needed.
-    for devices in (plan.devices, None) if plan.tp == 1 else (plan.devices,):
+    # None: dp from train_batch_size / (mbs * ga); under AutoTP the file has none, and the 'autoplan' section's
+    # global batch stands for it.
+    for devices in (plan.devices, None):
         back = ds_export.read(text, devices=devices).plan()
         same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches")
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
