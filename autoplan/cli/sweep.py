@@ -90,9 +90,9 @@ def _run(args: argparse.Namespace) -> int:
             )
     except NoClusterMeets as exc:
         if exc.result.planned:
-            _write(args.out, exc.result)
+            _write(args.out, exc.result, graph)
         raise
-    paths = _write(args.out, result)
+    paths = _write(args.out, result, graph)
     if args.json:
         print(json.dumps(_as_json(result, paths), indent=2, default=str))
     elif not args.quiet:
@@ -105,16 +105,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(out: str, result) -> dict[str, Path]:
+def _write(out: str, result, graph) -> dict[str, Path]:
+    """sweep.csv and pareto.png; with a recommended point, its plan folder's files too (plan.json,
+    plans.csv, ops.csv, stages.csv, graph.json, profile.json: solve/outputs.py), so that
+    ``autoplan report``, ``explain``, ``export`` and ``run`` take the sweep folder as a plan folder."""
     from autoplan.report.pareto import pareto_figure
-    from autoplan.solve.outputs import sweep_csv
+    from autoplan.solve.outputs import sweep_csv, write_outputs
     from autoplan.types._check import write_text_atomic
 
     folder = Path(out)
     paths = {"sweep.csv": write_text_atomic(folder / "sweep.csv", sweep_csv(result))}
     paths["pareto.png"] = pareto_figure(result, folder / "pareto.png")
-    if result.recommended is not None:
-        paths["plan.json"] = result.recommended.plan.save(folder / "plan.json")
+    if (pick := result.recommended) is not None:
+        paths |= write_outputs(folder, result=pick.search, graph=graph, profile=pick.priced, run=result.spec)
     return paths
 
 

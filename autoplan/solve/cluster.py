@@ -33,7 +33,7 @@ from autoplan.cost.whole_run import RunPricer, check_prices, hours_text, priced_
 from autoplan.errors import PlanError, ProfileError
 from autoplan.solve import space
 from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
-from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.run_limits import step_time_floor_s
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -56,6 +56,8 @@ class SweepRow:
     estimate: RunEstimate | None = None
     pareto: bool = False
     reason: str = ""
+    search: SearchResult | None = field(default=None, repr=False)  # a planned point's search: its plan folder
+    priced: Profile | None = field(default=None, repr=False)  # the profile it was priced with (prices applied)
 
     @property
     def wall_h(self) -> float:
@@ -219,6 +221,7 @@ def sweep_graph(
             row.reason = str(exc)
             continue
         row.status, row.plan, row.estimate = "planned", found.best, found.best.predicted.run
+        row.search, row.priced = found, profile
         previous = [r for r in rows[:-1] if r.profile == row.profile and r.status == "planned"]
         if previous and row.wall_h >= previous[-1].wall_h:
             stopped[i] = previous[-1].devices
