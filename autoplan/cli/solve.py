@@ -39,6 +39,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also consider gradient reduction in bf16/fp16 and PowerSGD compression (lossy: docs/cost-model.md)",
     )
+    add_fp8_argument(parser)
     parser.add_argument(
         "--objective",
         choices=OBJECTIVES,
@@ -59,6 +60,16 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.set_defaults(func=run, out_kind="folder")
     add_sweep_parser(subparsers, common)
+
+
+def add_fp8_argument(parser: argparse.ArgumentParser) -> None:
+    """``--allow-fp8``: FP8 changes the numerics and its kernels need FP8 tensor cores, so the
+    planner searches it only when asked (solve/space.py); ``--fix precision=fp8`` pins it."""
+    parser.add_argument(
+        "--allow-fp8",
+        action="store_true",
+        help="also consider FP8 linears where the profile has an FP8 peak (changes numerics: docs/cost-model.md)",
+    )
 
 
 #: What ``autoplan plan`` imports: torch, torch._dynamo (FakeTensorMode loads it), the tracer, the planner.
@@ -108,6 +119,7 @@ def _run(args: argparse.Namespace) -> int:
                 top_k=args.top_k,
                 run=spec,
                 allow_lossy=args.allow_lossy,
+                allow_fp8=args.allow_fp8,
             )
     except NoPlanFits as exc:
         if exc.result is not None:

@@ -38,6 +38,7 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-lossy", action="store_true", help="let every point pick lossy gradient sync (as autoplan plan)"
     )
+    parser.add_argument("--allow-fp8", action="store_true", help="let every point pick FP8 linears (as autoplan plan)")
     parser.add_argument("--no-prune", action="store_true", help="plan every point (slower; same front)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
     add_routing_arguments(parser)
@@ -87,6 +88,7 @@ def _run(args: argparse.Namespace) -> int:
                 prune=not args.no_prune,
                 progress=progress,
                 allow_lossy=args.allow_lossy,
+                allow_fp8=args.allow_fp8,
             )
     except NoClusterMeets as exc:
         if exc.result.planned:
