@@ -114,6 +114,7 @@ def plan_graph(
     if source is not None:
         result.best.profile = source
     result.best.model_sha256, result.best.graph_signature = graph.model_sha256, graph.signature  # what it is for
+    result.best.inputs = list(graph.inputs)  # so parallelize can build a micro-batch itself (types/inputs.py)
     summary = SearchSummary(
         candidates_evaluated=result.evaluated,
         candidates_pruned=result.pruned,
