@@ -51,7 +51,7 @@ def row(name: str, profile_name: str, devices: int) -> dict:
     graph, profile = trace(name, batch), load_profile(profile_name)
     exact = plan_graph(graph, devices=devices, profile=profile, batch_size=batch).best
     lossy = plan_graph(graph, devices=devices, profile=profile, batch_size=batch, allow_lossy=True).best
-    trade = {r.option: r for r in trade_rows(CostModel(graph, profile), lossy, allow_lossy=True)}
+    trade = {r.option: r for r in trade_rows(CostModel(graph, profile), lossy, allowed={"lossy"})}
     chosen = next(r for r in trade.values() if r.chosen)
     return {
         "model": name,

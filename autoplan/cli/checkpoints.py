@@ -34,6 +34,11 @@ def register_replan(subparsers, common: argparse.ArgumentParser) -> None:
         "--profile", help="profile name or file (default: the one the checkpoint's plan was priced with)"
     )
     parser.add_argument("--model", help="the model file, when it moved since the checkpoint was written")
+    parser.add_argument(
+        "--allow-fp8",
+        action="store_true",
+        help="also consider FP8 linears (default: only when the checkpoint's plan was FP8 or searched FP8)",
+    )
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for plan.json and the plan tables")
     parser.set_defaults(func=replan_command, out_kind="folder")
 
@@ -44,7 +49,9 @@ def replan_command(args: argparse.Namespace) -> int:
 
     if args.devices < 1:
         raise RunError(f"--devices {args.devices}: expected at least 1 device.")
-    found = replan(args.checkpoint, devices=args.devices, profile=args.profile, model=args.model)
+    found = replan(
+        args.checkpoint, devices=args.devices, profile=args.profile, model=args.model, allow_fp8=args.allow_fp8 or None
+    )
     best, step_dir = found.best, found.step_dir
     paths = write_outputs(args.out, result=found.result, graph=found.graph, profile=found.profile)
     if args.json:

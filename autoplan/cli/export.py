@@ -29,7 +29,12 @@ def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("plan", metavar="PLAN", help="a plan folder (autoplan plan --out DIR) or a plan.json")
     parser.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework to export to")
-    parser.add_argument("--out", metavar="FILE", help="where to write (default: the framework's file name here)")
+    parser.add_argument(
+        "--out",
+        metavar="FILE|DIR/",
+        help="where to write: a file, or a folder (existing, or ending in /) for the framework's file name "
+        "(default: that name here)",
+    )
     parser.add_argument(
         "--model", metavar="MODEL.py", help="the model file the config will train: refused if the plan is for another"
     )
@@ -69,7 +74,7 @@ def refuse_config_flags_without_config(args: argparse.Namespace) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from autoplan.export.api import export_plan, load_plan, write_export
+    from autoplan.export.api import export_plan, launch_for, load_plan, write_export
 
     if args.model:  # the model the exported config will train: the plan must be for it (trace/identity.py)
         from autoplan.trace.identity import check_plan_is_for
@@ -79,14 +84,15 @@ def run_export(args: argparse.Namespace) -> int:
             print(f"autoplan: warning: {warning}", file=sys.stderr)
     exported = export_plan(args.plan, to=args.to)
     path = write_export(exported, args.out)
+    launch = launch_for(exported, path)  # the file just written, not the default name
     if args.json:
-        print(json.dumps({"file": str(path), **exported.to_dict()}, indent=2))
+        print(json.dumps({"file": str(path), **exported.to_dict(), "launch": launch}, indent=2))
         return 0
     for sentence in exported.unexpressed:
         print(f"autoplan: warning: {args.to} cannot express this: {sentence}", file=sys.stderr)
     if not args.quiet:
         print(f"wrote {path}")
-        print(f"launch with: {exported.launch}")
+        print(f"launch with: {launch}")
     return 0
 
 

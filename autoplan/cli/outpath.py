@@ -15,6 +15,7 @@ existing file. Without the check these surfaced late and as ``internal error: Fi
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from autoplan.errors import AutoplanError
@@ -37,6 +38,11 @@ def check_out(args: argparse.Namespace) -> None:
         raise AutoplanError(
             f"--out '{out}' is an existing file, but {command} writes a folder of files there; "
             "name a new or existing folder."
+        )
+    if kind == "file_or_folder" and str(out).endswith(("/", os.sep)) and path.exists() and not path.is_dir():
+        raise AutoplanError(
+            f"--out '{out}' ends in a slash, which names a folder, but '{path}' is an existing file; "
+            "name a folder, or the file without the slash."
         )
     if kind == "file" and path.is_dir():
         raise AutoplanError(f"--out '{out}' is a folder, but {command} writes one file there; name a file.")

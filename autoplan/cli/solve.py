@@ -65,11 +65,22 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also consider gradient reduction in bf16/fp16 and PowerSGD compression (lossy: docs/cost-model.md)",
     )
+    add_fp8_argument(parser)
 
 
 def search_options(args: argparse.Namespace) -> dict:
     """``plan_graph``'s keyword arguments from :func:`add_search_arguments`' flags: ``fix`` and every ``allow_*``."""
     return {"fix": args.fix, **{name: value for name, value in vars(args).items() if name.startswith("allow_")}}
+
+
+def add_fp8_argument(parser: argparse.ArgumentParser) -> None:
+    """``--allow-fp8``: FP8 changes the numerics and its kernels need FP8 tensor cores, so the
+    planner searches it only when asked (solve/space.py); ``--fix precision=fp8`` pins it."""
+    parser.add_argument(
+        "--allow-fp8",
+        action="store_true",
+        help="also consider FP8 linears where the profile has an FP8 peak (changes numerics: docs/cost-model.md)",
+    )
 
 
 #: What ``autoplan plan`` imports: torch, torch._dynamo (FakeTensorMode loads it), the tracer, the planner.

@@ -38,6 +38,7 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-lossy", action="store_true", help="let every point pick lossy gradient sync (as autoplan plan)"
     )
+    parser.add_argument("--allow-fp8", action="store_true", help="let every point pick FP8 linears (as autoplan plan)")
     parser.add_argument("--no-prune", action="store_true", help="plan every point (slower; same front)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
     add_routing_arguments(parser)
@@ -87,12 +88,13 @@ def _run(args: argparse.Namespace) -> int:
                 prune=not args.no_prune,
                 progress=progress,
                 allow_lossy=args.allow_lossy,
+                allow_fp8=args.allow_fp8,
             )
     except NoClusterMeets as exc:
         if exc.result.planned:
-            _write(args.out, exc.result)
+            _write(args.out, exc.result, graph)
         raise
-    paths = _write(args.out, result)
+    paths = _write(args.out, result, graph)
     if args.json:
         print(json.dumps(_as_json(result, paths), indent=2, default=str))
     elif not args.quiet:
@@ -105,16 +107,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(out: str, result) -> dict[str, Path]:
+def _write(out: str, result, graph) -> dict[str, Path]:
+    """sweep.csv and pareto.png; with a recommended point, its plan folder's files too (plan.json,
+    plans.csv, ops.csv, stages.csv, graph.json, profile.json: solve/outputs.py), so that
+    ``autoplan report``, ``explain``, ``export`` and ``run`` take the sweep folder as a plan folder."""
     from autoplan.report.pareto import pareto_figure
-    from autoplan.solve.outputs import sweep_csv
+    from autoplan.solve.outputs import sweep_csv, write_outputs
     from autoplan.types._check import write_text_atomic
 
     folder = Path(out)
     paths = {"sweep.csv": write_text_atomic(folder / "sweep.csv", sweep_csv(result))}
     paths["pareto.png"] = pareto_figure(result, folder / "pareto.png")
-    if result.recommended is not None:
-        paths["plan.json"] = result.recommended.plan.save(folder / "plan.json")
+    if (pick := result.recommended) is not None:
+        paths |= write_outputs(folder, result=pick.search, graph=graph, profile=pick.priced, run=result.spec)
     return paths
 
 

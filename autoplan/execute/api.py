@@ -85,8 +85,16 @@ def parallelize(
 
     Call inside an initialised process group of ``plan.devices`` ranks, with the same model
     (same seed) on every rank. ``microbatch_inputs`` (forward args for ``micro_batch_size``
-    samples) is needed when ``plan.pp > 1``, to export and split the model."""
+    samples) export and split the model when ``plan.pp > 1``; without them they are built from
+    the inputs the plan was traced with (``plan.inputs``: shapes and dtypes), so a plan from
+    ``autoplan.plan(model, inputs, ...)`` needs none. A plan without ``inputs`` (made from a
+    graph traced before they were recorded, or from inputs that are not tensors and scalars)
+    still needs them."""
     check_runs_here(plan)
+    if microbatch_inputs is None and plan.inputs and (plan.pp > 1 or (plan.tp > 1 and not plan.tp_plan)):
+        from autoplan.execute.batch import microbatch_from_specs
+
+        microbatch_inputs = microbatch_from_specs(plan.inputs, micro_batch_size=plan.micro_batch_size)
     device = device or local_device()
     model = materialize(model, device=device)  # built on meta: initialise it (same RNG state on every rank)
     plan = with_default_tp_plan(model=model, plan=plan, microbatch_inputs=microbatch_inputs)
@@ -205,7 +213,8 @@ def _split(
     if microbatch_inputs is None:
         raise PlanError(
             f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) "
-            "to split the model into stages."
+            "to split the model into stages, and the plan records no traced inputs to build them from "
+            "(re-plan it with this version of autoplan, or pass microbatch_inputs)."
         )
     from autoplan.execute.batch import move_to
 

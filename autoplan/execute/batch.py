@@ -37,3 +37,18 @@ def move_to(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, dict):
         return {k: move_to(v, device) for k, v in obj.items()}
     return obj
+
+
+def microbatch_from_specs(specs: list, *, micro_batch_size: int) -> tuple:
+    """Forward args for one micro-batch, built from the traced inputs' specs
+    (:class:`autoplan.types.inputs.InputSpec`): zeros of each tensor's dtype, dim 0 of a batched
+    one set to ``micro_batch_size``; scalars as recorded. Only shapes and dtypes are read from
+    them (the pipeline split exports the model on them; zero is a valid index for any embedding)."""
+    args = []
+    for spec in specs:
+        if spec.kind == "value":
+            args.append(spec.value)
+            continue
+        shape = [micro_batch_size, *spec.shape[1:]] if spec.batched else list(spec.shape)
+        args.append(torch.zeros(shape, dtype=getattr(torch, spec.dtype)))
+    return tuple(args)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +66,22 @@ def export_plan(source: Plan | str | Path, *, to: str, graph: Graph | None = Non
 
 
 def write_export(exported: Exported, out: str | Path | None) -> Path:
-    """Write the config atomically to ``out`` (a file, or a folder for the framework's file name)."""
-    path = Path(out) if out else Path(exported.filename)
-    if path.is_dir():
+    """Write the config atomically to ``out``: a file, or a folder for the framework's file name
+    (an existing folder, or a path ending in a slash, which names a folder even before it exists)."""
+    if not out:
+        return write_text_atomic(Path(exported.filename), exported.text)
+    path = Path(out)
+    if path.is_dir() or str(out).endswith(("/", os.sep)):
         path = path / exported.filename
     return write_text_atomic(path, exported.text)
+
+
+def launch_for(exported: Exported, path: str | Path) -> str:
+    """The framework's launch command naming the file written at ``path`` rather than the
+    default file name it was built with (each exporter's command names ``exported.filename``)."""
+    return re.sub(
+        rf"(?<![\w./-]){re.escape(exported.filename)}(?![\w.-])", lambda _: shlex.quote(str(path)), exported.launch
+    )
 
 
 def detect_framework(path: Path, text: str) -> str:

@@ -26,6 +26,7 @@ from autoplan.cost.model import CostModel
 from autoplan.cost.whole_run import dollars_per_sample
 from autoplan.errors import AutoplanError
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
+from autoplan.report.fp8 import fp8_gain
 from autoplan.report.terms import TermDiff, category_of
 from autoplan.report.trade import trade_rows
 from autoplan.solve.notes import plan_notes
@@ -55,6 +56,7 @@ class Explanation:
     goodput_note: str = ""  # why not, when not
     trade: list[dict[str, Any]] = field(default_factory=list)  # report/trade.py's rows
     warnings: list[str] = field(default_factory=list)  # solve/notes.py: little headroom, dp bound by a rule
+    fp8: str = ""  # what the best FP8 plan would gain, when the search left FP8 out (report/fp8.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -143,8 +145,9 @@ def explain_result(
             params=graph.param_count, devices=best.plan.devices, profile=profile, step_time_s=best.cost.step_time_s
         ),
         goodput_note=reliability.not_priced_reason(profile) or "",
-        trade=[row.to_dict() for row in trade_rows(model, best.plan, allow_lossy=_allowed_lossy(result))],
+        trade=[row.to_dict() for row in trade_rows(model, best.plan, allowed=_allowed(result))],
         warnings=plan_notes(result, profile),
+        fp8=fp8_gain(result, graph=graph, profile=profile),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict
@@ -163,10 +166,14 @@ def explain_result(
     return exp
 
 
-def _allowed_lossy(result) -> bool:
-    """Whether the search that chose the plan could pick lossy options (its saved summary)."""
+def _allowed(result) -> set[str]:
+    """What the search that chose the plan could pick (its saved summary): "lossy", "fp8"."""
     predicted = result.best.predicted if result.best is not None else None
-    return bool(predicted and predicted.search and predicted.search.allow_lossy)
+    searched = predicted.search if predicted else None
+    if searched is None:
+        return set()
+    fp8 = searched.allow_fp8 or searched.fixes.get("precision") == "fp8"
+    return {name for name, on in (("lossy", searched.allow_lossy), ("fp8", fp8)) if on}
 
 
 def explain(

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -25,6 +24,7 @@ import pandas as pd  # noqa: E402
 from autoplan.display import TERM_NAMES, duration_unit  # noqa: E402
 from autoplan.report.memory import MemoryBar  # noqa: E402
 from autoplan.report.timeline import Timeline  # noqa: E402
+from autoplan.types._check import temp_file_beside  # noqa: E402
 from autoplan.types.cost import Cost  # noqa: E402
 
 GIB = 2**30
@@ -46,8 +46,7 @@ TERM_COLORS = (
 
 def save_png(fig, path: Path) -> Path:
     """Save ``fig`` to ``path`` through a temporary file and a rename; close it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    fd, tmp = temp_file_beside(path, suffix=".png")  # mode as a plain write gives (types/_check.py)
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")

@@ -44,12 +44,13 @@ class PlanFolder:
     def search_options(self) -> dict[str, Any]:
         saved = self.plan.predicted.search if self.plan and self.plan.predicted else None
         if saved is None:
-            return {"batch_size": None, "fixes": {}, "objective": "time", "allow_lossy": False}
+            return {"batch_size": None, "fixes": {}, "objective": "time", "allow_lossy": False, "allow_fp8": False}
         return {
             "batch_size": saved.batch_size,
             "fixes": saved.fixes or {},
             "objective": saved.objective,
             "allow_lossy": saved.allow_lossy,
+            "allow_fp8": saved.allow_fp8 or self.plan.precision == "fp8",  # plans of before searched fp8 unasked
         }
 
 
@@ -134,6 +135,7 @@ def search_again(folder: PlanFolder):
             fix=dict(options["fixes"]),
             objective=options["objective"],
             allow_lossy=options["allow_lossy"],
+            allow_fp8=options["allow_fp8"],
         )
     except PlanError as exc:
         raise ReportError(f"re-running the search of '{folder.path}' failed ({exc}); re-run `autoplan plan`.") from None

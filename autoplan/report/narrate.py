@@ -58,6 +58,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
     lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]
     lines += ["", "## Precision and gradient sync: the trade", ""] + trade_lines(exp.trade)
+    lines += ["", exp.fp8] if exp.fp8 else []
     lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"
 

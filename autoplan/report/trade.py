@@ -12,8 +12,8 @@ plan's shape allow, one at a time (docs/cost-model.md prices them):
 
 Each row gives the step time and its ratio to the chosen plan's, the gradient bytes one rank
 sends per step, the compression compute, the peak memory, whether it is lossy (``Plan.lossy``)
-and whether the search was allowed to pick it (``--allow-lossy``). Nothing here is fitted: it
-is the cost model, asked again.
+and whether the search was allowed to pick it, or the flag it needs (``--allow-lossy``, and
+``--allow-fp8`` for fp8: solve/space.py). Nothing here is fitted: it is the cost model, asked again.
 """
 
 from __future__ import annotations
@@ -42,19 +42,22 @@ class TradeRow:
     lossy: bool
     allowed: bool
     chosen: bool
+    needs: str = ""  # the flag that would let the search pick it, when not allowed
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def trade_rows(model: CostModel, plan: Plan, *, allow_lossy: bool) -> list[TradeRow]:
-    """The chosen plan re-priced with each option (module docstring), the chosen one first."""
+def trade_rows(model: CostModel, plan: Plan, *, allowed: set[str]) -> list[TradeRow]:
+    """The chosen plan re-priced with each option (module docstring), the chosen one first.
+    ``allowed``: what the search could pick beyond exact, non-FP8 options ("lossy", "fp8")."""
     rows = []
     for label, variant in _variants(plan, model):
         try:
             cost = model.estimate(variant)
         except PlanError:
             continue  # this option cannot price on this profile
+        needs = _needs(variant, allowed)
         rows.append(
             TradeRow(
                 option=label,
@@ -65,14 +68,21 @@ def trade_rows(model: CostModel, plan: Plan, *, allow_lossy: bool) -> list[Trade
                 peak_memory_bytes=cost.peak_memory_bytes,
                 feasible=cost.feasible,
                 lossy=bool(variant.lossy),
-                allowed=allow_lossy or not variant.lossy,
+                allowed=not needs,
                 chosen=_same_choice(variant, plan),
+                needs=" and ".join(needs),
             )
         )
     chosen_s = next((row.step_time_s for row in rows if row.chosen), 0.0)
     for row in rows:
         row.vs_chosen = row.step_time_s / chosen_s if chosen_s else 1.0
     return rows
+
+
+def _needs(variant: Plan, allowed: set[str]) -> list[str]:
+    """The flags the search would need to pick ``variant``."""
+    flags = [("lossy", bool(variant.lossy), "--allow-lossy"), ("fp8", variant.precision == "fp8", "--allow-fp8")]
+    return [flag for name, uses, flag in flags if uses and name not in allowed]
 
 
 def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
@@ -149,6 +159,6 @@ def trade_lines(rows: list[dict]) -> list[str]:
             f"| {r['option']}{mark} | {number_text(1e3 * r['step_time_s'])} | {r['vs_chosen']:.2f}x | "
             f"{number_text(r['grad_bytes_sent'] / 1e6)} | {number_text(1e3 * r['compression_s'])} | "
             f"{r['peak_memory_bytes'] / 2**30:.2f}{fits} | {'yes' if r['lossy'] else 'no'} | "
-            f"{'yes' if r['allowed'] else 'needs --allow-lossy'} |"
+            f"{'yes' if r['allowed'] else 'needs ' + (r.get('needs') or '--allow-lossy')} |"
         )
     return lines

@@ -73,13 +73,15 @@ def plan_graph(
     top_k: int = 1,
     run: RunSpec | dict | None = None,
     allow_lossy: bool = False,
+    allow_fp8: bool = False,
 ) -> SearchResult:
     """Search plans for a traced graph; raises NoPlanFits when nothing fits. The best ``top_k``
     plans are ranked exactly (pruning only skips what cannot enter them). A profile given as a
     file is recorded in the plan by its path, so that ``run --audit`` and ``calibrate`` can load
     it again (a shipped profile by its name). ``run`` (a RunSpec or its fields as a dict) prices the
     whole run into ``predicted.run`` and applies its deadline and budget. ``allow_lossy`` also
-    searches (and allows pins of) gradient reduction below fp32 and PowerSGD (Plan.lossy)."""
+    searches (and allows pins of) gradient reduction below fp32 and PowerSGD (Plan.lossy);
+    ``allow_fp8`` also searches FP8 linears (a ``precision=fp8`` pin searches them without it)."""
     source = profile_file(profile)
     profile = resolve_profile(profile)
     run = RunSpec(**run) if isinstance(run, dict) else run
@@ -97,6 +99,7 @@ def plan_graph(
         keep=max(1, top_k),
         run=run,
         allow_lossy=allow_lossy,
+        allow_fp8=allow_fp8,
     )
     result = search(graph, profile, options)
     if result.best is None and run is not None and run.constrained:
@@ -111,6 +114,7 @@ def plan_graph(
     if source is not None:
         result.best.profile = source
     result.best.model_sha256, result.best.graph_signature = graph.model_sha256, graph.signature  # what it is for
+    result.best.inputs = list(graph.inputs)  # so parallelize can build a micro-batch itself (types/inputs.py)
     summary = SearchSummary(
         candidates_evaluated=result.evaluated,
         candidates_pruned=result.pruned,
@@ -122,6 +126,7 @@ def plan_graph(
         fixes=dict(fixes),
         objective=objective,
         allow_lossy=allow_lossy,
+        allow_fp8=allow_fp8,
     )  # for autoplan explain
     checkpoints = reliability.prediction_fields(
         params=graph.param_count, devices=devices, profile=profile, step_time_s=result.best_cost.step_time_s
@@ -147,7 +152,9 @@ def plan(
     target=None,
     **kwargs: Any,
 ) -> Plan:
-    """Trace ``model`` on ``example_inputs`` and return the fastest (or cheapest) plan that fits."""
+    """Trace ``model`` on ``example_inputs`` and return the fastest (or cheapest) plan that fits.
+    ``kwargs`` go to :func:`plan_graph` (``allow_fp8=True`` searches FP8 too, ``allow_lossy=True``
+    lossy gradient sync)."""
     from autoplan.trace import trace
 
     graph = trace(model, example_inputs, loss_fn=loss_fn, target=target, model_name=type(model).__name__)
@@ -170,7 +177,8 @@ def explain_no_fit(graph: Graph, profile: Profile, options: SearchOptions, resul
         )
     pinned = [k for k in FRUGAL_PINS if k in options.fixes]
     kept = {k: v for k, v in options.fixes.items() if k not in pinned}
-    if pinned and (fit := _frugal_fit(graph, profile, options.devices, options.batch_size, kept)) is not None:
+    fit = _frugal_fit(graph, profile, options.devices, options.batch_size, kept, options.allow_fp8) if pinned else None
+    if fit is not None:
         return f"{head}; unpin {', '.join(pinned)}: --fix {_pins(fit, kept)} fits on {options.devices} devices."
     needed = smallest_fitting_devices(graph, profile, options)
     if needed is not None:
@@ -187,7 +195,7 @@ def smallest_fitting_devices(graph: Graph, profile: Profile, options: SearchOpti
         count *= 2
         if count > profile.devices_per_node and (profile.inter_node is None or count % profile.devices_per_node):
             continue
-        if (fit := _frugal_fit(graph, profile, count, options.batch_size, {})) is not None:
+        if (fit := _frugal_fit(graph, profile, count, options.batch_size, {}, options.allow_fp8)) is not None:
             return fit
     return None
 
@@ -208,7 +216,9 @@ def _pins(plan: Plan, kept: dict) -> str:
     return ",".join(f"{k}={('on' if v else 'off') if isinstance(v, bool) else v}" for k, v in pins.items())
 
 
-def _frugal_fit(graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict) -> Plan | None:
+def _frugal_fit(
+    graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict, allow_fp8: bool = False
+) -> Plan | None:
     """The first of the most memory-frugal configurations of ``devices`` (full recomputation, the
     highest ZeRO stage dp allows, micro-batch 1, sequence parallelism, the narrowest precision)
     that fits, or None. Degrees whose dp a ZeRO pin rules out are skipped, as the search skips them."""
@@ -230,7 +240,7 @@ def _frugal_fit(graph: Graph, profile: Profile, devices: int, batch: int, fixes:
                 if not zeros:
                     continue
                 zero = max(zeros)
-                precision = space.precision_options(profile, fixes=frugal)[-1]
+                precision = space.precision_options(profile, fixes=frugal, allow_fp8=allow_fp8)[-1]
                 candidate = Plan(
                     devices=devices,
                     dp=deg.dp,

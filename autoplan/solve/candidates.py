@@ -30,6 +30,7 @@ class SearchOptions:
     keep: int = 1  # the search prices enough to rank the best `keep` plans exactly
     run: RunSpec | None = None  # the whole run: its length, prices, deadline and budget (cost/whole_run.py)
     allow_lossy: bool = False  # search (and allow pins of) lossy gradient sync: Plan.lossy
+    allow_fp8: bool = False  # search fp8 too (a precision=fp8 pin needs no flag): solve/space.py
 
 
 @dataclass

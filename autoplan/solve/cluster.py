@@ -33,7 +33,7 @@ from autoplan.cost.whole_run import RunPricer, check_prices, hours_text, priced_
 from autoplan.errors import PlanError, ProfileError
 from autoplan.solve import space
 from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
-from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.run_limits import step_time_floor_s
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -56,6 +56,8 @@ class SweepRow:
     estimate: RunEstimate | None = None
     pareto: bool = False
     reason: str = ""
+    search: SearchResult | None = field(default=None, repr=False)  # a planned point's search: its plan folder
+    priced: Profile | None = field(default=None, repr=False)  # the profile it was priced with (prices applied)
 
     @property
     def wall_h(self) -> float:
@@ -160,11 +162,13 @@ def sweep_graph(
     prune: bool = True,
     progress=None,
     allow_lossy: bool = False,
+    allow_fp8: bool = False,
 ) -> SweepResult:
     """Plan every (profile, devices) point worth planning (module docstring); the front and the
     recommendation. Raises NoClusterMeets when no point meets the deadline or budget. ``allow_lossy``
     lets every point's search pick lossy gradient sync (solve/space.py); the pruning floor holds
-    for it too (bound (1) of solve/search.py has no gradient-sync term)."""
+    for it too (bound (1) of solve/search.py has no gradient-sync term). ``allow_fp8`` lets every
+    point's search pick FP8 (solve/space.py); the floor is then taken over FP8 plans too."""
     start = time.perf_counter()
     run = RunSpec(**run) if isinstance(run, dict) else run
     if not run.has_length:
@@ -196,7 +200,8 @@ def sweep_graph(
         if not space.fits_nodes(n, profile):
             row.reason = f"{n} devices are not whole nodes of {profile.devices_per_node}"
             continue
-        if prune and (why := _pruned(graph, profile, pricer, n, batch, fix, stopped.get(i), rows)):
+        floor = SearchOptions(devices=n, batch_size=batch, fixes=_fixes(fix), allow_fp8=allow_fp8)
+        if prune and (why := _pruned(graph, profile, pricer, floor, stopped.get(i), rows)):
             row.status, row.reason = "pruned", why
             continue
         calls += 1
@@ -211,6 +216,7 @@ def sweep_graph(
                 time_limit_s=time_limit_s,
                 run=replace(run, deadline_h=None, budget_usd=None),
                 allow_lossy=allow_lossy,
+                allow_fp8=allow_fp8,
             )
         except NoPlanFits as exc:
             row.status, row.reason = "no fit", str(exc)
@@ -219,6 +225,7 @@ def sweep_graph(
             row.reason = str(exc)
             continue
         row.status, row.plan, row.estimate = "planned", found.best, found.best.predicted.run
+        row.search, row.priced = found, profile
         previous = [r for r in rows[:-1] if r.profile == row.profile and r.status == "planned"]
         if previous and row.wall_h >= previous[-1].wall_h:
             stopped[i] = previous[-1].devices
@@ -230,18 +237,21 @@ def sweep_graph(
     return result
 
 
-def _pruned(graph, profile, pricer, n, batch, fix, stopped_at, rows) -> str:
-    """Why (profile, n) need not be planned (module docstring, rules a and b), or ''."""
+def _fixes(fix: dict | str | list | None) -> dict:
+    return space.parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
+
+
+def _pruned(graph, profile, pricer, options: SearchOptions, stopped_at, rows) -> str:
+    """Why (profile, ``options.devices``) need not be planned (module docstring, rules a and b), or ''."""
     if stopped_at is not None:
         return f"pruned (growth): doubling past {stopped_at} devices no longer reduced the run's time"
-    fixes = space.parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
     try:
-        floor_s = step_time_floor_s(graph, profile, SearchOptions(devices=n, batch_size=batch, fixes=fixes))
+        floor_s = step_time_floor_s(graph, profile, options)
     except PlanError:
         return ""
     if floor_s is None:
         return ""
-    floor = pricer.estimate(step_time_s=floor_s, devices=n)
+    floor = pricer.estimate(step_time_s=floor_s, devices=options.devices)
     for other in rows:
         if other.status == "planned" and other.wall_h <= floor.wall_h and other.dollars <= floor.dollars:
             return (

@@ -137,7 +137,7 @@ class Search:
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
         seq_lens = sequence_lengths(self.graph)
         for deg in [d for d in degrees if space.zero_options(dp=d.dp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
-            for precision in space.precision_options(self.profile, fixes=self.fixes):
+            for precision in space.precision_options(self.profile, fixes=self.fixes, allow_fp8=self.options.allow_fp8):
                 for sp in sp_options(tp=deg.tp, seq_lens=seq_lens, fixes=self.fixes, pp=deg.pp, moe=moe):
                     for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
                         m = opts.batch_size // (deg.dp * mbs)

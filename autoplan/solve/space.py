@@ -21,7 +21,10 @@ Every choice the planner searches, and the rule that makes each one legal:
   profile, with the tp group inside one node: PyTorch's async TP copies through peer memory);
 - precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
   but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling); fp8
-  where it has an fp8 peak (FP8 linears, the rest bf16: autoplan/cost/compute.py);
+  (FP8 linears, the rest bf16: autoplan/cost/compute.py) only with ``allow_fp8`` (``--allow-fp8``)
+  or a ``precision=fp8`` pin, and where the profile has fp8 and bf16 peaks: FP8 changes the
+  numerics (and its kernels need a GPU with FP8 tensor cores), so it is the user's choice, as lossy
+  gradient sync is;
 - gradient sync (data parallelism only): fp32 reduction always; with ``allow_lossy`` also the
   16-bit reduction (bf16 where the profile has a bf16 peak, else fp16: with both they price the
   same and bf16 cannot overflow) and, where the executor runs DDP (ZeRO 0, tp = pp = ep = 1),
@@ -344,12 +347,14 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     return list(RECOMPUTE) if layers else ["none"]
 
 
-def precision_options(profile: Profile, *, fixes: dict) -> list[str]:
+def precision_options(profile: Profile, *, fixes: dict, allow_fp8: bool = False) -> list[str]:
+    """The precisions searched (module docstring); fp8 only when allowed or pinned."""
     peaks = profile.device.peak_flops
+    fp8 = "fp8" in peaks and "bf16" in peaks and (allow_fp8 or fixes.get("precision") == "fp8")
     options = (
         (["fp32"] if "fp32" in peaks or "tf32" in peaks else [])
         + (["bf16"] if "bf16" in peaks else ["fp16"] if "fp16" in peaks else [])
-        + (["fp8"] if "fp8" in peaks and "bf16" in peaks else [])
+        + (["fp8"] if fp8 else [])
     )
     if "precision" in fixes:
         wanted = fixes["precision"]

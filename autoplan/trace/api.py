@@ -25,6 +25,7 @@ from autoplan.trace.capture import capture, first_line
 from autoplan.trace.propagate import Measured, Propagator
 from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
 from autoplan.types.graph import Graph
+from autoplan.types.inputs import input_specs
 from autoplan.types.moe import RoutingModel
 
 
@@ -75,6 +76,7 @@ def trace(
             trace_method=captured.method,
             seq_len=seq_len_of(tuple(inputs)),
         )
+        graph.inputs = input_specs(tuple(inputs), batch_size=batch)  # for parallelize's micro-batch (types/inputs.py)
         tokens = batch * (graph.seq_len or 1)
         graph.moe_layers = moe.describe(model, records, routing=routing, log=log, tokens=tokens, blocks=graph.layers)
         moe.keep_list_layers_whole(graph)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,32 @@ def require_known_fields(data: dict[str, Any], cls: type, error: type[Exception]
     require(not unknown, error, f"{what} has unknown field '{first}'; expected only {', '.join(sorted(known))}.")
 
 
+def temp_file_beside(path: Path, suffix: str = ".tmp") -> tuple[int, str]:
+    """Open a new, uniquely named file in ``path``'s folder for writing; return ``(fd, name)``.
+
+    Created as ``open()`` creates a file (mode 0o666 less the process umask: 0644 under umask
+    022), not 0600 as ``tempfile.mkstemp`` does, so the file renamed over ``path`` has the
+    permissions a plain write would give it. When ``path`` exists its mode is kept, as a plain
+    write into an existing file keeps it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        name = str(path.parent / f".{path.name}.{secrets.token_hex(6)}{suffix}")
+        try:
+            fd = os.open(name, flags, 0o666)
+        except FileExistsError:
+            continue
+        if path.exists():
+            os.chmod(name, stat.S_IMODE(path.stat().st_mode))
+        return fd, name
+    raise FileExistsError(f"no free temporary name beside '{path}'")
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename, so a crash never
-    leaves a half-written file where the user's last good one was."""
+    leaves a half-written file where the user's last good one was (:func:`temp_file_beside`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_file_beside(path)
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)

@@ -17,8 +17,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoplan.errors import AutoplanError
+from autoplan.errors import AutoplanError, PlanError
 from autoplan.types._check import read_json, require, require_fields, write_json_atomic
+from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoELayer
 
 if TYPE_CHECKING:
@@ -171,6 +172,7 @@ class Graph:
     buffer_bytes: int = 0  # the model's buffers (DDP broadcasts them from rank 0 each step)
     moe_layers: list[MoELayer] = field(default_factory=list)  # types/moe.py; empty for a dense model
     model_sha256: str = ""  # the SHA-256 of the model file it was traced from ("" when traced from a module)
+    inputs: list[InputSpec] = field(default_factory=list)  # the forward() arguments traced (types/inputs.py)
     version: int = GRAPH_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -287,6 +289,7 @@ class Graph:
         data["groups"] = [asdict(group) for group in self.groups]
         data["parameters"] = {name: asdict(info) for name, info in self.parameters.items()}
         data["moe_layers"] = [layer.to_dict() for layer in self.moe_layers]
+        data["inputs"] = [spec.to_dict() for spec in self.inputs]
         return data
 
     @classmethod
@@ -310,6 +313,10 @@ class Graph:
         fields["groups"] = [LayerGroup(**group) for group in data["groups"]]
         fields["parameters"] = {name: ParamInfo(**info) for name, info in data["parameters"].items()}
         fields["moe_layers"] = [MoELayer.from_dict(layer) for layer in data.get("moe_layers", [])]
+        try:  # absent in graphs traced before they were recorded
+            fields["inputs"] = [InputSpec.from_dict(spec) for spec in data.get("inputs", [])]
+        except PlanError as exc:
+            raise GraphError(f"graph {exc}") from None
         return cls(**fields)
 
     def save(self, path: str | Path) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
+from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.prediction import Prediction
 
@@ -93,6 +94,9 @@ class Plan:
     its parameters' names, shapes and dtypes). ``run``, ``launch`` and ``export`` refuse a model
     of another signature and warn when only the file changed (trace/identity.py); a plan written
     before they existed has them empty and is not checked.
+    ``inputs`` are the forward() arguments the model was traced with, shapes and dtypes only
+    (:class:`autoplan.types.inputs.InputSpec`), so ``parallelize`` can build a micro-batch for a
+    pipeline split without being given one; empty in plans made from a graph without them.
     ``predicted`` is what the planner predicted (:class:`autoplan.types.prediction.Prediction`),
     None for a plan nobody priced; a mapping given here (plan.json's object) is read into one.
     """
@@ -123,6 +127,7 @@ class Plan:
     model_sha256: str = ""
     graph_signature: str = ""
     profile: str = ""
+    inputs: list[InputSpec] = field(default_factory=list)
     predicted: Prediction | None = None
     version: int = PLAN_SCHEMA_VERSION
 
@@ -132,6 +137,11 @@ class Plan:
                 self.routing = RoutingModel.from_dict(self.routing) if self.routing else None
             except MoEError as exc:
                 raise PlanError(f"plan routing: {exc}") from exc
+        require(isinstance(self.inputs, list), PlanError, f"plan inputs={self.inputs!r}; expected a list.")
+        try:
+            self.inputs = [s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in self.inputs]
+        except PlanError as exc:
+            raise PlanError(f"plan {exc}") from None
         if isinstance(self.predicted, dict):
             self.predicted = Prediction.from_dict(self.predicted) if self.predicted else None
         require(
@@ -306,6 +316,9 @@ class Plan:
         data = asdict(self)
         data["predicted"] = self.predicted.to_dict() if self.predicted else {}
         data["routing"] = self.routing.to_dict() if self.routing else None
+        data["inputs"] = [spec.to_dict() for spec in self.inputs]
+        if not data["inputs"]:
+            del data["inputs"]  # plan files without traced inputs stay as they were
         return data
 
     @classmethod

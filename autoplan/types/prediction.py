@@ -38,6 +38,7 @@ class SearchSummary:
     fixes: dict[str, Any] = field(default_factory=dict)
     objective: str = "time"
     allow_lossy: bool = False  # lossy gradient sync was searched (--allow-lossy)
+    allow_fp8: bool = False  # fp8 was searched (--allow-fp8); absent in plans of before, which searched it
 
     def __post_init__(self) -> None:
         for name in ("candidates_evaluated", "candidates_pruned", "ilp_solves"):

@@ -60,7 +60,9 @@ def replan_plan(*, model: str | Path, plan: Plan, devices: int) -> Plan:
 
 
 def search(*, model: str | Path, plan: Plan, devices: int, profile: Any = None, **options: Any) -> tuple:
-    """(search result, graph, profile) for ``devices`` devices at ``plan``'s global batch and routing."""
+    """(search result, graph, profile) for ``devices`` devices at ``plan``'s global batch and routing.
+    FP8 is searched when ``options`` say ``allow_fp8=True``, or (``allow_fp8`` absent or None) when
+    the old plan searched it or ran it: the run keeps the numerics it was trained with."""
     from autoplan.solve.api import plan_graph, profile_file, resolve_profile
     from autoplan.trace import trace_model_file
 
@@ -68,8 +70,16 @@ def search(*, model: str | Path, plan: Plan, devices: int, profile: Any = None, 
     if not chosen:
         raise CheckpointError("the checkpoint's plan records no profile; pass one with --profile.")
     resolved = resolve_profile(chosen)
+    if options.get("allow_fp8") is None:
+        options["allow_fp8"] = allowed_fp8(plan)
     graph = trace_model_file(str(model), plan.global_batch_size, routing=plan.routing)
     result = plan_graph(graph, devices=devices, profile=resolved, batch_size=plan.global_batch_size, **options)
     if isinstance(chosen, str) and (source := profile_file(chosen)) is not None:
         result.best.profile = source
     return result, graph, resolved
+
+
+def allowed_fp8(plan: Plan) -> bool:
+    """Whether ``plan``'s search could pick FP8: it ran FP8, or it searched it (``--allow-fp8``)."""
+    searched = plan.predicted.search if plan.predicted else None
+    return plan.precision == "fp8" or bool(searched and searched.allow_fp8)

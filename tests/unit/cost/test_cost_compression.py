@@ -107,7 +107,7 @@ def test_a_rank_that_compresses_nothing_is_refused():
 def test_the_trade_table_prices_each_option_against_the_chosen_plan():
     model = CostModel(_model(), _slow())
     plan = _dp_plan()
-    rows = {r.option: r for r in trade_rows(model, plan, allow_lossy=False)}
+    rows = {r.option: r for r in trade_rows(model, plan, allowed=set())}
     assert rows["bf16, reduce fp32"].chosen and rows["bf16, reduce fp32"].vs_chosen == 1.0
     assert rows["bf16, reduce bf16"].lossy and not rows["bf16, reduce bf16"].allowed
     assert math.isclose(rows["bf16, reduce bf16"].grad_bytes_sent, rows["bf16, reduce fp32"].grad_bytes_sent / 2)

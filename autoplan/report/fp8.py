@@ -1,0 +1,47 @@
+"""What FP8 would gain, for a plan whose search did not consider it.
+
+The planner searches FP8 linears only with ``--allow-fp8`` or a ``precision=fp8`` pin
+(solve/space.py): FP8 changes the numerics, and its kernels need FP8 tensor cores. When the
+device has an FP8 peak and the search left FP8 out, :func:`fp8_gain` runs the same search
+(same devices, batch, pins, objective, lossy options) pinned to ``precision=fp8`` and says, in
+one line, how the best FP8 plan's step compares with the chosen plan's. Nothing is fitted: it is
+the planner, asked again.
+"""
+
+from __future__ import annotations
+
+from autoplan.errors import PlanError
+from autoplan.types.graph import Graph
+from autoplan.types.profile import Profile
+
+
+def fp8_gain(result, *, graph: Graph, profile: Profile) -> str:
+    """One line on the best FP8 plan against the chosen one, or '' when FP8 was searched or pinned
+    away, or the device has no FP8 peak (module docstring)."""
+    from autoplan.solve.api import NoPlanFits, plan_graph
+
+    best = result.best
+    searched = best.predicted.search if best is not None and best.predicted else None
+    peaks = profile.device.peak_flops
+    if searched is None or searched.allow_fp8 or "precision" in searched.fixes or not {"fp8", "bf16"} <= set(peaks):
+        return ""
+    try:
+        fp8 = plan_graph(
+            graph,
+            devices=best.devices,
+            profile=profile,
+            batch_size=searched.batch_size or best.global_batch_size,
+            fix={**searched.fixes, "precision": "fp8"},
+            objective=searched.objective,
+            allow_lossy=searched.allow_lossy,
+        )
+    except NoPlanFits:
+        return "FP8 (not searched: --allow-fp8): no FP8 plan fits on these devices."
+    except PlanError:
+        return ""
+    chosen_s, fp8_s = result.best_cost.step_time_s, fp8.best_cost.step_time_s
+    return (
+        f"FP8 (not searched: --allow-fp8 to let the planner pick it; it changes the numerics): the best FP8 plan, "
+        f"{fp8.best.describe()}, would take {fp8_s * 1e3:.4g} ms per step, {fp8_s / chosen_s:.2f}x the chosen "
+        f"plan's {chosen_s * 1e3:.4g} ms."
+    )
