@@ -80,6 +80,9 @@ def deepspeed_on_cpu(rank: int, world: int, store_path: str):
         stack.enter_context(mock.patch.object(ds_comm, "build_shm_op", return_value=None))
         stack.enter_context(mock.patch.object(CPU_Accelerator, "is_fp16_supported", return_value=True))
         stack.enter_context(mock.patch("deepspeed.runtime.bf16_optimizer.see_memory_usage"))
+        # A ZeRO-3 engine replaces torch.nn.functional.linear for the whole process and never puts it back
+        # (deepspeed/runtime/zero/partition_parameters.py); later tests in this process trace with the real one.
+        stack.enter_context(mock.patch.object(torch.nn.functional, "linear", torch.nn.functional.linear))
         set_accelerator(CPU_Accelerator())
         torch.distributed.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
         deepspeed.init_distributed(dist_backend="gloo")  # takes the world it finds
