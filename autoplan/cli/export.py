@@ -31,6 +31,11 @@ def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", metavar="MODEL.py", help="the model file the config will train: refused if the plan is for another"
     )
+    parser.add_argument(
+        "--format",
+        choices=("py", "toml"),
+        help="torchtitan only: py, a config function for torchtitan >= 0.3 (default), or toml for 0.2.x",
+    )
     parser.set_defaults(func=run_export, out_kind="file_or_folder")
 
 
@@ -56,7 +61,7 @@ def run_export(args: argparse.Namespace) -> int:
         warning = check_plan_is_for(load_plan(args.plan)[0], args.model, plan_name=f"plan '{args.plan}'")
         if warning and not args.quiet:
             print(f"autoplan: warning: {warning}", file=sys.stderr)
-    exported = export_plan(args.plan, to=args.to)
+    exported = export_plan(args.plan, to=args.to, fmt=args.format)
     path = write_export(exported, args.out)
     if args.json:
         print(json.dumps({"file": str(path), **exported.to_dict()}, indent=2))
