@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
@@ -61,7 +62,7 @@ def run_export(args: argparse.Namespace) -> int:
         warning = check_plan_is_for(load_plan(args.plan)[0], args.model, plan_name=f"plan '{args.plan}'")
         if warning and not args.quiet:
             print(f"autoplan: warning: {warning}", file=sys.stderr)
-    exported = export_plan(args.plan, to=args.to, fmt=args.format)
+    exported = export_plan(args.plan, to=args.to, fmt=_format(args))
     path = write_export(exported, args.out)
     if args.json:
         print(json.dumps({"file": str(path), **exported.to_dict()}, indent=2))
@@ -72,6 +73,20 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         print(f"launch with: {exported.launch}")
     return 0
+
+
+def _format(args: argparse.Namespace) -> str | None:
+    """torchtitan's format: --format, else the --out file's suffix (.toml: 0.2.x TOML), else the default."""
+    from autoplan.errors import ExportError
+
+    suffix = (
+        {".toml": "toml", ".py": "py"}.get(Path(args.out).suffix.lower())
+        if args.out and args.to == "torchtitan"
+        else None
+    )
+    if args.format and suffix and args.format != suffix:
+        raise ExportError(f"--format {args.format} does not fit --out {args.out}; name the file .{args.format}.")
+    return args.format or suffix
 
 
 def run_explain_config(args: argparse.Namespace) -> int:

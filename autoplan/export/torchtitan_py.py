@@ -39,6 +39,7 @@ assignments, in source order, go to the TOML reader's table (torchtitan_toml.rea
 from __future__ import annotations
 
 import ast
+import json
 from typing import Any
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
@@ -146,19 +147,36 @@ def _body(plan: Plan, flavour: Flavour | None, why: str | None, settings: dict[s
     lines = [f"def {FUNCTION}():"]
     if flavour is None:
         message = f"autoplan: {why} Set RECIPE above to its config function, then remove this line."
-        lines += [f"    raise ValueError({message!r})"]
+        lines += [f"    raise ValueError({_literal(message)})"]
         lines += ["    config = RECIPE()  # set RECIPE: your model's config function"]
     else:
         lines += [f"    config = RECIPE()  # torchtitan's recipe for {flavour.module} {flavour.flavor}"]
     if plan.precision == "fp8" and flavour is not None:
-        lines += [f"    config.model_spec = model_registry({flavour.flavor!r}, converters=[{FLOAT8_CONVERTER}])"]
+        flavor = _literal(flavour.flavor)
+        lines += [f"    config.model_spec = model_registry({flavor}, converters=[{FLOAT8_CONVERTER}])"]
     for section, fields in settings.items():
-        lines += [f"    config.{section}.{key} = {value!r}" for key, value in fields.items()]
+        lines += [line for key, value in fields.items() for line in _assignment(f"config.{section}.{key}", value)]
     lines += [f"    config.activation_checkpoint = {AC_CLASSES[plan.recompute]}"]
     if plan.tp_comm_overlap or plan.precision == "fp8":  # async TP needs compile; float8 is slow without it
         overlap = ", enable_async_tensor_parallel=True" if plan.tp_comm_overlap else ""
         lines += [f'    config.compile = CompileConfig(enable=True, components=["model", "loss"]{overlap})']
     return lines + ["    return config"]
+
+
+def _assignment(target: str, value: Any) -> list[str]:
+    """``target = value`` as Python; a list of lists (the chunks' modules) one inner list a line."""
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        return [f"    {target} = ["] + [f"        {_literal(inner)}," for inner in value] + ["    ]"]
+    return [f"    {target} = {_literal(value)}"]
+
+
+def _literal(value: Any) -> str:
+    """A Python literal as ruff formats it: strings in double quotes (JSON's escapes are Python's)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return repr(value)  # ints, bools, None
 
 
 def _imports(plan: Plan, flavour: Flavour | None) -> list[str]:

@@ -209,6 +209,8 @@ def _render(sections: dict[str, dict[str, Any]], *, header: list[str], notes: li
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):  # chunks: one a line
+        return "[\n" + "".join(f"    {_toml_value(v)},\n" for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):

@@ -311,6 +311,13 @@ def test_the_cli_writes_toml_on_request_and_refuses_format_for_other_frameworks(
     printed = capsys.readouterr()
     assert (tmp_path / "torchtitan.toml").is_file() and "--job.config_file torchtitan.toml" in printed.out
     assert "flavour" in printed.err  # the synthetic GPT is no torchtitan flavour: said, not trained as debugmodel
-    assert main(["export", str(plan_folder), "--to", "deepspeed", "--format", "toml", "--out", str(tmp_path)]) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(errors) == 1 and "--format chooses torchtitan's format" in errors[0], errors
+    assert main(["export", str(plan_folder), "--to", "torchtitan", "--out", str(tmp_path / "mine.toml")]) == 0
+    assert (tmp_path / "mine.toml").read_text().startswith("# torchtitan 0.2.x JobConfig")  # the name says TOML
+    capsys.readouterr()
+    for argv, words in (
+        (["--to", "deepspeed", "--format", "toml", "--out", str(tmp_path)], "--format chooses torchtitan's format"),
+        (["--to", "torchtitan", "--format", "py", "--out", str(tmp_path / "t.toml")], "name the file .py"),
+    ):
+        assert main(["export", str(plan_folder), *argv]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(errors) == 1 and errors[0].startswith("autoplan: error:") and words in errors[0], errors
