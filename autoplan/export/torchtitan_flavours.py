@@ -25,10 +25,12 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import subprocess
 import sys
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from autoplan.export.common import ModelFacts
@@ -101,9 +103,13 @@ def read_registry(timeout_s: float = 300.0) -> Registry:
     """The installed torchtitan's flavours (module docstring), read in a subprocess."""
     if importlib.util.find_spec("torchtitan") is None:
         return Registry(reason="torchtitan is not installed here")
-    run = subprocess.run(
-        [sys.executable, "-m", "autoplan.export.torchtitan_flavours"], capture_output=True, text=True, timeout=timeout_s
-    )
+    root = str(Path(__file__).resolve().parents[2])  # this autoplan, not another one on the path
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    command = [sys.executable, "-m", "autoplan.export.torchtitan_flavours"]
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return Registry(reason=f"torchtitan's model registry took over {timeout_s:.0f} s to read")
     lines = run.stdout.strip().splitlines()
     if run.returncode != 0 or not lines:
         last = (run.stderr.strip().splitlines() or ["no output"])[-1]

@@ -15,21 +15,26 @@ dp, zero_stage 3 / 2     ``parallelism.data_parallel_shard_degree = dp``, ``fsdp
 dp, zero_stage 0         ``data_parallel_replicate_degree = dp``, shard 1 (0.3 wraps every model in
                          FSDP, which then replicates; allowed beside TP and PP)
 tp, sequence_parallel    ``tensor_parallel_degree``, ``enable_sequence_parallel``
-tp_comm_overlap          ``config.compile = CompileConfig(enable=True, enable_async_tensor_parallel=True)``
+tp_comm_overlap          ``config.compile = CompileConfig(enable=True, enable_async_tensor_parallel=True)``;
+                         without it ``config.compile.enable_async_tensor_parallel = False`` (the recipe's
+                         compile otherwise stays)
 pp, schedule, stages     ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``, and every chunk's
                          modules in ``module_fqns_per_model_part`` (uneven stages written as planned);
                          ``training.disable_cuda_graphs = True`` (torchtitan refuses CUDA graphs with PP or EP)
 micro_batch_size, n      as in 0.2: pp > 1: ``local_batch_size = mbs·n``, ``pipeline_parallel_microbatch_size
                          = mbs``; pp = 1: ``local_batch_size = mbs`` and ``global_batch_size`` accumulates n
-precision                ``training.mixed_precision_param``; fp8 adds ``model_registry(flavor,
-                         converters=[Float8LinearConverter.Config(model_compile_enabled=True)])`` and
-                         compile (0.3 scales float8 rowwise only; autoplan prices tensorwise: named)
+model                    ``config.model_spec = model_registry(flavor)``: the flavour with the plan's
+                         converters only (a recipe's own float8 would otherwise stay)
+precision                ``training.mixed_precision_param``; fp8 passes ``converters=[Float8LinearConverter
+                         .Config(model_compile_enabled=True)]`` and turns compile on (0.3 scales float8
+                         rowwise only; autoplan prices tensorwise: named)
 recompute                ``config.activation_checkpoint = SelectiveAC.Config()`` (op-level SAC) | ``FullAC.Config()``
                          | ``None``
 ep                       ``expert_parallel_degree``
 ======================== =========================================================================
 
-Where no flavour matches, ``autoplan_plan()`` raises with the sentence that says what to set
+Where no flavour matches, or the flavour has no recipe, ``autoplan_plan()`` raises with the
+sentence that says what to set
 (it never trains another model silently). :func:`read` reads such a file, or a recipe written the
 way torchtitan's own are, without running it: keyword arguments of ``TrainingConfig``,
 ``ParallelismConfig`` and ``CompileConfig`` calls and ``config.<section>.<field> = value``
@@ -71,6 +76,11 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
     notes: list[str] = []
     remarks: list[str] = []
     flavour, why = pick_flavour(registry, facts, "py")
+    if flavour is not None and flavour.recipe is None:
+        why = (
+            f"torchtitan {registry.version} has {flavour.module} {flavour.flavor} (the traced shape) but no recipe "
+            "for it in its config_registry to start from; set RECIPE to a config function that trains it."
+        )
     if why:
         notes.append(why)
     if why and plan.precision == "fp8":
@@ -145,21 +155,23 @@ def _pipeline(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str
 
 def _body(plan: Plan, flavour: Flavour | None, why: str | None, settings: dict[str, dict[str, Any]]) -> list[str]:
     lines = [f"def {FUNCTION}():"]
-    if flavour is None:
+    if why:
         message = f"autoplan: {why} Set RECIPE above to its config function, then remove this line."
         lines += [f"    raise ValueError({_literal(message)})"]
         lines += ["    config = RECIPE()  # set RECIPE: your model's config function"]
     else:
         lines += [f"    config = RECIPE()  # torchtitan's recipe for {flavour.module} {flavour.flavor}"]
-    if plan.precision == "fp8" and flavour is not None:
-        flavor = _literal(flavour.flavor)
-        lines += [f"    config.model_spec = model_registry({flavor}, converters=[{FLOAT8_CONVERTER}])"]
+    if flavour is not None:  # the flavour with the plan's converters only, whatever the recipe converts
+        converters = f", converters=[{FLOAT8_CONVERTER}]" if plan.precision == "fp8" else ""
+        lines += [f"    config.model_spec = model_registry({_literal(flavour.flavor)}{converters})"]
     for section, fields in settings.items():
         lines += [line for key, value in fields.items() for line in _assignment(f"config.{section}.{key}", value)]
     lines += [f"    config.activation_checkpoint = {AC_CLASSES[plan.recompute]}"]
     if plan.tp_comm_overlap or plan.precision == "fp8":  # async TP needs compile; float8 is slow without it
         overlap = ", enable_async_tensor_parallel=True" if plan.tp_comm_overlap else ""
         lines += [f'    config.compile = CompileConfig(enable=True, components=["model", "loss"]{overlap})']
+    else:  # the recipe's compile stays; async TP is priced, so it follows the plan
+        lines += ["    config.compile.enable_async_tensor_parallel = False"]
     return lines + ["    return config"]
 
 
@@ -188,16 +200,11 @@ def _imports(plan: Plan, flavour: Flavour | None) -> list[str]:
         lines += [f"from torchtitan.distributed.activation_checkpoint import {policy}"]
     if plan.precision == "fp8" and flavour is not None:
         lines += ["from torchtitan.components.quantization import Float8LinearConverter"]
-    if flavour is None:
-        return lines + ["", "RECIPE = None  # e.g. from torchtitan.models.llama3.config_registry import llama3_8b"]
-    if flavour.recipe is None:
-        raise ExportError(
-            f"torchtitan {flavour.module} {flavour.flavor} has no recipe in its config_registry to start from; "
-            "export with --format toml or write the config function by hand."
-        )
-    lines += [f"from torchtitan.models.{flavour.module}.config_registry import {flavour.recipe} as RECIPE"]
-    if plan.precision == "fp8":
+    if flavour is not None:
         lines += [f"from torchtitan.models.{flavour.module} import model_registry"]
+    if flavour is None or flavour.recipe is None:
+        return lines + ["", "RECIPE = None  # e.g. from torchtitan.models.llama3.config_registry import llama3_8b"]
+    lines += [f"from torchtitan.models.{flavour.module}.config_registry import {flavour.recipe} as RECIPE"]
     return lines
 
 

@@ -321,3 +321,12 @@ def test_the_cli_writes_toml_on_request_and_refuses_format_for_other_frameworks(
         assert main(["export", str(plan_folder), *argv]) == 2
         errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(errors) == 1 and errors[0].startswith("autoplan: error:") and words in errors[0], errors
+
+
+def test_a_flavour_without_a_recipe_is_named_and_its_model_still_set():
+    facts = ModelFacts(name="m", layers=4, hidden_size=64, num_heads=4, vocab_size=100, seq_len=32)
+    registry = Registry(version="0.3.0", flavours=[Flavour("llama3", "1B", None, facts_shape(facts))])
+    exported = titan.export(PLANS["zero3_bf16"], facts, registry=registry)
+    assert "has llama3 1B (the traced shape) but no recipe" in " ".join(exported.unexpressed)
+    assert 'config.model_spec = model_registry("1B")' in exported.text and "RECIPE = None" in exported.text
+    assert "raise ValueError(" in exported.text
