@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
@@ -37,6 +38,11 @@ def add_export_parser(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model", metavar="MODEL.py", help="the model file the config will train: refused if the plan is for another"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("py", "toml"),
+        help="torchtitan only: py, a config function for torchtitan >= 0.3 (default), or toml for 0.2.x",
     )
     parser.set_defaults(func=run_export, out_kind="file_or_folder")
 
@@ -82,7 +88,7 @@ def run_export(args: argparse.Namespace) -> int:
         warning = check_plan_is_for(load_plan(args.plan)[0], args.model, plan_name=f"plan '{args.plan}'")
         if warning and not args.quiet:
             print(f"autoplan: warning: {warning}", file=sys.stderr)
-    exported = export_plan(args.plan, to=args.to)
+    exported = export_plan(args.plan, to=args.to, fmt=_format(args))
     path = write_export(exported, args.out)
     launch = launch_for(exported, path)  # the file just written, not the default name
     if args.json:
@@ -94,6 +100,20 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         print(f"launch with: {launch}")
     return 0
+
+
+def _format(args: argparse.Namespace) -> str | None:
+    """torchtitan's format: --format, else the --out file's suffix (.toml: 0.2.x TOML), else the default."""
+    from autoplan.errors import ExportError
+
+    suffix = (
+        {".toml": "toml", ".py": "py"}.get(Path(args.out).suffix.lower())
+        if args.out and args.to == "torchtitan"
+        else None
+    )
+    if args.format and suffix and args.format != suffix:
+        raise ExportError(f"--format {args.format} does not fit --out {args.out}; name the file .{args.format}.")
+    return args.format or suffix
 
 
 def run_explain_config(args: argparse.Namespace) -> int:

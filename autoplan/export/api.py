@@ -3,7 +3,8 @@
 - :func:`export_plan`: a plan (a Plan, a ``plan.json`` or a plan folder, whose ``graph.json``
   gives the model facts) to one framework's config (autoplan/export/<framework>.py);
 - :func:`import_config`: a framework's config file back to plan fields; the framework is taken
-  from ``framework`` or recognised from the file (a ``.toml`` is torchtitan's, a ``.json`` with
+  from ``framework`` or recognised from the file (a ``.toml`` or a ``.py`` naming torchtitan is
+  torchtitan's, a ``.json`` with
   ``train_batch_size`` or ``zero_optimization`` DeepSpeed's, a ``.yaml`` with
   ``distributed_type`` Accelerate's, a file of ``--flags`` Megatron-LM's);
 - :func:`price_config`: how far an existing config is from the best plan: the config's plan and
@@ -58,11 +59,15 @@ def load_plan(source: Plan | str | Path) -> tuple[Plan, Graph | None]:
     return plan, graph
 
 
-def export_plan(source: Plan | str | Path, *, to: str, graph: Graph | None = None) -> Exported:
-    """The plan as ``to``'s own config (module docstring); what it cannot express is in ``unexpressed``."""
+def export_plan(source: Plan | str | Path, *, to: str, graph: Graph | None = None, fmt: str | None = None) -> Exported:
+    """The plan as ``to``'s own config (module docstring); what it cannot express is in ``unexpressed``.
+    ``fmt`` picks torchtitan's format: ``py`` (0.3 and later, the default) or ``toml`` (0.2.x)."""
     module = _module(to)
+    if fmt is not None and to != "torchtitan":
+        raise ExportError(f"--format chooses torchtitan's format (py or toml); {to} has one format, leave it out.")
     plan, found = load_plan(source)
-    return module.export(plan, ModelFacts.from_graph(graph or found))
+    options = {"fmt": fmt} if fmt else {}
+    return module.export(plan, ModelFacts.from_graph(graph or found), **options)
 
 
 def write_export(exported: Exported, out: str | Path | None) -> Path:
@@ -87,7 +92,7 @@ def launch_for(exported: Exported, path: str | Path) -> str:
 def detect_framework(path: Path, text: str) -> str:
     """The framework a config file belongs to (module docstring), or one sentence."""
     suffix = path.suffix.lower()
-    if suffix == ".toml":
+    if suffix == ".toml" or (suffix == ".py" and "torchtitan" in text):  # 0.2's TOML, 0.3's config functions
         return "torchtitan"
     if suffix in (".yaml", ".yml") and "distributed_type" in text:
         return "accelerate"

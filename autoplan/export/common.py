@@ -44,6 +44,7 @@ class ModelFacts:
     seq_len: int | None = None
     vocab_size: int | None = None
     block_class: str | None = None  # the repeated block's module class name (FSDP's wrap policy), when given
+    ffn_hidden_size: int | None = None  # a dense block's MLP width (its widest Linear from the hidden size)
 
     @classmethod
     def from_graph(cls, graph: Graph | None) -> "ModelFacts":
@@ -59,7 +60,21 @@ class ModelFacts:
             num_kv_heads=attention.get("num_kv_heads"),
             seq_len=graph.seq_len,
             vocab_size=embedding.get("num_embeddings"),
+            ffn_hidden_size=_ffn_hidden_size(graph, embedding.get("embedding_dim")),
         )
+
+
+def _ffn_hidden_size(graph: Graph, hidden: int | None) -> int | None:
+    """The widest Linear from the hidden size in the first block, outside attention: the MLP's up
+    projection (SwiGLU's w1/w3, GPT's c_fc). None for an MoE model (its experts are not one MLP)."""
+    if hidden is None or graph.moe_layers or not graph.layers:
+        return None
+    widths = [
+        n.attrs["out_features"]
+        for n in graph.layer_nodes(graph.layers[0])
+        if n.op == "linear" and n.attrs.get("in_features") == hidden and "attention" not in n.attrs
+    ]
+    return max(widths, default=None)
 
 
 @dataclass

@@ -1,10 +1,15 @@
-"""torchtitan export: every exported TOML is loaded by torchtitan 0.2.2's own ``ConfigManager``
-(tyro's type warnings made errors), its degrees by torchtitan's ``ParallelDims``, its schedule by
-torch's ``get_schedule_class`` and its chunks by torchtitan's ``generate_llm_fqn_per_model_part``;
-the values they hold must equal the plan's. ``read`` gives the plan back.
+"""torchtitan 0.2.x export (``--format toml``): where torchtitan 0.2.2 is installed, every exported
+TOML is loaded by its own ``ConfigManager`` (tyro's type warnings made errors), its degrees by
+torchtitan's ``ParallelDims``, its schedule by torch's ``get_schedule_class`` and its chunks by
+torchtitan's ``generate_llm_fqn_per_model_part``; the values they hold must equal the plan's.
+Where it is not (the test extras pin 0.3), every key and value type is checked against 0.2.2's
+``JobConfig`` fields (SCHEMA_022, copied from 0.2.2 and compared with it where it is installed).
+``read`` gives the plan back.
 
 torchtitan's package ``__init__`` imports triton (absent on CPU CI), so the check runs in a
 subprocess that skips that ``__init__`` (the stub in ``sys.modules`` must not leak into other tests).
+The flavour is matched against a registry that holds the traced shape (torchtitan_flavours.Registry):
+0.2.2's real registry is read in test_torchtitan_py.py's way only where 0.2.2 is installed.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import sys
 import textwrap
 
 import pytest
+import tomllib
 
 import autoplan.trace
 from autoplan.export import torchtitan as titan
 from autoplan.export.common import ExportError, ModelFacts
+from autoplan.export.torchtitan_flavours import Flavour, Registry, facts_shape
 from autoplan.types import Plan
 
 STAGES4 = [["layers.0"], ["layers.1"], ["layers.2"], ["layers.3"]]
@@ -101,12 +108,15 @@ PARSE = textwrap.dedent(
                "ac": cfg.activation_checkpoint.mode, "ac_option": cfg.activation_checkpoint.selective_ac_option,
                "converters": cfg.model.converters,
                "recipe": cfg.quantize.linear.float8.recipe_name, "pp_mbs": p.pipeline_parallel_microbatch_size}
+        out["model"] = [cfg.model.name, cfg.model.flavor]
         if dims.pp > 1:
             schedule = get_schedule_class(p.pipeline_parallel_schedule)
             out["schedule"] = schedule.__name__
             out["single"] = issubclass(schedule, PipelineScheduleSingle)
             first, last = p.pipeline_parallel_first_stage_less_layers, p.pipeline_parallel_last_stage_less_layers
-            if p.pipeline_parallel_layers_per_stage is not None:  # torchtitan's pipeline_llm: chunks from layers
+            if p.module_fqns_per_model_part is not None:  # pipeline_llm takes the lists as they are
+                out["chunks"] = p.module_fqns_per_model_part
+            elif p.pipeline_parallel_layers_per_stage is not None:  # pipeline_llm: chunks from layers
                 chunks = math.ceil((layers + first + last) / p.pipeline_parallel_layers_per_stage)
                 out["chunks"] = generate_llm_fqn_per_model_part(chunks, layers, first, last)
         return out
@@ -122,23 +132,57 @@ PARSE = textwrap.dedent(
 )
 
 
+# torchtitan 0.2.2's JobConfig: each field the exporter may write, with its type (from 0.2.2's job_config.py)
+SCHEMA_022 = {
+    "job": {"description": str},
+    "model": {"name": str, "flavor": str, "converters": list},
+    "training": {
+        "local_batch_size": int, "global_batch_size": int, "seq_len": int, "mixed_precision_param": str,
+        "mixed_precision_reduce": str,
+    },
+    "parallelism": {
+        "data_parallel_replicate_degree": int, "data_parallel_shard_degree": int, "fsdp_reshard_after_forward": str,
+        "tensor_parallel_degree": int, "enable_async_tensor_parallel": bool, "pipeline_parallel_degree": int,
+        "module_fqns_per_model_part": list, "pipeline_parallel_first_stage_less_layers": int,
+        "pipeline_parallel_last_stage_less_layers": int, "pipeline_parallel_layers_per_stage": int,
+        "pipeline_parallel_schedule": str, "pipeline_parallel_microbatch_size": int, "context_parallel_degree": int,
+        "expert_parallel_degree": int,
+    },
+    "activation_checkpoint": {"mode": str, "selective_ac_option": str},
+    "compile": {"enable": bool, "components": list},
+    "quantize.linear.float8": {"recipe_name": str},
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def facts() -> ModelFacts:
     return ModelFacts.from_graph(autoplan.trace.trace_model_file("examples/llama.py", 2))
 
 
 @pytest.fixture(scope="module")
-def parsed(facts, tmp_path_factory) -> dict[str, dict]:
+def registry(facts) -> Registry:
+    """A 0.2.2 registry holding the traced shape as llama3 debugmodel, and an attention variant of it."""
+    flavours = [Flavour("llama3", name, None, facts_shape(facts)) for name in ("debugmodel", "debugmodel_flex_attn")]
+    ends = {"input_modules": ["tok_embeddings"], "output_modules": ["norm", "output"]}
+    return Registry(version="0.2.2", flavours=flavours, **ends)
+
+
+def toml(plan: Plan, facts: ModelFacts, registry: Registry):
+    return titan.export(plan, facts, fmt="toml", registry=registry)
+
+
+@pytest.fixture(scope="module")
+def parsed(facts, registry, tmp_path_factory) -> dict[str, dict]:
     """torchtitan's view of every exported plan, plus one file with a misspelt key and one with a bad type."""
-    if importlib.util.find_spec("torchtitan") is None:  # not importorskip: importing torchtitan needs triton
-        pytest.skip("torchtitan 0.2.2 is not installed (pip install -c constraints.txt torchtitan==0.2.2)")
+    if importlib.util.find_spec("torchtitan") is None or not _installed_version().startswith("0.2"):
+        pytest.skip("torchtitan 0.2.x is not installed (the test extras pin 0.3); SCHEMA_022 checks the keys")
     folder = tmp_path_factory.mktemp("titan")
-    jobs, good = [], titan.export(PLANS["ddp-fp32"], facts).text
+    jobs, good = [], toml(PLANS["ddp-fp32"], facts, registry).text
     tampered = {
         "misspelt": good.replace("tensor_parallel_degree", "tensor_parallel_degre"),
         "bad-type": good.replace('mode = "none"', 'mode = "sometimes"'),
     }
-    texts = {name: titan.export(plan, facts).text for name, plan in PLANS.items()} | tampered
+    texts = {name: toml(plan, facts, registry).text for name, plan in PLANS.items()} | tampered
     for name, text in texts.items():
         path = folder / f"{name}.toml"
         path.write_text(text)
@@ -175,7 +219,9 @@ def test_torchtitan_loads_the_export_with_the_plans_numbers(name, parsed, facts)
         (["quantize.linear.float8"], "tensorwise") if plan.precision == "fp8" else ([], None)
     )
     assert got["ac"] == plan.recompute and (plan.recompute != "selective" or got["ac_option"] == "op")
-    assert got["async_tp"] == got["compile"] == plan.tp_comm_overlap
+    assert got["async_tp"] == plan.tp_comm_overlap
+    assert got["compile"] == (plan.tp_comm_overlap or plan.precision == "fp8")  # float8 wants compile
+    assert got["model"] == ["llama3", "debugmodel"]  # the flavour with the traced shape, not its variant
     if plan.pp > 1:
         expected = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
         assert got["schedule"] == expected[plan.schedule] and got["single"] == (plan.virtual_stages == 1)
@@ -184,9 +230,6 @@ def test_torchtitan_loads_the_export_with_the_plans_numbers(name, parsed, facts)
 @pytest.mark.parametrize("name", [n for n, p in PLANS.items() if p.pp > 1])
 def test_torchtitan_cuts_the_plans_pipeline_chunks(name, parsed):
     plan, got = PLANS[name], parsed[name]
-    if "uneven-middle" in name:
-        assert "chunks" not in got  # no layers_per_stage: torchtitan balances by itself, named in unexpressed
-        return
     blocks = [[m for m in chunk if m.startswith("layers.")] for chunk in got["chunks"]]
     assert blocks == plan.stages
     assert got["chunks"][0][0] == "tok_embeddings" and got["chunks"][-1][-2:] == ["norm", "output"]
@@ -198,9 +241,9 @@ def test_torchtitans_parser_refuses_a_misspelt_key_and_a_bad_value(parsed):
 
 
 @pytest.mark.parametrize("name", PLANS)
-def test_read_gives_the_plan_back(name, facts):
+def test_read_gives_the_plan_back(name, facts, registry):
     plan = PLANS[name]
-    text = titan.export(plan, facts).text
+    text = toml(plan, facts, registry).text
     for devices in (plan.devices, None):
         back = titan.read(text, devices=devices).plan()
         same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "schedule", "virtual_stages")
@@ -225,9 +268,9 @@ def _comments(text: str) -> str:
     return " ".join(" ".join(lines).split())
 
 
-def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
+def test_unexpressed_items_are_named_in_the_result_and_the_file(facts, registry):
     def said(name: str) -> str:
-        exported = titan.export(PLANS[name], facts)
+        exported = toml(PLANS[name], facts, registry)
         for item in exported.unexpressed:
             assert " ".join(item.split()) in _comments(exported.text)
         return " ".join(exported.unexpressed)
@@ -235,19 +278,19 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
     assert said("ddp-fp32") == "" and said("zero3-bf16-full") == ""
     assert "ZeRO-1" in said("tp2-sp-zero1-overlap") and "per-op choice" in said("tp2-sp-zero1-overlap")
     assert "ZeRO-0 with TP, PP or EP" in said("pp4-1f1b-zero0")
-    assert "stages" not in said("pp2-uneven") and "middle chunks differ" in said("pp2-v2-uneven-middle")
+    assert "stages" not in said("pp2-uneven") and "stages" not in said("pp2-v2-uneven-middle")
     tp = said("tp2-no-sp")
     assert "without sequence parallelism" in tp and "runs in float32" in tp
     assert "fp16 training" in said("reduce-bf16-fp16") and "float32 only" in said("reduce-bf16-fp16")
     assert "PowerSGD" in said("powersgd-no-overlap")
 
 
-def test_launch_command_is_torchruns(facts):
-    assert titan.export(PLANS["pp2-tp2-interleaved"], facts).launch == (
+def test_launch_command_is_torchruns(facts, registry):
+    assert toml(PLANS["pp2-tp2-interleaved"], facts, registry).launch == (
         "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:29500 "
         "-m torchtitan.train --job.config_file torchtitan.toml"
     )
-    assert titan.export(PLANS["zero2-selective"], facts).launch.startswith("torchrun --nnodes 1 --nproc-per-node 4 ")
+    assert toml(PLANS["zero2-selective"], facts, registry).launch.startswith("torchrun --nnodes 1 --nproc-per-node 4 ")
 
 
 def test_read_names_what_autoplan_does_not_price():
@@ -294,3 +337,55 @@ def test_read_refuses_what_torchtitan_would_refuse():
         titan.read("[training]\nlocal_batch_size = 4\nglobal_batch_size = 10\n", devices=2)
     with pytest.raises(ExportError, match="not valid TOML"):
         titan.read("[parallelism")
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_every_key_is_a_torchtitan_022_field_of_its_type(name, facts, registry):
+    data = tomllib.loads(toml(PLANS[name], facts, registry).text)
+    data["quantize.linear.float8"] = data.pop("quantize", {}).get("linear", {}).get("float8", {})
+    for section, table in data.items():
+        for key, value in table.items():
+            assert key in SCHEMA_022.get(section, {}), f"[{section}] {key} is not a torchtitan 0.2.2 field"
+            assert isinstance(value, SCHEMA_022[section][key]), f"[{section}] {key} = {value!r}"
+
+
+def test_the_schema_is_torchtitan_022s_where_it_is_installed():
+    script = textwrap.dedent(
+        """
+        import dataclasses, importlib.util, json, sys, types
+        spec = importlib.util.find_spec("torchtitan")
+        package = types.ModuleType("torchtitan")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["torchtitan"] = package  # skip torchtitan/__init__.py, which imports triton
+        from torchtitan.config.job_config import JobConfig
+        config = JobConfig()
+        sections = {name: getattr(config, name) for name in json.loads(sys.argv[1])}
+        sections["quantize.linear.float8"] = config.quantize.linear.float8
+        print(json.dumps({name: [f.name for f in dataclasses.fields(obj)] for name, obj in sections.items()}))
+        """
+    )
+    if importlib.util.find_spec("torchtitan") is None or not _installed_version().startswith("0.2"):
+        pytest.skip("torchtitan 0.2.x is not installed; SCHEMA_022 is checked where it is")
+    sections = [s for s in SCHEMA_022 if "." not in s]
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(sections)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    fields = json.loads(run.stdout.strip().splitlines()[-1])
+    for section, keys in SCHEMA_022.items():
+        assert set(keys) <= set(fields[section]), section
+
+
+def _installed_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("torchtitan")
+
+
+def test_a_model_no_flavour_matches_is_said_not_trained_as_debugmodel(facts):
+    plan = PLANS["ddp-fp32"]
+    other = Registry(version="0.2.2", flavours=[Flavour("llama3", "8B", None, {**facts_shape(facts), "layers": 32})])
+    exported = toml(plan, facts, other)
+    assert "\n[model]" not in exported.text
+    said = " ".join(exported.unexpressed)
+    assert "no flavour of torchtitan 0.2.2's registry has the shape of 'llama'" in said and "layers 4" in said
+    newer = toml(plan, facts, Registry(version="0.3.0", flavours=other.flavours))
+    assert "torchtitan 0.3.0 is installed here, not 0.2.x" in " ".join(newer.unexpressed)

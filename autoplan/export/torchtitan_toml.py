@@ -1,0 +1,398 @@
+"""A plan as torchtitan 0.2.x's TOML ``JobConfig`` (``autoplan export --to torchtitan --format toml``),
+and such a TOML read back (docs/export-torchtitan.md).
+
+torchtitan 0.2.2 is the last release that reads TOML (``--job.config_file``); 0.3 takes Python
+config functions (autoplan/export/torchtitan_py.py). Plan field → TOML key (``[section] key``):
+
+======================== =========================================================================
+plan                     torchtitan 0.2.2
+======================== =========================================================================
+dp, zero_stage 3         ``[parallelism] data_parallel_shard_degree = dp``, ``fsdp_reshard_after_forward = "always"``
+dp, zero_stage 2         the same with ``"never"`` (gradients and optimizer states sharded, parameters kept)
+dp, zero_stage 1         no equivalent: written as ZeRO-2 (``"never"``), named in ``unexpressed``
+dp, zero_stage 0         ``data_parallel_replicate_degree = dp`` (torchtitan's DDP) when tp = pp = ep = 1;
+                         torchtitan runs DDP only without other parallelism, so otherwise as ZeRO-2, named
+tp                       ``tensor_parallel_degree`` (0.2.2 always adds sequence parallelism to TP)
+tp_comm_overlap          ``enable_async_tensor_parallel = true`` and ``[compile] enable`` (async TP needs compile)
+pp, schedule             ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` GPipe | 1F1B | Interleaved1F1B
+stages                   ``pipeline_parallel_layers_per_stage = m`` (the middle chunks' blocks) and
+                         ``pipeline_parallel_first/last_stage_less_layers`` = m minus the first/last chunk's:
+                         torchtitan builds ceil((layers + both) / m) = pp·v chunks, embedding on the first;
+                         when the middle chunks differ, ``module_fqns_per_model_part`` lists every chunk's modules
+model                    ``[model] name`` and ``flavor``: the registry flavour with the traced shape
+                         (autoplan/export/torchtitan_flavours.py), when the installed torchtitan is 0.2.x
+micro_batch_size, n      pp > 1: ``local_batch_size = mbs·n``, ``pipeline_parallel_microbatch_size = mbs``;
+                         pp = 1: ``local_batch_size = mbs`` and gradient accumulation
+                         ``global_batch_size / (local_batch_size·dp) = n``
+global batch             ``[training] global_batch_size = dp·mbs·n``; ``seq_len`` from the trace
+precision                fp32 → ``mixed_precision_param = "float32"``; bf16 → ``"bfloat16"``; fp8 → bf16 and
+                         ``[model] converters = ["quantize.linear.float8"]``, ``[quantize.linear.float8]
+                         recipe_name = "tensorwise"`` and ``[compile] enable`` (float8 without compile is
+                         slower than bf16); fp16 has no switch (written as bf16, named)
+grad_reduce_dtype        ``mixed_precision_reduce = "float32"``, the only value 0.2.2 takes; bf16/fp16 named
+recompute                ``[activation_checkpoint] mode`` none | selective (``selective_ac_option = "op"``,
+                         op-level SAC, as autoplan prices it) | full
+ep                       ``expert_parallel_degree``
+======================== =========================================================================
+
+Also named in ``unexpressed``: PowerSGD, a reduction after the backward (torchtitan's FSDP and DDP
+overlap it), TP without sequence parallelism, a per-op ``tp_plan`` (``split_note``), mixed
+precision where torchtitan turns it off (TP or PP without FSDP), and a model no flavour matches.
+
+:func:`read` inverts the table: ``devices = replicate·shard·cp·tp·pp``, ``dp = replicate·shard``,
+ZeRO from the reshard policy (``"default"`` is ZeRO-3 without PP, ZeRO-2 with it, as torchtitan
+resolves it), ``n = global / (dp·mbs)``, and ``v`` from ``module_fqns_per_model_part`` or from
+``layers_per_stage`` and the layer count that the exporter writes into ``[job] description``.
+Context parallelism, HSDP, CPU offload and other schedules are listed in ``unmapped``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import tomllib
+
+from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
+from autoplan.export.torchtitan import (
+    SCHEDULES,
+    chunk_modules,
+    chunk_sizes,
+    general_notes,
+    launch,
+    nodes_note,
+    pick_flavour,
+    precision_notes,
+)
+from autoplan.export.torchtitan_flavours import Registry
+from autoplan.types.plan import Plan
+
+MULTI_STAGE = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
+FLOAT8 = "quantize.linear.float8"
+FILENAME = "torchtitan.toml"
+# 0.2.x's names for the modules before the first and after the last block, where its registry is not installed
+END_MODULES_02 = (["tok_embeddings"], ["norm", "output"])
+#: torchtitan's defaults (0.2.2's ``JobConfig``) for keys that set a price: (section, key, value).
+DEFAULTS = (("training", "mixed_precision_param", "bfloat16"), ("activation_checkpoint", "mode", "selective"),
+            ("training", "local_batch_size", 8))  # fmt: skip
+
+
+# ---- export ------------------------------------------------------------------------------------
+def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
+    """The plan as torchtitan 0.2.x TOML (module docstring); what it cannot say is in ``unexpressed``."""
+    notes: list[str] = []
+    remarks: list[str] = []
+    layers = f", {facts.layers} layers" if facts.layers else ""  # read() takes v from this layer count
+    sections: dict[str, dict[str, Any]] = {
+        "job": {"description": f"autoplan plan for {facts.name}{layers}: {plan.describe()}"},
+        "model": _model(plan, facts, registry, notes),
+        "training": _training(plan, facts, notes, remarks),
+        "parallelism": _parallelism(plan, facts, registry, notes),
+        "activation_checkpoint": {"mode": plan.recompute},
+    }
+    if plan.recompute == "selective":  # op-level SAC, as autoplan prices selective
+        sections["activation_checkpoint"]["selective_ac_option"] = "op"
+    if plan.tp_comm_overlap or plan.precision == "fp8":  # async TP needs compile; float8 is slow without it
+        sections["compile"] = {"enable": True, "components": ["model", "loss"]}
+    if plan.precision == "fp8":
+        sections["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
+    notes += general_notes(plan)
+    command = launch(plan.devices, f"--job.config_file {FILENAME}")
+    header = [f"torchtitan 0.2.x JobConfig written by autoplan for: {plan.describe()}", f"launch: {command}"]
+    text = _render(sections, header=header + nodes_note(plan.devices), notes=notes, remarks=remarks)
+    return Exported(framework="torchtitan", filename=FILENAME, text=text, unexpressed=notes, launch=command)
+
+
+def _model(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    flavour, why = pick_flavour(registry, facts, "toml")
+    if flavour is not None:
+        out = {"name": flavour.module, "flavor": flavour.flavor}
+    else:
+        notes.append(f"{why} ([model] name and flavor: unset, torchtitan trains its llama3 debugmodel.)")
+    if plan.precision == "fp8":
+        out["converters"] = [FLOAT8]
+    return out
+
+
+def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str]) -> dict[str, Any]:
+    local = plan.micro_batch_size * plan.num_microbatches if plan.pp > 1 else plan.micro_batch_size
+    out: dict[str, Any] = {"local_batch_size": local, "global_batch_size": plan.global_batch_size}
+    if facts.seq_len:
+        out["seq_len"] = facts.seq_len
+    else:
+        remarks.append("[training] seq_len: the trace does not state the sequence length; set it.")
+    out["mixed_precision_param"] = "float32" if plan.precision == "fp32" else "bfloat16"
+    out["mixed_precision_reduce"] = "float32"
+    notes += precision_notes(plan, series="0.2.x")
+    if plan.precision != "fp32" and (plan.tp > 1 or plan.pp > 1) and plan.dp == 1:
+        notes.append(
+            f"{plan.precision} with TP or PP and no data parallelism: torchtitan applies mixed precision through "
+            "FSDP or AMP only, and turns it off with TP or PP without FSDP, so this runs in float32."
+        )
+    return out
+
+
+def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
+    out = _data_parallel(plan, notes)
+    out["tensor_parallel_degree"] = plan.tp
+    if plan.tp > 1 and not plan.sequence_parallel:
+        notes.append(
+            "TP without sequence parallelism: torchtitan 0.2.x always shards norms and activations along the "
+            "sequence with TP, so it runs sequence parallelism, which autoplan did not price."
+        )
+    if plan.tp_comm_overlap:
+        out["enable_async_tensor_parallel"] = True
+    out["context_parallel_degree"] = 1
+    out["expert_parallel_degree"] = plan.ep
+    if plan.pp > 1:
+        out.update(_pipeline(plan, facts, registry, notes))
+    return out
+
+
+def _data_parallel(plan: Plan, notes: list[str]) -> dict[str, Any]:
+    if plan.dp == 1 or (plan.zero_stage == 0 and plan.tp == plan.pp == plan.ep == 1):
+        return {"data_parallel_replicate_degree": plan.dp, "data_parallel_shard_degree": 1}  # DDP
+    if plan.zero_stage < 2:
+        what = (
+            "ZeRO-1 (only optimizer states sharded) has no torchtitan equivalent"
+            if plan.zero_stage == 1
+            else "ZeRO-0 with TP, PP or EP: torchtitan 0.2.x runs DDP only without other parallelism"
+        )
+        notes.append(f"{what}; written as FSDP without resharding after forward (ZeRO-2-like), which shards gradients.")
+    reshard = "always" if plan.zero_stage == 3 else "never"
+    return {"data_parallel_shard_degree": plan.dp, "fsdp_reshard_after_forward": reshard}
+
+
+def _pipeline(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "pipeline_parallel_degree": plan.pp,
+        "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
+        "pipeline_parallel_microbatch_size": plan.micro_batch_size,
+    }
+    sizes = chunk_sizes(plan, facts)
+    if sizes is None:
+        notes.append(
+            f"pipeline stages: the blocks of autoplan's {plan.pp * plan.virtual_stages} chunks are unknown; "
+            "torchtitan splits the layers by its own balance."
+        )
+        return out
+    weights = _chunk_weights(sizes)
+    if weights is None:  # the middle chunks differ: only explicit module lists say it
+        ends = registry.version.startswith("0.2") and registry.input_modules
+        first, last = (registry.input_modules, registry.output_modules) if ends else (END_MODULES_02)
+        out["module_fqns_per_model_part"] = chunk_modules(sizes, first, last)
+        return out
+    out["pipeline_parallel_layers_per_stage"], first_less, last_less = weights
+    out["pipeline_parallel_first_stage_less_layers"] = first_less
+    out["pipeline_parallel_last_stage_less_layers"] = last_less
+    return out
+
+
+def _chunk_weights(sizes: list[int]) -> tuple[int, int, int] | None:
+    """(layers per chunk m, first-chunk deficit, last-chunk deficit), or None. torchtitan gives every chunk m
+    "effective layers" of layers + deficits, the first m - first and the last m - last, so the middle chunks
+    must be equal and the end chunks no larger."""
+    middle = sizes[1:-1]
+    m = middle[0] if middle else max(sizes)
+    if m < 1 or any(size != m for size in middle) or max(sizes[0], sizes[-1]) > m:
+        return None
+    return m, m - sizes[0], m - sizes[-1]
+
+
+def _render(sections: dict[str, dict[str, Any]], *, header: list[str], notes: list[str], remarks: list[str]) -> str:
+    lines = [f"# {h}" for h in header]
+    lines += comment_lines("torchtitan", notes=notes, remarks=remarks)
+    for name, table in ((n, t) for n, t in sections.items() if t):
+        lines += ["", f"[{name}]"]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):  # chunks: one a line
+        return "[\n" + "".join(f"    {_toml_value(v)},\n" for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)  # ints, and strings as TOML basic strings
+
+
+# ---- read --------------------------------------------------------------------------------------
+def read(text: str, *, devices: int | None = None, batch_size: int | None = None) -> Imported:
+    """A torchtitan 0.2.2 TOML read back into Plan fields (module docstring); ``batch_size``: an unset global batch."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ExportError(f"not valid TOML: {exc}.") from None
+    return read_data(data, devices=devices, batch_size=batch_size)
+
+
+def read_data(
+    data: dict[str, Any], *, devices: int | None = None, series: str = "0.2", batch_size: int | None = None
+) -> Imported:
+    """torchtitan's settings as nested ``{section: {key: value}}`` (TOML's layout) read back into Plan
+    fields; ``series`` "0.3" wraps every model in FSDP, so mixed precision stays on with TP or PP alone."""
+    par, training = data.get("parallelism", {}), data.get("training", {})
+    unmapped: list[str] = []
+    degrees = _read_degrees(par, devices, unmapped)
+    assumptions = _defaults_used(data, degrees["dp"], batch_size)
+    if batch_size and training.get("global_batch_size", -1) < 0:
+        training = {**training, "global_batch_size": batch_size}
+    layers = _layers_from(data)
+    fields = {**degrees, **_read_batch(par, training, degrees, unmapped)}
+    fields.update(_read_pipeline(par, degrees["pp"], layers, unmapped))
+    fields.update(_read_precision(data, degrees, unmapped, fsdp_always=series != "0.2"))
+    fields["recompute"] = _read_recompute(data.get("activation_checkpoint", {}), unmapped)
+    fields["sequence_parallel"] = degrees["tp"] > 1 and par.get("enable_sequence_parallel", True)  # 0.3 has the key
+    fields["tp_comm_overlap"] = degrees["tp"] > 1 and bool(par.get("enable_async_tensor_parallel", False))
+    if training.get("enable_cpu_offload"):
+        unmapped.append("enable_cpu_offload: autoplan does not price CPU offload.")
+    facts = ModelFacts(layers=layers, seq_len=training.get("seq_len"))
+    return Imported(framework="torchtitan", fields=fields, unmapped=unmapped, facts=facts, assumptions=assumptions)
+
+
+def _defaults_used(data: dict[str, Any], dp: int, batch_size: int | None) -> list[str]:
+    """The defaults (:data:`DEFAULTS`) and --devices/--batch values used for keys the file leaves out."""
+    training = data.get("training", {})
+    found = [f"{s}.{k} not stated: torchtitan's default {v!r}." for s, k, v in DEFAULTS if k not in data.get(s, {})]
+    if data.get("parallelism", {}).get("data_parallel_shard_degree", -1) == -1:
+        found.append(f"data_parallel_shard_degree -1 (torchtitan's default): the ranks --devices leaves, dp {dp}.")
+    if training.get("global_batch_size", -1) < 0:
+        local = training.get("local_batch_size", 8)
+        how = f"{batch_size} from --batch" if batch_size else f"local_batch_size {local} x dp {dp} (no accumulation)"
+        found.append(f"training.global_batch_size not stated: read as {how}.")
+    flavor = data.get("model", {}).get("flavor")
+    return found + ([f"model.flavor {flavor!r}: its sizes are not compared with the model's."] if flavor else [])
+
+
+def _read_degrees(par: dict[str, Any], devices: int | None, unmapped: list[str]) -> dict[str, Any]:
+    replicate, shard = par.get("data_parallel_replicate_degree", 1), par.get("data_parallel_shard_degree", -1)
+    tp, pp = par.get("tensor_parallel_degree", 1), par.get("pipeline_parallel_degree", 1)
+    cp = par.get("context_parallel_degree", 1)
+    if shard == -1:
+        if devices is None:
+            raise ExportError(
+                "data_parallel_shard_degree = -1 takes the leftover ranks; pass the world size (devices)."
+            )
+        shard = devices // (replicate * cp * tp * pp)
+    world = replicate * shard * cp * tp * pp
+    if devices is not None and world != devices:
+        raise ExportError(
+            f"replicate {replicate} x shard {shard} x cp {cp} x tp {tp} x pp {pp} = {world}, "
+            f"not the {devices} devices given."
+        )
+    if cp > 1:
+        unmapped.append(f"context_parallel_degree = {cp}: autoplan does not price context parallelism.")
+    if replicate > 1 and shard > 1:
+        unmapped.append(
+            f"HSDP (replicate {replicate} x shard {shard}): autoplan prices ZeRO over all "
+            f"{replicate * shard} data-parallel ranks."
+        )
+    zero = _read_zero(par.get("fsdp_reshard_after_forward", "default"), shard, pp)
+    ep = par.get("expert_parallel_degree", 1)
+    return dict(devices=replicate * shard * tp * pp, dp=replicate * shard, tp=tp, pp=pp, ep=ep, zero_stage=zero)
+
+
+def _read_zero(reshard: str, shard: int, pp: int) -> int:
+    if shard == 1:
+        return 0
+    if reshard == "default":  # torchtitan: reshard after forward unless PP is on
+        return 2 if pp > 1 else 3
+    return 3 if reshard == "always" else 2
+
+
+def _read_batch(
+    par: dict[str, Any], training: dict[str, Any], degrees: dict[str, Any], unmapped: list[str]
+) -> dict[str, Any]:
+    dp, local = degrees["dp"], training.get("local_batch_size", 8)
+    global_batch = training.get("global_batch_size", -1)
+    global_batch = local * dp if global_batch < 0 else global_batch
+    if global_batch % (local * dp):
+        raise ExportError(f"global_batch_size {global_batch} is not a multiple of local_batch_size {local} x dp {dp}.")
+    mbs = par.get("pipeline_parallel_microbatch_size", 1) if degrees["pp"] > 1 else local
+    if local % mbs:
+        raise ExportError(f"local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size {mbs}.")
+    accumulation = global_batch // (local * dp)
+    if degrees["pp"] > 1 and accumulation > 1:
+        unmapped.append(
+            f"{accumulation} gradient-accumulation steps with PP: torchtitan runs the pipeline {accumulation} "
+            f"times per step; autoplan prices one pipeline of {global_batch // (dp * mbs)} micro-batches."
+        )
+    return {"micro_batch_size": mbs, "num_microbatches": global_batch // (dp * mbs)}
+
+
+def _read_pipeline(par: dict[str, Any], pp: int, layers: int | None, unmapped: list[str]) -> dict[str, Any]:
+    if pp == 1:
+        return {"schedule": "1f1b", "virtual_stages": 1}
+    name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+    multi = name.lower() in MULTI_STAGE
+    schedule = {v.lower(): k for k, v in SCHEDULES.items()}.get(name.lower())
+    if schedule is None:
+        schedule = "interleaved_1f1b" if multi else "1f1b"
+        unmapped.append(f"pipeline schedule {name}: autoplan has no term for it; read as {schedule}.")
+    chunks = _chunks(par, pp, multi, layers, unmapped)
+    virtual = max(chunks // pp, 1) if schedule == "interleaved_1f1b" else 1
+    return {"schedule": schedule, "virtual_stages": virtual}
+
+
+def _chunks(par: dict[str, Any], pp: int, multi: bool, layers: int | None, unmapped: list[str]) -> int:
+    if par.get("module_fqns_per_model_part"):
+        return len(par["module_fqns_per_model_part"])
+    per_chunk = par.get("pipeline_parallel_layers_per_stage")
+    if per_chunk is None:
+        return pp * (2 if multi else 1)  # torchtitan's default stages per rank
+    if layers is None:
+        unmapped.append(
+            "pipeline_parallel_layers_per_stage without a layer count: torchtitan takes it from the model; "
+            "read as 2 chunks per stage."
+        )
+        return pp * (2 if multi else 1)
+    first = par.get("pipeline_parallel_first_stage_less_layers", 1)
+    last = par.get("pipeline_parallel_last_stage_less_layers", 1)
+    if first or last:
+        unmapped.append(f"first/last chunk {first}/{last} blocks short: autoplan reads balanced stages.")
+    return math.ceil((layers + first + last) / per_chunk)
+
+
+def _layers_from(data: dict[str, Any]) -> int | None:
+    match = re.search(r"(\d+) layers", str(data.get("job", {}).get("description", "")))
+    return int(match.group(1)) if match else None
+
+
+def _read_precision(
+    data: dict[str, Any], degrees: dict[str, Any], unmapped: list[str], *, fsdp_always: bool
+) -> dict[str, Any]:
+    training = data.get("training", {})
+    param = training.get("mixed_precision_param", "bfloat16")
+    fsdp = fsdp_always or (degrees["dp"] > 1 and degrees["zero_stage"] > 0)
+    precision = "bf16" if param == "bfloat16" else "fp32"
+    if precision == "bf16" and not fsdp and (degrees["tp"] > 1 or degrees["pp"] > 1):
+        unmapped.append("mixed precision with TP or PP but no FSDP: torchtitan turns it off; read as fp32.")
+        precision = "fp32"
+    if training.get("dtype") == "bfloat16":
+        unmapped.append("training.dtype = bfloat16 (no fp32 master weights): read as bf16 mixed precision.")
+        precision = "bf16"
+    converters = data.get("model", {}).get("converters", [])
+    if FLOAT8 in converters or "float8" in converters:
+        precision = "fp8"
+        recipe = data.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name")
+        if recipe not in (None, "tensorwise"):
+            unmapped.append(f"float8 recipe {recipe}: autoplan prices tensorwise scaling.")
+    return {"precision": precision, "grad_reduce_dtype": "fp32"}
+
+
+def _read_recompute(ac: dict[str, Any], unmapped: list[str]) -> str:
+    mode = ac.get("mode", "selective")
+    if mode == "memory_budget":
+        unmapped.append("activation_checkpoint mode memory_budget: autoplan does not price it; read as selective.")
+        return "selective"
+    option = str(ac.get("selective_ac_option", "2"))
+    if mode == "selective" and option != "op":
+        if option == "1":
+            return "full"
+        unmapped.append(f"selective_ac_option = {option} (full AC on every {option}th block): read as selective.")
+    return mode
