@@ -73,20 +73,33 @@ def export_plan(source: Plan | str | Path, *, to: str, graph: Graph | None = Non
 def write_export(exported: Exported, out: str | Path | None) -> Path:
     """Write the config atomically to ``out``: a file, or a folder for the framework's file name
     (an existing folder, or a path ending in a slash, which names a folder even before it exists)."""
-    if not out:
-        return write_text_atomic(Path(exported.filename), exported.text)
-    path = Path(out)
-    if path.is_dir() or str(out).endswith(("/", os.sep)):
+    path = Path(out or exported.filename)
+    if out and (path.is_dir() or str(out).endswith(("/", os.sep))):
         path = path / exported.filename
-    return write_text_atomic(path, exported.text)
+    if _is_module(exported):
+        from autoplan.export.torchtitan_py import check_module_path
+
+        check_module_path(path)
+    text = exported.text.replace(exported.launch, launch_for(exported, path))  # the file's own launch line too
+    return write_text_atomic(path, text)
 
 
 def launch_for(exported: Exported, path: str | Path) -> str:
     """The framework's launch command naming the file written at ``path`` rather than the
-    default file name it was built with (each exporter's command names ``exported.filename``)."""
+    default file name it was built with (each exporter's command names ``exported.filename``;
+    torchtitan 0.3 names a module: :func:`autoplan.export.torchtitan_py.launch_for_module`)."""
+    if _is_module(exported):
+        from autoplan.export.torchtitan_py import launch_for_module
+
+        return launch_for_module(exported.launch, Path(path))
     return re.sub(
         rf"(?<![\w./-]){re.escape(exported.filename)}(?![\w.-])", lambda _: shlex.quote(str(path)), exported.launch
     )
+
+
+def _is_module(exported: Exported) -> bool:
+    """A config the framework imports as a Python module (torchtitan 0.3) rather than reads as a file."""
+    return exported.framework == "torchtitan" and exported.filename.endswith(".py")
 
 
 def detect_framework(path: Path, text: str) -> str:

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
+from pathlib import Path
 from typing import Any
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
@@ -291,3 +293,21 @@ def _ac(value: ast.expr) -> dict[str, str]:
     if text.startswith("FullAC"):
         return {"mode": "full"}
     return {"mode": "memory_budget"} if text.startswith("MemoryBudgetAC") else SELECTIVE
+
+
+def check_module_path(path: Path) -> None:
+    """torchtitan 0.3 imports its config as a Python module (``--module NAME``): the file must be
+    ``NAME.py`` with NAME a Python identifier, or one sentence saying so."""
+    if path.suffix != ".py" or not path.stem.isidentifier():
+        raise ExportError(
+            f"torchtitan 0.3 imports its config as a Python module, so '{path.name}' cannot be loaded; "
+            f"name the file NAME.py with NAME a Python identifier (e.g. {FILENAME}), or pass --format toml."
+        )
+
+
+def launch_for_module(command: str, path: Path) -> str:
+    """``command`` loading the config written at ``path``: its stem as ``--module`` and its folder on
+    ``PYTHONPATH`` (ConfigManager imports the module by name: torchtitan/config/manager.py)."""
+    folder = shlex.quote(str(path.resolve().parent))
+    command = command.replace(f"--module {MODULE} ", f"--module {path.stem} ")
+    return f"PYTHONPATH={folder}${{PYTHONPATH:+:$PYTHONPATH}} {command}"

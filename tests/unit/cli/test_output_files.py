@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.cli import main
+from autoplan.export.api import export_plan
 from autoplan.types.plan import Plan
 
 GPT = str(Path(__file__).resolve().parents[3] / "examples" / "gpt.py")
@@ -74,10 +75,21 @@ def test_export_into_a_folder_and_launch_the_file_it_wrote(sweep_dir, tmp_path, 
     printed = json.loads(capsys.readouterr().out)
     path = Path(printed["file"])
     assert path.parent == new and path.name == printed["filename"] and path.is_file()
+    exported = export_plan(sweep_dir, to=framework)  # the default file, whose launch line (if it has one) names itself
+    has_launch = exported.launch in exported.text  # DeepSpeed's JSON and a one-machine Accelerate file have none
+    assert (printed["launch"] in path.read_text()) == has_launch  # the file's own launch line is the printed one
+    if framework == "torchtitan":  # 0.3 imports the config as a module: its folder on PYTHONPATH, its stem
+        assert f"PYTHONPATH='{new}'" in printed["launch"] and f"--module {path.stem} " in printed["launch"]
+        assert main(["export", str(sweep_dir), "--to", framework, "--out", str(new / "mine.cfg")]) == 2
+        assert "NAME.py" in capsys.readouterr().err and not (new / "mine.cfg").exists()
+        assert main(["export", str(sweep_dir), "--to", framework, "--out", str(new / "mine.py")]) == 0
+        assert "--module mine " in capsys.readouterr().out
+        return
     assert f"'{path}'" in printed["launch"] and f" {printed['filename']}" not in printed["launch"]
     assert main(["export", str(sweep_dir), "--to", framework, "--out", str(new / "mine.cfg")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"wrote {new / 'mine.cfg'}" and f"'{new / 'mine.cfg'}'" in lines[1]
+    assert (lines[1].removeprefix("launch with: ") in (new / "mine.cfg").read_text()) == has_launch
 
 
 def test_a_slash_after_an_existing_file_is_one_sentence(sweep_dir, tmp_path, capsys):
