@@ -11,7 +11,8 @@ import sys
 from autoplan.cli.sweep import add_sweep_parser
 from autoplan.cli.trace import add_routing_arguments
 from autoplan.cli.whole_run import add_run_arguments
-from autoplan.solve.space import FIX_KEYS, OBJECTIVES
+from autoplan.solve.pins import FIX_KEYS
+from autoplan.solve.space import OBJECTIVES
 
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:

@@ -158,7 +158,7 @@ def price_imported(
 def _best_plans(graph: Graph, profile: Profile, plan: Plan, options: dict[str, Any]):
     """(like-for-like best, faster best at other numerics or None, the numerics pinned, a note) for
     the config's ``plan`` (module docstring, 2 and 3); ``options``: ``plan_graph``'s fix and allow_*."""
-    from autoplan.solve.space import parse_fixes
+    from autoplan.solve.pins import parse_fixes
 
     fixes = parse_fixes(options.pop("fix", None))
     same = {"precision": plan.precision, "reduce": plan.grad_reduce_dtype}

@@ -26,6 +26,7 @@ from autoplan.cost.whole_run import priced_profile, run_pricer
 from autoplan.errors import PlanError
 from autoplan.solve import sequence_parallel, space, tp_runnable
 from autoplan.solve.candidates import SearchOptions, SearchResult
+from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import search
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -87,7 +88,7 @@ def plan_graph(
     run = RunSpec(**run) if isinstance(run, dict) else run
     if run is not None:
         profile = priced_profile(profile, run)
-    fixes = space.parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
+    fixes = parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
     options = SearchOptions(
         devices=devices,
         batch_size=batch_size or graph.batch_size,

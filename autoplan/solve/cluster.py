@@ -34,6 +34,7 @@ from autoplan.errors import PlanError, ProfileError
 from autoplan.solve import space
 from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
 from autoplan.solve.candidates import SearchOptions, SearchResult
+from autoplan.solve.pins import parse_fixes
 from autoplan.solve.run_limits import step_time_floor_s
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -238,7 +239,7 @@ def sweep_graph(
 
 
 def _fixes(fix: dict | str | list | None) -> dict:
-    return space.parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
+    return parse_fixes(fix) if isinstance(fix, (str, list)) or fix is None else dict(fix)
 
 
 def _pruned(graph, profile, pricer, options: SearchOptions, stopped_at, rows) -> str:

@@ -25,7 +25,7 @@ from autoplan.types.profile import Profile
 
 LOW_HEADROOM_FRACTION = 0.05
 GIB = 2**30
-#: Plan fields a --fix pins (solve/space.FIX_KEYS), as config_of names them, and how a pin spells them
+#: Plan fields a --fix pins (solve/pins.FIX_KEYS), as config_of names them, and how a pin spells them
 PIN_KEYS = ("dp", "ep", "tp", "pp", "mbs", "zero", "recompute", "schedule", "v", "sp", "tp_overlap", "precision")
 
 

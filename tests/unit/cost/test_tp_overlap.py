@@ -157,7 +157,7 @@ def test_a_cpu_refuses_the_plan_in_one_sentence(tmp_path):
 
 
 def test_the_pin_takes_on_or_off_only():
-    from autoplan.solve.space import parse_fixes
+    from autoplan.solve.pins import parse_fixes
 
     assert parse_fixes("tp_overlap=on") == {"tp_overlap": True}
     assert parse_fixes("tp_overlap=off") == {"tp_overlap": False}

@@ -33,7 +33,8 @@ def test_each_export_is_recognised_read_back_and_priced(folder, tmp_path, framew
     exported = export_plan(out, to=framework)
     path = write_export(exported, tmp_path)
     written = path.read_text()  # the text, with its launch line (if any) naming where it was written
-    assert path.name == exported.filename and written.replace(launch_for(exported, path), exported.launch) == exported.text
+    assert path.name == exported.filename
+    assert written.replace(launch_for(exported, path), exported.launch) == exported.text
     assert detect_framework(path, path.read_text()) == framework
     imported = import_config(path, devices=best.devices, batch_size=best.global_batch_size)
     plan = imported.plan()

@@ -9,6 +9,7 @@ from autoplan.errors import PlanError
 from autoplan.solve import sequence_parallel, space
 from autoplan.solve.api import NoPlanFits, plan_graph
 from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import Search
 from autoplan.solve.stage_costs import StageCosts
 
@@ -154,11 +155,7 @@ def test_bad_input_is_one_sentence(kwargs, words):
 
 
 def test_space_rules():
-    assert space.parse_fixes(["dp=2,sp=on", "schedule=interleaved"]) == {
-        "dp": 2,
-        "sp": True,
-        "schedule": "interleaved_1f1b",
-    }
+    assert parse_fixes(["dp=2,sp=on", "schedule=interleaved"]) == {"dp": 2, "sp": True, "schedule": "interleaved_1f1b"}
     degrees = space.degree_options(devices=16, per_node=8, layers=4, batch=16, fixes={})
     assert all(d.tp in (1, 2, 4, 8) and d.pp <= 4 and d.dp * d.tp * d.pp == 16 for d in degrees)
     assert ("interleaved_1f1b", 2) in space.schedule_options(pp=2, layers=4, num_microbatches=4, fixes={})
