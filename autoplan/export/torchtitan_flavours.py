@@ -21,6 +21,7 @@ and after the last block of a pipeline (torchtitan's own ``_generate_llm_fqn_per
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -29,11 +30,12 @@ import os
 import subprocess
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autoplan.export.common import ModelFacts
+from autoplan.types._check import write_text_atomic
 
 SHAPE_KEYS = ("layers", "dim", "heads", "kv_heads", "vocab", "ffn")
 REQUIRED_KEYS = ("layers", "dim", "heads", "vocab")
@@ -100,9 +102,41 @@ def describe_shape(facts: ModelFacts) -> str:
 
 
 def read_registry(timeout_s: float = 300.0) -> Registry:
-    """The installed torchtitan's flavours (module docstring), read in a subprocess."""
-    if importlib.util.find_spec("torchtitan") is None:
+    """The installed torchtitan's flavours (module docstring), read in a subprocess once per
+    installation: a read is kept in :func:`cache_path` and reused while its key holds."""
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or not spec.submodule_search_locations:
         return Registry(reason="torchtitan is not installed here")
+    cache = cache_path(Path(next(iter(spec.submodule_search_locations))))
+    if cache.is_file():
+        try:
+            return Registry.from_dict(json.loads(cache.read_text()))
+        except (ValueError, TypeError):
+            pass  # a damaged cache is read again below and replaced
+    found = _read_registry_now(timeout_s)
+    if not found.reason:
+        try:
+            write_text_atomic(cache, json.dumps(asdict(found)))
+        except OSError:
+            pass  # an unwritable cache folder only costs the next export this read again
+    return found
+
+
+def cache_path(package: Path) -> Path:
+    """Where a registry read is kept: under ``$XDG_CACHE_HOME/autoplan`` (default ``~/.cache``),
+    named by a hash of what the read depends on: this module's source, torchtitan's folder, and
+    the size and modification time of every file of ``torchtitan/models`` (an upgrade or an
+    edited flavour makes a new key)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(str(package).encode())
+    for path in sorted((package / "models").rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "autoplan" / f"torchtitan-flavours-{digest.hexdigest()[:16]}.json"
+
+
+def _read_registry_now(timeout_s: float) -> Registry:
     root = str(Path(__file__).resolve().parents[2])  # this autoplan, not another one on the path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     command = [sys.executable, "-m", "autoplan.export.torchtitan_flavours"]

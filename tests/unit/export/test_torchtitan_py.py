@@ -24,13 +24,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 import autoplan.trace
 from autoplan.export import torchtitan as titan
 from autoplan.export.common import ModelFacts
-from autoplan.export.torchtitan_flavours import Flavour, Registry, facts_shape, read_registry
+from autoplan.export.torchtitan_flavours import Flavour, Registry, cache_path, facts_shape, read_registry
 from autoplan.types import Plan
 
 LAYERS6 = [f"layers.{i}" for i in range(6)]
@@ -327,3 +328,17 @@ def test_a_flavour_without_a_recipe_is_named_and_its_model_still_set():
     assert "has llama3 1B (the traced shape) but no recipe" in " ".join(exported.unexpressed)
     assert 'config.model_spec = model_registry("1B")' in exported.text and "RECIPE = None" in exported.text
     assert "raise ValueError(" in exported.text
+
+
+def test_a_registry_read_is_kept_and_reused_until_damaged(registry, tmp_path, monkeypatch):
+    import torchtitan
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kept = cache_path(Path(torchtitan.__file__).parent)
+    assert kept.parent == tmp_path / "autoplan"
+    kept.parent.mkdir()
+    kept.write_text(json.dumps({"version": "kept", "flavours": []}))
+    assert read_registry().version == "kept"  # read from the cache, not the installation
+    kept.write_text("{not json")
+    assert read_registry() == registry  # a damaged cache is read again from torchtitan
+    assert Registry.from_dict(json.loads(kept.read_text())) == registry  # and replaced
