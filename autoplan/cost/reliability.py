@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass
 
 from autoplan.cost.memory import model_states
+from autoplan.display import number_text
 from autoplan.errors import ProfileError
 from autoplan.types.profile import Profile
 
@@ -216,8 +217,9 @@ def _size(nbytes: float) -> str:
 
 
 def _duration(seconds: float) -> str:
+    """Hours, minutes or seconds, three significant figures and no exponent (autoplan/display.py)."""
     if seconds >= 3600:
-        return f"{seconds / 3600:.3g} h"
+        return f"{number_text(seconds / 3600)} h"
     if seconds >= 60:
-        return f"{seconds / 60:.3g} min"
-    return f"{seconds:.3g} s"
+        return f"{number_text(seconds / 60)} min"
+    return f"{number_text(seconds)} s"
