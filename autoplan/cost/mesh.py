@@ -1,11 +1,8 @@
 """Where the ranks of each mesh axis sit: inside one node, or across nodes.
 
-Ranks form a ``(pp, dp, tp)`` mesh with tp innermost (docs/architecture.md):
-
-    rank(ip, id, it) = (ip * dp + id) * tp + it,      node(rank) = rank // devices_per_node
-
-so a tp group is ``tp`` consecutive ranks, a dp group has stride ``tp`` and a pp group has
-stride ``dp * tp``. :func:`mesh_groups` reports, per axis, the group size and how many of
+Ranks form a ``(pp, dp, tp)`` mesh with tp innermost, as autoplan/types/layout.py states it for
+the cost model and the executor alike; ``node(rank) = rank // devices_per_node``.
+:func:`mesh_groups` reports, per axis, the group size and how many of
 the group's ranks share a node. When a group spans nodes, ``ranks_per_node`` is the fewest
 ranks any of its nodes holds (that node's share of the NICs is the bottleneck; see
 autoplan/cost/comm.py). When groups of one axis differ (a tp that does not divide the node),
@@ -18,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autoplan.errors import PlanError
+from autoplan.types.layout import expert_groups, plan_groups
 from autoplan.types.profile import Profile
 
 
@@ -48,14 +46,8 @@ def mesh_groups(profile: Profile, *, dp: int, tp: int, pp: int) -> dict[str, Axi
 
 @lru_cache(maxsize=4096)
 def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int) -> tuple[tuple[str, AxisGroup], ...]:
-    tp_groups = [[base + i for i in range(tp)] for base in range(0, dp * tp * pp, tp)]
-    dp_groups = [[(ip * dp + i) * tp + it for i in range(dp)] for ip in range(pp) for it in range(tp)]
-    pp_groups = [[(i * dp + id_) * tp + it for i in range(pp)] for id_ in range(dp) for it in range(tp)]
-    return (
-        ("tp", _worst(tp_groups, devices_per_node)),
-        ("dp", _worst(dp_groups, devices_per_node)),
-        ("pp", _worst(pp_groups, devices_per_node)),
-    )
+    groups = plan_groups(pp=pp, dp=dp, tp=tp)
+    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in ("tp", "dp", "pp"))
 
 
 def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int) -> dict[str, AxisGroup]:
@@ -69,9 +61,8 @@ def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int) -> dict[str, AxisG
 
 @lru_cache(maxsize=1024)
 def _ep_groups(devices_per_node: int, dp: int, ep: int, pp: int) -> tuple[tuple[str, AxisGroup], ...]:
-    ep_groups = [[ip * dp + base + i for i in range(ep)] for ip in range(pp) for base in range(0, dp, ep)]
-    edp_groups = [[ip * dp + j * ep + i for j in range(dp // ep)] for ip in range(pp) for i in range(ep)]
-    return (("ep", _worst(ep_groups, devices_per_node)), ("edp", _worst(edp_groups, devices_per_node)))
+    groups = expert_groups(pp=pp, dp=dp, ep=ep)
+    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in ("ep", "edp"))
 
 
 def _worst(groups: list[list[int]], devices_per_node: int) -> AxisGroup:

@@ -55,6 +55,7 @@ from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
+from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -134,8 +135,9 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
 
     # ---- the plan ------------------------------------------------------------------------
     def stage_layers(self, plan: Plan, stage: int) -> list[str]:
-        """The blocks pipeline stage ``stage`` runs: those of chunks stage, stage + pp, ..."""
-        return [layer for c, chunk in enumerate(self._chunks(plan)) if c % plan.pp == stage for layer in chunk]
+        """The blocks pipeline stage ``stage`` runs: those of its chunks (autoplan/types/layout.py)."""
+        chunks = enumerate(self._chunks(plan))
+        return [layer for c, chunk in chunks if stage_of_chunk(c, pp=plan.pp) == stage for layer in chunk]
 
     def _chunks(self, plan: Plan) -> list[list[str]]:
         if not plan.stages:
@@ -196,7 +198,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         pre, post = self.outside_summaries(tp_plan, ctx, plan.tp_comm_overlap)
         add_block(stages[0], pre, recompute=plan.recompute, is_block=False)
         for index, chunk in enumerate(self._chunks(plan)):
-            stage = stages[index % plan.pp]
+            stage = stages[stage_of_chunk(index, pp=plan.pp)]
             for position, layer in enumerate(chunk):
                 block = summaries[layer]
                 if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)

@@ -1,7 +1,7 @@
 """Per-stage totals of a plan: block summaries summed over the blocks each pipeline stage runs.
 
 Chunk ``c`` of ``plan.stages`` (``pp * virtual_stages`` chunks) runs on stage ``c % pp``
-(Narayanan et al. SC'21 section 2.2.2). Nodes outside every block go to the first stage when
+(autoplan/types/layout.py). Nodes outside every block go to the first stage when
 they run before the first block (embeddings) and to the last stage otherwise (final norm,
 head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/layers.py) applies to
 blocks only; a recomputed MoE block re-runs its all-to-alls (torch.utils.checkpoint re-runs the

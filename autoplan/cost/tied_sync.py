@@ -13,6 +13,7 @@ from __future__ import annotations
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.mesh import AxisGroup
 from autoplan.cost.stages import StageTotals
+from autoplan.types.layout import stage_of_block
 from autoplan.types.plan import Plan
 
 
@@ -37,7 +38,7 @@ class TiedWeightSync:
         if plan.pp == 1 or not self._tied:
             return {}
         stage_of = {"pre": 0, "post": plan.pp - 1}
-        stage_of.update({layer: i % plan.pp for i, chunk in enumerate(self._chunks(plan)) for layer in chunk})
+        stage_of.update(stage_of_block(self._chunks(plan), pp=plan.pp))
         outside = (stages[0].blocks[0], stages[-1].blocks[-1])  # the pre and post summaries, which name real weights
         held = {name: n for block in outside for name, n in zip(block.param_names, block.param_numels)}
         params = self.graph.parameters

@@ -50,6 +50,7 @@ from autoplan.cost.model import CostModel
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tensor_parallel import Messages, block_messages
 from autoplan.cost.tp_block import OUTSIDE_PARTS
+from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
 
 #: (dim, kind) -> [count or None when the plan does not fix it, bytes]
@@ -239,7 +240,7 @@ def _sequence_parallel_boundaries(pred: StagePrediction, plan: Plan, model: Cost
         return
     chunks = model.chunk_inputs(plan)
     m = plan.num_microbatches
-    for c in range(index, len(chunks), plan.pp):
+    for c in chunks_of_stage(index, pp=plan.pp, virtual_stages=plan.virtual_stages):
         sent = [chunks[c + 1][0]] if c < len(chunks) - 1 else []  # the activations leaving the chunk
         returned = [chunks[c][1]] if c > 0 else []  # the input gradients going back
         for sizes in sent + returned:
@@ -253,7 +254,7 @@ def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -
     chunks = model.chunk_inputs(plan)
     last = len(chunks) - 1
     m = plan.num_microbatches
-    for c in range(index, len(chunks), plan.pp):
+    for c in chunks_of_stage(index, pp=plan.pp, virtual_stages=plan.virtual_stages):
         if c < last:  # what the next chunk receives, and the gradients of those that need one back
             forward, backward = chunks[c + 1]
             pred.add("pp", "send", m * len(forward), m * sum(forward))

@@ -1,7 +1,7 @@
 """The device mesh a plan runs on.
 
-Ranks form a ``(pp, dp, tp)`` mesh, tp innermost (docs/architecture.md): rank
-``r = (pp_rank * dp + dp_rank) * tp + tp_rank``. Every axis exists even when its degree is 1,
+Ranks form a ``(pp, dp, tp)`` mesh, tp innermost, as autoplan/types/layout.py states it for the
+executor and the cost model alike. Every axis exists even when its degree is 1,
 so the rest of the executor can always ask for ``mesh["dp"]`` or ``mesh["tp"]``.
 
 With expert parallelism (``plan.ep > 1``) the dp axis is also unflattened into ``(edp, ep)``, ep
@@ -19,9 +19,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autoplan.errors import PlanError, RunError
+from autoplan.types.layout import EXPERT_AXES, MESH_AXES, mesh_shape
 from autoplan.types.plan import Plan
-
-MESH_AXES = ("pp", "dp", "tp")
 
 
 def device_type() -> str:
@@ -51,7 +50,7 @@ def build_mesh(*, plan: Plan) -> DeviceMesh:
             f"the plan needs {plan.devices} processes (dp={plan.dp} x tp={plan.tp} x pp={plan.pp}) "
             f"but the process group has {world_size}; launch {plan.devices} processes."
         )
-    return init_device_mesh(device_type(), (plan.pp, plan.dp, plan.tp), mesh_dim_names=MESH_AXES)
+    return init_device_mesh(device_type(), mesh_shape(pp=plan.pp, dp=plan.dp, tp=plan.tp), mesh_dim_names=MESH_AXES)
 
 
 def coordinates(mesh: DeviceMesh) -> dict[str, int]:
@@ -64,4 +63,4 @@ def expert_mesh(*, mesh: DeviceMesh, plan: Plan) -> DeviceMesh | None:
     A collective: every rank calls it, in the same order."""
     if plan.ep == 1:
         return None
-    return mesh._unflatten("dp", (plan.dp // plan.ep, plan.ep), ("edp", "ep"))
+    return mesh._unflatten("dp", (plan.dp // plan.ep, plan.ep), EXPERT_AXES)

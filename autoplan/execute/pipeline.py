@@ -8,7 +8,7 @@ docs/architecture.md says. The stage modules keep the original FQNs and module h
 (as ``InterpreterModule``s called through ``call_module``), so tensor-parallel hooks,
 checkpoint wrappers and FSDP2 apply to them by FQN as they would to the eager model.
 
-Chunk ``c`` of ``pp * virtual_stages`` runs on pipeline rank ``c % pp`` (interleaved 1F1B).
+Chunk ``c`` of ``pp * virtual_stages`` runs on pipeline rank ``c % pp`` (autoplan/types/layout.py).
 Values a chunk needs from a chunk other than the one before it (rotary tables made in the
 root forward, masks, skip connections) are passed through the chunks in between
 (autoplan/execute/pipeline_carry.py).
@@ -49,6 +49,7 @@ from autoplan.errors import PlanError
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
 from autoplan.execute.tied import retie, tied_names
+from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -56,7 +57,7 @@ SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1
 
 def stage_indices(*, plan: Plan, pp_rank: int) -> list[int]:
     """The chunk indices this pipeline rank runs: pp_rank, pp_rank + pp, ..."""
-    return list(range(pp_rank, plan.pp * plan.virtual_stages, plan.pp))
+    return chunks_of_stage(pp_rank, pp=plan.pp, virtual_stages=plan.virtual_stages)
 
 
 def check_stages(*, model: nn.Module, plan: Plan) -> None:

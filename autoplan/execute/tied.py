@@ -17,6 +17,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from autoplan.execute.data_parallel import local
+from autoplan.types.layout import stage_of_chunk
 
 
 def tied_names(model: nn.Module) -> list[list[str]]:
@@ -92,7 +93,7 @@ def build_tied_sync(
         if len(stages) < 2:
             continue
         copies = [(my_modules[s], next(n for n in names if n in holders[s])) for s in stages if s in my_modules]
-        pp_ranks = sorted({stage % pp for stage in stages})
+        pp_ranks = sorted({stage_of_chunk(stage, pp=pp) for stage in stages})
         if len(pp_ranks) < 2:  # every copy on one pipeline rank: a local sum, no group
             if copies:
                 sync.pairs.append((None, copies))

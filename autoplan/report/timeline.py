@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autoplan.errors import AutoplanError
+from autoplan.types.layout import chunk_index
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def simulate(
         for k in range(pp):
             while position[k] < len(orders[k]):
                 kind, mb, local = orders[k][position[k]]
-                chunk = local * pp + k
+                chunk = chunk_index(stage=k, local=local, pp=pp)
                 ready = _ready(done, kind, mb, chunk, last)
                 if ready is None:
                     break

@@ -1,6 +1,6 @@
 """Pipeline partition: layers into ``pp * v`` contiguous chunks, minimising the slowest stage.
 
-Chunk ``c`` runs on stage ``c % pp`` (``v`` = virtual stages per stage: 1 for GPipe and 1F1B,
+Chunk ``c`` runs on stage ``c % pp`` (autoplan/types/layout.py; ``v`` = virtual stages per stage: 1 for GPipe and 1F1B,
 ``v >= 2`` for interleaved 1F1B, Narayanan et al. SC'21 section 2.2.2). Given per-layer time
 ``t_i`` (forward + backward of one micro-batch, TP comm included), per-layer static bytes ``m_i``
 (weights, gradients, optimizer state) and per-layer activation bytes ``a_i`` (one micro-batch),
@@ -69,6 +69,7 @@ import numpy as np
 import pulp
 
 from autoplan.solve.backend import solve_model, variable
+from autoplan.types.layout import chunks_of_stage, local_chunk, stage_of_chunk
 
 INF = float("inf")
 
@@ -84,7 +85,7 @@ class PartitionProblem:
     in_flight: list[float]  # per stage, in units of the stage's layers
     p2p_s: float
     capacity_bytes: float
-    virtual_stages: int = 1  # chunks per stage: chunk c runs on stage c % pp
+    virtual_stages: int = 1  # chunks per stage (autoplan/types/layout.py)
     cut_s: list[float] | None = None  # per boundary i (before layer i, 0..L), its p2p time; None: p2p_s each
 
     def __post_init__(self) -> None:
@@ -104,6 +105,10 @@ class PartitionProblem:
     def chunks(self) -> int:
         return self.pp * self.virtual_stages
 
+    def chunks_of(self, stage: int) -> list[int]:
+        """The chunks stage ``stage`` runs (autoplan/types/layout.py)."""
+        return chunks_of_stage(stage, pp=self.pp, virtual_stages=self.virtual_stages)
+
     def neighbours(self, chunk: int) -> int:
         return (chunk > 0) + (chunk < self.chunks - 1)
 
@@ -122,7 +127,7 @@ class PartitionProblem:
         """Per stage, T_k and M_k of the module docstring, chunk c being layers[bounds[c]:bounds[c+1]]."""
         times, used = list(self.extra_time_s), list(self.extra_bytes)
         for c in range(self.chunks):
-            k, i, j = c % self.pp, bounds[c], bounds[c + 1]
+            k, i, j = stage_of_chunk(c, pp=self.pp), bounds[c], bounds[c + 1]
             times[k] += float(self._t[j] - self._t[i]) + self.chunk_cuts_s(c, i, j)
             used[k] += float(self._m[j] - self._m[i] + self.in_flight[k] * (self._a[j] - self._a[i]))
         return times, used
@@ -137,7 +142,7 @@ class PartitionProblem:
 
 @dataclass
 class Partition:
-    bounds: list[int]  # chunk c runs layers[bounds[c]:bounds[c+1]], on stage c % pp
+    bounds: list[int]  # chunk c runs layers[bounds[c]:bounds[c+1]], on stage_of_chunk(c)
     max_stage_time_s: float
 
 
@@ -231,7 +236,7 @@ def _partition_uniform(problem: PartitionProblem) -> Partition | None:
     """Identical layers: each stage's layer count by the greedy of the module docstring (method 2)."""
     L, pp, v = problem.layers, problem.pp, problem.virtual_stages
     t, cut = problem.layer_time_s[0], problem.mean_cut_s()  # every cut costs the same here
-    base = [problem.extra_time_s[k] + cut * sum(problem.neighbours(c) for c in range(k, pp * v, pp)) for k in range(pp)]
+    base = [problem.extra_time_s[k] + cut * sum(problem.neighbours(c) for c in problem.chunks_of(k)) for k in range(pp)]
     per = [problem.layer_static_bytes[0] + problem.in_flight[k] * problem.layer_activation_bytes[0] for k in range(pp)]
     most = [_most_layers(problem.capacity_bytes - problem.extra_bytes[k], per[k], L) for k in range(pp)]
     if any(n < v for n in most):
@@ -269,7 +274,7 @@ def _bounds_from_counts(counts: list[int], v: int) -> list[int]:
     micro-batches of a stage's last chunk)."""
     pp = len(counts)
     sizes = [[n // v + (q >= v - n % v) for q in range(v)] for n in counts]
-    return [0, *itertools.accumulate(sizes[c % pp][c // pp] for c in range(pp * v))]
+    return [0, *itertools.accumulate(sizes[stage_of_chunk(c, pp=pp)][local_chunk(c, pp=pp)] for c in range(pp * v))]
 
 
 def _partition_fill(problem: PartitionProblem, *, steps: int = 40) -> Partition | None:
@@ -293,11 +298,11 @@ def _fill(problem: PartitionProblem, target: float, *, nearest: bool) -> list[in
     prices what it returns exactly)."""
     L, C, pp, v = problem.layers, problem.chunks, problem.pp, problem.virtual_stages
     cut = problem.mean_cut_s()
-    used = [problem.extra_time_s[k] + cut * sum(problem.neighbours(c) for c in range(k, C, pp)) for k in range(pp)]
+    used = [problem.extra_time_s[k] + cut * sum(problem.neighbours(c) for c in problem.chunks_of(k)) for k in range(pp)]
     bounds = [0]
     for c in range(C):
-        k, i = c % pp, bounds[-1]
-        goal = problem._t[i] + (target - used[k]) / (v - c // pp)
+        k, i = stage_of_chunk(c, pp=pp), bounds[-1]
+        goal = problem._t[i] + (target - used[k]) / (v - local_chunk(c, pp=pp))
         j = max(i, int(np.searchsorted(problem._t, goal, side="right")) - 1)
         if nearest and j < L and goal - problem._t[j] > problem._t[j + 1] - goal:
             j += 1
@@ -341,10 +346,10 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
             model += pulp.lpSum(u(i + 1, c) - u(i, c) for c in range(1, C)) <= 1
     bound = variable(model, "T", low=0)
     for k in range(pp):
-        mine = [(i, c) for c in range(k, C, pp) for i in range(c, c + slack + 1)]  # layer i may be in chunk c
+        mine = [(i, c) for c in problem.chunks_of(k) for i in range(c, c + slack + 1)]  # layer i may be in chunk c
         member = {(i, c): u(i, c) - u(i, c + 1) for i, c in mine}
-        cuts = [_chunk_start_s(problem, u, c) for c in range(k, C, pp) if c > 0]  # receive
-        cuts += [_chunk_start_s(problem, u, c + 1) for c in range(k, C, pp) if c < C - 1]  # send
+        cuts = [_chunk_start_s(problem, u, c) for c in problem.chunks_of(k) if c > 0]  # receive
+        cuts += [_chunk_start_s(problem, u, c + 1) for c in problem.chunks_of(k) if c < C - 1]  # send
         model += bound >= pulp.lpSum(
             problem.layer_time_s[i] * x for (i, _), x in member.items()
         ) + problem.extra_time_s[k] + pulp.lpSum(cuts)

@@ -30,6 +30,7 @@ from autoplan.cost.tensor_parallel import TPContext
 from autoplan.cost.tp_plan_memo import TpPlanMemo
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.graph import Graph
+from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -99,7 +100,7 @@ class StageCosts:
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
         calls ``micro_batch_s``) and the dense parameters it holds (the routed experts' left out: the
-        bounds that read them must stay below what their other groups cost); chunk c runs on stage c % pp."""
+        bounds that read them must stay below what their other groups cost); chunks placed by types/layout.py."""
         ctx = self.context(plan)
         times_of, params_of, pre, post = self._block_totals(plan, ctx)
         times = [0.0] * plan.pp
@@ -109,8 +110,9 @@ class StageCosts:
         params[0] += pre.param_count
         params[-1] += post.param_count
         for index, chunk in enumerate(stages):
-            times[index % plan.pp] += sum(times_of[layer] for layer in chunk)
-            params[index % plan.pp] += sum(params_of[layer] for layer in chunk)
+            stage = stage_of_chunk(index, pp=plan.pp)
+            times[stage] += sum(times_of[layer] for layer in chunk)
+            params[stage] += sum(params_of[layer] for layer in chunk)
         return times, params
 
     def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:

@@ -56,8 +56,8 @@ class Plan:
     """One hybrid data/tensor/pipeline plan.
 
     ``stages[i]`` lists the block FQNs that pipeline stage ``i`` runs, in order (with
-    interleaving, ``pp * virtual_stages`` chunks, chunk ``c`` on stage ``c % pp``). Modules outside every
-    block go to the first stage (those before the first block) or the last (those after).
+    interleaving, ``pp * virtual_stages`` chunks, chunk ``c`` on stage ``c % pp``: types/layout.py). Modules
+    outside every block go to the first stage (those before the first block) or the last (those after).
     ``tp_plan`` maps a module FQN to one of :data:`SPLITS`; a module not named is replicated.
     ``precision`` "fp8" runs every eligible ``nn.Linear`` (both dims divisible by 16) in FP8 with
     dynamic tensorwise scaling (torchao's float8 training) and everything else as bf16 does.

@@ -1,0 +1,93 @@
+"""Where each rank and each pipeline chunk sits: the one statement the cost model, the search, the
+executor, the reports and the exporters all read (docs/architecture.md, "The mesh" and "Pipeline
+stages").
+
+**The mesh.** Ranks form a ``(pp, dp, tp)`` mesh, tp innermost, row-major as torch's
+``init_device_mesh`` lays out its ``mesh_dim_names``:
+
+    rank(ip, id, it) = (ip * dp + id) * tp + it
+
+so a tp group is ``tp`` consecutive ranks, a dp group has stride ``tp`` and a pp group stride
+``dp * tp``. Expert parallelism (tp = 1) unflattens the dp axis into ``(edp, ep)``, ep innermost:
+an ep group is ``ep`` consecutive dp ranks, an edp group the ``dp / ep`` ranks holding the same
+experts (DeviceMesh ``_unflatten``, autoplan/execute/mesh.py).
+
+**Pipeline chunks.** ``Plan.stages`` lists ``pp * v`` chunks (``v`` = virtual stages); chunk
+``c`` runs on stage ``c % pp`` as its ``c // pp``-th chunk: the looping placement of interleaved
+1F1B (Narayanan et al. SC'21 section 2.2; Megatron-LM's virtual pipeline ranks;
+``torch.distributed.pipelining``'s ``ScheduleInterleaved1F1B``). With v = 1 chunk c is stage c.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+#: The plan's mesh axes, outermost first (tp innermost).
+MESH_AXES = ("pp", "dp", "tp")
+#: The dp axis of an expert-parallel plan, unflattened (ep innermost).
+EXPERT_AXES = ("edp", "ep")
+
+
+def mesh_shape(*, pp: int, dp: int, tp: int) -> tuple[int, int, int]:
+    """The degrees in :data:`MESH_AXES` order, the shape ``init_device_mesh`` takes."""
+    return pp, dp, tp
+
+
+def axis_groups(degrees: Sequence[tuple[str, int]], axis: str) -> list[list[int]]:
+    """The ranks of every group along ``axis`` of a row-major mesh of ``degrees`` ((name, size),
+    outermost first): one group per coordinate of the other axes, each in ``axis`` order."""
+    names = [name for name, _ in degrees]
+    sizes = [size for _, size in degrees]
+    at = names.index(axis)
+    others = [range(size) for i, size in enumerate(sizes) if i != at]
+    groups = []
+    for rest in itertools.product(*others):
+        groups.append([_rank([*rest[:at], i, *rest[at:]], sizes) for i in range(sizes[at])])
+    return groups
+
+
+def _rank(coordinates: Sequence[int], sizes: Sequence[int]) -> int:
+    """Row-major rank of ``coordinates`` (module docstring)."""
+    rank = 0
+    for coordinate, size in zip(coordinates, sizes):
+        rank = rank * size + coordinate
+    return rank
+
+
+def plan_groups(*, pp: int, dp: int, tp: int) -> dict[str, list[list[int]]]:
+    """Every tp, dp and pp group of the ``(pp, dp, tp)`` mesh, as global ranks."""
+    degrees = list(zip(MESH_AXES, mesh_shape(pp=pp, dp=dp, tp=tp)))
+    return {axis: axis_groups(degrees, axis) for axis in ("tp", "dp", "pp")}
+
+
+def expert_groups(*, pp: int, dp: int, ep: int) -> dict[str, list[list[int]]]:
+    """Every ep and edp group of a ``(pp, edp, ep)`` mesh (tp = 1), as global ranks."""
+    degrees = [("pp", pp), (EXPERT_AXES[0], dp // ep), (EXPERT_AXES[1], ep)]
+    return {axis: axis_groups(degrees, axis) for axis in ("ep", "edp")}
+
+
+def stage_of_chunk(chunk: int, *, pp: int) -> int:
+    """The pipeline stage that runs chunk ``chunk`` of ``Plan.stages`` (module docstring)."""
+    return chunk % pp
+
+
+def local_chunk(chunk: int, *, pp: int) -> int:
+    """Chunk ``chunk``'s position among its stage's chunks (0 for the first)."""
+    return chunk // pp
+
+
+def chunk_index(*, stage: int, local: int, pp: int) -> int:
+    """The chunk that stage ``stage`` runs as its ``local``-th: the inverse of
+    (:func:`stage_of_chunk`, :func:`local_chunk`)."""
+    return local * pp + stage
+
+
+def chunks_of_stage(stage: int, *, pp: int, virtual_stages: int) -> list[int]:
+    """The chunks stage ``stage`` runs, in order: stage, stage + pp, ..."""
+    return [chunk_index(stage=stage, local=q, pp=pp) for q in range(virtual_stages)]
+
+
+def stage_of_block(stages: Sequence[Sequence[str]], *, pp: int) -> dict[str, int]:
+    """Block FQN -> the pipeline stage that runs it, for ``Plan.stages``-shaped chunks."""
+    return {block: stage_of_chunk(c, pp=pp) for c, chunk in enumerate(stages) for block in chunk}
