@@ -25,7 +25,7 @@ and ``i`` the routing model's imbalance (the busiest rank's load over the mean, 
   launch per GEMM node on a GPU (one grouped kernel), ``G`` on a CPU (the experts' own eager
   loop runs one GEMM per expert).
 - **all-to-all**: each rank sends its ``E C f`` (token, expert) rows of ``H`` elements, of which
-  ``(ep - 1) / ep`` leave the rank (comm.bus_factor), and the busiest rank receives ``i`` times
+  ``(ep - 1) / ep`` leave the rank (types/profile.bus_factor), and the busiest rank receives ``i`` times
   the mean, so one message is ``S = i E C f H b``. Forward: the per-expert counts (``E`` int64,
   latency) then dispatch, and combine; backward: the gradients of both; a recomputed forward
   (full or selective recomputation) runs the counts, dispatch and combine again:
@@ -49,8 +49,7 @@ from dataclasses import dataclass
 from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import PRECISION_BYTES, peak_dtype, with_host_overhead
 from autoplan.cost.mesh import AxisGroup
-from autoplan.trace.layers import within
-from autoplan.types.graph import Graph, OpNode
+from autoplan.types.graph import Graph, OpNode, within
 from autoplan.types.moe import MoELayer
 from autoplan.types.profile import Profile
 

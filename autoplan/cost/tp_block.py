@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from autoplan.cost.compute import activation_scale
-from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
+from autoplan.types.graph import PARAM_KINDS, Graph, OpNode, within
 
 PRESERVING = ("elementwise", "view", "matmul", "attention")
 STREAM_KINDS = ("norm", "elementwise", "view")
@@ -87,7 +87,7 @@ def token_wise_nodes(graph: Graph, nodes: list[OpNode]) -> frozenset[str]:
     Its nodes choose no split and send nothing. A block routing with a fixed capacity is not
     token-wise (the capacity depends on how many tokens it sees) and is not listed."""
     blocks = [moe.module for moe in graph.moe_layers if moe.interface == "grouped"]
-    return frozenset(n.name for n in nodes if any(n.module == b or n.module.startswith(b + ".") for b in blocks))
+    return frozenset(n.name for n in nodes if any(within(n.module, b) for b in blocks))
 
 
 def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:

@@ -37,6 +37,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from autoplan.errors import PlanError
+from autoplan.types.graph import within
 from autoplan.types.plan import Plan
 
 SEQ_DIM = 1  # autoplan/execute/tensor_parallel.py: the sequence dim of [batch, seq, ...]
@@ -58,7 +59,7 @@ def check_unsplit(*, plan: Plan, blocks: list[str]) -> None:
             f"'{blocks[0]}' on a sequence shard inside a pipeline stage; plan sequence_parallel off or pp=1."
         )
     for fqn, split in plan.tp_plan.items():
-        block = next((b for b in blocks if fqn == b or fqn.startswith(b + ".")), None)
+        block = next((b for b in blocks if within(fqn, b)), None)
         if block is not None and split != "replicate" and plan.tp > 1:
             raise PlanError(
                 f"plan tp_plan['{fqn}']='{split}' splits a module of the MoE block '{block}', which runs whole "

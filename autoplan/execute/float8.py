@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
+from autoplan.types.graph import within
 from autoplan.types.plan import Plan
 
 #: the environment variable that lets an fp8 plan run emulated on the CPU (tests only)
@@ -117,7 +118,7 @@ def eligible_fqns(model: nn.Module, plan: Plan, *, exclude: tuple[str, ...] = ()
         fqn
         for fqn, module in model.named_modules()
         if eligible(module=module, split=plan.tp_plan.get(fqn, "replicate"), tp=plan.tp)
-        and not any(fqn == p or fqn.startswith(p + ".") for p in exclude)
+        and not any(within(fqn, p) for p in exclude)
     ]
 
 

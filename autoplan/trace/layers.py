@@ -38,7 +38,7 @@ from collections import Counter
 import torch
 
 from autoplan.trace.propagate import Measured, stack_path
-from autoplan.types.graph import LayerGroup
+from autoplan.types.graph import LayerGroup, within
 
 
 def _numel(module: torch.nn.Module) -> int:
@@ -118,11 +118,6 @@ def _runs_once(records: list[Measured], children: list[str]) -> bool:
     return len(runs) == len(set(runs))
 
 
-def within(path: str, prefix: str) -> bool:
-    """Module ``path`` is ``prefix`` or inside it."""
-    return path == prefix or path.startswith(prefix + ".")
-
-
 def _innermost(path: str, names: set[str]) -> str | None:
     """The longest of ``names`` that ``path`` is within (:func:`within`), or None: the path's
     own prefixes, longest first, looked up (a dotted path has few; the names may be many)."""
@@ -134,7 +129,7 @@ def _innermost(path: str, names: set[str]) -> str | None:
 
 
 def _nested(a: str, b: str) -> bool:
-    return a == b or not a or not b or a.startswith(b + ".") or b.startswith(a + ".")
+    return not a or not b or within(a, b) or within(b, a)
 
 
 def assign_layers(records: list[Measured], blocks: list[str]) -> dict[str, str | None]:

@@ -30,8 +30,8 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import TraceError
-from autoplan.trace.layers import within
 from autoplan.trace.moe_loop import loop_routed
+from autoplan.types.graph import within
 from autoplan.types.moe import MoELayer, RoutingModel
 
 _TOP_K_NAMES = ("top_k", "num_experts_per_tok", "k", "moe_top_k", "router_topk")

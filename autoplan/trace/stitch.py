@@ -37,6 +37,8 @@ import torch
 import torch.fx
 import torch.nn as nn
 
+from autoplan.types.graph import within
+
 MIN_BLOCKS = 6  # below this a full export is cheap enough
 KEPT = 3  # blocks 0, 1 and 2: block 0 may differ, 1 and 2 must trace alike
 
@@ -155,7 +157,7 @@ def _copy_block(
     copies = []
     for node in last:
         for arg in node.all_input_nodes:
-            if arg.op == "get_attr" and _under(str(arg.target), old) and arg not in made:
+            if arg.op == "get_attr" and within(str(arg.target), old) and arg not in made:
                 with gm.graph.inserting_after(anchor):
                     made[arg] = anchor = gm.graph.get_attr(new + str(arg.target)[len(old) :])
         with gm.graph.inserting_after(anchor):
@@ -170,20 +172,16 @@ def _renamed_stack(stack: dict | None, old: str, new: str) -> dict | None:
     if not stack:
         return stack
     return {
-        key.replace(old, new, 1): ((new + path[len(old) :]) if _under(path, old) else path, kind)
+        key.replace(old, new, 1): ((new + path[len(old) :]) if within(path, old) else path, kind)
         for key, (path, kind) in stack.items()
     }
-
-
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix + ".")
 
 
 def _block_of(node: torch.fx.Node, prefix: str) -> int | None:
     from autoplan.trace.propagate import module_path  # propagate imports capture, which imports this module
 
     path = str(node.target) if node.op == "get_attr" else module_path(node)
-    if not _under(path, prefix) or path == prefix:
+    if not within(path, prefix) or path == prefix:
         return None
     head = path[len(prefix) + 1 :].split(".", 1)[0]
     return int(head) if head.isdigit() else None

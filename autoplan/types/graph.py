@@ -136,6 +136,11 @@ def parameters_signature(parameters: dict[str, ParamInfo]) -> str:
     return hashlib.sha256(json.dumps(table, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
+def within(path: str, prefix: str) -> bool:
+    """Module ``path`` is ``prefix`` or inside it (FQNs: ``h.0.attn`` is within ``h.0``, ``h.01`` is not)."""
+    return path == prefix or path.startswith(prefix + ".")
+
+
 def reachable(seeds: set[str], step: dict[str, list[str]], allowed: set[str] | None = None) -> set[str]:
     """Nodes reached from ``seeds`` by following ``step`` (successors or predecessors, as from
     :meth:`Graph.adjacency`), only through nodes in ``allowed`` when given; a seed is in the

@@ -14,7 +14,7 @@ from autoplan.cost.tensor_parallel import legal_splits
 from autoplan.errors import PlanError, TraceError
 from autoplan.solve.api import plan_graph
 from autoplan.trace import trace, trace_model_file
-from autoplan.trace.layers import within
+from autoplan.types.graph import within
 from autoplan.types.moe import RoutingModel
 
 LOOP_MOE = Path(__file__).resolve().parents[2] / "odd_models" / "loop_moe.py"
