@@ -2,8 +2,7 @@
 
 Inside one node (Thakur, Rabenseifner & Gropp 2005; nccl-tests PERFORMANCE.md busbw):
 
-    t(n, S) = alpha_intra + c(kind, n) * S / busbw_intra
-    c = 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, all_to_all), 1 (send_recv)
+    t(n, S) = alpha_intra + c(kind, n) * S / busbw_intra      (c: autoplan.types.profile.bus_factor)
 
 S is the full message in bytes (for all_gather the gathered output, for reduce_scatter the
 input). ``alpha_s`` is the whole collective's start-up latency, exactly as the profile
@@ -44,18 +43,7 @@ import math
 
 from autoplan.cost.mesh import AxisGroup
 from autoplan.errors import AutoplanError
-from autoplan.types.profile import COLLECTIVES, CollectiveFit, Profile
-
-
-def bus_factor(kind: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor c(kind, n): bytes on the busiest link per message byte."""
-    if kind == "send_recv":
-        return 1.0
-    if n <= 1:
-        return 0.0
-    if kind == "all_reduce":
-        return 2.0 * (n - 1) / n
-    return (n - 1) / n
+from autoplan.types.profile import COLLECTIVES, CollectiveFit, Profile, bus_factor
 
 
 def collective_time_s(profile: Profile, kind: str, message_bytes: float, *, group: AxisGroup) -> float:

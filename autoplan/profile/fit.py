@@ -4,8 +4,7 @@ Both models are affine in time, so one robust fit serves both:
 
 * Collectives (nccl-tests bus-bandwidth convention, nccl-tests PERFORMANCE.md; Thakur,
   Rabenseifner & Gropp 2005):  t(n, S) = alpha_s + c(n) * S / busbw_bytes_per_s with
-  c = 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, all_to_all), 1 (send_recv).
-  Fit t against x = c(n)*S: intercept = alpha_s, slope = 1/busbw.
+  c(n) = autoplan.types.profile.bus_factor. Fit t against x = c(n)*S: intercept = alpha_s, slope = 1/busbw.
 * Compute efficiency  eff(F) = a*F/(F + F_half)  with t = F / (peak * eff(F)) gives
   t * peak = F/a + F_half/a, affine in F: slope = 1/a, intercept = F_half/a. A point that
   times ``calls`` kernel calls together (attention forward + backward: 2) of total FLOPs F is
@@ -26,23 +25,10 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from autoplan.errors import ProfileError
+from autoplan.types.profile import bus_factor
 
 #: Relative noise scale at which soft-L1 starts to down-weight a residual.
 RELATIVE_NOISE_SCALE = 0.05
-
-
-def bus_factor(*, kind: str, group_size: int) -> float:
-    """c(n) of the nccl-tests busbw convention (PERFORMANCE.md)."""
-    n = group_size
-    if kind == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if kind == "send_recv":
-        return 1.0
-    raise ProfileError(
-        f"collective '{kind}' is unknown; expected all_reduce, all_gather, reduce_scatter, all_to_all or send_recv."
-    )
 
 
 def fit_affine(*, x: Sequence[float], t: Sequence[float]) -> tuple[float, float]:

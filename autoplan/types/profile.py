@@ -13,9 +13,9 @@ Compute model (roofline with a saturating efficiency curve):
 Collective model (nccl-tests "bus bandwidth" convention, Thakur et al. 2005):
 
     t(n, S) = alpha_s * latency_steps(n) + c(n) * S / busbw_bytes_per_s
-    c = 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for send_recv
 
-where S is the full message (for all_gather, the gathered output) in bytes.
+where S is the full message (for all_gather, the gathered output) in bytes and c(n) is
+:func:`bus_factor`, the one definition the fitter and the cost model share.
 
 Host dispatch overhead (``device.op_overhead``, optional): every op a training step runs is
 dispatched by the host (Python, the dispatcher, autograd bookkeeping, a kernel launch), which
@@ -44,6 +44,21 @@ from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_secti
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 OP_CLASSES = ("matmul", "attention", "conv")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def bus_factor(kind: str, group_size: int) -> float:
+    """c(kind, n) of nccl-tests' bus-bandwidth convention (nccl-tests PERFORMANCE.md): bytes on the
+    busiest link per message byte, so that t = alpha_s + c * S / busbw_bytes_per_s. 2(n-1)/n for
+    all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for send_recv (point to
+    point, whatever the group). A group of one rank sends nothing: c = 0 at n = 1."""
+    require(
+        kind in COLLECTIVES, ProfileError, f"collective '{kind}' is unknown; expected one of {', '.join(COLLECTIVES)}."
+    )
+    require(group_size >= 1, ProfileError, f"a collective group of {group_size} ranks; expected at least 1.")
+    if kind == "send_recv":
+        return 1.0
+    share = (group_size - 1) / group_size
+    return 2.0 * share if kind == "all_reduce" else share
 
 
 def _positive(owner: str, name: str, value: Any) -> None:

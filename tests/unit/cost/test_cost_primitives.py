@@ -5,11 +5,11 @@ import math
 import pytest
 from synthetic import a100_profile, gpt_graph
 
-from autoplan.cost.comm import bus_factor, collective_time_s
+from autoplan.cost.comm import collective_time_s
 from autoplan.cost.compute import op_time_s, peak_dtype
 from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.errors import AutoplanError, PlanError
-from autoplan.types.profile import OpTiming
+from autoplan.types.profile import OpTiming, bus_factor
 
 
 def test_tp_innermost_keeps_tp_in_a_node_and_dp_spans():

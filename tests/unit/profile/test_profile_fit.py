@@ -7,7 +7,6 @@ import pytest
 
 from autoplan.errors import ProfileError
 from autoplan.profile.fit import (
-    bus_factor,
     fit_affine,
     fit_collective,
     fit_efficiency,
@@ -15,7 +14,7 @@ from autoplan.profile.fit import (
     predict_op_s,
     saturated_rate,
 )
-from autoplan.types.profile import DeviceSpec, Efficiency
+from autoplan.types.profile import DeviceSpec, Efficiency, bus_factor
 
 
 def test_bus_factors_follow_nccl_tests() -> None:
@@ -24,6 +23,16 @@ def test_bus_factors_follow_nccl_tests() -> None:
     assert bus_factor(kind="send_recv", group_size=2) == 1.0
     with pytest.raises(ProfileError):
         bus_factor(kind="broadcast", group_size=2)
+
+
+def test_a_group_of_one_rank_sends_nothing_and_an_empty_group_is_refused() -> None:
+    """One definition for the fitter and the cost model: c = 0 at n = 1 for every collective
+    (send_recv is point to point: 1), and a group of no ranks is a bad input, not a division by zero."""
+    collectives = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+    assert [bus_factor(kind=kind, group_size=1) for kind in collectives] == [0.0] * 4
+    assert bus_factor(kind="send_recv", group_size=1) == 1.0
+    with pytest.raises(ProfileError, match="group of 0 ranks"):
+        bus_factor(kind="all_reduce", group_size=0)
 
 
 def test_collective_fit_recovers_alpha_and_busbw_despite_an_outlier() -> None:
