@@ -23,13 +23,14 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autoplan.jobs.threads import threads_per_process
 from autoplan.profile.host import cpu_model
 from autoplan.profile.measure.build import device_spec, link_spec, op_overhead
 from autoplan.profile.measure.collectives import CommSweep, merge_collectives
 from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, default_sweep, make_case
 from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
-from autoplan.profile.measure.timing import default_device, supported_dtypes, threads_per_process
+from autoplan.profile.measure.timing import default_device, supported_dtypes
 from autoplan.types.profile import CommOverlap, DeviceSpec, LinkSpec, OpOverhead, OpTiming, Profile
 
 __all__ = [

@@ -14,7 +14,6 @@ node's ranks share, or the host a GPU node's ranks share, are then in every samp
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -73,19 +72,6 @@ def _repeat(
         synchronize(device)
         times.append(time.perf_counter() - t0)
     return times
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def threads_per_process(*, processes: int) -> int:
-    """A fixed intra-op thread count so that processes * threads <= available cores."""
-    return max(1, available_cores() // max(1, processes))
 
 
 def default_device() -> torch.device:
