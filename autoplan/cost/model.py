@@ -2,32 +2,9 @@
 
 :class:`CostModel` prices blocks once per distinct choice (autoplan/cost/layers.py) and then
 assembles each plan with arithmetic, so the planner can price thousands of plans a second.
-The step time of one global batch (docs/cost-model.md states every term with its source):
-
-    step = m * T_comp + m * T_tp              (slowest stage; T per micro-batch, all its chunks)
-         + (p - 1) / v * T_max                (bubble, Narayanan et al. SC'21 section 2.2)
-         + pp_comm + grad_accum + dp_exposed + zero_exposed + optimizer
-
-- T_comp: forward + backward (+ recomputed forward) from the roofline (compute.py);
-- T_tp: TP collectives of the blocks (tensor_parallel.tp_layer_cost), repeated in the
-  recomputed forward under full recomputation; under sequence parallelism also, once a step,
-  the all-reduce of each parameter whose gradient is a partial sum (sp_sync.sp_partial_params);
-- pp_comm = (v m + p - 1) (t_p2p(activations) + t_p2p(gradients)): one activation send and one
-  gradient send per chunk slot on the critical path, of the whole boundary tensors on every tp
-  rank (the executor gathers a stage's DTensor output; under sequence parallelism t_p2p includes
-  that all-gather), gradients only of the tensors that need one (not rotary tables or masks);
-  plus, when a weight is tied across stages (an input embedding reused by the output head),
-  one all-reduce of its gradient between the stages after the backward (Megatron-LM's
-  embedding-group all-reduce, Shoeybi et al. 2019; autoplan/execute/tied.py), of the weight
-  as each stage holds it (1/tp of it when tensor parallelism shards it), on the pp link;
-- grad_accum = (m - 1) * 3 * P_stage * 4 / (mem_bw * mem_eff) (fp32 gradients): with m micro-batches
-  every micro-batch after the first adds its weight gradients into the held ones, reading both
-  and writing one (PyTorch autograd's AccumulateGrad, torch/csrc/autograd/functions/
-  accumulate_grad.h; memory bound), on the stage holding the most parameters;
-- dp_exposed, zero_exposed and their overlap: autoplan/cost/dp_sync.py;
-- optimizer: Adam is memory bound: 28 bytes per local parameter (read weight, gradient,
-  momentum, variance; write weight, momentum, variance, and the 16-bit copy in mixed
-  precision) / (memory bandwidth * memory efficiency).
+The step time of one global batch is the sum of ``Cost.TIME_FIELDS``; docs/cost-model.md
+("Step time") is the one statement of each term with its source, and :meth:`CostModel._time`
+computes each. The data-parallel terms come from autoplan/cost/dp_sync.py.
 """
 
 from __future__ import annotations
@@ -59,7 +36,7 @@ from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
-ADAM_BYTES_PER_PARAM = 28
+ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
 
 
 class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemory, ExpertParallel):
