@@ -4,6 +4,7 @@ defined only under cost/, commands live only in cli/ (issue: one place for each 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import tomllib
@@ -41,10 +42,18 @@ PRICES = (
 )
 
 
-def _modules():
+@functools.cache
+def _parsed() -> tuple[tuple[str, Path, ast.Module], ...]:
+    """(stage, path, tree) of every module, parsed once for all the checks (the trees are only read)."""
+    found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).with_suffix("").parts
-        yield parts[0], path, ast.parse(path.read_text())
+        found.append((parts[0], path, ast.parse(path.read_text())))
+    return tuple(found)
+
+
+def _modules():
+    yield from _parsed()
 
 
 def _imported(tree: ast.AST) -> list[str]:
@@ -135,3 +144,158 @@ def test_the_version_is_the_projects():
 
     project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
     assert __version__ == project["version"]
+
+
+# ---- one home for each small rule (issue 31, items 6 and 8) -----------------------------------
+#: Sites that still state a rule outside its home because another helper of issue 31 owns their file
+#: this round; whoever merges both moves them onto the home named and deletes the entry.
+PENDING = {
+    ("solve/outputs.py", "index % plan.pp"): "types/layout.stage_of_chunk (file owned by the io helper)",
+    ("solve/outputs.py", "c % plan.pp"): "types/layout.stage_of_chunk (file owned by the io helper)",
+    ("execute/job/runner.py", "threads_per_process"): "jobs/threads.threads_per_process (exec helper's file)",
+    ("execute/job/runner.py", "cpu_count"): "jobs/threads.available_cores (exec helper's file)",
+}
+#: ``x % pp`` that is not a chunk's stage.
+NOT_PLACEMENT = {("report/timeline.py", "i % pp"): "interleaved 1F1B's micro-batch order, pp micro-batches a group"}
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def _is_pp(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "pp") or (isinstance(node, ast.Attribute) and node.attr == "pp")
+
+
+def _divisibility(node: ast.AST, parent: ast.AST) -> bool:
+    """``x % pp`` asked only whether it is zero: ``== 0``, ``if x % pp``, ``not x % pp``."""
+    if isinstance(parent, ast.Compare):
+        return any(isinstance(c, ast.Constant) and c.value == 0 for c in [parent.left, *parent.comparators])
+    return isinstance(parent, (ast.If, ast.While, ast.IfExp, ast.BoolOp)) or (
+        isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
+    )
+
+
+def _unexcused(stage_path: str, text: str) -> bool:
+    return (stage_path, text) not in PENDING and (stage_path, text) not in NOT_PLACEMENT
+
+
+def test_a_chunks_stage_is_computed_in_one_place():
+    """Chunk c runs on stage c % pp: only autoplan/types/layout.py says so in code; everyone else
+    calls stage_of_chunk / chunks_of_stage / chunk_index (it was written in about ten places)."""
+    found = []
+    for _, path, tree in _modules():
+        name, source, parents = str(path.relative_to(PACKAGE)), path.read_text(), _parents(tree)
+        if name == "types/layout.py":
+            continue
+        for node in ast.walk(tree):
+            chunk_mod = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and _is_pp(node.right)
+            stride = isinstance(node, ast.Call) and getattr(node.func, "id", "") == "range" and len(node.args) == 3
+            if (chunk_mod and not _divisibility(node, parents[node])) or (stride and _is_pp(node.args[2])):
+                text = ast.get_source_segment(source, node)
+                if _unexcused(name, text):
+                    found.append(f"{name}:{node.lineno} {text}")
+    assert not found, found
+
+
+def _definitions() -> dict[str, list[str]]:
+    """Function name -> the modules that define it (excused ones left out)."""
+    where: dict[str, list[str]] = {}
+    for _, path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and _unexcused(str(path.relative_to(PACKAGE)), node.name):
+                where.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    return where
+
+
+def test_each_small_rule_is_defined_once():
+    """The busbw factor (the profile fitter and the cost model differed at n <= 1), the threads a
+    process gets (the profiler used the affinity mask, the runner the machine's cores), a module
+    path's prefix test and a chunk's stage: one definition each, in a module every user may import."""
+    homes = {
+        "bus_factor": ["types/profile.py"],
+        "threads_per_process": ["jobs/threads.py"],
+        "available_cores": ["jobs/threads.py"],
+        "within": ["types/graph.py"],
+        "stage_of_chunk": ["types/layout.py"],
+    }
+    defined = _definitions()
+    assert {name: defined.get(name) for name in homes} == homes
+    counting = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for _, path, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in ("cpu_count", "sched_getaffinity")
+        and _unexcused(str(path.relative_to(PACKAGE)), node.attr)
+    ]
+    assert counting and all(site.startswith("jobs/threads.py:") for site in counting), counting
+
+
+def test_a_module_prefix_is_tested_by_one_function():
+    """``path == prefix or path.startswith(prefix + ".")`` is types/graph.within, written once."""
+    inline = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for _, path, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", "") == "startswith"
+        and node.args
+        and isinstance(node.args[0], ast.BinOp)
+        and getattr(node.args[0].right, "value", None) == "."
+    ]
+    assert len(inline) == 1 and inline[0].startswith("types/graph.py:"), inline
+
+
+def test_the_mesh_order_is_stated_once():
+    """The (pp, dp, tp) mesh and its (edp, ep) unflattening are named only in types/layout.py; the
+    cost model's groups and the executor's DeviceMesh both read it."""
+    from autoplan.types.layout import EXPERT_AXES, MESH_AXES
+
+    named = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for _, path, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Tuple)
+        and all(isinstance(e, ast.Constant) for e in node.elts)
+        and tuple(e.value for e in node.elts) in (MESH_AXES, EXPERT_AXES)
+    ]
+    assert named and all(site.startswith("types/layout.py:") for site in named), named
+    for user in ("cost/mesh.py", "execute/mesh.py"):
+        assert "autoplan.types.layout" in _imported(ast.parse((PACKAGE / user).read_text())), user
+
+
+def test_planning_imports_no_torch():
+    """docs/architecture.md: types/, cost/ and solve/ import no torch (cost/experts.py once reached
+    torch.distributed through trace/layers.py for a string prefix test)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "for name in ('autoplan.types', 'autoplan.cost', 'autoplan.solve'):\n"
+        "    package = importlib.import_module(name)\n"
+        "    for module in [name, *(m.name for m in pkgutil.walk_packages(package.__path__, name + '.'))]:\n"
+        "        importlib.import_module(module)\n"
+        "        if 'torch' in sys.modules:\n"
+        "            sys.exit(f'importing {module} imports torch')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_step_time_is_stated_once_and_matches_the_cost_fields():
+    """docs/cost-model.md "Step time" states step_time_s as the sum of Cost.TIME_FIELDS, one
+    definition line per field; cost/model.py points there instead of keeping its own copy (the two
+    copies had drifted: the docstring lacked m*T_ep and both lacked the compression term)."""
+    from autoplan.types.cost import Cost
+
+    docs = (PACKAGE.parent / "docs" / "cost-model.md").read_text()
+    block = docs.split("## Step time", 1)[1].split("```", 2)[1]
+    formula, _, definitions = block.partition("\n\n")
+    terms = [term.strip() for term in formula.split("=", 1)[1].split("+")]
+    defined = [line.split("=")[0].strip() for line in definitions.strip().splitlines()]
+    assert formula.strip().startswith("step_time_s =")
+    assert terms == list(Cost.TIME_FIELDS) == defined, (terms, defined)
+    model_doc = ast.get_docstring(ast.parse((PACKAGE / "cost" / "model.py").read_text()))
+    assert "docs/cost-model.md" in model_doc and "step =" not in model_doc and "T_comp" not in model_doc
