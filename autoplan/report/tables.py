@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoplan.report.folder import PlanFolder, ReportError, RunFolder
+from autoplan.report.folder import PlanFolder, ReportError
 from autoplan.types._check import write_text_atomic
 from autoplan.types.cost import Cost
+from autoplan.types.run_folder import RunFolder
 
 GIB = 2**30
 

@@ -122,6 +122,36 @@ def test_one_port_picker():
     assert defined == ["jobs/launcher.py"]
 
 
+def _defined(kind: type, wanted) -> dict[str, list[str]]:
+    """Name -> the files that define a class or function (``kind``) whose name ``wanted`` accepts."""
+    found: dict[str, list[str]] = {}
+    for _, path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, kind) and wanted(node.name):
+                found.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    return found
+
+
+def test_each_file_format_has_one_reader_and_writer():
+    """Issue 31: the run folder is one class, read and written in types/run_folder.py (execute writes it,
+    report and calibrate read it); a profile name is resolved in profile/io.py only; the per-op and
+    per-stage CSVs' columns are their row types' fields in types/tables.py, which holds the one CSV reader
+    and writer (the report's own tables are DataFrames it writes with ``to_csv``)."""
+    assert _defined(ast.ClassDef, lambda name: name.endswith("RunFolder")) == {"RunFolder": ["types/run_folder.py"]}
+    resolvers = _defined(
+        ast.FunctionDef, lambda name: ("resolve" in name and "profile" in name) or name == "profile_file"
+    )
+    assert resolvers == {"resolve_profile_path": ["profile/io.py"], "profile_file": ["profile/io.py"]}, resolvers
+    csv_io = {
+        str(path.relative_to(PACKAGE))
+        for _, path, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("csv", "pd")
+        if node.attr in ("read_csv", "reader", "DictReader", "writer", "DictWriter")
+    }
+    assert csv_io == {"types/tables.py"}, csv_io
+
+
 def test_no_file_is_exempt_from_the_line_limit():
     """Every file keeps ruff's line limit and formatting (CI runs ``ruff check`` and ``ruff format
     --check``): no per-file exemption from E501, the long-line rule."""
