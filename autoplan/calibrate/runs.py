@@ -61,19 +61,19 @@ def read_run_folder(folder: str | os.PathLike) -> CalibrationRun:
     run = RunFolder.read(folder, error=CalibrationError)
     folder, summary = run.path, run.summary
     plan = _plan(run)
-    measured = summary.get("median_step_time_s")
+    measured = summary.median_step_time_s
     if not isinstance(measured, (int, float)) or measured <= 0:
         raise CalibrationError(
             f"run folder '{folder}' has no positive median_step_time_s in summary.json; rerun it with more --steps."
         )
-    model_file = summary.get("model_file")
+    model_file = summary.model_file
     if not model_file or not Path(model_file).is_file():
         raise CalibrationError(
             f"run folder '{folder}' does not record an existing model_file in summary.json ({model_file!r}); "
             "rerun it with this autoplan's `autoplan run`, which records it."
         )
-    batch = int(summary.get("global_batch_size") or plan.global_batch_size)
-    env = tuple(sorted((summary.get("environment") or {}).items()))
+    batch = int(summary.global_batch_size or plan.global_batch_size)
+    env = tuple(sorted(summary.environment.items()))
     times = run.step_times_s()
     return CalibrationRun(
         folder=folder,
@@ -82,8 +82,8 @@ def read_run_folder(folder: str | os.PathLike) -> CalibrationRun:
         model_file=str(model_file),
         global_batch_size=batch,
         environment=env,
-        backend=summary.get("backend"),
-        noise_sigma=None if times is None else median_noise_sigma(times, skip=int(summary.get("warmup_steps") or 0)),
+        backend=summary.backend,
+        noise_sigma=None if times is None else median_noise_sigma(times, skip=summary.warmup_steps or 0),
     )
 
 

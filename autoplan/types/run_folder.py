@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +49,51 @@ def measured_csv(steps: list[MeasuredStep]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_run_folder(out: str | Path, *, steps: list[MeasuredStep], summary: dict[str, Any], plan: Plan) -> None:
+@dataclass
+class RunSummary:
+    """summary.json. A field a run folder of an older autoplan lacks reads as None; a key this one does
+    not know is left unread. ``nonfinite_loss`` (the step whose loss stopped the run) is written only
+    when there is one."""
+
+    plan: str | None = None  # Plan.describe()
+    model: str | None = None
+    devices: int | None = None
+    backend: str | None = None  # nccl or gloo
+    threads_per_process: int | None = None
+    steps: int | None = None
+    warmup_steps: int | None = None  # left out of the median
+    median_step_time_s: float | None = None
+    predicted_step_time_s: float | None = None
+    measured_over_predicted: float | None = None
+    final_loss: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_kind: str | None = None  # cuda_max_allocated or cpu_max_rss
+    verify: dict[str, Any] | None = None  # --verify's verdict
+    model_file: str | None = None  # what calibrate re-traces, at global_batch_size under environment
+    plan_file: str | None = None
+    global_batch_size: int | None = None
+    environment: dict[str, str] = field(default_factory=dict)  # the AUTOPLAN_* variables of the run
+    nonfinite_loss: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.nonfinite_loss is None:
+            del data["nonfinite_loss"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSummary:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["environment"] = values.get("environment") or {}
+        return cls(**values)
+
+
+def write_run_folder(out: str | Path, *, steps: list[MeasuredStep], summary: RunSummary, plan: Plan) -> None:
     """Write measured.csv, summary.json and the plan's copy into ``out``, each atomically."""
     out = Path(out)
     write_text_atomic(out / MEASURED_CSV, measured_csv(steps))
-    write_json_atomic(out / SUMMARY_JSON, summary)
+    write_json_atomic(out / SUMMARY_JSON, summary.to_dict())
     plan.save(out / PLAN_JSON)
 
 
@@ -62,7 +102,7 @@ class RunFolder:
     """A run folder as read back: its summary, and its measured steps and audit when present."""
 
     path: Path
-    summary: dict[str, Any]
+    summary: RunSummary
     measured: pd.DataFrame | None  # None: no measured.csv
     audit: pd.DataFrame | None = None  # None: not audited
 
@@ -93,11 +133,11 @@ class RunFolder:
 
     def plan_path(self) -> Path | None:
         """The plan that ran: the folder's copy, else the plan file summary.json names; None when both are gone."""
-        recorded = [Path(self.summary["plan_file"])] if self.summary.get("plan_file") else []
+        recorded = [Path(self.summary.plan_file)] if self.summary.plan_file else []
         return next((p for p in [self.path / PLAN_JSON, *recorded] if p.is_file()), None)
 
 
-def _summary(folder: Path, error: type[Exception]) -> dict[str, Any]:
+def _summary(folder: Path, error: type[Exception]) -> RunSummary:
     path = folder / SUMMARY_JSON
     if not path.is_file():
         raise error(
@@ -110,4 +150,4 @@ def _summary(folder: Path, error: type[Exception]) -> dict[str, Any]:
         raise error(f"'{path}' is not valid JSON ({exc.msg} at line {exc.lineno}); rerun the run.") from None
     if not isinstance(data, dict):
         raise error(f"'{path}' is not a JSON object; rerun the run.")
-    return data
+    return RunSummary.from_dict(data)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from autoplan.types.run_folder import MEASURED_COLUMNS, MeasuredStep, write_run_folder
+from autoplan.types.run_folder import MEASURED_COLUMNS, MeasuredStep, RunSummary, write_run_folder
 
 
 class RunPaths(Protocol):
@@ -31,10 +32,9 @@ def write_outputs(
 ) -> None:
     """``rows``: the timed steps (step, step_time_s, loss, peak_memory_bytes); ``nonfinite``: the step
     whose loss stopped the run (execute/job/nonfinite.py), for summary.json."""
-    summary = summarize(plan=plan, rows=rows, verified=verified)
-    summary.update(run_inputs(opts=opts, plan=plan))
+    summary = replace(summarize(plan=plan, rows=rows, verified=verified), **run_inputs(opts=opts, plan=plan))
     if nonfinite is not None:
-        summary.update(nonfinite_loss=nonfinite, final_loss=None)
+        summary = replace(summary, nonfinite_loss=nonfinite, final_loss=None)
     steps = [MeasuredStep(**{k: r[k] for k in MEASURED_COLUMNS}) for r in rows]
     write_run_folder(opts.out, steps=steps, summary=summary, plan=plan)
 
@@ -52,25 +52,25 @@ def run_inputs(*, opts: RunPaths, plan) -> dict[str, Any]:
     }
 
 
-def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> dict[str, Any]:
+def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> RunSummary:
     """The run summary: median step time after warm-up beside the plan's prediction."""
     skip = warmup_steps(len(rows))
     times = [r["step_time_s"] for r in rows[skip:]]
     median_s = statistics.median(times) if times else None
     predicted_s = plan.predicted.step_time_s if plan.predicted else None
-    return {
-        "plan": plan.describe(),
-        "model": plan.model,
-        "devices": plan.devices,
-        "backend": "nccl" if torch.cuda.is_available() else "gloo",
-        "threads_per_process": torch.get_num_threads(),
-        "steps": len(rows),
-        "warmup_steps": skip,
-        "median_step_time_s": median_s,
-        "predicted_step_time_s": predicted_s,
-        "measured_over_predicted": (median_s / predicted_s) if median_s and predicted_s else None,
-        "final_loss": rows[-1]["loss"] if rows else None,
-        "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows), default=None),
-        "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
-        "verify": verified,
-    }
+    return RunSummary(
+        plan=plan.describe(),
+        model=plan.model,
+        devices=plan.devices,
+        backend="nccl" if torch.cuda.is_available() else "gloo",
+        threads_per_process=torch.get_num_threads(),
+        steps=len(rows),
+        warmup_steps=skip,
+        median_step_time_s=median_s,
+        predicted_step_time_s=predicted_s,
+        measured_over_predicted=(median_s / predicted_s) if median_s and predicted_s else None,
+        final_loss=rows[-1]["loss"] if rows else None,
+        peak_memory_bytes=max((r["peak_memory_bytes"] for r in rows), default=None),
+        peak_memory_kind="cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
+        verify=verified,
+    )

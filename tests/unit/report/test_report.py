@@ -19,7 +19,7 @@ from autoplan.report.folder import load_plan_folder
 from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import write_outputs
 from autoplan.types.cost import Cost
-from autoplan.types.run_folder import MeasuredStep, write_run_folder
+from autoplan.types.run_folder import MeasuredStep, RunSummary, write_run_folder
 
 STEP_TIMES = [0.5, 0.31, 0.3, 0.29, 0.3, 0.32]
 
@@ -39,16 +39,16 @@ def _run_folder(path, plan):
         path,
         steps=steps,
         plan=plan,
-        summary={
-            "plan": plan.describe(),
-            "steps": len(STEP_TIMES),
-            "warmup_steps": 2,
-            "median_step_time_s": median,
-            "predicted_step_time_s": plan.predicted.step_time_s,
-            "peak_memory_bytes": 1005,
-            "peak_memory_kind": "cpu_max_rss",
-            "final_loss": 4.5,
-        },
+        summary=RunSummary(
+            plan=plan.describe(),
+            steps=len(STEP_TIMES),
+            warmup_steps=2,
+            median_step_time_s=median,
+            predicted_step_time_s=plan.predicted.step_time_s,
+            peak_memory_bytes=1005,
+            peak_memory_kind="cpu_max_rss",
+            final_loss=4.5,
+        ),
     )
     return median
 

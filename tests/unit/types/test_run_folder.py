@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -33,11 +34,33 @@ def test_what_the_executor_writes_report_and_calibrate_read(written):
     assert tuple(run.measured.columns) == MEASURED_COLUMNS and run.audit is None
     assert run.measured["step_time_s"].tolist() == [0.5, 0.25, 0.25]  # to the microsecond
     median_s = (0.25 + 0.2500004) / 2  # after one warm-up step, of the times as measured
-    assert run.summary["median_step_time_s"] == median_s and run.summary["peak_memory_bytes"] == 4096
+    assert run.summary.median_step_time_s == median_s and run.summary.peak_memory_bytes == 4096
     assert run.plan_path() == folder / "plan.json" and Plan.load(run.plan_path()) == plan
     calibration = read_run_folder(folder)
     assert calibration.plan == plan and calibration.global_batch_size == plan.global_batch_size
     assert calibration.measured_step_time_s == median_s and calibration.noise_sigma is None  # 2 timed steps
+
+
+SUMMARY_KEYS = (
+    "plan model devices backend threads_per_process steps warmup_steps median_step_time_s predicted_step_time_s "
+    "measured_over_predicted final_loss peak_memory_bytes peak_memory_kind verify model_file plan_file "
+    "global_batch_size environment"
+).split()
+
+
+def test_summary_json_keeps_its_keys_and_order(written, tmp_path):
+    folder, plan = written
+    assert list(json.loads((folder / "summary.json").read_text())) == SUMMARY_KEYS
+    rows = [dict(zip(MEASURED_COLUMNS, (0, 0.5, float("nan"), 1)))]
+    opts = SimpleNamespace(out=str(tmp_path / "stopped"), model="m.py", plan="p.json")
+    write_outputs(opts=opts, plan=plan, rows=rows, verified=None, nonfinite={"step": 0, "loss": "nan"})
+    stopped = json.loads((tmp_path / "stopped" / "summary.json").read_text())
+    assert list(stopped) == [*SUMMARY_KEYS, "nonfinite_loss"] and stopped["final_loss"] is None
+    old = tmp_path / "old"  # a folder of an older autoplan: fewer keys, one it no longer writes
+    old.mkdir()
+    (old / "summary.json").write_text('{"median_step_time_s": 0.3, "environment": null, "gone": 1}')
+    summary = RunFolder.read(old, error=ReportError).summary
+    assert summary.median_step_time_s == 0.3 and summary.environment == {} and summary.model_file is None
 
 
 @pytest.mark.parametrize(
