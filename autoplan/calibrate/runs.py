@@ -1,17 +1,15 @@
 """Measured runs as calibration data: one run folder -> (traced graph, plan, measured step time).
 
-A run folder is what ``autoplan run ... --out RUNDIR`` writes (docs/executor.md):
-``summary.json`` (``median_step_time_s``; ``model_file``, ``global_batch_size`` and the
-``AUTOPLAN_*`` ``environment`` the model file may read its sizes from) and a copy of the
-``plan.json`` it ran. The model is re-traced at the run's global batch under that environment,
+A run folder is what ``autoplan run ... --out RUNDIR`` writes (docs/executor.md), read by its one
+reader (autoplan/types/run_folder.py): ``summary.json`` (``median_step_time_s``; ``model_file``,
+``global_batch_size`` and the ``AUTOPLAN_*`` ``environment`` the model file may read its sizes from)
+and a copy of the ``plan.json`` it ran. The model is re-traced at the run's global batch under that environment,
 once per distinct (model file, batch, environment). Every way a folder cannot be used raises
 :class:`CalibrationError` with one sentence.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 import statistics
@@ -24,6 +22,7 @@ from autoplan.errors import AutoplanError, PlanError
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.run_folder import RunFolder
 
 
 class CalibrationError(AutoplanError):
@@ -44,7 +43,9 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class RunFolder:
+class CalibrationRun:
+    """A run folder's facts that calibration uses, checked (:func:`read_run_folder`)."""
+
     folder: Path
     plan: Plan
     measured_step_time_s: float
@@ -55,86 +56,62 @@ class RunFolder:
     noise_sigma: float | None = None
 
 
-def read_run_folder(folder: str | os.PathLike) -> RunFolder:
+def read_run_folder(folder: str | os.PathLike) -> CalibrationRun:
     """Read and check one run folder (module docstring)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CalibrationError(
-            f"run folder '{folder}' does not exist; pass folders written by `autoplan run ... --out RUNDIR`."
-        )
-    summary = _summary(folder)
-    plan = _plan(folder, summary)
-    measured = summary.get("median_step_time_s")
+    run = RunFolder.read(folder, error=CalibrationError)
+    folder, summary = run.path, run.summary
+    plan = _plan(run)
+    measured = summary.median_step_time_s
     if not isinstance(measured, (int, float)) or measured <= 0:
         raise CalibrationError(
             f"run folder '{folder}' has no positive median_step_time_s in summary.json; rerun it with more --steps."
         )
-    model_file = summary.get("model_file")
+    model_file = summary.model_file
     if not model_file or not Path(model_file).is_file():
         raise CalibrationError(
             f"run folder '{folder}' does not record an existing model_file in summary.json ({model_file!r}); "
             "rerun it with this autoplan's `autoplan run`, which records it."
         )
-    batch = int(summary.get("global_batch_size") or plan.global_batch_size)
-    env = tuple(sorted((summary.get("environment") or {}).items()))
-    return RunFolder(
+    batch = int(summary.global_batch_size or plan.global_batch_size)
+    env = tuple(sorted(summary.environment.items()))
+    times = run.step_times_s()
+    return CalibrationRun(
         folder=folder,
         plan=plan,
         measured_step_time_s=float(measured),
         model_file=str(model_file),
         global_batch_size=batch,
         environment=env,
-        backend=summary.get("backend"),
-        noise_sigma=median_noise_sigma(folder / "measured.csv", skip=int(summary.get("warmup_steps") or 0)),
+        backend=summary.backend,
+        noise_sigma=None if times is None else median_noise_sigma(times, skip=summary.warmup_steps or 0),
     )
 
 
-def median_noise_sigma(path: Path, *, skip: int) -> float | None:
+def median_noise_sigma(step_times_s: list[float], *, skip: int) -> float | None:
     """Log standard deviation of a median of k step times: 1.2533 * sigma / sqrt(k) (the median's asymptotic
-    efficiency), sigma = IQR(ln t) / 1.349 (a normal's IQR); None without measured.csv or with < 4 timed steps."""
-    if not path.is_file():
-        return None
-    try:
-        with path.open() as handle:
-            times = [float(row["step_time_s"]) for row in csv.DictReader(handle)][skip:]
-    except (KeyError, ValueError):
-        return None
+    efficiency), sigma = IQR(ln t) / 1.349 (a normal's IQR), over the steps after the first ``skip``;
+    None with < 4 timed steps."""
+    times = step_times_s[skip:]
     if len(times) < 4 or min(times) <= 0:
         return None
     q1, _, q3 = statistics.quantiles([math.log(t) for t in times], n=4)
     return 1.2533 * (q3 - q1) / 1.349 / math.sqrt(len(times))
 
 
-def _summary(folder: Path) -> dict:
-    path = folder / "summary.json"
-    if not path.is_file():
-        raise CalibrationError(
-            f"run folder '{folder}' has no summary.json; the run did not finish, "
-            f"rerun `autoplan run ... --out {folder}`."
-        )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CalibrationError(f"'{path}' is not valid JSON ({exc.msg} at line {exc.lineno}); rerun the run.") from None
-    if not isinstance(data, dict):
-        raise CalibrationError(f"'{path}' is not a JSON object; rerun the run.")
-    return data
-
-
-def _plan(folder: Path, summary: dict) -> Plan:
-    candidates = [folder / "plan.json"] + ([Path(summary["plan_file"])] if summary.get("plan_file") else [])
-    path = next((p for p in candidates if p.is_file()), None)
+def _plan(run: RunFolder) -> Plan:
+    path = run.plan_path()
     if path is None:
         raise CalibrationError(
-            f"run folder '{folder}' has no plan.json and its recorded plan_file is gone; rerun it with `autoplan run`."
+            f"run folder '{run.path}' has no plan.json and its recorded plan_file is gone; "
+            "rerun it with `autoplan run`."
         )
     try:
         return Plan.load(path)
     except PlanError as exc:
-        raise CalibrationError(f"run folder '{folder}': {exc}") from None
+        raise CalibrationError(f"run folder '{run.path}': {exc}") from None
 
 
-def check_matches(run: RunFolder, profile: Profile) -> None:
+def check_matches(run: CalibrationRun, profile: Profile) -> None:
     """A run belongs to ``profile`` when its plan was made for it and it ran on the profile's backend."""
     if run.plan.profile and run.plan.profile != profile.name:
         raise CalibrationError(

@@ -122,7 +122,7 @@ def run_explain_config(args: argparse.Namespace) -> int:
     from autoplan.errors import ExportError
     from autoplan.export.api import import_config
     from autoplan.export.pricing import price_imported, pricing_lines
-    from autoplan.solve.api import resolve_profile
+    from autoplan.profile.io import load_profile
     from autoplan.trace import trace_model_file
 
     missing = [flag for flag, value in (("--model", args.model), ("--profile", args.profile)) if not value]
@@ -135,7 +135,7 @@ def run_explain_config(args: argparse.Namespace) -> int:
     result = price_imported(
         imported,
         graph=graph,
-        profile=resolve_profile(args.profile),
+        profile=load_profile(args.profile),
         search=search_options(args),
         source=args.config,
         model=args.model,

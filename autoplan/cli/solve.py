@@ -98,13 +98,14 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from autoplan.cli.trace import routing_of
     from autoplan.cli.whole_run import run_spec_of
-    from autoplan.solve.api import NoPlanFits, plan_graph, profile_file, resolve_profile
+    from autoplan.profile.io import load_profile, profile_file
+    from autoplan.solve.api import NoPlanFits, plan_graph
     from autoplan.solve.console import search_progress
     from autoplan.solve.outputs import write_outputs
     from autoplan.trace import trace_model_file
 
     spec = run_spec_of(args)  # bad whole-run flags fail before the trace
-    profile = resolve_profile(args.profile)
+    profile = load_profile(args.profile)
     if spec is not None:
         from autoplan.cost.whole_run import check_prices, priced_profile
 

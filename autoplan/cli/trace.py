@@ -11,19 +11,7 @@ from typing import Any
 from autoplan.types._check import write_text_atomic
 from autoplan.types.graph import Graph
 from autoplan.types.moe import DEFAULT_IMBALANCE, IMBALANCE_SOURCE, RoutingModel
-
-OPS_COLUMNS = [
-    "name",
-    "op",
-    "module",
-    "layer",
-    "params",
-    "param_bytes",
-    "output_bytes",
-    "saved_bytes",
-    "fwd_flops",
-    "bwd_flops",
-]
+from autoplan.types.tables import TracedOp, table_text
 
 
 def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -78,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
     graph = trace_model_file(args.model, args.batch, routing=routing_of(args))
     out = Path(args.out)
     graph.save(out / "graph.json")
-    write_text_atomic(out / "ops.csv", ops_table(graph).to_csv(index=False))
+    write_text_atomic(out / "ops.csv", table_text(traced_ops(graph), TracedOp))
     summary = summarize(graph, out)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -87,25 +75,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def ops_table(graph: Graph):
-    import pandas as pd
-
-    rows = [
-        [
-            n.name,
-            n.op,
-            n.module,
-            n.layer or "",
-            n.param_count,
-            n.param_bytes,
-            n.output_bytes,
-            n.saved_bytes,
-            n.fwd_flops,
-            n.bwd_flops,
-        ]
+def traced_ops(graph: Graph) -> list[TracedOp]:
+    """ops.csv of a trace: one row per graph node (types/tables.py)."""
+    return [
+        TracedOp(
+            name=n.name,
+            op=n.op,
+            module=n.module,
+            layer=n.layer or "",
+            params=n.param_count,
+            param_bytes=n.param_bytes,
+            output_bytes=n.output_bytes,
+            saved_bytes=n.saved_bytes,
+            fwd_flops=n.fwd_flops,
+            bwd_flops=n.bwd_flops,
+        )
         for n in graph.nodes
     ]
-    return pd.DataFrame(rows, columns=OPS_COLUMNS)
 
 
 def summarize(graph: Graph, out: Path) -> dict[str, Any]:

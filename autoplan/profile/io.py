@@ -2,9 +2,11 @@
 
 ``load_profile(name_or_path)`` takes a path to a ``.yaml``/``.yml``/``.json`` file, or a
 file stem such as ``dgx-h100`` that is looked up in ``./profiles/`` and then in the
-``profiles/`` folder shipped beside the package. Every way a file can be wrong (missing,
-unparsable, a missing or unknown field, a bad value) raises :class:`ProfileError` with one
-sentence naming the file, the field, the value and what was expected.
+``profiles/`` folder shipped beside the package, or an instance family such as ``p5`` that
+names exactly one profile stem ending in ``-p5`` (``aws-p5``). :func:`resolve_profile_path` is
+the one place a profile name is resolved; :func:`profile_file` says whether a name was a file.
+Every way a file can be wrong (missing, unparsable, a missing or unknown field, a bad value)
+raises :class:`ProfileError` with one sentence naming the file, the field, the value and what was expected.
 
 ``save_profile(profile, path)`` writes YAML or JSON by the path's suffix, atomically.
 """
@@ -68,23 +70,48 @@ def available_profiles() -> list[str]:
     return sorted({p.stem for d in search_dirs() if d.is_dir() for p in d.iterdir() if p.suffix in SUFFIXES})
 
 
-def resolve_profile_path(name_or_path: str | os.PathLike) -> Path:
-    """A path that exists, or the file a stem names in :func:`search_dirs`."""
+def _is_path(name_or_path: str | os.PathLike) -> bool:
+    """A profile given as a file (a profile suffix or a folder in it), not as a name."""
     path = Path(name_or_path)
-    if path.suffix in SUFFIXES or len(path.parts) > 1:
+    return path.suffix in SUFFIXES or len(path.parts) > 1
+
+
+def profile_file(profile: Profile | str | os.PathLike) -> str | None:
+    """The absolute path of a profile given as an existing file, else None (a name or a Profile): what
+    plan.json records as its ``profile`` so that ``run --audit`` and ``calibrate`` can load it again."""
+    if isinstance(profile, Profile) or not _is_path(profile) or not Path(profile).is_file():
+        return None
+    return str(Path(profile).resolve())
+
+
+def resolve_profile_path(name_or_path: str | os.PathLike) -> Path:
+    """A path that exists, else the file a stem names in :func:`search_dirs`, else the one profile
+    whose stem ends in ``-NAME`` (an instance family: ``p5`` for ``aws-p5``)."""
+    path = Path(name_or_path)
+    if _is_path(path):
         if not path.is_file():
             raise ProfileError(
                 f"profile file '{path}' does not exist; give an existing .yaml/.json path "
                 f"or one of: {', '.join(available_profiles())}."
             )
         return path
+    family = [stem for stem in available_profiles() if stem.endswith(f"-{path.name}")]
+    found = _stem_file(path.name) or (_stem_file(family[0]) if len(family) == 1 else None)
+    if found is not None:
+        return found
+    raise ProfileError(
+        f"unknown profile or instance '{name_or_path}'; use one of: {', '.join(available_profiles())}, "
+        "or give a file path."
+    )
+
+
+def _stem_file(stem: str) -> Path | None:
+    """The first file named ``stem`` with a profile suffix in :func:`search_dirs`."""
     for folder in search_dirs():
         for suffix in SUFFIXES:
-            if (folder / f"{path.name}{suffix}").is_file():
-                return folder / f"{path.name}{suffix}"
-    raise ProfileError(
-        f"no profile named '{name_or_path}'; use one of: {', '.join(available_profiles())}, or give a file path."
-    )
+            if (folder / f"{stem}{suffix}").is_file():
+                return folder / f"{stem}{suffix}"
+    return None
 
 
 def load_profile(name_or_path: str | os.PathLike | Profile) -> Profile:

@@ -2,8 +2,8 @@
 
 Plan folder ``DIR`` (docs/plan-format.md): ``plan.json`` (absent when nothing fit),
 ``plans.csv``, ``ops.csv``, ``stages.csv``, and the planner's inputs ``graph.json`` and
-``profile.json``. Run folder ``RUNDIR``: ``measured.csv`` and ``summary.json``, and ``audit.csv`` after
-``autoplan run --audit``.
+``profile.json``. Run folder ``RUNDIR`` (autoplan/types/run_folder.py, its one reader): ``measured.csv``
+and ``summary.json``, and ``audit.csv`` after ``autoplan run --audit``.
 
 :func:`search_again` re-runs the planner's search on the saved graph and profile with the
 saved options (``plan.json`` ``predicted.search``: batch_size, fixes, objective), which gives
@@ -24,6 +24,8 @@ from autoplan.types._check import read_json
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.run_folder import MEASURED_CSV, RunFolder
+from autoplan.types.tables import read_table
 
 
 class ReportError(AutoplanError):
@@ -54,23 +56,11 @@ class PlanFolder:
         }
 
 
-@dataclass
-class RunFolder:
-    path: Path
-    measured: pd.DataFrame
-    summary: dict[str, Any]
-    audit: pd.DataFrame | None = None  # audit.csv of `autoplan run --audit`: predicted beside measured per rank
-
-
 def _csv(path: Path, *, required: bool) -> pd.DataFrame | None:
-    if not path.is_file():
-        if required:
-            raise ReportError(f"'{path}' does not exist; pass a folder written by `autoplan plan --out DIR`.")
-        return None
-    try:
-        return pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise ReportError(f"'{path}' is not a readable CSV ({exc}); re-run `autoplan plan`.") from None
+    table = read_table(path, error=ReportError, rerun="autoplan plan")
+    if table is None and required:
+        raise ReportError(f"'{path}' does not exist; pass a folder written by `autoplan plan --out DIR`.")
+    return table
 
 
 def load_plan_folder(path: str | Path) -> PlanFolder:
@@ -95,20 +85,13 @@ def load_plan_folder(path: str | Path) -> PlanFolder:
 
 
 def load_run_folder(path: str | Path) -> RunFolder:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ReportError(f"run folder '{folder}' does not exist; pass the --out RUNDIR of `autoplan run`.")
-    measured = _csv(folder / "measured.csv", required=False)
-    if measured is None:
+    """A run folder with its measured steps (the report plots them)."""
+    run = RunFolder.read(path, error=ReportError)
+    if run.measured is None:
         raise ReportError(
-            f"'{folder / 'measured.csv'}' does not exist; pass a folder written by `autoplan run --out RUNDIR`."
+            f"'{run.path / MEASURED_CSV}' does not exist; pass a folder written by `autoplan run --out RUNDIR`."
         )
-    return RunFolder(
-        path=folder,
-        measured=measured,
-        summary=read_json(folder / "summary.json", ReportError, "run summary"),
-        audit=_csv(folder / "audit.csv", required=False),
-    )
+    return run
 
 
 def search_again(folder: PlanFolder):

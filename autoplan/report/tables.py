@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoplan.report.folder import PlanFolder, ReportError, RunFolder
+from autoplan.report.folder import PlanFolder, ReportError
 from autoplan.types._check import write_text_atomic
 from autoplan.types.cost import Cost
+from autoplan.types.run_folder import RunFolder
 
 GIB = 2**30
 
@@ -93,7 +94,7 @@ def runs_table(folder: PlanFolder, runs: list[RunFolder]) -> pd.DataFrame:
     rows = []
     for run in runs:
         s = run.summary
-        predicted, measured = s.get("predicted_step_time_s"), s.get("median_step_time_s")
+        predicted, measured = s.predicted_step_time_s, s.median_step_time_s
         if predicted is None or measured is None:
             raise ReportError(
                 f"run folder '{run.path}' has no predicted or median step time in summary.json; re-run `autoplan run`."
@@ -101,17 +102,17 @@ def runs_table(folder: PlanFolder, runs: list[RunFolder]) -> pd.DataFrame:
         rows.append(
             {
                 "run": run.path.name,
-                "plan": s.get("plan"),
-                "steps": s.get("steps"),
-                "warmup_steps": s.get("warmup_steps"),
+                "plan": s.plan,
+                "steps": s.steps,
+                "warmup_steps": s.warmup_steps,
                 "predicted_step_time_s": predicted,
                 "measured_step_time_s": measured,
                 "measured_over_predicted": measured / predicted,
                 "error_pct": 100.0 * (predicted - measured) / measured,
                 "predicted_peak_memory_bytes": predicted_peak,
-                "measured_peak_memory_bytes": s.get("peak_memory_bytes"),
-                "peak_memory_kind": s.get("peak_memory_kind"),
-                "final_loss": s.get("final_loss"),
+                "measured_peak_memory_bytes": s.peak_memory_bytes,
+                "peak_memory_kind": s.peak_memory_kind,
+                "final_loss": s.final_loss,
             }
         )
     return pd.DataFrame(rows)

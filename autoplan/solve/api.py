@@ -15,7 +15,6 @@ deadline or the budget needed (solve/run_limits.py).
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from autoplan.cost import reliability
@@ -24,6 +23,7 @@ from autoplan.cost.memory import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.whole_run import priced_profile, run_pricer
 from autoplan.errors import PlanError
+from autoplan.profile.io import load_profile, profile_file
 from autoplan.solve import sequence_parallel, space, tp_runnable
 from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.pins import parse_fixes
@@ -35,6 +35,8 @@ from autoplan.types.profile import Profile
 from autoplan.types.run import RunSpec
 
 FRUGAL_PINS = ("recompute", "zero", "mbs", "sp")
+#: the name execute/checkpoint/replan.py imports load_profile by, until replanning is passed in (issue 31 item 7)
+resolve_profile = load_profile
 
 
 class NoPlanFits(PlanError):
@@ -43,21 +45,6 @@ class NoPlanFits(PlanError):
     def __init__(self, message: str, result: SearchResult | None = None):
         super().__init__(message)
         self.result = result
-
-
-def profile_file(profile: Profile | str) -> str | None:
-    """The absolute path of a profile given as a file, else None (a name or a Profile)."""
-    if isinstance(profile, str) and Path(profile).suffix in (".yaml", ".yml", ".json") and Path(profile).is_file():
-        return str(Path(profile).resolve())
-    return None
-
-
-def resolve_profile(profile: Profile | str) -> Profile:
-    if isinstance(profile, Profile):
-        return profile
-    from autoplan.profile import load_profile
-
-    return load_profile(profile)
 
 
 def plan_graph(
@@ -84,7 +71,7 @@ def plan_graph(
     searches (and allows pins of) gradient reduction below fp32 and PowerSGD (Plan.lossy);
     ``allow_fp8`` also searches FP8 linears (a ``precision=fp8`` pin searches them without it)."""
     source = profile_file(profile)
-    profile = resolve_profile(profile)
+    profile = load_profile(profile)
     run = RunSpec(**run) if isinstance(run, dict) else run
     if run is not None:
         profile = priced_profile(profile, run)

@@ -30,9 +30,10 @@ import time
 from dataclasses import dataclass, field, replace
 
 from autoplan.cost.whole_run import RunPricer, check_prices, hours_text, priced_profile, usd_text
-from autoplan.errors import PlanError, ProfileError
+from autoplan.errors import PlanError
+from autoplan.profile.io import load_profile
 from autoplan.solve import space
-from autoplan.solve.api import NoPlanFits, plan_graph, resolve_profile
+from autoplan.solve.api import NoPlanFits, plan_graph
 from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.run_limits import step_time_floor_s
@@ -135,21 +136,6 @@ def _count(value, given) -> int:
     return count
 
 
-def resolve_sweep_profile(name: str | Profile) -> Profile:
-    """A profile by name or path, or by its instance family (``p5`` for ``aws-p5``) when unambiguous."""
-    try:
-        return resolve_profile(name)
-    except ProfileError:
-        from autoplan.profile import available_profiles
-
-        matches = [p for p in available_profiles() if isinstance(name, str) and p.endswith(f"-{name}")]
-        if len(matches) == 1:
-            return resolve_profile(matches[0])
-        raise ProfileError(
-            f"unknown profile or instance '{name}'; use one of: {', '.join(available_profiles())}, or a file path."
-        ) from None
-
-
 def sweep_graph(
     graph: Graph,
     *,
@@ -175,7 +161,7 @@ def sweep_graph(
     if not run.has_length:
         raise PlanError("a sweep compares whole runs: pass --tokens N or --steps N.")
     batch = batch_size or graph.batch_size
-    loaded = [priced_profile(resolve_sweep_profile(p), run) for p in profiles]
+    loaded = [priced_profile(load_profile(p), run) for p in profiles]
     for profile in loaded:
         if profile.pricing is None:
             raise PlanError(

@@ -1,4 +1,5 @@
-"""The planner's files: plan.json, plans.csv, ops.csv, stages.csv (docs/plan-format.md).
+"""The planner's files: plan.json, plans.csv, ops.csv, stages.csv (docs/plan-format.md; the rows of
+ops.csv and stages.csv are types/tables.py's PricedOp and StageRow).
 
 Every file is written atomically (autoplan/types/_check.py). ops.csv attributes the block's
 TP comm terms (autoplan/cost/tensor_parallel.py) to ops: a unary term to its op, an edge term
@@ -11,8 +12,6 @@ block's rows sum to what CostModel charges it (tests/unit/solve/test_solve_agree
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 from autoplan.cost.comm import collective_time_s
@@ -32,6 +31,7 @@ from autoplan.types.graph import Graph, OpNode
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.run import RunSpec
+from autoplan.types.tables import PricedOp, StageRow, csv_text, table_text
 
 CONFIG_COLUMNS = (
     "devices",
@@ -78,14 +78,6 @@ def write_outputs(
     paths["graph.json"] = graph.save(out / "graph.json")
     paths["profile.json"] = write_json_atomic(out / "profile.json", profile.to_dict())
     return paths
-
-
-def _csv(header: list[str], rows: list[list]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 RUN_COLUMNS = ("wall_h", "device_hours", "cost_usd", "spot_wall_h", "spot_cost_usd")
@@ -135,7 +127,7 @@ def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
                 c.reason,
             ]
         )
-    return _csv(header, rows)
+    return csv_text(header, rows)
 
 
 SWEEP_COLUMNS = (
@@ -180,7 +172,7 @@ def sweep_csv(result) -> str:
                 row.reason,
             ]
         )
-    return _csv(list(SWEEP_COLUMNS), rows)
+    return csv_text(SWEEP_COLUMNS, rows)
 
 
 def stage_of(graph: Graph, plan: Plan) -> dict[str | None, int]:
@@ -230,36 +222,21 @@ def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
                 else "-"
             )
             rows.append(
-                [
-                    node.name,
-                    node.op,
-                    node.module,
-                    layer or "",
-                    stage,
-                    split,
-                    shard,
-                    compute,
-                    comm.get(node.name, 0.0),
-                    int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes),
-                    int(saved),
-                ]
+                PricedOp(
+                    op=node.name,
+                    kind=node.op,
+                    module=node.module,
+                    layer=layer or "",
+                    stage=stage,
+                    split=split,
+                    compute_shard=shard,
+                    compute_s=compute,
+                    comm_s=comm.get(node.name, 0.0),
+                    param_state_bytes=int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes),
+                    activation_bytes=int(saved),
+                )
             )
-    return _csv(
-        [
-            "op",
-            "kind",
-            "module",
-            "layer",
-            "stage",
-            "split",
-            "compute_shard",
-            "compute_s",
-            "comm_s",
-            "param_state_bytes",
-            "activation_bytes",
-        ],
-        rows,
-    )
+    return table_text(rows, PricedOp)
 
 
 def _nodes_by_layer(graph: Graph) -> dict[str | None, list[tuple[int, OpNode]]]:
@@ -323,34 +300,20 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
         idx = [position[layer] for layer in layers]
         time_s = sum(problem.layer_time_s[i] for i in idx) + problem.extra_time_s[k]
         rows.append(
-            [
-                k,
-                len(layers),
-                layers[0] if layers else "",
-                layers[-1] if layers else "",
-                time_s,
-                int(peaks[k]),
-                int(send),
-                int(recv),
-                sum(problem.chunk_cuts_s(c, i, j) for c, i, j in mine) / 2,
-                _forward_s(costs, plan, k, layers),
-            ]
+            StageRow(
+                stage=k,
+                blocks=len(layers),
+                first_block=layers[0] if layers else "",
+                last_block=layers[-1] if layers else "",
+                micro_batch_time_s=time_s,
+                memory_bytes=int(peaks[k]),
+                send_bytes=int(send),
+                recv_bytes=int(recv),
+                send_recv_s=sum(problem.chunk_cuts_s(c, i, j) for c, i, j in mine) / 2,
+                forward_s=_forward_s(costs, plan, k, layers),
+            )
         )
-    return _csv(
-        [
-            "stage",
-            "blocks",
-            "first_block",
-            "last_block",
-            "micro_batch_time_s",
-            "memory_bytes",
-            "send_bytes",
-            "recv_bytes",
-            "send_recv_s",
-            "forward_s",
-        ],
-        rows,
-    )
+    return table_text(rows, StageRow)
 
 
 def _forward_s(costs: StageCosts, plan: Plan, stage: int, layers: list[str]) -> float:

@@ -131,6 +131,38 @@ def test_one_port_picker():
     assert defined == ["jobs/launcher.py"]
 
 
+def _file_format_code(node: ast.AST) -> str | None:
+    """What ``node`` is, when it is a run folder class, a profile name resolver or a CSV reader or writer."""
+    if isinstance(node, ast.ClassDef) and node.name.endswith("RunFolder"):
+        return f"class {node.name}"
+    if isinstance(node, ast.FunctionDef) and (
+        ("resolve" in node.name and "profile" in node.name) or node.name == "profile_file"
+    ):
+        return f"def {node.name}"
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("csv", "pd"):
+        return f"{node.value.id}.{node.attr}" if node.attr in ("read_csv", "reader", "DictReader", "writer") else None
+    return None
+
+
+def test_each_file_format_has_one_reader_and_writer():
+    """Issue 31: the run folder is one class, read and written in types/run_folder.py (execute writes it,
+    report and calibrate read it); a profile name is resolved in profile/io.py only; the per-op and
+    per-stage CSVs' columns are their row types' fields in types/tables.py, which holds the one CSV reader
+    and writer (the report's own tables are DataFrames it writes with ``to_csv``)."""
+    where: dict[str, set[str]] = {}
+    for _, path, tree in _modules():
+        for node in ast.walk(tree):
+            if (what := _file_format_code(node)) is not None:
+                where.setdefault(what, set()).add(str(path.relative_to(PACKAGE)))
+    assert where == {
+        "class RunFolder": {"types/run_folder.py"},
+        "def resolve_profile_path": {"profile/io.py"},
+        "def profile_file": {"profile/io.py"},
+        "pd.read_csv": {"types/tables.py"},
+        "csv.writer": {"types/tables.py"},
+    }, where
+
+
 def test_no_file_is_exempt_from_the_line_limit():
     """Every file keeps ruff's line limit and formatting (CI runs ``ruff check`` and ``ruff format
     --check``): no per-file exemption from E501, the long-line rule."""

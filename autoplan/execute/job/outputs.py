@@ -1,17 +1,25 @@
-"""The run folder rank 0 writes: ``measured.csv`` (one row per step), ``summary.json`` (median
-step time after warm-up beside the prediction, the verify verdict, what re-pricing the run needs)
-and a copy of the plan, each atomically."""
+"""What rank 0 puts in the run folder: the measured steps and summary.json's entries. The files and
+their columns are written by the run folder's one writer (autoplan/types/run_folder.py)."""
 
 from __future__ import annotations
 
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from autoplan.types._check import write_json_atomic, write_text_atomic
+from autoplan.types.run_folder import MEASURED_COLUMNS, MeasuredStep, RunSummary, write_run_folder
+
+
+class RunPaths(Protocol):
+    """The paths of a run the outputs name (the runner's RunOptions has them)."""
+
+    out: str  # the run folder
+    model: str  # the model file
+    plan: str  # the plan file
 
 
 def warmup_steps(steps: int) -> int:
@@ -20,22 +28,18 @@ def warmup_steps(steps: int) -> int:
 
 
 def write_outputs(
-    *, opts: Any, plan, rows: list[dict[str, Any]], verified: dict | None, nonfinite: dict | None = None
+    *, opts: RunPaths, plan, rows: list[dict[str, Any]], verified: dict | None, nonfinite: dict | None = None
 ) -> None:
-    """``nonfinite``: the step whose loss stopped the run (execute/job/nonfinite.py), for summary.json."""
-    out = Path(opts.out)
-    header = "step,step_time_s,loss,peak_memory_bytes"
-    lines = [header] + [f"{r['step']},{r['step_time_s']:.6f},{r['loss']:.6f},{r['peak_memory_bytes']}" for r in rows]
-    write_text_atomic(out / "measured.csv", "\n".join(lines) + "\n")
-    summary = summarize(plan=plan, rows=rows, verified=verified)
-    summary.update(run_inputs(opts=opts, plan=plan))
+    """``rows``: the timed steps (step, step_time_s, loss, peak_memory_bytes); ``nonfinite``: the step
+    whose loss stopped the run (execute/job/nonfinite.py), for summary.json."""
+    summary = replace(summarize(plan=plan, rows=rows, verified=verified), **run_inputs(opts=opts, plan=plan))
     if nonfinite is not None:
-        summary.update(nonfinite_loss=nonfinite, final_loss=None)
-    write_json_atomic(out / "summary.json", summary)
-    plan.save(out / "plan.json")
+        summary = replace(summary, nonfinite_loss=nonfinite, final_loss=None)
+    steps = [MeasuredStep(**{k: r[k] for k in MEASURED_COLUMNS}) for r in rows]
+    write_run_folder(opts.out, steps=steps, summary=summary, plan=plan)
 
 
-def run_inputs(*, opts: Any, plan) -> dict[str, Any]:
+def run_inputs(*, opts: RunPaths, plan) -> dict[str, Any]:
     """What `autoplan calibrate` needs to re-price this run: the model file, the global batch,
     and the AUTOPLAN_* environment the model file may read its sizes from (plan.json is copied beside)."""
     return {
@@ -48,25 +52,25 @@ def run_inputs(*, opts: Any, plan) -> dict[str, Any]:
     }
 
 
-def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> dict[str, Any]:
+def summarize(*, plan, rows: list[dict[str, Any]], verified: dict | None) -> RunSummary:
     """The run summary: median step time after warm-up beside the plan's prediction."""
     skip = warmup_steps(len(rows))
     times = [r["step_time_s"] for r in rows[skip:]]
     median_s = statistics.median(times) if times else None
     predicted_s = plan.predicted.step_time_s if plan.predicted else None
-    return {
-        "plan": plan.describe(),
-        "model": plan.model,
-        "devices": plan.devices,
-        "backend": "nccl" if torch.cuda.is_available() else "gloo",
-        "threads_per_process": torch.get_num_threads(),
-        "steps": len(rows),
-        "warmup_steps": skip,
-        "median_step_time_s": median_s,
-        "predicted_step_time_s": predicted_s,
-        "measured_over_predicted": (median_s / predicted_s) if median_s and predicted_s else None,
-        "final_loss": rows[-1]["loss"] if rows else None,
-        "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows), default=None),
-        "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
-        "verify": verified,
-    }
+    return RunSummary(
+        plan=plan.describe(),
+        model=plan.model,
+        devices=plan.devices,
+        backend="nccl" if torch.cuda.is_available() else "gloo",
+        threads_per_process=torch.get_num_threads(),
+        steps=len(rows),
+        warmup_steps=skip,
+        median_step_time_s=median_s,
+        predicted_step_time_s=predicted_s,
+        measured_over_predicted=(median_s / predicted_s) if median_s and predicted_s else None,
+        final_loss=rows[-1]["loss"] if rows else None,
+        peak_memory_bytes=max((r["peak_memory_bytes"] for r in rows), default=None),
+        peak_memory_kind="cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss",
+        verify=verified,
+    )

@@ -119,14 +119,23 @@ def test_executor_records_what_calibration_needs(tmp_path, monkeypatch):
 def test_run_noise_from_its_own_steps(tmp_path):
     import math
 
-    from autoplan.calibrate.runs import median_noise_sigma
+    from autoplan.calibrate.runs import CalibrationError, median_noise_sigma
+    from autoplan.types.run_folder import RunFolder
 
-    steady, noisy = tmp_path / "steady.csv", tmp_path / "noisy.csv"
-    steady.write_text("step,step_time_s\n" + "".join(f"{i},0.5\n" for i in range(8)))
+    def step_times(name: str, text: str) -> list[float] | None:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "summary.json").write_text("{}")
+        if text:
+            (folder / "measured.csv").write_text(text)
+        return RunFolder.read(folder, error=CalibrationError).step_times_s()
+
+    steady = step_times("steady", "step,step_time_s\n" + "".join(f"{i},0.5\n" for i in range(8)))
     times = [9.0, 9.0, 0.4, 0.5, 0.6, 0.4, 0.5, 0.6]  # two warm-up steps, then +-20 %
-    noisy.write_text("step,step_time_s\n" + "".join(f"{i},{t}\n" for i, t in enumerate(times)))
+    noisy = step_times("noisy", "step,step_time_s\n" + "".join(f"{i},{t}\n" for i, t in enumerate(times)))
+    assert noisy == times
     assert median_noise_sigma(steady, skip=2) == 0.0
     q1, q3 = math.log(0.4), math.log(0.6)  # statistics.quantiles (exclusive) of the 6 timed steps
     assert median_noise_sigma(noisy, skip=2) == pytest.approx(1.2533 * (q3 - q1) / 1.349 / math.sqrt(6))
-    assert median_noise_sigma(tmp_path / "absent.csv", skip=0) is None
+    assert step_times("absent", "") is None and step_times("untimed", "step,loss\n0,1.0\n") is None
     assert median_noise_sigma(noisy, skip=6) is None  # too few timed steps to say

@@ -137,11 +137,7 @@ def test_summary_median_after_warmup_and_threads():
         {"step": i, "step_time_s": t, "loss": 1.0, "peak_memory_bytes": 10} for i, t in enumerate([9.0, 1.0, 2.0, 3.0])
     ]
     summary = summarize(plan=plan(predicted={"step_time_s": 1.0}), rows=rows, verified=None)
-    assert (
-        summary["warmup_steps"] == 1
-        and summary["median_step_time_s"] == 2.0
-        and summary["measured_over_predicted"] == 2.0
-    )
+    assert summary.warmup_steps == 1 and summary.median_step_time_s == 2.0 and summary.measured_over_predicted == 2.0
     assert warmup_steps(1) == 0 and warmup_steps(10) == 2
     assert threads_per_process(requested=3, profile_threads=2) == 3
     assert threads_per_process(requested=None, profile_threads=2) == 2

@@ -11,6 +11,7 @@ import yaml
 from autoplan.cli import main
 from autoplan.errors import ProfileError
 from autoplan.profile import available_profiles, load_profile, save_profile
+from autoplan.profile.io import profile_file, resolve_profile_path
 from autoplan.types.profile import COLLECTIVES, Profile
 
 SHIPPED = ["dgx-a100", "dgx-h100", "dgx-h200", "cpu-gloo"]
@@ -119,8 +120,24 @@ def test_bad_fields_give_one_line_naming_field_and_value(tmp_path: Path, data: d
 def test_missing_file_and_unknown_name(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="does not exist"):
         load_profile(tmp_path / "nope.yaml")
-    with pytest.raises(ProfileError, match="no profile named 'dgx-z9'.*dgx-a100"):
+    with pytest.raises(ProfileError, match="unknown profile or instance 'dgx-z9'; use one of: .*dgx-a100"):
         load_profile("dgx-z9")
+
+
+def test_every_command_resolves_a_profile_name_one_way(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A stem, an instance family (``p5``: the one stem ending in ``-p5``) and a file path name the
+    same profile for ``load_profile`` and the commands; a family that names two stems is refused."""
+    assert load_profile("p5").name == load_profile("aws-p5").name == "aws-p5"
+    assert main(["profile", "--json", "--show", "p5"]) == 0 and '"name": "aws-p5"' in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "profiles").mkdir()
+    for stem in ("gcp-p5", "aws-p5"):
+        (tmp_path / "profiles" / f"{stem}.yaml").write_text(Path(resolve_profile_path("aws-p5")).read_text())
+    with pytest.raises(ProfileError, match="unknown profile or instance 'p5'"):
+        load_profile("p5")
+    assert profile_file("aws-p5") is None and profile_file(Path("profiles/gcp-p5.yaml")) == str(
+        tmp_path / "profiles" / "gcp-p5.yaml"
+    )
 
 
 def test_bad_yaml_and_bad_json(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ from autoplan.report.api import report
 from autoplan.report.folder import load_plan_folder
 from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import write_outputs
-from autoplan.types._check import write_json_atomic, write_text_atomic
 from autoplan.types.cost import Cost
+from autoplan.types.run_folder import MeasuredStep, RunSummary, write_run_folder
 
 STEP_TIMES = [0.5, 0.31, 0.3, 0.29, 0.3, 0.32]
 
@@ -33,21 +33,22 @@ def _plan_folder(path, *, fix):
 
 
 def _run_folder(path, plan):
-    rows = [f"{i},{t},{5.0 - 0.1 * i},{1000 + i}" for i, t in enumerate(STEP_TIMES)]
-    write_text_atomic(path / "measured.csv", "step,step_time_s,loss,peak_memory_bytes\n" + "\n".join(rows) + "\n")
+    steps = [MeasuredStep(i, t, 5.0 - 0.1 * i, 1000 + i) for i, t in enumerate(STEP_TIMES)]
     median = float(np.median(STEP_TIMES[2:]))
-    write_json_atomic(
-        path / "summary.json",
-        {
-            "plan": plan.describe(),
-            "steps": len(STEP_TIMES),
-            "warmup_steps": 2,
-            "median_step_time_s": median,
-            "predicted_step_time_s": plan.predicted.step_time_s,
-            "peak_memory_bytes": 1005,
-            "peak_memory_kind": "cpu_max_rss",
-            "final_loss": 4.5,
-        },
+    write_run_folder(
+        path,
+        steps=steps,
+        plan=plan,
+        summary=RunSummary(
+            plan=plan.describe(),
+            steps=len(STEP_TIMES),
+            warmup_steps=2,
+            median_step_time_s=median,
+            predicted_step_time_s=plan.predicted.step_time_s,
+            peak_memory_bytes=1005,
+            peak_memory_kind="cpu_max_rss",
+            final_loss=4.5,
+        ),
     )
     return median
 

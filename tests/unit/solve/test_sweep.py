@@ -13,7 +13,7 @@ import pytest
 from autoplan.errors import PlanError, ProfileError
 from autoplan.solve import cluster as sweep_module
 from autoplan.solve.api import NoPlanFits, plan_graph
-from autoplan.solve.cluster import NoClusterMeets, device_counts, recommend, resolve_sweep_profile, sweep_graph
+from autoplan.solve.cluster import NoClusterMeets, device_counts, recommend, sweep_graph
 from autoplan.types.run import RunSpec
 from tests.synthetic.graphs import synthetic_gpt
 from tests.synthetic.profiles import rental_profile, synthetic_profile
@@ -149,8 +149,7 @@ def test_unmet_constraints_say_what_to_change(full):
 
 def test_bad_input_fails_in_one_sentence(graph):
     with pytest.raises(ProfileError, match="unknown profile or instance 'p9'; use one of: .*aws-p5"):
-        resolve_sweep_profile("p9")
-    assert resolve_sweep_profile("p5").name == "aws-p5"
+        sweep_graph(graph, devices=[8], profiles=["p9"], run={"tokens": TOKENS})
     unpriced = replace(synthetic_profile(name="unpriced"), pricing=None)
     with pytest.raises(PlanError, match="profile 'unpriced' has no pricing section; pass --price-per-device-hour"):
         sweep_graph(graph, devices=[8], profiles=[unpriced], run={"tokens": TOKENS})
