@@ -28,6 +28,7 @@ from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic
 from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph, OpNode
+from autoplan.types.layout import stage_of_block, stage_of_chunk
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.run import RunSpec
@@ -176,8 +177,8 @@ def sweep_csv(result) -> str:
 
 
 def stage_of(graph: Graph, plan: Plan) -> dict[str | None, int]:
-    """Block -> pipeline stage (chunk c runs on stage c % pp)."""
-    return {layer: index % plan.pp for index, chunk in enumerate(plan.stages) for layer in chunk}
+    """Block -> pipeline stage (types/layout.stage_of_block)."""
+    return dict(stage_of_block(plan.stages, pp=plan.pp))
 
 
 def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
@@ -286,7 +287,7 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     position = {layer: i for i, layer in enumerate(graph.layers)}
     owned: list[list[str]] = [[] for _ in range(plan.pp)]
     for index, chunk in enumerate(plan.stages):
-        owned[index % plan.pp].extend(chunk)
+        owned[stage_of_chunk(index, pp=plan.pp)].extend(chunk)
     chunks = [(c, position[chunk[0]], position[chunk[-1]] + 1) for c, chunk in enumerate(plan.stages) if chunk]
     ctx = costs.context(plan)
     inputs = [costs.summary(layer, "", plan.tp_plan, ctx).input_bytes for layer in graph.layers]
@@ -294,7 +295,7 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     peaks = [m.peak_bytes for m in costs.cost_model.stage_memory(plan, priced)]
     rows = []
     for k, layers in enumerate(owned):
-        mine = [(c, i, j) for c, i, j in chunks if c % plan.pp == k]
+        mine = [(c, i, j) for c, i, j in chunks if stage_of_chunk(c, pp=plan.pp) == k]
         recv = max((inputs[i] for c, i, _ in mine if c > 0), default=0.0)
         send = max((inputs[j] for c, _, j in mine if c < len(plan.stages) - 1), default=0.0)
         idx = [position[layer] for layer in layers]

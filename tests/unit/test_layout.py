@@ -182,8 +182,6 @@ def test_the_version_is_the_projects():
 #: Sites that still state a rule outside its home because another helper of issue 31 owns their file
 #: this round; whoever merges both moves them onto the home named and deletes the entry.
 PENDING = {
-    ("solve/outputs.py", "index % plan.pp"): "types/layout.stage_of_chunk (file owned by the io helper)",
-    ("solve/outputs.py", "c % plan.pp"): "types/layout.stage_of_chunk (file owned by the io helper)",
     ("execute/job/runner.py", "threads_per_process"): "jobs/threads.threads_per_process (exec helper's file)",
     ("execute/job/runner.py", "cpu_count"): "jobs/threads.available_cores (exec helper's file)",
 }
