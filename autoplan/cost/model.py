@@ -43,7 +43,6 @@ from autoplan.cost.layers import LayerSummary, block_structure, summarise
 from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.cost.op_costs import NodeTimes
 from autoplan.cost.plan_memory import PlanMemory
-from autoplan.cost.saved_ops import SAVED_KINDS
 from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.stages import StageTotals, add_block
@@ -57,6 +56,7 @@ from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.saved_ops import SAVED_KINDS
 
 ADAM_BYTES_PER_PARAM = 28
 
