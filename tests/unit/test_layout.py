@@ -130,22 +130,15 @@ def test_run_options_are_declared_once():
     """RunOptions (types/run_options.py) is the one declaration of ``autoplan run``'s options: no
     other module adds a run flag, parses a rank's argv, or restates a default such as the 45 s timeout."""
     flags = ("--timeout-s", "--checkpoint-every", "--async-checkpoint", "--max-restarts")
-    restated = [
-        f"{path.relative_to(PACKAGE)}: {node.args[0].value}"
-        for _, path, tree in _modules()
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and getattr(node.func, "attr", "") == "add_argument"
-        and node.args
-        and isinstance(node.args[0], ast.Constant)
-        and node.args[0].value in flags
-    ]
-    timeouts = [
-        str(path.relative_to(PACKAGE))
-        for _, path, tree in _modules()
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and node.value == 45.0 and isinstance(node.value, float)
-    ]
+    restated, timeouts = [], []
+    for _, path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, float) and node.value == 45.0:
+                timeouts.append(str(path.relative_to(PACKAGE)))
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and first.value in flags:
+                    restated.append(f"{path.relative_to(PACKAGE)}: {first.value}")
     assert not restated and timeouts == ["types/run_options.py"], (restated, timeouts)
 
 
