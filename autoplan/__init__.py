@@ -25,7 +25,7 @@ _API = {
     "parallelize": "autoplan.execute",
     "checkpointer": "autoplan.execute.checkpoint.api",
     "resume": "autoplan.execute.checkpoint.api",
-    "replan": "autoplan.execute.checkpoint.replan",
+    "replan": "autoplan.cli.checkpoints",
     "report": "autoplan.report",
     "export_plan": "autoplan.export.api",
     "import_config": "autoplan.export.api",

@@ -4,7 +4,7 @@ A user should see only autoplan's lines. :func:`silence_known_noise` installs on
 per known line: a logging filter on the one logger that emits it, matched on its message (and
 where it can be, on the library it concerns), or a ``warnings`` filter on its message and category.
 Anything else those loggers and warnings say still shows. The entry points (``autoplan.cli.main``
-and each rank, ``autoplan.execute.job.runner.main``) call it first; it is idempotent.
+and each rank, ``autoplan.execute.job.runner.main``, started by ``autoplan.cli.rank``) call it first; it is idempotent.
 
 The lines, and why none concerns an autoplan run:
 

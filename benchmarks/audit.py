@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 from _results import write_results
 
+from autoplan.cli.rank import write_audit_prediction
 from autoplan.cost.tp_default import default_tp_plan
 from autoplan.errors import RunError
 from autoplan.jobs.launcher import launch
@@ -39,6 +40,7 @@ from autoplan.profile import load_profile, save_profile
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 from autoplan.types.moe import RoutingModel
+from autoplan.types.run_options import RunOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {
@@ -146,23 +148,12 @@ def audit_family(name: str, model: str, kw: dict, folder: Path) -> dict:
     out = folder / name
     os.environ["AUTOPLAN_FP8_EMULATE"] = "1" if plan.precision == "fp8" else ""  # the ranks inherit it
     try:
-        code = launch(
-            args=[
-                "--model",
-                str(ROOT / "examples" / f"{model}.py"),
-                "--plan",
-                str(plan_path),
-                "--out",
-                str(out),
-                "--steps",
-                "2",
-                "--audit",
-                "--timeout-s",
-                "300",
-            ],
-            nprocs=plan.devices,
-            module="autoplan.execute.job.runner",
-        )
+        opts = RunOptions(
+            model=str(ROOT / "examples" / f"{model}.py"), plan=str(plan_path), out=str(out), steps=2, audit=True,
+            timeout_s=300,
+        )  # fmt: skip
+        write_audit_prediction(opts, plan)  # as `autoplan run --audit` does before its ranks start
+        code = launch(args=[opts.to_json()], nprocs=plan.devices, module="autoplan.cli.rank")
     except RunError as exc:  # a rank died: say so in the table and go on with the other families
         return {"family": name, "plan": plan.describe(), "exit": "failed", "error": str(exc)}
     audit = pd.read_csv(out / "audit.csv")

@@ -14,9 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from autoplan.errors import RunError
+from autoplan.errors import CheckpointError, RunError
+from autoplan.types.plan import Plan
+from autoplan.types.run_options import RunOptions
 
 
 def register_replan(subparsers, common: argparse.ArgumentParser) -> None:
@@ -43,8 +47,47 @@ def register_replan(subparsers, common: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=replan_command, out_kind="folder")
 
 
+@dataclass
+class Replanned:
+    """A plan search for another device count from a checkpoint: the search ``result`` (``.best``
+    is the plan), the ``graph`` and ``profile`` it searched, and the checkpoint it started from."""
+
+    result: Any
+    graph: Any
+    profile: Any
+    step_dir: Path
+    info: Any
+    model_file: Path
+
+    @property
+    def best(self) -> Plan:
+        return self.result.best
+
+
+def replan(
+    checkpoint: str | Path, *, devices: int, profile: Any = None, model: str | Path | None = None, **options: Any
+) -> Replanned:
+    """The best plan for ``devices`` devices from the plan and model file ``checkpoint`` records,
+    with the same global batch (autoplan/solve/replan.py), on the profile the old plan was priced
+    with unless another is given; ``model`` overrides the model file the checkpoint records (it moved)."""
+    from autoplan.execute.checkpoint import store
+    from autoplan.solve.replan import search
+
+    step_dir = store.find_checkpoint(checkpoint)
+    info = store.read_info(step_dir)
+    model_file = Path(model) if model else Path(info.model_file)
+    if not model_file.is_file():
+        raise CheckpointError(
+            f"checkpoint '{step_dir}' was written for model file '{info.model_file}', which does not exist here; "
+            "pass the model file with --model."
+        )
+    result, graph, resolved = search(
+        model=model_file, plan=Plan.from_dict(info.plan), devices=devices, profile=profile, **options
+    )
+    return Replanned(result, graph, resolved, step_dir, info, model_file)
+
+
 def replan_command(args: argparse.Namespace) -> int:
-    from autoplan.execute.checkpoint.replan import replan
     from autoplan.solve.outputs import write_outputs
 
     if args.devices < 1:
@@ -69,51 +112,46 @@ def replan_command(args: argparse.Namespace) -> int:
 
 
 def _describe(plan: dict) -> str:
-    from autoplan.types.plan import Plan
-
     return Plan.from_dict(plan).describe()
 
 
-def check_checkpoint_arguments(args: argparse.Namespace, *, plan, model_file) -> int | None:
-    """Refuse bad checkpoint flags (module docstring); the --checkpoint-every to use."""
+def check_checkpoint_arguments(opts: RunOptions, *, plan, model_file, quiet: bool) -> int | None:
+    """Refuse bad checkpoint flags (module docstring; the counts are checked by RunOptions itself);
+    the --checkpoint-every to use."""
     from autoplan.execute.checkpoint import store
 
-    every = args.checkpoint_every
-    if every is not None and every < 1:
-        raise RunError(f"--checkpoint-every {every}: expected at least 1 step.")
-    if args.max_restarts < 0:
-        raise RunError(f"--max-restarts {args.max_restarts}: expected 0 or more.")
-    wants_dir = every is not None or args.async_checkpoint or args.max_restarts > 0 or args.elastic
-    if wants_dir and not (args.checkpoint_dir or args.resume):
+    every = opts.checkpoint_every
+    wants_dir = every is not None or opts.async_checkpoint or opts.max_restarts > 0 or opts.elastic
+    if wants_dir and not (opts.checkpoint_dir or opts.resume):
         raise RunError(
             "--checkpoint-every, --async-checkpoint, --max-restarts and --elastic need --checkpoint-dir D "
             "(where the run saves, and restarts from)."
         )
-    source = args.resume
-    if source is None and args.checkpoint_dir and store.complete_checkpoints(Path(args.checkpoint_dir)):
-        source = args.checkpoint_dir  # resumed by itself (autoplan/execute/job/checkpointing.py)
+    source = opts.resume
+    if source is None and opts.checkpoint_dir and store.complete_checkpoints(Path(opts.checkpoint_dir)):
+        source = opts.checkpoint_dir  # resumed by itself (autoplan/execute/job/checkpointing.py)
     if source is not None:
-        _check_resume(args, source=source, model_file=model_file)
+        _check_resume(opts, source=source, model_file=model_file, quiet=quiet)
     return every if every is not None else _young_daly_steps(plan)
 
 
-def _check_resume(args: argparse.Namespace, *, source: str, model_file) -> None:
+def _check_resume(opts: RunOptions, *, source: str, model_file, quiet: bool) -> None:
     from autoplan.execute.checkpoint import store
     from autoplan.execute.job.checkpointing import check_resumable
 
     step_dir, info = store.check(source, expected=store.model_shapes(model_file))
-    check_resumable(info, source=step_dir, steps=args.steps, verify=args.verify)
-    if args.quiet or os.environ.get("RANK", "0") != "0":  # under torchrun every rank checks; one says so
+    check_resumable(info, source=step_dir, steps=opts.steps, verify=opts.verify)
+    if quiet or os.environ.get("RANK", "0") != "0":  # under torchrun every rank checks; one says so
         return
-    if not args.resume:
+    if not opts.resume:
         print(
-            f"autoplan: --checkpoint-dir {args.checkpoint_dir} holds {step_dir.name}: resuming from it "
+            f"autoplan: --checkpoint-dir {opts.checkpoint_dir} holds {step_dir.name}: resuming from it "
             "(a new directory starts over).",
             file=sys.stderr,
         )
-    if info.model_sha256 and info.model_sha256 != store.model_sha256(args.model):
+    if info.model_sha256 and info.model_sha256 != store.model_sha256(opts.model):
         print(
-            f"autoplan: warning: {args.model} has changed since checkpoint '{step_dir}' was written; "
+            f"autoplan: warning: {opts.model} has changed since checkpoint '{step_dir}' was written; "
             "its tensors still match the model.",
             file=sys.stderr,
         )
@@ -125,9 +163,9 @@ def _young_daly_steps(plan) -> int | None:
     return int(steps) if steps else None
 
 
-def stop_hint(args: argparse.Namespace) -> str:
+def stop_hint(opts: RunOptions) -> str:
     """The end of a stop signal's message: where to resume from."""
-    folder = args.checkpoint_dir or args.resume
+    folder = opts.checkpoint_dir or opts.resume
     if not folder:
         return ""
     return f"the last checkpoint is in {folder}: continue with --resume {folder}"

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 
 from autoplan.errors import PlanError, RunError
+from autoplan.types.run_options import RunOptions, add_run_arguments
 
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:
@@ -22,31 +24,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         description="Run a plan for S training steps on synthetic batches; "
         "write RUNDIR/measured.csv and RUNDIR/summary.json.",
     )
-    parser.add_argument("model", help="model file (defines build_model() and example_inputs(batch_size))")
-    parser.add_argument("--plan", required=True, help="a plan folder (autoplan plan --out DIR) or its plan.json")
-    parser.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
-    parser.add_argument("--out", required=True, help="run folder to write")
-    parser.add_argument(
-        "--verify",
-        action="store_true",
-        help="compare the first steps' loss, gradients and updated weights with a single-process reference, "
-        "dropout off in both (2 steps, 3 with PowerSGD; docs/executor.md)",
-    )
-    parser.add_argument(
-        "--audit",
-        action="store_true",
-        help="after the timed steps, audit one step: collectives, parameters held, "
-        "matmul FLOPs and peak live memory per rank beside the cost model's prediction (RUNDIR/audit.csv)",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="threads per process (default: the profile's, else cores // processes)",
-    )
-    parser.add_argument("--timeout-s", type=float, default=45.0, help="process-group timeout in seconds (default 45)")
-    add_checkpoint_arguments(parser)
+    add_run_arguments(parser)
     parser.set_defaults(func=run_command, out_kind="folder")
     from autoplan.cli.checkpoints import register_replan
     from autoplan.cli.launch import add_launch_parser
@@ -55,138 +33,77 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     add_launch_parser(subparsers, common)
 
 
-def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """Checkpoint, resume and restart flags of ``autoplan run`` (docs/elastic.md)."""
-    group = parser.add_argument_group("checkpoints and restarts (docs/elastic.md)")
-    group.add_argument(
-        "--checkpoint-dir",
-        metavar="D",
-        help="save checkpoints in D (at the end, on a stop signal, and as --checkpoint-every says)",
-    )
-    group.add_argument(
-        "--checkpoint-every",
-        type=int,
-        metavar="N",
-        help="save every N steps (default: the plan's Young/Daly interval when its profile has failure data, else only "
-        "at the end and on a stop signal)",
-    )
-    group.add_argument(
-        "--async-checkpoint", action="store_true", help="write checkpoints in the background while training goes on"
-    )
-    group.add_argument(
-        "--resume", metavar="D", help="continue from the newest checkpoint in D (or the step directory D)"
-    )
-    group.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        metavar="K",
-        help="restart the job from its last checkpoint when a rank fails, up to K times (torchelastic's agent)",
-    )
-    group.add_argument(
-        "--elastic",
-        action="store_true",
-        help="when the job has another number of ranks than the plan (a torchrun restart with fewer or more nodes), "
-        "re-plan for it and reshard the checkpoint",
-    )
-
-
-def _runner_args(args: argparse.Namespace) -> list[str]:
-    argv = [
-        "--model",
-        args.model,
-        "--plan",
-        args.plan,
-        "--out",
-        args.out,
-        "--steps",
-        str(args.steps),
-        "--seed",
-        str(args.seed),
-        "--timeout-s",
-        str(args.timeout_s),
-    ]
-    if args.threads:
-        argv += ["--threads", str(args.threads)]
-    for flag, value in (
-        ("--checkpoint-dir", args.checkpoint_dir),
-        ("--checkpoint-every", args.checkpoint_every),
-        ("--resume", args.resume),
-    ):
-        argv += [flag, str(value)] if value is not None else []
-    switches = ("verify", "audit", "async_checkpoint", "elastic")
-    return argv + [f"--{name.replace('_', '-')}" for name in switches if getattr(args, name)]
-
-
 def run_command(args: argparse.Namespace) -> int:
+    from autoplan.cli.rank import profile_threads, run_rank, write_audit_prediction
     from autoplan.execute.job import runner
     from autoplan.execute.tp_overlap import check_runs_here
     from autoplan.modelfile import load_model_file
     from autoplan.trace.identity import check_plan_is_for
     from autoplan.types.plan import Plan, plan_json
 
-    if args.steps < 1:
-        raise RunError(f"--steps {args.steps}: expected at least 1 step.")
-    args.plan = str(plan_json(args.plan))  # a plan folder, or its plan.json
-    plan = Plan.load(args.plan)
-    _check_verify_steps(args, plan)
+    opts = RunOptions.from_namespace(args)
+    opts = replace(opts, plan=str(plan_json(opts.plan)))  # a plan folder, or its plan.json
+    plan = Plan.load(opts.plan)
+    _check_verify_steps(opts, plan)
     check_runs_here(plan)  # a plan this machine cannot run stops before any rank starts
-    model_file = load_model_file(args.model)  # fail here, once, rather than in every rank
-    if (warning := check_plan_is_for(plan, model_file, plan_name=f"plan '{args.plan}'")) and not args.quiet:
+    model_file = load_model_file(opts.model)  # fail here, once, rather than in every rank
+    if (warning := check_plan_is_for(plan, model_file, plan_name=f"plan '{opts.plan}'")) and not args.quiet:
         print(f"autoplan: warning: {warning}", file=sys.stderr)
     from autoplan.cli.checkpoints import check_checkpoint_arguments, stop_hint
 
-    args.checkpoint_every = check_checkpoint_arguments(args, plan=plan, model_file=model_file)
+    every = check_checkpoint_arguments(opts, plan=plan, model_file=model_file, quiet=args.quiet)
+    opts = replace(opts, checkpoint_every=every, profile_threads=profile_threads(plan))
+    if opts.audit and os.environ.get("RANK", "0") == "0":  # the prediction rank 0 writes audit.csv beside
+        write_audit_prediction(opts, plan)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: we are one rank
-        code = runner.main(_runner_args(args))
+        code = run_rank(opts)
     else:
         _check_devices(plan.devices)
         _warn_other_device(plan)
-        code = _launch(args, plan=plan, hint=stop_hint(args))
+        code = _launch(opts, plan=plan, hint=stop_hint(opts))
     if code == runner.EXIT_STOPPED:
-        print(f"autoplan: stopped by a signal after a final checkpoint; {stop_hint(args)}.", file=sys.stderr)
+        print(f"autoplan: stopped by a signal after a final checkpoint; {stop_hint(opts)}.", file=sys.stderr)
     elif code == runner.EXIT_VERIFY_FAILED:
         print("autoplan: --verify found differences beyond tolerance (see the table above).", file=sys.stderr)
     elif code == 0 and not args.quiet and os.environ.get("RANK", "0") == "0":
-        print(f"wrote {args.out}/measured.csv and {args.out}/summary.json")
-        _print_measured_beside_predicted(args.out, plan)
+        print(f"wrote {opts.out}/measured.csv and {opts.out}/summary.json")
+        _print_measured_beside_predicted(opts.out, plan)
     return code
 
 
-def _check_verify_steps(args: argparse.Namespace, plan) -> None:
+def _check_verify_steps(opts: RunOptions, plan) -> None:
     """--verify compares the first steps up to each plan option's steady state: refuse fewer steps."""
-    if not args.verify:
+    if not opts.verify:
         return
     from autoplan.execute.job.reference import verify_steps, why_steps
 
     wanted = verify_steps(plan)
-    if args.steps < wanted:
+    if opts.steps < wanted:
         raise RunError(
             f"--verify compares the first {wanted} steps of this plan ({why_steps(plan)}); "
             f"pass --steps {wanted} or more."
         )
 
 
-def _launch(args: argparse.Namespace, *, plan, hint: str) -> int:
-    """Local ranks: under torchelastic's agent with --max-restarts, else autoplan's launcher."""
+def _launch(opts: RunOptions, *, plan, hint: str) -> int:
+    """Local ranks (``python -m autoplan.cli.rank OPTIONS``, autoplan/cli/rank.py): under
+    torchelastic's agent with --max-restarts, else autoplan's launcher."""
     from autoplan.execute.job import runner
     from autoplan.execute.job.nonfinite import EXIT_NONFINITE_LOSS
 
-    module = "autoplan.execute.job.runner"
-    if args.max_restarts > 0:
+    module, args = "autoplan.cli.rank", [opts.to_json()]
+    if opts.max_restarts > 0:
         from autoplan.jobs.elastic import launch_elastic
 
-        return launch_elastic(
-            args=_runner_args(args), nprocs=plan.devices, module=module, max_restarts=args.max_restarts, hint=hint
-        )
+        return launch_elastic(args=args, nprocs=plan.devices, module=module, max_restarts=opts.max_restarts, hint=hint)
     from autoplan.jobs.launcher import launch
 
     return launch(
-        args=_runner_args(args),
+        args=args,
         nprocs=plan.devices,
         module=module,
         agreed_codes=(runner.EXIT_VERIFY_FAILED, runner.EXIT_STOPPED, EXIT_NONFINITE_LOSS),
-        grace_s=60.0 if args.checkpoint_dir or args.resume else 5.0,  # time for a final checkpoint
+        grace_s=60.0 if opts.checkpoint_dir or opts.resume else 5.0,  # time for a final checkpoint
         hint=hint,
     )
 

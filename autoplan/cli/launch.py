@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 from autoplan.errors import RunError
+from autoplan.types.run_options import add_run_arguments
 
 TARGETS = {"slurm": ("launch.sbatch", "sbatch {file}"), "skypilot": ("sky.yaml", "sky launch {file}")}
 TARGETS["torchx"] = ("torchx_job.py", "torchx run --scheduler kubernetes --scheduler_args queue=default {file}:train")
@@ -61,7 +62,7 @@ def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
         metavar="D",
         help="shared checkpoint folder; a restart resumes from it (default: beside the plan)",
     )
-    parser.add_argument("--checkpoint-every", type=int, metavar="N", help="save every N steps (as `autoplan run`)")
+    add_run_arguments(parser, only=("checkpoint_every",))  # as `autoplan run` takes it
     parser.add_argument("--out", metavar="FILE", help="file to write (default: beside the plan)")
     parser.set_defaults(func=launch_command, out_kind="file")
 

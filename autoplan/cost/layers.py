@@ -23,7 +23,7 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   (autoplan/execute/recompute.py): op-level selective activation checkpointing as torchtitan
   runs it (``torch.utils.checkpoint`` with a policy). Inside each block the outputs of
   matmul-class nodes (``SAVED_KINDS``: linears, activation matmuls, attention kernels,
-  convolutions; cost/saved_ops.py states the kernels each runs as, the executor's policy reads
+  convolutions; types/saved_ops.py states the kernels each runs as, the executor's policy reads
   the same table) are kept and every other node (norms, activations, softmax, masking, dropout,
   element-wise ops) is re-run in the backward (``selective_recompute_s``, the forward time of
   those nodes, plus the forward scaling passes of FP8 linears), and so are the block's forward
@@ -53,11 +53,11 @@ from autoplan.cost.compute import (
 )
 from autoplan.cost.experts import BlockExperts, block_experts, grouped_gemm_s
 from autoplan.cost.op_costs import NodeTimes, node_times_s
-from autoplan.cost.saved_ops import SAVED_KINDS
 from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
 from autoplan.cost.tp_block import analyse_block
 from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
 from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
+from autoplan.types.saved_ops import SAVED_KINDS
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def summarise(
             part = by_kind["attention" if node.op == "attention" else "matmul"]
             part[0] += node.fwd_flops * f / shard
             part[1] += executed_bwd_flops(node) * f / shard  # the audit measures what runs
-            # FP8's scaling passes are not kept (cost/saved_ops.py): they re-run before the kept GEMM
+            # FP8's scaling passes are not kept (types/saved_ops.py): they re-run before the kept GEMM
             rerun += fp8_cast_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False)
         else:
             rerun += t_fwd

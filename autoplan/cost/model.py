@@ -20,7 +20,6 @@ from autoplan.cost.layers import LayerSummary, block_structure, summarise
 from autoplan.cost.mesh import AxisGroup, mesh_groups
 from autoplan.cost.op_costs import NodeTimes
 from autoplan.cost.plan_memory import PlanMemory
-from autoplan.cost.saved_ops import SAVED_KINDS
 from autoplan.cost.schedule import balanced_stages
 from autoplan.cost.sp_sync import SequenceParallelSync
 from autoplan.cost.stages import StageTotals, add_block
@@ -35,6 +34,7 @@ from autoplan.types.graph import PARAM_KINDS, Graph
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.saved_ops import SAVED_KINDS
 
 ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
 

@@ -5,7 +5,7 @@
   policy, as torchtitan's op SAC): the outputs of matmuls (grouped and FP8-scaled ones too),
   attention kernels and convolutions are saved, everything else (norms, activations, softmax,
   element-wise ops, FP8's scaling passes) is recomputed. The kernels saved are the cost model's
-  own table (autoplan/cost/saved_ops.py ``SAVED_ATEN_OPS``), so what is priced as kept is kept:
+  own table (autoplan/types/saved_ops.py ``SAVED_ATEN_OPS``), so what is priced as kept is kept:
   re-run the forward of the other nodes, keep the block inputs and the saved outputs. It frees
   Korthikanti et al.'s softmax and dropout s^2 tensors but keeps the QK^T scores, a matmul output.
 - The whole block is re-run: torch stops a recomputation early once the last tensor the
@@ -30,9 +30,9 @@ from torch.utils.checkpoint import (
     set_checkpoint_early_stop,
 )
 
-from autoplan.cost.saved_ops import SAVED_ATEN_OPS
+from autoplan.types.saved_ops import SAVED_ATEN_OPS
 
-#: the kernels whose outputs selective recomputation keeps: the cost model's table (cost/saved_ops.py)
+#: the kernels whose outputs selective recomputation keeps: the cost model's table (types/saved_ops.py)
 SAVED_OPS = SAVED_ATEN_OPS
 
 

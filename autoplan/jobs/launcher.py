@@ -1,6 +1,6 @@
 """Start N local processes as one job, watch them, and stop them all on the first failure.
 
-Each process runs ``python -m MODULE`` (the executor's ``autoplan.execute.job.runner``) with torchrun's environment
+Each process runs ``python -m MODULE`` (the executor's ranks: ``autoplan.cli.rank``) with torchrun's environment
 (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
 AUTOPLAN_ERROR_DIR, where a failing rank writes one line saying why. Each rank's stderr is
 passed through to ours and its last lines kept, for a rank that dies without a Python

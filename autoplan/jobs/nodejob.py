@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass
 
 from autoplan.errors import RunError
+from autoplan.types.run_options import RunOptions
 
 #: torchrun's default rendezvous port (the c10d store on the first node).
 DEFAULT_RDZV_PORT = 29500
@@ -72,13 +73,10 @@ class NodeJob:
 def executor_args(
     *, model: str, plan: str, steps: int, run_dir: str, checkpoint_dir: str | None, checkpoint_every: int | None = None
 ) -> tuple[str, ...]:
-    """The ``autoplan run`` arguments every rank of the job runs (paths as the nodes see them)."""
-    args = ["run", model, "--plan", plan, "--steps", str(steps), "--out", run_dir]
-    if checkpoint_dir:
-        args += ["--checkpoint-dir", checkpoint_dir]
-    if checkpoint_every:
-        args += ["--checkpoint-every", str(checkpoint_every)]
-    return tuple(args)
+    """The ``autoplan run`` arguments every rank of the job runs (paths as the nodes see them),
+    written from the run's options (autoplan/types/run_options.py)."""
+    checkpoints = {"checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every}
+    return RunOptions(model=model, plan=plan, steps=steps, out=run_dir, **checkpoints).command_words()
 
 
 def job_name(text: str) -> str:

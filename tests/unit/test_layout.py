@@ -114,6 +114,43 @@ def test_the_appliers_never_import_the_job_that_runs_them():
     assert appliers and not found, found
 
 
+#: what the executor may import: the data types, the trace, the job layer, the model-file loader
+#: (the stage before trace) and the shared errors/quiet/version/display; the planner's answers
+#: (the audit's prediction, --elastic's re-plan) are computed or passed in by cli/ (issue 31, item 7)
+EXECUTE_MAY_IMPORT = {"execute", "types", "trace", "jobs", "modelfile", "errors", "quiet", "version", "display"}
+#: the one exception, with its reason: what an empty tp_plan at tp > 1 means (Megatron's split where
+#: legal) is one rule of the cost model's, which parallelize() applies to a plan made by hand; it rests
+#: on cost/'s TP block analysis, and moves with it when cost/ is grouped by idea (issue 31, item 3)
+EXECUTE_EXCEPTIONS = {("execute/api.py", "autoplan.cost.tp_default")}
+
+
+def test_the_executor_imports_only_types_trace_and_jobs():
+    found = [
+        (str(path.relative_to(PACKAGE)), name)
+        for stage, path, tree in _modules()
+        if stage == "execute"
+        for name in _imported(tree)
+        if name.split(".")[1] not in EXECUTE_MAY_IMPORT
+    ]
+    assert set(found) == EXECUTE_EXCEPTIONS, sorted(set(found) - EXECUTE_EXCEPTIONS)
+
+
+def test_run_options_are_declared_once():
+    """RunOptions (types/run_options.py) is the one declaration of ``autoplan run``'s options: no
+    other module adds a run flag, parses a rank's argv, or restates a default such as the 45 s timeout."""
+    flags = ("--timeout-s", "--checkpoint-every", "--async-checkpoint", "--max-restarts")
+    restated, timeouts = [], []
+    for _, path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, float) and node.value == 45.0:
+                timeouts.append(str(path.relative_to(PACKAGE)))
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and first.value in flags:
+                    restated.append(f"{path.relative_to(PACKAGE)}: {first.value}")
+    assert not restated and timeouts == ["types/run_options.py"], (restated, timeouts)
+
+
 def test_no_module_holds_two_ideas_by_length():
     """STYLE.md: a file over about 400 lines usually holds two ideas."""
     lengths = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}

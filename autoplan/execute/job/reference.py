@@ -41,8 +41,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
-from autoplan.cost.compression import matrix_of
 from autoplan.execute.data_parallel import POWERSGD_START_ITER
 from autoplan.execute.job import verify
 from autoplan.types.plan import Plan
@@ -189,15 +189,15 @@ def powersgd_expected(
 ) -> dict[str, torch.Tensor]:
     """The gradients a compressed PowerSGD step must produce from the mean gradients ``grads``,
     given the run's result ``run`` (module docstring): ``U U^T (g + ebar)`` for a matrix torch
-    compresses (its ``_should_compress``: ``(n + m) r * min_compression_rate < n m``), ``g + ebar``
-    for the rest. Updates the mean error feedback ``feedback`` (by name) in place."""
+    compresses (asked of torch's own ``_should_compress``, on the hook's ``view(shape[0], -1)``),
+    ``g + ebar`` for the rest. Updates the mean error feedback ``feedback`` (by name) in place."""
     expected = {}
     for name, grad in grads.items():
         fed = grad.double() + feedback.get(name, torch.zeros_like(grad, dtype=torch.float64))
         got = run[name].double()
-        n, m = matrix_of(list(grad.shape))
+        n, m = grad.reshape(grad.shape[0], -1).shape if grad.dim() > 1 else (1, grad.numel())  # the hook's view
         r = min(n, m, rank)
-        if grad.dim() > 1 and (n + m) * r * min_compression_rate < n * m:
+        if grad.dim() > 1 and _should_compress(n, m, r, min_compression_rate)[0]:
             expected[name] = _projected(fed.reshape(n, m), onto=got.reshape(n, m), rank=r).reshape(grad.shape)
         else:
             expected[name] = fed

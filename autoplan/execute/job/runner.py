@@ -1,10 +1,13 @@
 """One rank of ``autoplan run``: build, parallelize, train S steps, measure, write the run folder.
 
-Run by the launcher (``python -m autoplan.execute.job.runner ...`` per local process) or directly
-by ``autoplan run`` under an external torchrun (RANK/WORLD_SIZE set). Rank 0 writes
+Started by the launcher (``python -m autoplan.cli.rank OPTIONS`` per local process) or directly
+by ``autoplan run`` under an external torchrun (RANK/WORLD_SIZE set), with the run's options
+(autoplan/types/run_options.py) and, for ``--elastic``, the planner to call (``replan``, passed in
+by autoplan/cli/rank.py: the executor never imports the planner). Rank 0 writes
 ``measured.csv`` (step, step_time_s, loss, peak_memory_bytes) and ``summary.json`` atomically,
-and with ``--audit`` ``audit.csv``: one more, untimed step under the execution audit, predicted
-beside measured per rank (autoplan/execute/job/audit.py).
+and with ``--audit`` ``audit.csv``: one more, untimed step under the execution audit, measured
+per rank beside the prediction written before the ranks started (autoplan/types/audit_prediction.py,
+autoplan/execute/job/audit.py).
 A step's time is the slowest rank's (all-reduce MAX), measured around ``train_step`` only,
 after a device synchronise. Peak memory: CUDA max allocated, or on CPU the process's peak
 RSS (``ru_maxrss``), the largest over ranks.
@@ -12,17 +15,15 @@ RSS (``ru_maxrss``), the largest over ranks.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import os
 import resource
 import sys
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -31,27 +32,16 @@ from autoplan.errors import AutoplanError
 from autoplan.execute.job import checkpointing, nonfinite
 from autoplan.execute.job.outputs import write_outputs
 from autoplan.types._check import write_text_atomic
+from autoplan.types.audit_prediction import AuditPrediction
+from autoplan.types.plan import Plan
+from autoplan.types.run_options import RunOptions
 
 EXIT_VERIFY_FAILED = 3
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped by a signal after a final checkpoint
 
 
-@dataclass
-class RunOptions:
-    model: str
-    plan: str
-    steps: int
-    out: str
-    verify: bool = False
-    audit: bool = False
-    seed: int = 0
-    threads: int | None = None
-    timeout_s: float = 45.0
-    checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None
-    async_checkpoint: bool = False
-    resume: str | None = None
-    elastic: bool = False
+#: ``replan(opts, plan, devices)``: the best plan for ``devices`` ranks in place of ``plan`` (--elastic)
+Replan = Callable[[RunOptions, Plan, int], Plan]
 
 
 def threads_per_process(*, requested: int | None, profile_threads: int | None) -> int:
@@ -62,17 +52,6 @@ def threads_per_process(*, requested: int | None, profile_threads: int | None) -
         return profile_threads
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     return max(1, (os.cpu_count() or 1) // max(local, 1))
-
-
-def _profile_threads(plan) -> int | None:
-    if not plan.profile:
-        return None
-    try:
-        from autoplan.profile import load_profile
-
-        return load_profile(plan.profile).threads
-    except (AutoplanError, ImportError):
-        return None
 
 
 def _init(opts: RunOptions) -> None:
@@ -119,17 +98,16 @@ def _max_over_ranks(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
-def run_rank(opts: RunOptions) -> int:
+def run_rank(opts: RunOptions, *, replan: Replan | None = None) -> int:
     """The whole job on this rank; returns the exit code (0, or 3 when --verify fails)."""
     from autoplan.modelfile import load_model_file
-    from autoplan.types.plan import Plan
 
     plan = Plan.load(opts.plan)
     model_file = load_model_file(opts.model)
-    torch.set_num_threads(threads_per_process(requested=opts.threads, profile_threads=_profile_threads(plan)))
+    torch.set_num_threads(threads_per_process(requested=opts.threads, profile_threads=opts.profile_threads))
     _init(opts)
     try:
-        code = _train(opts=opts, plan=plan_for_world(opts=opts, plan=plan), model_file=model_file)
+        code = _train(opts=opts, plan=plan_for_world(opts=opts, plan=plan, replan=replan), model_file=model_file)
         dist.barrier()  # leave together: rank 0 may still be writing (the audit traces the model) while
         return code  # a peer that tore its process group down first would abort the connection
     except Exception as exc:  # record why before tearing down: peers fail "closed by peer" after it
@@ -139,10 +117,10 @@ def run_rank(opts: RunOptions) -> int:
         dist.destroy_process_group()
 
 
-def plan_for_world(*, opts: RunOptions, plan):
+def plan_for_world(*, opts: RunOptions, plan: Plan, replan: Replan | None) -> Plan:
     """``plan``, or with --elastic a plan for a job of another size (torchelastic restarted it with
-    fewer or more nodes): rank 0 re-plans for the world size, keeping the global batch, and every
-    rank takes its plan (autoplan/execute/checkpoint/replan.py)."""
+    fewer or more nodes): rank 0 re-plans for the world size with ``replan``, which keeps the global
+    batch (autoplan/solve/replan.py, passed in by autoplan/cli/rank.py), and every rank takes its plan."""
     world = dist.get_world_size()
     if world == plan.devices:
         return plan
@@ -151,12 +129,11 @@ def plan_for_world(*, opts: RunOptions, plan):
             f"the plan is for {plan.devices} devices but this job has {world} ranks; pass --elastic to re-plan "
             f"for {world}, or make a plan for {world} with `autoplan replan`."
         )
-    from autoplan.execute.checkpoint.replan import replan_plan
-    from autoplan.types.plan import Plan
-
+    if replan is None:
+        raise AutoplanError(f"--elastic: this job has {world} ranks, not {plan.devices}, and no planner was given.")
     chosen = [None]
     if dist.get_rank() == 0:
-        best = replan_plan(model=opts.model, plan=plan, devices=world)
+        best = replan(opts, plan, world)
         print(f"autoplan: --elastic: {world} ranks, not {plan.devices}; re-planned: {best.describe()}", flush=True)
         chosen = [best.to_dict()]
     dist.broadcast_object_list(chosen, src=0)
@@ -218,7 +195,7 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
     if dist.get_rank() == 0:
         write_outputs(opts=opts, plan=plan, rows=rows, verified=verified)
         if audit is not None:
-            _write_audit(opts=opts, plan=trainer.plan, ranks=audit)
+            _write_audit(opts=opts, plan=plan, ranks=audit)
     return EXIT_VERIFY_FAILED if verified is not None and not verified["passed"] else 0
 
 
@@ -261,21 +238,15 @@ def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
     return audit_ranks(trainer, x, y)
 
 
-def _write_audit(*, opts: RunOptions, plan, ranks: list[dict]) -> None:
-    """audit.csv: the cost model's prediction beside what each rank measured."""
+def _write_audit(*, opts: RunOptions, plan: Plan, ranks: list[dict]) -> None:
+    """audit.csv: the cost model's prediction (written before the ranks started) beside what each rank measured."""
     import pandas as pd
 
-    from autoplan.cost.model import CostModel
-    from autoplan.cost.volumes import predict
     from autoplan.execute.job.audit import AUDIT_COLUMNS, audit_rows
-    from autoplan.profile import load_profile
-    from autoplan.trace import trace_model_file
 
-    graph = trace_model_file(opts.model, plan.micro_batch_size, routing=plan.routing)
-    model = CostModel(graph, load_profile(plan.profile or "cpu-gloo"))
-    stages, _tp_plan, _ctx = model.priced_stages(plan)
-    peaks = [m.peak_bytes for m in model.stage_memory(plan, stages)]
-    rows = audit_rows(ranks=ranks, predictions=predict(model, plan), stage_peak_bytes=peaks)
+    predicted = AuditPrediction.load(opts.out, plan=plan.describe()).stages
+    peaks = [stage.peak_bytes for stage in predicted]
+    rows = audit_rows(ranks=ranks, predictions=list(predicted), stage_peak_bytes=peaks)
     write_text_atomic(Path(opts.out) / "audit.csv", pd.DataFrame(rows, columns=list(AUDIT_COLUMNS)).to_csv(index=False))
     comm = [r for r in rows if r["what"].startswith("comm")]
     equal = sum(1 for r in comm if r["as_priced"])
@@ -339,28 +310,15 @@ def _error_file() -> Path | None:
     return Path(folder) / f"rank{os.environ.get('RANK', '0')}.txt" if folder else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of one launched process; records a failure for the launcher to name."""
+def main(opts: RunOptions, *, replan: Replan | None = None) -> int:
+    """One rank, in a launched process or under torchrun; records a failure for the launcher to name."""
     from autoplan.jobs.lifeline import die_with_launcher
     from autoplan.quiet import silence_known_noise
 
     die_with_launcher()
     silence_known_noise()  # before the model file imports its libraries (autoplan/quiet.py)
-    parser = argparse.ArgumentParser(prog="autoplan.execute.job.runner")
-    for name in ("model", "plan", "out"):
-        parser.add_argument(f"--{name}", required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--timeout-s", type=float, default=45.0)
-    parser.add_argument("--checkpoint-dir", default=None)
-    parser.add_argument("--checkpoint-every", type=int, default=None)
-    parser.add_argument("--resume", default=None)
-    for flag in ("--verify", "--audit", "--async-checkpoint", "--elastic"):
-        parser.add_argument(flag, action="store_true")
-    opts = RunOptions(**vars(parser.parse_args(argv)))
     try:
-        return run_rank(opts)
+        return run_rank(opts, replan=replan)
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:
@@ -389,7 +347,3 @@ def exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-if __name__ == "__main__":
-    exit_now(main())

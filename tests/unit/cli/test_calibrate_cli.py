@@ -103,7 +103,7 @@ def test_bad_output_suffix(tmp_path, capsys):
 
 def test_executor_records_what_calibration_needs(tmp_path, monkeypatch):
     from autoplan.execute.job.outputs import run_inputs
-    from autoplan.execute.job.runner import RunOptions
+    from autoplan.types.run_options import RunOptions
 
     monkeypatch.setenv("AUTOPLAN_TINY_WIDTH", "32")
     monkeypatch.setenv("AUTOPLAN_ERROR_DIR", str(tmp_path))

@@ -1,4 +1,4 @@
-"""Selective recomputation keeps what the cost model prices as kept (autoplan/cost/saved_ops.py):
+"""Selective recomputation keeps what the cost model prices as kept (autoplan/types/saved_ops.py):
 every kernel a kept node runs as is saved by the executor's policy, and a grouped expert GEMM is
 not re-run in the backward."""
 

@@ -10,12 +10,12 @@ import pytest
 from synthetic import synthetic_gpt
 
 from autoplan.cli import main
-from autoplan.execute.checkpoint.replan import allowed_fp8
 from autoplan.profile import load_profile
 from autoplan.report.explain import explain_result
 from autoplan.report.folder import PlanFolder
 from autoplan.solve.api import plan_graph
 from autoplan.solve.cluster import sweep_graph
+from autoplan.solve.replan import allowed_fp8
 from autoplan.types.plan import Plan
 
 GPT = str(Path(__file__).resolve().parents[3] / "examples" / "gpt.py")
