@@ -35,8 +35,6 @@ from autoplan.types.profile import Profile
 from autoplan.types.run import RunSpec
 
 FRUGAL_PINS = ("recompute", "zero", "mbs", "sp")
-#: the name execute/checkpoint/replan.py imports load_profile by, until replanning is passed in (issue 31 item 7)
-resolve_profile = load_profile
 
 
 class NoPlanFits(PlanError):

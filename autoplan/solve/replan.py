@@ -24,13 +24,14 @@ def search(*, model: str | Path, plan: Plan, devices: int, profile: Any = None, 
     """(search result, graph, profile) for ``devices`` devices at ``plan``'s global batch and routing.
     FP8 is searched when ``options`` say ``allow_fp8=True``, or (``allow_fp8`` absent or None) when
     the old plan searched it or ran it: the run keeps the numerics it was trained with."""
-    from autoplan.solve.api import plan_graph, profile_file, resolve_profile
+    from autoplan.profile.io import load_profile, profile_file
+    from autoplan.solve.api import plan_graph
     from autoplan.trace import trace_model_file
 
     chosen = profile or plan.profile
     if not chosen:
         raise CheckpointError("the checkpoint's plan records no profile; pass one with --profile.")
-    resolved = resolve_profile(chosen)
+    resolved = load_profile(chosen)
     if options.get("allow_fp8") is None:
         options["allow_fp8"] = allowed_fp8(plan)
     graph = trace_model_file(str(model), plan.global_batch_size, routing=plan.routing)

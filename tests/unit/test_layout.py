@@ -218,10 +218,7 @@ def test_the_version_is_the_projects():
 # ---- one home for each small rule (issue 31, items 6 and 8) -----------------------------------
 #: Sites that still state a rule outside its home because another helper of issue 31 owns their file
 #: this round; whoever merges both moves them onto the home named and deletes the entry.
-PENDING = {
-    ("execute/job/runner.py", "threads_per_process"): "jobs/threads.threads_per_process (exec helper's file)",
-    ("execute/job/runner.py", "cpu_count"): "jobs/threads.available_cores (exec helper's file)",
-}
+PENDING = {}
 #: ``x % pp`` that is not a chunk's stage.
 NOT_PLACEMENT = {("report/timeline.py", "i % pp"): "interleaved 1F1B's micro-batch order, pp micro-batches a group"}
 

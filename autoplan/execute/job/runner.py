@@ -31,6 +31,7 @@ import torch.distributed as dist
 from autoplan.errors import AutoplanError
 from autoplan.execute.job import checkpointing, nonfinite
 from autoplan.execute.job.outputs import write_outputs
+from autoplan.jobs.threads import threads_per_process
 from autoplan.types._check import write_text_atomic
 from autoplan.types.audit_prediction import AuditPrediction
 from autoplan.types.plan import Plan
@@ -44,14 +45,15 @@ EXIT_STOPPED = 143  # 128 + SIGTERM: stopped by a signal after a final checkpoin
 Replan = Callable[[RunOptions, Plan, int], Plan]
 
 
-def threads_per_process(*, requested: int | None, profile_threads: int | None) -> int:
-    """--threads, else the profile's ``threads``, else cores // local processes (>= 1)."""
+def rank_threads(*, requested: int | None, profile_threads: int | None) -> int:
+    """--threads, else the profile's ``threads``, else this machine's cores shared by its local
+    ranks (jobs/threads.threads_per_process)."""
     if requested:
         return requested
     if profile_threads:
         return profile_threads
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    return max(1, (os.cpu_count() or 1) // max(local, 1))
+    return threads_per_process(processes=local)
 
 
 def _init(opts: RunOptions) -> None:
@@ -104,7 +106,7 @@ def run_rank(opts: RunOptions, *, replan: Replan | None = None) -> int:
 
     plan = Plan.load(opts.plan)
     model_file = load_model_file(opts.model)
-    torch.set_num_threads(threads_per_process(requested=opts.threads, profile_threads=opts.profile_threads))
+    torch.set_num_threads(rank_threads(requested=opts.threads, profile_threads=opts.profile_threads))
     _init(opts)
     try:
         code = _train(opts=opts, plan=plan_for_world(opts=opts, plan=plan, replan=replan), model_file=model_file)

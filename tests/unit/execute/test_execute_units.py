@@ -10,7 +10,7 @@ import torch.nn as nn
 from autoplan.errors import PlanError
 from autoplan.execute.batch import shard_batch
 from autoplan.execute.job.outputs import summarize, warmup_steps
-from autoplan.execute.job.runner import threads_per_process
+from autoplan.execute.job.runner import rank_threads
 from autoplan.execute.job.verify import UPDATED, Difference, Tolerance, tolerance_of, verdict
 from autoplan.execute.pipeline import check_stages, split_model, stage_indices
 from autoplan.execute.tensor_parallel import validate_tp_plan
@@ -139,9 +139,9 @@ def test_summary_median_after_warmup_and_threads():
     summary = summarize(plan=plan(predicted={"step_time_s": 1.0}), rows=rows, verified=None)
     assert summary.warmup_steps == 1 and summary.median_step_time_s == 2.0 and summary.measured_over_predicted == 2.0
     assert warmup_steps(1) == 0 and warmup_steps(10) == 2
-    assert threads_per_process(requested=3, profile_threads=2) == 3
-    assert threads_per_process(requested=None, profile_threads=2) == 2
-    assert threads_per_process(requested=None, profile_threads=None) >= 1
+    assert rank_threads(requested=3, profile_threads=2) == 3
+    assert rank_threads(requested=None, profile_threads=2) == 2
+    assert rank_threads(requested=None, profile_threads=None) >= 1
 
 
 def test_expert_parallel_widens_only_the_16_bit_gradient_tolerance():
