@@ -262,7 +262,9 @@ def test_a_tp_checkpoint_reshards_into_the_plan_replan_picks_for_fewer_devices(t
 
 def test_a_torchrun_job_that_loses_a_node_replans_for_the_survivor(tmp_path):
     """Two local torchrun "nodes" of one rank each (--nnodes 1:2); node B is killed with its
-    rank; node A's agent restarts with one rank, which re-plans (--elastic) and resumes."""
+    rank; node A's agent restarts with one rank, which re-plans (--elastic) and resumes. Node A
+    hosts the rendezvous store (``is_host``): left to whichever agent binds the port first, a
+    loaded machine let B host it now and then, and killing B then took A's store with it."""
     model, profile = _model(tmp_path), _cpu_profile(tmp_path, 2)
     made = _autoplan(
         "plan", model, "--devices", 2, "--profile", profile, "--batch", 4, "--fix", "dp=2", "--out", tmp_path / "p"
@@ -277,7 +279,7 @@ def test_a_torchrun_job_that_loses_a_node_replans_for_the_survivor(tmp_path):
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{port}",
         "--rdzv-id=test",
-        "--rdzv-conf=last_call_timeout=2,join_timeout=60",
+        "--rdzv-conf=last_call_timeout=2,join_timeout=60,is_host={host}",
         "-m",
         "autoplan.cli",
         "run",
@@ -295,10 +297,10 @@ def test_a_torchrun_job_that_loses_a_node_replans_for_the_survivor(tmp_path):
         "--elastic",
     ]
     env = dict(os.environ, STEP_SLEEP_S="0.1")
-    a = subprocess.Popen(node, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1)
+    node_a, node_b = ([arg.format(host=host) for arg in node] for host in (1, 0))
+    a = subprocess.Popen(node_a, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     b = subprocess.Popen(
-        node, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        node_b, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     for _ in range(900):
         if (ck / "latest").is_file() or a.poll() is not None:
