@@ -151,11 +151,20 @@ def test_run_options_are_declared_once():
     assert not restated and timeouts == ["types/run_options.py"], (restated, timeouts)
 
 
+#: Files longer than :data:`MAX_LINES` that still hold one idea, each with the reason written down
+#: (issue 31: a file is split where its ideas part, never to get under a line count).
+ONE_IDEA: dict[str, str] = {}
+MAX_LINES = 400
+
+
 def test_no_module_holds_two_ideas_by_length():
-    """STYLE.md: a file over about 400 lines usually holds two ideas."""
+    """STYLE.md: a file over about 400 lines usually holds two ideas; one that does not is named in
+    ONE_IDEA with its reason, and an entry whose file is no longer long is taken out."""
     lengths = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
-    long = {name: n for name, n in lengths.items() if n > 400}
-    assert not long, long
+    long = {name: n for name, n in lengths.items() if n > MAX_LINES and name not in ONE_IDEA}
+    stale = [name for name in ONE_IDEA if lengths.get(name, 0) <= MAX_LINES]
+    unexplained = [name for name, why in ONE_IDEA.items() if len(why.split()) < 5]
+    assert not long and not stale and not unexplained, (long, stale, unexplained)
 
 
 def test_one_port_picker():
