@@ -80,7 +80,9 @@ def write_export(exported: Exported, out: str | Path | None) -> Path:
         from autoplan.export.torchtitan_py import check_module_path
 
         check_module_path(path)
-    text = exported.text.replace(exported.launch, launch_for(exported, path))  # the file's own launch line too
+    text = exported.text  # the file's own launch line names where it is written, as the printed one does
+    if exported.launch:  # (replacing "" would put the command between every character)
+        text = text.replace(exported.launch, launch_for(exported, path))
     return write_text_atomic(path, text)
 
 

@@ -206,9 +206,9 @@ def pricing_lines(result: ConfigPricing) -> list[str]:
     lines = [
         f"## Your {result.framework} config against the best plan",
         "",
-        f"- your config: **{result.config_plan.describe()}**, {_ms(result.config_step_s)} per step{fits}",
+        f"- your config: **{result.config_plan.describe()}**, {_duration(result.config_step_s)} per step{fits}",
         f"- best plan{f' at your {at}' if at else ''}: **{result.best_plan.describe()}**, "
-        f"{_ms(result.best_step_s)} per step",
+        f"{_duration(result.best_step_s)} per step",
         f"- your config is {result.slower:.2f}x the best plan's step time",
         *_lossy_line(result),
         _precision_line(result),
@@ -219,7 +219,7 @@ def pricing_lines(result: ConfigPricing) -> list[str]:
     for t in result.terms:
         if t["config_s"] or t["best_s"]:
             diff = duration_text(t["config_s"] - t["best_s"], signed=True)
-            lines.append(f"| {t['words']} | {_ms(t['config_s'])} | {_ms(t['best_s'])} | {diff} |")
+            lines.append(f"| {t['words']} | {_duration(t['config_s'])} | {_duration(t['best_s'])} | {diff} |")
     if result.unmapped:
         lines += ["", "Not priced (autoplan has no term for them):", ""] + [f"- {u}" for u in result.unmapped]
     if result.assumptions:
@@ -242,11 +242,12 @@ def _precision_line(result: ConfigPricing) -> str:
         return "- another precision or reduction would not be faster (among those the search allows)"
     gain = result.best_step_s / result.any_step_s
     return (
-        f"- a change of precision would add: **{result.any_plan.describe()}**, {_ms(result.any_step_s)} per step, "
+        f"- a change of precision would add: **{result.any_plan.describe()}**, "
+        f"{_duration(result.any_step_s)} per step, "
         f"{gain:.2f}x faster than the best plan above ({result.config_step_s / result.any_step_s:.2f}x your config)"
     )
 
 
-def _ms(seconds: float) -> str:
+def _duration(seconds: float) -> str:
     """A duration as the rest of autoplan prints one (autoplan/display.py): ``91.9 ms``, ``40.2 ns``."""
     return duration_text(seconds)

@@ -11,6 +11,7 @@ from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.errors import ExportError
 from autoplan.export.api import detect_framework, export_plan, import_config, launch_for, price_config, write_export
+from autoplan.export.common import Exported
 from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import write_outputs
 
@@ -124,3 +125,9 @@ def test_the_cli_prices_an_exported_config_against_the_best_plan(tmp_path):
     result = json.loads(explain.stdout)
     assert result["framework"] == "megatron" and result["config_plan"] == result["best_plan"]
     assert result["slower"] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_an_export_without_a_launch_line_is_written_as_it_is(tmp_path):
+    text = "def autoplan_plan():\n    pass\n"  # torchtitan's launch line names a module, not the file
+    exported = Exported(framework="torchtitan", filename="autoplan_torchtitan.py", text=text, launch="")
+    assert write_export(exported, tmp_path / "mine.py").read_text() == text
