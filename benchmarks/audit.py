@@ -33,7 +33,7 @@ import pandas as pd
 from _results import write_results
 
 from autoplan.cli.rank import write_audit_prediction
-from autoplan.cost.tp_default import default_tp_plan
+from autoplan.cost.tp.default import default_tp_plan
 from autoplan.errors import RunError
 from autoplan.jobs.launcher import launch
 from autoplan.profile import load_profile, save_profile

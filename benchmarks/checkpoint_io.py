@@ -12,7 +12,7 @@ under a dp=2 plan (``--zero`` sets its ZeRO stage; default 0, DDP), one sequence
    (``Checkpointer.load``, after ``store.find_checkpoint`` / ``read_info``). Each time is the
    slowest rank's (all-reduce MAX) after a barrier; the table gives the median over repeats.
    Bytes are the step directory's files on disk; MB/s = bytes / time (MB = 1e6 bytes). The
-   predicted bytes are the cost model's ``autoplan.cost.reliability.checkpoint_bytes`` (12 bytes
+   predicted bytes are the cost model's ``autoplan.cost.run.reliability.checkpoint_bytes`` (12 bytes
    per parameter: fp32 weights and AdamW's two moments; parameters counted once, the tied head
    included once); the ratio's excess over 1 is DCP's metadata, the per-parameter ``step``
    scalars, the RNG states and ``autoplan.json``. The load reads files just written, so it
@@ -70,7 +70,7 @@ def gpt_env(size: str) -> dict[str, str]:
 
 def predicted_bytes(params: int) -> float:
     try:
-        from autoplan.cost.reliability import checkpoint_bytes
+        from autoplan.cost.run.reliability import checkpoint_bytes
     except ImportError:  # older tree: the same rule by hand
         return 12.0 * params
     return checkpoint_bytes(params=params)

@@ -6,7 +6,7 @@ shipped dgx-h100 profile (Llama 3 paper: 419 unexpected interruptions in 54 days
 H100s; Tectonic storage, 2 TB/s sustained and 7 TB/s peak) and dgx-a100 profile (Kokolis et al.
 2024: job MTTF 1.8 h at 16,384 A100s; the same storage), at 1,024 to 65,536 devices: the
 job's mean time between failures, the checkpoint write, Young's and Daly's intervals, the
-expected goodput (autoplan/cost/reliability.py) with synchronous saves and with asynchronous
+expected goodput (autoplan/cost/run/reliability.py) with synchronous saves and with asynchronous
 ones (staging the device's 1/N share to host memory), and the hours lost per day of wall time.
 The storage does not grow with the cluster past its 7 TB/s peak. No plan is searched: the
 numbers depend only on the parameter count, the device count and the profile. restart_s is the
@@ -22,7 +22,7 @@ import dataclasses
 
 from _results import write_results
 
-from autoplan.cost.reliability import expected_goodput
+from autoplan.cost.run.reliability import expected_goodput
 from autoplan.profile import load_profile
 
 MODELS = {"llama3-405b": 405e9, "gpt3-175b": 175e9}  # parameters (Dubey et al. 2024; Brown et al. 2020)
@@ -63,7 +63,7 @@ def _print(table_rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="expected goodput vs cluster size (autoplan/cost/reliability.py)")
+    table = Table(title="expected goodput vs cluster size (autoplan/cost/run/reliability.py)")
     columns = (
         "profile",
         "model",

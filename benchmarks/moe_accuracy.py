@@ -69,7 +69,7 @@ def here_profile(devices: int):
 
 def ep_configs(graph, profile, *, devices: int, name: str) -> list[Config]:
     """Every ep > 1 configuration of the planner's space (module docstring, step 2)."""
-    from autoplan.cost.experts import ep_options
+    from autoplan.cost.moe.experts import ep_options
 
     layers, out, plain = len(graph.layers), [], set()
     for deg in space.degree_options(

@@ -8,7 +8,7 @@ published layout with ``Plan(...)``, prices one step with the cost model and sca
 
     steps       = tokens / (global batch x sequence length)
     GPU-hours   = devices x steps x step time / 3600
-    with goodput: GPU-hours / expected goodput   (autoplan/cost/reliability.py: Daly's interval
+    with goodput: GPU-hours / expected goodput   (autoplan/cost/run/reliability.py: Daly's interval
                   and Poisson failures at the profile's failure rate, synchronous checkpoints)
 
 and compares with the published GPU-hours (ratio = predicted / published). Nothing here is fitted
@@ -49,7 +49,7 @@ from _results import write_results
 
 from autoplan.calibrate.runs import environment
 from autoplan.cost import CostModel
-from autoplan.cost.reliability import expected_goodput
+from autoplan.cost.run.reliability import expected_goodput
 from autoplan.profile import load_profile
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan

@@ -68,7 +68,7 @@ class FitResult:
 
 
 #: Every profile priced during a fit stays referenced until the fit ends: the TP cost terms are
-#: cached on the graph under id(profile) (autoplan/cost/tensor_parallel.py), so a profile freed
+#: cached on the graph under id(profile) (autoplan/cost/tp/splits.py), so a profile freed
 #: and another allocated at the same address would silently reuse the old one's terms.
 _PRICED: list[Profile] = []
 

@@ -1,6 +1,6 @@
 """The whole-run flags ``autoplan plan`` and ``autoplan sweep`` share: the run's length (``--tokens``
 or ``--steps``), prices, ``--spot``, ``--deadline`` and ``--budget`` -> a :class:`RunSpec`
-(autoplan/types/run.py; cost/whole_run.py prices it). Quantities take the suffixes people write:
+(autoplan/types/run.py; cost/run/whole_run.py prices it). Quantities take the suffixes people write:
 ``15T`` tokens, ``72h`` or ``3d``, ``$40k``."""
 
 from __future__ import annotations

@@ -1,33 +1,33 @@
 """The cost model: predicted step time, memory and throughput of a plan, without running it.
 
-:class:`CostModel` prices blocks once per distinct choice (autoplan/cost/layers.py) and then
+:class:`CostModel` prices blocks once per distinct choice (autoplan/cost/blocks.py) and then
 assembles each plan with arithmetic, so the planner can price thousands of plans a second.
 The step time of one global batch is the sum of ``Cost.TIME_FIELDS``; docs/cost-model.md
 ("Step time") is the one statement of each term with its source, and :meth:`CostModel._time`
-computes each. The data-parallel terms come from autoplan/cost/dp_sync.py.
+computes each. The data-parallel terms come from autoplan/cost/dp/sync.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import activation_scale, memory_time_s, peak_dtype
-from autoplan.cost.dp_sync import DataParallelSync
-from autoplan.cost.expert_parallel import ExpertParallel
-from autoplan.cost.experts import check_divides
-from autoplan.cost.layers import LayerSummary, block_structure, summarise
-from autoplan.cost.mesh import AxisGroup, mesh_groups
-from autoplan.cost.op_costs import NodeTimes
-from autoplan.cost.plan_memory import PlanMemory
-from autoplan.cost.schedule import balanced_stages
-from autoplan.cost.sp_sync import SequenceParallelSync
+from autoplan.cost.blocks import LayerSummary, block_structure, summarise
+from autoplan.cost.compute.op_costs import NodeTimes
+from autoplan.cost.compute.roofline import activation_scale, memory_time_s, peak_dtype
+from autoplan.cost.dp.sync import DataParallelSync
+from autoplan.cost.memory.plan import PlanMemory
+from autoplan.cost.moe.experts import check_divides
+from autoplan.cost.moe.placement import ExpertParallel
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup, mesh_groups
+from autoplan.cost.pp.schedule import balanced_stages
+from autoplan.cost.pp.tied import TiedWeightSync
 from autoplan.cost.stages import StageTotals, add_block
-from autoplan.cost.tensor_parallel import TPContext
-from autoplan.cost.tied_sync import TiedWeightSync
-from autoplan.cost.tp_default import default_tp_plan
-from autoplan.cost.tp_overlap import overlapped
-from autoplan.cost.tp_plan_memo import TpPlanMemo
+from autoplan.cost.tp.default import default_tp_plan
+from autoplan.cost.tp.overlap import overlapped
+from autoplan.cost.tp.plan_memo import TpPlanMemo
+from autoplan.cost.tp.sp_sync import SequenceParallelSync
+from autoplan.cost.tp.splits import TPContext
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
@@ -88,7 +88,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
     def block_summary(self, layer: str | None, tp_plan: dict[str, str], ctx: TPContext, part: str = "") -> LayerSummary:
         """One micro-batch of block ``layer`` (or of the outside nodes, ``layer=None`` with part
         "pre"/"post") under ``tp_plan`` and ``ctx``, priced once per group of identical blocks
-        (``cost.layers.summarise``); the solver's partition reads the same summaries."""
+        (``cost.blocks.summarise``); the solver's partition reads the same summaries."""
         rep = self._rep[layer] if layer is not None else None
         splits = tuple(tp_plan.get(m, "replicate") for m in self._param_modules[layer]) if ctx.tp > 1 else ()
         key = (rep, part, splits, *ctx.key)
@@ -155,7 +155,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
 
     def _as_run(self, summary: LayerSummary, ctx: TPContext, tp_comm_overlap: bool) -> LayerSummary:
         """The summary as the plan runs it: with tp_comm_overlap, collectives partly hidden under
-        the split matmuls and those matmuls decomposed (autoplan/cost/tp_overlap.py)."""
+        the split matmuls and those matmuls decomposed (autoplan/cost/tp/overlap.py)."""
         return (
             overlapped(summary, tp=ctx.tp, efficiency=self.profile.comm_overlap.efficiency)
             if tp_comm_overlap
@@ -294,7 +294,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
-        return memory_time_s(self.profile, 3.0 * stage.params * 4)  # fp32 gradients (cost/memory.py)
+        return memory_time_s(self.profile, 3.0 * stage.params * 4)  # fp32 gradients (cost/memory/per_device.py)
 
     # ---- throughput ----------------------------------------------------------------------
     def _throughput(self, cost: Cost, plan: Plan) -> None:
@@ -315,7 +315,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
 
     def _recompute_flops_per_sample(self, mode: str) -> float:
         """FLOPs re-run per sample: each block's forward (full) or its nodes other than matmuls,
-        attention and convolutions (selective, cost/layers.py)."""
+        attention and convolutions (selective, cost/blocks.py)."""
         if mode == "none":
             return 0.0
         per_sample = 0.0

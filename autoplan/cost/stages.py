@@ -3,7 +3,7 @@
 Chunk ``c`` of ``plan.stages`` (``pp * virtual_stages`` chunks) runs on stage ``c % pp``
 (autoplan/types/layout.py). Nodes outside every block go to the first stage when
 they run before the first block (embeddings) and to the last stage otherwise (final norm,
-head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/layers.py) applies to
+head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/blocks.py) applies to
 blocks only; a recomputed MoE block re-runs its all-to-alls (torch.utils.checkpoint re-runs the
 forward's collectives; the selective policy saves matmul outputs only).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoplan.cost.layers import LayerSummary
+from autoplan.cost.blocks import LayerSummary
 
 
 @dataclass
@@ -23,10 +23,10 @@ class StageTotals:
     bwd_s: float = 0.0
     recompute_s: float = 0.0
     tp_s: float = 0.0
-    ep_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/experts.py)
+    ep_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/moe/experts.py)
     saved_bytes: float = 0.0  # activations kept per micro-batch after the recompute choice
     peak_block_bytes: float = 0.0  # one block's full activations (live while it is recomputed)
-    loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/layers.py), on the stage holding the loss
+    loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/blocks.py), on the stage holding the loss
     params: float = 0.0
     expert_params: float = 0.0  # the routed experts' share of params (held 1/ep, reduced over dp/ep)
     flops: float = 0.0

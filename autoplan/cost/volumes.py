@@ -2,7 +2,7 @@
 
 The time terms of autoplan/cost/model.py are built from these messages; this module states
 them as counts and bytes per step on one rank of each pipeline stage, in the convention of
-autoplan/cost/comm.py (the gathered output of an all-gather, the input of a reduce-scatter).
+autoplan/cost/network/comm.py (the gathered output of an all-gather, the input of a reduce-scatter).
 P is the stage's local parameter elements (after TP), m the micro-batches, U the FSDP units
 of the stage (its blocks and the stage root), b_g the bytes of ``plan.grad_reduce_dtype``.
 
@@ -44,12 +44,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autoplan.cost.compute import PRECISION_BYTES
-from autoplan.cost.experts import COUNT_BYTES, dispatch_bytes
+from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.model import CostModel
+from autoplan.cost.moe.experts import COUNT_BYTES, dispatch_bytes
 from autoplan.cost.stages import StageTotals
-from autoplan.cost.tensor_parallel import Messages, block_messages
-from autoplan.cost.tp_block import OUTSIDE_PARTS
+from autoplan.cost.tp.block import OUTSIDE_PARTS
+from autoplan.cost.tp.splits import Messages, block_messages
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
 
@@ -128,7 +128,7 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
 
 def _compressed(pred: StagePrediction, plan: Plan, stage: StageTotals, model: CostModel) -> None:
     """PowerSGD sends the uncompressed tensors and the P and Q factors instead of every gradient
-    (autoplan/cost/compression.py): replace the DDP all-reduce bytes with those."""
+    (autoplan/cost/dp/compression.py): replace the DDP all-reduce bytes with those."""
     if plan.grad_compression != "powersgd" or plan.dp == 1:
         return
     traffic = model.powersgd_stage(plan, stage)

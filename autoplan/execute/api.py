@@ -271,7 +271,7 @@ def _data_parallel(
 
 def with_default_tp_plan(*, model: nn.Module, plan: Plan, microbatch_inputs: tuple | None) -> Plan:
     """``plan`` itself, or, at tp > 1 with an empty ``tp_plan``, the plan with the Megatron
-    default the cost model prices for it (``cost.tp_default.default_tp_plan`` on a trace of
+    default the cost model prices for it (``cost.tp.default.default_tp_plan`` on a trace of
     ``model``), so that what runs is what was priced."""
     if plan.tp == 1 or plan.tp_plan:
         return plan
@@ -282,7 +282,7 @@ def with_default_tp_plan(*, model: nn.Module, plan: Plan, microbatch_inputs: tup
         )
     import dataclasses
 
-    from autoplan.cost.tp_default import default_tp_plan
+    from autoplan.cost.tp.default import default_tp_plan
     from autoplan.trace import trace
 
     graph = trace(model, tuple(microbatch_inputs), routing=plan.routing)

@@ -19,7 +19,7 @@ PowerSGD (``plan.grad_compression="powersgd"``, DDP only: the Plan checks it) is
 DDP hook, ``powerSGD_hook`` with a ``PowerSGDState`` (Vogels et al., NeurIPS 2019). Per bucket
 and step, each gradient viewed as an ``n x m`` matrix ``M`` (``[shape[0], rest]``) with
 ``r = min(n, m, powersgd_rank)`` is compressed only when ``2 (n + m) r < n m`` (torch's default
-``min_compression_rate`` = 2, kept: the cost model prices the same rule, autoplan/cost/compression.py);
+``min_compression_rate`` = 2, kept: the cost model prices the same rule, autoplan/cost/dp/compression.py);
 the rest (vectors, small matrices) are all-reduced whole. For a compressed one, with error
 feedback ``M += e`` (last step's local error) and a warm-started ``Q [m, r]``:
 ``P = M Q``, all-reduce ``P``, orthogonalise ``P``; ``Q = M^T P``, all-reduce ``Q``, divide by dp;

@@ -74,7 +74,7 @@ def _wire_dtype(hidden: torch.Tensor) -> torch.dtype:
     """The dtype rows travel in: the autocast dtype under autocast (the experts' first GEMM casts
     its input to it anyway, and their output is in it; Megatron-Core and DeepEP dispatch in the
     compute dtype too), else the hidden states' own. This is what the cost model prices
-    (autoplan/cost/experts.py: b bytes of the plan's precision)."""
+    (autoplan/cost/moe/experts.py: b bytes of the plan's precision)."""
     device = hidden.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
 

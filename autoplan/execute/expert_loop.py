@@ -28,7 +28,7 @@ parallelism splits no batch), so each computes the same output and gradients: no
 needed beyond bringing a sequence-sharded input whole.
 
 Expert parallelism does not apply to these layers (docs/moe.md), and they are not converted to
-FP8 (the cost model prices only tp-splittable linears in FP8, cost/compute.py).
+FP8 (the cost model prices only tp-splittable linears in FP8, cost/compute/roofline.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ block runs there whole, with its replicated weights, on the rank's ``1 / tp`` of
 
 Nothing is communicated in the forward or the backward; ``finalize_tp_grads``
 (autoplan/execute/tensor_parallel.py) all-reduces each parameter's partial gradient once a step.
-This is what the cost model prices (autoplan/cost/tp_block.py ``token_wise_nodes``: compute and
+This is what the cost model prices (autoplan/cost/tp/block.py ``token_wise_nodes``: compute and
 activations at ``1 / tp``, no split, the weights in sp_sync.sp_partial_params), and what
 Megatron-Core runs at expert-tensor-parallel size 1: the router's weight is marked
 ``sequence_parallel`` and the experts' gradients are reduced over a group holding the tp ranks.

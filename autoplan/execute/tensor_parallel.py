@@ -14,7 +14,7 @@ Per split (``W`` is a Linear weight ``[out, in]``):
 - ``colwise``: ``W``, bias -> ``Shard(0)``; input -> ``Replicate`` (all-gather under SP);
   output ``Shard(-1)``. Embedding: ``W [vocab, dim]`` -> ``Shard(1)``, and its output (the
   residual stream, never a rowwise input in practice) is all-gathered to the stream layout,
-  ``Replicate`` or ``Shard(1)`` under SP, as autoplan.cost.tensor_parallel prices a colwise
+  ``Replicate`` or ``Shard(1)`` under SP, as autoplan.cost.tp.splits prices a colwise
   origin that reaches the stream; kept hidden-sharded, the whole stream would stay so.
 - ``rowwise``: ``W`` -> ``Shard(1)``, bias ``Replicate``; input -> ``Shard(-1)``; output
   partial sums -> ``Replicate`` (all-reduce) or ``Shard(1)`` (reduce-scatter) under SP.
@@ -167,7 +167,7 @@ class SharedInputs:
     however many split modules read it (q, k and v projections of one normed stream), and
     settled (:func:`_settled`): its gradient is reduced to that placement right there, once.
 
-    This is the cost model's "any-of" term (autoplan/cost/tensor_parallel.py): one all-gather
+    This is the cost model's "any-of" term (autoplan/cost/tp/splits.py): one all-gather
     of a sequence-sharded input under SP and one reduction of its gradient, not one per
     consumer; and a partial gradient never leaks into the norm before it (whose weight
     gradient would then need a reduction of its own). Entries live as long as the input tensor

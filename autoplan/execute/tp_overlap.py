@@ -4,7 +4,7 @@ torch's async TP (the ``_micro_pipeline_tp`` pass of TorchInductor with symmetri
 tp group) rewrites each all-gather -> matmul and matmul -> reduce-scatter pair of a compiled
 block into ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, which move one rank's
 shard at a time through peer (NVLink) memory while the matmul computes on the shards already
-there: the decomposition autoplan/cost/tp_overlap.py prices. It needs CUDA devices of one node
+there: the decomposition autoplan/cost/tp/overlap.py prices. It needs CUDA devices of one node
 with NCCL, and compiled blocks, as torchtitan's ``maybe_enable_async_tp`` requires; so the
 executor compiles each block of the rank's stage after tensor parallelism and recomputation
 (step 2-3 of autoplan/execute/api.py) and before FSDP wraps it.

@@ -122,7 +122,7 @@ def layers_per_stage(plan: Plan) -> int | None:
 
 def split_note(plan: Plan) -> str | None:
     """One sentence when the plan's tensor-parallel splits differ from the Megatron default a
-    framework applies (autoplan/cost/tp_default.py), else None."""
+    framework applies (autoplan/cost/tp/default.py), else None."""
     if plan.tp == 1 or not plan.tp_plan:
         return None
     return (

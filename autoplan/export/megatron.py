@@ -25,7 +25,7 @@ zero_stage 2, 3     Megatron-FSDP with the flags its user guide (core_v0.16.1, "
                     parameters), ``--no-gradient-accumulation-fusion``, ``--ckpt-format
                     fsdp_dtensor``; ZeRO-3 adds ``--overlap-param-gather``: each block's weights are
                     all-gathered ahead of its use, as autoplan prices and runs ZeRO-3 (prefetched one
-                    block ahead, autoplan/cost/dp_sync.py)
+                    block ahead, autoplan/cost/dp/sync.py)
 recompute           selective → ``--recompute-granularity selective`` (Megatron re-runs the attention
                     core, autoplan's selective is op-level: named); full → ``--recompute-granularity
                     full --recompute-method uniform --recompute-num-layers 1``

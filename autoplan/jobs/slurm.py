@@ -62,7 +62,7 @@ def stop_times(*, step_time_s: float | None, checkpoint_write_s: float | None) -
 
     A stopping rank finishes its step and then writes its checkpoint (docs/elastic.md), so the
     predicted stop is D = T_step + W, T_step and W the plan's ``predicted.step_time_s`` and
-    ``predicted.checkpoint_write_s`` (W = C / min(N w, cap), cost/reliability.py). Then
+    ``predicted.checkpoint_write_s`` (W = C / min(N w, cap), cost/run/reliability.py). Then
 
         shutdown_timeout = ceil(STOP_SAFETY * D) + SHUTDOWN_TIMEOUT_S   (60 s: the floor autoplan's
                                                                         own elastic launcher grants)

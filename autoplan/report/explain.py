@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoplan.cost import reliability
-from autoplan.cost.memory import usable_bytes
+from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.model import CostModel
-from autoplan.cost.whole_run import dollars_per_sample
+from autoplan.cost.run import reliability
+from autoplan.cost.run.whole_run import dollars_per_sample
 from autoplan.errors import AutoplanError
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain

@@ -1,6 +1,6 @@
 """What memory.png draws: per plan, the cost model's priced peak per device, split into the parts
 that are alive at that moment, so each bar's stack sums to the peak that report.md and plan.json
-state (cost/memory.py ``StageMemory.at_peak_bytes``), for the plans breakdown.png draws.
+state (cost/memory/per_device.py ``StageMemory.at_peak_bytes``), for the plans breakdown.png draws.
 
 Each part's largest value over the step (``Cost.MEMORY_FIELDS``) would overstate the peak: the
 activations peak before the backward, the gradients and sync buffers after it. A plan folder

@@ -64,7 +64,7 @@ def explanation_markdown(exp) -> str:
 
 
 def _goodput_lines(exp) -> list[str]:
-    """The checkpoint interval and expected goodput (autoplan/cost/reliability.py), or why not."""
+    """The checkpoint interval and expected goodput (autoplan/cost/run/reliability.py), or why not."""
     g = exp.goodput
     if not g:
         return [exp.goodput_note or "Checkpoint interval and goodput not priced."]

@@ -15,7 +15,7 @@ of every family, each with its layout (stages, tp_plan) held fixed.
   1F1B, which needs pp to divide the micro-batch count). Doubling/halving ``j`` brackets the
   batch at which the pipelined plan starts or stops winning; integer bisection pins it.
 - **Memory.** Headroom = usable memory (capacity less the allocator headroom,
-  autoplan/cost/memory.py) - the best plan's peak; the smallest device that still fits it;
+  autoplan/cost/memory/per_device.py) - the best plan's peak; the smallest device that still fits it;
   and the device memory at which the fastest plan that does not fit would fit (and win).
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from autoplan.cost.memory import usable_bytes
+from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError
 from autoplan.types.graph import Graph

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from autoplan.cost.compression import compresses_any
-from autoplan.cost.compute import PRECISION_BYTES
+from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.dp.compression import compresses_any
 from autoplan.cost.model import CostModel
 from autoplan.display import number_text
 from autoplan.errors import PlanError

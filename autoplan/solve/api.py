@@ -2,9 +2,9 @@
 
 Trace (autoplan.trace) -> search (solve/search.py) -> the best Plan, whose ``predicted`` holds
 the cost model's prediction (docs/plan-format.md), with the checkpoint interval and expected
-goodput when the profile has storage and reliability sections (cost/reliability.py), and with
+goodput when the profile has storage and reliability sections (cost/run/reliability.py), and with
 ``run`` (a :class:`RunSpec`: the run's tokens or steps, prices, spot, deadline, budget) the
-whole run's wall time, device-hours and dollars (cost/whole_run.py). When
+whole run's wall time, device-hours and dollars (cost/run/whole_run.py). When
 nothing fits, :class:`NoPlanFits` says in one sentence what would: more devices (the smallest
 count that fits, found by pricing the most memory-frugal configurations of 2x, 4x, ... the
 devices), or the changes (recomputation, ZeRO, micro-batch, batch) the user pinned away; when
@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from autoplan.cost import reliability
-from autoplan.cost.experts import pipeline_blocks
-from autoplan.cost.memory import usable_bytes
+from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.model import CostModel
-from autoplan.cost.whole_run import priced_profile, run_pricer
+from autoplan.cost.moe.experts import pipeline_blocks
+from autoplan.cost.run import reliability
+from autoplan.cost.run.whole_run import priced_profile, run_pricer
 from autoplan.errors import PlanError
 from autoplan.profile.io import load_profile, profile_file
 from autoplan.solve import sequence_parallel, space, tp_runnable
@@ -116,7 +116,7 @@ def plan_graph(
     )  # for autoplan explain
     checkpoints = reliability.prediction_fields(
         params=graph.param_count, devices=devices, profile=profile, step_time_s=result.best_cost.step_time_s
-    )  # the same for every plan of this cluster, so it ranks nothing (cost/reliability.py)
+    )  # the same for every plan of this cluster, so it ranks nothing (cost/run/reliability.py)
     pricer = run_pricer(run, graph=graph, profile=profile, batch=options.batch_size, objective=objective)
     estimate = (
         pricer.estimate(step_time_s=result.best_cost.step_time_s, devices=result.best.devices) if pricer else None

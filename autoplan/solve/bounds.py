@@ -6,13 +6,13 @@ this for every priced candidate):
 
 - ``compute_min_s``: forward + backward of one micro-batch with every op divided tp ways and no
   communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a)),
-  except the routed experts' GEMMs of grouped MoE layers (cost/experts.py): at tp = 1 they are
+  except the routed experts' GEMMs of grouped MoE layers (cost/moe/experts.py): at tp = 1 they are
   priced as CostModel prices them, grouped GEMMs under the plan's expert placement, plus the
   block's all-to-alls (zero at ep = 1); at tp > 1 CostModel prices them as the ops they trace to,
   divided tp ways only where some legal split shards them (never a batched matmul, which is
   neither a parameterised linear nor a pure node: every tp rank runs it whole); under fp8 a
   linear is also priced whole and the smaller time kept, since whether it runs in FP8 depends on
-  its shard (autoplan/cost/compute.fp8_linear: FP8 at 1 way may beat bf16 at tp ways);
+  its shard (autoplan/cost/compute/roofline.py:fp8_linear: FP8 at 1 way may beat bf16 at tp ways);
 - ``pp_comm_s``: the send/recv term (v m + p - 1) (t_p2p(forward) + t_p2p(backward)) with the
   smallest block inputs, all of them forward and those that need a gradient backward;
 - ``step_extras_s``: Adam on the largest stage's parameters (28 bytes per local parameter),
@@ -24,26 +24,26 @@ this for every priced candidate):
   forward and reduce-scatter once after the last backward, only that first gather.
 
 One bound is on memory, not time: ``states_floor_bytes``, the weights, gradients and optimizer
-state (cost/memory.model_states) of the fewest parameters the fullest pipeline stage can hold
+state (cost/memory/per_device.py:model_states) of the fewest parameters the fullest pipeline stage can hold
 under any partition, (blocks + the larger of the parts before and after the blocks) / pp (the
 smaller part is dropped: with one stage it may be the tied copy the stage holds once). CostModel's
-peak is W + O + max(M1, M2, M3) >= W + O + G (cost/memory.stage_memory), so a plan whose floor
+peak is W + O + max(M1, M2, M3) >= W + O + G (cost/memory/per_device.py:stage_memory), so a plan whose floor
 exceeds the usable memory cannot fit whatever its partition (a test checks floor <= peak for every
 priced candidate).
 """
 
 from __future__ import annotations
 
-from autoplan.cost.comm import bucketed_time_s, collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES, memory_time_s
-from autoplan.cost.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
-from autoplan.cost.memory import DDP_BUCKET_BYTES, STATE_BYTES, model_states
-from autoplan.cost.mesh import mesh_groups
+from autoplan.cost.compute.op_costs import node_time_s
+from autoplan.cost.compute.roofline import PRECISION_BYTES, memory_time_s
+from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES, STATE_BYTES, model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
-from autoplan.cost.op_costs import node_time_s
-from autoplan.cost.tensor_parallel import legal_splits
-from autoplan.cost.tp_block import STREAM_KINDS, BlockAnalysis, analyse_block
-from autoplan.cost.tp_shards import pure_layouts_possible
+from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
+from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis, analyse_block
+from autoplan.cost.tp.shards import pure_layouts_possible
+from autoplan.cost.tp.splits import legal_splits
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.moe import MoELayer
@@ -196,7 +196,7 @@ class Bounds:
         first, smallest = self.stage_costs.sync_params(plan)
         if plan.zero_stage < 3:
             return self._bucketed_s("all_reduce" if plan.zero_stage == 0 else "reduce_scatter", first * grad, plan)
-        if plan.pp > 1:  # a pipeline stage gathers in the first forward only, and scatters once (cost/dp_sync.py)
+        if plan.pp > 1:  # a pipeline stage gathers in the first forward only, and scatters once (cost/dp/sync.py)
             return self._bucketed_s("all_gather", first * weight, plan)
         backward = self._bucketed_s("all_gather", smallest * weight, plan) + self._bucketed_s(
             "reduce_scatter", smallest * grad, plan
@@ -211,12 +211,12 @@ class Bounds:
 
 def _expert_gemms(nodes: list[OpNode], layers: list[MoELayer]) -> dict[str, MoELayer]:
     """The routed experts' GEMMs among a block's ``nodes``, each with its MoE layer of ``layers``:
-    the nodes CostModel prices as grouped GEMMs at tp = 1 (cost/experts.block_experts)."""
+    the nodes CostModel prices as grouped GEMMs at tp = 1 (cost/moe/experts.py:block_experts)."""
     return {n.name: moe for moe in layers for n in nodes if is_expert_gemm(n, moe)}
 
 
 def _most_shards(block: BlockAnalysis, legal: dict[str, tuple[str, ...]], node: OpNode, tp: int) -> int:
-    """The largest compute shard any legal splits give ``node`` at ``tp`` (cost/tp_shards.shards):
+    """The largest compute shard any legal splits give ``node`` at ``tp`` (cost/tp/shards.py:shards):
     tp for a parameterised node with a split other than replicate, a pure node that can run on S
     or Q, or a node on the residual stream of a kind sequence parallelism shards; else 1."""
     if node.name in legal:

@@ -28,7 +28,7 @@ class SearchOptions:
     time_limit_s: float = 10.0
     progress: Callable[[int, int], None] | None = None
     keep: int = 1  # the search prices enough to rank the best `keep` plans exactly
-    run: RunSpec | None = None  # the whole run: its length, prices, deadline and budget (cost/whole_run.py)
+    run: RunSpec | None = None  # the whole run: its length, prices, deadline and budget (cost/run/whole_run.py)
     allow_lossy: bool = False  # search (and allow pins of) lossy gradient sync: Plan.lossy
     allow_fp8: bool = False  # search fp8 too (a precision=fp8 pin needs no flag): solve/space.py
 
@@ -43,7 +43,7 @@ class Candidate:
     plan: Plan | None = None
     reason: str = ""
     count: int = 1  # configurations this row stands for (pruned groups)
-    misses: str = ""  # the deadline or budget this plan's whole run misses (cost/whole_run.violation)
+    misses: str = ""  # the deadline or budget this plan's whole run misses (cost/run/whole_run.py:violation)
 
     @property
     def feasible(self) -> bool:

@@ -4,7 +4,7 @@ whole-run time and cost, and recommend what to rent (docs/cost-tutorial.md).
 Point (P, N): profile P on N devices, N a power of two in the range (whole nodes above one
 node), or each count of an explicit list. The fastest plan on (P, N) is also its cheapest,
 since a whole run's wall time T and dollars $ are both increasing in the step time at a fixed N
-(cost/whole_run.py), so one ``plan_graph`` per point gives its (T, $). The graph is traced once
+(cost/run/whole_run.py), so one ``plan_graph`` per point gives its (T, $). The graph is traced once
 (it does not depend on the profile) and shared by every point.
 
 Pruning, each skipped point kept as a row with its reason:
@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from autoplan.cost.whole_run import RunPricer, check_prices, hours_text, priced_profile, usd_text
+from autoplan.cost.run.whole_run import RunPricer, check_prices, hours_text, priced_profile, usd_text
 from autoplan.errors import PlanError
 from autoplan.profile.io import load_profile
 from autoplan.solve import space

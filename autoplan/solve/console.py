@@ -80,9 +80,9 @@ def top_table(result: SearchResult, *, top_k: int) -> FitTable:
 
 
 def goodput_line(prediction: Prediction, profile: Profile) -> str:
-    """The best plan's checkpoint interval and expected goodput (cost/reliability.py), or the
+    """The best plan's checkpoint interval and expected goodput (cost/run/reliability.py), or the
     one sentence that says why the profile cannot price them."""
-    from autoplan.cost import reliability
+    from autoplan.cost.run import reliability
 
     if not prediction.has_goodput:
         return reliability.not_priced_reason(profile) or "checkpoint interval and goodput not priced."
@@ -92,7 +92,7 @@ def goodput_line(prediction: Prediction, profile: Profile) -> str:
 def pareto_table(result: SweepResult) -> FitTable:
     """The sweep's Pareto front, fastest first: time and dollars of the whole run, the plan, and
     a star on the recommended point."""
-    from autoplan.cost.whole_run import hours_text, usd_text
+    from autoplan.cost.run.whole_run import hours_text, usd_text
     from autoplan.display import FitTable
 
     spot = " (spot)" if result.spec.spot else ""

@@ -1,6 +1,6 @@
 """The intra-operator ILP: one split per parameterised op of a block (Alpa, OSDI'22, section 4.2).
 
-Variables, for a block ``b`` at a tp degree (terms from autoplan.cost.tensor_parallel):
+Variables, for a block ``b`` at a tp degree (terms from autoplan.cost.tp.splits):
 
     x[v,s] in {0,1}      v parameterised, s in legal_splits(v, tp);  sum_s x[v,s] = 1     (a)
     e[u,v,a,c] in [0,1]  per edge/sibling pair;  sum_c e = x[u,a],  sum_a e = x[v,c]      (b)
@@ -11,7 +11,7 @@ Variables, for a block ``b`` at a tp degree (terms from autoplan.cost.tensor_par
 With x one-hot, (b) forces e[u,v,a,c] = x[u,a] * x[v,c] (the transportation polytope of two
 0/1 marginals is a point): this linearises the quadratic resharding term. (c) and (d) are
 exact at the optimum because y carries a non-negative cost and z a non-negative saving.
-Every op's time and bytes are priced as CostModel prices them (cost/op_costs.py: the bytes each
+Every op's time and bytes are priced as CostModel prices them (cost/compute/op_costs.py: the bytes each
 op reads, saved bytes in the precision with 1-byte dropout masks; shard factors from
 tp_shards' param_node_shards / pure_layout / stream_node_shards), so the objective and
 the memory row equal what CostModel charges the block.
@@ -38,17 +38,17 @@ from dataclasses import dataclass, field
 
 import pulp
 
-from autoplan.cost.op_costs import NodeTimes, node_saved_bytes, node_time_s
-from autoplan.cost.tensor_parallel import TPContext, TPTerms, block_terms, legal_splits, terms_time_s
-from autoplan.cost.tp_block import BlockAnalysis, analyse_block
-from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
-from autoplan.cost.tp_shards import (
+from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s
+from autoplan.cost.tp.block import BlockAnalysis, analyse_block
+from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
+from autoplan.cost.tp.shards import (
     param_node_shards,
     pure_layout,
     pure_layouts_possible,
     pure_node_shards,
     stream_node_shards,
 )
+from autoplan.cost.tp.splits import TPContext, TPTerms, block_terms, legal_splits, terms_time_s
 from autoplan.solve.backend import SolveStatus, solve_model, variable
 from autoplan.types.graph import Graph
 
@@ -129,7 +129,7 @@ def build_block_problem(
     """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
     bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
     (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
-    factors are those CostModel charges (cost/op_costs.py, tp_shards.shards); ``node_times``
+    factors are those CostModel charges (cost/compute/op_costs.py, tp_shards.shards); ``node_times``
     memoises the op times."""
     block = analyse_block(graph, layer)
     terms = block_terms(graph, layer, ctx=ctx)

@@ -2,11 +2,11 @@
 ops.csv and stages.csv are types/tables.py's PricedOp and StageRow).
 
 Every file is written atomically (autoplan/types/_check.py). ops.csv attributes the block's
-TP comm terms (autoplan/cost/tensor_parallel.py) to ops: a unary term to its op, an edge term
+TP comm terms (autoplan/cost/tp/splits.py) to ops: a unary term to its op, an edge term
 to the consuming op, an any-of term to the first consumer that triggers it, the SP all-gather
 of a stream input to its first consumer. Times are per
 micro-batch on one device (forward + backward); bytes are per device. Compute and saved bytes
-come from cost/op_costs.py, which prices each op as autoplan/cost/layers.py does, so a
+come from cost/compute/op_costs.py, which prices each op as autoplan/cost/blocks.py does, so a
 block's rows sum to what CostModel charges it (tests/unit/solve/test_solve_agreement.py).
 """
 
@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.layers import block_structure, loss_grad_bytes
-from autoplan.cost.memory import model_states
-from autoplan.cost.op_costs import node_saved_bytes, node_time_s
-from autoplan.cost.sp_sync import sp_partial_params
-from autoplan.cost.tensor_parallel import block_terms, node_splits, tp_layer_cost
-from autoplan.cost.tp_block import analyse_block
-from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
-from autoplan.cost.whole_run import RunPricer, priced_profile
+from autoplan.cost.blocks import block_structure, loss_grad_bytes
+from autoplan.cost.compute.op_costs import node_saved_bytes, node_time_s
+from autoplan.cost.memory.per_device import model_states
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.run.whole_run import RunPricer, priced_profile
+from autoplan.cost.tp.block import analyse_block
+from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
+from autoplan.cost.tp.sp_sync import sp_partial_params
+from autoplan.cost.tp.splits import block_terms, node_splits, tp_layer_cost
 from autoplan.solve.candidates import SearchResult
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic
@@ -85,7 +85,7 @@ RUN_COLUMNS = ("wall_h", "device_hours", "cost_usd", "spot_wall_h", "spot_cost_u
 
 
 def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
-    """Every candidate; with ``pricer``, also its whole run (RUN_COLUMNS; cost/whole_run.py)."""
+    """Every candidate; with ``pricer``, also its whole run (RUN_COLUMNS; cost/run/whole_run.py)."""
     run_columns = [] if pricer is None else [c for c in RUN_COLUMNS if pricer.spec.spot or not c.startswith("spot")]
     header = [
         "rank",

@@ -18,7 +18,7 @@ layer i (``cut_s``; ``p2p_s`` at every boundary when not given: identical blocks
 identical tensors, while unlike layers, a model's top-level modules, cut at tensors of
 different sizes), and ``in_flight[k]`` the
 micro-batches whose activations stage k holds, in units of the whole stage's layers (schedule
-dependent: 1F1B holds pp - k, GPipe all m, interleaved 1F1B autoplan/cost/schedule.py's chunk
+dependent: 1F1B holds pp - k, GPipe all m, interleaved 1F1B autoplan/cost/pp/schedule.py's chunk
 count / v; Narayanan et al. SC'21 section 2.2). This is what CostModel charges: it sums a
 stage's chunks into one micro-batch time and the slowest stage sets both ``m * T`` and the
 bubble ``(pp - 1) / v * T`` (autoplan/cost/model.py). Objective ``min max_k T_k`` subject to

@@ -3,7 +3,7 @@
 Deadline: the fastest plan's expected wall time, and the smallest device count among 2N, 4N, ...
 64N (whole nodes) whose fastest plan meets it, found by the same search with objective ``time``.
 Before each search, bound (1) of solve/search.py gives a floor on the step time, hence on the
-whole run's wall time (cost/whole_run.py: increasing in the step time at a fixed N); a count whose
+whole run's wall time (cost/run/whole_run.py: increasing in the step time at a fixed N); a count whose
 floor misses the deadline is skipped without an ILP.
 
 Budget: the cheapest plan that meets the deadline (the search again without the budget: at a
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost.whole_run import RunPricer, hours_text, usd_text
+from autoplan.cost.run.whole_run import RunPricer, hours_text, usd_text
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.candidates import SearchOptions

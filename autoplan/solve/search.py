@@ -35,7 +35,7 @@ construction.
 
 Objective ``time``: step time. Objective ``cost``: dollars per sample (price per device-hour *
 devices * step time / batch), or with the whole run's length the run's expected dollars
-(cost/whole_run.py: billed devices x steps x step time / goodput(devices) x price); it also
+(cost/run/whole_run.py: billed devices x steps x step time / goodput(devices) x price); it also
 searches smaller device counts, which can be cheaper. Both are increasing in the step time at a
 fixed device count, so the bounds stay bounds. A deadline or budget (``SearchOptions.run``) makes
 a plan whose whole run misses it infeasible (``Candidate.misses``); it never enters the top k,
@@ -47,12 +47,12 @@ from __future__ import annotations
 import heapq
 import time
 
-from autoplan.cost.experts import check_ep_pin, check_pp_pin, ep_options, pipeline_blocks
-from autoplan.cost.memory import usable_bytes
+from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.model import CostModel
-from autoplan.cost.schedule import balanced_stages
-from autoplan.cost.tp_plan_memo import TpPlanMemo
-from autoplan.cost.whole_run import dollars_per_sample, run_pricer
+from autoplan.cost.moe.experts import check_ep_pin, check_pp_pin, ep_options, pipeline_blocks
+from autoplan.cost.pp.schedule import balanced_stages
+from autoplan.cost.run.whole_run import dollars_per_sample, run_pricer
+from autoplan.cost.tp.plan_memo import TpPlanMemo
 from autoplan.errors import PlanError
 from autoplan.solve import space, tp_runnable
 from autoplan.solve.bounds import Bounds

@@ -21,7 +21,7 @@ Every choice the planner searches, and the rule that makes each one legal:
   profile, with the tp group inside one node: PyTorch's async TP copies through peer memory);
 - precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
   but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling); fp8
-  (FP8 linears, the rest bf16: autoplan/cost/compute.py) only with ``allow_fp8`` (``--allow-fp8``)
+  (FP8 linears, the rest bf16: autoplan/cost/compute/roofline.py) only with ``allow_fp8`` (``--allow-fp8``)
   or a ``precision=fp8`` pin, and where the profile has fp8 and bf16 peaks: FP8 changes the
   numerics (and its kernels need a GPU with FP8 tensor cores), so it is the user's choice, as lossy
   gradient sync is;
@@ -108,7 +108,7 @@ def degree_options(
     refused: list[RefusedShape] | None = None,
 ) -> list[Degrees]:
     """Every (dp, tp, pp, ep) the rules and the pins allow (module docstring); ``eps`` are the
-    expert-parallel degrees the model's MoE layers allow (cost/experts.ep_options), ``max_tp`` the
+    expert-parallel degrees the model's MoE layers allow (cost/moe/experts.py:ep_options), ``max_tp`` the
     largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit). Each shape a rule
     refuses is appended to ``refused`` (the search's record: solve/notes.py reads it)."""
     refused = [] if refused is None else refused
@@ -210,7 +210,7 @@ def check_lossy_pins(graph: Graph, fixes: dict, *, allow_lossy: bool) -> None:
             "sum, not the exact one); add --allow-lossy to allow it."
         )
     if fixes.get("powersgd"):
-        from autoplan.cost.compression import check_rank  # the CLI parser imports this module: no torch yet
+        from autoplan.cost.dp.compression import check_rank  # the CLI parser imports this module: no torch yet
 
         check_rank(graph, fixes["powersgd"])
 

@@ -1,13 +1,13 @@
 """Per-block numbers for the pipeline partition, from the cost model's own block summaries.
 
 The partition (solve/pipeline.py) needs, per block and micro-batch, its time and its bytes;
-these come from :func:`autoplan.cost.layers.summarise`, the function CostModel prices blocks
+these come from :func:`autoplan.cost.blocks.summarise`, the function CostModel prices blocks
 with, so the partition balances exactly what the cost model will charge:
 
     time_i   = fwd + bwd + tp_fwd + tp_bwd  (+ fwd + tp_fwd under full recomputation,
                                              + the re-run nodes' fwd + tp_fwd under selective)
     static_i = parameters_i * bytes per parameter of weights, grads and Adam state after ZeRO
-               (autoplan/cost/memory.py, Rajbhandari et al. SC'20)
+               (autoplan/cost/memory/per_device.py, Rajbhandari et al. SC'20)
     act_i    = saved bytes (none), block input + matmul outputs (selective), block input (full)
 
 Nodes outside every block add to stage 0 (those before the first block) and to the last stage
@@ -19,15 +19,15 @@ sizes, so the partition prefers the small ones.
 
 from __future__ import annotations
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES
-from autoplan.cost.layers import LayerSummary
-from autoplan.cost.memory import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
-from autoplan.cost.mesh import mesh_groups
+from autoplan.cost.blocks import LayerSummary
+from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.memory.per_device import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
 from autoplan.cost.model import CostModel
-from autoplan.cost.schedule import in_flight_chunks
-from autoplan.cost.tensor_parallel import TPContext
-from autoplan.cost.tp_plan_memo import TpPlanMemo
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.pp.schedule import in_flight_chunks
+from autoplan.cost.tp.plan_memo import TpPlanMemo
+from autoplan.cost.tp.splits import TPContext
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.graph import Graph
 from autoplan.types.layout import stage_of_chunk

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autoplan.cost.memory import model_states, usable_bytes
-from autoplan.cost.mesh import mesh_groups
-from autoplan.cost.op_costs import NodeTimes
-from autoplan.cost.schedule import in_flight_chunks
-from autoplan.cost.tensor_parallel import TPContext, node_splits
-from autoplan.cost.tp_block import analyse_block
+from autoplan.cost.compute.op_costs import NodeTimes
+from autoplan.cost.memory.per_device import model_states, usable_bytes
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.pp.schedule import in_flight_chunks
+from autoplan.cost.tp.block import analyse_block
+from autoplan.cost.tp.splits import TPContext, node_splits
 from autoplan.solve.backend import SolveStatus
 from autoplan.solve.intra_op import budget_infeasibility, build_block_problem, solve_block
 from autoplan.types.cost import Cost
@@ -172,7 +172,7 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
     """The ILP memory row for ``plan`` (which did not fit): usable memory less comm buffers and
     the outside modules' bytes (kept at most what they use now), shared by the blocks of the
     fullest stage; under full recomputation one block's full activations (live while it is
-    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory.py."""
+    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py."""
     blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
     states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
     traced_param = graph.param_bytes / graph.param_count if graph.param_bytes > 0 and graph.param_count > 0 else 4.0

@@ -150,7 +150,7 @@ def keep_list_layers_whole(graph) -> None:
     ``tp_splittable = False``: at tp > 1 the executor runs such a layer whole on every
     tensor-parallel rank, on local tensors (autoplan/execute/expert_loop.py), since DTensor has no
     strategy for the data-dependent row selections of a loop over experts; the cost model then
-    prices it so (cost/tensor_parallel.py ``legal_splits``)."""
+    prices it so (cost/tp/splits.py ``legal_splits``)."""
     layers = [m.module for m in graph.moe_layers if m.interface == "module_list"]
     for node in graph.nodes:
         if node.op == "linear" and any(within(node.module, layer) for layer in layers):

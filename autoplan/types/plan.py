@@ -76,11 +76,11 @@ class Plan:
     ``--overlap-param-gather`` with its distributed optimizer); false (the default) gathers after
     the optimizer step, as the executor does. The planner never chooses it and the executor
     refuses it: it comes from a Megatron-LM config read back (``explain --config``), so that the
-    config is priced as Megatron runs it (autoplan/cost/dp_sync.py).
+    config is priced as Megatron runs it (autoplan/cost/dp/sync.py).
     ``tp_comm_overlap`` hides the sequence-parallel all-gathers and reduce-scatters under the
     matmuls beside them by decomposing both into tp steps (PyTorch's async tensor parallelism,
     Megatron-Core's ``--tp-comm-overlap``); it needs sequence parallelism, and the executor runs
-    it only on CUDA devices with NCCL (autoplan/cost/tp_overlap.py prices it).
+    it only on CUDA devices with NCCL (autoplan/cost/tp/overlap.py prices it).
     ``ep`` is the expert-parallel degree of a Mixture-of-Experts model: each MoE layer's routed
     experts are split over ``ep`` ranks, folded over the data-parallel ranks (``ep`` divides
     ``dp``; consecutive dp ranks form an ep group), and tokens reach their experts by

@@ -8,7 +8,7 @@ typed (docs/plan-format.md); a plan nobody priced has ``predicted: {}``.
 
 When the profile has storage and reliability sections the prediction also records the
 checkpoint interval that minimises expected lost time and the expected goodput of the plan on
-its cluster (autoplan/cost/reliability.py); otherwise those keys are absent from the JSON.
+its cluster (autoplan/cost/run/reliability.py); otherwise those keys are absent from the JSON.
 When the planner was given the whole run's length (``--tokens`` or ``--steps``), ``run`` holds
 its :class:`autoplan.types.run.RunEstimate`: steps, wall time, device-hours and dollars.
 """
@@ -72,7 +72,7 @@ class Prediction:
     breakdown: dict[str, float] = field(default_factory=dict)  # Cost.TIME_FIELDS
     memory: dict[str, float] = field(default_factory=dict)  # Cost.MEMORY_FIELDS
     search: SearchSummary | None = None
-    # checkpoints and failures (cost/reliability.py); None when the profile cannot price them
+    # checkpoints and failures (cost/run/reliability.py); None when the profile cannot price them
     checkpoint_bytes: float | None = None
     checkpoint_write_s: float | None = None
     checkpoint_read_s: float | None = None
@@ -132,8 +132,8 @@ class Prediction:
     def from_cost(
         cls, cost: Cost, search: SearchSummary | None = None, run: RunEstimate | None = None, **reliability: Any
     ) -> "Prediction":
-        """From a Cost; ``reliability`` = cost/reliability.py ``prediction_fields`` (may be empty),
-        ``run`` = the whole run's estimate (cost/whole_run.py), if any."""
+        """From a Cost; ``reliability`` = cost/run/reliability.py ``prediction_fields`` (may be empty),
+        ``run`` = the whole run's estimate (cost/run/whole_run.py), if any."""
         return cls(
             step_time_s=cost.step_time_s,
             samples_per_s=cost.samples_per_s,

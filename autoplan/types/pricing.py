@@ -3,7 +3,7 @@
 Prices change, so each carries its date and source. ``on_demand_per_device_hour`` is what
 ``--objective cost`` and the whole-run report use; ``spot_per_device_hour`` with
 ``spot_interruptions_per_device_hour`` (an interruption reclaims the device: the job stops as on a
-failure, autoplan/cost/reliability.py) prices a spot run's expected cost including lost work.
+failure, autoplan/cost/run/reliability.py) prices a spot run's expected cost including lost work.
 ``instance`` names the rental (``p5.48xlarge``), ``devices_per_instance`` how many devices one
 holds (the unit a cloud bills and a cluster grows by).
 

@@ -6,7 +6,7 @@ optional cap for the whole cluster (a storage system has a fixed throughput howe
 devices write to it). ``ReliabilitySpec`` gives the failure rate per device-hour (every
 interruption that kills a synchronous job, whatever part of the node caused it, divided by
 the devices that ran it) and the time to detect a failure, restart the job and re-initialise
-it, not counting the checkpoint read, which the storage prices. autoplan/cost/reliability.py
+it, not counting the checkpoint read, which the storage prices. autoplan/cost/run/reliability.py
 turns both into a checkpoint interval and an expected goodput.
 """
 

@@ -1,6 +1,6 @@
 """A whole training run, asked and answered: :class:`RunSpec` (what the user wants: its length,
 prices, spot, a deadline and a budget) and :class:`RunEstimate` (what it takes: steps, wall time,
-device-hours and dollars, on-demand and on spot). cost/whole_run.py turns one into the other;
+device-hours and dollars, on-demand and on spot). cost/run/whole_run.py turns one into the other;
 ``Prediction.run`` (types/prediction.py) records the estimate in plan.json (docs/plan-format.md).
 
 Units are in names: ``_h`` hours, ``_s`` seconds, ``_usd`` dollars, ``_per_device_hour`` per
@@ -78,7 +78,7 @@ class RunSpec:
 
 @dataclass
 class RunEstimate:
-    """A whole run on one plan and cluster (cost/whole_run.py gives the formulas).
+    """A whole run on one plan and cluster (cost/run/whole_run.py gives the formulas).
 
     ``expected_wall_h`` = ``ideal_wall_h`` / ``goodput``; ``device_hours`` = devices x
     expected_wall_h; ``cost_usd`` = billed_devices x expected_wall_h x price. The ``spot_*``

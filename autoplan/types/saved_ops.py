@@ -4,7 +4,7 @@ Op-level selective activation checkpointing (torchtitan's op SAC, ``torch.utils.
 with a policy) keeps the outputs of the ops below and re-runs every other op of a block in the
 backward. The tracer records a block as nodes of a kind (autoplan/trace/classify.py); the
 executor's policy sees the aten kernels those nodes run as. :data:`SAVED` lists, per node kind
-the cost model keeps (``SAVED_KINDS``, autoplan/cost/layers.py), every kernel that kind runs as,
+the cost model keeps (``SAVED_KINDS``, autoplan/cost/blocks.py), every kernel that kind runs as,
 so the policy (autoplan/execute/recompute.py ``SAVED_OPS``) is built from the same table:
 
 - ``linear``: an ``nn.Linear`` or a matmul on a weight, ``mm``/``addmm`` (``aten.linear`` is
@@ -39,7 +39,7 @@ SAVED: dict[str, tuple[str, ...]] = {
     ),
     "conv": ("convolution",),
 }
-#: node kinds whose outputs selective recomputation keeps (autoplan/cost/layers.py)
+#: node kinds whose outputs selective recomputation keeps (autoplan/cost/blocks.py)
 SAVED_KINDS = tuple(SAVED)
 #: the aten kernels (OpOverloadPacket names) the executor's policy saves
 SAVED_ATEN_OPS = frozenset(name for names in SAVED.values() for name in names)

@@ -3,7 +3,7 @@
 Measured: torch.profiler self CPU time of one forward + backward (median of several steps),
 grouped into matmul (aten mm/addmm/bmm/linear backward matmuls), attention (SDPA kernels) and
 everything else (element-wise, norms, softmax, embedding, loss, autograd bookkeeping).
-Predicted: the cost model's op_time_s (autoplan/cost/compute.py) of every traced node, forward
+Predicted: the cost model's op_time_s (autoplan/cost/compute/roofline.py) of every traced node, forward
 and backward, grouped the same way by node kind. No communication is involved, so a gap here is
 the compute term's alone.
 
@@ -20,7 +20,7 @@ from collections import defaultdict
 import torch
 
 from autoplan.calibrate.runs import environment
-from autoplan.cost.compute import op_time_s
+from autoplan.cost.compute.roofline import op_time_s
 from autoplan.modelfile import load_model_file
 from autoplan.profile import load_profile
 from autoplan.trace import trace_model_file

@@ -13,7 +13,7 @@ residuals):
   per-call overhead t0 = F_half/(a*peak) unchanged (the model's small-size penalty is a
   fixed time; a slower dtype needs proportionally fewer FLOPs to hide it). The un-rescaled FP8
   fit is the profile's ``efficiency_by_dtype.fp8.matmul`` (what precision "fp8" prices FP8
-  linears with, autoplan/cost/compute.py), beside ``peak_flops.fp8`` = the FP8 dense datasheet peak.
+  linears with, autoplan/cost/compute/roofline.py), beside ``peak_flops.fp8`` = the FP8 dense datasheet peak.
 * attention: a = Flash-Attention-2 TFLOPS / peak from the same Azure pages (one large
   point, so F_half is taken from the matmul fit: same launch/tail overhead argument).
   No conv figures were found, so GPU profiles have no conv curve (the cost model then

@@ -17,7 +17,7 @@ import pytest
 import exec_models as m
 from exec_harness import make_plan, run_audits
 
-from autoplan.cost.compression import traffic_of
+from autoplan.cost.dp.compression import traffic_of
 from autoplan.cost.model import CostModel
 from autoplan.cost.volumes import predict
 from autoplan.execute.job.audit import audit_rows
@@ -132,7 +132,7 @@ def test_each_rank_holds_the_priced_parameter_shard(audits, graphs, name):
 
 def _powersgd_flops(graphs, plan) -> float:
     """The PowerSGD hook's three matmuls per compressed matrix (M Q, M^T P, P Q^T), priced as
-    compression time (autoplan/cost/compression.py), not as model FLOPs. M Q runs on the
+    compression time (autoplan/cost/dp/compression.py), not as model FLOPs. M Q runs on the
     backward's thread; the other two run in the callbacks of its all-reduces' futures, on
     whichever thread completes them (gloo's, unseen by a thread-local dispatch mode, or this one
     when the future is already done), so the meter sees between a third and all of them."""
@@ -169,7 +169,7 @@ def test_each_rank_computes_the_priced_flops(audits, graphs, name):
         else:
             assert rank["backward_flops"] == pytest.approx(pred.backward_flops, rel=1e-9), name   # recomputation included
         assert rank["attention_forward_flops"] == pytest.approx(pred.attention_forward_flops, rel=1e-9), name
-        # flash attention's backward recomputes the scores (5 matmuls, priced as cost/compute.py
+        # flash attention's backward recomputes the scores (5 matmuls, priced as cost/compute/roofline.py
         # executed_bwd_flops); full recomputation adds the forward
         assert rank["attention_backward_flops"] == pytest.approx(pred.attention_backward_flops, rel=1e-9), name
 

@@ -120,8 +120,8 @@ def test_the_appliers_never_import_the_job_that_runs_them():
 EXECUTE_MAY_IMPORT = {"execute", "types", "trace", "jobs", "modelfile", "errors", "quiet", "version", "display"}
 #: the one exception, with its reason: what an empty tp_plan at tp > 1 means (Megatron's split where
 #: legal) is one rule of the cost model's, which parallelize() applies to a plan made by hand; it rests
-#: on cost/'s TP block analysis, and moves with it when cost/ is grouped by idea (issue 31, item 3)
-EXECUTE_EXCEPTIONS = {("execute/api.py", "autoplan.cost.tp_default")}
+#: on cost/'s TP block analysis, and lives with it in cost/tp/
+EXECUTE_EXCEPTIONS = {("execute/api.py", "autoplan.cost.tp.default")}
 
 
 def test_the_executor_imports_only_types_trace_and_jobs():
@@ -154,6 +154,26 @@ def test_run_options_are_declared_once():
 #: Files longer than :data:`MAX_LINES` that still hold one idea, each with the reason written down
 #: (issue 31: a file is split where its ideas part, never to get under a line count).
 ONE_IDEA: dict[str, str] = {}
+
+#: cost/'s top level: the model that composes the terms, the block and stage summaries every term
+#: reads, and the audit's per-step volumes; every other module sits in the subpackage of its idea
+#: (docs/architecture.md "The cost model's layout": which file to touch for each kind of change)
+COST_TOP_LEVEL = {"__init__.py", "model.py", "blocks.py", "stages.py", "volumes.py"}
+COST_IDEAS = {"network", "compute", "tp", "dp", "pp", "moe", "memory", "run"}
+
+
+def test_the_cost_model_is_grouped_by_idea():
+    """Issue 31 item 3: cost/ is grouped by idea, not 27 flat files; a new idea gets a subpackage
+    (and a line in docs/architecture.md), not a module beside model.py."""
+    cost = PACKAGE / "cost"
+    top = {p.name for p in cost.glob("*.py")}
+    ideas = {p.name for p in cost.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert top == COST_TOP_LEVEL and ideas == COST_IDEAS, (top ^ COST_TOP_LEVEL, ideas ^ COST_IDEAS)
+    architecture = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    picture = architecture.split("## The cost model's layout")[1].split("\n## ")[0]
+    assert all(f"── {idea}/" in picture for idea in ideas), "docs/architecture.md draws every cost/ subpackage"
+
+
 MAX_LINES = 400
 
 
@@ -334,12 +354,12 @@ def test_the_mesh_order_is_stated_once():
         and tuple(e.value for e in node.elts) in (MESH_AXES, EXPERT_AXES)
     ]
     assert named and all(site.startswith("types/layout.py:") for site in named), named
-    for user in ("cost/mesh.py", "execute/mesh.py"):
+    for user in ("cost/network/mesh.py", "execute/mesh.py"):
         assert "autoplan.types.layout" in _imported(ast.parse((PACKAGE / user).read_text())), user
 
 
 def test_planning_imports_no_torch():
-    """docs/architecture.md: types/, cost/ and solve/ import no torch (cost/experts.py once reached
+    """docs/architecture.md: types/, cost/ and solve/ import no torch (cost/moe/experts.py once reached
     torch.distributed through trace/layers.py for a string prefix test)."""
     import subprocess
     import sys

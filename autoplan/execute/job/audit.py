@@ -5,7 +5,7 @@ three recorders, each a ``TorchDispatchMode``, so they see every op that reaches
 dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipelining):
 
 - :class:`CommRecorder`: every ``c10d`` and ``_c10d_functional`` collective, its kind, its
-  message bytes (autoplan/cost/comm.py's convention: the gathered output of an all-gather,
+  message bytes (autoplan/cost/network/comm.py's convention: the gathered output of an all-gather,
   the input of a reduce-scatter, the tensor of an all-reduce, broadcast, send or recv, the input
   of an all-to-all) and the mesh dimension of its process group (dp, tp, pp; tied-weight groups
   count as pp; under expert parallelism ep for the all-to-alls of its token exchange and edp for

@@ -102,7 +102,7 @@ def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: i
     forward = 4.0 * batch * heads * seq * seq * head_dim
     mask = "causal" if causal else "full"
     # the FLOPs the kernels run: the backward's four gradient matmuls and the scores it recomputes,
-    # 2.5x the forward (autoplan/cost/compute.py executed_bwd_flops)
+    # 2.5x the forward (autoplan/cost/compute/roofline.py executed_bwd_flops)
     return OpCase(
         "attention", f"b={batch},h={heads},s={seq},d={head_dim},{mask},fwd+bwd", 3.5 * forward, build, training=True
     )

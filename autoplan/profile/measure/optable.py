@@ -9,7 +9,7 @@ them together (measure/ranks.py).
 What a row holds (docs/profile-format.md, "op_table"):
 * ``linear`` rows: the forward GEMM and both backward GEMMs (grad-input, grad-weight), in
   the layouts autograd runs them, shape ``m=..,n=..,k=..,fwd+bwd``; ``flops`` = 6*m*n*k, their
-  sum. The cost model (autoplan/cost/compute.py ``_measured_s``) looks a linear node up by
+  sum. The cost model (autoplan/cost/compute/roofline.py ``_measured_s``) looks a linear node up by
   that key and splits the row by FLOPs: forward 1/3 of its time, backward 2/3.
 * ``attention`` rows: forward + backward (shape ends in ``,fwd+bwd``; ``flops`` is their sum),
   like the attention sweep the efficiency curve is fitted on.

@@ -8,7 +8,7 @@ from synthetic import synthetic_gpt, synthetic_profile
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
 from autoplan.cost import CostModel
-from autoplan.cost.compression import compresses, matrix_of, traffic_of
+from autoplan.cost.dp.compression import compresses, matrix_of, traffic_of
 from autoplan.errors import PlanError
 from autoplan.report.trade import trade_rows
 from autoplan.solve.api import plan_graph

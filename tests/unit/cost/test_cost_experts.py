@@ -1,4 +1,4 @@
-"""Expert parallelism as the cost model prices it (autoplan/cost/experts.py, expert_parallel.py)."""
+"""Expert parallelism as the cost model prices it (autoplan/cost/moe/experts.py, expert_parallel.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cli import main
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.experts import GPU_M_TILE, ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm
-from autoplan.cost.memory import LOW_BYTES
-from autoplan.cost.mesh import AxisGroup, ep_groups
+from autoplan.cost.memory.per_device import LOW_BYTES
 from autoplan.cost.model import CostModel
+from autoplan.cost.moe.experts import GPU_M_TILE, ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup, ep_groups
 from autoplan.errors import PlanError
 from autoplan.solve.api import plan_graph
 from autoplan.solve.candidates import SearchOptions
@@ -218,8 +218,8 @@ def test_explain_names_expert_parallel_families_and_only_true_bounds(tmp_path, m
 def test_a_router_that_is_not_an_nn_linear_is_never_split(graph):
     """Mixtral's router (MixtralTopKRouter) calls F.linear on its own weight; the executor splits
     nn.Linear modules only, so the cost model and the default tp plan keep it whole."""
-    from autoplan.cost.tensor_parallel import legal_splits
-    from autoplan.cost.tp_default import default_tp_plan
+    from autoplan.cost.tp.default import default_tp_plan
+    from autoplan.cost.tp.splits import legal_splits
 
     routers = [n for n in graph.nodes if n.op == "linear" and n.module.endswith("mlp.gate")]
     assert routers and all(n.attrs["tp_splittable"] is False for n in routers)
@@ -246,11 +246,11 @@ def test_with_ddp_the_experts_all_reduce_after_the_backward_is_exposed(graph):
 def test_under_sequence_parallelism_an_moe_block_runs_on_the_sequence_shard(graph):
     """tp=2 with SP: the MoE block's nodes take no split, compute and keep 1/tp (the rank's
     tokens), send nothing, and every weight of the block is in the SP gradient sync."""
-    from autoplan.cost.sp_sync import sp_partial_params
-    from autoplan.cost.tensor_parallel import block_messages, node_splits
-    from autoplan.cost.tp_block import analyse_block
-    from autoplan.cost.tp_default import default_tp_plan
-    from autoplan.cost.tp_shards import shards
+    from autoplan.cost.tp.block import analyse_block
+    from autoplan.cost.tp.default import default_tp_plan
+    from autoplan.cost.tp.shards import shards
+    from autoplan.cost.tp.sp_sync import sp_partial_params
+    from autoplan.cost.tp.splits import block_messages, node_splits
 
     layer, moe = graph.layers[0], graph.moe_layers[0]
     block = analyse_block(graph, layer)

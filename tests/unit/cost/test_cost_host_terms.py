@@ -7,7 +7,7 @@ import pytest
 from synthetic import a100_profile, gpt_graph
 
 from autoplan.cost import CostModel
-from autoplan.cost.compute import host_overhead_s, op_time_s
+from autoplan.cost.compute.roofline import host_overhead_s, op_time_s
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 from autoplan.types.profile import OpOverhead, OpTiming
@@ -82,7 +82,7 @@ def test_gradient_accumulation_reads_two_and_writes_one_gradient_per_extra_micro
     profile = a100_profile()
     cost = CostModel(graph, profile).estimate(_plan(micro_batch_size=8 // m, num_microbatches=m))
     device = profile.device
-    # fp32 gradients (the executor keeps fp32 parameters outside FSDP2, cost/memory.py)
+    # fp32 gradients (the executor keeps fp32 parameters outside FSDP2, cost/memory/per_device.py)
     per_micro_batch_s = 3 * graph.param_count * 4 / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     assert cost.grad_accum_s == pytest.approx((m - 1) * per_micro_batch_s, rel=1e-6)
     assert "grad_accum_s" in cost.TIME_FIELDS
@@ -118,7 +118,7 @@ def test_weight_tied_across_pipeline_stages_pays_one_gradient_all_reduce(tied_gp
         _pp_group(profile),
     )
     tied_bytes = 512 * 64 * 4  # fp32 gradients: the executor keeps parameters in fp32 outside FSDP2
-    from autoplan.cost.comm import collective_time_s
+    from autoplan.cost.network.comm import collective_time_s
 
     expected = collective_time_s(profile, "all_reduce", tied_bytes, group=_pp_group(profile))
     assert split.pp_comm_s - sends_only == pytest.approx(expected, rel=1e-6)
@@ -126,14 +126,14 @@ def test_weight_tied_across_pipeline_stages_pays_one_gradient_all_reduce(tied_gp
 
 
 def _pp_group(profile):
-    from autoplan.cost.mesh import mesh_groups
+    from autoplan.cost.network.mesh import mesh_groups
 
     return mesh_groups(profile, dp=1, tp=1, pp=2)["pp"]
 
 
 def _ctx(model):
-    from autoplan.cost.mesh import mesh_groups
-    from autoplan.cost.tensor_parallel import TPContext
+    from autoplan.cost.network.mesh import mesh_groups
+    from autoplan.cost.tp.splits import TPContext
 
     groups = mesh_groups(model.profile, dp=1, tp=1, pp=2)
     return TPContext(

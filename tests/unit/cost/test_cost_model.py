@@ -9,8 +9,8 @@ import pytest
 from synthetic import a100_profile, gpt_graph
 
 from autoplan.cost import CostModel, estimate
-from autoplan.cost.memory import model_states
-from autoplan.cost.schedule import bubble_fraction, in_flight_chunks
+from autoplan.cost.memory.per_device import model_states
+from autoplan.cost.pp.schedule import bubble_fraction, in_flight_chunks
 from autoplan.errors import PlanError
 from autoplan.types import Plan
 
@@ -45,7 +45,7 @@ def test_full_recompute_keeps_only_the_block_input():
 
 
 def test_selective_recompute_keeps_the_block_input_and_matmul_outputs():
-    # Selective = keep the outputs of matmuls and attention, re-run the rest (cost/layers.py):
+    # Selective = keep the outputs of matmuls and attention, re-run the rest (cost/blocks.py):
     # block input 2 + qkv 6 + attention output 2 + projection 2 + fc1 8 + fc2 2 = 22 sbh (16-bit).
     assert _per_layer_activation_sbh(recompute="selective") == pytest.approx(22, rel=0.01)
 
@@ -58,13 +58,13 @@ def test_activation_memory_tensor_parallel_is_10_plus_24_over_t():
 def test_activation_memory_tensor_and_sequence_parallel_is_34_over_t_plus_the_gathered_inputs():
     # Korthikanti et al. 2022 eq. (4) is sbh * 34 / t: Megatron keeps the sequence shard of the
     # two LayerNorm outputs and all-gathers them again in the backward. The executor keeps the
-    # gathered copy its linears save instead (cost/tp_memory.py), 2 x 2sbh (1 - 1/t) more.
+    # gathered copy its linears save instead (cost/tp/memory.py), 2 x 2sbh (1 - 1/t) more.
     assert _per_layer_activation_sbh(tp=4, sequence_parallel=True) == pytest.approx(34 / 4 + 4 * (1 - 1 / 4), rel=0.02)
 
 
 @pytest.mark.parametrize("stage, expected", [(0, 4 + 2 + 4 + 8), (1, 4 + 2 + 4 + 12 / 8), (2, 2 + 16 / 8), (3, 16 / 8)])
 def test_zero_model_states_are_what_the_executor_holds(stage, expected):
-    # cost/memory.py: fp32 weights (+ autocast's bf16 copy) and gradients, AdamW moments; ZeRO-1 a
+    # cost/memory/per_device.py: fp32 weights (+ autocast's bf16 copy) and gradients, AdamW moments; ZeRO-1 a
     # 1/N fp32 master slice; FSDP2 fp32 shards (16/N, Rajbhandari et al. SC'20), ZeRO-2 with the bf16
     # weights gathered for the step.
     states = model_states(params=1e9, precision="bf16", zero_stage=stage, dp=8)
@@ -109,8 +109,8 @@ def test_megatron_tp_volume_is_four_all_reduces_of_bsh_per_layer():
     profile = a100_profile()
     graph = gpt_graph(layers=4, hidden=H, heads=A, seq_len=S, vocab=V, batch_size=1, dtype_bytes=2)
     model = CostModel(graph, profile)
-    from autoplan.cost.comm import collective_time_s
-    from autoplan.cost.mesh import AxisGroup
+    from autoplan.cost.network.comm import collective_time_s
+    from autoplan.cost.network.mesh import AxisGroup
 
     one = collective_time_s(profile, "all_reduce", S * B * H * 2, group=AxisGroup(size=4, ranks_per_node=4))
     block = model.block_summary("h.1", model._tp_plan(_plan(tp=4)), _ctx(model, tp=4))
@@ -119,8 +119,8 @@ def test_megatron_tp_volume_is_four_all_reduces_of_bsh_per_layer():
 
 
 def _ctx(model, *, tp):
-    from autoplan.cost.mesh import mesh_groups
-    from autoplan.cost.tensor_parallel import TPContext
+    from autoplan.cost.network.mesh import mesh_groups
+    from autoplan.cost.tp.splits import TPContext
 
     group = mesh_groups(model.profile, dp=1, tp=tp, pp=1)["tp"]
     return TPContext(

@@ -8,7 +8,7 @@ import pytest
 from synthetic import a100_profile, gpt_graph
 
 from autoplan.cost import CostModel
-from autoplan.cost.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
+from autoplan.cost.pp.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
 from autoplan.types.plan import Plan
 
 

@@ -5,9 +5,9 @@ import math
 import pytest
 from synthetic import a100_profile, gpt_graph
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import op_time_s, peak_dtype
-from autoplan.cost.mesh import AxisGroup, mesh_groups
+from autoplan.cost.compute.roofline import op_time_s, peak_dtype
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup, mesh_groups
 from autoplan.errors import AutoplanError, PlanError
 from autoplan.types.profile import OpTiming, bus_factor
 
@@ -122,7 +122,7 @@ def test_peak_dtype_falls_back_and_rejects_missing():
 
 def test_ring_only_collectives_pay_a_hop_per_rank_across_nodes_and_all_reduce_a_tree():
     """NCCL runs all-gather and reduce-scatter as rings (n - 1 hops, N - 1 over a NIC), all-reduce
-    as a tree at scale (log2 N): the start-up of a tiny message shows which (cost/comm.py)."""
+    as a tree at scale (log2 N): the start-up of a tiny message shows which (cost/network/comm.py)."""
     profile = a100_profile()
     intra, inter = profile.intra_node.collectives, profile.inter_node.collectives
     for n in (384, 1536):
@@ -140,7 +140,7 @@ def test_ring_only_collectives_pay_a_hop_per_rank_across_nodes_and_all_reduce_a_
 def test_dp_messages_are_bucketed_only_under_ddp():
     """DDP sends 25 MiB buckets, each paying its start-up; FSDP units and ZeRO-1's flat buffer are
     one call each, as the audit counts them (cost/volumes.py)."""
-    from autoplan.cost.memory import DDP_BUCKET_BYTES
+    from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
     from autoplan.cost.model import CostModel
     from autoplan.types.plan import Plan
 
@@ -184,7 +184,7 @@ def test_a_view_of_a_parameter_and_a_metadata_assert_move_nothing():
 )
 def test_the_peak_moment_splits_into_parts_that_sum_to_the_peak(transient, scatter, sync, after, at_peak):
     """memory.png draws at_peak_bytes (report/memory.py): the moment itself, not each part's maximum."""
-    from autoplan.cost.memory import ModelStates, stage_memory
+    from autoplan.cost.memory.per_device import ModelStates, stage_memory
 
     memory = stage_memory(
         states=ModelStates(weights_bytes=100.0, grads_bytes=50.0, optimizer_bytes=200.0),

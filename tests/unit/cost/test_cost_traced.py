@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from autoplan.cost import CostModel
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import op_time_s
-from autoplan.cost.mesh import mesh_groups
+from autoplan.cost.compute.roofline import op_time_s
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import mesh_groups
 from autoplan.errors import PlanError
 from autoplan.profile import load_profile
 from autoplan.trace import trace_model_file
@@ -59,7 +59,7 @@ def test_megatron_attention_activations_are_korthikanti_eq1(megatron_graphs, a10
 
 
 def test_selective_recompute_keeps_inputs_and_matmul_outputs(megatron_graphs, a100):
-    # Op-level selective recomputation (cost/layers.py) keeps the block input (2), q, k, v (6), the
+    # Op-level selective recomputation (cost/blocks.py) keeps the block input (2), q, k, v (6), the
     # QK^T scores (2as/h: a matmul output, which Korthikanti et al. 2022 section 4.3 would also
     # drop), the attention output (2), the projection (2), fc1 (8) and fc2 (2); full keeps 2 sbh.
     assert _per_layer_sbh(megatron_graphs, a100, recompute="selective") == pytest.approx(22 + 2 * A * S / H, rel=0.005)

@@ -1,4 +1,4 @@
-"""FP8 pricing (precision "fp8", autoplan/cost/compute.py): torchao's tensorwise float8 recipe.
+"""FP8 pricing (precision "fp8", autoplan/cost/compute/roofline.py): torchao's tensorwise float8 recipe.
 
 Eligible nn.Linear GEMMs run at the FP8 peak on the FP8 efficiency curve plus their casts, priced
 as memory-bound passes (5 bytes per element per cast, 2 per layout copy); everything else and all
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.cost import CostModel
-from autoplan.cost.compute import fp8_cast_bytes, fp8_linear, memory_time_s, op_time_s
+from autoplan.cost.compute.roofline import fp8_cast_bytes, fp8_linear, memory_time_s, op_time_s
 from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError, ProfileError
 from autoplan.profile import load_profile

@@ -1,4 +1,4 @@
-"""Checkpoints, failures and goodput (autoplan/cost/reliability.py): known answers, limits, and
+"""Checkpoints, failures and goodput (autoplan/cost/run/reliability.py): known answers, limits, and
 the numbers reaching plan.json, the console and autoplan explain."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cli import main
-from autoplan.cost import reliability as rel
+from autoplan.cost.run import reliability as rel
 from autoplan.errors import ProfileError
 from autoplan.profile import load_profile
 from autoplan.report.explain import explain

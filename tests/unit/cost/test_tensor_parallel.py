@@ -3,10 +3,10 @@
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.mesh import mesh_groups
-from autoplan.cost.tensor_parallel import TPContext, legal_splits, node_splits, tp_layer_cost
-from autoplan.cost.tp_default import default_tp_plan
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.tp.default import default_tp_plan
+from autoplan.cost.tp.splits import TPContext, legal_splits, node_splits, tp_layer_cost
 from autoplan.errors import PlanError
 from autoplan.types.graph import OpNode
 
@@ -316,7 +316,7 @@ def test_megatron_activations_per_layer_follow_korthikanti_eq_4_and_5(megatron_g
     scores = 2 * MA * MS / MH
     # eq. (5), TP + SP: sbh/t (34 + 5as/h), plus the whole copies of the two gathered LayerNorm
     # outputs the executor's linears save, 2 x 2sbh (1 - 1/t), where Megatron gathers them again in
-    # the backward (cost/tp_memory.py). Selective recomputation (cost/layers.py) keeps the block
+    # the backward (cost/tp/memory.py). Selective recomputation (cost/blocks.py) keeps the block
     # input and the matmul outputs: input 2, qkv 6, QK^T scores 2as/h, attention 2, proj 2, fc1 8, fc2 2
     assert _per_layer_sbh(megatron_graphs, tp, sp=True, recompute="none") == pytest.approx(
         (34 + s2) / tp + 4 * (1 - 1 / tp), rel=0.005

@@ -1,4 +1,4 @@
-"""tp_comm_overlap: priced from the decomposition (autoplan/cost/tp_overlap.py), searched where it
+"""tp_comm_overlap: priced from the decomposition (autoplan/cost/tp/overlap.py), searched where it
 can run, refused before any rank starts where it cannot."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.model import CostModel
-from autoplan.cost.tp_default import default_tp_plan
-from autoplan.cost.tp_overlap import exposed_tp_s
+from autoplan.cost.tp.default import default_tp_plan
+from autoplan.cost.tp.overlap import exposed_tp_s
 from autoplan.errors import PlanError
 from autoplan.execute.tp_overlap import check_runs_here
 from autoplan.profile import load_profile

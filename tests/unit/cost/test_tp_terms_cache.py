@@ -9,8 +9,8 @@ import copy
 
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.cost.mesh import mesh_groups
-from autoplan.cost.tensor_parallel import TPContext, block_terms
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.tp.splits import TPContext, block_terms
 
 BATCH = 8
 

@@ -1,5 +1,5 @@
-"""Whole-run time and cost (cost/whole_run.py) on known answers: steps, wall time, device-hours,
-dollars, whole instances billed, goodput from cost/reliability.py, spot with interruptions."""
+"""Whole-run time and cost (cost/run/whole_run.py) on known answers: steps, wall time, device-hours,
+dollars, whole instances billed, goodput from cost/run/reliability.py, spot with interruptions."""
 
 from __future__ import annotations
 
@@ -7,8 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from autoplan.cost import reliability
-from autoplan.cost.whole_run import RunPricer, check_prices, hours_text, priced_profile, run_length, usd_text, violation
+from autoplan.cost.run import reliability
+from autoplan.cost.run.whole_run import (
+    RunPricer,
+    check_prices,
+    hours_text,
+    priced_profile,
+    run_length,
+    usd_text,
+    violation,
+)
 from autoplan.errors import PlanError
 from autoplan.types.prediction import Prediction
 from autoplan.types.run import RunEstimate, RunSpec

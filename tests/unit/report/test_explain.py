@@ -7,7 +7,7 @@ import math
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.cost.memory import usable_bytes
+from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError
 from autoplan.report.explain import explain, family_of

@@ -10,7 +10,7 @@ import pytest
 from synthetic import a100_profile, synthetic_gpt, synthetic_profile
 
 from autoplan.cli import main
-from autoplan.cost.memory import usable_bytes
+from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.solve.api import plan_graph
 from autoplan.solve.candidates import Candidate, SearchResult, config_of
 from autoplan.solve.notes import LOW_HEADROOM_FRACTION, dp_note, headroom_fraction, headroom_note, plan_notes

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from autoplan.cost import CostModel
-from autoplan.cost.layers import block_structure, summarise
-from autoplan.cost.mesh import mesh_groups
-from autoplan.cost.tensor_parallel import TPContext
-from autoplan.cost.tp_default import default_tp_plan
+from autoplan.cost.blocks import block_structure, summarise
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.tp.default import default_tp_plan
+from autoplan.cost.tp.splits import TPContext
 from autoplan.profile import load_profile
 from autoplan.solve.intra_op import build_block_problem
 from autoplan.solve.outputs import ops_csv

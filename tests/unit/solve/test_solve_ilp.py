@@ -4,8 +4,8 @@ import pulp
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.cost.mesh import mesh_groups
-from autoplan.cost.tensor_parallel import TPContext
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.tp.splits import TPContext
 from autoplan.solve import backend
 from autoplan.solve.intra_op import brute_force_block, build_block_problem, solve_block
 
@@ -109,11 +109,11 @@ def test_backend_tells_time_limit_from_optimal():
 
 @pytest.mark.parametrize("case", CASES)
 def test_ilp_objective_is_what_the_cost_model_charges(case):
-    """The ILP prices a block exactly as autoplan.cost.layers.summarise (what CostModel sums) does:
+    """The ILP prices a block exactly as autoplan.cost.blocks.summarise (what CostModel sums) does:
     op times with the bytes each op reads, TP comm, and saved bytes with their shards."""
     import itertools
 
-    from autoplan.cost.layers import block_structure, summarise
+    from autoplan.cost.blocks import block_structure, summarise
 
     profile = synthetic_profile()
     graph = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096, **case)

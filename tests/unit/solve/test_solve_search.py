@@ -3,8 +3,8 @@
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.cost.mesh import mesh_groups
-from autoplan.cost.tensor_parallel import tp_layer_cost
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.tp.splits import tp_layer_cost
 from autoplan.errors import PlanError
 from autoplan.solve import sequence_parallel, space
 from autoplan.solve.api import NoPlanFits, plan_graph

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autoplan.cost.tensor_parallel import legal_splits
+from autoplan.cost.tp.splits import legal_splits
 from autoplan.errors import PlanError, TraceError
 from autoplan.solve.api import plan_graph
 from autoplan.trace import trace, trace_model_file

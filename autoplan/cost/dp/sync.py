@@ -23,7 +23,7 @@
   config) ZeRO-1/2's weight all-gather runs per block under the next step's first forward,
   prefetched one block ahead as Megatron's forward pre-hooks dispatch it
   (megatron/core/distributed/distributed_data_parallel.py), on each stage, the slowest counted;
-- PowerSGD (``plan.grad_compression``, autoplan/cost/compression.py): each block's gradients
+- PowerSGD (``plan.grad_compression``, autoplan/cost/dp/compression.py): each block's gradients
   travel as torch's hook sends them, three all-reduces per DDP bucket of the uncompressed
   tensors and the P and Q factors, overlapped like DDP's; the hook's own matmuls and
   error-feedback passes run on the backward's thread and stream, so ``compression_s`` adds
@@ -31,7 +31,7 @@
   (autoplan/execute/data_parallel.py ``bucket_at_a_time``), so there nothing overlaps;
 - expert parallelism: a block's routed experts (1/ep of them per rank) sync over the dp / ep
   ranks holding the same experts, its dense parameters over the dp group
-  (autoplan/cost/expert_parallel.py); with ZeRO 0 the experts' all-reduce runs after the
+  (autoplan/cost/moe/placement.py); with ZeRO 0 the experts' all-reduce runs after the
   backward, exposed (DDP ignores them; autoplan/execute/expert_parallel.py ``sync_grads``);
 - overlap efficiency eta: communication that runs under compute hides only eta of what it could
   (profile ``comm_overlap``, schedule.partially_hidden_s). FSDP2 overlaps through its own CUDA
@@ -46,12 +46,12 @@ the model's profile, graph and collective memo.
 
 from __future__ import annotations
 
-from autoplan.cost import compression
-from autoplan.cost.comm import bucketed_time_s, collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES
-from autoplan.cost.memory import DDP_BUCKET_BYTES
-from autoplan.cost.mesh import AxisGroup
-from autoplan.cost.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
+from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.dp import compression
+from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
+from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
+from autoplan.cost.network.mesh import AxisGroup
+from autoplan.cost.pp.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
@@ -69,7 +69,7 @@ class DataParallelSync:
         self, plan: Plan, kind: str, block, bytes_per_param: int, group: AxisGroup, *, experts: bool = True
     ) -> float:
         """One block's dp collective: its dense parameters over the dp group, its routed experts'
-        (1/ep of them) over the ranks holding the same experts (autoplan/cost/expert_parallel.py),
+        (1/ep of them) over the ranks holding the same experts (autoplan/cost/moe/placement.py),
         unless ``experts`` is False."""
         dense = (block.param_count - block.expert_param_count) * bytes_per_param
         expert = block.expert_param_count * bytes_per_param if experts else 0.0

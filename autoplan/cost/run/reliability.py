@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoplan.cost.memory import model_states
+from autoplan.cost.memory.per_device import model_states
 from autoplan.display import number_text
 from autoplan.errors import ProfileError
 from autoplan.types.profile import Profile

@@ -24,7 +24,7 @@ step, for the gradient dtype's b = 4 bytes:
 The hook also copies the bucket it compresses (``input_tensor_cp``) and makes the new error
 (``input_tensor_cp - input_tensor``) before it drops the old: two buckets that live only after
 the bucket's gradients are ready, so they are priced with the last bucket, after the backward
-(autoplan/cost/plan_memory.py), not at the backward's activation peak.
+(autoplan/cost/memory/plan.py), not at the backward's activation peak.
 
 The compression compute runs inside the hook, on the thread and stream of the backward, so it
 adds to the step (dp_sync.py); the three all-reduces overlap the backward as DDP's do. The
@@ -37,10 +37,10 @@ from __future__ import annotations
 import math
 from dataclasses import astuple, dataclass
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import memory_time_s
-from autoplan.cost.memory import DDP_BUCKET_BYTES
-from autoplan.cost.mesh import AxisGroup
+from autoplan.cost.compute.roofline import memory_time_s
+from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup
 from autoplan.errors import PlanError
 from autoplan.types.graph import Graph
 from autoplan.types.profile import Profile

@@ -9,8 +9,8 @@ section 4.2.2). :class:`SequenceParallelSync` holds that term for
 
 from __future__ import annotations
 
-from autoplan.cost.mesh import AxisGroup
-from autoplan.cost.tp_block import STREAM_KINDS, analyse_block
+from autoplan.cost.network.mesh import AxisGroup
+from autoplan.cost.tp.block import STREAM_KINDS, analyse_block
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 

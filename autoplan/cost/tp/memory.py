@@ -1,7 +1,7 @@
 """Activation memory that tensor-parallel resharding adds to what the single-device trace saves.
 
 The tracer charges each saved tensor to the node that produced it (autoplan/trace/propagate.py),
-and autoplan/cost/tensor_parallel.py divides that charge by the node's activation shard. The
+and autoplan/cost/tp/splits.py divides that charge by the node's activation shard. The
 executor (autoplan/execute/tensor_parallel.py) reshards with DTensor, and three of its copies
 are kept for the backward beside what the trace saw, measured by the execution audit
 (autoplan/execute/job/audit.py, ``benchmarks/audit.py``):
@@ -23,13 +23,13 @@ are kept for the backward beside what the trace saw, measured by the execution a
   comm price.
 
 Bytes are for the whole traced batch in the run's precision, like
-``autoplan.cost.compute.saved_activation_bytes``; callers scale by the micro-batch fraction.
+``autoplan.cost.compute.roofline.saved_activation_bytes``; callers scale by the micro-batch fraction.
 """
 
 from __future__ import annotations
 
-from autoplan.cost.compute import activation_scale
-from autoplan.cost.tp_block import BlockAnalysis, predecessors
+from autoplan.cost.compute.roofline import activation_scale
+from autoplan.cost.tp.block import BlockAnalysis, predecessors
 from autoplan.types.graph import Graph
 
 

@@ -6,19 +6,19 @@ parameters of a stage fall in two sets with two data-parallel groups:
 - dense parameters: replicated (or ZeRO-sharded) over all ``dp`` ranks; gradients reduced over
   the dp group;
 - the routed experts' parameters, ``1 / ep`` of them per rank: replicated (or ZeRO-sharded)
-  over the ``dp / ep`` ranks that hold the same experts (the "edp" group, cost/mesh.ep_groups),
+  over the ``dp / ep`` ranks that hold the same experts (the "edp" group, cost/network/mesh.py:ep_groups),
   gradients reduced over it (Megatron-Core's expert data parallel group; torchtitan's
   ``dp_mod_ep`` mesh).
 
-Per-block times and the all-to-alls are in autoplan/cost/experts.py. The placement sets the
+Per-block times and the all-to-alls are in autoplan/cost/moe/experts.py. The placement sets the
 imbalance: the routing model's ``i`` at ep > 1 (the busiest rank sets the pace), 1 at ep = 1
 (every expert on the rank: the total work does not depend on the split).
 """
 
 from __future__ import annotations
 
-from autoplan.cost.experts import ExpertPlacement
-from autoplan.cost.mesh import AxisGroup, ep_groups
+from autoplan.cost.moe.experts import ExpertPlacement
+from autoplan.cost.network.mesh import AxisGroup, ep_groups
 from autoplan.cost.stages import StageTotals
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan

@@ -5,7 +5,7 @@ the cost model and the executor alike; ``node(rank) = rank // devices_per_node``
 :func:`mesh_groups` reports, per axis, the group size and how many of
 the group's ranks share a node. When a group spans nodes, ``ranks_per_node`` is the fewest
 ranks any of its nodes holds (that node's share of the NICs is the bottleneck; see
-autoplan/cost/comm.py). When groups of one axis differ (a tp that does not divide the node),
+autoplan/cost/network/comm.py). When groups of one axis differ (a tp that does not divide the node),
 the worst group decides, because the collective waits for its slowest group.
 """
 
@@ -53,7 +53,7 @@ def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int) -> tuple[tupl
 def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int) -> dict[str, AxisGroup]:
     """The expert-parallel groups of a ``(pp, dp, 1)`` mesh with ``ep`` folded over dp: "ep", the
     ``ep`` consecutive dp ranks that split the experts, and "edp", the ``dp / ep`` ranks (stride
-    ``ep``) that hold the same experts and reduce their gradients (autoplan/cost/experts.py)."""
+    ``ep``) that hold the same experts and reduce their gradients (autoplan/cost/moe/experts.py)."""
     if ep < 1 or dp % ep:
         raise PlanError(f"mesh degree ep={ep} must divide dp={dp}.")
     return dict(_ep_groups(profile.devices_per_node, dp, ep, pp))

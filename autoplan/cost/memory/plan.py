@@ -1,6 +1,6 @@
 """A plan's memory per stage, as CostModel prices it: the parts of each stage and the worst peak.
 
-The formulas live in cost/memory.py (model states, saved activations, in-flight micro-batches,
+The formulas live in cost/memory/per_device.py (model states, saved activations, in-flight micro-batches,
 communication buffers); :class:`PlanMemory` feeds them a plan's stages and marks a plan
 infeasible when the worst stage's peak exceeds the usable memory of the device.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost.compute import PRECISION_BYTES
-from autoplan.cost.memory import (
+from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.memory.per_device import (
     ModelStates,
     StageMemory,
     comm_buffer_bytes,
@@ -20,7 +20,7 @@ from autoplan.cost.memory import (
     sync_buffer_bytes,
     usable_bytes,
 )
-from autoplan.cost.schedule import in_flight_after_first_backward, in_flight_chunks
+from autoplan.cost.pp.schedule import in_flight_after_first_backward, in_flight_chunks
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
@@ -30,7 +30,7 @@ class PlanMemory:
     """Mixin of CostModel: reads ``profile`` (and DataParallelSync's ``powersgd_stage``)."""
 
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
-        """Per stage, its memory on one device: the parts and the peak (cost/memory.py)."""
+        """Per stage, its memory on one device: the parts and the peak (cost/memory/per_device.py)."""
         return [self._stage_memory(plan, index, stage) for index, stage in enumerate(stages)]
 
     def _stage_memory(self, plan: Plan, index: int, stage: StageTotals) -> StageMemory:
@@ -52,7 +52,7 @@ class PlanMemory:
                 block_params=block_params,
                 precision=plan.precision,
             )
-            + self.powersgd_stage(plan, stage).held_bytes,  # error feedback and P, Q (cost/compression.py)
+            + self.powersgd_stage(plan, stage).held_bytes,  # error feedback and P, Q (cost/dp/compression.py)
             scatter_bytes=scatter_buffer_bytes(
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,

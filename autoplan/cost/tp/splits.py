@@ -33,7 +33,7 @@ consumers need it):
   backward an all-reduce (reduce-scatter under SP) if any consumer is colwise, and an
   all-gather (all-to-all under SP) if any is rowwise.
 
-Collective times come from autoplan.cost.comm (alpha-beta, Thakur et al. 2005) on the tp
+Collective times come from autoplan.cost.network.comm (alpha-beta, Thakur et al. 2005) on the tp
 group; the backward collectives mirror the forward ones (Megatron's f/g conjugate operators,
 Shoeybi et al. 2019 fig. 3; Korthikanti et al. 2022 fig. 5 for sequence parallelism).
 Legality rules (what the executor can run, docs/ilp.md): colwise needs out_features % tp == 0,
@@ -45,7 +45,7 @@ an uneven shard);
 rowwise needs in_features % tp == 0; embeddings shard the vocabulary (rowwise) or the
 embedding dim (colwise); convolutions and other ops replicate; norms may be sequence-parallel.
 A fused linear (``attrs['fused_chunks']``: qkv, gate-up) whose chunks are not whole heads per
-rank ([q | k | v] split before the view into heads; :func:`autoplan.cost.tp_block.is_gathered`) split colwise would
+rank ([q | k | v] split before the view into heads; :func:`autoplan.cost.tp.block.is_gathered`) split colwise would
 hand a rank contiguous rows that mix q of one head with k of another; the executor keeps DTensor global
 semantics, so the model's ``split`` of that output all-gathers it first. We price exactly that:
 a *gathered colwise* node divides its own compute and weights by tp, pays an all-gather of its
@@ -56,12 +56,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES
-from autoplan.cost.experts import ExpertPlacement
-from autoplan.cost.mesh import AxisGroup
-from autoplan.cost.tp_block import BlockAnalysis, analyse_block
-from autoplan.cost.tp_shards import reduce_scattered, shards
+from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.moe.experts import ExpertPlacement
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup
+from autoplan.cost.tp.block import BlockAnalysis, analyse_block
+from autoplan.cost.tp.shards import reduce_scattered, shards
 from autoplan.errors import PlanError
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
@@ -80,7 +80,7 @@ class TPContext:
     sequence_parallel: bool
     precision: str  # 'fp32' | 'bf16' | 'fp16'
     batch_fraction: float  # micro_batch_size / graph.batch_size
-    experts: ExpertPlacement | None = None  # MoE experts' placement (tp = 1 only), autoplan/cost/experts.py
+    experts: ExpertPlacement | None = None  # MoE experts' placement (tp = 1 only), autoplan/cost/moe/experts.py
 
     @property
     def key(self) -> tuple:
@@ -167,7 +167,7 @@ def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
 
 
 def _link_key(profile) -> tuple:
-    """What the terms read from a profile (autoplan.cost.comm.collective_time_s: devices_per_node and
+    """What the terms read from a profile (autoplan.cost.network.comm.collective_time_s: devices_per_node and
     every collective's alpha and busbw on both links), as a cache key: keyed on contents, not on
     ``id(profile)``, whose value a freed profile hands on to a new one (calibration deep-copies)."""
     links = (profile.intra_node, profile.inter_node)

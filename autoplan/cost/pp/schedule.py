@@ -14,7 +14,7 @@ Micro-batches of activations in flight on stage i (0-based):
 After the stage's first backward (of one micro-batch, or one chunk) the count drops by one and
 a schedule that has forwards left refills it at once (1F1B's steady state); GPipe has none left,
 and neither has a 1F1B stage whose warm-up already ran every micro-batch. This matters where
-gradients are freed at each step's start (autoplan/cost/memory.py): the first backward starts
+gradients are freed at each step's start (autoplan/cost/memory/per_device.py): the first backward starts
 without them, so the peak is the larger of "all in flight, no gradients" and "one fewer (or
 refilled) in flight, every gradient made".
 

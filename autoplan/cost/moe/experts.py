@@ -46,9 +46,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.compute import PRECISION_BYTES, peak_dtype, with_host_overhead
-from autoplan.cost.mesh import AxisGroup
+from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype, with_host_overhead
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup
 from autoplan.types.graph import Graph, OpNode, within
 from autoplan.types.moe import MoELayer
 from autoplan.types.profile import Profile

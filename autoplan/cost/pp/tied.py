@@ -10,8 +10,8 @@ under ZeRO-2/3, where the sync runs on FSDP2's gradient shards), in fp32, on the
 
 from __future__ import annotations
 
-from autoplan.cost.comm import collective_time_s
-from autoplan.cost.mesh import AxisGroup
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup
 from autoplan.cost.stages import StageTotals
 from autoplan.types.layout import stage_of_block
 from autoplan.types.plan import Plan

@@ -16,13 +16,13 @@ of its split matmuls' time ``G`` per step, the two-stage pipeline takes
 (the first slice always shows; later ones show only where a slice of communication outlasts a
 slice of matmul). A collective that runs beside compute hides only the fraction ``eta`` of what
 it could (profile ``comm_overlap.efficiency``, measured by ``autoplan profile`` as for data
-parallelism; autoplan/cost/schedule.partially_hidden_s):
+parallelism; autoplan/cost/pp/schedule.py:partially_hidden_s):
 
     exposed = exposed_1 + (1 - eta) (C - exposed_1)
 
 The decomposition has a price of its own: each split matmul runs as ``n`` matmuls on ``1/n`` of
 the tokens, whose time comes from the same efficiency curve as every op
-(autoplan/cost/compute.op_time_s), ``n t(F / n) - t(F)`` more per matmul; the block's summary
+(autoplan/cost/compute/roofline.py:op_time_s), ``n t(F / n) - t(F)`` more per matmul; the block's summary
 carries it (``tp_overlap_chunking_*_s``) and it is added to the block's compute. The block-level
 pairing (all of a block's collectives against all of its split matmuls) assumes each collective
 sits beside a matmul of its block, which sequence parallelism guarantees for transformer blocks.
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost.layers import LayerSummary
-from autoplan.cost.schedule import partially_hidden_s
+from autoplan.cost.blocks import LayerSummary
+from autoplan.cost.pp.schedule import partially_hidden_s
 
 
 def exposed_tp_s(*, comm_s: float, matmul_s: float, tp: int, efficiency: float) -> float:

@@ -6,12 +6,12 @@ on sequence shards (Q) when every origin is a rowwise node reduce-scattered unde
 parallelism, else replicated (R); every other node is on the residual stream, a sequence shard
 under SP for norms, element-wise ops and views (Korthikanti et al. 2022 fig. 5) and for every node
 of an MoE block (tp_block.token_wise_nodes), else whole.
-CostModel (cost/layers.py) and the intra-op ILP (solve/intra_op.py) both read these factors.
+CostModel (cost/blocks.py) and the intra-op ILP (solve/intra_op.py) both read these factors.
 """
 
 from __future__ import annotations
 
-from autoplan.cost.tp_block import STREAM_KINDS, BlockAnalysis, analyse_block
+from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis, analyse_block
 from autoplan.types.graph import Graph, OpNode
 
 

@@ -7,13 +7,13 @@ plan with arithmetic only.
 
 Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 
-- ``fwd_s``/``bwd_s``: sum of :func:`autoplan.cost.op_costs.node_times_s` over the block's nodes,
+- ``fwd_s``/``bwd_s``: sum of :func:`autoplan.cost.compute.op_costs.node_times_s` over the block's nodes,
   each with its compute shard from ``tensor_parallel.tp_layer_cost`` and its host dispatch
   overhead (a backward one only for nodes in ``Graph.grad_nodes``).
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
 - ``saved_bytes``: sum of ``saved_bytes * f * dtype_scale / activation_shard`` (what autograd
   keeps; Korthikanti et al. 2022 section 4 counts the same tensors), plus the copies that
-  tensor-parallel resharding keeps (autoplan/cost/tp_memory.py).
+  tensor-parallel resharding keeps (autoplan/cost/tp/memory.py).
 - ``loss_grad_bytes``: what the loss's backward makes while every activation is still alive,
   the start of the last micro-batch's backward: the gradient of the loss's floating inputs
   (the logits) and one gradient per tensor the loss saved (cross-entropy's log-softmax
@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.compute import (
+from autoplan.cost.compute.op_costs import NodeTimes, node_times_s
+from autoplan.cost.compute.roofline import (
     activation_scale,
     executed_bwd_flops,
     fp8_cast_s,
@@ -51,11 +52,10 @@ from autoplan.cost.compute import (
     input_bytes_of,
     saved_activation_bytes,
 )
-from autoplan.cost.experts import BlockExperts, block_experts, grouped_gemm_s
-from autoplan.cost.op_costs import NodeTimes, node_times_s
-from autoplan.cost.tensor_parallel import TPContext, node_splits, tp_layer_cost
-from autoplan.cost.tp_block import analyse_block
-from autoplan.cost.tp_memory import param_copy_bytes, stream_copy_bytes
+from autoplan.cost.moe.experts import BlockExperts, block_experts, grouped_gemm_s
+from autoplan.cost.tp.block import analyse_block
+from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
+from autoplan.cost.tp.splits import TPContext, node_splits, tp_layer_cost
 from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
 from autoplan.types.saved_ops import SAVED_KINDS
 
@@ -83,9 +83,9 @@ class LayerSummary:
         0.0  # the split (colwise/rowwise) linears' time, which tp_comm_overlap hides collectives under
     )
     tp_matmul_bwd_s: float = 0.0
-    tp_overlap_chunking_fwd_s: float = 0.0  # their extra time run as tp token slices (autoplan/cost/tp_overlap.py)
+    tp_overlap_chunking_fwd_s: float = 0.0  # their extra time run as tp token slices (autoplan/cost/tp/overlap.py)
     tp_overlap_chunking_bwd_s: float = 0.0
-    ep_fwd_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/experts.py), forward
+    ep_fwd_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/moe/experts.py), forward
     ep_bwd_s: float = 0.0
     expert_param_count: float = 0.0  # routed experts' parameters held per device (1/ep of them)
 
@@ -220,7 +220,7 @@ def _add_overlap(
     t_bwd: float,
 ) -> None:
     """A split linear's time, and what running it as tp slices of the tokens adds
-    (autoplan/cost/tp_overlap.py): tp * t(1/tp of the tokens) - t(all of them), less the
+    (autoplan/cost/tp/overlap.py): tp * t(1/tp of the tokens) - t(all of them), less the
     (tp - 1) extra casts of an FP8 weight that is cast once for all slices."""
     n = ctx.tp
     kw = dict(precision=ctx.precision, shard=shard)

@@ -22,14 +22,14 @@ al., "ZeRO", SC'20 section 3 (16 bytes per parameter in mixed precision, 16/N un
 the split differs because the executor keeps fp32 parameters rather than 16-bit ones plus an
 fp32 master copy.
 
-Activations: the stage's saved bytes per micro-batch (autoplan/cost/layers.py) times the
-micro-batches in flight (autoplan/cost/schedule.py). Under full recomputation only the block
+Activations: the stage's saved bytes per micro-batch (autoplan/cost/blocks.py) times the
+micro-batches in flight (autoplan/cost/pp/schedule.py). Under full recomputation only the block
 inputs are kept per micro-batch, plus one block's full activations while it is recomputed
 and back-propagated.
 
 The peak is the largest of three moments (:func:`stage_memory`), with W, G, O the model
 states, S the saved activations of one micro-batch, n the micro-batches in flight and n' those
-in flight after the stage's first backward (autoplan/cost/schedule.py), T the backward's
+in flight after the stage's first backward (autoplan/cost/pp/schedule.py), T the backward's
 transient (the loss's gradients, or a block recomputed under full recomputation,
 autoplan/cost/stages.py):
 
@@ -78,7 +78,7 @@ ALLOCATOR_HEADROOM = 0.10
 DDP_BUCKET_BYTES = 25 * 2**20
 #: (weights, grads, optimizer) bytes per parameter in the textbook split, Rajbhandari et al. SC'20
 #: section 3; the planner's lower bounds (solve/bounds.py) use it: it never exceeds model_states.
-#: fp8 holds every state as bf16 does (torchao's FP8 linears cast on the fly, autoplan/cost/compute.py)
+#: fp8 holds every state as bf16 does (torchao's FP8 linears cast on the fly, autoplan/cost/compute/roofline.py)
 STATE_BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp8": (2, 2, 12)}
 #: the low-precision copy autocast keeps of each fp32 weight (module docstring); fp8 as bf16
 LOW_BYTES = {"fp32": 0, "bf16": 2, "fp16": 2, "fp8": 2}

@@ -9,8 +9,8 @@ model and the executor alike (autoplan/execute/api.with_default_tp_plan).
 
 from __future__ import annotations
 
-from autoplan.cost.tensor_parallel import legal_splits
-from autoplan.cost.tp_block import BlockAnalysis, analyse_block
+from autoplan.cost.tp.block import BlockAnalysis, analyse_block
+from autoplan.cost.tp.splits import legal_splits
 from autoplan.types.graph import Graph
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 
-from autoplan.cost.mesh import AxisGroup
+from autoplan.cost.network.mesh import AxisGroup
 from autoplan.errors import AutoplanError
 from autoplan.types.profile import COLLECTIVES, CollectiveFit, Profile, bus_factor
 

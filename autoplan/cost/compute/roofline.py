@@ -160,7 +160,7 @@ def fp8_cast_s(
 def fp8_weight_cast_s(node: OpNode, profile: Profile, *, precision: str, shard: int, backward: bool) -> float:
     """Seconds of an FP8 linear's weight passes alone (its share of :func:`fp8_cast_bytes`: 5 w
     forward, 7 w backward), 0 for any other node. A matmul decomposed into tp token slices (async
-    TP, autoplan/cost/tp_overlap.py) casts its weight once, not once per slice."""
+    TP, autoplan/cost/tp/overlap.py) casts its weight once, not once per slice."""
     if not fp8_linear(node, precision=precision, shard=shard):
         return 0.0
     per_element = FP8_CAST_BYTES + (FP8_LAYOUT_BYTES if backward else 0)

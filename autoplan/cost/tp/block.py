@@ -3,7 +3,7 @@
 Which nodes are parameterised, which "pure" nodes descend only from parameterised origins
 through layout-preserving ops, which tensors reach the residual stream, and which fused
 linears are priced as gathered. It depends on the graph alone (not on tp or the splits), so it
-is computed once per block and cached on the graph; autoplan/cost/tensor_parallel.py prices
+is computed once per block and cached on the graph; autoplan/cost/tp/splits.py prices
 splits on top of it (its module docstring states the model).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from autoplan.cost.compute import activation_scale
+from autoplan.cost.compute.roofline import activation_scale
 from autoplan.types.graph import PARAM_KINDS, Graph, OpNode, within
 
 PRESERVING = ("elementwise", "view", "matmul", "attention")
@@ -59,7 +59,7 @@ def analyse_block(graph: Graph, layer: str | None) -> BlockAnalysis:
 
 
 def predecessors(graph: Graph, name: str) -> list[str]:
-    """The nodes whose outputs ``name`` reads, in edge order (as autoplan/cost/layers.py reads them)."""
+    """The nodes whose outputs ``name`` reads, in edge order (as autoplan/cost/blocks.py reads them)."""
     return graph.adjacency()[0][name]
 
 

@@ -1,6 +1,6 @@
 """Per-op time and saved bytes: the one place an op is priced.
 
-CostModel's block summaries (``autoplan.cost.layers.summarise``), the intra-op ILP, ops.csv and
+CostModel's block summaries (``autoplan.cost.blocks.summarise``), the intra-op ILP, ops.csv and
 the search's bounds all call these functions, so the ILP optimises exactly what CostModel
 prices:
 
@@ -10,14 +10,14 @@ prices:
     saved(node, shard) = saved_activation_bytes(node) * batch_fraction / shard
 
 ``saved_activation_bytes`` rescales floating tensors to the precision and counts a dropout's
-mask at 1 byte per element on a GPU profile (autoplan/cost/compute.py); a hand-made rescale of
+mask at 1 byte per element on a GPU profile (autoplan/cost/compute/roofline.py); a hand-made rescale of
 ``node.saved_bytes`` would miss that.
 """
 
 from __future__ import annotations
 
-from autoplan.cost.compute import input_bytes_of, op_time_s, saved_activation_bytes
-from autoplan.cost.tp_block import predecessors
+from autoplan.cost.compute.roofline import input_bytes_of, op_time_s, saved_activation_bytes
+from autoplan.cost.tp.block import predecessors
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
 

@@ -4,7 +4,7 @@ dollars, on-demand and on spot (docs/cost-model.md, "Whole-run time and cost").
 Symbols: B the global batch (samples per step), S the graph's sequence length (tokens per
 sample; Cost.tokens_per_s uses the same), t the predicted step time (s), N devices, n the
 devices one instance holds (``pricing.devices_per_instance``; 1 when unknown), p the price per
-device-hour, g the expected goodput (cost/reliability.py), lambda the profile's failures and
+device-hour, g the expected goodput (cost/run/reliability.py), lambda the profile's failures and
 lambda_spot the spot interruptions per device-hour.
 
     tokens_per_step = B S
@@ -31,7 +31,7 @@ import datetime
 import math
 from dataclasses import dataclass, replace
 
-from autoplan.cost import reliability
+from autoplan.cost.run import reliability
 from autoplan.errors import PlanError
 from autoplan.types.graph import Graph
 from autoplan.types.pricing import PricingSpec
@@ -108,7 +108,7 @@ def run_length(spec: RunSpec, *, batch_size: int, seq_len: int | None) -> tuple[
 
 @dataclass(frozen=True)
 class RunGoodput:
-    """Goodput on N devices (cost/reliability.py), or 1 with the reason it is not priced."""
+    """Goodput on N devices (cost/run/reliability.py), or 1 with the reason it is not priced."""
 
     goodput: float
     note: str = ""

@@ -1,0 +1,1 @@
+"""What one op costs on one device."""

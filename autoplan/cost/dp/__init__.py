@@ -1,0 +1,1 @@
+"""Data parallelism: gradient sync, ZeRO traffic and gradient compression."""

@@ -1,0 +1,1 @@
+"""Mixture-of-Experts: expert placement, grouped GEMMs and all-to-alls."""

@@ -1,0 +1,1 @@
+"""Where ranks sit and what a collective costs on their links."""

@@ -1,0 +1,1 @@
+"""Pipeline parallelism: the schedule and the weights tied across stages."""

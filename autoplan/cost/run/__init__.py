@@ -1,0 +1,1 @@
+"""Beyond one step: whole-run hours, checkpoints, failures and goodput."""
