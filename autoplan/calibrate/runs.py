@@ -13,12 +13,11 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from autoplan.errors import AutoplanError, PlanError
+from autoplan.jobs.environ import environment
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -129,21 +128,6 @@ def check_matches(run: CalibrationRun, profile: Profile) -> None:
             f"but profile '{profile.name}' describes one node of {profile.devices_per_node}; "
             "calibrate a profile with an inter_node link."
         )
-
-
-@contextmanager
-def environment(pairs: tuple[tuple[str, str], ...]) -> Iterator[None]:
-    """Set environment variables for the duration of a trace, restoring the old values after."""
-    saved = {k: os.environ.get(k) for k, _ in pairs}
-    os.environ.update(dict(pairs))
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def load_observations(folders: list[str | os.PathLike], *, profile: Profile) -> list[Observation]:

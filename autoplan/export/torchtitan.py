@@ -86,14 +86,18 @@ def _without_variants(found: list[Flavour]) -> list[Flavour]:
     return [f for f in found if not variant(f)]
 
 
-def chunk_sizes(plan: Plan, facts: ModelFacts) -> list[int] | None:
+def chunk_sizes(plan: Plan, facts: ModelFacts, notes: list[str]) -> list[int] | None:
     """Blocks per pipeline chunk, in order: the plan's stages, or an even split of the traced blocks;
-    None when neither is known."""
+    None when neither is known, and then a note says torchtitan balances the layers itself."""
     chunks = plan.pp * plan.virtual_stages
     if plan.stages:
         return [len(stage) for stage in plan.stages]
     if facts.layers and facts.layers % chunks == 0:
         return [facts.layers // chunks] * chunks
+    notes.append(
+        f"pipeline stages: the blocks of autoplan's {chunks} chunks are unknown; "
+        "torchtitan splits the layers by its own balance."
+    )
     return None
 
 

@@ -142,12 +142,8 @@ def _pipeline(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str
         "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
         "pipeline_parallel_microbatch_size": plan.micro_batch_size,
     }
-    sizes = chunk_sizes(plan, facts)
+    sizes = chunk_sizes(plan, facts, notes)
     if sizes is None:
-        notes.append(
-            f"pipeline stages: the blocks of autoplan's {plan.pp * plan.virtual_stages} chunks are unknown; "
-            "torchtitan splits the layers by its own balance."
-        )
         return out
     installed = registry.version.startswith("0.3") and registry.input_modules
     first, last = (registry.input_modules, registry.output_modules) if installed else END_MODULES_03

@@ -172,12 +172,8 @@ def _pipeline(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str
         "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
         "pipeline_parallel_microbatch_size": plan.micro_batch_size,
     }
-    sizes = chunk_sizes(plan, facts)
+    sizes = chunk_sizes(plan, facts, notes)
     if sizes is None:
-        notes.append(
-            f"pipeline stages: the blocks of autoplan's {plan.pp * plan.virtual_stages} chunks are unknown; "
-            "torchtitan splits the layers by its own balance."
-        )
         return out
     weights = _chunk_weights(sizes)
     if weights is None:  # the middle chunks differ: only explicit module lists say it

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from autoplan.errors import RunError, StopSignal
+from autoplan.jobs.environ import environment
 from autoplan.jobs.launcher import _reason_text, free_port
 from autoplan.jobs.lifeline import LAUNCHER_PID_ENV
 
@@ -47,21 +48,15 @@ def launch_elastic(*, args: list[str], nprocs: int, module: str, max_restarts: i
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir:
-        saved = {k: os.environ.get(k) for k in (LAUNCHER_PID_ENV, "AUTOPLAN_ERROR_DIR")}
-        os.environ.update({LAUNCHER_PID_ENV: str(os.getpid()), "AUTOPLAN_ERROR_DIR": error_dir})
-        try:
-            elastic_launch(config, sys.executable)("-m", module, *args)
-            return 0
-        except ChildFailedError as exc:
-            raise RunError(_failed(exc, error_dir=Path(error_dir), max_restarts=max_restarts, hint=hint)) from None
-        except SignalException as exc:
-            raise StopSignal(int(exc.sigval), nprocs, hint=hint) from None
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        env = ((LAUNCHER_PID_ENV, str(os.getpid())), ("AUTOPLAN_ERROR_DIR", error_dir))
+        with environment(env):
+            try:
+                elastic_launch(config, sys.executable)("-m", module, *args)
+                return 0
+            except ChildFailedError as exc:
+                raise RunError(_failed(exc, error_dir=Path(error_dir), max_restarts=max_restarts, hint=hint)) from None
+            except SignalException as exc:
+                raise StopSignal(int(exc.sigval), nprocs, hint=hint) from None
 
 
 def _failed(exc, *, error_dir: Path, max_restarts: int, hint: str) -> str:
