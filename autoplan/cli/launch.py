@@ -17,8 +17,10 @@ import argparse
 from pathlib import Path
 
 from autoplan.errors import RunError
-from autoplan.types.run_options import add_run_arguments
+from autoplan.types.run_options import add_run_arguments, check_steps
 
+#: a launched job trains for real on a cluster: 1,000 steps unless told (a local `autoplan run` checks a plan in 10)
+LAUNCHED_STEPS = 1000
 TARGETS = {"slurm": ("launch.sbatch", "sbatch {file}"), "skypilot": ("sky.yaml", "sky launch {file}")}
 TARGETS["torchx"] = ("torchx_job.py", "torchx run --scheduler kubernetes --scheduler_args queue=default {file}:train")
 
@@ -55,14 +57,13 @@ def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-retries", type=int, default=3, metavar="N", help="TorchX whole-job restarts (3; needs a volume)"
     )
-    parser.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
     parser.add_argument("--run-dir", metavar="D", help="the run folder (default: RUN beside the plan)")
     parser.add_argument(
         "--checkpoint-dir",
         metavar="D",
         help="shared checkpoint folder; a restart resumes from it (default: beside the plan)",
     )
-    add_run_arguments(parser, only=("checkpoint_every",))  # as `autoplan run` takes it
+    add_run_arguments(parser, only=("steps", "checkpoint_every"), defaults={"steps": LAUNCHED_STEPS})
     parser.add_argument("--out", metavar="FILE", help="file to write (default: beside the plan)")
     parser.set_defaults(func=launch_command, out_kind="file")
 
@@ -77,8 +78,7 @@ def launch_command(args: argparse.Namespace) -> int:
     if not Path(args.model).is_file():
         raise RunError(f"model file '{args.model}' does not exist.")
     _check_model(args, plan)
-    if args.steps < 1:
-        raise RunError(f"--steps {args.steps}: expected at least 1 step.")
+    check_steps(steps=args.steps, checkpoint_every=args.checkpoint_every)
     out = Path(args.out or Path(args.plan).parent / TARGETS[target][0])
     job = _job(args, plan=plan, target=target)
     text, notes = _render(args, job=job, target=target, out=out, plan=plan)

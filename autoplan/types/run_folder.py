@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoplan.types._check import write_json_atomic, write_text_atomic
-from autoplan.types.tables import read_table
+from autoplan.types.tables import csv_text, read_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,6 +30,19 @@ if TYPE_CHECKING:
 
 MEASURED_CSV, SUMMARY_JSON, PLAN_JSON, AUDIT_CSV = "measured.csv", "summary.json", "plan.json", "audit.csv"
 MEASURED_COLUMNS = ("step", "step_time_s", "loss", "peak_memory_bytes")
+#: audit.csv: per rank and audited quantity, the measured and predicted count and size, and whether they agree
+AUDIT_COLUMNS = (
+    "rank",
+    "stage",
+    "what",
+    "measured_count",
+    "predicted_count",
+    "measured",
+    "predicted",
+    "unit",
+    "relative_error",
+    "as_priced",
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,12 @@ def write_run_folder(out: str | Path, *, steps: list[MeasuredStep], summary: Run
     write_text_atomic(out / MEASURED_CSV, measured_csv(steps))
     write_json_atomic(out / SUMMARY_JSON, summary.to_dict())
     plan.save(out / PLAN_JSON)
+
+
+def write_audit(out: str | Path, rows: list[dict[str, Any]]) -> None:
+    """Write audit.csv into ``out`` atomically: one line per row under :data:`AUDIT_COLUMNS` ('' for None)."""
+    text = csv_text(AUDIT_COLUMNS, [[row[name] for name in AUDIT_COLUMNS] for row in rows])
+    write_text_atomic(Path(out) / AUDIT_CSV, text)
 
 
 @dataclass

@@ -39,7 +39,7 @@ class RunOptions:
         None, "model file (defines build_model() and example_inputs(batch_size))", positional=True, required=True
     )
     plan: str = _option(None, "a plan folder (autoplan plan --out DIR) or its plan.json", required=True)
-    steps: int = _option(10, "training steps (default 10)", kind=int, always=True)
+    steps: int = _option(10, "training steps (default {default})", kind=int, always=True)
     out: str = _option(None, "run folder to write", required=True)
     verify: bool = _option(
         False,
@@ -96,9 +96,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         for name in ("model", "plan", "out"):
             require(isinstance(getattr(self, name), str), RunError, f"--{name} is required.")
-        require(self.steps >= 1, RunError, f"--steps {self.steps}: expected at least 1 step.")
-        every = self.checkpoint_every
-        require(every is None or every >= 1, RunError, f"--checkpoint-every {every}: expected at least 1 step.")
+        check_steps(steps=self.steps, checkpoint_every=self.checkpoint_every)
         require(self.max_restarts >= 0, RunError, f"--max-restarts {self.max_restarts}: expected 0 or more.")
         require(self.timeout_s > 0, RunError, f"--timeout-s {self.timeout_s}: expected a positive number of seconds.")
         require(self.threads is None or self.threads >= 1, RunError, f"--threads {self.threads}: expected at least 1.")
@@ -130,6 +128,13 @@ class RunOptions:
         return tuple(words)
 
 
+def check_steps(*, steps: int, checkpoint_every: int | None) -> None:
+    """The step counts a run or a launched job takes: at least one step, and a positive checkpoint interval."""
+    require(steps >= 1, RunError, f"--steps {steps}: expected at least 1 step.")
+    every = checkpoint_every
+    require(every is None or every >= 1, RunError, f"--checkpoint-every {every}: expected at least 1 step.")
+
+
 def _written(f: Any, value: Any) -> bool:
     """Whether a job file's command names this field: required, ``always``, or set off its default."""
     if f.metadata.get("required") or f.metadata.get("always"):
@@ -141,9 +146,12 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None) -> None:
+def add_run_arguments(
+    parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None, defaults: dict[str, Any] | None = None
+) -> None:
     """Every user-set field of :class:`RunOptions` (or the fields named in ``only``) as a flag of
-    ``parser``, with its help and default."""
+    ``parser``, with its help and default (``defaults`` overrides a field's: a launched job's length)."""
+    defaults = defaults or {}
     groups: dict[str, Any] = {}
     for f in fields(RunOptions):
         meta = f.metadata
@@ -158,12 +166,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, only: tuple[str, ...] 
             target.add_argument(_flag(f.name), action="store_true", help=meta["help"])
         else:
             extra = {"metavar": meta["metavar"]} if meta.get("metavar") else {}
-            default = None if f.default is MISSING else f.default
+            default = defaults.get(f.name, None if f.default is MISSING else f.default)
             target.add_argument(
                 _flag(f.name),
                 type=meta["kind"],
                 default=default,
                 required=bool(meta.get("required")),
-                help=meta["help"],
+                help=meta["help"].format(default=default),
                 **extra,
             )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import statistics
 import subprocess
@@ -11,7 +9,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoplan.errors import RunError
 from autoplan.types.plan import Plan
+from autoplan.types.run_folder import RunFolder
 
 
 @dataclass
@@ -34,14 +34,10 @@ def run_plan(
 ) -> Measured:
     """Write the plan, run it for ``steps`` steps (unless a finished run of as many steps is there), read the median."""
     folder.mkdir(parents=True, exist_ok=True)
-    summary = folder / "summary.json"
-    if (
-        not fresh
-        and summary.is_file()
-        and (folder / "audit.csv").is_file()
-        and json.loads(summary.read_text()).get("steps", 0) >= steps
-    ):
-        return _read(folder, plan)
+    if not fresh:
+        done = _finished(folder, steps)
+        if done is not None:
+            return _measured(done, plan)
     plan_path = plan.save(folder / "plan.json")
     command = [
         sys.executable,
@@ -67,37 +63,43 @@ def run_plan(
         return Measured(
             folder=folder, plan=plan, measured_s=None, error=lines[-1] if lines else f"exit {done.returncode}"
         )
-    return _read(folder, plan)
+    return _measured(RunFolder.read(folder, error=RunError), plan)
 
 
-def _read(folder: Path, plan: Plan) -> Measured:
-    data = json.loads((folder / "summary.json").read_text())
-    predicted, measured = _peaks(folder / "audit.csv")
+def _finished(folder: Path, steps: int) -> RunFolder | None:
+    """The run already in ``folder`` when it ran at least ``steps`` steps with the audit; else None."""
+    try:
+        run = RunFolder.read(folder, error=RunError)
+    except RunError:
+        return None
+    return run if run.audit is not None and (run.summary.steps or 0) >= steps else None
+
+
+def _measured(run: RunFolder, plan: Plan) -> Measured:
+    predicted, measured = _peaks(run)
     return Measured(
-        folder=folder,
+        folder=run.path,
         plan=plan,
-        measured_s=data.get("median_step_time_s"),
-        spread_pct=_spread_pct(folder / "measured.csv", skip=data.get("warmup_steps", 0)),
+        measured_s=run.summary.median_step_time_s,
+        spread_pct=_spread_pct(run),
         predicted_peak_bytes=predicted,
         measured_peak_bytes=measured,
     )
 
 
-def _peaks(path: Path) -> tuple[float | None, float | None]:
+def _peaks(run: RunFolder) -> tuple[float | None, float | None]:
     """(priced, measured) peak live memory from audit.csv, each the largest over ranks (the
     measurement that decides an out-of-memory; the untimed audit step runs after the timed ones)."""
-    if not path.is_file():
+    if run.audit is None:
         return None, None
-    with path.open() as handle:
-        rows = [r for r in csv.DictReader(handle) if r["what"] == "peak live memory"]
-    if not rows:
+    rows = run.audit[run.audit["what"] == "peak live memory"]
+    if rows.empty:
         return None, None
-    return max(float(r["predicted"]) for r in rows), max(float(r["measured"]) for r in rows)
+    return float(rows["predicted"].astype(float).max()), float(rows["measured"].astype(float).max())
 
 
-def _spread_pct(path: Path, *, skip: int) -> float | None:
-    with path.open() as handle:
-        times = [float(row["step_time_s"]) for row in csv.DictReader(handle)][skip:]
+def _spread_pct(run: RunFolder) -> float | None:
+    times = (run.step_times_s() or [])[run.summary.warmup_steps or 0 :]
     if len(times) < 2:
         return None
     q1, _, q3 = statistics.quantiles(times, n=4)

@@ -323,20 +323,6 @@ def relative_error(measured: float, predicted: float) -> float:
     return (measured - predicted) / predicted
 
 
-AUDIT_COLUMNS = (
-    "rank",
-    "stage",
-    "what",
-    "measured_count",
-    "predicted_count",
-    "measured",
-    "predicted",
-    "unit",
-    "relative_error",
-    "as_priced",
-)
-
-
 #: (row, the StepAudit and StagePrediction field it compares)
 FLOP_ROWS = (
     ("forward matmul FLOPs", "forward_flops"),

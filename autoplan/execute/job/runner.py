@@ -35,6 +35,7 @@ from autoplan.jobs.threads import threads_per_process
 from autoplan.types._check import write_text_atomic
 from autoplan.types.audit_prediction import AuditPrediction
 from autoplan.types.plan import Plan
+from autoplan.types.run_folder import write_audit
 from autoplan.types.run_options import RunOptions
 
 EXIT_VERIFY_FAILED = 3
@@ -242,14 +243,12 @@ def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
 
 def _write_audit(*, opts: RunOptions, plan: Plan, ranks: list[dict]) -> None:
     """audit.csv: the cost model's prediction (written before the ranks started) beside what each rank measured."""
-    import pandas as pd
-
-    from autoplan.execute.job.audit import AUDIT_COLUMNS, audit_rows
+    from autoplan.execute.job.audit import audit_rows
 
     predicted = AuditPrediction.load(opts.out, plan=plan.describe()).stages
     peaks = [stage.peak_bytes for stage in predicted]
     rows = audit_rows(ranks=ranks, predictions=list(predicted), stage_peak_bytes=peaks)
-    write_text_atomic(Path(opts.out) / "audit.csv", pd.DataFrame(rows, columns=list(AUDIT_COLUMNS)).to_csv(index=False))
+    write_audit(opts.out, rows)
     comm = [r for r in rows if r["what"].startswith("comm")]
     equal = sum(1 for r in comm if r["as_priced"])
     memory = max((abs(r["relative_error"]) for r in rows if r["what"] == "peak live memory"), default=0.0)
