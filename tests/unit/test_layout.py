@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import tomllib
@@ -216,6 +217,28 @@ def test_module_docstrings_state_the_formula_not_the_discussion():
     stale = [name for name in LONG_DOCSTRINGS if lengths.get(name, 0) <= MAX_DOCSTRING_LINES]
     unexplained = [name for name, why in LONG_DOCSTRINGS.items() if len(why.split()) < 5]
     assert not long and not stale and not unexplained, (long, stale, unexplained)
+
+
+def _doc_sections(page: Path) -> list[str]:
+    """A docs page's headings and bold paragraph lead-ins (``**The mesh.**``): what a pointer may name."""
+    text = page.read_text()
+    return [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")] + re.findall(
+        r"\*\*([^*]+)\*\*", text
+    )
+
+
+def test_module_docstrings_point_at_sections_that_exist():
+    """A docstring that moved its discussion to docs/ names the page and the section
+    (``docs/cost-model.md, "Compute"``); both must exist, so a renamed heading fails here."""
+    docs = PACKAGE.parent / "docs"
+    sections = {page.name: _doc_sections(page) for page in docs.glob("*.md")}
+    missing = []
+    for _, path, tree in _modules():
+        text = " ".join((ast.get_docstring(tree) or "").split())
+        for page, section in re.findall(r'docs/([\w-]+\.md),? "([^"]+)"', text):
+            if not any(name.startswith(section) for name in sections.get(page, [])):
+                missing.append(f"{path.relative_to(PACKAGE)}: {page} {section!r}")
+    assert not missing, missing
 
 
 def test_one_port_picker():
