@@ -1,4 +1,5 @@
-"""The refit: move a profile's efficiency and link numbers so the cost model matches measured runs.
+"""The refit: move a profile's efficiency and link numbers so the cost model matches measured runs
+(docs/calibration.md, "The fit": the weights, the prior, the two starts and why).
 
 For runs j (graph, plan, measured median step time m_j) and the refittable numbers p_i of
 autoplan/calibrate/params.py, written as log multipliers theta_i = ln(p_i / p_i^0), solve
@@ -6,27 +7,13 @@ autoplan/calibrate/params.py, written as log multipliers theta_i = ln(p_i / p_i^
     min_theta  sum_j ( ln T_j(theta) - ln m_j )^2 / s_j^2   +   sum_i theta_i^2 / s_p^2
     subject to |theta_i| <= ln 20,  max_efficiency <= 1
 
-where T_j(theta) = CostModel(graph_j, profile(theta)).estimate(plan_j).step_time_s. The first
-term is the squared log error (relative error, so a 0.2 s and a 2 s run weigh the same); the
-second is a Gaussian prior centred on the original profile (MAP estimate, e.g. Bishop 2006
-section 3.3): s_j = max(s_m, the run's own noise) is how far run j's median step time can be
-trusted (s_m = ``noise_sigma``, default 5%; a run's own noise is estimated from the spread of
-its timed steps, runs.median_noise_sigma, so a run disturbed by other load weighs less), s_p how far a
-number may plausibly be from its measured value (default a factor e). The prior keeps the fit
-identifiable when runs cannot tell two numbers apart (max_efficiency against
-half_saturation_flops with few op sizes; alpha against busbw with few message sizes): such
-numbers move together as little as possible.
-
-Only numbers that the runs carry information about are fitted: a parameter is fitted when
-doubling it changes some run's prediction by at least ``min_sensitivity`` (0.1%); the rest
-(an all_to_all no plan used, the inter-node link of a one-node cluster, a curve whose op
-sizes the op_table already covers) keep their values. Solved with
-scipy.optimize.least_squares (trust-region reflective, bounded; Branch, Coleman & Li 1999)
-from two starts, keeping the lower objective: the original profile, and the best uniform log
-factor for each group of throughput numbers (every max_efficiency with memory_efficiency; every
-busbw), which is how micro-benchmarks and real runs usually differ (contention between ranks,
-framework overhead). The cost model is piecewise (roofline max, overlap), so the second start
-guards against a local optimum that trades compute time for memory time.
+where T_j(theta) = CostModel(graph_j, profile(theta)).estimate(plan_j).step_time_s,
+s_j = max(``noise_sigma``, the run's own noise: runs.median_noise_sigma) and s_p the prior's width
+(a Gaussian prior centred on the original profile: a MAP estimate, Bishop 2006 section 3.3). Only
+parameters that change some run's prediction by at least ``min_sensitivity`` when doubled are
+fitted. Solved with scipy.optimize.least_squares (trust-region reflective, bounded; Branch, Coleman
+& Li 1999) from two starts, the original profile and the best uniform log factor per group of
+throughput numbers, keeping the lower objective.
 """
 
 from __future__ import annotations

@@ -1,42 +1,20 @@
-"""Per-block summaries: what one micro-batch of one block costs on one device.
-
-A :class:`LayerSummary` is priced once per (block group, tp splits, tp, tp group, sequence
-parallelism, precision, micro-batch fraction) and reused for every block of the group and
-every plan that shares those choices, so :class:`autoplan.cost.model.CostModel` prices a
-plan with arithmetic only.
+"""Per-block summaries: what one micro-batch of one block costs on one device (docs/cost-model.md,
+"Blocks"). A :class:`LayerSummary` is priced once per block group and shared choices and reused,
+so :class:`autoplan.cost.model.CostModel` prices a plan with arithmetic only.
 
 Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 
-- ``fwd_s``/``bwd_s``: sum of :func:`autoplan.cost.compute.op_costs.node_times_s` over the block's nodes,
-  each with its compute shard from ``tensor_parallel.tp_layer_cost`` and its host dispatch
-  overhead (a backward one only for nodes in ``Graph.grad_nodes``).
+- ``fwd_s``/``bwd_s``: the sum of :func:`autoplan.cost.compute.op_costs.node_times_s` over the
+  block's nodes, each with its compute shard from ``tp_layer_cost`` and its dispatch overhead.
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
-- ``saved_bytes``: sum of ``saved_bytes * f * dtype_scale / activation_shard`` (what autograd
-  keeps; Korthikanti et al. 2022 section 4 counts the same tensors), plus the copies that
-  tensor-parallel resharding keeps (autoplan/cost/tp/memory.py).
-- ``loss_grad_bytes``: what the loss's backward makes while every activation is still alive,
-  the start of the last micro-batch's backward: the gradient of the loss's floating inputs
-  (the logits) and one gradient per tensor the loss saved (cross-entropy's log-softmax
-  output), ``(|inputs| + saved(loss)) * f``; measured by the execution audit as the peak
-  (autoplan/execute/job/audit.py, at ``_log_softmax_backward_data``).
-- selective recomputation, defined once for the cost model and the executor
-  (autoplan/execute/recompute.py): op-level selective activation checkpointing as torchtitan
-  runs it (``torch.utils.checkpoint`` with a policy). Inside each block the outputs of
-  matmul-class nodes (``SAVED_KINDS``: linears, activation matmuls, attention kernels,
-  convolutions; types/saved_ops.py states the kernels each runs as, the executor's policy reads
-  the same table) are kept and every other node (norms, activations, softmax, masking, dropout,
-  element-wise ops) is re-run in the backward (``selective_recompute_s``, the forward time of
-  those nodes, plus the forward scaling passes of FP8 linears), and so are the block's forward
-  TP collectives (cost/stages.py). What stays
-  per micro-batch is the block's inputs plus the kept outputs, so
-  ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs). For an unfused
-  attention this frees the softmax output and dropout tensors, as Korthikanti et al. 2022
-  section 4.3 do, but keeps the QK^T scores (a matmul output); a fused attention saves no s^2
-  tensor in the first place.
-- full recomputation (Chen et al. 2016; Korthikanti et al. 2022 section 4.3): only the
-  block inputs are kept (``input_bytes``: the outputs of nodes outside the block that feed
-  it, sharded by tp under sequence parallelism), and the forward and its TP collectives run
-  twice.
+- ``saved_bytes`` = sum of ``saved_bytes * f * dtype_scale / activation_shard`` (Korthikanti et
+  al. 2022 section 4) plus the copies TP resharding keeps (autoplan/cost/tp/memory.py).
+- ``loss_grad_bytes`` = ``(|inputs| + saved(loss)) * f``, the loss's backward transient.
+- selective recomputation (op-level, as torchtitan runs it; ``SAVED_KINDS``, shared with
+  autoplan/execute/recompute.py): ``selective_recompute_s`` is the forward time of the nodes
+  that are not kept, ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs).
+- full recomputation (Chen et al. 2016; Korthikanti et al. 2022 section 4.3): only
+  ``input_bytes`` is kept, and the forward and its TP collectives run twice.
 """
 
 from __future__ import annotations

@@ -1,37 +1,18 @@
-"""``parallelize(model, plan, ...)``: build everything a plan says, in a fixed order.
-
-Composition order (each step says why it comes after the previous and before the next):
+"""``parallelize(model, plan, ...)``: build everything a plan says, in a fixed order (each step's
+"after X, before Y" in full: docs/executor.md, "Composition order").
 
 0. **Device rules**: a plan this machine cannot run (async TP, FP8) is refused before anything is built.
-1. **Pipeline split** first: torch.export must see the plain eager model (it cannot trace
-   DTensor parameters or FSDP/checkpoint hooks), and every later step then works on just this
-   rank's stage modules.
-   Mixture-of-Experts experts modules are exported as one opaque op each and run by their
-   eager dispatch (autoplan/execute/expert_dispatch.py).
-   **FP8** (``precision="fp8"``): the eligible linears of each stage module become torchao's
-   ``Float8Linear`` right after the split (the export traces the plain model) and before every
-   wrapper below, as torchao requires (autoplan/execute/float8.py).
-2. **Expert parallelism** after the split, so each stage slices only the experts it holds
-   (and the opaque op's parameters are the stage's own), before TP (which it excludes, ``ep > 1``
-   needs ``tp = 1``) and before data parallelism, which must see the sliced parameters: FSDP2
-   shards them over the edp mesh, DDP ignores them (autoplan/execute/expert_parallel.py).
-3. **Tensor parallelism** (+SP) after the split, so its parameter sharding and
-   input/output hooks land on the stage modules that actually run; before recomputation, so a
-   checkpointed block replays the TP redistributions as part of its forward. DTensor's random
-   ops get the tp mesh's RNG tracker here (autoplan/execute/rng.py: dropout masks equal across tp
-   ranks on replicated activations, independent on sharded ones). MoE layers whose
-   experts are a ``ModuleList`` then run whole on local tensors at tp > 1 and, under FSDP2, ZeRO-1
-   or the explicit all-reduce, touch every expert (DDP finds the unused ones itself:
-   autoplan/execute/expert_loop.py), before recomputation replays them.
-4. **Activation recomputation** after TP (see 3) and before FSDP, so FSDP's per-block
-   all-gather hooks stay outside the checkpointed forward and gather once per (re)forward.
-   With ``tp_comm_overlap`` each block is then compiled for torch's async TP
-   (autoplan/execute/tp_overlap.py), still before FSDP, as torchtitan orders it.
-5. **FSDP2 / DDP / explicit all-reduce** after TP, because FSDP2 composes with DTensor
-   parameters already on the tp mesh (2-D dp x tp), and last among the module transforms
-   because DDP / FSDP must see the final parameters.
-6. **Schedule** last: ``PipelineStage`` needs the finished (TP'd, checkpointed, sharded)
-   stage modules.
+1. **Pipeline split** first: torch.export must see the plain eager model; experts modules are one
+   opaque op each (execute/expert_dispatch.py). **FP8** linears right after it, before every wrapper.
+2. **Expert parallelism**: after the split (a stage slices its own experts), before data
+   parallelism, which must see the sliced parameters (execute/expert_parallel.py).
+3. **Tensor parallelism** (+SP, the tp mesh's RNG tracker): on the stage modules that run, before
+   recomputation so a checkpointed block replays its redistributions.
+4. **Activation recomputation** (then async TP's compile) before FSDP, so FSDP's all-gather hooks
+   stay outside the checkpointed forward.
+5. **FSDP2 / DDP / explicit all-reduce** last among module transforms: they must see the final
+   (DTensor, sliced) parameters.
+6. **Schedule** last: ``PipelineStage`` needs the finished stage modules.
 """
 
 from __future__ import annotations

@@ -1,45 +1,23 @@
-"""Data parallelism realising the plan's ZeRO stage.
+"""Data parallelism realising the plan's ZeRO stage (docs/executor.md, "Data parallelism and ZeRO"
+and "Gradient reduction dtype and PowerSGD").
 
 | zero | no pipeline, tp=1 | otherwise (pipeline stage or tp>1) |
 |------|-------------------|------------------------------------|
-| 0    | DDP (1) | explicit gradient all-reduce (DDP cannot wrap a pipeline stage, nor DTensor params) |
+| 0    | DDP (explicit all-reduce when ``overlap_grad_reduce`` is false) | explicit gradient all-reduce |
 | 1    | :class:`~autoplan.execute.zero.ShardedOptimizer`: reduce-scatter, sharded step, all-gather | same |
-| 2    | FSDP2 ``fully_shard(reshard_after_forward=False)`` (2) | same |
+| 2    | FSDP2 ``fully_shard(reshard_after_forward=False)``: params gathered forward to backward | same |
 | 3    | FSDP2 ``fully_shard(reshard_after_forward=True)``: params resharded after forward | same |
 
-(1) DDP (``gradient_as_bucket_view``: the buckets are the gradients, no second copy); the
-explicit all-reduce when ``plan.overlap_grad_reduce`` is false.
-(2) grads and states sharded, params kept gathered between forward and backward.
+Gradients travel in ``plan.grad_reduce_dtype`` (DDP's compress hook, a cast of the flat buffer,
+FSDP2's ``reduce_dtype``). PowerSGD (DDP only; Vogels et al., NeurIPS 2019) is torch's
+``powerSGD_hook``: each gradient as an ``n x m`` matrix ``M`` with ``r = min(n, m, powersgd_rank)``
+is compressed only when ``2 (n + m) r < n m`` (the rule autoplan/cost/dp/compression.py prices), with
+error feedback ``e`` and a warm-started ``Q``:
 
-Gradients travel and are summed in ``plan.grad_reduce_dtype``: DDP through a compression
-comm hook (torch's ``bf16_compress_hook`` / ``fp16_compress_hook``), the explicit all-reduce
-and ZeRO-1 by casting their flat buffer, FSDP2 through ``MixedPrecisionPolicy.reduce_dtype``.
+    M += e;  P = M Q, all-reduce P, orthogonalise P;  Q = M^T P, all-reduce Q, / dp;  M' = P Q^T;  e = M - M'
 
-PowerSGD (``plan.grad_compression="powersgd"``, DDP only: the Plan checks it) is torch's own
-DDP hook, ``powerSGD_hook`` with a ``PowerSGDState`` (Vogels et al., NeurIPS 2019). Per bucket
-and step, each gradient viewed as an ``n x m`` matrix ``M`` (``[shape[0], rest]``) with
-``r = min(n, m, powersgd_rank)`` is compressed only when ``2 (n + m) r < n m`` (torch's default
-``min_compression_rate`` = 2, kept: the cost model prices the same rule, autoplan/cost/dp/compression.py);
-the rest (vectors, small matrices) are all-reduced whole. For a compressed one, with error
-feedback ``M += e`` (last step's local error) and a warm-started ``Q [m, r]``:
-``P = M Q``, all-reduce ``P``, orthogonalise ``P``; ``Q = M^T P``, all-reduce ``Q``, divide by dp;
-``M' = P Q^T``; ``e = M - M'``. The first ``POWERSGD_START_ITER`` = 2 steps all-reduce
-uncompressed: torch requires more than 1 with error feedback (DDP rebuilds its buckets after the
-first step), and its default of 1000 would leave a short run uncompressed. The error feedback
-and the P/Q memories live in the hook's state (``ddp.powersgd_state``), which checkpoints do not
-save: a resumed run starts them afresh (docs/executor.md).
-
-FSDP2 wraps each block, then the root (or the stage module), so each block's all-gather
-overlaps the previous block's compute (as torchtitan's ``apply_fsdp``). With dp=1 nothing is
-wrapped: there is no one to share with.
-
-Expert parallelism (autoplan/execute/expert_parallel.py): an experts module's sliced parameters
-are ``fully_shard``-ed on the edp mesh before the blocks (inner first, as FSDP2 needs), without
-casting its inputs (its routing weights stay in the router's dtype, as in the unsharded model);
-DDP ignores them; the explicit all-reduce is given only the dense parameters.
-
-Explicit all-reduce: after backward, gradients (the local shards of DTensor gradients) are
-flattened per dtype into one buffer, all-reduced with AVG over the dp group, and copied back.
+The first ``POWERSGD_START_ITER`` = 2 steps all-reduce uncompressed. FSDP2 wraps each block, then
+the root; experts modules first, on the edp mesh (autoplan/execute/expert_parallel.py).
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
-"""Two DTensor behaviours that break ordinary model code, fixed once on import.
+"""Two DTensor behaviours that break ordinary model code, fixed once on import as DTensor custom op
+handlers (docs/executor.md, "Tensor parallelism: how any model code runs correctly"):
 
-DTensor keeps global semantics, but two things in its eager dispatch fail on code that runs
-fine unsharded; both are resolved here as DTensor custom op handlers (the mechanism torch
-uses for its own corner cases), so any model's code runs unchanged:
+1. **Local layout drifts from the global one** after a redistribution, so ``.contiguous()`` is a
+   no-op and a later ``.view()`` fails. Handler for ``aten.view``: when the local tensor's dim
+   order differs from the global one, it is first copied into the global dim order, then viewed.
+2. **In-place op on a non-replicated self** (``var.add_(eps)`` on a ``Partial`` mean). Handler for
+   every in-place op DTensor has a rule for: if sharding propagation fails and ``self`` is not
+   replicated, ``self`` is redistributed to ``Replicate`` in place and the op retried, counted in
+   ``RESHARDED``. Ops that work on their placement take the normal path untouched.
 
-1. **Local layout drifts from the global one.** A redistribution (e.g. all-gathering a
-   sequence-sharded, transposed ``[B, H, T, hd]`` tensor) produces a *contiguous* local
-   tensor, while the DTensor keeps its global (transposed) strides. An op whose output
-   layout follows its input's (the CPU attention kernel, element-wise ops) then returns a
-   DTensor whose global strides say "contiguous" over a local tensor that is not, so
-   ``.contiguous()`` is a no-op and a later ``.view()`` fails ("view size is not
-   compatible ..."). Handler for ``aten.view``: when the local tensor's dim order differs
-   from the global one, the local tensor is first copied into the global dim order (values
-   unchanged), then viewed.
-2. **In-place op on a non-replicated self.** DTensor refuses an in-place op whose ``self``
-   would have to change placement, e.g. ``var.add_(eps)`` on the ``Partial`` result of a
-   mean over a sharded dim (``torch.rms_norm``'s CPU decomposition does exactly that on a
-   hidden-sharded input), or an in-place op along a sharded dim. Handler for every in-place
-   op DTensor has a rule for: if the op's sharding propagation fails and ``self`` is not
-   replicated, ``self`` is redistributed to ``Replicate`` *in place* (same global value, so
-   autograd and aliasing of the value are unaffected) and the op is retried. Ops that work
-   on the current placement (``add_`` of two partial sums in gradient accumulation) take
-   the normal path untouched, with no extra communication.
-
-A handler reaches DTensor's normal dispatch by removing itself from the handler table for
-that one call (under a lock; the table is a plain dict consulted on every call).
+A handler reaches DTensor's normal dispatch by removing itself from the handler table for that
+one call (under a lock).
 """
 
 from __future__ import annotations

@@ -1,42 +1,16 @@
 """Route tokens to experts held on other ranks: the forward of one experts module under expert
-parallelism, and the opaque op that lets torch.export (the pipeline split) step over it.
+parallelism, and the opaque op that lets torch.export (the pipeline split) step over it
+(docs/executor.md, "Expert parallelism": the five steps, tensor parallelism, pipelines).
 
-An experts module in the Hugging Face interface (autoplan/trace/moe.py, ``is_hf_experts``) is
-called as ``experts(hidden [S, H], top_k_index [S, k], top_k_weights [S, k]) -> [S, H]``. With
-``ep`` ranks in an expert-parallel group, each holds ``L = E / ep`` consecutive experts (rank
-``j``: experts ``j L ... (j+1) L - 1``). :meth:`ExpertsDispatch.__call__` on one rank:
-
-1. sort the ``S k`` (token, choice) pairs by expert (stable) and count the pairs per expert, ``[E]``;
-2. exchange the counts (one all-to-all of ``E`` integers, equal splits of ``L``): each rank learns
-   how many rows every rank sends to each of its local experts;
-3. all-to-all the pairs' token rows (``all_to_all_single_autograd``, variable splits): rows for
-   rank ``j`` go to rank ``j``, sorted by expert, so the receiver rebuilds each row's local expert
-   id from the counts alone (no second exchange);
-4. run the module's own forward on the received rows through ``torch.func.functional_call`` on a
-   shallow copy whose ``num_experts`` is ``L``, with local ids ``[N, 1]`` and unit weights ``[N, 1]``:
-   the gate, activation, biases and norms are exactly the model's, only the rows are regrouped;
-5. all-to-all the outputs back (the reverse splits), multiply each by its routing weight and sum
-   each token's ``k`` choices (``index_add`` in the product's dtype, then the hidden dtype, as the
-   grouped-GEMM forward of transformers does).
-
-So the result is the model's up to the order of floating-point sums. Under tensor parallelism
-(``ep = 1``) the experts are replicated on every tp rank, as the cost model prices them: their
-DTensor inputs and parameters are brought to ``Replicate`` and run as local tensors (DTensor has
-no strategy for the data-dependent ops of an experts forward), and the output is a replicated
-DTensor again. The backward of each
-all-to-all is the reverse all-to-all, so a rank's expert gradient is the sum over its ep group of
-the contributions of every rank's tokens (the gradient rule: autoplan/execute/expert_parallel.py).
-Every rank runs both all-to-alls in forward and backward even when it sends or receives no rows,
-and touches every local parameter, so the collectives and gradient reductions stay matched.
-
-**Pipelines.** torch.export cannot trace an experts forward (data-dependent loops, ``histc``,
-``nonzero``). While ``pipeline()`` exports, :func:`opaque_experts` makes each experts module call
-the custom op ``autoplan::experts(fqn, hidden, index, weights, params)``, whose fake kernel only
-gives the output's shape; after the split, :func:`replace_experts_ops` points every such node of
-the stage graphs at the module's :class:`ExpertsDispatch` (an ordinary Python call, so autograd
-runs through it as in eager mode, with no recomputation) and re-finalises the graph. The op's
-parameters stay ``get_attr`` nodes of the stage module, so the stage's (sliced, or FSDP-gathered)
-parameters are what the dispatch sees.
+An experts module in the Hugging Face interface is called as ``experts(hidden [S, H], top_k_index
+[S, k], top_k_weights [S, k]) -> [S, H]``; each of ``ep`` ranks holds ``L = E / ep`` consecutive
+experts. :meth:`ExpertsDispatch.__call__` sorts the ``S k`` pairs by expert, exchanges the
+per-expert counts, all-to-alls the rows (``all_to_all_single_autograd``), runs the module's own
+forward on them (``torch.func.functional_call`` with ``num_experts = L``), all-to-alls the outputs
+back and sums each token's ``k`` weighted choices: the model's result up to the order of sums. At
+``ep = 1`` under tensor parallelism the experts run replicated on local tensors. Under a pipeline,
+:func:`opaque_experts` exports each module as the op ``autoplan::experts`` and
+:func:`replace_experts_ops` points the stage graphs' nodes back at the dispatch.
 """
 
 from __future__ import annotations

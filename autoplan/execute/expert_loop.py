@@ -1,34 +1,15 @@
 """MoE layers whose experts are a ``ModuleList``: every expert's parameters get a gradient, and at
-tp > 1 the layer runs whole on every tp rank.
+tp > 1 the layer runs whole on every tp rank (docs/executor.md, "Expert parallelism", MoE layers
+written as a loop).
 
-Such a layer (``trace.moe.experts_of``: a router with one output per expert beside a list of
-alike experts; transformers 4.x Mixtral and Qwen2-MoE, most research code) usually loops over its
-experts and skips one that got no rows (``if top_x.numel() == 0: continue``, or a loop over the
-experts that were hit). Its parameters then take no part in that rank's backward. DDP refuses
-that unless told to look for such parameters ("Expected to have finished reduction in the prior
-iteration"), so for a model with such layers it runs with ``find_unused_parameters``
-(autoplan/execute/data_parallel.py): a rank that did not use an expert reduces zeros for it, and
-an expert no rank used keeps no gradient, as on one device. FSDP2, ZeRO-1 and the explicit
-all-reduce reduce whatever gradients a rank has, so with them :func:`install` (``touch``) gives
-each such layer a forward that adds to its output a zero that depends on every one of its
-parameters (the sum of each parameter's empty slice): every expert gets a gradient, zero when it
-got no rows, as in the Hugging Face interface (autoplan/execute/expert_dispatch.py). The one
-difference from a single device: an expert that no token of the whole step reached gets a zero
-gradient rather than none, so AdamW still decays its weights and moves them by its moments.
-
-At ``tp > 1`` DTensor has no sharding strategy for the loop's ``torch.where``/``nonzero``; the
-layer's inputs arrive as DTensors and its parameters are ``Replicate`` DTensors
-(autoplan/execute/tensor_parallel.py). The forward then runs the layer's own code on local
-tensors: every DTensor input and parameter brought to ``Replicate`` and taken as its
-(differentiable) local value, and every tensor output made a ``Replicate`` DTensor again. The
-tracer marks the layer's linears ``tp_splittable = False`` (trace/moe.py
-``keep_list_layers_whole``), so the plan never splits them and the cost model prices the layer
-whole on every tp rank, as it is run here. Every tp rank holds the same tokens (tensor
-parallelism splits no batch), so each computes the same output and gradients: no collective is
-needed beyond bringing a sequence-sharded input whole.
-
-Expert parallelism does not apply to these layers (docs/moe.md), and they are not converted to
-FP8 (the cost model prices only tp-splittable linears in FP8, cost/compute/roofline.py).
+Such a layer (``trace.moe.experts_of``; transformers 4.x Mixtral and Qwen2-MoE) skips an expert
+that got no rows, so its parameters take no part in that rank's backward. DDP runs with
+``find_unused_parameters`` (autoplan/execute/data_parallel.py); under FSDP2, ZeRO-1 and the explicit
+all-reduce :func:`install` (``touch``) adds to the layer's output a zero that depends on every
+parameter, so every expert gets a gradient (zero when it got no rows). At ``tp > 1`` the layer's
+own code runs on local tensors: every DTensor input and parameter brought to ``Replicate``, every
+output a ``Replicate`` DTensor again (its linears are ``tp_splittable = False``, trace/moe.py).
+Expert parallelism and FP8 do not apply to these layers.
 """
 
 from __future__ import annotations

@@ -1,44 +1,20 @@
-"""Expert parallelism (``plan.ep``): each MoE layer's routed experts split over ``ep`` ranks.
+"""Expert parallelism (``plan.ep``): each MoE layer's routed experts split over ``ep`` ranks
+(docs/executor.md, "Expert parallelism").
 
-**Groups.** ``ep`` divides ``dp`` and consecutive dp ranks form an expert-parallel group: the
-mesh's dp axis is unflattened into ``(edp, ep)``, ep innermost (autoplan/execute/mesh.py,
-``expert_mesh``). dp rank ``d`` is ep rank ``d % ep`` of ep group ``d // ep``; its ``edp`` group
-("expert data parallel") is the ``dp / ep`` ranks with the same ep rank, which hold the same
-experts. Dense parameters stay on the dp axis as before.
-
-**Parameters.** Every parameter of an experts module (the Hugging Face experts interface,
-autoplan/trace/moe.py ``is_hf_experts``) whose leading dimension is the expert count ``E``
-(``gate_up_proj``/``up_proj``, ``down_proj`` and their biases) becomes a parameter holding this
-rank's ``E / ep`` experts, ``ep_rank * E / ep`` onwards; the module then routes tokens to their
-experts by all-to-all (autoplan/execute/expert_dispatch.py). At ``ep = 1`` the model is untouched,
-except under tensor parallelism, where experts modules run replicated on local tensors.
-
-**Gradients.** Each rank's loss is the mean over its own micro-batch, and the step's loss is the
-mean of the ``dp`` ranks' losses. A dense parameter's gradient is therefore the mean over dp of
-the ranks' gradients (DDP, the explicit all-reduce, ZeRO, FSDP2: unchanged). An expert's local
-gradient on rank ``r`` already sums, through the backward all-to-all, the contributions of the
-tokens of every rank of its ep group, so its gradient is
+Groups: the dp axis is unflattened into ``(edp, ep)``, ep innermost (autoplan/execute/mesh.py):
+dp rank ``d`` is ep rank ``d % ep`` of ep group ``d // ep``, and its edp group is the ``dp / ep``
+ranks holding the same experts. Every experts-module parameter whose leading dimension is ``E``
+holds this rank's ``E / ep`` experts, ``ep_rank * E / ep`` onwards; tokens reach them by
+all-to-all (autoplan/execute/expert_dispatch.py). An expert's local gradient already sums its ep
+group's tokens, so its gradient is
 
     g_e = (1 / dp) * SUM_{r in edp(e)} g_e^(r)
 
-a sum over the edp group divided by dp, not by the edp group's size (at ``edp = 1`` it is just
-``g_e / dp``). How each dp mode realises it (:class:`ExpertParallel`):
-
-- DDP ignores the expert parameters (``_set_params_and_buffers_to_ignore_for_model``) and the
-  explicit all-reduce leaves them out; after the backward :meth:`ExpertParallel.sync_grads`
-  all-reduces them (SUM) over edp in one flat buffer per dtype and divides by dp;
-- ZeRO-1: a second ``ShardedOptimizer`` over edp dividing by dp (autoplan/execute/zero.py);
-- FSDP2 (ZeRO-2/3): the experts module is ``fully_shard``-ed on the edp mesh before its block
-  (autoplan/execute/data_parallel.py), which averages over edp; :meth:`ExpertParallel.sync_grads`
-  then multiplies the sharded gradients by ``edp / dp = 1 / ep``. (FSDP2's
-  ``set_gradient_divide_factor`` would fold this into the reduction, but in torch 2.13 it
-  reduces with ``PREMUL_SUM``, which gloo refuses, and on a one-rank edp mesh it divides twice
-  under forced-sum or fp16 reductions.)
-
-Parameters of an experts module that are not per expert (a norm shared by all experts) stay
-whole on every rank; their local gradient sums the contributions of the rows this rank's experts
-processed, and the dense rule (mean over dp) is again the right one. Under FSDP2 they would be
-sharded on edp with the experts, so ZeRO-2/3 with such a module is refused.
+while dense parameters keep the mean over dp. :class:`ExpertParallel` realises it per dp mode: DDP
+and the explicit all-reduce leave experts out and :meth:`ExpertParallel.sync_grads` all-reduces
+them over edp and divides by dp; ZeRO-1 runs a second ``ShardedOptimizer`` over edp; FSDP2 averages
+over edp and ``sync_grads`` multiplies by ``1 / ep``. A parameter shared by all experts keeps the
+dense rule, and ZeRO-2/3 with one is refused.
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
-"""Mixture-of-Experts blocks under sequence parallelism: each tp rank routes and runs its own tokens.
+"""Mixture-of-Experts blocks under sequence parallelism: each tp rank routes and runs its own tokens
+(docs/executor.md, "Expert parallelism", under tensor parallelism; docs/cost-model.md, "MoE under
+tensor parallelism").
 
-A dropless MoE block (a router, its top-k and the experts in the Hugging Face interface,
-autoplan/trace/moe.py) is token-wise: a token's output depends on that token alone. Under
-sequence parallelism every tp rank already holds a sequence shard of the block's input, so the
-block runs there whole, with its replicated weights, on the rank's ``1 / tp`` of the tokens:
+A dropless MoE block is token-wise, so under SP it runs whole, with its replicated weights, on the
+rank's ``1 / tp`` of the tokens:
 
-1. the input, a ``Shard(1)`` DTensor (the sequence dim of ``[batch, seq, hidden]``), becomes its
-   local shard (its gradient is that shard's);
-2. every parameter of the block (``Replicate`` DTensors) becomes its local tensor whose gradient
-   is a ``Partial`` sum: each rank's gradient covers its own tokens only;
-3. the block's own forward runs on those local tensors (``torch.func.functional_call``), the
-   experts through their dispatch (autoplan/execute/expert_dispatch.py) as at ep = 1;
+1. the ``Shard(1)`` input becomes its local shard;
+2. every parameter (``Replicate``) becomes its local tensor, whose gradient is a ``Partial`` sum;
+3. the block's own forward runs on them (``torch.func.functional_call``), the experts through
+   their dispatch (autoplan/execute/expert_dispatch.py) as at ep = 1;
 4. the output is the ``Shard(1)`` DTensor of the local result.
 
-Nothing is communicated in the forward or the backward; ``finalize_tp_grads``
-(autoplan/execute/tensor_parallel.py) all-reduces each parameter's partial gradient once a step.
-This is what the cost model prices (autoplan/cost/tp/block.py ``token_wise_nodes``: compute and
-activations at ``1 / tp``, no split, the weights in sp_sync.sp_partial_params), and what
-Megatron-Core runs at expert-tensor-parallel size 1: the router's weight is marked
-``sequence_parallel`` and the experts' gradients are reduced over a group holding the tp ranks.
-Gathering the tokens instead and running the experts on all of them on every tp rank would
-repeat the experts' FLOPs ``tp`` times and add an all-gather per block.
-
-On the replicated stream (tp > 1 without SP) the block runs whole on every rank under DTensor's
-rules, its router unsplit (the planner gives an MoE block's modules no split), and its experts on
-local copies (expert_dispatch, ``ExpertsDispatch._replicated``).
+Nothing is communicated; ``finalize_tp_grads`` (autoplan/execute/tensor_parallel.py) all-reduces
+the partial gradients once a step: what the cost model prices (autoplan/cost/tp/block.py
+``token_wise_nodes``) and Megatron-Core runs at expert-tensor-parallel size 1. Without SP the block
+runs whole on every rank under DTensor's rules (``ExpertsDispatch._replicated``).
 """
 
 from __future__ import annotations

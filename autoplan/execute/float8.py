@@ -1,28 +1,18 @@
-"""``plan.precision == "fp8"`` as it runs: torchao's float8 training on the eligible linears.
+"""``plan.precision == "fp8"`` as it runs: torchao's float8 training on the eligible linears
+(docs/executor.md, "FP8").
 
-Every ``nn.Linear`` whose input and output features are both divisible by 16 *per local
-shard* (``out / tp`` for a colwise split, ``in / tp`` for a rowwise one; FP8 GEMMs
-(``torch._scaled_mm``) need multiples of 16) becomes torchao's ``Float8Linear`` with its
-default recipe: dynamic tensorwise scaling, e4m3 for inputs and weights, e5m2 for output
-gradients (``torchao.float8.convert_to_float8_training``, ``Float8LinearConfig()``). Per GEMM
-``Y = X W^T`` the scale of a tensor ``T`` is ``s_T = fp8_max / amax(|T|)`` over the whole
-(global, under tensor parallelism) tensor, and ``Y = (s_X X)_fp8 (s_W W)^T_fp8 / (s_X s_W)``,
-accumulated in fp32. Everything else runs as precision "bf16" does (autocast bf16 under
-DDP / ZeRO-1 / no dp, FSDP2 ``param_dtype`` bf16 under ZeRO-2/3, autoplan/execute/precision.py).
-FSDP2 all-gathers bf16 weights (torchao's ``enable_fsdp_float8_all_gather`` stays off).
+Every ``nn.Linear`` whose input and output features are both divisible by 16 per local shard
+(``torch._scaled_mm``) becomes torchao's ``Float8Linear`` with its default recipe
+(``convert_to_float8_training``, ``Float8LinearConfig()``): dynamic tensorwise scaling, e4m3
+inputs and weights, e5m2 output gradients. Per GEMM ``Y = X W^T``, with ``s_T = fp8_max /
+amax(|T|)`` over the whole (global) tensor:
 
-Order (autoplan/execute/api.py): the linears are converted on each stage module *before* tensor
-parallelism, recomputation and data parallelism, as torchao requires (its ``Float8Linear`` must
-be what FSDP2/DDP wrap and what TP shards). Under tensor parallelism a converted linear split
-colwise or rowwise casts its input and its output gradient to fp8 through torchao's
-``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` input and output functions
-(:func:`tp_input`, :func:`tp_output`), *after* the tp redistributions, so sequence parallelism's
-collectives move 16-bit bytes, as the cost model prices them (torchtitan moves fp8 bytes there).
+    Y = (s_X X)_fp8 (s_W W)^T_fp8 / (s_X s_W)        accumulated in fp32
 
-Device rule (:func:`check_runs_here`): FP8 tensor cores need CUDA compute capability 8.9+ (Ada,
-Hopper, Blackwell). Anywhere else the plan is refused before a rank starts, in one sentence.
-``AUTOPLAN_FP8_EMULATE=1`` lets a CPU run through: ``torch._scaled_mm`` has a CPU kernel, so the
-executor path can be tested without a GPU. It is for tests only and says nothing about speed.
+Everything else runs as "bf16". The linears are converted before TP, recomputation and data
+parallelism (autoplan/execute/api.py); under TP the casts come after the redistributions
+(:func:`tp_input`, :func:`tp_output`). :func:`check_runs_here` refuses a device without FP8 tensor
+cores (compute capability 8.9+); ``AUTOPLAN_FP8_EMULATE=1`` lets a CPU test run through.
 """
 
 from __future__ import annotations

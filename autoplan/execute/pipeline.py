@@ -1,28 +1,16 @@
-"""Pipeline stages from ``plan.stages`` and the schedule from ``plan.schedule``.
+"""Pipeline stages from ``plan.stages`` and the schedule from ``plan.schedule`` (docs/executor.md,
+"Pipeline parallelism").
 
-The split is generic: ``torch.distributed.pipelining.pipeline()`` exports the model with
-``torch.export`` on one micro-batch and cuts it at the first block FQN of every stage after
-the first (``SplitPoint.BEGINNING``). So code before the first block (embeddings) lands on
-stage 0 and code after the last block (final norm, head) on the last stage, as
-docs/architecture.md says. The stage modules keep the original FQNs and module hierarchy
-(as ``InterpreterModule``s called through ``call_module``), so tensor-parallel hooks,
-checkpoint wrappers and FSDP2 apply to them by FQN as they would to the eager model.
-
-Chunk ``c`` of ``pp * virtual_stages`` runs on pipeline rank ``c % pp`` (autoplan/types/layout.py).
-Values a chunk needs from a chunk other than the one before it (rotary tables made in the
-root forward, masks, skip connections) are passed through the chunks in between
-(autoplan/execute/pipeline_carry.py).
-
-``torch.export`` flattens the model's output to its tensors, and ``pipeline()`` drops the
-output's pytree spec (torch's ``Pipe.from_tracing`` does not keep it), so the last stage returns bare
-logits where the model returns a ``ModelOutput`` (Hugging Face) or a tuple. ``PipelineStage``
-accepts only tensors from a stage, even the last, so ``split_model`` records the spec while
-``pipeline()`` exports, and the schedule's loss rebuilds the model's output from the last
-stage's tensors with it: the model file's ``loss_fn(output, target)`` sees what it sees at pp=1.
-
-Mixture-of-Experts experts modules (the Hugging Face interface) route with data-dependent ops
-torch.export cannot trace; while ``pipeline()`` exports, each is one opaque ``autoplan::experts``
-op, which the stage graphs then call as the module's eager dispatch (autoplan/execute/expert_dispatch.py).
+``torch.distributed.pipelining.pipeline()`` exports the model with ``torch.export`` on one
+micro-batch and cuts it at the first block FQN of every stage after the first
+(``SplitPoint.BEGINNING``): code before the first block lands on stage 0, code after the last on
+the last stage. The stage modules keep the original FQNs and hierarchy, so TP hooks, checkpoint
+wrappers and FSDP2 apply to them by FQN. Chunk ``c`` of ``pp * virtual_stages`` runs on pipeline
+rank ``c % pp`` (autoplan/types/layout.py); values a chunk needs from a chunk other than the one
+before it are carried through (autoplan/execute/pipeline_carry.py). ``split_model`` records the
+model output's pytree spec, which ``pipeline()`` drops, so the loss rebuilds the model's output from
+the last stage's tensors. Experts modules export as one opaque op each
+(autoplan/execute/expert_dispatch.py).
 """
 
 from __future__ import annotations

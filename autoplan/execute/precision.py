@@ -1,30 +1,18 @@
 """Mixed precision as ``plan.precision`` says: one :class:`PrecisionPolicy` per run, used by the
-distributed step *and* by --verify's single-process reference, so both compute the same thing.
+distributed step *and* by --verify's single-process reference, so both compute the same thing
+(docs/executor.md, "Recomputation and precision").
 
 Two policies, chosen by how the data parallelism is realised (``data_parallel.dp_mode``):
 
 - ``cast_params`` (FSDP2, ZeRO 2/3): ``MixedPrecisionPolicy(param_dtype=bf16|fp16,
-  reduce_dtype=fp32)``. FSDP2 all-gathers the parameters already cast to the low dtype, so the
-  whole forward and backward run in it (norms, residual stream and element-wise parameter
-  gradients included); floating forward inputs are cast too (``cast_forward_inputs``); each
-  rank's low-precision gradients are accumulated across micro-batches and reduce-scattered in
-  fp32 onto the fp32 master shards. This is torchtitan's FSDP2 policy and what the cost model
-  prices (2-byte weights and gradients on the wire, fp32 master weights in the optimizer).
+  reduce_dtype=fp32)``, ``cast_forward_inputs``: the whole forward and backward in the low dtype,
+  gradients reduce-scattered in fp32 onto fp32 master shards (torchtitan's FSDP2 policy);
 - ``autocast`` (DDP, explicit all-reduce, ZeRO-1, no dp): fp32 parameters and gradients,
-  ``torch.autocast`` around forward (and the pipeline schedule), so matmuls run in the low
-  dtype and autocast's fp32 ops (softmax, losses, ...) in fp32.
+  ``torch.autocast`` around the forward (and the pipeline schedule).
 
-"fp8" is "bf16" with the eligible linears in FP8 (torchao's float8 training,
-autoplan/execute/float8.py): its compute dtype is bf16 and it follows bf16's two policies.
-
-The reduce dtype (``plan.grad_reduce_dtype``) is independent of the precision: fp32 parameters
-(precision fp32, or autocast) may still have their gradients reduced in bf16/fp16, and FSDP2 then
-gets ``MixedPrecisionPolicy(param_dtype=None, reduce_dtype=bf16|fp16)``: it casts each gradient
-to the reduce dtype for the reduce-scatter and back to the fp32 shard after it.
-
-The two are different numerics for the same plan; neither is "the truth" (fp32 is), so
---verify builds its reference with the run's policy (verify.py). fp16 adds dynamic loss
-scaling in both (autoplan/execute/grad_scaler.py).
+"fp8" follows bf16's policies. ``plan.grad_reduce_dtype`` is independent of the precision (FSDP2
+then gets ``MixedPrecisionPolicy(param_dtype=None, reduce_dtype=bf16|fp16)``); fp16 adds dynamic
+loss scaling in both (autoplan/execute/grad_scaler.py).
 """
 
 from __future__ import annotations

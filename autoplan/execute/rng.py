@@ -1,40 +1,17 @@
 """Random numbers in a parallel run: dropout masks under tensor and pipeline parallelism, and
-dropout turned off for ``--verify``.
+dropout turned off for ``--verify`` (docs/executor.md, "Randomness: dropout masks and --verify").
 
-**Which ranks draw the same masks** (Megatron-LM's model-parallel RNG tracker,
-``megatron/core/tensor_parallel/random.py``, and torchtitan's ``set_determinism``):
+Which ranks draw the same masks (Megatron-LM's model-parallel RNG tracker,
+``megatron/core/tensor_parallel/random.py``; torchtitan's ``set_determinism``):
 
-- the ranks of one tp group draw *the same* mask on a replicated activation (the residual stream
-  after a row-parallel all-reduce): they must, or the replicas of one tensor would diverge;
-- they draw *independent* masks on a sharded activation (attention probabilities of the heads a
-  rank holds, the hidden units of a column-parallel output): each shard is a different part of
-  one tensor, and equal masks on every shard would repeat one pattern ``tp`` times;
-- pipeline stages draw from different streams (Megatron seeds ``seed + 100 * pp_rank``; here
-  :func:`seed_step`, per step), so two layers on two stages never share a mask;
-- dp ranks share the seed (as in Megatron and torchtitan): they see different samples.
+- a tp group draws *the same* mask on a replicated activation and *independent* masks on the
+  shards of a sharded one (:class:`ShardSeededTracker` on the CPU: seed + 2718 + the shard's index,
+  Megatron's ``tp_rank`` rule; torch's ``OffsetBasedRNGTracker`` on CUDA; :func:`install_tracker`);
+- pipeline stages draw from streams of their own (:func:`seed_step`, per step);
+- dp ranks share the seed.
 
-DTensor (torch.distributed.tensor) sends every random op on a DTensor (``native_dropout``,
-``bernoulli_``, ``uniform_`` ...) through its RNG tracker. On CUDA that is torch's
-``OffsetBasedRNGTracker``: a Philox offset per shard, so a sharded mask is the matching slice of
-the mask the whole tensor would get. The CPU's Mersenne Twister has no offsets, and without a
-tracker DTensor draws each local shard from the rank's own generator, warning on every op: with
-equal seeds every shard of a sharded activation got the same mask. :class:`ShardSeededTracker`
-gives each shard a seed of its own instead (Megatron's ``seed + 2718 + tp_rank`` rule, with the
-shard's index on the tensor's mesh in place of the tp rank), drawn from the synchronised default
-generator so every rank's generator advances alike; a replicated tensor's op runs on the default
-generator, the same on every rank. :func:`install_tracker` picks one of the two for the tp mesh.
-
-**--verify turns dropout off** in the run and in its reference (:func:`dropout_off`): the
-reference draws its masks on whole micro-batches in one process, the run on shards and in
-another order, so equal masks would need every draw to be replayed per shard. Off, the two
-compute the same function. Dropout is found wherever a model calls it: ``nn.Dropout`` modules,
-``F.dropout`` called with a rate stored as a number (Hugging Face T5's attention keeps
-``config.dropout_rate`` as a float and calls ``F.dropout(..., p=self.dropout)``), the
-``dropout_p`` of ``F.scaled_dot_product_attention``, and the same as the aten ops a pipeline
-stage's exported graph calls (``aten.dropout``, ``aten.scaled_dot_product_attention``): a torch
-function mode sees them all, above autograd, so the backward is that of the identity. Other
-random draws inside the step (a custom ``bernoulli_`` drop-path, noisy routing) are counted, so
---verify can name them.
+:func:`dropout_off` (a torch function mode) makes every dropout, ``F.dropout`` and attention
+``dropout_p`` return its input under ``--verify``, and counts other random draws so they can be named.
 """
 
 from __future__ import annotations

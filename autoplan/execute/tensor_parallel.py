@@ -1,30 +1,22 @@
-"""Tensor (and sequence) parallelism from ``plan.tp_plan``, for any model code.
+"""Tensor (and sequence) parallelism from ``plan.tp_plan``, for any model code (docs/executor.md,
+"Tensor parallelism: how any model code runs correctly").
 
-Design: *DTensor everywhere inside the tp region.* Every parameter of a tensor-parallel
-module becomes a DTensor on the tp mesh (split ones sharded, the rest ``Replicate``), and
-activations leaving a split module stay DTensors (``use_local_output=False`` in
-torch.distributed.tensor.parallel's terms). DTensor ops keep *global* semantics, so model
-code that reshapes with global head counts (nanoGPT's ``view(B, T, n_head, C // n_head)``),
-splits a fused qkv output, or repeats GQA k/v heads computes the same numbers as the
-unsharded model. Plain tensors met on the way (masks, rotary tables, the residual stream
-before the first split) are full values, and ``implicit_replication`` treats them as
-``Replicate``. Model outputs are turned back into full tensors before the loss.
+*DTensor everywhere inside the tp region*: every parameter of a tensor-parallel module is a
+DTensor on the tp mesh, activations leaving a split module stay DTensors
+(``use_local_output=False``), plain tensors met on the way are ``Replicate`` under
+``implicit_replication``, and model outputs become full tensors before the loss. Per split (``W`` a
+Linear weight ``[out, in]``):
 
-Per split (``W`` is a Linear weight ``[out, in]``):
-- ``colwise``: ``W``, bias -> ``Shard(0)``; input -> ``Replicate`` (all-gather under SP);
-  output ``Shard(-1)``. Embedding: ``W [vocab, dim]`` -> ``Shard(1)``, and its output (the
-  residual stream, never a rowwise input in practice) is all-gathered to the stream layout,
-  ``Replicate`` or ``Shard(1)`` under SP, as autoplan.cost.tp.splits prices a colwise
-  origin that reaches the stream; kept hidden-sharded, the whole stream would stay so.
-- ``rowwise``: ``W`` -> ``Shard(1)``, bias ``Replicate``; input -> ``Shard(-1)``; output
-  partial sums -> ``Replicate`` (all-reduce) or ``Shard(1)`` (reduce-scatter) under SP.
-  Embedding: ``W`` -> ``Shard(0)`` (vocabulary), output all-reduced / reduce-scattered.
-- ``sequence_parallel``: parameters ``Replicate``; input -> ``Shard(1)`` (the sequence dim of
-  ``[batch, seq, ...]``); output stays sequence-sharded.
+- ``colwise``: ``W``, bias -> ``Shard(0)``; input -> ``Replicate`` (all-gather under SP); output
+  ``Shard(-1)``. Embedding: ``W [vocab, dim]`` -> ``Shard(1)``, output all-gathered to the stream
+  layout (``Replicate``, or ``Shard(1)`` under SP), as autoplan.cost.tp.splits prices it.
+- ``rowwise``: ``W`` -> ``Shard(1)``, bias ``Replicate``; input -> ``Shard(-1)``; output partial
+  sums -> ``Replicate`` (all-reduce) or ``Shard(1)`` (reduce-scatter) under SP. Embedding: ``W`` ->
+  ``Shard(0)`` (vocabulary), output all-reduced / reduce-scattered.
+- ``sequence_parallel``: parameters ``Replicate``; input -> ``Shard(1)``; output stays so.
 
-A linear converted to FP8 (``precision="fp8"``, autoplan/execute/float8.py) keeps these
-placements; its input is cast to fp8 before the redistribution and its output gradient before
-the backward one, by torchao's ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` functions.
+An FP8 linear keeps these placements, with torchao's ``Float8ColwiseParallel`` /
+``Float8RowwiseParallel`` casts (autoplan/execute/float8.py).
 """
 
 from __future__ import annotations

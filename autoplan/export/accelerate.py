@@ -1,32 +1,11 @@
-"""A plan as Hugging Face Accelerate's config YAML (``accelerate_fsdp.yaml``), and such a file read back.
+"""A plan as Hugging Face Accelerate's config YAML (``accelerate_fsdp.yaml``), and such a file read back
+(the plan-field-to-key table and the multi-machine keys: docs/export-accelerate.md, "The mapping").
 
 The file is what ``accelerate config`` writes and ``accelerate launch --config_file`` reads
 (Accelerate 1.16); the tests run it through that launch path and build Accelerate's own
-``FullyShardedDataParallelPlugin`` and ``ParallelismConfig`` from it. Mapping:
-
-| plan | YAML | note |
-|---|---|---|
-| ``devices`` | ``num_processes`` (all machines), ``num_machines`` = ceil(devices / devices per node) | |
-| (more than one machine) | ``main_process_ip``, ``main_process_port`` | machine 0's address: given, or a placeholder |
-| ``zero_stage`` 0, ``tp`` = 1 | ``distributed_type: MULTI_GPU`` (DDP; ``NO`` on one device) | |
-| ``zero_stage`` 3 | ``FSDP``, ``fsdp_version: 2``, ``fsdp_reshard_after_forward: true`` | |
-| ``zero_stage`` 2 | ``fsdp_reshard_after_forward: false`` | |
-| ``zero_stage`` 1 (or 0 with tp > 1) | as ZeRO-2 | FSDP2 has no ZeRO-1; Accelerate's TP needs FSDP2 |
-| ``precision`` | ``mixed_precision: no|bf16|fp16|fp8`` (fp8: ``fp8_config.backend: AO``, torchao) | |
-| ``grad_reduce_dtype`` | (FSDP2 reduces in the mixed-precision dtype, DDP in fp32) | other dtypes are code |
-| ``recompute`` full | ``fsdp_activation_checkpointing: true`` (every wrapped block) | selective: none |
-| ``tp``, ``dp`` | ``parallelism_config``: ``dp_shard_size = dp``, ``tp_size = tp``, ``cp_size = 1`` | when tp > 1 |
-| ``pp`` | (none: Accelerate has no pipeline parallelism) | the pp ranks run as data parallel |
-| ``micro_batch_size``, ``num_microbatches`` | ``# autoplan.`` comments | training-script arguments |
-
-What the file cannot say is in :attr:`Exported.unexpressed` and in the comments at its top.
-
-On more than one machine ``accelerate launch`` hands torchrun a rendezvous at
-``main_process_ip:main_process_port`` and this machine's ``--machine_rank``; with no address it
-passes the string ``None`` (``accelerate.utils.launch.prepare_multi_gpu_env``), and the workers
-fail to connect. So a multi-machine file names both keys (the address is a placeholder unless
-given, :data:`MACHINE_0`), and the launch command passes all three on each machine; a flag on
-the command line wins over the file.
+``FullyShardedDataParallelPlugin`` and ``ParallelismConfig`` from it. What the file cannot say is in
+:attr:`Exported.unexpressed` and in the comments at its top. A multi-machine file names
+``main_process_ip`` (a placeholder unless given, :data:`MACHINE_0`) and ``main_process_port``.
 """
 
 from __future__ import annotations

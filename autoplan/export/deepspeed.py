@@ -1,33 +1,10 @@
-"""A plan as DeepSpeed's JSON config (``ds_config.json``), and such a config read back.
+"""A plan as DeepSpeed's JSON config (``ds_config.json``), and such a config read back (the
+plan-field-to-key table, what the writer avoids and why: docs/export-deepspeed.md, "The mapping").
 
 DeepSpeed 0.19 reads the config in ``deepspeed.runtime.config.DeepSpeedConfig``; the tests load
-every exported file with it. Mapping (plan field → JSON key):
-
-| plan | ds_config.json | note |
-|---|---|---|
-| ``dp·micro_batch_size·num_microbatches`` | ``train_batch_size`` | DeepSpeed asserts ``= mbs·ga·dp``; none if tp > 1 |
-| ``micro_batch_size`` | ``train_micro_batch_size_per_gpu`` | |
-| ``num_microbatches`` | ``gradient_accumulation_steps`` | also the pipeline's micro-batches |
-| ``zero_stage`` 0–3 | ``zero_optimization.stage`` | ZeRO-3 frees gathered weights after forward; pp > 1: ZeRO-1 |
-| ``overlap_grad_reduce`` | ``zero_optimization.overlap_comm`` | stage 0 all-reduces after the backward, always |
-| ``precision`` bf16 / fp16 | ``bf16.enabled`` / ``fp16.enabled`` | fp16 with a dynamic loss scale (``loss_scale: 0``) |
-| ``precision`` fp8 | ``bf16.enabled`` | DeepSpeed's FP8 is Transformer Engine, in model code |
-| ``grad_reduce_dtype`` | ``communication_data_type`` | absent: DeepSpeed reduces in the training dtype |
-| (fp32 accumulation) | ``data_types.grad_accum_dtype`` | ``"fp32"``; the training dtype at ZeRO-0 bf16/fp16 |
-| ``recompute`` full / selective | ``activation_checkpointing`` | options only; model code checkpoints |
-| ``tp`` | ``tensor_parallel.autotp_size`` | AutoTP training: DeepSpeed's own split |
-| ``ep`` | ``expert_parallel: {enabled, autoep_size}`` | AutoEP: DeepSpeed finds the MoE layers itself |
-| ``pp``, ``schedule``, ``virtual_stages``, ``stages`` | ``"autoplan"`` section | ``PipelineModule`` is code |
-
-``deepspeed.initialize`` refuses two things its config loader accepts, so the writer avoids them
-(the tests start the engine on every family): without ZeRO, a bf16 or fp16 model whose
-``grad_accum_dtype`` is fp32 (``DeepSpeedEngine._do_optimizer_sanity_check``: "unsupported mix");
-and under AutoTP a ``train_batch_size`` of ``mbs·ga·dp``, because with the tensor-parallel
-degree given only in the config, ``DeepSpeedConfig`` checks the batch against the whole world
-size, tp ranks included (``mbs·ga·dp·tp``): the micro-batch and accumulation steps say it all.
-
-The JSON has no comments, so the sentences of :attr:`Exported.unexpressed` also go in the
-``"autoplan"`` section's ``"unexpressed"`` list; DeepSpeed ignores unknown top-level keys.
+every exported file with it and start the engine on every family. Pipeline fields, which
+DeepSpeed takes in model code (``PipelineModule``), and the sentences of
+:attr:`Exported.unexpressed` go in an ``"autoplan"`` section, which DeepSpeed ignores.
 """
 
 from __future__ import annotations

@@ -1,52 +1,14 @@
-"""A plan as Megatron-LM's command-line arguments, and such arguments read back (docs/export-megatron.md).
+"""A plan as Megatron-LM's command-line arguments, and such arguments read back (the plan-field-to-flag
+table and what Megatron-LM cannot express: docs/export-megatron.md, "The mapping").
 
 The file, ``megatron_args.txt``, holds one flag per line and ``#`` comments; the launch line
 passes it as ``$(grep -v '^#' megatron_args.txt)``. The flags are those of Megatron-LM at tag
-``core_v0.16.1`` (the megatron-core 0.16.1 wheel), where most are generated from megatron-core's
-``TransformerConfig`` and ``DistributedDataParallelConfig`` fields. Plan field → flags:
-
-=================== ==========================================================================
-plan                Megatron-LM
-=================== ==========================================================================
-tp, pp, ep          ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-                    ``--expert-model-parallel-size``; dp = world / (tp·pp·cp) comes from WORLD_SIZE
-virtual_stages v    ``--num-layers-per-virtual-pipeline-stage layers/(pp·v)`` (even stages), else
-                    ``--num-virtual-stages-per-pipeline-rank v``; Megatron runs 1F1B, interleaved
-                    when v > 1; GPipe has no switch (named)
-stages              uneven: ``--decoder-first/last-pipeline-num-layers`` when v = 1 and the middle
-                    stages are equal, else ``--pipeline-model-parallel-layout`` listing every chunk
-sequence_parallel   ``--sequence-parallel``; tp_comm_overlap → ``--tp-comm-overlap``
-micro-batches       ``--micro-batch-size mbs``, ``--global-batch-size dp·mbs·n``
-zero_stage 1        ``--use-distributed-optimizer``
-zero_stage 2, 3     Megatron-FSDP with the flags its user guide (core_v0.16.1, "Required
-                    Configurations") requires: ``--use-megatron-fsdp --data-parallel-sharding-strategy
-                    optim_grads`` (2) or ``optim_grads_params`` (3), ``--use-distributed-optimizer``
-                    (else Megatron builds its non-distributed optimizer over FSDP's sharded
-                    parameters), ``--no-gradient-accumulation-fusion``, ``--ckpt-format
-                    fsdp_dtensor``; ZeRO-3 adds ``--overlap-param-gather``: each block's weights are
-                    all-gathered ahead of its use, as autoplan prices and runs ZeRO-3 (prefetched one
-                    block ahead, autoplan/cost/dp/sync.py)
-recompute           selective → ``--recompute-granularity selective`` (Megatron re-runs the attention
-                    core, autoplan's selective is op-level: named); full → ``--recompute-granularity
-                    full --recompute-method uniform --recompute-num-layers 1``
-precision           bf16 → ``--bf16``; fp16 → ``--fp16``; fp8 → ``--bf16 --fp8-format hybrid
-                    --fp8-recipe tensorwise`` (e4m3 forward, e5m2 gradients, per-tensor scaling)
-grad_reduce_dtype   fp32 with 16-bit training → ``--accumulate-allreduce-grads-in-fp32``; bf16 →
-                    ``--grad-reduce-in-bf16``; fp16 with fp16 training is Megatron's default
-overlap_grad_reduce ``--overlap-grad-reduce``; absent, Megatron reduces after the backward
-overlap_param_gather ZeRO-1/2: ``--overlap-param-gather`` (the updated weights all-gathered under the
-                    next forward; a plan has it only when read from a Megatron config); without it
-                    Megatron gathers after the optimizer step, as autoplan's executor does
-model facts         ``--num-layers``, ``--hidden-size``, ``--num-attention-heads``,
-                    ``--group-query-attention --num-query-groups``, ``--seq-length``,
-                    ``--max-position-embeddings``; a missing fact is a comment naming its flag
-=================== ==========================================================================
-
-Also named in ``unexpressed``: PowerSGD, reduction dtypes Megatron has no switch for, and a per-op
-``tp_plan`` (:func:`split_note`).
-
-:func:`read` (autoplan/export/megatron_read.py) takes the same file, a one-line argument string,
-or a launch script.
+``core_v0.16.1`` (the megatron-core 0.16.1 wheel). ZeRO-1 is ``--use-distributed-optimizer``,
+ZeRO-2/3 Megatron-FSDP (``optim_grads`` / ``optim_grads_params``); uneven stages are
+``--decoder-first/last-pipeline-num-layers`` or ``--pipeline-model-parallel-layout``. What a flag
+cannot say (GPipe, autoplan's op-level selective recompute, some reduction dtypes, PowerSGD, a
+per-op ``tp_plan``: :func:`split_note`) goes in ``unexpressed``. :func:`read`
+(autoplan/export/megatron_read.py) takes the same file, a one-line argument string, or a launch script.
 """
 
 from __future__ import annotations

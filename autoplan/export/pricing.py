@@ -1,5 +1,6 @@
 """An existing config priced beside the best plan for the same model, devices and global batch
-(``autoplan explain --config``; docs/export.md "Reading a config back").
+(``autoplan explain --config``; docs/export.md, and "Reading a config back" on each framework's
+page, docs/export-*.md).
 
 1. **The config is for the model.** What the config states of the model (layers, hidden size,
    attention heads, KV heads, sequence length, vocabulary: :class:`ModelFacts`) must equal what

@@ -1,44 +1,13 @@
 """A plan as a torchtitan 0.3 Python config function (``autoplan export --to torchtitan``, the
-default format), and such a file read back (docs/export-torchtitan.md).
+default format), and such a file read back (the plan-field-to-config table: docs/export-torchtitan.md,
+"The 0.3 mapping").
 
-torchtitan 0.3 takes no TOML: ``torchtitan.train --module M --config F`` imports ``M`` (a model
-package's ``config_registry``, or any module on the path) and calls ``F()`` for a
-``Trainer.Config``. The exporter writes ``autoplan_torchtitan.py``, whose ``autoplan_plan()``
-starts from the recipe of the traced model's flavour (torchtitan_flavours.py: e.g.
-``llama3_debugmodel``, which brings the data, optimizer and loss) and sets the plan's fields:
-
-======================== =========================================================================
-plan                     torchtitan 0.3 (``config.<section>.<field>``)
-======================== =========================================================================
-dp, zero_stage 3 / 2     ``parallelism.data_parallel_shard_degree = dp``, ``fsdp_reshard_after_forward``
-                         ``"always"`` / ``"never"``; ZeRO-1 has no equivalent (written as ZeRO-2, named)
-dp, zero_stage 0         ``data_parallel_replicate_degree = dp``, shard 1 (0.3 wraps every model in
-                         FSDP, which then replicates; allowed beside TP and PP)
-tp, sequence_parallel    ``tensor_parallel_degree``, ``enable_sequence_parallel``
-tp_comm_overlap          ``config.compile = CompileConfig(enable=True, enable_async_tensor_parallel=True)``;
-                         without it ``config.compile.enable_async_tensor_parallel = False`` (the recipe's
-                         compile otherwise stays)
-pp, schedule, stages     ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``, and every chunk's
-                         modules in ``module_fqns_per_model_part`` (uneven stages written as planned);
-                         ``training.disable_cuda_graphs = True`` (torchtitan refuses CUDA graphs with PP or EP)
-micro_batch_size, n      as in 0.2: pp > 1: ``local_batch_size = mbs·n``, ``pipeline_parallel_microbatch_size
-                         = mbs``; pp = 1: ``local_batch_size = mbs`` and ``global_batch_size`` accumulates n
-model                    ``config.model_spec = model_registry(flavor)``: the flavour with the plan's
-                         converters only (a recipe's own float8 would otherwise stay)
-precision                ``training.mixed_precision_param``; fp8 passes ``converters=[Float8LinearConverter
-                         .Config(model_compile_enabled=True)]`` and turns compile on (0.3 scales float8
-                         rowwise only; autoplan prices tensorwise: named)
-recompute                ``config.activation_checkpoint = SelectiveAC.Config()`` (op-level SAC) | ``FullAC.Config()``
-                         | ``None``
-ep                       ``expert_parallel_degree``
-======================== =========================================================================
-
-Where no flavour matches, or the flavour has no recipe, ``autoplan_plan()`` raises with the
-sentence that says what to set
-(it never trains another model silently). :func:`read` reads such a file, or a recipe written the
-way torchtitan's own are, without running it: keyword arguments of ``TrainingConfig``,
-``ParallelismConfig`` and ``CompileConfig`` calls and ``config.<section>.<field> = value``
-assignments, in source order, go to the TOML reader's table (torchtitan_toml.read_data).
+The exporter writes ``autoplan_torchtitan.py``, whose ``autoplan_plan()`` starts from the recipe
+of the traced model's flavour (torchtitan_flavours.py) and sets the plan's fields; where no flavour
+matches it raises with the sentence that says what to set. :func:`read` reads such a file, or a
+recipe written the way torchtitan's own are, without running it: keyword arguments of
+``TrainingConfig``, ``ParallelismConfig`` and ``CompileConfig`` calls and ``config.<section>.<field>
+= value`` assignments, in source order, go to the TOML reader's table (torchtitan_toml.read_data).
 """
 
 from __future__ import annotations

@@ -1,49 +1,14 @@
 """A plan as torchtitan 0.2.x's TOML ``JobConfig`` (``autoplan export --to torchtitan --format toml``),
-and such a TOML read back (docs/export-torchtitan.md).
+and such a TOML read back (the plan-field-to-key table and what 0.2.x cannot express:
+docs/export-torchtitan.md, "The 0.2.x TOML mapping").
 
 torchtitan 0.2.2 is the last release that reads TOML (``--job.config_file``); 0.3 takes Python
-config functions (autoplan/export/torchtitan_py.py). Plan field → TOML key (``[section] key``):
-
-======================== =========================================================================
-plan                     torchtitan 0.2.2
-======================== =========================================================================
-dp, zero_stage 3         ``[parallelism] data_parallel_shard_degree = dp``, ``fsdp_reshard_after_forward = "always"``
-dp, zero_stage 2         the same with ``"never"`` (gradients and optimizer states sharded, parameters kept)
-dp, zero_stage 1         no equivalent: written as ZeRO-2 (``"never"``), named in ``unexpressed``
-dp, zero_stage 0         ``data_parallel_replicate_degree = dp`` (torchtitan's DDP) when tp = pp = ep = 1;
-                         torchtitan runs DDP only without other parallelism, so otherwise as ZeRO-2, named
-tp                       ``tensor_parallel_degree`` (0.2.2 always adds sequence parallelism to TP)
-tp_comm_overlap          ``enable_async_tensor_parallel = true`` and ``[compile] enable`` (async TP needs compile)
-pp, schedule             ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` GPipe | 1F1B | Interleaved1F1B
-stages                   ``pipeline_parallel_layers_per_stage = m`` (the middle chunks' blocks) and
-                         ``pipeline_parallel_first/last_stage_less_layers`` = m minus the first/last chunk's:
-                         torchtitan builds ceil((layers + both) / m) = pp·v chunks, embedding on the first;
-                         when the middle chunks differ, ``module_fqns_per_model_part`` lists every chunk's modules
-model                    ``[model] name`` and ``flavor``: the registry flavour with the traced shape
-                         (autoplan/export/torchtitan_flavours.py), when the installed torchtitan is 0.2.x
-micro_batch_size, n      pp > 1: ``local_batch_size = mbs·n``, ``pipeline_parallel_microbatch_size = mbs``;
-                         pp = 1: ``local_batch_size = mbs`` and gradient accumulation
-                         ``global_batch_size / (local_batch_size·dp) = n``
-global batch             ``[training] global_batch_size = dp·mbs·n``; ``seq_len`` from the trace
-precision                fp32 → ``mixed_precision_param = "float32"``; bf16 → ``"bfloat16"``; fp8 → bf16 and
-                         ``[model] converters = ["quantize.linear.float8"]``, ``[quantize.linear.float8]
-                         recipe_name = "tensorwise"`` and ``[compile] enable`` (float8 without compile is
-                         slower than bf16); fp16 has no switch (written as bf16, named)
-grad_reduce_dtype        ``mixed_precision_reduce = "float32"``, the only value 0.2.2 takes; bf16/fp16 named
-recompute                ``[activation_checkpoint] mode`` none | selective (``selective_ac_option = "op"``,
-                         op-level SAC, as autoplan prices it) | full
-ep                       ``expert_parallel_degree``
-======================== =========================================================================
-
-Also named in ``unexpressed``: PowerSGD, a reduction after the backward (torchtitan's FSDP and DDP
-overlap it), TP without sequence parallelism, a per-op ``tp_plan`` (``split_note``), mixed
-precision where torchtitan turns it off (TP or PP without FSDP), and a model no flavour matches.
-
-:func:`read` inverts the table: ``devices = replicate·shard·cp·tp·pp``, ``dp = replicate·shard``,
-ZeRO from the reshard policy (``"default"`` is ZeRO-3 without PP, ZeRO-2 with it, as torchtitan
-resolves it), ``n = global / (dp·mbs)``, and ``v`` from ``module_fqns_per_model_part`` or from
-``layers_per_stage`` and the layer count that the exporter writes into ``[job] description``.
-Context parallelism, HSDP, CPU offload and other schedules are listed in ``unmapped``.
+config functions (autoplan/export/torchtitan_py.py). :func:`read` inverts the table:
+``devices = replicate·shard·cp·tp·pp``, ``dp = replicate·shard``, ZeRO from the reshard policy
+(``"default"`` is ZeRO-3 without PP, ZeRO-2 with it, as torchtitan resolves it), ``n = global /
+(dp·mbs)``, and ``v`` from ``module_fqns_per_model_part`` or from ``layers_per_stage`` and the layer
+count the exporter writes into ``[job] description``. Context parallelism, HSDP, CPU offload and
+other schedules are listed in ``unmapped``.
 """
 
 from __future__ import annotations

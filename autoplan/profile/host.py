@@ -1,4 +1,4 @@
-"""Does a profile describe the machine it is used on? (docs/profile-format.md, "device")
+"""Does a profile describe the machine it is used on? (docs/profile-format.md, "Fields", ``device.name``)
 
 A profile belongs to the machine it was measured on: its ``device.name`` is the CPU model
 (``autoplan profile`` writes "<model> (<threads> threads)") or the GPU name. A CPU profile

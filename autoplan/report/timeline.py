@@ -1,28 +1,18 @@
-"""The pipeline timeline of one training step, simulated from the plan's schedule.
+"""The pipeline timeline of one training step, simulated from the plan's schedule (docs/report.md,
+"Figures", timeline.png). Each stage runs its own ordered list of operations; an operation starts
+when the stage is free and its input has arrived:
 
-Each stage runs its own ordered list of operations; an operation starts when the stage is
-free and its input has arrived:
+- GPipe (Huang et al. 2019): every forward, then every backward.
+- 1F1B (Narayanan et al. SC'21 section 2.2.1): stage k runs min(p - k - 1, m) warm-up forwards,
+  then alternates one forward and one backward, then drains the backwards.
+- Interleaved 1F1B (section 2.2.2, Megatron-LM's order): v chunks per stage (global chunk
+  c = local * p + k), min(2 (p - k - 1) + (v - 1) p, m v) warm-up chunk-forwards.
 
-- GPipe (Huang et al. 2019): every forward F0..F(m-1), then every backward B0..B(m-1).
-- 1F1B (Narayanan et al. SC'21 section 2.2.1; PipeDream-Flush): stage k runs
-  min(p - k - 1, m) warm-up forwards, then alternates one forward and one backward, then
-  drains the remaining backwards.
-- Interleaved 1F1B (Narayanan et al. SC'21 section 2.2.2, Megatron-LM's order): each stage
-  holds v chunks (global chunk c = local * p + k); forwards go through the chunks in groups
-  of p micro-batches, backwards through the chunks in reverse; the warm-up is
-  min(2 (p - k - 1) + (v - 1) p, m v) chunk-forwards.
-
-Dependencies: the forward of (micro-batch i, chunk c) needs the forward of (i, c - 1) and
-the activation send; the backward of (i, c) needs the backward of (i, c + 1) and the
-gradient send, or for the last chunk its own forward. A send occupies the sending stage for
-``send_s`` right after the operation (blocking point-to-point, as torch.distributed.pipelining
-issues it on gloo). A final segment per stage shows the exposed data-parallel sync and the
-optimizer step. Gaps are idle (the bubble).
-
-Per-stage forward and backward times come from the plan folder's stages.csv
-(``forward_s``; backward = ``micro_batch_time_s - forward_s``); without ``forward_s`` the
-backward is taken as twice the forward (the FLOP ratio of a matmul's backward, Narayanan et
-al. SC'21 section 5.1), and the timeline says so.
+The forward of (i, c) needs the forward of (i, c - 1) and the activation send; the backward of
+(i, c) the backward of (i, c + 1) and the gradient send (the last chunk: its own forward). A send
+occupies the sender for ``send_s``. A final segment shows the exposed dp sync and the optimizer
+step; gaps are the bubble. Stage times come from stages.csv (backward = 2 x forward without
+``forward_s``, Narayanan et al. section 5.1).
 """
 
 from __future__ import annotations

@@ -1,33 +1,20 @@
-"""The intra-operator ILP: one split per parameterised op of a block (Alpa, OSDI'22, section 4.2).
-
-Variables, for a block ``b`` at a tp degree (terms from autoplan.cost.tp.splits):
+"""The intra-operator ILP: one split per parameterised op of a block (Alpa, OSDI'22, section 4.2;
+docs/ilp.md, section 2). Terms from autoplan.cost.tp.splits, priced as CostModel prices them
+(cost/compute/op_costs.py), so the objective and memory row equal what CostModel charges the block.
 
     x[v,s] in {0,1}      v parameterised, s in legal_splits(v, tp);  sum_s x[v,s] = 1     (a)
     e[u,v,a,c] in [0,1]  per edge/sibling pair;  sum_c e = x[u,a],  sum_a e = x[v,c]      (b)
     y[k] in [0,1]        per any-of term k;       y[k] >= x[v,s] for each (v,s) of k       (c)
     z[n,L] in [0,1]      per pure node n and layout L in {S, Q} its origins allow;
                          z[n,S] <= x[u,colwise], z[n,Q] <= x[u,rowwise] for u in origins(n)  (d)
+    ties                 x[u,s] = x[w,s] (one module); equal shard dims (shared parameter)  (e)
+    memory               sum bytes(v,s) x + sum_n (act_R(n) - sum_L (act_R - act_L)(n) z[n,L]) + const <= budget  (f)
+    minimise  sum x[v,s] (compute(v,s) + unary_comm(v,s)) + sum e pair_comm + sum y anyof_comm
+              + sum_n (t_R(n) - sum_L (t_R(n) - t_L(n)) z[n,L]) + constants      (s per micro-batch)
 
-With x one-hot, (b) forces e[u,v,a,c] = x[u,a] * x[v,c] (the transportation polytope of two
-0/1 marginals is a point): this linearises the quadratic resharding term. (c) and (d) are
-exact at the optimum because y carries a non-negative cost and z a non-negative saving.
-Every op's time and bytes are priced as CostModel prices them (cost/compute/op_costs.py: the bytes each
-op reads, saved bytes in the precision with 1-byte dropout masks; shard factors from
-tp_shards' param_node_shards / pure_layout / stream_node_shards), so the objective and
-the memory row equal what CostModel charges the block.
-
-Objective (seconds per micro-batch, the forward counted ``forward_repeats`` times, 2 under
-full recomputation):
-
-    sum x[v,s] * (compute(v,s) + unary_comm(v,s)) + sum e * pair_comm + sum y * anyof_comm
-    + sum_n (t_R(n) - sum_L (t_R(n) - t_L(n)) * z[n,L]) + constants
-
-Constraints: (a)-(d), ties (e) x[u,s] = x[w,s] for nodes of one module and equal shard dims
-for nodes sharing a parameter (a tied embedding and head), and the memory row (f)
-``sum bytes(v,s) x + sum_n (act_R(n) - sum_L (act_R - act_L)(n) z[n,L]) + const <= budget``; a budget
-that is NaN, negative, or below the lightest splits is infeasible before any solve
-(:func:`budget_infeasibility`), +inf is no row. Identical blocks share one
-problem: the planner solves it once per LayerGroup and reuses the splits (solve/tp_plan.py).
+(b) forces e = x[u,a] x[v,c] at 0/1 marginals (linearising the resharding term); (c) and (d) are
+exact at the optimum. The forward counts ``forward_repeats`` times (2 under full recomputation).
+A NaN, negative or too-small budget is infeasible before any solve (:func:`budget_infeasibility`).
 """
 
 from __future__ import annotations

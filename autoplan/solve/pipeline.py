@@ -1,62 +1,25 @@
-"""Pipeline partition: layers into ``pp * v`` contiguous chunks, minimising the slowest stage.
+"""Pipeline partition: layers into ``pp * v`` contiguous chunks, minimising the slowest stage (the
+methods, their exactness and costs: docs/ilp.md, section 3).
 
-Chunk ``c`` runs on stage ``c % pp`` (autoplan/types/layout.py; ``v`` = virtual stages per stage: 1 for GPipe and 1F1B,
-``v >= 2`` for interleaved 1F1B, Narayanan et al. SC'21 section 2.2.2). Given per-layer time
-``t_i`` (forward + backward of one micro-batch, TP comm included), per-layer static bytes ``m_i``
-(weights, gradients, optimizer state) and per-layer activation bytes ``a_i`` (one micro-batch),
-chunk ``c`` holding layers ``[b_c, b_{c+1})`` and stage ``k`` holding the chunks ``c = k (mod pp)``
-cost
+Chunk ``c`` runs on stage ``c % pp`` (autoplan/types/layout.py; ``v`` = 1 for GPipe and 1F1B,
+``v >= 2`` for interleaved 1F1B, Narayanan et al. SC'21 section 2.2.2). With per-layer time ``t_i``,
+static bytes ``m_i``, activation bytes ``a_i`` (one micro-batch), chunk ``c`` holding layers
+``[b_c, b_{c+1})`` and stage ``k`` the chunks ``c = k (mod pp)``:
 
     T_k = sum over its chunks of (sum t[b_c:b_{c+1}] + cut[b_c] [c > 0] + cut[b_{c+1}] [c < pp v - 1])
           + extra_time_s[k]
     M_k = sum over its chunks of (sum m[b_c:b_{c+1}] + in_flight[k] * sum a[b_c:b_{c+1}])
           + extra_bytes[k]  <=  capacity_bytes
+    minimise max_k T_k,  every chunk non-empty,  b_0 = 0,  b_{pp v} = L
 
-where ``extra`` holds what runs outside the blocks (embedding on stage 0, head and loss on the
-last), ``cut[i]`` is one send/recv of the activation and its gradient at the boundary before
-layer i (``cut_s``; ``p2p_s`` at every boundary when not given: identical blocks receive
-identical tensors, while unlike layers, a model's top-level modules, cut at tensors of
-different sizes), and ``in_flight[k]`` the
-micro-batches whose activations stage k holds, in units of the whole stage's layers (schedule
-dependent: 1F1B holds pp - k, GPipe all m, interleaved 1F1B autoplan/cost/pp/schedule.py's chunk
-count / v; Narayanan et al. SC'21 section 2.2). This is what CostModel charges: it sums a
-stage's chunks into one micro-batch time and the slowest stage sets both ``m * T`` and the
-bubble ``(pp - 1) / v * T`` (autoplan/cost/model.py). Objective ``min max_k T_k`` subject to
-every ``M_k <= capacity`` and every chunk non-empty; ``b_0 = 0``, ``b_{pp v} = L``.
+This is what CostModel charges (autoplan/cost/model.py). :func:`partition` solves it exactly by
+the first method that applies, after :func:`_surely_infeasible`: identical layers, the greedy
+:func:`_partition_uniform`; ``v = 1``, the dynamic program :func:`_partition_dp`
 
-:func:`partition` solves it exactly, by the first method that applies, after a test that proves
-some problems infeasible at once (:func:`_surely_infeasible`: a stage that cannot hold even its
-lightest v layers, or layers whose lightest placement, spread evenly, overflows every stage; the
-search tries a memory-limited partition for every plan that did not fit, and most have none):
+    F[0][0] = 0,   F[k+1][j] = min over i < j with M_k(i, j) <= capacity of max(F[k][i], T_k(i, j));
 
-1. Identical layers (every ``t_i``, ``m_i``, ``a_i`` and cut equal: a transformer's blocks;
-   the embedding and head are in ``extra``), any ``v``: T_k = base_k + n_k t and M_k = extra_bytes_k +
-   n_k (m + in_flight[k] a) depend only on the number ``n_k >= v`` of layers stage k holds, and
-   every such count is some partition (split n_k over the stage's v chunks). Start every n_k at
-   v and hand the other L - pp v layers out one at a time to the stage whose time after taking
-   it is smallest among those with memory for it. Exact: stage k's successive times base_k +
-   (v+1) t, base_k + (v+2) t, ... rise, so the greedy takes the L - pp v smallest of them, and
-   any partition takes L - pp v of them, a prefix per stage, so its slowest stage is at least
-   the greedy's; O(L log pp), :func:`_partition_uniform`. (GPT-1T's free plan on 3,072 GPUs
-   solves about a thousand of these: 7.8 s of search with the DP below, 5.4 s with this.)
-2. ``v = 1``: the dynamic program (a stage is one contiguous chunk)
-
-       F[0][0] = 0,   F[k+1][j] = min over i < j with M_k(i, j) <= capacity of max(F[k][i], T_k(i, j)),
-
-   answer F[pp][L], O(pp L^2) work done as pp vectorised (L+1) x (L+1) numpy steps (a
-   96-layer, 64-stage case takes milliseconds; without a memory limit the fit test is
-   skipped), :func:`_partition_dp`.
-3. Otherwise (interleaved, layers of different kinds) the problem is NP-hard (with pp = 2 and
-   zero-time filler layers the two stages can take any subset of the other layers: PARTITION).
-   The ILP :func:`partition_ilp` solves it; HiGHS proves small cases optimal at once but may
-   not close the gap on 100+ layers in seconds, so it runs for at most ``time_limit_s`` and the
-   answer is the best of its incumbent, :func:`_partition_fill` (bisection on T with a
-   fair-share fill, milliseconds, within a few percent of the ILP's 30 s incumbent on the
-   cases we tried) and even chunks: exact when the ILP proves optimality, never worse than
-   even chunks.
-
-The tests prove the DP, the greedy and the ILP equal :func:`partition_brute_force` on random
-instances, interleaved or not.
+otherwise the ILP :func:`partition_ilp` under a time limit, with :func:`_partition_fill` and even
+chunks as fallbacks. Tests hold each to :func:`partition_brute_force`.
 """
 
 from __future__ import annotations

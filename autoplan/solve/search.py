@@ -1,45 +1,23 @@
-"""The outer search: every legal configuration, priced by the cost model, pruned by bounds.
+"""The outer search: every legal configuration, priced by the cost model, pruned by bounds
+(docs/ilp.md, section 4).
 
 A *group* fixes (devices, dp, tp, pp, precision, sequence parallelism, micro-batch size); its
-members vary recomputation, schedule (with virtual stages) and ZeRO stage (solve/space.py).
-For each group, before any ILP, a lower bound on the step time of every member is
+members vary recomputation, schedule (with virtual stages), ZeRO stage and gradient sync
+(solve/space.py). Groups are visited in increasing bound (best-first branch and bound) and pruned
+once the bound reaches the ``keep``-th best objective, so the console's top k is exact:
 
-    LB = (m + (pp - 1) / v_max) * C_min / pp  +  optimizer_min                            (1)
-
-where ``C_min`` is the forward + backward time of one micro-batch with every op divided tp
-ways and no communication (op time only falls as the shard grows; the routed experts' GEMMs
-and all-to-alls as CostModel prices them, solve/bounds.py), ``m`` the micro-batch
-count and ``v_max`` the most virtual stages the group allows: the cost model charges at
-least ``m * T_slowest + (pp - 1) / v * T_slowest`` and ``T_slowest >= C_min / pp``
-(autoplan/cost/model.py). Groups are visited in increasing LB (best-first branch and bound):
-once a group's bound reaches the ``keep``-th best feasible objective found (``keep`` = the
-console's top-k, so that table is exact), it and every later group are pruned, since none
-can enter the top k. A group whose ILP splits no op at tp > 1 is pruned unless tp is pinned:
-its tp ranks would all repeat the same work, which is not tensor parallelism (dp spends those
-devices better); on equal objectives the plan with fewer tp, then pp, ranks ranks first. Inside
-a group, the tp_plan comes from the intra-op ILP (solve/tp_plan.py), the stages (chunks, when
-interleaved) from the min-max partition (solve/pipeline.py); when no member of a group fits in
-memory with the fastest splits, the ILP is solved again with its memory row (per-block budget:
-usable memory less buffers and the outside modules, shared by the fullest stage's blocks, for
-the group's most frugal member) and the group is priced again with those splits. Members also
-vary the gradient sync (space.dp_options). With the stages fixed, the bound
-
+    LB  = (m + (pp - 1) / v_max) * C_min / pp  +  optimizer_min                            (1)
     LB2 = (m + (pp - 1) / v) * T_slowest + pp_comm + optimizer(zero)                      (2)
 
-uses the real slowest stage (the same block summaries CostModel sums), CostModel's send/recv
-term with the smallest block boundary, its Adam time and, under ZeRO-1/2, its exposed
-all-gather of the updated weights, and the part of the gradient sync (or ZeRO-3 traffic) that
-no schedule can hide (solve/bounds.py); so (2) never exceeds the priced step time. Every surviving
-candidate is priced by ``CostModel.estimate``, so the planner and the cost model agree by
-construction.
-
-Objective ``time``: step time. Objective ``cost``: dollars per sample (price per device-hour *
-devices * step time / batch), or with the whole run's length the run's expected dollars
-(cost/run/whole_run.py: billed devices x steps x step time / goodput(devices) x price); it also
-searches smaller device counts, which can be cheaper. Both are increasing in the step time at a
-fixed device count, so the bounds stay bounds. A deadline or budget (``SearchOptions.run``) makes
-a plan whose whole run misses it infeasible (``Candidate.misses``); it never enters the top k,
-and a group whose bound (1) already misses it is pruned.
+``C_min``: one micro-batch's forward + backward with every op divided tp ways and no
+communication (the routed experts as CostModel prices them, solve/bounds.py), ``v_max`` the most
+virtual stages the group allows; (2) uses the real stages, CostModel's smallest send/recv, its
+Adam and ZeRO-1/2 gather and the sync no schedule can hide, so it never exceeds the priced step.
+Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory
+row when nothing fits), the stages from solve/pipeline.py; every survivor is priced by
+``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample, or the whole
+run's dollars (cost/run/whole_run.py); both rise with the step time at fixed devices, so the
+bounds stay bounds. A group whose ILP splits no op at tp > 1 is pruned unless tp is pinned.
 """
 
 from __future__ import annotations

@@ -1,35 +1,19 @@
-"""The outer search space, and how the user's pins (solve/pins.py) narrow it.
+"""The outer search space, and how the user's pins (solve/pins.py) narrow it (the rules in full,
+with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes it legal:
 
-Every choice the planner searches, and the rule that makes each one legal:
-
-- expert parallelism (MoE models): ``ep`` divides ``dp`` and every MoE layer's expert count,
-  with ``tp = 1`` (autoplan/types/plan.py); 1 for a dense model;
-- degrees ``dp * tp * pp = devices``; tp stays inside a node (``tp`` divides the devices per
-  node, or the device count when that is below one node) unless ``tp`` is pinned; ``pp`` is at
-  most the number of blocks (a model without blocks plans with ``pp = 1``); the global batch
-  divides by ``dp``; ``tp = 1`` for a model with an op DTensor cannot run (solve/tp_runnable.py);
-- micro-batch size: every divisor of ``batch / dp`` (``num_microbatches = batch / (dp * mbs)``);
-- schedule: with ``pp = 1`` just "1f1b" (no pipeline); else gpipe, 1f1b and interleaved 1F1B
-  with ``v >= 2`` virtual stages where ``pp * v`` divides the blocks and ``pp`` divides the
-  micro-batch count (Megatron-LM's condition);
-- ZeRO stage 0-3 (1-3 only with ``dp > 1``: at dp = 1 it is the zero=0 plan, and a ZeRO pin
-  that leaves dp = 1 everywhere is refused with that rule, :func:`check_zero_pin`); recomputation
-  none, selective, full (only "none" for a model without blocks: recomputation checkpoints blocks);
-- sequence parallelism on/off (on only with ``tp > 1`` and ``tp`` dividing every sequence it shards:
-  an encoder-decoder's two; autoplan/solve/sequence_parallel.py);
-- tensor-parallel communication overlap on/off (on only with sequence parallelism, on an NCCL
-  profile, with the tp group inside one node: PyTorch's async TP copies through peer memory);
-- precision: fp32 always; bf16 where the profile has a bf16 peak; fp16 where it has an fp16 peak
-  but no bf16 one (with both, fp16 prices exactly like bf16 and only adds loss scaling); fp8
-  (FP8 linears, the rest bf16: autoplan/cost/compute/roofline.py) only with ``allow_fp8`` (``--allow-fp8``)
-  or a ``precision=fp8`` pin, and where the profile has fp8 and bf16 peaks: FP8 changes the
-  numerics (and its kernels need a GPU with FP8 tensor cores), so it is the user's choice, as lossy
-  gradient sync is;
-- gradient sync (data parallelism only): fp32 reduction always; with ``allow_lossy`` also the
-  16-bit reduction (bf16 where the profile has a bf16 peak, else fp16: with both they price the
-  same and bf16 cannot overflow) and, where the executor runs DDP (ZeRO 0, tp = pp = ep = 1),
-  PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK`. The cost model knows no
-  accuracy, so it would always take the smallest rank; the rank is the user's accuracy knob.
+- expert parallelism: ``ep`` divides ``dp`` and every MoE layer's expert count, ``tp = 1``;
+- degrees ``dp * tp * pp = devices``; tp inside a node unless pinned; ``pp`` at most the blocks;
+  ``dp`` divides the global batch; ``tp = 1`` where DTensor cannot run an op (solve/tp_runnable.py);
+- micro-batch size: every divisor of ``batch / dp``;
+- schedule: "1f1b" at ``pp = 1``; else gpipe, 1f1b and interleaved with ``v >= 2`` where
+  ``pp * v`` divides the blocks and ``pp`` divides the micro-batch count (Megatron-LM's condition);
+- ZeRO 0-3 (1-3 only with ``dp > 1``, :func:`check_zero_pin`); recomputation none, selective, full;
+- sequence parallelism (``tp > 1``, tp dividing every sequence: solve/sequence_parallel.py);
+  TP communication overlap (with SP, on NCCL, tp inside a node);
+- precision: fp32; bf16, or fp16 without bf16; fp8 only with ``allow_fp8`` or a pin, where the
+  profile has fp8 and bf16 peaks;
+- gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction and, where the executor runs DDP,
+  PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy).
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
-"""Blocks (the layers a pipeline splits between) and groups of identical blocks.
+"""Blocks (the layers a pipeline splits between) and groups of identical blocks (the rules with
+their reasons and examples: docs/trace.md, "Blocks and groups").
 
-**Blocks.** Every ``nn.ModuleList`` / ``nn.Sequential`` with two or more children that hold
-parameters is a candidate container. Its score is the parameter count of its *repeated*
-children (children whose class occurs at least twice: a ResNet stage's first block, with its
-downsampling branch, still repeats its siblings' class). Containers are
-accepted in order of score (then of child count), skipping any nested in or holding an
-accepted one, so the container that holds the bulk of a model's repeated weights wins:
-``transformer.h`` of a GPT, ``model.layers`` of a Llama, the four ``layerK`` stages of a
-ResNet. Every child of an accepted container that holds parameters is a block. A container
-whose children do not each run as one contiguous stretch of the forward (a module called
-several times, interleaved with its siblings, as when one block's weights are shared across
-depth) is not cut into blocks: a pipeline could not place its children on stages in order.
-
-**Top-level modules.** A model with no such container (two unlike Linears, an Embedding, an
-LSTM and a head; a model whose one repeated container shares its blocks across depth) still
-has the split points ``torch.distributed.pipelining`` cuts at: the boundaries between its
-top-level modules. Its blocks are then the children that hold parameters of the shallowest
-module with two or more of them (a single wrapper child, ``self.net``, is looked through) that
-forward() calls, when each is called exactly once, as one uninterrupted call: a module called
-twice (weights reused) would have to start a stage at each call, so such a model has no blocks.
-The check needs the trace (``records``); without it only containers count.
-
-**Node layers.** A node belongs to the block whose FQN prefixes its module. A parameter-free
-node outside every block that runs between the first and the last block node (a residual
-add written between blocks) belongs to the block before it, so cutting the graph between
-blocks never leaves it behind.
-
-**Groups.** Blocks whose node sequences match (op kind, target, output shape and parameter
-shapes, node by node) form one :class:`LayerGroup`; the signature is a hash of that sequence.
+- **Blocks**: every ``nn.ModuleList`` / ``nn.Sequential`` with two or more parameterised children
+  is a candidate, scored by the parameters of its children whose class repeats; accepted in order
+  of score (then child count), never nested, and only when each child runs as one contiguous
+  stretch of the forward. Its parameterised children are the blocks.
+- **Top-level modules**: without such a container, the parameterised children of the shallowest
+  module with two or more (a single wrapper child looked through), when forward() calls each
+  exactly once, in one uninterrupted call (needs the trace, ``records``).
+- **Node layers**: a node belongs to the block whose FQN prefixes its module; a parameter-free
+  node between blocks belongs to the block before it.
+- **Groups**: blocks whose node sequences match (op kind, target, output shape, parameter shapes)
+  form one :class:`LayerGroup`; the signature is a hash of that sequence.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
-"""Measure each distinct call once: replay the measurement for later identical calls.
+"""Measure each distinct call once: replay the measurement for later identical calls
+(docs/trace.md, "Replaying identical calls": what the key holds and why replay is exact).
 
-A GPT-3 has 96 blocks whose nodes make the same calls on tensors of the same layout; measuring
-each of them on FakeTensors (forward, backward, saved tensors) is most of a trace. A node's
-measurement is a function of its key (trace/memo_keys.py, :func:`call_key`):
-
-- the callable: an ATen op, a function defined in ``torch``/``operator``/``math``, a Tensor
-  method, or a ``torch.nn`` module given by its class, its non-tensor attributes (``training``,
-  ``eps``, ...), its parameters' and buffers' layouts and its children, with no hooks;
-- every non-tensor argument, by type and value;
-- every tensor argument's layout (type, shape, stride, offset, dtype, device, storage bytes),
-  ``requires_grad``, whether it is a parameter or buffer, and which arguments are the same
-  object or share a storage; and which of them are the parameters whose gradient is taken.
-
-Global torch state (grad mode, default dtype, SDPA backend) is fixed during a trace, and the
-propagator runs each node on private copies of its activations, so the autograd history of an
-argument cannot leak in. Two nodes with equal keys therefore compute the same FLOPs, outputs of
-the same layout and the same pattern of saved storages. The first runs for real and leaves a
-:class:`Record`: the FLOPs, each output as "a view of input j" / "a view of new storage m" /
-a constant, and each tensor autograd saved as "input j" / "new output storage m" / "a new
-intermediate of N bytes". Later nodes replay it against their own inputs: the outputs are made
-with the recorded layouts and the saved storages are charged through the propagator's own
-dedup and attribution, so every number is what a real run would have recorded.
-
-A call outside what the key describes is never replayed: a user-defined function or module,
-an argument of unknown type, a parameter view with autograd history, an output that views a
-parameter or reinterprets an input's dtype, or a saved tensor from outside the call.
+A node's measurement on FakeTensors (FLOPs, outputs, saved tensors) is a function of its key
+(trace/memo_keys.py, :func:`call_key`): the callable, every non-tensor argument by type and value,
+and every tensor argument's layout, ``requires_grad``, role and aliasing. The first node with a key
+runs for real and leaves a :class:`Record`: its FLOPs, each output as "a view of input j" / "a view
+of new storage m" / a constant, and each saved tensor as "input j" / "new output storage m" / "a
+new intermediate of N bytes". Later nodes replay it against their own inputs, and the saved
+storages go through the propagator's own dedup and attribution. A call outside what the key
+describes (a user-defined function or module, an argument of unknown type, a parameter view with
+autograd history, an output viewing a parameter or reinterpreting a dtype, a saved tensor from
+outside the call) is never replayed.
 """
 
 from __future__ import annotations

@@ -1,33 +1,19 @@
-"""Trace MoE layers that loop over their experts, under the routing model (types/moe.py).
+"""Trace MoE layers that loop over their experts, under the routing model (types/moe.py;
+docs/moe.md, "Which experts are recognised").
 
-transformers 4.x wrote Mixtral and Qwen2-MoE this way, and most research code still does: a
-router, ``topk`` on its scores, then for each expert of an ``nn.ModuleList`` the (token, choice)
-pairs routed to it (``torch.where(mask[e])``, ``nonzero()``, ``argwhere`` or boolean-mask
-indexing ``x[flat_choice == e]``), the expert on those rows, and an ``index_add_`` (or a masked
-store) back. How many pairs an expert gets depends on the data, which fake tensors do not have,
-so tracing stops at the first such op, or at the ``if rows.numel() == 0: continue`` after it.
+Such a layer (transformers 4.x Mixtral and Qwen2-MoE) selects each expert's (token, choice) pairs
+with ``torch.where``, ``nonzero``, ``argwhere`` or a boolean mask: data-dependent sizes that fake
+tensors cannot trace. The layer is recognised by its structure (``trace.moe.experts_of``) and the
+``topk`` its forward calls on ``E`` experts' scores, which gives ``T`` tokens and ``k`` choices.
+Inside that forward only, :class:`LoopRouting` (a ``TorchFunctionMode``) answers each row
+selection with ``torch.nonzero_static`` at the routing model's size; a mask of ``N`` elements has
 
-The layer is recognised by its structure (``trace.moe.experts_of``: a ``ModuleList`` of alike
-experts beside a router with one output per expert) and by the ``topk`` its forward calls on
-scores of ``E`` experts, which gives the tokens ``T`` (the scores' rows) and the choices ``k``.
-For the length of the trace, inside that forward only, a ``TorchFunctionMode``
-(:class:`LoopRouting`) answers each "which rows went to this expert" with
-``torch.nonzero_static`` at the size the routing model gives, every other op running as
-written. So each expert runs on ``C`` rows, as the grouped interface's stand-in computes it
-(trace/moe.py), and the router's scores are gathered and the outputs combined by the user's own
-code. A mask's true entries under the routing model, by what its ``N`` elements mark:
-
-=================  ===============================================================  ================
-N                  what the mask marks                                              true entries
-=================  ===============================================================  ================
-``T * k``          the (token, choice) pairs of one expert                          ``C``
-``T``              the tokens of one expert (a token picks an expert at most once)   ``C``
-``E``              the experts that received tokens                                 ``E``
-``E*T``, ``E*T*k`` every expert's pairs                                             ``E * C``
-=================  ===============================================================  ================
+    N = T * k or T   ->  C true entries        (one expert's pairs, or its tokens)
+    N = E            ->  E                     (the experts that received tokens)
+    N = E*T, E*T*k   ->  E * C                 (every expert's pairs)
 
 with ``C = routing.slots_per_expert(T, k, E)`` (never more than ``N``). A mask of any other size
-is left to run as written, and the trace stops with the usual sentence naming the op.
+runs as written, and the trace stops with the usual sentence naming the op.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
-"""Export a few repeated blocks, not all of them: the graph of the rest is stitched from one.
+"""Export a few repeated blocks, not all of them: the graph of the rest is stitched from one
+(docs/trace.md, "Exporting a few blocks": the timings and when it is refused).
 
-``torch.export`` runs the model's Python once per block: for Narayanan et al.'s GPT-1T (128
-blocks) that is most of a 14 s trace, and it is the path every model takes that torch.fx cannot
-trace (most Hugging Face models). When the model keeps its blocks in one ``nn.ModuleList`` (or
-``nn.Sequential``) of ``N >= MIN_BLOCKS`` modules that are alike from some block ``s`` on,
-the model is exported with only its first ``kept`` blocks (``KEPT = 3`` when ``s <= 1``, else
-``s + 3``: the leading unlike blocks, such as DeepSeek-V3's dense layers before its MoE ones, are
-exported as they are, followed by three of the run) and the graph of blocks ``kept .. N-1`` is
-built by copying the last exported block's nodes, each copy reading its own block's
-parameters and the previous copy's outputs. The result is the graph a full export gives, node
-for node, and the propagator (autoplan/trace/propagate.py) then measures every block as before.
-
-Blocks are alike when, module by module, they have the same classes, parameter and buffer
-layouts, hooks (none) and non-tensor attributes, an integer attribute equal to the block's own
-position (Hugging Face's ``layer_idx``) counting as the same. Blocks before the run may differ
-(they are exported as they are), and so may the run's first block. The stitch is refused, and
-the whole model exported as before, when anything says the copies would not be what a full
-export records:
-
-- the last two exported blocks do not trace to the same nodes (same ops, same constants, the
-  same wiring);
-- a block reads any earlier block but the one before it, or a node after the blocks reads any
-  block but the last (a model that collects every block's output);
-- the model does not run with fewer blocks (its forward indexes ``range(config.n_layer)``).
-
-The model's own module list is put back before the function returns, whatever happens.
+When the model keeps its blocks in one ``nn.ModuleList`` (or ``nn.Sequential``) of ``N >=
+MIN_BLOCKS`` modules that are alike from some block ``s`` on (same classes, parameter and buffer
+layouts, no hooks, equal non-tensor attributes, ``layer_idx`` counting as equal), the model is
+exported with only its first ``kept`` blocks (``KEPT = 3`` when ``s <= 1``, else ``s + 3``), and
+the graph of blocks ``kept .. N-1`` is built by copying the last exported block's nodes, each copy
+reading its own block's parameters and the previous copy's outputs: the graph a full export gives,
+node for node. The stitch is refused, and the whole model exported, when the last two exported
+blocks trace to different nodes, when a block reads any earlier block but the one before it (or a
+node after the blocks any block but the last), or when the model does not run with fewer blocks.
 """
 
 from __future__ import annotations

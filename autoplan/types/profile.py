@@ -1,34 +1,19 @@
-"""A hardware profile: one kind of node, and how nodes connect.
+"""A hardware profile: one kind of node, and how nodes connect (docs/profile-format.md: the fields,
+the compute and collective models, host dispatch overhead, comm overlap).
 
-Profiles are data (YAML or JSON; see docs/profile-format.md). A profile plus a device count
-gives a cluster: ``devices_per_node`` devices share the intra-node link, and groups that span
-nodes use the inter-node link. Every number carries a ``source``: a datasheet, a published
-measurement, or "measured on <host> at <date> with <tool version>".
+Profiles are data (YAML or JSON). A profile plus a device count gives a cluster:
+``devices_per_node`` devices share the intra-node link, and groups that span nodes use the
+inter-node link. Every number carries a ``source``: a datasheet, a published measurement, or
+"measured on <host> at <date> with <tool version>".
 
-Compute model (roofline with a saturating efficiency curve):
-
-    t_op = max(F / (peak[dtype] * eff(F)),  B / (mem_bw * mem_eff))
+    t_op   = max(F / (peak[dtype] * eff(F)),  B / (mem_bw * mem_eff))          roofline
     eff(F) = max_efficiency * F / (F + half_saturation_flops)
+    t_op  += overhead (CPU backend)  or  t_op = max(t_op, overhead) (GPU)       device.op_overhead
+    t(n, S) = alpha_s * latency_steps(n) + c(n) * S / busbw_bytes_per_s        nccl-tests busbw, Thakur et al. 2005
+    t_both = t_comp + t_comm - eta * min(t_comp, t_comm)                       eta = comm_overlap.efficiency
 
-Collective model (nccl-tests "bus bandwidth" convention, Thakur et al. 2005):
-
-    t(n, S) = alpha_s * latency_steps(n) + c(n) * S / busbw_bytes_per_s
-
-where S is the full message (for all_gather, the gathered output) in bytes and c(n) is
-:func:`bus_factor`, the one definition the fitter and the cost model share.
-
-Host dispatch overhead (``device.op_overhead``, optional): every op a training step runs is
-dispatched by the host (Python, the dispatcher, autograd bookkeeping, a kernel launch), which
-takes a roughly fixed time however small the op. A CPU backend computes on the dispatching
-thread, so an op takes roofline + overhead; a GPU backend queues kernels asynchronously, so an
-op takes max(roofline, overhead) (the host only shows when it is slower than the device).
-``autoplan profile`` measures it as the slope of a chain of tiny ops (profile/measure/overhead.py).
-
-Overlap of communication with compute (``comm_overlap``): when a collective of time t_comm runs
-while the rank computes for t_comp, the pair takes t_comp + t_comm - eta * min(t_comp, t_comm),
-eta = ``comm_overlap.efficiency`` in [0, 1]. NCCL runs collectives on their own CUDA streams
-(eta = 1, the default); gloo on a CPU runs them on threads that share the cores with compute,
-so ``autoplan profile`` measures eta (autoplan/profile/measure/overlap.py).
+S is the full message (for all_gather, the gathered output) and c(n) :func:`bus_factor`, the one
+definition the fitter and the cost model share.
 """
 
 from __future__ import annotations

@@ -1,81 +1,23 @@
-"""Time of one traced op on one device: a roofline with a saturating efficiency curve.
+"""Time of one traced op on one device: a roofline with a saturating efficiency curve (the discussion:
+docs/cost-model.md, "Compute" and "FP8").
 
-For a micro-batch that is ``batch_fraction`` of the traced global batch, with the op's work
-divided ``shard`` ways (tensor parallelism):
+For a micro-batch that is ``batch_fraction`` of the traced global batch, the op's work divided
+``shard`` ways (tensor parallelism):
 
-    F = flops * batch_fraction / shard                       (fwd_flops, or bwd_flops for backward,
-                                                              plus a fused attention's recomputed Q·K^T)
+    F = flops * batch_fraction / shard               (fwd_flops, or bwd_flops plus a fused attention's Q·K^T)
     B = io_bytes * batch_fraction / shard + param_bytes / shard
-    t = max( F / (peak[dtype] * eff(F)),  B / (mem_bw * memory_efficiency) )
-    eff(F) = max_efficiency * F / (F + half_saturation_flops)        (autoplan/types/profile.py)
+    t = max(F / (peak[dtype] * eff(F)), B / (mem_bw * memory_efficiency))   Williams, Waterman & Patterson 2009
+    eff(F) = max_efficiency * F / (F + half_saturation_flops)              autoplan/types/profile.py
+    t_op = t + overhead (CPU backend),  max(t, overhead) (GPU backend)     profile device.op_overhead
 
-This is the roofline model (Williams, Waterman & Patterson, CACM 2009) with the profile's
-efficiency curve for small ops. Tensor-core op kinds (linear, matmul, attention, conv) use
-``peak[dtype]`` and the efficiency curve of their op class in that dtype
-(``DeviceSpec.efficiency_for``, falling back to matmul's); the rest (norms, element-wise ops,
-softmax, losses) use the vector peak (``peak['fp32']``) at ``max_efficiency`` and are
-in practice bound by memory.
-
-Bytes moved (memory-bound ops are priced by the bytes they read and write, Williams et al.
-2009): an op reads its inputs (``in``: the traced outputs of its predecessors, each rescaled to
-the precision) and writes its output (``out``), so forward = ``in + out``; a linear also reads
-its weights. Backward: GEMM kinds (linear, matmul, conv) run two GEMMs that each read the
-output gradient and one saved operand, ``2 (in + out)`` plus the weight and its gradient;
-other ops read the output gradient and their saved operand and write the input gradient,
-``out + 2 in``. Attention (a fused, flash-like kernel: no s^2 tensor) reads q, k, v (k and v
-scaled by num_kv_heads/num_heads) and writes o; losses and reductions read their saved input.
-Views move nothing. An unfused attention (QK^T matmul, masking, softmax, dropout,
-probs @ V) is priced op by op, so its b*a*s^2 score tensors are read and written in full
-(Korthikanti et al. 2022 section 4.1 count the same tensors for memory).
-
-Dropout masks: PyTorch's CUDA dropout (``native_dropout``) keeps a bool mask of one byte per
-element, written in the forward and read in the backward; its CPU path keeps a noise tensor
-in the activation dtype, which is what a trace on CPU fake tensors records. On a GPU profile
-(backend nccl) the mask is counted at 1 byte per element and never rescaled with the
-precision; every other saved or moved floating tensor is rescaled from the traced dtype to
-the precision's (2 bytes for bf16/fp16, 4 for fp32); integer and bool tensors are not.
-Weights are read in the compute dtype. A measured ``op_table`` row for the op's kind, shape
-and dtype wins over the model: a ``fwd+bwd`` row (forward and both backward GEMMs, as
-``autoplan profile`` times linears) is split by FLOPs, forward/(forward + backward) of it for
-the forward; a forward-only row prices the backward as the row times bwd_flops / fwd_flops.
-
-Host dispatch overhead (profile ``device.op_overhead``, autoplan/types/profile.py): each op
-that produces a tensor is dispatched once in the forward (``forward_s``) and, when its output
-needs a gradient (``Graph.grad_nodes``), once more in the backward (``backward_s``). On a CPU
-backend the host computes too, so ``t = t_roofline + overhead``; on a GPU backend kernels are
-queued asynchronously, so ``t = max(t_roofline, overhead)``. Shape arithmetic (``size``,
-``getattr``, integer ``floordiv``: no tensor output) is plain Python and charged nothing.
-
-FP8 (precision "fp8", autoplan/types/plan.py): torchao's ``convert_to_float8_training`` default
-recipe (torchao/float8/config.py: dynamic tensorwise scaling, input and weight e4m3, grad_output
-e5m2). Only an ``nn.Linear`` (a linear node whose ``tp_splittable`` is not False) whose GEMM
-dims stay multiples of 16 (``torch._scaled_mm``) runs in FP8; ``shard`` does not say which dim
-tensor parallelism splits, so both ``in_features`` and ``out_features`` must be multiples of
-``16 * shard`` (:func:`fp8_linear`; otherwise the linear is bf16). An FP8 linear's three GEMMs
-run at ``peak['fp8']`` on ``efficiency_for('matmul', 'fp8')``; every tensor it reads, writes or
-saves stays in bf16's bytes (``PRECISION_BYTES['fp8'] = 2``: torchao saves the high-precision
-input and weight for the backward). Everything else (attention, bmm/matmul, a grouped MoE's
-stacked expert weights, which are not nn.Linear modules) prices exactly as bf16, and a profile
-without ``peak_flops.fp8`` cannot price fp8 at all (:func:`peak_dtype` raises).
-Scaling and casting are memory-bound passes added to the GEMM's roofline (separate kernels).
-torchao/float8/float8_linear.py (``matmul_with_hp_or_float8_args``) calls
-``hp_tensor_to_float8_dynamic`` twice in the forward (input, weight) and four times in the
-backward (grad_output for dgrad, the saved weight again, grad_output for wgrad, the saved
-input again); each call is an amax pass (read 2 B/element) and a scaled cast (read 2, write
-1): 5 B/element. torchao/float8/float8_ops.py (``preprocess_addmm``) then copies an operand
-into the layout ``torch._scaled_mm`` needs (row-major A, column-major B: read 1, write 1) for
-the weight in dgrad and for grad_output and the input in wgrad. With ``M`` tokens, ``K`` in and
-``N`` out features, elements ``x = M K``, ``w = K N``, ``g = M N``:
+io_bytes: forward ``in + out``; backward ``2 (in + out)`` for GEMM kinds, ``out + 2 in`` otherwise.
+A measured ``op_table`` row wins over the model. FP8 linears (torchao's tensorwise recipe,
+torchao/float8/float8_linear.py and float8_ops.py; :func:`fp8_linear`), with M tokens, K in and
+N out features, ``x = M K``, ``w = K N``, ``g = M N``:
 
     bytes_fwd = 5 (x + w)
     bytes_bwd = 5 (2 g + w + x) + 2 (w + g + x) = 12 g + 7 w + 7 x
     t_fp8     = max(F / (peak['fp8'] * eff_fp8(F)), B / (mem_bw * mem_eff)) + bytes / shard / (mem_bw * mem_eff)
-
-``bytes`` is divided by ``shard`` as the roofline's are (the split dim is not known here), and
-2 B/element assumes bf16 sources (FSDP2's gathered weights; an fp32 weight outside FSDP reads
-4). Eager PyTorch runs each pass as several element-wise kernels (abs, max, mul, clamp, to);
-the count above is one kernel per pass, what ``torch.compile`` fuses them to (torchao's
-documented way to run float8 training).
 """
 
 from __future__ import annotations

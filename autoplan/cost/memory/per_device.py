@@ -1,73 +1,21 @@
-"""Memory per device: model states as the executor holds them, activations in flight, buffers.
+"""Memory per device: model states as the executor holds them, activations in flight, buffers (the
+table of bytes per parameter by executor and the discussion: docs/cost-model.md, "Memory").
 
-Model states per parameter on a device (after tensor-parallel sharding), by how the executor
-realises the plan's data parallelism (autoplan/execute/data_parallel.py), with N dp ranks:
+Model states total 16 bytes per parameter in mixed precision, 16/N under ZeRO-3 (Rajbhandari et
+al., "ZeRO", SC'20 section 3). With W, G, O the model states, S the saved activations of one
+micro-batch (autoplan/cost/blocks.py), n the micro-batches in flight and n' those in flight after
+the stage's first backward (autoplan/cost/pp/schedule.py), T the backward's transient (the loss's
+gradients, or a block recomputed under full recomputation, autoplan/cost/stages.py), the peak is
+the largest of three moments (:func:`stage_memory`):
 
-    executor                         weights                      grads        optimizer (AdamW)
-    DDP / all-reduce (ZeRO-0)        4 (+2 low copy)              4            8
-    ZeRO-1 (execute/zero.py)         4 (+2 low copy)              4            12 / N  (fp32 master slice 4 + moments 8)
-    FSDP2, ZeRO-2                    4/N + b (gathered for the step)  4/N      8 / N
-    FSDP2, ZeRO-3                    4/N (+ two gathered blocks, buffers)  4/N  8 / N
-    FSDP2 under a pipeline (pp > 1)  as above                     4            as above
-
-A pipeline stage under FSDP2 (torch.distributed.pipelining's ``PipelineStage``) turns gradient
-sync off for all but the last micro-batch, so its gradients accumulate unsharded and are
-reduce-scattered once (the comm price, autoplan/cost/volumes.py, counts the same).
-
-Parameters stay fp32 outside FSDP2 and autocast computes in bf16/fp16, caching a low-precision
-copy of every weight it casts (2 bytes, alive from the forward to the backward); gradients are
-fp32 (the role of Megatron-LM's fp32 main-gradient buffer). Under FSDP2 the fp32 shards are the
-master weights and the gathered ones are in the compute dtype b. Totals match Rajbhandari et
-al., "ZeRO", SC'20 section 3 (16 bytes per parameter in mixed precision, 16/N under ZeRO-3);
-the split differs because the executor keeps fp32 parameters rather than 16-bit ones plus an
-fp32 master copy.
-
-Activations: the stage's saved bytes per micro-batch (autoplan/cost/blocks.py) times the
-micro-batches in flight (autoplan/cost/pp/schedule.py). Under full recomputation only the block
-inputs are kept per micro-batch, plus one block's full activations while it is recomputed
-and back-propagated.
-
-The peak is the largest of three moments (:func:`stage_memory`), with W, G, O the model
-states, S the saved activations of one micro-batch, n the micro-batches in flight and n' those
-in flight after the stage's first backward (autoplan/cost/pp/schedule.py), T the backward's
-transient (the loss's gradients, or a block recomputed under full recomputation,
-autoplan/cost/stages.py):
-
-    M1 = n S + T + buffers (+ G under DDP)          the forward's end, the backward's start
+    M1 = n S + T + buffers (+ G under DDP)                the forward's end, the backward's start
     M2 = n' S + G + max(T, scatter - S_block) + buffers   every later backward, gradients made
-    M3 = G + sync                                   after the backward, activations gone
+    M3 = G + sync                                         after the backward, activations gone
     peak = W + O + max(M1, M2, M3)
 
-Gradients live through the step only under DDP, which zeroes its bucket views in place; every
-other realisation frees them at the step's start (``zero_grad(set_to_none=True)``,
-autoplan/execute/trainer.py) and makes them in the first backward as activations are freed, so
-M1 has none. M2 and M1 differ where nothing refills the pipeline after its first backward
-(GPipe, short 1F1B, one micro-batch). The parts are reported each at its largest, so they may
-sum to more than the peak; ``StageMemory.at_peak_bytes`` splits the peak moment itself (in M2,
-``scatter - S_block`` is the scatter buffer beside a block's freed activations), so it sums to
-the peak (report/figures.py draws it).
-
-Communication buffers: DDP's buckets are the gradients themselves (``gradient_as_bucket_view``),
-so none; the explicit all-reduce and ZeRO-1 flatten the gradients once a step after the
-backward, when the activations are gone (it counts only if that moment is the peak): the
-all-reduce concatenates the fp32 gradients and casts the whole to the reduce dtype (``4 + r``
-bytes per parameter while the cast runs, 4 when r = 4), ZeRO-1 copies them into one buffer in
-the reduce dtype (``r``), reduce-scatters into a slice (``P / N`` in the reduce dtype, plus its
-fp32 copy when that is 16-bit) and, after the step, all-gathers the parameters into a whole
-fp32 buffer (``_zero1_sync_bytes``: the larger moment); the pipeline's send and receive buffers (2
-boundary activations, whole on every tp rank, also under sequence parallelism: a stage gathers
-its output before sending it); under ZeRO-3 the gathered weights of two
-blocks (the running one and the prefetched one, FSDP) and, in the backward, one block's
-reduce-scatter (``scatter``): its unsharded gradients in the compute dtype, FSDP2's flat
-reduce-scatter input in the reduce dtype and the output slice (``b + r + r/N`` bytes per block
-parameter, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``). It
-exists only once a block's backward is done, when that block's activations are freed
-(``S_block``), and after the loss's gradients are.
-
-A plan fits when the peak of the most loaded stage is at most ``(1 - ALLOCATOR_HEADROOM)``
-of the device memory: the PyTorch caching allocator's fragmentation, the CUDA context and
-library workspaces take the rest (10% is the headroom DeepSpeed's and Megatron's memory
-estimators leave in practice; a documented constant, not fitted to any run).
+ZeRO-3's ``scatter`` is ``b + r + r/N`` bytes per block parameter (FSDP2's ``foreach_reduce``).
+A plan fits when the most loaded stage's peak is at most ``(1 - ALLOCATOR_HEADROOM)`` of the
+device memory.
 """
 
 from __future__ import annotations

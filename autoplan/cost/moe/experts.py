@@ -1,44 +1,24 @@
-"""Mixture-of-Experts layers under expert parallelism: grouped GEMMs, all-to-all, expert memory.
+"""Mixture-of-Experts layers under expert parallelism: grouped GEMMs, all-to-all, expert memory
+(docs/cost-model.md, "Mixture-of-Experts and expert parallelism"; docs/moe.md).
 
-A plan with expert-parallel degree ``ep`` (autoplan/types/plan.py) splits each MoE layer's ``E``
-routed experts over ``ep`` ranks folded over the data-parallel ranks; tokens travel to their
-experts and back by all-to-all (GShard, Lepikhin et al. 2021 section 2.3; Megatron-Core's
-``MoEAlltoAllTokenDispatcher``; DeepSeek-V3 report section 3.2.2). Per MoE layer, micro-batch
-and rank, with ``f`` = micro_batch_size / graph.batch_size, ``C`` the slots each expert
-computed in the trace (docs/moe.md), ``H`` the hidden size, ``b`` bytes per activation element
-and ``i`` the routing model's imbalance (the busiest rank's load over the mean, 1 at ep = 1):
+Per MoE layer, micro-batch and rank, with ``E`` routed experts over ``ep`` ranks, ``f`` =
+micro_batch_size / graph.batch_size, ``C`` the slots each expert computed in the trace, ``H`` the
+hidden size, ``b`` bytes per activation element and ``i`` the routing model's imbalance (1 at ep = 1):
 
-- **grouped GEMM** (each traced expert matmul ``[E, C, K] x [E, K, N]``): the rank runs
-  ``G = E / ep`` GEMMs of ``M = i * ep * C * f`` rows each (its experts receive the slots of the
-  whole ep group), at the efficiency of one such GEMM rather than of the whole batched one:
+- grouped GEMM (each traced expert matmul ``[E, C, K] x [E, K, N]``), ``G = E / ep`` GEMMs of
+  ``M = i * ep * C * f`` rows, on the profile's efficiency curve of one such GEMM:
 
       t_fwd = G * max( 2 M' K N / (peak * eff(2 M K N)),  (M K + K N + M N) b / (mem_bw * mem_eff) )
-      t_bwd = 2 t_fwd                              (data and weight gradients: two GEMMs alike)
-      M'    = ceil(M / m_tile) * m_tile            (rows padded to the kernel's M tile)
+      t_bwd = 2 t_fwd
+      M'    = ceil(M / m_tile) * m_tile       (m_tile 128 on GPUs: DeepGEMM's contiguous layout; 1 on a CPU)
 
-  ``eff`` is the profile's saturating efficiency curve for matmuls (autoplan/types/profile.py,
-  fitted on single-GEMM microbenchmarks), so fine-grained experts (small M) run far below
-  peak, which is what a grouped GEMM's per-group tiles do. ``m_tile`` = 128 on GPU profiles:
-  grouped GEMM kernels for MoE align each expert's rows to the M block (DeepGEMM's contiguous
-  layout, github.com/deepseek-ai/DeepGEMM README, ``get_mk_alignment_for_contiguous_layout()``
-  = 128); 1 on a CPU, where each expert's GEMM runs on its exact rows. Host dispatch: one
-  launch per GEMM node on a GPU (one grouped kernel), ``G`` on a CPU (the experts' own eager
-  loop runs one GEMM per expert).
-- **all-to-all**: each rank sends its ``E C f`` (token, expert) rows of ``H`` elements, of which
-  ``(ep - 1) / ep`` leave the rank (types/profile.bus_factor), and the busiest rank receives ``i`` times
-  the mean, so one message is ``S = i E C f H b``. Forward: the per-expert counts (``E`` int64,
-  latency) then dispatch, and combine; backward: the gradients of both; a recomputed forward
-  (full or selective recomputation) runs the counts, dispatch and combine again:
+- all-to-all (GShard, Lepikhin et al. 2021 section 2.3; Megatron-Core's
+  ``MoEAlltoAllTokenDispatcher``), one message ``S = i E C f H b`` on the ep group (mesh.ep_groups):
 
-      t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward   on the ep group (comm.collective_time_s)
+      t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward     (comm.collective_time_s; again if recomputed)
 
-  An ep group is ``ep`` consecutive ranks (tp = 1), inside one node when ``ep`` divides the
-  devices per node, across nodes (the NIC-bound inter-node fit) otherwise: mesh.ep_groups.
-- **memory**: a rank holds ``1 / ep`` of every routed expert's parameters; their gradients and
-  optimizer states are reduced and (ZeRO) sharded over the ``dp / ep`` ranks that hold the
-  same experts (the "expert data parallel" group), dense parameters over all ``dp``.
-- **router**: the router's linear, softmax and top-k are nodes of the traced graph and are
-  priced as any op (autoplan/trace/moe.py runs the router as written).
+- memory: a rank holds ``1 / ep`` of every routed expert's parameters, reduced and (ZeRO) sharded
+  over the ``dp / ep`` ranks that hold the same experts; dense parameters over all ``dp``.
 """
 
 from __future__ import annotations

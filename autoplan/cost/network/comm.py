@@ -1,40 +1,21 @@
-"""Time of one collective on a process group, from the profile's alpha-beta fits.
+"""Time of one collective on a process group, from the profile's alpha-beta fits (docs/cost-model.md,
+"Collectives").
 
-Inside one node (Thakur, Rabenseifner & Gropp 2005; nccl-tests PERFORMANCE.md busbw):
+Inside one node (Thakur, Rabenseifner & Gropp 2005; nccl-tests PERFORMANCE.md busbw), S the full
+message in bytes and c :func:`autoplan.types.profile.bus_factor`:
 
-    t(n, S) = alpha_intra + c(kind, n) * S / busbw_intra      (c: autoplan.types.profile.bus_factor)
+    t(n, S) = alpha_intra + c(kind, n) * S / busbw_intra
 
-S is the full message in bytes (for all_gather the gathered output, for reduce_scatter the
-input). ``alpha_s`` is the whole collective's start-up latency, exactly as the profile
-fitter defines it (autoplan/profile/fit.py fits t = alpha_s + c(n) * S / busbw).
-
-Across nodes (group of n ranks, k per node, N = ceil(n/k) nodes, d devices per node):
-NCCL runs a node-aware ring (trees for all_reduce at scale) whose chunks stream through the
-intra-node hops and the inter-node NIC hops at the same time, so the slowest level bounds
-the bandwidth term, and each level adds its own latency:
+Across nodes (n ranks, k per node, N = ceil(n/k) nodes, d devices per node), NCCL's node-aware
+ring or tree streams through both levels at once, so the slower bounds the bandwidth term:
 
     bandwidth: max( c(kind, k) * S / busbw_intra,  c(kind, n) * S / (busbw_inter * k / d) )
     latency:   alpha_intra + alpha_inter * max(1, ceil(log2 N))                 (tree)
                max(tree, alpha_intra / (d - 1) * (n - N) + alpha_inter * (N - 1))  (ring: all_gather,
                                                                                 reduce_scatter, k > 1)
 
-(the inter-node start-up grows with the depth of NCCL's trees across N nodes; alpha_inter
-is fitted on 2-node groups, where the depth is 1). NCCL has no tree for all-gather and
-reduce-scatter: they run as rings (PAT only with one rank per node), whose n - 1 steps each pay
-a hop's latency, N - 1 of them across a NIC (NVIDIA/nccl src/graph/tuning.cc:
-``latency = baseLat + (nsteps - nInterSteps) * intraLat + nInterSteps * interLat`` with
-``nsteps = n - 1``, ``nInterSteps = N - 1``). The per-hop latencies come from the profile's own
-fits: an NVLink hop is alpha_intra over the d - 1 steps of the d-rank ring it was fitted on
-(3.1 us on dgx-a100, NCCL's table has 3.4 us), a NIC hop is alpha_inter. At 1,536 ranks this
-is ~8.6 ms per all-gather, where the tree form gave 0.2 ms: the latency that makes ZeRO-3's
-per-block collectives grow with the group.
-
-``busbw_inter`` is the full-node figure (nccl-tests with all d GPUs of every node in the
-group, one NIC rail per GPU, docs/profile-format.md); a group holding k ranks of a node
-drives k of its d rails, hence the k/d scaling. This reproduces nccl-tests' multi-node
-busbw (about the per-node NIC bandwidth for a DGX A100). A sequential 2-D decomposition
-(intra reduce-scatter, inter all-reduce of S/k, intra all-gather) would add the NVLink time
-on top and over-predict multi-node all-reduce by ~70% on a DGX A100, so it is not used.
+The ring's latency is NCCL's (NVIDIA/nccl src/graph/tuning.cc: ``baseLat + (nsteps - nInterSteps)
+* intraLat + nInterSteps * interLat``, ``nsteps = n - 1``, ``nInterSteps = N - 1``).
 """
 
 from __future__ import annotations

@@ -1,39 +1,21 @@
-"""Pipeline schedules: stage partition, bubble, micro-batches in flight, and gradient-sync overlap.
+"""Pipeline schedules: stage partition, bubble, micro-batches in flight, and gradient-sync overlap
+(docs/cost-model.md, "Step time" and "Memory").
 
-Bubble (Narayanan et al. SC'21 section 2.2): with p stages, m micro-batches and v model chunks
-per device, fill and drain cost (p - 1) / (v * m) of the ideal time, i.e. (p - 1) / v times one
-micro-batch's forward + backward on the slowest stage (GPipe and 1F1B have v = 1).
+With p stages, m micro-batches and v model chunks per device:
 
-Micro-batches of activations in flight on stage i (0-based):
-- GPipe: all m (Huang et al. 2019: every forward runs before any backward);
-- 1F1B: min(p - i, m) (Narayanan et al. SC'21 section 2.2.1; p on the first stage);
-- interleaved 1F1B: min(2 (p - i - 1) + (v - 1) p + 1, v m) model chunks (Megatron-LM's warm-up
-  count plus the running one; for stage 0 this is p v (1 + (p - 1)/(p v)) chunks, the factor of
-  Korthikanti et al. 2022 section 4.2.3), each holding 1/v of the stage's layers.
+    bubble = (p - 1) / v * T_max                          Narayanan et al. SC'21 section 2.2 (v = 1: GPipe, 1F1B)
+    in flight on stage i: GPipe m (Huang et al. 2019); 1F1B min(p - i, m) (Narayanan section 2.2.1);
+        interleaved min(2 (p - i - 1) + (v - 1) p + 1, v m) chunks of 1/v of the stage
+        (Megatron-LM's warm-up count; Korthikanti et al. 2022 section 4.2.3 for stage 0)
 
-After the stage's first backward (of one micro-batch, or one chunk) the count drops by one and
-a schedule that has forwards left refills it at once (1F1B's steady state); GPipe has none left,
-and neither has a 1F1B stage whose warm-up already ran every micro-batch. This matters where
-gradients are freed at each step's start (autoplan/cost/memory/per_device.py): the first backward starts
-without them, so the peak is the larger of "all in flight, no gradients" and "one fewer (or
-refilled) in flight, every gradient made".
-
-Gradient sync overlapped with the backward (PyTorch DDP's bucketed all-reduce, Li et al.
-VLDB 2020): the gradients of a block are ready when its backward of the last micro-batch
-ends; they are reduced in buckets on one communication stream in reverse layer order. The
-exposed time is what remains after the last backward ends:
+After the stage's first backward the count drops by one unless the schedule refills it.
+Gradient sync overlapped with the backward (PyTorch DDP's buckets, Li et al. VLDB 2020), in
+reverse layer order on one stream:
 
     ready_l = sum of the backward times of the blocks after l (in backward order) up to l
     done_l  = max(done_{l-1}, ready_l) + t_sync(bytes_l)
     exposed = max(0, done_last - backward_end)
-
-so the last bucket is always exposed, and sync that outlasts the remaining backward shows.
-
-Partial overlap (profile ``comm_overlap.efficiency`` = eta, measured by autoplan/profile/measure/
-overlap.py): a collective running under compute hides only eta of the time it could hide
-(t_both = t_comp + t_comm - eta * min(t_comp, t_comm)), so every overlap formula here keeps
-eta of its hidden time: exposed(eta) = exposed(1) + (1 - eta) * (total - exposed(1)). eta = 1
-under NCCL (separate CUDA streams); gloo on a CPU shares the cores with compute.
+    exposed(eta) = exposed(1) + (1 - eta) * (total - exposed(1))     eta: profile comm_overlap.efficiency
 """
 
 from __future__ import annotations

@@ -4,36 +4,17 @@
 Symbols: P parameters, C checkpoint bytes, N devices, lambda failures per device-hour, M the
 job's mean time between failures (s), W and W_r the time to write and read one checkpoint,
 delta the time a checkpoint blocks training, R the time from a failure until training runs
-again (the profile's ``restart_s``: detect, restart, re-initialise; plus W_r), tau the
-training time between checkpoints.
+again (the profile's ``restart_s`` plus W_r), tau the training time between checkpoints.
 
     C = 12 P                                 fp32 weights + AdamW exp_avg + exp_avg_sq (memory.model_states)
     W = C / min(N w, cap),  W_r likewise     w: the profile's per-device bandwidth (types/reliability.py)
     M = 3600 / (lambda N)                    any device's failure stops a synchronous job
     tau_Young = sqrt(2 delta M)              Young 1974, CACM 17(9)
     tau_Daly  = sqrt(2 delta M) [1 + (1/3) sqrt(delta/2M) + (1/9) (delta/2M)] - delta   (delta < 2M; else M)
-    goodput   = tau / (M e^(R/M) (e^((tau + delta)/M) - 1))
+    goodput   = tau / (M e^(R/M) (e^((tau + delta)/M) - 1))                            Daly 2006, FGCS 22(3)
 
-Daly 2006 ("A higher order estimate of the optimum checkpoint interval for restart dumps",
-FGCS 22(3)) derives both the interval and the wall time of a job of solve time T_s under
-Poisson failures that may also strike during a checkpoint or a restart,
-``T_w = M e^(R/M) (e^((tau + delta)/M) - 1) T_s / tau``; goodput = T_s / T_w, the fraction of
-wall time that is useful training (Kokolis et al. 2024 call it the effective training time
-ratio). Limits: with no failures (M -> oo) goodput = tau / (tau + delta) ~ 1 - delta/tau; to
-first order 1 - delta/tau - (tau/2 + R)/M: the checkpoint overhead, half an interval of
-rework and a restart per failure.
-
-The checkpoint is what the executor saves (autoplan/execute/checkpoint/state.py): every
-parameter once in fp32 and AdamW's two moments, whatever the plan, so at a fixed device count C,
-W and goodput do not depend on the plan and the ranking of plans is unchanged; they matter
-across cluster sizes (a sweep calls :func:`expected_goodput`).
-
-Asynchronous saves (``autoplan run --async-checkpoint``, ``dcp.async_save``) block training
-only while each device copies its state to host memory, delta = (bytes it holds) / the
-profile's ``staging_bytes_per_s_per_device``, and write in the background; the next save waits
-for the last (tau + delta >= W). A failure loses the save still in flight, so the expected
-rework grows by W (a failure within W of a capture falls back one more interval), priced as
-R + W; assumed: the background write does not slow the step.
+An asynchronous save blocks for delta = (bytes a device holds) / ``staging_bytes_per_s_per_device``
+and adds W to R.
 """
 
 from __future__ import annotations

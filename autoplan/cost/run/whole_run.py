@@ -18,11 +18,6 @@ lambda_spot the spot interruptions per device-hour.
     cost_usd        = billed T p
     spot:           g' at M' = 3600 / ((lambda + lambda_spot) N)      an interruption is a failure
                     T' = T_ideal / g',  spot_cost_usd = billed T' p_spot
-
-Goodput is priced at Daly's interval unrounded, so it depends on N only, never on the plan: at
-a fixed N, whole-run time and dollars rank plans exactly as step time does, and a bound on the
-step time bounds them too (solve/search.py). ``Prediction.expected_goodput`` rounds the interval
-to whole steps; the two differ far below the digits printed.
 """
 
 from __future__ import annotations

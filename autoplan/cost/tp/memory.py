@@ -1,26 +1,14 @@
-"""Activation memory that tensor-parallel resharding adds to what the single-device trace saves.
+"""Activation memory that tensor-parallel resharding adds to what the single-device trace saves
+(docs/cost-model.md, "Memory"). Three DTensor copies (autoplan/execute/tensor_parallel.py) are kept
+for the backward beside what the trace saw, measured by the execution audit:
 
-The tracer charges each saved tensor to the node that produced it (autoplan/trace/propagate.py),
-and autoplan/cost/tp/splits.py divides that charge by the node's activation shard. The
-executor (autoplan/execute/tensor_parallel.py) reshards with DTensor, and three of its copies
-are kept for the backward beside what the trace saw, measured by the execution audit
-(autoplan/execute/job/audit.py, ``benchmarks/audit.py``):
-
-- *gathered colwise* linear ``u`` (a fused qkv split before its view into heads): the model's
-  ``split`` all-gathers the output and its consumers save views of the gathered copy (charged at
-  full size by ``param_node_shards``); those views keep their base, the local output shard,
-  alive too: ``+ |out(u)| / tp``.
-- *rowwise* ``v`` whose input is replicated because it descends from a gathered origin: the
-  input is cut to the local ``Shard(-1)`` chunk, a new contiguous tensor, and the linear saves
-  that chunk: ``+ |in(v)| / tp``. (A rowwise input replicated because an origin was left
-  replicated is the same copy; the intra-op ILP has no term of two splits for memory, so
-  neither side charges it, and the default and ILP splits never produce it.)
-- under *sequence parallelism*, a stream tensor all-gathered for parameterised consumers (the
-  input of qkv, of the MLP's first linears, of the head): the consumers save the gathered whole
-  tensor, not the sequence shard, so its charge is ``|src|`` rather than ``|src| / tp``:
-  ``+ |src| (1 - 1/tp)``. Megatron-LM instead keeps the shard and all-gathers it again in the
-  backward (Korthikanti et al. 2022 section 4.2.2); the executor does not, and neither does the
-  comm price.
+- a *gathered colwise* linear ``u`` (a fused qkv split before its view into heads): its consumers'
+  views of the gathered output keep the local shard alive: ``+ |out(u)| / tp``;
+- a *rowwise* ``v`` whose input is replicated because it descends from a gathered origin saves its
+  local ``Shard(-1)`` chunk: ``+ |in(v)| / tp``;
+- under *sequence parallelism*, a stream tensor all-gathered for parameterised consumers is saved
+  whole: ``+ |src| (1 - 1/tp)`` (Megatron-LM re-gathers it in the backward instead, Korthikanti et
+  al. 2022 section 4.2.2).
 
 Bytes are for the whole traced batch in the run's precision, like
 ``autoplan.cost.compute.roofline.saved_activation_bytes``; callers scale by the micro-batch fraction.

@@ -1,55 +1,22 @@
-"""Tensor parallelism inside one block: legal splits, shard factors and resharding costs.
+"""Tensor parallelism inside one block: legal splits, shard factors and resharding costs (the
+layouts, legality rules and comm terms in full: docs/ilp.md, section 1).
 
-The model is Megatron-LM's (Shoeybi et al. 2019, section 3) generalised to any graph the way
-Alpa's intra-operator pass does it (Zheng et al., OSDI'22, section 4): every parameterised
-node ``v`` picks one split ``s_v`` from :func:`legal_splits`; a split fixes the layout of the
-node's output and the layout it needs on its input:
+Megatron-LM's model (Shoeybi et al. 2019, section 3) generalised to any graph as Alpa's intra-op
+pass does (Zheng et al., OSDI'22, section 4): every parameterised node ``v`` picks one split
+``s_v`` from :func:`legal_splits`, which fixes the layout of its output and of its input:
 
     split       input needs     output is       input-grad is    (R replicated, S last dim
     replicate   R               R               R                 sharded, P partial sum,
     colwise     R               S               P                 Q sequence-sharded under
     rowwise     S               P               S                 sequence parallelism)
 
-Non-parameterised nodes do not choose: a "layout-preserving" node (element-wise, view, matmul,
-attention) whose activation inputs all descend, through preserving nodes only, from
-parameterised "origins" is *pure*; it runs sharded (S) exactly when all its origins are
-colwise (none gathered), on Q when all are rowwise and reduce-scattered under SP, else R. Every
-other node sees the residual stream (R, or Q under sequence parallelism).
-
-The comm time of a block is then a sum of terms of at most two splits (linearised in the ILP
-with edge variables) plus "any-of" terms (a shared input all-reduced once however many
-consumers need it):
-
-- unary, per origin ``u`` whose chain reaches the stream (a *sink*): colwise -> all-gather of
-  its output; rowwise -> all-reduce (reduce-scatter under SP, then an all-gather of the grad
-  in the backward); replicate -> under SP an all-gather of the output grad.
-- pairwise, per edge ``u -> v`` from an origin through preserving nodes into a parameterised
-  node, on bytes ``b = |src| / |origins(src)|``: forward S->R needs an all-gather; backward
-  the input-grad of ``v`` (P, R or S) is turned into the grad layout ``u`` needs (S for
-  colwise, else R): P->S reduce-scatter, P->R all-reduce, S->R all-gather.
-- pairwise "siblings", two origins meeting at a pure node with different layouts: the S one is
-  all-gathered.
-- any-of, per stream tensor feeding parameterised nodes: forward under SP an all-gather (Q->R);
-  backward an all-reduce (reduce-scatter under SP) if any consumer is colwise, and an
-  all-gather (all-to-all under SP) if any is rowwise.
-
-Collective times come from autoplan.cost.network.comm (alpha-beta, Thakur et al. 2005) on the tp
-group; the backward collectives mirror the forward ones (Megatron's f/g conjugate operators,
-Shoeybi et al. 2019 fig. 3; Korthikanti et al. 2022 fig. 5 for sequence parallelism).
-Legality rules (what the executor can run, docs/ilp.md): colwise needs out_features % tp == 0,
-and on a linear feeding attention heads % tp == 0 for q and kv_heads % tp == 0 for k and v;
-when a view unflattens the linear's features (``attrs['head_split']``: [heads, head_dim],
-Megatron's head-interleaved [heads, 3*head_dim], [3, heads, head_dim]) tp must divide the
-outermost of those dims, so every shard boundary is a head boundary (DTensor cannot unflatten
-an uneven shard);
-rowwise needs in_features % tp == 0; embeddings shard the vocabulary (rowwise) or the
-embedding dim (colwise); convolutions and other ops replicate; norms may be sequence-parallel.
-A fused linear (``attrs['fused_chunks']``: qkv, gate-up) whose chunks are not whole heads per
-rank ([q | k | v] split before the view into heads; :func:`autoplan.cost.tp.block.is_gathered`) split colwise would
-hand a rank contiguous rows that mix q of one head with k of another; the executor keeps DTensor global
-semantics, so the model's ``split`` of that output all-gathers it first. We price exactly that:
-a *gathered colwise* node divides its own compute and weights by tp, pays an all-gather of its
-output, and its consumers see a replicated tensor (attention after it is not sharded).
+A block's comm time is a sum of unary terms (per origin reaching the stream), pairwise terms (per
+edge from an origin into a parameterised node, on ``b = |src| / |origins(src)|`` bytes; per pair of
+sibling origins) and any-of terms (a shared input all-reduced once however many consumers need
+it), each a collective on the tp group priced by autoplan.cost.network.comm. A fused linear whose
+chunks are not whole heads per rank is *gathered colwise*
+(:func:`autoplan.cost.tp.block.is_gathered`): its compute and weights divide by tp, it pays an
+all-gather of its output, and its consumers see a replicated tensor.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
-"""A trainer's state in one plan-independent form: what a checkpoint saves and loads.
+"""A trainer's state in one plan-independent form: what a checkpoint saves and loads
+(docs/elastic.md, "Checkpoints").
 
-Every tensor is keyed by the parameter's (or persistent buffer's) FQN in the original model,
-whatever the plan did to it: DDP's ``module.`` prefix, checkpoint and compile wrappers are
-dropped, a pipeline stage keeps the original FQNs, and a tied alias maps to its first name
-(autoplan/execute/job/verify.py ``original_name``). The values are global tensors, sharded:
+Every tensor is keyed by its FQN in the original model, whatever the plan did to it (wrappers
+dropped, stages keep FQNs, a tied alias maps to its first name: verify.py ``original_name``), and
+is a global tensor: a TP- or FSDP2-sharded parameter its DTensor, an expert slice ``[E / ep, ...]``
+a DTensor ``Shard(0)`` over the ep group, anything else a plain tensor. Keys: ``model.<fqn>``,
+``optim.<fqn>.<state>``, ``extra.loss_scale`` (fp16) and ``rng.rank<r>.cpu`` / ``.cuda``. DCP
+saves each shard once and loads whatever slice each destination covers, so a checkpoint written
+by one plan loads into any other plan of the same model.
 
-- a parameter that TP or FSDP2 sharded is its DTensor (the global shape, this rank's shards);
-- an expert parameter sliced over the ep group (``[E / ep, ...]``) becomes a DTensor sharded
-  ``Shard(0)`` over that group, so its global shape is ``[E, ...]`` (under FSDP2, which shards the
-  slice again over edp, the slice is gathered first and the loaded shard copied back);
-- everything else is a plain tensor, the same on the ranks that hold it.
-
-Keys: ``model.<fqn>``, ``optim.<fqn>.<state>`` (AdamW's ``step``, ``exp_avg``, ``exp_avg_sq``,
-or whatever the optimizer keeps per parameter), ``extra.loss_scale`` (fp16) and
-``rng.rank<r>.cpu`` / ``.cuda``. torch.distributed.checkpoint (DCP) saves each shard once and,
-on load, reads whatever slice each rank's destination covers, so a checkpoint written by one
-plan loads into any other plan of the same model (another dp, tp, pp, ZeRO stage or ep).
-
-autoplan's ZeRO-1 keeps its optimizer state as a flat fp32 slice per dp rank
-(autoplan/execute/zero.py), which no FQN-keyed API can see: :func:`trainer_state` all-gathers
-the flat state over dp and cuts it into per-parameter tensors, and :meth:`TrainerState.write_back`
-scatters loaded values into the slices again. For a torch optimizer the per-parameter state
-tensors themselves are in the dictionary, so DCP loads straight into them; a fresh optimizer
-first gets its state created by one step with zero gradients and a zero learning rate, which
-leaves every weight as it is (AdamW: ``p -= 0 * (wd p + m / (sqrt(v) + eps))``).
+ZeRO-1's flat fp32 slices (autoplan/execute/zero.py) are all-gathered over dp and cut per
+parameter by :func:`trainer_state`, and scattered back by :meth:`TrainerState.write_back`; a fresh
+torch optimizer first gets its state from one step with zero gradients and a zero learning rate.
 """
 
 from __future__ import annotations

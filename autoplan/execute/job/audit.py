@@ -1,34 +1,18 @@
-"""The execution audit: measure, on a real step, what the cost model prices.
+"""The execution audit: measure, on a real step, what the cost model prices (docs/cost-model.md,
+"The execution audit"). One training step runs under three recorders, each a
+``TorchDispatchMode``, so they see every op that reaches the dispatcher, from Python and C++ alike:
 
-Priced = executed (docs/cost-model.md, "The execution audit"). One training step runs under
-three recorders, each a ``TorchDispatchMode``, so they see every op that reaches the
-dispatcher, from Python and from C++ alike (DDP's reducer, FSDP2, DTensor, pipelining):
-
-- :class:`CommRecorder`: every ``c10d`` and ``_c10d_functional`` collective, its kind, its
-  message bytes (autoplan/cost/network/comm.py's convention: the gathered output of an all-gather,
-  the input of a reduce-scatter, the tensor of an all-reduce, broadcast, send or recv, the input
-  of an all-to-all) and the mesh dimension of its process group (dp, tp, pp; tied-weight groups
-  count as pp; under expert parallelism ep for the all-to-alls of its token exchange and edp for
-  the expert gradients' reductions: when ep = dp the two groups have the same ranks, and an
-  all-to-all there is ep, anything else dp).
-- :class:`~autoplan.execute.job.meters.LiveBytes`: the peak of live tensor bytes on this rank,
-  by tensor lifetime, and the op running at the peak (execute/job/meters.py);
+- :class:`CommRecorder`: every ``c10d`` and ``_c10d_functional`` collective, its kind, its message
+  bytes (autoplan/cost/network/comm.py's convention) and its process group's mesh dimension;
+- :class:`~autoplan.execute.job.meters.LiveBytes`: the peak of live tensor bytes on this rank and
+  the op running at the peak;
 - :class:`~autoplan.execute.job.meters.MatmulFlops`: FLOPs of matmul-class ops and, apart, of
-  attention kernels, forward and backward (execute/job/meters.py).
+  attention kernels, forward and backward.
 
-Beside them it reads how many in-place ops DTensor could not run on their placement and the
-executor replicated first (autoplan/execute/dtensor_handlers.py ``RESHARDED``), an all-gather no
-plan prices: the audit's "in-place reshards" row, priced at 0.
-
-A dispatch mode is thread-local. Collectives issued from another thread (gloo runs future
-callbacks on its own threads: torch's PowerSGD hook issues its P and Q all-reduces from them)
-are recorded by :class:`CommRecorder` wrapping ``torch.distributed.all_reduce`` for the step,
-counting only calls from other threads, so nothing is counted twice.
-
-A mode runs before tensor subclasses, and an op it passes on does not come back to it, so a
-DTensor op's own redistributions and local kernels would stay hidden. Each recorder returns
-``NotImplemented`` for an op on DTensors (as torch's ``CommDebugMode`` does): DTensor then
-runs it, and its collectives and local ops reach the recorders on plain, local tensors.
+Beside them it reads DTensor's in-place reshards (autoplan/execute/dtensor_handlers.py
+``RESHARDED``), priced at 0. Each recorder returns ``NotImplemented`` for a DTensor op (as torch's
+``CommDebugMode`` does), so DTensor's own collectives reach it on local tensors; collectives from
+gloo's callback threads are caught by wrapping ``torch.distributed.all_reduce``.
 """
 
 from __future__ import annotations

@@ -1,36 +1,22 @@
-"""--verify over several steps: a single-process reference that follows the run step by step.
+"""--verify over several steps: a single-process reference that follows the run step by step
+(docs/executor.md, "CLI", ``--verify``).
 
-**How many steps.** One step checks the arithmetic of a first step only. Several plan options
-reach their steady state later, so --verify compares the first :func:`verify_steps` steps that
-change the weights (fp16 steps the loss scaler skips leave them as they were, and are not
-compared):
+:func:`verify_steps` steps that change the weights are compared: 2 at least (DDP rebuilds its
+buckets after the first, the optimizer first reads its states in the second), 3 with PowerSGD
+(``POWERSGD_START_ITER`` = 2 uncompressed steps). Before step k the reference takes the weights
+the run holds and steps its own optimizer, so rounding does not compound.
 
-- 2 at least: DDP rebuilds its buckets after the first step (the second reduces in other
-  buckets), and the optimizer's second step is the first to read the states it keeps (Adam's
-  moments; ZeRO-1's sharded ones);
-- PowerSGD all-reduces uncompressed for its first ``POWERSGD_START_ITER`` = 2 steps, so 3.
+PowerSGD is judged against the same compression. torch's hook (Vogels et al. 2019), with ``M_i``
+rank i's gradient plus its error feedback ``e_i``:
 
-**Each step from the run's weights.** Before step k the reference takes the weights the run
-holds (gathered after step k-1, so step k-1's update was already judged), computes its gradients
-over the same micro-batches, and takes a step of its own optimizer, whose states it keeps from
-its own earlier steps. Every step is judged from the same starting point, so rounding does not
-compound over the steps (Adam turns a rounding-level gradient into a step of a whole learning
-rate, which would).
+    P = orth(sum_i M_i Q),   Q = sum_i M_i^T P / dp,   M' = P Q^T = P P^T Mbar,   e_i = M_i - M'
 
-**PowerSGD is lossy, and is judged against the same compression.** torch's hook (Vogels et al.
-2019; autoplan/execute/data_parallel.py) computes, per compressed matrix, with ``M_i`` rank i's
-gradient plus its error feedback ``e_i``: ``P = orth(sum_i M_i Q)``, ``Q = sum_i M_i^T P / dp``,
-gradient ``M' = P Q^T = P P^T Mbar`` with ``Mbar = mean_i M_i``, and ``e_i = M_i - M'``. All of it
 is linear in the ``M_i``, so the reference replays it on its own mean gradient ``g``:
-``Mbar = g + ebar`` (``ebar``, the mean error feedback, kept by the reference:
-``ebar <- Mbar - M'``), and the expected gradient is ``U U^T Mbar`` with ``U`` an orthonormal
-basis of ``M'``'s columns (at most ``r``; singular values below ``RANK_CUTOFF`` of the largest
-are rounding). Matrices the hook leaves whole, and every gradient before the compressed steps,
-are expected to be ``Mbar``. The subspace ``span(P)`` is the run's (torch's power iteration from
-its own random start); everything else is checked at the fp32 tolerance: which gradient was
-compressed (the mean over dp, not one rank's), the error feedback, that the result is an
-orthogonal projection of rank <= r, and the optimizer step taken with it. A missing division by
-dp, a rank-local gradient or an uncompressed step is O(1) off.
+
+    Mbar = g + ebar,   expected = U U^T Mbar,   ebar <- Mbar - M'
+
+``U`` an orthonormal basis of ``M'``'s columns (singular values below ``RANK_CUTOFF`` of the
+largest are rounding); everything but the subspace is checked at the fp32 tolerance.
 """
 
 from __future__ import annotations

@@ -1,67 +1,19 @@
 """--verify: a distributed step against a single-process reference (the comparison and its
 tolerances; autoplan/execute/job/reference.py runs it over several steps, and
-autoplan/execute/rng.py turns dropout off in both).
+autoplan/execute/rng.py turns dropout off in both). Why each rule and what was measured:
+docs/executor.md, "CLI" (``--verify``) and "FP8".
 
-The reference is the same model (same seed, so the same initial weights) run unsharded in
-this process over the same micro-batches in the same order: for every dp rank d and
-micro-batch m, ``loss(d, m) / (dp * num_microbatches)`` is back-propagated, which is what the
-distributed step computes for any loss that is a mean over its micro-batch (and per-micro-batch
-statistics such as BatchNorm's stay identical). Each rank compares the gradients of the
-parameters it holds (DTensor shards gathered with ``full_tensor()``, experts sliced over an ep
-group all-gathered back to ``[E, ...]``, names mapped back to the original FQNs) and the loss;
-rank results are gathered so every rank returns the same verdict.
+The reference runs the same model (same seed and weights) unsharded over the same micro-batches
+in the same order, with the run's :class:`~autoplan.execute.precision.PrecisionPolicy`, and
+back-propagates ``loss(d, m) / (dp * num_microbatches)`` for every dp rank d and micro-batch m.
+Per tensor, with ``G_ref`` all reference gradients together:
 
-**Same precision policy.** The reference computes with the run's
-:class:`~autoplan.execute.precision.PrecisionPolicy`: under FSDP2 (``cast_params``) its
-parameters and floating inputs are cast to bf16/fp16 and each micro-batch's low-precision
-gradients are accumulated in fp32 (as FSDP2 accumulates and reduces in ``reduce_dtype``);
-otherwise it runs under the same autocast with fp32 parameters. fp16 back-propagates the loss
-times the scaler's initial scale and divides the gradients by it, as the run's first step does.
-So the only differences left are those of sharding: reductions split across ranks and summed
-in another order.
+    rel = ||g - g_ref||_2 / max(||g_ref||_2, FLOOR * ||G_ref||_2)           FLOOR = 1e-3
 
-**Updated weights.** The reference also takes a step of the run's optimizer from the weights the
-step started from, with its gradients (:func:`updated_reference`; over several steps, with its
-own optimizer states: autoplan/execute/job/reference.py), and each updated weight is
-compared, relative to the size of the reference's update (so a wrong shard, a missing
-all-gather after a sharded step or a wrong scaling is O(1), whatever the learning rate).
-
-Adam's first step is lr * g / (|g| + eps), nearly sign(g): bit-identical weights where gradients
-agree in sign, but elements whose gradient is rounding noise (a key bias inside a fused qkv
-bias) step by a random fraction of lr. Such elements (reference gradient within the gradient
-tolerance of the tensor's largest) are left out of the update check, and the rest get a looser
-tolerance on updates: 5e-2 of the
-update in fp32 (1.4e-2 seen on the test models), 0.5 in bf16/fp16 (0.15 seen); a missing
-all-gather after a sharded step or a wrong learning rate is 0.7 and more.
-
-**Error measure** (per tensor, not dominated by near-zero elements):
-``rel = ||g - g_ref||_2 / max(||g_ref||_2, FLOOR * ||G_ref||_2)``, with ``G_ref`` all reference
-gradients together: a tensor whose gradient is mathematically zero (a key bias before a
-softmax) is judged against 1e-3 of the model's gradient norm instead of its own rounding noise.
-Tolerances: a few units of roundoff of the compute dtype, amplified by reductions in another
-order (about 8-10 units): fp32 1e-4; bf16 3e-2 (unit roundoff 2^-8 = 3.9e-3); fp16 5e-3
-(2^-11 = 4.9e-4). A wrong scaling, a missing reduction or a wrong shard is off by O(1).
-**The reduce dtype counts too** (:func:`tolerance_of`): a plan whose data-parallel gradients are
-summed in bf16/fp16 (``grad_reduce_dtype``, lossy) rounds every gradient to that dtype, so it is
-judged by the coarser of its precision and its reduce dtype (an fp32 plan reducing in bf16:
-3.9e-3 measured on examples/gpt.py dp2, bf16's 3e-2 applies).
-
-**FP8** (autoplan/execute/float8.py): the reference converts the same linears and casts each
-micro-batch with its own tensorwise scales, as every dp rank does, so under data parallelism
-the two agree as bf16 does (1e-7 measured at dp = 2). Under tensor parallelism a rowwise GEMM
-sums its partial products across ranks, which moves a bf16 value by a unit of roundoff; where
-that crosses an fp8 rounding boundary the next cast moves the element by a whole fp8 step,
-and output gradients are e5m2 (2 mantissa bits: unit roundoff 2^-3 = 0.125). Measured 0.14
-(tp = 2, GPT and Llama test models; bf16 on the same plans: 6.7e-3), so fp8's tolerance is
-0.25, two units of e5m2 roundoff, still under the O(1) of a missing reduction or a wrong shard.
-
-**Expert parallelism in 16 bits.** Under ``ep > 1`` a rank's experts run their GEMMs on the rows
-of its whole ep group, where the reference runs each micro-batch's rows alone; a CPU (and
-cuBLAS) GEMM blocks and rounds a row differently when the row count changes, so in bf16/fp16 the
-forward itself differs by rounding before the loss, not only the order of the reductions. That
-was 3.8e-2 on examples/moe.py (dp2 ep2 bf16; 2.8e-3 at ep = 1 on the same plan), so the gradient
-tolerance is ``REGROUPED_FACTOR`` = 4 times wider there: bf16 0.12, fp16 0.02, still well under
-the O(1) of a missing division by dp (1.0 measured). fp32 keeps 1e-4.
+Gradient tolerances (:func:`tolerance_of`, the coarser of the precision and, under dp, the reduce
+dtype): fp32 1e-4, bf16 3e-2, fp16 5e-3, fp8 0.25; times ``REGROUPED_FACTOR`` = 4 in 16 bits
+under ep > 1. Updated weights (:func:`updated_reference`) are judged relative to the reference's
+update, 5e-2 in fp32 and 0.5 in bf16/fp16, leaving out elements whose gradient is rounding noise.
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
-"""Compute sweeps: matmul, attention (SDPA) and convolution per dtype, and memory bandwidth.
+"""Compute sweeps: matmul, attention (SDPA) and convolution per dtype, and memory bandwidth
+(docs/profile-format.md, "Compute model": why each is timed the way it is).
 
-FLOPs of one timed call (multiply-add = 2 FLOPs), counted as the tracer counts them
-(autoplan/trace/flops.py):
-  matmul    a training linear y = x W^T, x (m x k), W (n x k):
-            forward + both backward GEMMs (one call each)         3 * 2*m*n*k
-  attention SDPA over q, k, v of (b, h, s, d), causal mask,
-            forward + backward (one call each)                  4*b*h*s*s*d + 2 * 4*b*h*s*s*d
-            (forward Q K^T and P V; backward the four gradient matmuls, 2x the forward; no
-            discount for the causal mask, Megatron's count, and the flash backward's
-            recomputation of Q K^T is not counted)
-  conv      3x3, stride 1, pad 1, c -> c channels, forward      2*b*c*c*9*hw*hw
-Attention is timed forward + backward because training runs both and the two kernels
-saturate very differently (on CPU the backward is several times slower per FLOP); the cost
-model prices a node's forward and backward with the same curve, so the curve is fitted to
-their sum (profile/measure/build.py, KERNEL_CALLS).
-Matmul is timed the same way, as the three GEMMs autograd runs for a linear without bias
-(checked with a dispatch log of F.linear + autograd.grad, torch 2.x CPU), on plain tensors
-with no autograd, each operand in the layout autograd hands to ``aten::mm``:
-  forward      y  = x @ W^T    mm(x, W.t())          x row-major, W^T a transposed view
-  grad-input   dX = dY @ W     mm(dY, W)             both row-major
-  grad-weight  dW = dY^T @ x   mm(dY.t(), x)         (mm_mat2_backward keeps W's layout)
-The backward layouts run measurably slower than the forward on CPU BLAS, and the cost model
-prices a linear as one forward op (F/3) and one backward op (2F/3), so KERNEL_CALLS is 2.
-Memory bandwidth: a large copy moves 2 * bytes (read + write); memory-bound kernels
-(add: 3 * bytes, gelu: 2 * bytes) give the achieved fraction of that bandwidth.
+FLOPs of one timed call (multiply-add = 2 FLOPs, as autoplan/trace/flops.py counts):
 
-Cases are described by picklable ``CaseSpec`` values, so the N measuring processes can build
-and time the same kernels (autoplan/profile/measure/ranks.py).
+    matmul     y = x W^T, x (m x k), W (n x k): forward + both backward GEMMs     3 * 2*m*n*k
+    attention  SDPA over (b, h, s, d), causal: forward + backward (the backward's four
+               gradient matmuls and the scores it recomputes, 2.5x the forward)  3.5 * 4*b*h*s*s*d
+    conv       3x3, stride 1, pad 1, c -> c channels, forward                    2*b*c*c*9*hw*hw
+    memory     a copy moves 2 * bytes; add 3 * bytes, gelu 2 * bytes
+
+Matmul's three GEMMs run on plain tensors in the layouts autograd hands ``aten::mm``
+(``mm(x, W.t())``, ``mm(dY, W)``, ``mm(dY.t(), x)``); the fit counts 2 kernel calls per matmul and
+attention point (profile/measure/build.py, KERNEL_CALLS). Cases are picklable ``CaseSpec`` values,
+so the N measuring processes time the same kernels (autoplan/profile/measure/ranks.py).
 """
 
 from __future__ import annotations

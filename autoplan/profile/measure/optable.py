@@ -6,7 +6,7 @@ from node attributes: ``linear`` as the matmul case of m = tokens, k = in, n = o
 causal flag. Other kinds are priced by the roofline model. The N measuring processes time
 them together (measure/ranks.py).
 
-What a row holds (docs/profile-format.md, "op_table"):
+What a row holds (docs/profile-format.md, "What an op_table row times"):
 * ``linear`` rows: the forward GEMM and both backward GEMMs (grad-input, grad-weight), in
   the layouts autograd runs them, shape ``m=..,n=..,k=..,fwd+bwd``; ``flops`` = 6*m*n*k, their
   sum. The cost model (autoplan/cost/compute/roofline.py ``_measured_s``) looks a linear node up by

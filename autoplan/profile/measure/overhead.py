@@ -1,29 +1,17 @@
-"""Host dispatch overhead per op: the slope of a chain of tiny ops against its length.
+"""Host dispatch overhead per op: the slope of a chain of tiny ops against its length
+(docs/profile-format.md, "Host dispatch overhead").
 
-An op on a tiny tensor (8 fp32 elements) does next to no arithmetic, so timing a chain of N
-of them in a training step measures what every op pays however small it is: Python, the
-dispatcher, autograd recording (forward) and the autograd engine (backward), and on a GPU the
-kernel launch. With a fixed cost c (the call, the leaf, the final sync) and o per op,
+An op on 8 fp32 elements does next to no arithmetic, so a chain of N of them measures what every
+op pays however small: Python, the dispatcher, autograd, and on a GPU the kernel launch. With a
+fixed cost c and o per op, timed at the ``LENGTHS`` 8 and 72:
 
-    t(N) = c + N * o,    o = slope of t against N (least squares; two lengths: the difference quotient)
+    t(N) = c + N * o,    o = slope of t against N
+    forward_s  = slope(forward with autograd recording)
+    backward_s = slope(forward + torch.autograd.grad of the input and every weight) - forward_s
 
-Two timed calls per chain length N (``LENGTHS``, 8 and 72 ops):
-  forward  the chain with autograd recording (inputs and weights require grad, as in training);
-  step     the forward, then ``torch.autograd.grad`` of its output w.r.t. the input and every
-           weight (all gradients training computes; none accumulated into ``.grad``, which
-           training does once per parameter, not per op).
-
-    forward_s  = slope(forward)
-    backward_s = slope(step) - slope(forward)
-
-Each op kind gets its own chain, and each reported number is the **median over the kinds**
-(``KINDS``: a scalar mul, an add, a linear with its own 8x8 weight and bias, layer_norm with
-its own affine weights, gelu, and a transpose view), because a traced training graph is a
-mix of such ops and the cost model charges every op the same overhead. A slope is per op as
-the tracer sees it (one ``linear`` node also dispatches its weight's transpose). Negative slopes
-(noise on an idle-fast chain) are clipped to 0. Tiny tensors live on the rank's device; the
-timing helper synchronises the device after each call (timing.median_time_s), and with
-``concurrent=True`` all ranks time each chain at once, like the compute sweep.
+Each op kind in ``KINDS`` (mul, add, linear, layer_norm, gelu, transpose) gets its own chain; each
+number is the median over the kinds, negative slopes clipped to 0. With ``concurrent=True`` all
+ranks time each chain at once, like the compute sweep.
 """
 
 from __future__ import annotations
