@@ -4,7 +4,10 @@
 assembles each plan with arithmetic, so the planner can price thousands of plans a second.
 The step time of one global batch is the sum of ``Cost.TIME_FIELDS``; docs/cost-model.md
 ("Step time") is the one statement of each term with its source, and :meth:`CostModel._time`
-computes each. The data-parallel terms come from autoplan/cost/dp/sync.py.
+computes each. The terms are objects with explicit inputs (docs/architecture.md, "The cost model's
+layout"): ``memory`` (cost/memory/plan.py), ``tied`` (cost/pp/tied.py), ``sp_sync``
+(cost/tp/sp_sync.py) and ``experts`` (cost/moe/placement.py); the data-parallel terms come from
+cost/dp/sync.py.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from autoplan.cost.dp.sync import DataParallelSync
 from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
 from autoplan.cost.moe.experts import ExpertPlacement, check_divides
-from autoplan.cost.moe.placement import ExpertParallel, optimizer_params
+from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups
 from autoplan.cost.pp.schedule import balanced_stages
@@ -66,7 +69,7 @@ class CostModel(DataParallelSync):
         self.memory = PlanMemory(profile)
         self.tied = TiedWeightSync(graph, profile, {part: s.nodes for part, s in self._outside.items()})
         self.sp_sync = SequenceParallelSync(graph, profile)
-        self.experts = ExpertParallel(graph, profile)
+        self.experts = ExpertGroups(graph, profile)
 
     # ---- precomputation ------------------------------------------------------------------
     def _index_group(self, layers: list[str]) -> None:
@@ -220,7 +223,7 @@ class CostModel(DataParallelSync):
         stages, _tp_plan, _ctx, groups = self._priced(plan)
         cost = Cost()
         self._time(cost, plan, stages, groups)
-        self.memory.fill(cost, plan, stages, [self.powersgd_stage(plan, s) for s in stages])
+        self.memory.fill(cost, plan, stages, self._powersgd_by_stage(plan, stages))
         self._throughput(cost, plan)
         return cost
 
@@ -305,7 +308,11 @@ class CostModel(DataParallelSync):
     # ---- the terms, as other code asks them of the model -----------------------------------------
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
         """Per stage, its memory on one device (PlanMemory.stage_memory, with the plan's PowerSGD traffic)."""
-        return self.memory.stage_memory(plan, stages, [self.powersgd_stage(plan, s) for s in stages])
+        return self.memory.stage_memory(plan, stages, self._powersgd_by_stage(plan, stages))
+
+    def _powersgd_by_stage(self, plan: Plan, stages: list[StageTotals]) -> list:
+        """Each stage's PowerSGD traffic (the dp term's), whose state PlanMemory counts as held."""
+        return [self.powersgd_stage(plan, stage) for stage in stages]
 
     def tied_elements_by_stage(self, plan: Plan, stages: list[StageTotals]) -> dict[int, float]:
         """TiedWeightSync.elements_by_stage of the plan's chunks."""
@@ -316,15 +323,15 @@ class CostModel(DataParallelSync):
         return self.sp_sync.partial_elements(plan, tp_plan, layers)
 
     def expert_placement(self, plan: Plan) -> ExpertPlacement | None:
-        """ExpertParallel.for_plan."""
+        """ExpertGroups.for_plan."""
         return self.experts.for_plan(plan)
 
     def placement(self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None) -> ExpertPlacement | None:
-        """ExpertParallel.placement (the search's bounds ask before any plan is built)."""
+        """ExpertGroups.placement (the search's bounds ask before any plan is built)."""
         return self.experts.placement(tp=tp, dp=dp, ep=ep, pp=pp, routing=routing)
 
     def edp_group(self, plan: Plan) -> AxisGroup:
-        """ExpertParallel.edp_group."""
+        """ExpertGroups.edp_group."""
         return self.experts.edp_group(plan)
 
     # ---- throughput ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
 
-class ExpertParallel:
+class ExpertGroups:
     """The experts' placement and edp group for one graph on one profile (module docstring)."""
 
     def __init__(self, graph: Graph, profile: Profile):

@@ -12,7 +12,7 @@ from synthetic import a100_profile, synthetic_gpt, synthetic_profile
 from autoplan.cost.blocks import block_structure, summarise
 from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.memory.plan import PlanMemory
-from autoplan.cost.moe.placement import ExpertParallel, optimizer_params
+from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, ep_groups, mesh_groups
 from autoplan.cost.pp.tied import TiedWeightSync
@@ -138,13 +138,13 @@ def moe_gpt(gpt):
 
 def test_the_experts_placement_and_their_gradient_group(gpt, moe_gpt):
     profile = synthetic_profile()  # 8 devices a node
-    experts = ExpertParallel(moe_gpt, profile)
+    experts = ExpertGroups(moe_gpt, profile)
     place = experts.for_plan(_plan(dp=8, ep=4))
     assert (place.ep, place.imbalance, place.group) == (4, 1.5, ep_groups(profile, dp=8, ep=4, pp=1)["ep"])
     assert experts.placement(tp=1, dp=8, ep=4, pp=1, routing=RoutingModel(imbalance=2.0)).imbalance == 2.0
     assert experts.for_plan(_plan(dp=8)).imbalance == 1.0  # every expert on the rank
     assert experts.for_plan(_plan(dp=4, tp=2)) is None  # under TP the expert matmuls are priced as ops
-    assert ExpertParallel(gpt, profile).for_plan(_plan(dp=8, ep=4)) is None  # a dense model
+    assert ExpertGroups(gpt, profile).for_plan(_plan(dp=8, ep=4)) is None  # a dense model
     assert experts.edp_group(_plan(dp=8, ep=4)) == AxisGroup(size=2, ranks_per_node=2)
 
 
