@@ -244,16 +244,15 @@ class CostModel(DataParallelSync):
     # ---- time ----------------------------------------------------------------------------
     def _time(self, cost: Cost, plan: Plan, stages: list[StageTotals], groups: dict[str, AxisGroup]) -> None:
         m, p, v = plan.num_microbatches, plan.pp, plan.virtual_stages
+        chunks = self._chunks(plan)
         slowest = max(stages, key=lambda s: s.micro_batch_s)
         cost.compute_s = m * slowest.compute_s
         cost.recompute_s = m * slowest.recompute_s
-        cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(
-            plan, self._tp_plan(plan), self._chunks(plan), groups["tp"]
-        )
+        cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(plan, self._tp_plan(plan), chunks, groups["tp"])
         cost.ep_comm_s = m * slowest.ep_s
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
         cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self.tied.sync_s(
-            plan, self._chunks(plan), stages, groups["pp"]
+            plan, chunks, stages, groups["pp"]
         )
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         self._dp_time(cost, plan, stages, groups["dp"], slowest)
