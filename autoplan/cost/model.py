@@ -4,7 +4,10 @@
 assembles each plan with arithmetic, so the planner can price thousands of plans a second.
 The step time of one global batch is the sum of ``Cost.TIME_FIELDS``; docs/cost-model.md
 ("Step time") is the one statement of each term with its source, and :meth:`CostModel._time`
-computes each. The data-parallel terms come from autoplan/cost/dp/sync.py.
+computes each. The terms are objects with explicit inputs (docs/architecture.md, "The cost model's
+layout"): ``memory`` (cost/memory/plan.py), ``tied`` (cost/pp/tied.py), ``sp_sync``
+(cost/tp/sp_sync.py) and ``experts`` (cost/moe/placement.py); the data-parallel terms come from
+cost/dp/sync.py.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from autoplan.cost.blocks import LayerSummary, block_structure, summarise
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import activation_scale, memory_time_s, peak_dtype
 from autoplan.cost.dp.sync import DataParallelSync
+from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
-from autoplan.cost.moe.experts import check_divides
-from autoplan.cost.moe.placement import ExpertParallel
+from autoplan.cost.moe.experts import ExpertPlacement, check_divides
+from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups
 from autoplan.cost.pp.schedule import balanced_stages
@@ -32,6 +36,7 @@ from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
 from autoplan.types.layout import stage_of_chunk
+from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.saved_ops import SAVED_KINDS
@@ -39,8 +44,9 @@ from autoplan.types.saved_ops import SAVED_KINDS
 ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
 
 
-class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemory, ExpertParallel):
-    """Prices plans for one graph on one profile; block summaries are cached across plans."""
+class CostModel(DataParallelSync):
+    """Prices plans for one graph on one profile; block summaries are cached across plans. The terms
+    that stand alone are attributes: ``memory``, ``tied``, ``sp_sync`` and ``experts``."""
 
     def __init__(self, graph: Graph, profile: Profile):
         self.graph, self.profile = graph, profile
@@ -51,7 +57,6 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             self._index_group(group.layers)
         self._structures = {rep: block_structure(graph, rep) for rep in set(self._rep.values())}
         self._outside = self._split_outside()
-        self._tied = self._tied_places()
         self._cache: dict[tuple, LayerSummary] = {}
         self.node_times = NodeTimes(graph, profile)  # shared with the search's bounds and ILPs
         self._bucket_cache: dict[tuple, float] = {}
@@ -61,8 +66,10 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             mode: self._recompute_flops_per_sample(mode) for mode in ("none", "selective", "full")
         }
         self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
-        self._sp_names: dict[tuple, tuple[str, ...]] = {}  # (layer, tp, the layer's splits) -> sp_partial_params
-        self._modules_of: dict[str | None, tuple[str, ...]] = {}
+        self.memory = PlanMemory(profile)
+        self.tied = TiedWeightSync(graph, profile, {part: s.nodes for part, s in self._outside.items()})
+        self.sp_sync = SequenceParallelSync(graph, profile)
+        self.experts = ExpertGroups(graph, profile)
 
     # ---- precomputation ------------------------------------------------------------------
     def _index_group(self, layers: list[str]) -> None:
@@ -201,7 +208,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             sequence_parallel=plan.sequence_parallel,
             precision=plan.precision,
             batch_fraction=plan.micro_batch_size / self.graph.batch_size,
-            experts=self.expert_placement(plan),
+            experts=self.experts.for_plan(plan),
         )
 
     def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
@@ -216,7 +223,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         stages, _tp_plan, _ctx, groups = self._priced(plan)
         cost = Cost()
         self._time(cost, plan, stages, groups)
-        self._memory(cost, plan, stages)
+        self.memory.fill(cost, plan, stages, self._powersgd_by_stage(plan, stages))
         self._throughput(cost, plan)
         return cost
 
@@ -237,20 +244,21 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
     # ---- time ----------------------------------------------------------------------------
     def _time(self, cost: Cost, plan: Plan, stages: list[StageTotals], groups: dict[str, AxisGroup]) -> None:
         m, p, v = plan.num_microbatches, plan.pp, plan.virtual_stages
+        chunks = self._chunks(plan)
         slowest = max(stages, key=lambda s: s.micro_batch_s)
         cost.compute_s = m * slowest.compute_s
         cost.recompute_s = m * slowest.recompute_s
-        cost.tp_comm_s = m * slowest.tp_s + self._sp_grad_sync_s(plan, groups["tp"])
+        cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(plan, self._tp_plan(plan), chunks, groups["tp"])
         cost.ep_comm_s = m * slowest.ep_s
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
-        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self._tied_sync_s(
-            plan, stages, groups["pp"]
+        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self.tied.sync_s(
+            plan, chunks, stages, groups["pp"]
         )
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         self._dp_time(cost, plan, stages, groups["dp"], slowest)
         if plan.zero_stage >= 3 and plan.dp > 1:
             cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, groups["dp"]) for s in stages)
-        local_params = max(self.optimizer_params(plan, s) for s in stages)
+        local_params = max(optimizer_params(plan, s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
@@ -295,6 +303,35 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
         return memory_time_s(self.profile, 3.0 * stage.params * 4)  # fp32 gradients (cost/memory/per_device.py)
+
+    # ---- the terms, as other code asks them of the model -----------------------------------------
+    def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
+        """Per stage, its memory on one device (PlanMemory.stage_memory, with the plan's PowerSGD traffic)."""
+        return self.memory.stage_memory(plan, stages, self._powersgd_by_stage(plan, stages))
+
+    def _powersgd_by_stage(self, plan: Plan, stages: list[StageTotals]) -> list:
+        """Each stage's PowerSGD traffic (the dp term's), whose state PlanMemory counts as held."""
+        return [self.powersgd_stage(plan, stage) for stage in stages]
+
+    def tied_elements_by_stage(self, plan: Plan, stages: list[StageTotals]) -> dict[int, float]:
+        """TiedWeightSync.elements_by_stage of the plan's chunks."""
+        return self.tied.elements_by_stage(plan, self._chunks(plan), stages)
+
+    def sp_partial_elements(self, plan: Plan, tp_plan: dict[str, str], layers: list[str | None]) -> list[float]:
+        """SequenceParallelSync.partial_elements."""
+        return self.sp_sync.partial_elements(plan, tp_plan, layers)
+
+    def expert_placement(self, plan: Plan) -> ExpertPlacement | None:
+        """ExpertGroups.for_plan."""
+        return self.experts.for_plan(plan)
+
+    def placement(self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None) -> ExpertPlacement | None:
+        """ExpertGroups.placement (the search's bounds ask before any plan is built)."""
+        return self.experts.placement(tp=tp, dp=dp, ep=ep, pp=pp, routing=routing)
+
+    def edp_group(self, plan: Plan) -> AxisGroup:
+        """ExpertGroups.edp_group."""
+        return self.experts.edp_group(plan)
 
     # ---- throughput ----------------------------------------------------------------------
     def _throughput(self, cost: Cost, plan: Plan) -> None:

@@ -1,8 +1,9 @@
-"""A plan's memory per stage, as CostModel prices it: the parts of each stage and the worst peak.
+"""A plan's memory per stage: the parts of each stage, the worst peak, and whether it fits.
 
-The formulas live in cost/memory/per_device.py (model states, saved activations, in-flight micro-batches,
-communication buffers); :class:`PlanMemory` feeds them a plan's stages and marks a plan
-infeasible when the worst stage's peak exceeds the usable memory of the device.
+    peak = max_stage stage_memory(states, activations, in-flight micro-batches, buffers)
+
+with each part's formula and source in cost/memory/per_device.py; a plan is infeasible when the worst
+stage's peak exceeds the device's usable memory (``usable_bytes``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.memory.per_device import (
     ModelStates,
     StageMemory,
@@ -24,16 +26,24 @@ from autoplan.cost.pp.schedule import in_flight_after_first_backward, in_flight_
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
 
 
 class PlanMemory:
-    """Mixin of CostModel: reads ``profile`` (and DataParallelSync's ``powersgd_stage``)."""
+    """A plan's memory on one device of ``profile`` (module docstring)."""
 
-    def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
-        """Per stage, its memory on one device: the parts and the peak (cost/memory/per_device.py)."""
-        return [self._stage_memory(plan, index, stage) for index, stage in enumerate(stages)]
+    def __init__(self, profile: Profile):
+        self.profile = profile
 
-    def _stage_memory(self, plan: Plan, index: int, stage: StageTotals) -> StageMemory:
+    def stage_memory(self, plan: Plan, stages: list[StageTotals], powersgd: list[PowerSGDTraffic]) -> list[StageMemory]:
+        """Per stage, its memory on one device: the parts and the peak (cost/memory/per_device.py).
+        ``powersgd`` is each stage's PowerSGD traffic (cost/dp/compression.py; all zeros when the
+        plan does not compress), whose error feedback, factors and hook buffers it holds."""
+        return [
+            self._stage_memory(plan, index, stage, held) for index, (stage, held) in enumerate(zip(stages, powersgd))
+        ]
+
+    def _stage_memory(self, plan: Plan, index: int, stage: StageTotals, powersgd: PowerSGDTraffic) -> StageMemory:
         reduce_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
         blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
         block_params = max((b.param_count for b in stage.blocks), default=0.0)
@@ -52,7 +62,7 @@ class PlanMemory:
                 block_params=block_params,
                 precision=plan.precision,
             )
-            + self.powersgd_stage(plan, stage).held_bytes,  # error feedback and P, Q (cost/dp/compression.py)
+            + powersgd.held_bytes,  # error feedback and P, Q (cost/dp/compression.py)
             scatter_bytes=scatter_buffer_bytes(
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
@@ -69,7 +79,7 @@ class PlanMemory:
                 pp=plan.pp,
                 reduce_bytes=reduce_bytes,
             )
-            + self.powersgd_stage(plan, stage).hook_bytes,  # with the last bucket, after the backward (M3)
+            + powersgd.hook_bytes,  # with the last bucket, after the backward (M3)
             grads_persist=plan.runs_ddp,
         )
 
@@ -94,8 +104,10 @@ class PlanMemory:
             optimizer_bytes=dense.optimizer_bytes + experts.optimizer_bytes,
         )
 
-    def _memory(self, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
-        worst = max(self.stage_memory(plan, stages), key=lambda m: m.peak_bytes)
+    def fill(self, cost: Cost, plan: Plan, stages: list[StageTotals], powersgd: list[PowerSGDTraffic]) -> None:
+        """Write the worst stage's memory parts and peak into ``cost``, and mark it infeasible when
+        the peak exceeds the usable memory."""
+        worst = max(self.stage_memory(plan, stages, powersgd), key=lambda m: m.peak_bytes)
         cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes = (
             int(worst.weights_bytes),
             int(worst.grads_bytes),

@@ -1,18 +1,14 @@
-"""Where a plan's MoE experts sit and how their parameters sync, as CostModel prices them.
+"""Where a plan's MoE experts sit, and the two data-parallel groups their parameters sync over.
 
-Expert parallelism folds ``ep`` over the data-parallel ranks (autoplan/types/plan.py), so the
-parameters of a stage fall in two sets with two data-parallel groups:
+Expert parallelism folds ``ep`` over the data-parallel ranks (autoplan/types/plan.py):
 
-- dense parameters: replicated (or ZeRO-sharded) over all ``dp`` ranks; gradients reduced over
-  the dp group;
-- the routed experts' parameters, ``1 / ep`` of them per rank: replicated (or ZeRO-sharded)
-  over the ``dp / ep`` ranks that hold the same experts (the "edp" group, cost/network/mesh.py:ep_groups),
-  gradients reduced over it (Megatron-Core's expert data parallel group; torchtitan's
-  ``dp_mod_ep`` mesh).
+- dense parameters are replicated (or ZeRO-sharded) over all ``dp`` ranks;
+- the routed experts' parameters, ``1 / ep`` of them per rank, over the ``dp / ep`` ranks that hold
+  the same experts (the "edp" group, cost/network/mesh.py ``ep_groups``; Megatron-Core's expert data
+  parallel group, torchtitan's ``dp_mod_ep`` mesh).
 
-Per-block times and the all-to-alls are in autoplan/cost/moe/experts.py. The placement sets the
-imbalance: the routing model's ``i`` at ep > 1 (the busiest rank sets the pace), 1 at ep = 1
-(every expert on the rank: the total work does not depend on the split).
+The placement sets the imbalance ``i``: the routing model's at ep > 1 (the busiest rank sets the
+pace), 1 at ep = 1. Per-block times and the all-to-alls are in cost/moe/experts.py.
 """
 
 from __future__ import annotations
@@ -20,26 +16,31 @@ from __future__ import annotations
 from autoplan.cost.moe.experts import ExpertPlacement
 from autoplan.cost.network.mesh import AxisGroup, ep_groups
 from autoplan.cost.stages import StageTotals
+from autoplan.types.graph import Graph
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
 
 
-class ExpertParallel:
-    """Mixin of CostModel: reads ``graph`` and ``profile``."""
+class ExpertGroups:
+    """The experts' placement and edp group for one graph on one profile (module docstring)."""
 
-    def expert_placement(self, plan: Plan) -> ExpertPlacement | None:
+    def __init__(self, graph: Graph, profile: Profile):
+        self.moe_layers, self.profile = graph.moe_layers, profile
+
+    def for_plan(self, plan: Plan) -> ExpertPlacement | None:
         """How ``plan`` runs the experts; None for a dense model or under tensor parallelism (its
         expert matmuls are then priced as the ops they trace to)."""
         return self.placement(tp=plan.tp, dp=plan.dp, ep=plan.ep, pp=plan.pp, routing=plan.routing)
 
     def placement(self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None) -> ExpertPlacement | None:
-        """:meth:`expert_placement` of a plan with these degrees and routing model (the search's
-        bounds ask before any plan is built)."""
-        if not self.graph.moe_layers or tp > 1:
+        """:meth:`for_plan` of a plan with these degrees and routing model (the search's bounds ask
+        before any plan is built)."""
+        if not self.moe_layers or tp > 1:
             return None
         if ep == 1:
             return ExpertPlacement(ep=1, imbalance=1.0, group=AxisGroup(size=1, ranks_per_node=1))
-        routing = routing or self.graph.moe_layers[0].routing
+        routing = routing or self.moe_layers[0].routing
         group = ep_groups(self.profile, dp=dp, ep=ep, pp=pp)["ep"]
         return ExpertPlacement(ep=ep, imbalance=routing.imbalance, group=group)
 
@@ -47,9 +48,10 @@ class ExpertParallel:
         """The group an expert's gradients are reduced over (the dp group's ranks at ep = 1)."""
         return ep_groups(self.profile, dp=plan.dp, ep=plan.ep, pp=plan.pp)["edp"]
 
-    def optimizer_params(self, plan: Plan, stage: StageTotals) -> float:
-        """Parameters whose optimizer step runs on one device: all, or its ZeRO shards (dense
-        over dp, experts over dp / ep)."""
-        if plan.zero_stage < 1:
-            return stage.params
-        return stage.dense_params / plan.dp + stage.expert_params / (plan.dp // plan.ep)
+
+def optimizer_params(plan: Plan, stage: StageTotals) -> float:
+    """Parameters whose optimizer step runs on one device: all, or their ZeRO shards (dense over
+    dp, the routed experts over dp / ep; ZeRO, Rajbhandari et al. 2020)."""
+    if plan.zero_stage < 1:
+        return stage.params
+    return stage.dense_params / plan.dp + stage.expert_params / (plan.dp // plan.ep)

@@ -1,18 +1,22 @@
-"""Sequence parallelism's once-a-step gradient all-reduce, as CostModel prices it.
+"""Sequence parallelism's once-a-step gradient all-reduce.
 
 Under sequence parallelism a parameter used on sequence shards (a norm's weight, a rowwise
-linear's bias) gets a partial gradient on every tp rank, all-reduced in fp32 once a step on the
-stage that holds the most of them (sp_partial_params; Korthikanti et al. 2022
-section 4.2.2). :class:`SequenceParallelSync` holds that term for
-:class:`autoplan.cost.model.CostModel`, memoised on what it reads.
+linear's bias) gets a partial gradient on every tp rank (Korthikanti et al. 2022, section 4.2.2),
+all-reduced in fp32 once a step:
+
+    t_sp = max_stage sum_{w in sp_partial_params(stage)} all_reduce(4 * elements_w, group = tp)
 """
 
 from __future__ import annotations
 
+from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup
 from autoplan.cost.tp.block import STREAM_KINDS, analyse_block
+from autoplan.cost.tp.plan_memo import TpPlanMemo
 from autoplan.types.graph import Graph
+from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
 
 
 def sp_partial_params(
@@ -45,25 +49,30 @@ def sp_partial_params(
 
 
 class SequenceParallelSync:
-    """The SP gradient-sync term of CostModel (module docstring)."""
+    """The SP gradient sync of one graph (module docstring), memoised on what it reads."""
 
-    def sp_partial_elements(self, plan: Plan, tp_plan: dict[str, str], layers: list[str | None]) -> list[float]:
+    def __init__(self, graph: Graph, profile: Profile):
+        self.graph, self.profile = graph, profile
+        self._names: dict[tuple, tuple[str, ...]] = {}  # (layer, tp, the layer's splits) -> sp_partial_params
+        self._modules_of: dict[str | None, tuple[str, ...]] = {}
+        self._worst = TpPlanMemo()
+
+    def partial_elements(self, plan: Plan, tp_plan: dict[str, str], layers: list[str | None]) -> list[float]:
         """Elements of each parameter of ``layers`` (None: the outside nodes) whose gradient is
-        all-reduced once a step under sequence parallelism (sp_partial_params)."""
+        all-reduced once a step under sequence parallelism (sp_partial_params), by name."""
         params = self.graph.parameters
-        names = {n for layer in layers for n in self._sp_partial_names(layer, tp_plan, plan)}
+        names = {n for layer in layers for n in self._partial_names(layer, tp_plan, plan)}
         return [float(params[n].numel) for n in sorted(names) if n in params]
 
-    def _sp_partial_names(self, layer: str | None, tp_plan: dict[str, str], plan: Plan) -> tuple[str, ...]:
-        """sp_partial_params, memoised on what it reads: the layer, tp, SP and the
-        splits of the layer's own modules (so two tp_plans that agree on the layer share it)."""
+    def _partial_names(self, layer: str | None, tp_plan: dict[str, str], plan: Plan) -> tuple[str, ...]:
+        """sp_partial_params, memoised on what it reads: the layer, tp, SP and the splits of the
+        layer's own modules (so two tp_plans that agree on the layer share it)."""
         if plan.tp <= 1 or not plan.sequence_parallel:
             return ()
-        modules = self._layer_modules(layer)
-        key = (layer, plan.tp, tuple(tp_plan.get(m) for m in modules))
-        hit = self._sp_names.get(key)
+        key = (layer, plan.tp, tuple(tp_plan.get(m) for m in self._layer_modules(layer)))
+        hit = self._names.get(key)
         if hit is None:
-            hit = self._sp_names[key] = tuple(
+            hit = self._names[key] = tuple(
                 sp_partial_params(self.graph, layer, tp_plan, tp=plan.tp, sequence_parallel=True)
             )
         return hit
@@ -75,23 +84,20 @@ class SequenceParallelSync:
             )
         return self._modules_of[layer]
 
-    def _sp_grad_sync_s(self, plan: Plan, tp_group: AxisGroup) -> float:
-        """Once a step, the all-reduce of each sequence-parallel parameter's fp32 gradient, on the
-        stage that holds the most of them (sp_partial_params)."""
+    def grad_sync_s(self, plan: Plan, tp_plan: dict[str, str], chunks: list[list[str]], tp_group: AxisGroup) -> float:
+        """t_sp (module docstring) of ``plan`` priced with ``tp_plan``, its pipeline ``chunks`` on their
+        stages (the last stage also holds the outside nodes)."""
         if plan.tp == 1 or not plan.sequence_parallel:
             return 0.0
-        tp_plan = self._tp_plan(plan)
-        chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
-        return self._memo.get(
-            ("sp sync", plan.tp, plan.pp, chunks, tp_group),
-            tp_plan,
-            lambda: self._sp_grad_sync_worst_s(plan, tp_plan, tp_group),
-        )
+        key = (plan.tp, plan.pp, tuple(tuple(chunk) for chunk in chunks), tp_group)
+        return self._worst.get(key, tp_plan, lambda: self._worst_stage_s(plan, tp_plan, chunks, tp_group))
 
-    def _sp_grad_sync_worst_s(self, plan: Plan, tp_plan: dict[str, str], tp_group: AxisGroup) -> float:
+    def _worst_stage_s(self, plan: Plan, tp_plan: dict[str, str], chunks: list[list[str]], group: AxisGroup) -> float:
         worst = 0.0
         for stage in range(plan.pp):
-            layers = self.stage_layers(plan, stage) + ([None] if stage == plan.pp - 1 else [])
-            elements = self.sp_partial_elements(plan, tp_plan, layers)
-            worst = max(worst, sum(self._collective_s("all_reduce", e * 4, tp_group, None) for e in elements))
+            layers = [
+                layer for c, chunk in enumerate(chunks) if stage_of_chunk(c, pp=plan.pp) == stage for layer in chunk
+            ]
+            elements = self.partial_elements(plan, tp_plan, layers + ([None] if stage == plan.pp - 1 else []))
+            worst = max(worst, sum(collective_time_s(self.profile, "all_reduce", e * 4, group=group) for e in elements))
         return worst

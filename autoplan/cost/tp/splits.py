@@ -210,12 +210,15 @@ class Messages:
         return Messages({k: [c * n, b * n] for k, (c, b) in self.by_kind.items()})
 
 
-class _MessageCollectives(_Collectives):
+class _MessageCollectives:
     """One message of ``kind`` per call, in the bytes :class:`_Collectives` prices."""
 
+    def __init__(self, graph: Graph, ctx: TPContext):
+        self.priced = _Collectives(graph, ctx)
+
     def __call__(self, kind: str, traced_bytes: float) -> Messages | float:
-        size = traced_bytes * self.factor
-        return Messages({kind: [1, size]}) if size > 0 and self.ctx.tp > 1 else 0.0
+        size = traced_bytes * self.priced.factor
+        return Messages({kind: [1, size]}) if size > 0 and self.priced.ctx.tp > 1 else 0.0
 
 
 def block_messages(

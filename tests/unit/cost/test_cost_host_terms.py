@@ -122,7 +122,7 @@ def test_weight_tied_across_pipeline_stages_pays_one_gradient_all_reduce(tied_gp
 
     expected = collective_time_s(profile, "all_reduce", tied_bytes, group=_pp_group(profile))
     assert split.pp_comm_s - sends_only == pytest.approx(expected, rel=1e-6)
-    assert model._tied_sync_s(_plan(num_microbatches=4, micro_batch_size=1), [], _pp_group(profile)) == 0.0
+    assert model.tied.sync_s(_plan(num_microbatches=4, micro_batch_size=1), [], [], _pp_group(profile)) == 0.0
 
 
 def _pp_group(profile):
