@@ -1,5 +1,9 @@
 """What the planner (solve/) may ask the cost model: the one module solve/ imports from cost/.
 
+report/, calibrate/, export/ and cli/ ask through it too (a Cost to explain or refit, the audit's
+predicted volumes: ``predict_volumes``, the whole run's line: ``run_summary``, a precision's
+``peak_dtype``, whether PowerSGD ``compresses_any`` gradient).
+
 Like autoparallel's optimizer, which sees only a strategy's runtime and communication cost, the
 search never prices anything itself; it asks for these, each with explicit inputs:
 
@@ -29,7 +33,8 @@ from __future__ import annotations
 
 from autoplan.cost.blocks import LayerSummary
 from autoplan.cost.compute.op_costs import NodeTimes
-from autoplan.cost.dp.compression import check_rank
+from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
+from autoplan.cost.dp.compression import check_rank, compresses_any
 from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
@@ -40,6 +45,7 @@ from autoplan.cost.run.reliability import not_priced_reason as reliability_not_p
 from autoplan.cost.run.reliability import prediction_fields as reliability_fields
 from autoplan.cost.run.reliability import summary as reliability_summary
 from autoplan.cost.run.whole_run import RunPricer, check_prices, dollars_per_sample, priced_profile, run_pricer
+from autoplan.cost.run.whole_run import summary as run_summary
 from autoplan.cost.tp.block import analyse_block
 from autoplan.cost.tp.plan_memo import TpPlanMemo
 from autoplan.cost.tp.split_prices import (
@@ -51,11 +57,12 @@ from autoplan.cost.tp.split_prices import (
     split_context,
 )
 from autoplan.cost.tp.splits import TPContext
+from autoplan.cost.volumes import predict as predict_volumes
 
 # isort: split
 # solve/bounds.py's lower bounds, until it is switched to this interface (the lead prunes what it stops asking)
 from autoplan.cost.compute.op_costs import node_time_s
-from autoplan.cost.compute.roofline import PRECISION_BYTES, memory_time_s
+from autoplan.cost.compute.roofline import memory_time_s
 from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES, STATE_BYTES, model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
@@ -100,17 +107,22 @@ __all__ = [
     "reliability_not_priced",
     "reliability_summary",
     "run_pricer",
-    # types
+    # types and shared constants
     "LayerSummary",
     "NodeTimes",
+    "PRECISION_BYTES",
     "TPContext",
     "TpPlanMemo",
+    # what report/, calibrate/ and cli/ also ask
+    "compresses_any",
+    "peak_dtype",
+    "predict_volumes",
+    "run_summary",
     # solve/bounds.py, until switched
     "ADAM_BYTES_PER_PARAM",
     "BlockAnalysis",
     "DDP_BUCKET_BYTES",
     "ExpertPlacement",
-    "PRECISION_BYTES",
     "STATE_BYTES",
     "STREAM_KINDS",
     "a2a_times_s",
