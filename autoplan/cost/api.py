@@ -1,32 +1,19 @@
-"""What the planner (solve/) may ask the cost model: the one module solve/ imports from cost/.
+"""What solve/ (and report/, calibrate/, export/, cli/) may ask the cost model; docs/architecture.md,
+"The planner's interface", says why it is narrow. tests/unit/test_layout.py checks that those stages
+import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 
-report/, calibrate/, export/ and cli/ ask through it too (a Cost to explain or refit, the audit's
-predicted volumes: ``predict_volumes``, the whole run's line: ``run_summary``, a precision's
-``peak_dtype``, whether PowerSGD ``compresses_any`` gradient).
+- a whole plan: ``CostModel(graph, profile)``: ``estimate(plan)``, the block summaries the partition
+  balances, ``tp_context``, the expert ``placement``, each stage's priced memory, its op-time memo;
+- one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
+  ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
+- one block of the pipeline partition: ``block_time_s``, ``kept_bytes``, ``state_bytes_per_param``,
+  ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``;
+- ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``), a
+  PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
+- the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``) and the audit's
+  predicted volumes (``predict_volumes``).
 
-Like autoparallel's optimizer, which sees only a strategy's runtime and communication cost, the
-search never prices anything itself; it asks for these, each with explicit inputs:
-
-- a whole plan: ``CostModel(graph, profile)``: ``estimate(plan)`` (the Cost every candidate is ranked
-  by), the block summaries the partition balances (``block_summaries``, ``outside_summaries``,
-  ``block_summary``, ``block_inputs``), ``tp_context``, the expert ``placement``, each stage's priced
-  memory (``priced_stages``, ``stage_memory``) and its memo of op times (``node_times``);
-- one block's splits, for the intra-op ILP: :func:`price_block` (:class:`BlockPrices`: each split's
-  seconds and bytes, ``shard_dim`` for tied weights), in a :func:`split_context`, within a
-  :func:`memory_budget` when a plan did not fit; :func:`analyse_block` names a block's parameterised ops;
-- one block for the pipeline partition: :func:`block_time_s`, :func:`kept_bytes`,
-  :func:`state_bytes_per_param`, :func:`cut_s`, :func:`stage_capacity_bytes`, :func:`in_flight_chunks`,
-  and :func:`balanced_stages` when the partition is not searched;
-- a plan's rows of ops.csv: :func:`priced_ops`; the memory a plan may use: :func:`usable_bytes`;
-- which ep and pp a model's MoE layers allow (``moe_limits``, which also refuses a pin they cannot take;
-  ``pipeline_blocks``) and whether a PowerSGD rank fits its matrices (``check_rank``);
-- the whole run: ``RunPricer`` / ``run_pricer`` (hours and dollars), ``priced_profile``,
-  ``check_prices``, ``dollars_per_sample``, and the checkpoint interval and goodput (``reliability_*``).
-
-Types the answers come in: ``LayerSummary``, ``TPContext``, ``NodeTimes``, ``TpPlanMemo``.
-The last group serves solve/bounds.py's lower bounds until it asks through the statement of messages
-(issue 31 item 1); tests/unit/test_layout.py checks that solve/ imports cost/ only here and that
-every name here is asked for.
+The last group serves solve/bounds.py until it is switched to this interface (issue 31 item 1).
 """
 
 from __future__ import annotations
