@@ -98,6 +98,25 @@ def duration_text(seconds: float, *, signed: bool = False) -> str:
     return ("+" + text) if signed and seconds > 0 else text
 
 
+def hours_text(hours: float) -> str:
+    """3.1 days, 14.2 h, 35 min or 12 s."""
+    if hours >= 48:
+        return f"{hours / 24:.3g} days"
+    if hours >= 1:
+        return f"{hours:.3g} h"
+    if hours >= 1 / 60:
+        return f"{hours * 60:.3g} min"
+    return f"{hours * 3600:.3g} s"
+
+
+def usd_text(dollars: float) -> str:
+    """$52,300 (three significant figures above $1,000), $12.40 below."""
+    if dollars >= 1000:
+        digits = max(0, math.floor(math.log10(dollars)) - 2)
+        return f"${round(dollars, -digits):,.0f}"
+    return f"${dollars:,.2f}"
+
+
 @dataclass
 class FitTable:
     """Rows of strings under headers; ``numbers`` names the columns whose cells must stay whole.

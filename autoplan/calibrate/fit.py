@@ -27,7 +27,7 @@ from scipy.optimize import least_squares
 
 from autoplan.calibrate.params import Parameter, apply, candidate_parameters
 from autoplan.calibrate.runs import CalibrationError, Observation
-from autoplan.cost.model import CostModel
+from autoplan.cost import CostModel
 from autoplan.types.profile import Profile
 
 

@@ -28,7 +28,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-from autoplan.cost.compute.roofline import peak_dtype
+from autoplan.cost import peak_dtype
 from autoplan.types.profile import COLLECTIVES, Efficiency, Profile
 
 #: Op classes with an efficiency curve (a curve no run exercises is left alone, see fit.informative).

@@ -19,8 +19,7 @@ def write_audit_prediction(opts: RunOptions, plan: Plan) -> None:
     """``RUNDIR/audit_predicted.json``: per pipeline stage, what the cost model predicts one rank
     sends, holds, computes and peaks at in one step (cost/volumes.py ``predict``, CostModel's
     ``stage_memory``), priced on the plan's profile (cpu-gloo when it names none)."""
-    from autoplan.cost.model import CostModel
-    from autoplan.cost.volumes import predict
+    from autoplan.cost import CostModel, predict_volumes
     from autoplan.profile import load_profile
     from autoplan.trace import trace_model_file
     from autoplan.types.audit_prediction import AuditPrediction, StageAuditPrediction
@@ -31,7 +30,7 @@ def write_audit_prediction(opts: RunOptions, plan: Plan) -> None:
     peaks = [memory.peak_bytes for memory in model.stage_memory(plan, stages)]
     predicted = [
         StageAuditPrediction(**{**vars(stage), "comm": dict(stage.comm)}, peak_bytes=peak)
-        for stage, peak in zip(predict(model, plan), peaks)
+        for stage, peak in zip(predict_volumes(model, plan), peaks)
     ]
     AuditPrediction(plan=plan.describe(), stages=tuple(predicted)).save(opts.out)
 

@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     spec = run_spec_of(args)  # bad whole-run flags fail before the trace
     profile = load_profile(args.profile)
     if spec is not None:
-        from autoplan.cost.run.whole_run import check_prices, priced_profile
+        from autoplan.cost import check_prices, priced_profile
 
         profile = priced_profile(profile, spec)  # --price-per-device-hour and the spot flags, into profile.json
         check_prices(profile, spec, objective=args.objective)
@@ -165,9 +165,9 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"best: {result.best.describe()}  ->  {paths['plan.json']}")
         console.print(goodput_line(result.best.predicted, profile), highlight=False)
         if result.best.predicted.run is not None:
-            from autoplan.cost.run.whole_run import summary
+            from autoplan.cost import run_summary
 
-            console.print(summary(result.best.predicted.run), highlight=False)
+            console.print(run_summary(result.best.predicted.run), highlight=False)
     for note in [] if args.json or (explanation and not args.quiet) else notes:  # --explain states them
         print(f"autoplan: warning: {note}", file=sys.stderr)
     if explanation and not args.json:

@@ -1,13 +1,12 @@
 """Cost model: predict step time, memory and throughput of a plan on a profiled cluster.
 
-Graph + Profile + Plan -> Cost, as plain functions with no process group:
-``mesh`` places mesh axes on nodes, ``comm`` prices collectives, ``compute`` prices ops,
-``tensor_parallel`` prices tensor-parallel blocks, ``layers`` summarises blocks, ``schedule``
-and ``memory`` hold the pipeline and memory formulas, and ``model.CostModel`` assembles them.
-``reliability`` prices checkpoints and failures: the checkpoint interval and expected goodput.
-docs/cost-model.md states every formula with its source.
+Graph + Profile + Plan -> Cost, as plain functions with no process group; docs/architecture.md
+draws the subpackages and docs/cost-model.md states every formula with its source. What the
+planner may ask is :mod:`autoplan.cost.api`, re-exported here: solve/ imports cost/ only so.
 """
 
-from autoplan.cost.model import CostModel, estimate
+from autoplan.cost.api import *  # noqa: F403
+from autoplan.cost.api import __all__ as _api
+from autoplan.cost.model import estimate
 
-__all__ = ["CostModel", "estimate"]
+__all__ = [*_api, "estimate"]

@@ -125,7 +125,7 @@ def price_imported(
 ) -> ConfigPricing:
     """Price a config already read (export/api.import_config) beside the best plan (module docstring).
     ``search`` holds ``plan_graph``'s ``fix`` and ``allow_*`` options (the ``plan`` command's flags)."""
-    from autoplan.cost.model import CostModel
+    from autoplan.cost import CostModel
     from autoplan.report.terms import term_diffs
 
     assumptions = imported.assumptions + check_facts(imported, graph, source=source, model=model or graph.model_name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoplan.cost.memory.per_device import usable_bytes
+from autoplan.cost import usable_bytes
 from autoplan.report import figures as fig
 from autoplan.report.folder import load_plan_folder, load_run_folder, search_again
 from autoplan.report.markdown import report_markdown

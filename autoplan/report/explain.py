@@ -20,10 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoplan.cost.memory.per_device import usable_bytes
-from autoplan.cost.model import CostModel
-from autoplan.cost.run import reliability
-from autoplan.cost.run.whole_run import dollars_per_sample
+from autoplan.cost import CostModel, dollars_per_sample, reliability_fields, reliability_not_priced, usable_bytes
 from autoplan.errors import AutoplanError
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain
@@ -141,10 +138,10 @@ def explain_result(
         decision="no other family fits",
         decision_rival=other,
         families=families(result.candidates, best, model=model, objective=obj, usable=usable, stand_ins=stand_ins),
-        goodput=reliability.prediction_fields(
+        goodput=reliability_fields(
             params=graph.param_count, devices=best.plan.devices, profile=profile, step_time_s=best.cost.step_time_s
         ),
-        goodput_note=reliability.not_priced_reason(profile) or "",
+        goodput_note=reliability_not_priced(profile) or "",
         trade=[row.to_dict() for row in trade_rows(model, best.plan, allowed=_allowed(result))],
         warnings=plan_notes(result, profile),
         fp8=fp8_gain(result, graph=graph, profile=profile),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autoplan.cost.model import CostModel
+from autoplan.cost import CostModel
 from autoplan.display import duration_text
 from autoplan.errors import AutoplanError
 from autoplan.report.terms import TermDiff, category_of, deciding_term, term_diffs

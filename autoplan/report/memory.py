@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.model import CostModel
+from autoplan.cost import CostModel
 from autoplan.display import MEMORY_NAMES
 from autoplan.report.tables import describe_row, plans_table, top_feasible
 from autoplan.types.cost import Cost

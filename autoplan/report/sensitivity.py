@@ -24,8 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from autoplan.cost.memory.per_device import usable_bytes
-from autoplan.cost.model import CostModel
+from autoplan.cost import CostModel, usable_bytes
 from autoplan.errors import AutoplanError
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan

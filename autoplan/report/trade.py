@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from autoplan.cost.compute.roofline import PRECISION_BYTES
-from autoplan.cost.dp.compression import compresses_any
-from autoplan.cost.model import CostModel
+from autoplan.cost import PRECISION_BYTES, CostModel, compresses_any
 from autoplan.display import number_text
 from autoplan.errors import PlanError
 from autoplan.types.plan import Plan

@@ -17,11 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from autoplan.cost.memory.per_device import usable_bytes
-from autoplan.cost.model import CostModel
-from autoplan.cost.moe.experts import pipeline_blocks
-from autoplan.cost.run import reliability
-from autoplan.cost.run.whole_run import priced_profile, run_pricer
+from autoplan.cost import CostModel, pipeline_blocks, priced_profile, reliability_fields, run_pricer, usable_bytes
 from autoplan.errors import PlanError
 from autoplan.profile.io import load_profile, profile_file
 from autoplan.solve import sequence_parallel, space, tp_runnable
@@ -114,7 +110,7 @@ def plan_graph(
         allow_lossy=allow_lossy,
         allow_fp8=allow_fp8,
     )  # for autoplan explain
-    checkpoints = reliability.prediction_fields(
+    checkpoints = reliability_fields(
         params=graph.param_count, devices=devices, profile=profile, step_time_s=result.best_cost.step_time_s
     )  # the same for every plan of this cluster, so it ranks nothing (cost/run/reliability.py)
     pricer = run_pricer(run, graph=graph, profile=profile, batch=options.batch_size, objective=objective)

@@ -29,7 +29,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from autoplan.cost.run.whole_run import RunPricer, check_prices, hours_text, priced_profile, usd_text
+from autoplan.cost import RunPricer, check_prices, priced_profile
+from autoplan.display import hours_text, usd_text
 from autoplan.errors import PlanError
 from autoplan.profile.io import load_profile
 from autoplan.solve import space

@@ -82,18 +82,17 @@ def top_table(result: SearchResult, *, top_k: int) -> FitTable:
 def goodput_line(prediction: Prediction, profile: Profile) -> str:
     """The best plan's checkpoint interval and expected goodput (cost/run/reliability.py), or the
     one sentence that says why the profile cannot price them."""
-    from autoplan.cost.run import reliability
+    from autoplan.cost import reliability_not_priced, reliability_summary
 
     if not prediction.has_goodput:
-        return reliability.not_priced_reason(profile) or "checkpoint interval and goodput not priced."
-    return reliability.summary(prediction.to_dict()) + " (the same for every plan on this cluster)."
+        return reliability_not_priced(profile) or "checkpoint interval and goodput not priced."
+    return reliability_summary(prediction.to_dict()) + " (the same for every plan on this cluster)."
 
 
 def pareto_table(result: SweepResult) -> FitTable:
     """The sweep's Pareto front, fastest first: time and dollars of the whole run, the plan, and
     a star on the recommended point."""
-    from autoplan.cost.run.whole_run import hours_text, usd_text
-    from autoplan.display import FitTable
+    from autoplan.display import FitTable, hours_text, usd_text
 
     spot = " (spot)" if result.spec.spot else ""
     headers = ["pick", "cluster", "rent", "plan", "step s", "time", "device-h", "cost", "goodput"]

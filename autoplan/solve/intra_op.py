@@ -21,203 +21,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pulp
 
-from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s
-from autoplan.cost.tp.block import BlockAnalysis, analyse_block
-from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
-from autoplan.cost.tp.shards import (
-    param_node_shards,
-    pure_layout,
-    pure_layouts_possible,
-    pure_node_shards,
-    stream_node_shards,
-)
-from autoplan.cost.tp.splits import TPContext, TPTerms, block_terms, legal_splits, terms_time_s
+from autoplan.cost import BlockPrices, shard_dim
 from autoplan.solve.backend import SolveStatus, solve_model, variable
-from autoplan.types.graph import Graph
-
-SHARD_DIM = {
-    ("linear", "colwise"): 0,
-    ("linear", "rowwise"): 1,
-    ("embedding", "rowwise"): 0,
-    ("embedding", "colwise"): 1,
-}
-
-
-@dataclass
-class PureNode:
-    """A pure node's time and saved bytes on each layout its origins can give it (R, S, Q)."""
-
-    origins: frozenset[str]
-    time_s: dict[str, float]
-    bytes: dict[str, float]
-
-
-@dataclass
-class BlockProblem:
-    """Everything the ILP (and the brute force that checks it) prices, for one block."""
-
-    params: list[str]
-    legal: dict[str, tuple[str, ...]]
-    unary_s: dict[str, dict[str, float]]  # compute + unary comm, per split
-    unary_bytes: dict[str, dict[str, float]]  # parameter + saved bytes, per split
-    pure: dict[str, PureNode]  # pure node -> its price per layout
-    terms: TPTerms
-    forward_repeats: int
-    constant_s: float = 0.0
-    constant_bytes: float = 0.0
-    ties: list[tuple[str, str]] = field(default_factory=list)
-    sequence_parallel: bool = False
-    block: BlockAnalysis | None = None  # the block's structure (layouts of pure nodes)
-    dim_ties: list[tuple[str, str, str, str]] = field(default_factory=list)  # (u, w, kind_u, kind_w)
-
-    def evaluate(self, splits: dict[str, str]) -> tuple[float, float]:
-        """(seconds, bytes) of ``splits``: the ILP's objective and memory row, evaluated directly."""
-        fwd, bwd = terms_time_s(_without_unary(self.terms), splits)
-        time_s = self.constant_s + self.forward_repeats * fwd + bwd
-        memory = self.constant_bytes
-        for v in self.params:
-            time_s += self.unary_s[v][splits[v]]
-            memory += self.unary_bytes[v][splits[v]]
-        for pure in self.pure.values():
-            layout = pure_layout(self.block, pure.origins, splits, sequence_parallel=self.sequence_parallel)
-            time_s += pure.time_s[layout]
-            memory += pure.bytes[layout]
-        return time_s, memory
-
-    def min_memory_bytes(self) -> float:
-        """A lower bound on the memory row: each op at its lightest split, independently."""
-        memory = self.constant_bytes + sum(min(self.unary_bytes[v].values()) for v in self.params)
-        return memory + sum(min(pure.bytes.values()) for pure in self.pure.values())
-
-    def respects_ties(self, splits: dict[str, str]) -> bool:
-        if any(splits[u] != splits[w] for u, w in self.ties):
-            return False
-        return all(SHARD_DIM.get((ku, splits[u])) == SHARD_DIM.get((kw, splits[w])) for u, w, ku, kw in self.dim_ties)
-
-
-def _without_unary(terms: TPTerms) -> TPTerms:
-    return TPTerms(constant=terms.constant, unary={}, pair=terms.pair, any_of=terms.any_of)
-
-
-def build_block_problem(
-    graph: Graph,
-    layer: str | None,
-    *,
-    ctx: TPContext,
-    forward_repeats: int = 1,
-    param_bytes_factor: float = 0.0,
-    activation_factor: float = 0.0,
-    node_times: NodeTimes | None = None,
-) -> BlockProblem:
-    """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
-    bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
-    (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
-    factors are those CostModel charges (cost/compute/op_costs.py, tp_shards.shards); ``node_times``
-    memoises the op times."""
-    block = analyse_block(graph, layer)
-    terms = block_terms(graph, layer, ctx=ctx)
-    tp, sp = ctx.tp, ctx.sequence_parallel and ctx.tp > 1
-    problem = BlockProblem(
-        params=list(block.params),
-        legal={v: legal_splits(graph.node(v), tp) for v in block.params},
-        unary_s={},
-        unary_bytes={},
-        pure={},
-        terms=terms,
-        forward_repeats=forward_repeats,
-        sequence_parallel=sp,
-        block=block,
-    )
-
-    def time_of(node, shard: int) -> float:
-        return node_time_s(
-            graph,
-            node,
-            ctx.profile,
-            precision=ctx.precision,
-            batch_fraction=ctx.batch_fraction,
-            shard=shard,
-            forward_repeats=forward_repeats,
-            times=node_times,
-        )
-
-    seen_params: set[str] = set()
-    for node in block.nodes:
-        own = [p for p in node.param_names if p not in seen_params]
-        seen_params.update(own)
-        pbytes = sum(graph.parameters[p].bytes for p in own if p in graph.parameters) * param_bytes_factor
-        abytes = (
-            node_saved_bytes(node, ctx.profile, precision=ctx.precision) * activation_factor
-            if activation_factor
-            else 0.0
-        )
-        if node.name in problem.legal:
-            copies = {
-                split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision)
-                * activation_factor
-                for split in problem.legal[node.name]
-            }
-            _price_param(problem, node, time_of, pbytes, abytes, copies, tp=tp)
-        elif node.name in block.origins:
-            origins = block.origins[node.name]
-            shard = {
-                lay: pure_node_shards(lay, tp=tp)
-                for lay in pure_layouts_possible(block, origins, problem.legal, sequence_parallel=sp)
-            }
-            problem.pure[node.name] = PureNode(
-                origins=origins,
-                time_s={lay: time_of(node, c) for lay, (c, _) in shard.items()},
-                bytes={lay: abytes / a for lay, (_, a) in shard.items()},
-            )
-        else:
-            compute, act = stream_node_shards(
-                node, tp=tp, sequence_parallel=sp, token_wise=node.name in block.token_wise
-            )
-            problem.constant_s += time_of(node, compute)
-            problem.constant_bytes += pbytes + abytes / act
-    problem.constant_bytes += (
-        sum(stream_copy_bytes(graph, block, tp=tp, sequence_parallel=sp, precision=ctx.precision).values())
-        * activation_factor
-    )
-    _add_ties(graph, problem)
-    return problem
-
-
-def _price_param(
-    problem: BlockProblem, node, time_of, pbytes: float, abytes: float, copies: dict[str, float], *, tp: int
-) -> None:
-    problem.unary_s[node.name], problem.unary_bytes[node.name] = {}, {}
-    for s in problem.legal[node.name]:
-        compute, param, act = param_node_shards(
-            problem.block, node.name, s, tp=tp, sequence_parallel=problem.sequence_parallel
-        )
-        problem.unary_s[node.name][s] = time_of(node, compute) + _unary_comm(
-            problem.terms, node.name, s, problem.forward_repeats
-        )
-        problem.unary_bytes[node.name][s] = pbytes / param + abytes / act + copies[s]
-
-
-def _unary_comm(terms: TPTerms, v: str, split: str, forward_repeats: int) -> float:
-    fwd, bwd = terms.unary.get(v, {}).get(split, (0.0, 0.0))
-    return forward_repeats * fwd + bwd
-
-
-def _add_ties(graph: Graph, problem: BlockProblem) -> None:
-    by_module: dict[str, str] = {}
-    by_param: dict[str, str] = {}
-    for v in problem.params:
-        node = graph.node(v)
-        if node.module in by_module:
-            problem.ties.append((by_module[node.module], v))
-        by_module.setdefault(node.module, v)
-        for p in node.param_names:
-            if p in by_param and graph.node(by_param[p]).module != node.module:
-                problem.dim_ties.append((by_param[p], v, graph.node(by_param[p]).op, node.op))
-            by_param.setdefault(p, v)
 
 
 # ---- the ILP -----------------------------------------------------------------------------
@@ -230,11 +39,7 @@ class BlockSolution:
 
 
 def solve_block(
-    problem: BlockProblem,
-    *,
-    memory_budget_bytes: float | None = None,
-    solver: str = "highs",
-    time_limit_s: float = 10.0,
+    problem: BlockPrices, *, memory_budget_bytes: float | None = None, solver: str = "highs", time_limit_s: float = 10.0
 ) -> BlockSolution | None:
     """The split of each parameterised op minimising the block's time within the budget;
     None when no assignment fits the budget (:func:`budget_infeasibility` says why)."""
@@ -269,7 +74,7 @@ def solve_block(
     return BlockSolution(splits=splits, time_s=time_s, memory_bytes=memory_bytes, status=status)
 
 
-def budget_infeasibility(problem: BlockProblem, memory_budget_bytes: float) -> str:
+def budget_infeasibility(problem: BlockPrices, memory_budget_bytes: float) -> str:
     """Why no split can meet ``memory_budget_bytes`` before any solve ('' when one may): a budget
     that is not a number or is negative, bytes that are not finite, or a budget below the
     lightest split of every op. PuLP cannot take a NaN/inf right-hand side, so these never reach it."""
@@ -291,7 +96,7 @@ def budget_infeasibility(problem: BlockProblem, memory_budget_bytes: float) -> s
     return ""
 
 
-def _add_pairs(model, problem: BlockProblem, x, objective) -> None:
+def _add_pairs(model, problem: BlockPrices, x, objective) -> None:
     r = problem.forward_repeats
     for k, ((u, v), table) in enumerate(problem.terms.pair.items()):
         if not any(f or b for f, b in table.values()):
@@ -304,7 +109,7 @@ def _add_pairs(model, problem: BlockProblem, x, objective) -> None:
         objective += [(r * f + b) * e[key] for key, (f, b) in table.items() if f or b]
 
 
-def _add_any_of(model, problem: BlockProblem, x, objective) -> None:
+def _add_any_of(model, problem: BlockPrices, x, objective) -> None:
     r = problem.forward_repeats
     for k, ((f, b), choices) in enumerate(problem.terms.any_of):
         y = variable(model, f"y{k}", low=0, up=1)
@@ -313,7 +118,7 @@ def _add_any_of(model, problem: BlockProblem, x, objective) -> None:
         objective.append((r * f + b) * y)
 
 
-def _add_pure(model, problem: BlockProblem, x, objective, memory) -> None:
+def _add_pure(model, problem: BlockPrices, x, objective, memory) -> None:
     """A pure node costs its R price less the saving of each layout it runs on: z[n,S] <= every
     origin colwise, z[n,Q] <= every origin rowwise (reduce-scattered under SP).      (d)"""
     need = {"S": "colwise", "Q": "rowwise"}
@@ -328,20 +133,20 @@ def _add_pure(model, problem: BlockProblem, x, objective, memory) -> None:
             memory.append(-(pure.bytes["R"] - pure.bytes[layout]) * z)
 
 
-def _add_tie_rows(model, problem: BlockProblem, x) -> None:
+def _add_tie_rows(model, problem: BlockPrices, x) -> None:
     for u, w in problem.ties:  # (e)
         for s in problem.legal[u]:
             model += x[u, s] == (x[w, s] if (w, s) in x else 0)
     for u, w, ku, kw in problem.dim_ties:
         for dim in (None, 0, 1):
-            left = [x[u, s] for s in problem.legal[u] if SHARD_DIM.get((ku, s)) == dim]
-            right = [x[w, s] for s in problem.legal[w] if SHARD_DIM.get((kw, s)) == dim]
+            left = [x[u, s] for s in problem.legal[u] if shard_dim(ku, s) == dim]
+            right = [x[w, s] for s in problem.legal[w] if shard_dim(kw, s) == dim]
             model += pulp.lpSum(left) == pulp.lpSum(right)
 
 
 # ---- the reference -----------------------------------------------------------------------
 def brute_force_block(
-    problem: BlockProblem, *, memory_budget_bytes: float | None = None
+    problem: BlockPrices, *, memory_budget_bytes: float | None = None
 ) -> tuple[dict[str, str], float] | None:
     """Enumerate every assignment (small blocks only): the exact optimum the ILP must match."""
     best: tuple[dict[str, str], float] | None = None

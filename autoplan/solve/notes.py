@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from autoplan.cost.memory.per_device import usable_bytes
+from autoplan.cost import usable_bytes
 from autoplan.display import number_text
 from autoplan.solve.candidates import SearchResult, config_of
 from autoplan.types.plan import Plan

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost.run.whole_run import RunPricer, hours_text, usd_text
+from autoplan.cost import RunPricer
+from autoplan.display import hours_text, usd_text
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.candidates import SearchOptions

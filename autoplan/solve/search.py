@@ -25,12 +25,17 @@ from __future__ import annotations
 import heapq
 import time
 
-from autoplan.cost.memory.per_device import usable_bytes
-from autoplan.cost.model import CostModel
-from autoplan.cost.moe.experts import check_ep_pin, check_pp_pin, ep_options, pipeline_blocks
-from autoplan.cost.pp.schedule import balanced_stages
-from autoplan.cost.run.whole_run import dollars_per_sample, run_pricer
-from autoplan.cost.tp.plan_memo import TpPlanMemo
+from autoplan.cost import (
+    CostModel,
+    MemoryBudget,
+    TpPlanMemo,
+    balanced_stages,
+    dollars_per_sample,
+    memory_budget,
+    moe_limits,
+    run_pricer,
+    usable_bytes,
+)
 from autoplan.errors import PlanError
 from autoplan.solve import space, tp_runnable
 from autoplan.solve.bounds import Bounds
@@ -38,7 +43,7 @@ from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchRes
 from autoplan.solve.pipeline import partition
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
 from autoplan.solve.stage_costs import StageCosts
-from autoplan.solve.tp_plan import MemoryBudget, TPChoice, TPPlanner, memory_budget
+from autoplan.solve.tp_plan import TPChoice, TPPlanner
 from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -60,12 +65,9 @@ class Search:
             options.run, graph=graph, profile=profile, batch=options.batch_size, objective=options.objective
         )
         self.graph, self.profile, self.options, self.fixes = graph, profile, options, options.fixes
-        if self.fixes.get("ep", 1) > 1:
-            check_ep_pin(graph, self.fixes["ep"])
-        check_pp_pin(graph, self.fixes.get("pp", 1))
+        self.moe_limits = moe_limits(graph, self.fixes)  # raises for an ep or pp pin the MoE layers refuse
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
         self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
-        self.eps = tuple(ep_options(graph))
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
         self.cost_model = CostModel(graph, profile)
@@ -105,10 +107,10 @@ class Search:
 
     # ---- groups and their bounds -------------------------------------------------------
     def groups(self) -> list[tuple[float, Group]]:
-        opts, layers = self.options, pipeline_blocks(self.graph)
+        opts, layers = self.options, self.moe_limits.pipeline_blocks
         counts = space.device_counts(devices=opts.devices, objective=opts.objective, profile=self.profile)
         found, per_node = [], self.profile.devices_per_node
-        kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.eps)
+        kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.moe_limits.eps)
         kw["refused"] = self.refused
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
         space.check_zero_pin(degrees, self.fixes)

@@ -194,7 +194,7 @@ def check_lossy_pins(graph: Graph, fixes: dict, *, allow_lossy: bool) -> None:
             "sum, not the exact one); add --allow-lossy to allow it."
         )
     if fixes.get("powersgd"):
-        from autoplan.cost.dp.compression import check_rank  # the CLI parser imports this module: no torch yet
+        from autoplan.cost import check_rank  # the CLI parser imports this module: no torch yet
 
         check_rank(graph, fixes["powersgd"])
 

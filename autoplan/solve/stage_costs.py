@@ -19,15 +19,18 @@ sizes, so the partition prefers the small ones.
 
 from __future__ import annotations
 
-from autoplan.cost.blocks import LayerSummary
-from autoplan.cost.compute.roofline import PRECISION_BYTES
-from autoplan.cost.memory.per_device import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
-from autoplan.cost.model import CostModel
-from autoplan.cost.network.comm import collective_time_s
-from autoplan.cost.network.mesh import mesh_groups
-from autoplan.cost.pp.schedule import in_flight_chunks
-from autoplan.cost.tp.plan_memo import TpPlanMemo
-from autoplan.cost.tp.splits import TPContext
+from autoplan.cost import (
+    CostModel,
+    LayerSummary,
+    TPContext,
+    TpPlanMemo,
+    block_time_s,
+    cut_s,
+    in_flight_chunks,
+    kept_bytes,
+    stage_capacity_bytes,
+    state_bytes_per_param,
+)
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.graph import Graph
 from autoplan.types.layout import stage_of_chunk
@@ -56,10 +59,10 @@ class StageCosts:
         ctx = self.context(plan)
         blocks = list(self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values())
         pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-        per_param = sum(_state_bytes(plan))
-        times = [_block_time_s(b, plan.recompute) for b in blocks]
-        expert_per_param = sum(_state_bytes(plan, dp=plan.dp // plan.ep))
-        acts = [_kept_bytes(b, plan.recompute) for b in blocks]
+        per_param = state_bytes_per_param(plan)
+        times = [block_time_s(b, plan.recompute) for b in blocks]
+        expert_per_param = state_bytes_per_param(plan, dp=plan.dp // plan.ep)
+        acts = [kept_bytes(b, plan.recompute) for b in blocks]
         peak_block = max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0
         extra_time = [0.0] * plan.pp
         extra_time[0] += pre.fwd_s + pre.bwd_s
@@ -71,8 +74,14 @@ class StageCosts:
         extra_bytes[0] += pre.param_count * per_param + pre.saved_bytes * in_flight[0]
         extra_bytes[-1] += post.param_count * per_param + post.saved_bytes * in_flight[-1]
         boundary = max((b.input_bytes for b in blocks[1:]), default=0.0)  # the first block's is never sent
-        cut_s = [0.0, *(self._p2p_s(plan, b.input_bytes) for b in blocks[1:]), 0.0]
-        capacity = self._capacity(plan, boundary, max(b.param_count for b in blocks)) if memory_limit else float("inf")
+        cuts_s = [0.0, *(cut_s(self.profile, plan, b.input_bytes) for b in blocks[1:]), 0.0]
+        capacity = (
+            stage_capacity_bytes(
+                self.profile, plan, boundary_bytes=boundary, block_params=max(b.param_count for b in blocks)
+            )
+            if memory_limit
+            else float("inf")
+        )
         return PartitionProblem(
             layer_time_s=times,
             layer_static_bytes=[
@@ -84,18 +93,11 @@ class StageCosts:
             extra_time_s=extra_time,
             extra_bytes=extra_bytes,
             in_flight=in_flight,
-            p2p_s=max(cut_s),
+            p2p_s=max(cuts_s),
             capacity_bytes=capacity,
             virtual_stages=plan.virtual_stages,
-            cut_s=cut_s,
+            cut_s=cuts_s,
         )
-
-    def _p2p_s(self, plan: Plan, boundary_bytes: float) -> float:
-        """A cut's one send/recv of the activation and one of its gradient, ``boundary_bytes`` each."""
-        if plan.pp == 1:
-            return 0.0
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]
-        return 2.0 * collective_time_s(self.profile, "send_recv", boundary_bytes, group=group)
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
@@ -122,7 +124,7 @@ class StageCosts:
             blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             return (
-                {layer: _block_time_s(b, plan.recompute) for layer, b in blocks.items()},
+                {layer: block_time_s(b, plan.recompute) for layer, b in blocks.items()},
                 {layer: b.param_count - b.expert_param_count for layer, b in blocks.items()},
                 pre,
                 post,
@@ -155,45 +157,3 @@ class StageCosts:
             return min((sum(f) for f, _ in sizes), default=0.0), min((sum(b) for _, b in sizes), default=0.0)
 
         return self._memo.get(key, plan.tp_plan, make)
-
-    def _capacity(self, plan: Plan, boundary: float, block_params: float) -> float:
-        buffers = comm_buffer_bytes(
-            zero_stage=plan.zero_stage,
-            dp=plan.dp,
-            pp=plan.pp,
-            boundary_bytes=boundary,
-            block_params=block_params,
-            precision=plan.precision,
-        )
-        buffers += scatter_buffer_bytes(
-            zero_stage=plan.zero_stage,
-            dp=plan.dp,
-            pp=plan.pp,
-            block_params=block_params,
-            precision=plan.precision,
-            reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype],
-        )  # nothing freed: an upper bound
-        return usable_bytes(self.profile.device.memory_bytes) - buffers
-
-
-def _state_bytes(plan: Plan, dp: int | None = None) -> tuple[float, float, float]:
-    """Bytes per parameter sharded over ``dp`` ranks (the plan's dp unless given: the routed
-    experts' are sharded over dp / ep)."""
-    states = model_states(
-        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=dp or plan.dp, pp=plan.pp
-    )
-    return states.weights_bytes, states.grads_bytes, states.optimizer_bytes
-
-
-def _block_time_s(block: LayerSummary, recompute: str) -> float:
-    base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s + block.ep_fwd_s + block.ep_bwd_s
-    if recompute == "full":
-        return base + block.fwd_s + block.tp_fwd_s + block.ep_fwd_s
-    rerun = block.selective_recompute_s + block.tp_fwd_s + block.ep_fwd_s
-    return base + (rerun if recompute == "selective" else 0.0)
-
-
-def _kept_bytes(block: LayerSummary, recompute: str) -> float:
-    if recompute == "full":
-        return block.input_bytes
-    return block.saved_bytes - (block.selective_dropped_bytes if recompute == "selective" else 0.0)

@@ -13,15 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autoplan.cost.compute.op_costs import NodeTimes
-from autoplan.cost.memory.per_device import model_states, usable_bytes
-from autoplan.cost.network.mesh import mesh_groups
-from autoplan.cost.pp.schedule import in_flight_chunks
-from autoplan.cost.tp.block import analyse_block
-from autoplan.cost.tp.splits import TPContext, node_splits
+from autoplan.cost import MemoryBudget, NodeTimes, TPContext, analyse_block, price_block, split_context
 from autoplan.solve.backend import SolveStatus
-from autoplan.solve.intra_op import budget_infeasibility, build_block_problem, solve_block
-from autoplan.types.cost import Cost
+from autoplan.solve.intra_op import budget_infeasibility, solve_block
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -45,17 +39,6 @@ class TPChoice:
     @property
     def gap(self) -> float:
         return max((s.gap or 0.0 for s in self.statuses), default=0.0)
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """Per-block bytes for the ILP's memory row, with the multipliers that turn traced parameter
-    bytes and saved bytes in the run's precision into bytes per device (see build_block_problem)."""
-
-    block_bytes: float
-    outside_bytes: float
-    param_bytes_factor: float
-    activation_factor: float
 
 
 class TPPlanner:
@@ -87,17 +70,18 @@ class TPPlanner:
         budget: MemoryBudget | None = None,
     ) -> TPChoice:
         """The tp_plan for one choice (cached); ``budget`` adds the memory row."""
-        group = mesh_groups(self.profile, dp=dp, tp=tp, pp=pp)["tp"]
-        key = (tp, group, sequence_parallel, precision, micro_batch_size, forward_repeats, budget)
+        ctx = split_context(
+            self.graph,
+            self.profile,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            sequence_parallel=sequence_parallel,
+            precision=precision,
+            micro_batch_size=micro_batch_size,
+        )
+        key = (*ctx.key, forward_repeats, budget)
         if key not in self._cache:
-            ctx = TPContext(
-                profile=self.profile,
-                tp=tp,
-                group=group,
-                sequence_parallel=sequence_parallel,
-                precision=precision,
-                batch_fraction=micro_batch_size / self.graph.batch_size,
-            )
             self._cache[key] = self._solve(ctx, forward_repeats, budget) if tp > 1 else TPChoice(tp_plan={})
         return self._cache[key]
 
@@ -114,7 +98,7 @@ class TPPlanner:
                 if budget
                 else {}
             )
-            problem = build_block_problem(
+            problem = price_block(
                 self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, node_times=self.node_times, **factors
             )
             limit = None if budget is None else (budget.outside_bytes if rep is None else budget.block_bytes)
@@ -166,33 +150,3 @@ class TPPlanner:
                         and node.output_shape[1] % ctx.tp == 0
                     ):
                         tp_plan.setdefault(node.module, "sequence_parallel")
-
-
-def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> MemoryBudget:
-    """The ILP memory row for ``plan`` (which did not fit): usable memory less comm buffers and
-    the outside modules' bytes (kept at most what they use now), shared by the blocks of the
-    fullest stage; under full recomputation one block's full activations (live while it is
-    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py."""
-    blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
-    states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
-    traced_param = graph.param_bytes / graph.param_count if graph.param_bytes > 0 and graph.param_count > 0 else 4.0
-    in_flight = 1.0 / blocks if plan.recompute == "full" else in_flight_chunks(plan, 0)
-    factors = dict(
-        param_bytes_factor=(states.weights_bytes + states.grads_bytes + states.optimizer_bytes) / traced_param,
-        activation_factor=in_flight * plan.micro_batch_size / graph.batch_size,
-    )  # saved bytes come in the precision
-    group = mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
-    ctx = TPContext(
-        profile=profile,
-        tp=plan.tp,
-        group=group,
-        sequence_parallel=plan.sequence_parallel,
-        precision=plan.precision,
-        batch_fraction=plan.micro_batch_size / graph.batch_size,
-    )
-    outside = build_block_problem(graph, None, ctx=ctx, **factors)
-    outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]
-    free = usable_bytes(profile.device.memory_bytes) - cost.comm_buffer_bytes - outside_bytes
-    return MemoryBudget(
-        block_bytes=free / blocks, outside_bytes=outside_bytes, **factors
-    )  # negative: nothing left (infeasible)

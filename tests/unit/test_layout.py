@@ -137,6 +137,59 @@ def test_the_executor_imports_only_types_trace_and_jobs():
     assert set(found) == EXECUTE_EXCEPTIONS, sorted(set(found) - EXECUTE_EXCEPTIONS)
 
 
+#: the stages after cost/ that ask it for prices (execute/ imports none of its prices: the audit's
+#: prediction is passed in; its one rule from cost/ is EXECUTE_EXCEPTIONS')
+ASKS_COST = ("solve", "report", "calibrate", "export", "cli")
+#: modules that still ask cost/ through its submodules, each with its reason (the lead empties this at merge)
+COST_INTERFACE_EXCEPTIONS = {
+    "solve/bounds.py": "being rewritten on the one statement of messages (issue 31 item 1); switched at merge"
+}
+
+
+def _cost_imports(stages: tuple[str, ...]) -> tuple[dict[str, set[str]], set[str]]:
+    """({module: the cost submodules it imports}, {every name imported from autoplan.cost}) of ``stages``;
+    the excepted modules' names count as asked whichever cost module they come from."""
+    deep: dict[str, set[str]] = {}
+    asked: set[str] = set()
+    for stage, path, tree in _modules():
+        if stage not in stages:
+            continue
+        name = str(path.relative_to(PACKAGE))
+        for node in ast.walk(tree):
+            module = node.module if isinstance(node, ast.ImportFrom) and node.level == 0 else None
+            imported = [module] if module else [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for target in (t for t in imported if t.startswith("autoplan.cost")):
+                if target != "autoplan.cost":
+                    deep.setdefault(name, set()).add(target)
+                if isinstance(node, ast.ImportFrom) and (
+                    target == "autoplan.cost" or name in COST_INTERFACE_EXCEPTIONS
+                ):
+                    asked.update(a.name for a in node.names)
+    return deep, asked
+
+
+def _cost_interface() -> list[str]:
+    tree = ast.parse((PACKAGE / "cost" / "api.py").read_text())
+    found = [n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "__all__"]
+    return ast.literal_eval(found[0])
+
+
+def test_solve_asks_the_cost_model_only_through_its_interface():
+    """Issue 31 item 10: solve/ (and report/, calibrate/, export/, cli/) import cost/ only as
+    ``autoplan.cost`` (cost/api.py, re-exported by the package), never a submodule, so what the
+    search may ask the cost model is one short list."""
+    deep, _ = _cost_imports(ASKS_COST)
+    assert set(deep) == set(COST_INTERFACE_EXCEPTIONS), {k: sorted(v) for k, v in deep.items()}
+
+
+def test_every_name_of_the_cost_interface_is_asked_for():
+    """No dead export: each name cost/api.py offers is imported by solve/ or a later stage (an excepted
+    module's names count until it is switched), and each is listed once."""
+    interface = _cost_interface()
+    _, asked = _cost_imports(ASKS_COST)
+    assert len(interface) == len(set(interface)) and not set(interface) - asked, sorted(set(interface) - asked)
+
+
 def test_run_options_are_declared_once():
     """RunOptions (types/run_options.py) is the one declaration of ``autoplan run``'s options: no
     other module adds a run flag, parses a rank's argv, or restates a default such as the 45 s timeout."""
@@ -160,7 +213,7 @@ ONE_IDEA: dict[str, str] = {}
 #: cost/'s top level: the model that composes the terms, the block and stage summaries every term
 #: reads, and the audit's per-step volumes; every other module sits in the subpackage of its idea
 #: (docs/architecture.md "The cost model's layout": which file to touch for each kind of change)
-COST_TOP_LEVEL = {"__init__.py", "model.py", "blocks.py", "stages.py", "volumes.py"}
+COST_TOP_LEVEL = {"__init__.py", "api.py", "model.py", "blocks.py", "stages.py", "volumes.py", "op_table.py"}
 COST_IDEAS = {"network", "compute", "tp", "dp", "pp", "moe", "memory", "run"}
 
 

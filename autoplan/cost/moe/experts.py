@@ -220,3 +220,21 @@ def ep_options(graph: Graph) -> list[int]:
         return [1]
     common = math.gcd(*(m.num_experts for m in graph.moe_layers))
     return [d for d in range(1, common + 1) if common % d == 0]
+
+
+@dataclass(frozen=True)
+class MoELimits:
+    """What a model's MoE layers allow the search: the ep degrees (:func:`ep_options`) and the blocks
+    a pipeline may place on stages (:func:`pipeline_blocks`)."""
+
+    eps: tuple[int, ...]
+    pipeline_blocks: int
+
+
+def moe_limits(graph: Graph, fixes: dict) -> MoELimits:
+    """The limits of :class:`MoELimits`, after refusing in one sentence an ep or pp pin in ``fixes``
+    that the model's MoE layers cannot take."""
+    if fixes.get("ep", 1) > 1:
+        check_ep_pin(graph, fixes["ep"])
+    check_pp_pin(graph, fixes.get("pp", 1))
+    return MoELimits(eps=tuple(ep_options(graph)), pipeline_blocks=pipeline_blocks(graph))

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, replace
 
 from autoplan.cost.run import reliability
+from autoplan.display import hours_text, usd_text
 from autoplan.errors import PlanError
 from autoplan.types.graph import Graph
 from autoplan.types.pricing import PricingSpec
@@ -229,25 +230,6 @@ def violation(estimate: RunEstimate) -> str:
     if estimate.budget_usd is not None and dollars is not None and dollars > estimate.budget_usd:
         misses.append(f"over budget: {usd_text(dollars)} > {usd_text(estimate.budget_usd)}")
     return "; ".join(misses)
-
-
-def hours_text(hours: float) -> str:
-    """3.1 days, 14.2 h, 35 min or 12 s."""
-    if hours >= 48:
-        return f"{hours / 24:.3g} days"
-    if hours >= 1:
-        return f"{hours:.3g} h"
-    if hours >= 1 / 60:
-        return f"{hours * 60:.3g} min"
-    return f"{hours * 3600:.3g} s"
-
-
-def usd_text(dollars: float) -> str:
-    """$52,300 (three significant figures above $1,000), $12.40 below."""
-    if dollars >= 1000:
-        digits = max(0, math.floor(math.log10(dollars)) - 2)
-        return f"${round(dollars, -digits):,.0f}"
-    return f"${dollars:,.2f}"
 
 
 def summary(estimate: RunEstimate) -> str:

@@ -8,15 +8,8 @@ from dataclasses import replace
 import pytest
 
 from autoplan.cost.run import reliability
-from autoplan.cost.run.whole_run import (
-    RunPricer,
-    check_prices,
-    hours_text,
-    priced_profile,
-    run_length,
-    usd_text,
-    violation,
-)
+from autoplan.cost.run.whole_run import RunPricer, check_prices, priced_profile, run_length, violation
+from autoplan.display import hours_text, usd_text
 from autoplan.errors import PlanError
 from autoplan.types.prediction import Prediction
 from autoplan.types.run import RunEstimate, RunSpec

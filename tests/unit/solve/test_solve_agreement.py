@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.cost import CostModel
+from autoplan.cost import CostModel, price_block
 from autoplan.cost.blocks import block_structure, summarise
 from autoplan.cost.network.mesh import mesh_groups
 from autoplan.cost.tp.default import default_tp_plan
 from autoplan.cost.tp.splits import TPContext
 from autoplan.profile import load_profile
-from autoplan.solve.intra_op import build_block_problem
 from autoplan.solve.outputs import ops_csv
 from autoplan.solve.tp_plan import TPPlanner
 from autoplan.trace import trace_model_file
@@ -66,7 +65,7 @@ def test_ilp_objective_and_memory_row_equal_the_cost_models_block(graphs, a100, 
     graph = graphs[example]
     layer = graph.layers[0]
     ctx = _ctx(a100, tp, sp)
-    problem = build_block_problem(graph, layer, ctx=ctx, forward_repeats=2, activation_factor=ctx.batch_fraction)
+    problem = price_block(graph, layer, ctx=ctx, forward_repeats=2, activation_factor=ctx.batch_fraction)
     structure = block_structure(graph, layer)
     combos = list(itertools.product(*(problem.legal[v] for v in problem.params)))
     assert len(combos) > 8

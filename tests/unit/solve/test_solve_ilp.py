@@ -4,10 +4,11 @@ import pulp
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
+from autoplan.cost import price_block
 from autoplan.cost.network.mesh import mesh_groups
 from autoplan.cost.tp.splits import TPContext
 from autoplan.solve import backend
-from autoplan.solve.intra_op import brute_force_block, build_block_problem, solve_block
+from autoplan.solve.intra_op import brute_force_block, solve_block
 
 CASES = [
     dict(hidden=512, heads=8),  # plain MHA
@@ -28,7 +29,7 @@ def _problem(case, *, tp, sp, mbs, layer="h.0", profile=None, **factors):
         precision="bf16",
         batch_fraction=mbs / 16,
     )
-    return build_block_problem(graph, layer, ctx=ctx, **factors)
+    return price_block(graph, layer, ctx=ctx, **factors)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -125,7 +126,7 @@ def test_ilp_objective_is_what_the_cost_model_charges(case):
         precision="bf16",
         batch_fraction=2 / 16,
     )
-    problem = build_block_problem(graph, "h.0", ctx=ctx, forward_repeats=2, activation_factor=2 / 16)
+    problem = price_block(graph, "h.0", ctx=ctx, forward_repeats=2, activation_factor=2 / 16)
     for combo in itertools.islice(itertools.product(*(problem.legal[v] for v in problem.params)), 0, None, 7):
         splits = dict(zip(problem.params, combo))
         tp_plan = {graph.node(v).module: s for v, s in splits.items()}
@@ -138,8 +139,9 @@ def test_ilp_objective_is_what_the_cost_model_charges(case):
 @pytest.mark.parametrize("budget", [float("nan"), -1.0, float("-inf")])
 def test_impossible_budget_is_infeasible_with_a_reason_never_a_solver_crash(budget):
     # PuLP raises "Cannot set constraint RHS to NaN/inf" if such a budget reaches it.
+    from autoplan.cost import MemoryBudget
     from autoplan.solve.intra_op import budget_infeasibility
-    from autoplan.solve.tp_plan import MemoryBudget, TPPlanner
+    from autoplan.solve.tp_plan import TPPlanner
 
     problem = _problem(CASES[0], tp=4, sp=False, mbs=8, param_bytes_factor=4.0, activation_factor=1.0)
     assert solve_block(problem, memory_budget_bytes=budget) is None

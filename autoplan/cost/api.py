@@ -1,0 +1,127 @@
+"""What solve/ (and report/, calibrate/, export/, cli/) may ask the cost model; docs/architecture.md,
+"The planner's interface", says why it is narrow. tests/unit/test_layout.py checks that those stages
+import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
+
+- a whole plan: ``CostModel(graph, profile)``: ``estimate(plan)``, the block summaries the partition
+  balances, ``tp_context``, the expert ``placement``, each stage's priced memory, its op-time memo;
+- one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
+  ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
+- one block of the pipeline partition: ``block_time_s``, ``kept_bytes``, ``state_bytes_per_param``,
+  ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``;
+- ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``), a
+  PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
+- the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``) and the audit's
+  predicted volumes (``predict_volumes``).
+
+The last group serves solve/bounds.py until it is switched to this interface (issue 31 item 1).
+"""
+
+from __future__ import annotations
+
+from autoplan.cost.blocks import LayerSummary
+from autoplan.cost.compute.op_costs import NodeTimes
+from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
+from autoplan.cost.dp.compression import check_rank, compresses_any
+from autoplan.cost.memory.per_device import usable_bytes
+from autoplan.cost.model import CostModel
+from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
+from autoplan.cost.op_table import priced_ops
+from autoplan.cost.pp.partition import block_time_s, cut_s, kept_bytes, stage_capacity_bytes, state_bytes_per_param
+from autoplan.cost.pp.schedule import balanced_stages, in_flight_chunks
+from autoplan.cost.run.reliability import not_priced_reason as reliability_not_priced
+from autoplan.cost.run.reliability import prediction_fields as reliability_fields
+from autoplan.cost.run.reliability import summary as reliability_summary
+from autoplan.cost.run.whole_run import RunPricer, check_prices, dollars_per_sample, priced_profile, run_pricer
+from autoplan.cost.run.whole_run import summary as run_summary
+from autoplan.cost.tp.block import analyse_block
+from autoplan.cost.tp.plan_memo import TpPlanMemo
+from autoplan.cost.tp.split_prices import (
+    BlockPrices,
+    MemoryBudget,
+    memory_budget,
+    price_block,
+    shard_dim,
+    split_context,
+)
+from autoplan.cost.tp.splits import TPContext
+from autoplan.cost.volumes import predict as predict_volumes
+
+# isort: split
+# solve/bounds.py's lower bounds, until it is switched to this interface (the lead prunes what it stops asking)
+from autoplan.cost.compute.op_costs import node_time_s
+from autoplan.cost.compute.roofline import memory_time_s
+from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES, STATE_BYTES, model_states
+from autoplan.cost.model import ADAM_BYTES_PER_PARAM
+from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
+from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis
+from autoplan.cost.tp.shards import pure_layouts_possible
+from autoplan.cost.tp.splits import legal_splits
+
+__all__ = [
+    # a whole plan
+    "CostModel",
+    # one block's splits (the intra-op ILP)
+    "BlockPrices",
+    "MemoryBudget",
+    "analyse_block",
+    "memory_budget",
+    "price_block",
+    "shard_dim",
+    "split_context",
+    # one block of the pipeline partition
+    "balanced_stages",
+    "block_time_s",
+    "cut_s",
+    "in_flight_chunks",
+    "kept_bytes",
+    "stage_capacity_bytes",
+    "state_bytes_per_param",
+    # ops.csv and memory
+    "priced_ops",
+    "usable_bytes",
+    # what a model allows
+    "check_rank",
+    "moe_limits",
+    "pipeline_blocks",
+    # the whole run
+    "RunPricer",
+    "check_prices",
+    "dollars_per_sample",
+    "priced_profile",
+    "reliability_fields",
+    "reliability_not_priced",
+    "reliability_summary",
+    "run_pricer",
+    # types and shared constants
+    "LayerSummary",
+    "NodeTimes",
+    "PRECISION_BYTES",
+    "TPContext",
+    "TpPlanMemo",
+    # what report/, calibrate/ and cli/ also ask
+    "compresses_any",
+    "peak_dtype",
+    "predict_volumes",
+    "run_summary",
+    # solve/bounds.py, until switched
+    "ADAM_BYTES_PER_PARAM",
+    "BlockAnalysis",
+    "DDP_BUCKET_BYTES",
+    "ExpertPlacement",
+    "STATE_BYTES",
+    "STREAM_KINDS",
+    "a2a_times_s",
+    "bucketed_time_s",
+    "collective_time_s",
+    "grouped_gemm_s",
+    "is_expert_gemm",
+    "layers_in",
+    "legal_splits",
+    "memory_time_s",
+    "mesh_groups",
+    "model_states",
+    "node_time_s",
+    "pure_layouts_possible",
+]

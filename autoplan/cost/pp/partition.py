@@ -1,0 +1,77 @@
+"""What the pipeline partition (solve/pipeline.py) charges one block, from CostModel's block summaries.
+
+Per block and micro-batch (the rule of :func:`autoplan.cost.stages.add_block`):
+
+    time_i   = fwd + bwd + tp_fwd + tp_bwd + ep_fwd + ep_bwd  (+ fwd + tp_fwd + ep_fwd under full
+               recomputation, + the re-run nodes' time + tp_fwd + ep_fwd under selective)
+    act_i    = saved bytes (none), saved less the dropped matmul outputs (selective), block input (full)
+    static_i = parameters_i * bytes per parameter of weights, grads and Adam state after ZeRO
+               (cost/memory/per_device.py:model_states, Rajbhandari et al. SC'20)
+
+A cut before a block costs one send/recv of its input and one of its gradient over the pp group,
+and a stage may hold the usable memory less the communication buffers (nothing freed: an upper bound).
+"""
+
+from __future__ import annotations
+
+from autoplan.cost.blocks import LayerSummary
+from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.memory.per_device import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+
+def block_time_s(block: LayerSummary, recompute: str) -> float:
+    """One micro-batch of ``block`` under ``recompute``: compute, TP and EP collectives, re-runs."""
+    base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s + block.ep_fwd_s + block.ep_bwd_s
+    if recompute == "full":
+        return base + block.fwd_s + block.tp_fwd_s + block.ep_fwd_s
+    rerun = block.selective_recompute_s + block.tp_fwd_s + block.ep_fwd_s
+    return base + (rerun if recompute == "selective" else 0.0)
+
+
+def kept_bytes(block: LayerSummary, recompute: str) -> float:
+    """The activations ``block`` keeps per micro-batch until its backward, under ``recompute``."""
+    if recompute == "full":
+        return block.input_bytes
+    return block.saved_bytes - (block.selective_dropped_bytes if recompute == "selective" else 0.0)
+
+
+def state_bytes_per_param(plan: Plan, dp: int | None = None) -> float:
+    """Weights + gradients + optimizer bytes per parameter sharded over ``dp`` ranks (the plan's dp
+    unless given: the routed experts' are sharded over dp / ep)."""
+    states = model_states(
+        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=dp or plan.dp, pp=plan.pp
+    )
+    return sum((states.weights_bytes, states.grads_bytes, states.optimizer_bytes))
+
+
+def cut_s(profile: Profile, plan: Plan, boundary_bytes: float) -> float:
+    """A cut's one send/recv of the activation and one of its gradient, ``boundary_bytes`` each."""
+    if plan.pp == 1:
+        return 0.0
+    group = mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]
+    return 2.0 * collective_time_s(profile, "send_recv", boundary_bytes, group=group)
+
+
+def stage_capacity_bytes(profile: Profile, plan: Plan, *, boundary_bytes: float, block_params: float) -> float:
+    """The bytes one stage's blocks may hold: usable memory less the communication buffers."""
+    buffers = comm_buffer_bytes(
+        zero_stage=plan.zero_stage,
+        dp=plan.dp,
+        pp=plan.pp,
+        boundary_bytes=boundary_bytes,
+        block_params=block_params,
+        precision=plan.precision,
+    )
+    buffers += scatter_buffer_bytes(
+        zero_stage=plan.zero_stage,
+        dp=plan.dp,
+        pp=plan.pp,
+        block_params=block_params,
+        precision=plan.precision,
+        reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype],
+    )  # nothing freed: an upper bound
+    return usable_bytes(profile.device.memory_bytes) - buffers

@@ -1,0 +1,284 @@
+"""The prices of a block's splits: what the intra-op ILP (solve/intra_op.py) minimises and bounds.
+
+For each parameterised op ``v`` of a block and each legal split ``s`` (cost/tp/splits.py), its
+compute and unary TP collective seconds and its parameter + saved bytes; for each pure node its
+price on each layout its origins allow (R, S, Q); the pair and any-of collective terms of
+:func:`autoplan.cost.tp.splits.block_terms`; and the constant rest. Times and shard factors are
+those CostModel charges (cost/compute/op_costs.py, cost/tp/shards.py), so the ILP's objective and
+memory row equal what CostModel charges the block (tests/unit/solve/test_solve_agreement.py).
+:func:`memory_budget` is the bytes a block's splits may use when a plan did not fit
+(cost/memory/per_device.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s
+from autoplan.cost.memory.per_device import model_states, usable_bytes
+from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.pp.schedule import in_flight_chunks
+from autoplan.cost.tp.block import BlockAnalysis, analyse_block
+from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
+from autoplan.cost.tp.shards import (
+    param_node_shards,
+    pure_layout,
+    pure_layouts_possible,
+    pure_node_shards,
+    stream_node_shards,
+)
+from autoplan.cost.tp.splits import TPContext, TPTerms, block_terms, legal_splits, node_splits, terms_time_s
+from autoplan.types.cost import Cost
+from autoplan.types.graph import Graph
+from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
+
+SHARD_DIM = {
+    ("linear", "colwise"): 0,
+    ("linear", "rowwise"): 1,
+    ("embedding", "rowwise"): 0,
+    ("embedding", "colwise"): 1,
+}
+
+
+def shard_dim(kind: str, split: str) -> int | None:
+    """The weight dimension ``split`` shards on an op of ``kind`` (None: not sharded): tied ops must agree."""
+    return SHARD_DIM.get((kind, split))
+
+
+@dataclass
+class PureNode:
+    """A pure node's time and saved bytes on each layout its origins can give it (R, S, Q)."""
+
+    origins: frozenset[str]
+    time_s: dict[str, float]
+    bytes: dict[str, float]
+
+
+@dataclass
+class BlockPrices:
+    """Everything the ILP (and the brute force that checks it) prices, for one block."""
+
+    params: list[str]
+    legal: dict[str, tuple[str, ...]]
+    unary_s: dict[str, dict[str, float]]  # compute + unary comm, per split
+    unary_bytes: dict[str, dict[str, float]]  # parameter + saved bytes, per split
+    pure: dict[str, PureNode]  # pure node -> its price per layout
+    terms: TPTerms
+    forward_repeats: int
+    constant_s: float = 0.0
+    constant_bytes: float = 0.0
+    ties: list[tuple[str, str]] = field(default_factory=list)
+    sequence_parallel: bool = False
+    block: BlockAnalysis | None = None  # the block's structure (layouts of pure nodes)
+    dim_ties: list[tuple[str, str, str, str]] = field(default_factory=list)  # (u, w, kind_u, kind_w)
+
+    def evaluate(self, splits: dict[str, str]) -> tuple[float, float]:
+        """(seconds, bytes) of ``splits``: the ILP's objective and memory row, evaluated directly."""
+        fwd, bwd = terms_time_s(_without_unary(self.terms), splits)
+        time_s = self.constant_s + self.forward_repeats * fwd + bwd
+        memory = self.constant_bytes
+        for v in self.params:
+            time_s += self.unary_s[v][splits[v]]
+            memory += self.unary_bytes[v][splits[v]]
+        for pure in self.pure.values():
+            layout = pure_layout(self.block, pure.origins, splits, sequence_parallel=self.sequence_parallel)
+            time_s += pure.time_s[layout]
+            memory += pure.bytes[layout]
+        return time_s, memory
+
+    def min_memory_bytes(self) -> float:
+        """A lower bound on the memory row: each op at its lightest split, independently."""
+        memory = self.constant_bytes + sum(min(self.unary_bytes[v].values()) for v in self.params)
+        return memory + sum(min(pure.bytes.values()) for pure in self.pure.values())
+
+    def respects_ties(self, splits: dict[str, str]) -> bool:
+        if any(splits[u] != splits[w] for u, w in self.ties):
+            return False
+        return all(shard_dim(ku, splits[u]) == shard_dim(kw, splits[w]) for u, w, ku, kw in self.dim_ties)
+
+
+def _without_unary(terms: TPTerms) -> TPTerms:
+    return TPTerms(constant=terms.constant, unary={}, pair=terms.pair, any_of=terms.any_of)
+
+
+def price_block(
+    graph: Graph,
+    layer: str | None,
+    *,
+    ctx: TPContext,
+    forward_repeats: int = 1,
+    param_bytes_factor: float = 0.0,
+    activation_factor: float = 0.0,
+    node_times: NodeTimes | None = None,
+) -> BlockPrices:
+    """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
+    bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
+    (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
+    factors are those CostModel charges (cost/compute/op_costs.py, tp_shards.shards); ``node_times``
+    memoises the op times."""
+    block = analyse_block(graph, layer)
+    terms = block_terms(graph, layer, ctx=ctx)
+    tp, sp = ctx.tp, ctx.sequence_parallel and ctx.tp > 1
+    prices = BlockPrices(
+        params=list(block.params),
+        legal={v: legal_splits(graph.node(v), tp) for v in block.params},
+        unary_s={},
+        unary_bytes={},
+        pure={},
+        terms=terms,
+        forward_repeats=forward_repeats,
+        sequence_parallel=sp,
+        block=block,
+    )
+
+    def time_of(node, shard: int) -> float:
+        return node_time_s(
+            graph,
+            node,
+            ctx.profile,
+            precision=ctx.precision,
+            batch_fraction=ctx.batch_fraction,
+            shard=shard,
+            forward_repeats=forward_repeats,
+            times=node_times,
+        )
+
+    seen_params: set[str] = set()
+    for node in block.nodes:
+        own = [p for p in node.param_names if p not in seen_params]
+        seen_params.update(own)
+        pbytes = sum(graph.parameters[p].bytes for p in own if p in graph.parameters) * param_bytes_factor
+        abytes = (
+            node_saved_bytes(node, ctx.profile, precision=ctx.precision) * activation_factor
+            if activation_factor
+            else 0.0
+        )
+        if node.name in prices.legal:
+            copies = {
+                split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision)
+                * activation_factor
+                for split in prices.legal[node.name]
+            }
+            _price_param(prices, node, time_of, pbytes, abytes, copies, tp=tp)
+        elif node.name in block.origins:
+            origins = block.origins[node.name]
+            shard = {
+                lay: pure_node_shards(lay, tp=tp)
+                for lay in pure_layouts_possible(block, origins, prices.legal, sequence_parallel=sp)
+            }
+            prices.pure[node.name] = PureNode(
+                origins=origins,
+                time_s={lay: time_of(node, c) for lay, (c, _) in shard.items()},
+                bytes={lay: abytes / a for lay, (_, a) in shard.items()},
+            )
+        else:
+            compute, act = stream_node_shards(
+                node, tp=tp, sequence_parallel=sp, token_wise=node.name in block.token_wise
+            )
+            prices.constant_s += time_of(node, compute)
+            prices.constant_bytes += pbytes + abytes / act
+    prices.constant_bytes += (
+        sum(stream_copy_bytes(graph, block, tp=tp, sequence_parallel=sp, precision=ctx.precision).values())
+        * activation_factor
+    )
+    _add_ties(graph, prices)
+    return prices
+
+
+def _price_param(
+    prices: BlockPrices, node, time_of, pbytes: float, abytes: float, copies: dict[str, float], *, tp: int
+) -> None:
+    prices.unary_s[node.name], prices.unary_bytes[node.name] = {}, {}
+    for s in prices.legal[node.name]:
+        compute, param, act = param_node_shards(
+            prices.block, node.name, s, tp=tp, sequence_parallel=prices.sequence_parallel
+        )
+        prices.unary_s[node.name][s] = time_of(node, compute) + _unary_comm(
+            prices.terms, node.name, s, prices.forward_repeats
+        )
+        prices.unary_bytes[node.name][s] = pbytes / param + abytes / act + copies[s]
+
+
+def _unary_comm(terms: TPTerms, v: str, split: str, forward_repeats: int) -> float:
+    fwd, bwd = terms.unary.get(v, {}).get(split, (0.0, 0.0))
+    return forward_repeats * fwd + bwd
+
+
+def _add_ties(graph: Graph, prices: BlockPrices) -> None:
+    by_module: dict[str, str] = {}
+    by_param: dict[str, str] = {}
+    for v in prices.params:
+        node = graph.node(v)
+        if node.module in by_module:
+            prices.ties.append((by_module[node.module], v))
+        by_module.setdefault(node.module, v)
+        for p in node.param_names:
+            if p in by_param and graph.node(by_param[p]).module != node.module:
+                prices.dim_ties.append((by_param[p], v, graph.node(by_param[p]).op, node.op))
+            by_param.setdefault(p, v)
+
+
+def split_context(
+    graph: Graph,
+    profile: Profile,
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    sequence_parallel: bool,
+    precision: str,
+    micro_batch_size: int,
+) -> TPContext:
+    """The context a block's splits are priced in: its tp group on the profile's nodes (cost/network/mesh.py)
+    and the micro-batch's share of the traced batch; no expert placement (experts run at tp = 1)."""
+    return TPContext(
+        profile=profile,
+        tp=tp,
+        group=mesh_groups(profile, dp=dp, tp=tp, pp=pp)["tp"],
+        sequence_parallel=sequence_parallel,
+        precision=precision,
+        batch_fraction=micro_batch_size / graph.batch_size,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Per-block bytes for the ILP's memory row, with the multipliers that turn traced parameter
+    bytes and saved bytes in the run's precision into bytes per device (see :func:`price_block`)."""
+
+    block_bytes: float
+    outside_bytes: float
+    param_bytes_factor: float
+    activation_factor: float
+
+
+def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> MemoryBudget:
+    """The ILP memory row for ``plan`` (which did not fit): usable memory less comm buffers and
+    the outside modules' bytes (kept at most what they use now), shared by the blocks of the
+    fullest stage; under full recomputation one block's full activations (live while it is
+    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py."""
+    blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
+    states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
+    traced_param = graph.param_bytes / graph.param_count if graph.param_bytes > 0 and graph.param_count > 0 else 4.0
+    in_flight = 1.0 / blocks if plan.recompute == "full" else in_flight_chunks(plan, 0)
+    factors = dict(
+        param_bytes_factor=(states.weights_bytes + states.grads_bytes + states.optimizer_bytes) / traced_param,
+        activation_factor=in_flight * plan.micro_batch_size / graph.batch_size,
+    )  # saved bytes come in the precision
+    ctx = split_context(
+        graph,
+        profile,
+        dp=plan.dp,
+        tp=plan.tp,
+        pp=plan.pp,
+        sequence_parallel=plan.sequence_parallel,
+        precision=plan.precision,
+        micro_batch_size=plan.micro_batch_size,
+    )
+    outside = price_block(graph, None, ctx=ctx, **factors)
+    outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]
+    free = usable_bytes(profile.device.memory_bytes) - cost.comm_buffer_bytes - outside_bytes
+    return MemoryBudget(
+        block_bytes=free / blocks, outside_bytes=outside_bytes, **factors
+    )  # negative: nothing left (infeasible)
