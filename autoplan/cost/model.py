@@ -4,7 +4,8 @@
 assembles each plan with arithmetic, so the planner can price thousands of plans a second.
 The step time of one global batch is the sum of ``Cost.TIME_FIELDS``; docs/cost-model.md
 ("Step time") is the one statement of each term with its source, and :meth:`CostModel._time`
-computes each. The data-parallel terms come from autoplan/cost/dp/sync.py.
+computes each. The data-parallel terms come from autoplan/cost/dp/sync.py (``DataParallelTerms``),
+which prices the messages cost/dp/messages.py states; the pipeline's sends are cost/pp/messages.py's.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
 from autoplan.cost.compute.op_costs import NodeTimes
-from autoplan.cost.compute.roofline import activation_scale, memory_time_s, peak_dtype
-from autoplan.cost.dp.sync import DataParallelSync
+from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
+from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.plan import PlanMemory
 from autoplan.cost.moe.experts import check_divides
 from autoplan.cost.moe.placement import ExpertParallel
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups
+from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.pp.schedule import balanced_stages
 from autoplan.cost.pp.tied import TiedWeightSync
 from autoplan.cost.stages import StageTotals, add_block
@@ -39,7 +41,7 @@ from autoplan.types.saved_ops import SAVED_KINDS
 ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
 
 
-class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemory, ExpertParallel):
+class CostModel(SequenceParallelSync, TiedWeightSync, PlanMemory, ExpertParallel):
     """Prices plans for one graph on one profile; block summaries are cached across plans."""
 
     def __init__(self, graph: Graph, profile: Profile):
@@ -54,7 +56,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         self._tied = self._tied_places()
         self._cache: dict[tuple, LayerSummary] = {}
         self.node_times = NodeTimes(graph, profile)  # shared with the search's bounds and ILPs
-        self._bucket_cache: dict[tuple, float] = {}
+        self.dp_terms = DataParallelTerms(profile, graph)  # the dp and ZeRO terms (cost/dp/sync.py)
         self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
         self._step_flops = graph.step_flops  # summed once: estimate() stays arithmetic
         self._recompute_per_sample = {
@@ -247,9 +249,8 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             plan, stages, groups["pp"]
         )
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
-        self._dp_time(cost, plan, stages, groups["dp"], slowest)
-        if plan.zero_stage >= 3 and plan.dp > 1:
-            cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, groups["dp"]) for s in stages)
+        edp = self.edp_group(plan) if plan.ep > 1 else groups["dp"]
+        self.dp_terms.price(cost, plan, stages, group=groups["dp"], edp=edp)
         local_params = max(self.optimizer_params(plan, s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
@@ -261,9 +262,7 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
         all-gather over the tp group; gradients go back only for tensors that need one."""
         if plan.pp == 1:
             return 0.0
-        chunks = self.chunk_inputs(plan)[1:]
-        forward = max(sum(f) for f, _ in chunks)
-        backward = max(sum(b) for _, b in chunks)
+        forward, backward = pp_messages.slot_bytes(self.chunk_inputs(plan))
         t_slot = sum(
             collective_time_s(self.profile, "send_recv", size, group=group) for size in (forward, backward) if size
         )
@@ -275,22 +274,22 @@ class CostModel(DataParallelSync, SequenceParallelSync, TiedWeightSync, PlanMemo
             )
         return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_slot
 
-    def chunk_inputs(self, plan: Plan) -> list[tuple[list[float], list[float]]]:
-        """Per pipeline chunk, the tensors it receives per micro-batch, whole (each tp rank sends
-        and receives the full boundary: the executor gathers a stage's DTensor output): (bytes of
-        each, bytes of each whose gradient goes back). Values that need no gradient (rotary
-        tables, masks made before the first block) travel forward only."""
+    def chunk_inputs(self, plan: Plan) -> pp_messages.ChunkInputs:
+        """Per pipeline chunk, what it receives per micro-batch (cost/pp/messages.py)."""
         return [self.block_inputs(chunk[0], plan) for chunk in self._chunks(plan)]
 
     def block_inputs(self, layer: str, plan: Plan) -> tuple[list[float], list[float]]:
-        """What a chunk starting at block ``layer`` receives per micro-batch (chunk_inputs)."""
-        grads = self.graph.grad_nodes()
-        scale = plan.micro_batch_size / self.graph.batch_size
-        inputs = self._structures[self._rep[layer]].inputs  # identical blocks receive identical tensors
-        sizes = [
-            (n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads) for n in inputs
-        ]
-        return [b for b, _ in sizes], [b for b, g in sizes if g]
+        """What a chunk starting at block ``layer`` receives per micro-batch (pp_messages.block_inputs);
+        identical blocks receive identical tensors."""
+        return pp_messages.block_inputs(self.graph, self._structures[self._rep[layer]].inputs, plan)
+
+    def powersgd_stage(self, plan: Plan, stage: StageTotals):
+        """A stage's PowerSGD traffic (DataParallelTerms.powersgd_stage)."""
+        return self.dp_terms.powersgd_stage(plan, stage)
+
+    def _collective_s(self, kind: str, message_bytes: float, group: AxisGroup, bucket_bytes: float | None) -> float:
+        """A memoised collective (DataParallelTerms.collective_s), for the SP gradient sync."""
+        return self.dp_terms.collective_s(kind, message_bytes, group, bucket_bytes)
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
