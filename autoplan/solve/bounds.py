@@ -21,7 +21,9 @@ this for every priced candidate):
   finishes its backward last, so that block's own sync shows; under ZeRO-3, per micro-batch,
   that block's weight all-gather (forward) and the smallest block's gather + reduce-scatter
   (backward) are prefetched behind nothing; in a pipeline, whose stages gather once in the first
-  forward and reduce-scatter once after the last backward, only that first gather.
+  forward and reduce-scatter once after the last backward, only that first gather. Which
+  collectives, how often and in which dtype: cost/dp/messages.py, each priced at its floor bytes
+  per parameter (``DpMessage.floor_bytes_per_param``: no more than the compute dtype's).
 
 One bound is on memory, not time: ``states_floor_bytes``, the weights, gradients and optimizer
 state (cost/memory/per_device.py:model_states) of the fewest parameters the fullest pipeline stage can hold

@@ -7,10 +7,12 @@
   tp = pp = 1 and ZeRO 0, FSDP2 under ZeRO-2/3; an explicit all-reduce after the backward
   otherwise), and never under ``plan.overlap_grad_reduce=False`` (how Megatron-LM ran before its
   2023 ``--overlap-grad-reduce``, NVIDIA/Megatron-LM issue #391 and commit e801b2b), which the
-  executor runs with its explicit all-reduce. DDP also broadcasts rank 0's module buffers
-  (``broadcast_buffers``, the graph's ``buffer_bytes``) before the forward of each synced
-  micro-batch, once a step, on the dp group, exposed; priced as an all-gather of the same bytes
-  (a pipelined broadcast moves the whole message over every link, as a ring all-gather does);
+  executor runs with its explicit all-reduce. A gradient message sent every micro-batch (ZeRO-2
+  without a pipeline) adds the earlier m - 1 copies, hidden eta under their backward. DDP also
+  broadcasts rank 0's module buffers (``broadcast_buffers``, the graph's ``buffer_bytes``) before
+  the forward of each synced micro-batch, once a step, on the dp group, exposed; priced as an
+  all-gather of the same bytes (a pipelined broadcast moves the whole message over every link, as
+  a ring all-gather does);
 - zero_exposed (ZeRO-3 / FSDP): each block's weight all-gathers and gradient reduce-scatters,
   as many a step as cost/dp/messages.py states, prefetched one block ahead
   (schedule.prefetched_exposed_s): f forwards of gathers, g backwards of gathers of which the s
