@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from autoplan.cost.dp import messages as dp_messages
 from autoplan.cost.model import CostModel
-from autoplan.cost.moe.experts import COUNT_BYTES, dispatch_bytes
+from autoplan.cost.moe.experts import COUNT_BYTES, a2a_per_microbatch, dispatch_bytes
 from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tp.block import OUTSIDE_PARTS
@@ -118,9 +118,8 @@ def _per_step(
 
 
 def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTotals, index: int) -> None:
-    """Expert parallelism: per MoE layer and micro-batch five all-to-alls on the ep group (the
-    per-expert counts, dispatch and combine, and the gradients of the last two), three more when
-    recomputation re-runs the forward, of the rows a rank sends under balanced routing (the
+    """Expert parallelism: per MoE layer and micro-batch the all-to-alls on the ep group that
+    experts.a2a_per_microbatch states, of the rows a rank sends under balanced routing (the
     measured bytes of the combine and its gradient follow the real routing); and the experts'
     gradient sync over the edp group (dp_messages.expert_messages), one unit per experts module."""
     if plan.ep == 1:
@@ -128,12 +127,11 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
     names = set(model.stage_layers(plan, index))
     moes = [moe for moe in model.graph.moe_layers if moe.layer in names or (moe.layer is None and plan.pp == 1)]
     f, m = plan.micro_batch_size / model.graph.batch_size, plan.num_microbatches
-    counts, tokens = (2, 6) if plan.recompute != "none" else (1, 4)
+    a2a = a2a_per_microbatch(recomputed=plan.recompute != "none")
     for moe in moes:
         rows = dispatch_bytes(moe, precision=plan.precision, batch_fraction=f, imbalance=1.0)
-        pred.add(
-            "ep", "all_to_all", m * (counts + tokens), m * (counts * moe.num_experts * COUNT_BYTES + tokens * rows)
-        )
+        size = a2a.counts * moe.num_experts * COUNT_BYTES + a2a.tokens * rows
+        pred.add("ep", "all_to_all", m * (a2a.counts + a2a.tokens), m * size)
     if stage.expert_params:
         messages = dp_messages.expert_messages(plan)
         units = len(moes) if plan.zero_stage >= 2 else 1
