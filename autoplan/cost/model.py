@@ -15,6 +15,7 @@ from dataclasses import replace
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
+from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.plan import PlanMemory
 from autoplan.cost.moe.experts import check_divides
@@ -283,7 +284,7 @@ class CostModel(SequenceParallelSync, TiedWeightSync, PlanMemory, ExpertParallel
         identical blocks receive identical tensors."""
         return pp_messages.block_inputs(self.graph, self._structures[self._rep[layer]].inputs, plan)
 
-    def powersgd_stage(self, plan: Plan, stage: StageTotals):
+    def powersgd_stage(self, plan: Plan, stage: StageTotals) -> PowerSGDTraffic:
         """A stage's PowerSGD traffic (DataParallelTerms.powersgd_stage)."""
         return self.dp_terms.powersgd_stage(plan, stage)
 
