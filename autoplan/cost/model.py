@@ -5,9 +5,9 @@ assembles each plan with arithmetic, so the planner can price thousands of plans
 The step time of one global batch is the sum of ``Cost.TIME_FIELDS``; docs/cost-model.md
 ("Step time") is the one statement of each term with its source, and :meth:`CostModel._time`
 computes each. The terms are objects with explicit inputs (docs/architecture.md, "The cost model's
-layout"): ``memory`` (cost/memory/plan.py), ``tied`` (cost/pp/tied.py), ``sp_sync``
-(cost/tp/sp_sync.py) and ``experts`` (cost/moe/placement.py); the data-parallel terms come from
-cost/dp/sync.py.
+layout"): ``dp_terms`` (cost/dp/sync.py, pricing the messages cost/dp/messages.py states),
+``memory`` (cost/memory/plan.py), ``tied`` (cost/pp/tied.py), ``sp_sync`` (cost/tp/sp_sync.py) and
+``experts`` (cost/moe/placement.py); the pipeline's sends are cost/pp/messages.py's.
 """
 
 from __future__ import annotations
@@ -16,14 +16,16 @@ from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
 from autoplan.cost.compute.op_costs import NodeTimes
-from autoplan.cost.compute.roofline import activation_scale, memory_time_s, peak_dtype
-from autoplan.cost.dp.sync import DataParallelSync
+from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
+from autoplan.cost.dp.compression import PowerSGDTraffic
+from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
 from autoplan.cost.moe.experts import ExpertPlacement, check_divides
 from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups
+from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.pp.schedule import balanced_stages
 from autoplan.cost.pp.tied import TiedWeightSync
 from autoplan.cost.stages import StageTotals, add_block
@@ -44,9 +46,9 @@ from autoplan.types.saved_ops import SAVED_KINDS
 ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
 
 
-class CostModel(DataParallelSync):
-    """Prices plans for one graph on one profile; block summaries are cached across plans. The terms
-    that stand alone are attributes: ``memory``, ``tied``, ``sp_sync`` and ``experts``."""
+class CostModel:
+    """Prices plans for one graph on one profile; block summaries are cached across plans. Its terms
+    are attributes: ``dp_terms``, ``memory``, ``tied``, ``sp_sync`` and ``experts``."""
 
     def __init__(self, graph: Graph, profile: Profile):
         self.graph, self.profile = graph, profile
@@ -59,7 +61,7 @@ class CostModel(DataParallelSync):
         self._outside = self._split_outside()
         self._cache: dict[tuple, LayerSummary] = {}
         self.node_times = NodeTimes(graph, profile)  # shared with the search's bounds and ILPs
-        self._bucket_cache: dict[tuple, float] = {}
+        self.dp_terms = DataParallelTerms(profile, graph)  # the dp and ZeRO terms (cost/dp/sync.py)
         self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
         self._step_flops = graph.step_flops  # summed once: estimate() stays arithmetic
         self._recompute_per_sample = {
@@ -255,9 +257,9 @@ class CostModel(DataParallelSync):
             plan, chunks, stages, groups["pp"]
         )
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
-        self._dp_time(cost, plan, stages, groups["dp"], slowest)
-        if plan.zero_stage >= 3 and plan.dp > 1:
-            cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, groups["dp"]) for s in stages)
+        self.dp_terms.price(
+            cost, plan, stages, group=groups["dp"], edp=self.edp_group(plan) if plan.ep > 1 else groups["dp"]
+        )
         local_params = max(optimizer_params(plan, s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
@@ -269,9 +271,7 @@ class CostModel(DataParallelSync):
         all-gather over the tp group; gradients go back only for tensors that need one."""
         if plan.pp == 1:
             return 0.0
-        chunks = self.chunk_inputs(plan)[1:]
-        forward = max(sum(f) for f, _ in chunks)
-        backward = max(sum(b) for _, b in chunks)
+        forward, backward = pp_messages.slot_bytes(self.chunk_inputs(plan))
         t_slot = sum(
             collective_time_s(self.profile, "send_recv", size, group=group) for size in (forward, backward) if size
         )
@@ -283,22 +283,18 @@ class CostModel(DataParallelSync):
             )
         return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_slot
 
-    def chunk_inputs(self, plan: Plan) -> list[tuple[list[float], list[float]]]:
-        """Per pipeline chunk, the tensors it receives per micro-batch, whole (each tp rank sends
-        and receives the full boundary: the executor gathers a stage's DTensor output): (bytes of
-        each, bytes of each whose gradient goes back). Values that need no gradient (rotary
-        tables, masks made before the first block) travel forward only."""
+    def chunk_inputs(self, plan: Plan) -> pp_messages.ChunkInputs:
+        """Per pipeline chunk, what it receives per micro-batch (cost/pp/messages.py)."""
         return [self.block_inputs(chunk[0], plan) for chunk in self._chunks(plan)]
 
     def block_inputs(self, layer: str, plan: Plan) -> tuple[list[float], list[float]]:
-        """What a chunk starting at block ``layer`` receives per micro-batch (chunk_inputs)."""
-        grads = self.graph.grad_nodes()
-        scale = plan.micro_batch_size / self.graph.batch_size
-        inputs = self._structures[self._rep[layer]].inputs  # identical blocks receive identical tensors
-        sizes = [
-            (n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads) for n in inputs
-        ]
-        return [b for b, _ in sizes], [b for b, g in sizes if g]
+        """What a chunk starting at block ``layer`` receives per micro-batch (pp_messages.block_inputs);
+        identical blocks receive identical tensors."""
+        return pp_messages.block_inputs(self.graph, self._structures[self._rep[layer]].inputs, plan)
+
+    def powersgd_stage(self, plan: Plan, stage: StageTotals) -> PowerSGDTraffic:
+        """A stage's PowerSGD traffic (DataParallelTerms.powersgd_stage)."""
+        return self.dp_terms.powersgd_stage(plan, stage)
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""

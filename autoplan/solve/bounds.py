@@ -21,7 +21,9 @@ this for every priced candidate):
   finishes its backward last, so that block's own sync shows; under ZeRO-3, per micro-batch,
   that block's weight all-gather (forward) and the smallest block's gather + reduce-scatter
   (backward) are prefetched behind nothing; in a pipeline, whose stages gather once in the first
-  forward and reduce-scatter once after the last backward, only that first gather.
+  forward and reduce-scatter once after the last backward, only that first gather. Which
+  collectives, how often and in which dtype: cost/dp/messages.py, each priced at its floor bytes
+  per parameter (``DpMessage.floor_bytes_per_param``: no more than the compute dtype's).
 
 One bound is on memory, not time: ``states_floor_bytes``, the weights, gradients and optimizer
 state (cost/memory/per_device.py:model_states) of the fewest parameters the fullest pipeline stage can hold
@@ -35,8 +37,9 @@ priced candidate).
 from __future__ import annotations
 
 from autoplan.cost.compute.op_costs import node_time_s
-from autoplan.cost.compute.roofline import PRECISION_BYTES, memory_time_s
-from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES, STATE_BYTES, model_states
+from autoplan.cost.compute.roofline import memory_time_s
+from autoplan.cost.dp.messages import BACKWARD, EACH, FORWARD, GRADS, WEIGHTS, DpMessage, dp_messages, find
+from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
 from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
@@ -179,34 +182,37 @@ class Bounds:
         """CostModel's memory-bound Adam step over ``local_params`` parameters."""
         return memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
 
-    def _bucketed_s(self, kind: str, message_bytes: float, plan: Plan) -> float:
-        """CostModel's dp collective (CostModel._dp_message_s): DDP buckets under DDP, else one call."""
-        if plan.dp == 1:
-            return 0.0
+    def _message_s(self, message: DpMessage, params: float, plan: Plan) -> float:
+        """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
+        at its floor bytes per parameter (DpMessage.floor_bytes_per_param)."""
         group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["dp"]
-        return bucketed_time_s(
-            self.profile, kind, message_bytes, group=group, bucket_bytes=DDP_BUCKET_BYTES if plan.runs_ddp else None
-        )
+        size = params * message.floor_bytes_per_param(plan.precision)
+        return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
 
     def _sync_s(self, plan: Plan) -> float:
-        if plan.dp == 1 or plan.grad_compression != "none":  # PowerSGD's factors: bounded below by 0
+        """The gradient sync stage 0's first block exposes whatever the overlap, per the dp messages
+        (cost/dp/messages.py): under ZeRO-3 its forward gathers, and where gradients are
+        reduce-scattered every micro-batch the smallest block's gather + reduce-scatter too."""
+        messages = dp_messages(plan)
+        if not messages or plan.grad_compression != "none":  # PowerSGD's factors: bounded below by 0
             return 0.0
-        weight, grad, _ = STATE_BYTES[plan.precision]
-        grad = min(grad, PRECISION_BYTES[plan.grad_reduce_dtype])
         first, smallest = self.stage_costs.sync_params(plan)
-        if plan.zero_stage < 3:
-            return self._bucketed_s("all_reduce" if plan.zero_stage == 0 else "reduce_scatter", first * grad, plan)
-        if plan.pp > 1:  # a pipeline stage gathers in the first forward only, and scatters once (cost/dp/sync.py)
-            return self._bucketed_s("all_gather", first * weight, plan)
-        backward = self._bucketed_s("all_gather", smallest * weight, plan) + self._bucketed_s(
-            "reduce_scatter", smallest * grad, plan
-        )
-        return plan.num_microbatches * (self._bucketed_s("all_gather", first * weight, plan) + backward)
+        grads = find(messages, GRADS)
+        gather = find(messages, WEIGHTS, FORWARD)
+        if gather is None:
+            return self._message_s(grads, first, plan)
+        if grads.micro_batches != EACH:  # a pipeline stage gathers in the first forward only, scatters once
+            return gather.times_per_step(plan.num_microbatches) * self._message_s(gather, first, plan)
+        regather = find(messages, WEIGHTS, BACKWARD)
+        backward = self._message_s(regather, smallest, plan) + self._message_s(grads, smallest, plan)
+        return gather.times_per_step(plan.num_microbatches) * (self._message_s(gather, first, plan) + backward)
 
     def _zero_gather_s(self, plan: Plan, stage_params: float) -> float:
-        if plan.zero_stage not in (1, 2) or plan.dp == 1:
+        """ZeRO-1/2's all-gather of the updated weights (not ZeRO-3's, which gather per block)."""
+        weights = find(dp_messages(plan), WEIGHTS)
+        if weights is None or weights.phase == FORWARD:
             return 0.0
-        return self._bucketed_s("all_gather", stage_params * PRECISION_BYTES[plan.precision], plan)
+        return self._message_s(weights, stage_params, plan)
 
 
 def _expert_gemms(nodes: list[OpNode], layers: list[MoELayer]) -> dict[str, MoELayer]:

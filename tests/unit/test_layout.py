@@ -8,7 +8,6 @@ import functools
 import re
 from pathlib import Path
 
-import pytest
 import tomllib
 
 PACKAGE = Path(__file__).resolve().parents[2] / "autoplan"
@@ -240,17 +239,46 @@ def _cost_bases() -> dict[str, list[str]]:
 
 def test_the_cost_models_terms_are_composed_not_mixed_in():
     """Issue 31 item 2: a term of the cost model is an object with explicit inputs, priced and tested
-    alone (tests/unit/cost/test_cost_terms.py), never a mixin that reads another's private state."""
-    bases = _cost_bases()
-    mixed = {name: found for name, found in bases.items() if found and name != "CostModel"}
-    assert not mixed and set(bases["CostModel"]) <= {"DataParallelSync"}, (mixed, bases["CostModel"])
+    alone (tests/unit/cost/test_cost_terms.py, test_dp_messages.py), never a mixin that reads another's
+    private state: no class under cost/ inherits from one, and CostModel has no base class at all."""
+    mixed = {name: found for name, found in _cost_bases().items() if found}
+    model = ast.parse((PACKAGE / "cost" / "model.py").read_text())
+    cost_model = next(n for n in ast.walk(model) if isinstance(n, ast.ClassDef) and n.name == "CostModel")
+    assert not mixed and not cost_model.bases, (mixed, [ast.unparse(b) for b in cost_model.bases])
 
 
-# Goes green once the dp term (cost/dp/sync.py DataParallelSync) is an object like the others; the lead
-# removes this mark when merging that change.
-@pytest.mark.xfail(strict=True, reason="DataParallelSync is still a base of CostModel until the dp term lands")
-def test_the_cost_model_has_no_base_class():
-    assert _cost_bases()["CostModel"] == []
+#: the one statement of what data parallelism sends (docs/cost-model.md "Who says what is sent")
+MESSAGE_STATEMENT = "cost/dp/messages.py"
+COLLECTIVE_KINDS = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}
+DP_CHOICES = {"zero_stage", "grad_reduce_dtype", "PRECISION_BYTES", "STATE_BYTES"}
+
+
+def _own_nodes(function: ast.AST) -> list[ast.AST]:
+    """The nodes of ``function`` outside the functions nested in it."""
+    nested = {
+        id(n) for f in ast.walk(function) if f is not function and isinstance(f, ast.FunctionDef) for n in ast.walk(f)
+    }
+    return [n for n in ast.walk(function) if id(n) not in nested]
+
+
+def test_one_statement_of_what_data_parallelism_sends():
+    """Issue 31 item 1: the dp/ZeRO schedule was written three times (the time terms, the audit's
+    volumes, the search's bounds), each picking a collective and its bytes from the ZeRO stage and
+    the reduce dtype. Now a function that names a collective kind may read neither ``zero_stage``,
+    ``grad_reduce_dtype`` nor a bytes-per-dtype table unless it is in cost/dp/messages.py: everyone
+    else prices or counts the statement's messages (before the change: ten functions in three files)."""
+    found = []
+    for _, path, tree in _modules():
+        name = str(path.relative_to(PACKAGE))
+        for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            nodes = _own_nodes(function)
+            kinds = {n.value for n in nodes if isinstance(n, ast.Constant) and n.value in COLLECTIVE_KINDS}
+            reads = {n.attr for n in nodes if isinstance(n, ast.Attribute)} | {
+                n.id for n in nodes if isinstance(n, ast.Name)
+            }
+            if kinds and reads & DP_CHOICES and name != MESSAGE_STATEMENT:
+                found.append(f"{name}:{function.lineno} {function.name} {sorted(kinds)} {sorted(reads & DP_CHOICES)}")
+    assert not found, found
 
 
 MAX_LINES = 400

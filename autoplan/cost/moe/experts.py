@@ -115,6 +115,32 @@ def dispatch_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, imba
     return imbalance * rows * moe.hidden_size * PRECISION_BYTES[precision]
 
 
+@dataclass(frozen=True)
+class A2AMessages:
+    """The all-to-alls of one MoE layer (module docstring): messages of the per-expert counts (E
+    int64) and of tokens (S bytes each)."""
+
+    counts: int
+    tokens: int
+
+    def seconds(self, counts_s: float, tokens_s: float) -> float:
+        return self.counts * counts_s + self.tokens * tokens_s
+
+
+#: forward: the counts, dispatch and combine; backward: the gradients of dispatch and combine
+FORWARD_A2A, BACKWARD_A2A = A2AMessages(counts=1, tokens=2), A2AMessages(counts=0, tokens=2)
+
+
+def a2a_per_microbatch(*, recomputed: bool) -> A2AMessages:
+    """A layer's all-to-alls per micro-batch: forward and backward, the forward again when
+    recomputation re-runs it (what the audit counts; the step time adds ep_fwd_s again, cost/stages.py)."""
+    forwards = 2 if recomputed else 1
+    return A2AMessages(
+        counts=forwards * FORWARD_A2A.counts + BACKWARD_A2A.counts,
+        tokens=forwards * FORWARD_A2A.tokens + BACKWARD_A2A.tokens,
+    )
+
+
 def a2a_times_s(
     moe: MoELayer, profile: Profile, *, precision: str, batch_fraction: float, place: ExpertPlacement
 ) -> tuple[float, float]:
@@ -124,7 +150,7 @@ def a2a_times_s(
     message = dispatch_bytes(moe, precision=precision, batch_fraction=batch_fraction, imbalance=place.imbalance)
     tokens_s = collective_time_s(profile, "all_to_all", message, group=place.group)
     counts_s = collective_time_s(profile, "all_to_all", moe.num_experts * COUNT_BYTES, group=place.group)
-    return counts_s + 2.0 * tokens_s, 2.0 * tokens_s
+    return FORWARD_A2A.seconds(counts_s, tokens_s), BACKWARD_A2A.seconds(counts_s, tokens_s)
 
 
 @dataclass(frozen=True)

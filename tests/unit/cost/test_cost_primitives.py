@@ -140,6 +140,7 @@ def test_ring_only_collectives_pay_a_hop_per_rank_across_nodes_and_all_reduce_a_
 def test_dp_messages_are_bucketed_only_under_ddp():
     """DDP sends 25 MiB buckets, each paying its start-up; FSDP units and ZeRO-1's flat buffer are
     one call each, as the audit counts them (cost/volumes.py)."""
+    from autoplan.cost.dp.messages import GRADS, dp_messages, find
     from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
     from autoplan.cost.model import CostModel
     from autoplan.types.plan import Plan
@@ -149,10 +150,12 @@ def test_dp_messages_are_bucketed_only_under_ddp():
     group = AxisGroup(size=64, ranks_per_node=8)
     ddp = Plan(devices=64, dp=64, tp=1, pp=1, micro_batch_size=1, num_microbatches=1)
     fsdp = Plan(devices=64, dp=64, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, zero_stage=3)
-    one = collective_time_s(profile, "all_reduce", size, group=group)
+    one = collective_time_s(profile, "reduce_scatter", size, group=group)
     bucket = collective_time_s(profile, "all_reduce", DDP_BUCKET_BYTES, group=group)
-    assert model._dp_message_s(ddp, "all_reduce", size, group) == pytest.approx(40 * bucket)
-    assert model._dp_message_s(fsdp, "all_reduce", size, group) == pytest.approx(one)
+    (grads,) = dp_messages(ddp)
+    scatter = find(dp_messages(fsdp), GRADS)
+    assert model.dp_terms.message_s(grads, size, group) == pytest.approx(40 * bucket)
+    assert model.dp_terms.message_s(scatter, size, group) == pytest.approx(one)
 
 
 def test_a_view_of_a_parameter_and_a_metadata_assert_move_nothing():

@@ -1,0 +1,213 @@
+"""Which messages a plan's data parallelism sends: the one statement (issue 31, item 1).
+
+The time terms (cost/dp/sync.py), the audit's predicted counts (cost/volumes.py) and the search's
+lower bounds (solve/bounds.py) all read the messages below; none of them picks a collective, a
+byte size per parameter or a repetition count of its own. Sizes follow cost/network/comm.py (the
+gathered output of an all-gather, the input of a reduce-scatter). For P parameters of one unit (an
+FSDP unit, a block's share of DDP's buckets, ZeRO-1's flat buffer), m micro-batches, b_g the bytes of
+``plan.grad_reduce_dtype``, b_w those of the compute dtype (FSDP2's parameter cast):
+
+| dp mode (execute/data_parallel.py) | grads | weights |
+|---|---|---|
+| DDP (zero 0, tp = pp = 1, overlapped) | all-reduce P b_g in 25 MiB buckets, last backward | |
+| explicit all-reduce (zero 0) | all-reduce P b_g after the backward | |
+| ZeRO-1 (execute/zero.py) | reduce-scatter P' b_g after the backward | all-gather P' * 4 (fp32) after the step |
+| ZeRO-2 | reduce-scatter P b_g, every backward (pp = 1) or the last (pp > 1) | all-gather P b_w after the step |
+| ZeRO-3 | reduce-scatter P b_g, as ZeRO-2 | all-gather P b_w in every forward (the first in a pipeline) and backward |
+
+P' = g ceil(P / g), the flat buffer padded to the group size g. In a pipeline torch.distributed.
+pipelining's stages accumulate unsharded gradients and reduce-scatter once, after the last
+micro-batch. With ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``) ZeRO-1/2's
+weight all-gather runs per block under the next step's first forward. PowerSGD replaces DDP's
+all-reduce by three all-reduces per bucket of the uncompressed tensors and the P and Q factors
+(cost/dp/compression.py). Under expert parallelism the routed experts' parameters sync over the
+edp group (dp / ep ranks): the same messages under ZeRO-1/2/3 (none on a one-rank group under
+FSDP2), and under zero 0 one flat all-reduce after the backward (DDP ignores them,
+execute/expert_parallel.py ``sync_grads``). Besides: DDP broadcasts rank 0's buffers before the
+forward once a step, and all-reduces its map of unused parameters (4 bytes per parameter tensor)
+on a model with ModuleList experts; fp16 all-reduces a 4-byte overflow flag on the world group
+(execute/grad_scaler.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.dp.compression import GRAD_BYTES as POWERSGD_GRAD_BYTES
+from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
+from autoplan.types.plan import Plan
+
+GRADS, WEIGHTS = "grads", "weights"
+FORWARD, BACKWARD, AFTER_BACKWARD, AFTER_STEP, NEXT_FORWARD = (
+    "forward",
+    "backward",
+    "after_backward",
+    "after_step",
+    "next_forward",  # the next step's first forward (overlap_param_gather)
+)
+EACH, FIRST, LAST, ONCE = "each", "first", "last", "once"  # which micro-batches send it
+FP32_PARAM_BYTES = 4  # ZeRO-1 gathers the executor's fp32 parameters
+FLAG_BYTES = 4  # the fp16 overflow flag, one float
+UNUSED_MAP_BYTES = 4  # one int32 per parameter tensor (DDP find_unused_parameters)
+
+
+@dataclass(frozen=True)
+class DpMessage:
+    """One collective each unit of parameters sends (module docstring's table)."""
+
+    payload: str  # GRADS or WEIGHTS
+    kind: str  # all_reduce | reduce_scatter | all_gather
+    bytes_per_param: int
+    phase: str  # FORWARD | BACKWARD | AFTER_BACKWARD | AFTER_STEP | NEXT_FORWARD
+    micro_batches: str  # EACH (m times a step) | FIRST | LAST | ONCE (once a step)
+    bucketed: bool = False  # in DDP's buckets: how many calls is not fixed by the plan
+    padded: bool = False  # ZeRO-1's flat buffer, padded to a multiple of the group size
+    apart: bool = False  # the experts' flat all-reduce after the backward, not with each block's
+    compressed: bool = False  # PowerSGD's P, Q and uncompressed tensors (cost/dp/compression.py)
+
+    def times_per_step(self, num_microbatches: int) -> int:
+        return num_microbatches if self.micro_batches == EACH else 1
+
+    @property
+    def bucket_bytes(self) -> float | None:
+        """DDP's bucket size, or None: one call per unit (comm.bucketed_time_s)."""
+        return DDP_BUCKET_BYTES if self.bucketed else None
+
+    def params_sent(self, params: float, group_size: int) -> float:
+        """Parameters in one message of a ``params`` unit: padded to the group for ZeRO-1's buffer."""
+        return group_size * math.ceil(params / group_size) if self.padded else params
+
+    def floor_bytes_per_param(self, precision: str) -> int:
+        """The search's bound prices each message at no more than the compute dtype's bytes per
+        parameter, min(b, b_w) (solve/bounds.py): never above what the time terms price."""
+        return min(self.bytes_per_param, PRECISION_BYTES[precision])
+
+
+def dp_messages(plan: Plan) -> tuple[DpMessage, ...]:
+    """What each unit of the dense parameters sends over the dp group per step (module docstring)."""
+    if plan.dp == 1:
+        return ()
+    if plan.zero_stage == 0:
+        return (_zero0_grads(plan),)
+    if plan.zero_stage == 3:
+        return _zero3(plan)
+    if plan.zero_stage == 2:  # FSDP2's gather first, as the audit has always listed them
+        return (_updated_weights(plan), _sharded_grads(plan))
+    return (_sharded_grads(plan), _updated_weights(plan))
+
+
+def expert_messages(plan: Plan) -> tuple[DpMessage, ...]:
+    """What each unit of the routed experts' parameters sends over the edp group per step: ZeRO-1's
+    on a one-rank group too (its second sharded optimizer copies), no FSDP2 or all-reduce there."""
+    edp = plan.dp // plan.ep
+    if plan.ep == 1 or (edp == 1 and plan.zero_stage != 1):
+        return ()
+    if plan.zero_stage == 0:
+        return (DpMessage(GRADS, "all_reduce", _grad_bytes(plan), AFTER_BACKWARD, ONCE, apart=True),)
+    return dp_messages(plan)
+
+
+def _grad_bytes(plan: Plan) -> int:
+    return PRECISION_BYTES[plan.grad_reduce_dtype]
+
+
+def _zero0_grads(plan: Plan) -> DpMessage:
+    if plan.grad_compression == "powersgd":
+        return DpMessage(GRADS, "all_reduce", POWERSGD_GRAD_BYTES, BACKWARD, LAST, bucketed=True, compressed=True)
+    if plan.runs_ddp:
+        return DpMessage(GRADS, "all_reduce", _grad_bytes(plan), BACKWARD, LAST, bucketed=True)
+    return DpMessage(GRADS, "all_reduce", _grad_bytes(plan), AFTER_BACKWARD, ONCE)
+
+
+def _sharded_grads(plan: Plan) -> DpMessage:
+    """ZeRO-1's padded flat buffer after the backward; ZeRO-2/3's per unit in the backward."""
+    if plan.zero_stage == 1:
+        return DpMessage(GRADS, "reduce_scatter", _grad_bytes(plan), AFTER_BACKWARD, ONCE, padded=True)
+    return DpMessage(GRADS, "reduce_scatter", _grad_bytes(plan), BACKWARD, EACH if plan.pp == 1 else LAST)
+
+
+def _updated_weights(plan: Plan) -> DpMessage:
+    """ZeRO-1/2's all-gather of the updated weights once a step."""
+    zero1 = plan.zero_stage == 1
+    weight = FP32_PARAM_BYTES if zero1 else PRECISION_BYTES[plan.precision]
+    phase, batches = (NEXT_FORWARD, FIRST) if plan.overlap_param_gather else (AFTER_STEP, ONCE)
+    return DpMessage(WEIGHTS, "all_gather", weight, phase, batches, padded=zero1)
+
+
+def _zero3(plan: Plan) -> tuple[DpMessage, ...]:
+    """FSDP2: gathered in the forward (only the first micro-batch's in a pipeline, which keeps
+    them) and again in every backward; gradients reduce-scattered as ZeRO-2's."""
+    weight = PRECISION_BYTES[plan.precision]
+    forward = DpMessage(WEIGHTS, "all_gather", weight, FORWARD, EACH if plan.pp == 1 else FIRST)
+    backward = DpMessage(WEIGHTS, "all_gather", weight, BACKWARD, EACH)
+    return (forward, backward, _sharded_grads(plan))
+
+
+def find(messages: tuple[DpMessage, ...], payload: str, phase: str | None = None) -> DpMessage | None:
+    """The message of ``payload`` (in ``phase`` when given), or None."""
+    return next((m for m in messages if m.payload == payload and phase in (None, m.phase)), None)
+
+
+@dataclass(frozen=True)
+class StepMessages:
+    """All messages of one kind a rank sends per step on one group, as the audit counts them."""
+
+    kind: str
+    count: int | None  # None when DDP's buckets set it
+    message_bytes: float
+
+
+def per_step(
+    messages: tuple[DpMessage, ...], *, params: float, units: int, group_size: int, num_microbatches: int
+) -> list[StepMessages]:
+    """``units`` units holding ``params`` parameters in all: each kind's calls and bytes per step
+    (repetitions summed first, then times the unit's bytes, as the table reads)."""
+    found: dict[tuple, list] = {}
+    for message in messages:
+        key = (message.kind, message.bytes_per_param, message.padded, message.bucketed)
+        found.setdefault(key, [0])[0] += message.times_per_step(num_microbatches)
+    out = []
+    for (kind, size, padded, bucketed), (times,) in found.items():
+        sent = group_size * math.ceil(params / group_size) if padded else params
+        out.append(StepMessages(kind, None if bucketed else units * times, times * sent * size))
+    return out
+
+
+def fsdp_units(blocks: list, synced_params: float, *, experts_apart: bool) -> int:
+    """FSDP2 units of a stage (execute/data_parallel.py wraps each block, then the stage root):
+    the blocks with parameters, and the root when it holds any of the ``synced_params`` (without
+    the routed experts' when they sync apart, over edp)."""
+    root = synced_params - sum(b.param_count - (b.expert_param_count if experts_apart else 0.0) for b in blocks)
+    return sum(1 for b in blocks if b.param_count) + (1 if root > 0 else 0)
+
+
+def buffer_broadcast(plan: Plan, buffer_bytes: float) -> StepMessages | None:
+    """DDP broadcasts rank 0's module buffers (``broadcast_buffers``) before the synced
+    micro-batch's forward, once a step, on the dp group; the time terms price it as an all-gather
+    of the same bytes (a pipelined broadcast moves the whole message over every link)."""
+    if plan.dp == 1 or not plan.runs_ddp or not buffer_bytes:
+        return None
+    return StepMessages("broadcast", 1, buffer_bytes)
+
+
+def unused_map(plan: Plan, *, parameter_tensors: int, module_list_experts: bool) -> StepMessages | None:
+    """DDP on a model whose experts are a ModuleList looks for parameters a rank did not use
+    (``find_unused_parameters``, execute/expert_loop.py) and all-reduces its map of them each step."""
+    if plan.dp == 1 or not plan.runs_ddp or not module_list_experts:
+        return None
+    return StepMessages("all_reduce", None, UNUSED_MAP_BYTES * parameter_tensors)
+
+
+def overflow_flag(plan: Plan) -> StepMessages | None:
+    """fp16's overflow flag, all-reduced on the world group once a step (execute/grad_scaler.py)."""
+    return StepMessages("all_reduce", 1, FLAG_BYTES) if plan.precision == "fp16" else None
+
+
+def sp_partial_syncs(plan: Plan) -> int:
+    """How often a step all-reduces the sequence-parallel partial gradients: FSDP2 reduces them
+    with each micro-batch's gradients when it syncs every one (no pipeline), finalize_tp_grads
+    once a step otherwise (cost/tp/sp_sync.py)."""
+    grads = find(dp_messages(plan), GRADS)
+    return grads.times_per_step(plan.num_microbatches) if grads and plan.zero_stage >= 2 else 1
