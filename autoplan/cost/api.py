@@ -4,6 +4,7 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 
 - a whole plan: ``CostModel(graph, profile)``: ``estimate(plan)``, the block summaries the partition
   balances, ``tp_context``, the expert ``placement``, each stage's priced memory, its op-time memo;
+  ``Bounds``: floors on its step-time terms and memory that the search prunes with (cost/bounds.py);
 - one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
 - one block of the pipeline partition: ``block_time_s``, ``kept_bytes``, ``state_bytes_per_param``,
@@ -12,13 +13,12 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
 - the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``) and the audit's
   predicted volumes (``predict_volumes``).
-
-The last group serves solve/bounds.py until it is switched to this interface (issue 31 item 1).
 """
 
 from __future__ import annotations
 
 from autoplan.cost.blocks import LayerSummary
+from autoplan.cost.bounds import Bounds
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
 from autoplan.cost.dp.compression import check_rank, compresses_any
@@ -46,21 +46,9 @@ from autoplan.cost.tp.split_prices import (
 from autoplan.cost.tp.splits import TPContext
 from autoplan.cost.volumes import predict as predict_volumes
 
-# isort: split
-# solve/bounds.py's lower bounds, until it is switched to this interface (the lead prunes what it stops asking)
-from autoplan.cost.compute.op_costs import node_time_s
-from autoplan.cost.compute.roofline import memory_time_s
-from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES, STATE_BYTES, model_states
-from autoplan.cost.model import ADAM_BYTES_PER_PARAM
-from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
-from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
-from autoplan.cost.network.mesh import mesh_groups
-from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis
-from autoplan.cost.tp.shards import pure_layouts_possible
-from autoplan.cost.tp.splits import legal_splits
-
 __all__ = [
-    # a whole plan
+    # a whole plan, and the floors the search prunes with
+    "Bounds",
     "CostModel",
     # one block's splits (the intra-op ILP)
     "BlockPrices",
@@ -105,23 +93,4 @@ __all__ = [
     "peak_dtype",
     "predict_volumes",
     "run_summary",
-    # solve/bounds.py, until switched
-    "ADAM_BYTES_PER_PARAM",
-    "BlockAnalysis",
-    "DDP_BUCKET_BYTES",
-    "ExpertPlacement",
-    "STATE_BYTES",
-    "STREAM_KINDS",
-    "a2a_times_s",
-    "bucketed_time_s",
-    "collective_time_s",
-    "grouped_gemm_s",
-    "is_expert_gemm",
-    "layers_in",
-    "legal_splits",
-    "memory_time_s",
-    "mesh_groups",
-    "model_states",
-    "node_time_s",
-    "pure_layouts_possible",
 ]

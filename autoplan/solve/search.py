@@ -10,7 +10,7 @@ once the bound reaches the ``keep``-th best objective, so the console's top k is
     LB2 = (m + (pp - 1) / v) * T_slowest + pp_comm + optimizer(zero)                      (2)
 
 ``C_min``: one micro-batch's forward + backward with every op divided tp ways and no
-communication (the routed experts as CostModel prices them, solve/bounds.py), ``v_max`` the most
+communication (the routed experts as CostModel prices them, cost/bounds.py), ``v_max`` the most
 virtual stages the group allows; (2) uses the real stages, CostModel's smallest send/recv, its
 Adam and ZeRO-1/2 gather and the sync no schedule can hide, so it never exceeds the priced step.
 Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory
@@ -26,6 +26,7 @@ import heapq
 import time
 
 from autoplan.cost import (
+    Bounds,
     CostModel,
     MemoryBudget,
     TpPlanMemo,
@@ -38,7 +39,6 @@ from autoplan.cost import (
 )
 from autoplan.errors import PlanError
 from autoplan.solve import space, tp_runnable
-from autoplan.solve.bounds import Bounds
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.pipeline import partition
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options

@@ -139,15 +139,10 @@ def test_the_executor_imports_only_types_trace_and_jobs():
 #: the stages after cost/ that ask it for prices (execute/ imports none of its prices: the audit's
 #: prediction is passed in; its one rule from cost/ is EXECUTE_EXCEPTIONS')
 ASKS_COST = ("solve", "report", "calibrate", "export", "cli")
-#: modules that still ask cost/ through its submodules, each with its reason (the lead empties this at merge)
-COST_INTERFACE_EXCEPTIONS = {
-    "solve/bounds.py": "being rewritten on the one statement of messages (issue 31 item 1); switched at merge"
-}
 
 
 def _cost_imports(stages: tuple[str, ...]) -> tuple[dict[str, set[str]], set[str]]:
-    """({module: the cost submodules it imports}, {every name imported from autoplan.cost}) of ``stages``;
-    the excepted modules' names count as asked whichever cost module they come from."""
+    """({module: the cost submodules it imports}, {every name imported from autoplan.cost}) of ``stages``."""
     deep: dict[str, set[str]] = {}
     asked: set[str] = set()
     for stage, path, tree in _modules():
@@ -160,9 +155,7 @@ def _cost_imports(stages: tuple[str, ...]) -> tuple[dict[str, set[str]], set[str
             for target in (t for t in imported if t.startswith("autoplan.cost")):
                 if target != "autoplan.cost":
                     deep.setdefault(name, set()).add(target)
-                if isinstance(node, ast.ImportFrom) and (
-                    target == "autoplan.cost" or name in COST_INTERFACE_EXCEPTIONS
-                ):
+                if isinstance(node, ast.ImportFrom) and target == "autoplan.cost":
                     asked.update(a.name for a in node.names)
     return deep, asked
 
@@ -178,12 +171,12 @@ def test_solve_asks_the_cost_model_only_through_its_interface():
     ``autoplan.cost`` (cost/api.py, re-exported by the package), never a submodule, so what the
     search may ask the cost model is one short list."""
     deep, _ = _cost_imports(ASKS_COST)
-    assert set(deep) == set(COST_INTERFACE_EXCEPTIONS), {k: sorted(v) for k, v in deep.items()}
+    assert not deep, {k: sorted(v) for k, v in deep.items()}
 
 
 def test_every_name_of_the_cost_interface_is_asked_for():
-    """No dead export: each name cost/api.py offers is imported by solve/ or a later stage (an excepted
-    module's names count until it is switched), and each is listed once."""
+    """No dead export: each name cost/api.py offers is imported by solve/ or a later stage, and each is
+    listed once."""
     interface = _cost_interface()
     _, asked = _cost_imports(ASKS_COST)
     assert len(interface) == len(set(interface)) and not set(interface) - asked, sorted(set(interface) - asked)
@@ -212,7 +205,16 @@ ONE_IDEA: dict[str, str] = {}
 #: cost/'s top level: the model that composes the terms, the block and stage summaries every term
 #: reads, and the audit's per-step volumes; every other module sits in the subpackage of its idea
 #: (docs/architecture.md "The cost model's layout": which file to touch for each kind of change)
-COST_TOP_LEVEL = {"__init__.py", "api.py", "model.py", "blocks.py", "stages.py", "volumes.py", "op_table.py"}
+COST_TOP_LEVEL = {
+    "bounds.py",
+    "__init__.py",
+    "api.py",
+    "model.py",
+    "blocks.py",
+    "stages.py",
+    "volumes.py",
+    "op_table.py",
+}
 COST_IDEAS = {"network", "compute", "tp", "dp", "pp", "moe", "memory", "run"}
 
 
@@ -296,12 +298,7 @@ def test_no_module_holds_two_ideas_by_length():
 
 #: Module docstrings longer than :data:`MAX_DOCSTRING_LINES`, each with its reason (issue 31 item 9:
 #: a module docstring states the formulation, its symbols and its source; the discussion lives in docs/)
-LONG_DOCSTRINGS: dict[str, str] = {
-    "cost/dp/sync.py": "being rewritten in issue 31; lead trims at merge",
-    "cost/dp/compression.py": "being rewritten in issue 31; lead trims at merge",
-    "cost/volumes.py": "being rewritten in issue 31; lead trims at merge",
-    "solve/bounds.py": "being rewritten in issue 31; lead trims at merge",
-}
+LONG_DOCSTRINGS: dict[str, str] = {}
 MAX_DOCSTRING_LINES = 25
 
 

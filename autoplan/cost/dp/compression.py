@@ -1,35 +1,19 @@
 """PowerSGD gradient compression, priced as torch's DDP ``powerSGD_hook`` runs it.
 
-PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019, Algorithm 1) replaces the all-reduce of a
-gradient matrix M (n x m) by the all-reduce of two thin factors, with error feedback. torch's
-hook (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py, ``powerSGD_hook``) runs it
-per DDP bucket, for each parameter gradient viewed as ``M = grad.view(shape[0], -1)``:
+PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019, Algorithm 1; torch's
+ddp_comm_hooks/powerSGD_hook.py) per DDP bucket, each gradient viewed as M (n x m), r' = min(n, m, r):
 
-    r' = min(n, m, r)                                  (r = plan.powersgd_rank)
-    compressed  iff  (n + m) r' * min_compression_rate < n m      (min_compression_rate = 2, torch's default)
-    M += E;  P = M Q;  all-reduce P;  orthogonalise P;  Q = M^T P;  all-reduce Q;  M = P Q^T;  E = M_in - M
+    compressed  iff  (n + m) r' * min_compression_rate < n m      (min_compression_rate = 2)
+    sent_bytes     = b * (sum_uncompressed n m  +  sum_compressed (n + m) r')    (b = 4, fp32)
+    collectives    = 3 per DDP bucket (uncompressed tensors, every P, every Q)
+    matmul_flops   = sum_compressed 3 * 2 n m r'
+    matmul_bytes   = sum_compressed 3 * b n m
+    orth_flops     = sum_compressed 2 (n + m) r'^2
+    feedback_bytes = 4 passes * 2 * b * sum_all n m
+    held_bytes     = b * (sum_all n m  +  sum_compressed (n + m) r')
 
-Per bucket the hook issues three all-reduces in the gradient dtype (fp32): the uncompressed
-tensors (biases, norms, matrices that would not shrink 2x) batched, every P, every Q. So per
-step, for the gradient dtype's b = 4 bytes:
-
-    sent_bytes     = b * (sum_uncompressed n m  +  sum_compressed (n + m) r')
-    collectives    = 3 per DDP bucket (25 MiB of uncompressed gradients)
-    matmul_flops   = sum_compressed 3 * 2 n m r'           (M Q, M^T P, P Q^T)
-    matmul_bytes   = sum_compressed 3 * b n m              (each thin matmul streams M once: memory-bound)
-    orth_flops     = sum_compressed 2 (n + m) r'^2          (Gram-Schmidt of P, and of Q under warm start)
-    feedback_bytes = 4 passes * 2 * b * sum_all n m          (M += E; copy M; E = M_in - M: read + write)
-    held_bytes     = b * (sum_all n m  +  sum_compressed (n + m) r')   (E for the whole bucket, warm-start P, Q)
-
-The hook also copies the bucket it compresses (``input_tensor_cp``) and makes the new error
-(``input_tensor_cp - input_tensor``) before it drops the old: two buckets that live only after
-the bucket's gradients are ready, so they are priced with the last bucket, after the backward
-(autoplan/cost/memory/plan.py), not at the backward's activation peak.
-
-The compression compute runs inside the hook, on the thread and stream of the backward, so it
-adds to the step (dp_sync.py); the three all-reduces overlap the backward as DDP's do. The
-first ``start_powerSGD_iter`` steps (2, autoplan/execute/data_parallel.py) all-reduce
-uncompressed; a whole-run price ignores them.
+The hook's two bucket copies are priced with the last bucket, after the backward; its compute adds
+to the step (``compression_s``). docs/cost-model.md, "Lossy gradient sync" has the derivation.
 """
 
 from __future__ import annotations

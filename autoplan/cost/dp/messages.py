@@ -1,11 +1,9 @@
 """Which messages a plan's data parallelism sends: the one statement (issue 31, item 1).
 
-The time terms (cost/dp/sync.py), the audit's predicted counts (cost/volumes.py) and the search's
-lower bounds (solve/bounds.py) all read the messages below; none of them picks a collective, a
-byte size per parameter or a repetition count of its own. Sizes follow cost/network/comm.py (the
-gathered output of an all-gather, the input of a reduce-scatter). For P parameters of one unit (an
-FSDP unit, a block's share of DDP's buckets, ZeRO-1's flat buffer), m micro-batches, b_g the bytes of
-``plan.grad_reduce_dtype``, b_w those of the compute dtype (FSDP2's parameter cast):
+The time terms (cost/dp/sync.py), the audit's counts (cost/volumes.py) and the search's bounds
+(cost/bounds.py) read these messages; none picks a collective, bytes per parameter or repetitions of
+its own. For P parameters of one unit, m micro-batches, b_g the bytes of ``grad_reduce_dtype``, b_w
+those of the compute dtype, P' = g ceil(P / g) (ZeRO-1's flat buffer padded to the group size g):
 
 | dp mode (execute/data_parallel.py) | grads | weights |
 |---|---|---|
@@ -15,18 +13,9 @@ FSDP unit, a block's share of DDP's buckets, ZeRO-1's flat buffer), m micro-batc
 | ZeRO-2 | reduce-scatter P b_g, every backward (pp = 1) or the last (pp > 1) | all-gather P b_w after the step |
 | ZeRO-3 | reduce-scatter P b_g, as ZeRO-2 | all-gather P b_w in every forward (the first in a pipeline) and backward |
 
-P' = g ceil(P / g), the flat buffer padded to the group size g. In a pipeline torch.distributed.
-pipelining's stages accumulate unsharded gradients and reduce-scatter once, after the last
-micro-batch. With ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``) ZeRO-1/2's
-weight all-gather runs per block under the next step's first forward. PowerSGD replaces DDP's
-all-reduce by three all-reduces per bucket of the uncompressed tensors and the P and Q factors
-(cost/dp/compression.py). Under expert parallelism the routed experts' parameters sync over the
-edp group (dp / ep ranks): the same messages under ZeRO-1/2/3 (none on a one-rank group under
-FSDP2), and under zero 0 one flat all-reduce after the backward (DDP ignores them,
-execute/expert_parallel.py ``sync_grads``). Besides: DDP broadcasts rank 0's buffers before the
-forward once a step, and all-reduces its map of unused parameters (4 bytes per parameter tensor)
-on a model with ModuleList experts; fp16 all-reduces a 4-byte overflow flag on the world group
-(execute/grad_scaler.py).
+Also stated here: ``overlap_param_gather``, PowerSGD's three all-reduces per bucket, the experts'
+edp sync, DDP's buffer broadcast and unused-parameter map, and fp16's overflow flag. docs/cost-model.md,
+"Who says what is sent" lists each with its source.
 """
 
 from __future__ import annotations

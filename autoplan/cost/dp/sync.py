@@ -1,48 +1,18 @@
-"""Data-parallel gradient sync and ZeRO traffic, as CostModel prices them (docs/cost-model.md).
+"""Data-parallel gradient sync and ZeRO traffic, priced from cost/dp/messages.py's statement.
 
-- dp_exposed: bucketed gradient all-reduce (reduce-scatter + all-gather of the updated
-  weights under ZeRO-1/2) overlapped with the last micro-batch's backward (schedule.py);
-  stage i's sync may run during the i backward slots of the stages before it. It overlaps
-  only where the executor overlaps it (autoplan/execute/data_parallel.py: PyTorch DDP when
-  tp = pp = 1 and ZeRO 0, FSDP2 under ZeRO-2/3; an explicit all-reduce after the backward
-  otherwise), and never under ``plan.overlap_grad_reduce=False`` (how Megatron-LM ran before its
-  2023 ``--overlap-grad-reduce``, NVIDIA/Megatron-LM issue #391 and commit e801b2b), which the
-  executor runs with its explicit all-reduce. A gradient message sent every micro-batch (ZeRO-2
-  without a pipeline) adds the earlier m - 1 copies, hidden eta under their backward. DDP also
-  broadcasts rank 0's module buffers (``broadcast_buffers``, the graph's ``buffer_bytes``) before
-  the forward of each synced micro-batch, once a step, on the dp group, exposed; priced as an
-  all-gather of the same bytes (a pipelined broadcast moves the whole message over every link, as
-  a ring all-gather does);
-- zero_exposed (ZeRO-3 / FSDP): each block's weight all-gathers and gradient reduce-scatters,
-  as many a step as cost/dp/messages.py states, prefetched one block ahead
-  (schedule.prefetched_exposed_s): f forwards of gathers, g backwards of gathers of which the s
-  that also reduce-scatter pay both: f t_fwd + (g - s) t_bwd_gather + s t_bwd_gather+scatter.
-  Which collective, how many bytes per parameter and how often: cost/dp/messages.py, the one
-  statement the audit (cost/volumes.py) and the search's bounds (solve/bounds.py) read too; the
-  time terms price ZeRO-1's buffer unpadded (the padding is under one element per rank).
-  With ``plan.overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``, read from its
-  config) ZeRO-1/2's weight all-gather runs per block under the next step's first forward,
-  prefetched one block ahead as Megatron's forward pre-hooks dispatch it
-  (megatron/core/distributed/distributed_data_parallel.py), on each stage, the slowest counted;
-- PowerSGD (``plan.grad_compression``, autoplan/cost/dp/compression.py): each block's gradients
-  travel as torch's hook sends them, three all-reduces per DDP bucket of the uncompressed
-  tensors and the P and Q factors, overlapped like DDP's; the hook's own matmuls and
-  error-feedback passes run on the backward's thread and stream, so ``compression_s`` adds
-  them to the step whole; under gloo the executor waits for each bucket's hook before the next
-  (autoplan/execute/data_parallel.py ``bucket_at_a_time``), so there nothing overlaps;
-- expert parallelism: a block's routed experts (1/ep of them per rank) sync over the dp / ep
-  ranks holding the same experts, its dense parameters over the dp group
-  (autoplan/cost/moe/placement.py); with ZeRO 0 the experts' all-reduce runs after the
-  backward, exposed (DDP ignores them; autoplan/execute/expert_parallel.py ``sync_grads``);
-- overlap efficiency eta: communication that runs under compute hides only eta of what it could
-  (profile ``comm_overlap``, schedule.partially_hidden_s). FSDP2 overlaps through its own CUDA
-  streams; on a device without streams (a CPU, gloo) it issues every all-gather and reduce-scatter
-  synchronously (``unshard(async_op=False)``, torch/distributed/fsdp/_fully_shard/
-  _fsdp_param_group.py), so eta = 0 for ZeRO-2/3 there; DDP's reducer issues async all-reduces,
-  which keep the profile's eta;
+- dp_exposed: the gradient sync overlapped with the last micro-batch's backward, block by block in
+  reverse (DDP's buckets, Li et al. VLDB'20), stage i with i backward slots of slack; exposed only
+  where the executor overlaps it (DDP at tp = pp = 1, FSDP2 under ZeRO-2/3) and never under
+  ``overlap_grad_reduce=False``; plus ZeRO-1/2's weight all-gather (per block under the next
+  forward with ``overlap_param_gather``), DDP's buffer broadcast and the experts' after-backward sync;
+- zero_exposed (ZeRO-3): gathers and reduce-scatters prefetched one block ahead,
+  f t_fwd + (g - s) t_bwd_gather + s t_bwd_gather+scatter with f, g, s the statement's repetitions;
+- PowerSGD: three all-reduces per bucket, its own compute added whole (``compression_s``);
+- overlap efficiency eta (profile ``comm_overlap``): exposed(eta) = exposed(1) + (1 - eta)(total -
+  exposed(1)); eta = 0 for FSDP2 without CUDA streams.
 
-:class:`DataParallelTerms` prices these terms from explicit inputs (the profile, the graph, the
-plan, its stage totals and its dp and edp groups) with its own memo; CostModel holds one.
+docs/cost-model.md, "Step time" states each term with its source. :class:`DataParallelTerms` prices
+them from explicit inputs (profile, graph, plan, stage totals, dp and edp groups) with its own memo.
 """
 
 from __future__ import annotations

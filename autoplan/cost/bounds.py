@@ -1,61 +1,60 @@
 """Lower bounds on what CostModel charges a plan, so the search can skip what cannot win.
 
-Each term is one of CostModel's own step-time terms (autoplan/cost/model.py) evaluated at a
-value it can never go below, so a bound never exceeds the priced step time (a test checks
-this for every priced candidate):
+Each term is one of CostModel's step-time terms at a value it can never go below, so a bound never
+exceeds the priced step time (a test checks this for every priced candidate):
 
 - ``compute_min_s``: forward + backward of one micro-batch with every op divided tp ways and no
-  communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a)),
-  except the routed experts' GEMMs of grouped MoE layers (cost/moe/experts.py): at tp = 1 they are
-  priced as CostModel prices them, grouped GEMMs under the plan's expert placement, plus the
-  block's all-to-alls (zero at ep = 1); at tp > 1 CostModel prices them as the ops they trace to,
-  divided tp ways only where some legal split shards them (never a batched matmul, which is
-  neither a parameterised linear nor a pure node: every tp rank runs it whole); under fp8 a
-  linear is also priced whole and the smaller time kept, since whether it runs in FP8 depends on
-  its shard (autoplan/cost/compute/roofline.py:fp8_linear: FP8 at 1 way may beat bf16 at tp ways);
-- ``pp_comm_s``: the send/recv term (v m + p - 1) (t_p2p(forward) + t_p2p(backward)) with the
-  smallest block inputs, all of them forward and those that need a gradient backward;
-- ``step_extras_s``: Adam on the largest stage's parameters (28 bytes per local parameter),
-  the ZeRO-1/2 all-gather of the updated weights, and the gradient sync that is exposed on
-  stage 0 whatever the overlap: its first block (the modules before the first layer)
-  finishes its backward last, so that block's own sync shows; under ZeRO-3, per micro-batch,
-  that block's weight all-gather (forward) and the smallest block's gather + reduce-scatter
-  (backward) are prefetched behind nothing; in a pipeline, whose stages gather once in the first
-  forward and reduce-scatter once after the last backward, only that first gather. Which
-  collectives, how often and in which dtype: cost/dp/messages.py, each priced at its floor bytes
-  per parameter (``DpMessage.floor_bytes_per_param``: no more than the compute dtype's).
+  communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a)); the
+  routed experts' GEMMs as CostModel prices them at tp = 1, and at tp > 1 divided only where a legal
+  split shards them; an fp8 linear also priced whole, the smaller kept;
+- ``pp_comm_s``: (v m + p - 1)(t_p2p(forward) + t_p2p(backward)) with the smallest block inputs;
+- ``step_extras_s``: Adam on the largest stage's parameters (28 bytes each), ZeRO-1/2's weight
+  all-gather, and the gradient sync exposed on stage 0 whatever the overlap (its first block's),
+  priced from cost/dp/messages.py at each message's floor bytes per parameter.
 
-One bound is on memory, not time: ``states_floor_bytes``, the weights, gradients and optimizer
-state (cost/memory/per_device.py:model_states) of the fewest parameters the fullest pipeline stage can hold
-under any partition, (blocks + the larger of the parts before and after the blocks) / pp (the
-smaller part is dropped: with one stage it may be the tied copy the stage holds once). CostModel's
-peak is W + O + max(M1, M2, M3) >= W + O + G (cost/memory/per_device.py:stage_memory), so a plan whose floor
-exceeds the usable memory cannot fit whatever its partition (a test checks floor <= peak for every
-priced candidate).
+``states_floor_bytes`` bounds memory: the model states of the fewest parameters the fullest stage can
+hold, (blocks + max(pre, post)) / pp; CostModel's peak W + O + max(M1, M2, M3) >= W + O + G.
+docs/ilp.md, "Bounds" has the derivation of each term.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from autoplan.cost.compute.op_costs import node_time_s
 from autoplan.cost.compute.roofline import memory_time_s
 from autoplan.cost.dp.messages import BACKWARD, EACH, FORWARD, GRADS, WEIGHTS, DpMessage, dp_messages, find
 from autoplan.cost.memory.per_device import model_states
-from autoplan.cost.model import ADAM_BYTES_PER_PARAM
+from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
 from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.network.mesh import mesh_groups
 from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis, analyse_block
 from autoplan.cost.tp.shards import pure_layouts_possible
 from autoplan.cost.tp.splits import legal_splits
-from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.moe import MoELayer
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
 
+class StageFacts(Protocol):
+    """What the bounds read of a plan's stages before any is priced (solve/stage_costs.py's StageCosts):
+    parameter counts and boundary sizes, each a floor over every partition."""
+
+    cost_model: CostModel
+
+    def param_parts(self, plan: Plan) -> tuple[float, float, float]: ...
+
+    def min_boundary_bytes(self, plan: Plan) -> tuple[float, float]: ...
+
+    def sync_params(self, plan: Plan) -> tuple[float, float]: ...
+
+
 class Bounds:
-    def __init__(self, graph: Graph, profile: Profile, stage_costs: StageCosts):
+    """The search's lower bounds (module docstring), memoised per tp, precision and micro-batch."""
+
+    def __init__(self, graph: Graph, profile: Profile, stage_costs: StageFacts):
         self.graph, self.profile, self.stage_costs = graph, profile, stage_costs
         self._c_min: dict[tuple, float] = {}
         self._experts_min: dict[tuple, float] = {}
