@@ -17,6 +17,8 @@ launch line. :func:`read` reads either format back (a ``.toml``, or a Python con
 
 from __future__ import annotations
 
+from typing import Any
+
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, split_note
 from autoplan.export.torchtitan_flavours import Flavour, Registry, describe_shape, matching, read_registry
 from autoplan.types.plan import Plan
@@ -84,6 +86,21 @@ def _without_variants(found: list[Flavour]) -> list[Flavour]:
         return same_module or any(extends(f.module, g.module) and f.flavor == g.flavor for g in found)
 
     return [f for f in found if not variant(f)]
+
+
+def training_batch(plan: Plan, facts: ModelFacts, remarks: list[str], *, seq_len_key: str) -> dict[str, Any]:
+    """The training settings both config formats share: torchtitan's local and global batch, the
+    traced sequence length (a remark names ``seq_len_key`` when the trace does not state it), and
+    mixed precision (parameters in bf16 unless fp32, gradients reduced in fp32)."""
+    local = plan.micro_batch_size * plan.num_microbatches if plan.pp > 1 else plan.micro_batch_size
+    out: dict[str, Any] = {"local_batch_size": local, "global_batch_size": plan.global_batch_size}
+    if facts.seq_len:
+        out["seq_len"] = facts.seq_len
+    else:
+        remarks.append(f"{seq_len_key}: the trace does not state the sequence length; set it.")
+    out["mixed_precision_param"] = "float32" if plan.precision == "fp32" else "bfloat16"
+    out["mixed_precision_reduce"] = "float32"
+    return out
 
 
 def chunk_sizes(plan: Plan, facts: ModelFacts, notes: list[str]) -> list[int] | None:

@@ -28,6 +28,7 @@ from autoplan.export.torchtitan import (
     nodes_note,
     pick_flavour,
     precision_notes,
+    training_batch,
 )
 from autoplan.export.torchtitan_flavours import Flavour, Registry
 from autoplan.types.plan import Plan
@@ -70,14 +71,7 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
 
 
 def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str]) -> dict[str, Any]:
-    local = plan.micro_batch_size * plan.num_microbatches if plan.pp > 1 else plan.micro_batch_size
-    out: dict[str, Any] = {"local_batch_size": local, "global_batch_size": plan.global_batch_size}
-    if facts.seq_len:
-        out["seq_len"] = facts.seq_len
-    else:
-        remarks.append("config.training.seq_len: the trace does not state the sequence length; set it.")
-    out["mixed_precision_param"] = "float32" if plan.precision == "fp32" else "bfloat16"
-    out["mixed_precision_reduce"] = "float32"
+    out = training_batch(plan, facts, remarks, seq_len_key="config.training.seq_len")
     if plan.pp > 1 or plan.ep > 1:  # Trainer.Config refuses CUDA graphs with PP, and with EP's dispatchers
         out["disable_cuda_graphs"] = True
     notes += precision_notes(plan, series="0.3")

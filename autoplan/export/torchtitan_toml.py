@@ -30,6 +30,7 @@ from autoplan.export.torchtitan import (
     nodes_note,
     pick_flavour,
     precision_notes,
+    training_batch,
 )
 from autoplan.export.torchtitan_flavours import Registry
 from autoplan.types.plan import Plan
@@ -83,14 +84,7 @@ def _model(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) 
 
 
 def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str]) -> dict[str, Any]:
-    local = plan.micro_batch_size * plan.num_microbatches if plan.pp > 1 else plan.micro_batch_size
-    out: dict[str, Any] = {"local_batch_size": local, "global_batch_size": plan.global_batch_size}
-    if facts.seq_len:
-        out["seq_len"] = facts.seq_len
-    else:
-        remarks.append("[training] seq_len: the trace does not state the sequence length; set it.")
-    out["mixed_precision_param"] = "float32" if plan.precision == "fp32" else "bfloat16"
-    out["mixed_precision_reduce"] = "float32"
+    out = training_batch(plan, facts, remarks, seq_len_key="[training] seq_len")
     notes += precision_notes(plan, series="0.2.x")
     if plan.precision != "fp32" and (plan.tp > 1 or plan.pp > 1) and plan.dp == 1:
         notes.append(

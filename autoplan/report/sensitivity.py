@@ -47,6 +47,11 @@ class Threshold:
     winner: str | None
     sentence: str
 
+    @classmethod
+    def unchanged(cls, knob: str, current: float, unit: str, sentence: str, *, winner: str | None = None) -> Threshold:
+        """No threshold found: the decision does not flip over the range tried (or cannot, as ``sentence`` says)."""
+        return cls(knob, current, unit, None, "", winner, sentence)
+
 
 def scaled_profile(profile: Profile, *, link: str, factor: float) -> Profile:
     """A copy of ``profile`` with every collective's bus bandwidth on ``link`` times ``factor``."""
@@ -93,20 +98,12 @@ def link_thresholds(graph: Graph, profile: Profile, plans: list[Plan], objective
     knob = f"{link.replace('_', '-')} bandwidth"
     if spec is None:
         return [
-            Threshold(
-                knob, 0.0, "bytes/s", None, "", None, f"the profile has no {link.replace('_', '-')} link (one node)."
-            )
+            Threshold.unchanged(knob, 0.0, "bytes/s", f"the profile has no {link.replace('_', '-')} link (one node).")
         ]
     if link == "inter_node" and not any(p.devices > profile.devices_per_node for p in plans):
         return [
-            Threshold(
-                knob,
-                0.0,
-                "bytes/s",
-                None,
-                "",
-                None,
-                "no plan here spans nodes, so the inter-node link cannot change the decision.",
+            Threshold.unchanged(
+                knob, 0.0, "bytes/s", "no plan here spans nodes, so the inter-node link cannot change the decision."
             )
         ]
     base = spec.collectives["all_reduce"].busbw_bytes_per_s
@@ -129,13 +126,10 @@ def link_thresholds(graph: Graph, profile: Profile, plans: list[Plan], objective
             previous = factor
     if not found:
         return [
-            Threshold(
+            Threshold.unchanged(
                 knob,
                 base,
                 "bytes/s",
-                None,
-                "",
-                None,
                 f"{plans[0].describe()} stays best from 1/{2**MAX_DOUBLINGS} to {2**MAX_DOUBLINGS}x today's {knob} "
                 f"({base / 1e9:.3g} GB/s all-reduce bus bandwidth).",
             )
@@ -170,14 +164,8 @@ def batch_threshold(model: CostModel, plans: list[Plan], objective) -> Threshold
     flat = next((p for p in plans if p.pp == 1), None)
     if piped is None or flat is None:
         what = "flat (pp = 1)" if flat is None else "pipelined (pp > 1)"
-        return Threshold(
-            knob,
-            batch,
-            "samples",
-            None,
-            "",
-            None,
-            f"no {what} plan fits, so the batch size cannot flip the choice between them here.",
+        return Threshold.unchanged(
+            knob, batch, "samples", f"no {what} plan fits, so the batch size cannot flip the choice between them here."
         )
     unit = math.lcm(piped.dp * piped.micro_batch_size, flat.dp * flat.micro_batch_size)
     if piped.schedule == "interleaved_1f1b":
@@ -205,14 +193,12 @@ def batch_threshold(model: CostModel, plans: list[Plan], objective) -> Threshold
                 )
             j_prev = j
     leader = piped if state else flat
-    return Threshold(
+    return Threshold.unchanged(
         knob,
         batch,
         "samples",
-        None,
-        "",
-        leader.describe(),
-        f"{'pipeline parallelism keeps' if state else 'flat plans keep'} winning ({leader.describe()}) "
+        winner=leader.describe(),
+        sentence=f"{'pipeline parallelism keeps' if state else 'flat plans keep'} winning ({leader.describe()}) "
         f"at every global batch from {unit} to {unit * now * 2**MAX_DOUBLINGS} samples, "
         "holding each plan's micro-batch size.",
     )
@@ -268,7 +254,7 @@ def memory_threshold(profile: Profile, ranked: list, candidates: list) -> tuple[
             "no plan that the memory limit rejected would have been faster, "
             "so more memory would not change the decision."
         )
-        return Threshold("device memory", capacity, "bytes", None, "", None, sentence), memory
+        return Threshold.unchanged("device memory", capacity, "bytes", sentence), memory
     c = min(faster, key=lambda c: c.objective)
     need = c.cost.peak_memory_bytes / fraction
     sentence = (
@@ -295,7 +281,7 @@ def sensitivities(
         try:
             found += link_thresholds(graph, profile, plans, objective, link=link)
         except AutoplanError as exc:
-            found.append(Threshold(f"{link} bandwidth", 0.0, "bytes/s", None, "", None, f"not computed: {exc}"))
+            found.append(Threshold.unchanged(f"{link} bandwidth", 0.0, "bytes/s", f"not computed: {exc}"))
     found.append(batch_threshold(CostModel(graph, profile), plans, objective))
     mem, memory = memory_threshold(profile, ranked, candidates)
     return found + [mem], memory

@@ -70,7 +70,7 @@ class DpMessage:
 
     def floor_bytes_per_param(self, precision: str) -> int:
         """The search's bound prices each message at no more than the compute dtype's bytes per
-        parameter, min(b, b_w) (solve/bounds.py): never above what the time terms price."""
+        parameter, min(b, b_w) (cost/bounds.py): never above what the time terms price."""
         return min(self.bytes_per_param, PRECISION_BYTES[precision])
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 ALLOCATOR_HEADROOM = 0.10
 DDP_BUCKET_BYTES = 25 * 2**20
 #: (weights, grads, optimizer) bytes per parameter in the textbook split, Rajbhandari et al. SC'20
-#: section 3; the planner's lower bounds (solve/bounds.py) use it: it never exceeds model_states.
+#: section 3; the planner's lower bounds (cost/bounds.py) use it: it never exceeds model_states.
 #: fp8 holds every state as bf16 does (torchao's FP8 linears cast on the fly, autoplan/cost/compute/roofline.py)
 STATE_BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp8": (2, 2, 12)}
 #: the low-precision copy autocast keeps of each fp32 weight (module docstring); fp8 as bf16
