@@ -2,15 +2,17 @@
 executor, the reports and the exporters all read (docs/architecture.md, "The mesh" and "Pipeline
 stages").
 
-**The mesh.** Ranks form a ``(pp, dp, tp)`` mesh, tp innermost, row-major as torch's
-``init_device_mesh`` lays out its ``mesh_dim_names``:
+**The mesh.** Ranks form a ``(pp, dp, cp, tp)`` mesh, tp innermost, row-major as torch's
+``init_device_mesh`` lays out its ``mesh_dim_names`` (torchtitan's and Megatron-Core's order):
 
-    rank(ip, id, it) = (ip * dp + id) * tp + it
+    rank(ip, id, ic, it) = ((ip * dp + id) * cp + ic) * tp + it
 
-so a tp group is ``tp`` consecutive ranks, a dp group has stride ``tp`` and a pp group stride
-``dp * tp``. Expert parallelism (tp = 1) unflattens the dp axis into ``(edp, ep)``, ep innermost:
-an ep group is ``ep`` consecutive dp ranks, an edp group the ``dp / ep`` ranks holding the same
-experts (DeviceMesh ``_unflatten``, autoplan/execute/mesh.py).
+so a tp group is ``tp`` consecutive ranks, a cp group has stride ``tp``, a dp group stride ``cp *
+tp`` and a pp group stride ``dp * cp * tp``. The ranks that hold the same weights, and so reduce
+their gradients together, are a dp x cp group ("dp_cp"); with cp = 1 it is the dp group. Expert
+parallelism (tp = 1) unflattens the dp axis into ``(edp, ep)``, ep innermost: an ep group is ``ep``
+consecutive dp ranks, an edp group the ``dp / ep`` ranks holding the same experts (DeviceMesh
+``_unflatten``, autoplan/execute/mesh.py).
 
 **Pipeline chunks.** ``Plan.stages`` lists ``pp * v`` chunks (``v`` = virtual stages); chunk
 ``c`` runs on stage ``c % pp`` as its ``c // pp``-th chunk: the looping placement of interleaved
@@ -24,14 +26,14 @@ import itertools
 from collections.abc import Sequence
 
 #: The plan's mesh axes, outermost first (tp innermost).
-MESH_AXES = ("pp", "dp", "tp")
+MESH_AXES = ("pp", "dp", "cp", "tp")
 #: The dp axis of an expert-parallel plan, unflattened (ep innermost).
 EXPERT_AXES = ("edp", "ep")
 
 
-def mesh_shape(*, pp: int, dp: int, tp: int) -> tuple[int, int, int]:
+def mesh_shape(*, pp: int, dp: int, tp: int, cp: int = 1) -> tuple[int, int, int, int]:
     """The degrees in :data:`MESH_AXES` order, the shape ``init_device_mesh`` takes."""
-    return pp, dp, tp
+    return pp, dp, cp, tp
 
 
 def axis_groups(degrees: Sequence[tuple[str, int]], axis: str) -> list[list[int]]:
@@ -55,10 +57,14 @@ def _rank(coordinates: Sequence[int], sizes: Sequence[int]) -> int:
     return rank
 
 
-def plan_groups(*, pp: int, dp: int, tp: int) -> dict[str, list[list[int]]]:
-    """Every tp, dp and pp group of the ``(pp, dp, tp)`` mesh, as global ranks."""
-    degrees = list(zip(MESH_AXES, mesh_shape(pp=pp, dp=dp, tp=tp)))
-    return {axis: axis_groups(degrees, axis) for axis in ("tp", "dp", "pp")}
+def plan_groups(*, pp: int, dp: int, tp: int, cp: int = 1) -> dict[str, list[list[int]]]:
+    """Every tp, cp, dp and pp group of the ``(pp, dp, cp, tp)`` mesh, and every dp x cp group (the
+    ranks holding the same weights: "dp_cp", dp-major), as global ranks."""
+    degrees = list(zip(MESH_AXES, mesh_shape(pp=pp, dp=dp, cp=cp, tp=tp)))
+    groups = {axis: axis_groups(degrees, axis) for axis in ("tp", "cp", "dp", "pp")}
+    flat = [("pp", pp), ("dp_cp", dp * cp), ("tp", tp)]
+    groups["dp_cp"] = axis_groups(flat, "dp_cp")
+    return groups
 
 
 def expert_groups(*, pp: int, dp: int, ep: int) -> dict[str, list[list[int]]]:

@@ -25,6 +25,10 @@ PLAN_SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+#: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
+#: them once per layer (Llama 3 section 3.3), pass them round the cp ring point to point (ring
+#: attention; torch's "alltoall" rotation, Megatron's p2p), or all-to-all over heads (DeepSpeed-Ulysses)
+CP_VARIANTS = ("allgather", "ring", "ulysses")
 #: dtypes data-parallel gradients may travel and be summed in; below fp32 is lossy (``Plan.lossy``).
 REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 #: Gradient compression for data parallelism: none, or PowerSGD (Vogels et al. 2019) with
@@ -87,6 +91,11 @@ class Plan:
     all-to-all (docs/moe.md). Dense parameters stay replicated (or ZeRO-sharded) over all
     ``dp`` ranks; an expert's parameters over the ``dp / ep`` ranks that hold it. ``ep > 1`` needs
     ``tp = 1``: expert tensor parallelism is not supported yet.
+    ``cp`` is the context-parallel degree: every sequence is split over ``cp`` ranks, which hold the
+    same weights (gradients sync over dp x cp) and exchange keys and values in attention by
+    ``cp_variant`` (:data:`CP_VARIANTS`); each rank holds two chunks of the sequence, head and tail
+    (chunks r and 2cp-1-r), so causal attention costs every rank the same. The mesh is
+    ``(pp, dp, cp, tp)`` (autoplan/types/layout.py), as torchtitan and Megatron-Core order it.
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
@@ -120,6 +129,8 @@ class Plan:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     ep: int = 1
+    cp: int = 1
+    cp_variant: str = "allgather"
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -154,16 +165,23 @@ class Plan:
         self._check_stages()
 
     def _check_degrees(self) -> None:
-        for name in ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "virtual_stages"):
+        for name in ("devices", "dp", "tp", "pp", "ep", "cp", "micro_batch_size", "num_microbatches", "virtual_stages"):
             value = getattr(self, name)
             require(
                 isinstance(value, int) and value >= 1, PlanError, f"plan {name}={value!r}; expected an integer >= 1."
             )
+        cp_name, cp_value = ("*cp", f" * cp={self.cp}") if self.cp > 1 else ("", "")
         require(
-            self.dp * self.tp * self.pp == self.devices,
+            self.dp * self.cp * self.tp * self.pp == self.devices,
             PlanError,
-            f"plan dp*tp*pp must equal devices: dp={self.dp} * tp={self.tp} * pp={self.pp} "
-            f"= {self.dp * self.tp * self.pp}, devices={self.devices}.",
+            f"plan dp{cp_name}*tp*pp must equal devices: dp={self.dp}{cp_value} * tp={self.tp} * pp={self.pp} "
+            f"= {self.dp * self.cp * self.tp * self.pp}, devices={self.devices}.",
+        )
+        require(
+            self.cp == 1 or self.ep == 1,
+            PlanError,
+            f"plan cp={self.cp} with ep={self.ep}: context parallelism does not compose with expert parallelism "
+            "yet; use cp=1 or ep=1.",
         )
         require(
             self.dp % self.ep == 0,
@@ -181,6 +199,11 @@ class Plan:
         )
 
     def _check_choices(self) -> None:
+        require(
+            self.cp_variant in CP_VARIANTS,
+            PlanError,
+            f"plan cp_variant='{self.cp_variant}'; expected one of {', '.join(CP_VARIANTS)}.",
+        )
         require(
             self.schedule in SCHEDULES,
             PlanError,
@@ -300,6 +323,7 @@ class Plan:
         """A one-line human summary, e.g. ``dp=4 tp=2 pp=1 mbs=2x4 1f1b zero=1 rc=none bf16``."""
         sp = " sp" if self.sequence_parallel else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""
+        ep += f" cp={self.cp}({self.cp_variant})" if self.cp > 1 else ""
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
         red += f" powersgd={self.powersgd_rank}" if self.grad_compression == "powersgd" else ""
@@ -319,6 +343,8 @@ class Plan:
         data["inputs"] = [spec.to_dict() for spec in self.inputs]
         if not data["inputs"]:
             del data["inputs"]  # plan files without traced inputs stay as they were
+        if self.cp == 1:
+            del data["cp"], data["cp_variant"]  # and so do plans without context parallelism
         return data
 
     @classmethod

@@ -27,11 +27,15 @@ def _torch_groups(shape: tuple[int, ...], axis: int) -> list[list[int]]:
     return sorted(mesh.reshape(-1, shape[axis]).tolist())
 
 
-@pytest.mark.parametrize("pp, dp, tp", [(1, 1, 1), (2, 2, 2), (3, 4, 2), (2, 3, 4)])
-def test_plan_groups_are_the_device_meshs(pp, dp, tp):
-    groups = plan_groups(pp=pp, dp=dp, tp=tp)
-    for axis, name in enumerate(("pp", "dp", "tp")):
-        assert sorted(groups[name]) == _torch_groups((pp, dp, tp), axis), name
+@pytest.mark.parametrize("pp, dp, cp, tp", [(1, 1, 1, 1), (2, 2, 1, 2), (3, 4, 1, 2), (2, 3, 2, 4), (2, 2, 4, 1)])
+def test_plan_groups_are_the_device_meshs(pp, dp, cp, tp):
+    groups = plan_groups(pp=pp, dp=dp, cp=cp, tp=tp)
+    for axis, name in enumerate(("pp", "dp", "cp", "tp")):
+        assert sorted(groups[name]) == _torch_groups((pp, dp, cp, tp), axis), name
+    # the ranks holding the same weights: DeviceMesh's flattened ("dp", "cp")
+    assert sorted(groups["dp_cp"]) == _torch_groups((pp, dp * cp, tp), 1)
+    if cp == 1:
+        assert sorted(groups["dp_cp"]) == sorted(groups["dp"])
 
 
 @pytest.mark.parametrize("pp, dp, ep", [(1, 4, 2), (2, 8, 4), (2, 6, 3), (1, 4, 4)])

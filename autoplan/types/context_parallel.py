@@ -1,0 +1,50 @@
+"""Which models context parallelism can split, and over how many ranks: the one rule the search and
+the executor both read (docs/executor.md, "Context parallelism").
+
+Context parallelism shards every sequence over ``cp`` ranks, each holding chunks r and 2cp-1-r of
+2cp equal chunks (head-tail load balancing), so a sequence of S tokens needs 2cp | S. Only attention
+mixes tokens across the sequence, and the executor splits it for scaled-dot-product attention over
+the whole sequence (q_len = kv_len = S) that is causal or unmasked: an explicit mask has a query and
+a key dimension the shards cannot both keep.
+"""
+
+from __future__ import annotations
+
+from autoplan.types.graph import Graph
+
+
+def cp_refusal(graph: Graph) -> str | None:
+    """None when ``graph`` can run under context parallelism, else one sentence saying why not."""
+    if not graph.seq_len:
+        return "context parallelism splits the sequence, and this model has no sequence dimension."
+    attention = [n for n in graph.nodes if n.op == "attention"]
+    if not attention:
+        return "context parallelism splits attention over the sequence, and this model has no attention."
+    for node in attention:
+        a = node.attrs
+        if a.get("has_mask"):
+            return (
+                f"attention '{node.name}' takes an explicit mask, which context parallelism cannot split; "
+                "use is_causal=True (or no mask) to plan cp > 1."
+            )
+        if a.get("q_len") != graph.seq_len or a.get("kv_len") != graph.seq_len:
+            return (
+                f"attention '{node.name}' attends {a.get('q_len')} queries to {a.get('kv_len')} keys, not the "
+                f"whole sequence of {graph.seq_len}; context parallelism splits self-attention over the sequence."
+            )
+    return None
+
+
+def cp_divides(seq_len: int, cp: int) -> bool:
+    """Whether a sequence of ``seq_len`` tokens splits into the 2cp equal chunks of head-tail balancing."""
+    return cp == 1 or seq_len % (2 * cp) == 0
+
+
+#: the cp variants the executor runs on each backend (autoplan/execute/context_parallel.py): the search
+#: offers only these; the cost model prices every variant (a config from another trainer may use any)
+RUNNABLE_CP_VARIANTS = {"gloo": ("allgather",), "nccl": ("allgather", "ring")}
+
+
+def runnable_cp_variants(backend: str) -> tuple[str, ...]:
+    """The cp variants autoplan's executor runs on ``backend`` (gloo or nccl)."""
+    return RUNNABLE_CP_VARIANTS.get(backend, ())
