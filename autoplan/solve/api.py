@@ -22,6 +22,7 @@ from autoplan.errors import PlanError
 from autoplan.profile.io import load_profile, profile_file
 from autoplan.solve import sequence_parallel, space, tp_runnable
 from autoplan.solve.candidates import SearchOptions, SearchResult
+from autoplan.solve.context_parallel import cp_sequence, variant_options
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import search
 from autoplan.types.graph import Graph
@@ -188,6 +189,7 @@ def _pins(plan: Plan, kept: dict) -> str:
     own = {
         "tp": plan.tp,
         "pp": plan.pp,
+        **({"cp": plan.cp, "cp_variant": plan.cp_variant} if plan.cp > 1 else {}),
         "zero": plan.zero_stage,
         "recompute": plan.recompute,
         "mbs": plan.micro_batch_size,
@@ -214,11 +216,13 @@ def _frugal_fit(
         batch=batch,
         fixes=frugal,
         max_tp=tp_runnable.max_tp(graph, fixes),
+        cp_seq_len=cp_sequence(graph, profile, fixes),
     ):
         moe = any(layer.interface == "grouped" for layer in graph.moe_layers)
-        for sp in sequence_parallel.sp_options(tp=deg.tp, seq_lens=seq_lens, fixes=frugal, pp=deg.pp, moe=moe)[-1:]:
+        local = tuple(n // deg.cp for n in seq_lens)
+        for sp in sequence_parallel.sp_options(tp=deg.tp, seq_lens=local, fixes=frugal, pp=deg.pp, moe=moe)[-1:]:
             for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal)[:1]:
-                zeros = space.zero_options(dp=deg.dp, fixes=frugal)
+                zeros = space.zero_options(dp=deg.dp_cp, fixes=frugal)
                 if not zeros:
                     continue
                 zero = max(zeros)
@@ -234,6 +238,8 @@ def _frugal_fit(
                     recompute=frugal["recompute"],
                     sequence_parallel=sp,
                     precision=precision,
+                    cp=deg.cp,
+                    cp_variant=variant_options(profile, cp=deg.cp, fixes=frugal)[0],
                 )
                 if model.estimate(candidate).feasible:
                     return candidate

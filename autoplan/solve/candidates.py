@@ -2,8 +2,8 @@
 configuration priced or pruned, and the result.
 
 A pruned row stands for every configuration of its group (``count``); ``SearchResult.ranked``
-orders the feasible rows by objective and, on a tie, by fewer tp then pp ranks, so dp is
-preferred when it is as fast (solve/search.py).
+orders the feasible rows by objective and, on a tie, by fewer tp, then cp, then pp ranks, so dp
+is preferred when it is as fast (solve/search.py).
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class Group:
     m: int
     v_max: int
     routing: RoutingModel | None = None  # the graph's, for an MoE model: the plan records it
+    cp_variant: str = "allgather"  # how the cp ranks exchange keys and values (solve/context_parallel.py)
 
     def pruned_config(self) -> dict:
         """The row of a group pruned whole: what varies inside it is '*'."""
@@ -92,6 +93,8 @@ class Group:
             tp=deg.tp,
             pp=deg.pp,
             ep=deg.ep,
+            cp=deg.cp,
+            cp_variant=self.cp_variant,
             mbs=self.mbs,
             num_microbatches=self.m,
             schedule="*",
@@ -141,6 +144,8 @@ class Group:
             grad_compression=grads.compression,
             powersgd_rank=grads.rank,
             ep=deg.ep,
+            cp=deg.cp,
+            cp_variant=self.cp_variant,
             routing=self.routing,
             stages=stages or [],
             tp_plan={},
@@ -152,8 +157,8 @@ class Group:
 
 
 def rank_key(c: Candidate) -> tuple:
-    """Objective first; on a tie, fewer model-parallel ranks (dp before tp before pp)."""
-    return (c.objective, c.plan.tp, c.plan.pp)
+    """Objective first; on a tie, fewer model-parallel ranks (dp before tp before cp before pp)."""
+    return (c.objective, c.plan.tp, c.plan.cp, c.plan.pp)
 
 
 def splits_nothing(tp_plan: dict[str, str]) -> bool:
@@ -168,6 +173,8 @@ def config_of(plan: Plan) -> dict:
         tp=plan.tp,
         pp=plan.pp,
         ep=plan.ep,
+        cp=plan.cp,
+        cp_variant=plan.cp_variant,
         mbs=plan.micro_batch_size,
         num_microbatches=plan.num_microbatches,
         schedule=plan.schedule,

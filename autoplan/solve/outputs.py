@@ -32,6 +32,8 @@ CONFIG_COLUMNS = (
     "ep",
     "tp",
     "pp",
+    "cp",
+    "cp_variant",
     "mbs",
     "num_microbatches",
     "schedule",

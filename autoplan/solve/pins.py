@@ -1,22 +1,24 @@
 """The user's pins on the search space (``--fix dp=32,tp=8,sp=on,...``), parsed and typed.
 
 Each key names one choice of the outer search (solve/space.py) and takes the values that choice
-can have: a positive integer for the degrees, the micro-batch size and the virtual stages; 0-3
-for ``zero``; a rank or ``off`` for ``powersgd``; on/off for ``sp`` and ``tp_overlap``; one of
-the plan's names for ``recompute``, ``precision``, ``schedule`` (``interleaved`` is
-``interleaved_1f1b``) and ``reduce``. Anything else is refused in one sentence.
+can have: a positive integer for the degrees (``cp`` the context-parallel one), the micro-batch size
+and the virtual stages; 0-3 for ``zero``; a rank or ``off`` for ``powersgd``; on/off for ``sp`` and
+``tp_overlap``; one of the plan's names for ``recompute``, ``precision``, ``schedule``
+(``interleaved`` is ``interleaved_1f1b``), ``reduce`` and ``cp_variant`` (allgather, ring, ulysses).
+Anything else is refused in one sentence.
 """
 
 from __future__ import annotations
 
 from autoplan.errors import PlanError
-from autoplan.types.plan import PRECISIONS, RECOMPUTE, REDUCE_DTYPES
+from autoplan.types.plan import CP_VARIANTS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
 
 FIX_KEYS = (
     "dp",
     "ep",
     "tp",
     "pp",
+    "cp",
     "mbs",
     "zero",
     "recompute",
@@ -27,8 +29,9 @@ FIX_KEYS = (
     "tp_overlap",
     "reduce",
     "powersgd",
+    "cp_variant",
 )
-_INT_KEYS = ("dp", "ep", "tp", "pp", "mbs", "zero", "v", "powersgd")
+_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd")
 _SCHEDULE_ALIASES = {
     "interleaved": "interleaved_1f1b",
     "interleaved_1f1b": "interleaved_1f1b",
@@ -70,6 +73,7 @@ def _typed(key: str, value: str) -> object:
         "precision": PRECISIONS,
         "schedule": tuple(_SCHEDULE_ALIASES),
         "reduce": REDUCE_DTYPES,
+        "cp_variant": CP_VARIANTS,
     }[key]
     if value not in choices:
         raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")

@@ -40,6 +40,7 @@ from autoplan.cost import (
 from autoplan.errors import PlanError
 from autoplan.solve import space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
+from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, variant_options
 from autoplan.solve.pipeline import partition
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
 from autoplan.solve.stage_costs import StageCosts
@@ -67,6 +68,8 @@ class Search:
         self.graph, self.profile, self.options, self.fixes = graph, profile, options, options.fixes
         self.moe_limits = moe_limits(graph, self.fixes)  # raises for an ep or pp pin the MoE layers refuse
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
+        check_cp_pins(graph, profile, self.fixes)
+        self.cp_seq_len = cp_sequence(graph, profile, self.fixes)  # 0: cp = 1 only (solve/context_parallel.py)
         self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
@@ -111,22 +114,25 @@ class Search:
         counts = space.device_counts(devices=opts.devices, objective=opts.objective, profile=self.profile)
         found, per_node = [], self.profile.devices_per_node
         kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.moe_limits.eps)
-        kw["refused"] = self.refused
+        kw.update(refused=self.refused, cp_seq_len=self.cp_seq_len)
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
         space.check_zero_pin(degrees, self.fixes)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
         seq_lens = sequence_lengths(self.graph)
-        for deg in [d for d in degrees if space.zero_options(dp=d.dp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
+        for deg in [d for d in degrees if space.zero_options(dp=d.dp_cp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
+            local_seq_lens = tuple(n // deg.cp for n in seq_lens)  # what sp shards: a cp rank's part
             for precision in space.precision_options(self.profile, fixes=self.fixes, allow_fp8=self.options.allow_fp8):
-                for sp in sp_options(tp=deg.tp, seq_lens=seq_lens, fixes=self.fixes, pp=deg.pp, moe=moe):
+                for sp in sp_options(tp=deg.tp, seq_lens=local_seq_lens, fixes=self.fixes, pp=deg.pp, moe=moe):
                     for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
                         m = opts.batch_size // (deg.dp * mbs)
                         schedules = space.schedule_options(
                             pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes
                         )
-                        if schedules:
-                            v_max = max(v for _, v in schedules)
-                            group = Group(deg, precision, sp, mbs, m, v_max, routing=self.routing)
+                        if not schedules:
+                            continue
+                        v_max = max(v for _, v in schedules)
+                        for variant in variant_options(self.profile, cp=deg.cp, fixes=self.fixes):
+                            group = Group(deg, precision, sp, mbs, m, v_max, routing=self.routing, cp_variant=variant)
                             found.append((self.lower_bound(group), group))
         return sorted(found, key=lambda item: item[0])
 
@@ -142,8 +148,9 @@ class Search:
             (g.m + (deg.pp - 1) / g.v_max)
             * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts)
             / deg.pp
+            / deg.cp
         )
-        zero_dp = deg.dp if any(z >= 1 for z in space.zero_options(dp=deg.dp, fixes=self.fixes)) else 1
+        zero_dp = deg.dp_cp if any(z >= 1 for z in space.zero_options(dp=deg.dp_cp, fixes=self.fixes)) else 1
         held = self.graph.param_count - self.expert_params * (1 - 1 / deg.ep)  # 1/ep of the experts per rank
         return step + self.bounds.adam_s(held / (deg.tp * deg.pp * zero_dp))
 
@@ -341,6 +348,8 @@ class Search:
             plan.virtual_stages,
             plan.tp_comm_overlap,
             plan.ep,
+            plan.cp,
+            plan.cp_variant,
         )
 
         def make() -> list[list[str]]:  # without a memory limit, GPipe and 1F1B share one problem

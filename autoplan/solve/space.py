@@ -2,8 +2,10 @@
 with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes it legal:
 
 - expert parallelism: ``ep`` divides ``dp`` and every MoE layer's expert count, ``tp = 1``;
-- degrees ``dp * tp * pp = devices``; tp inside a node unless pinned; ``pp`` at most the blocks;
+- degrees ``dp * cp * tp * pp = devices``; tp inside a node unless pinned; ``pp`` at most the blocks;
   ``dp`` divides the global batch; ``tp = 1`` where DTensor cannot run an op (solve/tp_runnable.py);
+  context parallelism ``cp`` where the model and its sequence allow it, with ``ep = 1``
+  (solve/context_parallel.py);
 - micro-batch size: every divisor of ``batch / dp``;
 - schedule: "1f1b" at ``pp = 1``; else gpipe, 1f1b and interleaved with ``v >= 2`` where
   ``pp * v`` divides the blocks and ``pp`` divides the micro-batch count (Megatron-LM's condition);
@@ -22,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoplan.errors import PlanError
+from autoplan.solve.context_parallel import cp_allows
 from autoplan.types.graph import Graph
 from autoplan.types.plan import RECOMPUTE, runs_ddp
 from autoplan.types.profile import Profile
@@ -41,6 +44,13 @@ class Degrees:
     tp: int
     pp: int
     ep: int = 1
+    cp: int = 1
+
+    @property
+    def dp_cp(self) -> int:
+        """The ranks that hold the same weights and reduce gradients together (types/layout.py's dp x cp
+        group): what ZeRO partitions over and the gradient sync spans."""
+        return self.dp * self.cp
 
 
 def check_cluster(profile: Profile, devices: int) -> None:
@@ -70,7 +80,7 @@ def tp_in_node(tp: int, *, devices: int, per_node: int) -> bool:
 
 @dataclass(frozen=True)
 class RefusedShape:
-    """A (dp, tp, pp) on ``devices`` no plan may take, and the rule that refused it: ``pin KEY``, ``layers``
+    """A (dp, tp, pp, cp) on ``devices`` no plan may take, and the rule that refused it: ``pin KEY``, ``layers``
     (pp above the blocks), ``batch`` (it does not divide by dp), ``tp node`` or ``tp ops`` (max_tp)."""
 
     devices: int
@@ -78,6 +88,7 @@ class RefusedShape:
     tp: int
     pp: int
     rule: str
+    cp: int = 1
 
 
 def degree_options(
@@ -90,21 +101,28 @@ def degree_options(
     eps: tuple[int, ...] = (1,),
     max_tp: int | None = None,
     refused: list[RefusedShape] | None = None,
+    cp_seq_len: int = 0,
 ) -> list[Degrees]:
-    """Every (dp, tp, pp, ep) the rules and the pins allow (module docstring); ``eps`` are the
+    """Every (dp, tp, pp, ep, cp) the rules and the pins allow (module docstring); ``eps`` are the
     expert-parallel degrees the model's MoE layers allow (cost/moe/experts.py:ep_options), ``max_tp`` the
-    largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit). Each shape a rule
+    largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit), ``cp_seq_len`` the sequence
+    cp may split (solve/context_parallel.cp_sequence; 0: cp = 1 only). Each shape a rule
     refuses is appended to ``refused`` (the search's record: solve/notes.py reads it)."""
     refused = [] if refused is None else refused
     options = []
     for tp in _divisors(devices):
-        for pp in _divisors(devices // tp):
-            dp = devices // (tp * pp)
-            rule = _tp_rule(tp, devices, per_node, fixes, max_tp) or _shape_rule(dp, pp, layers, batch, fixes)
-            if rule:
-                refused.append(RefusedShape(devices=devices, dp=dp, tp=tp, pp=pp, rule=rule))
-                continue
-            options += [Degrees(devices=devices, dp=dp, tp=tp, pp=pp, ep=ep) for ep in ep_options(dp, tp, eps, fixes)]
+        for cp in [c for c in _divisors(devices // tp) if cp_allows(c, seq_len=cp_seq_len)]:
+            for pp in _divisors(devices // (tp * cp)):
+                dp = devices // (tp * cp * pp)
+                rule = _tp_rule(tp, devices, per_node, fixes, max_tp) or _shape_rule(dp, pp, layers, batch, fixes)
+                rule = rule or ("pin cp" if "cp" in fixes and cp != fixes["cp"] else "")
+                if rule:
+                    refused.append(RefusedShape(devices=devices, dp=dp, tp=tp, pp=pp, rule=rule, cp=cp))
+                    continue
+                options += [
+                    Degrees(devices=devices, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp)
+                    for ep in ep_options(dp, tp, eps, fixes, cp=cp)
+                ]
     return options
 
 
@@ -124,9 +142,9 @@ def _shape_rule(dp: int, pp: int, layers: int, batch: int, fixes: dict) -> str:
     return "batch" if batch % dp else ""
 
 
-def ep_options(dp: int, tp: int, eps: tuple[int, ...], fixes: dict) -> list[int]:
-    """ep degrees for one (dp, tp): those the experts allow that divide dp, with tp = 1."""
-    legal = [ep for ep in eps if dp % ep == 0 and (ep == 1 or tp == 1)]
+def ep_options(dp: int, tp: int, eps: tuple[int, ...], fixes: dict, *, cp: int = 1) -> list[int]:
+    """ep degrees for one (dp, tp, cp): those the experts allow that divide dp, with tp = cp = 1."""
+    legal = [ep for ep in eps if dp % ep == 0 and (ep == 1 or tp == cp == 1)]
     return [ep for ep in legal if ep == fixes["ep"]] if "ep" in fixes else legal
 
 
@@ -203,14 +221,14 @@ def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, lossy: bool) -> l
     """(ZeRO stage, gradient sync) choices of one degree; ``lossy``: --allow-lossy."""
     return [
         (zero, grads)
-        for zero in zero_options(dp=deg.dp, fixes=fixes)
+        for zero in zero_options(dp=deg.dp_cp, fixes=fixes)
         for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=lossy)
     ]
 
 
 def grad_sync_options(profile: Profile, *, deg: Degrees, zero: int, fixes: dict, allow_lossy: bool) -> list[GradSync]:
     """The gradient-sync choices of one (degrees, ZeRO stage) (module docstring)."""
-    if deg.dp == 1:
+    if deg.dp_cp == 1:
         return [EXACT]
     options = [EXACT]
     if allow_lossy:
@@ -218,7 +236,7 @@ def grad_sync_options(profile: Profile, *, deg: Degrees, zero: int, fixes: dict,
         pinned = fixes.get("reduce")
         options.append(replace(EXACT, reduce_dtype=pinned if pinned and pinned != "fp32" else low))
         ddp = runs_ddp(dp=deg.dp, tp=deg.tp, pp=deg.pp, zero_stage=zero)  # the search overlaps the reduction
-        if ddp and deg.ep == 1 and fixes.get("powersgd", 1):
+        if ddp and deg.ep == deg.cp == 1 and fixes.get("powersgd", 1):
             rank = fixes.get("powersgd") or DEFAULT_POWERSGD_RANK
             options.append(GradSync(compression="powersgd", rank=rank))
     if "reduce" in fixes:
@@ -229,6 +247,7 @@ def grad_sync_options(profile: Profile, *, deg: Degrees, zero: int, fixes: dict,
 
 
 def zero_options(*, dp: int, fixes: dict) -> list[int]:
+    """ZeRO stages over ``dp`` ranks holding the same weights (a plan's dp x cp: :attr:`Degrees.dp_cp`)."""
     options = [0, 1, 2, 3] if dp > 1 else [0]
     return [z for z in options if z == fixes["zero"]] if "zero" in fixes else options
 
@@ -246,7 +265,7 @@ def check_zero_pin(degrees: list[Degrees], fixes: dict) -> None:
     sentence. ZeRO partitions over the data-parallel ranks, and one rank has nothing to share
     with, so ZeRO-k at dp = 1 is the zero=0 plan and the search lists it once, as zero=0."""
     zero = fixes.get("zero", 0)
-    if not zero or not degrees or any(d.dp > 1 for d in degrees):
+    if not zero or not degrees or any(d.dp_cp > 1 for d in degrees):
         return
     splits = sorted({f"tp={d.tp}, pp={d.pp}" for d in degrees})
     left = splits[0] if len(splits) == 1 else f"every split ({'; '.join(splits)})"

@@ -1,0 +1,84 @@
+"""Context parallelism in the search: the degrees the sequence allows, the variants the backend runs, the pins."""
+
+from dataclasses import replace
+
+import pytest
+from synthetic import synthetic_gpt, synthetic_profile
+
+from autoplan.errors import PlanError
+from autoplan.solve import space
+from autoplan.solve.api import plan_graph
+from autoplan.solve.context_parallel import check_cp_pins, cp_sequence
+from autoplan.solve.pins import parse_fixes
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return synthetic_gpt(layers=4, hidden=256, heads=8, vocab=8000, seq=128, batch=16)
+
+
+def _masked(graph):
+    """``graph`` with its first attention taking an explicit mask, which cp cannot split."""
+    node = next(n for n in graph.nodes if n.op == "attention")
+    node.attrs = {**node.attrs, "has_mask": True}
+    return graph
+
+
+def test_pins_parse_and_refuse_in_one_sentence():
+    assert parse_fixes("cp=4,cp_variant=ring") == {"cp": 4, "cp_variant": "ring"}
+    for bad in ("cp=0", "cp_variant=striped"):
+        with pytest.raises(PlanError) as info:
+            parse_fixes(bad)
+        assert "not valid" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_degrees_split_the_devices_over_cp_where_the_sequence_allows():
+    kw = dict(devices=16, per_node=8, layers=4, batch=16, fixes={}, eps=(1, 2))
+    degrees = space.degree_options(cp_seq_len=24, **kw)  # 2cp | 24: cp in 1, 2, 4 (not 8, 16)
+    assert {d.cp for d in degrees} == {1, 2, 4}
+    assert all(d.dp * d.cp * d.tp * d.pp == 16 for d in degrees)
+    assert all(d.ep == 1 for d in degrees if d.cp > 1)  # cp does not compose with ep
+    without = space.degree_options(**kw)  # cp_seq_len 0: the model refuses cp
+    assert without == [d for d in degrees if d.cp == 1]  # and the cp = 1 space is the old one, in its order
+    pinned = space.degree_options(cp_seq_len=24, **{**kw, "fixes": {"cp": 2}})
+    assert pinned and {d.cp for d in pinned} == {2}
+
+
+def test_cp_is_searched_only_where_the_model_and_backend_allow_it(tiny):
+    nccl, gloo = synthetic_profile(), replace(synthetic_profile(), backend="gloo")
+    assert cp_sequence(tiny, nccl, {}) == 128
+    assert cp_sequence(_masked(synthetic_gpt(layers=1, seq=128, batch=2)), nccl, {}) == 0
+    assert cp_sequence(tiny, nccl, {"cp": 1}) == cp_sequence(tiny, nccl, {"ep": 2}) == 0
+    result = plan_graph(tiny, devices=8, profile=gloo, batch_size=16, fix="cp=2")
+    evaluated = [c for c in result.candidates if c.status == "evaluated"]
+    assert evaluated and {(c.plan.cp, c.plan.cp_variant) for c in evaluated} == {(2, "allgather")}
+    assert all(c.plan.dp * c.plan.cp * c.plan.tp * c.plan.pp == 8 for c in evaluated)
+    variants = {c.config["cp_variant"] for c in plan_graph(tiny, devices=8, profile=nccl, batch_size=16).candidates}
+    assert variants == {"allgather", "ring"}
+
+
+def test_sequence_parallelism_under_cp_shards_the_local_sequence():
+    """tp shards a cp rank's S / cp tokens: at S = 96, cp = 8 leaves 12, which tp = 8 does not divide (96 it does)."""
+    graph = synthetic_gpt(layers=2, hidden=256, heads=8, vocab=8000, seq=96, batch=8)
+    kw = dict(devices=64, profile=synthetic_profile(), batch_size=8)
+    assert any(c.config["sp"] is True for c in plan_graph(graph, fix="cp=1,tp=8", **kw).candidates)
+    assert all(c.config["sp"] is False for c in plan_graph(graph, fix="cp=8,tp=8", **kw).candidates)
+    assert any(c.config["sp"] is True for c in plan_graph(graph, fix="cp=4,tp=8", **kw).candidates)  # 24 a rank
+
+
+@pytest.mark.parametrize(
+    ("graph", "pins", "backend", "words"),
+    [
+        (None, {"cp": 2}, "nccl", "explicit mask"),
+        ("tiny", {"cp": 3}, "nccl", "2*cp = 6 equal chunks"),
+        ("tiny", {"cp": 2, "ep": 2}, "nccl", "does not compose with expert parallelism"),
+        ("tiny", {"cp_variant": "ring"}, "gloo", "which runs allgather"),
+    ],
+)
+def test_a_pin_the_model_sequence_or_backend_refuses_is_one_sentence(tiny, graph, pins, backend, words):
+    graph = tiny if graph else _masked(synthetic_gpt(layers=1, seq=128, batch=2))
+    with pytest.raises(PlanError) as info:
+        check_cp_pins(graph, replace(synthetic_profile(), backend=backend), pins)
+    assert words in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(PlanError):  # and the search raises it before searching
+        plan_graph(graph, devices=8, profile=replace(synthetic_profile(), backend=backend), batch_size=8, fix=pins)
