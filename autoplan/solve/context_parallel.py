@@ -8,6 +8,11 @@
 - the variant is one the executor runs on the profile's backend (``runnable_cp_variants``); the cost
   model prices every variant, so a plan read from another trainer may use any.
 
+- a (cp, micro-batch) whose micro-batch cp divides is not searched unless dp, cp or mbs is pinned
+  (:func:`folds_into_dp`): the plan with dp x cp data-parallel ranks and micro-batch mbs / cp runs
+  the same tokens per rank through the same ops, holds the same activations and syncs over the
+  same ranks, without the KV exchange, so cp there can only lose.
+
 A pin the model, the sequence or the backend refuses is one sentence (:func:`check_cp_pins`).
 """
 
@@ -32,6 +37,12 @@ def cp_sequence(graph: Graph, profile: Profile, fixes: dict) -> int:
 def cp_allows(cp: int, *, seq_len: int) -> bool:
     """Whether the search may take this cp for a model whose cp sequence (:func:`cp_sequence`) is ``seq_len``."""
     return cp == 1 or (seq_len > 0 and cp_divides(seq_len, cp))
+
+
+def folds_into_dp(*, cp: int, mbs: int, fixes: dict) -> bool:
+    """Whether (cp, mbs) is the plan (dp * cp, cp = 1, mbs / cp) plus a KV exchange (module docstring):
+    cp divides the micro-batch, and no pin of dp, cp or mbs rules that plan out."""
+    return cp > 1 and mbs % cp == 0 and not {"dp", "cp", "mbs"} & set(fixes)
 
 
 def variant_options(profile: Profile, *, cp: int, fixes: dict) -> list[str]:

@@ -40,7 +40,7 @@ from autoplan.cost import (
 from autoplan.errors import PlanError
 from autoplan.solve import space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
-from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, variant_options
+from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
 from autoplan.solve.pipeline import partition
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
 from autoplan.solve.stage_costs import StageCosts
@@ -124,6 +124,8 @@ class Search:
             for precision in space.precision_options(self.profile, fixes=self.fixes, allow_fp8=self.options.allow_fp8):
                 for sp in sp_options(tp=deg.tp, seq_lens=local_seq_lens, fixes=self.fixes, pp=deg.pp, moe=moe):
                     for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
+                        if folds_into_dp(cp=deg.cp, mbs=mbs, fixes=self.fixes):
+                            continue
                         m = opts.batch_size // (deg.dp * mbs)
                         schedules = space.schedule_options(
                             pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes

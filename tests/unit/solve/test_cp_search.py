@@ -57,6 +57,15 @@ def test_cp_is_searched_only_where_the_model_and_backend_allow_it(tiny):
     assert variants == {"allgather", "ring"}
 
 
+def test_a_micro_batch_cp_divides_is_left_to_dp_unless_pinned(tiny):
+    """(dp, cp, mbs) with cp | mbs runs what (dp * cp, 1, mbs / cp) runs, plus the KV exchange: not searched."""
+    kw = dict(devices=8, profile=synthetic_profile(), batch_size=16)
+    free = [c.config for c in plan_graph(tiny, **kw).candidates if c.config["cp"] > 1]
+    assert free and all(c["mbs"] % c["cp"] for c in free)
+    pinned = [c.config for c in plan_graph(tiny, fix="cp=2", **kw).candidates]  # dp * 2 is then no option
+    assert {c["mbs"] for c in pinned} == {1, 2, 4, 8, 16}  # every divisor of the batch per dp rank
+
+
 def test_sequence_parallelism_under_cp_shards_the_local_sequence():
     """tp shards a cp rank's S / cp tokens: at S = 96, cp = 8 leaves 12, which tp = 8 does not divide (96 it does)."""
     graph = synthetic_gpt(layers=2, hidden=256, heads=8, vocab=8000, seq=96, batch=8)
