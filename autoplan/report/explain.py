@@ -12,6 +12,10 @@ Three parts, each derived from the search's priced candidates (never canned text
    and the memory headroom.
 3. **Why each rejected family lost** (autoplan/report/families.py), one verdict per (dp, tp,
    pp) family; the decision line states the nearest other family's verdict word for word.
+
+When the plan splits the sequence (cp > 1), one sentence says why against the best plan without
+cp (:func:`cp_why`): memory per device at this sequence length, and the exposed KV exchange
+against the recomputation it avoids.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.cost import CostModel, dollars_per_sample, reliability_fields, reliability_not_priced, usable_bytes
+from autoplan.display import TERM_NAMES, duration_text
 from autoplan.errors import AutoplanError
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain
-from autoplan.report.terms import TermDiff, category_of
+from autoplan.report.terms import TermDiff, category_of, deciding_term
 from autoplan.report.trade import trade_rows
 from autoplan.solve.notes import plan_notes
 from autoplan.types.graph import Graph
@@ -54,6 +59,7 @@ class Explanation:
     trade: list[dict[str, Any]] = field(default_factory=list)  # report/trade.py's rows
     warnings: list[str] = field(default_factory=list)  # solve/notes.py: little headroom, dp bound by a rule
     fp8: str = ""  # what the best FP8 plan would gain, when the search left FP8 out (report/fp8.py)
+    cp: str = ""  # why the plan splits the sequence, when it does (cp_why)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -145,6 +151,7 @@ def explain_result(
         trade=[row.to_dict() for row in trade_rows(model, best.plan, allowed=_allowed(result))],
         warnings=plan_notes(result, profile),
         fp8=fp8_gain(result, graph=graph, profile=profile),
+        cp=cp_why(result, graph=graph, profile=profile, model=model),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict
@@ -161,6 +168,71 @@ def explain_result(
             stand_ins=stand_ins,
         )
     return exp
+
+
+def cp_why(result, *, graph: Graph, profile: Profile, model: CostModel) -> str:
+    """When the chosen plan splits the sequence (cp > 1), one sentence on why, against the best plan
+    without cp (the same search pinned to cp = 1, as report/fp8.py asks the planner again): memory per
+    device at this sequence length, and the exposed KV exchange (``Cost.cp_comm_s``) against the
+    recomputation it avoids (the two plans' ``Cost.recompute_s``). '' at cp = 1."""
+    from autoplan.solve.api import NoPlanFits, plan_graph
+
+    best, cost = result.best, result.best_cost
+    searched = best.predicted.search if best is not None and best.predicted else None
+    if best is None or best.cp == 1 or searched is None:
+        return ""
+    head = (
+        f"cp={best.cp} ({best.cp_variant}) splits each sequence of {graph.seq_len} tokens over {best.cp} ranks, "
+        f"which hold {cost.peak_memory_bytes / GIB:.1f} GiB per device"
+    )
+    kv = f"its exposed KV exchange takes {duration_text(cost.cp_comm_s)} per step"
+    try:
+        flat = plan_graph(
+            graph,
+            devices=best.devices,
+            profile=profile,
+            batch_size=searched.batch_size or best.global_batch_size,
+            fix={**searched.fixes, "cp": 1},
+            objective=searched.objective,
+            allow_lossy=searched.allow_lossy,
+            allow_fp8=searched.allow_fp8,
+        )
+    except NoPlanFits as failed:
+        return f"{head}; without cp {_no_fit_clause(failed)}; {kv}."
+    rival, rival_cost = flat.best, flat.best_cost
+    avoided_s = rival_cost.recompute_s - cost.recompute_s
+    steps = f"step {duration_text(cost.step_time_s)} against {duration_text(rival_cost.step_time_s)}"
+    than = "less" if cost.cp_comm_s < avoided_s else "more"
+    recompute = (
+        f"{than} than the {duration_text(avoided_s)} of recomputation it avoids"
+        if avoided_s > 0
+        else f"and it avoids no recomputation{_gain_clause(cost, rival_cost)}"
+    )
+    return (
+        f"{head}, against {rival_cost.peak_memory_bytes / GIB:.1f} GiB for the best plan without cp "
+        f"({rival.describe()}); {kv}, {recompute} ({steps})."
+    )
+
+
+def _gain_clause(cost, rival_cost) -> str:
+    """``: it gains on <term> (X against Y)``: the term the cp = 1 plan loses most on (report/terms.py)."""
+    top = deciding_term(cost, rival_cost)
+    if top is None:
+        return ""
+    words = TERM_NAMES[top.term].words
+    return f": it gains on {words}, {duration_text(top.best_s)} against {duration_text(top.rival_s)}"
+
+
+def _no_fit_clause(failed) -> str:
+    """What the most frugal cp = 1 plan needs, from the search that found none fits."""
+    priced = [c for c in (failed.result.candidates if failed.result else []) if c.cost is not None]
+    if not priced:
+        return "no plan fits in device memory"
+    frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
+    return (
+        f"no plan fits: the most frugal ({frugal.plan.describe()}) needs "
+        f"{frugal.cost.peak_memory_bytes / GIB:.1f} GiB per device"
+    )
 
 
 def _allowed(result) -> set[str]:

@@ -51,9 +51,11 @@ class FamilyVerdict:
 
 
 def family_of(config: dict) -> str:
-    ep = config.get("ep", 1)
+    """``dp=4 tp=2 pp=1``, with ``ep=`` and ``cp=`` where they are above 1 (the mesh's order: pp, dp, cp, tp)."""
+    ep, cp = config.get("ep", 1), config.get("cp", 1)
     ep = f" ep={ep}" if str(ep) not in ("1", "nan", "") else ""
-    return f"dp={config['dp']}{ep} tp={config['tp']} pp={config['pp']}"
+    cp = f" cp={cp}" if str(cp) not in ("1", "nan", "") else ""
+    return f"dp={config['dp']}{ep}{cp} tp={config['tp']} pp={config['pp']}"
 
 
 def rival_of(best, cand) -> Rival:
@@ -187,6 +189,8 @@ def _default_layout(config: dict) -> Plan | None:
             tp=config["tp"],
             pp=config["pp"],
             ep=pick("ep", 1),
+            cp=pick("cp", 1),
+            cp_variant=pick("cp_variant", "allgather"),
             micro_batch_size=config["mbs"],
             num_microbatches=config["num_microbatches"],
             schedule=pick("schedule", "1f1b"),

@@ -8,15 +8,18 @@
 - the variant is one the executor runs on the profile's backend (``runnable_cp_variants``); the cost
   model prices every variant, so a plan read from another trainer may use any.
 
-- a (cp, micro-batch) whose micro-batch cp divides is not searched unless dp, cp or mbs is pinned
-  (:func:`folds_into_dp`): the plan with dp x cp data-parallel ranks and micro-batch mbs / cp runs
-  the same tokens per rank through the same ops, holds the same activations and syncs over the
-  same ranks, without the KV exchange, so cp there can only lose.
+- a (dp, cp, mbs) with g = gcd(cp, mbs) > 1 is not searched unless dp, cp or mbs is pinned
+  (:func:`folds_into_dp`): (dp g, cp / g, mbs / g) runs the same tokens per rank through the same ops
+  and syncs gradients over the same dp x cp ranks, while its smaller cp group moves less K,V
+  (allgather gathers mbs/g sequences, not mbs; ring takes cp/g - 1 steps of the same chunk), so
+  the plan with the larger cp can only tie or lose.
 
 A pin the model, the sequence or the backend refuses is one sentence (:func:`check_cp_pins`).
 """
 
 from __future__ import annotations
+
+import math
 
 from autoplan.errors import PlanError
 from autoplan.types.context_parallel import cp_divides, cp_refusal, runnable_cp_variants
@@ -40,9 +43,9 @@ def cp_allows(cp: int, *, seq_len: int) -> bool:
 
 
 def folds_into_dp(*, cp: int, mbs: int, fixes: dict) -> bool:
-    """Whether (cp, mbs) is the plan (dp * cp, cp = 1, mbs / cp) plus a KV exchange (module docstring):
-    cp divides the micro-batch, and no pin of dp, cp or mbs rules that plan out."""
-    return cp > 1 and mbs % cp == 0 and not {"dp", "cp", "mbs"} & set(fixes)
+    """Whether (dp, cp, mbs) is (dp g, cp / g, mbs / g) with more K,V to move, g = gcd(cp, mbs) > 1
+    (module docstring), and no pin of dp, cp or mbs rules that plan out."""
+    return math.gcd(cp, mbs) > 1 and not {"dp", "cp", "mbs"} & set(fixes)
 
 
 def variant_options(profile: Profile, *, cp: int, fixes: dict) -> list[str]:

@@ -1,7 +1,8 @@
 """The outer search: every legal configuration, priced by the cost model, pruned by bounds
 (docs/ilp.md, section 4).
 
-A *group* fixes (devices, dp, tp, pp, precision, sequence parallelism, micro-batch size); its
+A *group* fixes (devices, dp, cp, tp, pp, ep, cp variant, precision, sequence parallelism, micro-batch
+size: solve/space.py, solve/context_parallel.py); its
 members vary recomputation, schedule (with virtual stages), ZeRO stage and gradient sync
 (solve/space.py). Groups are visited in increasing bound (best-first branch and bound) and pruned
 once the bound reaches the ``keep``-th best objective, so the console's top k is exact:
@@ -10,7 +11,8 @@ once the bound reaches the ``keep``-th best objective, so the console's top k is
     LB2 = (m + (pp - 1) / v) * T_slowest + pp_comm + optimizer(zero)                      (2)
 
 ``C_min``: one micro-batch's forward + backward with every op divided tp ways and no
-communication (the routed experts as CostModel prices them, cost/bounds.py), ``v_max`` the most
+communication (the routed experts as CostModel prices them, cost/bounds.py; under cp every op at
+1/cp of the tokens plus each attention's K,V floor, cost/cp/floor.py), ``v_max`` the most
 virtual stages the group allows; (2) uses the real stages, CostModel's smallest send/recv, its
 Adam and ZeRO-1/2 gather and the sync no schedule can hide, so it never exceeds the priced step.
 Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory
@@ -146,11 +148,11 @@ class Search:
         """Bound (1) of the module docstring, in seconds."""
         deg = g.degrees
         experts = self.cost_model.placement(tp=deg.tp, dp=deg.dp, ep=deg.ep, pp=deg.pp, routing=g.routing)
+        cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
         step = (
             (g.m + (deg.pp - 1) / g.v_max)
-            * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts)
+            * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
             / deg.pp
-            / deg.cp
         )
         zero_dp = deg.dp_cp if any(z >= 1 for z in space.zero_options(dp=deg.dp_cp, fixes=self.fixes)) else 1
         held = self.graph.param_count - self.expert_params * (1 - 1 / deg.ep)  # 1/ep of the experts per rank
@@ -218,6 +220,8 @@ class Search:
 
     def _choose(self, g: Group, budget: MemoryBudget | None = None) -> TPChoice:
         deg, ilp = g.degrees, dict(sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs)
+        if deg.cp > 1:  # the block is priced at a rank's 1/cp of the tokens (split_context)
+            ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
 
     def _run_choice(self, g: Group, bound: float, choice: TPChoice) -> None:

@@ -68,8 +68,11 @@ class TPPlanner:
         micro_batch_size: int,
         forward_repeats: int = 1,
         budget: MemoryBudget | None = None,
+        cp: int = 1,
+        cp_variant: str = "allgather",
     ) -> TPChoice:
-        """The tp_plan for one choice (cached); ``budget`` adds the memory row."""
+        """The tp_plan for one choice (cached); ``budget`` adds the memory row; under cp the block is
+        priced at a rank's 1/cp of the tokens, with its K,V exchange (split_context)."""
         ctx = split_context(
             self.graph,
             self.profile,
@@ -79,6 +82,8 @@ class TPPlanner:
             sequence_parallel=sequence_parallel,
             precision=precision,
             micro_batch_size=micro_batch_size,
+            cp=cp,
+            cp_variant=cp_variant,
         )
         key = (*ctx.key, forward_repeats, budget)
         if key not in self._cache:

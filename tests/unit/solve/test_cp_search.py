@@ -1,15 +1,18 @@
 """Context parallelism in the search: the degrees the sequence allows, the variants the backend runs, the pins."""
 
+import math
 from dataclasses import replace
 
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
+from autoplan.cost import CostModel
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.api import plan_graph
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence
 from autoplan.solve.pins import parse_fixes
+from autoplan.types.plan import Plan
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +60,25 @@ def test_cp_is_searched_only_where_the_model_and_backend_allow_it(tiny):
     assert variants == {"allgather", "ring"}
 
 
-def test_a_micro_batch_cp_divides_is_left_to_dp_unless_pinned(tiny):
-    """(dp, cp, mbs) with cp | mbs runs what (dp * cp, 1, mbs / cp) runs, plus the KV exchange: not searched."""
+def test_a_micro_batch_sharing_a_factor_with_cp_is_left_to_dp_unless_pinned(tiny):
+    """(dp, cp, mbs) with g = gcd(cp, mbs) > 1 runs what (dp g, cp / g, mbs / g) runs with more K,V: not searched."""
     kw = dict(devices=8, profile=synthetic_profile(), batch_size=16)
     free = [c.config for c in plan_graph(tiny, **kw).candidates if c.config["cp"] > 1]
-    assert free and all(c["mbs"] % c["cp"] for c in free)
+    assert free and all(math.gcd(c["mbs"], c["cp"]) == 1 for c in free)
     pinned = [c.config for c in plan_graph(tiny, fix="cp=2", **kw).candidates]  # dp * 2 is then no option
     assert {c["mbs"] for c in pinned} == {1, 2, 4, 8, 16}  # every divisor of the batch per dp rank
+
+
+@pytest.mark.parametrize("variant", ["allgather", "ring"])
+def test_the_folded_plan_is_priced_no_worse(tiny, variant):
+    """The rule's premise, held against CostModel: (dp 4, cp 2, mbs 1) costs no more time or memory than
+    (dp 2, cp 4, mbs 2), whose gcd(cp, mbs) = 2 the search leaves out."""
+    model = CostModel(tiny, synthetic_profile())
+    kw = dict(devices=8, tp=1, pp=1, num_microbatches=4, cp_variant=variant, precision="bf16", recompute="none")
+    folded = model.estimate(Plan(dp=4, cp=2, micro_batch_size=1, **kw))
+    left_out = model.estimate(Plan(dp=2, cp=4, micro_batch_size=2, **kw))
+    assert folded.step_time_s <= left_out.step_time_s and folded.peak_memory_bytes <= left_out.peak_memory_bytes
+    assert folded.cp_comm_s <= left_out.cp_comm_s
 
 
 def test_sequence_parallelism_under_cp_shards_the_local_sequence():
