@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.cost import CostModel, predict_volumes
+from autoplan.cost import CostModel, predict_volumes, priced_ops
 from autoplan.cost.bounds import Bounds
 from autoplan.cost.cp.exposed import busiest_share, executed_fraction, exposed_s
 from autoplan.cost.cp.messages import RING_GRAD_BYTES, CpMessage, attention_bytes, attention_messages
@@ -227,3 +227,15 @@ def test_the_cp_group_has_stride_tp_and_spans_nodes_past_a_node():
     assert mesh_groups(profile, dp=1, tp=4, pp=1, cp=2)["cp"] == AxisGroup(size=2, ranks_per_node=2)
     assert mesh_groups(profile, dp=1, tp=8, pp=1, cp=2)["cp"] == AxisGroup(size=2, ranks_per_node=1)
     assert mesh_groups(profile, dp=2, tp=4, pp=1, cp=2)["dp_cp"] == AxisGroup(size=4, ranks_per_node=2)
+
+
+@pytest.mark.parametrize("variant", ["allgather", "ring"])
+def test_ops_csv_rows_sum_to_the_cp_plans_price(gqa, gqa_model, variant):
+    """ops.csv charges each attention its exposed K,V time and gathered K,V, so a block's rows still sum
+    to CostModel's step terms (pp = 1: every op runs m times on the one stage)."""
+    plan = _plan(cp=2, cp_variant=variant)
+    rows, cost = priced_ops(gqa, gqa_model.profile, plan), gqa_model.estimate(plan)
+    m = plan.num_microbatches
+    assert m * sum(r.compute_s for r in rows) == pytest.approx(cost.compute_s, rel=1e-9)
+    assert m * sum(r.comm_s for r in rows) == pytest.approx(cost.tp_comm_s + cost.cp_comm_s, rel=1e-9)
+    assert sum(r.activation_bytes for r in rows) == pytest.approx(cost.activations_bytes, abs=len(rows))
