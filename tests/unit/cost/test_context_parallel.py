@@ -191,6 +191,8 @@ def test_the_compute_floor_stays_below_every_priced_cp_plan(gqa, gqa_model):
     assert bounds.compute_min_s(tp=1, precision="bf16", mbs=1, cp=2) < bounds.compute_min_s(
         tp=1, precision="bf16", mbs=1
     )
+    floors = {v: bounds.compute_min_s(tp=1, precision="bf16", mbs=1, cp=2, cp_variant=v) for v in ("ring", "allgather")}
+    assert floors["allgather"] > floors["ring"]  # the exposed all-gather is in the floor, the hidden ring steps not
 
 
 def test_llama2_7b_at_128k_tokens_holds_one_cp_th_of_the_activations(llama7b):
