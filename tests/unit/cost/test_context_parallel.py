@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.cost import CostModel, predict_volumes, priced_ops
+from autoplan.cost import CostModel, block_time_s, predict_volumes, priced_ops
 from autoplan.cost.bounds import Bounds
 from autoplan.cost.cp.exposed import busiest_share, executed_fraction, exposed_s
 from autoplan.cost.cp.messages import RING_GRAD_BYTES, CpMessage, attention_bytes, attention_messages
@@ -241,3 +241,16 @@ def test_ops_csv_rows_sum_to_the_cp_plans_price(gqa, gqa_model, variant):
     assert m * sum(r.compute_s for r in rows) == pytest.approx(cost.compute_s, rel=1e-9)
     assert m * sum(r.comm_s for r in rows) == pytest.approx(cost.tp_comm_s + cost.cp_comm_s, rel=1e-9)
     assert sum(r.activation_bytes for r in rows) == pytest.approx(cost.activations_bytes, abs=len(rows))
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_the_pipeline_partition_charges_a_block_its_cp_time(gqa_model, recompute):
+    """block_time_s, what the partition balances, sums to the priced step terms of a one-stage cp plan."""
+    plan = _plan(cp=2, recompute=recompute)
+    cost, ctx = gqa_model.estimate(plan), gqa_model.tp_context(plan)
+    blocks = gqa_model.block_summaries({}, ctx, False)
+    pre, post = gqa_model.outside_summaries({}, ctx, False)
+    assert all(b.cp_fwd_s > 0 for b in blocks.values())
+    charged = block_time_s(pre, "none") + sum(block_time_s(b, recompute) for b in blocks.values())
+    charged += block_time_s(post, "none")
+    assert plan.num_microbatches * charged == pytest.approx(cost.compute_s + cost.tp_comm_s + cost.cp_comm_s, rel=1e-12)
