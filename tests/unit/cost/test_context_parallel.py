@@ -4,17 +4,20 @@ and a Llama-2-7B-shaped model at 128K tokens on dgx-h100 priced through CostMode
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost import CostModel, block_time_s, predict_volumes, priced_ops
+from autoplan.cost.blocks import block_structure, summarise
 from autoplan.cost.bounds import Bounds
 from autoplan.cost.cp.exposed import busiest_share, executed_fraction, exposed_s
 from autoplan.cost.cp.messages import RING_GRAD_BYTES, CpMessage, attention_bytes, attention_messages
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups
+from autoplan.cost.tp.split_prices import price_block
 from autoplan.errors import PlanError
 from autoplan.profile.io import load_profile
 from autoplan.solve.stage_costs import StageCosts
@@ -254,3 +257,29 @@ def test_the_pipeline_partition_charges_a_block_its_cp_time(gqa_model, recompute
     charged = block_time_s(pre, "none") + sum(block_time_s(b, recompute) for b in blocks.values())
     charged += block_time_s(post, "none")
     assert plan.num_microbatches * charged == pytest.approx(cost.compute_s + cost.tp_comm_s + cost.cp_comm_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("variant", ["allgather", "ring"])
+def test_the_block_ilp_prices_each_split_with_its_cp_terms(gqa, gqa_model, variant):
+    """The intra-op ILP's objective and memory row equal CostModel's block under cp = 2 for every split
+    combination: the K,V bytes an attention exchanges follow the heads its splits leave on a rank."""
+    ctx = gqa_model.tp_context(_plan(tp=2, cp=2, cp_variant=variant))
+    layer = gqa.layers[0]
+    problem = price_block(gqa, layer, ctx=ctx, forward_repeats=2, activation_factor=ctx.batch_fraction)
+    structure = block_structure(gqa, layer)
+    seen = set()
+    for combo in itertools.product(*(problem.legal[v] for v in problem.params)):
+        splits = dict(zip(problem.params, combo))
+        if not problem.respects_ties(splits):
+            continue
+        block = summarise(
+            gqa, structure, layer=layer, tp_plan={gqa.node(v).module: s for v, s in splits.items()}, ctx=ctx
+        )
+        time_s, memory = problem.evaluate(splits)
+        charged = (
+            2 * block.fwd_s + block.bwd_s + 2 * block.tp_fwd_s + block.tp_bwd_s + 2 * block.cp_fwd_s + block.cp_bwd_s
+        )
+        assert time_s == pytest.approx(charged, rel=1e-9)
+        assert memory == pytest.approx(block.saved_bytes, rel=1e-9)
+        seen.add(round(block.cp_fwd_s + block.cp_bwd_s, 15))
+    assert len(seen) > 1  # splits that shard attention's heads exchange fewer K,V bytes
