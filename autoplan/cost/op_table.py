@@ -6,13 +6,17 @@ block's rows sum to what CostModel charges it (tests/unit/solve/test_solve_agree
 block's TP comm terms (cost/tp/splits.py) go to ops: a unary term to its op, an edge term to the
 consuming op, an any-of term to the first consumer that triggers it, the SP all-gather of a stream
 input to its first consumer, and SP's all-reduce of partial gradients (cost/tp/sp_sync.py) to the
-first node that uses the parameter, spread over the micro-batches.
+first node that uses the parameter, spread over the micro-batches. Under context parallelism an
+attention's exposed K,V time goes to its comm and the gathered K,V to its bytes (cost/cp/block.py),
+and the states are sharded over dp x cp (cost/cp/weights.py).
 """
 
 from __future__ import annotations
 
 from autoplan.cost.blocks import block_structure, loss_grad_bytes
-from autoplan.cost.compute.op_costs import node_saved_bytes, node_time_s
+from autoplan.cost.compute.op_costs import node_saved_bytes, node_time_s, node_times_s
+from autoplan.cost.cp.block import BlockCp, context_parallel
+from autoplan.cost.cp.exposed import attention_time_factor
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import CostModel
 from autoplan.cost.network.comm import collective_time_s
@@ -54,12 +58,13 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
             )
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(
-                params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp
+                params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp, pp=plan.pp
             )
+            kv = _context_parallel(graph, node, profile, ctx, shard=shard)
             saved = node_saved_bytes(node, profile, precision=plan.precision) / cost.activation_shard.get(node.name, 1)
             saved = (
                 saved + copies.get(node.name, 0.0) + _param_copies(graph, layer, node, plan, split_of)
-            ) * ctx.batch_fraction
+            ) * ctx.batch_fraction + kv.held_bytes
             saved += (
                 loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl")
                 * ctx.batch_fraction
@@ -79,12 +84,21 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
                     split=split,
                     compute_shard=shard,
                     compute_s=compute,
-                    comm_s=comm.get(node.name, 0.0),
+                    comm_s=comm.get(node.name, 0.0) + kv.fwd_s + kv.bwd_s,
                     param_state_bytes=int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes),
                     activation_bytes=int(saved),
                 )
             )
     return rows
+
+
+def _context_parallel(graph: Graph, node: OpNode, profile: Profile, ctx, *, shard: int) -> BlockCp:
+    """An attention node's context-parallel terms as cost/blocks.py charges them (empty elsewhere)."""
+    if ctx.cp == 1 or node.op != "attention":
+        return BlockCp()
+    times = node_times_s(graph, node, profile, precision=ctx.precision, batch_fraction=ctx.batch_fraction, shard=shard)
+    factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
+    return context_parallel([(node, shard, times[0] * factor, times[1] * factor)], ctx)
 
 
 def _nodes_by_layer(graph: Graph) -> dict[str | None, list[tuple[int, OpNode]]]:

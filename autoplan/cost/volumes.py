@@ -178,7 +178,7 @@ def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_pla
         pred.add("tp", kind, count, size)
     # FSDP2 reduces the partial gradients with each micro-batch's gradients (it syncs every one
     # without a pipeline); otherwise finalize_tp_grads does, once a step
-    syncs = dp_messages.sp_partial_syncs(plan)
+    syncs = dp_messages.sp_partial_syncs(weight_sync_plan(plan))
     for elements in model.sp_partial_elements(plan, tp_plan, layers + outside):
         pred.add("tp", "all_reduce", syncs, syncs * elements * 4)
     _sequence_parallel_boundaries(pred, plan, model, index)

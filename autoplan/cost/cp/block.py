@@ -56,9 +56,17 @@ def check_context_parallel(graph: Graph, plan: Plan) -> None:
             f"and {graph.seq_len} tokens do not divide that way; use a cp with 2cp dividing the sequence."
         )
     if refusal is None and plan.cp_variant == "ulysses":
-        shard = plan.tp  # the default and ILP splits shard attention's heads over tp when they divide
+        attention = [n for n in graph.nodes if n.op == "attention"]
         refusal = next(
-            (r for n in graph.nodes if n.op == "attention" and (r := ulysses_refusal(n, cp=plan.cp, shard=shard))), None
+            (r for n in attention if (r := ulysses_refusal(n, cp=plan.cp, shard=_head_shard(n, plan.tp)))), None
         )
     if refusal:
         raise PlanError(refusal)
+
+
+def _head_shard(node: OpNode, tp: int) -> int:
+    """How many ways tensor parallelism splits ``node``'s heads: tp where it divides both head counts
+    (the default and the ILP's splits shard q, k, v colwise then), else 1 (attention replicated)."""
+    heads = node.attrs.get("num_heads") or 1
+    kv_heads = node.attrs.get("num_kv_heads") or heads
+    return tp if heads % tp == 0 and kv_heads % tp == 0 else 1

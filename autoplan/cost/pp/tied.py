@@ -50,7 +50,8 @@ class TiedWeightSync:
         stage_of = {"pre": 0, "post": plan.pp - 1, **stage_of_block(chunks, pp=plan.pp)}
         outside = (stages[0].blocks[0], stages[-1].blocks[-1])
         held = {name: n for block in outside for name, n in zip(block.param_names, block.param_numels)}
-        sharded = plan.dp if plan.zero_stage >= 2 else 1  # autoplan/execute/tied.py reduces the local shard
+        # autoplan/execute/tied.py reduces the local shard: FSDP's over dp x cp (cost/cp/weights.py)
+        sharded = plan.dp * plan.cp if plan.zero_stage >= 2 else 1
         found: dict[int, float] = {}
         for name, where in self.places.items():
             holders = {stage_of[w] for w in where}

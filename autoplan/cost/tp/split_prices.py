@@ -5,7 +5,8 @@ compute and unary TP collective seconds and its parameter + saved bytes; for eac
 price on each layout its origins allow (R, S, Q); the pair and any-of collective terms of
 :func:`autoplan.cost.tp.splits.block_terms`; and the constant rest. Times and shard factors are
 those CostModel charges (cost/compute/op_costs.py, cost/tp/shards.py), so the ILP's objective and
-memory row equal what CostModel charges the block (tests/unit/solve/test_solve_agreement.py).
+memory row equal what CostModel charges the block (tests/unit/solve/test_solve_agreement.py); under
+context parallelism an attention's exposed K,V time and gathered K,V are part of its price (cost/cp/block.py).
 :func:`memory_budget` is the bytes a block's splits may use when a plan did not fit
 (cost/memory/per_device.py).
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s
+from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s, node_times_s
+from autoplan.cost.cp.block import context_parallel
+from autoplan.cost.cp.exposed import attention_time_factor
 from autoplan.cost.memory.per_device import model_states, usable_bytes
 from autoplan.cost.network.mesh import mesh_groups
 from autoplan.cost.pp.schedule import in_flight_chunks
@@ -29,7 +32,7 @@ from autoplan.cost.tp.shards import (
 )
 from autoplan.cost.tp.splits import TPContext, TPTerms, block_terms, legal_splits, node_splits, terms_time_s
 from autoplan.types.cost import Cost
-from autoplan.types.graph import Graph
+from autoplan.types.graph import Graph, OpNode
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -167,23 +170,42 @@ def price_block(
                 lay: pure_node_shards(lay, tp=tp)
                 for lay in pure_layouts_possible(block, origins, prices.legal, sequence_parallel=sp)
             }
+            kv = {
+                lay: _cp_price(graph, node, ctx, c, forward_repeats, activation_factor) for lay, (c, _) in shard.items()
+            }
             prices.pure[node.name] = PureNode(
                 origins=origins,
-                time_s={lay: time_of(node, c) for lay, (c, _) in shard.items()},
-                bytes={lay: abytes / a for lay, (_, a) in shard.items()},
+                time_s={lay: time_of(node, c) + kv[lay][0] for lay, (c, _) in shard.items()},
+                bytes={lay: abytes / a + kv[lay][1] for lay, (_, a) in shard.items()},
             )
         else:
             compute, act = stream_node_shards(
                 node, tp=tp, sequence_parallel=sp, token_wise=node.name in block.token_wise
             )
-            prices.constant_s += time_of(node, compute)
-            prices.constant_bytes += pbytes + abytes / act
+            kv_s, kv_bytes = _cp_price(graph, node, ctx, compute, forward_repeats, activation_factor)
+            prices.constant_s += time_of(node, compute) + kv_s
+            prices.constant_bytes += pbytes + abytes / act + kv_bytes
     prices.constant_bytes += (
         sum(stream_copy_bytes(graph, block, tp=tp, sequence_parallel=sp, precision=ctx.precision).values())
         * activation_factor
     )
     _add_ties(graph, prices)
     return prices
+
+
+def _cp_price(
+    graph: Graph, node: OpNode, ctx: TPContext, shard: int, forward_repeats: int, activation_factor: float
+) -> tuple[float, float]:
+    """An attention's context-parallel seconds and held bytes at ``shard``, as cost/blocks.py charges
+    them (cost/cp/block.py; ``activation_factor`` / batch_fraction micro-batches in flight); (0, 0) elsewhere."""
+    if ctx.cp == 1 or node.op != "attention":
+        return 0.0, 0.0
+    t_fwd, t_bwd = node_times_s(
+        graph, node, ctx.profile, precision=ctx.precision, batch_fraction=ctx.batch_fraction, shard=shard
+    )
+    factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
+    kv = context_parallel([(node, shard, t_fwd * factor, t_bwd * factor)], ctx)
+    return forward_repeats * kv.fwd_s + kv.bwd_s, kv.held_bytes * activation_factor / ctx.batch_fraction
 
 
 def _price_param(
