@@ -72,6 +72,13 @@ PLANS = {
                              grad_reduce_dtype="bf16"),
     "tp2-zero3": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
                       precision="bf16", sequence_parallel=True),
+    "cp2-allgather-tp2": Plan(devices=8, dp=2, tp=2, pp=1, cp=2, micro_batch_size=1, num_microbatches=2,
+                              zero_stage=1, precision="bf16", sequence_parallel=True),
+    "cp2-ring-pp2-zero3": Plan(devices=8, dp=2, tp=1, pp=2, cp=2, cp_variant="ring", micro_batch_size=1,
+                               num_microbatches=4, zero_stage=3, precision="bf16", stages=[STAGES4[0] + STAGES4[1],
+                               STAGES4[2] + STAGES4[3]]),
+    "cp2-ulysses": Plan(devices=4, dp=2, tp=1, pp=1, cp=2, cp_variant="ulysses", micro_batch_size=1,
+                        num_microbatches=2, precision="bf16"),
     "powersgd": Plan(
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, grad_compression="powersgd",
         powersgd_rank=4,
@@ -131,6 +138,8 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     assert "--num-experts" in exported.text or plan.ep == 1  # the comment asking for it
     args, config = _start(megatron_lm, exported, world=plan.devices, extra=_user_flags(plan))
     assert args.data_parallel_size == plan.dp  # Megatron: world / (tp * pp * cp)
+    assert config.context_parallel_size == plan.cp
+    assert config.cp_comm_type == (megatron.CP_COMM_TYPES[plan.cp_variant] if plan.cp > 1 else "p2p")
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
     assert config.expert_model_parallel_size == plan.ep
     assert (config.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
@@ -237,8 +246,8 @@ def test_read_gives_the_plan_back(name, facts):
     for source, devices in ((text, None), (text, plan.devices), (one_line, plan.devices)):
         imported = megatron.read(source, devices=devices)
         back = imported.plan()
-        same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "virtual_stages",
-                "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
+        same = ("devices", "dp", "tp", "pp", "cp", "cp_variant", "ep", "micro_batch_size", "num_microbatches",
+                "virtual_stages", "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
                 "overlap_grad_reduce", "overlap_param_gather")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.schedule == ("1f1b" if plan.schedule == "gpipe" else plan.schedule)
@@ -297,13 +306,45 @@ def test_read_names_what_autoplan_does_not_price():
     )
     imported = megatron.read(args, devices=16)
     fields = imported.fields
-    assert (fields["dp"], fields["tp"], fields["devices"], fields["num_microbatches"]) == (4, 2, 8, 8)
+    assert (fields["dp"], fields["tp"], fields["cp"], fields["devices"], fields["num_microbatches"]) == (4, 2, 2, 16, 8)
+    assert fields["cp_variant"] == "ring" and "Megatron's default p2p" in imported.assumptions[-1]
     said = " ".join(imported.unmapped)
-    for words in ("context parallelism", "--fp8-recipe delayed", "--recompute-method block", "--lr 3e-4",
+    for words in ("--fp8-recipe delayed", "--recompute-method block", "--lr 3e-4",
                   "--data-path /data/a /data/b", "--use-flash-attn"):  # fmt: skip
         assert words in said
-    assert len(imported.unmapped) == 6
+    assert len(imported.unmapped) == 5
     imported.plan()
+
+
+def test_read_takes_megatrons_cp_comm_types():
+    """Each --cp-comm-type Megatron-LM takes (TransformerConfig.cp_comm_type) is a cp variant; per-layer
+    types and the hierarchical a2a+p2p are read as the nearest, saying so; what Megatron refuses is refused."""
+    base = "--context-parallel-size 4 --tensor-model-parallel-size 2 --bf16"
+    for comm, variant in (("all_gather", "allgather"), ("p2p", "ring"), ("a2a", "ulysses")):
+        imported = megatron.read(f"{base} --cp-comm-type {comm}", devices=16)
+        assert (imported.fields["cp"], imported.fields["cp_variant"], imported.fields["dp"]) == (4, variant, 2)
+        assert imported.unmapped == []
+    mixed = megatron.read(f"{base} --num-layers 3 --cp-comm-type a2a p2p a2a", devices=16)
+    assert mixed.fields["cp_variant"] == "ulysses" and "read as a2a" in mixed.unmapped[0]
+    hierarchical = megatron.read(f"{base} --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2", devices=8)
+    assert hierarchical.fields["cp_variant"] == "ring" and "a2a within groups of 2" in hierarchical.unmapped[0]
+    with pytest.raises(ExportError, match="needs --hierarchical-context-parallel-sizes"):
+        megatron.read(f"{base} --cp-comm-type a2a+p2p", devices=8)
+    with pytest.raises(ExportError, match="product must be --context-parallel-size 4"):
+        megatron.read(f"{base} --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4", devices=8)
+    with pytest.raises(ExportError, match="expected p2p, all_gather, a2a or a2a\\+p2p"):
+        megatron.read(f"{base} --cp-comm-type ring", devices=8)
+    with pytest.raises(ExportError, match="not divisible by tp 2 x pp 1 x cp 4"):
+        megatron.read(base, devices=12)
+
+
+def test_an_ulysses_export_says_when_the_heads_do_not_split(facts):
+    """Megatron's a2a scatters each tensor-parallel rank's KV heads over the cp ranks (2 KV heads here)."""
+    fits = megatron.export(PLANS["cp2-ulysses"], facts)
+    assert fits.unexpressed == [] and "--cp-comm-type a2a" in fits.text
+    plan = Plan(devices=8, dp=1, tp=2, pp=1, cp=4, cp_variant="ulysses", micro_batch_size=1, num_microbatches=1)
+    said = megatron.export(plan, facts).unexpressed
+    assert len(said) == 1 and "2 KV heads over tp 2 x cp 4" in said[0]
 
 
 def test_read_refuses_what_megatron_would_refuse():
