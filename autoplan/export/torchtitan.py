@@ -26,6 +26,9 @@ from autoplan.types.plan import Plan
 FORMATS = {"py": "0.3", "toml": "0.2"}  # format -> the torchtitan release series it is written for
 GPUS_PER_NODE = 8  # a plan does not say how its devices sit in nodes; the launch line assumes 8
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+#: torch's context-parallel SDPA rotation (torch.distributed.tensor.experimental._attention.set_rotate_method)
+#: for each cp variant it runs: "alltoall" passes each KV shard to the next rank (a ring)
+ROTATE_METHODS = {"allgather": "allgather", "ring": "alltoall"}
 
 
 def export(plan: Plan, facts: ModelFacts, *, fmt: str = "py", registry: Registry | None = None) -> Exported:
@@ -139,6 +142,33 @@ def precision_notes(plan: Plan, *, series: str) -> list[str]:
             "(mixed_precision_reduce), so it sends twice the bytes autoplan priced."
         )
     return notes
+
+
+def context_parallel(plan: Plan, facts: ModelFacts, notes: list[str]) -> dict[str, Any]:
+    """torchtitan's context-parallel settings: the degree and, with cp > 1, head-tail load balancing
+    (as autoplan prices it). What torchtitan runs otherwise is a note: Ulysses (it has no all-to-all
+    over heads; torch's default all-gather rotation runs), ZeRO-0/1 (its FSDP mesh is dp_shard x cp,
+    so it shards whenever cp > 1: ParallelDims.fsdp_enabled), and a sequence its trainer refuses
+    (seq_len divisible by 2cp, times tp with sequence parallelism: Trainer.__init__)."""
+    if plan.cp == 1:
+        return {"context_parallel_degree": 1}
+    if plan.cp_variant == "ulysses":
+        notes.append(
+            f"cp={plan.cp} ulysses: torchtitan has no all-to-all over heads; it runs torch's all-gather of "
+            "keys and values (allgather), which moves other bytes than autoplan priced."
+        )
+    if plan.zero_stage < 2:
+        notes.append(
+            f"ZeRO-{plan.zero_stage} with cp={plan.cp}: torchtitan shards weights over dp_shard x cp whenever "
+            "cp > 1; written as FSDP without resharding after forward (ZeRO-2-like), which shards gradients."
+        )
+    divisor = 2 * plan.cp * (plan.tp if plan.sequence_parallel else 1)
+    if facts.seq_len and facts.seq_len % divisor:
+        notes.append(
+            f"seq_len {facts.seq_len} is not divisible by {divisor} (2 x cp, times tp with sequence parallelism): "
+            "torchtitan's trainer refuses it at start-up."
+        )
+    return {"context_parallel_degree": plan.cp, "context_parallel_load_balancer": "headtail"}
 
 
 def general_notes(plan: Plan) -> list[str]:

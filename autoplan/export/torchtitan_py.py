@@ -8,6 +8,11 @@ matches it raises with the sentence that says what to set. :func:`read` reads su
 recipe written the way torchtitan's own are, without running it: keyword arguments of
 ``TrainingConfig``, ``ParallelismConfig`` and ``CompileConfig`` calls and ``config.<section>.<field>
 = value`` assignments, in source order, go to the TOML reader's table (torchtitan_toml.read_data).
+
+Context parallelism is ``context_parallel_degree`` with head-tail load balancing; 0.3's config has
+no key for the KV rotation, so a ring plan's function calls torch's ``set_rotate_method("alltoall")``
+(the process-wide setting torch's context-parallel SDPA reads; every rank runs the config
+function), and :func:`read` reads that call back as ring.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from typing import Any
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
 from autoplan.export.torchtitan import (
+    ROTATE_METHODS,
     SCHEDULES,
     chunk_modules,
     chunk_sizes,
+    context_parallel,
     general_notes,
     launch,
     nodes_note,
@@ -40,6 +47,7 @@ END_MODULES_03 = (["tok_embeddings"], ["norm", "lm_head"])
 AC_CLASSES = {"selective": "SelectiveAC.Config()", "full": "FullAC.Config()", "none": "None"}
 FLOAT8_CONVERTER = "Float8LinearConverter.Config(model_compile_enabled=True)"
 SELECTIVE = {"mode": "selective", "selective_ac_option": "op"}  # 0.3's SelectiveAC is per-op SAC
+ROTATE_MODULE = "torch.distributed.tensor.experimental._attention"  # torch's set_rotate_method
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -79,10 +87,10 @@ def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str
 
 
 def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
-    if plan.dp > 1 and plan.zero_stage > 0:
+    if (plan.dp > 1 and plan.zero_stage > 0) or plan.cp > 1:  # torchtitan shards over dp_shard x cp
         out: dict[str, Any] = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": plan.dp}
         out["fsdp_reshard_after_forward"] = "always" if plan.zero_stage == 3 else "never"
-        if plan.zero_stage == 1:
+        if plan.zero_stage == 1 and plan.cp == 1:
             notes.append(
                 "ZeRO-1 (only optimizer states sharded) has no torchtitan equivalent; written as FSDP without "
                 "resharding after forward (ZeRO-2-like), which shards gradients."
@@ -92,7 +100,7 @@ def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[
     out["tensor_parallel_degree"] = plan.tp
     if plan.tp > 1:
         out["enable_sequence_parallel"] = plan.sequence_parallel
-    out["context_parallel_degree"] = 1
+    out.update(context_parallel(plan, facts, notes))
     out["expert_parallel_degree"] = plan.ep
     out["pipeline_parallel_degree"] = plan.pp
     if plan.pp > 1:
@@ -128,6 +136,8 @@ def _body(plan: Plan, flavour: Flavour | None, why: str | None, settings: dict[s
     for section, fields in settings.items():
         lines += [line for key, value in fields.items() for line in _assignment(f"config.{section}.{key}", value)]
     lines += [f"    config.activation_checkpoint = {AC_CLASSES[plan.recompute]}"]
+    if plan.cp > 1 and plan.cp_variant == "ring":  # the config has no key for it (module docstring)
+        lines += [f"    set_rotate_method({_literal(ROTATE_METHODS['ring'])})  # every rank loads this config"]
     if plan.tp_comm_overlap or plan.precision == "fp8":  # async TP needs compile; float8 is slow without it
         overlap = ", enable_async_tensor_parallel=True" if plan.tp_comm_overlap else ""
         lines += [f'    config.compile = CompileConfig(enable=True, components=["model", "loss"]{overlap})']
@@ -154,6 +164,8 @@ def _literal(value: Any) -> str:
 
 def _imports(plan: Plan, flavour: Flavour | None) -> list[str]:
     lines = []
+    if plan.cp > 1 and plan.cp_variant == "ring":
+        lines += [f"from {ROTATE_MODULE} import set_rotate_method"]
     if plan.tp_comm_overlap or plan.precision == "fp8":
         lines += ["from torchtitan.config import CompileConfig"]
     if plan.recompute != "none":
@@ -212,6 +224,8 @@ def _read_call(call: ast.Call, data: dict[str, Any]) -> None:
     section = {"TrainingConfig": "training", "ParallelismConfig": "parallelism", "CompileConfig": "compile"}
     if name in section:
         data.setdefault(section[name], {}).update(_literal_keywords(call))
+    elif name.endswith("set_rotate_method") and call.args and isinstance(call.args[0], ast.Constant):
+        data["rotate_method"] = call.args[0].value
     elif name == "Float8LinearConverter.Config":
         recipe = _literal_keywords(call).get("recipe_name", "rowwise")
         data["float8"] = True

@@ -316,37 +316,6 @@ def test_read_names_what_autoplan_does_not_price():
     imported.plan()
 
 
-def test_read_takes_megatrons_cp_comm_types():
-    """Each --cp-comm-type Megatron-LM takes (TransformerConfig.cp_comm_type) is a cp variant; per-layer
-    types and the hierarchical a2a+p2p are read as the nearest, saying so; what Megatron refuses is refused."""
-    base = "--context-parallel-size 4 --tensor-model-parallel-size 2 --bf16"
-    for comm, variant in (("all_gather", "allgather"), ("p2p", "ring"), ("a2a", "ulysses")):
-        imported = megatron.read(f"{base} --cp-comm-type {comm}", devices=16)
-        assert (imported.fields["cp"], imported.fields["cp_variant"], imported.fields["dp"]) == (4, variant, 2)
-        assert imported.unmapped == []
-    mixed = megatron.read(f"{base} --num-layers 3 --cp-comm-type a2a p2p a2a", devices=16)
-    assert mixed.fields["cp_variant"] == "ulysses" and "read as a2a" in mixed.unmapped[0]
-    hierarchical = megatron.read(f"{base} --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2", devices=8)
-    assert hierarchical.fields["cp_variant"] == "ring" and "a2a within groups of 2" in hierarchical.unmapped[0]
-    with pytest.raises(ExportError, match="needs --hierarchical-context-parallel-sizes"):
-        megatron.read(f"{base} --cp-comm-type a2a+p2p", devices=8)
-    with pytest.raises(ExportError, match="product must be --context-parallel-size 4"):
-        megatron.read(f"{base} --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4", devices=8)
-    with pytest.raises(ExportError, match="expected p2p, all_gather, a2a or a2a\\+p2p"):
-        megatron.read(f"{base} --cp-comm-type ring", devices=8)
-    with pytest.raises(ExportError, match="not divisible by tp 2 x pp 1 x cp 4"):
-        megatron.read(base, devices=12)
-
-
-def test_an_ulysses_export_says_when_the_heads_do_not_split(facts):
-    """Megatron's a2a scatters each tensor-parallel rank's KV heads over the cp ranks (2 KV heads here)."""
-    fits = megatron.export(PLANS["cp2-ulysses"], facts)
-    assert fits.unexpressed == [] and "--cp-comm-type a2a" in fits.text
-    plan = Plan(devices=8, dp=1, tp=2, pp=1, cp=4, cp_variant="ulysses", micro_batch_size=1, num_microbatches=1)
-    said = megatron.export(plan, facts).unexpressed
-    assert len(said) == 1 and "2 KV heads over tp 2 x cp 4" in said[0]
-
-
 def test_read_refuses_what_megatron_would_refuse():
     with pytest.raises(ExportError, match="pass devices"):
         megatron.read("--tensor-model-parallel-size 2")

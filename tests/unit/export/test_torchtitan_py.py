@@ -54,6 +54,10 @@ PLANS = {
                             zero_stage=2, precision="bf16", recompute="full"),
     "ep2": Plan(devices=4, dp=4, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, ep=2, zero_stage=3,
                 precision="bf16"),
+    "cp2_tp2_zero3": Plan(devices=8, dp=2, tp=2, pp=1, cp=2, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                          precision="bf16", sequence_parallel=True),
+    "cp2_ring_zero0": Plan(devices=4, dp=2, tp=1, pp=1, cp=2, cp_variant="ring", micro_batch_size=1,
+                           num_microbatches=2, precision="bf16"),
     "fp8_zero3": Plan(devices=4, dp=4, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
                       precision="fp8"),
 }  # fmt: skip
@@ -70,6 +74,7 @@ STARTUP = textwrap.dedent(
     import torchtitan.tools.utils as titan_utils
     titan_utils.device_type, titan_utils.device_module = "cpu", torch.cpu  # meshes on this CPU
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+    from torch.distributed.tensor.experimental import _attention
     from torchtitan.config import ConfigManager
     from torchtitan.distributed import ParallelDims, utils as dist_utils
 
@@ -82,6 +87,7 @@ STARTUP = textwrap.dedent(
                 config = ConfigManager().parse_args(args)
             except SystemExit:
                 raise ValueError(" ".join(said.getvalue().split())) from None
+        rotate = _attention._cp_options.rotate_method.name  # what torch's context-parallel SDPA will run
         dims = ParallelDims.from_config(config.parallelism, dist_utils.init_distributed(config.comm))
         dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
         spec = config.model_spec
@@ -100,7 +106,8 @@ STARTUP = textwrap.dedent(
                "ac": type(config.activation_checkpoint).__qualname__,
                "async_tp": config.compile.enable_async_tensor_parallel,
                "compile": config.compile.enable and "model" in config.compile.components,
-               "pp_mbs": p.pipeline_parallel_microbatch_size}
+               "pp_mbs": p.pipeline_parallel_microbatch_size, "cp": dims.cp, "fsdp": dims.fsdp_enabled,
+               "balancer": p.context_parallel_load_balancer, "rotate": rotate}
         if dims.pp_enabled:
             schedule, parts, _, _ = spec.pipelining_fn(model, device=torch.device("cpu"), model_config=spec.model,
                                                        parallelize_fn=spec.parallelize_fn, loss_fn=loss, **common)
@@ -122,6 +129,7 @@ STARTUP = textwrap.dedent(
             sys.path.remove(folder)
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
+            _attention._cp_options.rotate_method = _attention._RotateMethod.ALL_GATHER  # torch's default
     print(json.dumps(results))
     """
 )
@@ -183,8 +191,10 @@ def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, fact
         plan.pp,
         plan.ep,
     )
-    sharded = plan.dp > 1 and plan.zero_stage > 0
-    assert got["dp_shard"] == (plan.dp if sharded else 1)
+    sharded = (plan.dp > 1 and plan.zero_stage > 0) or plan.cp > 1  # torchtitan's FSDP is over dp_shard x cp
+    assert got["dp_shard"] == (plan.dp if sharded else 1) and got["fsdp"] == (sharded and plan.dp * plan.cp > 1)
+    assert got["cp"] == plan.cp and got["balancer"] == "headtail"  # head-tail load balancing, as priced
+    assert got["rotate"] == ("ALL_TO_ALL" if plan.cp > 1 and plan.cp_variant == "ring" else "ALL_GATHER")
     if sharded:
         assert got["reshard"] == ("always" if plan.zero_stage == 3 else "never")
     assert got["sp"] == (plan.sequence_parallel or plan.tp == 1)
@@ -235,9 +245,13 @@ def test_a_model_without_a_flavour_is_refused_by_its_config_function_in_one_sent
 def test_read_gives_the_plan_back(name, exported):
     plan = PLANS[name]
     back = titan.read(exported[name].text, devices=plan.devices).plan()
-    same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "schedule", "virtual_stages")
+    same = ("devices", "dp", "tp", "pp", "cp", "cp_variant", "ep", "micro_batch_size", "num_microbatches", "schedule",
+            "virtual_stages")  # fmt: skip
     assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
-    assert back.zero_stage == (2 if plan.zero_stage == 1 else plan.zero_stage if plan.dp > 1 else 0)
+    fsdp = plan.dp > 1 or plan.cp > 1  # ZeRO-0/1 are written as ZeRO-2 where torchtitan shards
+    assert back.zero_stage == (
+        2 if plan.zero_stage < 2 and (plan.zero_stage or plan.cp > 1) else plan.zero_stage if fsdp else 0
+    )
     assert (back.recompute, back.precision, back.tp_comm_overlap) == (
         plan.recompute,
         plan.precision,
