@@ -14,6 +14,8 @@ import pytest
 
 import autoplan.trace
 from autoplan.cli import main
+from autoplan.export import accelerate as acc_export
+from autoplan.export import deepspeed as ds_export
 from autoplan.export import megatron
 from autoplan.export import torchtitan as titan
 from autoplan.export.common import ExportError, ModelFacts
@@ -138,3 +140,39 @@ def test_explain_prices_a_cp_config_instead_of_listing_it(tmp_path, capsys, name
     result = json.loads(capsys.readouterr().out)
     assert result["config_plan"].startswith("dp=4 cp=2(")
     assert not [u for u in result["unmapped"] if "context" in u]
+
+
+# ---- Accelerate and DeepSpeed --------------------------------------------------------------
+def test_accelerate_reads_torch_cp_and_deepspeed_ulysses(facts):
+    """cp_size is torch's context parallelism (cp_comm_strategy alltoall: ring); sp_size is DeepSpeed's
+    Ulysses; Accelerate refuses both at once and any other strategy, and so does the reader."""
+
+    def yaml_text(sizes: str) -> str:
+        return (
+            f"distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\nparallelism_config:\n{sizes}"
+        )
+
+    ring = acc_export.read(
+        yaml_text("  parallelism_config_cp_size: 4\n  parallelism_config_cp_comm_strategy: alltoall\n")
+    )
+    assert (ring.fields["cp"], ring.fields["cp_variant"], ring.fields["dp"], ring.unmapped) == (4, "ring", 2, [])
+    ulysses = acc_export.read(yaml_text("  parallelism_config_sp_size: 2\n"))
+    assert (ulysses.fields["cp"], ulysses.fields["cp_variant"], ulysses.fields["dp"]) == (2, "ulysses", 4)
+    with pytest.raises(ExportError, match="refuses context and sequence parallelism together"):
+        acc_export.read(yaml_text("  parallelism_config_cp_size: 2\n  parallelism_config_sp_size: 2\n"))
+    with pytest.raises(ExportError, match="takes allgather or alltoall"):
+        acc_export.read(yaml_text("  parallelism_config_cp_size: 2\n  parallelism_config_cp_comm_strategy: ring\n"))
+    said = " ".join(acc_export.export(ULYSSES, facts).unexpressed)
+    assert "Accelerate's Ulysses is sp_size under DeepSpeed" in said
+
+
+def test_deepspeed_writes_every_variant_as_its_ulysses_and_says_so(facts):
+    ring = Plan(devices=4, dp=2, tp=1, pp=1, cp=2, cp_variant="ring", micro_batch_size=1, num_microbatches=2,
+                zero_stage=1)  # fmt: skip
+    exported = ds_export.export(ring, facts)
+    assert json.loads(exported.text)["sequence_parallel_size"] == 2
+    said = " ".join(exported.unexpressed)
+    assert "no ring or all-gather context parallelism" in said and "register_with_transformers" in said
+    assert "no ring" not in " ".join(ds_export.export(ULYSSES, facts).unexpressed)
+    back = ds_export.read(exported.text, devices=4)
+    assert (back.fields["cp"], back.fields["cp_variant"], back.fields["dp"]) == (2, "ulysses", 2)
