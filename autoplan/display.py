@@ -45,6 +45,7 @@ TERM_NAMES: dict[str, TermName] = {
     "compute_s": TermName("compute", "compute (forward, backward, recomputation)"),
     "tp_comm_s": TermName("TP comm", "tensor-parallel collectives"),
     "ep_comm_s": TermName("EP a2a", "expert-parallel all-to-all (MoE dispatch and combine)"),
+    "cp_comm_s": TermName("CP KV", "context-parallel key/value exchange (exposed)"),
     "dp_comm_exposed_s": TermName("DP sync", "data-parallel gradient sync (exposed)"),
     "compression_s": TermName("compress", "gradient compression (PowerSGD matmuls, error feedback)"),
     "zero_comm_s": TermName("ZeRO-3", "ZeRO-3 parameter gathers (exposed)"),

@@ -15,6 +15,9 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   that are not kept, ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs).
 - full recomputation (Chen et al. 2016; Korthikanti et al. 2022 section 4.3): only
   ``input_bytes`` is kept, and the forward and its TP collectives run twice.
+- context parallelism (``ctx.cp`` > 1): ``f`` is divided by cp (each rank holds 1/cp of every
+  sequence); ``cp_fwd_s``/``cp_bwd_s``: each attention's K,V traffic left exposed beside its compute
+  (autoplan/cost/cp/), and under allgather the gathered K,V join ``saved_bytes``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from autoplan.cost.compute.roofline import (
     input_bytes_of,
     saved_activation_bytes,
 )
+from autoplan.cost.cp.block import context_parallel
+from autoplan.cost.cp.exposed import attention_time_factor, executed_fraction
+from autoplan.cost.cp.messages import CpMessage
 from autoplan.cost.moe.experts import BlockExperts, block_experts, grouped_gemm_s
 from autoplan.cost.tp.block import analyse_block
 from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
@@ -66,6 +72,9 @@ class LayerSummary:
     ep_fwd_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/moe/experts.py), forward
     ep_bwd_s: float = 0.0
     expert_param_count: float = 0.0  # routed experts' parameters held per device (1/ep of them)
+    cp_fwd_s: float = 0.0  # context parallelism's K,V traffic exposed beside attention (autoplan/cost/cp/), forward
+    cp_bwd_s: float = 0.0
+    cp_messages: tuple[CpMessage, ...] = ()  # what those calls send (autoplan/cost/cp/messages.py), for the audit
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,7 @@ def summarise(
         graph, structure.nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
     )
     overlap = [0.0, 0.0, 0.0, 0.0]  # split matmuls fwd, bwd; their decomposition's extra fwd, bwd
+    attention: list[tuple[OpNode, int, float, float]] = []  # (node, shard, t_fwd, t_bwd) under cp > 1
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
@@ -117,6 +127,10 @@ def summarise(
             )
         else:
             t_fwd, t_bwd = times(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read)
+        if ctx.cp > 1 and node.op == "attention":
+            factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
+            t_fwd, t_bwd = t_fwd * factor, t_bwd * factor
+            attention.append((node, shard, t_fwd, t_bwd))
         fwd += t_fwd
         bwd += t_bwd
         if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
@@ -135,8 +149,9 @@ def summarise(
             )  # a gathered colwise output's local shard
             kept += (node.output_bytes * activation_scale(node, precision=precision) / act_shard + own_output) * f
             part = by_kind["attention" if node.op == "attention" else "matmul"]
-            part[0] += node.fwd_flops * f / shard
-            part[1] += executed_bwd_flops(node) * f / shard  # the audit measures what runs
+            ran = _executed_share(node, ctx)  # under cp, the share of attention's rectangle a rank's kernels run
+            part[0] += node.fwd_flops * f / shard * ran
+            part[1] += executed_bwd_flops(node) * f / shard * ran  # the audit measures what runs
             # FP8's scaling passes are not kept (types/saved_ops.py): they re-run before the kept GEMM
             rerun += fp8_cast_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False)
         else:
@@ -147,6 +162,8 @@ def summarise(
     held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
     held, params, expert_params = _split_experts(held, params, experts)
     inputs = _input_bytes(structure, ctx)
+    cp = context_parallel(attention, ctx)
+    saved += cp.held_bytes
     return LayerSummary(
         fwd_s=fwd,
         bwd_s=bwd,
@@ -172,7 +189,18 @@ def summarise(
         ep_fwd_s=experts.a2a_fwd_s if experts else 0.0,
         ep_bwd_s=experts.a2a_bwd_s if experts else 0.0,
         expert_param_count=expert_params,
+        cp_fwd_s=cp.fwd_s,
+        cp_bwd_s=cp.bwd_s,
+        cp_messages=cp.messages,
     )
+
+
+def _executed_share(node: OpNode, ctx: TPContext) -> float:
+    """1, or under context parallelism an attention's executed FLOPs over its 1/cp share
+    (autoplan/cost/cp/exposed.py ``executed_fraction``)."""
+    if ctx.cp == 1 or node.op != "attention":
+        return 1.0
+    return executed_fraction(ctx.cp, causal=bool(node.attrs.get("causal")), variant=ctx.cp_variant) * ctx.cp
 
 
 def _split_experts(

@@ -3,7 +3,8 @@
 Each term is one of CostModel's step-time terms at a value it can never go below, so a bound never
 exceeds the priced step time (a test checks this for every priced candidate):
 
-- ``compute_min_s``: forward + backward of one micro-batch with every op divided tp ways and no
+- ``compute_min_s``: forward + backward of one micro-batch with every op divided tp ways (and its
+  tokens cp ways, plus each attention's K,V traffic at its floor, cost/cp/floor.py) and no other
   communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a)); the
   routed experts' GEMMs as CostModel prices them at tp = 1, and at tp > 1 divided only where a legal
   split shards them; an fp8 linear also priced whole, the smaller kept;
@@ -23,6 +24,8 @@ from typing import Protocol
 
 from autoplan.cost.compute.op_costs import node_time_s
 from autoplan.cost.compute.roofline import memory_time_s
+from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
+from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp.messages import BACKWARD, EACH, FORWARD, GRADS, WEIGHTS, DpMessage, dp_messages, find
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
@@ -64,9 +67,25 @@ class Bounds:
         self._gemms = {rep: _expert_gemms(self._nodes[rep], self._moe[rep]) for rep, _ in reps}  # node -> its layer
         self._reps = [(rep, count) for rep, count in reps if self._gemms[rep]]
 
-    def compute_min_s(self, *, tp: int, precision: str, mbs: int, experts: ExpertPlacement | None = None) -> float:
+    def compute_min_s(
+        self,
+        *,
+        tp: int,
+        precision: str,
+        mbs: int,
+        experts: ExpertPlacement | None = None,
+        cp: int = 1,
+        cp_variant: str = "allgather",
+        dp: int = 1,
+        pp: int = 1,
+    ) -> float:
         """C_min (one block per group of identical blocks, times the group size); ``experts`` is
-        the plan's expert placement (CostModel.placement), which prices the routed experts at tp = 1."""
+        the plan's expert placement (CostModel.placement), which prices the routed experts at tp = 1;
+        under context parallelism (``cp`` > 1, ``cp_variant``; ``dp`` and ``pp`` place its group) each
+        rank computes 1/cp of the tokens, plus each attention's K,V floor (cost/cp/floor.py)."""
+        if cp > 1:
+            floor = cp_floor(self.profile, dp=dp, tp=tp, pp=pp, cp=cp, variant=cp_variant)
+            return self._cp_compute_min_s(tp=tp, precision=precision, mbs=mbs, cp=floor)
         key = (tp, precision, mbs)
         if key not in self._c_min:
             f = mbs / self.graph.batch_size
@@ -82,6 +101,26 @@ class Bounds:
         if not self._reps:
             return self._c_min[key]
         return self._c_min[key] + self._experts_min_s(tp=tp, precision=precision, mbs=mbs, experts=experts)
+
+    def _cp_compute_min_s(self, *, tp: int, precision: str, mbs: int, cp: CpFloor) -> float:
+        """C_min of a plan with cp > 1: every op at 1/cp of the micro-batch's tokens (CostModel prices
+        balanced attention so), plus each attention's exposed K,V floor (cost/cp/floor.py)."""
+        key = (tp, precision, mbs, cp)
+        if key not in self._c_min:
+            f = mbs / self.graph.batch_size / cp.cp
+            times = self.stage_costs.cost_model.node_times
+            kw = dict(precision=precision, f=f)
+            total = sum(self._op_min_s(n, shard=tp, **kw) for n in self._nodes[None])
+            total += sum(
+                len(group.layers) * sum(self._op_min_s(n, shard=tp, **kw) for n in self._nodes[group.layers[0]])
+                for group in self.graph.groups
+            )
+            self._c_min[key] = total + sum(
+                kv_floor_s(n, self.graph, self.profile, floor=cp, tp=tp, precision=precision, f=f, times=times)
+                for n in self.graph.nodes
+                if n.op == "attention"
+            )
+        return self._c_min[key]
 
     def _op_min_s(self, node: OpNode, *, shard: int, precision: str, f: float) -> float:
         """node_time_s at ``shard``; under fp8 a linear's also at shard 1, the smaller of the two
@@ -150,7 +189,7 @@ class Bounds:
             params=(blocks + max(pre, post)) / plan.pp,
             precision=plan.precision,
             zero_stage=plan.zero_stage,
-            dp=plan.dp,
+            dp=plan.dp * plan.cp,  # dp x cp ranks share the weights (cost/cp/weights.py)
             pp=plan.pp,
         )
         return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
@@ -159,7 +198,7 @@ class Bounds:
         if plan.pp == 1:
             return 0.0
         scatter = plan.tp > 1 and not plan.sequence_parallel
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]
+        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)["pp"]
         t_p2p = sum(
             collective_time_s(self.profile, "send_recv", size / plan.tp if scatter else size, group=group)
             for size in self.stage_costs.min_boundary_bytes(plan)
@@ -175,7 +214,7 @@ class Bounds:
         )
 
     def optimizer_s(self, plan: Plan, *, stage_params: float) -> float:
-        return self.adam_s(stage_params / (plan.dp if plan.zero_stage >= 1 else 1))
+        return self.adam_s(stage_params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
 
     def adam_s(self, local_params: float) -> float:
         """CostModel's memory-bound Adam step over ``local_params`` parameters."""
@@ -184,7 +223,7 @@ class Bounds:
     def _message_s(self, message: DpMessage, params: float, plan: Plan) -> float:
         """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
         at its floor bytes per parameter (DpMessage.floor_bytes_per_param)."""
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["dp"]
+        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)["dp_cp"]
         size = params * message.floor_bytes_per_param(plan.precision)
         return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
 
@@ -192,7 +231,7 @@ class Bounds:
         """The gradient sync stage 0's first block exposes whatever the overlap, per the dp messages
         (cost/dp/messages.py): under ZeRO-3 its forward gathers, and where gradients are
         reduce-scattered every micro-batch the smallest block's gather + reduce-scatter too."""
-        messages = dp_messages(plan)
+        messages = dp_messages(weight_sync_plan(plan))
         if not messages or plan.grad_compression != "none":  # PowerSGD's factors: bounded below by 0
             return 0.0
         first, smallest = self.stage_costs.sync_params(plan)
@@ -208,7 +247,7 @@ class Bounds:
 
     def _zero_gather_s(self, plan: Plan, stage_params: float) -> float:
         """ZeRO-1/2's all-gather of the updated weights (not ZeRO-3's, which gather per block)."""
-        weights = find(dp_messages(plan), WEIGHTS)
+        weights = find(dp_messages(weight_sync_plan(plan)), WEIGHTS)
         if weights is None or weights.phase == FORWARD:
             return 0.0
         return self._message_s(weights, stage_params, plan)

@@ -17,6 +17,8 @@ from dataclasses import replace
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
+from autoplan.cost.cp.block import check_context_parallel
+from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.per_device import StageMemory
@@ -202,20 +204,23 @@ class CostModel:
 
     def tp_context(self, plan: Plan) -> TPContext:
         """The tensor-parallel context ``plan`` is priced in (its tp group on the profile's nodes)."""
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["tp"]
+        groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)
         return TPContext(
             profile=self.profile,
             tp=plan.tp,
-            group=group,
+            group=groups["tp"],
             sequence_parallel=plan.sequence_parallel,
             precision=plan.precision,
-            batch_fraction=plan.micro_batch_size / self.graph.batch_size,
+            batch_fraction=plan.micro_batch_size / self.graph.batch_size / plan.cp,  # a rank's 1/cp of the tokens
             experts=self.experts.for_plan(plan),
+            cp=plan.cp,
+            cp_variant=plan.cp_variant,
+            cp_group=groups["cp"] if plan.cp > 1 else None,
         )
 
     def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
         self._check(plan)
-        groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)
+        groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)
         tp_plan = self._tp_plan(plan)
         ctx = self.tp_context(plan)
         return self._stages(plan, tp_plan, ctx), tp_plan, ctx, groups
@@ -225,7 +230,8 @@ class CostModel:
         stages, _tp_plan, _ctx, groups = self._priced(plan)
         cost = Cost()
         self._time(cost, plan, stages, groups)
-        self.memory.fill(cost, plan, stages, self._powersgd_by_stage(plan, stages))
+        weights = weight_sync_plan(plan)  # dp x cp ranks hold the same weights (cost/cp/weights.py)
+        self.memory.fill(cost, weights, stages, self._powersgd_by_stage(weights, stages))
         self._throughput(cost, plan)
         return cost
 
@@ -237,6 +243,8 @@ class CostModel:
             )
         if plan.ep > 1:
             check_divides(self.graph, plan.ep)
+        if plan.cp > 1:
+            check_context_parallel(self.graph, plan)
         if self.profile.inter_node is None and plan.devices > self.profile.devices_per_node:
             raise PlanError(
                 f"profile '{self.profile.name}' describes one node of {self.profile.devices_per_node} devices "
@@ -252,15 +260,17 @@ class CostModel:
         cost.recompute_s = m * slowest.recompute_s
         cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(plan, self._tp_plan(plan), chunks, groups["tp"])
         cost.ep_comm_s = m * slowest.ep_s
+        cost.cp_comm_s = m * slowest.cp_s
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
         cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self.tied.sync_s(
             plan, chunks, stages, groups["pp"]
         )
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
+        weights = weight_sync_plan(plan)  # gradients sync over dp x cp (cost/cp/weights.py)
         self.dp_terms.price(
-            cost, plan, stages, group=groups["dp"], edp=self.edp_group(plan) if plan.ep > 1 else groups["dp"]
+            cost, weights, stages, group=groups["dp_cp"], edp=self.edp_group(plan) if plan.ep > 1 else groups["dp"]
         )
-        local_params = max(optimizer_params(plan, s) for s in stages)
+        local_params = max(optimizer_params(weights, s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
@@ -302,8 +312,10 @@ class CostModel:
 
     # ---- the terms, as other code asks them of the model -----------------------------------------
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
-        """Per stage, its memory on one device (PlanMemory.stage_memory, with the plan's PowerSGD traffic)."""
-        return self.memory.stage_memory(plan, stages, self._powersgd_by_stage(plan, stages))
+        """Per stage, its memory on one device (PlanMemory.stage_memory, with the plan's PowerSGD traffic),
+        its weights shared by the dp x cp ranks (cost/cp/weights.py)."""
+        weights = weight_sync_plan(plan)
+        return self.memory.stage_memory(weights, stages, self._powersgd_by_stage(weights, stages))
 
     def _powersgd_by_stage(self, plan: Plan, stages: list[StageTotals]) -> list:
         """Each stage's PowerSGD traffic (the dp term's), whose state PlanMemory counts as held."""

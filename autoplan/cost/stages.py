@@ -5,7 +5,8 @@ Chunk ``c`` of ``plan.stages`` (``pp * virtual_stages`` chunks) runs on stage ``
 they run before the first block (embeddings) and to the last stage otherwise (final norm,
 head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/blocks.py) applies to
 blocks only; a recomputed MoE block re-runs its all-to-alls (torch.utils.checkpoint re-runs the
-forward's collectives; the selective policy saves matmul outputs only).
+forward's collectives; the selective policy saves matmul outputs only), and so does a recomputed
+block's context-parallel K,V exchange.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class StageTotals:
     recompute_s: float = 0.0
     tp_s: float = 0.0
     ep_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/moe/experts.py)
+    cp_s: float = 0.0  # context parallelism's K,V traffic left exposed (autoplan/cost/cp/)
     saved_bytes: float = 0.0  # activations kept per micro-batch after the recompute choice
     peak_block_bytes: float = 0.0  # one block's full activations (live while it is recomputed)
     loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/blocks.py), on the stage holding the loss
@@ -36,8 +38,8 @@ class StageTotals:
 
     @property
     def micro_batch_s(self) -> float:
-        """Forward + backward + recompute + TP and EP collectives of one micro-batch on this stage."""
-        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.ep_s
+        """Forward + backward + recompute + TP, EP and CP collectives of one micro-batch on this stage."""
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.ep_s + self.cp_s
 
     @property
     def dense_params(self) -> float:
@@ -72,6 +74,7 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     stage.bwd_s += block.bwd_s
     stage.tp_s += block.tp_fwd_s + block.tp_bwd_s
     stage.ep_s += block.ep_fwd_s + block.ep_bwd_s
+    stage.cp_s += block.cp_fwd_s + block.cp_bwd_s
     stage.params += block.param_count if is_block else _outside_params(stage, block)
     stage.expert_params += block.expert_param_count
     stage.flops += block.flops
@@ -81,6 +84,7 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
         stage.saved_bytes += block.saved_bytes
         return
     stage.ep_s += block.ep_fwd_s  # a recomputed forward dispatches and combines again
+    stage.cp_s += block.cp_fwd_s  # and exchanges keys and values again
     if recompute == "selective":  # everything but matmul-class ops re-runs, the TP collectives too
         stage.recompute_s += block.selective_recompute_s
         stage.tp_s += block.tp_fwd_s

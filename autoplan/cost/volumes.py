@@ -13,7 +13,11 @@ sent: each dimension's messages come from the one statement the time terms price
   and under SP one all-reduce per partial-sum parameter (cost/tp/sp_sync.py), as often as
   dp/messages.sp_partial_syncs says;
 - expert parallelism: the all-to-alls on the ep group (cost/moe/experts.py ``dispatch_bytes``);
-- tied weights across stages: one fp32 all-reduce on the pp link (cost/pp/tied.py).
+- tied weights across stages: one fp32 all-reduce on the pp link (cost/pp/tied.py);
+- context parallelism: each block's attention messages per micro-batch on the cp group
+  (cost/cp/messages.py, carried by the block summaries), the forward's again when recomputed; the
+  weights' messages and shards over the dp x cp ranks that hold the same weights (cost/cp/weights.py),
+  recorded under dim "dp".
 
 The fp16 flag is counted under the mesh dim that spans the world when one does.
 """
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoplan.cost.cp import messages as cp_messages
+from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp import messages as dp_messages
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.experts import COUNT_BYTES, a2a_per_microbatch, dispatch_bytes
@@ -55,11 +61,13 @@ class StagePrediction:
 def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
     """Per pipeline stage, what one of its ranks sends, holds and computes in one step."""
     stages, tp_plan, ctx = model.priced_stages(plan)
+    weights = weight_sync_plan(plan)
     predictions = []
     for index, stage in enumerate(stages):
-        pred = StagePrediction(param_elements=_held_elements(plan, stage))
+        pred = StagePrediction(param_elements=_held_elements(weights, stage))
         _tensor_parallel(pred, plan, model, tp_plan, ctx, index)
-        _data_parallel(pred, plan, stage, index, model)
+        _context_parallel(pred, plan, stage, index)
+        _data_parallel(pred, weights, stage, index, model)
         _pipeline(pred, plan, index, model)
         _experts(pred, plan, model, stage, index)
         _flops(pred, plan, stage, index)
@@ -136,6 +144,19 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
         messages = dp_messages.expert_messages(plan)
         units = len(moes) if plan.zero_stage >= 2 else 1
         _add(pred, "edp", *_per_step(plan, messages, stage.expert_params, units, plan.dp // plan.ep))
+
+
+def _context_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:
+    """Each block's attention messages per micro-batch (cost/cp/messages.py), the forward's twice
+    under recomputation (full or selective, as the step time charges them: cost/stages.py)."""
+    if plan.cp == 1:
+        return
+    m, rerun = plan.num_microbatches, plan.recompute != "none"
+    for block in _real_blocks(plan, stage, index):
+        for message in block.cp_messages:
+            times = m * message.count * (2 if rerun and message.phase == cp_messages.FORWARD else 1)
+            for kind in message.audit_kinds():
+                pred.add("cp", kind, times, times * message.message_bytes)
 
 
 def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_plan: dict, ctx, index: int) -> None:

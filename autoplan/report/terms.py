@@ -25,6 +25,7 @@ TERMS: dict[str, tuple[str, str]] = {
         "compute_s": "compute",
         "tp_comm_s": "communication",
         "ep_comm_s": "communication",
+        "cp_comm_s": "communication",
         "dp_comm_exposed_s": "communication",
         "compression_s": "compute",
         "zero_comm_s": "communication",

@@ -18,6 +18,7 @@ class Cost:
     recompute_s: float = 0.0  # the part of compute_s spent re-running the forward
     tp_comm_s: float = 0.0  # tensor/sequence-parallel collectives on the critical path
     ep_comm_s: float = 0.0  # expert-parallel all-to-all (MoE dispatch and combine) on the critical path
+    cp_comm_s: float = 0.0  # context-parallel key/value exchange in attention, exposed beside its compute
     dp_comm_s: float = 0.0  # data-parallel gradient sync, total
     dp_comm_exposed_s: float = 0.0  # the part of dp_comm_s not hidden under the backward pass
     compression_s: float = 0.0  # gradient compression's own work (PowerSGD's matmuls, error feedback)
@@ -48,6 +49,7 @@ class Cost:
         "compute_s",
         "tp_comm_s",
         "ep_comm_s",
+        "cp_comm_s",
         "dp_comm_exposed_s",
         "compression_s",
         "zero_comm_s",

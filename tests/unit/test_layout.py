@@ -215,7 +215,7 @@ COST_TOP_LEVEL = {
     "volumes.py",
     "op_table.py",
 }
-COST_IDEAS = {"network", "compute", "tp", "dp", "pp", "moe", "memory", "run"}
+COST_IDEAS = {"network", "compute", "tp", "dp", "pp", "moe", "cp", "memory", "run"}
 
 
 def test_the_cost_model_is_grouped_by_idea():

@@ -1,7 +1,8 @@
 """Where the ranks of each mesh axis sit: inside one node, or across nodes.
 
-Ranks form a ``(pp, dp, tp)`` mesh with tp innermost, as autoplan/types/layout.py states it for
-the cost model and the executor alike; ``node(rank) = rank // devices_per_node``.
+Ranks form a ``(pp, dp, cp, tp)`` mesh with tp innermost, as autoplan/types/layout.py states it for
+the cost model and the executor alike; ``node(rank) = rank // devices_per_node``. The cp group has
+stride tp, and "dp_cp" is the dp x cp group that holds the same weights (the dp group when cp = 1).
 :func:`mesh_groups` reports, per axis, the group size and how many of
 the group's ranks share a node. When a group spans nodes, ``ranks_per_node`` is the fewest
 ranks any of its nodes holds (that node's share of the NICs is the bottleneck; see
@@ -36,18 +37,24 @@ class AxisGroup:
         return -(-self.size // self.ranks_per_node)
 
 
-def mesh_groups(profile: Profile, *, dp: int, tp: int, pp: int) -> dict[str, AxisGroup]:
-    """The tp, dp and pp groups of a ``(pp, dp, tp)`` mesh on ``profile``'s nodes."""
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp)):
+def mesh_groups(profile: Profile, *, dp: int, tp: int, pp: int, cp: int = 1) -> dict[str, AxisGroup]:
+    """The tp, dp and pp groups of a ``(pp, dp, cp, tp)`` mesh on ``profile``'s nodes, and with
+    cp > 1 its cp and dp x cp ("dp_cp") groups; with cp = 1 "dp_cp" is the dp group."""
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)):
         if not isinstance(value, int) or value < 1:
             raise PlanError(f"mesh degree {name}={value!r}; expected an integer >= 1.")
-    return dict(_mesh_groups(profile.devices_per_node, dp, tp, pp))
+    groups = dict(_mesh_groups(profile.devices_per_node, dp, tp, pp, cp))
+    if cp == 1:
+        groups["dp_cp"] = groups["dp"]
+        groups["cp"] = AxisGroup(size=1, ranks_per_node=1)
+    return groups
 
 
 @lru_cache(maxsize=4096)
-def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int) -> tuple[tuple[str, AxisGroup], ...]:
-    groups = plan_groups(pp=pp, dp=dp, tp=tp)
-    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in ("tp", "dp", "pp"))
+def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int, cp: int) -> tuple[tuple[str, AxisGroup], ...]:
+    groups = plan_groups(pp=pp, dp=dp, tp=tp, cp=cp)
+    axes = ("tp", "dp", "pp") if cp == 1 else ("tp", "dp", "pp", "cp", "dp_cp")
+    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in axes)
 
 
 def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int) -> dict[str, AxisGroup]:

@@ -26,7 +26,7 @@ def block_inputs(graph: Graph, inputs: list[OpNode], plan: Plan) -> tuple[list[f
     """What a chunk starting at a block whose inputs are ``inputs`` receives per micro-batch:
     (bytes of each, bytes of each whose gradient goes back), in the plan's activation dtype."""
     grads = graph.grad_nodes()
-    scale = plan.micro_batch_size / graph.batch_size
+    scale = plan.micro_batch_size / graph.batch_size / plan.cp  # a cp rank holds 1/cp of every sequence
     sizes = [(n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads) for n in inputs]
     return [b for b, _ in sizes], [b for b, g in sizes if g]
 

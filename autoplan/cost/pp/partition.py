@@ -2,11 +2,11 @@
 
 Per block and micro-batch (the rule of :func:`autoplan.cost.stages.add_block`):
 
-    time_i   = fwd + bwd + tp_fwd + tp_bwd + ep_fwd + ep_bwd  (+ fwd + tp_fwd + ep_fwd under full
-               recomputation, + the re-run nodes' time + tp_fwd + ep_fwd under selective)
+    time_i   = fwd + bwd + tp_fwd + tp_bwd + ep_fwd + ep_bwd + cp_fwd + cp_bwd  (+ fwd + tp_fwd + ep_fwd
+               + cp_fwd under full recomputation, + the re-run nodes' time + tp_fwd + ep_fwd + cp_fwd under selective)
     act_i    = saved bytes (none), saved less the dropped matmul outputs (selective), block input (full)
-    static_i = parameters_i * bytes per parameter of weights, grads and Adam state after ZeRO
-               (cost/memory/per_device.py:model_states, Rajbhandari et al. SC'20)
+    static_i = parameters_i * bytes per parameter of weights, grads and Adam state after ZeRO over the
+               dp x cp ranks (cost/memory/per_device.py:model_states, Rajbhandari et al. SC'20; cost/cp/weights.py)
 
 A cut before a block costs one send/recv of its input and one of its gradient over the pp group,
 and a stage may hold the usable memory less the communication buffers (nothing freed: an upper bound).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from autoplan.cost.blocks import LayerSummary
 from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.memory.per_device import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import mesh_groups
@@ -26,9 +27,10 @@ from autoplan.types.profile import Profile
 def block_time_s(block: LayerSummary, recompute: str) -> float:
     """One micro-batch of ``block`` under ``recompute``: compute, TP and EP collectives, re-runs."""
     base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s + block.ep_fwd_s + block.ep_bwd_s
+    base += block.cp_fwd_s + block.cp_bwd_s
     if recompute == "full":
-        return base + block.fwd_s + block.tp_fwd_s + block.ep_fwd_s
-    rerun = block.selective_recompute_s + block.tp_fwd_s + block.ep_fwd_s
+        return base + block.fwd_s + block.tp_fwd_s + block.ep_fwd_s + block.cp_fwd_s
+    rerun = block.selective_recompute_s + block.tp_fwd_s + block.ep_fwd_s + block.cp_fwd_s
     return base + (rerun if recompute == "selective" else 0.0)
 
 
@@ -43,7 +45,7 @@ def state_bytes_per_param(plan: Plan, dp: int | None = None) -> float:
     """Weights + gradients + optimizer bytes per parameter sharded over ``dp`` ranks (the plan's dp
     unless given: the routed experts' are sharded over dp / ep)."""
     states = model_states(
-        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=dp or plan.dp, pp=plan.pp
+        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=dp or plan.dp * plan.cp, pp=plan.pp
     )
     return sum((states.weights_bytes, states.grads_bytes, states.optimizer_bytes))
 
@@ -52,12 +54,13 @@ def cut_s(profile: Profile, plan: Plan, boundary_bytes: float) -> float:
     """A cut's one send/recv of the activation and one of its gradient, ``boundary_bytes`` each."""
     if plan.pp == 1:
         return 0.0
-    group = mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp)["pp"]
+    group = mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)["pp"]
     return 2.0 * collective_time_s(profile, "send_recv", boundary_bytes, group=group)
 
 
 def stage_capacity_bytes(profile: Profile, plan: Plan, *, boundary_bytes: float, block_params: float) -> float:
     """The bytes one stage's blocks may hold: usable memory less the communication buffers."""
+    plan = weight_sync_plan(plan)  # ZeRO's buffers are sharded over dp x cp
     buffers = comm_buffer_bytes(
         zero_stage=plan.zero_stage,
         dp=plan.dp,

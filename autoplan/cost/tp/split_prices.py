@@ -229,16 +229,23 @@ def split_context(
     sequence_parallel: bool,
     precision: str,
     micro_batch_size: int,
+    cp: int = 1,
+    cp_variant: str = "allgather",
 ) -> TPContext:
     """The context a block's splits are priced in: its tp group on the profile's nodes (cost/network/mesh.py)
-    and the micro-batch's share of the traced batch; no expert placement (experts run at tp = 1)."""
+    and a rank's share of the traced batch (1/cp of the micro-batch's tokens under context parallelism);
+    no expert placement (experts run at tp = 1)."""
+    groups = mesh_groups(profile, dp=dp, tp=tp, pp=pp, cp=cp)
     return TPContext(
         profile=profile,
         tp=tp,
-        group=mesh_groups(profile, dp=dp, tp=tp, pp=pp)["tp"],
+        group=groups["tp"],
         sequence_parallel=sequence_parallel,
         precision=precision,
-        batch_fraction=micro_batch_size / graph.batch_size,
+        batch_fraction=micro_batch_size / graph.batch_size / cp,
+        cp=cp,
+        cp_variant=cp_variant,
+        cp_group=groups["cp"] if cp > 1 else None,
     )
 
 
@@ -259,12 +266,14 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
     fullest stage; under full recomputation one block's full activations (live while it is
     recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py."""
     blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
-    states = model_states(params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp)
+    states = model_states(
+        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp, pp=plan.pp
+    )
     traced_param = graph.param_bytes / graph.param_count if graph.param_bytes > 0 and graph.param_count > 0 else 4.0
     in_flight = 1.0 / blocks if plan.recompute == "full" else in_flight_chunks(plan, 0)
     factors = dict(
         param_bytes_factor=(states.weights_bytes + states.grads_bytes + states.optimizer_bytes) / traced_param,
-        activation_factor=in_flight * plan.micro_batch_size / graph.batch_size,
+        activation_factor=in_flight * plan.micro_batch_size / graph.batch_size / plan.cp,
     )  # saved bytes come in the precision
     ctx = split_context(
         graph,
@@ -275,6 +284,8 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
         sequence_parallel=plan.sequence_parallel,
         precision=plan.precision,
         micro_batch_size=plan.micro_batch_size,
+        cp=plan.cp,
+        cp_variant=plan.cp_variant,
     )
     outside = price_block(graph, None, ctx=ctx, **factors)
     outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]

@@ -46,14 +46,23 @@ class TPContext:
     group: AxisGroup  # the tp group (from mesh_groups)
     sequence_parallel: bool
     precision: str  # 'fp32' | 'bf16' | 'fp16'
-    batch_fraction: float  # micro_batch_size / graph.batch_size
+    batch_fraction: float  # micro_batch_size / graph.batch_size / cp: the tokens one rank computes
     experts: ExpertPlacement | None = None  # MoE experts' placement (tp = 1 only), autoplan/cost/moe/experts.py
+    cp: int = 1  # context-parallel degree: each rank holds 1/cp of every sequence (autoplan/cost/cp/)
+    cp_variant: str = "allgather"
+    cp_group: AxisGroup | None = None  # the cp group (from mesh_groups), when cp > 1
 
     @property
     def key(self) -> tuple:
         """Every field but the profile (one per cost model): what a memo of per-context prices keys on,
         so a field added here reaches every such memo."""
-        return (self.tp, self.group, self.sequence_parallel, self.precision, self.batch_fraction, self.experts)
+        context = (self.tp, self.group, self.sequence_parallel, self.precision, self.batch_fraction, self.experts)
+        return context if self.cp == 1 else (*context, self.cp, self.cp_variant, self.cp_group)
+
+    @property
+    def micro_batch_fraction(self) -> float:
+        """micro_batch_size / graph.batch_size: the samples a rank's cp group shares."""
+        return self.batch_fraction * self.cp
 
 
 @dataclass

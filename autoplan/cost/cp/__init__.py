@@ -1,0 +1,1 @@
+"""Context parallelism: what it sends, its time beside attention, and the ranks that share weights."""
