@@ -123,23 +123,34 @@ def test_read_takes_a_recipe_with_context_parallelism():
 
 
 # ---- explain --config ----------------------------------------------------------------------
+ACCELERATE_SP = "distributed_type: DEEPSPEED\nnum_processes: 8\nparallelism_config:\n  parallelism_config_sp_size: 2\n"
+DEEPSPEED_SP = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4, "sequence_parallel_size": 2,
+                "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("name", "text"),
+    ("name", "text", "variant"),
     [
         ("args.txt", "--num-layers 4 --seq-length 512 --context-parallel-size 2 --cp-comm-type p2p --bf16 "
-                     "--global-batch-size 16"),
+                     "--global-batch-size 16", "ring"),
         ("job.toml", "[training]\nseq_len = 512\nglobal_batch_size = 16\nlocal_batch_size = 4\n[parallelism]\n"
-                     "context_parallel_degree = 2\ndata_parallel_shard_degree = 4\n"),
+                     "context_parallel_degree = 2\ndata_parallel_shard_degree = 4\n", "allgather"),
+        ("accelerate.yaml", ACCELERATE_SP, "ulysses"),
+        ("ds_config.json", json.dumps(DEEPSPEED_SP), "ulysses"),
     ],
 )  # fmt: skip
-def test_explain_prices_a_cp_config_instead_of_listing_it(tmp_path, capsys, name, text):
+def test_explain_prices_a_cp_config_instead_of_listing_it(tmp_path, capsys, name, text, variant):
+    """The config's plan keeps its cp and variant, nothing about it is listed as not priced, and its
+    step time holds the exposed key/value exchange of that variant (cost/cp/, the pricing helper's)."""
     config = tmp_path / name
     config.write_text(text)
     argv = ["--json", "explain", "--config", str(config), "--model", GPT, "--profile", "dgx-a100", "--devices", "8"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["config_plan"].startswith("dp=4 cp=2(")
-    assert not [u for u in result["unmapped"] if "context" in u]
+    assert result["config_plan"].startswith(f"dp=4 cp=2({variant})")
+    assert not [u for u in result["unmapped"] if "context" in u or "sequence_parallel" in u]
+    exchange = next(t for t in result["terms"] if t["term"] == "cp_comm_s")
+    assert exchange["config_s"] > 0
 
 
 # ---- Accelerate and DeepSpeed --------------------------------------------------------------
