@@ -153,6 +153,17 @@ def test_explain_prices_a_cp_config_instead_of_listing_it(tmp_path, capsys, name
     assert exchange["config_s"] > 0
 
 
+def test_a_cp_the_model_cannot_split_is_refused_naming_the_config(tmp_path, capsys):
+    """Megatron asserts 2cp | seq-length; autoplan's cost model states the same rule for the traced model."""
+    config = tmp_path / "args.txt"
+    config.write_text("--num-layers 4 --seq-length 512 --context-parallel-size 3 --global-batch-size 16 --bf16\n")
+    argv = ["explain", "--config", str(config), "--model", GPT, "--profile", "dgx-a100", "--devices", "6"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1 and "Traceback" not in err
+    assert f"'{config}' describes a plan autoplan cannot price: cp=3 splits each sequence into 6" in err
+
+
 # ---- Accelerate and DeepSpeed --------------------------------------------------------------
 def test_accelerate_reads_torch_cp_and_deepspeed_ulysses(facts):
     """cp_size is torch's context parallelism (cp_comm_strategy alltoall: ring); sp_size is DeepSpeed's
