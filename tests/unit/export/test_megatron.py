@@ -233,6 +233,10 @@ def test_megatron_lm_itself_refuses_a_tampered_export(facts, megatron_lm):
     with pytest.raises(AssertionError, match="CUDA_DEVICE_MAX_CONNECTIONS"):
         _start(megatron_lm, no_env, world=plan.devices)  # validate_args on Hopper
     _start(megatron_lm, no_env, world=plan.devices, arch=10)  # Blackwell lifts that requirement
+    cp = megatron.export(PLANS["cp2-ulysses"], facts)
+    odd = dataclasses.replace(cp, text=cp.text.replace(f"--seq-length {facts.seq_len}", "--seq-length 250"))
+    with pytest.raises(AssertionError, match="seq-length should be a multiple of 2 \\* context-parallel-size"):
+        _start(megatron_lm, odd, world=4)  # validate_args: head-tail load balancing needs 2cp | seq-length
     ddp = megatron.export(PLANS["ddp-fp32"], facts)
     with pytest.raises(AssertionError, match="--overlap-param-gather only supported with distributed optimizer"):
         _start(megatron_lm, ddp, world=8, extra=("--overlap-param-gather",))
