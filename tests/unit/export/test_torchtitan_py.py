@@ -34,6 +34,7 @@ from autoplan.export import torchtitan_flavours
 from autoplan.export.common import ModelFacts
 from autoplan.export.torchtitan_flavours import Flavour, Registry, cache_path, facts_shape, read_registry
 from autoplan.types import Plan
+from autoplan.types.layout import plan_groups
 
 LAYERS6 = [f"layers.{i}" for i in range(6)]
 PLANS = {
@@ -108,6 +109,9 @@ STARTUP = textwrap.dedent(
                "compile": config.compile.enable and "model" in config.compile.components,
                "pp_mbs": p.pipeline_parallel_microbatch_size, "cp": dims.cp, "fsdp": dims.fsdp_enabled,
                "balancer": p.context_parallel_load_balancer, "rotate": rotate}
+        if dims.cp > 1:  # rank 0's groups: the mesh order, and the ranks that hold the same weights (loss: batch x cp)
+            names = ["cp", "loss"] + (["tp"] if dims.tp > 1 else [])  # torchtitan builds no mesh of size 1
+            out["groups"] = {name: dims.get_mesh(name).mesh.flatten().tolist() for name in names}
         if dims.pp_enabled:
             schedule, parts, _, _ = spec.pipelining_fn(model, device=torch.device("cpu"), model_config=spec.model,
                                                        parallelize_fn=spec.parallelize_fn, loss_fn=loss, **common)
@@ -195,6 +199,10 @@ def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, fact
     assert got["dp_shard"] == (plan.dp if sharded else 1) and got["fsdp"] == (sharded and plan.dp * plan.cp > 1)
     assert got["cp"] == plan.cp and got["balancer"] == "headtail"  # head-tail load balancing, as priced
     assert got["rotate"] == ("ALL_TO_ALL" if plan.cp > 1 and plan.cp_variant == "ring" else "ALL_GATHER")
+    if plan.cp > 1:  # torchtitan's (pp, dp_replicate, dp_shard, cp, tp) mesh is autoplan's (pp, dp, cp, tp)
+        groups = plan_groups(pp=plan.pp, dp=plan.dp, tp=plan.tp, cp=plan.cp)
+        ours = {"cp": groups["cp"][0], "tp": groups["tp"][0], "loss": groups["dp_cp"][0]}
+        assert got["groups"] == {name: ours[name] for name in got["groups"]} and len(got["groups"]) >= 2
     if sharded:
         assert got["reshard"] == ("always" if plan.zero_stage == 3 else "never")
     assert got["sp"] == (plan.sequence_parallel or plan.tp == 1)
