@@ -26,9 +26,6 @@ from autoplan.types.plan import Plan
 FORMATS = {"py": "0.3", "toml": "0.2"}  # format -> the torchtitan release series it is written for
 GPUS_PER_NODE = 8  # a plan does not say how its devices sit in nodes; the launch line assumes 8
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
-#: torch's context-parallel SDPA rotation (torch.distributed.tensor.experimental._attention.set_rotate_method)
-#: for each cp variant it runs: "alltoall" passes each KV shard to the next rank (a ring)
-ROTATE_METHODS = {"allgather": "allgather", "ring": "alltoall"}
 
 
 def export(plan: Plan, facts: ModelFacts, *, fmt: str = "py", registry: Registry | None = None) -> Exported:
@@ -144,18 +141,22 @@ def precision_notes(plan: Plan, *, series: str) -> list[str]:
     return notes
 
 
-def context_parallel(plan: Plan, facts: ModelFacts, notes: list[str]) -> dict[str, Any]:
+def context_parallel(plan: Plan, facts: ModelFacts, notes: list[str], *, series: str) -> dict[str, Any]:
     """torchtitan's context-parallel settings: the degree and, with cp > 1, head-tail load balancing
-    (as autoplan prices it). What torchtitan runs otherwise is a note: Ulysses (it has no all-to-all
-    over heads; torch's default all-gather rotation runs), ZeRO-0/1 (its FSDP mesh is dp_shard x cp,
-    so it shards whenever cp > 1: ParallelDims.fsdp_enabled), and a sequence its trainer refuses
-    (seq_len divisible by 2cp, times tp with sequence parallelism: Trainer.__init__)."""
+    (as autoplan prices it). torchtitan runs one variant, allgather (0.3's language models attend with
+    FlexAttention, whose cp all-gathers keys and values; 0.2.2 trains with torch's default all-gather
+    rotation, its rotate key reaching only the validator): ring and Ulysses are notes. So are ZeRO-0/1
+    (its FSDP mesh is dp_shard x cp: it shards whenever cp > 1, ParallelDims.fsdp_enabled) and a sequence
+    its trainer refuses (seq_len divisible by 2cp, times tp with sequence parallelism: Trainer.__init__)."""
     if plan.cp == 1:
         return {"context_parallel_degree": 1}
-    if plan.cp_variant == "ulysses":
+    if plan.cp_variant != "allgather":
+        runs = (
+            "FlexAttention all-gathers keys and values" if series == "0.3" else "training all-gathers keys and values"
+        )
         notes.append(
-            f"cp={plan.cp} ulysses: torchtitan has no all-to-all over heads; it runs torch's all-gather of "
-            "keys and values (allgather), which moves other bytes than autoplan priced."
+            f"cp={plan.cp} {plan.cp_variant}: torchtitan {series} has no {plan.cp_variant} context parallelism; "
+            f"its {runs} (allgather), which moves other bytes than autoplan priced."
         )
     if plan.zero_stage < 2:
         notes.append(

@@ -9,10 +9,10 @@ recipe written the way torchtitan's own are, without running it: keyword argumen
 ``TrainingConfig``, ``ParallelismConfig`` and ``CompileConfig`` calls and ``config.<section>.<field>
 = value`` assignments, in source order, go to the TOML reader's table (torchtitan_toml.read_data).
 
-Context parallelism is ``context_parallel_degree`` with head-tail load balancing; 0.3's config has
-no key for the KV rotation, so a ring plan's function calls torch's ``set_rotate_method("alltoall")``
-(the process-wide setting torch's context-parallel SDPA reads; every rank runs the config
-function), and :func:`read` reads that call back as ring.
+Context parallelism is ``context_parallel_degree`` with head-tail load balancing. 0.3's language
+models attend with FlexAttention, whose cp all-gathers keys and values (torchtitan refuses SDPA for
+them), so allgather is the one variant it runs; :func:`read` says so of a ``set_rotate_method`` call,
+which only torch's SDPA path reads.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import Any
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
 from autoplan.export.torchtitan import (
-    ROTATE_METHODS,
     SCHEDULES,
     chunk_modules,
     chunk_sizes,
@@ -47,7 +46,6 @@ END_MODULES_03 = (["tok_embeddings"], ["norm", "lm_head"])
 AC_CLASSES = {"selective": "SelectiveAC.Config()", "full": "FullAC.Config()", "none": "None"}
 FLOAT8_CONVERTER = "Float8LinearConverter.Config(model_compile_enabled=True)"
 SELECTIVE = {"mode": "selective", "selective_ac_option": "op"}  # 0.3's SelectiveAC is per-op SAC
-ROTATE_MODULE = "torch.distributed.tensor.experimental._attention"  # torch's set_rotate_method
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -100,7 +98,7 @@ def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[
     out["tensor_parallel_degree"] = plan.tp
     if plan.tp > 1:
         out["enable_sequence_parallel"] = plan.sequence_parallel
-    out.update(context_parallel(plan, facts, notes))
+    out.update(context_parallel(plan, facts, notes, series="0.3"))
     out["expert_parallel_degree"] = plan.ep
     out["pipeline_parallel_degree"] = plan.pp
     if plan.pp > 1:
@@ -136,8 +134,6 @@ def _body(plan: Plan, flavour: Flavour | None, why: str | None, settings: dict[s
     for section, fields in settings.items():
         lines += [line for key, value in fields.items() for line in _assignment(f"config.{section}.{key}", value)]
     lines += [f"    config.activation_checkpoint = {AC_CLASSES[plan.recompute]}"]
-    if plan.cp > 1 and plan.cp_variant == "ring":  # the config has no key for it (module docstring)
-        lines += [f"    set_rotate_method({_literal(ROTATE_METHODS['ring'])})  # every rank loads this config"]
     if plan.tp_comm_overlap or plan.precision == "fp8":  # async TP needs compile; float8 is slow without it
         overlap = ", enable_async_tensor_parallel=True" if plan.tp_comm_overlap else ""
         lines += [f'    config.compile = CompileConfig(enable=True, components=["model", "loss"]{overlap})']
@@ -164,8 +160,6 @@ def _literal(value: Any) -> str:
 
 def _imports(plan: Plan, flavour: Flavour | None) -> list[str]:
     lines = []
-    if plan.cp > 1 and plan.cp_variant == "ring":
-        lines += [f"from {ROTATE_MODULE} import set_rotate_method"]
     if plan.tp_comm_overlap or plan.precision == "fp8":
         lines += ["from torchtitan.config import CompileConfig"]
     if plan.recompute != "none":

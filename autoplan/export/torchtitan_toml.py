@@ -107,12 +107,7 @@ def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[
         )
     if plan.tp_comm_overlap:
         out["enable_async_tensor_parallel"] = True
-    out.update(context_parallel(plan, facts, notes))
-    if plan.cp > 1 and plan.cp_variant == "ring":
-        notes.append(
-            f"cp={plan.cp} ring: torchtitan 0.2.2 reads context_parallel_rotate_method only in its validator; "
-            "training runs torch's default all-gather rotation (allgather), not the ring autoplan priced."
-        )
+    out.update(context_parallel(plan, facts, notes, series="0.2.x"))
     out["expert_parallel_degree"] = plan.ep
     if plan.pp > 1:
         out.update(_pipeline(plan, facts, registry, notes))
@@ -262,9 +257,9 @@ def _read_degrees(par: dict[str, Any], devices: int | None, unmapped: list[str])
 def _read_cp(
     data: dict[str, Any], degrees: dict[str, Any], seq_len: int | None, unmapped: list[str], *, series: str
 ) -> str:
-    """The cp variant torchtitan trains with: ring where a 0.3 config calls set_rotate_method("alltoall"),
-    else torch's default all-gather (0.2.2's context_parallel_rotate_method reaches only its validator).
-    A load balancer other than head-tail, and a sequence the trainer refuses, are said or refused."""
+    """The cp variant torchtitan trains with: allgather, its one (torchtitan.context_parallel's docstring);
+    a rotate setting that does not reach training, a load balancer other than head-tail, and a sequence
+    the trainer refuses are said or refused."""
     par, cp = data.get("parallelism", {}), degrees["cp"]
     if cp == 1:
         return "allgather"
@@ -284,7 +279,12 @@ def _read_cp(
             "context_parallel_rotate_method = alltoall: torchtitan 0.2.2 applies it only in validation; "
             "training rotates by all-gather, so it is read as allgather."
         )
-    return "ring" if data.get("rotate_method") == "alltoall" else "allgather"
+    if data.get("rotate_method") == "alltoall":
+        unmapped.append(
+            'set_rotate_method("alltoall"): torchtitan 0.3\'s language models attend with FlexAttention, whose '
+            "context parallelism all-gathers keys and values; read as allgather."
+        )
+    return "allgather"
 
 
 def _read_zero(reshard: str, shard: int, pp: int) -> int:

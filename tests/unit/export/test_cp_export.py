@@ -77,7 +77,7 @@ def test_torchtitan_exports_say_what_it_runs_instead(facts, registry):
     """Ulysses has no torchtitan form, and torchtitan's trainer refuses a sequence 2 x cp (x tp with SP)
     does not divide; both are said in the file and the result."""
     ulysses = titan.export(ULYSSES, facts, fmt="toml", registry=registry)
-    assert "no all-to-all over heads" in " ".join(ulysses.unexpressed)
+    assert "torchtitan 0.2.x has no ulysses context parallelism" in " ".join(ulysses.unexpressed)
     assert 'context_parallel_degree = 2\ncontext_parallel_load_balancer = "headtail"' in ulysses.text
     tp = Plan(devices=8, dp=2, tp=2, pp=1, cp=2, micro_batch_size=1, num_microbatches=1, zero_stage=3,
               sequence_parallel=True)  # fmt: skip
@@ -104,8 +104,9 @@ def test_read_takes_context_parallelism_as_torchtitan_trains_it():
 
 
 def test_read_takes_a_recipe_with_context_parallelism():
-    """A 0.3 recipe: set_rotate_method("alltoall") is ring (torch's context-parallel SDPA reads it);
-    no load balancer is said, since causal attention then costs the cp ranks unequal work."""
+    """A 0.3 recipe: FlexAttention's cp all-gathers keys and values whatever torch's SDPA rotation is set
+    to, so a set_rotate_method("alltoall") is said and read as allgather; so is having no load balancer,
+    under which causal attention costs the cp ranks unequal work."""
     recipe = """
     from torch.distributed.tensor.experimental._attention import set_rotate_method
     from torchtitan.config import ParallelismConfig, TrainingConfig
@@ -117,9 +118,10 @@ def test_read_takes_a_recipe_with_context_parallelism():
         )
     """
     imported = titan.read(textwrap.dedent(recipe), devices=64)
-    assert (imported.fields["cp"], imported.fields["cp_variant"], imported.fields["dp"]) == (8, "ring", 8)
+    assert (imported.fields["cp"], imported.fields["cp_variant"], imported.fields["dp"]) == (8, "allgather", 8)
     assert imported.fields["zero_stage"] == 3  # FSDP over dp_shard x cp, resharded (no PP)
-    assert "context_parallel_load_balancer = None" in " ".join(imported.unmapped)
+    said = " ".join(imported.unmapped)
+    assert "context_parallel_load_balancer = None" in said and "FlexAttention" in said
 
 
 # ---- explain --config ----------------------------------------------------------------------

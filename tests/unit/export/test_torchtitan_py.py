@@ -75,7 +75,6 @@ STARTUP = textwrap.dedent(
     import torchtitan.tools.utils as titan_utils
     titan_utils.device_type, titan_utils.device_module = "cpu", torch.cpu  # meshes on this CPU
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
-    from torch.distributed.tensor.experimental import _attention
     from torchtitan.config import ConfigManager
     from torchtitan.distributed import ParallelDims, utils as dist_utils
 
@@ -88,7 +87,6 @@ STARTUP = textwrap.dedent(
                 config = ConfigManager().parse_args(args)
             except SystemExit:
                 raise ValueError(" ".join(said.getvalue().split())) from None
-        rotate = _attention._cp_options.rotate_method.name  # what torch's context-parallel SDPA will run
         dims = ParallelDims.from_config(config.parallelism, dist_utils.init_distributed(config.comm))
         dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
         spec = config.model_spec
@@ -108,10 +106,11 @@ STARTUP = textwrap.dedent(
                "async_tp": config.compile.enable_async_tensor_parallel,
                "compile": config.compile.enable and "model" in config.compile.components,
                "pp_mbs": p.pipeline_parallel_microbatch_size, "cp": dims.cp, "fsdp": dims.fsdp_enabled,
-               "balancer": p.context_parallel_load_balancer, "rotate": rotate}
+               "balancer": p.context_parallel_load_balancer}
         if dims.cp > 1:  # rank 0's groups: the mesh order, and the ranks that hold the same weights (loss: batch x cp)
             names = ["cp", "loss"] + (["tp"] if dims.tp > 1 else [])  # torchtitan builds no mesh of size 1
             out["groups"] = {name: dims.get_mesh(name).mesh.flatten().tolist() for name in names}
+            out["attention"] = type(next(iter(model.layers.values())).attention.inner_attention).__name__
         if dims.pp_enabled:
             schedule, parts, _, _ = spec.pipelining_fn(model, device=torch.device("cpu"), model_config=spec.model,
                                                        parallelize_fn=spec.parallelize_fn, loss_fn=loss, **common)
@@ -133,7 +132,6 @@ STARTUP = textwrap.dedent(
             sys.path.remove(folder)
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
-            _attention._cp_options.rotate_method = _attention._RotateMethod.ALL_GATHER  # torch's default
     print(json.dumps(results))
     """
 )
@@ -186,7 +184,7 @@ def started(exported, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("name", [n for n, p in PLANS.items() if p.precision != "fp8"])
-def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, facts):
+def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, facts, exported):
     plan, got = PLANS[name], started[name]
     assert "error" not in got, got.get("error")
     assert got["flavor"] == ["llama3", "debugmodel"]  # the traced shape's flavour, found by the exporter
@@ -198,11 +196,13 @@ def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, fact
     sharded = (plan.dp > 1 and plan.zero_stage > 0) or plan.cp > 1  # torchtitan's FSDP is over dp_shard x cp
     assert got["dp_shard"] == (plan.dp if sharded else 1) and got["fsdp"] == (sharded and plan.dp * plan.cp > 1)
     assert got["cp"] == plan.cp and got["balancer"] == "headtail"  # head-tail load balancing, as priced
-    assert got["rotate"] == ("ALL_TO_ALL" if plan.cp > 1 and plan.cp_variant == "ring" else "ALL_GATHER")
     if plan.cp > 1:  # torchtitan's (pp, dp_replicate, dp_shard, cp, tp) mesh is autoplan's (pp, dp, cp, tp)
         groups = plan_groups(pp=plan.pp, dp=plan.dp, tp=plan.tp, cp=plan.cp)
         ours = {"cp": groups["cp"][0], "tp": groups["tp"][0], "loss": groups["dp_cp"][0]}
         assert got["groups"] == {name: ours[name] for name in got["groups"]} and len(got["groups"]) >= 2
+        assert got["attention"] == "FlexAttention"  # whose cp all-gathers K and V: torchtitan 0.3's one variant
+        ring = " ".join(exported[name].unexpressed)
+        assert ("torchtitan 0.3 has no ring context parallelism" in ring) == (plan.cp_variant == "ring")
     if sharded:
         assert got["reshard"] == ("always" if plan.zero_stage == 3 else "never")
     assert got["sp"] == (plan.sequence_parallel or plan.tp == 1)
@@ -253,9 +253,10 @@ def test_a_model_without_a_flavour_is_refused_by_its_config_function_in_one_sent
 def test_read_gives_the_plan_back(name, exported):
     plan = PLANS[name]
     back = titan.read(exported[name].text, devices=plan.devices).plan()
-    same = ("devices", "dp", "tp", "pp", "cp", "cp_variant", "ep", "micro_batch_size", "num_microbatches", "schedule",
+    same = ("devices", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages")  # fmt: skip
     assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
+    assert back.cp_variant == "allgather"  # the one torchtitan runs
     fsdp = plan.dp > 1 or plan.cp > 1  # ZeRO-0/1 are written as ZeRO-2 where torchtitan shards
     assert back.zero_stage == (
         2 if plan.zero_stage < 2 and (plan.zero_stage or plan.cp > 1) else plan.zero_stage if fsdp else 0
