@@ -245,9 +245,10 @@ def _read_degrees(par: dict[str, Any], devices: int | None, unmapped: list[str])
             f"not the {devices} devices given."
         )
     if replicate > 1 and shard * cp > 1:
+        over = f"shard {shard} x cp {cp}" if cp > 1 else f"shard {shard}"
         unmapped.append(
-            f"HSDP (replicate {replicate} x shard {shard}): autoplan prices ZeRO over all "
-            f"{replicate * shard} data-parallel ranks."
+            f"HSDP (replicate {replicate} x {over}): autoplan prices ZeRO over all "
+            f"{replicate * shard * cp} {'dp x cp' if cp > 1 else 'data-parallel'} ranks."
         )
     zero = _read_zero(par.get("fsdp_reshard_after_forward", "default"), shard * cp, pp)  # FSDP over shard x cp
     ep = par.get("expert_parallel_degree", 1)
