@@ -99,7 +99,8 @@ def test_read_takes_context_parallelism_as_torchtitan_trains_it():
     said = " ".join(other.unmapped)
     assert "ptrr: autoplan prices head-tail" in said and "only in validation" in said
     assert other.fields["cp_variant"] == "allgather"
-    hsdp = "[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 1\ncontext_parallel_degree = 2\n"
+    hsdp = "[parallelism]\ndata_parallel_replicate_degree = 2\ncontext_parallel_degree = 2\n"
+    hsdp += "data_parallel_shard_degree = 1\n"
     replicated = titan.read(hsdp, devices=4)  # FSDP over the cp ranks, replicated over dp
     assert replicated.fields["zero_stage"] == 3 and "replicate 2 x shard 1 x cp 2" in replicated.unmapped[0]
     with pytest.raises(ExportError, match="seq_len 12 is not divisible by 8"):
