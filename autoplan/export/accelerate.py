@@ -6,6 +6,8 @@ The file is what ``accelerate config`` writes and ``accelerate launch --config_f
 ``FullyShardedDataParallelPlugin`` and ``ParallelismConfig`` from it. What the file cannot say is in
 :attr:`Exported.unexpressed` and in the comments at its top. A multi-machine file names
 ``main_process_ip`` (a placeholder unless given, :data:`MACHINE_0`) and ``main_process_port``.
+Context parallelism is ``parallelism_config_cp_size`` with torch's backend and ``cp_comm_strategy``
+allgather or alltoall (ring); Accelerate's Ulysses is ``sp_size`` under DeepSpeed, read back as ulysses.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ MAIN_PROCESS_PORT = 29500
 #: host name (an underscore), so a file launched without setting it fails on the name.
 MACHINE_0 = "ADDRESS_OF_MACHINE_0"
 COMMENT = re.compile(r"^#\s*autoplan\.(\w+):\s*(\S+)", re.MULTILINE)
+#: autoplan's cp variant -> Accelerate's ``cp_comm_strategy`` (TorchContextParallelConfig: torch's rotate
+#: methods; "alltoall" passes each KV shard to the next rank, a ring)
+CP_COMM_STRATEGIES = {"allgather": "allgather", "ring": "alltoall"}
 
 
 # ---- export -------------------------------------------------------------------------------
@@ -65,7 +70,7 @@ def export(
         config["fp8_config"] = {"backend": "AO"}  # torchao's float8 training, as autoplan runs it
     if kind == "FSDP":
         config["fsdp_config"] = _fsdp_config(plan, facts)
-        if plan.tp > 1:
+        if plan.tp > 1 or plan.cp > 1:
             config["parallelism_config"] = _parallelism_config(plan)
     unexpressed = _unexpressed(plan, kind)
     launch = launch_command(machines=machines, main_process_ip=main_process_ip, main_process_port=main_process_port)
@@ -97,9 +102,9 @@ def _machines_header(machines: int, launch: str) -> str:
 
 
 def _distributed_type(plan: Plan) -> str:
-    if plan.zero_stage == 0 and plan.tp == 1:
+    if plan.zero_stage == 0 and plan.tp == plan.cp == 1:
         return "MULTI_GPU" if plan.devices > 1 else "NO"
-    return "FSDP"  # ZeRO-1/2/3, and any tensor parallelism (Accelerate composes TP only under FSDP2)
+    return "FSDP"  # ZeRO-1/2/3, and any tensor or context parallelism (Accelerate composes them only under FSDP2)
 
 
 def _fsdp_config(plan: Plan, facts: ModelFacts) -> dict[str, Any]:
@@ -116,14 +121,20 @@ def _fsdp_config(plan: Plan, facts: ModelFacts) -> dict[str, Any]:
     return fsdp
 
 
-def _parallelism_config(plan: Plan) -> dict[str, int]:
-    # The pipeline ranks have no Accelerate equivalent; they run as more data-parallel ranks.
-    return {
+def _parallelism_config(plan: Plan) -> dict[str, Any]:
+    """Accelerate's mesh sizes. The pipeline ranks have no Accelerate equivalent; they run as more
+    data-parallel ranks. cp runs torch's context parallelism (``cp_backend`` torch) with FSDP2 over
+    dp_shard x cp; Ulysses is written as allgather (:func:`_parallel_gaps` says why)."""
+    sizes: dict[str, Any] = {
         "parallelism_config_dp_replicate_size": 1,
         "parallelism_config_dp_shard_size": plan.dp * plan.pp,
         "parallelism_config_tp_size": plan.tp,
-        "parallelism_config_cp_size": 1,
+        "parallelism_config_cp_size": plan.cp,
     }
+    if plan.cp > 1:
+        sizes["parallelism_config_cp_backend"] = "torch"
+        sizes["parallelism_config_cp_comm_strategy"] = CP_COMM_STRATEGIES.get(plan.cp_variant, "allgather")
+    return sizes
 
 
 def _header(plan: Plan, facts: ModelFacts, kind: str, devices_per_node: int, unexpressed: list[str]) -> str:
@@ -166,9 +177,10 @@ def _sharding_gaps(plan: Plan, kind: str) -> list[str]:
             "zero_stage=1 (optimizer states sharded) has no FSDP2 equivalent; written as the nearest, "
             "reshard_after_forward=false (ZeRO-2: gradients sharded too)."
         ]
+    what = f"tp={plan.tp}" if plan.tp > 1 else f"cp={plan.cp}"
     return [
-        f"zero_stage=0 with tp={plan.tp}: Accelerate composes tensor parallelism only under FSDP2, so this is "
-        "written as FSDP2 with reshard_after_forward=false (ZeRO-2)."
+        f"zero_stage=0 with {what}: Accelerate composes tensor and context parallelism only under FSDP2 (sharded "
+        "over dp_shard x cp), so this is written as FSDP2 with reshard_after_forward=false (ZeRO-2)."
     ]
 
 
@@ -187,7 +199,7 @@ def _parallel_gaps(plan: Plan) -> list[str]:
         )
         note = split_note(plan)
         found += [note] if note else []
-        if plan.dp * plan.pp == 1:
+        if plan.dp * plan.pp * plan.cp == 1:
             found.append(
                 "dp=1: FSDP2 then has no dimension to shard over and Accelerator() refuses it; load the model "
                 "with transformers' tp_plan='auto' under a MULTI_GPU config instead."
@@ -199,6 +211,11 @@ def _parallel_gaps(plan: Plan) -> list[str]:
         )
     if plan.ep > 1:
         found.append(f"ep={plan.ep}: Accelerate's config has no expert parallelism.")
+    if plan.cp > 1 and plan.cp_variant == "ulysses":
+        found.append(
+            f"cp={plan.cp} ulysses: Accelerate's Ulysses is sp_size under DeepSpeed (sp_backend deepspeed), not "
+            "under FSDP2; written as torch context parallelism with allgather, which moves other bytes."
+        )
     return found
 
 
@@ -241,12 +258,17 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
     assumptions = [] if config.get("num_processes") else [_world_assumption(world, devices)]
     kind = str(config["distributed_type"])
     tp, dp = _read_degrees(config, world, unmapped)
+    cp = _read_cp(config)
+    if dp % cp["cp"]:
+        raise ExportError(f"num_processes {world} is not a multiple of tp {tp} x cp {cp['cp']}.")
+    dp //= cp["cp"]
     mixed = str(config.get("mixed_precision") or "no").lower()
     fields = {
         "devices": world,
         "dp": dp,
         "tp": tp,
         "pp": 1,
+        **cp,
         **_read_batch(text, dp, batch_size, assumptions),
         **_read_sharding(config, kind, unmapped),
         "precision": {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(mixed, "fp32"),
@@ -266,14 +288,30 @@ def _read_degrees(config: dict, world: int, unmapped: list[str]) -> tuple[int, i
     sizes = config.get("parallelism_config") or {}
     tp = int(sizes.get("parallelism_config_tp_size", 1))
     replicate = int(sizes.get("parallelism_config_dp_replicate_size", 1))
-    for name in ("cp", "sp"):
-        if int(sizes.get(f"parallelism_config_{name}_size", 1)) > 1:
-            unmapped.append(f"parallelism_config_{name}_size: autoplan does not price {name.upper()} parallelism.")
     if replicate > 1:
         unmapped.append("dp_replicate_size > 1 (HSDP): autoplan prices sharding over all data-parallel ranks.")
     if world % tp:
         raise ExportError(f"num_processes {world} is not a multiple of parallelism_config_tp_size {tp}.")
     return tp, world // tp
+
+
+def _read_cp(config: dict) -> dict[str, Any]:
+    """cp and its variant: ``cp_size`` is torch's context parallelism (``cp_comm_strategy`` allgather, or
+    alltoall: ring), ``sp_size`` DeepSpeed's Ulysses (``sp_backend`` deepspeed); Accelerate refuses both."""
+    sizes = config.get("parallelism_config") or {}
+    cp, sp = int(sizes.get("parallelism_config_cp_size", 1)), int(sizes.get("parallelism_config_sp_size", 1))
+    if cp > 1 and sp > 1:
+        raise ExportError(
+            f"parallelism_config_cp_size {cp} with parallelism_config_sp_size {sp}: Accelerate refuses context "
+            "and sequence parallelism together; set one of them to 1."
+        )
+    if sp > 1:
+        return {"cp": sp, "cp_variant": "ulysses"}
+    strategy = str(sizes.get("parallelism_config_cp_comm_strategy", "allgather"))
+    variants = {method: variant for variant, method in CP_COMM_STRATEGIES.items()}
+    if strategy not in variants:
+        raise ExportError(f"parallelism_config_cp_comm_strategy {strategy}: Accelerate takes allgather or alltoall.")
+    return {"cp": cp, "cp_variant": variants[strategy]}
 
 
 def _read_batch(text: str, dp: int, batch_size: int | None, assumptions: list[str]) -> dict[str, int]:

@@ -4,7 +4,9 @@ plan-field-to-key table, what the writer avoids and why: docs/export-deepspeed.m
 DeepSpeed 0.19 reads the config in ``deepspeed.runtime.config.DeepSpeedConfig``; the tests load
 every exported file with it and start the engine on every family. Pipeline fields, which
 DeepSpeed takes in model code (``PipelineModule``), and the sentences of
-:attr:`Exported.unexpressed` go in an ``"autoplan"`` section, which DeepSpeed ignores.
+:attr:`Exported.unexpressed` go in an ``"autoplan"`` section, which DeepSpeed ignores. Context
+parallelism is DeepSpeed's Ulysses, ``sequence_parallel_size`` (any other variant is named:
+DeepSpeed has none), read back as ulysses.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
         config["tensor_parallel"] = {"autotp_size": plan.tp}
     if plan.ep > 1:
         config["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep}
+    if plan.cp > 1:  # DeepSpeed's Ulysses; the key sizes its data-parallel world, world / sp (DeepSpeedConfig)
+        config["sequence_parallel_size"] = plan.cp
     config[SECTION] = _section(plan, facts, unexpressed)
     return Exported(
         framework="deepspeed",
@@ -113,8 +117,25 @@ def _section(plan: Plan, facts: ModelFacts, unexpressed: list[str]) -> dict[str,
     }
 
 
+def _context_gaps(plan: Plan) -> list[str]:
+    """DeepSpeed's one sequence-sharding form is Ulysses (all-to-all over heads), set up in model code."""
+    if plan.cp == 1:
+        return []
+    found = [
+        f"cp={plan.cp}: DeepSpeed's Ulysses is model code: UlyssesSPAttentionHF.register_with_transformers(..., "
+        f"sequence_parallel_size={plan.cp}) returns the mpu to pass to deepspeed.initialize; this file's "
+        "sequence_parallel_size only sizes the batch."
+    ]
+    if plan.cp_variant != "ulysses":
+        found.append(
+            f"cp={plan.cp} {plan.cp_variant}: DeepSpeed has no ring or all-gather context parallelism; written as "
+            "its Ulysses (all-to-all over heads), which moves other bytes than autoplan priced."
+        )
+    return found
+
+
 def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
-    found = _pipeline_gaps(plan, facts) + _tensor_gaps(plan)
+    found = _pipeline_gaps(plan, facts) + _tensor_gaps(plan) + _context_gaps(plan)
     if grad_accum_dtype(plan) != "fp32" and not (plan.pp > 1 and plan.precision != "fp16"):
         found.append(
             f"zero_stage=0 with {plan.precision}: DeepSpeed without ZeRO holds and accumulates gradients in the "

@@ -57,10 +57,11 @@ def _read_layout(
 ) -> dict[str, Any]:
     tp = int((config.get("tensor_parallel") or {}).get("autotp_size", section.get("tp", 1)) or 1)
     pp = int(section.get("pp", 1))
+    sp = int(config.get("sequence_parallel_size") or 1)  # Ulysses: DeepSpeed's data-parallel world is world / sp
     if SECTION not in config:
         unmapped.append("DeepSpeed's JSON has no pipeline degree (PipelineModule is code); read as pp=1.")
     own_batch = section.get("global_batch_size")  # autoplan's export states it where DeepSpeed's key is left out
-    batch = _read_batch(config, devices, tp * pp, batch_size, own_batch)
+    batch = _read_batch(config, devices, tp * pp * sp, batch_size, own_batch)
     world = (
         "--devices"
         if devices is not None
@@ -69,15 +70,17 @@ def _read_layout(
         else f"the 'autoplan' section's global batch {own_batch}"
     )
     assumptions += [
-        f"world size {batch.dp * tp * pp} from {world} (DeepSpeed takes it from its launcher).",
+        f"world size {batch.dp * tp * pp * sp} from {world} (DeepSpeed takes it from its launcher).",
         *batch.assumptions,
     ]
     expert = config.get("expert_parallel") or {}
     fields = {
-        "devices": batch.dp * tp * pp,
+        "devices": batch.dp * tp * pp * sp,
         "dp": batch.dp,
         "tp": tp,
         "pp": pp,
+        "cp": sp,
+        "cp_variant": "ulysses" if sp > 1 else "allgather",
         "micro_batch_size": batch.micro,
         "num_microbatches": batch.accumulation,
         "ep": int(expert.get("autoep_size", 1)) if expert.get("enabled") else 1,
@@ -221,8 +224,6 @@ def _read_unmapped(config: dict, zero: dict) -> list[str]:
         device = (zero.get(key) or {}).get("device", "none")
         if device not in (None, "none"):
             found.append(f"zero_optimization.{key} to {device}: autoplan does not price CPU/NVMe offload.")
-    if int(config.get("sequence_parallel_size", 1) or 1) > 1:
-        found.append("sequence_parallel_size (Ulysses sequence parallelism): autoplan does not price it.")
     if (config.get("activation_checkpointing") or {}).get("cpu_checkpointing"):
         found.append("activation_checkpointing.cpu_checkpointing: autoplan does not price activations kept on the CPU.")
     for key in ("zenflow", "compile", "torch_autocast", "curriculum_learning", "data_efficiency"):

@@ -5,7 +5,9 @@ The file, ``megatron_args.txt``, holds one flag per line and ``#`` comments; the
 passes it as ``$(grep -v '^#' megatron_args.txt)``. The flags are those of Megatron-LM at tag
 ``core_v0.16.1`` (the megatron-core 0.16.1 wheel). ZeRO-1 is ``--use-distributed-optimizer``,
 ZeRO-2/3 Megatron-FSDP (``optim_grads`` / ``optim_grads_params``); uneven stages are
-``--decoder-first/last-pipeline-num-layers`` or ``--pipeline-model-parallel-layout``. What a flag
+``--decoder-first/last-pipeline-num-layers`` or ``--pipeline-model-parallel-layout``; context
+parallelism is ``--context-parallel-size`` with ``--cp-comm-type`` p2p (ring), all_gather or a2a
+(Ulysses). What a flag
 cannot say (GPipe, autoplan's op-level selective recompute, some reduction dtypes, PowerSGD, a
 per-op ``tp_plan``: :func:`split_note`) goes in ``unexpressed``. :func:`read`
 (autoplan/export/megatron_read.py) takes the same file, a one-line argument string, or a launch script.
@@ -24,6 +26,9 @@ __all__ = ["FILENAME", "export", "read"]
 FILENAME = "megatron_args.txt"
 GPUS_PER_NODE = 8  # a plan does not say how its devices sit in nodes; the launch line assumes up to 8
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+#: autoplan's cp variant -> Megatron's ``--cp-comm-type`` (TransformerConfig.cp_comm_type; the hierarchical
+#: ``a2a+p2p`` has no autoplan variant: megatron_read.py reads it as ring)
+CP_COMM_TYPES = {"ring": "p2p", "allgather": "all_gather", "ulysses": "a2a"}
 Flags = list[tuple[str, Any]]  # (flag, value); None for a switch
 
 
@@ -83,9 +88,23 @@ def _parallel_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
         flags.append(("--tp-comm-overlap", None))
     if plan.ep > 1:
         flags.append(("--expert-model-parallel-size", plan.ep))
+    if plan.cp > 1:
+        flags += _context_parallel_flags(plan, facts, notes)
     if plan.pp > 1:
         flags += _pipeline_flags(plan, facts, notes)
     return flags
+
+
+def _context_parallel_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
+    """``--context-parallel-size`` and its ``--cp-comm-type``; Ulysses (``a2a``) scatters the heads of
+    each tensor-parallel rank over the cp ranks, which Transformer Engine refuses unless cp divides them."""
+    heads = facts.num_kv_heads or facts.num_heads
+    if plan.cp_variant == "ulysses" and heads and (heads % plan.tp or (heads // plan.tp) % plan.cp):
+        notes.append(
+            f"cp={plan.cp} ulysses: Megatron-LM's a2a scatters the {heads} KV heads over tp {plan.tp} x cp "
+            f"{plan.cp}, which do not divide them; Transformer Engine refuses it at the first attention."
+        )
+    return [("--context-parallel-size", plan.cp), ("--cp-comm-type", CP_COMM_TYPES[plan.cp_variant])]
 
 
 def _pipeline_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
@@ -178,7 +197,8 @@ def _launch(plan: Plan) -> str:
     per_node = max(g for g in range(1, GPUS_PER_NODE + 1) if plan.devices % g == 0)
     nodes = plan.devices // per_node
     rdzv = " --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:29500" if nodes > 1 else ""
-    env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if plan.tp > 1 and plan.zero_stage < 2 else ""
+    # Megatron-LM asserts this for tp or cp > 1 before Blackwell, unless FSDP (validate_args)
+    env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2 else ""
     return (
         f"{env}torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv} pretrain_gpt.py "
         f"$(grep -v '^#' {FILENAME}) $DATA_ARGS"

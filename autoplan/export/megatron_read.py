@@ -14,13 +14,16 @@ value such as ``--pipeline-model-parallel-layout Et|tt|tL`` keeps its ``|``.
 Megatron's arguments do not state the world size (torchrun sets WORLD_SIZE); it is ``devices``
 when given, else the exporter's ``# world size: N`` line, else torchrun's ``--nproc-per-node``
 times ``--nnodes`` (deepspeed's ``--num_gpus`` times ``--num_nodes``) in the launch command.
-Context parallelism and flags autoplan does not price are listed in ``unmapped``, one sentence
-each; so are variables the script uses but does not assign, and a flag autoplan reads whose
-value is such a variable is refused in one sentence naming it.
+``--context-parallel-size`` and ``--cp-comm-type`` are read as the plan's cp and cp_variant (p2p
+ring, all_gather, a2a Ulysses; the hierarchical a2a+p2p and per-layer types as the nearest, with a
+sentence). Flags autoplan does not price are listed in ``unmapped``, one sentence each; so are
+variables the script uses but does not assign, and a flag autoplan reads whose value is such a
+variable is refused in one sentence naming it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -37,7 +40,11 @@ VALUED = {
     "--data-parallel-sharding-strategy", "--ckpt-format", "--num-layers", "--hidden-size", "--num-attention-heads",
     "--num-query-groups", "--seq-length", "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
+    "--cp-comm-type", "--hierarchical-context-parallel-sizes",
 }  # fmt: skip
+LISTS = ("--recompute-modules", "--cp-comm-type", "--hierarchical-context-parallel-sizes")  # nargs="+" flags
+#: Megatron's ``--cp-comm-type`` (TransformerConfig.cp_comm_type) -> autoplan's cp variant; a2a+p2p: _read_cp
+CP_VARIANTS = {"p2p": "ring", "all_gather": "allgather", "a2a": "ulysses", "a2a+p2p": "ring"}
 SWITCHES = {
     "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer", "--use-megatron-fsdp",
     "--use-custom-fsdp", "--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16",
@@ -64,6 +71,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
     told = "--devices" if devices else "the file" if _world_from(text) else "the launcher"
     assumptions = [f"world size {world} from {told} (torchrun sets it)."]
     fields = _read_degrees(args, world, unmapped, source=source)
+    fields.update(_read_cp(args, fields["cp"], unmapped, assumptions))
     fields.update(_read_batch(args, fields["dp"], batch_size, assumptions))
     fields.update(_read_precision(args, unmapped))
     fields["recompute"] = _read_recompute(args, unmapped)
@@ -161,7 +169,7 @@ def _take(args: dict[str, Any], unmapped: list[str], flag: str, values: list[Wor
                 "assign it in the script or write the value."
             )
         texts = [value.text for value in values]
-        args[flag] = texts if flag == "--recompute-modules" else texts[0]
+        args[flag] = texts if flag in LISTS else texts[0]
     else:
         shown = f"{flag} {' '.join(v.text for v in values)}".strip()
         unmapped.append(f"{shown}: not a setting autoplan prices; ignored.")
@@ -187,8 +195,6 @@ def _read_degrees(args: dict[str, Any], world: int, unmapped: list[str], *, sour
     if world % (tp * pp * cp):
         raise ExportError(f"world size {world}{source} is not divisible by tp {tp} x pp {pp} x cp {cp}.")
     dp = world // (tp * pp * cp)
-    if cp > 1:
-        unmapped.append(f"--context-parallel-size {cp}: autoplan does not price context parallelism; read without it.")
     virtual = _read_virtual(args, pp)
     given = [f"{flag} {args[flag]}" for flag in UNEVEN if flag in args]
     layout = args.get("--pipeline-model-parallel-layout")
@@ -197,16 +203,57 @@ def _read_degrees(args: dict[str, Any], world: int, unmapped: list[str], *, sour
         unmapped.append(f"{' '.join(given)}: uneven stages; autoplan reads a config with balanced stages.")
     sp = tp > 1 and "--sequence-parallel" in args
     return {
-        "devices": dp * tp * pp,
+        "devices": world,
         "dp": dp,
         "tp": tp,
         "pp": pp,
+        "cp": cp,
         "ep": ep,
         "schedule": "interleaved_1f1b" if virtual > 1 else "1f1b",
         "virtual_stages": virtual,
         "sequence_parallel": sp,
         "tp_comm_overlap": sp and "--tp-comm-overlap" in args,
     }
+
+
+def _read_cp(args: dict[str, Any], cp: int, unmapped: list[str], assumptions: list[str]) -> dict[str, str]:
+    """The cp variant of ``--cp-comm-type`` (:data:`CP_VARIANTS`; Megatron's default p2p). One type per
+    layer is read as the most common; a2a+p2p (a2a within groups of ``--hierarchical-context-parallel-sizes``'s
+    first size, p2p across them: Megatron asserts the sizes) as ring, the p2p that crosses the groups."""
+    types = args.get("--cp-comm-type", ["p2p"])
+    wrong = [t for t in types if t not in CP_VARIANTS]
+    if wrong:
+        raise ExportError(f"--cp-comm-type {' '.join(wrong)}: expected p2p, all_gather, a2a or a2a+p2p.")
+    if "a2a+p2p" in types:
+        _check_hierarchical(args, cp)
+    if cp == 1:
+        return {"cp_variant": "allgather"}
+    if "--cp-comm-type" not in args:
+        assumptions.append(f"--cp-comm-type not stated with --context-parallel-size {cp}: Megatron's default p2p.")
+    common = max(dict.fromkeys(types), key=types.count)
+    if len(set(types)) > 1:
+        unmapped.append(
+            f"--cp-comm-type {' '.join(types)}: autoplan prices one variant for every layer; read as {common}."
+        )
+    if common == "a2a+p2p":
+        inner = args["--hierarchical-context-parallel-sizes"][0]
+        unmapped.append(
+            f"--cp-comm-type a2a+p2p (hierarchical: a2a within groups of {inner}, p2p across them): autoplan "
+            "has no hierarchical variant; read as ring (p2p over all cp ranks)."
+        )
+    return {"cp_variant": CP_VARIANTS[common]}
+
+
+def _check_hierarchical(args: dict[str, Any], cp: int) -> None:
+    """Megatron's validate_args: a2a+p2p needs hierarchical sizes whose product is the cp size."""
+    sizes = args.get("--hierarchical-context-parallel-sizes")
+    if not sizes:
+        raise ExportError("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes (Megatron asserts it).")
+    if not all(size.isdigit() for size in sizes) or math.prod(int(size) for size in sizes) != cp:
+        raise ExportError(
+            f"--hierarchical-context-parallel-sizes {' '.join(sizes)}: their product must be "
+            f"--context-parallel-size {cp}."
+        )
 
 
 def _layout_chunks(layout: str) -> list[int]:

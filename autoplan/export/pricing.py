@@ -129,11 +129,11 @@ def price_imported(
     from autoplan.report.terms import term_diffs
 
     assumptions = imported.assumptions + check_facts(imported, graph, source=source, model=model or graph.model_name)
-    try:
+    try:  # the plan's own checks, and the cost model's for this model (which cp it can split: cost/cp/)
         plan = Plan(**{**imported.fields, "model": graph.model_name, "profile": profile.name})
+        cost = CostModel(graph, profile).estimate(plan)
     except AutoplanError as exc:
         raise ExportError(f"'{source}' describes a plan autoplan cannot price: {exc}") from None
-    cost = CostModel(graph, profile).estimate(plan)
     best, other, compared_at, note = _best_plans(graph, profile, plan, dict(search or {}))
     return ConfigPricing(
         framework=imported.framework,

@@ -141,6 +141,37 @@ def precision_notes(plan: Plan, *, series: str) -> list[str]:
     return notes
 
 
+def context_parallel(plan: Plan, facts: ModelFacts, notes: list[str], *, series: str) -> dict[str, Any]:
+    """torchtitan's context-parallel settings: the degree and, with cp > 1, head-tail load balancing
+    (as autoplan prices it). torchtitan runs one variant, allgather (0.3's language models attend with
+    FlexAttention, whose cp all-gathers keys and values; 0.2.2 trains with torch's default all-gather
+    rotation, its rotate key reaching only the validator): ring and Ulysses are notes. So are ZeRO-0/1
+    (its FSDP mesh is dp_shard x cp: it shards whenever cp > 1, ParallelDims.fsdp_enabled) and a sequence
+    its trainer refuses (seq_len divisible by 2cp, times tp with sequence parallelism: Trainer.__init__)."""
+    if plan.cp == 1:
+        return {"context_parallel_degree": 1}
+    if plan.cp_variant != "allgather":
+        runs = (
+            "FlexAttention all-gathers keys and values" if series == "0.3" else "training all-gathers keys and values"
+        )
+        notes.append(
+            f"cp={plan.cp} {plan.cp_variant}: torchtitan {series} has no {plan.cp_variant} context parallelism; "
+            f"its {runs} (allgather), which moves other bytes than autoplan priced."
+        )
+    if plan.zero_stage < 2:
+        notes.append(
+            f"ZeRO-{plan.zero_stage} with cp={plan.cp}: torchtitan shards weights over dp_shard x cp whenever "
+            "cp > 1; written as FSDP without resharding after forward (ZeRO-2-like), which shards gradients."
+        )
+    divisor = 2 * plan.cp * (plan.tp if plan.sequence_parallel else 1)
+    if facts.seq_len and facts.seq_len % divisor:
+        notes.append(
+            f"seq_len {facts.seq_len} is not divisible by {divisor} (2 x cp, times tp with sequence parallelism): "
+            "torchtitan's trainer refuses it at start-up."
+        )
+    return {"context_parallel_degree": plan.cp, "context_parallel_load_balancer": "headtail"}
+
+
 def general_notes(plan: Plan) -> list[str]:
     notes = []
     if plan.grad_compression == "powersgd":

@@ -8,6 +8,11 @@ matches it raises with the sentence that says what to set. :func:`read` reads su
 recipe written the way torchtitan's own are, without running it: keyword arguments of
 ``TrainingConfig``, ``ParallelismConfig`` and ``CompileConfig`` calls and ``config.<section>.<field>
 = value`` assignments, in source order, go to the TOML reader's table (torchtitan_toml.read_data).
+
+Context parallelism is ``context_parallel_degree`` with head-tail load balancing. 0.3's language
+models attend with FlexAttention, whose cp all-gathers keys and values (torchtitan refuses SDPA for
+them), so allgather is the one variant it runs; :func:`read` says so of a ``set_rotate_method`` call,
+which only torch's SDPA path reads.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from autoplan.export.torchtitan import (
     SCHEDULES,
     chunk_modules,
     chunk_sizes,
+    context_parallel,
     general_notes,
     launch,
     nodes_note,
@@ -79,10 +85,10 @@ def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str
 
 
 def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
-    if plan.dp > 1 and plan.zero_stage > 0:
+    if (plan.dp > 1 and plan.zero_stage > 0) or plan.cp > 1:  # torchtitan shards over dp_shard x cp
         out: dict[str, Any] = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": plan.dp}
         out["fsdp_reshard_after_forward"] = "always" if plan.zero_stage == 3 else "never"
-        if plan.zero_stage == 1:
+        if plan.zero_stage == 1 and plan.cp == 1:
             notes.append(
                 "ZeRO-1 (only optimizer states sharded) has no torchtitan equivalent; written as FSDP without "
                 "resharding after forward (ZeRO-2-like), which shards gradients."
@@ -92,7 +98,7 @@ def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[
     out["tensor_parallel_degree"] = plan.tp
     if plan.tp > 1:
         out["enable_sequence_parallel"] = plan.sequence_parallel
-    out["context_parallel_degree"] = 1
+    out.update(context_parallel(plan, facts, notes, series="0.3"))
     out["expert_parallel_degree"] = plan.ep
     out["pipeline_parallel_degree"] = plan.pp
     if plan.pp > 1:
@@ -212,6 +218,8 @@ def _read_call(call: ast.Call, data: dict[str, Any]) -> None:
     section = {"TrainingConfig": "training", "ParallelismConfig": "parallelism", "CompileConfig": "compile"}
     if name in section:
         data.setdefault(section[name], {}).update(_literal_keywords(call))
+    elif name.endswith("set_rotate_method") and call.args and isinstance(call.args[0], ast.Constant):
+        data["rotate_method"] = call.args[0].value
     elif name == "Float8LinearConverter.Config":
         recipe = _literal_keywords(call).get("recipe_name", "rowwise")
         data["float8"] = True

@@ -7,8 +7,10 @@ config functions (autoplan/export/torchtitan_py.py). :func:`read` inverts the ta
 ``devices = replicate·shard·cp·tp·pp``, ``dp = replicate·shard``, ZeRO from the reshard policy
 (``"default"`` is ZeRO-3 without PP, ZeRO-2 with it, as torchtitan resolves it), ``n = global /
 (dp·mbs)``, and ``v`` from ``module_fqns_per_model_part`` or from ``layers_per_stage`` and the layer
-count the exporter writes into ``[job] description``. Context parallelism, HSDP, CPU offload and
-other schedules are listed in ``unmapped``.
+count the exporter writes into ``[job] description``. ``context_parallel_degree`` is the plan's cp
+(its ``dp_shard x cp`` ranks are FSDP's, so ZeRO comes from the reshard policy whenever cp > 1),
+read as allgather: 0.2.2 trains with torch's default rotation. HSDP, CPU offload, other load
+balancers and other schedules are listed in ``unmapped``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from autoplan.export.torchtitan import (
     SCHEDULES,
     chunk_modules,
     chunk_sizes,
+    context_parallel,
     general_notes,
     launch,
     nodes_note,
@@ -86,7 +89,7 @@ def _model(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) 
 def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str]) -> dict[str, Any]:
     out = training_batch(plan, facts, remarks, seq_len_key="[training] seq_len")
     notes += precision_notes(plan, series="0.2.x")
-    if plan.precision != "fp32" and (plan.tp > 1 or plan.pp > 1) and plan.dp == 1:
+    if plan.precision != "fp32" and (plan.tp > 1 or plan.pp > 1) and plan.dp == plan.cp == 1:
         notes.append(
             f"{plan.precision} with TP or PP and no data parallelism: torchtitan applies mixed precision through "
             "FSDP or AMP only, and turns it off with TP or PP without FSDP, so this runs in float32."
@@ -104,7 +107,7 @@ def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[
         )
     if plan.tp_comm_overlap:
         out["enable_async_tensor_parallel"] = True
-    out["context_parallel_degree"] = 1
+    out.update(context_parallel(plan, facts, notes, series="0.2.x"))
     out["expert_parallel_degree"] = plan.ep
     if plan.pp > 1:
         out.update(_pipeline(plan, facts, registry, notes))
@@ -112,9 +115,9 @@ def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[
 
 
 def _data_parallel(plan: Plan, notes: list[str]) -> dict[str, Any]:
-    if plan.dp == 1 or (plan.zero_stage == 0 and plan.tp == plan.pp == plan.ep == 1):
+    if plan.cp == 1 and (plan.dp == 1 or (plan.zero_stage == 0 and plan.tp == plan.pp == plan.ep == 1)):
         return {"data_parallel_replicate_degree": plan.dp, "data_parallel_shard_degree": 1}  # DDP
-    if plan.zero_stage < 2:
+    if plan.zero_stage < 2 and plan.cp == 1:  # with cp, context_parallel() says it
         what = (
             "ZeRO-1 (only optimizer states sharded) has no torchtitan equivalent"
             if plan.zero_stage == 1
@@ -201,6 +204,7 @@ def read_data(
     fields = {**degrees, **_read_batch(par, training, degrees, unmapped)}
     fields.update(_read_pipeline(par, degrees["pp"], layers, unmapped))
     fields.update(_read_precision(data, degrees, unmapped, fsdp_always=series != "0.2"))
+    fields["cp_variant"] = _read_cp(data, degrees, training.get("seq_len"), unmapped, series=series)
     fields["recompute"] = _read_recompute(data.get("activation_checkpoint", {}), unmapped)
     fields["sequence_parallel"] = degrees["tp"] > 1 and par.get("enable_sequence_parallel", True)  # 0.3 has the key
     fields["tp_comm_overlap"] = degrees["tp"] > 1 and bool(par.get("enable_async_tensor_parallel", False))
@@ -240,16 +244,48 @@ def _read_degrees(par: dict[str, Any], devices: int | None, unmapped: list[str])
             f"replicate {replicate} x shard {shard} x cp {cp} x tp {tp} x pp {pp} = {world}, "
             f"not the {devices} devices given."
         )
-    if cp > 1:
-        unmapped.append(f"context_parallel_degree = {cp}: autoplan does not price context parallelism.")
-    if replicate > 1 and shard > 1:
+    if replicate > 1 and shard * cp > 1:
+        over = f"shard {shard} x cp {cp}" if cp > 1 else f"shard {shard}"
         unmapped.append(
-            f"HSDP (replicate {replicate} x shard {shard}): autoplan prices ZeRO over all "
-            f"{replicate * shard} data-parallel ranks."
+            f"HSDP (replicate {replicate} x {over}): autoplan prices ZeRO over all "
+            f"{replicate * shard * cp} {'dp x cp' if cp > 1 else 'data-parallel'} ranks."
         )
-    zero = _read_zero(par.get("fsdp_reshard_after_forward", "default"), shard, pp)
+    zero = _read_zero(par.get("fsdp_reshard_after_forward", "default"), shard * cp, pp)  # FSDP over shard x cp
     ep = par.get("expert_parallel_degree", 1)
-    return dict(devices=replicate * shard * tp * pp, dp=replicate * shard, tp=tp, pp=pp, ep=ep, zero_stage=zero)
+    return dict(devices=world, dp=replicate * shard, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero)
+
+
+def _read_cp(
+    data: dict[str, Any], degrees: dict[str, Any], seq_len: int | None, unmapped: list[str], *, series: str
+) -> str:
+    """The cp variant torchtitan trains with: allgather, its one (torchtitan.context_parallel's docstring);
+    a rotate setting that does not reach training, a load balancer other than head-tail, and a sequence
+    the trainer refuses are said or refused."""
+    par, cp = data.get("parallelism", {}), degrees["cp"]
+    if cp == 1:
+        return "allgather"
+    tp = degrees["tp"] if par.get("enable_sequence_parallel", True) else 1
+    if seq_len and seq_len % (2 * cp * tp):
+        raise ExportError(
+            f"seq_len {seq_len} is not divisible by {2 * cp * tp} (2 x cp {cp} x tp {tp}): torchtitan refuses it."
+        )
+    balancer = par.get("context_parallel_load_balancer", "headtail")
+    if balancer != "headtail":
+        unmapped.append(
+            f"context_parallel_load_balancer = {balancer}: autoplan prices head-tail balancing (equal causal "
+            "work on every cp rank)."
+        )
+    if series == "0.2" and par.get("context_parallel_rotate_method") == "alltoall":
+        unmapped.append(
+            "context_parallel_rotate_method = alltoall: torchtitan 0.2.2 applies it only in validation; "
+            "training rotates by all-gather, so it is read as allgather."
+        )
+    if data.get("rotate_method") == "alltoall":
+        unmapped.append(
+            'set_rotate_method("alltoall"): torchtitan 0.3\'s language models attend with FlexAttention, whose '
+            "context parallelism all-gathers keys and values; read as allgather."
+        )
+    return "allgather"
 
 
 def _read_zero(reshard: str, shard: int, pp: int) -> int:
@@ -323,7 +359,7 @@ def _read_precision(
 ) -> dict[str, Any]:
     training = data.get("training", {})
     param = training.get("mixed_precision_param", "bfloat16")
-    fsdp = fsdp_always or (degrees["dp"] > 1 and degrees["zero_stage"] > 0)
+    fsdp = fsdp_always or degrees["cp"] > 1 or (degrees["dp"] > 1 and degrees["zero_stage"] > 0)
     precision = "bf16" if param == "bfloat16" else "fp32"
     if precision == "bf16" and not fsdp and (degrees["tp"] > 1 or degrees["pp"] > 1):
         unmapped.append("mixed precision with TP or PP but no FSDP: torchtitan turns it off; read as fp32.")

@@ -44,6 +44,10 @@ PLANS = {
         grad_reduce_dtype="bf16",
     ),
     "pp2-ddp": Plan(devices=8, dp=4, tp=1, pp=2, micro_batch_size=1, num_microbatches=4),
+    "cp2-zero3": Plan(devices=8, dp=4, tp=1, pp=1, cp=2, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                      precision="bf16", grad_reduce_dtype="bf16"),
+    "cp2-ring-tp2-zero0": Plan(devices=8, dp=2, tp=2, pp=1, cp=2, cp_variant="ring", micro_batch_size=1,
+                               num_microbatches=2, precision="bf16", grad_reduce_dtype="bf16"),
 }  # fmt: skip
 
 
@@ -94,7 +98,7 @@ def test_accelerate_launch_builds_the_plans_settings(name, facts, launch, tmp_pa
     assert env["ACCELERATE_MIXED_PRECISION"] == {"fp32": "no"}.get(plan.precision, plan.precision)
     if plan.precision == "fp8":
         assert env["ACCELERATE_FP8_BACKEND"] == "AO"
-    if plan.zero_stage == 0 and plan.tp == 1:
+    if plan.zero_stage == 0 and plan.tp == plan.cp == 1:
         assert args.multi_gpu and fsdp is None  # DDP
         return
     assert args.use_fsdp and fsdp.fsdp_version == 2
@@ -107,10 +111,18 @@ def test_accelerate_launch_builds_the_plans_settings(name, facts, launch, tmp_pa
         reduce = fsdp.mixed_precision_policy.reduce_dtype
     named = any(u.startswith("grad_reduce_dtype=") for u in exported.unexpressed)
     assert (reduce == TORCH_DTYPES[plan.grad_reduce_dtype]) != named  # the plan's dtype, or said not to be
-    if plan.tp == 1:
+    if plan.tp == plan.cp == 1:
         assert sizes is None
         return
-    assert (sizes.dp_replicate_size, sizes.dp_shard_size, sizes.tp_size, sizes.cp_size) == (1, plan.dp * plan.pp, 2, 1)
+    assert (sizes.dp_replicate_size, sizes.dp_shard_size, sizes.tp_size, sizes.cp_size) == (
+        1,
+        plan.dp * plan.pp,
+        plan.tp,
+        plan.cp,
+    )
+    if plan.cp > 1:  # torch's context parallelism, its KV rotation the plan's variant
+        strategy = {"allgather": "allgather", "ring": "alltoall"}[plan.cp_variant]
+        assert (sizes.cp_backend, sizes.cp_handler.cp_comm_strategy) == ("torch", strategy)
     assert sizes.total_size == args.num_processes  # Accelerate checks this only inside Accelerator()
 
 
@@ -136,8 +148,9 @@ def test_read_gives_the_plan_back(name, facts):
     imported = acc_export.read(acc_export.export(plan, facts).text)
     back = imported.plan()
     # What Accelerate runs: no pipeline (its ranks data-parallel), ZeRO-1 as ZeRO-2, TP only under FSDP2.
-    zero = 2 if (plan.zero_stage == 1 or (plan.zero_stage == 0 and plan.tp > 1)) else plan.zero_stage
+    zero = 2 if (plan.zero_stage == 1 or (plan.zero_stage == 0 and plan.tp * plan.cp > 1)) else plan.zero_stage
     assert (back.devices, back.dp, back.tp, back.pp) == (plan.devices, plan.dp * plan.pp, plan.tp, 1)
+    assert (back.cp, back.cp_variant) == (plan.cp, plan.cp_variant)
     assert (back.micro_batch_size, back.num_microbatches) == (plan.micro_batch_size, plan.num_microbatches)
     assert back.zero_stage == zero and back.precision == plan.precision
     assert back.recompute == ("none" if plan.recompute == "none" else "full")

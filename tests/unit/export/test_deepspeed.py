@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -54,6 +55,8 @@ PLANS = {
         stages=[["layers.0", "layers.1", "layers.2"], ["layers.3"]],
     ),
     "ep2": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, ep=2, zero_stage=1),
+    "cp2-ulysses-zero3": Plan(devices=8, dp=4, tp=1, pp=1, cp=2, cp_variant="ulysses", micro_batch_size=1,
+                              num_microbatches=2, zero_stage=3, precision="bf16"),
     "powersgd": Plan(
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, grad_compression="powersgd",
         powersgd_rank=4,
@@ -80,9 +83,25 @@ def ds_config():
         def get_data_parallel_world_size(self) -> int:
             return self.dp
 
-    def load(source, dp: int):
+    class UlyssesOnly:  # the mpu Ulysses hands deepspeed.initialize (UlyssesSPAttentionHF.register_with_transformers)
+        def __init__(self, sp: int) -> None:
+            self.sp = sp
+
+        def get_sequence_parallel_world_size(self) -> int:
+            return self.sp
+
+    def load(source, dp: int, *, sp: int = 1, world: int = 1):
+        """With ``sp`` > 1, DeepSpeed's two Ulysses paths, whose data-parallel world is world / sp: the
+        Ulysses mpu, and no mpu with the config as a dict (its ``sequence_parallel_size``, which DeepSpeed
+        reads only from a dict: HF's integration passes one); the two must agree."""
         with mock.patch.object(config_module.dist, "get_rank", return_value=0):
-            return config_module.DeepSpeedConfig(source, mpu=DataParallelOnly(dp))
+            if sp == 1:
+                return config_module.DeepSpeedConfig(source, mpu=DataParallelOnly(dp))
+            with mock.patch.object(config_module.dist, "get_world_size", return_value=world):
+                ulysses = config_module.DeepSpeedConfig(source, mpu=UlyssesOnly(sp))
+                keyed = config_module.DeepSpeedConfig(json.loads(Path(source).read_text()))
+            assert (keyed.world_size, keyed.train_batch_size) == (ulysses.world_size, ulysses.train_batch_size)
+            return ulysses
 
     return load
 
@@ -91,7 +110,7 @@ def ds_config():
 def deepspeed_names(ds_config) -> set[str]:
     """Every top-level key DeepSpeed names (it ignores unknown ones silently, so we check)."""
     modules = ("constants", "config", "zero.config", "precision_config", "activation_checkpointing.config")
-    names = {"tensor_parallel"}  # a literal in get_tensor_parallel_config; autotp_size is checked below
+    names = {"tensor_parallel", "sequence_parallel_size"}  # literals in DeepSpeedConfig and its TP config
     for name in modules:
         module = importlib.import_module(f"deepspeed.runtime.{name}")
         names |= {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)}
@@ -104,7 +123,7 @@ def test_deepspeed_loads_the_export_with_the_plans_numbers(name, facts, ds_confi
     exported = ds_export.export(plan, facts)
     path = tmp_path / exported.filename
     path.write_text(exported.text)
-    config = ds_config(str(path), plan.dp)
+    config = ds_config(str(path), plan.dp, sp=plan.cp, world=plan.devices)
 
     assert config.world_size == plan.dp
     assert config.train_batch_size == plan.global_batch_size
@@ -148,8 +167,9 @@ def test_read_gives_the_plan_back(name, facts):
     # global batch stands for it.
     for devices in (plan.devices, None):
         back = ds_export.read(text, devices=devices).plan()
-        same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches")
+        same = ("devices", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches")
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
+        assert back.cp_variant == ("ulysses" if plan.cp > 1 else "allgather")  # DeepSpeed's one form: Ulysses
         assert back.zero_stage == ds_export.zero_stage(plan)
         # DeepSpeed runs one 1F1B schedule with one chunk a stage: interleaved chunks read back as balanced stages.
         assert (back.schedule, back.virtual_stages) == (plan.schedule if plan.virtual_stages == 1 else "1f1b", 1)

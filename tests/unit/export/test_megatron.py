@@ -72,6 +72,13 @@ PLANS = {
                              grad_reduce_dtype="bf16"),
     "tp2-zero3": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
                       precision="bf16", sequence_parallel=True),
+    "cp2-allgather-tp2": Plan(devices=8, dp=2, tp=2, pp=1, cp=2, micro_batch_size=1, num_microbatches=2,
+                              zero_stage=1, precision="bf16", sequence_parallel=True),
+    "cp2-ring-pp2-zero3": Plan(devices=8, dp=2, tp=1, pp=2, cp=2, cp_variant="ring", micro_batch_size=1,
+                               num_microbatches=4, zero_stage=3, precision="bf16", stages=[STAGES4[0] + STAGES4[1],
+                               STAGES4[2] + STAGES4[3]]),
+    "cp2-ulysses": Plan(devices=4, dp=2, tp=1, pp=1, cp=2, cp_variant="ulysses", micro_batch_size=1,
+                        num_microbatches=2, precision="bf16"),
     "powersgd": Plan(
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, grad_compression="powersgd",
         powersgd_rank=4,
@@ -131,6 +138,8 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     assert "--num-experts" in exported.text or plan.ep == 1  # the comment asking for it
     args, config = _start(megatron_lm, exported, world=plan.devices, extra=_user_flags(plan))
     assert args.data_parallel_size == plan.dp  # Megatron: world / (tp * pp * cp)
+    assert config.context_parallel_size == plan.cp
+    assert config.cp_comm_type == (megatron.CP_COMM_TYPES[plan.cp_variant] if plan.cp > 1 else "p2p")
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
     assert config.expert_model_parallel_size == plan.ep
     assert (config.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
@@ -224,6 +233,10 @@ def test_megatron_lm_itself_refuses_a_tampered_export(facts, megatron_lm):
     with pytest.raises(AssertionError, match="CUDA_DEVICE_MAX_CONNECTIONS"):
         _start(megatron_lm, no_env, world=plan.devices)  # validate_args on Hopper
     _start(megatron_lm, no_env, world=plan.devices, arch=10)  # Blackwell lifts that requirement
+    cp = megatron.export(PLANS["cp2-ulysses"], facts)
+    odd = dataclasses.replace(cp, text=cp.text.replace(f"--seq-length {facts.seq_len}", "--seq-length 250"))
+    with pytest.raises(AssertionError, match="seq-length should be a multiple of 2 \\* context-parallel-size"):
+        _start(megatron_lm, odd, world=4)  # validate_args: head-tail load balancing needs 2cp | seq-length
     ddp = megatron.export(PLANS["ddp-fp32"], facts)
     with pytest.raises(AssertionError, match="--overlap-param-gather only supported with distributed optimizer"):
         _start(megatron_lm, ddp, world=8, extra=("--overlap-param-gather",))
@@ -237,8 +250,8 @@ def test_read_gives_the_plan_back(name, facts):
     for source, devices in ((text, None), (text, plan.devices), (one_line, plan.devices)):
         imported = megatron.read(source, devices=devices)
         back = imported.plan()
-        same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "virtual_stages",
-                "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
+        same = ("devices", "dp", "tp", "pp", "cp", "cp_variant", "ep", "micro_batch_size", "num_microbatches",
+                "virtual_stages", "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
                 "overlap_grad_reduce", "overlap_param_gather")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.schedule == ("1f1b" if plan.schedule == "gpipe" else plan.schedule)
@@ -297,12 +310,13 @@ def test_read_names_what_autoplan_does_not_price():
     )
     imported = megatron.read(args, devices=16)
     fields = imported.fields
-    assert (fields["dp"], fields["tp"], fields["devices"], fields["num_microbatches"]) == (4, 2, 8, 8)
+    assert (fields["dp"], fields["tp"], fields["cp"], fields["devices"], fields["num_microbatches"]) == (4, 2, 2, 16, 8)
+    assert fields["cp_variant"] == "ring" and "Megatron's default p2p" in imported.assumptions[-1]
     said = " ".join(imported.unmapped)
-    for words in ("context parallelism", "--fp8-recipe delayed", "--recompute-method block", "--lr 3e-4",
+    for words in ("--fp8-recipe delayed", "--recompute-method block", "--lr 3e-4",
                   "--data-path /data/a /data/b", "--use-flash-attn"):  # fmt: skip
         assert words in said
-    assert len(imported.unmapped) == 6
+    assert len(imported.unmapped) == 5
     imported.plan()
 
 

@@ -34,6 +34,7 @@ from autoplan.export import torchtitan_flavours
 from autoplan.export.common import ModelFacts
 from autoplan.export.torchtitan_flavours import Flavour, Registry, cache_path, facts_shape, read_registry
 from autoplan.types import Plan
+from autoplan.types.layout import plan_groups
 
 LAYERS6 = [f"layers.{i}" for i in range(6)]
 PLANS = {
@@ -54,6 +55,10 @@ PLANS = {
                             zero_stage=2, precision="bf16", recompute="full"),
     "ep2": Plan(devices=4, dp=4, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, ep=2, zero_stage=3,
                 precision="bf16"),
+    "cp2_tp2_zero3": Plan(devices=8, dp=2, tp=2, pp=1, cp=2, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                          precision="bf16", sequence_parallel=True),
+    "cp2_ring_zero0": Plan(devices=4, dp=2, tp=1, pp=1, cp=2, cp_variant="ring", micro_batch_size=1,
+                           num_microbatches=2, precision="bf16"),
     "fp8_zero3": Plan(devices=4, dp=4, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
                       precision="fp8"),
 }  # fmt: skip
@@ -100,7 +105,12 @@ STARTUP = textwrap.dedent(
                "ac": type(config.activation_checkpoint).__qualname__,
                "async_tp": config.compile.enable_async_tensor_parallel,
                "compile": config.compile.enable and "model" in config.compile.components,
-               "pp_mbs": p.pipeline_parallel_microbatch_size}
+               "pp_mbs": p.pipeline_parallel_microbatch_size, "cp": dims.cp, "fsdp": dims.fsdp_enabled,
+               "balancer": p.context_parallel_load_balancer}
+        if dims.cp > 1:  # rank 0's groups: the mesh order, and the ranks that hold the same weights (loss: batch x cp)
+            names = ["cp", "loss"] + (["tp"] if dims.tp > 1 else [])  # torchtitan builds no mesh of size 1
+            out["groups"] = {name: dims.get_mesh(name).mesh.flatten().tolist() for name in names}
+            out["attention"] = type(next(iter(model.layers.values())).attention.inner_attention).__name__
         if dims.pp_enabled:
             schedule, parts, _, _ = spec.pipelining_fn(model, device=torch.device("cpu"), model_config=spec.model,
                                                        parallelize_fn=spec.parallelize_fn, loss_fn=loss, **common)
@@ -174,7 +184,7 @@ def started(exported, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("name", [n for n, p in PLANS.items() if p.precision != "fp8"])
-def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, facts):
+def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, facts, exported):
     plan, got = PLANS[name], started[name]
     assert "error" not in got, got.get("error")
     assert got["flavor"] == ["llama3", "debugmodel"]  # the traced shape's flavour, found by the exporter
@@ -183,8 +193,16 @@ def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, fact
         plan.pp,
         plan.ep,
     )
-    sharded = plan.dp > 1 and plan.zero_stage > 0
-    assert got["dp_shard"] == (plan.dp if sharded else 1)
+    sharded = (plan.dp > 1 and plan.zero_stage > 0) or plan.cp > 1  # torchtitan's FSDP is over dp_shard x cp
+    assert got["dp_shard"] == (plan.dp if sharded else 1) and got["fsdp"] == (sharded and plan.dp * plan.cp > 1)
+    assert got["cp"] == plan.cp and got["balancer"] == "headtail"  # head-tail load balancing, as priced
+    if plan.cp > 1:  # torchtitan's (pp, dp_replicate, dp_shard, cp, tp) mesh is autoplan's (pp, dp, cp, tp)
+        groups = plan_groups(pp=plan.pp, dp=plan.dp, tp=plan.tp, cp=plan.cp)
+        ours = {"cp": groups["cp"][0], "tp": groups["tp"][0], "loss": groups["dp_cp"][0]}
+        assert got["groups"] == {name: ours[name] for name in got["groups"]} and len(got["groups"]) >= 2
+        assert got["attention"] == "FlexAttention"  # whose cp all-gathers K and V: torchtitan 0.3's one variant
+        ring = " ".join(exported[name].unexpressed)
+        assert ("torchtitan 0.3 has no ring context parallelism" in ring) == (plan.cp_variant == "ring")
     if sharded:
         assert got["reshard"] == ("always" if plan.zero_stage == 3 else "never")
     assert got["sp"] == (plan.sequence_parallel or plan.tp == 1)
@@ -235,9 +253,14 @@ def test_a_model_without_a_flavour_is_refused_by_its_config_function_in_one_sent
 def test_read_gives_the_plan_back(name, exported):
     plan = PLANS[name]
     back = titan.read(exported[name].text, devices=plan.devices).plan()
-    same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "schedule", "virtual_stages")
+    same = ("devices", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
+            "virtual_stages")  # fmt: skip
     assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
-    assert back.zero_stage == (2 if plan.zero_stage == 1 else plan.zero_stage if plan.dp > 1 else 0)
+    assert back.cp_variant == "allgather"  # the one torchtitan runs
+    fsdp = plan.dp > 1 or plan.cp > 1  # ZeRO-0/1 are written as ZeRO-2 where torchtitan shards
+    assert back.zero_stage == (
+        2 if plan.zero_stage < 2 and (plan.zero_stage or plan.cp > 1) else plan.zero_stage if fsdp else 0
+    )
     assert (back.recompute, back.precision, back.tp_comm_overlap) == (
         plan.recompute,
         plan.precision,

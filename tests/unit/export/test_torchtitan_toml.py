@@ -70,6 +70,10 @@ PLANS = {
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3, precision="fp16",
         grad_reduce_dtype="bf16",
     ),
+    "cp2-tp2-zero3": Plan(devices=8, dp=2, tp=2, pp=1, cp=2, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                          precision="bf16", sequence_parallel=True),
+    "cp2-ring-zero0": Plan(devices=4, dp=2, tp=1, pp=1, cp=2, cp_variant="ring", micro_batch_size=1,
+                           num_microbatches=2, precision="bf16"),
     "powersgd-no-overlap": Plan(
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, grad_compression="powersgd",
         powersgd_rank=4,
@@ -100,7 +104,8 @@ PARSE = textwrap.dedent(
         dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                             cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
                             ep=p.expert_parallel_degree, etp=1, world_size=world)
-        out = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
+        out = {"cp": dims.cp, "fsdp": dims.fsdp_enabled, "balancer": p.context_parallel_load_balancer}
+        out |= {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
                "ep": dims.ep, "reshard": p.fsdp_reshard_after_forward, "async_tp": p.enable_async_tensor_parallel,
                "compile": cfg.compile.enable and "model" in cfg.compile.components,
                "local": t.local_batch_size, "global": t.global_batch_size, "seq_len": t.seq_len,
@@ -146,7 +151,7 @@ SCHEMA_022 = {
         "module_fqns_per_model_part": list, "pipeline_parallel_first_stage_less_layers": int,
         "pipeline_parallel_last_stage_less_layers": int, "pipeline_parallel_layers_per_stage": int,
         "pipeline_parallel_schedule": str, "pipeline_parallel_microbatch_size": int, "context_parallel_degree": int,
-        "expert_parallel_degree": int,
+        "context_parallel_load_balancer": str, "expert_parallel_degree": int,
     },
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},
     "compile": {"enable": bool, "components": list},
@@ -199,7 +204,9 @@ def test_torchtitan_loads_the_export_with_the_plans_numbers(name, parsed, facts)
     assert "error" not in got, got.get("error")
     assert got["dp_replicate"] * got["dp_shard"] == plan.dp
     assert (got["tp"], got["pp"], got["ep"]) == (plan.tp, plan.pp, plan.ep)
-    ddp = plan.zero_stage == 0 and plan.tp == plan.pp == plan.ep == 1
+    ddp = plan.zero_stage == 0 and plan.tp == plan.pp == plan.ep == plan.cp == 1
+    assert got["cp"] == plan.cp and got["balancer"] == "headtail"  # head-tail load balancing, as priced
+    assert got["fsdp"] == (not ddp and plan.dp * plan.cp > 1)  # torchtitan's FSDP: dp_shard x cp
     if plan.dp > 1:
         assert got["dp_shard"] == (1 if ddp else plan.dp)
         assert got["reshard"] == ("default" if ddp else "always" if plan.zero_stage == 3 else "never")
@@ -246,19 +253,21 @@ def test_read_gives_the_plan_back(name, facts, registry):
     text = toml(plan, facts, registry).text
     for devices in (plan.devices, None):
         back = titan.read(text, devices=devices).plan()
-        same = ("devices", "dp", "tp", "pp", "ep", "micro_batch_size", "num_microbatches", "schedule", "virtual_stages")
+        same = ("devices", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
+                "virtual_stages")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
-        ddp_only = plan.tp == plan.pp == plan.ep == 1
+        assert back.cp_variant == "allgather"  # 0.2.2 trains with torch's default rotation
+        ddp_only = plan.tp == plan.pp == plan.ep == plan.cp == 1
         zero = (
             0
-            if plan.dp == 1
+            if plan.dp == plan.cp == 1
             else 2
             if plan.zero_stage == 1 or (plan.zero_stage == 0 and not ddp_only)
             else plan.zero_stage
         )
         assert back.zero_stage == zero
         assert back.recompute == plan.recompute
-        mixed_off = plan.dp == 1 and (plan.tp > 1 or plan.pp > 1)  # torchtitan then trains in float32
+        mixed_off = plan.dp == plan.cp == 1 and (plan.tp > 1 or plan.pp > 1)  # torchtitan then trains in float32
         assert back.precision == ("fp32" if mixed_off else "bf16" if plan.precision == "fp16" else plan.precision)
         assert back.sequence_parallel == (plan.tp > 1) and back.tp_comm_overlap == plan.tp_comm_overlap
 
@@ -283,6 +292,9 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts, registry)
     assert "without sequence parallelism" in tp and "runs in float32" in tp
     assert "fp16 training" in said("reduce-bf16-fp16") and "float32 only" in said("reduce-bf16-fp16")
     assert "PowerSGD" in said("powersgd-no-overlap")
+    assert said("cp2-tp2-zero3") == ""
+    ring = said("cp2-ring-zero0")
+    assert "torchtitan 0.2.x has no ring context parallelism" in ring and "ZeRO-0 with cp=2" in ring
 
 
 def test_launch_command_is_torchruns(facts, registry):
@@ -314,17 +326,19 @@ def test_read_names_what_autoplan_does_not_price():
     """
     imported = titan.read(textwrap.dedent(text), devices=16)
     fields = imported.fields
-    assert (fields["dp"], fields["pp"], fields["devices"], fields["zero_stage"]) == (
+    assert (fields["dp"], fields["pp"], fields["cp"], fields["devices"], fields["zero_stage"]) == (
         4,
         2,
-        8,
+        2,
+        16,
         2,
     )  # default: no reshard with PP
     assert (fields["micro_batch_size"], fields["num_microbatches"]) == (1, 16)
     assert (fields["schedule"], fields["virtual_stages"]) == ("interleaved_1f1b", 2)
     said = " ".join(imported.unmapped)
-    for words in ("context parallelism", "HSDP", "ZBVZeroBubble", "memory_budget", "rowwise", "CPU offload"):
+    for words in ("HSDP", "ZBVZeroBubble", "memory_budget", "rowwise", "CPU offload"):
         assert words in said
+    assert "context" not in said and fields["cp_variant"] == "allgather"  # priced: torch's default rotation
     imported.plan()
 
 
