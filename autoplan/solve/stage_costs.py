@@ -74,7 +74,11 @@ class StageCosts:
         extra_bytes[0] += pre.param_count * per_param + pre.saved_bytes * in_flight[0]
         extra_bytes[-1] += post.param_count * per_param + post.saved_bytes * in_flight[-1]
         boundary = max((b.input_bytes for b in blocks[1:]), default=0.0)  # the first block's is never sent
-        cuts_s = [0.0, *(cut_s(self.profile, plan, b.input_bytes) for b in blocks[1:]), 0.0]
+        cut_of: dict[float, float] = {}  # identical blocks cut at identical tensors: price each size once
+        for b in blocks[1:]:
+            if b.input_bytes not in cut_of:
+                cut_of[b.input_bytes] = cut_s(self.profile, plan, b.input_bytes)
+        cuts_s = [0.0, *(cut_of[b.input_bytes] for b in blocks[1:]), 0.0]
         capacity = (
             stage_capacity_bytes(
                 self.profile, plan, boundary_bytes=boundary, block_params=max(b.param_count for b in blocks)

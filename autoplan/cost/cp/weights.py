@@ -10,11 +10,15 @@ cp = 1 and dp·cp data-parallel ranks; the batch a step trains stays the plan's 
 
 from __future__ import annotations
 
-from dataclasses import replace
+import copy
 
 from autoplan.types.plan import Plan
 
 
 def weight_sync_plan(plan: Plan) -> Plan:
     """``plan`` as its weights see it: dp·cp data-parallel ranks and no cp (module docstring)."""
-    return plan if plan.cp == 1 else replace(plan, dp=plan.dp * plan.cp, cp=1)
+    if plan.cp == 1:
+        return plan
+    weights = copy.copy(plan)  # not replace(): the copy of a valid plan needs no re-check, and pricing asks often
+    weights.dp, weights.cp = plan.dp * plan.cp, 1
+    return weights
