@@ -43,8 +43,8 @@ POWERSGD_MIN_COMPRESSION_RATE = 2
 
 
 def dp_mode(*, plan: Plan) -> str:
-    """'none', 'ddp', 'allreduce', 'zero1' or 'fsdp' for this plan."""
-    if plan.dp == 1:
+    """'none', 'ddp', 'allreduce', 'zero1' or 'fsdp' for this plan, over its dp x cp ranks."""
+    if plan.dp * plan.cp == 1:
         return "none"
     if plan.zero_stage >= 2:
         return "fsdp"

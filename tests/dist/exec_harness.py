@@ -39,9 +39,9 @@ def make_plan(model_name: str, **kw) -> Plan:
         kw["tp_plan"] = m.gpt_tp_plan(sp) if model_name == "gpt" else {} if model_name == "moe" else m.llama_tp_plan(sp)
     kw.setdefault("micro_batch_size", 2)
     kw.setdefault("num_microbatches", 2)
-    for axis in ("dp", "tp", "pp"):
+    for axis in ("dp", "tp", "pp", "cp"):
         kw.setdefault(axis, 1)
-    kw["devices"] = kw["dp"] * kw["tp"] * kw["pp"]
+    kw["devices"] = kw["dp"] * kw["cp"] * kw["tp"] * kw["pp"]
     return Plan(**kw)
 
 
