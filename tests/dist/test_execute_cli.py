@@ -131,6 +131,25 @@ def test_run_audit_writes_predicted_beside_measured(tmp_path):
     assert all(float(r["measured"]) == float(r["predicted"]) for r in held)
 
 
+def test_context_parallel_run_verifies_and_audits_the_kv_exchange(tmp_path):
+    """`autoplan run --verify --audit` at cp=2 (examples/gpt.py: positions from torch.arange in the root
+    forward, causal SDPA): the run matches the single-process reference, and each rank's KV exchange
+    is counted on dim cp: per attention call one all-gather of K and V whose message is the gathered
+    2·B·H·S·D·E bytes and, in backward, one reduce-scatter of dK and dV of the same size."""
+    plan = Plan(devices=2, dp=1, cp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, profile="cpu-gloo")
+    result = _run([str(ROOT / "examples/gpt.py"), "--plan", str(plan.save(tmp_path / "plan.json")), "--steps", "2",
+                   "--verify", "--audit", "--out", str(tmp_path / "run")], SMALL_GPT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout
+    rows = list(csv.DictReader((tmp_path / "run/audit.csv").open()))
+    layers, heads, seq, head_dim, fp32 = 2, 4, 16, 32 // 4, 4
+    per_call = 2 * plan.micro_batch_size * heads * seq * head_dim * fp32
+    for kind in ("all_gather", "reduce_scatter"):
+        comm = [r for r in rows if r["what"] == f"comm cp {kind}"]
+        assert len(comm) == 2 and all(float(r["measured"]) == layers * plan.num_microbatches * per_call for r in comm)
+    assert [r for r in rows if r["what"] == "comm dp all_reduce"]  # the gradient sync over dp x cp
+
+
 def test_recompute_that_applies_to_no_block_is_refused(tmp_path):
     model = tmp_path / "flat.py"
     model.write_text(textwrap.dedent("""
