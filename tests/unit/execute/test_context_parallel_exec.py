@@ -17,6 +17,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from autoplan.errors import PlanError, RunError
 from autoplan.execute import context_parallel as cpx
 from autoplan.execute import cp_attention
+from autoplan.execute.data_parallel import dp_mode
+from autoplan.types.plan import Plan
 
 
 @pytest.mark.parametrize("cp", [2, 3, 4])
@@ -111,3 +113,20 @@ def test_cuda_path_enables_torchs_dispatcher_and_refuses_another_balancing(fake_
     monkeypatch.setattr(_attention, "_context_parallel_shard", lambda *a, **k: [torch.arange(8)])
     with pytest.raises(RunError, match="not chunks r and 2cp-1-r"):
         cpx.enable_torch_cp(cp)
+
+
+@pytest.mark.parametrize(
+    ("degrees", "mode"),
+    [
+        (dict(cp=2), "ddp"),  # the dp x cp ranks sync with DDP, as the cost model prices (no flat copy)
+        (dict(cp=2, zero_stage=3), "fsdp"),
+        (dict(cp=2, tp=2), "allreduce"),
+        (dict(cp=2, dp=2, zero_stage=1), "zero1"),
+        ({}, "none"),
+    ],
+)
+def test_gradients_sync_over_dp_x_cp(degrees, mode):
+    degrees = {"dp": 1, "cp": 1, "tp": 1, **degrees}
+    devices = degrees["dp"] * degrees["cp"] * degrees["tp"]
+    plan = Plan(devices=devices, pp=1, micro_batch_size=1, num_microbatches=1, **degrees)
+    assert dp_mode(plan=plan) == mode
