@@ -235,7 +235,7 @@ def build_context_parallel(*, plan: Plan, mesh: DeviceMesh, seq_len: int | None)
         micro_batch_size=plan.micro_batch_size,
         variant=plan.cp_variant,
         backend=backend,
-        kv_group=kv_group(plan),
+        kv_group=kv_group(plan) if backend == "gloo" else mesh["cp"].get_group(),  # torch's CP uses the mesh's
     )
     if backend == "nccl":
         enable_torch_cp(cp)

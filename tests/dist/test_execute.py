@@ -43,6 +43,8 @@ TWO = [
     # positions made before the blocks (GPT's arange, Llama's rotary buffers sliced at each block)
     ("cp2_gpt", "gpt", dict(cp=2)),
     ("cp2_gqa_rotary_recompute_full", "llama", dict(cp=2, recompute="full")),
+    ("cp2_unmasked_attention", "gpt_bidirectional", dict(cp=2)),
+    ("cp2_enable_gqa_recompute_selective", "llama_enable_gqa", dict(cp=2, recompute="selective")),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),
