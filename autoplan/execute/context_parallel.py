@@ -225,7 +225,8 @@ def build_context_parallel(*, plan: Plan, mesh: DeviceMesh, seq_len: int | None)
         )
     if not cp_divides(seq_len, plan.cp):
         raise PlanError(f"plan cp={plan.cp}: {seq_len} tokens do not split into {2 * plan.cp} equal chunks.")
-    backend = dist.get_backend(mesh["cp"].get_group())
+    # NCCL runs torch's CP; any other backend (gloo, or a test's fake group) autoplan's CPU path
+    backend = "nccl" if dist.get_backend(mesh["cp"].get_group()) == "nccl" else "gloo"
     if plan.cp_variant not in runnable_cp_variants(backend):
         runs = ", ".join(runnable_cp_variants(backend)) or "none"
         raise PlanError(f"plan cp_variant='{plan.cp_variant}' does not run on {backend} (it runs: {runs}).")

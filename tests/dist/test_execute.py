@@ -54,6 +54,8 @@ FOUR = [
     ("pp2_dp2_zero2", "gpt", dict(pp=2, dp=2, zero_stage=2)),
     ("pp2_dp2_interleaved", "gpt", dict(pp=2, dp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
     ("dp2_tp2_zero1", "llama", dict(dp=2, tp=2, zero_stage=1)),
+    # weights tied across stages on a 4-D (pp, dp, cp, tp) mesh at tp > 1 (execute/tied.py)
+    ("pp2_tp2_tied", "gpt_tied", dict(pp=2, tp=2, tp_plan=m.gpt_tp_plan(False))),
     ("cp2_tp2_sp", "gpt", dict(cp=2, tp=2, sequence_parallel=True)),
     ("cp2_dp2_ddp", "llama", dict(cp=2, dp=2)),
     ("cp2_pp2_1f1b_recompute_bf16", "llama", dict(cp=2, pp=2, schedule="1f1b", recompute="full", precision="bf16")),
