@@ -169,7 +169,10 @@ class ContextParallel:
         if placed is not None:
             query, key, value = (t.to_local() for t in (query, key, value))
         kwargs = {"is_causal": is_causal, "dropout_p": dropout_p, "scale": scale, "enable_gqa": enable_gqa}
-        if self.backend == "nccl":
+        if self.variant == "ulysses":
+            self._check_heads(query, key)
+            out = cp_attention.ulysses_attention(query, key, value, group=self.kv_group, **kwargs)
+        elif self.backend == "nccl":
             out = cp_attention.torch_cp_attention(query, key, value, cp_mesh=self.cp_mesh, **kwargs)
         else:
             out = cp_attention.allgather_attention(query, key, value, group=self.kv_group, **kwargs)
@@ -190,6 +193,15 @@ class ContextParallel:
             "outside the blocks (e.g. a skip from the embedding to the head); plan cp=1 (docs/executor.md, "
             '"Context parallelism").'
         )
+
+    def _check_heads(self, query: torch.Tensor, key: torch.Tensor) -> None:
+        """Ulysses splits this rank's query and key/value heads over the cp group."""
+        heads, kv_heads = query.size(1), key.size(1)
+        if heads % self.cp or kv_heads % self.cp:
+            raise PlanError(
+                f"plan cp_variant='ulysses' splits attention heads over cp={self.cp}, and this rank's attention has "
+                f"{heads} query and {kv_heads} key/value heads; use cp_variant='allgather' or a cp that divides them."
+            )
 
     def route_attention(self, *, module: nn.Module, blocks: list[str]) -> None:
         """Each of ``blocks`` present in ``module`` runs its forward in the mode that routes attention on

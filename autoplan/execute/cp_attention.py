@@ -15,6 +15,11 @@ The gathered K, V are put in global order; the head chunk (global index j = r) a
 (query i sees keys <= j c + i): two SDPA calls of equal total work on every rank. Without a causal
 mask both chunks attend to all S keys in one call. GQA goes through SDPA's ``enable_gqa``.
 
+**Ulysses** (DeepSpeed-Ulysses, Jacobs et al. 2023 section 3; any backend): all-to-alls turn q, k and
+v from sequence shards of all heads into the whole sequence of 1/cp of the heads, one causal (or
+unmasked) SDPA runs on it, and an all-to-all turns the output back: four all-to-alls forward (q, k,
+v, o), four backward (dO, dQ, dK, dV), each of the local tensor's bytes; heads divide by cp.
+
 **CUDA** (NCCL): torch's context-parallel SDPA, as torchtitan runs it: q, k, v as DTensors sharded on
 the sequence dim of the cp mesh, dispatched to torch's ring attention (rotate method "allgather"
 or "alltoall") with its head-tail load balancing (autoplan/execute/context_parallel.py enables it).
@@ -121,3 +126,67 @@ def torch_cp_attention(
         q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
     )
     return out.to_local() if isinstance(out, DTensor) else out
+
+
+def _seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """[B, H, 2c, D] head-tail shards of every head -> [B, H/cp, S, D], the whole sequence in global
+    order of this rank's 1/cp of the heads (one all-to-all)."""
+    cp, (b, h, local, d) = dist.get_world_size(group), x.shape
+    send = x.reshape(b, cp, h // cp, local, d).transpose(0, 1).contiguous()  # head group j goes to rank j
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send, group=group)  # got[s]: rank s's chunks s and 2cp-1-s
+    c = local // 2
+    heads, tails = got[..., :c, :], got[..., c:, :]
+    return torch.cat([*heads.unbind(0), *tails.flip(0).unbind(0)], dim=SEQ_DIM)
+
+
+def _heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The inverse of :func:`_seq_to_heads`: [B, H/cp, S, D] -> [B, H, 2c, D] (one all-to-all)."""
+    cp, (b, h, seq, d) = dist.get_world_size(group), x.shape
+    chunks = x.split(seq // (2 * cp), dim=SEQ_DIM)
+    send = torch.stack([torch.cat([chunks[r], chunks[2 * cp - 1 - r]], dim=SEQ_DIM) for r in range(cp)])
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send, group=group)  # got[j]: this rank's tokens of head group j
+    return got.transpose(0, 1).reshape(b, cp * h, 2 * seq // (2 * cp), d)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup):
+        ctx.group = group
+        return _seq_to_heads(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _heads_to_seq(grad.contiguous(), ctx.group), None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup):
+        ctx.group = group
+        return _heads_to_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _seq_to_heads(grad.contiguous(), ctx.group), None
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: dist.ProcessGroup,
+    is_causal: bool,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """This rank's attention output ``[B, H, 2c, D]`` for its head-tail shards, through 1/cp of the
+    heads over the whole sequence (module docstring)."""
+    whole = [_SeqToHeads.apply(t, group) for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(
+        *whole, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+    return _flash_layout(_HeadsToSeq.apply(out, group))

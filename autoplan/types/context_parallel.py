@@ -48,7 +48,7 @@ def cp_divides(seq_len: int, cp: int) -> bool:
 
 #: the cp variants the executor runs on each backend (autoplan/execute/context_parallel.py): the search
 #: offers only these; the cost model prices every variant (a config from another trainer may use any)
-RUNNABLE_CP_VARIANTS = {"gloo": ("allgather",), "nccl": ("allgather", "ring")}
+RUNNABLE_CP_VARIANTS = {"gloo": ("allgather", "ulysses"), "nccl": ("allgather", "ring")}
 
 
 def runnable_cp_variants(backend: str) -> tuple[str, ...]:

@@ -45,6 +45,7 @@ TWO = [
     ("cp2_gqa_rotary_recompute_full", "llama", dict(cp=2, recompute="full")),
     ("cp2_unmasked_attention", "gpt_bidirectional", dict(cp=2)),
     ("cp2_enable_gqa_recompute_selective", "llama_enable_gqa", dict(cp=2, recompute="selective")),
+    ("cp2_ulysses_gqa_recompute_full", "llama", dict(cp=2, cp_variant="ulysses", recompute="full")),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),
@@ -58,6 +59,7 @@ FOUR = [
     ("pp2_tp2_tied", "gpt_tied", dict(pp=2, tp=2, tp_plan=m.gpt_tp_plan(False))),
     ("cp2_tp2_sp", "gpt", dict(cp=2, tp=2, sequence_parallel=True)),
     ("cp2_dp2_ddp", "llama", dict(cp=2, dp=2)),
+    ("cp2_tp2_ulysses", "llama", dict(cp=2, tp=2, cp_variant="ulysses")),
     ("cp2_pp2_1f1b_recompute_bf16", "llama", dict(cp=2, pp=2, schedule="1f1b", recompute="full", precision="bf16")),
 ]
 #: a model context parallelism cannot shard at its blocks' inputs: one sentence at the first step

@@ -76,6 +76,16 @@ def test_a_shard_meeting_a_whole_sequence_is_one_sentence(fake_cp_rank_0_of_2):
     assert cp.refusal(other) is None
 
 
+def test_ulysses_on_heads_cp_does_not_divide_is_one_sentence(fake_cp_rank_0_of_2):
+    cp = fake_cp_rank_0_of_2
+    cp.variant = "ulysses"
+    q, kv = torch.randn(1, 4, 8, 4), torch.randn(1, 1, 8, 4)  # 4 query heads, 1 key/value head
+    with pytest.raises(PlanError, match=r"splits attention heads over cp=2, .* 4 query and 1 key/value heads"):
+        cp.attention(
+            query=q, key=kv, value=kv, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None, enable_gqa=True
+        )
+
+
 def test_cuda_path_runs_torchs_cp_sdpa_on_sequence_sharded_dtensors(fake_cp_rank_0_of_2, monkeypatch):
     cp, seen = fake_cp_rank_0_of_2, {}
 

@@ -71,6 +71,6 @@ def test_head_tail_chunks_need_2cp_to_divide_the_sequence():
     assert cp_divides(8, 2) and cp_divides(8, 4) and not cp_divides(8, 8) and not cp_divides(12, 4)
 
 
-def test_gloo_runs_the_allgather_path_and_nccl_torchs_allgather_and_ring():
-    assert runnable_cp_variants("gloo") == ("allgather",)
+def test_gloo_runs_autoplans_allgather_and_ulysses_and_nccl_torchs_allgather_and_ring():
+    assert runnable_cp_variants("gloo") == ("allgather", "ulysses")
     assert runnable_cp_variants("nccl") == ("allgather", "ring")
