@@ -1,8 +1,6 @@
 """Causal or full attention over a sequence sharded head-tail across the cp group (docs/executor.md,
-"Context parallelism").
-
-Rank r of ``cp`` holds chunks r and 2cp-1-r of the 2cp equal chunks (``c = S / 2cp`` tokens each) of
-q, k and v, shaped ``[B, H, 2c, D]``: torch's ``_HeadTailLoadBalancer`` order.
+"Context parallelism"): rank r holds chunks r and 2cp-1-r of 2cp chunks (``c = S / 2cp`` tokens
+each) of q, k and v, shaped ``[B, H, 2c, D]``: torch's ``_HeadTailLoadBalancer`` order.
 
 **autoplan's CPU path** (gloo; all-gather KV, Llama 3 section 3.3). Per call and rank, with ``E`` bytes
 per element and ``Hkv`` KV heads on this rank:
