@@ -223,6 +223,35 @@ class ContextParallel:
         return routed
 
 
+def check_cp_runs_here(plan: Plan) -> None:
+    """Raise PlanError, in one sentence, when this machine's backend (NCCL with CUDA, else gloo) does
+    not run the plan's cp variant, or the sequence its traced inputs record does not split into 2cp
+    chunks: before a rank starts (autoplan/execute/tp_overlap.py ``check_runs_here``)."""
+    if plan.cp == 1:
+        return
+    from autoplan.types.context_parallel import cp_divides, runnable_cp_variants
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    runs = runnable_cp_variants(backend)
+    if plan.cp_variant not in runs:
+        raise PlanError(
+            f"plan cp_variant='{plan.cp_variant}' does not run on {backend} here (it runs: {', '.join(runs)}); "
+            f"set cp_variant to '{runs[0]}' in the plan, or re-plan on this machine."
+        )
+    seq_len = _traced_seq_len(plan)
+    if seq_len and not cp_divides(seq_len, plan.cp):
+        raise PlanError(f"plan cp={plan.cp}: {seq_len} tokens do not split into {2 * plan.cp} equal chunks.")
+
+
+def _traced_seq_len(plan: Plan) -> int | None:
+    """The sequence length of the plan's traced inputs: the tracer's rule (trace/build.py ``seq_len_of``)
+    on their specs, the second dim of the first integer [B, S] input."""
+    for spec in plan.inputs or []:
+        if spec.kind == "tensor" and len(spec.shape) == 2 and spec.dtype.startswith(("int", "uint")):
+            return spec.shape[1]
+    return None
+
+
 def build_context_parallel(*, plan: Plan, mesh: DeviceMesh, seq_len: int | None) -> ContextParallel | None:
     """The rank's :class:`ContextParallel` for ``plan`` (None at cp = 1); on NCCL, torch's CP dispatcher
     is enabled and its head-tail shard checked against autoplan's."""

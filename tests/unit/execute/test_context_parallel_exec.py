@@ -140,3 +140,16 @@ def test_gradients_sync_over_dp_x_cp(degrees, mode):
     devices = degrees["dp"] * degrees["cp"] * degrees["tp"]
     plan = Plan(devices=devices, pp=1, micro_batch_size=1, num_microbatches=1, **degrees)
     assert dp_mode(plan=plan) == mode
+
+
+def test_a_cp_plan_this_machine_cannot_run_stops_before_any_rank_starts():
+    from autoplan.execute.tp_overlap import check_runs_here
+    from autoplan.types.inputs import InputSpec
+
+    tokens = [InputSpec(kind="tensor", shape=[2, 18], dtype="int64", batched=True)]
+    plan = dict(devices=2, dp=1, cp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=1)
+    with pytest.raises(PlanError, match=r"^plan cp_variant='ring' does not run on gloo here \(it runs: allgather"):
+        check_runs_here(Plan(**plan, cp_variant="ring"))
+    with pytest.raises(PlanError, match=r"^plan cp=2: 18 tokens do not split into 4 equal chunks\.$"):
+        check_runs_here(Plan(**plan, inputs=tokens))
+    check_runs_here(Plan(**{**plan, "cp": 1, "dp": 2}, inputs=tokens))  # 18 tokens are fine at cp = 1
