@@ -6,12 +6,14 @@
    opaque op each (execute/expert_dispatch.py). **FP8** linears right after it, before every wrapper.
 2. **Expert parallelism**: after the split (a stage slices its own experts), before data
    parallelism, which must see the sliced parameters (execute/expert_parallel.py).
+2b. **Context parallelism**'s pre-hooks on the blocks before the pipeline split, whose export traces
+   them into the stages, so every stage computes on the sequence shard (execute/context_parallel.py).
 3. **Tensor parallelism** (+SP, the tp mesh's RNG tracker): on the stage modules that run, before
    recomputation so a checkpointed block replays its redistributions.
 4. **Activation recomputation** (then async TP's compile) before FSDP, so FSDP's all-gather hooks
    stay outside the checkpointed forward.
 5. **FSDP2 / DDP / explicit all-reduce** last among module transforms: they must see the final
-   (DTensor, sliced) parameters.
+   (DTensor, sliced) parameters. Their group is dp x cp (the ranks holding the same weights).
 6. **Schedule** last: ``PipelineStage`` needs the finished stage modules.
 """
 
@@ -33,15 +35,17 @@ from autoplan.execute import (
     precision,
     rng,
 )
+from autoplan.execute.context_parallel import build_context_parallel
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
-from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, local_device
+from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
 from autoplan.execute.recompute import apply_recompute
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
 from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tp_overlap import apply_async_tp, check_runs_here
 from autoplan.execute.trainer import Trainer
 from autoplan.execute.zero import sharded_optimizer
+from autoplan.trace.build import seq_len_of
 from autoplan.trace.layers import find_blocks
 from autoplan.types.plan import Plan
 
@@ -72,7 +76,7 @@ def parallelize(
     graph traced before they were recorded, or from inputs that are not tensors and scalars)
     still needs them."""
     check_runs_here(plan)
-    if microbatch_inputs is None and plan.inputs and (plan.pp > 1 or (plan.tp > 1 and not plan.tp_plan)):
+    if microbatch_inputs is None and plan.inputs and (plan.pp > 1 or plan.cp > 1 or (plan.tp > 1 and not plan.tp_plan)):
         from autoplan.execute.batch import microbatch_from_specs
 
         microbatch_inputs = microbatch_from_specs(plan.inputs, micro_batch_size=plan.micro_batch_size)
@@ -87,11 +91,15 @@ def parallelize(
     expert_sequence.check_unsplit(plan=plan, blocks=moe_blocks)
     fp8_linears = float8.eligible_fqns(model, plan, exclude=tuple(experts) + list_moe)
     mesh = build_mesh(plan=plan)
+    sync_mesh = grad_mesh(mesh=mesh, plan=plan)
     ep_mesh = expert_mesh(mesh=mesh, plan=plan)
     model = model.to(device)
     blocks = [b for stage in plan.stages for b in stage] or find_blocks(
         model
     )  # the tracer's rule (autoplan/trace/layers.py)
+    cp_state = build_context_parallel(plan=plan, mesh=mesh, seq_len=seq_len_of(tuple(microbatch_inputs or ())))
+    if cp_state is not None:
+        cp_state.install(model=model, blocks=blocks)
     ties = tied_names(model)
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
     modules, tie_sync, out_spec = _split(
@@ -121,6 +129,8 @@ def parallelize(
             expert_sequence.apply_sequence_parallel_experts(
                 modules={index: module}, blocks=moe_blocks, tp_mesh=mesh["tp"]
             )
+        if cp_state is not None:  # after the split and TP, before recompute (context_parallel.py)
+            cp_state.route_attention(module=module, blocks=blocks)
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
         if plan.tp_comm_overlap:
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
@@ -128,7 +138,7 @@ def parallelize(
             module=module,
             blocks=blocks,
             plan=plan,
-            mesh=mesh,
+            dp_mesh=sync_mesh,
             mode=mode,
             device=device,
             policy=policy,
@@ -144,7 +154,7 @@ def parallelize(
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = (
         sharded_optimizer(
-            params=params, optimizer_fn=optimizer_fn, dp_mesh=mesh["dp"], reduce_dtype=policy.reduce_dtype, ep=ep_state
+            params=params, optimizer_fn=optimizer_fn, dp_mesh=sync_mesh, reduce_dtype=policy.reduce_dtype, ep=ep_state
         )
         if mode == "zero1"
         else optimizer_fn(params)
@@ -164,6 +174,8 @@ def parallelize(
         aliases=aliases,
         experts=ep_state,
         some_unused=bool(list_moe),
+        grad_mesh=sync_mesh,
+        context=cp_state,
     )
     if plan.pp > 1:
         trainer.schedule = pipeline.build_schedule(
@@ -216,7 +228,7 @@ def _data_parallel(
     module: nn.Module,
     blocks: list[str],
     plan: Plan,
-    mesh: Any,
+    dp_mesh: Any,
     mode: str,
     device: torch.device,
     policy: precision.PrecisionPolicy,
@@ -232,7 +244,7 @@ def _data_parallel(
             module=module,
             blocks=blocks,
             plan=plan,
-            dp_mesh=mesh["dp"],
+            dp_mesh=dp_mesh,
             mp_policy=precision.mp_policy(policy),
             experts=experts,
             edp_mesh=ep.edp_mesh if ep else None,
@@ -240,7 +252,7 @@ def _data_parallel(
     if mode == "ddp":
         return data_parallel.apply_ddp(
             module=module,
-            dp_mesh=mesh["dp"],
+            dp_mesh=dp_mesh,
             device=device,
             reduce_dtype=policy.reduce_dtype,
             ignore=frozenset(id(p) for m in experts for p in m.parameters()),

@@ -34,7 +34,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from autoplan.types.plan import Plan
+from autoplan.types.plan import Plan, runs_ddp
 
 #: PowerSGD compresses from this step on (torch: > 1 with error feedback; module docstring)
 POWERSGD_START_ITER = 2
@@ -43,14 +43,20 @@ POWERSGD_MIN_COMPRESSION_RATE = 2
 
 
 def dp_mode(*, plan: Plan) -> str:
-    """'none', 'ddp', 'allreduce', 'zero1' or 'fsdp' for this plan."""
-    if plan.dp == 1:
+    """'none', 'ddp', 'allreduce', 'zero1' or 'fsdp' for this plan, over its dp x cp ranks."""
+    if plan.dp * plan.cp == 1:
         return "none"
     if plan.zero_stage >= 2:
         return "fsdp"
     if plan.zero_stage == 1:
         return "zero1"
-    if plan.runs_ddp:
+    if runs_ddp(
+        dp=plan.dp * plan.cp,  # the ranks that sync gradients (mesh.py grad_mesh)
+        tp=plan.tp,
+        pp=plan.pp,
+        zero_stage=plan.zero_stage,
+        overlap_grad_reduce=plan.overlap_grad_reduce,
+    ):
         return "ddp"
     return "allreduce"
 

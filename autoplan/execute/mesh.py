@@ -1,8 +1,10 @@
 """The device mesh a plan runs on.
 
-Ranks form a ``(pp, dp, tp)`` mesh, tp innermost, as autoplan/types/layout.py states it for the
+Ranks form a ``(pp, dp, cp, tp)`` mesh, tp innermost, as autoplan/types/layout.py states it for the
 executor and the cost model alike. Every axis exists even when its degree is 1,
-so the rest of the executor can always ask for ``mesh["dp"]`` or ``mesh["tp"]``.
+so the rest of the executor can always ask for ``mesh["dp"]``, ``mesh["cp"]`` or ``mesh["tp"]``.
+The ranks that hold the same weights and average their gradients are a dp x cp group: with cp > 1
+the dp and cp axes flattened into one ("dp_cp", :func:`grad_mesh`), else the dp axis itself.
 
 With expert parallelism (``plan.ep > 1``) the dp axis is also unflattened into ``(edp, ep)``, ep
 innermost, on a second mesh (:func:`expert_mesh`): consecutive dp ranks form an ep group, and the
@@ -38,7 +40,7 @@ def local_device() -> torch.device:
 
 
 def build_mesh(*, plan: Plan) -> DeviceMesh:
-    """A DeviceMesh named (pp, dp, tp) over the initialised default process group."""
+    """A DeviceMesh named (pp, dp, cp, tp) over the initialised default process group."""
     if not dist.is_available() or not dist.is_initialized():
         raise RunError(
             "parallelize() needs an initialised process group; "
@@ -46,15 +48,27 @@ def build_mesh(*, plan: Plan) -> DeviceMesh:
         )
     world_size = dist.get_world_size()
     if world_size != plan.devices:
+        cp = f" x cp={plan.cp}" if plan.cp > 1 else ""
         raise PlanError(
-            f"the plan needs {plan.devices} processes (dp={plan.dp} x tp={plan.tp} x pp={plan.pp}) "
+            f"the plan needs {plan.devices} processes (dp={plan.dp}{cp} x tp={plan.tp} x pp={plan.pp}) "
             f"but the process group has {world_size}; launch {plan.devices} processes."
         )
-    return init_device_mesh(device_type(), mesh_shape(pp=plan.pp, dp=plan.dp, tp=plan.tp), mesh_dim_names=MESH_AXES)
+    return init_device_mesh(
+        device_type(), mesh_shape(pp=plan.pp, dp=plan.dp, cp=plan.cp, tp=plan.tp), mesh_dim_names=MESH_AXES
+    )
+
+
+def grad_mesh(*, mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    """The ranks that average gradients: the dp axis, or with cp > 1 the dp and cp axes flattened
+    ("dp_cp", dp-major as types/layout.py ``plan_groups`` states it). A collective at cp > 1: every
+    rank calls it once, in the same order."""
+    if plan.cp == 1:
+        return mesh["dp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")
 
 
 def coordinates(mesh: DeviceMesh) -> dict[str, int]:
-    """This rank's position on each axis, e.g. {'pp': 1, 'dp': 0, 'tp': 1}."""
+    """This rank's position on each axis, e.g. {'pp': 1, 'dp': 0, 'cp': 0, 'tp': 1}."""
     return {axis: mesh.get_local_rank(axis) for axis in MESH_AXES}
 
 

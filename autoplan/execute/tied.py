@@ -86,7 +86,8 @@ def build_tied_sync(
 
     ``holders[stage]`` is the set of parameter FQNs stage ``stage`` holds."""
     sync = TiedGradSync()
-    layout = mesh.mesh  # [pp, dp, tp] -> global rank
+    # [pp, dp, cp, tp] -> global rank; one row per position off the pp axis, its pp ranks in order
+    along_pp = mesh.mesh.reshape(mesh.mesh.shape[0], -1).T
     me = dist.get_rank()
     for names in groups:
         stages = sorted(stage for stage, held in holders.items() if held & set(names))
@@ -98,10 +99,9 @@ def build_tied_sync(
             if copies:
                 sync.pairs.append((None, copies))
             continue
-        for d in range(layout.shape[1]):
-            for t in range(layout.shape[2]):
-                ranks = [int(layout[p, d, t]) for p in pp_ranks]
-                group = dist.new_group(ranks)
-                if me in ranks:
-                    sync.pairs.append((group, copies))
+        for row in along_pp:
+            ranks = [int(row[p]) for p in pp_ranks]
+            group = dist.new_group(ranks)
+            if me in ranks:
+                sync.pairs.append((group, copies))
     return sync

@@ -26,10 +26,11 @@ from autoplan.types.plan import Plan
 
 def check_runs_here(plan: Plan) -> None:
     """Raise PlanError, in one sentence, when ``plan`` needs a device this machine lacks: every
-    device rule of a plan, async TP's (:func:`check_tp_overlap_runs_here`) and FP8's
-    (autoplan/execute/float8.py); or asks for what the executor does not run
-    (``overlap_param_gather``, Megatron-LM's, priced for a config read back). The CLI calls it
-    before a rank starts, ``parallelize`` first."""
+    device rule of a plan, async TP's (:func:`check_tp_overlap_runs_here`), FP8's
+    (autoplan/execute/float8.py) and context parallelism's (execute/context_parallel.py); or asks
+    for what the executor does not run (``overlap_param_gather``, Megatron-LM's, priced for a config
+    read back). The CLI calls it before a rank starts, ``parallelize`` first."""
+    from autoplan.execute.context_parallel import check_cp_runs_here
     from autoplan.execute.float8 import check_runs_here as check_float8_runs_here
 
     if plan.overlap_param_gather:
@@ -39,6 +40,7 @@ def check_runs_here(plan: Plan) -> None:
         )
     check_tp_overlap_runs_here(plan)
     check_float8_runs_here(plan)
+    check_cp_runs_here(plan)
 
 
 def check_tp_overlap_runs_here(plan: Plan) -> None:

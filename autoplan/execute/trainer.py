@@ -6,7 +6,9 @@ global batch). Without a pipeline it accumulates gradients over the micro-batche
 data-parallel gradients only after the last; with one, the schedule runs the micro-batches
 and computes the loss on the last stage. It returns the mean micro-batch loss on ranks that
 hold the last stage and NaN elsewhere; :meth:`Trainer.reduce_loss` gives every rank the
-global loss (a collective, kept out of the step so it is not timed).
+global loss (a collective, kept out of the step so it is not timed). Under context parallelism the
+target is this cp rank's sequence shard (the blocks shard their inputs and route attention to the cp
+group: autoplan/execute/context_parallel.py), and gradients average over dp x cp.
 """
 
 from __future__ import annotations
@@ -33,11 +35,15 @@ DTENSOR_LIMITS = ("unevenly sharded", "does not have a sharding strategy", "Cann
 
 
 @contextlib.contextmanager
-def _explained(plan: Plan):
-    """Turn DTensor's refusal of a model op under the plan's splits into a PlanError."""
+def _explained(plan: Plan, context: Any = None):
+    """Turn DTensor's refusal of a model op under the plan's splits, or a model that context
+    parallelism's sequence shards cannot run (``context``, context_parallel.py), into a PlanError."""
     try:
         yield
     except (RuntimeError, NotImplementedError) as exc:
+        refused = context.refusal(exc) if context is not None else None
+        if refused is not None:
+            raise refused from exc
         text = str(exc)
         if plan.tp > 1 and any(marker in text for marker in DTENSOR_LIMITS):
             first = text.strip().splitlines()[0]
@@ -70,6 +76,8 @@ class Trainer:
     # gradients are set to None, as one device's zero_grad() leaves them, so AdamW skips them
     some_unused: bool = False
     unscaled_losses: list = field(default_factory=list)  # (returned, unscaled) per loss call on the last stage
+    grad_mesh: Any = None  # the ranks averaging gradients: dp, or dp x cp (mesh.py grad_mesh)
+    context: Any = None  # a ContextParallel at cp > 1 (context_parallel.py)
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
@@ -102,11 +110,14 @@ class Trainer:
         return 0 in self.stage_modules
 
     def local_batch(self, inputs: tuple, target: Any) -> tuple[tuple, Any]:
-        """This dp rank's share of a global batch, on this rank's device."""
+        """This dp rank's share of a global batch, on this rank's device, and under context
+        parallelism the target's sequence shard (the model's inputs run whole up to the blocks)."""
         global_batch = self.plan.global_batch_size
         index, parts = self.mesh.get_local_rank("dp"), self.plan.dp
         inputs = shard_batch(tuple(inputs), index=index, parts=parts, batch_size=global_batch)
         target = shard_batch(target, index=index, parts=parts, batch_size=global_batch)
+        if self.context is not None:
+            target = self.context.shard_target(target, batch=global_batch // parts)
         return move_to(inputs, self.device), move_to(target, self.device)
 
     # ---- the step -----------------------------------------------------------------------
@@ -120,7 +131,7 @@ class Trainer:
         # DTensor must accept plain tensors (masks, rotary tables, grads of them) as
         # replicated values, in forward and in backward.
         replicate = implicit_replication() if self.plan.tp > 1 else contextlib.nullcontext()
-        with replicate, _explained(self.plan):
+        with replicate, _explained(self.plan, self.context):
             loss = (
                 self._pipelined(tuple(inputs), target)
                 if self.schedule is not None
@@ -190,7 +201,10 @@ class Trainer:
             self.experts.sync_grads(dp_mode=self.dp_mode, reduce_dtype=self.policy.reduce_dtype)
         if self.dp_mode == "allreduce":
             dense, _ = split_params(params, self.experts)
-            allreduce_grads(params=dense, dp_mesh=self.mesh["dp"], reduce_dtype=self.policy.reduce_dtype)
+            allreduce_grads(params=dense, dp_mesh=self._grad_mesh(), reduce_dtype=self.policy.reduce_dtype)
+
+    def _grad_mesh(self) -> DeviceMesh:
+        return self.mesh["dp"] if self.grad_mesh is None else self.grad_mesh
 
     def _optimizer_step(self) -> None:
         """Step (fp16: unscale first, and skip on every rank when any gradient overflowed)."""
@@ -205,8 +219,9 @@ class Trainer:
         self.scaler.update(found_inf)
 
     def reduce_loss(self, loss: torch.Tensor) -> float:
-        """The global mean loss on every rank (averaged over the ranks holding the last stage)."""
-        holders = self.plan.dp * self.plan.tp
+        """The global mean loss on every rank (averaged over the ranks holding the last stage: a cp
+        rank's loss is its sequence shard's mean)."""
+        holders = self.plan.dp * self.plan.cp * self.plan.tp
         value = (
             loss.detach().float().reshape(1).clone() if self.holds_last_stage else torch.zeros(1, device=self.device)
         )

@@ -5,7 +5,8 @@ Context parallelism shards every sequence over ``cp`` ranks, each holding chunks
 2cp equal chunks (head-tail load balancing), so a sequence of S tokens needs 2cp | S. Only attention
 mixes tokens across the sequence, and the executor splits it for scaled-dot-product attention over
 the whole sequence (q_len = kv_len = S) that is causal or unmasked: an explicit mask has a query and
-a key dimension the shards cannot both keep.
+a key dimension the shards cannot both keep. The executor shards the sequence at the blocks' inputs
+and routes attention from inside the blocks, so attention outside every block is refused too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def cp_refusal(graph: Graph) -> str | None:
                 f"attention '{node.name}' takes an explicit mask, which context parallelism cannot split; "
                 "use is_causal=True (or no mask) to plan cp > 1."
             )
+        if node.layer is None:
+            return (
+                f"attention '{node.name}' runs outside the model's blocks, and context parallelism shards the "
+                "sequence at the blocks' inputs; plan cp=1."
+            )
         if a.get("q_len") != graph.seq_len or a.get("kv_len") != graph.seq_len:
             return (
                 f"attention '{node.name}' attends {a.get('q_len')} queries to {a.get('kv_len')} keys, not the "
@@ -42,7 +48,7 @@ def cp_divides(seq_len: int, cp: int) -> bool:
 
 #: the cp variants the executor runs on each backend (autoplan/execute/context_parallel.py): the search
 #: offers only these; the cost model prices every variant (a config from another trainer may use any)
-RUNNABLE_CP_VARIANTS = {"gloo": ("allgather",), "nccl": ("allgather", "ring")}
+RUNNABLE_CP_VARIANTS = {"gloo": ("allgather", "ulysses"), "nccl": ("allgather", "ring")}
 
 
 def runnable_cp_variants(backend: str) -> tuple[str, ...]:

@@ -18,7 +18,8 @@ import torch.multiprocessing as mp
 from autoplan.jobs.launcher import free_port
 from autoplan.types.plan import Plan
 
-MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE"}
+MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE",
+          "gpt_bidirectional": "BidirectionalGPT", "llama_enable_gqa": "SdpaGQALlama"}
 
 
 def blocks_of(model_name: str) -> list[str]:
@@ -39,9 +40,9 @@ def make_plan(model_name: str, **kw) -> Plan:
         kw["tp_plan"] = m.gpt_tp_plan(sp) if model_name == "gpt" else {} if model_name == "moe" else m.llama_tp_plan(sp)
     kw.setdefault("micro_batch_size", 2)
     kw.setdefault("num_microbatches", 2)
-    for axis in ("dp", "tp", "pp"):
+    for axis in ("dp", "tp", "pp", "cp"):
         kw.setdefault(axis, 1)
-    kw["devices"] = kw["dp"] * kw["tp"] * kw["pp"]
+    kw["devices"] = kw["dp"] * kw["cp"] * kw["tp"] * kw["pp"]
     return Plan(**kw)
 
 

@@ -116,6 +116,44 @@ class TinyLlama(nn.Module):
         return self.output(self.norm(x))
 
 
+class BidirectionalAttention(FusedAttention):
+    """FusedAttention without a causal mask (an encoder's self-attention)."""
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = (t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class BidirectionalGPT(TinyGPT):
+    def __init__(self):
+        super().__init__()
+        for block in self.h:
+            block.attn = BidirectionalAttention()
+
+
+class SdpaGQAAttention(GQAAttention):
+    """GQA handed to SDPA with fewer key/value heads than query heads (``enable_gqa``), not repeated first."""
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, HEADS, self.head_dim)
+        k = self.wk(x).view(B, T, KV_HEADS, self.head_dim)
+        v = self.wv(x).view(B, T, KV_HEADS, self.head_dim)
+        q, k = q * cos + _rotate(q) * sin, k * cos + _rotate(k) * sin
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=True)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SdpaGQALlama(TinyLlama):
+    def __init__(self):
+        super().__init__()
+        for layer in self.layers:
+            layer.attention = SdpaGQAAttention()
+
+
 class InplaceGQAAttention(GQAAttention):
     """Third-party habits: an OLMo-2-style q norm over all heads whose variance gets an
     in-place ``add_`` (a Partial DTensor when wq is colwise), and ``.contiguous().view()``."""

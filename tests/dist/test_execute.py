@@ -39,6 +39,13 @@ TWO = [
     ("tp2_colwise_embedding_inplace", "llama3p", dict(tp=2, recompute="full", tp_plan=m.llama_tp_plan(False, embedding="colwise"))),
     ("tp2_sp_colwise_embedding_inplace", "llama3p", dict(tp=2, sequence_parallel=True, tp_plan=m.llama_tp_plan(True, embedding="colwise"))),
     ("pp2_interleaved_rope_args", "llama3p", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
+    # context parallelism (execute/context_parallel.py): causal attention over head-tail shards,
+    # positions made before the blocks (GPT's arange, Llama's rotary buffers sliced at each block)
+    ("cp2_gpt", "gpt", dict(cp=2)),
+    ("cp2_gqa_rotary_recompute_full", "llama", dict(cp=2, recompute="full")),
+    ("cp2_unmasked_attention", "gpt_bidirectional", dict(cp=2)),
+    ("cp2_enable_gqa_recompute_selective", "llama_enable_gqa", dict(cp=2, recompute="selective")),
+    ("cp2_ulysses_gqa_recompute_full", "llama", dict(cp=2, cp_variant="ulysses", recompute="full")),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),
@@ -48,13 +55,21 @@ FOUR = [
     ("pp2_dp2_zero2", "gpt", dict(pp=2, dp=2, zero_stage=2)),
     ("pp2_dp2_interleaved", "gpt", dict(pp=2, dp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
     ("dp2_tp2_zero1", "llama", dict(dp=2, tp=2, zero_stage=1)),
+    # weights tied across stages on a 4-D (pp, dp, cp, tp) mesh at tp > 1 (execute/tied.py)
+    ("pp2_tp2_tied", "gpt_tied", dict(pp=2, tp=2, tp_plan=m.gpt_tp_plan(False))),
+    ("cp2_tp2_sp", "gpt", dict(cp=2, tp=2, sequence_parallel=True)),
+    ("cp2_dp2_ddp", "llama", dict(cp=2, dp=2)),
+    ("cp2_tp2_ulysses", "llama", dict(cp=2, tp=2, cp_variant="ulysses")),
+    ("cp2_pp2_1f1b_recompute_bf16", "llama", dict(cp=2, pp=2, schedule="1f1b", recompute="full", precision="bf16")),
 ]
+#: a model context parallelism cannot shard at its blocks' inputs: one sentence at the first step
+REFUSED = [("cp2_skip_from_embedding_to_head", "llama3p", dict(cp=2))]
 EIGHT = [("pp2_dp2_tp2", "llama", dict(pp=2, dp=2, tp=2, sequence_parallel=True, zero_stage=1))]
 
 
 @pytest.fixture(scope="module")
 def two():
-    return run_cases(2, TWO)
+    return run_cases(2, TWO + REFUSED)
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +102,11 @@ def test_four_ranks_match_reference(four, name):
 
 def test_eight_ranks_pp_dp_tp_match_reference():
     _check(run_cases(8, EIGHT), EIGHT[0][0])
+
+
+def test_cp_refuses_a_whole_sequence_tensor_made_outside_the_blocks_in_one_sentence(two):
+    name = REFUSED[0][0]
+    errors = [v["error"] for k, v in two.items() if k.startswith(name)]
+    assert len(errors) == 2, two.get(name)
+    assert all("PlanError: context parallelism shards the sequence at the blocks' inputs (4 of 8 tokens" in e
+               for e in errors)

@@ -131,6 +131,33 @@ def test_run_audit_writes_predicted_beside_measured(tmp_path):
     assert all(float(r["measured"]) == float(r["predicted"]) for r in held)
 
 
+#: per attention call and rank, what each cp variant sends on dim cp (kind, count, message bytes as a multiple
+#: of one local [B, H, S/cp, D] tensor, at cp = 2): allgather gathers K and V (2 x cp local tensors) forward and
+#: reduce-scatters dK and dV backward; Ulysses moves q, k, v, o forward and dO, dQ, dK, dV backward, one each
+CP_MESSAGES = {"allgather": [("all_gather", 1, 2 * 2), ("reduce_scatter", 1, 2 * 2)], "ulysses": [("all_to_all", 8, 1)]}
+
+
+@pytest.mark.parametrize("variant", sorted(CP_MESSAGES))
+def test_context_parallel_run_verifies_and_audits_the_kv_exchange(tmp_path, variant):
+    """`autoplan run --verify --audit` at cp=2 (examples/gpt.py: positions from torch.arange in the root
+    forward, causal SDPA): the run matches the single-process reference, and each rank's exchange of
+    keys and values is counted on dim cp as CP_MESSAGES says."""
+    plan = Plan(devices=2, dp=1, cp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, profile="cpu-gloo",
+                cp_variant=variant)
+    result = _run([str(ROOT / "examples/gpt.py"), "--plan", str(plan.save(tmp_path / "plan.json")), "--steps", "2",
+                   "--verify", "--audit", "--out", str(tmp_path / "run")], SMALL_GPT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout
+    rows = list(csv.DictReader((tmp_path / "run/audit.csv").open()))
+    layers, heads, seq, head_dim, fp32 = 2, 4, 16, 32 // 4, 4
+    local_bytes = plan.micro_batch_size * heads * (seq // plan.cp) * head_dim * fp32
+    calls = layers * plan.num_microbatches
+    for kind, count, tensors in CP_MESSAGES[variant]:
+        comm = [r for r in rows if r["what"] == f"comm cp {kind}"]
+        assert len(comm) == 2 and all(float(r["measured"]) == calls * count * tensors * local_bytes for r in comm)
+    assert [r for r in rows if r["what"] == "comm dp all_reduce"]  # the gradient sync over dp x cp
+
+
 def test_recompute_that_applies_to_no_block_is_refused(tmp_path):
     model = tmp_path / "flat.py"
     model.write_text(textwrap.dedent("""

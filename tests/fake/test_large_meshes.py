@@ -60,12 +60,17 @@ def _tp_dim(module: torch.nn.Module, name: str, split: str) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("world, dp, tp, rank", [(64, 8, 8, 13), (128, 16, 8, 77), (256, 64, 4, 255)])
-def test_a_rank_deep_in_the_mesh_has_its_coordinates_and_shards(fake_rank, world, dp, tp, rank):
+@pytest.mark.parametrize("world, dp, cp, tp, rank", [(64, 8, 1, 8, 13), (128, 8, 2, 8, 77), (256, 64, 1, 4, 255)])
+def test_a_rank_deep_in_the_mesh_has_its_coordinates_and_shards(fake_rank, world, dp, cp, tp, rank):
     fake_rank(rank, world)
-    plan = Plan(devices=world, dp=dp, tp=tp, pp=1, micro_batch_size=1, num_microbatches=1, sequence_parallel=True)
+    plan = Plan(
+        devices=world, dp=dp, cp=cp, tp=tp, pp=1, micro_batch_size=1, num_microbatches=1, sequence_parallel=True
+    )
     trainer, plan = _parallelized(plan)
-    assert coordinates(trainer.mesh) == {"pp": 0, "dp": rank // tp % dp, "tp": rank % tp}  # (pp, dp, tp), tp innermost
+    expected = {"pp": 0, "dp": rank // (cp * tp) % dp, "cp": rank // tp % cp, "tp": rank % tp}  # tp innermost
+    assert coordinates(trainer.mesh) == expected
+    if cp > 1:  # the ranks that sync gradients: the dp x cp ranks holding this rank's tp shard
+        assert dist.get_process_group_ranks(trainer.grad_mesh.get_group()) == list(range(rank % tp, world, tp))
     model = trainer.stage_modules[0]
     global_shapes = {n: tuple(p.shape) for n, p in GPT.build().named_parameters(remove_duplicate=False)}
     split_count = 0
@@ -126,7 +131,7 @@ def test_a_pipeline_rank_holds_only_its_stage(fake_rank):
         sequence_parallel=True,
     )
     trainer, plan = _parallelized(plan)
-    assert coordinates(trainer.mesh) == {"pp": 3, "dp": 1, "tp": 1}
+    assert coordinates(trainer.mesh) == {"pp": 3, "dp": 1, "cp": 0, "tp": 1}
     assert list(trainer.stage_modules) == [3]
     held = {n for n, _ in trainer.stage_modules[3].named_parameters()}
     assert any(n.startswith("transformer.h.3.") for n in held)

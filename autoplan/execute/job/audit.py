@@ -3,7 +3,9 @@
 ``TorchDispatchMode``, so they see every op that reaches the dispatcher, from Python and C++ alike:
 
 - :class:`CommRecorder`: every ``c10d`` and ``_c10d_functional`` collective, its kind, its message
-  bytes (autoplan/cost/network/comm.py's convention) and its process group's mesh dimension;
+  bytes (autoplan/cost/network/comm.py's convention) and its process group's mesh dimension: by its
+  ranks, except context parallelism's KV exchange, "cp" by its own group (whose ranks a dp x cp
+  gradient sync may share at dp = 1), and that sync, "dp" over the dp x cp ranks;
 - :class:`~autoplan.execute.job.meters.LiveBytes`: the peak of live tensor bytes on this rank and
   the op running at the peak;
 - :class:`~autoplan.execute.job.meters.MatmulFlops`: FLOPs of matmul-class ops and, apart, of
@@ -72,16 +74,20 @@ def _tensor_bytes(obj: Any) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
-def group_dims(mesh: Any, extra: dict[str, str] | None = None, experts: Any = None) -> dict[frozenset, str]:
+def group_dims(
+    mesh: Any, extra: dict[str, str] | None = None, experts: Any = None, grad_mesh: Any = None
+) -> dict[frozenset, str]:
     """{ranks of a process group: mesh dim} for this rank's groups of the plan's mesh, plus
     ``extra`` groups by name (tied weights) and, under expert parallelism (``experts``, an
     ExpertParallel), the edp and ep groups where they are not already a dp group. Groups are told
     apart by their ranks, since DTensor and a sub-mesh may each hold their own process group over
-    the same ranks."""
+    the same ranks. ``grad_mesh``: the dp x cp ranks that sync gradients, counted as dp."""
     dims: dict[frozenset, str] = {}
+    if grad_mesh is not None and grad_mesh.size() > 1:
+        dims[_ranks(grad_mesh.get_group())] = "dp"
     for dim in MESH_DIMS:
         if dim in (mesh.mesh_dim_names or ()) and mesh[dim].size() > 1:
-            dims[frozenset(dist.get_process_group_ranks(mesh[dim].get_group()))] = dim
+            dims.setdefault(frozenset(dist.get_process_group_ranks(mesh[dim].get_group())), dim)
     for name, dim in (extra or {}).items():
         dims.setdefault(_ranks(name), dim)
     for dim, sub in _expert_meshes(experts):
@@ -127,12 +133,18 @@ class CommTotals:
 class CommRecorder(TorchDispatchMode):
     """Records each collective this rank issues (module docstring)."""
 
-    def __init__(self, groups: dict[frozenset, str], all_to_all: dict[frozenset, str] | None = None):
+    def __init__(
+        self,
+        groups: dict[frozenset, str],
+        all_to_all: dict[frozenset, str] | None = None,
+        named: dict[str, str] | None = None,
+    ):
         super().__init__()
         self.groups = groups
         self.all_to_all = all_to_all or {}  # groups whose all-to-alls belong to another dim (ep)
         self.totals = CommTotals()
-        self._known: dict[Any, str] = {}
+        # groups whose dim is theirs by name, whatever their ranks (cp's KV exchange)
+        self._known: dict[Any, str] = {(name, a2a): dim for name, dim in (named or {}).items() for a2a in (False, True)}
 
     def __enter__(self):
         self._thread, self._all_reduce = threading.get_ident(), dist.all_reduce
@@ -262,9 +274,10 @@ def audited_step(
     *,
     groups: dict[frozenset, str],
     all_to_all: dict[frozenset, str] | None = None,
+    named: dict[str, str] | None = None,
 ) -> tuple[torch.Tensor, StepAudit]:
     """Run ``trainer.train_step`` under the three recorders; return its loss and the audit."""
-    comm, flops = CommRecorder(groups, all_to_all), MatmulFlops()
+    comm, flops = CommRecorder(groups, all_to_all, named), MatmulFlops()
     gc.collect()  # the last step's cyclic garbage is not this step's memory
     memory = LiveBytes(existing_tensors(trainer))
     before = Counter(RESHARDED)
@@ -293,9 +306,10 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
 
     ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
     experts = getattr(trainer, "experts", None)
-    _, audit = audited_step(
-        trainer, inputs, target, groups=group_dims(trainer.mesh, ties, experts), all_to_all=all_to_all_dims(experts)
-    )
+    context = getattr(trainer, "context", None)
+    groups = group_dims(trainer.mesh, ties, experts, grad_mesh=getattr(trainer, "grad_mesh", None))
+    named = {context.kv_group.group_name: "cp"} if context is not None else {}
+    _, audit = audited_step(trainer, inputs, target, groups=groups, all_to_all=all_to_all_dims(experts), named=named)
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
     return everyone if dist.get_rank() == 0 else None

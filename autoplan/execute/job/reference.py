@@ -139,9 +139,9 @@ class Reference:
 
     def _follow(self, trainer, weights: dict[str, torch.Tensor]) -> None:
         """The masters := the weights the run holds after this step, from one rank per stage
-        (dp and tp rank 0: the others hold the same gathered values)."""
-        coordinate = {axis: trainer.mesh.get_local_rank(axis) for axis in ("dp", "tp")}
-        mine = weights if coordinate["dp"] == 0 and coordinate["tp"] == 0 else {}
+        (dp, cp and tp rank 0: the others hold the same gathered values)."""
+        coordinate = {axis: trainer.mesh.get_local_rank(axis) for axis in ("dp", "cp", "tp")}
+        mine = weights if not any(coordinate.values()) else {}
         everyone: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
         dist.all_gather_object(everyone, {name: w.cpu() for name, w in mine.items()})
         with torch.no_grad():
