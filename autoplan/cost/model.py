@@ -107,11 +107,25 @@ class CostModel:
         if hit is None:
             rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
             structure = self._structures[rep] if rep is not None else self._outside[part]
-            hit = summarise(self.graph, structure, layer=rep, tp_plan=rep_plan, ctx=ctx, node_times=self.node_times)
+            hit = summarise(
+                self.graph,
+                structure,
+                layer=rep,
+                tp_plan=rep_plan,
+                ctx=self.part_context(ctx, part),
+                node_times=self.node_times,
+            )
             if part == "pre":  # the outside nodes' TP collectives are charged once, to the last stage
                 hit = LayerSummary(**{**hit.__dict__, "tp_fwd_s": 0.0, "tp_bwd_s": 0.0})
             self._cache[key] = hit
         return hit
+
+    @staticmethod
+    def part_context(ctx: TPContext, part: str) -> TPContext:
+        """The context the nodes of ``part`` run in: the nodes before the first block ("pre") run on the
+        whole sequence on every cp rank, since the executor splits it at the blocks' inputs
+        (execute/context_parallel.py); everything else on a rank's 1/cp of it."""
+        return replace(ctx, batch_fraction=ctx.micro_batch_fraction) if part == "pre" and ctx.cp > 1 else ctx
 
     def _tp_plan(self, plan: Plan) -> dict[str, str]:
         if plan.tp_plan or plan.tp == 1:

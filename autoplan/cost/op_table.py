@@ -53,9 +53,8 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
         for index, node in nodes_of[layer]:
             stage = stages.get(layer, 0 if index < first_block else plan.pp - 1)
             shard = cost.compute_shard.get(node.name, 1)
-            compute = node_time_s(
-                graph, node, profile, precision=plan.precision, batch_fraction=ctx.batch_fraction, shard=shard
-            )
+            fraction = CostModel.part_context(ctx, "pre" if index < first_block else "").batch_fraction
+            compute = node_time_s(graph, node, profile, precision=plan.precision, batch_fraction=fraction, shard=shard)
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(
                 params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp, pp=plan.pp
@@ -64,10 +63,9 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
             saved = node_saved_bytes(node, profile, precision=plan.precision) / cost.activation_shard.get(node.name, 1)
             saved = (
                 saved + copies.get(node.name, 0.0) + _param_copies(graph, layer, node, plan, split_of)
-            ) * ctx.batch_fraction + kv.held_bytes
+            ) * fraction + kv.held_bytes
             saved += (
-                loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl")
-                * ctx.batch_fraction
+                loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl") * fraction
             )
             split = (
                 plan.tp_plan.get(node.module, "replicate")

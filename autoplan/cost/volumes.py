@@ -172,7 +172,7 @@ def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_pla
         total = total + fwd + bwd + (fwd if plan.recompute != "none" else Messages())  # recomputation re-runs them
     outside = [part for part, stage in zip(OUTSIDE_PARTS, (0, plan.pp - 1)) if stage == index]
     for part in outside:
-        fwd, bwd = block_messages(model.graph, part, tp_plan, ctx=ctx)
+        fwd, bwd = block_messages(model.graph, part, tp_plan, ctx=model.part_context(ctx, part))
         total = total + fwd + bwd
     for kind, (count, size) in total.times(plan.num_microbatches).by_kind.items():
         pred.add("tp", kind, count, size)

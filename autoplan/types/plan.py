@@ -288,8 +288,12 @@ class Plan:
     @property
     def runs_ddp(self) -> bool:
         """Whether the executor realises this plan's data parallelism with DDP (:func:`runs_ddp`)."""
-        return runs_ddp(
-            dp=self.dp, tp=self.tp, pp=self.pp, zero_stage=self.zero_stage, overlap_grad_reduce=self.overlap_grad_reduce
+        return runs_ddp(  # the dp x cp ranks hold the same weights and sync their gradients together
+            dp=self.dp * self.cp,
+            tp=self.tp,
+            pp=self.pp,
+            zero_stage=self.zero_stage,
+            overlap_grad_reduce=self.overlap_grad_reduce,
         )
 
     @property

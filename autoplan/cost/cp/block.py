@@ -68,5 +68,5 @@ def _head_shard(node: OpNode, tp: int) -> int:
     """How many ways tensor parallelism splits ``node``'s heads: tp where it divides both head counts
     (the default and the ILP's splits shard q, k, v colwise then), else 1 (attention replicated)."""
     heads = node.attrs.get("num_heads") or 1
-    kv_heads = node.attrs.get("num_kv_heads") or heads
+    kv_heads = node.attrs.get("num_kv_heads_at_call") or node.attrs.get("num_kv_heads") or heads  # as SDPA gets them
     return tp if heads % tp == 0 and kv_heads % tp == 0 else 1

@@ -62,7 +62,7 @@ def attention_bytes(node: OpNode, *, precision: str, micro_batch_fraction: float
     """K and Q of ``node`` for one micro-batch (``micro_batch_fraction`` of the traced batch) over the
     whole sequence, on a rank holding 1/``shard`` of the heads; the traced output is [B, H, S, D]."""
     heads = node.attrs.get("num_heads") or 1
-    kv_heads = node.attrs.get("num_kv_heads") or heads
+    kv_heads = node.attrs.get("num_kv_heads_at_call") or node.attrs.get("num_kv_heads") or heads  # as SDPA gets them
     scale = activation_scale(node, precision=precision)
     query = node.output_bytes * scale * micro_batch_fraction / shard
     element = PRECISION_BYTES[precision]
@@ -111,7 +111,7 @@ def ulysses_refusal(node: OpNode, *, cp: int, shard: int) -> str | None:
     """None when Ulysses can split ``node``'s heads over ``cp`` on a rank holding 1/``shard`` of them
     (tensor parallelism's split), else one sentence saying why not."""
     heads = node.attrs.get("num_heads") or 1
-    kv_heads = node.attrs.get("num_kv_heads") or heads
+    kv_heads = node.attrs.get("num_kv_heads_at_call") or node.attrs.get("num_kv_heads") or heads  # as SDPA gets them
     for name, count in (("heads", heads), ("key/value heads", kv_heads)):
         if count % shard or (count // shard) % cp:
             return (
