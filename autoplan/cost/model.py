@@ -125,7 +125,8 @@ class CostModel:
         """The context the nodes of ``part`` run in: the nodes before the first block ("pre") run on the
         whole sequence on every cp rank, since the executor splits it at the blocks' inputs
         (execute/context_parallel.py); everything else on a rank's 1/cp of it."""
-        return replace(ctx, batch_fraction=ctx.micro_batch_fraction) if part == "pre" and ctx.cp > 1 else ctx
+        before = part.lstrip("@") == "pre"  # "pre" here, "@pre" among tp/block.py's OUTSIDE_PARTS
+        return replace(ctx, batch_fraction=ctx.micro_batch_fraction) if before and ctx.cp > 1 else ctx
 
     def _tp_plan(self, plan: Plan) -> dict[str, str]:
         if plan.tp_plan or plan.tp == 1:

@@ -62,6 +62,10 @@ CASES = [
     ("moe_tp", "moe", dict(tp=2)),
     ("moe_tp_sp", "moe", dict(tp=2, sequence_parallel=True)),
     ("moe_tp_sp_recompute_selective", "moe", dict(tp=2, sequence_parallel=True, recompute="selective")),
+    # context parallelism: K,V all-gathered per attention call (again when recomputed), dK,dV
+    # reduce-scattered, gradients synced over dp x cp (execute/context_parallel.py)
+    ("cp", "llama", dict(cp=2)),
+    ("cp_recompute_full", "gpt", dict(cp=2, recompute="full")),
 ]
 #: a plan whose in-place op cannot run on its DTensor placement (ThirdPartyLlama's q norm does
 #: ``var.add_`` on a partial sum under a colwise wq): the executor replicates it first
@@ -77,6 +81,8 @@ FOUR = [
     ("pp_dp_interleaved", "gpt", dict(pp=2, dp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
     # tied weights on two stages under FSDP2, which replaces the parameters the tie sync holds
     ("pp_dp_zero2_tied", "gpt_tied", dict(pp=2, dp=2, zero_stage=2)),
+    ("cp_dp_zero3", "llama", dict(cp=2, dp=2, zero_stage=3)),
+    ("cp_tp", "gpt", dict(cp=2, tp=2)),
 ]
 
 
