@@ -61,6 +61,8 @@ class Bounds:
         self.graph, self.profile, self.stage_costs = graph, profile, stage_costs
         self._c_min: dict[tuple, float] = {}
         self._experts_min: dict[tuple, float] = {}
+        self._cp_floors: dict[tuple, CpFloor] = {}
+        self._groups: dict[tuple, dict] = {}
         reps = [(None, 1)] + [(group.layers[0], len(group.layers)) for group in graph.groups]
         self._nodes = {rep: graph.layer_nodes(rep) for rep, _ in reps}
         self._moe = {rep: layers_in(graph, tuple(self._nodes[rep])) for rep, _ in reps}  # grouped MoE layers
@@ -84,7 +86,10 @@ class Bounds:
         under context parallelism (``cp`` > 1, ``cp_variant``; ``dp`` and ``pp`` place its group) each
         rank computes 1/cp of the tokens, plus each attention's K,V floor (cost/cp/floor.py)."""
         if cp > 1:
-            floor = cp_floor(self.profile, dp=dp, tp=tp, pp=pp, cp=cp, variant=cp_variant)
+            mesh = (dp, tp, pp, cp, cp_variant)
+            if mesh not in self._cp_floors:
+                self._cp_floors[mesh] = cp_floor(self.profile, dp=dp, tp=tp, pp=pp, cp=cp, variant=cp_variant)
+            floor = self._cp_floors[mesh]
             return self._cp_compute_min_s(tp=tp, precision=precision, mbs=mbs, cp=floor)
         key = (tp, precision, mbs)
         if key not in self._c_min:
@@ -198,7 +203,7 @@ class Bounds:
         if plan.pp == 1:
             return 0.0
         scatter = plan.tp > 1 and not plan.sequence_parallel
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)["pp"]
+        group = self._mesh(plan)["pp"]
         t_p2p = sum(
             collective_time_s(self.profile, "send_recv", size / plan.tp if scatter else size, group=group)
             for size in self.stage_costs.min_boundary_bytes(plan)
@@ -223,9 +228,16 @@ class Bounds:
     def _message_s(self, message: DpMessage, params: float, plan: Plan) -> float:
         """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
         at its floor bytes per parameter (DpMessage.floor_bytes_per_param)."""
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)["dp_cp"]
+        group = self._mesh(plan)["dp_cp"]
         size = params * message.floor_bytes_per_param(plan.precision)
         return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
+
+    def _mesh(self, plan: Plan) -> dict:
+        """mesh_groups of ``plan``'s degrees, memoised: the search asks once per candidate and message."""
+        key = (plan.dp, plan.tp, plan.pp, plan.cp)
+        if key not in self._groups:
+            self._groups[key] = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)
+        return self._groups[key]
 
     def _sync_s(self, plan: Plan) -> float:
         """The gradient sync stage 0's first block exposes whatever the overlap, per the dp messages

@@ -46,12 +46,29 @@ class StageCosts:
         self.graph, self.profile = graph, profile
         self.cost_model = cost_model or CostModel(graph, profile)
         self._memo = TpPlanMemo()
+        self._contexts: dict[tuple, TPContext] = {}
 
     def summary(self, layer: str | None, part: str, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
         return self.cost_model.block_summary(layer, tp_plan, ctx, part)
 
     def context(self, plan: Plan) -> TPContext:
-        return self.cost_model.tp_context(plan)
+        """CostModel.tp_context, memoised on the plan fields it reads (its mesh, sequence split, precision,
+        micro-batch and expert placement): the search's bounds ask several times per candidate."""
+        key = (
+            plan.dp,
+            plan.tp,
+            plan.pp,
+            plan.cp,
+            plan.cp_variant,
+            plan.sequence_parallel,
+            plan.precision,
+            plan.micro_batch_size,
+            plan.ep,
+            plan.routing,
+        )
+        if key not in self._contexts:
+            self._contexts[key] = self.cost_model.tp_context(plan)
+        return self._contexts[key]
 
     def problem(self, plan: Plan, *, memory_limit: bool = True) -> PartitionProblem:
         """The partition problem of ``plan`` (its stages ignored; ``pp * virtual_stages`` chunks),
