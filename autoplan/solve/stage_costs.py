@@ -138,6 +138,13 @@ class StageCosts:
             params[stage] += sum(params_of[layer] for layer in chunk)
         return times, params
 
+    def slowest_stage_floor_s(self, plan: Plan) -> float:
+        """A floor on the largest of stage_totals' times under any partition: their mean, since the
+        stages share every block and the outside nodes between them."""
+        times_of, _, pre, post = self._block_totals(plan, self.context(plan))
+        outside_s = pre.fwd_s + pre.bwd_s + post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
+        return (sum(times_of.values()) + outside_s) / plan.pp
+
     def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:
         """({block: time}, {block: parameters}, pre, post) of ``plan``'s blocks, memoised per tp_plan."""
 
@@ -160,6 +167,18 @@ class StageCosts:
         ctx = self.context(plan)
         _, params_of, pre, post = self._block_totals(plan, ctx)
         return pre.param_count, min([*params_of.values(), post.param_count])
+
+    def single_stage_blocks(self, plan: Plan) -> tuple[LayerSummary, ...]:
+        """The summaries CostModel's one pipeline stage holds at pp = 1, in forward order: the nodes
+        before the first block, every block, the nodes after the last (CostModel._sum_stages)."""
+        ctx = self.context(plan)
+
+        def make() -> tuple[LayerSummary, ...]:
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            return (pre, *(blocks[layer] for layer in self.graph.layers), post)
+
+        return self._memo.get(("one stage", *ctx.key, plan.tp_comm_overlap), plan.tp_plan, make)
 
     def param_parts(self, plan: Plan) -> tuple[float, float, float]:
         """(parameters of the nodes before the first block, after the last block, of all blocks),
