@@ -214,25 +214,24 @@ class Bounds:
         )
         return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
 
-    def step_extras_s(self, plan: Plan, *, stage_params: float) -> float:
+    def step_extras_s(self, plan: Plan, *, stage_params: float, params_floor: float | None = None) -> float:
+        """Adam and ZeRO-1/2's gather on the fullest stage's ``stage_params``, the sync no overlap hides
+        and the gradient accumulation; ``params_floor``: stage_params_floor(plan) when the caller has it."""
         return (
             self.optimizer_s(plan, stage_params=stage_params)
             + self._zero_gather_s(plan, stage_params)
             + self._sync_s(plan)
-            + self.accumulate_s(plan)
+            + self.accumulate_s(plan, params_floor=params_floor)
         )
 
-    def any_partition_extras_s(self, plan: Plan) -> float:
-        """step_extras_s at the fewest parameters the fullest stage can hold (each term rises with them)."""
-        return self.step_extras_s(plan, stage_params=self.stage_params_floor(plan))
-
-    def accumulate_s(self, plan: Plan) -> float:
+    def accumulate_s(self, plan: Plan, *, params_floor: float | None = None) -> float:
         """CostModel's gradient accumulation, (m - 1) micro-batches reading two fp32 gradients and writing
         one (CostModel._accumulate_s), on the fewest parameters the fullest stage can hold: (blocks +
         max(pre, post)) / pp, as states_floor_bytes."""
         if plan.num_microbatches == 1 or plan.cp == 1:
             return 0.0
-        return (plan.num_microbatches - 1) * memory_time_s(self.profile, 3.0 * self.stage_params_floor(plan) * 4)
+        params = self.stage_params_floor(plan) if params_floor is None else params_floor
+        return (plan.num_microbatches - 1) * memory_time_s(self.profile, 3.0 * params * 4)
 
     def stage_params_floor(self, plan: Plan) -> float:
         """The fewest parameters per device the fullest stage can hold under any partition: (blocks +

@@ -267,13 +267,14 @@ class Search:
 
     def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, v: int, dp_choices, names) -> bool:
         """Bound (2) with the slowest stage and its parameters at their floors under any partition
-        (Bounds.any_partition_extras_s): when it rules out every ZeRO choice, they are recorded as
+        (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
         pruned without solving the partition."""
         floor_s = self.stage_costs.slowest_stage_floor_s(base)
         core_s = (g.m + (g.degrees.pp - 1) / v) * floor_s + self.bounds.pp_comm_s(base)
         kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
-        extras = [self.bounds.any_partition_extras_s(p) for p in plans]
+        params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
+        extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]
         if not all(self._beaten(sub) for sub in subs):
             return False
