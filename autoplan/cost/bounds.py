@@ -32,6 +32,7 @@ from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
 from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.pp.schedule import prefetched_exposed_s
 from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis, analyse_block
 from autoplan.cost.tp.shards import pure_layouts_possible
 from autoplan.cost.tp.splits import legal_splits
@@ -53,6 +54,8 @@ class StageFacts(Protocol):
 
     def sync_params(self, plan: Plan) -> tuple[float, float]: ...
 
+    def single_stage_blocks(self, plan: Plan) -> tuple: ...
+
 
 class Bounds:
     """The search's lower bounds (module docstring), memoised per tp, precision and micro-batch."""
@@ -61,6 +64,9 @@ class Bounds:
         self.graph, self.profile, self.stage_costs = graph, profile, stage_costs
         self._c_min: dict[tuple, float] = {}
         self._experts_min: dict[tuple, float] = {}
+        self._cp_floors: dict[tuple, CpFloor] = {}
+        self._groups: dict[tuple, dict] = {}
+        self._zero3: dict[tuple, tuple] = {}
         reps = [(None, 1)] + [(group.layers[0], len(group.layers)) for group in graph.groups]
         self._nodes = {rep: graph.layer_nodes(rep) for rep, _ in reps}
         self._moe = {rep: layers_in(graph, tuple(self._nodes[rep])) for rep, _ in reps}  # grouped MoE layers
@@ -84,7 +90,10 @@ class Bounds:
         under context parallelism (``cp`` > 1, ``cp_variant``; ``dp`` and ``pp`` place its group) each
         rank computes 1/cp of the tokens, plus each attention's K,V floor (cost/cp/floor.py)."""
         if cp > 1:
-            floor = cp_floor(self.profile, dp=dp, tp=tp, pp=pp, cp=cp, variant=cp_variant)
+            mesh = (dp, tp, pp, cp, cp_variant)
+            if mesh not in self._cp_floors:
+                self._cp_floors[mesh] = cp_floor(self.profile, dp=dp, tp=tp, pp=pp, cp=cp, variant=cp_variant)
+            floor = self._cp_floors[mesh]
             return self._cp_compute_min_s(tp=tp, precision=precision, mbs=mbs, cp=floor)
         key = (tp, precision, mbs)
         if key not in self._c_min:
@@ -184,9 +193,8 @@ class Bounds:
 
     def states_floor_bytes(self, plan: Plan) -> float:
         """The memory floor of the module docstring, bytes per device."""
-        pre, post, blocks = self.stage_costs.param_parts(plan)
         states = model_states(
-            params=(blocks + max(pre, post)) / plan.pp,
+            params=self.stage_params_floor(plan),
             precision=plan.precision,
             zero_stage=plan.zero_stage,
             dp=plan.dp * plan.cp,  # dp x cp ranks share the weights (cost/cp/weights.py)
@@ -198,7 +206,7 @@ class Bounds:
         if plan.pp == 1:
             return 0.0
         scatter = plan.tp > 1 and not plan.sequence_parallel
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)["pp"]
+        group = self._mesh(plan)["pp"]
         t_p2p = sum(
             collective_time_s(self.profile, "send_recv", size / plan.tp if scatter else size, group=group)
             for size in self.stage_costs.min_boundary_bytes(plan)
@@ -206,12 +214,30 @@ class Bounds:
         )
         return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_p2p
 
-    def step_extras_s(self, plan: Plan, *, stage_params: float) -> float:
+    def step_extras_s(self, plan: Plan, *, stage_params: float, params_floor: float | None = None) -> float:
+        """Adam and ZeRO-1/2's gather on the fullest stage's ``stage_params``, the sync no overlap hides
+        and the gradient accumulation; ``params_floor``: stage_params_floor(plan) when the caller has it."""
         return (
             self.optimizer_s(plan, stage_params=stage_params)
             + self._zero_gather_s(plan, stage_params)
             + self._sync_s(plan)
+            + self.accumulate_s(plan, params_floor=params_floor)
         )
+
+    def accumulate_s(self, plan: Plan, *, params_floor: float | None = None) -> float:
+        """CostModel's gradient accumulation, (m - 1) micro-batches reading two fp32 gradients and writing
+        one (CostModel._accumulate_s), on the fewest parameters the fullest stage can hold: (blocks +
+        max(pre, post)) / pp, as states_floor_bytes."""
+        if plan.num_microbatches == 1 or plan.cp == 1:
+            return 0.0
+        params = self.stage_params_floor(plan) if params_floor is None else params_floor
+        return (plan.num_microbatches - 1) * memory_time_s(self.profile, 3.0 * params * 4)
+
+    def stage_params_floor(self, plan: Plan) -> float:
+        """The fewest parameters per device the fullest stage can hold under any partition: (blocks +
+        max(pre, post)) / pp (module docstring; with one stage the smaller part may be the tied copy)."""
+        pre, post, blocks = self.stage_costs.param_parts(plan)
+        return (blocks + max(pre, post)) / plan.pp
 
     def optimizer_s(self, plan: Plan, *, stage_params: float) -> float:
         return self.adam_s(stage_params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
@@ -223,9 +249,16 @@ class Bounds:
     def _message_s(self, message: DpMessage, params: float, plan: Plan) -> float:
         """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
         at its floor bytes per parameter (DpMessage.floor_bytes_per_param)."""
-        group = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)["dp_cp"]
+        group = self._mesh(plan)["dp_cp"]
         size = params * message.floor_bytes_per_param(plan.precision)
         return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
+
+    def _mesh(self, plan: Plan) -> dict:
+        """mesh_groups of ``plan``'s degrees, memoised: the search asks once per candidate and message."""
+        key = (plan.dp, plan.tp, plan.pp, plan.cp)
+        if key not in self._groups:
+            self._groups[key] = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)
+        return self._groups[key]
 
     def _sync_s(self, plan: Plan) -> float:
         """The gradient sync stage 0's first block exposes whatever the overlap, per the dp messages
@@ -239,11 +272,56 @@ class Bounds:
         gather = find(messages, WEIGHTS, FORWARD)
         if gather is None:
             return self._message_s(grads, first, plan)
-        if grads.micro_batches != EACH:  # a pipeline stage gathers in the first forward only, scatters once
-            return gather.times_per_step(plan.num_microbatches) * self._message_s(gather, first, plan)
-        regather = find(messages, WEIGHTS, BACKWARD)
-        backward = self._message_s(regather, smallest, plan) + self._message_s(grads, smallest, plan)
-        return gather.times_per_step(plan.num_microbatches) * (self._message_s(gather, first, plan) + backward)
+        floor = gather.times_per_step(plan.num_microbatches) * self._message_s(gather, first, plan)
+        if grads.micro_batches == EACH:  # a pipeline stage gathers in the first forward only, scatters once
+            regather = find(messages, WEIGHTS, BACKWARD)
+            backward = self._message_s(regather, smallest, plan) + self._message_s(grads, smallest, plan)
+            floor += gather.times_per_step(plan.num_microbatches) * backward
+        return max(floor, self._zero3_blocks_s(plan, messages)) if plan.cp > 1 else floor
+
+    def _zero3_blocks_s(self, plan: Plan, messages: tuple[DpMessage, ...]) -> float:
+        """ZeRO-3's exposed gathers and reduce-scatters of a one-stage plan, every block of it: CostModel's
+        f t_fwd + (g - s) t_bwd_gather + s t_bwd_gather+scatter (cost/dp/sync.py:_zero3_exposed_s) over the
+        blocks it will price, with each block's messages at their floor bytes (dense parameters only) and
+        overlap efficiency 1, the most any block hides behind the one before it (cost/pp/schedule.py:
+        prefetched_exposed_s falls as efficiency rises). Under cp each block computes 1/cp of the tokens
+        but gathers all its weights, so every block's gather shows, not only the first's."""
+        blocks = self.stage_costs.single_stage_blocks(plan)
+        key = (id(blocks), messages, plan.num_microbatches, plan.dp, plan.tp, plan.cp, plan.precision)
+        hit = self._zero3.get(key)
+        if hit is None or hit[0] is not blocks:  # the entry holds ``blocks``, so its id is not reused meanwhile
+            hit = self._zero3[key] = (blocks, self._zero3_exposed_floor_s(plan, messages, blocks))
+        return hit[1]
+
+    def _zero3_exposed_floor_s(self, plan: Plan, messages: tuple[DpMessage, ...], blocks: tuple) -> float:
+        """The floor of _zero3_blocks_s. At pp = 1 the one stage runs ``blocks`` in this order; at pp > 1
+        each block's message hides behind at most the slowest block's compute, and the slowest stage
+        exposes at least the mean over the pp stages, whatever the partition."""
+        forward, backward, grads = (
+            find(messages, WEIGHTS, FORWARD),
+            find(messages, WEIGHTS, BACKWARD),
+            find(messages, GRADS),
+        )
+        dense = [b.param_count - b.expert_param_count for b in blocks]
+        sizes = {
+            n: (self._message_s(forward, n, plan), self._message_s(backward, n, plan), self._message_s(grads, n, plan))
+            for n in set(dense)
+        }
+        gather = [sizes[n][0] for n in dense]
+        regather = [sizes[n][1] for n in reversed(dense)]
+        both = [sizes[n][1] + sizes[n][2] for n in reversed(dense)]
+        f, g, s = (msg.times_per_step(plan.num_microbatches) for msg in (forward, backward, grads))
+        if g < s:  # CostModel subtracts the gathers' share, which the floor cannot bound from below
+            return 0.0
+        fwd_compute, bwd_compute = [b.fwd_s for b in blocks], [b.bwd_s for b in reversed(blocks)]
+        if plan.pp == 1:
+            exposed = prefetched_exposed_s
+        else:
+            exposed = _unordered_exposed_s(plan.pp)
+        fwd = exposed(compute_s=fwd_compute, comm_s=gather)
+        bwd_last = exposed(compute_s=bwd_compute, comm_s=both)
+        bwd_gather = exposed(compute_s=bwd_compute, comm_s=regather) if g > s else 0.0
+        return f * fwd + (g - s) * bwd_gather + s * bwd_last
 
     def _zero_gather_s(self, plan: Plan, stage_params: float) -> float:
         """ZeRO-1/2's all-gather of the updated weights (not ZeRO-3's, which gather per block)."""
@@ -251,6 +329,18 @@ class Bounds:
         if weights is None or weights.phase == FORWARD:
             return 0.0
         return self._message_s(weights, stage_params, plan)
+
+
+def _unordered_exposed_s(pp: int):
+    """prefetched_exposed_s's floor on the slowest of ``pp`` stages under any partition: block i's message
+    shows at least max(0, comm_i - the slowest compute) at efficiency <= 1, and the slowest stage at least
+    the mean of the stages' sums."""
+
+    def exposed_s(*, compute_s: list[float], comm_s: list[float]) -> float:
+        slowest = max(compute_s, default=0.0)
+        return sum(max(0.0, t - slowest) for t in comm_s) / pp
+
+    return exposed_s
 
 
 def _expert_gemms(nodes: list[OpNode], layers: list[MoELayer]) -> dict[str, MoELayer]:

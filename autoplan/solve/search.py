@@ -31,8 +31,6 @@ from autoplan.cost import (
     Bounds,
     CostModel,
     MemoryBudget,
-    TpPlanMemo,
-    balanced_stages,
     dollars_per_sample,
     memory_budget,
     moe_limits,
@@ -43,7 +41,7 @@ from autoplan.errors import PlanError
 from autoplan.solve import space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
-from autoplan.solve.pipeline import partition
+from autoplan.solve.partitions import Partitions
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.tp_plan import TPChoice, TPPlanner
@@ -85,7 +83,7 @@ class Search:
         )
         self.stage_costs = StageCosts(graph, profile, self.cost_model)
         self.bounds = Bounds(graph, profile, self.stage_costs)
-        self._partitions = TpPlanMemo()
+        self.partitions = Partitions(graph, self.stage_costs, solver=options.solver)
         self._usable_bytes = usable_bytes(profile.device.memory_bytes)  # what CostModel calls feasible
         self.best: Candidate | None = None
         self._top: list[float] = []  # max-heap (negated) of the best `keep` feasible objectives
@@ -236,6 +234,8 @@ class Search:
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
             )
+            if self._beaten_whatever_the_stages(g, base, bound, v, dp_choices, names):
+                continue
             stages = self._stages(base)
             times, params = self.stage_costs.stage_totals(base, stages)
             core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
@@ -254,15 +254,7 @@ class Search:
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
                 sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
-                    self.candidates.append(
-                        Candidate(
-                            config=config_of(plan),
-                            status="pruned",
-                            lower_bound=sub,
-                            reason=f"pruned: lower bound {sub:.4g} >= "
-                            f"top-{self.options.keep} objective {self._threshold:.4g}",
-                        )
-                    )
+                    self._append_pruned(plan, sub)
                     continue
                 floor = self.bounds.states_floor_bytes(plan)
                 if floor > self._usable_bytes:
@@ -271,6 +263,33 @@ class Search:
                 self._evaluate(plan, sub, ilp_status=choice.status)
         self._set_aside(
             too_big, priced_any=any(c.cost is not None for c in self.candidates[first:]), ilp_status=choice.status
+        )
+
+    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, v: int, dp_choices, names) -> bool:
+        """Bound (2) with the slowest stage and its parameters at their floors under any partition
+        (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
+        pruned without solving the partition."""
+        floor_s = self.stage_costs.slowest_stage_floor_s(base)
+        core_s = (g.m + (g.degrees.pp - 1) / v) * floor_s + self.bounds.pp_comm_s(base)
+        kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
+        plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
+        params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
+        extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
+        subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]
+        if not all(self._beaten(sub) for sub in subs):
+            return False
+        for plan, sub in zip(plans, subs):
+            self._append_pruned(plan, sub)
+        return True
+
+    def _append_pruned(self, plan: Plan, sub: float) -> None:
+        self.candidates.append(
+            Candidate(
+                config=config_of(plan),
+                status="pruned",
+                lower_bound=sub,
+                reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}",
+            )
         )
 
     def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int]]]:
@@ -330,39 +349,15 @@ class Search:
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
         """The time-optimal stages (or chunks) did not fit: try the best partition under the memory limits."""
-        found = partition(self.stage_costs.problem(plan, memory_limit=True), solver=self.options.solver)
-        if found is None:
+        stages = self.partitions.within_memory(plan)
+        if stages is None:
             return cost, plan
-        retry = _with(plan, stages=_stages_from(self.graph.layers, found.bounds))
+        retry = _with(plan, stages=stages)
         retry_cost = self.cost_model.estimate(retry)
         return (retry_cost, retry) if retry_cost.feasible else (cost, plan)
 
     def _stages(self, plan: Plan) -> list[list[str]]:
-        """Stages (``pp * v`` chunks when interleaved): the min-max partition of solve/pipeline.py,
-        which minimises the slowest stage's total over its chunks, as CostModel charges it."""
-        layers = self.graph.layers
-        if plan.pp == 1:
-            return [list(layers)]
-        chunks = plan.pp * plan.virtual_stages
-        key = (
-            plan.tp,
-            plan.dp,
-            plan.sequence_parallel,
-            plan.precision,
-            plan.micro_batch_size,
-            plan.recompute,
-            plan.virtual_stages,
-            plan.tp_comm_overlap,
-            plan.ep,
-            plan.cp,
-            plan.cp_variant,
-        )
-
-        def make() -> list[list[str]]:  # without a memory limit, GPipe and 1F1B share one problem
-            found = partition(self.stage_costs.problem(plan, memory_limit=False), solver=self.options.solver)
-            return _stages_from(layers, found.bounds) if found else balanced_stages(layers, chunks)
-
-        return self._partitions.get(key, plan.tp_plan, make)
+        return self.partitions.stages(plan)
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
@@ -378,10 +373,6 @@ class Search:
 
 def _with(plan: Plan, **changes) -> Plan:
     return Plan(**{**plan.to_dict(), **changes})
-
-
-def _stages_from(layers: list[str], bounds: list[int]) -> list[list[str]]:
-    return [list(layers[bounds[k] : bounds[k + 1]]) for k in range(len(bounds) - 1)]
 
 
 def search(graph: Graph, profile: Profile, options: SearchOptions) -> SearchResult:

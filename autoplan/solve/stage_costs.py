@@ -46,12 +46,29 @@ class StageCosts:
         self.graph, self.profile = graph, profile
         self.cost_model = cost_model or CostModel(graph, profile)
         self._memo = TpPlanMemo()
+        self._contexts: dict[tuple, TPContext] = {}
 
     def summary(self, layer: str | None, part: str, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
         return self.cost_model.block_summary(layer, tp_plan, ctx, part)
 
     def context(self, plan: Plan) -> TPContext:
-        return self.cost_model.tp_context(plan)
+        """CostModel.tp_context, memoised on the plan fields it reads (its mesh, sequence split, precision,
+        micro-batch and expert placement): the search's bounds ask several times per candidate."""
+        key = (
+            plan.dp,
+            plan.tp,
+            plan.pp,
+            plan.cp,
+            plan.cp_variant,
+            plan.sequence_parallel,
+            plan.precision,
+            plan.micro_batch_size,
+            plan.ep,
+            plan.routing,
+        )
+        if key not in self._contexts:
+            self._contexts[key] = self.cost_model.tp_context(plan)
+        return self._contexts[key]
 
     def problem(self, plan: Plan, *, memory_limit: bool = True) -> PartitionProblem:
         """The partition problem of ``plan`` (its stages ignored; ``pp * virtual_stages`` chunks),
@@ -121,6 +138,13 @@ class StageCosts:
             params[stage] += sum(params_of[layer] for layer in chunk)
         return times, params
 
+    def slowest_stage_floor_s(self, plan: Plan) -> float:
+        """A floor on the largest of stage_totals' times under any partition: their mean, since the
+        stages share every block and the outside nodes between them."""
+        times_of, _, pre, post = self._block_totals(plan, self.context(plan))
+        outside_s = pre.fwd_s + pre.bwd_s + post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
+        return (sum(times_of.values()) + outside_s) / plan.pp
+
     def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:
         """({block: time}, {block: parameters}, pre, post) of ``plan``'s blocks, memoised per tp_plan."""
 
@@ -143,6 +167,18 @@ class StageCosts:
         ctx = self.context(plan)
         _, params_of, pre, post = self._block_totals(plan, ctx)
         return pre.param_count, min([*params_of.values(), post.param_count])
+
+    def single_stage_blocks(self, plan: Plan) -> tuple[LayerSummary, ...]:
+        """The summaries CostModel's one pipeline stage holds at pp = 1, in forward order: the nodes
+        before the first block, every block, the nodes after the last (CostModel._sum_stages)."""
+        ctx = self.context(plan)
+
+        def make() -> tuple[LayerSummary, ...]:
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            return (pre, *(blocks[layer] for layer in self.graph.layers), post)
+
+        return self._memo.get(("one stage", *ctx.key, plan.tp_comm_overlap), plan.tp_plan, make)
 
     def param_parts(self, plan: Plan) -> tuple[float, float, float]:
         """(parameters of the nodes before the first block, after the last block, of all blocks),

@@ -148,18 +148,16 @@ class Plan:
                 self.routing = RoutingModel.from_dict(self.routing) if self.routing else None
             except MoEError as exc:
                 raise PlanError(f"plan routing: {exc}") from exc
-        require(isinstance(self.inputs, list), PlanError, f"plan inputs={self.inputs!r}; expected a list.")
+        if not isinstance(self.inputs, list):  # messages are built only on failure: the search builds many plans
+            raise PlanError(f"plan inputs={self.inputs!r}; expected a list.")
         try:
             self.inputs = [s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in self.inputs]
         except PlanError as exc:
             raise PlanError(f"plan {exc}") from None
         if isinstance(self.predicted, dict):
             self.predicted = Prediction.from_dict(self.predicted) if self.predicted else None
-        require(
-            self.predicted is None or isinstance(self.predicted, Prediction),
-            PlanError,
-            f"plan predicted={self.predicted!r}; expected a Prediction, a mapping or nothing.",
-        )
+        if not (self.predicted is None or isinstance(self.predicted, Prediction)):
+            raise PlanError(f"plan predicted={self.predicted!r}; expected a Prediction, a mapping or nothing.")
         self._check_degrees()
         self._check_choices()
         self._check_stages()
@@ -167,123 +165,92 @@ class Plan:
     def _check_degrees(self) -> None:
         for name in ("devices", "dp", "tp", "pp", "ep", "cp", "micro_batch_size", "num_microbatches", "virtual_stages"):
             value = getattr(self, name)
-            require(
-                isinstance(value, int) and value >= 1, PlanError, f"plan {name}={value!r}; expected an integer >= 1."
-            )
+            if not (isinstance(value, int) and value >= 1):
+                raise PlanError(f"plan {name}={value!r}; expected an integer >= 1.")
         cp_name, cp_value = ("*cp", f" * cp={self.cp}") if self.cp > 1 else ("", "")
-        require(
-            self.dp * self.cp * self.tp * self.pp == self.devices,
-            PlanError,
-            f"plan dp{cp_name}*tp*pp must equal devices: dp={self.dp}{cp_value} * tp={self.tp} * pp={self.pp} "
-            f"= {self.dp * self.cp * self.tp * self.pp}, devices={self.devices}.",
-        )
-        require(
-            self.cp == 1 or self.ep == 1,
-            PlanError,
-            f"plan cp={self.cp} with ep={self.ep}: context parallelism does not compose with expert parallelism "
-            "yet; use cp=1 or ep=1.",
-        )
-        require(
-            self.dp % self.ep == 0,
-            PlanError,
-            f"plan ep={self.ep} must divide dp={self.dp}: expert parallelism is folded over the data-parallel ranks.",
-        )
-        require(
-            self.ep == 1 or self.tp == 1,
-            PlanError,
-            f"plan ep={self.ep} with tp={self.tp}: expert parallelism composes with data and pipeline parallelism "
-            "only; use tp=1 (expert tensor parallelism is not supported yet, docs/moe.md).",
-        )
-        require(
-            self.zero_stage in (0, 1, 2, 3), PlanError, f"plan zero_stage={self.zero_stage!r}; expected 0, 1, 2 or 3."
-        )
+        if not (self.dp * self.cp * self.tp * self.pp == self.devices):
+            raise PlanError(
+                f"plan dp{cp_name}*tp*pp must equal devices: dp={self.dp}{cp_value} * tp={self.tp} * pp={self.pp} "
+                f"= {self.dp * self.cp * self.tp * self.pp}, devices={self.devices}."
+            )
+        if not (self.cp == 1 or self.ep == 1):
+            raise PlanError(
+                f"plan cp={self.cp} with ep={self.ep}: context parallelism does not compose with expert parallelism "
+                "yet; use cp=1 or ep=1."
+            )
+        if self.dp % self.ep != 0:
+            raise PlanError(
+                f"plan ep={self.ep} must divide dp={self.dp}: expert parallelism is folded over the data-parallel "
+                "ranks."
+            )
+        if not (self.ep == 1 or self.tp == 1):
+            raise PlanError(
+                f"plan ep={self.ep} with tp={self.tp}: expert parallelism composes with data and pipeline parallelism "
+                "only; use tp=1 (expert tensor parallelism is not supported yet, docs/moe.md)."
+            )
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise PlanError(f"plan zero_stage={self.zero_stage!r}; expected 0, 1, 2 or 3.")
 
     def _check_choices(self) -> None:
-        require(
-            self.cp_variant in CP_VARIANTS,
-            PlanError,
-            f"plan cp_variant='{self.cp_variant}'; expected one of {', '.join(CP_VARIANTS)}.",
-        )
-        require(
-            self.schedule in SCHEDULES,
-            PlanError,
-            f"plan schedule='{self.schedule}'; expected one of {', '.join(SCHEDULES)}.",
-        )
-        require(
-            self.recompute in RECOMPUTE,
-            PlanError,
-            f"plan recompute='{self.recompute}'; expected one of {', '.join(RECOMPUTE)}.",
-        )
-        require(
-            self.precision in PRECISIONS,
-            PlanError,
-            f"plan precision='{self.precision}'; expected one of {', '.join(PRECISIONS)}.",
-        )
-        require(
-            self.virtual_stages == 1 or self.schedule == "interleaved_1f1b",
-            PlanError,
-            f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'.",
-        )
-        require(
-            self.grad_reduce_dtype in REDUCE_DTYPES,
-            PlanError,
-            f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}.",
-        )
+        if self.cp_variant not in CP_VARIANTS:
+            raise PlanError(f"plan cp_variant='{self.cp_variant}'; expected one of {', '.join(CP_VARIANTS)}.")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"plan schedule='{self.schedule}'; expected one of {', '.join(SCHEDULES)}.")
+        if self.recompute not in RECOMPUTE:
+            raise PlanError(f"plan recompute='{self.recompute}'; expected one of {', '.join(RECOMPUTE)}.")
+        if self.precision not in PRECISIONS:
+            raise PlanError(f"plan precision='{self.precision}'; expected one of {', '.join(PRECISIONS)}.")
+        if not (self.virtual_stages == 1 or self.schedule == "interleaved_1f1b"):
+            raise PlanError(
+                f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'."
+            )
+        if self.grad_reduce_dtype not in REDUCE_DTYPES:
+            raise PlanError(
+                f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}."
+            )
         self._check_compression()
         for module, split in self.tp_plan.items():
-            require(
-                split in SPLITS, PlanError, f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}."
+            if split not in SPLITS:
+                raise PlanError(f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
+        if self.sequence_parallel and self.tp <= 1:
+            raise PlanError("plan sequence_parallel=true needs tp > 1.")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise PlanError(
+                "plan tp_comm_overlap=true needs sequence_parallel=true: the overlapped collectives are sequence "
+                "parallelism's all-gather before and reduce-scatter after each split matmul."
             )
-        require(not self.sequence_parallel or self.tp > 1, PlanError, "plan sequence_parallel=true needs tp > 1.")
-        require(
-            not self.tp_comm_overlap or self.sequence_parallel,
-            PlanError,
-            "plan tp_comm_overlap=true needs sequence_parallel=true: the overlapped collectives are sequence "
-            "parallelism's all-gather before and reduce-scatter after each split matmul.",
-        )
-        require(
-            self.overlap_grad_reduce or self.zero_stage < 2,
-            PlanError,
-            "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
-            "backward; use zero_stage 0 or 1 for a reduction after the backward.",
-        )
-        require(
-            not self.overlap_param_gather or (self.zero_stage in (1, 2) and self.overlap_grad_reduce),
-            PlanError,
-            "plan overlap_param_gather=true needs zero_stage 1 or 2 with overlap_grad_reduce (as Megatron-LM's "
-            "--overlap-param-gather does); ZeRO-3 always gathers each block's weights ahead of its use.",
-        )
+        if not (self.overlap_grad_reduce or self.zero_stage < 2):
+            raise PlanError(
+                "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
+                "backward; use zero_stage 0 or 1 for a reduction after the backward."
+            )
+        if self.overlap_param_gather and not (self.zero_stage in (1, 2) and self.overlap_grad_reduce):
+            raise PlanError(
+                "plan overlap_param_gather=true needs zero_stage 1 or 2 with overlap_grad_reduce (as Megatron-LM's "
+                "--overlap-param-gather does); ZeRO-3 always gathers each block's weights ahead of its use."
+            )
 
     def _check_compression(self) -> None:
-        require(
-            self.grad_compression in GRAD_COMPRESSIONS,
-            PlanError,
-            f"plan grad_compression='{self.grad_compression}'; expected one of {', '.join(GRAD_COMPRESSIONS)}.",
-        )
-        if self.grad_compression == "none":
-            require(
-                self.powersgd_rank == 0,
-                PlanError,
-                f"plan powersgd_rank={self.powersgd_rank} without grad_compression='powersgd'; use 0.",
+        if self.grad_compression not in GRAD_COMPRESSIONS:
+            raise PlanError(
+                f"plan grad_compression='{self.grad_compression}'; expected one of {', '.join(GRAD_COMPRESSIONS)}."
             )
+        if self.grad_compression == "none":
+            if not (self.powersgd_rank == 0):
+                raise PlanError(f"plan powersgd_rank={self.powersgd_rank} without grad_compression='powersgd'; use 0.")
             return
-        require(
-            isinstance(self.powersgd_rank, int) and self.powersgd_rank >= 1,
-            PlanError,
-            f"plan powersgd_rank={self.powersgd_rank!r}; PowerSGD needs a rank >= 1.",
-        )
-        require(
-            self.runs_ddp and self.ep == 1,
-            PlanError,
-            f"plan grad_compression='powersgd' with {self.describe()}: PowerSGD runs as a DDP communication "
-            "hook, so it needs dp > 1, tp = pp = ep = 1, zero_stage 0 and overlap_grad_reduce.",
-        )
-        require(
-            self.grad_reduce_dtype == "fp32",
-            PlanError,
-            f"plan grad_compression='powersgd' with grad_reduce_dtype='{self.grad_reduce_dtype}': PowerSGD "
-            "compresses fp32 gradients; use grad_reduce_dtype 'fp32'.",
-        )
+        if not (isinstance(self.powersgd_rank, int) and self.powersgd_rank >= 1):
+            raise PlanError(f"plan powersgd_rank={self.powersgd_rank!r}; PowerSGD needs a rank >= 1.")
+        if not (self.runs_ddp and self.ep == 1):
+            raise PlanError(
+                f"plan grad_compression='powersgd' with {self.describe()}: PowerSGD runs as a DDP communication "
+                "hook, so it needs dp > 1, tp = pp = ep = 1, zero_stage 0 and overlap_grad_reduce."
+            )
+        if not (self.grad_reduce_dtype == "fp32"):
+            raise PlanError(
+                f"plan grad_compression='powersgd' with grad_reduce_dtype='{self.grad_reduce_dtype}': PowerSGD "
+                "compresses fp32 gradients; use grad_reduce_dtype 'fp32'."
+            )
 
     @property
     def runs_ddp(self) -> bool:
@@ -310,13 +277,11 @@ class Plan:
         if not self.stages:
             return
         chunks = self.pp * self.virtual_stages
-        require(
-            len(self.stages) == chunks,
-            PlanError,
-            f"plan has {len(self.stages)} stages; expected pp*virtual_stages = {chunks}.",
-        )
+        if not (len(self.stages) == chunks):
+            raise PlanError(f"plan has {len(self.stages)} stages; expected pp*virtual_stages = {chunks}.")
         flat = [layer for stage in self.stages for layer in stage]
-        require(len(flat) == len(set(flat)), PlanError, "plan stages list a layer more than once.")
+        if not (len(flat) == len(set(flat))):
+            raise PlanError("plan stages list a layer more than once.")
 
     # ---- derived -----------------------------------------------------------------------
     @property

@@ -10,8 +10,10 @@ from autoplan.cost import CostModel
 from autoplan.errors import PlanError
 from autoplan.solve import space
 from autoplan.solve.api import plan_graph
+from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence
 from autoplan.solve.pins import parse_fixes
+from autoplan.solve.search import Search
 from autoplan.types.plan import Plan
 
 
@@ -106,3 +108,14 @@ def test_a_pin_the_model_sequence_or_backend_refuses_is_one_sentence(tiny, graph
     assert words in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(PlanError):  # and the search raises it before searching
         plan_graph(graph, devices=8, profile=replace(synthetic_profile(), backend=backend), batch_size=8, fix=pins)
+
+
+def test_bounds_of_cp_plans_stay_below_their_price_and_count_every_blocks_gathers(tiny):
+    """Bound (2) never exceeds the priced objective of any plan, cp plans included; under cp a ZeRO-3
+    plan's bound counts each block's exposed weight gather (a block computes 1/cp of the tokens but
+    gathers all its weights), not only the first block's."""
+    search = Search(tiny, synthetic_profile(), SearchOptions(devices=8, batch_size=16, keep=10**6))
+    priced = [c for c in search.run().candidates if c.cost is not None and c.status == "evaluated"]
+    assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)
+    zero3 = [c.lower_bound / c.objective for c in priced if c.plan.cp > 1 and c.plan.zero_stage == 3 and c.plan.pp == 1]
+    assert len(zero3) > 10 and min(zero3) > 0.9  # 0.82 when the bound counted the first block's gather alone
