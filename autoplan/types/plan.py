@@ -19,6 +19,7 @@ from autoplan.types._check import read_json, require, require_fields, require_kn
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.prediction import Prediction
+from autoplan.types.runtime import Runtime, check_runtime_choices, runtime_named
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -96,6 +97,11 @@ class Plan:
     ``cp_variant`` (:data:`CP_VARIANTS`); each rank holds two chunks of the sequence, head and tail
     (chunks r and 2cp-1-r), so causal attention costs every rank the same. The mesh is
     ``(pp, dp, cp, tp)`` (autoplan/types/layout.py), as torchtitan and Megatron-Core order it.
+    ``runtime`` names the software the plan is priced for (autoplan/types/runtime.py: autoplan's
+    executor, megatron, torchtitan, deepspeed); ``autoplan run`` runs only ``autoplan`` plans, the
+    others are for ``export``. ``compile`` compiles each block with torch.compile (as torchtitan
+    does), so its element-wise ops run fused. ``fp8_recipe`` is the FP8 scaling recipe
+    (:data:`~autoplan.types.runtime.FP8_RECIPES`), '' for the runtime's default.
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
@@ -131,6 +137,9 @@ class Plan:
     ep: int = 1
     cp: int = 1
     cp_variant: str = "allgather"
+    runtime: str = "autoplan"
+    compile: bool = False
+    fp8_recipe: str = ""
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -209,6 +218,9 @@ class Plan:
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}."
             )
         self._check_compression()
+        check_runtime_choices(
+            runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
+        )
         for module, split in self.tp_plan.items():
             if split not in SPLITS:
                 raise PlanError(f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
@@ -264,6 +276,17 @@ class Plan:
         )
 
     @property
+    def runtime_preset(self) -> Runtime:
+        """The :class:`~autoplan.types.runtime.Runtime` this plan is priced for."""
+        return runtime_named(self.runtime)
+
+    @property
+    def fp8_recipe_used(self) -> str:
+        """The FP8 recipe the runtime runs: ``fp8_recipe``, or the runtime's default when it is ''."""
+        preset = self.runtime_preset
+        return self.fp8_recipe or (preset.fp8_recipes[0] if preset.fp8_recipes else "")
+
+    @property
     def lossy(self) -> list[str]:
         """The choices that change the gradient sum the optimizer sees (``--allow-lossy``)."""
         found = []
@@ -299,6 +322,9 @@ class Plan:
         red += "" if self.overlap_grad_reduce else " no-overlap"
         red += " param-gather-overlap" if self.overlap_param_gather else ""
         red += " tp-overlap" if self.tp_comm_overlap else ""
+        red += " compile" if self.compile else ""
+        red += f" recipe={self.fp8_recipe}" if self.fp8_recipe else ""
+        red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         return (
             f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
             f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}"
@@ -314,6 +340,9 @@ class Plan:
             del data["inputs"]  # plan files without traced inputs stay as they were
         if self.cp == 1:
             del data["cp"], data["cp_variant"]  # and so do plans without context parallelism
+        for name, default in (("runtime", "autoplan"), ("compile", False), ("fp8_recipe", "")):
+            if data[name] == default:
+                del data[name]  # and plans for autoplan's executor, uncompiled, with the default FP8 recipe
         return data
 
     @classmethod
