@@ -27,7 +27,10 @@ from autoplan.types.pricing import PricingSpec, pricing_from
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_section
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-OP_CLASSES = ("matmul", "attention", "conv")
+#: efficiency curves a device may have: GEMMs, the fused attention kernel (per executed FLOP; its source names
+#: the kernel: FlashAttention-2 on A100, FA3 or cuDNN on H100), convolutions, and MoE grouped GEMMs (one
+#: expert GEMM's FLOPs); a class without a curve falls back to matmul's
+OP_CLASSES = ("matmul", "attention", "conv", "grouped_matmul")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
