@@ -140,6 +140,27 @@ def runtime_named(name: str) -> Runtime:
         raise PlanError(f"plan runtime='{name}'; expected one of {', '.join(RUNTIMES)}.") from None
 
 
+#: the ``autoplan export --to`` target that runs each runtime's plans (autoplan runs its own)
+EXPORT_TARGETS = {
+    "megatron": "megatron",
+    "megatron-lm-2022": "megatron",
+    "torchtitan": "torchtitan",
+    "deepspeed": "deepspeed",
+}
+
+
+def check_runs_on_autoplan(runtime: str) -> None:
+    """Refuse, in one sentence, to run or launch a plan priced for another runtime: its price assumes
+    that runtime's kernels and overlaps, which autoplan's executor does not run."""
+    if runtime == "autoplan":
+        return
+    target = EXPORT_TARGETS.get(runtime, runtime)
+    raise PlanError(
+        f"this plan is priced for {runtime}; export it with `autoplan export --to {target}`, or plan again with "
+        "--runtime autoplan."
+    )
+
+
 def check_runtime_choices(*, runtime: str, compile: bool, precision: str, fp8_recipe: str) -> None:
     """Refuse a plan whose compile or FP8 recipe its runtime does not run (one sentence each)."""
     preset = runtime_named(runtime)
