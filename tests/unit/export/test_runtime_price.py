@@ -90,3 +90,15 @@ def test_run_launch_and_parallelize_refuse_a_plan_priced_for_another_runtime(fol
         assert err.count("\n") == 1 and "Traceback" not in err
     with pytest.raises(PlanError, match=f"priced for {runtime}"):
         parallelize(None, plan, loss_fn=None)
+
+
+def test_explaining_a_plan_folder_searches_again_for_its_runtime(graph_profile, tmp_path):
+    from autoplan.report.folder import load_plan_folder, search_again
+
+    graph, profile = graph_profile
+    fix = {"tp": 2, "pp": 2, "mbs": 1}
+    result = plan_graph(graph, devices=16, profile=profile, batch_size=32, fix=fix, runtime="megatron")
+    write_outputs(tmp_path, result=result, graph=graph, profile=profile)
+    again = search_again(load_plan_folder(tmp_path))
+    assert again.best.runtime == "megatron"
+    assert again.best_cost.step_time_s == pytest.approx(result.best_cost.step_time_s)
