@@ -11,7 +11,10 @@ did) on the meta device, pins the published layout with ``Plan(...)`` and predic
 How each layout is pinned: dp, cp, tp, pp, the local batch (global batch = dp x local batch: cp ranks
 share their samples) and the micro-batch as the CSV gives them; FSDP as ZeRO-3 (torchtitan shards over
 dp x cp), Llama 3's FSDP that keeps the weights between forward and backward as ZeRO-2; cp_variant
-allgather (torchtitan's default rotate method in 2024 and Llama 3's choice); Float8 as precision fp8.
+allgather (torchtitan's default rotate method in 2024 and Llama 3's choice); Float8 as precision fp8;
+the runtime that ran it (the CSV's ``runtime`` and ``compile`` columns, _results.runtime_fields):
+torchtitan's rows as ``torchtitan`` with torch.compile (its tables 2 and 6 name it), Meta's Llama 3
+framework, which has no preset, as ``autoplan``.
 A schedule or recomputation the source does not publish ("search" in the CSV: Llama 3's) is the
 planner's pick with every published choice pinned. Llama 3's own pipeline schedule is not expressible:
 it interleaves 126 layers over 16 stages unevenly (the first and last stage one layer short), and
@@ -33,7 +36,7 @@ from functools import partial
 from pathlib import Path
 
 import pandas as pd
-from _results import predict_published, write_results
+from _results import predict_published, runtime_fields, write_results
 
 from autoplan.cost import CostModel
 from autoplan.jobs.environ import environment
@@ -77,6 +80,7 @@ def published_plan(row: pd.Series) -> Plan:
         sequence_parallel=int(row["tp"]) > 1,
         precision=row["precision"],
         profile="dgx-h100",
+        **runtime_fields(row, zero_stage=int(row["zero_stage"])),
     )
 
 

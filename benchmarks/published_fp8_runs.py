@@ -15,7 +15,12 @@ How each layout is pinned, as its software ran it:
   published; "FSDP" (Megatron FSDP, torchtitan's FSDP2) as ZeRO-3, Megatron without FSDP as
   ZeRO-1 (the distributed optimizer); sequence parallelism and TP comm overlap as the CSV says
   (Megatron's H100 performance recipes and torchtitan's async TP);
-- recompute as published (none where a summary does not print it: an assumption, in the notes).
+- recompute as published (none where a summary does not print it: an assumption, in the notes);
+- the runtime that ran it (the CSV's ``runtime`` and ``compile`` columns, _results.runtime_fields):
+  NeMo and Megatron-Bridge rows as ``megatron`` (Megatron-Core with Transformer Engine, the FP8
+  recipe their precision names, the distributed optimizer's parameter all-gather overlapped),
+  torchtitan rows as ``torchtitan`` with torch.compile (every table of torchtitan's
+  benchmarks/llama3_h100_202412_torchtitan.md names it).
 
 What differs between the runs and what autoplan prices (so the error is not all cost model):
 Transformer Engine fuses FP8 casts into the norms and activations and casts each weight once
@@ -39,7 +44,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _results import predict_published, write_results
+from _results import predict_published, runtime_fields, write_results
 
 from autoplan.calibrate.runs import environment
 from autoplan.cost import CostModel
@@ -103,6 +108,10 @@ def published_plan(row: pd.Series, *, precision: str) -> Plan:
     dp = gpus // (tp * pp)
     v = 1 if pd.isna(row["vp"]) else int(row["vp"])
     sp = tp > 1 and str(row["sequence_parallel"]).lower() == "yes"
+    zero = 3 if str(row["fsdp"]).lower().startswith("yes") else 1
+    runtime = runtime_fields(row, zero_stage=zero)
+    if precision != "fp8":
+        runtime.pop("fp8_recipe", None)  # the bf16 comparison of the same layout
     return Plan(
         devices=gpus,
         dp=dp,
@@ -112,12 +121,13 @@ def published_plan(row: pd.Series, *, precision: str) -> Plan:
         num_microbatches=int(row["global_batch"]) // (dp * mbs),
         schedule="interleaved_1f1b" if v > 1 else "1f1b",
         virtual_stages=v,
-        zero_stage=3 if str(row["fsdp"]).lower().startswith("yes") else 1,
+        zero_stage=zero,
         recompute=recompute_of(row["recompute"]),
         sequence_parallel=sp,
         tp_comm_overlap=sp and str(row["tp_comm_overlap"]).lower() == "yes",
         precision=precision,
         profile="dgx-h100",
+        **runtime,
     )
 
 
@@ -143,6 +153,7 @@ def predict(row: pd.Series, profile, graphs: dict) -> dict:
     return {
         "name": row["name"],
         "plan": plan.describe(),
+        "runtime": plan.runtime,
         "hardware": row["hardware"],
         "published": published,
         "predicted": predicted,

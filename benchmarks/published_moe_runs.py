@@ -14,6 +14,11 @@ How each layout is pinned, as its software ran it:
   ZeRO-1 (the distributed optimizer; an assumption the CSV does not state);
 - "activation checkpointing on" as full recomputation, Megatron's selective recomputation of
   norms and activations as selective, none as none; bf16, or fp8 for the FP8 rows;
+- the runtime that ran it (the CSV's ``runtime`` column, _results.runtime_fields): Megatron-Bridge,
+  Megatron-Core and the Megatron-MoE model zoo as ``megatron`` (the distributed optimizer's
+  parameter all-gather overlapped); NeMo AutoModel, PyTorch-native FSDP2 with fused attention and
+  no torch.compile, as ``torchtitan``, the preset with those switches; DeepSeek-V3's own
+  framework has no preset and is priced as ``autoplan``;
 - routing: every NVIDIA row forces balanced routing for benchmarking ("force-balance", "fake
   balanced gate"), so the routing model's imbalance is 1 for them.
 
@@ -43,7 +48,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _results import predict_published, write_results
+from _results import predict_published, runtime_fields, write_results
 
 from autoplan.calibrate.runs import environment
 from autoplan.cost import CostModel
@@ -119,6 +124,7 @@ def published_plan(row: pd.Series) -> Plan:
     mbs = int(row["micro_batch"])
     v = 1 if pd.isna(row["vp"]) else int(row["vp"])
     fsdp = str(row["fsdp"]).lower().startswith("yes")
+    runtime = runtime_fields(row, zero_stage=3 if fsdp else 1)
     return Plan(
         devices=gpus,
         dp=dp,
@@ -134,6 +140,7 @@ def published_plan(row: pd.Series) -> Plan:
         precision=precision_of(row),
         routing=RoutingModel(imbalance=1.0),  # the benchmarks forced balanced routing (module docstring)
         profile="dgx-h100",
+        **runtime,
     )
 
 

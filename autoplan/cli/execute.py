@@ -40,10 +40,12 @@ def run_command(args: argparse.Namespace) -> int:
     from autoplan.modelfile import load_model_file
     from autoplan.trace.identity import check_plan_is_for
     from autoplan.types.plan import Plan, plan_json
+    from autoplan.types.runtime import check_runs_on_autoplan
 
     opts = RunOptions.from_namespace(args)
     opts = replace(opts, plan=str(plan_json(opts.plan)))  # a plan folder, or its plan.json
     plan = Plan.load(opts.plan)
+    check_runs_on_autoplan(plan.runtime)  # a plan priced for Megatron, torchtitan or DeepSpeed is for export
     _check_verify_steps(opts, plan)
     check_runs_here(plan)  # a plan this machine cannot run stops before any rank starts
     model_file = load_model_file(opts.model)  # fail here, once, rather than in every rank

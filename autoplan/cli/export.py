@@ -80,6 +80,7 @@ def refuse_config_flags_without_config(args: argparse.Namespace) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from autoplan.display import duration_text
     from autoplan.export.api import export_plan, launch_for, load_plan, write_export
 
     if args.model:  # the model the exported config will train: the plan must be for it (trace/identity.py)
@@ -91,15 +92,37 @@ def run_export(args: argparse.Namespace) -> int:
     exported = export_plan(args.plan, to=args.to, fmt=_format(args))
     path = write_export(exported, args.out)
     launch = launch_for(exported, path)  # the file just written, not the default name
+    price = _runtime_price(args.plan, args.to)
     if args.json:
-        print(json.dumps({"file": str(path), **exported.to_dict(), "launch": launch}, indent=2))
+        priced = {"predicted": price.to_dict()} if price else {}
+        print(json.dumps({"file": str(path), **exported.to_dict(), "launch": launch, **priced}, indent=2))
         return 0
     for sentence in exported.unexpressed:
         print(f"autoplan: warning: {args.to} cannot express this: {sentence}", file=sys.stderr)
     if not args.quiet:
         print(f"wrote {path}")
+        if price:
+            print(
+                f"predicted step: {duration_text(price.runtime_step_s)} under {price.runtime} "
+                f"({duration_text(price.autoplan_step_s)} under autoplan's executor)"
+            )
         print(f"launch with: {launch}")
     return 0
+
+
+def _runtime_price(source: str, framework: str):
+    """The plan priced for ``framework``'s runtime beside autoplan's executor (export/runtime_price.py),
+    when the plan folder holds the graph and profile it was planned with (solve/outputs.py); None otherwise."""
+    from autoplan.export.api import load_plan
+    from autoplan.export.runtime_price import price_for_framework
+    from autoplan.profile.io import load_profile
+    from autoplan.types.plan import plan_json
+
+    plan, graph = load_plan(source)
+    profile_file = plan_json(source).parent / "profile.json"
+    if graph is None or not profile_file.is_file():
+        return None
+    return price_for_framework(plan, graph=graph, profile=load_profile(profile_file), framework=framework)
 
 
 def _format(args: argparse.Namespace) -> str | None:

@@ -71,10 +71,12 @@ def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
 def launch_command(args: argparse.Namespace) -> int:
     from autoplan.types._check import write_text_atomic
     from autoplan.types.plan import plan_json
+    from autoplan.types.runtime import check_runs_on_autoplan
 
     target = _target(args)
     args.plan = str(plan_json(args.plan))
     plan = _plan(args.plan)
+    check_runs_on_autoplan(plan.runtime)  # the job runs autoplan's executor
     if not Path(args.model).is_file():
         raise RunError(f"model file '{args.model}' does not exist.")
     _check_model(args, plan)

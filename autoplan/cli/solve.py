@@ -13,6 +13,7 @@ from autoplan.cli.trace import add_routing_arguments
 from autoplan.cli.whole_run import add_run_arguments
 from autoplan.solve.pins import FIX_KEYS
 from autoplan.solve.space import OBJECTIVES
+from autoplan.types.runtime import RUNTIMES
 
 
 def register(subparsers, common: argparse.ArgumentParser) -> None:
@@ -39,6 +40,13 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "--solver", choices=("highs", "cbc"), default="highs", help="ILP backend (default HiGHS, CBC fallback)"
     )
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per ILP solve (default 10)")
+    parser.add_argument(
+        "--runtime",
+        choices=tuple(RUNTIMES),
+        default="autoplan",
+        help="the software that will run the plan, whose kernels and overlaps are priced: autoplan's executor "
+        "(default; `autoplan run`), or a framework to `autoplan export` to (docs/cost-model.md, Runtimes)",
+    )
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="output folder for plan.json, plans.csv, ops.csv, stages.csv"
     )
@@ -130,6 +138,7 @@ def _run(args: argparse.Namespace) -> int:
                 progress=progress,
                 top_k=args.top_k,
                 run=spec,
+                runtime=args.runtime,
                 **search_options(args),
             )
     except NoPlanFits as exc:

@@ -26,6 +26,7 @@ from autoplan.cost.compute.op_costs import node_time_s
 from autoplan.cost.compute.roofline import memory_time_s
 from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
 from autoplan.cost.cp.weights import weight_sync_plan
+from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.messages import BACKWARD, EACH, FORWARD, GRADS, WEIGHTS, DpMessage, dp_messages, find
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
@@ -225,13 +226,15 @@ class Bounds:
         )
 
     def accumulate_s(self, plan: Plan, *, params_floor: float | None = None) -> float:
-        """CostModel's gradient accumulation, (m - 1) micro-batches reading two fp32 gradients and writing
-        one (CostModel._accumulate_s), on the fewest parameters the fullest stage can hold: (blocks +
-        max(pre, post)) / pp, as states_floor_bytes."""
-        if plan.num_microbatches == 1 or plan.cp == 1:
+        """CostModel's gradient accumulation, (m - 1) micro-batches reading two gradients and writing one
+        in the runtime's buffer, none where it is fused (CostModel._accumulate_s, cost/dp/accumulation.py),
+        on the fewest parameters the fullest stage can hold: (blocks + max(pre, post)) / pp, as
+        states_floor_bytes."""
+        bytes_per_param = accumulation_bytes_per_param(plan)
+        if plan.num_microbatches == 1 or plan.cp == 1 or not bytes_per_param:
             return 0.0
         params = self.stage_params_floor(plan) if params_floor is None else params_floor
-        return (plan.num_microbatches - 1) * memory_time_s(self.profile, 3.0 * params * 4)
+        return (plan.num_microbatches - 1) * memory_time_s(self.profile, bytes_per_param * params)
 
     def stage_params_floor(self, plan: Plan) -> float:
         """The fewest parameters per device the fullest stage can hold under any partition: (blocks +

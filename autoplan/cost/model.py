@@ -19,6 +19,7 @@ from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
 from autoplan.cost.cp.block import check_context_parallel
 from autoplan.cost.cp.weights import weight_sync_plan
+from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.per_device import StageMemory
@@ -322,8 +323,9 @@ class CostModel:
         return self.dp_terms.powersgd_stage(plan, stage)
 
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
-        """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one."""
-        return memory_time_s(self.profile, 3.0 * stage.params * 4)  # fp32 gradients (cost/memory/per_device.py)
+        """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one, in the
+        runtime's buffer dtype; none where the runtime fuses it into the wgrad GEMM (cost/dp/accumulation.py)."""
+        return memory_time_s(self.profile, accumulation_bytes_per_param(plan) * stage.params)
 
     # ---- the terms, as other code asks them of the model -----------------------------------------
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:

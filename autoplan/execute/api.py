@@ -48,6 +48,7 @@ from autoplan.execute.zero import sharded_optimizer
 from autoplan.trace.build import seq_len_of
 from autoplan.trace.layers import find_blocks
 from autoplan.types.plan import Plan
+from autoplan.types.runtime import check_runs_on_autoplan
 
 
 def default_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -75,6 +76,7 @@ def parallelize(
     ``autoplan.plan(model, inputs, ...)`` needs none. A plan without ``inputs`` (made from a
     graph traced before they were recorded, or from inputs that are not tensors and scalars)
     still needs them."""
+    check_runs_on_autoplan(plan.runtime)
     check_runs_here(plan)
     if microbatch_inputs is None and plan.inputs and (plan.pp > 1 or plan.cp > 1 or (plan.tp > 1 and not plan.tp_plan)):
         from autoplan.execute.batch import microbatch_from_specs

@@ -8,7 +8,8 @@ page, docs/export-*.md).
    config does not state, or the trace does not record, is not compared and is named among the
    assumptions. Megatron-LM pads the vocabulary it is given to a multiple of
    ``make-vocab-size-divisible-by x tp``, so either the stated or the padded size matches.
-2. **Like for like.** The best plan is searched with the config's own precision and
+2. **Like for like.** Both are priced for the framework's runtime (export/runtime_price.py:
+   a Megatron-LM config as Megatron-Core runs it). The best plan is searched with the config's own precision and
    gradient-reduction dtype pinned (``--fix precision=..,reduce=..``; a pin the user gives wins),
    so that the ratio measures the parallel layout, not a change of numerics. A lossy reduction the
    config itself makes is pinned as the config's choice, not searched.
@@ -24,6 +25,7 @@ from typing import Any
 from autoplan.display import duration_text
 from autoplan.errors import AutoplanError, ExportError
 from autoplan.export.common import Imported, ModelFacts
+from autoplan.export.runtime_price import FRAMEWORK_RUNTIME
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -130,7 +132,8 @@ def price_imported(
 
     assumptions = imported.assumptions + check_facts(imported, graph, source=source, model=model or graph.model_name)
     try:  # the plan's own checks, and the cost model's for this model (which cp it can split: cost/cp/)
-        plan = Plan(**{**imported.fields, "model": graph.model_name, "profile": profile.name})
+        runtime = FRAMEWORK_RUNTIME.get(imported.framework, "autoplan")  # priced as its framework runs it
+        plan = Plan(**{"runtime": runtime, **imported.fields, "model": graph.model_name, "profile": profile.name})
         cost = CostModel(graph, profile).estimate(plan)
     except AutoplanError as exc:
         raise ExportError(f"'{source}' describes a plan autoplan cannot price: {exc}") from None
@@ -184,7 +187,13 @@ def _search(graph: Graph, profile: Profile, plan: Plan, options: dict[str, Any],
 
     try:
         return plan_graph(
-            graph, devices=plan.devices, profile=profile, batch_size=plan.global_batch_size, fix=fixes, **options
+            graph,
+            devices=plan.devices,
+            profile=profile,
+            batch_size=plan.global_batch_size,
+            fix=fixes,
+            runtime=plan.runtime,
+            **options,
         )
     except PlanError:
         if strict:

@@ -196,6 +196,7 @@ def cp_why(result, *, graph: Graph, profile: Profile, model: CostModel) -> str:
             objective=searched.objective,
             allow_lossy=searched.allow_lossy,
             allow_fp8=searched.allow_fp8,
+            runtime=best.runtime,
         )
     except NoPlanFits as failed:
         return f"{head}; without cp {_no_fit_clause(failed)}; {kv}."

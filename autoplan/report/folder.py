@@ -119,6 +119,7 @@ def search_again(folder: PlanFolder):
             objective=options["objective"],
             allow_lossy=options["allow_lossy"],
             allow_fp8=options["allow_fp8"],
+            runtime=folder.plan.runtime,  # the runtime it was planned for
         )
     except PlanError as exc:
         raise ReportError(f"re-running the search of '{folder.path}' failed ({exc}); re-run `autoplan plan`.") from None

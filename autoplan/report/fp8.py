@@ -34,6 +34,7 @@ def fp8_gain(result, *, graph: Graph, profile: Profile) -> str:
             fix={**searched.fixes, "precision": "fp8"},
             objective=searched.objective,
             allow_lossy=searched.allow_lossy,
+            runtime=best.runtime,
         )
     except NoPlanFits:
         return "FP8 (not searched: --allow-fp8): no FP8 plan fits on these devices."

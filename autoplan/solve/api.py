@@ -30,6 +30,7 @@ from autoplan.types.plan import Plan
 from autoplan.types.prediction import Prediction, SearchSummary
 from autoplan.types.profile import Profile
 from autoplan.types.run import RunSpec
+from autoplan.types.runtime import runtime_named
 
 FRUGAL_PINS = ("recompute", "zero", "mbs", "sp")
 
@@ -57,6 +58,7 @@ def plan_graph(
     run: RunSpec | dict | None = None,
     allow_lossy: bool = False,
     allow_fp8: bool = False,
+    runtime: str = "autoplan",
 ) -> SearchResult:
     """Search plans for a traced graph; raises NoPlanFits when nothing fits. The best ``top_k``
     plans are ranked exactly (pruning only skips what cannot enter them). A profile given as a
@@ -64,7 +66,9 @@ def plan_graph(
     it again (a shipped profile by its name). ``run`` (a RunSpec or its fields as a dict) prices the
     whole run into ``predicted.run`` and applies its deadline and budget. ``allow_lossy`` also
     searches (and allows pins of) gradient reduction below fp32 and PowerSGD (Plan.lossy);
-    ``allow_fp8`` also searches FP8 linears (a ``precision=fp8`` pin searches them without it)."""
+    ``allow_fp8`` also searches FP8 linears (a ``precision=fp8`` pin searches them without it).
+    ``runtime`` prices every plan for that runtime (types/runtime.py: ``autoplan``'s executor, or a
+    framework to export to); the refusals of what autoplan's executor cannot run still apply."""
     source = profile_file(profile)
     profile = load_profile(profile)
     run = RunSpec(**run) if isinstance(run, dict) else run
@@ -83,6 +87,7 @@ def plan_graph(
         run=run,
         allow_lossy=allow_lossy,
         allow_fp8=allow_fp8,
+        runtime=runtime_named(runtime).name,  # an unknown name is one sentence before the search
     )
     result = search(graph, profile, options)
     if result.best is None and run is not None and run.constrained:

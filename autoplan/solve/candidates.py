@@ -31,6 +31,7 @@ class SearchOptions:
     run: RunSpec | None = None  # the whole run: its length, prices, deadline and budget (cost/run/whole_run.py)
     allow_lossy: bool = False  # search (and allow pins of) lossy gradient sync: Plan.lossy
     allow_fp8: bool = False  # search fp8 too (a precision=fp8 pin needs no flag): solve/space.py
+    runtime: str = "autoplan"  # the runtime every plan is priced for (types/runtime.py)
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Group:
     v_max: int
     routing: RoutingModel | None = None  # the graph's, for an MoE model: the plan records it
     cp_variant: str = "allgather"  # how the cp ranks exchange keys and values (solve/context_parallel.py)
+    runtime: str = "autoplan"  # the runtime its plans are priced for (SearchOptions.runtime)
 
     def pruned_config(self) -> dict:
         """The row of a group pruned whole: what varies inside it is '*'."""
@@ -146,6 +148,7 @@ class Group:
             ep=deg.ep,
             cp=deg.cp,
             cp_variant=self.cp_variant,
+            runtime=self.runtime,
             routing=self.routing,
             stages=stages or [],
             tp_plan={},

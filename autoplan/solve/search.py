@@ -134,7 +134,17 @@ class Search:
                             continue
                         v_max = max(v for _, v in schedules)
                         for variant in variant_options(self.profile, cp=deg.cp, fixes=self.fixes):
-                            group = Group(deg, precision, sp, mbs, m, v_max, routing=self.routing, cp_variant=variant)
+                            group = Group(
+                                deg,
+                                precision,
+                                sp,
+                                mbs,
+                                m,
+                                v_max,
+                                routing=self.routing,
+                                cp_variant=variant,
+                                runtime=opts.runtime,
+                            )
                             found.append((self.lower_bound(group), group))
         return sorted(found, key=lambda item: item[0])
 

@@ -29,7 +29,11 @@ class Runtime:
     the fp32 gradient buffer, so no separate accumulation pass. ``pp_scatter_gather``: under TP a
     pipeline send carries 1/tp of the boundary tensor per rank, all-gathered on arrival.
     ``compile``: whether ``Plan.compile`` means anything to it. ``fp8_recipes``: the recipes it
-    runs, its default first.
+    runs, its default first. ``grad_buffer_dtype``: the dtype gradients accumulate in across
+    micro-batches, ``fp32`` or ``reduce`` (the plan's ``grad_reduce_dtype``: Megatron's main_grad
+    buffer, fp32 only with ``--accumulate-allreduce-grads-in-fp32`` / ``grad_reduce_in_fp32``).
+    ``fusion_needs_fp32_buffer``: the fused weight-gradient GEMM accumulates only into an fp32
+    buffer (Megatron-LM until 2022-09, arguments.py turned the fusion off otherwise).
     """
 
     name: str
@@ -40,6 +44,18 @@ class Runtime:
     compile: bool
     fp8_recipes: tuple[str, ...]
     source: str
+    grad_buffer_dtype: str = "fp32"
+    fusion_needs_fp32_buffer: bool = False
+
+    def fuses_accumulation(self, grad_reduce_dtype: str) -> bool:
+        """Whether the weight-gradient GEMM accumulates into the gradient buffer itself (no separate
+        pass) for a plan reducing gradients in ``grad_reduce_dtype``."""
+        fp32_buffer = self.grad_buffer_dtype == "fp32" or grad_reduce_dtype == "fp32"
+        return self.grad_accumulation_fusion and (fp32_buffer or not self.fusion_needs_fp32_buffer)
+
+    def buffer_dtype(self, grad_reduce_dtype: str) -> str:
+        """The dtype gradients accumulate in across micro-batches under this runtime."""
+        return grad_reduce_dtype if self.grad_buffer_dtype == "reduce" else "fp32"
 
     def check_fp8_recipe(self, recipe: str) -> None:
         """Refuse a recipe this runtime does not run (one sentence)."""
@@ -72,7 +88,25 @@ RUNTIMES: dict[str, Runtime] = {
         compile=False,
         fp8_recipes=("te_current", "te_delayed"),
         source="Megatron-Core with Transformer Engine: --gradient-accumulation-fusion, scatter/gather pipeline "
-        "sends (Narayanan et al. SC'21 section 4.1), TE fused attention and fused norm/activation/cast kernels",
+        "sends (Narayanan et al. SC'21 section 4.1), TE fused attention and fused norm/activation/cast kernels; "
+        "gradients accumulate and reduce in the parameter dtype (grad_reduce_in_fp32 off by default)",
+        grad_buffer_dtype="reduce",
+    ),
+    "megatron-lm-2022": Runtime(
+        name="megatron-lm-2022",
+        fused_attention=False,
+        fused_elementwise=True,
+        grad_accumulation_fusion=True,
+        pp_scatter_gather=True,
+        compile=False,
+        fp8_recipes=(),
+        source="Megatron-LM of Narayanan et al. SC'21 and Korthikanti et al. 2022: attention as unfused matmuls "
+        "(no flash attention), fused scale-mask-softmax, bias-GeLU, bias-dropout-add and LayerNorm kernels, "
+        "scatter/gather pipeline sends; main_grad in the reduce dtype (fp32 only with "
+        "--accumulate-allreduce-grads-in-fp32, forced for bf16); --gradient-accumulation-fusion from NVIDIA/"
+        "Megatron-LM 83b1e42 (2022-02-13), only with fp32 accumulation until 07916bf (2022-09-27)",
+        grad_buffer_dtype="reduce",
+        fusion_needs_fp32_buffer=True,
     ),
     "torchtitan": Runtime(
         name="torchtitan",
@@ -104,6 +138,27 @@ def runtime_named(name: str) -> Runtime:
         return RUNTIMES[name]
     except KeyError:
         raise PlanError(f"plan runtime='{name}'; expected one of {', '.join(RUNTIMES)}.") from None
+
+
+#: the ``autoplan export --to`` target that runs each runtime's plans (autoplan runs its own)
+EXPORT_TARGETS = {
+    "megatron": "megatron",
+    "megatron-lm-2022": "megatron",
+    "torchtitan": "torchtitan",
+    "deepspeed": "deepspeed",
+}
+
+
+def check_runs_on_autoplan(runtime: str) -> None:
+    """Refuse, in one sentence, to run or launch a plan priced for another runtime: its price assumes
+    that runtime's kernels and overlaps, which autoplan's executor does not run."""
+    if runtime == "autoplan":
+        return
+    target = EXPORT_TARGETS.get(runtime, runtime)
+    raise PlanError(
+        f"this plan is priced for {runtime}; export it with `autoplan export --to {target}`, or plan again with "
+        "--runtime autoplan."
+    )
 
 
 def check_runtime_choices(*, runtime: str, compile: bool, precision: str, fp8_recipe: str) -> None:

@@ -65,7 +65,7 @@ def test_plan_writes_valid_round_tripping_files(small_gpt, tmp_path, capsys):
     assert len(_rows(tmp_path / "stages.csv")) == plan.pp
 
 
-def test_fix_is_honoured_from_the_command_line(small_gpt, tmp_path):
+def test_fix_and_runtime_are_honoured_from_the_command_line(small_gpt, tmp_path):
     args = [
         "plan",
         small_gpt,
@@ -82,9 +82,12 @@ def test_fix_is_honoured_from_the_command_line(small_gpt, tmp_path):
         "tp=2,pp=2,mbs=2",
         "--fix",
         "recompute=full,zero=1,sp=on",
+        "--runtime",
+        "megatron",
     ]
     assert main(args) == 0
     plan = Plan.load(tmp_path / "plan.json")
+    assert plan.runtime == "megatron"  # planned and priced for Megatron-Core, for `autoplan export`
     assert (
         plan.tp,
         plan.pp,

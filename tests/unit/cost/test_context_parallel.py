@@ -198,6 +198,15 @@ def test_the_compute_floor_stays_below_every_priced_cp_plan(gqa, gqa_model):
     assert floors["allgather"] > floors["ring"]  # the exposed all-gather is in the floor, the hidden ring steps not
 
 
+@pytest.mark.parametrize("runtime", ["autoplan", "megatron"])
+def test_the_accumulation_floor_stays_below_the_priced_cp_plan_under_each_runtime(gqa, gqa_model, runtime):
+    bounds = Bounds(gqa, gqa_model.profile, StageCosts(gqa, gqa_model.profile, gqa_model))
+    plan = _plan(cp=2, dp=2, num_microbatches=4, runtime=runtime)
+    priced = gqa_model.estimate(plan).grad_accum_s
+    assert bounds.accumulate_s(plan) <= priced * (1 + 1e-12)
+    assert (priced > 0) == (runtime == "autoplan")  # Megatron fuses it into the weight-gradient GEMM
+
+
 def test_llama2_7b_at_128k_tokens_holds_one_cp_th_of_the_activations(llama7b):
     """On dgx-h100, tp = 8: the ring keeps only the local K,V shards, so activations fall by cp (within the
     outside nodes' rounding); allgather holds the gathered K,V besides, 2K (1 - 1/cp) per layer."""

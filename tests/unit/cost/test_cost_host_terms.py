@@ -88,6 +88,30 @@ def test_gradient_accumulation_reads_two_and_writes_one_gradient_per_extra_micro
     assert "grad_accum_s" in cost.TIME_FIELDS
 
 
+@pytest.mark.parametrize(
+    ("runtime", "reduce", "bytes_per_param"),
+    [
+        ("autoplan", "bf16", 12),  # autoplan's executor accumulates fp32 gradients whatever it reduces in
+        ("deepspeed", "bf16", 12),
+        ("megatron", "bf16", 0),  # --gradient-accumulation-fusion: the wgrad GEMM accumulates into main_grad
+        ("megatron-lm-2022", "fp32", 0),  # fused into an fp32 main_grad
+        ("megatron-lm-2022", "bf16", 6),  # before 2022-09 no fusion without fp32 accumulation: a bf16 pass
+    ],
+)
+def test_gradient_accumulation_is_priced_in_the_runtime_buffer_or_not_at_all_when_fused(
+    runtime, reduce, bytes_per_param
+):
+    graph = gpt_graph(hidden=256, heads=8, seq_len=128, batch_size=8, layers=2)
+    profile = a100_profile()
+    plan = _plan(micro_batch_size=2, num_microbatches=4, runtime=runtime, grad_reduce_dtype=reduce)
+    cost = CostModel(graph, profile).estimate(plan)
+    device = profile.device
+    per_micro_batch_s = (
+        bytes_per_param * graph.param_count / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+    )
+    assert cost.grad_accum_s == pytest.approx(3 * per_micro_batch_s, rel=1e-6)
+
+
 def test_fwd_bwd_op_table_row_is_split_by_flops():
     graph = gpt_graph(hidden=256, heads=8, seq_len=128, batch_size=8, layers=1)
     profile = a100_profile()

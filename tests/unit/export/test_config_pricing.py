@@ -110,7 +110,7 @@ def test_the_best_plan_is_searched_at_the_configs_own_precision(tmp_path, capsys
     assert code == 0, err
     result = json.loads(out)
     assert result["compared_at"] == {"precision": "fp32", "reduce": "fp32"}
-    assert result["best_plan"].endswith(" fp32") and result["slower"] >= 1 - 1e-9
+    assert result["best_plan"].endswith(" fp32 runtime=megatron") and result["slower"] >= 1 - 1e-9
     faster = result["any_precision"]
     assert " bf16" in faster["plan"] and faster["step_s"] < result["best_step_s"]
     code, out, _ = _explain(capsys, config, as_json=False)
@@ -124,7 +124,7 @@ def test_explain_config_takes_plans_fix(tmp_path, capsys):
     assert code == 0, err
     result = json.loads(out)
     assert result["compared_at"] == {"precision": "bf16", "reduce": "fp32"} and result["any_precision"] is None
-    assert " tp=2 " in result["best_plan"] and result["best_plan"].endswith(" bf16")
+    assert " tp=2 " in result["best_plan"] and result["best_plan"].endswith(" bf16 runtime=megatron")
 
 
 def test_search_flags_without_a_config_are_refused_not_ignored(tmp_path, capsys):
