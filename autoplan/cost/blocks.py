@@ -126,7 +126,9 @@ def summarise(
                 node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
             )
         else:
-            t_fwd, t_bwd = times(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read)
+            t_fwd, t_bwd = times(
+                node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read, recipe=ctx.fp8
+            )
         if ctx.cp > 1 and node.op == "attention":
             factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
             t_fwd, t_bwd = t_fwd * factor, t_bwd * factor
@@ -153,7 +155,9 @@ def summarise(
             part[0] += node.fwd_flops * f / shard * ran
             part[1] += executed_bwd_flops(node) * f / shard * ran  # the audit measures what runs
             # FP8's scaling passes are not kept (types/saved_ops.py): they re-run before the kept GEMM
-            rerun += fp8_cast_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False)
+            rerun += fp8_cast_s(
+                node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False, recipe=ctx.fp8
+            )
         else:
             rerun += t_fwd
     names = {n.name for n in structure.nodes}
@@ -229,7 +233,7 @@ def _add_overlap(
     (autoplan/cost/tp/overlap.py): tp * t(1/tp of the tokens) - t(all of them), less the
     (tp - 1) extra casts of an FP8 weight that is cast once for all slices."""
     n = ctx.tp
-    kw = dict(precision=ctx.precision, shard=shard)
+    kw = dict(precision=ctx.precision, shard=shard, recipe=ctx.fp8)
     recast = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=False, **kw)
     recast_bwd = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=True, **kw)
     slice_fwd, slice_bwd = node_times_s(
@@ -240,6 +244,7 @@ def _add_overlap(
         batch_fraction=ctx.batch_fraction / n,
         shard=shard,
         reads=read,
+        recipe=ctx.fp8,
     )
     totals[0] += t_fwd
     totals[1] += t_bwd
