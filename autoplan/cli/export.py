@@ -89,6 +89,7 @@ def run_export(args: argparse.Namespace) -> int:
         if warning and not args.quiet:
             print(f"autoplan: warning: {warning}", file=sys.stderr)
     exported = export_plan(args.plan, to=args.to, fmt=_format(args))
+    fp8_line = _te_saving(args.plan) if args.to == "megatron" else ""
     path = write_export(exported, args.out)
     launch = launch_for(exported, path)  # the file just written, not the default name
     if args.json:
@@ -99,7 +100,26 @@ def run_export(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"wrote {path}")
         print(f"launch with: {launch}")
+        if fp8_line:
+            print(fp8_line)
     return 0
+
+
+def _te_saving(source: str) -> str:
+    """For an fp8 plan folder exported to Megatron-LM, what Transformer Engine's recipe saves over
+    torchao tensorwise (report/fp8.py ``te_saving``); '' without its graph or a known profile."""
+    from autoplan.errors import AutoplanError
+    from autoplan.export.api import load_plan
+    from autoplan.profile.io import load_profile
+    from autoplan.report.fp8 import te_saving
+
+    plan, graph = load_plan(source)
+    if plan.precision != "fp8" or graph is None or not plan.profile:
+        return ""
+    try:
+        return te_saving(plan, graph=graph, profile=load_profile(plan.profile))
+    except AutoplanError:
+        return ""  # a profile not found here: the export itself does not need it
 
 
 def _format(args: argparse.Namespace) -> str | None:
