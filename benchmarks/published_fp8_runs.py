@@ -17,10 +17,11 @@ How each layout is pinned, as its software ran it:
   (Megatron's H100 performance recipes and torchtitan's async TP);
 - recompute as published (none where a summary does not print it: an assumption, in the notes).
 
-What differs between the runs and what autoplan prices (so the error is not all cost model):
-Transformer Engine fuses FP8 casts into the norms and activations and casts each weight once
-per step (its first-micro-batch cache), where torchao's recipe, which autoplan prices, casts
-input, weight and grad_output in every micro-batch; NeMo 24.x used delayed scaling; torchtitan
+Each row is priced for the runtime and FP8 recipe that ran it (:func:`runtime_of`): NeMo and
+Megatron-Bridge rows as Megatron-Core with Transformer Engine's delayed or current scaling, whose
+casts are fused into the norms and activations and whose weights are cast once per step
+(autoplan/cost/compute/fp8.py), torchtitan rows with torchao's tensorwise recipe, compiled.
+What still differs between the runs and what autoplan prices: torchtitan
 ran H100s with HBM2e (2.4 TB/s, 96 GB) at a 500 W limit, slower than the SXM5 part the dgx-h100
 profile describes, and keeps its output head in bf16. The summary gives the median |error| over
 all priced runs and over the DGX H100 runs alone.
@@ -98,11 +99,23 @@ def recompute_of(text) -> str:
     return "selective" if text.startswith("selective") else "full" if text.startswith("full") else "none"
 
 
+def runtime_of(row: pd.Series) -> tuple[str, str, bool]:
+    """(runtime, FP8 recipe, compile) that ran the row, read from its precision column: Transformer
+    Engine's delayed or current scaling ("FP8-CS"; Megatron-Bridge's bare "FP8" is current scaling,
+    the 25.11 table's) on Megatron-Core, torchao's recipes on torchtitan, which compiled every
+    float8 run of its performance tables (docs/performance.md)."""
+    text = str(row["precision"]).lower()
+    if "torchao" in text:
+        return "torchtitan", "rowwise" if "rowwise" in text else "tensorwise", True
+    return "megatron", "te_delayed" if "delayed" in text else "te_current", False
+
+
 def published_plan(row: pd.Series, *, precision: str) -> Plan:
     gpus, tp, pp, mbs = int(row["gpus"]), int(row["tp"]), int(row["pp"]), int(row["micro_batch"])
     dp = gpus // (tp * pp)
     v = 1 if pd.isna(row["vp"]) else int(row["vp"])
     sp = tp > 1 and str(row["sequence_parallel"]).lower() == "yes"
+    runtime, recipe, compile = runtime_of(row)
     return Plan(
         devices=gpus,
         dp=dp,
@@ -118,6 +131,9 @@ def published_plan(row: pd.Series, *, precision: str) -> Plan:
         tp_comm_overlap=sp and str(row["tp_comm_overlap"]).lower() == "yes",
         precision=precision,
         profile="dgx-h100",
+        runtime=runtime,
+        compile=compile,
+        fp8_recipe=recipe if precision == "fp8" else "",
     )
 
 
@@ -143,6 +159,7 @@ def predict(row: pd.Series, profile, graphs: dict) -> dict:
     return {
         "name": row["name"],
         "plan": plan.describe(),
+        "recipe": plan.fp8_recipe_used,
         "hardware": row["hardware"],
         "published": published,
         "predicted": predicted,
