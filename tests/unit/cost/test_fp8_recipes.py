@@ -2,6 +2,7 @@
 GEMM, Transformer Engine's once-a-step weight cast priced for Megatron plans, the refusals, and the
 Megatron-LM flags and the sentence that name the recipe."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,32 @@ def test_megatron_export_names_the_recipe_and_reads_it_back(runtime, recipe, fla
     assert read.fields["runtime"] == "megatron"
     assert read.fields["fp8_recipe"] == {"delayed": "te_delayed", "tensorwise": "te_current"}[flag]
     assert not [u for u in read.unmapped if "fp8" in u]
+
+
+# ---- what the commands say -------------------------------------------------------------------------
+def test_explain_config_and_export_say_what_te_saves(tmp_path, capsys, gpt_graph):
+    """A Megatron fp8 config is priced with TE's delayed scaling (Megatron's default --fp8-recipe) and
+    explain says what it saves; an fp8 plan folder exported to Megatron says the same for current scaling."""
+    from autoplan.cli import main
+
+    config = tmp_path / "args.txt"
+    config.write_text(
+        "--num-layers 2 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 --vocab-size 32000 "
+        "--micro-batch-size 1 --global-batch-size 2 --bf16 --fp8-format hybrid"
+    )
+    model = {"AUTOPLAN_GPT_N_LAYER": "2", "AUTOPLAN_GPT_N_EMBD": "1024", "AUTOPLAN_GPT_N_HEAD": "8"}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {**model, "AUTOPLAN_GPT_BLOCK_SIZE": "2048", "AUTOPLAN_GPT_VOCAB_SIZE": "32000"}.items():
+            mp.setenv(name, value)
+        argv = ["--json", "explain", "--config", str(config), "--model", str(ROOT / "examples" / "gpt.py")]
+        assert main([*argv, "--profile", "dgx-h100", "--devices", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "recipe=te_delayed runtime=megatron" in result["config_plan"]
+    assert result["fp8_recipe"].startswith("Transformer Engine's fused casts (delayed scaling) save ")
+    folder = tmp_path / "plan"
+    folder.mkdir()
+    gpt_graph.save(folder / "graph.json")
+    _plan(devices=1, dp=1, profile="dgx-h100").save(folder / "plan.json")
+    assert main(["export", str(folder), "--to", "megatron", "--out", str(tmp_path / "megatron_args.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "Transformer Engine's fused casts (current scaling) save " in out
