@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.cost.compute.fp8 import fp8_linear
 from autoplan.cost.compute.op_costs import NodeTimes, node_times_s
 from autoplan.cost.compute.roofline import (
     activation_scale,
@@ -75,6 +76,7 @@ class LayerSummary:
     cp_fwd_s: float = 0.0  # context parallelism's K,V traffic exposed beside attention (autoplan/cost/cp/), forward
     cp_bwd_s: float = 0.0
     cp_messages: tuple[CpMessage, ...] = ()  # what those calls send (autoplan/cost/cp/messages.py), for the audit
+    fp8_params: float = 0.0  # FP8 linears' weights held per device: what FSDP2 may gather in FP8 (cost/dp/messages.py)
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def summarise(
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
-    fwd = bwd = rerun = saved = kept = flops = 0.0
+    fwd = bwd = rerun = saved = kept = flops = fp8_params = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
     experts = block_experts(
         graph, structure.nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
@@ -135,6 +137,8 @@ def summarise(
             attention.append((node, shard, t_fwd, t_bwd))
         fwd += t_fwd
         bwd += t_bwd
+        if fp8_linear(node, precision=precision, shard=shard) and not (experts and node.name in experts.gemms):
+            fp8_params += node.attrs["in_features"] * node.attrs["out_features"] / tp_cost.param_shard.get(node.name, 1)
         if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
             _add_overlap(overlap, graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
@@ -196,6 +200,7 @@ def summarise(
         cp_fwd_s=cp.fwd_s,
         cp_bwd_s=cp.bwd_s,
         cp_messages=cp.messages,
+        fp8_params=fp8_params,
     )
 
 

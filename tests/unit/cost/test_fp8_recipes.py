@@ -177,3 +177,50 @@ def test_explain_config_and_export_say_what_te_saves(tmp_path, capsys, gpt_graph
     assert main(["export", str(folder), "--to", "megatron", "--out", str(tmp_path / "megatron_args.txt")]) == 0
     out = capsys.readouterr().out
     assert "Transformer Engine's fused casts (current scaling) save " in out
+
+
+# ---- FSDP2's FP8 all-gather -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("fields", "backend", "fp8_bytes"),
+    [
+        (dict(zero_stage=3), "nccl", 1),
+        (dict(zero_stage=3), "gloo", 0),  # gloo has no float8 dtypes
+        (dict(zero_stage=3, fp8_recipe="rowwise"), "nccl", 0),  # torchao offers it for tensorwise only
+        (dict(zero_stage=3, precision="bf16"), "nccl", 0),
+        (dict(zero_stage=1), "nccl", 0),
+        (dict(zero_stage=3, runtime="torchtitan"), "nccl", 0),  # off by default there, and not exported
+    ],
+)
+def test_the_dp_statement_gathers_fp8_weights_where_torchao_does(fields, backend, fp8_bytes):
+    from autoplan.cost.dp.messages import WEIGHTS, dp_messages
+
+    weights = [m for m in dp_messages(_plan(**fields), backend=backend) if m.payload == WEIGHTS]
+    assert weights and {m.fp8_bytes_per_param for m in weights} == {fp8_bytes}
+    size = weights[0].bytes_per_param
+    assert weights[0].unit_bytes(100.0, 60.0) == (40 * size + 60 * fp8_bytes if fp8_bytes else 100 * size)
+
+
+def test_the_audit_predicts_fp8_gathers_of_the_fp8_linears_weights(gpt_graph, h100):
+    """Under ZeRO-3 on NCCL each gather of a unit sends its FP8 linears' weights in 1 byte: the
+    step's all-gathered bytes fall by one byte per FP8 weight per gather, against rowwise's."""
+    from autoplan.cost.compute.fp8 import fp8_linear
+    from autoplan.cost.volumes import predict
+
+    model = CostModel(gpt_graph, h100)
+    plans = {r: _plan(zero_stage=3, num_microbatches=2, fp8_recipe=r) for r in ("tensorwise", "rowwise")}
+    gathered = {r: predict(model, p)[0].comm["dp", "all_gather"] for r, p in plans.items()}
+    weights = sum(
+        n.attrs["in_features"] * n.attrs["out_features"] for n in gpt_graph.nodes if fp8_linear(n, precision="fp8")
+    )
+    gathers = 2 + 2  # each micro-batch's forward and backward
+    assert gathered["tensorwise"][0] == gathered["rowwise"][0]  # the same calls
+    assert gathered["rowwise"][1] - gathered["tensorwise"][1] == pytest.approx(gathers * weights)
+    assert model.estimate(plans["tensorwise"]).zero_comm_s < model.estimate(plans["rowwise"]).zero_comm_s
+
+
+def test_the_executor_enables_torchaos_fp8_all_gather_by_the_same_rule():
+    from autoplan.execute.float8 import float8_config, fsdp_gather
+
+    assert float8_config("tensorwise", fsdp_gather=True).enable_fsdp_float8_all_gather
+    assert not float8_config("tensorwise").enable_fsdp_float8_all_gather
+    assert not fsdp_gather(_plan(zero_stage=3))  # this CPU machine runs gloo
