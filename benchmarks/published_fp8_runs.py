@@ -22,10 +22,11 @@ How each layout is pinned, as its software ran it:
   torchtitan rows as ``torchtitan`` with torch.compile (every table of torchtitan's
   benchmarks/llama3_h100_202412_torchtitan.md names it).
 
-What differs between the runs and what autoplan prices (so the error is not all cost model):
-Transformer Engine fuses FP8 casts into the norms and activations and casts each weight once
-per step (its first-micro-batch cache), where torchao's recipe, which autoplan prices, casts
-input, weight and grad_output in every micro-batch; NeMo 24.x used delayed scaling; torchtitan
+Each row is priced for the runtime and FP8 recipe that ran it (``runtime_fields``): NeMo and
+Megatron-Bridge rows as Megatron-Core with Transformer Engine's delayed or current scaling, whose
+casts are fused into the norms and activations and whose weights are cast once per step
+(autoplan/cost/compute/fp8.py), torchtitan rows with torchao's tensorwise recipe, compiled.
+What still differs between the runs and what autoplan prices: torchtitan
 ran H100s with HBM2e (2.4 TB/s, 96 GB) at a 500 W limit, slower than the SXM5 part the dgx-h100
 profile describes, and keeps its output head in bf16. The summary gives the median |error| over
 all priced runs and over the DGX H100 runs alone.
@@ -154,6 +155,7 @@ def predict(row: pd.Series, profile, graphs: dict) -> dict:
         "name": row["name"],
         "plan": plan.describe(),
         "runtime": plan.runtime,
+        "recipe": plan.fp8_recipe_used,
         "hardware": row["hardware"],
         "published": published,
         "predicted": predicted,

@@ -90,6 +90,7 @@ def run_export(args: argparse.Namespace) -> int:
         if warning and not args.quiet:
             print(f"autoplan: warning: {warning}", file=sys.stderr)
     exported = export_plan(args.plan, to=args.to, fmt=_format(args))
+    fp8_line = _te_saving(args.plan) if args.to == "megatron" else ""
     path = write_export(exported, args.out)
     launch = launch_for(exported, path)  # the file just written, not the default name
     price = _runtime_price(args.plan, args.to)
@@ -107,6 +108,8 @@ def run_export(args: argparse.Namespace) -> int:
                 f"({duration_text(price.autoplan_step_s)} under autoplan's executor)"
             )
         print(f"launch with: {launch}")
+        if fp8_line:
+            print(fp8_line)
     return 0
 
 
@@ -123,6 +126,23 @@ def _runtime_price(source: str, framework: str):
     if graph is None or not profile_file.is_file():
         return None
     return price_for_framework(plan, graph=graph, profile=load_profile(profile_file), framework=framework)
+
+
+def _te_saving(source: str) -> str:
+    """For an fp8 plan folder exported to Megatron-LM, what Transformer Engine's recipe saves over
+    torchao tensorwise (report/fp8.py ``te_saving``); '' without its graph or a known profile."""
+    from autoplan.errors import AutoplanError
+    from autoplan.export.api import load_plan
+    from autoplan.profile.io import load_profile
+    from autoplan.report.fp8 import te_saving
+
+    plan, graph = load_plan(source)
+    if plan.precision != "fp8" or graph is None or not plan.profile:
+        return ""
+    try:
+        return te_saving(plan, graph=graph, profile=load_profile(plan.profile))
+    except AutoplanError:
+        return ""  # a profile not found here: the export itself does not need it
 
 
 def _format(args: argparse.Namespace) -> str | None:

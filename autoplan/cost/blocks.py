@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.cost.compute.fp8 import fp8_linear
 from autoplan.cost.compute.op_costs import NodeTimes, node_times_s
 from autoplan.cost.compute.roofline import (
     activation_scale,
@@ -75,6 +76,7 @@ class LayerSummary:
     cp_fwd_s: float = 0.0  # context parallelism's K,V traffic exposed beside attention (autoplan/cost/cp/), forward
     cp_bwd_s: float = 0.0
     cp_messages: tuple[CpMessage, ...] = ()  # what those calls send (autoplan/cost/cp/messages.py), for the audit
+    fp8_params: float = 0.0  # FP8 linears' weights held per device: what FSDP2 may gather in FP8 (cost/dp/messages.py)
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def summarise(
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
-    fwd = bwd = rerun = saved = kept = flops = 0.0
+    fwd = bwd = rerun = saved = kept = flops = fp8_params = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
     experts = block_experts(
         graph, structure.nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
@@ -126,13 +128,17 @@ def summarise(
                 node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
             )
         else:
-            t_fwd, t_bwd = times(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read)
+            t_fwd, t_bwd = times(
+                node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read, recipe=ctx.fp8
+            )
         if ctx.cp > 1 and node.op == "attention":
             factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
             t_fwd, t_bwd = t_fwd * factor, t_bwd * factor
             attention.append((node, shard, t_fwd, t_bwd))
         fwd += t_fwd
         bwd += t_bwd
+        if fp8_linear(node, precision=precision, shard=shard) and not (experts and node.name in experts.gemms):
+            fp8_params += node.attrs["in_features"] * node.attrs["out_features"] / tp_cost.param_shard.get(node.name, 1)
         if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
             _add_overlap(overlap, graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
@@ -153,7 +159,9 @@ def summarise(
             part[0] += node.fwd_flops * f / shard * ran
             part[1] += executed_bwd_flops(node) * f / shard * ran  # the audit measures what runs
             # FP8's scaling passes are not kept (types/saved_ops.py): they re-run before the kept GEMM
-            rerun += fp8_cast_s(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False)
+            rerun += fp8_cast_s(
+                node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False, recipe=ctx.fp8
+            )
         else:
             rerun += t_fwd
     names = {n.name for n in structure.nodes}
@@ -192,6 +200,7 @@ def summarise(
         cp_fwd_s=cp.fwd_s,
         cp_bwd_s=cp.bwd_s,
         cp_messages=cp.messages,
+        fp8_params=fp8_params,
     )
 
 
@@ -229,7 +238,7 @@ def _add_overlap(
     (autoplan/cost/tp/overlap.py): tp * t(1/tp of the tokens) - t(all of them), less the
     (tp - 1) extra casts of an FP8 weight that is cast once for all slices."""
     n = ctx.tp
-    kw = dict(precision=ctx.precision, shard=shard)
+    kw = dict(precision=ctx.precision, shard=shard, recipe=ctx.fp8)
     recast = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=False, **kw)
     recast_bwd = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=True, **kw)
     slice_fwd, slice_bwd = node_times_s(
@@ -240,6 +249,7 @@ def _add_overlap(
         batch_fraction=ctx.batch_fraction / n,
         shard=shard,
         reads=read,
+        recipe=ctx.fp8,
     )
     totals[0] += t_fwd
     totals[1] += t_bwd

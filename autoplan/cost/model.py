@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
+from autoplan.cost.compute.fp8 import fp8_recipe as recipe_of
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
 from autoplan.cost.cp.block import check_context_parallel
@@ -218,8 +219,9 @@ class CostModel:
         stages, tp_plan, ctx, _groups = self._priced(plan)
         return [replace(stage) for stage in stages], tp_plan, ctx
 
-    def tp_context(self, plan: Plan) -> TPContext:
-        """The tensor-parallel context ``plan`` is priced in (its tp group on the profile's nodes)."""
+    def tp_context(self, plan: Plan, *, fp8_recipe: str = "") -> TPContext:
+        """The tensor-parallel context ``plan`` is priced in (its tp group on the profile's nodes), its
+        FP8 linears running ``fp8_recipe`` when given, else the plan's (cost/compute/fp8.py)."""
         groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)
         return TPContext(
             profile=self.profile,
@@ -232,18 +234,22 @@ class CostModel:
             cp=plan.cp,
             cp_variant=plan.cp_variant,
             cp_group=groups["cp"] if plan.cp > 1 else None,
+            fp8=recipe_of(plan, recipe=fp8_recipe),
         )
 
-    def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
+    def _priced(
+        self, plan: Plan, *, fp8_recipe: str = ""
+    ) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
         self._check(plan)
         groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)
         tp_plan = self._tp_plan(plan)
-        ctx = self.tp_context(plan)
+        ctx = self.tp_context(plan, fp8_recipe=fp8_recipe)
         return self._stages(plan, tp_plan, ctx), tp_plan, ctx, groups
 
-    def estimate(self, plan: Plan) -> Cost:
-        """Predict ``plan``'s step time, per-device memory and throughput (module docstring)."""
-        stages, _tp_plan, _ctx, groups = self._priced(plan)
+    def estimate(self, plan: Plan, *, fp8_recipe: str = "") -> Cost:
+        """Predict ``plan``'s step time, per-device memory and throughput (module docstring); with
+        ``fp8_recipe``, as if its FP8 linears ran that recipe (report/fp8.py compares recipes)."""
+        stages, _tp_plan, _ctx, groups = self._priced(plan, fp8_recipe=fp8_recipe)
         cost = Cost()
         self._time(cost, plan, stages, groups)
         weights = weight_sync_plan(plan)  # dp x cp ranks hold the same weights (cost/cp/weights.py)

@@ -99,7 +99,7 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     """The dense parameters' messages over dp (dp_messages.dp_messages), one unit per FSDP2 unit
     (one for DDP's buckets and the flat buffers); PowerSGD's sent bytes instead of DDP's
     gradients; DDP's buffer broadcast and unused-parameter map."""
-    messages = dp_messages.dp_messages(plan)
+    messages = dp_messages.dp_messages(plan, backend=model.profile.backend)
     if not messages:
         return
     params = stage.dense_params if plan.ep > 1 else stage.params
@@ -110,7 +110,8 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     if grads.compressed:  # PowerSGD: the uncompressed tensors and the P and Q factors (cost/dp/compression.py)
         pred.add("dp", grads.kind, None, model.powersgd_stage(plan, stage).sent_bytes)
     else:
-        _add(pred, "dp", *_per_step(plan, messages, params, units, plan.dp))
+        fp8 = sum(b.fp8_params for b in stage.blocks)
+        _add(pred, "dp", *_per_step(plan, messages, params, units, plan.dp, fp8_params=fp8))
     _add(pred, "dp", dp_messages.buffer_broadcast(plan, model.graph.buffer_bytes))
     module_list = any(m.interface == "module_list" for m in model.graph.moe_layers)
     tensors = len(model.graph.parameters)
@@ -118,10 +119,15 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
 
 
 def _per_step(
-    plan: Plan, messages: tuple, params: float, units: int, group_size: int
+    plan: Plan, messages: tuple, params: float, units: int, group_size: int, *, fp8_params: float = 0.0
 ) -> list[dp_messages.StepMessages]:
     return dp_messages.per_step(
-        messages, params=params, units=units, group_size=group_size, num_microbatches=plan.num_microbatches
+        messages,
+        params=params,
+        units=units,
+        group_size=group_size,
+        num_microbatches=plan.num_microbatches,
+        fp8_params=fp8_params,
     )
 
 

@@ -115,7 +115,7 @@ def parallelize(
     )
     # FP8 linears before expert, tensor and data parallelism, which must see them (float8.py).
     for module in modules.values():
-        float8.convert_linears(module, fp8_linears)
+        float8.convert_linears(module, fp8_linears, recipe=plan.fp8_recipe_used, fsdp_gather=float8.fsdp_gather(plan))
     ep_state = expert_parallel.apply_expert_parallel(
         modules=modules, plan=plan, dispatches=experts, expert_mesh=ep_mesh, eager=plan.pp == 1
     )

@@ -2,17 +2,20 @@
 (docs/executor.md, "FP8").
 
 Every ``nn.Linear`` whose input and output features are both divisible by 16 per local shard
-(``torch._scaled_mm``) becomes torchao's ``Float8Linear`` with its default recipe
-(``convert_to_float8_training``, ``Float8LinearConfig()``): dynamic tensorwise scaling, e4m3
-inputs and weights, e5m2 output gradients. Per GEMM ``Y = X W^T``, with ``s_T = fp8_max /
-amax(|T|)`` over the whole (global) tensor:
+(``torch._scaled_mm``) becomes torchao's ``Float8Linear`` with the plan's recipe
+(``Plan.fp8_recipe_used``, :func:`float8_config`): "tensorwise" (``Float8LinearConfig()``, dynamic
+tensorwise scaling, e4m3 inputs and weights, e5m2 output gradients) or "rowwise"
+(``Float8LinearConfig.from_recipe_name("rowwise")``, one scale per row, e4m3 throughout). Per GEMM
+``Y = X W^T``, with ``s_T = fp8_max / amax(|T|)`` over the whole (global) tensor or per row:
 
     Y = (s_X X)_fp8 (s_W W)^T_fp8 / (s_X s_W)        accumulated in fp32
 
 Everything else runs as "bf16". The linears are converted before TP, recomputation and data
 parallelism (autoplan/execute/api.py); under TP the casts come after the redistributions
-(:func:`tp_input`, :func:`tp_output`). :func:`check_runs_here` refuses a device without FP8 tensor
-cores (compute capability 8.9+); ``AUTOPLAN_FP8_EMULATE=1`` lets a CPU test run through.
+(:func:`tp_input`, :func:`tp_output`; tensorwise only: torchao's float8 TP styles scale per tensor).
+:func:`check_runs_here` refuses a device without FP8 tensor cores (compute capability 8.9+), and
+rowwise under TP; ``AUTOPLAN_FP8_EMULATE=1`` lets a CPU test run through (both recipes run there).
+Under ZeRO-3 with tensorwise on NCCL, FSDP2 gathers the FP8 weights in FP8 (:func:`fsdp_gather`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch.nn as nn
 from autoplan.errors import PlanError
 from autoplan.types.graph import within
 from autoplan.types.plan import Plan
+from autoplan.types.runtime import fsdp_float8_all_gather
 
 #: the environment variable that lets an fp8 plan run emulated on the CPU (tests only)
 EMULATE_ENV = "AUTOPLAN_FP8_EMULATE"
@@ -60,6 +64,11 @@ def check_runs_here(plan: Plan) -> None:
         raise PlanError(
             f"{need}; this run is on {torch.cuda.get_device_name()} (compute capability {major}.{minor}): "
             "re-plan with --fix precision=bf16."
+        )
+    if plan.fp8_recipe_used == "rowwise" and plan.tp > 1:
+        raise PlanError(
+            f"plan fp8_recipe=rowwise with tp={plan.tp}: torchao's float8 tensor-parallel styles scale per tensor "
+            "only; use fp8_recipe=tensorwise or tp=1."
         )
     if importlib.util.find_spec("torchao") is None:
         raise PlanError(
@@ -112,10 +121,37 @@ def eligible_fqns(model: nn.Module, plan: Plan, *, exclude: tuple[str, ...] = ()
     ]
 
 
-def convert_linears(module: nn.Module, fqns: list[str]) -> list[str]:
+def fsdp_gather(plan: Plan) -> bool:
+    """Whether FSDP2 gathers the converted weights in FP8 here (types/runtime.py ``fsdp_float8_all_gather``:
+    ZeRO-3, tensorwise, on NCCL; the cost model's dp statement prices the same rule)."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"  # the executor's process-group backend
+    return fsdp_float8_all_gather(
+        runtime=plan.runtime,
+        zero_stage=plan.zero_stage,
+        precision=plan.precision,
+        recipe=plan.fp8_recipe_used,
+        backend=backend,
+    )
+
+
+def float8_config(recipe: str, *, fsdp_gather: bool = False) -> Any:
+    """torchao's ``Float8LinearConfig`` of an autoplan recipe (module docstring), with its FP8 all-gather
+    under FSDP2 when ``fsdp_gather`` (tensorwise only)."""
+    float8 = _torchao_float8()
+    if recipe == "rowwise":
+        return float8.Float8LinearConfig.from_recipe_name("rowwise")
+    if recipe != "tensorwise":
+        raise PlanError(f"fp8 recipe '{recipe}' is not torchao's; autoplan's executor runs tensorwise and rowwise.")
+    return float8.Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp_gather)
+
+
+def convert_linears(
+    module: nn.Module, fqns: list[str], *, recipe: str = "tensorwise", fsdp_gather: bool = False
+) -> list[str]:
     """Swap the linears of ``module`` (the whole model or one pipeline stage; FQNs as in the
     model) named in ``fqns`` (:func:`eligible_fqns`) for torchao's ``Float8Linear``, in place,
-    with the default recipe (``convert_to_float8_training``); return the FQNs converted here.
+    with ``recipe``'s config (``convert_to_float8_training``; FP8 all-gather under FSDP2 when
+    ``fsdp_gather``, :func:`fsdp_gather`); return the FQNs converted here.
     Weights and ties are kept: ``Float8Linear.from_float`` reuses the Linear's Parameters."""
     present = dict(module.named_modules())
     mine = [fqn for fqn in fqns if fqn in present]
@@ -126,7 +162,7 @@ def convert_linears(module: nn.Module, fqns: list[str]) -> list[str]:
     float8 = _torchao_float8()
     wanted = set(mine)
     float8.convert_to_float8_training(
-        module, module_filter_fn=lambda _m, fqn: fqn in wanted, config=float8.Float8LinearConfig()
+        module, module_filter_fn=lambda _m, fqn: fqn in wanted, config=float8_config(recipe, fsdp_gather=fsdp_gather)
     )
     return mine
 

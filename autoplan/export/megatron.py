@@ -29,6 +29,9 @@ SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 #: autoplan's cp variant -> Megatron's ``--cp-comm-type`` (TransformerConfig.cp_comm_type; the hierarchical
 #: ``a2a+p2p`` has no autoplan variant: megatron_read.py reads it as ring)
 CP_COMM_TYPES = {"ring": "p2p", "allgather": "all_gather", "ulysses": "a2a"}
+#: autoplan's FP8 recipe -> Megatron's ``--fp8-recipe`` (TransformerConfig.fp8_recipe: 'tensorwise' is TE's per-tensor
+#: current scaling, 'delayed' its delayed scaling); torchao's recipes have no Megatron twin: the nearest TE recipe
+FP8_RECIPES = {"te_current": "tensorwise", "te_delayed": "delayed", "tensorwise": "tensorwise", "rowwise": "tensorwise"}
 Flags = list[tuple[str, Any]]  # (flag, value); None for a switch
 
 
@@ -159,7 +162,7 @@ def _data_parallel_flags(plan: Plan) -> Flags:
 def _precision_flags(plan: Plan, notes: list[str]) -> Flags:
     flags: Flags = {"fp32": [], "fp16": [("--fp16", None)]}.get(plan.precision, [("--bf16", None)])
     if plan.precision == "fp8":
-        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
+        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", FP8_RECIPES[plan.fp8_recipe_used])]
     reduce, training = plan.grad_reduce_dtype, "fp16" if plan.precision == "fp16" else "bf16"
     if plan.precision != "fp32" and reduce == "fp32":
         flags.append(("--accumulate-allreduce-grads-in-fp32", None))

@@ -45,6 +45,8 @@ VALUED = {
 LISTS = ("--recompute-modules", "--cp-comm-type", "--hierarchical-context-parallel-sizes")  # nargs="+" flags
 #: Megatron's ``--cp-comm-type`` (TransformerConfig.cp_comm_type) -> autoplan's cp variant; a2a+p2p: _read_cp
 CP_VARIANTS = {"p2p": "ring", "all_gather": "allgather", "a2a": "ulysses", "a2a+p2p": "ring"}
+#: Megatron's ``--fp8-recipe`` (default delayed) -> autoplan's Transformer Engine recipe (types/runtime.py)
+FP8_RECIPES = {"tensorwise": "te_current", "delayed": "te_delayed"}
 SWITCHES = {
     "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer", "--use-megatron-fsdp",
     "--use-custom-fsdp", "--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16",
@@ -300,18 +302,23 @@ def _read_batch(args: dict[str, Any], dp: int, batch_size: int | None, assumptio
 
 def _read_precision(args: dict[str, Any], unmapped: list[str]) -> dict[str, Any]:
     precision = "bf16" if "--bf16" in args else "fp16" if "--fp16" in args else "fp32"
+    recipe = ""
     if "--fp8-format" in args:
         precision = "fp8"
-        if args.get("--fp8-recipe", "delayed") != "tensorwise":
-            recipe = args.get("--fp8-recipe", "delayed")
-            unmapped.append(f"--fp8-recipe {recipe}: autoplan prices dynamic tensorwise scaling; read as fp8.")
+        recipe = FP8_RECIPES.get(args.get("--fp8-recipe", "delayed"), "")
+        if not recipe:
+            unmapped.append(
+                f"--fp8-recipe {args['--fp8-recipe']}: autoplan prices Transformer Engine's tensorwise (current) and "
+                "delayed scaling; read as current scaling."
+            )
+            recipe = "te_current"
     if precision in ("bf16", "fp8"):
         reduce = "bf16" if "--grad-reduce-in-bf16" in args else "fp32"
     elif precision == "fp16":
         reduce = "fp32" if "--accumulate-allreduce-grads-in-fp32" in args else "fp16"
     else:
         reduce = "fp32"
-    return {"precision": precision, "grad_reduce_dtype": reduce}
+    return {"precision": precision, "grad_reduce_dtype": reduce, "fp8_recipe": recipe, "runtime": "megatron"}
 
 
 def _read_recompute(args: dict[str, Any], unmapped: list[str]) -> str:

@@ -88,6 +88,7 @@ class ConfigPricing:
     unmapped: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     terms: list[dict[str, Any]] = field(default_factory=list)  # report/terms.term_diffs, config minus best
+    fp8_recipe: str = ""  # what Transformer Engine's FP8 recipe saves over torchao's (report/fp8.py te_saving)
 
     @property
     def slower(self) -> float:
@@ -113,6 +114,7 @@ class ConfigPricing:
             "unmapped": self.unmapped,
             "assumptions": self.assumptions,
             "terms": self.terms,
+            "fp8_recipe": self.fp8_recipe,
         }
 
 
@@ -128,6 +130,7 @@ def price_imported(
     """Price a config already read (export/api.import_config) beside the best plan (module docstring).
     ``search`` holds ``plan_graph``'s ``fix`` and ``allow_*`` options (the ``plan`` command's flags)."""
     from autoplan.cost import CostModel
+    from autoplan.report.fp8 import te_saving
     from autoplan.report.terms import term_diffs
 
     assumptions = imported.assumptions + check_facts(imported, graph, source=source, model=model or graph.model_name)
@@ -156,6 +159,7 @@ def price_imported(
             {"term": d.term, "words": d.words, "config_s": d.rival_s, "best_s": d.best_s}
             for d in term_diffs(best.best_cost, cost)
         ],
+        fp8_recipe=te_saving(plan, graph=graph, profile=profile) if plan.runtime == "megatron" else "",
     )
 
 
@@ -222,6 +226,7 @@ def pricing_lines(result: ConfigPricing) -> list[str]:
         f"- your config is {result.slower:.2f}x the best plan's step time",
         *_lossy_line(result),
         _precision_line(result),
+        *([f"- {result.fp8_recipe}"] if result.fp8_recipe else []),
         "",
         "| term | yours | best | difference |",
         "|---|---:|---:|---:|",

@@ -18,6 +18,16 @@ from autoplan.errors import PlanError
 FP8_RECIPES = ("tensorwise", "rowwise", "te_delayed", "te_current")
 
 
+def fsdp_float8_all_gather(*, runtime: str, zero_stage: int, precision: str, recipe: str, backend: str) -> bool:
+    """Whether FSDP2 all-gathers FP8 linears' weights in FP8 (torchao's ``enable_fsdp_float8_all_gather``,
+    1 byte per weight instead of 2): autoplan's executor, which enables it (execute/float8.py; torchtitan
+    leaves it off by default and autoplan's export does not set it), under ZeRO-3 with fp8 ``tensorwise``
+    (torchao offers it for no other recipe) on NCCL (gloo has no float8 dtypes: "Invalid scalar type").
+    cost/dp/messages.py states its bytes by the same rule."""
+    fp8 = precision == "fp8" and recipe == "tensorwise"
+    return runtime == "autoplan" and zero_stage == 3 and fp8 and backend == "nccl"
+
+
 @dataclass(frozen=True)
 class Runtime:
     """What one training runtime does that the traced eager ops do not say.

@@ -7,7 +7,7 @@
   replay of the same compression (exec_harness.run_case).
 - Reduction in bf16/fp16 under fp32 precision, in DDP, the explicit all-reduce, ZeRO-1 and FSDP2:
   `--verify`'s verdict, at the reduce dtype's tolerance (exec_harness.run_case).
-- FP8 emulated on the CPU (``AUTOPLAN_FP8_EMULATE=1``, autoplan/execute/float8.py): against an
+- FP8 emulated on the CPU (``AUTOPLAN_FP8_EMULATE=1``, autoplan/execute/float8.py), tensorwise and rowwise: against an
   fp8 reference, and its losses beside the bf16 run's.
 """
 
@@ -79,8 +79,9 @@ def losses_case(model_name: str, plan) -> dict:
     trainer, _, (inputs, target) = _trainer(model_name, plan)
     x, y = trainer.local_batch(inputs, target)
     losses = [trainer.reduce_loss(trainer.train_step(x, y)) for _ in range(STEPS)]
-    fp8 = sorted(original_name(n) for n, mod in trainer.model.named_modules() if is_float8(mod))
-    return {"losses": losses, "fp8": fp8}
+    converted = [(original_name(n), mod) for n, mod in trainer.model.named_modules() if is_float8(mod)]
+    scaling = {mod.config.cast_config_input.scaling_granularity.name for _, mod in converted}
+    return {"losses": losses, "fp8": sorted(name for name, _ in converted), "scaling": sorted(scaling)}
 
 
 def _ok(results: dict, name: str) -> dict:
@@ -199,11 +200,13 @@ FP8_VERIFY = [
     ("tp2_sp", "llama", dict(tp=2, sequence_parallel=True, precision="fp8")),
     ("pp2", "llama", dict(pp=2, precision="fp8")),
     ("zero3", "gpt", dict(dp=2, zero_stage=3, precision="fp8")),
+    ("dp2_rowwise", "gpt", dict(dp=2, precision="fp8", fp8_recipe="rowwise")),
 ]
 FP8_LOSSES = [
     ("dp2_fp8", "gpt", dict(dp=2, precision="fp8")),
     ("dp2_bf16", "gpt", dict(dp=2, precision="bf16")),
     ("tp2_fp8", "gpt", dict(tp=2, precision="fp8")),
+    ("dp2_rowwise", "gpt", dict(dp=2, precision="fp8", fp8_recipe="rowwise")),
 ]
 #: every Linear of the test GPT has dims divisible by 16, also per tp=2 shard
 GPT_LINEARS = sorted(
@@ -236,6 +239,17 @@ def test_fp8_converts_every_eligible_linear_and_trains_like_bf16(fp8):
         for a, b in zip(run["losses"], bf16["losses"]):
             assert a == pytest.approx(b, rel=2e-2)
         assert run["losses"][-1] < run["losses"][0] - 0.02
+
+
+def test_fp8_rowwise_runs_torchaos_rowwise_recipe(fp8):
+    """fp8_recipe=rowwise converts the same linears with torchao's rowwise config (one scale per
+    row: AXISWISE), tensorwise with one per tensor, and trains as tensorwise does."""
+    runs = fp8[1]
+    rowwise, tensorwise, bf16 = _ok(runs, "dp2_rowwise"), _ok(runs, "dp2_fp8"), _ok(runs, "dp2_bf16")
+    assert rowwise["fp8"] == GPT_LINEARS and rowwise["scaling"] == ["AXISWISE"]
+    assert tensorwise["scaling"] == ["TENSORWISE"]
+    for a, b in zip(rowwise["losses"], bf16["losses"]):
+        assert a == pytest.approx(b, rel=2e-2)
 
 
 # ---- checkpoints of a PowerSGD run ------------------------------------------------------------

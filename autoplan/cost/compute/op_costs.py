@@ -16,6 +16,7 @@ mask at 1 byte per element on a GPU profile (autoplan/cost/compute/roofline.py);
 
 from __future__ import annotations
 
+from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
 from autoplan.cost.compute.roofline import input_bytes_of, op_time_s, saved_activation_bytes
 from autoplan.cost.tp.block import predecessors
 from autoplan.types.graph import Graph, OpNode
@@ -36,11 +37,12 @@ def node_times_s(
     batch_fraction: float,
     shard: int,
     reads: float | None = None,
+    recipe: Fp8Recipe = TENSORWISE,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of ``node`` on one device for one micro-batch; ``reads`` is
-    :func:`read_bytes` when the caller has it already."""
+    :func:`read_bytes` when the caller has it already; ``recipe`` the FP8 recipe (compute/fp8.py)."""
     reads = read_bytes(graph, node, precision=precision) if reads is None else reads
-    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, input_bytes=reads)
+    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, input_bytes=reads, recipe=recipe)
     backward = op_time_s(node, profile, backward=True, needs_grad=node.name in graph.grad_nodes(), **kwargs)
     return op_time_s(node, profile, **kwargs), backward
 
@@ -48,7 +50,7 @@ def node_times_s(
 class NodeTimes:
     """:func:`node_times_s` of one graph on one profile, memoised: a search prices the same op at
     the same micro-batch and shard in its bounds, its block ILPs and CostModel's block summaries.
-    Keyed on the node, precision, batch fraction, shard and bytes read (the same numbers: the
+    Keyed on the node, precision, batch fraction, shard, bytes read and FP8 recipe (the same numbers: the
     function is pure); a call with another profile is not memoised."""
 
     def __init__(self, graph: Graph, profile: Profile):
@@ -65,21 +67,19 @@ class NodeTimes:
         batch_fraction: float,
         shard: int,
         reads: float | None = None,
+        recipe: Fp8Recipe = TENSORWISE,
     ) -> tuple[float, float]:
+        kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe)
         if profile is not self.profile:
-            return node_times_s(
-                self.graph, node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, reads=reads
-            )
+            return node_times_s(self.graph, node, profile, reads=reads, **kwargs)
         if reads is None:
             reads = self._reads.get((node.name, precision))
             if reads is None:
                 reads = self._reads[node.name, precision] = read_bytes(self.graph, node, precision=precision)
-        key = (node.name, precision, batch_fraction, shard, reads)
+        key = (node.name, precision, batch_fraction, shard, reads, recipe)
         hit = self._times.get(key)
         if hit is None:
-            hit = self._times[key] = node_times_s(
-                self.graph, node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, reads=reads
-            )
+            hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, **kwargs)
         return hit
 
 
@@ -93,10 +93,11 @@ def node_time_s(
     shard: int,
     forward_repeats: int = 1,
     times: NodeTimes | None = None,
+    recipe: Fp8Recipe = TENSORWISE,
 ) -> float:
     """Forward (``forward_repeats`` times: 2 under full recomputation) + backward seconds;
     ``times`` memoises them (:class:`NodeTimes`)."""
-    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard)
+    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe)
     fwd, bwd = times(node, profile, **kwargs) if times else node_times_s(graph, node, profile, **kwargs)
     return forward_repeats * fwd + bwd
 

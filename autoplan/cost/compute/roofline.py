@@ -1,5 +1,5 @@
 """Time of one traced op on one device: a roofline with a saturating efficiency curve (the discussion:
-docs/cost-model.md, "Compute" and "FP8").
+docs/cost-model.md, "Compute", "FP8" and "FP8 recipes").
 
 For a micro-batch that is ``batch_fraction`` of the traced global batch, the op's work divided
 ``shard`` ways (tensor parallelism):
@@ -11,19 +11,18 @@ For a micro-batch that is ``batch_fraction`` of the traced global batch, the op'
     t_op = t + overhead (CPU backend),  max(t, overhead) (GPU backend)     profile device.op_overhead
 
 io_bytes: forward ``in + out``; backward ``2 (in + out)`` for GEMM kinds, ``out + 2 in`` otherwise.
-A measured ``op_table`` row wins over the model. FP8 linears (torchao's tensorwise recipe,
-torchao/float8/float8_linear.py and float8_ops.py; :func:`fp8_linear`), with M tokens, K in and
-N out features, ``x = M K``, ``w = K N``, ``g = M N``:
+A measured ``op_table`` row wins over the model. An FP8 linear (autoplan/cost/compute/fp8.py: which
+linears, the bytes each recipe's casts move, its GEMM's speed) runs at the FP8 peak times the
+recipe's ``gemm_efficiency``, plus its casts at the memory roofline:
 
-    bytes_fwd = 5 (x + w)
-    bytes_bwd = 5 (2 g + w + x) + 2 (w + g + x) = 12 g + 7 w + 7 x
-    t_fp8     = max(F / (peak['fp8'] * eff_fp8(F)), B / (mem_bw * mem_eff)) + bytes / shard / (mem_bw * mem_eff)
+    t_fp8 = max(F / (peak['fp8'] eff_fp8(F) e_recipe), B / (mem_bw mem_eff)) + cast_bytes / shard / (mem_bw mem_eff)
 """
 
 from __future__ import annotations
 
 import math
 
+from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe, fp8_cast_bytes, fp8_linear, weight_cast_bytes
 from autoplan.errors import PlanError
 from autoplan.types.graph import OpNode
 from autoplan.types.profile import Profile
@@ -33,9 +32,6 @@ TENSOR_CORE_OPS = {"linear": "matmul", "matmul": "matmul", "attention": "attenti
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 DROPOUT_MASK_BYTES = 1  # torch.bool mask of CUDA native_dropout (aten/src/ATen/native/cuda/Dropout.cu)
 _PEAK_ORDER = {"fp32": ("fp32", "tf32"), "bf16": ("bf16", "fp16"), "fp16": ("fp16", "bf16"), "fp8": ("bf16", "fp16")}
-FP8_ALIGN = 16  # torch._scaled_mm: every GEMM dim a multiple of 16
-FP8_CAST_BYTES = 2 + 2 + 1  # per element, one hp_tensor_to_float8_dynamic: amax read, cast read + FP8 write
-FP8_LAYOUT_BYTES = 1 + 1  # per element, an FP8 operand copied to the layout _scaled_mm needs
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2, "bfloat16": 2}
 
 
@@ -67,47 +63,34 @@ def require_fp8_peak(profile: Profile) -> None:
         )
 
 
-def fp8_linear(node: OpNode, *, precision: str, shard: int = 1) -> bool:
-    """Whether ``node`` runs as FP8 GEMMs under ``precision``: an nn.Linear (``tp_splittable`` not
-    False) whose in and out features are both multiples of 16 * shard (module docstring)."""
-    attrs = node.attrs
-    if precision != "fp8" or node.op != "linear" or attrs.get("tp_splittable") is False:
-        return False
-    k, n = attrs.get("in_features"), attrs.get("out_features")
-    align = FP8_ALIGN * max(1, shard)
-    return isinstance(k, int) and isinstance(n, int) and k > 0 and n > 0 and k % align == 0 and n % align == 0
-
-
-def fp8_cast_bytes(node: OpNode, *, batch_fraction: float, backward: bool) -> float:
-    """Bytes torchao's scaling, casting and layout passes move for one FP8 linear's forward (or
-    backward) on the traced batch times ``batch_fraction``, unsharded (module docstring)."""
-    k, n = node.attrs["in_features"], node.attrs["out_features"]
-    tokens = math.prod(node.output_shape[:-1]) * batch_fraction
-    x, w, g = tokens * k, float(k * n), tokens * n
-    if not backward:
-        return FP8_CAST_BYTES * (x + w)
-    return FP8_CAST_BYTES * (2.0 * g + w + x) + FP8_LAYOUT_BYTES * (w + g + x)
-
-
 def fp8_cast_s(
-    node: OpNode, profile: Profile, *, precision: str, batch_fraction: float, shard: int, backward: bool
+    node: OpNode,
+    profile: Profile,
+    *,
+    precision: str,
+    batch_fraction: float,
+    shard: int,
+    backward: bool,
+    recipe: Fp8Recipe = TENSORWISE,
 ) -> float:
-    """Seconds of an FP8 linear's scaling, casting and layout passes (:func:`fp8_cast_bytes`
-    at the memory roofline, split by ``shard`` as the GEMM's bytes are), 0 for any other node."""
+    """Seconds of an FP8 linear's scaling, casting and layout passes under ``recipe``
+    (compute/fp8.py ``fp8_cast_bytes`` at the memory roofline, split by ``shard`` as the GEMM's
+    bytes are), 0 for any other node."""
     if not fp8_linear(node, precision=precision, shard=shard):
         return 0.0
-    return memory_time_s(profile, fp8_cast_bytes(node, batch_fraction=batch_fraction, backward=backward) / shard)
+    moved = fp8_cast_bytes(node, batch_fraction=batch_fraction, backward=backward, recipe=recipe)
+    return memory_time_s(profile, moved / shard)
 
 
-def fp8_weight_cast_s(node: OpNode, profile: Profile, *, precision: str, shard: int, backward: bool) -> float:
-    """Seconds of an FP8 linear's weight passes alone (its share of :func:`fp8_cast_bytes`: 5 w
-    forward, 7 w backward), 0 for any other node. A matmul decomposed into tp token slices (async
-    TP, autoplan/cost/tp/overlap.py) casts its weight once, not once per slice."""
+def fp8_weight_cast_s(
+    node: OpNode, profile: Profile, *, precision: str, shard: int, backward: bool, recipe: Fp8Recipe = TENSORWISE
+) -> float:
+    """Seconds of an FP8 linear's weight passes alone (compute/fp8.py ``weight_cast_bytes``), 0 for
+    any other node. A matmul decomposed into tp token slices (async TP, autoplan/cost/tp/overlap.py)
+    casts its weight once, not once per slice."""
     if not fp8_linear(node, precision=precision, shard=shard):
         return 0.0
-    per_element = FP8_CAST_BYTES + (FP8_LAYOUT_BYTES if backward else 0)
-    weight = float(node.attrs["in_features"] * node.attrs["out_features"])
-    return memory_time_s(profile, per_element * weight / shard)
+    return memory_time_s(profile, weight_cast_bytes(node, backward=backward, recipe=recipe) / shard)
 
 
 def op_time_s(
@@ -120,6 +103,7 @@ def op_time_s(
     backward: bool = False,
     input_bytes: float | None = None,
     needs_grad: bool = True,
+    recipe: Fp8Recipe = TENSORWISE,
 ) -> float:
     """Seconds for ``node`` (forward, or its backward) on one device; see the module docstring.
 
@@ -127,7 +111,7 @@ def op_time_s(
     ``precision`` (:func:`input_bytes_of`), for the whole traced batch; without it the bytes
     read are inferred from the op kind (a linear reads ``out * in/out``, others ``out``).
     ``needs_grad``: whether autograd runs a backward op for it (``Graph.grad_nodes``); only the
-    host overhead of the backward depends on it.
+    host overhead of the backward depends on it. ``recipe``: the FP8 recipe (compute/fp8.py).
     """
     device_s = _device_time_s(
         node,
@@ -137,6 +121,7 @@ def op_time_s(
         shard=shard,
         backward=backward,
         input_bytes=input_bytes,
+        recipe=recipe,
     )
     overhead_s = host_overhead_s(node, profile, backward=backward, needs_grad=needs_grad)
     return with_host_overhead(device_s, overhead_s, gpu=profile.backend == "nccl")
@@ -151,19 +136,20 @@ def _device_time_s(
     shard: int,
     backward: bool,
     input_bytes: float | None,
+    recipe: Fp8Recipe,
 ) -> float:
     """The roofline (or a measured op_table row) of the node's forward or backward, plus an FP8
     linear's casts (module docstring)."""
     fp8 = fp8_linear(node, precision=precision, shard=shard)
     cast_s = fp8_cast_s(
-        node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward
+        node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward, recipe=recipe
     )
     flops = (executed_bwd_flops(node) if backward else node.fwd_flops) * batch_fraction / shard
     measured = _measured_s(
         node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward
     )
     if measured is not None:
-        return measured + cast_s
+        return measured / (recipe.gemm_efficiency if fp8 else 1.0) + cast_s
     moved = moved_bytes(
         node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
     )
@@ -171,6 +157,7 @@ def _device_time_s(
     weights = 0.0 if node.op == "view" else node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard
     compute_s = _flops_time_s(node, profile, flops=flops, precision=precision, fp8=fp8)
+    compute_s /= recipe.gemm_efficiency if fp8 else 1.0
     return max(compute_s, memory_time_s(profile, bytes_moved)) + cast_s
 
 

@@ -13,6 +13,9 @@ those of the compute dtype, P' = g ceil(P / g) (ZeRO-1's flat buffer padded to t
 | ZeRO-2 | reduce-scatter P b_g, every backward (pp = 1) or the last (pp > 1) | all-gather P b_w after the step |
 | ZeRO-3 | reduce-scatter P b_g, as ZeRO-2 | all-gather P b_w in every forward (the first in a pipeline) and backward |
 
+Under ZeRO-3 with fp8 tensorwise in autoplan's executor on NCCL (types/runtime.py
+``fsdp_float8_all_gather``) FP8 linears' weights, P_8 of the P, are gathered in FP8: (P - P_8) b_w + P_8.
+
 Also stated here: ``overlap_param_gather``, PowerSGD's three all-reduces per bucket, the experts'
 edp sync, DDP's buffer broadcast and unused-parameter map, and fp16's overflow flag. docs/cost-model.md,
 "Who says what is sent" lists each with its source.
@@ -27,6 +30,7 @@ from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import GRAD_BYTES as POWERSGD_GRAD_BYTES
 from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
 from autoplan.types.plan import Plan
+from autoplan.types.runtime import fsdp_float8_all_gather
 
 GRADS, WEIGHTS = "grads", "weights"
 FORWARD, BACKWARD, AFTER_BACKWARD, AFTER_STEP, NEXT_FORWARD = (
@@ -39,6 +43,7 @@ FORWARD, BACKWARD, AFTER_BACKWARD, AFTER_STEP, NEXT_FORWARD = (
 EACH, FIRST, LAST, ONCE = "each", "first", "last", "once"  # which micro-batches send it
 FP32_PARAM_BYTES = 4  # ZeRO-1 gathers the executor's fp32 parameters
 FLAG_BYTES = 4  # the fp16 overflow flag, one float
+FP8_GATHER_BYTES = 1  # an FP8 weight all-gathered by FSDP2 (torchao's fp8 all-gather)
 UNUSED_MAP_BYTES = 4  # one int32 per parameter tensor (DDP find_unused_parameters)
 
 
@@ -55,6 +60,7 @@ class DpMessage:
     padded: bool = False  # ZeRO-1's flat buffer, padded to a multiple of the group size
     apart: bool = False  # the experts' flat all-reduce after the backward, not with each block's
     compressed: bool = False  # PowerSGD's P, Q and uncompressed tensors (cost/dp/compression.py)
+    fp8_bytes_per_param: int = 0  # FP8 linears' weights under FSDP2's FP8 all-gather (1), 0 when not
 
     def times_per_step(self, num_microbatches: int) -> int:
         return num_microbatches if self.micro_batches == EACH else 1
@@ -68,20 +74,30 @@ class DpMessage:
         """Parameters in one message of a ``params`` unit: padded to the group for ZeRO-1's buffer."""
         return group_size * math.ceil(params / group_size) if self.padded else params
 
+    def unit_bytes(self, params: float, fp8_params: float = 0.0) -> float:
+        """Bytes of one message of ``params`` parameters, ``fp8_params`` of them FP8 linears' weights
+        (sent in FP8 when ``fp8_bytes_per_param`` is set: module docstring)."""
+        if not self.fp8_bytes_per_param:
+            return params * self.bytes_per_param
+        return (params - fp8_params) * self.bytes_per_param + fp8_params * self.fp8_bytes_per_param
+
     def floor_bytes_per_param(self, precision: str) -> int:
         """The search's bound prices each message at no more than the compute dtype's bytes per
-        parameter, min(b, b_w) (cost/bounds.py): never above what the time terms price."""
-        return min(self.bytes_per_param, PRECISION_BYTES[precision])
+        parameter, min(b, b_w), and fp8 weights at 1 (FSDP2's FP8 all-gather, which the bound does
+        not ask about) (cost/bounds.py): never above what the time terms price."""
+        fp8_weights = FP8_GATHER_BYTES if precision == "fp8" and self.payload == WEIGHTS else self.bytes_per_param
+        return min(self.bytes_per_param, PRECISION_BYTES[precision], fp8_weights)
 
 
-def dp_messages(plan: Plan) -> tuple[DpMessage, ...]:
-    """What each unit of the dense parameters sends over the dp group per step (module docstring)."""
+def dp_messages(plan: Plan, *, backend: str = "") -> tuple[DpMessage, ...]:
+    """What each unit of the dense parameters sends over the dp group per step (module docstring);
+    ``backend`` (the profile's) says whether ZeRO-3 can gather FP8 weights ('': not asked, as bf16)."""
     if plan.dp == 1:
         return ()
     if plan.zero_stage == 0:
         return (_zero0_grads(plan),)
     if plan.zero_stage == 3:
-        return _zero3(plan)
+        return _zero3(plan, backend=backend)
     if plan.zero_stage == 2:  # FSDP2's gather first, as the audit has always listed them
         return (_updated_weights(plan), _sharded_grads(plan))
     return (_sharded_grads(plan), _updated_weights(plan))
@@ -125,12 +141,21 @@ def _updated_weights(plan: Plan) -> DpMessage:
     return DpMessage(WEIGHTS, "all_gather", weight, phase, batches, padded=zero1)
 
 
-def _zero3(plan: Plan) -> tuple[DpMessage, ...]:
+def _zero3(plan: Plan, *, backend: str) -> tuple[DpMessage, ...]:
     """FSDP2: gathered in the forward (only the first micro-batch's in a pipeline, which keeps
-    them) and again in every backward; gradients reduce-scattered as ZeRO-2's."""
+    them) and again in every backward, FP8 linears' weights in FP8 where torchao's fp8 all-gather
+    runs; gradients reduce-scattered as ZeRO-2's."""
     weight = PRECISION_BYTES[plan.precision]
-    forward = DpMessage(WEIGHTS, "all_gather", weight, FORWARD, EACH if plan.pp == 1 else FIRST)
-    backward = DpMessage(WEIGHTS, "all_gather", weight, BACKWARD, EACH)
+    fp8 = fsdp_float8_all_gather(
+        runtime=plan.runtime,
+        zero_stage=plan.zero_stage,
+        precision=plan.precision,
+        recipe=plan.fp8_recipe_used,
+        backend=backend,
+    )
+    gathered = dict(fp8_bytes_per_param=FP8_GATHER_BYTES if fp8 else 0)
+    forward = DpMessage(WEIGHTS, "all_gather", weight, FORWARD, EACH if plan.pp == 1 else FIRST, **gathered)
+    backward = DpMessage(WEIGHTS, "all_gather", weight, BACKWARD, EACH, **gathered)
     return (forward, backward, _sharded_grads(plan))
 
 
@@ -149,18 +174,26 @@ class StepMessages:
 
 
 def per_step(
-    messages: tuple[DpMessage, ...], *, params: float, units: int, group_size: int, num_microbatches: int
+    messages: tuple[DpMessage, ...],
+    *,
+    params: float,
+    units: int,
+    group_size: int,
+    num_microbatches: int,
+    fp8_params: float = 0.0,
 ) -> list[StepMessages]:
-    """``units`` units holding ``params`` parameters in all: each kind's calls and bytes per step
-    (repetitions summed first, then times the unit's bytes, as the table reads)."""
+    """``units`` units holding ``params`` parameters in all (``fp8_params`` of them FP8 linears'
+    weights): each kind's calls and bytes per step (repetitions summed first, then times the unit's
+    bytes, as the table reads)."""
     found: dict[tuple, list] = {}
     for message in messages:
-        key = (message.kind, message.bytes_per_param, message.padded, message.bucketed)
-        found.setdefault(key, [0])[0] += message.times_per_step(num_microbatches)
+        key = (message.kind, message.bytes_per_param, message.fp8_bytes_per_param, message.padded, message.bucketed)
+        found.setdefault(key, [0, message])[0] += message.times_per_step(num_microbatches)
     out = []
-    for (kind, size, padded, bucketed), (times,) in found.items():
+    for (kind, _size, _fp8, padded, bucketed), (times, message) in found.items():
         sent = group_size * math.ceil(params / group_size) if padded else params
-        out.append(StepMessages(kind, None if bucketed else units * times, times * sent * size))
+        calls = None if bucketed else units * times
+        out.append(StepMessages(kind, calls, times * message.unit_bytes(sent, fp8_params)))
     return out
 
 

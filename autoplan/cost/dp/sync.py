@@ -77,9 +77,8 @@ class DataParallelTerms:
     ) -> float:
         """One block's ``message``: its dense parameters over the dp group, its routed experts'
         (1/ep of them) over edp (autoplan/cost/moe/placement.py), unless ``experts`` is False."""
-        size = message.bytes_per_param
-        dense = (block.param_count - block.expert_param_count) * size
-        expert = block.expert_param_count * size if experts else 0.0
+        dense = message.unit_bytes(block.param_count - block.expert_param_count, block.fp8_params)
+        expert = block.expert_param_count * message.bytes_per_param if experts else 0.0
         return self._split_s(plan, message, dense, expert, group, edp)
 
     def _split_s(
@@ -100,7 +99,7 @@ class DataParallelTerms:
         return max(self.message_s(apart, s.expert_params * apart.bytes_per_param, edp) for s in stages), True
 
     def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, edp: AxisGroup) -> None:
-        messages = dp_messages(plan)
+        messages = dp_messages(plan, backend=self.profile.backend)
         grads, eta = find(messages, GRADS), self._overlap_efficiency(plan)
         slowest = max(stages, key=lambda s: s.micro_batch_s)
         slot_s = slowest.bwd_s + slowest.recompute_s
@@ -193,7 +192,8 @@ class DataParallelTerms:
 
     def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup, edp: AxisGroup) -> float:
         """FSDP2's exposed gathers and reduce-scatters on ``stage`` (module docstring)."""
-        messages, eta, m = dp_messages(plan), self._overlap_efficiency(plan), plan.num_microbatches
+        messages = dp_messages(plan, backend=self.profile.backend)
+        eta, m = self._overlap_efficiency(plan), plan.num_microbatches
         forward, backward = find(messages, WEIGHTS, FORWARD), find(messages, WEIGHTS, BACKWARD)
         grads = find(messages, GRADS)
         blocks = stage.blocks

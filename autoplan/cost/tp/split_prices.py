@@ -145,6 +145,7 @@ def price_block(
             shard=shard,
             forward_repeats=forward_repeats,
             times=node_times,
+            recipe=ctx.fp8,
         )
 
     seen_params: set[str] = set()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.moe.experts import ExpertPlacement
 from autoplan.cost.network.comm import collective_time_s
@@ -51,12 +52,14 @@ class TPContext:
     cp: int = 1  # context-parallel degree: each rank holds 1/cp of every sequence (autoplan/cost/cp/)
     cp_variant: str = "allgather"
     cp_group: AxisGroup | None = None  # the cp group (from mesh_groups), when cp > 1
+    fp8: Fp8Recipe = TENSORWISE  # the FP8 recipe its fp8 linears run (cost/compute/fp8.py)
 
     @property
     def key(self) -> tuple:
         """Every field but the profile (one per cost model): what a memo of per-context prices keys on,
         so a field added here reaches every such memo."""
         context = (self.tp, self.group, self.sequence_parallel, self.precision, self.batch_fraction, self.experts)
+        context = context if self.fp8 == TENSORWISE else (*context, self.fp8)
         return context if self.cp == 1 else (*context, self.cp, self.cp_variant, self.cp_group)
 
     @property

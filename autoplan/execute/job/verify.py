@@ -103,7 +103,8 @@ def policy_of(plan: Plan) -> precision.PrecisionPolicy:
 def prepare_reference(model: nn.Module, *, plan: Plan, policy: precision.PrecisionPolicy) -> None:
     """Convert ``model``'s eligible linears to FP8 (precision fp8) and cast its parameters
     (FSDP2's policy) in place, as the run does: once, before its first reference step."""
-    float8.convert_linears(model, float8.eligible_fqns(model, plan, exclude=tuple(find_experts(model))))
+    fqns = float8.eligible_fqns(model, plan, exclude=tuple(find_experts(model)))
+    float8.convert_linears(model, fqns, recipe=plan.fp8_recipe_used)
     precision.cast_parameters(model, policy)
 
 

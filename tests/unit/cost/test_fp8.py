@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from autoplan.cost import CostModel
-from autoplan.cost.compute.roofline import fp8_cast_bytes, fp8_linear, memory_time_s, op_time_s
+from autoplan.cost.compute.fp8 import fp8_cast_bytes, fp8_linear
+from autoplan.cost.compute.roofline import memory_time_s, op_time_s
 from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError, ProfileError
 from autoplan.profile import load_profile

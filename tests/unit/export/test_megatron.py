@@ -52,6 +52,8 @@ PLANS = {
         devices=16, dp=4, tp=2, pp=2, micro_batch_size=1, num_microbatches=8, schedule="interleaved_1f1b",
         virtual_stages=2, zero_stage=1, precision="fp8", sequence_parallel=True, stages=STAGES4,
     ),
+    "zero1-fp8-te-delayed": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=4, zero_stage=1,
+                                 precision="fp8", runtime="megatron", fp8_recipe="te_delayed"),
     "pp2-interleaved-no-stages": Plan(
         devices=4, dp=2, tp=1, pp=2, micro_batch_size=2, num_microbatches=4, schedule="interleaved_1f1b",
         virtual_stages=2, precision="bf16",
@@ -148,7 +150,7 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     assert (config.sequence_parallel, config.tp_comm_overlap) == (plan.sequence_parallel, plan.tp_comm_overlap)
     assert config.bf16 == (plan.precision in ("bf16", "fp8")) and config.fp16 == (plan.precision == "fp16")
     assert (config.fp8, config.fp8_recipe) == (
-        ("hybrid", "tensorwise") if plan.precision == "fp8" else (None, "delayed")
+        ("hybrid", megatron.FP8_RECIPES[plan.fp8_recipe_used]) if plan.precision == "fp8" else (None, "delayed")
     )
     assert config.recompute_granularity == (None if plan.recompute == "none" else plan.recompute)
     if plan.recompute == "full":
@@ -313,10 +315,9 @@ def test_read_names_what_autoplan_does_not_price():
     assert (fields["dp"], fields["tp"], fields["cp"], fields["devices"], fields["num_microbatches"]) == (4, 2, 2, 16, 8)
     assert fields["cp_variant"] == "ring" and "Megatron's default p2p" in imported.assumptions[-1]
     said = " ".join(imported.unmapped)
-    for words in ("--fp8-recipe delayed", "--recompute-method block", "--lr 3e-4",
-                  "--data-path /data/a /data/b", "--use-flash-attn"):  # fmt: skip
+    for words in ("--recompute-method block", "--lr 3e-4", "--data-path /data/a /data/b", "--use-flash-attn"):
         assert words in said
-    assert len(imported.unmapped) == 5
+    assert len(imported.unmapped) == 4 and fields["fp8_recipe"] == "te_delayed"  # Megatron's default, priced
     imported.plan()
 
 
