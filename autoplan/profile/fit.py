@@ -67,17 +67,22 @@ def fit_collective(*, kind: str, points: Sequence[Sequence[float]]) -> tuple[flo
 
 
 def fit_efficiency(
-    *, flops: Sequence[float], time_s: Sequence[float], peak_flops: Sequence[float], calls: int = 1
+    *, flops: Sequence[float], time_s: Sequence[float], peak_flops: Sequence[float], calls: int | Sequence[int] = 1
 ) -> tuple[float, float]:
     """(max_efficiency, half_saturation_flops) of eff(F) = a*F/(F+F_half).
 
     ``peak_flops`` is the peak for each point's dtype, so points of several dtypes share one
     curve after scaling time by their peak (t * peak is the time in "peak FLOPs"). ``calls``:
-    kernel calls per timed point, each paying the per-call overhead F_half/(a*peak).
+    kernel calls per timed point (one number, or one per point), each paying the per-call overhead
+    F_half/(a*peak). Dividing t * peak = F/a + c*F_half/a by c leaves a line in the FLOPs per call,
+    F/c, with intercept F_half/a, so points of different call counts (grouped GEMMs of E experts:
+    3E) share one fit; the relative residuals are unchanged by the division.
     """
-    scaled = [t * p for t, p in zip(time_s, peak_flops)]
-    intercept, slope = fit_affine(x=flops, t=scaled)
-    return 1.0 / slope, intercept / slope / calls
+    counts = [calls] * len(flops) if isinstance(calls, int) else list(calls)
+    per_call = [f / c for f, c in zip(flops, counts)]
+    scaled = [t * p / c for t, p, c in zip(time_s, peak_flops, counts)]
+    intercept, slope = fit_affine(x=per_call, t=scaled)
+    return 1.0 / slope, intercept / slope
 
 
 #: The sweep reached the saturated regime when its largest call spends at most this fraction of its
