@@ -46,7 +46,8 @@ def peaks(rows: list[OpTiming]) -> dict[str, float]:
     """Per dtype: the best saturated rate over op classes (and never below a measured rate)."""
     best: dict[str, float] = {}
     for (dtype, _), group in _by(rows, "dtype", "op").items():
-        rate = saturated_rate(flops=[r.flops for r in group], time_s=[r.time_s for r in group])
+        calls = [kernel_calls(r.op, r.shape) for r in group]
+        rate = saturated_rate(flops=[r.flops for r in group], time_s=[r.time_s for r in group], calls=calls)
         achieved = max(r.flops / r.time_s for r in group)
         best[dtype] = max(best.get(dtype, 0.0), rate, achieved)
     return best

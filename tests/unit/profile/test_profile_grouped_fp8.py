@@ -109,6 +109,8 @@ def _fitted() -> tuple[list[OpTiming], Profile]:
 def test_fitted_curves_recover_each_class_from_synthetic_timings() -> None:
     _, profile = _fitted()
     device = profile.device
+    # the peak is the best saturated rate over classes, each fitted per kernel call (3E for a grouped row)
+    assert device.peak_flops["fp32"] == pytest.approx(max(a for a, _ in TRUTH.values()) * PEAK, rel=1e-3)
     for op, (a, half) in TRUTH.items():
         curve = device.efficiency_for(op, "fp32")
         assert curve.max_efficiency * device.peak_flops["fp32"] == pytest.approx(a * PEAK, rel=1e-3), op
