@@ -1,11 +1,12 @@
 """How well does a freshly measured profile predict sizes it was not fitted on?
 
 1. Measure a profile of this machine (compute sweep; collectives at 1 KB * 4^i up to 256 MB).
-2. Measure HELD-OUT matmul and attention shapes (none in the sweep) and collective sizes
-   2 KB * 4^i (between the fitted sizes) the way the profile was measured: the same thread
-   count, all N processes computing at once (median over ranks), attention forward + backward.
+2. Measure HELD-OUT matmul, attention (causal and full) and grouped-GEMM shapes (none in the sweep)
+   and collective sizes 2 KB * 4^i (between the fitted sizes) the way the profile was measured: the
+   same thread count, all N processes computing at once (median over ranks), forward + backward.
 3. Predict each from the profile: matmul t = (F + F_half) / (a * peak[dtype]) with the dtype's
-   curve; attention the cost model's forward (F) + backward (2F) on the attention curve;
+   curve; attention the cost model's forward (F) + backward (2F) on the attention curve; a grouped
+   GEMM of E experts as 3E expert GEMMs on the grouped_matmul curve (cost/moe/experts.py);
    collective t = alpha + c(n) * S / busbw. Print the error table; write CSV to
    benchmarks/results/profile_accuracy.csv.
 
@@ -26,7 +27,7 @@ from autoplan.profile import measure_profile
 from autoplan.profile.fit import predict_collective_s, predict_op_s
 from autoplan.profile.measure import CommSweep, merge_compute
 from autoplan.profile.measure.collectives import merge_collectives
-from autoplan.profile.measure.compute import spec
+from autoplan.profile.measure.compute import kernel_calls, spec
 from autoplan.profile.measure.ranks import ComputeJob, run_ranks
 
 HELD_OUT_MATMULS = [
@@ -41,15 +42,18 @@ HELD_OUT_MATMULS = [
     (8192, 128, 256),
     (512, 3072, 768),
 ]
-HELD_OUT_ATTENTION = [(1, 4, 96, 64), (1, 8, 192, 64), (2, 8, 384, 64), (1, 8, 768, 64), (4, 4, 128, 32)]
+HELD_OUT_ATTENTION = [(1, 4, 96, 64, 1), (1, 8, 192, 64, 0), (2, 8, 384, 64, 1), (1, 8, 768, 64, 0), (4, 4, 128, 32, 1)]
+HELD_OUT_GROUPED = [(4, 48, 192, 192), (8, 96, 384, 256), (16, 64, 256, 512)]  # (experts, rows each, k, n)
 FIT_COMM = CommSweep(min_bytes=1024, max_bytes=256 * 2**20, factor=4)
 HELD_OUT_COMM = CommSweep(min_bytes=2048, max_bytes=128 * 2**20, factor=4)
 
 
 def held_out_job(profile) -> ComputeJob:
-    cases = [spec("matmul", m=m, n=n, k=k) for m, n, k in HELD_OUT_MATMULS] + [
-        spec("attention", batch=b, heads=h, seq=s, head_dim=d) for b, h, s, d in HELD_OUT_ATTENTION
-    ]
+    cases = (
+        [spec("matmul", m=m, n=n, k=k) for m, n, k in HELD_OUT_MATMULS]
+        + [spec("attention", batch=b, heads=h, seq=s, head_dim=d, causal=c) for b, h, s, d, c in HELD_OUT_ATTENTION]
+        + [spec("grouped_matmul", experts=e, m=m, k=k, n=n) for e, m, k, n in HELD_OUT_GROUPED]
+    )
     return ComputeJob(items=tuple((c, dtype) for dtype in profile.device.peak_flops for c in cases), budget_s=0.3)
 
 
@@ -58,8 +62,13 @@ def compute_rows(profile, job: ComputeJob, per_rank) -> list[dict]:
     out = []
     for row in rows:
         curve = profile.device.efficiency_for(row.op, row.dtype)
-        # fwd+bwd rows (attention, and matmuls timed as a training linear): one forward and one backward op
-        calls = [row.flops / 3, 2 * row.flops / 3] if row.shape.endswith("fwd+bwd") else [row.flops]
+        # fwd+bwd rows (attention, and matmuls timed as a training linear): one forward and one backward op;
+        # grouped GEMMs: each expert's forward once and its backward twice (compute.kernel_calls = 3E)
+        count = kernel_calls(row.op, row.shape)
+        if row.op == "grouped_matmul":
+            calls = [row.flops / count] * count
+        else:
+            calls = [row.flops / 3, 2 * row.flops / 3] if row.shape.endswith("fwd+bwd") else [row.flops]
         predicted = sum(
             predict_op_s(
                 flops=f,

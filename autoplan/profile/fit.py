@@ -67,17 +67,22 @@ def fit_collective(*, kind: str, points: Sequence[Sequence[float]]) -> tuple[flo
 
 
 def fit_efficiency(
-    *, flops: Sequence[float], time_s: Sequence[float], peak_flops: Sequence[float], calls: int = 1
+    *, flops: Sequence[float], time_s: Sequence[float], peak_flops: Sequence[float], calls: int | Sequence[int] = 1
 ) -> tuple[float, float]:
     """(max_efficiency, half_saturation_flops) of eff(F) = a*F/(F+F_half).
 
     ``peak_flops`` is the peak for each point's dtype, so points of several dtypes share one
     curve after scaling time by their peak (t * peak is the time in "peak FLOPs"). ``calls``:
-    kernel calls per timed point, each paying the per-call overhead F_half/(a*peak).
+    kernel calls per timed point (one number, or one per point), each paying the per-call overhead
+    F_half/(a*peak). Dividing t * peak = F/a + c*F_half/a by c leaves a line in the FLOPs per call,
+    F/c, with intercept F_half/a, so points of different call counts (grouped GEMMs of E experts:
+    3E) share one fit; the relative residuals are unchanged by the division.
     """
-    scaled = [t * p for t, p in zip(time_s, peak_flops)]
-    intercept, slope = fit_affine(x=flops, t=scaled)
-    return 1.0 / slope, intercept / slope / calls
+    counts = [calls] * len(flops) if isinstance(calls, int) else list(calls)
+    per_call = [f / c for f, c in zip(flops, counts)]
+    scaled = [t * p / c for t, p, c in zip(time_s, peak_flops, counts)]
+    intercept, slope = fit_affine(x=per_call, t=scaled)
+    return 1.0 / slope, intercept / slope
 
 
 #: The sweep reached the saturated regime when its largest call spends at most this fraction of its
@@ -85,16 +90,21 @@ def fit_efficiency(
 SATURATED_INTERCEPT_FRACTION = 0.1
 
 
-def saturated_rate(*, flops: Sequence[float], time_s: Sequence[float]) -> float:
-    """The large-size throughput (FLOP/s) of one op class in one dtype: 1/slope of t(F) = t0 + F/rate.
+def saturated_rate(*, flops: Sequence[float], time_s: Sequence[float], calls: int | Sequence[int] = 1) -> float:
+    """The large-size throughput (FLOP/s) of one op class in one dtype: 1/slope of t(F) = t0 + F/rate,
+    fitted per kernel call (t/c against F/c, as fit_efficiency does, so that grouped GEMMs of
+    different expert counts share one line).
 
     Trusted only when the sweep saturated (its largest call's time t_max has t0 <= 0.1 * t_max,
     SATURATED_INTERCEPT_FRACTION): a sweep of launch-bound calls (small shapes on a GPU) gives a
     slope near zero, and 1/slope a rate no call achieved. Then the best achieved rate max F/t is
     the answer: a lower bound that the sweep measured."""
-    intercept, slope = fit_affine(x=flops, t=time_s)
+    counts = [calls] * len(flops) if isinstance(calls, int) else list(calls)
+    per_call = [f / c for f, c in zip(flops, counts)]
+    per_call_s = [t / c for t, c in zip(time_s, counts)]
+    intercept, slope = fit_affine(x=per_call, t=per_call_s)
     achieved = max(f / t for f, t in zip(flops, time_s))
-    largest_s = max(t for f, t in zip(flops, time_s) if f == max(flops))
+    largest_s = max(t for f, t in zip(per_call, per_call_s) if f == max(per_call))
     if intercept > SATURATED_INTERCEPT_FRACTION * largest_s:
         return achieved
     return 1.0 / slope

@@ -23,7 +23,10 @@ def test_two_process_gloo_profile(tmp_path: Path) -> None:
     profile = measure_profile(devices=2, name="t", compute_sweep=QUICK_SWEEP, comm_sweep=sweep, progress=False, timeout_s=120)
     assert profile.backend == "gloo" and profile.devices_per_node == 2 and profile.threads >= 1
     assert profile.device.memory_bandwidth_bytes_per_s > 0 and set(profile.device.peak_flops) == {"fp32", "bf16"}
-    assert {row.op for row in profile.device.op_table} == {"matmul", "attention", "conv"}
+    assert {row.op for row in profile.device.op_table} == {"matmul", "attention", "conv", "grouped_matmul"}
+    assert {"attention", "grouped_matmul"} <= set(profile.device.efficiency)  # curves the cost model reads
+    masks = {row.shape.split(",")[4] for row in profile.device.op_table if row.op == "attention"}
+    assert masks == {"causal", "full"}
     assert all(row.shape.endswith("fwd+bwd") for row in profile.device.op_table if row.op in ("attention", "matmul"))
     overhead = profile.device.op_overhead
     assert overhead is not None and overhead.forward_s > 0 and overhead.backward_s > 0

@@ -27,7 +27,7 @@ from autoplan.jobs.threads import threads_per_process
 from autoplan.profile.host import cpu_model
 from autoplan.profile.measure.build import device_spec, link_spec, op_overhead
 from autoplan.profile.measure.collectives import CommSweep, merge_collectives
-from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, default_sweep, make_case
+from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, default_sweep, dtype_specs, make_case
 from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
 from autoplan.profile.measure.timing import default_device, supported_dtypes
@@ -69,7 +69,7 @@ def measure_profile(
     device = default_device()
     compute_sweep = compute_sweep or default_sweep(device)
     dtypes = supported_dtypes(device)
-    job = compute_job(sweep=compute_sweep, dtypes=dtypes, model=model, batch=batch)
+    job = compute_job(sweep=compute_sweep, dtypes=dtypes, model=model, batch=batch, device=device)
     bar = _progress() if progress else None
     with bar or nullcontext():
         tick = _phase_ticker(bar, job=job, devices=devices, sweep=comm_sweep)
@@ -190,10 +190,18 @@ def merge_overhead(per_rank: dict[int, RankResult], *, how: str) -> OpOverhead |
 
 
 def compute_job(
-    *, sweep: ComputeSweep, dtypes: list[str], model: str | os.PathLike | None, batch: int | None
+    *,
+    sweep: ComputeSweep,
+    dtypes: list[str],
+    model: str | os.PathLike | None,
+    batch: int | None,
+    device: torch.device | None = None,
 ) -> ComputeJob:
-    """The sweep in every dtype, then (with a model) its ops in the first dtype."""
-    items = [(s, dtype) for dtype in dtypes for s in sweep.specs()]
+    """The sweep in every dtype (compute.dtype_specs: fp8 times its matmuls only; grouped GEMMs run on
+    ``torch._grouped_mm`` where it runs on ``device`` in that dtype), then (with a model) its ops in
+    the first dtype."""
+    device = device or torch.device("cpu")
+    items = [(s, dtype) for dtype in dtypes for s in dtype_specs(sweep, dtype_name=dtype, device=device)]
     if model is not None:
         from autoplan.profile.measure.optable import model_specs
 

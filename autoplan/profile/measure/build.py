@@ -6,9 +6,11 @@ Peaks of a measured device: there is no datasheet for "this machine with T threa
 fractions of that peak: per dtype in ``efficiency_by_dtype``, and one joint curve per op
 class (all dtypes, time scaled by each dtype's peak) in ``efficiency``. Matmul rows (a
 linear's forward GEMM and both backward GEMMs) and attention rows time forward + backward
-(compute.KERNEL_CALLS = 2): the curve is fitted so that the cost model's forward (F/3) plus
+(compute.kernel_calls = 2): the curve is fitted so that the cost model's forward (F/3) plus
 backward (2F/3) prediction, each paying the half-saturation term once, equals the measured
-time (fit.fit_efficiency). The host dispatch overhead per op (overhead.py) goes to
+time (fit.fit_efficiency); a grouped-GEMM row of E experts stands for 3E expert GEMMs, each
+paying it (cost/moe/experts.py), and fp8 rows (scaled matmuls) give the fp8 peak and curve.
+The host dispatch overhead per op (overhead.py) goes to
 ``device.op_overhead`` (``op_overhead``).
 """
 
@@ -21,7 +23,7 @@ from datetime import datetime, timezone
 import torch
 
 from autoplan.profile.fit import fit_collective, fit_efficiency, saturated_rate
-from autoplan.profile.measure.compute import KERNEL_CALLS
+from autoplan.profile.measure.compute import kernel_calls
 from autoplan.profile.measure.overhead import describe as describe_overhead
 from autoplan.types.profile import OP_CLASSES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, OpOverhead, OpTiming
 from autoplan.version import __version__
@@ -44,7 +46,8 @@ def peaks(rows: list[OpTiming]) -> dict[str, float]:
     """Per dtype: the best saturated rate over op classes (and never below a measured rate)."""
     best: dict[str, float] = {}
     for (dtype, _), group in _by(rows, "dtype", "op").items():
-        rate = saturated_rate(flops=[r.flops for r in group], time_s=[r.time_s for r in group])
+        calls = [kernel_calls(r.op, r.shape) for r in group]
+        rate = saturated_rate(flops=[r.flops for r in group], time_s=[r.time_s for r in group], calls=calls)
         achieved = max(r.flops / r.time_s for r in group)
         best[dtype] = max(best.get(dtype, 0.0), rate, achieved)
     return best
@@ -55,7 +58,7 @@ def _curve(group: list[OpTiming], peak: dict[str, float], source: str) -> Effici
         flops=[r.flops for r in group],
         time_s=[r.time_s for r in group],
         peak_flops=[peak[r.dtype] for r in group],
-        calls=KERNEL_CALLS[group[0].op],
+        calls=[kernel_calls(r.op, r.shape) for r in group],
     )
     return Efficiency(max_efficiency=min(1.0, a), half_saturation_flops=half, source=source)
 
@@ -96,8 +99,8 @@ def device_spec(
     timed = how or f"{threads} threads"
     source = measured_source(
         f"compute sweep and memory kernels timed with {timed}; matmul as a linear's forward + 2 backward "
-        f"GEMMs, attention forward + backward, causal; "
-        f"least-squares fit of t = (F + calls * F_half)/(a*peak)"
+        f"GEMMs, attention forward + backward, causal (at the half executed) and full; grouped GEMMs "
+        f"forward + 2 backward per expert; least-squares fit of t = (F + calls * F_half)/(a*peak)"
     )
     joint, per_dtype = efficiencies(sweep, peak, source)
     return DeviceSpec(

@@ -1,18 +1,23 @@
-"""Compute sweeps: matmul, attention (SDPA) and convolution per dtype, and memory bandwidth
-(docs/profile-format.md, "Compute model": why each is timed the way it is).
+"""Compute sweeps: matmul, attention (SDPA), grouped GEMMs and convolution per dtype, and memory
+bandwidth (docs/profile-format.md, "Compute model": why each is timed the way it is).
 
 FLOPs of one timed call (multiply-add = 2 FLOPs, as autoplan/trace/flops.py counts):
 
     matmul     y = x W^T, x (m x k), W (n x k): forward + both backward GEMMs     3 * 2*m*n*k
-    attention  SDPA over (b, h, s, d), causal: forward + backward (the backward's four
-               gradient matmuls and the scores it recomputes, 2.5x the forward)  3.5 * 4*b*h*s*s*d
+    attention  SDPA over (b, h, s, d), full or causal: forward + backward (the backward's four
+               gradient matmuls and the scores it recomputes, 2.5x the forward),
+               causal at the half the kernel executes (FlashAttention's count)    3.5 * 4*b*h*s*s*d * f
+    grouped    E experts of m rows each, y_e = x_e W_e (k -> n): forward + both
+               backward grouped GEMMs (torch._grouped_mm, else torch.bmm)        3 * E * 2*m*k*n
     conv       3x3, stride 1, pad 1, c -> c channels, forward                    2*b*c*c*9*hw*hw
     memory     a copy moves 2 * bytes; add 3 * bytes, gelu 2 * bytes
 
-Matmul's three GEMMs run on plain tensors in the layouts autograd hands ``aten::mm``
-(``mm(x, W.t())``, ``mm(dY, W)``, ``mm(dY.t(), x)``); the fit counts 2 kernel calls per matmul and
-attention point (profile/measure/build.py, KERNEL_CALLS). Cases are picklable ``CaseSpec`` values,
-so the N measuring processes time the same kernels (autoplan/profile/measure/ranks.py).
+f = 1 (full) or CAUSAL_EXECUTED = 1/2 (causal). Matmul's three GEMMs run on plain tensors in the
+layouts autograd hands ``aten::mm`` (``mm(x, W.t())``, ``mm(dY, W)``, ``mm(dY.t(), x)``); fp8 runs
+them with ``torch._scaled_mm`` (row-major x column-major, as torchao does). ``kernel_calls``: the
+cost-model ops one timed call stands for (matmul and attention 2, grouped 3E: each expert GEMM of the
+forward and twice in the backward, as cost/moe/experts.py prices them). Cases are picklable
+``CaseSpec`` values, so the N measuring processes time the same kernels (measure/ranks.py).
 """
 
 from __future__ import annotations
@@ -25,14 +30,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autoplan.profile.measure.timing import DTYPE_NAMES, median_time_s, tf32_mode
+from autoplan.profile.measure.timing import DTYPE_NAMES, FP8_DTYPES, median_time_s, tf32_mode
 from autoplan.types.profile import OpTiming
 
 Builder = Callable[[torch.dtype, torch.device], Callable[[], Any]]
 
 #: Cost-model ops in one timed call of each op class: matmul and attention are timed forward +
-#: backward, which the cost model prices as two ops (forward F/3, backward 2F/3).
-KERNEL_CALLS = {"matmul": 2, "attention": 2, "conv": 1}
+#: backward, which the cost model prices as two ops (forward F/3, backward 2F/3); a grouped GEMM
+#: point stands for 3 * E (``kernel_calls``).
+KERNEL_CALLS = {"matmul": 2, "attention": 2, "conv": 1, "linear": 2}
+
+#: Share of the s x s score rectangle a causal kernel computes: FlashAttention skips the masked
+#: blocks, and its benchmarks count causal attention at half the FLOPs (Dao 2023, benchmarks/).
+CAUSAL_EXECUTED = 0.5
 
 
 @dataclass(frozen=True)
@@ -55,19 +65,97 @@ class CaseSpec:
 
 
 def make_case(spec: CaseSpec) -> OpCase:
-    makers = {"matmul": matmul_case, "attention": attention_case, "conv": conv_case}
+    makers = {"matmul": matmul_case, "attention": attention_case, "conv": conv_case, "grouped_matmul": grouped_case}
     case = makers[spec.kind](**dict(spec.sizes))
     return OpCase(spec.label, case.shape, case.flops, case.build, case.training) if spec.label else case
+
+
+def shape_sizes(shape: str) -> dict[str, int]:
+    """The integer sizes of a row's shape key ('E=8,m=256,...,bmm,fwd+bwd' -> {'E': 8, 'm': 256, ...})."""
+    pairs = (part.split("=", 1) for part in shape.split(",") if "=" in part)
+    return {key: int(value) for key, value in pairs if value.isdigit()}
+
+
+def kernel_calls(op: str, shape: str) -> int:
+    """Cost-model ops one timed call of ``op`` stands for (module docstring): 3 * E for a grouped GEMM."""
+    if op == "grouped_matmul":
+        return 3 * shape_sizes(shape)["E"]
+    return KERNEL_CALLS.get(op, 1)
 
 
 def matmul_case(*, m: int, n: int, k: int) -> OpCase:
     """A training linear's three GEMMs (module docstring): y = x W^T, dX = dY W, dW = dY^T x."""
 
     def build(dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
+        if dtype in FP8_DTYPES:
+            return _scaled_gemms(m=m, n=n, k=k, device=device)
         x, weight, grad = (torch.randn(*size, dtype=dtype, device=device) for size in ((m, k), (n, k), (m, n)))
         return lambda: (torch.mm(x, weight.t()), torch.mm(grad, weight), torch.mm(grad.t(), x))
 
     return OpCase("matmul", f"m={m},n={n},k={k},fwd+bwd", 3.0 * 2.0 * m * n * k, build)
+
+
+def _scaled_gemms(*, m: int, n: int, k: int, device: torch.device) -> Callable[[], Any]:
+    """The same three GEMMs in FP8 (e4m3 operands, per-tensor scales, bf16 out): ``torch._scaled_mm``
+    takes a row-major first and a column-major second operand, so each is built in that layout
+    (the casts and transposes a recipe adds are element-wise passes, priced apart)."""
+
+    def operands(rows: int, inner: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.randn(rows, inner, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(cols, inner, device=device).to(torch.float8_e4m3fn).t()
+        return a, b
+
+    gemms = [operands(m, k, n), operands(m, n, k), operands(n, m, k)]  # y = x W^T, dX = dY W, dW = dY^T x
+    one = torch.ones((), device=device)
+
+    def step() -> Any:
+        return [torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16) for a, b in gemms]
+
+    return step
+
+
+def grouped_case(*, experts: int, m: int, k: int, n: int, native: int = 1) -> OpCase:
+    """An MoE layer's expert GEMMs as training runs them: E experts of ``m`` rows each, y_e = x_e W_e
+    (W_e: k x n), then dX_e = dY_e W_e^T and dW_e = x_e^T dY_e. ``native``: one ``torch._grouped_mm``
+    per GEMM (row offsets per expert, as torchtitan's MoE calls it), else ``torch.bmm`` over the
+    experts (the same FLOPs; the rows are equal, so no loop is needed)."""
+    kernel = "grouped_mm" if native else "bmm"
+
+    def build(dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
+        x, weight, grad = (
+            torch.randn(*size, dtype=dtype, device=device)
+            for size in ((experts, m, k), (experts, k, n), (experts, m, n))
+        )
+        if not native:
+            return lambda: (
+                torch.bmm(x, weight),
+                torch.bmm(grad, weight.transpose(1, 2)),
+                torch.bmm(x.transpose(1, 2), grad),
+            )
+        flat_x, flat_grad = x.reshape(experts * m, k), grad.reshape(experts * m, n)
+        offs = torch.arange(m, experts * m + 1, m, dtype=torch.int32, device=device)
+        flat_x_t = flat_x.t()
+        weight_t = weight.transpose(1, 2)
+        return lambda: (
+            torch._grouped_mm(flat_x, weight, offs=offs),
+            torch._grouped_mm(flat_grad, weight_t, offs=offs),
+            torch._grouped_mm(flat_x_t, flat_grad, offs=offs),
+        )
+
+    flops = 3.0 * experts * 2.0 * m * k * n
+    return OpCase("grouped_matmul", f"E={experts},m={m},k={k},n={n},{kernel},fwd+bwd", flops, build)
+
+
+def grouped_mm_works(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether this torch runs ``torch._grouped_mm`` (forward and both backward layouts) in ``dtype``
+    on ``device``: a tiny case, run once."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        grouped_case(experts=2, m=16, k=16, n=16).build(dtype, device)()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
 
 
 def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: int = 1) -> OpCase:
@@ -85,10 +173,10 @@ def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: i
 
         return step
 
-    forward = 4.0 * batch * heads * seq * seq * head_dim
+    forward = 4.0 * batch * heads * seq * seq * head_dim * (CAUSAL_EXECUTED if causal else 1.0)
     mask = "causal" if causal else "full"
     # the FLOPs the kernels run: the backward's four gradient matmuls and the scores it recomputes,
-    # 2.5x the forward (autoplan/cost/compute/roofline.py executed_bwd_flops)
+    # 2.5x the forward (autoplan/cost/compute/roofline.py executed_bwd_flops); causal: the half computed
     return OpCase(
         "attention", f"b={batch},h={heads},s={seq},d={head_dim},{mask},fwd+bwd", 3.5 * forward, build, training=True
     )
@@ -112,11 +200,13 @@ def spec(kind: str, label: str | None = None, **sizes: int) -> CaseSpec:
 @dataclass(frozen=True)
 class ComputeSweep:
     """The shapes to time. Sizes grow geometrically so the fit sees both the overhead-bound
-    and the saturated regime."""
+    and the saturated regime. ``attention``: (batch, heads, seq, head_dim, causal) at several
+    sequence lengths, causal and full; ``grouped``: (experts, rows per expert, k, n)."""
 
     matmul: tuple[tuple[int, int, int], ...]
-    attention: tuple[tuple[int, int, int, int], ...]
+    attention: tuple[tuple[int, int, int, int, int], ...]
     conv: tuple[tuple[int, int, int], ...]
+    grouped: tuple[tuple[int, int, int, int], ...] = ()
     budget_s: float = 0.25
     memory_bytes: int = 128 * 2**20
     overhead_budget_s: float = 0.1  # per chain timing of the op-overhead test (overhead.py); 0 skips it
@@ -124,12 +214,18 @@ class ComputeSweep:
     def specs(self) -> list[CaseSpec]:
         return (
             [spec("matmul", m=m, n=n, k=k) for m, n, k in self.matmul]
-            + [spec("attention", batch=b, heads=h, seq=s, head_dim=d) for b, h, s, d in self.attention]
+            + [spec("attention", batch=b, heads=h, seq=s, head_dim=d, causal=c) for b, h, s, d, c in self.attention]
+            + [spec("grouped_matmul", experts=e, m=m, k=k, n=n) for e, m, k, n in self.grouped]
             + [spec("conv", batch=b, channels=c, size=hw) for b, c, hw in self.conv]
         )
 
     def cases(self) -> list[OpCase]:
         return [make_case(s) for s in self.specs()]
+
+
+def both_masks(shapes: tuple[tuple[int, int, int, int], ...]) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Each (b, h, s, d) attention shape causal and full."""
+    return tuple((*shape, causal) for shape in shapes for causal in (1, 0))
 
 
 DEFAULT_SWEEP = ComputeSweep(
@@ -146,14 +242,17 @@ DEFAULT_SWEEP = ComputeSweep(
         (1024, 4096, 256),
         (64, 2048, 2048),
     ),
-    attention=((1, 4, 64, 64), (1, 4, 128, 64), (1, 8, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64)),
+    attention=both_masks(((1, 4, 64, 64), (1, 4, 128, 64), (1, 8, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64))),
     conv=((1, 16, 16), (1, 32, 28), (2, 64, 28), (4, 64, 56)),
+    grouped=((4, 32, 128, 128), (8, 64, 256, 256), (8, 128, 512, 256), (16, 128, 512, 512)),
 )
 
 #: Accelerators compute a 1024^3 GEMM in microseconds, all launch overhead: their sweep goes on to
 #: shapes that take milliseconds (8192^3 is 3.3 TFLOP forward + backward) and attention at 8K
 #: tokens, and copies 2 GiB, well past a GPU's L2 (60 MB on an H200), so that each curve sees its
-#: saturated regime (fit.saturated_rate).
+#: saturated regime (fit.saturated_rate). Grouped GEMMs: rows per expert a multiple of the 128-row
+#: tile (cost/moe/experts.py GPU_M_TILE), experts and widths of Mixtral (8 x 4096 -> 14336), Qwen3-30B-A3B
+#: (128 x 2048 -> 768) and DeepSeek-V3-like (256 x 7168 -> 2048) layers at a few tokens per expert.
 ACCELERATOR_SWEEP = ComputeSweep(
     matmul=(
         (256, 256, 256),
@@ -166,8 +265,16 @@ ACCELERATOR_SWEEP = ComputeSweep(
         (4096, 14336, 4096),
         (8192, 4096, 14336),
     ),
-    attention=((1, 8, 512, 64), (2, 16, 1024, 128), (4, 16, 2048, 128), (2, 32, 4096, 128), (1, 32, 8192, 128)),
+    attention=both_masks(((1, 8, 512, 64), (2, 16, 1024, 128), (4, 16, 2048, 128), (2, 32, 4096, 128)))
+    + ((1, 32, 8192, 128, 1),),
     conv=((8, 64, 56), (16, 128, 56), (32, 256, 56), (64, 256, 56)),
+    grouped=(
+        (8, 128, 4096, 14336),
+        (8, 1024, 4096, 14336),
+        (128, 128, 2048, 768),
+        (128, 512, 2048, 768),
+        (32, 256, 7168, 2048),
+    ),
     memory_bytes=2 * 2**30,
 )
 
@@ -179,12 +286,26 @@ def default_sweep(device: torch.device) -> ComputeSweep:
 
 QUICK_SWEEP = ComputeSweep(
     matmul=((32, 32, 32), (128, 128, 128), (512, 512, 512)),
-    attention=((1, 4, 64, 64), (1, 4, 256, 64)),
+    attention=((1, 4, 64, 64, 1), (1, 4, 256, 64, 1), (1, 4, 256, 64, 0)),
     conv=((1, 16, 16), (1, 32, 32)),
+    grouped=((2, 32, 64, 64), (4, 64, 128, 128), (8, 64, 256, 128)),
     budget_s=0.03,
     memory_bytes=16 * 2**20,
     overhead_budget_s=0.01,
 )
+
+
+def dtype_specs(sweep: ComputeSweep, *, dtype_name: str, device: torch.device) -> list[CaseSpec]:
+    """The sweep's cases in one dtype: fp8 only its matmuls (scaled GEMMs); grouped GEMMs with
+    ``native`` set where ``torch._grouped_mm`` runs in that dtype on ``device`` (else torch.bmm)."""
+    dtype = DTYPE_NAMES[dtype_name]
+    if dtype in FP8_DTYPES:
+        return [s for s in sweep.specs() if s.kind == "matmul"]
+    native = int(bool(sweep.grouped) and grouped_mm_works(dtype, device))
+    return [
+        CaseSpec(s.kind, (*s.sizes, ("native", native)), s.label) if s.kind == "grouped_matmul" else s
+        for s in sweep.specs()
+    ]
 
 
 def time_case(

@@ -22,7 +22,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-DTYPE_NAMES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+}
+#: dtypes timed with scaled GEMMs only (compute.matmul_case); no other op class runs in them
+FP8_DTYPES = (torch.float8_e4m3fn,)
 
 
 def synchronize(device: torch.device) -> None:
@@ -82,11 +90,12 @@ def default_device() -> torch.device:
 
 
 def supported_dtypes(device: torch.device) -> list[str]:
-    """Dtypes worth sweeping on ``device``: fp32 and bf16 on CPU; tf32/fp16 on CUDA with tensor cores."""
+    """Dtypes worth sweeping on ``device``: fp32 and bf16 on CPU; tf32/fp16 on CUDA with tensor cores,
+    and fp8 (matmul only, ``torch._scaled_mm``) from compute capability 8.9 (Ada, Hopper and later)."""
     if device.type == "cuda":
-        major, _ = torch.cuda.get_device_capability(device)
-        dtypes = ["fp32", "fp16"] + (["tf32", "bf16"] if major >= 8 else [])
-        return dtypes
+        capability = torch.cuda.get_device_capability(device)
+        dtypes = ["fp32", "fp16"] + (["tf32", "bf16"] if capability[0] >= 8 else [])
+        return dtypes + (["fp8"] if capability >= (8, 9) and hasattr(torch, "_scaled_mm") else [])
     return ["fp32", "bf16"]
 
 

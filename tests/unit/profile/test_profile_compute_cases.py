@@ -9,25 +9,38 @@ import torch.nn.functional as F
 
 from autoplan.profile.fit import fit_efficiency, predict_op_s
 from autoplan.profile.measure import compute_job, merge_compute
-from autoplan.profile.measure.compute import KERNEL_CALLS, QUICK_SWEEP, attention_case, make_case, matmul_case, spec
+from autoplan.profile.measure.compute import (
+    CAUSAL_EXECUTED,
+    KERNEL_CALLS,
+    QUICK_SWEEP,
+    attention_case,
+    kernel_calls,
+    make_case,
+    matmul_case,
+    spec,
+)
 from autoplan.profile.measure.optable import node_spec
 from autoplan.profile.measure.ranks import RankResult
 from autoplan.trace.flops import flop_counter
 from autoplan.types.graph import OpNode
 
 
-def test_attention_case_flops_are_what_the_cost_model_prices_for_forward_plus_backward() -> None:
+@pytest.mark.parametrize("causal", [1, 0])
+def test_attention_case_flops_are_what_the_kernels_execute_forward_plus_backward(causal: int) -> None:
     b, h, s, d = 2, 3, 16, 8
-    case = attention_case(batch=b, heads=h, seq=s, head_dim=d)
+    case = attention_case(batch=b, heads=h, seq=s, head_dim=d, causal=causal)
     step = case.build(torch.float32, torch.device("cpu"))
     with flop_counter() as counter:
         grads = step()
     assert len(grads) == 3 and all(g.shape == (b, h, s, d) for g in grads)
-    # the tracer's model FLOPs (forward + 2x backward) plus the scores the backward recomputes
+    # the tracer's model FLOPs (forward + 2x backward, the whole s x s rectangle) plus the scores the
+    # backward recomputes; a causal kernel computes half of them (FlashAttention's count)
     recomputed = 2 * b * h * s * s * d
     assert counter.get_total_flops() == 3 * 4 * b * h * s * s * d
-    assert case.flops == counter.get_total_flops() + recomputed == 3.5 * 4 * b * h * s * s * d
-    assert case.training and case.shape.endswith("causal,fwd+bwd") and KERNEL_CALLS["attention"] == 2
+    share = CAUSAL_EXECUTED if causal else 1.0
+    assert case.flops == share * (counter.get_total_flops() + recomputed) == share * 3.5 * 4 * b * h * s * s * d
+    assert case.training and case.shape.endswith(("causal" if causal else "full") + ",fwd+bwd")
+    assert kernel_calls("attention", case.shape) == 2
 
 
 def test_matmul_case_times_a_linears_forward_and_both_backward_gemms() -> None:
@@ -114,5 +127,5 @@ def test_merge_takes_the_median_over_ranks() -> None:
     rows, (copy_bw, mem_eff) = merge_compute(job, per_rank)
     assert [r.time_s for r in rows] == [2.0 * (i + 1) for i in range(n)]
     assert (copy_bw, mem_eff) == (2e9, 1.0)
-    assert rows[0].op == "matmul" and {r.op for r in rows} == {"matmul", "attention", "conv"}
+    assert rows[0].op == "matmul" and {r.op for r in rows} == {"matmul", "attention", "conv", "grouped_matmul"}
     assert make_case(spec("matmul", m=2, n=3, k=4)).flops == 144.0

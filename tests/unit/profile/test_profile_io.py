@@ -14,7 +14,7 @@ from autoplan.profile import available_profiles, load_profile, save_profile
 from autoplan.profile.io import profile_file, resolve_profile_path
 from autoplan.types.profile import COLLECTIVES, Profile
 
-SHIPPED = ["dgx-a100", "dgx-h100", "dgx-h200", "cpu-gloo"]
+SHIPPED = ["dgx-a100", "dgx-h100", "dgx-h200", "cpu-gloo", "mi300x", "dgx-b200", "gb200-nvl72"]
 
 
 @pytest.fixture
