@@ -181,13 +181,13 @@ def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_pla
     syncs = dp_messages.sp_partial_syncs(weight_sync_plan(plan))
     for elements in model.sp_partial_elements(plan, tp_plan, layers + outside):
         pred.add("tp", "all_reduce", syncs, syncs * elements * 4)
-    _sequence_parallel_boundaries(pred, plan, model, index)
+    _pipeline_boundary_gathers(pred, plan, model, index)
 
 
-def _sequence_parallel_boundaries(pred: StagePrediction, plan: Plan, model: CostModel, index: int) -> None:
-    """Under SP, the tp all-gathers of a stage's boundary (pp_messages.sp_boundary_gathers)."""
-    if plan.pp > 1 and plan.sequence_parallel:
-        _add(pred, "tp", *pp_messages.sp_boundary_gathers(model.chunk_inputs(plan), plan, index))
+def _pipeline_boundary_gathers(pred: StagePrediction, plan: Plan, model: CostModel, index: int) -> None:
+    """The tp all-gathers of a stage's pipeline boundaries (pp_messages.boundary_gathers)."""
+    if plan.pp > 1 and plan.tp > 1:
+        _add(pred, "tp", *pp_messages.boundary_gathers(model.chunk_inputs(plan), plan, index))
 
 
 def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -> None:
