@@ -97,14 +97,15 @@ def _held_elements(plan: Plan, stage: StageTotals) -> float:
 
 def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int, model: CostModel) -> None:
     """The dense parameters' messages over dp (dp_messages.dp_messages), one unit per FSDP2 unit
-    (one for DDP's buckets and the flat buffers); PowerSGD's sent bytes instead of DDP's
-    gradients; DDP's buffer broadcast and unused-parameter map."""
+    (one for DDP's buckets and ZeRO-1's flat buffer; ZeRO-1 overlapping its parameter gather has
+    FSDP2's units: execute/param_gather.py); PowerSGD's sent bytes instead of DDP's gradients;
+    DDP's buffer broadcast and unused-parameter map."""
     messages = dp_messages.dp_messages(plan)
     if not messages:
         return
     params = stage.dense_params if plan.ep > 1 else stage.params
     units = 1
-    if plan.zero_stage >= 2:
+    if plan.zero_stage >= 2 or plan.overlap_param_gather:  # FSDP2's units; ZeRO-1's per-unit buffers (param_gather.py)
         units = dp_messages.fsdp_units(_real_blocks(plan, stage, index), params, experts_apart=plan.ep > 1)
     grads = dp_messages.find(messages, dp_messages.GRADS)
     if grads.compressed:  # PowerSGD: the uncompressed tensors and the P and Q factors (cost/dp/compression.py)

@@ -40,6 +40,7 @@ from autoplan.execute.context_parallel import build_context_parallel
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
+from autoplan.execute.param_gather import overlapped_zero1
 from autoplan.execute.pipeline_scatter import apply_pipeline_scatter, boundary_specs
 from autoplan.execute.recompute import apply_recompute
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
@@ -162,13 +163,10 @@ def parallelize(
             "plan recompute='none' or list the blocks in 'stages'."
         )
     params = [p for m in modules.values() for p in m.parameters()]
-    optimizer = (
-        sharded_optimizer(
-            params=params, optimizer_fn=optimizer_fn, dp_mesh=sync_mesh, reduce_dtype=policy.reduce_dtype, ep=ep_state
-        )
-        if mode == "zero1"
-        else optimizer_fn(params)
-    )
+    optimizer = _optimizer(
+        plan=plan, mode=mode, params=params, modules=list(modules.values()), blocks=blocks, optimizer_fn=optimizer_fn,
+        dp_mesh=sync_mesh, reduce_dtype=policy.reduce_dtype, ep=ep_state,
+    )  # fmt: skip
     scaler = ShardedGradScaler(device=device) if policy.scales_loss else None
     trainer = Trainer(
         plan=plan,
@@ -197,6 +195,19 @@ def parallelize(
             out_spec=out_spec,
         )
     return trainer
+
+
+def _optimizer(
+    *, plan: Plan, mode: str, params: list, modules: list, blocks: list[str], optimizer_fn: Callable, **zero: Any
+) -> Any:
+    """The plan's optimizer: ZeRO-1's sharded one (its all-gather per block under the next forward
+    with ``overlap_param_gather``: execute/param_gather.py), else ``optimizer_fn`` on every parameter."""
+    if mode != "zero1":
+        return optimizer_fn(params)
+    if plan.overlap_param_gather:
+        kept = {k: v for k, v in zero.items() if k != "ep"}  # refused with experts (tp_overlap.check_runs_here)
+        return overlapped_zero1(modules=modules, blocks=blocks, optimizer_fn=optimizer_fn, **kept)
+    return sharded_optimizer(params=params, optimizer_fn=optimizer_fn, **zero)
 
 
 def _split(

@@ -106,6 +106,7 @@ class Group:
             precision=self.precision,
             reduce="*",
             compression="*",
+            param_gather="*",
         )
 
     def plan(
@@ -143,6 +144,7 @@ class Group:
             grad_reduce_dtype=grads.reduce_dtype,
             grad_compression=grads.compression,
             powersgd_rank=grads.rank,
+            overlap_param_gather=grads.param_gather,
             ep=deg.ep,
             cp=deg.cp,
             cp_variant=self.cp_variant,
@@ -186,4 +188,5 @@ def config_of(plan: Plan) -> dict:
         precision=plan.precision,
         reduce=plan.grad_reduce_dtype,
         compression=f"powersgd:{plan.powersgd_rank}" if plan.grad_compression == "powersgd" else "none",
+        param_gather=plan.overlap_param_gather,
     )
