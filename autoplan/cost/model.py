@@ -297,29 +297,29 @@ class CostModel:
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
     def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup, tp_group: AxisGroup) -> float:
-        """Sends on the critical path, one activation and one gradient per chunk slot: every tp
-        rank sends the whole boundary tensors (the executor gathers a stage's DTensor output,
-        autoplan/execute/tensor_parallel.py), which under sequence parallelism first costs an
-        all-gather over the tp group; gradients go back only for tensors that need one."""
+        """Sends on the critical path, one activation and one gradient per chunk slot, with the
+        boundary's tp all-gathers (cost/pp/messages.py: 1/tp per tp rank, gathered on arrival, where
+        the plan's runtime scatters; whole tensors, gathered before sending under SP, where not);
+        gradients go back only for tensors that need one."""
         if plan.pp == 1:
             return 0.0
-        forward, backward = pp_messages.slot_bytes(self.chunk_inputs(plan))
+        chunks = self.chunk_inputs(plan)
+        forward, backward = pp_messages.slot_bytes(chunks)
         t_slot = sum(
             collective_time_s(self.profile, "send_recv", size, group=group) for size in (forward, backward) if size
         )
-        if plan.sequence_parallel and plan.tp > 1:
-            t_slot += sum(
-                collective_time_s(self.profile, "all_gather", size, group=tp_group)
-                for size in (forward, backward)
-                if size
-            )
+        t_slot += sum(
+            collective_time_s(self.profile, "all_gather", size, group=tp_group)
+            for size in pp_messages.slot_gathers(chunks)
+            if size
+        )
         return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_slot
 
     def chunk_inputs(self, plan: Plan) -> pp_messages.ChunkInputs:
         """Per pipeline chunk, what it receives per micro-batch (cost/pp/messages.py)."""
         return [self.block_inputs(chunk[0], plan) for chunk in self._chunks(plan)]
 
-    def block_inputs(self, layer: str, plan: Plan) -> tuple[list[float], list[float]]:
+    def block_inputs(self, layer: str, plan: Plan) -> pp_messages.Boundary:
         """What a chunk starting at block ``layer`` receives per micro-batch (pp_messages.block_inputs);
         identical blocks receive identical tensors."""
         return pp_messages.block_inputs(self.graph, self._structures[self._rep[layer]].inputs, plan)

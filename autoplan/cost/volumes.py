@@ -97,14 +97,15 @@ def _held_elements(plan: Plan, stage: StageTotals) -> float:
 
 def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int, model: CostModel) -> None:
     """The dense parameters' messages over dp (dp_messages.dp_messages), one unit per FSDP2 unit
-    (one for DDP's buckets and the flat buffers); PowerSGD's sent bytes instead of DDP's
-    gradients; DDP's buffer broadcast and unused-parameter map."""
+    (one for DDP's buckets and ZeRO-1's flat buffer; ZeRO-1 overlapping its parameter gather has
+    FSDP2's units: execute/param_gather.py); PowerSGD's sent bytes instead of DDP's gradients;
+    DDP's buffer broadcast and unused-parameter map."""
     messages = dp_messages.dp_messages(plan, backend=model.profile.backend)
     if not messages:
         return
     params = stage.dense_params if plan.ep > 1 else stage.params
     units = 1
-    if plan.zero_stage >= 2:
+    if plan.zero_stage >= 2 or plan.overlap_param_gather:  # FSDP2's units; ZeRO-1's per-unit buffers (param_gather.py)
         units = dp_messages.fsdp_units(_real_blocks(plan, stage, index), params, experts_apart=plan.ep > 1)
     grads = dp_messages.find(messages, dp_messages.GRADS)
     if grads.compressed:  # PowerSGD: the uncompressed tensors and the P and Q factors (cost/dp/compression.py)
@@ -187,13 +188,13 @@ def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_pla
     syncs = dp_messages.sp_partial_syncs(weight_sync_plan(plan))
     for elements in model.sp_partial_elements(plan, tp_plan, layers + outside):
         pred.add("tp", "all_reduce", syncs, syncs * elements * 4)
-    _sequence_parallel_boundaries(pred, plan, model, index)
+    _pipeline_boundary_gathers(pred, plan, model, index)
 
 
-def _sequence_parallel_boundaries(pred: StagePrediction, plan: Plan, model: CostModel, index: int) -> None:
-    """Under SP, the tp all-gathers of a stage's boundary (pp_messages.sp_boundary_gathers)."""
-    if plan.pp > 1 and plan.sequence_parallel:
-        _add(pred, "tp", *pp_messages.sp_boundary_gathers(model.chunk_inputs(plan), plan, index))
+def _pipeline_boundary_gathers(pred: StagePrediction, plan: Plan, model: CostModel, index: int) -> None:
+    """The tp all-gathers of a stage's pipeline boundaries (pp_messages.boundary_gathers)."""
+    if plan.pp > 1 and plan.tp > 1:
+        _add(pred, "tp", *pp_messages.boundary_gathers(model.chunk_inputs(plan), plan, index))
 
 
 def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves
 
 from autoplan.errors import PlanError
 from autoplan.execute import (
@@ -39,6 +40,8 @@ from autoplan.execute.context_parallel import build_context_parallel
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
+from autoplan.execute.param_gather import overlapped_zero1
+from autoplan.execute.pipeline_scatter import apply_pipeline_scatter, boundary_specs
 from autoplan.execute.recompute import apply_recompute
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
 from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
@@ -104,7 +107,7 @@ def parallelize(
         cp_state.install(model=model, blocks=blocks)
     ties = tied_names(model)
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
-    modules, tie_sync, out_spec = _split(
+    modules, tie_sync, out_spec, sends = _split(
         model=model,
         plan=plan,
         microbatch_inputs=microbatch_inputs,
@@ -126,6 +129,14 @@ def parallelize(
         rng.install_tracker(mesh["tp"])
     for index, module in modules.items():
         apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
+        # after TP, whose DTensors the sends are cut from and the receives rebuilt as (pipeline_scatter.py)
+        apply_pipeline_scatter(
+            module=module,
+            plan=plan,
+            tp_mesh=mesh["tp"],
+            received=sends[index - 1] if index > 0 else None,
+            sent=sends[index] if index < len(sends) else None,
+        )
         expert_loop.install(module=module, plan=plan, layers=list_moe, touch=plan.dp > 1 and mode != "ddp")
         if plan.tp > 1 and plan.sequence_parallel:  # on the DTensor parameters TP made, inside what recompute wraps
             expert_sequence.apply_sequence_parallel_experts(
@@ -154,13 +165,10 @@ def parallelize(
             "plan recompute='none' or list the blocks in 'stages'."
         )
     params = [p for m in modules.values() for p in m.parameters()]
-    optimizer = (
-        sharded_optimizer(
-            params=params, optimizer_fn=optimizer_fn, dp_mesh=sync_mesh, reduce_dtype=policy.reduce_dtype, ep=ep_state
-        )
-        if mode == "zero1"
-        else optimizer_fn(params)
-    )
+    optimizer = _optimizer(
+        plan=plan, mode=mode, params=params, modules=list(modules.values()), blocks=blocks, optimizer_fn=optimizer_fn,
+        dp_mesh=sync_mesh, reduce_dtype=policy.reduce_dtype, ep=ep_state,
+    )  # fmt: skip
     scaler = ShardedGradScaler(device=device) if policy.scales_loss else None
     trainer = Trainer(
         plan=plan,
@@ -191,6 +199,19 @@ def parallelize(
     return trainer
 
 
+def _optimizer(
+    *, plan: Plan, mode: str, params: list, modules: list, blocks: list[str], optimizer_fn: Callable, **zero: Any
+) -> Any:
+    """The plan's optimizer: ZeRO-1's sharded one (its all-gather per block under the next forward
+    with ``overlap_param_gather``: execute/param_gather.py), else ``optimizer_fn`` on every parameter."""
+    if mode != "zero1":
+        return optimizer_fn(params)
+    if plan.overlap_param_gather:
+        kept = {k: v for k, v in zero.items() if k != "ep"}  # refused with experts (tp_overlap.check_runs_here)
+        return overlapped_zero1(modules=modules, blocks=blocks, optimizer_fn=optimizer_fn, **kept)
+    return sharded_optimizer(params=params, optimizer_fn=optimizer_fn, **zero)
+
+
 def _split(
     *,
     model: nn.Module,
@@ -200,11 +221,12 @@ def _split(
     ties: list[list[str]],
     device: torch.device,
     experts: dict[str, expert_parallel.ExpertsDispatch],
-) -> tuple[dict[int, nn.Module], TiedGradSync | None, Any]:
-    """This rank's stage modules, the tied-weight gradient sync, and the spec that rebuilds the
-    model's output from the last stage's tensors (``pipeline.split_model``)."""
+) -> tuple[dict[int, nn.Module], TiedGradSync | None, Any, list]:
+    """This rank's stage modules, the tied-weight gradient sync, the spec that rebuilds the
+    model's output from the last stage's tensors (``pipeline.split_model``), and what each chunk
+    but the last sends the next (``pipeline_scatter.boundary_specs``)."""
     if plan.pp == 1:
-        return {0: model}, None, None
+        return {0: model}, None, None, []
     if microbatch_inputs is None:
         raise PlanError(
             f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) "
@@ -222,7 +244,9 @@ def _split(
         for i in range(pipe.num_stages)
     }
     # Groups are created on every rank before any module transform (new_group is a collective).
-    return modules, build_tied_sync(groups=ties, holders=holders, pp=plan.pp, mesh=mesh, my_modules=modules), out_spec
+    sends = boundary_specs([pipe.get_stage_module(i) for i in range(pipe.num_stages)], tree_leaves(microbatch_inputs))
+    tie_sync = build_tied_sync(groups=ties, holders=holders, pp=plan.pp, mesh=mesh, my_modules=modules)
+    return modules, tie_sync, out_spec, sends
 
 
 def _data_parallel(

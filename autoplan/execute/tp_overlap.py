@@ -28,15 +28,16 @@ def check_runs_here(plan: Plan) -> None:
     """Raise PlanError, in one sentence, when ``plan`` needs a device this machine lacks: every
     device rule of a plan, async TP's (:func:`check_tp_overlap_runs_here`), FP8's
     (autoplan/execute/float8.py) and context parallelism's (execute/context_parallel.py); or asks
-    for what the executor does not run (``overlap_param_gather``, Megatron-LM's, priced for a config
-    read back). The CLI calls it before a rank starts, ``parallelize`` first."""
+    for what the executor does not run (``overlap_param_gather`` other than ZeRO-1's without experts:
+    execute/param_gather.py). The CLI calls it before a rank starts, ``parallelize`` first."""
     from autoplan.execute.context_parallel import check_cp_runs_here
     from autoplan.execute.float8 import check_runs_here as check_float8_runs_here
 
-    if plan.overlap_param_gather:
+    if plan.overlap_param_gather and (plan.zero_stage != 1 or plan.ep > 1):
         raise PlanError(
-            "plan overlap_param_gather=true is Megatron-LM's --overlap-param-gather, which autoplan's executor "
-            "does not run (it all-gathers the updated weights after the optimizer step); set it to false to run here."
+            f"plan overlap_param_gather=true with zero_stage={plan.zero_stage} and ep={plan.ep}: autoplan's executor "
+            "overlaps only ZeRO-1's parameter all-gather without expert parallelism (ZeRO-2 runs as FSDP2, which "
+            "gathers after the step); set overlap_param_gather to false or use zero_stage 1 to run here."
         )
     check_tp_overlap_runs_here(plan)
     check_float8_runs_here(plan)

@@ -218,6 +218,13 @@ class Trainer:
             self.optimizer.step()
         self.scaler.update(found_inf)
 
+    def weights_ready(self) -> None:
+        """Finish ZeRO-1's all-gathers left for the next forward (``overlap_param_gather``,
+        execute/param_gather.py): call before reading the weights outside a forward."""
+        wait = getattr(self.optimizer, "wait_gathers", None)
+        if wait is not None:
+            wait()
+
     def reduce_loss(self, loss: torch.Tensor) -> float:
         """The global mean loss on every rank (averaged over the ranks holding the last stage: a cp
         rank's loss is its sequence shard's mean)."""

@@ -87,10 +87,13 @@ class ShardedOptimizer:
         self.master.grad = None
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, *, gather: bool = True) -> None:
+        """Reduce-scatter, step the slice, and all-gather the parameters; ``gather=False`` leaves
+        the all-gather to the caller (execute/param_gather.py: under the next forward)."""
         self._reduce_scatter_gradients()
         self.inner.step()
-        self._all_gather_parameters()
+        if gather:
+            self._all_gather_parameters()
 
     @torch.no_grad()
     def reduced_gradients(self) -> list[torch.Tensor]:
@@ -128,9 +131,20 @@ class ShardedOptimizer:
         self.master.grad = mine.to(torch.float32).div_(self.divide_by)
 
     def _all_gather_parameters(self) -> None:
+        self.finish_gather(*self.start_gather(async_op=False))
+
+    def start_gather(self, *, async_op: bool = True) -> tuple[object, torch.Tensor]:
+        """Start the all-gather of the updated slices into a flat buffer: (its work handle or None, the buffer)."""
         first = local(self.params[0].data)
         gathered = torch.empty(self.shard * self.dp, dtype=first.dtype, device=first.device)
-        dist.all_gather_into_tensor(gathered, self.master.detach().to(first.dtype), group=self.group)
+        mine = self.master.detach().to(first.dtype)
+        return dist.all_gather_into_tensor(gathered, mine, group=self.group, async_op=async_op), gathered
+
+    @torch.no_grad()
+    def finish_gather(self, work: object, gathered: torch.Tensor) -> None:
+        """Wait for the all-gather ``work`` and copy the flat buffer into the parameters."""
+        if work is not None:
+            work.wait()
         offset = 0
         for param in self.params:
             data = local(param.data)

@@ -108,6 +108,7 @@ class Group:
             precision=self.precision,
             reduce="*",
             compression="*",
+            param_gather="*",
         )
 
     def plan(
@@ -145,6 +146,7 @@ class Group:
             grad_reduce_dtype=grads.reduce_dtype,
             grad_compression=grads.compression,
             powersgd_rank=grads.rank,
+            overlap_param_gather=grads.param_gather,
             ep=deg.ep,
             cp=deg.cp,
             cp_variant=self.cp_variant,
@@ -189,4 +191,5 @@ def config_of(plan: Plan) -> dict:
         precision=plan.precision,
         reduce=plan.grad_reduce_dtype,
         compression=f"powersgd:{plan.powersgd_rank}" if plan.grad_compression == "powersgd" else "none",
+        param_gather=plan.overlap_param_gather,
     )

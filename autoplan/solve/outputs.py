@@ -45,6 +45,7 @@ CONFIG_COLUMNS = (
     "precision",
     "reduce",
     "compression",
+    "param_gather",
 )
 
 

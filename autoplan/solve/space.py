@@ -15,7 +15,8 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
 - precision: fp32; bf16, or fp16 without bf16; fp8 only with ``allow_fp8`` or a pin, where the
   profile has fp8 and bf16 peaks;
 - gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction and, where the executor runs DDP,
-  PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy).
+  PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy);
+  under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward.
 """
 
 from __future__ import annotations
@@ -192,11 +193,13 @@ def tp_overlap_options(*, profile: Profile, tp: int, sequence_parallel: bool, fi
 
 @dataclass(frozen=True)
 class GradSync:
-    """How data-parallel gradients travel: the plan's grad_reduce_dtype, grad_compression, powersgd_rank."""
+    """How data-parallel gradients and weights travel: the plan's grad_reduce_dtype, grad_compression,
+    powersgd_rank and overlap_param_gather (``param_gather``)."""
 
     reduce_dtype: str = "fp32"
     compression: str = "none"
     rank: int = 0
+    param_gather: bool = False
 
 
 EXACT = GradSync()
@@ -243,7 +246,17 @@ def grad_sync_options(profile: Profile, *, deg: Degrees, zero: int, fixes: dict,
         options = [o for o in options if o.reduce_dtype == fixes["reduce"]]
     if fixes.get("powersgd"):
         options = [o for o in options if o.compression == "powersgd"]
-    return options
+    return param_gather_options(options, deg=deg, zero=zero, fixes=fixes)
+
+
+def param_gather_options(options: list[GradSync], *, deg: Degrees, zero: int, fixes: dict) -> list[GradSync]:
+    """ZeRO-1 without experts may also all-gather its updated weights per block under the next
+    forward (``overlap_param_gather``, execute/param_gather.py): each option twice, unless pinned."""
+    pinned = fixes.get("param_gather")
+    if zero != 1 or deg.ep > 1:
+        return [] if pinned else options
+    both = [o for o in options] + [replace(o, param_gather=True) for o in options]
+    return both if pinned is None else [o for o in both if o.param_gather == pinned]
 
 
 def zero_options(*, dp: int, fixes: dict) -> list[int]:
@@ -264,6 +277,11 @@ def check_zero_pin(degrees: list[Degrees], fixes: dict) -> None:
     """A ZeRO pin where every configuration the other pins leave has dp = 1: the rule, in one
     sentence. ZeRO partitions over the data-parallel ranks, and one rank has nothing to share
     with, so ZeRO-k at dp = 1 is the zero=0 plan and the search lists it once, as zero=0."""
+    if fixes.get("param_gather") and fixes.get("zero", 1) != 1:
+        raise PlanError(
+            f"--fix param_gather=on overlaps ZeRO-1's weight all-gather with the next forward, and --fix "
+            f"zero={fixes['zero']} is not ZeRO-1; pin zero=1 or drop param_gather."
+        )
     zero = fixes.get("zero", 0)
     if not zero or not degrees or any(d.dp_cp > 1 for d in degrees):
         return

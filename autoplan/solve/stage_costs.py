@@ -194,6 +194,6 @@ class StageCosts:
 
         def make() -> tuple[float, float]:
             sizes = [self.cost_model.block_inputs(layer, plan) for layer in self.graph.layers]
-            return min((sum(f) for f, _ in sizes), default=0.0), min((sum(b) for _, b in sizes), default=0.0)
+            return min((sum(b.sent) for b in sizes), default=0.0), min((sum(b.returned) for b in sizes), default=0.0)
 
         return self._memo.get(key, plan.tp_plan, make)

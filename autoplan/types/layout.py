@@ -18,6 +18,10 @@ consecutive dp ranks, an edp group the ``dp / ep`` ranks holding the same expert
 ``c`` runs on stage ``c % pp`` as its ``c // pp``-th chunk: the looping placement of interleaved
 1F1B (Narayanan et al. SC'21 section 2.2; Megatron-LM's virtual pipeline ranks;
 ``torch.distributed.pipelining``'s ``ScheduleInterleaved1F1B``). With v = 1 chunk c is stage c.
+
+**Pipeline sends under TP** (:func:`pipeline_scatter_dim`): each tp rank sends 1/tp of a floating
+boundary tensor and the receiver all-gathers it over the tp group (Narayanan et al. SC'21 section 4.1,
+"scatter/gather"); under sequence parallelism a tensor split along the sequence stays so on arrival.
 """
 
 from __future__ import annotations
@@ -97,3 +101,25 @@ def chunks_of_stage(stage: int, *, pp: int, virtual_stages: int) -> list[int]:
 def stage_of_block(stages: Sequence[Sequence[str]], *, pp: int) -> dict[str, int]:
     """Block FQN -> the pipeline stage that runs it, for ``Plan.stages``-shaped chunks."""
     return {block: stage_of_chunk(c, pp=pp) for c, chunk in enumerate(stages) for block in chunk}
+
+
+#: The sequence dim of a ``[batch, seq, ...]`` activation (sequence parallelism's shard dim).
+SEQ_DIM = 1
+
+
+def pipeline_scatter_dim(shape: Sequence[int], *, floating: bool, tp: int, sequence_parallel: bool) -> int | None:
+    """The dim along which one tp rank sends its 1/tp of a pipeline boundary tensor of ``shape``
+    (module docstring); None: every tp rank sends it whole. Under sequence parallelism a tensor
+    of at least three dims whose sequence tp divides is split along it (:data:`SEQ_DIM`, as SP
+    holds the residual stream), else along its last dim when tp divides it; integer tensors go whole."""
+    if tp == 1 or not floating or not shape:
+        return None
+    if sequence_parallel and len(shape) >= 3 and shape[SEQ_DIM] % tp == 0:
+        return SEQ_DIM
+    return len(shape) - 1 if shape[-1] % tp == 0 else None
+
+
+def kept_sharded(dim: int | None, *, sequence_parallel: bool) -> bool:
+    """Whether a boundary tensor split along ``dim`` stays split on arrival (a sequence shard
+    under SP, as the receiving blocks take it) instead of being all-gathered over the tp group."""
+    return sequence_parallel and dim == SEQ_DIM

@@ -79,9 +79,9 @@ class Plan:
     ``overlap_param_gather`` runs ZeRO-1/2's all-gather of the updated weights under the next
     step's first forward, bucket by bucket ahead of the block that needs it (Megatron-LM's
     ``--overlap-param-gather`` with its distributed optimizer); false (the default) gathers after
-    the optimizer step, as the executor does. The planner never chooses it and the executor
-    refuses it: it comes from a Megatron-LM config read back (``explain --config``), so that the
-    config is priced as Megatron runs it (autoplan/cost/dp/sync.py).
+    the optimizer step. The planner offers it beside ZeRO-1 plans without experts and the executor
+    runs those (autoplan/execute/param_gather.py); under ZeRO-2 it comes only from a Megatron-LM
+    config read back (``explain --config``), priced as Megatron runs it (autoplan/cost/dp/sync.py).
     ``tp_comm_overlap`` hides the sequence-parallel all-gathers and reduce-scatters under the
     matmuls beside them by decomposing both into tp steps (PyTorch's async tensor parallelism,
     Megatron-Core's ``--tp-comm-overlap``); it needs sequence parallelism, and the executor runs

@@ -84,10 +84,11 @@ RUNTIMES: dict[str, Runtime] = {
         fused_attention=False,
         fused_elementwise=False,
         grad_accumulation_fusion=False,
-        pp_scatter_gather=False,
+        pp_scatter_gather=True,
         compile=True,
         fp8_recipes=("tensorwise", "rowwise"),
-        source="autoplan/execute: the model's code as written, torchao float8 linears, torch.compile per block",
+        source="autoplan/execute: the model's code as written, torchao float8 linears, torch.compile per block, "
+        "scatter/gather pipeline sends under TP (execute/pipeline_scatter.py)",
     ),
     "megatron": Runtime(
         name="megatron",

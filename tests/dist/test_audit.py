@@ -55,6 +55,7 @@ CASES = [
     ("tp_recompute_full", "gpt", dict(tp=2, recompute="full")),
     ("tp_sp_recompute_selective", "llama", dict(tp=2, sequence_parallel=True, recompute="selective")),
     ("zero1_fp32_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, grad_reduce_dtype="bf16")),
+    ("zero1_overlap_param_gather", "gpt", dict(dp=2, zero_stage=1, overlap_param_gather=True)),
     # an MoE block runs whole on the tokens a tp rank holds: all of them, or its sequence shard
     # under SP with the weights' gradients reduced once a step (execute/expert_sequence.py). Expert
     # parallelism's all-to-all bytes follow the real routing: tests/dist/test_expert_parallel.py
@@ -76,6 +77,8 @@ FOUR = [
     ("dp_tp_zero3_sp", "llama", dict(dp=2, tp=2, zero_stage=3, sequence_parallel=True)),
     ("pp_tp", "llama", dict(pp=2, tp=2)),
     ("pp_tp_sp_1f1b", "gpt", dict(pp=2, tp=2, sequence_parallel=True, schedule="1f1b", num_microbatches=4)),
+    # ZeRO-1's per-block weight all-gathers under the next forward, through the pipeline's micro-batches
+    ("pp_dp_zero1_overlap_param_gather", "gpt", dict(pp=2, dp=2, zero_stage=1, overlap_param_gather=True)),
     ("pp_dp_zero2", "gpt", dict(pp=2, dp=2, zero_stage=2)),
     ("pp_dp_zero3_gpipe", "llama", dict(pp=2, dp=2, zero_stage=3, schedule="gpipe")),
     ("pp_dp_interleaved", "gpt", dict(pp=2, dp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),

@@ -24,6 +24,7 @@ TWO = [
     ("pp2_gpipe", "gpt", dict(pp=2, schedule="gpipe")),
     ("pp2_1f1b", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4)),
     ("zero1", "gpt", dict(dp=2, zero_stage=1)),
+    ("zero1_overlap_param_gather", "gpt", dict(dp=2, zero_stage=1, overlap_param_gather=True)),
     ("zero2", "gpt", dict(dp=2, zero_stage=2)),
     ("zero3", "llama", dict(dp=2, zero_stage=3)),
     ("recompute_full", "gpt", dict(dp=2, recompute="full")),

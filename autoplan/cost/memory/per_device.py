@@ -138,11 +138,16 @@ def stage_memory(
     )
 
 
-def sync_buffer_bytes(*, params: float, zero_stage: int, dp: int, tp: int, pp: int, reduce_bytes: int) -> float:
+def sync_buffer_bytes(
+    *, params: float, zero_stage: int, dp: int, tp: int, pp: int, reduce_bytes: int, unit_params: float = 0.0
+) -> float:
     """The flat gradient buffer of the explicit all-reduce (ZeRO-0 under tp or pp) and of ZeRO-1,
-    alive after the backward; DDP reduces in place and FSDP2 per block."""
+    alive after the backward; DDP reduces in place and FSDP2 per block. ``unit_params``: the
+    largest unit's parameters where ZeRO-1 keeps one flat buffer per unit (overlap_param_gather)."""
     if dp == 1 or zero_stage >= 2 or (zero_stage == 0 and tp == 1 and pp == 1):
         return 0.0
+    if zero_stage == 1 and unit_params:
+        return _zero1_unit_sync_bytes(params=unit_params, dp=dp, reduce_bytes=reduce_bytes)
     if zero_stage == 1:
         return _zero1_sync_bytes(params=params, dp=dp, reduce_bytes=reduce_bytes)
     # the explicit all-reduce concatenates the fp32 gradients, then casts the whole to the reduce dtype
@@ -162,6 +167,14 @@ def _zero1_sync_bytes(*, params: float, dp: int, reduce_bytes: int) -> float:
     widening = scattered + params / dp * widened - 4 * params
     gathered = params / dp * 4
     return max(scattered, widening, gathered)
+
+
+def _zero1_unit_sync_bytes(*, params: float, dp: int, reduce_bytes: int) -> float:
+    """ZeRO-1 with one flat buffer per unit (execute/param_gather.py), U the largest unit's
+    parameters: its flat gradient copy and slice (``r U + r U / N``), one unit at a time; or the
+    two fp32 units of gathered weights alive under the next forward (the one being copied in and
+    the one prefetched: ``2 * 4 U``)."""
+    return max(params * reduce_bytes + params / dp * reduce_bytes, 2 * 4 * params)
 
 
 def usable_bytes(memory_bytes: float) -> float:

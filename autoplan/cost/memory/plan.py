@@ -78,6 +78,7 @@ class PlanMemory:
                 tp=plan.tp,
                 pp=plan.pp,
                 reduce_bytes=reduce_bytes,
+                unit_params=_largest_unit(plan, stage, index) if plan.overlap_param_gather else 0.0,
             )
             + powersgd.hook_bytes,  # with the last bucket, after the backward (M3)
             grads_persist=plan.runs_ddp,
@@ -123,3 +124,12 @@ class PlanMemory:
                 f"needs {cost.peak_memory_bytes / 2**30:.1f} GiB per device but {limit / 2**30:.1f} GiB is usable "
                 f"({self.profile.device.memory_bytes / 2**30:.0f} GiB less allocator headroom)"
             )
+
+
+def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:
+    """The most parameters one ZeRO-1 unit of the stage holds (execute/param_gather.py): a block,
+    or all outside them (the summaries of the nodes before the first block, on stage 0, and after
+    the last, on the last stage, are one unit with them)."""
+    start, end = (1 if index == 0 else 0), len(stage.blocks) - (1 if index == plan.pp - 1 else 0)
+    blocks = [b.param_count for b in stage.blocks[start:end]]
+    return max(blocks + [stage.params - sum(blocks)])

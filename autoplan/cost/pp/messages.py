@@ -1,41 +1,85 @@
 """What a pipeline sends between its stages: the one statement the time terms and the audit read.
 
-Each chunk but the first receives its first block's inputs once per micro-batch, whole on every
-tp rank (the executor gathers a stage's DTensor output, autoplan/execute/tensor_parallel.py), one
-message per tensor; each chunk but the first sends back the gradient of those inputs that need
-one (rotary tables and masks made before the first block travel forward only). Under sequence
-parallelism a stage first all-gathers its sequence-sharded boundary over the tp group. The step
-time (CostModel._pp_comm_s) charges each of the (v m + p - 1) slots of the schedule the largest
-chunk boundary, forward and back; the audit
-(cost/volumes.py) counts every send and receive of each stage.
+Each chunk but the first receives its first block's inputs once per micro-batch, one message per
+tensor; each chunk but the first sends back the gradient of those inputs that need one (rotary
+tables and masks made before the first block travel forward only). Under TP a runtime with
+``pp_scatter_gather`` (types/runtime.py: autoplan's executor, Megatron-Core) sends 1/tp of a floating
+tensor from each tp rank and the receiver all-gathers it over the tp group (Narayanan et al. SC'21
+section 4.1; autoplan/execute/pipeline_scatter.py); the gradient goes back as 1/tp and the sender
+all-gathers it. Under sequence parallelism a tensor split along the sequence stays so on arrival:
+nothing is gathered. Which tensors split, and along which dim, is types/layout.pipeline_scatter_dim.
+Without it every tp rank sends the whole tensor; under SP a stage then first all-gathers its
+sequence-sharded boundary (its largest tensor), and the gradient of its input before sending it back.
+The step time (CostModel._pp_comm_s) charges each of the (v m + p - 1) slots of the schedule the
+largest chunk boundary, forward and back, with its gathers; the audit (cost/volumes.py) counts
+every send, receive and gather of each stage (docs/cost-model.md, "Pipeline sends under TP").
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from autoplan.cost.compute.roofline import activation_scale
 from autoplan.cost.dp.messages import StepMessages
 from autoplan.types.graph import Graph, OpNode
-from autoplan.types.layout import chunks_of_stage
+from autoplan.types.layout import chunks_of_stage, kept_sharded, pipeline_scatter_dim
 from autoplan.types.plan import Plan
+from autoplan.types.runtime import runtime_named
 
-#: per chunk, (bytes of each tensor it receives, bytes of each whose gradient goes back), per micro-batch
-ChunkInputs = list[tuple[list[float], list[float]]]
+#: where a boundary's tp all-gather runs: on the stage that sends the tensor, or the one receiving it
+SENDER, RECEIVER = "sender", "receiver"
 
 
-def block_inputs(graph: Graph, inputs: list[OpNode], plan: Plan) -> tuple[list[float], list[float]]:
-    """What a chunk starting at a block whose inputs are ``inputs`` receives per micro-batch:
-    (bytes of each, bytes of each whose gradient goes back), in the plan's activation dtype."""
+@dataclass(frozen=True)
+class Boundary:
+    """What one chunk receives per micro-batch: bytes of each tensor one tp rank sends forward
+    (``sent``), of each gradient it sends back (``returned``), and each tp all-gather with the
+    whole tensor's bytes and the stage that runs it (``gathers``), in the plan's activation dtype."""
+
+    sent: list[float]
+    returned: list[float]
+    gathers: tuple[tuple[float, str], ...] = ()
+
+
+#: per chunk, what it receives per micro-batch
+ChunkInputs = list[Boundary]
+
+
+def block_inputs(graph: Graph, inputs: list[OpNode], plan: Plan) -> Boundary:
+    """What a chunk starting at a block whose inputs are ``inputs`` receives per micro-batch
+    (module docstring)."""
     grads = graph.grad_nodes()
     scale = plan.micro_batch_size / graph.batch_size / plan.cp  # a cp rank holds 1/cp of every sequence
-    sizes = [(n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads) for n in inputs]
-    return [b for b, _ in sizes], [b for b, g in sizes if g]
+    scatter = plan.tp > 1 and runtime_named(plan.runtime).pp_scatter_gather
+    sent, returned, gathers = [], [], []
+    for n in inputs:
+        size, grad = n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads
+        dim = _scatter_dim(n, plan) if scatter else None
+        share = size / plan.tp if dim is not None else size
+        sent.append(share)
+        returned += [share] if grad else []
+        if dim is not None and not kept_sharded(dim, sequence_parallel=plan.sequence_parallel):
+            gathers += [(size, RECEIVER)] + ([(size, SENDER)] if grad else [])
+    if not scatter and plan.sequence_parallel and plan.tp > 1:
+        gathers += [(max(sizes), where) for sizes, where in ((sent, SENDER), (returned, RECEIVER)) if any(sizes)]
+    return Boundary(sent, returned, tuple(gathers))
+
+
+def _scatter_dim(node: OpNode, plan: Plan) -> int | None:
+    floating, sp = "float" in node.output_dtype, plan.sequence_parallel
+    return pipeline_scatter_dim(node.output_shape, floating=floating, tp=plan.tp, sequence_parallel=sp)
 
 
 def slot_bytes(chunks: ChunkInputs) -> tuple[float, float]:
-    """The largest boundary any chunk receives and sends back, per micro-batch: what one slot of
-    the schedule sends on the critical path, forward and backward."""
+    """The largest boundary any chunk receives and sends back per tp rank, per micro-batch: what
+    one slot of the schedule sends on the critical path, forward and backward."""
     received = chunks[1:]
-    return max(sum(f) for f, _ in received), max(sum(b) for _, b in received)
+    return max(sum(b.sent) for b in received), max(sum(b.returned) for b in received)
+
+
+def slot_gathers(chunks: ChunkInputs) -> list[float]:
+    """The tp all-gathers of the boundary with the most gathered bytes (whole bytes of each)."""
+    return max(([size for size, _ in b.gathers] for b in chunks[1:]), key=sum)
 
 
 def stage_sends(chunks: ChunkInputs, plan: Plan, stage: int) -> list[StepMessages]:
@@ -43,27 +87,24 @@ def stage_sends(chunks: ChunkInputs, plan: Plan, stage: int) -> list[StepMessage
     last, m, found = len(chunks) - 1, plan.num_microbatches, []
     for c in chunks_of_stage(stage, pp=plan.pp, virtual_stages=plan.virtual_stages):
         if c < last:  # what the next chunk receives, and the gradients of those that need one back
-            forward, backward = chunks[c + 1]
+            forward, backward = chunks[c + 1].sent, chunks[c + 1].returned
             found += [StepMessages("send", m * len(forward), m * sum(forward))]
             found += [StepMessages("recv", m * len(backward), m * sum(backward))]
         if c > 0:
-            forward, backward = chunks[c]
+            forward, backward = chunks[c].sent, chunks[c].returned
             found += [StepMessages("recv", m * len(forward), m * sum(forward))]
             found += [StepMessages("send", m * len(backward), m * sum(backward))]
     return found
 
 
-def sp_boundary_gathers(chunks: ChunkInputs, plan: Plan, stage: int) -> list[StepMessages]:
-    """Under sequence parallelism a stage gathers its sequence-sharded output before sending it,
-    and the gradient of its input before sending that back: one tp all-gather of the boundary
-    (its largest tensor) each, per micro-batch."""
-    if plan.pp == 1 or not plan.sequence_parallel:
-        return []
-    m, found = plan.num_microbatches, []
+def boundary_gathers(chunks: ChunkInputs, plan: Plan, stage: int) -> list[StepMessages]:
+    """Stage ``stage``'s tp all-gathers of pipeline boundaries per step: those of the boundaries
+    it sends (as their sender) and of those it receives (as their receiver)."""
+    last, m, found = len(chunks) - 1, plan.num_microbatches, []
     for c in chunks_of_stage(stage, pp=plan.pp, virtual_stages=plan.virtual_stages):
-        sent = [chunks[c + 1][0]] if c < len(chunks) - 1 else []  # the activations leaving the chunk
-        returned = [chunks[c][1]] if c > 0 else []  # the input gradients going back
-        for sizes in sent + returned:
-            big = [b for b in sizes if b > 0]
-            found.append(StepMessages("all_gather", m * len(big[:1]), m * max(big, default=0.0)))
+        mine = [(chunks[c + 1], SENDER)] if c < last else []
+        mine += [(chunks[c], RECEIVER)] if c > 0 else []
+        for boundary, role in mine:
+            sizes = [size for size, where in boundary.gathers if where == role]
+            found += [StepMessages("all_gather", m * len(sizes), m * sum(sizes))] if sizes else []
     return found

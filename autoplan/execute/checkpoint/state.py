@@ -88,6 +88,7 @@ def _copy_edp_shard(whole: torch.Tensor, sharded: DTensor, edp_mesh: Any) -> Cal
 def trainer_state(trainer: Trainer, *, for_load: bool = False) -> TrainerState:
     """The trainer's state as DCP saves it (module docstring); ``for_load``: create a fresh
     optimizer's state first, so there is somewhere to load it."""
+    trainer.weights_ready()
     named = named_state(trainer)
     state = TrainerState({})
     state.tensors.update({MODEL + name: global_view(trainer, name, t, state) for name, t in named.items()})

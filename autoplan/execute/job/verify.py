@@ -158,6 +158,7 @@ def gathered_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     gradient in its step, so there every parameter counts, as do experts (every rank of an ep
     group must take part in gathering them)."""
     experts = trainer.experts.names if trainer.experts is not None else set()
+    trainer.weights_ready()
     return {
         name: _full(param, name, trainer)
         for name, param in _named_parameters(trainer)

@@ -335,14 +335,18 @@ def test_read_refuses_what_megatron_would_refuse():
 
 
 def test_megatrons_weight_gather_is_read_as_it_runs():
-    """ZeRO-1/2 with --overlap-param-gather is priced gathering under the next forward (a plan the
-    executor refuses to run); Megatron-FSDP ZeRO-3 without it gathers on demand (priced prefetched: named)."""
+    """ZeRO-1/2 with --overlap-param-gather is priced gathering under the next forward (the executor
+    runs it under ZeRO-1, execute/param_gather.py, and refuses it under ZeRO-2); Megatron-FSDP ZeRO-3
+    without it gathers on demand (priced prefetched: named)."""
+    import dataclasses
+
     from autoplan.execute.tp_overlap import check_runs_here
 
     zero1 = megatron.read("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16", devices=8)
     assert zero1.fields["overlap_param_gather"] and zero1.unmapped == []
-    with pytest.raises(PlanError, match="overlap_param_gather=true is Megatron-LM.s"):
-        check_runs_here(zero1.plan())
+    check_runs_here(zero1.plan())
+    with pytest.raises(PlanError, match="overlaps only ZeRO-1's parameter all-gather"):
+        check_runs_here(dataclasses.replace(zero1.plan(), zero_stage=2))
     refused = megatron.read("--use-distributed-optimizer --overlap-param-gather --bf16", devices=8)
     assert not refused.fields["overlap_param_gather"] and "Megatron-LM refuses it" in refused.unmapped[0]
     zero3 = "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --use-distributed-optimizer"
