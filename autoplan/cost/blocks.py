@@ -126,7 +126,9 @@ def summarise(
                 node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
             )
         else:
-            t_fwd, t_bwd = times(node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read)
+            t_fwd, t_bwd = times(
+                node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read, fused=ctx.fused
+            )
         if ctx.cp > 1 and node.op == "attention":
             factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
             t_fwd, t_bwd = t_fwd * factor, t_bwd * factor

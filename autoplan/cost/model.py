@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
+from autoplan.cost.compute.fusion import fuses_elementwise
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
 from autoplan.cost.cp.block import check_context_parallel
@@ -231,6 +232,7 @@ class CostModel:
             cp=plan.cp,
             cp_variant=plan.cp_variant,
             cp_group=groups["cp"] if plan.cp > 1 else None,
+            fused=fuses_elementwise(plan),
         )
 
     def _priced(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:

@@ -54,7 +54,9 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
             stage = stages.get(layer, 0 if index < first_block else plan.pp - 1)
             shard = cost.compute_shard.get(node.name, 1)
             fraction = CostModel.part_context(ctx, "pre" if index < first_block else "").batch_fraction
-            compute = node_time_s(graph, node, profile, precision=plan.precision, batch_fraction=fraction, shard=shard)
+            compute = node_time_s(
+                graph, node, profile, precision=plan.precision, batch_fraction=fraction, shard=shard, fused=ctx.fused
+            )
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(
                 params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp, pp=plan.pp

@@ -83,6 +83,7 @@ class Group:
     v_max: int
     routing: RoutingModel | None = None  # the graph's, for an MoE model: the plan records it
     cp_variant: str = "allgather"  # how the cp ranks exchange keys and values (solve/context_parallel.py)
+    compile: bool = False  # blocks compiled with torch.compile: only when pinned (--fix compile=on)
 
     def pruned_config(self) -> dict:
         """The row of a group pruned whole: what varies inside it is '*'."""
@@ -147,6 +148,7 @@ class Group:
             cp=deg.cp,
             cp_variant=self.cp_variant,
             routing=self.routing,
+            compile=self.compile,
             stages=stages or [],
             tp_plan={},
             model=model,

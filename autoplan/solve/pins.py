@@ -2,8 +2,9 @@
 
 Each key names one choice of the outer search (solve/space.py) and takes the values that choice
 can have: a positive integer for the degrees (``cp`` the context-parallel one), the micro-batch size
-and the virtual stages; 0-3 for ``zero``; a rank or ``off`` for ``powersgd``; on/off for ``sp`` and
-``tp_overlap``; one of the plan's names for ``recompute``, ``precision``, ``schedule``
+and the virtual stages; 0-3 for ``zero``; a rank or ``off`` for ``powersgd``; on/off (true/false)
+for ``sp``, ``tp_overlap`` and ``compile`` (torch.compile per block, Plan.compile); one of the
+plan's names for ``recompute``, ``precision``, ``schedule``
 (``interleaved`` is ``interleaved_1f1b``), ``reduce`` and ``cp_variant`` (allgather, ring, ulysses).
 Anything else is refused in one sentence.
 """
@@ -30,6 +31,7 @@ FIX_KEYS = (
     "reduce",
     "powersgd",
     "cp_variant",
+    "compile",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd")
 _SCHEDULE_ALIASES = {
@@ -64,7 +66,7 @@ def _typed(key: str, value: str) -> object:
             expected = {"zero": "0, 1, 2 or 3", "powersgd": "a rank >= 1, or off"}.get(key, "a positive integer")
             raise PlanError(f"--fix {key}={value} is not valid; expected {expected}.")
         return int(value)
-    if key in ("sp", "tp_overlap"):
+    if key in ("sp", "tp_overlap", "compile"):
         if value not in _BOOL:
             raise PlanError(f"--fix {key}={value} is not valid; expected on or off.")
         return _BOOL[value]

@@ -120,6 +120,8 @@ def op_time_s(
     backward: bool = False,
     input_bytes: float | None = None,
     needs_grad: bool = True,
+    moved: float | None = None,
+    launches: bool = True,
 ) -> float:
     """Seconds for ``node`` (forward, or its backward) on one device; see the module docstring.
 
@@ -127,7 +129,8 @@ def op_time_s(
     ``precision`` (:func:`input_bytes_of`), for the whole traced batch; without it the bytes
     read are inferred from the op kind (a linear reads ``out * in/out``, others ``out``).
     ``needs_grad``: whether autograd runs a backward op for it (``Graph.grad_nodes``); only the
-    host overhead of the backward depends on it.
+    host overhead of the backward depends on it. ``moved`` (activation bytes for the traced batch)
+    and ``launches`` replace the node's own as a member of a fused region (cost/compute/fusion.py).
     """
     device_s = _device_time_s(
         node,
@@ -137,8 +140,9 @@ def op_time_s(
         shard=shard,
         backward=backward,
         input_bytes=input_bytes,
+        moved=moved,
     )
-    overhead_s = host_overhead_s(node, profile, backward=backward, needs_grad=needs_grad)
+    overhead_s = host_overhead_s(node, profile, backward=backward, needs_grad=needs_grad) if launches else 0.0
     return with_host_overhead(device_s, overhead_s, gpu=profile.backend == "nccl")
 
 
@@ -151,6 +155,7 @@ def _device_time_s(
     shard: int,
     backward: bool,
     input_bytes: float | None,
+    moved: float | None = None,
 ) -> float:
     """The roofline (or a measured op_table row) of the node's forward or backward, plus an FP8
     linear's casts (module docstring)."""
@@ -164,9 +169,10 @@ def _device_time_s(
     )
     if measured is not None:
         return measured + cast_s
-    moved = moved_bytes(
-        node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
-    )
+    if moved is None:
+        moved = moved_bytes(
+            node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
+        )
     # a view of a parameter (w.T feeding a matmul) moves nothing: its reader reads the weight
     weights = 0.0 if node.op == "view" else node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard

@@ -51,13 +51,15 @@ class TPContext:
     cp: int = 1  # context-parallel degree: each rank holds 1/cp of every sequence (autoplan/cost/cp/)
     cp_variant: str = "allgather"
     cp_group: AxisGroup | None = None  # the cp group (from mesh_groups), when cp > 1
+    fused: bool = False  # element-wise ops run as fused regions (autoplan/cost/compute/fusion.py)
 
     @property
     def key(self) -> tuple:
         """Every field but the profile (one per cost model): what a memo of per-context prices keys on,
         so a field added here reaches every such memo."""
         context = (self.tp, self.group, self.sequence_parallel, self.precision, self.batch_fraction, self.experts)
-        return context if self.cp == 1 else (*context, self.cp, self.cp_variant, self.cp_group)
+        context = context if self.cp == 1 else (*context, self.cp, self.cp_variant, self.cp_group)
+        return (*context, "fused") if self.fused else context
 
     @property
     def micro_batch_fraction(self) -> float:
