@@ -129,7 +129,14 @@ def summarise(
             )
         else:
             t_fwd, t_bwd = times(
-                node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, reads=read, recipe=ctx.fp8
+                node,
+                ctx.profile,
+                precision=precision,
+                batch_fraction=f,
+                shard=shard,
+                reads=read,
+                recipe=ctx.fp8,
+                fused=ctx.fused,
             )
         if ctx.cp > 1 and node.op == "attention":
             factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))

@@ -85,8 +85,11 @@ class Bounds:
         cp_variant: str = "allgather",
         dp: int = 1,
         pp: int = 1,
+        fused: bool = False,
     ) -> float:
-        """C_min (one block per group of identical blocks, times the group size); ``experts`` is
+        """C_min (one block per group of identical blocks, times the group size); ``fused``: some plan
+        of the group runs element-wise ops as fused regions (cost/compute/fusion.py), whose price is
+        at most the eager one, so the floor prices them fused; ``experts`` is
         the plan's expert placement (CostModel.placement), which prices the routed experts at tp = 1;
         under context parallelism (``cp`` > 1, ``cp_variant``; ``dp`` and ``pp`` place its group) each
         rank computes 1/cp of the tokens, plus each attention's K,V floor (cost/cp/floor.py)."""
@@ -95,15 +98,15 @@ class Bounds:
             if mesh not in self._cp_floors:
                 self._cp_floors[mesh] = cp_floor(self.profile, dp=dp, tp=tp, pp=pp, cp=cp, variant=cp_variant)
             floor = self._cp_floors[mesh]
-            return self._cp_compute_min_s(tp=tp, precision=precision, mbs=mbs, cp=floor)
-        key = (tp, precision, mbs)
+            return self._cp_compute_min_s(tp=tp, precision=precision, mbs=mbs, cp=floor, fused=fused)
+        key = (tp, precision, mbs, fused)
         if key not in self._c_min:
             f = mbs / self.graph.batch_size
 
             def nodes_s(layer: str | None) -> float:
                 skip = self._gemms[layer]  # priced by _experts_min_s
                 nodes = [n for n in self._nodes[layer] if n.name not in skip]
-                return sum(self._op_min_s(n, shard=tp, precision=precision, f=f) for n in nodes)
+                return sum(self._op_min_s(n, shard=tp, precision=precision, f=f, fused=fused) for n in nodes)
 
             total = nodes_s(None)
             total += sum(len(group.layers) * nodes_s(group.layers[0]) for group in self.graph.groups)
@@ -112,14 +115,14 @@ class Bounds:
             return self._c_min[key]
         return self._c_min[key] + self._experts_min_s(tp=tp, precision=precision, mbs=mbs, experts=experts)
 
-    def _cp_compute_min_s(self, *, tp: int, precision: str, mbs: int, cp: CpFloor) -> float:
+    def _cp_compute_min_s(self, *, tp: int, precision: str, mbs: int, cp: CpFloor, fused: bool = False) -> float:
         """C_min of a plan with cp > 1: every op at 1/cp of the micro-batch's tokens (CostModel prices
         balanced attention so), plus each attention's exposed K,V floor (cost/cp/floor.py)."""
-        key = (tp, precision, mbs, cp)
+        key = (tp, precision, mbs, cp, fused)
         if key not in self._c_min:
             f = mbs / self.graph.batch_size / cp.cp
             times = self.stage_costs.cost_model.node_times
-            kw = dict(precision=precision, f=f)
+            kw = dict(precision=precision, f=f, fused=fused)
             total = sum(self._op_min_s(n, shard=tp, **kw) for n in self._nodes[None])
             total += sum(
                 len(group.layers) * sum(self._op_min_s(n, shard=tp, **kw) for n in self._nodes[group.layers[0]])
@@ -132,7 +135,7 @@ class Bounds:
             )
         return self._c_min[key]
 
-    def _op_min_s(self, node: OpNode, *, shard: int, precision: str, f: float) -> float:
+    def _op_min_s(self, node: OpNode, *, shard: int, precision: str, f: float, fused: bool = False) -> float:
         """node_time_s at ``shard``; under fp8 a linear's also at shard 1, the smaller of the two
         (module docstring: whether it runs in FP8 depends on its shard)."""
 
@@ -145,6 +148,7 @@ class Bounds:
                 batch_fraction=f,
                 shard=way,
                 times=self.stage_costs.cost_model.node_times,
+                fused=fused,
             )
 
         fastest = at(shard)

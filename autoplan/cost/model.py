@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
 from autoplan.cost.compute.fp8 import fp8_recipe as recipe_of
+from autoplan.cost.compute.fusion import fuses_elementwise
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
 from autoplan.cost.cp.block import check_context_parallel
@@ -235,6 +236,7 @@ class CostModel:
             cp_variant=plan.cp_variant,
             cp_group=groups["cp"] if plan.cp > 1 else None,
             fp8=recipe_of(plan, recipe=fp8_recipe),
+            fused=fuses_elementwise(plan),
         )
 
     def _priced(

@@ -55,7 +55,14 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
             shard = cost.compute_shard.get(node.name, 1)
             fraction = CostModel.part_context(ctx, "pre" if index < first_block else "").batch_fraction
             compute = node_time_s(
-                graph, node, profile, precision=plan.precision, batch_fraction=fraction, shard=shard, recipe=ctx.fp8
+                graph,
+                node,
+                profile,
+                precision=plan.precision,
+                batch_fraction=fraction,
+                shard=shard,
+                recipe=ctx.fp8,
+                fused=ctx.fused,
             )
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(

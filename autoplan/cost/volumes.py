@@ -14,6 +14,8 @@ sent: each dimension's messages come from the one statement the time terms price
   dp/messages.sp_partial_syncs says;
 - expert parallelism: the all-to-alls on the ep group (cost/moe/experts.py ``dispatch_bytes``);
 - tied weights across stages: one fp32 all-reduce on the pp link (cost/pp/tied.py);
+- compiled blocks: the fused regions the price assumes (cost/compute/fusion.py), once per group of
+  identical blocks on the rank, against the kernels inductor generated for their forward;
 - context parallelism: each block's attention messages per micro-batch on the cp group
   (cost/cp/messages.py, carried by the block summaries), the forward's again when recomputed; the
   weights' messages and shards over the dp x cp ranks that hold the same weights (cost/cp/weights.py),
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoplan.cost.compute.fusion import region_count
 from autoplan.cost.cp import messages as cp_messages
 from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp import messages as dp_messages
@@ -35,6 +38,7 @@ from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tp.block import OUTSIDE_PARTS
 from autoplan.cost.tp.splits import Messages, block_messages
+from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 
 #: (dim, kind) -> [count or None when the plan does not fix it, bytes]
@@ -51,6 +55,7 @@ class StagePrediction:
     backward_flops: float = 0.0  # the same, recomputed forwards included
     attention_forward_flops: float = 0.0
     attention_backward_flops: float = 0.0
+    fused_regions: int = 0  # compiled blocks: the fused regions of each distinct block on the rank (one compile each)
 
     def add(self, dim: str, kind: str, count: int | None, message_bytes: float) -> None:
         entry = self.comm.setdefault((dim, kind), [0, 0.0])
@@ -71,6 +76,7 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
         _pipeline(pred, plan, index, model)
         _experts(pred, plan, model, stage, index)
         _flops(pred, plan, stage, index)
+        pred.fused_regions = _fused_regions(plan, model, index)
         _add(pred, _world_dim(plan), dp_messages.overflow_flag(plan))
         predictions.append(pred)
     _tied(predictions, plan, model, stages)
@@ -225,6 +231,18 @@ def _flops(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) ->
         sum(b.attention_bwd_flops for b in stage.blocks)
         + (sum(b.attention_fwd_flops for b in blocks) if rerun else 0.0)
     )
+
+
+def _fused_regions(plan: Plan, model: CostModel, index: int) -> int:
+    """Fused regions (cost/compute/fusion.py) of the rank's compiled blocks, once per group of
+    identical blocks: torch.compile compiles a block's code once and reuses it for the blocks
+    that pass its guards, so inductor generates each group's kernels once. 0 when nothing compiles."""
+    if not (plan.compile or plan.tp_comm_overlap):
+        return 0
+    graph = model.graph
+    chunks = [c for i, c in enumerate(plan.stages) if stage_of_chunk(i, pp=plan.pp) == index] or [graph.layers]
+    mine = {fqn for chunk in chunks for fqn in chunk}
+    return sum(region_count(graph, [g.layers[0]]) for g in graph.groups if mine.intersection(g.layers))
 
 
 def _tied(predictions: list[StagePrediction], plan: Plan, model: CostModel, stages: list[StageTotals]) -> None:

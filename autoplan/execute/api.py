@@ -10,8 +10,9 @@
    them into the stages, so every stage computes on the sequence shard (execute/context_parallel.py).
 3. **Tensor parallelism** (+SP, the tp mesh's RNG tracker): on the stage modules that run, before
    recomputation so a checkpointed block replays its redistributions.
-4. **Activation recomputation** (then async TP's compile) before FSDP, so FSDP's all-gather hooks
-   stay outside the checkpointed forward.
+4. **Activation recomputation**, then **torch.compile** per block (``plan.compile``, or async TP's),
+   before FSDP, so FSDP's all-gather hooks stay outside the checkpointed, compiled forward
+   (torchtitan's TP -> AC -> compile -> FSDP; execute/compiled.py).
 5. **FSDP2 / DDP / explicit all-reduce** last among module transforms: they must see the final
    (DTensor, sliced) parameters. Their group is dp x cp (the ranks holding the same weights).
 6. **Schedule** last: ``PipelineStage`` needs the finished stage modules.
@@ -36,6 +37,7 @@ from autoplan.execute import (
     precision,
     rng,
 )
+from autoplan.execute.compiled import compile_blocks
 from autoplan.execute.context_parallel import build_context_parallel
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
@@ -145,8 +147,10 @@ def parallelize(
         if cp_state is not None:  # after the split and TP, before recompute (context_parallel.py)
             cp_state.route_attention(module=module, blocks=blocks)
         checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
-        if plan.tp_comm_overlap:
+        if plan.tp_comm_overlap:  # async TP compiles the blocks itself (tp_overlap.py)
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
+        elif plan.compile:  # after TP and recompute, before FSDP/DDP (module docstring, step 4)
+            compile_blocks(module=module, blocks=blocks)
         modules[index] = _data_parallel(
             module=module,
             blocks=blocks,

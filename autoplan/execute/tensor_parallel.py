@@ -169,7 +169,8 @@ class SharedInputs:
         self.mesh = mesh
         self.done: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
-    def __call__(self, x: Any, placement: Any, *, fp8: tuple[nn.Module, str] | None = None) -> Any:
+    @torch.compiler.disable  # in a compiled block (execute/compiled.py) it runs eagerly: dynamo cannot trace
+    def __call__(self, x: Any, placement: Any, *, fp8: tuple[nn.Module, str] | None = None) -> Any:  # its memo
         """``x`` in ``placement``; with ``fp8`` (a converted linear and its split) cast to fp8
         before the redistribution (autoplan/execute/float8.py), shared by every fp8 consumer."""
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():

@@ -21,6 +21,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from autoplan.errors import PlanError
+from autoplan.execute.compiled import compile_blocks
 from autoplan.types.plan import Plan
 
 
@@ -69,8 +70,4 @@ def apply_async_tp(*, module: nn.Module, blocks: list[str], tp_mesh: DeviceMesh)
 
     inductor_config._micro_pipeline_tp = True
     enable_symm_mem_for_group(tp_mesh.get_group().group_name)
-    present = dict(module.named_modules())  # a block of another pipeline stage is absent
-    mine = [present[fqn] for fqn in blocks if fqn in present]
-    for block in mine:
-        block.compile()
-    return len(mine)
+    return compile_blocks(module=module, blocks=blocks, why="tp_comm_overlap")  # execute/compiled.py

@@ -134,7 +134,7 @@ def _body(plan: Plan, flavour: Flavour | None, why: str | None, settings: dict[s
     for section, fields in settings.items():
         lines += [line for key, value in fields.items() for line in _assignment(f"config.{section}.{key}", value)]
     lines += [f"    config.activation_checkpoint = {AC_CLASSES[plan.recompute]}"]
-    if plan.tp_comm_overlap or plan.precision == "fp8":  # async TP needs compile; float8 is slow without it
+    if plan.compile or plan.tp_comm_overlap or plan.precision == "fp8":  # the plan's; async TP needs it; float8 too
         overlap = ", enable_async_tensor_parallel=True" if plan.tp_comm_overlap else ""
         lines += [f'    config.compile = CompileConfig(enable=True, components=["model", "loss"]{overlap})']
     else:  # the recipe's compile stays; async TP is priced, so it follows the plan
@@ -208,7 +208,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
         _read_assign(node, data)
     if data.pop("float8", None) is not None:
         data["model"] = {"converters": [FLOAT8]}
-    compile_ = data.pop("compile", {})
+    compile_ = data.get("compile", {})  # enable: Plan.compile (read_data)
     data["parallelism"].setdefault("enable_async_tensor_parallel", compile_.get("enable_async_tensor_parallel", False))
     return read_data(data, devices=devices, series="0.3", batch_size=batch_size)
 

@@ -63,8 +63,8 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
     }
     if plan.recompute == "selective":  # op-level SAC, as autoplan prices selective
         sections["activation_checkpoint"]["selective_ac_option"] = "op"
-    if plan.tp_comm_overlap or plan.precision == "fp8":  # async TP needs compile; float8 is slow without it
-        sections["compile"] = {"enable": True, "components": ["model", "loss"]}
+    if plan.compile or plan.tp_comm_overlap or plan.precision == "fp8":  # the plan's compile; async TP needs it;
+        sections["compile"] = {"enable": True, "components": ["model", "loss"]}  # float8 is slow without it
     if plan.precision == "fp8":
         sections["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
     notes += general_notes(plan)
@@ -208,6 +208,7 @@ def read_data(
     fields["recompute"] = _read_recompute(data.get("activation_checkpoint", {}), unmapped)
     fields["sequence_parallel"] = degrees["tp"] > 1 and par.get("enable_sequence_parallel", True)  # 0.3 has the key
     fields["tp_comm_overlap"] = degrees["tp"] > 1 and bool(par.get("enable_async_tensor_parallel", False))
+    fields["compile"] = bool(data.get("compile", {}).get("enable", False))  # per TransformerBlock, as Plan.compile
     if training.get("enable_cpu_offload"):
         unmapped.append("enable_cpu_offload: autoplan does not price CPU offload.")
     facts = ModelFacts(layers=layers, seq_len=training.get("seq_len"))

@@ -85,6 +85,7 @@ class Group:
     routing: RoutingModel | None = None  # the graph's, for an MoE model: the plan records it
     cp_variant: str = "allgather"  # how the cp ranks exchange keys and values (solve/context_parallel.py)
     runtime: str = "autoplan"  # the runtime its plans are priced for (SearchOptions.runtime)
+    compile: bool = False  # blocks compiled with torch.compile: only when pinned (--fix compile=on)
 
     def pruned_config(self) -> dict:
         """The row of a group pruned whole: what varies inside it is '*'."""
@@ -152,6 +153,7 @@ class Group:
             cp_variant=self.cp_variant,
             runtime=self.runtime,
             routing=self.routing,
+            compile=self.compile,
             stages=stages or [],
             tp_plan={},
             model=model,

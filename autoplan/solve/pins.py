@@ -2,10 +2,11 @@
 
 Each key names one choice of the outer search (solve/space.py) and takes the values that choice
 can have: a positive integer for the degrees (``cp`` the context-parallel one), the micro-batch size
-and the virtual stages; 0-3 for ``zero``; a rank or ``off`` for ``powersgd``; on/off for ``sp``,
-``tp_overlap`` and ``param_gather`` (ZeRO-1's weight all-gather under the next forward); one of the
-plan's names for ``recompute``, ``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``),
-``reduce`` and ``cp_variant`` (allgather, ring, ulysses). Anything else is refused in one sentence.
+and the virtual stages; 0-3 for ``zero``; a rank or ``off`` for ``powersgd``; on/off (true/false) for
+``sp``, ``tp_overlap``, ``param_gather`` (ZeRO-1's weight all-gather under the next forward) and
+``compile`` (torch.compile per block, Plan.compile); one of the plan's names for ``recompute``,
+``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``), ``reduce`` and ``cp_variant``
+(allgather, ring, ulysses). Anything else is refused in one sentence.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ FIX_KEYS = (
     "powersgd",
     "cp_variant",
     "param_gather",
+    "compile",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd")
 _SCHEDULE_ALIASES = {
@@ -65,7 +67,7 @@ def _typed(key: str, value: str) -> object:
             expected = {"zero": "0, 1, 2 or 3", "powersgd": "a rank >= 1, or off"}.get(key, "a positive integer")
             raise PlanError(f"--fix {key}={value} is not valid; expected {expected}.")
         return int(value)
-    if key in ("sp", "tp_overlap", "param_gather"):
+    if key in ("sp", "tp_overlap", "param_gather", "compile"):
         if value not in _BOOL:
             raise PlanError(f"--fix {key}={value} is not valid; expected on or off.")
         return _BOOL[value]

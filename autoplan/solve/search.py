@@ -144,6 +144,7 @@ class Search:
                                 routing=self.routing,
                                 cp_variant=variant,
                                 runtime=opts.runtime,
+                                compile=bool(self.fixes.get("compile", False)),
                             )
                             found.append((self.lower_bound(group), group))
         return sorted(found, key=lambda item: item[0])
@@ -157,6 +158,8 @@ class Search:
         deg = g.degrees
         experts = self.cost_model.placement(tp=deg.tp, dp=deg.dp, ep=deg.ep, pp=deg.pp, routing=g.routing)
         cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
+        overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
+        cp["fused"] = g.compile or True in overlap  # async TP compiles its blocks (cost/compute/fusion.py)
         step = (
             (g.m + (deg.pp - 1) / g.v_max)
             * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
@@ -228,6 +231,7 @@ class Search:
 
     def _choose(self, g: Group, budget: MemoryBudget | None = None) -> TPChoice:
         deg, ilp = g.degrees, dict(sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs)
+        ilp.update(fused=g.compile)  # compiled blocks price element-wise ops as fused regions
         if deg.cp > 1:  # the block is priced at a rank's 1/cp of the tokens (split_context)
             ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)

@@ -70,6 +70,7 @@ class TPPlanner:
         budget: MemoryBudget | None = None,
         cp: int = 1,
         cp_variant: str = "allgather",
+        fused: bool = False,
     ) -> TPChoice:
         """The tp_plan for one choice (cached); ``budget`` adds the memory row; under cp the block is
         priced at a rank's 1/cp of the tokens, with its K,V exchange (split_context)."""
@@ -84,6 +85,7 @@ class TPPlanner:
             micro_batch_size=micro_batch_size,
             cp=cp,
             cp_variant=cp_variant,
+            fused=fused,
         )
         key = (*ctx.key, forward_repeats, budget)
         if key not in self._cache:

@@ -33,6 +33,7 @@ class StageAuditPrediction:
     backward_flops: float = 0.0
     attention_forward_flops: float = 0.0
     attention_backward_flops: float = 0.0
+    fused_regions: int = 0  # compiled blocks' fused regions (cost/compute/fusion.py), once per distinct block
     peak_bytes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:

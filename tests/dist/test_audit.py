@@ -67,6 +67,9 @@ CASES = [
     # reduce-scattered, gradients synced over dp x cp (execute/context_parallel.py)
     ("cp", "llama", dict(cp=2)),
     ("cp_recompute_full", "gpt", dict(cp=2, recompute="full")),
+    # compiled blocks: collectives, FLOPs and memory as priced, and inductor's forward kernels as the fused
+    # regions the price assumes (test_compiled_blocks_generate_the_priced_fused_kernels)
+    ("ddp_compile", "gpt", dict(dp=2, compile=True)),
 ]
 #: a plan whose in-place op cannot run on its DTensor placement (ThirdPartyLlama's q norm does
 #: ``var.add_`` on a partial sum under a colwise wq): the executor replicates it first
@@ -132,6 +135,22 @@ def test_collectives_equal_the_priced_volumes(audits, graphs, name):
             assert measured[key][1] == pytest.approx(size, rel=1e-9), f"{name} {key}: {measured[key][1]} bytes run, {size} priced"
             if count is not None:
                 assert measured[key][0] == count, f"{name} {key}: {measured[key][0]} collectives run, {count} priced"
+
+
+def test_compiled_blocks_generate_the_priced_fused_kernels(audits, graphs):
+    """TinyGPT's compiled block: inductor's C++ backend generates one forward kernel per fused region
+    the price assumes (ln_1 | residual add + ln_2 | gelu | residual add: cost/compute/fusion.py), once
+    for the four identical blocks; audit.csv carries both counts. The backward's kernels are reported
+    beside the same count (inductor adds bias-gradient sums and the qkv split's copy)."""
+    plan, predicted = _predictions(graphs, "ddp_compile")
+    ranks = audits["ddp_compile"]["ranks"]
+    rows = audit_rows(ranks=ranks, predictions=predicted, stage_peak_bytes=[0.0] * len(predicted))
+    forward = [r for r in rows if r["what"] == "fused kernels forward"]
+    assert predicted[0].fused_regions == 4 and len(forward) == len(ranks) == 2
+    assert all(r["measured"] == r["predicted"] == 4 and r["as_priced"] for r in forward), forward
+    assert all(rank["fused_kernels"][1] >= 4 for rank in ranks)
+    assert not any(r["what"].startswith("fused") for r in audit_rows(
+        ranks=audits["ddp"]["ranks"], predictions=_predictions(graphs, "ddp")[1], stage_peak_bytes=[0.0]))
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])

@@ -47,6 +47,9 @@ TWO = [
     ("cp2_unmasked_attention", "gpt_bidirectional", dict(cp=2)),
     ("cp2_enable_gqa_recompute_selective", "llama_enable_gqa", dict(cp=2, recompute="selective")),
     ("cp2_ulysses_gqa_recompute_full", "llama", dict(cp=2, cp_variant="ulysses", recompute="full")),
+    # torch.compile per block (execute/compiled.py) after TP, SP and recomputation, before FSDP2
+    ("tp2_sp_compile_recompute_full", "gpt", dict(tp=2, sequence_parallel=True, compile=True, recompute="full")),
+    ("zero3_compile_gqa", "llama", dict(dp=2, zero_stage=3, compile=True)),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),

@@ -9,6 +9,10 @@ prices:
     I                  = input_bytes_of(predecessors(node))      (what the node reads, in the precision)
     saved(node, shard) = saved_activation_bytes(node) * batch_fraction / shard
 
+Under ``fused`` (``fusion.fuses_elementwise(plan)``) a member of a fused region moves only the
+bytes its region charges it and only the region's first member pays a launch
+(autoplan/cost/compute/fusion.py).
+
 ``saved_activation_bytes`` rescales floating tensors to the precision and counts a dropout's
 mask at 1 byte per element on a GPU profile (autoplan/cost/compute/roofline.py); a hand-made rescale of
 ``node.saved_bytes`` would miss that.
@@ -17,6 +21,7 @@ mask at 1 byte per element on a GPU profile (autoplan/cost/compute/roofline.py);
 from __future__ import annotations
 
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
+from autoplan.cost.compute.fusion import fused_moved_bytes, fused_ops
 from autoplan.cost.compute.roofline import input_bytes_of, op_time_s, saved_activation_bytes
 from autoplan.cost.tp.block import predecessors
 from autoplan.types.graph import Graph, OpNode
@@ -38,13 +43,25 @@ def node_times_s(
     shard: int,
     reads: float | None = None,
     recipe: Fp8Recipe = TENSORWISE,
+    fused: bool = False,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of ``node`` on one device for one micro-batch; ``reads`` is
-    :func:`read_bytes` when the caller has it already; ``recipe`` the FP8 recipe (compute/fp8.py)."""
+    :func:`read_bytes` when the caller has it already; ``recipe`` the FP8 recipe (compute/fp8.py);
+    ``fused``: element-wise ops run as fused regions (module docstring)."""
     reads = read_bytes(graph, node, precision=precision) if reads is None else reads
     kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, input_bytes=reads, recipe=recipe)
-    backward = op_time_s(node, profile, backward=True, needs_grad=node.name in graph.grad_nodes(), **kwargs)
-    return op_time_s(node, profile, **kwargs), backward
+    member = fused_ops(graph).get(node.name) if fused else None
+    moved = {}
+    if member is not None:
+        gpu = profile.backend == "nccl"
+        moved = {
+            backward: fused_moved_bytes(graph, node, member, precision=precision, gpu=gpu, backward=backward)
+            for backward in (False, True)
+        }
+        kwargs["launches"] = member.launches
+    needs_grad = node.name in graph.grad_nodes()
+    backward = op_time_s(node, profile, backward=True, needs_grad=needs_grad, moved=moved.get(True), **kwargs)
+    return op_time_s(node, profile, moved=moved.get(False), **kwargs), backward
 
 
 class NodeTimes:
@@ -68,15 +85,16 @@ class NodeTimes:
         shard: int,
         reads: float | None = None,
         recipe: Fp8Recipe = TENSORWISE,
+        fused: bool = False,
     ) -> tuple[float, float]:
-        kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe)
+        kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
         if profile is not self.profile:
             return node_times_s(self.graph, node, profile, reads=reads, **kwargs)
         if reads is None:
             reads = self._reads.get((node.name, precision))
             if reads is None:
                 reads = self._reads[node.name, precision] = read_bytes(self.graph, node, precision=precision)
-        key = (node.name, precision, batch_fraction, shard, reads, recipe)
+        key = (node.name, precision, batch_fraction, shard, reads, recipe, fused)
         hit = self._times.get(key)
         if hit is None:
             hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, **kwargs)
@@ -94,10 +112,11 @@ def node_time_s(
     forward_repeats: int = 1,
     times: NodeTimes | None = None,
     recipe: Fp8Recipe = TENSORWISE,
+    fused: bool = False,
 ) -> float:
     """Forward (``forward_repeats`` times: 2 under full recomputation) + backward seconds;
     ``times`` memoises them (:class:`NodeTimes`)."""
-    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe)
+    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
     fwd, bwd = times(node, profile, **kwargs) if times else node_times_s(graph, node, profile, **kwargs)
     return forward_repeats * fwd + bwd
 

@@ -104,6 +104,8 @@ def op_time_s(
     input_bytes: float | None = None,
     needs_grad: bool = True,
     recipe: Fp8Recipe = TENSORWISE,
+    moved: float | None = None,
+    launches: bool = True,
 ) -> float:
     """Seconds for ``node`` (forward, or its backward) on one device; see the module docstring.
 
@@ -112,6 +114,8 @@ def op_time_s(
     read are inferred from the op kind (a linear reads ``out * in/out``, others ``out``).
     ``needs_grad``: whether autograd runs a backward op for it (``Graph.grad_nodes``); only the
     host overhead of the backward depends on it. ``recipe``: the FP8 recipe (compute/fp8.py).
+    ``moved`` (activation bytes for the traced batch) and ``launches`` replace the node's own as a
+    member of a fused region (cost/compute/fusion.py).
     """
     device_s = _device_time_s(
         node,
@@ -122,8 +126,9 @@ def op_time_s(
         backward=backward,
         input_bytes=input_bytes,
         recipe=recipe,
+        moved=moved,
     )
-    overhead_s = host_overhead_s(node, profile, backward=backward, needs_grad=needs_grad)
+    overhead_s = host_overhead_s(node, profile, backward=backward, needs_grad=needs_grad) if launches else 0.0
     return with_host_overhead(device_s, overhead_s, gpu=profile.backend == "nccl")
 
 
@@ -137,6 +142,7 @@ def _device_time_s(
     backward: bool,
     input_bytes: float | None,
     recipe: Fp8Recipe,
+    moved: float | None = None,
 ) -> float:
     """The roofline (or a measured op_table row) of the node's forward or backward, plus an FP8
     linear's casts (module docstring)."""
@@ -150,9 +156,10 @@ def _device_time_s(
     )
     if measured is not None:
         return measured / (recipe.gemm_efficiency if fp8 else 1.0) + cast_s
-    moved = moved_bytes(
-        node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
-    )
+    if moved is None:
+        moved = moved_bytes(
+            node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
+        )
     # a view of a parameter (w.T feeding a matmul) moves nothing: its reader reads the weight
     weights = 0.0 if node.op == "view" else node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoplan.cost.compute.fusion import fuses_elementwise
 from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s, node_times_s
 from autoplan.cost.cp.block import context_parallel
 from autoplan.cost.cp.exposed import attention_time_factor
@@ -146,6 +147,7 @@ def price_block(
             forward_repeats=forward_repeats,
             times=node_times,
             recipe=ctx.fp8,
+            fused=ctx.fused,
         )
 
     seen_params: set[str] = set()
@@ -254,10 +256,12 @@ def split_context(
     micro_batch_size: int,
     cp: int = 1,
     cp_variant: str = "allgather",
+    fused: bool = False,
 ) -> TPContext:
     """The context a block's splits are priced in: its tp group on the profile's nodes (cost/network/mesh.py)
     and a rank's share of the traced batch (1/cp of the micro-batch's tokens under context parallelism);
-    no expert placement (experts run at tp = 1)."""
+    no expert placement (experts run at tp = 1); ``fused``: element-wise ops as fused regions
+    (cost/compute/fusion.py)."""
     groups = mesh_groups(profile, dp=dp, tp=tp, pp=pp, cp=cp)
     return TPContext(
         profile=profile,
@@ -269,6 +273,7 @@ def split_context(
         cp=cp,
         cp_variant=cp_variant,
         cp_group=groups["cp"] if cp > 1 else None,
+        fused=fused,
     )
 
 
@@ -309,6 +314,7 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
         micro_batch_size=plan.micro_batch_size,
         cp=plan.cp,
         cp_variant=plan.cp_variant,
+        fused=fuses_elementwise(plan),
     )
     outside = price_block(graph, None, ctx=ctx, **factors)
     outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]

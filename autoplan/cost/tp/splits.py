@@ -53,6 +53,7 @@ class TPContext:
     cp_variant: str = "allgather"
     cp_group: AxisGroup | None = None  # the cp group (from mesh_groups), when cp > 1
     fp8: Fp8Recipe = TENSORWISE  # the FP8 recipe its fp8 linears run (cost/compute/fp8.py)
+    fused: bool = False  # element-wise ops run as fused regions (autoplan/cost/compute/fusion.py)
 
     @property
     def key(self) -> tuple:
@@ -60,7 +61,8 @@ class TPContext:
         so a field added here reaches every such memo."""
         context = (self.tp, self.group, self.sequence_parallel, self.precision, self.batch_fraction, self.experts)
         context = context if self.fp8 == TENSORWISE else (*context, self.fp8)
-        return context if self.cp == 1 else (*context, self.cp, self.cp_variant, self.cp_group)
+        context = context if self.cp == 1 else (*context, self.cp, self.cp_variant, self.cp_group)
+        return (*context, "fused") if self.fused else context
 
     @property
     def micro_batch_fraction(self) -> float:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
 
@@ -251,6 +252,7 @@ class StepAudit:
     attention_backward_flops: float
     placement: dict[str, int]
     resharded: dict[str, int] = field(default_factory=dict)  # op -> in-place reshards in the step
+    fused_kernels: tuple[int, int] = (0, 0)  # (forward, backward) kernels inductor generated (execute/compiled.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -264,6 +266,7 @@ class StepAudit:
             "attention_backward_flops": self.attention_backward_flops,
             "placement": self.placement,
             "resharded": dict(self.resharded),
+            "fused_kernels": list(self.fused_kernels),
         }
 
 
@@ -295,6 +298,7 @@ def audited_step(
         attention_backward_flops=at_bwd,
         placement=placement(trainer),
         resharded=dict(Counter(RESHARDED) - before),
+        fused_kernels=compiled_kernels() if trainer.plan.compile or trainer.plan.tp_comm_overlap else (0, 0),
     )
     return loss, audit
 
@@ -350,7 +354,22 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
         rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], stage_peak_bytes[stage], "bytes"))
         reshards = sum(audit.get("resharded", {}).values())
         rows.append(_row(rank, stage, "in-place reshards", reshards, 0, "ops", reshards, 0))
+        rows += _fused_rows(rank, stage, audit, pred)
     return rows
+
+
+def _fused_rows(rank: int, stage: int, audit: dict, pred: Any) -> list[dict]:
+    """Compiled blocks: the forward kernels inductor generated against the fused regions priced
+    (cost/compute/fusion.py), and the backward's beside the same count (the price charges one
+    backward pass per region; inductor also emits bias-gradient sums and split-backward copies)."""
+    forward, backward = audit.get("fused_kernels", (0, 0))
+    regions = getattr(pred, "fused_regions", 0)
+    if not (forward or backward or regions):
+        return []
+    return [
+        _row(rank, stage, "fused kernels forward", forward, regions, "kernels", forward, regions),
+        _row(rank, stage, "fused kernels backward", backward, regions, "kernels", backward, regions),
+    ]
 
 
 def _row(

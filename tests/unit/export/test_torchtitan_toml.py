@@ -40,6 +40,10 @@ PLANS = {
         devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=2, zero_stage=2, precision="bf16",
         recompute="selective",
     ),
+    "zero2-compile": Plan(
+        devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=2, zero_stage=2, precision="bf16",
+        compile=True,
+    ),
     "tp2-sp-zero1-overlap": Plan(
         devices=16, dp=8, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=1, precision="bf16",
         sequence_parallel=True, tp_comm_overlap=True,
@@ -270,6 +274,8 @@ def test_read_gives_the_plan_back(name, facts, registry):
         mixed_off = plan.dp == plan.cp == 1 and (plan.tp > 1 or plan.pp > 1)  # torchtitan then trains in float32
         assert back.precision == ("fp32" if mixed_off else "bf16" if plan.precision == "fp16" else plan.precision)
         assert back.sequence_parallel == (plan.tp > 1) and back.tp_comm_overlap == plan.tp_comm_overlap
+        # compile.enable: the plan's compile, and async TP and float8 need it too (torchtitan_toml.py)
+        assert back.compile == (plan.compile or plan.tp_comm_overlap or plan.precision == "fp8")
 
 
 def _comments(text: str) -> str:
