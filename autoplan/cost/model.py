@@ -28,7 +28,6 @@ from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
 from autoplan.cost.moe.experts import ExpertPlacement, check_divides
 from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
-from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups
 from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.pp.schedule import balanced_stages
@@ -299,23 +298,9 @@ class CostModel:
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
     def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup, tp_group: AxisGroup) -> float:
-        """Sends on the critical path, one activation and one gradient per chunk slot, with the
-        boundary's tp all-gathers (cost/pp/messages.py: 1/tp per tp rank, gathered on arrival, where
-        the plan's runtime scatters; whole tensors, gathered before sending under SP, where not);
-        gradients go back only for tensors that need one."""
-        if plan.pp == 1:
-            return 0.0
-        chunks = self.chunk_inputs(plan)
-        forward, backward = pp_messages.slot_bytes(chunks)
-        t_slot = sum(
-            collective_time_s(self.profile, "send_recv", size, group=group) for size in (forward, backward) if size
-        )
-        t_slot += sum(
-            collective_time_s(self.profile, "all_gather", size, group=tp_group)
-            for size in pp_messages.slot_gathers(chunks)
-            if size
-        )
-        return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_slot
+        """The pipeline's sends and their tp all-gathers (pp_messages.pipeline_sends_s)."""
+        chunks = self.chunk_inputs(plan) if plan.pp > 1 else []
+        return pp_messages.pipeline_sends_s(self.profile, plan, chunks, group=group, tp_group=tp_group)
 
     def chunk_inputs(self, plan: Plan) -> pp_messages.ChunkInputs:
         """Per pipeline chunk, what it receives per micro-batch (cost/pp/messages.py)."""

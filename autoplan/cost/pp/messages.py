@@ -21,9 +21,12 @@ from dataclasses import dataclass
 
 from autoplan.cost.compute.roofline import activation_scale
 from autoplan.cost.dp.messages import StepMessages
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.layout import chunks_of_stage, kept_sharded, pipeline_scatter_dim
 from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
 from autoplan.types.runtime import runtime_named
 
 #: where a boundary's tp all-gather runs: on the stage that sends the tensor, or the one receiving it
@@ -108,3 +111,22 @@ def boundary_gathers(chunks: ChunkInputs, plan: Plan, stage: int) -> list[StepMe
             sizes = [size for size, where in boundary.gathers if where == role]
             found += [StepMessages("all_gather", m * len(sizes), m * sum(sizes))] if sizes else []
     return found
+
+
+def pipeline_sends_s(
+    profile: Profile, plan: Plan, chunks: ChunkInputs, *, group: AxisGroup, tp_group: AxisGroup
+) -> float:
+    """Sends on the critical path, one activation and one gradient per chunk slot, with the
+    boundary's tp all-gathers (1/tp per tp rank, gathered on arrival, where the plan's runtime
+    scatters; whole tensors, gathered before sending under SP, where not); gradients go back only
+    for tensors that need one:
+
+        t = (v m + p - 1) * (t_send(fwd) + t_send(bwd) + sum t_all_gather(g) over the slot's gathers)
+    """
+    if plan.pp == 1:
+        return 0.0
+    forward, backward = slot_bytes(chunks)
+    t_slot = sum(collective_time_s(profile, "send_recv", size, group=group) for size in (forward, backward) if size)
+    gathers = [size for size in slot_gathers(chunks) if size]
+    t_slot += sum(collective_time_s(profile, "all_gather", size, group=tp_group) for size in gathers)
+    return (plan.virtual_stages * plan.num_microbatches + plan.pp - 1) * t_slot
