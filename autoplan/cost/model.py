@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
+from autoplan.cost.compute.eager_attention import FusedAttentionModel
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
 from autoplan.cost.cp.block import check_context_parallel
@@ -74,6 +75,7 @@ class CostModel:
         self.tied = TiedWeightSync(graph, profile, {part: s.nodes for part, s in self._outside.items()})
         self.sp_sync = SequenceParallelSync(graph, profile)
         self.experts = ExpertGroups(graph, profile)
+        self.fused_attention = FusedAttentionModel(graph, profile, build=CostModel)  # for runtimes with their own
 
     # ---- precomputation ------------------------------------------------------------------
     def _index_group(self, layers: list[str]) -> None:
@@ -242,6 +244,8 @@ class CostModel:
 
     def estimate(self, plan: Plan) -> Cost:
         """Predict ``plan``'s step time, per-device memory and throughput (module docstring)."""
+        if (fused := self.fused_attention.for_runtime(plan.runtime)) is not None:
+            return fused.estimate(plan)
         stages, _tp_plan, _ctx, groups = self._priced(plan)
         cost = Cost()
         self._time(cost, plan, stages, groups)

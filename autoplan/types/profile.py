@@ -28,9 +28,12 @@ from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_secti
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 #: efficiency curves a device may have: GEMMs, the fused attention kernel (per executed FLOP; its source names
-#: the kernel: FlashAttention-2 on A100, FA3 or cuDNN on H100), convolutions, and MoE grouped GEMMs (one
-#: expert GEMM's FLOPs); a class without a curve falls back to matmul's
-OP_CLASSES = ("matmul", "attention", "conv", "grouped_matmul")
+#: the kernel: FlashAttention-2 on A100, FA3 or cuDNN on H100), convolutions, MoE grouped GEMMs (one expert
+#: GEMM's FLOPs), and the fused attention's backward alone (FA3's runs at a lower rate than its forward); a
+#: class without a curve falls back to FALLBACK_CLASS's, then to matmul's
+OP_CLASSES = ("matmul", "attention", "conv", "grouped_matmul", "attention_backward")
+#: the class a curve-less op class borrows from before matmul's
+FALLBACK_CLASS = {"attention_backward": "attention"}
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
@@ -140,9 +143,9 @@ class DeviceSpec:
 
     def efficiency_for(self, op_class: str, dtype: str) -> Efficiency:
         """The efficiency curve of ``op_class`` in ``dtype``: the per-dtype one when given, else the default
-        (falling back to matmul's when the op class has none)."""
+        (falling back to FALLBACK_CLASS's, then to matmul's, when the op class has none)."""
         curves = {**self.efficiency, **self.efficiency_by_dtype.get(dtype, {})}
-        return curves.get(op_class) or curves["matmul"]
+        return curves.get(op_class) or curves.get(FALLBACK_CLASS.get(op_class, "matmul")) or curves["matmul"]
 
     def check(self) -> None:
         _positive("device", "memory_bytes", self.memory_bytes)

@@ -98,7 +98,9 @@ def grouped_gemm_s(
     flops = 2.0 * rows * k_in * n_out
     dtype = peak_dtype(profile, precision)
     device = profile.device
-    compute_s = 2.0 * padded * k_in * n_out / (device.peak_flops[dtype] * device.efficiency_for("grouped_matmul", dtype)(flops))
+    compute_s = (
+        2.0 * padded * k_in * n_out / (device.peak_flops[dtype] * device.efficiency_for("grouped_matmul", dtype)(flops))
+    )
     moved = (rows * k_in + k_in * n_out + rows * n_out) * PRECISION_BYTES[precision]
     memory_s = moved / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     one_s = groups * max(compute_s, memory_s)
