@@ -29,7 +29,9 @@ class Runtime:
     the fp32 gradient buffer, so no separate accumulation pass. ``pp_scatter_gather``: under TP a
     pipeline send carries 1/tp of the boundary tensor per rank, all-gathered on arrival.
     ``compile``: whether ``Plan.compile`` means anything to it. ``fp8_recipes``: the recipes it
-    runs, its default first.
+    runs, its default first. ``attention_kernel``: whose fused attention kernel runs an attention:
+    ``sdpa`` (PyTorch's SDPA, FlashAttention-2 on CUDA) or ``te`` (Transformer Engine's, cuDNN on
+    Hopper); the profile's ``attention`` or ``attention_te`` curves price it.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Runtime:
     compile: bool
     fp8_recipes: tuple[str, ...]
     source: str
+    attention_kernel: str = "sdpa"
 
     def check_fp8_recipe(self, recipe: str) -> None:
         """Refuse a recipe this runtime does not run (one sentence)."""
@@ -71,6 +74,7 @@ RUNTIMES: dict[str, Runtime] = {
         pp_scatter_gather=True,
         compile=False,
         fp8_recipes=("te_current", "te_delayed"),
+        attention_kernel="te",
         source="Megatron-Core with Transformer Engine: --gradient-accumulation-fusion, scatter/gather pipeline "
         "sends (Narayanan et al. SC'21 section 4.1), TE fused attention and fused norm/activation/cast kernels",
     ),

@@ -20,6 +20,7 @@ the fp32 log-sum-exp per query and head (FA2 section 3.1). A mask added to the s
 outside the subgraph) is a decoder's causal mask, which the runtime's module runs as ``is_causal``
 (Megatron's ``AttnMaskType.causal``); with none the kernel is priced unmasked. Sliding windows and
 sinks are not visible in the graph's structure (their masks are data), so they are priced causal.
+Likewise an SDPA given a mask computed from positions alone (HF's traced causal mask) runs causal there.
 """
 
 from __future__ import annotations
@@ -167,19 +168,60 @@ def _kv_heads(graph: Graph, match: EagerAttention, heads: int) -> int:
 
 
 class FusedAttentionModel:
-    """A cost model of ``graph`` with its eager attentions fused, for plans whose runtime brings a fused
-    attention (``Runtime.fused_attention``); built with ``build(graph, profile)`` on first use."""
+    """A cost model of ``graph`` as a runtime's own attention runs it: each eager attention fused when the
+    runtime has ``fused_attention``, every attention node marked with the runtime's ``attention_kernel``
+    (attrs ``kernel``, read by cost/compute/roofline.py); built with ``build(graph, profile)`` on first use."""
 
     def __init__(self, graph: Graph, profile: Profile, *, build: Callable):
         self.graph, self.profile, self._build = graph, profile, build
-        self._models: list = []  # [] until built, then [model or None]
+        self._models: dict[tuple[bool, str, bool], object] = {}
 
     def for_runtime(self, runtime: str):
-        """The fused graph's cost model under ``runtime``; None when it runs the graph as traced or the
-        graph has no eager attention."""
-        if not runtime_named(runtime).fused_attention:
-            return None
-        if not self._models:
-            fused = fused_attention_graph(self.graph)
-            self._models.append(self._build(fused, self.profile) if fused is not None else None)
-        return self._models[0]
+        """The cost model for ``runtime``; None when it runs the graph as traced (no fusion, SDPA's kernel)."""
+        preset = runtime_named(runtime)
+        return self._model(fuse=preset.fused_attention, kernel=preset.attention_kernel)
+
+    def eager_fused(self):
+        """The graph with its eager attentions run as SDPA, nothing else changed; None when it has none."""
+        return self._model(fuse=True, kernel="sdpa", own_module=False)
+
+    def _model(self, *, fuse: bool, kernel: str, own_module: bool = True):
+        """``own_module``: the runtime brings its attention module, so a positional mask runs causal."""
+        key = (fuse, kernel, own_module)
+        if key not in self._models:
+            graph = (fused_attention_graph(self.graph) if fuse else None) or self.graph
+            graph = with_causal_masks(graph) if fuse and own_module else graph
+            graph = with_kernel(graph, kernel) if kernel != "sdpa" else graph
+            self._models[key] = self._build(graph, self.profile) if graph is not self.graph else None
+        return self._models[key]
+
+
+def with_causal_masks(graph: Graph) -> Graph:
+    """``graph`` with each SDPA whose explicit mask is computed from positions alone (no input, no weight
+    upstream: HF's traced causal mask) run causal, as a runtime's own attention module runs a decoder's
+    (Megatron's ``AttnMaskType.causal``, torchtitan's ``is_causal``); itself when there is none."""
+    preds, _ = graph.adjacency()
+    structural = {
+        n.name
+        for n in graph.nodes
+        if n.op == "attention" and n.attrs.get("has_mask") and any(_positional(graph, p, preds) for p in preds[n.name])
+    }
+    if not structural:
+        return graph
+    causal = {"causal": True, "has_mask": False, "mask": "positional"}
+    nodes = [replace(n, attrs={**n.attrs, **causal}) if n.name in structural else n for n in graph.nodes]
+    return replace(graph, nodes=nodes)
+
+
+def _positional(graph: Graph, name: str, preds: dict) -> bool:
+    """A tensor computed from positions alone: no graph input and no weight upstream of it."""
+    upstream = reachable({name}, preds) | {name}
+    return all(graph.node(u).op != "input" and graph.node(u).param_count == 0 for u in upstream)
+
+
+def with_kernel(graph: Graph, kernel: str) -> Graph:
+    """``graph`` with every attention node run by ``kernel`` (attrs ``kernel``); itself when they all are."""
+    if all(n.attrs.get("kernel") == kernel for n in graph.nodes if n.op == "attention"):
+        return graph
+    nodes = [replace(n, attrs={**n.attrs, "kernel": kernel}) if n.op == "attention" else n for n in graph.nodes]
+    return replace(graph, nodes=nodes)

@@ -9,7 +9,7 @@ For a micro-batch that is ``batch_fraction`` of the traced global batch, the op'
     B = io_bytes * batch_fraction / shard + param_bytes / shard
     t = max(F / (peak[dtype] * eff(F)), B / (mem_bw * memory_efficiency))   Williams, Waterman & Patterson 2009
     eff(F) = max_efficiency * F / (F + half_saturation_flops)              autoplan/types/profile.py
-             (an attention backward reads the ``attention_backward`` curve, else ``attention``'s)
+             (attention: ``attention[_te][_backward]``, the runtime's kernel and direction, else ``attention``)
     t_op = t + overhead (CPU backend),  max(t, overhead) (GPU backend)     profile device.op_overhead
 
 io_bytes: forward ``in + out``; backward ``2 (in + out)`` for GEMM kinds, ``out + 2 in`` otherwise.
@@ -224,8 +224,8 @@ def _flops_time_s(
     if op_class is None:
         vector_peak = device.peak_flops.get("fp32") or min(device.peak_flops.values())
         return flops / (vector_peak * device.efficiency_for("matmul", dtype).max_efficiency)
-    if op_class == "attention" and backward:
-        op_class = "attention_backward"  # FA3's backward runs at a lower rate than its forward
+    if op_class == "attention":  # the kernel's own curve (the runtime's, attrs "kernel"), its backward apart
+        op_class += ("_te" if node.attrs.get("kernel") == "te" else "") + ("_backward" if backward else "")
     return flops / (device.peak_flops[dtype] * device.efficiency_for(op_class, dtype)(flops))
 
 
