@@ -22,16 +22,17 @@ How each layout is pinned, as its software ran it:
 - routing: every NVIDIA row forces balanced routing for benchmarking ("force-balance", "fake
   balanced gate"), so the routing model's imbalance is 1 for them.
 
-Rows priced but not comparable: GPT-OSS. transformers has no fused attention with sinks, so its
-code runs eager attention (the b·a·s² scores written and read by six element-wise passes, and
-full s² matmuls in the sliding-window layers), which is what autoplan traces and prices; the
-published runs used Transformer Engine's fused sliding-window attention. Their error measures
-that difference of code, not the cost model; the summary gives the median with and without them.
+Each row is priced for the runtime that ran it (``Plan.runtime``, docs/cost-model.md "Runtimes"):
+Megatron-Core / Megatron-Bridge rows as ``megatron``, NeMo AutoModel rows (FSDP2, TE attention) as
+``torchtitan``. Both bring their own fused attention, so GPT-OSS's eager attention with sinks (what
+transformers runs) is priced as one fused causal kernel (cost/compute/eager_attention.py); its
+128-token sliding windows are not visible in the traced graph and are priced causal over the whole
+sequence, an over-estimate of half its layers' attention.
 
-FP8 rows (Megatron's per-tensor current scaling) are priced at precision "fp8", torchao's
-tensorwise recipe (docs/cost-model.md, "FP8"): its nn.Linear layers run in FP8, while the stacked
-expert weights of a grouped MoE layer are no nn.Linear and stay bf16; Transformer Engine ran the
-expert grouped GEMMs in FP8 too. So they are priced but not comparable, like GPT-OSS.
+FP8 rows (Megatron's per-tensor current scaling) are priced at precision "fp8" with Transformer
+Engine's current-scaling recipe (``te_current``, docs/cost-model.md "FP8 recipes"): its nn.Linear
+layers run in FP8, while the stacked expert weights of a grouped MoE layer are no nn.Linear and stay bf16; Transformer Engine ran the
+expert grouped GEMMs in FP8 too. So they are priced but not comparable.
 
 Rows left out, with the reason printed: GPUs without a shipped profile (H800), blockwise FP8
 scaling (DeepSeek-V3's own recipe), tensor parallelism with expert parallelism (expert-TP is not
@@ -60,7 +61,8 @@ from autoplan.types.moe import RoutingModel
 HERE = Path(__file__).parent
 EXAMPLES = HERE.parent / "examples"
 #: models whose Hugging Face code is not the code the published runs ran (module docstring)
-NOT_COMPARABLE = {"GPT-OSS-120B": "HF's eager attention with sinks, not the fused kernel the run used"}
+NOT_COMPARABLE: dict[str, str] = {}
+#: the runtime each source's software is (module docstring), by the row name's prefix
 #: model column -> (example file, environment that sets its published size)
 MODELS = {
     "DeepSeek-V3": ("hf_deepseek_v3.py", {}),

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
+from autoplan.cost.compute.eager_attention import FusedAttentionModel
 from autoplan.cost.compute.fp8 import fp8_recipe as recipe_of
 from autoplan.cost.compute.fusion import fuses_elementwise
 from autoplan.cost.compute.op_costs import NodeTimes
@@ -76,6 +77,7 @@ class CostModel:
         self.tied = TiedWeightSync(graph, profile, {part: s.nodes for part, s in self._outside.items()})
         self.sp_sync = SequenceParallelSync(graph, profile)
         self.experts = ExpertGroups(graph, profile)
+        self.fused_attention = FusedAttentionModel(graph, profile, build=CostModel)  # for runtimes with their own
 
     # ---- precomputation ------------------------------------------------------------------
     def _index_group(self, layers: list[str]) -> None:
@@ -250,6 +252,8 @@ class CostModel:
     def estimate(self, plan: Plan, *, fp8_recipe: str = "") -> Cost:
         """Predict ``plan``'s step time, per-device memory and throughput (module docstring); with
         ``fp8_recipe``, as if its FP8 linears ran that recipe (report/fp8.py compares recipes)."""
+        if (fused := self.fused_attention.for_runtime(plan.runtime)) is not None:
+            return fused.estimate(plan, fp8_recipe=fp8_recipe)
         stages, _tp_plan, _ctx, groups = self._priced(plan, fp8_recipe=fp8_recipe)
         cost = Cost()
         self._time(cost, plan, stages, groups)

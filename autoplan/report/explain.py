@@ -13,9 +13,10 @@ Three parts, each derived from the search's priced candidates (never canned text
 3. **Why each rejected family lost** (autoplan/report/families.py), one verdict per (dp, tp,
    pp) family; the decision line states the nearest other family's verdict word for word.
 
-When the plan splits the sequence (cp > 1), one sentence says why against the best plan without
-cp (:func:`cp_why`): memory per device at this sequence length, and the exposed KV exchange
-against the recomputation it avoids.
+When the model's attention is written as eager ops, one line says what SDPA/flash would save
+(autoplan/report/attention.py). When the plan splits the sequence (cp > 1), one sentence says why
+against the best plan without cp (:func:`cp_why`): memory per device at this sequence length, and
+the exposed KV exchange against the recomputation it avoids.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from autoplan.cost import CostModel, dollars_per_sample, reliability_fields, reliability_not_priced, usable_bytes
 from autoplan.display import TERM_NAMES, duration_text
 from autoplan.errors import AutoplanError
+from autoplan.report.attention import eager_attention_saving
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain
 from autoplan.report.terms import TermDiff, category_of, deciding_term
@@ -60,6 +62,7 @@ class Explanation:
     warnings: list[str] = field(default_factory=list)  # solve/notes.py: little headroom, dp bound by a rule
     fp8: str = ""  # what the best FP8 plan would gain, when the search left FP8 out (report/fp8.py)
     cp: str = ""  # why the plan splits the sequence, when it does (cp_why)
+    attention: str = ""  # what fusing the model's eager attention would save, when it has some (report/attention.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -152,6 +155,7 @@ def explain_result(
         warnings=plan_notes(result, profile),
         fp8=fp8_gain(result, graph=graph, profile=profile),
         cp=cp_why(result, graph=graph, profile=profile, model=model),
+        attention=eager_attention_saving(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict

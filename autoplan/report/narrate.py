@@ -59,6 +59,7 @@ def explanation_markdown(exp) -> str:
     lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]
     lines += ["", "## Precision and gradient sync: the trade", ""] + trade_lines(exp.trade)
     lines += ["", exp.fp8] if exp.fp8 else []
+    lines += ["", exp.attention] if exp.attention else []
     lines += ["", f"**Context parallelism:** {exp.cp}"] if exp.cp else []
     lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"

@@ -27,10 +27,26 @@ from autoplan.types.pricing import PricingSpec, pricing_from
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_section
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-#: efficiency curves a device may have: GEMMs, the fused attention kernel (per executed FLOP; its source names
-#: the kernel: FlashAttention-2 on A100, FA3 or cuDNN on H100), convolutions, and MoE grouped GEMMs (one
-#: expert GEMM's FLOPs); a class without a curve falls back to matmul's
-OP_CLASSES = ("matmul", "attention", "conv", "grouped_matmul")
+#: efficiency curves a device may have: GEMMs, the fused attention kernel PyTorch's SDPA runs (per executed
+#: FLOP; its source names the kernel: FlashAttention-2 on A100 and H100), convolutions, MoE grouped GEMMs (one
+#: expert GEMM's FLOPs), the attention's backward alone (it runs at a lower rate than its forward), and
+#: Transformer Engine's attention (cuDNN on Hopper: Megatron-Core's); a class without a curve falls back
+#: along FALLBACK_CLASS, then to matmul's
+OP_CLASSES = (
+    "matmul",
+    "attention",
+    "conv",
+    "grouped_matmul",
+    "attention_backward",
+    "attention_te",
+    "attention_te_backward",
+)
+#: the class a curve-less op class borrows from, before matmul's
+FALLBACK_CLASS = {
+    "attention_backward": "attention",
+    "attention_te": "attention",
+    "attention_te_backward": "attention_backward",
+}
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
@@ -140,8 +156,10 @@ class DeviceSpec:
 
     def efficiency_for(self, op_class: str, dtype: str) -> Efficiency:
         """The efficiency curve of ``op_class`` in ``dtype``: the per-dtype one when given, else the default
-        (falling back to matmul's when the op class has none)."""
+        (falling back to FALLBACK_CLASS's, then to matmul's, when the op class has none)."""
         curves = {**self.efficiency, **self.efficiency_by_dtype.get(dtype, {})}
+        while op_class not in curves and op_class in FALLBACK_CLASS:
+            op_class = FALLBACK_CLASS[op_class]
         return curves.get(op_class) or curves["matmul"]
 
     def check(self) -> None:

@@ -44,6 +44,9 @@ class Runtime:
     buffer, fp32 only with ``--accumulate-allreduce-grads-in-fp32`` / ``grad_reduce_in_fp32``).
     ``fusion_needs_fp32_buffer``: the fused weight-gradient GEMM accumulates only into an fp32
     buffer (Megatron-LM until 2022-09, arguments.py turned the fusion off otherwise).
+    ``attention_kernel``: whose fused attention kernel runs an attention: ``sdpa`` (PyTorch's SDPA,
+    FlashAttention-2 on CUDA) or ``te`` (Transformer Engine's, cuDNN on Hopper); the profile's
+    ``attention`` or ``attention_te`` curves price it.
     """
 
     name: str
@@ -56,6 +59,7 @@ class Runtime:
     source: str
     grad_buffer_dtype: str = "fp32"
     fusion_needs_fp32_buffer: bool = False
+    attention_kernel: str = "sdpa"
 
     def fuses_accumulation(self, grad_reduce_dtype: str) -> bool:
         """Whether the weight-gradient GEMM accumulates into the gradient buffer itself (no separate
@@ -98,6 +102,7 @@ RUNTIMES: dict[str, Runtime] = {
         pp_scatter_gather=True,
         compile=False,
         fp8_recipes=("te_current", "te_delayed"),
+        attention_kernel="te",
         source="Megatron-Core with Transformer Engine: --gradient-accumulation-fusion, scatter/gather pipeline "
         "sends (Narayanan et al. SC'21 section 4.1), TE fused attention and fused norm/activation/cast kernels; "
         "gradients accumulate and reduce in the parameter dtype (grad_reduce_in_fp32 off by default)",

@@ -14,8 +14,10 @@ residuals):
   fixed time; a slower dtype needs proportionally fewer FLOPs to hide it). The un-rescaled FP8
   fit is the profile's ``efficiency_by_dtype.fp8.matmul`` (what precision "fp8" prices FP8
   linears with, autoplan/cost/compute/roofline.py), beside ``peak_flops.fp8`` = the FP8 dense datasheet peak.
-* attention: a = Flash-Attention-2 TFLOPS / peak from the same Azure pages (one large
-  point, so F_half is taken from the matmul fit: same launch/tail overhead argument).
+* attention: A100 runs FlashAttention-2: a = its TFLOPS / peak from the same Azure pages (one large
+  point, so F_half is taken from the matmul fit: same launch/tail overhead argument). H100/H200:
+  forward and backward curves of PyTorch SDPA's FlashAttention-2 and of Transformer Engine's cuDNN
+  attention, fitted to the FA3 paper's figures (attention_kernels.py).
   No conv figures were found, so GPU profiles have no conv curve (the cost model then
   uses matmul's, via DeviceSpec.efficiency_for).
 * intra-node all_reduce alpha and busbw: fitted to the nccl-tests all_reduce sweeps (1 KB ..
@@ -54,6 +56,9 @@ from autoplan.types.profile import (  # noqa: E402
     Profile,
 )
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_kernels import hopper_curves  # noqa: E402
 
 T, G = 1e12, 1e9
 AZURE = "Azure/AI-benchmarking-guide Azure_Results/{page} ({what})"
@@ -368,12 +373,13 @@ def build(key: str, spec: dict) -> Profile:
         source=AZURE.format(page=spec["page"], what=f"Flash Attention 2.0 {spec['flash_tflops']} TFLOPS, seq 8192")
         + "; F_half from the matmul fit",
     )
+    attention_curves = hopper_curves(spec["peak"]["bf16"]) if key in ("h100", "h200") else {"attention": attention}
     device = DeviceSpec(
         name=spec["device"],
         memory_bytes=spec["memory_bytes"],
         peak_flops=spec["peak"],
         memory_bandwidth_bytes_per_s=spec["hbm"],
-        efficiency={"matmul": matmul, "attention": attention},
+        efficiency={"matmul": matmul, **attention_curves},
         efficiency_by_dtype={"fp8": {"matmul": fp8_matmul}} if fp8_matmul else {},
         memory_efficiency=spec["stream_copy"] / spec["hbm"],
         source=f"{spec['peak_source']}; {spec['hbm_source']}; "

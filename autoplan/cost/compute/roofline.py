@@ -5,9 +5,11 @@ For a micro-batch that is ``batch_fraction`` of the traced global batch, the op'
 ``shard`` ways (tensor parallelism):
 
     F = flops * batch_fraction / shard               (fwd_flops, or bwd_flops plus a fused attention's Q·K^T)
+    F_attention = F * executed_fraction               GPU: the tiles a fused kernel visits (types/attention.py)
     B = io_bytes * batch_fraction / shard + param_bytes / shard
     t = max(F / (peak[dtype] * eff(F)), B / (mem_bw * memory_efficiency))   Williams, Waterman & Patterson 2009
     eff(F) = max_efficiency * F / (F + half_saturation_flops)              autoplan/types/profile.py
+             (attention: ``attention[_te][_backward]``, the runtime's kernel and direction, else ``attention``)
     t_op = t + overhead (CPU backend),  max(t, overhead) (GPU backend)     profile device.op_overhead
 
 io_bytes: forward ``in + out``; backward ``2 (in + out)`` for GEMM kinds, ``out + 2 in`` otherwise.
@@ -24,6 +26,7 @@ import math
 
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe, fp8_cast_bytes, fp8_linear, weight_cast_bytes
 from autoplan.errors import PlanError
+from autoplan.types.attention import executed_fraction
 from autoplan.types.graph import OpNode
 from autoplan.types.profile import Profile
 
@@ -150,7 +153,7 @@ def _device_time_s(
     cast_s = fp8_cast_s(
         node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward, recipe=recipe
     )
-    flops = (executed_bwd_flops(node) if backward else node.fwd_flops) * batch_fraction / shard
+    flops = executed_flops(node, backward=backward, gpu=profile.backend == "nccl") * batch_fraction / shard
     measured = _measured_s(
         node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, backward=backward
     )
@@ -163,9 +166,19 @@ def _device_time_s(
     # a view of a parameter (w.T feeding a matmul) moves nothing: its reader reads the weight
     weights = 0.0 if node.op == "view" else node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
     bytes_moved = (moved * batch_fraction + weights) / shard
-    compute_s = _flops_time_s(node, profile, flops=flops, precision=precision, fp8=fp8)
+    compute_s = _flops_time_s(node, profile, flops=flops, precision=precision, fp8=fp8, backward=backward)
     compute_s /= recipe.gemm_efficiency if fp8 else 1.0
     return max(compute_s, memory_time_s(profile, bytes_moved)) + cast_s
+
+
+def executed_flops(node: OpNode, *, backward: bool, gpu: bool) -> float:
+    """The forward's (or backward's) FLOPs on the traced batch as the kernel runs them: on a GPU, an
+    attention node's at the share of its scores the fused kernel visits (causal, window;
+    autoplan/types/attention.py). A CPU profile's attention curve is measured on causal calls
+    counted as the full rectangle (docs/profile-format.md), so it already holds the CPU kernel's
+    skipping, and its FLOPs stay whole."""
+    flops = executed_bwd_flops(node) if backward else float(node.fwd_flops)
+    return flops * executed_fraction(node.attrs) if gpu and node.op == "attention" else flops
 
 
 def executed_bwd_flops(node: OpNode) -> float:
@@ -192,7 +205,9 @@ def with_host_overhead(device_s: float, overhead_s: float, *, gpu: bool) -> floa
     return max(device_s, overhead_s) if gpu else device_s + overhead_s
 
 
-def _flops_time_s(node: OpNode, profile: Profile, *, flops: float, precision: str, fp8: bool = False) -> float:
+def _flops_time_s(
+    node: OpNode, profile: Profile, *, flops: float, precision: str, fp8: bool = False, backward: bool = False
+) -> float:
     if flops <= 0:
         return 0.0
     device = profile.device
@@ -203,6 +218,8 @@ def _flops_time_s(node: OpNode, profile: Profile, *, flops: float, precision: st
     if op_class is None:
         vector_peak = device.peak_flops.get("fp32") or min(device.peak_flops.values())
         return flops / (vector_peak * device.efficiency_for("matmul", dtype).max_efficiency)
+    if op_class == "attention":  # the kernel's own curve (the runtime's, attrs "kernel"), its backward apart
+        op_class += ("_te" if node.attrs.get("kernel") == "te" else "") + ("_backward" if backward else "")
     return flops / (device.peak_flops[dtype] * device.efficiency_for(op_class, dtype)(flops))
 
 

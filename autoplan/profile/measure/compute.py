@@ -6,13 +6,16 @@ FLOPs of one timed call (multiply-add = 2 FLOPs, as autoplan/trace/flops.py coun
     matmul     y = x W^T, x (m x k), W (n x k): forward + both backward GEMMs     3 * 2*m*n*k
     attention  SDPA over (b, h, s, d), full or causal: forward + backward (the backward's four
                gradient matmuls and the scores it recomputes, 2.5x the forward),
-               causal at the half the kernel executes (FlashAttention's count)    3.5 * 4*b*h*s*s*d * f
+               causal at the share a GPU kernel executes                          3.5 * 4*b*h*s*s*d * f
     grouped    E experts of m rows each, y_e = x_e W_e (k -> n): forward + both
                backward grouped GEMMs (torch._grouped_mm, else torch.bmm)        3 * E * 2*m*k*n
     conv       3x3, stride 1, pad 1, c -> c channels, forward                    2*b*c*c*9*hw*hw
     memory     a copy moves 2 * bytes; add 3 * bytes, gelu 2 * bytes
 
-f = 1 (full) or CAUSAL_EXECUTED = 1/2 (causal). Matmul's three GEMMs run on plain tensors in the
+f = 1 (full, or any call on a CPU) or, causal on a GPU, the share of the scores FlashAttention's
+128 x 128 tiles visit (types/attention.py ``executed_fraction``, (1/2)(1 + 128/s)): the
+cost model prices attention on the same count, so a measured curve is per FLOP as priced.
+Matmul's three GEMMs run on plain tensors in the
 layouts autograd hands ``aten::mm`` (``mm(x, W.t())``, ``mm(dY, W)``, ``mm(dY.t(), x)``); fp8 runs
 them with ``torch._scaled_mm`` (row-major x column-major, as torchao does). ``kernel_calls``: the
 cost-model ops one timed call stands for (matmul and attention 2, grouped 3E: each expert GEMM of the
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from autoplan.profile.measure.timing import DTYPE_NAMES, FP8_DTYPES, median_time_s, tf32_mode
+from autoplan.types.attention import executed_fraction
 from autoplan.types.profile import OpTiming
 
 Builder = Callable[[torch.dtype, torch.device], Callable[[], Any]]
@@ -39,10 +43,6 @@ Builder = Callable[[torch.dtype, torch.device], Callable[[], Any]]
 #: backward, which the cost model prices as two ops (forward F/3, backward 2F/3); a grouped GEMM
 #: point stands for 3 * E (``kernel_calls``).
 KERNEL_CALLS = {"matmul": 2, "attention": 2, "conv": 1, "linear": 2}
-
-#: Share of the s x s score rectangle a causal kernel computes: FlashAttention skips the masked
-#: blocks, and its benchmarks count causal attention at half the FLOPs (Dao 2023, benchmarks/).
-CAUSAL_EXECUTED = 0.5
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,9 @@ def grouped_mm_works(dtype: torch.dtype, device: torch.device) -> bool:
     return True
 
 
-def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: int = 1) -> OpCase:
-    """SDPA forward + backward (gradients of q, k and v, as in training)."""
+def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: int = 1, gpu: int = 0) -> OpCase:
+    """SDPA forward + backward (gradients of q, k and v, as in training); ``gpu``: counted at the share of
+    the scores a GPU kernel executes (module docstring)."""
 
     def build(dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
         q, k, v = (
@@ -173,10 +174,11 @@ def attention_case(*, batch: int, heads: int, seq: int, head_dim: int, causal: i
 
         return step
 
-    forward = 4.0 * batch * heads * seq * seq * head_dim * (CAUSAL_EXECUTED if causal else 1.0)
+    share = executed_fraction({"q_len": seq, "kv_len": seq, "causal": bool(causal)}) if gpu else 1.0
+    forward = 4.0 * batch * heads * seq * seq * head_dim * share
     mask = "causal" if causal else "full"
     # the FLOPs the kernels run: the backward's four gradient matmuls and the scores it recomputes,
-    # 2.5x the forward (autoplan/cost/compute/roofline.py executed_bwd_flops); causal: the half computed
+    # 2.5x the forward (autoplan/cost/compute/roofline.py executed_bwd_flops), at the executed share
     return OpCase(
         "attention", f"b={batch},h={heads},s={seq},d={head_dim},{mask},fwd+bwd", 3.5 * forward, build, training=True
     )
@@ -297,15 +299,14 @@ QUICK_SWEEP = ComputeSweep(
 
 def dtype_specs(sweep: ComputeSweep, *, dtype_name: str, device: torch.device) -> list[CaseSpec]:
     """The sweep's cases in one dtype: fp8 only its matmuls (scaled GEMMs); grouped GEMMs with
-    ``native`` set where ``torch._grouped_mm`` runs in that dtype on ``device`` (else torch.bmm)."""
+    ``native`` set where ``torch._grouped_mm`` runs in that dtype on ``device`` (else torch.bmm); attention
+    with ``gpu`` set off a CPU (its FLOPs counted as a GPU kernel executes them)."""
     dtype = DTYPE_NAMES[dtype_name]
     if dtype in FP8_DTYPES:
         return [s for s in sweep.specs() if s.kind == "matmul"]
     native = int(bool(sweep.grouped) and grouped_mm_works(dtype, device))
-    return [
-        CaseSpec(s.kind, (*s.sizes, ("native", native)), s.label) if s.kind == "grouped_matmul" else s
-        for s in sweep.specs()
-    ]
+    extra = {"grouped_matmul": ("native", native), "attention": ("gpu", int(device.type != "cpu"))}
+    return [CaseSpec(s.kind, (*s.sizes, extra[s.kind]), s.label) if s.kind in extra else s for s in sweep.specs()]
 
 
 def time_case(

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from autoplan.profile.fit import fit_efficiency, predict_op_s
 from autoplan.profile.measure import compute_job, merge_compute
 from autoplan.profile.measure.compute import (
-    CAUSAL_EXECUTED,
     KERNEL_CALLS,
     QUICK_SWEEP,
     attention_case,
@@ -22,6 +21,7 @@ from autoplan.profile.measure.compute import (
 from autoplan.profile.measure.optable import node_spec
 from autoplan.profile.measure.ranks import RankResult
 from autoplan.trace.flops import flop_counter
+from autoplan.types.attention import executed_fraction
 from autoplan.types.graph import OpNode
 
 
@@ -37,8 +37,13 @@ def test_attention_case_flops_are_what_the_kernels_execute_forward_plus_backward
     # backward recomputes; a causal kernel computes half of them (FlashAttention's count)
     recomputed = 2 * b * h * s * s * d
     assert counter.get_total_flops() == 3 * 4 * b * h * s * s * d
-    share = CAUSAL_EXECUTED if causal else 1.0
-    assert case.flops == share * (counter.get_total_flops() + recomputed) == share * 3.5 * 4 * b * h * s * s * d
+    assert case.flops == counter.get_total_flops() + recomputed  # on a CPU the whole rectangle, as priced
+    gpu = attention_case(batch=b, heads=h, seq=s, head_dim=d, causal=causal, gpu=1)
+    share = executed_fraction({"q_len": s, "kv_len": s, "causal": bool(causal)})
+    assert share == (1.0 if not causal else 1.0)  # 16 tokens: one 128-wide tile, nothing skipped
+    big = attention_case(batch=1, heads=1, seq=1024, head_dim=8, causal=causal, gpu=1)
+    assert big.flops == pytest.approx((0.5 * (1 + 128 / 1024) if causal else 1.0) * 3.5 * 4 * 1024 * 1024 * 8)
+    assert gpu.flops == share * (counter.get_total_flops() + recomputed) == share * 3.5 * 4 * b * h * s * s * d
     assert case.training and case.shape.endswith(("causal" if causal else "full") + ",fwd+bwd")
     assert kernel_calls("attention", case.shape) == 2
 
