@@ -31,8 +31,8 @@ sequence, an over-estimate of half its layers' attention.
 
 FP8 rows (Megatron's per-tensor current scaling) are priced at precision "fp8" with Transformer
 Engine's current-scaling recipe (``te_current``, docs/cost-model.md "FP8 recipes"): its nn.Linear
-layers run in FP8, while the stacked expert weights of a grouped MoE layer are no nn.Linear and stay bf16; Transformer Engine ran the
-expert grouped GEMMs in FP8 too. So they are priced but not comparable.
+layers run in FP8, while the stacked expert weights of a grouped MoE layer are no nn.Linear and
+stay bf16; Transformer Engine ran the expert grouped GEMMs in FP8 too. So they are priced but not comparable.
 
 Rows left out, with the reason printed: GPUs without a shipped profile (H800), blockwise FP8
 scaling (DeepSeek-V3's own recipe), tensor parallelism with expert parallelism (expert-TP is not
