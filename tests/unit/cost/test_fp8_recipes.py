@@ -102,8 +102,10 @@ def test_a_megatron_plan_prices_transformer_engines_recipe(gpt_graph, h100):
     torchao = model.estimate(delayed, fp8_recipe="tensorwise").compute_s
     current = model.estimate(_plan(runtime="megatron", fp8_recipe="te_current")).compute_s
     assert te < current < torchao
-    # autoplan's default is tensorwise; Megatron's element-wise ops are fused, as compiled blocks' are
-    assert model.estimate(_plan(compile=True)).compute_s == pytest.approx(torchao)
+    # autoplan's default is tensorwise: priced as the recipe named
+    default = model.estimate(_plan()).compute_s
+    assert default == pytest.approx(model.estimate(_plan(fp8_recipe="tensorwise")).compute_s)
+    assert _plan().fp8_recipe_used == "tensorwise"
     rowwise = model.estimate(_plan(fp8_recipe="rowwise")).compute_s
     assert rowwise > torchao
     # the weight's once-a-step cast is shared by the step's micro-batches
