@@ -36,23 +36,16 @@ from autoplan.profile.io import save_profile  # noqa: E402
 from autoplan.types.pricing import PricingSpec  # noqa: E402
 from autoplan.types.profile import CollectiveFit, CommOverlap, DeviceSpec, Efficiency, LinkSpec, Profile  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fit_published  # noqa: E402
+
 T, G = 1e12, 1e9
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 HALF_ALPHA = "; alpha = all_reduce alpha / 2 (Thakur et al. 2005: (n-1) vs 2(n-1) latency steps)"
 PRICES = "../shared/reference/gpu_prices.csv"
 
 AZURE_GB200 = "Azure/AI-benchmarking-guide Azure_Results/ND_GB200_v6_results.md ({what})"
-GEMM_SHAPES = [  # fit_published.GEMM_SHAPES, then 32768^3
-    (1024, 1024, 1024),
-    (2048, 2048, 2048),
-    (4096, 4096, 4096),
-    (8192, 8192, 8192),
-    (16384, 16384, 16384),
-    (1024, 2145, 1024),
-    (6144, 12288, 12288),
-    (802816, 192, 768),
-    (32768, 32768, 32768),
-]
+GEMM_SHAPES = [*fit_published.GEMM_SHAPES, (32768, 32768, 32768)]  # Azure's sweep, then 32768^3
 GB200_FP8_TFLOPS = [489.2, 2243.6, 2834.6, 2876.6, 2906.9, 1022.2, 2895.6, 1459.5, 2825.6]
 GB200_FLASH_TFLOPS = 373.9
 GB200_ALLREDUCE_BUSBW_GBS = [  # NCCL all_reduce (ring) busbw, in-place, 1 KiB * 2^i, one 4-GPU VM
