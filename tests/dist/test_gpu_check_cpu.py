@@ -14,12 +14,20 @@ import pytest
 from autoplan.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = {"small-bf16", "small-bf16-compile", "small-fp8"}
+#: the compiled case is left out here: tests/dist/test_execute.py and test_audit.py run compiled blocks on
+#: gloo already, and inductor's compile is most of this script's CPU time
+CASES = {"small-bf16", "small-fp8"}
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_on_a_cpu_device(tmp_path: Path) -> None:
-    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "PYTHONPATH": str(ROOT), "GPU_CHECK_BUDGET_S": "400"}
+    env = {
+        **os.environ,
+        "GPU_CHECK_DEVICE": "cpu",
+        "PYTHONPATH": str(ROOT),
+        "GPU_CHECK_BUDGET_S": "400",
+        "GPU_CHECK_CASES": " ".join(sorted(CASES)),
+    }
     done = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path)],
         cwd=ROOT,
@@ -36,8 +44,6 @@ def test_gpu_check_runs_on_a_cpu_device(tmp_path: Path) -> None:
     row = rows["small-bf16"]
     assert row["status"] == "ok", row
     assert all(float(row[key]) > 0 for key in ("measured_step_s", "predicted_step_s", "predicted_datasheet_step_s"))
-    compiled = rows["small-bf16-compile"]["status"]  # run once the compile pin exists, else said why
-    assert compiled == "ok" or compiled.startswith("skipped: this autoplan refuses the compile pin"), compiled
     assert rows["small-fp8"]["status"].startswith("skipped: no FP8 here")
     curves = {(row["op_class"], row["dtype"]) for row in csv.DictReader((tmp_path / "curves.csv").open())}
     assert {("attention", "bf16"), ("grouped_matmul", "bf16"), ("matmul", "fp32")} <= curves
