@@ -194,16 +194,10 @@ class FusedAttentionModel:
         return self._models[key]
 
 
-def runtime_graph(graph: Graph, runtime: str) -> Graph:
-    """``graph`` as ``runtime`` runs it (the graph ``FusedAttentionModel.for_runtime`` prices); itself when
-    the runtime runs it as traced. Rewriting a rewritten graph gives it back unchanged."""
-    preset = runtime_named(runtime)
-    return _rewritten(graph, fuse=preset.fused_attention, kernel=preset.attention_kernel, own_module=True)
-
-
 def _rewritten(graph: Graph, *, fuse: bool, kernel: str, own_module: bool) -> Graph:
     """Eager attention fused (``fuse``), positional masks causal (``own_module``), attention nodes run by
-    ``kernel``; ``graph`` itself when nothing changes."""
+    ``kernel``; ``graph`` itself when nothing changes, so a rewritten graph rewrites to itself (the search
+    builds its CostModel on one, CostModel.for_runtime)."""
     rewritten = (fused_attention_graph(graph) if fuse else None) or graph
     rewritten = with_causal_masks(rewritten) if fuse and own_module else rewritten
     return with_kernel(rewritten, kernel) if kernel != "sdpa" else rewritten
