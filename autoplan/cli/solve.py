@@ -40,13 +40,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "--solver", choices=("highs", "cbc"), default="highs", help="ILP backend (default HiGHS, CBC fallback)"
     )
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per ILP solve (default 10)")
-    parser.add_argument(
-        "--runtime",
-        choices=tuple(RUNTIMES),
-        default="autoplan",
-        help="the software that will run the plan, whose kernels and overlaps are priced: autoplan's executor "
-        "(default; `autoplan run`), or a framework to `autoplan export` to (docs/cost-model.md, Runtimes)",
-    )
+    add_runtime_argument(parser)
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="output folder for plan.json, plans.csv, ops.csv, stages.csv"
     )
@@ -75,6 +69,17 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help="also consider gradient reduction in bf16/fp16 and PowerSGD compression (lossy: docs/cost-model.md)",
     )
     add_fp8_argument(parser)
+
+
+def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
+    """``--runtime``: one definition for ``plan`` and ``sweep``."""
+    parser.add_argument(
+        "--runtime",
+        choices=tuple(RUNTIMES),
+        default="autoplan",
+        help="the software that will run the plan, whose kernels and overlaps are priced: autoplan's executor "
+        "(default; `autoplan run`), or a framework to `autoplan export` to (docs/cost-model.md, Runtimes)",
+    )
 
 
 def search_options(args: argparse.Namespace) -> dict:

@@ -17,6 +17,8 @@ from autoplan.cli.whole_run import add_run_arguments
 
 
 def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
+    from autoplan.cli.solve import add_runtime_argument  # cli/solve.py registers this parser
+
     parser = subparsers.add_parser(
         "sweep",
         parents=[common],
@@ -40,6 +42,7 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--allow-fp8", action="store_true", help="let every point pick FP8 linears (as autoplan plan)")
     parser.add_argument("--no-prune", action="store_true", help="plan every point (slower; same front)")
+    add_runtime_argument(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
     add_routing_arguments(parser)
     add_run_arguments(parser)
@@ -89,6 +92,7 @@ def _run(args: argparse.Namespace) -> int:
                 progress=progress,
                 allow_lossy=args.allow_lossy,
                 allow_fp8=args.allow_fp8,
+                runtime=args.runtime,
             )
     except NoClusterMeets as exc:
         if exc.result.planned:

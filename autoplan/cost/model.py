@@ -215,9 +215,18 @@ class CostModel:
         add_block(stages[-1], post, recompute=plan.recompute, is_block=False)
         return stages
 
+    def for_runtime(self, runtime: str) -> CostModel:
+        """The model of the graph as ``runtime`` runs it (FusedAttentionModel.for_runtime: eager attention
+        fused, positional masks causal, the runtime's attention kernel); itself when it runs the graph as
+        traced. Every price of a plan (``estimate``, ``priced_stages``, ops.csv, the audit's volumes, the
+        search's summaries and bounds) reads this one model, so they price the same graph."""
+        return self.fused_attention.for_runtime(runtime) or self
+
     def priced_stages(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext]:
         """The per-stage totals ``estimate`` prices, the tp_plan it prices (the Megatron default
         when the plan has none) and the TP context: what the execution audit predicts from."""
+        if (model := self.for_runtime(plan.runtime)) is not self:
+            return model.priced_stages(plan)
         stages, tp_plan, ctx, _groups = self._priced(plan)
         return [replace(stage) for stage in stages], tp_plan, ctx
 
@@ -252,8 +261,8 @@ class CostModel:
     def estimate(self, plan: Plan, *, fp8_recipe: str = "") -> Cost:
         """Predict ``plan``'s step time, per-device memory and throughput (module docstring); with
         ``fp8_recipe``, as if its FP8 linears ran that recipe (report/fp8.py compares recipes)."""
-        if (fused := self.fused_attention.for_runtime(plan.runtime)) is not None:
-            return fused.estimate(plan, fp8_recipe=fp8_recipe)
+        if (model := self.for_runtime(plan.runtime)) is not self:
+            return model.estimate(plan, fp8_recipe=fp8_recipe)
         stages, _tp_plan, _ctx, groups = self._priced(plan, fp8_recipe=fp8_recipe)
         cost = Cost()
         self._time(cost, plan, stages, groups)

@@ -32,8 +32,10 @@ from autoplan.types.tables import PricedOp
 
 
 def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
-    """One row per op of ``graph`` under ``plan``, in graph order within each block (module docstring)."""
-    ctx = CostModel(graph, profile).tp_context(plan)
+    """One row per op of ``graph`` as the plan's runtime runs it (CostModel.for_runtime: an eager attention
+    fused is one row), in graph order within each block (module docstring)."""
+    model = CostModel(graph, profile).for_runtime(plan.runtime)
+    graph, ctx = model.graph, model.tp_context(plan)
     stages = dict(stage_of_block(plan.stages, pp=plan.pp))
     first_block = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
     nodes_of = _nodes_by_layer(graph)

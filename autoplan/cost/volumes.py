@@ -65,6 +65,7 @@ class StagePrediction:
 
 def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
     """Per pipeline stage, what one of its ranks sends, holds and computes in one step."""
+    model = model.for_runtime(plan.runtime)  # the graph the plan's runtime runs (CostModel.for_runtime)
     stages, tp_plan, ctx = model.priced_stages(plan)
     weights = weight_sync_plan(plan)
     predictions = []

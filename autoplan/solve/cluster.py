@@ -151,12 +151,14 @@ def sweep_graph(
     progress=None,
     allow_lossy: bool = False,
     allow_fp8: bool = False,
+    runtime: str = "autoplan",
 ) -> SweepResult:
     """Plan every (profile, devices) point worth planning (module docstring); the front and the
     recommendation. Raises NoClusterMeets when no point meets the deadline or budget. ``allow_lossy``
     lets every point's search pick lossy gradient sync (solve/space.py); the pruning floor holds
     for it too (bound (1) of solve/search.py has no gradient-sync term). ``allow_fp8`` lets every
-    point's search pick FP8 (solve/space.py); the floor is then taken over FP8 plans too."""
+    point's search pick FP8 (solve/space.py); the floor is then taken over FP8 plans too. ``runtime``
+    prices every point, and its floor, for that runtime (plan_graph's ``runtime``)."""
     start = time.perf_counter()
     run = RunSpec(**run) if isinstance(run, dict) else run
     if not run.has_length:
@@ -188,7 +190,7 @@ def sweep_graph(
         if not space.fits_nodes(n, profile):
             row.reason = f"{n} devices are not whole nodes of {profile.devices_per_node}"
             continue
-        floor = SearchOptions(devices=n, batch_size=batch, fixes=_fixes(fix), allow_fp8=allow_fp8)
+        floor = SearchOptions(devices=n, batch_size=batch, fixes=_fixes(fix), allow_fp8=allow_fp8, runtime=runtime)
         if prune and (why := _pruned(graph, profile, pricer, floor, stopped.get(i), rows)):
             row.status, row.reason = "pruned", why
             continue
@@ -205,6 +207,7 @@ def sweep_graph(
                 run=replace(run, deadline_h=None, budget_usd=None),
                 allow_lossy=allow_lossy,
                 allow_fp8=allow_fp8,
+                runtime=runtime,
             )
         except NoPlanFits as exc:
             row.status, row.reason = "no fit", str(exc)

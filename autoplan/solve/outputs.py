@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoplan.cost import RunPricer, priced_ops, priced_profile
+from autoplan.cost import CostModel, RunPricer, priced_ops, priced_profile
 from autoplan.solve.candidates import SearchResult
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic
@@ -177,7 +177,9 @@ def ops_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
 
 
 def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
-    costs = StageCosts(graph, profile)
+    """One row per pipeline stage of ``plan``, priced on the graph its runtime runs (CostModel.for_runtime)."""
+    model = CostModel(graph, profile).for_runtime(plan.runtime)
+    costs = StageCosts(model.graph, profile, model)
     problem = costs.problem(plan, memory_limit=False)
     position = {layer: i for i, layer in enumerate(graph.layers)}
     owned: list[list[str]] = [[] for _ in range(plan.pp)]

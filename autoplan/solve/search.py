@@ -49,6 +49,7 @@ from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.runtime import runtime_named
 
 OBJECTIVES = space.OBJECTIVES
 
@@ -73,7 +74,9 @@ class Search:
         self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
-        self.cost_model = CostModel(graph, profile)
+        self.cost_model = CostModel(graph, profile).for_runtime(options.runtime)  # every price reads its graph
+        graph = self.cost_model.graph
+        self.runtime_fuses = runtime_named(options.runtime).fused_elementwise  # every plan's element-wise ops
         self.tp_planner = TPPlanner(
             graph,
             profile,
@@ -159,7 +162,7 @@ class Search:
         experts = self.cost_model.placement(tp=deg.tp, dp=deg.dp, ep=deg.ep, pp=deg.pp, routing=g.routing)
         cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
         overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
-        cp["fused"] = g.compile or True in overlap  # async TP compiles its blocks (cost/compute/fusion.py)
+        cp["fused"] = g.compile or True in overlap or self.runtime_fuses  # async TP compiles (compute/fusion.py)
         step = (
             (g.m + (deg.pp - 1) / g.v_max)
             * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
@@ -221,7 +224,7 @@ class Search:
         priced = [c for c in self.candidates[first:] if c.cost is not None]
         if deg.tp > 1 and priced and not any(c.feasible for c in priced):
             frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
-            budget = memory_budget(self.graph, self.profile, plan=frugal.plan, cost=frugal.cost)
+            budget = memory_budget(self.cost_model.graph, self.profile, plan=frugal.plan, cost=frugal.cost)
             retry = self._choose(g, budget=budget)
             if retry.feasible and retry.tp_plan != choice.tp_plan:
                 self._run_choice(g, bound, retry)
@@ -231,7 +234,7 @@ class Search:
 
     def _choose(self, g: Group, budget: MemoryBudget | None = None) -> TPChoice:
         deg, ilp = g.degrees, dict(sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs)
-        ilp.update(fused=g.compile)  # compiled blocks price element-wise ops as fused regions
+        ilp.update(fused=g.compile or self.runtime_fuses)  # element-wise ops priced as fused regions
         if deg.cp > 1:  # the block is priced at a rank's 1/cp of the tokens (split_context)
             ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)

@@ -189,11 +189,18 @@ class FusedAttentionModel:
         """``own_module``: the runtime brings its attention module, so a positional mask runs causal."""
         key = (fuse, kernel, own_module)
         if key not in self._models:
-            graph = (fused_attention_graph(self.graph) if fuse else None) or self.graph
-            graph = with_causal_masks(graph) if fuse and own_module else graph
-            graph = with_kernel(graph, kernel) if kernel != "sdpa" else graph
+            graph = _rewritten(self.graph, fuse=fuse, kernel=kernel, own_module=own_module)
             self._models[key] = self._build(graph, self.profile) if graph is not self.graph else None
         return self._models[key]
+
+
+def _rewritten(graph: Graph, *, fuse: bool, kernel: str, own_module: bool) -> Graph:
+    """Eager attention fused (``fuse``), positional masks causal (``own_module``), attention nodes run by
+    ``kernel``; ``graph`` itself when nothing changes, so a rewritten graph rewrites to itself (the search
+    builds its CostModel on one, CostModel.for_runtime)."""
+    rewritten = (fused_attention_graph(graph) if fuse else None) or graph
+    rewritten = with_causal_masks(rewritten) if fuse and own_module else rewritten
+    return with_kernel(rewritten, kernel) if kernel != "sdpa" else rewritten
 
 
 def with_causal_masks(graph: Graph) -> Graph:
