@@ -20,7 +20,10 @@ How each layout is pinned, as its software ran it:
   NeMo and Megatron-Bridge rows as ``megatron`` (Megatron-Core with Transformer Engine, the FP8
   recipe their precision names, the distributed optimizer's parameter all-gather overlapped),
   torchtitan rows as ``torchtitan`` with torch.compile (every table of torchtitan's
-  benchmarks/llama3_h100_202412_torchtitan.md names it).
+  benchmarks/llama3_h100_202412_torchtitan.md names it);
+- context parallelism (CP > 1) as Megatron-Core runs it: Transformer Engine's ``cp_comm_type``
+  default "p2p", a ring of K,V sends overlapped with each step's attention (Plan.cp_variant
+  "ring"); dp = GPUs / (tp pp cp), the cp ranks of a replica sharing its micro-batches.
 
 Each row is priced for the runtime and FP8 recipe that ran it (``runtime_fields``): NeMo and
 Megatron-Bridge rows as Megatron-Core with Transformer Engine's delayed or current scaling, whose
@@ -31,8 +34,7 @@ ran H100s with HBM2e (2.4 TB/s, 96 GB) at a 500 W limit, slower than the SXM5 pa
 profile describes, and keeps its output head in bf16. The summary gives the median |error| over
 all priced runs and over the DGX H100 runs alone.
 
-Rows left out, with the reason printed: context parallelism (CP > 1) and models no example
-builds (Nemotron's squared-ReLU MLP).
+Rows left out, with the reason printed: models no example builds (Nemotron's squared-ReLU MLP).
 
     python benchmarks/published_fp8_runs.py [--only NAME_SUBSTRING]
 """
@@ -84,8 +86,6 @@ def why_left_out(row: pd.Series) -> str:
     """'' for a row autoplan can express, else the reason."""
     if model_key(row["model"]) is None:
         return f"no example builds {row['model']}"
-    if int(row["cp"]) > 1:
-        return f"context parallelism (CP={int(row['cp'])}) is not supported"
     return ""
 
 
@@ -106,7 +106,8 @@ def recompute_of(text) -> str:
 
 def published_plan(row: pd.Series, *, precision: str) -> Plan:
     gpus, tp, pp, mbs = int(row["gpus"]), int(row["tp"]), int(row["pp"]), int(row["micro_batch"])
-    dp = gpus // (tp * pp)
+    cp = int(row["cp"])
+    dp = gpus // (tp * pp * cp)
     v = 1 if pd.isna(row["vp"]) else int(row["vp"])
     sp = tp > 1 and str(row["sequence_parallel"]).lower() == "yes"
     zero = 3 if str(row["fsdp"]).lower().startswith("yes") else 1
@@ -118,6 +119,8 @@ def published_plan(row: pd.Series, *, precision: str) -> Plan:
         dp=dp,
         tp=tp,
         pp=pp,
+        cp=cp,
+        cp_variant="ring",  # Megatron-Core's CP: TE's p2p ring (docstring)
         micro_batch_size=mbs,
         num_microbatches=int(row["global_batch"]) // (dp * mbs),
         schedule="interleaved_1f1b" if v > 1 else "1f1b",

@@ -25,9 +25,8 @@ How each layout is pinned, as its software ran it:
 Each row is priced for the runtime that ran it (``Plan.runtime``, docs/cost-model.md "Runtimes"):
 Megatron-Core / Megatron-Bridge rows as ``megatron``, NeMo AutoModel rows (FSDP2, TE attention) as
 ``torchtitan``. Both bring their own fused attention, so GPT-OSS's eager attention with sinks (what
-transformers runs) is priced as one fused causal kernel (cost/compute/eager_attention.py); its
-128-token sliding windows are not visible in the traced graph and are priced causal over the whole
-sequence, an over-estimate of half its layers' attention.
+transformers runs) is priced as one fused causal kernel (cost/compute/eager_attention.py), its
+128-token sliding window on half its layers read from the traced modules (trace/windows.py).
 
 FP8 rows (Megatron's per-tensor current scaling) are priced at precision "fp8" with Transformer
 Engine's current-scaling recipe (``te_current``, docs/cost-model.md "FP8 recipes"): its nn.Linear

@@ -24,6 +24,7 @@ from autoplan.trace.build import build_graph, canonical_names, seq_len_of
 from autoplan.trace.capture import capture, first_line
 from autoplan.trace.propagate import Measured, Propagator
 from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
+from autoplan.trace.windows import annotate_windows
 from autoplan.types.graph import Graph
 from autoplan.types.inputs import input_specs
 from autoplan.types.moe import RoutingModel
@@ -68,6 +69,7 @@ def trace(
             with swapped(captured.module, fake):
                 records = _run(captured.module, fake_in, fake_target, loss_fn or _default_loss, canonical_names(model))
         dataflow.annotate(records, model)
+        annotate_windows(records, model)
         graph = build_graph(
             records,
             model=model,

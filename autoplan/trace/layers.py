@@ -10,8 +10,8 @@ their reasons and examples: docs/trace.md, "Blocks and groups").
   exactly once, in one uninterrupted call (needs the trace, ``records``).
 - **Node layers**: a node belongs to the block whose FQN prefixes its module; a parameter-free
   node between blocks belongs to the block before it.
-- **Groups**: blocks whose node sequences match (op kind, target, output shape, parameter shapes)
-  form one :class:`LayerGroup`; the signature is a hash of that sequence.
+- **Groups**: blocks whose node sequences match (op kind, target, output shape, parameter shapes,
+  sliding window: trace/windows.py) form one :class:`LayerGroup`; the signature is a hash of that sequence.
 """
 
 from __future__ import annotations
@@ -159,9 +159,7 @@ def _signature(members: list[Measured], layer: str, param_shapes: dict[str, list
     for record in members:
         shape = list(record.outputs[0].shape) if record.outputs else []
         params = sorted(tuple(param_shapes.get(p, [])) for p in record.params)
-        digest.update(
-            repr(
-                (record.kind, record.target, record.op_name, shape, params, record.module.removeprefix(layer))
-            ).encode()
-        )
+        key = (record.kind, record.target, record.op_name, shape, params, record.module.removeprefix(layer))
+        window = record.attrs.get("window")  # a sliding-window layer is priced apart from a full one
+        digest.update(repr(key + (window,) if window else key).encode())
     return f"{len(members)}ops-{digest.hexdigest()[:12]}"

@@ -18,6 +18,8 @@ residuals):
   point, so F_half is taken from the matmul fit: same launch/tail overhead argument). H100/H200:
   forward and backward curves of PyTorch SDPA's FlashAttention-2 and of Transformer Engine's cuDNN
   attention, fitted to the FA3 paper's figures (attention_kernels.py).
+* grouped_matmul (H100/H200): a from torch._grouped_mm's BF16 rate in PyTorch PR #156203, F_half from
+  the matmul fit (grouped_gemm.py); FP8 grouped GEMMs keep the FP8 matmul curve.
   No conv figures were found, so GPU profiles have no conv curve (the cost model then
   uses matmul's, via DeviceSpec.efficiency_for).
 * intra-node all_reduce alpha and busbw: fitted to the nccl-tests all_reduce sweeps (1 KB ..
@@ -59,6 +61,7 @@ from autoplan.types.reliability import ReliabilitySpec, StorageSpec  # noqa: E40
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernels import hopper_curves  # noqa: E402
+from grouped_gemm import hopper_grouped_curve  # noqa: E402
 
 T, G = 1e12, 1e9
 AZURE = "Azure/AI-benchmarking-guide Azure_Results/{page} ({what})"
@@ -315,6 +318,14 @@ def matmul_curve(key: str, spec: dict) -> tuple[Efficiency, Efficiency | None, l
     return main_curve, fp8_curve, list(zip(flops, times))
 
 
+def fp8_curves(fp8_matmul: Efficiency | None, *, grouped: bool) -> dict:
+    """``efficiency_by_dtype``: the FP8 matmul fit, which FP8 grouped GEMMs also use where a BF16 grouped
+    curve exists (grouped_gemm.py has no FP8 figure; without this they would take the BF16 one)."""
+    if fp8_matmul is None:
+        return {}
+    return {"fp8": {"matmul": fp8_matmul, **({"grouped_matmul": fp8_matmul} if grouped else {})}}
+
+
 def allreduce_fit(key: str, spec: dict) -> CollectiveFit:
     c = bus_factor(kind="all_reduce", group_size=8)
     points = [[8, float(1024 * 2**i), c * 1024 * 2**i / (bw * G)] for i, bw in enumerate(ALLREDUCE_BUSBW_GBS[key])]
@@ -373,14 +384,16 @@ def build(key: str, spec: dict) -> Profile:
         source=AZURE.format(page=spec["page"], what=f"Flash Attention 2.0 {spec['flash_tflops']} TFLOPS, seq 8192")
         + "; F_half from the matmul fit",
     )
-    attention_curves = hopper_curves(spec["peak"]["bf16"]) if key in ("h100", "h200") else {"attention": attention}
+    hopper = key in ("h100", "h200")
+    attention_curves = hopper_curves(spec["peak"]["bf16"]) if hopper else {"attention": attention}
+    grouped = {"grouped_matmul": hopper_grouped_curve(spec["peak"]["bf16"], matmul)} if hopper else {}
     device = DeviceSpec(
         name=spec["device"],
         memory_bytes=spec["memory_bytes"],
         peak_flops=spec["peak"],
         memory_bandwidth_bytes_per_s=spec["hbm"],
-        efficiency={"matmul": matmul, **attention_curves},
-        efficiency_by_dtype={"fp8": {"matmul": fp8_matmul}} if fp8_matmul else {},
+        efficiency={"matmul": matmul, **attention_curves, **grouped},
+        efficiency_by_dtype=fp8_curves(fp8_matmul, grouped=bool(grouped)),
         memory_efficiency=spec["stream_copy"] / spec["hbm"],
         source=f"{spec['peak_source']}; {spec['hbm_source']}; "
         f"memory_efficiency = STREAM copy {spec['stream_copy'] / 1e12:.2f} TB/s "

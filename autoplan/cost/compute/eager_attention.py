@@ -18,8 +18,9 @@ FLOPs QK + PV (model FLOPs unchanged), the Q K^T recomputed in the backward, hea
 scores, KV heads the fewest heads the K operand had before its repeat (GQA), and saved bytes O plus
 the fp32 log-sum-exp per query and head (FA2 section 3.1). A mask added to the scores (an input from
 outside the subgraph) is a decoder's causal mask, which the runtime's module runs as ``is_causal``
-(Megatron's ``AttnMaskType.causal``); with none the kernel is priced unmasked. Sliding windows and
-sinks are not visible in the graph's structure (their masks are data), so they are priced causal.
+(Megatron's ``AttnMaskType.causal``); with none the kernel is priced unmasked. A sliding window is
+data in the mask, so the tracer reads it from the attention's module (QK's ``window``, trace/windows.py);
+sinks add one column to the softmax and no tiles.
 Likewise an SDPA given a mask computed from positions alone (HF's traced causal mask) runs causal there.
 """
 
@@ -136,6 +137,7 @@ def _fused_node(graph: Graph, match: EagerAttention) -> OpNode:
         "kv_len": kv_len,
         "causal": match.masked,
         "has_mask": False,
+        "window": int(qk.attrs.get("window") or 0),  # the module's sliding window (trace/windows.py)
         "bwd_recompute_flops": qk.fwd_flops,
         "eager_nodes": len(match.nodes),
     }
