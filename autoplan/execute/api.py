@@ -39,6 +39,7 @@ from autoplan.execute import (
 )
 from autoplan.execute.compiled import compile_blocks
 from autoplan.execute.context_parallel import build_context_parallel
+from autoplan.execute.flat_grads import allreduce_buffer
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
@@ -190,6 +191,9 @@ def parallelize(
         some_unused=bool(list_moe),
         grad_mesh=sync_mesh,
         context=cp_state,
+        flat_grads=allreduce_buffer(dense=expert_parallel.split_params(params, ep_state)[0], some_unused=bool(list_moe))
+        if mode == "allreduce"
+        else None,
     )
     if plan.pp > 1:
         trainer.schedule = pipeline.build_schedule(

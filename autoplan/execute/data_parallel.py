@@ -34,6 +34,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from autoplan.execute.flat_grads import FlatGrads
 from autoplan.types.plan import Plan, runs_ddp
 
 #: PowerSGD compresses from this step on (torch: > 1 with error feedback; module docstring)
@@ -174,23 +175,42 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def allreduce_grads(
-    *, params: list[nn.Parameter], dp_mesh: DeviceMesh, reduce_dtype: torch.dtype = torch.float32
+    *,
+    params: list[nn.Parameter],
+    dp_mesh: DeviceMesh,
+    reduce_dtype: torch.dtype = torch.float32,
+    flat: FlatGrads | None = None,
 ) -> None:
-    """Average every gradient over the dp group, one flat buffer per dtype, sent in ``reduce_dtype``."""
+    """Average every gradient over the dp group, sent in ``reduce_dtype``: in place on ``flat``'s
+    buffer where the gradients are its views (execute/flat_grads.py), else one flat copy per dtype."""
     group = dp_mesh.get_group()
+    if flat is not None:
+        had = [param.grad is not None for param in flat.params]
+        buffer = flat.collect()
+        mean = _allreduce_mean(buffer, group=group, reduce_dtype=reduce_dtype)
+        if mean is not buffer:
+            buffer.copy_(mean)
+        flat.set_gradients(had=had)
+        return
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for param in params:
         if param.grad is not None:
             grad = local(param.grad)
             by_dtype.setdefault(grad.dtype, []).append(grad)
-    op = dist.ReduceOp.AVG if dist.get_backend(group) == "nccl" else dist.ReduceOp.SUM
-    size = dist.get_world_size(group)
     for grads in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in grads]).to(reduce_dtype)
-        dist.all_reduce(flat, op=op, group=group)
-        if op == dist.ReduceOp.SUM:
-            flat /= size
+        reduced = _allreduce_mean(torch.cat([g.reshape(-1) for g in grads]), group=group, reduce_dtype=reduce_dtype)
         offset = 0
         for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            g.copy_(reduced[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+def _allreduce_mean(flat: torch.Tensor, *, group: dist.ProcessGroup, reduce_dtype: torch.dtype) -> torch.Tensor:
+    """``flat``'s mean over ``group``, summed in ``reduce_dtype``: ``flat`` itself, reduced in place,
+    when that is its dtype, else a cast of it (NCCL averages itself; gloo sums and this divides)."""
+    sent = flat.to(reduce_dtype)
+    op = dist.ReduceOp.AVG if dist.get_backend(group) == "nccl" else dist.ReduceOp.SUM
+    dist.all_reduce(sent, op=op, group=group)
+    if op == dist.ReduceOp.SUM:
+        sent /= dist.get_world_size(group)
+    return sent

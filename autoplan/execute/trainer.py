@@ -78,6 +78,7 @@ class Trainer:
     unscaled_losses: list = field(default_factory=list)  # (returned, unscaled) per loss call on the last stage
     grad_mesh: Any = None  # the ranks averaging gradients: dp, or dp x cp (mesh.py grad_mesh)
     context: Any = None  # a ContextParallel at cp > 1 (context_parallel.py)
+    flat_grads: Any = None  # the explicit all-reduce's FlatGrads: gradients as views of one buffer (flat_grads.py)
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
@@ -201,7 +202,9 @@ class Trainer:
             self.experts.sync_grads(dp_mode=self.dp_mode, reduce_dtype=self.policy.reduce_dtype)
         if self.dp_mode == "allreduce":
             dense, _ = split_params(params, self.experts)
-            allreduce_grads(params=dense, dp_mesh=self._grad_mesh(), reduce_dtype=self.policy.reduce_dtype)
+            allreduce_grads(
+                params=dense, dp_mesh=self._grad_mesh(), reduce_dtype=self.policy.reduce_dtype, flat=self.flat_grads
+            )
 
     def _grad_mesh(self) -> DeviceMesh:
         return self.mesh["dp"] if self.grad_mesh is None else self.grad_mesh

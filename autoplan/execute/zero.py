@@ -13,8 +13,9 @@ SC'20 "P_os"). One step:
 
 Per step and rank that is one reduce-scatter of N' gradient elements and one all-gather of N'
 parameter elements: the cost model's ZeRO-1 terms (autoplan/cost/model.py). Gradients stay
-whole through the backward (ZeRO-1 does not partition them); once flattened for the
-reduce-scatter they are freed, and the reduced values exist only as each rank's slice, which
+whole through the backward, in one flat fp32 buffer of N' elements for plain fp32 parameters
+(execute/flat_grads.py: reduce-scattered in place, the all-gather's target), else copied into
+one and freed. The reduced values exist only as each rank's slice, which
 :meth:`ShardedOptimizer.reduced_gradients` gathers for --verify.
 
 Under expert parallelism the sliced expert parameters get a second ``ShardedOptimizer`` over
@@ -34,6 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from autoplan.execute.data_parallel import local
 from autoplan.execute.expert_parallel import ExpertParallel, split_params
+from autoplan.execute.flat_grads import FlatGrads, holds_flat_grads
 
 
 def padded_numel(numel: int, dp: int) -> int:
@@ -64,6 +66,7 @@ class ShardedOptimizer:
         self.master = nn.Parameter(flat[self.rank * self.shard : (self.rank + 1) * self.shard].clone())
         self.inner = optimizer_fn([self.master])
         self.param_groups = self.inner.param_groups
+        self.grads = FlatGrads(params=params, numel=self.shard * self.dp) if holds_flat_grads(params) else None
 
     def _flat(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         flat = torch.zeros(
@@ -78,10 +81,12 @@ class ShardedOptimizer:
         return flat
 
     def held_tensors(self) -> list[torch.Tensor]:
-        """Tensors this optimizer keeps besides its inner states: the fp32 master slice."""
-        return [self.master]
+        """Tensors this optimizer keeps besides its inner states: the fp32 master slice, and the flat
+        gradient buffer where the gradients are its views."""
+        return [self.master] + ([self.grads.buffer] if self.grads is not None else [])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Unset every gradient: the next backward's first gradient is copied into the flat buffer."""
         for param in self.params:
             param.grad = None
         self.master.grad = None
@@ -121,22 +126,35 @@ class ShardedOptimizer:
         return flat[self.rank * self.shard : (self.rank + 1) * self.shard]
 
     def _reduce_scatter_gradients(self) -> None:
-        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p.data)) for p in self.params]
-        flat = self._flat(grads, self.reduce_dtype)
-        del grads
-        for param in self.params:  # the flat copy carries them now: free the per-parameter gradients
+        flat = self._flat_gradients()
+        for param in self.params:  # the flat buffer carries them now: unset the per-parameter gradients
             param.grad = None
         mine = torch.empty(self.shard, dtype=self.reduce_dtype, device=flat.device)
         dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.SUM, group=self.group)
+        del flat
         self.master.grad = mine.to(torch.float32).div_(self.divide_by)
 
-    def _all_gather_parameters(self) -> None:
-        self.finish_gather(*self.start_gather(async_op=False))
+    def _flat_gradients(self) -> torch.Tensor:
+        """The flat gradient in the reduce dtype: the gradient buffer itself when the gradients are its
+        views and the reduction runs in fp32 (no copy), its cast otherwise; without one, a flat copy."""
+        if self.grads is not None:
+            return self.grads.collect().to(self.reduce_dtype)
+        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p.data)) for p in self.params]
+        return self._flat(grads, self.reduce_dtype)
 
-    def start_gather(self, *, async_op: bool = True) -> tuple[object, torch.Tensor]:
-        """Start the all-gather of the updated slices into a flat buffer: (its work handle or None, the buffer)."""
+    def _all_gather_parameters(self) -> None:
+        """All-gather into the gradient buffer where there is one (its gradients were reduced and are
+        unset until the next zero_grad), so the whole fp32 vector needs no second buffer."""
+        into = self.grads.buffer if self.grads is not None else None
+        self.finish_gather(*self.start_gather(async_op=False, into=into))
+
+    def start_gather(self, *, async_op: bool = True, into: torch.Tensor | None = None) -> tuple[object, torch.Tensor]:
+        """Start the all-gather of the updated slices into a flat buffer (``into``, or a new one): (its
+        work handle or None, the buffer)."""
         first = local(self.params[0].data)
-        gathered = torch.empty(self.shard * self.dp, dtype=first.dtype, device=first.device)
+        gathered = into
+        if gathered is None:
+            gathered = torch.empty(self.shard * self.dp, dtype=first.dtype, device=first.device)
         mine = self.master.detach().to(first.dtype)
         return dist.all_gather_into_tensor(gathered, mine, group=self.group, async_op=async_op), gathered
 

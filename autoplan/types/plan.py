@@ -56,6 +56,14 @@ def runs_ddp(*, dp: int, tp: int, pp: int, zero_stage: int, overlap_grad_reduce:
     return dp > 1 and zero_stage == 0 and tp == 1 and pp == 1 and overlap_grad_reduce
 
 
+def flat_grads(*, dp: int, tp: int, zero_stage: int, runs_ddp: bool) -> bool:
+    """Whether the executor holds the gradients as views of one persistent flat fp32 buffer that the
+    reduction reads in place (autoplan/execute/flat_grads.py): ZeRO-1 and the explicit all-reduce over
+    dp > 1 ranks, with plain (not tensor-parallel DTensor) parameters. Then the gradients live through
+    the whole step, and the reduction makes no flat copy of them."""
+    return dp > 1 and zero_stage <= 1 and not runs_ddp and tp == 1
+
+
 @dataclass
 class Plan:
     """One hybrid data/tensor/pipeline plan.
@@ -274,6 +282,11 @@ class Plan:
             zero_stage=self.zero_stage,
             overlap_grad_reduce=self.overlap_grad_reduce,
         )
+
+    @property
+    def flat_grads(self) -> bool:
+        """Whether the executor holds this plan's gradients in one flat buffer (:func:`flat_grads`)."""
+        return flat_grads(dp=self.dp * self.cp, tp=self.tp, zero_stage=self.zero_stage, runs_ddp=self.runs_ddp)
 
     @property
     def runtime_preset(self) -> Runtime:

@@ -56,6 +56,7 @@ CASES = [
     ("tp_sp_recompute_selective", "llama", dict(tp=2, sequence_parallel=True, recompute="selective")),
     ("zero1_fp32_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, grad_reduce_dtype="bf16")),
     ("zero1_overlap_param_gather", "gpt", dict(dp=2, zero_stage=1, overlap_param_gather=True)),
+    ("allreduce_flat_accumulate", "gpt", dict(dp=2, overlap_grad_reduce=False, num_microbatches=4)),
     # an MoE block runs whole on the tokens a tp rank holds: all of them, or its sequence shard
     # under SP with the weights' gradients reduced once a step (execute/expert_sequence.py). Expert
     # parallelism's all-to-all bytes follow the real routing: tests/dist/test_expert_parallel.py

@@ -25,6 +25,8 @@ TWO = [
     ("pp2_1f1b", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4)),
     ("zero1", "gpt", dict(dp=2, zero_stage=1)),
     ("zero1_overlap_param_gather", "gpt", dict(dp=2, zero_stage=1, overlap_param_gather=True)),
+    # the explicit all-reduce on its flat gradient buffer, four micro-batches accumulated into it
+    ("allreduce_flat_accumulate", "gpt", dict(dp=2, overlap_grad_reduce=False, num_microbatches=4)),
     ("zero2", "gpt", dict(dp=2, zero_stage=2)),
     ("zero3", "llama", dict(dp=2, zero_stage=3)),
     ("recompute_full", "gpt", dict(dp=2, recompute="full")),

@@ -139,42 +139,72 @@ def stage_memory(
 
 
 def sync_buffer_bytes(
-    *, params: float, zero_stage: int, dp: int, tp: int, pp: int, reduce_bytes: int, unit_params: float = 0.0
+    *,
+    params: float,
+    zero_stage: int,
+    dp: int,
+    tp: int,
+    pp: int,
+    reduce_bytes: int,
+    unit_params: float = 0.0,
+    flat: bool = False,
+    staged: bool = False,
 ) -> float:
-    """The flat gradient buffer of the explicit all-reduce (ZeRO-0 under tp or pp) and of ZeRO-1,
-    alive after the backward; DDP reduces in place and FSDP2 per block. ``unit_params``: the
-    largest unit's parameters where ZeRO-1 keeps one flat buffer per unit (overlap_param_gather)."""
+    """The reduction's buffers beyond the fp32 gradients G of the explicit all-reduce (ZeRO-0 under tp
+    or pp) and of ZeRO-1, alive after the backward; DDP reduces in place and FSDP2 per block.
+    ``unit_params``: the largest unit's parameters where ZeRO-1 keeps one flat buffer per unit
+    (overlap_param_gather). ``flat``: the gradients are views of one flat fp32 buffer
+    (types/plan.py ``flat_grads``), reduced in place: a copy only to cast to a 16-bit reduce dtype.
+    ``staged``: the backend copies a reduce-scatter's input into a flat buffer of its own (gloo's
+    ``_reduce_scatter_base``, measured by the execution audit; NCCL reads the input in place)."""
     if dp == 1 or zero_stage >= 2 or (zero_stage == 0 and tp == 1 and pp == 1):
         return 0.0
     if zero_stage == 1 and unit_params:
-        return _zero1_unit_sync_bytes(params=unit_params, dp=dp, reduce_bytes=reduce_bytes)
+        return _zero1_unit_sync_bytes(params=unit_params, dp=dp, reduce_bytes=reduce_bytes, flat=flat, staged=staged)
     if zero_stage == 1:
-        return _zero1_sync_bytes(params=params, dp=dp, reduce_bytes=reduce_bytes)
-    # the explicit all-reduce concatenates the fp32 gradients, then casts the whole to the reduce dtype
-    # (execute/data_parallel.py): both are alive while the cast runs
-    return params * (4 + (reduce_bytes if reduce_bytes != 4 else 0))
+        return _zero1_sync_bytes(params=params, dp=dp, reduce_bytes=reduce_bytes, flat=flat, staged=staged)
+    cast = params * reduce_bytes if reduce_bytes != 4 else 0.0
+    # the all-reduce's flat copy: the buffer's cast (flat), else the concatenated fp32 gradients and
+    # their cast to the reduce dtype, both alive while the cast runs (execute/data_parallel.py)
+    return cast if flat else params * 4 + cast
 
 
-def _zero1_sync_bytes(*, params: float, dp: int, reduce_bytes: int) -> float:
+def _flat_copy_bytes(*, params: float, reduce_bytes: int, flat: bool, staged: bool = False) -> float:
+    """The flat gradient the reduce-scatter reads, beyond G: none when it is the flat buffer itself
+    (fp32), else its cast or the flat copy of the gradients in the reduce dtype (``r P``); with the
+    flat buffer, a ``staged`` backend's own copy of it (``r P``; without it that copy is counted
+    where G is released, :func:`_zero1_sync_bytes`)."""
+    copy = 0.0 if flat and reduce_bytes == 4 else params * reduce_bytes
+    return copy + (params * reduce_bytes if flat and staged else 0.0)
+
+
+def _zero1_sync_bytes(*, params: float, dp: int, reduce_bytes: int, flat: bool = False, staged: bool = False) -> float:
     """ZeRO-1's step beyond the fp32 gradients G = 4 P (execute/zero.py), the largest of three
-    moments, as the execution audit measures them: the flat copy of the gradients in the reduce
-    dtype and its reduce-scattered slice, beside the gradients (``r P + r P / N``); once they are
-    released, the slice's fp32 copy when r is 16-bit (``r P + (r + 4) P / N``, less G); the
-    all-gather of the updated parameters into a whole fp32 buffer beside the slice's fp32
-    gradient (``4 P + 4 P / N``, less G)."""
+    moments, as the execution audit measures them: the flat gradient in the reduce dtype (none when
+    the flat buffer is reduced in place, :func:`_flat_copy_bytes`) and its reduce-scattered slice,
+    beside the gradients (``r P + r P / N``); once the copy is released, the slice's fp32 copy when r
+    is 16-bit (``r P / N + 4 P / N``; without the flat buffer G is released too: ``r P + (r + 4) P / N``,
+    less G); the all-gather of the updated parameters into a whole fp32 vector beside the slice's fp32
+    gradient (``4 P / N``: into the flat buffer, or into a new one once G is released: ``4 P + 4 P / N``
+    less G)."""
     widened = 4 if reduce_bytes != 4 else 0
-    scattered = params * reduce_bytes + params / dp * reduce_bytes
-    widening = scattered + params / dp * widened - 4 * params
+    copied = _flat_copy_bytes(params=params, reduce_bytes=reduce_bytes, flat=flat, staged=staged)
+    scattered = copied + params / dp * reduce_bytes
+    released = params / dp * (reduce_bytes + widened)
+    widening = released if flat else params * reduce_bytes + released - 4 * params
     gathered = params / dp * 4
     return max(scattered, widening, gathered)
 
 
-def _zero1_unit_sync_bytes(*, params: float, dp: int, reduce_bytes: int) -> float:
+def _zero1_unit_sync_bytes(
+    *, params: float, dp: int, reduce_bytes: int, flat: bool = False, staged: bool = False
+) -> float:
     """ZeRO-1 with one flat buffer per unit (execute/param_gather.py), U the largest unit's
-    parameters: its flat gradient copy and slice (``r U + r U / N``), one unit at a time; or the
-    two fp32 units of gathered weights alive under the next forward (the one being copied in and
-    the one prefetched: ``2 * 4 U``)."""
-    return max(params * reduce_bytes + params / dp * reduce_bytes, 2 * 4 * params)
+    parameters: its flat gradient in the reduce dtype (:func:`_flat_copy_bytes`) and slice
+    (``r U + r U / N``), one unit at a time; or the two fp32 units of gathered weights alive under
+    the next forward (the one being copied in and the one prefetched: ``2 * 4 U``)."""
+    copied = _flat_copy_bytes(params=params, reduce_bytes=reduce_bytes, flat=flat, staged=staged)
+    return max(copied + params / dp * reduce_bytes, 2 * 4 * params)
 
 
 def usable_bytes(memory_bytes: float) -> float:

@@ -79,9 +79,11 @@ class PlanMemory:
                 pp=plan.pp,
                 reduce_bytes=reduce_bytes,
                 unit_params=_largest_unit(plan, stage, index) if plan.overlap_param_gather else 0.0,
+                flat=plan.flat_grads,
+                staged=self.profile.backend == "gloo",
             )
             + powersgd.hook_bytes,  # with the last bucket, after the backward (M3)
-            grads_persist=plan.runs_ddp,
+            grads_persist=plan.runs_ddp or plan.flat_grads,  # DDP's buckets, the flat buffer
         )
 
     def _states(self, plan: Plan, stage: StageTotals) -> ModelStates:
