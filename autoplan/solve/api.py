@@ -165,7 +165,7 @@ def explain_no_fit(graph: Graph, profile: Profile, options: SearchOptions, resul
         )
     pinned = [k for k in FRUGAL_PINS if k in options.fixes]
     kept = {k: v for k, v in options.fixes.items() if k not in pinned}
-    fit = _frugal_fit(graph, profile, options.devices, options.batch_size, kept, options.allow_fp8) if pinned else None
+    fit = _frugal_fit(graph, profile, options.devices, options.batch_size, kept, options) if pinned else None
     if fit is not None:
         return f"{head}; unpin {', '.join(pinned)}: --fix {_pins(fit, kept)} fits on {options.devices} devices."
     needed = smallest_fitting_devices(graph, profile, options)
@@ -183,7 +183,7 @@ def smallest_fitting_devices(graph: Graph, profile: Profile, options: SearchOpti
         count *= 2
         if count > profile.devices_per_node and (profile.inter_node is None or count % profile.devices_per_node):
             continue
-        if (fit := _frugal_fit(graph, profile, count, options.batch_size, {}, options.allow_fp8)) is not None:
+        if (fit := _frugal_fit(graph, profile, count, options.batch_size, {}, options)) is not None:
             return fit
     return None
 
@@ -206,12 +206,14 @@ def _pins(plan: Plan, kept: dict) -> str:
 
 
 def _frugal_fit(
-    graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict, allow_fp8: bool = False
+    graph: Graph, profile: Profile, devices: int, batch: int, fixes: dict, options: SearchOptions
 ) -> Plan | None:
     """The first of the most memory-frugal configurations of ``devices`` (full recomputation, the
     highest ZeRO stage dp allows, micro-batch 1, sequence parallelism, the narrowest precision)
-    that fits, or None. Degrees whose dp a ZeRO pin rules out are skipped, as the search skips them."""
+    that fits under the search's runtime, or None. Degrees whose dp a ZeRO pin rules out are
+    skipped, as the search skips them."""
     model = CostModel(graph, profile)
+    allow_fp8 = options.allow_fp8
     frugal = {"recompute": "full", "mbs": 1, **fixes}
     seq_lens = sequence_parallel.sequence_lengths(graph)
     for deg in space.degree_options(
@@ -245,6 +247,7 @@ def _frugal_fit(
                     precision=precision,
                     cp=deg.cp,
                     cp_variant=variant_options(profile, cp=deg.cp, fixes=frugal)[0],
+                    runtime=options.runtime,
                 )
                 if model.estimate(candidate).feasible:
                     return candidate

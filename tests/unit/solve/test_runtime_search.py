@@ -155,3 +155,14 @@ def test_sweep_prices_every_point_for_its_runtime(tmp_path, monkeypatch):
     graph = trace_model_file(ROOT / "examples" / "gpt_megatron.py", BATCH)
     priced = CostModel(graph, load_profile(out / "profile.json")).estimate(plan)
     assert priced.step_time_s == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_no_fit_suggestion_is_a_plan_for_the_runtime(graphs, h100, runtime):
+    """The plan a no-fit message suggests (solve/api.py) is priced, and fits, under the search's runtime."""
+    from autoplan.solve.api import smallest_fitting_devices
+
+    options = SearchOptions(devices=2, batch_size=BATCH, runtime=runtime)
+    suggested = smallest_fitting_devices(graphs["gpt_megatron"], h100, options)
+    assert suggested is not None and suggested.runtime == runtime
+    assert CostModel(graphs["gpt_megatron"], h100).estimate(suggested).feasible
