@@ -233,7 +233,9 @@ def _frugal_fit(
                 if not zeros:
                     continue
                 zero = max(zeros)
-                precision = space.precision_options(profile, fixes=frugal, allow_fp8=allow_fp8)[-1]
+                precision = space.precision_options(
+                    profile, fixes=frugal, allow_fp8=allow_fp8, runtime=options.runtime
+                )[-1]
                 candidate = Plan(
                     devices=devices,
                     dp=deg.dp,

@@ -124,7 +124,9 @@ class Search:
         seq_lens = sequence_lengths(self.graph)
         for deg in [d for d in degrees if space.zero_options(dp=d.dp_cp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
             local_seq_lens = tuple(n // deg.cp for n in seq_lens)  # what sp shards: a cp rank's part
-            for precision in space.precision_options(self.profile, fixes=self.fixes, allow_fp8=self.options.allow_fp8):
+            for precision in space.precision_options(
+                self.profile, fixes=self.fixes, allow_fp8=self.options.allow_fp8, runtime=self.options.runtime
+            ):
                 for sp in sp_options(tp=deg.tp, seq_lens=local_seq_lens, fixes=self.fixes, pp=deg.pp, moe=moe):
                     for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
                         if folds_into_dp(cp=deg.cp, mbs=mbs, fixes=self.fixes):

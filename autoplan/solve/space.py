@@ -29,6 +29,7 @@ from autoplan.solve.context_parallel import cp_allows
 from autoplan.types.graph import Graph
 from autoplan.types.plan import RECOMPUTE, runs_ddp
 from autoplan.types.profile import Profile
+from autoplan.types.runtime import check_runtime_choices, runtime_named
 
 #: What the search minimises (``--objective``): step time, or dollars per sample.
 OBJECTIVES = ("time", "cost")
@@ -306,10 +307,16 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     return list(RECOMPUTE) if layers else ["none"]
 
 
-def precision_options(profile: Profile, *, fixes: dict, allow_fp8: bool = False) -> list[str]:
-    """The precisions searched (module docstring); fp8 only when allowed or pinned."""
+def precision_options(
+    profile: Profile, *, fixes: dict, allow_fp8: bool = False, runtime: str = "autoplan"
+) -> list[str]:
+    """The precisions searched (module docstring); fp8 only when allowed or pinned, and only for a
+    runtime that runs an FP8 recipe (types/runtime.py)."""
     peaks = profile.device.peak_flops
-    fp8 = "fp8" in peaks and "bf16" in peaks and (allow_fp8 or fixes.get("precision") == "fp8")
+    if fixes.get("precision") == "fp8":
+        check_runtime_choices(runtime=runtime, compile=False, precision="fp8", fp8_recipe="")
+    runs_fp8 = bool(runtime_named(runtime).fp8_recipes)
+    fp8 = runs_fp8 and "fp8" in peaks and "bf16" in peaks and (allow_fp8 or fixes.get("precision") == "fp8")
     options = (
         (["fp32"] if "fp32" in peaks or "tf32" in peaks else [])
         + (["bf16"] if "bf16" in peaks else ["fp16"] if "fp16" in peaks else [])

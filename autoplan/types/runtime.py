@@ -185,6 +185,12 @@ def check_runtime_choices(*, runtime: str, compile: bool, precision: str, fp8_re
             f"plan compile=true with runtime '{runtime}': it does not compile blocks with torch.compile "
             "(its element-wise fusion is its own); use compile=false."
         )
+    if precision == "fp8" and not preset.fp8_recipes:
+        runs = ", ".join(name for name, other in RUNTIMES.items() if other.fp8_recipes)
+        raise PlanError(
+            f"plan precision=fp8 with runtime '{runtime}': it runs no FP8 recipe autoplan prices; use bf16, or "
+            f"one of the runtimes {runs}."
+        )
     if not fp8_recipe:
         return  # the runtime's default
     if precision == "fp8":

@@ -166,3 +166,35 @@ def test_the_no_fit_suggestion_is_a_plan_for_the_runtime(graphs, h100, runtime):
     suggested = smallest_fitting_devices(graphs["gpt_megatron"], h100, options)
     assert suggested is not None and suggested.runtime == runtime
     assert CostModel(graphs["gpt_megatron"], h100).estimate(suggested).feasible
+
+
+def test_a_runtime_without_fp8_is_searched_and_pinned_without_it(graphs, h100):
+    """DeepSpeed and the papers' Megatron-LM run no FP8 recipe autoplan prices: --allow-fp8 leaves fp8 out of
+    their search, a precision=fp8 pin is one sentence, and so is such a plan."""
+    from autoplan.errors import PlanError
+    from autoplan.solve.api import plan_graph
+
+    result = plan_graph(
+        graphs["gpt_megatron"], devices=4, profile=h100, batch_size=BATCH, runtime="deepspeed", allow_fp8=True
+    )
+    assert result.best.precision != "fp8" and result.best.runtime == "deepspeed"
+    with pytest.raises(PlanError, match="runs no FP8 recipe"):
+        plan_graph(
+            graphs["gpt_megatron"],
+            devices=4,
+            profile=h100,
+            batch_size=BATCH,
+            runtime="deepspeed",
+            fix={"precision": "fp8"},
+        )
+    with pytest.raises(PlanError, match="runs no FP8 recipe"):
+        Plan(
+            devices=4,
+            dp=4,
+            tp=1,
+            pp=1,
+            micro_batch_size=1,
+            num_microbatches=1,
+            precision="fp8",
+            runtime="megatron-lm-2022",
+        )
