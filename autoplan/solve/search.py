@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from dataclasses import replace
 
 from autoplan.cost import (
     Bounds,
@@ -371,7 +372,7 @@ class Search:
         stages = self.partitions.within_memory(plan)
         if stages is None:
             return cost, plan
-        retry = _with(plan, stages=stages)
+        retry = replace(plan, stages=stages)
         retry_cost = self.cost_model.estimate(retry)
         return (retry_cost, retry) if retry_cost.feasible else (cost, plan)
 
@@ -388,10 +389,6 @@ class Search:
             or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"
         )
         self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count, reason=reason))
-
-
-def _with(plan: Plan, **changes) -> Plan:
-    return Plan(**{**plan.to_dict(), **changes})
 
 
 def search(graph: Graph, profile: Profile, options: SearchOptions) -> SearchResult:
