@@ -32,7 +32,7 @@ from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
 from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
-from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.network.mesh import plan_mesh_groups
 from autoplan.cost.pp.schedule import prefetched_exposed_s
 from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis, analyse_block
 from autoplan.cost.tp.shards import pure_layouts_possible
@@ -256,15 +256,15 @@ class Bounds:
     def _message_s(self, message: DpMessage, params: float, plan: Plan) -> float:
         """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
         at its floor bytes per parameter (DpMessage.floor_bytes_per_param)."""
-        group = self._mesh(plan)["dp_cp"]
+        group = self._mesh(plan)["dp_shard"]  # ZeRO's messages: HSDP's shard group, else dp x cp
         size = params * message.floor_bytes_per_param(plan.precision)
         return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
 
     def _mesh(self, plan: Plan) -> dict:
         """mesh_groups of ``plan``'s degrees, memoised: the search asks once per candidate and message."""
-        key = (plan.dp, plan.tp, plan.pp, plan.cp)
+        key = (plan.dp, plan.tp, plan.pp, plan.cp, plan.dp_replicate)
         if key not in self._groups:
-            self._groups[key] = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)
+            self._groups[key] = plan_mesh_groups(self.profile, plan)
         return self._groups[key]
 
     def _sync_s(self, plan: Plan) -> float:
@@ -294,7 +294,16 @@ class Bounds:
         prefetched_exposed_s falls as efficiency rises). Under cp each block computes 1/cp of the tokens
         but gathers all its weights, so every block's gather shows, not only the first's."""
         blocks = self.stage_costs.single_stage_blocks(plan)
-        key = (id(blocks), messages, plan.num_microbatches, plan.dp, plan.tp, plan.cp, plan.precision)
+        key = (
+            id(blocks),
+            messages,
+            plan.num_microbatches,
+            plan.dp,
+            plan.dp_replicate,
+            plan.tp,
+            plan.cp,
+            plan.precision,
+        )
         hit = self._zero3.get(key)
         if hit is None or hit[0] is not blocks:  # the entry holds ``blocks``, so its id is not reused meanwhile
             hit = self._zero3[key] = (blocks, self._zero3_exposed_floor_s(plan, messages, blocks))

@@ -29,7 +29,7 @@ from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
 from autoplan.cost.moe.experts import ExpertPlacement, check_divides
 from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
-from autoplan.cost.network.mesh import AxisGroup, mesh_groups
+from autoplan.cost.network.mesh import AxisGroup, mesh_groups, plan_mesh_groups
 from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.pp.schedule import balanced_stages
 from autoplan.cost.pp.tied import TiedWeightSync
@@ -42,6 +42,7 @@ from autoplan.cost.tp.splits import TPContext
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.graph import PARAM_KINDS, Graph
+from autoplan.types.hsdp import shard_view
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
@@ -253,7 +254,7 @@ class CostModel:
         self, plan: Plan, *, fp8_recipe: str = ""
     ) -> tuple[list[StageTotals], dict[str, str], TPContext, dict[str, AxisGroup]]:
         self._check(plan)
-        groups = mesh_groups(self.profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)
+        groups = plan_mesh_groups(self.profile, plan)
         tp_plan = self._tp_plan(plan)
         ctx = self.tp_context(plan, fp8_recipe=fp8_recipe)
         return self._stages(plan, tp_plan, ctx), tp_plan, ctx, groups
@@ -267,7 +268,7 @@ class CostModel:
         cost = Cost()
         self._time(cost, plan, stages, groups)
         weights = weight_sync_plan(plan)  # dp x cp ranks hold the same weights (cost/cp/weights.py)
-        self.memory.fill(cost, weights, stages, self._powersgd_by_stage(weights, stages))
+        self.memory.fill(cost, shard_view(weights), stages, self._powersgd_by_stage(weights, stages))  # HSDP: S ranks
         self._throughput(cost, plan)
         return cost
 
@@ -303,10 +304,9 @@ class CostModel:
         )
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         weights = weight_sync_plan(plan)  # gradients sync over dp x cp (cost/cp/weights.py)
-        self.dp_terms.price(
-            cost, weights, stages, group=groups["dp_cp"], edp=self.edp_group(plan) if plan.ep > 1 else groups["dp"]
-        )
-        local_params = max(optimizer_params(weights, s) for s in stages)
+        edp = self.edp_group(plan) if plan.ep > 1 else groups["dp"]
+        self.dp_terms.price(cost, weights, stages, group=groups["dp_shard"], edp=edp, replicate=groups["dp_replicate"])
+        local_params = max(optimizer_params(shard_view(weights), s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
@@ -338,7 +338,7 @@ class CostModel:
         """Per stage, its memory on one device (PlanMemory.stage_memory, with the plan's PowerSGD traffic),
         its weights shared by the dp x cp ranks (cost/cp/weights.py)."""
         weights = weight_sync_plan(plan)
-        return self.memory.stage_memory(weights, stages, self._powersgd_by_stage(weights, stages))
+        return self.memory.stage_memory(shard_view(weights), stages, self._powersgd_by_stage(weights, stages))
 
     def _powersgd_by_stage(self, plan: Plan, stages: list[StageTotals]) -> list:
         """Each stage's PowerSGD traffic (the dp term's), whose state PlanMemory counts as held."""

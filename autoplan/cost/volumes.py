@@ -38,6 +38,7 @@ from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tp.block import OUTSIDE_PARTS
 from autoplan.cost.tp.splits import Messages, block_messages
+from autoplan.types.hsdp import HSDP_AXES, dp_shard, shard_view
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 
@@ -70,7 +71,7 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
     weights = weight_sync_plan(plan)
     predictions = []
     for index, stage in enumerate(stages):
-        pred = StagePrediction(param_elements=_held_elements(weights, stage))
+        pred = StagePrediction(param_elements=_held_elements(shard_view(weights), stage))
         _tensor_parallel(pred, plan, model, tp_plan, ctx, index)
         _context_parallel(pred, plan, stage, index)
         _data_parallel(pred, weights, stage, index, model)
@@ -117,9 +118,11 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     grads = dp_messages.find(messages, dp_messages.GRADS)
     if grads.compressed:  # PowerSGD: the uncompressed tensors and the P and Q factors (cost/dp/compression.py)
         pred.add("dp", grads.kind, None, model.powersgd_stage(plan, stage).sent_bytes)
-    else:
-        fp8 = sum(b.fp8_params for b in stage.blocks)
-        _add(pred, "dp", *_per_step(plan, messages, params, units, plan.dp, fp8_params=fp8))
+    else:  # HSDP: ZeRO's messages over the shard group ("dp"), the shards' all-reduce across replicas
+        fp8, shard = sum(b.fp8_params for b in stage.blocks), dp_shard(plan)
+        _add(pred, "dp", *_per_step(plan, dp_messages.shard_messages(messages), params, units, shard, fp8_params=fp8))
+        replicas = dp_messages.replica_messages(messages)
+        _add(pred, HSDP_AXES[0], *_per_step(plan, replicas, params, units, shard))
     _add(pred, "dp", dp_messages.buffer_broadcast(plan, model.graph.buffer_bytes))
     module_list = any(m.interface == "module_list" for m in model.graph.moe_layers)
     tensors = len(model.graph.parameters)

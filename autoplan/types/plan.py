@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
+from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.prediction import Prediction
@@ -110,6 +111,9 @@ class Plan:
     others are for ``export``. ``compile`` compiles each block with torch.compile (as torchtitan
     does), so its element-wise ops run fused. ``fp8_recipe`` is the FP8 scaling recipe
     (:data:`~autoplan.types.runtime.FP8_RECIPES`), '' for the runtime's default.
+    ``dp_replicate`` splits dp into ``dp_replicate`` x ``dp / dp_replicate`` (HSDP): ZeRO shards over the
+    ``dp / dp_replicate`` consecutive dp ranks of a shard group and replicates across the groups
+    (types/hsdp.py; FSDP2 on a 2-D mesh, torchtitan's ``data_parallel_replicate_degree``).
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
@@ -148,6 +152,7 @@ class Plan:
     runtime: str = "autoplan"
     compile: bool = False
     fp8_recipe: str = ""
+    dp_replicate: int = 1
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -226,6 +231,7 @@ class Plan:
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}."
             )
         self._check_compression()
+        check_dp_replicate(self)
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
@@ -338,6 +344,7 @@ class Plan:
         red += " compile" if self.compile else ""
         red += f" recipe={self.fp8_recipe}" if self.fp8_recipe else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
+        red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
         return (
             f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
             f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}"
@@ -353,7 +360,7 @@ class Plan:
             del data["inputs"]  # plan files without traced inputs stay as they were
         if self.cp == 1:
             del data["cp"], data["cp_variant"]  # and so do plans without context parallelism
-        for name, default in (("runtime", "autoplan"), ("compile", False), ("fp8_recipe", "")):
+        for name, default in (("runtime", "autoplan"), ("compile", False), ("fp8_recipe", ""), ("dp_replicate", 1)):
             if data[name] == default:
                 del data[name]  # and plans for autoplan's executor, uncompiled, with the default FP8 recipe
         return data

@@ -16,19 +16,21 @@ those of the compute dtype, P' = g ceil(P / g) (ZeRO-1's flat buffer padded to t
 Under ZeRO-3 with fp8 tensorwise in autoplan's executor on NCCL (types/runtime.py
 ``fsdp_float8_all_gather``) FP8 linears' weights, P_8 of the P, are gathered in FP8: (P - P_8) b_w + P_8.
 
-Also stated here: ``overlap_param_gather``, PowerSGD's three all-reduces per bucket, the experts'
-edp sync, DDP's buffer broadcast and unused-parameter map, and fp16's overflow flag. docs/cost-model.md,
+HSDP (R = ``dp_replicate``, S = dp / R; types/hsdp.py): the table over S ranks, each gradient reduce-scatter
+then all-reducing its 1/S shard (P/S b_g; ZeRO-1 P'/S) across the R replicas. Also stated here:
+``overlap_param_gather``, PowerSGD's three all-reduces per bucket, the experts' edp sync, DDP's buffer broadcast and unused-parameter map, and fp16's overflow flag. docs/cost-model.md,
 "Who says what is sent" lists each with its source.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import GRAD_BYTES as POWERSGD_GRAD_BYTES
 from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
+from autoplan.types.hsdp import dp_shard, shard_view
 from autoplan.types.plan import Plan
 from autoplan.types.runtime import fsdp_float8_all_gather
 
@@ -61,6 +63,8 @@ class DpMessage:
     apart: bool = False  # the experts' flat all-reduce after the backward, not with each block's
     compressed: bool = False  # PowerSGD's P, Q and uncompressed tensors (cost/dp/compression.py)
     fp8_bytes_per_param: int = 0  # FP8 linears' weights under FSDP2's FP8 all-gather (1), 0 when not
+    replicas: bool = False  # HSDP's all-reduce across the dp_replicate group (module docstring)
+    share: int = 1  # the message carries 1/share of the unit: HSDP's replica all-reduce of a 1/S shard
 
     def times_per_step(self, num_microbatches: int) -> int:
         return num_microbatches if self.micro_batches == EACH else 1
@@ -77,6 +81,8 @@ class DpMessage:
     def unit_bytes(self, params: float, fp8_params: float = 0.0) -> float:
         """Bytes of one message of ``params`` parameters, ``fp8_params`` of them FP8 linears' weights
         (sent in FP8 when ``fp8_bytes_per_param`` is set: module docstring)."""
+        if self.share > 1:  # HSDP's replica all-reduce: gradients only, never FP8
+            return params / self.share * self.bytes_per_param
         if not self.fp8_bytes_per_param:
             return params * self.bytes_per_param
         return (params - fp8_params) * self.bytes_per_param + fp8_params * self.fp8_bytes_per_param
@@ -94,6 +100,8 @@ def dp_messages(plan: Plan, *, backend: str = "") -> tuple[DpMessage, ...]:
     ``backend`` (the profile's) says whether ZeRO-3 can gather FP8 weights ('': not asked, as bf16)."""
     if plan.dp == 1:
         return ()
+    if plan.dp_replicate > 1:
+        return _hsdp(plan, backend=backend)
     if plan.zero_stage == 0:
         return (_zero0_grads(plan),)
     if plan.zero_stage == 3:
@@ -159,9 +167,31 @@ def _zero3(plan: Plan, *, backend: str) -> tuple[DpMessage, ...]:
     return (forward, backward, _sharded_grads(plan))
 
 
+def _hsdp(plan: Plan, *, backend: str) -> tuple[DpMessage, ...]:
+    """HSDP: the shard group's messages, each gradient reduce-scatter followed by the all-reduce of its
+    1/S shard across the replicas, in the same phase and as often (module docstring)."""
+    shard = dp_shard(plan)
+    out: list[DpMessage] = []
+    for message in dp_messages(shard_view(plan), backend=backend):
+        out.append(message)
+        if message.payload == GRADS:
+            out.append(replace(message, kind="all_reduce", replicas=True, share=shard))
+    return tuple(out)
+
+
+def shard_messages(messages: tuple[DpMessage, ...]) -> tuple[DpMessage, ...]:
+    """The messages sent over the shard group (all of them without HSDP)."""
+    return tuple(m for m in messages if not m.replicas)
+
+
+def replica_messages(messages: tuple[DpMessage, ...]) -> tuple[DpMessage, ...]:
+    """HSDP's all-reduces across the replicate group (none without HSDP)."""
+    return tuple(m for m in messages if m.replicas)
+
+
 def find(messages: tuple[DpMessage, ...], payload: str, phase: str | None = None) -> DpMessage | None:
-    """The message of ``payload`` (in ``phase`` when given), or None."""
-    return next((m for m in messages if m.payload == payload and phase in (None, m.phase)), None)
+    """The shard group's message of ``payload`` (in ``phase`` when given), or None."""
+    return next((m for m in messages if m.payload == payload and phase in (None, m.phase) and not m.replicas), None)
 
 
 @dataclass(frozen=True)
@@ -187,10 +217,17 @@ def per_step(
     bytes, as the table reads)."""
     found: dict[tuple, list] = {}
     for message in messages:
-        key = (message.kind, message.bytes_per_param, message.fp8_bytes_per_param, message.padded, message.bucketed)
+        key = (
+            message.kind,
+            message.bytes_per_param,
+            message.fp8_bytes_per_param,
+            message.padded,
+            message.bucketed,
+            message.share,
+        )
         found.setdefault(key, [0, message])[0] += message.times_per_step(num_microbatches)
     out = []
-    for (kind, _size, _fp8, padded, bucketed), (times, message) in found.items():
+    for (kind, _size, _fp8, padded, bucketed, _share), (times, message) in found.items():
         sent = group_size * math.ceil(params / group_size) if padded else params
         calls = None if bucketed else units * times
         out.append(StepMessages(kind, calls, times * message.unit_bytes(sent, fp8_params)))

@@ -8,6 +8,8 @@
 - zero_exposed (ZeRO-3): gathers and reduce-scatters prefetched one block ahead,
   f t_fwd + (g - s) t_bwd_gather + s t_bwd_gather+scatter with f, g, s the statement's repetitions;
 - PowerSGD: three all-reduces per bucket, its own compute added whole (``compression_s``);
+- HSDP (cost/dp/messages.py): each block's gradient message is its reduce-scatter over the shard
+  group followed by the all-reduce of its 1/S shard over the replicate group, on that group's links;
 - overlap efficiency eta (profile ``comm_overlap``): exposed(eta) = exposed(1) + (1 - eta)(total -
   exposed(1)); eta = 0 for FSDP2 without CUDA streams.
 
@@ -29,6 +31,7 @@ from autoplan.cost.dp.messages import (
     dp_messages,
     expert_messages,
     find,
+    replica_messages,
 )
 from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
 from autoplan.cost.network.mesh import AxisGroup
@@ -47,15 +50,26 @@ class DataParallelTerms:
         self.profile, self.graph = profile, graph
         self._memo: dict[tuple, object] = {}
 
-    def price(self, cost: Cost, plan: Plan, stages: list[StageTotals], *, group: AxisGroup, edp: AxisGroup) -> None:
+    def price(
+        self,
+        cost: Cost,
+        plan: Plan,
+        stages: list[StageTotals],
+        *,
+        group: AxisGroup,
+        edp: AxisGroup,
+        replicate: AxisGroup | None = None,
+    ) -> None:
         """Set ``cost``'s dp_comm_s, dp_comm_exposed_s, compression_s and zero_comm_s; ``group`` is
-        the dp group, ``edp`` the routed experts' (any group at ep = 1: unused there)."""
+        the dp group (HSDP's shard group), ``edp`` the routed experts' (any group at ep = 1: unused
+        there), ``replicate`` HSDP's replicate group (None without HSDP)."""
         if plan.dp == 1:
             return
+        groups = (group, replicate or group)  # without HSDP no message goes to the replicate group
         if plan.zero_stage >= 3:
-            cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, group, edp) for s in stages)
+            cost.zero_comm_s = max(self._zero3_exposed_s(plan, s, groups, edp) for s in stages)
             return
-        self._dp_time(cost, plan, stages, group, edp)
+        self._dp_time(cost, plan, stages, groups, edp)
         self._compression_time(cost, plan, stages)
 
     def collective_s(self, kind: str, message_bytes: float, group: AxisGroup, bucket_bytes: float | None) -> float:
@@ -98,7 +112,14 @@ class DataParallelTerms:
             return 0.0, False
         return max(self.message_s(apart, s.expert_params * apart.bytes_per_param, edp) for s in stages), True
 
-    def _dp_time(self, cost: Cost, plan: Plan, stages: list[StageTotals], group: AxisGroup, edp: AxisGroup) -> None:
+    def _replicas_s(self, plan: Plan, messages: tuple, block, replicate: AxisGroup) -> float:
+        """HSDP's all-reduces of one block's gradient shard across the replicas (0 without HSDP)."""
+        return sum(self._block_s(plan, m, block, replicate, replicate) for m in replica_messages(messages))
+
+    def _dp_time(
+        self, cost: Cost, plan: Plan, stages: list[StageTotals], groups: tuple[AxisGroup, AxisGroup], edp: AxisGroup
+    ) -> None:
+        group, replicate = groups
         messages = dp_messages(plan, backend=self.profile.backend)
         grads, eta = find(messages, GRADS), self._overlap_efficiency(plan)
         slowest = max(stages, key=lambda s: s.micro_batch_s)
@@ -108,6 +129,10 @@ class DataParallelTerms:
         for index, stage in enumerate(stages):
             backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
             sync = self._grad_syncs_s(plan, grads, stage, group, edp, experts=not apart)
+            if plan.dp_replicate > 1:  # each block's shard all-reduced across the replicas after its reduce-scatter
+                sync = [
+                    s + self._replicas_s(plan, messages, b, replicate) for s, b in zip(sync, reversed(stage.blocks))
+                ]
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(exposed, partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=eta))
@@ -190,8 +215,12 @@ class DataParallelTerms:
             return 0.0
         return self.profile.comm_overlap.efficiency
 
-    def _zero3_exposed_s(self, plan: Plan, stage: StageTotals, group: AxisGroup, edp: AxisGroup) -> float:
-        """FSDP2's exposed gathers and reduce-scatters on ``stage`` (module docstring)."""
+    def _zero3_exposed_s(
+        self, plan: Plan, stage: StageTotals, groups: tuple[AxisGroup, AxisGroup], edp: AxisGroup
+    ) -> float:
+        """FSDP2's exposed gathers and reduce-scatters (and HSDP's replica all-reduces) on ``stage``
+        (module docstring)."""
+        group, replicate = groups
         messages = dp_messages(plan, backend=self.profile.backend)
         eta, m = self._overlap_efficiency(plan), plan.num_microbatches
         forward, backward = find(messages, WEIGHTS, FORWARD), find(messages, WEIGHTS, BACKWARD)
@@ -199,7 +228,10 @@ class DataParallelTerms:
         blocks = stage.blocks
         gather = [self._block_s(plan, forward, b, group, edp) for b in blocks]
         regather = [self._block_s(plan, backward, b, group, edp) for b in reversed(blocks)]
-        scatter = [self._block_s(plan, grads, b, group, edp) for b in reversed(blocks)]
+        scatter = [
+            self._block_s(plan, grads, b, group, edp) + self._replicas_s(plan, messages, b, replicate)
+            for b in reversed(blocks)
+        ]
         fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in blocks], comm_s=gather, efficiency=eta)
         bwd_compute = [b.bwd_s for b in reversed(blocks)]
         both = [g + s for g, s in zip(regather, scatter)]

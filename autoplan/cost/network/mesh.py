@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autoplan.errors import PlanError
+from autoplan.types.hsdp import HSDP_AXES, hsdp_groups
 from autoplan.types.layout import expert_groups, plan_groups
 from autoplan.types.profile import Profile
 
@@ -37,17 +38,35 @@ class AxisGroup:
         return -(-self.size // self.ranks_per_node)
 
 
-def mesh_groups(profile: Profile, *, dp: int, tp: int, pp: int, cp: int = 1) -> dict[str, AxisGroup]:
+def mesh_groups(
+    profile: Profile, *, dp: int, tp: int, pp: int, cp: int = 1, dp_replicate: int = 1
+) -> dict[str, AxisGroup]:
     """The tp, dp and pp groups of a ``(pp, dp, cp, tp)`` mesh on ``profile``'s nodes, and with
-    cp > 1 its cp and dp x cp ("dp_cp") groups; with cp = 1 "dp_cp" is the dp group."""
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)):
+    cp > 1 its cp and dp x cp ("dp_cp") groups; with cp = 1 "dp_cp" is the dp group. "dp_shard" and
+    "dp_replicate" are HSDP's split of the weight-sharing group (types/hsdp.py): with dp_replicate = 1
+    the shard group is "dp_cp" and the replicate group one rank."""
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("dp_replicate", dp_replicate)):
         if not isinstance(value, int) or value < 1:
             raise PlanError(f"mesh degree {name}={value!r}; expected an integer >= 1.")
     groups = dict(_mesh_groups(profile.devices_per_node, dp, tp, pp, cp))
     if cp == 1:
         groups["dp_cp"] = groups["dp"]
         groups["cp"] = AxisGroup(size=1, ranks_per_node=1)
+    groups["dp_shard"], groups["dp_replicate"] = groups["dp_cp"], AxisGroup(size=1, ranks_per_node=1)
+    if dp_replicate > 1:
+        groups.update(_hsdp_groups(profile.devices_per_node, dp, tp, pp, dp_replicate))
     return groups
+
+
+def plan_mesh_groups(profile: Profile, plan) -> dict[str, AxisGroup]:
+    """:func:`mesh_groups` of ``plan``'s degrees."""
+    return mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp, dp_replicate=plan.dp_replicate)
+
+
+@lru_cache(maxsize=1024)
+def _hsdp_groups(devices_per_node: int, dp: int, tp: int, pp: int, replicate: int) -> tuple[tuple[str, AxisGroup], ...]:
+    groups = hsdp_groups(pp=pp, dp=dp, tp=tp, dp_replicate=replicate)
+    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in HSDP_AXES)
 
 
 @lru_cache(maxsize=4096)
