@@ -18,8 +18,8 @@ Under ZeRO-3 with fp8 tensorwise in autoplan's executor on NCCL (types/runtime.p
 
 HSDP (R = ``dp_replicate``, S = dp / R; types/hsdp.py): the table over S ranks, each gradient reduce-scatter
 then all-reducing its 1/S shard (P/S b_g; ZeRO-1 P'/S) across the R replicas. Also stated here:
-``overlap_param_gather``, PowerSGD's three all-reduces per bucket, the experts' edp sync, DDP's buffer broadcast and unused-parameter map, and fp16's overflow flag. docs/cost-model.md,
-"Who says what is sent" lists each with its source.
+``overlap_param_gather``, PowerSGD's three all-reduces per bucket, the experts' edp sync, DDP's buffer
+broadcast and unused-parameter map, and fp16's overflow flag. docs/cost-model.md, "Who says what is sent".
 """
 
 from __future__ import annotations
