@@ -27,7 +27,17 @@ from autoplan.cost.compute.roofline import memory_time_s
 from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
 from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
-from autoplan.cost.dp.messages import BACKWARD, EACH, FORWARD, GRADS, WEIGHTS, DpMessage, dp_messages, find
+from autoplan.cost.dp.messages import (
+    BACKWARD,
+    EACH,
+    FORWARD,
+    GRADS,
+    WEIGHTS,
+    DpMessage,
+    dp_messages,
+    find,
+    replica_messages,
+)
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
@@ -260,6 +270,16 @@ class Bounds:
         size = params * message.floor_bytes_per_param(plan.precision)
         return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
 
+    def _replicas_s(self, messages: tuple[DpMessage, ...], params: float, plan: Plan) -> float:
+        """HSDP's all-reduces of one unit's 1/S gradient shard across the replicas, after its reduce-scatter
+        (cost/dp/messages.py), at their floor bytes on the replicate group; 0 without HSDP."""
+        group = self._mesh(plan)["dp_replicate"]
+        return sum(
+            bucketed_time_s(self.profile, m.kind, m.unit_bytes(params) * m.floor_bytes_per_param(plan.precision)
+                            / m.bytes_per_param, group=group, bucket_bytes=m.bucket_bytes)
+            for m in replica_messages(messages)
+        )  # fmt: skip
+
     def _mesh(self, plan: Plan) -> dict:
         """mesh_groups of ``plan``'s degrees, memoised: the search asks once per candidate and message."""
         key = (plan.dp, plan.tp, plan.pp, plan.cp, plan.dp_replicate)
@@ -278,11 +298,12 @@ class Bounds:
         grads = find(messages, GRADS)
         gather = find(messages, WEIGHTS, FORWARD)
         if gather is None:
-            return self._message_s(grads, first, plan)
+            return self._message_s(grads, first, plan) + self._replicas_s(messages, first, plan)
         floor = gather.times_per_step(plan.num_microbatches) * self._message_s(gather, first, plan)
         if grads.micro_batches == EACH:  # a pipeline stage gathers in the first forward only, scatters once
             regather = find(messages, WEIGHTS, BACKWARD)
             backward = self._message_s(regather, smallest, plan) + self._message_s(grads, smallest, plan)
+            backward += self._replicas_s(messages, smallest, plan)
             floor += gather.times_per_step(plan.num_microbatches) * backward
         return max(floor, self._zero3_blocks_s(plan, messages)) if plan.cp > 1 else floor
 

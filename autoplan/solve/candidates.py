@@ -110,6 +110,7 @@ class Group:
             reduce="*",
             compression="*",
             param_gather="*",
+            dp_replicate="*",
         )
 
     def plan(
@@ -148,6 +149,7 @@ class Group:
             grad_compression=grads.compression,
             powersgd_rank=grads.rank,
             overlap_param_gather=grads.param_gather,
+            dp_replicate=grads.replicate,
             ep=deg.ep,
             cp=deg.cp,
             cp_variant=self.cp_variant,
@@ -194,4 +196,5 @@ def config_of(plan: Plan) -> dict:
         reduce=plan.grad_reduce_dtype,
         compression=f"powersgd:{plan.powersgd_rank}" if plan.grad_compression == "powersgd" else "none",
         param_gather=plan.overlap_param_gather,
+        dp_replicate=plan.dp_replicate,
     )

@@ -46,6 +46,7 @@ CONFIG_COLUMNS = (
     "reduce",
     "compression",
     "param_gather",
+    "dp_replicate",
 )
 
 

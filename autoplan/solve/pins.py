@@ -1,8 +1,9 @@
 """The user's pins on the search space (``--fix dp=32,tp=8,sp=on,...``), parsed and typed.
 
 Each key names one choice of the outer search (solve/space.py) and takes the values that choice
-can have: a positive integer for the degrees (``cp`` the context-parallel one), the micro-batch size
-and the virtual stages; 0-3 for ``zero``; a rank or ``off`` for ``powersgd``; on/off (true/false) for
+can have: a positive integer for the degrees (``cp`` the context-parallel one, ``dp_replicate`` HSDP's
+replicas), the micro-batch size and the virtual stages; 0-3 for ``zero``; a rank or ``off`` for
+``powersgd``; on/off (true/false) for
 ``sp``, ``tp_overlap``, ``param_gather`` (ZeRO-1's weight all-gather under the next forward) and
 ``compile`` (torch.compile per block, Plan.compile); one of the plan's names for ``recompute``,
 ``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``), ``reduce`` and ``cp_variant``
@@ -33,8 +34,9 @@ FIX_KEYS = (
     "cp_variant",
     "param_gather",
     "compile",
+    "dp_replicate",
 )
-_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd")
+_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate")
 _SCHEDULE_ALIASES = {
     "interleaved": "interleaved_1f1b",
     "interleaved_1f1b": "interleaved_1f1b",

@@ -120,7 +120,7 @@ class Search:
         kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.moe_limits.eps)
         kw.update(refused=self.refused, cp_seq_len=self.cp_seq_len)
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
-        space.check_zero_pin(degrees, self.fixes)
+        space.check_zero_pin(degrees, self.fixes, runtime=opts.runtime)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
         seq_lens = sequence_lengths(self.graph)
         for deg in [d for d in degrees if space.zero_options(dp=d.dp_cp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
@@ -249,7 +249,7 @@ class Search:
         its cost is what the memory-budgeted TP retry of _run_group starts from."""
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big = len(self.candidates), []
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, lossy=self.options.allow_lossy)
+        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
@@ -381,7 +381,7 @@ class Search:
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, lossy=self.options.allow_lossy)
+        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
         count = len(self._stage_options(g)) * len(dp_choices)
         config = g.pruned_config()
         reason = (

@@ -16,7 +16,8 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
   profile has fp8 and bf16 peaks;
 - gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction and, where the executor runs DDP,
   PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy);
-  under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward.
+  under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward;
+- HSDP under ZeRO 1-3: full sharding, or shard groups of a node's dp ranks times a power of two (solve/hsdp.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.solve.context_parallel import cp_allows
+from autoplan.solve.hsdp import check_hsdp_pin, replicate_options
 from autoplan.types.graph import Graph
 from autoplan.types.plan import RECOMPUTE, runs_ddp
 from autoplan.types.profile import Profile
@@ -201,6 +203,7 @@ class GradSync:
     compression: str = "none"
     rank: int = 0
     param_gather: bool = False
+    replicate: int = 1  # HSDP's dp_replicate (solve/hsdp.py)
 
 
 EXACT = GradSync()
@@ -221,12 +224,23 @@ def check_lossy_pins(graph: Graph, fixes: dict, *, allow_lossy: bool) -> None:
         check_rank(graph, fixes["powersgd"])
 
 
-def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, lossy: bool) -> list[tuple[int, GradSync]]:
-    """(ZeRO stage, gradient sync) choices of one degree; ``lossy``: --allow-lossy."""
+def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, options: Any) -> list[tuple[int, GradSync]]:
+    """(ZeRO stage, gradient sync with its HSDP split) choices of one degree under the search's ``options``
+    (``allow_lossy``: --allow-lossy; ``runtime``: which ZeRO stages run as HSDP, solve/hsdp.py)."""
     return [
-        (zero, grads)
+        (zero, replace(grads, replicate=replicate))
         for zero in zero_options(dp=deg.dp_cp, fixes=fixes)
-        for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=lossy)
+        for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=options.allow_lossy)
+        for replicate in replicate_options(
+            dp=deg.dp,
+            tp=deg.tp,
+            ep=deg.ep,
+            cp=deg.cp,
+            zero=zero,
+            per_node=profile.devices_per_node,
+            runtime=options.runtime,
+            fixes=fixes,
+        )  # fmt: skip
     ]
 
 
@@ -274,10 +288,12 @@ ZERO_PARTITIONS = {
 }
 
 
-def check_zero_pin(degrees: list[Degrees], fixes: dict) -> None:
+def check_zero_pin(degrees: list[Degrees], fixes: dict, *, runtime: str = "autoplan") -> None:
     """A ZeRO pin where every configuration the other pins leave has dp = 1: the rule, in one
     sentence. ZeRO partitions over the data-parallel ranks, and one rank has nothing to share
-    with, so ZeRO-k at dp = 1 is the zero=0 plan and the search lists it once, as zero=0."""
+    with, so ZeRO-k at dp = 1 is the zero=0 plan and the search lists it once, as zero=0. And a
+    dp_replicate pin with a ZeRO pin the runtime does not run HSDP at (solve/hsdp.py)."""
+    check_hsdp_pin(fixes, runtime)
     if fixes.get("param_gather") and fixes.get("zero", 1) != 1:
         raise PlanError(
             f"--fix param_gather=on overlaps ZeRO-1's weight all-gather with the next forward, and --fix "
