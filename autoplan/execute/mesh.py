@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autoplan.errors import PlanError, RunError
+from autoplan.types.hsdp import HSDP_AXES, dp_shard
 from autoplan.types.layout import EXPERT_AXES, MESH_AXES, mesh_shape
 from autoplan.types.plan import Plan
 
@@ -60,8 +61,12 @@ def build_mesh(*, plan: Plan) -> DeviceMesh:
 
 def grad_mesh(*, mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     """The ranks that average gradients: the dp axis, or with cp > 1 the dp and cp axes flattened
-    ("dp_cp", dp-major as types/layout.py ``plan_groups`` states it). A collective at cp > 1: every
-    rank calls it once, in the same order."""
+    ("dp_cp", dp-major as types/layout.py ``plan_groups`` states it), or under HSDP the dp axis
+    unflattened into the 2-D ``(dp_replicate, dp_shard)`` mesh, shard innermost (types/hsdp.py), on which
+    FSDP2's ``fully_shard`` runs HSDP. A collective at cp > 1 or under HSDP: every rank calls it once, in
+    the same order."""
+    if plan.dp_replicate > 1:
+        return mesh._unflatten("dp", (plan.dp_replicate, dp_shard(plan)), HSDP_AXES)[HSDP_AXES]
     if plan.cp == 1:
         return mesh["dp"]
     return mesh["dp", "cp"]._flatten("dp_cp")

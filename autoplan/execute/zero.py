@@ -18,6 +18,9 @@ whole through the backward, in one flat fp32 buffer of N' elements for plain fp3
 one and freed. The reduced values exist only as each rank's slice, which
 :meth:`ShardedOptimizer.reduced_gradients` gathers for --verify.
 
+Under HSDP (a 2-D ``(dp_replicate, dp_shard)`` mesh, types/hsdp.py) the slices are over the S ranks of
+the shard group and step 1 also all-reduces each rank's slice across the R replicas, dividing by dp.
+
 Under expert parallelism the sliced expert parameters get a second ``ShardedOptimizer`` over
 their edp group, dividing by dp instead of the group's size (the gradient rule of
 autoplan/execute/expert_parallel.py); :class:`ShardedOptimizers` steps both as one.
@@ -36,6 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from autoplan.execute.data_parallel import local
 from autoplan.execute.expert_parallel import ExpertParallel, split_params
 from autoplan.execute.flat_grads import FlatGrads, holds_flat_grads
+from autoplan.types.hsdp import HSDP_AXES
 
 
 def padded_numel(numel: int, dp: int) -> int:
@@ -56,9 +60,11 @@ class ShardedOptimizer:
         divide_by: int | None = None,
     ):
         self.params = params
-        self.group = dp_mesh.get_group()
-        self.dp, self.rank = dp_mesh.size(), dp_mesh.get_local_rank()
-        self.divide_by = divide_by or self.dp  # the reduced gradient is the slices' sum over this
+        self.replicas = dp_mesh[HSDP_AXES[0]].get_group() if dp_mesh.ndim == 2 else None  # HSDP (docstring)
+        shard_mesh = dp_mesh[HSDP_AXES[1]] if dp_mesh.ndim == 2 else dp_mesh
+        self.group = shard_mesh.get_group()
+        self.dp, self.rank = shard_mesh.size(), shard_mesh.get_local_rank()
+        self.divide_by = divide_by or dp_mesh.size()  # the reduced gradient is the slices' sum over this
         self.reduce_dtype = reduce_dtype
         self.numel = sum(local(p).numel() for p in params)
         self.shard = padded_numel(self.numel, self.dp) // self.dp
@@ -132,6 +138,8 @@ class ShardedOptimizer:
         mine = torch.empty(self.shard, dtype=self.reduce_dtype, device=flat.device)
         dist.reduce_scatter_tensor(mine, flat, op=dist.ReduceOp.SUM, group=self.group)
         del flat
+        if self.replicas is not None:  # HSDP: the slice summed across the replicas too
+            dist.all_reduce(mine, op=dist.ReduceOp.SUM, group=self.replicas)
         self.master.grad = mine.to(torch.float32).div_(self.divide_by)
 
     def _flat_gradients(self) -> torch.Tensor:

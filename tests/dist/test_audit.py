@@ -90,6 +90,11 @@ FOUR = [
     ("pp_dp_zero2_tied", "gpt_tied", dict(pp=2, dp=2, zero_stage=2)),
     ("cp_dp_zero3", "llama", dict(cp=2, dp=2, zero_stage=3)),
     ("cp_tp", "gpt", dict(cp=2, tp=2)),
+    # HSDP, 2 replicas of 2-rank shard groups: ZeRO's messages on the shard group ("dp"), each gradient
+    # shard all-reduced across the replicas ("dp_replicate"): FSDP2 on a 2-D mesh, ZeRO-1's sharded optimizer
+    ("hsdp_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
+    ("hsdp_zero2", "gpt", dict(dp=4, dp_replicate=2, zero_stage=2)),
+    ("hsdp_zero3", "llama", dict(dp=4, dp_replicate=2, zero_stage=3)),
     # cp x pp runs and verifies (test_execute.py) but is not audited: its stages send the rotary tables made
     # before the first block whole, which cost/pp/messages.py prices at 1/cp (docs/cost-model.md, "Context
     # parallelism")

@@ -64,6 +64,9 @@ FOUR = [
     # weights tied across stages on a 4-D (pp, dp, cp, tp) mesh at tp > 1 (execute/tied.py)
     ("pp2_tp2_tied", "gpt_tied", dict(pp=2, tp=2, tp_plan=m.gpt_tp_plan(False))),
     ("cp2_tp2_sp", "gpt", dict(cp=2, tp=2, sequence_parallel=True)),
+    # HSDP: 2 replicas x 2-rank shard groups (ZeRO-1's sharded optimizer; FSDP2 on a 2-D mesh)
+    ("hsdp2x2_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
+    ("hsdp2x2_zero3", "llama", dict(dp=4, dp_replicate=2, zero_stage=3)),
     ("cp2_dp2_ddp", "llama", dict(cp=2, dp=2)),
     ("cp2_tp2_ulysses", "llama", dict(cp=2, tp=2, cp_variant="ulysses")),
     ("cp2_pp2_1f1b_recompute_bf16", "llama", dict(cp=2, pp=2, schedule="1f1b", recompute="full", precision="bf16")),

@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_flatten
 from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
+from autoplan.types.hsdp import HSDP_AXES
 
 MESH_DIMS = ("dp", "tp", "pp")
 EXPERT_DIMS = ("ep", "edp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
@@ -84,8 +85,8 @@ def group_dims(
     apart by their ranks, since DTensor and a sub-mesh may each hold their own process group over
     the same ranks. ``grad_mesh``: the dp x cp ranks that sync gradients, counted as dp."""
     dims: dict[frozenset, str] = {}
-    if grad_mesh is not None and grad_mesh.size() > 1:
-        dims[_ranks(grad_mesh.get_group())] = "dp"
+    for sub, dim in _grad_meshes(grad_mesh):
+        dims[_ranks(sub.get_group())] = dim
     for dim in MESH_DIMS:
         if dim in (mesh.mesh_dim_names or ()) and mesh[dim].size() > 1:
             dims.setdefault(frozenset(dist.get_process_group_ranks(mesh[dim].get_group())), dim)
@@ -94,6 +95,16 @@ def group_dims(
     for dim, sub in _expert_meshes(experts):
         dims.setdefault(_ranks(sub.get_group()), dim)
     return dims
+
+
+def _grad_meshes(grad_mesh: Any) -> list[tuple[Any, str]]:
+    """The gradient-sync groups and their dims: the dp x cp ranks as "dp", or under HSDP's 2-D mesh the
+    shard group as "dp" and the replicate group as "dp_replicate" (types/hsdp.py)."""
+    if grad_mesh is None or grad_mesh.size() == 1:
+        return []
+    if grad_mesh.ndim == 2:
+        return [(grad_mesh[HSDP_AXES[1]], "dp"), (grad_mesh[HSDP_AXES[0]], HSDP_AXES[0])]
+    return [(grad_mesh, "dp")]
 
 
 def all_to_all_dims(experts: Any) -> dict[frozenset, str]:
