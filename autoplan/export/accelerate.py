@@ -70,7 +70,7 @@ def export(
         config["fp8_config"] = {"backend": "AO"}  # torchao's float8 training, as autoplan runs it
     if kind == "FSDP":
         config["fsdp_config"] = _fsdp_config(plan, facts)
-        if plan.tp > 1 or plan.cp > 1:
+        if plan.tp > 1 or plan.cp > 1 or plan.dp_replicate > 1:
             config["parallelism_config"] = _parallelism_config(plan)
     unexpressed = _unexpressed(plan, kind)
     launch = launch_command(machines=machines, main_process_ip=main_process_ip, main_process_port=main_process_port)
@@ -124,10 +124,11 @@ def _fsdp_config(plan: Plan, facts: ModelFacts) -> dict[str, Any]:
 def _parallelism_config(plan: Plan) -> dict[str, Any]:
     """Accelerate's mesh sizes. The pipeline ranks have no Accelerate equivalent; they run as more
     data-parallel ranks. cp runs torch's context parallelism (``cp_backend`` torch) with FSDP2 over
-    dp_shard x cp; Ulysses is written as allgather (:func:`_parallel_gaps` says why)."""
+    dp_shard x cp; Ulysses is written as allgather (:func:`_parallel_gaps` says why). HSDP's replicas are
+    ``dp_replicate_size`` (FSDP2 on Accelerate's 2-D ``(dp_replicate, dp_shard)`` mesh, types/hsdp.py)."""
     sizes: dict[str, Any] = {
-        "parallelism_config_dp_replicate_size": 1,
-        "parallelism_config_dp_shard_size": plan.dp * plan.pp,
+        "parallelism_config_dp_replicate_size": plan.dp_replicate,
+        "parallelism_config_dp_shard_size": plan.dp * plan.pp // plan.dp_replicate,
         "parallelism_config_tp_size": plan.tp,
         "parallelism_config_cp_size": plan.cp,
     }
@@ -274,6 +275,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
         "precision": {"no": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}.get(mixed, "fp32"),
         "grad_reduce_dtype": FSDP_REDUCE.get(mixed, "fp32") if kind == "FSDP" else "fp32",
     }
+    fields |= _read_replicas(config, fields, unmapped)
     if (config.get("fsdp_config") or {}).get("fsdp_offload_params"):
         unmapped.append("fsdp_offload_params: autoplan does not price CPU offload.")
     return Imported(framework="accelerate", fields=fields, unmapped=unmapped, assumptions=assumptions)
@@ -287,12 +289,25 @@ def _world_assumption(world: int, devices: int | None) -> str:
 def _read_degrees(config: dict, world: int, unmapped: list[str]) -> tuple[int, int]:
     sizes = config.get("parallelism_config") or {}
     tp = int(sizes.get("parallelism_config_tp_size", 1))
-    replicate = int(sizes.get("parallelism_config_dp_replicate_size", 1))
-    if replicate > 1:
-        unmapped.append("dp_replicate_size > 1 (HSDP): autoplan prices sharding over all data-parallel ranks.")
     if world % tp:
         raise ExportError(f"num_processes {world} is not a multiple of parallelism_config_tp_size {tp}.")
     return tp, world // tp
+
+
+def _read_replicas(config: dict, fields: dict[str, Any], unmapped: list[str]) -> dict[str, Any]:
+    """``dp_replicate_size`` R as HSDP's dp_replicate (types/hsdp.py) where autoplan runs it: FSDP over 2 or more
+    of the dp ranks per replica, without context parallelism; otherwise said and read as one replica."""
+    replicas = int((config.get("parallelism_config") or {}).get("parallelism_config_dp_replicate_size", 1))
+    if replicas == 1:
+        return {}
+    dp = fields["dp"]
+    if fields["zero_stage"] >= 1 and fields["cp"] == 1 and dp % replicas == 0 and dp // replicas >= 2:
+        return {"dp_replicate": replicas}
+    unmapped.append(
+        f"dp_replicate_size {replicas} (HSDP): autoplan's HSDP needs FSDP over 2 or more of the {dp} data-parallel "
+        "ranks per replica, without context parallelism; priced as sharding over all of them."
+    )
+    return {}
 
 
 def _read_cp(config: dict) -> dict[str, Any]:

@@ -163,6 +163,12 @@ def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
             "precision=fp8: DeepSpeed's FP8 goes through Transformer Engine layers in model code; the config "
             "says bf16 for everything else."
         )
+    if plan.dp_replicate > 1:
+        found.append(
+            f"dp_replicate={plan.dp_replicate} (HSDP): DeepSpeed has no replicated ZeRO groups (ZeRO++'s hpZ, "
+            "zero_hpz_partition_size, only keeps a second weight copy per node); written as ZeRO over all "
+            f"{plan.dp} data-parallel ranks, whose all-gathers and memory differ from the priced ones."
+        )
     if plan.grad_compression == "powersgd":
         found.append(
             f"grad_compression=powersgd (rank {plan.powersgd_rank}) has no DeepSpeed switch; its compressed "

@@ -4,7 +4,8 @@ table and what Megatron-LM cannot express: docs/export-megatron.md, "The mapping
 The file, ``megatron_args.txt``, holds one flag per line and ``#`` comments; the launch line
 passes it as ``$(grep -v '^#' megatron_args.txt)``. The flags are those of Megatron-LM at tag
 ``core_v0.16.1`` (the megatron-core 0.16.1 wheel). ZeRO-1 is ``--use-distributed-optimizer``,
-ZeRO-2/3 Megatron-FSDP (``optim_grads`` / ``optim_grads_params``); uneven stages are
+ZeRO-2/3 Megatron-FSDP (``optim_grads`` / ``optim_grads_params``), HSDP's replicas
+``--num-distributed-optimizer-instances``; uneven stages are
 ``--decoder-first/last-pipeline-num-layers`` or ``--pipeline-model-parallel-layout``; context
 parallelism is ``--context-parallel-size`` with ``--cp-comm-type`` p2p (ring), all_gather or a2a
 (Ulysses). What a flag
@@ -156,6 +157,8 @@ def _data_parallel_flags(plan: Plan) -> Flags:
             ("--ckpt-format", "fsdp_dtensor"),
         ]
         flags += [("--overlap-param-gather", None)] if plan.zero_stage == 3 else []
+    if plan.dp_replicate > 1:  # HSDP: the distributed optimizer (or Megatron-FSDP) per shard group, all-reduced across
+        flags.append(("--num-distributed-optimizer-instances", plan.dp_replicate))
     return flags
 
 

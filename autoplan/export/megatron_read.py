@@ -40,7 +40,7 @@ VALUED = {
     "--data-parallel-sharding-strategy", "--ckpt-format", "--num-layers", "--hidden-size", "--num-attention-heads",
     "--num-query-groups", "--seq-length", "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
-    "--cp-comm-type", "--hierarchical-context-parallel-sizes",
+    "--cp-comm-type", "--hierarchical-context-parallel-sizes", "--num-distributed-optimizer-instances",
 }  # fmt: skip
 LISTS = ("--recompute-modules", "--cp-comm-type", "--hierarchical-context-parallel-sizes")  # nargs="+" flags
 #: Megatron's ``--cp-comm-type`` (TransformerConfig.cp_comm_type) -> autoplan's cp variant; a2a+p2p: _read_cp
@@ -349,7 +349,24 @@ def _read_data_parallel(args: dict[str, Any], dp: int, unmapped: list[str]) -> d
         unmapped.append("FSDP without --overlap-grad-reduce: autoplan prices FSDP's reduce-scatter under the backward.")
     unmapped += _param_gather_notes(args, zero, dp)
     param_gather = zero in (1, 2) and "--overlap-grad-reduce" in args and "--overlap-param-gather" in args
-    return {"zero_stage": zero, "overlap_grad_reduce": overlap, "overlap_param_gather": param_gather}
+    out = {"zero_stage": zero, "overlap_grad_reduce": overlap, "overlap_param_gather": param_gather}
+    return out | _read_replicas(args, zero, dp, unmapped)
+
+
+def _read_replicas(args: dict[str, Any], zero: int, dp: int, unmapped: list[str]) -> dict[str, Any]:
+    """--num-distributed-optimizer-instances R as HSDP's dp_replicate (types/hsdp.py): the distributed
+    optimizer (or Megatron-FSDP) over dp / R ranks, all-reduced across R instances."""
+    replicas = _int(args, "--num-distributed-optimizer-instances", 1)
+    if replicas == 1:
+        return {}
+    plain = _int(args, "--context-parallel-size", 1) == 1 and _int(args, "--expert-model-parallel-size", 1) == 1
+    if zero >= 1 and plain and dp % replicas == 0 and dp // replicas >= 2:
+        return {"dp_replicate": replicas}
+    unmapped.append(
+        f"--num-distributed-optimizer-instances {replicas}: autoplan's HSDP needs a sharded optimizer over 2 or more "
+        f"of the {dp} data-parallel ranks per instance, without context or expert parallelism; read as one instance."
+    )
+    return {}
 
 
 def _param_gather_notes(args: dict[str, Any], zero: int, dp: int) -> list[str]:

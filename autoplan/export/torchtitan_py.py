@@ -37,6 +37,7 @@ from autoplan.export.torchtitan import (
     training_batch,
 )
 from autoplan.export.torchtitan_flavours import Flavour, Registry
+from autoplan.types.hsdp import dp_shard
 from autoplan.types.plan import Plan
 
 MODULE, FUNCTION = "autoplan_torchtitan", "autoplan_plan"
@@ -86,7 +87,10 @@ def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str
 
 def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
     if (plan.dp > 1 and plan.zero_stage > 0) or plan.cp > 1:  # torchtitan shards over dp_shard x cp
-        out: dict[str, Any] = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": plan.dp}
+        out: dict[str, Any] = {  # HSDP: replicas of FSDP over a shard group (types/hsdp.py)
+            "data_parallel_replicate_degree": plan.dp_replicate,
+            "data_parallel_shard_degree": dp_shard(plan),
+        }
         out["fsdp_reshard_after_forward"] = "always" if plan.zero_stage == 3 else "never"
         if plan.zero_stage == 1 and plan.cp == 1:
             notes.append(

@@ -36,6 +36,7 @@ from autoplan.export.torchtitan import (
     training_batch,
 )
 from autoplan.export.torchtitan_flavours import Registry
+from autoplan.types.hsdp import dp_shard
 from autoplan.types.plan import Plan
 
 MULTI_STAGE = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
@@ -125,7 +126,8 @@ def _data_parallel(plan: Plan, notes: list[str]) -> dict[str, Any]:
         )
         notes.append(f"{what}; written as FSDP without resharding after forward (ZeRO-2-like), which shards gradients.")
     reshard = "always" if plan.zero_stage == 3 else "never"
-    return {"data_parallel_shard_degree": plan.dp, "fsdp_reshard_after_forward": reshard}
+    out = {"data_parallel_shard_degree": dp_shard(plan), "fsdp_reshard_after_forward": reshard}
+    return {"data_parallel_replicate_degree": plan.dp_replicate, **out} if plan.dp_replicate > 1 else out  # HSDP
 
 
 def _pipeline(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
@@ -245,15 +247,17 @@ def _read_degrees(par: dict[str, Any], devices: int | None, unmapped: list[str])
             f"replicate {replicate} x shard {shard} x cp {cp} x tp {tp} x pp {pp} = {world}, "
             f"not the {devices} devices given."
         )
-    if replicate > 1 and shard * cp > 1:
-        over = f"shard {shard} x cp {cp}" if cp > 1 else f"shard {shard}"
-        unmapped.append(
-            f"HSDP (replicate {replicate} x {over}): autoplan prices ZeRO over all "
-            f"{replicate * shard * cp} {'dp x cp' if cp > 1 else 'data-parallel'} ranks."
-        )
     zero = _read_zero(par.get("fsdp_reshard_after_forward", "default"), shard * cp, pp)  # FSDP over shard x cp
     ep = par.get("expert_parallel_degree", 1)
-    return dict(devices=world, dp=replicate * shard, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero)
+    hsdp = replicate > 1 and shard * cp > 1
+    if hsdp and (cp > 1 or ep > 1):
+        unmapped.append(
+            f"HSDP (replicate {replicate} x shard {shard} x cp {cp}, ep {ep}): autoplan's HSDP composes with tp and "
+            f"pp only, so it prices ZeRO over all {replicate * shard * cp} dp x cp ranks."
+        )
+    replicas = replicate if hsdp and cp == ep == 1 else 1  # HSDP read as dp_replicate (types/hsdp.py)
+    degrees = dict(devices=world, dp=replicate * shard, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero)
+    return {**degrees, "dp_replicate": replicas} if replicas > 1 else degrees
 
 
 def _read_cp(

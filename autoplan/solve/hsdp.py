@@ -16,9 +16,9 @@ from autoplan.errors import PlanError
 
 #: The ZeRO stages each runtime runs as HSDP: autoplan's executor (FSDP2 on a 2-D mesh; ZeRO-1's sharded
 #: optimizer with a replica all-reduce), torchtitan (FSDP2: ``data_parallel_replicate_degree``), Megatron-Core
-#: (its distributed optimizer in ``--num-distributed-optimizer-instances``); DeepSpeed has none (ZeRO++'s hpZ
-#: keeps a second copy of the weights per node, which is not HSDP).
-HSDP_STAGES = {"autoplan": (1, 2, 3), "torchtitan": (2, 3), "megatron": (1,), "deepspeed": ()}
+#: (``--num-distributed-optimizer-instances``: its distributed optimizer, or Megatron-FSDP's hybrid FSDP);
+#: DeepSpeed has none (ZeRO++'s hpZ keeps a second copy of the weights per node, which is not HSDP).
+HSDP_STAGES = {"autoplan": (1, 2, 3), "torchtitan": (2, 3), "megatron": (1, 2, 3), "deepspeed": ()}
 
 
 def runs_hsdp(runtime: str, zero_stage: int) -> bool:

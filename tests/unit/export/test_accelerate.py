@@ -38,6 +38,8 @@ PLANS = {
         devices=16, dp=8, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3, precision="bf16",
         grad_reduce_dtype="bf16", sequence_parallel=True,
     ),
+    "hsdp2x4-zero3": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                          precision="bf16", dp_replicate=2),  # HSDP: dp_replicate_size 2 x dp_shard_size 4
     "tp2-zero0": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, precision="bf16"),
     "pp2-zero1": Plan(
         devices=16, dp=8, tp=1, pp=2, micro_batch_size=1, num_microbatches=8, zero_stage=1, precision="bf16",
@@ -111,12 +113,12 @@ def test_accelerate_launch_builds_the_plans_settings(name, facts, launch, tmp_pa
         reduce = fsdp.mixed_precision_policy.reduce_dtype
     named = any(u.startswith("grad_reduce_dtype=") for u in exported.unexpressed)
     assert (reduce == TORCH_DTYPES[plan.grad_reduce_dtype]) != named  # the plan's dtype, or said not to be
-    if plan.tp == plan.cp == 1:
+    if plan.tp == plan.cp == plan.dp_replicate == 1:
         assert sizes is None
         return
     assert (sizes.dp_replicate_size, sizes.dp_shard_size, sizes.tp_size, sizes.cp_size) == (
-        1,
-        plan.dp * plan.pp,
+        plan.dp_replicate,
+        plan.dp * plan.pp // plan.dp_replicate,
         plan.tp,
         plan.cp,
     )
@@ -152,7 +154,7 @@ def test_read_gives_the_plan_back(name, facts):
     assert (back.devices, back.dp, back.tp, back.pp) == (plan.devices, plan.dp * plan.pp, plan.tp, 1)
     assert (back.cp, back.cp_variant) == (plan.cp, plan.cp_variant)
     assert (back.micro_batch_size, back.num_microbatches) == (plan.micro_batch_size, plan.num_microbatches)
-    assert back.zero_stage == zero and back.precision == plan.precision
+    assert back.zero_stage == zero and back.precision == plan.precision and back.dp_replicate == plan.dp_replicate
     assert back.recompute == ("none" if plan.recompute == "none" else "full")
     if not any("grad_reduce_dtype" in u for u in acc_export.export(plan, facts).unexpressed):
         assert back.grad_reduce_dtype == plan.grad_reduce_dtype

@@ -4,6 +4,7 @@ a tampered batch is refused by DeepSpeed itself; ``read`` gives the plan back.""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from pathlib import Path
@@ -195,6 +196,8 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
     assert "autotp_size" in tp and "sequence_parallel" in tp and "per-op choice" in tp
     assert "powersgd" in said("powersgd") and "overlap_grad_reduce" in said("powersgd")
     assert said("zero1-bf16") == ""
+    hsdp = ds_export.export(dataclasses.replace(PLANS["zero1-bf16"], dp_replicate=2), facts)
+    assert " ".join(hsdp.unexpressed).startswith("dp_replicate=2 (HSDP): DeepSpeed has no replicated ZeRO groups")
 
 
 def test_launch_command_is_deepspeeds_own(facts):

@@ -37,6 +37,11 @@ PLANS = {
     ),
     "zero1-bf16-param-gather": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=2, num_microbatches=2,
                                     zero_stage=1, precision="bf16", overlap_param_gather=True),
+    # HSDP: 2 distributed-optimizer instances over 4 ranks each; Megatron-FSDP's hybrid FSDP
+    "hsdp2x4-zero1": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=2, num_microbatches=2, zero_stage=1,
+                          precision="bf16", dp_replicate=2),
+    "hsdp2x2-tp2-zero3": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                              precision="bf16", sequence_parallel=True, dp_replicate=2),
     "zero2-fp16": Plan(devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, zero_stage=2,
                        precision="fp16"),
     "zero3-bf16-full": Plan(
@@ -140,6 +145,7 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     assert "--num-experts" in exported.text or plan.ep == 1  # the comment asking for it
     args, config = _start(megatron_lm, exported, world=plan.devices, extra=_user_flags(plan))
     assert args.data_parallel_size == plan.dp  # Megatron: world / (tp * pp * cp)
+    assert args.num_distributed_optimizer_instances == plan.dp_replicate  # HSDP's replicas
     assert config.context_parallel_size == plan.cp
     assert config.cp_comm_type == (megatron.CP_COMM_TYPES[plan.cp_variant] if plan.cp > 1 else "p2p")
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
@@ -254,7 +260,7 @@ def test_read_gives_the_plan_back(name, facts):
         back = imported.plan()
         same = ("devices", "dp", "tp", "pp", "cp", "cp_variant", "ep", "micro_batch_size", "num_microbatches",
                 "virtual_stages", "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
-                "overlap_grad_reduce", "overlap_param_gather")  # fmt: skip
+                "overlap_grad_reduce", "overlap_param_gather", "dp_replicate")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.schedule == ("1f1b" if plan.schedule == "gpipe" else plan.schedule)
         expressible = plan.grad_reduce_dtype == "fp32" or plan.precision in ("bf16", "fp8", "fp16")

@@ -41,6 +41,9 @@ PLANS = {
     "ddp_fp32_full": Plan(devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=2, recompute="full"),
     "zero3_bf16": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=4, zero_stage=3,
                        precision="bf16", recompute="selective"),
+    # HSDP: 2 replicas of FSDP over 2 ranks, beside tp = 2 (data_parallel_replicate_degree)
+    "hsdp2x2_tp2_zero3": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                              dp_replicate=2, sequence_parallel=True, precision="bf16"),
     "tp2_sp_zero1_overlap": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=1,
                                  precision="bf16", sequence_parallel=True, tp_comm_overlap=True),
     "tp2_no_sp": Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=4, num_microbatches=1, precision="bf16"),
@@ -194,7 +197,9 @@ def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, fact
         plan.ep,
     )
     sharded = (plan.dp > 1 and plan.zero_stage > 0) or plan.cp > 1  # torchtitan's FSDP is over dp_shard x cp
-    assert got["dp_shard"] == (plan.dp if sharded else 1) and got["fsdp"] == (sharded and plan.dp * plan.cp > 1)
+    assert got["dp_replicate"] == (plan.dp_replicate if sharded else plan.dp)  # HSDP's replicas, or DDP's
+    assert got["dp_shard"] == (plan.dp // plan.dp_replicate if sharded else 1)
+    assert got["fsdp"] == (sharded and plan.dp * plan.cp > 1)
     assert got["cp"] == plan.cp and got["balancer"] == "headtail"  # head-tail load balancing, as priced
     if plan.cp > 1:  # torchtitan's (pp, dp_replicate, dp_shard, cp, tp) mesh is autoplan's (pp, dp, cp, tp)
         groups = plan_groups(pp=plan.pp, dp=plan.dp, tp=plan.tp, cp=plan.cp)
@@ -254,7 +259,7 @@ def test_read_gives_the_plan_back(name, exported):
     plan = PLANS[name]
     back = titan.read(exported[name].text, devices=plan.devices).plan()
     same = ("devices", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
-            "virtual_stages")  # fmt: skip
+            "virtual_stages", "dp_replicate")  # fmt: skip
     assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
     assert back.cp_variant == "allgather"  # the one torchtitan runs
     fsdp = plan.dp > 1 or plan.cp > 1  # ZeRO-0/1 are written as ZeRO-2 where torchtitan shards

@@ -36,6 +36,10 @@ PLANS = {
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=8, zero_stage=3, precision="bf16",
         recompute="full",
     ),
+    "hsdp2x4-zero2": Plan(  # HSDP: 2 replicas of FSDP over 4 ranks (data_parallel_replicate_degree)
+        devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=2, precision="bf16",
+        dp_replicate=2,
+    ),
     "zero2-selective": Plan(
         devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=2, zero_stage=2, precision="bf16",
         recompute="selective",
@@ -212,7 +216,8 @@ def test_torchtitan_loads_the_export_with_the_plans_numbers(name, parsed, facts)
     assert got["cp"] == plan.cp and got["balancer"] == "headtail"  # head-tail load balancing, as priced
     assert got["fsdp"] == (not ddp and plan.dp * plan.cp > 1)  # torchtitan's FSDP: dp_shard x cp
     if plan.dp > 1:
-        assert got["dp_shard"] == (1 if ddp else plan.dp)
+        assert got["dp_shard"] == (1 if ddp else plan.dp // plan.dp_replicate)  # HSDP: FSDP over a shard group
+        assert got["dp_replicate"] == (plan.dp if ddp else plan.dp_replicate)
         assert got["reshard"] == ("default" if ddp else "always" if plan.zero_stage == 3 else "never")
     assert got["global"] == plan.global_batch_size and got["seq_len"] == facts.seq_len
     accumulation = got["global"] // (got["local"] * plan.dp)  # torchtitan's Trainer: gradient accumulation steps
@@ -258,7 +263,7 @@ def test_read_gives_the_plan_back(name, facts, registry):
     for devices in (plan.devices, None):
         back = titan.read(text, devices=devices).plan()
         same = ("devices", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
-                "virtual_stages")  # fmt: skip
+                "virtual_stages", "dp_replicate")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.cp_variant == "allgather"  # 0.2.2 trains with torch's default rotation
         ddp_only = plan.tp == plan.pp == plan.ep == plan.cp == 1
