@@ -25,6 +25,7 @@ from autoplan.cost.dp.compression import check_rank, compresses_any
 from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
+from autoplan.cost.network.mesh import plan_mesh_groups
 from autoplan.cost.op_table import priced_ops
 from autoplan.cost.pp.partition import block_time_s, cut_s, kept_bytes, stage_capacity_bytes, state_bytes_per_param
 from autoplan.cost.pp.schedule import balanced_stages, in_flight_chunks
@@ -91,6 +92,7 @@ __all__ = [
     # what report/, calibrate/ and cli/ also ask
     "compresses_any",
     "peak_dtype",
+    "plan_mesh_groups",
     "predict_volumes",
     "run_summary",
 ]

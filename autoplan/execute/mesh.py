@@ -72,6 +72,16 @@ def grad_mesh(*, mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     return mesh["dp", "cp"]._flatten("dp_cp")
 
 
+def grad_groups(grad: DeviceMesh | None) -> list[tuple[DeviceMesh, str]]:
+    """The gradient-sync meshes of :func:`grad_mesh`'s and the dims the audit names them: the dp x cp ranks
+    as "dp", or under HSDP the shard group as "dp" and the replicate group as "dp_replicate"."""
+    if grad is None or grad.size() == 1:
+        return []
+    if grad.ndim == 2:
+        return [(grad[HSDP_AXES[1]], "dp"), (grad[HSDP_AXES[0]], HSDP_AXES[0])]
+    return [(grad, "dp")]
+
+
 def coordinates(mesh: DeviceMesh) -> dict[str, int]:
     """This rank's position on each axis, e.g. {'pp': 1, 'dp': 0, 'cp': 0, 'tp': 1}."""
     return {axis: mesh.get_local_rank(axis) for axis in MESH_AXES}

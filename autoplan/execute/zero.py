@@ -16,14 +16,11 @@ parameter elements: the cost model's ZeRO-1 terms (autoplan/cost/model.py). Grad
 whole through the backward, in one flat fp32 buffer of N' elements for plain fp32 parameters
 (execute/flat_grads.py: reduce-scattered in place, the all-gather's target), else copied into
 one and freed. The reduced values exist only as each rank's slice, which
-:meth:`ShardedOptimizer.reduced_gradients` gathers for --verify.
-
-Under HSDP (a 2-D ``(dp_replicate, dp_shard)`` mesh, types/hsdp.py) the slices are over the S ranks of
-the shard group and step 1 also all-reduces each rank's slice across the R replicas, dividing by dp.
-
-Under expert parallelism the sliced expert parameters get a second ``ShardedOptimizer`` over
-their edp group, dividing by dp instead of the group's size (the gradient rule of
-autoplan/execute/expert_parallel.py); :class:`ShardedOptimizers` steps both as one.
+:meth:`ShardedOptimizer.reduced_gradients` gathers for --verify. Under HSDP (a 2-D ``(dp_replicate,
+dp_shard)`` mesh, types/hsdp.py) the slices are over the shard group's S ranks and step 1 also all-reduces
+each across the replicas (still the mean over all dp). Under expert parallelism the sliced expert
+parameters get a second ``ShardedOptimizer`` over their edp group, dividing by dp instead of the group's
+size (autoplan/execute/expert_parallel.py); :class:`ShardedOptimizers` steps both as one.
 """
 
 from __future__ import annotations

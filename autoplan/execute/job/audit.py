@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
-from autoplan.types.hsdp import HSDP_AXES
+from autoplan.execute.mesh import grad_groups
 
 MESH_DIMS = ("dp", "tp", "pp")
 EXPERT_DIMS = ("ep", "edp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
@@ -85,7 +85,7 @@ def group_dims(
     apart by their ranks, since DTensor and a sub-mesh may each hold their own process group over
     the same ranks. ``grad_mesh``: the dp x cp ranks that sync gradients, counted as dp."""
     dims: dict[frozenset, str] = {}
-    for sub, dim in _grad_meshes(grad_mesh):
+    for sub, dim in grad_groups(grad_mesh):
         dims[_ranks(sub.get_group())] = dim
     for dim in MESH_DIMS:
         if dim in (mesh.mesh_dim_names or ()) and mesh[dim].size() > 1:
@@ -95,16 +95,6 @@ def group_dims(
     for dim, sub in _expert_meshes(experts):
         dims.setdefault(_ranks(sub.get_group()), dim)
     return dims
-
-
-def _grad_meshes(grad_mesh: Any) -> list[tuple[Any, str]]:
-    """The gradient-sync groups and their dims: the dp x cp ranks as "dp", or under HSDP's 2-D mesh the
-    shard group as "dp" and the replicate group as "dp_replicate" (types/hsdp.py)."""
-    if grad_mesh is None or grad_mesh.size() == 1:
-        return []
-    if grad_mesh.ndim == 2:
-        return [(grad_mesh[HSDP_AXES[1]], "dp"), (grad_mesh[HSDP_AXES[0]], HSDP_AXES[0])]
-    return [(grad_mesh, "dp")]
 
 
 def all_to_all_dims(experts: Any) -> dict[frozenset, str]:
