@@ -106,7 +106,9 @@ class DataParallelTerms:
         exposed, total = 0.0, 0.0
         after, apart = self._apart_s(plan, stages, edp)
         for index, stage in enumerate(stages):
-            backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
+            full = plan.recompute == "full"  # a block recomputed in full re-runs its forward in its backward slot
+            rerun = [b.fwd_s if full and again else 0.0 for b, again in zip(stage.blocks, stage.recomputed)]
+            backward = [b.bwd_s + r for b, r in zip(reversed(stage.blocks), reversed(rerun))]
             sync = self._grad_syncs_s(plan, grads, stage, group, edp, experts=not apart)
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)

@@ -1,0 +1,67 @@
+"""The search fits a recompute budget (issue 34 item 3): the fewest blocks per chunk that fit, and pins."""
+
+from dataclasses import replace
+
+import pytest
+from synthetic import gpt_graph, synthetic_profile
+
+from autoplan.cost import CostModel, stage_peaks_bytes, usable_bytes
+from autoplan.errors import PlanError
+from autoplan.solve.api import plan_graph
+from autoplan.solve.pins import parse_fixes
+from autoplan.types import Plan
+
+GIB = 2**30
+PINS = "dp=1,tp=1,pp=1,mbs=8,precision=bf16,schedule=1f1b"
+
+
+@pytest.fixture(scope="module")
+def tight():
+    """A graph and a device on which no recompute does not fit, every block recomputed does, and 5 of
+    the 8 blocks recomputed in full is the fewest that fit."""
+    graph = gpt_graph(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=1024, batch_size=8, dtype_bytes=2)
+    plan = Plan(devices=1, dp=1, tp=1, pp=1, micro_batch_size=8, num_microbatches=1, precision="bf16", recompute="full")
+    peaks = [stage_peaks_bytes(CostModel(graph, synthetic_profile()), plan, [k])[0] for k in range(9)]
+    memory = int((peaks[4] + peaks[5]) / 2 / usable_bytes(GIB) * GIB)
+    return graph, synthetic_profile(memory_bytes=memory)
+
+
+def test_the_search_recomputes_the_fewest_blocks_that_fit(tight):
+    graph, profile = tight
+    result = plan_graph(graph, devices=1, profile=profile, batch_size=8, fix=PINS)
+    best = result.best
+    assert best.recompute != "none" and 0 < best.recompute_blocks[0] < 8, best.describe()
+    model = CostModel(graph, profile)
+    fewer = replace(best, recompute_blocks=[best.recompute_blocks[0] - 1], predicted=None)
+    assert model.estimate(best).feasible and not model.estimate(fewer).feasible
+    rows = {c.config["recompute"]: c for c in result.candidates if c.cost is not None}
+    budgeted, every = rows[f"{best.recompute}:{best.recompute_blocks[0]}"], rows[best.recompute]
+    assert every.feasible and every.cost.step_time_s > budgeted.cost.step_time_s  # every block recomputed is slower
+    assert not rows["none"].feasible
+
+
+def test_a_pinned_budget_is_the_plans(tight):
+    graph, profile = tight
+    best = plan_graph(graph, devices=1, profile=profile, batch_size=8, fix=PINS + ",recompute_blocks=7").best
+    assert best.recompute_blocks == [7] and best.recompute in ("full", "selective")
+    piped = plan_graph(graph, devices=2, profile=synthetic_profile(), batch_size=8, fix="pp=2,recompute_blocks=3/1")
+    assert piped.best.recompute_blocks == [3, 1] and piped.best.pp == 2
+
+
+def test_a_pinned_recompute_mode_recomputes_every_block(tight):
+    graph, profile = tight
+    best = plan_graph(graph, devices=1, profile=profile, batch_size=8, fix=PINS + ",recompute=full").best
+    assert best.recompute == "full" and best.recompute_blocks == []
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("recompute_blocks=2,1", "not KEY=VALUE"),
+        ("recompute_blocks=2/x", "one count >= 0 per pipeline chunk"),
+        ("recompute=none,recompute_blocks=2", "with recompute=none"),
+    ],
+)
+def test_a_bad_budget_pin_is_one_sentence(text, message):
+    with pytest.raises(PlanError, match=message):
+        parse_fixes(text)
