@@ -1,4 +1,5 @@
-"""The search fits a recompute budget (issue 34 item 3): the fewest blocks per chunk that fit, and pins."""
+"""The search fits a recompute budget (issue 34 item 3): the fewest blocks per chunk that fit, pins, and
+``autoplan explain``'s sentence on it (report/recompute_budget.py)."""
 
 from dataclasses import replace
 
@@ -7,6 +8,7 @@ from synthetic import gpt_graph, synthetic_profile
 
 from autoplan.cost import CostModel, stage_peaks_bytes, usable_bytes
 from autoplan.errors import PlanError
+from autoplan.report.explain import explain
 from autoplan.solve.api import plan_graph
 from autoplan.solve.pins import parse_fixes
 from autoplan.types import Plan
@@ -26,9 +28,15 @@ def tight():
     return graph, synthetic_profile(memory_bytes=memory)
 
 
-def test_the_search_recomputes_the_fewest_blocks_that_fit(tight):
+@pytest.fixture(scope="module")
+def searched(tight):
     graph, profile = tight
-    result = plan_graph(graph, devices=1, profile=profile, batch_size=8, fix=PINS)
+    return plan_graph(graph, devices=1, profile=profile, batch_size=8, fix=PINS)
+
+
+def test_the_search_recomputes_the_fewest_blocks_that_fit(tight, searched):
+    graph, profile = tight
+    result = searched
     best = result.best
     assert best.recompute != "none" and 0 < best.recompute_blocks[0] < 8, best.describe()
     model = CostModel(graph, profile)
@@ -65,3 +73,20 @@ def test_a_pinned_recompute_mode_recomputes_every_block(tight):
 def test_a_bad_budget_pin_is_one_sentence(text, message):
     with pytest.raises(PlanError, match=message):
         parse_fixes(text)
+
+
+def test_explain_says_why_k_of_l_blocks_recompute(tight, searched):
+    graph, profile = tight
+    best, k = searched.best, searched.best.recompute_blocks[0]
+    sentence = explain(searched, graph=graph, profile=profile, sensitivity=False).recompute
+    assert sentence.startswith(f"Recomputes ({best.recompute}) {k} of 8 blocks on stage 0, the fewest")
+    fewer = stage_peaks_bytes(CostModel(graph, profile), best, [k - 1])[0] - usable_bytes(profile.device.memory_bytes)
+    assert f"recomputing one block fewer needs {fewer / GIB:.2f} GiB more than the device has (stage 0)" in sentence
+    assert "recomputing every block would take" in sentence
+    whole = explain(
+        plan_graph(graph, devices=1, profile=profile, batch_size=8, fix=PINS + ",recompute=full"),
+        graph=graph,
+        profile=profile,
+        sensitivity=False,
+    )
+    assert whole.recompute == ""  # every block recomputed: no budget to explain
