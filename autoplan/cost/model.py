@@ -205,8 +205,8 @@ class CostModel:
         stages = [StageTotals() for _ in range(plan.pp)]
         summaries = self.block_summaries(tp_plan, ctx, plan.tp_comm_overlap)
         pre, post = self.outside_summaries(tp_plan, ctx, plan.tp_comm_overlap)
-        add_block(stages[0], pre, recompute=plan.recompute, is_block=False)
-        rerun = set(self.recomputed_layers(plan))
+        rerun = set(self.recomputed_layers(plan))  # the outside nodes run as their stage's blocks (cost/stages.py)
+        add_block(stages[0], pre, recompute=self._outside_recompute(plan, rerun, 0), is_block=False)
         for index, chunk in enumerate(self._chunks(plan)):
             stage = stages[stage_of_chunk(index, pp=plan.pp)]
             for position, layer in enumerate(chunk):
@@ -215,8 +215,12 @@ class CostModel:
                     whole = block.input_bytes * (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1)
                     stage.boundary_bytes = max(stage.boundary_bytes, whole)
                 add_block(stage, block, recompute=plan.recompute if layer in rerun else "none")
-        add_block(stages[-1], post, recompute=plan.recompute, is_block=False)
+        add_block(stages[-1], post, recompute=self._outside_recompute(plan, rerun, plan.pp - 1), is_block=False)
         return stages
+
+    def _outside_recompute(self, plan: Plan, rerun: set[str], stage: int) -> str:
+        """The plan's recompute where ``stage`` recomputes a block, else "none"."""
+        return plan.recompute if any(layer in rerun for layer in self.stage_layers(plan, stage)) else "none"
 
     def recomputed_layers(self, plan: Plan) -> list[str]:
         """The blocks that run the plan's recompute: every one, or the first k of each chunk under a budget

@@ -34,7 +34,7 @@ class StageTotals:
     expert_params: float = 0.0  # the routed experts' share of params (held 1/ep, reduced over dp/ep)
     flops: float = 0.0
     blocks: list[LayerSummary] = field(default_factory=list)  # in forward order, outside nodes included
-    recomputed: list[bool] = field(default_factory=list)  # per entry of blocks: does it run the plan's recompute
+    recomputed: list[bool] = field(default_factory=list)  # per entry of blocks: under the plan's recompute
     boundary_bytes: float = 0.0  # activation received from the previous stage, per micro-batch
     param_names: set[str] = field(default_factory=set)  # the outside nodes' weights: a tied one is held once
 
@@ -82,7 +82,7 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     stage.flops += block.flops
     stage.blocks.append(block)
     stage.loss_grad_bytes = max(stage.loss_grad_bytes, block.loss_grad_bytes)
-    stage.recomputed.append(is_block and recompute != "none")
+    stage.recomputed.append(recompute != "none")  # outside nodes: only dp/sync.py's backward slots read it
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes
         return

@@ -3,12 +3,13 @@
 Not a dimension of the outer search: for each priced plan that recomputes every block and fits, the
 cost model finds the fewest leading blocks per chunk that still fit (``fit_recompute_blocks``,
 cost/memory/recompute_budget.py: log2 L probes, since each stage's peak falls as it recomputes more
-blocks), and that plan is priced beside it. It is faster whenever the budget is short of every block
-(less of the forward re-run) and dominated by no recompute when nothing need recompute. The stage times
-the search's bounds read for a recomputing plan are then those of no recompute, a floor of every budget
-(solve/search.py). ``--fix recompute_blocks=2/1`` pins the budget instead: only plans with as many chunks
-are searched, each chunk holding at least its count; ``--fix recompute=...`` alone searches every block,
-as before budgets existed. docs/cost-model.md, "Budgeted recompute".
+blocks), and that plan is priced beside it: faster whenever the budget is short of every block.
+Only where the same member without recompute was priced and did not fit (:class:`BudgetBounds` says
+why no other budget could enter the top k); such a member is bounded by the stage times of no
+recompute, a floor of every budget, so the top k stays exact; the others by their own.
+``--fix recompute_blocks=2/1`` pins the budget instead: only plans with as many chunks are searched,
+each chunk holding at least its count; ``--fix recompute=...`` alone searches every block, as before
+budgets existed. docs/cost-model.md, "Budgeted recompute".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost import CostModel, balanced_stages, fit_recompute_blocks
+from autoplan.solve.candidates import config_of
 from autoplan.types.plan import Plan
 
 
@@ -46,17 +48,42 @@ def holds(budget: list[int], stages: list[list[str]]) -> bool:
     return not budget or not stages or all(k <= len(chunk) for k, chunk in zip(budget, stages))
 
 
-def timing_plan(base: Plan, fixes: dict) -> Plan:
-    """The plan whose stage times bound ``base``'s group members: with no recompute when the search
-    fits a budget to it (every budget is at least that fast), else ``base``."""
-    return replace(base, recompute="none") if base.recompute != "none" and fits_budgets(fixes) else base
+class BudgetBounds:
+    """Which priced plans the search fits a budget to, and the stage times that bound them (module
+    docstring). Only a member whose plan without recompute was priced and did not fit can gain from a
+    budget: where that plan fits, a budget recomputes nothing; where it was pruned by its bound, every
+    budget (no faster than it) is too; where its states alone did not fit, no budget fits. Such a
+    member is bounded by the stage times of no recompute, a floor of every budget; the others by
+    their own. ``_stage_options`` lists a group's "none" members before its recomputing ones."""
+
+    def __init__(self, fixes: dict):
+        self.searched = fits_budgets(fixes)
+        self._short: set[tuple] = set()  # members whose plan without recompute was priced and did not fit
+
+    def timing(self, plan: Plan, members: list[Plan] | None = None) -> Plan:
+        """The plan whose stage times bound ``plan`` (and ``members``, its ZeRO and sync variants)."""
+        budgeted = any(_member(p) in self._short for p in members or [plan])
+        return replace(plan, recompute="none") if plan.recompute != "none" and budgeted else plan
+
+    def fitted(self, model: CostModel, plan: Plan, feasible: bool) -> Plan | None:
+        """Record a priced plan; the plan with its fitted budget to price next, if any (:func:`budgeted`)."""
+        if plan.recompute == "none" and not feasible and self.searched:
+            self._short.add(_member(plan))
+        if not (feasible and _member(plan) in self._short):
+            return None
+        return budgeted(model, plan)
 
 
-def budgeted(model: CostModel, plan: Plan, fixes: dict) -> Plan | None:
+def _member(plan: Plan) -> tuple:
+    """A plan's place in the search but for its recompute and its partition."""
+    config = config_of(plan)
+    return tuple(value for key, value in config.items() if key != "recompute")
+
+
+def budgeted(model: CostModel, plan: Plan) -> Plan | None:
     """``plan`` (recomputing every block, and fitting) with the fewest recomputed blocks that fit; None
-    when that is every block, or none at all (the plan without recompute is searched and dominates),
-    or when the user pinned recompute or its budget."""
-    if plan.recompute == "none" or plan.recompute_blocks or not fits_budgets(fixes):
+    when that is every block, or none at all (the plan without recompute is searched and dominates)."""
+    if plan.recompute == "none" or plan.recompute_blocks:
         return None
     counts = fit_recompute_blocks(model, plan)
     chunks = plan.stages or balanced_stages(model.graph.layers, plan.pp * plan.virtual_stages)

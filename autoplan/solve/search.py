@@ -92,6 +92,7 @@ class Search:
         self.best: Candidate | None = None
         self._top: list[float] = []  # max-heap (negated) of the best `keep` feasible objectives
         self.candidates: list[Candidate] = []
+        self.budgets = recompute_budget.BudgetBounds(self.fixes)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
 
     # ---- objective ---------------------------------------------------------------------
@@ -253,8 +254,6 @@ class Search:
             if self._beaten_whatever_the_stages(g, base, bound, v, dp_choices, names):
                 continue
             stages = self._stages(base)
-            times, params = self.stage_costs.stage_totals(recompute_budget.timing_plan(base, self.fixes), stages)
-            core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
             for zero, grads in dp_choices:
                 plan = g.plan(
                     recompute=recompute,
@@ -267,6 +266,8 @@ class Search:
                     grads=grads,
                     **names,
                 )
+                times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
+                core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
                 sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
@@ -285,10 +286,10 @@ class Search:
         """Bound (2) with the slowest stage and its parameters at their floors under any partition
         (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
         pruned without solving the partition."""
-        floor_s = self.stage_costs.slowest_stage_floor_s(recompute_budget.timing_plan(base, self.fixes))
-        core_s = (g.m + (g.degrees.pp - 1) / v) * floor_s + self.bounds.pp_comm_s(base)
         kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
+        floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
+        core_s = (g.m + (g.degrees.pp - 1) / v) * floor_s + self.bounds.pp_comm_s(base)
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]
@@ -364,8 +365,8 @@ class Search:
                 heapq.heappop(self._top)
             if self.best is None or rank_key(candidate) < rank_key(self.best):
                 self.best = candidate
-            if fitted := recompute_budget.budgeted(self.cost_model, plan, self.fixes):  # fewer blocks recomputed
-                self._evaluate(fitted, bound, ilp_status=ilp_status)
+        if fitted := self.budgets.fitted(self.cost_model, plan, candidate.feasible):  # fewer blocks recomputed
+            self._evaluate(fitted, bound, ilp_status=ilp_status)
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
         """The time-optimal stages (or chunks) did not fit: try the best partition under the memory limits."""
