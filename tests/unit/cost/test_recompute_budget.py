@@ -57,10 +57,11 @@ def test_a_budget_larger_than_the_graphs_chunk_is_refused(model):
 
 
 @pytest.mark.parametrize("mode", ["full", "selective"])
-def test_k_zero_prices_as_none_and_k_all_as_every_block(model, mode):
-    none, every = model.estimate(_plan(recompute="none")), model.estimate(_plan(recompute=mode))
-    zero, six = (model.estimate(_plan(recompute=mode, recompute_blocks=[k])) for k in (0, 6))
-    for field in ("step_time_s", "recompute_s", "peak_memory_bytes", "activations_bytes"):
+@pytest.mark.parametrize("layout", [dict(), dict(dp=2, zero_stage=2)])  # the dp sync's backward slots too
+def test_k_zero_prices_as_none_and_k_all_as_every_block(model, mode, layout):
+    none, every = model.estimate(_plan(recompute="none", **layout)), model.estimate(_plan(recompute=mode, **layout))
+    zero, six = (model.estimate(_plan(recompute=mode, recompute_blocks=[k], **layout)) for k in (0, 6))
+    for field in ("step_time_s", "recompute_s", "dp_comm_exposed_s", "peak_memory_bytes", "activations_bytes"):
         assert getattr(zero, field) == pytest.approx(getattr(none, field)), field
         assert getattr(six, field) == pytest.approx(getattr(every, field)), field
     assert zero.extra["hardware_flops"] == pytest.approx(none.extra["hardware_flops"])
