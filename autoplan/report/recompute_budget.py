@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost import CostModel, stage_peaks_bytes, usable_bytes
+from autoplan.cost import CostModel, balanced_stages, stage_peaks_bytes, usable_bytes
 from autoplan.display import duration_text
 from autoplan.types.cost import Cost
 from autoplan.types.layout import stage_of_chunk
@@ -22,29 +22,28 @@ def recompute_why(model: CostModel, plan: Plan, cost: Cost) -> str:
     recomputes nothing or every block."""
     if plan.recompute == "none" or not plan.recompute_blocks:
         return ""
-    sizes = [len(chunk) for chunk in plan.stages] if plan.stages else None
-    if sizes is None:
-        return ""
+    chunks = plan.stages or balanced_stages(model.graph.layers, plan.pp * plan.virtual_stages)
+    sizes = [len(chunk) for chunk in chunks]
     counts, usable = plan.recompute_blocks, usable_bytes(model.profile.device.memory_bytes)
     where = [_where(plan, c) for c in range(len(counts))]
     parts = [f"{k} of {size} blocks on {at}" for k, size, at in zip(counts, sizes, where)]
-    shortfalls = []
-    for c, k in enumerate(counts):
-        if k == 0:
-            continue
-        fewer = [n - 1 if i == c else n for i, n in enumerate(counts)]
-        peak = stage_peaks_bytes(model, plan, fewer)[stage_of_chunk(c, pp=plan.pp)]
-        gap = (peak - usable) / GIB
-        shortfalls.append(
-            f"{gap:.2f} GiB more than the device has ({where[c]})" if gap > 0 else f"{-gap:.2f} GiB less ({where[c]})"
-        )
+    gaps = {at: _one_fewer_gap_bytes(model, plan, c, usable) for c, at in enumerate(where) if counts[c]}
     every_s = model.estimate(replace(plan, recompute_blocks=[], predicted=None)).step_time_s - cost.step_time_s
-    fewer_text = f"; recomputing one block fewer needs {', '.join(shortfalls)}" if shortfalls else ""
-    return (
-        f"Recomputes ({plan.recompute}) {', '.join(parts)}, the fewest for each stage to fit in "
-        f"{usable / GIB:.2f} GiB usable{fewer_text}; recomputing every block would take "
-        f"{duration_text(every_s)} more per step."
-    )
+    every = f"recomputing every block would take {duration_text(every_s)} more per step"
+    head = f"Recomputes ({plan.recompute}) {', '.join(parts)}"
+    spare = {at: -gap for at, gap in gaps.items() if gap <= 0}
+    if spare:  # a pinned budget: not the fewest that fit
+        room = ", ".join(f"{gib / GIB:.2f} GiB spare on {at}" for at, gib in spare.items())
+        return f"{head}, as pinned: recomputing one block fewer would still fit ({room}); {every}."
+    over = ", ".join(f"{gap / GIB:.2f} GiB more than the device has ({at})" for at, gap in gaps.items())
+    fewer = f"; recomputing one block fewer needs {over}" if over else ""
+    return f"{head}, the fewest for each stage to fit in {usable / GIB:.2f} GiB usable{fewer}; {every}."
+
+
+def _one_fewer_gap_bytes(model: CostModel, plan: Plan, chunk: int, usable: float) -> float:
+    """How far over ``usable`` chunk's stage peaks when the chunk recomputes one block fewer."""
+    fewer = [n - 1 if i == chunk else n for i, n in enumerate(plan.recompute_blocks)]
+    return stage_peaks_bytes(model, plan, fewer)[stage_of_chunk(chunk, pp=plan.pp)] - usable
 
 
 def _where(plan: Plan, chunk: int) -> str:

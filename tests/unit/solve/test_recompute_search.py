@@ -50,8 +50,11 @@ def test_the_search_recomputes_the_fewest_blocks_that_fit(tight, searched):
 
 def test_a_pinned_budget_is_the_plans(tight):
     graph, profile = tight
-    best = plan_graph(graph, devices=1, profile=profile, batch_size=8, fix=PINS + ",recompute_blocks=7").best
+    pinned = plan_graph(graph, devices=1, profile=profile, batch_size=8, fix=PINS + ",recompute_blocks=7")
+    best = pinned.best
     assert best.recompute_blocks == [7] and best.recompute in ("full", "selective")
+    sentence = explain(pinned, graph=graph, profile=profile, sensitivity=False).recompute  # 5 would fit: not fewest
+    assert "7 of 8 blocks on stage 0, as pinned: recomputing one block fewer would still fit" in sentence
     piped = plan_graph(graph, devices=2, profile=synthetic_profile(), batch_size=8, fix="pp=2,recompute_blocks=3/1")
     assert piped.best.recompute_blocks == [3, 1] and piped.best.pp == 2
 
