@@ -56,8 +56,8 @@ class BudgetBounds:
     member is bounded by the stage times of no recompute, a floor of every budget; the others by
     their own. ``_stage_options`` lists a group's "none" members before its recomputing ones."""
 
-    def __init__(self, fixes: dict):
-        self.searched = fits_budgets(fixes)
+    def __init__(self, fixes: dict, runtime: str):
+        self.searched = fits_budgets(fixes) and runtime in PER_CHUNK + ONE_COUNT
         self._short: set[tuple] = set()  # members whose plan without recompute was priced and did not fit
 
     def timing(self, plan: Plan, members: list[Plan] | None = None) -> Plan:
@@ -80,13 +80,22 @@ def _member(plan: Plan) -> tuple:
     return tuple(value for key, value in config.items() if key != "recompute")
 
 
+#: what each runtime runs of a budget (docs/export.md, "Budgeted recompute"): autoplan's executor a
+#: count per chunk; Megatron-LM one count for every chunk (--recompute-num-layers); torchtitan and
+#: DeepSpeed checkpoint every block they are given, so no budget is searched for them
+PER_CHUNK, ONE_COUNT = ("autoplan",), ("megatron", "megatron-lm-2022")
+
+
 def budgeted(model: CostModel, plan: Plan) -> Plan | None:
-    """``plan`` (recomputing every block, and fitting) with the fewest recomputed blocks that fit; None
-    when that is every block, or none at all (the plan without recompute is searched and dominates)."""
-    if plan.recompute == "none" or plan.recompute_blocks:
+    """``plan`` (recomputing every block, and fitting) with the fewest recomputed blocks that fit and
+    its runtime runs; None when that is every block, or none at all (the plan without recompute is
+    searched and dominates), or when the runtime runs no budget."""
+    if plan.recompute == "none" or plan.recompute_blocks or plan.runtime not in PER_CHUNK + ONE_COUNT:
         return None
     counts = fit_recompute_blocks(model, plan)
-    chunks = plan.stages or balanced_stages(model.graph.layers, plan.pp * plan.virtual_stages)
-    if counts is None or not any(counts) or counts == [len(chunk) for chunk in chunks]:
+    sizes = [len(chunk) for chunk in plan.stages or balanced_stages(model.graph.layers, plan.pp * plan.virtual_stages)]
+    if counts is not None and plan.runtime in ONE_COUNT:  # the largest stage's count on every chunk
+        counts = [min(max(counts), size) for size in sizes]
+    if counts is None or not any(counts) or counts == sizes:
         return None
     return replace(plan, recompute_blocks=counts)

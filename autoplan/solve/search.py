@@ -92,7 +92,7 @@ class Search:
         self.best: Candidate | None = None
         self._top: list[float] = []  # max-heap (negated) of the best `keep` feasible objectives
         self.candidates: list[Candidate] = []
-        self.budgets = recompute_budget.BudgetBounds(self.fixes)  # which plans get a recompute budget
+        self.budgets = recompute_budget.BudgetBounds(self.fixes, options.runtime)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
 
     # ---- objective ---------------------------------------------------------------------

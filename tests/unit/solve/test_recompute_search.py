@@ -93,3 +93,18 @@ def test_explain_says_why_k_of_l_blocks_recompute(tight, searched):
         sensitivity=False,
     )
     assert whole.recompute == ""  # every block recomputed: no budget to explain
+
+
+@pytest.mark.parametrize(
+    "runtime, budget",
+    [("autoplan", [3, 0]), ("megatron", [3, 3]), ("torchtitan", [])],  # per chunk; one count; every block
+)
+def test_each_runtime_gets_the_budget_it_runs(runtime, budget):
+    """Two stages of 4 blocks at 1F1B: stage 0 holds more micro-batches in flight and needs 3 blocks
+    recomputed to fit, stage 1 none. Megatron-LM runs one count on every chunk; torchtitan none."""
+    graph = gpt_graph(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=1024, batch_size=8, dtype_bytes=2)
+    profile = synthetic_profile(memory_bytes=int(1.2 * GIB / usable_bytes(GIB) * GIB))  # 1.2 GiB usable
+    pins = "dp=1,tp=1,pp=2,mbs=2,precision=bf16,schedule=1f1b"
+    best = plan_graph(graph, devices=2, profile=profile, batch_size=8, fix=pins, runtime=runtime).best
+    assert [len(chunk) for chunk in best.stages] == [4, 4]
+    assert (best.recompute, best.recompute_blocks) == ("full", budget)
