@@ -103,3 +103,21 @@ def test_the_fit_is_the_fewest_blocks_that_fit():
     assert not model.estimate(replace(plan, recompute_blocks=[4])).feasible
     assert fit_recompute_blocks(probe, plan) == [0]  # on 80 GB nothing need recompute
     assert fit_recompute_blocks(model, _plan(recompute="none")) is None
+
+
+def test_an_interleaved_fit_gives_each_chunk_its_stages_count():
+    """pp=2 x v=2: chunks 0 and 2 run on stage 0, 1 and 3 on stage 1; a stage's count goes to each of its
+    chunks (capped at the chunk's blocks), and the fit is the fewest for each stage."""
+    graph = gpt_graph(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=1024, batch_size=8, dtype_bytes=2)
+    chunks = [[f"h.{2 * c}", f"h.{2 * c + 1}"] for c in range(4)]
+    plan = _plan(pp=2, virtual_stages=2, schedule="interleaved_1f1b", micro_batch_size=2, recompute="full",
+                 stages=chunks)  # fmt: skip
+    probe = CostModel(graph, synthetic_profile())
+    peaks = {k: stage_peaks_bytes(probe, plan, [k] * 4) for k in range(3)}
+    usable = (peaks[0][0] + peaks[1][0]) / 2  # stage 0 fits with 1 block per chunk, not 0
+    memory = int(usable / usable_bytes(GIB) * GIB)
+    counts = fit_recompute_blocks(CostModel(graph, synthetic_profile(memory_bytes=memory)), plan)
+    assert counts[0] == counts[2] == 1 and counts[1] == counts[3] and len(counts) == 4
+    assert peaks[counts[1]][1] <= usable_bytes(memory) and (
+        counts[1] == 0 or peaks[counts[1] - 1][1] > usable_bytes(memory)
+    )
