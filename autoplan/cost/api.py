@@ -9,6 +9,8 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
 - one block of the pipeline partition: ``block_time_s``, ``kept_bytes``, ``state_bytes_per_param``,
   ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``;
+- budgeted recompute: the fewest blocks per chunk that fit (``fit_recompute_blocks``), each stage's
+  peak under a budget (``stage_peaks_bytes``);
 - ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``), a
   PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
 - the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``) and the audit's
@@ -23,6 +25,7 @@ from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
 from autoplan.cost.dp.compression import check_rank, compresses_any
 from autoplan.cost.memory.per_device import usable_bytes
+from autoplan.cost.memory.recompute_budget import fit_recompute_blocks, stage_peaks_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
 from autoplan.cost.network.mesh import plan_mesh_groups
@@ -70,6 +73,9 @@ __all__ = [
     # ops.csv and memory
     "priced_ops",
     "usable_bytes",
+    # budgeted recompute: the fewest blocks per chunk that fit, and each stage's peak under a budget
+    "fit_recompute_blocks",
+    "stage_peaks_bytes",
     # what a model allows
     "check_rank",
     "moe_limits",

@@ -19,6 +19,7 @@ from autoplan.cost.compute.eager_attention import FusedAttentionModel
 from autoplan.cost.compute.fp8 import fp8_recipe as recipe_of
 from autoplan.cost.compute.fusion import fuses_elementwise
 from autoplan.cost.compute.op_costs import NodeTimes
+from autoplan.cost.compute.recompute import RecomputeFlops
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
 from autoplan.cost.cp.block import check_context_parallel
 from autoplan.cost.cp.weights import weight_sync_plan
@@ -47,7 +48,7 @@ from autoplan.types.layout import stage_of_chunk
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
-from autoplan.types.saved_ops import SAVED_KINDS
+from autoplan.types.recompute import recomputed_blocks
 
 ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
 
@@ -70,9 +71,9 @@ class CostModel:
         self.dp_terms = DataParallelTerms(profile, graph)  # the dp and ZeRO terms (cost/dp/sync.py)
         self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
         self._step_flops = graph.step_flops  # summed once: estimate() stays arithmetic
-        self._recompute_per_sample = {
-            mode: self._recompute_flops_per_sample(mode) for mode in ("none", "selective", "full")
-        }
+        self._recompute_flops = RecomputeFlops(
+            graph, {layer: self._structures[self._rep[layer]].nodes for layer in graph.layers}
+        )
         self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
         self.memory = PlanMemory(profile)
         self.tied = TiedWeightSync(graph, profile, {part: s.nodes for part, s in self._outside.items()})
@@ -197,14 +198,16 @@ class CostModel:
         """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
         schedule share them."""
         chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
-        key = ("stages", *ctx.key, plan.recompute, plan.pp, chunks, plan.tp_comm_overlap)
+        budget = tuple(plan.recompute_blocks)
+        key = ("stages", *ctx.key, plan.recompute, budget, plan.pp, chunks, plan.tp_comm_overlap)
         return self._memo.get(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
 
     def _sum_stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         stages = [StageTotals() for _ in range(plan.pp)]
         summaries = self.block_summaries(tp_plan, ctx, plan.tp_comm_overlap)
         pre, post = self.outside_summaries(tp_plan, ctx, plan.tp_comm_overlap)
-        add_block(stages[0], pre, recompute=plan.recompute, is_block=False)
+        rerun = set(self.recomputed_layers(plan))  # the outside nodes run as their stage's blocks (cost/stages.py)
+        add_block(stages[0], pre, recompute=self._outside_recompute(plan, rerun, 0), is_block=False)
         for index, chunk in enumerate(self._chunks(plan)):
             stage = stages[stage_of_chunk(index, pp=plan.pp)]
             for position, layer in enumerate(chunk):
@@ -212,9 +215,19 @@ class CostModel:
                 if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
                     whole = block.input_bytes * (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1)
                     stage.boundary_bytes = max(stage.boundary_bytes, whole)
-                add_block(stage, block, recompute=plan.recompute)
-        add_block(stages[-1], post, recompute=plan.recompute, is_block=False)
+                add_block(stage, block, recompute=plan.recompute if layer in rerun else "none")
+        add_block(stages[-1], post, recompute=self._outside_recompute(plan, rerun, plan.pp - 1), is_block=False)
         return stages
+
+    def _outside_recompute(self, plan: Plan, rerun: set[str], stage: int) -> str:
+        """The plan's recompute where ``stage`` recomputes a block, else "none"."""
+        return plan.recompute if any(layer in rerun for layer in self.stage_layers(plan, stage)) else "none"
+
+    def recomputed_layers(self, plan: Plan) -> list[str]:
+        """The blocks that run the plan's recompute: every one, or the first k of each chunk under a budget
+        (types/recompute.py; PlanError when it asks a chunk for more blocks than it runs)."""
+        chunks = self._chunks(plan)
+        return recomputed_blocks(recompute=plan.recompute, recompute_blocks=plan.recompute_blocks, chunks=chunks)
 
     def for_runtime(self, runtime: str) -> CostModel:
         """The model of the graph as ``runtime`` runs it (FusedAttentionModel.for_runtime: eager attention
@@ -377,21 +390,9 @@ class CostModel:
             cost.cost_per_step_usd = self.profile.price_per_device_hour * plan.devices * step / 3600.0
         cost.extra.update(
             model_flops=model_flops,
-            hardware_flops=model_flops + self._recompute_per_sample[plan.recompute] * samples,
+            hardware_flops=model_flops + self._recompute_flops.per_sample(plan, self._chunks) * samples,
             peak_flops_per_device=peak,
         )
-
-    def _recompute_flops_per_sample(self, mode: str) -> float:
-        """FLOPs re-run per sample: each block's forward (full) or its nodes other than matmuls,
-        attention and convolutions (selective, cost/blocks.py)."""
-        if mode == "none":
-            return 0.0
-        per_sample = 0.0
-        for layer in self.graph.layers:
-            structure = self._structures[self._rep[layer]]
-            chosen = structure.nodes if mode == "full" else [n for n in structure.nodes if n.op not in SAVED_KINDS]
-            per_sample += sum(n.fwd_flops for n in chosen) / self.graph.batch_size
-        return per_sample
 
 
 def estimate(graph: Graph, profile: Profile, plan: Plan) -> Cost:

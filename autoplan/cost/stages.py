@@ -4,7 +4,8 @@ Chunk ``c`` of ``plan.stages`` (``pp * virtual_stages`` chunks) runs on stage ``
 (autoplan/types/layout.py). Nodes outside every block go to the first stage when
 they run before the first block (embeddings) and to the last stage otherwise (final norm,
 head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/blocks.py) applies to
-blocks only; a recomputed MoE block re-runs its all-to-alls (torch.utils.checkpoint re-runs the
+blocks only, to the first k of each chunk under a budget (autoplan/types/recompute.py, the others
+add as under "none"); a recomputed MoE block re-runs its all-to-alls (torch.utils.checkpoint re-runs the
 forward's collectives; the selective policy saves matmul outputs only), and so does a recomputed
 block's context-parallel K,V exchange.
 """
@@ -33,6 +34,7 @@ class StageTotals:
     expert_params: float = 0.0  # the routed experts' share of params (held 1/ep, reduced over dp/ep)
     flops: float = 0.0
     blocks: list[LayerSummary] = field(default_factory=list)  # in forward order, outside nodes included
+    recomputed: list[bool] = field(default_factory=list)  # per entry of blocks: under the plan's recompute
     boundary_bytes: float = 0.0  # activation received from the previous stage, per micro-batch
     param_names: set[str] = field(default_factory=set)  # the outside nodes' weights: a tied one is held once
 
@@ -80,6 +82,7 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     stage.flops += block.flops
     stage.blocks.append(block)
     stage.loss_grad_bytes = max(stage.loss_grad_bytes, block.loss_grad_bytes)
+    stage.recomputed.append(recompute != "none")  # outside nodes: only dp/sync.py's backward slots read it
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes
         return

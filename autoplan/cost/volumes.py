@@ -152,8 +152,9 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
     names = set(model.stage_layers(plan, index))
     moes = [moe for moe in model.graph.moe_layers if moe.layer in names or (moe.layer is None and plan.pp == 1)]
     f, m = plan.micro_batch_size / model.graph.batch_size, plan.num_microbatches
-    a2a = a2a_per_microbatch(recomputed=plan.recompute != "none")
+    rerun = set(_recomputed_layers(plan, model, index))
     for moe in moes:
+        a2a = a2a_per_microbatch(recomputed=moe.layer in rerun or (moe.layer is None and plan.recompute != "none"))
         rows = dispatch_bytes(moe, precision=plan.precision, batch_fraction=f, imbalance=1.0)
         size = a2a.counts * moe.num_experts * COUNT_BYTES + a2a.tokens * rows
         pred.add("ep", "all_to_all", m * (a2a.counts + a2a.tokens), m * size)
@@ -168,8 +169,8 @@ def _context_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, ind
     under recomputation (full or selective, as the step time charges them: cost/stages.py)."""
     if plan.cp == 1:
         return
-    m, rerun = plan.num_microbatches, plan.recompute != "none"
-    for block in _real_blocks(plan, stage, index):
+    m = plan.num_microbatches
+    for block, rerun in _real_blocks(plan, stage, index, recomputed=True):
         for message in block.cp_messages:
             times = m * message.count * (2 if rerun and message.phase == cp_messages.FORWARD else 1)
             for kind in message.audit_kinds():
@@ -183,10 +184,10 @@ def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_pla
     if plan.tp == 1:
         return
     layers = model.stage_layers(plan, index)
-    total = Messages()
+    total, rerun = Messages(), set(_recomputed_layers(plan, model, index))
     for layer in layers:
         fwd, bwd = block_messages(model.graph, layer, tp_plan, ctx=ctx)
-        total = total + fwd + bwd + (fwd if plan.recompute != "none" else Messages())  # recomputation re-runs them
+        total = total + fwd + bwd + (fwd if layer in rerun else Messages())  # recomputation re-runs them
     outside = [part for part, stage in zip(OUTSIDE_PARTS, (0, plan.pp - 1)) if stage == index]
     for part in outside:
         fwd, bwd = block_messages(model.graph, part, tp_plan, ctx=model.part_context(ctx, part))
@@ -213,27 +214,34 @@ def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -
         _add(pred, "pp", *pp_messages.stage_sends(model.chunk_inputs(plan), plan, index))
 
 
-def _real_blocks(plan: Plan, stage: StageTotals, index: int) -> list:
-    """The stage's blocks without the outside-node summaries (first on stage 0, last on the last)."""
+def _real_blocks(plan: Plan, stage: StageTotals, index: int, *, recomputed: bool = False) -> list:
+    """The stage's blocks without the outside-node summaries (first on stage 0, last on the last);
+    with ``recomputed``, (block, whether it runs the plan's recompute) pairs."""
     start = 1 if index == 0 else 0
     end = len(stage.blocks) - (1 if index == plan.pp - 1 else 0)
+    if recomputed:
+        return list(zip(stage.blocks[start:end], stage.recomputed[start:end]))
     return stage.blocks[start:end]
+
+
+def _recomputed_layers(plan: Plan, model: CostModel, index: int) -> list[str]:
+    """The blocks of stage ``index`` that run the plan's recompute (types/recompute.py's budget)."""
+    held = set(model.stage_layers(plan, index))
+    return [layer for layer in model.recomputed_layers(plan) if layer in held]
 
 
 def _flops(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:
     """The tracer's FLOPs of the stage's matmul-class and attention nodes; full recomputation
-    re-runs the blocks' forward inside the backward (selective keeps their outputs)."""
+    re-runs the recomputed blocks' forward inside the backward (every block, or the first k of each
+    chunk under a budget: types/recompute.py); selective keeps their outputs."""
     m = plan.num_microbatches
-    blocks = _real_blocks(plan, stage, index)
-    rerun = plan.recompute == "full"
+    full = plan.recompute == "full"
+    blocks = [b for b, again in _real_blocks(plan, stage, index, recomputed=True) if again and full]
     pred.forward_flops = m * sum(b.matmul_fwd_flops for b in stage.blocks)
-    pred.backward_flops = m * (
-        sum(b.matmul_bwd_flops for b in stage.blocks) + (sum(b.matmul_fwd_flops for b in blocks) if rerun else 0.0)
-    )
+    pred.backward_flops = m * (sum(b.matmul_bwd_flops for b in stage.blocks) + sum(b.matmul_fwd_flops for b in blocks))
     pred.attention_forward_flops = m * sum(b.attention_fwd_flops for b in stage.blocks)
     pred.attention_backward_flops = m * (
-        sum(b.attention_bwd_flops for b in stage.blocks)
-        + (sum(b.attention_fwd_flops for b in blocks) if rerun else 0.0)
+        sum(b.attention_bwd_flops for b in stage.blocks) + sum(b.attention_fwd_flops for b in blocks)
     )
 
 

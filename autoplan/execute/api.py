@@ -45,7 +45,7 @@ from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
 from autoplan.execute.param_gather import overlapped_zero1
 from autoplan.execute.pipeline_scatter import apply_pipeline_scatter, boundary_specs
-from autoplan.execute.recompute import apply_recompute
+from autoplan.execute.recompute import apply_recompute, expects_recompute, recompute_targets
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
 from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tp_overlap import apply_async_tp, check_runs_here
@@ -105,6 +105,7 @@ def parallelize(
     blocks = [b for stage in plan.stages for b in stage] or find_blocks(
         model
     )  # the tracer's rule (autoplan/trace/layers.py)
+    targets = recompute_targets(plan=plan, blocks=blocks)  # all, or the first k of each chunk (recompute.py)
     cp_state = build_context_parallel(plan=plan, mesh=mesh, seq_len=seq_len_of(tuple(microbatch_inputs or ())))
     if cp_state is not None:
         cp_state.install(model=model, blocks=blocks)
@@ -147,7 +148,7 @@ def parallelize(
             )
         if cp_state is not None:  # after the split and TP, before recompute (context_parallel.py)
             cp_state.route_attention(module=module, blocks=blocks)
-        checkpointed += apply_recompute(module=module, blocks=blocks, mode=plan.recompute)
+        checkpointed += apply_recompute(module=module, blocks=targets, mode=plan.recompute)
         if plan.tp_comm_overlap:  # async TP compiles the blocks itself (tp_overlap.py)
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
         elif plan.compile:  # after TP and recompute, before FSDP/DDP (module docstring, step 4)
@@ -163,7 +164,7 @@ def parallelize(
             ep=ep_state,
             find_unused=bool(list_moe),
         )
-    if plan.recompute != "none" and not checkpointed:
+    if expects_recompute(plan=plan, targets=targets, chunks=list(modules)) and not checkpointed:
         raise PlanError(
             f"plan recompute='{plan.recompute}' but this rank holds none of the blocks it applies to "
             f"({', '.join(blocks[:3]) or 'the model has no blocks'}); "

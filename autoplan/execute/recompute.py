@@ -11,8 +11,11 @@
 - The whole block is re-run: torch stops a recomputation early once the last tensor the
   backward needs is rebuilt (skipping a block's output projection and its TP all-reduce), but
   the cost model prices the whole forward and its collectives, so early stop is turned off.
-- A plan that asks for recomputation on a rank holding none of the blocks is refused
-  (autoplan/execute/api.py), so recomputation is never priced and silently skipped.
+- A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k
+  blocks of each pipeline chunk (``plan.stages``; without a pipeline the one chunk is every block),
+  the rest run as under "none": :func:`recompute_targets`.
+- A plan that asks for recomputation on a rank holding none of the blocks it targets there is
+  refused (autoplan/execute/api.py), so recomputation is never priced and silently skipped.
 
 The block's ``forward`` is replaced on the instance, so FQNs stay unchanged (no wrapper
 module), which keeps tp_plan keys, FSDP and --verify's name mapping intact.
@@ -30,6 +33,8 @@ from torch.utils.checkpoint import (
     set_checkpoint_early_stop,
 )
 
+from autoplan.types.plan import Plan
+from autoplan.types.recompute import recomputed_blocks
 from autoplan.types.saved_ops import SAVED_ATEN_OPS
 
 #: the kernels whose outputs selective recomputation keeps: the cost model's table (types/saved_ops.py)
@@ -67,3 +72,19 @@ def apply_recompute(*, module: nn.Module, blocks: list[str], mode: str) -> int:
             block.forward = _checkpointed(block.forward, selective=mode == "selective")
             count += 1
     return count
+
+
+def recompute_targets(*, plan: Plan, blocks: list[str]) -> list[str]:
+    """The blocks ``plan`` recomputes: every block, or the first ``plan.recompute_blocks[c]`` of each
+    chunk ``c`` of ``plan.stages`` (``blocks``, in order, being the one chunk of a plan without stages)."""
+    chunks = plan.stages or [blocks]
+    return recomputed_blocks(recompute=plan.recompute, recompute_blocks=plan.recompute_blocks, chunks=chunks)
+
+
+def expects_recompute(*, plan: Plan, targets: list[str], chunks: list[int]) -> bool:
+    """Whether this rank, running pipeline ``chunks``, must checkpoint some block: under every-block
+    recompute always; under a budget when a target lies in its chunks (a chunk budgeted 0 has none)."""
+    if plan.recompute == "none" or not plan.recompute_blocks:
+        return plan.recompute != "none"
+    held = {block for c in chunks for block in plan.stages[c]} if plan.stages else set(targets)
+    return any(block in held for block in targets)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, split_note
+from autoplan.export.recompute_budget import every_block_note
 from autoplan.types.plan import Plan
 
 FILENAME = "accelerate_fsdp.yaml"
@@ -162,6 +163,9 @@ def _unexpressed(plan: Plan, kind: str) -> list[str]:
         f"Accelerator(gradient_accumulation_steps={plan.num_microbatches})."
     ]
     found += _sharding_gaps(plan, kind) + _parallel_gaps(plan) + _reduction_gaps(plan, kind)
+    if plan.recompute_blocks:
+        how = "checkpoints every wrapped block (fsdp_activation_checkpointing is one switch)"
+        found.append(every_block_note(plan, trainer="Accelerate", how=how))
     if plan.recompute == "selective":
         found.append(
             "recompute=selective has no Accelerate switch; fsdp_activation_checkpointing checkpoints whole blocks "

@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan.export.common import Exported, ModelFacts, layers_per_stage, split_note
 from autoplan.export.deepspeed_read import SECTION, read
+from autoplan.export.recompute_budget import every_block_note
 from autoplan.types.plan import Plan
 
 FILENAME = "ds_config.json"
@@ -153,6 +154,9 @@ def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
             "around each block, or PipelineModule(activation_checkpoint_interval=1)); the config only sets its "
             "options."
         )
+    if plan.recompute_blocks:
+        how = "checkpoints the blocks model code wraps in deepspeed.checkpointing.checkpoint"
+        found.append(every_block_note(plan, trainer="DeepSpeed", how=how))
     if plan.recompute == "selective":
         found.append(
             "recompute=selective (attention only) has no DeepSpeed equivalent; checkpointing whole blocks is "

@@ -20,6 +20,7 @@ from typing import Any
 
 from autoplan.export.common import Exported, ModelFacts, comment_lines, layers_per_stage, split_note
 from autoplan.export.megatron_read import read
+from autoplan.export.recompute_budget import megatron_flags
 from autoplan.types.plan import Plan
 
 __all__ = ["FILENAME", "export", "read"]
@@ -180,6 +181,10 @@ def _precision_flags(plan: Plan, notes: list[str]) -> Flags:
 
 
 def _recompute_flags(plan: Plan, notes: list[str]) -> Flags:
+    if plan.recompute_blocks:  # the first k layers of each chunk (export/recompute_budget.py)
+        flags = megatron_flags(plan, notes)
+        if plan.recompute == "full":
+            return flags
     if plan.recompute == "full":
         return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     if plan.recompute == "none":

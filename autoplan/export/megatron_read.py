@@ -77,6 +77,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
     fields.update(_read_batch(args, fields["dp"], batch_size, assumptions))
     fields.update(_read_precision(args, unmapped))
     fields["recompute"] = _read_recompute(args, unmapped)
+    fields["recompute_blocks"] = _read_recompute_blocks(args, fields)
     fields.update(_read_data_parallel(args, fields["dp"], unmapped))
     facts = ModelFacts(
         layers=_int(args, "--num-layers"),
@@ -329,12 +330,22 @@ def _read_recompute(args: dict[str, Any], unmapped: list[str]) -> str:
         raise ExportError(f"--recompute-granularity {granularity}: expected full or selective.")
     if granularity == "full":
         method, count = args.get("--recompute-method", "uniform"), _int(args, "--recompute-num-layers", 1)
-        if (method, count) != ("uniform", 1):
+        if (method, count) != ("uniform", 1) and method != "block":  # block: _read_recompute_blocks
             unmapped.append(
                 f"--recompute-method {method} --recompute-num-layers {count}: autoplan prices full recompute "
                 "of every block; read as that."
             )
     return granularity
+
+
+def _read_recompute_blocks(args: dict[str, Any], fields: dict[str, Any]) -> list[int]:
+    """``--recompute-method block --recompute-num-layers k``: the first k layers of each pipeline chunk
+    recompute (Plan.recompute_blocks, one count per chunk); [] (every block) when k covers a chunk."""
+    if fields["recompute"] != "full" or args.get("--recompute-method") != "block":
+        return []
+    chunks, count = fields["pp"] * fields["virtual_stages"], _int(args, "--recompute-num-layers", 1)
+    per_chunk = _int(args, "--num-layers", 0) // chunks
+    return [] if per_chunk and count >= per_chunk else [min(count, per_chunk or count)] * chunks
 
 
 def _read_data_parallel(args: dict[str, Any], dp: int, unmapped: list[str]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
+from autoplan.export.recompute_budget import every_block_note
 from autoplan.export.torchtitan import (
     SCHEDULES,
     chunk_modules,
@@ -70,6 +71,8 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
     }
     if plan.precision == "fp8":
         notes.append("float8: torchtitan 0.3 scales float8 rowwise only; autoplan priced tensorwise scaling.")
+    if plan.recompute_blocks:  # FullAC and SelectiveAC wrap every block (export/recompute_budget.py)
+        notes.append(every_block_note(plan, trainer="torchtitan 0.3", how="wraps every block in FullAC or SelectiveAC"))
     notes += general_notes(plan)
     command = launch(plan.devices, f"--module {MODULE} --config {FUNCTION}")
     body = _body(plan, flavour, why, settings)

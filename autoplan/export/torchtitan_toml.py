@@ -23,6 +23,7 @@ from typing import Any
 import tomllib
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
+from autoplan.export.recompute_budget import layer_sac_option, torchtitan_toml_note
 from autoplan.export.torchtitan import (
     SCHEDULES,
     chunk_modules,
@@ -64,6 +65,11 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
     }
     if plan.recompute == "selective":  # op-level SAC, as autoplan prices selective
         sections["activation_checkpoint"]["selective_ac_option"] = "op"
+    if plan.recompute_blocks:  # k of a stage's blocks: every N-th when one N gives the counts (recompute_budget.py)
+        every = layer_sac_option(plan, chunk_sizes(plan, facts, []))
+        if every is not None:
+            sections["activation_checkpoint"] = {"mode": "selective", "selective_ac_option": str(every)}
+        notes.append(torchtitan_toml_note(plan, every))
     if plan.compile or plan.tp_comm_overlap or plan.precision == "fp8":  # the plan's compile; async TP needs it;
         sections["compile"] = {"enable": True, "components": ["model", "loss"]}  # float8 is slow without it
     if plan.precision == "fp8":

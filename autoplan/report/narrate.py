@@ -62,6 +62,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", exp.attention] if exp.attention else []
     lines += ["", f"**Context parallelism:** {exp.cp}"] if exp.cp else []
     lines += ["", f"**HSDP:** {exp.hsdp}"] if exp.hsdp else []
+    lines += ["", f"**Recompute budget:** {exp.recompute}"] if exp.recompute else []
     lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"
 

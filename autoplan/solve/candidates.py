@@ -15,6 +15,7 @@ from autoplan.solve import space
 from autoplan.types.cost import Cost
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
+from autoplan.types.recompute import describe_counts
 from autoplan.types.run import RunSpec
 
 
@@ -189,7 +190,7 @@ def config_of(plan: Plan) -> dict:
         schedule=plan.schedule,
         v=plan.virtual_stages,
         zero=plan.zero_stage,
-        recompute=plan.recompute,
+        recompute=describe_counts(plan.recompute, plan.recompute_blocks),  # "full:2/1" under a budget
         sp=plan.sequence_parallel,
         tp_overlap=plan.tp_comm_overlap,
         precision=plan.precision,

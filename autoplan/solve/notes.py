@@ -76,7 +76,13 @@ def pin_of(best: Plan, target, ranked: list) -> str:
     changed = [key for key in PIN_KEYS if theirs[key] != mine[key]]
     first = next(c for c in ranked if all(c.config[key] == theirs[key] for key in changed))
     keys = changed if first is target else PIN_KEYS
-    return ",".join(f"{key}={_spelt(theirs[key])}" for key in keys)
+    return ",".join(_pin(key, theirs[key]) for key in keys)
+
+
+def _pin(key: str, value) -> str:
+    """One ``--fix`` pair; a budgeted recompute ("full:2/1", config_of) pins its mode and its budget."""
+    mode, _, budget = str(value).partition(":") if key == "recompute" else ("", "", "")
+    return f"recompute={mode},recompute_blocks={budget}" if budget else f"{key}={_spelt(value)}"
 
 
 def _spelt(value) -> str:

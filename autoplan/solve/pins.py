@@ -7,7 +7,9 @@ replicas), the micro-batch size and the virtual stages; 0-3 for ``zero``; a rank
 ``sp``, ``tp_overlap``, ``param_gather`` (ZeRO-1's weight all-gather under the next forward) and
 ``compile`` (torch.compile per block, Plan.compile); one of the plan's names for ``recompute``,
 ``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``), ``reduce`` and ``cp_variant``
-(allgather, ring, ulysses). Anything else is refused in one sentence.
+(allgather, ring, ulysses); ``recompute_blocks`` a recompute budget, one count per pipeline chunk
+joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
+Plan.recompute_blocks). Anything else is refused in one sentence.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ FIX_KEYS = (
     "param_gather",
     "compile",
     "dp_replicate",
+    "recompute_blocks",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate")
 _SCHEDULE_ALIASES = {
@@ -57,10 +60,17 @@ def parse_fixes(text: str | list[str] | None) -> dict[str, object]:
             if not sep or key not in FIX_KEYS:
                 raise PlanError(f"--fix '{pair}' is not KEY=VALUE with KEY one of {', '.join(FIX_KEYS)}.")
             fixes[key] = _typed(key, value)
+    if "recompute_blocks" in fixes and fixes.get("recompute") == "none":
+        raise PlanError(
+            "--fix recompute_blocks with recompute=none: the counts say how many blocks recompute; "
+            "pin recompute=full or selective, or drop recompute=none."
+        )
     return fixes
 
 
 def _typed(key: str, value: str) -> object:
+    if key == "recompute_blocks":
+        return _budget(value)
     if key in _INT_KEYS:
         if key == "powersgd" and value in ("off", "none"):
             return 0
@@ -83,3 +93,14 @@ def _typed(key: str, value: str) -> object:
     if value not in choices:
         raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")
     return _SCHEDULE_ALIASES[value] if key == "schedule" else value
+
+
+def _budget(value: str) -> list[int]:
+    """``"2/1"`` -> [2, 1]: blocks recomputed per pipeline chunk."""
+    counts = value.split("/")
+    if not all(count.isdigit() for count in counts):
+        raise PlanError(
+            f"--fix recompute_blocks={value} is not valid; expected one count >= 0 per pipeline chunk, "
+            "joined by '/' (recompute_blocks=2/1)."
+        )
+    return [int(count) for count in counts]

@@ -39,7 +39,7 @@ from autoplan.cost import (
     usable_bytes,
 )
 from autoplan.errors import PlanError
-from autoplan.solve import space, tp_runnable
+from autoplan.solve import recompute_budget, space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
 from autoplan.solve.partitions import Partitions
@@ -92,6 +92,7 @@ class Search:
         self.best: Candidate | None = None
         self._top: list[float] = []  # max-heap (negated) of the best `keep` feasible objectives
         self.candidates: list[Candidate] = []
+        self.budgets = recompute_budget.BudgetBounds(self.fixes, options.runtime)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
 
     # ---- objective ---------------------------------------------------------------------
@@ -107,10 +108,6 @@ class Search:
     def _beaten(self, bound: float) -> bool:
         """Nothing with this bound can enter the top ``keep`` plans (so the top-k table is exact)."""
         return len(self._top) >= self.options.keep and bound >= -self._top[0]
-
-    @property
-    def _threshold(self) -> float:
-        return -self._top[0]
 
     # ---- groups and their bounds -------------------------------------------------------
     def groups(self) -> list[tuple[float, Group]]:
@@ -257,8 +254,6 @@ class Search:
             if self._beaten_whatever_the_stages(g, base, bound, v, dp_choices, names):
                 continue
             stages = self._stages(base)
-            times, params = self.stage_costs.stage_totals(base, stages)
-            core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
             for zero, grads in dp_choices:
                 plan = g.plan(
                     recompute=recompute,
@@ -271,6 +266,8 @@ class Search:
                     grads=grads,
                     **names,
                 )
+                times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
+                core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
                 sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
@@ -289,10 +286,10 @@ class Search:
         """Bound (2) with the slowest stage and its parameters at their floors under any partition
         (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
         pruned without solving the partition."""
-        floor_s = self.stage_costs.slowest_stage_floor_s(base)
-        core_s = (g.m + (g.degrees.pp - 1) / v) * floor_s + self.bounds.pp_comm_s(base)
         kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
+        floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
+        core_s = (g.m + (g.degrees.pp - 1) / v) * floor_s + self.bounds.pp_comm_s(base)
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]
@@ -308,7 +305,7 @@ class Search:
                 config=config_of(plan),
                 status="pruned",
                 lower_bound=sub,
-                reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}",
+                reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {-self._top[0]:.4g}",
             )
         )
 
@@ -343,6 +340,8 @@ class Search:
             )
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
+        if (plan := recompute_budget.with_pin(plan, self.fixes)) is None:
+            return  # a pinned recompute budget this plan's chunks cannot hold (solve/recompute_budget.py)
         cost = self.cost_model.estimate(plan)
         if not cost.feasible and plan.pp > 1:
             cost, plan = self._repartition_for_memory(plan, cost)
@@ -366,11 +365,13 @@ class Search:
                 heapq.heappop(self._top)
             if self.best is None or rank_key(candidate) < rank_key(self.best):
                 self.best = candidate
+        if fitted := self.budgets.fitted(self.cost_model, plan, candidate.feasible):  # fewer blocks recomputed
+            self._evaluate(fitted, bound, ilp_status=ilp_status)
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
         """The time-optimal stages (or chunks) did not fit: try the best partition under the memory limits."""
         stages = self.partitions.within_memory(plan)
-        if stages is None:
+        if stages is None or not recompute_budget.holds(plan.recompute_blocks, stages):
             return cost, plan
         retry = replace(plan, stages=stages)
         retry_cost = self.cost_model.estimate(retry)
@@ -386,7 +387,7 @@ class Search:
         config = g.pruned_config()
         reason = (
             reason
-            or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {self._threshold:.4g}"
+            or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {-self._top[0]:.4g}"
         )
         self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count, reason=reason))
 

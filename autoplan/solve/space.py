@@ -320,7 +320,8 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
                 "use recompute=none."
             )
         return [fixes["recompute"]]
-    return list(RECOMPUTE) if layers else ["none"]
+    budgeted = "recompute_blocks" in fixes  # a pinned budget budgets full or selective (solve/recompute_budget.py)
+    return [mode for mode in RECOMPUTE if mode != "none" or not budgeted] if layers else ["none"]
 
 
 def precision_options(

@@ -20,6 +20,7 @@ from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.prediction import Prediction
+from autoplan.types.recompute import check_recompute_blocks, describe_counts
 from autoplan.types.runtime import Runtime, check_runtime_choices, runtime_named
 
 PLAN_SCHEMA_VERSION = 1
@@ -114,6 +115,8 @@ class Plan:
     ``dp_replicate`` splits dp into ``dp_replicate`` x ``dp / dp_replicate`` (HSDP): ZeRO shards over the
     ``dp / dp_replicate`` consecutive dp ranks of a shard group and replicates across the groups
     (types/hsdp.py; FSDP2 on a 2-D mesh, torchtitan's ``data_parallel_replicate_degree``).
+    ``recompute_blocks`` budgets recompute: per pipeline chunk, how many of its first blocks run
+    ``recompute``, the others none ([] = every block; autoplan/types/recompute.py).
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
@@ -153,6 +156,7 @@ class Plan:
     compile: bool = False
     fp8_recipe: str = ""
     dp_replicate: int = 1
+    recompute_blocks: list[int] = field(default_factory=list)
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -183,6 +187,7 @@ class Plan:
         self._check_degrees()
         self._check_choices()
         self._check_stages()
+        self._check_recompute_blocks()
 
     def _check_degrees(self) -> None:
         for name in ("devices", "dp", "tp", "pp", "ep", "cp", "micro_batch_size", "num_microbatches", "virtual_stages"):
@@ -325,6 +330,12 @@ class Plan:
         if not (len(flat) == len(set(flat))):
             raise PlanError("plan stages list a layer more than once.")
 
+    def _check_recompute_blocks(self) -> None:
+        chunks = self.pp * self.virtual_stages
+        check_recompute_blocks(
+            recompute=self.recompute, recompute_blocks=self.recompute_blocks, chunks=chunks, stages=self.stages
+        )
+
     # ---- derived -----------------------------------------------------------------------
     @property
     def global_batch_size(self) -> int:
@@ -345,9 +356,10 @@ class Plan:
         red += f" recipe={self.fp8_recipe}" if self.fp8_recipe else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
+        rc = describe_counts(self.recompute, self.recompute_blocks)
         return (
             f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
-            f"{self.schedule}{v} zero={self.zero_stage} rc={self.recompute}{sp} {self.precision}{red}"
+            f"{self.schedule}{v} zero={self.zero_stage} rc={rc}{sp} {self.precision}{red}"
         )
 
     # ---- JSON --------------------------------------------------------------------------
@@ -360,7 +372,9 @@ class Plan:
             del data["inputs"]  # plan files without traced inputs stay as they were
         if self.cp == 1:
             del data["cp"], data["cp_variant"]  # and so do plans without context parallelism
-        for name, default in (("runtime", "autoplan"), ("compile", False), ("fp8_recipe", ""), ("dp_replicate", 1)):
+        defaults = (("runtime", "autoplan"), ("compile", False), ("fp8_recipe", ""), ("dp_replicate", 1))
+        defaults += (("recompute_blocks", []),)
+        for name, default in defaults:
             if data[name] == default:
                 del data[name]  # and plans for autoplan's executor, uncompiled, with the default FP8 recipe
         return data

@@ -43,6 +43,10 @@ CASES = [
     ("pp_interleaved", "gpt", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
     ("recompute_full", "gpt", dict(dp=2, recompute="full")),
     ("recompute_selective", "gpt", dict(dp=2, recompute="selective")),
+    # budgeted recompute (types/recompute.py): the first k blocks of each chunk, FLOPs and memory as priced
+    ("recompute_budget_full", "gpt", dict(dp=2, recompute="full", recompute_blocks=[2])),
+    ("pp_recompute_budget_full", "llama", dict(pp=2, schedule="1f1b", recompute="full", recompute_blocks=[1, 0])),
+    ("tp_sp_recompute_budget_selective", "llama", dict(tp=2, sequence_parallel=True, recompute="selective", recompute_blocks=[3])),
     ("dp_fp16", "gpt", dict(dp=2, precision="fp16")),
     ("ddp_fp32_bf16_reduce", "gpt", dict(dp=2, grad_reduce_dtype="bf16")),
     ("zero3_fp32_fp16_reduce", "gpt", dict(dp=2, zero_stage=3, grad_reduce_dtype="fp16")),
@@ -237,6 +241,11 @@ def test_recomputation_runs_what_it_is_priced_for(audits):
     assert full["backward_flops"] > plain["backward_flops"] * 1.2
     assert selective["backward_flops"] == plain["backward_flops"]
     assert full["peak_live_bytes"] < plain["peak_live_bytes"]
+    # half the blocks recomputed re-run half the forward matmuls: between none and every block
+    half = audits["recompute_budget_full"]["ranks"][0]
+    rerun, rerun_half = full["backward_flops"] - plain["backward_flops"], half["backward_flops"] - plain["backward_flops"]
+    assert rerun_half == pytest.approx(rerun / 2, rel=1e-9)
+    assert full["peak_live_bytes"] < half["peak_live_bytes"] < plain["peak_live_bytes"]
 
 
 def _audit_rows(audits, graphs, name):

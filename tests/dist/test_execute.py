@@ -31,6 +31,8 @@ TWO = [
     ("zero3", "llama", dict(dp=2, zero_stage=3)),
     ("recompute_full", "gpt", dict(dp=2, recompute="full")),
     ("recompute_selective_tp", "llama", dict(tp=2, recompute="selective")),
+    # budgeted recompute: the first block of stage 0 checkpointed, none of stage 1 (types/recompute.py)
+    ("pp2_recompute_budget", "gpt", dict(pp=2, schedule="1f1b", recompute="full", recompute_blocks=[1, 0])),
     # low precision: the reference runs the same policy (FSDP2 casts params; else autocast)
     ("zero2_bf16", "gpt", dict(dp=2, zero_stage=2, precision="bf16")),
     ("zero3_fp16", "gpt", dict(dp=2, zero_stage=3, precision="fp16", num_microbatches=2)),

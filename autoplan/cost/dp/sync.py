@@ -127,7 +127,9 @@ class DataParallelTerms:
         exposed, total = 0.0, 0.0
         after, apart = self._apart_s(plan, stages, edp)
         for index, stage in enumerate(stages):
-            backward = [b.bwd_s + (b.fwd_s if plan.recompute == "full" else 0.0) for b in reversed(stage.blocks)]
+            full = plan.recompute == "full"  # a block recomputed in full re-runs its forward in its backward slot
+            rerun = [b.fwd_s if full and again else 0.0 for b, again in zip(stage.blocks, stage.recomputed)]
+            backward = [b.bwd_s + r for b, r in zip(reversed(stage.blocks), reversed(rerun))]
             sync = self._grad_syncs_s(plan, grads, stage, group, edp, experts=not apart)
             if plan.dp_replicate > 1:  # each block's shard all-reduced across the replicas after its reduce-scatter
                 sync = [

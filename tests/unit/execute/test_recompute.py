@@ -68,3 +68,57 @@ def test_selective_recomputation_does_not_rerun_grouped_expert_gemms():
     plain, selective, full = _backward_flops("none"), _backward_flops("selective"), _backward_flops("full")
     assert selective == plain  # the kept GEMMs are looked up, not re-run
     assert full[1] > plain[1]  # full recomputation does re-run them: the meter sees grouped GEMMs
+
+
+def _stack(blocks: int) -> nn.Module:
+    model = nn.Module()
+    model.h = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(blocks))
+    return model
+
+
+def _plan(**kw):
+    from autoplan.types.plan import Plan
+
+    kw.setdefault("pp", 1)
+    return Plan(devices=kw["pp"], dp=1, tp=1, micro_batch_size=1, num_microbatches=2, **kw)
+
+
+def test_a_budget_checkpoints_the_first_k_blocks_of_each_chunk():
+    from autoplan.execute.recompute import expects_recompute, recompute_targets
+
+    blocks = [f"h.{i}" for i in range(4)]
+    one_chunk = recompute_targets(plan=_plan(recompute="full", recompute_blocks=[3]), blocks=blocks)
+    assert one_chunk == ["h.0", "h.1", "h.2"]
+    assert recompute_targets(plan=_plan(recompute="full"), blocks=blocks) == blocks  # [] is every block
+    staged = _plan(pp=2, recompute="selective", recompute_blocks=[1, 0], stages=[blocks[:2], blocks[2:]])
+    targets = recompute_targets(plan=staged, blocks=blocks)
+    assert targets == ["h.0"]
+    assert expects_recompute(plan=staged, targets=targets, chunks=[0])
+    assert not expects_recompute(plan=staged, targets=targets, chunks=[1])  # stage 1's budget is 0
+    model = _stack(4)
+    assert apply_recompute(module=model, blocks=one_chunk, mode="full") == 3
+    wrapped = [hasattr(block.forward, "__wrapped__") for block in model.h]
+    assert wrapped == [True, True, True, False]
+
+
+def test_a_budget_re_runs_only_its_blocks_forward_in_the_backward():
+    torch.manual_seed(0)
+    runs = {}
+    for k in (0, 2, 4):
+        model = _stack(4)
+        calls = []
+        for index, block in enumerate(model.h):
+            block[0].register_forward_hook(lambda *_args, index=index: calls.append(index))
+        plan = _plan(recompute="full", recompute_blocks=[k]) if k else _plan(recompute="none")
+        from autoplan.execute.recompute import recompute_targets
+
+        apply_recompute(
+            module=model, blocks=recompute_targets(plan=plan, blocks=[f"h.{i}" for i in range(4)]), mode=plan.recompute
+        )
+        x = torch.randn(3, 8)
+        for block in model.h:
+            x = block(x)
+        calls.clear()
+        x.sum().backward()
+        runs[k] = sorted(calls)
+    assert runs == {0: [], 2: [0, 1], 4: [0, 1, 2, 3]}

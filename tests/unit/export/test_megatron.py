@@ -86,6 +86,12 @@ PLANS = {
                                STAGES4[2] + STAGES4[3]]),
     "cp2-ulysses": Plan(devices=4, dp=2, tp=1, pp=1, cp=2, cp_variant="ulysses", micro_batch_size=1,
                         num_microbatches=2, precision="bf16"),
+    # budgeted recompute: Megatron's block method, one count for every chunk (the largest), or none for selective
+    "pp2-budget-full": Plan(devices=4, dp=2, tp=1, pp=2, micro_batch_size=1, num_microbatches=4, precision="bf16",
+                            recompute="full", recompute_blocks=[2, 1], stages=[STAGES4[0] + STAGES4[1],
+                            STAGES4[2] + STAGES4[3]]),
+    "zero1-budget-selective": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=1,
+                                   precision="bf16", recompute="selective", recompute_blocks=[3]),
     "powersgd": Plan(
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, grad_compression="powersgd",
         powersgd_rank=4,
@@ -159,8 +165,9 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
         ("hybrid", megatron.FP8_RECIPES[plan.fp8_recipe_used]) if plan.precision == "fp8" else (None, "delayed")
     )
     assert config.recompute_granularity == (None if plan.recompute == "none" else plan.recompute)
-    if plan.recompute == "full":
-        assert (config.recompute_method, config.recompute_num_layers) == ("uniform", 1)
+    if plan.recompute == "full":  # a budget: the first k layers of each chunk (Megatron's block method)
+        expected = ("block", max(plan.recompute_blocks)) if plan.recompute_blocks else ("uniform", 1)
+        assert (config.recompute_method, config.recompute_num_layers) == expected
     assert (config.num_layers, config.hidden_size, config.num_attention_heads, config.num_query_groups) == (
         facts.layers, facts.hidden_size, facts.num_heads, facts.num_kv_heads,
     )  # fmt: skip
@@ -321,9 +328,10 @@ def test_read_names_what_autoplan_does_not_price():
     assert (fields["dp"], fields["tp"], fields["cp"], fields["devices"], fields["num_microbatches"]) == (4, 2, 2, 16, 8)
     assert fields["cp_variant"] == "ring" and "Megatron's default p2p" in imported.assumptions[-1]
     said = " ".join(imported.unmapped)
-    for words in ("--recompute-method block", "--lr 3e-4", "--data-path /data/a /data/b", "--use-flash-attn"):
+    for words in ("--lr 3e-4", "--data-path /data/a /data/b", "--use-flash-attn"):
         assert words in said
-    assert len(imported.unmapped) == 4 and fields["fp8_recipe"] == "te_delayed"  # Megatron's default, priced
+    assert len(imported.unmapped) == 3 and fields["fp8_recipe"] == "te_delayed"  # Megatron's default, priced
+    assert fields["recompute_blocks"] == [2]  # block: the first 2 layers of the one chunk (a recompute budget)
     imported.plan()
 
 

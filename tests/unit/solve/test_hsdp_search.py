@@ -25,7 +25,7 @@ def test_full_sharding_and_a_shard_group_of_a_node_are_offered():
 
 
 @pytest.mark.parametrize(
-    "changes", [dict(zero=0), dict(ep=2), dict(cp=2), dict(runtime="deepspeed"), dict(runtime="megatron", zero=3)]
+    "changes", [dict(zero=0), dict(ep=2), dict(cp=2), dict(runtime="deepspeed"), dict(runtime="torchtitan", zero=1)]
 )
 def test_hsdp_is_offered_only_where_it_runs(changes):
     assert _replicas(**changes) == [1]

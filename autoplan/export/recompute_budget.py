@@ -1,0 +1,78 @@
+"""A recompute budget (Plan.recompute_blocks: the first k blocks of each pipeline chunk recompute,
+autoplan/types/recompute.py) in each trainer's terms, or the one sentence saying it cannot be said.
+
+- Megatron-LM: ``--recompute-granularity full --recompute-method block --recompute-num-layers k``
+  recomputes the first k layers of each pipeline chunk (its TransformerBlock per virtual stage), one k
+  for all: a budget that differs per chunk is written as its largest count, and a note says so; its
+  selective granularity has no count.
+- torchtitan 0.2.x: ``selective_ac_option = "N"`` wraps every N-th block a process builds (a counter
+  over its blocks, ``count % N == 0``), so a stage of L blocks recomputes floor(L / N): a budget is
+  written that way when one N gives every chunk its count (v = 1, full recompute; the same price for
+  identical blocks, not the same blocks), else as every block with a note. torchtitan 0.3's FullAC and
+  SelectiveAC, Accelerate's ``fsdp_activation_checkpointing`` and DeepSpeed (model code calls its
+  checkpoint) checkpoint every block they are given: a note says what is written.
+docs/export.md, "Budgeted recompute".
+"""
+
+from __future__ import annotations
+
+from autoplan.types.plan import Plan
+
+Flags = list[tuple[str, object]]
+
+
+def budget_text(plan: Plan) -> str:
+    """``recompute_blocks 2/1 (full)``: the budget as a note names it."""
+    return f"recompute_blocks {'/'.join(map(str, plan.recompute_blocks))} ({plan.recompute})"
+
+
+def megatron_flags(plan: Plan, notes: list[str]) -> Flags:
+    """Megatron-LM's recompute flags for a budgeted plan (module docstring); ``notes`` gets what differs."""
+    largest = max(plan.recompute_blocks)
+    if plan.recompute == "selective":
+        notes.append(
+            f"{budget_text(plan)}: Megatron-LM's selective granularity has no layer count; written for every layer."
+        )
+        return [("--recompute-granularity", "selective")]
+    if len(set(plan.recompute_blocks)) > 1:
+        notes.append(
+            f"{budget_text(plan)}: Megatron-LM's --recompute-num-layers is one count for every pipeline chunk; "
+            f"written as the largest, {largest}, so the chunks budgeted fewer recompute more blocks than planned "
+            "(slower, never more memory)."
+        )
+    if largest == 0:
+        return []
+    return [("--recompute-granularity", "full"), ("--recompute-method", "block"), ("--recompute-num-layers", largest)]
+
+
+def layer_sac_option(plan: Plan, sizes: list[int] | None) -> int | None:
+    """The N of torchtitan 0.2.x's ``selective_ac_option`` that recomputes each chunk's count of blocks
+    (floor(size / N), module docstring), or None when no N does (or the chunks are unknown, interleaved,
+    or the blocks recompute selectively)."""
+    if plan.recompute != "full" or plan.virtual_stages > 1 or sizes is None:
+        return None
+    for every in range(1, max(sizes) + 2):
+        if all(size // every == k for size, k in zip(sizes, plan.recompute_blocks)):
+            return every
+    return None
+
+
+def torchtitan_toml_note(plan: Plan, every: int | None) -> str:
+    """The note beside torchtitan 0.2.x's activation_checkpoint section for a budgeted plan."""
+    if every is not None:
+        return (
+            f"{budget_text(plan)}: written as selective_ac_option = {every} (full AC on every {every}th block "
+            "of a stage): as many blocks per stage as planned, not the first ones (one price for identical blocks)."
+        )
+    return (
+        f"{budget_text(plan)}: torchtitan 0.2.x recomputes every block, or every N-th (selective_ac_option), "
+        f"and no N gives these counts; written as mode '{plan.recompute}' for every block (slower, never more memory)."
+    )
+
+
+def every_block_note(plan: Plan, *, trainer: str, how: str) -> str:
+    """The note for a trainer that checkpoints every block it is given (module docstring)."""
+    return (
+        f"{budget_text(plan)}: {trainer} {how}, with no count of blocks; written as every block "
+        "(slower, never more memory): recompute only the first k blocks of each stage to match the plan."
+    )
