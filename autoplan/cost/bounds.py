@@ -68,6 +68,7 @@ class Bounds:
         self._cp_floors: dict[tuple, CpFloor] = {}
         self._groups: dict[tuple, dict] = {}
         self._zero3: dict[tuple, tuple] = {}
+        self._frozen = float(graph.param_count - graph.trainable_param_count)
         reps = [(None, 1)] + [(group.layers[0], len(group.layers)) for group in graph.groups]
         self._nodes = {rep: graph.layer_nodes(rep) for rep, _ in reps}
         self._moe = {rep: layers_in(graph, tuple(self._nodes[rep])) for rep, _ in reps}  # grouped MoE layers
@@ -198,8 +199,10 @@ class Bounds:
 
     def states_floor_bytes(self, plan: Plan) -> float:
         """The memory floor of the module docstring, bytes per device."""
+        floor = self.stage_params_floor(plan)
         states = model_states(
-            params=self.stage_params_floor(plan),
+            params=floor,
+            trainable=self.trained_floor(floor),
             precision=plan.precision,
             zero_stage=plan.zero_stage,
             dp=plan.dp * plan.cp,  # dp x cp ranks share the weights (cost/cp/weights.py)
@@ -237,7 +240,7 @@ class Bounds:
         bytes_per_param = accumulation_bytes_per_param(plan)
         if plan.num_microbatches == 1 or plan.cp == 1 or not bytes_per_param:
             return 0.0
-        params = self.stage_params_floor(plan) if params_floor is None else params_floor
+        params = self.trained_floor(self.stage_params_floor(plan) if params_floor is None else params_floor)
         return (plan.num_microbatches - 1) * memory_time_s(self.profile, bytes_per_param * params)
 
     def stage_params_floor(self, plan: Plan) -> float:
@@ -246,8 +249,14 @@ class Bounds:
         pre, post, blocks = self.stage_costs.param_parts(plan)
         return (blocks + max(pre, post)) / plan.pp
 
+    def trained_floor(self, params: float) -> float:
+        """The fewest of ``params`` parameters on a device that can be trainable: all but the graph's
+        frozen ones, which a device holds at most once (docs/cost-model.md, "Frozen parameters")."""
+        return max(0.0, params - self._frozen)
+
     def optimizer_s(self, plan: Plan, *, stage_params: float) -> float:
-        return self.adam_s(stage_params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
+        trained = self.trained_floor(stage_params)
+        return self.adam_s(trained / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
 
     def adam_s(self, local_params: float) -> float:
         """CostModel's memory-bound Adam step over ``local_params`` parameters."""
@@ -257,6 +266,7 @@ class Bounds:
         """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
         at its floor bytes per parameter (DpMessage.floor_bytes_per_param)."""
         group = self._mesh(plan)["dp_cp"]
+        params = message.sent(params, params - self.trained_floor(params))  # frozen ones at most
         size = params * message.floor_bytes_per_param(plan.precision)
         return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
 
