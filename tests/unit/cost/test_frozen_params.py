@@ -8,9 +8,11 @@ from dataclasses import replace
 import pytest
 from synthetic import a100_profile, synthetic_gpt, synthetic_profile
 
+from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import CostModel
 from autoplan.cost.volumes import predict
 from autoplan.solve.search import Search, SearchOptions
+from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 
@@ -87,3 +89,17 @@ def test_the_search_bounds_stay_below_a_frozen_models_prices():
     priced = [c for c in result.candidates if c.cost is not None]
     assert priced and all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced if c.status == "evaluated")
     assert all(search.bounds.states_floor_bytes(c.plan) <= c.cost.peak_memory_bytes * (1 + 1e-12) for c in priced)
+
+
+def test_the_pipeline_partition_charges_frozen_parameters_their_weights_only():
+    """The partition's per-block bytes (solve/stage_costs.py) follow the cost model's states."""
+    graph = _graph()
+    plan = _plan(zero_stage=1)
+    full, lora, none = (
+        StageCosts(g, a100_profile()).problem(plan) for g in (graph, _frozen(graph, _mlp_only), _frozen(graph))
+    )
+    weights = model_states(params=1.0, precision="bf16", zero_stage=1, dp=8, trainable=0.0).weights_bytes
+    block = graph.layers[0]
+    held = sum(info.numel for name, info in graph.parameters.items() if name.startswith(block + "."))
+    assert none.layer_static_bytes[0] == pytest.approx(held * weights)
+    assert none.layer_static_bytes[0] < lora.layer_static_bytes[0] < full.layer_static_bytes[0]
