@@ -14,7 +14,8 @@ Three parts, each derived from the search's priced candidates (never canned text
    pp) family; the decision line states the nearest other family's verdict word for word.
 
 When the model's attention is written as eager ops, one line says what SDPA/flash would save
-(autoplan/report/attention.py). When the plan splits the sequence (cp > 1), one sentence says why
+(autoplan/report/attention.py); when it has frozen parameters, one what they save the plan
+(autoplan/report/frozen.py). When the plan splits the sequence (cp > 1), one sentence says why
 against the best plan without cp (:func:`cp_why`): memory per device at this sequence length, and
 the exposed KV exchange against the recomputation it avoids.
 """
@@ -31,6 +32,7 @@ from autoplan.errors import AutoplanError
 from autoplan.report.attention import eager_attention_saving
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain
+from autoplan.report.frozen import frozen_saving
 from autoplan.report.terms import TermDiff, category_of, deciding_term
 from autoplan.report.trade import trade_rows
 from autoplan.solve.notes import plan_notes
@@ -63,6 +65,7 @@ class Explanation:
     fp8: str = ""  # what the best FP8 plan would gain, when the search left FP8 out (report/fp8.py)
     cp: str = ""  # why the plan splits the sequence, when it does (cp_why)
     attention: str = ""  # what fusing the model's eager attention would save, when it has some (report/attention.py)
+    frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -156,6 +159,7 @@ def explain_result(
         fp8=fp8_gain(result, graph=graph, profile=profile),
         cp=cp_why(result, graph=graph, profile=profile, model=model),
         attention=eager_attention_saving(model, best.plan, best.cost),
+        frozen=frozen_saving(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict
