@@ -23,7 +23,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
+from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines, frozen_notes
 from autoplan.export.torchtitan import (
     SCHEDULES,
     chunk_modules,
@@ -69,7 +69,7 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
     }
     if plan.precision == "fp8":
         notes.append("float8: torchtitan 0.3 scales float8 rowwise only; autoplan priced tensorwise scaling.")
-    notes += general_notes(plan)
+    notes += general_notes(plan) + frozen_notes(facts, "torchtitan")
     command = launch(plan.devices, f"--module {MODULE} --config {FUNCTION}")
     body = _body(plan, flavour, why, settings)
     text = _render(plan, flavour, command, body, notes=notes, remarks=remarks)
