@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost import CostModel, usable_bytes
-from autoplan.display import duration_text, si_text
+from autoplan.display import duration_text, number_text, si_text
 from autoplan.types.graph import PARAM_KINDS, Graph
 from autoplan.types.plan import Plan
 
@@ -37,9 +37,9 @@ def frozen_saving(model: CostModel, plan: Plan, cost) -> str:
     fits = trained.peak_memory_bytes <= usable_bytes(model.profile.device.memory_bytes)
     return (
         f"{frozen / graph.param_count:.1%} of the parameters are frozen ({si_text(frozen, '')} of "
-        f"{si_text(graph.param_count, '')}): they hold no gradients or optimizer state ({si_text(states, 'B')} per "
-        f"device less than training them all under this plan, which would peak at "
-        f"{trained.peak_memory_bytes / GIB:.1f} GiB and {'still fit' if fits else 'not fit'}), send no "
+        f"{si_text(graph.param_count, '')}): they hold no gradients or optimizer state "
+        f"({number_text(states / GIB)} GiB per device less than training them all under this plan, which would peak at "
+        f"{number_text(trained.peak_memory_bytes / GIB)} GiB and {'still fit' if fits else 'not fit'}), send no "
         f"gradient sync ({duration_text(max(0.0, sync_s))} less per step) and skip at least "
         f"{si_text(skipped, 'FLOP')} of weight gradients per global batch ({share:.0%} "
         "of what training them all would compute)."

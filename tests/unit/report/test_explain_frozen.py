@@ -10,7 +10,7 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.model import CostModel
-from autoplan.display import si_text
+from autoplan.display import number_text
 from autoplan.report.explain import explain
 from autoplan.solve.api import plan_graph
 
@@ -36,7 +36,7 @@ def test_explain_says_how_many_parameters_are_frozen_and_what_that_saves(explain
     whole = replace(graph, parameters={n: replace(i, trainable=True) for n, i in graph.parameters.items()})
     trained = CostModel(whole, profile).estimate(best.plan)
     states = trained.grads_bytes + trained.optimizer_bytes - best.cost.grads_bytes - best.cost.optimizer_bytes
-    assert states > 0 and f"({si_text(states, 'B')} per device less" in exp.frozen
+    assert states > 0 and f"({number_text(states / 2**30)} GiB per device less" in exp.frozen
     assert re.search(r"send no gradient sync \([0-9.]+ (ms|µs) less per step\)", exp.frozen)
     assert "**Frozen parameters:** " + exp.frozen in exp.to_markdown()
 
