@@ -4,11 +4,13 @@ a frozen linear computes its input's gradient only, and none where nothing befor
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 
+from autoplan.cli import main
 from autoplan.trace import trace
 from autoplan.types.graph import Graph
 
@@ -68,3 +70,18 @@ def test_a_frozen_linear_computes_only_its_input_gradient(graph):
 def test_blocks_whose_backward_differs_are_priced_apart(graph):
     assert [g.layers for g in graph.groups] == [["blocks.0"], ["blocks.1", "blocks.2"]]
     assert graph.groups[1].signature == graph.groups[0].signature + "-bwd1"
+
+
+def test_the_trace_command_counts_the_trainable_parameters(tmp_path, capsys):
+    model_file = tmp_path / "adapted.py"
+    model_file.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import torch\n"
+        "from test_trace_frozen import DIM, TOKENS, Model\n\n"
+        "def build_model():\n    return Model()\n\n"
+        "def example_inputs(batch_size):\n    return (torch.randn(batch_size, DIM),)\n"
+    )
+    assert main(["trace", str(model_file), "--batch", "2", "--out", str(tmp_path / "t"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["trainable_parameters"] == 3 * 2 * DIM * RANK < summary["parameters"]
