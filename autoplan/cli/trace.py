@@ -102,6 +102,7 @@ def summarize(graph: Graph, out: Path) -> dict[str, Any]:
         "seq_len": graph.seq_len,
         "parameters": graph.param_count,
         "parameter_bytes": graph.param_bytes,
+        "trainable_parameters": graph.trainable_param_count,  # requires_grad (docs/cost-model.md, "Frozen parameters")
         "fwd_flops": graph.fwd_flops,
         "bwd_flops": graph.bwd_flops,
         "step_flops": graph.step_flops,
@@ -134,6 +135,7 @@ def _print(summary: dict[str, Any]) -> None:
     rows = [
         ("trace method", summary["trace_method"]),
         ("parameters", f"{summary['parameters']:,} ({number_text(summary['parameter_bytes'] / 2**30)} GiB)"),
+        *_trainable_row(summary),
         (
             "FLOPs per step",
             f"{si_text(summary['step_flops'], 'FLOP')} (fwd {si_text(summary['fwd_flops'], 'FLOP')}, "
@@ -153,3 +155,11 @@ def _print(summary: dict[str, Any]) -> None:
     for key, value in rows:
         table.add_row(key, value)
     Console().print(table)
+
+
+def _trainable_row(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """A row for the trainable parameters when some are frozen (none when every parameter trains)."""
+    trainable, total = summary["trainable_parameters"], summary["parameters"]
+    if trainable == total:
+        return []
+    return [("trainable", f"{trainable:,} ({trainable / total:.2%}; the rest frozen: requires_grad=False)")]

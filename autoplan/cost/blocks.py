@@ -77,6 +77,19 @@ class LayerSummary:
     cp_bwd_s: float = 0.0
     cp_messages: tuple[CpMessage, ...] = ()  # what those calls send (autoplan/cost/cp/messages.py), for the audit
     fp8_params: float = 0.0  # FP8 linears' weights held per device: what FSDP2 may gather in FP8 (cost/dp/messages.py)
+    frozen_param_count: float = 0.0  # of param_count, the frozen ones (requires_grad=False): held, never trained
+    frozen_expert_param_count: float = 0.0  # of expert_param_count, the frozen ones
+    frozen_names: frozenset[str] = frozenset()  # the frozen ones of param_names
+
+    @property
+    def trainable_param_count(self) -> float:
+        """Parameters held per device that get gradients, optimizer state and sync."""
+        return self.param_count - self.frozen_param_count
+
+    @property
+    def trainable_dense_count(self) -> float:
+        """The trainable parameters outside the routed experts (synced over all dp ranks)."""
+        return self.trainable_param_count - (self.expert_param_count - self.frozen_expert_param_count)
 
 
 @dataclass(frozen=True)
@@ -208,6 +221,11 @@ def summarise(
         cp_bwd_s=cp.bwd_s,
         cp_messages=cp.messages,
         fp8_params=fp8_params,
+        frozen_param_count=sum(n for name, n in held.items() if name in graph.frozen_params),
+        frozen_names=frozenset(held) & graph.frozen_params,
+        frozen_expert_param_count=sum(
+            n for name, n in held.items() if name in graph.frozen_params and experts and name in experts.param_names
+        ),
     )
 
 

@@ -78,6 +78,7 @@ class Bounds:
         self._cp_floors: dict[tuple, CpFloor] = {}
         self._groups: dict[tuple, dict] = {}
         self._zero3: dict[tuple, tuple] = {}
+        self._frozen = float(graph.param_count - graph.trainable_param_count)
         reps = [(None, 1)] + [(group.layers[0], len(group.layers)) for group in graph.groups]
         self._nodes = {rep: graph.layer_nodes(rep) for rep, _ in reps}
         self._moe = {rep: layers_in(graph, tuple(self._nodes[rep])) for rep, _ in reps}  # grouped MoE layers
@@ -208,8 +209,10 @@ class Bounds:
 
     def states_floor_bytes(self, plan: Plan) -> float:
         """The memory floor of the module docstring, bytes per device."""
+        floor = self.stage_params_floor(plan)
         states = model_states(
-            params=self.stage_params_floor(plan),
+            params=floor,
+            trainable=self.trained_floor(floor),
             precision=plan.precision,
             zero_stage=plan.zero_stage,
             dp=plan.dp * plan.cp,  # dp x cp ranks share the weights (cost/cp/weights.py)
@@ -247,7 +250,7 @@ class Bounds:
         bytes_per_param = accumulation_bytes_per_param(plan)
         if plan.num_microbatches == 1 or plan.cp == 1 or not bytes_per_param:
             return 0.0
-        params = self.stage_params_floor(plan) if params_floor is None else params_floor
+        params = self.trained_floor(self.stage_params_floor(plan) if params_floor is None else params_floor)
         return (plan.num_microbatches - 1) * memory_time_s(self.profile, bytes_per_param * params)
 
     def stage_params_floor(self, plan: Plan) -> float:
@@ -256,8 +259,14 @@ class Bounds:
         pre, post, blocks = self.stage_costs.param_parts(plan)
         return (blocks + max(pre, post)) / plan.pp
 
+    def trained_floor(self, params: float) -> float:
+        """The fewest of ``params`` parameters on a device that can be trainable: all but the graph's
+        frozen ones, which a device holds at most once (docs/cost-model.md, "Frozen parameters")."""
+        return max(0.0, params - self._frozen)
+
     def optimizer_s(self, plan: Plan, *, stage_params: float) -> float:
-        return self.adam_s(stage_params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
+        trained = self.trained_floor(stage_params)
+        return self.adam_s(trained / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
 
     def adam_s(self, local_params: float) -> float:
         """CostModel's memory-bound Adam step over ``local_params`` parameters."""
@@ -267,18 +276,19 @@ class Bounds:
         """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
         at its floor bytes per parameter (DpMessage.floor_bytes_per_param)."""
         group = self._mesh(plan)["dp_shard"]  # ZeRO's messages: HSDP's shard group, else dp x cp
+        params = message.sent(params, params - self.trained_floor(params))  # frozen ones at most
         size = params * message.floor_bytes_per_param(plan.precision)
         return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
 
     def _replicas_s(self, messages: tuple[DpMessage, ...], params: float, plan: Plan) -> float:
         """HSDP's all-reduces of one unit's 1/S gradient shard across the replicas, after its reduce-scatter
         (cost/dp/messages.py), at their floor bytes on the replicate group; 0 without HSDP."""
-        group = self._mesh(plan)["dp_replicate"]
-        return sum(
-            bucketed_time_s(self.profile, m.kind, m.unit_bytes(params) * m.floor_bytes_per_param(plan.precision)
-                            / m.bytes_per_param, group=group, bucket_bytes=m.bucket_bytes)
-            for m in replica_messages(messages)
-        )  # fmt: skip
+        group, frozen = self._mesh(plan)["dp_replicate"], params - self.trained_floor(params)  # frozen ones at most
+        total = 0.0
+        for m in replica_messages(messages):
+            size = m.unit_bytes(m.sent(params, frozen)) * m.floor_bytes_per_param(plan.precision) / m.bytes_per_param
+            total += bucketed_time_s(self.profile, m.kind, size, group=group, bucket_bytes=m.bucket_bytes)
+        return total
 
     def _mesh(self, plan: Plan) -> dict:
         """mesh_groups of ``plan``'s degrees, memoised: the search asks once per candidate and message."""

@@ -344,7 +344,7 @@ class CostModel:
     def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
         """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one, in the
         runtime's buffer dtype; none where the runtime fuses it into the wgrad GEMM (cost/dp/accumulation.py)."""
-        return memory_time_s(self.profile, accumulation_bytes_per_param(plan) * stage.params)
+        return memory_time_s(self.profile, accumulation_bytes_per_param(plan) * stage.trainable_params)
 
     # ---- the terms, as other code asks them of the model -----------------------------------------
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:

@@ -68,7 +68,12 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
             )
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(
-                params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp, pp=plan.pp
+                params=params,
+                precision=plan.precision,
+                zero_stage=plan.zero_stage,
+                dp=plan.dp * plan.cp,
+                pp=plan.pp,
+                trainable=params * _trained_share(graph, node),
             )
             kv = _context_parallel(graph, node, profile, ctx, shard=shard)
             saved = node_saved_bytes(node, profile, precision=plan.precision) / cost.activation_shard.get(node.name, 1)
@@ -149,3 +154,10 @@ def _comm_by_node(
             seconds = collective_time_s(ctx.profile, "all_reduce", graph.parameters[name].numel * 4, group=ctx.group)
             comm[node.name] = comm.get(node.name, 0.0) + seconds / plan.num_microbatches
     return comm
+
+
+def _trained_share(graph, node) -> float:
+    """The share of ``node``'s named parameters that are trainable (1 when it names none)."""
+    infos = [graph.parameters[p] for p in node.param_names if p in graph.parameters]
+    total = sum(info.numel for info in infos)
+    return sum(info.numel for info in infos if info.trainable) / total if total else 1.0

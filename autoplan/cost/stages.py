@@ -32,6 +32,8 @@ class StageTotals:
     loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/blocks.py), on the stage holding the loss
     params: float = 0.0
     expert_params: float = 0.0  # the routed experts' share of params (held 1/ep, reduced over dp/ep)
+    frozen_params: float = 0.0  # of params, the frozen ones: held, never given gradients or optimizer state
+    frozen_expert_params: float = 0.0  # of expert_params, the frozen ones
     flops: float = 0.0
     blocks: list[LayerSummary] = field(default_factory=list)  # in forward order, outside nodes included
     recomputed: list[bool] = field(default_factory=list)  # per entry of blocks: under the plan's recompute
@@ -49,6 +51,19 @@ class StageTotals:
         return self.params - self.expert_params
 
     @property
+    def trainable_params(self) -> float:
+        """Parameters that get gradients, optimizer state and sync (docs/cost-model.md, "Frozen parameters")."""
+        return self.params - self.frozen_params
+
+    @property
+    def trainable_dense_params(self) -> float:
+        return self.dense_params - (self.frozen_params - self.frozen_expert_params)
+
+    @property
+    def trainable_expert_params(self) -> float:
+        return self.expert_params - self.frozen_expert_params
+
+    @property
     def transient_bytes(self) -> float:
         """Activations alive beyond the saved ones at the backward's peak: a block recomputed
         (full recomputation) and the loss's gradients happen at different moments, so the larger."""
@@ -59,15 +74,16 @@ class StageTotals:
         return self.fwd_s + self.bwd_s + self.recompute_s
 
 
-def _outside_params(stage: StageTotals, block: LayerSummary) -> float:
-    """Parameters of the outside nodes not already on the stage: with one stage, an output head
-    tied to the input embedding is the same weight (block summaries are shared by a group, so
-    only the outside summaries carry their own names)."""
+def _outside_params(stage: StageTotals, block: LayerSummary) -> tuple[float, float]:
+    """Parameters of the outside nodes not already on the stage, and how many of them are frozen:
+    with one stage, an output head tied to the input embedding is the same weight (block summaries
+    are shared by a group, so only the outside summaries carry their own names)."""
     named = dict(zip(block.param_names, block.param_numels))
     loose = block.param_count - sum(named.values())  # parameters the trace could not name
     new = sum(n for name, n in named.items() if name not in stage.param_names)
+    frozen = sum(n for name, n in named.items() if name not in stage.param_names and name in block.frozen_names)
     stage.param_names.update(named)
-    return loose + new
+    return loose + new, frozen
 
 
 def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool = True) -> None:
@@ -77,8 +93,11 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     stage.tp_s += block.tp_fwd_s + block.tp_bwd_s
     stage.ep_s += block.ep_fwd_s + block.ep_bwd_s
     stage.cp_s += block.cp_fwd_s + block.cp_bwd_s
-    stage.params += block.param_count if is_block else _outside_params(stage, block)
+    params, frozen = (block.param_count, block.frozen_param_count) if is_block else _outside_params(stage, block)
+    stage.params += params
+    stage.frozen_params += frozen
     stage.expert_params += block.expert_param_count
+    stage.frozen_expert_params += block.frozen_expert_param_count
     stage.flops += block.flops
     stage.blocks.append(block)
     stage.loss_grad_bytes = max(stage.loss_grad_bytes, block.loss_grad_bytes)

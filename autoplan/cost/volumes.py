@@ -112,17 +112,25 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     if not messages:
         return
     params = stage.dense_params if plan.ep > 1 else stage.params
-    units = 1
+    frozen = stage.frozen_params - (stage.frozen_expert_params if plan.ep > 1 else 0.0)
+    units = trained_units = 1
     if plan.zero_stage >= 2 or plan.overlap_param_gather:  # FSDP2's units; ZeRO-1's per-unit buffers (param_gather.py)
-        units = dp_messages.fsdp_units(_real_blocks(plan, stage, index), params, experts_apart=plan.ep > 1)
+        blocks = _real_blocks(plan, stage, index)
+        units = dp_messages.fsdp_units(blocks, params, experts_apart=plan.ep > 1)
+        trained_units = dp_messages.fsdp_units(blocks, params - frozen, experts_apart=plan.ep > 1, trained=True)
     grads = dp_messages.find(messages, dp_messages.GRADS)
     if grads.compressed:  # PowerSGD: the uncompressed tensors and the P and Q factors (cost/dp/compression.py)
         pred.add("dp", grads.kind, None, model.powersgd_stage(plan, stage).sent_bytes)
     else:  # HSDP: ZeRO's messages over the shard group ("dp"), the shards' all-reduce across replicas
         fp8, shard = sum(b.fp8_params for b in stage.blocks), dp_shard(plan)
-        _add(pred, "dp", *_per_step(plan, dp_messages.shard_messages(messages), params, units, shard, fp8_params=fp8))
+        kept = dict(frozen=frozen, trained_units=trained_units)
+        _add(
+            pred,
+            "dp",
+            *_per_step(plan, dp_messages.shard_messages(messages), params, units, shard, fp8_params=fp8, **kept),
+        )
         replicas = dp_messages.replica_messages(messages)
-        _add(pred, HSDP_AXES[0], *_per_step(plan, replicas, params, units, shard))
+        _add(pred, HSDP_AXES[0], *_per_step(plan, replicas, params, units, shard, **kept))
     _add(pred, "dp", dp_messages.buffer_broadcast(plan, model.graph.buffer_bytes))
     module_list = any(m.interface == "module_list" for m in model.graph.moe_layers)
     tensors = len(model.graph.parameters)
@@ -130,7 +138,15 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
 
 
 def _per_step(
-    plan: Plan, messages: tuple, params: float, units: int, group_size: int, *, fp8_params: float = 0.0
+    plan: Plan,
+    messages: tuple,
+    params: float,
+    units: int,
+    group_size: int,
+    *,
+    fp8_params: float = 0.0,
+    frozen: float = 0.0,
+    trained_units: int | None = None,
 ) -> list[dp_messages.StepMessages]:
     return dp_messages.per_step(
         messages,
@@ -139,6 +155,8 @@ def _per_step(
         group_size=group_size,
         num_microbatches=plan.num_microbatches,
         fp8_params=fp8_params,
+        frozen_params=frozen,
+        trained_units=trained_units,
     )
 
 
@@ -161,7 +179,8 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
     if stage.expert_params:
         messages = dp_messages.expert_messages(plan)
         units = len(moes) if plan.zero_stage >= 2 else 1
-        _add(pred, "edp", *_per_step(plan, messages, stage.expert_params, units, plan.dp // plan.ep))
+        frozen = stage.frozen_expert_params
+        _add(pred, "edp", *_per_step(plan, messages, stage.expert_params, units, plan.dp // plan.ep, frozen=frozen))
 
 
 def _context_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:

@@ -170,7 +170,9 @@ def parallelize(
             f"({', '.join(blocks[:3]) or 'the model has no blocks'}); "
             "plan recompute='none' or list the blocks in 'stages'."
         )
-    params = [p for m in modules.values() for p in m.parameters()]
+    # the optimizer, ZeRO-1's flat buffers and the all-reduce's see the trainable parameters only:
+    # a frozen one (requires_grad=False) gets no gradient, no state and no sync (docs/executor.md)
+    params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = _optimizer(
         plan=plan, mode=mode, params=params, modules=list(modules.values()), blocks=blocks, optimizer_fn=optimizer_fn,
         dp_mesh=sync_mesh, reduce_dtype=policy.reduce_dtype, ep=ep_state,

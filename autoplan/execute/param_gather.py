@@ -68,8 +68,8 @@ def overlapped_zero1(
         present = dict(module.named_modules())
         mine = [present[fqn] for fqn in blocks if fqn in present]
         inside = {id(p) for block in mine for p in block.parameters()}
-        rest = [p for p in module.parameters() if id(p) not in inside]
-        groups = [(module, rest)] + [(block, list(block.parameters())) for block in mine]
+        rest = [p for p in module.parameters() if id(p) not in inside and p.requires_grad]
+        groups = [(module, rest)] + [(block, [p for p in block.parameters() if p.requires_grad]) for block in mine]
         for owner, params in groups:
             if params:
                 part = ShardedOptimizer(

@@ -103,6 +103,11 @@ class Trainer:
         return [p for m in self.stage_modules.values() for p in m.parameters()]
 
     @property
+    def trainable(self) -> list[nn.Parameter]:
+        """The parameters that take gradients (frozen ones, ``requires_grad=False``, are held only)."""
+        return [p for p in self.parameters if p.requires_grad]
+
+    @property
     def holds_last_stage(self) -> bool:
         return len(self.plan.stages or [[]]) - 1 in self.stage_modules or self.plan.pp == 1
 
@@ -193,7 +198,7 @@ class Trainer:
         return torch.stack(kept).mean()
 
     def _sync_grads(self) -> None:
-        params = self.parameters
+        params = self.trainable
         if self.plan.tp > 1:
             finalize_tp_grads(params)
         if self.tie_sync is not None:
@@ -215,7 +220,7 @@ class Trainer:
             self.optimizer.step()
             return
         self.last_loss_scale = self.scaler.scale
-        found_inf = self.scaler.unscale_(self.parameters)
+        found_inf = self.scaler.unscale_(self.trainable)
         self.last_step_skipped = found_inf
         if not found_inf:
             self.optimizer.step()

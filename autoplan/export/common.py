@@ -45,6 +45,8 @@ class ModelFacts:
     vocab_size: int | None = None
     block_class: str | None = None  # the repeated block's module class name (FSDP's wrap policy), when given
     ffn_hidden_size: int | None = None  # a dense block's MLP width (its widest Linear from the hidden size)
+    params: int = 0  # the traced model's parameters, and how many of them are frozen (requires_grad=False)
+    frozen_params: int = 0
 
     @classmethod
     def from_graph(cls, graph: Graph | None) -> "ModelFacts":
@@ -61,6 +63,8 @@ class ModelFacts:
             seq_len=graph.seq_len,
             vocab_size=embedding.get("num_embeddings"),
             ffn_hidden_size=_ffn_hidden_size(graph, embedding.get("embedding_dim")),
+            params=graph.param_count,
+            frozen_params=graph.param_count - graph.trainable_param_count,
         )
 
 
@@ -118,6 +122,19 @@ def layers_per_stage(plan: Plan) -> int | None:
         return None
     sizes = {len(stage) for stage in plan.stages}
     return sizes.pop() if len(sizes) == 1 else None
+
+
+def frozen_notes(facts: ModelFacts, framework: str) -> list[str]:
+    """One sentence when the traced model has frozen parameters and ``framework`` trains its own
+    model definition (torchtitan, Megatron-LM), which the config cannot make frozen; [] otherwise
+    (docs/cost-model.md, "Frozen parameters")."""
+    if not facts.frozen_params:
+        return []
+    return [
+        f"{facts.frozen_params / facts.params:.1%} of the traced model's parameters are frozen (requires_grad=False) "
+        f"and autoplan priced them so; {framework} trains its own model definition whole, so freeze them there "
+        "(or expect full fine-tuning's memory, which this plan may not fit)."
+    ]
 
 
 def split_note(plan: Plan) -> str | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoplan.export.common import Exported, ModelFacts, comment_lines, layers_per_stage, split_note
+from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
 from autoplan.export.megatron_read import read
 from autoplan.export.recompute_budget import megatron_flags
 from autoplan.types.plan import Plan
@@ -53,7 +53,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
     flags += _data_parallel_flags(plan)
     flags += _precision_flags(plan, notes)
     flags += _recompute_flags(plan, notes)
-    notes += _general_notes(plan)
+    notes += _general_notes(plan) + frozen_notes(facts, "Megatron-LM")
     launch = _launch(plan)
     header = [
         f"Megatron-LM (core_v0.16.1) arguments written by autoplan for: {plan.describe()}",

@@ -23,7 +23,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
+from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines, frozen_notes
 from autoplan.export.recompute_budget import every_block_note
 from autoplan.export.torchtitan import (
     SCHEDULES,
@@ -73,7 +73,7 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
         notes.append("float8: torchtitan 0.3 scales float8 rowwise only; autoplan priced tensorwise scaling.")
     if plan.recompute_blocks:  # FullAC and SelectiveAC wrap every block (export/recompute_budget.py)
         notes.append(every_block_note(plan, trainer="torchtitan 0.3", how="wraps every block in FullAC or SelectiveAC"))
-    notes += general_notes(plan)
+    notes += general_notes(plan) + frozen_notes(facts, "torchtitan")
     command = launch(plan.devices, f"--module {MODULE} --config {FUNCTION}")
     body = _body(plan, flavour, why, settings)
     text = _render(plan, flavour, command, body, notes=notes, remarks=remarks)

@@ -22,7 +22,7 @@ from typing import Any
 
 import tomllib
 
-from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
+from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines, frozen_notes
 from autoplan.export.recompute_budget import layer_sac_option, torchtitan_toml_note
 from autoplan.export.torchtitan import (
     SCHEDULES,
@@ -74,7 +74,7 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
         sections["compile"] = {"enable": True, "components": ["model", "loss"]}  # float8 is slow without it
     if plan.precision == "fp8":
         sections["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
-    notes += general_notes(plan)
+    notes += general_notes(plan) + frozen_notes(facts, "torchtitan")
     command = launch(plan.devices, f"--job.config_file {FILENAME}")
     header = [f"torchtitan 0.2.x JobConfig written by autoplan for: {plan.describe()}", f"launch: {command}"]
     text = _render(sections, header=header + nodes_note(plan.devices), notes=notes, remarks=remarks)

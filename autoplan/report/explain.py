@@ -14,7 +14,8 @@ Three parts, each derived from the search's priced candidates (never canned text
    pp) family; the decision line states the nearest other family's verdict word for word.
 
 When the model's attention is written as eager ops, one line says what SDPA/flash would save
-(autoplan/report/attention.py). When the plan splits the sequence (cp > 1), one sentence says why
+(autoplan/report/attention.py); when it has frozen parameters, one what they save the plan
+(autoplan/report/frozen.py). When the plan splits the sequence (cp > 1), one sentence says why
 against the best plan without cp (:func:`cp_why`): memory per device at this sequence length, and
 the exposed KV exchange against the recomputation it avoids. Under a recompute budget, one sentence
 says how many blocks each stage recomputes and why (autoplan/report/recompute_budget.py).
@@ -32,6 +33,7 @@ from autoplan.errors import AutoplanError
 from autoplan.report.attention import eager_attention_saving
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain
+from autoplan.report.frozen import frozen_saving
 from autoplan.report.hsdp import hsdp_why
 from autoplan.report.recompute_budget import recompute_why
 from autoplan.report.terms import TermDiff, category_of, deciding_term
@@ -68,6 +70,7 @@ class Explanation:
     hsdp: str = ""  # why the plan replicates its ZeRO states, when it does (report/hsdp.py)
     attention: str = ""  # what fusing the model's eager attention would save, when it has some (report/attention.py)
     recompute: str = ""  # why the plan recomputes k of L blocks per stage, under a budget (report/recompute_budget.py)
+    frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -163,6 +166,7 @@ def explain_result(
         hsdp=hsdp_why(model, best.plan, best.cost),
         attention=eager_attention_saving(model, best.plan, best.cost),
         recompute=recompute_why(model, best.plan, best.cost),
+        frozen=frozen_saving(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict

@@ -60,6 +60,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", "## Precision and gradient sync: the trade", ""] + trade_lines(exp.trade)
     lines += ["", exp.fp8] if exp.fp8 else []
     lines += ["", exp.attention] if exp.attention else []
+    lines += ["", f"**Frozen parameters:** {exp.frozen}"] if exp.frozen else []
     lines += ["", f"**Context parallelism:** {exp.cp}"] if exp.cp else []
     lines += ["", f"**HSDP:** {exp.hsdp}"] if exp.hsdp else []
     lines += ["", f"**Recompute budget:** {exp.recompute}"] if exp.recompute else []

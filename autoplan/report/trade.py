@@ -139,7 +139,7 @@ def _grad_bytes(model: CostModel, plan: Plan) -> float:
     stages, _, _ = model.priced_stages(plan)
     if plan.grad_compression == "powersgd":
         return max(model.powersgd_stage(plan, s).sent_bytes for s in stages)
-    return max(s.params for s in stages) * PRECISION_BYTES[plan.grad_reduce_dtype]
+    return max(s.trainable_params for s in stages) * PRECISION_BYTES[plan.grad_reduce_dtype]
 
 
 def trade_lines(rows: list[dict]) -> list[str]:

@@ -76,9 +76,8 @@ class StageCosts:
         ctx = self.context(plan)
         blocks = list(self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values())
         pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-        per_param = state_bytes_per_param(plan)
+        static = _StaticBytes(plan)
         times = [block_time_s(b, plan.recompute) for b in blocks]
-        expert_per_param = state_bytes_per_param(plan, dp=plan.dp // plan.ep)
         acts = [kept_bytes(b, plan.recompute) for b in blocks]
         peak_block = max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0
         extra_time = [0.0] * plan.pp
@@ -88,8 +87,8 @@ class StageCosts:
             max(peak_block, post.loss_grad_bytes)
         ]  # StageTotals.transient_bytes
         in_flight = [in_flight_chunks(plan, k) for k in range(plan.pp)]
-        extra_bytes[0] += pre.param_count * per_param + pre.saved_bytes * in_flight[0]
-        extra_bytes[-1] += post.param_count * per_param + post.saved_bytes * in_flight[-1]
+        extra_bytes[0] += static.dense(pre) + pre.saved_bytes * in_flight[0]
+        extra_bytes[-1] += static.dense(post) + post.saved_bytes * in_flight[-1]
         boundary = max((b.input_bytes for b in blocks[1:]), default=0.0)  # the first block's is never sent
         cut_of: dict[float, float] = {}  # identical blocks cut at identical tensors: price each size once
         for b in blocks[1:]:
@@ -105,10 +104,7 @@ class StageCosts:
         )
         return PartitionProblem(
             layer_time_s=times,
-            layer_static_bytes=[
-                (b.param_count - b.expert_param_count) * per_param + b.expert_param_count * expert_per_param
-                for b in blocks
-            ],
+            layer_static_bytes=[static.dense(b, experts_apart=True) + static.experts(b) for b in blocks],
             layer_activation_bytes=acts,
             pp=plan.pp,
             extra_time_s=extra_time,
@@ -197,3 +193,25 @@ class StageCosts:
             return min((sum(b.sent) for b in sizes), default=0.0), min((sum(b.returned) for b in sizes), default=0.0)
 
         return self._memo.get(key, plan.tp_plan, make)
+
+
+class _StaticBytes:
+    """A block's model-state bytes per device under ``plan`` (cost/memory/per_device.py): trainable
+    parameters their weights, gradients and optimizer state, frozen ones their weights only; the
+    routed experts' sharded over dp / ep."""
+
+    def __init__(self, plan: Plan):
+        self.dense_bytes = (state_bytes_per_param(plan), state_bytes_per_param(plan, trainable=False))
+        edp = plan.dp // plan.ep
+        self.expert_bytes = (state_bytes_per_param(plan, dp=edp), state_bytes_per_param(plan, dp=edp, trainable=False))
+
+    def dense(self, block: LayerSummary, *, experts_apart: bool = False) -> float:
+        """All of ``block``'s parameters at the dense rate, or without its routed experts'."""
+        params, frozen = block.param_count, block.frozen_param_count
+        if experts_apart:
+            params, frozen = params - block.expert_param_count, frozen - block.frozen_expert_param_count
+        return (params - frozen) * self.dense_bytes[0] + frozen * self.dense_bytes[1]
+
+    def experts(self, block: LayerSummary) -> float:
+        frozen = block.frozen_expert_param_count
+        return (block.expert_param_count - frozen) * self.expert_bytes[0] + frozen * self.expert_bytes[1]

@@ -101,7 +101,11 @@ class TPPlanner:
         reps = [(None, [None])] + [(g.layers[0], g.layers) for g in self.graph.groups]
         for rep, members in reps:
             factors = (
-                dict(param_bytes_factor=budget.param_bytes_factor, activation_factor=budget.activation_factor)
+                dict(
+                    param_bytes_factor=budget.param_bytes_factor,
+                    activation_factor=budget.activation_factor,
+                    frozen_param_bytes_factor=budget.frozen_param_bytes_factor,
+                )
                 if budget
                 else {}
             )

@@ -13,9 +13,11 @@ from autoplan.types.graph import Graph, OpNode, ParamInfo
 
 
 def parameter_table(model: torch.nn.Module) -> dict[str, ParamInfo]:
-    """Each distinct parameter once, under its first FQN (shapes only: works on meta)."""
+    """Each distinct parameter once, under its first FQN (shapes and ``requires_grad``: works on meta)."""
     return {
-        name: ParamInfo(shape=list(p.shape), dtype=dtype_name(p.dtype), numel=p.numel(), bytes=nbytes(p))
+        name: ParamInfo(
+            shape=list(p.shape), dtype=dtype_name(p.dtype), numel=p.numel(), bytes=nbytes(p), trainable=p.requires_grad
+        )
         for name, p in model.named_parameters()
     }
 

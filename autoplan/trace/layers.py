@@ -11,7 +11,8 @@ their reasons and examples: docs/trace.md, "Blocks and groups").
 - **Node layers**: a node belongs to the block whose FQN prefixes its module; a parameter-free
   node between blocks belongs to the block before it.
 - **Groups**: blocks whose node sequences match (op kind, target, output shape, parameter shapes,
-  sliding window: trace/windows.py) form one :class:`LayerGroup`; the signature is a hash of that sequence.
+  sliding window: trace/windows.py) and backward FLOPs form one :class:`LayerGroup`; the signature
+  is a hash of that sequence (``-bwdN`` added for the N-th backward of one sequence).
 """
 
 from __future__ import annotations
@@ -148,10 +149,18 @@ def group_layers(
     members: dict[str | None, list[Measured]] = {layer: [] for layer in layers}
     for record in records:
         members.setdefault(layer_of[record.name], []).append(record)
-    signatures: dict[str, list[str]] = {}
+    signatures: dict[tuple[str, tuple[int, ...]], list[str]] = {}
     for layer in layers:
-        signatures.setdefault(_signature(members[layer], layer, param_shapes), []).append(layer)
-    return [LayerGroup(signature=sig, layers=names) for sig, names in signatures.items()]
+        # blocks alike but for their backward (the first ones behind frozen parameters compute no
+        # input gradient: docs/cost-model.md, "Frozen parameters") are priced apart
+        backward = tuple(record.bwd_flops for record in members[layer])
+        signatures.setdefault((_signature(members[layer], layer, param_shapes), backward), []).append(layer)
+    named: dict[str, int] = {}
+    groups = []
+    for (sig, _), names in signatures.items():
+        named[sig] = named.get(sig, -1) + 1
+        groups.append(LayerGroup(signature=f"{sig}-bwd{named[sig]}" if named[sig] else sig, layers=names))
+    return groups
 
 
 def _signature(members: list[Measured], layer: str, param_shapes: dict[str, list[int]]) -> str:

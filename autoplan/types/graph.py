@@ -53,12 +53,21 @@ class GraphError(AutoplanError):
 
 @dataclass
 class ParamInfo:
-    """One parameter of the model, by fully qualified name."""
+    """One parameter of the model, by fully qualified name. ``trainable`` is its ``requires_grad``:
+    a frozen one (LoRA's base weights, a frozen encoder) gets no gradient, optimizer state or
+    gradient sync (docs/cost-model.md, "Frozen parameters"); omitted from JSON when True."""
 
     shape: list[int]
     dtype: str
     numel: int
     bytes: int
+    trainable: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.trainable:  # a graph of trainable parameters serialises as before the field
+            del data["trainable"]
+        return data
 
 
 @dataclass
@@ -234,15 +243,30 @@ class Graph:
 
     def grad_nodes(self) -> frozenset[str]:
         """Nodes whose output needs a gradient, so autograd runs a backward op for them: every
-        node downstream of a parameter-holding node (and the holders), floating outputs only.
-        Built once and cached."""
+        node downstream of a node holding a trainable parameter (and the holders), floating
+        outputs only. Built once and cached."""
         cached = self.__dict__.get("_grad_nodes_cache")
         if cached is None:
             _, succs = self.adjacency()
-            holders = {n.name for n in self.nodes if n.param_count > 0}
+            holders = {n.name for n in self.nodes if n.param_count > 0 and self.trains(n)}
             floating = {n.name for n in self.nodes if "float" in n.output_dtype}
             cached = self.__dict__["_grad_nodes_cache"] = frozenset((holders | reachable(holders, succs)) & floating)
         return cached
+
+    def trains(self, node: OpNode) -> bool:
+        """Whether ``node`` holds a trainable parameter (one the trace could not name counts as one)."""
+        named = [self.parameters[p] for p in node.param_names if p in self.parameters]
+        return len(named) < len(node.param_names) or not named or any(info.trainable for info in named)
+
+    @cached_property
+    def frozen_params(self) -> frozenset[str]:
+        """Names of the parameters that take no gradient (``requires_grad=False``)."""
+        return frozenset(name for name, info in self.parameters.items() if not info.trainable)
+
+    @cached_property
+    def trainable_param_count(self) -> int:
+        """Unique trainable parameters: those that get gradients, optimizer state and sync."""
+        return sum(info.numel for info in self.parameters.values() if info.trainable)
 
     def layer_nodes(self, layer: str | None) -> list[OpNode]:
         """The nodes of one block, or with ``None`` the nodes outside every block."""
@@ -292,7 +316,7 @@ class Graph:
         data["nodes"] = [{f.name: getattr(node, f.name) for f in fields(node)} for node in self.nodes]
         data["edges"] = [list(edge) for edge in self.edges]
         data["groups"] = [asdict(group) for group in self.groups]
-        data["parameters"] = {name: asdict(info) for name, info in self.parameters.items()}
+        data["parameters"] = {name: info.to_dict() for name, info in self.parameters.items()}
         data["moe_layers"] = [layer.to_dict() for layer in self.moe_layers]
         data["inputs"] = [spec.to_dict() for spec in self.inputs]
         return data

@@ -116,6 +116,33 @@ class TinyLlama(nn.Module):
         return self.output(self.norm(x))
 
 
+class LoRA(nn.Module):
+    """A frozen linear plus a trainable rank-2 update (LoRA's shape; ``b`` random, not zero, so both
+    adapters get gradients from the first step)."""
+
+    def __init__(self, base: nn.Linear):
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.a, self.b = nn.Linear(base.in_features, 2, bias=False), nn.Linear(2, base.out_features, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.b(self.a(x))
+
+
+class LoRALlama(TinyLlama):
+    """TinyLlama fine-tuned with adapters: the embedding, norms and head frozen, every linear of the
+    blocks frozen with a trainable update beside it (each block an FSDP unit of frozen and trainable
+    parameters, the root one of frozen parameters only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.requires_grad_(False)
+        for layer in self.layers:
+            for owner, names in ((layer.attention, ("wq", "wk", "wv", "wo")), (layer, ("w1", "w2", "w3"))):
+                for name in names:
+                    setattr(owner, name, LoRA(getattr(owner, name)))
+
+
 class BidirectionalAttention(FusedAttention):
     """FusedAttention without a causal mask (an encoder's self-attention)."""
 

@@ -54,6 +54,12 @@ TWO = [
     # torch.compile per block (execute/compiled.py) after TP, SP and recomputation, before FSDP2
     ("tp2_sp_compile_recompute_full", "gpt", dict(tp=2, sequence_parallel=True, compile=True, recompute="full")),
     ("zero3_compile_gqa", "llama", dict(dp=2, zero_stage=3, compile=True)),
+    # LoRA: frozen base weights, embedding, norms and head beside trainable adapters (docs/executor.md)
+    ("frozen_ddp", "lora", dict(dp=2)),
+    ("frozen_allreduce_flat", "lora", dict(dp=2, overlap_grad_reduce=False)),
+    ("frozen_zero1_param_gather", "lora", dict(dp=2, zero_stage=1, overlap_param_gather=True)),
+    ("frozen_zero3", "lora", dict(dp=2, zero_stage=3)),
+    ("frozen_pp2_1f1b", "lora", dict(pp=2, schedule="1f1b", num_microbatches=4)),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),
@@ -104,6 +110,12 @@ def _check(results: dict, name: str) -> None:
 @pytest.mark.parametrize("name", [c[0] for c in TWO])
 def test_two_ranks_match_reference(two, name):
     _check(two, name)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in TWO if c[1] == "lora"])
+def test_frozen_parameters_leave_every_step_as_they_entered_it(two, name):
+    frozen = {k: v for k, v in two[name]["diffs"].items() if k.endswith("(frozen)")}
+    assert len(frozen) > 10 and not any(frozen.values()), frozen
 
 
 @pytest.mark.parametrize("name", [c[0] for c in FOUR])

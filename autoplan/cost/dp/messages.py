@@ -66,6 +66,17 @@ class DpMessage:
     replicas: bool = False  # HSDP's all-reduce across the dp_replicate group (module docstring)
     share: int = 1  # the message carries 1/share of the unit: HSDP's replica all-reduce of a 1/S shard
 
+    @property
+    def trained_only(self) -> bool:
+        """Whether frozen parameters take no part (docs/cost-model.md, "Frozen parameters"): they make
+        no gradient, and ZeRO-1's optimizer (its padded buffer) neither steps nor gathers them; FSDP2
+        (ZeRO-2/3) shards and gathers every parameter of a unit, frozen or not."""
+        return self.payload == GRADS or self.padded
+
+    def sent(self, params: float, frozen: float) -> float:
+        """Of ``params`` parameters, ``frozen`` of them frozen, those this message moves."""
+        return params - frozen if self.trained_only else params
+
     def times_per_step(self, num_microbatches: int) -> int:
         return num_microbatches if self.micro_batches == EACH else 1
 
@@ -211,10 +222,14 @@ def per_step(
     group_size: int,
     num_microbatches: int,
     fp8_params: float = 0.0,
+    frozen_params: float = 0.0,
+    trained_units: int | None = None,
 ) -> list[StepMessages]:
     """``units`` units holding ``params`` parameters in all (``fp8_params`` of them FP8 linears'
-    weights): each kind's calls and bytes per step (repetitions summed first, then times the unit's
-    bytes, as the table reads)."""
+    weights, ``frozen_params`` frozen, in ``trained_units`` of the units, all when None): each kind's
+    calls and bytes per step (repetitions summed first, then times the unit's bytes, as the table
+    reads); a message that moves trained parameters only (:attr:`DpMessage.trained_only`) skips
+    the frozen ones and the units that hold no others."""
     found: dict[tuple, list] = {}
     for message in messages:
         key = (
@@ -224,22 +239,33 @@ def per_step(
             message.padded,
             message.bucketed,
             message.share,
+            message.trained_only,
         )
         found.setdefault(key, [0, message])[0] += message.times_per_step(num_microbatches)
     out = []
-    for (kind, _size, _fp8, padded, bucketed, _share), (times, message) in found.items():
-        sent = group_size * math.ceil(params / group_size) if padded else params
-        calls = None if bucketed else units * times
+    for (kind, _size, _fp8, padded, bucketed, _share, trained), (times, message) in found.items():
+        moved = message.sent(params, frozen_params)
+        if not moved:
+            continue
+        sent = group_size * math.ceil(moved / group_size) if padded else moved
+        calls = None if bucketed else (trained_units if trained and trained_units is not None else units) * times
         out.append(StepMessages(kind, calls, times * message.unit_bytes(sent, fp8_params)))
     return out
 
 
-def fsdp_units(blocks: list, synced_params: float, *, experts_apart: bool) -> int:
+def fsdp_units(blocks: list, synced_params: float, *, experts_apart: bool, trained: bool = False) -> int:
     """FSDP2 units of a stage (execute/data_parallel.py wraps each block, then the stage root):
     the blocks with parameters, and the root when it holds any of the ``synced_params`` (without
-    the routed experts' when they sync apart, over edp)."""
-    root = synced_params - sum(b.param_count - (b.expert_param_count if experts_apart else 0.0) for b in blocks)
-    return sum(1 for b in blocks if b.param_count) + (1 if root > 0 else 0)
+    the routed experts' when they sync apart, over edp); with ``trained``, those holding trainable
+    parameters (``synced_params`` then the trainable ones): the units that reduce gradients."""
+
+    def held(b) -> float:
+        experts = b.expert_param_count - (b.frozen_expert_param_count if trained else 0.0)
+        return (b.trainable_param_count if trained else b.param_count) - (experts if experts_apart else 0.0)
+
+    root = synced_params - sum(held(b) for b in blocks)
+    holding = sum(1 for b in blocks if (b.trainable_param_count if trained else b.param_count))
+    return holding + (1 if root > 0 else 0)
 
 
 def buffer_broadcast(plan: Plan, buffer_bytes: float) -> StepMessages | None:

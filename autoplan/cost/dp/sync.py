@@ -91,8 +91,12 @@ class DataParallelTerms:
     ) -> float:
         """One block's ``message``: its dense parameters over the dp group, its routed experts'
         (1/ep of them) over edp (autoplan/cost/moe/placement.py), unless ``experts`` is False."""
-        dense = message.unit_bytes(block.param_count - block.expert_param_count, block.fp8_params)
-        expert = block.expert_param_count * message.bytes_per_param if experts else 0.0
+        frozen_dense = block.frozen_param_count - block.frozen_expert_param_count
+        dense = message.unit_bytes(
+            message.sent(block.param_count - block.expert_param_count, frozen_dense), block.fp8_params
+        )
+        held = message.sent(block.expert_param_count, block.frozen_expert_param_count)
+        expert = held * message.bytes_per_param if experts else 0.0
         return self._split_s(plan, message, dense, expert, group, edp)
 
     def _split_s(
@@ -110,7 +114,7 @@ class DataParallelTerms:
         apart = find(expert_messages(plan), GRADS)
         if apart is None or not apart.apart:
             return 0.0, False
-        return max(self.message_s(apart, s.expert_params * apart.bytes_per_param, edp) for s in stages), True
+        return max(self.message_s(apart, s.trainable_expert_params * apart.bytes_per_param, edp) for s in stages), True
 
     def _replicas_s(self, plan: Plan, messages: tuple, block, replicate: AxisGroup) -> float:
         """HSDP's all-reduces of one block's gradient shard across the replicas (0 without HSDP)."""
@@ -162,8 +166,10 @@ class DataParallelTerms:
             return 0.0, 0.0
         size = weights.bytes_per_param
         if weights.phase != NEXT_FORWARD:
-            fullest = max(stages, key=lambda s: s.params)
-            gather = self._split_s(plan, weights, fullest.dense_params * size, fullest.expert_params * size, group, edp)
+            fullest = max(stages, key=lambda s: weights.sent(s.params, s.frozen_params))
+            dense = weights.sent(fullest.dense_params, fullest.frozen_params - fullest.frozen_expert_params)
+            expert = weights.sent(fullest.expert_params, fullest.frozen_expert_params)
+            gather = self._split_s(plan, weights, dense * size, expert * size, group, edp)
             return gather, gather
         eta, total, exposed = self._overlap_efficiency(plan), 0.0, 0.0
         for stage in stages:

@@ -39,16 +39,22 @@ class ModelStates:
     optimizer_bytes: float
 
 
-def model_states(*, params: float, precision: str, zero_stage: int, dp: int, pp: int = 1) -> ModelStates:
-    """Model-state bytes for ``params`` parameters on one device, as the executor holds them
-    (module docstring)."""
+def model_states(
+    *, params: float, precision: str, zero_stage: int, dp: int, pp: int = 1, trainable: float | None = None
+) -> ModelStates:
+    """Model-state bytes for ``params`` parameters on one device, ``trainable`` of them trained
+    (all when None), as the executor holds them (module docstring): a frozen parameter holds its
+    weights only, no gradient and no optimizer state (docs/cost-model.md, "Frozen parameters")."""
     low = LOW_BYTES[precision]
+    trained = params if trainable is None else trainable
     if dp > 1 and zero_stage >= 2:  # FSDP2: fp32 shards; ZeRO-2 keeps the compute-dtype weights gathered
         gathered = params * (low or 4) if zero_stage == 2 else 0.0
-        grads = 4 * params if pp > 1 else 4 * params / dp  # a pipeline stage accumulates them unsharded
-        return ModelStates(weights_bytes=4 * params / dp + gathered, grads_bytes=grads, optimizer_bytes=8 * params / dp)
-    optimizer = 12 * params / dp if zero_stage == 1 and dp > 1 else 8 * params
-    return ModelStates(weights_bytes=(4 + low) * params, grads_bytes=4 * params, optimizer_bytes=optimizer)
+        grads = 4 * trained if pp > 1 else 4 * trained / dp  # a pipeline stage accumulates them unsharded
+        return ModelStates(
+            weights_bytes=4 * params / dp + gathered, grads_bytes=grads, optimizer_bytes=8 * trained / dp
+        )
+    optimizer = 12 * trained / dp if zero_stage == 1 and dp > 1 else 8 * trained
+    return ModelStates(weights_bytes=(4 + low) * params, grads_bytes=4 * trained, optimizer_bytes=optimizer)
 
 
 def comm_buffer_bytes(

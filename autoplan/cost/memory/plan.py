@@ -47,6 +47,7 @@ class PlanMemory:
         reduce_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
         blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
         block_params = max((b.param_count for b in stage.blocks), default=0.0)
+        block_trainable = max((b.trainable_param_count for b in stage.blocks), default=0.0)
         return stage_memory(
             states=self._states(plan, stage),
             saved_bytes=stage.saved_bytes,
@@ -67,12 +68,12 @@ class PlanMemory:
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
                 pp=plan.pp,
-                block_params=block_params,
+                block_params=block_trainable,  # the reduce-scatter moves trained gradients only
                 precision=plan.precision,
                 reduce_bytes=reduce_bytes,
             ),
             sync_bytes=sync_buffer_bytes(
-                params=stage.params,
+                params=stage.trainable_params,
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
                 tp=plan.tp,
@@ -90,17 +91,27 @@ class PlanMemory:
         """Weights, gradients and optimizer state: dense parameters sharded over dp, the routed
         experts' (1/ep of them) over the dp / ep ranks that hold the same experts."""
         dense = model_states(
-            params=stage.dense_params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp
+            params=stage.dense_params,
+            precision=plan.precision,
+            zero_stage=plan.zero_stage,
+            dp=plan.dp,
+            pp=plan.pp,
+            trainable=stage.trainable_dense_params,
         )
         if not stage.expert_params:
             return dense
         edp = plan.dp // plan.ep
         experts = model_states(
-            params=stage.expert_params, precision=plan.precision, zero_stage=plan.zero_stage, dp=edp, pp=plan.pp
+            params=stage.expert_params,
+            precision=plan.precision,
+            zero_stage=plan.zero_stage,
+            dp=edp,
+            pp=plan.pp,
+            trainable=stage.trainable_expert_params,
         )
         if plan.zero_stage == 1 and plan.dp > 1 and edp == 1:  # ZeRO-1 steps the experts in a sharded
             # optimizer of one rank (execute/zero.py sharded_optimizer): its fp32 master is a whole copy
-            experts = replace(experts, optimizer_bytes=12 * stage.expert_params)
+            experts = replace(experts, optimizer_bytes=12 * stage.trainable_expert_params)
         return ModelStates(
             weights_bytes=dense.weights_bytes + experts.weights_bytes,
             grads_bytes=dense.grads_bytes + experts.grads_bytes,
@@ -129,9 +140,9 @@ class PlanMemory:
 
 
 def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:
-    """The most parameters one ZeRO-1 unit of the stage holds (execute/param_gather.py): a block,
-    or all outside them (the summaries of the nodes before the first block, on stage 0, and after
-    the last, on the last stage, are one unit with them)."""
+    """The most trainable parameters one ZeRO-1 unit of the stage holds (execute/param_gather.py): a
+    block, or all outside them (the summaries of the nodes before the first block, on stage 0, and
+    after the last, on the last stage, are one unit with them)."""
     start, end = (1 if index == 0 else 0), len(stage.blocks) - (1 if index == plan.pp - 1 else 0)
-    blocks = [b.param_count for b in stage.blocks[start:end]]
-    return max(blocks + [stage.params - sum(blocks)])
+    blocks = [b.trainable_param_count for b in stage.blocks[start:end]]
+    return max(blocks + [stage.trainable_params - sum(blocks)])

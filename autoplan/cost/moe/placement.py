@@ -50,8 +50,9 @@ class ExpertGroups:
 
 
 def optimizer_params(plan: Plan, stage: StageTotals) -> float:
-    """Parameters whose optimizer step runs on one device: all, or their ZeRO shards (dense over
-    dp, the routed experts over dp / ep; ZeRO, Rajbhandari et al. 2020)."""
+    """Trainable parameters whose optimizer step runs on one device: all, or their ZeRO shards
+    (dense over dp, the routed experts over dp / ep; ZeRO, Rajbhandari et al. 2020); frozen ones
+    take no step."""
     if plan.zero_stage < 1:
-        return stage.params
-    return stage.dense_params / plan.dp + stage.expert_params / (plan.dp // plan.ep)
+        return stage.trainable_params
+    return stage.trainable_dense_params / plan.dp + stage.trainable_expert_params / (plan.dp // plan.ep)

@@ -41,11 +41,17 @@ def kept_bytes(block: LayerSummary, recompute: str) -> float:
     return block.saved_bytes - (block.selective_dropped_bytes if recompute == "selective" else 0.0)
 
 
-def state_bytes_per_param(plan: Plan, dp: int | None = None) -> float:
+def state_bytes_per_param(plan: Plan, dp: int | None = None, *, trainable: bool = True) -> float:
     """Weights + gradients + optimizer bytes per parameter sharded over ``dp`` ranks (the plan's dp
-    unless given: the routed experts' are sharded over dp / ep)."""
+    unless given: the routed experts' are sharded over dp / ep); a frozen one's (``trainable`` False)
+    weights only."""
     states = model_states(
-        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=dp or plan.dp * plan.cp, pp=plan.pp
+        params=1.0,
+        precision=plan.precision,
+        zero_stage=plan.zero_stage,
+        dp=dp or plan.dp * plan.cp,
+        pp=plan.pp,
+        trainable=1.0 if trainable else 0.0,
     )
     return sum((states.weights_bytes, states.grads_bytes, states.optimizer_bytes))
 

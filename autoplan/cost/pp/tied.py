@@ -55,7 +55,7 @@ class TiedWeightSync:
         found: dict[int, float] = {}
         for name, where in self.places.items():
             holders = {stage_of[w] for w in where}
-            if len(holders) > 1:
+            if len(holders) > 1 and (name not in self.params or self.params[name].trainable):  # frozen: no grad
                 elements = held.get(name, self.params[name].numel if name in self.params else 0.0) / sharded
                 for stage in holders:
                     found[stage] = found.get(stage, 0.0) + elements

@@ -59,10 +59,11 @@ class SequenceParallelSync:
 
     def partial_elements(self, plan: Plan, tp_plan: dict[str, str], layers: list[str | None]) -> list[float]:
         """Elements of each parameter of ``layers`` (None: the outside nodes) whose gradient is
-        all-reduced once a step under sequence parallelism (sp_partial_params), by name."""
+        all-reduced once a step under sequence parallelism (sp_partial_params), by name; a frozen
+        one has no gradient to reduce."""
         params = self.graph.parameters
         names = {n for layer in layers for n in self._partial_names(layer, tp_plan, plan)}
-        return [float(params[n].numel) for n in sorted(names) if n in params]
+        return [float(params[n].numel) for n in sorted(names) if n in params and params[n].trainable]
 
     def _partial_names(self, layer: str | None, tp_plan: dict[str, str], plan: Plan) -> tuple[str, ...]:
         """sp_partial_params, memoised on what it reads: the layer, tp, SP and the splits of the

@@ -115,9 +115,11 @@ def price_block(
     param_bytes_factor: float = 0.0,
     activation_factor: float = 0.0,
     node_times: NodeTimes | None = None,
+    frozen_param_bytes_factor: float | None = None,
 ) -> BlockPrices:
     """Price block ``layer`` for the ILP. ``param_bytes_factor`` multiplies traced parameter
-    bytes, and ``activation_factor`` the saved bytes of the traced batch in the run's precision
+    bytes (``frozen_param_bytes_factor`` those of frozen ones, weights only; the same when None),
+    and ``activation_factor`` the saved bytes of the traced batch in the run's precision
     (``compute.saved_activation_bytes``), into bytes per device (0 = ignore). Times and shard
     factors are those CostModel charges (cost/compute/op_costs.py, tp_shards.shards); ``node_times``
     memoises the op times."""
@@ -154,7 +156,12 @@ def price_block(
     for node in block.nodes:
         own = [p for p in node.param_names if p not in seen_params]
         seen_params.update(own)
-        pbytes = sum(graph.parameters[p].bytes for p in own if p in graph.parameters) * param_bytes_factor
+        frozen_factor = param_bytes_factor if frozen_param_bytes_factor is None else frozen_param_bytes_factor
+        pbytes = sum(
+            graph.parameters[p].bytes * (param_bytes_factor if graph.parameters[p].trainable else frozen_factor)
+            for p in own
+            if p in graph.parameters
+        )
         abytes = (
             node_saved_bytes(node, ctx.profile, precision=ctx.precision) * activation_factor
             if activation_factor
@@ -286,6 +293,8 @@ class MemoryBudget:
     outside_bytes: float
     param_bytes_factor: float
     activation_factor: float
+    # a frozen parameter's: its weights only (docs/cost-model.md, "Frozen parameters"); None: param_bytes_factor
+    frozen_param_bytes_factor: float | None = None
 
 
 def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> MemoryBudget:
@@ -302,6 +311,7 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
     factors = dict(
         param_bytes_factor=(states.weights_bytes + states.grads_bytes + states.optimizer_bytes) / traced_param,
         activation_factor=in_flight * plan.micro_batch_size / graph.batch_size / plan.cp,
+        frozen_param_bytes_factor=states.weights_bytes / traced_param,
     )  # saved bytes come in the precision
     ctx = split_context(
         graph,

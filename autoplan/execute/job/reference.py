@@ -105,6 +105,7 @@ class Reference:
         before = {name: self.masters[name].detach().clone() for name in grads}
         updated = self._step(grads)
         weights = verify.gathered_weights(trainer)
+        frozen = {name: self.masters[name].detach() for name in self._frozen() if name in self.masters}
         diffs = verify.compare(
             trainer=trainer,
             loss=loss,
@@ -113,10 +114,14 @@ class Reference:
             initial=before,
             ref_updated=updated,
             weights=weights,
-        )
+        ) + verify.frozen_differences(weights=weights, initial=frozen)
         self._follow(trainer, weights)
         self.checks.append(StepCheck(step=step, diffs=diffs, compressed=compressed))
         return self.checks[-1]
+
+    def _frozen(self) -> list[str]:
+        """The parameters the model leaves frozen (``requires_grad=False``): no step may change them."""
+        return [name for name, param in self.model.named_parameters() if not param.requires_grad]
 
     def _load_masters(self) -> None:
         """The reference model's parameters := the fp32 masters (cast to its own dtype)."""

@@ -153,17 +153,28 @@ def _full(tensor: torch.Tensor, name: str = "", trainer: Trainer | None = None) 
 
 def gathered_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     """This rank's full fp32 weights by original FQN (a collective over its stage's dp x tp, or
-    dp for experts), of the parameters it trains: a stage may also hold an unused copy of a weight
-    tied to another stage (the pipeline split keeps it), which no step touches. ZeRO-1 frees every
-    gradient in its step, so there every parameter counts, as do experts (every rank of an ep
+    dp for experts), of the parameters it trains and of the frozen ones (``requires_grad=False``,
+    which :func:`frozen_differences` holds unchanged): a stage may also hold an unused copy of a
+    weight tied to another stage (the pipeline split keeps it), which no step touches. ZeRO-1 frees
+    every gradient in its step, so there every parameter counts, as do experts (every rank of an ep
     group must take part in gathering them)."""
     experts = trainer.experts.names if trainer.experts is not None else set()
     trainer.weights_ready()
     return {
         name: _full(param, name, trainer)
         for name, param in _named_parameters(trainer)
-        if param.grad is not None or trainer.dp_mode == "zero1" or name in experts
+        if param.grad is not None or not param.requires_grad or trainer.dp_mode == "zero1" or name in experts
     }
+
+
+def frozen_differences(*, weights: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> list[Difference]:
+    """Each frozen parameter's change over the step, which must be none (docs/executor.md, "Frozen
+    parameters"): any change is an error, however small (its norm over a reference norm of 0)."""
+    return [
+        Difference(f"{name} (frozen)", float((weights[name].double() - initial[name].cpu().double()).norm()), 0.0)
+        for name in sorted(initial)
+        if name in weights
+    ]
 
 
 def gathered_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
