@@ -204,6 +204,7 @@ class Bounds:
             zero_stage=plan.zero_stage,
             dp=plan.dp * plan.cp,  # dp x cp ranks share the weights (cost/cp/weights.py)
             pp=plan.pp,
+            offload=plan.offload,
         )
         return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
 
@@ -247,11 +248,17 @@ class Bounds:
         return (blocks + max(pre, post)) / plan.pp
 
     def optimizer_s(self, plan: Plan, *, stage_params: float) -> float:
+        """The device's Adam step, or an offloaded plan's CPU step alone (cost/memory/offload.py, no copies)."""
+        if plan.offload != "none":
+            return stage_params / (plan.dp * plan.cp) / self.profile.host.adam_params_per_s  # checked by the plan
         return self.adam_s(stage_params / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
 
     def adam_s(self, local_params: float) -> float:
-        """CostModel's memory-bound Adam step over ``local_params`` parameters."""
-        return memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
+        """CostModel's memory-bound Adam step over ``local_params`` parameters, or the host's CPU Adam step
+        where that is faster and the profile can offload (a group's plans may step on either)."""
+        device_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
+        host = self.profile.host
+        return device_s if host is None else min(device_s, local_params / host.adam_params_per_s)
 
     def _message_s(self, message: DpMessage, params: float, plan: Plan) -> float:
         """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),

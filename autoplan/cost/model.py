@@ -25,6 +25,7 @@ from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.sync import DataParallelTerms
+from autoplan.cost.memory.offload import price_offload
 from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
 from autoplan.cost.moe.experts import ExpertPlacement, check_divides
@@ -298,9 +299,8 @@ class CostModel:
         cost.ep_comm_s = m * slowest.ep_s
         cost.cp_comm_s = m * slowest.cp_s
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
-        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self.tied.sync_s(
-            plan, chunks, stages, groups["pp"]
-        )
+        tied_s = self.tied.sync_s(plan, chunks, stages, groups["pp"])
+        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + tied_s
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         weights = weight_sync_plan(plan)  # gradients sync over dp x cp (cost/cp/weights.py)
         self.dp_terms.price(
@@ -308,6 +308,7 @@ class CostModel:
         )
         local_params = max(optimizer_params(weights, s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
+        price_offload(cost, self.profile, weights, stages, backward_s=m * slowest.bwd_s)  # a host step, if any
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
 
     def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup, tp_group: AxisGroup) -> float:

@@ -68,7 +68,12 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
             )
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(
-                params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp, pp=plan.pp
+                params=params,
+                precision=plan.precision,
+                zero_stage=plan.zero_stage,
+                dp=plan.dp * plan.cp,
+                pp=plan.pp,
+                offload=plan.offload,
             )
             kv = _context_parallel(graph, node, profile, ctx, shard=shard)
             saved = node_saved_bytes(node, profile, precision=plan.precision) / cost.activation_shard.get(node.name, 1)

@@ -148,6 +148,7 @@ class Group:
             grad_compression=grads.compression,
             powersgd_rank=grads.rank,
             overlap_param_gather=grads.param_gather,
+            offload=grads.offload,
             ep=deg.ep,
             cp=deg.cp,
             cp_variant=self.cp_variant,
@@ -194,4 +195,5 @@ def config_of(plan: Plan) -> dict:
         reduce=plan.grad_reduce_dtype,
         compression=f"powersgd:{plan.powersgd_rank}" if plan.grad_compression == "powersgd" else "none",
         param_gather=plan.overlap_param_gather,
+        **({"offload": plan.offload} if plan.offload != "none" else {}),  # plans.csv keeps its columns
     )

@@ -6,13 +6,14 @@ and the virtual stages; 0-3 for ``zero``; a rank or ``off`` for ``powersgd``; on
 ``sp``, ``tp_overlap``, ``param_gather`` (ZeRO-1's weight all-gather under the next forward) and
 ``compile`` (torch.compile per block, Plan.compile); one of the plan's names for ``recompute``,
 ``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``), ``reduce`` and ``cp_variant``
-(allgather, ring, ulysses). Anything else is refused in one sentence.
+(allgather, ring, ulysses), and ``offload`` (none, optimizer, full: Plan.offload). Anything else is
+refused in one sentence.
 """
 
 from __future__ import annotations
 
 from autoplan.errors import PlanError
-from autoplan.types.plan import CP_VARIANTS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
+from autoplan.types.plan import CP_VARIANTS, OFFLOADS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
 
 FIX_KEYS = (
     "dp",
@@ -33,6 +34,7 @@ FIX_KEYS = (
     "cp_variant",
     "param_gather",
     "compile",
+    "offload",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd")
 _SCHEDULE_ALIASES = {
@@ -77,6 +79,7 @@ def _typed(key: str, value: str) -> object:
         "schedule": tuple(_SCHEDULE_ALIASES),
         "reduce": REDUCE_DTYPES,
         "cp_variant": CP_VARIANTS,
+        "offload": OFFLOADS,
     }[key]
     if value not in choices:
         raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")

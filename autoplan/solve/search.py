@@ -93,6 +93,7 @@ class Search:
         self._top: list[float] = []  # max-heap (negated) of the best `keep` feasible objectives
         self.candidates: list[Candidate] = []
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
+        self._dp_kw = dict(fixes=self.fixes, lossy=options.allow_lossy, runtime=options.runtime)  # dp_options'
 
     # ---- objective ---------------------------------------------------------------------
     def objective(self, step_time_s: float, devices: int) -> float:
@@ -249,7 +250,7 @@ class Search:
         its cost is what the memory-budgeted TP retry of _run_group starts from."""
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big = len(self.candidates), []
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, lossy=self.options.allow_lossy)
+        dp_choices = space.dp_options(self.profile, deg=deg, **self._dp_kw)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
@@ -381,7 +382,7 @@ class Search:
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, lossy=self.options.allow_lossy)
+        dp_choices = space.dp_options(self.profile, deg=deg, **self._dp_kw)
         count = len(self._stage_options(g)) * len(dp_choices)
         config = g.pruned_config()
         reason = (

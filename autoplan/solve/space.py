@@ -16,7 +16,9 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
   profile has fp8 and bf16 peaks;
 - gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction and, where the executor runs DDP,
   PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy);
-  under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward.
+  under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward;
+- offload (solve/offload.py): "optimizer" beside ZeRO-1, "full" beside ZeRO-3 at pp = 1, where the profile
+  has a host section and the runtime runs it; chosen only where it pays (it always costs step time).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.solve.context_parallel import cp_allows
+from autoplan.solve.offload import offload_options
 from autoplan.types.graph import Graph
 from autoplan.types.plan import RECOMPUTE, runs_ddp
 from autoplan.types.profile import Profile
@@ -201,6 +204,7 @@ class GradSync:
     compression: str = "none"
     rank: int = 0
     param_gather: bool = False
+    offload: str = "none"
 
 
 EXACT = GradSync()
@@ -221,12 +225,15 @@ def check_lossy_pins(graph: Graph, fixes: dict, *, allow_lossy: bool) -> None:
         check_rank(graph, fixes["powersgd"])
 
 
-def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, lossy: bool) -> list[tuple[int, GradSync]]:
-    """(ZeRO stage, gradient sync) choices of one degree; ``lossy``: --allow-lossy."""
+def dp_options(
+    profile: Profile, *, deg: Degrees, fixes: dict, lossy: bool, runtime: str = "autoplan"
+) -> list[tuple[int, GradSync]]:
+    """(ZeRO stage, gradient sync and offload) choices of one degree; ``lossy``: --allow-lossy."""
     return [
-        (zero, grads)
+        (zero, replace(grads, offload=offload))
         for zero in zero_options(dp=deg.dp_cp, fixes=fixes)
         for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=lossy)
+        for offload in offload_options(profile, deg=deg, zero=zero, grads=grads, fixes=fixes, runtime=runtime)
     ]
 
 

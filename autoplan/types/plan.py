@@ -18,6 +18,7 @@ from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
+from autoplan.types.offload import OFFLOADS, check_offload  # noqa: F401 (OFFLOADS: the plan's names)
 from autoplan.types.prediction import Prediction
 from autoplan.types.runtime import Runtime, check_runtime_choices, runtime_named
 
@@ -148,6 +149,7 @@ class Plan:
     runtime: str = "autoplan"
     compile: bool = False
     fp8_recipe: str = ""
+    offload: str = "none"
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -226,6 +228,7 @@ class Plan:
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}."
             )
         self._check_compression()
+        check_offload(self)
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
@@ -337,6 +340,7 @@ class Plan:
         red += " tp-overlap" if self.tp_comm_overlap else ""
         red += " compile" if self.compile else ""
         red += f" recipe={self.fp8_recipe}" if self.fp8_recipe else ""
+        red += f" offload={self.offload}" if self.offload != "none" else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         return (
             f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
@@ -353,7 +357,7 @@ class Plan:
             del data["inputs"]  # plan files without traced inputs stay as they were
         if self.cp == 1:
             del data["cp"], data["cp_variant"]  # and so do plans without context parallelism
-        for name, default in (("runtime", "autoplan"), ("compile", False), ("fp8_recipe", "")):
+        for name, default in (("runtime", "autoplan"), ("compile", False), ("fp8_recipe", ""), ("offload", "none")):
             if data[name] == default:
                 del data[name]  # and plans for autoplan's executor, uncompiled, with the default FP8 recipe
         return data

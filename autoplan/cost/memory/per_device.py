@@ -39,9 +39,20 @@ class ModelStates:
     optimizer_bytes: float
 
 
-def model_states(*, params: float, precision: str, zero_stage: int, dp: int, pp: int = 1) -> ModelStates:
+def model_states(
+    *, params: float, precision: str, zero_stage: int, dp: int, pp: int = 1, offload: str = "none"
+) -> ModelStates:
     """Model-state bytes for ``params`` parameters on one device, as the executor holds them
-    (module docstring)."""
+    (module docstring); what ``offload`` holds on the host instead is left out (cost/memory/offload.py)."""
+    states = _all_states(params=params, precision=precision, zero_stage=zero_stage, dp=dp, pp=pp)
+    if offload == "optimizer":  # ZeRO-Offload: the fp32 master and Adam moments live on the host
+        return ModelStates(weights_bytes=states.weights_bytes, grads_bytes=states.grads_bytes, optimizer_bytes=0.0)
+    if offload == "full":  # FSDP2's CPUOffloadPolicy: every fp32 shard on the host, gathered blocks are buffers
+        return ModelStates(weights_bytes=0.0, grads_bytes=0.0, optimizer_bytes=0.0)
+    return states
+
+
+def _all_states(*, params: float, precision: str, zero_stage: int, dp: int, pp: int) -> ModelStates:
     low = LOW_BYTES[precision]
     if dp > 1 and zero_stage >= 2:  # FSDP2: fp32 shards; ZeRO-2 keeps the compute-dtype weights gathered
         gathered = params * (low or 4) if zero_stage == 2 else 0.0

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import PowerSGDTraffic
+from autoplan.cost.memory.offload import HOST_BYTES_PER_PARAM, host_shortfall, slice_params
 from autoplan.cost.memory.per_device import (
     ModelStates,
     StageMemory,
@@ -90,7 +91,12 @@ class PlanMemory:
         """Weights, gradients and optimizer state: dense parameters sharded over dp, the routed
         experts' (1/ep of them) over the dp / ep ranks that hold the same experts."""
         dense = model_states(
-            params=stage.dense_params, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp, pp=plan.pp
+            params=stage.dense_params,
+            precision=plan.precision,
+            zero_stage=plan.zero_stage,
+            dp=plan.dp,
+            pp=plan.pp,
+            offload=plan.offload,
         )
         if not stage.expert_params:
             return dense
@@ -120,6 +126,11 @@ class PlanMemory:
         cost.peak_memory_bytes = int(worst.peak_bytes)
         cost.memory_capacity_bytes = int(self.profile.device.memory_bytes)
         limit = usable_bytes(self.profile.device.memory_bytes)
+        if plan.offload != "none":  # the host holds the offloaded states (cost/memory/offload.py)
+            host_bytes = HOST_BYTES_PER_PARAM * slice_params(plan, max(s.params for s in stages))
+            cost.extra["host_bytes"] = host_bytes
+            if shortfall := host_shortfall(self.profile, plan, host_bytes):
+                cost.feasible, cost.reason = False, shortfall
         if cost.peak_memory_bytes > limit:
             cost.feasible = False
             cost.reason = (

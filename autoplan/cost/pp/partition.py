@@ -45,7 +45,12 @@ def state_bytes_per_param(plan: Plan, dp: int | None = None) -> float:
     """Weights + gradients + optimizer bytes per parameter sharded over ``dp`` ranks (the plan's dp
     unless given: the routed experts' are sharded over dp / ep)."""
     states = model_states(
-        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=dp or plan.dp * plan.cp, pp=plan.pp
+        params=1.0,
+        precision=plan.precision,
+        zero_stage=plan.zero_stage,
+        dp=dp or plan.dp * plan.cp,
+        pp=plan.pp,
+        offload=plan.offload,
     )
     return sum((states.weights_bytes, states.grads_bytes, states.optimizer_bytes))
 
