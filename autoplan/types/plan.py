@@ -111,6 +111,9 @@ class Plan:
     others are for ``export``. ``compile`` compiles each block with torch.compile (as torchtitan
     does), so its element-wise ops run fused. ``fp8_recipe`` is the FP8 scaling recipe
     (:data:`~autoplan.types.runtime.FP8_RECIPES`), '' for the runtime's default.
+    ``offload`` holds model states in host memory (:data:`OFFLOADS`, autoplan/types/offload.py): "optimizer"
+    the fp32 master and Adam step (ZeRO-Offload, on ZeRO-1), "full" also the weights and gradients (FSDP2's
+    CPUOffloadPolicy, on ZeRO-3); docs/cost-model.md, "Offload".
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's

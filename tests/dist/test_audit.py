@@ -71,6 +71,10 @@ CASES = [
     # compiled blocks: collectives, FLOPs and memory as priced, and inductor's forward kernels as the fused
     # regions the price assumes (test_compiled_blocks_generate_the_priced_fused_kernels)
     ("ddp_compile", "gpt", dict(dp=2, compile=True)),
+    # ZeRO-Offload: the slice copied down and up as priced (dim "host", execute/offload.py), the master and
+    # Adam state off the device's memory
+    ("zero1_offload", "gpt", dict(dp=2, zero_stage=1, offload="optimizer")),
+    ("zero1_offload_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, offload="optimizer", grad_reduce_dtype="bf16")),
 ]
 #: a plan whose in-place op cannot run on its DTensor placement (ThirdPartyLlama's q norm does
 #: ``var.add_`` on a partial sum under a colwise wq): the executor replicates it first

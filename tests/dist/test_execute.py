@@ -52,6 +52,9 @@ TWO = [
     # torch.compile per block (execute/compiled.py) after TP, SP and recomputation, before FSDP2
     ("tp2_sp_compile_recompute_full", "gpt", dict(tp=2, sequence_parallel=True, compile=True, recompute="full")),
     ("zero3_compile_gqa", "llama", dict(dp=2, zero_stage=3, compile=True)),
+    # offload (execute/offload.py): ZeRO-1's master slice and Adam step on the host; FSDP2's CPUOffloadPolicy
+    ("zero1_offload_optimizer_bf16", "llama", dict(dp=2, zero_stage=1, offload="optimizer", precision="bf16")),
+    ("zero3_offload_full_accumulate", "llama", dict(dp=2, zero_stage=3, offload="full", num_microbatches=2)),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),
