@@ -21,7 +21,6 @@ sent: each dimension's messages come from the one statement the time terms price
   weights' messages and shards over the dp x cp ranks that hold the same weights (cost/cp/weights.py),
   recorded under dim "dp";
 - ZeRO-Offload's copies of a rank's slice down and up, dim "host": cost/memory/offload.py.
-
 The fp16 flag is counted under the mesh dim that spans the world when one does.
 """
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from autoplan.export.common import Exported, ModelFacts, comment_lines, layers_per_stage, split_note
 from autoplan.export.megatron_read import read
+from autoplan.export.offload import megatron_flags
 from autoplan.types.plan import Plan
 
 __all__ = ["FILENAME", "export", "read"]
@@ -48,7 +49,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
         )
     flags += _parallel_flags(plan, facts, notes)
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", plan.global_batch_size)]
-    flags += _data_parallel_flags(plan)
+    flags += _data_parallel_flags(plan) + megatron_flags(plan, notes)
     flags += _precision_flags(plan, notes)
     flags += _recompute_flags(plan, notes)
     notes += _general_notes(plan)

@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from autoplan.export.common import ExportError, Imported, ModelFacts
+from autoplan.export.offload import megatron_offload
 from autoplan.export.shell import Command, Word, read_script
 
 UNEVEN = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
@@ -40,7 +41,7 @@ VALUED = {
     "--data-parallel-sharding-strategy", "--ckpt-format", "--num-layers", "--hidden-size", "--num-attention-heads",
     "--num-query-groups", "--seq-length", "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
-    "--cp-comm-type", "--hierarchical-context-parallel-sizes",
+    "--cp-comm-type", "--hierarchical-context-parallel-sizes", "--optimizer-offload-fraction",
 }  # fmt: skip
 LISTS = ("--recompute-modules", "--cp-comm-type", "--hierarchical-context-parallel-sizes")  # nargs="+" flags
 #: Megatron's ``--cp-comm-type`` (TransformerConfig.cp_comm_type) -> autoplan's cp variant; a2a+p2p: _read_cp
@@ -52,7 +53,7 @@ SWITCHES = {
     "--use-custom-fsdp", "--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16",
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
     "--overlap-param-gather", "--no-gradient-accumulation-fusion", "--group-query-attention",
-    "--recompute-activations",
+    "--recompute-activations", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
 }  # fmt: skip
 #: Launcher options giving processes per node and nodes (torchrun, torch.distributed.launch, deepspeed).
 PER_NODE = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
@@ -78,6 +79,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
     fields.update(_read_precision(args, unmapped))
     fields["recompute"] = _read_recompute(args, unmapped)
     fields.update(_read_data_parallel(args, fields["dp"], unmapped))
+    fields["offload"] = megatron_offload(args, fields["zero_stage"], unmapped)  # export/offload.py
     facts = ModelFacts(
         layers=_int(args, "--num-layers"),
         hidden_size=_int(args, "--hidden-size"),

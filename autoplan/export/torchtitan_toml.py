@@ -23,6 +23,7 @@ from typing import Any
 import tomllib
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines
+from autoplan.export.offload import read_offload, torchtitan_training
 from autoplan.export.torchtitan import (
     SCHEDULES,
     chunk_modules,
@@ -88,6 +89,7 @@ def _model(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) 
 
 def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str]) -> dict[str, Any]:
     out = training_batch(plan, facts, remarks, seq_len_key="[training] seq_len")
+    out |= torchtitan_training(plan, notes)  # FSDP2's CPU offload (export/offload.py)
     notes += precision_notes(plan, series="0.2.x")
     if plan.precision != "fp32" and (plan.tp > 1 or plan.pp > 1) and plan.dp == plan.cp == 1:
         notes.append(
@@ -209,8 +211,10 @@ def read_data(
     fields["sequence_parallel"] = degrees["tp"] > 1 and par.get("enable_sequence_parallel", True)  # 0.3 has the key
     fields["tp_comm_overlap"] = degrees["tp"] > 1 and bool(par.get("enable_async_tensor_parallel", False))
     fields["compile"] = bool(data.get("compile", {}).get("enable", False))  # per TransformerBlock, as Plan.compile
-    if training.get("enable_cpu_offload"):
-        unmapped.append("enable_cpu_offload: autoplan does not price CPU offload.")
+    fields["offload"] = read_offload(  # FSDP2's CPUOffloadPolicy (export/offload.py)
+        optimizer=False, params=bool(training.get("enable_cpu_offload")), zero_stage=fields.get("zero_stage", 0),
+        unmapped=unmapped, source="enable_cpu_offload", pp=degrees["pp"],
+    )  # fmt: skip
     facts = ModelFacts(layers=layers, seq_len=training.get("seq_len"))
     return Imported(framework="torchtitan", fields=fields, unmapped=unmapped, facts=facts, assumptions=assumptions)
 

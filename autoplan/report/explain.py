@@ -16,7 +16,8 @@ Three parts, each derived from the search's priced candidates (never canned text
 When the model's attention is written as eager ops, one line says what SDPA/flash would save
 (autoplan/report/attention.py). When the plan splits the sequence (cp > 1), one sentence says why
 against the best plan without cp (:func:`cp_why`): memory per device at this sequence length, and
-the exposed KV exchange against the recomputation it avoids.
+the exposed KV exchange against the recomputation it avoids; when it offloads, one sentence says why and
+what the host step costs (autoplan/report/offload.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from autoplan.errors import AutoplanError
 from autoplan.report.attention import eager_attention_saving
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain
+from autoplan.report.offload import offload_why
 from autoplan.report.terms import TermDiff, category_of, deciding_term
 from autoplan.report.trade import trade_rows
 from autoplan.solve.notes import plan_notes
@@ -62,6 +64,7 @@ class Explanation:
     warnings: list[str] = field(default_factory=list)  # solve/notes.py: little headroom, dp bound by a rule
     fp8: str = ""  # what the best FP8 plan would gain, when the search left FP8 out (report/fp8.py)
     cp: str = ""  # why the plan splits the sequence, when it does (cp_why)
+    offload: str = ""  # why the plan offloads and what that costs, when it does (report/offload.py)
     attention: str = ""  # what fusing the model's eager attention would save, when it has some (report/attention.py)
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,6 +158,7 @@ def explain_result(
         warnings=plan_notes(result, profile),
         fp8=fp8_gain(result, graph=graph, profile=profile),
         cp=cp_why(result, graph=graph, profile=profile, model=model),
+        offload=offload_why(result, graph=graph, profile=profile),
         attention=eager_attention_saving(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)

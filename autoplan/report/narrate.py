@@ -61,6 +61,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", exp.fp8] if exp.fp8 else []
     lines += ["", exp.attention] if exp.attention else []
     lines += ["", f"**Context parallelism:** {exp.cp}"] if exp.cp else []
+    lines += ["", f"**Offload:** {exp.offload}"] if exp.offload else []
     lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"
 

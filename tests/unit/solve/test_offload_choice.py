@@ -9,6 +9,7 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.errors import PlanError
+from autoplan.report.explain import explain_result
 from autoplan.solve.api import plan_graph
 from autoplan.types.host_spec import HostProfile
 
@@ -23,9 +24,12 @@ HOST = HostProfile(
 GRAPH = synthetic_gpt(layers=4, hidden=1024, heads=16, vocab=32000, seq=1024, batch=8)
 
 
+def _profile(memory_gib: float, host: HostProfile | None = HOST):
+    return replace(synthetic_profile(memory_bytes=int(memory_gib * 2**30)), host=host)
+
+
 def _plan(memory_gib: float, fix: str | None = None, host: HostProfile | None = HOST):
-    profile = replace(synthetic_profile(memory_bytes=int(memory_gib * 2**30)), host=host)
-    return plan_graph(GRAPH, devices=2, profile=profile, batch_size=8, fix=fix)
+    return plan_graph(GRAPH, devices=2, profile=_profile(memory_gib, host), batch_size=8, fix=fix)
 
 
 def test_offload_only_where_nothing_fits_without_it():
@@ -44,3 +48,12 @@ def test_a_pin_runs_where_it_can_and_says_why_where_it_cannot():
         _plan(8.0, fix="offload=full,zero=1")
     with pytest.raises(PlanError, match="--fix offload=disk is not valid; expected one of none, optimizer, full"):
         _plan(8.0, fix="offload=disk")
+
+
+def test_explain_says_why_it_offloads_and_what_the_step_pays():
+    profile = _profile(0.5)
+    result = plan_graph(GRAPH, devices=2, profile=profile, batch_size=8)
+    said = explain_result(result, graph=GRAPH, profile=profile, sensitivity=False).offload
+    assert said.startswith("offload=full keeps every model state on the host")
+    assert "without offload no plan fits" in said and "GiB more than the 0.5 GiB usable" in said
+    assert explain_result(_plan(8.0), graph=GRAPH, profile=_profile(8.0), sensitivity=False).offload == ""
