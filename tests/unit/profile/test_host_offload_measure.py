@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from autoplan.profile.measure.host_offload import measure_host
@@ -12,3 +14,11 @@ def test_the_host_section_is_measured_with_its_sources():
     host.check()  # positive figures, each with a source
     assert host.link_bytes_per_s > 0 and host.adam_params_per_s > 0
     assert "torch.optim.Adam" in host.adam_source and "host to host" in host.link_source
+
+
+def test_profile_show_prints_the_host_section(capsys):
+    from autoplan.cli import main
+
+    assert main(["profile", "--show", "cpu-gloo", "--json"]) == 0
+    host = json.loads(capsys.readouterr().out)["host"]
+    assert host["adam_params_per_s"] > 0 and host["link_bytes_per_s"] > 0
