@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 from autoplan.errors import ProfileError
@@ -159,6 +160,7 @@ def summary(profile: Profile) -> dict[str, Any]:
             if link is not None
         },
         "price_per_device_hour": profile.price_per_device_hour,
+        "host": None if profile.host is None else {k: v for k, v in asdict(profile.host).items() if "source" not in k},
     }
 
 
@@ -186,6 +188,13 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
         console.print(
             f"host overhead per op: forward {data['op_overhead_s']['forward_s'] * 1e6:.1f} us, "
             f"backward {data['op_overhead_s']['backward_s'] * 1e6:.1f} us"
+        )
+    if data.get("host"):  # what offload is priced with (docs/profile-format.md, "The host section")
+        host = data["host"]
+        console.print(
+            f"host per device: memory {si_text(host['host_memory_bytes_per_device'], 'B')}, link "
+            f"{si_text(host['link_bytes_per_s'], 'B/s')} per direction, "
+            f"CPU Adam {host['adam_params_per_s']:.3g} params/s"
         )
     headers = ["link", "collective", "alpha (µs)", "busbw (GB/s)"]
     table = FitTable(headers=headers, numbers=set(headers[2:]))

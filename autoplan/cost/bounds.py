@@ -11,7 +11,7 @@ exceeds the priced step time (a test checks this for every priced candidate):
 - ``pp_comm_s``: (v m + p - 1)(t_p2p(forward) + t_p2p(backward)) with the smallest block inputs;
 - ``step_extras_s``: Adam on the largest stage's parameters (28 bytes each), ZeRO-1/2's weight
   all-gather, and the gradient sync exposed on stage 0 whatever the overlap (its first block's),
-  priced from cost/dp/messages.py at each message's floor bytes per parameter.
+  priced from cost/dp/messages.py at each message's floor bytes per parameter (cost/dp/floors.py).
 
 ``states_floor_bytes`` bounds memory: the model states of the fewest parameters the fullest stage can
 hold, (blocks + max(pre, post)) / pp; CostModel's peak W + O + max(M1, M2, M3) >= W + O + G.
@@ -25,25 +25,13 @@ from typing import Protocol
 from autoplan.cost.compute.op_costs import node_time_s
 from autoplan.cost.compute.roofline import memory_time_s
 from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
-from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
-from autoplan.cost.dp.messages import (
-    BACKWARD,
-    EACH,
-    FORWARD,
-    GRADS,
-    WEIGHTS,
-    DpMessage,
-    dp_messages,
-    find,
-    replica_messages,
-)
+from autoplan.cost.dp.floors import SyncFloors
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
-from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
+from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import plan_mesh_groups
-from autoplan.cost.pp.schedule import prefetched_exposed_s
 from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis, analyse_block
 from autoplan.cost.tp.shards import pure_layouts_possible
 from autoplan.cost.tp.splits import legal_splits
@@ -77,8 +65,8 @@ class Bounds:
         self._experts_min: dict[tuple, float] = {}
         self._cp_floors: dict[tuple, CpFloor] = {}
         self._groups: dict[tuple, dict] = {}
-        self._zero3: dict[tuple, tuple] = {}
         self._frozen = float(graph.param_count - graph.trainable_param_count)
+        self.sync = SyncFloors(profile, stage_costs, mesh=self._mesh, trained_floor=self.trained_floor)
         reps = [(None, 1)] + [(group.layers[0], len(group.layers)) for group in graph.groups]
         self._nodes = {rep: graph.layer_nodes(rep) for rep, _ in reps}
         self._moe = {rep: layers_in(graph, tuple(self._nodes[rep])) for rep, _ in reps}  # grouped MoE layers
@@ -217,6 +205,7 @@ class Bounds:
             zero_stage=plan.zero_stage,
             dp=plan.dp * plan.cp,  # dp x cp ranks share the weights (cost/cp/weights.py)
             pp=plan.pp,
+            offload=plan.offload,
         )
         return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
 
@@ -237,8 +226,8 @@ class Bounds:
         and the gradient accumulation; ``params_floor``: stage_params_floor(plan) when the caller has it."""
         return (
             self.optimizer_s(plan, stage_params=stage_params)
-            + self._zero_gather_s(plan, stage_params)
-            + self._sync_s(plan)
+            + self.sync.zero_gather_s(plan, stage_params)
+            + self.sync.sync_s(plan)
             + self.accumulate_s(plan, params_floor=params_floor)
         )
 
@@ -265,30 +254,19 @@ class Bounds:
         return max(0.0, params - self._frozen)
 
     def optimizer_s(self, plan: Plan, *, stage_params: float) -> float:
+        """The device's Adam step over the trained parameters, or an offloaded plan's CPU step alone
+        (cost/memory/offload.py, no copies)."""
         trained = self.trained_floor(stage_params)
+        if plan.offload != "none":
+            return trained / (plan.dp * plan.cp) / self.profile.host.adam_params_per_s  # checked by the plan
         return self.adam_s(trained / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
 
     def adam_s(self, local_params: float) -> float:
-        """CostModel's memory-bound Adam step over ``local_params`` parameters."""
-        return memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
-
-    def _message_s(self, message: DpMessage, params: float, plan: Plan) -> float:
-        """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
-        at its floor bytes per parameter (DpMessage.floor_bytes_per_param)."""
-        group = self._mesh(plan)["dp_shard"]  # ZeRO's messages: HSDP's shard group, else dp x cp
-        params = message.sent(params, params - self.trained_floor(params))  # frozen ones at most
-        size = params * message.floor_bytes_per_param(plan.precision)
-        return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
-
-    def _replicas_s(self, messages: tuple[DpMessage, ...], params: float, plan: Plan) -> float:
-        """HSDP's all-reduces of one unit's 1/S gradient shard across the replicas, after its reduce-scatter
-        (cost/dp/messages.py), at their floor bytes on the replicate group; 0 without HSDP."""
-        group, frozen = self._mesh(plan)["dp_replicate"], params - self.trained_floor(params)  # frozen ones at most
-        total = 0.0
-        for m in replica_messages(messages):
-            size = m.unit_bytes(m.sent(params, frozen)) * m.floor_bytes_per_param(plan.precision) / m.bytes_per_param
-            total += bucketed_time_s(self.profile, m.kind, size, group=group, bucket_bytes=m.bucket_bytes)
-        return total
+        """CostModel's memory-bound Adam step over ``local_params`` parameters, or the host's CPU Adam step
+        where that is faster and the profile can offload (a group's plans may step on either)."""
+        device_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
+        host = self.profile.host
+        return device_s if host is None else min(device_s, local_params / host.adam_params_per_s)
 
     def _mesh(self, plan: Plan) -> dict:
         """mesh_groups of ``plan``'s degrees, memoised: the search asks once per candidate and message."""
@@ -296,98 +274,6 @@ class Bounds:
         if key not in self._groups:
             self._groups[key] = plan_mesh_groups(self.profile, plan)
         return self._groups[key]
-
-    def _sync_s(self, plan: Plan) -> float:
-        """The gradient sync stage 0's first block exposes whatever the overlap, per the dp messages
-        (cost/dp/messages.py): under ZeRO-3 its forward gathers, and where gradients are
-        reduce-scattered every micro-batch the smallest block's gather + reduce-scatter too."""
-        messages = dp_messages(weight_sync_plan(plan))
-        if not messages or plan.grad_compression != "none":  # PowerSGD's factors: bounded below by 0
-            return 0.0
-        first, smallest = self.stage_costs.sync_params(plan)
-        grads = find(messages, GRADS)
-        gather = find(messages, WEIGHTS, FORWARD)
-        if gather is None:
-            return self._message_s(grads, first, plan) + self._replicas_s(messages, first, plan)
-        floor = gather.times_per_step(plan.num_microbatches) * self._message_s(gather, first, plan)
-        if grads.micro_batches == EACH:  # a pipeline stage gathers in the first forward only, scatters once
-            regather = find(messages, WEIGHTS, BACKWARD)
-            backward = self._message_s(regather, smallest, plan) + self._message_s(grads, smallest, plan)
-            backward += self._replicas_s(messages, smallest, plan)
-            floor += gather.times_per_step(plan.num_microbatches) * backward
-        return max(floor, self._zero3_blocks_s(plan, messages)) if plan.cp > 1 else floor
-
-    def _zero3_blocks_s(self, plan: Plan, messages: tuple[DpMessage, ...]) -> float:
-        """ZeRO-3's exposed gathers and reduce-scatters of a one-stage plan, every block of it: CostModel's
-        f t_fwd + (g - s) t_bwd_gather + s t_bwd_gather+scatter (cost/dp/sync.py:_zero3_exposed_s) over the
-        blocks it will price, with each block's messages at their floor bytes (dense parameters only) and
-        overlap efficiency 1, the most any block hides behind the one before it (cost/pp/schedule.py:
-        prefetched_exposed_s falls as efficiency rises). Under cp each block computes 1/cp of the tokens
-        but gathers all its weights, so every block's gather shows, not only the first's."""
-        blocks = self.stage_costs.single_stage_blocks(plan)
-        key = (
-            id(blocks),
-            messages,
-            plan.num_microbatches,
-            plan.dp,
-            plan.dp_replicate,
-            plan.tp,
-            plan.cp,
-            plan.precision,
-        )
-        hit = self._zero3.get(key)
-        if hit is None or hit[0] is not blocks:  # the entry holds ``blocks``, so its id is not reused meanwhile
-            hit = self._zero3[key] = (blocks, self._zero3_exposed_floor_s(plan, messages, blocks))
-        return hit[1]
-
-    def _zero3_exposed_floor_s(self, plan: Plan, messages: tuple[DpMessage, ...], blocks: tuple) -> float:
-        """The floor of _zero3_blocks_s. At pp = 1 the one stage runs ``blocks`` in this order; at pp > 1
-        each block's message hides behind at most the slowest block's compute, and the slowest stage
-        exposes at least the mean over the pp stages, whatever the partition."""
-        forward, backward, grads = (
-            find(messages, WEIGHTS, FORWARD),
-            find(messages, WEIGHTS, BACKWARD),
-            find(messages, GRADS),
-        )
-        dense = [b.param_count - b.expert_param_count for b in blocks]
-        sizes = {
-            n: (self._message_s(forward, n, plan), self._message_s(backward, n, plan), self._message_s(grads, n, plan))
-            for n in set(dense)
-        }
-        gather = [sizes[n][0] for n in dense]
-        regather = [sizes[n][1] for n in reversed(dense)]
-        both = [sizes[n][1] + sizes[n][2] for n in reversed(dense)]
-        f, g, s = (msg.times_per_step(plan.num_microbatches) for msg in (forward, backward, grads))
-        if g < s:  # CostModel subtracts the gathers' share, which the floor cannot bound from below
-            return 0.0
-        fwd_compute, bwd_compute = [b.fwd_s for b in blocks], [b.bwd_s for b in reversed(blocks)]
-        if plan.pp == 1:
-            exposed = prefetched_exposed_s
-        else:
-            exposed = _unordered_exposed_s(plan.pp)
-        fwd = exposed(compute_s=fwd_compute, comm_s=gather)
-        bwd_last = exposed(compute_s=bwd_compute, comm_s=both)
-        bwd_gather = exposed(compute_s=bwd_compute, comm_s=regather) if g > s else 0.0
-        return f * fwd + (g - s) * bwd_gather + s * bwd_last
-
-    def _zero_gather_s(self, plan: Plan, stage_params: float) -> float:
-        """ZeRO-1/2's all-gather of the updated weights (not ZeRO-3's, which gather per block)."""
-        weights = find(dp_messages(weight_sync_plan(plan)), WEIGHTS)
-        if weights is None or weights.phase == FORWARD:
-            return 0.0
-        return self._message_s(weights, stage_params, plan)
-
-
-def _unordered_exposed_s(pp: int):
-    """prefetched_exposed_s's floor on the slowest of ``pp`` stages under any partition: block i's message
-    shows at least max(0, comm_i - the slowest compute) at efficiency <= 1, and the slowest stage at least
-    the mean of the stages' sums."""
-
-    def exposed_s(*, compute_s: list[float], comm_s: list[float]) -> float:
-        slowest = max(compute_s, default=0.0)
-        return sum(max(0.0, t - slowest) for t in comm_s) / pp
-
-    return exposed_s
 
 
 def _expert_gemms(nodes: list[OpNode], layers: list[MoELayer]) -> dict[str, MoELayer]:

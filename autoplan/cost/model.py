@@ -26,6 +26,7 @@ from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.sync import DataParallelTerms
+from autoplan.cost.memory.offload import price_offload
 from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
 from autoplan.cost.moe.experts import ExpertPlacement, check_divides
@@ -312,21 +313,17 @@ class CostModel:
         cost.ep_comm_s = m * slowest.ep_s
         cost.cp_comm_s = m * slowest.cp_s
         cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
-        cost.pp_comm_s = self._pp_comm_s(plan, stages, groups["pp"], groups["tp"]) + self.tied.sync_s(
-            plan, chunks, stages, groups["pp"]
-        )
+        inputs = self.chunk_inputs(plan) if p > 1 else []  # what each pipeline chunk receives (cost/pp/messages.py)
+        sends_s = pp_messages.pipeline_sends_s(self.profile, plan, inputs, group=groups["pp"], tp_group=groups["tp"])
+        cost.pp_comm_s = sends_s + self.tied.sync_s(plan, chunks, stages, groups["pp"])
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         weights = weight_sync_plan(plan)  # gradients sync over dp x cp (cost/cp/weights.py)
         edp = self.edp_group(plan) if plan.ep > 1 else groups["dp"]
         self.dp_terms.price(cost, weights, stages, group=groups["dp_shard"], edp=edp, replicate=groups["dp_replicate"])
         local_params = max(optimizer_params(shard_view(weights), s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
+        price_offload(cost, self.profile, weights, stages, backward_s=m * slowest.bwd_s)  # a host step, if any
         cost.step_time_s = sum(getattr(cost, name) for name in Cost.TIME_FIELDS)
-
-    def _pp_comm_s(self, plan: Plan, stages: list[StageTotals], group: AxisGroup, tp_group: AxisGroup) -> float:
-        """The pipeline's sends and their tp all-gathers (pp_messages.pipeline_sends_s)."""
-        chunks = self.chunk_inputs(plan) if plan.pp > 1 else []
-        return pp_messages.pipeline_sends_s(self.profile, plan, chunks, group=group, tp_group=tp_group)
 
     def chunk_inputs(self, plan: Plan) -> pp_messages.ChunkInputs:
         """Per pipeline chunk, what it receives per micro-batch (cost/pp/messages.py)."""

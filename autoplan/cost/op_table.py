@@ -74,6 +74,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
                 dp=plan.dp * plan.cp,
                 pp=plan.pp,
                 trainable=params * _trained_share(graph, node),
+                offload=plan.offload,
             )
             kv = _context_parallel(graph, node, profile, ctx, shard=shard)
             saved = node_saved_bytes(node, profile, precision=plan.precision) / cost.activation_shard.get(node.name, 1)

@@ -19,8 +19,8 @@ sent: each dimension's messages come from the one statement the time terms price
 - context parallelism: each block's attention messages per micro-batch on the cp group
   (cost/cp/messages.py, carried by the block summaries), the forward's again when recomputed; the
   weights' messages and shards over the dp x cp ranks that hold the same weights (cost/cp/weights.py),
-  recorded under dim "dp".
-
+  recorded under dim "dp";
+- ZeRO-Offload's copies of a rank's slice down and up, dim "host": cost/memory/offload.py.
 The fp16 flag is counted under the mesh dim that spans the world when one does.
 """
 
@@ -29,9 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autoplan.cost.compute.fusion import region_count
+from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.cp import messages as cp_messages
 from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp import messages as dp_messages
+from autoplan.cost.memory.offload import offload_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.experts import COUNT_BYTES, a2a_per_microbatch, dispatch_bytes
 from autoplan.cost.pp import messages as pp_messages
@@ -78,11 +80,24 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
         _pipeline(pred, plan, index, model)
         _experts(pred, plan, model, stage, index)
         _flops(pred, plan, stage, index)
+        _offload(pred, weights, stage)
         pred.fused_regions = _fused_regions(plan, model, index)
         _add(pred, _world_dim(plan), dp_messages.overflow_flag(plan))
         predictions.append(pred)
     _tied(predictions, plan, model, stages)
     return predictions
+
+
+def _offload(pred: StagePrediction, plan: Plan, stage: StageTotals) -> None:
+    """ZeRO-Offload's copies of the rank's slice, dim "host" (cost/memory/offload.py; execute/offload.py
+    counts them); FSDP2's (offload "full") run inside its collectives, unrecorded, and are not predicted."""
+    if plan.offload != "optimizer":
+        return
+    down, up = offload_bytes(
+        plan, params=stage.params, block_params=0.0, reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype]
+    )
+    pred.add("host", "d2h", 1, down)
+    pred.add("host", "h2d", 1, up)
 
 
 def _add(pred: StagePrediction, dim: str, *messages: dp_messages.StepMessages | None) -> None:

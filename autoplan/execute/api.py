@@ -43,6 +43,7 @@ from autoplan.execute.flat_grads import allreduce_buffer
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
+from autoplan.execute.offload import OffloadedOptimizer
 from autoplan.execute.param_gather import overlapped_zero1
 from autoplan.execute.pipeline_scatter import apply_pipeline_scatter, boundary_specs
 from autoplan.execute.recompute import apply_recompute, expects_recompute, recompute_targets
@@ -217,6 +218,10 @@ def _optimizer(
     with ``overlap_param_gather``: execute/param_gather.py), else ``optimizer_fn`` on every parameter."""
     if mode != "zero1":
         return optimizer_fn(params)
+    if plan.offload == "optimizer":  # ZeRO-Offload: the master slice steps on the host (execute/offload.py)
+        return OffloadedOptimizer(
+            params=params, optimizer_fn=optimizer_fn, dp_mesh=zero["dp_mesh"], reduce_dtype=zero["reduce_dtype"]
+        )
     if plan.overlap_param_gather:
         kept = {k: v for k, v in zero.items() if k != "ep"}  # refused with experts (tp_overlap.check_runs_here)
         return overlapped_zero1(modules=modules, blocks=blocks, optimizer_fn=optimizer_fn, **kept)

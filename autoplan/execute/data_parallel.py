@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -75,6 +75,10 @@ def apply_fsdp(
     """fully_shard each experts module on the edp mesh, then each block present in ``module``,
     then ``module`` itself."""
     kwargs = {"mesh": dp_mesh, "reshard_after_forward": plan.zero_stage == 3}
+    if (
+        plan.offload == "full"
+    ):  # every shard, its gradient and its Adam step on the host (docs/cost-model.md, "Offload")
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
     for expert_module in experts:

@@ -75,7 +75,7 @@ class ShardedOptimizer:
         flat = torch.zeros(
             self.shard * self.dp,
             dtype=dtype,
-            device=self.master.device if hasattr(self, "master") else tensors[0].device,
+            device=tensors[0].device,  # the parameters' (an offloaded master lives on the host: offload.py)
         )
         offset = 0
         for t in tensors:
@@ -137,7 +137,11 @@ class ShardedOptimizer:
         del flat
         if self.replicas is not None:  # HSDP: the slice summed across the replicas too
             dist.all_reduce(mine, op=dist.ReduceOp.SUM, group=self.replicas)
-        self.master.grad = mine.to(torch.float32).div_(self.divide_by)
+        self.master.grad = self._master_gradient(mine)
+
+    def _master_gradient(self, mine: torch.Tensor) -> torch.Tensor:
+        """The master slice's gradient from the reduced slice ``mine``: the mean, in fp32."""
+        return mine.to(torch.float32).div_(self.divide_by)
 
     def _flat_gradients(self) -> torch.Tensor:
         """The flat gradient in the reduce dtype: the gradient buffer itself when the gradients are its
@@ -160,8 +164,12 @@ class ShardedOptimizer:
         gathered = into
         if gathered is None:
             gathered = torch.empty(self.shard * self.dp, dtype=first.dtype, device=first.device)
-        mine = self.master.detach().to(first.dtype)
+        mine = self._updated_slice(first)
         return dist.all_gather_into_tensor(gathered, mine, group=self.group, async_op=async_op), gathered
+
+    def _updated_slice(self, like: torch.Tensor) -> torch.Tensor:
+        """The updated master slice in ``like``'s dtype, on its device: what the all-gather sends."""
+        return self.master.detach().to(like.dtype)
 
     @torch.no_grad()
     def finish_gather(self, work: object, gathered: torch.Tensor) -> None:

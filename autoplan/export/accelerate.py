@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, split_note
+from autoplan.export.offload import accelerate_offload_params, read_offload
 from autoplan.export.recompute_budget import every_block_note
 from autoplan.types.plan import Plan
 
@@ -71,9 +72,10 @@ def export(
         config["fp8_config"] = {"backend": "AO"}  # torchao's float8 training, as autoplan runs it
     if kind == "FSDP":
         config["fsdp_config"] = _fsdp_config(plan, facts)
+        config["fsdp_config"]["fsdp_offload_params"] = accelerate_offload_params(plan, offloaded := [])
         if plan.tp > 1 or plan.cp > 1 or plan.dp_replicate > 1:
             config["parallelism_config"] = _parallelism_config(plan)
-    unexpressed = _unexpressed(plan, kind)
+    unexpressed = _unexpressed(plan, kind) + (offloaded if kind == "FSDP" else [])  # offload: always FSDP
     launch = launch_command(machines=machines, main_process_ip=main_process_ip, main_process_port=main_process_port)
     text = _header(plan, facts, kind, devices_per_node, unexpressed) + _machines_header(machines, launch)
     text += yaml.safe_dump(config, sort_keys=True)
@@ -280,8 +282,14 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
         "grad_reduce_dtype": FSDP_REDUCE.get(mixed, "fp32") if kind == "FSDP" else "fp32",
     }
     fields |= _read_replicas(config, fields, unmapped)
-    if (config.get("fsdp_config") or {}).get("fsdp_offload_params"):
-        unmapped.append("fsdp_offload_params: autoplan does not price CPU offload.")
+    offloads = bool((config.get("fsdp_config") or {}).get("fsdp_offload_params"))  # FSDP2's CPUOffloadPolicy
+    fields["offload"] = read_offload(
+        optimizer=False,
+        params=offloads,
+        zero_stage=fields["zero_stage"],
+        unmapped=unmapped,
+        source="fsdp_offload_params",
+    )
     return Imported(framework="accelerate", fields=fields, unmapped=unmapped, assumptions=assumptions)
 
 

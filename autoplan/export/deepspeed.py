@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan.export.common import Exported, ModelFacts, layers_per_stage, split_note
 from autoplan.export.deepspeed_read import SECTION, read
+from autoplan.export.offload import deepspeed_offload
 from autoplan.export.recompute_budget import every_block_note
 from autoplan.types.plan import Plan
 
@@ -48,6 +49,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
         config["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep}
     if plan.cp > 1:  # DeepSpeed's Ulysses; the key sizes its data-parallel world, world / sp (DeepSpeedConfig)
         config["sequence_parallel_size"] = plan.cp
+    deepspeed_offload(config, plan, zero_stage(plan), unexpressed)  # ZeRO-Offload (export/offload.py)
     config[SECTION] = _section(plan, facts, unexpressed)
     return Exported(
         framework="deepspeed",

@@ -20,7 +20,8 @@ from typing import Any
 
 from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
 from autoplan.export.megatron_read import read
-from autoplan.export.recompute_budget import megatron_flags
+from autoplan.export.offload import megatron_flags as offload_flags
+from autoplan.export.recompute_budget import megatron_flags as recompute_flags
 from autoplan.types.plan import Plan
 
 __all__ = ["FILENAME", "export", "read"]
@@ -50,7 +51,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
         )
     flags += _parallel_flags(plan, facts, notes)
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", plan.global_batch_size)]
-    flags += _data_parallel_flags(plan)
+    flags += _data_parallel_flags(plan) + offload_flags(plan, notes)
     flags += _precision_flags(plan, notes)
     flags += _recompute_flags(plan, notes)
     notes += _general_notes(plan) + frozen_notes(facts, "Megatron-LM")
@@ -182,7 +183,7 @@ def _precision_flags(plan: Plan, notes: list[str]) -> Flags:
 
 def _recompute_flags(plan: Plan, notes: list[str]) -> Flags:
     if plan.recompute_blocks:  # the first k layers of each chunk (export/recompute_budget.py)
-        flags = megatron_flags(plan, notes)
+        flags = recompute_flags(plan, notes)
         if plan.recompute == "full":
             return flags
     if plan.recompute == "full":

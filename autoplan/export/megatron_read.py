@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from autoplan.export.common import ExportError, Imported, ModelFacts
+from autoplan.export.offload import megatron_offload
 from autoplan.export.shell import Command, Word, read_script
 
 UNEVEN = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
@@ -36,7 +37,7 @@ VALUED = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
     "--micro-batch-size", "--global-batch-size", "--recompute-granularity", "--recompute-method",
-    "--recompute-num-layers", "--recompute-modules", "--fp8-format", "--fp8-recipe",
+    "--recompute-num-layers", "--recompute-modules", "--fp8-format", "--fp8-recipe", "--optimizer-offload-fraction",
     "--data-parallel-sharding-strategy", "--ckpt-format", "--num-layers", "--hidden-size", "--num-attention-heads",
     "--num-query-groups", "--seq-length", "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
@@ -52,7 +53,7 @@ SWITCHES = {
     "--use-custom-fsdp", "--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward", "--bf16", "--fp16",
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
     "--overlap-param-gather", "--no-gradient-accumulation-fusion", "--group-query-attention",
-    "--recompute-activations",
+    "--recompute-activations", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
 }  # fmt: skip
 #: Launcher options giving processes per node and nodes (torchrun, torch.distributed.launch, deepspeed).
 PER_NODE = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
@@ -79,6 +80,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
     fields["recompute"] = _read_recompute(args, unmapped)
     fields["recompute_blocks"] = _read_recompute_blocks(args, fields)
     fields.update(_read_data_parallel(args, fields["dp"], unmapped))
+    fields["offload"] = megatron_offload(args, fields["zero_stage"], unmapped)  # export/offload.py
     facts = ModelFacts(
         layers=_int(args, "--num-layers"),
         hidden_size=_int(args, "--hidden-size"),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines, frozen_notes
+from autoplan.export.offload import torchtitan_training
 from autoplan.export.recompute_budget import every_block_note
 from autoplan.export.torchtitan import (
     SCHEDULES,
@@ -82,6 +83,7 @@ def export(plan: Plan, facts: ModelFacts, *, registry: Registry) -> Exported:
 
 def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str]) -> dict[str, Any]:
     out = training_batch(plan, facts, remarks, seq_len_key="config.training.seq_len")
+    out |= torchtitan_training(plan, notes)  # FSDP2's CPU offload (export/offload.py)
     if plan.pp > 1 or plan.ep > 1:  # Trainer.Config refuses CUDA graphs with PP, and with EP's dispatchers
         out["disable_cuda_graphs"] = True
     notes += precision_notes(plan, series="0.3")

@@ -23,6 +23,7 @@ from typing import Any
 import tomllib
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines, frozen_notes
+from autoplan.export.offload import torchtitan_offload, torchtitan_training
 from autoplan.export.recompute_budget import layer_sac_option, torchtitan_toml_note
 from autoplan.export.torchtitan import (
     SCHEDULES,
@@ -94,7 +95,7 @@ def _model(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) 
 
 
 def _training(plan: Plan, facts: ModelFacts, notes: list[str], remarks: list[str]) -> dict[str, Any]:
-    out = training_batch(plan, facts, remarks, seq_len_key="[training] seq_len")
+    out = training_batch(plan, facts, remarks, seq_len_key="[training] seq_len") | torchtitan_training(plan, notes)
     notes += precision_notes(plan, series="0.2.x")
     if plan.precision != "fp32" and (plan.tp > 1 or plan.pp > 1) and plan.dp == plan.cp == 1:
         notes.append(
@@ -200,8 +201,8 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
 def read_data(
     data: dict[str, Any], *, devices: int | None = None, series: str = "0.2", batch_size: int | None = None
 ) -> Imported:
-    """torchtitan's settings as nested ``{section: {key: value}}`` (TOML's layout) read back into Plan
-    fields; ``series`` "0.3" wraps every model in FSDP, so mixed precision stays on with TP or PP alone."""
+    """torchtitan's settings (``{section: {key: value}}``, TOML's layout) as Plan fields; ``series`` "0.3"
+    wraps every model in FSDP, so mixed precision stays on with TP or PP alone."""
     par, training = data.get("parallelism", {}), data.get("training", {})
     unmapped: list[str] = []
     degrees = _read_degrees(par, devices, unmapped)
@@ -217,8 +218,7 @@ def read_data(
     fields["sequence_parallel"] = degrees["tp"] > 1 and par.get("enable_sequence_parallel", True)  # 0.3 has the key
     fields["tp_comm_overlap"] = degrees["tp"] > 1 and bool(par.get("enable_async_tensor_parallel", False))
     fields["compile"] = bool(data.get("compile", {}).get("enable", False))  # per TransformerBlock, as Plan.compile
-    if training.get("enable_cpu_offload"):
-        unmapped.append("enable_cpu_offload: autoplan does not price CPU offload.")
+    fields["offload"] = torchtitan_offload(training, fields, pp=degrees["pp"], unmapped=unmapped)  # CPUOffloadPolicy
     facts = ModelFacts(layers=layers, seq_len=training.get("seq_len"))
     return Imported(framework="torchtitan", fields=fields, unmapped=unmapped, facts=facts, assumptions=assumptions)
 

@@ -24,6 +24,7 @@ import yaml
 
 from autoplan.errors import ProfileError
 from autoplan.types._check import write_text_atomic
+from autoplan.types.host_spec import HostProfile
 from autoplan.types.pricing import PricingSpec
 from autoplan.types.profile import CollectiveFit, CommOverlap, DeviceSpec, Efficiency, LinkSpec, OpTiming, Profile
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec
@@ -44,6 +45,7 @@ _SCHEMA: dict[tuple[str, ...], type] = {
     ("comm_overlap",): CommOverlap,
     ("storage",): StorageSpec,
     ("reliability",): ReliabilitySpec,
+    ("host",): HostProfile,
     ("pricing",): PricingSpec,
 }
 #: Older top-level fields still read (Profile.from_dict turns them into ``pricing``).

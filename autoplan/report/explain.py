@@ -18,7 +18,8 @@ When the model's attention is written as eager ops, one line says what SDPA/flas
 (autoplan/report/frozen.py). When the plan splits the sequence (cp > 1), one sentence says why
 against the best plan without cp (:func:`cp_why`): memory per device at this sequence length, and
 the exposed KV exchange against the recomputation it avoids. Under a recompute budget, one sentence
-says how many blocks each stage recomputes and why (autoplan/report/recompute_budget.py).
+says how many blocks each stage recomputes and why (autoplan/report/recompute_budget.py); when it
+offloads, one sentence says why and what the host step costs (autoplan/report/offload.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from autoplan.report.families import FamilyVerdict, Rival, families, family_of, 
 from autoplan.report.fp8 import fp8_gain
 from autoplan.report.frozen import frozen_saving
 from autoplan.report.hsdp import hsdp_why
+from autoplan.report.offload import offload_why
 from autoplan.report.recompute_budget import recompute_why
 from autoplan.report.terms import TermDiff, category_of, deciding_term
 from autoplan.report.trade import trade_rows
@@ -68,6 +70,7 @@ class Explanation:
     fp8: str = ""  # what the best FP8 plan would gain, when the search left FP8 out (report/fp8.py)
     cp: str = ""  # why the plan splits the sequence, when it does (cp_why)
     hsdp: str = ""  # why the plan replicates its ZeRO states, when it does (report/hsdp.py)
+    offload: str = ""  # why the plan offloads and what that costs, when it does (report/offload.py)
     attention: str = ""  # what fusing the model's eager attention would save, when it has some (report/attention.py)
     recompute: str = ""  # why the plan recomputes k of L blocks per stage, under a budget (report/recompute_budget.py)
     frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
@@ -164,6 +167,7 @@ def explain_result(
         fp8=fp8_gain(result, graph=graph, profile=profile),
         cp=cp_why(result, graph=graph, profile=profile, model=model),
         hsdp=hsdp_why(model, best.plan, best.cost),
+        offload=offload_why(result, graph=graph, profile=profile),
         attention=eager_attention_saving(model, best.plan, best.cost),
         recompute=recompute_why(model, best.plan, best.cost),
         frozen=frozen_saving(model, best.plan, best.cost),

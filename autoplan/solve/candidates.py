@@ -151,6 +151,7 @@ class Group:
             powersgd_rank=grads.rank,
             overlap_param_gather=grads.param_gather,
             dp_replicate=grads.replicate,
+            offload=grads.offload,
             ep=deg.ep,
             cp=deg.cp,
             cp_variant=self.cp_variant,
@@ -198,4 +199,5 @@ def config_of(plan: Plan) -> dict:
         compression=f"powersgd:{plan.powersgd_rank}" if plan.grad_compression == "powersgd" else "none",
         param_gather=plan.overlap_param_gather,
         dp_replicate=plan.dp_replicate,
+        **({"offload": plan.offload} if plan.offload != "none" else {}),  # plans.csv keeps its columns
     )

@@ -9,13 +9,13 @@ replicas), the micro-batch size and the virtual stages; 0-3 for ``zero``; a rank
 ``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``), ``reduce`` and ``cp_variant``
 (allgather, ring, ulysses); ``recompute_blocks`` a recompute budget, one count per pipeline chunk
 joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
-Plan.recompute_blocks). Anything else is refused in one sentence.
+Plan.recompute_blocks), and ``offload`` (none, optimizer, full: Plan.offload). Anything else is refused in one sentence.
 """
 
 from __future__ import annotations
 
 from autoplan.errors import PlanError
-from autoplan.types.plan import CP_VARIANTS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
+from autoplan.types.plan import CP_VARIANTS, OFFLOADS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
 
 FIX_KEYS = (
     "dp",
@@ -38,6 +38,7 @@ FIX_KEYS = (
     "compile",
     "dp_replicate",
     "recompute_blocks",
+    "offload",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate")
 _SCHEDULE_ALIASES = {
@@ -89,6 +90,7 @@ def _typed(key: str, value: str) -> object:
         "schedule": tuple(_SCHEDULE_ALIASES),
         "reduce": REDUCE_DTYPES,
         "cp_variant": CP_VARIANTS,
+        "offload": OFFLOADS,
     }[key]
     if value not in choices:
         raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")

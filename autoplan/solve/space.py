@@ -18,6 +18,8 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
   PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy);
   under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward;
 - HSDP under ZeRO 1-3: full sharding, or shard groups of a node's dp ranks times a power of two (solve/hsdp.py).
+- offload (solve/offload.py): "optimizer" beside ZeRO-1, "full" beside ZeRO-3 at pp = 1, where the profile
+  has a host section and the runtime runs it; chosen only where it pays (it always costs step time).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from autoplan.errors import PlanError
 from autoplan.solve.context_parallel import cp_allows
 from autoplan.solve.hsdp import check_hsdp_pin, replicate_options
+from autoplan.solve.offload import offload_options
 from autoplan.types.graph import Graph
 from autoplan.types.plan import RECOMPUTE, runs_ddp
 from autoplan.types.profile import Profile
@@ -204,6 +207,7 @@ class GradSync:
     rank: int = 0
     param_gather: bool = False
     replicate: int = 1  # HSDP's dp_replicate (solve/hsdp.py)
+    offload: str = "none"
 
 
 EXACT = GradSync()
@@ -225,10 +229,11 @@ def check_lossy_pins(graph: Graph, fixes: dict, *, allow_lossy: bool) -> None:
 
 
 def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, options: Any) -> list[tuple[int, GradSync]]:
-    """(ZeRO stage, gradient sync with its HSDP split) choices of one degree under the search's ``options``
-    (``allow_lossy``: --allow-lossy; ``runtime``: which ZeRO stages run as HSDP, solve/hsdp.py)."""
+    """(ZeRO stage, gradient sync with its HSDP split and offload) choices of one degree under the search's
+    ``options`` (``allow_lossy``: --allow-lossy; ``runtime``: which ZeRO stages run as HSDP, solve/hsdp.py,
+    and which offloads, solve/offload.py); offload runs without HSDP (types/offload.py)."""
     return [
-        (zero, replace(grads, replicate=replicate))
+        (zero, replace(grads, replicate=replicate, offload=offload))
         for zero in zero_options(dp=deg.dp_cp, fixes=fixes)
         for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=options.allow_lossy)
         for replicate in replicate_options(
@@ -240,7 +245,9 @@ def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, options: Any) -> 
             per_node=profile.devices_per_node,
             runtime=options.runtime,
             fixes=fixes,
-        )  # fmt: skip
+        )
+        for offload in offload_options(profile, deg=deg, zero=zero, grads=grads, fixes=fixes, runtime=options.runtime)
+        if offload == "none" or replicate == 1
     ]
 
 

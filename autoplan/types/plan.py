@@ -16,9 +16,11 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
+from autoplan.types.grad_compression import check_compression
 from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
+from autoplan.types.offload import OFFLOADS, check_offload  # noqa: F401 (OFFLOADS: the plan's names)
 from autoplan.types.prediction import Prediction
 from autoplan.types.recompute import check_recompute_blocks, describe_counts
 from autoplan.types.runtime import Runtime, check_runtime_choices, runtime_named
@@ -27,6 +29,15 @@ PLAN_SCHEMA_VERSION = 1
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE = ("none", "selective", "full")
+#: newer fields left out of plan.json at their default, so older plans and their files stay as they were
+OMITTED_AT_DEFAULT = (
+    ("runtime", "autoplan"),
+    ("compile", False),
+    ("fp8_recipe", ""),
+    ("dp_replicate", 1),
+    ("offload", "none"),
+    ("recompute_blocks", []),
+)
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
 #: them once per layer (Llama 3 section 3.3), pass them round the cp ring point to point (ring
@@ -34,9 +45,6 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 CP_VARIANTS = ("allgather", "ring", "ulysses")
 #: dtypes data-parallel gradients may travel and be summed in; below fp32 is lossy (``Plan.lossy``).
 REDUCE_DTYPES = ("fp32", "bf16", "fp16")
-#: Gradient compression for data parallelism: none, or PowerSGD (Vogels et al. 2019) with
-#: error feedback, as torch's DDP ``powerSGD_hook`` runs it.
-GRAD_COMPRESSIONS = ("none", "powersgd")
 #: Tensor-parallel splits of one module, in torch.distributed.tensor.parallel's terms.
 #: For an Embedding, "rowwise" splits the vocabulary and "colwise" the embedding dim.
 #: "sequence_parallel" applies to norms and element-wise modules: shard the sequence dim.
@@ -117,6 +125,9 @@ class Plan:
     (types/hsdp.py; FSDP2 on a 2-D mesh, torchtitan's ``data_parallel_replicate_degree``).
     ``recompute_blocks`` budgets recompute: per pipeline chunk, how many of its first blocks run
     ``recompute``, the others none ([] = every block; autoplan/types/recompute.py).
+    ``offload`` holds model states in host memory (:data:`OFFLOADS`, autoplan/types/offload.py): "optimizer"
+    the fp32 master and Adam step (ZeRO-Offload, on ZeRO-1), "full" also the weights and gradients (FSDP2's
+    CPUOffloadPolicy, on ZeRO-3); docs/cost-model.md, "Offload".
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
@@ -157,6 +168,7 @@ class Plan:
     fp8_recipe: str = ""
     dp_replicate: int = 1
     recompute_blocks: list[int] = field(default_factory=list)
+    offload: str = "none"
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -235,8 +247,9 @@ class Plan:
             raise PlanError(
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}."
             )
-        self._check_compression()
+        check_compression(self)
         check_dp_replicate(self)
+        check_offload(self)
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
@@ -259,28 +272,6 @@ class Plan:
             raise PlanError(
                 "plan overlap_param_gather=true needs zero_stage 1 or 2 with overlap_grad_reduce (as Megatron-LM's "
                 "--overlap-param-gather does); ZeRO-3 always gathers each block's weights ahead of its use."
-            )
-
-    def _check_compression(self) -> None:
-        if self.grad_compression not in GRAD_COMPRESSIONS:
-            raise PlanError(
-                f"plan grad_compression='{self.grad_compression}'; expected one of {', '.join(GRAD_COMPRESSIONS)}."
-            )
-        if self.grad_compression == "none":
-            if not (self.powersgd_rank == 0):
-                raise PlanError(f"plan powersgd_rank={self.powersgd_rank} without grad_compression='powersgd'; use 0.")
-            return
-        if not (isinstance(self.powersgd_rank, int) and self.powersgd_rank >= 1):
-            raise PlanError(f"plan powersgd_rank={self.powersgd_rank!r}; PowerSGD needs a rank >= 1.")
-        if not (self.runs_ddp and self.ep == 1):
-            raise PlanError(
-                f"plan grad_compression='powersgd' with {self.describe()}: PowerSGD runs as a DDP communication "
-                "hook, so it needs dp > 1, tp = pp = ep = 1, zero_stage 0 and overlap_grad_reduce."
-            )
-        if not (self.grad_reduce_dtype == "fp32"):
-            raise PlanError(
-                f"plan grad_compression='powersgd' with grad_reduce_dtype='{self.grad_reduce_dtype}': PowerSGD "
-                "compresses fp32 gradients; use grad_reduce_dtype 'fp32'."
             )
 
     @property
@@ -354,6 +345,7 @@ class Plan:
         red += " tp-overlap" if self.tp_comm_overlap else ""
         red += " compile" if self.compile else ""
         red += f" recipe={self.fp8_recipe}" if self.fp8_recipe else ""
+        red += f" offload={self.offload}" if self.offload != "none" else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
         rc = describe_counts(self.recompute, self.recompute_blocks)
@@ -372,7 +364,13 @@ class Plan:
             del data["inputs"]  # plan files without traced inputs stay as they were
         if self.cp == 1:
             del data["cp"], data["cp_variant"]  # and so do plans without context parallelism
-        defaults = (("runtime", "autoplan"), ("compile", False), ("fp8_recipe", ""), ("dp_replicate", 1))
+        defaults = (
+            ("runtime", "autoplan"),
+            ("compile", False),
+            ("fp8_recipe", ""),
+            ("dp_replicate", 1),
+            ("offload", "none"),
+        )
         defaults += (("recompute_blocks", []),)
         for name, default in defaults:
             if data[name] == default:

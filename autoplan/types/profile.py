@@ -23,6 +23,7 @@ from typing import Any
 
 from autoplan.errors import ProfileError
 from autoplan.types._check import require
+from autoplan.types.host_spec import HostProfile
 from autoplan.types.pricing import PricingSpec, pricing_from
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_section
 
@@ -311,6 +312,8 @@ class Profile:
     #: Checkpoint storage and failure rate (types/reliability.py); None = not known, not priced.
     storage: StorageSpec | None = None
     reliability: ReliabilitySpec | None = None
+    #: The host offloaded states go to (types/host_spec.py); None = no offload priced.
+    host: HostProfile | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -339,6 +342,7 @@ class Profile:
         self.comm_overlap.check()
         check_section(self.storage, StorageSpec, "storage")
         check_section(self.reliability, ReliabilitySpec, "reliability")
+        check_section(self.host, HostProfile, "host")
         self.device.check()
         self.intra_node.check("intra_node")
         if self.inter_node is not None:
@@ -361,7 +365,10 @@ class Profile:
         return self.intra_node
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["host"] is None:
+            del data["host"]  # profiles without a host section are written as before
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Profile":
@@ -383,7 +390,7 @@ class Profile:
         fields["inter_node"] = _link(data["inter_node"]) if data.get("inter_node") else None
         if isinstance(data.get("comm_overlap"), dict):
             fields["comm_overlap"] = CommOverlap(**data["comm_overlap"])
-        for name, kind in (("storage", StorageSpec), ("reliability", ReliabilitySpec)):
+        for name, kind in (("storage", StorageSpec), ("reliability", ReliabilitySpec), ("host", HostProfile)):
             if isinstance(data.get(name), dict):
                 fields[name] = kind(**data[name])
         return cls(**fields)

@@ -62,6 +62,7 @@ from autoplan.types.reliability import ReliabilitySpec, StorageSpec  # noqa: E40
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_kernels import hopper_curves  # noqa: E402
 from grouped_gemm import hopper_grouped_curve  # noqa: E402
+from host_figures import HOSTS  # noqa: E402
 
 T, G = 1e12, 1e9
 AZURE = "Azure/AI-benchmarking-guide Azure_Results/{page} ({what})"
@@ -412,6 +413,7 @@ def build(key: str, spec: dict) -> Profile:
         storage=storage_spec(key),
         reliability=reliability_spec(key),
         comm_overlap=CommOverlap(efficiency=1.0, source=DEFAULT_OVERLAP_SOURCE + " (no SM contention modelled)"),
+        host=HOSTS[spec["profile"]],
     )
 
 

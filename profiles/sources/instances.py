@@ -41,6 +41,9 @@ from autoplan.profile.io import save_profile  # noqa: E402
 from autoplan.types.pricing import PricingSpec  # noqa: E402
 from autoplan.types.profile import CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_figures import HOSTS  # noqa: E402
+
 T, G = 1e12, 1e9
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 HALF_ALPHA = "; alpha of the others = all_reduce alpha / 2 (Thakur et al. 2005: (n-1) vs 2(n-1) latency steps)"
@@ -343,6 +346,7 @@ def build_p3() -> Profile:
         fit.alpha_s = P3["alpha_s"] if kind == "all_reduce" else P3["alpha_s"] / 2
     return Profile(
         name="aws-p3",
+        host=HOSTS["aws-p3"],
         device=v100_device(a100.device),
         devices_per_node=8,
         intra_node=v100_intra(a100),

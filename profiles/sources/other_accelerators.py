@@ -37,6 +37,9 @@ from autoplan.types.pricing import PricingSpec  # noqa: E402
 from autoplan.types.profile import CollectiveFit, CommOverlap, DeviceSpec, Efficiency, LinkSpec, Profile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_figures import HOSTS  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fit_published  # noqa: E402
 
 T, G = 1e12, 1e9
@@ -206,6 +209,7 @@ def gb200_nvl72() -> Profile:
     )
     return Profile(
         name="gb200-nvl72",
+        host=HOSTS["gb200-nvl72"],
         device=device,
         devices_per_node=72,
         intra_node=nvlink5(72),

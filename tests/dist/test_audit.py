@@ -81,6 +81,10 @@ CASES = [
     ("frozen_zero1", "lora", dict(dp=2, zero_stage=1)),
     ("frozen_zero3", "lora", dict(dp=2, zero_stage=3)),
     ("frozen_pp_1f1b", "lora", dict(pp=2, schedule="1f1b", num_microbatches=4)),
+    # ZeRO-Offload: the slice copied down and up as priced (dim "host", execute/offload.py), the master and
+    # Adam state off the device's memory
+    ("zero1_offload", "gpt", dict(dp=2, zero_stage=1, offload="optimizer")),
+    ("zero1_offload_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, offload="optimizer", grad_reduce_dtype="bf16")),
 ]
 #: a plan whose in-place op cannot run on its DTensor placement (ThirdPartyLlama's q norm does
 #: ``var.add_`` on a partial sum under a colwise wq): the executor replicates it first

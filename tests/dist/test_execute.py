@@ -60,6 +60,9 @@ TWO = [
     ("frozen_zero1_param_gather", "lora", dict(dp=2, zero_stage=1, overlap_param_gather=True)),
     ("frozen_zero3", "lora", dict(dp=2, zero_stage=3)),
     ("frozen_pp2_1f1b", "lora", dict(pp=2, schedule="1f1b", num_microbatches=4)),
+    # offload (execute/offload.py): ZeRO-1's master slice and Adam step on the host; FSDP2's CPUOffloadPolicy
+    ("zero1_offload_optimizer_bf16", "llama", dict(dp=2, zero_stage=1, offload="optimizer", precision="bf16")),
+    ("zero3_offload_full_accumulate", "llama", dict(dp=2, zero_stage=3, offload="full", num_microbatches=2)),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),

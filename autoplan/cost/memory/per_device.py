@@ -40,11 +40,30 @@ class ModelStates:
 
 
 def model_states(
-    *, params: float, precision: str, zero_stage: int, dp: int, pp: int = 1, trainable: float | None = None
+    *,
+    params: float,
+    precision: str,
+    zero_stage: int,
+    dp: int,
+    pp: int = 1,
+    trainable: float | None = None,
+    offload: str = "none",
 ) -> ModelStates:
     """Model-state bytes for ``params`` parameters on one device, ``trainable`` of them trained
     (all when None), as the executor holds them (module docstring): a frozen parameter holds its
-    weights only, no gradient and no optimizer state (docs/cost-model.md, "Frozen parameters")."""
+    weights only, no gradient and no optimizer state (docs/cost-model.md, "Frozen parameters");
+    what ``offload`` holds on the host instead is left out (cost/memory/offload.py)."""
+    states = _all_states(params=params, precision=precision, zero_stage=zero_stage, dp=dp, pp=pp, trainable=trainable)
+    if offload == "optimizer":  # ZeRO-Offload: the fp32 master and Adam moments live on the host
+        return ModelStates(weights_bytes=states.weights_bytes, grads_bytes=states.grads_bytes, optimizer_bytes=0.0)
+    if offload == "full":  # FSDP2's CPUOffloadPolicy: every fp32 shard on the host, gathered blocks are buffers
+        return ModelStates(weights_bytes=0.0, grads_bytes=0.0, optimizer_bytes=0.0)
+    return states
+
+
+def _all_states(
+    *, params: float, precision: str, zero_stage: int, dp: int, pp: int, trainable: float | None
+) -> ModelStates:
     low = LOW_BYTES[precision]
     trained = params if trainable is None else trainable
     if dp > 1 and zero_stage >= 2:  # FSDP2: fp32 shards; ZeRO-2 keeps the compute-dtype weights gathered

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import PowerSGDTraffic
+from autoplan.cost.memory.offload import HOST_BYTES_PER_PARAM, host_shortfall, slice_params
 from autoplan.cost.memory.per_device import (
     ModelStates,
     StageMemory,
@@ -97,6 +98,7 @@ class PlanMemory:
             dp=plan.dp,
             pp=plan.pp,
             trainable=stage.trainable_dense_params,
+            offload=plan.offload,
         )
         if not stage.expert_params:
             return dense
@@ -131,6 +133,11 @@ class PlanMemory:
         cost.peak_memory_bytes = int(worst.peak_bytes)
         cost.memory_capacity_bytes = int(self.profile.device.memory_bytes)
         limit = usable_bytes(self.profile.device.memory_bytes)
+        if plan.offload != "none":  # the host holds the offloaded states (cost/memory/offload.py)
+            host_bytes = HOST_BYTES_PER_PARAM * slice_params(plan, max(s.params for s in stages))
+            cost.extra["host_bytes"] = host_bytes
+            if shortfall := host_shortfall(self.profile, plan, host_bytes):
+                cost.feasible, cost.reason = False, shortfall
         if cost.peak_memory_bytes > limit:
             cost.feasible = False
             cost.reason = (

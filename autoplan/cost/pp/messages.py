@@ -10,7 +10,7 @@ all-gathers it. Under sequence parallelism a tensor split along the sequence sta
 nothing is gathered. Which tensors split, and along which dim, is types/layout.pipeline_scatter_dim.
 Without it every tp rank sends the whole tensor; under SP a stage then first all-gathers its
 sequence-sharded boundary (its largest tensor), and the gradient of its input before sending it back.
-The step time (CostModel._pp_comm_s) charges each of the (v m + p - 1) slots of the schedule the
+The step time (CostModel._time) charges each of the (v m + p - 1) slots of the schedule the
 largest chunk boundary, forward and back, with its gathers; the audit (cost/volumes.py) counts
 every send, receive and gather of each stage (docs/cost-model.md, "Pipeline sends under TP").
 """

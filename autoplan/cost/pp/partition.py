@@ -52,6 +52,7 @@ def state_bytes_per_param(plan: Plan, dp: int | None = None, *, trainable: bool 
         dp=dp or plan.dp * plan.cp,
         pp=plan.pp,
         trainable=1.0 if trainable else 0.0,
+        offload=plan.offload,
     )
     return sum((states.weights_bytes, states.grads_bytes, states.optimizer_bytes))
 

@@ -304,7 +304,12 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
     recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py."""
     blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
     states = model_states(
-        params=1.0, precision=plan.precision, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp, pp=plan.pp
+        params=1.0,
+        precision=plan.precision,
+        zero_stage=plan.zero_stage,
+        dp=plan.dp * plan.cp,
+        pp=plan.pp,
+        offload=plan.offload,
     )
     traced_param = graph.param_bytes / graph.param_count if graph.param_bytes > 0 and graph.param_count > 0 else 4.0
     in_flight = 1.0 / blocks if plan.recompute == "full" else in_flight_chunks(plan, 0)

@@ -35,6 +35,7 @@ from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
 from autoplan.execute.mesh import grad_groups
+from autoplan.execute.offload import host_copies
 
 MESH_DIMS = ("dp", "tp", "pp")
 EXPERT_DIMS = ("ep", "edp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
@@ -218,7 +219,7 @@ def _held(optimizer: Any) -> list[torch.Tensor]:
 
 
 def optimizer_states(optimizer: Any) -> list[dict]:
-    inner = getattr(optimizer, "inner", optimizer)
+    inner = None if getattr(optimizer, "on_host", False) else getattr(optimizer, "inner", optimizer)  # offload.py
     return list(inner.state.values()) if inner is not None and hasattr(inner, "state") else []
 
 
@@ -284,12 +285,12 @@ def audited_step(
     comm, flops = CommRecorder(groups, all_to_all, named), MatmulFlops()
     gc.collect()  # the last step's cyclic garbage is not this step's memory
     memory = LiveBytes(existing_tensors(trainer))
-    before = Counter(RESHARDED)
+    before, copied = Counter(RESHARDED), host_copies(trainer.optimizer)
     with memory, comm, flops:
         loss = trainer.train_step(inputs, target)
     (mm_fwd, mm_bwd), (at_fwd, at_bwd) = flops.flops["matmul"], flops.flops["attention"]
     audit = StepAudit(
-        comm=comm.totals.rows(),
+        comm=comm.totals.rows() + host_copies(trainer.optimizer, since=copied),  # ZeRO-Offload's (offload.py)
         peak_live_bytes=memory.peak,
         start_live_bytes=memory.start,
         peak_op=memory.peak_op,

@@ -4,7 +4,8 @@ Order: (1) fix the thread count T per process so that N * T <= cores, (2) spawn 
 (ranks.py) that each, at the same time, time the compute sweep, (with a model) its ops, the
 memory kernels and the host dispatch overhead per op (overhead.py: ``device.op_overhead``),
 then (3) time the collectives together and a collective overlapped with
-compute (overlap.py: ``comm_overlap``), and (4) fit and assemble.
+compute (overlap.py: ``comm_overlap``), (4) time the host's copy and CPU Adam rates (host_offload.py:
+``host``), and (5) fit and assemble.
 A compute time (and each op-overhead number) is the median over ranks of each rank's median: the rate one rank achieves
 while all N compute, which is how the executor runs ``devices_per_node`` ranks. The profile
 records it (``device.source`` and ``description``). Only this package touches torch.distributed.
@@ -28,6 +29,7 @@ from autoplan.profile.host import cpu_model
 from autoplan.profile.measure.build import device_spec, link_spec, op_overhead
 from autoplan.profile.measure.collectives import CommSweep, merge_collectives
 from autoplan.profile.measure.compute import DEFAULT_SWEEP, ComputeSweep, default_sweep, dtype_specs, make_case
+from autoplan.profile.measure.host_offload import measure_host
 from autoplan.profile.measure.overlap import merge_overlap, overlap_efficiency
 from autoplan.profile.measure.ranks import ComputeJob, RankResult, run_ranks
 from autoplan.profile.measure.timing import default_device, supported_dtypes
@@ -88,8 +90,10 @@ def measure_profile(
         how=how,
         overhead=merge_overhead(per_rank, how=how),
     )
+    host = measure_host(device=device, devices=devices, threads=threads)  # the host offload uses (host_offload.py)
     if devices == 1:
-        return _one_device_profile(spec, links_from=links_from, name=name, backend=backend, threads=threads, how=how)
+        one = _one_device_profile(spec, links_from=links_from, name=name, backend=backend, threads=threads, how=how)
+        return replace(one, host=host)
     points = merge_collectives({r: res.collectives for r, res in per_rank.items()}, processes=devices, sweep=comm_sweep)
     link = link_spec(
         name=f"{backend} between {devices} local processes on {platform.node()}", points=points, backend=backend
@@ -104,6 +108,7 @@ def measure_profile(
         backend=backend,
         threads=threads,
         comm_overlap=overlap,
+        host=host,
         description=f"Measured by `autoplan profile --devices {devices}` on {platform.node()} "
         f"({device.type}, dtypes {', '.join(dtypes)}; compute timed with {how}).",
     )

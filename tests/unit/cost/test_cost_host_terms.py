@@ -8,6 +8,7 @@ from synthetic import a100_profile, gpt_graph
 
 from autoplan.cost import CostModel
 from autoplan.cost.compute.roofline import host_overhead_s, op_time_s
+from autoplan.cost.pp.messages import pipeline_sends_s
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 from autoplan.types.profile import OpOverhead, OpTiming
@@ -135,12 +136,9 @@ def test_weight_tied_across_pipeline_stages_pays_one_gradient_all_reduce(tied_gp
     profile = a100_profile()
     model = CostModel(tied_gpt, profile)
     split = model.estimate(_plan(pp=2, num_microbatches=4, micro_batch_size=1))
-    sends_only = model._pp_comm_s(
-        _plan(pp=2, num_microbatches=4, micro_batch_size=1),
-        model._stages(_plan(pp=2, num_microbatches=4, micro_batch_size=1), {}, _ctx(model)),
-        _pp_group(profile),
-        _pp_group(profile),
-    )
+    plan = _plan(pp=2, num_microbatches=4, micro_batch_size=1)
+    group = _pp_group(profile)
+    sends_only = pipeline_sends_s(profile, plan, model.chunk_inputs(plan), group=group, tp_group=group)
     tied_bytes = 512 * 64 * 4  # fp32 gradients: the executor keeps parameters in fp32 outside FSDP2
     from autoplan.cost.network.comm import collective_time_s
 

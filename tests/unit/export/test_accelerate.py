@@ -46,6 +46,8 @@ PLANS = {
         grad_reduce_dtype="bf16",
     ),
     "pp2-ddp": Plan(devices=8, dp=4, tp=1, pp=2, micro_batch_size=1, num_microbatches=4),
+    "zero3-bf16-offload-full": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
+                                    precision="bf16", offload="full"),
     "cp2-zero3": Plan(devices=8, dp=4, tp=1, pp=1, cp=2, micro_batch_size=1, num_microbatches=2, zero_stage=3,
                       precision="bf16", grad_reduce_dtype="bf16"),
     "cp2-ring-tp2-zero0": Plan(devices=8, dp=2, tp=2, pp=1, cp=2, cp_variant="ring", micro_batch_size=1,
@@ -106,7 +108,8 @@ def test_accelerate_launch_builds_the_plans_settings(name, facts, launch, tmp_pa
     assert args.use_fsdp and fsdp.fsdp_version == 2
     assert fsdp.reshard_after_forward == (plan.zero_stage == 3)
     assert fsdp.activation_checkpointing == (plan.recompute != "none")
-    assert fsdp.auto_wrap_policy is not None and not isinstance(fsdp.cpu_offload, CPUOffloadPolicy)
+    assert fsdp.auto_wrap_policy is not None
+    assert isinstance(fsdp.cpu_offload, CPUOffloadPolicy) == (plan.offload == "full")  # export/offload.py
     reduce = torch.float32
     if env["ACCELERATE_MIXED_PRECISION"] != "no":
         fsdp.set_mixed_precision(env["ACCELERATE_MIXED_PRECISION"])  # as AcceleratorState does
@@ -158,6 +161,7 @@ def test_read_gives_the_plan_back(name, facts):
     assert back.recompute == ("none" if plan.recompute == "none" else "full")
     if not any("grad_reduce_dtype" in u for u in acc_export.export(plan, facts).unexpressed):
         assert back.grad_reduce_dtype == plan.grad_reduce_dtype
+    assert back.offload == plan.offload
     assert not imported.unmapped
 
 

@@ -59,6 +59,9 @@ TWO_RANKS = {
     "tp2-zero1-bf16": _plan(tp=2, zero_stage=1, precision="bf16"),
     "dp2-zero0-bf16": _plan(dp=2, precision="bf16"),
     "dp2-zero2-fp16": _plan(dp=2, zero_stage=2, precision="fp16", grad_reduce_dtype="fp16"),
+    # ZeRO-Offload: DeepSpeed refuses a torch optimizer under offload unless the file allows it (export/offload.py)
+    "dp2-zero1-offload-optimizer-bf16": _plan(dp=2, zero_stage=1, precision="bf16", offload="optimizer"),
+    "dp2-zero3-offload-full-bf16": _plan(dp=2, zero_stage=3, precision="bf16", offload="full"),
 }
 
 

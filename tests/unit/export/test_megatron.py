@@ -96,6 +96,8 @@ PLANS = {
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, grad_compression="powersgd",
         powersgd_rank=4,
     ),
+    "zero1-bf16-offload": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=1,
+                               precision="bf16", offload="optimizer"),
 }  # fmt: skip
 VENDORED = Path(__file__).parent / "megatron_lm"  # Megatron-LM's own argument code, core_v0.16.1 (its README.md)
 
@@ -172,6 +174,7 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
         facts.layers, facts.hidden_size, facts.num_heads, facts.num_kv_heads,
     )  # fmt: skip
     assert args.seq_length == facts.seq_len
+    assert args.optimizer_cpu_offload == (plan.offload == "optimizer")  # ZeRO-Offload (export/offload.py)
     _check_data_parallel(args, plan)
 
 
