@@ -38,6 +38,7 @@ from autoplan.report.frozen import frozen_saving
 from autoplan.report.hsdp import hsdp_why
 from autoplan.report.offload import offload_why
 from autoplan.report.recompute_budget import recompute_why
+from autoplan.report.search_again import search_again
 from autoplan.report.terms import TermDiff, category_of, deciding_term
 from autoplan.report.trade import trade_rows
 from autoplan.solve.notes import plan_notes
@@ -194,7 +195,7 @@ def cp_why(result, *, graph: Graph, profile: Profile, model: CostModel) -> str:
     without cp (the same search pinned to cp = 1, as report/fp8.py asks the planner again): memory per
     device at this sequence length, and the exposed KV exchange (``Cost.cp_comm_s``) against the
     recomputation it avoids (the two plans' ``Cost.recompute_s``). '' at cp = 1."""
-    from autoplan.solve.api import NoPlanFits, plan_graph
+    from autoplan.solve.api import NoPlanFits
 
     best, cost = result.best, result.best_cost
     searched = best.predicted.search if best is not None and best.predicted else None
@@ -206,17 +207,7 @@ def cp_why(result, *, graph: Graph, profile: Profile, model: CostModel) -> str:
     )
     kv = f"its exposed KV exchange takes {duration_text(cost.cp_comm_s)} per step"
     try:
-        flat = plan_graph(
-            graph,
-            devices=best.devices,
-            profile=profile,
-            batch_size=searched.batch_size or best.global_batch_size,
-            fix={**searched.fixes, "cp": 1},
-            objective=searched.objective,
-            allow_lossy=searched.allow_lossy,
-            allow_fp8=searched.allow_fp8,
-            runtime=best.runtime,
-        )
+        flat = search_again(best, searched, graph=graph, profile=profile, pin={"cp": 1})
     except NoPlanFits as failed:
         return f"{head}; without cp {_no_fit_clause(failed)}; {kv}."
     rival, rival_cost = flat.best, flat.best_cost

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from autoplan.display import duration_text
 from autoplan.errors import PlanError
+from autoplan.report.search_again import search_again
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -26,7 +27,7 @@ from autoplan.types.profile import Profile
 def fp8_gain(result, *, graph: Graph, profile: Profile) -> str:
     """One line on the best FP8 plan against the chosen one, or '' when FP8 was searched or pinned
     away, or the device has no FP8 peak (module docstring)."""
-    from autoplan.solve.api import NoPlanFits, plan_graph
+    from autoplan.solve.api import NoPlanFits
 
     best = result.best
     searched = best.predicted.search if best is not None and best.predicted else None
@@ -34,16 +35,7 @@ def fp8_gain(result, *, graph: Graph, profile: Profile) -> str:
     if searched is None or searched.allow_fp8 or "precision" in searched.fixes or not {"fp8", "bf16"} <= set(peaks):
         return ""
     try:
-        fp8 = plan_graph(
-            graph,
-            devices=best.devices,
-            profile=profile,
-            batch_size=searched.batch_size or best.global_batch_size,
-            fix={**searched.fixes, "precision": "fp8"},
-            objective=searched.objective,
-            allow_lossy=searched.allow_lossy,
-            runtime=best.runtime,
-        )
+        fp8 = search_again(best, searched, graph=graph, profile=profile, pin={"precision": "fp8"}, allow_fp8=False)
     except NoPlanFits:
         return "FP8 (not searched: --allow-fp8): no FP8 plan fits on these devices."
     except PlanError:

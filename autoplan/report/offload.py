@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from autoplan.cost import usable_bytes
 from autoplan.display import duration_text
+from autoplan.report.search_again import search_again
 from autoplan.types.graph import Graph
 from autoplan.types.profile import Profile
 
@@ -36,20 +37,10 @@ def offload_why(result, *, graph: Graph, profile: Profile) -> str:
 
 def _without(best, searched, *, graph: Graph, profile: Profile, cost) -> str:
     """The next cheaper option, offload=none: why it does not fit, or what it would cost."""
-    from autoplan.solve.api import NoPlanFits, plan_graph
+    from autoplan.solve.api import NoPlanFits
 
     try:
-        flat = plan_graph(
-            graph,
-            devices=best.devices,
-            profile=profile,
-            batch_size=searched.batch_size or best.global_batch_size,
-            fix={**searched.fixes, "offload": "none"},
-            objective=searched.objective,
-            allow_lossy=searched.allow_lossy,
-            allow_fp8=searched.allow_fp8,
-            runtime=best.runtime,
-        )
+        flat = search_again(best, searched, graph=graph, profile=profile, pin={"offload": "none"})
     except NoPlanFits as failed:
         priced = [c for c in (failed.result.candidates if failed.result else []) if c.cost is not None]
         if not priced:
