@@ -202,7 +202,14 @@ def _pins(plan: Plan, kept: dict) -> str:
         "precision": plan.precision,
     }
     pins = {**kept, **{k: v for k, v in own.items() if k not in kept}}
-    return ",".join(f"{k}={('on' if v else 'off') if isinstance(v, bool) else v}" for k, v in pins.items())
+    return ",".join(f"{k}={_pin_text(v)}" for k, v in pins.items())
+
+
+def _pin_text(value) -> str:
+    """A pin's value as --fix spells it: on/off, counts joined by '/', else the value."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "/".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
 def _frugal_fit(

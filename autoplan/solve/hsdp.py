@@ -58,6 +58,12 @@ def check_hsdp_pin(fixes: dict, runtime: str) -> None:
     pinned = fixes.get("dp_replicate", 1)
     if pinned == 1:
         return
+    dp = fixes.get("dp")
+    if dp is not None and (dp % pinned or dp // pinned < 2):
+        raise PlanError(
+            f"--fix dp_replicate={pinned} with dp={dp}: HSDP splits dp into dp_replicate groups of 2 or more ranks, "
+            f"so dp_replicate must divide dp and leave dp / dp_replicate >= 2; pin a divisor of {dp} up to {dp // 2}."
+        )
     if "zero" in fixes and not runs_hsdp(runtime, fixes["zero"]):
         stages = HSDP_STAGES.get(runtime, ())
         runs = f"ZeRO {', '.join(map(str, stages))}" if stages else "no ZeRO stage"

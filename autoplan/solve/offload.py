@@ -27,6 +27,16 @@ def check_offload_pin(profile: Profile, fixes: dict, runtime: str) -> None:
         )
     if wanted not in runtime_offloads(runtime):
         raise PlanError(f"--fix offload={wanted}: runtime '{runtime}' does not run it; drop the pin.")
+    if fixes.get("dp_replicate", 1) > 1:
+        raise PlanError(
+            f"--fix offload={wanted} with dp_replicate={fixes['dp_replicate']}: the executor offloads without HSDP; "
+            "drop one pin."
+        )
+    if wanted == "full" and fixes.get("pp", 1) > 1:
+        raise PlanError(
+            f"--fix offload=full with pp={fixes['pp']}: FSDP2's CPU offload runs here without a pipeline; pin pp=1 "
+            "or offload=optimizer."
+        )
     if fixes.get("zero", OFFLOAD_ZERO[wanted]) != OFFLOAD_ZERO[wanted]:
         raise PlanError(
             f"--fix offload={wanted} runs on ZeRO-{OFFLOAD_ZERO[wanted]} and --fix zero={fixes['zero']} is not it; "

@@ -106,3 +106,13 @@ def _budget(value: str) -> list[int]:
             "joined by '/' (recompute_blocks=2/1)."
         )
     return [int(count) for count in counts]
+
+
+def check_budget_pin(fixes: dict, *, layers: int) -> None:
+    """A pinned budget that recomputes more blocks than the model has: one sentence."""
+    budget = fixes.get("recompute_blocks", [])
+    if sum(budget) > layers:
+        raise PlanError(
+            f"--fix recompute_blocks={'/'.join(map(str, budget))} recomputes {sum(budget)} blocks and this model has "
+            f"{layers}; pin at most {layers} in all."
+        )

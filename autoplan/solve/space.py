@@ -31,6 +31,7 @@ from autoplan.errors import PlanError
 from autoplan.solve.context_parallel import cp_allows
 from autoplan.solve.hsdp import check_hsdp_pin, replicate_options
 from autoplan.solve.offload import offload_options
+from autoplan.solve.pins import check_budget_pin
 from autoplan.types.graph import Graph
 from autoplan.types.plan import RECOMPUTE, runs_ddp
 from autoplan.types.profile import Profile
@@ -320,6 +321,7 @@ def check_zero_pin(degrees: list[Degrees], fixes: dict, *, runtime: str = "autop
 
 def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     """Recomputation checkpoints blocks: a model without blocks has only "none"."""
+    check_budget_pin(fixes, layers=layers)
     if "recompute" in fixes:
         if fixes["recompute"] != "none" and not layers:
             raise PlanError(
