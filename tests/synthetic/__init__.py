@@ -12,6 +12,6 @@ illustrative defaults for tests, not a calibrated profile (use profiles/*.yaml f
 """
 
 from synthetic.graphs import canonical_graph, gpt_graph, synthetic_gpt
-from synthetic.profiles import a100_profile, synthetic_profile
+from synthetic.profiles import a100_profile, synthetic_host, synthetic_profile
 
-__all__ = ["a100_profile", "canonical_graph", "gpt_graph", "synthetic_gpt", "synthetic_profile"]
+__all__ = ["a100_profile", "canonical_graph", "gpt_graph", "synthetic_gpt", "synthetic_profile", "synthetic_host"]

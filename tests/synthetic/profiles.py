@@ -5,6 +5,7 @@ reports; illustrative defaults for tests, not a calibrated profile (use profiles
 
 from __future__ import annotations
 
+from autoplan.types.host_spec import HostProfile
 from autoplan.types.pricing import PricingSpec
 from autoplan.types.profile import COLLECTIVES, CollectiveFit, DeviceSpec, Efficiency, LinkSpec, Profile
 
@@ -125,4 +126,16 @@ def rental_profile(
         )
         if reliable
         else None,
+    )
+
+
+def synthetic_host() -> HostProfile:
+    """A host section for offload tests: 64 GiB per device, a 25 GB/s link, 1e9 Adam params/s."""
+    return HostProfile(
+        host_memory_bytes_per_device=64 * 2**30,
+        link_bytes_per_s=25e9,
+        adam_params_per_s=1e9,
+        source="test host",
+        link_source="test link",
+        adam_source="test adam",
     )

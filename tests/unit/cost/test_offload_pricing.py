@@ -11,23 +11,15 @@ import math
 from dataclasses import replace
 
 import pytest
-from synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_host, synthetic_profile
 
 from autoplan.cost import CostModel
 from autoplan.errors import PlanError, ProfileError
 from autoplan.profile.io import load_profile
-from autoplan.types.host_spec import HostProfile
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
-HOST = HostProfile(
-    host_memory_bytes_per_device=64 * 2**30,
-    link_bytes_per_s=25e9,
-    adam_params_per_s=1e9,
-    source="test host",
-    link_source="test link",
-    adam_source="test adam",
-)
+HOST = synthetic_host()
 
 
 @pytest.fixture(scope="module")

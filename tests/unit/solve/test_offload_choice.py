@@ -6,21 +6,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from synthetic import synthetic_gpt, synthetic_profile
+from synthetic import synthetic_gpt, synthetic_host, synthetic_profile
 
 from autoplan.errors import PlanError
 from autoplan.report.explain import explain_result
 from autoplan.solve.api import plan_graph
 from autoplan.types.host_spec import HostProfile
 
-HOST = HostProfile(
-    host_memory_bytes_per_device=64 * 2**30,
-    link_bytes_per_s=25e9,
-    adam_params_per_s=1e9,
-    source="test host",
-    link_source="test link",
-    adam_source="test adam",
-)
+HOST = synthetic_host()
 GRAPH = synthetic_gpt(layers=4, hidden=1024, heads=16, vocab=32000, seq=1024, batch=8)
 
 
