@@ -8,7 +8,8 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
   block's nodes, each with its compute shard from ``tp_layer_cost`` and its dispatch overhead.
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
 - ``saved_bytes`` = sum of ``saved_bytes * f * dtype_scale / activation_shard`` (Korthikanti et
-  al. 2022 section 4) plus the copies TP resharding keeps (autoplan/cost/tp/memory.py).
+  al. 2022 section 4) plus the copies TP resharding keeps (autoplan/cost/tp/memory.py); the routed
+  experts' nodes times the routing imbalance ``i`` under ep > 1 (the busiest rank's rows, cost/moe/experts.py).
 - ``loss_grad_bytes`` = ``(|inputs| + saved(loss)) * f``, the loss's backward transient.
 - selective recomputation (op-level, as torchtitan runs it; ``SAVED_KINDS``, shared with
   autoplan/execute/recompute.py): ``selective_recompute_s`` is the forward time of the nodes
@@ -41,7 +42,7 @@ from autoplan.cost.moe.experts import BlockExperts, block_experts, grouped_gemm_
 from autoplan.cost.tp.block import analyse_block
 from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
 from autoplan.cost.tp.splits import TPContext, node_splits, tp_layer_cost
-from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
+from autoplan.types.graph import PARAM_KINDS, Graph, OpNode, within
 from autoplan.types.saved_ops import SAVED_KINDS
 
 
@@ -168,12 +169,15 @@ def summarise(
             if node.name in splits
             else 0.0
         )
-        saved += (saved_activation_bytes(node, precision=precision, gpu=gpu) / act_shard + copies) * f
+        busiest = _busiest_rows(node, experts)  # the busiest ep rank's expert activations (routing imbalance)
+        saved += (saved_activation_bytes(node, precision=precision, gpu=gpu) / act_shard + copies) * f * busiest
         if node.op in SAVED_KINDS:
             own_output = (
                 copies if splits.get(node.name) == "colwise" else 0.0
             )  # a gathered colwise output's local shard
-            kept += (node.output_bytes * activation_scale(node, precision=precision) / act_shard + own_output) * f
+            kept += (
+                (node.output_bytes * activation_scale(node, precision=precision) / act_shard + own_output) * f * busiest
+            )
             part = by_kind["attention" if node.op == "attention" else "matmul"]
             ran = _executed_share(node, ctx)  # under cp, the share of attention's rectangle a rank's kernels run
             part[0] += node.fwd_flops * f / shard * ran
@@ -235,6 +239,15 @@ def _executed_share(node: OpNode, ctx: TPContext) -> float:
     if ctx.cp == 1 or node.op != "attention":
         return 1.0
     return executed_fraction(ctx.cp, causal=bool(node.attrs.get("causal")), variant=ctx.cp_variant) * ctx.cp
+
+
+def _busiest_rows(node: OpNode, experts: BlockExperts | None) -> float:
+    """The busiest expert-parallel rank's rows over the mean for a node of the routed experts (the routing
+    model's imbalance ``i``: its expert activations are ``i`` times the mean, as its GEMMs' time is,
+    cost/moe/experts.py), else 1. Only under ep > 1, where the busiest rank holds more than its share."""
+    if experts is None or experts.imbalance == 1.0 or not any(within(node.module, m) for m in experts.modules):
+        return 1.0
+    return experts.imbalance
 
 
 def _split_experts(

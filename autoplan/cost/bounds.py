@@ -155,7 +155,7 @@ class Bounds:
 
     def _experts_min_s(self, *, tp: int, precision: str, mbs: int, experts: ExpertPlacement | None) -> float:
         """The routed experts' GEMMs and all-to-alls in C_min (module docstring)."""
-        place = experts if tp == 1 else None
+        place = experts  # None at tp > 1 without the experts' own layout (cost/moe/placement.py)
         key = (tp, precision, mbs, place)
         if key not in self._experts_min:
             f = mbs / self.graph.batch_size

@@ -43,6 +43,7 @@ from autoplan.cost.tp.sp_sync import SequenceParallelSync
 from autoplan.cost.tp.splits import TPContext
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
+from autoplan.types.expert_layout import experts_apart
 from autoplan.types.graph import PARAM_KINDS, Graph
 from autoplan.types.hsdp import shard_view
 from autoplan.types.layout import stage_of_chunk
@@ -318,7 +319,7 @@ class CostModel:
         cost.pp_comm_s = sends_s + self.tied.sync_s(plan, chunks, stages, groups["pp"])
         cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
         weights = weight_sync_plan(plan)  # gradients sync over dp x cp (cost/cp/weights.py)
-        edp = self.edp_group(plan) if plan.ep > 1 else groups["dp"]
+        edp = self.edp_group(plan) if experts_apart(plan) else groups["dp"]
         self.dp_terms.price(cost, weights, stages, group=groups["dp_shard"], edp=edp, replicate=groups["dp_replicate"])
         local_params = max(optimizer_params(shard_view(weights), s) for s in stages)
         cost.optimizer_s = memory_time_s(self.profile, local_params * ADAM_BYTES_PER_PARAM)
@@ -366,9 +367,11 @@ class CostModel:
         """ExpertGroups.for_plan."""
         return self.experts.for_plan(plan)
 
-    def placement(self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None) -> ExpertPlacement | None:
+    def placement(
+        self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None, expert_tp: int = 1
+    ) -> ExpertPlacement | None:
         """ExpertGroups.placement (the search's bounds ask before any plan is built)."""
-        return self.experts.placement(tp=tp, dp=dp, ep=ep, pp=pp, routing=routing)
+        return self.experts.placement(tp=tp, dp=dp, ep=ep, pp=pp, routing=routing, expert_tp=expert_tp)
 
     def edp_group(self, plan: Plan) -> AxisGroup:
         """ExpertGroups.edp_group."""

@@ -35,11 +35,12 @@ from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp import messages as dp_messages
 from autoplan.cost.memory.offload import offload_bytes
 from autoplan.cost.model import CostModel
-from autoplan.cost.moe.experts import COUNT_BYTES, a2a_per_microbatch, dispatch_bytes
+from autoplan.cost.moe.experts import COUNT_BYTES, A2AMessages, a2a_per_microbatch, dispatch_bytes
 from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tp.block import OUTSIDE_PARTS
 from autoplan.cost.tp.splits import Messages, block_messages
+from autoplan.types.expert_layout import expert_dp, experts_apart, token_share
 from autoplan.types.hsdp import HSDP_AXES, dp_shard, shard_view
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
@@ -113,9 +114,9 @@ def _world_dim(plan: Plan) -> str:
 def _held_elements(plan: Plan, stage: StageTotals) -> float:
     if plan.zero_stage < 2 or plan.dp == 1:
         return stage.params
-    if plan.ep == 1:
+    if not experts_apart(plan):
         return stage.params / plan.dp
-    return stage.dense_params / plan.dp + stage.expert_params / (plan.dp // plan.ep)
+    return stage.dense_params / plan.dp + stage.expert_params / expert_dp(plan)
 
 
 def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int, model: CostModel) -> None:
@@ -126,13 +127,14 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     messages = dp_messages.dp_messages(plan, backend=model.profile.backend)
     if not messages:
         return
-    params = stage.dense_params if plan.ep > 1 else stage.params
-    frozen = stage.frozen_params - (stage.frozen_expert_params if plan.ep > 1 else 0.0)
+    apart = experts_apart(plan)
+    params = stage.dense_params if apart else stage.params
+    frozen = stage.frozen_params - (stage.frozen_expert_params if apart else 0.0)
     units = trained_units = 1
     if plan.zero_stage >= 2 or plan.overlap_param_gather:  # FSDP2's units; ZeRO-1's per-unit buffers (param_gather.py)
         blocks = _real_blocks(plan, stage, index)
-        units = dp_messages.fsdp_units(blocks, params, experts_apart=plan.ep > 1)
-        trained_units = dp_messages.fsdp_units(blocks, params - frozen, experts_apart=plan.ep > 1, trained=True)
+        units = dp_messages.fsdp_units(blocks, params, experts_apart=apart)
+        trained_units = dp_messages.fsdp_units(blocks, params - frozen, experts_apart=apart, trained=True)
     grads = dp_messages.find(messages, dp_messages.GRADS)
     if grads.compressed:  # PowerSGD: the uncompressed tensors and the P and Q factors (cost/dp/compression.py)
         pred.add("dp", grads.kind, None, model.powersgd_stage(plan, stage).sent_bytes)
@@ -175,12 +177,23 @@ def _per_step(
     )
 
 
+def _expert_tp(pred: StagePrediction, plan: Plan, a2a: A2AMessages, rows_bytes: float) -> None:
+    """At expert_tp > 1, per token message of the all-to-alls (dispatch, combine and their gradients) one
+    all-gather and one reduce-scatter of the etp group's ``expert_tp`` times the rows (cost/moe/experts.py
+    ``etp_times_s``): half of them as each kind, of the gathered (full) size."""
+    if plan.expert_tp == 1:
+        return
+    m, passes = plan.num_microbatches, a2a.tokens // 2
+    for kind in ("all_gather", "reduce_scatter"):
+        pred.add("etp", kind, m * passes, m * passes * plan.expert_tp * rows_bytes)
+
+
 def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTotals, index: int) -> None:
     """Expert parallelism: per MoE layer and micro-batch the all-to-alls on the ep group that
     experts.a2a_per_microbatch states, of the rows a rank sends under balanced routing (the
     measured bytes of the combine and its gradient follow the real routing); and the experts'
     gradient sync over the edp group (dp_messages.expert_messages), one unit per experts module."""
-    if plan.ep == 1:
+    if not experts_apart(plan):
         return
     names = set(model.stage_layers(plan, index))
     moes = [moe for moe in model.graph.moe_layers if moe.layer in names or (moe.layer is None and plan.pp == 1)]
@@ -188,14 +201,16 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
     rerun = set(_recomputed_layers(plan, model, index))
     for moe in moes:
         a2a = a2a_per_microbatch(recomputed=moe.layer in rerun or (moe.layer is None and plan.recompute != "none"))
-        rows = dispatch_bytes(moe, precision=plan.precision, batch_fraction=f, imbalance=1.0)
+        rows = dispatch_bytes(moe, precision=plan.precision, batch_fraction=f, imbalance=1.0, tokens=token_share(plan))
         size = a2a.counts * moe.num_experts * COUNT_BYTES + a2a.tokens * rows
-        pred.add("ep", "all_to_all", m * (a2a.counts + a2a.tokens), m * size)
+        if plan.ep > 1:
+            pred.add("ep", "all_to_all", m * (a2a.counts + a2a.tokens), m * size)
+        _expert_tp(pred, plan, a2a, rows)
     if stage.expert_params:
         messages = dp_messages.expert_messages(plan)
         units = len(moes) if plan.zero_stage >= 2 else 1
         frozen = stage.frozen_expert_params
-        _add(pred, "edp", *_per_step(plan, messages, stage.expert_params, units, plan.dp // plan.ep, frozen=frozen))
+        _add(pred, "edp", *_per_step(plan, messages, stage.expert_params, units, expert_dp(plan), frozen=frozen))
 
 
 def _context_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:

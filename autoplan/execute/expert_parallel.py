@@ -44,7 +44,14 @@ def find_experts(model: nn.Module) -> dict[str, ExpertsDispatch]:
 
 
 def check_expert_parallel(*, model: nn.Module, plan: Plan, dispatches: dict[str, ExpertsDispatch]) -> None:
-    """Raise PlanError, in one sentence, for an ``ep`` this model cannot run."""
+    """Raise PlanError, in one sentence, for an ``ep`` this model cannot run, or an experts' layout folded
+    over tp ranks (types/expert_layout.py), which this executor does not run yet."""
+    if plan.expert_tp > 1 or (plan.ep > 1 and plan.tp > 1):
+        raise PlanError(
+            f"plan ep={plan.ep}, expert_tp={plan.expert_tp} with tp={plan.tp}: autoplan's executor runs expert "
+            "parallelism at tp = 1 and expert_tp = 1 only; export this plan to Megatron-LM (autoplan export "
+            "--to megatron), or re-plan with tp=1 and expert_tp=1."
+        )
     if plan.ep == 1:
         return
     for name, module in model.named_modules():

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
+from autoplan.export.megatron_moe import expert_flags
 from autoplan.export.megatron_read import read
 from autoplan.export.offload import megatron_flags as offload_flags
 from autoplan.export.recompute_budget import megatron_flags as recompute_flags
@@ -92,8 +93,7 @@ def _parallel_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
         flags.append(("--sequence-parallel", None))
     if plan.tp_comm_overlap:
         flags.append(("--tp-comm-overlap", None))
-    if plan.ep > 1:
-        flags.append(("--expert-model-parallel-size", plan.ep))
+    flags += expert_flags(plan)  # ep, and expert_tp where Megatron's default differs (export/megatron_moe.py)
     if plan.cp > 1:
         flags += _context_parallel_flags(plan, facts, notes)
     if plan.pp > 1:

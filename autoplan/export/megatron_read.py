@@ -11,14 +11,13 @@ line a ``#`` comment or a ``--flag``, with no quotes, ``$``, backquotes or backs
 on whitespace instead, as its launch line's ``$(grep -v '^#' megatron_args.txt)`` splits it, so a
 value such as ``--pipeline-model-parallel-layout Et|tt|tL`` keeps its ``|``.
 
-Megatron's arguments do not state the world size (torchrun sets WORLD_SIZE); it is ``devices``
-when given, else the exporter's ``# world size: N`` line, else torchrun's ``--nproc-per-node``
-times ``--nnodes`` (deepspeed's ``--num_gpus`` times ``--num_nodes``) in the launch command.
-``--context-parallel-size`` and ``--cp-comm-type`` are read as the plan's cp and cp_variant (p2p
-ring, all_gather, a2a Ulysses; the hierarchical a2a+p2p and per-layer types as the nearest, with a
-sentence). Flags autoplan does not price are listed in ``unmapped``, one sentence each; so are
-variables the script uses but does not assign, and a flag autoplan reads whose value is such a
-variable is refused in one sentence naming it.
+The world size (torchrun sets WORLD_SIZE) is ``devices`` when given, else the exporter's ``# world
+size: N`` line, else ``--nproc-per-node`` x ``--nnodes`` (deepspeed's ``--num_gpus`` x ``--num_nodes``).
+``--context-parallel-size`` and ``--cp-comm-type`` are read as cp and cp_variant (p2p ring, all_gather,
+a2a Ulysses; a2a+p2p and per-layer types as the nearest, with a sentence); the expert layout as
+export/megatron_moe.py states it. Flags autoplan does not price are listed in ``unmapped``, one
+sentence each, and so are variables the script uses but does not assign (a flag autoplan reads whose
+value is such a variable is refused in one sentence naming it).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import re
 from typing import Any
 
 from autoplan.export.common import ExportError, Imported, ModelFacts
+from autoplan.export.megatron_moe import EXPERT_TP_FLAG, read_expert_tp
 from autoplan.export.offload import megatron_offload
 from autoplan.export.shell import Command, Word, read_script
 
@@ -42,7 +42,7 @@ VALUED = {
     "--num-query-groups", "--seq-length", "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
     "--cp-comm-type", "--hierarchical-context-parallel-sizes", "--num-distributed-optimizer-instances",
-}  # fmt: skip
+} | {EXPERT_TP_FLAG}  # fmt: skip
 LISTS = ("--recompute-modules", "--cp-comm-type", "--hierarchical-context-parallel-sizes")  # nargs="+" flags
 #: Megatron's ``--cp-comm-type`` (TransformerConfig.cp_comm_type) -> autoplan's cp variant; a2a+p2p: _read_cp
 CP_VARIANTS = {"p2p": "ring", "all_gather": "allgather", "a2a": "ulysses", "a2a+p2p": "ring"}
@@ -74,7 +74,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
     told = "--devices" if devices else "the file" if _world_from(text) else "the launcher"
     assumptions = [f"world size {world} from {told} (torchrun sets it)."]
     fields = _read_degrees(args, world, unmapped, source=source)
-    fields.update(_read_cp(args, fields["cp"], unmapped, assumptions))
+    fields.update(_read_cp(args, fields["cp"], unmapped, assumptions), expert_tp=read_expert_tp(args, fields, _int))
     fields.update(_read_batch(args, fields["dp"], batch_size, assumptions))
     fields.update(_read_precision(args, unmapped))
     fields["recompute"] = _read_recompute(args, unmapped)

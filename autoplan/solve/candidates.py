@@ -153,6 +153,7 @@ class Group:
             dp_replicate=grads.replicate,
             offload=grads.offload,
             ep=deg.ep,
+            expert_tp=deg.expert_tp,
             cp=deg.cp,
             cp_variant=self.cp_variant,
             runtime=self.runtime,

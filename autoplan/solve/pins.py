@@ -9,7 +9,8 @@ replicas), the micro-batch size and the virtual stages; 0-3 for ``zero``; a rank
 ``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``), ``reduce`` and ``cp_variant``
 (allgather, ring, ulysses); ``recompute_blocks`` a recompute budget, one count per pipeline chunk
 joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
-Plan.recompute_blocks), and ``offload`` (none, optimizer, full: Plan.offload). Anything else is refused in one sentence.
+Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload) and ``expert_tp`` (the experts'
+tensor-parallel degree, solve/expert_layout.py). Anything else is refused in one sentence.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ FIX_KEYS = (
     "dp_replicate",
     "recompute_blocks",
     "offload",
+    "expert_tp",
 )
-_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate")
+_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp")
 _SCHEDULE_ALIASES = {
     "interleaved": "interleaved_1f1b",
     "interleaved_1f1b": "interleaved_1f1b",

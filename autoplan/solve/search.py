@@ -1,11 +1,11 @@
 """The outer search: every legal configuration, priced by the cost model, pruned by bounds
 (docs/ilp.md, section 4).
 
-A *group* fixes (devices, dp, cp, tp, pp, ep, cp variant, precision, sequence parallelism, micro-batch
-size: solve/space.py, solve/context_parallel.py); its
-members vary recomputation, schedule (with virtual stages), ZeRO stage and gradient sync
-(solve/space.py). Groups are visited in increasing bound (best-first branch and bound) and pruned
-once the bound reaches the ``keep``-th best objective, so the console's top k is exact:
+A *group* fixes (devices, dp, cp, tp, pp, ep, expert_tp, cp variant, precision, sequence parallelism,
+micro-batch size: solve/space.py, solve/context_parallel.py, solve/expert_layout.py); its members vary
+recomputation, schedule (with virtual stages), ZeRO stage and gradient sync (solve/space.py). Groups are
+visited in increasing bound (best-first branch and bound) and pruned once the bound reaches the
+``keep``-th best objective, so the console's top k is exact:
 
     LB  = (m + (pp - 1) / v_max) * C_min / pp  +  optimizer_min                            (1)
     LB2 = (m + (pp - 1) / v) * T_slowest + pp_comm + optimizer(zero)                      (2)
@@ -28,18 +28,9 @@ import heapq
 import time
 from dataclasses import replace
 
-from autoplan.cost import (
-    Bounds,
-    CostModel,
-    MemoryBudget,
-    dollars_per_sample,
-    memory_budget,
-    moe_limits,
-    run_pricer,
-    usable_bytes,
-)
+from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, memory_budget, run_pricer, usable_bytes
 from autoplan.errors import PlanError
-from autoplan.solve import recompute_budget, space, tp_runnable
+from autoplan.solve import expert_layout, recompute_budget, space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
 from autoplan.solve.partitions import Partitions
@@ -68,7 +59,7 @@ class Search:
             options.run, graph=graph, profile=profile, batch=options.batch_size, objective=options.objective
         )
         self.graph, self.profile, self.options, self.fixes = graph, profile, options, options.fixes
-        self.moe_limits = moe_limits(graph, self.fixes)  # raises for an ep or pp pin the MoE layers refuse
+        self.moe_limits = expert_layout.limits(graph, self.fixes, runtime=options.runtime)  # or its pin, refused
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
         check_cp_pins(graph, profile, self.fixes)
         self.cp_seq_len = cp_sequence(graph, profile, self.fixes)  # 0: cp = 1 only (solve/context_parallel.py)
@@ -115,7 +106,7 @@ class Search:
         counts = space.device_counts(devices=opts.devices, objective=opts.objective, profile=self.profile)
         found, per_node = [], self.profile.devices_per_node
         kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.moe_limits.eps)
-        kw.update(refused=self.refused, cp_seq_len=self.cp_seq_len)
+        kw.update(refused=self.refused, cp_seq_len=self.cp_seq_len, runtime=opts.runtime)
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
         space.check_zero_pin(degrees, self.fixes, runtime=opts.runtime)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
@@ -127,7 +118,7 @@ class Search:
             ):
                 for sp in sp_options(tp=deg.tp, seq_lens=local_seq_lens, fixes=self.fixes, pp=deg.pp, moe=moe):
                     for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
-                        if folds_into_dp(cp=deg.cp, mbs=mbs, fixes=self.fixes):
+                        if folds_into_dp(cp=deg.cp, mbs=mbs, fixes=self.fixes) or (expert_layout.folds(deg) and not sp):
                             continue
                         m = opts.batch_size // (deg.dp * mbs)
                         schedules = space.schedule_options(
@@ -159,7 +150,7 @@ class Search:
     def step_lower_bound_s(self, g: Group) -> float:
         """Bound (1) of the module docstring, in seconds."""
         deg = g.degrees
-        experts = self.cost_model.placement(tp=deg.tp, dp=deg.dp, ep=deg.ep, pp=deg.pp, routing=g.routing)
+        experts = self.cost_model.placement(routing=g.routing, **expert_layout.placement_degrees(deg))
         cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
         overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
         cp["fused"] = g.compile or True in overlap or self.runtime_fuses  # async TP compiles (compute/fusion.py)
@@ -169,8 +160,8 @@ class Search:
             / deg.pp
         )
         zero_dp = deg.dp_cp if any(z >= 1 for z in space.zero_options(dp=deg.dp_cp, fixes=self.fixes)) else 1
-        held = self.graph.param_count - self.expert_params * (1 - 1 / deg.ep)  # 1/ep of the experts per rank
-        return step + self.bounds.adam_s(held / (deg.tp * deg.pp * zero_dp))
+        held = expert_layout.held_floor(params=self.graph.param_count, experts=self.expert_params, deg=deg, zdp=zero_dp)
+        return step + self.bounds.adam_s(held)
 
     # ---- the search --------------------------------------------------------------------
     def run(self) -> SearchResult:

@@ -1,7 +1,8 @@
 """The outer search space, and how the user's pins (solve/pins.py) narrow it (the rules in full,
 with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes it legal:
 
-- expert parallelism: ``ep`` divides ``dp`` and every MoE layer's expert count, ``tp = 1``;
+- expert parallelism: ``ep`` divides ``dp`` and every MoE layer's expert count, ``tp = 1``; beside tp > 1,
+  or with ``expert_tp``, the experts' own layout where the runtime runs it (solve/expert_layout.py);
 - degrees ``dp * cp * tp * pp = devices``; tp inside a node unless pinned; ``pp`` at most the blocks;
   ``dp`` divides the global batch; ``tp = 1`` where DTensor cannot run an op (solve/tp_runnable.py);
   context parallelism ``cp`` where the model and its sequence allow it, with ``ep = 1``
@@ -29,6 +30,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.solve.context_parallel import cp_allows
+from autoplan.solve.expert_layout import layout_options
 from autoplan.solve.hsdp import check_hsdp_pin, replicate_options
 from autoplan.solve.offload import offload_options
 from autoplan.solve.pins import check_budget_pin
@@ -53,6 +55,7 @@ class Degrees:
     pp: int
     ep: int = 1
     cp: int = 1
+    expert_tp: int = 1  # the experts' own layout (solve/expert_layout.py)
 
     @property
     def dp_cp(self) -> int:
@@ -110,6 +113,7 @@ def degree_options(
     max_tp: int | None = None,
     refused: list[RefusedShape] | None = None,
     cp_seq_len: int = 0,
+    runtime: str = "autoplan",
 ) -> list[Degrees]:
     """Every (dp, tp, pp, ep, cp) the rules and the pins allow (module docstring); ``eps`` are the
     expert-parallel degrees the model's MoE layers allow (cost/moe/experts.py:ep_options), ``max_tp`` the
@@ -128,8 +132,8 @@ def degree_options(
                     refused.append(RefusedShape(devices=devices, dp=dp, tp=tp, pp=pp, rule=rule, cp=cp))
                     continue
                 options += [
-                    Degrees(devices=devices, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp)
-                    for ep in ep_options(dp, tp, eps, fixes, cp=cp)
+                    Degrees(devices=devices, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, expert_tp=etp)
+                    for ep, etp in layout_options(dp=dp, tp=tp, cp=cp, eps=eps, fixes=fixes, runtime=runtime)
                 ]
     return options
 
@@ -148,12 +152,6 @@ def _shape_rule(dp: int, pp: int, layers: int, batch: int, fixes: dict) -> str:
     if pp > max(layers, 1):
         return "layers"
     return "batch" if batch % dp else ""
-
-
-def ep_options(dp: int, tp: int, eps: tuple[int, ...], fixes: dict, *, cp: int = 1) -> list[int]:
-    """ep degrees for one (dp, tp, cp): those the experts allow that divide dp, with tp = cp = 1."""
-    legal = [ep for ep in eps if dp % ep == 0 and (ep == 1 or tp == cp == 1)]
-    return [ep for ep in legal if ep == fixes["ep"]] if "ep" in fixes else legal
 
 
 def micro_batch_options(*, batch: int, dp: int, fixes: dict) -> list[int]:

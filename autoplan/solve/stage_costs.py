@@ -32,6 +32,7 @@ from autoplan.cost import (
     state_bytes_per_param,
 )
 from autoplan.solve.pipeline import PartitionProblem
+from autoplan.types.expert_layout import expert_dp
 from autoplan.types.graph import Graph
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
@@ -202,7 +203,7 @@ class _StaticBytes:
 
     def __init__(self, plan: Plan):
         self.dense_bytes = (state_bytes_per_param(plan), state_bytes_per_param(plan, trainable=False))
-        edp = plan.dp // plan.ep
+        edp = expert_dp(plan)
         self.expert_bytes = (state_bytes_per_param(plan, dp=edp), state_bytes_per_param(plan, dp=edp, trainable=False))
 
     def dense(self, block: LayerSummary, *, experts_apart: bool = False) -> float:

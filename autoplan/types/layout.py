@@ -11,8 +11,8 @@ so a tp group is ``tp`` consecutive ranks, a cp group has stride ``tp``, a dp gr
 tp`` and a pp group stride ``dp * cp * tp``. The ranks that hold the same weights, and so reduce
 their gradients together, are a dp x cp group ("dp_cp"); with cp = 1 it is the dp group. Expert
 parallelism (tp = 1) unflattens the dp axis into ``(edp, ep)``, ep innermost: an ep group is ``ep``
-consecutive dp ranks, an edp group the ``dp / ep`` ranks holding the same experts (DeviceMesh
-``_unflatten``, autoplan/execute/mesh.py).
+consecutive dp ranks, an edp group the ``dp / ep`` ranks holding the same experts (autoplan/execute/
+mesh.py); beside tp > 1 or with ``expert_tp``, ``(edp, ep, etp)`` over a stage's ranks (types/expert_layout.py).
 
 **Pipeline chunks.** ``Plan.stages`` lists ``pp * v`` chunks (``v`` = virtual stages); chunk
 ``c`` runs on stage ``c % pp`` as its ``c // pp``-th chunk: the looping placement of interleaved
@@ -33,6 +33,8 @@ from collections.abc import Sequence
 MESH_AXES = ("pp", "dp", "cp", "tp")
 #: The dp axis of an expert-parallel plan, unflattened (ep innermost).
 EXPERT_AXES = ("edp", "ep")
+#: The experts' tensor-parallel axis, innermost in their own layout (autoplan/types/expert_layout.py).
+EXPERT_TP_AXIS = "etp"
 
 
 def mesh_shape(*, pp: int, dp: int, tp: int, cp: int = 1) -> tuple[int, int, int, int]:
@@ -71,10 +73,15 @@ def plan_groups(*, pp: int, dp: int, tp: int, cp: int = 1) -> dict[str, list[lis
     return groups
 
 
-def expert_groups(*, pp: int, dp: int, ep: int) -> dict[str, list[list[int]]]:
-    """Every ep and edp group of a ``(pp, edp, ep)`` mesh (tp = 1), as global ranks."""
-    degrees = [("pp", pp), (EXPERT_AXES[0], dp // ep), (EXPERT_AXES[1], ep)]
-    return {axis: axis_groups(degrees, axis) for axis in ("ep", "edp")}
+def expert_groups(
+    *, pp: int, dp: int, ep: int, tp: int = 1, cp: int = 1, expert_tp: int = 1
+) -> dict[str, list[list[int]]]:
+    """Every ep, edp and etp group of the experts' ``(pp, edp, ep, etp)`` mesh, as global ranks: each
+    stage's ``dp * cp * tp`` ranks laid out again, etp innermost (autoplan/types/expert_layout.py); at
+    tp = cp = expert_tp = 1 the dp axis unflattened into ``(edp, ep)``."""
+    edp = dp * cp * tp // (ep * expert_tp)
+    degrees = [("pp", pp), (EXPERT_AXES[0], edp), (EXPERT_AXES[1], ep), (EXPERT_TP_AXIS, expert_tp)]
+    return {axis: axis_groups(degrees, axis) for axis in ("ep", "edp", EXPERT_TP_AXIS)}
 
 
 def stage_of_chunk(chunk: int, *, pp: int) -> int:

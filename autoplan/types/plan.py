@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
+from autoplan.types.expert_layout import check_expert_layout
 from autoplan.types.grad_compression import check_compression
 from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
@@ -37,6 +38,7 @@ OMITTED_AT_DEFAULT = (
     ("dp_replicate", 1),
     ("offload", "none"),
     ("recompute_blocks", []),
+    ("expert_tp", 1),
 )
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
@@ -105,11 +107,12 @@ class Plan:
     Megatron-Core's ``--tp-comm-overlap``); it needs sequence parallelism, and the executor runs
     it only on CUDA devices with NCCL (autoplan/cost/tp/overlap.py prices it).
     ``ep`` is the expert-parallel degree of a Mixture-of-Experts model: each MoE layer's routed
-    experts are split over ``ep`` ranks, folded over the data-parallel ranks (``ep`` divides
+    experts are split over ``ep`` ranks, folded over the data-parallel ranks (at tp = 1 ``ep`` divides
     ``dp``; consecutive dp ranks form an ep group), and tokens reach their experts by
     all-to-all (docs/moe.md). Dense parameters stay replicated (or ZeRO-sharded) over all
-    ``dp`` ranks; an expert's parameters over the ``dp / ep`` ranks that hold it. ``ep > 1`` needs
-    ``tp = 1``: expert tensor parallelism is not supported yet.
+    ``dp`` ranks; an expert's parameters over the edp ranks that hold it. ``expert_tp`` splits each
+    local expert's FFN; with ``ep`` it lays the experts out as ``expert_tp x ep x edp`` over the stage's
+    ``dp x cp x tp`` ranks (MoE Parallel Folding: autoplan/types/expert_layout.py).
     ``cp`` is the context-parallel degree: every sequence is split over ``cp`` ranks, which hold the
     same weights (gradients sync over dp x cp) and exchange keys and values in attention by
     ``cp_variant`` (:data:`CP_VARIANTS`); each rank holds two chunks of the sequence, head and tail
@@ -169,6 +172,7 @@ class Plan:
     dp_replicate: int = 1
     recompute_blocks: list[int] = field(default_factory=list)
     offload: str = "none"
+    expert_tp: int = 1
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -217,16 +221,7 @@ class Plan:
                 f"plan cp={self.cp} with ep={self.ep}: context parallelism does not compose with expert parallelism "
                 "yet; use cp=1 or ep=1."
             )
-        if self.dp % self.ep != 0:
-            raise PlanError(
-                f"plan ep={self.ep} must divide dp={self.dp}: expert parallelism is folded over the data-parallel "
-                "ranks."
-            )
-        if not (self.ep == 1 or self.tp == 1):
-            raise PlanError(
-                f"plan ep={self.ep} with tp={self.tp}: expert parallelism composes with data and pipeline parallelism "
-                "only; use tp=1 (expert tensor parallelism is not supported yet, docs/moe.md)."
-            )
+        check_expert_layout(self)
         if self.zero_stage not in (0, 1, 2, 3):
             raise PlanError(f"plan zero_stage={self.zero_stage!r}; expected 0, 1, 2 or 3.")
 
@@ -336,6 +331,7 @@ class Plan:
         """A one-line human summary, e.g. ``dp=4 tp=2 pp=1 mbs=2x4 1f1b zero=1 rc=none bf16``."""
         sp = " sp" if self.sequence_parallel else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""
+        ep += f" etp={self.expert_tp}" if self.expert_tp > 1 else ""
         ep += f" cp={self.cp}({self.cp_variant})" if self.cp > 1 else ""
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
@@ -364,15 +360,7 @@ class Plan:
             del data["inputs"]  # plan files without traced inputs stay as they were
         if self.cp == 1:
             del data["cp"], data["cp_variant"]  # and so do plans without context parallelism
-        defaults = (
-            ("runtime", "autoplan"),
-            ("compile", False),
-            ("fp8_recipe", ""),
-            ("dp_replicate", 1),
-            ("offload", "none"),
-        )
-        defaults += (("recompute_blocks", []),)
-        for name, default in defaults:
+        for name, default in OMITTED_AT_DEFAULT:
             if data[name] == default:
                 del data[name]  # and plans for autoplan's executor, uncompiled, with the default FP8 recipe
         return data

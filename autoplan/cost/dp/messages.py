@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import GRAD_BYTES as POWERSGD_GRAD_BYTES
 from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
+from autoplan.types.expert_layout import expert_dp, experts_apart
 from autoplan.types.hsdp import dp_shard, shard_view
 from autoplan.types.plan import Plan
 from autoplan.types.runtime import fsdp_float8_all_gather
@@ -125,8 +126,8 @@ def dp_messages(plan: Plan, *, backend: str = "") -> tuple[DpMessage, ...]:
 def expert_messages(plan: Plan) -> tuple[DpMessage, ...]:
     """What each unit of the routed experts' parameters sends over the edp group per step: ZeRO-1's
     on a one-rank group too (its second sharded optimizer copies), no FSDP2 or all-reduce there."""
-    edp = plan.dp // plan.ep
-    if plan.ep == 1 or (edp == 1 and plan.zero_stage != 1):
+    edp = expert_dp(plan)
+    if not experts_apart(plan) or (edp == 1 and plan.zero_stage != 1):
         return ()
     if plan.zero_stage == 0:
         return (DpMessage(GRADS, "all_reduce", _grad_bytes(plan), AFTER_BACKWARD, ONCE, apart=True),)

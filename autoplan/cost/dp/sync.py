@@ -38,6 +38,7 @@ from autoplan.cost.network.mesh import AxisGroup
 from autoplan.cost.pp.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
+from autoplan.types.expert_layout import experts_apart
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -104,7 +105,7 @@ class DataParallelTerms:
     ) -> float:
         """``message`` of dense bytes over ``group`` plus, under ep > 1, of the experts' bytes over
         edp (at ep = 1 they travel together)."""
-        if plan.ep == 1:
+        if not experts_apart(plan):
             return self.message_s(message, dense_bytes + expert_bytes, group)
         return self.message_s(message, dense_bytes, group) + self.message_s(message, expert_bytes, edp)
 

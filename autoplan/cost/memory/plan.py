@@ -26,6 +26,7 @@ from autoplan.cost.memory.per_device import (
 from autoplan.cost.pp.schedule import in_flight_after_first_backward, in_flight_chunks
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
+from autoplan.types.expert_layout import expert_dp
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -102,7 +103,7 @@ class PlanMemory:
         )
         if not stage.expert_params:
             return dense
-        edp = plan.dp // plan.ep
+        edp = expert_dp(plan)
         experts = model_states(
             params=stage.expert_params,
             precision=plan.precision,

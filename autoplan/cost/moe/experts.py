@@ -1,24 +1,26 @@
 """Mixture-of-Experts layers under expert parallelism: grouped GEMMs, all-to-all, expert memory
 (docs/cost-model.md, "Mixture-of-Experts and expert parallelism"; docs/moe.md).
 
-Per MoE layer, micro-batch and rank, with ``E`` routed experts over ``ep`` ranks, ``f`` =
-micro_batch_size / graph.batch_size, ``C`` the slots each expert computed in the trace, ``H`` the
-hidden size, ``b`` bytes per activation element and ``i`` the routing model's imbalance (1 at ep = 1):
+Per MoE layer, micro-batch and rank: ``E`` routed experts over ``ep`` ranks, each one's FFN over ``e =
+expert_tp`` (types/expert_layout.py), ``f`` = micro_batch_size / graph.batch_size, ``s`` the share of those
+tokens a rank routes (1/tp under sequence parallelism, else 1), ``C`` the slots each expert computed in the
+trace, ``H`` the hidden size, ``b`` bytes per element, ``i`` the routing imbalance (1 at ep = 1):
 
-- grouped GEMM (each traced expert matmul ``[E, C, K] x [E, K, N]``), ``G = E / ep`` GEMMs of
-  ``M = i * ep * C * f`` rows, on the profile's efficiency curve of one such GEMM:
+- grouped GEMM (each traced ``[E, C, K] x [E, K, N]``): ``G = E / ep`` GEMMs of ``M = i ep e C f s`` rows
+  (the etp group's gathered rows) on ``N' = N / e`` of the weight, on one such GEMM's efficiency curve:
 
-      t_fwd = G * max( 2 M' K N / (peak * eff(2 M K N)),  (M K + K N + M N) b / (mem_bw * mem_eff) )
-      t_bwd = 2 t_fwd
-      M'    = ceil(M / m_tile) * m_tile       (m_tile 128 on GPUs: DeepGEMM's contiguous layout; 1 on a CPU)
+      t_fwd = G * max( 2 M' K N' / (peak * eff(2 M K N')),  (M K + K N' + M N') b / (mem_bw * mem_eff) )
+      t_bwd = 2 t_fwd,   M' = ceil(M / m_tile) * m_tile   (m_tile 128 on GPUs: DeepGEMM's layout; 1 on a CPU)
 
-- all-to-all (GShard, Lepikhin et al. 2021 section 2.3; Megatron-Core's
-  ``MoEAlltoAllTokenDispatcher``), one message ``S = i E C f H b`` on the ep group (mesh.ep_groups):
+- all-to-all (GShard, Lepikhin et al. 2021 section 2.3; Megatron-Core's ``MoEAlltoAllTokenDispatcher``),
+  one message ``S = i E C f s H b`` on the ep group (mesh.ep_groups):
 
       t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward     (comm.collective_time_s; again if recomputed)
 
-- memory: a rank holds ``1 / ep`` of every routed expert's parameters, reduced and (ZeRO) sharded
-  over the ``dp / ep`` ranks that hold the same experts; dense parameters over all ``dp``.
+- e > 1: the etp group all-gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
+  dispatcher on its expert tp group), the backward the reverse: ``t_AG(e S) + t_RS(e S)`` each way;
+- memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the
+  busiest rank's expert activations ``i`` times the mean (cost/blocks.py).
 """
 
 from __future__ import annotations
@@ -40,11 +42,20 @@ COUNT_BYTES = 8  # one int64 count per expert
 @dataclass(frozen=True)
 class ExpertPlacement:
     """How a plan places MoE experts: the ep degree, the busiest rank's load over the mean, and
-    where the ep group's ranks sit."""
+    where the ep group's ranks sit; the experts' tensor-parallel degree and group, and the share of a
+    micro-batch's tokens a rank routes (module docstring)."""
 
     ep: int
     imbalance: float
     group: AxisGroup
+    etp: int = 1
+    etp_group: AxisGroup = AxisGroup(size=1, ranks_per_node=1)
+    tokens: float = 1.0
+
+    @property
+    def split(self) -> int:
+        """The ranks one expert's parameters are split over: ep x etp."""
+        return self.ep * self.etp
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,8 @@ def grouped_gemm_s(
     experts, slots, n_out = node.output_shape
     k_in = node.fwd_flops / (2.0 * experts * slots * n_out)
     groups = experts // place.ep
-    rows = place.imbalance * place.ep * slots * batch_fraction
+    rows = place.imbalance * place.ep * place.etp * slots * batch_fraction * place.tokens
+    n_out = n_out / place.etp  # each etp rank holds 1/etp of the FFN: gate/up's outputs, down's inputs alike
     if rows <= 0:
         return 0.0, 0.0
     gpu = profile.backend == "nccl"
@@ -111,9 +123,11 @@ def grouped_gemm_s(
     return with_host_overhead(one_s, fwd_over, gpu=gpu), with_host_overhead(2.0 * one_s, bwd_over, gpu=gpu)
 
 
-def dispatch_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, imbalance: float) -> float:
+def dispatch_bytes(
+    moe: MoELayer, *, precision: str, batch_fraction: float, imbalance: float, tokens: float = 1.0
+) -> float:
     """S of the module docstring: one dispatch (or combine) message of the busiest rank."""
-    rows = moe.num_experts * moe.slots_per_expert * batch_fraction
+    rows = moe.num_experts * moe.slots_per_expert * batch_fraction * tokens
     return imbalance * rows * moe.hidden_size * PRECISION_BYTES[precision]
 
 
@@ -147,12 +161,26 @@ def a2a_times_s(
     moe: MoELayer, profile: Profile, *, precision: str, batch_fraction: float, place: ExpertPlacement
 ) -> tuple[float, float]:
     """(forward, backward) all-to-all seconds of one MoE layer and micro-batch (module docstring)."""
+    message = dispatch_bytes(
+        moe, precision=precision, batch_fraction=batch_fraction, imbalance=place.imbalance, tokens=place.tokens
+    )
+    etp_s = etp_times_s(profile, message, place=place)
     if place.ep <= 1:
-        return 0.0, 0.0
-    message = dispatch_bytes(moe, precision=precision, batch_fraction=batch_fraction, imbalance=place.imbalance)
+        return etp_s, etp_s
     tokens_s = collective_time_s(profile, "all_to_all", message, group=place.group)
     counts_s = collective_time_s(profile, "all_to_all", moe.num_experts * COUNT_BYTES, group=place.group)
-    return FORWARD_A2A.seconds(counts_s, tokens_s), BACKWARD_A2A.seconds(counts_s, tokens_s)
+    return FORWARD_A2A.seconds(counts_s, tokens_s) + etp_s, BACKWARD_A2A.seconds(counts_s, tokens_s) + etp_s
+
+
+def etp_times_s(profile: Profile, message_bytes: float, *, place: ExpertPlacement) -> float:
+    """One direction's etp collectives of one MoE layer and micro-batch: the all-gather of the ``e S``
+    rows the etp group received and the reduce-scatter of their output (module docstring); 0 at e = 1."""
+    if place.etp <= 1:
+        return 0.0
+    gathered = place.etp * message_bytes
+    return collective_time_s(profile, "all_gather", gathered, group=place.etp_group) + collective_time_s(
+        profile, "reduce_scatter", gathered, group=place.etp_group
+    )
 
 
 @dataclass(frozen=True)
@@ -164,7 +192,9 @@ class BlockExperts:
     a2a_fwd_s: float
     a2a_bwd_s: float
     param_names: frozenset[str]
-    ep: int
+    ep: int  # the ranks each expert's parameters are split over: ep x expert_tp
+    imbalance: float = 1.0  # the busiest rank's rows over the mean (its expert activations too)
+    modules: tuple[str, ...] = ()  # the experts modules
 
 
 def block_experts(
@@ -188,7 +218,9 @@ def block_experts(
         a2a_fwd_s=sum(t[0] for t in times),
         a2a_bwd_s=sum(t[1] for t in times),
         param_names=frozenset(name for moe in found for name in moe.expert_param_names),
-        ep=place.ep,
+        ep=place.split,
+        imbalance=place.imbalance,
+        modules=tuple(moe.experts_module for moe in found),
     )
 
 

@@ -1,6 +1,7 @@
 """Where a plan's MoE experts sit, and the two data-parallel groups their parameters sync over.
 
-Expert parallelism folds ``ep`` over the data-parallel ranks (autoplan/types/plan.py):
+Expert parallelism folds ``ep`` over the data-parallel ranks (autoplan/types/plan.py), and with tp > 1
+or ``expert_tp`` the experts' layout ``expert_tp x ep x edp`` over a stage's ranks (types/expert_layout.py):
 
 - dense parameters are replicated (or ZeRO-sharded) over all ``dp`` ranks;
 - the routed experts' parameters, ``1 / ep`` of them per rank, over the ``dp / ep`` ranks that hold
@@ -16,6 +17,7 @@ from __future__ import annotations
 from autoplan.cost.moe.experts import ExpertPlacement
 from autoplan.cost.network.mesh import AxisGroup, ep_groups
 from autoplan.cost.stages import StageTotals
+from autoplan.types.expert_layout import expert_dp
 from autoplan.types.graph import Graph
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
@@ -29,24 +31,35 @@ class ExpertGroups:
         self.moe_layers, self.profile = graph.moe_layers, profile
 
     def for_plan(self, plan: Plan) -> ExpertPlacement | None:
-        """How ``plan`` runs the experts; None for a dense model or under tensor parallelism (its
-        expert matmuls are then priced as the ops they trace to)."""
-        return self.placement(tp=plan.tp, dp=plan.dp, ep=plan.ep, pp=plan.pp, routing=plan.routing)
+        """How ``plan`` runs the experts; None for a dense model or under tensor parallelism without the
+        experts' own layout (its expert matmuls are then priced as the ops they trace to, token-wise)."""
+        return self.placement(
+            tp=plan.tp, dp=plan.dp, ep=plan.ep, pp=plan.pp, routing=plan.routing, expert_tp=plan.expert_tp
+        )
 
-    def placement(self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None) -> ExpertPlacement | None:
+    def placement(
+        self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None, expert_tp: int = 1
+    ) -> ExpertPlacement | None:
         """:meth:`for_plan` of a plan with these degrees and routing model (the search's bounds ask
-        before any plan is built)."""
-        if not self.moe_layers or tp > 1:
+        before any plan is built). At tp > 1 the layout folds over the tp ranks, each routing its
+        sequence shard (types/expert_layout.py: it needs sequence parallelism there)."""
+        if not self.moe_layers or (tp > 1 and ep * expert_tp == 1):
             return None
-        if ep == 1:
-            return ExpertPlacement(ep=1, imbalance=1.0, group=AxisGroup(size=1, ranks_per_node=1))
-        routing = routing or self.moe_layers[0].routing
-        group = ep_groups(self.profile, dp=dp, ep=ep, pp=pp)["ep"]
-        return ExpertPlacement(ep=ep, imbalance=routing.imbalance, group=group)
+        one = AxisGroup(size=1, ranks_per_node=1)
+        groups = ep_groups(self.profile, dp=dp, ep=ep, pp=pp, tp=tp, expert_tp=expert_tp)
+        imbalance = (routing or self.moe_layers[0].routing).imbalance if ep > 1 else 1.0
+        return ExpertPlacement(
+            ep=ep,
+            imbalance=imbalance,
+            group=groups["ep"] if ep > 1 else one,
+            etp=expert_tp,
+            etp_group=groups["etp"],
+            tokens=1.0 / tp,
+        )
 
     def edp_group(self, plan: Plan) -> AxisGroup:
         """The group an expert's gradients are reduced over (the dp group's ranks at ep = 1)."""
-        return ep_groups(self.profile, dp=plan.dp, ep=plan.ep, pp=plan.pp)["edp"]
+        return ep_groups(self.profile, dp=plan.dp, ep=plan.ep, pp=plan.pp, tp=plan.tp, expert_tp=plan.expert_tp)["edp"]
 
 
 def optimizer_params(plan: Plan, stage: StageTotals) -> float:
@@ -55,4 +68,4 @@ def optimizer_params(plan: Plan, stage: StageTotals) -> float:
     take no step."""
     if plan.zero_stage < 1:
         return stage.trainable_params
-    return stage.trainable_dense_params / plan.dp + stage.trainable_expert_params / (plan.dp // plan.ep)
+    return stage.trainable_dense_params / plan.dp + stage.trainable_expert_params / expert_dp(plan)

@@ -76,19 +76,22 @@ def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int, cp: int) -> t
     return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in axes)
 
 
-def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int) -> dict[str, AxisGroup]:
-    """The expert-parallel groups of a ``(pp, dp, 1)`` mesh with ``ep`` folded over dp: "ep", the
-    ``ep`` consecutive dp ranks that split the experts, and "edp", the ``dp / ep`` ranks (stride
-    ``ep``) that hold the same experts and reduce their gradients (autoplan/cost/moe/experts.py)."""
-    if ep < 1 or dp % ep:
-        raise PlanError(f"mesh degree ep={ep} must divide dp={dp}.")
-    return dict(_ep_groups(profile.devices_per_node, dp, ep, pp))
+def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int, tp: int = 1, expert_tp: int = 1) -> dict[str, AxisGroup]:
+    """The experts' groups (types/layout.py ``expert_groups``): "ep", the ranks that split the experts and
+    exchange tokens; "edp", those that hold the same expert shards and reduce their gradients; "etp", those
+    that split each local expert's FFN (autoplan/types/expert_layout.py). At tp = expert_tp = 1 the ep group
+    is ``ep`` consecutive dp ranks and the edp group the ``dp / ep`` ranks of stride ``ep``."""
+    if ep < 1 or expert_tp < 1 or (dp * tp) % (ep * expert_tp):
+        raise PlanError(f"mesh degrees ep={ep} x expert_tp={expert_tp} must divide dp*tp={dp * tp}.")
+    return dict(_ep_groups(profile.devices_per_node, dp, ep, pp, tp, expert_tp))
 
 
 @lru_cache(maxsize=1024)
-def _ep_groups(devices_per_node: int, dp: int, ep: int, pp: int) -> tuple[tuple[str, AxisGroup], ...]:
-    groups = expert_groups(pp=pp, dp=dp, ep=ep)
-    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in ("ep", "edp"))
+def _ep_groups(
+    devices_per_node: int, dp: int, ep: int, pp: int, tp: int, expert_tp: int
+) -> tuple[tuple[str, AxisGroup], ...]:
+    groups = expert_groups(pp=pp, dp=dp, ep=ep, tp=tp, expert_tp=expert_tp)
+    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in ("ep", "edp", "etp"))
 
 
 def _worst(groups: list[list[int]], devices_per_node: int) -> AxisGroup:

@@ -5,6 +5,8 @@ linear's bias) gets a partial gradient on every tp rank (Korthikanti et al. 2022
 all-reduced in fp32 once a step:
 
     t_sp = max_stage sum_{w in sp_partial_params(stage)} all_reduce(4 * elements_w, group = tp)
+
+The routed experts leave it under their own layout (``ep * expert_tp > 1``, types/expert_layout.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup
 from autoplan.cost.tp.block import STREAM_KINDS, analyse_block
 from autoplan.cost.tp.plan_memo import TpPlanMemo
+from autoplan.types.expert_layout import experts_apart
 from autoplan.types.graph import Graph
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
@@ -63,7 +66,13 @@ class SequenceParallelSync:
         one has no gradient to reduce."""
         params = self.graph.parameters
         names = {n for layer in layers for n in self._partial_names(layer, tp_plan, plan)}
+        names -= self._routed_experts() if experts_apart(plan) else set()  # they sync over edp (expert_layout.py)
         return [float(params[n].numel) for n in sorted(names) if n in params and params[n].trainable]
+
+    def _routed_experts(self) -> set[str]:
+        """The routed experts' parameters: under the experts' own layout they are split over ep x etp and
+        reduced over edp, which spans the tp ranks, instead of SP's all-reduce."""
+        return {name for moe in self.graph.moe_layers for name in moe.expert_param_names}
 
     def _partial_names(self, layer: str | None, tp_plan: dict[str, str], plan: Plan) -> tuple[str, ...]:
         """sp_partial_params, memoised on what it reads: the layer, tp, SP and the splits of the

@@ -52,7 +52,7 @@ def test_plan_round_trips_through_json(tmp_path):
         (dict(grad_compression="powersgd", powersgd_rank=4), "needs dp > 1, tp = pp = ep = 1"),
         (dict(zero_stage=3, overlap_grad_reduce=False), "overlap_grad_reduce=false with ZeRO-2/3"),
         (dict(dp=4, tp=1, ep=3), "plan ep=3 must divide dp=4"),
-        (dict(ep=2), "plan ep=2 with tp=2"),
+        (dict(ep=2), "plan ep=2, expert_tp=1 with tp=2 needs sequence_parallel=true"),
         (dict(routing={"imbalance": 0.5}), "MoE imbalance 0.5 must be a number >= 1"),
     ],
 )

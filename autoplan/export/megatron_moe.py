@@ -1,0 +1,38 @@
+"""Megatron-LM's expert layout flags, written and read back (docs/export-megatron.md; docs/moe.md,
+"Expert tensor parallelism").
+
+Megatron-Core lays the MoE layers out as ``expert_tensor_parallel_size x expert_model_parallel_size x
+expert data parallel`` over the ranks of a pipeline stage (MoE Parallel Folding), and takes
+``expert_tensor_parallel_size = tensor_model_parallel_size`` when the flag is absent
+(megatron/core/model_parallel_config.py, parallel_state.initialize_model_parallel). autoplan's default
+is ``expert_tp = 1`` (types/expert_layout.py), so the exporter writes ``--expert-tensor-parallel-size``
+for every MoE plan whose Megatron default would differ (tp > 1 or expert_tp > 1), and the reader takes
+Megatron's default for a MoE config (``--num-experts``) without the flag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoplan.types.plan import Plan
+
+EXPERT_TP_FLAG = "--expert-tensor-parallel-size"
+
+
+def expert_flags(plan: Plan) -> list[tuple[str, Any]]:
+    """``--expert-model-parallel-size`` at ep > 1 and ``--expert-tensor-parallel-size`` where Megatron's
+    default (tp) is not the plan's expert_tp, for a Mixture-of-Experts plan (module docstring)."""
+    flags: list[tuple[str, Any]] = [("--expert-model-parallel-size", plan.ep)] if plan.ep > 1 else []
+    moe = plan.routing is not None or plan.ep > 1 or plan.expert_tp > 1
+    if moe and plan.expert_tp != plan.tp:
+        flags.append((EXPERT_TP_FLAG, plan.expert_tp))
+    return flags
+
+
+def read_expert_tp(args: dict[str, Any], fields: dict[str, Any], read_int: Any) -> int:
+    """The plan's expert_tp of Megatron arguments ``args`` (``read_int`` reads one integer flag): the flag,
+    else Megatron's default, the ``fields``' tp, for a MoE config (``--num-experts``), else 1 (a dense model
+    has no experts to split)."""
+    if EXPERT_TP_FLAG in args:
+        return read_int(args, EXPERT_TP_FLAG, 1)
+    return fields["tp"] if "--num-experts" in args else 1
