@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
-from autoplan.export.megatron_moe import expert_flags
+from autoplan.export.megatron_moe import expert_flags, expert_remarks
 from autoplan.export.megatron_read import read
 from autoplan.export.offload import megatron_flags as offload_flags
 from autoplan.export.recompute_budget import megatron_flags as recompute_flags
@@ -50,6 +50,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
             f"--num-experts and --moe-router-topk: the model's expert count and top-k (ep={plan.ep} needs them; "
             "Megatron refuses expert parallelism without --num-experts)."
         )
+    remarks += expert_remarks(plan)
     flags += _parallel_flags(plan, facts, notes)
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", plan.global_batch_size)]
     flags += _data_parallel_flags(plan) + offload_flags(plan, notes)

@@ -6,8 +6,8 @@ expert data parallel`` over the ranks of a pipeline stage (MoE Parallel Folding)
 ``expert_tensor_parallel_size = tensor_model_parallel_size`` when the flag is absent
 (megatron/core/model_parallel_config.py, parallel_state.initialize_model_parallel). autoplan's default
 is ``expert_tp = 1`` (types/expert_layout.py), so the exporter writes ``--expert-tensor-parallel-size``
-for every MoE plan whose Megatron default would differ (tp > 1 or expert_tp > 1), and the reader takes
-Megatron's default for a MoE config (``--num-experts``) without the flag.
+for every MoE plan at tp > 1 or expert_tp > 1, and the reader takes Megatron's default for a MoE config
+(``--num-experts``) without the flag.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ EXPERT_TP_FLAG = "--expert-tensor-parallel-size"
 
 
 def expert_flags(plan: Plan) -> list[tuple[str, Any]]:
-    """``--expert-model-parallel-size`` at ep > 1 and ``--expert-tensor-parallel-size`` where Megatron's
-    default (tp) is not the plan's expert_tp, for a Mixture-of-Experts plan (module docstring)."""
+    """``--expert-model-parallel-size`` at ep > 1 and, for a Mixture-of-Experts plan at tp > 1 or
+    expert_tp > 1, ``--expert-tensor-parallel-size`` (module docstring): stated even where it equals
+    Megatron's default, so the file reads back without the model's ``--num-experts``."""
     flags: list[tuple[str, Any]] = [("--expert-model-parallel-size", plan.ep)] if plan.ep > 1 else []
     moe = plan.routing is not None or plan.ep > 1 or plan.expert_tp > 1
-    if moe and plan.expert_tp != plan.tp:
+    if moe and (plan.tp > 1 or plan.expert_tp > 1):
         flags.append((EXPERT_TP_FLAG, plan.expert_tp))
     return flags
 
@@ -36,3 +37,15 @@ def read_expert_tp(args: dict[str, Any], fields: dict[str, Any], read_int: Any) 
     if EXPERT_TP_FLAG in args:
         return read_int(args, EXPERT_TP_FLAG, 1)
     return fields["tp"] if "--num-experts" in args else 1
+
+
+def expert_remarks(plan: Plan) -> list[str]:
+    """What the user must add for the plan's expert layout: Megatron-Core runs expert_tp > 1 only without
+    linear biases (TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1"), and its
+    GPT default has them, which its start-up check found (tests/unit/export/test_megatron.py)."""
+    if plan.expert_tp == 1:
+        return []
+    return [
+        f"--disable-bias-linear: expert_tp={plan.expert_tp} runs in Megatron-Core only without linear biases "
+        "(it refuses 'Bias in Moe ... when ETP==1'); add it for a model without them, else plan expert_tp=1."
+    ]

@@ -19,7 +19,9 @@ When the model's attention is written as eager ops, one line says what SDPA/flas
 against the best plan without cp (:func:`cp_why`): memory per device at this sequence length, and
 the exposed KV exchange against the recomputation it avoids. Under a recompute budget, one sentence
 says how many blocks each stage recomputes and why (autoplan/report/recompute_budget.py); when it
-offloads, one sentence says why and what the host step costs (autoplan/report/offload.py).
+offloads, one sentence says why and what the host step costs (autoplan/report/offload.py); when its
+experts have their own layout (ep, expert_tp), one says why against every expert on every rank
+(autoplan/report/expert_layout.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from autoplan.cost import CostModel, dollars_per_sample, reliability_fields, rel
 from autoplan.display import TERM_NAMES, duration_text
 from autoplan.errors import AutoplanError
 from autoplan.report.attention import eager_attention_saving
+from autoplan.report.expert_layout import expert_layout_why
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain
 from autoplan.report.frozen import frozen_saving
@@ -71,6 +74,7 @@ class Explanation:
     fp8: str = ""  # what the best FP8 plan would gain, when the search left FP8 out (report/fp8.py)
     cp: str = ""  # why the plan splits the sequence, when it does (cp_why)
     hsdp: str = ""  # why the plan replicates its ZeRO states, when it does (report/hsdp.py)
+    experts: str = ""  # why the plan lays its experts out as it does, when not the default (report/expert_layout.py)
     offload: str = ""  # why the plan offloads and what that costs, when it does (report/offload.py)
     attention: str = ""  # what fusing the model's eager attention would save, when it has some (report/attention.py)
     recompute: str = ""  # why the plan recomputes k of L blocks per stage, under a budget (report/recompute_budget.py)
@@ -168,6 +172,7 @@ def explain_result(
         fp8=fp8_gain(result, graph=graph, profile=profile),
         cp=cp_why(result, graph=graph, profile=profile, model=model),
         hsdp=hsdp_why(model, best.plan, best.cost),
+        experts=expert_layout_why(model, best.plan, best.cost),
         offload=offload_why(result, graph=graph, profile=profile),
         attention=eager_attention_saving(model, best.plan, best.cost),
         recompute=recompute_why(model, best.plan, best.cost),

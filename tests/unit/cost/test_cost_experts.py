@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
+from synthetic.moe import mixtral_graph
 
 from autoplan.cli import main
 from autoplan.cost.memory.per_device import LOW_BYTES
@@ -29,26 +30,7 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hf_mixtral.py"
 
 @pytest.fixture(scope="module")
 def graph():
-    import torch
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    from autoplan.trace import trace
-
-    config = MixtralConfig(
-        num_hidden_layers=4,
-        hidden_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=512,
-        num_local_experts=EXPERTS,
-        num_experts_per_tok=2,
-        vocab_size=1024,
-        max_position_embeddings=128,
-        use_cache=False,
-    )
-    with torch.device("meta"):
-        model = MixtralForCausalLM(config)
-    return trace(model, (torch.randint(0, 1024, (BATCH, 128)),))
+    return mixtral_graph()  # tests/synthetic/moe.py: traced once per session
 
 
 def _plan(**changes) -> Plan:

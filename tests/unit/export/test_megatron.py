@@ -75,6 +75,11 @@ PLANS = {
     ),
     "ep2": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, ep=2, zero_stage=1,
                 precision="bf16"),
+    # MoE Parallel Folding: the experts' ep group spans the tp ranks; and each expert split over etp = tp
+    "tp2-ep2-folded": Plan(devices=4, dp=2, tp=2, pp=1, micro_batch_size=1, num_microbatches=1, ep=2, zero_stage=1,
+                           precision="bf16", sequence_parallel=True, routing={"imbalance": 1.25}),
+    "tp2-ep2-etp2": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, ep=2, expert_tp=2,
+                         zero_stage=1, precision="bf16", sequence_parallel=True, routing={"imbalance": 1.25}),
     "fp32-reduce-bf16": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1,
                              grad_reduce_dtype="bf16"),
     "tp2-zero3": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
@@ -142,8 +147,10 @@ def _start(megatron_lm, exported, *, world: int, extra: tuple[str, ...] = (), ar
 
 
 def _user_flags(plan: Plan) -> tuple[str, ...]:
-    """What the file's comments ask the user to add (the expert count under ep; ModelFacts has none)."""
-    return ("--num-experts", str(4 * plan.ep)) if plan.ep > 1 else ()
+    """What the file's comments ask the user to add (the expert count under ep; ModelFacts has none), and
+    under expert_tp > 1 no linear biases (Megatron-Core refuses biases in MoE at ETP > 1: export/megatron_moe.py)."""
+    experts = ("--num-experts", str(4 * plan.ep)) if plan.ep > 1 else ()
+    return experts + (("--disable-bias-linear",) if plan.expert_tp > 1 else ())
 
 
 @pytest.mark.parametrize("name", PLANS)
@@ -151,6 +158,7 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     plan = PLANS[name]
     exported = megatron.export(plan, facts)
     assert "--num-experts" in exported.text or plan.ep == 1  # the comment asking for it
+    assert "--disable-bias-linear" in exported.text or plan.expert_tp == 1  # and the one asking for this
     args, config = _start(megatron_lm, exported, world=plan.devices, extra=_user_flags(plan))
     assert args.data_parallel_size == plan.dp  # Megatron: world / (tp * pp * cp)
     assert args.num_distributed_optimizer_instances == plan.dp_replicate  # HSDP's replicas
@@ -158,6 +166,8 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     assert config.cp_comm_type == (megatron.CP_COMM_TYPES[plan.cp_variant] if plan.cp > 1 else "p2p")
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
     assert config.expert_model_parallel_size == plan.ep
+    if plan.routing is not None or plan.ep > 1:  # a MoE plan: the experts' own layout (export/megatron_moe.py)
+        assert config.expert_tensor_parallel_size == plan.expert_tp
     assert (config.virtual_pipeline_model_parallel_size or 1) == plan.virtual_stages
     if plan.stages and len({len(s) for s in plan.stages}) > 1:  # uneven: first/last, or the layout
         assert _blocks_per_chunk(config, plan) == [len(stage) for stage in plan.stages]
@@ -270,7 +280,7 @@ def test_read_gives_the_plan_back(name, facts):
         back = imported.plan()
         same = ("devices", "dp", "tp", "pp", "cp", "cp_variant", "ep", "micro_batch_size", "num_microbatches",
                 "virtual_stages", "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
-                "overlap_grad_reduce", "overlap_param_gather", "dp_replicate")  # fmt: skip
+                "overlap_grad_reduce", "overlap_param_gather", "dp_replicate", "expert_tp")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.schedule == ("1f1b" if plan.schedule == "gpipe" else plan.schedule)
         expressible = plan.grad_reduce_dtype == "fp32" or plan.precision in ("bf16", "fp8", "fp16")
