@@ -33,9 +33,13 @@ Engine's current-scaling recipe (``te_current``, docs/cost-model.md "FP8 recipes
 layers run in FP8, while the stacked expert weights of a grouped MoE layer are no nn.Linear and
 stay bf16; Transformer Engine ran the expert grouped GEMMs in FP8 too. So they are priced but not comparable.
 
+Rows with tp > 1 beside ep run Megatron-Core's MoE Parallel Folding (docs/moe.md, "Expert tensor
+parallelism"): sequence parallelism on (Megatron-Core refuses MoE at tp > 1 without it in training) and
+the CSV's etp as ``expert_tp``; where the table leaves etp blank, 1 (an assumption: Megatron-Bridge's
+MoE recipes set ``expert_tensor_parallel_size = 1``, which the tables do not print).
+
 Rows left out, with the reason printed: GPUs without a shipped profile (H800), blockwise FP8
-scaling (DeepSeek-V3's own recipe), tensor parallelism with expert parallelism (expert-TP is not
-supported), and rows whose expert parallelism is not published.
+scaling (DeepSeek-V3's own recipe), and rows whose expert parallelism is not published.
 
     python benchmarks/published_moe_runs.py [--only NAME_SUBSTRING]
 """
@@ -98,8 +102,6 @@ def why_left_out(row: pd.Series) -> str:
         return f"{row['precision']}: autoplan prices tensorwise FP8 scaling only"
     if pd.isna(row["ep"]):
         return "expert parallelism not published"
-    if int(row["tp"]) > 1:
-        return "tp > 1 with ep: expert tensor parallelism is not supported"
     if int(row["cp"]) > 1:
         return "context parallelism is not supported"
     return ""
@@ -132,6 +134,8 @@ def published_plan(row: pd.Series) -> Plan:
         tp=tp,
         pp=pp,
         ep=int(row["ep"]),
+        expert_tp=1 if pd.isna(row["etp"]) else int(row["etp"]),  # blank: 1 (module docstring)
+        sequence_parallel=tp > 1,
         micro_batch_size=mbs,
         num_microbatches=int(row["global_batch"]) // (dp * mbs),
         schedule="interleaved_1f1b" if v > 1 else ("1f1b" if pp > 1 else "1f1b"),
