@@ -51,9 +51,10 @@ class FamilyVerdict:
 
 
 def family_of(config: dict) -> str:
-    """``dp=4 tp=2 pp=1``, with ``ep=`` and ``cp=`` where they are above 1 (the mesh's order: pp, dp, cp, tp)."""
+    """``dp=4 tp=2 pp=1``, with ``ep=``, ``etp=`` and ``cp=`` where they are above 1 (the mesh's order)."""
     ep, cp = config.get("ep", 1), config.get("cp", 1)
     ep = f" ep={ep}" if str(ep) not in ("1", "nan", "") else ""
+    ep += f" etp={config['expert_tp']}" if str(config.get("expert_tp", 1)) not in ("1", "nan", "") else ""
     cp = f" cp={cp}" if str(cp) not in ("1", "nan", "") else ""
     return f"dp={config['dp']}{ep}{cp} tp={config['tp']} pp={config['pp']}"
 
@@ -189,6 +190,7 @@ def _default_layout(config: dict) -> Plan | None:
             tp=config["tp"],
             pp=config["pp"],
             ep=pick("ep", 1),
+            expert_tp=pick("expert_tp", 1),
             cp=pick("cp", 1),
             cp_variant=pick("cp_variant", "allgather"),
             micro_batch_size=config["mbs"],

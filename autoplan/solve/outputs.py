@@ -83,6 +83,7 @@ RUN_COLUMNS = ("wall_h", "device_hours", "cost_usd", "spot_wall_h", "spot_cost_u
 def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
     """Every candidate; with ``pricer``, also its whole run (RUN_COLUMNS; cost/run/whole_run.py)."""
     run_columns = [] if pricer is None else [c for c in RUN_COLUMNS if pricer.spec.spot or not c.startswith("spot")]
+    config_columns = CONFIG_COLUMNS + _shown_at_non_default(result)
     header = [
         "rank",
         "status",
@@ -95,7 +96,7 @@ def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
         "mfu",
         *run_columns,
         "lower_bound",
-        *CONFIG_COLUMNS,
+        *config_columns,
         "configurations",
         "reason",
     ]
@@ -119,12 +120,27 @@ def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
                 cost.mfu if cost else "",
                 *run,
                 c.lower_bound,
-                *(c.config.get(k, "") for k in CONFIG_COLUMNS),
+                *(c.config.get(k, "") for k in config_columns),
                 c.count,
                 c.reason,
             ]
         )
     return csv_text(header, rows)
+
+
+#: columns written only when some candidate leaves their default (as plan.json omits fields at theirs),
+#: so searches without them write the plans.csv they always did
+OPTIONAL_COLUMNS = (("expert_tp", 1),)
+
+
+def _shown_at_non_default(result: SearchResult) -> tuple[str, ...]:
+    """The :data:`OPTIONAL_COLUMNS` some candidate of ``result`` sets to another value than the default."""
+    found = [
+        name
+        for name, default in OPTIONAL_COLUMNS
+        if any(c.config.get(name, default) != default for c in result.candidates)
+    ]
+    return tuple(found)
 
 
 SWEEP_COLUMNS = (

@@ -74,6 +74,7 @@ def test_plan_cli_pins_the_expert_layout_explains_it_and_exports_it(tmp_path, mo
     assert code == 0
     plan = json.loads((out / "plan.json").read_text())
     assert (plan["tp"], plan["ep"], plan["expert_tp"], plan["sequence_parallel"]) == (2, 2, 2, True)
+    assert "expert_tp" in (out / "plans.csv").read_text().splitlines()[0].split(",")  # shown where a plan sets it
     why = json.loads(capsys.readouterr().out)["explanation"]["experts"]
     assert why.startswith("expert_tp=2 x ep=2 x edp=2 gives each rank 1/4 of the routed experts")
     assert "with every expert on every rank (ep=1, expert_tp=1) the step takes" in why and why.count(". ") == 0
