@@ -70,6 +70,19 @@ NOT_COMPARABLE: dict[str, str] = {}
 MODELS = {
     "DeepSeek-V3": ("hf_deepseek_v3.py", {}),
     "Qwen3-30B-A3B": ("hf_qwen3_moe.py", {}),
+    "Qwen3-235B-A22B": (
+        "hf_qwen3_moe.py",
+        {  # Qwen3-235B-A22B's released config.json (huggingface.co/Qwen/Qwen3-235B-A22B; Qwen3 report, Table 2)
+            "AUTOPLAN_HF_QWEN3_MOE_LAYERS": "94",
+            "AUTOPLAN_HF_QWEN3_MOE_DIM": "4096",
+            "AUTOPLAN_HF_QWEN3_MOE_HEADS": "64",
+            "AUTOPLAN_HF_QWEN3_MOE_KV_HEADS": "4",
+            "AUTOPLAN_HF_QWEN3_MOE_HEAD_DIM": "128",
+            "AUTOPLAN_HF_QWEN3_MOE_MOE_FFN": "1536",
+            "AUTOPLAN_HF_QWEN3_MOE_EXPERTS": "128",
+            "AUTOPLAN_HF_QWEN3_MOE_TOP_K": "8",
+        },
+    ),
     "GPT-OSS-120B": ("hf_gpt_oss.py", {}),
     "Mixtral 8x7B": (
         "hf_mixtral.py",

@@ -6,7 +6,8 @@ For one (dp, tp, cp) and the ep degrees the model's MoE layers allow (cost/moe/e
   every runtime that runs experts runs (autoplan's executor too);
 - the experts' own layout beside tp > 1 (ep, or ``expert_tp`` dividing tp, with ``ep * expert_tp``
   dividing dp x tp, cp = 1): MoE Parallel Folding, only for a runtime that runs it
-  (:data:`FOLDING_RUNTIMES`); the search then pairs it with sequence parallelism only (the Plan's rule).
+  (:data:`FOLDING_RUNTIMES`); the search then pairs it with sequence parallelism only (the Plan's rule);
+  expert_tp > 1 not for experts with biases, which Megatron-Core refuses at expert_tp > 1.
 
 ``--fix expert_tp=N`` pins the experts' tensor-parallel degree; a pin no runtime layout can take is one sentence.
 """
@@ -30,12 +31,13 @@ def runs_folding(runtime: str) -> bool:
 
 
 def layout_options(
-    *, dp: int, tp: int, cp: int, eps: tuple[int, ...], fixes: dict, runtime: str
+    *, dp: int, tp: int, cp: int, eps: tuple[int, ...], fixes: dict, runtime: str, etp_ok: bool = True
 ) -> list[tuple[int, int]]:
-    """(ep, expert_tp) pairs for one (dp, tp, cp) (module docstring), narrowed by the ep and expert_tp pins."""
+    """(ep, expert_tp) pairs for one (dp, tp, cp) (module docstring), narrowed by the ep and expert_tp pins;
+    ``etp_ok`` False (experts with biases) leaves expert_tp at 1."""
     pairs = [(ep, 1) for ep in eps if dp % ep == 0 and (ep == 1 or tp == cp == 1)]
     if runs_folding(runtime) and cp == 1 and eps != (1,):
-        etps = [e for e in range(1, tp + 1) if tp % e == 0]
+        etps = [e for e in range(1, tp + 1) if tp % e == 0 and (e == 1 or etp_ok)]
         folded = [(ep, e) for ep in eps for e in etps if ep * e > 1 and (dp * tp) % (ep * e) == 0]
         pairs += [pair for pair in folded if pair not in pairs]
     if "ep" in fixes:
@@ -91,4 +93,9 @@ def limits(graph: Any, fixes: dict, *, runtime: str) -> Any:
     refuse), after refusing an expert layout pin the runtime cannot take (:func:`check_layout_pin`)."""
     found = moe_limits(graph, fixes)
     check_layout_pin(fixes, runtime=runtime, moe=found.eps != (1,))
+    if fixes.get("expert_tp", 1) > 1 and found.expert_biases:
+        raise PlanError(
+            f"--fix expert_tp={fixes['expert_tp']}: this model's routed experts hold biases, and Megatron-Core runs "
+            "expert tensor parallelism only without them ('Bias in Moe is only supported when ETP==1'); drop the pin."
+        )
     return found

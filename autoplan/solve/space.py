@@ -114,6 +114,7 @@ def degree_options(
     refused: list[RefusedShape] | None = None,
     cp_seq_len: int = 0,
     runtime: str = "autoplan",
+    etp_ok: bool = True,
 ) -> list[Degrees]:
     """Every (dp, tp, pp, ep, cp) the rules and the pins allow (module docstring); ``eps`` are the
     expert-parallel degrees the model's MoE layers allow (cost/moe/experts.py:ep_options), ``max_tp`` the
@@ -121,7 +122,7 @@ def degree_options(
     cp may split (solve/context_parallel.cp_sequence; 0: cp = 1 only). Each shape a rule
     refuses is appended to ``refused`` (the search's record: solve/notes.py reads it)."""
     refused = [] if refused is None else refused
-    options = []
+    options, experts = [], dict(eps=eps, fixes=fixes, runtime=runtime, etp_ok=etp_ok)  # solve/expert_layout.py
     for tp in _divisors(devices):
         for cp in [c for c in _divisors(devices // tp) if cp_allows(c, seq_len=cp_seq_len)]:
             for pp in _divisors(devices // (tp * cp)):
@@ -133,7 +134,7 @@ def degree_options(
                     continue
                 options += [
                     Degrees(devices=devices, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, expert_tp=etp)
-                    for ep, etp in layout_options(dp=dp, tp=tp, cp=cp, eps=eps, fixes=fixes, runtime=runtime)
+                    for ep, etp in layout_options(dp=dp, tp=tp, cp=cp, **experts)
                 ]
     return options
 

@@ -289,6 +289,7 @@ class MoELimits:
 
     eps: tuple[int, ...]
     pipeline_blocks: int
+    expert_biases: bool = False  # a routed expert holds a bias (Megatron-Core then refuses expert_tp > 1)
 
 
 def moe_limits(graph: Graph, fixes: dict) -> MoELimits:
@@ -297,4 +298,5 @@ def moe_limits(graph: Graph, fixes: dict) -> MoELimits:
     if fixes.get("ep", 1) > 1:
         check_ep_pin(graph, fixes["ep"])
     check_pp_pin(graph, fixes.get("pp", 1))
-    return MoELimits(eps=tuple(ep_options(graph)), pipeline_blocks=pipeline_blocks(graph))
+    biases = any(name.endswith("bias") for moe in graph.moe_layers for name in moe.expert_param_names)
+    return MoELimits(eps=tuple(ep_options(graph)), pipeline_blocks=pipeline_blocks(graph), expert_biases=biases)

@@ -85,3 +85,21 @@ def test_plan_cli_pins_the_expert_layout_explains_it_and_exports_it(tmp_path, mo
     refused = main(["plan", str(EXAMPLE), "--devices", "8", "--profile", "dgx-h100", "--batch", "16",
                     "--fix", "expert_tp=2,tp=2", "--out", str(tmp_path / "bad")])  # fmt: skip
     assert refused != 0
+
+
+def test_experts_with_biases_get_no_expert_tp_since_megatron_refuses_it(graph):
+    """Megatron-Core's TransformerConfig: 'Bias in Moe is only supported when ETP==1' (what its start-up
+    check found over the export, tests/unit/export/test_megatron.py): not searched, a pin one sentence."""
+    from dataclasses import replace
+
+    from autoplan.solve.expert_layout import layout_options
+
+    both = layout_options(dp=2, tp=2, cp=1, eps=(1, 2), fixes={}, runtime="megatron")
+    assert (2, 2) in both and (1, 2) in both
+    biased = layout_options(dp=2, tp=2, cp=1, eps=(1, 2), fixes={}, runtime="megatron", etp_ok=False)
+    assert biased == [(1, 1), (2, 1)]
+    moe = graph.moe_layers[0]
+    with_bias = replace(graph, moe_layers=[replace(moe, expert_param_names=[*moe.expert_param_names, "e.bias"])])
+    with pytest.raises(PlanError, match="routed experts hold biases"):
+        plan_graph(with_bias, devices=4, profile=synthetic_profile(), batch_size=MIXTRAL_BATCH,
+                   fix="expert_tp=2,tp=2", runtime="megatron")  # fmt: skip
