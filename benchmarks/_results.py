@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from autoplan.errors import PlanError
 from autoplan.types._check import write_text_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -26,8 +27,9 @@ def write_results(rows: list[dict] | pd.DataFrame, name: str, *, path: str | Pat
 
 def predict_published(runs: pd.DataFrame, *, only: str, why_left_out, predict, profile) -> pd.DataFrame:
     """Each published run whose name contains ``only``: said left out (``why_left_out(row)``, a
-    reason or '') or priced (``predict(row, profile, graphs)``, graphs a shared trace memo); the
-    priced rows as a table, printed without their plan column."""
+    reason or '') or priced (``predict(row, profile, graphs)``, graphs a shared trace memo; a layout the
+    cost model refuses is said left out with its sentence); the priced rows as a table, printed without
+    their plan column."""
     rows, graphs = [], {}
     for _, row in runs.iterrows():
         if only not in row["name"]:
@@ -37,7 +39,10 @@ def predict_published(runs: pd.DataFrame, *, only: str, why_left_out, predict, p
             print(f"left out {row['name']}: {reason}")
             continue
         print(f"{row['name']}:")
-        rows.append(predict(row, profile, graphs))
+        try:
+            rows.append(predict(row, profile, graphs))
+        except PlanError as refused:  # a layout the model cannot take as published, in the cost model's words
+            print(f"left out {row['name']}: {refused}")
     table = pd.DataFrame(rows)
     if not table.empty:
         with pd.option_context("display.width", 250, "display.max_columns", 30):

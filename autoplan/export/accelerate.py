@@ -216,8 +216,8 @@ def _parallel_gaps(plan: Plan) -> list[str]:
             "sequence_parallel / tp_comm_overlap have no Accelerate config key (its sp_size is DeepSpeed Ulysses; "
             "async TP is TorchTensorParallelConfig(enable_async_tp=True) in code)."
         )
-    if plan.ep > 1:
-        found.append(f"ep={plan.ep}: Accelerate's config has no expert parallelism.")
+    if plan.ep > 1 or plan.expert_tp > 1:
+        found.append(f"ep={plan.ep}, expert_tp={plan.expert_tp}: Accelerate's config has no expert parallelism.")
     if plan.cp > 1 and plan.cp_variant == "ulysses":
         found.append(
             f"cp={plan.cp} ulysses: Accelerate's Ulysses is sp_size under DeepSpeed (sp_backend deepspeed), not "

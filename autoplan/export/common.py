@@ -137,6 +137,17 @@ def frozen_notes(facts: ModelFacts, framework: str) -> list[str]:
     ]
 
 
+def expert_layout_notes(plan: Plan, framework: str) -> list[str]:
+    """The experts' own layout (types/expert_layout.py) where ``framework``'s config has no expert tensor
+    parallelism nor experts folded over tp ranks: only Megatron-LM states it (export/megatron_moe.py)."""
+    if plan.expert_tp == 1 and not (plan.ep > 1 and plan.tp > 1):
+        return []
+    return [
+        f"ep={plan.ep} x expert_tp={plan.expert_tp} beside tp={plan.tp}: {framework}'s config has no expert tensor "
+        "parallelism (MoE Parallel Folding, priced as Megatron-Core runs it); export to Megatron-LM for this layout."
+    ]
+
+
 def split_note(plan: Plan) -> str | None:
     """One sentence when the plan's tensor-parallel splits differ from the Megatron default a
     framework applies (autoplan/cost/tp/default.py), else None."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autoplan.export.common import Exported, ModelFacts, layers_per_stage, split_note
+from autoplan.export.common import Exported, ModelFacts, expert_layout_notes, layers_per_stage, split_note
 from autoplan.export.deepspeed_read import SECTION, read
 from autoplan.export.offload import deepspeed_offload
 from autoplan.export.recompute_budget import every_block_note
@@ -139,6 +139,7 @@ def _context_gaps(plan: Plan) -> list[str]:
 
 def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
     found = _pipeline_gaps(plan, facts) + _tensor_gaps(plan) + _context_gaps(plan)
+    found += expert_layout_notes(plan, "DeepSpeed")
     if grad_accum_dtype(plan) != "fp32" and not (plan.pp > 1 and plan.precision != "fp16"):
         found.append(
             f"zero_stage=0 with {plan.precision}: DeepSpeed without ZeRO holds and accumulates gradients in the "

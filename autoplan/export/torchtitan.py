@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, split_note
+from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, expert_layout_notes, split_note
 from autoplan.export.torchtitan_flavours import Flavour, Registry, describe_shape, matching, read_registry
 from autoplan.types.plan import Plan
 
@@ -181,7 +181,7 @@ def general_notes(plan: Plan) -> list[str]:
     note = split_note(plan)
     if note:
         notes.append(note)
-    return notes
+    return notes + expert_layout_notes(plan, "torchtitan 0.3")
 
 
 def launch(devices: int, entry_args: str) -> str:

@@ -55,3 +55,17 @@ def test_expert_groups_lay_etp_innermost_then_ep_then_edp():
     folded = expert_groups(pp=2, dp=2, tp=2, ep=2)  # expert_tp = 1: an ep group is a tp group here
     assert folded["ep"] == [[0, 1], [2, 3], [4, 5], [6, 7]] and folded["edp"][0] == [0, 2]
     assert expert_groups(pp=1, dp=4, ep=2)["ep"] == [[0, 1], [2, 3]]  # tp = 1: as before
+
+
+def test_exports_without_expert_tensor_parallelism_name_the_layout_they_cannot_write():
+    """torchtitan 0.3, DeepSpeed and Accelerate have no expert tensor parallelism: each export names it
+    (Megatron-LM writes it: tests/unit/export/test_megatron.py)."""
+    from autoplan.export.api import export_plan
+
+    folded = _plan(ep=2, zero_stage=1, routing={"imbalance": 1.25})
+    for framework, words in (("torchtitan", "torchtitan 0.3's config"), ("deepspeed", "DeepSpeed's config"),
+                             ("accelerate", "Accelerate's config has no expert")):  # fmt: skip
+        said = " ".join(export_plan(folded, to=framework).unexpressed)
+        assert "expert_tp=1" in said and words in said, (framework, said)
+    plain = _plan(dp=4, tp=1, devices=4, ep=2, sequence_parallel=False, zero_stage=1)
+    assert "expert tensor" not in " ".join(export_plan(plain, to="deepspeed").unexpressed)
