@@ -293,8 +293,8 @@ class CostModel:
                 f"plan needs {plan.pp * plan.virtual_stages} pipeline chunks "
                 f"but the model has {len(self.graph.layers)} blocks; use fewer stages."
             )
-        if plan.ep > 1:
-            check_divides(self.graph, plan.ep)
+        if plan.ep * plan.expert_tp > 1:
+            check_divides(self.graph, plan.ep, expert_tp=plan.expert_tp)
         if plan.cp > 1:
             check_context_parallel(self.graph, plan)
         if self.profile.inter_node is None and plan.devices > self.profile.devices_per_node:

@@ -31,13 +31,13 @@ def runs_folding(runtime: str) -> bool:
 
 
 def layout_options(
-    *, dp: int, tp: int, cp: int, eps: tuple[int, ...], fixes: dict, runtime: str, etp_ok: bool = True
+    *, dp: int, tp: int, cp: int, eps: tuple[int, ...], fixes: dict, runtime: str, etp_ok: Any = True
 ) -> list[tuple[int, int]]:
     """(ep, expert_tp) pairs for one (dp, tp, cp) (module docstring), narrowed by the ep and expert_tp pins;
-    ``etp_ok`` False (experts with biases) leaves expert_tp at 1."""
+    ``etp_ok(e)`` says whether the experts take expert_tp ``e`` (:func:`expert_tp_ok`; True: any)."""
     pairs = [(ep, 1) for ep in eps if dp % ep == 0 and (ep == 1 or tp == cp == 1)]
     if runs_folding(runtime) and cp == 1 and eps != (1,):
-        etps = [e for e in range(1, tp + 1) if tp % e == 0 and (e == 1 or etp_ok)]
+        etps = [e for e in range(1, tp + 1) if tp % e == 0 and (e == 1 or etp_ok is True or etp_ok(e))]
         folded = [(ep, e) for ep in eps for e in etps if ep * e > 1 and (dp * tp) % (ep * e) == 0]
         pairs += [pair for pair in folded if pair not in pairs]
     if "ep" in fixes:
@@ -93,9 +93,20 @@ def limits(graph: Any, fixes: dict, *, runtime: str) -> Any:
     refuse), after refusing an expert layout pin the runtime cannot take (:func:`check_layout_pin`)."""
     found = moe_limits(graph, fixes)
     check_layout_pin(fixes, runtime=runtime, moe=found.eps != (1,))
-    if fixes.get("expert_tp", 1) > 1 and found.expert_biases:
+    etp = fixes.get("expert_tp", 1)
+    if etp > 1 and found.expert_ffn and found.expert_ffn % etp:
+        raise PlanError(
+            f"--fix expert_tp={etp} does not divide this model's expert FFN width {found.expert_ffn}; pin a divisor."
+        )
+    if etp > 1 and found.expert_biases:
         raise PlanError(
             f"--fix expert_tp={fixes['expert_tp']}: this model's routed experts hold biases, and Megatron-Core runs "
             "expert tensor parallelism only without them ('Bias in Moe is only supported when ETP==1'); drop the pin."
         )
     return found
+
+
+def expert_tp_ok(limits: Any) -> Any:
+    """Whether the model's experts take an expert_tp ``e``: no biases (Megatron-Core refuses them at e > 1) and
+    ``e`` dividing every expert's FFN width (``limits``: cost ``moe_limits``)."""
+    return lambda e: not limits.expert_biases and limits.expert_ffn % e == 0

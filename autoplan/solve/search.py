@@ -107,7 +107,7 @@ class Search:
         found, per_node = [], self.profile.devices_per_node
         kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.moe_limits.eps)
         kw.update(refused=self.refused, cp_seq_len=self.cp_seq_len, runtime=opts.runtime)
-        kw.update(etp_ok=not self.moe_limits.expert_biases)
+        kw.update(etp_ok=expert_layout.expert_tp_ok(self.moe_limits))
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
         space.check_zero_pin(degrees, self.fixes, runtime=opts.runtime)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)

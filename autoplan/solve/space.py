@@ -114,7 +114,7 @@ def degree_options(
     refused: list[RefusedShape] | None = None,
     cp_seq_len: int = 0,
     runtime: str = "autoplan",
-    etp_ok: bool = True,
+    etp_ok: Any = True,
 ) -> list[Degrees]:
     """Every (dp, tp, pp, ep, cp) the rules and the pins allow (module docstring); ``eps`` are the
     expert-parallel degrees the model's MoE layers allow (cost/moe/experts.py:ep_options), ``max_tp`` the

@@ -224,11 +224,17 @@ def block_experts(
     )
 
 
-def check_divides(graph: Graph, ep: int) -> None:
-    """Every grouped MoE layer's experts split evenly over ``ep`` ranks, else one sentence."""
+def check_divides(graph: Graph, ep: int, *, expert_tp: int = 1) -> None:
+    """Every grouped MoE layer's experts split evenly over ``ep`` ranks, and each one's FFN over
+    ``expert_tp``, else one sentence."""
     from autoplan.errors import PlanError
 
     for moe in graph.moe_layers:
+        if moe.expert_ffn_size % expert_tp:
+            raise PlanError(
+                f"plan expert_tp={expert_tp} does not divide the expert FFN width {moe.expert_ffn_size} of MoE layer "
+                f"'{moe.module}'; use an expert_tp that divides it."
+            )
         if ep > 1 and not runs_grouped(moe):
             raise PlanError(
                 f"plan ep={ep} but MoE layer '{moe.module}' keeps its experts as separate modules, which autoplan "
@@ -290,6 +296,7 @@ class MoELimits:
     eps: tuple[int, ...]
     pipeline_blocks: int
     expert_biases: bool = False  # a routed expert holds a bias (Megatron-Core then refuses expert_tp > 1)
+    expert_ffn: int = 0  # the gcd of the layers' expert FFN widths: expert_tp must divide it (0: no MoE)
 
 
 def moe_limits(graph: Graph, fixes: dict) -> MoELimits:
@@ -299,4 +306,7 @@ def moe_limits(graph: Graph, fixes: dict) -> MoELimits:
         check_ep_pin(graph, fixes["ep"])
     check_pp_pin(graph, fixes.get("pp", 1))
     biases = any(name.endswith("bias") for moe in graph.moe_layers for name in moe.expert_param_names)
-    return MoELimits(eps=tuple(ep_options(graph)), pipeline_blocks=pipeline_blocks(graph), expert_biases=biases)
+    ffn = math.gcd(*(m.expert_ffn_size for m in graph.moe_layers)) if graph.moe_layers else 0
+    return MoELimits(
+        eps=tuple(ep_options(graph)), pipeline_blocks=pipeline_blocks(graph), expert_biases=biases, expert_ffn=ffn
+    )

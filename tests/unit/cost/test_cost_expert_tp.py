@@ -104,3 +104,11 @@ def test_the_busiest_ep_rank_holds_imbalance_times_the_mean_expert_activations(g
     calm, warm, hot = saved(2, 1.0), saved(2, 1.5), saved(2, 2.0)
     assert warm > calm and hot - calm == pytest.approx(2 * (warm - calm), rel=1e-9)
     assert saved(1, 1.0) == saved(1, 2.0)  # at ep = 1 a rank holds every expert: the mean
+
+
+def test_an_expert_tp_that_does_not_divide_the_expert_ffn_is_one_sentence(graph):
+    from autoplan.errors import PlanError
+
+    width = graph.moe_layers[0].expert_ffn_size  # 512
+    with pytest.raises(PlanError, match=f"expert_tp=3 does not divide the expert FFN width {width}"):
+        CostModel(graph, synthetic_profile()).estimate(_plan(devices=6, dp=2, tp=3, expert_tp=3))

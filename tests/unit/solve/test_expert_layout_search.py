@@ -96,7 +96,7 @@ def test_experts_with_biases_get_no_expert_tp_since_megatron_refuses_it(graph):
 
     both = layout_options(dp=2, tp=2, cp=1, eps=(1, 2), fixes={}, runtime="megatron")
     assert (2, 2) in both and (1, 2) in both
-    biased = layout_options(dp=2, tp=2, cp=1, eps=(1, 2), fixes={}, runtime="megatron", etp_ok=False)
+    biased = layout_options(dp=2, tp=2, cp=1, eps=(1, 2), fixes={}, runtime="megatron", etp_ok=lambda e: False)
     assert biased == [(1, 1), (2, 1)]
     moe = graph.moe_layers[0]
     with_bias = replace(graph, moe_layers=[replace(moe, expert_param_names=[*moe.expert_param_names, "e.bias"])])
