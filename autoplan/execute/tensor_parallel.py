@@ -14,6 +14,11 @@ Linear weight ``[out, in]``):
   sums -> ``Replicate`` (all-reduce) or ``Shard(1)`` (reduce-scatter) under SP. Embedding: ``W`` ->
   ``Shard(0)`` (vocabulary), output all-reduced / reduce-scattered.
 - ``sequence_parallel``: parameters ``Replicate``; input -> ``Shard(1)``; output stays so.
+- ``replicate`` (a Linear or Embedding the plan names so): parameters ``Replicate``; input ->
+  ``Replicate`` (the all-gather a colwise sibling shares under SP); output kept and settled, so its
+  gradient comes back whole. Left to DTensor, a replicated linear would run on whatever shard its
+  input or its output's gradient arrives in (LoRA's adapters on the sequence shard), which the cost
+  model does not price (autoplan/cost/tp/splits.py).
 
 An FP8 linear keeps these placements, with torchao's ``Float8ColwiseParallel`` /
 ``Float8RowwiseParallel`` casts (autoplan/execute/float8.py).
@@ -97,12 +102,25 @@ def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         if plan.sequence_parallel:  # first: these hooks see what the redistributions below receive
             _check_even_sequences(present[fqn], fqn=fqn, split=split, kind=kinds[fqn], tp=plan.tp)
         _add_hooks(present[fqn], split=split, kind=kinds[fqn], mesh=tp_mesh, sp=plan.sequence_parallel, inputs=inputs)
+    for fqn in _replicated(plan, present=present, kinds=kinds):
+        present[fqn].register_forward_pre_hook(lambda _m, args: tuple(inputs(a, Replicate()) for a in args))
+        present[fqn].register_forward_hook(lambda _m, _args, out: _settled(out) if isinstance(out, DTensor) else out)
     # Enter as DTensors, leave as full plain tensors: then the gradient a pipeline stage
     # sends back for its input is a plain tensor too, and the loss sees plain outputs.
     sp = plan.sequence_parallel
     module.register_forward_pre_hook(lambda _m, args: tuple(_entering(a, tp_mesh, sp=sp) for a in args))
     module.register_forward_hook(lambda _m, _args, output: to_full(output))
     return module
+
+
+def _replicated(plan: Plan, *, present: dict[str, nn.Module], kinds: dict[str, str]) -> list[str]:
+    """The Linears and Embeddings ``plan.tp_plan`` names ``replicate``: each takes its input whole,
+    as the cost model prices a replicated parameterised op (input R, output R)."""
+    return [
+        fqn
+        for fqn, split in plan.tp_plan.items()
+        if split == "replicate" and fqn in present and kinds.get(fqn) in ("linear", "embedding")
+    ]
 
 
 def _entering(x: Any, mesh: DeviceMesh, *, sp: bool) -> Any:
