@@ -263,12 +263,14 @@ def _read_degrees(par: dict[str, Any], devices: int | None, unmapped: list[str])
     zero = _read_zero(par.get("fsdp_reshard_after_forward", "default"), shard * cp, pp)  # FSDP over shard x cp
     ep = par.get("expert_parallel_degree", 1)
     hsdp = replicate > 1 and shard * cp > 1
-    if hsdp and (cp > 1 or ep > 1):
+    if hsdp and ep > 1:
         unmapped.append(
-            f"HSDP (replicate {replicate} x shard {shard} x cp {cp}, ep {ep}): autoplan's HSDP composes with tp and "
-            f"pp only, so it prices ZeRO over all {replicate * shard * cp} dp x cp ranks."
+            f"HSDP (replicate {replicate} x shard {shard} x cp {cp}, ep {ep}): autoplan's HSDP composes with tp, "
+            f"pp and cp only, so it prices ZeRO over all {replicate * shard * cp} dp x cp ranks."
         )
-    replicas = replicate if hsdp and cp == ep == 1 else 1  # HSDP read as dp_replicate (types/hsdp.py)
+    replicas = (
+        replicate if hsdp and ep == 1 else 1
+    )  # HSDP read as dp_replicate, sharded over shard x cp (types/hsdp.py)
     degrees = dict(devices=world, dp=replicate * shard, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero)
     return {**degrees, "dp_replicate": replicas} if replicas > 1 else degrees
 

@@ -114,6 +114,9 @@ FOUR = [
     ("hsdp_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
     ("hsdp_zero2", "gpt", dict(dp=4, dp_replicate=2, zero_stage=2)),
     ("hsdp_zero3", "llama", dict(dp=4, dp_replicate=2, zero_stage=3)),
+    # HSDP beside cp: the shard group is dp_shard x cp (1 x 2 ranks), the replicas 2 (types/hsdp.py)
+    ("hsdp_cp_zero2", "llama", dict(dp=2, dp_replicate=2, cp=2, zero_stage=2)),
+    ("hsdp_cp_zero3", "gpt", dict(dp=2, dp_replicate=2, cp=2, zero_stage=3)),
     # cp x pp runs and verifies (test_execute.py) but is not audited: its stages send the rotary tables made
     # before the first block whole, which cost/pp/messages.py prices at 1/cp (docs/cost-model.md, "Context
     # parallelism")

@@ -78,6 +78,8 @@ FOUR = [
     # HSDP: 2 replicas x 2-rank shard groups (ZeRO-1's sharded optimizer; FSDP2 on a 2-D mesh)
     ("hsdp2x2_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
     ("hsdp2x2_zero3", "llama", dict(dp=4, dp_replicate=2, zero_stage=3)),
+    # HSDP beside cp: 2 replicas, each sharding over its dp_shard x cp = 1 x 2 ranks (FSDP2's 2-D mesh)
+    ("hsdp2_cp2_zero2", "llama", dict(dp=2, dp_replicate=2, cp=2, zero_stage=2)),
     ("cp2_dp2_ddp", "llama", dict(cp=2, dp=2)),
     ("cp2_tp2_ulysses", "llama", dict(cp=2, tp=2, cp_variant="ulysses")),
     ("cp2_pp2_1f1b_recompute_bf16", "llama", dict(cp=2, pp=2, schedule="1f1b", recompute="full", precision="bf16")),
