@@ -14,7 +14,7 @@ Linear weight ``[out, in]``):
   sums -> ``Replicate`` (all-reduce) or ``Shard(1)`` (reduce-scatter) under SP. Embedding: ``W`` ->
   ``Shard(0)`` (vocabulary), output all-reduced / reduce-scattered.
 - ``sequence_parallel``: parameters ``Replicate``; input -> ``Shard(1)``; output stays so.
-- ``replicate`` (a Linear or Embedding the plan names so): parameters ``Replicate``; input ->
+- ``replicate`` (a Linear the plan does not split, outside MoE blocks): parameters ``Replicate``; input ->
   ``Replicate`` (the all-gather a colwise sibling shares under SP); output kept and settled, so its
   gradient comes back whole. Left to DTensor, a replicated linear would run on whatever shard its
   input or its output's gradient arrives in (LoRA's adapters on the sequence shard), which the cost
@@ -90,8 +90,11 @@ def _check_splittable(*, fqn: str, module: nn.Module, kind: str, split: str, tp:
         )
 
 
-def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh, kinds: dict[str, str]) -> nn.Module:
-    """Shard ``module`` (the whole model or one pipeline stage) in place over ``tp_mesh``."""
+def apply_tensor_parallel(
+    *, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh, kinds: dict[str, str], moe: tuple[str, ...] = ()
+) -> nn.Module:
+    """Shard ``module`` (the whole model or one pipeline stage) in place over ``tp_mesh``; the modules
+    under ``moe`` (MoE blocks, which run whole on the rank's tokens: expert_sequence.py) are left as they are."""
     if plan.tp == 1:
         return module
     present = dict(module.named_modules())
@@ -102,7 +105,7 @@ def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         if plan.sequence_parallel:  # first: these hooks see what the redistributions below receive
             _check_even_sequences(present[fqn], fqn=fqn, split=split, kind=kinds[fqn], tp=plan.tp)
         _add_hooks(present[fqn], split=split, kind=kinds[fqn], mesh=tp_mesh, sp=plan.sequence_parallel, inputs=inputs)
-    for fqn in _replicated(plan, present=present, kinds=kinds):
+    for fqn in _replicated(present, splits=splits, moe=moe):
         present[fqn].register_forward_pre_hook(lambda _m, args: tuple(inputs(a, Replicate()) for a in args))
         present[fqn].register_forward_hook(lambda _m, _args, out: _settled(out) if isinstance(out, DTensor) else out)
     # Enter as DTensors, leave as full plain tensors: then the gradient a pipeline stage
@@ -113,13 +116,18 @@ def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
     return module
 
 
-def _replicated(plan: Plan, *, present: dict[str, nn.Module], kinds: dict[str, str]) -> list[str]:
-    """The Linears and Embeddings ``plan.tp_plan`` names ``replicate``: each takes its input whole,
-    as the cost model prices a replicated parameterised op (input R, output R)."""
+def _replicated(present: dict[str, nn.Module], *, splits: dict[str, str], moe: tuple[str, ...]) -> list[str]:
+    """The Linears the plan does not split (named ``replicate`` or not named, as the cost model reads a
+    tp_plan) outside the MoE blocks: each takes its input whole, as the cost model prices a replicated
+    linear (input R, output R, its gradient R: cost/tp/splits.py ``settled``). A replicated Embedding is
+    left to DTensor: its integer input is whole anyway, and on the SP stream its gradient is partial."""
     return [
         fqn
-        for fqn, split in plan.tp_plan.items()
-        if split == "replicate" and fqn in present and kinds.get(fqn) in ("linear", "embedding")
+        for fqn, sub in present.items()
+        if fqn
+        and fqn not in splits
+        and module_kind(sub) == "linear"
+        and not any(fqn == block or fqn.startswith(f"{block}.") for block in moe)
     ]
 
 

@@ -263,8 +263,8 @@ def _unary(block: BlockAnalysis, u: str, split: str, coll: _Collectives, ctx: TP
             return coll("reduce_scatter", out), coll("all_gather", out)
         return coll("all_reduce", out), 0.0
     to_stream = sp and u not in block.output_sinks  # the model output is gathered whole: its gradient is a local slice
-    if sink and split == "replicate":  # whole output sliced to the SP stream; its gradient gathered whole again
-        return 0.0, coll("all_gather", sink) if to_stream else 0.0
+    if sink and split == "replicate" and settled(block, u):  # whole output sliced to the SP stream, its
+        return 0.0, coll("all_gather", sink) if to_stream else 0.0  # gradient gathered whole again
     if not sink or split != "colwise":
         return 0.0, 0.0
     return coll("all_gather", sink), coll("all_gather", sink) if to_stream else 0.0
@@ -281,6 +281,13 @@ def _pair(a: str, c: str, b: float, coll: _Collectives) -> tuple[float, float]:
     return fwd, bwd
 
 
+def settled(block: BlockAnalysis, u: str) -> bool:
+    """Whether a replicated ``u`` gets its output's gradient back whole: a Linear, whose output the executor
+    settles (execute/tensor_parallel.py); an Embedding's stays as DTensor leaves it, a partial sum on the
+    sequence shard that sp_sync.sp_partial_params reduces once a step."""
+    return next(n.op for n in block.nodes if n.name == u) == "linear"
+
+
 def _add_sliced(terms: TPTerms, block: BlockAnalysis, legal: dict, coll: _Collectives, ctx: TPContext) -> None:
     """A whole (replicated) output ``w`` that meets a sharded sibling in a pure node: DTensor
     slices ``w`` locally and the node runs sharded (cost/tp/shards.py:pure_layout), so the
@@ -293,7 +300,8 @@ def _add_sliced(terms: TPTerms, block: BlockAnalysis, legal: dict, coll: _Collec
         met.setdefault(u, set()).add(w)
         met.setdefault(w, set()).add(u)
     for w, others in sorted(met.items()):
-        if "replicate" not in legal[w] or (sp and block.sinks.get(w) and w not in block.output_sinks):
+        on_stream = sp and block.sinks.get(w) and w not in block.output_sinks
+        if "replicate" not in legal[w] or not settled(block, w) or on_stream:
             continue
         choices = tuple(
             (u, split)
