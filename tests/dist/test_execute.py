@@ -41,6 +41,8 @@ TWO = [
     ("pp2_fp16", "gpt", dict(pp=2, schedule="1f1b", precision="fp16")),
     # calibration-sweep regressions (plans the planner emitted that once failed to run)
     ("tp2_sp_replicated_attention", "gpt", dict(tp=2, sequence_parallel=True, tp_plan=m.gpt_tp_plan(True, attention=False))),
+    # LoRA's replicated adapters beside Megatron's splits under SP: run whole, gradients settled whole
+    ("tp2_sp_lora_adapters", "lora", dict(tp=2, sequence_parallel=True, tp_plan=m.lora_tp_plan(True))),
     ("tp2_colwise_embedding_inplace", "llama3p", dict(tp=2, recompute="full", tp_plan=m.llama_tp_plan(False, embedding="colwise"))),
     ("tp2_sp_colwise_embedding_inplace", "llama3p", dict(tp=2, sequence_parallel=True, tp_plan=m.llama_tp_plan(True, embedding="colwise"))),
     ("pp2_interleaved_rope_args", "llama3p", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
