@@ -148,6 +148,9 @@ def _comm_by_node(
         hit = next((v for v, s in choices if splits[v] == s), None)
         if hit is not None:
             comm[hit] = comm.get(hit, 0.0) + fwd + bwd
+    for (fwd, bwd), (w, s_w), choices in terms.gated:
+        if splits[w] == s_w and any(splits[v] == s for v, s in choices):
+            comm[w] = comm.get(w, 0.0) + fwd + bwd
     partial = set(sp_partial_params(graph, layer, plan.tp_plan, tp=plan.tp, sequence_parallel=plan.sequence_parallel))
     for _, node in nodes:  # the step's all-reduce of partial gradients, spread over its micro-batches
         for name in sorted(partial.intersection(node.param_names)):

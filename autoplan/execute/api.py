@@ -133,7 +133,9 @@ def parallelize(
     if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)
         rng.install_tracker(mesh["tp"])
     for index, module in modules.items():
-        apply_tensor_parallel(module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds)
+        apply_tensor_parallel(
+            module=module, plan=plan, tp_mesh=mesh["tp"], kinds=kinds, moe=(*experts, *list_moe, *moe_blocks)
+        )
         # after TP, whose DTensors the sends are cut from and the receives rebuilt as (pipeline_scatter.py)
         apply_pipeline_scatter(
             module=module,

@@ -61,15 +61,18 @@ def build_mesh(*, plan: Plan) -> DeviceMesh:
 
 def grad_mesh(*, mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     """The ranks that average gradients: the dp axis, or with cp > 1 the dp and cp axes flattened
-    ("dp_cp", dp-major as types/layout.py ``plan_groups`` states it), or under HSDP the dp axis
+    ("dp_cp", dp-major as types/layout.py ``plan_groups`` states it), or under HSDP the dp axis (dp x cp)
     unflattened into the 2-D ``(dp_replicate, dp_shard)`` mesh, shard innermost (types/hsdp.py), on which
     FSDP2's ``fully_shard`` runs HSDP. A collective at cp > 1 or under HSDP: every rank calls it once, in
     the same order."""
-    if plan.dp_replicate > 1:
+    if plan.dp_replicate > 1 and plan.cp == 1:
         return mesh._unflatten("dp", (plan.dp_replicate, dp_shard(plan)), HSDP_AXES)[HSDP_AXES]
     if plan.cp == 1:
         return mesh["dp"]
-    return mesh["dp", "cp"]._flatten("dp_cp")
+    flat = mesh["dp", "cp"]._flatten("dp_cp")
+    if plan.dp_replicate > 1:  # the shard group is the flattened (dp_shard, cp): dp-major, so replica-major too
+        return flat._unflatten("dp_cp", (plan.dp_replicate, dp_shard(plan) * plan.cp), HSDP_AXES)
+    return flat
 
 
 def grad_groups(grad: DeviceMesh | None) -> list[tuple[DeviceMesh, str]]:

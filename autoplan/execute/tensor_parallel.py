@@ -14,6 +14,11 @@ Linear weight ``[out, in]``):
   sums -> ``Replicate`` (all-reduce) or ``Shard(1)`` (reduce-scatter) under SP. Embedding: ``W`` ->
   ``Shard(0)`` (vocabulary), output all-reduced / reduce-scattered.
 - ``sequence_parallel``: parameters ``Replicate``; input -> ``Shard(1)``; output stays so.
+- ``replicate`` (a Linear the plan does not split, outside MoE blocks): parameters ``Replicate``; input ->
+  ``Replicate`` (the all-gather a colwise sibling shares under SP); output kept and settled, so its
+  gradient comes back whole. Left to DTensor, a replicated linear would run on whatever shard its
+  input or its output's gradient arrives in (LoRA's adapters on the sequence shard), which the cost
+  model does not price (autoplan/cost/tp/splits.py).
 
 An FP8 linear keeps these placements, with torchao's ``Float8ColwiseParallel`` /
 ``Float8RowwiseParallel`` casts (autoplan/execute/float8.py).
@@ -85,8 +90,11 @@ def _check_splittable(*, fqn: str, module: nn.Module, kind: str, split: str, tp:
         )
 
 
-def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh, kinds: dict[str, str]) -> nn.Module:
-    """Shard ``module`` (the whole model or one pipeline stage) in place over ``tp_mesh``."""
+def apply_tensor_parallel(
+    *, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh, kinds: dict[str, str], moe: tuple[str, ...] = ()
+) -> nn.Module:
+    """Shard ``module`` (the whole model or one pipeline stage) in place over ``tp_mesh``; the modules
+    under ``moe`` (MoE blocks, which run whole on the rank's tokens: expert_sequence.py) are left as they are."""
     if plan.tp == 1:
         return module
     present = dict(module.named_modules())
@@ -97,12 +105,30 @@ def apply_tensor_parallel(*, module: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         if plan.sequence_parallel:  # first: these hooks see what the redistributions below receive
             _check_even_sequences(present[fqn], fqn=fqn, split=split, kind=kinds[fqn], tp=plan.tp)
         _add_hooks(present[fqn], split=split, kind=kinds[fqn], mesh=tp_mesh, sp=plan.sequence_parallel, inputs=inputs)
+    for fqn in _replicated(present, splits=splits, moe=moe):
+        present[fqn].register_forward_pre_hook(lambda _m, args: tuple(inputs(a, Replicate()) for a in args))
+        present[fqn].register_forward_hook(lambda _m, _args, out: _settled(out) if isinstance(out, DTensor) else out)
     # Enter as DTensors, leave as full plain tensors: then the gradient a pipeline stage
     # sends back for its input is a plain tensor too, and the loss sees plain outputs.
     sp = plan.sequence_parallel
     module.register_forward_pre_hook(lambda _m, args: tuple(_entering(a, tp_mesh, sp=sp) for a in args))
     module.register_forward_hook(lambda _m, _args, output: to_full(output))
     return module
+
+
+def _replicated(present: dict[str, nn.Module], *, splits: dict[str, str], moe: tuple[str, ...]) -> list[str]:
+    """The Linears the plan does not split (named ``replicate`` or not named, as the cost model reads a
+    tp_plan) outside the MoE blocks: each takes its input whole, as the cost model prices a replicated
+    linear (input R, output R, its gradient R: cost/tp/splits.py ``settled``). A replicated Embedding is
+    left to DTensor: its integer input is whole anyway, and on the SP stream its gradient is partial."""
+    return [
+        fqn
+        for fqn, sub in present.items()
+        if fqn
+        and fqn not in splits
+        and module_kind(sub) == "linear"
+        and not any(fqn == block or fqn.startswith(f"{block}.") for block in moe)
+    ]
 
 
 def _entering(x: Any, mesh: DeviceMesh, *, sp: bool) -> Any:

@@ -8,7 +8,8 @@ autoplan/types/recompute.py) in each trainer's terms, or the one sentence saying
 - torchtitan 0.2.x: ``selective_ac_option = "N"`` wraps every N-th block a process builds (a counter
   over its blocks, ``count % N == 0``), so a stage of L blocks recomputes floor(L / N): a budget is
   written that way when one N gives every chunk its count (v = 1, full recompute; the same price for
-  identical blocks, not the same blocks), else as every block with a note. torchtitan 0.3's FullAC and
+  identical blocks, not the same blocks), else as every block with a note; read back, N gives each chunk
+  floor(L / N) (:func:`read_torchtitan_ac`). torchtitan 0.3's FullAC and
   SelectiveAC, Accelerate's ``fsdp_activation_checkpointing`` and DeepSpeed (model code calls its
   checkpoint) checkpoint every block they are given: a note says what is written.
 docs/export.md, "Budgeted recompute".
@@ -16,9 +17,13 @@ docs/export.md, "Budgeted recompute".
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from autoplan.types.plan import Plan
 
 Flags = list[tuple[str, object]]
+BLOCK = re.compile(r"layers\.\d+")  # a block in torchtitan's module names (torchtitan.py:chunk_modules)
 
 
 def budget_text(plan: Plan) -> str:
@@ -76,3 +81,42 @@ def every_block_note(plan: Plan, *, trainer: str, how: str) -> str:
         f"{budget_text(plan)}: {trainer} {how}, with no count of blocks; written as every block "
         "(slower, never more memory): recompute only the first k blocks of each stage to match the plan."
     )
+
+
+def read_torchtitan_ac(ac: dict[str, Any], sizes: list[int] | None, unmapped: list[str]) -> dict[str, Any]:
+    """torchtitan 0.2.x's ``[activation_checkpoint]`` as Plan fields: ``selective_ac_option = "N"``
+    (N >= 2) fully recomputes floor(L / N) of each chunk's L blocks, a budget (module docstring), when
+    the chunks' block counts ``sizes`` are known; "1" is every block, "op" op-level selective."""
+    mode = ac.get("mode", "selective")
+    if mode == "memory_budget":
+        unmapped.append("activation_checkpoint mode memory_budget: autoplan does not price it; read as selective.")
+        return {"recompute": "selective"}
+    option = str(ac.get("selective_ac_option", "2"))
+    if mode != "selective" or option == "op":
+        return {"recompute": mode}
+    if option == "1":
+        return {"recompute": "full"}
+    if sizes is None or not option.isdigit():
+        unmapped.append(
+            f"selective_ac_option = {option} (full AC on every {option}th block) with blocks per stage "
+            "unknown: read as selective."
+        )
+        return {"recompute": "selective"}
+    return {"recompute": "full", "recompute_blocks": [size // int(option) for size in sizes]}
+
+
+def torchtitan_chunk_sizes(par: dict[str, Any], chunks: int, layers: int | None) -> list[int] | None:
+    """Blocks per pipeline chunk as torchtitan 0.2.x's ``[parallelism]`` states them (the inverse of
+    autoplan/export/torchtitan_toml.py's ``_pipeline``): its module lists, else ``layers_per_stage`` m
+    with the end chunks m - first and m - last, else the model's layers split evenly; None if unknown."""
+    parts = par.get("module_fqns_per_model_part")
+    if parts:
+        return [sum(1 for name in part if BLOCK.fullmatch(name)) for part in parts]
+    if layers is None:
+        return None
+    per = par.get("pipeline_parallel_layers_per_stage")
+    if per is None or chunks == 1:
+        return [layers // chunks] * chunks if layers % chunks == 0 else None
+    first = par.get("pipeline_parallel_first_stage_less_layers", 1)
+    last = par.get("pipeline_parallel_last_stage_less_layers", 1)
+    return [per - first] + [per] * (chunks - 2) + [per - last]

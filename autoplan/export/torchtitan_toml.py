@@ -24,7 +24,12 @@ import tomllib
 
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, comment_lines, frozen_notes
 from autoplan.export.offload import torchtitan_offload, torchtitan_training
-from autoplan.export.recompute_budget import layer_sac_option, torchtitan_toml_note
+from autoplan.export.recompute_budget import (
+    layer_sac_option,
+    read_torchtitan_ac,
+    torchtitan_chunk_sizes,
+    torchtitan_toml_note,
+)
 from autoplan.export.torchtitan import (
     SCHEDULES,
     chunk_modules,
@@ -214,7 +219,9 @@ def read_data(
     fields.update(_read_pipeline(par, degrees["pp"], layers, unmapped))
     fields.update(_read_precision(data, degrees, unmapped, fsdp_always=series != "0.2"))
     fields["cp_variant"] = _read_cp(data, degrees, training.get("seq_len"), unmapped, series=series)
-    fields["recompute"] = _read_recompute(data.get("activation_checkpoint", {}), unmapped)
+    chunks = degrees["pp"] * fields["virtual_stages"]
+    sizes = torchtitan_chunk_sizes(par, chunks, layers)
+    fields.update(read_torchtitan_ac(data.get("activation_checkpoint", {}), sizes, unmapped))
     fields["sequence_parallel"] = degrees["tp"] > 1 and par.get("enable_sequence_parallel", True)  # 0.3 has the key
     fields["tp_comm_overlap"] = degrees["tp"] > 1 and bool(par.get("enable_async_tensor_parallel", False))
     fields["compile"] = bool(data.get("compile", {}).get("enable", False))  # per TransformerBlock, as Plan.compile
@@ -256,12 +263,14 @@ def _read_degrees(par: dict[str, Any], devices: int | None, unmapped: list[str])
     zero = _read_zero(par.get("fsdp_reshard_after_forward", "default"), shard * cp, pp)  # FSDP over shard x cp
     ep = par.get("expert_parallel_degree", 1)
     hsdp = replicate > 1 and shard * cp > 1
-    if hsdp and (cp > 1 or ep > 1):
+    if hsdp and ep > 1:
         unmapped.append(
-            f"HSDP (replicate {replicate} x shard {shard} x cp {cp}, ep {ep}): autoplan's HSDP composes with tp and "
-            f"pp only, so it prices ZeRO over all {replicate * shard * cp} dp x cp ranks."
+            f"HSDP (replicate {replicate} x shard {shard} x cp {cp}, ep {ep}): autoplan's HSDP composes with tp, "
+            f"pp and cp only, so it prices ZeRO over all {replicate * shard * cp} dp x cp ranks."
         )
-    replicas = replicate if hsdp and cp == ep == 1 else 1  # HSDP read as dp_replicate (types/hsdp.py)
+    replicas = (
+        replicate if hsdp and ep == 1 else 1
+    )  # HSDP read as dp_replicate, sharded over shard x cp (types/hsdp.py)
     degrees = dict(devices=world, dp=replicate * shard, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero)
     return {**degrees, "dp_replicate": replicas} if replicas > 1 else degrees
 
@@ -385,16 +394,3 @@ def _read_precision(
         if recipe not in (None, "tensorwise"):
             unmapped.append(f"float8 recipe {recipe}: autoplan prices tensorwise scaling.")
     return {"precision": precision, "grad_reduce_dtype": "fp32"}
-
-
-def _read_recompute(ac: dict[str, Any], unmapped: list[str]) -> str:
-    mode = ac.get("mode", "selective")
-    if mode == "memory_budget":
-        unmapped.append("activation_checkpoint mode memory_budget: autoplan does not price it; read as selective.")
-        return "selective"
-    option = str(ac.get("selective_ac_option", "2"))
-    if mode == "selective" and option != "op":
-        if option == "1":
-            return "full"
-        unmapped.append(f"selective_ac_option = {option} (full AC on every {option}th block): read as selective.")
-    return mode

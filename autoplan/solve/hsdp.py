@@ -6,8 +6,10 @@ devices_per_node / tp (tp dividing the node), or of a power-of-two multiple of i
 S < dp and S | dp, as torchtitan and Megatron size HSDP (a node per shard group). A shard group inside a
 node keeps the all-gathers and reduce-scatters on NVLink and sends only 1/S of the gradients across
 nodes. Offering every n 2^k cost the GPT-3 175B case of benchmarks/planning_time.py twice the search
-time (docs/ilp.md, "HSDP"); any other legal R is reached with ``--fix dp_replicate=R``. Offered only where
-the plan's runtime runs HSDP at that ZeRO stage (:func:`runs_hsdp`) and with ep = cp = 1 (the Plan's rule).
+time (docs/ilp.md, "HSDP"); any other legal R is reached with ``--fix dp_replicate=R``. Beside context
+parallelism a shard group is S x cp ranks (types/hsdp.py), so n and its multiples count dp x cp ranks and
+S = n 2^k / cp. Offered only where the plan's runtime runs HSDP at that ZeRO stage (:func:`runs_hsdp`) and
+with ep = 1 (the Plan's rule).
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ def runs_hsdp(runtime: str, zero_stage: int) -> bool:
     return zero_stage in HSDP_STAGES.get(runtime, ())
 
 
-def shard_sizes(*, dp: int, tp: int, per_node: int) -> list[int]:
-    """The shard-group sizes S < dp the search offers (module docstring): the smallest S = n 2^k >= 2
-    dividing dp, n a node's dp ranks."""
+def shard_sizes(*, dp: int, tp: int, per_node: int, cp: int = 1) -> list[int]:
+    """The shard-group sizes S < dp the search offers (module docstring): the smallest S with S cp = n 2^k
+    >= 2 and S dividing dp, n a node's dp x cp ranks."""
     node = per_node // tp if tp <= per_node and per_node % tp == 0 else 1
-    size = node
-    while size < dp:
-        if size >= 2 and dp % size == 0:
-            return [size]
+    size = node  # weight-sharing ranks: S x cp
+    while size < dp * cp:
+        if size >= 2 and size % cp == 0 and dp % (size // cp) == 0:
+            return [size // cp]
         size *= 2
     return []
 
@@ -44,13 +46,13 @@ def replicate_options(
     """dp_replicate choices of one (degrees, ZeRO stage): 1, and R = dp / S for each offered S; a pin
     keeps only itself, and only where it is legal (no plan of the group otherwise)."""
     pinned = fixes.get("dp_replicate")
-    legal = zero >= 1 and ep == cp == 1 and runs_hsdp(runtime, zero)
+    legal = zero >= 1 and ep == 1 and runs_hsdp(runtime, zero)
     if pinned is not None:
-        fits = pinned == 1 or (legal and dp % pinned == 0 and dp // pinned >= 2)
+        fits = pinned == 1 or (legal and dp % pinned == 0 and dp // pinned * cp >= 2)
         return [pinned] if fits else []
     if not legal:
         return [1]
-    return [1] + [dp // size for size in shard_sizes(dp=dp, tp=tp, per_node=per_node)]
+    return [1] + [dp // size for size in shard_sizes(dp=dp, tp=tp, per_node=per_node, cp=cp)]
 
 
 def check_hsdp_pin(fixes: dict, runtime: str) -> None:
@@ -58,8 +60,8 @@ def check_hsdp_pin(fixes: dict, runtime: str) -> None:
     pinned = fixes.get("dp_replicate", 1)
     if pinned == 1:
         return
-    dp = fixes.get("dp")
-    if dp is not None and (dp % pinned or dp // pinned < 2):
+    dp, cp = fixes.get("dp"), fixes.get("cp", 1)
+    if dp is not None and (dp % pinned or dp // pinned * cp < 2):
         raise PlanError(
             f"--fix dp_replicate={pinned} with dp={dp}: HSDP splits dp into dp_replicate groups of 2 or more ranks, "
             f"so dp_replicate must divide dp and leave dp / dp_replicate >= 2; pin a divisor of {dp} up to {dp // 2}."

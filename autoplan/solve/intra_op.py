@@ -5,8 +5,10 @@ docs/ilp.md, section 2). Terms from autoplan.cost.tp.splits, priced as CostModel
     x[v,s] in {0,1}      v parameterised, s in legal_splits(v, tp);  sum_s x[v,s] = 1     (a)
     e[u,v,a,c] in [0,1]  per edge/sibling pair;  sum_c e = x[u,a],  sum_a e = x[v,c]      (b)
     y[k] in [0,1]        per any-of term k;       y[k] >= x[v,s] for each (v,s) of k       (c)
-    z[n,L] in [0,1]      per pure node n and layout L in {S, Q} its origins allow;
-                         z[n,S] <= x[u,colwise], z[n,Q] <= x[u,rowwise] for u in origins(n)  (d)
+    g[k] in [0,1]        per gated term k (w,s_w); g[k] >= x[w,s_w] + x[v,s] - 1             (c')
+    z[n,L] in [0,1]      per pure node n and layout L in {S, Q} its origins allow (any sharded origin
+                         shards it, DTensor's propagation: cost/tp/shards.py);
+                         z[n,S] <= sum_u x[u,colwise], z[n,Q] <= sum_u x[u,rowwise], z[n,S] + z[n,Q] <= 1  (d)
     ties                 x[u,s] = x[w,s] (one module); equal shard dims (shared parameter)  (e)
     memory               sum bytes(v,s) x + sum_n (act_R(n) - sum_L (act_R - act_L)(n) z[n,L]) + const <= budget  (f)
     minimise  sum x[v,s] (compute(v,s) + unary_comm(v,s)) + sum e pair_comm + sum y anyof_comm
@@ -61,6 +63,7 @@ def solve_block(
         memory += [problem.unary_bytes[v][s] * x[v, s] for s in problem.legal[v]]
     _add_pairs(model, problem, x, objective)
     _add_any_of(model, problem, x, objective)
+    _add_gated(model, problem, x, objective)
     _add_pure(model, problem, x, objective, memory)
     _add_tie_rows(model, problem, x)
     if memory_budget_bytes is not None:
@@ -118,19 +121,34 @@ def _add_any_of(model, problem: BlockPrices, x, objective) -> None:
         objective.append((r * f + b) * y)
 
 
+def _add_gated(model, problem: BlockPrices, x, objective) -> None:
+    """A gated any-of term costs when its gate holds and any of its choices does:
+    g[k] >= x[w,s_w] + x[v,s] - 1 for each (v,s) of k.                                    (c')"""
+    r = problem.forward_repeats
+    for k, ((f, b), (w, s_w), choices) in enumerate(problem.terms.gated):
+        g = variable(model, f"g{k}", low=0, up=1)
+        for v, s in choices:
+            model += g >= x[w, s_w] + x[v, s] - 1
+        objective.append((r * f + b) * g)
+
+
 def _add_pure(model, problem: BlockPrices, x, objective, memory) -> None:
-    """A pure node costs its R price less the saving of each layout it runs on: z[n,S] <= every
-    origin colwise, z[n,Q] <= every origin rowwise (reduce-scattered under SP).      (d)"""
+    """A pure node costs its R price less the saving of the one sharded layout it runs on:
+    z[n,S] <= the origins that can be colwise, summed; z[n,Q] <= those that can be rowwise
+    (reduce-scattered under SP); z[n,S] + z[n,Q] <= 1.                                   (d)"""
     need = {"S": "colwise", "Q": "rowwise"}
     for k, (n, pure) in enumerate(problem.pure.items()):
         objective.append(pure.time_s["R"])
         memory.append(pure.bytes["R"])
-        for layout in (lay for lay in pure.time_s if lay != "R"):
+        zs = []
+        for layout, origins in pure.sharding.items():
             z = variable(model, f"z{k}_{layout}", low=0, up=1)
-            for u in pure.origins:
-                model += z <= x[u, need[layout]]
+            model += z <= pulp.lpSum(x[u, need[layout]] for u in origins)
             objective.append(-(pure.time_s["R"] - pure.time_s[layout]) * z)
             memory.append(-(pure.bytes["R"] - pure.bytes[layout]) * z)
+            zs.append(z)
+        if len(zs) > 1:
+            model += pulp.lpSum(zs) <= 1
 
 
 def _add_tie_rows(model, problem: BlockPrices, x) -> None:

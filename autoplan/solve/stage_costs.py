@@ -54,7 +54,8 @@ class StageCosts:
 
     def context(self, plan: Plan) -> TPContext:
         """CostModel.tp_context, memoised on the plan fields it reads (its mesh, sequence split, precision,
-        micro-batch and expert placement): the search's bounds ask several times per candidate."""
+        micro-batch, expert placement, FP8 recipe, and whether element-wise ops run fused: compiled, async
+        TP or the runtime's kernels): the search's bounds ask several times per candidate."""
         key = (
             plan.dp,
             plan.tp,
@@ -66,6 +67,10 @@ class StageCosts:
             plan.micro_batch_size,
             plan.ep,
             plan.routing,
+            plan.fp8_recipe,
+            plan.runtime,
+            plan.compile,
+            plan.tp_comm_overlap,
         )
         if key not in self._contexts:
             self._contexts[key] = self.cost_model.tp_context(plan)

@@ -6,6 +6,8 @@ when ``S * cp * tp`` fits one) and replicates them across the R groups: each ran
 gradients over its shard group and all-reduces its 1/S shard across the R replicas (FSDP2's HSDP on a 2-D
 ``(dp_replicate, dp_shard)`` DeviceMesh; torchtitan's ``data_parallel_replicate_degree``; Megatron-Core's
 ``--num-distributed-optimizer-instances``). With R = 1 the shard group is every dp rank: today's ZeRO.
+Beside context parallelism the shard group is the S x cp ranks of the flattened ``(dp_shard, cp)`` axes
+(torchtitan's ``dp_shard_cp``), which hold the same weights; the replicas stay R.
 
 Rank layout: the dp coordinate ``d = r * S + s`` (r the replica, s the shard rank), row-major as
 torch's ``DeviceMesh._unflatten`` lays out ``("dp_replicate", "dp_shard")``.
@@ -41,15 +43,15 @@ def check_dp_replicate(plan: Any) -> None:
         raise PlanError(
             f"plan dp_replicate={r} with zero_stage 0: HSDP replicates ZeRO-sharded states; use zero_stage 1, 2 or 3."
         )
-    if plan.dp // r < 2:
+    if plan.dp // r * plan.cp < 2:
         raise PlanError(
-            f"plan dp_replicate={r} leaves shard groups of one rank (dp={plan.dp}); use zero_stage 0 to replicate "
-            "over every dp rank, or a dp_replicate that leaves 2 or more ranks per shard group."
+            f"plan dp_replicate={r} leaves shard groups of one rank (dp={plan.dp}, cp={plan.cp}); use zero_stage 0 to "
+            "replicate over every dp rank, or a dp_replicate that leaves 2 or more ranks per shard group."
         )
-    if plan.ep > 1 or plan.cp > 1:
+    if plan.ep > 1:
         raise PlanError(
-            f"plan dp_replicate={r} with ep={plan.ep}, cp={plan.cp}: HSDP composes with tp and pp only so far; "
-            "use ep=1 and cp=1, or dp_replicate=1."
+            f"plan dp_replicate={r} with ep={plan.ep}: HSDP composes with tp, pp and cp only so far; "
+            "use ep=1, or dp_replicate=1."
         )
 
 
@@ -63,9 +65,9 @@ def shard_view(plan: Any) -> Any:
     return view
 
 
-def hsdp_groups(*, pp: int, dp: int, tp: int, dp_replicate: int) -> dict[str, list[list[int]]]:
-    """Every shard and replicate group of a ``(pp, dp_replicate, dp_shard, tp)`` mesh (cp = 1), as global
-    ranks: "dp_shard" is S consecutive dp ranks (stride tp), "dp_replicate" the R ranks (stride S tp)
-    holding the same shard."""
-    degrees = [("pp", pp), (HSDP_AXES[0], dp_replicate), (HSDP_AXES[1], dp // dp_replicate), ("tp", tp)]
+def hsdp_groups(*, pp: int, dp: int, tp: int, dp_replicate: int, cp: int = 1) -> dict[str, list[list[int]]]:
+    """Every shard and replicate group of a ``(pp, dp_replicate, dp_shard, cp, tp)`` mesh, as global ranks:
+    "dp_shard" is the S x cp ranks of the flattened (dp_shard, cp) axes (stride tp), "dp_replicate" the R
+    ranks (stride S cp tp) holding the same shard."""
+    degrees = [("pp", pp), (HSDP_AXES[0], dp_replicate), (HSDP_AXES[1], dp // dp_replicate * cp), ("tp", tp)]
     return {axis: axis_groups(degrees, axis) for axis in HSDP_AXES}

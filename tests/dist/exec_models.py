@@ -317,6 +317,18 @@ def gpt_tp_plan(sp: bool, *, attention: bool = True) -> dict[str, str]:
     return plan
 
 
+def lora_tp_plan(sp: bool) -> dict[str, str]:
+    """LoRALlama's: Megatron's splits on the frozen base linears, their adapters replicated (as
+    the planner names them: explicitly)."""
+    plan = {}
+    for module, split in llama_tp_plan(sp).items():
+        if module.startswith("layers.") and split in ("colwise", "rowwise"):
+            plan.update({f"{module}.base": split, f"{module}.a": "replicate", f"{module}.b": "replicate"})
+        else:
+            plan[module] = split
+    return plan
+
+
 def llama_tp_plan(sp: bool, *, embedding: str = "rowwise") -> dict[str, str]:
     plan = {"tok_embeddings": embedding, "output": "colwise"}
     for i in range(LAYERS):

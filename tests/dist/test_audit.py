@@ -86,6 +86,11 @@ CASES = [
     ("zero1_offload", "gpt", dict(dp=2, zero_stage=1, offload="optimizer")),
     ("zero1_offload_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, offload="optimizer", grad_reduce_dtype="bf16")),
 ]
+#: FLOPs and memory as priced, not yet its collectives: LoRA's replicated adapters beside Megatron's splits
+#: under SP take their input whole and meet the base's feature shard in a node that runs sharded (DTensor
+#: slices the whole side locally, cost/tp/shards.py); the resharding edges into the next linear are still
+#: priced per origin (cost/tp/splits.py), not on the layout the sum runs on
+FLOPS_ONLY = [("lora_tp_sp", "lora", dict(tp=2, sequence_parallel=True, tp_plan=m.lora_tp_plan(True)))]
 #: a plan whose in-place op cannot run on its DTensor placement (ThirdPartyLlama's q norm does
 #: ``var.add_`` on a partial sum under a colwise wq): the executor replicates it first
 RESHARDING = [("tp_inplace_reshard", "llama3p", dict(tp=2))]
@@ -109,6 +114,9 @@ FOUR = [
     ("hsdp_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
     ("hsdp_zero2", "gpt", dict(dp=4, dp_replicate=2, zero_stage=2)),
     ("hsdp_zero3", "llama", dict(dp=4, dp_replicate=2, zero_stage=3)),
+    # HSDP beside cp: the shard group is dp_shard x cp (1 x 2 ranks), the replicas 2 (types/hsdp.py)
+    ("hsdp_cp_zero2", "llama", dict(dp=2, dp_replicate=2, cp=2, zero_stage=2)),
+    ("hsdp_cp_zero3", "gpt", dict(dp=2, dp_replicate=2, cp=2, zero_stage=3)),
     # cp x pp runs and verifies (test_execute.py) but is not audited: its stages send the rotary tables made
     # before the first block whole, which cost/pp/messages.py prices at 1/cp (docs/cost-model.md, "Context
     # parallelism")
@@ -117,7 +125,7 @@ FOUR = [
 
 @pytest.fixture(scope="module")
 def audits():
-    return {**run_audits(2, CASES + RESHARDING), **run_audits(4, FOUR)}
+    return {**run_audits(2, CASES + RESHARDING + FLOPS_ONLY), **run_audits(4, FOUR)}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +136,7 @@ def graphs():
 
 
 def _case(name):
-    return next((model, kw) for case, model, kw in CASES + FOUR + RESHARDING if case == name)
+    return next((model, kw) for case, model, kw in CASES + FOUR + RESHARDING + FLOPS_ONLY if case == name)
 
 
 def _predictions(graphs, name):
@@ -214,7 +222,7 @@ LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective"}
 ASYNC_FINAL_RESHARD = {"frozen_zero3"}
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + FLOPS_ONLY])
 def test_each_rank_computes_the_priced_flops(audits, graphs, name):
     plan, predicted = _predictions(graphs, name)
     hook = _powersgd_flops(graphs, plan)

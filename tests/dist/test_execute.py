@@ -41,6 +41,8 @@ TWO = [
     ("pp2_fp16", "gpt", dict(pp=2, schedule="1f1b", precision="fp16")),
     # calibration-sweep regressions (plans the planner emitted that once failed to run)
     ("tp2_sp_replicated_attention", "gpt", dict(tp=2, sequence_parallel=True, tp_plan=m.gpt_tp_plan(True, attention=False))),
+    # LoRA's replicated adapters beside Megatron's splits under SP: run whole, gradients settled whole
+    ("tp2_sp_lora_adapters", "lora", dict(tp=2, sequence_parallel=True, tp_plan=m.lora_tp_plan(True))),
     ("tp2_colwise_embedding_inplace", "llama3p", dict(tp=2, recompute="full", tp_plan=m.llama_tp_plan(False, embedding="colwise"))),
     ("tp2_sp_colwise_embedding_inplace", "llama3p", dict(tp=2, sequence_parallel=True, tp_plan=m.llama_tp_plan(True, embedding="colwise"))),
     ("pp2_interleaved_rope_args", "llama3p", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
@@ -78,6 +80,8 @@ FOUR = [
     # HSDP: 2 replicas x 2-rank shard groups (ZeRO-1's sharded optimizer; FSDP2 on a 2-D mesh)
     ("hsdp2x2_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
     ("hsdp2x2_zero3", "llama", dict(dp=4, dp_replicate=2, zero_stage=3)),
+    # HSDP beside cp: 2 replicas, each sharding over its dp_shard x cp = 1 x 2 ranks (FSDP2's 2-D mesh)
+    ("hsdp2_cp2_zero2", "llama", dict(dp=2, dp_replicate=2, cp=2, zero_stage=2)),
     ("cp2_dp2_ddp", "llama", dict(cp=2, dp=2)),
     ("cp2_tp2_ulysses", "llama", dict(cp=2, tp=2, cp_variant="ulysses")),
     ("cp2_pp2_1f1b_recompute_bf16", "llama", dict(cp=2, pp=2, schedule="1f1b", recompute="full", precision="bf16")),

@@ -54,7 +54,7 @@ def mesh_groups(
         groups["cp"] = AxisGroup(size=1, ranks_per_node=1)
     groups["dp_shard"], groups["dp_replicate"] = groups["dp_cp"], AxisGroup(size=1, ranks_per_node=1)
     if dp_replicate > 1:
-        groups.update(_hsdp_groups(profile.devices_per_node, dp, tp, pp, dp_replicate))
+        groups.update(_hsdp_groups(profile.devices_per_node, dp, tp, pp, dp_replicate, cp))
     return groups
 
 
@@ -64,8 +64,10 @@ def plan_mesh_groups(profile: Profile, plan) -> dict[str, AxisGroup]:
 
 
 @lru_cache(maxsize=1024)
-def _hsdp_groups(devices_per_node: int, dp: int, tp: int, pp: int, replicate: int) -> tuple[tuple[str, AxisGroup], ...]:
-    groups = hsdp_groups(pp=pp, dp=dp, tp=tp, dp_replicate=replicate)
+def _hsdp_groups(
+    devices_per_node: int, dp: int, tp: int, pp: int, replicate: int, cp: int
+) -> tuple[tuple[str, AxisGroup], ...]:
+    groups = hsdp_groups(pp=pp, dp=dp, tp=tp, dp_replicate=replicate, cp=cp)
     return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in HSDP_AXES)
 
 

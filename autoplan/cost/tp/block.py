@@ -152,6 +152,8 @@ def _walk_origin(graph: Graph, block: BlockAnalysis, u: str, inside: set[str], s
         consumers = succs[name]
         to_output = to_output or not consumers
         for c in consumers:
+            if not succs[c] and not graph.node(c).output_bytes:  # a check that outputs nothing (an assert) is no sink
+                continue
             if c in params and c in inside:
                 block.has_targets.add(u)
             elif c in block.origins and u in block.origins[c]:

@@ -1,9 +1,11 @@
 """How much of each node one tp rank holds and computes, given the splits of a block.
 
 The layouts are tensor_parallel.py's (module docstring there): a parameterised node's split
-fixes its shard; a *pure* node runs sharded (S) when every origin is colwise and none gathered,
-on sequence shards (Q) when every origin is a rowwise node reduce-scattered under sequence
-parallelism, else replicated (R); every other node is on the residual stream, a sequence shard
+fixes its shard (a replicated one is handed its input whole); a *pure* node follows DTensor's
+propagation, which slices a replicated operand locally to meet a sharded one and moves a feature
+shard to a sequence shard: on sequence shards (Q) when any origin is a rowwise node reduce-scattered
+under sequence parallelism, else sharded (S) when any origin is colwise and not gathered, else
+replicated (R); every other node is on the residual stream, a sequence shard
 under SP for norms, element-wise ops and views (Korthikanti et al. 2022 fig. 5) and for every node
 of an MoE block (tp_block.token_wise_nodes), else whole.
 CostModel (cost/blocks.py) and the intra-op ILP (solve/intra_op.py) both read these factors.
@@ -39,25 +41,36 @@ def param_node_shards(
 def pure_layout(
     block: BlockAnalysis, origins: frozenset[str], splits: dict[str, str], *, sequence_parallel: bool
 ) -> str:
-    """Layout a pure node runs on: S when every origin is colwise and none is gathered; Q when
-    every origin is a rowwise node reduce-scattered under SP; else R (module docstring)."""
-    if all(splits[u] == "colwise" and u not in block.gathered for u in origins):
-        return "S"
-    if all(splits[u] == "rowwise" and reduce_scattered(block, u, sequence_parallel=sequence_parallel) for u in origins):
+    """Layout a pure node runs on (module docstring): Q when any origin is a rowwise node
+    reduce-scattered under SP, else S when any origin is colwise and not gathered, else R."""
+    if any(splits[u] == "rowwise" and reduce_scattered(block, u, sequence_parallel=sequence_parallel) for u in origins):
         return "Q"
+    if any(splits[u] == "colwise" and u not in block.gathered for u in origins):
+        return "S"
     return "R"
+
+
+def sharding_origins(
+    block: BlockAnalysis, origins: frozenset[str], legal: dict[str, tuple[str, ...]], *, sequence_parallel: bool
+) -> dict[str, tuple[str, ...]]:
+    """Layout (S, Q) -> the origins whose split (colwise, rowwise) would give a pure node that
+    layout (:func:`pure_layout`); a layout no origin can give is left out."""
+    found = {
+        "S": tuple(u for u in origins if "colwise" in legal[u] and u not in block.gathered),
+        "Q": tuple(
+            u
+            for u in origins
+            if "rowwise" in legal[u] and reduce_scattered(block, u, sequence_parallel=sequence_parallel)
+        ),
+    }
+    return {layout: tuple(sorted(us)) for layout, us in found.items() if us}
 
 
 def pure_layouts_possible(
     block: BlockAnalysis, origins: frozenset[str], legal: dict[str, tuple[str, ...]], *, sequence_parallel: bool
 ) -> tuple[str, ...]:
     """The layouts :func:`pure_layout` can return for some legal splits of ``origins``."""
-    found = ["R"]
-    if all("colwise" in legal[u] and u not in block.gathered for u in origins):
-        found.append("S")
-    if all("rowwise" in legal[u] and reduce_scattered(block, u, sequence_parallel=sequence_parallel) for u in origins):
-        found.append("Q")
-    return tuple(found)
+    return ("R", *sharding_origins(block, origins, legal, sequence_parallel=sequence_parallel))
 
 
 def pure_node_shards(layout: str, *, tp: int) -> tuple[int, int]:

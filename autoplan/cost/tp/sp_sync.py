@@ -29,8 +29,9 @@ def sp_partial_params(
     parallelism, and is all-reduced once a step (autoplan/execute/tensor_parallel.py
     ``finalize_tp_grads``; Megatron-LM all-reduces the same sequence-parallel parameters'
     gradients): the weights of norms, which each rank applies to its sequence shard whether or
-    not the plan names them, and of replicated nodes whose output joins the sequence-sharded
-    stream; and every weight of an MoE block, which runs on the sequence shard
+    not the plan names them, and of replicated embeddings whose output joins the sequence-sharded
+    stream (a replicated linear gets its output's gradient whole: autoplan/cost/tp/splits.py
+    ``settled``); and every weight of an MoE block, which runs on the sequence shard
     (tp_block.token_wise_nodes; Megatron-Core marks its router's weight ``sequence_parallel`` and
     reduces its experts' gradients over a group that holds the tp ranks at expert-tensor-parallel size 1)."""
     if tp <= 1 or not sequence_parallel:
@@ -43,10 +44,8 @@ def sp_partial_params(
             continue
         split = tp_plan.get(node.module, "replicate") if node.module else "replicate"
         on_stream = node.name in block.sinks and node.name not in block.output_sinks
-        runs_on_shard = (
-            split == "sequence_parallel" or node.op in STREAM_KINDS
-        )  # norms run on the sequence shard under SP
-        if runs_on_shard or (node.name in block.params and split == "replicate" and on_stream):
+        runs_on_shard = split == "sequence_parallel" or node.op in STREAM_KINDS  # norms, on the sequence shard
+        if runs_on_shard or (node.name in block.params and split == "replicate" and on_stream and node.op != "linear"):
             found += [name for name in node.param_names if name not in found]
     return found
 

@@ -29,6 +29,7 @@ from autoplan.cost.tp.shards import (
     pure_layout,
     pure_layouts_possible,
     pure_node_shards,
+    sharding_origins,
     stream_node_shards,
 )
 from autoplan.cost.tp.splits import TPContext, TPTerms, block_terms, legal_splits, node_splits, terms_time_s
@@ -52,11 +53,13 @@ def shard_dim(kind: str, split: str) -> int | None:
 
 @dataclass
 class PureNode:
-    """A pure node's time and saved bytes on each layout its origins can give it (R, S, Q)."""
+    """A pure node's time and saved bytes on each layout its origins can give it (R, S, Q), and
+    the origins whose split gives it each sharded layout (cost/tp/shards.py:sharding_origins)."""
 
     origins: frozenset[str]
     time_s: dict[str, float]
     bytes: dict[str, float]
+    sharding: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,7 +106,7 @@ class BlockPrices:
 
 
 def _without_unary(terms: TPTerms) -> TPTerms:
-    return TPTerms(constant=terms.constant, unary={}, pair=terms.pair, any_of=terms.any_of)
+    return TPTerms(constant=terms.constant, unary={}, pair=terms.pair, any_of=terms.any_of, gated=terms.gated)
 
 
 def price_block(
@@ -187,6 +190,7 @@ def price_block(
                 origins=origins,
                 time_s={lay: time_of(node, c) + kv[lay][0] for lay, (c, _) in shard.items()},
                 bytes={lay: abytes / a + kv[lay][1] for lay, (_, a) in shard.items()},
+                sharding=sharding_origins(block, origins, prices.legal, sequence_parallel=sp),
             )
         else:
             compute, act = stream_node_shards(

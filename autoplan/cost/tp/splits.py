@@ -11,10 +11,11 @@ pass does (Zheng et al., OSDI'22, section 4): every parameterised node ``v`` pic
     rowwise     S               P               S                 sequence parallelism)
 
 A block's comm time is a sum of unary terms (per origin reaching the stream), pairwise terms (per
-edge from an origin into a parameterised node, on ``b = |src| / |origins(src)|`` bytes; per pair of
-sibling origins) and any-of terms (a shared input all-reduced once however many consumers need
-it), each a collective on the tp group priced by autoplan.cost.network.comm. A fused linear whose
-chunks are not whole heads per rank is *gathered colwise*
+edge from an origin into a parameterised node, on ``b = |src| / |origins(src)|`` bytes), any-of terms
+(a shared input all-reduced once however many consumers need it) and gated any-of terms (a
+replicated origin whose gradient comes back sharded because a sibling origin is sharded), each a
+collective on the tp group priced by autoplan.cost.network.comm. A fused linear whose chunks are
+not whole heads per rank is *gathered colwise*
 (:func:`autoplan.cost.tp.block.is_gathered`): its compute and weights divide by tp, it pays an
 all-gather of its output, and its consumers see a replicated tensor.
 """
@@ -136,6 +137,9 @@ class TPTerms:
     constant_at: dict[str, float] = field(
         default_factory=dict
     )  # the constant's forward part, by first consumer (ops.csv)
+    gated: list[tuple[tuple[float, float], tuple[str, str], tuple[tuple[str, str], ...]]] = field(
+        default_factory=list
+    )  # (cost, (w, s_w), choices): charged when w takes s_w and any choice holds (_add_sliced)
 
 
 def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
@@ -171,11 +175,7 @@ def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext, coll: "_Collectiv
     lay = {u: {s: _effective(s, u in block.gathered) for s in legal[u]} for u in block.params}
     for (u, v), b in block.edges.items():
         terms.pair[(u, v)] = {(a, c): _pair(lay[u][a], c, b, coll) for a in legal[u] for c in legal[v]}
-    for (u, w), (bu, bw) in block.siblings.items():
-        if (u, w) not in terms.pair and (w, u) not in terms.pair:
-            terms.pair[(u, w)] = {
-                (a, c): _sibling(lay[u][a], lay[w][c], bu, bw, coll) for a in legal[u] for c in legal[w]
-            }
+    _add_sliced(terms, block, legal, coll, ctx)
     fwd = 0.0
     for src, (b, consumers, needs_grad, shardable) in block.sources.items():
         q = ctx.sequence_parallel and shardable
@@ -262,9 +262,11 @@ def _unary(block: BlockAnalysis, u: str, split: str, coll: _Collectives, ctx: TP
         if reduce_scattered(block, u, sequence_parallel=sp):
             return coll("reduce_scatter", out), coll("all_gather", out)
         return coll("all_reduce", out), 0.0
-    if not sink or split != "colwise":  # a replicated origin's output on the SP stream: see sp_sync.sp_partial_params
-        return 0.0, 0.0
     to_stream = sp and u not in block.output_sinks  # the model output is gathered whole: its gradient is a local slice
+    if sink and split == "replicate" and settled(block, u):  # whole output sliced to the SP stream, its
+        return 0.0, coll("all_gather", sink) if to_stream else 0.0  # gradient gathered whole again
+    if not sink or split != "colwise":
+        return 0.0, 0.0
     return coll("all_gather", sink), coll("all_gather", sink) if to_stream else 0.0
 
 
@@ -279,10 +281,38 @@ def _pair(a: str, c: str, b: float, coll: _Collectives) -> tuple[float, float]:
     return fwd, bwd
 
 
-def _sibling(a: str, c: str, bu: float, bw: float, coll: _Collectives) -> tuple[float, float]:
-    if (a == "colwise") == (c == "colwise"):
-        return 0.0, 0.0
-    return coll("all_gather", bu if a == "colwise" else bw), 0.0
+def settled(block: BlockAnalysis, u: str) -> bool:
+    """Whether a replicated ``u`` gets its output's gradient back whole: a Linear, whose output the executor
+    settles (execute/tensor_parallel.py); an Embedding's stays as DTensor leaves it, a partial sum on the
+    sequence shard that sp_sync.sp_partial_params reduces once a step."""
+    return next(n.op for n in block.nodes if n.name == u) == "linear"
+
+
+def _add_sliced(terms: TPTerms, block: BlockAnalysis, legal: dict, coll: _Collectives, ctx: TPContext) -> None:
+    """A whole (replicated) output ``w`` that meets a sharded sibling in a pure node: DTensor
+    slices ``w`` locally and the node runs sharded (cost/tp/shards.py:pure_layout), so the
+    gradient comes back sharded and is gathered whole where ``w``'s producer settled it: one
+    all-gather of ``|w|`` in the backward, when ``w`` is replicated and any sibling is sharded
+    (a gated any-of term). A ``w`` on the sequence-parallel stream pays it in its unary term."""
+    sp = ctx.sequence_parallel
+    met: dict[str, set[str]] = {}
+    for u, w in block.siblings:
+        met.setdefault(u, set()).add(w)
+        met.setdefault(w, set()).add(u)
+    for w, others in sorted(met.items()):
+        on_stream = sp and block.sinks.get(w) and w not in block.output_sinks
+        if "replicate" not in legal[w] or not settled(block, w) or on_stream:
+            continue
+        choices = tuple(
+            (u, split)
+            for u in sorted(others)
+            for split in ("colwise", "rowwise")
+            if split in legal[u]
+            and (u not in block.gathered if split == "colwise" else reduce_scattered(block, u, sequence_parallel=sp))
+        )
+        if choices:
+            out = float(next(n.output_bytes for n in block.nodes if n.name == w))
+            terms.gated.append(((0.0, coll("all_gather", out)), (w, "replicate"), choices))
 
 
 def _source_any_of(terms: TPTerms, b: float, consumers: list[str], legal: dict, q: bool, coll: _Collectives) -> None:
@@ -321,6 +351,9 @@ def terms_time_s(terms: TPTerms, splits: dict[str, str]) -> tuple[float, float]:
         fwd, bwd = fwd + f, bwd + b
     for (f, b), choices in terms.any_of:
         if any(splits[v] == s for v, s in choices):
+            fwd, bwd = fwd + f, bwd + b
+    for (f, b), (w, s_w), choices in terms.gated:
+        if splits[w] == s_w and any(splits[v] == s for v, s in choices):
             fwd, bwd = fwd + f, bwd + b
     return fwd, bwd
 

@@ -108,15 +108,17 @@ def test_sequence_parallel_all_reduces_the_norm_weights_of_the_worst_stage(gpt):
     assert sp.partial_elements(replace(plan, sequence_parallel=False), tp_plan, ["h.0"]) == []
 
 
-def test_the_sp_sync_is_remade_when_the_tp_plan_is_edited_in_place(gpt):
+def test_a_replicated_linear_on_the_sp_stream_adds_no_partial_gradient(gpt):
+    """The executor hands a replicated linear its input whole and gathers its output's gradient
+    whole (execute/tensor_parallel.py), so its weight gradient is whole: only the norms' are partial."""
     profile = a100_profile()
     sp = SequenceParallelSync(gpt, profile)
     plan = _plan(tp=2, sequence_parallel=True)
     tp_plan = default_tp_plan(gpt, 2, sequence_parallel=True)
     group = mesh_groups(profile, dp=1, tp=2, pp=1)["tp"]
     norms_only = sp.grad_sync_s(plan, tp_plan, [["h.0", "h.1"]], group)
-    tp_plan["h.0.mlp.fc2"] = "replicate"  # its output joins the sequence-sharded stream: a partial gradient
-    assert sp.grad_sync_s(plan, tp_plan, [["h.0", "h.1"]], group) > norms_only
+    tp_plan["h.0.mlp.fc2"] = "replicate"  # its output joins the sequence-sharded stream
+    assert sp.grad_sync_s(plan, tp_plan, [["h.0", "h.1"]], group) == norms_only
 
 
 @pytest.fixture(scope="module")

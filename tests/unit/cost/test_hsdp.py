@@ -22,7 +22,7 @@ from autoplan.types.plan import Plan
 def _plan(**changes) -> Plan:
     fields = dict(dp=16, tp=1, pp=1, micro_batch_size=1, num_microbatches=3, precision="bf16", zero_stage=3)
     fields.update(changes)
-    return Plan(devices=fields["dp"] * fields["tp"] * fields["pp"], **fields)
+    return Plan(devices=fields["dp"] * fields.get("cp", 1) * fields["tp"] * fields["pp"], **fields)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,29 @@ def model() -> CostModel:
 def test_a_bad_split_is_refused_in_one_sentence(changes, says):
     with pytest.raises(PlanError, match=says):
         _plan(**changes)
+
+
+def test_beside_context_parallelism_the_shard_group_is_dp_shard_by_cp():
+    """dp = 8 = 2 x 4 at cp = 2 on 8-device nodes: each shard group is 4 x 2 = 8 ranks (one node), the
+    replicas 2 nodes apart; dp_replicate = dp shards over cp alone (the smallest legal split), and ep > 1
+    is still refused."""
+    plan = _plan(dp=8, cp=2, dp_replicate=2)
+    groups = mesh_groups(a100_profile(), dp=8, tp=1, pp=1, cp=2, dp_replicate=2)
+    assert groups["dp_shard"] == AxisGroup(size=8, ranks_per_node=8)
+    assert groups["dp_replicate"] == AxisGroup(size=2, ranks_per_node=1)
+    assert _plan(dp=2, cp=2, dp_replicate=2).dp_replicate == 2 and plan.dp_replicate == 2
+    with pytest.raises(PlanError, match="shard groups of one rank"):
+        _plan(dp=2, cp=1, dp_replicate=2)
+
+
+def test_hsdp_beside_cp_prices_zero_over_the_shard_group_and_the_replicas_all_reduce(model):
+    """The cost model's weight plan (cost/cp/weights.py) is dp x cp ranks; HSDP's shard view of it is S x cp."""
+    flat, hsdp = (model.estimate(_plan(dp=8, cp=2, dp_replicate=r, zero_stage=2)) for r in (1, 2))
+    assert hsdp.feasible and flat.feasible
+    (pred,) = predict(model, _plan(dp=8, cp=2, dp_replicate=2, zero_stage=2))
+    (full,) = predict(model, _plan(dp=8, cp=2, zero_stage=2))
+    assert ("dp_replicate", "all_reduce") in pred.comm and ("dp_replicate", "all_reduce") not in full.comm
+    assert pred.param_elements == 2 * full.param_elements  # FSDP2 holds 1/8 of each weight, not 1/16
 
 
 def test_the_split_is_saved_only_when_it_is_not_one():

@@ -121,8 +121,11 @@ def test_shards_follow_the_splits():
     assert cost.activation_shard["h.0.attn.q"] == 4 and cost.activation_shard["h.0.attn.o"] == 1
     sp = tp_layer_cost(graph, "h.0", default_tp_plan(graph, 4, sequence_parallel=True), ctx=_ctx(profile, 4, sp=True))
     assert sp.activation_shard["h.0.attn.o"] == 4 and sp.activation_shard["h.0.add_1"] == 4
+    # a replicated k beside colwise q and v: DTensor slices k locally and runs attention head-sharded
     mixed = dict(default_tp_plan(graph, 4), **{"h.0.attn.k": "replicate"})
-    assert tp_layer_cost(graph, "h.0", mixed, ctx=_ctx(profile, 4)).compute_shard["h.0.attn.sdpa"] == 1
+    assert tp_layer_cost(graph, "h.0", mixed, ctx=_ctx(profile, 4)).compute_shard["h.0.attn.sdpa"] == 4
+    whole = dict(mixed, **{"h.0.attn.q": "replicate", "h.0.attn.v": "replicate"})
+    assert tp_layer_cost(graph, "h.0", whole, ctx=_ctx(profile, 4)).compute_shard["h.0.attn.sdpa"] == 1
 
 
 def test_replicated_block_needs_no_collective():

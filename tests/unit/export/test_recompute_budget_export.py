@@ -76,3 +76,19 @@ def test_trainers_that_checkpoint_every_block_say_so():
         notes = [n for n in exported.unexpressed if n.startswith("recompute_blocks 5 (full)")]
         assert len(notes) == 1 and trainer in notes[0] and "written as every block" in notes[0], exported.unexpressed
     assert not [n for n in deepspeed.export(_plan(pp=1), FACTS).unexpressed if "recompute_blocks" in n]
+
+
+def test_torchtitan_toml_reads_every_nth_block_back_as_the_budget():
+    """export -> read -> the same plan: selective_ac_option = "N" recomputes floor(L / N) of each
+    chunk's L blocks, whether the chunks are stated as module lists or as layers per stage."""
+    uneven = _plan(recompute_blocks=[2, 1], stages=[LAYERS[:5], LAYERS[5:]])  # N = 2: floor(5 / 2), floor(3 / 2)
+    for plan in (
+        _plan(recompute_blocks=[2, 2]),
+        _plan(pp=1, recompute_blocks=[2]),
+        _plan(recompute_blocks=[1, 1]),
+        uneven,
+    ):
+        text = titan.export(plan, FACTS, fmt="toml", registry=_registry()).text
+        imported = titan.read(text, devices=plan.devices)
+        assert (imported.fields["recompute"], imported.fields["recompute_blocks"]) == ("full", plan.recompute_blocks)
+        assert not [n for n in imported.unmapped if "selective_ac_option" in n], imported.unmapped

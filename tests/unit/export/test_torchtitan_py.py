@@ -44,6 +44,9 @@ PLANS = {
     # HSDP: 2 replicas of FSDP over 2 ranks, beside tp = 2 (data_parallel_replicate_degree)
     "hsdp2x2_tp2_zero3": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
                               dp_replicate=2, sequence_parallel=True, precision="bf16"),
+    # HSDP beside cp: 2 replicas of FSDP over dp_shard x cp = 1 x 2 ranks (torchtitan's dp_shard_cp mesh)
+    "hsdp2_cp2_zero2": Plan(devices=4, dp=2, cp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=2,
+                            dp_replicate=2, precision="bf16"),
     "tp2_sp_zero1_overlap": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=1,
                                  precision="bf16", sequence_parallel=True, tp_comm_overlap=True),
     "tp2_no_sp": Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=4, num_microbatches=1, precision="bf16"),

@@ -40,6 +40,10 @@ PLANS = {
         devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=2, precision="bf16",
         dp_replicate=2,
     ),
+    "hsdp2-cp2-zero2": Plan(  # HSDP beside cp: 2 replicas of FSDP over dp_shard x cp = 1 x 2 ranks
+        devices=4, dp=2, cp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=2, precision="bf16",
+        dp_replicate=2,
+    ),
     "zero2-selective": Plan(
         devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=2, zero_stage=2, precision="bf16",
         recompute="selective",
@@ -347,8 +351,9 @@ def test_read_names_what_autoplan_does_not_price():
     assert (fields["micro_batch_size"], fields["num_microbatches"]) == (1, 16)
     assert (fields["schedule"], fields["virtual_stages"]) == ("interleaved_1f1b", 2)
     said = " ".join(imported.unmapped)
-    for words in ("HSDP", "ZBVZeroBubble", "memory_budget", "rowwise", "CPU offload"):
+    for words in ("ZBVZeroBubble", "memory_budget", "rowwise", "CPU offload"):
         assert words in said
+    assert fields["dp_replicate"] == 2 and "HSDP" not in said  # 2 replicas sharding over dp_shard x cp = 2 x 2
     assert "context" not in said and fields["cp_variant"] == "allgather"  # priced: torch's default rotation
     imported.plan()
 

@@ -25,10 +25,16 @@ def test_full_sharding_and_a_shard_group_of_a_node_are_offered():
 
 
 @pytest.mark.parametrize(
-    "changes", [dict(zero=0), dict(ep=2), dict(cp=2), dict(runtime="deepspeed"), dict(runtime="torchtitan", zero=1)]
+    "changes", [dict(zero=0), dict(ep=2), dict(runtime="deepspeed"), dict(runtime="torchtitan", zero=1)]
 )
 def test_hsdp_is_offered_only_where_it_runs(changes):
     assert _replicas(**changes) == [1]
+
+
+def test_beside_cp_a_shard_group_is_a_nodes_dp_x_cp_ranks():
+    assert _replicas(cp=2) == [1, 4]  # S x cp = 4 x 2 = one node of 8
+    assert _replicas(cp=8, dp=4) == [1, 4]  # cp fills the node: S = 1, the replicas shard over cp alone
+    assert _replicas(cp=2, fixes=parse_fixes("dp_replicate=16")) == [16]  # S = 1 x cp 2 still shards
 
 
 def test_a_pin_keeps_only_itself_where_it_is_legal():

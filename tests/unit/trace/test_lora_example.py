@@ -35,3 +35,20 @@ def test_lora_trains_its_adapters_only_and_plans_lighter_than_the_whole_model(tm
     assert lora_states["grads_bytes"] < 0.1 * whole_states["grads_bytes"]
     assert lora_states["optimizer_bytes"] < 0.1 * whole_states["optimizer_bytes"]
     assert lora_plan["breakdown"]["optimizer_s"] < whole_plan["breakdown"]["optimizer_s"]
+
+
+def test_peft_dtype_assertions_are_not_where_an_adapted_projection_leaves_the_block(monkeypatch):
+    """peft casts each adapted output back with ``.to(dtype)``, which traces as an assertion node that
+    outputs nothing: the tensor-parallel analysis must not take it for the residual stream (it priced
+    every colwise base projection an all-gather of its output, forward and backward)."""
+    pytest.importorskip("peft")
+    from autoplan.cost.tp.block import analyse_block
+
+    for field, value in dict(N_LAYERS=2, DIM=64, FFN_DIM=128, SEQ_LEN=16, VOCAB_SIZE=256).items():
+        monkeypatch.setenv(f"AUTOPLAN_LLAMA_{field}", str(value))
+    graph = trace_model_file(EXAMPLE, 2)
+    block = analyse_block(graph, graph.layers[0])
+    assert any(node.op == "other" and not node.output_bytes for node in block.nodes)
+    reaching = [graph.node(name).module for name in block.sinks]
+    # the base and lora_B of the two projections back into the stream, and nothing else
+    assert len(reaching) == 4 and all(".attention.wo." in m or ".feed_forward.w2." in m for m in reaching), reaching
