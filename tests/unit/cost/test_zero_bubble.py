@@ -99,7 +99,7 @@ def test_activations_and_kept_gradients_are_torchs_at_the_peak(pp, v, m):
 
 
 def test_the_backward_splits_into_input_and_weight_gradients():
-    """W is the weight GEMMs' share of the backward (a linear's W FLOPs equal its forward's); a frozen graph has none."""
+    """W is the weight GEMMs' share of the backward (a linear's W FLOPs are its forward's); a frozen graph has none."""
     graph = synthetic_gpt(layers=4, hidden=256, heads=8, vocab=8000, seq=128, batch=16)
     plan = _plan(pp=2, num_microbatches=4)
     stages, _, _ = CostModel(graph, a100_profile()).priced_stages(plan)
