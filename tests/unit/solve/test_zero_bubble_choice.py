@@ -1,0 +1,31 @@
+"""The search picks a zero-bubble schedule where its smaller bubble pays, a pin keeps it, and explain says why in
+one sentence: the bubble saved against 1F1B and the memory paid (docs/cost-model.md, "Zero-bubble schedules")."""
+
+from __future__ import annotations
+
+from synthetic import synthetic_gpt, synthetic_profile
+
+from autoplan.report.explain import explain_result
+from autoplan.solve.api import plan_graph
+
+GRAPH = synthetic_gpt(layers=4, hidden=256, heads=8, vocab=8000, seq=128, batch=16)
+PROFILE = synthetic_profile(memory_bytes=24 * 2**30)
+
+
+def _search(fix: str):
+    return plan_graph(GRAPH, devices=2, profile=PROFILE, batch_size=16, fix=fix)
+
+
+def test_a_pipeline_picks_zero_bubble_and_explain_says_what_it_saves_and_pays():
+    result = _search("pp=2,mbs=2,zero=0,recompute=none")
+    assert result.best.schedule == "interleaved_zb"
+    said = explain_result(result, graph=GRAPH, profile=PROFILE, sensitivity=False)
+    assert said.zero_bubble.startswith("schedule interleaved_zb (")
+    assert "of bubble against" in said.zero_bubble and "GiB more per device" in said.zero_bubble
+    assert "**Schedule:**" in said.to_markdown()
+
+
+def test_a_1f1b_pin_keeps_1f1b_and_explain_says_nothing_of_zero_bubble():
+    result = _search("pp=2,mbs=2,zero=0,recompute=none,schedule=1f1b")
+    assert result.best.schedule == "1f1b"
+    assert explain_result(result, graph=GRAPH, profile=PROFILE, sensitivity=False).zero_bubble == ""
