@@ -94,10 +94,6 @@ class Group:
         """The least bubble floor of (schedule, virtual stages) pairs at ``pp``, in micro-batches (bubble_floor)."""
         return min(bubble_floor(schedule=schedule, pp=pp, virtual_stages=v) for schedule, v in schedules)
 
-    def bubble(self, schedule: str, v: int) -> float:
-        """The bubble floor of its ``schedule`` at ``v`` virtual stages, in micro-batches."""
-        return bubble_floor(schedule=schedule, pp=self.degrees.pp, virtual_stages=v)
-
     def pruned_config(self) -> dict:
         """The row of a group pruned whole: what varies inside it is '*'."""
         deg = self.degrees

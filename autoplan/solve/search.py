@@ -10,11 +10,11 @@ once the bound reaches the ``keep``-th best objective, so the console's top k is
     LB  = (m + b_min) * C_min / pp  +  optimizer_min                                      (1)
     LB2 = (m + b(schedule, v)) * T_slowest + pp_comm + optimizer(zero)                    (2)
 
-``C_min``: one micro-batch's forward + backward with every op divided tp ways and no
-communication (the routed experts as CostModel prices them, cost/bounds.py; under cp every op at
-1/cp of the tokens plus each attention's K,V floor, cost/cp/floor.py); ``b``: ``bubble_floor``, ``b_min``
-the group's least; (2) uses the real stages, CostModel's smallest send/recv, its Adam and ZeRO-1/2
-gather and the sync no schedule can hide, so it never exceeds the priced step.
+``C_min``: one micro-batch's forward + backward, every op divided tp ways, no communication (the
+routed experts as CostModel prices them, cost/bounds.py; under cp every op at 1/cp of the tokens plus
+each attention's K,V floor, cost/cp/floor.py); ``b``: ``bubble_floor`` (zero-bubble: 0 in (1), its blocks'
+least (T - 2W) / T in (2)), ``b_min`` the group's least; (2) uses the real stages, CostModel's smallest
+send/recv, its Adam and ZeRO-1/2 gather and the sync no schedule can hide: never above the priced step.
 Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory
 row when nothing fits), the stages from solve/pipeline.py; every survivor is priced by
 ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample, or the whole
@@ -267,7 +267,7 @@ class Search:
                     **names,
                 )
                 times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
-                core_s = (g.m + g.bubble(schedule, v)) * max(times) + self.bounds.pp_comm_s(base)
+                core_s = (g.m + self.stage_costs.bubble_floor(plan)) * max(times) + self.bounds.pp_comm_s(base)
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
                 sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
@@ -289,7 +289,7 @@ class Search:
         kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
-        core_s = (g.m + g.bubble(base.schedule, v)) * floor_s + self.bounds.pp_comm_s(base)
+        core_s = (g.m + self.stage_costs.bubble_floor(plans[0])) * floor_s + self.bounds.pp_comm_s(base)
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]

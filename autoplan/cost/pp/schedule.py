@@ -55,10 +55,11 @@ def pipeline_bubble_s(plan: Plan, *, micro_batch_s: float, wgrad_s: float) -> fl
     return (p - 1) / v * micro_batch_s
 
 
-def bubble_floor(*, schedule: str, pp: int, virtual_stages: int) -> float:
+def bubble_floor(*, schedule: str, pp: int, virtual_stages: int, share: float = 0.0) -> float:
     """Micro-batches of the slowest stage's time the bubble is at least (the search's bounds): (p - 1) / v;
-    0 for a zero-bubble schedule, whose F + B - W may be as small as the stage's B (W <= F per node)."""
-    return 0.0 if schedule in ZERO_BUBBLE else (pp - 1) / virtual_stages
+    a zero-bubble schedule's (p - 1) / v times ``share``, a floor on (T - 2W) / T of every stage
+    (:func:`autoplan.cost.pp.zero_bubble.bubble_share`; 0 when not known)."""
+    return (pp - 1) / virtual_stages * (share if schedule in ZERO_BUBBLE else 1.0)
 
 
 def bubble_fraction(*, pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:

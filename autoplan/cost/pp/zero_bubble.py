@@ -48,3 +48,9 @@ def pending_weight_grads(plan: Plan, stage: int) -> float:
     """Micro-batches (in units of the whole stage) whose B ``stage`` has run and whose W it has not, at its
     activation peak (module docstring); 0 for a schedule that runs each backward whole."""
     return (stage + 1) / plan.virtual_stages if plan.schedule in ZERO_BUBBLE and plan.pp > 1 else 0.0
+
+
+def bubble_share(parts: list[tuple[float, float]]) -> float:
+    """A floor on (T - 2W) / T of any stage built from ``parts`` ((time_s, wgrad_s) of each block and of the
+    outside nodes): the least of the parts' own, since a stage's T - 2W is the sum of its parts'."""
+    return min((max(0.0, 1.0 - 2.0 * w / t) for t, w in parts if t > 0), default=0.0)
