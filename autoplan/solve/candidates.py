@@ -90,9 +90,10 @@ class Group:
     compile: bool = False  # blocks compiled with torch.compile: only when pinned (--fix compile=on)
 
     @staticmethod
-    def least_bubble(schedules: list[tuple[str, int]], *, pp: int) -> float:
-        """The least bubble floor of (schedule, virtual stages) pairs at ``pp``, in micro-batches (bubble_floor)."""
-        return min(bubble_floor(schedule=schedule, pp=pp, virtual_stages=v) for schedule, v in schedules)
+    def least_bubble(schedules: list[tuple[str, int]], *, pp: int, share: float) -> float:
+        """The least bubble floor of (schedule, virtual stages) pairs at ``pp``, in micro-batches (bubble_floor;
+        ``share``: Bounds.zero_bubble_share)."""
+        return min(bubble_floor(schedule=s, pp=pp, virtual_stages=v, share=share) for s, v in schedules)
 
     def pruned_config(self) -> dict:
         """The row of a group pruned whole: what varies inside it is '*'."""

@@ -10,11 +10,10 @@ once the bound reaches the ``keep``-th best objective, so the console's top k is
     LB  = (m + b_min) * C_min / pp  +  optimizer_min                                      (1)
     LB2 = (m + b(schedule, v)) * T_slowest + pp_comm + optimizer(zero)                    (2)
 
-``C_min``: one micro-batch's forward + backward, every op divided tp ways, no communication (the
-routed experts as CostModel prices them, cost/bounds.py; under cp every op at 1/cp of the tokens plus
-each attention's K,V floor, cost/cp/floor.py); ``b``: ``bubble_floor`` (zero-bubble: 0 in (1), its blocks'
-least (T - 2W) / T in (2)), ``b_min`` the group's least; (2) uses the real stages, CostModel's smallest
-send/recv, its Adam and ZeRO-1/2 gather and the sync no schedule can hide: never above the priced step.
+``C_min``: one micro-batch's forward + backward, every op divided tp ways, no communication (experts as
+CostModel prices them, cost/bounds.py; under cp 1/cp of the tokens plus each attention's K,V floor); ``b``:
+``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T), ``b_min`` the group's least; (2) uses the real
+stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync nothing hides: never above the priced step.
 Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory
 row when nothing fits), the stages from solve/pipeline.py; every survivor is priced by
 ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample, or the whole
@@ -135,7 +134,8 @@ class Search:
                         )
                         if not schedules:
                             continue
-                        b_min = Group.least_bubble(schedules, pp=deg.pp)
+                        share = self.bounds.zero_bubble_share(tp=deg.tp, precision=precision, mbs=mbs, cp=deg.cp)
+                        b_min = Group.least_bubble(schedules, pp=deg.pp, share=share)
                         for variant in variant_options(self.profile, cp=deg.cp, fixes=self.fixes):
                             group = Group(
                                 deg,

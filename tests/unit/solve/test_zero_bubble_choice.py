@@ -29,3 +29,12 @@ def test_a_1f1b_pin_keeps_1f1b_and_explain_says_nothing_of_zero_bubble():
     result = _search("pp=2,mbs=2,zero=0,recompute=none,schedule=1f1b")
     assert result.best.schedule == "1f1b"
     assert explain_result(result, graph=GRAPH, profile=PROFILE, sensitivity=False).zero_bubble == ""
+
+
+def test_zero_bubble_bounds_never_exceed_the_priced_step():
+    """Bounds (1) and (2) keep a floor on (T - 2W) / T of the bubble (Bounds.zero_bubble_share,
+    StageCosts.bubble_floor): still below every zero-bubble plan's priced step, at tp 1 and 2."""
+    result = plan_graph(GRAPH, devices=4, profile=PROFILE, batch_size=16, fix="pp=2", top_k=10**6)
+    zb = [c for c in result.candidates if c.status == "evaluated" and c.plan.schedule == "interleaved_zb"]
+    assert {c.plan.tp for c in zb} == {1, 2} and any(c.plan.virtual_stages == 2 for c in zb)
+    assert all(0 < c.lower_bound <= c.objective * (1 + 1e-9) for c in zb)
