@@ -38,3 +38,12 @@ def test_zero_bubble_bounds_never_exceed_the_priced_step():
     zb = [c for c in result.candidates if c.status == "evaluated" and c.plan.schedule == "interleaved_zb"]
     assert {c.plan.tp for c in zb} == {1, 2} and any(c.plan.virtual_stages == 2 for c in zb)
     assert all(0 < c.lower_bound <= c.objective * (1 + 1e-9) for c in zb)
+
+
+def test_explains_sensitivities_skip_batches_a_zero_bubble_plan_cannot_run():
+    """The batch threshold re-prices the pipelined plan at other batches; those with fewer micro-batches
+    than stages are not plans of its schedule (types/schedules.py), so they are skipped, not raised."""
+    result = _search("pp=2,mbs=8,zero=0,recompute=none")
+    assert result.best.schedule == "interleaved_zb" and result.best.num_microbatches == 2
+    said = explain_result(result, graph=GRAPH, profile=PROFILE, sensitivity=True)
+    assert any(t.knob == "global batch size" for t in said.thresholds)
