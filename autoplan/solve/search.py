@@ -289,7 +289,7 @@ class Search:
         kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
-        core_s = (g.m + self.stage_costs.bubble_floor(plans[0])) * floor_s + self.bounds.pp_comm_s(base)
+        core_s = (g.m + self.stage_costs.bubble_floor(base)) * floor_s + self.bounds.pp_comm_s(base)
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]
