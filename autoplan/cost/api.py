@@ -8,7 +8,8 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 - one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
 - one block of the pipeline partition: ``block_time_s``, ``kept_bytes``, ``state_bytes_per_param``,
-  ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``;
+  ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``, ``bubble_floor``,
+  ``bubble_share``;
 - budgeted recompute: the fewest blocks per chunk that fit (``fit_recompute_blocks``), each stage's
   peak under a budget (``stage_peaks_bytes``);
 - ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``), a
@@ -31,7 +32,8 @@ from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
 from autoplan.cost.network.mesh import plan_mesh_groups
 from autoplan.cost.op_table import priced_ops
 from autoplan.cost.pp.partition import block_time_s, cut_s, kept_bytes, stage_capacity_bytes, state_bytes_per_param
-from autoplan.cost.pp.schedule import balanced_stages, in_flight_chunks
+from autoplan.cost.pp.schedule import balanced_stages, bubble_floor, in_flight_chunks
+from autoplan.cost.pp.zero_bubble import bubble_share
 from autoplan.cost.run.reliability import not_priced_reason as reliability_not_priced
 from autoplan.cost.run.reliability import prediction_fields as reliability_fields
 from autoplan.cost.run.reliability import summary as reliability_summary
@@ -67,6 +69,8 @@ __all__ = [
     "block_time_s",
     "cut_s",
     "in_flight_chunks",
+    "bubble_floor",
+    "bubble_share",
     "kept_bytes",
     "stage_capacity_bytes",
     "state_bytes_per_param",

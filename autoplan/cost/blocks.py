@@ -7,6 +7,8 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 - ``fwd_s``/``bwd_s``: the sum of :func:`autoplan.cost.compute.op_costs.node_times_s` over the
   block's nodes, each with its compute shard from ``tp_layer_cost`` and its dispatch overhead.
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
+- ``wgrad_s``: of ``bwd_s``, the weight-gradient GEMMs' seconds (W; autoplan/cost/pp/split_backward.py);
+  ``wgrad_held_bytes``: their output gradients, kept from B to W (same module).
 - ``saved_bytes`` = sum of ``saved_bytes * f * dtype_scale / activation_shard`` (Korthikanti et
   al. 2022 section 4) plus the copies TP resharding keeps (autoplan/cost/tp/memory.py); the routed
   experts' nodes times the routing imbalance ``i`` under ep > 1 (the busiest rank's rows, cost/moe/experts.py).
@@ -39,6 +41,7 @@ from autoplan.cost.cp.block import context_parallel
 from autoplan.cost.cp.exposed import attention_time_factor, executed_fraction
 from autoplan.cost.cp.messages import CpMessage
 from autoplan.cost.moe.experts import BlockExperts, block_experts, grouped_gemm_s
+from autoplan.cost.pp.split_backward import weight_grad_held_bytes, weight_grad_s
 from autoplan.cost.tp.block import analyse_block
 from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
 from autoplan.cost.tp.splits import TPContext, node_splits, tp_layer_cost
@@ -49,7 +52,7 @@ from autoplan.types.saved_ops import SAVED_KINDS
 @dataclass(frozen=True)
 class LayerSummary:
     fwd_s: float
-    bwd_s: float
+    bwd_s: float  # of which wgrad_s is weight gradients (W), the rest input gradients (B)
     selective_recompute_s: float  # forward of the nodes selective recomputation re-runs
     tp_fwd_s: float
     tp_bwd_s: float
@@ -81,6 +84,8 @@ class LayerSummary:
     frozen_param_count: float = 0.0  # of param_count, the frozen ones (requires_grad=False): held, never trained
     frozen_expert_param_count: float = 0.0  # of expert_param_count, the frozen ones
     frozen_names: frozenset[str] = frozenset()  # the frozen ones of param_names
+    wgrad_s: float = 0.0  # of bwd_s, the weight gradients (W: cost/pp/split_backward.py)
+    wgrad_held_bytes: float = 0.0  # output gradients kept from B to W when a schedule splits them (same module)
 
     @property
     def trainable_param_count(self) -> float:
@@ -127,7 +132,7 @@ def summarise(
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
-    fwd = bwd = rerun = saved = kept = flops = fp8_params = 0.0
+    fwd = bwd = wgrad = rerun = saved = kept = flops = fp8_params = pending = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
     experts = block_experts(
         graph, structure.nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
@@ -158,12 +163,14 @@ def summarise(
             attention.append((node, shard, t_fwd, t_bwd))
         fwd += t_fwd
         bwd += t_bwd
+        wgrad += weight_grad_s(graph, node, bwd_s=t_bwd)
         if fp8_linear(node, precision=precision, shard=shard) and not (experts and node.name in experts.gemms):
             fp8_params += node.attrs["in_features"] * node.attrs["out_features"] / tp_cost.param_shard.get(node.name, 1)
         if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
             _add_overlap(overlap, graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
         act_shard = tp_cost.activation_shard.get(node.name, 1)
+        pending += weight_grad_held_bytes(graph, node, precision=precision) * f / act_shard
         copies = (
             param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision)
             if node.name in splits
@@ -199,6 +206,8 @@ def summarise(
     return LayerSummary(
         fwd_s=fwd,
         bwd_s=bwd,
+        wgrad_s=wgrad,
+        wgrad_held_bytes=pending,
         selective_recompute_s=rerun,
         tp_fwd_s=tp_cost.comm_fwd_s,
         tp_bwd_s=tp_cost.comm_bwd_s,

@@ -8,6 +8,7 @@ exceeds the priced step time (a test checks this for every priced candidate):
   communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a)); the
   routed experts' GEMMs as CostModel prices them at tp = 1, and at tp > 1 divided only where a legal
   split shards them; an fp8 linear also priced whole, the smaller kept;
+- ``zero_bubble_share``: a floor on a zero-bubble schedule's (T - 2W) / T (its bubble's share of 1F1B's);
 - ``pp_comm_s``: (v m + p - 1)(t_p2p(forward) + t_p2p(backward)) with the smallest block inputs;
 - ``step_extras_s``: Adam on the largest stage's parameters (28 bytes each), ZeRO-1/2's weight
   all-gather, and the gradient sync exposed on stage 0 whatever the overlap (its first block's),
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from autoplan.cost.compute.op_costs import node_time_s
-from autoplan.cost.compute.roofline import memory_time_s
+from autoplan.cost.compute.roofline import input_bytes_of, memory_time_s
 from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.floors import SyncFloors
@@ -32,6 +33,8 @@ from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import plan_mesh_groups
+from autoplan.cost.pp.split_backward import weight_grad_flops, weight_grad_s
+from autoplan.cost.pp.zero_bubble import bubble_share
 from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis, analyse_block
 from autoplan.cost.tp.shards import pure_layouts_possible
 from autoplan.cost.tp.splits import legal_splits
@@ -133,6 +136,32 @@ class Bounds:
                 if n.op == "attention"
             )
         return self._c_min[key]
+
+    def zero_bubble_share(self, *, tp: int, precision: str, mbs: int, cp: int = 1) -> float:
+        """A floor on (T - 2W) / T of any stage of any plan at these degrees (cost/pp/zero_bubble.py): the least
+        over the nodes with weight gradients, each priced as the block summaries price it (at shard 1 and tp,
+        whichever split it takes); every other part of a stage has no W. 0 where the floor is not known: FP8
+        (its recipe is the plan's) and routed experts (priced as grouped GEMMs)."""
+        key = ("zb", tp, precision, mbs, cp)
+        if key not in self._c_min:
+            known = precision != "fp8" and not self._reps
+            self._c_min[key] = (
+                bubble_share(self._wgrad_parts(tp=tp, precision=precision, f=mbs / self.graph.batch_size / cp))
+                if known
+                else 0.0
+            )
+        return self._c_min[key]
+
+    def _wgrad_parts(self, *, tp: int, precision: str, f: float) -> list[tuple[float, float]]:
+        """(forward + backward, W) seconds of every node with weight gradients, at shard 1 and tp."""
+        times, (preds, _) = self.stage_costs.cost_model.node_times, self.graph.adjacency()
+        parts = [(1.0, 0.0)]  # a stage of nodes without W: all of it idles in the bubble
+        for node in (n for nodes in self._nodes.values() for n in nodes if weight_grad_flops(self.graph, n)):
+            read = input_bytes_of([self.graph.node(p) for p in preds[node.name]], precision=precision)
+            for way in {1, tp}:
+                t_f, t_b = times(node, self.profile, precision=precision, batch_fraction=f, shard=way, reads=read)
+                parts.append((t_f + t_b, weight_grad_s(self.graph, node, bwd_s=t_b)))
+        return parts
 
     def _op_min_s(self, node: OpNode, *, shard: int, precision: str, f: float, fused: bool = False) -> float:
         """node_time_s at ``shard``; under fp8 a linear's also at shard 1, the smaller of the two

@@ -33,7 +33,7 @@ from autoplan.cost.moe.experts import ExpertPlacement, check_divides
 from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups, plan_mesh_groups
 from autoplan.cost.pp import messages as pp_messages
-from autoplan.cost.pp.schedule import balanced_stages
+from autoplan.cost.pp.schedule import balanced_stages, pipeline_bubble_s
 from autoplan.cost.pp.tied import TiedWeightSync
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tp.default import default_tp_plan
@@ -305,7 +305,7 @@ class CostModel:
 
     # ---- time ----------------------------------------------------------------------------
     def _time(self, cost: Cost, plan: Plan, stages: list[StageTotals], groups: dict[str, AxisGroup]) -> None:
-        m, p, v = plan.num_microbatches, plan.pp, plan.virtual_stages
+        m, p = plan.num_microbatches, plan.pp
         chunks = self._chunks(plan)
         slowest = max(stages, key=lambda s: s.micro_batch_s)
         cost.compute_s = m * slowest.compute_s
@@ -313,7 +313,7 @@ class CostModel:
         cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(plan, self._tp_plan(plan), chunks, groups["tp"])
         cost.ep_comm_s = m * slowest.ep_s
         cost.cp_comm_s = m * slowest.cp_s
-        cost.bubble_s = (p - 1) / v * slowest.micro_batch_s
+        cost.bubble_s = pipeline_bubble_s(plan, micro_batch_s=slowest.micro_batch_s, wgrad_s=slowest.wgrad_s)
         inputs = self.chunk_inputs(plan) if p > 1 else []  # what each pipeline chunk receives (cost/pp/messages.py)
         sends_s = pp_messages.pipeline_sends_s(self.profile, plan, inputs, group=groups["pp"], tp_group=groups["tp"])
         cost.pp_comm_s = sends_s + self.tied.sync_s(plan, chunks, stages, groups["pp"])

@@ -23,6 +23,8 @@ class StageTotals:
 
     fwd_s: float = 0.0
     bwd_s: float = 0.0
+    wgrad_s: float = 0.0  # of bwd_s, the weight gradients (W: cost/pp/split_backward.py)
+    wgrad_held_bytes: float = 0.0  # their output gradients, kept from B to W by a zero-bubble schedule
     recompute_s: float = 0.0
     tp_s: float = 0.0
     ep_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/moe/experts.py)
@@ -90,6 +92,8 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     """Add one block (or the outside nodes, ``is_block=False``) to ``stage``."""
     stage.fwd_s += block.fwd_s
     stage.bwd_s += block.bwd_s
+    stage.wgrad_s += block.wgrad_s
+    stage.wgrad_held_bytes += block.wgrad_held_bytes
     stage.tp_s += block.tp_fwd_s + block.tp_bwd_s
     stage.ep_s += block.ep_fwd_s + block.ep_bwd_s
     stage.cp_s += block.cp_fwd_s + block.cp_bwd_s

@@ -207,7 +207,7 @@ def _pipeline_gaps(plan: Plan, facts: ModelFacts) -> list[str]:
     if plan.schedule != "1f1b" or plan.virtual_stages > 1:
         found.append(
             f"schedule={plan.schedule} (virtual_stages={plan.virtual_stages}): DeepSpeed runs its one 1F1B "
-            "TrainSchedule, one chunk per stage; it has no GPipe or interleaved schedule."
+            "TrainSchedule, one chunk per stage; it has no GPipe, interleaved or zero-bubble schedule."
         )
     return found
 

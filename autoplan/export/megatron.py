@@ -117,6 +117,12 @@ def _context_parallel_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> 
 def _pipeline_flags(plan: Plan, facts: ModelFacts, notes: list[str]) -> Flags:
     if plan.schedule == "gpipe":
         notes.append("GPipe schedule: Megatron-LM runs 1F1B (fewer micro-batches in flight); it has no GPipe switch.")
+    if plan.schedule == "interleaved_zb":
+        notes.append(
+            "zero-bubble schedule (interleaved_zb): Megatron-Core 0.16 has none (its delay_wgrad_compute defers "
+            "weight gradients only beside --overlap-moe-expert-parallel-comm); written as "
+            f"{'interleaved 1F1B' if plan.virtual_stages > 1 else '1F1B'}, whose bubble keeps the weight gradients."
+        )
     chunks = plan.pp * plan.virtual_stages
     per_chunk = layers_per_stage(plan)
     if plan.stages and per_chunk is None:

@@ -25,7 +25,14 @@ from autoplan.types.plan import Plan
 
 FORMATS = {"py": "0.3", "toml": "0.2"}  # format -> the torchtitan release series it is written for
 GPUS_PER_NODE = 8  # a plan does not say how its devices sit in nodes; the launch line assumes 8
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+#: torchtitan's schedules that run several stages per rank (lower-cased names)
+MULTI_STAGE = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
+SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved_1f1b": "Interleaved1F1B",
+    "interleaved_zb": "InterleavedZeroBubble",
+}
 
 
 def export(plan: Plan, facts: ModelFacts, *, fmt: str = "py", registry: Registry | None = None) -> Exported:
@@ -196,3 +203,26 @@ def nodes_note(devices: int) -> list[str]:
     if devices <= GPUS_PER_NODE:
         return []
     return [f"({GPUS_PER_NODE} GPUs per node assumed: --nnodes x --nproc-per-node must be {devices})"]
+
+
+def pipeline_schedule(plan: Plan, notes: list[str]) -> str:
+    """torchtitan's ``pipeline_parallel_schedule`` for the plan. torchtitan runs a multi-stage schedule
+    (InterleavedZeroBubble) with at least 2 stages per rank, so ZB-H1 (``interleaved_zb`` at v = 1) is
+    written as 1F1B, and said."""
+    if plan.schedule == "interleaved_zb" and plan.virtual_stages == 1:
+        notes.append(
+            "ZB-H1 (schedule interleaved_zb, one stage per rank): torchtitan runs InterleavedZeroBubble with at "
+            "least 2 stages per rank only; written as 1F1B, whose bubble is (pp-1)(F+B+W), not (pp-1)(F+B-W)."
+        )
+        return SCHEDULES["1f1b"]
+    return SCHEDULES[plan.schedule]
+
+
+def schedule_named(name: str, unmapped: list[str]) -> str:
+    """The plan's schedule for torchtitan's ``pipeline_parallel_schedule`` ``name`` (any case); one autoplan has
+    no term for reads as interleaved_1f1b (a multi-stage one) or 1f1b, said in ``unmapped``."""
+    schedule = {v.lower(): k for k, v in SCHEDULES.items()}.get(name.lower())
+    if schedule is None:
+        schedule = "interleaved_1f1b" if name.lower() in MULTI_STAGE else "1f1b"
+        unmapped.append(f"pipeline schedule {name}: autoplan has no term for it; read as {schedule}.")
+    return schedule

@@ -27,7 +27,6 @@ from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, 
 from autoplan.export.offload import torchtitan_training
 from autoplan.export.recompute_budget import every_block_note
 from autoplan.export.torchtitan import (
-    SCHEDULES,
     chunk_modules,
     chunk_sizes,
     context_parallel,
@@ -35,6 +34,7 @@ from autoplan.export.torchtitan import (
     launch,
     nodes_note,
     pick_flavour,
+    pipeline_schedule,
     precision_notes,
     training_batch,
 )
@@ -117,7 +117,7 @@ def _parallelism(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[
 
 def _pipeline(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
+        "pipeline_parallel_schedule": pipeline_schedule(plan, notes),
         "pipeline_parallel_microbatch_size": plan.micro_batch_size,
     }
     sizes = chunk_sizes(plan, facts, notes)

@@ -31,7 +31,7 @@ from autoplan.export.recompute_budget import (
     torchtitan_toml_note,
 )
 from autoplan.export.torchtitan import (
-    SCHEDULES,
+    MULTI_STAGE,
     chunk_modules,
     chunk_sizes,
     context_parallel,
@@ -39,14 +39,15 @@ from autoplan.export.torchtitan import (
     launch,
     nodes_note,
     pick_flavour,
+    pipeline_schedule,
     precision_notes,
+    schedule_named,
     training_batch,
 )
 from autoplan.export.torchtitan_flavours import Registry
 from autoplan.types.hsdp import dp_shard
 from autoplan.types.plan import Plan
 
-MULTI_STAGE = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
 FLOAT8 = "quantize.linear.float8"
 FILENAME = "torchtitan.toml"
 # 0.2.x's names for the modules before the first and after the last block, where its registry is not installed
@@ -145,7 +146,7 @@ def _data_parallel(plan: Plan, notes: list[str]) -> dict[str, Any]:
 def _pipeline(plan: Plan, facts: ModelFacts, registry: Registry, notes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "pipeline_parallel_degree": plan.pp,
-        "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
+        "pipeline_parallel_schedule": pipeline_schedule(plan, notes),
         "pipeline_parallel_microbatch_size": plan.micro_batch_size,
     }
     sizes = chunk_sizes(plan, facts, notes)
@@ -341,12 +342,9 @@ def _read_pipeline(par: dict[str, Any], pp: int, layers: int | None, unmapped: l
         return {"schedule": "1f1b", "virtual_stages": 1}
     name = str(par.get("pipeline_parallel_schedule", "1F1B"))
     multi = name.lower() in MULTI_STAGE
-    schedule = {v.lower(): k for k, v in SCHEDULES.items()}.get(name.lower())
-    if schedule is None:
-        schedule = "interleaved_1f1b" if multi else "1f1b"
-        unmapped.append(f"pipeline schedule {name}: autoplan has no term for it; read as {schedule}.")
+    schedule = schedule_named(name, unmapped)
     chunks = _chunks(par, pp, multi, layers, unmapped)
-    virtual = max(chunks // pp, 1) if schedule == "interleaved_1f1b" else 1
+    virtual = max(chunks // pp, 1) if multi else 1  # read as interleaved_1f1b or interleaved_zb
     return {"schedule": schedule, "virtual_stages": virtual}
 
 

@@ -28,7 +28,14 @@ from autoplan.types._check import temp_file_beside  # noqa: E402
 from autoplan.types.cost import Cost  # noqa: E402
 
 GIB = 2**30
-COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "send": "#C44E52", "sync": "#8172B3", "idle": "#DDDDDD"}
+COLORS = {
+    "forward": "#4C72B0",
+    "backward": "#DD8452",
+    "weight": "#937860",  # a zero-bubble schedule's deferred weight gradients (report/timeline.py)
+    "send": "#C44E52",
+    "sync": "#8172B3",
+    "idle": "#DDDDDD",
+}
 MEMORY_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#DD8452", "#8172B3")
 TERM_COLORS = (
     "#4C72B0",
@@ -70,7 +77,7 @@ def timeline_figure(timeline: Timeline, path: Path, *, title: str) -> Path:
             linewidth=0.5,
         )
         wide = (seg.end_s - seg.start_s) / max(timeline.makespan_s, 1e-30) > 0.02
-        if seg.kind in ("forward", "backward") and wide:
+        if seg.kind in ("forward", "backward", "weight") and wide:
             ax.text(
                 (seg.start_s + seg.end_s) / 2 * scale,
                 row,
@@ -86,10 +93,17 @@ def timeline_figure(timeline: Timeline, path: Path, *, title: str) -> Path:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     ax.legend(
         handles,
-        ["forward", "backward", "send/recv", "dp sync + optimizer", "idle (bubble)"],
+        [
+            "forward",
+            "backward (input gradients when split)",
+            "weight gradients",
+            "send/recv",
+            "dp sync + optimizer",
+            "idle (bubble)",
+        ],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.25 if timeline.pp > 2 else -0.45),
-        ncol=5,
+        ncol=6,
         fontsize=8,
         frameon=False,
     )

@@ -66,6 +66,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", f"**Expert layout:** {exp.experts}"] if exp.experts else []
     lines += ["", f"**Recompute budget:** {exp.recompute}"] if exp.recompute else []
     lines += ["", f"**Offload:** {exp.offload}"] if exp.offload else []
+    lines += ["", f"**Schedule:** {exp.zero_bubble}"] if exp.zero_bubble else []
     lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"
 

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from autoplan.cost import CostModel, usable_bytes
-from autoplan.errors import AutoplanError
+from autoplan.errors import AutoplanError, PlanError
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -154,7 +154,10 @@ def _at_batch(plan: Plan, batch: int) -> Plan | None:
     m = batch // per
     if plan.schedule == "interleaved_1f1b" and m % plan.pp:
         return None
-    return replace(plan, num_microbatches=m, predicted={})
+    try:
+        return replace(plan, num_microbatches=m, predicted={})
+    except PlanError:  # a count its schedule cannot run (a zero-bubble one's rounds: types/schedules.py)
+        return None
 
 
 def batch_threshold(model: CostModel, plans: list[Plan], objective) -> Threshold:

@@ -7,6 +7,9 @@ when the stage is free and its input has arrived:
   then alternates one forward and one backward, then drains the backwards.
 - Interleaved 1F1B (section 2.2.2, Megatron-LM's order): v chunks per stage (global chunk
   c = local * p + k), min(2 (p - k - 1) + (v - 1) p, m v) warm-up chunk-forwards.
+- Zero-bubble (torch's ScheduleInterleavedZeroBubble order, :func:`zero_bubble_order`): each backward
+  drawn as input gradients, then later weight gradients ("weight"), half the backward each
+  (:data:`WEIGHT_SHARE`: stages.csv does not split it).
 
 The forward of (i, c) needs the forward of (i, c - 1) and the activation send; the backward of
 (i, c) the backward of (i, c + 1) and the gradient send (the last chunk: its own forward). A send
@@ -21,6 +24,12 @@ from dataclasses import dataclass, field
 
 from autoplan.errors import AutoplanError
 from autoplan.types.layout import chunk_index
+from autoplan.types.schedules import ZERO_BUBBLE
+
+#: schedules whose backward runs as input gradients ("backward"), then weight gradients ("weight")
+SPLIT_BACKWARD = ZERO_BUBBLE
+#: the weight gradients' share of a split backward: a matmul's dL/dW is one GEMM of its dL/dX's size
+WEIGHT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,35 @@ def stage_order(schedule: str, *, pp: int, stage: int, m: int, v: int = 1) -> li
         forwards = [("forward", *unit(i, False)) for i in range(total)]
         backwards = [("backward", *unit(i, True)) for i in range(total)]
         return _one_f_one_b(forwards, backwards, warmup=min(2 * (pp - stage - 1) + (v - 1) * pp, total))
-    raise AutoplanError(f"schedule '{schedule}' has no timeline; expected gpipe, 1f1b or interleaved_1f1b.")
+    if schedule == "interleaved_zb":
+        return zero_bubble_order(pp=pp, stage=stage, m=m, v=v)
+    raise AutoplanError(
+        f"schedule '{schedule}' has no timeline; expected gpipe, 1f1b, interleaved_1f1b or interleaved_zb."
+    )
+
+
+def zero_bubble_order(*, pp: int, stage: int, m: int, v: int) -> list[tuple[str, int, int]]:
+    """torch's ScheduleInterleavedZeroBubble (ZB1P) order of ``stage``: (v - 1) r + p - 1 - stage warm-up
+    forwards (r micro-batches per round), then one forward and one input backward per step, each step
+    from the ``stage``-th on also running the weight backward ("weight") of the oldest input backward, then
+    the remaining input and weight backwards."""
+    per_round = m // max(1, m // pp)
+    total, warmup = m * v, min((v - 1) * per_round + pp - 1 - stage, m * v)
+    fwd_mb, bwd_mb = [0] * v, [0] * v
+    order, backwards = [], []
+    for step in range(total + warmup):
+        if step < total:
+            local = (step // per_round) % v
+            order.append(("forward", fwd_mb[local], local))
+            fwd_mb[local] += 1
+        if step >= warmup:
+            local = v - 1 - ((step - warmup) // per_round) % v
+            order.append(("backward", bwd_mb[local], local))
+            backwards.append((bwd_mb[local], local))
+            bwd_mb[local] += 1
+            if len(backwards) > stage:
+                order.append(("weight", *backwards[len(backwards) - stage - 1]))
+    return order + [("weight", *b) for b in backwards[max(0, len(backwards) - stage) :]]
 
 
 def _one_f_one_b(forwards: list, backwards: list, *, warmup: int) -> list:
@@ -110,7 +147,7 @@ def simulate(
                 if ready is None:
                     break
                 start = max(clock[k], ready)
-                duration = (forward_s[k] if kind == "forward" else backward_s[k]) / v
+                duration = _duration(kind, forward_s[k], backward_s[k], split=schedule in SPLIT_BACKWARD) / v
                 timeline.segments.append(Segment(k, kind, mb, local, start, start + duration))
                 end = start + duration
                 sends = (kind == "forward" and chunk < last) or (kind == "backward" and chunk > 0)
@@ -130,9 +167,18 @@ def simulate(
     return timeline
 
 
+def _duration(kind: str, forward_s: float, backward_s: float, *, split: bool) -> float:
+    """A stage's whole-micro-batch seconds of ``kind``; a split backward's weight half (module docstring)."""
+    if kind == "forward":
+        return forward_s
+    return backward_s * WEIGHT_SHARE if split else backward_s
+
+
 def _ready(done: dict, kind: str, mb: int, chunk: int, last: int) -> float | None:
     if kind == "forward":
         return 0.0 if chunk == 0 else done.get(("forward", mb, chunk - 1))
+    if kind == "weight":
+        return done.get(("backward", mb, chunk))
     return done.get(("forward", mb, chunk)) if chunk == last else done.get(("backward", mb, chunk + 1))
 
 

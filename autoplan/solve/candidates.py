@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from autoplan.cost import bubble_floor
 from autoplan.solve import space
 from autoplan.types.cost import Cost
 from autoplan.types.moe import RoutingModel
@@ -82,11 +83,17 @@ class Group:
     sp: bool
     mbs: int
     m: int
-    v_max: int
+    b_min: float  # the least bubble floor of its schedules, in micro-batches (cost/pp/schedule.py:bubble_floor)
     routing: RoutingModel | None = None  # the graph's, for an MoE model: the plan records it
     cp_variant: str = "allgather"  # how the cp ranks exchange keys and values (solve/context_parallel.py)
     runtime: str = "autoplan"  # the runtime its plans are priced for (SearchOptions.runtime)
     compile: bool = False  # blocks compiled with torch.compile: only when pinned (--fix compile=on)
+
+    @staticmethod
+    def least_bubble(schedules: list[tuple[str, int]], *, pp: int, share: float) -> float:
+        """The least bubble floor of (schedule, virtual stages) pairs at ``pp``, in micro-batches (bubble_floor;
+        ``share``: Bounds.zero_bubble_share)."""
+        return min(bubble_floor(schedule=s, pp=pp, virtual_stages=v, share=share) for s, v in schedules)
 
     def pruned_config(self) -> dict:
         """The row of a group pruned whole: what varies inside it is '*'."""

@@ -7,14 +7,13 @@ recomputation, schedule (with virtual stages), ZeRO stage and gradient sync (sol
 visited in increasing bound (best-first branch and bound) and pruned once the bound reaches the
 ``keep``-th best objective, so the console's top k is exact:
 
-    LB  = (m + (pp - 1) / v_max) * C_min / pp  +  optimizer_min                            (1)
-    LB2 = (m + (pp - 1) / v) * T_slowest + pp_comm + optimizer(zero)                      (2)
+    LB  = (m + b_min) * C_min / pp  +  optimizer_min                                      (1)
+    LB2 = (m + b(schedule, v)) * T_slowest + pp_comm + optimizer(zero)                    (2)
 
-``C_min``: one micro-batch's forward + backward with every op divided tp ways and no
-communication (the routed experts as CostModel prices them, cost/bounds.py; under cp every op at
-1/cp of the tokens plus each attention's K,V floor, cost/cp/floor.py), ``v_max`` the most
-virtual stages the group allows; (2) uses the real stages, CostModel's smallest send/recv, its
-Adam and ZeRO-1/2 gather and the sync no schedule can hide, so it never exceeds the priced step.
+``C_min``: one micro-batch's forward + backward, every op divided tp ways, no communication (experts as
+CostModel prices them, cost/bounds.py; under cp 1/cp of the tokens plus each attention's K,V floor); ``b``:
+``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T), ``b_min`` the group's least; (2) uses the real
+stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync nothing hides: never above the priced step.
 Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory
 row when nothing fits), the stages from solve/pipeline.py; every survivor is priced by
 ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample, or the whole
@@ -127,7 +126,8 @@ class Search:
                         )
                         if not schedules:
                             continue
-                        v_max = max(v for _, v in schedules)
+                        share = self.bounds.zero_bubble_share(tp=deg.tp, precision=precision, mbs=mbs, cp=deg.cp)
+                        b_min = Group.least_bubble(schedules, pp=deg.pp, share=share)
                         for variant in variant_options(self.profile, cp=deg.cp, fixes=self.fixes):
                             group = Group(
                                 deg,
@@ -135,7 +135,7 @@ class Search:
                                 sp,
                                 mbs,
                                 m,
-                                v_max,
+                                b_min,
                                 routing=self.routing,
                                 cp_variant=variant,
                                 runtime=opts.runtime,
@@ -156,7 +156,7 @@ class Search:
         overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
         cp["fused"] = g.compile or True in overlap or self.runtime_fuses  # async TP compiles (compute/fusion.py)
         step = (
-            (g.m + (deg.pp - 1) / g.v_max)
+            (g.m + g.b_min)
             * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
             / deg.pp
         )
@@ -259,7 +259,7 @@ class Search:
                     **names,
                 )
                 times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
-                core_s = (g.m + (deg.pp - 1) / v) * max(times) + self.bounds.pp_comm_s(base)
+                core_s = (g.m + self.stage_costs.bubble_floor(plan)) * max(times) + self.bounds.pp_comm_s(base)
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
                 sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
@@ -281,7 +281,7 @@ class Search:
         kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
-        core_s = (g.m + (g.degrees.pp - 1) / v) * floor_s + self.bounds.pp_comm_s(base)
+        core_s = (g.m + self.stage_costs.bubble_floor(base)) * floor_s + self.bounds.pp_comm_s(base)
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]

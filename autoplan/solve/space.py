@@ -8,8 +8,8 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
   context parallelism ``cp`` where the model and its sequence allow it, with ``ep = 1``
   (solve/context_parallel.py);
 - micro-batch size: every divisor of ``batch / dp``;
-- schedule: "1f1b" at ``pp = 1``; else gpipe, 1f1b and interleaved with ``v >= 2`` where
-  ``pp * v`` divides the blocks and ``pp`` divides the micro-batch count (Megatron-LM's condition);
+- schedule (solve/schedules.py): "1f1b" at ``pp = 1``; else gpipe, 1f1b, interleaved 1F1B and the
+  zero-bubble schedules;
 - ZeRO 0-3 (1-3 only with ``dp > 1``, :func:`check_zero_pin`); recomputation none, selective, full;
 - sequence parallelism (``tp > 1``, tp dividing every sequence: solve/sequence_parallel.py);
   TP communication overlap (with SP, on NCCL, tp inside a node);
@@ -34,6 +34,7 @@ from autoplan.solve.expert_layout import layout_options
 from autoplan.solve.hsdp import check_hsdp_pin, replicate_options
 from autoplan.solve.offload import offload_options
 from autoplan.solve.pins import check_budget_pin
+from autoplan.solve.schedules import schedule_options  # noqa: F401 (space.schedule_options: the search's name)
 from autoplan.types.graph import Graph
 from autoplan.types.plan import RECOMPUTE, runs_ddp
 from autoplan.types.profile import Profile
@@ -160,23 +161,6 @@ def micro_batch_options(*, batch: int, dp: int, fixes: dict) -> list[int]:
     if "mbs" in fixes:
         return [fixes["mbs"]] if per_replica % fixes["mbs"] == 0 else []
     return _divisors(per_replica)
-
-
-def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict) -> list[tuple[str, int]]:
-    """(schedule, virtual_stages) pairs."""
-    if pp == 1:
-        options = [("1f1b", 1)]
-    else:
-        options = [("gpipe", 1), ("1f1b", 1)]
-        if num_microbatches % pp == 0:
-            options += [("interleaved_1f1b", v) for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
-    if "schedule" in fixes:
-        options = [o for o in options if o[0] == fixes["schedule"]] or (
-            [(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] != "interleaved_1f1b" else []
-        )
-    if "v" in fixes:
-        options = [o for o in options if o[1] == fixes["v"]]
-    return options
 
 
 def tp_overlap_options(*, profile: Profile, tp: int, sequence_parallel: bool, fixes: dict) -> list[bool]:

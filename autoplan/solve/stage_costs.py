@@ -25,6 +25,8 @@ from autoplan.cost import (
     TPContext,
     TpPlanMemo,
     block_time_s,
+    bubble_floor,
+    bubble_share,
     cut_s,
     in_flight_chunks,
     kept_bytes,
@@ -139,6 +141,24 @@ class StageCosts:
             times[stage] += sum(times_of[layer] for layer in chunk)
             params[stage] += sum(params_of[layer] for layer in chunk)
         return times, params
+
+    def bubble_floor(self, plan: Plan) -> float:
+        """Micro-batches of the slowest stage's time (stage_totals') ``plan``'s bubble is at least
+        (cost/pp/schedule.py:bubble_floor), a zero-bubble schedule's from its blocks' (T - 2W) / T."""
+
+        def make() -> float:
+            ctx = self.context(plan)
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            parts = [(block_time_s(b, plan.recompute), b.wgrad_s) for b in blocks.values()]
+            outside = [(pre.fwd_s + pre.bwd_s, pre.wgrad_s), (post.fwd_s + post.bwd_s, post.wgrad_s)]
+            return bubble_share(parts + outside)
+
+        share = 0.0
+        if plan.pp > 1 and plan.schedule == "interleaved_zb":
+            key = ("bubble_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap)
+            share = self._memo.get(key, plan.tp_plan, make)
+        return bubble_floor(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, share=share)
 
     def slowest_stage_floor_s(self, plan: Plan) -> float:
         """A floor on the largest of stage_totals' times under any partition: their mean, since the

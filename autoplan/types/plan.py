@@ -25,10 +25,10 @@ from autoplan.types.offload import OFFLOADS, check_offload  # noqa: F401 (OFFLOA
 from autoplan.types.prediction import Prediction
 from autoplan.types.recompute import check_recompute_blocks, describe_counts
 from autoplan.types.runtime import Runtime, check_runtime_choices, runtime_named
+from autoplan.types.schedules import SCHEDULES, check_schedule  # noqa: F401 (SCHEDULES: the plan's names)
 
 PLAN_SCHEMA_VERSION = 1
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE = ("none", "selective", "full")
 #: newer fields left out of plan.json at their default, so older plans and their files stay as they were
 OMITTED_AT_DEFAULT = (
@@ -228,16 +228,11 @@ class Plan:
     def _check_choices(self) -> None:
         if self.cp_variant not in CP_VARIANTS:
             raise PlanError(f"plan cp_variant='{self.cp_variant}'; expected one of {', '.join(CP_VARIANTS)}.")
-        if self.schedule not in SCHEDULES:
-            raise PlanError(f"plan schedule='{self.schedule}'; expected one of {', '.join(SCHEDULES)}.")
+        check_schedule(self)
         if self.recompute not in RECOMPUTE:
             raise PlanError(f"plan recompute='{self.recompute}'; expected one of {', '.join(RECOMPUTE)}.")
         if self.precision not in PRECISIONS:
             raise PlanError(f"plan precision='{self.precision}'; expected one of {', '.join(PRECISIONS)}.")
-        if not (self.virtual_stages == 1 or self.schedule == "interleaved_1f1b"):
-            raise PlanError(
-                f"plan virtual_stages={self.virtual_stages} needs schedule 'interleaved_1f1b', not '{self.schedule}'."
-            )
         if self.grad_reduce_dtype not in REDUCE_DTYPES:
             raise PlanError(
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}."

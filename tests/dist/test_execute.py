@@ -46,6 +46,8 @@ TWO = [
     ("tp2_colwise_embedding_inplace", "llama3p", dict(tp=2, recompute="full", tp_plan=m.llama_tp_plan(False, embedding="colwise"))),
     ("tp2_sp_colwise_embedding_inplace", "llama3p", dict(tp=2, sequence_parallel=True, tp_plan=m.llama_tp_plan(True, embedding="colwise"))),
     ("pp2_interleaved_rope_args", "llama3p", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
+    # ZB-H1 (torch's ScheduleInterleavedZeroBubble, one stage per rank): B and W apart, W of a checkpointed block
+    ("pp2_zb_h1_recompute_full", "gpt", dict(pp=2, schedule="interleaved_zb", num_microbatches=2, recompute="full")),
     # context parallelism (execute/context_parallel.py): causal attention over head-tail shards,
     # positions made before the blocks (GPT's arange, Llama's rotary buffers sliced at each block)
     ("cp2_gpt", "gpt", dict(cp=2)),

@@ -2,7 +2,8 @@
 
     peak = max_stage stage_memory(states, activations, in-flight micro-batches, buffers)
 
-with each part's formula and source in cost/memory/per_device.py; a plan is infeasible when the worst
+with each part's formula and source in cost/memory/per_device.py (a zero-bubble schedule's output
+gradients kept from B to W join the transient bytes: cost/pp/zero_bubble.py); a plan is infeasible when the worst
 stage's peak exceeds the device's usable memory (``usable_bytes``).
 """
 
@@ -24,6 +25,7 @@ from autoplan.cost.memory.per_device import (
     usable_bytes,
 )
 from autoplan.cost.pp.schedule import in_flight_after_first_backward, in_flight_chunks
+from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
@@ -53,7 +55,7 @@ class PlanMemory:
         return stage_memory(
             states=self._states(plan, stage),
             saved_bytes=stage.saved_bytes,
-            transient_bytes=stage.transient_bytes,
+            transient_bytes=stage.transient_bytes + pending_weight_grads(plan, index) * stage.wgrad_held_bytes,
             in_flight=in_flight_chunks(plan, index),
             in_flight_after=in_flight_after_first_backward(plan, index),
             last_block_bytes=blocks[-1].saved_bytes if blocks else 0.0,

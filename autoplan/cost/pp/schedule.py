@@ -4,6 +4,7 @@
 With p stages, m micro-batches and v model chunks per device:
 
     bubble = (p - 1) / v * T_max                          Narayanan et al. SC'21 section 2.2 (v = 1: GPipe, 1F1B)
+    zero-bubble schedules (B and W apart): autoplan/cost/pp/zero_bubble.py
     in flight on stage i: GPipe m (Huang et al. 2019); 1F1B min(p - i, m) (Narayanan section 2.2.1);
         interleaved min(2 (p - i - 1) + (v - 1) p + 1, v m) chunks of 1/v of the stage
         (Megatron-LM's warm-up count; Korthikanti et al. 2022 section 4.2.3 for stage 0)
@@ -20,8 +21,10 @@ reverse layer order on one stream:
 
 from __future__ import annotations
 
+from autoplan.cost.pp.zero_bubble import zero_bubble_in_flight, zero_bubble_s
 from autoplan.errors import PlanError
 from autoplan.types.plan import Plan
+from autoplan.types.schedules import ZERO_BUBBLE
 
 
 def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
@@ -41,6 +44,24 @@ def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
     return stages
 
 
+def pipeline_bubble_s(plan: Plan, *, micro_batch_s: float, wgrad_s: float) -> float:
+    """The plan's pipeline bubble from its slowest stage's micro-batch seconds (module docstring), of
+    which ``wgrad_s`` is weight gradients (what a zero-bubble schedule defers into the bubble)."""
+    p, v = plan.pp, plan.virtual_stages
+    if plan.schedule in ZERO_BUBBLE:
+        return zero_bubble_s(
+            schedule=plan.schedule, pp=p, virtual_stages=v, micro_batch_s=micro_batch_s, wgrad_s=wgrad_s
+        )
+    return (p - 1) / v * micro_batch_s
+
+
+def bubble_floor(*, schedule: str, pp: int, virtual_stages: int, share: float = 0.0) -> float:
+    """Micro-batches of the slowest stage's time the bubble is at least (the search's bounds): (p - 1) / v;
+    a zero-bubble schedule's (p - 1) / v times ``share``, a floor on (T - 2W) / T of every stage
+    (:func:`autoplan.cost.pp.zero_bubble.bubble_share`; 0 when not known)."""
+    return (pp - 1) / virtual_stages * (share if schedule in ZERO_BUBBLE else 1.0)
+
+
 def bubble_fraction(*, pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
     """(p - 1) / (v * m): the bubble as a fraction of the ideal (bubble-free) pipeline time."""
     return (pp - 1) / (virtual_stages * num_microbatches)
@@ -51,6 +72,8 @@ def in_flight_chunks(plan: Plan, stage: int) -> float:
     p, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
     if plan.schedule == "gpipe":
         return float(m)
+    if plan.schedule in ZERO_BUBBLE:
+        return zero_bubble_in_flight(pp=p, num_microbatches=m, virtual_stages=v)
     if plan.schedule == "1f1b":
         return float(min(p - stage, m))
     chunks = min(2 * (p - stage - 1) + (v - 1) * p + 1, v * m)

@@ -314,6 +314,12 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
     assert "PowerSGD" in said("powersgd")
 
 
+def test_a_zero_bubble_schedule_is_said_megatron_core_has_none(facts):
+    plan = dataclasses.replace(PLANS["pp4-gpipe"], schedule="interleaved_zb")
+    exported = megatron.export(plan, facts)
+    assert any("zero-bubble" in item and "written as 1F1B" in item for item in exported.unexpressed)
+
+
 def test_missing_facts_become_comments_naming_the_flag():
     plan = PLANS["pp2-interleaved-no-stages"]
     exported = megatron.export(plan, ModelFacts())

@@ -55,6 +55,10 @@ PLANS = {
         virtual_stages=2, zero_stage=3, precision="bf16", sequence_parallel=True,
         stages=[LAYERS6[:1], LAYERS6[1:3], LAYERS6[3:5], LAYERS6[5:]],
     ),
+    "pp2_zero_bubble_v2": Plan(
+        devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=4, schedule="interleaved_zb",
+        virtual_stages=2, precision="bf16", stages=[LAYERS6[:1], LAYERS6[1:3], LAYERS6[3:5], LAYERS6[5:]],
+    ),
     "pp2_uneven_1f1b_zero0": Plan(devices=4, dp=2, tp=1, pp=2, micro_batch_size=2, num_microbatches=4,
                                   precision="bf16", stages=[LAYERS6[:1], LAYERS6[1:]]),
     "pp3_gpipe_zero2": Plan(devices=6, dp=2, tp=1, pp=3, micro_batch_size=1, num_microbatches=6, schedule="gpipe",
@@ -236,7 +240,12 @@ def test_torchtitan_starts_each_export_with_the_plans_layout(name, started, fact
 @pytest.mark.parametrize("name", [n for n, p in PLANS.items() if p.pp > 1])
 def test_torchtitans_pipeline_split_holds_the_plans_stages(name, started):
     plan, got = PLANS[name], started[name]
-    expected = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+    expected = {
+        "gpipe": "ScheduleGPipe",
+        "1f1b": "Schedule1F1B",
+        "interleaved_1f1b": "ScheduleInterleaved1F1B",
+        "interleaved_zb": "ScheduleInterleavedZeroBubble",
+    }
     assert got["schedule"] == expected[plan.schedule] and got["single"] == (plan.virtual_stages == 1)
     chunks = plan.stages or [LAYERS6[i : i + 2] for i in range(0, 6, 2)]  # no stages: an even split of 6
     rank0 = [chunks[i] for i in range(0, len(chunks), plan.pp)]  # torchtitan's loop: stage r, r + pp, ...

@@ -75,6 +75,10 @@ PLANS = {
         devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=4, schedule="interleaved_1f1b",
         virtual_stages=2, stages=[["layers.0"], ["layers.1", "layers.2"], ["layers.3"], []],
     ),
+    "pp2-v2-zero-bubble": Plan(
+        devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=4, schedule="interleaved_zb",
+        virtual_stages=2, precision="bf16", stages=STAGES4,
+    ),
     "tp2-no-sp": Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=4, num_microbatches=1, precision="bf16"),
     "ep2": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, ep=2, zero_stage=3,
                 precision="bf16"),
@@ -243,7 +247,12 @@ def test_torchtitan_loads_the_export_with_the_plans_numbers(name, parsed, facts)
     assert got["compile"] == (plan.tp_comm_overlap or plan.precision == "fp8")  # float8 wants compile
     assert got["model"] == ["llama3", "debugmodel"]  # the flavour with the traced shape, not its variant
     if plan.pp > 1:
-        expected = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+        expected = {
+            "gpipe": "ScheduleGPipe",
+            "1f1b": "Schedule1F1B",
+            "interleaved_1f1b": "ScheduleInterleaved1F1B",
+            "interleaved_zb": "ScheduleInterleavedZeroBubble",
+        }
         assert got["schedule"] == expected[plan.schedule] and got["single"] == (plan.virtual_stages == 1)
 
 
@@ -310,6 +319,24 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts, registry)
     assert said("cp2-tp2-zero3") == ""
     ring = said("cp2-ring-zero0")
     assert "torchtitan 0.2.x has no ring context parallelism" in ring and "ZeRO-0 with cp=2" in ring
+
+
+def test_zb_h1_is_written_as_1f1b_and_said(facts, registry):
+    """torchtitan runs InterleavedZeroBubble with at least 2 stages per rank: ZB-H1 (v = 1) cannot be said."""
+    plan = Plan(
+        devices=2,
+        dp=1,
+        tp=1,
+        pp=2,
+        micro_batch_size=1,
+        num_microbatches=4,
+        schedule="interleaved_zb",
+        precision="bf16",
+        stages=[["layers.0", "layers.1"], ["layers.2", "layers.3"]],
+    )
+    exported = toml(plan, facts, registry)
+    assert 'pipeline_parallel_schedule = "1F1B"' in exported.text
+    assert any("ZB-H1" in note and "2 stages per rank" in note for note in exported.unexpressed)
 
 
 def test_launch_command_is_torchruns(facts, registry):

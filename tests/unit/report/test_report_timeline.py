@@ -48,3 +48,26 @@ def test_slowest_stage_sets_the_pace():
 def test_stage_count_mismatch_is_a_clear_error():
     with pytest.raises(AutoplanError, match="stage times"):
         simulate(schedule="1f1b", pp=2, m=2, v=1, forward_s=[1.0], backward_s=[2.0])
+
+
+@pytest.mark.parametrize("pp,v,m", [(2, 1, 4), (4, 1, 8), (4, 2, 8), (4, 2, 6)])
+def test_the_zero_bubble_timeline_runs_torchs_order_with_the_priced_bubble(pp, v, m):
+    """Each stage runs the F/B/W order torch's ScheduleInterleavedZeroBubble builds, and the step lasts
+    m (F + B + W) + (p - 1)(F + B - W) / v (cost/pp/zero_bubble.py) with W half the backward."""
+    import types
+
+    import torch
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+
+    kinds = {"FORWARD": "forward", "BACKWARD_INPUT": "backward", "BACKWARD_WEIGHT": "weight"}
+    for k in range(pp):
+        stages = [
+            types.SimpleNamespace(num_stages=pp * v, group_size=pp, group_rank=k, submod=torch.nn.Linear(1, 1))
+            for _ in range(v)
+        ]
+        actions = [a for a in ScheduleInterleavedZeroBubble(stages, m).pipeline_order[k] if a is not None]
+        torch_order = [(kinds[a.computation_type.name], a.microbatch_index, a.stage_index // pp) for a in actions]
+        assert stage_order("interleaved_zb", pp=pp, stage=k, m=m, v=v) == torch_order
+    timeline = simulate(schedule="interleaved_zb", pp=pp, m=m, v=v, forward_s=[1.0] * pp, backward_s=[2.0] * pp)
+    assert timeline.makespan_s == pytest.approx(m * 3.0 + (pp - 1) * (1.0 + 1.0 - 1.0) / v)
+    assert timeline.busy_s(0, "weight") == pytest.approx(m * 1.0)

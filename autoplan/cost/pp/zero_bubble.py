@@ -1,0 +1,56 @@
+"""Zero-bubble schedules' bubble and activations in flight (docs/cost-model.md, "Zero-bubble schedules").
+
+With p stages, v chunks per stage, m micro-batches, and one micro-batch's whole-stage times F (forward),
+B (input gradients), W (weight gradients; cost/pp/split_backward.py), where 1F1B's bubble is
+(p - 1)(F + B + W) / v:
+
+    interleaved_zb (torch's ScheduleInterleavedZeroBubble, ZB1P):  bubble = (p - 1)(F + B - W) / v
+
+Qi et al. ICLR'24 section 2.1: ZB-H1's bubble is a third of 1F1B's at T_F = T_B = T_W, each stage
+filling its p - 1 cool-down slots with deferred Ws; deepseek-ai/DualPipe's table writes it
+(p - 1)(F + B - 2W) with B the whole backward (B + W here). Simulating the action list torch builds
+(``pipeline_order``) with these times gives this bubble for v = 1 and, divided by v, for v > 1
+(tests/unit/cost/test_zero_bubble.py checks it against torch's schedule).
+
+In flight: torch's stage_backward_input keeps the stage's autograd graph (every saved activation) until
+the W of that micro-batch runs, and ZB1P starts the Ws only after (v - 1) r + p - 1 - stage warm-up
+forwards and ``stage`` more 1F1B steps (r = m / max(1, m // p) micro-batches per round), so every stage
+holds the same number of chunks of 1/v at its peak (1F1B: min(p - stage, m) micro-batches):
+
+    in flight = min((v - 1) r + p, v m) / v micro-batches           (v = 1: min(p, m))
+
+and at that peak stage s has run the B but not yet the W of s + 1 chunks, whose output gradients it keeps
+(cost/pp/split_backward.py): (s + 1) / v of the stage's ``wgrad_held_bytes`` beside the activations.
+Both hold for m >= p, which types/schedules.py requires (with fewer, torch's schedule idles longer).
+"""
+
+from __future__ import annotations
+
+from autoplan.types.plan import Plan
+from autoplan.types.schedules import ZERO_BUBBLE, zero_bubble_rounds
+
+
+def zero_bubble_s(*, schedule: str, pp: int, virtual_stages: int, micro_batch_s: float, wgrad_s: float) -> float:
+    """The bubble of a zero-bubble ``schedule`` (module docstring): ``micro_batch_s`` is F + B + W (with
+    the stage's collectives and recomputation), ``wgrad_s`` is W."""
+    assert schedule in ZERO_BUBBLE, schedule
+    return (pp - 1) / virtual_stages * max(0.0, micro_batch_s - 2.0 * wgrad_s)
+
+
+def zero_bubble_in_flight(*, pp: int, num_microbatches: int, virtual_stages: int) -> float:
+    """Micro-batches of activations a zero-bubble schedule holds on every stage (module docstring)."""
+    m, v = num_microbatches, virtual_stages
+    per_round = m / zero_bubble_rounds(pp=pp, num_microbatches=m)
+    return min((v - 1) * per_round + pp, v * m) / v
+
+
+def pending_weight_grads(plan: Plan, stage: int) -> float:
+    """Micro-batches (in units of the whole stage) whose B ``stage`` has run and whose W it has not, at its
+    activation peak (module docstring); 0 for a schedule that runs each backward whole."""
+    return (stage + 1) / plan.virtual_stages if plan.schedule in ZERO_BUBBLE and plan.pp > 1 else 0.0
+
+
+def bubble_share(parts: list[tuple[float, float]]) -> float:
+    """A floor on (T - 2W) / T of any stage built from ``parts`` ((time_s, wgrad_s) of each block and of the
+    outside nodes): the least of the parts' own, since a stage's T - 2W is the sum of its parts'."""
+    return min((max(0.0, 1.0 - 2.0 * w / t) for t, w in parts if t > 0), default=0.0)
