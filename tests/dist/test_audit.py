@@ -41,6 +41,9 @@ CASES = [
     ("pp_gpipe", "gpt", dict(pp=2, schedule="gpipe")),
     ("pp_1f1b", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4)),
     ("pp_interleaved", "gpt", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
+    # bf16 under autocast (ZeRO-0): the residual stream stays fp32 (fp32 embedding, residual adds promote), so
+    # the stages send 4 bytes an element, and the loss keeps fp32 log-probs (cost/compute/dtypes.py)
+    ("pp_1f1b_bf16", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, precision="bf16")),
     ("recompute_full", "gpt", dict(dp=2, recompute="full")),
     ("recompute_selective", "gpt", dict(dp=2, recompute="selective")),
     # budgeted recompute (types/recompute.py): the first k blocks of each chunk, FLOPs and memory as priced
