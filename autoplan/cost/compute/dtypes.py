@@ -75,9 +75,45 @@ class RunDtypes:
     def __init__(self, graph: Graph, policy: DtypePolicy) -> None:
         self.graph, self.policy = graph, policy
         self.dtypes: dict[str, str] = {}
-        preds, _ = graph.adjacency()
+        preds, succs = graph.adjacency()
         for node in graph.nodes:  # execution order: a node's inputs come first
             self.dtypes[node.name] = self._dtype(node, [graph.node(p) for p in preds[node.name]])
+        self.readers = {n.name: self._readers(n, succs) for n in graph.nodes if self._copied(n)}
+
+    def _copied(self, node: OpNode) -> bool:
+        """Autocast casts this output to the low dtype for some reader: floating, wider than low."""
+        dtype = self.dtypes[node.name]
+        return self.policy.autocast and dtype in DTYPE_BYTES and DTYPE_BYTES[dtype] > DTYPE_BYTES[self.policy.low]
+
+    def _readers(self, node: OpNode, succs: dict[str, list[str]]) -> tuple[int, bool]:
+        """(lower-precision ops reading the output, through views: each casts and saves its own low copy;
+        whether any other op reads it, which may save the output itself)."""
+        preds = self.graph.adjacency()[0]
+        lower, other, stack = 0, False, [(r, node.name) for r in succs[node.name]]
+        while stack:
+            name, source = stack.pop()
+            reader = self.graph.node(name)
+            if preds[name][:1] != [source] or not reader.output_bytes:
+                continue  # reads only its size, or shape arithmetic: not the data
+            cast = "cast_dtype" in reader.attrs or "cast_like" in reader.attrs
+            if reader.op == "view" and not cast:
+                stack.extend((r, name) for r in succs[name])
+            elif reader.op in _LOWER_KINDS:
+                lower += 1
+            elif not cast:
+                other = True
+        return lower, other
+
+    def saved_bytes(self, node: OpNode, traced: float) -> float:
+        """``traced`` saved bytes of ``node`` (its output among them when saved) in the run: under autocast an
+        output wider than low that lower-precision ops read is saved as one low copy per such op (its own
+        storage too when another op reads it), the rest rescaled (:meth:`scale`)."""
+        lower, other = self.readers.get(node.name, (0, True))
+        if not lower or traced < node.output_bytes:
+            return traced * self.scale(node)
+        element = node.output_bytes / DTYPE_BYTES[node.output_dtype.replace("torch.", "")]
+        own = node.output_bytes * self.scale(node) if other else 0.0
+        return (traced - node.output_bytes) * self.scale(node) + own + lower * element * DTYPE_BYTES[self.policy.low]
 
     def dtype(self, node: OpNode) -> str:
         return self.dtypes.get(node.name, node.output_dtype)

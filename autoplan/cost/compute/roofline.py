@@ -262,9 +262,10 @@ def saved_activation_bytes(node: OpNode, *, precision: str, gpu: bool, dtypes: R
     """``node.saved_bytes`` in the run's precision for the traced batch: floating tensors are
     rescaled, a dropout mask is counted by :func:`mask_bytes` (module docstring)."""
     traced_mask = float(node.output_bytes) if is_dropout(node) else 0.0
-    return (node.saved_bytes - traced_mask) * activation_scale(node, precision=precision, dtypes=dtypes) + mask_bytes(
-        node, precision=precision, gpu=gpu, dtypes=dtypes
-    )
+    mask = mask_bytes(node, precision=precision, gpu=gpu, dtypes=dtypes)
+    if dtypes is not None:  # autocast's low copies of an fp32 output (compute/dtypes.py saved_bytes)
+        return dtypes.saved_bytes(node, node.saved_bytes - traced_mask) + mask
+    return (node.saved_bytes - traced_mask) * activation_scale(node, precision=precision) + mask
 
 
 def input_bytes_of(predecessors: list[OpNode], *, precision: str, dtypes: RunDtypes | None = None) -> float:
