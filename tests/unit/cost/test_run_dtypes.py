@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from synthetic import synthetic_profile
 
 from autoplan.cost.compute.dtypes import DtypePolicy, dtype_policy, run_dtypes
+from autoplan.cost.compute.roofline import saved_activation_bytes
 from autoplan.cost.model import CostModel
 from autoplan.execute.data_parallel import dp_mode
 from autoplan.execute.precision import policy_for
@@ -166,3 +167,14 @@ def test_pipeline_sends_the_residual_in_its_run_dtype(graph):
     cast, megatron = sent(precision="bf16", dp=2, zero_stage=2), sent(precision="bf16", runtime="megatron")
     assert autocast == fp32
     assert max(cast) == max(megatron) == pytest.approx(max(fp32) / 2)
+
+
+def test_a_linear_keeps_its_own_bf16_copy_of_an_fp32_norm_output(graph):
+    """Under autocast the norm's output is fp32, but the qkv linear that reads it casts it and saves the
+    bf16 copy (autograd keeps the cast input of F.linear): its output is priced at 2 bytes an element
+    in the saved bytes, the norm's own statistics at 4; with weights cast everything of it is bf16."""
+    norm = next(n for n in graph.nodes if n.target == "RMSNorm")
+    assert 0 < norm.output_bytes <= norm.saved_bytes
+    for cast_params, expected in ((False, norm.saved_bytes - norm.output_bytes / 2), (True, norm.saved_bytes / 2)):
+        dtypes = run_dtypes(graph, DtypePolicy(low="bfloat16", cast_params=cast_params, device="cpu"))
+        assert saved_activation_bytes(norm, precision="bf16", gpu=False, dtypes=dtypes) == expected
