@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.cost.compute.dtypes import RunDtypes, dtypes_of
 from autoplan.cost.compute.fp8 import fp8_linear
 from autoplan.cost.compute.op_costs import NodeTimes, node_times_s
 from autoplan.cost.compute.roofline import (
@@ -131,6 +132,7 @@ def summarise(
     times = node_times or NodeTimes(graph, ctx.profile)
     tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
+    dtypes = dtypes_of(graph, ctx.dtypes)  # each activation's run dtype (compute/dtypes.py)
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
     fwd = bwd = wgrad = rerun = saved = kept = flops = fp8_params = pending = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
@@ -141,7 +143,7 @@ def summarise(
     attention: list[tuple[OpNode, int, float, float]] = []  # (node, shard, t_fwd, t_bwd) under cp > 1
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
-        read = input_bytes_of(list(structure.preds[node.name]), precision=precision)
+        read = input_bytes_of(list(structure.preds[node.name]), precision=precision, dtypes=dtypes)
         if experts is not None and node.name in experts.gemms:
             t_fwd, t_bwd = grouped_gemm_s(
                 node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
@@ -156,6 +158,7 @@ def summarise(
                 reads=read,
                 recipe=ctx.fp8,
                 fused=ctx.fused,
+                dtypes=dtypes,
             )
         if ctx.cp > 1 and node.op == "attention":
             factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
@@ -170,21 +173,21 @@ def summarise(
             _add_overlap(overlap, graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
         flops += (node.fwd_flops + node.bwd_flops) * f / shard
         act_shard = tp_cost.activation_shard.get(node.name, 1)
-        pending += weight_grad_held_bytes(graph, node, precision=precision) * f / act_shard
+        pending += weight_grad_held_bytes(graph, node, precision=precision, dtypes=dtypes) * f / act_shard
         copies = (
-            param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision)
+            param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision, dtypes=dtypes)
             if node.name in splits
             else 0.0
         )
         busiest = _busiest_rows(node, experts)  # the busiest ep rank's expert activations (routing imbalance)
-        saved += (saved_activation_bytes(node, precision=precision, gpu=gpu) / act_shard + copies) * f * busiest
+        held = saved_activation_bytes(node, precision=precision, gpu=gpu, dtypes=dtypes)
+        saved += (held / act_shard + copies) * f * busiest
         if node.op in SAVED_KINDS:
             own_output = (
                 copies if splits.get(node.name) == "colwise" else 0.0
             )  # a gathered colwise output's local shard
-            kept += (
-                (node.output_bytes * activation_scale(node, precision=precision) / act_shard + own_output) * f * busiest
-            )
+            out = node.output_bytes * activation_scale(node, precision=precision, dtypes=dtypes)
+            kept += (out / act_shard + own_output) * f * busiest
             part = by_kind["attention" if node.op == "attention" else "matmul"]
             ran = _executed_share(node, ctx)  # under cp, the share of attention's rectangle a rank's kernels run
             part[0] += node.fwd_flops * f / shard * ran
@@ -196,12 +199,14 @@ def summarise(
         else:
             rerun += t_fwd
     names = {n.name for n in structure.nodes}
-    gathered = stream_copy_bytes(graph, block, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel, precision=precision)
+    gathered = stream_copy_bytes(
+        graph, block, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel, precision=precision, dtypes=dtypes
+    )
     saved += sum(b for consumer, b in gathered.items() if consumer in names) * f
     held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
     held, params, expert_params = _split_experts(held, params, experts)
-    inputs = _input_bytes(structure, ctx)
-    cp = context_parallel(attention, ctx)
+    inputs = _input_bytes(structure, ctx, dtypes)
+    cp = context_parallel(attention, ctx, graph)
     saved += cp.held_bytes
     return LayerSummary(
         fwd_s=fwd,
@@ -213,7 +218,10 @@ def summarise(
         tp_bwd_s=tp_cost.comm_bwd_s,
         saved_bytes=saved,
         selective_dropped_bytes=max(0.0, saved - inputs - kept),
-        loss_grad_bytes=sum(loss_grad_bytes(structure, n, precision=precision, gpu=gpu) for n in structure.nodes) * f,
+        loss_grad_bytes=sum(
+            loss_grad_bytes(structure, n, precision=precision, gpu=gpu, dtypes=dtypes) for n in structure.nodes
+        )
+        * f,
         input_bytes=inputs,
         param_count=params,
         param_names=tuple(held),
@@ -297,6 +305,7 @@ def _add_overlap(
         shard=shard,
         reads=read,
         recipe=ctx.fp8,
+        dtypes=dtypes_of(graph, ctx.dtypes),
     )
     totals[0] += t_fwd
     totals[1] += t_bwd
@@ -304,21 +313,28 @@ def _add_overlap(
     totals[3] += max(0.0, n * slice_bwd - t_bwd - recast_bwd)
 
 
-def loss_grad_bytes(structure: BlockStructure, node: OpNode, *, precision: str, gpu: bool) -> float:
+def loss_grad_bytes(
+    structure: BlockStructure, node: OpNode, *, precision: str, gpu: bool, dtypes: RunDtypes | None = None
+) -> float:
     """Bytes the backward of a loss node makes at its start (module docstring): the gradient of
     each floating input, and one gradient per tensor the loss saved of its own (cross-entropy's
     log-softmax output); 0 for other nodes."""
     if node.op != "loss":
         return 0.0
     inputs = [p for p in structure.preds[node.name] if "float" in p.output_dtype]
-    return input_bytes_of(inputs, precision=precision) + saved_activation_bytes(node, precision=precision, gpu=gpu)
+    kw = dict(precision=precision, dtypes=dtypes)
+    # a loss computing in another dtype than its input (fp32 on bf16 logits under autocast) makes the
+    # input's gradient in its own dtype first, then casts it back (compute/dtypes.py recast_bytes)
+    recast = sum(dtypes.recast_bytes(p, node) for p in inputs) if dtypes is not None else 0.0
+    return input_bytes_of(inputs, **kw) + recast + saved_activation_bytes(node, gpu=gpu, **kw)
 
 
-def _input_bytes(structure: BlockStructure, ctx: TPContext) -> float:
+def _input_bytes(structure: BlockStructure, ctx: TPContext, dtypes: RunDtypes | None) -> float:
     shard = ctx.tp if ctx.sequence_parallel and ctx.tp > 1 else 1
     return (
         sum(
-            n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision) for n in structure.inputs
+            n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision, dtypes=dtypes)
+            for n in structure.inputs
         )
         / shard
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, summarise
+from autoplan.cost.compute.dtypes import dtype_policy, plan_dtypes
 from autoplan.cost.compute.eager_attention import FusedAttentionModel
 from autoplan.cost.compute.fp8 import fp8_recipe as recipe_of
 from autoplan.cost.compute.fusion import fuses_elementwise
@@ -263,6 +264,7 @@ class CostModel:
             cp_group=groups["cp"] if plan.cp > 1 else None,
             fp8=recipe_of(plan, recipe=fp8_recipe),
             fused=fuses_elementwise(plan),
+            dtypes=dtype_policy(plan, backend=self.profile.backend),  # each activation's run dtype
         )
 
     def _priced(
@@ -330,10 +332,11 @@ class CostModel:
         """Per pipeline chunk, what it receives per micro-batch (cost/pp/messages.py)."""
         return [self.block_inputs(chunk[0], plan) for chunk in self._chunks(plan)]
 
-    def block_inputs(self, layer: str, plan: Plan) -> pp_messages.Boundary:
-        """What a chunk starting at block ``layer`` receives per micro-batch (pp_messages.block_inputs);
-        identical blocks receive identical tensors."""
-        return pp_messages.block_inputs(self.graph, self._structures[self._rep[layer]].inputs, plan)
+    def block_inputs(self, layer: str, plan: Plan, *, in_precision: bool = False) -> pp_messages.Boundary:
+        """What a chunk starting at block ``layer`` receives per micro-batch (pp_messages.block_inputs), in the
+        run's dtypes or ``in_precision`` (a floor of every dtype policy: the search's bounds)."""
+        dtypes = None if in_precision else plan_dtypes(self.graph, plan, backend=self.profile.backend)
+        return pp_messages.block_inputs(self.graph, self._structures[self._rep[layer]].inputs, plan, dtypes=dtypes)
 
     def powersgd_stage(self, plan: Plan, stage: StageTotals) -> PowerSGDTraffic:
         """A stage's PowerSGD traffic (DataParallelTerms.powersgd_stage)."""

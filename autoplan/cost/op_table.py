@@ -14,6 +14,7 @@ and the states are sharded over dp x cp (cost/cp/weights.py).
 from __future__ import annotations
 
 from autoplan.cost.blocks import block_structure, loss_grad_bytes
+from autoplan.cost.compute.dtypes import RunDtypes, dtypes_of
 from autoplan.cost.compute.op_costs import node_saved_bytes, node_time_s, node_times_s
 from autoplan.cost.cp.block import BlockCp, context_parallel
 from autoplan.cost.cp.exposed import attention_time_factor
@@ -36,6 +37,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
     fused is one row), in graph order within each block (module docstring)."""
     model = CostModel(graph, profile).for_runtime(plan.runtime)
     graph, ctx = model.graph, model.tp_context(plan)
+    dtypes = dtypes_of(graph, ctx.dtypes)  # each activation's run dtype (compute/dtypes.py)
     stages = dict(stage_of_block(plan.stages, pp=plan.pp))
     first_block = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
     nodes_of = _nodes_by_layer(graph)
@@ -49,6 +51,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
             tp=plan.tp,
             sequence_parallel=plan.sequence_parallel,
             precision=plan.precision,
+            dtypes=dtypes,
         )
         split_of = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
         structure = block_structure(graph, layer)
@@ -65,6 +68,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
                 shard=shard,
                 recipe=ctx.fp8,
                 fused=ctx.fused,
+                dtypes=dtypes,
             )
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(
@@ -77,12 +81,14 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
                 offload=plan.offload,
             )
             kv = _context_parallel(graph, node, profile, ctx, shard=shard)
-            saved = node_saved_bytes(node, profile, precision=plan.precision) / cost.activation_shard.get(node.name, 1)
+            saved = node_saved_bytes(node, profile, precision=plan.precision, dtypes=dtypes)
+            saved /= cost.activation_shard.get(node.name, 1)
             saved = (
-                saved + copies.get(node.name, 0.0) + _param_copies(graph, layer, node, plan, split_of)
+                saved + copies.get(node.name, 0.0) + _param_copies(graph, layer, node, plan, split_of, dtypes)
             ) * fraction + kv.held_bytes
             saved += (
-                loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl") * fraction
+                loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl", dtypes=dtypes)
+                * fraction
             )
             split = (
                 plan.tp_plan.get(node.module, "replicate")
@@ -111,9 +117,17 @@ def _context_parallel(graph: Graph, node: OpNode, profile: Profile, ctx, *, shar
     """An attention node's context-parallel terms as cost/blocks.py charges them (empty elsewhere)."""
     if ctx.cp == 1 or node.op != "attention":
         return BlockCp()
-    times = node_times_s(graph, node, profile, precision=ctx.precision, batch_fraction=ctx.batch_fraction, shard=shard)
+    times = node_times_s(
+        graph,
+        node,
+        profile,
+        precision=ctx.precision,
+        batch_fraction=ctx.batch_fraction,
+        shard=shard,
+        dtypes=dtypes_of(graph, ctx.dtypes),
+    )
     factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
-    return context_parallel([(node, shard, times[0] * factor, times[1] * factor)], ctx)
+    return context_parallel([(node, shard, times[0] * factor, times[1] * factor)], ctx, graph)
 
 
 def _nodes_by_layer(graph: Graph) -> dict[str | None, list[tuple[int, OpNode]]]:
@@ -124,11 +138,14 @@ def _nodes_by_layer(graph: Graph) -> dict[str | None, list[tuple[int, OpNode]]]:
     return found
 
 
-def _param_copies(graph: Graph, layer: str | None, node, plan: Plan, split_of: dict[str, str]) -> float:
+def _param_copies(
+    graph: Graph, layer: str | None, node, plan: Plan, split_of: dict[str, str], dtypes: RunDtypes | None
+) -> float:
     if node.name not in split_of:
         return 0.0
+    block = analyse_block(graph, layer)
     return param_copy_bytes(
-        graph, analyse_block(graph, layer), node.name, split_of[node.name], tp=plan.tp, precision=plan.precision
+        graph, block, node.name, split_of[node.name], tp=plan.tp, precision=plan.precision, dtypes=dtypes
     )
 
 

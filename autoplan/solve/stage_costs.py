@@ -19,6 +19,8 @@ sizes, so the partition prefers the small ones.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autoplan.cost import (
     CostModel,
     LayerSummary,
@@ -56,8 +58,8 @@ class StageCosts:
 
     def context(self, plan: Plan) -> TPContext:
         """CostModel.tp_context, memoised on the plan fields it reads (its mesh, sequence split, precision,
-        micro-batch, expert placement, FP8 recipe, and whether element-wise ops run fused: compiled, async
-        TP or the runtime's kernels): the search's bounds ask several times per candidate."""
+        micro-batch, expert placement, FP8 recipe, the weights' cast, and whether element-wise ops run fused:
+        compiled, async TP or the runtime's kernels): the search's bounds ask several times per candidate."""
         key = (
             plan.dp,
             plan.tp,
@@ -73,6 +75,7 @@ class StageCosts:
             plan.runtime,
             plan.compile,
             plan.tp_comm_overlap,
+            plan.zero_stage,  # with dp, cp, precision and runtime: the activations' dtypes (cost/compute/dtypes.py)
         )
         if key not in self._contexts:
             self._contexts[key] = self.cost_model.tp_context(plan)
@@ -163,9 +166,15 @@ class StageCosts:
     def slowest_stage_floor_s(self, plan: Plan) -> float:
         """A floor on the largest of stage_totals' times under any partition: their mean, since the
         stages share every block and the outside nodes between them."""
-        times_of, _, pre, post = self._block_totals(plan, self.context(plan))
+        times_of, _, pre, post = self._block_totals(plan, self.floor_context(plan))
         outside_s = pre.fwd_s + pre.bwd_s + post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
         return (sum(times_of.values()) + outside_s) / plan.pp
+
+    def floor_context(self, plan: Plan) -> TPContext:
+        """:meth:`context` with every activation at the precision's bytes: a floor of the run dtypes of each
+        of ``plan``'s ZeRO variants, which the search bounds together (cost/compute/dtypes.py: autocast keeps
+        fp32 where FSDP2's cast weights do not, and neither goes below the precision)."""
+        return replace(self.context(plan), dtypes=None)
 
     def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:
         """({block: time}, {block: parameters}, pre, post) of ``plan``'s blocks, memoised per tp_plan."""
@@ -211,11 +220,11 @@ class StageCosts:
     def min_boundary_bytes(self, plan: Plan) -> tuple[float, float]:
         """The smallest block inputs, forward and those whose gradient goes back (rotary tables and
         masks do not): lower bounds on what a pipeline stage receives and sends back per micro-batch."""
-        ctx = self.context(plan)
+        ctx = self.floor_context(plan)
         key = ("boundary", *ctx.key)
 
         def make() -> tuple[float, float]:
-            sizes = [self.cost_model.block_inputs(layer, plan) for layer in self.graph.layers]
+            sizes = [self.cost_model.block_inputs(layer, plan, in_precision=True) for layer in self.graph.layers]
             return min((sum(b.sent) for b in sizes), default=0.0), min((sum(b.returned) for b in sizes), default=0.0)
 
         return self._memo.get(key, plan.tp_plan, make)

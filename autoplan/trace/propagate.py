@@ -36,7 +36,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
 from autoplan.errors import TraceError
-from autoplan.trace import classify, dtensor_reach, memo, memo_keys, nodeattrs
+from autoplan.trace import casts, classify, dtensor_reach, memo, memo_keys, nodeattrs
 from autoplan.trace.capture import first_line, stack_trace_line
 from autoplan.trace.flops import flop_counter
 
@@ -271,6 +271,8 @@ class Propagator:
             raise self._failure(node, exc) from exc
         self.env[node] = output
         kind, attrs = nodeattrs.kind_and_attrs(node, module, args, kwargs, output, params)
+        if module is None:  # an explicit cast's target, for the activations' run dtypes (trace/casts.py)
+            attrs.update(casts.cast_attrs(node, classify.short_name(node), self.canonical))
         if self.dtensor_lacks.get(node.name):  # tensor parallelism cannot run this node (dtensor_reach)
             attrs["dtensor_lacks"] = self.dtensor_lacks[node.name]
         if "module_type" in attrs and module is None and node.meta.get("nn_module_stack"):

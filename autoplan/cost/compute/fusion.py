@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.cost.compute.dtypes import RunDtypes
 from autoplan.cost.compute.roofline import activation_scale, input_bytes_of, mask_bytes
 from autoplan.types.graph import Graph, OpNode
 
@@ -141,13 +142,22 @@ def _through_views(
     return found
 
 
-def fused_moved_bytes(graph: Graph, node: OpNode, op: FusedOp, *, precision: str, gpu: bool, backward: bool) -> float:
+def fused_moved_bytes(
+    graph: Graph,
+    node: OpNode,
+    op: FusedOp,
+    *,
+    precision: str,
+    gpu: bool,
+    backward: bool,
+    dtypes: RunDtypes | None = None,
+) -> float:
     """Activation bytes ``node`` moves as a member of its region, for the traced batch in
     ``precision`` (module docstring): its charged inputs ``r`` and its write ``w``, forward
     ``r + w``, backward ``w + 2 r`` (a dropout reads its mask instead of one ``r``)."""
-    read = input_bytes_of([graph.node(p) for p in op.reads], precision=precision)
-    out = node.output_bytes * activation_scale(node, precision=precision) if op.writes else 0.0
-    mask = mask_bytes(node, precision=precision, gpu=gpu)
+    read = input_bytes_of([graph.node(p) for p in op.reads], precision=precision, dtypes=dtypes)
+    out = node.output_bytes * activation_scale(node, precision=precision, dtypes=dtypes) if op.writes else 0.0
+    mask = mask_bytes(node, precision=precision, gpu=gpu, dtypes=dtypes)
     if backward:
         return out + read + (mask if mask else read)
     return read + out + mask

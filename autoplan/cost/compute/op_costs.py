@@ -20,6 +20,7 @@ mask at 1 byte per element on a GPU profile (autoplan/cost/compute/roofline.py);
 
 from __future__ import annotations
 
+from autoplan.cost.compute.dtypes import RunDtypes
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
 from autoplan.cost.compute.fusion import fused_moved_bytes, fused_ops
 from autoplan.cost.compute.roofline import input_bytes_of, op_time_s, saved_activation_bytes
@@ -28,9 +29,10 @@ from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
 
 
-def read_bytes(graph: Graph, node: OpNode, *, precision: str) -> float:
-    """What ``node`` reads for the traced batch: its predecessors' outputs in ``precision``."""
-    return input_bytes_of([graph.node(p) for p in predecessors(graph, node.name)], precision=precision)
+def read_bytes(graph: Graph, node: OpNode, *, precision: str, dtypes: RunDtypes | None = None) -> float:
+    """What ``node`` reads for the traced batch: its predecessors' outputs in their run dtypes."""
+    preds = [graph.node(p) for p in predecessors(graph, node.name)]
+    return input_bytes_of(preds, precision=precision, dtypes=dtypes)
 
 
 def node_times_s(
@@ -44,18 +46,23 @@ def node_times_s(
     reads: float | None = None,
     recipe: Fp8Recipe = TENSORWISE,
     fused: bool = False,
+    dtypes: RunDtypes | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of ``node`` on one device for one micro-batch; ``reads`` is
     :func:`read_bytes` when the caller has it already; ``recipe`` the FP8 recipe (compute/fp8.py);
-    ``fused``: element-wise ops run as fused regions (module docstring)."""
-    reads = read_bytes(graph, node, precision=precision) if reads is None else reads
+    ``fused``: element-wise ops run as fused regions (module docstring); ``dtypes``: each node's run
+    dtype (compute/dtypes.py)."""
+    reads = read_bytes(graph, node, precision=precision, dtypes=dtypes) if reads is None else reads
     kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, input_bytes=reads, recipe=recipe)
+    kwargs["dtypes"] = dtypes
     member = fused_ops(graph).get(node.name) if fused else None
     moved = {}
     if member is not None:
         gpu = profile.backend == "nccl"
         moved = {
-            backward: fused_moved_bytes(graph, node, member, precision=precision, gpu=gpu, backward=backward)
+            backward: fused_moved_bytes(
+                graph, node, member, precision=precision, gpu=gpu, backward=backward, dtypes=dtypes
+            )
             for backward in (False, True)
         }
         kwargs["launches"] = member.launches
@@ -73,7 +80,7 @@ class NodeTimes:
     def __init__(self, graph: Graph, profile: Profile):
         self.graph, self.profile = graph, profile
         self._times: dict[tuple, tuple[float, float]] = {}
-        self._reads: dict[tuple[str, str], float] = {}
+        self._reads: dict[tuple, float] = {}
 
     def __call__(
         self,
@@ -86,15 +93,18 @@ class NodeTimes:
         reads: float | None = None,
         recipe: Fp8Recipe = TENSORWISE,
         fused: bool = False,
+        dtypes: RunDtypes | None = None,
     ) -> tuple[float, float]:
         kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
+        kwargs["dtypes"] = dtypes
         if profile is not self.profile:
             return node_times_s(self.graph, node, profile, reads=reads, **kwargs)
         if reads is None:
-            reads = self._reads.get((node.name, precision))
+            reads = self._reads.get((node.name, precision, dtypes))
             if reads is None:
-                reads = self._reads[node.name, precision] = read_bytes(self.graph, node, precision=precision)
-        key = (node.name, precision, batch_fraction, shard, reads, recipe, fused)
+                reads = read_bytes(self.graph, node, precision=precision, dtypes=dtypes)
+                self._reads[node.name, precision, dtypes] = reads
+        key = (node.name, precision, batch_fraction, shard, reads, recipe, fused, dtypes)
         hit = self._times.get(key)
         if hit is None:
             hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, **kwargs)
@@ -113,14 +123,16 @@ def node_time_s(
     times: NodeTimes | None = None,
     recipe: Fp8Recipe = TENSORWISE,
     fused: bool = False,
+    dtypes: RunDtypes | None = None,
 ) -> float:
     """Forward (``forward_repeats`` times: 2 under full recomputation) + backward seconds;
     ``times`` memoises them (:class:`NodeTimes`)."""
     kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
+    kwargs["dtypes"] = dtypes
     fwd, bwd = times(node, profile, **kwargs) if times else node_times_s(graph, node, profile, **kwargs)
     return forward_repeats * fwd + bwd
 
 
-def node_saved_bytes(node: OpNode, profile: Profile, *, precision: str) -> float:
-    """Bytes ``node`` keeps for the backward, for the whole traced batch, in the run's precision."""
-    return saved_activation_bytes(node, precision=precision, gpu=profile.backend == "nccl")
+def node_saved_bytes(node: OpNode, profile: Profile, *, precision: str, dtypes: RunDtypes | None = None) -> float:
+    """Bytes ``node`` keeps for the backward, for the whole traced batch, in the run's dtypes."""
+    return saved_activation_bytes(node, precision=precision, gpu=profile.backend == "nccl", dtypes=dtypes)

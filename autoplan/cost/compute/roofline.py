@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from autoplan.cost.compute.dtypes import RunDtypes
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe, fp8_cast_bytes, fp8_linear, weight_cast_bytes
 from autoplan.errors import PlanError
 from autoplan.types.attention import executed_fraction
@@ -109,6 +110,7 @@ def op_time_s(
     recipe: Fp8Recipe = TENSORWISE,
     moved: float | None = None,
     launches: bool = True,
+    dtypes: RunDtypes | None = None,
 ) -> float:
     """Seconds for ``node`` (forward, or its backward) on one device; see the module docstring.
 
@@ -118,7 +120,7 @@ def op_time_s(
     ``needs_grad``: whether autograd runs a backward op for it (``Graph.grad_nodes``); only the
     host overhead of the backward depends on it. ``recipe``: the FP8 recipe (compute/fp8.py).
     ``moved`` (activation bytes for the traced batch) and ``launches`` replace the node's own as a
-    member of a fused region (cost/compute/fusion.py).
+    member of a fused region (cost/compute/fusion.py). ``dtypes``: each node's run dtype (compute/dtypes.py).
     """
     device_s = _device_time_s(
         node,
@@ -130,6 +132,7 @@ def op_time_s(
         input_bytes=input_bytes,
         recipe=recipe,
         moved=moved,
+        dtypes=dtypes,
     )
     overhead_s = host_overhead_s(node, profile, backward=backward, needs_grad=needs_grad) if launches else 0.0
     return with_host_overhead(device_s, overhead_s, gpu=profile.backend == "nccl")
@@ -146,6 +149,7 @@ def _device_time_s(
     input_bytes: float | None,
     recipe: Fp8Recipe,
     moved: float | None = None,
+    dtypes: RunDtypes | None = None,
 ) -> float:
     """The roofline (or a measured op_table row) of the node's forward or backward, plus an FP8
     linear's casts (module docstring)."""
@@ -160,8 +164,9 @@ def _device_time_s(
     if measured is not None:
         return measured / (recipe.gemm_efficiency if fp8 else 1.0) + cast_s
     if moved is None:
+        gpu = profile.backend == "nccl"
         moved = moved_bytes(
-            node, precision=precision, gpu=profile.backend == "nccl", backward=backward, input_bytes=input_bytes
+            node, precision=precision, gpu=gpu, backward=backward, input_bytes=input_bytes, dtypes=dtypes
         )
     # a view of a parameter (w.T feeding a matmul) moves nothing: its reader reads the weight
     weights = 0.0 if node.op == "view" else node.param_count * PRECISION_BYTES[precision] * (2.0 if backward else 1.0)
@@ -229,8 +234,11 @@ def memory_time_s(profile: Profile, bytes_moved: float) -> float:
     return bytes_moved / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
 
 
-def activation_scale(node: OpNode, *, precision: str) -> float:
-    """Bytes per element in ``precision`` over bytes per element as traced (1 for non-floats)."""
+def activation_scale(node: OpNode, *, precision: str, dtypes: RunDtypes | None = None) -> float:
+    """Bytes per element in the run over bytes per element as traced (1 for non-floats): the node's
+    run dtype under the plan's policy (compute/dtypes.py), else every float in ``precision``."""
+    if dtypes is not None:
+        return dtypes.scale(node)
     traced = _DTYPE_BYTES.get(node.output_dtype.replace("torch.", ""))
     return PRECISION_BYTES[precision] / traced if traced else 1.0
 
@@ -240,48 +248,57 @@ def is_dropout(node: OpNode) -> bool:
     return node.op == "elementwise" and "dropout" in node.target.lower() and node.saved_bytes >= node.output_bytes > 0
 
 
-def mask_bytes(node: OpNode, *, precision: str, gpu: bool) -> float:
+def mask_bytes(node: OpNode, *, precision: str, gpu: bool, dtypes: RunDtypes | None = None) -> float:
     """Bytes of a dropout's mask in the run: 1 per element on a GPU (CUDA native_dropout's bool
     mask), else the traced noise tensor rescaled; 0 for any other node."""
     if not is_dropout(node):
         return 0.0
     if gpu:
         return float(math.prod(node.output_shape)) * DROPOUT_MASK_BYTES
-    return node.output_bytes * activation_scale(node, precision=precision)
+    return node.output_bytes * activation_scale(node, precision=precision, dtypes=dtypes)
 
 
-def saved_activation_bytes(node: OpNode, *, precision: str, gpu: bool) -> float:
+def saved_activation_bytes(node: OpNode, *, precision: str, gpu: bool, dtypes: RunDtypes | None = None) -> float:
     """``node.saved_bytes`` in the run's precision for the traced batch: floating tensors are
     rescaled, a dropout mask is counted by :func:`mask_bytes` (module docstring)."""
     traced_mask = float(node.output_bytes) if is_dropout(node) else 0.0
-    return (node.saved_bytes - traced_mask) * activation_scale(node, precision=precision) + mask_bytes(
-        node, precision=precision, gpu=gpu
-    )
+    mask = mask_bytes(node, precision=precision, gpu=gpu, dtypes=dtypes)
+    if dtypes is not None:  # autocast's low copies of an fp32 output (compute/dtypes.py saved_bytes)
+        return dtypes.saved_bytes(node, node.saved_bytes - traced_mask) + mask
+    return (node.saved_bytes - traced_mask) * activation_scale(node, precision=precision) + mask
 
 
-def input_bytes_of(predecessors: list[OpNode], *, precision: str) -> float:
-    """What a node reads: its predecessors' traced outputs, each rescaled to ``precision``."""
-    return sum(p.output_bytes * activation_scale(p, precision=precision) for p in predecessors)
+def input_bytes_of(predecessors: list[OpNode], *, precision: str, dtypes: RunDtypes | None = None) -> float:
+    """What a node reads: its predecessors' traced outputs, each rescaled to the run's dtype."""
+    return sum(p.output_bytes * activation_scale(p, precision=precision, dtypes=dtypes) for p in predecessors)
 
 
-def moved_bytes(node: OpNode, *, precision: str, gpu: bool, backward: bool, input_bytes: float | None = None) -> float:
+def moved_bytes(
+    node: OpNode,
+    *,
+    precision: str,
+    gpu: bool,
+    backward: bool,
+    input_bytes: float | None = None,
+    dtypes: RunDtypes | None = None,
+) -> float:
     """Activation bytes the node's forward (or backward) reads and writes for the traced batch,
     in ``precision``; weights excluded (module docstring)."""
     if node.op == "view" or not node.output_bytes:  # a view, or an op with no tensor out (a metadata assert)
         return 0.0
-    out = node.output_bytes * activation_scale(node, precision=precision)
+    out = node.output_bytes * activation_scale(node, precision=precision, dtypes=dtypes)
     attrs = node.attrs
     if node.op == "attention":
         kv = attrs.get("num_kv_heads") or attrs.get("num_heads") or 1
         fwd = out * (2.0 + 2.0 * kv / (attrs.get("num_heads") or 1))
         return 2.0 * fwd if backward else fwd
     if node.op in ("loss", "reduction"):
-        fwd = out + node.saved_bytes * activation_scale(node, precision=precision)
+        fwd = out + node.saved_bytes * activation_scale(node, precision=precision, dtypes=dtypes)
         return 2.0 * fwd if backward else fwd
     read = _read_bytes(node, out, input_bytes)
     if node.op in TENSOR_CORE_OPS:
         return 2.0 * (read + out) if backward else read + out
-    mask = mask_bytes(node, precision=precision, gpu=gpu)
+    mask = mask_bytes(node, precision=precision, gpu=gpu, dtypes=dtypes)
     if backward:  # read dY and the saved operand (the mask for dropout), write dX
         return out + read + (mask if mask else read)
     return read + out + mask

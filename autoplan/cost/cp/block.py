@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.cost.compute.dtypes import dtypes_of
 from autoplan.cost.cp.exposed import exposed_s
 from autoplan.cost.cp.messages import CpMessage, attention_bytes, attention_messages, gathered_kv_bytes, ulysses_refusal
 from autoplan.errors import PlanError
@@ -26,16 +27,21 @@ class BlockCp:
     messages: tuple[CpMessage, ...] = ()  # every attention call's, forward and backward
 
 
-def context_parallel(attention: list[tuple[OpNode, int, float, float]], ctx) -> BlockCp:
+def context_parallel(attention: list[tuple[OpNode, int, float, float]], ctx, graph: Graph | None = None) -> BlockCp:
     """The terms of a block whose attention calls are ``attention`` ((node, tp shard, forward s,
-    backward s) each) under ``ctx`` (a TPContext with cp > 1; an empty BlockCp otherwise)."""
+    backward s) each) under ``ctx`` (a TPContext with cp > 1; an empty BlockCp otherwise); ``graph``
+    gives K and V their run dtype (compute/dtypes.py)."""
     if ctx.cp == 1 or not attention:
         return BlockCp()
     fwd = bwd = held = 0.0
     sent: list[CpMessage] = []
     for node, shard, t_fwd, t_bwd in attention:
         tensors = attention_bytes(
-            node, precision=ctx.precision, micro_batch_fraction=ctx.micro_batch_fraction, shard=shard
+            node,
+            precision=ctx.precision,
+            micro_batch_fraction=ctx.micro_batch_fraction,
+            shard=shard,
+            dtypes=dtypes_of(graph, ctx.dtypes) if graph is not None else None,
         )
         messages = attention_messages(ctx.cp_variant, cp=ctx.cp, tensors=tensors)
         kw = dict(profile=ctx.profile, group=ctx.cp_group, attention_fwd_s=t_fwd, attention_bwd_s=t_bwd)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.cost.compute.dtypes import RunDtypes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, activation_scale
 from autoplan.types.graph import OpNode
 
@@ -58,15 +59,20 @@ class AttentionBytes:
     element_bytes: float  # E
 
 
-def attention_bytes(node: OpNode, *, precision: str, micro_batch_fraction: float, shard: int) -> AttentionBytes:
+def attention_bytes(
+    node: OpNode, *, precision: str, micro_batch_fraction: float, shard: int, dtypes: RunDtypes | None = None
+) -> AttentionBytes:
     """K and Q of ``node`` for one micro-batch (``micro_batch_fraction`` of the traced batch) over the
-    whole sequence, on a rank holding 1/``shard`` of the heads; the traced output is [B, H, S, D]."""
+    whole sequence, on a rank holding 1/``shard`` of the heads; the traced output is [B, H, S, D]. K and
+    V are sent in the dtype attention is called with (``dtypes``: its key input's run dtype, fp32 where
+    an fp32 rotary table promoted it under autocast; compute/dtypes.py), else in ``precision``."""
     heads = node.attrs.get("num_heads") or 1
     kv_heads = node.attrs.get("num_kv_heads_at_call") or node.attrs.get("num_kv_heads") or heads  # as SDPA gets them
-    scale = activation_scale(node, precision=precision)
+    scale = activation_scale(node, precision=precision, dtypes=dtypes)
     query = node.output_bytes * scale * micro_batch_fraction / shard
-    element = PRECISION_BYTES[precision]
-    return AttentionBytes(key_bytes=query * kv_heads / heads, query_bytes=query, element_bytes=element)
+    element = PRECISION_BYTES[precision] if dtypes is None else dtypes.operand_bytes(node, 1)
+    key = query * kv_heads / heads * element / (PRECISION_BYTES[precision] if dtypes is None else dtypes.bytes(node))
+    return AttentionBytes(key_bytes=key, query_bytes=query, element_bytes=element)
 
 
 def attention_messages(variant: str, *, cp: int, tensors: AttentionBytes) -> tuple[CpMessage, ...]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.cost.compute.dtypes import RunDtypes
 from autoplan.cost.compute.roofline import activation_scale
 from autoplan.cost.dp.messages import StepMessages
 from autoplan.cost.network.comm import collective_time_s
@@ -48,15 +49,17 @@ class Boundary:
 ChunkInputs = list[Boundary]
 
 
-def block_inputs(graph: Graph, inputs: list[OpNode], plan: Plan) -> Boundary:
+def block_inputs(graph: Graph, inputs: list[OpNode], plan: Plan, *, dtypes: RunDtypes | None = None) -> Boundary:
     """What a chunk starting at a block whose inputs are ``inputs`` receives per micro-batch
-    (module docstring)."""
+    (module docstring), each tensor in its run dtype (``dtypes``, compute/dtypes.py: the fp32
+    residual stream of an autocast run), else in the plan's precision."""
     grads = graph.grad_nodes()
     scale = plan.micro_batch_size / graph.batch_size / plan.cp  # a cp rank holds 1/cp of every sequence
     scatter = plan.tp > 1 and runtime_named(plan.runtime).pp_scatter_gather
     sent, returned, gathers = [], [], []
     for n in inputs:
-        size, grad = n.output_bytes * scale * activation_scale(n, precision=plan.precision), n.name in grads
+        size = n.output_bytes * scale * activation_scale(n, precision=plan.precision, dtypes=dtypes)
+        grad = n.name in grads
         dim = _scatter_dim(n, plan) if scatter else None
         share = size / plan.tp if dim is not None else size
         sent.append(share)

@@ -19,6 +19,7 @@ which stage_backward_weight starts from: ``held_bytes`` = output_bytes * dtype s
 
 from __future__ import annotations
 
+from autoplan.cost.compute.dtypes import RunDtypes
 from autoplan.cost.compute.roofline import activation_scale
 from autoplan.types.graph import Graph, OpNode
 
@@ -36,9 +37,10 @@ def weight_grad_s(graph: Graph, node: OpNode, *, bwd_s: float) -> float:
     return bwd_s * wgrad / node.bwd_flops if wgrad else 0.0
 
 
-def weight_grad_held_bytes(graph: Graph, node: OpNode, *, precision: str) -> float:
-    """The output gradient ``node`` keeps from its B until its W, as traced for the whole batch (module
-    docstring); 0 for a node without W."""
+def weight_grad_held_bytes(graph: Graph, node: OpNode, *, precision: str, dtypes: RunDtypes | None = None) -> float:
+    """The output gradient ``node`` keeps from its B until its W, for the whole batch in its output's run
+    dtype (module docstring; ``dtypes``: cost/compute/dtypes.py, else every float in ``precision``); 0 for a
+    node without W."""
     if not weight_grad_flops(graph, node):
         return 0.0
-    return node.output_bytes * activation_scale(node, precision=precision)
+    return node.output_bytes * activation_scale(node, precision=precision, dtypes=dtypes)

@@ -10,34 +10,50 @@ for the backward beside what the trace saw, measured by the execution audit:
   whole: ``+ |src| (1 - 1/tp)`` (Megatron-LM re-gathers it in the backward instead, Korthikanti et
   al. 2022 section 4.2.2).
 
-Bytes are for the whole traced batch in the run's precision, like
+Bytes are for the whole traced batch in the run's dtypes (compute/dtypes.py), like
 ``autoplan.cost.compute.roofline.saved_activation_bytes``; callers scale by the micro-batch fraction.
 """
 
 from __future__ import annotations
 
+from autoplan.cost.compute.dtypes import RunDtypes
 from autoplan.cost.compute.roofline import activation_scale
 from autoplan.cost.tp.block import BlockAnalysis, predecessors
 from autoplan.types.graph import Graph
 
 
-def param_copy_bytes(graph: Graph, block: BlockAnalysis, name: str, split: str, *, tp: int, precision: str) -> float:
+def param_copy_bytes(
+    graph: Graph,
+    block: BlockAnalysis,
+    name: str,
+    split: str,
+    *,
+    tp: int,
+    precision: str,
+    dtypes: RunDtypes | None = None,
+) -> float:
     """The resharded copies parameterised node ``name`` keeps under ``split`` (module docstring)."""
     if tp <= 1:
         return 0.0
     if split == "colwise" and name in block.gathered:
         node = graph.node(name)
-        return node.output_bytes * activation_scale(node, precision=precision) / tp
+        return node.output_bytes * activation_scale(node, precision=precision, dtypes=dtypes) / tp
     if split == "rowwise":
         src = _activation_input(graph, name)
         if src is not None and _from_gathered(block, src):
             node = graph.node(src)
-            return node.output_bytes * activation_scale(node, precision=precision) / tp
+            return node.output_bytes * activation_scale(node, precision=precision, dtypes=dtypes) / tp
     return 0.0
 
 
 def stream_copy_bytes(
-    graph: Graph, block: BlockAnalysis, *, tp: int, sequence_parallel: bool, precision: str
+    graph: Graph,
+    block: BlockAnalysis,
+    *,
+    tp: int,
+    sequence_parallel: bool,
+    precision: str,
+    dtypes: RunDtypes | None = None,
 ) -> dict[str, float]:
     """The whole copies of the block's sequence-sharded stream tensors that its parameterised
     consumers save under sequence parallelism (module docstring), by the first consumer (they
@@ -48,7 +64,8 @@ def stream_copy_bytes(
     found: dict[str, float] = {}
     for src, (traced_bytes, consumers, _needs_grad, shardable) in block.sources.items():
         if shardable:
-            extra = traced_bytes * activation_scale(graph.node(src), precision=precision) * (1.0 - 1.0 / tp)
+            scale = activation_scale(graph.node(src), precision=precision, dtypes=dtypes)
+            extra = traced_bytes * scale * (1.0 - 1.0 / tp)
             found[consumers[0]] = found.get(consumers[0], 0.0) + extra
     return found
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoplan.cost.compute.dtypes import DtypePolicy, dtype_policy, dtypes_of
 from autoplan.cost.compute.fusion import fuses_elementwise
 from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s, node_times_s
 from autoplan.cost.cp.block import context_parallel
@@ -128,6 +129,7 @@ def price_block(
     memoises the op times."""
     block = analyse_block(graph, layer)
     terms = block_terms(graph, layer, ctx=ctx)
+    dtypes = dtypes_of(graph, ctx.dtypes)  # each activation's run dtype (compute/dtypes.py)
     tp, sp = ctx.tp, ctx.sequence_parallel and ctx.tp > 1
     prices = BlockPrices(
         params=list(block.params),
@@ -153,6 +155,7 @@ def price_block(
             times=node_times,
             recipe=ctx.fp8,
             fused=ctx.fused,
+            dtypes=dtypes,
         )
 
     seen_params: set[str] = set()
@@ -166,13 +169,13 @@ def price_block(
             if p in graph.parameters
         )
         abytes = (
-            node_saved_bytes(node, ctx.profile, precision=ctx.precision) * activation_factor
+            node_saved_bytes(node, ctx.profile, precision=ctx.precision, dtypes=dtypes) * activation_factor
             if activation_factor
             else 0.0
         )
         if node.name in prices.legal:
             copies = {
-                split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision)
+                split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision, dtypes=dtypes)
                 * activation_factor
                 for split in prices.legal[node.name]
             }
@@ -200,7 +203,11 @@ def price_block(
             prices.constant_s += time_of(node, compute) + kv_s
             prices.constant_bytes += pbytes + abytes / act + kv_bytes
     prices.constant_bytes += (
-        sum(stream_copy_bytes(graph, block, tp=tp, sequence_parallel=sp, precision=ctx.precision).values())
+        sum(
+            stream_copy_bytes(
+                graph, block, tp=tp, sequence_parallel=sp, precision=ctx.precision, dtypes=dtypes
+            ).values()
+        )
         * activation_factor
     )
     _add_ties(graph, prices)
@@ -215,10 +222,16 @@ def _cp_price(
     if ctx.cp == 1 or node.op != "attention":
         return 0.0, 0.0
     t_fwd, t_bwd = node_times_s(
-        graph, node, ctx.profile, precision=ctx.precision, batch_fraction=ctx.batch_fraction, shard=shard
+        graph,
+        node,
+        ctx.profile,
+        precision=ctx.precision,
+        batch_fraction=ctx.batch_fraction,
+        shard=shard,
+        dtypes=dtypes_of(graph, ctx.dtypes),
     )
     factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
-    kv = context_parallel([(node, shard, t_fwd * factor, t_bwd * factor)], ctx)
+    kv = context_parallel([(node, shard, t_fwd * factor, t_bwd * factor)], ctx, graph)
     return forward_repeats * kv.fwd_s + kv.bwd_s, kv.held_bytes * activation_factor / ctx.batch_fraction
 
 
@@ -268,11 +281,13 @@ def split_context(
     cp: int = 1,
     cp_variant: str = "allgather",
     fused: bool = False,
+    dtypes: DtypePolicy | None = None,
 ) -> TPContext:
     """The context a block's splits are priced in: its tp group on the profile's nodes (cost/network/mesh.py)
     and a rank's share of the traced batch (1/cp of the micro-batch's tokens under context parallelism);
     no expert placement (experts run at tp = 1); ``fused``: element-wise ops as fused regions
-    (cost/compute/fusion.py)."""
+    (cost/compute/fusion.py); ``dtypes``: the activations' run dtypes (compute/dtypes.py; None: all in
+    ``precision``, as the search's per-group ILP prices them before ZeRO picks the policy)."""
     groups = mesh_groups(profile, dp=dp, tp=tp, pp=pp, cp=cp)
     return TPContext(
         profile=profile,
@@ -285,6 +300,7 @@ def split_context(
         cp_variant=cp_variant,
         cp_group=groups["cp"] if cp > 1 else None,
         fused=fused,
+        dtypes=dtypes,
     )
 
 
@@ -334,6 +350,7 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
         cp=plan.cp,
         cp_variant=plan.cp_variant,
         fused=fuses_elementwise(plan),
+        dtypes=dtype_policy(plan, backend=profile.backend),
     )
     outside = price_block(graph, None, ctx=ctx, **factors)
     outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]

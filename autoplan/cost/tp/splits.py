@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoplan.cost.compute.dtypes import DtypePolicy
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.moe.experts import ExpertPlacement
@@ -55,6 +56,7 @@ class TPContext:
     cp_group: AxisGroup | None = None  # the cp group (from mesh_groups), when cp > 1
     fp8: Fp8Recipe = TENSORWISE  # the FP8 recipe its fp8 linears run (cost/compute/fp8.py)
     fused: bool = False  # element-wise ops run as fused regions (autoplan/cost/compute/fusion.py)
+    dtypes: DtypePolicy | None = None  # each activation's run dtype (compute/dtypes.py); None: all in precision
 
     @property
     def key(self) -> tuple:
@@ -63,6 +65,7 @@ class TPContext:
         context = (self.tp, self.group, self.sequence_parallel, self.precision, self.batch_fraction, self.experts)
         context = context if self.fp8 == TENSORWISE else (*context, self.fp8)
         context = context if self.cp == 1 else (*context, self.cp, self.cp_variant, self.cp_group)
+        context = context if self.dtypes is None else (*context, self.dtypes)
         return (*context, "fused") if self.fused else context
 
     @property

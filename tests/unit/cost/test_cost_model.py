@@ -25,7 +25,10 @@ def _plan(**kw):
 
 
 def _per_layer_activation_sbh(**kw):
-    """Activation bytes of one block for one micro-batch, in units of s*b*h (two depths differenced)."""
+    """Activation bytes of one block for one micro-batch, in units of s*b*h (two depths differenced), as
+    Megatron-LM runs the block: every activation in 16 bits, where autoplan's executor runs bf16 under
+    autocast, whose fp32 list keeps CUDA layer norms' outputs fp32 (docs/cost-model.md, "Activation dtypes")."""
+    kw.setdefault("runtime", "megatron-lm-2022")
     values = []
     for layers in (2, 4):
         graph = gpt_graph(layers=layers, hidden=H, heads=A, seq_len=S, vocab=V, batch_size=4, dtype_bytes=2)
@@ -36,6 +39,9 @@ def _per_layer_activation_sbh(**kw):
 def test_activation_memory_no_parallelism_is_34_sbh():
     # Korthikanti et al. 2022 eq. (1): sbh(34 + 5as/h); flash SDPA drops the 5as/h term.
     assert _per_layer_activation_sbh() == pytest.approx(34, rel=0.01)
+    # autoplan's executor runs bf16 under CUDA autocast, which computes layer_norm in fp32 (its fp32 list),
+    # but each norm's one reader, a linear, saves its own bf16 copy of it: the same 34 sbh
+    assert _per_layer_activation_sbh(runtime="autoplan") == pytest.approx(34, rel=0.01)
 
 
 def test_full_recompute_keeps_only_the_block_input():

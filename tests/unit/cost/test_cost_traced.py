@@ -49,6 +49,10 @@ def _plan(**kw):
 
 
 def _per_layer_sbh(graphs, profile, **kw):
+    """Per-layer activations in sbh as Megatron-LM runs the block, every activation in 16 bits (autoplan's
+    executor runs bf16 under autocast, which keeps the softmax's scores fp32 on CUDA: docs/cost-model.md,
+    "Activation dtypes")."""
+    kw.setdefault("runtime", "megatron-lm-2022")
     two, four = (CostModel(graphs[n], profile).estimate(_plan(**kw)).activations_bytes for n in (2, 4))
     return (four - two) / 2 / (S * H)
 

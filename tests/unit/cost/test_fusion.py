@@ -99,7 +99,7 @@ def test_the_saving_is_the_bytes_fusion_keeps_in_the_kernel(graph):
             block_structure(graph, layer),
             layer=layer,
             tp_plan={},
-            ctx=replace(model.tp_context(plan), fused=fused),
+            ctx=replace(model.tp_context(plan), fused=fused, dtypes=None),  # every activation in bf16, as below
         )
         for fused in (False, True)
     }

@@ -308,6 +308,7 @@ def _per_layer_sbh(graphs, tp, *, sp, recompute):
             recompute=recompute,
             sequence_parallel=sp,
             tp_plan=default_tp_plan(graphs[layers], tp, sequence_parallel=sp),
+            runtime="megatron-lm-2022",  # every activation in 16 bits, as Korthikanti et al. count them
         )
         kept.append(CostModel(graphs[layers], profile).estimate(plan).activations_bytes)
     return (kept[1] - kept[0]) / 2 / (MS * MH)
