@@ -37,6 +37,7 @@ from autoplan.execute import (
     precision,
     rng,
 )
+from autoplan.execute.activation_offload import ActivationOffload, apply_activation_offload
 from autoplan.execute.compiled import compile_blocks
 from autoplan.execute.context_parallel import build_context_parallel
 from autoplan.execute.flat_grads import allreduce_buffer
@@ -54,6 +55,7 @@ from autoplan.execute.trainer import Trainer
 from autoplan.execute.zero import sharded_optimizer
 from autoplan.trace.build import seq_len_of
 from autoplan.trace.layers import find_blocks
+from autoplan.types.activation_offload import offloaded_blocks
 from autoplan.types.plan import Plan
 from autoplan.types.runtime import check_runs_on_autoplan
 
@@ -129,7 +131,7 @@ def parallelize(
     )
     mode = data_parallel.dp_mode(plan=plan)
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
-    checkpointed = 0
+    checkpointed, offload = 0, ActivationOffload() if plan.offload_activations else None
     if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)
         rng.install_tracker(mesh["tp"])
     for index, module in modules.items():
@@ -150,6 +152,9 @@ def parallelize(
         if cp_state is not None:  # after the split and TP, before recompute (context_parallel.py)
             cp_state.route_attention(module=module, blocks=blocks)
         checkpointed += apply_recompute(module=module, blocks=targets, mode=plan.recompute)
+        if offload is not None:  # the blocks recompute does not wrap (types/activation_offload.py), before FSDP
+            kept = offloaded_blocks(recomputed=targets, blocks=blocks)
+            apply_activation_offload(module=module, blocks=kept, offload=offload)
         if plan.tp_comm_overlap:  # async TP compiles the blocks itself (tp_overlap.py)
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
         elif plan.compile:  # after TP and recompute, before FSDP/DDP (module docstring, step 4)
@@ -195,6 +200,7 @@ def parallelize(
         some_unused=bool(list_moe),
         grad_mesh=sync_mesh,
         context=cp_state,
+        activation_offload=offload,
         flat_grads=allreduce_buffer(dense=expert_parallel.split_params(params, ep_state)[0], some_unused=bool(list_moe))
         if mode == "allreduce"
         else None,

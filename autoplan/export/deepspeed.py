@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autoplan.export.activation_offload import activation_offload_notes
 from autoplan.export.common import Exported, ModelFacts, layers_per_stage, split_note
 from autoplan.export.deepspeed_read import SECTION, read
 from autoplan.export.offload import deepspeed_offload
@@ -139,6 +140,7 @@ def _context_gaps(plan: Plan) -> list[str]:
 
 def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
     found = _pipeline_gaps(plan, facts) + _tensor_gaps(plan) + _context_gaps(plan)
+    found += activation_offload_notes(plan, "DeepSpeed")
     if grad_accum_dtype(plan) != "fp32" and not (plan.pp > 1 and plan.precision != "fp16"):
         found.append(
             f"zero_stage=0 with {plan.precision}: DeepSpeed without ZeRO holds and accumulates gradients in the "

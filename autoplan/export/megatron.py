@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoplan.export.activation_offload import megatron_activation_flags
 from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
 from autoplan.export.megatron_read import read
 from autoplan.export.offload import megatron_flags as offload_flags
@@ -53,7 +54,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", plan.global_batch_size)]
     flags += _data_parallel_flags(plan) + offload_flags(plan, notes)
     flags += _precision_flags(plan, notes)
-    flags += _recompute_flags(plan, notes)
+    flags += _recompute_flags(plan, notes) + megatron_activation_flags(plan, facts.layers, notes)
     notes += _general_notes(plan) + frozen_notes(facts, "Megatron-LM")
     launch = _launch(plan)
     header = [

@@ -65,6 +65,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", f"**HSDP:** {exp.hsdp}"] if exp.hsdp else []
     lines += ["", f"**Recompute budget:** {exp.recompute}"] if exp.recompute else []
     lines += ["", f"**Offload:** {exp.offload}"] if exp.offload else []
+    lines += ["", f"**Activation offload:** {exp.activation_offload}"] if exp.activation_offload else []
     lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"
 

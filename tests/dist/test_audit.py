@@ -85,6 +85,12 @@ CASES = [
     # Adam state off the device's memory
     ("zero1_offload", "gpt", dict(dp=2, zero_stage=1, offload="optimizer")),
     ("zero1_offload_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, offload="optimizer", grad_reduce_dtype="bf16")),
+    # activation offload: each block's saved activations but its output out to the host and back, byte for byte
+    # (dim "host", execute/activation_offload.py), off the device's peak; beside a recompute budget, and per stage
+    ("offload_activations", "gpt", dict(dp=2, offload_activations=True)),
+    ("zero1_offload_activations_budget", "llama", dict(dp=2, zero_stage=1, recompute="full", recompute_blocks=[2],
+                                                       offload_activations=True)),
+    ("pp_offload_activations", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, offload_activations=True)),
 ]
 #: a plan whose in-place op cannot run on its DTensor placement (ThirdPartyLlama's q norm does
 #: ``var.add_`` on a partial sum under a colwise wq): the executor replicates it first
@@ -263,6 +269,15 @@ def test_recomputation_runs_what_it_is_priced_for(audits):
     rerun, rerun_half = full["backward_flops"] - plain["backward_flops"], half["backward_flops"] - plain["backward_flops"]
     assert rerun_half == pytest.approx(rerun / 2, rel=1e-9)
     assert full["peak_live_bytes"] < half["peak_live_bytes"] < plain["peak_live_bytes"]
+
+
+def test_activation_offload_moves_what_it_is_priced_for(audits):
+    """The copies out and back are the same bytes, and the device's peak falls below the same plan's without."""
+    plain, offloaded = audits["ddp"]["ranks"][0], audits["offload_activations"]["ranks"][0]
+    rows = {kind: size for dim, kind, _count, size in offloaded["comm"] if dim == "host"}
+    assert rows["act_d2h"] == rows["act_h2d"] > 0
+    assert offloaded["peak_live_bytes"] < plain["peak_live_bytes"]
+    assert offloaded["backward_flops"] == plain["backward_flops"]  # nothing recomputed
 
 
 def _audit_rows(audits, graphs, name):

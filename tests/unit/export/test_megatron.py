@@ -98,6 +98,8 @@ PLANS = {
     ),
     "zero1-bf16-offload": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=1,
                                precision="bf16", offload="optimizer"),
+    "zero1-offload-activations": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2,
+                                      zero_stage=1, precision="bf16", offload_activations=True),
 }  # fmt: skip
 VENDORED = Path(__file__).parent / "megatron_lm"  # Megatron-LM's own argument code, core_v0.16.1 (its README.md)
 
@@ -175,6 +177,8 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     )  # fmt: skip
     assert args.seq_length == facts.seq_len
     assert args.optimizer_cpu_offload == (plan.offload == "optimizer")  # ZeRO-Offload (export/offload.py)
+    offloaded = (True, facts.layers - 1) if plan.offload_activations else (False, 0)  # export/activation_offload.py
+    assert (config.cpu_offloading, config.cpu_offloading_num_layers) == offloaded
     _check_data_parallel(args, plan)
 
 
