@@ -44,7 +44,7 @@ from autoplan.execute.flat_grads import allreduce_buffer
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
-from autoplan.execute.offload import OffloadedOptimizer
+from autoplan.execute.offload import OffloadedOptimizer, OneRank
 from autoplan.execute.param_gather import overlapped_zero1
 from autoplan.execute.pipeline_scatter import apply_pipeline_scatter, boundary_specs
 from autoplan.execute.recompute import apply_recompute, expects_recompute, recompute_targets
@@ -222,6 +222,10 @@ def _optimizer(
 ) -> Any:
     """The plan's optimizer: ZeRO-1's sharded one (its all-gather per block under the next forward
     with ``overlap_param_gather``: execute/param_gather.py), else ``optimizer_fn`` on every parameter."""
+    if plan.offload == "optimizer" and mode == "none":  # ZeRO-Offload on one dp rank (execute/offload.py OneRank)
+        return OffloadedOptimizer(
+            params=params, optimizer_fn=optimizer_fn, dp_mesh=OneRank(), reduce_dtype=zero["reduce_dtype"]
+        )
     if mode != "zero1":
         return optimizer_fn(params)
     if plan.offload == "optimizer":  # ZeRO-Offload: the master slice steps on the host (execute/offload.py)

@@ -19,6 +19,7 @@ from autoplan.export.common import Exported, ModelFacts, layers_per_stage, split
 from autoplan.export.deepspeed_read import SECTION, read
 from autoplan.export.offload import deepspeed_offload
 from autoplan.export.recompute_budget import every_block_note
+from autoplan.types.offload import one_rank_offload
 from autoplan.types.plan import Plan
 
 FILENAME = "ds_config.json"
@@ -69,7 +70,10 @@ def launch_command(plan: Plan, *, devices_per_node: int = 8) -> str:
 
 
 def zero_stage(plan: Plan) -> int:
-    """The ZeRO stage DeepSpeed runs: its PipelineEngine refuses ZeRO-2/3, so a pipeline gets ZeRO-1."""
+    """The ZeRO stage DeepSpeed runs: its PipelineEngine refuses ZeRO-2/3, so a pipeline gets ZeRO-1; ZeRO-Offload
+    on one dp rank gets ZeRO-1 too (DeepSpeed offloads from stage 1 up; on one rank it shards nothing)."""
+    if one_rank_offload(plan):
+        return 1
     return min(plan.zero_stage, 1) if plan.pp > 1 else plan.zero_stage
 
 

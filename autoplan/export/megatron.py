@@ -23,6 +23,7 @@ from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_n
 from autoplan.export.megatron_read import read
 from autoplan.export.offload import megatron_flags as offload_flags
 from autoplan.export.recompute_budget import megatron_flags as recompute_flags
+from autoplan.types.offload import one_rank_offload
 from autoplan.types.plan import Plan
 
 __all__ = ["FILENAME", "export", "read"]
@@ -149,7 +150,7 @@ def _layout(sizes: list[int]) -> str:
 def _data_parallel_flags(plan: Plan) -> Flags:
     flags: Flags = [("--overlap-grad-reduce", None)] if plan.overlap_grad_reduce else []
     flags += [("--overlap-param-gather", None)] if plan.overlap_param_gather else []
-    if plan.zero_stage == 1:
+    if plan.zero_stage == 1 or one_rank_offload(plan):  # its CPU offload is the distributed optimizer's
         flags.append(("--use-distributed-optimizer", None))
     elif plan.zero_stage >= 2:  # Megatron-FSDP's required flags (module docstring)
         flags += [

@@ -91,6 +91,9 @@ CASES = [
     ("zero1_offload_activations_budget", "llama", dict(dp=2, zero_stage=1, recompute="full", recompute_blocks=[2],
                                                        offload_activations=True)),
     ("pp_offload_activations", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, offload_activations=True)),
+    # ZeRO-Offload on one dp rank: the whole gradient down and the whole updated vector up, no collective
+    ("tp_offload_one_rank", "gpt", dict(tp=2, offload="optimizer")),
+    ("pp_offload_one_rank", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, offload="optimizer")),
 ]
 #: a plan whose in-place op cannot run on its DTensor placement (ThirdPartyLlama's q norm does
 #: ``var.add_`` on a partial sum under a colwise wq): the executor replicates it first

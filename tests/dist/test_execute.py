@@ -65,6 +65,10 @@ TWO = [
     ("zero3_offload_full_accumulate", "llama", dict(dp=2, zero_stage=3, offload="full", num_microbatches=2)),
     # activation offload (execute/activation_offload.py): saved activations out to the host and back, under
     # FSDP2, and beside a recompute budget in a pipeline (the blocks that do not recompute offload)
+    # ZeRO-Offload on one dp rank (execute/offload.py OneRank): the whole master and Adam state on the host
+    ("tp2_offload_optimizer_one_rank", "gpt", dict(tp=2, offload="optimizer")),
+    ("pp2_offload_optimizer_one_rank_bf16", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4,
+                                                          offload="optimizer", precision="bf16")),
     ("zero3_offload_activations", "llama", dict(dp=2, zero_stage=3, offload_activations=True)),
     ("pp2_budget_offload_activations", "gpt", dict(pp=2, schedule="1f1b", num_microbatches=4, recompute="full",
                                                    recompute_blocks=[1, 0], offload_activations=True)),
