@@ -104,12 +104,18 @@ def _unpack(packed: Any) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=held.device).set_(held.restored(), offset, size, stride)
 
 
+#: the autograd nodes of a cast or a view: what lies between a parameter and autocast's copy of it (``w.t()``)
+CAST_OR_VIEW = {"ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
+                "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0"}  # fmt: skip
+
+
 def _cast_of_parameter(tensor: torch.Tensor, depth: int = 4) -> bool:
     """Whether ``tensor`` is a parameter seen through casts and views (autocast's low-precision weight copy,
-    ``w.t()``): its grad_fn chain reaches a parameter's AccumulateGrad through one-input nodes. Autocast keeps
-    that copy for the whole forward anyway, so offloading it would free nothing; the tracer counts none."""
+    ``w.t()``): its grad_fn chain reaches a parameter's AccumulateGrad through :data:`CAST_OR_VIEW` nodes only.
+    Autocast keeps that copy for the whole forward anyway, so offloading it would free nothing; the tracer
+    counts none."""
     node = tensor.grad_fn
-    while node is not None and depth > 0:
+    while node is not None and type(node).__name__ in CAST_OR_VIEW and depth > 0:
         inputs = [n for n, _ in node.next_functions if n is not None]
         if len(inputs) != 1:
             return False

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autoplan.cost import usable_bytes
 from autoplan.errors import PlanError
+from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -53,8 +55,12 @@ def with_pin(plan: Plan | None, fixes: dict) -> Plan | None:
     return _offloaded(plan)
 
 
-def offloaded_retry(plan: Plan, *, feasible: bool, profile: Profile, fixes: dict) -> Plan | None:
-    """The same plan with its activations offloaded, when it did not fit, could run so and is not pinned off."""
-    if feasible or plan.offload_activations or profile.host is None or fixes.get("offload_activations") is False:
+def offloaded_retry(plan: Plan, *, cost: Cost, profile: Profile, fixes: dict) -> Plan | None:
+    """The same plan with its activations offloaded, when it did not fit, could run so and is not pinned off, and
+    could fit: offload frees at most the activations, so a plan whose peak less them exceeds the usable memory
+    is not priced again (the states alone, or a host too small, rule it out)."""
+    if cost.feasible or plan.offload_activations or profile.host is None or fixes.get("offload_activations") is False:
+        return None
+    if cost.peak_memory_bytes - cost.activations_bytes > usable_bytes(profile.device.memory_bytes):
         return None
     return _offloaded(plan)

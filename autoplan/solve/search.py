@@ -363,9 +363,7 @@ class Search:
                 self.best = candidate
         if fitted := self.budgets.fitted(self.cost_model, plan, candidate.feasible):  # fewer blocks recomputed
             self._evaluate(fitted, bound, ilp_status=ilp_status)
-        if retry := activation_offload.offloaded_retry(
-            plan, feasible=cost.feasible, profile=self.profile, fixes=self.fixes
-        ):
+        if retry := activation_offload.offloaded_retry(plan, cost=cost, profile=self.profile, fixes=self.fixes):
             self._evaluate(retry, bound, ilp_status=ilp_status)  # it did not fit: its activations offloaded
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
