@@ -45,6 +45,9 @@ def test_a_pin_offloads_every_plan_that_can_and_says_why_where_none_can():
         _plan(8.0, "tp=2,offload_activations=on")
     with pytest.raises(PlanError, match="recompute=full on every block"):
         _plan(8.0, "recompute=full,offload_activations=on")
+    small = replace(synthetic_host(), host_memory_bytes_per_device=2**20)  # the host, not the device, refuses them
+    with pytest.raises(PlanError, match=r"no plan fits in host memory: the most frugal .* fits the device, but "):
+        _plan(8.0, "dp=2,offload_activations=on,offload=none", host=small)
 
 
 def test_explain_says_why_it_offloads_and_what_the_next_option_costs():
