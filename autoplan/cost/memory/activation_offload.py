@@ -83,7 +83,12 @@ def record_activation_offload(cost: Cost, profile: Profile, plan: Plan, stages: 
     total = held + cost.extra.get("host_bytes", 0.0)
     if total > limit:
         cost.feasible = False
+        what = (
+            "offload_activations=true needs"
+            if plan.offload == "none"
+            else f"offload={plan.offload} plus offload_activations=true need"
+        )
         cost.reason = (
-            f"offload_activations=true needs {total / 2**30:.1f} GiB of host memory per device but the host has "
-            f"{limit / 2**30:.1f} GiB per device"
+            f"{what} {total / 2**30:.1f} GiB of host memory per device ({held / 2**30:.1f} GiB of activations) but "
+            f"the host has {limit / 2**30:.1f} GiB per device"
         )

@@ -84,4 +84,4 @@ def test_no_host_is_one_sentence_and_a_small_host_is_infeasible(graph, model):
         CostModel(graph, synthetic_profile()).estimate(_plan(offload_activations=True))
     tiny = CostModel(graph, replace(synthetic_profile(), host=replace(HOST, host_memory_bytes_per_device=1024)))
     cost = tiny.estimate(_plan(offload_activations=True))
-    assert not cost.feasible and "of host memory per device but the host has 0.0 GiB" in cost.reason
+    assert not cost.feasible and "GiB of activations) but the host has 0.0 GiB per device" in cost.reason
