@@ -83,6 +83,7 @@ class LayerSummary:
     cp_messages: tuple[CpMessage, ...] = ()  # what those calls send (autoplan/cost/cp/messages.py), for the audit
     fp8_params: float = 0.0  # FP8 linears' weights held per device: what FSDP2 may gather in FP8 (cost/dp/messages.py)
     frozen_param_count: float = 0.0  # of param_count, the frozen ones (requires_grad=False): held, never trained
+    output_bytes: float = 0.0  # what the block hands the next node per micro-batch (cost/memory/activation_offload.py)
     frozen_expert_param_count: float = 0.0  # of expert_param_count, the frozen ones
     frozen_names: frozenset[str] = frozenset()  # the frozen ones of param_names
     wgrad_s: float = 0.0  # of bwd_s, the weight gradients (W: cost/pp/split_backward.py)
@@ -106,17 +107,19 @@ class BlockStructure:
     nodes: tuple[OpNode, ...]
     inputs: tuple[OpNode, ...]
     preds: dict[str, tuple[OpNode, ...]]  # node -> the nodes whose outputs it reads
+    outputs: tuple[OpNode, ...] = ()  # the block's nodes read by nodes outside it (its output at the boundary)
 
 
 def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | None = None) -> BlockStructure:
     """The nodes, block inputs and readers of ``layer`` (module docstring)."""
     nodes = graph.layer_nodes(layer) if nodes is None else nodes
     names = {n.name for n in nodes}
-    preds, _succs = graph.adjacency()
+    preds, succs = graph.adjacency()
     outside = {p for n in nodes for p in preds[n.name] if p not in names}
     inputs = tuple(graph.node(p) for p in sorted(outside) if graph.node(p).op != "input" or layer is not None)
     readers = {n.name: tuple(graph.node(p) for p in preds[n.name]) for n in nodes}
-    return BlockStructure(nodes=tuple(nodes), inputs=inputs, preds=readers)
+    outputs = tuple(n for n in nodes if any(s not in names for s in succs[n.name]))
+    return BlockStructure(nodes=tuple(nodes), inputs=inputs, preds=readers, outputs=outputs)
 
 
 def summarise(
@@ -206,6 +209,7 @@ def summarise(
     held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
     held, params, expert_params = _split_experts(held, params, experts)
     inputs = _input_bytes(structure, ctx, dtypes)
+    outputs = _input_bytes(structure, ctx, dtypes, nodes=structure.outputs)
     cp = context_parallel(attention, ctx, graph)
     saved += cp.held_bytes
     return LayerSummary(
@@ -223,6 +227,7 @@ def summarise(
         )
         * f,
         input_bytes=inputs,
+        output_bytes=outputs,
         param_count=params,
         param_names=tuple(held),
         param_numels=tuple(held.values()),
@@ -329,15 +334,14 @@ def loss_grad_bytes(
     return input_bytes_of(inputs, **kw) + recast + saved_activation_bytes(node, gpu=gpu, **kw)
 
 
-def _input_bytes(structure: BlockStructure, ctx: TPContext, dtypes: RunDtypes | None) -> float:
+def _input_bytes(
+    structure: BlockStructure, ctx: TPContext, dtypes: RunDtypes | None, nodes: tuple[OpNode, ...] | None = None
+) -> float:
+    """The outputs of ``nodes`` (the block's inputs when None) per micro-batch on one rank, each in its run dtype."""
     shard = ctx.tp if ctx.sequence_parallel and ctx.tp > 1 else 1
-    return (
-        sum(
-            n.output_bytes * ctx.batch_fraction * activation_scale(n, precision=ctx.precision, dtypes=dtypes)
-            for n in structure.inputs
-        )
-        / shard
-    )
+    nodes = structure.inputs if nodes is None else nodes
+    f, precision = ctx.batch_fraction, ctx.precision
+    return sum(n.output_bytes * f * activation_scale(n, precision=precision, dtypes=dtypes) for n in nodes) / shard
 
 
 def _params(

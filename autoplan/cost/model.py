@@ -27,6 +27,7 @@ from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.sync import DataParallelTerms
+from autoplan.cost.memory.activation_offload import link_bytes_per_s, offload_block
 from autoplan.cost.memory.offload import price_offload
 from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
@@ -201,7 +202,7 @@ class CostModel:
         """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
         schedule share them."""
         chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
-        budget = tuple(plan.recompute_blocks)
+        budget = (tuple(plan.recompute_blocks), plan.offload_activations)  # which blocks recompute, the rest offload?
         key = ("stages", *ctx.key, plan.recompute, budget, plan.pp, chunks, plan.tp_comm_overlap)
         return self._memo.get(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
 
@@ -219,6 +220,8 @@ class CostModel:
                     whole = block.input_bytes * (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1)
                     stage.boundary_bytes = max(stage.boundary_bytes, whole)
                 add_block(stage, block, recompute=plan.recompute if layer in rerun else "none")
+                if plan.offload_activations and layer not in rerun:  # types/activation_offload.py
+                    offload_block(stage, block, link_bytes_per_s=link_bytes_per_s(self.profile))
         add_block(stages[-1], post, recompute=self._outside_recompute(plan, rerun, plan.pp - 1), is_block=False)
         return stages
 

@@ -26,10 +26,12 @@ class StageTotals:
     wgrad_s: float = 0.0  # of bwd_s, the weight gradients (W: cost/pp/split_backward.py)
     wgrad_held_bytes: float = 0.0  # their output gradients, kept from B to W by a zero-bubble schedule
     recompute_s: float = 0.0
+    offload_s: float = 0.0  # activation offload's host copies, out and back (cost/memory/activation_offload.py)
     tp_s: float = 0.0
     ep_s: float = 0.0  # expert-parallel all-to-all (autoplan/cost/moe/experts.py)
     cp_s: float = 0.0  # context parallelism's K,V traffic left exposed (autoplan/cost/cp/)
     saved_bytes: float = 0.0  # activations kept per micro-batch after the recompute choice
+    offloaded_bytes: float = 0.0  # of the blocks' saved activations, those sent to the host, per micro-batch
     peak_block_bytes: float = 0.0  # one block's full activations (live while it is recomputed)
     loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/blocks.py), on the stage holding the loss
     params: float = 0.0
@@ -44,8 +46,8 @@ class StageTotals:
 
     @property
     def micro_batch_s(self) -> float:
-        """Forward + backward + recompute + TP, EP and CP collectives of one micro-batch on this stage."""
-        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.ep_s + self.cp_s
+        """Forward + backward + recompute + offload copies + TP, EP and CP collectives of one micro-batch."""
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.offload_s + self.tp_s + self.ep_s + self.cp_s
 
     @property
     def dense_params(self) -> float:
@@ -73,7 +75,7 @@ class StageTotals:
 
     @property
     def compute_s(self) -> float:
-        return self.fwd_s + self.bwd_s + self.recompute_s
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.offload_s
 
 
 def _outside_params(stage: StageTotals, block: LayerSummary) -> tuple[float, float]:

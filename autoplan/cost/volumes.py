@@ -20,7 +20,7 @@ sent: each dimension's messages come from the one statement the time terms price
   (cost/cp/messages.py, carried by the block summaries), the forward's again when recomputed; the
   weights' messages and shards over the dp x cp ranks that hold the same weights (cost/cp/weights.py),
   recorded under dim "dp";
-- ZeRO-Offload's copies of a rank's slice down and up, dim "host": cost/memory/offload.py.
+- host copies, dim "host": cost/memory/offload.py, cost/memory/activation_offload.py ("act_d2h", "act_h2d").
 The fp16 flag is counted under the mesh dim that spans the world when one does.
 """
 
@@ -82,6 +82,7 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
         _experts(pred, plan, model, stage, index)
         _flops(pred, plan, stage, index)
         _offload(pred, weights, stage)
+        _activation_offload(pred, plan, stage)
         pred.fused_regions = _fused_regions(plan, model, index)
         _add(pred, _world_dim(plan), dp_messages.overflow_flag(plan))
         predictions.append(pred)
@@ -99,6 +100,14 @@ def _offload(pred: StagePrediction, plan: Plan, stage: StageTotals) -> None:
     )
     pred.add("host", "d2h", 1, down)
     pred.add("host", "h2d", 1, up)
+
+
+def _activation_offload(pred: StagePrediction, plan: Plan, stage: StageTotals) -> None:
+    """Each micro-batch's offloaded activations out and back, dim "host" (cost/memory/activation_offload.py;
+    execute/activation_offload.py counts them): bytes only, its count being the storages autograd saves."""
+    if plan.offload_activations and stage.offloaded_bytes:
+        pred.add("host", "act_d2h", None, plan.num_microbatches * stage.offloaded_bytes)
+        pred.add("host", "act_h2d", None, plan.num_microbatches * stage.offloaded_bytes)
 
 
 def _add(pred: StagePrediction, dim: str, *messages: dp_messages.StepMessages | None) -> None:

@@ -37,13 +37,14 @@ from autoplan.execute import (
     precision,
     rng,
 )
+from autoplan.execute.activation_offload import ActivationOffload, apply_activation_offload
 from autoplan.execute.compiled import compile_blocks
 from autoplan.execute.context_parallel import build_context_parallel
 from autoplan.execute.flat_grads import allreduce_buffer
 from autoplan.execute.grad_scaler import ShardedGradScaler
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
-from autoplan.execute.offload import OffloadedOptimizer
+from autoplan.execute.offload import OffloadedOptimizer, OneRank
 from autoplan.execute.param_gather import overlapped_zero1
 from autoplan.execute.pipeline_scatter import apply_pipeline_scatter, boundary_specs
 from autoplan.execute.recompute import apply_recompute, expects_recompute, recompute_targets
@@ -54,6 +55,7 @@ from autoplan.execute.trainer import Trainer
 from autoplan.execute.zero import sharded_optimizer
 from autoplan.trace.build import seq_len_of
 from autoplan.trace.layers import find_blocks
+from autoplan.types.activation_offload import offloaded_blocks
 from autoplan.types.plan import Plan
 from autoplan.types.runtime import check_runs_on_autoplan
 
@@ -129,7 +131,7 @@ def parallelize(
     )
     mode = data_parallel.dp_mode(plan=plan)
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
-    checkpointed = 0
+    checkpointed, offload = 0, ActivationOffload() if plan.offload_activations else None
     if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)
         rng.install_tracker(mesh["tp"])
     for index, module in modules.items():
@@ -152,6 +154,9 @@ def parallelize(
         if cp_state is not None:  # after the split and TP, before recompute (context_parallel.py)
             cp_state.route_attention(module=module, blocks=blocks)
         checkpointed += apply_recompute(module=module, blocks=targets, mode=plan.recompute)
+        if offload is not None:  # the blocks recompute does not wrap (types/activation_offload.py), before FSDP
+            kept = offloaded_blocks(recomputed=targets, blocks=blocks)
+            apply_activation_offload(module=module, blocks=kept, offload=offload)
         if plan.tp_comm_overlap:  # async TP compiles the blocks itself (tp_overlap.py)
             apply_async_tp(module=module, blocks=blocks, tp_mesh=mesh["tp"])
         elif plan.compile:  # after TP and recompute, before FSDP/DDP (module docstring, step 4)
@@ -197,6 +202,7 @@ def parallelize(
         some_unused=bool(list_moe),
         grad_mesh=sync_mesh,
         context=cp_state,
+        activation_offload=offload,
         flat_grads=allreduce_buffer(dense=expert_parallel.split_params(params, ep_state)[0], some_unused=bool(list_moe))
         if mode == "allreduce"
         else None,
@@ -218,6 +224,10 @@ def _optimizer(
 ) -> Any:
     """The plan's optimizer: ZeRO-1's sharded one (its all-gather per block under the next forward
     with ``overlap_param_gather``: execute/param_gather.py), else ``optimizer_fn`` on every parameter."""
+    if plan.offload == "optimizer" and mode == "none":  # ZeRO-Offload on one dp rank (execute/offload.py OneRank)
+        return OffloadedOptimizer(
+            params=params, optimizer_fn=optimizer_fn, dp_mesh=OneRank(), reduce_dtype=zero["reduce_dtype"]
+        )
     if mode != "zero1":
         return optimizer_fn(params)
     if plan.offload == "optimizer":  # ZeRO-Offload: the master slice steps on the host (execute/offload.py)

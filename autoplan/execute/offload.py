@@ -2,8 +2,9 @@
 
 The sharded optimizer of autoplan/execute/zero.py keeps its fp32 master slice and its Adam state on the
 host (pinned memory where CUDA exists) and steps there, as DeepSpeed's ZeRO-Offload does (Ren et al.,
-USENIX ATC'21, section 4.1). One step: reduce-scatter the gradients on the device (as ZeRO-1 does); copy
-this rank's reduced slice down (r P' bytes, the reduce dtype); widen and average it on the host into the
+USENIX ATC'21, section 4.1), also on one data-parallel rank (:class:`OneRank`: no collectives, the slice
+is the whole vector). One step: reduce-scatter the gradients on the device (as ZeRO-1 does); copy this
+rank's reduced slice down (r P' bytes, the reduce dtype); widen and average it on the host into the
 master's gradient; step the master there; copy the updated slice up in the weights' dtype (4 P' for fp32
 weights); all-gather it on the device. The copies are explicit ``copy_`` calls into tensors made on the
 other side, so a CPU rank, whose host is its device, runs the same code path and counts the same bytes.
@@ -42,6 +43,22 @@ def _pinned() -> bool:
     return torch.cuda.is_available()
 
 
+class OneRank:
+    """The data-parallel "mesh" of a plan without data parallelism (dp x cp = 1): one rank, no group, so
+    ZeRO-Offload runs on one device as Ren et al. ran it (the whole master and Adam state on the host)."""
+
+    ndim = 1
+
+    def size(self) -> int:
+        return 1
+
+    def get_local_rank(self) -> int:
+        return 0
+
+    def get_group(self) -> None:
+        return None
+
+
 class OffloadedOptimizer(ShardedOptimizer):
     """ZeRO-1's sharded optimizer with its master slice, Adam state and step on the host (module docstring)."""
 
@@ -72,6 +89,23 @@ class OffloadedOptimizer(ShardedOptimizer):
     def reduced_gradients(self) -> list[torch.Tensor]:
         first = self.params[0].data
         return self.per_parameter(self.gather(self.master.grad.to(first.device)))
+
+    def gather(self, mine: torch.Tensor) -> torch.Tensor:
+        return mine if self.dp == 1 else super().gather(mine)  # one rank: its slice is the whole vector
+
+    def _reduce_scatter_gradients(self) -> None:
+        if self.dp > 1:
+            super()._reduce_scatter_gradients()
+            return
+        flat = self._flat_gradients()  # one rank: nothing to reduce, the flat gradient goes down whole
+        for param in self.params:
+            param.grad = None
+        self.master.grad = self._master_gradient(flat)
+
+    def start_gather(self, *, async_op: bool = True, into: torch.Tensor | None = None) -> tuple[object, torch.Tensor]:
+        if self.dp > 1:
+            return super().start_gather(async_op=async_op, into=into)
+        return None, self._updated_slice(self.params[0].data)  # one rank: the updated vector, copied up
 
     def _master_gradient(self, mine: torch.Tensor) -> torch.Tensor:
         """Copy the reduced slice down, then widen and average it on the host."""

@@ -79,6 +79,7 @@ class Trainer:
     grad_mesh: Any = None  # the ranks averaging gradients: dp, or dp x cp (mesh.py grad_mesh)
     context: Any = None  # a ContextParallel at cp > 1 (context_parallel.py)
     flat_grads: Any = None  # the explicit all-reduce's FlatGrads: gradients as views of one buffer (flat_grads.py)
+    activation_offload: Any = None  # an ActivationOffload under offload_activations (activation_offload.py)
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for

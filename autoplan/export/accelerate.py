@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from autoplan.export.activation_offload import activation_offload_notes
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, split_note
 from autoplan.export.offload import accelerate_offload_params, read_offload
 from autoplan.export.recompute_budget import every_block_note
@@ -165,6 +166,7 @@ def _unexpressed(plan: Plan, kind: str) -> list[str]:
         f"Accelerator(gradient_accumulation_steps={plan.num_microbatches})."
     ]
     found += _sharding_gaps(plan, kind) + _parallel_gaps(plan) + _reduction_gaps(plan, kind)
+    found += activation_offload_notes(plan, "Accelerate")
     if plan.recompute_blocks:
         how = "checkpoints every wrapped block (fsdp_activation_checkpointing is one switch)"
         found.append(every_block_note(plan, trainer="Accelerate", how=how))

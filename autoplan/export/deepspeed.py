@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autoplan.export.activation_offload import activation_offload_notes
 from autoplan.export.common import Exported, ModelFacts, expert_layout_notes, layers_per_stage, split_note
 from autoplan.export.deepspeed_read import SECTION, read
 from autoplan.export.offload import deepspeed_offload
 from autoplan.export.recompute_budget import every_block_note
+from autoplan.types.offload import one_rank_offload
 from autoplan.types.plan import Plan
 
 FILENAME = "ds_config.json"
@@ -68,7 +70,10 @@ def launch_command(plan: Plan, *, devices_per_node: int = 8) -> str:
 
 
 def zero_stage(plan: Plan) -> int:
-    """The ZeRO stage DeepSpeed runs: its PipelineEngine refuses ZeRO-2/3, so a pipeline gets ZeRO-1."""
+    """The ZeRO stage DeepSpeed runs: its PipelineEngine refuses ZeRO-2/3, so a pipeline gets ZeRO-1; ZeRO-Offload
+    on one dp rank gets ZeRO-1 too (DeepSpeed offloads from stage 1 up; on one rank it shards nothing)."""
+    if one_rank_offload(plan):
+        return 1
     return min(plan.zero_stage, 1) if plan.pp > 1 else plan.zero_stage
 
 
@@ -140,6 +145,7 @@ def _context_gaps(plan: Plan) -> list[str]:
 def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
     found = _pipeline_gaps(plan, facts) + _tensor_gaps(plan) + _context_gaps(plan)
     found += expert_layout_notes(plan, "DeepSpeed")
+    found += activation_offload_notes(plan, "DeepSpeed")
     if grad_accum_dtype(plan) != "fp32" and not (plan.pp > 1 and plan.precision != "fp16"):
         found.append(
             f"zero_stage=0 with {plan.precision}: DeepSpeed without ZeRO holds and accumulates gradients in the "

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoplan.export.activation_offload import megatron_activation_flags
 from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
 from autoplan.export.megatron_moe import expert_flags, expert_remarks
 from autoplan.export.megatron_read import read
 from autoplan.export.offload import megatron_flags as offload_flags
 from autoplan.export.recompute_budget import megatron_flags as recompute_flags
+from autoplan.types.offload import one_rank_offload
 from autoplan.types.plan import Plan
 
 __all__ = ["FILENAME", "export", "read"]
@@ -55,7 +57,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", plan.global_batch_size)]
     flags += _data_parallel_flags(plan) + offload_flags(plan, notes)
     flags += _precision_flags(plan, notes)
-    flags += _recompute_flags(plan, notes)
+    flags += _recompute_flags(plan, notes) + megatron_activation_flags(plan, facts.layers, notes)
     notes += _general_notes(plan) + frozen_notes(facts, "Megatron-LM")
     launch = _launch(plan)
     header = [
@@ -155,7 +157,7 @@ def _layout(sizes: list[int]) -> str:
 def _data_parallel_flags(plan: Plan) -> Flags:
     flags: Flags = [("--overlap-grad-reduce", None)] if plan.overlap_grad_reduce else []
     flags += [("--overlap-param-gather", None)] if plan.overlap_param_gather else []
-    if plan.zero_stage == 1:
+    if plan.zero_stage == 1 or one_rank_offload(plan):  # its CPU offload is the distributed optimizer's
         flags.append(("--use-distributed-optimizer", None))
     elif plan.zero_stage >= 2:  # Megatron-FSDP's required flags (module docstring)
         flags += [

@@ -351,7 +351,7 @@ def _read_recompute_blocks(args: dict[str, Any], fields: dict[str, Any]) -> list
 
 
 def _read_data_parallel(args: dict[str, Any], dp: int, unmapped: list[str]) -> dict[str, Any]:
-    zero = 1 if "--use-distributed-optimizer" in args else 0
+    zero = 1 if "--use-distributed-optimizer" in args and not (dp == 1 and "--optimizer-cpu-offload" in args) else 0
     if "--use-megatron-fsdp" in args or "--use-custom-fsdp" in args:
         strategy = args.get("--data-parallel-sharding-strategy", "no_shard")
         zero = {"no_shard": zero, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(strategy, zero)

@@ -95,12 +95,13 @@ def accelerate_offload_params(plan: Plan, unexpressed: list[str]) -> bool:
 
 
 def read_offload(
-    *, optimizer: bool, params: bool, zero_stage: int, unmapped: list[str], source: str, pp: int = 1
+    *, optimizer: bool, params: bool, zero_stage: int, unmapped: list[str], source: str, pp: int = 1, one_rank=False
 ) -> str:
     """The plan's offload from a config's switches (``source`` names them); one the executor cannot run
-    (autoplan/types/offload.py) is left at "none" with a sentence in ``unmapped``."""
+    (autoplan/types/offload.py) is left at "none" with a sentence in ``unmapped``. ``one_rank``: one dp rank,
+    whose optimizer offload runs at ZeRO-0 (types/offload.py ``one_rank_offload``)."""
     wanted = "full" if params else "optimizer" if optimizer else "none"
-    needs = {"none": zero_stage, "optimizer": 1, "full": 3}[wanted]
+    needs = {"none": zero_stage, "optimizer": 0 if one_rank else 1, "full": 3}[wanted]
     if zero_stage != needs or (wanted == "full" and pp > 1):
         where = f"ZeRO-{needs} without a pipeline" if wanted == "full" else f"ZeRO-{needs}"
         unmapped.append(
@@ -131,6 +132,12 @@ def megatron_offload(args: dict[str, Any], zero_stage: int, unmapped: list[str])
         unmapped.append(f"--optimizer-offload-fraction {fraction:g}: autoplan prices the whole optimizer on the host "
                         "or none of it; read as no offload.")  # fmt: skip
         return "none"
+    one_rank = zero_stage == 0 and "--use-distributed-optimizer" in args  # read as ZeRO-0 on one dp rank
     return read_offload(
-        optimizer=True, params=False, zero_stage=zero_stage, unmapped=unmapped, source="--optimizer-cpu-offload"
+        optimizer=True,
+        params=False,
+        zero_stage=zero_stage,
+        unmapped=unmapped,
+        source="--optimizer-cpu-offload",
+        one_rank=one_rank,
     )

@@ -33,6 +33,7 @@ from typing import Any
 from autoplan.cost import CostModel, dollars_per_sample, reliability_fields, reliability_not_priced, usable_bytes
 from autoplan.display import TERM_NAMES, duration_text
 from autoplan.errors import AutoplanError
+from autoplan.report.activation_offload import activation_offload_why
 from autoplan.report.attention import eager_attention_saving
 from autoplan.report.expert_layout import expert_layout_why
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
@@ -77,6 +78,7 @@ class Explanation:
     hsdp: str = ""  # why the plan replicates its ZeRO states, when it does (report/hsdp.py)
     experts: str = ""  # why the plan lays its experts out as it does, when not the default (report/expert_layout.py)
     offload: str = ""  # why the plan offloads and what that costs, when it does (report/offload.py)
+    activation_offload: str = ""  # why it offloads activations, and the next option (report/activation_offload.py)
     attention: str = ""  # what fusing the model's eager attention would save, when it has some (report/attention.py)
     recompute: str = ""  # why the plan recomputes k of L blocks per stage, under a budget (report/recompute_budget.py)
     frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
@@ -176,6 +178,7 @@ def explain_result(
         hsdp=hsdp_why(model, best.plan, best.cost),
         experts=expert_layout_why(model, best.plan, best.cost),
         offload=offload_why(result, graph=graph, profile=profile),
+        activation_offload=activation_offload_why(result, graph=graph, profile=profile),
         attention=eager_attention_saving(model, best.plan, best.cost),
         recompute=recompute_why(model, best.plan, best.cost),
         frozen=frozen_saving(model, best.plan, best.cost),

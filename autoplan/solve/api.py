@@ -156,7 +156,12 @@ def explain_no_fit(graph: Graph, profile: Profile, options: SearchOptions, resul
     evaluated = [c for c in result.candidates if c.cost is not None]
     closest = min(evaluated, key=lambda c: c.cost.peak_memory_bytes) if evaluated else None
     head = "no plan fits in device memory"
-    if closest is not None:
+    if closest is not None and closest.cost.peak_memory_bytes <= usable_bytes(profile.device.memory_bytes):
+        head = f"no plan fits in host memory: the most frugal one evaluated ({closest.plan.describe()}) fits the "
+        head += (
+            f"device, but {closest.cost.reason}"  # the host refused it (cost/memory/offload.py, activation_offload.py)
+        )
+    elif closest is not None:
         head += (
             f": the most frugal one evaluated ({closest.plan.describe()}) "
             f"needs {closest.cost.peak_memory_bytes / 2**30:.1f} GiB per device, more than the "

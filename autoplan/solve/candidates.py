@@ -210,4 +210,5 @@ def config_of(plan: Plan) -> dict:
         param_gather=plan.overlap_param_gather,
         dp_replicate=plan.dp_replicate,
         **({"offload": plan.offload} if plan.offload != "none" else {}),  # plans.csv keeps its columns
+        **({"offload_activations": True} if plan.offload_activations else {}),
     )

@@ -1,7 +1,8 @@
 """Which offloads the search offers one (degrees, ZeRO stage, gradient sync) (docs/ilp.md, section 4;
 docs/cost-model.md, "Offload"): only where the executor runs them (autoplan/types/offload.py) and the
 profile describes a host. "optimizer" beside ZeRO-1 without the weights' all-gather under the next
-forward, "full" beside ZeRO-3 at pp = 1, both over dp x cp > 1 ranks without experts. Offload always costs
+forward, "full" beside ZeRO-3 at pp = 1, both over dp x cp > 1 ranks without experts; "optimizer" also at ZeRO-0 on
+one dp x cp rank (ZeRO-Offload's one-GPU setup, any tp and pp). Offload always costs
 step time (cost/memory/offload.py), so the search picks it only where a plan fits with it and not without,
 or where the memory it frees buys a faster plan (less recomputation, a larger micro-batch).
 """
@@ -37,7 +38,8 @@ def check_offload_pin(profile: Profile, fixes: dict, runtime: str) -> None:
             f"--fix offload=full with pp={fixes['pp']}: FSDP2's CPU offload runs here without a pipeline; pin pp=1 "
             "or offload=optimizer."
         )
-    if fixes.get("zero", OFFLOAD_ZERO[wanted]) != OFFLOAD_ZERO[wanted]:
+    one_rank = wanted == "optimizer" and fixes.get("zero") == 0 and fixes.get("dp") == 1 and fixes.get("cp", 1) == 1
+    if fixes.get("zero", OFFLOAD_ZERO[wanted]) != OFFLOAD_ZERO[wanted] and not one_rank:
         raise PlanError(
             f"--fix offload={wanted} runs on ZeRO-{OFFLOAD_ZERO[wanted]} and --fix zero={fixes['zero']} is not it; "
             f"pin zero={OFFLOAD_ZERO[wanted]} or drop one pin."
@@ -48,6 +50,8 @@ def offload_options(profile: Profile, *, deg: Any, zero: int, grads: Any, fixes:
     """The offloads of one choice (module docstring), narrowed by the pin."""
     check_offload_pin(profile, fixes, runtime)
     options = ["none"]
+    if profile.host is not None and deg.dp_cp == 1 and deg.ep == 1 and zero == 0:
+        options.append("optimizer")  # ZeRO-Offload on one dp rank (types/offload.py one_rank_offload)
     if profile.host is not None and deg.dp_cp > 1 and deg.ep == 1:
         if zero == 1 and not grads.param_gather:
             options.append("optimizer")

@@ -10,8 +10,9 @@ replicas), the micro-batch size and the virtual stages; 0-3 for ``zero``; a rank
 and ``cp_variant``
 (allgather, ring, ulysses); ``recompute_blocks`` a recompute budget, one count per pipeline chunk
 joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
-Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload) and ``expert_tp`` (the experts'
-tensor-parallel degree, solve/expert_layout.py). Anything else is refused in one sentence.
+Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload), ``offload_activations`` (on/off:
+Plan.offload_activations) and ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py).
+Anything else is refused in one sentence.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ FIX_KEYS = (
     "recompute_blocks",
     "offload",
     "expert_tp",
+    "offload_activations",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp")
 _SCHEDULE_ALIASES = {
@@ -85,7 +87,7 @@ def _typed(key: str, value: str) -> object:
             expected = {"zero": "0, 1, 2 or 3", "powersgd": "a rank >= 1, or off"}.get(key, "a positive integer")
             raise PlanError(f"--fix {key}={value} is not valid; expected {expected}.")
         return int(value)
-    if key in ("sp", "tp_overlap", "param_gather", "compile"):
+    if key in ("sp", "tp_overlap", "param_gather", "compile", "offload_activations"):
         if value not in _BOOL:
             raise PlanError(f"--fix {key}={value} is not valid; expected on or off.")
         return _BOOL[value]

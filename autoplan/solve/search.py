@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, memory_budget, run_pricer, usable_bytes
 from autoplan.errors import PlanError
-from autoplan.solve import expert_layout, recompute_budget, space, tp_runnable
+from autoplan.solve import activation_offload, expert_layout, recompute_budget, space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
 from autoplan.solve.partitions import Partitions
@@ -61,6 +61,7 @@ class Search:
         self.moe_limits = expert_layout.limits(graph, self.fixes, runtime=options.runtime)  # or its pin, refused
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
         check_cp_pins(graph, profile, self.fixes)
+        activation_offload.check_activation_offload_pin(profile, self.fixes, options.runtime)
         self.cp_seq_len = cp_sequence(graph, profile, self.fixes)  # 0: cp = 1 only (solve/context_parallel.py)
         self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
@@ -68,13 +69,8 @@ class Search:
         self.cost_model = CostModel(graph, profile).for_runtime(options.runtime)  # every price reads its graph
         graph = self.cost_model.graph
         self.runtime_fuses = runtime_named(options.runtime).fused_elementwise  # every plan's element-wise ops
-        self.tp_planner = TPPlanner(
-            graph,
-            profile,
-            solver=options.solver,
-            time_limit_s=options.time_limit_s,
-            node_times=self.cost_model.node_times,
-        )
+        planner = dict(solver=options.solver, time_limit_s=options.time_limit_s, node_times=self.cost_model.node_times)
+        self.tp_planner = TPPlanner(graph, profile, **planner)
         self.stage_costs = StageCosts(graph, profile, self.cost_model)
         self.bounds = Bounds(graph, profile, self.stage_costs)
         self.partitions = Partitions(graph, self.stage_costs, solver=options.solver)
@@ -332,8 +328,8 @@ class Search:
             )
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
-        if (plan := recompute_budget.with_pin(plan, self.fixes)) is None:
-            return  # a pinned recompute budget this plan's chunks cannot hold (solve/recompute_budget.py)
+        if (plan := activation_offload.with_pin(recompute_budget.with_pin(plan, self.fixes), self.fixes)) is None:
+            return  # a pinned recompute budget or activation offload this plan cannot hold (their solve/ modules)
         cost = self.cost_model.estimate(plan)
         if not cost.feasible and plan.pp > 1:
             cost, plan = self._repartition_for_memory(plan, cost)
@@ -359,6 +355,8 @@ class Search:
                 self.best = candidate
         if fitted := self.budgets.fitted(self.cost_model, plan, candidate.feasible):  # fewer blocks recomputed
             self._evaluate(fitted, bound, ilp_status=ilp_status)
+        if retry := activation_offload.offloaded_retry(plan, cost=cost, profile=self.profile, fixes=self.fixes):
+            self._evaluate(retry, bound, ilp_status=ilp_status)  # it did not fit: its activations offloaded
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
         """The time-optimal stages (or chunks) did not fit: try the best partition under the memory limits."""

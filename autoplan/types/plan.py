@@ -16,6 +16,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
+from autoplan.types.activation_offload import check_activation_offload
 from autoplan.types.expert_layout import check_expert_layout
 from autoplan.types.grad_compression import check_compression
 from autoplan.types.hsdp import check_dp_replicate
@@ -39,6 +40,7 @@ OMITTED_AT_DEFAULT = (
     ("offload", "none"),
     ("recompute_blocks", []),
     ("expert_tp", 1),
+    ("offload_activations", False),
 )
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
@@ -130,7 +132,7 @@ class Plan:
     ``recompute``, the others none ([] = every block; autoplan/types/recompute.py).
     ``offload`` holds model states in host memory (:data:`OFFLOADS`, autoplan/types/offload.py): "optimizer"
     the fp32 master and Adam step (ZeRO-Offload, on ZeRO-1), "full" also the weights and gradients (FSDP2's
-    CPUOffloadPolicy, on ZeRO-3); docs/cost-model.md, "Offload".
+    CPUOffloadPolicy, on ZeRO-3); docs/cost-model.md, "Offload"; ``offload_activations``: types/activation_offload.py.
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
@@ -173,6 +175,7 @@ class Plan:
     recompute_blocks: list[int] = field(default_factory=list)
     offload: str = "none"
     expert_tp: int = 1
+    offload_activations: bool = False
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -240,6 +243,7 @@ class Plan:
         check_compression(self)
         check_dp_replicate(self)
         check_offload(self)
+        check_activation_offload(self)
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
@@ -337,6 +341,7 @@ class Plan:
         red += " compile" if self.compile else ""
         red += f" recipe={self.fp8_recipe}" if self.fp8_recipe else ""
         red += f" offload={self.offload}" if self.offload != "none" else ""
+        red += " offload-act" if self.offload_activations else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
         rc = describe_counts(self.recompute, self.recompute_blocks)

@@ -90,6 +90,15 @@ CASES = [
     # Adam state off the device's memory
     ("zero1_offload", "gpt", dict(dp=2, zero_stage=1, offload="optimizer")),
     ("zero1_offload_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, offload="optimizer", grad_reduce_dtype="bf16")),
+    # activation offload: each block's saved activations but its output out to the host and back, byte for byte
+    # (dim "host", execute/activation_offload.py), off the device's peak; beside a recompute budget, and per stage
+    ("offload_activations", "gpt", dict(dp=2, offload_activations=True)),
+    ("zero1_offload_activations_budget", "llama", dict(dp=2, zero_stage=1, recompute="full", recompute_blocks=[2],
+                                                       offload_activations=True)),
+    ("pp_offload_activations", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, offload_activations=True)),
+    # ZeRO-Offload on one dp rank: the whole gradient down and the whole updated vector up, no collective
+    ("tp_offload_one_rank", "gpt", dict(tp=2, offload="optimizer")),
+    ("pp_offload_one_rank", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, offload="optimizer")),
 ]
 #: FLOPs and memory as priced, not yet its collectives: LoRA's replicated adapters beside Megatron's splits
 #: under SP take their input whole and meet the base's feature shard in a node that runs sharded (DTensor
@@ -276,6 +285,15 @@ def test_recomputation_runs_what_it_is_priced_for(audits):
     rerun, rerun_half = full["backward_flops"] - plain["backward_flops"], half["backward_flops"] - plain["backward_flops"]
     assert rerun_half == pytest.approx(rerun / 2, rel=1e-9)
     assert full["peak_live_bytes"] < half["peak_live_bytes"] < plain["peak_live_bytes"]
+
+
+def test_activation_offload_moves_what_it_is_priced_for(audits):
+    """The copies out and back are the same bytes, and the device's peak falls below the same plan's without."""
+    plain, offloaded = audits["ddp"]["ranks"][0], audits["offload_activations"]["ranks"][0]
+    rows = {kind: size for dim, kind, _count, size in offloaded["comm"] if dim == "host"}
+    assert rows["act_d2h"] == rows["act_h2d"] > 0
+    assert offloaded["peak_live_bytes"] < plain["peak_live_bytes"]
+    assert offloaded["backward_flops"] == plain["backward_flops"]  # nothing recomputed
 
 
 def _audit_rows(audits, graphs, name):

@@ -67,6 +67,15 @@ TWO = [
     # offload (execute/offload.py): ZeRO-1's master slice and Adam step on the host; FSDP2's CPUOffloadPolicy
     ("zero1_offload_optimizer_bf16", "llama", dict(dp=2, zero_stage=1, offload="optimizer", precision="bf16")),
     ("zero3_offload_full_accumulate", "llama", dict(dp=2, zero_stage=3, offload="full", num_microbatches=2)),
+    # activation offload (execute/activation_offload.py): saved activations out to the host and back, under
+    # FSDP2, and beside a recompute budget in a pipeline (the blocks that do not recompute offload)
+    # ZeRO-Offload on one dp rank (execute/offload.py OneRank): the whole master and Adam state on the host
+    ("tp2_offload_optimizer_one_rank", "gpt", dict(tp=2, offload="optimizer")),
+    ("pp2_offload_optimizer_one_rank_bf16", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4,
+                                                          offload="optimizer", precision="bf16")),
+    ("zero3_offload_activations", "llama", dict(dp=2, zero_stage=3, offload_activations=True)),
+    ("pp2_budget_offload_activations", "gpt", dict(pp=2, schedule="1f1b", num_microbatches=4, recompute="full",
+                                                   recompute_blocks=[1, 0], offload_activations=True)),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),

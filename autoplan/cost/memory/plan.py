@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import PowerSGDTraffic
+from autoplan.cost.memory.activation_offload import record_activation_offload
 from autoplan.cost.memory.offload import HOST_BYTES_PER_PARAM, host_shortfall, slice_params
 from autoplan.cost.memory.per_device import (
     ModelStates,
@@ -141,6 +142,7 @@ class PlanMemory:
             cost.extra["host_bytes"] = host_bytes
             if shortfall := host_shortfall(self.profile, plan, host_bytes):
                 cost.feasible, cost.reason = False, shortfall
+        record_activation_offload(cost, self.profile, plan, stages)  # saved activations on the host, if any
         if cost.peak_memory_bytes > limit:
             cost.feasible = False
             cost.reason = (

@@ -31,11 +31,11 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from autoplan.execute.activation_offload import link_copies
 from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
 from autoplan.execute.mesh import grad_groups
-from autoplan.execute.offload import host_copies
 
 MESH_DIMS = ("dp", "tp", "pp")
 EXPERT_DIMS = ("ep", "edp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
@@ -285,12 +285,12 @@ def audited_step(
     comm, flops = CommRecorder(groups, all_to_all, named), MatmulFlops()
     gc.collect()  # the last step's cyclic garbage is not this step's memory
     memory = LiveBytes(existing_tensors(trainer))
-    before, copied = Counter(RESHARDED), host_copies(trainer.optimizer)
+    before, copied = Counter(RESHARDED), link_copies(trainer)
     with memory, comm, flops:
         loss = trainer.train_step(inputs, target)
     (mm_fwd, mm_bwd), (at_fwd, at_bwd) = flops.flops["matmul"], flops.flops["attention"]
     audit = StepAudit(
-        comm=comm.totals.rows() + host_copies(trainer.optimizer, since=copied),  # ZeRO-Offload's (offload.py)
+        comm=comm.totals.rows() + link_copies(trainer, since=copied),  # offload's (activation_offload.py)
         peak_live_bytes=memory.peak,
         start_live_bytes=memory.start,
         peak_op=memory.peak_op,

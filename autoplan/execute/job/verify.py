@@ -163,7 +163,11 @@ def gathered_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {
         name: _full(param, name, trainer)
         for name, param in _named_parameters(trainer)
-        if param.grad is not None or not param.requires_grad or trainer.dp_mode == "zero1" or name in experts
+        if param.grad is not None
+        or not param.requires_grad
+        or trainer.dp_mode == "zero1"
+        or name in experts
+        or getattr(trainer.optimizer, "on_host", False)  # ZeRO-Offload on one dp rank frees them too
     }
 
 

@@ -128,8 +128,8 @@ def test_nothing_fits_exits_2_and_still_writes_plans_csv(monkeypatch, tmp_path, 
     assert main(["plan", GPT, "--devices", "1", "--profile", "cpu-gloo", "--batch", "2", "--out", str(tmp_path)]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("autoplan: warning:")]
     assert (
-        len(errors) == 1 and "no plan fits in device memory" in errors[0]
-    )  # one line (a device warning may precede it)
+        len(errors) == 1 and "no plan fits in " in errors[0]
+    )  # one line (a device warning may precede it); in host memory where an offloaded plan fits the device
     assert not (tmp_path / "plan.json").exists()
     assert all(row["feasible"] == "False" for row in _rows(tmp_path / "plans.csv") if row["status"] == "evaluated")
 

@@ -53,6 +53,8 @@ ONE_RANK = {
     **{f"pp2-zero0-{p}": _plan(pp=2, precision=p, stages=PIPE) for p in PRECISIONS},
     "pp2-zero3-bf16": _plan(pp=2, zero_stage=3, precision="bf16", stages=PIPE),  # DeepSpeed's pipeline: ZeRO-1
     "pp2-zero0-bf16-full": _plan(pp=2, precision="bf16", recompute="full", stages=PIPE),
+    # ZeRO-Offload on one rank (Ren et al.'s one-GPU setup): written as ZeRO-1 with offload_optimizer
+    "zero0-bf16-offload-optimizer": _plan(precision="bf16", offload="optimizer"),
 }
 TWO_RANKS = {
     "pp2-zero1-bf16": _plan(pp=2, zero_stage=1, precision="bf16", stages=PIPE, num_microbatches=4),

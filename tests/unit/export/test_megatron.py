@@ -25,6 +25,7 @@ from autoplan.errors import PlanError
 from autoplan.export import megatron
 from autoplan.export.common import ExportError, ModelFacts
 from autoplan.types import Plan
+from autoplan.types.offload import one_rank_offload
 
 STAGES4 = [["layers.0"], ["layers.1"], ["layers.2"], ["layers.3"]]
 PLANS = {
@@ -103,6 +104,10 @@ PLANS = {
     ),
     "zero1-bf16-offload": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=1,
                                precision="bf16", offload="optimizer"),
+    "one-rank-offload": Plan(devices=1, dp=1, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, precision="bf16",
+                             offload="optimizer"),  # ZeRO-Offload on one GPU: the distributed optimizer's offload
+    "zero1-offload-activations": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=2,
+                                      zero_stage=1, precision="bf16", offload_activations=True),
 }  # fmt: skip
 VENDORED = Path(__file__).parent / "megatron_lm"  # Megatron-LM's own argument code, core_v0.16.1 (its README.md)
 
@@ -185,6 +190,8 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     )  # fmt: skip
     assert args.seq_length == facts.seq_len
     assert args.optimizer_cpu_offload == (plan.offload == "optimizer")  # ZeRO-Offload (export/offload.py)
+    offloaded = (True, facts.layers - 1) if plan.offload_activations else (False, 0)  # export/activation_offload.py
+    assert (config.cpu_offloading, config.cpu_offloading_num_layers) == offloaded
     _check_data_parallel(args, plan)
 
 
@@ -211,7 +218,7 @@ def _check_data_parallel(args, plan: Plan) -> None:
     fields = dataclasses.fields(DistributedDataParallelConfig)
     kwargs = {f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)}
     ddp = DistributedDataParallelConfig(**{**kwargs, "grad_reduce_in_fp32": args.accumulate_allreduce_grads_in_fp32})
-    assert ddp.use_distributed_optimizer == (plan.zero_stage >= 1)
+    assert ddp.use_distributed_optimizer == (plan.zero_stage >= 1 or one_rank_offload(plan))  # its CPU offload
     assert ddp.use_megatron_fsdp == (plan.zero_stage >= 2)
     sharding = {0: "no_shard", 1: "no_shard", 2: "optim_grads", 3: "optim_grads_params"}
     assert ddp.data_parallel_sharding_strategy == sharding[plan.zero_stage]
@@ -290,6 +297,8 @@ def test_read_gives_the_plan_back(name, facts):
         said = (
             [f"{uneven[name]}: uneven stages; autoplan reads a config with balanced stages."] if name in uneven else []
         )
+        if plan.offload_activations:  # priced for autoplan's executor only (export/activation_offload.py)
+            said.append(f"--cpu-offloading-num-layers {facts.layers - 1}: not a setting autoplan prices; ignored.")
         assert imported.unmapped == said
         assert (imported.facts.layers, imported.facts.num_kv_heads) == (facts.layers, facts.num_kv_heads)
 
