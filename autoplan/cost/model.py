@@ -24,7 +24,7 @@ from autoplan.cost.compute.recompute import RecomputeFlops
 from autoplan.cost.compute.roofline import memory_time_s, peak_dtype
 from autoplan.cost.cp.block import check_context_parallel
 from autoplan.cost.cp.weights import weight_sync_plan
-from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
+from autoplan.cost.dp.accumulation import accumulate_s
 from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.activation_offload import link_bytes_per_s, offload_block
@@ -288,7 +288,9 @@ class CostModel:
         cost = Cost()
         self._time(cost, plan, stages, groups)
         weights = weight_sync_plan(plan)  # dp x cp ranks hold the same weights (cost/cp/weights.py)
-        self.memory.fill(cost, shard_view(weights), stages, self._powersgd_by_stage(weights, stages))  # HSDP: S ranks
+        self.memory.fill(
+            cost, shard_view(weights), stages, [self.powersgd_stage(weights, s) for s in stages]
+        )  # HSDP: S ranks
         self._throughput(cost, plan)
         return cost
 
@@ -322,7 +324,7 @@ class CostModel:
         inputs = self.chunk_inputs(plan) if p > 1 else []  # what each pipeline chunk receives (cost/pp/messages.py)
         sends_s = pp_messages.pipeline_sends_s(self.profile, plan, inputs, group=groups["pp"], tp_group=groups["tp"])
         cost.pp_comm_s = sends_s + self.tied.sync_s(plan, chunks, stages, groups["pp"])
-        cost.grad_accum_s = (m - 1) * max(self._accumulate_s(plan, s) for s in stages)
+        cost.grad_accum_s = (m - 1) * max(accumulate_s(self.profile, plan, s.trainable_params) for s in stages)
         weights = weight_sync_plan(plan)  # gradients sync over dp x cp (cost/cp/weights.py)
         edp = self.edp_group(plan) if experts_apart(plan) else groups["dp"]
         self.dp_terms.price(cost, weights, stages, group=groups["dp_shard"], edp=edp, replicate=groups["dp_replicate"])
@@ -345,21 +347,12 @@ class CostModel:
         """A stage's PowerSGD traffic (DataParallelTerms.powersgd_stage)."""
         return self.dp_terms.powersgd_stage(plan, stage)
 
-    def _accumulate_s(self, plan: Plan, stage: StageTotals) -> float:
-        """One micro-batch's gradient accumulation on ``stage``: read both gradients, write one, in the
-        runtime's buffer dtype; none where the runtime fuses it into the wgrad GEMM (cost/dp/accumulation.py)."""
-        return memory_time_s(self.profile, accumulation_bytes_per_param(plan) * stage.trainable_params)
-
     # ---- the terms, as other code asks them of the model -----------------------------------------
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
         """Per stage, its memory on one device (PlanMemory.stage_memory, with the plan's PowerSGD traffic),
         its weights shared by the dp x cp ranks (cost/cp/weights.py)."""
         weights = weight_sync_plan(plan)
-        return self.memory.stage_memory(shard_view(weights), stages, self._powersgd_by_stage(weights, stages))
-
-    def _powersgd_by_stage(self, plan: Plan, stages: list[StageTotals]) -> list:
-        """Each stage's PowerSGD traffic (the dp term's), whose state PlanMemory counts as held."""
-        return [self.powersgd_stage(plan, stage) for stage in stages]
+        return self.memory.stage_memory(shard_view(weights), stages, [self.powersgd_stage(weights, s) for s in stages])
 
     def tied_elements_by_stage(self, plan: Plan, stages: list[StageTotals]) -> dict[int, float]:
         """TiedWeightSync.elements_by_stage of the plan's chunks."""
@@ -373,11 +366,10 @@ class CostModel:
         """ExpertGroups.for_plan."""
         return self.experts.for_plan(plan)
 
-    def placement(
-        self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None, expert_tp: int = 1
-    ) -> ExpertPlacement | None:
-        """ExpertGroups.placement (the search's bounds ask before any plan is built)."""
-        return self.experts.placement(tp=tp, dp=dp, ep=ep, pp=pp, routing=routing, expert_tp=expert_tp)
+    def placement(self, *, routing: RoutingModel | None, **degrees: int) -> ExpertPlacement | None:
+        """ExpertGroups.placement for the degrees tp, dp, ep, pp and expert_tp (the search's bounds ask before
+        any plan is built)."""
+        return self.experts.placement(routing=routing, **degrees)
 
     def edp_group(self, plan: Plan) -> AxisGroup:
         """ExpertGroups.edp_group."""

@@ -13,8 +13,9 @@ Megatron-LM until 2022-09 fused only into an fp32 buffer (``Runtime.fusion_needs
 
 from __future__ import annotations
 
-from autoplan.cost.compute.roofline import PRECISION_BYTES
+from autoplan.cost.compute.roofline import PRECISION_BYTES, memory_time_s
 from autoplan.types.plan import Plan
+from autoplan.types.profile import Profile
 
 
 def accumulation_bytes_per_param(plan: Plan) -> float:
@@ -24,3 +25,10 @@ def accumulation_bytes_per_param(plan: Plan) -> float:
     if runtime.fuses_accumulation(plan.grad_reduce_dtype):
         return 0.0
     return 3.0 * PRECISION_BYTES[runtime.buffer_dtype(plan.grad_reduce_dtype)]
+
+
+def accumulate_s(profile: Profile, plan: Plan, trainable_params: float) -> float:
+    """One micro-batch's gradient accumulation over a stage's ``trainable_params``: read both gradients, write
+    one, in the runtime's buffer dtype (:func:`accumulation_bytes_per_param`); none where the runtime fuses it
+    into the wgrad GEMM."""
+    return memory_time_s(profile, accumulation_bytes_per_param(plan) * trainable_params)
