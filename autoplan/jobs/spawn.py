@@ -2,8 +2,11 @@
 
 ``launcher.launch`` starts whole programs (``python -m MODULE``) and watches their exit codes.
 A measurement needs something else: N ranks that run one Python function and send results
-back. :func:`spawn_ranks` starts ``worker(rank, world, port, *args, messages)`` in N spawned
-processes (torch.multiprocessing, ``spawn``), and :func:`collect` reads their messages:
+back. :func:`spawn_ranks` starts ``worker(rank, world, port, *args, messages)`` in N processes
+forked from multiprocessing's fork server, which imported torch once (:data:`PRELOAD`; a spawned
+process imported it again for every rank, 2 s of CPU each) and never ran an op, so a fork is as
+clean as a fresh interpreter; each rank gets the caller's environment (the server's own is from
+when it started), its sys.path and working directory; and :func:`collect` reads their messages:
 ``("tick", text)`` for progress, ``("done", rank, value)`` for a result, ``("error", rank,
 traceback)`` for a failure; a worker's :func:`report` sends one of the last two. A deadline,
 a rank that dies without reporting, or an error raises RunError in one sentence; the
@@ -13,6 +16,7 @@ processes are always joined or terminated (:func:`stop`). The rendezvous port co
 
 from __future__ import annotations
 
+import os
 import queue as queue_mod
 import time
 import traceback
@@ -23,6 +27,9 @@ import torch.multiprocessing as mp
 
 from autoplan.errors import RunError
 from autoplan.jobs.launcher import free_port
+
+#: what the fork server imports once for every rank it forks (module docstring)
+PRELOAD = ("torch", "torch.distributed")
 
 
 def spawn_ranks(
@@ -36,11 +43,13 @@ def spawn_ranks(
 ) -> dict[int, Any]:
     """Run ``worker(rank, processes, port, *args, messages)`` on ``processes`` ranks; the value
     each rank reported, by rank."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # taken when the server starts, at the first call of the process
     messages = ctx.Queue()
     port = free_port()
+    environ = dict(os.environ)
     procs = [
-        ctx.Process(target=worker, args=(rank, processes, port, *args, messages), daemon=True)
+        ctx.Process(target=_in_environ, args=(environ, worker, rank, processes, port, *args, messages), daemon=True)
         for rank in range(processes)
     ]
     for proc in procs:
@@ -49,6 +58,13 @@ def spawn_ranks(
         return collect(procs, messages, timeout_s=timeout_s, on_tick=on_tick, what=what)
     finally:
         stop(procs)
+
+
+def _in_environ(environ: dict[str, str], worker: Callable[..., None], *args: Any) -> None:
+    """A forked rank: ``worker(*args)`` in the caller's environment (module docstring)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    worker(*args)
 
 
 def report(messages: Any, rank: int, work: Callable[[], Any]) -> None:

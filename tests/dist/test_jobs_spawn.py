@@ -46,3 +46,17 @@ def test_every_rank_reports_its_value_on_one_port():
 def test_a_failing_rank_is_one_sentence(worker, message):
     with pytest.raises(RunError, match=message):
         spawn_ranks(worker, processes=1, args=(), timeout_s=3, what="testing")
+
+
+def _environ(rank, world, port, messages):
+    report(messages, rank, lambda: os.environ.get("AUTOPLAN_TEST_SPAWN_ENV"))
+
+
+def test_each_call_runs_its_ranks_in_the_callers_environment(monkeypatch):
+    """The ranks fork from a server started at the first call: a variable set or changed after it
+    reaches the next call's ranks, as it reached ranks spawned fresh."""
+    seen = []
+    for value in ("first", "second"):
+        monkeypatch.setenv("AUTOPLAN_TEST_SPAWN_ENV", value)
+        seen.append(spawn_ranks(_environ, processes=2, args=(), timeout_s=60, what="testing"))
+    assert seen == [{0: "first", 1: "first"}, {0: "second", 1: "second"}]
