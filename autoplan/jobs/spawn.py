@@ -10,7 +10,7 @@ when it started), its sys.path and working directory; and :func:`collect` reads 
 ``("tick", text)`` for progress, ``("done", rank, value)`` for a result, ``("error", rank,
 traceback)`` for a failure; a worker's :func:`report` sends one of the last two. A deadline,
 a rank that dies without reporting, or an error raises RunError in one sentence; the
-processes are always joined or terminated (:func:`stop`). The rendezvous port comes from
+processes are always joined or terminated (:func:`stop`), at once after a failure. The rendezvous port comes from
 :func:`autoplan.jobs.launcher.free_port`.
 """
 
@@ -55,9 +55,12 @@ def spawn_ranks(
     for proc in procs:
         proc.start()
     try:
-        return collect(procs, messages, timeout_s=timeout_s, on_tick=on_tick, what=what)
-    finally:
-        stop(procs)
+        values = collect(procs, messages, timeout_s=timeout_s, on_tick=on_tick, what=what)
+    except BaseException:  # a rank failed, died or ran past the deadline: the others have nothing to finish
+        stop(procs, join_s=0.0)
+        raise
+    stop(procs)
+    return values
 
 
 def _in_environ(environ: dict[str, str], worker: Callable[..., None], *args: Any) -> None:
@@ -110,10 +113,12 @@ def collect(
     return per_rank
 
 
-def stop(procs: list[Any]) -> None:
-    """Join every process, terminating those still alive after 10 s."""
+def stop(procs: list[Any], *, join_s: float = 10.0) -> None:
+    """Join every process, terminating those still alive after ``join_s`` (10 s after a job that
+    reported: its ranks are leaving their process group; none after a failed one, whose other ranks
+    may wait forever on the one that failed)."""
     for proc in procs:
-        proc.join(timeout=10)
+        proc.join(timeout=join_s)
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
