@@ -35,7 +35,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from autoplan.cli.rank import profile_threads, run_rank, write_audit_prediction
-    from autoplan.execute.job import runner
+    from autoplan.execute.job import contract
     from autoplan.execute.tp_overlap import check_runs_here
     from autoplan.modelfile import load_model_file
     from autoplan.trace.identity import check_plan_is_for
@@ -63,9 +63,9 @@ def run_command(args: argparse.Namespace) -> int:
         _check_devices(plan.devices)
         _warn_other_device(plan)
         code = _launch(opts, plan=plan, hint=stop_hint(opts))
-    if code == runner.EXIT_STOPPED:
+    if code == contract.EXIT_STOPPED:
         print(f"autoplan: stopped by a signal after a final checkpoint; {stop_hint(opts)}.", file=sys.stderr)
-    elif code == runner.EXIT_VERIFY_FAILED:
+    elif code == contract.EXIT_VERIFY_FAILED:
         print("autoplan: --verify found differences beyond tolerance (see the table above).", file=sys.stderr)
     elif code == 0 and not args.quiet and os.environ.get("RANK", "0") == "0":
         print(f"wrote {opts.out}/measured.csv and {opts.out}/summary.json")
@@ -77,7 +77,7 @@ def _check_verify_steps(opts: RunOptions, plan) -> None:
     """--verify compares the first steps up to each plan option's steady state: refuse fewer steps."""
     if not opts.verify:
         return
-    from autoplan.execute.job.reference import verify_steps, why_steps
+    from autoplan.execute.job.contract import verify_steps, why_steps
 
     wanted = verify_steps(plan)
     if opts.steps < wanted:
@@ -90,8 +90,7 @@ def _check_verify_steps(opts: RunOptions, plan) -> None:
 def _launch(opts: RunOptions, *, plan, hint: str) -> int:
     """Local ranks (``python -m autoplan.cli.rank OPTIONS``, autoplan/cli/rank.py): under
     torchelastic's agent with --max-restarts, else autoplan's launcher."""
-    from autoplan.execute.job import runner
-    from autoplan.execute.job.nonfinite import EXIT_NONFINITE_LOSS
+    from autoplan.execute.job.contract import AGREED_EXITS
 
     module, args = "autoplan.cli.rank", [opts.to_json()]
     if opts.max_restarts > 0:
@@ -104,7 +103,7 @@ def _launch(opts: RunOptions, *, plan, hint: str) -> int:
         args=args,
         nprocs=plan.devices,
         module=module,
-        agreed_codes=(runner.EXIT_VERIFY_FAILED, runner.EXIT_STOPPED, EXIT_NONFINITE_LOSS),
+        agreed_codes=AGREED_EXITS,
         grace_s=60.0 if opts.checkpoint_dir or opts.resume else 5.0,  # time for a final checkpoint
         hint=hint,
     )

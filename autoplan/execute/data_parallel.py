@@ -35,10 +35,9 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.execute.flat_grads import FlatGrads
+from autoplan.types.grad_compression import POWERSGD_START_ITER
 from autoplan.types.plan import Plan, runs_ddp
 
-#: PowerSGD compresses from this step on (torch: > 1 with error feedback; module docstring)
-POWERSGD_START_ITER = 2
 #: torch's default: compress a matrix only when (n + m) r times this is below n m
 POWERSGD_MIN_COMPRESSION_RATE = 2
 

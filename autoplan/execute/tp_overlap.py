@@ -31,7 +31,6 @@ def check_runs_here(plan: Plan) -> None:
     (autoplan/execute/float8.py) and context parallelism's (execute/context_parallel.py); or asks
     for what the executor does not run (``overlap_param_gather`` other than ZeRO-1's without experts:
     execute/param_gather.py). The CLI calls it before a rank starts, ``parallelize`` first."""
-    from autoplan.execute.context_parallel import check_cp_runs_here
     from autoplan.execute.float8 import check_runs_here as check_float8_runs_here
 
     if plan.overlap_param_gather and (plan.zero_stage != 1 or plan.ep > 1):
@@ -42,7 +41,10 @@ def check_runs_here(plan: Plan) -> None:
         )
     check_tp_overlap_runs_here(plan)
     check_float8_runs_here(plan)
-    check_cp_runs_here(plan)
+    if plan.cp > 1:  # the cp rules' module loads DTensor (1 s of the launcher's start-up): only for a cp plan
+        from autoplan.execute.context_parallel import check_cp_runs_here
+
+        check_cp_runs_here(plan)
 
 
 def check_tp_overlap_runs_here(plan: Plan) -> None:

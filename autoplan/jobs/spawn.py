@@ -2,17 +2,21 @@
 
 ``launcher.launch`` starts whole programs (``python -m MODULE``) and watches their exit codes.
 A measurement needs something else: N ranks that run one Python function and send results
-back. :func:`spawn_ranks` starts ``worker(rank, world, port, *args, messages)`` in N spawned
-processes (torch.multiprocessing, ``spawn``), and :func:`collect` reads their messages:
+back. :func:`spawn_ranks` starts ``worker(rank, world, port, *args, messages)`` in N processes
+forked from multiprocessing's fork server, which imported torch once (:data:`PRELOAD`; a spawned
+process imported it again for every rank, 2 s of CPU each) and never ran an op, so a fork is as
+clean as a fresh interpreter; each rank gets the caller's environment (the server's own is from
+when it started), its sys.path and working directory; and :func:`collect` reads their messages:
 ``("tick", text)`` for progress, ``("done", rank, value)`` for a result, ``("error", rank,
 traceback)`` for a failure; a worker's :func:`report` sends one of the last two. A deadline,
 a rank that dies without reporting, or an error raises RunError in one sentence; the
-processes are always joined or terminated (:func:`stop`). The rendezvous port comes from
+processes are always joined or terminated (:func:`stop`), at once after a failure. The rendezvous port comes from
 :func:`autoplan.jobs.launcher.free_port`.
 """
 
 from __future__ import annotations
 
+import os
 import queue as queue_mod
 import time
 import traceback
@@ -23,6 +27,9 @@ import torch.multiprocessing as mp
 
 from autoplan.errors import RunError
 from autoplan.jobs.launcher import free_port
+
+#: what the fork server imports once for every rank it forks (module docstring)
+PRELOAD = ("torch", "torch.distributed")
 
 
 def spawn_ranks(
@@ -36,19 +43,31 @@ def spawn_ranks(
 ) -> dict[int, Any]:
     """Run ``worker(rank, processes, port, *args, messages)`` on ``processes`` ranks; the value
     each rank reported, by rank."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # taken when the server starts, at the first call of the process
     messages = ctx.Queue()
     port = free_port()
+    environ = dict(os.environ)
     procs = [
-        ctx.Process(target=worker, args=(rank, processes, port, *args, messages), daemon=True)
+        ctx.Process(target=_in_environ, args=(environ, worker, rank, processes, port, *args, messages), daemon=True)
         for rank in range(processes)
     ]
     for proc in procs:
         proc.start()
     try:
-        return collect(procs, messages, timeout_s=timeout_s, on_tick=on_tick, what=what)
-    finally:
-        stop(procs)
+        values = collect(procs, messages, timeout_s=timeout_s, on_tick=on_tick, what=what)
+    except BaseException:  # a rank failed, died or ran past the deadline: the others have nothing to finish
+        stop(procs, join_s=0.0)
+        raise
+    stop(procs)
+    return values
+
+
+def _in_environ(environ: dict[str, str], worker: Callable[..., None], *args: Any) -> None:
+    """A forked rank: ``worker(*args)`` in the caller's environment (module docstring)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    worker(*args)
 
 
 def report(messages: Any, rank: int, work: Callable[[], Any]) -> None:
@@ -94,10 +113,12 @@ def collect(
     return per_rank
 
 
-def stop(procs: list[Any]) -> None:
-    """Join every process, terminating those still alive after 10 s."""
+def stop(procs: list[Any], *, join_s: float = 10.0) -> None:
+    """Join every process, terminating those still alive after ``join_s`` (10 s after a job that
+    reported: its ranks are leaving their process group; none after a failed one, whose other ranks
+    may wait forever on the one that failed)."""
     for proc in procs:
-        proc.join(timeout=10)
+        proc.join(timeout=join_s)
     for proc in procs:
         if proc.is_alive():
             proc.terminate()

@@ -9,6 +9,8 @@ from typing import Any
 from autoplan.errors import PlanError
 
 GRAD_COMPRESSIONS = ("none", "powersgd")
+#: PowerSGD compresses from this step on (torch's ``start_powerSGD_iter``: > 1 with error feedback)
+POWERSGD_START_ITER = 2
 
 
 def check_compression(plan: Any) -> None:

@@ -1,4 +1,5 @@
-"""Stop a run at its first non-finite loss, on every rank, with one sentence and exit code 4.
+"""Stop a run at its first non-finite loss, on every rank, with one sentence and exit code 4
+(``EXIT_NONFINITE_LOSS``, autoplan/execute/job/contract.py).
 
 The check costs nothing: each step's loss is already all-reduced to every rank for measured.csv
 (``Trainer.reduce_loss``: the ranks that hold the last pipeline stage give theirs, the others 0),
@@ -23,8 +24,6 @@ import sys
 from typing import Any
 
 import torch.distributed as dist
-
-EXIT_NONFINITE_LOSS = 4
 
 #: What can push a loss out of range, per plan precision (the cause the precision adds).
 PRECISION_CAUSES = {

@@ -1,10 +1,9 @@
 """--verify over several steps: a single-process reference that follows the run step by step
 (docs/executor.md, "CLI", ``--verify``).
 
-:func:`verify_steps` steps that change the weights are compared: 2 at least (DDP rebuilds its
-buckets after the first, the optimizer first reads its states in the second), 3 with PowerSGD
-(``POWERSGD_START_ITER`` = 2 uncompressed steps). Before step k the reference takes the weights
-the run holds and steps its own optimizer, so rounding does not compound.
+It compares the :func:`verify_steps` steps that change the weights (autoplan/execute/job/contract.py).
+Before step k the reference takes the weights the run holds and steps its own optimizer, so rounding
+does not compound.
 
 PowerSGD is judged against the same compression. torch's hook (Vogels et al. 2019), with ``M_i``
 rank i's gradient plus its error feedback ``e_i``:
@@ -29,28 +28,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
-from autoplan.execute.data_parallel import POWERSGD_START_ITER
 from autoplan.execute.job import verify
+from autoplan.execute.job.contract import verify_steps, why_steps
 from autoplan.types.plan import Plan
 
-#: steps every plan is compared over (module docstring)
-STEADY_STEPS = 2
 #: singular values of a compressed gradient below this fraction of its largest are rounding
 RANK_CUTOFF = 1e-5
-
-
-def verify_steps(plan: Plan) -> int:
-    """How many weight-changing steps --verify compares for ``plan`` (module docstring)."""
-    if plan.grad_compression == "powersgd":
-        return max(STEADY_STEPS, POWERSGD_START_ITER + 1)
-    return STEADY_STEPS
-
-
-def why_steps(plan: Plan) -> str:
-    """The reason for :func:`verify_steps`, in words."""
-    if plan.grad_compression == "powersgd":
-        return f"PowerSGD compresses from step {POWERSGD_START_ITER} on"
-    return "DDP's rebuilt buckets and the optimizer's states are first used in the second step"
 
 
 @dataclass

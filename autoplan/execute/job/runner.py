@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from autoplan.errors import AutoplanError
 from autoplan.execute.job import checkpointing, nonfinite
+from autoplan.execute.job.contract import EXIT_NONFINITE_LOSS, EXIT_STOPPED, EXIT_VERIFY_FAILED
 from autoplan.execute.job.outputs import write_outputs
 from autoplan.jobs.threads import threads_per_process
 from autoplan.types._check import write_text_atomic
@@ -37,10 +38,6 @@ from autoplan.types.audit_prediction import AuditPrediction
 from autoplan.types.plan import Plan
 from autoplan.types.run_folder import write_audit
 from autoplan.types.run_options import RunOptions
-
-EXIT_VERIFY_FAILED = 3
-EXIT_STOPPED = 143  # 128 + SIGTERM: stopped by a signal after a final checkpoint
-
 
 #: ``replan(opts, plan, devices)``: the best plan for ``devices`` ranks in place of ``plan`` (--elastic)
 Replan = Callable[[RunOptions, Plan, int], Plan]
@@ -208,7 +205,7 @@ def _stop_at_nonfinite(*, opts: RunOptions, plan, session, rows: list[dict], ver
     if dist.get_rank() == 0:
         write_outputs(opts=opts, plan=plan, rows=rows, verified=verified, nonfinite=nonfinite.summary_entry(rows[-1]))
     nonfinite.announce(row=rows[-1], precision=plan.precision)
-    return nonfinite.EXIT_NONFINITE_LOSS
+    return EXIT_NONFINITE_LOSS
 
 
 def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, Any]:
@@ -272,7 +269,8 @@ def _reference(*, trainer, model, model_file):
 def _verified(verifier, *, trainer, randomness) -> dict[str, Any]:
     """Print --verify's report (rank 0) and return summary.json's ``verify`` entry."""
     from autoplan.execute import rng
-    from autoplan.execute.job.reference import verdict, verify_steps
+    from autoplan.execute.job.contract import verify_steps
+    from autoplan.execute.job.reference import verdict
     from autoplan.execute.job.verify import UPDATED
 
     said = rng.describe(randomness)

@@ -97,9 +97,16 @@ def _abs_errors(predicted, observations):
     return [abs(p / o.measured_step_time_s - 1.0) for p, o in zip(predicted, observations)]
 
 
-def test_recovers_perturbed_parameters_and_times(setup):
+@pytest.fixture(scope="module")
+def fitted(setup):
+    """The refit of the training half, which two tests judge: on the times it saw and on the held-out half."""
     profile, train, _ = setup
-    result = fit_profile(profile, train, FitOptions(noise_sigma=0.01))  # synthetic times are exact: little noise
+    return fit_profile(profile, train, FitOptions(noise_sigma=0.01))  # synthetic times are exact: little noise
+
+
+def test_recovers_perturbed_parameters_and_times(setup, fitted):
+    profile, train, _ = setup
+    result = fitted
     found = {p.path: v / p.original for p, v in zip(result.fitted, result.values_after)}
     for path, factor in TRUTH.items():
         assert found[path] == pytest.approx(factor, rel=0.1), path
@@ -107,9 +114,9 @@ def test_recovers_perturbed_parameters_and_times(setup):
     assert statistics.median(_abs_errors(result.predicted_before_s, train)) > 0.1  # the perturbation mattered
 
 
-def test_held_out_plans_improve(setup):
-    profile, train, test = setup
-    result = fit_profile(profile, train, FitOptions(noise_sigma=0.01))
+def test_held_out_plans_improve(setup, fitted):
+    profile, _, test = setup
+    result = fitted
     before = _abs_errors(predict_s(profile, test), test)
     after = _abs_errors(predict_s(result.profile, test), test)
     assert statistics.median(after) < 0.02 < statistics.median(before)

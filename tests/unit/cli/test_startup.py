@@ -61,3 +61,38 @@ def test_the_common_flags_hold_before_or_after_the_command(argv, expected):
 
     args = cli.build_parser().parse_args(argv)
     assert args.json is expected and args.quiet is False and args.debug is False
+
+
+#: what a rank imports and ``autoplan run``'s launcher need not: it waits on its ranks, so each second it
+#: spends importing before it starts them is a second added to every run (autoplan/execute/job/contract.py)
+RANK_ONLY = ("torch.distributed.tensor", "torch.distributed.fsdp", "torch._dynamo", "torch.distributed.checkpoint")
+LAUNCH_PROBE = """
+import sys
+import autoplan.jobs.launcher as launcher
+launcher.launch = lambda **kw: print([m for m in RANK_ONLY if m in sys.modules]) or 3  # 3: --verify failed
+from autoplan.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+TINY_MODEL = """
+import torch
+def build_model():
+    return torch.nn.Linear(8, 8)
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 8),)
+"""
+
+
+def test_run_starts_its_ranks_before_importing_what_only_a_rank_needs(tmp_path):
+    """``autoplan run --verify``'s checks (the plan, the model file, --verify's steps, the device rules) run
+    in the launcher without DTensor, FSDP2, dynamo or the checkpoint reader: the launcher is replaced by
+    one that prints what is imported when the ranks would start."""
+    from autoplan.types.plan import Plan
+
+    (tmp_path / "model.py").write_text(TINY_MODEL)
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=2, num_microbatches=1).save(tmp_path / "plan.json")
+    argv = ["run", str(tmp_path / "model.py"), "--plan", str(plan), "--steps", "2", "--verify"]
+    argv += ["--out", str(tmp_path / "r")]
+    probe = f"RANK_ONLY = {RANK_ONLY!r}\n{LAUNCH_PROBE}"
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3 and "--verify found differences" in done.stderr, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

@@ -1,6 +1,8 @@
 """The export API and CLI over the framework modules: recognising a config, the round trip through
 a plan folder, pricing an existing config against the best plan, and bad input in one sentence."""
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
+from autoplan.cli import main
 from autoplan.errors import ExportError
 from autoplan.export.api import detect_framework, export_plan, import_config, launch_for, price_config, write_export
 from autoplan.export.common import Exported
@@ -88,39 +91,28 @@ def test_the_cli_exports_warns_and_fails_in_one_sentence(folder, tmp_path):
     assert explain.returncode == 2 and "needs --model and --profile" in explain.stderr
 
 
+def _cli_here(*argv: str) -> subprocess.CompletedProcess:
+    """``autoplan ARGV`` in this process (planning, export and explain start no process group): the
+    CLI's own main, its exit code and what it printed, without a fresh interpreter's imports."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 def test_the_cli_prices_an_exported_config_against_the_best_plan(tmp_path):
     """plan -> export -> explain --config, each a real command: the config is the best plan itself."""
-    run = [sys.executable, "-m", "autoplan.cli"]
     model, plan_dir = str(ROOT / "examples" / "gpt.py"), tmp_path / "plan"
     for argv in (
         ["plan", model, "--profile", "dgx-a100", "--devices", "16", "--batch", "64", "--out", str(plan_dir)],
         ["export", str(plan_dir), "--to", "megatron", "--out", str(tmp_path)],
     ):
-        done = subprocess.run([*run, "--quiet", *argv], capture_output=True, text=True, cwd=ROOT)
+        done = _cli_here("--quiet", *argv)
         assert done.returncode == 0, done.stderr
-    explain = subprocess.run(
-        [*run, "--json", "explain", "--config", str(tmp_path / "megatron_args.txt"), "--model", model],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    config = str(tmp_path / "megatron_args.txt")
+    explain = _cli_here("--json", "explain", "--config", config, "--model", model)
     assert explain.returncode == 2 and "needs --profile" in explain.stderr
-    explain = subprocess.run(
-        [
-            *run,
-            "--json",
-            "explain",
-            "--config",
-            str(tmp_path / "megatron_args.txt"),
-            "--model",
-            model,
-            "--profile",
-            "dgx-a100",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    explain = _cli_here("--json", "explain", "--config", config, "--model", model, "--profile", "dgx-a100")
     assert explain.returncode == 0, explain.stderr
     result = json.loads(explain.stdout)
     assert result["framework"] == "megatron" and result["config_plan"] == result["best_plan"]
