@@ -218,3 +218,11 @@ def test_ep2_folded_over_tp2_verifies_and_audits_as_priced(tmp_path):
     assert all(r["as_priced"] == "True" for r in rows if r["what"].startswith("comm tp "))
     peaks = [r for r in rows if r["what"] == "peak live memory"]
     assert peaks and all(abs(float(r["relative_error"])) < 0.1 for r in peaks)
+
+
+def test_ep2_folded_over_tp2_at_dp2_reduces_experts_over_edp_and_verifies(tmp_path):
+    """4 ranks, dp=2 x tp=2 with ep=2 folded over each dp replica's tp ranks: the experts' gradients are
+    summed over their edp pair (ranks 0 and 2, 1 and 3) and divided by dp, the dense ones all-reduced over dp."""
+    plan = Plan(devices=4, dp=2, tp=2, pp=1, ep=2, micro_batch_size=2, num_microbatches=1, sequence_parallel=True,
+                routing=RoutingModel())  # fmt: skip
+    _run(tmp_path, "moe", plan.save(tmp_path / "plan.json"))
