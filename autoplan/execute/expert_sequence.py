@@ -14,7 +14,10 @@ rank's ``1 / tp`` of the tokens:
 Nothing is communicated; ``finalize_tp_grads`` (autoplan/execute/tensor_parallel.py) all-reduces
 the partial gradients once a step: what the cost model prices (autoplan/cost/tp/block.py
 ``token_wise_nodes``) and Megatron-Core runs at expert-tensor-parallel size 1. Without SP the block
-runs whole on every rank under DTensor's rules (``ExpertsDispatch._replicated``).
+runs whole on every rank under DTensor's rules (``ExpertsDispatch._replicated``). With ep > 1 beside tp
+(MoE Parallel Folding, autoplan/execute/expert_parallel.py) the experts are ep DTensors instead: step 2
+gives their local slices, whose gradients are this rank's own, and the dispatch exchanges the shard's
+rows over ep by all-to-all.
 """
 
 from __future__ import annotations
