@@ -15,6 +15,13 @@ and the explicit all-reduce leave experts out and :meth:`ExpertParallel.sync_gra
 them over edp and divides by dp; ZeRO-1 runs a second ``ShardedOptimizer`` over edp; FSDP2 averages
 over edp and ``sync_grads`` multiplies by ``1 / ep``. A parameter shared by all experts keeps the
 dense rule, and ZeRO-2/3 with one is refused.
+
+Beside tp > 1 (MoE Parallel Folding, autoplan/types/expert_layout.py) the ep and edp groups come from the
+folded ``(pp, edp, ep, etp)`` mesh over a stage's ``dp * tp`` ranks, so an ep group may span tp ranks: each
+rank routes its own sequence shard (autoplan/execute/expert_sequence.py). The sliced experts are then
+``Shard(0)`` DTensors on the ep mesh, the ``[E, ...]`` tensor they are slices of (as torchtitan holds its
+experts), so tensor parallelism leaves them alone and ``finalize_tp_grads`` does not reduce them over tp,
+and one optimizer steps them beside the tp DTensors; their gradient is the rule above, over edp.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 from autoplan.errors import PlanError
 from autoplan.execute.data_parallel import local
@@ -46,11 +54,12 @@ def find_experts(model: nn.Module) -> dict[str, ExpertsDispatch]:
 def check_expert_parallel(*, model: nn.Module, plan: Plan, dispatches: dict[str, ExpertsDispatch]) -> None:
     """Raise PlanError, in one sentence, for an ``ep`` this model cannot run, or an experts' layout folded
     over tp ranks (types/expert_layout.py), which this executor does not run yet."""
-    if plan.expert_tp > 1 or (plan.ep > 1 and plan.tp > 1):
+    if plan.expert_tp > 1 or (plan.ep > 1 and plan.tp > 1 and plan.zero_stage > 0):
         raise PlanError(
-            f"plan ep={plan.ep}, expert_tp={plan.expert_tp} with tp={plan.tp}: autoplan's executor runs expert "
-            "parallelism at tp = 1 and expert_tp = 1 only; export this plan to Megatron-LM (autoplan export "
-            "--to megatron), or re-plan with tp=1 and expert_tp=1."
+            f"plan ep={plan.ep}, expert_tp={plan.expert_tp} with tp={plan.tp}, zero_stage={plan.zero_stage}: "
+            "autoplan's executor runs expert parallelism beside tp > 1 at expert_tp = 1 and zero_stage 0 only; "
+            "export this plan to Megatron-LM (autoplan export --to megatron), or re-plan with expert_tp=1 and "
+            "zero_stage 0 (or tp=1)."
         )
     if plan.ep == 1:
         return
@@ -124,7 +133,7 @@ class ExpertParallel:
         for param in params:
             if param.grad is None:  # no token reached this rank's experts: a zero contribution
                 param.grad = torch.zeros_like(param)
-            by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+            by_dtype.setdefault(param.grad.dtype, []).append(local(param.grad))
         for grads in by_dtype.values():
             flat = torch.cat([g.reshape(-1) for g in grads]).to(reduce_dtype)
             if self.edp_mesh.size() > 1:
@@ -134,6 +143,14 @@ class ExpertParallel:
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+
+    def whole(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole ``[E, ...]`` tensor of one expert parameter as this rank holds it (a collective): a
+        folded layout's ep DTensor gathered, else its ep slice (FSDP2's edp shards gathered first) gathered
+        over the ep group."""
+        if isinstance(tensor, DTensor) and tensor.device_mesh.mesh_dim_names == self.ep_mesh.mesh_dim_names:
+            return tensor.full_tensor()
+        return self.gather(tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """The whole ``[E, ...]`` tensor from this ep group's ``[E / ep, ...]`` slices (a collective)."""
@@ -163,13 +180,14 @@ def apply_expert_parallel(
         return None
     ep_mesh, edp_mesh = expert_mesh["ep"], expert_mesh["edp"]
     state = ExpertParallel(ep=plan.ep, dp=plan.dp, ep_mesh=ep_mesh, edp_mesh=edp_mesh)
+    folded = ep_mesh if plan.tp > 1 else None  # slices as ep DTensors (module docstring)
     for fqn, dispatch in dispatches.items():
         dispatch.shard(group=ep_mesh.get_group())
         for stage in modules.values():
             module = _submodule(stage, fqn)
             if module is None:
                 continue
-            _slice(module, dispatch)
+            _slice(module, dispatch, ep_mesh=folded)
             if eager:
                 install(module=module, dispatch=dispatch)
             state.layers.append(ExpertLayer(fqn=fqn, module=module, sharded=dispatch.sharded))
@@ -184,15 +202,21 @@ def _submodule(stage: nn.Module, fqn: str) -> nn.Module | None:
 
 
 @torch.no_grad()
-def _slice(module: nn.Module, dispatch: ExpertsDispatch) -> None:
-    """Replace each per-expert parameter of ``module`` by this rank's ``E / ep`` experts."""
+def _slice(module: nn.Module, dispatch: ExpertsDispatch, *, ep_mesh: DeviceMesh | None = None) -> None:
+    """Replace each per-expert parameter of ``module`` by this rank's ``E / ep`` experts; with ``ep_mesh``
+    (a folded layout) as the ``Shard(0)`` DTensor of the whole ``[E, ...]`` tensor on it."""
     per_rank = dispatch.num_experts // dispatch.ep
     start = dispatch.ep_rank * per_rank
     for name in dispatch.sharded:
         owner_name, _, attr = name.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module
         full = owner.get_parameter(attr)
-        owner.register_parameter(attr, nn.Parameter(full[start : start + per_rank].clone(), full.requires_grad))
+        mine = full[start : start + per_rank].clone()
+        if ep_mesh is not None:
+            mine = DTensor.from_local(
+                mine, ep_mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride()
+            )
+        owner.register_parameter(attr, nn.Parameter(mine, full.requires_grad))
 
 
 def split_params(params: list[nn.Parameter], state: ExpertParallel | None) -> tuple[list, list]:

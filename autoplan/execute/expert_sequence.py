@@ -14,7 +14,10 @@ rank's ``1 / tp`` of the tokens:
 Nothing is communicated; ``finalize_tp_grads`` (autoplan/execute/tensor_parallel.py) all-reduces
 the partial gradients once a step: what the cost model prices (autoplan/cost/tp/block.py
 ``token_wise_nodes``) and Megatron-Core runs at expert-tensor-parallel size 1. Without SP the block
-runs whole on every rank under DTensor's rules (``ExpertsDispatch._replicated``).
+runs whole on every rank under DTensor's rules (``ExpertsDispatch._replicated``). With ep > 1 beside tp
+(MoE Parallel Folding, autoplan/execute/expert_parallel.py) the experts are ep DTensors instead: step 2
+gives their local slices, whose gradients are this rank's own, and the dispatch exchanges the shard's
+rows over ep by all-to-all.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def _on_sequence_shard(block: nn.Module, forward: Any, mesh: DeviceMesh) -> Any:
                 "divides; plan sequence_parallel off for this model."
             )
         shard = hidden.redistribute(mesh, [Shard(SEQ_DIM)]).to_local(grad_placements=[Shard(SEQ_DIM)])
-        params = {name: _partial_local(p) for name, p in block.named_parameters()}
+        params = {name: _partial_local(p, mesh) for name, p in block.named_parameters()}
         out = torch.func.functional_call(block, params, (shard, *args), kwargs)
         if not isinstance(out, torch.Tensor) or out.shape[:2] != shard.shape[:2]:
             raise PlanError(
@@ -94,10 +97,14 @@ def _on_sequence_shard(block: nn.Module, forward: Any, mesh: DeviceMesh) -> Any:
     return run
 
 
-def _partial_local(param: torch.Tensor) -> torch.Tensor:
-    """A replicated DTensor parameter as its local tensor, its gradient a partial sum over the tp group."""
+def _partial_local(param: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """A replicated DTensor parameter as its local tensor, its gradient a partial sum over the tp group;
+    an expert slice on the ep mesh of a folded layout (execute/expert_parallel.py) as its local slice, whose
+    gradient is this rank's own."""
     if not isinstance(param, DTensor):
         return param
+    if param.device_mesh.mesh_dim_names != mesh.mesh_dim_names:
+        return param.to_local()
     if any(not isinstance(p, Replicate) for p in param.placements):
         raise PlanError(f"an MoE block parameter is split ({param.placements}); MoE blocks run unsplit, re-plan.")
     return param.to_local(grad_placements=[Partial()] * param.device_mesh.ndim)

@@ -10,6 +10,9 @@ With expert parallelism (``plan.ep > 1``) the dp axis is also unflattened into `
 innermost, on a second mesh (:func:`expert_mesh`): consecutive dp ranks form an ep group, and the
 ranks holding the same experts an edp group (autoplan/execute/expert_parallel.py). The plan's
 ``(pp, dp, tp)`` mesh is left as it is, so ``mesh["dp"]`` keeps meaning every data-parallel rank.
+Beside tp > 1 the experts' layout folds over each stage's ``dp * cp * tp`` ranks instead (MoE Parallel
+Folding, autoplan/types/expert_layout.py): a second root mesh ``(pp, edp, ep, etp)``, etp innermost, over
+the same ranks in the same order, so an ep group may span tp ranks.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autoplan.errors import PlanError, RunError
+from autoplan.types.expert_layout import expert_dp
 from autoplan.types.hsdp import HSDP_AXES, dp_shard
-from autoplan.types.layout import EXPERT_AXES, MESH_AXES, mesh_shape
+from autoplan.types.layout import EXPERT_AXES, EXPERT_TP_AXIS, MESH_AXES, mesh_shape
 from autoplan.types.plan import Plan
 
 
@@ -91,8 +95,12 @@ def coordinates(mesh: DeviceMesh) -> dict[str, int]:
 
 
 def expert_mesh(*, mesh: DeviceMesh, plan: Plan) -> DeviceMesh | None:
-    """The ``(pp, edp, ep, tp)`` mesh of an expert-parallel plan (module docstring); None at ep = 1.
-    A collective: every rank calls it, in the same order."""
+    """The ``(pp, edp, ep, cp, tp)`` mesh of an expert-parallel plan at tp = 1, or the folded ``(pp, edp,
+    ep, etp)`` one beside tp (module docstring); None at ep = 1. A collective: every rank calls it, in the
+    same order."""
     if plan.ep == 1:
         return None
-    return mesh._unflatten("dp", (plan.dp // plan.ep, plan.ep), EXPERT_AXES)
+    if plan.tp == 1 and plan.expert_tp == 1:
+        return mesh._unflatten("dp", (plan.dp // plan.ep, plan.ep), EXPERT_AXES)
+    shape = (plan.pp, expert_dp(plan), plan.ep, plan.expert_tp)
+    return init_device_mesh(device_type(), shape, mesh_dim_names=("pp", *EXPERT_AXES, EXPERT_TP_AXIS))

@@ -158,8 +158,10 @@ def _distribute_parameters(
         for name, param in sub.named_parameters(recurse=False):
             users.setdefault(id(param), []).append((fqn, sub, name, param))
     for group in users.values():
-        placement = _placement_of(group, splits=splits, kinds=kinds)
         param = group[0][3]
+        if isinstance(param, DTensor):  # already laid out on its own mesh: a folded layout's experts
+            continue
+        placement = _placement_of(group, splits=splits, kinds=kinds)
         shared = nn.Parameter(distribute_tensor(param.data, mesh, [placement]), param.requires_grad)
         for _fqn, sub, name, _param in group:
             sub.register_parameter(name, shared)

@@ -30,7 +30,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.solve.context_parallel import cp_allows
-from autoplan.solve.expert_layout import layout_options
+from autoplan.solve.expert_layout import layout_options, zero_runs
 from autoplan.solve.hsdp import check_hsdp_pin, replicate_options
 from autoplan.solve.offload import offload_options
 from autoplan.solve.pins import check_budget_pin
@@ -219,6 +219,7 @@ def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, options: Any) -> 
     return [
         (zero, replace(grads, replicate=replicate, offload=offload))
         for zero in zero_options(dp=deg.dp_cp, fixes=fixes)
+        if zero_runs(deg, zero, runtime=options.runtime)  # solve/expert_layout.py
         for grads in grad_sync_options(profile, deg=deg, zero=zero, fixes=fixes, allow_lossy=options.allow_lossy)
         for replicate in replicate_options(
             dp=deg.dp,

@@ -379,3 +379,18 @@ def test_expert_parallel_checkpoints_reshard_between_zero_stages(tmp_path):
 
 def _close(got: list[str], want: list[str], rtol: float = 1e-5) -> bool:
     return len(got) == len(want) and all(abs(float(a) - float(b)) <= rtol * abs(float(b)) for a, b in zip(got, want))
+
+
+def test_experts_folded_over_tp_checkpoint_as_whole_tensors_and_resume_at_tp_1(tmp_path):
+    """Experts folded over tp ranks (tp=2, ep=2: Shard(0) DTensors on the ep mesh) are saved as whole [E, ...]
+    tensors: the checkpoint continues at dp=2 x ep=2 as the folded run itself went on (fp32)."""
+    moe, batch = ROOT / "examples/moe.py", {"ep": 2, "zero_stage": 0, "num_microbatches": 1}
+    folded = _plan(tmp_path, "folded.json", dp=1, tp=2, sequence_parallel=True, micro_batch_size=4, **batch)
+    flat = _plan(tmp_path, "flat.json", micro_batch_size=2, **batch)
+    first = _autoplan("run", moe, "--plan", folded, "--steps", 4, "--out", tmp_path / "a", "--checkpoint-dir",
+                      tmp_path / "ck", "--checkpoint-every", 2, env=MOE_ENV)  # fmt: skip
+    resumed = _autoplan("run", moe, "--plan", flat, "--steps", 4, "--out", tmp_path / "b", "--resume",
+                        tmp_path / "ck/step-00000002", env=MOE_ENV)  # fmt: skip
+    assert first.returncode == resumed.returncode == 0, first.stderr[-2000:] + resumed.stderr[-2000:]
+    got, want = _losses(tmp_path / "b"), _losses(tmp_path / "a")
+    assert got[:2] == want[:2] and _close(got[2:], want[2:]), (got, want)

@@ -154,7 +154,9 @@ def test_moe_example_planned_with_ep2_verifies_and_audits_the_all_to_all_on_ep(t
     for name, value in sizes.items():
         monkeypatch.setenv(f"{prefix}_{name}", str(value))  # the model file reads its sizes when loaded
     graph = trace_model_file(ROOT / "examples" / "moe.py", 8)
-    plan = plan_graph(graph, devices=2, profile="cpu-gloo", fix="ep=2,zero=0,precision=bf16,pp=1").best  # the 16-bit tolerance (verify.py)
+    plan = plan_graph(
+        graph, devices=2, profile="cpu-gloo", fix="ep=2,zero=0,precision=bf16,pp=1"
+    ).best  # the 16-bit tolerance (verify.py)
     assert (plan.dp, plan.ep, plan.routing) == (2, 2, graph.moe_layers[0].routing)
     _run(tmp_path, "moe", plan.save(tmp_path / "plan.json"), "--audit")
     comm = _audit(tmp_path)
@@ -197,4 +199,30 @@ def test_moe_example_under_tensor_parallelism_runs_its_experts_replicated(tmp_pa
     run replicated on local tensors while attention is split."""
     split = {f"layers.{i}.{name}": kind for i in range(2) for name, kind in (("qkv", "colwise"), ("proj", "rowwise"))}
     plan = Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=2, num_microbatches=2, tp_plan=split)
+    _run(tmp_path, "moe", plan.save(tmp_path / "plan.json"))
+
+
+def test_ep2_folded_over_tp2_verifies_and_audits_as_priced(tmp_path):
+    """MoE Parallel Folding at tp=2, ep=2 with SP on 2 ranks (the ep group is the tp group): each rank
+    routes its own sequence shard to the experts, the run matches the unsharded model, every tp
+    collective is as priced (the experts' gradients no longer all-reduced over tp), the all-to-alls on
+    ep are as many as priced and their bytes, summed over the ranks, exact, and the peak within 10%."""
+    plan = Plan(devices=2, dp=1, tp=2, pp=1, ep=2, micro_batch_size=2, num_microbatches=2, sequence_parallel=True,
+                routing=RoutingModel())  # fmt: skip
+    _run(tmp_path, "moe", plan.save(tmp_path / "plan.json"), "--audit")
+    with open(tmp_path / "run" / "audit.csv") as f:
+        rows = [r for r in csv.DictReader(f)]
+    a2a = [r for r in rows if r["what"] == "comm ep all_to_all"]
+    assert len(a2a) == 2 and all(r["measured_count"] == r["predicted_count"] for r in a2a)
+    assert sum(float(r["measured"]) for r in a2a) == sum(float(r["predicted"]) for r in a2a)
+    assert all(r["as_priced"] == "True" for r in rows if r["what"].startswith("comm tp "))
+    peaks = [r for r in rows if r["what"] == "peak live memory"]
+    assert peaks and all(abs(float(r["relative_error"])) < 0.1 for r in peaks)
+
+
+def test_ep2_folded_over_tp2_at_dp2_reduces_experts_over_edp_and_verifies(tmp_path):
+    """4 ranks, dp=2 x tp=2 with ep=2 folded over each dp replica's tp ranks: the experts' gradients are
+    summed over their edp pair (ranks 0 and 2, 1 and 3) and divided by dp, the dense ones all-reduced over dp."""
+    plan = Plan(devices=4, dp=2, tp=2, pp=1, ep=2, micro_batch_size=2, num_microbatches=1, sequence_parallel=True,
+                routing=RoutingModel())  # fmt: skip
     _run(tmp_path, "moe", plan.save(tmp_path / "plan.json"))

@@ -144,11 +144,10 @@ def _named_parameters(trainer: Trainer):
 def _full(tensor: torch.Tensor, name: str = "", trainer: Trainer | None = None) -> torch.Tensor:
     """The whole tensor in fp32 on the CPU (a collective: DTensor shards gathered, and an expert
     parameter's ``[E / ep, ...]`` slices gathered over its ep group into ``[E, ...]``)."""
-    whole = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
     experts = trainer.experts if trainer is not None else None
     if experts is not None and name in experts.names:
-        whole = experts.gather(whole)
-    return whole.float().cpu()
+        return experts.whole(tensor.detach()).float().cpu()
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().float().cpu()
 
 
 def gathered_weights(trainer: Trainer) -> dict[str, torch.Tensor]:

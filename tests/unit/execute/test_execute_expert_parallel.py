@@ -66,14 +66,16 @@ def test_an_ep_the_model_cannot_run_is_one_sentence(moe):
     check_expert_parallel(model=listed, plan=plan(ep=1), dispatches={})  # ep=1 runs any MoE
 
 
-def test_the_experts_own_layout_beside_tp_is_refused_in_one_sentence(moe):
-    """The executor runs ep at tp = 1 only (docs/moe.md, "Expert tensor parallelism"): a plan folding the
-    experts over tp ranks, or splitting them over expert_tp, is one sentence pointing at the export."""
+def test_the_experts_own_layout_beside_tp_runs_at_expert_tp_1_and_is_refused_otherwise(moe):
+    """The executor folds ep over tp ranks at expert_tp = 1 without ZeRO (docs/moe.md, "Expert tensor
+    parallelism"); a plan splitting the experts over expert_tp, or folding them under ZeRO, is one sentence
+    pointing at the export."""
     model = moe.build_model()
-    for kw in (dict(ep=2), dict(ep=1, expert_tp=2)):
-        folded = Plan(devices=4, dp=2, tp=2, pp=1, micro_batch_size=2, num_microbatches=1, sequence_parallel=True, **kw)
-        with pytest.raises(PlanError, match=r"autoplan's executor runs expert parallelism at tp = 1 and expert_tp = 1"):
-            check_expert_parallel(model=model, plan=folded, dispatches=find_experts(model))
+    folded = dict(devices=4, dp=2, tp=2, pp=1, micro_batch_size=2, num_microbatches=1, sequence_parallel=True)
+    check_expert_parallel(model=model, plan=Plan(ep=2, **folded), dispatches=find_experts(model))
+    for kw in (dict(ep=1, expert_tp=2), dict(ep=2, zero_stage=1)):
+        with pytest.raises(PlanError, match=r"autoplan's executor runs expert parallelism beside tp > 1 at expert_tp"):
+            check_expert_parallel(model=model, plan=Plan(**folded, **kw), dispatches=find_experts(model))
 
 
 def test_zero_2_3_refuse_experts_with_a_parameter_shared_by_all_experts(moe):

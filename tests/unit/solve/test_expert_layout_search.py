@@ -44,15 +44,25 @@ def test_folding_is_offered_for_megatron_with_sequence_parallelism_only(graph):
     assert all(sp for _tp, _ep, _etp, sp in folded)
     priced = [c for c in result.candidates if c.cost is not None and c.plan.ep * c.plan.expert_tp > 1]
     assert priced and all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)  # the bound stays a bound
-    mine = plan_graph(graph, devices=4, profile=synthetic_profile(), batch_size=MIXTRAL_BATCH, fix="tp=2", top_k=50)
-    assert all(ep * etp == 1 for _tp, ep, etp, _sp in _layouts(mine))  # autoplan's executor: ep at tp = 1 only
+
+
+def test_autoplan_runtime_is_offered_ep_folded_over_tp_at_expert_tp_1_and_zero_0_only(graph):
+    """autoplan's executor folds ep over tp ranks at expert_tp = 1 without ZeRO (execute/expert_parallel.py):
+    the search offers exactly that, with sequence parallelism."""
+    opts = SearchOptions(devices=4, batch_size=MIXTRAL_BATCH, fixes=parse_fixes("tp=2"), keep=10**6)
+    result = Search(graph, synthetic_profile(), opts).run()
+    folded = [c.plan for c in result.candidates if c.plan and c.plan.ep > 1]
+    assert {(p.tp, p.ep, p.expert_tp, p.sequence_parallel) for p in folded} == {(2, 2, 1, True), (2, 4, 1, True)}
+    assert {p.zero_stage for p in folded} == {0}
+    assert any(c.plan and c.plan.ep == 1 and c.plan.zero_stage > 0 for c in result.candidates)
 
 
 @pytest.mark.parametrize(
     ("runtime", "fix", "words"),
     [
-        ("autoplan", "expert_tp=2,tp=2", "runtime 'autoplan' runs expert parallelism at tp = 1 only"),
-        ("autoplan", "ep=2,tp=2", "runtime 'autoplan' runs expert parallelism at tp = 1 only"),
+        ("autoplan", "expert_tp=2,tp=2", "runtime 'autoplan' folds expert parallelism over tp ranks at expert_tp = 1"),
+        ("autoplan", "ep=2,tp=2,zero=1", "runtime 'autoplan' folds expert parallelism over tp ranks at expert_tp = 1"),
+        ("torchtitan", "ep=2,tp=2", "runtime 'torchtitan' runs expert parallelism at tp = 1 only"),
         ("megatron", "ep=2,tp=2,sp=off", "differ across tp ranks only under sequence parallelism"),
     ],
 )
