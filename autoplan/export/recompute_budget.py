@@ -66,7 +66,7 @@ def torchtitan_toml_note(plan: Plan, every: int | None) -> str:
     """The note beside torchtitan 0.2.x's activation_checkpoint section for a budgeted plan."""
     if every is not None:
         return (
-            f"{budget_text(plan)}: written as selective_ac_option = {every} (full AC on every {every}th block "
+            f"{budget_text(plan)}: written as selective_ac_option = {every} (full AC on one block in every {every} "
             "of a stage): as many blocks per stage as planned, not the first ones (one price for identical blocks)."
         )
     return (
@@ -98,7 +98,7 @@ def read_torchtitan_ac(ac: dict[str, Any], sizes: list[int] | None, unmapped: li
         return {"recompute": "full"}
     if sizes is None or not option.isdigit():
         unmapped.append(
-            f"selective_ac_option = {option} (full AC on every {option}th block) with blocks per stage "
+            f"selective_ac_option = {option} (full AC on one block in every {option}) with blocks per stage "
             "unknown: read as selective."
         )
         return {"recompute": "selective"}

@@ -101,8 +101,10 @@ def test_read_takes_context_parallelism_as_torchtitan_trains_it():
     assert other.fields["cp_variant"] == "allgather"
     hsdp = "[parallelism]\ndata_parallel_replicate_degree = 2\ncontext_parallel_degree = 2\n"
     hsdp += "data_parallel_shard_degree = 1\n"
-    replicated = titan.read(hsdp, devices=4)  # FSDP over the cp ranks, replicated over dp
-    assert replicated.fields["zero_stage"] == 3 and "replicate 2 x shard 1 x cp 2" in replicated.unmapped[0]
+    replicated = titan.read(hsdp, devices=4)  # FSDP over the cp ranks, replicated over dp: HSDP beside cp
+    fields = replicated.fields
+    assert (fields["dp"], fields["dp_replicate"], fields["cp"], fields["zero_stage"]) == (2, 2, 2, 3)
+    assert not any("replicate" in note for note in replicated.unmapped)
     with pytest.raises(ExportError, match="seq_len 12 is not divisible by 8"):
         titan.read(text.replace("64", "12"), devices=4)
 
