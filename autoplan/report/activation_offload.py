@@ -53,8 +53,9 @@ def _next_option(best, searched, *, graph: Graph, profile: Profile, cost) -> str
         )
     rival = flat.best_cost
     how = f"recomputing ({flat.best.recompute})" if flat.best.recompute != "none" else "without recompute"
+    gap_s = rival.step_time_s - cost.step_time_s  # a pin may offload where recomputing is faster
     return (
         f"the best plan without it, {how} ({flat.best.describe()}), steps in {duration_text(rival.step_time_s)}, "
-        f"{duration_text(rival.step_time_s - cost.step_time_s)} more, in {rival.peak_memory_bytes / GIB:.2f} GiB "
-        f"against {cost.peak_memory_bytes / GIB:.2f} GiB"
+        f"{duration_text(abs(gap_s))} {'more' if gap_s >= 0 else 'less'}, in {rival.peak_memory_bytes / GIB:.2f} "
+        f"GiB against {cost.peak_memory_bytes / GIB:.2f} GiB"
     )

@@ -26,12 +26,12 @@ def _plan(memory_gib: float, fix: str, host=synthetic_host()):
 
 def test_activations_are_offloaded_only_where_the_plan_does_not_fit_without():
     assert not _plan(8.0, "dp=2,mbs=4,recompute=none").best.offload_activations
-    tight = _plan(1.8, "dp=2,mbs=4,recompute=none")
+    tight = _plan(3.0, "dp=2,mbs=4,recompute=none")
     assert tight.best.offload_activations and tight.best_cost.feasible
     with pytest.raises(PlanError, match="no plan fits in device memory"):
-        _plan(1.8, "dp=2,mbs=4,recompute=none,offload=none,offload_activations=off")
+        _plan(3.0, "dp=2,mbs=4,recompute=none,offload=none,offload_activations=off")
     # recomputing is cheaper than the copies over a 25 GB/s link on an A100: free, the search recomputes
-    free = _plan(1.8, "dp=2,mbs=4")
+    free = _plan(3.0, "dp=2,mbs=4")
     assert free.best.recompute != "none" and not free.best.offload_activations
 
 
@@ -51,15 +51,15 @@ def test_a_pin_offloads_every_plan_that_can_and_says_why_where_none_can():
 
 
 def test_explain_says_why_it_offloads_and_what_the_next_option_costs():
-    profile = _profile(1.8)
+    profile = _profile(3.0)  # bf16 under autocast: fp32 residual stream and log-probs (cost/compute/dtypes.py)
     fix = "dp=2,mbs=4,recompute=none,offload=none"
     result = plan_graph(GRAPH, devices=2, profile=profile, batch_size=8, fix=fix)
     said = explain_result(result, graph=GRAPH, profile=profile, sensitivity=False).activation_offload
-    assert said.startswith("offload_activations keeps 0.56 GiB of saved activations per device on the host")
+    assert said.startswith("offload_activations keeps 0.62 GiB of saved activations per device on the host")
     assert "without it no plan fits, recomputing or not" in said and said.endswith("GiB usable.")
     result = plan_graph(GRAPH, devices=2, profile=profile, batch_size=8, fix="dp=2,mbs=4,recompute=none")
     said = explain_result(result, graph=GRAPH, profile=profile, sensitivity=False).activation_offload
     assert "the best plan without it, without recompute (" in said and "offload=full), steps in" in said
     pinned = plan_graph(GRAPH, devices=2, profile=profile, batch_size=8, fix="dp=2,mbs=4,offload_activations=on")
     said = explain_result(pinned, graph=GRAPH, profile=profile, sensitivity=False).activation_offload
-    assert "the best plan without it, recomputing (full)" in said
+    assert "the best plan without it, recomputing (full)" in said and " ms less, in " in said
