@@ -34,6 +34,9 @@ def rotate_half(x):
 
 
 def apply_rotary(x, cos, sin):
+    """Rotate ``x`` by the fp32 tables cast to its dtype first, as Hugging Face's Llama (``cos.to(x.dtype)``) and
+    Meta's (``type_as``) do: under bf16 weights q and k stay bf16 instead of promoting to fp32."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + rotate_half(x) * sin
 
 
