@@ -10,9 +10,8 @@ most frugal plan misses the usable memory.
 
 from __future__ import annotations
 
-from autoplan.cost import usable_bytes
 from autoplan.display import duration_text
-from autoplan.report.search_again import search_again
+from autoplan.report.search_again import without_fits
 from autoplan.types.graph import Graph
 from autoplan.types.profile import Profile
 
@@ -36,21 +35,10 @@ def activation_offload_why(result, *, graph: Graph, profile: Profile) -> str:
 
 def _next_option(best, searched, *, graph: Graph, profile: Profile, cost) -> str:
     """The next option, the search without activation offload: what it picks and costs, or why nothing fits."""
-    from autoplan.solve.api import NoPlanFits
-
-    try:
-        flat = search_again(best, searched, graph=graph, profile=profile, pin={"offload_activations": False})
-    except NoPlanFits as failed:
-        priced = [c for c in (failed.result.candidates if failed.result else []) if c.cost is not None]
-        if not priced:
-            return "without it no plan fits in device memory"
-        frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
-        usable = usable_bytes(profile.device.memory_bytes)
-        return (
-            f"without it no plan fits, recomputing or not: the most frugal ({frugal.plan.describe()}) needs "
-            f"{frugal.cost.peak_memory_bytes / GIB:.2f} GiB per device, "
-            f"{(frugal.cost.peak_memory_bytes - usable) / GIB:.2f} GiB more than the {usable / GIB:.2f} GiB usable"
-        )
+    pin, what = {"offload_activations": False}, "without it"
+    flat, said = without_fits(best, searched, graph=graph, profile=profile, pin=pin, what=what, digits=2)
+    if flat is None:
+        return said.replace("no plan fits:", "no plan fits, recomputing or not:")
     rival = flat.best_cost
     how = f"recomputing ({flat.best.recompute})" if flat.best.recompute != "none" else "without recompute"
     gap_s = rival.step_time_s - cost.step_time_s  # a pin may offload where recomputing is faster

@@ -9,9 +9,8 @@ Then what the host step costs per step: the copies over the host link and the CP
 
 from __future__ import annotations
 
-from autoplan.cost import usable_bytes
 from autoplan.display import duration_text
-from autoplan.report.search_again import search_again
+from autoplan.report.search_again import without_fits
 from autoplan.types.graph import Graph
 from autoplan.types.profile import Profile
 
@@ -37,21 +36,10 @@ def offload_why(result, *, graph: Graph, profile: Profile) -> str:
 
 def _without(best, searched, *, graph: Graph, profile: Profile, cost) -> str:
     """The next cheaper option, offload=none: why it does not fit, or what it would cost."""
-    from autoplan.solve.api import NoPlanFits
-
-    try:
-        flat = search_again(best, searched, graph=graph, profile=profile, pin={"offload": "none"})
-    except NoPlanFits as failed:
-        priced = [c for c in (failed.result.candidates if failed.result else []) if c.cost is not None]
-        if not priced:
-            return "without offload no plan fits in device memory"
-        frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
-        usable = usable_bytes(profile.device.memory_bytes)
-        return (
-            f"without offload no plan fits: the most frugal ({frugal.plan.describe()}) needs "
-            f"{frugal.cost.peak_memory_bytes / GIB:.1f} GiB per device, "
-            f"{(frugal.cost.peak_memory_bytes - usable) / GIB:.1f} GiB more than the {usable / GIB:.1f} GiB usable"
-        )
+    pin = {"offload": "none"}
+    flat, said = without_fits(best, searched, graph=graph, profile=profile, pin=pin, what="without offload", digits=1)
+    if flat is None:
+        return said
     rival = flat.best_cost
     return (
         f"the best plan without offload ({flat.best.describe()}) fits in {rival.peak_memory_bytes / GIB:.1f} GiB "

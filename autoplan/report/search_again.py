@@ -27,3 +27,24 @@ def search_again(best: Plan, searched: Any, *, graph: Graph, profile: Profile, p
         allow_fp8=searched.allow_fp8 and allow_fp8,
         runtime=best.runtime,
     )
+
+
+def without_fits(best: Plan, searched: Any, *, graph: Graph, profile: Profile, pin: dict, what: str, digits: int):
+    """``search_again`` with ``pin``: its result, or, where nothing fits, the sentence that says so
+    (``what``: "without offload", ...): the most frugal plan it priced, its peak and how far over the usable
+    memory, in GiB to ``digits`` decimals. Returns (result, None) or (None, sentence)."""
+    from autoplan.cost import usable_bytes
+    from autoplan.solve.api import NoPlanFits
+
+    try:
+        return search_again(best, searched, graph=graph, profile=profile, pin=pin), None
+    except NoPlanFits as failed:
+        priced = [c for c in (failed.result.candidates if failed.result else []) if c.cost is not None]
+        if not priced:
+            return None, f"{what} no plan fits in device memory"
+        frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
+        need, usable, gib = frugal.cost.peak_memory_bytes, usable_bytes(profile.device.memory_bytes), 2**30
+        return None, (
+            f"{what} no plan fits: the most frugal ({frugal.plan.describe()}) needs {need / gib:.{digits}f} GiB per "
+            f"device, {(need - usable) / gib:.{digits}f} GiB more than the {usable / gib:.{digits}f} GiB usable"
+        )
