@@ -41,6 +41,8 @@ from autoplan.execute.tied import retie, tied_names
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
 
+#: the schedules that run a stage's backward as B (input gradients) and W (weight gradients) apart
+SPLIT_BACKWARD = ("interleaved_zb",)
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
@@ -189,6 +191,9 @@ def build_schedule(
         loss_fn = functools.partial(_loss_on_model_output, loss_fn=loss_fn, out_spec=out_spec)
     group = pp_mesh.get_group()
     num_stages = plan.pp * plan.virtual_stages
+    if plan.schedule in SPLIT_BACKWARD:
+        for module in stage_modules.values():
+            module.register_forward_hook(_own_view_outputs)
     stages = [
         _ZeroFilledStage(module, index, num_stages, device, group=group)
         for index, module in sorted(stage_modules.items())
@@ -198,6 +203,18 @@ def build_schedule(
         return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1
     return cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+def _own_view_outputs(module: nn.Module, args: Any, output: Any) -> Any:
+    """A stage's outputs that are views (of an input it carries through, of a reshape) cloned into their own
+    storage: torch's split backward (``stage_backward_input``) detaches every stage output in place to free its
+    graph before W, and in-place detach refuses a view (T5's carried encoder states). One boundary tensor's
+    copy per view, under the schedules that split B from W."""
+    if isinstance(output, torch.Tensor):
+        return output.clone() if output._is_view() else output
+    if isinstance(output, tuple):
+        return tuple(o.clone() if isinstance(o, torch.Tensor) and o._is_view() else o for o in output)
+    return output
 
 
 class _ZeroFilledStage(PipelineStage):

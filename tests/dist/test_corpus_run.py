@@ -118,7 +118,7 @@ def test_interleaved_pipeline_carries_integer_inputs_and_sums_tied_copies_on_one
     ran stage 1 on uninitialised int64 ``decoder_input_ids`` (IndexError in the decoder embedding),
     and rank 1 holds two copies of the tied ``shared.weight`` (decoder embedding on stage 1, head on
     stage 3), of which the gradient sync summed only one (verify: 74% off)."""
-    planned, plan = _plan(done, "hf_t5", "pp=2,v=2", batch=16)
+    planned, plan = _plan(done, "hf_t5", "pp=2,v=2,schedule=interleaved", batch=16)
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert plan["pp"] == 2 and plan["virtual_stages"] == 2 and plan["schedule"] == "interleaved_1f1b"
     ran = _run_verified(done, "hf_t5", plan)

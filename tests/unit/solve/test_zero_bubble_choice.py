@@ -1,5 +1,6 @@
-"""The search picks a zero-bubble schedule where its smaller bubble pays, a pin keeps it, and explain says why in
-one sentence: the bubble saved against 1F1B and the memory paid (docs/cost-model.md, "Zero-bubble schedules")."""
+"""The search prices a zero-bubble schedule only when pinned (opt-in: solve/schedules.py), a pin keeps it, and
+explain says why in one sentence: the bubble saved against 1F1B and the memory paid (docs/cost-model.md,
+"Zero-bubble schedules")."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def _search(fix: str):
 
 
 def test_a_pipeline_picks_zero_bubble_and_explain_says_what_it_saves_and_pays():
-    result = _search("pp=2,mbs=2,zero=0,recompute=none")
+    assert _search("pp=2,mbs=2,zero=0,recompute=none").best.schedule != "interleaved_zb"  # opt-in
+    result = _search("pp=2,mbs=2,zero=0,recompute=none,schedule=interleaved_zb")
     assert result.best.schedule == "interleaved_zb"
     said = explain_result(result, graph=GRAPH, profile=PROFILE, sensitivity=False)
     assert said.zero_bubble.startswith("schedule interleaved_zb (")
@@ -37,7 +39,9 @@ def test_a_1f1b_pin_keeps_1f1b_and_explain_says_nothing_of_zero_bubble():
 def test_zero_bubble_bounds_never_exceed_the_priced_step():
     """Bounds (1) and (2) keep a floor on (T - 2W) / T of the bubble (Bounds.zero_bubble_share,
     StageCosts.bubble_floor): still below every zero-bubble plan's priced step, at tp 1 and 2."""
-    result = plan_graph(GRAPH, devices=4, profile=PROFILE, batch_size=16, fix="pp=2", top_k=10**6)
+    result = plan_graph(
+        GRAPH, devices=4, profile=PROFILE, batch_size=16, fix="pp=2,schedule=interleaved_zb", top_k=10**6
+    )
     zb = [c for c in result.candidates if c.status == "evaluated" and c.plan.schedule == "interleaved_zb"]
     assert {c.plan.tp for c in zb} == {1, 2} and any(c.plan.virtual_stages == 2 for c in zb)
     assert all(0 < c.lower_bound <= c.objective * (1 + 1e-9) for c in zb)
