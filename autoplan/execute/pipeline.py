@@ -40,9 +40,8 @@ from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
 from autoplan.execute.tied import retie, tied_names
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
+from autoplan.types.schedules import ZERO_BUBBLE
 
-#: the schedules that run a stage's backward as B (input gradients) and W (weight gradients) apart
-SPLIT_BACKWARD = ("interleaved_zb",)
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
@@ -191,7 +190,7 @@ def build_schedule(
         loss_fn = functools.partial(_loss_on_model_output, loss_fn=loss_fn, out_spec=out_spec)
     group = pp_mesh.get_group()
     num_stages = plan.pp * plan.virtual_stages
-    if plan.schedule in SPLIT_BACKWARD:
+    if plan.schedule in ZERO_BUBBLE:  # B and W apart (types/schedules.py)
         for module in stage_modules.values():
             module.register_forward_hook(_own_view_outputs)
     stages = [

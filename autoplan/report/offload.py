@@ -41,8 +41,10 @@ def _without(best, searched, *, graph: Graph, profile: Profile, cost) -> str:
     if flat is None:
         return said
     rival = flat.best_cost
+    gap_s = rival.step_time_s - cost.step_time_s  # a pin may offload where the plan without it is faster
+    trade = f"buys {duration_text(gap_s)}" if gap_s >= 0 else f"costs {duration_text(-gap_s)}"
     return (
         f"the best plan without offload ({flat.best.describe()}) fits in {rival.peak_memory_bytes / GIB:.1f} GiB "
         f"against {cost.peak_memory_bytes / GIB:.1f} GiB and steps in {duration_text(rival.step_time_s)}, so the "
-        f"memory offload frees buys {duration_text(rival.step_time_s - cost.step_time_s)} per step"
+        f"memory offload frees {trade} per step"
     )

@@ -26,8 +26,6 @@ from autoplan.errors import AutoplanError
 from autoplan.types.layout import chunk_index
 from autoplan.types.schedules import ZERO_BUBBLE
 
-#: schedules whose backward runs as input gradients ("backward"), then weight gradients ("weight")
-SPLIT_BACKWARD = ZERO_BUBBLE
 #: the weight gradients' share of a split backward: a matmul's dL/dW is one GEMM of its dL/dX's size
 WEIGHT_SHARE = 0.5
 
@@ -147,7 +145,7 @@ def simulate(
                 if ready is None:
                     break
                 start = max(clock[k], ready)
-                duration = _duration(kind, forward_s[k], backward_s[k], split=schedule in SPLIT_BACKWARD) / v
+                duration = _duration(kind, forward_s[k], backward_s[k], split=schedule in ZERO_BUBBLE) / v
                 timeline.segments.append(Segment(k, kind, mb, local, start, start + duration))
                 end = start + duration
                 sends = (kind == "forward" and chunk < last) or (kind == "backward" and chunk > 0)

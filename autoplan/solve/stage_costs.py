@@ -70,6 +70,7 @@ class StageCosts:
             plan.precision,
             plan.micro_batch_size,
             plan.ep,
+            plan.expert_tp,  # the experts' placement (cost/moe/placement.py for_plan)
             plan.routing,
             plan.fp8_recipe,
             plan.runtime,
