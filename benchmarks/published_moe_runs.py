@@ -33,6 +33,9 @@ Engine's current-scaling recipe (``te_current``, docs/cost-model.md "FP8 recipes
 layers run in FP8, while the stacked expert weights of a grouped MoE layer are no nn.Linear and
 stay bf16; Transformer Engine ran the expert grouped GEMMs in FP8 too. So they are priced but not comparable.
 
+A row whose notes say it overlapped the EP all-to-all (the Megatron-MoE model zoo's Qwen3-235B pair, "1F1B EP
+all-to-all overlap") is priced with ``moe_a2a_overlap`` (docs/cost-model.md, "EP all-to-all overlap").
+
 Rows with tp > 1 beside ep run Megatron-Core's MoE Parallel Folding (docs/moe.md, "Expert tensor
 parallelism"): sequence parallelism on (Megatron-Core refuses MoE at tp > 1 without it in training) and
 the CSV's etp as ``expert_tp``; where the table leaves etp blank, 1 (an assumption: Megatron-Bridge's
@@ -157,9 +160,16 @@ def published_plan(row: pd.Series) -> Plan:
         recompute=recompute_of(row["recompute"]),
         precision=precision_of(row),
         routing=RoutingModel(imbalance=1.0),  # the benchmarks forced balanced routing (module docstring)
+        moe_a2a_overlap=overlaps_a2a(row),
         profile="dgx-h100",
         **runtime,
     )
+
+
+def overlaps_a2a(row: pd.Series) -> bool:
+    """Whether the run overlapped the EP all-to-all with the other micro-batch's compute (Megatron-Core's
+    --overlap-moe-expert-parallel-comm), as its notes say (module docstring)."""
+    return "all-to-all overlap" in str(row["notes"]).lower()
 
 
 def traced(model: str, batch: int):

@@ -27,13 +27,17 @@ What is pinned beyond the CSV's columns, and why (docs/whole-run-checks.md has t
   head each take one layer's slot: 128 slots over pp x v chunks). V is not published; with V = 8 a
   chunk would hold no layer, which the cost model rejects, so V = 4 (the CSV's ``assumed`` column).
 - DeepSeek-V3 was trained in FP8, which autoplan does not price yet (issue 17). It is priced in
-  bf16 with 1F1B (DualPipe is not modelled) and balanced routing: an upper bound, labelled so.
+  bf16 with balanced routing: an upper bound, labelled so. It ran DualPipe, which hides the EP
+  all-to-all under the paired micro-batch's compute (report section 3.2.1), so it is priced with
+  ``moe_a2a_overlap`` (:data:`A2A_OVERLAP`; cost/moe/a2a_overlap.py) under ``--schedule``, by default the
+  published pp with 1F1B pairing (Megatron-Core's combined 1F1B: DualPipe's bidirectional bubble is not
+  modelled by it); ``--a2a-exposed`` prices the all-to-all exposed, as before the overlap was modelled.
 
 For each run the published layout is priced as published (``fits`` says whether autoplan's memory
 model agrees that it fits in 80 GB); ``step_s_if_fits`` is the fastest recomputation setting that
 autoplan says fits, the rest of the layout unchanged.
 
-    python benchmarks/whole_run_hours.py [--only NAME_SUBSTRING]
+    python benchmarks/whole_run_hours.py [--only NAME_SUBSTRING] [--schedule NAME] [--a2a-exposed]
 """
 
 from __future__ import annotations
@@ -84,6 +88,11 @@ MODELS = {
 PROFILES = {"H100-80GB": "dgx-h100", "H800": "h800 (dgx-h100, NVLink x 400/900)"}
 #: runs priced in a precision other than the one they ran in: the label the table carries
 LABELS = {"deepseek-v3-pretrain": "bf16 upper bound: the run was FP8 (not priced yet, issue 17)"}
+#: runs that overlapped the EP all-to-all with the other micro-batch's compute, and the source that says so
+A2A_OVERLAP = {
+    "deepseek-v3-pretrain": "DualPipe overlaps each F&B chunk pair's all-to-all with computation (arXiv 2412.19437, "
+    "section 3.2.1, Figure 4)"
+}
 
 
 def h800_profile() -> Profile:
@@ -121,7 +130,16 @@ def balanced_slots(layers: list[str], chunks: int) -> list[list[str]]:
     return [[s for s in slots[i * per_chunk : (i + 1) * per_chunk] if s] for i in range(chunks)]
 
 
-def published_plan(row: pd.Series, graph, *, recompute: str | None = None) -> Plan:
+@dataclasses.dataclass(frozen=True)
+class Pricing:
+    """How a run's pipeline is priced beyond the CSV: the schedule ('' = the published pp's 1F1B, interleaved
+    at v > 1) and whether the runs of :data:`A2A_OVERLAP` overlap their all-to-all (module docstring)."""
+
+    schedule: str = ""
+    a2a_overlap: bool = True
+
+
+def published_plan(row: pd.Series, graph, *, recompute: str | None = None, pricing: Pricing = Pricing()) -> Plan:
     pp, v, dp, mbs = int(row.pp), int(row.virtual_stages), int(row.dp), int(row.micro_batch)
     routing = MODELS[row.model][2]
     stages = balanced_slots(list(graph.layers), pp * v) if row.model.startswith("Llama") else []
@@ -133,7 +151,7 @@ def published_plan(row: pd.Series, graph, *, recompute: str | None = None) -> Pl
         ep=int(row.ep),
         micro_batch_size=mbs,
         num_microbatches=int(row.global_batch) // (dp * mbs),
-        schedule="interleaved_1f1b" if v > 1 else "1f1b",
+        schedule=pricing.schedule or ("interleaved_1f1b" if v > 1 else "1f1b"),
         virtual_stages=v,
         zero_stage=int(row.zero_stage),
         recompute=recompute or str(row.recompute),
@@ -142,13 +160,16 @@ def published_plan(row: pd.Series, graph, *, recompute: str | None = None) -> Pl
         grad_reduce_dtype=str(row.grad_reduce_dtype),
         routing=routing,
         stages=stages,
+        moe_a2a_overlap=pricing.a2a_overlap and row.run in A2A_OVERLAP,
     )
 
 
-def step_if_fits(row: pd.Series, graph, model: CostModel) -> tuple[float | None, str]:
-    """The fastest recomputation setting autoplan says fits, the rest of the layout as published."""
+def step_if_fits(row: pd.Series, graph, model: CostModel, pricing: Pricing) -> tuple[float | None, str]:
+    """The fastest recomputation setting autoplan says fits, the rest of the layout as published (full
+    recomputation re-runs the forward inside the backward, so no all-to-all overlap beside it)."""
     for recompute in RECOMPUTE_ORDER[RECOMPUTE_ORDER.index(str(row.recompute)) :]:
-        cost = model.estimate(published_plan(row, graph, recompute=recompute))
+        priced = dataclasses.replace(pricing, a2a_overlap=pricing.a2a_overlap and recompute != "full")
+        cost = model.estimate(published_plan(row, graph, recompute=recompute, pricing=priced))
         if cost.feasible:
             return cost.step_time_s, recompute
     return None, "none fits"
@@ -162,10 +183,10 @@ def throughput_step_s(row: pd.Series, model_flops: float) -> float | None:
     return model_flops / (float(row.published_tflops_per_gpu) * 1e12 * int(row.devices))
 
 
-def whole_run(row: pd.Series, graph, profile: Profile) -> dict:
+def whole_run(row: pd.Series, graph, profile: Profile, pricing: Pricing = Pricing()) -> dict:
     """Price one step of the published layout and scale it to the run (module docstring)."""
     model = CostModel(graph, profile)
-    plan = published_plan(row, graph)
+    plan = published_plan(row, graph, pricing=pricing)
     cost = model.estimate(plan)
     tokens_per_step = int(row.global_batch) * graph.seq_len
     steps = float(row.tokens) / tokens_per_step
@@ -174,12 +195,13 @@ def whole_run(row: pd.Series, graph, profile: Profile) -> dict:
         params=graph.param_count, devices=int(row.devices), profile=profile, step_time_s=cost.step_time_s
     )
     published = float(row.published_gpu_hours)
-    fits_step_s, fits_recompute = step_if_fits(row, graph, model)
+    fits_step_s, fits_recompute = step_if_fits(row, graph, model, pricing)
     return {
         "run": row.run,
         "hardware": row.hardware,
         "profile": profile.name,
         "label": LABELS.get(row.run, ""),
+        "a2a_overlap": A2A_OVERLAP.get(row.run, "") if plan.moe_a2a_overlap else "",
         "plan": plan.describe(),
         "tokens": float(row.tokens),
         "steps": steps,
@@ -234,12 +256,17 @@ def print_table(table: pd.DataFrame) -> None:
         print(shown.round(3).to_string(index=False))
     for _, row in table[table.label != ""].iterrows():
         print(f"  {row.run}: {row.label}")
+    for _, row in table[table.a2a_overlap != ""].iterrows():
+        print(f"  {row.run}: EP all-to-all overlapped: {row.a2a_overlap}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run only rows whose name contains this")
+    parser.add_argument("--schedule", default="", help="the pipeline schedule (default: the published pp's 1F1B)")
+    parser.add_argument("--a2a-exposed", action="store_true", help="price every EP all-to-all exposed")
     args = parser.parse_args()
+    pricing = Pricing(schedule=args.schedule, a2a_overlap=not args.a2a_exposed)
     runs = pd.read_csv(HERE / "whole_run_hours.csv")
     runs = runs[runs.run.str.contains(args.only, regex=False)]
     rows, graphs = [], {}
@@ -251,7 +278,7 @@ def main() -> None:
             start = time.perf_counter()
             graphs[row.model] = traced(row.model)
             print(f"traced {row.model} in {time.perf_counter() - start:.1f} s")
-        rows.append(whole_run(row, graphs[row.model], profile_for(row.hardware)))
+        rows.append(whole_run(row, graphs[row.model], profile_for(row.hardware), pricing))
     if not rows:
         return
     table = pd.DataFrame(rows)

@@ -88,6 +88,8 @@ class LayerSummary:
     frozen_names: frozenset[str] = frozenset()  # the frozen ones of param_names
     wgrad_s: float = 0.0  # of bwd_s, the weight gradients (W: cost/pp/split_backward.py)
     wgrad_held_bytes: float = 0.0  # output gradients kept from B to W when a schedule splits them (same module)
+    expert_fwd_s: float = 0.0  # of fwd_s, the routed experts' grouped GEMMs (cost/moe/a2a_overlap.py pairs them)
+    expert_bwd_s: float = 0.0
 
     @property
     def trainable_param_count(self) -> float:
@@ -143,6 +145,7 @@ def summarise(
         graph, structure.nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
     )
     overlap = [0.0, 0.0, 0.0, 0.0]  # split matmuls fwd, bwd; their decomposition's extra fwd, bwd
+    expert_s = [0.0, 0.0]  # the experts' grouped GEMMs, fwd and bwd
     attention: list[tuple[OpNode, int, float, float]] = []  # (node, shard, t_fwd, t_bwd) under cp > 1
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
@@ -151,6 +154,7 @@ def summarise(
             t_fwd, t_bwd = grouped_gemm_s(
                 node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
             )
+            expert_s[0], expert_s[1] = expert_s[0] + t_fwd, expert_s[1] + t_bwd
         else:
             t_fwd, t_bwd = times(
                 node,
@@ -242,6 +246,8 @@ def summarise(
         tp_overlap_chunking_bwd_s=overlap[3],
         ep_fwd_s=experts.a2a_fwd_s if experts else 0.0,
         ep_bwd_s=experts.a2a_bwd_s if experts else 0.0,
+        expert_fwd_s=expert_s[0],
+        expert_bwd_s=expert_s[1],
         expert_param_count=expert_params,
         cp_fwd_s=cp.fwd_s,
         cp_bwd_s=cp.bwd_s,

@@ -88,13 +88,15 @@ class Bounds:
         dp: int = 1,
         pp: int = 1,
         fused: bool = False,
+        a2a_share: float = 1.0,
     ) -> float:
         """C_min (one block per group of identical blocks, times the group size); ``fused``: some plan
         of the group runs element-wise ops as fused regions (cost/compute/fusion.py), whose price is
         at most the eager one, so the floor prices them fused; ``experts`` is
         the plan's expert placement (CostModel.placement), which prices the routed experts at tp = 1;
         under context parallelism (``cp`` > 1, ``cp_variant``; ``dp`` and ``pp`` place its group) each
-        rank computes 1/cp of the tokens, plus each attention's K,V floor (cost/cp/floor.py)."""
+        rank computes 1/cp of the tokens, plus each attention's K,V floor (cost/cp/floor.py); ``a2a_share``: the
+        all-to-all's least share left exposed (below 1 where the group may overlap it: cost/moe/a2a_overlap.py)."""
         if cp > 1:
             mesh = (dp, tp, pp, cp, cp_variant)
             if mesh not in self._cp_floors:
@@ -115,7 +117,8 @@ class Bounds:
             self._c_min[key] = total
         if not self._reps:
             return self._c_min[key]
-        return self._c_min[key] + self._experts_min_s(tp=tp, precision=precision, mbs=mbs, experts=experts)
+        experts_s = self._experts_min_s(tp=tp, precision=precision, mbs=mbs, experts=experts, a2a_share=a2a_share)
+        return self._c_min[key] + experts_s
 
     def _cp_compute_min_s(self, *, tp: int, precision: str, mbs: int, cp: CpFloor, fused: bool = False) -> float:
         """C_min of a plan with cp > 1: every op at 1/cp of the micro-batch's tokens (CostModel prices
@@ -182,16 +185,18 @@ class Bounds:
         fastest = at(shard)
         return min(fastest, at(1)) if precision == "fp8" and node.op == "linear" and shard > 1 else fastest
 
-    def _experts_min_s(self, *, tp: int, precision: str, mbs: int, experts: ExpertPlacement | None) -> float:
+    def _experts_min_s(
+        self, *, tp: int, precision: str, mbs: int, experts: ExpertPlacement | None, a2a_share: float = 1.0
+    ) -> float:
         """The routed experts' GEMMs and all-to-alls in C_min (module docstring)."""
         place = experts  # None at tp > 1 without the experts' own layout (cost/moe/placement.py)
-        key = (tp, precision, mbs, place)
+        key = (tp, precision, mbs, place, a2a_share)
         if key not in self._experts_min:
             f = mbs / self.graph.batch_size
             self._experts_min[key] = sum(
                 count
                 * (
-                    self._grouped_s(rep, precision=precision, f=f, place=place)
+                    self._grouped_s(rep, precision=precision, f=f, place=place, a2a_share=a2a_share)
                     if place
                     else self._traced_s(rep, tp=tp, precision=precision, f=f)
                 )
@@ -199,8 +204,11 @@ class Bounds:
             )
         return self._experts_min[key]
 
-    def _grouped_s(self, rep: str | None, *, precision: str, f: float, place: ExpertPlacement) -> float:
-        """Block ``rep``'s expert GEMMs as grouped GEMMs and its all-to-alls, as CostModel prices them at tp = 1."""
+    def _grouped_s(
+        self, rep: str | None, *, precision: str, f: float, place: ExpertPlacement, a2a_share: float = 1.0
+    ) -> float:
+        """Block ``rep``'s expert GEMMs as grouped GEMMs and its all-to-alls (``a2a_share`` of them), as CostModel
+        prices them at tp = 1."""
         gemms = sum(
             sum(
                 grouped_gemm_s(
@@ -213,7 +221,7 @@ class Bounds:
             sum(a2a_times_s(moe, self.profile, precision=precision, batch_fraction=f, place=place))
             for moe in self._moe[rep]
         )
-        return gemms + a2a
+        return gemms + a2a_share * a2a
 
     def _traced_s(self, rep: str | None, *, tp: int, precision: str, f: float) -> float:
         """Block ``rep``'s expert GEMMs as the ops they trace to, each at the largest shard a split gives it."""

@@ -31,6 +31,7 @@ from autoplan.cost.memory.activation_offload import link_bytes_per_s, offload_bl
 from autoplan.cost.memory.offload import price_offload
 from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
+from autoplan.cost.moe.a2a_overlap import step_ep_s
 from autoplan.cost.moe.experts import ExpertPlacement, check_divides
 from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups, plan_mesh_groups
@@ -318,7 +319,7 @@ class CostModel:
         cost.compute_s = m * slowest.compute_s
         cost.recompute_s = m * slowest.recompute_s
         cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(plan, self._tp_plan(plan), chunks, groups["tp"])
-        cost.ep_comm_s = m * slowest.ep_s
+        cost.ep_comm_s = step_ep_s(plan, slowest)  # all exposed, or the pairs' overlap (cost/moe/a2a_overlap.py)
         cost.cp_comm_s = m * slowest.cp_s
         cost.bubble_s = pipeline_bubble_s(plan, micro_batch_s=slowest.micro_batch_s, wgrad_s=slowest.wgrad_s)
         inputs = self.chunk_inputs(plan) if p > 1 else []  # what each pipeline chunk receives (cost/pp/messages.py)

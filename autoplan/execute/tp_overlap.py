@@ -30,7 +30,8 @@ def check_runs_here(plan: Plan) -> None:
     device rule of a plan, async TP's (:func:`check_tp_overlap_runs_here`), FP8's
     (autoplan/execute/float8.py) and context parallelism's (execute/context_parallel.py); or asks
     for what the executor does not run (``overlap_param_gather`` other than ZeRO-1's without experts:
-    execute/param_gather.py). The CLI calls it before a rank starts, ``parallelize`` first."""
+    execute/param_gather.py; ``moe_a2a_overlap``: types/moe_overlap.py). The CLI calls it before a rank
+    starts, ``parallelize`` first."""
     from autoplan.execute.float8 import check_runs_here as check_float8_runs_here
 
     if plan.overlap_param_gather and (plan.zero_stage != 1 or plan.ep > 1):
@@ -38,6 +39,11 @@ def check_runs_here(plan: Plan) -> None:
             f"plan overlap_param_gather=true with zero_stage={plan.zero_stage} and ep={plan.ep}: autoplan's executor "
             "overlaps only ZeRO-1's parameter all-gather without expert parallelism (ZeRO-2 runs as FSDP2, which "
             "gathers after the step); set overlap_param_gather to false or use zero_stage 1 to run here."
+        )
+    if plan.moe_a2a_overlap:  # priced only: each rank runs one micro-batch at a time (types/moe_overlap.py)
+        raise PlanError(
+            "plan moe_a2a_overlap=true: autoplan's executor runs one micro-batch's forward or backward at a time on a "
+            "rank, so nothing runs beside the all-to-all; set moe_a2a_overlap to false to run here."
         )
     check_tp_overlap_runs_here(plan)
     check_float8_runs_here(plan)

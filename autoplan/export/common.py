@@ -139,12 +139,24 @@ def frozen_notes(facts: ModelFacts, framework: str) -> list[str]:
 
 def expert_layout_notes(plan: Plan, framework: str) -> list[str]:
     """The experts' own layout (types/expert_layout.py) where ``framework``'s config has no expert tensor
-    parallelism nor experts folded over tp ranks: only Megatron-LM states it (export/megatron_moe.py)."""
+    parallelism nor experts folded over tp ranks: only Megatron-LM states it (export/megatron_moe.py); and the
+    all-to-all overlap (:func:`a2a_overlap_notes`)."""
     if plan.expert_tp == 1 and not (plan.ep > 1 and plan.tp > 1):
-        return []
+        return a2a_overlap_notes(plan, framework)
     return [
         f"ep={plan.ep} x expert_tp={plan.expert_tp} beside tp={plan.tp}: {framework}'s config has no expert tensor "
         "parallelism (MoE Parallel Folding, priced as Megatron-Core runs it); export to Megatron-LM for this layout."
+    ] + a2a_overlap_notes(plan, framework)
+
+
+def a2a_overlap_notes(plan: Plan, framework: str) -> list[str]:
+    """``moe_a2a_overlap`` where ``framework``'s config has no switch for it: only Megatron-LM's
+    --overlap-moe-expert-parallel-comm runs it (export/megatron_moe.py)."""
+    if not plan.moe_a2a_overlap:
+        return []
+    return [
+        f"moe_a2a_overlap: {framework}'s config has no switch to run the EP all-to-all beside another micro-batch's "
+        "compute, so it runs exposed there; export to Megatron-LM (--overlap-moe-expert-parallel-comm) for it."
     ]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from autoplan.export.activation_offload import megatron_activation_flags
 from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
-from autoplan.export.megatron_moe import expert_flags, expert_remarks
+from autoplan.export.megatron_moe import expert_flags, expert_remarks, overlap_notes
 from autoplan.export.megatron_read import read
 from autoplan.export.offload import megatron_flags as offload_flags
 from autoplan.export.recompute_budget import megatron_flags as recompute_flags
@@ -58,7 +58,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
     flags += _data_parallel_flags(plan) + offload_flags(plan, notes)
     flags += _precision_flags(plan, notes)
     flags += _recompute_flags(plan, notes) + megatron_activation_flags(plan, facts.layers, notes)
-    notes += _general_notes(plan) + frozen_notes(facts, "Megatron-LM")
+    notes += _general_notes(plan) + overlap_notes(plan) + frozen_notes(facts, "Megatron-LM")
     launch = _launch(plan)
     header = [
         f"Megatron-LM (core_v0.16.1) arguments written by autoplan for: {plan.describe()}",

@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from autoplan.export.common import ExportError, Imported, ModelFacts
-from autoplan.export.megatron_moe import EXPERT_TP_FLAG, read_expert_tp
+from autoplan.export.megatron_moe import MOE_SWITCHES, MOE_VALUED, read_experts
 from autoplan.export.offload import megatron_offload
 from autoplan.export.shell import Command, Word, read_script
 
@@ -42,7 +42,7 @@ VALUED = {
     "--num-query-groups", "--seq-length", "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
     "--cp-comm-type", "--hierarchical-context-parallel-sizes", "--num-distributed-optimizer-instances",
-} | {EXPERT_TP_FLAG}  # fmt: skip
+} | MOE_VALUED  # fmt: skip
 LISTS = ("--recompute-modules", "--cp-comm-type", "--hierarchical-context-parallel-sizes")  # nargs="+" flags
 #: Megatron's ``--cp-comm-type`` (TransformerConfig.cp_comm_type) -> autoplan's cp variant; a2a+p2p: _read_cp
 CP_VARIANTS = {"p2p": "ring", "all_gather": "allgather", "a2a": "ulysses", "a2a+p2p": "ring"}
@@ -54,7 +54,7 @@ SWITCHES = {
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
     "--overlap-param-gather", "--no-gradient-accumulation-fusion", "--group-query-attention",
     "--recompute-activations", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
-}  # fmt: skip
+} | MOE_SWITCHES  # fmt: skip
 #: Launcher options giving processes per node and nodes (torchrun, torch.distributed.launch, deepspeed).
 PER_NODE = ("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus")
 NODES = ("--nnodes", "--num_nodes", "--num-nodes")
@@ -74,7 +74,7 @@ def read(text: str, *, devices: int | None = None, batch_size: int | None = None
     told = "--devices" if devices else "the file" if _world_from(text) else "the launcher"
     assumptions = [f"world size {world} from {told} (torchrun sets it)."]
     fields = _read_degrees(args, world, unmapped, source=source)
-    fields.update(_read_cp(args, fields["cp"], unmapped, assumptions), expert_tp=read_expert_tp(args, fields, _int))
+    fields.update(_read_cp(args, fields["cp"], unmapped, assumptions), **read_experts(args, fields, _int))
     fields.update(_read_batch(args, fields["dp"], batch_size, assumptions))
     fields.update(_read_precision(args, unmapped))
     fields["recompute"] = _read_recompute(args, unmapped)

@@ -19,9 +19,9 @@ When the model's attention is written as eager ops, one line says what SDPA/flas
 against the best plan without cp (:func:`cp_why`): memory per device at this sequence length, and
 the exposed KV exchange against the recomputation it avoids. Under a recompute budget, one sentence
 says how many blocks each stage recomputes and why (autoplan/report/recompute_budget.py); when it
-offloads, one sentence says why and what the host step costs (autoplan/report/offload.py); when its
-experts have their own layout (ep, expert_tp), one says why against every expert on every rank
-(autoplan/report/expert_layout.py).
+offloads, one sentence says why and what the host step costs (report/offload.py); when its experts have
+their own layout (ep, expert_tp), one says why against every expert on every rank (report/expert_layout.py);
+when it overlaps the EP all-to-all, one what that hides and leaves (report/moe_overlap.py).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from autoplan.report.families import FamilyVerdict, Rival, families, family_of, 
 from autoplan.report.fp8 import fp8_gain
 from autoplan.report.frozen import frozen_saving
 from autoplan.report.hsdp import hsdp_why
+from autoplan.report.moe_overlap import a2a_overlap_why
 from autoplan.report.offload import offload_why
 from autoplan.report.recompute_budget import recompute_why
 from autoplan.report.search_again import search_again
@@ -83,6 +84,7 @@ class Explanation:
     recompute: str = ""  # why the plan recomputes k of L blocks per stage, under a budget (report/recompute_budget.py)
     frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
     zero_bubble: str = ""  # why the plan runs a zero-bubble schedule, when it does (report/zero_bubble.py)
+    a2a_overlap: str = ""  # what overlapping the EP all-to-all hides and leaves, when it does (report/moe_overlap.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -183,6 +185,7 @@ def explain_result(
         recompute=recompute_why(model, best.plan, best.cost),
         frozen=frozen_saving(model, best.plan, best.cost),
         zero_bubble=zero_bubble_why(model, best.plan, best.cost),
+        a2a_overlap=a2a_overlap_why(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict

@@ -64,6 +64,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", f"**Context parallelism:** {exp.cp}"] if exp.cp else []
     lines += ["", f"**HSDP:** {exp.hsdp}"] if exp.hsdp else []
     lines += ["", f"**Expert layout:** {exp.experts}"] if exp.experts else []
+    lines += ["", f"**All-to-all overlap:** {exp.a2a_overlap}"] if exp.a2a_overlap else []
     lines += ["", f"**Recompute budget:** {exp.recompute}"] if exp.recompute else []
     lines += ["", f"**Offload:** {exp.offload}"] if exp.offload else []
     lines += ["", f"**Schedule:** {exp.zero_bubble}"] if exp.zero_bubble else []

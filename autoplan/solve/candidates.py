@@ -211,4 +211,5 @@ def config_of(plan: Plan) -> dict:
         dp_replicate=plan.dp_replicate,
         **({"offload": plan.offload} if plan.offload != "none" else {}),  # plans.csv keeps its columns
         **({"offload_activations": True} if plan.offload_activations else {}),
+        **({"moe_a2a_overlap": True} if plan.moe_a2a_overlap else {}),
     )

@@ -11,7 +11,8 @@ and ``cp_variant``
 (allgather, ring, ulysses); ``recompute_blocks`` a recompute budget, one count per pipeline chunk
 joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
 Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload), ``offload_activations`` (on/off:
-Plan.offload_activations) and ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py).
+Plan.offload_activations), ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py) and
+``moe_a2a_overlap`` (on/off: the EP all-to-all beside the other micro-batch's compute, solve/moe_overlap.py).
 Anything else is refused in one sentence.
 """
 
@@ -44,6 +45,7 @@ FIX_KEYS = (
     "offload",
     "expert_tp",
     "offload_activations",
+    "moe_a2a_overlap",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp")
 _SCHEDULE_ALIASES = {
@@ -87,7 +89,7 @@ def _typed(key: str, value: str) -> object:
             expected = {"zero": "0, 1, 2 or 3", "powersgd": "a rank >= 1, or off"}.get(key, "a positive integer")
             raise PlanError(f"--fix {key}={value} is not valid; expected {expected}.")
         return int(value)
-    if key in ("sp", "tp_overlap", "param_gather", "compile", "offload_activations"):
+    if key in ("sp", "tp_overlap", "param_gather", "compile", "offload_activations", "moe_a2a_overlap"):
         if value not in _BOOL:
             raise PlanError(f"--fix {key}={value} is not valid; expected on or off.")
         return _BOOL[value]

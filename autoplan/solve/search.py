@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, memory_budget, run_pricer, usable_bytes
 from autoplan.errors import PlanError
-from autoplan.solve import activation_offload, expert_layout, recompute_budget, space, tp_runnable
+from autoplan.solve import activation_offload, expert_layout, moe_overlap, recompute_budget, space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
 from autoplan.solve.partitions import Partitions
@@ -62,6 +62,7 @@ class Search:
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
         check_cp_pins(graph, profile, self.fixes)
         activation_offload.check_activation_offload_pin(profile, self.fixes, options.runtime)
+        moe_overlap.check_pin(self.fixes, options.runtime)
         self.cp_seq_len = cp_sequence(graph, profile, self.fixes)  # 0: cp = 1 only (solve/context_parallel.py)
         self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
@@ -151,6 +152,7 @@ class Search:
         cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
         overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
         cp["fused"] = g.compile or True in overlap or self.runtime_fuses  # async TP compiles (compute/fusion.py)
+        cp["a2a_share"] = moe_overlap.a2a_floor_share(self.fixes, self.options.runtime)  # solve/moe_overlap.py
         step = (
             (g.m + g.b_min)
             * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
@@ -256,6 +258,7 @@ class Search:
                 )
                 times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
                 core_s = (g.m + self.stage_costs.bubble_floor(plan)) * max(times) + self.bounds.pp_comm_s(base)
+                core_s -= moe_overlap.hideable_s(self.stage_costs, plan, self.fixes)  # its overlapped twin's
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
                 sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
@@ -278,6 +281,7 @@ class Search:
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
         core_s = (g.m + self.stage_costs.bubble_floor(base)) * floor_s + self.bounds.pp_comm_s(base)
+        core_s -= moe_overlap.hideable_s(self.stage_costs, base, self.fixes)  # an overlapped twin could hide it
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]
@@ -328,8 +332,9 @@ class Search:
             )
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
-        if (plan := activation_offload.with_pin(recompute_budget.with_pin(plan, self.fixes), self.fixes)) is None:
-            return  # a pinned recompute budget or activation offload this plan cannot hold (their solve/ modules)
+        plan = moe_overlap.with_pin(recompute_budget.with_pin(plan, self.fixes), self.fixes)
+        if (plan := activation_offload.with_pin(plan, self.fixes)) is None:
+            return  # a pinned recompute budget, all-to-all overlap or activation offload this plan cannot hold
         cost = self.cost_model.estimate(plan)
         if not cost.feasible and plan.pp > 1:
             cost, plan = self._repartition_for_memory(plan, cost)
@@ -357,6 +362,8 @@ class Search:
             self._evaluate(fitted, bound, ilp_status=ilp_status)
         if retry := activation_offload.offloaded_retry(plan, cost=cost, profile=self.profile, fixes=self.fixes):
             self._evaluate(retry, bound, ilp_status=ilp_status)  # it did not fit: its activations offloaded
+        if twin := moe_overlap.overlapped_twin(plan, self.fixes):
+            self._evaluate(twin, bound, ilp_status=ilp_status)  # its all-to-all overlapped (solve/moe_overlap.py)
 
     def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
         """The time-optimal stages (or chunks) did not fit: try the best partition under the memory limits."""

@@ -22,6 +22,7 @@ from autoplan.types.grad_compression import check_compression
 from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
+from autoplan.types.moe_overlap import check_moe_a2a_overlap
 from autoplan.types.offload import OFFLOADS, check_offload  # noqa: F401 (OFFLOADS: the plan's names)
 from autoplan.types.prediction import Prediction
 from autoplan.types.recompute import check_recompute_blocks, describe_counts
@@ -41,6 +42,7 @@ OMITTED_AT_DEFAULT = (
     ("recompute_blocks", []),
     ("expert_tp", 1),
     ("offload_activations", False),
+    ("moe_a2a_overlap", False),
 )
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
@@ -133,6 +135,7 @@ class Plan:
     ``offload`` holds model states in host memory (:data:`OFFLOADS`, autoplan/types/offload.py): "optimizer"
     the fp32 master and Adam step (ZeRO-Offload, on ZeRO-1), "full" also the weights and gradients (FSDP2's
     CPUOffloadPolicy, on ZeRO-3); docs/cost-model.md, "Offload"; ``offload_activations``: types/activation_offload.py.
+    ``moe_a2a_overlap`` runs the EP all-to-all beside another micro-batch's compute (types/moe_overlap.py).
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
@@ -176,6 +179,7 @@ class Plan:
     offload: str = "none"
     expert_tp: int = 1
     offload_activations: bool = False
+    moe_a2a_overlap: bool = False
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -244,6 +248,7 @@ class Plan:
         check_dp_replicate(self)
         check_offload(self)
         check_activation_offload(self)
+        check_moe_a2a_overlap(self)
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
@@ -342,6 +347,7 @@ class Plan:
         red += f" recipe={self.fp8_recipe}" if self.fp8_recipe else ""
         red += f" offload={self.offload}" if self.offload != "none" else ""
         red += " offload-act" if self.offload_activations else ""
+        red += " a2a-overlap" if self.moe_a2a_overlap else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
         rc = describe_counts(self.recompute, self.recompute_blocks)

@@ -81,6 +81,12 @@ PLANS = {
                            precision="bf16", sequence_parallel=True, routing={"imbalance": 1.25}),
     "tp2-ep2-etp2": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, ep=2, expert_tp=2,
                          zero_stage=1, precision="bf16", sequence_parallel=True, routing={"imbalance": 1.25}),
+    # the EP all-to-all overlapped (types/moe_overlap.py): --overlap-moe-expert-parallel-comm, at pp > 1 with VPP
+    "ep2-a2a-overlap": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=4, ep=2, zero_stage=1,
+                            precision="bf16", recompute="selective", runtime="megatron", moe_a2a_overlap=True),
+    "pp2-v2-ep2-a2a-overlap": Plan(devices=8, dp=4, tp=1, pp=2, micro_batch_size=1, num_microbatches=4, ep=2,
+                                   schedule="interleaved_1f1b", virtual_stages=2, precision="bf16",
+                                   runtime="megatron", moe_a2a_overlap=True),
     "fp32-reduce-bf16": Plan(devices=8, dp=8, tp=1, pp=1, micro_batch_size=1, num_microbatches=1,
                              grad_reduce_dtype="bf16"),
     "tp2-zero3": Plan(devices=8, dp=4, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, zero_stage=3,
@@ -177,6 +183,8 @@ def test_megatron_lm_starts_from_the_export_with_the_plans_numbers(name, facts, 
     if plan.stages and len({len(s) for s in plan.stages}) > 1:  # uneven: first/last, or the layout
         assert _blocks_per_chunk(config, plan) == [len(stage) for stage in plan.stages]
     assert (config.sequence_parallel, config.tp_comm_overlap) == (plan.sequence_parallel, plan.tp_comm_overlap)
+    assert config.overlap_moe_expert_parallel_comm == plan.moe_a2a_overlap  # with the dispatcher it needs
+    assert config.moe_token_dispatcher_type == ("alltoall" if plan.moe_a2a_overlap else "allgather")
     assert config.bf16 == (plan.precision in ("bf16", "fp8")) and config.fp16 == (plan.precision == "fp16")
     assert (config.fp8, config.fp8_recipe) == (
         ("hybrid", megatron.FP8_RECIPES[plan.fp8_recipe_used]) if plan.precision == "fp8" else (None, "delayed")
@@ -275,6 +283,21 @@ def test_megatron_lm_itself_refuses_a_tampered_export(facts, megatron_lm):
     ddp = megatron.export(PLANS["ddp-fp32"], facts)
     with pytest.raises(AssertionError, match="--overlap-param-gather only supported with distributed optimizer"):
         _start(megatron_lm, ddp, world=8, extra=("--overlap-param-gather",))
+    vpp = megatron.export(PLANS["pp2-v2-ep2-a2a-overlap"], facts)
+    one_chunk = dataclasses.replace(vpp, text=vpp.text.replace("--num-layers-per-virtual-pipeline-stage 1\n", ""))
+    with pytest.raises(AssertionError, match="virtual_pipeline_model_parallel_size must be specified"):
+        _start(megatron_lm, one_chunk, world=8, extra=("--num-experts", "8"))  # the overlap at pp > 1 needs VPP
+
+
+def test_an_overlap_megatron_cannot_run_is_written_without_its_flag_and_said(facts, megatron_lm):
+    """A plan priced with the all-to-all overlapped under plain 1F1B at pp > 1 (the whole-run check's DualPipe
+    stand-in): Megatron-Core refuses the flag there, so the export leaves it out, says so, and starts."""
+    plan = dataclasses.replace(PLANS["pp2-v2-ep2-a2a-overlap"], schedule="1f1b", virtual_stages=1)
+    exported = megatron.export(plan, facts)
+    assert "--overlap-moe-expert-parallel-comm" not in [line for line in exported.text.splitlines() if line[0] != "#"]
+    assert any("virtual stages" in item and "moe_a2a_overlap" in item for item in exported.unexpressed)
+    _args, config = _start(megatron_lm, exported, world=8, extra=("--num-experts", "8"))
+    assert not config.overlap_moe_expert_parallel_comm
 
 
 @pytest.mark.parametrize("name", PLANS)
@@ -287,7 +310,8 @@ def test_read_gives_the_plan_back(name, facts):
         back = imported.plan()
         same = ("devices", "dp", "tp", "pp", "cp", "cp_variant", "ep", "micro_batch_size", "num_microbatches",
                 "virtual_stages", "zero_stage", "recompute", "precision", "sequence_parallel", "tp_comm_overlap",
-                "overlap_grad_reduce", "overlap_param_gather", "dp_replicate", "expert_tp")  # fmt: skip
+                "overlap_grad_reduce", "overlap_param_gather", "dp_replicate", "expert_tp",
+                "moe_a2a_overlap")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.schedule == ("1f1b" if plan.schedule == "gpipe" else plan.schedule)
         expressible = plan.grad_reduce_dtype == "fp32" or plan.precision in ("bf16", "fp8", "fp16")
@@ -374,6 +398,8 @@ def test_read_refuses_what_megatron_would_refuse():
         megatron.read("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2", devices=2)
     with pytest.raises(ExportError, match="expected an integer"):
         megatron.read("--micro-batch-size two", devices=2)
+    with pytest.raises(ExportError, match="alltoall or flex"):  # Megatron-Core asserts the dispatcher
+        megatron.read("--expert-model-parallel-size 2 --overlap-moe-expert-parallel-comm", devices=2)
 
 
 def test_megatrons_weight_gather_is_read_as_it_runs():

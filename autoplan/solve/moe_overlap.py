@@ -1,0 +1,81 @@
+"""Which plans the search prices with the EP all-to-all overlapped (``Plan.moe_a2a_overlap``; docs/cost-model.md,
+"EP all-to-all overlap"): only for a runtime that runs it, where that runtime's conditions hold
+(autoplan/types/moe_overlap.py: Megatron-Core's combined 1F1B), and beside the same plan without it, which the
+search keeps when it is faster or fits where the overlapped one does not. ``--fix moe_a2a_overlap=on`` overlaps
+every plan that can (the others are skipped) and is refused in one sentence for a runtime that cannot;
+``=off`` overlaps none. Where a group may overlap, its step-time floor keeps only the share of the all-to-all
+an overlap cannot hide (cost/moe/a2a_overlap.py, ``A2A_EXPOSED_FLOOR``), and a plan's floor from its stages
+(bound (2) of solve/search.py, which prices the all-to-all exposed) is lowered by the most its twin could hide,
+``m (1 - A2A_EXPOSED_FLOOR)`` times every block's all-to-all of one micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autoplan.cost import A2A_EXPOSED_FLOOR
+from autoplan.errors import PlanError
+from autoplan.types.moe_overlap import A2A_OVERLAP_RUNTIMES, overlap_refusal
+from autoplan.types.plan import Plan
+
+
+def check_pin(fixes: dict, runtime: str) -> None:
+    """A pinned overlap the runtime or another pin rules out: one sentence."""
+    if not fixes.get("moe_a2a_overlap"):
+        return
+    if runtime not in A2A_OVERLAP_RUNTIMES:
+        raise PlanError(
+            f"--fix moe_a2a_overlap=on with runtime '{runtime}': autoplan's executor runs one micro-batch's forward "
+            "or backward at a time on a rank, so nothing runs beside the all-to-all; plan with --runtime megatron "
+            "(its --overlap-moe-expert-parallel-comm) or drop the pin."
+        )
+    if fixes.get("ep") == 1 or fixes.get("recompute") == "full":
+        clash = "ep=1" if fixes.get("ep") == 1 else "recompute=full"
+        raise PlanError(
+            f"--fix moe_a2a_overlap=on with {clash}: the overlap needs expert parallelism and a forward not re-run "
+            "inside the backward (Megatron-Core refuses full recomputation beside it); drop one pin."
+        )
+
+
+def may_overlap(fixes: dict, runtime: str) -> bool:
+    """Whether some plan of the search may overlap the all-to-all."""
+    return runtime in A2A_OVERLAP_RUNTIMES and fixes.get("moe_a2a_overlap") is not False
+
+
+def a2a_floor_share(fixes: dict, runtime: str) -> float:
+    """The least share of the all-to-all a plan of the search leaves on its step (module docstring)."""
+    return A2A_EXPOSED_FLOOR if may_overlap(fixes, runtime) else 1.0
+
+
+def hideable_s(stage_costs, plan: Plan, fixes: dict) -> float:
+    """The most ``plan``'s overlapped twin could hide from its step (module docstring); 0 where it has none.
+    ``stage_costs`` is the search's solve/stage_costs.py StageCosts."""
+    if plan.ep <= 1 or not may_overlap(fixes, plan.runtime):
+        return 0.0
+    ctx = stage_costs.context(plan)
+    blocks = stage_costs.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values()
+    return plan.num_microbatches * (1.0 - A2A_EXPOSED_FLOOR) * sum(b.ep_fwd_s + b.ep_bwd_s for b in blocks)
+
+
+def _overlapped(plan: Plan) -> Plan | None:
+    """``plan`` with its all-to-all overlapped, or None where its runtime cannot run that."""
+    if plan.ep <= 1 or overlap_refusal(plan):
+        return None
+    try:
+        return replace(plan, moe_a2a_overlap=True)
+    except PlanError:
+        return None
+
+
+def with_pin(plan: Plan | None, fixes: dict) -> Plan | None:
+    """The plan the search prices under the pin: overlapped when pinned on (None when it cannot be)."""
+    if plan is None or not fixes.get("moe_a2a_overlap") or plan.moe_a2a_overlap:
+        return plan
+    return _overlapped(plan)
+
+
+def overlapped_twin(plan: Plan, fixes: dict) -> Plan | None:
+    """The same plan with its all-to-all overlapped, priced beside it (module docstring); None where not."""
+    if plan.moe_a2a_overlap or not may_overlap(fixes, plan.runtime):
+        return None
+    return _overlapped(plan)

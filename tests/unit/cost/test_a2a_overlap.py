@@ -1,0 +1,138 @@
+"""The EP all-to-all overlapped with the other micro-batch's compute (autoplan/cost/moe/a2a_overlap.py), as the
+cost model prices it, the search offers it, the executor refuses it and explain says it (types/moe_overlap.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from synthetic import synthetic_profile
+from synthetic.moe import mixtral_graph
+
+from autoplan.cost.model import CostModel
+from autoplan.cost.moe.a2a_overlap import COMM_SM_SHARE, alone_units, overlapped_pair_s, paired_share
+from autoplan.errors import PlanError
+from autoplan.execute.tp_overlap import check_runs_here
+from autoplan.report.moe_overlap import a2a_overlap_why
+from autoplan.solve.api import plan_graph
+from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.search import Search
+from autoplan.types.plan import Plan
+
+pytest.importorskip("transformers")
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return mixtral_graph()  # tests/synthetic/moe.py: traced once per session
+
+
+@pytest.fixture(scope="module")
+def model(graph):
+    return CostModel(graph, synthetic_profile())
+
+
+def _plan(**changes) -> Plan:
+    fields = dict(devices=8, dp=8, tp=1, pp=1, ep=8, micro_batch_size=1, num_microbatches=4, precision="bf16")
+    return Plan(**{**fields, "runtime": "megatron", **changes})
+
+
+def test_each_all_to_all_hides_under_the_compute_its_phase_pairs_it_with():
+    """Megatron's and DualPipe's four phases: combine's gradient beside the forward's attention, dispatch beside
+    the backward's experts, dispatch's gradient beside the forward's experts, combine beside the backward's
+    attention; a phase exposes what its compute cannot cover, and at least the SMs it takes (20 of 132)."""
+    pair = dict(fwd_compute_s=10.0, bwd_compute_s=20.0, fwd_expert_s=4.0, bwd_expert_s=8.0)
+    covered = overlapped_pair_s(fwd_a2a_s=2.0, bwd_a2a_s=2.0, **pair)
+    assert covered == pytest.approx(30.0 + COMM_SM_SHARE * 4.0)  # every phase covered: only the SMs' share
+    # forward a2a 20 s: dispatch (10) beside the backward's experts (8), combine (10) beside its attention (12)
+    # backward a2a 16 s: combine's gradient (8) beside the forward's attention (6), dispatch's (8) beside experts (4)
+    exposed = overlapped_pair_s(fwd_a2a_s=20.0, bwd_a2a_s=16.0, **pair) - 30.0
+    assert exposed == pytest.approx((10 - 8) + COMM_SM_SHARE * 10 + (8 - 6) + (8 - 4))
+    no_experts = overlapped_pair_s(5.0, 3.0, 7.0, 1.0, fwd_expert_s=0.0, bwd_expert_s=0.0, comm_sm_share=0.0)
+    assert no_experts == 12.0 + 1.5 + 0.5  # both dispatches have no experts' compute beside them; combines hide
+    alone = overlapped_pair_s(0.0, 3.0, 0.0, 1.0, fwd_expert_s=0.0, bwd_expert_s=0.0)
+    assert alone == pytest.approx(4.0)  # nothing beside it: all exposed
+
+
+def test_the_micro_batches_run_alone_are_megatrons_warm_up_and_one_extra():
+    assert alone_units(pp=1, virtual_stages=1) == 1  # combined 1F1B without a pipeline: F0, then (F_i+1, B_i)
+    assert paired_share(num_microbatches=4, pp=1, virtual_stages=1) == pytest.approx(3 / 4)
+    assert alone_units(pp=4, virtual_stages=2) == 2 * 3 + 4 + 1  # get_pp_rank_microbatches' warm-up on rank 0
+    assert paired_share(num_microbatches=2, pp=4, virtual_stages=1) == 0.0  # all warm-up: nothing to pair
+
+
+def test_a_plan_without_the_overlap_prices_its_all_to_all_exposed_as_before(model):
+    plan = _plan()
+    stages, _, _ = model.priced_stages(plan)
+    slowest = max(stages, key=lambda s: s.micro_batch_s)
+    assert model.estimate(plan).ep_comm_s == plan.num_microbatches * slowest.ep_s  # m x ep_s, exactly
+    assert "moe_a2a_overlap" not in plan.to_dict()  # omitted at its default: plan files stay as they were
+    on = _plan(moe_a2a_overlap=True)
+    assert Plan.from_dict(on.to_dict()).moe_a2a_overlap and "a2a-overlap" in on.describe()
+
+
+def test_the_overlap_removes_the_paired_micro_batches_hidden_all_to_all(model):
+    plan, on = _plan(), _plan(moe_a2a_overlap=True)
+    off_cost, on_cost = model.estimate(plan), model.estimate(on)
+    stages, _, _ = model.priced_stages(on)
+    block = next(b for b in stages[0].blocks if b.ep_fwd_s > 0)
+    assert 0 < block.expert_fwd_s < block.fwd_s and block.expert_bwd_s > 0  # the experts' share of the block
+    pair_s = overlapped_pair_s(
+        block.fwd_s, block.ep_fwd_s, block.bwd_s, block.ep_bwd_s,
+        fwd_expert_s=block.expert_fwd_s, bwd_expert_s=block.expert_bwd_s,
+    )  # fmt: skip
+    hidden_per_block_s = block.fwd_s + block.bwd_s + block.ep_fwd_s + block.ep_bwd_s - pair_s
+    layers = sum(1 for b in stages[0].blocks if b.ep_fwd_s > 0)
+    expected_hidden_s = 4 * paired_share(num_microbatches=4, pp=1, virtual_stages=1) * layers * hidden_per_block_s
+    assert off_cost.ep_comm_s - on_cost.ep_comm_s == pytest.approx(expected_hidden_s, rel=1e-9)
+    assert on_cost.step_time_s == pytest.approx(off_cost.step_time_s - expected_hidden_s, rel=1e-9)
+    assert on_cost.compute_s == off_cost.compute_s and on_cost.peak_memory_bytes == off_cost.peak_memory_bytes
+
+
+def test_a_plan_that_cannot_overlap_is_one_sentence():
+    with pytest.raises(PlanError, match="needs ep > 1") as info:
+        _plan(ep=1, moe_a2a_overlap=True)
+    assert "\n" not in str(info.value)
+    with pytest.raises(PlanError, match="full recomputation re-runs the forward"):
+        _plan(recompute="full", moe_a2a_overlap=True)
+
+
+def test_autoplans_executor_refuses_to_run_an_overlap_it_cannot(model):
+    with pytest.raises(PlanError, match="one micro-batch's forward or backward at a time"):
+        check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True))
+
+
+def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_below(graph):
+    profile = synthetic_profile(memory_bytes=2**30)
+    search = Search(graph, profile, SearchOptions(devices=8, batch_size=BATCH, keep=10**6, runtime="megatron"))
+    search._usable_bytes = float("inf")
+    priced = [c for c in search.run().candidates if c.cost is not None]
+    overlapped = [c.plan for c in priced if c.plan.moe_a2a_overlap]
+    assert overlapped and all(p.ep > 1 and p.recompute != "full" and p.precision != "fp32" for p in overlapped)
+    assert all(p.pp == 1 or p.virtual_stages > 1 for p in overlapped)  # Megatron's VPP rule at pp > 1
+    assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)  # the floor keeps 20/132 of the a2a
+    mine = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="autoplan")
+    assert not any(c.plan.moe_a2a_overlap for c in mine.candidates if c.plan is not None)
+
+
+def test_a_pin_runs_where_megatron_runs_it_and_is_one_sentence_elsewhere(graph):
+    best = plan_graph(
+        graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="megatron",
+        fix="moe_a2a_overlap=on,precision=bf16",
+    ).best  # fmt: skip
+    assert best.moe_a2a_overlap and best.ep > 1
+    with pytest.raises(PlanError, match="runtime 'autoplan': autoplan's executor runs one micro-batch") as info:
+        plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, fix="moe_a2a_overlap=on")
+    assert "\n" not in str(info.value)
+
+
+def test_explain_says_what_the_overlap_hides_and_what_the_step_takes_without_it(model):
+    on = _plan(moe_a2a_overlap=True)
+    cost, exposed = model.estimate(on), model.estimate(replace(on, moe_a2a_overlap=False))
+    said = a2a_overlap_why(model, on, cost)
+    assert "hides" in said and "leaves" in said and "with it exposed the step takes" in said
+    from autoplan.display import duration_text
+
+    assert duration_text(exposed.ep_comm_s - cost.ep_comm_s) in said and duration_text(exposed.step_time_s) in said
+    assert a2a_overlap_why(model, _plan(), exposed) == ""
