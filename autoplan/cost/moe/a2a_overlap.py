@@ -20,7 +20,8 @@ the compute is
     pair_s        = F + B + sum over the four phases of exposed(c, k)
 
 Micro-batches the schedule runs alone (the warm-up forwards and cool-down backwards: one extra under
-Megatron's combined 1F1B, 2(p - 1) + (v - 1) p before it on the first stage) keep their all-to-all exposed.
+Megatron's combined 1F1B, 2(p - 1) + (v - 1) p before it on the first stage) keep their all-to-all exposed;
+the extra forward holds one more micro-batch of activations (cost/pp/schedule.py in_flight_chunks).
 """
 
 from __future__ import annotations
@@ -82,6 +83,13 @@ def overlapped_pair_s(
         bwd_expert_s=bwd_expert_s,
     )
     return fwd_compute_s + bwd_compute_s + phases.exposed_s(comm_sm_share=comm_sm_share)
+
+
+def extra_forwards(plan) -> int:
+    """Forwards a stage runs ahead of 1F1B's warm-up: Megatron's combined 1F1B schedules "one extra micro-batch
+    forward step before the 1f1b stages" (schedules.get_pp_rank_microbatches), so one more micro-batch (chunk,
+    interleaved) of activations is held; 0 without the overlap."""
+    return 1 if plan.moe_a2a_overlap else 0
 
 
 def alone_units(*, pp: int, virtual_stages: int) -> int:

@@ -7,7 +7,8 @@ With p stages, m micro-batches and v model chunks per device:
     zero-bubble schedules (B and W apart): autoplan/cost/pp/zero_bubble.py
     in flight on stage i: GPipe m (Huang et al. 2019); 1F1B min(p - i, m) (Narayanan section 2.2.1);
         interleaved min(2 (p - i - 1) + (v - 1) p + 1, v m) chunks of 1/v of the stage
-        (Megatron-LM's warm-up count; Korthikanti et al. 2022 section 4.2.3 for stage 0)
+        (Megatron-LM's warm-up count; Korthikanti et al. 2022 section 4.2.3 for stage 0); one more under
+        the EP all-to-all overlap's combined 1F1B (cost/moe/a2a_overlap.py)
 
 After the stage's first backward the count drops by one unless the schedule refills it.
 Gradient sync overlapped with the backward (PyTorch DDP's buckets, Li et al. VLDB 2020), in
@@ -21,6 +22,7 @@ reverse layer order on one stream:
 
 from __future__ import annotations
 
+from autoplan.cost.moe.a2a_overlap import extra_forwards
 from autoplan.cost.pp.zero_bubble import zero_bubble_in_flight, zero_bubble_s
 from autoplan.errors import PlanError
 from autoplan.types.plan import Plan
@@ -74,9 +76,10 @@ def in_flight_chunks(plan: Plan, stage: int) -> float:
         return float(m)
     if plan.schedule in ZERO_BUBBLE:
         return zero_bubble_in_flight(pp=p, num_microbatches=m, virtual_stages=v)
+    extra = extra_forwards(plan)  # the overlapped all-to-all's one more forward ahead (cost/moe/a2a_overlap.py)
     if plan.schedule == "1f1b":
-        return float(min(p - stage, m))
-    chunks = min(2 * (p - stage - 1) + (v - 1) * p + 1, v * m)
+        return float(min(p - stage + extra, m))
+    chunks = min(2 * (p - stage - 1) + (v - 1) * p + 1 + extra, v * m)
     return chunks / v
 
 
