@@ -151,3 +151,21 @@ def test_explain_says_what_the_overlap_hides_and_what_the_step_takes_without_it(
 
     assert duration_text(exposed.ep_comm_s - cost.ep_comm_s) in said and duration_text(exposed.step_time_s) in said
     assert a2a_overlap_why(model, _plan(), exposed) == ""
+
+
+def test_trainers_without_the_switch_say_the_all_to_all_runs_exposed_there():
+    from autoplan.export import deepspeed, megatron
+    from autoplan.export import torchtitan as titan
+    from autoplan.export.common import ModelFacts
+    from autoplan.export.torchtitan_flavours import Flavour, Registry, facts_shape
+
+    facts = ModelFacts(
+        name="llama", layers=8, hidden_size=256, num_heads=8, num_kv_heads=8, seq_len=128, vocab_size=512
+    )
+    flavours = [Flavour("llama3", "debugmodel", None, facts_shape(facts))]
+    registry = Registry(version="0.2.2", flavours=flavours, input_modules=["tok_embeddings"], output_modules=["norm"])
+    on = _plan(ep=2, moe_a2a_overlap=True)
+    for exported in (titan.export(on, facts, fmt="toml", registry=registry), deepspeed.export(on, facts)):
+        assert any(n.startswith("moe_a2a_overlap:") and "runs exposed there" in n for n in exported.unexpressed)
+    assert not any("moe_a2a_overlap" in n for n in megatron.export(on, facts).unexpressed)  # its own flag
+    assert not any("moe_a2a_overlap" in n for n in deepspeed.export(_plan(ep=2), facts).unexpressed)
