@@ -13,6 +13,7 @@ from autoplan.cost.model import CostModel
 from autoplan.cost.moe.a2a_overlap import COMM_SM_SHARE, alone_units, overlapped_pair_s, paired_share
 from autoplan.errors import PlanError
 from autoplan.execute.tp_overlap import check_runs_here
+from autoplan.report.explain import explain_result
 from autoplan.report.moe_overlap import a2a_overlap_why
 from autoplan.solve.api import plan_graph
 from autoplan.solve.candidates import SearchOptions
@@ -132,11 +133,14 @@ def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_be
 
 
 def test_a_pin_runs_where_megatron_runs_it_and_is_one_sentence_elsewhere(graph):
-    best = plan_graph(
+    result = plan_graph(
         graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="megatron",
         fix="moe_a2a_overlap=on,precision=bf16",
-    ).best  # fmt: skip
-    assert best.moe_a2a_overlap and best.ep > 1
+    )  # fmt: skip
+    assert result.best.moe_a2a_overlap and result.best.ep > 1
+    said = explain_result(result, graph=graph, profile=synthetic_profile(), sensitivity=False)
+    assert said.a2a_overlap.startswith("moe_a2a_overlap runs each expert-parallel all-to-all beside")
+    assert "**All-to-all overlap:**" in said.to_markdown()
     with pytest.raises(PlanError, match="runtime 'autoplan': autoplan's executor runs one micro-batch") as info:
         plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, fix="moe_a2a_overlap=on")
     assert "\n" not in str(info.value)
