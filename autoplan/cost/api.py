@@ -13,7 +13,7 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 - budgeted recompute: the fewest blocks per chunk that fit (``fit_recompute_blocks``), each stage's
   peak under a budget (``stage_peaks_bytes``);
 - ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``, and
-  ``A2A_EXPOSED_FLOOR``, the least share of the all-to-all an overlap leaves), a
+  ``A2A_EXPOSED_FLOOR``, the least share of the all-to-all an overlap leaves, ``a2a_paired_share``), a
   PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
 - the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``) and the audit's
   predicted volumes (``predict_volumes``).
@@ -30,6 +30,7 @@ from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.memory.recompute_budget import fit_recompute_blocks, stage_peaks_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.a2a_overlap import COMM_SM_SHARE as A2A_EXPOSED_FLOOR
+from autoplan.cost.moe.a2a_overlap import paired_share as a2a_paired_share
 from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
 from autoplan.cost.network.mesh import plan_mesh_groups
 from autoplan.cost.op_table import priced_ops
@@ -87,6 +88,7 @@ __all__ = [
     "moe_limits",
     "pipeline_blocks",
     "A2A_EXPOSED_FLOOR",  # the least share of an all-to-all its overlap leaves (cost/moe/a2a_overlap.py)
+    "a2a_paired_share",  # the share of micro-batches the overlap pairs (same module)
     # the whole run
     "RunPricer",
     "check_prices",

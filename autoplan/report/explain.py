@@ -112,6 +112,7 @@ def _differs(best: Plan, other: Plan) -> str:
         "recompute",
         "sequence_parallel",
         "precision",
+        "moe_a2a_overlap",
     )
     return ", ".join(f"{k}={getattr(other, k)}" for k in keys if getattr(other, k) != getattr(best, k)) or "layout only"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost import A2A_EXPOSED_FLOOR
+from autoplan.cost import A2A_EXPOSED_FLOOR, a2a_paired_share
 from autoplan.errors import PlanError
 from autoplan.types.moe_overlap import A2A_OVERLAP_RUNTIMES, overlap_refusal
 from autoplan.types.plan import Plan
@@ -58,8 +58,11 @@ def hideable_s(stage_costs, plan: Plan, fixes: dict) -> float:
 
 
 def _overlapped(plan: Plan) -> Plan | None:
-    """``plan`` with its all-to-all overlapped, or None where its runtime cannot run that."""
+    """``plan`` with its all-to-all overlapped, or None where its runtime cannot run that or no micro-batches
+    pair (every one runs alone in the warm-up and cool-down: the overlap would change nothing)."""
     if plan.ep <= 1 or overlap_refusal(plan):
+        return None
+    if a2a_paired_share(num_microbatches=plan.num_microbatches, pp=plan.pp, virtual_stages=plan.virtual_stages) == 0:
         return None
     try:
         return replace(plan, moe_a2a_overlap=True)

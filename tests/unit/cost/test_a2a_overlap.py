@@ -127,6 +127,11 @@ def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_be
     overlapped = [c.plan for c in priced if c.plan.moe_a2a_overlap]
     assert overlapped and all(p.ep > 1 and p.recompute != "full" and p.precision != "fp32" for p in overlapped)
     assert all(p.pp == 1 or p.virtual_stages > 1 for p in overlapped)  # Megatron's VPP rule at pp > 1
+    shares = [
+        paired_share(num_microbatches=p.num_microbatches, pp=p.pp, virtual_stages=p.virtual_stages) for p in overlapped
+    ]
+    assert min(shares) > 0  # never where every micro-batch runs alone (it would change nothing)
+    assert any(c.plan.ep > 1 and c.plan.num_microbatches == 1 for c in priced)  # those run only plain
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)  # the floor keeps 20/132 of the a2a
     mine = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="autoplan")
     assert not any(c.plan.moe_a2a_overlap for c in mine.candidates if c.plan is not None)
