@@ -121,7 +121,7 @@ def test_autoplans_executor_refuses_to_run_an_overlap_it_cannot(model):
 
 def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_below(graph):
     profile = synthetic_profile(memory_bytes=2**30)
-    search = Search(graph, profile, SearchOptions(devices=8, batch_size=BATCH, keep=10**6, runtime="megatron"))
+    search = Search(graph, profile, SearchOptions(devices=4, batch_size=BATCH, keep=10**6, runtime="megatron"))
     search._usable_bytes = float("inf")
     priced = [c for c in search.run().candidates if c.cost is not None]
     overlapped = [c.plan for c in priced if c.plan.moe_a2a_overlap]
