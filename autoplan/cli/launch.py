@@ -70,6 +70,7 @@ def add_launch_parser(subparsers, common: argparse.ArgumentParser) -> None:
 
 def launch_command(args: argparse.Namespace) -> int:
     from autoplan.types._check import write_text_atomic
+    from autoplan.types.moe_overlap import check_executor_runs
     from autoplan.types.plan import plan_json
     from autoplan.types.runtime import check_runs_on_autoplan
 
@@ -77,6 +78,7 @@ def launch_command(args: argparse.Namespace) -> int:
     args.plan = str(plan_json(args.plan))
     plan = _plan(args.plan)
     check_runs_on_autoplan(plan.runtime)  # the job runs autoplan's executor
+    check_executor_runs(plan)  # which cannot overlap the EP all-to-all (types/moe_overlap.py)
     if not Path(args.model).is_file():
         raise RunError(f"model file '{args.model}' does not exist.")
     _check_model(args, plan)

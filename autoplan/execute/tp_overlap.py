@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from autoplan.errors import PlanError
 from autoplan.execute.compiled import compile_blocks
+from autoplan.types.moe_overlap import check_executor_runs
 from autoplan.types.plan import Plan
 
 
@@ -40,11 +41,7 @@ def check_runs_here(plan: Plan) -> None:
             "overlaps only ZeRO-1's parameter all-gather without expert parallelism (ZeRO-2 runs as FSDP2, which "
             "gathers after the step); set overlap_param_gather to false or use zero_stage 1 to run here."
         )
-    if plan.moe_a2a_overlap:  # priced only: each rank runs one micro-batch at a time (types/moe_overlap.py)
-        raise PlanError(
-            "plan moe_a2a_overlap=true: autoplan's executor runs one micro-batch's forward or backward at a time on a "
-            "rank, so nothing runs beside the all-to-all; set moe_a2a_overlap to false to run here."
-        )
+    check_executor_runs(plan)  # moe_a2a_overlap is priced only: each rank runs one micro-batch at a time
     check_tp_overlap_runs_here(plan)
     check_float8_runs_here(plan)
     if plan.cp > 1:  # the cp rules' module loads DTensor (1 s of the launcher's start-up): only for a cp plan

@@ -64,3 +64,13 @@ def megatron_refusal(plan: Any) -> str:
     if plan.schedule not in ("1f1b", "interleaved_1f1b"):
         return f"Megatron-Core overlaps the EP all-to-all under 1F1B only, and the plan's schedule is {plan.schedule}"
     return ""
+
+
+def check_executor_runs(plan: Any) -> None:
+    """Refuse, in one sentence, to run or launch ``plan`` with the overlap on autoplan's executor (module
+    docstring); ``autoplan run`` and ``launch`` call it before any rank starts, ``parallelize`` first."""
+    if plan.moe_a2a_overlap:
+        raise PlanError(
+            "plan moe_a2a_overlap=true: autoplan's executor runs one micro-batch's forward or backward at a time on a "
+            "rank, so nothing runs beside the all-to-all; set moe_a2a_overlap to false to run here."
+        )

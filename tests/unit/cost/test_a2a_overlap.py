@@ -114,9 +114,21 @@ def test_a_plan_that_cannot_overlap_is_one_sentence():
         _plan(recompute="full", moe_a2a_overlap=True)
 
 
-def test_autoplans_executor_refuses_to_run_an_overlap_it_cannot(model):
+@pytest.mark.parametrize("command", ["run", "launch"])
+def test_autoplans_executor_refuses_to_run_an_overlap_it_cannot(tmp_path, capsys, command):
+    from autoplan.cli import main
+
     with pytest.raises(PlanError, match="one micro-batch's forward or backward at a time"):
-        check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True))
+        check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True))  # parallelize's first check
+    plan = _plan(devices=2, dp=2, ep=2, runtime="autoplan", moe_a2a_overlap=True).save(tmp_path / "plan.json")
+    model = "examples/moe.py"
+    argv = {"run": ["run", model, "--plan", str(plan), "--out", str(tmp_path / "run")]}.get(
+        command, ["launch", model, str(plan), "--slurm", "--gpus-per-node", "2"]
+    )
+    assert main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("autoplan: error:")]
+    assert len(errors) == 1 and "set moe_a2a_overlap to false to run here" in errors[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "launch.sbatch").exists()
 
 
 def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_below(graph):
