@@ -21,6 +21,7 @@ from autoplan.types.expert_layout import check_expert_layout
 from autoplan.types.grad_compression import check_compression
 from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
+from autoplan.types.local_sgd import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, check_local_sgd, describe_local_sgd
 from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.offload import OFFLOADS, check_offload  # noqa: F401 (OFFLOADS: the plan's names)
 from autoplan.types.prediction import Prediction
@@ -41,6 +42,10 @@ OMITTED_AT_DEFAULT = (
     ("recompute_blocks", []),
     ("expert_tp", 1),
     ("offload_activations", False),
+    ("sync_every", 1),
+    ("outer_optimizer", "average"),
+    ("outer_lr", DILOCO_OUTER_LR),
+    ("outer_momentum", DILOCO_OUTER_MOMENTUM),
 )
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
@@ -176,6 +181,10 @@ class Plan:
     offload: str = "none"
     expert_tp: int = 1
     offload_activations: bool = False
+    sync_every: int = 1  # local SGD / DiLoCo (types/local_sgd.py)
+    outer_optimizer: str = "average"
+    outer_lr: float = DILOCO_OUTER_LR
+    outer_momentum: float = DILOCO_OUTER_MOMENTUM
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -244,6 +253,7 @@ class Plan:
         check_dp_replicate(self)
         check_offload(self)
         check_activation_offload(self)
+        check_local_sgd(self)
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
@@ -303,6 +313,7 @@ class Plan:
             found.append(f"gradient reduction in {self.grad_reduce_dtype}")
         if self.grad_compression == "powersgd":
             found.append(f"PowerSGD rank {self.powersgd_rank}")
+        found += [f"parameters averaged every {self.sync_every} steps"] if self.sync_every > 1 else []
         return found
 
     def _check_stages(self) -> None:
@@ -344,6 +355,7 @@ class Plan:
         red += " offload-act" if self.offload_activations else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
+        red += describe_local_sgd(self)
         rc = describe_counts(self.recompute, self.recompute_blocks)
         return (
             f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "

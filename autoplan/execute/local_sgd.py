@@ -1,0 +1,100 @@
+"""The outer sync of local SGD and DiLoCo (types/local_sgd.py; docs/executor.md, "Local SGD and DiLoCo").
+
+After every ``sync_every`` = H inner steps, each rank averages its local parameter tensors (its FSDP2 shard
+or TP slice, else the whole parameter) over the outer group in one flat all-reduce of fp32 values; with
+"nesterov" the outer optimizer then steps on the anchor copy with the outer gradient ``anchor - average``
+and the parameters take the anchor (DiLoCo, Douillard et al. 2023, Algorithm 1):
+
+    avg = mean_r theta_r;  anchor.grad = anchor - avg;  SGD(lr, momentum, nesterov).step();  theta <- anchor
+
+torch's pieces: the outer step is ``torch.optim.SGD(nesterov=True)`` (``nesterov=False`` at momentum 0,
+which torch refuses to combine); the averaging is what ``model_averaging.utils.average_parameters`` does,
+written here because that function rebinds ``p.data`` to a slice of its flat buffer, which would cut an
+FSDP2 DTensor's local shard off from its parameter; its ``PeriodicModelAverager`` counts steps the same way
+(averaging on the first call after its warm-up, so H steps here are ``period=H, warmup_steps=H-1`` there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from autoplan.execute.data_parallel import local
+from autoplan.types.plan import Plan
+
+
+class OuterSync:
+    """The outer group's average (and DiLoCo's outer step) every ``plan.sync_every`` steps (module docstring)."""
+
+    def __init__(self, *, plan: Plan, params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
+        self.every, self.group, self.params = plan.sync_every, group, params
+        self.tensors = [local(p.detach()) for p in params]
+        self.steps = 0
+        self.synced_last_step = False
+        self.spread_before = 0.0  # max |theta_r - avg| on this rank at the last sync (replicas had drifted)
+        self.anchors: list[torch.Tensor] = []
+        self.optimizer: torch.optim.Optimizer | None = None
+        if plan.outer_optimizer == "nesterov":
+            self.anchors = [t.detach().clone().float() for t in self.tensors]
+            mu = plan.outer_momentum
+            self.optimizer = torch.optim.SGD(self.anchors, lr=plan.outer_lr, momentum=mu, nesterov=mu > 0)
+
+    def after_step(self) -> None:
+        """Count one inner step; sync when H have passed since the last sync."""
+        self.steps += 1
+        self.synced_last_step = self.steps % self.every == 0
+        if self.synced_last_step:
+            self.sync()
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """Average over the outer group, then the outer step where there is one (module docstring)."""
+        flat = torch.cat([t.reshape(-1).float() for t in self.tensors])
+        mine = flat.clone()
+        op = dist.ReduceOp.AVG if dist.get_backend(self.group) == "nccl" else dist.ReduceOp.SUM
+        dist.all_reduce(flat, op=op, group=self.group)
+        if op == dist.ReduceOp.SUM:
+            flat /= dist.get_world_size(self.group)
+        self.spread_before = float((mine - flat).abs().max()) if flat.numel() else 0.0
+        averages = flat.split([t.numel() for t in self.tensors])
+        if self.optimizer is None:
+            for tensor, avg in zip(self.tensors, averages):
+                tensor.copy_(avg.view_as(tensor))
+            return
+        for anchor, avg in zip(self.anchors, averages):
+            anchor.grad = anchor - avg.view_as(anchor)
+        self.optimizer.step()
+        for tensor, anchor in zip(self.tensors, self.anchors):
+            tensor.copy_(anchor)
+
+    def held_for(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        """DiLoCo's state of one parameter, shaped like its local tensor: "anchor" and (after the first outer
+        step with momentum) "momentum_buffer"; empty for "average" or a parameter this sync does not hold."""
+        for held, anchor in zip(self.params, self.anchors):
+            if held is param:
+                found = {"anchor": anchor}
+                momentum = self.optimizer.state.get(anchor, {}).get("momentum_buffer") if self.optimizer else None
+                return found | ({"momentum_buffer": momentum} if momentum is not None else {})
+        return {}
+
+
+def outer_group(*, plan: Plan, mesh: Any, sync_mesh: Any) -> dist.ProcessGroup:
+    """The replicas' group (types/local_sgd.py): HSDP's replicate axis, else the dp axis."""
+    from autoplan.types.hsdp import HSDP_AXES
+
+    if plan.dp_replicate > 1:
+        return sync_mesh[HSDP_AXES[0]].get_group()
+    return mesh["dp"].get_group()
+
+
+def inner_mesh(*, plan: Plan, sync_mesh: Any) -> Any:
+    """The mesh the gradients still sync over every step: the shard group under HSDP at H > 1, else
+    ``sync_mesh`` (at H = 1 the plan is synchronous; at H > 1 without HSDP no rank syncs gradients)."""
+    from autoplan.types.hsdp import HSDP_AXES
+
+    if plan.sync_every > 1 and plan.dp_replicate > 1:
+        return sync_mesh[HSDP_AXES[1]]
+    return sync_mesh
