@@ -106,7 +106,7 @@ def parallelize(
     mesh = build_mesh(plan=plan)
     sync_mesh = grad_mesh(mesh=mesh, plan=plan)
     outer = outer_group(plan=plan, mesh=mesh, sync_mesh=sync_mesh) if is_local_sgd(plan) else None
-    sync_mesh = inner_mesh(plan=plan, sync_mesh=sync_mesh)  # local SGD: no gradient sync over the replicas
+    inner = inner_mesh(plan=plan, sync_mesh=sync_mesh)  # local SGD: no gradient sync over the replicas
     ep_mesh = expert_mesh(mesh=mesh, plan=plan)
     model = model.to(device)
     blocks = [b for stage in plan.stages for b in stage] or find_blocks(
@@ -169,7 +169,7 @@ def parallelize(
             module=module,
             blocks=blocks,
             plan=plan,
-            dp_mesh=sync_mesh,
+            dp_mesh=inner,
             mode=mode,
             device=device,
             policy=policy,
@@ -187,7 +187,7 @@ def parallelize(
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = _optimizer(
         plan=plan, mode=mode, params=params, modules=list(modules.values()), blocks=blocks, optimizer_fn=optimizer_fn,
-        dp_mesh=sync_mesh, reduce_dtype=policy.reduce_dtype, ep=ep_state,
+        dp_mesh=inner, reduce_dtype=policy.reduce_dtype, ep=ep_state,
     )  # fmt: skip
     scaler = ShardedGradScaler(device=device) if policy.scales_loss else None
     trainer = Trainer(

@@ -34,13 +34,21 @@ class OuterSync:
         self.tensors = [local(p.detach()) for p in params]
         self.steps = 0
         self.synced_last_step = False
-        self.spread_before = 0.0  # max |theta_r - avg| on this rank at the last sync (replicas had drifted)
+        self.measure_drift = False  # --verify's: how far the replicas drifted apart (execute/job/replicas.py)
+        self.spread_before = 0.0  # max |theta_r - avg| on this rank at the last sync, when measured
         self.anchors: list[torch.Tensor] = []
         self.optimizer: torch.optim.Optimizer | None = None
         if plan.outer_optimizer == "nesterov":
             self.anchors = [t.detach().clone().float() for t in self.tensors]
             mu = plan.outer_momentum
-            self.optimizer = torch.optim.SGD(self.anchors, lr=plan.outer_lr, momentum=mu, nesterov=mu > 0)
+            # one parameter at a time (foreach=False): Nesterov's d + mu m is then one parameter's temporary, not
+            # a second copy of them all (cost/dp/local_sgd.py prices the flat buffer only); syncs are rare
+            nesterov = dict(momentum=mu, nesterov=mu > 0, foreach=False)
+            self.optimizer = torch.optim.SGD(self.anchors, lr=plan.outer_lr, **nesterov)
+
+    def sync_next(self) -> None:
+        """Make the next step an outer-sync step (the execution audit's step: it then sees the outer all-reduce)."""
+        self.steps = self.every - 1
 
     def after_step(self) -> None:
         """Count one inner step; sync when H have passed since the last sync."""
@@ -53,22 +61,30 @@ class OuterSync:
     def sync(self) -> None:
         """Average over the outer group, then the outer step where there is one (module docstring)."""
         flat = torch.cat([t.reshape(-1).float() for t in self.tensors])
-        mine = flat.clone()
         op = dist.ReduceOp.AVG if dist.get_backend(self.group) == "nccl" else dist.ReduceOp.SUM
         dist.all_reduce(flat, op=op, group=self.group)
         if op == dist.ReduceOp.SUM:
             flat /= dist.get_world_size(self.group)
-        self.spread_before = float((mine - flat).abs().max()) if flat.numel() else 0.0
-        averages = flat.split([t.numel() for t in self.tensors])
+        averages = [avg.view_as(t) for avg, t in zip(flat.split([t.numel() for t in self.tensors]), self.tensors)]
+        if self.measure_drift:
+            drifts = [float((t.float() - avg).abs().max()) for t, avg in zip(self.tensors, averages) if t.numel()]
+            self.spread_before = max(drifts, default=0.0)
         if self.optimizer is None:
             for tensor, avg in zip(self.tensors, averages):
-                tensor.copy_(avg.view_as(tensor))
+                tensor.copy_(avg)
             return
-        for anchor, avg in zip(self.anchors, averages):
-            anchor.grad = anchor - avg.view_as(anchor)
+        for anchor, avg in zip(self.anchors, averages):  # the outer gradient in the flat buffer: no second copy
+            anchor.grad = avg.neg_().add_(anchor)
         self.optimizer.step()
         for tensor, anchor in zip(self.tensors, self.anchors):
             tensor.copy_(anchor)
+            anchor.grad = None
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """What the outer sync keeps between syncs: DiLoCo's anchors and momentum buffers (the audit's)."""
+        state = self.optimizer.state if self.optimizer else {}
+        momenta = [state[a]["momentum_buffer"] for a in self.anchors if "momentum_buffer" in state.get(a, {})]
+        return self.anchors + momenta
 
     def held_for(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """DiLoCo's state of one parameter, shaped like its local tensor: "anchor" and (after the first outer

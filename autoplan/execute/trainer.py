@@ -231,6 +231,11 @@ class Trainer:
             self.optimizer.step()
         self.scaler.update(found_inf)
 
+    def sync_next(self) -> None:
+        """Local SGD / DiLoCo: make the next step an outer-sync step (the execution audit's); nothing otherwise."""
+        if self.outer is not None:
+            self.outer.sync_next()
+
     def weights_ready(self) -> None:
         """Finish ZeRO-1's all-gathers left for the next forward (``overlap_param_gather``,
         execute/param_gather.py): call before reading the weights outside a forward."""

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import PlanError
+from autoplan.types import local_sgd
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
 from autoplan.types.activation_offload import check_activation_offload
 from autoplan.types.expert_layout import check_expert_layout
 from autoplan.types.grad_compression import check_compression
 from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
-from autoplan.types.local_sgd import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, check_local_sgd, describe_local_sgd
 from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.offload import OFFLOADS, check_offload  # noqa: F401 (OFFLOADS: the plan's names)
 from autoplan.types.prediction import Prediction
@@ -44,8 +44,8 @@ OMITTED_AT_DEFAULT = (
     ("offload_activations", False),
     ("sync_every", 1),
     ("outer_optimizer", "average"),
-    ("outer_lr", DILOCO_OUTER_LR),
-    ("outer_momentum", DILOCO_OUTER_MOMENTUM),
+    ("outer_lr", local_sgd.DILOCO_OUTER_LR),
+    ("outer_momentum", local_sgd.DILOCO_OUTER_MOMENTUM),
 )
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
@@ -183,8 +183,8 @@ class Plan:
     offload_activations: bool = False
     sync_every: int = 1  # local SGD / DiLoCo (types/local_sgd.py)
     outer_optimizer: str = "average"
-    outer_lr: float = DILOCO_OUTER_LR
-    outer_momentum: float = DILOCO_OUTER_MOMENTUM
+    outer_lr: float = local_sgd.DILOCO_OUTER_LR
+    outer_momentum: float = local_sgd.DILOCO_OUTER_MOMENTUM
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -253,7 +253,7 @@ class Plan:
         check_dp_replicate(self)
         check_offload(self)
         check_activation_offload(self)
-        check_local_sgd(self)
+        local_sgd.check_local_sgd(self)
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
@@ -282,7 +282,7 @@ class Plan:
     def runs_ddp(self) -> bool:
         """Whether the executor realises this plan's data parallelism with DDP (:func:`runs_ddp`)."""
         return runs_ddp(  # the dp x cp ranks hold the same weights and sync their gradients together
-            dp=self.dp * self.cp,
+            dp=local_sgd.inner_dp(self) * self.cp,  # (within a replica only under local SGD)
             tp=self.tp,
             pp=self.pp,
             zero_stage=self.zero_stage,
@@ -292,7 +292,9 @@ class Plan:
     @property
     def flat_grads(self) -> bool:
         """Whether the executor holds this plan's gradients in one flat buffer (:func:`flat_grads`)."""
-        return flat_grads(dp=self.dp * self.cp, tp=self.tp, zero_stage=self.zero_stage, runs_ddp=self.runs_ddp)
+        return flat_grads(
+            dp=local_sgd.inner_dp(self) * self.cp, tp=self.tp, zero_stage=self.zero_stage, runs_ddp=self.runs_ddp
+        )
 
     @property
     def runtime_preset(self) -> Runtime:
@@ -355,7 +357,7 @@ class Plan:
         red += " offload-act" if self.offload_activations else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
-        red += describe_local_sgd(self)
+        red += local_sgd.describe_local_sgd(self)
         rc = describe_counts(self.recompute, self.recompute_blocks)
         return (
             f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "

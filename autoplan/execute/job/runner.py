@@ -266,6 +266,7 @@ def _reference(*, trainer, model, model_file):
     from autoplan.execute.job.reference import Reference
 
     if trainer.outer is not None and not equals_synchronous(trainer.plan):  # approximate: its invariant instead
+        trainer.outer.measure_drift = True
         return ReplicaCheck()
     return Reference(model=model.to(trainer.device), plan=trainer.plan, loss_fn=model_file.loss, policy=trainer.policy)
 
