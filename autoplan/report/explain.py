@@ -40,6 +40,7 @@ from autoplan.report.families import FamilyVerdict, Rival, families, family_of, 
 from autoplan.report.fp8 import fp8_gain
 from autoplan.report.frozen import frozen_saving
 from autoplan.report.hsdp import hsdp_why
+from autoplan.report.local_sgd import local_sgd_why
 from autoplan.report.offload import offload_why
 from autoplan.report.recompute_budget import recompute_why
 from autoplan.report.search_again import search_again
@@ -83,6 +84,7 @@ class Explanation:
     recompute: str = ""  # why the plan recomputes k of L blocks per stage, under a budget (report/recompute_budget.py)
     frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
     zero_bubble: str = ""  # why the plan runs a zero-bubble schedule, when it does (report/zero_bubble.py)
+    local_sgd: str = ""  # why it syncs its replicas every H steps, and what H trades (report/local_sgd.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -183,6 +185,7 @@ def explain_result(
         recompute=recompute_why(model, best.plan, best.cost),
         frozen=frozen_saving(model, best.plan, best.cost),
         zero_bubble=zero_bubble_why(model, best.plan, best.cost),
+        local_sgd=local_sgd_why(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict

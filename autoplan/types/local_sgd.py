@@ -77,32 +77,34 @@ def check_local_sgd(plan: Any) -> None:
     _check_outer_hyper(plan)
     if not is_local_sgd(plan):
         return
+    refusal = outer_sync_refusal(plan)
+    if refusal:
+        raise PlanError(f"plan sync_every={h} outer_optimizer='{name}' with {plan.describe()}: {refusal}")
+
+
+def outer_sync_refusal(plan: Any) -> str:
+    """Why the executor cannot run an outer sync on ``plan``'s layout (its dp, zero_stage, dp_replicate, ep, cp,
+    grad_compression, offload and runtime), in one sentence; '' when it can (the search asks too)."""
     if outer_degree(plan) < 2:
-        raise PlanError(
-            f"plan sync_every={h} outer_optimizer='{name}' with {plan.describe()}: the outer sync averages "
-            "replicas, so it needs dp > 1 (zero_stage 0) or dp_replicate > 1 (HSDP)."
-        )
+        return "the outer sync averages replicas, so it needs dp > 1 (zero_stage 0) or dp_replicate > 1 (HSDP)."
     if plan.zero_stage > 0 and plan.dp_replicate == 1:
-        raise PlanError(
-            f"plan sync_every={h} with zero_stage {plan.zero_stage} and dp_replicate 1: ZeRO shards the states over "
-            "every dp rank, which leaves no replicas to average; use zero_stage 0, or dp_replicate > 1 for ZeRO "
-            "within each replica and the outer sync across replicas (HSDP)."
-        )
-    if not (plan.ep == 1 and plan.cp == 1 and plan.grad_compression == "none" and plan.offload == "none"):
-        raise PlanError(
-            f"plan sync_every={h} outer_optimizer='{name}' with {plan.describe()}: the outer sync composes with "
-            "tp, pp and ZeRO/HSDP so far; use ep = 1, cp = 1, grad_compression 'none' and offload 'none'."
+        return (
+            f"ZeRO-{plan.zero_stage} shards the states over every dp rank, which leaves no replicas to average; use "
+            "zero_stage 0, or dp_replicate > 1 for ZeRO within each replica and the outer sync across them (HSDP)."
         )
     if plan.zero_stage == 1:
-        raise PlanError(
-            f"plan sync_every={h} with zero_stage 1: ZeRO-1's fp32 master slices would have to be averaged beside "
-            "the weights; use zero_stage 2 or 3 (FSDP2, whose shards are the optimizer's parameters)."
+        return (
+            "ZeRO-1's fp32 master slices would have to be averaged beside the weights; use zero_stage 2 or 3 "
+            "(FSDP2, whose shards are the optimizer's parameters)."
+        )
+    if not (plan.ep == 1 and plan.cp == 1 and plan.grad_compression == "none" and plan.offload == "none"):
+        return (
+            "the outer sync composes with tp, pp and ZeRO/HSDP so far; use ep = 1, cp = 1, grad_compression "
+            "'none' and offload 'none'."
         )
     if plan.runtime != "autoplan":
-        raise PlanError(
-            f"plan sync_every={h} outer_optimizer='{name}' with runtime '{plan.runtime}': only autoplan's executor "
-            "runs the outer sync; use runtime 'autoplan'."
-        )
+        return f"only autoplan's executor runs the outer sync, not runtime '{plan.runtime}'."
+    return ""
 
 
 def _check_outer_hyper(plan: Any) -> None:
