@@ -15,7 +15,7 @@ from dataclasses import replace
 from autoplan.cost import CostModel, plan_mesh_groups
 from autoplan.display import duration_text, number_text
 from autoplan.types.cost import Cost
-from autoplan.types.local_sgd import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, is_local_sgd, outer_degree
+from autoplan.types.local_sgd import is_local_sgd, outer_degree, synchronous_fields
 from autoplan.types.plan import Plan
 
 GIB = 2**30
@@ -25,10 +25,7 @@ def local_sgd_why(model: CostModel, plan: Plan, cost: Cost) -> str:
     """The sentence (module docstring); '' for a synchronous plan."""
     if not is_local_sgd(plan):
         return ""
-    synced = replace(
-        plan, sync_every=1, outer_optimizer="average", outer_lr=DILOCO_OUTER_LR,
-        outer_momentum=DILOCO_OUTER_MOMENTUM, predicted=None,
-    )  # fmt: skip
+    synced = replace(plan, predicted=None, **synchronous_fields())
     synced_cost = model.estimate(synced)
     groups = plan_mesh_groups(model.profile, plan)
     outer = groups["dp_replicate"] if plan.dp_replicate > 1 else groups["dp"]

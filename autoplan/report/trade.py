@@ -25,15 +25,9 @@ from dataclasses import asdict, dataclass, replace
 from autoplan.cost import PRECISION_BYTES, CostModel, compresses_any
 from autoplan.display import number_text
 from autoplan.errors import PlanError
-from autoplan.solve.local_sgd import CANDIDATES, SYNCHRONOUS
-from autoplan.types.local_sgd import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, is_local_sgd, outer_sync_refusal
+from autoplan.solve.local_sgd import CANDIDATES
+from autoplan.types.local_sgd import is_local_sgd, outer_sync_refusal, synchronous_fields
 from autoplan.types.plan import Plan
-
-#: the synchronous plan's outer-sync fields
-SYNCHRONOUS_FIELDS = dict(
-    sync_every=SYNCHRONOUS[0], outer_optimizer=SYNCHRONOUS[1], outer_lr=DILOCO_OUTER_LR,
-    outer_momentum=DILOCO_OUTER_MOMENTUM,
-)  # fmt: skip
 
 POWERSGD_RANKS = (1, 2, 4, 8)
 
@@ -95,7 +89,7 @@ def _needs(variant: Plan, allowed: set[str]) -> list[str]:
 
 def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
     """Each option once (by what it changes), the chosen plan first."""
-    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0, **SYNCHRONOUS_FIELDS)
+    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0, **synchronous_fields())
     peaks = model.profile.device.peak_flops
     variants = [plan]
     if plan.precision in ("bf16", "fp8"):

@@ -27,6 +27,11 @@ DILOCO_OUTER_LR = 0.7
 DILOCO_OUTER_MOMENTUM = 0.9
 
 
+def synchronous_fields() -> dict[str, Any]:
+    """The plan fields of a synchronous plan (``dataclasses.replace(plan, **synchronous_fields())``)."""
+    return dict(sync_every=1, outer_optimizer="average", outer_lr=DILOCO_OUTER_LR, outer_momentum=DILOCO_OUTER_MOMENTUM)
+
+
 def is_local_sgd(plan: Any) -> bool:
     """Whether the plan runs an outer sync at all (H > 1, or an outer optimizer on a synchronous plan)."""
     return plan.sync_every > 1 or plan.outer_optimizer != "average"
