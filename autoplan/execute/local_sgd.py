@@ -86,6 +86,20 @@ class OuterSync:
         momenta = [state[a]["momentum_buffer"] for a in self.anchors if "momentum_buffer" in state.get(a, {})]
         return self.anchors + momenta
 
+    def momentum_for(self, anchor: torch.Tensor) -> torch.Tensor:
+        """The anchor's Nesterov momentum buffer, created at zero where no outer step made it yet (a zero
+        buffer steps as torch's first step does, at dampening 0): somewhere for a checkpoint to load into."""
+        held = self.optimizer.state[anchor]
+        if "momentum_buffer" not in held:
+            held["momentum_buffer"] = torch.zeros_like(anchor)
+        return held["momentum_buffer"]
+
+    @torch.no_grad()
+    def rebase(self) -> None:
+        """The anchors := the parameters (after loading weights without them: execute/checkpoint/outer.py)."""
+        for anchor, tensor in zip(self.anchors, self.tensors):
+            anchor.copy_(tensor)
+
     def held_for(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """DiLoCo's state of one parameter, shaped like its local tensor: "anchor" and (after the first outer
         step with momentum) "momentum_buffer"; empty for "average" or a parameter this sync does not hold."""
