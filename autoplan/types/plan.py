@@ -249,11 +249,11 @@ class Plan:
             raise PlanError(
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}."
             )
+        local_sgd.check_local_sgd(self)  # first: it changes which ranks run DDP, which PowerSGD's rule reads
         check_compression(self)
         check_dp_replicate(self)
         check_offload(self)
         check_activation_offload(self)
-        local_sgd.check_local_sgd(self)
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
