@@ -26,6 +26,7 @@ from autoplan.cost.cp.block import check_context_parallel
 from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp.accumulation import accumulate_s
 from autoplan.cost.dp.compression import PowerSGDTraffic
+from autoplan.cost.dp.local_sgd import price_outer_sync
 from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.activation_offload import link_bytes_per_s, offload_block
 from autoplan.cost.memory.offload import price_offload
@@ -292,6 +293,7 @@ class CostModel:
         self.memory.fill(
             cost, shard_view(weights), stages, [self.powersgd_stage(weights, s) for s in stages]
         )  # HSDP: S ranks
+        price_outer_sync(cost, self.profile, plan, stages, groups=groups)  # local SGD / DiLoCo, if any
         self._throughput(cost, plan)
         return cost
 

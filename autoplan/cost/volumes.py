@@ -33,6 +33,7 @@ from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.cp import messages as cp_messages
 from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp import messages as dp_messages
+from autoplan.cost.dp.local_sgd import outer_message
 from autoplan.cost.memory.offload import offload_bytes
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.experts import COUNT_BYTES, A2AMessages, a2a_per_microbatch, dispatch_bytes
@@ -85,6 +86,8 @@ def predict(model: CostModel, plan: Plan) -> list[StagePrediction]:
         _activation_offload(pred, plan, stage)
         pred.fused_regions = _fused_regions(plan, model, index)
         _add(pred, _world_dim(plan), dp_messages.overflow_flag(plan))
+        if outer := outer_message(plan, stage):  # local SGD / DiLoCo (cost/dp/local_sgd.py)
+            _add(pred, outer[0], outer[1])
         predictions.append(pred)
     _tied(predictions, plan, model, stages)
     return predictions

@@ -42,6 +42,7 @@ from autoplan.execute.compiled import compile_blocks
 from autoplan.execute.context_parallel import build_context_parallel
 from autoplan.execute.flat_grads import allreduce_buffer
 from autoplan.execute.grad_scaler import ShardedGradScaler
+from autoplan.execute.local_sgd import OuterSync, inner_mesh, outer_group
 from autoplan.execute.materialize import materialize
 from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mesh, local_device
 from autoplan.execute.offload import OffloadedOptimizer, OneRank
@@ -56,6 +57,7 @@ from autoplan.execute.zero import sharded_optimizer
 from autoplan.trace.build import seq_len_of
 from autoplan.trace.layers import find_blocks
 from autoplan.types.activation_offload import offloaded_blocks
+from autoplan.types.local_sgd import is_local_sgd
 from autoplan.types.plan import Plan
 from autoplan.types.runtime import check_runs_on_autoplan
 
@@ -103,6 +105,8 @@ def parallelize(
     fp8_linears = float8.eligible_fqns(model, plan, exclude=tuple(experts) + list_moe)
     mesh = build_mesh(plan=plan)
     sync_mesh = grad_mesh(mesh=mesh, plan=plan)
+    outer = outer_group(plan=plan, mesh=mesh, sync_mesh=sync_mesh) if is_local_sgd(plan) else None
+    inner = inner_mesh(plan=plan, sync_mesh=sync_mesh)  # local SGD: no gradient sync over the replicas
     ep_mesh = expert_mesh(mesh=mesh, plan=plan)
     model = model.to(device)
     blocks = [b for stage in plan.stages for b in stage] or find_blocks(
@@ -129,7 +133,7 @@ def parallelize(
     ep_state = expert_parallel.apply_expert_parallel(
         modules=modules, plan=plan, dispatches=experts, expert_mesh=ep_mesh, eager=plan.pp == 1
     )
-    mode = data_parallel.dp_mode(plan=plan)
+    mode = data_parallel.dp_mode(plan=plan) if plan.sync_every == 1 or plan.dp_replicate > 1 else "none"
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
     checkpointed, offload = 0, ActivationOffload() if plan.offload_activations else None
     if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)
@@ -165,7 +169,7 @@ def parallelize(
             module=module,
             blocks=blocks,
             plan=plan,
-            dp_mesh=sync_mesh,
+            dp_mesh=inner,
             mode=mode,
             device=device,
             policy=policy,
@@ -183,7 +187,7 @@ def parallelize(
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     optimizer = _optimizer(
         plan=plan, mode=mode, params=params, modules=list(modules.values()), blocks=blocks, optimizer_fn=optimizer_fn,
-        dp_mesh=sync_mesh, reduce_dtype=policy.reduce_dtype, ep=ep_state,
+        dp_mesh=inner, reduce_dtype=policy.reduce_dtype, ep=ep_state,
     )  # fmt: skip
     scaler = ShardedGradScaler(device=device) if policy.scales_loss else None
     trainer = Trainer(
@@ -203,6 +207,7 @@ def parallelize(
         grad_mesh=sync_mesh,
         context=cp_state,
         activation_offload=offload,
+        outer=OuterSync(plan=plan, params=params, group=outer) if outer is not None else None,
         flat_grads=allreduce_buffer(dense=expert_parallel.split_params(params, ep_state)[0], some_unused=bool(list_moe))
         if mode == "allreduce"
         else None,

@@ -80,6 +80,7 @@ class Trainer:
     context: Any = None  # a ContextParallel at cp > 1 (context_parallel.py)
     flat_grads: Any = None  # the explicit all-reduce's FlatGrads: gradients as views of one buffer (flat_grads.py)
     activation_offload: Any = None  # an ActivationOffload under offload_activations (activation_offload.py)
+    outer: Any = None  # local SGD / DiLoCo's OuterSync, run after the optimizer step (local_sgd.py)
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
@@ -146,6 +147,9 @@ class Trainer:
             )
             self._sync_grads()
         self._optimizer_step()
+        if self.outer is not None:  # after the inner step, on the weights it wrote
+            self.weights_ready()
+            self.outer.after_step()
         return loss
 
     def _forward_context(self):
@@ -226,6 +230,11 @@ class Trainer:
         if not found_inf:
             self.optimizer.step()
         self.scaler.update(found_inf)
+
+    def sync_next(self) -> None:
+        """Local SGD / DiLoCo: make the next step an outer-sync step (the execution audit's); nothing otherwise."""
+        if self.outer is not None:
+            self.outer.sync_next()
 
     def weights_ready(self) -> None:
         """Finish ZeRO-1's all-gathers left for the next forward (``overlap_param_gather``,

@@ -20,6 +20,7 @@ import yaml
 
 from autoplan.export.activation_offload import activation_offload_notes
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, split_note
+from autoplan.export.local_sgd import local_sgd_notes
 from autoplan.export.offload import accelerate_offload_params, read_offload
 from autoplan.export.recompute_budget import every_block_note
 from autoplan.types.plan import Plan
@@ -167,6 +168,7 @@ def _unexpressed(plan: Plan, kind: str) -> list[str]:
     ]
     found += _sharding_gaps(plan, kind) + _parallel_gaps(plan) + _reduction_gaps(plan, kind)
     found += activation_offload_notes(plan, "Accelerate")
+    found += local_sgd_notes(plan, "Accelerate")
     if plan.recompute_blocks:
         how = "checkpoints every wrapped block (fsdp_activation_checkpointing is one switch)"
         found.append(every_block_note(plan, trainer="Accelerate", how=how))

@@ -17,6 +17,7 @@ from typing import Any
 from autoplan.export.activation_offload import activation_offload_notes
 from autoplan.export.common import Exported, ModelFacts, expert_layout_notes, layers_per_stage, split_note
 from autoplan.export.deepspeed_read import SECTION, read
+from autoplan.export.local_sgd import local_sgd_notes
 from autoplan.export.offload import deepspeed_offload
 from autoplan.export.recompute_budget import every_block_note
 from autoplan.types.offload import one_rank_offload
@@ -146,6 +147,7 @@ def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
     found = _pipeline_gaps(plan, facts) + _tensor_gaps(plan) + _context_gaps(plan)
     found += expert_layout_notes(plan, "DeepSpeed")
     found += activation_offload_notes(plan, "DeepSpeed")
+    found += local_sgd_notes(plan, "DeepSpeed")
     if grad_accum_dtype(plan) != "fp32" and not (plan.pp > 1 and plan.precision != "fp16"):
         found.append(
             f"zero_stage=0 with {plan.precision}: DeepSpeed without ZeRO holds and accumulates gradients in the "

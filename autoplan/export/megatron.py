@@ -20,6 +20,7 @@ from typing import Any
 
 from autoplan.export.activation_offload import megatron_activation_flags
 from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
+from autoplan.export.local_sgd import local_sgd_notes
 from autoplan.export.megatron_moe import expert_flags, expert_remarks, overlap_notes
 from autoplan.export.megatron_read import read
 from autoplan.export.offload import megatron_flags as offload_flags
@@ -211,7 +212,7 @@ def _general_notes(plan: Plan) -> list[str]:
     notes = [split_note(plan)] if split_note(plan) else []
     if plan.grad_compression == "powersgd":
         notes.insert(0, f"PowerSGD rank {plan.powersgd_rank}: Megatron-LM has no gradient compression.")
-    return notes
+    return notes + local_sgd_notes(plan, "Megatron-LM")
 
 
 def _launch(plan: Plan) -> str:

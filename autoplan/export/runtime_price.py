@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autoplan.types.graph import Graph
+from autoplan.types.local_sgd import synchronous_fields
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.runtime import runtime_named
@@ -34,9 +35,13 @@ class RuntimePrice:
 
 
 def for_runtime(plan: Plan, runtime: str) -> Plan:
-    """``plan``'s layout as ``runtime`` runs it (module docstring)."""
+    """``plan``'s layout as ``runtime`` runs it (module docstring): synchronous outside autoplan's executor,
+    which alone runs local SGD's outer sync (export/local_sgd.py)."""
     preset = runtime_named(runtime)
-    return replace(plan, runtime=runtime, compile=plan.compile and preset.compile, fp8_recipe="", predicted=None)
+    sync = {} if runtime == "autoplan" else synchronous_fields()
+    return replace(
+        plan, runtime=runtime, compile=plan.compile and preset.compile, fp8_recipe="", predicted=None, **sync
+    )
 
 
 def price_for_framework(plan: Plan, *, graph: Graph, profile: Profile, framework: str) -> RuntimePrice | None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from autoplan.export.activation_offload import activation_offload_notes
 from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, expert_layout_notes, split_note
+from autoplan.export.local_sgd import local_sgd_notes
 from autoplan.export.torchtitan_flavours import Flavour, Registry, describe_shape, matching, read_registry
 from autoplan.types.plan import Plan
 
@@ -187,6 +188,7 @@ def general_notes(plan: Plan) -> list[str]:
     if not plan.overlap_grad_reduce and plan.dp > 1:
         notes.append("gradient reduction after the backward: torchtitan's FSDP and DDP always overlap it.")
     notes += activation_offload_notes(plan, "torchtitan")
+    notes += local_sgd_notes(plan, "torchtitan")
     note = split_note(plan)
     if note:
         notes.append(note)

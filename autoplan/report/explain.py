@@ -41,6 +41,7 @@ from autoplan.report.fp8 import fp8_gain
 from autoplan.report.frozen import frozen_saving
 from autoplan.report.hsdp import hsdp_why
 from autoplan.report.moe_overlap import a2a_overlap_why
+from autoplan.report.local_sgd import local_sgd_why
 from autoplan.report.offload import offload_why
 from autoplan.report.recompute_budget import recompute_why
 from autoplan.report.search_again import search_again
@@ -85,6 +86,7 @@ class Explanation:
     frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
     zero_bubble: str = ""  # why the plan runs a zero-bubble schedule, when it does (report/zero_bubble.py)
     a2a_overlap: str = ""  # what overlapping the EP all-to-all hides and leaves, when it does (report/moe_overlap.py)
+    local_sgd: str = ""  # why it syncs its replicas every H steps, and what H trades (report/local_sgd.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -187,6 +189,7 @@ def explain_result(
         frozen=frozen_saving(model, best.plan, best.cost),
         zero_bubble=zero_bubble_why(model, best.plan, best.cost),
         a2a_overlap=a2a_overlap_why(model, best.plan, best.cost),
+        local_sgd=local_sgd_why(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict

@@ -20,6 +20,7 @@ from autoplan.display import duration_text
 from autoplan.errors import PlanError
 from autoplan.report.search_again import search_again
 from autoplan.types.graph import Graph
+from autoplan.types.local_sgd import is_local_sgd
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -54,8 +55,8 @@ def te_saving(plan: Plan, *, graph: Graph, profile: Profile) -> str:
     A plan of another runtime is priced as its Megatron export: runtime megatron, TE current scaling."""
     from autoplan.cost import CostModel
 
-    if plan.precision != "fp8" or "fp8" not in profile.device.peak_flops:
-        return ""
+    if plan.precision != "fp8" or "fp8" not in profile.device.peak_flops or is_local_sgd(plan):
+        return ""  # (Megatron runs no outer sync: types/local_sgd.py)
     if plan.runtime != "megatron":
         plan = replace(plan, runtime="megatron", compile=False, fp8_recipe="te_current")
     model = CostModel(graph, profile)

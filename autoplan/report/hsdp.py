@@ -15,14 +15,16 @@ from autoplan.cost import CostModel, plan_mesh_groups
 from autoplan.display import duration_text
 from autoplan.types.cost import Cost
 from autoplan.types.hsdp import dp_shard
+from autoplan.types.local_sgd import is_local_sgd
 from autoplan.types.plan import Plan
 
 GIB = 2**30
 
 
 def hsdp_why(model: CostModel, plan: Plan, cost: Cost) -> str:
-    """The sentence (module docstring); '' for a plan without HSDP."""
-    if plan.dp_replicate == 1:
+    """The sentence (module docstring); '' for a plan without HSDP, or one whose replicas sync every H steps
+    (report/local_sgd.py says why: full sharding leaves no replicas to average)."""
+    if plan.dp_replicate == 1 or is_local_sgd(plan):
         return ""
     flat = replace(plan, dp_replicate=1, predicted=None)
     flat_cost = model.estimate(flat)

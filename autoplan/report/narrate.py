@@ -63,6 +63,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", f"**Frozen parameters:** {exp.frozen}"] if exp.frozen else []
     lines += ["", f"**Context parallelism:** {exp.cp}"] if exp.cp else []
     lines += ["", f"**HSDP:** {exp.hsdp}"] if exp.hsdp else []
+    lines += ["", f"**Local SGD:** {exp.local_sgd}"] if exp.local_sgd else []
     lines += ["", f"**Expert layout:** {exp.experts}"] if exp.experts else []
     lines += ["", f"**All-to-all overlap:** {exp.a2a_overlap}"] if exp.a2a_overlap else []
     lines += ["", f"**Recompute budget:** {exp.recompute}"] if exp.recompute else []

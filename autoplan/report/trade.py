@@ -8,7 +8,9 @@ plan's shape allow, one at a time (docs/cost-model.md prices them):
 - PowerSGD at ranks 1, 2, 4 and 8 (and the plan's), where the executor runs DDP (ZeRO 0,
   tp = pp = ep = 1): the uncompressed tensors plus the P and Q factors on the wire, the hook's
   matmuls and error feedback added to the step, error-feedback memory held;
-- the matmul precision: bf16 beside fp8 where the device has an fp8 peak.
+- the matmul precision: bf16 beside fp8 where the device has an fp8 peak;
+- local SGD and DiLoCo at the search's settings (solve/local_sgd.py), where the executor runs the outer sync:
+  gradient bytes are then the outer all-reduce's amortised over its H steps (cost/dp/local_sgd.py).
 
 Each row gives the step time and its ratio to the chosen plan's, the gradient bytes one rank
 sends per step, the compression compute, the peak memory, whether it is lossy (``Plan.lossy``)
@@ -23,6 +25,8 @@ from dataclasses import asdict, dataclass, replace
 from autoplan.cost import PRECISION_BYTES, CostModel, compresses_any
 from autoplan.display import number_text
 from autoplan.errors import PlanError
+from autoplan.solve.local_sgd import CANDIDATES
+from autoplan.types.local_sgd import is_local_sgd, outer_sync_refusal, synchronous_fields
 from autoplan.types.plan import Plan
 
 POWERSGD_RANKS = (1, 2, 4, 8)
@@ -85,7 +89,7 @@ def _needs(variant: Plan, allowed: set[str]) -> list[str]:
 
 def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
     """Each option once (by what it changes), the chosen plan first."""
-    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0)
+    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0, **synchronous_fields())
     peaks = model.profile.device.peak_flops
     variants = [plan]
     if plan.precision in ("bf16", "fp8"):
@@ -94,6 +98,7 @@ def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
         low = "bf16" if "bf16" in peaks else "fp16"
         variants += [exact, _with(exact, grad_reduce_dtype=low)]
         variants += _powersgd_variants(plan, exact, model)
+        variants += [_with(exact, sync_every=h, outer_optimizer=name) for h, name in CANDIDATES if runs_outer(exact)]
     unique: dict[tuple, tuple[str, Plan]] = {}
     for variant in variants:
         unique.setdefault(_choice(variant), (label_of(variant), variant))
@@ -104,6 +109,9 @@ def label_of(plan: Plan) -> str:
     """``bf16, reduce fp32`` / ``fp32, PowerSGD rank 4``: the choices a trade row varies."""
     if plan.grad_compression == "powersgd":
         return f"{plan.precision}, PowerSGD rank {plan.powersgd_rank}"
+    if is_local_sgd(plan):
+        name = "DiLoCo" if plan.outer_optimizer == "nesterov" else "local SGD"
+        return f"{plan.precision}, reduce {plan.grad_reduce_dtype}, {name} every {plan.sync_every} steps"
     return f"{plan.precision}, reduce {plan.grad_reduce_dtype}" if plan.dp > 1 else plan.precision
 
 
@@ -118,8 +126,16 @@ def _powersgd_variants(plan: Plan, exact: Plan, model: CostModel) -> list[Plan]:
     ]
 
 
+def runs_outer(plan: Plan) -> bool:
+    """Whether the executor runs an outer sync on this plan's layout (types/local_sgd.py)."""
+    return not outer_sync_refusal(plan)
+
+
 def _choice(plan: Plan) -> tuple:
-    return (plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank)
+    return (
+        plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank, plan.sync_every,
+        plan.outer_optimizer,
+    )  # fmt: skip
 
 
 def _same_choice(a: Plan, b: Plan) -> bool:
@@ -139,7 +155,9 @@ def _grad_bytes(model: CostModel, plan: Plan) -> float:
     stages, _, _ = model.priced_stages(plan)
     if plan.grad_compression == "powersgd":
         return max(model.powersgd_stage(plan, s).sent_bytes for s in stages)
-    return max(s.trainable_params for s in stages) * PRECISION_BYTES[plan.grad_reduce_dtype]
+    outer = model.estimate(plan).extra.get("outer_sync_bytes", 0.0) / plan.sync_every  # local SGD's, amortised
+    inner = plan.sync_every == 1 or plan.dp_replicate > 1  # gradients synced every step (within a replica)
+    return outer + inner * max(s.trainable_params for s in stages) * PRECISION_BYTES[plan.grad_reduce_dtype]
 
 
 def trade_lines(rows: list[dict]) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Callable
 from autoplan.cost import bubble_floor
 from autoplan.solve import space
 from autoplan.types.cost import Cost
+from autoplan.types.local_sgd import is_local_sgd
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 from autoplan.types.recompute import describe_counts
@@ -160,6 +161,8 @@ class Group:
             overlap_param_gather=grads.param_gather,
             dp_replicate=grads.replicate,
             offload=grads.offload,
+            sync_every=grads.sync_every,
+            outer_optimizer=grads.outer_optimizer,
             ep=deg.ep,
             expert_tp=deg.expert_tp,
             cp=deg.cp,
@@ -212,4 +215,5 @@ def config_of(plan: Plan) -> dict:
         **({"offload": plan.offload} if plan.offload != "none" else {}),  # plans.csv keeps its columns
         **({"offload_activations": True} if plan.offload_activations else {}),
         **({"moe_a2a_overlap": True} if plan.moe_a2a_overlap else {}),
+        **({"sync_every": plan.sync_every, "outer_optimizer": plan.outer_optimizer} if is_local_sgd(plan) else {}),
     )

@@ -11,14 +11,16 @@ and ``cp_variant``
 (allgather, ring, ulysses); ``recompute_blocks`` a recompute budget, one count per pipeline chunk
 joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
 Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload), ``offload_activations`` (on/off:
-Plan.offload_activations), ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py) and
-``moe_a2a_overlap`` (on/off: the EP all-to-all beside the other micro-batch's compute, solve/moe_overlap.py).
+Plan.offload_activations), ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py),
+``moe_a2a_overlap`` (on/off: the EP all-to-all beside the other micro-batch's compute, solve/moe_overlap.py), and
+``sync_every`` (local SGD's H, an integer >= 1) with ``outer_optimizer`` (average, nesterov: solve/local_sgd.py).
 Anything else is refused in one sentence.
 """
 
 from __future__ import annotations
 
 from autoplan.errors import PlanError
+from autoplan.types.local_sgd import OUTER_OPTIMIZERS
 from autoplan.types.plan import CP_VARIANTS, OFFLOADS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
 
 FIX_KEYS = (
@@ -46,8 +48,10 @@ FIX_KEYS = (
     "expert_tp",
     "offload_activations",
     "moe_a2a_overlap",
+    "sync_every",
+    "outer_optimizer",
 )
-_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp")
+_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp", "sync_every")
 _SCHEDULE_ALIASES = {
     "interleaved": "interleaved_1f1b",
     "interleaved_1f1b": "interleaved_1f1b",
@@ -100,6 +104,7 @@ def _typed(key: str, value: str) -> object:
         "reduce": REDUCE_DTYPES,
         "cp_variant": CP_VARIANTS,
         "offload": OFFLOADS,
+        "outer_optimizer": OUTER_OPTIMIZERS,
     }[key]
     if value not in choices:
         raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")

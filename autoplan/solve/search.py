@@ -32,6 +32,7 @@ from autoplan.errors import PlanError
 from autoplan.solve import activation_offload, expert_layout, moe_overlap, recompute_budget, space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
+from autoplan.solve.local_sgd import check_local_sgd_pins
 from autoplan.solve.partitions import Partitions
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
 from autoplan.solve.stage_costs import StageCosts
@@ -60,6 +61,7 @@ class Search:
         self.graph, self.profile, self.options, self.fixes = graph, profile, options, options.fixes
         self.moe_limits = expert_layout.limits(graph, self.fixes, runtime=options.runtime)  # or its pin, refused
         space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
+        check_local_sgd_pins(self.fixes, allow_lossy=options.allow_lossy)
         check_cp_pins(graph, profile, self.fixes)
         activation_offload.check_activation_offload_pin(profile, self.fixes, options.runtime)
         moe_overlap.check_pin(self.fixes, options.runtime)

@@ -19,6 +19,7 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
   PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy);
   under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward;
 - HSDP under ZeRO 1-3: full sharding, or shard groups of a node's dp ranks times a power of two (solve/hsdp.py).
+- outer sync (solve/local_sgd.py): synchronous; with ``allow_lossy`` local SGD and DiLoCo over the replicas.
 - offload (solve/offload.py): "optimizer" beside ZeRO-1, "full" beside ZeRO-3 at pp = 1, where the profile
   has a host section and the runtime runs it; chosen only where it pays (it always costs step time).
 """
@@ -32,6 +33,7 @@ from autoplan.errors import PlanError
 from autoplan.solve.context_parallel import cp_allows
 from autoplan.solve.expert_layout import layout_options, zero_runs
 from autoplan.solve.hsdp import check_hsdp_pin, replicate_options
+from autoplan.solve.local_sgd import outer_sync_options
 from autoplan.solve.offload import offload_options
 from autoplan.solve.pins import check_budget_pin
 from autoplan.solve.schedules import schedule_options  # noqa: F401 (space.schedule_options: the search's name)
@@ -192,6 +194,8 @@ class GradSync:
     param_gather: bool = False
     replicate: int = 1  # HSDP's dp_replicate (solve/hsdp.py)
     offload: str = "none"
+    sync_every: int = 1  # local SGD / DiLoCo (solve/local_sgd.py)
+    outer_optimizer: str = "average"
 
 
 EXACT = GradSync()
@@ -216,7 +220,7 @@ def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, options: Any) -> 
     """(ZeRO stage, gradient sync with its HSDP split and offload) choices of one degree under the search's
     ``options`` (``allow_lossy``: --allow-lossy; ``runtime``: which ZeRO stages run as HSDP, solve/hsdp.py,
     and which offloads, solve/offload.py); offload runs without HSDP (types/offload.py)."""
-    return [
+    layouts = [
         (zero, replace(grads, replicate=replicate, offload=offload))
         for zero in zero_options(dp=deg.dp_cp, fixes=fixes)
         if zero_runs(deg, zero, runtime=options.runtime)  # solve/expert_layout.py
@@ -233,6 +237,14 @@ def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, options: Any) -> 
         )
         for offload in offload_options(profile, deg=deg, zero=zero, grads=grads, fixes=fixes, runtime=options.runtime)
         if offload == "none" or replicate == 1
+    ]
+    lossy, runtime = options.allow_lossy, options.runtime
+    return [
+        (zero, replace(grads, sync_every=every, outer_optimizer=outer))
+        for zero, grads in layouts
+        for every, outer in outer_sync_options(
+            deg=deg, zero=zero, grads=grads, fixes=fixes, allow_lossy=lossy, runtime=runtime
+        )
     ]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import PlanError
+from autoplan.types import local_sgd
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
 from autoplan.types.activation_offload import check_activation_offload
 from autoplan.types.expert_layout import check_expert_layout
@@ -43,6 +44,10 @@ OMITTED_AT_DEFAULT = (
     ("expert_tp", 1),
     ("offload_activations", False),
     ("moe_a2a_overlap", False),
+    ("sync_every", 1),
+    ("outer_optimizer", "average"),
+    ("outer_lr", local_sgd.DILOCO_OUTER_LR),
+    ("outer_momentum", local_sgd.DILOCO_OUTER_MOMENTUM),
 )
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
@@ -180,6 +185,10 @@ class Plan:
     expert_tp: int = 1
     offload_activations: bool = False
     moe_a2a_overlap: bool = False
+    sync_every: int = 1  # local SGD / DiLoCo (types/local_sgd.py)
+    outer_optimizer: str = "average"
+    outer_lr: float = local_sgd.DILOCO_OUTER_LR
+    outer_momentum: float = local_sgd.DILOCO_OUTER_MOMENTUM
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -244,6 +253,7 @@ class Plan:
             raise PlanError(
                 f"plan grad_reduce_dtype='{self.grad_reduce_dtype}'; expected one of {', '.join(REDUCE_DTYPES)}."
             )
+        local_sgd.check_local_sgd(self)  # first: it changes which ranks run DDP, which PowerSGD's rule reads
         check_compression(self)
         check_dp_replicate(self)
         check_offload(self)
@@ -277,7 +287,7 @@ class Plan:
     def runs_ddp(self) -> bool:
         """Whether the executor realises this plan's data parallelism with DDP (:func:`runs_ddp`)."""
         return runs_ddp(  # the dp x cp ranks hold the same weights and sync their gradients together
-            dp=self.dp * self.cp,
+            dp=local_sgd.inner_dp(self) * self.cp,  # (within a replica only under local SGD)
             tp=self.tp,
             pp=self.pp,
             zero_stage=self.zero_stage,
@@ -287,7 +297,9 @@ class Plan:
     @property
     def flat_grads(self) -> bool:
         """Whether the executor holds this plan's gradients in one flat buffer (:func:`flat_grads`)."""
-        return flat_grads(dp=self.dp * self.cp, tp=self.tp, zero_stage=self.zero_stage, runs_ddp=self.runs_ddp)
+        return flat_grads(
+            dp=local_sgd.inner_dp(self) * self.cp, tp=self.tp, zero_stage=self.zero_stage, runs_ddp=self.runs_ddp
+        )
 
     @property
     def runtime_preset(self) -> Runtime:
@@ -308,6 +320,7 @@ class Plan:
             found.append(f"gradient reduction in {self.grad_reduce_dtype}")
         if self.grad_compression == "powersgd":
             found.append(f"PowerSGD rank {self.powersgd_rank}")
+        found += [f"parameters averaged every {self.sync_every} steps"] if self.sync_every > 1 else []
         return found
 
     def _check_stages(self) -> None:
@@ -350,6 +363,7 @@ class Plan:
         red += " a2a-overlap" if self.moe_a2a_overlap else ""
         red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
         red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
+        red += local_sgd.describe_local_sgd(self)
         rc = describe_counts(self.recompute, self.recompute_blocks)
         return (
             f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "

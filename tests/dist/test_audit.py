@@ -56,6 +56,8 @@ CASES = [
     ("ddp_fp32_bf16_reduce", "gpt", dict(dp=2, grad_reduce_dtype="bf16")),
     ("zero3_fp32_fp16_reduce", "gpt", dict(dp=2, zero_stage=3, grad_reduce_dtype="fp16")),
     ("ddp_powersgd", "gpt", dict(dp=2, grad_compression="powersgd", powersgd_rank=2)),
+    # DiLoCo every 4 steps (cost/dp/local_sgd.py): no gradient sync, the audited step's outer fp32 all-reduce
+    ("diloco", "gpt", dict(dp=2, sync_every=4, outer_optimizer="nesterov")),
     ("tp", "gpt", dict(tp=2)),
     ("tp_default_split", "gpt", dict(tp=2, tp_plan={})),
     ("tp_gqa", "llama", dict(tp=2)),
@@ -128,6 +130,9 @@ FOUR = [
     ("hsdp_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
     ("hsdp_zero2", "gpt", dict(dp=4, dp_replicate=2, zero_stage=2)),
     ("hsdp_zero3", "llama", dict(dp=4, dp_replicate=2, zero_stage=3)),
+    # DiLoCo across the replicas, FSDP2 within each: ZeRO-2's messages on the shard group only, and the outer
+    # all-reduce of each rank's fp32 shard on "dp_replicate"
+    ("hsdp_zero2_diloco", "gpt", dict(dp=4, dp_replicate=2, zero_stage=2, sync_every=4, outer_optimizer="nesterov")),
     # HSDP beside cp: the shard group is dp_shard x cp (1 x 2 ranks), the replicas 2 (types/hsdp.py)
     ("hsdp_cp_zero2", "llama", dict(dp=2, dp_replicate=2, cp=2, zero_stage=2)),
     ("hsdp_cp_zero3", "gpt", dict(dp=2, dp_replicate=2, cp=2, zero_stage=3)),

@@ -59,6 +59,27 @@ def test_lossy_plans_verify_under_their_own_tolerance_and_steady_state(tmp_path,
     assert verify["steps"] == list(range(steps))
 
 
+@pytest.mark.parametrize("outer,steps,said", [
+    (dict(outer_optimizer="nesterov", outer_lr=1.0, outer_momentum=0.0), 2, "step 1: within tolerance"),
+    (dict(sync_every=3, outer_optimizer="nesterov"), 6, "step 5: outer sync; replicas had drifted"),
+], ids=["diloco-h1-lr1-equals-synchronous", "diloco-h3-replicas-identical-after-each-sync"])
+def test_local_sgd_verifies_exactly_where_it_must_and_by_its_invariant_elsewhere(tmp_path, outer, steps, said):
+    """Issue 36: DiLoCo at H = 1, lr 1, momentum 0 is the synchronous run and is compared with the reference
+    (execute/local_sgd.py); at H = 3 the verify says it is approximate and checks that every outer sync leaves
+    the replicas' parameters identical (execute/job/replicas.py), after they drifted apart in between."""
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, **outer)
+    result = _run([str(ROOT / "examples/gpt.py"), "--plan", str(plan.save(tmp_path / "plan.json")), "--steps",
+                   str(steps), "--verify", "--out", str(tmp_path / "run")], SMALL_GPT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout and said in result.stdout
+    verify = json.loads((tmp_path / "run/summary.json").read_text())["verify"]
+    if plan.sync_every > 1:
+        assert verify["approximate"] and verify["steps"] == [2, 5] and verify["replica_spread_after_sync"] == 0.0
+        assert "drifted 0.000e+00" not in result.stdout  # the inner steps did not sync the replicas
+    else:
+        assert verify["steps"] == [0, 1] and verify["tensors"] > 10
+
+
 def test_crashing_rank_stops_the_job_and_is_named(tmp_path):
     model = tmp_path / "crash.py"
     model.write_text(textwrap.dedent("""

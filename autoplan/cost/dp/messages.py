@@ -112,8 +112,15 @@ def dp_messages(plan: Plan, *, backend: str = "") -> tuple[DpMessage, ...]:
     ``backend`` (the profile's) says whether ZeRO-3 can gather FP8 weights ('': not asked, as bf16)."""
     if plan.dp == 1:
         return ()
+    if plan.sync_every > 1:  # local SGD: the gradients sync within a replica only (cost/dp/local_sgd.py)
+        return _synchronous(shard_view(plan), backend=backend) if plan.dp_replicate > 1 else ()
     if plan.dp_replicate > 1:
         return _hsdp(plan, backend=backend)
+    return _synchronous(plan, backend=backend)
+
+
+def _synchronous(plan: Plan, *, backend: str) -> tuple[DpMessage, ...]:
+    """dp_messages of a plan without HSDP that syncs every step."""
     if plan.zero_stage == 0:
         return (_zero0_grads(plan),)
     if plan.zero_stage == 3:

@@ -64,7 +64,7 @@ class DataParallelTerms:
         """Set ``cost``'s dp_comm_s, dp_comm_exposed_s, compression_s and zero_comm_s; ``group`` is
         the dp group (HSDP's shard group), ``edp`` the routed experts' (any group at ep = 1: unused
         there), ``replicate`` HSDP's replicate group (None without HSDP)."""
-        if plan.dp == 1:
+        if plan.dp == 1 or not dp_messages(plan):  # local SGD without HSDP: nothing syncs per step
             return
         groups = (group, replicate or group)  # without HSDP no message goes to the replicate group
         if plan.zero_stage >= 3:

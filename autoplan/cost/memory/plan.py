@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import PowerSGDTraffic
+from autoplan.cost.dp.local_sgd import outer_buffer_bytes, with_outer_state
 from autoplan.cost.memory.activation_offload import record_activation_offload
 from autoplan.cost.memory.offload import HOST_BYTES_PER_PARAM, host_shortfall, slice_params
 from autoplan.cost.memory.per_device import (
@@ -54,7 +55,7 @@ class PlanMemory:
         block_params = max((b.param_count for b in stage.blocks), default=0.0)
         block_trainable = max((b.trainable_param_count for b in stage.blocks), default=0.0)
         return stage_memory(
-            states=self._states(plan, stage),
+            states=with_outer_state(self._states(plan, stage), plan, stage),  # DiLoCo's, if any
             saved_bytes=stage.saved_bytes,
             transient_bytes=stage.transient_bytes + pending_weight_grads(plan, index) * stage.wgrad_held_bytes,
             in_flight=in_flight_chunks(plan, index),
@@ -88,7 +89,8 @@ class PlanMemory:
                 flat=plan.flat_grads,
                 staged=self.profile.backend == "gloo",
             )
-            + powersgd.hook_bytes,  # with the last bucket, after the backward (M3)
+            + powersgd.hook_bytes  # with the last bucket, after the backward (M3)
+            + outer_buffer_bytes(plan, stage),  # local SGD's flat copy, after the step (cost/dp/local_sgd.py)
             grads_persist=plan.runs_ddp or plan.flat_grads,  # DDP's buckets, the flat buffer
         )
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
+from autoplan.execute.checkpoint.outer import outer_state
 from autoplan.execute.data_parallel import local
 from autoplan.execute.trainer import Trainer
 
@@ -101,6 +102,7 @@ def trainer_state(trainer: Trainer, *, for_load: bool = False) -> TrainerState:
         if for_load:
             create_optimizer_state(trainer.optimizer, list(params.values()))
         _optimizer_state(trainer, params, state)
+    outer_state(trainer, params, state, for_load=for_load)  # local SGD / DiLoCo (checkpoint/outer.py)
     if trainer.scaler is not None:
         _scaler_state(trainer, state)
     _rng_state(state)

@@ -210,11 +210,11 @@ def existing_tensors(trainer: Any) -> list[torch.Tensor]:
             found += list(held.values())
     for state in optimizer_states(trainer.optimizer):
         found += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    return found + _held(trainer.optimizer)
+    return found + _held(trainer.optimizer) + _held(getattr(trainer, "outer", None))
 
 
 def _held(optimizer: Any) -> list[torch.Tensor]:
-    """Tensors an optimizer keeps besides its states (ZeRO-1's fp32 master slice)."""
+    """Tensors an optimizer keeps besides its states (ZeRO-1's fp32 master slice; DiLoCo's anchor and momentum)."""
     return list(getattr(optimizer, "held_tensors", lambda: [])())
 
 
@@ -315,6 +315,7 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
     context = getattr(trainer, "context", None)
     groups = group_dims(trainer.mesh, ties, experts, grad_mesh=getattr(trainer, "grad_mesh", None))
     named = {context.kv_group.group_name: "cp"} if context is not None else {}
+    trainer.sync_next()  # local SGD: the audited step is an outer-sync step, its all-reduce counted once
     _, audit = audited_step(trainer, inputs, target, groups=groups, all_to_all=all_to_all_dims(experts), named=named)
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})

@@ -29,12 +29,14 @@ import torch
 import torch.distributed as dist
 
 from autoplan.errors import AutoplanError
-from autoplan.execute.job import checkpointing, nonfinite
+from autoplan.execute.job import checkpointing, nonfinite, replicas
 from autoplan.execute.job.contract import EXIT_NONFINITE_LOSS, EXIT_STOPPED, EXIT_VERIFY_FAILED
 from autoplan.execute.job.outputs import write_outputs
+from autoplan.execute.job.replicas import ReplicaCheck
 from autoplan.jobs.threads import threads_per_process
 from autoplan.types._check import write_text_atomic
 from autoplan.types.audit_prediction import AuditPrediction
+from autoplan.types.local_sgd import equals_synchronous
 from autoplan.types.plan import Plan
 from autoplan.types.run_folder import write_audit
 from autoplan.types.run_options import RunOptions
@@ -263,6 +265,9 @@ def _reference(*, trainer, model, model_file):
     is, which follows the run step by step (autoplan/execute/job/reference.py)."""
     from autoplan.execute.job.reference import Reference
 
+    if trainer.outer is not None and not equals_synchronous(trainer.plan):  # approximate: its invariant instead
+        trainer.outer.measure_drift = True
+        return ReplicaCheck()
     return Reference(model=model.to(trainer.device), plan=trainer.plan, loss_fn=model_file.loss, policy=trainer.policy)
 
 
@@ -274,6 +279,8 @@ def _verified(verifier, *, trainer, randomness) -> dict[str, Any]:
     from autoplan.execute.job.verify import UPDATED
 
     said = rng.describe(randomness)
+    if isinstance(verifier, ReplicaCheck):
+        return _replicas_verified(verifier, plan=trainer.plan)
     passed, report = verdict(checks=verifier.checks, plan=trainer.plan, randomness=said)
     if dist.get_rank() == 0:
         print(report, flush=True)
@@ -296,6 +303,16 @@ def _verified(verifier, *, trainer, randomness) -> dict[str, Any]:
         "skipped_steps": trainer.scaler.skipped_steps if trainer.scaler else 0,
         "randomness": said,
     }
+
+
+def _replicas_verified(verifier: ReplicaCheck, *, plan: Plan) -> dict[str, Any]:
+    """Print the replica check's report (rank 0); summary.json's ``verify`` entry (execute/job/replicas.py)."""
+    passed, report = replicas.verdict(checks=verifier.checks, plan=plan)
+    if dist.get_rank() == 0:
+        print(report, flush=True)
+    spread = max((c.spread_after for c in verifier.checks), default=None)
+    steps = [c.step for c in verifier.checks]
+    return {"passed": passed, "approximate": True, "steps": steps, "replica_spread_after_sync": spread}
 
 
 def _to(obj: Any, device: torch.device) -> Any:
