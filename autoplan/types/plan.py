@@ -18,7 +18,7 @@ from autoplan.errors import PlanError
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
 from autoplan.types.activation_offload import check_activation_offload
 from autoplan.types.expert_layout import check_expert_layout
-from autoplan.types.grad_compression import check_compression
+from autoplan.types.grad_compression import check_compression, topk_lossy
 from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
@@ -41,6 +41,7 @@ OMITTED_AT_DEFAULT = (
     ("recompute_blocks", []),
     ("expert_tp", 1),
     ("offload_activations", False),
+    ("topk_ratio", 0.0),
 )
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
@@ -176,6 +177,7 @@ class Plan:
     offload: str = "none"
     expert_tp: int = 1
     offload_activations: bool = False
+    topk_ratio: float = 0.0
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -303,6 +305,7 @@ class Plan:
             found.append(f"gradient reduction in {self.grad_reduce_dtype}")
         if self.grad_compression == "powersgd":
             found.append(f"PowerSGD rank {self.powersgd_rank}")
+        found += topk_lossy(self)
         return found
 
     def _check_stages(self) -> None:
@@ -335,6 +338,7 @@ class Plan:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
         red += f" powersgd={self.powersgd_rank}" if self.grad_compression == "powersgd" else ""
+        red += f" topk={self.topk_ratio:g}" if self.grad_compression == "topk" else ""
         red += "" if self.overlap_grad_reduce else " no-overlap"
         red += " param-gather-overlap" if self.overlap_param_gather else ""
         red += " tp-overlap" if self.tp_comm_overlap else ""
