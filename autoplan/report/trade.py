@@ -8,6 +8,8 @@ plan's shape allow, one at a time (docs/cost-model.md prices them):
 - PowerSGD at ranks 1, 2, 4 and 8 (and the plan's), where the executor runs DDP (ZeRO 0,
   tp = pp = ep = 1): the uncompressed tensors plus the P and Q factors on the wire, the hook's
   matmuls and error feedback added to the step, error-feedback memory held;
+- top-k at DGC's ratios 0.1% and 1% (and the plan's), where PowerSGD runs: every rank's (index, value)
+  pairs all-gathered, the selection's passes added, an fp32 residual held (cost/dp/topk.py);
 - the matmul precision: bf16 beside fp8 where the device has an fp8 peak.
 
 Each row gives the step time and its ratio to the chosen plan's, the gradient bytes one rank
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from autoplan.cost import PRECISION_BYTES, CostModel, compresses_any
 from autoplan.display import number_text
 from autoplan.errors import PlanError
+from autoplan.types.grad_compression import TOPK_RATIOS
 from autoplan.types.plan import Plan
 
 POWERSGD_RANKS = (1, 2, 4, 8)
@@ -85,7 +88,7 @@ def _needs(variant: Plan, allowed: set[str]) -> list[str]:
 
 def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
     """Each option once (by what it changes), the chosen plan first."""
-    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0)
+    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0, topk_ratio=0.0)
     peaks = model.profile.device.peak_flops
     variants = [plan]
     if plan.precision in ("bf16", "fp8"):
@@ -94,6 +97,7 @@ def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
         low = "bf16" if "bf16" in peaks else "fp16"
         variants += [exact, _with(exact, grad_reduce_dtype=low)]
         variants += _powersgd_variants(plan, exact, model)
+        variants += _topk_variants(plan, exact)
     unique: dict[tuple, tuple[str, Plan]] = {}
     for variant in variants:
         unique.setdefault(_choice(variant), (label_of(variant), variant))
@@ -104,6 +108,8 @@ def label_of(plan: Plan) -> str:
     """``bf16, reduce fp32`` / ``fp32, PowerSGD rank 4``: the choices a trade row varies."""
     if plan.grad_compression == "powersgd":
         return f"{plan.precision}, PowerSGD rank {plan.powersgd_rank}"
+    if plan.grad_compression == "topk":
+        return f"{plan.precision}, top-k {plan.topk_ratio:.3g}"
     return f"{plan.precision}, reduce {plan.grad_reduce_dtype}" if plan.dp > 1 else plan.precision
 
 
@@ -118,8 +124,16 @@ def _powersgd_variants(plan: Plan, exact: Plan, model: CostModel) -> list[Plan]:
     ]
 
 
+def _topk_variants(plan: Plan, exact: Plan) -> list[Plan]:
+    """Top-k at the search's ratios (and the plan's), where the executor runs DDP."""
+    if not (plan.runs_ddp and plan.ep == 1):
+        return []
+    ratios = sorted({*TOPK_RATIOS, plan.topk_ratio} - {0.0})
+    return [_with(exact, grad_compression="topk", topk_ratio=ratio) for ratio in ratios]
+
+
 def _choice(plan: Plan) -> tuple:
-    return (plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank)
+    return (plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank, plan.topk_ratio)
 
 
 def _same_choice(a: Plan, b: Plan) -> bool:
@@ -137,7 +151,7 @@ def _grad_bytes(model: CostModel, plan: Plan) -> float:
     if plan.dp == 1:
         return 0.0
     stages, _, _ = model.priced_stages(plan)
-    if plan.grad_compression == "powersgd":
+    if plan.grad_compression != "none":  # PowerSGD's factors, top-k's all-gathered pairs
         return max(model.powersgd_stage(plan, s).sent_bytes for s in stages)
     return max(s.trainable_params for s in stages) * PRECISION_BYTES[plan.grad_reduce_dtype]
 

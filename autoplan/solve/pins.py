@@ -11,13 +11,15 @@ and ``cp_variant``
 (allgather, ring, ulysses); ``recompute_blocks`` a recompute budget, one count per pipeline chunk
 joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
 Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload), ``offload_activations`` (on/off:
-Plan.offload_activations) and ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py).
+Plan.offload_activations), ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py),
+``grad_compression`` (none, powersgd, topk) and ``topk_ratio`` (a fraction in (0, 1], solve/sparsify.py).
 Anything else is refused in one sentence.
 """
 
 from __future__ import annotations
 
 from autoplan.errors import PlanError
+from autoplan.types.grad_compression import GRAD_COMPRESSIONS
 from autoplan.types.plan import CP_VARIANTS, OFFLOADS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
 
 FIX_KEYS = (
@@ -44,6 +46,8 @@ FIX_KEYS = (
     "offload",
     "expert_tp",
     "offload_activations",
+    "grad_compression",
+    "topk_ratio",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp")
 _SCHEDULE_ALIASES = {
@@ -79,6 +83,8 @@ def parse_fixes(text: str | list[str] | None) -> dict[str, object]:
 def _typed(key: str, value: str) -> object:
     if key == "recompute_blocks":
         return _budget(value)
+    if key == "topk_ratio":
+        return _ratio(value)
     if key in _INT_KEYS:
         if key == "powersgd" and value in ("off", "none"):
             return 0
@@ -98,6 +104,7 @@ def _typed(key: str, value: str) -> object:
         "reduce": REDUCE_DTYPES,
         "cp_variant": CP_VARIANTS,
         "offload": OFFLOADS,
+        "grad_compression": GRAD_COMPRESSIONS,
     }[key]
     if value not in choices:
         raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")
@@ -123,3 +130,14 @@ def check_budget_pin(fixes: dict, *, layers: int) -> None:
             f"--fix recompute_blocks={'/'.join(map(str, budget))} recomputes {sum(budget)} blocks and this model has "
             f"{layers}; pin at most {layers} in all."
         )
+
+
+def _ratio(value: str) -> float:
+    """``"0.01"`` -> 0.01: top-k's fraction of each bucket, in (0, 1]."""
+    try:
+        ratio = float(value)
+    except ValueError:
+        ratio = -1.0
+    if not (0 < ratio <= 1):
+        raise PlanError(f"--fix topk_ratio={value} is not valid; expected a fraction in (0, 1], e.g. 0.01.")
+    return ratio
