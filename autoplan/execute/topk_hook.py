@@ -79,7 +79,7 @@ def topk_hook(state, bucket):
     pairs = torch.cat([index.to(INDEX_DTYPE).view(torch.float32), values])  # bits of the index, not a value
     ranks = dist.get_world_size(state.group)
     gathered = torch.empty(ranks * 2 * k, dtype=torch.float32, device=buffer.device)
-    dist.all_gather_into_tensor(gathered, pairs, group=state.group)
+    dist.all_gather_single(gathered, pairs, group=state.group)
     gathered = gathered.view(ranks, 2, k)
     every_index = gathered[:, 0].contiguous().view(INDEX_DTYPE).reshape(-1).long()
     buffer.zero_().index_add_(0, every_index, gathered[:, 1].reshape(-1)).div_(ranks)

@@ -56,6 +56,8 @@ CASES = [
     ("ddp_fp32_bf16_reduce", "gpt", dict(dp=2, grad_reduce_dtype="bf16")),
     ("zero3_fp32_fp16_reduce", "gpt", dict(dp=2, zero_stage=3, grad_reduce_dtype="fp16")),
     ("ddp_powersgd", "gpt", dict(dp=2, grad_compression="powersgd", powersgd_rank=2)),
+    # top-k with error feedback: one all-gather of (index, value) pairs per bucket, bytes as priced, the residual held
+    ("ddp_topk", "gpt", dict(dp=2, grad_compression="topk", topk_ratio=0.01)),
     ("tp", "gpt", dict(tp=2)),
     ("tp_default_split", "gpt", dict(tp=2, tp_plan={})),
     ("tp_gqa", "llama", dict(tp=2)),
