@@ -61,6 +61,12 @@ class TopKState:
         """This rank's residual of ``param`` (None before its first compressed step)."""
         return self._views.get(id(param))
 
+    def restore(self, param: nn.Parameter, residual: torch.Tensor) -> None:
+        """Take ``param``'s residual from a checkpoint (execute/checkpoint/residual.py): the buckets are
+        rebuilt from the parameters' residuals at their next step."""
+        self._views[id(param)] = residual.to(torch.float32).reshape(param.shape)
+        self._buckets.clear()
+
     def held_tensors(self) -> list[torch.Tensor]:
         """The residuals the hook keeps between steps (the audit's held bytes)."""
         return [flat for _, flat in self._buckets.values()]

@@ -315,3 +315,35 @@ def test_topk_at_every_entry_is_the_exact_run_and_below_it_conserves_what_it_doe
     assert exact["passed"] and "approximate" not in exact["report"], exact["report"]
     assert sparse["passed"], sparse["report"]
     assert "the update is approximate): within tolerance" in sparse["report"], sparse["report"]
+
+
+def topk_checkpoint_case(model_name: str, plan) -> dict:
+    """3 steps, save, a 4th step; then a fresh trainer resumes from the save and takes its 4th step: with
+    each rank's residual restored (execute/checkpoint/residual.py) both 4th steps give the same weights."""
+    from autoplan.execute.checkpoint.api import checkpointer, resume
+
+    folder = os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+    trainer, _, (inputs, target) = _trainer(model_name, plan)
+    x, y = trainer.local_batch(inputs, target)
+    for _ in range(3):
+        trainer.train_step(x, y)
+    saver = checkpointer(trainer, folder)
+    saver.save(trainer, steps_done=3, rows=[])
+    saver.wait()
+    trainer.train_step(x, y)
+    went_on = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
+    fresh, _, _ = _trainer(model_name, plan)
+    resume(fresh, folder, checkpointer(fresh, folder))
+    fresh.train_step(x, y)
+    got = dict(fresh.model.module.named_parameters())
+    return {"largest": max(float((got[n] - w).abs().max()) for n, w in went_on.items())}
+
+
+def test_a_topk_run_resumes_with_its_residuals(tmp_path):
+    os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"] = str(tmp_path / "ck")
+    try:
+        plan = dict(dp=2, grad_compression="topk", topk_ratio=0.01)
+        got = _ok(_spawn(2, [("ck", "gpt", plan)], topk_checkpoint_case), "ck")
+    finally:
+        del os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+    assert got["largest"] == 0.0, got
