@@ -95,6 +95,9 @@ def test_the_planner_compresses_only_where_the_gradient_sync_crosses_the_wan(sea
     assert across.predicted.step_time_s < exact.predicted.step_time_s
     inside = found[SITE, True].best  # one site: InfiniBand, the sync is cheap, compression does not pay
     assert inside.grad_compression == "none"
+    for result in found.values():  # the search's bounds stay below the prices across the wide-area link
+        evaluated = [c for c in result.candidates if c.status == "evaluated"]
+        assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in evaluated)
 
 
 def test_explain_says_by_how_much_compression_pays(searched, two_site):
