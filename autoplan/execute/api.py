@@ -317,6 +317,7 @@ def _data_parallel(
             ignore=frozenset(id(p) for m in experts for p in m.parameters()),
             powersgd_rank=plan.powersgd_rank if plan.grad_compression == "powersgd" else 0,
             find_unused=find_unused,
+            topk_ratio=plan.topk_ratio,
         )
     return module
 

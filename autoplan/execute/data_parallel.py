@@ -17,7 +17,8 @@ error feedback ``e`` and a warm-started ``Q``:
     M += e;  P = M Q, all-reduce P, orthogonalise P;  Q = M^T P, all-reduce Q, / dp;  M' = P Q^T;  e = M - M'
 
 The first ``POWERSGD_START_ITER`` = 2 steps all-reduce uncompressed. FSDP2 wraps each block, then
-the root; experts modules first, on the edp mesh (autoplan/execute/expert_parallel.py).
+the root; experts modules first, on the edp mesh (autoplan/execute/expert_parallel.py). Top-k
+sparsification with error feedback (DDP only) is autoplan/execute/topk_hook.py.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.execute.flat_grads import FlatGrads
+from autoplan.execute.topk_hook import TopKState, topk_hook
 from autoplan.types.grad_compression import POWERSGD_START_ITER
 from autoplan.types.plan import Plan, runs_ddp
 
@@ -100,11 +102,13 @@ def apply_ddp(
     ignore: frozenset[int] = frozenset(),
     powersgd_rank: int = 0,
     find_unused: bool = False,
+    topk_ratio: float = 0.0,
 ) -> nn.Module:
     """Wrap ``module`` in DDP over the dp group; gradients are the bucket views (no second
     copy), buffers are broadcast only when the module has some, and the all-reduce runs in
     ``reduce_dtype``, or, with ``powersgd_rank`` > 0, through torch's PowerSGD hook at that
-    rank (module docstring). Parameters in ``ignore`` (by id: sliced experts) are left alone.
+    rank (module docstring), or, with ``topk_ratio`` > 0, through autoplan's top-k hook with error
+    feedback (execute/topk_hook.py). Parameters in ``ignore`` (by id: sliced experts) are left alone.
     ``find_unused``: some parameters may get no gradient on a rank (an expert of a loop-written
     MoE layer that got no rows, autoplan/execute/expert_loop.py); DDP then reduces zeros for
     them, and leaves the gradient of one that no rank used unset, as one device would."""
@@ -125,6 +129,10 @@ def apply_ddp(
         ddp.powersgd_state = powersgd_state(group=dp_mesh.get_group(), rank=powersgd_rank)
         in_order = dist.get_backend(dp_mesh.get_group()) == "gloo"
         ddp.register_comm_hook(ddp.powersgd_state, bucket_at_a_time(powerSGD_hook) if in_order else powerSGD_hook)
+    elif topk_ratio > 0:
+        assert reduce_dtype == torch.float32, "the Plan allows top-k with fp32 reduction only"
+        ddp.topk_state = TopKState(group=dp_mesh.get_group(), ratio=topk_ratio)
+        ddp.register_comm_hook(ddp.topk_state, topk_hook)
     elif reduce_dtype != torch.float32:
         ddp.register_comm_hook(dp_mesh.get_group(), low_precision_hook(reduce_dtype))
     return ddp

@@ -248,6 +248,12 @@ def _reduction_gaps(plan: Plan, kind: str) -> list[str]:
             f"grad_compression=powersgd is code: DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType."
             f"POWER_SGD, comm_state_option={{'matrix_approximation_rank': {plan.powersgd_rank}}})."
         )
+    if plan.grad_compression == "topk":
+        found.append(
+            f"grad_compression=topk (ratio {plan.topk_ratio:g}) is code: DDPCommunicationHookType has no top-k; "
+            "register autoplan's hook on the prepared model: model.register_comm_hook(TopKState(group=None, "
+            f"ratio={plan.topk_ratio:g}), topk_hook) (autoplan.execute.topk_hook)."
+        )
     if not plan.overlap_grad_reduce:
         found.append(
             "overlap_grad_reduce=false: DDP and FSDP2 always overlap the gradient reduction with the backward."

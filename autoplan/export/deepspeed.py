@@ -189,6 +189,11 @@ def _unexpressed(plan: Plan, facts: ModelFacts) -> list[str]:
             f"grad_compression=powersgd (rank {plan.powersgd_rank}) has no DeepSpeed switch; its compressed "
             "optimizers (1-bit Adam, 0/1 Adam) are different algorithms."
         )
+    if plan.grad_compression == "topk":
+        found.append(
+            f"grad_compression=topk (ratio {plan.topk_ratio:g}) has no DeepSpeed switch: its compressed optimizers "
+            "(1-bit Adam, 0/1 Adam, 1-bit LAMB) quantise to signs, they do not send the top-k entries."
+        )
     return found
 
 

@@ -212,6 +212,8 @@ def _general_notes(plan: Plan) -> list[str]:
     notes = [split_note(plan)] if split_note(plan) else []
     if plan.grad_compression == "powersgd":
         notes.insert(0, f"PowerSGD rank {plan.powersgd_rank}: Megatron-LM has no gradient compression.")
+    if plan.grad_compression == "topk":
+        notes.insert(0, f"top-k sparsification ({plan.topk_ratio:g}): Megatron-LM has no gradient compression.")
     return notes + local_sgd_notes(plan, "Megatron-LM")
 
 

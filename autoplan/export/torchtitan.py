@@ -185,6 +185,8 @@ def general_notes(plan: Plan) -> list[str]:
     notes = []
     if plan.grad_compression == "powersgd":
         notes.append(f"PowerSGD rank {plan.powersgd_rank}: torchtitan has no gradient compression.")
+    if plan.grad_compression == "topk":
+        notes.append(f"top-k sparsification ({plan.topk_ratio:g}): torchtitan has no gradient compression.")
     if not plan.overlap_grad_reduce and plan.dp > 1:
         notes.append("gradient reduction after the backward: torchtitan's FSDP and DDP always overlap it.")
     notes += activation_offload_notes(plan, "torchtitan")

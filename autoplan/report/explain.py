@@ -35,6 +35,7 @@ from autoplan.display import TERM_NAMES, duration_text
 from autoplan.errors import AutoplanError
 from autoplan.report.activation_offload import activation_offload_why
 from autoplan.report.attention import eager_attention_saving
+from autoplan.report.compression import compression_why
 from autoplan.report.expert_layout import expert_layout_why
 from autoplan.report.families import FamilyVerdict, Rival, families, family_of, rival_of
 from autoplan.report.fp8 import fp8_gain
@@ -81,6 +82,7 @@ class Explanation:
     experts: str = ""  # why the plan lays its experts out as it does, when not the default (report/expert_layout.py)
     offload: str = ""  # why the plan offloads and what that costs, when it does (report/offload.py)
     activation_offload: str = ""  # why it offloads activations, and the next option (report/activation_offload.py)
+    compression: str = ""  # why it compresses gradients, and by how much that pays (report/compression.py)
     attention: str = ""  # what fusing the model's eager attention would save, when it has some (report/attention.py)
     recompute: str = ""  # why the plan recomputes k of L blocks per stage, under a budget (report/recompute_budget.py)
     frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
@@ -184,6 +186,7 @@ def explain_result(
         experts=expert_layout_why(model, best.plan, best.cost),
         offload=offload_why(result, graph=graph, profile=profile),
         activation_offload=activation_offload_why(result, graph=graph, profile=profile),
+        compression=compression_why(result, graph=graph, profile=profile),
         attention=eager_attention_saving(model, best.plan, best.cost),
         recompute=recompute_why(model, best.plan, best.cost),
         frozen=frozen_saving(model, best.plan, best.cost),

@@ -70,6 +70,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", f"**Offload:** {exp.offload}"] if exp.offload else []
     lines += ["", f"**Schedule:** {exp.zero_bubble}"] if exp.zero_bubble else []
     lines += ["", f"**Activation offload:** {exp.activation_offload}"] if exp.activation_offload else []
+    lines += ["", f"**Gradient compression:** {exp.compression}"] if exp.compression else []
     lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
     return "\n".join(lines) + "\n"
 

@@ -8,9 +8,11 @@ plan's shape allow, one at a time (docs/cost-model.md prices them):
 - PowerSGD at ranks 1, 2, 4 and 8 (and the plan's), where the executor runs DDP (ZeRO 0,
   tp = pp = ep = 1): the uncompressed tensors plus the P and Q factors on the wire, the hook's
   matmuls and error feedback added to the step, error-feedback memory held;
-- the matmul precision: bf16 beside fp8 where the device has an fp8 peak;
 - local SGD and DiLoCo at the search's settings (solve/local_sgd.py), where the executor runs the outer sync:
-  gradient bytes are then the outer all-reduce's amortised over its H steps (cost/dp/local_sgd.py).
+  gradient bytes are then the outer all-reduce's amortised over its H steps (cost/dp/local_sgd.py);
+- top-k at DGC's ratios 0.1% and 1% (and the plan's), where PowerSGD runs: every rank's (index, value)
+  pairs all-gathered, the selection's passes added, an fp32 residual held (cost/dp/topk.py);
+- the matmul precision: bf16 beside fp8 where the device has an fp8 peak.
 
 Each row gives the step time and its ratio to the chosen plan's, the gradient bytes one rank
 sends per step, the compression compute, the peak memory, whether it is lossy (``Plan.lossy``)
@@ -27,6 +29,7 @@ from autoplan.display import number_text
 from autoplan.errors import PlanError
 from autoplan.solve.local_sgd import CANDIDATES
 from autoplan.types.local_sgd import is_local_sgd, outer_sync_refusal, synchronous_fields
+from autoplan.types.grad_compression import TOPK_RATIOS
 from autoplan.types.plan import Plan
 
 POWERSGD_RANKS = (1, 2, 4, 8)
@@ -89,7 +92,7 @@ def _needs(variant: Plan, allowed: set[str]) -> list[str]:
 
 def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
     """Each option once (by what it changes), the chosen plan first."""
-    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0, **synchronous_fields())
+    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0, topk_ratio=0.0, **synchronous_fields())
     peaks = model.profile.device.peak_flops
     variants = [plan]
     if plan.precision in ("bf16", "fp8"):
@@ -99,6 +102,7 @@ def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
         variants += [exact, _with(exact, grad_reduce_dtype=low)]
         variants += _powersgd_variants(plan, exact, model)
         variants += [_with(exact, sync_every=h, outer_optimizer=name) for h, name in CANDIDATES if runs_outer(exact)]
+        variants += _topk_variants(plan, exact)
     unique: dict[tuple, tuple[str, Plan]] = {}
     for variant in variants:
         unique.setdefault(_choice(variant), (label_of(variant), variant))
@@ -112,6 +116,8 @@ def label_of(plan: Plan) -> str:
     if is_local_sgd(plan):
         name = "DiLoCo" if plan.outer_optimizer == "nesterov" else "local SGD"
         return f"{plan.precision}, reduce {plan.grad_reduce_dtype}, {name} every {plan.sync_every} steps"
+    if plan.grad_compression == "topk":
+        return f"{plan.precision}, top-k {plan.topk_ratio:.3g}"
     return f"{plan.precision}, reduce {plan.grad_reduce_dtype}" if plan.dp > 1 else plan.precision
 
 
@@ -131,9 +137,17 @@ def runs_outer(plan: Plan) -> bool:
     return not outer_sync_refusal(plan)
 
 
+def _topk_variants(plan: Plan, exact: Plan) -> list[Plan]:
+    """Top-k at the search's ratios (and the plan's), where the executor runs DDP."""
+    if not (plan.runs_ddp and plan.ep == 1):
+        return []
+    ratios = sorted({*TOPK_RATIOS, plan.topk_ratio} - {0.0})
+    return [_with(exact, grad_compression="topk", topk_ratio=ratio) for ratio in ratios]
+
+
 def _choice(plan: Plan) -> tuple:
     return (
-        plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank, plan.sync_every,
+        plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank, plan.topk_ratio, plan.sync_every,
         plan.outer_optimizer,
     )  # fmt: skip
 
@@ -153,7 +167,7 @@ def _grad_bytes(model: CostModel, plan: Plan) -> float:
     if plan.dp == 1:
         return 0.0
     stages, _, _ = model.priced_stages(plan)
-    if plan.grad_compression == "powersgd":
+    if plan.grad_compression != "none":  # PowerSGD's factors, top-k's all-gathered pairs
         return max(model.powersgd_stage(plan, s).sent_bytes for s in stages)
     outer = model.estimate(plan).extra.get("outer_sync_bytes", 0.0) / plan.sync_every  # local SGD's, amortised
     inner = plan.sync_every == 1 or plan.dp_replicate > 1  # gradients synced every step (within a replica)

@@ -158,6 +158,7 @@ class Group:
             grad_reduce_dtype=grads.reduce_dtype,
             grad_compression=grads.compression,
             powersgd_rank=grads.rank,
+            topk_ratio=grads.ratio,
             overlap_param_gather=grads.param_gather,
             dp_replicate=grads.replicate,
             offload=grads.offload,
@@ -209,7 +210,7 @@ def config_of(plan: Plan) -> dict:
         tp_overlap=plan.tp_comm_overlap,
         precision=plan.precision,
         reduce=plan.grad_reduce_dtype,
-        compression=f"powersgd:{plan.powersgd_rank}" if plan.grad_compression == "powersgd" else "none",
+        compression=_compression(plan),
         param_gather=plan.overlap_param_gather,
         dp_replicate=plan.dp_replicate,
         **({"offload": plan.offload} if plan.offload != "none" else {}),  # plans.csv keeps its columns
@@ -217,3 +218,10 @@ def config_of(plan: Plan) -> dict:
         **({"moe_a2a_overlap": True} if plan.moe_a2a_overlap else {}),
         **({"sync_every": plan.sync_every, "outer_optimizer": plan.outer_optimizer} if is_local_sgd(plan) else {}),
     )
+
+
+def _compression(plan: Plan) -> str:
+    """plans.csv's compression column: none, powersgd:RANK or topk:RATIO."""
+    if plan.grad_compression == "powersgd":
+        return f"powersgd:{plan.powersgd_rank}"
+    return f"topk:{plan.topk_ratio:g}" if plan.grad_compression == "topk" else "none"

@@ -12,8 +12,9 @@ and ``cp_variant``
 joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
 Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload), ``offload_activations`` (on/off:
 Plan.offload_activations), ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py),
-``moe_a2a_overlap`` (on/off: the EP all-to-all beside the other micro-batch's compute, solve/moe_overlap.py), and
-``sync_every`` (local SGD's H, an integer >= 1) with ``outer_optimizer`` (average, nesterov: solve/local_sgd.py).
+``moe_a2a_overlap`` (on/off: the EP all-to-all beside the other micro-batch's compute, solve/moe_overlap.py),
+``sync_every`` (local SGD's H, an integer >= 1) with ``outer_optimizer`` (average, nesterov: solve/local_sgd.py), and
+``grad_compression`` (none, powersgd, topk) and ``topk_ratio`` (a fraction in (0, 1], solve/sparsify.py).
 Anything else is refused in one sentence.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from autoplan.errors import PlanError
 from autoplan.types.local_sgd import OUTER_OPTIMIZERS
+from autoplan.types.grad_compression import GRAD_COMPRESSIONS
 from autoplan.types.plan import CP_VARIANTS, OFFLOADS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
 
 FIX_KEYS = (
@@ -50,6 +52,8 @@ FIX_KEYS = (
     "moe_a2a_overlap",
     "sync_every",
     "outer_optimizer",
+    "grad_compression",
+    "topk_ratio",
 )
 _INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp", "sync_every")
 _SCHEDULE_ALIASES = {
@@ -85,6 +89,8 @@ def parse_fixes(text: str | list[str] | None) -> dict[str, object]:
 def _typed(key: str, value: str) -> object:
     if key == "recompute_blocks":
         return _budget(value)
+    if key == "topk_ratio":
+        return _ratio(value)
     if key in _INT_KEYS:
         if key == "powersgd" and value in ("off", "none"):
             return 0
@@ -105,6 +111,7 @@ def _typed(key: str, value: str) -> object:
         "cp_variant": CP_VARIANTS,
         "offload": OFFLOADS,
         "outer_optimizer": OUTER_OPTIMIZERS,
+        "grad_compression": GRAD_COMPRESSIONS,
     }[key]
     if value not in choices:
         raise PlanError(f"--fix {key}={value} is not valid; expected one of {', '.join(choices)}.")
@@ -130,3 +137,14 @@ def check_budget_pin(fixes: dict, *, layers: int) -> None:
             f"--fix recompute_blocks={'/'.join(map(str, budget))} recomputes {sum(budget)} blocks and this model has "
             f"{layers}; pin at most {layers} in all."
         )
+
+
+def _ratio(value: str) -> float:
+    """``"0.01"`` -> 0.01: top-k's fraction of each bucket, in (0, 1]."""
+    try:
+        ratio = float(value)
+    except ValueError:
+        ratio = -1.0
+    if not (0 < ratio <= 1):
+        raise PlanError(f"--fix topk_ratio={value} is not valid; expected a fraction in (0, 1], e.g. 0.01.")
+    return ratio

@@ -16,7 +16,8 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
 - precision: fp32; bf16, or fp16 without bf16; fp8 only with ``allow_fp8`` or a pin, where the
   profile has fp8 and bf16 peaks;
 - gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction and, where the executor runs DDP,
-  PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy);
+  PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy), and
+  top-k at DGC's ratios (solve/sparsify.py);
   under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward;
 - HSDP under ZeRO 1-3: full sharding, or shard groups of a node's dp ranks times a power of two (solve/hsdp.py).
 - outer sync (solve/local_sgd.py): synchronous; with ``allow_lossy`` local SGD and DiLoCo over the replicas.
@@ -37,6 +38,7 @@ from autoplan.solve.local_sgd import outer_sync_options
 from autoplan.solve.offload import offload_options
 from autoplan.solve.pins import check_budget_pin
 from autoplan.solve.schedules import schedule_options  # noqa: F401 (space.schedule_options: the search's name)
+from autoplan.solve.sparsify import check_compression_pins, keep_pinned, lossy_topk_pins, topk_ratios
 from autoplan.types.graph import Graph
 from autoplan.types.plan import RECOMPUTE, runs_ddp
 from autoplan.types.profile import Profile
@@ -196,6 +198,7 @@ class GradSync:
     offload: str = "none"
     sync_every: int = 1  # local SGD / DiLoCo (solve/local_sgd.py)
     outer_optimizer: str = "average"
+    ratio: float = 0.0  # top-k's topk_ratio (solve/sparsify.py)
 
 
 EXACT = GradSync()
@@ -205,6 +208,8 @@ def check_lossy_pins(graph: Graph, fixes: dict, *, allow_lossy: bool) -> None:
     """A lossy pin without --allow-lossy, or a PowerSGD rank no matrix can use: one sentence."""
     asked = [f"reduce={fixes['reduce']}"] if fixes.get("reduce", "fp32") != "fp32" else []
     asked += [f"powersgd={fixes['powersgd']}"] if fixes.get("powersgd") else []
+    asked += lossy_topk_pins(fixes)
+    check_compression_pins(fixes)
     if asked and not allow_lossy:
         raise PlanError(
             f"--fix {', '.join(asked)} is lossy (the optimizer then sees a rounded or compressed gradient "
@@ -261,10 +266,13 @@ def grad_sync_options(profile: Profile, *, deg: Degrees, zero: int, fixes: dict,
         if ddp and deg.ep == deg.cp == 1 and fixes.get("powersgd", 1):
             rank = fixes.get("powersgd") or DEFAULT_POWERSGD_RANK
             options.append(GradSync(compression="powersgd", rank=rank))
+    if runs_ddp(dp=deg.dp, tp=deg.tp, pp=deg.pp, zero_stage=zero) and deg.ep == deg.cp == 1:
+        options += [GradSync(compression="topk", ratio=r) for r in topk_ratios(fixes, allow_lossy=allow_lossy)]
     if "reduce" in fixes:
         options = [o for o in options if o.reduce_dtype == fixes["reduce"]]
     if fixes.get("powersgd"):
         options = [o for o in options if o.compression == "powersgd"]
+    options = keep_pinned(options, fixes)
     return param_gather_options(options, deg=deg, zero=zero, fixes=fixes)
 
 

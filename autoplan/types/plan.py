@@ -19,7 +19,7 @@ from autoplan.types import local_sgd
 from autoplan.types._check import read_json, require, require_fields, require_known_fields, write_json_atomic
 from autoplan.types.activation_offload import check_activation_offload
 from autoplan.types.expert_layout import check_expert_layout
-from autoplan.types.grad_compression import check_compression
+from autoplan.types.grad_compression import check_compression, topk_lossy
 from autoplan.types.hsdp import check_dp_replicate
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
@@ -48,6 +48,7 @@ OMITTED_AT_DEFAULT = (
     ("outer_optimizer", "average"),
     ("outer_lr", local_sgd.DILOCO_OUTER_LR),
     ("outer_momentum", local_sgd.DILOCO_OUTER_MOMENTUM),
+    ("topk_ratio", 0.0),
 )
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
@@ -189,6 +190,7 @@ class Plan:
     outer_optimizer: str = "average"
     outer_lr: float = local_sgd.DILOCO_OUTER_LR
     outer_momentum: float = local_sgd.DILOCO_OUTER_MOMENTUM
+    topk_ratio: float = 0.0
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -321,6 +323,7 @@ class Plan:
         if self.grad_compression == "powersgd":
             found.append(f"PowerSGD rank {self.powersgd_rank}")
         found += [f"parameters averaged every {self.sync_every} steps"] if self.sync_every > 1 else []
+        found += topk_lossy(self)
         return found
 
     def _check_stages(self) -> None:
@@ -353,6 +356,7 @@ class Plan:
         v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
         red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
         red += f" powersgd={self.powersgd_rank}" if self.grad_compression == "powersgd" else ""
+        red += f" topk={self.topk_ratio:g}" if self.grad_compression == "topk" else ""
         red += "" if self.overlap_grad_reduce else " no-overlap"
         red += " param-gather-overlap" if self.overlap_param_gather else ""
         red += " tp-overlap" if self.tp_comm_overlap else ""

@@ -1,10 +1,10 @@
 """A hardware profile: one kind of node, and how nodes connect (docs/profile-format.md: the fields,
 the compute and collective models, host dispatch overhead, comm overlap).
 
-Profiles are data (YAML or JSON). A profile plus a device count gives a cluster:
-``devices_per_node`` devices share the intra-node link, and groups that span nodes use the
-inter-node link. Every number carries a ``source``: a datasheet, a published measurement, or
-"measured on <host> at <date> with <tool version>".
+Profiles are data (YAML or JSON). A profile plus a device count gives a cluster: ``devices_per_node``
+devices share the intra-node link, groups that span nodes use the inter-node link, and groups that span
+sites (types/sites.py) the wide-area link. Every number carries a ``source``: a datasheet, a published
+measurement, or "measured on <host> at <date> with <tool version>".
 
     t_op   = max(F / (peak[dtype] * eff(F)),  B / (mem_bw * mem_eff))          roofline
     eff(F) = max_efficiency * F / (F + half_saturation_flops)
@@ -26,6 +26,7 @@ from autoplan.types._check import require
 from autoplan.types.host_spec import HostProfile
 from autoplan.types.pricing import PricingSpec, pricing_from
 from autoplan.types.reliability import ReliabilitySpec, StorageSpec, check_section
+from autoplan.types.sites import SiteSpec
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 #: efficiency curves a device may have: GEMMs, the fused attention kernel PyTorch's SDPA runs (per executed
@@ -56,13 +57,11 @@ def bus_factor(kind: str, group_size: int) -> float:
     busiest link per message byte, so that t = alpha_s + c * S / busbw_bytes_per_s. 2(n-1)/n for
     all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for send_recv (point to
     point, whatever the group). A group of one rank sends nothing: c = 0 at n = 1."""
-    require(
-        kind in COLLECTIVES, ProfileError, f"collective '{kind}' is unknown; expected one of {', '.join(COLLECTIVES)}."
-    )
+    require(kind in COLLECTIVES, ProfileError, f"collective '{kind}' is unknown; expected one of {COLLECTIVES}.")
     require(group_size >= 1, ProfileError, f"a collective group of {group_size} ranks; expected at least 1.")
+    share = (group_size - 1) / group_size
     if kind == "send_recv":
         return 1.0
-    share = (group_size - 1) / group_size
     return 2.0 * share if kind == "all_reduce" else share
 
 
@@ -312,8 +311,8 @@ class Profile:
     #: Checkpoint storage and failure rate (types/reliability.py); None = not known, not priced.
     storage: StorageSpec | None = None
     reliability: ReliabilitySpec | None = None
-    #: The host offloaded states go to (types/host_spec.py); None = no offload priced.
-    host: HostProfile | None = None
+    host: HostProfile | None = None  # where offloaded states go (types/host_spec.py); None = no offload priced
+    sites: SiteSpec | None = None  # sites of nodes joined by a wide-area link (types/sites.py); None = one site
 
     def __post_init__(self) -> None:
         require(
@@ -343,6 +342,7 @@ class Profile:
         check_section(self.storage, StorageSpec, "storage")
         check_section(self.reliability, ReliabilitySpec, "reliability")
         check_section(self.host, HostProfile, "host")
+        check_section(self.sites, SiteSpec, "sites")
         self.device.check()
         self.intra_node.check("intra_node")
         if self.inter_node is not None:
@@ -366,9 +366,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if data["host"] is None:
-            del data["host"]  # profiles without a host section are written as before
-        return data
+        return {k: v for k, v in data.items() if not (k in ("host", "sites") and v is None)}  # written as before
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Profile":
@@ -393,6 +391,8 @@ class Profile:
         for name, kind in (("storage", StorageSpec), ("reliability", ReliabilitySpec), ("host", HostProfile)):
             if isinstance(data.get(name), dict):
                 fields[name] = kind(**data[name])
+        if isinstance(data.get("sites"), dict):
+            fields["sites"] = SiteSpec(**{**data["sites"], "link": _link(data["sites"]["link"])})
         return cls(**fields)
 
 

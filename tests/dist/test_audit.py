@@ -58,6 +58,8 @@ CASES = [
     ("ddp_powersgd", "gpt", dict(dp=2, grad_compression="powersgd", powersgd_rank=2)),
     # DiLoCo every 4 steps (cost/dp/local_sgd.py): no gradient sync, the audited step's outer fp32 all-reduce
     ("diloco", "gpt", dict(dp=2, sync_every=4, outer_optimizer="nesterov")),
+    # top-k with error feedback: one all-gather of (index, value) pairs per bucket, bytes as priced, the residual held
+    ("ddp_topk", "gpt", dict(dp=2, grad_compression="topk", topk_ratio=0.01)),
     ("tp", "gpt", dict(tp=2)),
     ("tp_default_split", "gpt", dict(tp=2, tp_plan={})),
     ("tp_gqa", "llama", dict(tp=2)),

@@ -295,3 +295,55 @@ def test_a_powersgd_run_checkpoints_and_resumes_with_fresh_error_feedback(tmp_pa
     assert got["step"] == 3 and got["same"]
     assert got["iter"] == 0 and got["feedback"] == 0  # restarted: two uncompressed steps, then compressed
     assert got["feedback_after"] >= 1 and all(math.isfinite(v) for v in got["losses"])
+
+
+# ---- top-k sparsification with error feedback under --verify ---------------------------------
+
+TOPK_VERIFY = [
+    ("topk_all", "gpt", dict(dp=2, grad_compression="topk", topk_ratio=1.0)),
+    ("topk_1pct", "gpt", dict(dp=2, grad_compression="topk", topk_ratio=0.01)),
+]
+
+
+def test_topk_at_every_entry_is_the_exact_run_and_below_it_conserves_what_it_does_not_send():
+    """`autoplan run --verify` of the top-k hook (autoplan/execute/topk_hook.py): at ratio 1 against the
+    exact reference; at 1% against g + ebar - ebar' (autoplan/execute/job/topk_reference.py), which
+    a hook that dropped its residual or sent other entries than it zeroed would fail, and the
+    verdict says the update is approximate."""
+    results = run_cases(2, TOPK_VERIFY)
+    exact, sparse = _ok(results, "topk_all"), _ok(results, "topk_1pct")
+    assert exact["passed"] and "approximate" not in exact["report"], exact["report"]
+    assert sparse["passed"], sparse["report"]
+    assert "the update is approximate): within tolerance" in sparse["report"], sparse["report"]
+
+
+def topk_checkpoint_case(model_name: str, plan) -> dict:
+    """3 steps, save, a 4th step; then a fresh trainer resumes from the save and takes its 4th step: with
+    each rank's residual restored (execute/checkpoint/residual.py) both 4th steps give the same weights."""
+    from autoplan.execute.checkpoint.api import checkpointer, resume
+
+    folder = os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+    trainer, _, (inputs, target) = _trainer(model_name, plan)
+    x, y = trainer.local_batch(inputs, target)
+    for _ in range(3):
+        trainer.train_step(x, y)
+    saver = checkpointer(trainer, folder)
+    saver.save(trainer, steps_done=3, rows=[])
+    saver.wait()
+    trainer.train_step(x, y)
+    went_on = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
+    fresh, _, _ = _trainer(model_name, plan)
+    resume(fresh, folder, checkpointer(fresh, folder))
+    fresh.train_step(x, y)
+    got = dict(fresh.model.module.named_parameters())
+    return {"largest": max(float((got[n] - w).abs().max()) for n, w in went_on.items())}
+
+
+def test_a_topk_run_resumes_with_its_residuals(tmp_path):
+    os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"] = str(tmp_path / "ck")
+    try:
+        plan = dict(dp=2, grad_compression="topk", topk_ratio=0.01)
+        got = _ok(_spawn(2, [("ck", "gpt", plan)], topk_checkpoint_case), "ck")
+    finally:
+        del os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+    assert got["largest"] == 0.0, got

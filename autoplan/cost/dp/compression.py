@@ -116,12 +116,17 @@ def blocks_traffic(graph: Graph, blocks: list, rank: int) -> list[PowerSGDTraffi
     representative, so equal ``param_names`` stand for different layers and all count; a name
     already met in another block's names is a tied weight (an embedding reused by the head), one
     DDP gradient, sent once."""
+    return [block_traffic(graph, names, rank) for names in distinct_names(blocks)]
+
+
+def distinct_names(blocks: list) -> list[tuple[str, ...]]:
+    """Per block, its parameter names less those another block already named (a tied weight, one DDP
+    gradient); equal ``param_names`` (identical blocks priced from one representative) all count."""
     seen: dict[str, tuple[str, ...]] = {}
     found = []
     for block in blocks:
         unique = dict.fromkeys(block.param_names)
-        names = tuple(n for n in unique if seen.setdefault(n, block.param_names) == block.param_names)
-        found.append(block_traffic(graph, names, rank))
+        found.append(tuple(n for n in unique if seen.setdefault(n, block.param_names) == block.param_names))
     return found
 
 

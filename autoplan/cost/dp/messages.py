@@ -18,8 +18,9 @@ Under ZeRO-3 with fp8 tensorwise in autoplan's executor on NCCL (types/runtime.p
 
 HSDP (R = ``dp_replicate``, S = dp / R; types/hsdp.py): the table over S ranks, each gradient reduce-scatter
 then all-reducing its 1/S shard (P/S b_g; ZeRO-1 P'/S) across the R replicas. Also stated here:
-``overlap_param_gather``, PowerSGD's three all-reduces per bucket, the experts' edp sync, DDP's buffer
-broadcast and unused-parameter map, and fp16's overflow flag. docs/cost-model.md, "Who says what is sent".
+``overlap_param_gather``, PowerSGD's three all-reduces per bucket, top-k's all-gathered pairs, the experts'
+edp sync, DDP's buffer broadcast and unused-parameter map, and fp16's overflow flag. docs/cost-model.md,
+"Who says what is sent".
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import GRAD_BYTES as POWERSGD_GRAD_BYTES
+from autoplan.cost.dp.topk import PAIR_BYTES as TOPK_PAIR_BYTES
 from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
 from autoplan.types.expert_layout import expert_dp, experts_apart
 from autoplan.types.hsdp import dp_shard, shard_view
@@ -148,6 +150,8 @@ def _grad_bytes(plan: Plan) -> int:
 def _zero0_grads(plan: Plan) -> DpMessage:
     if plan.grad_compression == "powersgd":
         return DpMessage(GRADS, "all_reduce", POWERSGD_GRAD_BYTES, BACKWARD, LAST, bucketed=True, compressed=True)
+    if plan.grad_compression == "topk":  # (index, value) pairs, all-gathered per bucket (cost/dp/topk.py)
+        return DpMessage(GRADS, "all_gather", TOPK_PAIR_BYTES, BACKWARD, LAST, bucketed=True, compressed=True)
     if plan.runs_ddp:
         return DpMessage(GRADS, "all_reduce", _grad_bytes(plan), BACKWARD, LAST, bucketed=True)
     return DpMessage(GRADS, "all_reduce", _grad_bytes(plan), AFTER_BACKWARD, ONCE)

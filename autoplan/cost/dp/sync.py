@@ -7,7 +7,8 @@
   forward with ``overlap_param_gather``), DDP's buffer broadcast and the experts' after-backward sync;
 - zero_exposed (ZeRO-3): gathers and reduce-scatters prefetched one block ahead,
   f t_fwd + (g - s) t_bwd_gather + s t_bwd_gather+scatter with f, g, s the statement's repetitions;
-- PowerSGD: three all-reduces per bucket, its own compute added whole (``compression_s``);
+- PowerSGD: three all-reduces per bucket, its own compute added whole (``compression_s``); top-k
+  (cost/dp/topk.py): one all-gather of (index, value) pairs per bucket, its selection added whole;
 - HSDP (cost/dp/messages.py): each block's gradient message is its reduce-scatter over the shard
   group followed by the all-reduce of its 1/S shard over the replicate group, on that group's links;
 - overlap efficiency eta (profile ``comm_overlap``): exposed(eta) = exposed(1) + (1 - eta)(total -
@@ -19,7 +20,7 @@ them from explicit inputs (profile, graph, plan, stage totals, dp and edp groups
 
 from __future__ import annotations
 
-from autoplan.cost.dp import compression
+from autoplan.cost.dp import compression, topk
 from autoplan.cost.dp.messages import (
     BACKWARD,
     FORWARD,
@@ -187,9 +188,21 @@ class DataParallelTerms:
         ``experts`` is False), or PowerSGD's three all-reduces per bucket."""
         if not grads.compressed:
             return [self._block_s(plan, grads, b, group, edp, experts=experts) for b in reversed(stage.blocks)]
-        traffics = self.powersgd_traffics(stage.blocks, plan.powersgd_rank)
         bucket = grads.bucket_bytes
+        if plan.grad_compression == "topk":
+            found = self.topk_traffics(stage.blocks, plan.topk_ratio, group.size)
+            return [topk.sync_s(self.profile, t, group=group, bucket_bytes=bucket) for t in found[::-1]]
+        traffics = self.powersgd_traffics(stage.blocks, plan.powersgd_rank)
         return [compression.sync_s(self.profile, t, group=group, bucket_bytes=bucket) for t in traffics[::-1]]
+
+    def topk_traffics(self, blocks: list, ratio: float, ranks: int) -> list[topk.TopKTraffic]:
+        """The blocks' top-k traffic (topk.blocks_traffic), memoised by their parameters."""
+        key = ("topk", tuple(b.param_names for b in blocks), ratio, ranks)
+        hit = self._memo.get(key)
+        if hit is None:
+            names = compression.distinct_names(blocks)
+            hit = self._memo[key] = topk.blocks_traffic(self.graph, names, ratio, ranks)
+        return hit
 
     def powersgd_traffics(self, blocks: list, rank: int) -> list[compression.PowerSGDTraffic]:
         """The blocks' PowerSGD traffic (compression.blocks_traffic), memoised by their parameters."""
@@ -199,9 +212,13 @@ class DataParallelTerms:
             hit = self._memo[key] = compression.blocks_traffic(self.graph, blocks, rank)
         return hit
 
-    def powersgd_stage(self, plan: Plan, stage: StageTotals) -> compression.PowerSGDTraffic:
-        """A stage's PowerSGD traffic, all zeros when the plan does not compress (so every term of
-        it, sent, computed or held, is 0)."""
+    def powersgd_stage(self, plan: Plan, stage: StageTotals) -> compression.PowerSGDTraffic | topk.TopKTraffic:
+        """A stage's compressed-gradient traffic: PowerSGD's, or top-k's under grad_compression 'topk' (both
+        say sent_bytes, held_bytes and hook_bytes); all zeros when the plan does not compress (so every
+        term of it, sent, computed or held, is 0)."""
+        if plan.grad_compression == "topk" and plan.dp > 1:
+            ranks = plan.dp * plan.cp  # DDP's group: the dp x cp ranks (types/plan.py runs_ddp)
+            return topk.total(self.topk_traffics(stage.blocks, plan.topk_ratio, ranks), ranks)
         if plan.grad_compression != "powersgd" or plan.dp == 1:
             return compression.PowerSGDTraffic()
         return compression.total(self.powersgd_traffics(stage.blocks, plan.powersgd_rank))
@@ -210,6 +227,8 @@ class DataParallelTerms:
         """PowerSGD's own work on the slowest stage's rank (compression.compute_s); 0 without it."""
         if plan.grad_compression == "powersgd" and plan.dp > 1:
             cost.compression_s = max(compression.compute_s(self.profile, self.powersgd_stage(plan, s)) for s in stages)
+        if plan.grad_compression == "topk" and plan.dp > 1:
+            cost.compression_s = max(topk.compute_s(self.profile, self.powersgd_stage(plan, s)) for s in stages)
 
     def _overlaps_grad_reduce(self, plan: Plan, grads: DpMessage) -> bool:
         """Whether the gradient reduction runs under the backward (module docstring): sent in the

@@ -14,6 +14,11 @@ ring or tree streams through both levels at once, so the slower bounds the bandw
                max(tree, alpha_intra / (d - 1) * (n - N) + alpha_inter * (N - 1))  (ring: all_gather,
                                                                                 reduce_scatter, k > 1)
 
+Across sites (types/sites.py: s sites, the fewest ranks on one k_s of its D_s devices), the wide-area
+link bounds the bandwidth as well and adds its latency, per tree level or per ring hop between sites:
+
+    bandwidth: max( ..., c(kind, n) * S / (busbw_site * k_s / D_s) );   latency += alpha_site * (ceil(log2 s) | s - 1)
+
 The ring's latency is NCCL's (NVIDIA/nccl src/graph/tuning.cc: ``baseLat + (nsteps - nInterSteps)
 * intraLat + nInterSteps * interLat``, ``nsteps = n - 1``, ``nInterSteps = N - 1``).
 """
@@ -25,6 +30,7 @@ import math
 from autoplan.cost.network.mesh import AxisGroup
 from autoplan.errors import AutoplanError
 from autoplan.types.profile import COLLECTIVES, CollectiveFit, Profile, bus_factor
+from autoplan.types.sites import devices_per_site
 
 
 def collective_time_s(profile: Profile, kind: str, message_bytes: float, *, group: AxisGroup) -> float:
@@ -38,10 +44,10 @@ def collective_time_s(profile: Profile, kind: str, message_bytes: float, *, grou
     if message_bytes <= 0 or (group.size <= 1 and kind != "send_recv"):
         return 0.0
     if kind == "send_recv":
-        return _send_recv_s(profile, message_bytes, group=group)
+        return _send_recv_s(profile, message_bytes, group=group) + _site_excess_s(profile, kind, message_bytes, group)
     if not group.spans_nodes:
         return _flat_s(profile.intra_node.collectives[kind], kind, group.size, message_bytes)
-    return _spanning_s(profile, kind, message_bytes, group=group)
+    return _spanning_s(profile, kind, message_bytes, group=group) + _site_excess_s(profile, kind, message_bytes, group)
 
 
 def bucketed_time_s(
@@ -95,3 +101,20 @@ def _spanning_latency_s(profile: Profile, kind: str, group: AxisGroup) -> float:
 def _nic_share(profile: Profile, group: AxisGroup) -> float:
     """Fraction of a node's inter-node bandwidth one group gets: its ranks_per_node rails of d."""
     return min(1.0, group.ranks_per_node / profile.devices_per_node)
+
+
+def _site_excess_s(profile: Profile, kind: str, message_bytes: float, group: AxisGroup) -> float:
+    """What crossing sites adds to a spanning collective (module docstring): the wide-area link's latency
+    (per tree level, or per ring hop between sites) and the part of its bandwidth term beyond the node
+    levels'. 0 for a group within one site."""
+    if not group.spans_sites:
+        return 0.0
+    wan = profile.sites.link.collectives[kind]
+    levels = group.sites - 1 if kind in RING_ONLY else max(1, math.ceil(math.log2(group.sites)))
+    share = min(1.0, group.ranks_per_site / devices_per_site(profile))
+    wan_bw_s = bus_factor(kind, group.size) * message_bytes / (wan.busbw_bytes_per_s * share)
+    inter, intra = profile.link(True).collectives[kind], profile.intra_node.collectives[kind]
+    node_bw_s = bus_factor(kind, group.size) * message_bytes / (inter.busbw_bytes_per_s * _nic_share(profile, group))
+    if kind != "send_recv":  # _spanning_s streams through both node levels: the slower bounds it
+        node_bw_s = max(node_bw_s, bus_factor(kind, group.ranks_per_node) * message_bytes / intra.busbw_bytes_per_s)
+    return wan.alpha_s * (1 if kind == "send_recv" else levels) + max(0.0, wan_bw_s - node_bw_s)

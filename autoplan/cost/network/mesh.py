@@ -1,4 +1,4 @@
-"""Where the ranks of each mesh axis sit: inside one node, or across nodes.
+"""Where the ranks of each mesh axis sit: inside one node, across nodes, or across sites (types/sites.py).
 
 Ranks form a ``(pp, dp, cp, tp)`` mesh with tp innermost, as autoplan/types/layout.py states it for
 the cost model and the executor alike; ``node(rank) = rank // devices_per_node``. The cp group has
@@ -19,6 +19,7 @@ from autoplan.errors import PlanError
 from autoplan.types.hsdp import HSDP_AXES, hsdp_groups
 from autoplan.types.layout import expert_groups, plan_groups
 from autoplan.types.profile import Profile
+from autoplan.types.sites import devices_per_site
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,12 @@ class AxisGroup:
 
     size: int  # ranks in one group along this axis
     ranks_per_node: int  # how many of those ranks share one node (== size when the group stays in a node)
+    sites: int = 1  # sites the group's ranks sit on (types/sites.py; 1 without sites)
+    ranks_per_site: int = 0  # the fewest of its ranks one of those sites holds (0: the group stays in a site)
+
+    @property
+    def spans_sites(self) -> bool:
+        return self.sites > 1
 
     @property
     def spans_nodes(self) -> bool:
@@ -48,13 +55,13 @@ def mesh_groups(
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("dp_replicate", dp_replicate)):
         if not isinstance(value, int) or value < 1:
             raise PlanError(f"mesh degree {name}={value!r}; expected an integer >= 1.")
-    groups = dict(_mesh_groups(profile.devices_per_node, dp, tp, pp, cp))
+    groups = dict(_mesh_groups(profile.devices_per_node, dp, tp, pp, cp, devices_per_site(profile)))
     if cp == 1:
         groups["dp_cp"] = groups["dp"]
         groups["cp"] = AxisGroup(size=1, ranks_per_node=1)
     groups["dp_shard"], groups["dp_replicate"] = groups["dp_cp"], AxisGroup(size=1, ranks_per_node=1)
     if dp_replicate > 1:
-        groups.update(_hsdp_groups(profile.devices_per_node, dp, tp, pp, dp_replicate, cp))
+        groups.update(_hsdp_groups(profile.devices_per_node, dp, tp, pp, dp_replicate, cp, devices_per_site(profile)))
     return groups
 
 
@@ -65,17 +72,19 @@ def plan_mesh_groups(profile: Profile, plan) -> dict[str, AxisGroup]:
 
 @lru_cache(maxsize=1024)
 def _hsdp_groups(
-    devices_per_node: int, dp: int, tp: int, pp: int, replicate: int, cp: int
+    devices_per_node: int, dp: int, tp: int, pp: int, replicate: int, cp: int, per_site: int
 ) -> tuple[tuple[str, AxisGroup], ...]:
     groups = hsdp_groups(pp=pp, dp=dp, tp=tp, dp_replicate=replicate, cp=cp)
-    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in HSDP_AXES)
+    return tuple((axis, _worst(groups[axis], devices_per_node, per_site)) for axis in HSDP_AXES)
 
 
 @lru_cache(maxsize=4096)
-def _mesh_groups(devices_per_node: int, dp: int, tp: int, pp: int, cp: int) -> tuple[tuple[str, AxisGroup], ...]:
+def _mesh_groups(
+    devices_per_node: int, dp: int, tp: int, pp: int, cp: int, per_site: int
+) -> tuple[tuple[str, AxisGroup], ...]:
     groups = plan_groups(pp=pp, dp=dp, tp=tp, cp=cp)
     axes = ("tp", "dp", "pp") if cp == 1 else ("tp", "dp", "pp", "cp", "dp_cp")
-    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in axes)
+    return tuple((axis, _worst(groups[axis], devices_per_node, per_site)) for axis in axes)
 
 
 def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int, tp: int = 1, expert_tp: int = 1) -> dict[str, AxisGroup]:
@@ -85,28 +94,40 @@ def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int, tp: int = 1, exper
     is ``ep`` consecutive dp ranks and the edp group the ``dp / ep`` ranks of stride ``ep``."""
     if ep < 1 or expert_tp < 1 or (dp * tp) % (ep * expert_tp):
         raise PlanError(f"mesh degrees ep={ep} x expert_tp={expert_tp} must divide dp*tp={dp * tp}.")
-    return dict(_ep_groups(profile.devices_per_node, dp, ep, pp, tp, expert_tp))
+    return dict(_ep_groups(profile.devices_per_node, dp, ep, pp, tp, expert_tp, devices_per_site(profile)))
 
 
 @lru_cache(maxsize=1024)
 def _ep_groups(
-    devices_per_node: int, dp: int, ep: int, pp: int, tp: int, expert_tp: int
+    devices_per_node: int, dp: int, ep: int, pp: int, tp: int, expert_tp: int, per_site: int
 ) -> tuple[tuple[str, AxisGroup], ...]:
     groups = expert_groups(pp=pp, dp=dp, ep=ep, tp=tp, expert_tp=expert_tp)
-    return tuple((axis, _worst(groups[axis], devices_per_node)) for axis in ("ep", "edp", "etp"))
+    return tuple((axis, _worst(groups[axis], devices_per_node, per_site)) for axis in ("ep", "edp", "etp"))
 
 
-def _worst(groups: list[list[int]], devices_per_node: int) -> AxisGroup:
-    """The group with the smallest per-node share: a spanning group beats one that stays."""
+def _worst(groups: list[list[int]], devices_per_node: int, per_site: int = 0) -> AxisGroup:
+    """The group with the smallest per-node share: a spanning group beats one that stays; with sites of
+    ``per_site`` devices (0: none), the most sites any group spans and the fewest ranks a site holds."""
     size = len(groups[0])
     fewest = size
     for ranks in _distinct_patterns(groups, devices_per_node):
-        counts: dict[int, int] = {}
-        for rank in ranks:
-            counts[rank // devices_per_node] = counts.get(rank // devices_per_node, 0) + 1
+        counts = _per(ranks, devices_per_node)
         if len(counts) > 1:
             fewest = min(fewest, min(counts.values()))
-    return AxisGroup(size=size, ranks_per_node=fewest)
+    if not per_site:
+        return AxisGroup(size=size, ranks_per_node=fewest)
+    spread = [_per(ranks, per_site) for ranks in _distinct_patterns(groups, per_site)]
+    sites = max(len(counts) for counts in spread)
+    on_site = min((min(c.values()) for c in spread if len(c) > 1), default=0)
+    return AxisGroup(size=size, ranks_per_node=fewest, sites=sites, ranks_per_site=on_site)
+
+
+def _per(ranks: list[int], devices: int) -> dict[int, int]:
+    """How many of ``ranks`` each block of ``devices`` consecutive ranks (a node, a site) holds."""
+    counts: dict[int, int] = {}
+    for rank in ranks:
+        counts[rank // devices] = counts.get(rank // devices, 0) + 1
+    return counts
 
 
 def _distinct_patterns(groups: list[list[int]], devices_per_node: int) -> list[list[int]]:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from autoplan.errors import CheckpointError
 from autoplan.execute.checkpoint import store
+from autoplan.execute.checkpoint.residual import per_rank
 from autoplan.execute.checkpoint.state import EXTRA, MODEL, OPTIM, RNG, trainer_state
 
 
@@ -85,8 +86,8 @@ class Checkpointer:
         held = metadata.state_dict_metadata
         same_world = info.world_size == dist.get_world_size()
         for key in [k for k in state.tensors if k.startswith((EXTRA, RNG))]:
-            if key not in held or (key.startswith(RNG) and not same_world):
-                del state.tensors[key]  # RNG of another world size, or an fp16 scale an fp32 run never had
+            if key not in held or (per_rank(key) and not same_world):
+                del state.tensors[key]  # RNG or residuals of another world size, or a scale an fp32 run never had
         shapes = {k: tuple(v.shape) for k, v in state.tensors.items() if k.startswith((MODEL, OPTIM)) and v.dim() > 0}
         store.check_tensors(step_dir, metadata, shapes)
         try:

@@ -200,7 +200,7 @@ class CommRecorder(TorchDispatchMode):
 
 def existing_tensors(trainer: Any) -> list[torch.Tensor]:
     """What lives on the rank when a step starts: parameters, gradients, buffers, optimizer states,
-    and a PowerSGD hook's error feedback and P, Q memories (execute/data_parallel.py)."""
+    a PowerSGD hook's error feedback and P, Q, a top-k hook's residuals (execute/data_parallel.py)."""
     found = []
     for module in trainer.stage_modules.values():
         found += [p for p in module.parameters()] + [b for b in module.buffers()]
@@ -208,6 +208,7 @@ def existing_tensors(trainer: Any) -> list[torch.Tensor]:
         hook = getattr(module, "powersgd_state", None)
         for held in (hook.error_dict, hook.p_memory_dict, hook.q_memory_dict) if hook is not None else ():
             found += list(held.values())
+        found += getattr(module, "topk_state", None).held_tensors() if hasattr(module, "topk_state") else []
     for state in optimizer_states(trainer.optimizer):
         found += [v for v in state.values() if isinstance(v, torch.Tensor)]
     return found + _held(trainer.optimizer) + _held(getattr(trainer, "outer", None))

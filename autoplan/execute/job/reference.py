@@ -15,7 +15,8 @@ is linear in the ``M_i``, so the reference replays it on its own mean gradient `
     Mbar = g + ebar,   expected = U U^T Mbar,   ebar <- Mbar - M'
 
 ``U`` an orthonormal basis of ``M'``'s columns (singular values below ``RANK_CUTOFF`` of the
-largest are rounding); everything but the subspace is checked at the fp32 tolerance.
+largest are rounding); everything but the subspace is checked at the fp32 tolerance. Top-k with error
+feedback is judged by its conservation (autoplan/execute/job/topk_reference.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_co
 
 from autoplan.execute.job import verify
 from autoplan.execute.job.contract import verify_steps, why_steps
+from autoplan.execute.job.topk_reference import approximation, topk_expected
 from autoplan.types.plan import Plan
 
 #: singular values of a compressed gradient below this fraction of its largest are rounding
@@ -41,6 +43,7 @@ class StepCheck:
     step: int
     diffs: list[verify.Difference]
     compressed: bool = False
+    approximate: str = ""  # why the step is approximate by design (top-k below 1: topk_reference.py)
 
 
 @dataclass
@@ -55,7 +58,7 @@ class Reference:
     optimizer_fn: Callable | None = None
     masters: dict[str, nn.Parameter] = field(default_factory=dict)
     optimizer: Any = None
-    feedback: dict[str, torch.Tensor] = field(default_factory=dict)  # PowerSGD's mean error feedback
+    feedback: dict[str, torch.Tensor] = field(default_factory=dict)  # PowerSGD's or top-k's mean error feedback
     checks: list[StepCheck] = field(default_factory=list)
 
     def __post_init__(self):
@@ -85,6 +88,11 @@ class Reference:
         if state is not None:
             run = verify.gathered_grads(trainer)
             grads = self._powersgd_expected(grads, run=run, state=state, compressed=compressed)
+        topk = getattr(trainer.model, "topk_state", None)
+        if topk is not None:
+            grads = topk_expected(grads, trainer=trainer, state=topk, feedback=self.feedback)
+        approximate = approximation(self.plan)
+        compressed = compressed or bool(approximate)
         before = {name: self.masters[name].detach().clone() for name in grads}
         updated = self._step(grads)
         weights = verify.gathered_weights(trainer)
@@ -99,7 +107,7 @@ class Reference:
             weights=weights,
         ) + verify.frozen_differences(weights=weights, initial=frozen)
         self._follow(trainer, weights)
-        self.checks.append(StepCheck(step=step, diffs=diffs, compressed=compressed))
+        self.checks.append(StepCheck(step=step, diffs=diffs, compressed=compressed, approximate=approximate))
         return self.checks[-1]
 
     def _frozen(self) -> list[str]:
@@ -196,10 +204,7 @@ def verdict(*, checks: list[StepCheck], plan: Plan, randomness: str, rows: int =
         ok, table = verify.step_table(diffs=found.diffs, plan=plan, step=found.step, rows=rows)
         passed &= ok
         lines += table
-        lines.append(
-            f"  step {found.step}{' (compressed by PowerSGD)' if found.compressed else ''}: "
-            f"{'within tolerance' if ok else 'BEYOND TOLERANCE'}"
-        )
+        lines.append(f"  step {found.step}{_how(found)}: {'within tolerance' if ok else 'BEYOND TOLERANCE'}")
     wanted = verify_steps(plan)
     if len(checks) < wanted:
         passed = False
@@ -210,3 +215,10 @@ def verdict(*, checks: list[StepCheck], plan: Plan, randomness: str, rows: int =
     lines.append(f"verify: randomness: {randomness}")
     lines.append("verify: PASSED" if passed else "verify: FAILED")
     return passed, "\n".join(lines)
+
+
+def _how(found: StepCheck) -> str:
+    """How a step was judged, when not against the exact run: ' (compressed by PowerSGD)' or top-k's words."""
+    if found.approximate:
+        return f" ({found.approximate})"
+    return " (compressed by PowerSGD)" if found.compressed else ""

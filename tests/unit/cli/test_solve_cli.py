@@ -166,3 +166,15 @@ def test_allow_lossy_lets_plan_compress_on_a_slow_link_and_a_lossy_pin_needs_it(
     assert (plan.grad_compression, plan.powersgd_rank) == ("powersgd", 2)
     assert plan.predicted.search.allow_lossy and "compression" in _rows(tmp_path / "plans.csv")[0]
     assert main([*args, "--fix", "powersgd=off"]) == 0 and Plan.load(tmp_path / "plan.json").lossy == []
+
+
+def test_a_topk_pin_needs_allow_lossy_and_lands_in_the_plan(small_gpt, tmp_path, capsys):
+    args = ["plan", small_gpt, "--devices", "32", "--profile", "aws-p3", "--batch", "64", "--out", str(tmp_path)]
+    assert main([*args, "--fix", "grad_compression=topk,topk_ratio=0.01"]) == 2
+    assert "--fix topk_ratio=0.01 is lossy" in capsys.readouterr().err
+    assert main([*args, "--fix", "grad_compression=topk,topk_ratio=1.5"]) == 2
+    assert "--fix topk_ratio=1.5 is not valid; expected a fraction in (0, 1]" in capsys.readouterr().err
+    assert main([*args, "--fix", "grad_compression=topk,topk_ratio=0.01", "--allow-lossy", "--quiet"]) == 0
+    plan = Plan.load(tmp_path / "plan.json")
+    assert (plan.grad_compression, plan.topk_ratio) == ("topk", 0.01) and plan.lossy
+    assert _rows(tmp_path / "plans.csv")[0]["compression"] == "topk:0.01"

@@ -46,7 +46,7 @@ def test_plan_round_trips_through_json(tmp_path):
         (dict(micro_batch_size=0), "micro_batch_size=0"),
         (dict(dp=4, tp=1, sequence_parallel=True), "sequence_parallel=true needs tp > 1"),
         (dict(grad_reduce_dtype="int8"), "grad_reduce_dtype='int8'"),
-        (dict(grad_compression="topk"), "grad_compression='topk'; expected one of none, powersgd"),
+        (dict(grad_compression="signsgd"), "grad_compression='signsgd'; expected one of none, powersgd, topk"),
         (dict(grad_compression="powersgd"), "PowerSGD needs a rank >= 1"),
         (dict(powersgd_rank=4), "powersgd_rank=4 without grad_compression='powersgd'"),
         (dict(grad_compression="powersgd", powersgd_rank=4), "needs dp > 1, tp = pp = ep = 1"),
