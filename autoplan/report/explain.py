@@ -41,8 +41,8 @@ from autoplan.report.families import FamilyVerdict, Rival, families, family_of, 
 from autoplan.report.fp8 import fp8_gain
 from autoplan.report.frozen import frozen_saving
 from autoplan.report.hsdp import hsdp_why
-from autoplan.report.moe_overlap import a2a_overlap_why
 from autoplan.report.local_sgd import local_sgd_why
+from autoplan.report.moe_overlap import a2a_overlap_why
 from autoplan.report.offload import offload_why
 from autoplan.report.recompute_budget import recompute_why
 from autoplan.report.search_again import search_again

@@ -28,8 +28,8 @@ from autoplan.cost import PRECISION_BYTES, CostModel, compresses_any
 from autoplan.display import number_text
 from autoplan.errors import PlanError
 from autoplan.solve.local_sgd import CANDIDATES
-from autoplan.types.local_sgd import is_local_sgd, outer_sync_refusal, synchronous_fields
 from autoplan.types.grad_compression import TOPK_RATIOS
+from autoplan.types.local_sgd import is_local_sgd, outer_sync_refusal, synchronous_fields
 from autoplan.types.plan import Plan
 
 POWERSGD_RANKS = (1, 2, 4, 8)
@@ -92,7 +92,9 @@ def _needs(variant: Plan, allowed: set[str]) -> list[str]:
 
 def _variants(plan: Plan, model: CostModel) -> list[tuple[str, Plan]]:
     """Each option once (by what it changes), the chosen plan first."""
-    exact = _with(plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0, topk_ratio=0.0, **synchronous_fields())
+    exact = _with(
+        plan, grad_reduce_dtype="fp32", grad_compression="none", powersgd_rank=0, topk_ratio=0.0, **synchronous_fields()
+    )
     peaks = model.profile.device.peak_flops
     variants = [plan]
     if plan.precision in ("bf16", "fp8"):
@@ -147,8 +149,8 @@ def _topk_variants(plan: Plan, exact: Plan) -> list[Plan]:
 
 def _choice(plan: Plan) -> tuple:
     return (
-        plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank, plan.topk_ratio, plan.sync_every,
-        plan.outer_optimizer,
+        plan.precision, plan.grad_reduce_dtype, plan.grad_compression, plan.powersgd_rank, plan.topk_ratio,
+        plan.sync_every, plan.outer_optimizer,
     )  # fmt: skip
 
 

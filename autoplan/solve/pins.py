@@ -21,8 +21,8 @@ Anything else is refused in one sentence.
 from __future__ import annotations
 
 from autoplan.errors import PlanError
-from autoplan.types.local_sgd import OUTER_OPTIMIZERS
 from autoplan.types.grad_compression import GRAD_COMPRESSIONS
+from autoplan.types.local_sgd import OUTER_OPTIMIZERS
 from autoplan.types.plan import CP_VARIANTS, OFFLOADS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES
 
 FIX_KEYS = (

@@ -69,7 +69,8 @@ def test_bf16_reduction_halves_the_bytes_of_an_fp32_plan():
 def test_the_planner_compresses_on_a_slow_link_only_when_allowed():
     graph = _model()
     strict = plan_graph(graph, devices=32, profile=_slow(), batch_size=32, fix={"tp": 1, "pp": 1})
-    # synchronous replicas: DiLoCo every 500 steps, also lossy, would win here (tests/unit/solve/test_local_sgd_search.py)
+    # synchronous replicas: DiLoCo every 500 steps, also lossy, would win here
+    # (tests/unit/solve/test_local_sgd_search.py)
     synced = {"tp": 1, "pp": 1, "sync_every": 1}
     lossy = plan_graph(graph, devices=32, profile=_slow(), batch_size=32, fix=synced, allow_lossy=True)
     assert strict.best.lossy == [] and all(not c.plan.lossy for c in strict.candidates if c.plan)
