@@ -290,9 +290,7 @@ class CostModel:
         cost = Cost()
         self._time(cost, plan, stages, groups)
         weights = weight_sync_plan(plan)  # dp x cp ranks hold the same weights (cost/cp/weights.py)
-        self.memory.fill(
-            cost, shard_view(weights), stages, [self.powersgd_stage(weights, s) for s in stages]
-        )  # HSDP: S ranks
+        self.memory.fill(cost, shard_view(weights), stages, [self.powersgd_stage(weights, s) for s in stages])
         price_outer_sync(cost, self.profile, plan, stages, groups=groups)  # local SGD / DiLoCo, if any
         self._throughput(cost, plan)
         return cost

@@ -15,12 +15,11 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
   TP communication overlap (with SP, on NCCL, tp inside a node);
 - precision: fp32; bf16, or fp16 without bf16; fp8 only with ``allow_fp8`` or a pin, where the
   profile has fp8 and bf16 peaks;
-- gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction and, where the executor runs DDP,
-  PowerSGD at the pinned rank or :data:`DEFAULT_POWERSGD_RANK` (the cost model knows no accuracy), and
-  top-k at DGC's ratios (solve/sparsify.py);
-  under ZeRO-1 without experts, the weights' all-gather after the step or under the next forward;
+- gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction, where the executor runs DDP PowerSGD at the
+  pinned rank or :data:`DEFAULT_POWERSGD_RANK` and top-k at DGC's ratios (solve/sparsify.py), and local SGD
+  and DiLoCo over the replicas (solve/local_sgd.py); the cost model knows no accuracy; under ZeRO-1 without
+  experts, the weights' all-gather after the step or under the next forward;
 - HSDP under ZeRO 1-3: full sharding, or shard groups of a node's dp ranks times a power of two (solve/hsdp.py).
-- outer sync (solve/local_sgd.py): synchronous; with ``allow_lossy`` local SGD and DiLoCo over the replicas.
 - offload (solve/offload.py): "optimizer" beside ZeRO-1, "full" beside ZeRO-3 at pp = 1, where the profile
   has a host section and the runtime runs it; chosen only where it pays (it always costs step time).
 """
@@ -28,6 +27,7 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from autoplan.errors import PlanError
@@ -243,13 +243,11 @@ def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, options: Any) -> 
         for offload in offload_options(profile, deg=deg, zero=zero, grads=grads, fixes=fixes, runtime=options.runtime)
         if offload == "none" or replicate == 1
     ]
-    lossy, runtime = options.allow_lossy, options.runtime
+    outer = partial(outer_sync_options, deg=deg, fixes=fixes, allow_lossy=options.allow_lossy, runtime=options.runtime)
     return [
-        (zero, replace(grads, sync_every=every, outer_optimizer=outer))
+        (zero, replace(grads, sync_every=every, outer_optimizer=name))
         for zero, grads in layouts
-        for every, outer in outer_sync_options(
-            deg=deg, zero=zero, grads=grads, fixes=fixes, allow_lossy=lossy, runtime=runtime
-        )
+        for every, name in outer(zero=zero, grads=grads)
     ]
 
 

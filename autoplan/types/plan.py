@@ -10,7 +10,7 @@ so tensor-parallel groups stay inside a node whenever ``tp`` divides the devices
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,31 +25,19 @@ from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.moe_overlap import check_moe_a2a_overlap
 from autoplan.types.offload import OFFLOADS, check_offload  # noqa: F401 (OFFLOADS: the plan's names)
+from autoplan.types.plan_text import describe_plan
 from autoplan.types.prediction import Prediction
-from autoplan.types.recompute import check_recompute_blocks, describe_counts
+from autoplan.types.recompute import check_recompute_blocks
 from autoplan.types.runtime import Runtime, check_runtime_choices, runtime_named
 from autoplan.types.schedules import SCHEDULES, check_schedule  # noqa: F401 (SCHEDULES: the plan's names)
 
 PLAN_SCHEMA_VERSION = 1
 
 RECOMPUTE = ("none", "selective", "full")
-#: newer fields left out of plan.json at their default, so older plans and their files stay as they were
-OMITTED_AT_DEFAULT = (
-    ("runtime", "autoplan"),
-    ("compile", False),
-    ("fp8_recipe", ""),
-    ("dp_replicate", 1),
-    ("offload", "none"),
-    ("recompute_blocks", []),
-    ("expert_tp", 1),
-    ("offload_activations", False),
-    ("moe_a2a_overlap", False),
-    ("sync_every", 1),
-    ("outer_optimizer", "average"),
-    ("outer_lr", local_sgd.DILOCO_OUTER_LR),
-    ("outer_momentum", local_sgd.DILOCO_OUTER_MOMENTUM),
-    ("topk_ratio", 0.0),
-)
+#: newer fields left out of plan.json at their (dataclass) default, so older plans and their files stay as they were
+OMITTED_AT_DEFAULT = ("runtime", "compile", "fp8_recipe", "dp_replicate", "offload", "recompute_blocks", "expert_tp")
+OMITTED_AT_DEFAULT += ("offload_activations", "moe_a2a_overlap", "sync_every", "outer_optimizer", "outer_lr")
+OMITTED_AT_DEFAULT += ("outer_momentum", "topk_ratio")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
 #: them once per layer (Llama 3 section 3.3), pass them round the cp ring point to point (ring
@@ -348,31 +336,8 @@ class Plan:
         return self.dp * self.micro_batch_size * self.num_microbatches
 
     def describe(self) -> str:
-        """A one-line human summary, e.g. ``dp=4 tp=2 pp=1 mbs=2x4 1f1b zero=1 rc=none bf16``."""
-        sp = " sp" if self.sequence_parallel else ""
-        ep = f" ep={self.ep}" if self.ep > 1 else ""
-        ep += f" etp={self.expert_tp}" if self.expert_tp > 1 else ""
-        ep += f" cp={self.cp}({self.cp_variant})" if self.cp > 1 else ""
-        v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        red = f" reduce={self.grad_reduce_dtype}" if self.grad_reduce_dtype != "fp32" else ""
-        red += f" powersgd={self.powersgd_rank}" if self.grad_compression == "powersgd" else ""
-        red += f" topk={self.topk_ratio:g}" if self.grad_compression == "topk" else ""
-        red += "" if self.overlap_grad_reduce else " no-overlap"
-        red += " param-gather-overlap" if self.overlap_param_gather else ""
-        red += " tp-overlap" if self.tp_comm_overlap else ""
-        red += " compile" if self.compile else ""
-        red += f" recipe={self.fp8_recipe}" if self.fp8_recipe else ""
-        red += f" offload={self.offload}" if self.offload != "none" else ""
-        red += " offload-act" if self.offload_activations else ""
-        red += " a2a-overlap" if self.moe_a2a_overlap else ""
-        red += f" runtime={self.runtime}" if self.runtime != "autoplan" else ""
-        red += f" hsdp={self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else ""
-        red += local_sgd.describe_local_sgd(self)
-        rc = describe_counts(self.recompute, self.recompute_blocks)
-        return (
-            f"dp={self.dp}{ep} tp={self.tp} pp={self.pp} mbs={self.micro_batch_size}x{self.num_microbatches} "
-            f"{self.schedule}{v} zero={self.zero_stage} rc={rc}{sp} {self.precision}{red}"
-        )
+        """A one-line human summary, e.g. ``dp=4 tp=2 pp=1 mbs=2x4 1f1b zero=1 rc=none bf16`` (types/plan_text.py)."""
+        return describe_plan(self)
 
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -384,9 +349,9 @@ class Plan:
             del data["inputs"]  # plan files without traced inputs stay as they were
         if self.cp == 1:
             del data["cp"], data["cp_variant"]  # and so do plans without context parallelism
-        for name, default in OMITTED_AT_DEFAULT:
-            if data[name] == default:
-                del data[name]  # and plans for autoplan's executor, uncompiled, with the default FP8 recipe
+        for known in fields(self):
+            if known.name in OMITTED_AT_DEFAULT and data[known.name] == _default(known):
+                del data[known.name]  # and plans for autoplan's executor, uncompiled, with the default FP8 recipe
         return data
 
     @classmethod
@@ -407,3 +372,8 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         return cls.from_dict(read_json(path, PlanError, "plan"))
+
+
+def _default(known: Any) -> Any:
+    """A dataclass field's default value (its factory's product for a list or dict)."""
+    return known.default_factory() if known.default is MISSING else known.default

@@ -199,8 +199,7 @@ class CommRecorder(TorchDispatchMode):
 
 
 def existing_tensors(trainer: Any) -> list[torch.Tensor]:
-    """What lives on the rank when a step starts: parameters, gradients, buffers, optimizer states,
-    a PowerSGD hook's error feedback and P, Q, a top-k hook's residuals (execute/data_parallel.py)."""
+    """What a rank holds as a step starts: weights, grads, buffers, optimizer and comm hooks' states."""
     found = []
     for module in trainer.stage_modules.values():
         found += [p for p in module.parameters()] + [b for b in module.buffers()]
