@@ -38,7 +38,8 @@ from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on
 from autoplan.execute.mesh import grad_groups
 
 MESH_DIMS = ("dp", "tp", "pp")
-EXPERT_DIMS = ("ep", "edp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
+EXPERT_DIMS = ("ep", "edp", "etp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
+ALL_TO_ALL_DIMS = ("ep", "etp")  # their all-to-alls are theirs though tp or dp may hold the same ranks
 #: c10d op name -> (collective kind, which argument holds the message, which holds the group)
 C10D_OPS = {
     "allreduce_": ("all_reduce", 0, 1),
@@ -99,16 +100,16 @@ def group_dims(
 
 
 def all_to_all_dims(experts: Any) -> dict[frozenset, str]:
-    """{ranks: "ep"} for the ep group: its all-to-alls are ep even when dp has the same ranks."""
-    return {_ranks(sub.get_group()): dim for dim, sub in _expert_meshes(experts) if dim == "ep"}
+    """{ranks: dim} of the ep and etp groups, whose all-to-alls are theirs though dp or tp hold their ranks."""
+    return {_ranks(sub.get_group()): dim for dim, sub in _expert_meshes(experts) if dim in ALL_TO_ALL_DIMS}
 
 
 def _expert_meshes(experts: Any) -> list[tuple[str, Any]]:
     if experts is None:
         return []
-    meshes = {"ep": experts.ep_mesh, "edp": experts.edp_mesh}
+    meshes = {"ep": experts.ep_mesh, "edp": experts.edp_mesh, "etp": experts.etp_mesh}
     # a one-rank edp group (ep = dp) still carries ZeRO-1's sharded step of the experts
-    return [(dim, meshes[dim]) for dim in EXPERT_DIMS if meshes[dim].size() > 1 or dim == "edp"]
+    return [(dim, sub) for dim in EXPERT_DIMS if (sub := meshes[dim]) is not None and (sub.size() > 1 or dim == "edp")]
 
 
 def _ranks(group: Any) -> frozenset:
