@@ -73,6 +73,9 @@ CASES = [
     ("moe_tp", "moe", dict(tp=2)),
     ("moe_tp_sp", "moe", dict(tp=2, sequence_parallel=True)),
     ("moe_tp_sp_recompute_selective", "moe", dict(tp=2, sequence_parallel=True, recompute="selective")),
+    # expert_tp = tp = 2 (execute/expert_tp.py): each rank's rows gathered over etp and the partial outputs
+    # reduce-scattered, as all-to-alls of e S each, with the counts; the rows never leave the rank's etp pair
+    ("moe_tp_sp_etp", "moe", dict(tp=2, sequence_parallel=True, expert_tp=2)),
     # context parallelism: K,V all-gathered per attention call (again when recomputed), dK,dV
     # reduce-scattered, gradients synced over dp x cp (execute/context_parallel.py)
     ("cp", "llama", dict(cp=2)),
@@ -123,6 +126,9 @@ FOUR = [
     ("pp_dp_zero2_tied", "gpt_tied", dict(pp=2, dp=2, zero_stage=2)),
     ("cp_dp_zero3", "llama", dict(cp=2, dp=2, zero_stage=3)),
     ("cp_tp", "gpt", dict(cp=2, tp=2)),
+    # expert_tp x ep x edp = 2 x 2 x 1 beside dp x tp = 2 x 2: the ep and etp all-to-alls follow the real routing
+    # per rank (ROUTED), their bytes summed over the ranks exact
+    ("moe_dp_tp_sp_ep_etp", "moe", dict(dp=2, tp=2, ep=2, expert_tp=2, sequence_parallel=True)),
     # HSDP, 2 replicas of 2-rank shard groups: ZeRO's messages on the shard group ("dp"), each gradient
     # shard all-reduced across the replicas ("dp_replicate"): FSDP2 on a 2-D mesh, ZeRO-1's sharded optimizer
     ("hsdp_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
@@ -164,19 +170,31 @@ def _measured(rank: dict) -> dict:
     return {(dim, kind): [count, size] for dim, kind, count, size in rank["comm"]}
 
 
+#: collectives whose bytes on one rank follow the real routing under ep > 1 (the rows its ep peers send it), priced
+#: under balanced routing: as many as priced on every rank, their bytes summed over the ranks exact
+ROUTED = {("ep", "all_to_all"), ("etp", "all_to_all")}
+
+
 @pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
 def test_collectives_equal_the_priced_volumes(audits, graphs, name):
     result = audits[name]
     assert "error" not in result, result.get("error")
     plan, predicted = _predictions(graphs, name)
+    routed = ROUTED if plan.ep > 1 else set()
+    summed: dict[tuple, list[float]] = {key: [0.0, 0.0] for key in routed}
     for rank in result["ranks"]:
         expected = predicted[rank["stage"]].comm
         measured = _measured(rank)
         assert set(measured) == set(expected), f"{name}: collectives {sorted(measured)} run, {sorted(expected)} priced"
         for key, (count, size) in expected.items():
-            assert measured[key][1] == pytest.approx(size, rel=1e-9), f"{name} {key}: {measured[key][1]} bytes run, {size} priced"
+            if key in routed:
+                summed[key] = [summed[key][0] + measured[key][1], summed[key][1] + size]
+            else:
+                assert measured[key][1] == pytest.approx(size, rel=1e-9), f"{name} {key}: {measured[key][1]} bytes run, {size} priced"
             if count is not None:
                 assert measured[key][0] == count, f"{name} {key}: {measured[key][0]} collectives run, {count} priced"
+    for key, (run, priced) in summed.items():
+        assert run == pytest.approx(priced, rel=1e-9), f"{name} {key}: {run} bytes run over the ranks, {priced} priced"
 
 
 def test_compiled_blocks_generate_the_priced_fused_kernels(audits, graphs):
@@ -227,7 +245,7 @@ MEMORY_UNSEEN = {"ddp_powersgd"}
 #: gradients that no plan changes (the same bytes at dp, tp and tp with SP) and that the grouped
 #: GEMM the cost model prices does not have. Their memory is held through the user's path on a
 #: grouped-GEMM model instead: test_mixtral_under_sequence_parallelism_runs_as_priced.
-LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective"}
+LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective", "moe_tp_sp_etp", "moe_dp_tp_sp_ep_etp"}
 #: FSDP2 hooks a unit's post-backward on forward inputs that need a gradient; the first block behind
 #: a frozen embedding has none, so it stays gathered until the backward's final callback reduces and
 #: reshards it. Whether that overlaps the previous unit's asynchronous gloo reduce-scatter is up to
