@@ -17,10 +17,9 @@ trace, ``H`` the hidden size, ``b`` bytes per element, ``i`` the routing imbalan
 
       t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward     (comm.collective_time_s; again if recomputed)
 
-- e > 1: the etp group all-gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
-  dispatcher on its expert tp group), the backward the reverse, each of uneven parts and sent as an all-to-all of
-  ``e S`` (autoplan/execute/expert_tp.py: the bus time of AG(e S), ``(e-1)/e`` of it), with the ``e E`` counts
-  in the forward: ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
+- e > 1: the etp group gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
+  dispatcher), sent as all-to-alls of ``e S`` (execute/expert_tp.py; an AG's bus time) with ``e`` copies of
+  the counts forward: ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
 - memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the
   busiest rank's expert activations ``i`` times the mean (cost/blocks.py).
 """

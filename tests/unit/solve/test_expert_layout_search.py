@@ -11,8 +11,10 @@ from synthetic import synthetic_gpt, synthetic_profile
 from synthetic.moe import MIXTRAL_BATCH, mixtral_graph
 
 from autoplan.cli import main
+from autoplan.cost import CostModel
 from autoplan.errors import PlanError
 from autoplan.export import megatron
+from autoplan.report.expert_layout import expert_layout_why
 from autoplan.solve.api import plan_graph
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
@@ -60,6 +62,10 @@ def test_autoplan_runtime_is_offered_the_experts_own_layout_at_zero_0_only(graph
     assert any(c.plan and c.plan.ep == 1 and c.plan.zero_stage > 0 for c in result.candidates)
     pinned = plan_graph(graph, devices=4, profile=synthetic_profile(), batch_size=MIXTRAL_BATCH, fix="expert_tp=2,tp=2")
     assert (pinned.best.expert_tp, pinned.best.zero_stage, pinned.best.sequence_parallel) == (2, 0, True)
+    model = CostModel(graph, synthetic_profile())  # explain's sentence for it (report/expert_layout.py)
+    why = expert_layout_why(model, pinned.best, model.estimate(pinned.best))
+    assert why.startswith(f"expert_tp=2 x ep={pinned.best.ep} x edp=") and "all-to-all and etp collectives" in why
+    assert "with every expert on every rank (ep=1, expert_tp=1) the step takes" in why and why.count(". ") == 0
 
 
 @pytest.mark.parametrize(
