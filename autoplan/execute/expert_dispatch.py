@@ -76,6 +76,7 @@ class ExpertsDispatch:
         self.ep, self.ep_rank = 1, 0
         self.etp_group: dist.ProcessGroup | None = None  # expert tensor parallelism (expert_tp.py)
         self.etp, self.etp_rank = 1, 0
+        self.rows_received = 0  # (token, choice) rows routed to this rank's experts, for the audit's imbalance
 
     def shard(self, *, group: dist.ProcessGroup, etp_group: dist.ProcessGroup | None = None) -> None:
         """From now on this rank holds its ``E / ep`` experts and exchanges rows over ``group``; with an
@@ -127,6 +128,7 @@ class ExpertsDispatch:
             send_splits = sent.view(self.ep, local).sum(1).tolist()
             recv_splits = received.view(self.ep, local).sum(1).tolist()
             rows = all_to_all_single_autograd(hidden[tokens].to(wire), recv_splits, send_splits, self.group)
+        self.rows_received += sum(send_splits if self.ep == 1 else recv_splits)
         out = self._expert_rows(rows, received, weights.dtype, params).to(wire)
         back = out if self.ep == 1 else all_to_all_single_autograd(out, send_splits, recv_splits, self.group)
         weighted = back * weights.reshape(-1)[order].unsqueeze(-1)

@@ -123,6 +123,7 @@ class ExpertParallel:
     #: folded over tp: the mesh the sliced experts are DTensors on, ``ep`` or ``(ep, etp)`` (module docstring)
     param_mesh: DeviceMesh | None = None
     etp_mesh: DeviceMesh | None = None  # expert_tp > 1: the ranks that split each expert's FFN (expert_tp.py)
+    dispatches: list[ExpertsDispatch] = field(default_factory=list)
 
     @property
     def names(self) -> set[str]:
@@ -210,6 +211,7 @@ def apply_expert_parallel(
     etp_group = etp_mesh.get_group() if etp_mesh is not None else None
     for fqn, dispatch in dispatches.items():
         dispatch.shard(group=ep_mesh.get_group(), etp_group=etp_group)
+        state.dispatches.append(dispatch)
         for stage in modules.values():
             module = _submodule(stage, fqn)
             if module is None:

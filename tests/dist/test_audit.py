@@ -21,6 +21,7 @@ from autoplan.cost.dp.compression import traffic_of
 from autoplan.cost.model import CostModel
 from autoplan.cost.volumes import predict
 from autoplan.execute.job.audit import audit_rows
+from autoplan.execute.job.routing_audit import measured_imbalance
 from autoplan.profile import load_profile
 from autoplan.trace import trace
 from autoplan.types.moe import RoutingModel
@@ -76,6 +77,10 @@ CASES = [
     # expert_tp = tp = 2 (execute/expert_tp.py): each rank's rows gathered over etp and the partial outputs
     # reduce-scattered, as all-to-alls of e S each, with the counts; the rows never leave the rank's etp pair
     ("moe_tp_sp_etp", "moe", dict(tp=2, sequence_parallel=True, expert_tp=2)),
+    # a router biased towards the first ep rank's experts (exec_models.SkewedMoE): the rows each rank's experts
+    # received give the measured imbalance, at which the busiest rank's peak is priced
+    # (test_the_busiest_ep_rank_peaks_as_priced_at_the_measured_imbalance)
+    ("moe_ep_skewed", "moe_skewed", dict(dp=2, ep=2)),
     # context parallelism: K,V all-gathered per attention call (again when recomputed), dK,dV
     # reduce-scattered, gradients synced over dp x cp (execute/context_parallel.py)
     ("cp", "llama", dict(cp=2)),
@@ -150,7 +155,7 @@ def audits():
 
 @pytest.fixture(scope="module")
 def graphs():
-    models = (("gpt", "TinyGPT"), ("gpt_tied", "TiedGPT"), ("llama", "TinyLlama"), ("moe", "TinyMoE"),
+    models = (("gpt", "TinyGPT"), ("gpt_tied", "TiedGPT"), ("llama", "TinyLlama"), ("moe", "TinyMoE"), ("moe_skewed", "SkewedMoE"),
               ("llama3p", "ThirdPartyLlama"), ("lora", "LoRALlama"))
     return {name: trace(getattr(m, cls)(), (m.tokens(2, 1),)) for name, cls in models}
 
@@ -252,12 +257,25 @@ LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective", "moe_tp_
 #: thread timing: one rank then peaks a block's gathered weights higher (+4% or +16% of the priced
 #: peak in repeated runs, never between). Its stage's lowest peak is held to 10% as every other's.
 ASYNC_FINAL_RESHARD = {"frozen_zero3"}
+#: Families priced at the routing the run measured, not the plan's: their own test
+MEASURED_ROUTING = {"moe_ep_skewed"}
+
+
+def _routed_flops(name: str, ranks: list[dict], predicted: list) -> None:
+    """Under ep > 1 a rank's expert GEMMs run on the rows routed to it: every rank's matmul FLOPs summed equal the
+    priced ones summed (balanced routing), as the routed all-to-alls' bytes do (ROUTED)."""
+    for key in ("forward_flops", "backward_flops", "attention_forward_flops", "attention_backward_flops"):
+        run, priced = sum(r[key] for r in ranks), sum(getattr(predicted[r["stage"]], key) for r in ranks)
+        assert run == pytest.approx(priced, rel=1e-9), f"{name} {key}: {run} run over the ranks, {priced} priced"
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + FLOPS_ONLY])
 def test_each_rank_computes_the_priced_flops(audits, graphs, name):
     plan, predicted = _predictions(graphs, name)
     hook = _powersgd_flops(graphs, plan)
+    if plan.ep > 1:
+        _routed_flops(name, audits[name]["ranks"], predicted)
+        return
     for rank in audits[name]["ranks"]:
         pred = predicted[rank["stage"]]
         assert rank["forward_flops"] == pytest.approx(pred.forward_flops, rel=1e-9), name
@@ -271,7 +289,7 @@ def test_each_rank_computes_the_priced_flops(audits, graphs, name):
         assert rank["attention_backward_flops"] == pytest.approx(pred.attention_backward_flops, rel=1e-9), name
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR if c[0] not in MEMORY_UNSEEN | LOOP_EXPERTS])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR if c[0] not in MEMORY_UNSEEN | LOOP_EXPERTS | MEASURED_ROUTING])
 def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs, name):
     """The ranks of one stage run the same program; gloo finishes an asynchronous collective (and
     frees what it holds) at a time the scheduler picks, so one rank may peak a few percent above
@@ -288,6 +306,28 @@ def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs
         assert min(peaks) == pytest.approx(priced[stage], rel=0.10), f"{name} stage {stage}: peaks {peaks} bytes live, {priced[stage]:.0f} priced"
         if name not in ASYNC_FINAL_RESHARD:
             assert max(peaks) == pytest.approx(priced[stage], rel=0.15), f"{name} stage {stage}: peaks {peaks} bytes live, {priced[stage]:.0f} priced"
+
+
+def test_the_busiest_ep_rank_peaks_as_priced_at_the_measured_imbalance(audits, graphs):
+    """SkewedMoE at dp = ep = 2: the audit reports the rows each rank's experts received (routing_audit.py); their
+    max over the mean is the run's imbalance, well above the default model's 1.25; priced again at it, the
+    busiest rank's peak (its expert activations that many times the mean, cost/blocks.py) is within 10%, where
+    the balanced price is not, and the other rank's within 10% of the balanced one."""
+    ranks = audits["moe_ep_skewed"]["ranks"]
+    assert "error" not in audits["moe_ep_skewed"], audits["moe_ep_skewed"].get("error")
+    imbalance = measured_imbalance(ranks)[0]
+    assert imbalance > 1.5, [r["expert_rows"] for r in ranks]
+    received = [r for r in audit_rows(ranks=ranks, predictions=_predictions(graphs, "moe_ep_skewed")[1],
+                                      stage_peak_bytes=[0.0]) if r["what"] == "expert rows received"]  # fmt: skip
+    assert max(r["measured"] / r["predicted"] for r in received) == pytest.approx(imbalance)
+    busiest, other = sorted(ranks, key=lambda r: -r["expert_rows"])
+    peak = {}
+    for i in (1.0, imbalance):
+        plan = make_plan("moe_skewed", dp=2, ep=2, routing=RoutingModel(imbalance=i))
+        model = CostModel(graphs["moe_skewed"], dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8))
+        peak[i] = model.stage_memory(plan, model.priced_stages(plan)[0])[0].peak_bytes
+    assert busiest["peak_live_bytes"] == pytest.approx(peak[imbalance], rel=0.10), (busiest["peak_live_bytes"], peak)
+    assert busiest["peak_live_bytes"] > peak[1.0] * 1.10 and other["peak_live_bytes"] == pytest.approx(peak[1.0], rel=0.10)
 
 
 def test_recomputation_runs_what_it_is_priced_for(audits):

@@ -35,6 +35,7 @@ from autoplan.execute.activation_offload import link_copies
 from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
+from autoplan.execute.job.routing_audit import counted_rows, routing_rows
 from autoplan.execute.mesh import grad_groups
 
 MESH_DIMS = ("dp", "tp", "pp")
@@ -227,13 +228,8 @@ def optimizer_states(optimizer: Any) -> list[dict]:
 def placement(trainer: Any) -> dict[str, int]:
     """Bytes of parameters and optimizer states this rank holds, and its parameter elements."""
     params = [local_tensor(p) for p in trainer.parameters]
-    states = [
-        local_tensor(v)
-        for s in optimizer_states(trainer.optimizer)
-        for v in s.values()
-        if isinstance(v, torch.Tensor) and v.dim() > 0
-    ]
-    states += [local_tensor(t) for t in _held(trainer.optimizer)]
+    held = [v for s in optimizer_states(trainer.optimizer) for v in s.values() if isinstance(v, torch.Tensor)]
+    states = [local_tensor(t) for t in held if t.dim() > 0] + [local_tensor(t) for t in _held(trainer.optimizer)]
     return {
         "param_elements": sum(p.numel() for p in params),
         "weights_bytes": sum(p.numel() * p.element_size() for p in params),
@@ -316,9 +312,12 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
     context = getattr(trainer, "context", None)
     groups = group_dims(trainer.mesh, ties, experts, grad_mesh=getattr(trainer, "grad_mesh", None))
     named = {context.kv_group.group_name: "cp"} if context is not None else {}
-    _, audit = audited_step(trainer, inputs, target, groups=groups, all_to_all=all_to_all_dims(experts), named=named)
+    with counted_rows(experts) as routed:  # the rows each rank's experts receive (routing_audit.py)
+        _, audit = audited_step(
+            trainer, inputs, target, groups=groups, all_to_all=all_to_all_dims(experts), named=named
+        )
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
+    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict(), **routed})
     return everyone if dist.get_rank() == 0 else None
 
 
@@ -338,9 +337,9 @@ FLOP_ROWS = (
 
 
 def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[float]) -> list[dict]:
-    """Predicted beside measured, one row per rank and quantity (docs/cost-model.md, the audit):
-    each collective (dim, kind), the parameter elements held, forward and backward matmul
-    FLOPs, and peak live bytes against the stage's predicted peak."""
+    """Predicted beside measured, one row per rank and quantity (docs/cost-model.md, the audit): each collective
+    (dim, kind), the parameter elements held, forward and backward matmul FLOPs, peak live bytes against the
+    stage's predicted peak, and under expert parallelism the rows its experts received (routing_audit.py)."""
     rows = []
     for rank, audit in enumerate(ranks):
         stage = audit["stage"]
@@ -358,7 +357,7 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
         reshards = sum(audit.get("resharded", {}).values())
         rows.append(_row(rank, stage, "in-place reshards", reshards, 0, "ops", reshards, 0))
         rows += _fused_rows(rank, stage, audit, pred)
-    return rows
+    return rows + routing_rows(ranks, _row)
 
 
 def _fused_rows(rank: int, stage: int, audit: dict, pred: Any) -> list[dict]:

@@ -175,3 +175,18 @@ def test_grouped_gemms_are_counted_as_matmul_flops():
         out.backward(torch.randn_like(out))
     forward, backward = meter.flops["matmul"]
     assert forward == 2 * 12 * 8 * 4 and backward == 2 * forward  # input and weight gradients
+
+
+def test_the_audit_measures_the_routing_imbalance_from_the_rows_each_rank_received():
+    """execute/job/routing_audit.py: per stage, the busiest rank's rows over the mean; one audit row per rank
+    against its stage's mean; ranks without experts add none."""
+    from autoplan.execute.job.routing_audit import measured_imbalance, routing_rows
+
+    ranks = [{"stage": 0, "expert_rows": 300}, {"stage": 0, "expert_rows": 100}, {"stage": 1}]
+    assert measured_imbalance(ranks) == {0: 1.5}
+    rows = routing_rows(ranks, lambda *args: args)
+    assert rows == [
+        (0, 0, "expert rows received", 300, 200.0, "rows"),
+        (1, 0, "expert rows received", 100, 200.0, "rows"),
+    ]
+    assert measured_imbalance([{"stage": 0}]) == {}
