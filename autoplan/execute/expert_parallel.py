@@ -56,18 +56,19 @@ def find_experts(model: nn.Module) -> dict[str, ExpertsDispatch]:
 
 def check_expert_parallel(*, model: nn.Module, plan: Plan, dispatches: dict[str, ExpertsDispatch]) -> None:
     """Raise PlanError, in one sentence, for an ``ep`` or ``expert_tp`` this model cannot run, or an experts'
-    layout folded over tp ranks beside ZeRO (types/expert_layout.py), which this executor does not run yet."""
+    layout folded over tp ranks beside ZeRO-2/3 (types/expert_layout.py), which this executor does not run yet."""
     if plan.expert_tp > 1 and plan.tp == 1:
         raise PlanError(
             f"plan expert_tp={plan.expert_tp} at tp=1: autoplan's executor splits the experts' FFN over ranks of "
             "the tensor-parallel layout only (the search offers expert_tp dividing tp); plan expert_tp=1, or "
             "tp >= expert_tp with sequence parallelism."
         )
-    if experts_apart(plan) and plan.tp > 1 and plan.zero_stage > 0:
+    if experts_apart(plan) and plan.tp > 1 and plan.zero_stage > 1:
         raise PlanError(
             f"plan ep={plan.ep}, expert_tp={plan.expert_tp} with tp={plan.tp}, zero_stage={plan.zero_stage}: "
-            "autoplan's executor runs the experts' own layout beside tp > 1 at zero_stage 0 only; export this plan "
-            "to Megatron-LM (autoplan export --to megatron), or re-plan with zero_stage 0 (or ep=1, expert_tp=1)."
+            "autoplan's executor runs the experts' own layout beside tp > 1 at zero_stage 0 and 1 only; export this "
+            "plan to Megatron-LM (autoplan export --to megatron), or re-plan with zero_stage 0 or 1 (or ep=1, "
+            "expert_tp=1)."
         )
     if not experts_apart(plan):
         return

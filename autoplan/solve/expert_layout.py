@@ -9,8 +9,8 @@ For one (dp, tp, cp) and the ep degrees the model's MoE layers allow (cost/moe/e
   (:data:`FOLDING_RUNTIMES`); the search then pairs it with sequence parallelism only (the Plan's rule);
   expert_tp > 1 not for experts with biases, which Megatron-Core refuses at expert_tp > 1 (and autoplan's
   executor splits only the bias-free projections, autoplan/execute/expert_tp.py);
-- autoplan's executor runs that layout at ZeRO 0 only (autoplan/execute/expert_parallel.py), so there it is
-  offered without ZeRO (:func:`zero_runs`).
+- autoplan's executor runs that layout at ZeRO 0 and 1 only (autoplan/execute/expert_parallel.py), so there it
+  is offered without ZeRO-2/3 (:func:`zero_runs`).
 
 ``--fix expert_tp=N`` pins the experts' tensor-parallel degree; a pin no runtime layout can take is one sentence.
 """
@@ -24,10 +24,12 @@ from autoplan.errors import PlanError
 
 #: Runtimes that run MoE Parallel Folding: Megatron-Core (``--expert-tensor-parallel-size``,
 #: ``--expert-model-parallel-size`` beside ``--tensor-model-parallel-size``; Liu et al. 2025) and autoplan's
-#: executor (at ZeRO 0: :data:`ZERO_0_FOLDING`); torchtitan 0.3's config has no expert tensor parallelism.
+#: executor (at ZeRO 0 and 1: :data:`ZERO_1_FOLDING`); torchtitan 0.3's config has no expert tensor parallelism.
 FOLDING_RUNTIMES = ("megatron", "autoplan")
-#: Runtimes that fold the experts' layout over tp ranks at ZeRO 0 only: autoplan's executor.
-ZERO_0_FOLDING = ("autoplan",)
+#: Runtimes that fold the experts' layout over tp ranks at ZeRO 0 and 1 only (its sharded optimizer steps the
+#: experts over edp; FSDP2 does not shard them yet): autoplan's executor.
+ZERO_1_FOLDING = ("autoplan",)
+FOLDED_ZERO_MAX = 1
 
 
 def runs_folding(runtime: str) -> bool:
@@ -41,7 +43,7 @@ def layout_options(
     """(ep, expert_tp) pairs for one (dp, tp, cp) (module docstring), narrowed by the ep and expert_tp pins;
     ``etp_ok(e)`` says whether the experts take expert_tp ``e`` (:func:`expert_tp_ok`; True: any)."""
     pairs = [(ep, 1) for ep in eps if dp % ep == 0 and (ep == 1 or tp == cp == 1)]
-    zero_refused = runtime in ZERO_0_FOLDING and tp > 1 and fixes.get("zero")
+    zero_refused = runtime in ZERO_1_FOLDING and tp > 1 and fixes.get("zero", 0) > FOLDED_ZERO_MAX
     if runs_folding(runtime) and cp == 1 and eps != (1,) and not zero_refused:
         etps = [e for e in range(1, tp + 1) if tp % e == 0 and (e == 1 or etp_ok is True or etp_ok(e))]
         folded = [(ep, e) for ep in eps for e in etps if ep * e > 1 and (dp * tp) % (ep * e) == 0]
@@ -60,8 +62,8 @@ def needs_sequence_parallel(*, tp: int, ep: int, expert_tp: int) -> bool:
 
 def zero_runs(deg: Any, zero: int, *, runtime: str) -> bool:
     """Whether ``runtime`` runs ZeRO stage ``zero`` with the search's ``Degrees`` ``deg``: autoplan's executor
-    folds the experts' layout over tp ranks at ZeRO 0 only (module docstring)."""
-    return zero == 0 or runtime not in ZERO_0_FOLDING or not folds(deg)
+    folds the experts' layout over tp ranks at ZeRO 0 and 1 only (module docstring)."""
+    return zero <= FOLDED_ZERO_MAX or runtime not in ZERO_1_FOLDING or not folds(deg)
 
 
 def check_layout_pin(fixes: dict, *, runtime: str, moe: bool) -> None:
@@ -71,11 +73,11 @@ def check_layout_pin(fixes: dict, *, runtime: str, moe: bool) -> None:
     pin = f"expert_tp={etp}" if etp > 1 else "ep with tp > 1"
     if folded and not moe:
         raise PlanError(f"--fix expert_tp={etp} needs a Mixture-of-Experts model with grouped experts; drop the pin.")
-    if folded and runtime in ZERO_0_FOLDING and fixes.get("zero"):
+    if folded and runtime in ZERO_1_FOLDING and fixes.get("zero", 0) > FOLDED_ZERO_MAX:
         raise PlanError(
             f"--fix {pin} and zero={fixes['zero']}: runtime '{runtime}' runs the experts' own layout beside tp > 1 "
-            "at zero=0 only; plan with --runtime megatron to export it with ZeRO (Megatron-Core's MoE Parallel "
-            "Folding), or drop one pin."
+            "at zero=0 and zero=1 only; plan with --runtime megatron to export it with ZeRO-2/3 (Megatron-Core's "
+            "MoE Parallel Folding), or drop one pin."
         )
     if folded and not runs_folding(runtime):
         raise PlanError(

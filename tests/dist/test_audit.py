@@ -134,6 +134,8 @@ FOUR = [
     # expert_tp x ep x edp = 2 x 2 x 1 beside dp x tp = 2 x 2: the ep and etp all-to-alls follow the real routing
     # per rank (ROUTED), their bytes summed over the ranks exact
     ("moe_dp_tp_sp_ep_etp", "moe", dict(dp=2, tp=2, ep=2, expert_tp=2, sequence_parallel=True)),
+    # ZeRO-1 beside expert_tp: the experts' edp group holds a dp group's ranks, its messages still dim edp
+    ("moe_dp_tp_sp_etp_zero1", "moe", dict(dp=2, tp=2, expert_tp=2, sequence_parallel=True, zero_stage=1)),
     # HSDP, 2 replicas of 2-rank shard groups: ZeRO's messages on the shard group ("dp"), each gradient
     # shard all-reduced across the replicas ("dp_replicate"): FSDP2 on a 2-D mesh, ZeRO-1's sharded optimizer
     ("hsdp_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
@@ -250,7 +252,8 @@ MEMORY_UNSEEN = {"ddp_powersgd"}
 #: gradients that no plan changes (the same bytes at dp, tp and tp with SP) and that the grouped
 #: GEMM the cost model prices does not have. Their memory is held through the user's path on a
 #: grouped-GEMM model instead: test_mixtral_under_sequence_parallelism_runs_as_priced.
-LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective", "moe_tp_sp_etp", "moe_dp_tp_sp_ep_etp"}
+LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective", "moe_tp_sp_etp", "moe_dp_tp_sp_ep_etp",
+                "moe_dp_tp_sp_etp_zero1"}
 #: FSDP2 hooks a unit's post-backward on forward inputs that need a gradient; the first block behind
 #: a frozen embedding has none, so it stays gathered until the backward's final callback reduces and
 #: reshards it. Whether that overlaps the previous unit's asynchronous gloo reduce-scatter is up to

@@ -102,6 +102,8 @@ FOUR = [
     # MoE Parallel Folding, expert_tp x ep x edp = 2 x 2 x 1 beside dp x tp = 2 x 2: tokens to the ep peer of the
     # other dp replica by all-to-all, then shared over etp around each expert's FFN shard
     ("dp2_tp2_sp_ep2_etp2", "moe", dict(dp=2, tp=2, ep=2, expert_tp=2, sequence_parallel=True)),
+    # and under ZeRO-1: dense parameters sharded over dp, the expert shards over their edp pair (execute/zero.py)
+    ("dp2_tp2_sp_etp2_zero1", "moe", dict(dp=2, tp=2, expert_tp=2, sequence_parallel=True, zero_stage=1)),
 ]
 #: a model context parallelism cannot shard at its blocks' inputs: one sentence at the first step
 REFUSED = [("cp2_skip_from_embedding_to_head", "llama3p", dict(cp=2))]

@@ -35,7 +35,7 @@ from autoplan.execute.activation_offload import link_copies
 from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
-from autoplan.execute.job.routing_audit import counted_rows, routing_rows
+from autoplan.execute.job.routing_audit import counted_rows, edp_by_name, routing_rows
 from autoplan.execute.mesh import grad_groups
 
 MESH_DIMS = ("dp", "tp", "pp")
@@ -311,7 +311,7 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
     experts = getattr(trainer, "experts", None)
     context = getattr(trainer, "context", None)
     groups = group_dims(trainer.mesh, ties, experts, grad_mesh=getattr(trainer, "grad_mesh", None))
-    named = {context.kv_group.group_name: "cp"} if context is not None else {}
+    named = {context.kv_group.group_name: "cp"} if context is not None else edp_by_name(experts)
     with counted_rows(experts) as routed:  # the rows each rank's experts receive (routing_audit.py)
         _, audit = audited_step(
             trainer, inputs, target, groups=groups, all_to_all=all_to_all_dims(experts), named=named

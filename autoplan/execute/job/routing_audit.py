@@ -31,6 +31,13 @@ def counted_rows(experts: Any) -> Iterator[dict]:
         found["expert_rows"] = sum(dispatch.rows_received for dispatch in dispatches)
 
 
+def edp_by_name(experts: Any) -> dict[str, str]:
+    """{the edp group's name: "edp"}: beside tp the experts' edp group may hold the same ranks as a dp group
+    (dp = 2, tp = expert_tp = 2), and its ZeRO-1 messages are still the experts' (cost/volumes.py, dim edp)."""
+    edp = getattr(experts, "edp_mesh", None)
+    return {edp.get_group().group_name: "edp"} if edp is not None and edp.size() > 1 else {}
+
+
 def measured_imbalance(ranks: list[dict]) -> dict[int, float]:
     """{stage: max over its ranks of the rows received / their mean} (module docstring), for stages whose
     experts received rows."""

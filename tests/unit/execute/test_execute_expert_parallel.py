@@ -68,13 +68,13 @@ def test_an_ep_the_model_cannot_run_is_one_sentence(moe):
 
 
 def test_the_experts_own_layout_beside_tp_runs_at_zero_0_and_is_refused_otherwise(moe):
-    """The executor folds ep over tp ranks and splits the experts over expert_tp without ZeRO (docs/moe.md,
-    "Expert tensor parallelism"); a folded plan under ZeRO, or expert_tp > 1 at tp = 1, is one sentence."""
+    """The executor folds ep over tp ranks and splits the experts over expert_tp at ZeRO 0 and 1 (docs/moe.md,
+    "Expert tensor parallelism"); a folded plan under ZeRO-2/3, or expert_tp > 1 at tp = 1, is one sentence."""
     model = moe.build_model()
     folded = dict(devices=4, dp=2, tp=2, pp=1, micro_batch_size=2, num_microbatches=1, sequence_parallel=True)
-    for kw in (dict(ep=2), dict(ep=1, expert_tp=2), dict(ep=2, expert_tp=2)):
+    for kw in (dict(ep=2), dict(ep=1, expert_tp=2), dict(ep=2, expert_tp=2), dict(ep=1, expert_tp=2, zero_stage=1)):
         check_expert_parallel(model=model, plan=Plan(**folded, **kw), dispatches=find_experts(model))
-    for kw in (dict(ep=1, expert_tp=2, zero_stage=1), dict(ep=2, zero_stage=1)):
+    for kw in (dict(ep=1, expert_tp=2, zero_stage=2), dict(ep=2, zero_stage=3)):
         with pytest.raises(PlanError, match=r"autoplan's executor runs the experts' own layout beside tp > 1 at zero"):
             check_expert_parallel(model=model, plan=Plan(**folded, **kw), dispatches=find_experts(model))
     dp_only = dict(devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, expert_tp=2)
