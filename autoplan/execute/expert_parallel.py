@@ -19,8 +19,8 @@ dense rule, and ZeRO-2/3 with one is refused.
 Beside tp > 1 (MoE Parallel Folding, autoplan/types/expert_layout.py) the ep and edp groups come from the
 folded ``(pp, edp, ep, etp)`` mesh over a stage's ``dp * tp`` ranks, so an ep group may span tp ranks: each
 rank routes its own sequence shard (autoplan/execute/expert_sequence.py). The sliced experts are then
-``Shard(0)`` DTensors on the ep mesh, the ``[E, ...]`` tensor they are slices of (as torchtitan holds its
-experts), so tensor parallelism leaves them alone and ``finalize_tp_grads`` does not reduce them over tp,
+``Shard(0)`` DTensors on the ep mesh (``(ep, etp)`` at expert_tp > 1: execute/expert_tp.py), the ``[E, ...]``
+tensor they are slices of (as torchtitan holds its experts), so TP and ``finalize_tp_grads`` leave them alone,
 and one optimizer steps them beside the tp DTensors; their gradient is the rule above, over edp.
 """
 
