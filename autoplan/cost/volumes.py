@@ -36,7 +36,7 @@ from autoplan.cost.dp import messages as dp_messages
 from autoplan.cost.dp.local_sgd import outer_message
 from autoplan.cost.memory.offload import offload_bytes
 from autoplan.cost.model import CostModel
-from autoplan.cost.moe.experts import COUNT_BYTES, A2AMessages, a2a_per_microbatch, dispatch_bytes
+from autoplan.cost.moe.experts import COUNT_BYTES, A2AMessages, a2a_per_microbatch, dispatch_bytes, etp_message_bytes
 from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tp.block import OUTSIDE_PARTS
@@ -189,15 +189,14 @@ def _per_step(
     )
 
 
-def _expert_tp(pred: StagePrediction, plan: Plan, a2a: A2AMessages, rows_bytes: float) -> None:
-    """At expert_tp > 1, per token message of the all-to-alls (dispatch, combine and their gradients) one
-    all-gather and one reduce-scatter of the etp group's ``expert_tp`` times the rows (cost/moe/experts.py
-    ``etp_times_s``): half of them as each kind, of the gathered (full) size."""
+def _expert_tp(pred: StagePrediction, plan: Plan, a2a: A2AMessages, rows_bytes: float, num_experts: int) -> None:
+    """At expert_tp > 1, beside each all-to-all of the ep group one of the etp group, of ``e`` copies of the
+    counts or the ``e`` times larger gathered rows (cost/moe/experts.py ``etp_message_bytes``)."""
     if plan.expert_tp == 1:
         return
-    m, passes = plan.num_microbatches, a2a.tokens // 2
-    for kind in ("all_gather", "reduce_scatter"):
-        pred.add("etp", kind, m * passes, m * passes * plan.expert_tp * rows_bytes)
+    counts, rows = etp_message_bytes(rows_bytes, num_experts=num_experts, etp=plan.expert_tp)
+    m = plan.num_microbatches
+    pred.add("etp", "all_to_all", m * (a2a.counts + a2a.tokens), m * (a2a.counts * counts + a2a.tokens * rows))
 
 
 def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTotals, index: int) -> None:
@@ -217,7 +216,7 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
         size = a2a.counts * moe.num_experts * COUNT_BYTES + a2a.tokens * rows
         if plan.ep > 1:
             pred.add("ep", "all_to_all", m * (a2a.counts + a2a.tokens), m * size)
-        _expert_tp(pred, plan, a2a, rows)
+        _expert_tp(pred, plan, a2a, rows, moe.num_experts)
     if stage.expert_params:
         messages = dp_messages.expert_messages(plan)
         units = len(moes) if plan.zero_stage >= 2 else 1

@@ -8,7 +8,9 @@ experts. :meth:`ExpertsDispatch.__call__` sorts the ``S k`` pairs by expert, exc
 per-expert counts, all-to-alls the rows (``all_to_all_single_autograd``), runs the module's own
 forward on them (``torch.func.functional_call`` with ``num_experts = L``), all-to-alls the outputs
 back and sums each token's ``k`` weighted choices: the model's result up to the order of sums. At
-``ep = 1`` under tensor parallelism the experts run replicated on local tensors. Under a pipeline,
+expert_tp > 1 the etp group shares its received rows around each local expert's FFN shard
+(autoplan/execute/expert_tp.py), with ep = 1 too. At ``ep = 1`` under tensor parallelism the experts run
+replicated on local tensors. Under a pipeline,
 :func:`opaque_experts` exports each module as the op ``autoplan::experts`` and
 :func:`replace_experts_ops` points the stage graphs' nodes back at the dispatch.
 """
@@ -26,6 +28,7 @@ import torch.nn as nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.tensor import DTensor, Replicate
 
+from autoplan.execute import expert_tp
 from autoplan.trace.forwards import replaced_forwards
 
 OP_NAME = "autoplan::experts"
@@ -71,11 +74,21 @@ class ExpertsDispatch:
         self.template = _template(module)
         self.group: dist.ProcessGroup | None = None
         self.ep, self.ep_rank = 1, 0
+        self.etp_group: dist.ProcessGroup | None = None  # expert tensor parallelism (expert_tp.py)
+        self.etp, self.etp_rank = 1, 0
+        self.rows_received = 0  # (token, choice) rows routed to this rank's experts, for the audit's imbalance
 
-    def shard(self, *, group: dist.ProcessGroup) -> None:
-        """From now on this rank holds its ``E / ep`` experts and exchanges rows over ``group``."""
+    def shard(self, *, group: dist.ProcessGroup, etp_group: dist.ProcessGroup | None = None) -> None:
+        """From now on this rank holds its ``E / ep`` experts and exchanges rows over ``group``; with an
+        ``etp_group`` of more than one rank, ``1 / expert_tp`` of each one's FFN (autoplan/execute/expert_tp.py)."""
         self.group, self.ep, self.ep_rank = group, dist.get_world_size(group), dist.get_rank(group)
         self.template.num_experts = self.num_experts // self.ep
+        if etp_group is not None and dist.get_world_size(etp_group) > 1:
+            self.etp_group, self.etp, self.etp_rank = (
+                etp_group,
+                dist.get_world_size(etp_group),
+                dist.get_rank(etp_group),
+            )
 
     def __call__(
         self, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, params: list[torch.Tensor]
@@ -105,18 +118,39 @@ class ExpertsDispatch:
         order = torch.argsort(flat, stable=True)  # (token, choice) pairs sorted by expert
         tokens = order // k
         sent = torch.bincount(flat, minlength=self.num_experts)  # pairs per expert, [E]
-        received = torch.empty_like(sent)  # [ep, L]: what each rank sends to each of my experts
-        dist.all_to_all_single(received, sent, group=self.group)
-        send_splits = sent.view(self.ep, local).sum(1).tolist()
-        recv_splits = received.view(self.ep, local).sum(1).tolist()
         wire = _wire_dtype(hidden)
-        rows = all_to_all_single_autograd(hidden[tokens].to(wire), recv_splits, send_splits, self.group)
-        local_ids = torch.arange(local, device=index.device).repeat(self.ep).repeat_interleave(received)
-        out = self._local_experts(rows, local_ids, weights.dtype, params)
-        back = all_to_all_single_autograd(out.to(wire), send_splits, recv_splits, self.group)
+        if self.ep == 1:  # expert_tp alone: this rank's rows stay here, sorted by expert
+            received, send_splits = sent, [int(sent.sum())]
+            rows = hidden[tokens].to(wire)
+        else:
+            received = torch.empty_like(sent)  # [ep, L]: what each rank sends to each of my experts
+            dist.all_to_all_single(received, sent, group=self.group)
+            send_splits = sent.view(self.ep, local).sum(1).tolist()
+            recv_splits = received.view(self.ep, local).sum(1).tolist()
+            rows = all_to_all_single_autograd(hidden[tokens].to(wire), recv_splits, send_splits, self.group)
+        self.rows_received += sum(send_splits if self.ep == 1 else recv_splits)
+        out = self._expert_rows(rows, received, weights.dtype, params).to(wire)
+        back = out if self.ep == 1 else all_to_all_single_autograd(out, send_splits, recv_splits, self.group)
         weighted = back * weights.reshape(-1)[order].unsqueeze(-1)
         summed = weighted.new_zeros(hidden.shape).index_add(0, tokens, weighted)
         return summed.to(hidden.dtype)
+
+    def _expert_rows(
+        self, rows: torch.Tensor, received: torch.Tensor, weight_dtype: torch.dtype, params: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """This rank's experts on the ``rows`` it received (``received``: how many per source rank and local
+        expert); at expert_tp > 1 on the etp group's rows, gathered and the partial outputs reduce-scattered
+        (autoplan/execute/expert_tp.py)."""
+        local = self.num_experts // self.ep
+        if self.etp == 1:
+            ids = torch.arange(local, device=rows.device).repeat(self.ep).repeat_interleave(received)
+            return self._local_experts(rows, ids, weight_dtype, params)
+        counts = expert_tp.exchange_counts(received, self.etp_group)  # [etp, ep * L]
+        sizes = counts.sum(1).tolist()
+        gathered = expert_tp.gather_rows(rows, sizes, self.etp_group)
+        ids = torch.arange(local, device=rows.device).repeat(self.ep * self.etp).repeat_interleave(counts.reshape(-1))
+        partial = self._local_experts(gathered, ids, weight_dtype, params).to(rows.dtype)
+        return expert_tp.scatter_rows(partial, sizes, self.etp_rank, self.etp_group)
 
     def _local_experts(
         self, rows: torch.Tensor, ids: torch.Tensor, weight_dtype: torch.dtype, params: dict[str, torch.Tensor]

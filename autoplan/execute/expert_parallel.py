@@ -19,8 +19,8 @@ dense rule, and ZeRO-2/3 with one is refused.
 Beside tp > 1 (MoE Parallel Folding, autoplan/types/expert_layout.py) the ep and edp groups come from the
 folded ``(pp, edp, ep, etp)`` mesh over a stage's ``dp * tp`` ranks, so an ep group may span tp ranks: each
 rank routes its own sequence shard (autoplan/execute/expert_sequence.py). The sliced experts are then
-``Shard(0)`` DTensors on the ep mesh, the ``[E, ...]`` tensor they are slices of (as torchtitan holds its
-experts), so tensor parallelism leaves them alone and ``finalize_tp_grads`` does not reduce them over tp,
+``Shard(0)`` DTensors on the ep mesh (``(ep, etp)`` at expert_tp > 1: execute/expert_tp.py), the ``[E, ...]``
+tensor they are slices of (as torchtitan holds its experts), so TP and ``finalize_tp_grads`` leave them alone,
 and one optimizer steps them beside the tp DTensors; their gradient is the rule above, over edp.
 """
 
@@ -37,7 +37,10 @@ from torch.distributed.tensor import DTensor, Shard
 from autoplan.errors import PlanError
 from autoplan.execute.data_parallel import local
 from autoplan.execute.expert_dispatch import ExpertsDispatch, install
+from autoplan.execute.expert_tp import check_divides, etp_splits
 from autoplan.trace.moe import experts_of, is_hf_experts
+from autoplan.types.expert_layout import experts_apart
+from autoplan.types.layout import EXPERT_TP_AXIS
 from autoplan.types.plan import Plan
 
 
@@ -52,28 +55,35 @@ def find_experts(model: nn.Module) -> dict[str, ExpertsDispatch]:
 
 
 def check_expert_parallel(*, model: nn.Module, plan: Plan, dispatches: dict[str, ExpertsDispatch]) -> None:
-    """Raise PlanError, in one sentence, for an ``ep`` this model cannot run, or an experts' layout folded
-    over tp ranks (types/expert_layout.py), which this executor does not run yet."""
-    if plan.expert_tp > 1 or (plan.ep > 1 and plan.tp > 1 and plan.zero_stage > 0):
+    """Raise PlanError, in one sentence, for an ``ep`` or ``expert_tp`` this model cannot run, or an experts'
+    layout folded over tp ranks beside ZeRO-2/3 (types/expert_layout.py), which this executor does not run yet."""
+    if plan.expert_tp > 1 and plan.tp == 1:
+        raise PlanError(
+            f"plan expert_tp={plan.expert_tp} at tp=1: autoplan's executor splits the experts' FFN over ranks of "
+            "the tensor-parallel layout only (the search offers expert_tp dividing tp); plan expert_tp=1, or "
+            "tp >= expert_tp with sequence parallelism."
+        )
+    if experts_apart(plan) and plan.tp > 1 and plan.zero_stage > 1:
         raise PlanError(
             f"plan ep={plan.ep}, expert_tp={plan.expert_tp} with tp={plan.tp}, zero_stage={plan.zero_stage}: "
-            "autoplan's executor runs expert parallelism beside tp > 1 at expert_tp = 1 and zero_stage 0 only; "
-            "export this plan to Megatron-LM (autoplan export --to megatron), or re-plan with expert_tp=1 and "
-            "zero_stage 0 (or tp=1)."
+            "autoplan's executor runs the experts' own layout beside tp > 1 at zero_stage 0 and 1 only; export this "
+            "plan to Megatron-LM (autoplan export --to megatron), or re-plan with zero_stage 0 or 1 (or ep=1, "
+            "expert_tp=1)."
         )
-    if plan.ep == 1:
+    if not experts_apart(plan):
         return
     for name, module in model.named_modules():
         found = experts_of(name, module)
         if found is not None and found[0] not in dispatches:
             raise PlanError(
-                f"plan ep={plan.ep} needs Mixture-of-Experts layers in the Hugging Face experts interface "
-                f"(docs/moe.md), but '{found[0]}' holds its experts as separate modules; plan ep=1 for this model."
+                f"plan ep={plan.ep}, expert_tp={plan.expert_tp} needs Mixture-of-Experts layers in the Hugging Face "
+                f"experts interface (docs/moe.md), but '{found[0]}' holds its experts as separate modules; plan ep=1 "
+                "and expert_tp=1 for this model."
             )
     if not dispatches:
         raise PlanError(
-            f"plan ep={plan.ep} but the model has no experts module in the Hugging Face experts interface "
-            "(docs/moe.md) to split; plan ep=1 for this model."
+            f"plan ep={plan.ep}, expert_tp={plan.expert_tp} but the model has no experts module in the Hugging Face "
+            "experts interface (docs/moe.md) to split; plan ep=1 and expert_tp=1 for this model."
         )
     for name, dispatch in dispatches.items():
         if dispatch.num_experts % plan.ep:
@@ -81,6 +91,10 @@ def check_expert_parallel(*, model: nn.Module, plan: Plan, dispatches: dict[str,
                 f"plan ep={plan.ep} does not divide the {dispatch.num_experts} experts of '{name}'; "
                 f"choose an ep that divides {dispatch.num_experts}."
             )
+        if plan.expert_tp > 1:
+            module = model.get_submodule(name)
+            splits = etp_splits(module, dispatch.sharded, fqn=name)
+            check_divides(splits, dict(module.named_parameters()), etp=plan.expert_tp, fqn=name)
         shared = [n for n in dispatch.names if n not in dispatch.sharded]
         if shared and plan.zero_stage >= 2:
             raise PlanError(
@@ -107,6 +121,10 @@ class ExpertParallel:
     ep_mesh: DeviceMesh
     edp_mesh: DeviceMesh
     layers: list[ExpertLayer] = field(default_factory=list)
+    #: folded over tp: the mesh the sliced experts are DTensors on, ``ep`` or ``(ep, etp)`` (module docstring)
+    param_mesh: DeviceMesh | None = None
+    etp_mesh: DeviceMesh | None = None  # expert_tp > 1: the ranks that split each expert's FFN (expert_tp.py)
+    dispatches: list[ExpertsDispatch] = field(default_factory=list)
 
     @property
     def names(self) -> set[str]:
@@ -148,9 +166,13 @@ class ExpertParallel:
         """The whole ``[E, ...]`` tensor of one expert parameter as this rank holds it (a collective): a
         folded layout's ep DTensor gathered, else its ep slice (FSDP2's edp shards gathered first) gathered
         over the ep group."""
-        if isinstance(tensor, DTensor) and tensor.device_mesh.mesh_dim_names == self.ep_mesh.mesh_dim_names:
+        if isinstance(tensor, DTensor) and self.folded(tensor):
             return tensor.full_tensor()
         return self.gather(tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
+
+    def folded(self, tensor: DTensor) -> bool:
+        """Whether ``tensor`` is an expert DTensor of a folded layout (on :attr:`param_mesh`)."""
+        return self.param_mesh is not None and tensor.device_mesh.mesh_dim_names == self.param_mesh.mesh_dim_names
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """The whole ``[E, ...]`` tensor from this ep group's ``[E / ep, ...]`` slices (a collective)."""
@@ -167,27 +189,36 @@ def apply_expert_parallel(
     expert_mesh: DeviceMesh | None,
     eager: bool,
 ) -> ExpertParallel | None:
-    """Slice the experts of this rank's stage ``modules`` over the ep group and make them route
-    by all-to-all; None at ep = 1. ``eager``: the stage modules are the eager model (pp = 1),
+    """Slice the experts of this rank's stage ``modules`` over the ep group (and each one's FFN over the etp
+    group, autoplan/execute/expert_tp.py) and make them route by all-to-all; None when the experts have no
+    layout of their own (ep = expert_tp = 1). ``eager``: the stage modules are the eager model (pp = 1),
     whose experts modules get the dispatch as their forward; pipeline stages already call it
     (autoplan/execute/expert_dispatch.py, ``replace_experts_ops``). At tp > 1 (ep = 1) eager
     experts modules get it too: it runs them replicated on local tensors."""
-    if plan.ep == 1 or expert_mesh is None:
+    if not experts_apart(plan) or expert_mesh is None:
         for fqn, dispatch in dispatches.items() if eager and plan.tp > 1 else ():
             for stage in modules.values():
                 if (module := _submodule(stage, fqn)) is not None:
                     install(module=module, dispatch=dispatch)
         return None
     ep_mesh, edp_mesh = expert_mesh["ep"], expert_mesh["edp"]
-    state = ExpertParallel(ep=plan.ep, dp=plan.dp, ep_mesh=ep_mesh, edp_mesh=edp_mesh)
-    folded = ep_mesh if plan.tp > 1 else None  # slices as ep DTensors (module docstring)
+    folded = None  # at tp = 1 plain slices; beside tp the ep or (ep, etp) DTensors (module docstring)
+    if plan.tp > 1:
+        folded = expert_mesh["ep", EXPERT_TP_AXIS] if plan.expert_tp > 1 else ep_mesh
+    etp_mesh = expert_mesh[EXPERT_TP_AXIS] if plan.expert_tp > 1 else None
+    state = ExpertParallel(
+        ep=plan.ep, dp=plan.dp, ep_mesh=ep_mesh, edp_mesh=edp_mesh, param_mesh=folded, etp_mesh=etp_mesh
+    )
+    etp_group = etp_mesh.get_group() if etp_mesh is not None else None
     for fqn, dispatch in dispatches.items():
-        dispatch.shard(group=ep_mesh.get_group())
+        dispatch.shard(group=ep_mesh.get_group(), etp_group=etp_group)
+        state.dispatches.append(dispatch)
         for stage in modules.values():
             module = _submodule(stage, fqn)
             if module is None:
                 continue
-            _slice(module, dispatch, ep_mesh=folded)
+            splits = etp_splits(module, dispatch.sharded, fqn=fqn) if plan.expert_tp > 1 else {}
+            _slice(module, dispatch, mesh=folded, splits=splits)
             if eager:
                 install(module=module, dispatch=dispatch)
             state.layers.append(ExpertLayer(fqn=fqn, module=module, sharded=dispatch.sharded))
@@ -202,9 +233,12 @@ def _submodule(stage: nn.Module, fqn: str) -> nn.Module | None:
 
 
 @torch.no_grad()
-def _slice(module: nn.Module, dispatch: ExpertsDispatch, *, ep_mesh: DeviceMesh | None = None) -> None:
-    """Replace each per-expert parameter of ``module`` by this rank's ``E / ep`` experts; with ``ep_mesh``
-    (a folded layout) as the ``Shard(0)`` DTensor of the whole ``[E, ...]`` tensor on it."""
+def _slice(
+    module: nn.Module, dispatch: ExpertsDispatch, *, mesh: DeviceMesh | None = None, splits: dict | None = None
+) -> None:
+    """Replace each per-expert parameter of ``module`` by this rank's ``E / ep`` experts, and of each its etp
+    part by ``splits`` (autoplan/execute/expert_tp.py); with ``mesh`` (a folded layout) as the DTensor of the
+    whole ``[E, ...]`` tensor on it: ``Shard(0)`` over ep, then the split's placement over etp."""
     per_rank = dispatch.num_experts // dispatch.ep
     start = dispatch.ep_rank * per_rank
     for name in dispatch.sharded:
@@ -212,10 +246,12 @@ def _slice(module: nn.Module, dispatch: ExpertsDispatch, *, ep_mesh: DeviceMesh 
         owner = module.get_submodule(owner_name) if owner_name else module
         full = owner.get_parameter(attr)
         mine = full[start : start + per_rank].clone()
-        if ep_mesh is not None:
-            mine = DTensor.from_local(
-                mine, ep_mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride()
-            )
+        placements = [Shard(0)]
+        if splits:
+            mine = splits[name].local(mine, rank=dispatch.etp_rank, size=dispatch.etp)
+            placements.append(splits[name].placement())
+        if mesh is not None:
+            mine = DTensor.from_local(mine, mesh, placements, run_check=False, shape=full.shape, stride=full.stride())
         owner.register_parameter(attr, nn.Parameter(mine, full.requires_grad))
 
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autoplan.errors import PlanError, RunError
-from autoplan.types.expert_layout import expert_dp
+from autoplan.types.expert_layout import expert_dp, experts_apart
 from autoplan.types.hsdp import HSDP_AXES, dp_shard
 from autoplan.types.layout import EXPERT_AXES, EXPERT_TP_AXIS, MESH_AXES, mesh_shape
 from autoplan.types.plan import Plan
@@ -96,9 +96,10 @@ def coordinates(mesh: DeviceMesh) -> dict[str, int]:
 
 def expert_mesh(*, mesh: DeviceMesh, plan: Plan) -> DeviceMesh | None:
     """The ``(pp, edp, ep, cp, tp)`` mesh of an expert-parallel plan at tp = 1, or the folded ``(pp, edp,
-    ep, etp)`` one beside tp (module docstring); None at ep = 1. A collective: every rank calls it, in the
+    ep, etp)`` one beside tp (module docstring); None when the experts have no layout of their own
+    (ep = expert_tp = 1). A collective: every rank calls it, in the
     same order."""
-    if plan.ep == 1:
+    if not experts_apart(plan):
         return None
     if plan.tp == 1 and plan.expert_tp == 1:
         return mesh._unflatten("dp", (plan.dp // plan.ep, plan.ep), EXPERT_AXES)

@@ -35,7 +35,7 @@ def check_runs_here(plan: Plan) -> None:
     starts, ``parallelize`` first."""
     from autoplan.execute.float8 import check_runs_here as check_float8_runs_here
 
-    if plan.overlap_param_gather and (plan.zero_stage != 1 or plan.ep > 1):
+    if plan.overlap_param_gather and (plan.zero_stage != 1 or plan.ep * plan.expert_tp > 1):
         raise PlanError(
             f"plan overlap_param_gather=true with zero_stage={plan.zero_stage} and ep={plan.ep}: autoplan's executor "
             "overlaps only ZeRO-1's parameter all-gather without expert parallelism (ZeRO-2 runs as FSDP2, which "

@@ -7,10 +7,10 @@ For one (dp, tp, cp) and the ep degrees the model's MoE layers allow (cost/moe/e
 - the experts' own layout beside tp > 1 (ep, or ``expert_tp`` dividing tp, with ``ep * expert_tp``
   dividing dp x tp, cp = 1): MoE Parallel Folding, only for a runtime that runs it
   (:data:`FOLDING_RUNTIMES`); the search then pairs it with sequence parallelism only (the Plan's rule);
-  expert_tp > 1 not for experts with biases, which Megatron-Core refuses at expert_tp > 1;
-- for autoplan's executor, which folds ep over tp ranks at expert_tp = 1 without ZeRO
-  (autoplan/execute/expert_parallel.py), that part of it: ``(ep, 1)`` beside tp > 1, and ZeRO 0 only there
-  (:func:`zero_runs`).
+  expert_tp > 1 not for experts with biases, which Megatron-Core refuses at expert_tp > 1 (and autoplan's
+  executor splits only the bias-free projections, autoplan/execute/expert_tp.py);
+- autoplan's executor runs that layout at ZeRO 0 and 1 only (autoplan/execute/expert_parallel.py), so there it
+  is offered without ZeRO-2/3 (:func:`zero_runs`).
 
 ``--fix expert_tp=N`` pins the experts' tensor-parallel degree; a pin no runtime layout can take is one sentence.
 """
@@ -23,11 +23,13 @@ from autoplan.cost import moe_limits
 from autoplan.errors import PlanError
 
 #: Runtimes that run MoE Parallel Folding: Megatron-Core (``--expert-tensor-parallel-size``,
-#: ``--expert-model-parallel-size`` beside ``--tensor-model-parallel-size``; Liu et al. 2025). autoplan's
-#: executor runs part of it (:data:`EP_OVER_TP_RUNTIMES`); torchtitan 0.3's config has no expert tensor parallelism.
-FOLDING_RUNTIMES = ("megatron",)
-#: Runtimes that fold ep over tp ranks at expert_tp = 1 and ZeRO 0 only: autoplan's executor.
-EP_OVER_TP_RUNTIMES = ("autoplan",)
+#: ``--expert-model-parallel-size`` beside ``--tensor-model-parallel-size``; Liu et al. 2025) and autoplan's
+#: executor (at ZeRO 0 and 1: :data:`ZERO_1_FOLDING`); torchtitan 0.3's config has no expert tensor parallelism.
+FOLDING_RUNTIMES = ("megatron", "autoplan")
+#: Runtimes that fold the experts' layout over tp ranks at ZeRO 0 and 1 only (its sharded optimizer steps the
+#: experts over edp; FSDP2 does not shard them yet): autoplan's executor.
+ZERO_1_FOLDING = ("autoplan",)
+FOLDED_ZERO_MAX = 1
 
 
 def runs_folding(runtime: str) -> bool:
@@ -41,9 +43,8 @@ def layout_options(
     """(ep, expert_tp) pairs for one (dp, tp, cp) (module docstring), narrowed by the ep and expert_tp pins;
     ``etp_ok(e)`` says whether the experts take expert_tp ``e`` (:func:`expert_tp_ok`; True: any)."""
     pairs = [(ep, 1) for ep in eps if dp % ep == 0 and (ep == 1 or tp == cp == 1)]
-    if runtime in EP_OVER_TP_RUNTIMES and cp == 1 and tp > 1 and not fixes.get("zero"):
-        pairs += [(ep, 1) for ep in eps if ep > 1 and (dp * tp) % ep == 0 and (ep, 1) not in pairs]
-    if runs_folding(runtime) and cp == 1 and eps != (1,):
+    zero_refused = runtime in ZERO_1_FOLDING and tp > 1 and fixes.get("zero", 0) > FOLDED_ZERO_MAX
+    if runs_folding(runtime) and cp == 1 and eps != (1,) and not zero_refused:
         etps = [e for e in range(1, tp + 1) if tp % e == 0 and (e == 1 or etp_ok is True or etp_ok(e))]
         folded = [(ep, e) for ep in eps for e in etps if ep * e > 1 and (dp * tp) % (ep * e) == 0]
         pairs += [pair for pair in folded if pair not in pairs]
@@ -61,28 +62,27 @@ def needs_sequence_parallel(*, tp: int, ep: int, expert_tp: int) -> bool:
 
 def zero_runs(deg: Any, zero: int, *, runtime: str) -> bool:
     """Whether ``runtime`` runs ZeRO stage ``zero`` with the search's ``Degrees`` ``deg``: autoplan's executor
-    folds ep over tp ranks at ZeRO 0 only (module docstring)."""
-    return zero == 0 or runtime not in EP_OVER_TP_RUNTIMES or not folds(deg)
+    folds the experts' layout over tp ranks at ZeRO 0 and 1 only (module docstring)."""
+    return zero <= FOLDED_ZERO_MAX or runtime not in ZERO_1_FOLDING or not folds(deg)
 
 
 def check_layout_pin(fixes: dict, *, runtime: str, moe: bool) -> None:
     """An expert_tp pin, or an ep pin beside a tp pin, that the runtime or the model cannot take: one sentence."""
     etp = fixes.get("expert_tp", 1)
     folded = etp > 1 or (fixes.get("ep", 1) > 1 and fixes.get("tp", 1) > 1)
+    pin = f"expert_tp={etp}" if etp > 1 else "ep with tp > 1"
     if folded and not moe:
         raise PlanError(f"--fix expert_tp={etp} needs a Mixture-of-Experts model with grouped experts; drop the pin.")
-    if folded and runtime in EP_OVER_TP_RUNTIMES and (etp > 1 or fixes.get("zero")):
+    if folded and runtime in ZERO_1_FOLDING and fixes.get("zero", 0) > FOLDED_ZERO_MAX:
         raise PlanError(
-            f"--fix {'expert_tp=' + str(etp) if etp > 1 else 'ep and zero=' + str(fixes['zero'])} with tp > 1: "
-            f"runtime '{runtime}' folds expert parallelism over tp ranks at expert_tp = 1 and zero=0 only; plan "
-            "with --runtime megatron to export the experts' own layout (Megatron-Core's MoE Parallel Folding), or "
-            "drop the pin."
+            f"--fix {pin} and zero={fixes['zero']}: runtime '{runtime}' runs the experts' own layout beside tp > 1 "
+            "at zero=0 and zero=1 only; plan with --runtime megatron to export it with ZeRO-2/3 (Megatron-Core's "
+            "MoE Parallel Folding), or drop one pin."
         )
-    if folded and not runs_folding(runtime) and runtime not in EP_OVER_TP_RUNTIMES:
+    if folded and not runs_folding(runtime):
         raise PlanError(
-            f"--fix {'expert_tp=' + str(etp) if etp > 1 else 'ep with tp > 1'}: runtime '{runtime}' runs expert "
-            "parallelism at tp = 1 only; plan with --runtime megatron to export the experts' own layout "
-            "(Megatron-Core's MoE Parallel Folding), or drop the pin."
+            f"--fix {pin}: runtime '{runtime}' runs expert parallelism at tp = 1 only; plan with --runtime megatron "
+            "or autoplan to run the experts' own layout (MoE Parallel Folding), or drop the pin."
         )
     if folded and fixes.get("sp") is False:
         raise PlanError(

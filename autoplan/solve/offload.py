@@ -50,9 +50,9 @@ def offload_options(profile: Profile, *, deg: Any, zero: int, grads: Any, fixes:
     """The offloads of one choice (module docstring), narrowed by the pin."""
     check_offload_pin(profile, fixes, runtime)
     options = ["none"]
-    if profile.host is not None and deg.dp_cp == 1 and deg.ep == 1 and zero == 0:
+    if profile.host is not None and deg.dp_cp == 1 and deg.ep * deg.expert_tp == 1 and zero == 0:
         options.append("optimizer")  # ZeRO-Offload on one dp rank (types/offload.py one_rank_offload)
-    if profile.host is not None and deg.dp_cp > 1 and deg.ep == 1:
+    if profile.host is not None and deg.dp_cp > 1 and deg.ep * deg.expert_tp == 1:
         if zero == 1 and not grads.param_gather:
             options.append("optimizer")
         if zero == 3 and deg.pp == 1:

@@ -233,7 +233,7 @@ def dp_options(profile: Profile, *, deg: Degrees, fixes: dict, options: Any) -> 
         for replicate in replicate_options(
             dp=deg.dp,
             tp=deg.tp,
-            ep=deg.ep,
+            ep=deg.ep * deg.expert_tp,  # HSDP without the experts' own layout
             cp=deg.cp,
             zero=zero,
             per_node=profile.devices_per_node,
@@ -278,7 +278,7 @@ def param_gather_options(options: list[GradSync], *, deg: Degrees, zero: int, fi
     """ZeRO-1 without experts may also all-gather its updated weights per block under the next
     forward (``overlap_param_gather``, execute/param_gather.py): each option twice, unless pinned."""
     pinned = fixes.get("param_gather")
-    if zero != 1 or deg.ep > 1:
+    if zero != 1 or deg.ep * deg.expert_tp > 1:
         return [] if pinned else options
     both = [o for o in options] + [replace(o, param_gather=True) for o in options]
     return both if pinned is None else [o for o in both if o.param_gather == pinned]

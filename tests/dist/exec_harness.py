@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from autoplan.jobs.launcher import free_port
 from autoplan.types.plan import Plan
 
-MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE",
+MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE", "moe_skewed": "SkewedMoE",
           "gpt_bidirectional": "BidirectionalGPT", "llama_enable_gqa": "SdpaGQALlama", "lora": "LoRALlama"}
 
 
@@ -43,7 +43,7 @@ def make_plan(model_name: str, **kw) -> Plan:
     kw.setdefault("stages", [blocks[i * per:(i + 1) * per] for i in range(chunks)])
     sp = kw.get("sequence_parallel", False)
     if kw.get("tp", 1) > 1 and "tp_plan" not in kw:  # TinyMoE: the default (Megatron) plan
-        kw["tp_plan"] = m.gpt_tp_plan(sp) if model_name == "gpt" else {} if model_name == "moe" else m.llama_tp_plan(sp)
+        kw["tp_plan"] = m.gpt_tp_plan(sp) if model_name == "gpt" else {} if model_name.startswith("moe") else m.llama_tp_plan(sp)
     kw.setdefault("micro_batch_size", 2)
     kw.setdefault("num_microbatches", 2)
     for axis in ("dp", "tp", "pp", "cp"):

@@ -296,6 +296,20 @@ class TinyMoE(TinyLlama):
         self.layers = nn.ModuleList(MoEBlock() for _ in range(LAYERS))
 
 
+class SkewedMoE(TinyMoE):
+    """TinyMoE whose routers favour the first half of the experts by a bias of 1 on their logits: under ep = 2
+    the first ep rank's experts get most rows, an imbalance the audit measures (execute/job/routing_audit.py)."""
+
+    def __init__(self):
+        super().__init__()
+        for layer in self.layers:
+            router = nn.Linear(DIM, EXPERTS, bias=True)
+            with torch.no_grad():
+                router.weight.copy_(layer.moe.router.weight)
+                router.bias.copy_(torch.arange(EXPERTS) < EXPERTS // 2)
+            layer.moe.router = router
+
+
 def tokens(batch_size: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch_size, SEQ), generator=torch.Generator().manual_seed(seed))
 

@@ -21,6 +21,7 @@ from autoplan.cost.dp.compression import traffic_of
 from autoplan.cost.model import CostModel
 from autoplan.cost.volumes import predict
 from autoplan.execute.job.audit import audit_rows
+from autoplan.execute.job.routing_audit import measured_imbalance
 from autoplan.profile import load_profile
 from autoplan.trace import trace
 from autoplan.types.moe import RoutingModel
@@ -77,6 +78,13 @@ CASES = [
     ("moe_tp", "moe", dict(tp=2)),
     ("moe_tp_sp", "moe", dict(tp=2, sequence_parallel=True)),
     ("moe_tp_sp_recompute_selective", "moe", dict(tp=2, sequence_parallel=True, recompute="selective")),
+    # expert_tp = tp = 2 (execute/expert_tp.py): each rank's rows gathered over etp and the partial outputs
+    # reduce-scattered, as all-to-alls of e S each, with the counts; the rows never leave the rank's etp pair
+    ("moe_tp_sp_etp", "moe", dict(tp=2, sequence_parallel=True, expert_tp=2)),
+    # a router biased towards the first ep rank's experts (exec_models.SkewedMoE): the rows each rank's experts
+    # received give the measured imbalance, at which the busiest rank's peak is priced
+    # (test_the_busiest_ep_rank_peaks_as_priced_at_the_measured_imbalance)
+    ("moe_ep_skewed", "moe_skewed", dict(dp=2, ep=2)),
     # context parallelism: K,V all-gathered per attention call (again when recomputed), dK,dV
     # reduce-scattered, gradients synced over dp x cp (execute/context_parallel.py)
     ("cp", "llama", dict(cp=2)),
@@ -127,6 +135,11 @@ FOUR = [
     ("pp_dp_zero2_tied", "gpt_tied", dict(pp=2, dp=2, zero_stage=2)),
     ("cp_dp_zero3", "llama", dict(cp=2, dp=2, zero_stage=3)),
     ("cp_tp", "gpt", dict(cp=2, tp=2)),
+    # expert_tp x ep x edp = 2 x 2 x 1 beside dp x tp = 2 x 2: the ep and etp all-to-alls follow the real routing
+    # per rank (ROUTED), their bytes summed over the ranks exact
+    ("moe_dp_tp_sp_ep_etp", "moe", dict(dp=2, tp=2, ep=2, expert_tp=2, sequence_parallel=True)),
+    # ZeRO-1 beside expert_tp: the experts' edp group holds a dp group's ranks, its messages still dim edp
+    ("moe_dp_tp_sp_etp_zero1", "moe", dict(dp=2, tp=2, expert_tp=2, sequence_parallel=True, zero_stage=1)),
     # HSDP, 2 replicas of 2-rank shard groups: ZeRO's messages on the shard group ("dp"), each gradient
     # shard all-reduced across the replicas ("dp_replicate"): FSDP2 on a 2-D mesh, ZeRO-1's sharded optimizer
     ("hsdp_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),
@@ -151,7 +164,7 @@ def audits():
 
 @pytest.fixture(scope="module")
 def graphs():
-    models = (("gpt", "TinyGPT"), ("gpt_tied", "TiedGPT"), ("llama", "TinyLlama"), ("moe", "TinyMoE"),
+    models = (("gpt", "TinyGPT"), ("gpt_tied", "TiedGPT"), ("llama", "TinyLlama"), ("moe", "TinyMoE"), ("moe_skewed", "SkewedMoE"),
               ("llama3p", "ThirdPartyLlama"), ("lora", "LoRALlama"))
     return {name: trace(getattr(m, cls)(), (m.tokens(2, 1),)) for name, cls in models}
 
@@ -171,19 +184,31 @@ def _measured(rank: dict) -> dict:
     return {(dim, kind): [count, size] for dim, kind, count, size in rank["comm"]}
 
 
+#: collectives whose bytes on one rank follow the real routing under ep > 1 (the rows its ep peers send it), priced
+#: under balanced routing: as many as priced on every rank, their bytes summed over the ranks exact
+ROUTED = {("ep", "all_to_all"), ("etp", "all_to_all")}
+
+
 @pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
 def test_collectives_equal_the_priced_volumes(audits, graphs, name):
     result = audits[name]
     assert "error" not in result, result.get("error")
     plan, predicted = _predictions(graphs, name)
+    routed = ROUTED if plan.ep > 1 else set()
+    summed: dict[tuple, list[float]] = {key: [0.0, 0.0] for key in routed}
     for rank in result["ranks"]:
         expected = predicted[rank["stage"]].comm
         measured = _measured(rank)
         assert set(measured) == set(expected), f"{name}: collectives {sorted(measured)} run, {sorted(expected)} priced"
         for key, (count, size) in expected.items():
-            assert measured[key][1] == pytest.approx(size, rel=1e-9), f"{name} {key}: {measured[key][1]} bytes run, {size} priced"
+            if key in routed:
+                summed[key] = [summed[key][0] + measured[key][1], summed[key][1] + size]
+            else:
+                assert measured[key][1] == pytest.approx(size, rel=1e-9), f"{name} {key}: {measured[key][1]} bytes run, {size} priced"
             if count is not None:
                 assert measured[key][0] == count, f"{name} {key}: {measured[key][0]} collectives run, {count} priced"
+    for key, (run, priced) in summed.items():
+        assert run == pytest.approx(priced, rel=1e-9), f"{name} {key}: {run} bytes run over the ranks, {priced} priced"
 
 
 def test_compiled_blocks_generate_the_priced_fused_kernels(audits, graphs):
@@ -234,19 +259,33 @@ MEMORY_UNSEEN = {"ddp_powersgd"}
 #: gradients that no plan changes (the same bytes at dp, tp and tp with SP) and that the grouped
 #: GEMM the cost model prices does not have. Their memory is held through the user's path on a
 #: grouped-GEMM model instead: test_mixtral_under_sequence_parallelism_runs_as_priced.
-LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective"}
+LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective", "moe_tp_sp_etp", "moe_dp_tp_sp_ep_etp",
+                "moe_dp_tp_sp_etp_zero1"}
 #: FSDP2 hooks a unit's post-backward on forward inputs that need a gradient; the first block behind
 #: a frozen embedding has none, so it stays gathered until the backward's final callback reduces and
 #: reshards it. Whether that overlaps the previous unit's asynchronous gloo reduce-scatter is up to
 #: thread timing: one rank then peaks a block's gathered weights higher (+4% or +16% of the priced
 #: peak in repeated runs, never between). Its stage's lowest peak is held to 10% as every other's.
 ASYNC_FINAL_RESHARD = {"frozen_zero3"}
+#: Families priced at the routing the run measured, not the plan's: their own test
+MEASURED_ROUTING = {"moe_ep_skewed"}
+
+
+def _routed_flops(name: str, ranks: list[dict], predicted: list) -> None:
+    """Under ep > 1 a rank's expert GEMMs run on the rows routed to it: every rank's matmul FLOPs summed equal the
+    priced ones summed (balanced routing), as the routed all-to-alls' bytes do (ROUTED)."""
+    for key in ("forward_flops", "backward_flops", "attention_forward_flops", "attention_backward_flops"):
+        run, priced = sum(r[key] for r in ranks), sum(getattr(predicted[r["stage"]], key) for r in ranks)
+        assert run == pytest.approx(priced, rel=1e-9), f"{name} {key}: {run} run over the ranks, {priced} priced"
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + FLOPS_ONLY])
 def test_each_rank_computes_the_priced_flops(audits, graphs, name):
     plan, predicted = _predictions(graphs, name)
     hook = _powersgd_flops(graphs, plan)
+    if plan.ep > 1:
+        _routed_flops(name, audits[name]["ranks"], predicted)
+        return
     for rank in audits[name]["ranks"]:
         pred = predicted[rank["stage"]]
         assert rank["forward_flops"] == pytest.approx(pred.forward_flops, rel=1e-9), name
@@ -260,7 +299,7 @@ def test_each_rank_computes_the_priced_flops(audits, graphs, name):
         assert rank["attention_backward_flops"] == pytest.approx(pred.attention_backward_flops, rel=1e-9), name
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR if c[0] not in MEMORY_UNSEEN | LOOP_EXPERTS])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR if c[0] not in MEMORY_UNSEEN | LOOP_EXPERTS | MEASURED_ROUTING])
 def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs, name):
     """The ranks of one stage run the same program; gloo finishes an asynchronous collective (and
     frees what it holds) at a time the scheduler picks, so one rank may peak a few percent above
@@ -277,6 +316,28 @@ def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs
         assert min(peaks) == pytest.approx(priced[stage], rel=0.10), f"{name} stage {stage}: peaks {peaks} bytes live, {priced[stage]:.0f} priced"
         if name not in ASYNC_FINAL_RESHARD:
             assert max(peaks) == pytest.approx(priced[stage], rel=0.15), f"{name} stage {stage}: peaks {peaks} bytes live, {priced[stage]:.0f} priced"
+
+
+def test_the_busiest_ep_rank_peaks_as_priced_at_the_measured_imbalance(audits, graphs):
+    """SkewedMoE at dp = ep = 2: the audit reports the rows each rank's experts received (routing_audit.py); their
+    max over the mean is the run's imbalance, well above the default model's 1.25; priced again at it, the
+    busiest rank's peak (its expert activations that many times the mean, cost/blocks.py) is within 10%, where
+    the balanced price is not, and the other rank's within 10% of the balanced one."""
+    ranks = audits["moe_ep_skewed"]["ranks"]
+    assert "error" not in audits["moe_ep_skewed"], audits["moe_ep_skewed"].get("error")
+    imbalance = measured_imbalance(ranks)[0]
+    assert imbalance > 1.5, [r["expert_rows"] for r in ranks]
+    received = [r for r in audit_rows(ranks=ranks, predictions=_predictions(graphs, "moe_ep_skewed")[1],
+                                      stage_peak_bytes=[0.0]) if r["what"] == "expert rows received"]  # fmt: skip
+    assert max(r["measured"] / r["predicted"] for r in received) == pytest.approx(imbalance)
+    busiest, other = sorted(ranks, key=lambda r: -r["expert_rows"])
+    peak = {}
+    for i in (1.0, imbalance):
+        plan = make_plan("moe_skewed", dp=2, ep=2, routing=RoutingModel(imbalance=i))
+        model = CostModel(graphs["moe_skewed"], dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8))
+        peak[i] = model.stage_memory(plan, model.priced_stages(plan)[0])[0].peak_bytes
+    assert busiest["peak_live_bytes"] == pytest.approx(peak[imbalance], rel=0.10), (busiest["peak_live_bytes"], peak)
+    assert busiest["peak_live_bytes"] > peak[1.0] * 1.10 and other["peak_live_bytes"] == pytest.approx(peak[1.0], rel=0.10)
 
 
 def test_recomputation_runs_what_it_is_priced_for(audits):

@@ -74,6 +74,9 @@ TWO = [
     ("pp2_offload_optimizer_one_rank_bf16", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4,
                                                           offload="optimizer", precision="bf16")),
     ("zero3_offload_activations", "llama", dict(dp=2, zero_stage=3, offload_activations=True)),
+    # expert tensor parallelism (execute/expert_tp.py): each expert's FFN split over the etp = tp ranks, the rows
+    # each rank routes from its sequence shard gathered over etp and the partial outputs reduce-scattered
+    ("tp2_sp_etp2", "moe", dict(tp=2, sequence_parallel=True, expert_tp=2)),
     ("pp2_budget_offload_activations", "gpt", dict(pp=2, schedule="1f1b", num_microbatches=4, recompute="full",
                                                    recompute_blocks=[1, 0], offload_activations=True)),
 ]
@@ -96,6 +99,11 @@ FOUR = [
     ("cp2_dp2_ddp", "llama", dict(cp=2, dp=2)),
     ("cp2_tp2_ulysses", "llama", dict(cp=2, tp=2, cp_variant="ulysses")),
     ("cp2_pp2_1f1b_recompute_bf16", "llama", dict(cp=2, pp=2, schedule="1f1b", recompute="full", precision="bf16")),
+    # MoE Parallel Folding, expert_tp x ep x edp = 2 x 2 x 1 beside dp x tp = 2 x 2: tokens to the ep peer of the
+    # other dp replica by all-to-all, then shared over etp around each expert's FFN shard
+    ("dp2_tp2_sp_ep2_etp2", "moe", dict(dp=2, tp=2, ep=2, expert_tp=2, sequence_parallel=True)),
+    # and under ZeRO-1: dense parameters sharded over dp, the expert shards over their edp pair (execute/zero.py)
+    ("dp2_tp2_sp_etp2_zero1", "moe", dict(dp=2, tp=2, expert_tp=2, sequence_parallel=True, zero_stage=1)),
 ]
 #: a model context parallelism cannot shard at its blocks' inputs: one sentence at the first step
 REFUSED = [("cp2_skip_from_embedding_to_head", "llama3p", dict(cp=2))]

@@ -226,3 +226,23 @@ def test_ep2_folded_over_tp2_at_dp2_reduces_experts_over_edp_and_verifies(tmp_pa
     plan = Plan(devices=4, dp=2, tp=2, pp=1, ep=2, micro_batch_size=2, num_microbatches=1, sequence_parallel=True,
                 routing=RoutingModel())  # fmt: skip
     _run(tmp_path, "moe", plan.save(tmp_path / "plan.json"))
+
+
+def test_expert_tp2_over_tp2_verifies_and_audits_as_priced(tmp_path):
+    """Hugging Face Mixtral (a fused gate_up_proj, split in its two halves) at tp = expert_tp = 2 with SP through
+    `autoplan run --verify --audit` (execute/expert_tp.py): each rank's routed rows gathered over etp around its
+    half of every expert's FFN and the partial outputs reduce-scattered; the run matches the unsharded model, every
+    collective (the etp all-to-alls, the tp ones) and the matmul FLOPs are as priced, the peak within 10%."""
+    layers = [["model.layers.0", "model.layers.1"]]
+    plan = Plan(devices=2, dp=1, tp=2, pp=1, expert_tp=2, micro_batch_size=2, num_microbatches=2,
+                sequence_parallel=True, routing=RoutingModel(), stages=layers)  # fmt: skip
+    _run(tmp_path, "hf_mixtral", plan.save(tmp_path / "plan.json"), "--audit")
+    with open(tmp_path / "run" / "audit.csv") as f:
+        rows = list(csv.DictReader(f))
+    comm = [r for r in rows if r["what"].startswith("comm ")]
+    assert {r["what"] for r in comm} >= {"comm etp all_to_all", "comm tp all_gather"}
+    assert all(r["as_priced"] == "True" for r in comm), [r for r in comm if r["as_priced"] != "True"]
+    flops = [r for r in rows if "matmul FLOPs" in r["what"]]
+    assert len(flops) == 4 and all(r["as_priced"] == "True" for r in flops), flops
+    peaks = [abs(float(r["relative_error"])) for r in rows if r["what"] == "peak live memory"]
+    assert len(peaks) == 2 and max(peaks) <= 0.10, peaks

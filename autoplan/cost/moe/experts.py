@@ -17,8 +17,9 @@ trace, ``H`` the hidden size, ``b`` bytes per element, ``i`` the routing imbalan
 
       t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward     (comm.collective_time_s; again if recomputed)
 
-- e > 1: the etp group all-gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
-  dispatcher on its expert tp group), the backward the reverse: ``t_AG(e S) + t_RS(e S)`` each way;
+- e > 1: the etp group gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
+  dispatcher), sent as all-to-alls of ``e S`` (execute/expert_tp.py; an AG's bus time) with ``e`` copies of
+  the counts forward: ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
 - memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the
   busiest rank's expert activations ``i`` times the mean (cost/blocks.py).
 """
@@ -164,23 +165,32 @@ def a2a_times_s(
     message = dispatch_bytes(
         moe, precision=precision, batch_fraction=batch_fraction, imbalance=place.imbalance, tokens=place.tokens
     )
-    etp_s = etp_times_s(profile, message, place=place)
+    etp_fwd_s, etp_bwd_s = etp_times_s(profile, message, place=place, num_experts=moe.num_experts)
     if place.ep <= 1:
-        return etp_s, etp_s
+        return etp_fwd_s, etp_bwd_s
     tokens_s = collective_time_s(profile, "all_to_all", message, group=place.group)
     counts_s = collective_time_s(profile, "all_to_all", moe.num_experts * COUNT_BYTES, group=place.group)
-    return FORWARD_A2A.seconds(counts_s, tokens_s) + etp_s, BACKWARD_A2A.seconds(counts_s, tokens_s) + etp_s
+    return FORWARD_A2A.seconds(counts_s, tokens_s) + etp_fwd_s, BACKWARD_A2A.seconds(counts_s, tokens_s) + etp_bwd_s
 
 
-def etp_times_s(profile: Profile, message_bytes: float, *, place: ExpertPlacement) -> float:
-    """One direction's etp collectives of one MoE layer and micro-batch: the all-gather of the ``e S``
-    rows the etp group received and the reduce-scatter of their output (module docstring); 0 at e = 1."""
+def etp_message_bytes(message_bytes: float, *, num_experts: int, etp: int) -> tuple[float, float]:
+    """(counts, rows) bytes of one etp all-to-all (module docstring): ``e`` copies of the ``E`` counts, and
+    ``e S``, the etp group's gathered rows."""
+    return etp * num_experts * COUNT_BYTES, etp * message_bytes
+
+
+def etp_times_s(
+    profile: Profile, message_bytes: float, *, place: ExpertPlacement, num_experts: int
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one MoE layer's etp exchanges per micro-batch, the gather of the rows the
+    etp group received and the reduce-scatter of their output, in the messages of the ep all-to-alls (module
+    docstring); 0 at e = 1."""
     if place.etp <= 1:
-        return 0.0
-    gathered = place.etp * message_bytes
-    return collective_time_s(profile, "all_gather", gathered, group=place.etp_group) + collective_time_s(
-        profile, "reduce_scatter", gathered, group=place.etp_group
-    )
+        return 0.0, 0.0
+    counts, rows = etp_message_bytes(message_bytes, num_experts=num_experts, etp=place.etp)
+    counts_s = collective_time_s(profile, "all_to_all", counts, group=place.etp_group)
+    rows_s = collective_time_s(profile, "all_to_all", rows, group=place.etp_group)
+    return FORWARD_A2A.seconds(counts_s, rows_s), BACKWARD_A2A.seconds(counts_s, rows_s)
 
 
 @dataclass(frozen=True)

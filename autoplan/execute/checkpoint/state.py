@@ -70,8 +70,8 @@ def global_view(trainer: Trainer, name: str, tensor: torch.Tensor, state: Traine
     experts = trainer.experts
     if experts is None or name not in experts.names:
         return tensor
-    if isinstance(tensor, DTensor) and tensor.device_mesh.mesh_dim_names == experts.ep_mesh.mesh_dim_names:
-        return tensor  # folded over tp: already the Shard(0) DTensor of the whole tensor on the ep mesh
+    if isinstance(tensor, DTensor) and experts.folded(tensor):
+        return tensor  # folded over tp: already the DTensor of the whole tensor on the ep (x etp) mesh
     if isinstance(tensor, DTensor):  # FSDP2's Shard(0) over edp, of this ep rank's slice
         whole = tensor.full_tensor()
         state.after_load.append(_copy_edp_shard(whole, tensor, experts.edp_mesh))

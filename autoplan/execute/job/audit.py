@@ -35,10 +35,12 @@ from autoplan.execute.activation_offload import link_copies
 from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
+from autoplan.execute.job.routing_audit import counted_rows, edp_by_name, routing_rows
 from autoplan.execute.mesh import grad_groups
 
 MESH_DIMS = ("dp", "tp", "pp")
-EXPERT_DIMS = ("ep", "edp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
+EXPERT_DIMS = ("ep", "edp", "etp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
+ALL_TO_ALL_DIMS = ("ep", "etp")  # their all-to-alls are theirs though tp or dp may hold the same ranks
 #: c10d op name -> (collective kind, which argument holds the message, which holds the group)
 C10D_OPS = {
     "allreduce_": ("all_reduce", 0, 1),
@@ -99,16 +101,16 @@ def group_dims(
 
 
 def all_to_all_dims(experts: Any) -> dict[frozenset, str]:
-    """{ranks: "ep"} for the ep group: its all-to-alls are ep even when dp has the same ranks."""
-    return {_ranks(sub.get_group()): dim for dim, sub in _expert_meshes(experts) if dim == "ep"}
+    """{ranks: dim} of the ep and etp groups, whose all-to-alls are theirs though dp or tp hold their ranks."""
+    return {_ranks(sub.get_group()): dim for dim, sub in _expert_meshes(experts) if dim in ALL_TO_ALL_DIMS}
 
 
 def _expert_meshes(experts: Any) -> list[tuple[str, Any]]:
     if experts is None:
         return []
-    meshes = {"ep": experts.ep_mesh, "edp": experts.edp_mesh}
+    meshes = {"ep": experts.ep_mesh, "edp": experts.edp_mesh, "etp": experts.etp_mesh}
     # a one-rank edp group (ep = dp) still carries ZeRO-1's sharded step of the experts
-    return [(dim, meshes[dim]) for dim in EXPERT_DIMS if meshes[dim].size() > 1 or dim == "edp"]
+    return [(dim, sub) for dim in EXPERT_DIMS if (sub := meshes[dim]) is not None and (sub.size() > 1 or dim == "edp")]
 
 
 def _ranks(group: Any) -> frozenset:
@@ -226,13 +228,8 @@ def optimizer_states(optimizer: Any) -> list[dict]:
 def placement(trainer: Any) -> dict[str, int]:
     """Bytes of parameters and optimizer states this rank holds, and its parameter elements."""
     params = [local_tensor(p) for p in trainer.parameters]
-    states = [
-        local_tensor(v)
-        for s in optimizer_states(trainer.optimizer)
-        for v in s.values()
-        if isinstance(v, torch.Tensor) and v.dim() > 0
-    ]
-    states += [local_tensor(t) for t in _held(trainer.optimizer)]
+    held = [v for s in optimizer_states(trainer.optimizer) for v in s.values() if isinstance(v, torch.Tensor)]
+    states = [local_tensor(t) for t in held if t.dim() > 0] + [local_tensor(t) for t in _held(trainer.optimizer)]
     return {
         "param_elements": sum(p.numel() for p in params),
         "weights_bytes": sum(p.numel() * p.element_size() for p in params),
@@ -314,11 +311,14 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
     experts = getattr(trainer, "experts", None)
     context = getattr(trainer, "context", None)
     groups = group_dims(trainer.mesh, ties, experts, grad_mesh=getattr(trainer, "grad_mesh", None))
-    named = {context.kv_group.group_name: "cp"} if context is not None else {}
+    named = {context.kv_group.group_name: "cp"} if context is not None else edp_by_name(experts)
     trainer.sync_next()  # local SGD: the audited step is an outer-sync step, its all-reduce counted once
-    _, audit = audited_step(trainer, inputs, target, groups=groups, all_to_all=all_to_all_dims(experts), named=named)
+    with counted_rows(experts) as routed:  # the rows each rank's experts receive (routing_audit.py)
+        _, audit = audited_step(
+            trainer, inputs, target, groups=groups, all_to_all=all_to_all_dims(experts), named=named
+        )
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict()})
+    dist.all_gather_object(everyone, {"stage": coordinates(trainer.mesh)["pp"], **audit.to_dict(), **routed})
     return everyone if dist.get_rank() == 0 else None
 
 
@@ -338,9 +338,9 @@ FLOP_ROWS = (
 
 
 def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[float]) -> list[dict]:
-    """Predicted beside measured, one row per rank and quantity (docs/cost-model.md, the audit):
-    each collective (dim, kind), the parameter elements held, forward and backward matmul
-    FLOPs, and peak live bytes against the stage's predicted peak."""
+    """Predicted beside measured, one row per rank and quantity (docs/cost-model.md, the audit): each collective
+    (dim, kind), the parameter elements held, forward and backward matmul FLOPs, peak live bytes against the
+    stage's predicted peak, and under expert parallelism the rows its experts received (routing_audit.py)."""
     rows = []
     for rank, audit in enumerate(ranks):
         stage = audit["stage"]
@@ -358,7 +358,7 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
         reshards = sum(audit.get("resharded", {}).values())
         rows.append(_row(rank, stage, "in-place reshards", reshards, 0, "ops", reshards, 0))
         rows += _fused_rows(rank, stage, audit, pred)
-    return rows
+    return rows + routing_rows(ranks, _row)
 
 
 def _fused_rows(rank: int, stage: int, audit: dict, pred: Any) -> list[dict]:

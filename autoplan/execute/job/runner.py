@@ -243,6 +243,7 @@ def _audit(*, opts: RunOptions, trainer, plan, model_file) -> list[dict] | None:
 def _write_audit(*, opts: RunOptions, plan: Plan, ranks: list[dict]) -> None:
     """audit.csv: the cost model's prediction (written before the ranks started) beside what each rank measured."""
     from autoplan.execute.job.audit import audit_rows
+    from autoplan.execute.job.routing_audit import measured_imbalance
 
     predicted = AuditPrediction.load(opts.out, plan=plan.describe()).stages
     peaks = [stage.peak_bytes for stage in predicted]
@@ -253,9 +254,11 @@ def _write_audit(*, opts: RunOptions, plan: Plan, ranks: list[dict]) -> None:
     memory = max((abs(r["relative_error"]) for r in rows if r["what"] == "peak live memory"), default=0.0)
     reshards = max((r["measured"] for r in rows if r["what"] == "in-place reshards"), default=0)
     unpriced = f"; {reshards:.0f} in-place reshards no plan prices" if reshards else ""
+    imbalance = measured_imbalance(ranks)  # the busiest ep rank's rows over the mean (routing_audit.py)
+    routed = f"; routing imbalance {max(imbalance.values()):.2f} measured" if imbalance else ""
     print(
         f"audit: {equal} of {len(comm)} collective rows as priced; peak memory within {100 * memory:.0f}% of the "
-        f"prediction{unpriced}; see {opts.out}/audit.csv",
+        f"prediction{unpriced}{routed}; see {opts.out}/audit.csv",
         flush=True,
     )
 

@@ -35,18 +35,19 @@ def _pair(size: int) -> AxisGroup:
 
 
 def test_a_folded_rank_routes_its_sequence_shard_and_etp_gathers_the_rows_it_received(graph):
-    """S = i E C f s H b on the ep group; at etp = e an all-gather and a reduce-scatter of e S each way."""
+    """S = i E C f s H b on the ep group; at etp = e the gather and reduce-scatter of e S each way, sent as
+    all-to-alls of uneven parts (execute/expert_tp.py), and e copies of the E counts in the forward."""
     moe, profile, f = graph.moe_layers[0], synthetic_profile(), 4 / MIXTRAL_BATCH
     place = ExpertPlacement(ep=2, imbalance=1.5, group=_pair(2), etp=2, etp_group=_pair(2), tokens=0.5)
     message = 1.5 * moe.num_experts * moe.slots_per_expert * f * 0.5 * moe.hidden_size * 2
     assert dispatch_bytes(moe, precision="bf16", batch_fraction=f, imbalance=1.5, tokens=0.5) == pytest.approx(message)
     tokens_s = collective_time_s(profile, "all_to_all", message, group=_pair(2))
     counts_s = collective_time_s(profile, "all_to_all", moe.num_experts * 8, group=_pair(2))
-    etp_s = collective_time_s(profile, "all_gather", 2 * message, group=_pair(2)) + collective_time_s(
-        profile, "reduce_scatter", 2 * message, group=_pair(2)
-    )
+    etp_s = 2 * collective_time_s(profile, "all_to_all", 2 * message, group=_pair(2))
+    etp_counts_s = collective_time_s(profile, "all_to_all", 2 * moe.num_experts * 8, group=_pair(2))
     fwd, bwd = a2a_times_s(moe, profile, precision="bf16", batch_fraction=f, place=place)
-    assert fwd == pytest.approx(counts_s + 2 * tokens_s + etp_s) and bwd == pytest.approx(2 * tokens_s + etp_s)
+    assert fwd == pytest.approx(counts_s + 2 * tokens_s + etp_counts_s + etp_s)
+    assert bwd == pytest.approx(2 * tokens_s + etp_s)
 
 
 def test_an_expert_gemm_runs_etp_times_the_rows_on_one_etp_th_of_its_weight(graph):

@@ -59,23 +59,52 @@ def test_an_ep_the_model_cannot_run_is_one_sentence(moe):
         check_expert_parallel(model=listed, plan=plan(ep=2), dispatches=find_experts(listed))
     dense = nn.Sequential(nn.Linear(8, 8))
     with pytest.raises(
-        PlanError, match=r"^plan ep=2 but the model has no experts module .* plan ep=1 for this model\.$"
+        PlanError,
+        match=r"^plan ep=2, expert_tp=1 but the model has no experts module .* ep=1 and expert_tp=1 for this model\.$",
     ):
         check_expert_parallel(model=dense, plan=plan(ep=2), dispatches={})
     check_expert_parallel(model=model, plan=plan(ep=2, zero_stage=3), dispatches=found)
     check_expert_parallel(model=listed, plan=plan(ep=1), dispatches={})  # ep=1 runs any MoE
 
 
-def test_the_experts_own_layout_beside_tp_runs_at_expert_tp_1_and_is_refused_otherwise(moe):
-    """The executor folds ep over tp ranks at expert_tp = 1 without ZeRO (docs/moe.md, "Expert tensor
-    parallelism"); a plan splitting the experts over expert_tp, or folding them under ZeRO, is one sentence
-    pointing at the export."""
+def test_the_experts_own_layout_beside_tp_runs_at_zero_0_and_is_refused_otherwise(moe):
+    """The executor folds ep over tp ranks and splits the experts over expert_tp at ZeRO 0 and 1 (docs/moe.md,
+    "Expert tensor parallelism"); a folded plan under ZeRO-2/3, or expert_tp > 1 at tp = 1, is one sentence."""
     model = moe.build_model()
     folded = dict(devices=4, dp=2, tp=2, pp=1, micro_batch_size=2, num_microbatches=1, sequence_parallel=True)
-    check_expert_parallel(model=model, plan=Plan(ep=2, **folded), dispatches=find_experts(model))
-    for kw in (dict(ep=1, expert_tp=2), dict(ep=2, zero_stage=1)):
-        with pytest.raises(PlanError, match=r"autoplan's executor runs expert parallelism beside tp > 1 at expert_tp"):
+    for kw in (dict(ep=2), dict(ep=1, expert_tp=2), dict(ep=2, expert_tp=2), dict(ep=1, expert_tp=2, zero_stage=1)):
+        check_expert_parallel(model=model, plan=Plan(**folded, **kw), dispatches=find_experts(model))
+    for kw in (dict(ep=1, expert_tp=2, zero_stage=2), dict(ep=2, zero_stage=3)):
+        with pytest.raises(PlanError, match=r"autoplan's executor runs the experts' own layout beside tp > 1 at zero"):
             check_expert_parallel(model=model, plan=Plan(**folded, **kw), dispatches=find_experts(model))
+    dp_only = dict(devices=4, dp=4, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, expert_tp=2)
+    with pytest.raises(PlanError, match=r"^plan expert_tp=2 at tp=1: autoplan's executor splits"):
+        check_expert_parallel(model=model, plan=Plan(**dp_only), dispatches=find_experts(model))
+
+
+def test_expert_tp_splits_only_the_bias_free_projections_of_the_experts_interface(moe):
+    """Each projection's FFN dim over etp (execute/expert_tp.py): a fused gate_up in its two halves, each sharded;
+    a per-expert parameter that is no projection (a bias) is one sentence."""
+    from autoplan.execute.expert_tp import EtpSplit, etp_splits
+
+    model = moe.build_model()
+    experts = model.layers[0].moe.experts
+    assert etp_splits(experts, ("up_proj", "down_proj"), fqn="e") == {"up_proj": EtpSplit(1), "down_proj": EtpSplit(2)}
+    experts.is_transposed = True
+    assert etp_splits(experts, ("gate_up_proj", "down_proj"), fqn="e") == {
+        "gate_up_proj": EtpSplit(2, halves=2), "down_proj": EtpSplit(1)
+    }  # fmt: skip
+    fused = torch.arange(2 * 8 * 3).view(2, 8, 3)  # [E, gate 4 | up 4, H]
+    mine = EtpSplit(1, halves=2).local(fused, rank=1, size=2)
+    torch.testing.assert_close(mine, torch.cat([fused[:, 2:4], fused[:, 6:8]], dim=1))
+    with pytest.raises(PlanError, match=r"^plan expert_tp > 1 cannot split 'e.down_proj_bias' .* expert_tp=1 for"):
+        etp_splits(experts, ("down_proj_bias",), fqn="e")
+    model.layers[0].moe.experts.bias = torch.nn.Parameter(torch.zeros(4, 16))
+    plan = Plan(
+        devices=2, dp=1, tp=2, pp=1, micro_batch_size=2, num_microbatches=1, sequence_parallel=True, expert_tp=2
+    )
+    with pytest.raises(PlanError, match=r"cannot split 'layers.0.moe.experts.bias'"):
+        check_expert_parallel(model=model, plan=plan, dispatches=find_experts(model))
 
 
 def test_zero_2_3_refuse_experts_with_a_parameter_shared_by_all_experts(moe):
@@ -146,3 +175,18 @@ def test_grouped_gemms_are_counted_as_matmul_flops():
         out.backward(torch.randn_like(out))
     forward, backward = meter.flops["matmul"]
     assert forward == 2 * 12 * 8 * 4 and backward == 2 * forward  # input and weight gradients
+
+
+def test_the_audit_measures_the_routing_imbalance_from_the_rows_each_rank_received():
+    """execute/job/routing_audit.py: per stage, the busiest rank's rows over the mean; one audit row per rank
+    against its stage's mean; ranks without experts add none."""
+    from autoplan.execute.job.routing_audit import measured_imbalance, routing_rows
+
+    ranks = [{"stage": 0, "expert_rows": 300}, {"stage": 0, "expert_rows": 100}, {"stage": 1}]
+    assert measured_imbalance(ranks) == {0: 1.5}
+    rows = routing_rows(ranks, lambda *args: args)
+    assert rows == [
+        (0, 0, "expert rows received", 300, 200.0, "rows"),
+        (1, 0, "expert rows received", 100, 200.0, "rows"),
+    ]
+    assert measured_imbalance([{"stage": 0}]) == {}

@@ -11,8 +11,10 @@ from synthetic import synthetic_gpt, synthetic_profile
 from synthetic.moe import MIXTRAL_BATCH, mixtral_graph
 
 from autoplan.cli import main
+from autoplan.cost import CostModel
 from autoplan.errors import PlanError
 from autoplan.export import megatron
+from autoplan.report.expert_layout import expert_layout_why
 from autoplan.solve.api import plan_graph
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
@@ -46,22 +48,35 @@ def test_folding_is_offered_for_megatron_with_sequence_parallelism_only(graph):
     assert priced and all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)  # the bound stays a bound
 
 
-def test_autoplan_runtime_is_offered_ep_folded_over_tp_at_expert_tp_1_and_zero_0_only(graph):
-    """autoplan's executor folds ep over tp ranks at expert_tp = 1 without ZeRO (execute/expert_parallel.py):
-    the search offers exactly that, with sequence parallelism."""
+def test_autoplan_runtime_is_offered_the_experts_own_layout_at_zero_0_and_1_only(graph):
+    """autoplan's executor folds ep over tp ranks and splits the experts over expert_tp at ZeRO 0 and 1
+    (execute/expert_parallel.py, execute/expert_tp.py): the search offers exactly that, with sequence
+    parallelism, and `--fix expert_tp=2` narrows it to the expert_tp=2 layouts."""
     opts = SearchOptions(devices=4, batch_size=MIXTRAL_BATCH, fixes=parse_fixes("tp=2"), keep=10**6)
     result = Search(graph, synthetic_profile(), opts).run()
-    folded = [c.plan for c in result.candidates if c.plan and c.plan.ep > 1]
-    assert {(p.tp, p.ep, p.expert_tp, p.sequence_parallel) for p in folded} == {(2, 2, 1, True), (2, 4, 1, True)}
-    assert {p.zero_stage for p in folded} == {0}
+    folded = [c.plan for c in result.candidates if c.plan and c.plan.ep * c.plan.expert_tp > 1]
+    assert {(p.tp, p.ep, p.expert_tp, p.sequence_parallel) for p in folded} == {
+        (2, 2, 1, True), (2, 4, 1, True), (2, 1, 2, True), (2, 2, 2, True)
+    }  # fmt: skip
+    assert {p.zero_stage for p in folded} == {0, 1}
     assert any(c.plan and c.plan.ep == 1 and c.plan.zero_stage > 0 for c in result.candidates)
+    pinned = plan_graph(graph, devices=4, profile=synthetic_profile(), batch_size=MIXTRAL_BATCH, fix="expert_tp=2,tp=2")
+    assert (pinned.best.expert_tp, pinned.best.sequence_parallel) == (2, True) and pinned.best.zero_stage <= 1
+    model = CostModel(graph, synthetic_profile())  # explain's sentence for it (report/expert_layout.py)
+    why = expert_layout_why(model, pinned.best, model.estimate(pinned.best))
+    assert why.startswith(f"expert_tp=2 x ep={pinned.best.ep} x edp=") and "all-to-all and etp collectives" in why
+    assert "with every expert on every rank (ep=1, expert_tp=1) the step takes" in why and why.count(". ") == 0
 
 
 @pytest.mark.parametrize(
     ("runtime", "fix", "words"),
     [
-        ("autoplan", "expert_tp=2,tp=2", "runtime 'autoplan' folds expert parallelism over tp ranks at expert_tp = 1"),
-        ("autoplan", "ep=2,tp=2,zero=1", "runtime 'autoplan' folds expert parallelism over tp ranks at expert_tp = 1"),
+        (
+            "autoplan",
+            "expert_tp=2,tp=2,zero=2",
+            "runtime 'autoplan' runs the experts' own layout beside tp > 1 at zero=0",
+        ),
+        ("autoplan", "ep=2,tp=2,zero=3", "runtime 'autoplan' runs the experts' own layout beside tp > 1 at zero=0"),
         ("torchtitan", "ep=2,tp=2", "runtime 'torchtitan' runs expert parallelism at tp = 1 only"),
         ("megatron", "ep=2,tp=2,sp=off", "differ across tp ranks only under sequence parallelism"),
     ],
@@ -93,7 +108,7 @@ def test_plan_cli_pins_the_expert_layout_explains_it_and_exports_it(tmp_path, mo
     assert "--expert-tensor-parallel-size 2" in text and "--expert-model-parallel-size 2" in text
     assert megatron.read(text).fields["expert_tp"] == 2
     refused = main(["plan", str(EXAMPLE), "--devices", "8", "--profile", "dgx-h100", "--batch", "16",
-                    "--fix", "expert_tp=2,tp=2", "--out", str(tmp_path / "bad")])  # fmt: skip
+                    "--fix", "expert_tp=2,tp=2,zero=2", "--out", str(tmp_path / "bad")])  # fmt: skip
     assert refused != 0
 
 
