@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, memory_budget, run_pricer, usable_bytes
 from autoplan.errors import PlanError
-from autoplan.solve import activation_offload, expert_layout, recompute_budget, space, tp_runnable
+from autoplan.solve import activation_offload, expert_layout, recompute_budget, space, sparse_grads, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
 from autoplan.solve.partitions import Partitions
@@ -64,6 +64,8 @@ class Search:
         activation_offload.check_activation_offload_pin(profile, self.fixes, options.runtime)
         self.cp_seq_len = cp_sequence(graph, profile, self.fixes)  # 0: cp = 1 only (solve/context_parallel.py)
         self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
+        sparse_grads.check_sparse_pins(graph, self.fixes)
+        self.sparse_tables = sparse_grads.sparse_tables(graph)  # they narrow the space (solve/sparse_grads.py)
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
         self.cost_model = CostModel(graph, profile).for_runtime(options.runtime)  # every price reads its graph
@@ -104,6 +106,7 @@ class Search:
         kw.update(refused=self.refused, cp_seq_len=self.cp_seq_len, runtime=opts.runtime)
         kw.update(etp_ok=expert_layout.expert_tp_ok(self.moe_limits))
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
+        degrees = sparse_grads.keep_degrees(degrees, self.sparse_tables)
         space.check_zero_pin(degrees, self.fixes, runtime=opts.runtime)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
         seq_lens = sequence_lengths(self.graph)
@@ -234,7 +237,7 @@ class Search:
         its cost is what the memory-budgeted TP retry of _run_group starts from."""
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big = len(self.candidates), []
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+        dp_choices = self._dp_choices(deg)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
@@ -286,6 +289,10 @@ class Search:
         for plan, sub in zip(plans, subs):
             self._append_pruned(plan, sub)
         return True
+
+    def _dp_choices(self, deg) -> list:
+        choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+        return sparse_grads.keep_dp_choices(choices, self.sparse_tables)
 
     def _append_pruned(self, plan: Plan, sub: float) -> None:
         self.candidates.append(
@@ -372,7 +379,7 @@ class Search:
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+        dp_choices = self._dp_choices(deg)
         count = len(self._stage_options(g)) * len(dp_choices)
         config = g.pruned_config()
         reason = (
