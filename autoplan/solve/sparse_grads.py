@@ -5,6 +5,7 @@ is refused in one sentence; without sparse tables the space is unchanged."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from autoplan.errors import PlanError
@@ -53,3 +54,21 @@ def keep_dp_choices(choices: list[tuple[int, Any]], tables: list[str]) -> list[t
         for zero, grads in choices
         if zero == 0 and grads.compression == "none" and grads.reduce_dtype == "fp32" and grads.offload == "none"
     ]
+
+
+def with_touched_rows(graph: Graph, rows: int | None) -> Graph:
+    """``graph`` with ``--touched-rows`` on each sparse table (None: unchanged); one sentence when it cannot apply."""
+    if rows is None:
+        return graph
+    tables = sparse_tables(graph)
+    if rows < 1:
+        raise PlanError(f"--touched-rows {rows}: expected a number of rows >= 1.")
+    if not tables:
+        raise PlanError(
+            f"--touched-rows prices sparse embedding gradients, and {graph.model_name} has no table read with "
+            "sparse=True; drop it."
+        )
+    params = {
+        name: replace(info, touched_rows=rows) if name in tables else info for name, info in graph.parameters.items()
+    }
+    return replace(graph, parameters=params)
