@@ -25,7 +25,8 @@ from autoplan.jobs.launcher import free_port
 from autoplan.types.plan import Plan
 
 MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE",
-          "gpt_bidirectional": "BidirectionalGPT", "llama_enable_gqa": "SdpaGQALlama", "lora": "LoRALlama"}
+          "gpt_bidirectional": "BidirectionalGPT", "llama_enable_gqa": "SdpaGQALlama", "lora": "LoRALlama",
+          "gpt_sparse": "SparseGPT"}
 
 
 def blocks_of(model_name: str) -> list[str]:

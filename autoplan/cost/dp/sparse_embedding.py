@@ -29,6 +29,7 @@ from autoplan.types.profile import Profile
 INDEX_BYTES = 8  # a sparse COO gradient's int64 row index
 KIND = "all_gather"  # gloo's sparse all-reduce gathers every rank's rows
 CALLS_PER_TABLE = 2  # its indices, then its values
+ROWS = "touched_rows"  # the audit's record of the rows themselves (count: tables; amount: rows)
 _INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 
 
@@ -58,6 +59,16 @@ def expected_distinct_rows(rows: int, reads: float) -> float:
     if rows <= 0 or reads <= 0:
         return 0.0
     return rows * -math.expm1(reads * math.log1p(-1.0 / rows)) if rows > 1 else 1.0
+
+
+def distinct_rows_sd(rows: int, reads: float) -> float:
+    """The standard deviation of the distinct rows under N uniform reads: with q_k = (1 - k/V)^N,
+    Var = V q_1 + V (V - 1) q_2 - V^2 q_1^2 (that of the empty cells; Feller, vol. 1, IV.2). The audit
+    holds a measured count within 4 of them of U (uniform test tokens; real text touches fewer)."""
+    if rows <= 1 or reads <= 0:
+        return 0.0
+    q1, q2 = (1 - 1 / rows) ** reads, (1 - 2 / rows) ** reads
+    return math.sqrt(max(0.0, rows * q1 + rows * (rows - 1) * q2 - rows * rows * q1 * q1))
 
 
 def sparse_tables(graph: Graph) -> tuple[SparseTable, ...]:
@@ -96,6 +107,11 @@ def step_volume(tables: tuple[SparseTable, ...], plan: Plan) -> tuple[int, float
     if plan.dp <= 1 or not tables:
         return 0, 0.0
     return CALLS_PER_TABLE * len(tables), sent_bytes(tables, plan)
+
+
+def step_rows(tables: tuple[SparseTable, ...], plan: Plan) -> float:
+    """U summed over ``tables``: the rows one rank's step sends (the audit's ``touched_rows``)."""
+    return sum(t.rows_per_rank(reads_per_rank(t, plan)) for t in tables)
 
 
 def sync_s(profile: Profile, tables: tuple[SparseTable, ...], plan: Plan, group: AxisGroup) -> float:
