@@ -44,6 +44,7 @@ from autoplan.report.hsdp import hsdp_why
 from autoplan.report.offload import offload_why
 from autoplan.report.recompute_budget import recompute_why
 from autoplan.report.search_again import search_again
+from autoplan.report.sparse_grads import sparse_grads_why
 from autoplan.report.terms import TermDiff, category_of, deciding_term
 from autoplan.report.trade import trade_rows
 from autoplan.report.zero_bubble import zero_bubble_why
@@ -85,6 +86,7 @@ class Explanation:
     recompute: str = ""  # why the plan recomputes k of L blocks per stage, under a budget (report/recompute_budget.py)
     frozen: str = ""  # what the model's frozen parameters save the plan, when it has some (report/frozen.py)
     zero_bubble: str = ""  # why the plan runs a zero-bubble schedule, when it does (report/zero_bubble.py)
+    sparse_grads: str = ""  # what syncing sparse embedding gradients saves or costs (report/sparse_grads.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -186,6 +188,7 @@ def explain_result(
         recompute=recompute_why(model, best.plan, best.cost),
         frozen=frozen_saving(model, best.plan, best.cost),
         zero_bubble=zero_bubble_why(model, best.plan, best.cost),
+        sparse_grads=sparse_grads_why(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict

@@ -130,3 +130,20 @@ def sparse_params(tables: tuple[SparseTable, ...], names: tuple[str, ...]) -> fl
     """Of ``names``, the parameters in sparse tables: they leave DDP's dense buckets."""
     inside = set(names)
     return float(sum(t.rows * t.dim for t in tables if t.name in inside))
+
+
+@dataclass(frozen=True)
+class SparseSummary:
+    """What a plan's sparse tables send in one step (``autoplan explain``, report/sparse_grads.py)."""
+
+    tables: tuple[str, ...]
+    rows: float  # U summed over the tables, one rank's step
+    sent_bytes: float  # the all-gathered bytes (0 at dp = 1)
+    table_bytes: float  # the tables' dense gradient bytes, which DDP's buckets would all-reduce
+
+
+def summary(graph: Graph, plan: Plan) -> SparseSummary:
+    """``graph``'s sparse tables under ``plan`` (module docstring's U and sent_bytes)."""
+    tables = sparse_tables(graph)
+    table_bytes = sum(t.rows * t.dim * t.value_bytes for t in tables)
+    return SparseSummary(tuple(t.name for t in tables), step_rows(tables, plan), sent_bytes(tables, plan), table_bytes)

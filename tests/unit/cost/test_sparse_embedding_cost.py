@@ -11,6 +11,7 @@ import pytest
 from autoplan.cost import CostModel, predict_volumes
 from autoplan.cost.dp.sparse_embedding import INDEX_BYTES, expected_distinct_rows, sparse_tables
 from autoplan.profile.io import load_profile
+from autoplan.report.sparse_grads import dense_tables, sparse_grads_why
 from autoplan.solve.sparse_grads import with_touched_rows
 from autoplan.trace.api import trace_model_file
 from autoplan.types.plan import Plan
@@ -68,3 +69,12 @@ def test_touched_rows_replaces_the_estimate_and_moves_the_step_time(graph, plan)
     more = with_touched_rows(graph, 4096)
     assert CostModel(more, profile).estimate(plan).dp_comm_s > CostModel(given, profile).estimate(plan).dp_comm_s
     assert math.isclose(sum(t.rows for t in sparse_tables(more)), VOCAB + CATEGORIES)
+
+
+def test_explain_says_what_the_sparse_sync_sends_and_what_dense_tables_would_cost(graph, plan):
+    model = CostModel(graph, load_profile("cpu-gloo"))
+    said = sparse_grads_why(model, plan, model.estimate(plan))
+    assert said.startswith("tokens.weight, categories.weight take sparse gradients, so DDP all-gathers the ~")
+    assert "557 kB of tables" in said and "read densely, which" in said and said.endswith("sparse=False.")
+    dense = CostModel(dense_tables(graph), load_profile("cpu-gloo"))
+    assert sparse_grads_why(dense, plan, dense.estimate(plan)) == ""
