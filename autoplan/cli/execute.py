@@ -51,6 +51,9 @@ def run_command(args: argparse.Namespace) -> int:
     model_file = load_model_file(opts.model)  # fail here, once, rather than in every rank
     if (warning := check_plan_is_for(plan, model_file, plan_name=f"plan '{opts.plan}'")) and not args.quiet:
         print(f"autoplan: warning: {warning}", file=sys.stderr)
+    from autoplan.execute.sparse_grads import check_model_file
+
+    check_model_file(model_file, plan)  # sparse embedding gradients run only under DDP
     from autoplan.cli.checkpoints import check_checkpoint_arguments, stop_hint
 
     every = check_checkpoint_arguments(opts, plan=plan, model_file=model_file, quiet=args.quiet)

@@ -48,6 +48,13 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "--explain", action="store_true", help="also explain the choice (autoplan explain; see docs/cli.md)"
     )
     add_routing_arguments(parser)
+    parser.add_argument(
+        "--touched-rows",
+        type=int,
+        metavar="N",
+        help="distinct rows of each sparse embedding table one rank's step reads (default: the uniform "
+        "estimate V(1-(1-1/V)^tokens), an upper bound for text; docs/cost-model.md)",
+    )
     add_run_arguments(parser)
     parser.set_defaults(func=run, out_kind="folder")
     add_sweep_parser(subparsers, common)
@@ -128,7 +135,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if (warning := device_mismatch(profile, running=False)) and not args.json:
         print(f"autoplan: warning: {warning}", file=sys.stderr)
-    graph = trace_model_file(args.model, args.batch, routing=routing_of(args))
+    from autoplan.solve.sparse_grads import with_touched_rows
+
+    graph = with_touched_rows(trace_model_file(args.model, args.batch, routing=routing_of(args)), args.touched_rows)
     quiet = args.quiet or args.json
     try:
         with search_progress(enabled=not quiet and sys.stderr.isatty()) as progress:

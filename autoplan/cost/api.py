@@ -16,7 +16,7 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``A2A_EXPOSED_FLOOR``, the least share of the all-to-all an overlap leaves, ``a2a_paired_share``), a
   PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
 - the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``) and the audit's
-  predicted volumes (``predict_volumes``).
+  predicted volumes (``predict_volumes``); what sparse embedding tables send (``sparse_grad_summary``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from autoplan.cost.bounds import Bounds
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
 from autoplan.cost.dp.compression import check_rank, compresses_any
+from autoplan.cost.dp.sparse_embedding import summary as sparse_grad_summary
 from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.memory.recompute_budget import fit_recompute_blocks, stage_peaks_bytes
 from autoplan.cost.model import CostModel
@@ -80,6 +81,7 @@ __all__ = [
     # ops.csv and memory
     "priced_ops",
     "usable_bytes",
+    "sparse_grad_summary",
     # budgeted recompute: the fewest blocks per chunk that fit, and each stage's peak under a budget
     "fit_recompute_blocks",
     "stage_peaks_bytes",

@@ -28,6 +28,7 @@ from autoplan.cost.compute.roofline import input_bytes_of, memory_time_s
 from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.floors import SyncFloors
+from autoplan.cost.dp.sparse_embedding import sparse_tables
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
@@ -69,7 +70,10 @@ class Bounds:
         self._cp_floors: dict[tuple, CpFloor] = {}
         self._groups: dict[tuple, dict] = {}
         self._frozen = float(graph.param_count - graph.trainable_param_count)
-        self.sync = SyncFloors(profile, stage_costs, mesh=self._mesh, trained_floor=self.trained_floor)
+        sparse = float(sum(t.rows * t.dim for t in sparse_tables(graph)))  # out of the dense buckets
+        self.sync = SyncFloors(
+            profile, stage_costs, mesh=self._mesh, trained_floor=lambda p: max(0.0, self.trained_floor(p) - sparse)
+        )
         reps = [(None, 1)] + [(group.layers[0], len(group.layers)) for group in graph.groups]
         self._nodes = {rep: graph.layer_nodes(rep) for rep, _ in reps}
         self._moe = {rep: layers_in(graph, tuple(self._nodes[rep])) for rep, _ in reps}  # grouped MoE layers

@@ -33,6 +33,7 @@ from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.cp import messages as cp_messages
 from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.dp import messages as dp_messages
+from autoplan.cost.dp import sparse_embedding
 from autoplan.cost.dp.local_sgd import outer_message
 from autoplan.cost.memory.offload import offload_bytes
 from autoplan.cost.model import CostModel
@@ -142,6 +143,8 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     apart = experts_apart(plan)
     params = stage.dense_params if apart else stage.params
     frozen = stage.frozen_params - (stage.frozen_expert_params if apart else 0.0)
+    tables = _sparse_tables(model, stage)
+    frozen += sparse_embedding.sparse_params(tables, tuple(t.name for t in tables))  # out of the dense buckets
     units = trained_units = 1
     if plan.zero_stage >= 2 or plan.overlap_param_gather:  # FSDP2's units; ZeRO-1's per-unit buffers (param_gather.py)
         blocks = _real_blocks(plan, stage, index)
@@ -160,10 +163,19 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
         )
         replicas = dp_messages.replica_messages(messages)
         _add(pred, HSDP_AXES[0], *_per_step(plan, replicas, params, units, shard, **kept))
+    if tables and plan.dp > 1:  # gloo's sparse all-reduce: indices, then values, all-gathered per table
+        pred.add("dp", sparse_embedding.KIND, *sparse_embedding.step_volume(tables, plan))
+        pred.add("dp", sparse_embedding.ROWS, len(tables), sparse_embedding.step_rows(tables, plan))
     _add(pred, "dp", dp_messages.buffer_broadcast(plan, model.graph.buffer_bytes))
     module_list = any(m.interface == "module_list" for m in model.graph.moe_layers)
     tensors = len(model.graph.parameters)
     _add(pred, "dp", dp_messages.unused_map(plan, parameter_tensors=tensors, module_list_experts=module_list))
+
+
+def _sparse_tables(model: CostModel, stage: StageTotals) -> tuple:
+    """The sparse embedding tables ``stage`` holds (cost/dp/sparse_embedding.py)."""
+    held = {name for block in stage.blocks for name in block.param_names}
+    return tuple(t for t in model.dp_terms.sparse if t.name in held)
 
 
 def _per_step(

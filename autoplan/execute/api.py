@@ -36,6 +36,7 @@ from autoplan.execute import (
     pipeline,
     precision,
     rng,
+    sparse_grads,
 )
 from autoplan.execute.activation_offload import ActivationOffload, apply_activation_offload
 from autoplan.execute.compiled import compile_blocks
@@ -103,6 +104,7 @@ def parallelize(
     moe_blocks = expert_sequence.moe_blocks(list(experts))
     expert_sequence.check_unsplit(plan=plan, blocks=moe_blocks)
     fp8_linears = float8.eligible_fqns(model, plan, exclude=tuple(experts) + list_moe)
+    sparse_grads.check_runs_here(model, plan)  # before any group or module transform
     mesh = build_mesh(plan=plan)
     sync_mesh = grad_mesh(mesh=mesh, plan=plan)
     outer = outer_group(plan=plan, mesh=mesh, sync_mesh=sync_mesh) if is_local_sgd(plan) else None

@@ -28,6 +28,7 @@ from autoplan.execute import precision
 from autoplan.execute.batch import move_to, shard_batch
 from autoplan.execute.data_parallel import allreduce_grads
 from autoplan.execute.expert_parallel import split_params
+from autoplan.execute.sparse_grads import densify_grads, release_grads
 from autoplan.execute.tensor_parallel import finalize_tp_grads
 from autoplan.types.plan import Plan
 
@@ -81,6 +82,7 @@ class Trainer:
     flat_grads: Any = None  # the explicit all-reduce's FlatGrads: gradients as views of one buffer (flat_grads.py)
     activation_offload: Any = None  # an ActivationOffload under offload_activations (activation_offload.py)
     outer: Any = None  # local SGD / DiLoCo's OuterSync, run after the optimizer step (local_sgd.py)
+    densified: list = field(default_factory=list)  # sparse gradients made dense for the last step (sparse_grads.py)
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
@@ -135,6 +137,7 @@ class Trainer:
         # fresh tensors that would live beside the buckets (a second gradient-sized copy). Where a
         # parameter may go unused, None: DDP leaves a globally unused one's gradient untouched, so it
         # stays None and AdamW skips it (a zeroed one would still take a momentum step).
+        release_grads(self.densified)
         self.optimizer.zero_grad(set_to_none=self.dp_mode != "ddp" or self.some_unused)
         # DTensor must accept plain tensors (masks, rotary tables, grads of them) as
         # replicated values, in forward and in backward.
@@ -220,7 +223,9 @@ class Trainer:
         return self.mesh["dp"] if self.grad_mesh is None else self.grad_mesh
 
     def _optimizer_step(self) -> None:
-        """Step (fp16: unscale first, and skip on every rank when any gradient overflowed)."""
+        """Step (fp16: unscale first, and skip on every rank when any gradient overflowed); synced sparse
+        gradients are made dense first (sparse_grads.py)."""
+        self.densified = densify_grads(self.trainable)
         if self.scaler is None:
             self.optimizer.step()
             return

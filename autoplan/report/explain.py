@@ -46,6 +46,7 @@ from autoplan.report.moe_overlap import a2a_overlap_why
 from autoplan.report.offload import offload_why
 from autoplan.report.recompute_budget import recompute_why
 from autoplan.report.search_again import search_again
+from autoplan.report.sparse_grads import sparse_grads_why
 from autoplan.report.terms import TermDiff, category_of, deciding_term
 from autoplan.report.trade import trade_rows
 from autoplan.report.zero_bubble import zero_bubble_why
@@ -89,6 +90,7 @@ class Explanation:
     zero_bubble: str = ""  # why the plan runs a zero-bubble schedule, when it does (report/zero_bubble.py)
     a2a_overlap: str = ""  # what overlapping the EP all-to-all hides and leaves, when it does (report/moe_overlap.py)
     local_sgd: str = ""  # why it syncs its replicas every H steps, and what H trades (report/local_sgd.py)
+    sparse_grads: str = ""  # what syncing sparse embedding gradients saves or costs (report/sparse_grads.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -193,6 +195,7 @@ def explain_result(
         zero_bubble=zero_bubble_why(model, best.plan, best.cost),
         a2a_overlap=a2a_overlap_why(model, best.plan, best.cost),
         local_sgd=local_sgd_why(model, best.plan, best.cost),
+        sparse_grads=sparse_grads_why(model, best.plan, best.cost),
     )
     if other is not None:  # the decision line states the verdict of the rival's family (narrate.py)
         exp.decision = exp.family_verdict(other.family).verdict

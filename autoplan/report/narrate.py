@@ -61,6 +61,7 @@ def explanation_markdown(exp) -> str:
     lines += ["", exp.fp8] if exp.fp8 else []
     lines += ["", exp.attention] if exp.attention else []
     lines += ["", f"**Frozen parameters:** {exp.frozen}"] if exp.frozen else []
+    lines += ["", f"**Sparse embedding gradients:** {exp.sparse_grads}"] if exp.sparse_grads else []
     lines += ["", f"**Context parallelism:** {exp.cp}"] if exp.cp else []
     lines += ["", f"**HSDP:** {exp.hsdp}"] if exp.hsdp else []
     lines += ["", f"**Local SGD:** {exp.local_sgd}"] if exp.local_sgd else []

@@ -14,11 +14,10 @@ visited in increasing bound (best-first branch and bound) and pruned once the bo
 CostModel prices them, cost/bounds.py; under cp 1/cp of the tokens plus each attention's K,V floor); ``b``:
 ``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T), ``b_min`` the group's least; (2) uses the real
 stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync nothing hides: never above the priced step.
-Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory
-row when nothing fits), the stages from solve/pipeline.py; every survivor is priced by
-``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample, or the whole
-run's dollars (cost/run/whole_run.py); both rise with the step time at fixed devices, so the
-bounds stay bounds. A group whose ILP splits no op at tp > 1 is pruned unless tp is pinned.
+Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory row when
+nothing fits), the stages from solve/pipeline.py; survivors are priced by ``CostModel.estimate``. Objective
+``time``: step time; ``cost``: dollars per sample or per run (cost/run/whole_run.py), both rising with the step
+time at fixed devices, so the bounds hold. A group whose ILP splits no op at tp > 1 is pruned unless tp is pinned.
 """
 
 from __future__ import annotations
@@ -31,10 +30,11 @@ from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, m
 from autoplan.errors import PlanError
 from autoplan.solve import activation_offload, expert_layout, moe_overlap, recompute_budget, space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
-from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
-from autoplan.solve.local_sgd import check_local_sgd_pins
+from autoplan.solve.context_parallel import cp_sequence, folds_into_dp, variant_options
 from autoplan.solve.partitions import Partitions
+from autoplan.solve.pin_checks import check_option_pins
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
+from autoplan.solve.sparse_grads import keep_degrees, keep_dp_choices, sparse_tables
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.tp_plan import TPChoice, TPPlanner
 from autoplan.types.cost import Cost
@@ -60,13 +60,10 @@ class Search:
         )
         self.graph, self.profile, self.options, self.fixes = graph, profile, options, options.fixes
         self.moe_limits = expert_layout.limits(graph, self.fixes, runtime=options.runtime)  # or its pin, refused
-        space.check_lossy_pins(graph, self.fixes, allow_lossy=options.allow_lossy)
-        check_local_sgd_pins(self.fixes, allow_lossy=options.allow_lossy)
-        check_cp_pins(graph, profile, self.fixes)
-        activation_offload.check_activation_offload_pin(profile, self.fixes, options.runtime)
-        moe_overlap.check_pin(self.fixes, options.runtime)
+        check_option_pins(graph, profile, self.fixes, options)  # refused in one sentence (solve/pin_checks.py)
         self.cp_seq_len = cp_sequence(graph, profile, self.fixes)  # 0: cp = 1 only (solve/context_parallel.py)
         self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
+        self.sparse_tables = sparse_tables(graph)  # they narrow the space (solve/sparse_grads.py)
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None
         self.expert_params = sum(m.expert_params for m in graph.moe_layers)
         self.cost_model = CostModel(graph, profile).for_runtime(options.runtime)  # every price reads its graph
@@ -107,6 +104,7 @@ class Search:
         kw.update(refused=self.refused, cp_seq_len=self.cp_seq_len, runtime=opts.runtime)
         kw.update(etp_ok=expert_layout.expert_tp_ok(self.moe_limits))
         degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
+        degrees = keep_degrees(degrees, self.sparse_tables)
         space.check_zero_pin(degrees, self.fixes, runtime=opts.runtime)
         moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
         seq_lens = sequence_lengths(self.graph)
@@ -128,18 +126,9 @@ class Search:
                         share = self.bounds.zero_bubble_share(tp=deg.tp, precision=precision, mbs=mbs, cp=deg.cp)
                         b_min = Group.least_bubble(schedules, pp=deg.pp, share=share)
                         for variant in variant_options(self.profile, cp=deg.cp, fixes=self.fixes):
-                            group = Group(
-                                deg,
-                                precision,
-                                sp,
-                                mbs,
-                                m,
-                                b_min,
-                                routing=self.routing,
-                                cp_variant=variant,
-                                runtime=opts.runtime,
-                                compile=bool(self.fixes.get("compile", False)),
-                            )
+                            compiled = bool(self.fixes.get("compile", False))
+                            group = Group(deg, precision, sp, mbs, m, b_min, routing=self.routing, cp_variant=variant,
+                                          runtime=opts.runtime, compile=compiled)  # fmt: skip
                             found.append((self.lower_bound(group), group))
         return sorted(found, key=lambda item: item[0])
 
@@ -238,7 +227,7 @@ class Search:
         its cost is what the memory-budgeted TP retry of _run_group starts from."""
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big = len(self.candidates), []
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+        dp_choices = self._dp_choices(deg)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
@@ -292,6 +281,10 @@ class Search:
         for plan, sub in zip(plans, subs):
             self._append_pruned(plan, sub)
         return True
+
+    def _dp_choices(self, deg) -> list:
+        choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+        return keep_dp_choices(choices, self.sparse_tables)
 
     def _append_pruned(self, plan: Plan, sub: float) -> None:
         self.candidates.append(
@@ -381,7 +374,7 @@ class Search:
 
     def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
         deg = g.degrees
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+        dp_choices = self._dp_choices(deg)
         count = len(self._stage_options(g)) * len(dp_choices)
         config = g.pruned_config()
         reason = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import torch
@@ -19,6 +20,17 @@ def parameter_table(model: torch.nn.Module) -> dict[str, ParamInfo]:
             shape=list(p.shape), dtype=dtype_name(p.dtype), numel=p.numel(), bytes=nbytes(p), trainable=p.requires_grad
         )
         for name, p in model.named_parameters()
+    }
+
+
+def _mark_sparse_grads(params: dict[str, ParamInfo], nodes: list[OpNode]) -> dict[str, ParamInfo]:
+    """``sparse_grad`` on each table an embedding node reads with ``sparse=True`` (nn.Embedding,
+    nn.EmbeddingBag, F.embedding); a table read densely anywhere else gets a dense gradient."""
+    sparse = {p for n in nodes if n.op == "embedding" and n.attrs.get("sparse") for p in n.param_names}
+    dense = {p for n in nodes if not (n.op == "embedding" and n.attrs.get("sparse")) for p in n.param_names}
+    return {
+        name: dataclasses.replace(info, sparse_grad=True) if name in sparse - dense else info
+        for name, info in params.items()
     }
 
 
@@ -84,6 +96,7 @@ def build_graph(
     order = layers_mod.execution_order(records, layer_of)
     groups = layers_mod.group_layers(records, layer_of, order, {k: v.shape for k, v in params.items()})
     nodes = [_op_node(r, layer_of[r.name], params) for r in records]
+    params = _mark_sparse_grads(params, nodes)
     names = {n.name for n in nodes}
     edges = [(src, r.name) for r in records for src in r.inputs if src in names]
     dtypes = Counter(info.dtype for info in params.values())

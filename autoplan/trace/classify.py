@@ -235,8 +235,10 @@ def linear_attrs(*, weight: torch.Tensor, bias: bool, weight_is_out_in: bool, mo
     }
 
 
-def embedding_attrs(weight: torch.Tensor, module_type: str) -> dict[str, Any]:
-    return {"num_embeddings": int(weight.shape[0]), "embedding_dim": int(weight.shape[1]), "module_type": module_type}
+def embedding_attrs(weight: torch.Tensor, module_type: str, *, sparse: bool = False) -> dict[str, Any]:
+    """Table shape and caller; ``sparse`` (its gradient is a sparse tensor of the rows read) only when True."""
+    attrs = {"num_embeddings": int(weight.shape[0]), "embedding_dim": int(weight.shape[1]), "module_type": module_type}
+    return {**attrs, "sparse": True} if sparse else attrs
 
 
 def conv_attrs(weight: torch.Tensor, *, groups: int, transposed: bool, module_type: str) -> dict[str, Any]:

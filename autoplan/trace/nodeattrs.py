@@ -82,7 +82,7 @@ def _module_attrs(kind: str, module: torch.nn.Module, args: tuple, kwargs: dict)
         return {**attrs, "tp_splittable": isinstance(module, torch.nn.Linear)}
     if kind == "embedding":
         return {
-            **classify.embedding_attrs(module.weight, type_name),
+            **classify.embedding_attrs(module.weight, type_name, sparse=bool(getattr(module, "sparse", False))),
             "tp_splittable": isinstance(module, torch.nn.Embedding),
         }
     if kind == "conv":
@@ -91,6 +91,13 @@ def _module_attrs(kind: str, module: torch.nn.Module, args: tuple, kwargs: dict)
     if kind == "attention" and isinstance(module, torch.nn.MultiheadAttention):
         return _mha_attrs(module, args)
     return {"module_type": type_name}
+
+
+def _sparse_embedding_call(args: tuple, kwargs: dict, weight: torch.Tensor) -> bool:
+    """``sparse`` of an embedding call: F.embedding(input, weight, padding_idx, max_norm, norm_type,
+    scale_grad_by_freq, sparse) or aten.embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)."""
+    index = 4 if args and args[0] is weight else 6
+    return bool(_arg(args, kwargs, index, "sparse", False))
 
 
 def _mha_attrs(module: torch.nn.MultiheadAttention, args: tuple) -> dict[str, Any]:
@@ -116,7 +123,7 @@ def _function_attrs(kind: str, name: str, args: tuple, kwargs: dict, weights: se
             if weights
             else _arg(args, kwargs, 1, "weight")
         )
-        return classify.embedding_attrs(weight, name)
+        return classify.embedding_attrs(weight, name, sparse=_sparse_embedding_call(args, kwargs, weight))
     if kind == "conv":
         if name in (
             "convolution",

@@ -55,18 +55,28 @@ class GraphError(AutoplanError):
 class ParamInfo:
     """One parameter of the model, by fully qualified name. ``trainable`` is its ``requires_grad``:
     a frozen one (LoRA's base weights, a frozen encoder) gets no gradient, optimizer state or
-    gradient sync (docs/cost-model.md, "Frozen parameters"); omitted from JSON when True."""
+    gradient sync (docs/cost-model.md, "Frozen parameters"); omitted from JSON when True.
+    ``sparse_grad``: an embedding table read with ``sparse=True``, whose gradient holds only the
+    rows a batch reads (docs/cost-model.md, "Sparse embedding gradients"); omitted when False.
+    ``touched_rows``: of such a table, the distinct rows one rank's step reads (``--touched-rows``); 0
+    (omitted): priced as uniform reads (cost/dp/sparse_embedding.py)."""
 
     shape: list[int]
     dtype: str
     numel: int
     bytes: int
     trainable: bool = True
+    sparse_grad: bool = False
+    touched_rows: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if self.trainable:  # a graph of trainable parameters serialises as before the field
             del data["trainable"]
+        if not self.sparse_grad:  # likewise a graph without sparse embeddings
+            del data["sparse_grad"]
+        if not self.touched_rows:
+            del data["touched_rows"]
         return data
 
 

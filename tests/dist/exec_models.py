@@ -59,6 +59,15 @@ class TiedGPT(TinyGPT):
         self.lm_head.weight = self.wte.weight
 
 
+class SparseGPT(TinyGPT):
+    """TinyGPT whose token embedding takes sparse gradients (``sparse=True``): DDP syncs its touched
+    rows (autoplan/execute/sparse_grads.py, cost/dp/sparse_embedding.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte.sparse = True
+
+
 class GQAAttention(nn.Module):
     def __init__(self):
         super().__init__()

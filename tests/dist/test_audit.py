@@ -18,6 +18,7 @@ import exec_models as m
 from exec_harness import make_plan, run_audits
 
 from autoplan.cost.dp.compression import traffic_of
+from autoplan.cost.dp.sparse_embedding import INDEX_BYTES, distinct_rows_sd, reads_per_rank, sparse_tables
 from autoplan.cost.model import CostModel
 from autoplan.cost.volumes import predict
 from autoplan.execute.job.audit import audit_rows
@@ -112,6 +113,10 @@ CASES = [
     ("tp_offload_one_rank", "gpt", dict(tp=2, offload="optimizer")),
     ("pp_offload_one_rank", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, offload="optimizer")),
 ]
+#: a sparse token embedding (DDP syncs its touched rows): the dense buckets all-reduced as priced, the rows a
+#: rank touched (uniform test tokens) within 4 standard deviations of the occupancy estimate U, and its two
+#: all-gathers p x those rows (test_sparse_embedding_rows_within_the_estimates_bound)
+SPARSE = [("ddp_sparse_embedding", "gpt_sparse", dict(dp=2))]
 #: FLOPs and memory as priced, not yet its collectives: LoRA's replicated adapters beside Megatron's splits
 #: under SP take their input whole and meet the base's feature shard in a node that runs sharded (DTensor
 #: slices the whole side locally, cost/tp/shards.py); the resharding edges into the next linear are still
@@ -159,18 +164,18 @@ FOUR = [
 
 @pytest.fixture(scope="module")
 def audits():
-    return {**run_audits(2, CASES + RESHARDING + FLOPS_ONLY), **run_audits(4, FOUR)}
+    return {**run_audits(2, CASES + RESHARDING + FLOPS_ONLY + SPARSE), **run_audits(4, FOUR)}
 
 
 @pytest.fixture(scope="module")
 def graphs():
     models = (("gpt", "TinyGPT"), ("gpt_tied", "TiedGPT"), ("llama", "TinyLlama"), ("moe", "TinyMoE"), ("moe_skewed", "SkewedMoE"),
-              ("llama3p", "ThirdPartyLlama"), ("lora", "LoRALlama"))
+              ("llama3p", "ThirdPartyLlama"), ("lora", "LoRALlama"), ("gpt_sparse", "SparseGPT"))
     return {name: trace(getattr(m, cls)(), (m.tokens(2, 1),)) for name, cls in models}
 
 
 def _case(name):
-    return next((model, kw) for case, model, kw in CASES + FOUR + RESHARDING + FLOPS_ONLY if case == name)
+    return next((model, kw) for case, model, kw in CASES + FOUR + RESHARDING + FLOPS_ONLY + SPARSE if case == name)
 
 
 def _predictions(graphs, name):
@@ -227,7 +232,7 @@ def test_compiled_blocks_generate_the_priced_fused_kernels(audits, graphs):
         ranks=audits["ddp"]["ranks"], predictions=_predictions(graphs, "ddp")[1], stage_peak_bytes=[0.0]))
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + SPARSE])
 def test_each_rank_holds_the_priced_parameter_shard(audits, graphs, name):
     plan, predicted = _predictions(graphs, name)
     for rank in audits[name]["ranks"]:
@@ -279,7 +284,7 @@ def _routed_flops(name: str, ranks: list[dict], predicted: list) -> None:
         assert run == pytest.approx(priced, rel=1e-9), f"{name} {key}: {run} run over the ranks, {priced} priced"
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + FLOPS_ONLY])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + FLOPS_ONLY + SPARSE])
 def test_each_rank_computes_the_priced_flops(audits, graphs, name):
     plan, predicted = _predictions(graphs, name)
     hook = _powersgd_flops(graphs, plan)
@@ -299,7 +304,8 @@ def test_each_rank_computes_the_priced_flops(audits, graphs, name):
         assert rank["attention_backward_flops"] == pytest.approx(pred.attention_backward_flops, rel=1e-9), name
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR if c[0] not in MEMORY_UNSEEN | LOOP_EXPERTS | MEASURED_ROUTING])
+@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + SPARSE
+                                  if c[0] not in MEMORY_UNSEEN | LOOP_EXPERTS | MEASURED_ROUTING])
 def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs, name):
     """The ranks of one stage run the same program; gloo finishes an asynchronous collective (and
     frees what it holds) at a time the scheduler picks, so one rank may peak a few percent above
@@ -338,6 +344,28 @@ def test_the_busiest_ep_rank_peaks_as_priced_at_the_measured_imbalance(audits, g
         peak[i] = model.stage_memory(plan, model.priced_stages(plan)[0])[0].peak_bytes
     assert busiest["peak_live_bytes"] == pytest.approx(peak[imbalance], rel=0.10), (busiest["peak_live_bytes"], peak)
     assert busiest["peak_live_bytes"] > peak[1.0] * 1.10 and other["peak_live_bytes"] == pytest.approx(peak[1.0], rel=0.10)
+
+
+def test_sparse_embedding_rows_within_the_estimates_bound(audits, graphs):
+    """The dense buckets' all-reduce is byte for byte the priced one without the table; the rows each rank
+    touched (recorded in audit.csv as "comm dp touched_rows") lie within 4 standard deviations of U, and
+    the two all-gathers carry p times those rows' indices and values (cost/dp/sparse_embedding.py)."""
+    result = audits["ddp_sparse_embedding"]
+    assert "error" not in result, result.get("error")
+    plan, predicted = _predictions(graphs, "ddp_sparse_embedding")
+    [table] = sparse_tables(graphs["gpt_sparse"])
+    reads = reads_per_rank(table, plan)
+    expected, sd = table.rows_per_rank(reads), distinct_rows_sd(table.rows, reads)
+    priced = predicted[0].comm
+    for rank in result["ranks"]:
+        measured = _measured(rank)
+        assert set(measured) == set(priced), f"collectives {sorted(measured)} run, {sorted(priced)} priced"
+        assert measured[("dp", "all_reduce")][1] == priced[("dp", "all_reduce")][1]
+        count, rows = measured[("dp", "touched_rows")]
+        assert count == 1 and rows <= min(reads, table.rows) and abs(rows - expected) <= 4 * sd, (rows, expected, sd)
+        row_bytes = table.dim * table.value_bytes + INDEX_BYTES
+        assert measured[("dp", "all_gather")] == [2, plan.dp * rows * row_bytes]
+        assert priced[("dp", "all_gather")][1] == pytest.approx(plan.dp * expected * row_bytes, rel=1e-9)
 
 
 def test_recomputation_runs_what_it_is_priced_for(audits):

@@ -28,6 +28,8 @@ TWO = [
     # the explicit all-reduce on its flat gradient buffer, four micro-batches accumulated into it
     ("allreduce_flat_accumulate", "gpt", dict(dp=2, overlap_grad_reduce=False, num_microbatches=4)),
     ("zero2", "gpt", dict(dp=2, zero_stage=2)),
+    # a sparse token embedding: DDP all-reduces its touched rows, the trainer densifies them before AdamW
+    ("dp2_sparse_embedding", "gpt_sparse", dict(dp=2)),
     ("zero3", "llama", dict(dp=2, zero_stage=3)),
     ("recompute_full", "gpt", dict(dp=2, recompute="full")),
     ("recompute_selective_tp", "llama", dict(tp=2, recompute="selective")),

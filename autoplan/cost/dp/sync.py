@@ -9,6 +9,8 @@
   f t_fwd + (g - s) t_bwd_gather + s t_bwd_gather+scatter with f, g, s the statement's repetitions;
 - PowerSGD: three all-reduces per bucket, its own compute added whole (``compression_s``); top-k
   (cost/dp/topk.py): one all-gather of (index, value) pairs per bucket, its selection added whole;
+- sparse embedding tables (cost/dp/sparse_embedding.py): out of the dense buckets, their touched rows
+  all-gathered (indices, values) with the block that holds them;
 - HSDP (cost/dp/messages.py): each block's gradient message is its reduce-scatter over the shard
   group followed by the all-reduce of its 1/S shard over the replicate group, on that group's links;
 - overlap efficiency eta (profile ``comm_overlap``): exposed(eta) = exposed(1) + (1 - eta)(total -
@@ -20,7 +22,7 @@ them from explicit inputs (profile, graph, plan, stage totals, dp and edp groups
 
 from __future__ import annotations
 
-from autoplan.cost.dp import compression, topk
+from autoplan.cost.dp import compression, sparse_embedding, topk
 from autoplan.cost.dp.messages import (
     BACKWARD,
     FORWARD,
@@ -51,6 +53,7 @@ class DataParallelTerms:
     def __init__(self, profile: Profile, graph: Graph):
         self.profile, self.graph = profile, graph
         self._memo: dict[tuple, object] = {}
+        self.sparse = sparse_embedding.sparse_tables(graph)  # tables DDP syncs as sparse rows
 
     def price(
         self,
@@ -94,6 +97,8 @@ class DataParallelTerms:
         """One block's ``message``: its dense parameters over the dp group, its routed experts'
         (1/ep of them) over edp (autoplan/cost/moe/placement.py), unless ``experts`` is False."""
         frozen_dense = block.frozen_param_count - block.frozen_expert_param_count
+        if message.payload == GRADS:  # sparse tables leave the dense buckets (cost/dp/sparse_embedding.py)
+            frozen_dense += sparse_embedding.sparse_params(self.sparse, block.param_names)
         dense = message.unit_bytes(
             message.sent(block.param_count - block.expert_param_count, frozen_dense), block.fp8_params
         )
@@ -187,13 +192,22 @@ class DataParallelTerms:
         """Each block's gradient message, last block first (without the routed experts' when
         ``experts`` is False), or PowerSGD's three all-reduces per bucket."""
         if not grads.compressed:
-            return [self._block_s(plan, grads, b, group, edp, experts=experts) for b in reversed(stage.blocks)]
+            return [
+                self._block_s(plan, grads, b, group, edp, experts=experts) + self._sparse_s(plan, b, group)
+                for b in reversed(stage.blocks)
+            ]
         bucket = grads.bucket_bytes
         if plan.grad_compression == "topk":
             found = self.topk_traffics(stage.blocks, plan.topk_ratio, group.size)
             return [topk.sync_s(self.profile, t, group=group, bucket_bytes=bucket) for t in found[::-1]]
         traffics = self.powersgd_traffics(stage.blocks, plan.powersgd_rank)
         return [compression.sync_s(self.profile, t, group=group, bucket_bytes=bucket) for t in traffics[::-1]]
+
+    def _sparse_s(self, plan: Plan, block, group: AxisGroup) -> float:
+        """The all-gathers of the sparse tables ``block`` holds (cost/dp/sparse_embedding.py); 0 without."""
+        inside = set(block.param_names)
+        tables = tuple(t for t in self.sparse if t.name in inside)
+        return sparse_embedding.sync_s(self.profile, tables, plan, group) if tables else 0.0
 
     def topk_traffics(self, blocks: list, ratio: float, ranks: int) -> list[topk.TopKTraffic]:
         """The blocks' top-k traffic (topk.blocks_traffic), memoised by their parameters."""

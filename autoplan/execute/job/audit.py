@@ -36,9 +36,10 @@ from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
 from autoplan.execute.job.routing_audit import counted_rows, edp_by_name, routing_rows
+from autoplan.execute.job.sparse_audit import TOUCHED_ROWS, c10d_records
 from autoplan.execute.mesh import grad_groups
 
-MESH_DIMS = ("dp", "tp", "pp")
+MESH_DIMS, UNITS = ("dp", "tp", "pp"), {TOUCHED_ROWS: "rows"}  # a comm row's unit: bytes, but a sparse table's rows
 EXPERT_DIMS = ("ep", "edp", "etp")  # the expert mesh's axes (autoplan/execute/mesh.py, expert_mesh)
 ALL_TO_ALL_DIMS = ("ep", "etp")  # their all-to-alls are theirs though tp or dp may hold the same ranks
 #: c10d op name -> (collective kind, which argument holds the message, which holds the group)
@@ -171,13 +172,12 @@ class CommRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if on_dtensors(types):
             return NotImplemented
-        kwargs = kwargs or {}
         namespace, name = func.namespace, func.__name__.split(".")[0]
         if namespace == "c10d" and name in C10D_OPS:
             self._record_c10d(name, args)
         elif namespace == "_c10d_functional" and name in FUNCTIONAL_OPS:
             self._record_functional(name, args)
-        return func(*args, **kwargs)
+        return func(*args, **(kwargs or {}))
 
     def _dim(self, group: Any, kind: str) -> str:
         """The mesh dim of a process group (or group name): by its ranks; "world" or "other" else."""
@@ -192,7 +192,8 @@ class CommRecorder(TorchDispatchMode):
     def _record_c10d(self, name: str, args: tuple) -> None:
         kind, message, group = C10D_OPS[name]
         pg = dist.ProcessGroup.unbox(args[group]) if isinstance(args[group], torch.ScriptObject) else args[group]
-        self.totals.add(self._dim(pg, kind), kind, _tensor_bytes(args[message]))
+        for what, size, count in c10d_records(kind, args[message], pg.size(), _tensor_bytes):  # sparse_audit.py
+            self.totals.add(self._dim(pg, kind), what, size, count)
 
     def _record_functional(self, name: str, args: tuple) -> None:
         kind, group, gathered = FUNCTIONAL_OPS[name]
@@ -348,10 +349,9 @@ def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[f
         measured = {(d, k): (c, b) for d, k, c, b in audit["comm"]}
         for key in sorted(set(measured) | set(pred.comm)):
             (mc, mb), (pc, pb) = measured.get(key, (0, 0)), pred.comm.get(key, (0, 0.0))
-            rows.append(_row(rank, stage, f"comm {key[0]} {key[1]}", mb, pb, "bytes", mc, pc))
-        rows.append(
-            _row(rank, stage, "parameters held", audit["placement"]["param_elements"], pred.param_elements, "elements")
-        )
+            rows.append(_row(rank, stage, f"comm {key[0]} {key[1]}", mb, pb, UNITS.get(key[1], "bytes"), mc, pc))
+        held = audit["placement"]["param_elements"]
+        rows.append(_row(rank, stage, "parameters held", held, pred.param_elements, "elements"))
         for what, key in FLOP_ROWS:
             rows.append(_row(rank, stage, what, audit[key], getattr(pred, key), "flops"))
         rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], stage_peak_bytes[stage], "bytes"))

@@ -74,6 +74,10 @@ class LiveBytes(TorchDispatchMode):
         tensor = local_tensor(tensor)
         if tensor.device.type == "meta":
             return
+        if tensor.is_sparse:  # a sparse embedding gradient holds no storage: its indices' and values' do
+            self._track(tensor._indices())
+            self._track(tensor._values())
+            return
         storage = tensor.untyped_storage()
         key = storage._cdata
         if key in self.live:

@@ -90,7 +90,7 @@ def reference_step(
         total += float(loss.detach())
         for name, p in model.named_parameters():
             if p.grad is not None:
-                grads[name] = grads.get(name, 0.0) + p.grad.detach().float() / scale
+                grads[name] = grads.get(name, 0.0) + _dense(p.grad.detach()).float() / scale
     return total, grads
 
 
@@ -352,3 +352,8 @@ def verdict(*, diffs: list[Difference], plan: Plan) -> tuple[bool, str]:
     """(passed, the table of one compared step and ``verify: PASSED`` or ``verify: FAILED``)."""
     passed, lines = step_table(diffs=diffs, plan=plan)
     return passed, "\n".join([*lines, "verify: PASSED" if passed else "verify: FAILED"])
+
+
+def _dense(grad: torch.Tensor) -> torch.Tensor:
+    """A sparse embedding gradient (rows as read, duplicates summed) as the dense tensor the run steps with."""
+    return grad.coalesce().to_dense() if grad.is_sparse else grad
