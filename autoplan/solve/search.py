@@ -12,8 +12,9 @@ visited in increasing bound (best-first branch and bound) and pruned once the bo
 
 ``C_min``: one micro-batch's forward + backward, every op divided tp ways, no communication (experts as
 CostModel prices them, cost/bounds.py; under cp 1/cp of the tokens plus each attention's K,V floor); ``b``:
-``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T), ``b_min`` the group's least; (2) uses the real
-stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync nothing hides: never above the priced step.
+``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T), ``b_min`` the group's least, a member's (2) no
+less than (1) at its own b; (2) uses the real stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync
+nothing hides: never above the priced step.
 Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory
 row when nothing fits), the stages from solve/pipeline.py; every survivor is priced by
 ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample, or the whole
@@ -144,15 +145,15 @@ class Search:
         """Bound (1) of the module docstring, in objective units."""
         return self.objective(self.step_lower_bound_s(g), g.degrees.devices)
 
-    def step_lower_bound_s(self, g: Group) -> float:
-        """Bound (1) of the module docstring, in seconds."""
+    def step_lower_bound_s(self, g: Group, b_min: float | None = None) -> float:
+        """Bound (1) of the module docstring, in seconds (at the bubble floor ``b_min``, else the group's)."""
         deg = g.degrees
         experts = self.cost_model.placement(routing=g.routing, **expert_layout.placement_degrees(deg))
         cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
         overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
         cp["fused"] = g.compile or True in overlap or self.runtime_fuses  # async TP compiles (compute/fusion.py)
         step = (
-            (g.m + g.b_min)
+            (g.m + (g.b_min if b_min is None else b_min))
             * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
             / deg.pp
         )
@@ -235,11 +236,17 @@ class Search:
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big = len(self.candidates), []
         dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+        own_bounds, extras = {}, {}  # bound (1) at each schedule's own bubble floor; _beaten_whatever_the_stages's
+        share = self.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
             )
-            if self._beaten_whatever_the_stages(g, base, bound, v, dp_choices, names):
+            if (schedule, v) not in own_bounds:
+                b = g.least_bubble([(schedule, v)], pp=deg.pp, share=share)
+                own_bounds[schedule, v] = max(bound, self.objective(self.step_lower_bound_s(g, b), deg.devices))
+            own = own_bounds[schedule, v]
+            if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras):
                 continue
             stages = self._stages(base)
             for zero, grads in dp_choices:
@@ -257,7 +264,7 @@ class Search:
                 times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
                 core_s = (g.m + self.stage_costs.bubble_floor(plan)) * max(times) + self.bounds.pp_comm_s(base)
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
-                sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
+                sub = max(own, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
                     self._append_pruned(plan, sub)
                     continue
@@ -270,17 +277,20 @@ class Search:
             too_big, priced_any=any(c.cost is not None for c in self.candidates[first:]), ilp_status=choice.status
         )
 
-    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, v: int, dp_choices, names) -> bool:
+    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, dp_choices, names, extras) -> bool:
         """Bound (2) with the slowest stage and its parameters at their floors under any partition
         (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
-        pruned without solving the partition."""
-        kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
+        pruned without solving the partition. ``extras``: each ZeRO choice's step_extras_s, by recompute
+        and tp overlap (it reads no schedule), shared by the schedules of one tp_plan."""
+        kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
+        kw.update(names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
         core_s = (g.m + self.stage_costs.bubble_floor(base)) * floor_s + self.bounds.pp_comm_s(base)
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
-        extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
-        subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]
+        if (key := (base.recompute, base.tp_comm_overlap)) not in extras:
+            extras[key] = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
+        subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras[key]]
         if not all(self._beaten(sub) for sub in subs):
             return False
         for plan, sub in zip(plans, subs):
