@@ -17,6 +17,8 @@ With o_1..o_k those outputs and g_i their received gradients, W adds
 before torch's own W, keeping the graph for it (the o_i's subgraph can share nodes with an intermediate's,
 position bias used in the stage and sent on). Gradients are linear in the output gradients, so the two sums
 are the full backward's; no o_i is below an intermediate (no input reaches it), so nothing is counted twice.
+Torch's W also runs one backward per parameter group without keeping the graph, which frees nodes another
+group's backward needs (T5's last stage at v = 1): the groups go to W as one (:func:`one_param_group`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,22 @@ def accumulate_weight_grads(*, roots: list[Root], weights: Iterable[torch.nn.Par
             weight.grad = grad
         else:
             weight.grad += grad
+
+
+def one_param_group(groups: list[dict]) -> list[dict]:
+    """Torch's parameter groups of one B as one group, so that W runs one ``autograd.grad`` over every
+    intermediate. Torch runs one per group without keeping the graph, and where two groups' backwards share
+    nodes (T5's last stage at v = 1) the second finds them freed; in one call each intermediate's gradient is
+    still pinned to the one B saved (torch's own rule within a group), so nothing is counted twice."""
+    if len(groups) <= 1:
+        return groups
+    return [
+        {
+            "params": set().union(*(g["params"] for g in groups)),
+            "intermediates": [node for g in groups for node in g["intermediates"]],
+            "grads": [grad for g in groups for grad in g.get("grads", [None] * len(g["intermediates"]))],
+        }
+    ]
 
 
 def _consumers(roots: Iterable[Node]) -> dict[Node, list[Node]]:

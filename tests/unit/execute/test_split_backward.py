@@ -1,6 +1,6 @@
 """The executor's completion of torch's split backward (autoplan/execute/split_backward.py): B and W as a
-zero-bubble stage runs them give the full backward's weight gradients, also where a stage output depends on
-weights alone (T5's position bias, sent on and used in the stage)."""
+zero-bubble stage runs them (torch's parameter groups as one) give the full backward's weight gradients, also
+where a stage output depends on weights alone (T5's position bias, sent on and used in the stage)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from autoplan.execute.split_backward import accumulate_weight_grads, weight_only_roots
+from autoplan.execute.split_backward import accumulate_weight_grads, one_param_group, weight_only_roots
 
 
 class _Stage(nn.Module):
@@ -34,7 +34,7 @@ def _grads(*, split: bool, complete: bool = True) -> dict[str, torch.Tensor]:
         roots = weight_only_roots(outputs=outputs, output_grads=output_grads, inputs=[x]) if complete else []
         _, groups = stage_backward_input(list(outputs), output_grads, [x], stage.parameters())
         accumulate_weight_grads(roots=roots, weights=stage.parameters())
-        stage_backward_weight(stage.parameters(), groups)
+        stage_backward_weight(stage.parameters(), one_param_group(groups) if complete else groups)
     return {name: p.grad for name, p in stage.named_parameters()}
 
 
