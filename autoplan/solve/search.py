@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, memory_budget, run_pricer, usable_bytes
 from autoplan.errors import PlanError
-from autoplan.solve import activation_offload, expert_layout, recompute_budget, space, tp_runnable
+from autoplan.solve import activation_offload, candidates, expert_layout, recompute_budget, space, tp_runnable
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
 from autoplan.solve.context_parallel import check_cp_pins, cp_sequence, folds_into_dp, variant_options
 from autoplan.solve.partitions import Partitions
@@ -145,21 +145,22 @@ class Search:
         """Bound (1) of the module docstring, in objective units."""
         return self.objective(self.step_lower_bound_s(g), g.degrees.devices)
 
-    def step_lower_bound_s(self, g: Group, b_min: float | None = None) -> float:
-        """Bound (1) of the module docstring, in seconds (at the bubble floor ``b_min``, else the group's)."""
+    def step_lower_bound_s(self, g: Group) -> float:
+        """Bound (1) of the module docstring, in seconds."""
+        per_microbatch_s, adam_s = self.bound_parts_s(g)
+        return (g.m + g.b_min) * per_microbatch_s + adam_s
+
+    def bound_parts_s(self, g: Group) -> tuple[float, float]:
+        """Bound (1)'s C_min / pp and optimizer_min, in seconds."""
         deg = g.degrees
         experts = self.cost_model.placement(routing=g.routing, **expert_layout.placement_degrees(deg))
         cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
         overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
         cp["fused"] = g.compile or True in overlap or self.runtime_fuses  # async TP compiles (compute/fusion.py)
-        step = (
-            (g.m + (g.b_min if b_min is None else b_min))
-            * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
-            / deg.pp
-        )
+        c_min_s = self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
         zero_dp = deg.dp_cp if any(z >= 1 for z in space.zero_options(dp=deg.dp_cp, fixes=self.fixes)) else 1
         held = expert_layout.held_floor(params=self.graph.param_count, experts=self.expert_params, deg=deg, zdp=zero_dp)
-        return step + self.bounds.adam_s(held)
+        return c_min_s / deg.pp, self.bounds.adam_s(held)
 
     # ---- the search --------------------------------------------------------------------
     def run(self) -> SearchResult:
@@ -238,14 +239,18 @@ class Search:
         dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
         own_bounds, extras = {}, {}  # bound (1) at each schedule's own bubble floor; _beaten_whatever_the_stages's
         share = self.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
+        per_microbatch_s, adam_s = self.bound_parts_s(g)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
             )
             if (schedule, v) not in own_bounds:
                 b = g.least_bubble([(schedule, v)], pp=deg.pp, share=share)
-                own_bounds[schedule, v] = max(bound, self.objective(self.step_lower_bound_s(g, b), deg.devices))
-            own = own_bounds[schedule, v]
+                own_bounds[schedule, v] = max(bound, self.objective((g.m + b) * per_microbatch_s + adam_s, deg.devices))
+            if self._beaten(own := own_bounds[schedule, v]):  # every ZeRO choice of it: one row
+                known = dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)
+                self._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
+                continue
             if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras):
                 continue
             stages = self._stages(base)
@@ -298,14 +303,7 @@ class Search:
         return True
 
     def _append_pruned(self, plan: Plan, sub: float) -> None:
-        self.candidates.append(
-            Candidate(
-                config=config_of(plan),
-                status="pruned",
-                lower_bound=sub,
-                reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {-self._top[0]:.4g}",
-            )
-        )
+        self.candidates.append(candidates.pruned_row(config_of(plan), sub, top=-self._top[0], keep=self.options.keep))
 
     def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int]]]:
         """(tp_comm_overlap, recompute, (schedule, v)) choices of a group: what sets its stage times."""
@@ -380,16 +378,13 @@ class Search:
     def _stages(self, plan: Plan) -> list[list[str]]:
         return self.partitions.stages(plan)
 
-    def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
-        deg = g.degrees
-        dp_choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
-        count = len(self._stage_options(g)) * len(dp_choices)
-        config = g.pruned_config()
-        reason = (
-            reason
-            or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {-self._top[0]:.4g}"
-        )
-        self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count, reason=reason))
+    def _prune_group(self, g: Group, bound: float, why: str, reason: str = "", count: int = 0, **known) -> None:
+        """One pruned row for the group, or for its ``count`` members with the ``known`` values."""
+        dp_choices = space.dp_options(self.profile, deg=g.degrees, fixes=self.fixes, options=self.options)
+        count = count or len(self._stage_options(g)) * len(dp_choices)
+        top, keep = (-self._top[0] if self._top else 0.0), self.options.keep
+        row = candidates.pruned_row({**g.pruned_config(), **known}, bound, top=top, keep=keep, why=why, reason=reason)
+        self.candidates.append(replace(row, count=count))
 
 
 def search(graph: Graph, profile: Profile, options: SearchOptions) -> SearchResult:
