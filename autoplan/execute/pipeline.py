@@ -37,6 +37,7 @@ from torch.distributed.pipelining.schedules import (
 from autoplan.errors import PlanError
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
+from autoplan.execute.split_backward import accumulate_weight_grads, one_param_group, weight_only_roots
 from autoplan.execute.tied import retie, tied_names
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
@@ -236,6 +237,33 @@ class _ZeroFilledStage(PipelineStage):
             with torch.no_grad():
                 tensor.zero_()
         return tensor
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
+        """Torch's backward step, its split W completed with the weight-only outputs' gradients
+        (autoplan/execute/split_backward.py): B records them before torch detaches the outputs and hands W
+        torch's parameter groups as one, W adds them before torch's W frees the graph. Full backwards are
+        left as they are."""
+        if backward_type == "weight":
+            roots = getattr(bwd_kwargs["param_groups"], "weight_only", [])
+            accumulate_weight_grads(roots=roots, weights=self.submod.parameters())
+        if backward_type != "input":
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        roots = weight_only_roots(
+            outputs=bwd_kwargs["stage_output"],
+            output_grads=bwd_kwargs["output_grads"],
+            inputs=bwd_kwargs["input_values"],
+        )
+        grads, groups = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        return grads, _ParamGroups(one_param_group(groups), weight_only=roots)
+
+
+class _ParamGroups(list):
+    """Torch's parameter groups of one B (``stage_backward_input``), carrying the weight-only outputs to
+    its W: the stage passes the groups from B to W untouched."""
+
+    def __init__(self, groups: list, *, weight_only: list) -> None:
+        super().__init__(groups)
+        self.weight_only = weight_only
 
 
 def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: pytree.TreeSpec) -> torch.Tensor:

@@ -180,6 +180,14 @@ class Group:
         return plan
 
 
+def pruned_row(config: dict, bound: float, *, top: float, keep: int, why: str = "", reason: str = "") -> Candidate:
+    """The row of configurations a lower bound ruled out (``why``: which bound), or ``reason`` when another
+    rule did."""
+    tag = f" ({why})" if why else ""
+    reason = reason or f"pruned{tag}: lower bound {bound:.4g} >= top-{keep} objective {top:.4g}"
+    return Candidate(config=config, status="pruned", lower_bound=bound, reason=reason)
+
+
 def rank_key(c: Candidate) -> tuple:
     """Objective first; on a tie, fewer model-parallel ranks (dp before tp before cp before pp)."""
     return (c.objective, c.plan.tp, c.plan.cp, c.plan.pp)

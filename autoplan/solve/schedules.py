@@ -5,10 +5,8 @@ rules: autoplan/types/schedules.py):
 - else gpipe and 1f1b; interleaved 1F1B with ``v >= 2`` where ``pp * v`` divides the blocks and ``pp``
   divides the micro-batch count (Megatron-LM's condition);
 - "interleaved_zb" (torch's ScheduleInterleavedZeroBubble) at v = 1 and each v of interleaved 1F1B, where
-  there are at least ``pp`` micro-batches and torch's rounds divide them, only under ``--fix schedule=zb``:
-  torch's split backward computes wrong weight gradients for some models (T5, whose position bias block 0
-  computes and later stages reuse: its relative-attention and tied embedding gradients 45-65% off under
-  ``--verify``), so the planner does not pick it unasked; a pinned plan should run ``--verify`` once.
+  there are at least ``pp`` micro-batches and torch's rounds divide them (the executor completes torch's split
+  backward where a stage sends a value made from weights alone: autoplan/execute/split_backward.py).
 
 A ``--fix schedule=...`` or ``v=...`` pin keeps only its options.
 """
@@ -27,8 +25,7 @@ def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict
         looped = [v for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
         if num_microbatches % pp == 0:
             options += [("interleaved_1f1b", v) for v in looped]
-        if fixes.get("schedule") == "interleaved_zb":  # opt-in (module docstring)
-            options += zero_bubble_options(pp=pp, virtual=looped, num_microbatches=num_microbatches)
+        options += zero_bubble_options(pp=pp, virtual=looped, num_microbatches=num_microbatches)
     if "schedule" in fixes:
         options = [o for o in options if o[0] == fixes["schedule"]] or (
             [(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] != "interleaved_1f1b" else []

@@ -12,12 +12,13 @@ visited in increasing bound (best-first branch and bound) and pruned once the bo
 
 ``C_min``: one micro-batch's forward + backward, every op divided tp ways, no communication (experts as
 CostModel prices them, cost/bounds.py; under cp 1/cp of the tokens plus each attention's K,V floor); ``b``:
-``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T), ``b_min`` the group's least; (2) uses the real
-stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync nothing hides: never above the priced step.
-Inside a group the tp_plan comes from the intra-op ILP (solve/tp_plan.py, again with its memory row when
-nothing fits), the stages from solve/pipeline.py; survivors are priced by ``CostModel.estimate``. Objective
-``time``: step time; ``cost``: dollars per sample or per run (cost/run/whole_run.py), both rising with the step
-time at fixed devices, so the bounds hold. A group whose ILP splits no op at tp > 1 is pruned unless tp is pinned.
+``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T), ``b_min`` the group's least, a member's (2) no
+less than (1) at its own b; (2) uses the real stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync
+nothing hides: never above the priced step. Inside a group the tp_plan comes from the intra-op ILP
+(solve/tp_plan.py, again with its memory row when nothing fits), the stages from solve/pipeline.py; survivors are
+priced by ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample or per run
+(cost/run/whole_run.py), both rising with the step time at fixed devices, so the bounds hold. A group whose ILP
+splits no op at tp > 1 is pruned unless tp is pinned.
 """
 
 from __future__ import annotations
@@ -28,13 +29,21 @@ from dataclasses import replace
 
 from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, memory_budget, run_pricer, usable_bytes
 from autoplan.errors import PlanError
-from autoplan.solve import activation_offload, expert_layout, moe_overlap, recompute_budget, space, tp_runnable
+from autoplan.solve import (
+    activation_offload,
+    candidates,
+    expert_layout,
+    moe_overlap,
+    recompute_budget,
+    space,
+    tp_runnable,
+)
 from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
-from autoplan.solve.context_parallel import cp_sequence, folds_into_dp, variant_options
+from autoplan.solve.context_parallel import cp_sequence
+from autoplan.solve.groups import bounded_groups
 from autoplan.solve.partitions import Partitions
 from autoplan.solve.pin_checks import check_option_pins
-from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
-from autoplan.solve.sparse_grads import keep_degrees, keep_dp_choices, sparse_tables
+from autoplan.solve.sparse_grads import keep_dp_choices, sparse_tables
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.tp_plan import TPChoice, TPPlanner
 from autoplan.types.cost import Cost
@@ -97,40 +106,8 @@ class Search:
 
     # ---- groups and their bounds -------------------------------------------------------
     def groups(self) -> list[tuple[float, Group]]:
-        opts, layers = self.options, self.moe_limits.pipeline_blocks
-        counts = space.device_counts(devices=opts.devices, objective=opts.objective, profile=self.profile)
-        found, per_node = [], self.profile.devices_per_node
-        kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=self.fixes, eps=self.moe_limits.eps)
-        kw.update(refused=self.refused, cp_seq_len=self.cp_seq_len, runtime=opts.runtime)
-        kw.update(etp_ok=expert_layout.expert_tp_ok(self.moe_limits))
-        degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=self.max_tp, **kw)]
-        degrees = keep_degrees(degrees, self.sparse_tables)
-        space.check_zero_pin(degrees, self.fixes, runtime=opts.runtime)
-        moe = any(layer.interface == "grouped" for layer in self.graph.moe_layers)
-        seq_lens = sequence_lengths(self.graph)
-        for deg in [d for d in degrees if space.zero_options(dp=d.dp_cp, fixes=self.fixes)]:  # ZeRO pins skip dp=1
-            local_seq_lens = tuple(n // deg.cp for n in seq_lens)  # what sp shards: a cp rank's part
-            for precision in space.precision_options(
-                self.profile, fixes=self.fixes, allow_fp8=self.options.allow_fp8, runtime=self.options.runtime
-            ):
-                for sp in sp_options(tp=deg.tp, seq_lens=local_seq_lens, fixes=self.fixes, pp=deg.pp, moe=moe):
-                    for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=self.fixes):
-                        if folds_into_dp(cp=deg.cp, mbs=mbs, fixes=self.fixes) or (expert_layout.folds(deg) and not sp):
-                            continue
-                        m = opts.batch_size // (deg.dp * mbs)
-                        schedules = space.schedule_options(
-                            pp=deg.pp, layers=layers, num_microbatches=m, fixes=self.fixes
-                        )
-                        if not schedules:
-                            continue
-                        share = self.bounds.zero_bubble_share(tp=deg.tp, precision=precision, mbs=mbs, cp=deg.cp)
-                        b_min = Group.least_bubble(schedules, pp=deg.pp, share=share)
-                        for variant in variant_options(self.profile, cp=deg.cp, fixes=self.fixes):
-                            compiled = bool(self.fixes.get("compile", False))
-                            group = Group(deg, precision, sp, mbs, m, b_min, routing=self.routing, cp_variant=variant,
-                                          runtime=opts.runtime, compile=compiled)  # fmt: skip
-                            found.append((self.lower_bound(group), group))
-        return sorted(found, key=lambda item: item[0])
+        """Every legal group with its bound (1), best first (solve/groups.py)."""
+        return bounded_groups(self)
 
     def lower_bound(self, g: Group) -> float:
         """Bound (1) of the module docstring, in objective units."""
@@ -138,20 +115,21 @@ class Search:
 
     def step_lower_bound_s(self, g: Group) -> float:
         """Bound (1) of the module docstring, in seconds."""
+        per_microbatch_s, adam_s = self.bound_parts_s(g)
+        return (g.m + g.b_min) * per_microbatch_s + adam_s
+
+    def bound_parts_s(self, g: Group) -> tuple[float, float]:
+        """Bound (1)'s C_min / pp and optimizer_min, in seconds."""
         deg = g.degrees
         experts = self.cost_model.placement(routing=g.routing, **expert_layout.placement_degrees(deg))
         cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
         overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
         cp["fused"] = g.compile or True in overlap or self.runtime_fuses  # async TP compiles (compute/fusion.py)
         cp["a2a_share"] = moe_overlap.a2a_floor_share(self.fixes, self.options.runtime)  # solve/moe_overlap.py
-        step = (
-            (g.m + g.b_min)
-            * self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
-            / deg.pp
-        )
+        c_min_s = self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
         zero_dp = deg.dp_cp if any(z >= 1 for z in space.zero_options(dp=deg.dp_cp, fixes=self.fixes)) else 1
         held = expert_layout.held_floor(params=self.graph.param_count, experts=self.expert_params, deg=deg, zdp=zero_dp)
-        return step + self.bounds.adam_s(held)
+        return c_min_s / deg.pp, self.bounds.adam_s(held)
 
     # ---- the search --------------------------------------------------------------------
     def run(self) -> SearchResult:
@@ -228,11 +206,21 @@ class Search:
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big = len(self.candidates), []
         dp_choices = self._dp_choices(deg)
+        own_bounds, extras = {}, {}  # bound (1) at each schedule's own bubble floor; _beaten_whatever_the_stages's
+        share = self.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
+        per_microbatch_s, adam_s = self.bound_parts_s(g)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
             )
-            if self._beaten_whatever_the_stages(g, base, bound, v, dp_choices, names):
+            if (schedule, v) not in own_bounds:
+                b = g.least_bubble([(schedule, v)], pp=deg.pp, share=share)
+                own_bounds[schedule, v] = max(bound, self.objective((g.m + b) * per_microbatch_s + adam_s, deg.devices))
+            if self._beaten(own := own_bounds[schedule, v]):  # every ZeRO choice of it: one row
+                known = dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)
+                self._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
+                continue
+            if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras):
                 continue
             stages = self._stages(base)
             for zero, grads in dp_choices:
@@ -251,7 +239,7 @@ class Search:
                 core_s = (g.m + self.stage_costs.bubble_floor(plan)) * max(times) + self.bounds.pp_comm_s(base)
                 core_s -= moe_overlap.hideable_s(self.stage_costs, plan, self.fixes)  # its overlapped twin's
                 extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
-                sub = max(bound, self.objective(core_s + extra_s, deg.devices))  # (2)
+                sub = max(own, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
                     self._append_pruned(plan, sub)
                     continue
@@ -264,18 +252,21 @@ class Search:
             too_big, priced_any=any(c.cost is not None for c in self.candidates[first:]), ilp_status=choice.status
         )
 
-    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, v: int, dp_choices, names) -> bool:
+    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, dp_choices, names, extras) -> bool:
         """Bound (2) with the slowest stage and its parameters at their floors under any partition
         (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
-        pruned without solving the partition."""
-        kw = dict(recompute=base.recompute, schedule=base.schedule, v=v, tp_plan=base.tp_plan, **names)
+        pruned without solving the partition. ``extras``: each ZeRO choice's step_extras_s, by recompute
+        and tp overlap (it reads no schedule), shared by the schedules of one tp_plan."""
+        kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
+        kw.update(names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
         core_s = (g.m + self.stage_costs.bubble_floor(base)) * floor_s + self.bounds.pp_comm_s(base)
         core_s -= moe_overlap.hideable_s(self.stage_costs, base, self.fixes)  # an overlapped twin could hide it
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
-        extras = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
-        subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras]
+        if (key := (base.recompute, base.tp_comm_overlap)) not in extras:
+            extras[key] = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
+        subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras[key]]
         if not all(self._beaten(sub) for sub in subs):
             return False
         for plan, sub in zip(plans, subs):
@@ -287,14 +278,7 @@ class Search:
         return keep_dp_choices(choices, self.sparse_tables)
 
     def _append_pruned(self, plan: Plan, sub: float) -> None:
-        self.candidates.append(
-            Candidate(
-                config=config_of(plan),
-                status="pruned",
-                lower_bound=sub,
-                reason=f"pruned: lower bound {sub:.4g} >= top-{self.options.keep} objective {-self._top[0]:.4g}",
-            )
-        )
+        self.candidates.append(candidates.pruned_row(config_of(plan), sub, top=-self._top[0], keep=self.options.keep))
 
     def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int]]]:
         """(tp_comm_overlap, recompute, (schedule, v)) choices of a group: what sets its stage times."""
@@ -372,16 +356,13 @@ class Search:
     def _stages(self, plan: Plan) -> list[list[str]]:
         return self.partitions.stages(plan)
 
-    def _prune_group(self, g: Group, bound: float, why: str, reason: str = "") -> None:
-        deg = g.degrees
-        dp_choices = self._dp_choices(deg)
-        count = len(self._stage_options(g)) * len(dp_choices)
-        config = g.pruned_config()
-        reason = (
-            reason
-            or f"pruned ({why}): lower bound {bound:.4g} >= top-{self.options.keep} objective {-self._top[0]:.4g}"
-        )
-        self.candidates.append(Candidate(config=config, status="pruned", lower_bound=bound, count=count, reason=reason))
+    def _prune_group(self, g: Group, bound: float, why: str, reason: str = "", count: int = 0, **known) -> None:
+        """One pruned row for the group, or for its ``count`` members with the ``known`` values."""
+        dp_choices = self._dp_choices(g.degrees)
+        count = count or len(self._stage_options(g)) * len(dp_choices)
+        top, keep = (-self._top[0] if self._top else 0.0), self.options.keep
+        row = candidates.pruned_row({**g.pruned_config(), **known}, bound, top=top, keep=keep, why=why, reason=reason)
+        self.candidates.append(replace(row, count=count))
 
 
 def search(graph: Graph, profile: Profile, options: SearchOptions) -> SearchResult:

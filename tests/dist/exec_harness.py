@@ -24,7 +24,8 @@ import torch.multiprocessing as mp
 from autoplan.jobs.launcher import free_port
 from autoplan.types.plan import Plan
 
-MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE",
+MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "gpt_encdec": "EncoderDecoderGPT",
+          "llama": "TinyLlama", "llama3p": "ThirdPartyLlama", "moe": "TinyMoE",
           "moe_skewed": "SkewedMoE", "gpt_bidirectional": "BidirectionalGPT", "llama_enable_gqa": "SdpaGQALlama",
           "lora": "LoRALlama", "gpt_sparse": "SparseGPT"}
 

@@ -68,6 +68,42 @@ class SparseGPT(TinyGPT):
         self.wte.sparse = True
 
 
+class BiasBlock(GPTBlock):
+    """A GPT block over a second stream beside the first's output (``memory``), with T5's position bias: the
+    first such block makes it from its own weight alone and hands it to the next (T5's relative attention)."""
+
+    def __init__(self, *, makes_bias: bool):
+        super().__init__()
+        self.rel = nn.Embedding(SEQ, DIM) if makes_bias else None
+
+    def forward(self, x, memory, bias=None):
+        if self.rel is not None:
+            bias = self.rel(torch.arange(x.size(1), device=x.device))
+        return super().forward(x + bias + memory), bias
+
+
+class EncoderDecoderGPT(nn.Module):
+    """T5's two stage outputs that depend on weights alone, in a 4-chunk pipeline: the second stream's tied
+    token embedding, looked up after block 1 (the end of chunk 1), and block 2's position bias, sent to
+    block 3 (autoplan/execute/split_backward.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte, self.dec_wte = nn.Embedding(VOCAB, DIM), nn.Embedding(VOCAB, DIM)
+        self.h = nn.ModuleList([GPTBlock(), GPTBlock(), BiasBlock(makes_bias=True), BiasBlock(makes_bias=False)])
+        self.ln_f, self.lm_head = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
+        self.lm_head.weight = self.dec_wte.weight = self.wte.weight  # T5's one shared embedding
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        for block in self.h[:2]:
+            x = block(x)
+        y, bias = self.dec_wte(idx.flip(1)), None
+        for block in self.h[2:]:
+            y, bias = block(y, x, bias)
+        return self.lm_head(self.ln_f(y))
+
+
 class GQAAttention(nn.Module):
     def __init__(self):
         super().__init__()

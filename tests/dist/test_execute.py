@@ -50,6 +50,12 @@ TWO = [
     ("pp2_interleaved_rope_args", "llama3p", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
     # ZB-H1 (torch's ScheduleInterleavedZeroBubble, one stage per rank): B and W apart, W of a checkpointed block
     ("pp2_zb_h1_recompute_full", "gpt", dict(pp=2, schedule="interleaved_zb", num_microbatches=2, recompute="full")),
+    # zero-bubble over T5's stage outputs made from weights alone (a tied embedding looked up at chunk 1's end, a
+    # position bias block 2 makes and sends on): torch's W leaves their gradients out (execute/split_backward.py)
+    ("pp2_zb_v2_weight_only_outputs", "gpt_encdec", dict(pp=2, schedule="interleaved_zb", virtual_stages=2)),
+    # ZB-H1 over the same model: torch's W, one autograd.grad per parameter group without the graph kept, freed
+    # nodes another group's backward needed (T5's last stage); W over the groups as one (execute/split_backward.py)
+    ("pp2_zb_h1_shared_nodes", "gpt_encdec", dict(pp=2, schedule="interleaved_zb")),
     # context parallelism (execute/context_parallel.py): causal attention over head-tail shards,
     # positions made before the blocks (GPT's arange, Llama's rotary buffers sliced at each block)
     ("cp2_gpt", "gpt", dict(cp=2)),

@@ -119,17 +119,15 @@ def test_zero_bubble_prices_a_smaller_bubble_and_more_memory_than_1f1b():
     assert zb.peak_memory_bytes > base.peak_memory_bytes  # every stage holds p micro-batches until their W
 
 
-def test_the_search_offers_zero_bubble_only_pinned_and_where_torch_runs_it():
-    """Opt-in (solve/schedules.py): unpinned, no zero-bubble option; pinned, v = 1 and each looped v, where
-    there are at least pp micro-batches in rounds torch can run."""
-    assert not [o for o in schedule_options(pp=2, layers=4, num_microbatches=4, fixes={}) if o[0] == "interleaved_zb"]
-    pin = parse_fixes("schedule=zb")
-    assert schedule_options(pp=2, layers=4, num_microbatches=4, fixes=pin) == [
-        ("interleaved_zb", 1),
-        ("interleaved_zb", 2),
-    ]
-    assert not schedule_options(pp=4, layers=8, num_microbatches=2, fixes=pin)
-    assert not schedule_options(pp=4, layers=8, num_microbatches=9, fixes=pin)
+def test_the_search_offers_zero_bubble_where_torch_runs_it_and_a_pin_keeps_it():
+    """Unpinned (solve/schedules.py): v = 1 and each looped v, where there are at least pp micro-batches in
+    rounds torch can run; a pin keeps only those."""
+    options = schedule_options(pp=2, layers=4, num_microbatches=4, fixes={})
+    assert ("interleaved_zb", 1) in options and ("interleaved_zb", 2) in options
+    assert not [o for o in schedule_options(pp=4, layers=8, num_microbatches=2, fixes={}) if o[0] == "interleaved_zb"]
+    assert not [o for o in schedule_options(pp=4, layers=8, num_microbatches=9, fixes={}) if o[0] == "interleaved_zb"]
+    pinned = schedule_options(pp=2, layers=4, num_microbatches=4, fixes=parse_fixes("schedule=zb"))
+    assert pinned == [("interleaved_zb", 1), ("interleaved_zb", 2)]
 
 
 @pytest.mark.parametrize(
