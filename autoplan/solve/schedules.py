@@ -9,13 +9,16 @@ rules: autoplan/types/schedules.py):
   torch's split backward computes wrong weight gradients for some models (T5, whose position bias block 0
   computes and later stages reuse: its relative-attention and tied embedding gradients 45-65% off under
   ``--verify``), so the planner does not pick it unasked; a pinned plan should run ``--verify`` once.
+- "zbv" and "dualpipev" (torch's V schedules, v = 2) where the model has at least 2 pp blocks and there are
+  at least 2 pp micro-batches, under the same policy (``--fix schedule=zbv`` or ``dualpipev``): they split
+  the backward as interleaved_zb does (DualPipeV in its cool-down).
 
 A ``--fix schedule=...`` or ``v=...`` pin keeps only its options.
 """
 
 from __future__ import annotations
 
-from autoplan.types.schedules import zero_bubble_rounds
+from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
 
 
 def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict) -> list[tuple[str, int]]:
@@ -29,9 +32,11 @@ def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict
             options += [("interleaved_1f1b", v) for v in looped]
         if fixes.get("schedule") == "interleaved_zb":  # opt-in (module docstring)
             options += zero_bubble_options(pp=pp, virtual=looped, num_microbatches=num_microbatches)
+        if fixes.get("schedule") in V_SCHEDULES and 2 * pp <= min(layers, num_microbatches):  # opt-in, too
+            options += [(fixes["schedule"], 2)]
     if "schedule" in fixes:
         options = [o for o in options if o[0] == fixes["schedule"]] or (
-            [(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] != "interleaved_1f1b" else []
+            [(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] not in ("interleaved_1f1b", *V_SCHEDULES) else []
         )
     if "v" in fixes:
         options = [o for o in options if o[1] == fixes["v"]]

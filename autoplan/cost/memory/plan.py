@@ -32,6 +32,7 @@ from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedules import plan_last_stage
 
 
 class PlanMemory:
@@ -155,6 +156,6 @@ def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:
     """The most trainable parameters one ZeRO-1 unit of the stage holds (execute/param_gather.py): a
     block, or all outside them (the summaries of the nodes before the first block, on stage 0, and
     after the last, on the last stage, are one unit with them)."""
-    start, end = (1 if index == 0 else 0), len(stage.blocks) - (1 if index == plan.pp - 1 else 0)
+    start, end = (1 if index == 0 else 0), len(stage.blocks) - (1 if index == plan_last_stage(plan) else 0)
     blocks = [b.trainable_param_count for b in stage.blocks[start:end]]
     return max(blocks + [stage.trainable_params - sum(blocks)])

@@ -26,8 +26,9 @@ Both hold for m >= p, which types/schedules.py requires (with fewer, torch's sch
 
 from __future__ import annotations
 
+from autoplan.cost.pp.replay import held_at_peak
 from autoplan.types.plan import Plan
-from autoplan.types.schedules import ZERO_BUBBLE, zero_bubble_rounds
+from autoplan.types.schedules import V_SCHEDULES, ZERO_BUBBLE, zero_bubble_rounds
 
 
 def zero_bubble_s(*, schedule: str, pp: int, virtual_stages: int, micro_batch_s: float, wgrad_s: float) -> float:
@@ -46,7 +47,11 @@ def zero_bubble_in_flight(*, pp: int, num_microbatches: int, virtual_stages: int
 
 def pending_weight_grads(plan: Plan, stage: int) -> float:
     """Micro-batches (in units of the whole stage) whose B ``stage`` has run and whose W it has not, at its
-    activation peak (module docstring); 0 for a schedule that runs each backward whole."""
+    activation peak (module docstring; a V schedule's from its replay); 0 for a schedule that runs each
+    backward whole."""
+    if plan.schedule in V_SCHEDULES:  # the replay's count at its peak (cost/pp/replay.py)
+        peak = held_at_peak(schedule=plan.schedule, pp=plan.pp, m=plan.num_microbatches, rank=stage)
+        return peak[1] / plan.virtual_stages
     return (stage + 1) / plan.virtual_stages if plan.schedule in ZERO_BUBBLE and plan.pp > 1 else 0.0
 
 
