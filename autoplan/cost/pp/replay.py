@@ -108,14 +108,20 @@ def replay_bubble_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: fl
 
 
 @lru_cache(maxsize=1024)
-def held_at_peak(*, schedule: str, pp: int, m: int, rank: int) -> tuple[int, int]:
-    """(micro-batch chunks whose activations ``rank`` holds at its peak, of them those whose B ran and W did not)
-    (module docstring); an F&B counts its forward before its backward frees, as torch runs them."""
+def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int], ...]:
+    """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not) no other state of
+    its order exceeds in both (module docstring): one of them is the peak, whatever a chunk's activations and
+    kept output gradients weigh. An F&B counts its forward before its backward frees, as torch runs them."""
     held = pending = 0
-    peak = (0, 0)
+    states = set()
     for action in v_order(schedule, pp=pp, m=m)[rank]:
         for kind in ("F", "BW") if action[0] == "FB" else (action[0],):
             held += {"F": 1, "W": -1, "BW": -1}.get(kind, 0)
             pending += {"B": 1, "W": -1}.get(kind, 0)
-            peak = max(peak, (held, pending))
-    return peak
+            states.add((held, pending))
+    return tuple(sorted(s for s in states if not any(o != s and o[0] >= s[0] and o[1] >= s[1] for o in states)))
+
+
+def held_at_peak(*, schedule: str, pp: int, m: int, rank: int) -> tuple[int, int]:
+    """The state of :func:`held_states` with the most chunks held (and of those the most gradients kept)."""
+    return max(held_states(schedule=schedule, pp=pp, m=m, rank=rank))
