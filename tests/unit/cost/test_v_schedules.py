@@ -155,3 +155,17 @@ def test_the_search_offers_v_schedules_only_pinned_and_where_they_run():
 def test_v_plans_that_cannot_run_are_one_sentence(kw, words):
     with pytest.raises(PlanError, match=words):
         _v_plan("zbv", **kw)
+
+
+@pytest.mark.parametrize("framework,words", [("megatron", "Megatron-Core 0.16 loops"), ("deepspeed", "DeepSpeed runs")])
+def test_export_refuses_a_v_schedule_where_the_framework_cannot_place_it_in_one_sentence(
+    framework, words, tmp_path, capsys
+):
+    from autoplan.cli import main
+
+    path = tmp_path / "plan.json"
+    _v_plan("dualpipev", devices=2, pp=2, num_microbatches=4).save(path)
+    assert main(["export", str(path), "--to", framework, "--out", str(tmp_path / framework)]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("autoplan: error: schedule=dualpipev: " + words) and said.count("\n") == 0
+    assert "cannot place two chunks per rank in a V" in said and "Traceback" not in said

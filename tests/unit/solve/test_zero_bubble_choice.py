@@ -55,3 +55,14 @@ def test_the_batch_sensitivity_skips_batches_a_zero_bubble_plan_cannot_run():
     flat = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=8)
     found = batch_threshold(CostModel(GRAPH, PROFILE), [piped, flat], objective_fn("time", PROFILE, 16))
     assert found.knob == "global batch size"
+
+
+def test_a_v_schedule_is_searched_only_pinned_and_explain_says_what_it_saves_and_pays():
+    """zbv and dualpipev (docs/cost-model.md, "V schedules"): offered under their pin at v = 2, set against
+    interleaved 1F1B over the same chunks in one sentence."""
+    for name in ("zbv", "dualpipev"):
+        result = _search(f"pp=2,mbs=2,zero=0,recompute=none,schedule={name}")
+        assert (result.best.schedule, result.best.virtual_stages) == (name, 2)
+        said = explain_result(result, graph=GRAPH, profile=PROFILE, sensitivity=False).zero_bubble
+        assert said.startswith(f"schedule {name} (") and "under interleaved_1f1b over the same chunks" in said
+        assert said.count(". ") == 0 and said.endswith("peaks.")
