@@ -52,7 +52,7 @@ from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.recompute import recomputed_blocks
-from autoplan.types.schedules import plan_last_stage, plan_stage_of_chunk
+from autoplan.types.schedules import plan_chunk_stages, plan_last_stage, v_shaped
 
 ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
 
@@ -149,8 +149,8 @@ class CostModel:
     # ---- the plan ------------------------------------------------------------------------
     def stage_layers(self, plan: Plan, stage: int) -> list[str]:
         """The blocks pipeline stage ``stage`` runs: those of its chunks (autoplan/types/layout.py)."""
-        chunks = enumerate(self._chunks(plan))
-        return [layer for c, chunk in chunks if plan_stage_of_chunk(plan, c) == stage for layer in chunk]
+        chunks = self._chunks(plan)
+        return [layer for k, c in zip(plan_chunk_stages(plan, len(chunks)), chunks) if k == stage for layer in c]
 
     def _chunks(self, plan: Plan) -> list[list[str]]:
         if not plan.stages:
@@ -200,8 +200,8 @@ class CostModel:
 
     def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
-        schedule (but not the V placement: each chunk's stage is in the key) share them."""
-        chunks = tuple((plan_stage_of_chunk(plan, c), *chunk) for c, chunk in enumerate(self._chunks(plan)))
+        schedule (but not the V placement, which the key holds) share them."""
+        chunks = (v_shaped(plan.schedule), *(tuple(chunk) for chunk in self._chunks(plan)))  # placement, chunks
         budget = (tuple(plan.recompute_blocks), plan.offload_activations)  # which blocks recompute, the rest offload?
         key = ("stages", *ctx.key, plan.recompute, budget, plan.pp, chunks, plan.tp_comm_overlap)
         return self._memo.get(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
@@ -212,8 +212,9 @@ class CostModel:
         pre, post = self.outside_summaries(tp_plan, ctx, plan.tp_comm_overlap)
         rerun = set(self.recomputed_layers(plan))  # the outside nodes run as their stage's blocks (cost/stages.py)
         add_block(stages[0], pre, recompute=self._outside_recompute(plan, rerun, 0), is_block=False)
-        for index, chunk in enumerate(self._chunks(plan)):
-            stage = stages[plan_stage_of_chunk(plan, index)]
+        chunks = self._chunks(plan)
+        for index, (k, chunk) in enumerate(zip(plan_chunk_stages(plan, len(chunks)), chunks)):
+            stage = stages[k]  # chunk index runs on stage k (types/layout.py)
             for position, layer in enumerate(chunk):
                 block = summaries[layer]
                 if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)

@@ -61,6 +61,11 @@ class PartitionProblem:
         if len(cuts) != self.layers + 1:
             raise ValueError(f"cut_s has {len(cuts)} entries; {self.layers} layers need one per boundary.")
         self._cut = np.asarray(cuts, dtype=float)
+        chunks = range(self.chunks)  # looping: every chunk but the first receives (the common case, built fast)
+        sent = (
+            [sent_from_prior(c, pp=self.pp, v_shape=True) for c in chunks] if self.v_shape else [c > 0 for c in chunks]
+        )
+        self._sent = [*sent, False]  # chunk C: past the last
 
     @property
     def layers(self) -> int:
@@ -80,7 +85,7 @@ class PartitionProblem:
     def sent(self, chunk: int) -> bool:
         """Whether chunk ``chunk`` (0..C) receives from another stage: not the first, not past the last, not the
         V's turn."""
-        return chunk < self.chunks and sent_from_prior(chunk, pp=self.pp, v_shape=self.v_shape)
+        return self._sent[chunk]
 
     def neighbours(self, chunk: int) -> int:
         return self.sent(chunk) + self.sent(chunk + 1)

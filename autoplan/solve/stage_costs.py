@@ -40,7 +40,7 @@ from autoplan.types.expert_layout import expert_dp
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
-from autoplan.types.schedules import plan_last_stage, plan_stage_of_chunk, v_shaped
+from autoplan.types.schedules import plan_chunk_stages, plan_last_stage, v_shaped
 
 
 class StageCosts:
@@ -141,8 +141,7 @@ class StageCosts:
         times[plan_last_stage(plan)] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
         params[0] += pre.param_count
         params[plan_last_stage(plan)] += post.param_count
-        for index, chunk in enumerate(stages):
-            stage = plan_stage_of_chunk(plan, index)
+        for stage, chunk in zip(plan_chunk_stages(plan, len(stages)), stages):
             times[stage] += sum(times_of[layer] for layer in chunk)
             params[stage] += sum(params_of[layer] for layer in chunk)
         return times, params

@@ -42,6 +42,12 @@ def plan_stage_of_chunk(plan: Any, chunk: int) -> int:
     return stage_of_chunk(chunk, pp=plan.pp, v_shape=v_shaped(plan.schedule))
 
 
+def plan_chunk_stages(plan: Any, chunks: int) -> list[int]:
+    """:func:`plan_stage_of_chunk` of chunks 0 .. ``chunks`` - 1, the placement read once."""
+    v_shape = v_shaped(plan.schedule)
+    return [stage_of_chunk(c, pp=plan.pp, v_shape=v_shape) for c in range(chunks)]
+
+
 def plan_last_stage(plan: Any) -> int:
     """The stage of ``plan`` that runs its last chunk, the modules after the last block and the loss
     (types/layout.py: pp - 1, or stage 0 in a V)."""
