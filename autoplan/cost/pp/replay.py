@@ -6,22 +6,22 @@ cost/pp/split_backward.py), each rank runs its actions in the order torch's sche
 (:mod:`autoplan.cost.pp.v_orders`). The replay starts an action when its rank is free and its input has
 arrived: F(c, i) after F(c - 1, i), B(c, i) after B(c + 1, i) (the last chunk's after its own F), plus a
 send where the two chunks sit on different ranks (the V's turn, chunks p - 1 and p, is local); W after
-its B. DualPipeV's F&B pair (the forward of one micro-batch beside the whole backward of another) waits
-for both inputs, takes :func:`fb_pair_s` and hands both outputs on when it ends. Then
+its B. DualPipeV's F&B pair (the forward of one micro-batch beside the whole backward of another) runs as
+torch runs it without an overlap function, its forward then its backward, each on its own input; a pair that
+overlaps (:func:`fb_pair_s` below F + B) waits for both inputs and hands both outputs on at its end. Then
 
-    span   = the last rank's finish;   bubble = span - m (2F + 2B + 2W)   (a rank's own work is m chunk pairs)
-    held   = per rank, the most micro-batch chunks whose F ran and whose W (or whole backward) did not,
-             and of them those whose B ran (their output gradients kept until W)
+    bubble = the last rank's finish - m (2F + 2B + 2W)   (a rank's own work: m micro-batches of two chunks)
+    held   = per rank, chunks whose F ran and W (or whole backward) did not, and of them those past their B
 
 deepseek-ai/DualPipe's README (F, B a chunk's forward and whole backward, W its weight part, F&B a pair)
 states 1F1B (PP - 1)(F + B), ZB1P (PP - 1)(F + B - 2W) and DualPipe (PP/2 - 1)(F&B + B - 3W) with PP + 1
 micro-batches of activations and 2x the parameters (both directions' chunks). DualPipeV is that V cut in
-half: p ranks, 2p chunks, 1x a 1F1B stage's parameters; the replay of torch's order gives the README's
-(PP/2 - 1)(F&B + B - 3W) with PP = 2p at equal F, B, W and 2p + 1 chunks (p + 1/2 stages) of activations.
-ZBV replays to (p - 1) chunk forwards at equal times, the last rank's wait for the V's first leg, and
-holds 2p chunks (p stages, 1F1B's). The replay differs from such tables where F, B, W are unequal (it times
-every action, so the idle slots are the orders' own) and where torch runs an F&B's halves one after the other
-(on gloo and without a registered overlap function: :func:`fb_pair_s` = F + B).
+half: p ranks, 2p chunks, 1x a 1F1B stage's parameters, 2p + 1 chunks (p + 1/2 stages) of activations here.
+At equal F, B, W its pairs taken whole tend to the README's (PP/2 - 1)(F&B + B - 3W), PP = 2p, as F&B -> F + B;
+run apart (today) they replay to ZBV's bubble, (p - 1) chunk forwards: the last rank's wait for the V's first
+leg; ZBV holds 2p chunks (p stages, 1F1B's). The replay differs from such tables where F, B, W are unequal (it
+times every action, so the idle slots are the orders' own) and in F&B, which runs apart until an overlap
+function is registered (:func:`fb_pair_s`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,15 @@ def _needs(action: Action, *, chunks: int) -> list[tuple[str, int, int]]:
     return [("B", c + 1, i)] if c < chunks - 1 else [("F", c, i)]
 
 
+def _unpaired(actions: Sequence[Action], seconds: dict[str, float]) -> Sequence[Action]:
+    """``actions`` with each F&B pair run as its forward, then its backward, where the pair overlaps nothing
+    (:func:`fb_pair_s` no shorter than the two apart: torch's sequential execution, each half starting on its
+    own input); a pair that overlaps stays one action."""
+    if seconds.get("FB", float("inf")) < seconds.get("F", 0.0) + seconds.get("BW", 0.0):
+        return actions
+    return [half for a in actions for half in ([("F", *a[1:3]), ("BW", *a[3:5])] if a[0] == "FB" else [a])]
+
+
 def _produces(action: Action) -> list[tuple[str, int, int]]:
     kind = action[0]
     if kind == "FB":
@@ -77,6 +86,7 @@ def replay_finish_s(
     ``seconds`` per action kind (module docstring), O(actions): a rank runs its order until an input is
     missing, and resumes when the action that makes it ends."""
     chunks, ranks = len(place), len(order)
+    order = [_unpaired(actions, seconds) for actions in order]
     done: dict[tuple[str, int, int], float] = {}
     waiting: dict[tuple[str, int, int], list[int]] = {}
     clock, at = [0.0] * ranks, [0] * ranks
