@@ -213,8 +213,7 @@ class CostModel:
         rerun = set(self.recomputed_layers(plan))  # the outside nodes run as their stage's blocks (cost/stages.py)
         add_block(stages[0], pre, recompute=self._outside_recompute(plan, rerun, 0), is_block=False)
         chunks = self._chunks(plan)
-        for index, (k, chunk) in enumerate(zip(plan_chunk_stages(plan, len(chunks)), chunks)):
-            stage = stages[k]  # chunk index runs on stage k (types/layout.py)
+        for index, (stage, chunk) in enumerate(zip([stages[k] for k in plan_chunk_stages(plan, len(chunks))], chunks)):
             for position, layer in enumerate(chunk):
                 block = summaries[layer]
                 if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
@@ -223,7 +222,8 @@ class CostModel:
                 add_block(stage, block, recompute=plan.recompute if layer in rerun else "none")
                 if plan.offload_activations and layer not in rerun:  # types/activation_offload.py
                     offload_block(stage, block, link_bytes_per_s=link_bytes_per_s(self.profile))
-        last = plan_last_stage(plan)  # pp - 1, or stage 0 in a V (types/layout.py)
+        last = plan_last_stage(plan)  # pp - 1, or stage 0 in a V (types/layout.py), whose first and last chunk
+        stages[last].param_names -= set() if len(chunks) == 1 else set(pre.param_names)  # each hold a tied copy
         add_block(stages[last], post, recompute=self._outside_recompute(plan, rerun, last), is_block=False)
         return stages
 

@@ -48,8 +48,9 @@ TWO = [
     ("pp2_interleaved_rope_args", "llama3p", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
     # ZB-H1 (torch's ScheduleInterleavedZeroBubble, one stage per rank): B and W apart, W of a checkpointed block
     ("pp2_zb_h1_recompute_full", "gpt", dict(pp=2, schedule="interleaved_zb", num_microbatches=2, recompute="full")),
-    # the V schedules (types/layout.py): stage 0 runs chunks 0 and 3 (the loss), stage 1 the V's turn, chunks 1, 2
-    ("pp2_zbv", "gpt", dict(pp=2, schedule="zbv", virtual_stages=2, num_microbatches=4)),
+    # the V schedules (types/layout.py): stage 0 runs chunks 0 and 3 (the loss; a tied embedding's two copies
+    # summed on the rank), stage 1 the V's turn, chunks 1, 2
+    ("pp2_zbv_tied", "gpt_tied", dict(pp=2, schedule="zbv", virtual_stages=2, num_microbatches=4)),
     ("pp2_dualpipev_gqa", "llama", dict(pp=2, schedule="dualpipev", virtual_stages=2, num_microbatches=4)),
     # context parallelism (execute/context_parallel.py): causal attention over head-tail shards,
     # positions made before the blocks (GPT's arange, Llama's rotary buffers sliced at each block)

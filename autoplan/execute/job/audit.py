@@ -310,7 +310,8 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
     groups counted as pp; every rank's record with its pipeline stage, on rank 0 (None elsewhere)."""
     from autoplan.execute.mesh import coordinates
 
-    ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
+    pairs = trainer.tie_sync.pairs if trainer.tie_sync is not None else []
+    ties = {group.group_name: "pp" for group, _ in pairs if group is not None}  # None: copies on one rank, summed
     experts = getattr(trainer, "experts", None)
     context = getattr(trainer, "context", None)
     groups = group_dims(trainer.mesh, ties, experts, grad_mesh=getattr(trainer, "grad_mesh", None))

@@ -173,3 +173,30 @@ def test_export_refuses_a_v_schedule_where_the_framework_cannot_place_it_in_one_
     said = capsys.readouterr().err.strip()
     assert said.startswith("autoplan: error: schedule=dualpipev: " + words) and said.count("\n") == 0
     assert "cannot place two chunks per rank in a V" in said and "Traceback" not in said
+
+
+def test_a_weight_tied_across_the_vs_first_and_last_chunk_is_held_twice_on_stage_0():
+    """The executor runs each chunk as its own stage module: an embedding tied to the head is two Parameters on
+    stage 0 in a V (summed locally, no pp all-reduce), one per stage module elsewhere."""
+    from autoplan.trace import trace
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = torch.nn.Embedding(64, 16)
+            self.h = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))
+            self.head = torch.nn.Linear(16, 64, bias=False)
+            self.head.weight = self.wte.weight
+
+        def forward(self, idx):
+            x = self.wte(idx)
+            for block in self.h:
+                x = block(x)
+            return self.head(x)
+
+    model = CostModel(trace(Tied(), (torch.zeros(4, 8, dtype=torch.long),)), a100_profile())
+    for schedule, tied_copies in (("zbv", 2), ("interleaved_1f1b", 1)):
+        plan = _v_plan(schedule, devices=2, pp=2, num_microbatches=4)
+        stages, _, _ = model.priced_stages(plan)
+        assert stages[0].params - 2 * (16 * 16 + 16) == tied_copies * 64 * 16, schedule
+        assert not model.tied.elements_by_stage(plan, model._chunks(plan), stages) or schedule != "zbv"
