@@ -37,6 +37,7 @@ from autoplan.cost.network.mesh import plan_mesh_groups
 from autoplan.cost.op_table import priced_ops
 from autoplan.cost.pp.partition import block_time_s, cut_s, kept_bytes, stage_capacity_bytes, state_bytes_per_param
 from autoplan.cost.pp.schedule import balanced_stages, bubble_floor, in_flight_chunks
+from autoplan.cost.pp.v_orders import v_order
 from autoplan.cost.pp.zero_bubble import bubble_share
 from autoplan.cost.run.reliability import not_priced_reason as reliability_not_priced
 from autoplan.cost.run.reliability import prediction_fields as reliability_fields
@@ -112,4 +113,5 @@ __all__ = [
     "plan_mesh_groups",
     "predict_volumes",
     "run_summary",
+    "v_order",
 ]

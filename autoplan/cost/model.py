@@ -37,7 +37,7 @@ from autoplan.cost.moe.experts import ExpertPlacement, check_divides
 from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups, plan_mesh_groups
 from autoplan.cost.pp import messages as pp_messages
-from autoplan.cost.pp.schedule import balanced_stages, pipeline_bubble_s
+from autoplan.cost.pp.schedule import balanced_stages, stage_bubble_s
 from autoplan.cost.pp.tied import TiedWeightSync
 from autoplan.cost.stages import StageTotals, add_block
 from autoplan.cost.tp.default import default_tp_plan
@@ -50,11 +50,11 @@ from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import experts_apart
 from autoplan.types.graph import PARAM_KINDS, Graph
 from autoplan.types.hsdp import shard_view
-from autoplan.types.layout import stage_of_chunk
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.recompute import recomputed_blocks
+from autoplan.types.schedules import plan_chunk_stages, plan_last_stage, v_shaped
 
 ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
 
@@ -151,8 +151,8 @@ class CostModel:
     # ---- the plan ------------------------------------------------------------------------
     def stage_layers(self, plan: Plan, stage: int) -> list[str]:
         """The blocks pipeline stage ``stage`` runs: those of its chunks (autoplan/types/layout.py)."""
-        chunks = enumerate(self._chunks(plan))
-        return [layer for c, chunk in chunks if stage_of_chunk(c, pp=plan.pp) == stage for layer in chunk]
+        chunks = self._chunks(plan)
+        return [layer for k, c in zip(plan_chunk_stages(plan, len(chunks)), chunks) if k == stage for layer in c]
 
     def _chunks(self, plan: Plan) -> list[list[str]]:
         if not plan.stages:
@@ -201,9 +201,8 @@ class CostModel:
         )
 
     def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
-        """Per-stage totals, memoised (read-only): candidates that differ only in ZeRO stage or
-        schedule share them."""
-        chunks = tuple(tuple(chunk) for chunk in self._chunks(plan))
+        """Per-stage totals, memoised (read-only): shared by plans apart only in ZeRO or schedule (not V placement)."""
+        chunks = (v_shaped(plan.schedule), *(tuple(chunk) for chunk in self._chunks(plan)))  # placement, chunks
         budget = (tuple(plan.recompute_blocks), plan.offload_activations)  # which blocks recompute, the rest offload?
         key = ("stages", *ctx.key, plan.recompute, budget, plan.pp, chunks, plan.tp_comm_overlap)
         return self._memo.get(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
@@ -214,8 +213,8 @@ class CostModel:
         pre, post = self.outside_summaries(tp_plan, ctx, plan.tp_comm_overlap)
         rerun = set(self.recomputed_layers(plan))  # the outside nodes run as their stage's blocks (cost/stages.py)
         add_block(stages[0], pre, recompute=self._outside_recompute(plan, rerun, 0), is_block=False)
-        for index, chunk in enumerate(self._chunks(plan)):
-            stage = stages[stage_of_chunk(index, pp=plan.pp)]
+        chunks = self._chunks(plan)
+        for index, (stage, chunk) in enumerate(zip([stages[k] for k in plan_chunk_stages(plan, len(chunks))], chunks)):
             for position, layer in enumerate(chunk):
                 block = summaries[layer]
                 if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
@@ -224,7 +223,9 @@ class CostModel:
                 add_block(stage, block, recompute=plan.recompute if layer in rerun else "none")
                 if plan.offload_activations and layer not in rerun:  # types/activation_offload.py
                     offload_block(stage, block, link_bytes_per_s=link_bytes_per_s(self.profile))
-        add_block(stages[-1], post, recompute=self._outside_recompute(plan, rerun, plan.pp - 1), is_block=False)
+        last = plan_last_stage(plan)  # pp - 1, or stage 0 in a V (types/layout.py), whose first and last chunk
+        stages[last].param_names -= set() if len(chunks) == 1 else set(pre.param_names)  # each hold a tied copy
+        add_block(stages[last], post, recompute=self._outside_recompute(plan, rerun, last), is_block=False)
         return stages
 
     def _outside_recompute(self, plan: Plan, rerun: set[str], stage: int) -> str:
@@ -321,7 +322,7 @@ class CostModel:
         cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(plan, self._tp_plan(plan), chunks, groups["tp"])
         cost.ep_comm_s = step_ep_s(plan, slowest)  # all exposed, or the pairs' overlap (cost/moe/a2a_overlap.py)
         cost.cp_comm_s = m * slowest.cp_s
-        cost.bubble_s = pipeline_bubble_s(plan, micro_batch_s=slowest.micro_batch_s, wgrad_s=slowest.wgrad_s)
+        cost.bubble_s = stage_bubble_s(plan, slowest)
         inputs = self.chunk_inputs(plan) if p > 1 else []  # what each pipeline chunk receives (cost/pp/messages.py)
         sends_s = pp_messages.pipeline_sends_s(self.profile, plan, inputs, group=groups["pp"], tp_group=groups["tp"])
         cost.pp_comm_s = sends_s + self.tied.sync_s(plan, chunks, stages, groups["pp"])

@@ -29,6 +29,7 @@ from autoplan.types.graph import Graph, OpNode
 from autoplan.types.layout import stage_of_block
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedules import plan_last_stage, v_shaped
 from autoplan.types.tables import PricedOp
 
 
@@ -38,7 +39,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
     model = CostModel(graph, profile).for_runtime(plan.runtime)
     graph, ctx = model.graph, model.tp_context(plan)
     dtypes = dtypes_of(graph, ctx.dtypes)  # each activation's run dtype (compute/dtypes.py)
-    stages = dict(stage_of_block(plan.stages, pp=plan.pp))
+    stages = dict(stage_of_block(plan.stages, pp=plan.pp, v_shape=v_shaped(plan.schedule)))
     first_block = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
     nodes_of = _nodes_by_layer(graph)
     rows = []
@@ -56,7 +57,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
         split_of = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
         structure = block_structure(graph, layer)
         for index, node in nodes_of[layer]:
-            stage = stages.get(layer, 0 if index < first_block else plan.pp - 1)
+            stage = stages.get(layer, 0 if index < first_block else plan_last_stage(plan))
             shard = cost.compute_shard.get(node.name, 1)
             fraction = CostModel.part_context(ctx, "pre" if index < first_block else "").batch_fraction
             compute = node_time_s(

@@ -50,6 +50,13 @@ class StageTotals:
         return self.fwd_s + self.bwd_s + self.recompute_s + self.offload_s + self.tp_s + self.ep_s + self.cp_s
 
     @property
+    def forward_s(self) -> float:
+        """The forward's part of :attr:`micro_batch_s`: its compute, and the TP, EP and CP collectives in the
+        forward's share of the compute (recomputation runs in the backward)."""
+        compute = self.fwd_s + self.bwd_s
+        return self.fwd_s * (1.0 + (self.tp_s + self.ep_s + self.cp_s) / compute) if compute else 0.0
+
+    @property
     def dense_params(self) -> float:
         """Parameters reduced and ZeRO-sharded over all dp ranks (all but the routed experts')."""
         return self.params - self.expert_params

@@ -46,6 +46,7 @@ from autoplan.types.expert_layout import expert_dp, experts_apart, token_share
 from autoplan.types.hsdp import HSDP_AXES, dp_shard, shard_view
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
+from autoplan.types.schedules import plan_last_stage, v_shaped
 
 #: (dim, kind) -> [count or None when the plan does not fix it, bytes]
 Volumes = dict[tuple[str, str], list]
@@ -260,7 +261,7 @@ def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_pla
     for layer in layers:
         fwd, bwd = block_messages(model.graph, layer, tp_plan, ctx=ctx)
         total = total + fwd + bwd + (fwd if layer in rerun else Messages())  # recomputation re-runs them
-    outside = [part for part, stage in zip(OUTSIDE_PARTS, (0, plan.pp - 1)) if stage == index]
+    outside = [part for part, stage in zip(OUTSIDE_PARTS, (0, plan_last_stage(plan))) if stage == index]
     for part in outside:
         fwd, bwd = block_messages(model.graph, part, tp_plan, ctx=model.part_context(ctx, part))
         total = total + fwd + bwd
@@ -290,7 +291,7 @@ def _real_blocks(plan: Plan, stage: StageTotals, index: int, *, recomputed: bool
     """The stage's blocks without the outside-node summaries (first on stage 0, last on the last);
     with ``recomputed``, (block, whether it runs the plan's recompute) pairs."""
     start = 1 if index == 0 else 0
-    end = len(stage.blocks) - (1 if index == plan.pp - 1 else 0)
+    end = len(stage.blocks) - (1 if index == plan_last_stage(plan) else 0)
     if recomputed:
         return list(zip(stage.blocks[start:end], stage.recomputed[start:end]))
     return stage.blocks[start:end]
@@ -324,7 +325,9 @@ def _fused_regions(plan: Plan, model: CostModel, index: int) -> int:
     if not (plan.compile or plan.tp_comm_overlap):
         return 0
     graph = model.graph
-    chunks = [c for i, c in enumerate(plan.stages) if stage_of_chunk(i, pp=plan.pp) == index] or [graph.layers]
+    chunks = [
+        c for i, c in enumerate(plan.stages) if stage_of_chunk(i, pp=plan.pp, v_shape=v_shaped(plan.schedule)) == index
+    ] or [graph.layers]
     mine = {fqn for chunk in chunks for fqn in chunk}
     return sum(region_count(graph, [g.layers[0]]) for g in graph.groups if mine.intersection(g.layers))
 

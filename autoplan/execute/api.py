@@ -61,6 +61,7 @@ from autoplan.types.activation_offload import offloaded_blocks
 from autoplan.types.local_sgd import is_local_sgd
 from autoplan.types.plan import Plan
 from autoplan.types.runtime import check_runs_on_autoplan
+from autoplan.types.schedules import v_shaped
 
 
 def default_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -280,7 +281,9 @@ def _split(
     }
     # Groups are created on every rank before any module transform (new_group is a collective).
     sends = boundary_specs([pipe.get_stage_module(i) for i in range(pipe.num_stages)], tree_leaves(microbatch_inputs))
-    tie_sync = build_tied_sync(groups=ties, holders=holders, pp=plan.pp, mesh=mesh, my_modules=modules)
+    tie_sync = build_tied_sync(
+        groups=ties, holders=holders, pp=plan.pp, v_shape=v_shaped(plan.schedule), mesh=mesh, my_modules=modules
+    )
     return modules, tie_sync, out_spec, sends
 
 

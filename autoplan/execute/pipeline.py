@@ -6,11 +6,11 @@ micro-batch and cuts it at the first block FQN of every stage after the first
 (``SplitPoint.BEGINNING``): code before the first block lands on stage 0, code after the last on
 the last stage. The stage modules keep the original FQNs and hierarchy, so TP hooks, checkpoint
 wrappers and FSDP2 apply to them by FQN. Chunk ``c`` of ``pp * virtual_stages`` runs on pipeline
-rank ``c % pp`` (autoplan/types/layout.py); values a chunk needs from a chunk other than the one
-before it are carried through (autoplan/execute/pipeline_carry.py). ``split_model`` records the
-model output's pytree spec, which ``pipeline()`` drops, so the loss rebuilds the model's output from
-the last stage's tensors. Experts modules export as one opaque op each
-(autoplan/execute/expert_dispatch.py).
+rank ``c % pp``, or in a V (zbv, dualpipev) on rank c or 2 pp - 1 - c (autoplan/types/layout.py);
+values a chunk needs from a chunk other than the one before it are carried through
+(autoplan/execute/pipeline_carry.py). ``split_model`` records the model output's pytree spec, which
+``pipeline()`` drops, so the loss rebuilds the model's output from the last stage's tensors. Experts
+modules export as one opaque op each (autoplan/execute/expert_dispatch.py).
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
     PipelineScheduleSingle,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 
 from autoplan.errors import PlanError
@@ -41,19 +43,21 @@ from autoplan.execute.split_backward import accumulate_weight_grads, one_param_g
 from autoplan.execute.tied import retie, tied_names
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
-from autoplan.types.schedules import ZERO_BUBBLE
+from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
 
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
     "interleaved_1f1b": ScheduleInterleaved1F1B,
     "interleaved_zb": ScheduleInterleavedZeroBubble,  # B and W apart: stage_backward_input / _weight
+    "zbv": ScheduleZBVZeroBubble,  # two chunks per rank in a V, B and W apart
+    "dualpipev": ScheduleDualPipeV,  # the same V; its F&B pairs run one after the other (no overlap function)
 }
 
 
 def stage_indices(*, plan: Plan, pp_rank: int) -> list[int]:
-    """The chunk indices this pipeline rank runs: pp_rank, pp_rank + pp, ..."""
-    return chunks_of_stage(pp_rank, pp=plan.pp, virtual_stages=plan.virtual_stages)
+    """The chunk indices this pipeline rank runs: pp_rank, pp_rank + pp, ... (in a V: pp_rank, 2 pp - 1 - pp_rank)."""
+    return chunks_of_stage(pp_rank, pp=plan.pp, virtual_stages=plan.virtual_stages, v_shape=v_shaped(plan.schedule))
 
 
 def check_stages(*, model: nn.Module, plan: Plan) -> None:
@@ -191,7 +195,7 @@ def build_schedule(
         loss_fn = functools.partial(_loss_on_model_output, loss_fn=loss_fn, out_spec=out_spec)
     group = pp_mesh.get_group()
     num_stages = plan.pp * plan.virtual_stages
-    if plan.schedule in ZERO_BUBBLE:  # B and W apart (types/schedules.py)
+    if plan.schedule in SPLIT_BACKWARD:  # B and W apart (types/schedules.py)
         for module in stage_modules.values():
             module.register_forward_hook(_own_view_outputs)
     stages = [

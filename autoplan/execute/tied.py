@@ -77,6 +77,7 @@ def build_tied_sync(
     groups: list[list[str]],
     holders: dict[int, set[str]],
     pp: int,
+    v_shape: bool = False,
     mesh: DeviceMesh,
     my_modules: dict[int, nn.Module],
 ) -> TiedGradSync:
@@ -94,7 +95,7 @@ def build_tied_sync(
         if len(stages) < 2:
             continue
         copies = [(my_modules[s], next(n for n in names if n in holders[s])) for s in stages if s in my_modules]
-        pp_ranks = sorted({stage_of_chunk(stage, pp=pp) for stage in stages})
+        pp_ranks = sorted({stage_of_chunk(stage, pp=pp, v_shape=v_shape) for stage in stages})
         if len(pp_ranks) < 2:  # every copy on one pipeline rank: a local sum, no group
             if copies:
                 sync.pairs.append((None, copies))

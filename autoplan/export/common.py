@@ -27,6 +27,7 @@ from typing import Any
 from autoplan.errors import ExportError
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
+from autoplan.types.schedules import v_shaped
 
 FRAMEWORKS = ("torchtitan", "megatron", "deepspeed", "accelerate")
 __all__ = ["FRAMEWORKS", "ExportError", "Exported", "Imported", "ModelFacts"]
@@ -191,3 +192,13 @@ def _comment_block(items: list[str]) -> list[str]:
         wrapped = textwrap.wrap(item, width=100, break_on_hyphens=False)
         out += [f"# - {wrapped[0]}"] + [f"#   {w}" for w in wrapped[1:]]
     return out
+
+
+def refuse_v_schedule(plan: Plan, *, framework: str, runs: str) -> None:
+    """One sentence refusing a V schedule (zbv, dualpipev: types/layout.py) for a ``framework`` that places its
+    pipeline chunks otherwise (``runs``: what it runs instead): the stage lists would run on other ranks."""
+    if v_shaped(plan.schedule):
+        raise ExportError(
+            f"schedule={plan.schedule}: {framework} {runs} and cannot place two chunks per rank in a V; export a "
+            "plan pinned to --fix schedule=interleaved_1f1b or 1f1b for it."
+        )

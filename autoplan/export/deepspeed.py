@@ -15,7 +15,14 @@ import json
 from typing import Any
 
 from autoplan.export.activation_offload import activation_offload_notes
-from autoplan.export.common import Exported, ModelFacts, expert_layout_notes, layers_per_stage, split_note
+from autoplan.export.common import (
+    Exported,
+    ModelFacts,
+    expert_layout_notes,
+    layers_per_stage,
+    refuse_v_schedule,
+    split_note,
+)
 from autoplan.export.deepspeed_read import SECTION, read
 from autoplan.export.local_sgd import local_sgd_notes
 from autoplan.export.offload import deepspeed_offload
@@ -36,6 +43,7 @@ CHECKPOINTING = {"partition_activations": False, "contiguous_memory_optimization
 # ---- export -------------------------------------------------------------------------------
 def export(plan: Plan, facts: ModelFacts) -> Exported:
     """``plan`` as a DeepSpeed JSON config (module docstring)."""
+    refuse_v_schedule(plan, framework="DeepSpeed", runs="runs one chunk per stage (its 1F1B TrainSchedule)")
     unexpressed = _unexpressed(plan, facts)
     config: dict[str, Any] = {
         **_batch(plan),

@@ -19,7 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.export.activation_offload import megatron_activation_flags
-from autoplan.export.common import Exported, ModelFacts, comment_lines, frozen_notes, layers_per_stage, split_note
+from autoplan.export.common import (
+    Exported,
+    ModelFacts,
+    comment_lines,
+    frozen_notes,
+    layers_per_stage,
+    refuse_v_schedule,
+    split_note,
+)
 from autoplan.export.local_sgd import local_sgd_notes
 from autoplan.export.megatron_moe import expert_flags, expert_remarks, overlap_notes
 from autoplan.export.megatron_read import read
@@ -45,6 +53,7 @@ Flags = list[tuple[str, Any]]  # (flag, value); None for a switch
 # ---- export ------------------------------------------------------------------------------------
 def export(plan: Plan, facts: ModelFacts) -> Exported:
     """The plan as Megatron-LM arguments (module docstring); what they cannot say is in ``unexpressed``."""
+    refuse_v_schedule(plan, framework="Megatron-Core 0.16", runs="loops its virtual pipeline stages over the ranks")
     notes: list[str] = []
     remarks: list[str] = []
     flags = _model_flags(facts, remarks)

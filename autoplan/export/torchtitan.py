@@ -34,6 +34,8 @@ SCHEDULES = {
     "1f1b": "1F1B",
     "interleaved_1f1b": "Interleaved1F1B",
     "interleaved_zb": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble",  # torchtitan places its stages in the V (pipeline_parallel.py, style "v"), as autoplan
+    "dualpipev": "DualPipeV",
 }
 
 

@@ -11,8 +11,8 @@ from dataclasses import replace
 from autoplan.cost import CostModel, balanced_stages, stage_peaks_bytes, usable_bytes
 from autoplan.display import duration_text
 from autoplan.types.cost import Cost
-from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
+from autoplan.types.schedules import plan_stage_of_chunk
 
 GIB = 2**30
 
@@ -43,10 +43,10 @@ def recompute_why(model: CostModel, plan: Plan, cost: Cost) -> str:
 def _one_fewer_gap_bytes(model: CostModel, plan: Plan, chunk: int, usable: float) -> float:
     """How far over ``usable`` chunk's stage peaks when the chunk recomputes one block fewer."""
     fewer = [n - 1 if i == chunk else n for i, n in enumerate(plan.recompute_blocks)]
-    return stage_peaks_bytes(model, plan, fewer)[stage_of_chunk(chunk, pp=plan.pp)] - usable
+    return stage_peaks_bytes(model, plan, fewer)[plan_stage_of_chunk(plan, chunk)] - usable
 
 
 def _where(plan: Plan, chunk: int) -> str:
     """``stage 1``, or ``chunk 3 (stage 1)`` with interleaving."""
-    stage = stage_of_chunk(chunk, pp=plan.pp)
+    stage = plan_stage_of_chunk(plan, chunk)
     return f"stage {stage}" if plan.virtual_stages == 1 else f"chunk {chunk} (stage {stage})"

@@ -10,6 +10,10 @@ when the stage is free and its input has arrived:
 - Zero-bubble (torch's ScheduleInterleavedZeroBubble order, :func:`zero_bubble_order`): each backward
   drawn as input gradients, then later weight gradients ("weight"), half the backward each
   (:data:`WEIGHT_SHARE`: stages.csv does not split it).
+- V schedules (zbv, dualpipev: torch's order, cost/pp/v_orders.py via ``autoplan.cost.v_order``): two chunks
+  per stage in the V placement (types/layout.py), the turn's hand-over unsent; a whole backward is drawn as its
+  input half then its weight half, and DualPipeV's F&B pair as its forward then the other backward, as torch
+  runs them.
 
 The forward of (i, c) needs the forward of (i, c - 1) and the activation send; the backward of
 (i, c) the backward of (i, c + 1) and the gradient send (the last chunk: its own forward). A send
@@ -20,11 +24,13 @@ step; gaps are the bubble. Stage times come from stages.csv (backward = 2 x forw
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
+from autoplan.cost import v_order
 from autoplan.errors import AutoplanError
-from autoplan.types.layout import chunk_index
-from autoplan.types.schedules import ZERO_BUBBLE
+from autoplan.types.layout import chunk_index, sent_from_prior
+from autoplan.types.schedules import SPLIT_BACKWARD, V_SCHEDULES, v_shaped
 
 #: the weight gradients' share of a split backward: a matmul's dL/dW is one GEMM of its dL/dX's size
 WEIGHT_SHARE = 0.5
@@ -75,9 +81,23 @@ def stage_order(schedule: str, *, pp: int, stage: int, m: int, v: int = 1) -> li
         return _one_f_one_b(forwards, backwards, warmup=min(2 * (pp - stage - 1) + (v - 1) * pp, total))
     if schedule == "interleaved_zb":
         return zero_bubble_order(pp=pp, stage=stage, m=m, v=v)
+    if schedule in V_SCHEDULES:
+        return v_stage_order(schedule, pp=pp, stage=stage, m=m)
     raise AutoplanError(
-        f"schedule '{schedule}' has no timeline; expected gpipe, 1f1b, interleaved_1f1b or interleaved_zb."
+        f"schedule '{schedule}' has no timeline; expected gpipe, 1f1b, interleaved_1f1b, interleaved_zb, zbv or "
+        "dualpipev."
     )
+
+
+def v_stage_order(schedule: str, *, pp: int, stage: int, m: int) -> list[tuple[str, int, int]]:
+    """torch's order of a V ``schedule`` on ``stage`` (module docstring) as (kind, micro-batch, local chunk)."""
+    local = {stage: 0, 2 * pp - 1 - stage: 1}
+    drawn = {"F": ("forward",), "B": ("backward",), "W": ("weight",), "BW": ("backward", "weight")}
+    order = []
+    for action in v_order(schedule, pp=pp, m=m)[stage]:
+        parts = [("F", *action[1:3]), ("BW", *action[3:5])] if action[0] == "FB" else [action]
+        order += [(kind, mb, local[chunk]) for name, chunk, mb in parts for kind in drawn[name]]
+    return order
 
 
 def zero_bubble_order(*, pp: int, stage: int, m: int, v: int) -> list[tuple[str, int, int]]:
@@ -140,15 +160,18 @@ def simulate(
         for k in range(pp):
             while position[k] < len(orders[k]):
                 kind, mb, local = orders[k][position[k]]
-                chunk = chunk_index(stage=k, local=local, pp=pp)
+                chunk = chunk_index(stage=k, local=local, pp=pp, v_shape=v_shaped(schedule))
                 ready = _ready(done, kind, mb, chunk, last)
                 if ready is None:
                     break
                 start = max(clock[k], ready)
-                duration = _duration(kind, forward_s[k], backward_s[k], split=schedule in ZERO_BUBBLE) / v
+                duration = _duration(kind, forward_s[k], backward_s[k], split=schedule in SPLIT_BACKWARD) / v
                 timeline.segments.append(Segment(k, kind, mb, local, start, start + duration))
                 end = start + duration
-                sends = (kind == "forward" and chunk < last) or (kind == "backward" and chunk > 0)
+                crosses = functools.partial(sent_from_prior, pp=pp, v_shape=v_shaped(schedule))
+                sends = (kind == "forward" and chunk < last and crosses(chunk + 1)) or (
+                    kind == "backward" and crosses(chunk)
+                )
                 if sends and pp > 1 and send_s > 0:
                     timeline.segments.append(Segment(k, "send", mb, local, end, end + send_s))
                     end += send_s

@@ -20,10 +20,10 @@ from autoplan.solve.stage_costs import StageCosts
 from autoplan.types._check import write_json_atomic, write_text_atomic
 from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
-from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.run import RunSpec
+from autoplan.types.schedules import plan_last_stage, plan_stage_of_chunk
 from autoplan.types.tables import PricedOp, StageRow, csv_text, table_text
 
 CONFIG_COLUMNS = (
@@ -201,7 +201,7 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     position = {layer: i for i, layer in enumerate(graph.layers)}
     owned: list[list[str]] = [[] for _ in range(plan.pp)]
     for index, chunk in enumerate(plan.stages):
-        owned[stage_of_chunk(index, pp=plan.pp)].extend(chunk)
+        owned[plan_stage_of_chunk(plan, index)].extend(chunk)
     chunks = [(c, position[chunk[0]], position[chunk[-1]] + 1) for c, chunk in enumerate(plan.stages) if chunk]
     ctx = costs.context(plan)
     inputs = [costs.summary(layer, "", plan.tp_plan, ctx).input_bytes for layer in graph.layers]
@@ -209,9 +209,9 @@ def stages_csv(graph: Graph, profile: Profile, plan: Plan) -> str:
     peaks = [m.peak_bytes for m in costs.cost_model.stage_memory(plan, priced)]
     rows = []
     for k, layers in enumerate(owned):
-        mine = [(c, i, j) for c, i, j in chunks if stage_of_chunk(c, pp=plan.pp) == k]
-        recv = max((inputs[i] for c, i, _ in mine if c > 0), default=0.0)
-        send = max((inputs[j] for c, _, j in mine if c < len(plan.stages) - 1), default=0.0)
+        mine = [(c, i, j) for c, i, j in chunks if plan_stage_of_chunk(plan, c) == k]
+        recv = max((inputs[i] for c, i, _ in mine if problem.sent(c)), default=0.0)
+        send = max((inputs[j] for c, _, j in mine if problem.sent(c + 1)), default=0.0)
         idx = [position[layer] for layer in layers]
         time_s = sum(problem.layer_time_s[i] for i in idx) + problem.extra_time_s[k]
         rows.append(
@@ -238,7 +238,7 @@ def _forward_s(costs: StageCosts, plan: Plan, stage: int, layers: list[str]) -> 
     total = sum(b.fwd_s + b.tp_fwd_s for b in (costs.summary(layer, "", plan.tp_plan, ctx) for layer in layers))
     if stage == 0:
         total += costs.summary(None, "pre", plan.tp_plan, ctx).fwd_s
-    if stage == plan.pp - 1:
+    if stage == plan_last_stage(plan):
         post = costs.summary(None, "post", plan.tp_plan, ctx)
         total += post.fwd_s + post.tp_fwd_s
     return total

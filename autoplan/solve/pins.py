@@ -6,8 +6,8 @@ replicas), the micro-batch size and the virtual stages; 0-3 for ``zero``; a rank
 ``powersgd``; on/off (true/false) for
 ``sp``, ``tp_overlap``, ``param_gather`` (ZeRO-1's weight all-gather under the next forward) and
 ``compile`` (torch.compile per block, Plan.compile); one of the plan's names for ``recompute``,
-``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``, ``zb`` ``interleaved_zb``), ``reduce``
-and ``cp_variant``
+``precision``, ``schedule`` (``interleaved`` is ``interleaved_1f1b``, ``zb`` ``interleaved_zb``; ``zbv``,
+``dualpipev``), ``reduce`` and ``cp_variant``
 (allgather, ring, ulysses); ``recompute_blocks`` a recompute budget, one count per pipeline chunk
 joined by ``/`` (``recompute_blocks=2/1``: the first 2 blocks of chunk 0 and 1 of chunk 1 recompute,
 Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload), ``offload_activations`` (on/off:
@@ -63,6 +63,8 @@ _SCHEDULE_ALIASES = {
     "gpipe": "gpipe",
     "interleaved_zb": "interleaved_zb",
     "zb": "interleaved_zb",
+    "zbv": "zbv",
+    "dualpipev": "dualpipev",
 }
 _BOOL = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
 

@@ -24,6 +24,7 @@ chunks as fallbacks. Tests hold each to :func:`partition_brute_force`.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import numpy as np
 import pulp
 
 from autoplan.solve.backend import solve_model, variable
-from autoplan.types.layout import chunks_of_stage, local_chunk, stage_of_chunk
+from autoplan.types.layout import chunks_of_stage, local_chunk, sent_from_prior, stage_of_chunk
 
 INF = float("inf")
 
@@ -50,6 +51,7 @@ class PartitionProblem:
     capacity_bytes: float
     virtual_stages: int = 1  # chunks per stage (autoplan/types/layout.py)
     cut_s: list[float] | None = None  # per boundary i (before layer i, 0..L), its p2p time; None: p2p_s each
+    v_shape: bool = False  # chunks placed in a V (autoplan/types/layout.py), else looping
 
     def __post_init__(self) -> None:
         self._t = np.concatenate([[0.0], np.cumsum(self.layer_time_s)])
@@ -59,6 +61,11 @@ class PartitionProblem:
         if len(cuts) != self.layers + 1:
             raise ValueError(f"cut_s has {len(cuts)} entries; {self.layers} layers need one per boundary.")
         self._cut = np.asarray(cuts, dtype=float)
+        chunks = range(self.chunks)  # looping: every chunk but the first receives (the common case, built fast)
+        sent = (
+            [sent_from_prior(c, pp=self.pp, v_shape=True) for c in chunks] if self.v_shape else [c > 0 for c in chunks]
+        )
+        self._sent = [*sent, False]  # chunk C: past the last
 
     @property
     def layers(self) -> int:
@@ -70,10 +77,18 @@ class PartitionProblem:
 
     def chunks_of(self, stage: int) -> list[int]:
         """The chunks stage ``stage`` runs (autoplan/types/layout.py)."""
-        return chunks_of_stage(stage, pp=self.pp, virtual_stages=self.virtual_stages)
+        return chunks_of_stage(stage, pp=self.pp, virtual_stages=self.virtual_stages, v_shape=self.v_shape)
+
+    def stage_of(self, chunk: int) -> int:
+        return stage_of_chunk(chunk, pp=self.pp, v_shape=self.v_shape)
+
+    def sent(self, chunk: int) -> bool:
+        """Whether chunk ``chunk`` (0..C) receives from another stage: not the first, not past the last, not the
+        V's turn."""
+        return self._sent[chunk]
 
     def neighbours(self, chunk: int) -> int:
-        return (chunk > 0) + (chunk < self.chunks - 1)
+        return self.sent(chunk) + self.sent(chunk + 1)
 
     def uniform_cuts(self) -> bool:
         """Whether every boundary a partition can cut at (1..L-1) costs the same."""
@@ -84,13 +99,13 @@ class PartitionProblem:
 
     def chunk_cuts_s(self, chunk: int, i: int, j: int) -> float:
         """The p2p time of chunk ``chunk`` = layers[i:j]: its receive at i and its send at j."""
-        return float(self._cut[i]) * (chunk > 0) + float(self._cut[j]) * (chunk < self.chunks - 1)
+        return float(self._cut[i]) * self.sent(chunk) + float(self._cut[j]) * self.sent(chunk + 1)
 
     def totals(self, bounds: list[int]) -> tuple[list[float], list[float]]:
         """Per stage, T_k and M_k of the module docstring, chunk c being layers[bounds[c]:bounds[c+1]]."""
         times, used = list(self.extra_time_s), list(self.extra_bytes)
         for c in range(self.chunks):
-            k, i, j = stage_of_chunk(c, pp=self.pp), bounds[c], bounds[c + 1]
+            k, i, j = self.stage_of(c), bounds[c], bounds[c + 1]
             times[k] += float(self._t[j] - self._t[i]) + self.chunk_cuts_s(c, i, j)
             used[k] += float(self._m[j] - self._m[i] + self.in_flight[k] * (self._a[j] - self._a[i]))
         return times, used
@@ -124,7 +139,7 @@ def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s:
         return _partition_uniform(problem)
     if problem.virtual_stages == 1:
         return _partition_dp(problem)
-    even = _checked(problem, _bounds_from_counts([L // C + (c < L % C) for c in range(C)], 1))
+    even = _checked(problem, _bounds_from_counts([L // C + (c < L % C) for c in range(C)], 1, v_shape=False))
     candidates = [
         p
         for p in (partition_ilp(problem, solver=solver, time_limit_s=time_limit_s), _partition_fill(problem), even)
@@ -214,7 +229,7 @@ def _partition_uniform(problem: PartitionProblem) -> Partition | None:
         counts[k] += 1
         if counts[k] < most[k]:
             heapq.heappush(ready, (base[k] + (counts[k] + 1) * t, (counts[k] + 1) * per[k], k))
-    return _checked(problem, _bounds_from_counts(counts, v))
+    return _checked(problem, _bounds_from_counts(counts, v, v_shape=problem.v_shape))
 
 
 def _most_layers(room_bytes: float, per_layer_bytes: float, layers: int) -> int:
@@ -231,13 +246,14 @@ def _most_layers(room_bytes: float, per_layer_bytes: float, layers: int) -> int:
     return n
 
 
-def _bounds_from_counts(counts: list[int], v: int) -> list[int]:
+def _bounds_from_counts(counts: list[int], v: int, *, v_shape: bool) -> list[int]:
     """Chunk boundaries giving stage k ``counts[k]`` layers over its v chunks, as evenly as
     possible; the later chunks take the remainder (interleaved 1F1B's warm-up holds the fewest
     micro-batches of a stage's last chunk)."""
     pp = len(counts)
     sizes = [[n // v + (q >= v - n % v) for q in range(v)] for n in counts]
-    return [0, *itertools.accumulate(sizes[stage_of_chunk(c, pp=pp)][local_chunk(c, pp=pp)] for c in range(pp * v))]
+    stage = functools.partial(stage_of_chunk, pp=pp, v_shape=v_shape)
+    return [0, *itertools.accumulate(sizes[stage(c)][local_chunk(c, pp=pp)] for c in range(pp * v))]
 
 
 def _partition_fill(problem: PartitionProblem, *, steps: int = 40) -> Partition | None:
@@ -264,7 +280,7 @@ def _fill(problem: PartitionProblem, target: float, *, nearest: bool) -> list[in
     used = [problem.extra_time_s[k] + cut * sum(problem.neighbours(c) for c in problem.chunks_of(k)) for k in range(pp)]
     bounds = [0]
     for c in range(C):
-        k, i = stage_of_chunk(c, pp=pp), bounds[-1]
+        k, i = problem.stage_of(c), bounds[-1]
         goal = problem._t[i] + (target - used[k]) / (v - local_chunk(c, pp=pp))
         j = max(i, int(np.searchsorted(problem._t, goal, side="right")) - 1)
         if nearest and j < L and goal - problem._t[j] > problem._t[j + 1] - goal:
@@ -311,8 +327,8 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
     for k in range(pp):
         mine = [(i, c) for c in problem.chunks_of(k) for i in range(c, c + slack + 1)]  # layer i may be in chunk c
         member = {(i, c): u(i, c) - u(i, c + 1) for i, c in mine}
-        cuts = [_chunk_start_s(problem, u, c) for c in problem.chunks_of(k) if c > 0]  # receive
-        cuts += [_chunk_start_s(problem, u, c + 1) for c in problem.chunks_of(k) if c < C - 1]  # send
+        cuts = [_chunk_start_s(problem, u, c) for c in problem.chunks_of(k) if problem.sent(c)]  # receive
+        cuts += [_chunk_start_s(problem, u, c + 1) for c in problem.chunks_of(k) if problem.sent(c + 1)]  # send
         model += bound >= pulp.lpSum(
             problem.layer_time_s[i] * x for (i, _), x in member.items()
         ) + problem.extra_time_s[k] + pulp.lpSum(cuts)

@@ -7,13 +7,17 @@ rules: autoplan/types/schedules.py):
 - "interleaved_zb" (torch's ScheduleInterleavedZeroBubble) at v = 1 and each v of interleaved 1F1B, where
   there are at least ``pp`` micro-batches and torch's rounds divide them (the executor completes torch's split
   backward where a stage sends a value made from weights alone: autoplan/execute/split_backward.py).
+- "zbv" and "dualpipev" (torch's V schedules, v = 2) where the model has at least 2 pp blocks and there are
+  at least 2 pp micro-batches, only under their pin (``--fix schedule=zbv`` or ``dualpipev``): the audit finds
+  the V's middle stage peaking up to 19% above its price on examples/gpt.py (docs/cost-model.md, "V schedules");
+  they split the backward as interleaved_zb does (DualPipeV in its cool-down).
 
 A ``--fix schedule=...`` or ``v=...`` pin keeps only its options.
 """
 
 from __future__ import annotations
 
-from autoplan.types.schedules import zero_bubble_rounds
+from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
 
 
 def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict) -> list[tuple[str, int]]:
@@ -26,9 +30,11 @@ def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict
         if num_microbatches % pp == 0:
             options += [("interleaved_1f1b", v) for v in looped]
         options += zero_bubble_options(pp=pp, virtual=looped, num_microbatches=num_microbatches)
+        if fixes.get("schedule") in V_SCHEDULES and 2 * pp <= min(layers, num_microbatches):  # opt-in
+            options += [(fixes["schedule"], 2)]
     if "schedule" in fixes:
         options = [o for o in options if o[0] == fixes["schedule"]] or (
-            [(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] != "interleaved_1f1b" else []
+            [(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] not in ("interleaved_1f1b", *V_SCHEDULES) else []
         )
     if "v" in fixes:
         options = [o for o in options if o[1] == fixes["v"]]

@@ -38,9 +38,9 @@ from autoplan.cost import (
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.expert_layout import expert_dp
 from autoplan.types.graph import Graph
-from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedules import plan_chunk_stages, plan_last_stage, v_shaped
 
 
 class StageCosts:
@@ -92,15 +92,15 @@ class StageCosts:
         times = [block_time_s(b, plan.recompute) for b in blocks]
         acts = [kept_bytes(b, plan.recompute) for b in blocks]
         peak_block = max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0
+        last = plan_last_stage(plan)  # the loss's stage: pp - 1, or 0 in a V (types/layout.py)
         extra_time = [0.0] * plan.pp
         extra_time[0] += pre.fwd_s + pre.bwd_s
-        extra_time[-1] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
-        extra_bytes = [peak_block] * (plan.pp - 1) + [
-            max(peak_block, post.loss_grad_bytes)
-        ]  # StageTotals.transient_bytes
+        extra_time[last] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
+        extra_bytes = [peak_block] * plan.pp  # StageTotals.transient_bytes
+        extra_bytes[last] = max(peak_block, post.loss_grad_bytes)
         in_flight = [in_flight_chunks(plan, k) for k in range(plan.pp)]
         extra_bytes[0] += static.dense(pre) + pre.saved_bytes * in_flight[0]
-        extra_bytes[-1] += static.dense(post) + post.saved_bytes * in_flight[-1]
+        extra_bytes[last] += static.dense(post) + post.saved_bytes * in_flight[last]
         boundary = max((b.input_bytes for b in blocks[1:]), default=0.0)  # the first block's is never sent
         cut_of: dict[float, float] = {}  # identical blocks cut at identical tensors: price each size once
         for b in blocks[1:]:
@@ -126,6 +126,7 @@ class StageCosts:
             capacity_bytes=capacity,
             virtual_stages=plan.virtual_stages,
             cut_s=cuts_s,
+            v_shape=v_shaped(plan.schedule),
         )
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
@@ -137,11 +138,10 @@ class StageCosts:
         times = [0.0] * plan.pp
         params = [0.0] * plan.pp
         times[0] += pre.fwd_s + pre.bwd_s
-        times[-1] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
+        times[plan_last_stage(plan)] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
         params[0] += pre.param_count
-        params[-1] += post.param_count
-        for index, chunk in enumerate(stages):
-            stage = stage_of_chunk(index, pp=plan.pp)
+        params[plan_last_stage(plan)] += post.param_count
+        for stage, chunk in zip(plan_chunk_stages(plan, len(stages)), stages):
             times[stage] += sum(times_of[layer] for layer in chunk)
             params[stage] += sum(params_of[layer] for layer in chunk)
         return times, params

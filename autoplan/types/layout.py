@@ -1,6 +1,5 @@
-"""Where each rank and each pipeline chunk sits: the one statement the cost model, the search, the
-executor, the reports and the exporters all read (docs/architecture.md, "The mesh" and "Pipeline
-stages").
+"""Where each rank and each pipeline chunk sits: the one statement the cost model, the search, the executor,
+the reports and the exporters all read (docs/architecture.md, "The mesh" and "Pipeline stages").
 
 **The mesh.** Ranks form a ``(pp, dp, cp, tp)`` mesh, tp innermost, row-major as torch's
 ``init_device_mesh`` lays out its ``mesh_dim_names`` (torchtitan's and Megatron-Core's order):
@@ -14,10 +13,11 @@ parallelism (tp = 1) unflattens the dp axis into ``(edp, ep)``, ep innermost: an
 consecutive dp ranks, an edp group the ``dp / ep`` ranks holding the same experts (autoplan/execute/
 mesh.py); beside tp > 1 or with ``expert_tp``, ``(edp, ep, etp)`` over a stage's ranks (types/expert_layout.py).
 
-**Pipeline chunks.** ``Plan.stages`` lists ``pp * v`` chunks (``v`` = virtual stages); chunk
-``c`` runs on stage ``c % pp`` as its ``c // pp``-th chunk: the looping placement of interleaved
-1F1B (Narayanan et al. SC'21 section 2.2; Megatron-LM's virtual pipeline ranks;
-``torch.distributed.pipelining``'s ``ScheduleInterleaved1F1B``). With v = 1 chunk c is stage c.
+**Pipeline chunks.** ``Plan.stages`` lists ``pp * v`` chunks (``v`` = virtual stages); chunk ``c`` runs
+on stage ``c % pp`` as its ``c // pp``-th chunk: interleaved 1F1B's looping placement (Narayanan et al.
+SC'21 section 2.2; torch's ``ScheduleInterleaved1F1B``); the V schedules (zbv, dualpipev) place two chunks
+per stage in a V (torch's ``style="v"``): chunk c on stage c for c < p, else 2p - 1 - c; the V's turn
+(chunks p - 1, p) stays on the last stage, unsent (:func:`sent_from_prior`). With v = 1 chunk c is stage c.
 
 **Pipeline sends under TP** (:func:`pipeline_scatter_dim`): each tp rank sends 1/tp of a floating
 boundary tensor and the receiver all-gathers it over the tp group (Narayanan et al. SC'21 section 4.1,
@@ -84,30 +84,49 @@ def expert_groups(
     return {axis: axis_groups(degrees, axis) for axis in ("ep", "edp", EXPERT_TP_AXIS)}
 
 
-def stage_of_chunk(chunk: int, *, pp: int) -> int:
-    """The pipeline stage that runs chunk ``chunk`` of ``Plan.stages`` (module docstring)."""
+def stage_of_chunk(chunk: int, *, pp: int, v_shape: bool = False) -> int:
+    """The pipeline stage that runs chunk ``chunk`` of ``Plan.stages`` (module docstring): looping, or in a V
+    (``v_shape``: types/schedules.v_shaped of the plan's schedule)."""
+    if v_shape:
+        return chunk if chunk < pp else 2 * pp - 1 - chunk
     return chunk % pp
 
 
 def local_chunk(chunk: int, *, pp: int) -> int:
-    """Chunk ``chunk``'s position among its stage's chunks (0 for the first)."""
+    """Chunk ``chunk``'s position among its stage's chunks (0 for the first), in either placement."""
     return chunk // pp
 
 
-def chunk_index(*, stage: int, local: int, pp: int) -> int:
+def chunk_index(*, stage: int, local: int, pp: int, v_shape: bool = False) -> int:
     """The chunk that stage ``stage`` runs as its ``local``-th: the inverse of
     (:func:`stage_of_chunk`, :func:`local_chunk`)."""
+    if v_shape and local % 2:
+        return (local + 1) * pp - 1 - stage
     return local * pp + stage
 
 
-def chunks_of_stage(stage: int, *, pp: int, virtual_stages: int) -> list[int]:
-    """The chunks stage ``stage`` runs, in order: stage, stage + pp, ..."""
-    return [chunk_index(stage=stage, local=q, pp=pp) for q in range(virtual_stages)]
+def chunks_of_stage(stage: int, *, pp: int, virtual_stages: int, v_shape: bool = False) -> list[int]:
+    """The chunks stage ``stage`` runs, in order: stage, stage + pp, ... (in a V: stage, 2 pp - 1 - stage)."""
+    return [chunk_index(stage=stage, local=q, pp=pp, v_shape=v_shape) for q in range(virtual_stages)]
 
 
-def stage_of_block(stages: Sequence[Sequence[str]], *, pp: int) -> dict[str, int]:
+def sent_from_prior(chunk: int, *, pp: int, v_shape: bool = False) -> bool:
+    """Whether chunk ``chunk`` receives its input from another stage (and sends its input gradient back): False
+    for the first chunk and where the chunk before it runs on the same stage (the turn of a V)."""
+    if chunk == 0:
+        return False
+    return stage_of_chunk(chunk - 1, pp=pp, v_shape=v_shape) != stage_of_chunk(chunk, pp=pp, v_shape=v_shape)
+
+
+def last_stage(*, pp: int, virtual_stages: int, v_shape: bool = False) -> int:
+    """The stage that runs the last chunk, and with it the modules after the last block and the loss: pp - 1,
+    or stage 0 in a V."""
+    return stage_of_chunk(pp * virtual_stages - 1, pp=pp, v_shape=v_shape)
+
+
+def stage_of_block(stages: Sequence[Sequence[str]], *, pp: int, v_shape: bool = False) -> dict[str, int]:
     """Block FQN -> the pipeline stage that runs it, for ``Plan.stages``-shaped chunks."""
-    return {block: stage_of_chunk(c, pp=pp) for c, chunk in enumerate(stages) for block in chunk}
+    return {block: stage_of_chunk(c, pp=pp, v_shape=v_shape) for c, chunk in enumerate(stages) for block in chunk}
 
 
 #: The sequence dim of a ``[batch, seq, ...]`` activation (sequence parallelism's shard dim).

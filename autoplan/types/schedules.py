@@ -8,6 +8,10 @@
   v >= 1 chunks per stage, looping placement (v = 1 is ZB-H1: torch runs it with one stage per rank).
   It needs m >= p micro-batches (with fewer, torch's schedule idles longer than its priced bubble), and
   torch groups them into ``max(1, m // p)`` rounds of equal size, so that count must divide m.
+- "zbv", "dualpipev": torch's ``ScheduleZBVZeroBubble`` (Qi et al. ICLR'24 section 6) and ``ScheduleDualPipeV``
+  (deepseek-ai/DualPipe): exactly v = 2 chunks per stage in the V placement (types/layout.py: stage s runs
+  chunks s and 2p - 1 - s), B and W apart; they need m >= 2p micro-batches (DualPipeV refuses fewer; ZBV's
+  warm-up runs 2p - 1 forwards and torch drops the actions of the micro-batches it lacks).
 """
 
 from __future__ import annotations
@@ -15,12 +19,39 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.errors import PlanError
+from autoplan.types.layout import last_stage, stage_of_chunk
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev")
+#: the V schedules: two chunks per stage in the V placement (types/layout.py), priced by replay (cost/pp/replay.py)
+V_SCHEDULES = ("zbv", "dualpipev")
 #: the schedules that run more than one chunk per stage (``Plan.virtual_stages`` > 1)
-MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zb")
-#: the schedules that split the backward into B and W (cost/pp/split_backward.py)
+MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zb", *V_SCHEDULES)
+#: the looping schedules that split the backward into B and W, priced in closed form (cost/pp/zero_bubble.py)
 ZERO_BUBBLE = ("interleaved_zb",)
+#: every schedule that runs input and weight gradients apart (cost/pp/split_backward.py)
+SPLIT_BACKWARD = (*ZERO_BUBBLE, *V_SCHEDULES)
+
+
+def v_shaped(schedule: str) -> bool:
+    """Whether ``schedule`` places its chunks in a V (types/layout.py) rather than looping."""
+    return schedule in V_SCHEDULES
+
+
+def plan_stage_of_chunk(plan: Any, chunk: int) -> int:
+    """The stage of ``plan`` that runs chunk ``chunk``, in its schedule's placement (types/layout.py)."""
+    return stage_of_chunk(chunk, pp=plan.pp, v_shape=v_shaped(plan.schedule))
+
+
+def plan_chunk_stages(plan: Any, chunks: int) -> list[int]:
+    """:func:`plan_stage_of_chunk` of chunks 0 .. ``chunks`` - 1, the placement read once."""
+    v_shape = v_shaped(plan.schedule)
+    return [stage_of_chunk(c, pp=plan.pp, v_shape=v_shape) for c in range(chunks)]
+
+
+def plan_last_stage(plan: Any) -> int:
+    """The stage of ``plan`` that runs its last chunk, the modules after the last block and the loss
+    (types/layout.py: pp - 1, or stage 0 in a V)."""
+    return last_stage(pp=plan.pp, virtual_stages=plan.virtual_stages, v_shape=v_shaped(plan.schedule))
 
 
 def zero_bubble_rounds(*, pp: int, num_microbatches: int) -> int:
@@ -38,6 +69,8 @@ def check_schedule(plan: Any) -> None:
             f"plan virtual_stages={plan.virtual_stages} needs schedule "
             f"{' or '.join(repr(s) for s in MULTI_CHUNK)}, not '{plan.schedule}'."
         )
+    if plan.schedule in V_SCHEDULES:
+        check_v_schedule(plan)
     if plan.schedule in ZERO_BUBBLE and plan.pp > 1:
         m = plan.num_microbatches
         if m < plan.pp:
@@ -53,3 +86,18 @@ def check_schedule(plan: Any) -> None:
                 f"{rounds} rounds of equal size (max(1, m // pp)), which must divide the micro-batches; use a "
                 f"multiple of {rounds} or of pp."
             )
+
+
+def check_v_schedule(plan: Any) -> None:
+    """A V schedule runs two chunks per stage on a pipeline, with at least one micro-batch per chunk (module
+    docstring); one sentence naming the rule otherwise."""
+    name = plan.schedule
+    if plan.virtual_stages != 2:
+        raise PlanError(f"plan schedule='{name}' runs exactly 2 chunks per stage (a V); set virtual_stages=2.")
+    if plan.pp < 2:
+        raise PlanError(f"plan schedule='{name}' is a pipeline schedule; it needs pp >= 2, not pp={plan.pp}.")
+    if plan.num_microbatches < 2 * plan.pp:
+        raise PlanError(
+            f"plan schedule='{name}' with pp={plan.pp} and num_microbatches={plan.num_microbatches}: a V schedule "
+            f"needs at least 2 * pp = {2 * plan.pp} micro-batches, one per chunk; use more micro-batches."
+        )

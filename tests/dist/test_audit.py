@@ -45,6 +45,11 @@ CASES = [
     ("pp_interleaved", "gpt", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
     # zero-bubble (cost/pp/zero_bubble.py): every stage holds min((v-1) m/rounds + p, v m) chunks until their W
     ("pp_interleaved_zb", "gpt", dict(pp=2, schedule="interleaved_zb", virtual_stages=2, num_microbatches=4)),
+    # the V schedules (cost/pp/replay.py): the V's turn (chunks 1, 2 on stage 1) sends nothing, the loss is on
+    # stage 0, each stage holds the replay's peak of chunks (ZBV 2p, DualPipeV 2p + 1); the embedding tied to the
+    # head is two Parameters on stage 0 (one per chunk module), summed there without a pp group
+    ("pp_zbv_tied", "gpt_tied", dict(pp=2, schedule="zbv", virtual_stages=2, num_microbatches=4)),
+    ("pp_dualpipev", "llama", dict(pp=2, schedule="dualpipev", virtual_stages=2, num_microbatches=4)),
     # bf16 under autocast (ZeRO-0): the residual stream stays fp32 (fp32 embedding, residual adds promote), so
     # the stages send 4 bytes an element, and the loss keeps fp32 log-probs (cost/compute/dtypes.py)
     ("pp_1f1b_bf16", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, precision="bf16")),

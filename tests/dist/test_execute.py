@@ -56,6 +56,10 @@ TWO = [
     # ZB-H1 over the same model: torch's W, one autograd.grad per parameter group without the graph kept, freed
     # nodes another group's backward needed (T5's last stage); W over the groups as one (execute/split_backward.py)
     ("pp2_zb_h1_shared_nodes", "gpt_encdec", dict(pp=2, schedule="interleaved_zb")),
+    # the V schedules (types/layout.py): stage 0 runs chunks 0 and 3 (the loss; a tied embedding's two copies
+    # summed on the rank), stage 1 the V's turn, chunks 1, 2
+    ("pp2_zbv_tied", "gpt_tied", dict(pp=2, schedule="zbv", virtual_stages=2, num_microbatches=4)),
+    ("pp2_dualpipev_gqa", "llama", dict(pp=2, schedule="dualpipev", virtual_stages=2, num_microbatches=4)),
     # context parallelism (execute/context_parallel.py): causal attention over head-tail shards,
     # positions made before the blocks (GPT's arange, Llama's rotary buffers sliced at each block)
     ("cp2_gpt", "gpt", dict(cp=2)),

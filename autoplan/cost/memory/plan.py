@@ -27,12 +27,13 @@ from autoplan.cost.memory.per_device import (
     usable_bytes,
 )
 from autoplan.cost.pp.schedule import in_flight_after_first_backward, in_flight_chunks
-from autoplan.cost.pp.zero_bubble import pending_weight_grads
+from autoplan.cost.pp.zero_bubble import pending_weight_grads, v_peak
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedules import V_SCHEDULES, plan_last_stage
 
 
 class PlanMemory:
@@ -54,12 +55,13 @@ class PlanMemory:
         blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
         block_params = max((b.param_count for b in stage.blocks), default=0.0)
         block_trainable = max((b.trainable_param_count for b in stage.blocks), default=0.0)
+        in_flight, in_flight_after, pending = _held(plan, index, stage)
         return stage_memory(
             states=with_outer_state(self._states(plan, stage), plan, stage),  # DiLoCo's, if any
             saved_bytes=stage.saved_bytes,
-            transient_bytes=stage.transient_bytes + pending_weight_grads(plan, index) * stage.wgrad_held_bytes,
-            in_flight=in_flight_chunks(plan, index),
-            in_flight_after=in_flight_after_first_backward(plan, index),
+            transient_bytes=stage.transient_bytes + pending * stage.wgrad_held_bytes,
+            in_flight=in_flight,
+            in_flight_after=in_flight_after,
             last_block_bytes=blocks[-1].saved_bytes if blocks else 0.0,
             buffers_bytes=comm_buffer_bytes(
                 zero_stage=plan.zero_stage,
@@ -153,10 +155,20 @@ class PlanMemory:
             )
 
 
+def _held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float]:
+    """Micro-batches of activations stage ``index`` holds at its forward's end and in its backward, and the
+    output gradients it keeps from B to W (cost/pp/schedule.py, zero_bubble.py); a V schedule's at the
+    state of its replay holding the most bytes, already in the backward (cost/pp/replay.py)."""
+    if plan.schedule in V_SCHEDULES:
+        held, pending = v_peak(plan, index, saved_bytes=stage.saved_bytes, kept_bytes=stage.wgrad_held_bytes)
+        return held, held, pending
+    return in_flight_chunks(plan, index), in_flight_after_first_backward(plan, index), pending_weight_grads(plan, index)
+
+
 def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:
     """The most trainable parameters one ZeRO-1 unit of the stage holds (execute/param_gather.py): a
     block, or all outside them (the summaries of the nodes before the first block, on stage 0, and
     after the last, on the last stage, are one unit with them)."""
-    start, end = (1 if index == 0 else 0), len(stage.blocks) - (1 if index == plan.pp - 1 else 0)
+    start, end = (1 if index == 0 else 0), len(stage.blocks) - (1 if index == plan_last_stage(plan) else 0)
     blocks = [b.trainable_param_count for b in stage.blocks[start:end]]
     return max(blocks + [stage.trainable_params - sum(blocks)])

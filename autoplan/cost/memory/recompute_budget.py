@@ -21,6 +21,7 @@ from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.pp.schedule import balanced_stages
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
+from autoplan.types.schedules import v_shaped
 
 if TYPE_CHECKING:
     from autoplan.cost.model import CostModel
@@ -46,7 +47,10 @@ def fit_recompute_blocks(model: CostModel, plan: Plan) -> list[int] | None:
         return None
     sizes = chunk_sizes(model, plan)
     limit = usable_bytes(model.profile.device.memory_bytes)
-    top = [max(size for c, size in enumerate(sizes) if stage_of_chunk(c, pp=plan.pp) == s) for s in range(plan.pp)]
+    top = [
+        max(size for c, size in enumerate(sizes) if stage_of_chunk(c, pp=plan.pp, v_shape=v_shaped(plan.schedule)) == s)
+        for s in range(plan.pp)
+    ]
     if any(peak > limit for peak in stage_peaks_bytes(model, plan, sizes)):
         return None
     zero = stage_peaks_bytes(model, plan, [0] * len(sizes))
@@ -54,16 +58,19 @@ def fit_recompute_blocks(model: CostModel, plan: Plan) -> list[int] | None:
     high = [0 if zero[s] <= limit else top[s] for s in range(plan.pp)]  # one that fits
     while any(lo < hi for lo, hi in zip(low, high)):
         mid = [(lo + hi) // 2 for lo, hi in zip(low, high)]
-        peaks = stage_peaks_bytes(model, plan, _per_chunk(mid, sizes, plan.pp))
+        peaks = stage_peaks_bytes(model, plan, _per_chunk(mid, sizes, plan))
         for s in range(plan.pp):
             if low[s] < high[s]:
                 low[s], high[s] = (low[s], mid[s]) if peaks[s] <= limit else (mid[s] + 1, high[s])
-    return _per_chunk(high, sizes, plan.pp)
+    return _per_chunk(high, sizes, plan)
 
 
-def _per_chunk(per_stage: list[int], sizes: list[int], pp: int) -> list[int]:
+def _per_chunk(per_stage: list[int], sizes: list[int], plan: Plan) -> list[int]:
     """A stage's count applied to each of its chunks, capped at the chunk's size."""
-    return [min(per_stage[stage_of_chunk(c, pp=pp)], size) for c, size in enumerate(sizes)]
+    return [
+        min(per_stage[stage_of_chunk(c, pp=plan.pp, v_shape=v_shaped(plan.schedule))], size)
+        for c, size in enumerate(sizes)
+    ]
 
 
 def _with_counts(plan: Plan, counts: list[int]) -> Plan:

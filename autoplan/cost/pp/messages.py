@@ -12,11 +12,14 @@ Without it every tp rank sends the whole tensor; under SP a stage then first all
 sequence-sharded boundary (its largest tensor), and the gradient of its input before sending it back.
 The step time (CostModel._time) charges each of the (v m + p - 1) slots of the schedule the
 largest chunk boundary, forward and back, with its gathers; the audit (cost/volumes.py) counts
-every send, receive and gather of each stage (docs/cost-model.md, "Pipeline sends under TP").
+every send, receive and gather of each stage (docs/cost-model.md, "Pipeline sends under TP"). In a V
+(types/layout.py) the turn's chunks share the last stage: that boundary is handed over locally, unsent.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoplan.cost.compute.dtypes import RunDtypes
@@ -25,10 +28,11 @@ from autoplan.cost.dp.messages import StepMessages
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup
 from autoplan.types.graph import Graph, OpNode
-from autoplan.types.layout import chunks_of_stage, kept_sharded, pipeline_scatter_dim
+from autoplan.types.layout import chunks_of_stage, kept_sharded, pipeline_scatter_dim, sent_from_prior
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.runtime import runtime_named
+from autoplan.types.schedules import v_shaped
 
 #: where a boundary's tp all-gather runs: on the stage that sends the tensor, or the one receiving it
 SENDER, RECEIVER = "sender", "receiver"
@@ -91,25 +95,37 @@ def slot_gathers(chunks: ChunkInputs) -> list[float]:
 def stage_sends(chunks: ChunkInputs, plan: Plan, stage: int) -> list[StepMessages]:
     """Stage ``stage``'s sends and receives per step, chunk by chunk (module docstring)."""
     last, m, found = len(chunks) - 1, plan.num_microbatches, []
-    for c in chunks_of_stage(stage, pp=plan.pp, virtual_stages=plan.virtual_stages):
-        if c < last:  # what the next chunk receives, and the gradients of those that need one back
+    sent = _sent_from_prior(plan)  # the V's turn hands over on its stage (types/layout.py)
+    for c in _stage_chunks(plan, stage):
+        if c < last and sent(c + 1):  # what the next chunk receives, and the gradients of those that need one back
             forward, backward = chunks[c + 1].sent, chunks[c + 1].returned
             found += [StepMessages("send", m * len(forward), m * sum(forward))]
             found += [StepMessages("recv", m * len(backward), m * sum(backward))]
-        if c > 0:
+        if sent(c):
             forward, backward = chunks[c].sent, chunks[c].returned
             found += [StepMessages("recv", m * len(forward), m * sum(forward))]
             found += [StepMessages("send", m * len(backward), m * sum(backward))]
     return found
 
 
+def _stage_chunks(plan: Plan, stage: int) -> list[int]:
+    """The chunks ``stage`` runs, in the plan's placement (types/layout.py)."""
+    return chunks_of_stage(stage, pp=plan.pp, virtual_stages=plan.virtual_stages, v_shape=v_shaped(plan.schedule))
+
+
+def _sent_from_prior(plan: Plan) -> Callable[[int], bool]:
+    """Whether chunk c's input crosses stages under the plan's placement (False at the V's turn)."""
+    return functools.partial(sent_from_prior, pp=plan.pp, v_shape=v_shaped(plan.schedule))
+
+
 def boundary_gathers(chunks: ChunkInputs, plan: Plan, stage: int) -> list[StepMessages]:
     """Stage ``stage``'s tp all-gathers of pipeline boundaries per step: those of the boundaries
     it sends (as their sender) and of those it receives (as their receiver)."""
     last, m, found = len(chunks) - 1, plan.num_microbatches, []
-    for c in chunks_of_stage(stage, pp=plan.pp, virtual_stages=plan.virtual_stages):
-        mine = [(chunks[c + 1], SENDER)] if c < last else []
-        mine += [(chunks[c], RECEIVER)] if c > 0 else []
+    sent = _sent_from_prior(plan)
+    for c in _stage_chunks(plan, stage):
+        mine = [(chunks[c + 1], SENDER)] if c < last and sent(c + 1) else []
+        mine += [(chunks[c], RECEIVER)] if sent(c) else []
         for boundary, role in mine:
             sizes = [size for size, where in boundary.gathers if where == role]
             found += [StepMessages("all_gather", m * len(sizes), m * sum(sizes))] if sizes else []

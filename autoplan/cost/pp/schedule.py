@@ -4,7 +4,8 @@
 With p stages, m micro-batches and v model chunks per device:
 
     bubble = (p - 1) / v * T_max                          Narayanan et al. SC'21 section 2.2 (v = 1: GPipe, 1F1B)
-    zero-bubble schedules (B and W apart): autoplan/cost/pp/zero_bubble.py
+    zero-bubble schedules (B and W apart): autoplan/cost/pp/zero_bubble.py; V schedules (zbv, dualpipev): the
+        replay of their order (autoplan/cost/pp/replay.py), bubble and in flight
     in flight on stage i: GPipe m (Huang et al. 2019); 1F1B min(p - i, m) (Narayanan section 2.2.1);
         interleaved min(2 (p - i - 1) + (v - 1) p + 1, v m) chunks of 1/v of the stage
         (Megatron-LM's warm-up count; Korthikanti et al. 2022 section 4.2.3 for stage 0); one more under
@@ -23,10 +24,12 @@ reverse layer order on one stream:
 from __future__ import annotations
 
 from autoplan.cost.moe.a2a_overlap import extra_forwards
+from autoplan.cost.pp.replay import held_at_peak, replay_bubble_s
 from autoplan.cost.pp.zero_bubble import zero_bubble_in_flight, zero_bubble_s
+from autoplan.cost.stages import StageTotals
 from autoplan.errors import PlanError
 from autoplan.types.plan import Plan
-from autoplan.types.schedules import ZERO_BUBBLE
+from autoplan.types.schedules import V_SCHEDULES, ZERO_BUBBLE
 
 
 def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
@@ -46,10 +49,16 @@ def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
     return stages
 
 
-def pipeline_bubble_s(plan: Plan, *, micro_batch_s: float, wgrad_s: float) -> float:
+def pipeline_bubble_s(plan: Plan, *, micro_batch_s: float, wgrad_s: float, forward_s: float = 0.0) -> float:
     """The plan's pipeline bubble from its slowest stage's micro-batch seconds (module docstring), of
-    which ``wgrad_s`` is weight gradients (what a zero-bubble schedule defers into the bubble)."""
+    which ``wgrad_s`` is weight gradients (what a zero-bubble schedule defers into the bubble) and
+    ``forward_s`` the forward (a V schedule's replay times F, B and W apart)."""
     p, v = plan.pp, plan.virtual_stages
+    if plan.schedule in V_SCHEDULES:
+        backward_s = max(0.0, micro_batch_s - forward_s - wgrad_s)
+        return replay_bubble_s(
+            schedule=plan.schedule, pp=p, m=plan.num_microbatches, f=forward_s, b=backward_s, w=wgrad_s
+        )
     if plan.schedule in ZERO_BUBBLE:
         return zero_bubble_s(
             schedule=plan.schedule, pp=p, virtual_stages=v, micro_batch_s=micro_batch_s, wgrad_s=wgrad_s
@@ -57,10 +66,20 @@ def pipeline_bubble_s(plan: Plan, *, micro_batch_s: float, wgrad_s: float) -> fl
     return (p - 1) / v * micro_batch_s
 
 
+def stage_bubble_s(plan: Plan, slowest: StageTotals) -> float:
+    """:func:`pipeline_bubble_s` of the plan's ``slowest`` stage."""
+    return pipeline_bubble_s(
+        plan, micro_batch_s=slowest.micro_batch_s, wgrad_s=slowest.wgrad_s, forward_s=slowest.forward_s
+    )
+
+
 def bubble_floor(*, schedule: str, pp: int, virtual_stages: int, share: float = 0.0) -> float:
     """Micro-batches of the slowest stage's time the bubble is at least (the search's bounds): (p - 1) / v;
     a zero-bubble schedule's (p - 1) / v times ``share``, a floor on (T - 2W) / T of every stage
-    (:func:`autoplan.cost.pp.zero_bubble.bubble_share`; 0 when not known)."""
+    (:func:`autoplan.cost.pp.zero_bubble.bubble_share`; 0 when not known); a V schedule's 0 (its replay's
+    bubble depends on F, B and W apart)."""
+    if schedule in V_SCHEDULES:
+        return 0.0
     return (pp - 1) / virtual_stages * (share if schedule in ZERO_BUBBLE else 1.0)
 
 
@@ -74,6 +93,8 @@ def in_flight_chunks(plan: Plan, stage: int) -> float:
     p, m, v = plan.pp, plan.num_microbatches, plan.virtual_stages
     if plan.schedule == "gpipe":
         return float(m)
+    if plan.schedule in V_SCHEDULES:  # chunks of half the stage, at the replay's peak
+        return held_at_peak(schedule=plan.schedule, pp=p, m=m, rank=stage)[0] / v
     if plan.schedule in ZERO_BUBBLE:
         return zero_bubble_in_flight(pp=p, num_microbatches=m, virtual_stages=v)
     extra = extra_forwards(plan)  # the overlapped all-to-all's one more forward ahead (cost/moe/a2a_overlap.py)

@@ -20,6 +20,7 @@ from autoplan.types.graph import Graph, OpNode
 from autoplan.types.layout import stage_of_block
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedules import plan_last_stage, v_shaped
 
 
 def tied_places(graph: Graph, outside: dict[str, tuple[OpNode, ...]]) -> dict[str, set[str]]:
@@ -47,8 +48,9 @@ class TiedWeightSync:
         its priced stages (whose first and last blocks are the outside nodes, with their TP shards)."""
         if plan.pp == 1 or not self.places:
             return {}
-        stage_of = {"pre": 0, "post": plan.pp - 1, **stage_of_block(chunks, pp=plan.pp)}
-        outside = (stages[0].blocks[0], stages[-1].blocks[-1])
+        last = plan_last_stage(plan)  # pp - 1, or stage 0 in a V (types/layout.py)
+        stage_of = {"pre": 0, "post": last, **stage_of_block(chunks, pp=plan.pp, v_shape=v_shaped(plan.schedule))}
+        outside = (stages[0].blocks[0], stages[last].blocks[-1])
         held = {name: n for block in outside for name, n in zip(block.param_names, block.param_numels)}
         # autoplan/execute/tied.py reduces the local shard: FSDP's over dp x cp (cost/cp/weights.py)
         sharded = plan.dp * plan.cp if plan.zero_stage >= 2 else 1

@@ -26,8 +26,9 @@ Both hold for m >= p, which types/schedules.py requires (with fewer, torch's sch
 
 from __future__ import annotations
 
+from autoplan.cost.pp.replay import held_at_peak, held_states
 from autoplan.types.plan import Plan
-from autoplan.types.schedules import ZERO_BUBBLE, zero_bubble_rounds
+from autoplan.types.schedules import V_SCHEDULES, ZERO_BUBBLE, zero_bubble_rounds
 
 
 def zero_bubble_s(*, schedule: str, pp: int, virtual_stages: int, micro_batch_s: float, wgrad_s: float) -> float:
@@ -44,9 +45,23 @@ def zero_bubble_in_flight(*, pp: int, num_microbatches: int, virtual_stages: int
     return min((v - 1) * per_round + pp, v * m) / v
 
 
+def v_peak(plan: Plan, stage: int, *, saved_bytes: float, kept_bytes: float) -> tuple[float, float]:
+    """(micro-batches held, of them B-but-not-W) of a V schedule's ``stage`` at the state of its replay that holds
+    the most bytes, with ``saved_bytes`` a micro-batch's activations and ``kept_bytes`` its output gradients kept
+    from B to W (whole-stage units: cost/pp/replay.py)."""
+    v = plan.virtual_stages
+    states = held_states(schedule=plan.schedule, pp=plan.pp, m=plan.num_microbatches, rank=stage)
+    held, pending = max(states, key=lambda s: s[0] * saved_bytes + s[1] * kept_bytes)
+    return held / v, pending / v
+
+
 def pending_weight_grads(plan: Plan, stage: int) -> float:
     """Micro-batches (in units of the whole stage) whose B ``stage`` has run and whose W it has not, at its
-    activation peak (module docstring); 0 for a schedule that runs each backward whole."""
+    activation peak (module docstring; a V schedule's from its replay); 0 for a schedule that runs each
+    backward whole."""
+    if plan.schedule in V_SCHEDULES:  # the replay's count at its peak (cost/pp/replay.py)
+        peak = held_at_peak(schedule=plan.schedule, pp=plan.pp, m=plan.num_microbatches, rank=stage)
+        return peak[1] / plan.virtual_stages
     return (stage + 1) / plan.virtual_stages if plan.schedule in ZERO_BUBBLE and plan.pp > 1 else 0.0
 
 

@@ -20,6 +20,7 @@ from autoplan.types.graph import Graph
 from autoplan.types.layout import stage_of_chunk
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedules import plan_last_stage, v_shaped
 
 
 def sp_partial_params(
@@ -98,15 +99,18 @@ class SequenceParallelSync:
         stages (the last stage also holds the outside nodes)."""
         if plan.tp == 1 or not plan.sequence_parallel:
             return 0.0
-        key = (plan.tp, plan.pp, tuple(tuple(chunk) for chunk in chunks), tp_group)
+        key = (plan.tp, plan.pp, v_shaped(plan.schedule), tuple(tuple(chunk) for chunk in chunks), tp_group)
         return self._worst.get(key, tp_plan, lambda: self._worst_stage_s(plan, tp_plan, chunks, tp_group))
 
     def _worst_stage_s(self, plan: Plan, tp_plan: dict[str, str], chunks: list[list[str]], group: AxisGroup) -> float:
         worst = 0.0
         for stage in range(plan.pp):
             layers = [
-                layer for c, chunk in enumerate(chunks) if stage_of_chunk(c, pp=plan.pp) == stage for layer in chunk
+                layer
+                for c, chunk in enumerate(chunks)
+                if stage_of_chunk(c, pp=plan.pp, v_shape=v_shaped(plan.schedule)) == stage
+                for layer in chunk
             ]
-            elements = self.partial_elements(plan, tp_plan, layers + ([None] if stage == plan.pp - 1 else []))
+            elements = self.partial_elements(plan, tp_plan, layers + ([None] if stage == plan_last_stage(plan) else []))
             worst = max(worst, sum(collective_time_s(self.profile, "all_reduce", e * 4, group=group) for e in elements))
         return worst

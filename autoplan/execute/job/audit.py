@@ -308,7 +308,7 @@ def audit_ranks(trainer: Any, inputs: tuple, target: Any) -> list[dict] | None:
     groups counted as pp; every rank's record with its pipeline stage, on rank 0 (None elsewhere)."""
     from autoplan.execute.mesh import coordinates
 
-    ties = {group.group_name: "pp" for group, _ in trainer.tie_sync.pairs} if trainer.tie_sync is not None else {}
+    ties = {g.group_name: "pp" for g, _ in getattr(trainer.tie_sync, "pairs", []) if g is not None}  # None: one rank's
     experts = getattr(trainer, "experts", None)
     context = getattr(trainer, "context", None)
     groups = group_dims(trainer.mesh, ties, experts, grad_mesh=getattr(trainer, "grad_mesh", None))

@@ -34,7 +34,8 @@ from autoplan.export import torchtitan_flavours
 from autoplan.export.common import ModelFacts
 from autoplan.export.torchtitan_flavours import Flavour, Registry, cache_path, facts_shape, read_registry
 from autoplan.types import Plan
-from autoplan.types.layout import plan_groups
+from autoplan.types.layout import chunks_of_stage, plan_groups
+from autoplan.types.schedules import v_shaped
 
 LAYERS6 = [f"layers.{i}" for i in range(6)]
 PLANS = {
@@ -59,6 +60,13 @@ PLANS = {
         devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=4, schedule="interleaved_zb",
         virtual_stages=2, precision="bf16", stages=[LAYERS6[:1], LAYERS6[1:3], LAYERS6[3:5], LAYERS6[5:]],
     ),
+    # the V schedules: torchtitan places chunks 0 and 2p - 1 on rank 0 (its style "v"), as types/layout.py does; a
+    # world of its own each (two starts of one mesh shape in this process refuse FSDP2's second mesh)
+    "pp3_zbv": Plan(devices=3, dp=1, tp=1, pp=3, micro_batch_size=1, num_microbatches=6, schedule="zbv",
+                    virtual_stages=2, precision="bf16", stages=[[layer] for layer in LAYERS6]),
+    "pp2_dualpipev": Plan(devices=8, dp=4, tp=1, pp=2, micro_batch_size=1, num_microbatches=4, schedule="dualpipev",
+                          virtual_stages=2, zero_stage=3, precision="bf16",
+                          stages=[LAYERS6[:2], LAYERS6[2:3], LAYERS6[3:4], LAYERS6[4:]]),
     "pp2_uneven_1f1b_zero0": Plan(devices=4, dp=2, tp=1, pp=2, micro_batch_size=2, num_microbatches=4,
                                   precision="bf16", stages=[LAYERS6[:1], LAYERS6[1:]]),
     "pp3_gpipe_zero2": Plan(devices=6, dp=2, tp=1, pp=3, micro_batch_size=1, num_microbatches=6, schedule="gpipe",
@@ -245,10 +253,13 @@ def test_torchtitans_pipeline_split_holds_the_plans_stages(name, started):
         "1f1b": "Schedule1F1B",
         "interleaved_1f1b": "ScheduleInterleaved1F1B",
         "interleaved_zb": "ScheduleInterleavedZeroBubble",
+        "zbv": "ScheduleZBVZeroBubble",
+        "dualpipev": "ScheduleDualPipeV",
     }
     assert got["schedule"] == expected[plan.schedule] and got["single"] == (plan.virtual_stages == 1)
     chunks = plan.stages or [LAYERS6[i : i + 2] for i in range(0, 6, 2)]  # no stages: an even split of 6
-    rank0 = [chunks[i] for i in range(0, len(chunks), plan.pp)]  # torchtitan's loop: stage r, r + pp, ...
+    mine = chunks_of_stage(0, pp=plan.pp, virtual_stages=len(chunks) // plan.pp, v_shape=v_shaped(plan.schedule))
+    rank0 = [chunks[i] for i in mine]  # torchtitan's loop (stage r, r + pp, ...) or V (r, 2 pp - 1 - r)
     assert [[m for m in part if m.startswith("layers.")] for part in got["rank0_parts"]] == rank0
     assert got["rank0_parts"][0][0] == "tok_embeddings"
 

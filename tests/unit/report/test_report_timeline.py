@@ -71,3 +71,18 @@ def test_the_zero_bubble_timeline_runs_torchs_order_with_the_priced_bubble(pp, v
     timeline = simulate(schedule="interleaved_zb", pp=pp, m=m, v=v, forward_s=[1.0] * pp, backward_s=[2.0] * pp)
     assert timeline.makespan_s == pytest.approx(m * 3.0 + (pp - 1) * (1.0 + 1.0 - 1.0) / v)
     assert timeline.busy_s(0, "weight") == pytest.approx(m * 1.0)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (8, 16)])
+def test_a_v_timeline_runs_torchs_order_as_the_cost_model_replays_it(schedule, pp, m):
+    """Two chunks per stage in the V (types/layout.py), the turn unsent, torch's order of each stage: the step
+    lasts the replay's span (cost/pp/replay.py), and DualPipeV's F&B pairs run forward, then backward."""
+    from autoplan.cost.pp.replay import replay_span_s
+
+    timeline = simulate(schedule=schedule, pp=pp, m=m, v=2, forward_s=[1.0] * pp, backward_s=[2.0] * pp, send_s=0.1)
+    sends = [s for s in timeline.segments if s.kind == "send"]
+    assert len(sends) == 2 * m * (2 * pp - 2)  # every boundary forward and back but the V's turn
+    plain = simulate(schedule=schedule, pp=pp, m=m, v=2, forward_s=[1.0] * pp, backward_s=[2.0] * pp)
+    assert plain.makespan_s == pytest.approx(replay_span_s(schedule=schedule, pp=pp, m=m, f=0.5, b=0.5, w=0.5))
+    assert plain.busy_s(0, "weight") == pytest.approx(m * 1.0)

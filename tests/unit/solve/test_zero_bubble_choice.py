@@ -72,3 +72,14 @@ def test_the_pruned_search_finds_the_exhaustive_best_with_zero_bubble_in_its_spa
     assert 0 < priced_zb[0] < priced_zb[1]  # the bounds set some zero-bubble plans aside unpriced
     assert pruned.best.describe() == full.best.describe()
     assert pruned.best_cost.step_time_s == full.best_cost.step_time_s
+
+
+def test_a_v_schedule_is_searched_only_pinned_and_explain_says_what_it_saves_and_pays():
+    """zbv and dualpipev (docs/cost-model.md, "V schedules"): offered under their pin at v = 2, set against
+    interleaved 1F1B over the same chunks in one sentence."""
+    for name in ("zbv", "dualpipev"):
+        result = _search(f"pp=2,mbs=2,zero=0,recompute=none,schedule={name}")
+        assert (result.best.schedule, result.best.virtual_stages) == (name, 2)
+        said = explain_result(result, graph=GRAPH, profile=PROFILE, sensitivity=False).zero_bubble
+        assert said.startswith(f"schedule {name} (") and "under interleaved_1f1b over the same chunks" in said
+        assert said.count(". ") == 0 and said.endswith("peaks.")
