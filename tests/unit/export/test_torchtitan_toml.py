@@ -358,7 +358,7 @@ def test_read_names_what_autoplan_does_not_price():
     data_parallel_shard_degree = -1
     context_parallel_degree = 2
     pipeline_parallel_degree = 2
-    pipeline_parallel_schedule = "ZBVZeroBubble"
+    pipeline_parallel_schedule = "LoopedBFS"
     [activation_checkpoint]
     mode = "memory_budget"
     [model]
@@ -378,7 +378,7 @@ def test_read_names_what_autoplan_does_not_price():
     assert (fields["micro_batch_size"], fields["num_microbatches"]) == (1, 16)
     assert (fields["schedule"], fields["virtual_stages"]) == ("interleaved_1f1b", 2)
     said = " ".join(imported.unmapped)
-    for words in ("ZBVZeroBubble", "memory_budget", "rowwise", "CPU offload"):
+    for words in ("LoopedBFS", "memory_budget", "rowwise", "CPU offload"):
         assert words in said
     assert fields["dp_replicate"] == 2 and "HSDP" not in said  # 2 replicas sharding over dp_shard x cp = 2 x 2
     assert "context" not in said and fields["cp_variant"] == "allgather"  # priced: torch's default rotation
