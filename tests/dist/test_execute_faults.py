@@ -120,7 +120,9 @@ def _running_ranks(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
         time.sleep(0.1)
     ranks = _children(proc.pid)
     assert proc.poll() is None and len(ranks) == 2, proc.communicate()[1][-3000:] if proc.poll() is not None else ranks
-    assert len(list(markers.iterdir())) == 2, "the ranks did not build their model within a minute"
+    if len(list(markers.iterdir())) != 2:
+        proc.kill()  # its ranks go with it (autoplan/jobs/lifeline.py)
+        pytest.fail("the ranks did not build their model within a minute")
     # forked from the launcher, which had imported torch and the model: not a fresh `python -m autoplan.cli.rank`
     assert all(_cmdline(pid) == _cmdline(proc.pid) for pid in ranks), [_cmdline(pid) for pid in ranks]
     return proc, ranks
