@@ -102,10 +102,11 @@ def _one_thread_until_launch(args: argparse.Namespace) -> bool:
 
 
 def _on_cpu() -> bool:
-    """No CUDA device: a rank forked after the launcher asked CUDA for its devices could not use them."""
+    """Linux without a CUDA device: a rank forked after the launcher asked CUDA for its devices could not
+    use them, and macOS's system libraries are not safe to use in a forked child."""
     import torch
 
-    return not torch.cuda.is_available()
+    return sys.platform.startswith("linux") and not torch.cuda.is_available()
 
 
 def _launch(opts: RunOptions, *, plan, hint: str, fork: bool = False) -> int:
