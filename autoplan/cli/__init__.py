@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     silence_known_noise()  # before any library is imported: their known harmless lines (autoplan/quiet.py)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.own_process = argv is None  # the program's own process, not a caller's (autoplan run forks its ranks)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT

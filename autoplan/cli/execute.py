@@ -42,6 +42,7 @@ def run_command(args: argparse.Namespace) -> int:
     from autoplan.types.plan import Plan, plan_json
     from autoplan.types.runtime import check_runs_on_autoplan
 
+    may_fork = _one_thread_until_launch(args)  # before the model file's import can start a thread pool
     opts = RunOptions.from_namespace(args)
     opts = replace(opts, plan=str(plan_json(opts.plan)))  # a plan folder, or its plan.json
     plan = Plan.load(opts.plan)
@@ -65,7 +66,7 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         _check_devices(plan.devices)
         _warn_other_device(plan)
-        code = _launch(opts, plan=plan, hint=stop_hint(opts))
+        code = _launch(opts, plan=plan, hint=stop_hint(opts), fork=may_fork and _on_cpu())
     if code == contract.EXIT_STOPPED:
         print(f"autoplan: stopped by a signal after a final checkpoint; {stop_hint(opts)}.", file=sys.stderr)
     elif code == contract.EXIT_VERIFY_FAILED:
@@ -90,9 +91,30 @@ def _check_verify_steps(opts: RunOptions, plan) -> None:
         )
 
 
-def _launch(opts: RunOptions, *, plan, hint: str) -> int:
-    """Local ranks (``python -m autoplan.cli.rank OPTIONS``, autoplan/cli/rank.py): under
-    torchelastic's agent with --max-restarts, else autoplan's launcher."""
+def _one_thread_until_launch(args: argparse.Namespace) -> bool:
+    """Whether the local ranks may be forked from this process (autoplan/jobs/forked.py): it is the
+    ``autoplan`` program's own (a caller that runs the CLI in its process may have started OpenMP's pool),
+    and not a torchrun rank; then it keeps torch to one intra-op thread, which starts no pool, until it
+    forks. The ranks set their own threads (autoplan/execute/job/runner.py ``rank_threads``)."""
+    if not getattr(args, "own_process", False) or "RANK" in os.environ:
+        return False
+    import torch
+
+    torch.set_num_threads(1)
+    return True
+
+
+def _on_cpu() -> bool:
+    """Linux without a CUDA device: a rank forked after the launcher asked CUDA for its devices could not
+    use them, and macOS's system libraries are not safe to use in a forked child."""
+    import torch
+
+    return sys.platform.startswith("linux") and not torch.cuda.is_available()
+
+
+def _launch(opts: RunOptions, *, plan, hint: str, fork: bool = False) -> int:
+    """Local ranks (``python -m autoplan.cli.rank OPTIONS``, autoplan/cli/rank.py, or forked from this
+    process when ``fork``): under torchelastic's agent with --max-restarts, else autoplan's launcher."""
     from autoplan.execute.job.contract import AGREED_EXITS
 
     module, args = "autoplan.cli.rank", [opts.to_json()]
@@ -109,6 +131,7 @@ def _launch(opts: RunOptions, *, plan, hint: str) -> int:
         agreed_codes=AGREED_EXITS,
         grace_s=60.0 if opts.checkpoint_dir or opts.resume else 5.0,  # time for a final checkpoint
         hint=hint,
+        fork=fork,
     )
 
 

@@ -85,32 +85,35 @@ def launch(
     grace_s: float = 5.0,
     agreed_codes: tuple[int, ...] = (),
     hint: str = "",
+    fork: bool = False,
 ) -> int:
     """Run ``python -m module *args`` on ``nprocs`` local ranks; return rank 0's exit code.
 
     Raises RunError naming the first rank that failed: a non-zero exit other than the
     ``agreed_codes``, which every rank returns together (the executor's verify-failed code).
     ``hint`` ends a stop signal's message (where a checkpoint was written, to resume from);
-    ``grace_s`` is how long stopped ranks get to leave (to write that checkpoint) before SIGKILL."""
+    ``grace_s`` is how long stopped ranks get to leave (to write that checkpoint) before SIGKILL.
+    ``fork``: fork each rank from this process (autoplan/jobs/forked.py: only from a process that started
+    no OpenMP pool and no CUDA driver) instead of starting ``python -m module``."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir, _stop_signals_raise(nprocs, hint):
-        ranks = [
-            Rank(
-                subprocess.Popen(
-                    [sys.executable, "-m", module, *args],
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    errors="replace",
-                    env=_env(rank=r, nprocs=nprocs, port=port, error_dir=Path(error_dir)),
-                )
-            )
-            for r in range(nprocs)
-        ]
-        procs = [r.proc for r in ranks]
+        envs = [_env(rank=r, nprocs=nprocs, port=port, error_dir=Path(error_dir)) for r in range(nprocs)]
+        procs = [_start(module=module, args=args, env=env, fork=fork) for env in envs]
+        ranks = [Rank(proc) for proc in procs]  # reader threads after the last fork: a child gets no held lock
         try:
             return _watch(ranks=ranks, error_dir=Path(error_dir), grace_s=grace_s, ok=(None, 0, *agreed_codes))
         finally:  # also on KeyboardInterrupt (Ctrl-C), which then propagates
             _stop(procs, grace_s=grace_s)
+
+
+def _start(*, module: str, args: list[str], env: dict[str, str], fork: bool):
+    """One rank's process: forked from this one (autoplan/jobs/forked.py), or ``python -m module``."""
+    if fork:
+        from autoplan.jobs.forked import ForkedRank
+
+        return ForkedRank(module=module, args=args, env=env)
+    command = [sys.executable, "-m", module, *args]
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, errors="replace", env=env)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)

@@ -172,22 +172,43 @@ def audits():
     return {**run_audits(2, CASES + RESHARDING + FLOPS_ONLY + SPARSE), **run_audits(4, FOUR)}
 
 
+class _Graphs(dict):
+    """The traced models by name, and each case's priced side once it is asked for (``_priced``): three
+    or four tests read each case's prediction, and pricing a plan costs more than reading it."""
+
+    def __init__(self, traced: dict):
+        super().__init__(traced)
+        self.priced: dict[str, tuple] = {}
+
+
 @pytest.fixture(scope="module")
 def graphs():
     models = (("gpt", "TinyGPT"), ("gpt_tied", "TiedGPT"), ("llama", "TinyLlama"), ("moe", "TinyMoE"), ("moe_skewed", "SkewedMoE"),
               ("llama3p", "ThirdPartyLlama"), ("lora", "LoRALlama"), ("gpt_sparse", "SparseGPT"))
-    return {name: trace(getattr(m, cls)(), (m.tokens(2, 1),)) for name, cls in models}
+    return _Graphs({name: trace(getattr(m, cls)(), (m.tokens(2, 1),)) for name, cls in models})
 
 
 def _case(name):
     return next((model, kw) for case, model, kw in CASES + FOUR + RESHARDING + FLOPS_ONLY + SPARSE if case == name)
 
 
+def _priced(graphs, name):
+    """Case ``name``'s plan, what cost/volumes.py predicts per stage, and each stage's priced peak bytes
+    (CostModel's ``stage_memory``), priced once per case."""
+    if name not in graphs.priced:
+        model, kw = _case(name)
+        plan = make_plan(model, **kw)
+        profile = dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8)   # volumes do not depend on the link
+        cost_model = CostModel(graphs[model], profile)
+        stages, _tp_plan, _ctx = cost_model.priced_stages(plan)
+        peaks = [memory.peak_bytes for memory in cost_model.stage_memory(plan, stages)]
+        graphs.priced[name] = (plan, predict(cost_model, plan), peaks)
+    return graphs.priced[name]
+
+
 def _predictions(graphs, name):
-    model, kw = _case(name)
-    plan = make_plan(model, **kw)
-    profile = dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8)   # volumes do not depend on the link
-    return plan, predict(CostModel(graphs[model], profile), plan)
+    plan, predicted, _peaks = _priced(graphs, name)
+    return plan, predicted
 
 
 def _measured(rank: dict) -> dict:
@@ -315,11 +336,7 @@ def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs
     """The ranks of one stage run the same program; gloo finishes an asynchronous collective (and
     frees what it holds) at a time the scheduler picks, so one rank may peak a few percent above
     the others. The stage's lowest peak is held to 10%, every rank to 15%."""
-    model, kw = _case(name)
-    plan = make_plan(model, **kw)
-    cost_model = CostModel(graphs[model], dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8))
-    stages, _tp_plan, _ctx = cost_model.priced_stages(plan)
-    priced = [memory.peak_bytes for memory in cost_model.stage_memory(plan, stages)]
+    priced = _priced(graphs, name)[2]
     by_stage: dict[int, list[int]] = {}
     for rank in audits[name]["ranks"]:
         by_stage.setdefault(rank["stage"], []).append(rank["peak_live_bytes"])
@@ -398,11 +415,7 @@ def test_activation_offload_moves_what_it_is_priced_for(audits):
 
 
 def _audit_rows(audits, graphs, name):
-    plan, predicted = _predictions(graphs, name)
-    model, _kw = _case(name)
-    cost_model = CostModel(graphs[model], dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8))
-    stages, _tp_plan, _ctx = cost_model.priced_stages(plan)
-    peaks = [memory.peak_bytes for memory in cost_model.stage_memory(plan, stages)]
+    _plan, predicted, peaks = _priced(graphs, name)
     return audit_rows(ranks=audits[name]["ranks"], predictions=predicted, stage_peak_bytes=peaks)
 
 

@@ -1,6 +1,7 @@
 """Faults in `autoplan run`: collectives the ranks disagree on stop the job with a message that
 names the rank (never the 30-minute default timeout); Ctrl-C and SIGTERM stop every process, and
-ranks never outlive a launcher killed with SIGKILL."""
+ranks never outlive a launcher killed with SIGKILL. The ranks are forked from the launcher, whose import
+of the model ran a parallel op: they must not hang on OpenMP's pool (autoplan/jobs/forked.py)."""
 from __future__ import annotations
 
 import os
@@ -22,6 +23,9 @@ MODEL = """
 import os, time, torch, torch.distributed as dist
 from pathlib import Path
 
+# a table made at import with a parallel op: in the launcher too, whose ranks then fork (autoplan/jobs/forked.py)
+TABLE = torch.ones(1 << 20).mul_(2)
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -32,6 +36,7 @@ class Net(torch.nn.Module):
         return self.lin(x)
 
 def build_model():
+    torch.ones(1 << 20).mul_(TABLE[0])  # the rank's own parallel op, on its two threads
     Path(os.environ["MARKERS"], "rank" + os.environ["RANK"]).touch()
     return Net()
 
@@ -56,7 +61,8 @@ def _start(tmp_path: Path, forward: str, *extra: str) -> tuple[subprocess.Popen,
     markers = tmp_path / "markers"
     markers.mkdir()
     plan = Plan(devices=2, dp=2, tp=1, pp=1, zero_stage=1, micro_batch_size=1, num_microbatches=1).save(tmp_path / "plan.json")
-    cmd = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan), "--out", str(tmp_path / "run"), *extra]
+    cmd = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan), "--out", str(tmp_path / "run"),
+           "--threads", "2", *extra]  # fmt: skip  # two intra-op threads: the ranks' parallel ops run OpenMP's pool
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, MARKERS=str(markers)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     return proc, markers
@@ -114,7 +120,16 @@ def _running_ranks(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
         time.sleep(0.1)
     ranks = _children(proc.pid)
     assert proc.poll() is None and len(ranks) == 2, proc.communicate()[1][-3000:] if proc.poll() is not None else ranks
+    if len(list(markers.iterdir())) != 2:
+        proc.kill()  # its ranks go with it (autoplan/jobs/lifeline.py)
+        pytest.fail("the ranks did not build their model within a minute")
+    # forked from the launcher, which had imported torch and the model: not a fresh `python -m autoplan.cli.rank`
+    assert all(_cmdline(pid) == _cmdline(proc.pid) for pid in ranks), [_cmdline(pid) for pid in ranks]
     return proc, ranks
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def _gone_within(pids: list[int], seconds: float) -> list[int]:
