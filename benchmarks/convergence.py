@@ -1,4 +1,4 @@
-"""Local SGD and DiLoCo against synchronous training and PowerSGD: convergence and step time on two gloo ranks.
+"""Local SGD, DiLoCo, PowerSGD and top-k against synchronous training: convergence and step time on two gloo ranks.
 
 Every case trains the same GPT from the same initial weights on the same batches as benchmarks/compression.py
 (examples/gpt.py at 2 layers, hidden 128, vocabulary 512, 64 tokens; a pool of 64 sequences the model
@@ -9,7 +9,9 @@ The cases are one table, :data:`CASES` (label -> Plan fields), so other options 
 - ``DiLoCo H=...``: the replicas train apart and average every H steps, the outer Nesterov SGD at DiLoCo's lr 0.7,
   momentum 0.9 on the averaged delta (types/local_sgd.py);
 - ``local SGD H=16``: plain averaging every 16 steps (post-local SGD's H, Lin et al. ICLR 2020);
-- ``PowerSGD r2``: rank-2 compression with error feedback (the existing lossy option).
+- ``PowerSGD r2``: rank-2 compression with error feedback (the existing lossy option);
+- ``top-k ...``: top-k sparsification with error feedback at 1% and 10% of each bucket (DGC, Lin et al. 2018;
+  cost/dp/topk.py).
 
 Per case: the final loss (mean of the last 20 steps), the steps and tokens until the loss (a 10-step running
 mean) first reaches the target, the synchronous run's running mean at half its steps, the cost model's step
@@ -44,6 +46,8 @@ CASES = {
     "DiLoCo H=64": {"sync_every": 64, "outer_optimizer": "nesterov"},
     "local SGD H=16": {"sync_every": 16},
     "PowerSGD r2": {"grad_compression": "powersgd", "powersgd_rank": 2},
+    "top-k 1%": {"grad_compression": "topk", "topk_ratio": 0.01},
+    "top-k 10%": {"grad_compression": "topk", "topk_ratio": 0.1},
 }
 WINDOW = 10  # steps in the running mean the target is read on
 
