@@ -39,7 +39,7 @@ from torch.distributed.pipelining.schedules import (
 from autoplan.errors import PlanError
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
-from autoplan.execute.split_backward import accumulate_weight_grads, one_param_group, weight_only_roots
+from autoplan.execute.split_backward import accumulate_weight_grads, join_sharing_groups, weight_only_roots
 from autoplan.execute.tied import retie, tied_names
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
@@ -258,7 +258,7 @@ class _ZeroFilledStage(PipelineStage):
             inputs=bwd_kwargs["input_values"],
         )
         grads, groups = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
-        return grads, _ParamGroups(one_param_group(groups), weight_only=roots)
+        return grads, _ParamGroups(join_sharing_groups(groups), weight_only=roots)
 
 
 class _ParamGroups(list):

@@ -18,7 +18,7 @@ before torch's own W, keeping the graph for it (the o_i's subgraph can share nod
 position bias used in the stage and sent on). Gradients are linear in the output gradients, so the two sums
 are the full backward's; no o_i is below an intermediate (no input reaches it), so nothing is counted twice.
 Torch's W also runs one backward per parameter group without keeping the graph, which frees nodes another
-group's backward needs (T5's last stage at v = 1): the groups go to W as one (:func:`one_param_group`).
+group's backward needs (T5's last stage at v = 1): such groups go to W as one (:func:`join_sharing_groups`).
 """
 
 from __future__ import annotations
@@ -71,20 +71,61 @@ def accumulate_weight_grads(*, roots: list[Root], weights: Iterable[torch.nn.Par
             weight.grad += grad
 
 
-def one_param_group(groups: list[dict]) -> list[dict]:
-    """Torch's parameter groups of one B as one group, so that W runs one ``autograd.grad`` over every
-    intermediate. Torch runs one per group without keeping the graph, and where two groups' backwards share
-    nodes (T5's last stage at v = 1) the second finds them freed; in one call each intermediate's gradient is
-    still pinned to the one B saved (torch's own rule within a group), so nothing is counted twice."""
+def join_sharing_groups(groups: list[dict]) -> list[dict]:
+    """Torch's parameter groups of one B, those whose W backwards share autograd nodes joined into one, so that
+    W runs one ``autograd.grad`` over their intermediates. Torch runs one per group without keeping the graph,
+    and where two groups' backwards share nodes (T5's last stage at v = 1) the second finds them freed; in one
+    call each intermediate's gradient is still pinned to the one B saved (torch's own rule within a group), so
+    nothing is counted twice. Groups that share nothing stay apart: a joined call also runs the input-gradient
+    work between its intermediates (discarded by the pins), which the price does not hold."""
     if len(groups) <= 1:
         return groups
-    return [
-        {
-            "params": set().union(*(g["params"] for g in groups)),
-            "intermediates": [node for g in groups for node in g["intermediates"]],
-            "grads": [grad for g in groups for grad in g.get("grads", [None] * len(g["intermediates"]))],
-        }
-    ]
+    nodes = [_w_nodes(g) for g in groups]
+    owner = list(range(len(groups)))
+
+    def find(i: int) -> int:
+        while owner[i] != i:
+            i = owner[i]
+        return i
+
+    seen: dict = {}
+    for index, found in enumerate(nodes):
+        for node in found:
+            if node in seen:
+                owner[find(index)] = find(seen[node])
+            seen.setdefault(node, index)
+    joined: dict[int, list[dict]] = collections.defaultdict(list)
+    for index, group in enumerate(groups):
+        joined[find(index)].append(group)
+    return [members[0] if len(members) == 1 else _one_group(members) for members in joined.values()]
+
+
+def _one_group(groups: list[dict]) -> dict:
+    return {
+        "params": set().union(*(g["params"] for g in groups)),
+        "intermediates": [node for g in groups for node in g["intermediates"]],
+        "grads": [grad for g in groups for grad in g.get("grads", [None] * len(g["intermediates"]))],
+    }
+
+
+def _w_nodes(group: dict) -> set[Node]:
+    """The autograd nodes a group's W backward runs: those on a path from its intermediates to its
+    parameters' gradient accumulators (the engine runs no other)."""
+    targets, reaches = set(group["params"]), {}
+    for start in group["intermediates"]:
+        stack = [(start, False)]
+        while stack:
+            node, done = stack.pop()
+            if node is None or (node in reaches and not done):
+                continue
+            if done:
+                kids = [p for p, _ in node.next_functions if p is not None]
+                reaches[node] = node in targets or any(reaches.get(k, False) for k in kids)
+                continue
+            reaches[node] = False  # in progress
+            stack.append((node, True))
+            stack += [(p, False) for p, _ in node.next_functions if p is not None and p not in reaches]
+    return {node for node, hit in reaches.items() if hit and node not in targets}
 
 
 def _consumers(roots: Iterable[Node]) -> dict[Node, list[Node]]:

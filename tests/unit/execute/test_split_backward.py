@@ -1,6 +1,7 @@
 """The executor's completion of torch's split backward (autoplan/execute/split_backward.py): B and W as a
-zero-bubble stage runs them (torch's parameter groups as one) give the full backward's weight gradients, also
-where a stage output depends on weights alone (T5's position bias, sent on and used in the stage)."""
+zero-bubble stage runs them (torch's parameter groups joined where their backwards share nodes) give the full
+backward's weight gradients, also where a stage output depends on weights alone (T5's position bias, sent on
+and used in the stage)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from autoplan.execute.split_backward import accumulate_weight_grads, one_param_group, weight_only_roots
+from autoplan.execute.split_backward import accumulate_weight_grads, join_sharing_groups, weight_only_roots
 
 
 class _Stage(nn.Module):
@@ -34,7 +35,7 @@ def _grads(*, split: bool, complete: bool = True) -> dict[str, torch.Tensor]:
         roots = weight_only_roots(outputs=outputs, output_grads=output_grads, inputs=[x]) if complete else []
         _, groups = stage_backward_input(list(outputs), output_grads, [x], stage.parameters())
         accumulate_weight_grads(roots=roots, weights=stage.parameters())
-        stage_backward_weight(stage.parameters(), one_param_group(groups) if complete else groups)
+        stage_backward_weight(stage.parameters(), join_sharing_groups(groups) if complete else groups)
     return {name: p.grad for name, p in stage.named_parameters()}
 
 
@@ -59,3 +60,39 @@ def test_only_outputs_no_input_reaches_are_roots():
     outputs = (x * w, w * 3, (x + 1).detach())
     roots = weight_only_roots(outputs=outputs, output_grads=[torch.ones(2)] * 3, inputs=[x])
     assert [edge.node for edge, _ in roots] == [outputs[1].grad_fn]
+
+
+class _Chain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class _SharedBias(_Chain):
+    """A bias made from a weight alone and used by both layers: its node lies on two groups' W backwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        bias = (self.w * 2).exp()
+        return self.b(self.a(x) * bias) * bias
+
+
+def _group_counts(stage: nn.Module) -> tuple[int, int]:
+    x = torch.randn(3, 4, requires_grad=True)
+    out = stage(x)
+    _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], stage.parameters())
+    return len(groups), len(join_sharing_groups(groups))
+
+
+def test_only_groups_whose_backwards_share_nodes_are_joined():
+    """Joined groups run the input-gradient work between their intermediates again (discarded by torch's
+    pins), which the audit's FLOPs catch; groups apart stay apart."""
+    assert _group_counts(_Chain()) == (2, 2)
+    before, after = _group_counts(_SharedBias())
+    assert after < before
