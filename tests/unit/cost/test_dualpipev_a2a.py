@@ -13,6 +13,7 @@ from synthetic.moe import mixtral_graph
 
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.a2a_overlap import block_exposed_s, paired_share
+from autoplan.report.moe_overlap import a2a_overlap_why
 from autoplan.types.moe_overlap import overlap_refusal
 
 pytest.importorskip("transformers")
@@ -63,6 +64,11 @@ def test_the_checks_plan_is_dualpipev_with_the_overlap_in_fp8_and_no_runtime_run
     assert plan.moe_a2a_overlap and (plan.precision, plan.fp8_recipe) == ("fp8", "rowwise")
     assert "executor" in overlap_refusal(plan)  # the planner never offers it (types/moe_overlap.py)
     assert "1F1B only" in overlap_refusal(replace(plan, runtime="megatron", fp8_recipe=""))
+
+
+def test_explain_names_dualpipevs_pairs_and_that_they_are_priced_only(model, check_plan):
+    why = a2a_overlap_why(model, check_plan, model.estimate(check_plan))
+    assert "DualPipeV's F&B pairs, priced only" in why and "Megatron" not in why
 
 
 def test_the_checks_pairs_expose_only_what_their_compute_leaves(model, check_plan):
