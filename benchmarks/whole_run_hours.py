@@ -26,18 +26,23 @@ What is pinned beyond the CSV's columns, and why (docs/whole-run-checks.md has t
 - Llama 3.1 405B: explicit pipeline stages that follow the paper's balancing (the embedding and the
   head each take one layer's slot: 128 slots over pp x v chunks). V is not published; with V = 8 a
   chunk would hold no layer, which the cost model rejects, so V = 4 (the CSV's ``assumed`` column).
-- DeepSeek-V3 was trained in FP8, which autoplan does not price yet (issue 17). It is priced in
-  bf16 with balanced routing: an upper bound, labelled so. It ran DualPipe, which hides the EP
-  all-to-all under the paired micro-batch's compute (report section 3.2.1), so it is priced with
-  ``moe_a2a_overlap`` (:data:`A2A_OVERLAP`; cost/moe/a2a_overlap.py) under ``--schedule``, by default the
-  published pp with 1F1B pairing (Megatron-Core's combined 1F1B: DualPipe's bidirectional bubble is not
-  modelled by it); ``--a2a-exposed`` prices the all-to-all exposed, as before the overlap was modelled.
+- DeepSeek-V3 ran DualPipe (report section 3.2.1), priced as its V form, ``dualpipev``
+  (:data:`PUBLISHED_SCHEDULE`: p ranks of two chunks, one copy of the parameters instead of DualPipe's two,
+  the same bubble per deepseek-ai/DualPipe's README), with the EP all-to-all hidden under each F&B pair's
+  compute (``moe_a2a_overlap``, :data:`A2A_OVERLAP`; cost/moe/a2a_overlap.py counts the pairs from the V
+  order). No runtime autoplan targets runs that (types/moe_overlap.py), so the plan is priced through the
+  cost model API as a check of the model; the planner does not offer it. It trained its GEMMs in FP8 with
+  1x128 / 128x128 block scaling (report section 3.3): priced with fp8 and :data:`FP8_RECIPE` (rowwise, the
+  nearest recipe autoplan prices) at the profile's FP8 peak, with balanced routing. ``--schedule`` sets
+  another schedule (1f1b: Megatron-Core's combined 1F1B pairing), ``--bf16`` prices it in bf16 (the former
+  upper bound), ``--a2a-exposed`` prices the all-to-all exposed. ``recompute_a2a_s`` is the all-to-all
+  autoplan's selective recompute re-runs, which DeepSeek's (RMSNorm and MLA up-projections) does not.
 
 For each run the published layout is priced as published (``fits`` says whether autoplan's memory
 model agrees that it fits in 80 GB); ``step_s_if_fits`` is the fastest recomputation setting that
 autoplan says fits, the rest of the layout unchanged.
 
-    python benchmarks/whole_run_hours.py [--only NAME_SUBSTRING] [--schedule NAME] [--a2a-exposed]
+    python benchmarks/whole_run_hours.py [--only NAME_SUBSTRING] [--schedule NAME] [--bf16] [--a2a-exposed]
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 from autoplan.types.moe import RoutingModel
 from autoplan.types.profile import Profile
+from autoplan.types.schedules import V_SCHEDULES
 
 HERE = Path(__file__).parent
 EXAMPLES = HERE.parent / "examples"
@@ -87,7 +93,16 @@ MODELS = {
 #: hardware column -> how its profile is made
 PROFILES = {"H100-80GB": "dgx-h100", "H800": "h800 (dgx-h100, NVLink x 400/900)"}
 #: runs priced in a precision other than the one they ran in: the label the table carries
-LABELS = {"deepseek-v3-pretrain": "bf16 upper bound: the run was FP8 (not priced yet, issue 17)"}
+LABELS = {
+    "deepseek-v3-pretrain": "FP8 with torchao's rowwise scaling, the nearest autoplan prices to the run's 1x128 / "
+    "128x128 block scaling"
+}
+#: runs whose published schedule is not the CSV's 1F1B, and the source: DualPipe priced as its V form (module
+#: docstring)
+PUBLISHED_SCHEDULE = {"deepseek-v3-pretrain": "dualpipev"}  # arXiv 2412.19437 section 3.2.1; deepseek-ai/DualPipe
+#: FP8 runs' recipe: DeepSeek-V3 scales activations per 1x128 tile and weights per 128x128 block (arXiv 2412.19437
+#: section 3.3.2); rowwise (one scale per row of each operand) is the finest recipe autoplan prices
+FP8_RECIPE = {"deepseek-v3-pretrain": "rowwise"}
 #: runs that overlapped the EP all-to-all with the other micro-batch's compute, and the source that says so
 A2A_OVERLAP = {
     "deepseek-v3-pretrain": "DualPipe overlaps each F&B chunk pair's all-to-all with computation (arXiv 2412.19437, "
@@ -137,11 +152,15 @@ class Pricing:
 
     schedule: str = ""
     a2a_overlap: bool = True
+    bf16: bool = False  # price FP8 runs in bf16 (module docstring)
 
 
 def published_plan(row: pd.Series, graph, *, recompute: str | None = None, pricing: Pricing = Pricing()) -> Plan:
     pp, v, dp, mbs = int(row.pp), int(row.virtual_stages), int(row.dp), int(row.micro_batch)
     routing = MODELS[row.model][2]
+    schedule = pricing.schedule or PUBLISHED_SCHEDULE.get(row.run, "")
+    v = 2 if schedule in V_SCHEDULES else v  # two chunks per rank in the V placement
+    precision = "bf16" if pricing.bf16 and row.precision == "fp8" else str(row.precision)
     stages = balanced_slots(list(graph.layers), pp * v) if row.model.startswith("Llama") else []
     return Plan(
         devices=int(row.devices),
@@ -151,12 +170,13 @@ def published_plan(row: pd.Series, graph, *, recompute: str | None = None, prici
         ep=int(row.ep),
         micro_batch_size=mbs,
         num_microbatches=int(row.global_batch) // (dp * mbs),
-        schedule=pricing.schedule or ("interleaved_1f1b" if v > 1 else "1f1b"),
+        schedule=schedule or ("interleaved_1f1b" if v > 1 else "1f1b"),
         virtual_stages=v,
         zero_stage=int(row.zero_stage),
         recompute=recompute or str(row.recompute),
         sequence_parallel=str(row.sequence_parallel).lower() == "true",
-        precision=str(row.precision),
+        precision=precision,
+        fp8_recipe=FP8_RECIPE.get(row.run, "") if precision == "fp8" else "",
         grad_reduce_dtype=str(row.grad_reduce_dtype),
         routing=routing,
         stages=stages,
@@ -183,6 +203,14 @@ def throughput_step_s(row: pd.Series, model_flops: float) -> float | None:
     return model_flops / (float(row.published_tflops_per_gpu) * 1e12 * int(row.devices))
 
 
+def recompute_a2a_s(model: CostModel, plan: Plan, ep_comm_s: float) -> float:
+    """The step's all-to-all seconds that ``plan``'s recomputation re-runs (cost/stages.py re-adds a recomputed
+    block's forward all-to-all): its EP seconds less the same plan's without recomputation."""
+    if plan.ep <= 1 or plan.recompute == "none":
+        return 0.0
+    return ep_comm_s - model.estimate(dataclasses.replace(plan, recompute="none")).ep_comm_s
+
+
 def whole_run(row: pd.Series, graph, profile: Profile, pricing: Pricing = Pricing()) -> dict:
     """Price one step of the published layout and scale it to the run (module docstring)."""
     model = CostModel(graph, profile)
@@ -200,7 +228,7 @@ def whole_run(row: pd.Series, graph, profile: Profile, pricing: Pricing = Pricin
         "run": row.run,
         "hardware": row.hardware,
         "profile": profile.name,
-        "label": LABELS.get(row.run, ""),
+        "label": LABELS.get(row.run, "") if plan.precision == "fp8" else "",
         "a2a_overlap": A2A_OVERLAP.get(row.run, "") if plan.moe_a2a_overlap else "",
         "plan": plan.describe(),
         "tokens": float(row.tokens),
@@ -209,9 +237,12 @@ def whole_run(row: pd.Series, graph, profile: Profile, pricing: Pricing = Pricin
         "published_implied_step_s": published * 3600 / (int(row.devices) * steps),
         "throughput_implied_step_s": throughput_step_s(row, cost.extra["model_flops"]),
         "compute_s": cost.compute_s + cost.recompute_s,
+        "recompute_s": cost.recompute_s,
         "bubble_s": cost.bubble_s,
         "tp_s": cost.tp_comm_s,
         "ep_s": cost.ep_comm_s,
+        "recompute_a2a_s": recompute_a2a_s(model, plan, cost.ep_comm_s),
+        "grad_accum_s": cost.grad_accum_s,
         "pp_s": cost.pp_comm_s,
         "dp_exposed_s": cost.dp_comm_exposed_s,
         "model_tflops_per_gpu": cost.extra["model_flops"] / (cost.step_time_s * int(row.devices)) / 1e12,
@@ -263,10 +294,11 @@ def print_table(table: pd.DataFrame) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run only rows whose name contains this")
-    parser.add_argument("--schedule", default="", help="the pipeline schedule (default: the published pp's 1F1B)")
+    parser.add_argument("--schedule", default="", help="the pipeline schedule (default: the published one)")
+    parser.add_argument("--bf16", action="store_true", help="price the FP8 runs in bf16")
     parser.add_argument("--a2a-exposed", action="store_true", help="price every EP all-to-all exposed")
     args = parser.parse_args()
-    pricing = Pricing(schedule=args.schedule, a2a_overlap=not args.a2a_exposed)
+    pricing = Pricing(schedule=args.schedule, a2a_overlap=not args.a2a_exposed, bf16=args.bf16)
     runs = pd.read_csv(HERE / "whole_run_hours.csv")
     runs = runs[runs.run.str.contains(args.only, regex=False)]
     rows, graphs = [], {}

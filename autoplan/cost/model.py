@@ -320,7 +320,7 @@ class CostModel:
         cost.compute_s = m * slowest.compute_s
         cost.recompute_s = m * slowest.recompute_s
         cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(plan, self._tp_plan(plan), chunks, groups["tp"])
-        cost.ep_comm_s = step_ep_s(plan, slowest)  # all exposed, or the pairs' overlap (cost/moe/a2a_overlap.py)
+        cost.ep_comm_s = step_ep_s(plan, slowest, rank=stages.index(slowest))  # cost/moe/a2a_overlap.py
         cost.cp_comm_s = m * slowest.cp_s
         cost.bubble_s = stage_bubble_s(plan, slowest)
         inputs = self.chunk_inputs(plan) if p > 1 else []  # what each pipeline chunk receives (cost/pp/messages.py)

@@ -25,10 +25,18 @@ def a2a_overlap_why(model: CostModel, plan: Plan, cost: Cost) -> str:
     exposed = model.estimate(replace(plan, moe_a2a_overlap=False, predicted=None))
     hidden_s = exposed.ep_comm_s - cost.ep_comm_s
     return (
-        f"moe_a2a_overlap runs each expert-parallel all-to-all beside another micro-batch's compute (Megatron-Core's "
-        f"--overlap-moe-expert-parallel-comm): it hides {duration_text(hidden_s)} of the "
+        f"moe_a2a_overlap runs each expert-parallel all-to-all beside another micro-batch's compute ({_runs_as(plan)}):"
+        f" it hides {duration_text(hidden_s)} of the "
         f"{duration_text(exposed.ep_comm_s)} per step and leaves {duration_text(cost.ep_comm_s)} exposed (compute "
         "too short to cover a phase, the SMs the all-to-all takes from the compute beside it, and the micro-batches "
         f"run alone); with it exposed the step takes {duration_text(exposed.step_time_s)} against "
         f"{duration_text(cost.step_time_s)}."
     )
+
+
+def _runs_as(plan: Plan) -> str:
+    """Who pairs the micro-batches: DualPipeV's F&B actions (priced only: no runtime runs them overlapped,
+    types/moe_overlap.py), else Megatron-Core's combined 1F1B."""
+    if plan.schedule == "dualpipev":
+        return "DualPipeV's F&B pairs, priced only: no runtime autoplan targets runs them overlapped"
+    return "Megatron-Core's --overlap-moe-expert-parallel-comm"

@@ -62,7 +62,10 @@ def _overlapped(plan: Plan) -> Plan | None:
     pair (every one runs alone in the warm-up and cool-down: the overlap would change nothing)."""
     if plan.ep <= 1 or overlap_refusal(plan):
         return None
-    if a2a_paired_share(num_microbatches=plan.num_microbatches, pp=plan.pp, virtual_stages=plan.virtual_stages) == 0:
+    share = a2a_paired_share(
+        num_microbatches=plan.num_microbatches, pp=plan.pp, virtual_stages=plan.virtual_stages, schedule=plan.schedule
+    )
+    if share == 0:
         return None
     try:
         return replace(plan, moe_a2a_overlap=True)

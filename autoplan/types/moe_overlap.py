@@ -7,7 +7,10 @@ communication stream beside the other's compute. Megatron-Core runs it under
 alltoall dispatcher, bf16 or fp16 weights, no full recomputation, and at pp > 1 virtual stages. autoplan's
 executor cannot: its pipeline schedules (torch.distributed.pipelining) run one micro-batch's forward or
 backward at a time on a rank, and torch's DualPipeV runs its overlapped F and B one after the other unless a
-custom overlap function is registered; so the search offers it only for :data:`A2A_OVERLAP_RUNTIMES`.
+custom overlap function is registered; so the search offers it only for :data:`A2A_OVERLAP_RUNTIMES`. No runtime
+runs DualPipeV's pairs overlapped: Megatron-Core has no DualPipeV, and torchtitan 0.3 registers an ``OVERLAP_F_B``
+function only in its experimental graph_trainer, which runs the two graphs one after the other without the EP
+overlap (graph_pp/graph_multiplex.py); such a plan is priced through the cost model API alone.
 """
 
 from __future__ import annotations

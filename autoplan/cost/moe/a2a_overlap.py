@@ -19,14 +19,17 @@ the compute is
     exposed(c, k) = max(c - k, (1 - r) c)
     pair_s        = F + B + sum over the four phases of exposed(c, k)
 
-Micro-batches the schedule runs alone (the warm-up forwards and cool-down backwards: one extra under
-Megatron's combined 1F1B, 2(p - 1) + (v - 1) p before it on the first stage) keep their all-to-all exposed;
-the extra forward holds one more micro-batch of activations (cost/pp/schedule.py in_flight_chunks).
+Micro-batches run alone (warm-up and cool-down: Megatron's combined 1F1B runs one extra forward after the first
+stage's 2(p - 1) + (v - 1) p; a V schedule's pairs are its order's own, :func:`v_paired_share`) keep their
+all-to-all exposed; the extra forward holds one more micro-batch (cost/pp/schedule.py in_flight_chunks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from autoplan.cost.pp.v_orders import v_order
+from autoplan.types.schedules import V_SCHEDULES
 
 #: DeepSeek-V3 section 3.2.2: "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink"
 #: of the H800's 132; the compute beside an all-to-all runs on the rest
@@ -100,10 +103,26 @@ def alone_units(*, pp: int, virtual_stages: int) -> int:
     return warmup + 1
 
 
-def paired_share(*, num_microbatches: int, pp: int, virtual_stages: int) -> float:
-    """The share of a stage's micro-batch chunks that run in pairs (module docstring)."""
+def paired_share(
+    *, num_microbatches: int, pp: int, virtual_stages: int, schedule: str = "1f1b", rank: int = 0
+) -> float:
+    """The share of a stage's micro-batch chunks that run in pairs (module docstring): under a V schedule
+    counted from stage ``rank``'s order, else Megatron's warm-up and cool-down."""
+    if schedule in V_SCHEDULES:
+        return v_paired_share(schedule, num_microbatches=num_microbatches, pp=pp, rank=rank)
     units = num_microbatches * virtual_stages
     return max(0, units - alone_units(pp=pp, virtual_stages=virtual_stages)) / units
+
+
+def v_paired_share(schedule: str, *, num_microbatches: int, pp: int, rank: int) -> float:
+    """Of ``rank``'s 2m chunk forwards (and as many backwards) under V ``schedule``, the share inside its order's
+    F&B pairs (cost/pp/v_orders.py), each holding one forward and one backward: DualPipeV's rank r runs
+    2m - 3p + r + 1 (one fewer on the last rank, which runs its first apart), ZBV none. A pair joins one chunk's
+    forward with the rank's other chunk's backward, priced as a block's forward beside its own backward (the
+    chunks' MoE layers alike). No runtime autoplan targets runs DualPipeV's pairs overlapped
+    (types/moe_overlap.py): only the cost model API prices such a plan."""
+    actions = v_order(schedule, pp=pp, m=num_microbatches)[rank]
+    return sum(action[0] == "FB" for action in actions) / (2 * num_microbatches)
 
 
 def block_exposed_s(block) -> float:
@@ -121,14 +140,16 @@ def block_exposed_s(block) -> float:
     ).exposed_s()
 
 
-def step_ep_s(plan, stage) -> float:
-    """The step's expert-parallel all-to-all seconds on ``stage`` (cost/stages.py StageTotals): all of it
-    exposed, m x ep_s, unless the plan overlaps it; then the paired micro-batches expose only what their
-    compute cannot cover (module docstring) and the rest (alone, or re-run by recompute) stays exposed."""
+def step_ep_s(plan, stage, *, rank: int = 0) -> float:
+    """The step's expert-parallel all-to-all seconds on ``stage`` (cost/stages.py StageTotals), pipeline stage
+    ``rank``: all of it exposed, m x ep_s, unless the plan overlaps it; then the paired micro-batches expose only
+    what their compute cannot cover (module docstring) and the rest (alone, or re-run by recompute) stays exposed."""
     m = plan.num_microbatches
     if not plan.moe_a2a_overlap:
         return m * stage.ep_s
-    paired = paired_share(num_microbatches=m, pp=plan.pp, virtual_stages=plan.virtual_stages)
+    paired = paired_share(
+        num_microbatches=m, pp=plan.pp, virtual_stages=plan.virtual_stages, schedule=plan.schedule, rank=rank
+    )
     pair_a2a_s = sum(b.ep_fwd_s + b.ep_bwd_s for b in stage.blocks)
     pair_exposed_s = sum(block_exposed_s(b) for b in stage.blocks)
     return m * (stage.ep_s - paired * (pair_a2a_s - pair_exposed_s))
