@@ -62,7 +62,7 @@ class StageFacts(Protocol):
 
     def single_stage_blocks(self, plan: Plan) -> tuple: ...
 
-    def kept_bytes_total(self, plan: Plan) -> float: ...
+    def kept_bytes_total(self, plan: Plan) -> tuple[float, float]: ...
 
 
 class Bounds:
@@ -272,10 +272,12 @@ class Bounds:
         if offload:
             return floor
         _, _, blocks = self.stage_costs.param_parts(plan)
-        kept = self.stage_costs.kept_bytes_total(plan)
-        return max(
-            floor, in_flight_floor_bytes(plan, block_params=blocks, trained=self.trained_floor(blocks), kept_bytes=kept)
+        kept, owed = self.stage_costs.kept_bytes_total(plan)
+        trained = self.trained_floor(blocks)
+        floor_in_flight = in_flight_floor_bytes(
+            plan, block_params=blocks, trained=trained, kept_bytes=kept, wgrad_held_bytes=owed
         )
+        return max(floor, floor_in_flight)
 
     def pp_comm_s(self, plan: Plan) -> float:
         if plan.pp == 1:

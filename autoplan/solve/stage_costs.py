@@ -212,15 +212,16 @@ class StageCosts:
 
         return self._memo.get(("one stage", *ctx.key, plan.tp_comm_overlap), plan.tp_plan, make)
 
-    def kept_bytes_total(self, plan: Plan) -> float:
-        """The activations every block of ``plan`` keeps per micro-batch until its backward, under its
-        recompute (cost/pp/partition.py kept_bytes), summed: what its stages' ``saved_bytes`` share; at
-        floor_context's activation bytes, a floor of every run dtype."""
+    def kept_bytes_total(self, plan: Plan) -> tuple[float, float]:
+        """(the activations every block of ``plan`` keeps per micro-batch until its backward under its recompute,
+        cost/pp/partition.py kept_bytes; the output gradients they keep from B to W), each summed over the blocks,
+        at floor_context's activation bytes, a floor of every run dtype."""
         ctx = self.floor_context(plan)
 
-        def make() -> float:
+        def make() -> tuple[float, float]:
             blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-            return sum(kept_bytes(b, plan.recompute) for b in blocks.values())
+            kept = sum(kept_bytes(b, plan.recompute) for b in blocks.values())
+            return kept, sum(b.wgrad_held_bytes for b in blocks.values())
 
         return self._memo.get(("kept", *ctx.key, plan.recompute, plan.tp_comm_overlap), plan.tp_plan, make)
 
