@@ -8,14 +8,16 @@ exceeds the priced step time (a test checks this for every priced candidate):
   communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a)); the
   routed experts' GEMMs as CostModel prices them at tp = 1, and at tp > 1 divided only where a legal
   split shards them; an fp8 linear also priced whole, the smaller kept;
-- ``zero_bubble_share``: a floor on a zero-bubble schedule's (T - 2W) / T (its bubble's share of 1F1B's);
+- ``zero_bubble_share``: a floor on a zero-bubble schedule's (T - 2W) / T (its bubble's share of 1F1B's), the
+  routed experts' grouped GEMMs at their largest W / T under any placement;
 - ``pp_comm_s``: (v m + p - 1)(t_p2p(forward) + t_p2p(backward)) with the smallest block inputs;
 - ``step_extras_s``: Adam on the largest stage's parameters (28 bytes each), ZeRO-1/2's weight
   all-gather, and the gradient sync exposed on stage 0 whatever the overlap (its first block's),
   priced from cost/dp/messages.py at each message's floor bytes per parameter (cost/dp/floors.py).
 
 ``states_floor_bytes`` bounds memory: the model states of the fewest parameters the fullest stage can
-hold, (blocks + max(pre, post)) / pp; CostModel's peak W + O + max(M1, M2, M3) >= W + O + G.
+hold, (blocks + max(pre, post)) / pp; CostModel's peak W + O + max(M1, M2, M3) >= W + O + G;
+``memory_floor_bytes`` adds the activations the schedule keeps in flight (cost/memory/in_flight_floor.py).
 docs/ilp.md, "Bounds" has the derivation of each term.
 """
 
@@ -29,6 +31,7 @@ from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.floors import SyncFloors
 from autoplan.cost.dp.sparse_embedding import sparse_tables
+from autoplan.cost.memory.in_flight_floor import in_flight_floor_bytes
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
@@ -58,6 +61,8 @@ class StageFacts(Protocol):
     def sync_params(self, plan: Plan) -> tuple[float, float]: ...
 
     def single_stage_blocks(self, plan: Plan) -> tuple: ...
+
+    def kept_bytes_total(self, plan: Plan) -> tuple[float, float]: ...
 
 
 class Bounds:
@@ -147,17 +152,26 @@ class Bounds:
     def zero_bubble_share(self, *, tp: int, precision: str, mbs: int, cp: int = 1) -> float:
         """A floor on (T - 2W) / T of any stage of any plan at these degrees (cost/pp/zero_bubble.py): the least
         over the nodes with weight gradients, each priced as the block summaries price it (at shard 1 and tp,
-        whichever split it takes); every other part of a stage has no W. 0 where the floor is not known: FP8
-        (its recipe is the plan's) and routed experts (priced as grouped GEMMs)."""
+        whichever split it takes, and the routed experts' grouped GEMMs at any placement (_grouped_wgrad_parts);
+        every other part of a stage has no W. 0 where the floor is not known: FP8 (its recipe is the plan's)."""
         key = ("zb", tp, precision, mbs, cp)
         if key not in self._c_min:
-            known = precision != "fp8" and not self._reps
-            self._c_min[key] = (
-                bubble_share(self._wgrad_parts(tp=tp, precision=precision, f=mbs / self.graph.batch_size / cp))
-                if known
-                else 0.0
-            )
+            parts = self._wgrad_parts(tp=tp, precision=precision, f=mbs / self.graph.batch_size / cp)
+            self._c_min[key] = bubble_share(parts + self._grouped_wgrad_parts()) if precision != "fp8" else 0.0
         return self._c_min[key]
+
+    def _grouped_wgrad_parts(self) -> list[tuple[float, float]]:
+        """(T, W) of each routed expert GEMM run grouped, scaled to T = 1, at its largest W / T over every
+        placement, micro-batch and context split. cost/moe/experts.py grouped_gemm_s prices the forward
+        F = h(s, o_f) and the backward B = h(2 s, o_b), s the GEMM's seconds, o_f, o_b the launch overheads,
+        h = max on a GPU and + on the host; W = r B with r = its weight-gradient share of the backward FLOPs
+        (cost/pp/split_backward.py). B / (F + B) rises with B / F, which lies between 2 (s large) and
+        o_b / o_f (s small) for every s, so W / T <= r max(2/3, o_b / (o_f + o_b))."""
+        overhead = self.profile.device.op_overhead
+        launches = overhead.forward_s + overhead.backward_s if overhead else 0.0
+        b_share = max(2.0 / 3.0, overhead.backward_s / launches if launches else 0.0)
+        gemms = (self.graph.node(name) for gemms in self._gemms.values() for name in gemms)
+        return [(1.0, b_share * weight_grad_flops(self.graph, n) / n.bwd_flops) for n in gemms if n.bwd_flops]
 
     def _wgrad_parts(self, *, tp: int, precision: str, f: float) -> list[tuple[float, float]]:
         """(forward + backward, W) seconds of every node with weight gradients, at shard 1 and tp."""
@@ -249,6 +263,21 @@ class Bounds:
             offload=plan.offload,
         )
         return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
+
+    def memory_floor_bytes(self, plan: Plan, *, offload: bool = False) -> float:
+        """states_floor_bytes, or where larger the floor with the activations in flight
+        (cost/memory/in_flight_floor.py); ``offload``: the search may price the plan with its activations on
+        the host, so they are not counted."""
+        floor = self.states_floor_bytes(plan)
+        if offload:
+            return floor
+        _, _, blocks = self.stage_costs.param_parts(plan)
+        kept, owed = self.stage_costs.kept_bytes_total(plan)
+        trained = self.trained_floor(blocks)
+        floor_in_flight = in_flight_floor_bytes(
+            plan, block_params=blocks, trained=trained, kept_bytes=kept, wgrad_held_bytes=owed
+        )
+        return max(floor, floor_in_flight)
 
     def pp_comm_s(self, plan: Plan) -> float:
         if plan.pp == 1:

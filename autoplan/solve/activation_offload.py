@@ -48,6 +48,15 @@ def _offloaded(plan: Plan) -> Plan | None:
     return offloaded
 
 
+def may_offload(plan: Plan, profile: Profile, fixes: dict) -> bool:
+    """Whether the search may price ``plan`` with its activations on the host: pinned so, or the retry of a plan
+    that does not fit (:func:`offloaded_retry`), which the memory floor must not rule out
+    (Bounds.memory_floor_bytes)."""
+    if profile.host is None or fixes.get("offload_activations") is False:
+        return False
+    return plan.offload_activations or _offloaded(plan) is not None
+
+
 def with_pin(plan: Plan | None, fixes: dict) -> Plan | None:
     """The plan the search prices under the pin: offloaded when pinned true (None when it cannot be)."""
     if plan is None or not fixes.get("offload_activations") or plan.offload_activations:

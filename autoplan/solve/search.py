@@ -179,7 +179,7 @@ class Search:
             )
             return
         first = len(self.candidates)
-        self._run_choice(g, bound, choice)
+        self._run_choice(g, bound, choice, retry_next=deg.tp > 1)
         priced = [c for c in self.candidates[first:] if c.cost is not None]
         if deg.tp > 1 and priced and not any(c.feasible for c in priced):
             frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
@@ -198,13 +198,15 @@ class Search:
             ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
 
-    def _run_choice(self, g: Group, bound: float, choice: TPChoice) -> None:
+    def _run_choice(self, g: Group, bound: float, choice: TPChoice, retry_next: bool = False) -> None:
         """Price every recompute x schedule x ZeRO plan of the group that its bounds do not rule
         out. A plan whose memory floor (bounds.states_floor_bytes) exceeds the device is set aside
         unpriced, except the one with the lowest floor when nothing else of the group was priced:
-        its cost is what the memory-budgeted TP retry of _run_group starts from."""
+        its cost is what the memory-budgeted TP retry of _run_group starts from. A plan whose activations
+        overflow too (cost/memory/in_flight_floor.py) is held back, and priced after all only where that retry
+        (``retry_next``) reads every priced plan's peak: where nothing of the group fits."""
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
-        first, too_big = len(self.candidates), []
+        first, too_big, held = len(self.candidates), [], []
         dp_choices = self._dp_choices(deg)
         own_bounds, extras = {}, {}  # bound (1) at each schedule's own bubble floor; _beaten_whatever_the_stages's
         share = self.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
@@ -247,10 +249,29 @@ class Search:
                 if floor > self._usable_bytes:
                     too_big.append((floor, plan, sub))
                     continue
+                if not self._held_back(plan, sub, held):
+                    self._evaluate(plan, sub, ilp_status=choice.status)
+        priced = [c for c in self.candidates[first:] if c.cost is not None]
+        if held and retry_next and not any(c.feasible for c in priced):
+            for _, plan, sub in held:
                 self._evaluate(plan, sub, ilp_status=choice.status)
+            priced, held = [None], []
+        self._set_aside(too_big, priced_any=bool(priced or held), ilp_status=choice.status)
         self._set_aside(
-            too_big, priced_any=any(c.cost is not None for c in self.candidates[first:]), ilp_status=choice.status
+            held, priced_any=True, ilp_status=choice.status, why="model states with the activations in flight"
         )
+
+    def _held_back(self, plan: Plan, sub: float, held: list) -> bool:
+        """Whether ``plan``'s memory floor with its activations (Bounds.memory_floor_bytes) exceeds the device: then
+        it joins ``held`` and, recomputing nothing, is recorded short for the budgets (recompute_budget.py)."""
+        offload = activation_offload.may_offload(plan, self.profile, self.fixes)
+        floor = self.bounds.memory_floor_bytes(plan, offload=offload)
+        if floor <= self._usable_bytes:
+            return False
+        if (pinned := moe_overlap.with_pin(plan, self.fixes)) is not None:
+            self.budgets.fitted(self.cost_model, pinned, feasible=False)  # as _evaluate records it
+        held.append((floor, plan, sub))
+        return True
 
     def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, dp_choices, names, extras) -> bool:
         """Bound (2) with the slowest stage and its parameters at their floors under any partition
@@ -292,7 +313,7 @@ class Search:
             for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)
         ]
 
-    def _set_aside(self, too_big: list[tuple[float, Plan, float]], *, priced_any: bool, ilp_status: str) -> None:
+    def _set_aside(self, too_big: list, *, priced_any: bool, ilp_status: str, why: str = "") -> None:
         if too_big and not priced_any:
             frugal = min(too_big, key=lambda item: item[0])
             too_big = [item for item in too_big if item is not frugal]
@@ -304,7 +325,7 @@ class Search:
                     config=config_of(plan),
                     status="pruned",
                     lower_bound=sub,
-                    reason=f"pruned (memory): weights, gradients and optimizer state alone need "
+                    reason=f"pruned (memory): {why or 'weights, gradients and optimizer state alone'} need "
                     f"{floor / gib:.1f} GiB per device under any partition, "
                     f"{self._usable_bytes / gib:.1f} GiB is usable",
                 )

@@ -195,9 +195,9 @@ class StageCosts:
 
     def sync_params(self, plan: Plan) -> tuple[float, float]:
         """(parameters of the nodes before the first block, the fewest dense ones any block holds, the
-        nodes after the last block included: they are the last block of the last stage)."""
-        ctx = self.context(plan)
-        _, params_of, pre, post = self._block_totals(plan, ctx)
+        nodes after the last block included: they are the last block of the last stage); counted at
+        floor_context, whose summaries the bounds share: a parameter count reads no activation dtype."""
+        _, params_of, pre, post = self._block_totals(plan, self.floor_context(plan))
         return pre.param_count, min([*params_of.values(), post.param_count])
 
     def single_stage_blocks(self, plan: Plan) -> tuple[LayerSummary, ...]:
@@ -212,10 +212,23 @@ class StageCosts:
 
         return self._memo.get(("one stage", *ctx.key, plan.tp_comm_overlap), plan.tp_plan, make)
 
+    def kept_bytes_total(self, plan: Plan) -> tuple[float, float]:
+        """(the activations every block of ``plan`` keeps per micro-batch until its backward under its recompute,
+        cost/pp/partition.py kept_bytes; the output gradients they keep from B to W), each summed over the blocks,
+        at floor_context's activation bytes, a floor of every run dtype."""
+        ctx = self.floor_context(plan)
+
+        def make() -> tuple[float, float]:
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            kept = sum(kept_bytes(b, plan.recompute) for b in blocks.values())
+            return kept, sum(b.wgrad_held_bytes for b in blocks.values())
+
+        return self._memo.get(("kept", *ctx.key, plan.recompute, plan.tp_comm_overlap), plan.tp_plan, make)
+
     def param_parts(self, plan: Plan) -> tuple[float, float, float]:
         """(parameters of the nodes before the first block, after the last block, of all blocks),
-        per device."""
-        _, params_of, pre, post = self._block_totals(plan, self.context(plan))
+        per device; counted at floor_context (sync_params)."""
+        _, params_of, pre, post = self._block_totals(plan, self.floor_context(plan))
         return pre.param_count, post.param_count, sum(params_of.values())
 
     def min_boundary_bytes(self, plan: Plan) -> tuple[float, float]:

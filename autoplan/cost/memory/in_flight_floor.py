@@ -1,0 +1,52 @@
+"""A floor on a plan's peak memory that counts the micro-batches its schedule keeps in flight (docs/ilp.md,
+"Memory floor"), so the search sets aside, unpriced, a plan no partition can fit.
+
+On every pipeline device k, CostModel's peak is at least its moment M2 (cost/memory/per_device.py stage_memory):
+
+    peak >= W_k + G_k + O_k + n'_k S_k + p_k D_k
+
+with n'_k the micro-batches device k holds after its first backward (cost/pp/schedule.py
+in_flight_after_first_backward; zero-bubble's from cost/pp/zero_bubble.py), S_k its blocks' kept activations
+per micro-batch, p_k the micro-batches whose W a zero-bubble schedule still owes (pending_weight_grads) and D_k
+the output gradients its blocks keep from B to W (part of M2's transient bytes). The largest of the pp devices
+is at least any weighted mean of them; weights 1 / (n'_k H), H = sum_k 1 / n'_k, and each block on some device,
+give
+
+    peak >= (sum_k states_k / max_k n'_k + sum_b s_b + min_k (p_k / n'_k) sum_b d_b) / H
+
+where s_b, d_b are block b's kept activations under the plan's recompute and its kept output gradients (the
+outside nodes' left out) and sum_k states_k at least the blocks' dense model states (model_states is linear in
+the parameters): none depends on the partition. A V schedule's peak is a replay state (cost/pp/replay.py): no
+floor here.
+"""
+
+from __future__ import annotations
+
+from autoplan.cost.memory.per_device import model_states
+from autoplan.cost.pp.schedule import in_flight_after_first_backward
+from autoplan.cost.pp.zero_bubble import pending_weight_grads
+from autoplan.types.plan import Plan
+from autoplan.types.schedules import V_SCHEDULES
+
+
+def in_flight_floor_bytes(
+    plan: Plan, *, block_params: float, trained: float, kept_bytes: float, wgrad_held_bytes: float = 0.0
+) -> float:
+    """The module docstring's floor, bytes per device: ``block_params`` the blocks' dense parameters per device,
+    ``trained`` the fewest of them trainable, ``kept_bytes`` every block's kept activations per micro-batch,
+    ``wgrad_held_bytes`` every block's output gradients kept from B to W."""
+    held = [in_flight_after_first_backward(plan, k) for k in range(plan.pp)]
+    if plan.schedule in V_SCHEDULES or min(held) <= 0:
+        return 0.0
+    states = model_states(
+        params=block_params,
+        trainable=trained,
+        precision=plan.precision,
+        zero_stage=plan.zero_stage,
+        dp=plan.dp * plan.cp,  # as Bounds.states_floor_bytes: the fewest bytes any of its ZeRO layouts holds
+        pp=plan.pp,
+        offload=plan.offload,
+    )
+    states_bytes = states.weights_bytes + states.grads_bytes + states.optimizer_bytes
+    owed = min(pending_weight_grads(plan, k) / n for k, n in enumerate(held))
+    return (states_bytes / max(held) + kept_bytes + owed * wgrad_held_bytes) / sum(1.0 / n for n in held)
