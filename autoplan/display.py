@@ -99,6 +99,11 @@ def duration_text(seconds: float, *, signed: bool = False) -> str:
     return ("+" + text) if signed and seconds > 0 else text
 
 
+def trade_text(gain_s: float, *, verb: str) -> str:
+    """``verb`` and the seconds an option gains (``pays 3.1 ms``), or ``costs`` and what it loses."""
+    return f"{verb} {duration_text(gain_s)}" if gain_s >= 0 else f"costs {duration_text(-gain_s)}"
+
+
 def hours_text(hours: float) -> str:
     """3.1 days, 14.2 h, 35 min or 12 s."""
     if hours >= 48:

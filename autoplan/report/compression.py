@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.display import duration_text
+from autoplan.display import duration_text, trade_text
 from autoplan.report.search_again import without_fits
 from autoplan.types.graph import Graph
 from autoplan.types.profile import Profile
@@ -34,7 +34,7 @@ def compression_why(result, *, graph: Graph, profile: Profile) -> str:
         return f"{head}; {said}."
     rival = flat.best_cost
     gap_s = rival.step_time_s - cost.step_time_s
-    trade = f"pays {duration_text(gap_s)}" if gap_s >= 0 else f"costs {duration_text(-gap_s)}"
+    trade = trade_text(gap_s, verb="pays")
     return (
         f"{head}; the best plan without gradient compression ({flat.best.describe()}) exposes "
         f"{duration_text(rival.dp_comm_exposed_s)} of gradient sync and steps in {duration_text(rival.step_time_s)} "

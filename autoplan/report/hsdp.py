@@ -31,23 +31,23 @@ def hsdp_why(model: CostModel, plan: Plan, cost: Cost) -> str:
     shard, full = plan_mesh_groups(model.profile, plan)["dp_shard"], plan_mesh_groups(model.profile, flat)["dp_shard"]
     replicas = plan_mesh_groups(model.profile, plan)["dp_replicate"]
     s = dp_shard(plan)
-    than = "less" if _sync_s(cost) < _sync_s(flat_cost) else "more"
+    than = "less" if exposed_sync_s(cost) < exposed_sync_s(flat_cost) else "more"
     return (
         f"dp_replicate={plan.dp_replicate} replicates the ZeRO-{plan.zero_stage} states across "
         f"{plan.dp_replicate} groups of {s} ranks: each group's all-gathers and reduce-scatters run "
-        f"{_links(shard)} instead of {_links(full)} for all {plan.dp} ranks, and only 1/{s} of the "
-        f"gradients is all-reduced across the replicas ({_links(replicas)}), so the exposed ZeRO and "
-        f"gradient sync takes {duration_text(_sync_s(cost))} per step, {than} than the "
-        f"{duration_text(_sync_s(flat_cost))} of full sharding (step {duration_text(cost.step_time_s)} against "
+        f"{links_text(shard)} instead of {links_text(full)} for all {plan.dp} ranks, and only 1/{s} of the "
+        f"gradients is all-reduced across the replicas ({links_text(replicas)}), so the exposed ZeRO and "
+        f"gradient sync takes {duration_text(exposed_sync_s(cost))} per step, {than} than the "
+        f"{duration_text(exposed_sync_s(flat_cost))} of full sharding (step {duration_text(cost.step_time_s)} against "
         f"{duration_text(flat_cost.step_time_s)}), for {cost.peak_memory_bytes / GIB:.1f} GiB per device against "
         f"{flat_cost.peak_memory_bytes / GIB:.1f} GiB."
     )
 
 
-def _sync_s(cost: Cost) -> float:
+def exposed_sync_s(cost: Cost) -> float:
     return cost.zero_comm_s + cost.dp_comm_exposed_s
 
 
-def _links(group) -> str:
+def links_text(group) -> str:
     """Where a group's collectives run: inside one node (its NVLink), or across how many nodes."""
     return f"across {group.nodes} nodes" if group.spans_nodes else "within one node"

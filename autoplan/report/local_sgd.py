@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from autoplan.cost import CostModel, plan_mesh_groups
 from autoplan.display import duration_text, number_text
+from autoplan.report.hsdp import exposed_sync_s, links_text
 from autoplan.types.cost import Cost
 from autoplan.types.local_sgd import is_local_sgd, outer_degree, synchronous_fields
 from autoplan.types.plan import Plan
@@ -29,13 +30,14 @@ def local_sgd_why(model: CostModel, plan: Plan, cost: Cost) -> str:
     synced_cost = model.estimate(synced)
     groups = plan_mesh_groups(model.profile, plan)
     outer = groups["dp_replicate"] if plan.dp_replicate > 1 else groups["dp"]
-    saves = _sync_s(synced_cost) - _sync_s(cost)
+    saves = exposed_sync_s(synced_cost) - exposed_sync_s(cost)
     return (
         f"{_what(plan)} averages the {outer_degree(plan)} replicas' parameters once every {plan.sync_every} steps "
-        f"({_links(outer)}) instead of syncing their gradients every step: one "
+        f"({links_text(outer)}) instead of syncing their gradients every step: one "
         f"{cost.extra.get('outer_sync_bytes', 0) / 2**20:.1f} MiB fp32 all-reduce per rank that stalls the step it "
         f"ends for {duration_text(cost.extra.get('outer_sync_s', 0.0))}, so the data-parallel sync takes "
-        f"{duration_text(_sync_s(cost))} per step against {duration_text(_sync_s(synced_cost))} synchronous "
+        f"{duration_text(exposed_sync_s(cost))} per step against {duration_text(exposed_sync_s(synced_cost))} "
+        "synchronous "
         f"({duration_text(abs(saves))} {'less' if saves >= 0 else 'more'}; step {duration_text(cost.step_time_s)} "
         f"against {duration_text(synced_cost.step_time_s)}), for {number_text(cost.peak_memory_bytes / GIB)} GiB "
         f"per device against {number_text(synced_cost.peak_memory_bytes / GIB)} GiB. H = {plan.sync_every} is a "
@@ -51,12 +53,3 @@ def _what(plan: Plan) -> str:
         f"sync_every={plan.sync_every} with DiLoCo's outer Nesterov step (lr {plan.outer_lr:g}, momentum "
         f"{plan.outer_momentum:g})"
     )
-
-
-def _sync_s(cost: Cost) -> float:
-    return cost.zero_comm_s + cost.dp_comm_exposed_s
-
-
-def _links(group) -> str:
-    """Where the outer group's all-reduce runs: inside one node, or across how many nodes."""
-    return f"across {group.nodes} nodes" if group.spans_nodes else "within one node"

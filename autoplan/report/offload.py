@@ -9,7 +9,7 @@ Then what the host step costs per step: the copies over the host link and the CP
 
 from __future__ import annotations
 
-from autoplan.display import duration_text
+from autoplan.display import duration_text, trade_text
 from autoplan.report.search_again import without_fits
 from autoplan.types.graph import Graph
 from autoplan.types.profile import Profile
@@ -42,7 +42,7 @@ def _without(best, searched, *, graph: Graph, profile: Profile, cost) -> str:
         return said
     rival = flat.best_cost
     gap_s = rival.step_time_s - cost.step_time_s  # a pin may offload where the plan without it is faster
-    trade = f"buys {duration_text(gap_s)}" if gap_s >= 0 else f"costs {duration_text(-gap_s)}"
+    trade = trade_text(gap_s, verb="buys")
     return (
         f"the best plan without offload ({flat.best.describe()}) fits in {rival.peak_memory_bytes / GIB:.1f} GiB "
         f"against {cost.peak_memory_bytes / GIB:.1f} GiB and steps in {duration_text(rival.step_time_s)}, so the "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost import CostModel, sparse_grad_summary
-from autoplan.display import duration_text, number_text, si_text
+from autoplan.display import duration_text, number_text, si_text, trade_text
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 
@@ -24,7 +24,7 @@ def sparse_grads_why(model: CostModel, plan: Plan, cost) -> str:
         return ""
     dense = CostModel(dense_tables(model.graph), model.profile).estimate(plan)
     gap_s = dense.step_time_s - cost.step_time_s
-    trade = f"saves {duration_text(gap_s)}" if gap_s >= 0 else f"costs {duration_text(-gap_s)}"
+    trade = trade_text(gap_s, verb="saves")
     return (
         f"{', '.join(found.tables)} take sparse gradients, so DDP all-gathers the ~{number_text(found.rows)} rows a "
         f"rank's step touches ({si_text(found.sent_bytes, 'B')} over dp={plan.dp}) instead of all-reducing "

@@ -255,12 +255,10 @@ def test_fp8_rowwise_runs_torchaos_rowwise_recipe(fp8):
 # ---- checkpoints of a PowerSGD run ------------------------------------------------------------
 
 
-def checkpoint_case(model_name: str, plan) -> dict:
-    """3 steps, save, then a fresh trainer resumes: same weights, a fresh PowerSGD state (its
-    error feedback is not saved), and it trains on."""
-    from autoplan.execute.checkpoint.api import checkpointer, resume
+def _three_steps_saved(model_name: str, plan, folder: str):
+    """A trainer after 3 steps, saved to ``folder``, and its local batch."""
+    from autoplan.execute.checkpoint.api import checkpointer
 
-    folder = os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
     trainer, _, (inputs, target) = _trainer(model_name, plan)
     x, y = trainer.local_batch(inputs, target)
     for _ in range(3):
@@ -268,6 +266,16 @@ def checkpoint_case(model_name: str, plan) -> dict:
     saver = checkpointer(trainer, folder)
     saver.save(trainer, steps_done=3, rows=[])
     saver.wait()
+    return trainer, (x, y)
+
+
+def checkpoint_case(model_name: str, plan) -> dict:
+    """3 steps, save, then a fresh trainer resumes: same weights, a fresh PowerSGD state (its
+    error feedback is not saved), and it trains on."""
+    from autoplan.execute.checkpoint.api import checkpointer, resume
+
+    folder = os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+    trainer, (x, y) = _three_steps_saved(model_name, plan, folder)
     saved = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
     fresh, _, _ = _trainer(model_name, plan)
     info = resume(fresh, folder, checkpointer(fresh, folder))
@@ -323,13 +331,7 @@ def topk_checkpoint_case(model_name: str, plan) -> dict:
     from autoplan.execute.checkpoint.api import checkpointer, resume
 
     folder = os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
-    trainer, _, (inputs, target) = _trainer(model_name, plan)
-    x, y = trainer.local_batch(inputs, target)
-    for _ in range(3):
-        trainer.train_step(x, y)
-    saver = checkpointer(trainer, folder)
-    saver.save(trainer, steps_done=3, rows=[])
-    saver.wait()
+    trainer, (x, y) = _three_steps_saved(model_name, plan, folder)
     trainer.train_step(x, y)
     went_on = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
     fresh, _, _ = _trainer(model_name, plan)
