@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import PlanError
-from autoplan.modelfile import ModelFile
+from autoplan.modelfile import ModelFile, ModelFileError
 from autoplan.types.plan import Plan
 from autoplan.types.sparse_grads import sparse_grad_refusal
 
@@ -37,9 +37,16 @@ def check_runs_here(model: nn.Module, plan: Plan) -> None:
 
 
 def check_model_file(model_file: ModelFile, plan: Plan) -> None:
-    """:func:`check_runs_here` on the model file's model built on the meta device (before any rank starts)."""
-    with torch.device("meta"):
-        model = model_file.build()
+    """:func:`check_runs_here` on the model file's model built on the meta device (before any rank starts),
+    built only where ``plan`` could not run a sparse table. A model that builds only inside a rank (it reads
+    the rank's environment, ``RANK``) is left to the ranks, whose ``parallelize`` makes the same check."""
+    if sparse_grad_refusal(plan, ["a sparse table"]) is None:
+        return  # this plan runs sparse tables: no user code in the launcher
+    try:
+        with torch.device("meta"):
+            model = model_file.build()
+    except ModelFileError:
+        return  # the ranks build it, and say so if it fails there too
     check_runs_here(model, plan)
 
 
