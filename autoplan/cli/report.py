@@ -14,9 +14,10 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     report = subparsers.add_parser(
         "report",
         parents=[common],
-        help="turn a plan folder and its runs into tables, figures and report.md",
+        help="turn a plan folder and its runs into tables, figures, report.md and report.html",
         description="Write tidy CSVs, PNG figures (timeline, memory, breakdown, predicted vs measured), "
-        "explain.md and report.md for a plan folder and any run folders of it.",
+        "explain.md, report.md and report.html (one page with interactive figures that opens in a browser, "
+        "offline) for a plan folder and any run folders of it.",
     )
     report.add_argument("plan_dir", metavar="DIR", help="a plan folder (autoplan plan --out DIR)")
     report.add_argument(

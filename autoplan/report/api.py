@@ -2,7 +2,8 @@
 
 REPORTDIR receives the tidy tables (autoplan/report/tables.py), the figures
 (autoplan/report/figures.py), ``explain.md`` (autoplan/report/explain.py, when the plan
-folder holds graph.json and profile.json) and ``report.md`` (autoplan/report/markdown.py).
+folder holds graph.json and profile.json), ``report.md`` (autoplan/report/markdown.py) and
+``report.html`` (autoplan/report/html.py: the same sections with interactive figures, offline).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from autoplan.cost import usable_bytes
 from autoplan.report import figures as fig
 from autoplan.report.folder import load_plan_folder, load_run_folder, search_again
+from autoplan.report.html import Drawn, write_html
 from autoplan.report.markdown import report_markdown
 from autoplan.report.memory import memory_bars
 from autoplan.report.tables import audit_table, breakdown_table, plans_table, runs_table, stages_table, write_tables
@@ -19,26 +21,39 @@ from autoplan.report.timeline import from_plan_folder
 from autoplan.types._check import write_text_atomic
 
 
-def _figures(folder, runs_frame, result, out: Path, *, top_k: int) -> dict[str, str]:
-    made: dict[str, Path] = {}
+def _drawn(folder, result, *, top_k: int) -> Drawn:
+    """What both the PNGs and report.html draw, computed once."""
     plans = plans_table(folder)
-    breakdown = breakdown_table(plans, top_k=top_k)
-    if len(breakdown):
-        made["breakdown.png"] = fig.breakdown_figure(breakdown, out / "breakdown.png")
+    timeline, title = None, ""
     if folder.plan is not None and folder.stages is not None:
+        timeline = from_plan_folder(folder)
         title = (
             f"{folder.plan.describe()}: one step ({folder.plan.schedule}, {folder.plan.num_microbatches} micro-batches)"
         )
-        made["timeline.png"] = fig.timeline_figure(from_plan_folder(folder), out / "timeline.png", title=title)
-    memory = memory_bars(folder, result, top_k=top_k)
     capacity = (
         folder.profile.device.memory_bytes
         if folder.profile
         else (folder.plan.predicted.memory_capacity_bytes if folder.plan and folder.plan.predicted else None)
     )
-    if memory and capacity:
+    return Drawn(
+        breakdown=breakdown_table(plans, top_k=top_k),
+        timeline=timeline,
+        timeline_title=title,
+        memory=memory_bars(folder, result, top_k=top_k),
+        capacity_bytes=capacity,
+        usable_bytes=usable_bytes(capacity) if capacity else None,
+    )
+
+
+def _figures(drawn: Drawn, runs_frame, out: Path) -> dict[str, str]:
+    made: dict[str, Path] = {}
+    if len(drawn.breakdown):
+        made["breakdown.png"] = fig.breakdown_figure(drawn.breakdown, out / "breakdown.png")
+    if drawn.timeline is not None:
+        made["timeline.png"] = fig.timeline_figure(drawn.timeline, out / "timeline.png", title=drawn.timeline_title)
+    if drawn.memory and drawn.capacity_bytes:
         made["memory.png"] = fig.memory_figure(
-            memory, out / "memory.png", capacity_bytes=capacity, usable_bytes=usable_bytes(capacity)
+            drawn.memory, out / "memory.png", capacity_bytes=drawn.capacity_bytes, usable_bytes=drawn.usable_bytes
         )
     if runs_frame is not None and len(runs_frame):
         made["predicted_vs_measured.png"] = fig.predicted_measured_figure(runs_frame, out / "predicted_vs_measured.png")
@@ -55,7 +70,7 @@ def report(
     runs = [load_run_folder(r) for r in run_dirs]
     out = Path(out)
     paths = write_tables(folder, runs, out, top_k=top_k)
-    result, explanation_md = None, None
+    result, exp, explanation_md = None, None, None
     if folder.plan is not None and folder.graph is not None and folder.profile is not None:
         result = search_again(folder)  # memory.png re-prices the top plans from it
     if explain and result is not None:
@@ -65,7 +80,8 @@ def report(
         explanation_md = exp.to_markdown()
         paths["explain.md"] = write_text_atomic(out / "explain.md", explanation_md)
     runs_frame = runs_table(folder, runs) if runs else None
-    figures = _figures(folder, runs_frame, result, out, top_k=top_k)
+    drawn = _drawn(folder, result, top_k=top_k)
+    figures = _figures(drawn, runs_frame, out)
     paths.update({name: out / name for name in figures})
     tables = {
         "plans": plans_table(folder),
@@ -75,4 +91,5 @@ def report(
     }
     text = report_markdown(folder, tables=tables, figures=figures, explanation_md=explanation_md, top_k=top_k)
     paths["report.md"] = write_text_atomic(out / "report.md", text)
+    paths.update(write_html(folder, out=out, tables=tables, drawn=drawn, exp=exp, result=result, top_k=top_k))
     return paths

@@ -36,6 +36,15 @@ COLORS = {
     "sync": "#8172B3",
     "idle": "#DDDDDD",
 }
+#: the legend's words for each kind of timeline segment (timeline.png and report.html's timeline)
+KIND_LABELS = {
+    "forward": "forward",
+    "backward": "backward (input gradients when split)",
+    "weight": "weight gradients",
+    "send": "send/recv",
+    "sync": "dp sync + optimizer",
+    "idle": "idle (bubble)",
+}
 MEMORY_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#DD8452", "#8172B3")
 TERM_COLORS = (
     "#4C72B0",
@@ -93,14 +102,7 @@ def timeline_figure(timeline: Timeline, path: Path, *, title: str) -> Path:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     ax.legend(
         handles,
-        [
-            "forward",
-            "backward (input gradients when split)",
-            "weight gradients",
-            "send/recv",
-            "dp sync + optimizer",
-            "idle (bubble)",
-        ],
+        [KIND_LABELS[kind] for kind in COLORS],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.25 if timeline.pp > 2 else -0.45),
         ncol=6,

@@ -15,13 +15,27 @@ from autoplan.report.tables import audit_summary, describe_row, top_feasible
 from autoplan.types.cost import Cost
 
 GIB = 2**30
+#: the columns of the stage and run tables report.md and report.html show (all are in the CSVs)
+STAGE_COLUMNS = ["stage", "blocks", "first_block", "last_block", "forward_s", "backward_s", "send_recv_s", "memory_gib"]
+RUN_COLUMNS = [
+    "run",
+    "plan",
+    "steps",
+    "predicted_step_time_s",
+    "measured_step_time_s",
+    "measured_over_predicted",
+    "error_pct",
+    "measured_peak_memory_bytes",
+    "peak_memory_kind",
+]
+AUDIT_COLUMNS = ["run", "quantity", "rows", "as_priced", "max_abs_error"]
 
 
 def _ms(value) -> str:
     return number_text(float(value) * 1e3)
 
 
-def _model_lines(folder: PlanFolder) -> list[str]:
+def model_lines(folder: PlanFolder) -> list[str]:
     g, p = folder.graph, folder.profile
     lines = []
     if g is not None:
@@ -41,7 +55,7 @@ def _model_lines(folder: PlanFolder) -> list[str]:
     return lines
 
 
-def _plan_lines(folder: PlanFolder) -> list[str]:
+def plan_lines(folder: PlanFolder) -> list[str]:
     plan = folder.plan
     if plan is None:
         return ["**No plan fits:** " + most_frugal(folder.plans)]
@@ -64,7 +78,7 @@ def _plan_lines(folder: PlanFolder) -> list[str]:
     return lines
 
 
-def _top_table(plans: pd.DataFrame, top_k: int) -> list[str]:
+def top_table(plans: pd.DataFrame, top_k: int) -> list[str]:
     """The top plans and their step-time terms (autoplan/display.py names), in the best step's unit."""
     top = top_feasible(plans, top_k)
     scale, unit = duration_unit(float(top["step_time_s"].iloc[0]) if len(top) else 1.0)
@@ -81,7 +95,7 @@ def _top_table(plans: pd.DataFrame, top_k: int) -> list[str]:
     return lines
 
 
-def _frame_table(frame: pd.DataFrame, columns: list[str]) -> list[str]:
+def frame_table(frame: pd.DataFrame, columns: list[str]) -> list[str]:
     columns = [c for c in columns if c in frame]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for _, row in frame.iterrows():
@@ -99,10 +113,10 @@ def report_markdown(
     explanation_md: str | None,
     top_k: int,
 ) -> str:
-    lines = [f"# autoplan report: {folder.path.name}", "", "## What was planned", ""] + _model_lines(folder) + [""]
-    lines += _plan_lines(folder) + [""]
+    lines = [f"# autoplan report: {folder.path.name}", "", "## What was planned", ""] + model_lines(folder) + [""]
+    lines += plan_lines(folder) + [""]
     if len(top_feasible(tables["plans"], top_k)):
-        lines += [f"## The top {top_k} plans (step time and its terms)", ""] + _top_table(tables["plans"], top_k) + [""]
+        lines += [f"## The top {top_k} plans (step time and its terms)", ""] + top_table(tables["plans"], top_k) + [""]
     for name, caption in (
         ("breakdown.png", "Step-time breakdown"),
         ("timeline.png", "Pipeline timeline of one step"),
@@ -111,42 +125,9 @@ def report_markdown(
         if name in figures:
             lines += [f"![{caption}]({figures[name]})", ""]
     if tables.get("stages") is not None:
-        lines += (
-            ["## Stages", ""]
-            + _frame_table(
-                tables["stages"],
-                [
-                    "stage",
-                    "blocks",
-                    "first_block",
-                    "last_block",
-                    "forward_s",
-                    "backward_s",
-                    "send_recv_s",
-                    "memory_gib",
-                ],
-            )
-            + [""]
-        )
+        lines += ["## Stages", ""] + frame_table(tables["stages"], STAGE_COLUMNS) + [""]
     if tables.get("runs") is not None:
-        lines += (
-            ["## Predicted against measured", ""]
-            + _frame_table(
-                tables["runs"],
-                [
-                    "run",
-                    "plan",
-                    "steps",
-                    "predicted_step_time_s",
-                    "measured_step_time_s",
-                    "measured_over_predicted",
-                    "error_pct",
-                    "measured_peak_memory_bytes",
-                    "peak_memory_kind",
-                ],
-            )
-            + [""]
-        )
+        lines += ["## Predicted against measured", ""] + frame_table(tables["runs"], RUN_COLUMNS) + [""]
         if "predicted_vs_measured.png" in figures:
             lines += [f"![Predicted against measured]({figures['predicted_vs_measured.png']})", ""]
     if tables.get("audit") is not None:
@@ -157,9 +138,7 @@ def report_markdown(
             "matmul and attention FLOPs and peak live memory against the cost model (audit.csv has every row).",
             "",
         ]
-        lines += _frame_table(
-            audit_summary(tables["audit"]), ["run", "quantity", "rows", "as_priced", "max_abs_error"]
-        ) + [""]
+        lines += frame_table(audit_summary(tables["audit"]), AUDIT_COLUMNS) + [""]
     if explanation_md:
         lines += [
             explanation_md.replace("## ", "### ").replace("### Why this plan", "## Explanation\n\n### Why this plan", 1)

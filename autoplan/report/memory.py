@@ -27,13 +27,26 @@ class MemoryBar:
     parts_bytes: dict[str, float]  # display name -> bytes at the peak moment; they sum to peak_bytes
     peak_bytes: float
 
+    def relabelled(self, label: str) -> MemoryBar:
+        return MemoryBar(label, self.parts_bytes, self.peak_bytes)
+
 
 def peak_parts(model: CostModel, plan: Plan) -> MemoryBar:
     """The most loaded stage's peak moment, as CostModel prices it."""
+    return max(stage_bars(model, plan), key=lambda bar: bar.peak_bytes).relabelled(plan.describe())
+
+
+def stage_bars(model: CostModel, plan: Plan) -> list[MemoryBar]:
+    """Every pipeline stage of ``plan`` at its own peak moment (report.html's memory per stage)."""
     stages, _tp_plan, _ctx = model.priced_stages(plan)
-    worst = max(model.stage_memory(plan, stages), key=lambda m: m.peak_bytes)
-    parts = {MEMORY_NAMES[name]: value for name, value in zip(Cost.MEMORY_FIELDS, worst.at_peak_bytes)}
-    return MemoryBar(plan.describe(), parts, worst.peak_bytes)
+    return [
+        MemoryBar(
+            f"stage {k}",
+            {MEMORY_NAMES[name]: value for name, value in zip(Cost.MEMORY_FIELDS, memory.at_peak_bytes)},
+            memory.peak_bytes,
+        )
+        for k, memory in enumerate(model.stage_memory(plan, stages))
+    ]
 
 
 def memory_bars(folder, result, *, top_k: int) -> list[MemoryBar]:
@@ -44,7 +57,7 @@ def memory_bars(folder, result, *, top_k: int) -> list[MemoryBar]:
         ranked = result.ranked()
         rows = top_feasible(plans_table(folder), top_k)
         return [
-            _labelled(peak_parts(model, ranked[int(row["rank"]) - 1].plan), describe_row(row))
+            peak_parts(model, ranked[int(row["rank"]) - 1].plan).relabelled(describe_row(row))
             for _, row in rows.iterrows()
             if int(row["rank"]) <= len(ranked)
         ]
@@ -54,7 +67,3 @@ def memory_bars(folder, result, *, top_k: int) -> list[MemoryBar]:
     memory, peak = plan.predicted.memory, plan.predicted.peak_memory_bytes
     held = {MEMORY_NAMES[n]: memory.get(n, 0.0) for n in ("weights_bytes", "optimizer_bytes")}
     return [MemoryBar(plan.describe(), {**held, REST: peak - sum(held.values())}, peak)]
-
-
-def _labelled(bar: MemoryBar, label: str) -> MemoryBar:
-    return MemoryBar(label, bar.parts_bytes, bar.peak_bytes)

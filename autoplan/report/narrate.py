@@ -33,6 +33,23 @@ def _decision(exp) -> str:
 
 
 def explanation_markdown(exp) -> str:
+    """The whole explanation: every section of :func:`explanation_sections`, in order."""
+    return "\n".join(line for lines in explanation_sections(exp).values() for line in lines) + "\n"
+
+
+def explanation_sections(exp) -> dict[str, list[str]]:
+    """The explanation's sections by name (why, change, families, trade, goodput), each its Markdown lines
+    with its own heading; report.md and report.html both place them (autoplan/report/html.py)."""
+    return {
+        "why": _why_lines(exp),
+        "change": _change_lines(exp),
+        "families": _family_lines(exp),
+        "trade": _trade_lines(exp),
+        "goodput": ["", "## Checkpoints and failures", ""] + _goodput_lines(exp),
+    }
+
+
+def _why_lines(exp) -> list[str]:
     lines = [
         "## Why this plan",
         "",
@@ -47,7 +64,11 @@ def explanation_markdown(exp) -> str:
         lines += [f"{len(exp.ties)} plan(s) tie with it on {exp.objective}:", ""] + [f"- {t}" for t in exp.ties] + [""]
     if exp.rivals:
         lines += ["Nearest rivals, term by term (rival minus chosen):", ""] + _rival_lines(exp) + [""]
-    lines += ["## What would change the decision", ""] + [f"- {t.sentence}" for t in exp.thresholds]
+    return lines
+
+
+def _change_lines(exp) -> list[str]:
+    lines = ["## What would change the decision", ""] + [f"- {t.sentence}" for t in exp.thresholds]
     if exp.memory:
         m = exp.memory
         lines.append(
@@ -55,25 +76,39 @@ def explanation_markdown(exp) -> str:
             f"{number_text(m['usable_bytes'] / GIB)} GiB usable ({100 * m['headroom_fraction']:.1f}%); "
             f"the plan fits any device of {number_text(m['smallest_device_bytes'] / GIB)} GiB or more."
         )
-    lines += ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
-    lines += [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]
-    lines += ["", "## Precision and gradient sync: the trade", ""] + trade_lines(exp.trade)
-    lines += ["", exp.fp8] if exp.fp8 else []
-    lines += ["", exp.attention] if exp.attention else []
-    lines += ["", f"**Frozen parameters:** {exp.frozen}"] if exp.frozen else []
-    lines += ["", f"**Sparse embedding gradients:** {exp.sparse_grads}"] if exp.sparse_grads else []
-    lines += ["", f"**Context parallelism:** {exp.cp}"] if exp.cp else []
-    lines += ["", f"**HSDP:** {exp.hsdp}"] if exp.hsdp else []
-    lines += ["", f"**Local SGD:** {exp.local_sgd}"] if exp.local_sgd else []
-    lines += ["", f"**Expert layout:** {exp.experts}"] if exp.experts else []
-    lines += ["", f"**All-to-all overlap:** {exp.a2a_overlap}"] if exp.a2a_overlap else []
-    lines += ["", f"**Recompute budget:** {exp.recompute}"] if exp.recompute else []
-    lines += ["", f"**Offload:** {exp.offload}"] if exp.offload else []
-    lines += ["", f"**Schedule:** {exp.zero_bubble}"] if exp.zero_bubble else []
-    lines += ["", f"**Activation offload:** {exp.activation_offload}"] if exp.activation_offload else []
-    lines += ["", f"**Gradient compression:** {exp.compression}"] if exp.compression else []
-    lines += ["", "## Checkpoints and failures", ""] + _goodput_lines(exp)
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _family_lines(exp) -> list[str]:
+    lines = ["", "## Why each other family lost", "", "| family (dp, tp, pp) | verdict | why |", "|---|---|---|"]
+    return lines + [f"| {f.family} | {f.verdict} | {f.detail} |" for f in exp.families]
+
+
+#: the one-sentence notes after the trade table: (Explanation field, its lead-in or "" for none)
+NOTES = (
+    ("fp8", ""),
+    ("attention", ""),
+    ("frozen", "Frozen parameters"),
+    ("sparse_grads", "Sparse embedding gradients"),
+    ("cp", "Context parallelism"),
+    ("hsdp", "HSDP"),
+    ("local_sgd", "Local SGD"),
+    ("experts", "Expert layout"),
+    ("a2a_overlap", "All-to-all overlap"),
+    ("recompute", "Recompute budget"),
+    ("offload", "Offload"),
+    ("zero_bubble", "Schedule"),
+    ("activation_offload", "Activation offload"),
+    ("compression", "Gradient compression"),
+)
+
+
+def _trade_lines(exp) -> list[str]:
+    lines = ["", "## Precision and gradient sync: the trade", ""] + trade_lines(exp.trade)
+    for name, lead in NOTES:
+        if text := getattr(exp, name):
+            lines += ["", f"**{lead}:** {text}" if lead else text]
+    return lines
 
 
 def _goodput_lines(exp) -> list[str]:

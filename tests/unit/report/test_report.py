@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
+from synthetic.folders import STEP_TIMES, write_measured_run, write_plan_folder
 
 from autoplan.cli import main
 from autoplan.cost.model import CostModel
@@ -19,45 +20,13 @@ from autoplan.report.folder import load_plan_folder
 from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import write_outputs
 from autoplan.types.cost import Cost
-from autoplan.types.run_folder import MeasuredStep, RunSummary, write_run_folder
-
-STEP_TIMES = [0.5, 0.31, 0.3, 0.29, 0.3, 0.32]
-
-
-def _plan_folder(path, *, fix):
-    graph = synthetic_gpt(layers=4, hidden=512, heads=8, batch=16, seq=256)
-    profile = synthetic_profile()
-    result = plan_graph(graph, devices=8, profile=profile, batch_size=16, fix=fix)
-    write_outputs(path, result=result, graph=graph, profile=profile)
-    return result
-
-
-def _run_folder(path, plan):
-    steps = [MeasuredStep(i, t, 5.0 - 0.1 * i, 1000 + i) for i, t in enumerate(STEP_TIMES)]
-    median = float(np.median(STEP_TIMES[2:]))
-    write_run_folder(
-        path,
-        steps=steps,
-        plan=plan,
-        summary=RunSummary(
-            plan=plan.describe(),
-            steps=len(STEP_TIMES),
-            warmup_steps=2,
-            median_step_time_s=median,
-            predicted_step_time_s=plan.predicted.step_time_s,
-            peak_memory_bytes=1005,
-            peak_memory_kind="cpu_max_rss",
-            final_loss=4.5,
-        ),
-    )
-    return median
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    result = _plan_folder(root / "plan", fix="pp=2")
-    median = _run_folder(root / "run", result.best)
+    result = write_plan_folder(root / "plan", fix="pp=2")
+    median = write_measured_run(root / "run", result.best)
     with pytest.MonkeyPatch.context() as patch:  # keep what memory.png draws
         patch.setattr(figures, "memory_figure", _recording(figures.memory_figure, root))
         paths = report(root / "plan", [root / "run"], out=root / "out", top_k=3)
@@ -223,5 +192,6 @@ def test_a_folder_where_nothing_fits_reports_the_closest_candidate(tmp_path, cap
     frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
     text = (tmp_path / "out" / "report.md").read_text()
     assert "No plan fits" in text and frugal.cost.reason in text
+    assert frugal.cost.reason in (tmp_path / "out" / "report.html").read_text()  # the page says it as report.md does
     assert main(["explain", str(tmp_path / "plan")]) == 2
     assert "no plan fit" in capsys.readouterr().err
