@@ -88,7 +88,7 @@ class Trainer:
     )
 
     def mark(self, phase: str, *, kind: str = "compute") -> None:
-        """Tell the heartbeat which phase of the step this rank is in (one object stored)."""
+        """Tell the heartbeat which phase of the step this rank is in (one tuple stored)."""
         if self.heartbeat is not None:
             self.heartbeat.mark(phase, kind=kind)
 

@@ -1,7 +1,7 @@
 """A rank's heartbeat: the step and phase it is in, published for a watcher (autoplan/jobs/hang.py).
 
 The runner and the trainer mark phases at cheap points, a few per micro-batch and never per op
-(:meth:`Heartbeat.mark`: one object stored, no system call): "forward mb2", "gradient sync",
+(:meth:`Heartbeat.mark`: one tuple stored, no system call): "forward mb2", "gradient sync",
 "optimizer step", "checkpoint save". Each mark advances a sequence number. A daemon thread
 publishes the newest mark every ``period_s`` when it changed: to a file per rank in the local
 launcher's folder (``AUTOPLAN_HEARTBEAT_DIR``), or under torchrun to a key of the job's TCPStore
@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -107,20 +107,23 @@ class Heartbeat:
 
     def __init__(self, *, rank: int, sink: Sink | None, period_s: float):
         self.rank, self.sink, self.period_s = rank, sink, period_s
-        self.beat = Beat(seq=0, phase="start-up", kind="long")
+        self._state = (0, "start-up", None, "long", False, time.time())  # Beat's fields, in order
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def beat(self) -> Beat:
+        return Beat(*self._state)
+
     def mark(self, phase: str, *, kind: str = "compute", step: int | None = None) -> None:
-        """Enter ``phase`` (of ``step`` when given, else of the current step)."""
-        beat, at_s = self.beat, time.time()
-        self.beat = replace(
-            beat, seq=beat.seq + 1, phase=phase, kind=kind, step=beat.step if step is None else step, at_s=at_s
-        )
+        """Enter ``phase`` (of ``step`` when given, else of the current step): one tuple stored."""
+        seq, _, current, _, warm, _ = self._state
+        self._state = (seq + 1, phase, current if step is None else step, kind, warm, time.time())
 
     def warmed_up(self) -> None:
         """The first step is done: from now on the step deadline applies."""
-        self.beat = replace(self.beat, seq=self.beat.seq + 1, warm=True)
+        seq, phase, step, kind, _, at_s = self._state
+        self._state = (seq + 1, phase, step, kind, True, at_s)
 
     def start(self) -> Heartbeat:
         if self.sink is not None:
