@@ -2,8 +2,10 @@
 
 Deadlines, with P the plan's predicted step time, C its predicted checkpoint write and T --timeout-s:
 
-    step deadline  D = max(--hang-timeout-s (10 s), 5 P)          issue 38: "10 s, or 5x the predicted
-                                                                  step time if that is longer"
+    step deadline  D = max(--hang-timeout-s (10 s), 5 P, 5 M)     issue 38: "10 s, or 5x the predicted
+                                                                  step time if that is longer"; M: the
+                                                                  rank's last measured step, so a plan
+                                                                  mispredicted (another device) is safe
     long phases    L = max(D, T, 5 C)                             checkpoint save, --verify, the audit:
                                                                   unpredicted, and their closing collective
                                                                   already waits up to T for the slowest rank
@@ -69,17 +71,21 @@ class Deadlines:
         return min(MAX_PERIOD_S, max(MIN_PERIOD_S, self.step_s / SAMPLES_PER_DEADLINE))
 
     def of(self, beat: Beat) -> float | None:
+        """``beat``'s deadline: its phase's, and at least 5 x the rank's last measured step; None warming up."""
         if not beat.warm:
             return None
-        return self.long_s if beat.kind == "long" else self.step_s
+        return max(self.long_s if beat.kind == "long" else self.step_s, STEP_FACTOR * (beat.last_step_s or 0.0))
 
     def formula(self, beat: Beat) -> str:
-        predicted = _seconds(self.predicted_step_s)
-        step = f"max(--hang-timeout-s {self.floor_s:g}, {STEP_FACTOR} x the plan's predicted step {predicted})"
+        predicted, measured = _seconds(self.predicted_step_s), _seconds(beat.last_step_s)
+        step = (
+            f"--hang-timeout-s {self.floor_s:g}, {STEP_FACTOR} x the plan's predicted step {predicted}, "
+            f"{STEP_FACTOR} x the last measured step {measured}"
+        )
         if beat.kind != "long":
-            return f"{self.step_s:.3g} s = {step}"
+            return f"{self.of(beat):.3g} s = max({step})"
         return (
-            f"{self.long_s:.3g} s = max({step}, --timeout-s {self.timeout_s:g}, {STEP_FACTOR} x the predicted "
+            f"{self.of(beat):.3g} s = max({step}, --timeout-s {self.timeout_s:g}, {STEP_FACTOR} x the predicted "
             f"checkpoint write {_seconds(self.checkpoint_write_s)}), as '{beat.phase}' is not a predicted step phase"
         )
 

@@ -10,7 +10,8 @@ or waits in a collective (both release the GIL), so a hung rank keeps publishing
 the watcher sees the number stop advancing. A phase is a ``kind``: ``compute`` (the rank's own
 work), ``collective`` (waiting on the other ranks: a rank stopped there is a victim, not the cause)
 or ``long`` (a checkpoint save, --verify's reference, the audit: no step-time prediction covers them).
-``warm`` is False until the rank has finished its first step (compilation, first connections).
+``warm`` is False until the rank has finished its first step (compilation, first connections), and
+``last_step_s`` carries the last step's measured time.
 SIGUSR1 makes the rank print every thread's Python stack to its stderr (faulthandler), which the
 launcher asks of a rank it declares hung. docs/executor.md, "Hung ranks".
 """
@@ -35,7 +36,8 @@ KINDS = ("compute", "collective", "long")
 @dataclass(frozen=True)
 class Beat:
     """One mark: where a rank is. ``step`` is None before the first step; ``at_s``: when it was marked
-    (the rank's wall clock: it orders ranks that stopped within one publishing period)."""
+    (the rank's wall clock: it orders ranks that stopped within one publishing period); ``last_step_s``:
+    the last step's measured time (the slowest rank's), None before the first step ends."""
 
     seq: int
     phase: str
@@ -43,6 +45,7 @@ class Beat:
     kind: str = "compute"
     warm: bool = False
     at_s: float = 0.0
+    last_step_s: float | None = None
 
     def to_text(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -107,7 +110,7 @@ class Heartbeat:
 
     def __init__(self, *, rank: int, sink: Sink | None, period_s: float):
         self.rank, self.sink, self.period_s = rank, sink, period_s
-        self._state = (0, "start-up", None, "long", False, time.time())  # Beat's fields, in order
+        self._state = (0, "start-up", None, "long", False, time.time(), None)  # Beat's fields, in order
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -117,13 +120,14 @@ class Heartbeat:
 
     def mark(self, phase: str, *, kind: str = "compute", step: int | None = None) -> None:
         """Enter ``phase`` (of ``step`` when given, else of the current step): one tuple stored."""
-        seq, _, current, _, warm, _ = self._state
-        self._state = (seq + 1, phase, current if step is None else step, kind, warm, time.time())
+        seq, _, current, _, warm, _, last_step_s = self._state
+        self._state = (seq + 1, phase, current if step is None else step, kind, warm, time.time(), last_step_s)
 
-    def warmed_up(self) -> None:
-        """The first step is done: from now on the step deadline applies."""
-        seq, phase, step, kind, _, at_s = self._state
-        self._state = (seq + 1, phase, step, kind, True, at_s)
+    def stepped(self, step_s: float) -> None:
+        """A step ended after ``step_s``: from now on the deadline applies (the first step compiled and
+        connected) and is at least 5 x this step (autoplan/jobs/hang.py)."""
+        seq, phase, step, kind, _, at_s, _ = self._state
+        self._state = (seq + 1, phase, step, kind, True, at_s, step_s)
 
     def start(self) -> Heartbeat:
         if self.sink is not None:

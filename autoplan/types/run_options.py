@@ -58,8 +58,8 @@ class RunOptions:
     timeout_s: float = _option(45.0, "process-group timeout in seconds (default 45)", kind=float)
     hang_timeout_s: float = _option(
         10.0,
-        "a rank whose heartbeat stops for max(S, 5 x the plan's predicted step time) is declared hung and the job "
-        "stopped (default 10; 0: off, the process-group timeout alone; docs/executor.md, 'Hung ranks')",
+        "a rank whose heartbeat stops for max(S, 5 x the plan's predicted step time, 5 x its last step) is declared "
+        "hung and the job stopped (default 10; 0: off, the process-group timeout alone; docs/executor.md 'Hung ranks')",
         kind=float,
         metavar="S",
     )

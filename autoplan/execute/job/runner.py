@@ -180,8 +180,7 @@ def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
             row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
         rows.append(row)
         steps_done = step + 1
-        if step == session.start_step:  # compiled, connected: the step deadline applies from here
-            heartbeat.warmed_up()
+        heartbeat.stepped(row["step_time_s"])  # the deadline applies from the first step's end (compiled, connected)
         if not nonfinite.is_finite(row["loss"]):  # the same all-reduced loss on every rank: all stop here
             return _stop_at_nonfinite(opts=opts, plan=plan, session=session, rows=rows, verified=None)
         # fp16 skips overflowing steps, which leave the weights as they were: not compared

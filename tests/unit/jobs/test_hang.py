@@ -62,6 +62,16 @@ def test_the_rank_furthest_behind_is_named_when_the_waiting_phase_hides_its_coll
     assert watch.verdict(10.0).culprits == (1,)
 
 
+def test_a_plan_that_mispredicts_its_step_gets_five_measured_steps():
+    """A plan priced for a faster device: its 0.1 s prediction would allow 10 s, the measured 4 s step 20 s."""
+    watch = HangWatch(Deadlines(floor_s=10, predicted_step_s=0.1))
+    beat = Beat(seq=40, phase="forward mb0", step=7, warm=True, last_step_s=4.0)
+    watch.see({0: beat}, 0.0)
+    assert watch.verdict(19.0) is None
+    formula = "max(--hang-timeout-s 10, 5 x the plan's predicted step 0.1 s, 5 x the last measured step 4 s)"
+    assert f"deadline 20 s = {formula}" in watch.verdict(20.0).message
+
+
 def test_a_rank_keeping_its_marks_coming_is_never_hung():
     watch = HangWatch(Deadlines(floor_s=1, predicted_step_s=0.4))  # deadline 2 s; its steps take 1.2 s
     for tick in range(1, 40):
@@ -92,7 +102,7 @@ from autoplan.jobs.heartbeat import Heartbeat, file_sink_from_env
 rank = int(os.environ["RANK"])
 beat = Heartbeat(rank=rank, sink=file_sink_from_env(), period_s=0.05).start()
 beat.mark("batch", step=0)
-beat.warmed_up()
+beat.stepped(0.01)
 for step in range(1, 1000):
     beat.mark("forward mb0", step=step)
     if rank == 1 and step == 3:
@@ -126,7 +136,7 @@ def test_rank_zero_watches_the_other_ranks_through_the_store():
     beats = [Heartbeat(rank=rank, sink=StoreSink(client), period_s=0.05).start() for rank in range(3)]
     for rank, beat in enumerate(beats):
         beat.mark("batch", step=5)
-        beat.warmed_up()
+        beat.stepped(0.01)
         beat.mark("forward mb1" if rank == 2 else "gradient sync", kind="compute" if rank == 2 else "collective")
     verdicts: queue.Queue = queue.Queue()
     watch_store(open_store=client, ranks=3, deadlines=Deadlines(floor_s=0.5), on_hang=verdicts.put)
