@@ -180,16 +180,18 @@ def watch_store(
 
     def loop() -> None:
         store, watch = open_store(), HangWatch(deadlines)
-        missing, published = [f"rank{rank}" for rank in range(ranks)], []  # a key is checked until it is there
+        keys = [f"rank{rank}" for rank in range(ranks)]
+        try:  # every rank publishes when it starts its heartbeat, right after the process group's start
+            store.wait(keys)  # the store's own timeout (--timeout-s): a rank that never came is torchrun's to end
+        except Exception:  # noqa: BLE001
+            return
         while True:
             time.sleep(deadlines.period_s)
             try:
-                found = {key for key in missing if store.check([key])}
-                missing, published = [k for k in missing if k not in found], published + sorted(found)
-                values = store.multi_get(published) if published else []
+                values = store.multi_get(keys)
             except Exception:  # noqa: BLE001 - the store's host went away: the job is ending
                 return
-            beats = {int(k[4:]): b for k, v in zip(published, values) if (b := Beat.from_text(bytes(v))) is not None}
+            beats = {rank: b for rank, v in enumerate(values) if (b := Beat.from_text(bytes(v))) is not None}
             watch.see(beats, time.monotonic())
             if (verdict := watch.verdict(time.monotonic())) is not None:
                 on_hang(verdict)
