@@ -189,6 +189,18 @@ def executor_overhead(path: Path) -> str:
     )
 
 
+def hang_detection(path: Path) -> str:
+    runs = pd.read_csv(path)
+    median = runs.groupby("mode").stopped_after_s.median()
+    causes = runs.groupby("mode").cause.agg(lambda values: "/".join(sorted(set(values))))
+    return (
+        f"From rank 1's hang to `autoplan run`'s exit, the median of {runs.groupby('mode').size().min()} runs each, "
+        f"alternating: {median['collective timeout only']:.1f} s with the collective timeout alone "
+        f"(`--hang-timeout-s 0`, as before the heartbeat; stopped by: {causes['collective timeout only']}), "
+        f"{median['heartbeat']:.1f} s with the heartbeat (deadline 10 s; stopped by: {causes['heartbeat']})."
+    )
+
+
 def gpu_check(path: Path) -> str:
     runs = pd.read_csv(path)
     rows = [
@@ -280,6 +292,9 @@ BLOCKS = {
         "benchmarks/results/executor_overhead.csv",
         "python benchmarks/executor_overhead.py",
         executor_overhead,
+    ),
+    "hang_detection": Block(
+        "executor.md", "benchmarks/results/hang_detection.csv", "python benchmarks/hang_detection.py", hang_detection
     ),
     "audit": Block("cost-model.md", "benchmarks/results/audit.csv", "python benchmarks/audit.py", audit),
     "audit_families": Block("cost-model.md", "tests/dist/test_audit.py", "the test file itself", audit_families),

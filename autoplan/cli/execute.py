@@ -122,6 +122,7 @@ def _launch(opts: RunOptions, *, plan, hint: str, fork: bool = False) -> int:
         from autoplan.jobs.elastic import launch_elastic
 
         return launch_elastic(args=args, nprocs=plan.devices, module=module, max_restarts=opts.max_restarts, hint=hint)
+    from autoplan.jobs.hang import Deadlines
     from autoplan.jobs.launcher import launch
 
     return launch(
@@ -132,6 +133,7 @@ def _launch(opts: RunOptions, *, plan, hint: str, fork: bool = False) -> int:
         grace_s=60.0 if opts.checkpoint_dir or opts.resume else 5.0,  # time for a final checkpoint
         hint=hint,
         fork=fork,
+        hang=Deadlines.for_plan(plan, floor_s=opts.hang_timeout_s, timeout_s=opts.timeout_s),  # the heartbeat's
     )
 
 

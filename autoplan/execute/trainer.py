@@ -83,6 +83,14 @@ class Trainer:
     activation_offload: Any = None  # an ActivationOffload under offload_activations (activation_offload.py)
     outer: Any = None  # local SGD / DiLoCo's OuterSync, run after the optimizer step (local_sgd.py)
     densified: list = field(default_factory=list)  # sparse gradients made dense for the last step (sparse_grads.py)
+    heartbeat: Any = (
+        None  # the rank's Heartbeat (autoplan/jobs/heartbeat.py): phases marked per micro-batch, not per op
+    )
+
+    def mark(self, phase: str, *, kind: str = "compute") -> None:
+        """Tell the heartbeat which phase of the step this rank is in (one tuple stored)."""
+        if self.heartbeat is not None:
+            self.heartbeat.mark(phase, kind=kind)
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
@@ -148,9 +156,12 @@ class Trainer:
                 if self.schedule is not None
                 else self._accumulated(tuple(inputs), target)
             )
+            self.mark("gradient sync", kind="collective")
             self._sync_grads()
+        self.mark("optimizer step")
         self._optimizer_step()
         if self.outer is not None:  # after the inner step, on the weights it wrote
+            self.mark("outer sync", kind="collective")
             self.weights_ready()
             self.outer.after_step()
         return loss
@@ -167,8 +178,10 @@ class Trainer:
             last = index == n - 1
             x = shard_batch(inputs, index=index, parts=n, batch_size=batch)
             y = shard_batch(target, index=index, parts=n, batch_size=batch)
+            self.mark(f"forward mb{index}")
             with self._grad_sync(model, enabled=last), self._forward_context():
                 loss = self.loss_fn(model(*x), y) / n
+            self.mark(f"backward mb{index}")
             (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
             total += loss.detach().float()
         return total
@@ -193,6 +206,7 @@ class Trainer:
         kwargs = {"target": target, "losses": losses} if self.holds_last_stage else {}
         args = inputs if self.holds_first_stage else ()
         self.unscaled_losses.clear()
+        self.mark(f"pipeline schedule (chunks {', '.join(map(str, sorted(self.stage_modules)))})")
         with self._forward_context():
             self.schedule.step(
                 *args, return_outputs=False, **kwargs

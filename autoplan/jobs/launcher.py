@@ -15,7 +15,9 @@ disagree, a hung rank) fail within a minute of the hang, under torchrun too. Ctr
 the same way; a stop signal ends the launcher with exit 128 + signal and one sentence
 (errors.StopSignal). Killed without a chance to clean up (SIGKILL), the launcher still takes its
 ranks with it: each rank asks the kernel to end it when its parent dies
-(autoplan/jobs/lifeline.py).
+(autoplan/jobs/lifeline.py). With ``hang`` deadlines each rank publishes a heartbeat into the
+temporary folder and a rank that stops advancing is declared hung within seconds (autoplan/jobs/hang.py):
+the launcher asks it for its Python stack (SIGUSR1), stops every rank and names it, step and phase.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ import time
 from pathlib import Path
 
 from autoplan.errors import RunError, StopSignal
+from autoplan.jobs.hang import Deadlines, HangWatch
+from autoplan.jobs.heartbeat import HEARTBEAT_DIR_ENV, FileSink
 from autoplan.jobs.lifeline import LAUNCHER_PID_ENV
 
 POLL_S = 0.1
 SETTLE_S = 2.0
 TAIL_LINES = 20
 SECONDARY = ("by peer", "Connection closed", "Connection reset")
+STACK_DUMP_S = 0.25  # a hung rank prints its stack (faulthandler, in its signal handler) before it is stopped
 
 
 class Rank:
@@ -86,6 +91,7 @@ def launch(
     agreed_codes: tuple[int, ...] = (),
     hint: str = "",
     fork: bool = False,
+    hang: Deadlines | None = None,
 ) -> int:
     """Run ``python -m module *args`` on ``nprocs`` local ranks; return rank 0's exit code.
 
@@ -94,14 +100,18 @@ def launch(
     ``hint`` ends a stop signal's message (where a checkpoint was written, to resume from);
     ``grace_s`` is how long stopped ranks get to leave (to write that checkpoint) before SIGKILL.
     ``fork``: fork each rank from this process (autoplan/jobs/forked.py: only from a process that started
-    no OpenMP pool and no CUDA driver) instead of starting ``python -m module``."""
+    no OpenMP pool and no CUDA driver) instead of starting ``python -m module``. ``hang``: the heartbeat's
+    deadlines (autoplan/jobs/hang.py), None to rely on the process groups' timeout alone."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as error_dir, _stop_signals_raise(nprocs, hint):
         envs = [_env(rank=r, nprocs=nprocs, port=port, error_dir=Path(error_dir)) for r in range(nprocs)]
+        beats = _heartbeat_folder(Path(error_dir), envs) if hang else None
         procs = [_start(module=module, args=args, env=env, fork=fork) for env in envs]
         ranks = [Rank(proc) for proc in procs]  # reader threads after the last fork: a child gets no held lock
+        watch = _Hang(HangWatch(hang), beats) if hang and beats else None
         try:
-            return _watch(ranks=ranks, error_dir=Path(error_dir), grace_s=grace_s, ok=(None, 0, *agreed_codes))
+            ok = (None, 0, *agreed_codes)
+            return _watch(ranks=ranks, error_dir=Path(error_dir), grace_s=grace_s, ok=ok, hang=watch)
         finally:  # also on KeyboardInterrupt (Ctrl-C), which then propagates
             _stop(procs, grace_s=grace_s)
 
@@ -141,7 +151,41 @@ class _stop_signals_raise:
         raise StopSignal(signum, self.nprocs, hint=self.hint)
 
 
-def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float, ok: tuple) -> int:
+def _heartbeat_folder(error_dir: Path, envs: list[dict[str, str]]) -> FileSink:
+    folder = error_dir / "heartbeat"
+    folder.mkdir()
+    for env in envs:
+        env[HEARTBEAT_DIR_ENV] = str(folder)
+    return FileSink(folder)
+
+
+class _Hang:
+    """The launcher's side of the heartbeat: read the ranks' files every period, judge them."""
+
+    def __init__(self, watch: HangWatch, beats: FileSink):
+        self.watch, self.beats, self.next_read = watch, beats, 0.0
+
+    def check(self, ranks: list[Rank], codes: list[int | None], grace_s: float) -> None:
+        now = time.monotonic()
+        if now < self.next_read:
+            return
+        self.next_read = now + self.watch.deadlines.period_s
+        self.watch.see(self.beats.read(len(ranks)), now)
+        gone = {rank for rank, code in enumerate(codes) if code is not None}
+        if (verdict := self.watch.verdict(now, gone=gone)) is None:
+            return
+        for rank in verdict.culprits:  # its Python stack, printed by faulthandler into its stderr (passed through)
+            ranks[rank].proc.send_signal(signal.SIGUSR1)
+        time.sleep(STACK_DUMP_S)
+        _stop([r.proc for r in ranks], grace_s=grace_s)
+        hint = "its Python stack is printed above" if len(verdict.culprits) == 1 else "their stacks are printed above"
+        raise RunError(
+            f"hung: {verdict.message}; stopped all {len(ranks)} ranks ({hint}; if that phase legitimately takes this "
+            "long, raise --hang-timeout-s)."
+        )
+
+
+def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float, ok: tuple, hang: _Hang | None = None) -> int:
     while True:
         codes = [r.proc.poll() for r in ranks]
         failed = [rank for rank, code in enumerate(codes) if code not in ok]
@@ -157,6 +201,8 @@ def _watch(*, ranks: list[Rank], error_dir: Path, grace_s: float, ok: tuple) -> 
             )
         if all(code is not None for code in codes):
             return codes[0] or max(codes)
+        if hang is not None:
+            hang.check(ranks, codes, grace_s)
         time.sleep(POLL_S)
 
 

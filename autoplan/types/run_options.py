@@ -7,7 +7,7 @@ autoplan/cli/rank.py) and the ``autoplan run`` words a cluster job file runs on 
 (:meth:`RunOptions.command_words`, autoplan/jobs/nodejob.py). Built, it checks itself and
 raises one sentence naming the flag to change (exit 2, never a traceback).
 
-Units are in names: ``timeout_s`` seconds.
+Units are in names: ``timeout_s`` and ``hang_timeout_s`` seconds.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ class RunOptions:
         None, "threads per process (default: the profile's, else cores // processes)", kind=int
     )
     timeout_s: float = _option(45.0, "process-group timeout in seconds (default 45)", kind=float)
+    hang_timeout_s: float = _option(
+        10.0,
+        "a rank whose heartbeat stops for max(S, 5 x the plan's predicted step time, 5 x its last step) is declared "
+        "hung and the job stopped (default 10; 0: off, the process-group timeout alone; docs/executor.md 'Hung ranks')",
+        kind=float,
+        metavar="S",
+    )
     checkpoint_dir: str | None = _option(
         None,
         "save checkpoints in D (at the end, on a stop signal, and as --checkpoint-every says)",
@@ -99,6 +106,8 @@ class RunOptions:
         check_steps(steps=self.steps, checkpoint_every=self.checkpoint_every)
         require(self.max_restarts >= 0, RunError, f"--max-restarts {self.max_restarts}: expected 0 or more.")
         require(self.timeout_s > 0, RunError, f"--timeout-s {self.timeout_s}: expected a positive number of seconds.")
+        hang = self.hang_timeout_s
+        require(hang >= 0, RunError, f"--hang-timeout-s {hang}: expected 0 (off) or a positive number of seconds.")
         require(self.threads is None or self.threads >= 1, RunError, f"--threads {self.threads}: expected at least 1.")
 
     @classmethod

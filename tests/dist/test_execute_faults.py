@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from autoplan.types.plan import Plan
+from autoplan.types.prediction import Prediction
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,16 +53,28 @@ OPS = """\
             dist.recv(torch.empty(4), src=0)"""
 SLOW = """\
         time.sleep(0.5)"""
+HANG = """\
+        self.calls = getattr(self, "calls", 0) + 1
+        if dist.get_rank() == 1 and self.calls == 4:   # rank 1 sleeps for good in step 3's forward
+            time.sleep(3600)"""
+SLOWER = """\
+        if dist.get_rank() == 1:   # rank 1's steps take 3x the plan's predicted 0.4 s
+            time.sleep(1.2)"""
 
 
-def _start(tmp_path: Path, forward: str, *extra: str) -> tuple[subprocess.Popen, Path]:
+def _start(
+    tmp_path: Path, forward: str, *extra: str, predicted: Prediction | None = None, launcher: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, Path]:
+    """``autoplan run`` of a 2-rank ZeRO-1 plan of MODEL with ``forward``; ``launcher``: words before ``-m
+    autoplan.cli`` (torchrun's), else the autoplan launcher."""
     model = tmp_path / "model.py"
     model.write_text(MODEL.replace("{forward}", forward))
     markers = tmp_path / "markers"
     markers.mkdir()
-    plan = Plan(devices=2, dp=2, tp=1, pp=1, zero_stage=1, micro_batch_size=1, num_microbatches=1).save(tmp_path / "plan.json")
-    cmd = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan), "--out", str(tmp_path / "run"),
-           "--threads", "2", *extra]  # fmt: skip  # two intra-op threads: the ranks' parallel ops run OpenMP's pool
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, zero_stage=1, micro_batch_size=1, num_microbatches=1, predicted=predicted)
+    plan_file = plan.save(tmp_path / "plan.json")
+    cmd = [sys.executable, *launcher, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan_file), "--out",
+           str(tmp_path / "run"), "--threads", "2", *extra]  # fmt: skip  # two intra-op threads: OpenMP's pool runs
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, MARKERS=str(markers)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     return proc, markers
@@ -157,3 +169,43 @@ def test_ranks_never_outlive_a_launcher_killed_hard(tmp_path):
     proc.kill()
     proc.communicate(timeout=60)
     assert not _gone_within(ranks, 15)
+
+
+def test_a_hung_rank_is_named_from_its_heartbeat_with_its_step_and_phase(tmp_path):
+    """Rank 1 sleeps for good in step 3's forward while rank 0 waits for its gradients. The collective
+    timeout is 300 s, so what stops the job is the heartbeat (10 s: the plan predicts no step time):
+    the sentence names rank 1, step 3 and its phase, rank 0 as the one waiting, and rank 1's stack."""
+    proc, _ = _start(tmp_path, HANG, "--steps", "100", "--timeout-s", "300")
+    _, stderr = proc.communicate(timeout=120)
+    error = [line for line in stderr.splitlines() if line.startswith("autoplan: error:")]
+    assert proc.returncode == 2 and error, stderr[-3000:]
+    assert error[0].startswith("autoplan: error: hung: rank 1 stopped at step 3, 'forward mb0': no heartbeat progress")
+    assert "deadline 10 s = max(--hang-timeout-s 10, 5 x the plan's predicted step (none), 5 x the last measured step" in error[0]
+    assert "rank 0 waits at step 3" in error[0] and "stopped all 2 ranks" in error[0]
+    assert "Timed out" not in stderr  # not the collective timeout
+    assert "in forward" in stderr.split("autoplan: error:")[0]  # rank 1's Python stack, asked for by SIGUSR1
+    assert not (tmp_path / "run/summary.json").exists()
+
+
+def test_a_slow_rank_that_keeps_stepping_is_not_declared_hung(tmp_path):
+    """Rank 1 takes 1.2 s a step, 3x the predicted 0.4 s and past --hang-timeout-s 1: the deadline is
+    max(1 s, 5 x 0.4 s, 5 x the last measured step) >= 2 s, which its marks keep meeting, so the run finishes."""
+    predicted = Prediction(step_time_s=0.4)
+    proc, _ = _start(tmp_path, SLOWER, "--steps", "5", "--hang-timeout-s", "1", predicted=predicted)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "hung" not in stderr
+    assert (tmp_path / "run/summary.json").exists()
+
+
+def test_under_torchrun_rank_zero_names_the_hung_rank_from_the_store(tmp_path):
+    """No autoplan launcher: the ranks publish into torchrun's store, rank 0's thread reads them and
+    leaves with its exit code 76 and the sentence; torchrun then stops rank 1."""
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    proc, _ = _start(tmp_path, HANG, "--steps", "100", "--timeout-s", "300", launcher=torchrun)
+    _, stderr = proc.communicate(timeout=120)
+    error = [line for line in stderr.splitlines() if line.startswith("autoplan: error:")]
+    assert proc.returncode != 0 and error, stderr[-3000:]
+    assert error[0].startswith("autoplan: error: hung: rank 1 stopped at step 3, 'forward mb0'"), error[0]
+    assert "rank 0 waits at step 3" in error[0]
+    assert "exitcode  : 76" in stderr and "Timed out" not in stderr

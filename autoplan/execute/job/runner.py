@@ -31,8 +31,10 @@ import torch.distributed as dist
 from autoplan.errors import AutoplanError
 from autoplan.execute.job import checkpointing, nonfinite, replicas
 from autoplan.execute.job.contract import EXIT_NONFINITE_LOSS, EXIT_STOPPED, EXIT_VERIFY_FAILED
+from autoplan.execute.job.heartbeats import start_heartbeat
 from autoplan.execute.job.outputs import write_outputs
 from autoplan.execute.job.replicas import ReplicaCheck
+from autoplan.jobs.heartbeat import Heartbeat
 from autoplan.jobs.threads import threads_per_process
 from autoplan.types._check import write_text_atomic
 from autoplan.types.audit_prediction import AuditPrediction
@@ -108,14 +110,17 @@ def run_rank(opts: RunOptions, *, replan: Replan | None = None) -> int:
     model_file = load_model_file(opts.model)
     torch.set_num_threads(rank_threads(requested=opts.threads, profile_threads=opts.profile_threads))
     _init(opts)
+    heartbeat = start_heartbeat(opts, plan)  # after the process group: under torchrun it uses the job's store
     try:
-        code = _train(opts=opts, plan=plan_for_world(opts=opts, plan=plan, replan=replan), model_file=model_file)
+        world_plan = plan_for_world(opts=opts, plan=plan, replan=replan)
+        code = _train(opts=opts, plan=world_plan, model_file=model_file, heartbeat=heartbeat)
         dist.barrier()  # leave together: rank 0 may still be writing (the audit traces the model) while
         return code  # a peer that tore its process group down first would abort the connection
     except Exception as exc:  # record why before tearing down: peers fail "closed by peer" after it
         record_failure(exc)
         raise
     finally:
+        heartbeat.stop()
         dist.destroy_process_group()
 
 
@@ -142,7 +147,7 @@ def plan_for_world(*, opts: RunOptions, plan: Plan, replan: Replan | None) -> Pl
     return Plan.from_dict(chosen[0])
 
 
-def _train(*, opts: RunOptions, plan, model_file) -> int:
+def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
     from autoplan.execute import rng
     from autoplan.execute.api import parallelize
     from autoplan.execute.materialize import materialize
@@ -156,6 +161,7 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
     torch.manual_seed(opts.seed)
     microbatch = model_file.inputs(plan.micro_batch_size)
     trainer = parallelize(model, plan, loss_fn=model_file.loss, microbatch_inputs=microbatch)
+    trainer.heartbeat = heartbeat  # the trainer marks its phases (forward mb, gradient sync, optimizer step)
     verifier = _reference(trainer=trainer, model=reference, model_file=model_file) if opts.verify else None
     session = checkpointing.open_session(opts=opts, trainer=trainer)
     rows, stopped, steps_done = session.rows, False, session.start_step
@@ -165,6 +171,7 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
     randomness = rng.dropout_off() if opts.verify else None
     model_only = randomness if randomness is not None else contextlib.nullcontext()
     for step in range(session.start_step, opts.steps):
+        heartbeat.mark("batch", step=step)
         checkpointing.maybe_inject_fault(step)
         torch.manual_seed(opts.seed + 1 + step)  # the same global batch on every rank
         inputs, target = model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size)
@@ -173,10 +180,12 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
             row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
         rows.append(row)
         steps_done = step + 1
+        heartbeat.stepped(row["step_time_s"])  # the deadline applies from the first step's end (compiled, connected)
         if not nonfinite.is_finite(row["loss"]):  # the same all-reduced loss on every rank: all stop here
             return _stop_at_nonfinite(opts=opts, plan=plan, session=session, rows=rows, verified=None)
         # fp16 skips overflowing steps, which leave the weights as they were: not compared
         if verifier is not None and not verifier.done and not trainer.last_step_skipped:
+            heartbeat.mark("--verify's reference step", kind="long")
             with model_only:
                 verifier.check(
                     trainer=trainer,
@@ -185,8 +194,10 @@ def _train(*, opts: RunOptions, plan, model_file) -> int:
                     loss=row["loss"],
                     step=step,
                 )
+        heartbeat.mark("checkpoint save", kind="long")  # when one is due (or a stop signal came)
         if stopped := session.after_step(trainer, steps_done=steps_done, rows=rows):
             break
+    heartbeat.mark("finishing: final checkpoint, audit, outputs", kind="long")
     verified = _verified(verifier, trainer=trainer, randomness=randomness) if verifier is not None else None
     session.close(trainer, steps_done=steps_done, rows=rows)
     if stopped:
@@ -217,6 +228,7 @@ def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, 
     loss = trainer.train_step(x, y)
     _sync(trainer.device)
     elapsed_s = time.perf_counter() - start
+    trainer.mark("step time and loss all-reduce", kind="collective")
     return {
         "step": step,
         "step_time_s": _max_over_ranks(elapsed_s, trainer.device),
