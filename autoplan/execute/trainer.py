@@ -28,6 +28,7 @@ from autoplan.execute import precision
 from autoplan.execute.batch import move_to, shard_batch
 from autoplan.execute.data_parallel import allreduce_grads
 from autoplan.execute.expert_parallel import split_params
+from autoplan.execute.labels import chunk_label
 from autoplan.execute.sparse_grads import densify_grads, release_grads
 from autoplan.execute.tensor_parallel import finalize_tp_grads
 from autoplan.types.plan import Plan
@@ -83,6 +84,7 @@ class Trainer:
     activation_offload: Any = None  # an ActivationOffload under offload_activations (activation_offload.py)
     outer: Any = None  # local SGD / DiLoCo's OuterSync, run after the optimizer step (local_sgd.py)
     densified: list = field(default_factory=list)  # sparse gradients made dense for the last step (sparse_grads.py)
+    traced: bool = False  # label each micro-batch's forward and backward for torch.profiler (labels.py)
 
     def schedule_loss(self, output: Any, target: Any) -> torch.Tensor:
         """The loss the pipeline schedule calls per micro-batch on the last stage (scaled for
@@ -167,9 +169,14 @@ class Trainer:
             last = index == n - 1
             x = shard_batch(inputs, index=index, parts=n, batch_size=batch)
             y = shard_batch(target, index=index, parts=n, batch_size=batch)
-            with self._grad_sync(model, enabled=last), self._forward_context():
+            with (
+                self._grad_sync(model, enabled=last),
+                self._forward_context(),
+                chunk_label(self.traced, "forward", index),
+            ):
                 loss = self.loss_fn(model(*x), y) / n
-            (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
+            with chunk_label(self.traced, "backward", index):
+                (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
             total += loss.detach().float()
         return total
 

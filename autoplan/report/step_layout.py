@@ -33,10 +33,7 @@ from autoplan.types.cost import Cost
 from autoplan.types.layout import chunk_index, sent_from_prior
 from autoplan.types.plan import Plan
 from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
-
-#: the communication threads, in the order a stage's tracks list them
-COMM_THREADS = ("dp", "tp", "pp", "ep", "cp")
-LETTER = {"forward": "F", "backward": "B", "weight": "W"}
+from autoplan.types.trace_names import LETTER, chunk_name
 
 
 @dataclass
@@ -66,11 +63,6 @@ class StagePieces:
     exposed_s: dict[str, float]  # tp, cp, ep seconds on the critical path
     hidden_ep_s: float  # the all-to-all the overlap hides under another micro-batch's compute
     fwd_share: float  # fwd / (fwd + bwd): the forward's share of the collectives (StageTotals.forward_s)
-
-
-def chunk_name(kind: str, microbatch: int, chunk: int) -> str:
-    """The one name of a chunk's event, predicted and measured: "F mb3 c0" (chunk = global chunk index)."""
-    return f"{LETTER[kind]} mb{microbatch} c{chunk}"
 
 
 def stage_pieces(stage, *, ep_exposed_share: float, split: bool) -> StagePieces:

@@ -17,34 +17,16 @@ from pathlib import Path
 
 from autoplan.cost import CostModel, predict_volumes
 from autoplan.errors import AutoplanError
-from autoplan.report.step_layout import COMM_THREADS, Span, lay_out
+from autoplan.report.step_layout import Span, lay_out
 from autoplan.types._check import write_text_atomic
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.trace_names import THREADS, US_PER_S, metadata_events
 
 TIMELINE_JSON = "timeline.json"
-THREADS = ("compute", *COMM_THREADS)
-US_PER_S = 1e6
 #: a re-priced step may differ from plan.json's in the last bits (libm), never more
 REPRICE_RTOL = 1e-9
-
-
-def stage_process(stage: int) -> str:
-    return f"stage {stage}"
-
-
-def metadata_events(pid: int, stage: int, threads: list[str]) -> list[dict]:
-    """The ph "M" events naming process ``pid`` "stage K" and its ``threads`` (THREADS' tids, in that order)."""
-    events = [
-        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": stage_process(stage)}},
-        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": stage}},
-    ]
-    for thread in threads:
-        tid = THREADS.index(thread)
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
-    return events
 
 
 def span_event(span: Span) -> dict:
