@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from exec_models import SMALL_GPT
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SMALL_GPT = {
-    "AUTOPLAN_GPT_N_LAYER": "2",
-    "AUTOPLAN_GPT_N_EMBD": "32",
-    "AUTOPLAN_GPT_N_HEAD": "4",
-    "AUTOPLAN_GPT_VOCAB_SIZE": "128",
-    "AUTOPLAN_GPT_BLOCK_SIZE": "16",
-}
 MICROBATCHES = 4
 
 
