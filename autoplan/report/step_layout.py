@@ -120,8 +120,11 @@ def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, flo
         if seg.kind in LETTER:
             spans += _chunk_spans(seg, pieces[seg.stage], plan=plan, send_s=send_s)
     end = max(pipeline_end_s(cost, plan, slowest), max((s.end_s for s in spans), default=0.0))
-    spans += [b for k in range(p) for b in _bubbles(spans, k, end)]
-    spans += [t for k in range(p) for t in _tail(spans, k, end, cost, plan, slowest)]
+    by_stage: list[list[Span]] = [[] for _ in range(p)]
+    for span in spans:
+        by_stage[span.stage].append(span)
+    for k, mine in enumerate(by_stage):
+        spans += _bubbles(mine, k, end) + _tail(mine, k, end, cost, plan, slowest)
     _share_bytes(spans, step_bytes)
     return spans
 
@@ -155,8 +158,8 @@ def _chunk_spans(seg, pieces: StagePieces, *, plan: Plan, send_s: float) -> list
 
 
 def _bubbles(spans: list[Span], stage: int, end_s: float) -> list[Span]:
-    """The gaps of ``stage``'s pipeline until ``end_s``: the bubble, on its compute thread."""
-    busy = sorted((s.start_s, s.end_s) for s in spans if s.stage == stage and s.category != "hidden")
+    """The gaps of ``stage``'s pipeline (its ``spans``) until ``end_s``: the bubble, on its compute thread."""
+    busy = sorted((s.start_s, s.end_s) for s in spans if s.category != "hidden")
     gaps, cursor = [], 0.0
     for start, stop in busy + [(end_s, end_s)]:
         if start > cursor * (1 + 1e-12) + 1e-15:
@@ -166,11 +169,12 @@ def _bubbles(spans: list[Span], stage: int, end_s: float) -> list[Span]:
 
 
 def _tail(spans: list[Span], stage: int, start_s: float, cost: Cost, plan: Plan, slowest) -> list[Span]:
-    """The step's terms after the pipeline (module docstring), and the dp sync's hidden part before it."""
+    """The step's terms after ``stage``'s pipeline (its ``spans``; module docstring), and the dp sync's hidden
+    part before it."""
     out = []
     hidden = cost.dp_comm_s - cost.dp_comm_exposed_s
     if hidden > 0:
-        last = max((s.end_s for s in spans if s.stage == stage and s.category in ("backward", "weight")), default=0)
+        last = max((s.end_s for s in spans if s.category in ("backward", "weight")), default=0)
         out.append(Span(stage, "dp", "dp gradient sync", max(0.0, last - hidden), min(hidden, last), "hidden"))
     sp_sync_s = cost.tp_comm_s - plan.num_microbatches * slowest.tp_s
     terms = (

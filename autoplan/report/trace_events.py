@@ -25,6 +25,7 @@ from autoplan.types.profile import Profile
 from autoplan.types.trace_names import THREADS, US_PER_S, metadata_events
 
 TIMELINE_JSON = "timeline.json"
+TID = {thread: tid for tid, thread in enumerate(THREADS)}
 #: a re-priced step may differ from plan.json's in the last bits (libm), never more
 REPRICE_RTOL = 1e-9
 
@@ -35,7 +36,7 @@ def span_event(span: Span) -> dict:
         "name": span.name,
         "cat": span.category,
         "pid": span.stage,
-        "tid": THREADS.index(span.thread),
+        "tid": TID[span.thread],
         "ts": span.start_s * US_PER_S,
         "dur": span.dur_s * US_PER_S,
     }
@@ -46,10 +47,10 @@ def span_event(span: Span) -> dict:
 
 def trace_of(spans: list[Span], *, stages: int, other: dict) -> dict:
     """The trace dict of ``spans`` on ``stages`` pipeline stages, with ``other`` as its otherData."""
+    drawn = {(s.stage, s.thread) for s in spans}
     events = []
     for k in range(stages):
-        used = [t for t in THREADS if t == "compute" or any(s.stage == k and s.thread == t for s in spans)]
-        events += metadata_events(k, k, used)
+        events += metadata_events(k, k, [t for t in THREADS if t == "compute" or (k, t) in drawn])
     events += [span_event(s) for s in sorted(spans, key=lambda s: (s.stage, s.start_s))]
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
