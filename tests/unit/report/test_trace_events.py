@@ -27,6 +27,7 @@ CASES = {
     "gpt-pp2-gpipe": ("gpt.py", "synthetic", "pp=2,schedule=gpipe", "autoplan"),
     "gpt-pp2-interleaved": ("gpt.py", "dgx-a100", "pp=2,schedule=interleaved_1f1b", "autoplan"),
     "gpt-pp2-zbv": ("gpt.py", "dgx-a100", "pp=2,schedule=zbv", "autoplan"),
+    "gpt-pp2-dualpipev": ("gpt.py", "dgx-a100", "pp=2,schedule=dualpipev", "autoplan"),
     "gpt-tp2": ("gpt.py", "synthetic", "tp=2,pp=1", "autoplan"),
     "gpt-tp2-pp2-sp": ("gpt.py", "synthetic", "tp=2,pp=2,sp=true", "autoplan"),
     "moe-ep2": ("moe.py", "dgx-a100", "ep=2", "autoplan"),
