@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from synthetic import synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cli import main
 from autoplan.cost import CostModel
 from autoplan.profile.io import load_profile
-from autoplan.report.trace_events import THREADS, predicted_trace, stage_track_ends_s
+from autoplan.report.trace_events import THREADS, predicted_trace, stage_track_ends_s, trace_of_plan
 from autoplan.solve.api import plan_graph
 from autoplan.solve.outputs import write_outputs
 from autoplan.trace import trace_model_file
@@ -156,3 +156,17 @@ def test_autoplan_plan_writes_timeline_json(tmp_path):
     trace = json.loads((out / "timeline.json").read_text())
     step = json.loads((out / "plan.json").read_text())["predicted"]["step_time_s"]
     assert list(stage_track_ends_s(trace).values()) == [pytest.approx(step, rel=1e-9)]
+
+
+@pytest.mark.parametrize("fix", ["", "pp=4,schedule=dualpipev", "cp=2,pp=2"])
+def test_every_priced_candidate_of_a_search_adds_up(fix):
+    """Beyond the examples: each feasible candidate the search priced (every schedule, ZeRO stage,
+    recomputation and degree it kept) draws tracks that end at its step time."""
+    graph = synthetic_gpt(layers=8, hidden=1024, heads=16, vocab=32000, seq=1024, batch=32)
+    profile = synthetic_profile(memory_bytes=24 * 2**30)
+    result = plan_graph(graph, devices=16, profile=profile, batch_size=32, top_k=8, fix=fix)
+    priced = [c for c in result.candidates if c.plan is not None and c.cost is not None and c.feasible]
+    assert len(priced) > 60
+    for c in priced[::3]:  # every third: the layouts vary along the list
+        ends = stage_track_ends_s(trace_of_plan(c.plan, graph=graph, profile=profile))
+        assert list(ends.values()) == [pytest.approx(c.cost.step_time_s, rel=1e-9)] * c.plan.pp, c.plan.describe()
