@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from autoplan.errors import AutoplanError
 from autoplan.execute.job.audit import (
     C10D_OPS,
     FUNCTIONAL_OPS,
@@ -126,7 +127,7 @@ def rewrite(raw: dict, *, stage: int, rank: int, step: int) -> dict:
     events = [e for e in raw.get("traceEvents", []) if e.get("ph") == "X"]
     marker = next((e for e in events if e.get("name") == f"step {step}"), None)
     if marker is None:
-        raise RuntimeError(f"the trace of step {step} has no 'step {step}' event; torch.profiler recorded nothing.")
+        raise AutoplanError(f"the trace of step {step} has no 'step {step}' event: torch.profiler recorded nothing.")
     start, main = float(marker["ts"]), (marker["pid"], marker["tid"])
     events = [e for e in events if float(e["ts"]) >= start]  # the labels' set-up ran before the step
     comm = _collectives(events, main)

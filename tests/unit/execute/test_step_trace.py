@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from autoplan.errors import RunError
+from autoplan.errors import AutoplanError, RunError
 from autoplan.execute.job.tracing import rewrite
 from autoplan.execute.labels import chunk_label, label_stages
 from autoplan.report.trace_diff import timeline_diff
@@ -65,7 +65,7 @@ def test_rewrite_names_the_stage_and_moves_each_collective_to_its_thread():
 
 
 def test_rewrite_refuses_a_trace_without_its_step():
-    with pytest.raises(RuntimeError, match="step 5"):
+    with pytest.raises(AutoplanError, match="step 5"):
         rewrite(_raw(), stage=0, rank=0, step=5)
 
 
