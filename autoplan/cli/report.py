@@ -53,7 +53,31 @@ def run_report(args: argparse.Namespace) -> int:
         print(json.dumps({name: str(path) for name, path in paths.items()}, indent=2))
     elif not args.quiet:
         print(f"wrote {len(paths)} files to {args.out}: {', '.join(sorted(paths))}")
+        if "timeline_diff.csv" in paths:
+            print_timeline_diff(paths["timeline_diff.csv"])
     return 0
+
+
+def print_timeline_diff(path, *, rows: int = 10) -> None:
+    """The largest differences of timeline_diff.csv (report/trace_diff.py): what took longer than priced."""
+    from autoplan.display import FitTable, duration_text
+    from autoplan.errors import AutoplanError
+    from autoplan.solve.console import stdout_console
+    from autoplan.types.tables import read_table
+
+    frame = read_table(path, error=AutoplanError, rerun="autoplan report").dropna(subset=["diff_ms"]).head(rows)
+    table = FitTable(
+        headers=["stage", "event", "predicted", "measured", "longer by", "x"],
+        numbers={"predicted", "measured", "longer by", "x"},
+        title="measured against predicted, per stage and event (largest differences first)",
+        caption=f"every row: {path}",
+    )
+    for r in frame.itertuples():
+        longer = duration_text(r.diff_ms / 1e3, signed=True)
+        table.add_row(
+            r.stage, r.event, duration_text(r.predicted_s), duration_text(r.measured_s), longer, f"{r.ratio:.2f}"
+        )
+    stdout_console().print(table)
 
 
 def run_explain(args: argparse.Namespace) -> int:

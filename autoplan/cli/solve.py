@@ -162,6 +162,10 @@ def _run(args: argparse.Namespace) -> int:
     if (source := profile_file(args.profile)) is not None:  # run --audit and calibrate load it again
         result.best.profile = source
     paths = write_outputs(args.out, result=result, graph=graph, profile=profile, run=spec)
+    from autoplan.report.trace_events import TIMELINE_JSON, write_predicted_trace
+
+    # the predicted step as a Perfetto trace (report/ draws it; solve/ may not import report/)
+    paths[TIMELINE_JSON] = write_predicted_trace(args.out, plan=result.best, graph=graph, profile=profile)
     from autoplan.solve.notes import plan_notes
 
     notes = plan_notes(result, profile)  # little memory headroom; dp bound by a rule (solve/notes.py)

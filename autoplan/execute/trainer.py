@@ -28,6 +28,7 @@ from autoplan.execute import precision
 from autoplan.execute.batch import move_to, shard_batch
 from autoplan.execute.data_parallel import allreduce_grads
 from autoplan.execute.expert_parallel import split_params
+from autoplan.execute.labels import chunk_label
 from autoplan.execute.sparse_grads import densify_grads, release_grads
 from autoplan.execute.tensor_parallel import finalize_tp_grads
 from autoplan.types.plan import Plan
@@ -86,6 +87,7 @@ class Trainer:
     heartbeat: Any = (
         None  # the rank's Heartbeat (autoplan/jobs/heartbeat.py): phases marked per micro-batch, not per op
     )
+    traced: bool = False  # label each micro-batch's forward and backward for torch.profiler (labels.py)
 
     def mark(self, phase: str, *, kind: str = "compute") -> None:
         """Tell the heartbeat which phase of the step this rank is in (one tuple stored)."""
@@ -179,10 +181,15 @@ class Trainer:
             x = shard_batch(inputs, index=index, parts=n, batch_size=batch)
             y = shard_batch(target, index=index, parts=n, batch_size=batch)
             self.mark(f"forward mb{index}")
-            with self._grad_sync(model, enabled=last), self._forward_context():
+            with (
+                self._grad_sync(model, enabled=last),
+                self._forward_context(),
+                chunk_label(self.traced, "forward", index),
+            ):
                 loss = self.loss_fn(model(*x), y) / n
             self.mark(f"backward mb{index}")
-            (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
+            with chunk_label(self.traced, "backward", index):
+                (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
             total += loss.detach().float()
         return total
 

@@ -8,6 +8,7 @@ folder holds graph.json and profile.json), ``report.md`` (autoplan/report/markdo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from autoplan.cost import usable_bytes
@@ -60,6 +61,20 @@ def _figures(drawn: Drawn, runs_frame, out: Path) -> dict[str, str]:
     return {name: path.name for name, path in made.items()}
 
 
+def _traces(folder, run_dirs: list[Path], out: Path) -> dict[str, Path]:
+    """timeline.json (the predicted trace) and, for traced runs, timeline_diff.csv (trace_diff.py)."""
+    if folder.plan is None or folder.graph is None or folder.profile is None:
+        return {}
+    from autoplan.report.trace_diff import TIMELINE_DIFF_CSV, write_timeline_diff
+    from autoplan.report.trace_events import TIMELINE_JSON, predicted_trace
+
+    predicted = predicted_trace(folder)
+    made = {TIMELINE_JSON: write_text_atomic(out / TIMELINE_JSON, json.dumps(predicted))}
+    if (diff := write_timeline_diff(predicted, run_dirs, out)) is not None:
+        made[TIMELINE_DIFF_CSV] = diff
+    return made
+
+
 def report(
     plan_dir: str | Path, run_dirs: list[str | Path] = (), *, out: str | Path, top_k: int = 5, explain: bool = True
 ) -> dict[str, Path]:
@@ -89,6 +104,7 @@ def report(
         "runs": runs_frame,
         "audit": audit_table(runs),
     }
+    paths.update(_traces(folder, [Path(r) for r in run_dirs], out))
     text = report_markdown(folder, tables=tables, figures=figures, explanation_md=explanation_md, top_k=top_k)
     paths["report.md"] = write_text_atomic(out / "report.md", text)
     paths.update(write_html(folder, out=out, tables=tables, drawn=drawn, exp=exp, result=result, top_k=top_k))

@@ -97,8 +97,11 @@ def _tables(folder: PlanFolder, tables: dict, out: Path, *, top_k: int) -> dict[
 
 
 def _copy_trace(folder: PlanFolder, out: Path) -> dict[str, Path]:
-    """The plan folder's timeline.json beside the page, so its link and Perfetto find it there."""
+    """The predicted trace beside the page, so its link and Perfetto find it there: the one report/api.py
+    wrote from the plan folder's terms, else the plan folder's own timeline.json."""
     source, copy = folder.path / TRACE, out / TRACE
+    if copy.is_file():
+        return {TRACE: copy}
     if not source.is_file():
         return {}
     if source.resolve() != copy.resolve():

@@ -142,9 +142,11 @@ def simulate(
     send_s: float = 0.0,
     tail_s: float = 0.0,
     note: str = "",
+    weight_s: list[float] | None = None,
 ) -> Timeline:
     """Simulate one step (module docstring); ``forward_s[k]``/``backward_s[k]`` are stage k's whole
-    micro-batch times (all its chunks)."""
+    micro-batch times (all its chunks); ``weight_s[k]``, of ``backward_s[k]``, the weight gradients a
+    split-backward schedule runs apart (default: :data:`WEIGHT_SHARE` of it)."""
     if len(forward_s) != pp or len(backward_s) != pp:
         raise AutoplanError(
             f"the timeline needs {pp} stage times, got {len(forward_s)}; "
@@ -165,7 +167,8 @@ def simulate(
                 if ready is None:
                     break
                 start = max(clock[k], ready)
-                duration = _duration(kind, forward_s[k], backward_s[k], split=schedule in SPLIT_BACKWARD) / v
+                weight = None if weight_s is None else weight_s[k]
+                duration = _duration(kind, forward_s[k], backward_s[k], weight, split=schedule in SPLIT_BACKWARD) / v
                 timeline.segments.append(Segment(k, kind, mb, local, start, start + duration))
                 end = start + duration
                 crosses = functools.partial(sent_from_prior, pp=pp, v_shape=v_shaped(schedule))
@@ -188,11 +191,15 @@ def simulate(
     return timeline
 
 
-def _duration(kind: str, forward_s: float, backward_s: float, *, split: bool) -> float:
-    """A stage's whole-micro-batch seconds of ``kind``; a split backward's weight half (module docstring)."""
+def _duration(kind: str, forward_s: float, backward_s: float, weight_s: float | None, *, split: bool) -> float:
+    """A stage's whole-micro-batch seconds of ``kind``: a split backward's input and weight parts are
+    ``backward_s - weight_s`` and ``weight_s`` (its :data:`WEIGHT_SHARE` when not given; module docstring)."""
     if kind == "forward":
         return forward_s
-    return backward_s * WEIGHT_SHARE if split else backward_s
+    if not split:
+        return backward_s
+    weight = backward_s * WEIGHT_SHARE if weight_s is None else weight_s
+    return weight if kind == "weight" else backward_s - weight
 
 
 def _ready(done: dict, kind: str, mb: int, chunk: int, last: int) -> float | None:

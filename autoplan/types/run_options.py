@@ -51,6 +51,14 @@ class RunOptions:
         "after the timed steps, audit one step: collectives, parameters held, "
         "matmul FLOPs and peak live memory per rank beside the cost model's prediction (RUNDIR/audit.csv)",
     )
+    trace: bool = _option(
+        False,
+        "record torch.profiler traces of the --trace-steps steps on every rank into RUNDIR/traces/ "
+        "(Chrome/Perfetto JSON named as the plan's timeline.json; docs/report.md)",
+    )
+    trace_steps: str | None = _option(
+        None, "the steps --trace records, comma-separated: N,M (default: the last step)", metavar="N,M"
+    )
     seed: int = _option(0, "seed of the model's initialisation and of every step's batch (default 0)", kind=int)
     threads: int | None = _option(
         None, "threads per process (default: the profile's, else cores // processes)", kind=int
@@ -109,6 +117,19 @@ class RunOptions:
         hang = self.hang_timeout_s
         require(hang >= 0, RunError, f"--hang-timeout-s {hang}: expected 0 (off) or a positive number of seconds.")
         require(self.threads is None or self.threads >= 1, RunError, f"--threads {self.threads}: expected at least 1.")
+        require(self.trace or self.trace_steps is None, RunError, "--trace-steps needs --trace.")
+        self.traced_steps()
+
+    def traced_steps(self) -> tuple[int, ...]:
+        """The steps --trace records (none without it): --trace-steps, else the last step."""
+        if not self.trace:
+            return ()
+        if self.trace_steps is None:
+            return (self.steps - 1,)
+        words = [w.strip() for w in self.trace_steps.split(",")]
+        ok = all(w.isdigit() and int(w) < self.steps for w in words)
+        require(ok, RunError, f"--trace-steps {self.trace_steps}: expected step numbers 0 to {self.steps - 1}, N,M.")
+        return tuple(sorted({int(w) for w in words}))
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> RunOptions:

@@ -7,6 +7,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+#: examples/gpt.py at a size a 2-rank CPU run takes seconds on (its AUTOPLAN_GPT_* variables)
+SMALL_GPT = {
+    "AUTOPLAN_GPT_N_LAYER": "2",
+    "AUTOPLAN_GPT_N_EMBD": "32",
+    "AUTOPLAN_GPT_N_HEAD": "4",
+    "AUTOPLAN_GPT_VOCAB_SIZE": "128",
+    "AUTOPLAN_GPT_BLOCK_SIZE": "16",
+}
+
 VOCAB, DIM, HEADS, KV_HEADS, SEQ, LAYERS, EXPERTS = 64, 32, 4, 2, 8, 4, 4
 
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from exec_models import SMALL_GPT
 
 from autoplan.jobs.slurm import sbatch_options
 from autoplan.modelfile import load_model_file
@@ -26,13 +27,6 @@ from autoplan.types.plan import Plan
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SMALL_GPT = {
-    "AUTOPLAN_GPT_N_LAYER": "2",
-    "AUTOPLAN_GPT_N_EMBD": "32",
-    "AUTOPLAN_GPT_N_HEAD": "4",
-    "AUTOPLAN_GPT_VOCAB_SIZE": "128",
-    "AUTOPLAN_GPT_BLOCK_SIZE": "16",
-}
 #: srun: drop srun's own options, then start the per-node command once per node, as Slurm does;
 #: a SIGTERM is passed on to every node's command, as srun passes it to the job step.
 FAKE_SRUN = """#!/bin/bash

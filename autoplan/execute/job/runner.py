@@ -35,6 +35,7 @@ from autoplan.execute.job.heartbeats import start_heartbeat
 from autoplan.execute.job.outputs import write_outputs
 from autoplan.execute.job.replicas import ReplicaCheck
 from autoplan.jobs.heartbeat import Heartbeat
+from autoplan.execute.job.tracing import StepTracer
 from autoplan.jobs.threads import threads_per_process
 from autoplan.types._check import write_text_atomic
 from autoplan.types.audit_prediction import AuditPrediction
@@ -170,6 +171,7 @@ def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
     # (rng.py); the batches are drawn outside, so its count of other random draws is the model's own
     randomness = rng.dropout_off() if opts.verify else None
     model_only = randomness if randomness is not None else contextlib.nullcontext()
+    tracer = StepTracer(opts, trainer) if opts.trace else None  # --trace: torch.profiler on the chosen steps
     for step in range(session.start_step, opts.steps):
         heartbeat.mark("batch", step=step)
         checkpointing.maybe_inject_fault(step)
@@ -177,7 +179,8 @@ def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
         inputs, target = model_file.inputs(plan.global_batch_size), model_file.target(plan.global_batch_size)
         rng.seed_step(seed=opts.seed, step=step, pp_rank=pp_rank)
         with model_only:
-            row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target)
+            traced = tracer.step(step) if tracer else contextlib.nullcontext()
+            row = _timed_step(trainer=trainer, step=step, inputs=inputs, target=target, traced=traced)
         rows.append(row)
         steps_done = step + 1
         heartbeat.stepped(row["step_time_s"])  # the deadline applies from the first step's end (compiled, connected)
@@ -199,6 +202,8 @@ def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
             break
     heartbeat.mark("finishing: final checkpoint, audit, outputs", kind="long")
     verified = _verified(verifier, trainer=trainer, randomness=randomness) if verifier is not None else None
+    if tracer is not None:
+        tracer.write()  # after the timed steps: exporting is no step's time
     session.close(trainer, steps_done=steps_done, rows=rows)
     if stopped:
         if dist.get_rank() == 0:
@@ -221,11 +226,12 @@ def _stop_at_nonfinite(*, opts: RunOptions, plan, session, rows: list[dict], ver
     return EXIT_NONFINITE_LOSS
 
 
-def _timed_step(*, trainer, step: int, inputs: tuple, target: Any) -> dict[str, Any]:
+def _timed_step(*, trainer, step: int, inputs: tuple, target: Any, traced) -> dict[str, Any]:
     x, y = trainer.local_batch(inputs, target)
     _sync(trainer.device)
     start = time.perf_counter()
-    loss = trainer.train_step(x, y)
+    with traced:  # torch.profiler, when --trace chose this step (tracing.py)
+        loss = trainer.train_step(x, y)
     _sync(trainer.device)
     elapsed_s = time.perf_counter() - start
     trainer.mark("step time and loss all-reduce", kind="collective")

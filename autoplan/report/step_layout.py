@@ -1,0 +1,212 @@
+"""The predicted step laid out in time from its priced terms: the spans of timeline.json (docs/report.md,
+"The predicted trace"). Every stage's track ends at the priced step time T = sum of Cost.TIME_FIELDS:
+
+    T = [compute + m tp_mb + ep + cp + bubble + pp]   (the pipeline, as the cost model paces it)
+      + grad_accum + sp_sync + dp_exposed + compression + zero + optimizer   (the tail, in that order)
+
+- Pacing: the cost model charges every stage the slowest stage's micro-batch (compute_s = m x slowest),
+  so the schedule (report/timeline.py's order and dependencies) is simulated with every stage's chunk
+  slot equal to the slowest's: F = its forward compute + the forward's share fwd/(fwd+bwd) of its
+  exposed tp, cp and ep seconds, B the rest (a split-backward schedule's W its weight gradients), each
+  slot also holding one pipeline send, pp_comm / (v m + p - 1) / 2 (cost/pp/messages.py prices
+  v m + p - 1 slots of one activation and one gradient send on the critical path).
+- In its slot a stage draws its own priced pieces, one after the other: the chunk's compute ("F mb3 c0"),
+  its exposed tp, cp, ep seconds (each on its own thread), and its send on "pp" when the chunk's output
+  goes to another stage; the expert all-to-all the overlap hides is drawn "hidden" under the compute.
+- The bubble: the gaps of a stage's compute thread until the pipeline's priced end (compute + m tp_mb +
+  ep + cp + bubble + pp); with uniform slots the schedule's own idle is (p - 1)/v slots (Narayanan et al.
+  SC'21 section 2.2), and what the cost model prices beyond it (a zero-bubble closed form, the hidden
+  all-to-all's share of the bubble) closes each stage's pipeline as one more "bubble".
+- The tail, after the pipeline on every stage: the dp sync's exposed part (its hidden part ends with the
+  stage's last backward, on "dp", category "hidden"), sequence parallelism's gradient all-reduce
+  (tp_comm - m tp_mb), ZeRO-3's exposed traffic, gradient accumulation ((m - 1) adds, priced serially),
+  compression and the optimizer step.
+A span's bytes are its stage's per-step bytes on that dimension (cost/volumes.py) shared by seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoplan.report.timeline import simulate
+from autoplan.types.cost import Cost
+from autoplan.types.layout import chunk_index, sent_from_prior
+from autoplan.types.plan import Plan
+from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
+from autoplan.types.trace_names import LETTER, chunk_name
+
+
+@dataclass
+class Span:
+    """One event of the trace: seconds from the step's start."""
+
+    stage: int
+    thread: str  # compute or one of COMM_THREADS
+    name: str
+    start_s: float
+    dur_s: float
+    category: str  # forward | backward | weight | bubble | exposed | hidden | tail
+    args: dict = field(default_factory=dict)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.dur_s
+
+
+@dataclass(frozen=True)
+class StagePieces:
+    """One stage's priced seconds per micro-batch (whole stage, all its chunks)."""
+
+    forward_s: float
+    backward_s: float  # compute, recomputation and host copies included; the weight part too
+    weight_s: float  # of backward_s, what a split-backward schedule runs as W
+    exposed_s: dict[str, float]  # tp, cp, ep seconds on the critical path
+    hidden_ep_s: float  # the all-to-all the overlap hides under another micro-batch's compute
+    fwd_share: float  # fwd / (fwd + bwd): the forward's share of the collectives (StageTotals.forward_s)
+
+
+def stage_pieces(stage, *, ep_exposed_share: float, split: bool) -> StagePieces:
+    """A priced StageTotals (cost/stages.py) as the pieces drawn per micro-batch."""
+    compute = stage.fwd_s + stage.bwd_s
+    ep_exposed = stage.ep_s * ep_exposed_share
+    return StagePieces(
+        forward_s=stage.fwd_s,
+        backward_s=stage.bwd_s + stage.recompute_s + stage.offload_s,
+        weight_s=stage.wgrad_s if split else 0.0,
+        exposed_s={"tp": stage.tp_s, "cp": stage.cp_s, "ep": ep_exposed},
+        hidden_ep_s=stage.ep_s - ep_exposed,
+        fwd_share=stage.fwd_s / compute if compute else 0.0,
+    )
+
+
+def _slot(pieces: StagePieces, kind: str, *, v: int, send_s: float) -> tuple[float, list[tuple[str, float]]]:
+    """(slot seconds with its send, the pieces drawn in it: (thread, seconds)) of one chunk of ``kind``."""
+    comm = {"forward": pieces.fwd_share, "backward": 1.0 - pieces.fwd_share, "weight": 0.0}[kind]
+    compute = {"forward": pieces.forward_s, "backward": pieces.backward_s - pieces.weight_s, "weight": pieces.weight_s}[
+        kind
+    ]
+    drawn = [("compute", compute / v)] + [(dim, s * comm / v) for dim, s in pieces.exposed_s.items() if s * comm > 0]
+    return sum(s for _, s in drawn) + (send_s if kind != "weight" else 0.0), drawn
+
+
+def pipeline_end_s(cost: Cost, plan: Plan, slowest) -> float:
+    """The pipeline's priced end: compute + m tp_mb + ep + cp + bubble + pp (module docstring)."""
+    tp_mb = plan.num_microbatches * slowest.tp_s
+    return cost.compute_s + tp_mb + cost.ep_comm_s + cost.cp_comm_s + cost.bubble_s + cost.pp_comm_s
+
+
+def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, float]]) -> list[Span]:
+    """Every span of ``plan``'s step (module docstring) from its priced stages (StageTotals), its Cost and
+    each stage's per-step bytes per dimension."""
+    m, p, v, schedule = plan.num_microbatches, plan.pp, plan.virtual_stages, plan.schedule
+    slowest = max(stages, key=lambda s: s.micro_batch_s)
+    ep_share = cost.ep_comm_s / (m * slowest.ep_s) if slowest.ep_s > 0 else 1.0
+    split = schedule in SPLIT_BACKWARD
+    pieces = [stage_pieces(s, ep_exposed_share=ep_share, split=split) for s in stages]
+    send_s = cost.pp_comm_s / (v * m + p - 1) / 2 if p > 1 else 0.0
+    pace = pieces[stages.index(slowest)]
+    slots = {kind: _slot(pace, kind, v=v, send_s=send_s)[0] * v for kind in LETTER}
+    timeline = simulate(
+        schedule=schedule,
+        pp=p,
+        m=m,
+        v=v,
+        forward_s=[slots["forward"]] * p,
+        backward_s=[slots["backward"] + slots["weight"]] * p,
+        weight_s=[slots["weight"]] * p if split else None,
+    )
+    spans: list[Span] = []
+    for seg in timeline.segments:
+        if seg.kind in LETTER:
+            spans += _chunk_spans(seg, pieces[seg.stage], plan=plan, send_s=send_s)
+    end = max(pipeline_end_s(cost, plan, slowest), max((s.end_s for s in spans), default=0.0))
+    by_stage: list[list[Span]] = [[] for _ in range(p)]
+    for span in spans:
+        by_stage[span.stage].append(span)
+    for k, mine in enumerate(by_stage):
+        spans += _bubbles(mine, k, end) + _tail(mine, k, end, cost, plan, slowest)
+    _share_bytes(spans, step_bytes)
+    return spans
+
+
+def _chunk_spans(seg, pieces: StagePieces, *, plan: Plan, send_s: float) -> list[Span]:
+    """A chunk's own pieces from its slot's start, its send, and the hidden all-to-all under its compute."""
+    v, p = plan.virtual_stages, plan.pp
+    shape = v_shaped(plan.schedule)
+    chunk = chunk_index(stage=seg.stage, local=seg.chunk, pp=p, v_shape=shape)
+    name = chunk_name(seg.kind, seg.microbatch, chunk)
+    _, drawn = _slot(pieces, seg.kind, v=v, send_s=send_s)
+    spans, cursor = [], seg.start_s
+    for thread, seconds in drawn:
+        dur = max(0.0, min(seconds, seg.end_s - cursor))  # a stage heavier here than the pace is cut to its slot
+        if thread == "compute":
+            spans.append(Span(seg.stage, "compute", name, cursor, dur, seg.kind))
+            hidden = pieces.hidden_ep_s * (pieces.fwd_share if seg.kind == "forward" else 1 - pieces.fwd_share) / v
+            if hidden > 0 and seg.kind != "weight":
+                spans.append(Span(seg.stage, "ep", f"ep all-to-all {name}", cursor, min(hidden, dur), "hidden"))
+        else:
+            spans.append(Span(seg.stage, thread, f"{thread} {name}", cursor, dur, "exposed"))
+        cursor += dur
+    last = p * v - 1
+    sends = (seg.kind == "forward" and chunk < last and sent_from_prior(chunk + 1, pp=p, v_shape=shape)) or (
+        seg.kind == "backward" and chunk > 0 and sent_from_prior(chunk, pp=p, v_shape=shape)
+    )
+    if sends and send_s > 0:
+        what = "activation" if seg.kind == "forward" else "gradient"
+        spans.append(Span(seg.stage, "pp", f"send {what} {name}", cursor, min(send_s, seg.end_s - cursor), "exposed"))
+    return spans
+
+
+def _bubbles(spans: list[Span], stage: int, end_s: float) -> list[Span]:
+    """The gaps of ``stage``'s pipeline (its ``spans``) until ``end_s``: the bubble, on its compute thread."""
+    busy = sorted((s.start_s, s.end_s) for s in spans if s.category != "hidden")
+    gaps, cursor = [], 0.0
+    for start, stop in busy + [(end_s, end_s)]:
+        if start > cursor * (1 + 1e-12) + 1e-15:
+            gaps.append(Span(stage, "compute", "bubble", cursor, start - cursor, "bubble"))
+        cursor = max(cursor, stop)
+    return gaps
+
+
+def _tail(spans: list[Span], stage: int, start_s: float, cost: Cost, plan: Plan, slowest) -> list[Span]:
+    """The step's terms after ``stage``'s pipeline (its ``spans``; module docstring), and the dp sync's hidden
+    part before it."""
+    out = []
+    hidden = cost.dp_comm_s - cost.dp_comm_exposed_s
+    if hidden > 0:
+        last = max((s.end_s for s in spans if s.category in ("backward", "weight")), default=0)
+        out.append(Span(stage, "dp", "dp gradient sync", max(0.0, last - hidden), min(hidden, last), "hidden"))
+    sp_sync_s = cost.tp_comm_s - plan.num_microbatches * slowest.tp_s
+    terms = (
+        ("dp", "dp gradient sync", cost.dp_comm_exposed_s, "exposed"),
+        ("tp", "tp sequence-parallel gradient all-reduce", sp_sync_s, "exposed"),
+        ("dp", "ZeRO-3 gathers and reduce-scatters", cost.zero_comm_s, "exposed"),
+        ("compute", "gradient accumulation", cost.grad_accum_s, "tail"),
+        ("compute", "gradient compression", cost.compression_s, "tail"),
+        ("compute", "optimizer step", cost.optimizer_s, "tail"),
+    )
+    cursor = start_s
+    for thread, name, seconds, category in terms:
+        if seconds > 0:
+            out.append(Span(stage, thread, name, cursor, seconds, category))
+            cursor += seconds
+    return out
+
+
+def _share_bytes(spans: list[Span], step_bytes: list[dict[str, float]]) -> None:
+    """Each communication span's bytes: its stage's step bytes on its thread's dimension, shared by seconds."""
+    totals: dict[tuple[int, str], float] = {}
+    for s in spans:
+        if s.thread != "compute":
+            totals[(s.stage, s.thread)] = totals.get((s.stage, s.thread), 0.0) + s.dur_s
+    for s in spans:
+        if s.thread == "compute":
+            continue
+        total = totals[(s.stage, s.thread)]
+        share = s.dur_s / total if total > 0 else 0.0
+        exposed = s.dur_s if s.category == "exposed" else 0.0
+        s.args = {
+            "bytes": step_bytes[s.stage].get(s.thread, 0.0) * share,
+            "exposed_s": exposed,
+            "hidden_s": s.dur_s - exposed,
+        }
