@@ -6,6 +6,7 @@ is one, and whose templates are package data. tests/unit/report/test_report_brow
 from __future__ import annotations
 
 import glob
+import json
 import re
 import shutil
 from html import unescape
@@ -80,17 +81,22 @@ def test_text_is_escaped_and_sections_say_what_was_not_computed(built, tmp_path)
     assert "No run folders were given" in page
 
 
-def test_the_plan_folders_trace_is_copied_and_linked_for_perfetto(built, tmp_path):
+def test_the_predicted_trace_is_written_and_linked_for_perfetto(built, tmp_path):
     root, _ = built
-    page = _report(root / "plan", tmp_path / "without")
+    page = _report(root / "plan", tmp_path / "priced")  # priced again from the folder's graph and profile
+    trace = json.loads((tmp_path / "priced" / "timeline.json").read_text())
+    assert any(e.get("args", {}).get("name") == "stage 0" for e in trace["traceEvents"] if e["ph"] == "M")
+    assert '<a href="timeline.json" download>' in page and "ui.perfetto.dev" in page and "Open trace file" in page
+    shutil.copytree(root / "plan", tmp_path / "plan")
+    (tmp_path / "plan" / "graph.json").unlink()  # cannot be priced again: the folder's own file, else none
+    page = _report(tmp_path / "plan", tmp_path / "without")
     assert "holds no <code>timeline.json</code>" in page and 'href="timeline.json"' not in page
     assert not (tmp_path / "without" / "timeline.json").exists()
-    shutil.copytree(root / "plan", tmp_path / "plan")
-    trace = '{"traceEvents": [{"name": "forward", "ph": "X", "ts": 0, "dur": 5, "pid": 0, "tid": 0}]}'
-    (tmp_path / "plan" / "timeline.json").write_text(trace)
+    own = '{"traceEvents": [{"name": "forward", "ph": "X", "ts": 0, "dur": 5, "pid": 0, "tid": 0}]}'
+    (tmp_path / "plan" / "timeline.json").write_text(own)
     page = _report(tmp_path / "plan", tmp_path / "with")
-    assert (tmp_path / "with" / "timeline.json").read_text() == trace
-    assert '<a href="timeline.json" download>' in page and "ui.perfetto.dev" in page and "Open trace file" in page
+    assert (tmp_path / "with" / "timeline.json").read_text() == own
+    assert '<a href="timeline.json" download>' in page
 
 
 def test_every_template_is_package_data():
