@@ -15,7 +15,7 @@ trace, ``H`` the hidden size, ``b`` bytes per element, ``i`` the routing imbalan
 - all-to-all (GShard, Lepikhin et al. 2021 section 2.3; Megatron-Core's ``MoEAlltoAllTokenDispatcher``),
   one message ``S = i E C f s H b`` on the ep group (mesh.ep_groups):
 
-      t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward     (comm.collective_time_s; again if recomputed)
+      t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward     (comm.collective_time_s; again under full recompute)
 
 - e > 1: the etp group gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
   dispatcher), sent as all-to-alls of ``e S`` (execute/expert_tp.py; an AG's bus time) with ``e`` copies of
@@ -148,9 +148,18 @@ class A2AMessages:
 FORWARD_A2A, BACKWARD_A2A = A2AMessages(counts=1, tokens=2), A2AMessages(counts=0, tokens=2)
 
 
+def reruns_a2a(recompute: str) -> bool:
+    """Whether a block recomputed under ``recompute`` sends its forward all-to-alls again: only under "full",
+    which re-runs the whole forward; selective keeps the all-to-alls' outputs (types/saved_ops.py
+    ``SAVED_COLLECTIVES``) and re-runs only computation, as DeepSeek-V3's recomputation does (arXiv 2412.19437
+    section 3.2.3: RMSNorm and the MLA up-projections, no communication)."""
+    return recompute == "full"
+
+
 def a2a_per_microbatch(*, recomputed: bool) -> A2AMessages:
     """A layer's all-to-alls per micro-batch: forward and backward, the forward again when
-    recomputation re-runs it (what the audit counts; the step time adds ep_fwd_s again, cost/stages.py)."""
+    recomputation re-runs it (:func:`reruns_a2a`; what the audit counts; the step time adds ep_fwd_s again,
+    cost/stages.py)."""
     forwards = 2 if recomputed else 1
     return A2AMessages(
         counts=forwards * FORWARD_A2A.counts + BACKWARD_A2A.counts,
@@ -205,6 +214,7 @@ class BlockExperts:
     ep: int  # the ranks each expert's parameters are split over: ep x expert_tp
     imbalance: float = 1.0  # the busiest rank's rows over the mean (its expert activations too)
     modules: tuple[str, ...] = ()  # the experts modules
+    a2a_kept_bytes: float = 0.0  # the forward all-to-alls' outputs selective recompute keeps (a2a_output_bytes)
 
 
 def block_experts(
@@ -223,6 +233,7 @@ def block_experts(
         return None
     gemms = {n.name: moe for moe in found for n in nodes if is_expert_gemm(n, moe)}
     times = [a2a_times_s(m, profile, precision=precision, batch_fraction=batch_fraction, place=place) for m in found]
+    kept = sum(a2a_output_bytes(m, precision=precision, batch_fraction=batch_fraction, place=place) for m in found)
     return BlockExperts(
         gemms=gemms,
         a2a_fwd_s=sum(t[0] for t in times),
@@ -231,7 +242,21 @@ def block_experts(
         ep=place.split,
         imbalance=place.imbalance,
         modules=tuple(moe.experts_module for moe in found),
+        a2a_kept_bytes=kept,
     )
+
+
+def a2a_output_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:
+    """Bytes of one MoE layer's forward all-to-all outputs per micro-batch, which selective recompute keeps
+    (types/saved_ops.py) and so no longer drops: an all-to-all's output is the size of its message, the
+    received rows and the combined outputs (2 S at ep > 1) and the etp group's gathered rows and scattered
+    outputs (2 e S at expert_tp > 1; module docstring)."""
+    message = dispatch_bytes(
+        moe, precision=precision, batch_fraction=batch_fraction, imbalance=place.imbalance, tokens=place.tokens
+    )
+    rows = FORWARD_A2A.tokens * message if place.ep > 1 else 0.0
+    gathered = etp_message_bytes(message, num_experts=moe.num_experts, etp=place.etp)[1] if place.etp > 1 else 0.0
+    return rows + FORWARD_A2A.tokens * gathered
 
 
 def check_divides(graph: Graph, ep: int, *, expert_tp: int = 1) -> None:

@@ -13,9 +13,18 @@ from synthetic.moe import mixtral_graph
 from autoplan.cli import main
 from autoplan.cost.memory.per_device import LOW_BYTES
 from autoplan.cost.model import CostModel
-from autoplan.cost.moe.experts import GPU_M_TILE, ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm
+from autoplan.cost.moe.experts import (
+    GPU_M_TILE,
+    ExpertPlacement,
+    a2a_output_bytes,
+    a2a_times_s,
+    dispatch_bytes,
+    grouped_gemm_s,
+    is_expert_gemm,
+)
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, ep_groups
+from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError
 from autoplan.solve.api import plan_graph
 from autoplan.solve.candidates import SearchOptions
@@ -116,6 +125,29 @@ def test_the_all_to_alls_repeat_in_a_recomputed_forward_and_scale_with_the_imbal
     hot = slow.estimate(_plan(ep=4, routing=RoutingModel(imbalance=2.0)))
     assert hot.ep_comm_s > 1.5 * calm.ep_comm_s and hot.compute_s > calm.compute_s
     assert model.estimate(_plan(ep=1)).ep_comm_s == 0.0
+
+
+def test_selective_recompute_keeps_the_all_to_alls_and_their_outputs(graph):
+    """Selective recompute re-runs the block's computation but not its all-to-alls (their outputs are kept,
+    types/saved_ops.py), so its EP seconds and audited messages are the plan's without recomputation and its
+    kept activations hold the received rows and the combined outputs, 2 S per MoE layer; full re-sends them."""
+    model = CostModel(graph, synthetic_profile())
+    plans = {r: _plan(ep=4, recompute=r, num_microbatches=2, micro_batch_size=2) for r in ("none", "selective", "full")}
+    costs = {r: model.estimate(p) for r, p in plans.items()}
+    assert costs["selective"].ep_comm_s == pytest.approx(costs["none"].ep_comm_s, rel=1e-12)
+    assert costs["full"].ep_comm_s > costs["none"].ep_comm_s
+    assert costs["selective"].recompute_s > 0.0  # the block's computation still re-runs
+    counts = {r: predict(model, p)[0].comm[("ep", "all_to_all")][0] for r, p in plans.items()}
+    assert counts == {"none": 2 * 5 * len(graph.moe_layers), "selective": 10 * len(graph.moe_layers),
+                      "full": 2 * 8 * len(graph.moe_layers)}  # fmt: skip
+    moe, place = graph.moe_layers[0], model.expert_placement(plans["none"])
+    rows = dispatch_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, imbalance=place.imbalance)
+    assert a2a_output_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=place) == pytest.approx(2 * rows)
+    assert a2a_output_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=_place(1)) == 0.0
+    balanced = dict(recompute="selective", num_microbatches=2, micro_batch_size=2, routing=RoutingModel(imbalance=1.0))
+    kept, plain = (model.priced_stages(_plan(ep=ep, **balanced))[0][0] for ep in (4, 1))
+    dropped = [sum(b.selective_dropped_bytes for b in stage.blocks) for stage in (kept, plain)]
+    assert dropped[1] - dropped[0] == pytest.approx(2 * rows / place.imbalance * len(graph.moe_layers), rel=1e-9)
 
 
 def test_the_search_offers_ep_and_the_plan_keeps_its_routing_model(graph):
