@@ -153,7 +153,13 @@ def summarise(
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision, dtypes=dtypes)
         if experts is not None and node.name in experts.gemms:
             t_fwd, t_bwd = grouped_gemm_s(
-                node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
+                node,
+                experts.gemms[node.name],
+                ctx.profile,
+                precision=precision,
+                batch_fraction=f,
+                place=ctx.experts,
+                recipe=ctx.fp8,
             )
             expert_s[0], expert_s[1] = expert_s[0] + t_fwd, expert_s[1] + t_bwd
         else:

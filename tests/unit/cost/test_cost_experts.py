@@ -11,6 +11,8 @@ from synthetic import synthetic_gpt, synthetic_profile
 from synthetic.moe import mixtral_graph
 
 from autoplan.cli import main
+from autoplan.cost.compute.fp8 import Fp8Recipe, cast_bytes
+from autoplan.cost.compute.roofline import memory_time_s
 from autoplan.cost.memory.per_device import LOW_BYTES
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.experts import (
@@ -26,6 +28,7 @@ from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, ep_groups
 from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError
+from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.search import Search
@@ -148,6 +151,51 @@ def test_selective_recompute_keeps_the_all_to_alls_and_their_outputs(graph):
     kept, plain = (model.priced_stages(_plan(ep=ep, **balanced))[0][0] for ep in (4, 1))
     dropped = [sum(b.selective_dropped_bytes for b in stage.blocks) for stage in (kept, plain)]
     assert dropped[1] - dropped[0] == pytest.approx(2 * rows / place.imbalance * len(graph.moe_layers), rel=1e-9)
+
+
+def test_fp8_reaches_the_grouped_experts_only_where_the_runtime_runs_them_so(graph):
+    """Megatron-Core runs its experts as TE linears under FP8 (compute/fp8.py ``FP8_EXPERT_RUNTIMES``): each
+    expert GEMM at the FP8 peak plus its recipe's casts of every local expert's rows and weights; autoplan's
+    executor converts nn.Linear only, so its fp8 plans keep the experts at the 16-bit peak, as priced before."""
+    profile = load_profile("dgx-h100")
+    moe = graph.moe_layers[0]
+    node = next(n for n in graph.nodes if is_expert_gemm(n, moe))
+    f, place = 1.0, _place(8)  # the whole batch over ep = 8: compute-bound grouped GEMMs
+    times = {
+        runtime: grouped_gemm_s(
+            node,
+            moe,
+            profile,
+            precision="fp8",
+            batch_fraction=f,
+            place=place,
+            recipe=Fp8Recipe.of(recipe="te_current", num_microbatches=4, runtime=runtime),  # fmt: skip
+        )
+        for runtime in ("autoplan", "megatron")
+    }
+    bf16 = grouped_gemm_s(node, moe, profile, precision="bf16", batch_fraction=f, place=place)
+    assert times["autoplan"] == pytest.approx(bf16, rel=1e-12)
+    experts, slots, n_out = node.output_shape
+    k_in, groups = node.fwd_flops / (2 * experts * slots * n_out), experts // 8
+    rows = 8 * slots * f
+    flops = 2 * rows * k_in * n_out
+    device = profile.device
+    gemm = 2 * math.ceil(rows / GPU_M_TILE) * GPU_M_TILE * k_in * n_out
+    gemm /= device.peak_flops["fp8"] * device.efficiency_for("grouped_matmul", "fp8")(flops)
+    recipe = Fp8Recipe.of(recipe="te_current", num_microbatches=4, runtime="megatron")
+    shape = dict(rows=groups * rows, k=k_in, n=n_out, weights=groups * k_in * n_out, recipe=recipe)
+    casts = [memory_time_s(profile, cast_bytes(**shape, backward=b)) for b in (False, True)]
+    moved = (rows * k_in + k_in * n_out + rows * n_out) * 2  # operands read and written in bf16
+    one = groups * max(gemm, moved / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency))
+    assert times["megatron"] == pytest.approx((one + casts[0], 2 * one + casts[1]), rel=1e-9)
+    model = CostModel(graph, profile)  # the block summaries price each expert GEMM so
+
+    def experts_s(**changes) -> float:
+        return sum(b.expert_fwd_s for b in model.priced_stages(_plan(ep=8, **changes))[0][0].blocks)
+
+    assert experts_s(precision="fp8", fp8_recipe="rowwise") == pytest.approx(experts_s(), rel=1e-12)
+    megatron = experts_s(precision="fp8", runtime="megatron", fp8_recipe="te_current")
+    assert megatron != pytest.approx(experts_s(runtime="megatron"), rel=1e-3)
 
 
 def test_the_search_offers_ep_and_the_plan_keeps_its_routing_model(graph):
