@@ -264,3 +264,21 @@ def test_expert_tp2_over_tp2_verifies_and_audits_as_priced(tmp_path):
     assert len(flops) == 4 and all(r["as_priced"] == "True" for r in flops), flops
     peaks = [abs(float(r["relative_error"])) for r in rows if r["what"] == "peak live memory"]
     assert len(peaks) == 2 and max(peaks) <= 0.10, peaks
+
+
+def test_expert_tp2_under_selective_recompute_keeps_its_etp_all_to_alls(tmp_path):
+    """The same Mixtral at tp = expert_tp = 2 with selective recomputation: the blocks' computation re-runs but
+    the etp group's all-to-alls (counts, gathered rows, scattered outputs) are kept, not sent again, so every
+    collective is as priced (types/saved_ops.py), and the kept gathered rows put the peak within 10%."""
+    layers = [["model.layers.0", "model.layers.1"]]
+    plan = Plan(devices=2, dp=1, tp=2, pp=1, expert_tp=2, micro_batch_size=2, num_microbatches=2,
+                sequence_parallel=True, routing=RoutingModel(), stages=layers, recompute="selective")  # fmt: skip
+    _run(tmp_path, "hf_mixtral", plan.save(tmp_path / "plan.json"), "--audit")
+    with open(tmp_path / "run" / "audit.csv") as f:
+        rows = list(csv.DictReader(f))
+    comm = [r for r in rows if r["what"].startswith("comm ")]
+    etp = [r for r in comm if r["what"] == "comm etp all_to_all"]
+    assert etp and all(r["measured_count"] == r["predicted_count"] for r in etp), etp
+    assert all(r["as_priced"] == "True" for r in comm), [r for r in comm if r["as_priced"] != "True"]
+    peaks = [abs(float(r["relative_error"])) for r in rows if r["what"] == "peak live memory"]
+    assert len(peaks) == 2 and max(peaks) <= 0.10, peaks
