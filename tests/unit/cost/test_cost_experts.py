@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -217,6 +218,18 @@ def test_bounds_stay_below_what_expert_parallel_plans_are_priced_at(graph):
     assert any(c.plan.ep > 1 for c in priced) and any(c.plan.ep > 1 and c.plan.pp > 1 for c in priced)
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)
     assert all(search.bounds.states_floor_bytes(c.plan) <= c.cost.peak_memory_bytes * (1 + 1e-12) for c in priced)
+
+
+def test_bounds_stay_below_megatrons_fp8_experts(graph):
+    """Under Megatron-Core's FP8 the experts run at the FP8 peak (compute/fp8.py): the search's floor, which
+    prices every fp8 plan's experts there without casts, stays below each priced candidate."""
+    profile = dataclasses.replace(load_profile("dgx-h100"), devices_per_node=8)
+    options = SearchOptions(devices=16, batch_size=BATCH, keep=10**6, runtime="megatron", fixes={"precision": "fp8"})
+    search = Search(graph, profile, options)
+    search._usable_bytes = float("inf")
+    priced = [c for c in search.run().candidates if c.cost is not None]
+    assert any(c.plan.ep > 1 and c.plan.precision == "fp8" for c in priced)
+    assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)
 
 
 @pytest.mark.parametrize(
