@@ -29,9 +29,10 @@ transformers runs) is priced as one fused causal kernel (cost/compute/eager_atte
 128-token sliding window on half its layers read from the traced modules (trace/windows.py).
 
 FP8 rows (Megatron's per-tensor current scaling) are priced at precision "fp8" with Transformer
-Engine's current-scaling recipe (``te_current``, docs/cost-model.md "FP8 recipes"): its nn.Linear
-layers run in FP8, while the stacked expert weights of a grouped MoE layer are no nn.Linear and
-stay bf16; Transformer Engine ran the expert grouped GEMMs in FP8 too. So they are priced but not comparable.
+Engine's current-scaling recipe (``te_current``, docs/cost-model.md "FP8 recipes"): its linears and,
+under the megatron runtime, the routed experts' grouped GEMMs run in FP8, as Transformer Engine ran
+them (cost/compute/fp8.py ``FP8_EXPERT_RUNTIMES``). Until 2026-12 the experts stayed bf16 and these
+rows were priced but not comparable.
 
 A row whose notes say it overlapped the EP all-to-all (the Megatron-MoE model zoo's Qwen3-235B pair, "1F1B EP
 all-to-all overlap") is priced with ``moe_a2a_overlap`` (docs/cost-model.md, "EP all-to-all overlap").
@@ -210,7 +211,7 @@ def predict(row: pd.Series, profile, graphs: dict) -> dict:
         "bubble_s": cost.bubble_s,
         "peak_GiB": cost.peak_memory_bytes / 2**30,
         "fits": cost.feasible,
-        "comparable": model_key(row["model"]) not in NOT_COMPARABLE and plan.precision != "fp8",
+        "comparable": model_key(row["model"]) not in NOT_COMPARABLE,
         "predicted_tflops": tflops,
     }
 

@@ -33,10 +33,13 @@ What is pinned beyond the CSV's columns, and why (docs/whole-run-checks.md has t
   order). No runtime autoplan targets runs that (types/moe_overlap.py), so the plan is priced through the
   cost model API as a check of the model; the planner does not offer it. It trained its GEMMs in FP8 with
   1x128 / 128x128 block scaling (report section 3.3): priced with fp8 and :data:`FP8_RECIPE` (rowwise, the
-  nearest recipe autoplan prices) at the profile's FP8 peak, with balanced routing. ``--schedule`` sets
-  another schedule (1f1b: Megatron-Core's combined 1F1B pairing), ``--bf16`` prices it in bf16 (the former
-  upper bound), ``--a2a-exposed`` prices the all-to-all exposed. ``recompute_a2a_s`` is the all-to-all
-  autoplan's selective recompute re-runs, which DeepSeek's (RMSNorm and MLA up-projections) does not.
+  nearest recipe autoplan prices) at the profile's FP8 peak, with balanced routing; its experts stay 16-bit,
+  as autoplan's executor runs them (cost/compute/fp8.py ``FP8_EXPERT_RUNTIMES``). The sensitivity row
+  ``deepseek-v3-pretrain-megatron`` prices the same layout for Megatron-Core's runtime (:data:`RUNTIME`: fused
+  kernels, Transformer Engine's FP8 over the experts too, te_current). ``--schedule`` sets another schedule
+  (1f1b: Megatron-Core's combined 1F1B pairing), ``--bf16`` prices it in bf16, ``--a2a-exposed`` prices the
+  all-to-all exposed. ``recompute_a2a_s`` is the all-to-all the plan's recomputation re-runs (0 under
+  selective since it keeps the all-to-alls' outputs, as DeepSeek's recomputation re-runs no communication).
 
 For each run the published layout is priced as published (``fits`` says whether autoplan's memory
 model agrees that it fits in 80 GB); ``step_s_if_fits`` is the fastest recomputation setting that
@@ -95,18 +98,28 @@ PROFILES = {"H100-80GB": "dgx-h100", "H800": "h800 (dgx-h100, NVLink x 400/900)"
 #: runs priced in a precision other than the one they ran in: the label the table carries
 LABELS = {
     "deepseek-v3-pretrain": "FP8 with torchao's rowwise scaling, the nearest autoplan prices to the run's 1x128 / "
-    "128x128 block scaling"
+    "128x128 block scaling; experts 16-bit, as autoplan's executor runs them",
+    "deepseek-v3-pretrain-megatron": "FP8 with Transformer Engine's current scaling over every linear and the routed "
+    "experts (Megatron-Core's runtime)",
 }
 #: runs whose published schedule is not the CSV's 1F1B, and the source: DualPipe priced as its V form (module
 #: docstring)
-PUBLISHED_SCHEDULE = {"deepseek-v3-pretrain": "dualpipev"}  # arXiv 2412.19437 section 3.2.1; deepseek-ai/DualPipe
+PUBLISHED_SCHEDULE = {  # arXiv 2412.19437 section 3.2.1; deepseek-ai/DualPipe
+    "deepseek-v3-pretrain": "dualpipev",
+    "deepseek-v3-pretrain-megatron": "dualpipev",
+}
 #: FP8 runs' recipe: DeepSeek-V3 scales activations per 1x128 tile and weights per 128x128 block (arXiv 2412.19437
 #: section 3.3.2); rowwise (one scale per row of each operand) is the finest recipe autoplan prices
-FP8_RECIPE = {"deepseek-v3-pretrain": "rowwise"}
+FP8_RECIPE = {"deepseek-v3-pretrain": "rowwise", "deepseek-v3-pretrain-megatron": "te_current"}
+#: runs priced for a runtime other than autoplan's executor, and why: Megatron-Core with Transformer Engine fuses
+#: norms, activations and casts and runs every linear and routed expert in FP8 (cost/compute/fp8.py), as DeepSeek's
+#: own framework ran its GEMMs, experts included, in FP8 with fused kernels (arXiv 2412.19437 sections 3.3, 3.2.2)
+RUNTIME = {"deepseek-v3-pretrain-megatron": "megatron"}
 #: runs that overlapped the EP all-to-all with the other micro-batch's compute, and the source that says so
 A2A_OVERLAP = {
-    "deepseek-v3-pretrain": "DualPipe overlaps each F&B chunk pair's all-to-all with computation (arXiv 2412.19437, "
-    "section 3.2.1, Figure 4)"
+    run: "DualPipe overlaps each F&B chunk pair's all-to-all with computation (arXiv 2412.19437, section 3.2.1, "
+    "Figure 4)"
+    for run in ("deepseek-v3-pretrain", "deepseek-v3-pretrain-megatron")
 }
 
 
@@ -181,6 +194,7 @@ def published_plan(row: pd.Series, graph, *, recompute: str | None = None, prici
         routing=routing,
         stages=stages,
         moe_a2a_overlap=pricing.a2a_overlap and row.run in A2A_OVERLAP,
+        runtime=RUNTIME.get(row.run, "autoplan"),
     )
 
 
@@ -204,8 +218,8 @@ def throughput_step_s(row: pd.Series, model_flops: float) -> float | None:
 
 
 def recompute_a2a_s(model: CostModel, plan: Plan, ep_comm_s: float) -> float:
-    """The step's all-to-all seconds that ``plan``'s recomputation re-runs (cost/stages.py re-adds a recomputed
-    block's forward all-to-all): its EP seconds less the same plan's without recomputation."""
+    """The step's all-to-all seconds that ``plan``'s recomputation re-runs (cost/stages.py re-adds the forward
+    all-to-all of a block recomputed in full): its EP seconds less the same plan's without recomputation."""
     if plan.ep <= 1 or plan.recompute == "none":
         return 0.0
     return ep_comm_s - model.estimate(dataclasses.replace(plan, recompute="none")).ep_comm_s

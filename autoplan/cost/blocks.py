@@ -15,7 +15,8 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 - ``loss_grad_bytes`` = ``(|inputs| + saved(loss)) * f``, the loss's backward transient.
 - selective recomputation (op-level, as torchtitan runs it; ``SAVED_KINDS``, shared with
   autoplan/execute/recompute.py): ``selective_recompute_s`` is the forward time of the nodes
-  that are not kept, ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs).
+  that are not kept, ``selective_dropped_bytes`` = saved_bytes - (input_bytes + kept outputs), the
+  expert all-to-alls' outputs among the kept (cost/moe/experts.py ``a2a_output_bytes``).
 - full recomputation (Chen et al. 2016; Korthikanti et al. 2022 section 4.3): only
   ``input_bytes`` is kept, and the forward and its TP collectives run twice.
 - context parallelism (``ctx.cp`` > 1): ``f`` is divided by cp (each rank holds 1/cp of every
@@ -152,7 +153,13 @@ def summarise(
         read = input_bytes_of(list(structure.preds[node.name]), precision=precision, dtypes=dtypes)
         if experts is not None and node.name in experts.gemms:
             t_fwd, t_bwd = grouped_gemm_s(
-                node, experts.gemms[node.name], ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
+                node,
+                experts.gemms[node.name],
+                ctx.profile,
+                precision=precision,
+                batch_fraction=f,
+                place=ctx.experts,
+                recipe=ctx.fp8,
             )
             expert_s[0], expert_s[1] = expert_s[0] + t_fwd, expert_s[1] + t_bwd
         else:
@@ -225,7 +232,7 @@ def summarise(
         tp_fwd_s=tp_cost.comm_fwd_s,
         tp_bwd_s=tp_cost.comm_bwd_s,
         saved_bytes=saved,
-        selective_dropped_bytes=max(0.0, saved - inputs - kept),
+        selective_dropped_bytes=max(0.0, saved - inputs - kept - (experts.a2a_kept_bytes if experts else 0.0)),
         loss_grad_bytes=sum(
             loss_grad_bytes(structure, n, precision=precision, gpu=gpu, dtypes=dtypes) for n in structure.nodes
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from autoplan.cost.compute.fp8 import EXPERTS_FP8_FLOOR
 from autoplan.cost.compute.op_costs import node_time_s
 from autoplan.cost.compute.roofline import input_bytes_of, memory_time_s
 from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
@@ -230,7 +231,14 @@ class Bounds:
         gemms = sum(
             sum(
                 grouped_gemm_s(
-                    self.graph.node(name), moe, self.profile, precision=precision, batch_fraction=f, place=place
+                    self.graph.node(name),
+                    moe,
+                    self.profile,
+                    precision=precision,
+                    batch_fraction=f,
+                    place=place,
+                    recipe=EXPERTS_FP8_FLOOR,  # under fp8 any runtime's experts run no faster than this
+                    casts=False,
                 )
             )
             for name, moe in self._gemms[rep].items()

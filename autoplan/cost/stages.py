@@ -5,9 +5,9 @@ Chunk ``c`` of ``plan.stages`` (``pp * virtual_stages`` chunks) runs on stage ``
 they run before the first block (embeddings) and to the last stage otherwise (final norm,
 head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/blocks.py) applies to
 blocks only, to the first k of each chunk under a budget (autoplan/types/recompute.py, the others
-add as under "none"); a recomputed MoE block re-runs its all-to-alls (torch.utils.checkpoint re-runs the
-forward's collectives; the selective policy saves matmul outputs only), and so does a recomputed
-block's context-parallel K,V exchange.
+add as under "none"); a block recomputed in full re-runs its all-to-alls (torch.utils.checkpoint re-runs the
+forward's collectives), a selective one does not (its policy keeps their outputs: cost/moe/experts.py
+``reruns_a2a``); either re-runs the block's context-parallel K,V exchange.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autoplan.cost.blocks import LayerSummary
+from autoplan.cost.moe.experts import reruns_a2a
 
 
 @dataclass
@@ -118,7 +119,8 @@ def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_blo
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes
         return
-    stage.ep_s += block.ep_fwd_s  # a recomputed forward dispatches and combines again
+    if reruns_a2a(recompute):  # a forward recomputed in full dispatches and combines again
+        stage.ep_s += block.ep_fwd_s
     stage.cp_s += block.cp_fwd_s  # and exchanges keys and values again
     if recompute == "selective":  # everything but matmul-class ops re-runs, the TP collectives too
         stage.recompute_s += block.selective_recompute_s

@@ -37,7 +37,14 @@ from autoplan.cost.dp import sparse_embedding
 from autoplan.cost.dp.local_sgd import outer_message
 from autoplan.cost.memory.offload import offload_bytes
 from autoplan.cost.model import CostModel
-from autoplan.cost.moe.experts import COUNT_BYTES, A2AMessages, a2a_per_microbatch, dispatch_bytes, etp_message_bytes
+from autoplan.cost.moe.experts import (
+    COUNT_BYTES,
+    A2AMessages,
+    a2a_per_microbatch,
+    dispatch_bytes,
+    etp_message_bytes,
+    reruns_a2a,
+)
 from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tp.block import OUTSIDE_PARTS
@@ -224,7 +231,8 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
     f, m = plan.micro_batch_size / model.graph.batch_size, plan.num_microbatches
     rerun = set(_recomputed_layers(plan, model, index))
     for moe in moes:
-        a2a = a2a_per_microbatch(recomputed=moe.layer in rerun or (moe.layer is None and plan.recompute != "none"))
+        again = moe.layer in rerun or (moe.layer is None and plan.recompute != "none")
+        a2a = a2a_per_microbatch(recomputed=again and reruns_a2a(plan.recompute))
         rows = dispatch_bytes(moe, precision=plan.precision, batch_fraction=f, imbalance=1.0, tokens=token_share(plan))
         size = a2a.counts * moe.num_experts * COUNT_BYTES + a2a.tokens * rows
         if plan.ep > 1:

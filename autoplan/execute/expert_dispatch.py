@@ -123,8 +123,7 @@ class ExpertsDispatch:
             received, send_splits = sent, [int(sent.sum())]
             rows = hidden[tokens].to(wire)
         else:
-            received = torch.empty_like(sent)  # [ep, L]: what each rank sends to each of my experts
-            dist.all_to_all_single(received, sent, group=self.group)
+            received = expert_tp.exchange(sent, self.group)  # [ep, L]: what each rank sends to each of my experts
             send_splits = sent.view(self.ep, local).sum(1).tolist()
             recv_splits = received.view(self.ep, local).sum(1).tolist()
             rows = all_to_all_single_autograd(hidden[tokens].to(wire), recv_splits, send_splits, self.group)

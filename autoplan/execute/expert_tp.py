@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd, wait_tensor
 from torch.distributed.tensor import Placement, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -88,9 +88,14 @@ def exchange_counts(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Ten
     """``[e, len(counts)]``: every etp rank's ``counts`` (the rows it holds per local expert and source), sent as
     one all-to-all of ``e`` copies (module docstring)."""
     size = dist.get_world_size(group)
-    out = torch.empty(size * counts.numel(), dtype=counts.dtype, device=counts.device)
-    dist.all_to_all_single(out, counts.repeat(size), group=group)
-    return out.view(size, -1)
+    return exchange(counts.repeat(size), group).view(size, -1)
+
+
+def exchange(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``counts`` split evenly over ``group``'s ranks, each part sent to its rank, as the functional all-to-all
+    (``_c10d_functional.all_to_all_single``), whose output selective recomputation keeps: a recomputed block
+    never sends its counts again (types/saved_ops.py ``SAVED_COLLECTIVES``; c10d's in-place one would re-run)."""
+    return wait_tensor(all_to_all_single(counts, None, None, group))
 
 
 def gather_rows(rows: torch.Tensor, sizes: list[int], group: dist.ProcessGroup) -> torch.Tensor:

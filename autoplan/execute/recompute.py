@@ -4,7 +4,8 @@
 - ``selective``: op-level selective activation checkpointing (torch.utils.checkpoint with a
   policy, as torchtitan's op SAC): the outputs of matmuls (grouped and FP8-scaled ones too),
   attention kernels and convolutions are saved, everything else (norms, activations, softmax,
-  element-wise ops, FP8's scaling passes) is recomputed. The kernels saved are the cost model's
+  element-wise ops, FP8's scaling passes) is recomputed, and the functional all-to-all's output is
+  kept, so the expert dispatch never sends again (as torchtitan's op SAC). The kernels saved are the cost model's
   own table (autoplan/types/saved_ops.py ``SAVED_ATEN_OPS``), so what is priced as kept is kept:
   re-run the forward of the other nodes, keep the block inputs and the saved outputs. It frees
   Korthikanti et al.'s softmax and dropout s^2 tensors but keeps the QK^T scores, a matmul output.

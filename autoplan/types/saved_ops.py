@@ -18,9 +18,10 @@ so the policy (autoplan/execute/recompute.py ``SAVED_OPS``) is built from the sa
   backend is composite: it runs as ``bmm`` (kept) and softmax (re-run), as an unfused attention does.
 - ``conv``: ``convolution``.
 
-Everything else re-runs, and is priced so (layers.summarise: ``selective_recompute_s``): norms,
-activations, softmax, masks, dropout, and FP8's scaling passes (amax, scale, cast: the forward
-half of ``compute.fp8_cast_bytes``, re-run before each kept ``_scaled_mm`` is looked up again).
+It also keeps the functional all-to-all's output (:data:`SAVED_COLLECTIVES`, as torchtitan's op SAC):
+a recomputed MoE block never re-sends the expert dispatch's counts, rows or outputs, as DeepSeek-V3
+(arXiv 2412.19437 section 3.2.3) re-runs no communication (cost/moe/experts.py ``reruns_a2a``).
+Everything else re-runs and is priced so: norms, activations, softmax, masks, dropout, FP8's scaling.
 """
 
 from __future__ import annotations
@@ -41,5 +42,8 @@ SAVED: dict[str, tuple[str, ...]] = {
 }
 #: node kinds whose outputs selective recomputation keeps (autoplan/cost/blocks.py)
 SAVED_KINDS = tuple(SAVED)
+#: collectives whose outputs selective recomputation keeps (module docstring): ``_c10d_functional.all_to_all_single``,
+#: which ``all_to_all_single`` and ``all_to_all_single_autograd`` run; c10d's in-place ``alltoall_base_`` re-runs
+SAVED_COLLECTIVES = ("all_to_all_single",)
 #: the aten kernels (OpOverloadPacket names) the executor's policy saves
-SAVED_ATEN_OPS = frozenset(name for names in SAVED.values() for name in names)
+SAVED_ATEN_OPS = frozenset(name for names in SAVED.values() for name in names) | frozenset(SAVED_COLLECTIVES)

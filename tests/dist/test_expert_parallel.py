@@ -174,6 +174,24 @@ def test_moe_example_planned_with_ep2_verifies_and_audits_the_all_to_all_on_ep(t
             assert row["as_priced"] == "True", row
 
 
+@pytest.mark.parametrize("recompute, a2a", [("selective", A2A_PER_LAYER_AND_MICROBATCH), ("full", 8)])
+def test_selective_recompute_reruns_the_experts_but_not_their_all_to_alls(tmp_path, recompute, a2a):
+    """ep=2 at dp=2 under recomputation, run with --verify and --audit: selective re-runs the blocks' computation
+    and keeps the all-to-alls' outputs (types/saved_ops.py), so each MoE layer sends its 5 all-to-alls per
+    micro-batch as without recomputation, full re-sends the forward's 3; the counts and the peak as priced."""
+    plan = _plan(tmp_path, "moe", dp=2, ep=2, recompute=recompute)
+    _run(tmp_path, "moe", plan, "--audit")
+    with open(tmp_path / "run" / "audit.csv") as f:
+        rows = list(csv.DictReader(f))
+    comm = _audit(tmp_path)
+    for rank in (0, 1):
+        assert comm[(rank, "ep all_to_all")][0] == SIZES["moe"][1]["LAYERS"] * 2 * a2a  # 2 micro-batches
+    a2a_rows = [r for r in rows if r["what"] == "comm ep all_to_all"]
+    assert len(a2a_rows) == 2 and all(r["measured_count"] == r["predicted_count"] for r in a2a_rows)
+    peaks = [abs(float(r["relative_error"])) for r in rows if r["what"] == "peak live memory"]
+    assert len(peaks) == 2 and max(peaks) <= 0.10, peaks
+
+
 @pytest.mark.parametrize("model", ["moe", "hf_mixtral"])
 def test_ep2_at_dp2_verifies(tmp_path, model):
     _run(tmp_path, model, _plan(tmp_path, model, dp=2, ep=2))
@@ -244,5 +262,23 @@ def test_expert_tp2_over_tp2_verifies_and_audits_as_priced(tmp_path):
     assert all(r["as_priced"] == "True" for r in comm), [r for r in comm if r["as_priced"] != "True"]
     flops = [r for r in rows if "matmul FLOPs" in r["what"]]
     assert len(flops) == 4 and all(r["as_priced"] == "True" for r in flops), flops
+    peaks = [abs(float(r["relative_error"])) for r in rows if r["what"] == "peak live memory"]
+    assert len(peaks) == 2 and max(peaks) <= 0.10, peaks
+
+
+def test_expert_tp2_under_selective_recompute_keeps_its_etp_all_to_alls(tmp_path):
+    """The same Mixtral at tp = expert_tp = 2 with selective recomputation: the blocks' computation re-runs but
+    the etp group's all-to-alls (counts, gathered rows, scattered outputs) are kept, not sent again, so every
+    collective is as priced (types/saved_ops.py), and the kept gathered rows put the peak within 10%."""
+    layers = [["model.layers.0", "model.layers.1"]]
+    plan = Plan(devices=2, dp=1, tp=2, pp=1, expert_tp=2, micro_batch_size=2, num_microbatches=2,
+                sequence_parallel=True, routing=RoutingModel(), stages=layers, recompute="selective")  # fmt: skip
+    _run(tmp_path, "hf_mixtral", plan.save(tmp_path / "plan.json"), "--audit")
+    with open(tmp_path / "run" / "audit.csv") as f:
+        rows = list(csv.DictReader(f))
+    comm = [r for r in rows if r["what"].startswith("comm ")]
+    etp = [r for r in comm if r["what"] == "comm etp all_to_all"]
+    assert etp and all(r["measured_count"] == r["predicted_count"] for r in etp), etp
+    assert all(r["as_priced"] == "True" for r in comm), [r for r in comm if r["as_priced"] != "True"]
     peaks = [abs(float(r["relative_error"])) for r in rows if r["what"] == "peak live memory"]
     assert len(peaks) == 2 and max(peaks) <= 0.10, peaks

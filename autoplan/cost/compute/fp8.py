@@ -20,6 +20,8 @@ reads (1 x); the output gradient is cast and transposed in one pass (read 2, wri
 is cast once a step (``is_first_microbatch``) into FP8 and its transpose (4 w); delayed scaling
 takes its scale from the amax history, current scaling ("FP8-CS") reads each activation, gradient
 and weight once more for its amax (+2 each). Per micro-batch a weight costs ``4 w / m`` (te_*).
+The routed experts' grouped GEMMs run FP8 only under a runtime of :data:`FP8_EXPERT_RUNTIMES`, priced by
+the same table with x, g the rows of every local expert and w all of their weights (:func:`cast_bytes`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ ROWWISE_GEMM_EFFICIENCY = 0.9
 TE_CAST_TRANSPOSE_BYTES = 2 + 1 + 1  # read bf16, write FP8 and its transpose (TE's fused cast-transpose)
 TE_AMAX_BYTES = 2  # current scaling reads the tensor once more for its amax
 TE_TRANSPOSE_BYTES = 1  # the FP8 transpose a fused norm/activation-cast kernel writes beside its output
+#: runtimes whose FP8 covers the routed experts' grouped GEMMs, and why. Megatron-Core runs its experts as
+#: Transformer Engine linears (TEGroupedMLP's GroupedLinear, or SequentialMLP's per-expert TE linears:
+#: megatron/core/transformer/moe/experts.py) inside the fp8_autocast that covers every TE linear, so its FP8
+#: reaches them as DeepSeek-V3's did (arXiv 2412.19437 section 3.3). autoplan's executor converts nn.Linear only
+#: (execute/float8.py): torchao's FP8 grouped GEMM (torchao.prototype.moe_training) runs Triton kernels with no
+#: emulated mode, so no gloo test could verify it; torchtitan runs it only under quantize.grouped_mm, which
+#: autoplan's torchtitan export does not write. Their experts stay at the 16-bit peak.
+FP8_EXPERT_RUNTIMES = {"megatron": "Transformer Engine's fp8_autocast covers the experts' TE linears"}
 
 
 @dataclass(frozen=True)
@@ -52,14 +62,16 @@ class Fp8Recipe:
 
     name: str = "tensorwise"
     micro_batches: int = 1
+    experts: bool = False  # the grouped expert GEMMs run FP8 too (FP8_EXPERT_RUNTIMES)
 
     @classmethod
-    def of(cls, *, recipe: str, num_microbatches: int) -> Fp8Recipe:
-        """The priced recipe: ``recipe`` ('' is tensorwise), with the step's micro-batches for TE's."""
+    def of(cls, *, recipe: str, num_microbatches: int, runtime: str = "autoplan") -> Fp8Recipe:
+        """The priced recipe: ``recipe`` ('' is tensorwise), with the step's micro-batches for TE's, and
+        whether ``runtime`` runs the grouped expert GEMMs in it."""
         recipe = recipe or "tensorwise"
         if recipe not in FP8_RECIPES:
             raise ValueError(f"fp8 recipe '{recipe}'; expected one of {', '.join(FP8_RECIPES)}")
-        return cls(recipe, num_microbatches if recipe.startswith("te_") else 1)
+        return cls(recipe, num_microbatches if recipe.startswith("te_") else 1, runtime in FP8_EXPERT_RUNTIMES)
 
     @property
     def transformer_engine(self) -> bool:
@@ -72,6 +84,9 @@ class Fp8Recipe:
 
 
 TENSORWISE = Fp8Recipe()
+#: the fastest an FP8 plan's experts can run, whatever its runtime: at the FP8 peak, tensorwise's GEMM speed (the
+#: search's floor, cost/bounds.py, prices it without casts)
+EXPERTS_FP8_FLOOR = Fp8Recipe(experts=True)
 
 
 def fp8_recipe(plan: Plan, *, recipe: str = "") -> Fp8Recipe:
@@ -79,7 +94,9 @@ def fp8_recipe(plan: Plan, *, recipe: str = "") -> Fp8Recipe:
     when its precision is fp8; else tensorwise (no linear runs FP8, and block prices stay shared)."""
     if plan.precision != "fp8":
         return TENSORWISE
-    return Fp8Recipe.of(recipe=recipe or plan.fp8_recipe_used, num_microbatches=plan.num_microbatches)
+    return Fp8Recipe.of(
+        recipe=recipe or plan.fp8_recipe_used, num_microbatches=plan.num_microbatches, runtime=plan.runtime
+    )
 
 
 def fp8_linear(node: OpNode, *, precision: str, shard: int = 1) -> bool:
@@ -98,11 +115,17 @@ def fp8_cast_bytes(node: OpNode, *, batch_fraction: float, backward: bool, recip
     backward) on the traced batch times ``batch_fraction``, unsharded (module docstring's table)."""
     k, n = node.attrs["in_features"], node.attrs["out_features"]
     rows = math.prod(node.output_shape[:-1]) * batch_fraction
+    return cast_bytes(rows=rows, k=k, n=n, weights=k * n, backward=backward, recipe=recipe)
+
+
+def cast_bytes(*, rows: float, k: float, n: float, weights: float, backward: bool, recipe: Fp8Recipe) -> float:
+    """The module docstring's table for ``rows`` rows of K in and N out features and ``weights`` weight
+    elements: one linear (w = K N), or every local expert's grouped GEMM (w = G K N)."""
     x, g = rows * k, rows * n
     activations = _activation_bytes(recipe.name, x=x, g=g, backward=backward)
     if recipe.name == "rowwise":
         activations += SCALE_BYTES * (rows + n + (2 * k if backward else 0))
-    return activations + weight_cast_bytes(node, backward=backward, recipe=recipe)
+    return activations + _weight_bytes(weights, backward=backward, recipe=recipe)
 
 
 def _activation_bytes(recipe: str, *, x: float, g: float, backward: bool) -> float:
@@ -120,6 +143,10 @@ def weight_cast_bytes(node: OpNode, *, backward: bool, recipe: Fp8Recipe = TENSO
     backward; TE's once-a-step cast (4 w, 6 w with current scaling) over the step's micro-batches,
     charged to the forward."""
     w = float(node.attrs["in_features"] * node.attrs["out_features"])
+    return _weight_bytes(w, backward=backward, recipe=recipe)
+
+
+def _weight_bytes(w: float, *, backward: bool, recipe: Fp8Recipe) -> float:
     if recipe.transformer_engine:
         amax = TE_AMAX_BYTES if recipe.name == "te_current" else 0
         return 0.0 if backward else (TE_CAST_TRANSPOSE_BYTES + amax) * w / recipe.micro_batches

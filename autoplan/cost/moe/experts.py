@@ -1,10 +1,9 @@
 """Mixture-of-Experts layers under expert parallelism: grouped GEMMs, all-to-all, expert memory
 (docs/cost-model.md, "Mixture-of-Experts and expert parallelism"; docs/moe.md).
 
-Per MoE layer, micro-batch and rank: ``E`` routed experts over ``ep`` ranks, each one's FFN over ``e =
-expert_tp`` (types/expert_layout.py), ``f`` = micro_batch_size / graph.batch_size, ``s`` the share of those
-tokens a rank routes (1/tp under sequence parallelism, else 1), ``C`` the slots each expert computed in the
-trace, ``H`` the hidden size, ``b`` bytes per element, ``i`` the routing imbalance (1 at ep = 1):
+Per MoE layer, micro-batch and rank: ``E`` routed experts over ``ep`` ranks, each one's FFN over ``e = expert_tp``
+(types/expert_layout.py), ``f`` = micro_batch_size / graph.batch_size, ``s`` the share of its tokens a rank routes
+(1/tp under SP), ``C`` each expert's traced slots, ``H`` hidden, ``b`` bytes, ``i`` the imbalance (1 at ep = 1):
 
 - grouped GEMM (each traced ``[E, C, K] x [E, K, N]``): ``G = E / ep`` GEMMs of ``M = i ep e C f s`` rows
   (the etp group's gathered rows) on ``N' = N / e`` of the weight, on one such GEMM's efficiency curve:
@@ -12,16 +11,17 @@ trace, ``H`` the hidden size, ``b`` bytes per element, ``i`` the routing imbalan
       t_fwd = G * max( 2 M' K N' / (peak * eff(2 M K N')),  (M K + K N' + M N') b / (mem_bw * mem_eff) )
       t_bwd = 2 t_fwd,   M' = ceil(M / m_tile) * m_tile   (m_tile 128 on GPUs: DeepGEMM's layout; 1 on a CPU)
 
-- all-to-all (GShard, Lepikhin et al. 2021 section 2.3; Megatron-Core's ``MoEAlltoAllTokenDispatcher``),
-  one message ``S = i E C f s H b`` on the ep group (mesh.ep_groups):
+  FP8 where the runtime runs experts so (compute/fp8.py ``FP8_EXPERT_RUNTIMES``): the FP8 peak x the recipe's
+  GEMM speed, plus the casts of G M rows and G K N' weights (compute/fp8.py ``cast_bytes``);
+- all-to-all (GShard, Lepikhin et al. 2021 section 2.3; Megatron-Core's ``MoEAlltoAllTokenDispatcher``), one
+  message ``S = i E C f s H b`` on the ep group (mesh.ep_groups):
 
-      t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward     (comm.collective_time_s; again if recomputed)
-
+      t_a2a = t(counts) + 2 t(S) forward, 2 t(S) backward     (comm.collective_time_s; again under full recompute)
 - e > 1: the etp group gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
-  dispatcher), sent as all-to-alls of ``e S`` (execute/expert_tp.py; an AG's bus time) with ``e`` copies of
-  the counts forward: ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
-- memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the
-  busiest rank's expert activations ``i`` times the mean (cost/blocks.py).
+  dispatcher) as all-to-alls of ``e S`` (execute/expert_tp.py) with ``e`` copies of the counts forward:
+  ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
+- memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the busiest
+  rank's expert activations ``i`` times the mean (cost/blocks.py), the all-to-alls' outputs kept (selective).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype, with_host_overhead
+from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe, cast_bytes
+from autoplan.cost.compute.roofline import PRECISION_BYTES, memory_time_s, peak_dtype, with_host_overhead
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup
 from autoplan.types.graph import Graph, OpNode, within
@@ -95,9 +96,18 @@ def is_expert_gemm(node: OpNode, moe: MoELayer) -> bool:
 
 
 def grouped_gemm_s(
-    node: OpNode, moe: MoELayer, profile: Profile, *, precision: str, batch_fraction: float, place: ExpertPlacement
+    node: OpNode,
+    moe: MoELayer,
+    profile: Profile,
+    *,
+    precision: str,
+    batch_fraction: float,
+    place: ExpertPlacement,
+    recipe: Fp8Recipe = TENSORWISE,
+    casts: bool = True,
 ) -> tuple[float, float]:
-    """(forward, backward) seconds of one traced expert matmul run as a grouped GEMM (module docstring)."""
+    """(forward, backward) seconds of one traced expert matmul run as a grouped GEMM, in FP8 when ``recipe``
+    covers the experts (module docstring); without FP8's ``casts`` for the search's floor (cost/bounds.py)."""
     experts, slots, n_out = node.output_shape
     k_in = node.fwd_flops / (2.0 * experts * slots * n_out)
     groups = experts // place.ep
@@ -109,11 +119,11 @@ def grouped_gemm_s(
     tile = GPU_M_TILE if gpu else 1
     padded = math.ceil(rows / tile) * tile
     flops = 2.0 * rows * k_in * n_out
-    dtype = peak_dtype(profile, precision)
+    fp8 = precision == "fp8" and recipe.experts
+    dtype = "fp8" if fp8 else peak_dtype(profile, precision)
     device = profile.device
-    compute_s = (
-        2.0 * padded * k_in * n_out / (device.peak_flops[dtype] * device.efficiency_for("grouped_matmul", dtype)(flops))
-    )
+    speed = device.peak_flops[dtype] * device.efficiency_for("grouped_matmul", dtype)(flops)
+    compute_s = 2.0 * padded * k_in * n_out / (speed * (recipe.gemm_efficiency if fp8 else 1.0))
     moved = (rows * k_in + k_in * n_out + rows * n_out) * PRECISION_BYTES[precision]
     memory_s = moved / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     one_s = groups * max(compute_s, memory_s)
@@ -121,7 +131,14 @@ def grouped_gemm_s(
     launches = 1 if gpu else groups
     fwd_over = overhead.forward_s * launches if overhead else 0.0
     bwd_over = overhead.backward_s * launches if overhead else 0.0
-    return with_host_overhead(one_s, fwd_over, gpu=gpu), with_host_overhead(2.0 * one_s, bwd_over, gpu=gpu)
+    cast_s = [0.0, 0.0]
+    if fp8 and casts:  # every local expert's rows and weights, cast as the recipe casts an FP8 linear's
+        shape = dict(rows=groups * rows, k=k_in, n=n_out, weights=groups * k_in * n_out, recipe=recipe)
+        cast_s = [memory_time_s(profile, cast_bytes(**shape, backward=b)) for b in (False, True)]
+    return (
+        with_host_overhead(one_s, fwd_over, gpu=gpu) + cast_s[0],
+        with_host_overhead(2.0 * one_s, bwd_over, gpu=gpu) + cast_s[1],
+    )
 
 
 def dispatch_bytes(
@@ -148,9 +165,18 @@ class A2AMessages:
 FORWARD_A2A, BACKWARD_A2A = A2AMessages(counts=1, tokens=2), A2AMessages(counts=0, tokens=2)
 
 
+def reruns_a2a(recompute: str) -> bool:
+    """Whether a block recomputed under ``recompute`` sends its forward all-to-alls again: only under "full",
+    which re-runs the whole forward; selective keeps the all-to-alls' outputs (types/saved_ops.py
+    ``SAVED_COLLECTIVES``) and re-runs only computation, as DeepSeek-V3's recomputation does (arXiv 2412.19437
+    section 3.2.3: RMSNorm and the MLA up-projections, no communication)."""
+    return recompute == "full"
+
+
 def a2a_per_microbatch(*, recomputed: bool) -> A2AMessages:
     """A layer's all-to-alls per micro-batch: forward and backward, the forward again when
-    recomputation re-runs it (what the audit counts; the step time adds ep_fwd_s again, cost/stages.py)."""
+    recomputation re-runs it (:func:`reruns_a2a`; what the audit counts; the step time adds ep_fwd_s again,
+    cost/stages.py)."""
     forwards = 2 if recomputed else 1
     return A2AMessages(
         counts=forwards * FORWARD_A2A.counts + BACKWARD_A2A.counts,
@@ -205,6 +231,7 @@ class BlockExperts:
     ep: int  # the ranks each expert's parameters are split over: ep x expert_tp
     imbalance: float = 1.0  # the busiest rank's rows over the mean (its expert activations too)
     modules: tuple[str, ...] = ()  # the experts modules
+    a2a_kept_bytes: float = 0.0  # the forward all-to-alls' outputs selective recompute keeps (a2a_output_bytes)
 
 
 def block_experts(
@@ -223,6 +250,7 @@ def block_experts(
         return None
     gemms = {n.name: moe for moe in found for n in nodes if is_expert_gemm(n, moe)}
     times = [a2a_times_s(m, profile, precision=precision, batch_fraction=batch_fraction, place=place) for m in found]
+    kept = sum(a2a_output_bytes(m, precision=precision, batch_fraction=batch_fraction, place=place) for m in found)
     return BlockExperts(
         gemms=gemms,
         a2a_fwd_s=sum(t[0] for t in times),
@@ -231,7 +259,21 @@ def block_experts(
         ep=place.split,
         imbalance=place.imbalance,
         modules=tuple(moe.experts_module for moe in found),
+        a2a_kept_bytes=kept,
     )
+
+
+def a2a_output_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:
+    """Bytes of one MoE layer's forward all-to-all outputs per micro-batch, which selective recompute keeps
+    (types/saved_ops.py) and so no longer drops: an all-to-all's output is the size of its message, the
+    received rows and the combined outputs (2 S at ep > 1) and the etp group's gathered rows and scattered
+    outputs (2 e S at expert_tp > 1; module docstring)."""
+    message = dispatch_bytes(
+        moe, precision=precision, batch_fraction=batch_fraction, imbalance=place.imbalance, tokens=place.tokens
+    )
+    rows = FORWARD_A2A.tokens * message if place.ep > 1 else 0.0
+    gathered = etp_message_bytes(message, num_experts=moe.num_experts, etp=place.etp)[1] if place.etp > 1 else 0.0
+    return rows + FORWARD_A2A.tokens * gathered
 
 
 def check_divides(graph: Graph, ep: int, *, expert_tp: int = 1) -> None:

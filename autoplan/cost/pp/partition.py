@@ -30,7 +30,7 @@ def block_time_s(block: LayerSummary, recompute: str) -> float:
     base += block.cp_fwd_s + block.cp_bwd_s
     if recompute == "full":
         return base + block.fwd_s + block.tp_fwd_s + block.ep_fwd_s + block.cp_fwd_s
-    rerun = block.selective_recompute_s + block.tp_fwd_s + block.ep_fwd_s + block.cp_fwd_s
+    rerun = block.selective_recompute_s + block.tp_fwd_s + block.cp_fwd_s  # the all-to-alls kept: reruns_a2a
     return base + (rerun if recompute == "selective" else 0.0)
 
 

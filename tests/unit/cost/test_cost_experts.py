@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -11,12 +12,24 @@ from synthetic import synthetic_gpt, synthetic_profile
 from synthetic.moe import mixtral_graph
 
 from autoplan.cli import main
+from autoplan.cost.compute.fp8 import Fp8Recipe, cast_bytes
+from autoplan.cost.compute.roofline import memory_time_s
 from autoplan.cost.memory.per_device import LOW_BYTES
 from autoplan.cost.model import CostModel
-from autoplan.cost.moe.experts import GPU_M_TILE, ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm
+from autoplan.cost.moe.experts import (
+    GPU_M_TILE,
+    ExpertPlacement,
+    a2a_output_bytes,
+    a2a_times_s,
+    dispatch_bytes,
+    grouped_gemm_s,
+    is_expert_gemm,
+)
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup, ep_groups
+from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError
+from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.search import Search
@@ -118,6 +131,74 @@ def test_the_all_to_alls_repeat_in_a_recomputed_forward_and_scale_with_the_imbal
     assert model.estimate(_plan(ep=1)).ep_comm_s == 0.0
 
 
+def test_selective_recompute_keeps_the_all_to_alls_and_their_outputs(graph):
+    """Selective recompute re-runs the block's computation but not its all-to-alls (their outputs are kept,
+    types/saved_ops.py), so its EP seconds and audited messages are the plan's without recomputation and its
+    kept activations hold the received rows and the combined outputs, 2 S per MoE layer; full re-sends them."""
+    model = CostModel(graph, synthetic_profile())
+    plans = {r: _plan(ep=4, recompute=r, num_microbatches=2, micro_batch_size=2) for r in ("none", "selective", "full")}
+    costs = {r: model.estimate(p) for r, p in plans.items()}
+    assert costs["selective"].ep_comm_s == pytest.approx(costs["none"].ep_comm_s, rel=1e-12)
+    assert costs["full"].ep_comm_s > costs["none"].ep_comm_s
+    assert costs["selective"].recompute_s > 0.0  # the block's computation still re-runs
+    counts = {r: predict(model, p)[0].comm[("ep", "all_to_all")][0] for r, p in plans.items()}
+    assert counts == {"none": 2 * 5 * len(graph.moe_layers), "selective": 10 * len(graph.moe_layers),
+                      "full": 2 * 8 * len(graph.moe_layers)}  # fmt: skip
+    moe, place = graph.moe_layers[0], model.expert_placement(plans["none"])
+    rows = dispatch_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, imbalance=place.imbalance)
+    assert a2a_output_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=place) == pytest.approx(2 * rows)
+    assert a2a_output_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=_place(1)) == 0.0
+    balanced = dict(recompute="selective", num_microbatches=2, micro_batch_size=2, routing=RoutingModel(imbalance=1.0))
+    kept, plain = (model.priced_stages(_plan(ep=ep, **balanced))[0][0] for ep in (4, 1))
+    dropped = [sum(b.selective_dropped_bytes for b in stage.blocks) for stage in (kept, plain)]
+    assert dropped[1] - dropped[0] == pytest.approx(2 * rows / place.imbalance * len(graph.moe_layers), rel=1e-9)
+
+
+def test_fp8_reaches_the_grouped_experts_only_where_the_runtime_runs_them_so(graph):
+    """Megatron-Core runs its experts as TE linears under FP8 (compute/fp8.py ``FP8_EXPERT_RUNTIMES``): each
+    expert GEMM at the FP8 peak plus its recipe's casts of every local expert's rows and weights; autoplan's
+    executor converts nn.Linear only, so its fp8 plans keep the experts at the 16-bit peak, as priced before."""
+    profile = load_profile("dgx-h100")
+    moe = graph.moe_layers[0]
+    node = next(n for n in graph.nodes if is_expert_gemm(n, moe))
+    f, place = 1.0, _place(8)  # the whole batch over ep = 8: compute-bound grouped GEMMs
+    times = {
+        runtime: grouped_gemm_s(
+            node,
+            moe,
+            profile,
+            precision="fp8",
+            batch_fraction=f,
+            place=place,
+            recipe=Fp8Recipe.of(recipe="te_current", num_microbatches=4, runtime=runtime),  # fmt: skip
+        )
+        for runtime in ("autoplan", "megatron")
+    }
+    bf16 = grouped_gemm_s(node, moe, profile, precision="bf16", batch_fraction=f, place=place)
+    assert times["autoplan"] == pytest.approx(bf16, rel=1e-12)
+    experts, slots, n_out = node.output_shape
+    k_in, groups = node.fwd_flops / (2 * experts * slots * n_out), experts // 8
+    rows = 8 * slots * f
+    flops = 2 * rows * k_in * n_out
+    device = profile.device
+    gemm = 2 * math.ceil(rows / GPU_M_TILE) * GPU_M_TILE * k_in * n_out
+    gemm /= device.peak_flops["fp8"] * device.efficiency_for("grouped_matmul", "fp8")(flops)
+    recipe = Fp8Recipe.of(recipe="te_current", num_microbatches=4, runtime="megatron")
+    shape = dict(rows=groups * rows, k=k_in, n=n_out, weights=groups * k_in * n_out, recipe=recipe)
+    casts = [memory_time_s(profile, cast_bytes(**shape, backward=b)) for b in (False, True)]
+    moved = (rows * k_in + k_in * n_out + rows * n_out) * 2  # operands read and written in bf16
+    one = groups * max(gemm, moved / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency))
+    assert times["megatron"] == pytest.approx((one + casts[0], 2 * one + casts[1]), rel=1e-9)
+    model = CostModel(graph, profile)  # the block summaries price each expert GEMM so
+
+    def experts_s(**changes) -> float:
+        return sum(b.expert_fwd_s for b in model.priced_stages(_plan(ep=8, **changes))[0][0].blocks)
+
+    assert experts_s(precision="fp8", fp8_recipe="rowwise") == pytest.approx(experts_s(), rel=1e-12)
+    megatron = experts_s(precision="fp8", runtime="megatron", fp8_recipe="te_current")
+    assert megatron != pytest.approx(experts_s(runtime="megatron"), rel=1e-3)
+
+
 def test_the_search_offers_ep_and_the_plan_keeps_its_routing_model(graph):
     result = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, top_k=3)
     eps = {c.config["ep"] for c in result.candidates}
@@ -137,6 +218,18 @@ def test_bounds_stay_below_what_expert_parallel_plans_are_priced_at(graph):
     assert any(c.plan.ep > 1 for c in priced) and any(c.plan.ep > 1 and c.plan.pp > 1 for c in priced)
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)
     assert all(search.bounds.states_floor_bytes(c.plan) <= c.cost.peak_memory_bytes * (1 + 1e-12) for c in priced)
+
+
+def test_bounds_stay_below_megatrons_fp8_experts(graph):
+    """Under Megatron-Core's FP8 the experts run at the FP8 peak (compute/fp8.py): the search's floor, which
+    prices every fp8 plan's experts there without casts, stays below each priced candidate."""
+    profile = dataclasses.replace(load_profile("dgx-h100"), devices_per_node=8)
+    options = SearchOptions(devices=16, batch_size=BATCH, keep=10**6, runtime="megatron", fixes={"precision": "fp8"})
+    search = Search(graph, profile, options)
+    search._usable_bytes = float("inf")
+    priced = [c for c in search.run().candidates if c.cost is not None]
+    assert any(c.plan.ep > 1 and c.plan.precision == "fp8" for c in priced)
+    assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)
 
 
 @pytest.mark.parametrize(
