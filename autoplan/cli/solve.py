@@ -9,7 +9,7 @@ import json
 import sys
 
 from autoplan.cli.sweep import add_sweep_parser
-from autoplan.cli.trace import add_routing_arguments
+from autoplan.cli.trace import add_trace_arguments
 from autoplan.cli.whole_run import add_run_arguments
 from autoplan.solve.pins import FIX_KEYS
 from autoplan.solve.space import OBJECTIVES
@@ -47,7 +47,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--explain", action="store_true", help="also explain the choice (autoplan explain; see docs/cli.md)"
     )
-    add_routing_arguments(parser)
+    add_trace_arguments(parser)
     parser.add_argument(
         "--touched-rows",
         type=int,
@@ -104,8 +104,9 @@ def add_fp8_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-#: What ``autoplan plan`` imports: torch, torch._dynamo (FakeTensorMode loads it), the tracer, the planner.
-PLAN_IMPORTS = ("torch", "torch._dynamo", "autoplan.trace.api", "autoplan.solve.api")
+#: What ``autoplan plan`` imports up front: the planner. torch and the tracer come only with a trace
+#: that the trace cache does not hold (cli/trace.py, ``model_graph``).
+PLAN_IMPORTS = ("autoplan.solve.api",)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,13 +117,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autoplan.cli.trace import routing_of
+    from autoplan.cli.trace import model_graph
     from autoplan.cli.whole_run import run_spec_of
     from autoplan.profile.io import load_profile, profile_file
     from autoplan.solve.api import NoPlanFits, plan_graph
     from autoplan.solve.console import search_progress
     from autoplan.solve.outputs import write_outputs
-    from autoplan.trace import trace_model_file
 
     spec = run_spec_of(args)  # bad whole-run flags fail before the trace
     profile = load_profile(args.profile)
@@ -137,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"autoplan: warning: {warning}", file=sys.stderr)
     from autoplan.solve.sparse_grads import with_touched_rows
 
-    graph = with_touched_rows(trace_model_file(args.model, args.batch, routing=routing_of(args)), args.touched_rows)
+    graph = with_touched_rows(model_graph(args), args.touched_rows)
     quiet = args.quiet or args.json
     try:
         with search_progress(enabled=not quiet and sys.stderr.isatty()) as progress:

@@ -14,6 +14,9 @@ thousands of priced plans alive to the end, and CPython's default thresholds (70
 about 1,400 young and 9 full collections over them (1.4 s). Inside the block the young
 generation is collected every :data:`YOUNG_THRESHOLD` allocations instead (0.3 s, about 25 MB
 more peak memory); the thresholds are restored on the way out.
+
+A plan whose trace is in the trace cache (autoplan/trace/cache.py) needs no torch at all: the
+commands import it, with :func:`paused_imports`, only when they trace (cli/trace.py, ``model_graph``).
 """
 
 from __future__ import annotations
@@ -31,8 +34,20 @@ YOUNG_THRESHOLD = 10_000
 def frozen_imports(*modules: str) -> Iterator[None]:
     """Import ``modules`` with the cyclic GC paused; keep the heap frozen, and young collections
     rarer (module docstring), inside the block."""
-    enabled = gc.isenabled()
     thresholds = gc.get_threshold()
+    paused_imports(*modules)
+    gc.set_threshold(max(YOUNG_THRESHOLD, thresholds[0]), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+def paused_imports(*modules: str) -> None:
+    """Import ``modules`` with the cyclic GC paused, then freeze the heap (module docstring); inside
+    :func:`frozen_imports` the heap is unfrozen on its way out."""
+    enabled = gc.isenabled()
     gc.disable()
     try:
         for name in modules:
@@ -41,9 +56,3 @@ def frozen_imports(*modules: str) -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-    gc.set_threshold(max(YOUNG_THRESHOLD, thresholds[0]), *thresholds[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()

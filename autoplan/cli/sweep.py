@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from autoplan.cli.trace import add_routing_arguments
+from autoplan.cli.trace import add_trace_arguments
 from autoplan.cli.whole_run import add_run_arguments
 
 
@@ -44,7 +44,7 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prune", action="store_true", help="plan every point (slower; same front)")
     add_runtime_argument(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
-    add_routing_arguments(parser)
+    add_trace_arguments(parser)
     add_run_arguments(parser)
     parser.set_defaults(func=run, out_kind="folder")
 
@@ -62,12 +62,11 @@ def _devices(text: str):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autoplan.cli.trace import routing_of
+    from autoplan.cli.trace import model_graph
     from autoplan.cli.whole_run import run_spec_of
     from autoplan.errors import PlanError
     from autoplan.solve.cluster import NoClusterMeets, device_counts, sweep_graph
     from autoplan.solve.console import search_progress
-    from autoplan.trace import trace_model_file
 
     spec = run_spec_of(args)
     if spec is None or not spec.has_length:
@@ -75,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     devices = _devices(args.devices)
     device_counts(devices)  # a bad --devices fails before the trace
     profiles = [name.strip() for name in args.profile.split(",") if name.strip()]
-    graph = trace_model_file(args.model, args.batch, routing=routing_of(args))
+    graph = model_graph(args)
     quiet = args.quiet or args.json
     try:
         with search_progress(enabled=not quiet and sys.stderr.isatty(), label="sweeping clusters") as progress:

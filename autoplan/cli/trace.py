@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,42 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
     parser.add_argument("model", help="a model file defining build_model() and example_inputs(batch_size)")
     parser.add_argument("--batch", type=int, required=True, help="global batch size in samples")
     parser.add_argument("--out", required=True, help="output folder")
-    add_routing_arguments(parser)
+    add_trace_arguments(parser)
     parser.set_defaults(func=run, out_kind="folder")
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every command that traces a model file takes: the routing model and the trace cache."""
+    add_routing_arguments(parser)
+    parser.add_argument(
+        "--no-trace-cache",
+        action="store_true",
+        help="trace the model even if the trace cache holds it, and store nothing (also AUTOPLAN_TRACE_CACHE=off; "
+        "docs/trace.md, The trace cache)",
+    )
+
+
+def model_graph(args: argparse.Namespace) -> Graph:
+    """The traced graph of ``args.model`` at ``args.batch``: from the trace cache while its entry is
+    valid (without importing torch), else traced, importing torch with the GC paused (cli/startup.py)."""
+    from autoplan.cli.startup import paused_imports
+    from autoplan.trace.cache import cache_dir, cached_trace
+
+    routing = routing_of(args)
+
+    def prepare() -> None:  # torch._dynamo: FakeTensorMode loads it
+        paused_imports("torch", "torch._dynamo", "autoplan.trace.api")
+
+    def trace() -> Graph:
+        from autoplan.trace import trace_model_file
+
+        return trace_model_file(args.model, args.batch, routing=routing)
+
+    folder = cache_dir(enabled=not args.no_trace_cache)
+    traced = cached_trace(args.model, args.batch, routing=routing, trace=trace, folder=folder, prepare=prepare)
+    for note in traced.warnings:  # on stderr even with --quiet, as plan's own warnings
+        print(f"autoplan: warning: {note}", file=sys.stderr)
+    return traced.graph
 
 
 def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,14 +91,12 @@ def routing_of(args: argparse.Namespace) -> RoutingModel:
 def run(args: argparse.Namespace) -> int:
     from autoplan.cli.startup import frozen_imports
 
-    with frozen_imports("torch", "torch._dynamo", "autoplan.trace.api"):  # torch._dynamo: FakeTensorMode loads it
+    with frozen_imports():  # torch only if the model is traced (model_graph)
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autoplan.trace import trace_model_file
-
-    graph = trace_model_file(args.model, args.batch, routing=routing_of(args))
+    graph = model_graph(args)
     out = Path(args.out)
     graph.save(out / "graph.json")
     write_text_atomic(out / "ops.csv", table_text(traced_ops(graph), TracedOp))

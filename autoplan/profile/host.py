@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 import re
+import sys
 from pathlib import Path
 
 from autoplan.types.profile import Profile
@@ -60,6 +61,8 @@ def device_mismatch(profile: Profile, *, running: bool) -> str | None:
     theirs = profile.device.name
     if profile.backend == "gloo":
         here = cpu_model()
+    elif not running and not _may_have_gpu():
+        return None  # planning on a machine with no GPU: nothing to compare, and no need to import torch
     else:
         import torch
 
@@ -76,6 +79,20 @@ def device_mismatch(profile: Profile, *, running: bool) -> str | None:
         f"far off; measure this machine with `autoplan profile --out profiles/this-machine.yaml` and plan with "
         f"`--profile profiles/this-machine.yaml`."
     )
+
+
+#: Device nodes a GPU driver creates on Linux: NVIDIA's control device, AMD ROCm's and WSL's GPU paravirtualisation.
+_GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def _may_have_gpu() -> bool:
+    """False only where no CUDA device can be: a Linux machine without a GPU driver's device node,
+    or macOS (torch.cuda is never available there). Cheaper than importing torch to ask it."""
+    if sys.platform == "darwin":
+        return False
+    if sys.platform.startswith("linux"):
+        return any(Path(node).exists() for node in _GPU_NODES)
+    return True
 
 
 def measured_beside_predicted(

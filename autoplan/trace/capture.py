@@ -23,7 +23,8 @@ import torch
 import torch.fx
 
 from autoplan.errors import TraceError
-from autoplan.trace.stitch import repeated_blocks, stitch, truncated
+from autoplan.trace.cut_watch import watched_cut
+from autoplan.trace.stitch import repeated_blocks, stitch
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
 _AUTOPLAN_DIR = str(Path(__file__).parent.parent)
@@ -111,9 +112,10 @@ def _try_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failur
 def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failure | None:
     """Export with the first few repeated blocks and stitch the rest (autoplan/trace/stitch.py);
     None when the model has no such blocks or refuses the shortcut: the full export follows.
-    A failure on data-dependent shapes is final: the full export runs the same code (the
-    blocks before the cut and everything around them) and would stop at the same op, after
-    running every block (a minute on a large model), so its :class:`Failure` is returned."""
+    A failure is final, and its :class:`Failure` returned, when the full export would stop at the
+    same op after running every block (a minute on a large model): one on data-dependent shapes
+    (the full export runs the same code: the blocks before the cut and everything around them),
+    or any other where the model cannot tell the cut from the whole (trace/cut_watch.py)."""
     found = repeated_blocks(model)
     if found is None:
         return None
@@ -121,12 +123,14 @@ def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured
     blocks = list(container)
     stack: list[str] = []
     try:
-        with truncated(model, name, kept), _module_stack(model, stack), _pytree_outputs(model), _quiet_logs():
-            program = torch.export.export(model, meta_inputs, strict=False)
+        with watched_cut(model, name, kept) as watch, _module_stack(model, stack), _pytree_outputs(model):
+            with _quiet_logs():
+                program = torch.export.export(model, meta_inputs, strict=False)
     except Exception as exc:
-        if not data_dependent(exc):
+        if not (data_dependent(exc) or watch.same_failure()):
             return None
-        return Failure("torch.export (non-strict)", stack[-1] if stack else "", user_line(exc), first_line(exc))
+        cut = f" (the model cut to its first {kept} of {len(blocks)} blocks '{name}', which the whole model runs alike)"
+        return Failure("torch.export (non-strict)" + cut, stack[-1] if stack else "", user_line(exc), first_line(exc))
     module = program.module()
     return Captured(module, "export") if stitch(module, prefix=name, blocks=blocks, kept=kept) else None
 

@@ -14,9 +14,8 @@ node after the blocks any block but the last), or when the model does not run wi
 
 from __future__ import annotations
 
-import contextlib
 import types
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.fx
@@ -90,18 +89,6 @@ def _alike(a: Any, position_a: int, b: Any, position_b: int) -> bool:
     if type(a) is int and type(b) is int and a == position_a and b == position_b:
         return True
     return type(a) is type(b) and a == b
-
-
-@contextlib.contextmanager
-def truncated(model: nn.Module, name: str, kept: int) -> Iterator[None]:
-    """Within the block, the container at ``name`` holds only its first ``kept`` blocks."""
-    container = model.get_submodule(name)
-    saved = dict(container._modules)
-    container._modules = {key: saved[key] for key in list(saved)[:kept]}
-    try:
-        yield
-    finally:
-        container._modules = saved
 
 
 def stitch(gm: torch.fx.GraphModule, *, prefix: str, blocks: list[nn.Module], kept: int = KEPT) -> bool:

@@ -44,9 +44,20 @@ def test_a_gpu_cluster_profile_plans_silently_on_a_machine_without_gpus_but_a_ru
 def test_a_gpu_profile_on_another_gpu_warns_in_plan(monkeypatch):
     import torch
 
+    monkeypatch.setattr(host, "_GPU_NODES", (__file__,))  # a machine whose GPU driver made its device node
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     assert "this machine is NVIDIA H100 80GB HBM3" in host.device_mismatch(load_profile("dgx-a100"), running=False)
+
+
+def test_planning_without_a_gpu_driver_asks_no_torch(monkeypatch):
+    """No driver's device node on Linux: no CUDA device can be here, so plan neither warns nor imports torch."""
+    import torch
+
+    monkeypatch.setattr(host, "_GPU_NODES", ("/nonexistent/nvidiactl",))
+    monkeypatch.setattr(host.sys, "platform", "linux")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch asked"))
+    assert host.device_mismatch(load_profile("dgx-a100"), running=False) is None
 
 
 @pytest.mark.parametrize("measured, suggests", [(0.30, True), (0.24, False), (0.12, True)])
