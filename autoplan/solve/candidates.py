@@ -137,11 +137,11 @@ class Group:
         tp_overlap: bool = False,
         grads: space.GradSync = space.EXACT,
     ) -> Plan:
-        """A validated Plan of this group; the tp_plan (checked once, when the ILP produced it) is
-        attached after validation so that thousands of candidates do not re-check hundreds of
-        splits each."""
+        """A Plan of this group, unchecked (Plan.unchecked): most are read only by a lower bound and pruned;
+        the search checks the ones it prices (Plan.checked). Every choice comes from solve/space.py's rules,
+        which offer only what a Plan accepts (tests/unit/solve/test_unchecked_plans.py)."""
         deg = self.degrees
-        plan = Plan(
+        return Plan.unchecked(
             devices=deg.devices,
             dp=deg.dp,
             tp=deg.tp,
@@ -172,12 +172,10 @@ class Group:
             routing=self.routing,
             compile=self.compile,
             stages=stages or [],
-            tp_plan={},
+            tp_plan=tp_plan,
             model=model,
             profile=profile,
         )
-        plan.tp_plan = tp_plan
-        return plan
 
 
 def pruned_row(config: dict, bound: float, *, top: float, keep: int, why: str = "", reason: str = "") -> Candidate:

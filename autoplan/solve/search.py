@@ -89,6 +89,7 @@ class Search:
         self.candidates: list[Candidate] = []
         self.budgets = recompute_budget.BudgetBounds(self.fixes, options.runtime)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
+        self._dp_memo: dict[space.Degrees, list] = {}  # _dp_choices by degrees: they read nothing else
 
     # ---- objective ---------------------------------------------------------------------
     def objective(self, step_time_s: float, devices: int) -> float:
@@ -294,9 +295,11 @@ class Search:
             self._append_pruned(plan, sub)
         return True
 
-    def _dp_choices(self, deg) -> list:
-        choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
-        return keep_dp_choices(choices, self.sparse_tables)
+    def _dp_choices(self, deg: space.Degrees) -> list:
+        if deg not in self._dp_memo:
+            choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+            self._dp_memo[deg] = keep_dp_choices(choices, self.sparse_tables)
+        return self._dp_memo[deg]
 
     def _append_pruned(self, plan: Plan, sub: float) -> None:
         self.candidates.append(candidates.pruned_row(config_of(plan), sub, top=-self._top[0], keep=self.options.keep))
@@ -332,7 +335,7 @@ class Search:
             )
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
-        plan = moe_overlap.with_pin(recompute_budget.with_pin(plan, self.fixes), self.fixes)
+        plan = moe_overlap.with_pin(recompute_budget.with_pin(plan.checked(), self.fixes), self.fixes)
         if (plan := activation_offload.with_pin(plan, self.fixes)) is None:
             return  # a pinned recompute budget, all-to-all overlap or activation offload this plan cannot hold
         cost = self.cost_model.estimate(plan)
