@@ -9,7 +9,7 @@ is preferred when it is as fast (solve/search.py).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from autoplan.cost import bubble_floor
@@ -166,19 +166,12 @@ class Group:
     @functools.cached_property
     def _plan_fields(self) -> dict:
         """The Plan fields every plan of this group shares (its degrees, micro-batches and precision)."""
-        deg = self.degrees
         return dict(
-            devices=deg.devices,
-            dp=deg.dp,
-            tp=deg.tp,
-            pp=deg.pp,
+            **asdict(self.degrees),  # devices, dp, tp, pp, ep, cp, expert_tp: the Plan's own names
             micro_batch_size=self.mbs,
             num_microbatches=self.m,
             sequence_parallel=self.sp,
             precision=self.precision,
-            ep=deg.ep,
-            expert_tp=deg.expert_tp,
-            cp=deg.cp,
             cp_variant=self.cp_variant,
             runtime=self.runtime,
             routing=self.routing,

@@ -334,16 +334,15 @@ class Plan:
     def unchecked(cls, **values: Any) -> "Plan":
         """A Plan of ``values`` and the defaults, without ``__post_init__``'s checks: the search's candidates, most
         read only by a bound (solve/candidates.py:Group.plan); it runs :meth:`checked` on those it prices."""
-        if missing := _REQUIRED.difference(values):
-            raise TypeError(f"Plan.unchecked() is missing {', '.join(sorted(missing))}")
+        if not _REQUIRED <= values.keys() <= _NAMES:  # as __init__ would refuse them
+            raise TypeError(f"Plan.unchecked() needs {', '.join(sorted(_REQUIRED))} and Plan fields only")
         plan = cls.__new__(cls)
         plan.__dict__.update(_DEFAULTS, **{name: make() for name, make in _FACTORIES if name not in values} | values)
         return plan
 
     def checked(self) -> "Plan":
         """This plan, after the checks every built Plan passes (``__post_init__``)."""
-        self.__post_init__()
-        return self
+        return self.__post_init__() or self
 
     # ---- derived -----------------------------------------------------------------------
     @property
@@ -397,4 +396,5 @@ def _default(known: Any) -> Any:
 #: Plan.unchecked's defaults: each field's value, or the factory that makes a fresh list or dict, or neither
 _DEFAULTS = {known.name: known.default for known in fields(Plan) if known.default is not MISSING}
 _FACTORIES = [(known.name, known.default_factory) for known in fields(Plan) if known.default_factory is not MISSING]
-_REQUIRED = frozenset(known.name for known in fields(Plan)) - set(_DEFAULTS) - {name for name, _ in _FACTORIES}
+_NAMES = frozenset(known.name for known in fields(Plan))
+_REQUIRED = _NAMES - set(_DEFAULTS) - {name for name, _ in _FACTORIES}

@@ -45,3 +45,5 @@ def test_unchecked_plan_equals_the_checked_one_and_checks_on_request():
         wrong.checked()
     with pytest.raises(TypeError, match="devices"):
         Plan.unchecked(**{k: v for k, v in DEGREES.items() if k != "devices"})
+    with pytest.raises(TypeError, match="Plan fields only"):
+        Plan.unchecked(**DEGREES, stage_count=2)
