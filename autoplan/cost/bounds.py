@@ -133,17 +133,19 @@ class Bounds:
     def _cp_compute_min_s(self, *, tp: int, precision: str, mbs: int, cp: CpFloor, fused: bool = False) -> float:
         """C_min of a plan with cp > 1: every op at 1/cp of the micro-batch's tokens (CostModel prices
         balanced attention so), plus each attention's exposed K,V floor (cost/cp/floor.py)."""
-        key = (tp, precision, mbs, cp, fused)
-        if key not in self._c_min:
-            f = mbs / self.graph.batch_size / cp.cp
-            times = self.stage_costs.cost_model.node_times
+        key, ops_key = (tp, precision, mbs, cp, fused), ("cp ops", tp, precision, mbs, cp.cp, fused)
+        f = mbs / self.graph.batch_size / cp.cp
+        if ops_key not in self._c_min:  # the ops read cp's degree alone, not its group: shared by every mesh
             kw = dict(precision=precision, f=f, fused=fused)
             total = sum(self._op_min_s(n, shard=tp, **kw) for n in self._nodes[None])
             total += sum(
                 len(group.layers) * sum(self._op_min_s(n, shard=tp, **kw) for n in self._nodes[group.layers[0]])
                 for group in self.graph.groups
             )
-            self._c_min[key] = total + sum(
+            self._c_min[ops_key] = total
+        if key not in self._c_min:
+            times = self.stage_costs.cost_model.node_times
+            self._c_min[key] = self._c_min[ops_key] + sum(
                 kv_floor_s(n, self.graph, self.profile, floor=cp, tp=tp, precision=precision, f=f, times=times)
                 for n in self.graph.nodes
                 if n.op == "attention"

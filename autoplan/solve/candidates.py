@@ -8,7 +8,8 @@ is preferred when it is as fast (solve/search.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from autoplan.cost import bubble_floor
@@ -137,23 +138,15 @@ class Group:
         tp_overlap: bool = False,
         grads: space.GradSync = space.EXACT,
     ) -> Plan:
-        """A validated Plan of this group; the tp_plan (checked once, when the ILP produced it) is
-        attached after validation so that thousands of candidates do not re-check hundreds of
-        splits each."""
-        deg = self.degrees
-        plan = Plan(
-            devices=deg.devices,
-            dp=deg.dp,
-            tp=deg.tp,
-            pp=deg.pp,
-            micro_batch_size=self.mbs,
-            num_microbatches=self.m,
+        """A Plan of this group, unchecked (Plan.unchecked): most are read only by a lower bound and pruned;
+        the search checks the ones it prices (Plan.checked). Every choice comes from solve/space.py's rules,
+        which offer only what a Plan accepts (tests/unit/solve/test_unchecked_plans.py)."""
+        return Plan.unchecked(
+            **self._plan_fields,
             schedule=schedule,
             virtual_stages=v,
             zero_stage=zero,
             recompute=recompute,
-            sequence_parallel=self.sp,
-            precision=self.precision,
             tp_comm_overlap=tp_overlap,
             grad_reduce_dtype=grads.reduce_dtype,
             grad_compression=grads.compression,
@@ -164,20 +157,26 @@ class Group:
             offload=grads.offload,
             sync_every=grads.sync_every,
             outer_optimizer=grads.outer_optimizer,
-            ep=deg.ep,
-            expert_tp=deg.expert_tp,
-            cp=deg.cp,
+            stages=stages or [],
+            tp_plan=tp_plan,
+            model=model,
+            profile=profile,
+        )
+
+    @functools.cached_property
+    def _plan_fields(self) -> dict:
+        """The Plan fields every plan of this group shares (its degrees, micro-batches and precision)."""
+        return dict(
+            **asdict(self.degrees),  # devices, dp, tp, pp, ep, cp, expert_tp: the Plan's own names
+            micro_batch_size=self.mbs,
+            num_microbatches=self.m,
+            sequence_parallel=self.sp,
+            precision=self.precision,
             cp_variant=self.cp_variant,
             runtime=self.runtime,
             routing=self.routing,
             compile=self.compile,
-            stages=stages or [],
-            tp_plan={},
-            model=model,
-            profile=profile,
         )
-        plan.tp_plan = tp_plan
-        return plan
 
 
 def pruned_row(config: dict, bound: float, *, top: float, keep: int, why: str = "", reason: str = "") -> Candidate:
@@ -186,6 +185,16 @@ def pruned_row(config: dict, bound: float, *, top: float, keep: int, why: str = 
     tag = f" ({why})" if why else ""
     reason = reason or f"pruned{tag}: lower bound {bound:.4g} >= top-{keep} objective {top:.4g}"
     return Candidate(config=config, status="pruned", lower_bound=bound, reason=reason)
+
+
+def memory_pruned_row(plan: Plan, bound: float, floor_bytes: float, usable_bytes: float, *, why: str = "") -> Candidate:
+    """The row of a plan whose memory floor (``why``: of what) exceeds the usable bytes under any partition."""
+    gib = 2**30
+    reason = (
+        f"pruned (memory): {why or 'weights, gradients and optimizer state alone'} need {floor_bytes / gib:.1f} GiB "
+        f"per device under any partition, {usable_bytes / gib:.1f} GiB is usable"
+    )
+    return Candidate(config=config_of(plan), status="pruned", lower_bound=bound, reason=reason)
 
 
 def rank_key(c: Candidate) -> tuple:

@@ -59,16 +59,22 @@ class BudgetBounds:
     def __init__(self, fixes: dict, runtime: str):
         self.searched = fits_budgets(fixes) and runtime in PER_CHUNK + ONE_COUNT
         self._short: set[tuple] = set()  # members whose plan without recompute was priced and did not fit
+        self._short_shapes: set[tuple] = set()  # their _shape: a plan of another shape is no such member
 
     def timing(self, plan: Plan, members: list[Plan] | None = None) -> Plan:
         """The plan whose stage times bound ``plan`` (and ``members``, its ZeRO and sync variants)."""
-        budgeted = any(_member(p) in self._short for p in members or [plan])
-        return replace(plan, recompute="none") if plan.recompute != "none" and budgeted else plan
+        if plan.recompute == "none":
+            return plan
+        plans = members or [plan]
+        shaped = any(_shape(p) in self._short_shapes for p in plans)  # cheaper than each _member, and implied by it
+        budgeted = shaped and any(_member(p) in self._short for p in plans)
+        return replace(plan, recompute="none") if budgeted else plan
 
     def fitted(self, model: CostModel, plan: Plan, feasible: bool) -> Plan | None:
         """Record a priced plan; the plan with its fitted budget to price next, if any (:func:`budgeted`)."""
         if plan.recompute == "none" and not feasible and self.searched:
             self._short.add(_member(plan))
+            self._short_shapes.add(_shape(plan))
         if not (feasible and _member(plan) in self._short):
             return None
         return budgeted(model, plan)
@@ -78,6 +84,19 @@ def _member(plan: Plan) -> tuple:
     """A plan's place in the search but for its recompute and its partition."""
     config = config_of(plan)
     return tuple(value for key, value in config.items() if key != "recompute")
+
+
+def _shape(plan: Plan) -> tuple:
+    """The part of a plan's _member that its ZeRO and gradient-sync variants share (config_of's fields)."""
+    return (plan.devices, plan.dp, plan.tp, plan.pp, plan.ep, plan.expert_tp, plan.cp, plan.cp_variant) + (
+        plan.micro_batch_size,
+        plan.num_microbatches,
+        plan.schedule,
+        plan.virtual_stages,
+        plan.sequence_parallel,
+        plan.tp_comm_overlap,
+        plan.precision,
+    )
 
 
 #: what each runtime runs of a budget (docs/export.md, "Budgeted recompute"): autoplan's executor a

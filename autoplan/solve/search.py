@@ -89,6 +89,7 @@ class Search:
         self.candidates: list[Candidate] = []
         self.budgets = recompute_budget.BudgetBounds(self.fixes, options.runtime)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
+        self._dp_memo, self._stage_memo = {}, {}  # _dp_choices by degrees, _stage_options by (tp, pp, sp, m)
 
     # ---- objective ---------------------------------------------------------------------
     def objective(self, step_time_s: float, devices: int) -> float:
@@ -222,10 +223,11 @@ class Search:
                 known = dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)
                 self._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
                 continue
-            if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras):
+            pp_comm_s = self.bounds.pp_comm_s(base)  # (2)'s sends: the same for each ZeRO choice
+            if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras, pp_comm_s):
                 continue
             stages = self._stages(base)
-            for zero, grads in dp_choices:
+            for i, (zero, grads) in enumerate(dp_choices):
                 plan = g.plan(
                     recompute=recompute,
                     schedule=schedule,
@@ -238,9 +240,11 @@ class Search:
                     **names,
                 )
                 times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
-                core_s = (g.m + self.stage_costs.bubble_floor(plan)) * max(times) + self.bounds.pp_comm_s(base)
+                core_s = (g.m + self.stage_costs.bubble_floor(plan)) * max(times) + pp_comm_s
                 core_s -= moe_overlap.hideable_s(self.stage_costs, plan, self.fixes)  # its overlapped twin's
-                extra_s = self.bounds.step_extras_s(plan, stage_params=max(params))
+                if (key := (overlap, i, max(params))) not in extras:  # as in _beaten_whatever_the_stages
+                    extras[key] = self.bounds.step_extras_s(plan, stage_params=max(params))
+                extra_s = extras[key]
                 sub = max(own, self.objective(core_s + extra_s, deg.devices))  # (2)
                 if self._beaten(sub):
                     self._append_pruned(plan, sub)
@@ -273,19 +277,19 @@ class Search:
         held.append((floor, plan, sub))
         return True
 
-    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, dp_choices, names, extras) -> bool:
+    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, dp_choices, names, extras, pp_s) -> bool:
         """Bound (2) with the slowest stage and its parameters at their floors under any partition
         (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
-        pruned without solving the partition. ``extras``: each ZeRO choice's step_extras_s, by recompute
-        and tp overlap (it reads no schedule), shared by the schedules of one tp_plan."""
+        pruned without solving the partition. ``extras``: each ZeRO choice's step_extras_s, by tp overlap
+        (it reads no schedule, recompute or stages), shared by the members of one tp_plan."""
         kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
         kw.update(names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
-        core_s = (g.m + self.stage_costs.bubble_floor(base)) * floor_s + self.bounds.pp_comm_s(base)
+        core_s = (g.m + self.stage_costs.bubble_floor(base)) * floor_s + pp_s  # pp_s: Bounds.pp_comm_s(base)
         core_s -= moe_overlap.hideable_s(self.stage_costs, base, self.fixes)  # an overlapped twin could hide it
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
-        if (key := (base.recompute, base.tp_comm_overlap)) not in extras:
+        if (key := base.tp_comm_overlap) not in extras:
             extras[key] = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras[key]]
         if not all(self._beaten(sub) for sub in subs):
@@ -294,9 +298,11 @@ class Search:
             self._append_pruned(plan, sub)
         return True
 
-    def _dp_choices(self, deg) -> list:
-        choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
-        return keep_dp_choices(choices, self.sparse_tables)
+    def _dp_choices(self, deg: space.Degrees) -> list:
+        if deg not in self._dp_memo:
+            choices = space.dp_options(self.profile, deg=deg, fixes=self.fixes, options=self.options)
+            self._dp_memo[deg] = keep_dp_choices(choices, self.sparse_tables)
+        return self._dp_memo[deg]
 
     def _append_pruned(self, plan: Plan, sub: float) -> None:
         self.candidates.append(candidates.pruned_row(config_of(plan), sub, top=-self._top[0], keep=self.options.keep))
@@ -304,35 +310,27 @@ class Search:
     def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int]]]:
         """(tp_comm_overlap, recompute, (schedule, v)) choices of a group: what sets its stage times."""
         deg, layers = g.degrees, len(self.graph.layers)
-        return [
-            (overlap, recompute, sv)
-            for overlap in space.tp_overlap_options(
-                profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes
-            )
-            for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
-            for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)
-        ]
+        if (key := (deg.tp, deg.pp, g.sp, g.m)) not in self._stage_memo:
+            self._stage_memo[key] = [
+                (overlap, recompute, sv)
+                for overlap in space.tp_overlap_options(
+                    profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes
+                )
+                for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
+                for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)
+            ]
+        return self._stage_memo[key]
 
     def _set_aside(self, too_big: list, *, priced_any: bool, ilp_status: str, why: str = "") -> None:
         if too_big and not priced_any:
             frugal = min(too_big, key=lambda item: item[0])
             too_big = [item for item in too_big if item is not frugal]
             self._evaluate(frugal[1], frugal[2], ilp_status=ilp_status)
-        gib = 2**30
         for floor, plan, sub in too_big:
-            self.candidates.append(
-                Candidate(
-                    config=config_of(plan),
-                    status="pruned",
-                    lower_bound=sub,
-                    reason=f"pruned (memory): {why or 'weights, gradients and optimizer state alone'} need "
-                    f"{floor / gib:.1f} GiB per device under any partition, "
-                    f"{self._usable_bytes / gib:.1f} GiB is usable",
-                )
-            )
+            self.candidates.append(candidates.memory_pruned_row(plan, sub, floor, self._usable_bytes, why=why))
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
-        plan = moe_overlap.with_pin(recompute_budget.with_pin(plan, self.fixes), self.fixes)
+        plan = moe_overlap.with_pin(recompute_budget.with_pin(plan.checked(), self.fixes), self.fixes)
         if (plan := activation_offload.with_pin(plan, self.fixes)) is None:
             return  # a pinned recompute budget, all-to-all overlap or activation offload this plan cannot hold
         cost = self.cost_model.estimate(plan)

@@ -330,6 +330,20 @@ class Plan:
             recompute=self.recompute, recompute_blocks=self.recompute_blocks, chunks=chunks, stages=self.stages
         )
 
+    @classmethod
+    def unchecked(cls, **values: Any) -> "Plan":
+        """A Plan of ``values`` and the defaults, without ``__post_init__``'s checks: the search's candidates, most
+        read only by a bound (solve/candidates.py:Group.plan); it runs :meth:`checked` on those it prices."""
+        if not _REQUIRED <= values.keys() <= _NAMES:  # as __init__ would refuse them
+            raise TypeError(f"Plan.unchecked() needs {', '.join(sorted(_REQUIRED))} and Plan fields only")
+        plan = cls.__new__(cls)
+        plan.__dict__.update(_DEFAULTS, **{name: make() for name, make in _FACTORIES if name not in values} | values)
+        return plan
+
+    def checked(self) -> "Plan":
+        """This plan, after the checks every built Plan passes (``__post_init__``)."""
+        return self.__post_init__() or self
+
     # ---- derived -----------------------------------------------------------------------
     @property
     def global_batch_size(self) -> int:
@@ -377,3 +391,10 @@ class Plan:
 def _default(known: Any) -> Any:
     """A dataclass field's default value (its factory's product for a list or dict)."""
     return known.default_factory() if known.default is MISSING else known.default
+
+
+#: Plan.unchecked's defaults: each field's value, or the factory that makes a fresh list or dict, or neither
+_DEFAULTS = {known.name: known.default for known in fields(Plan) if known.default is not MISSING}
+_FACTORIES = [(known.name, known.default_factory) for known in fields(Plan) if known.default_factory is not MISSING]
+_NAMES = frozenset(known.name for known in fields(Plan))
+_REQUIRED = _NAMES - set(_DEFAULTS) - {name for name, _ in _FACTORIES}

@@ -1,0 +1,34 @@
+"""What the search's memos assume (solve/search.py): ``step_extras_s`` is shared by every member of a tp
+choice with the same tp overlap, ZeRO choice and stage parameters, so it must read no schedule, recompute
+or stages; a memo that held where this fails would bound a plan by another's extras."""
+
+from synthetic import synthetic_gpt, synthetic_profile
+
+from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.search import Search
+
+
+def test_step_extras_read_no_schedule_recompute_or_stages():
+    graph = synthetic_gpt(layers=4, hidden=512, heads=8, vocab=8000, seq=256, batch=16)
+    search = Search(graph, synthetic_profile(), SearchOptions(devices=16, batch_size=16, allow_lossy=True))
+    names = dict(model=graph.model_name, profile=search.profile.name)
+    groups = [g for _, g in search.groups() if g.degrees.pp > 1 and g.degrees.dp > 1][:6]
+    assert groups
+    compared = 0
+    for g in groups:
+        tp_plan = search._choose(g).tp_plan
+        options = search._stage_options(g)
+        assert len({(recompute, sv) for _, recompute, sv in options}) > 1
+        for zero, grads in search._dp_choices(g.degrees):
+            for overlap in {o for o, _, _ in options}:
+                floored, unfloored = set(), set()
+                for _, recompute, (schedule, v) in [item for item in options if item[0] == overlap]:
+                    kw = dict(recompute=recompute, schedule=schedule, v=v, zero=zero, grads=grads, **names)
+                    plan = g.plan(tp_plan=tp_plan, tp_overlap=overlap, **kw)
+                    staged = g.plan(tp_plan=tp_plan, tp_overlap=overlap, stages=search._stages(plan), **kw)
+                    for p in (plan, staged):
+                        floored.add(search.bounds.step_extras_s(p, stage_params=1e8, params_floor=1e8))
+                        unfloored.add(search.bounds.step_extras_s(p, stage_params=1e8))
+                        compared += 1
+                assert len(floored) == len(unfloored) == 1, (g, zero, grads, overlap, floored, unfloored)
+    assert compared > 100
