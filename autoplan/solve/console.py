@@ -50,9 +50,19 @@ def search_progress(*, enabled: bool, label: str = "searching plans") -> Iterato
         yield update
 
 
-def top_table(result: SearchResult, *, top_k: int) -> FitTable:
+def _exactness(*, top_k: int, exact_k: int) -> str:
+    """The title's note on which rows the search ranked exactly."""
+    if exact_k >= top_k:
+        return ""
+    first = "#1 is" if exact_k == 1 else f"#1-{exact_k} are"
+    return f"; {first} exact, #{exact_k + 1}-{top_k} the best of those priced (--exact-top-k ranks them all)"
+
+
+def top_table(result: SearchResult, *, top_k: int, exact_k: int | None = None) -> FitTable:
     """The best ``top_k`` feasible plans with their step-time terms (autoplan/display.py names),
-    in the unit of the best step time; a term that is zero for every plan shown is left out."""
+    in the unit of the best step time; a term that is zero for every plan shown is left out. The search
+    ranked the first ``exact_k`` (default all) exactly; the title says when the rest are only the best of
+    the plans it priced (each price exact, but a pruned plan may have been faster)."""
     from autoplan.display import TERM_NAMES, FitTable, duration_unit, number_text
 
     top = result.ranked()[:top_k]
@@ -63,7 +73,8 @@ def top_table(result: SearchResult, *, top_k: int) -> FitTable:
     table = FitTable(
         headers=headers,
         numbers=set(headers) - {"plan"},
-        title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)",
+        title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)"
+        + _exactness(top_k=min(top_k, len(top)), exact_k=top_k if exact_k is None else exact_k),
         caption=f"times in {unit}; {left_out} terms that are zero for every plan shown are left out" * bool(left_out),
     )
     for rank, c in enumerate(top, start=1):

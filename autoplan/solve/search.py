@@ -5,7 +5,7 @@ A *group* fixes (devices, dp, cp, tp, pp, ep, expert_tp, cp variant, precision, 
 micro-batch size: solve/space.py, solve/context_parallel.py, solve/expert_layout.py); its members vary
 recomputation, schedule (with virtual stages), ZeRO stage and gradient sync (solve/space.py). Groups are
 visited in increasing bound (best-first branch and bound) and pruned once the bound reaches the
-``keep``-th best objective, so the console's top k is exact:
+``keep``-th best objective (``plan --exact-top-k``: the console's top k exact; else the best alone):
 
     LB  = (m + b_min) * C_min / pp  +  optimizer_min                                      (1)
     LB2 = (m + b(schedule, v)) * T_slowest + pp_comm + optimizer(zero)                    (2)

@@ -34,8 +34,8 @@ from autoplan.execute.job.contract import EXIT_NONFINITE_LOSS, EXIT_STOPPED, EXI
 from autoplan.execute.job.heartbeats import start_heartbeat
 from autoplan.execute.job.outputs import write_outputs
 from autoplan.execute.job.replicas import ReplicaCheck
-from autoplan.jobs.heartbeat import Heartbeat
 from autoplan.execute.job.tracing import StepTracer
+from autoplan.jobs.heartbeat import Heartbeat
 from autoplan.jobs.threads import threads_per_process
 from autoplan.types._check import write_text_atomic
 from autoplan.types.audit_prediction import AuditPrediction

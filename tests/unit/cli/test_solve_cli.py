@@ -178,3 +178,18 @@ def test_a_topk_pin_needs_allow_lossy_and_lands_in_the_plan(small_gpt, tmp_path,
     plan = Plan.load(tmp_path / "plan.json")
     assert (plan.grad_compression, plan.topk_ratio) == ("topk", 0.01) and plan.lossy
     assert _rows(tmp_path / "plans.csv")[0]["compression"] == "topk:0.01"
+
+
+def test_only_the_best_is_ranked_exactly_unless_asked_and_it_is_the_same_plan(small_gpt, tmp_path, capsys):
+    """The search prunes against the best alone by default (2.3x less search on GPT-3 175B); the best plan and
+    its price are those of the search that ranks all five shown, and the table says which rows are exact."""
+    common = ["plan", small_gpt, "--devices", "8", "--profile", "dgx-a100", "--batch", "16"]
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    default = capsys.readouterr().out
+    assert main([*common, "--exact-top-k", "--out", str(tmp_path / "five")]) == 0
+    exact = capsys.readouterr().out
+    assert "#1 is exact, #2-5 the best of those priced" in default.replace("\n", " ").replace("  ", " ")
+    assert "best of those priced" not in exact
+    one, five = Plan.load(tmp_path / "one" / "plan.json"), Plan.load(tmp_path / "five" / "plan.json")
+    assert one.describe() == five.describe() and one.predicted.breakdown == five.predicted.breakdown
+    assert one.predicted.step_time_s == five.predicted.step_time_s
