@@ -12,16 +12,15 @@ overlaps (:func:`fb_pair_s` below F + B) waits for both inputs and hands both ou
 
     bubble = the last rank's finish - m (2F + 2B + 2W)   (a rank's own work: m micro-batches of two chunks)
     held   = per rank, chunks whose F ran and W (or whole backward) did not, and of them those past their B
+             (chunk 0's B keeps nothing: torch skips the first stage's B and runs its whole backward as W)
+    sent   = per rank, outputs of chunks whose W ran and input gradients of chunks whose B ran, a boundary
+             tensor each, held to the step's end: torch 2.13's _PipelineScheduleRuntime waits its sends
+             after the last action (schedules.py ``send_ops``), the V's turn keeps them in the neighbour's
+             per-micro-batch receive slot (stage.py ``set_local_fwd_input``)
 
-deepseek-ai/DualPipe's README (F, B a chunk's forward and whole backward, W its weight part, F&B a pair)
-states 1F1B (PP - 1)(F + B), ZB1P (PP - 1)(F + B - 2W) and DualPipe (PP/2 - 1)(F&B + B - 3W) with PP + 1
-micro-batches of activations and 2x the parameters (both directions' chunks). DualPipeV is that V cut in
-half: p ranks, 2p chunks, 1x a 1F1B stage's parameters, 2p + 1 chunks (p + 1/2 stages) of activations here.
-At equal F, B, W its pairs taken whole tend to the README's (PP/2 - 1)(F&B + B - 3W), PP = 2p, as F&B -> F + B;
-run apart (today) they replay to ZBV's bubble, (p - 1) chunk forwards: the last rank's wait for the V's first
-leg; ZBV holds 2p chunks (p stages, 1F1B's). The replay differs from such tables where F, B, W are unequal (it
-times every action, so the idle slots are the orders' own) and in F&B, which runs apart until an overlap
-function is registered (:func:`fb_pair_s`).
+deepseek-ai/DualPipe's README: DualPipe's bubble (PP/2 - 1)(F&B + B - 3W), which the pairs taken whole tend
+to (PP = 2p) as F&B -> F + B; run apart (today) they replay to ZBV's, (p - 1) chunk forwards. DualPipeV holds
+2p + 1 chunks (the README's PP + 1 micro-batches, at 1x the parameters). More: docs/cost-model.md, "V schedules".
 """
 
 from __future__ import annotations
@@ -118,20 +117,32 @@ def replay_bubble_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: fl
 
 
 @lru_cache(maxsize=1024)
-def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int], ...]:
-    """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not) no other state of
-    its order exceeds in both (module docstring): one of them is the peak, whatever a chunk's activations and
-    kept output gradients weigh. An F&B counts its forward before its backward frees, as torch runs them."""
-    held = pending = 0
+def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int, int], ...]:
+    """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not, tensors its
+    finished sends still hold) no other state of its order exceeds in all three (module docstring): one of them
+    is the peak, whatever a chunk's activations, kept output gradients and boundary tensor weigh. An F&B counts
+    its forward before its backward frees, as torch runs them."""
+    out_sent, grad_sent = _sends_of(pp=pp, rank=rank)
+    held = pending = sent = 0
     states = set()
     for action in v_order(schedule, pp=pp, m=m)[rank]:
-        for kind in ("F", "BW") if action[0] == "FB" else (action[0],):
+        halves = [("F", action[1]), ("BW", action[3])] if action[0] == "FB" else [(action[0], action[1])]
+        for kind, chunk in halves:
             held += {"F": 1, "W": -1, "BW": -1}.get(kind, 0)
-            pending += {"B": 1, "W": -1}.get(kind, 0)
-            states.add((held, pending))
-    return tuple(sorted(s for s in states if not any(o != s and o[0] >= s[0] and o[1] >= s[1] for o in states)))
+            pending += {"B": 1, "W": -1}.get(kind, 0) if chunk > 0 else 0  # torch's first stage keeps none
+            sent += (kind in ("W", "BW") and chunk in out_sent) + (kind in ("B", "BW") and chunk in grad_sent)
+            states.add((held, pending, sent))
+    return tuple(sorted(s for s in states if not any(o != s and all(x >= y for x, y in zip(o, s)) for o in states)))
+
+
+def _sends_of(*, pp: int, rank: int) -> tuple[set[int], set[int]]:
+    """The chunks of ``rank`` whose forward output, and those whose input gradient, go to a neighbouring chunk
+    (module docstring): every chunk's output but the last's (the loss), every input gradient but chunk 0's."""
+    mine = [c for c in range(2 * pp) if stage_of_chunk(c, pp=pp, v_shape=True) == rank]
+    return {c for c in mine if c < 2 * pp - 1}, {c for c in mine if c > 0}
 
 
 def held_at_peak(*, schedule: str, pp: int, m: int, rank: int) -> tuple[int, int]:
-    """The state of :func:`held_states` with the most chunks held (and of those the most gradients kept)."""
-    return max(held_states(schedule=schedule, pp=pp, m=m, rank=rank))
+    """The (held, kept) of the :func:`held_states` state with the most chunks held (and of those the most
+    gradients kept)."""
+    return max(held_states(schedule=schedule, pp=pp, m=m, rank=rank))[:2]
