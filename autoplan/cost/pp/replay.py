@@ -74,39 +74,79 @@ def _produces(action: Action) -> list[tuple[str, int, int]]:
 def replay_span_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: float, send_s: float = 0.0) -> float:
     """The time the last rank finishes one step of V ``schedule`` with one chunk's ``f``, ``b``, ``w`` seconds
     and ``send_s`` per send between ranks (module docstring), memoised."""
-    place = [stage_of_chunk(c, pp=pp, v_shape=True) for c in range(2 * pp)]
-    return max(replay_finish_s(v_order(schedule, pp=pp, m=m), place=place, seconds=_durations(f, b, w), send_s=send_s))
+    seconds = _durations(f, b, w)
+    steps = _v_steps(schedule, pp=pp, m=m, apart=_apart(seconds))
+    return max(_replay(steps, seconds=seconds, send_s=send_s))
 
 
 def replay_finish_s(
     order: Sequence[Sequence[Action]], *, place: Sequence[int], seconds: dict[str, float], send_s: float = 0.0
 ) -> list[float]:
     """Each rank's finish time for ``order`` (one action list per rank) with chunk c on rank ``place[c]`` and
-    ``seconds`` per action kind (module docstring), O(actions): a rank runs its order until an input is
-    missing, and resumes when the action that makes it ends."""
-    chunks, ranks = len(place), len(order)
-    order = [_unpaired(actions, seconds) for actions in order]
-    done: dict[tuple[str, int, int], float] = {}
-    waiting: dict[tuple[str, int, int], list[int]] = {}
-    clock, at = [0.0] * ranks, [0] * ranks
-    ready = list(range(ranks))
+    ``seconds`` per action kind (module docstring), O(actions): each action starts when its rank's previous
+    one and the actions that make its inputs have ended."""
+    return _replay(_steps(order, place=place, apart=_apart(seconds)), seconds=seconds, send_s=send_s)
+
+
+def _apart(seconds: dict[str, float]) -> bool:
+    """Whether an F&B pair runs as its two halves (:func:`_unpaired`)."""
+    return not seconds.get("FB", float("inf")) < seconds.get("F", 0.0) + seconds.get("BW", 0.0)
+
+
+@lru_cache(maxsize=256)
+def _v_steps(schedule: str, *, pp: int, m: int, apart: bool) -> tuple:
+    """:func:`_steps` of V ``schedule``'s order, built once per (p, m)."""
+    place = [stage_of_chunk(c, pp=pp, v_shape=True) for c in range(2 * pp)]
+    return _steps(v_order(schedule, pp=pp, m=m), place=place, apart=apart)
+
+
+def _steps(order: Sequence[Sequence[Action]], *, place: Sequence[int], apart: bool) -> tuple:
+    """(the actions in an order every input is made before it is read: (id, kind, the rank's previous id,
+    ((input id, sent between ranks), ...)), each rank's last id), for a replay with any durations."""
+    order = [_unpaired(actions, {} if apart else {"FB": 0.0, "F": 1.0}) for actions in order]
+    ids = [(rank, action) for rank, actions in enumerate(order) for action in actions]
+    made = {result: i for i, (_, action) in enumerate(ids) for result in _produces(action)}
+    last, prev, inputs = [-1] * len(order), [], []
+    for i, (rank, action) in enumerate(ids):
+        prev.append(last[rank])
+        last[rank] = i
+        needs = _needs(action, chunks=len(place))
+        assert all(n in made for n in needs), "the schedule's order deadlocked"
+        inputs.append(tuple((made[n], place[n[1]] != rank) for n in needs))
+    waits = [[j for j, _ in inputs[i]] + ([prev[i]] if prev[i] >= 0 else []) for i in range(len(ids))]
+    return tuple(_topological(ids, prev, inputs, waits)), tuple(last)
+
+
+def _topological(ids: list, prev: list, inputs: list, waits: list) -> list:
+    """Kahn's order of the actions over ``waits`` (each action's rank predecessor and inputs)."""
+    after: list[list[int]] = [[] for _ in ids]
+    left = [len(w) for w in waits]
+    for i, w in enumerate(waits):
+        for j in w:
+            after[j].append(i)
+    ready, out = [i for i, n in enumerate(left) if n == 0], []
     while ready:
-        rank = ready.pop()
-        while at[rank] < len(order[rank]):
-            action = order[rank][at[rank]]
-            needs = _needs(action, chunks=chunks)
-            missing = next((n for n in needs if n not in done), None)
-            if missing is not None:
-                waiting.setdefault(missing, []).append(rank)
-                break
-            arrivals = (done[n] + (0.0 if place[n[1]] == rank else send_s) for n in needs)
-            clock[rank] = max([clock[rank], *arrivals]) + seconds[action[0]]
-            for result in _produces(action):
-                done[result] = clock[rank]
-                ready += waiting.pop(result, [])
-            at[rank] += 1
-    assert all(at[r] == len(order[r]) for r in range(ranks)), "the schedule's order deadlocked"
-    return clock
+        i = ready.pop()
+        out.append((i, ids[i][1][0], prev[i], inputs[i]))
+        for k in after[i]:
+            left[k] -= 1
+            if not left[k]:
+                ready.append(k)
+    assert len(out) == len(ids), "the schedule's order deadlocked"
+    return out
+
+
+def _replay(steps: tuple, *, seconds: dict[str, float], send_s: float) -> list[float]:
+    order, last = steps
+    end = [0.0] * len(order)
+    for i, kind, before, inputs in order:
+        start = end[before] if before >= 0 else 0.0
+        for j, sent in inputs:
+            arrive = end[j] + send_s if sent else end[j]
+            if arrive > start:
+                start = arrive
+        end[i] = start + seconds[kind]
+    return [end[i] if i >= 0 else 0.0 for i in last]
 
 
 def replay_bubble_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: float) -> float:
@@ -124,15 +164,30 @@ def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int
     its forward before its backward frees, as torch runs them."""
     out_sent, grad_sent = _sends_of(pp=pp, rank=rank)
     held = pending = sent = 0
-    states = set()
+    most: dict[tuple[int, int], int] = {}  # the most tensors sent at each (held, kept)
     for action in v_order(schedule, pp=pp, m=m)[rank]:
         halves = [("F", action[1]), ("BW", action[3])] if action[0] == "FB" else [(action[0], action[1])]
         for kind, chunk in halves:
             held += {"F": 1, "W": -1, "BW": -1}.get(kind, 0)
             pending += {"B": 1, "W": -1}.get(kind, 0) if chunk > 0 else 0  # torch's first stage keeps none
             sent += (kind in ("W", "BW") and chunk in out_sent) + (kind in ("B", "BW") and chunk in grad_sent)
-            states.add((held, pending, sent))
-    return tuple(sorted(s for s in states if not any(o != s and all(x >= y for x, y in zip(o, s)) for o in states)))
+            most[held, pending] = max(most.get((held, pending), 0), sent)
+    return _frontier([(h, k, n) for (h, k), n in most.items()])
+
+
+def _frontier(states: list[tuple[int, int, int]]) -> tuple[tuple[int, int, int], ...]:
+    """The states no other exceeds in all three counts (distinct, non-negative): swept from the most held down,
+    each against the most sent by any state already seen with at least its kept count."""
+    top = max((k for _, k, _ in states), default=0)
+    most_sent = [-1] * (top + 2)  # most_sent[k]: the most sent of the states seen with kept >= k
+    kept = []
+    for held, pending, sent in sorted(states, reverse=True):
+        if most_sent[pending] >= sent:
+            continue
+        kept.append((held, pending, sent))
+        for k in range(pending + 1):
+            most_sent[k] = max(most_sent[k], sent)
+    return tuple(sorted(kept))
 
 
 def _sends_of(*, pp: int, rank: int) -> tuple[set[int], set[int]]:
