@@ -47,7 +47,9 @@ def bounded_groups(search: Any) -> list[tuple[float, Any]]:
                     if folds_into_dp(cp=deg.cp, mbs=mbs, fixes=search.fixes) or (expert_layout.folds(deg) and not sp):
                         continue
                     m = opts.batch_size // (deg.dp * mbs)
-                    schedules = space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=m, fixes=search.fixes)
+                    schedules = space.schedule_options(
+                        pp=deg.pp, layers=layers, num_microbatches=m, fixes=search.fixes, runtime=opts.runtime
+                    )
                     if not schedules:
                         continue
                     share = search.bounds.zero_bubble_share(tp=deg.tp, precision=precision, mbs=mbs, cp=deg.cp)

@@ -8,9 +8,10 @@ rules: autoplan/types/schedules.py):
   there are at least ``pp`` micro-batches and torch's rounds divide them (the executor completes torch's split
   backward where a stage sends a value made from weights alone: autoplan/execute/split_backward.py).
 - "zbv" and "dualpipev" (torch's V schedules, v = 2) where the model has at least 2 pp blocks and there are
-  at least 2 pp micro-batches, only under their pin (``--fix schedule=zbv`` or ``dualpipev``): the audit finds
-  the V's middle stage peaking up to 19% above its price on examples/gpt.py (docs/cost-model.md, "V schedules");
-  they split the backward as interleaved_zb does (DualPipeV in its cool-down).
+  at least 2 pp micro-batches, for a runtime that runs them (autoplan's executor and torchtitan, which run
+  torch's classes; Megatron-Core and DeepSpeed have no V placement: docs/export.md), or under their pin
+  (``--fix schedule=zbv`` or ``dualpipev``); they split the backward as interleaved_zb does (DualPipeV in
+  its cool-down). docs/cost-model.md, "V schedules", has the audit that unpinned them.
 
 A ``--fix schedule=...`` or ``v=...`` pin keeps only its options.
 """
@@ -19,8 +20,13 @@ from __future__ import annotations
 
 from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
 
+#: the runtimes that run torch's V schedules (module docstring)
+RUNS_V = ("autoplan", "torchtitan")
 
-def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict) -> list[tuple[str, int]]:
+
+def schedule_options(
+    *, pp: int, layers: int, num_microbatches: int, fixes: dict, runtime: str = "autoplan"
+) -> list[tuple[str, int]]:
     """(schedule, virtual_stages) pairs."""
     if pp == 1:
         options = [("1f1b", 1)]
@@ -30,8 +36,9 @@ def schedule_options(*, pp: int, layers: int, num_microbatches: int, fixes: dict
         if num_microbatches % pp == 0:
             options += [("interleaved_1f1b", v) for v in looped]
         options += zero_bubble_options(pp=pp, virtual=looped, num_microbatches=num_microbatches)
-        if fixes.get("schedule") in V_SCHEDULES and 2 * pp <= min(layers, num_microbatches):  # opt-in
-            options += [(fixes["schedule"], 2)]
+        if 2 * pp <= min(layers, num_microbatches):
+            pinned = fixes.get("schedule") in V_SCHEDULES
+            options += [(schedule, 2) for schedule in V_SCHEDULES if pinned or runtime in RUNS_V]
     if "schedule" in fixes:
         options = [o for o in options if o[0] == fixes["schedule"]] or (
             [(fixes["schedule"], 1)] if pp == 1 and fixes["schedule"] not in ("interleaved_1f1b", *V_SCHEDULES) else []

@@ -317,7 +317,9 @@ class Search:
                     profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes
                 )
                 for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
-                for sv in space.schedule_options(pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes)
+                for sv in space.schedule_options(
+                    pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes, runtime=self.options.runtime
+                )
             ]
         return self._stage_memo[key]
 

@@ -263,6 +263,19 @@ class Graph:
             cached = self.__dict__["_grad_nodes_cache"] = frozenset((holders | reachable(holders, succs)) & floating)
         return cached
 
+    def input_grad_nodes(self) -> frozenset[str]:
+        """Nodes whose output carries a gradient back towards the traced inputs: floating inputs (as a
+        pipeline stage's input is) and the :meth:`grad_nodes` an input's value flows into; not those made
+        from parameters alone (a weight's view or cast) nor from indices alone. Built once and cached."""
+        cached = self.__dict__.get("_input_grad_nodes_cache")
+        if cached is None:
+            _, succs = self.adjacency()
+            inputs = {n.name for n in self.nodes if n.op == "input"}
+            floating = {name for name in inputs if "float" in self.node(name).output_dtype}
+            reached = inputs | reachable(inputs, succs)
+            cached = self.__dict__["_input_grad_nodes_cache"] = frozenset((self.grad_nodes() | floating) & reached)
+        return cached
+
     def trains(self, node: OpNode) -> bool:
         """Whether ``node`` holds a trainable parameter (one the trace could not name counts as one)."""
         named = [self.parameters[p] for p in node.param_names if p in self.parameters]

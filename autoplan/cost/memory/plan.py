@@ -3,8 +3,9 @@
     peak = max_stage stage_memory(states, activations, in-flight micro-batches, buffers)
 
 with each part's formula and source in cost/memory/per_device.py (a zero-bubble schedule's output
-gradients kept from B to W join the transient bytes: cost/pp/zero_bubble.py); a plan is infeasible when the worst
-stage's peak exceeds the device's usable memory (``usable_bytes``).
+gradients kept from B to W, and a V schedule's boundary tensors held to the step's end, join the transient
+bytes: cost/pp/zero_bubble.py, replay.py); a plan is infeasible when the worst stage's peak exceeds the
+device's usable memory (``usable_bytes``).
 """
 
 from __future__ import annotations
@@ -55,11 +56,11 @@ class PlanMemory:
         blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
         block_params = max((b.param_count for b in stage.blocks), default=0.0)
         block_trainable = max((b.trainable_param_count for b in stage.blocks), default=0.0)
-        in_flight, in_flight_after, pending = _held(plan, index, stage)
+        in_flight, in_flight_after, pending, sent = _held(plan, index, stage)
         return stage_memory(
             states=with_outer_state(self._states(plan, stage), plan, stage),  # DiLoCo's, if any
             saved_bytes=stage.saved_bytes,
-            transient_bytes=stage.transient_bytes + pending * stage.wgrad_held_bytes,
+            transient_bytes=stage.transient_bytes + pending * stage.wgrad_held_bytes + sent * stage.boundary_bytes,
             in_flight=in_flight,
             in_flight_after=in_flight_after,
             last_block_bytes=blocks[-1].saved_bytes if blocks else 0.0,
@@ -155,14 +156,22 @@ class PlanMemory:
             )
 
 
-def _held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float]:
-    """Micro-batches of activations stage ``index`` holds at its forward's end and in its backward, and the
-    output gradients it keeps from B to W (cost/pp/schedule.py, zero_bubble.py); a V schedule's at the
-    state of its replay holding the most bytes, already in the backward (cost/pp/replay.py)."""
+def _held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float, float]:
+    """Micro-batches of activations stage ``index`` holds at its forward's end and in its backward, the
+    output gradients it keeps from B to W (cost/pp/schedule.py, zero_bubble.py) and the boundary tensors its
+    finished sends hold; a V schedule's at the state of its replay holding the most bytes, already in the
+    backward (cost/pp/replay.py)."""
     if plan.schedule in V_SCHEDULES:
-        held, pending = v_peak(plan, index, saved_bytes=stage.saved_bytes, kept_bytes=stage.wgrad_held_bytes)
-        return held, held, pending
-    return in_flight_chunks(plan, index), in_flight_after_first_backward(plan, index), pending_weight_grads(plan, index)
+        held, pending, sent = v_peak(
+            plan,
+            index,
+            saved_bytes=stage.saved_bytes,
+            kept_bytes=stage.wgrad_held_bytes,
+            boundary_bytes=stage.boundary_bytes,
+        )
+        return held, held, pending, sent
+    after = in_flight_after_first_backward(plan, index)
+    return in_flight_chunks(plan, index), after, pending_weight_grads(plan, index), 0.0
 
 
 def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:

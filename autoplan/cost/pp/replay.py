@@ -12,16 +12,15 @@ overlaps (:func:`fb_pair_s` below F + B) waits for both inputs and hands both ou
 
     bubble = the last rank's finish - m (2F + 2B + 2W)   (a rank's own work: m micro-batches of two chunks)
     held   = per rank, chunks whose F ran and W (or whole backward) did not, and of them those past their B
+             (chunk 0's B keeps nothing: torch skips the first stage's B and runs its whole backward as W)
+    sent   = per rank, outputs of chunks whose W ran and input gradients of chunks whose B ran, a boundary
+             tensor each, held to the step's end: torch 2.13's _PipelineScheduleRuntime waits its sends
+             after the last action (schedules.py ``send_ops``), the V's turn keeps them in the neighbour's
+             per-micro-batch receive slot (stage.py ``set_local_fwd_input``)
 
-deepseek-ai/DualPipe's README (F, B a chunk's forward and whole backward, W its weight part, F&B a pair)
-states 1F1B (PP - 1)(F + B), ZB1P (PP - 1)(F + B - 2W) and DualPipe (PP/2 - 1)(F&B + B - 3W) with PP + 1
-micro-batches of activations and 2x the parameters (both directions' chunks). DualPipeV is that V cut in
-half: p ranks, 2p chunks, 1x a 1F1B stage's parameters, 2p + 1 chunks (p + 1/2 stages) of activations here.
-At equal F, B, W its pairs taken whole tend to the README's (PP/2 - 1)(F&B + B - 3W), PP = 2p, as F&B -> F + B;
-run apart (today) they replay to ZBV's bubble, (p - 1) chunk forwards: the last rank's wait for the V's first
-leg; ZBV holds 2p chunks (p stages, 1F1B's). The replay differs from such tables where F, B, W are unequal (it
-times every action, so the idle slots are the orders' own) and in F&B, which runs apart until an overlap
-function is registered (:func:`fb_pair_s`).
+deepseek-ai/DualPipe's README: DualPipe's bubble (PP/2 - 1)(F&B + B - 3W), which the pairs taken whole tend
+to (PP = 2p) as F&B -> F + B; run apart (today) they replay to ZBV's, (p - 1) chunk forwards. DualPipeV holds
+2p + 1 chunks (the README's PP + 1 micro-batches, at 1x the parameters). More: docs/cost-model.md, "V schedules".
 """
 
 from __future__ import annotations
@@ -75,39 +74,79 @@ def _produces(action: Action) -> list[tuple[str, int, int]]:
 def replay_span_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: float, send_s: float = 0.0) -> float:
     """The time the last rank finishes one step of V ``schedule`` with one chunk's ``f``, ``b``, ``w`` seconds
     and ``send_s`` per send between ranks (module docstring), memoised."""
-    place = [stage_of_chunk(c, pp=pp, v_shape=True) for c in range(2 * pp)]
-    return max(replay_finish_s(v_order(schedule, pp=pp, m=m), place=place, seconds=_durations(f, b, w), send_s=send_s))
+    seconds = _durations(f, b, w)
+    steps = _v_steps(schedule, pp=pp, m=m, apart=_apart(seconds))
+    return max(_replay(steps, seconds=seconds, send_s=send_s))
 
 
 def replay_finish_s(
     order: Sequence[Sequence[Action]], *, place: Sequence[int], seconds: dict[str, float], send_s: float = 0.0
 ) -> list[float]:
     """Each rank's finish time for ``order`` (one action list per rank) with chunk c on rank ``place[c]`` and
-    ``seconds`` per action kind (module docstring), O(actions): a rank runs its order until an input is
-    missing, and resumes when the action that makes it ends."""
-    chunks, ranks = len(place), len(order)
-    order = [_unpaired(actions, seconds) for actions in order]
-    done: dict[tuple[str, int, int], float] = {}
-    waiting: dict[tuple[str, int, int], list[int]] = {}
-    clock, at = [0.0] * ranks, [0] * ranks
-    ready = list(range(ranks))
+    ``seconds`` per action kind (module docstring), O(actions): each action starts when its rank's previous
+    one and the actions that make its inputs have ended."""
+    return _replay(_steps(order, place=place, apart=_apart(seconds)), seconds=seconds, send_s=send_s)
+
+
+def _apart(seconds: dict[str, float]) -> bool:
+    """Whether an F&B pair runs as its two halves (:func:`_unpaired`)."""
+    return not seconds.get("FB", float("inf")) < seconds.get("F", 0.0) + seconds.get("BW", 0.0)
+
+
+@lru_cache(maxsize=256)
+def _v_steps(schedule: str, *, pp: int, m: int, apart: bool) -> tuple:
+    """:func:`_steps` of V ``schedule``'s order, built once per (p, m)."""
+    place = [stage_of_chunk(c, pp=pp, v_shape=True) for c in range(2 * pp)]
+    return _steps(v_order(schedule, pp=pp, m=m), place=place, apart=apart)
+
+
+def _steps(order: Sequence[Sequence[Action]], *, place: Sequence[int], apart: bool) -> tuple:
+    """(the actions in an order every input is made before it is read: (id, kind, the rank's previous id,
+    ((input id, sent between ranks), ...)), each rank's last id), for a replay with any durations."""
+    order = [_unpaired(actions, {} if apart else {"FB": 0.0, "F": 1.0}) for actions in order]
+    ids = [(rank, action) for rank, actions in enumerate(order) for action in actions]
+    made = {result: i for i, (_, action) in enumerate(ids) for result in _produces(action)}
+    last, prev, inputs = [-1] * len(order), [], []
+    for i, (rank, action) in enumerate(ids):
+        prev.append(last[rank])
+        last[rank] = i
+        needs = _needs(action, chunks=len(place))
+        assert all(n in made for n in needs), "the schedule's order deadlocked"
+        inputs.append(tuple((made[n], place[n[1]] != rank) for n in needs))
+    waits = [[j for j, _ in inputs[i]] + ([prev[i]] if prev[i] >= 0 else []) for i in range(len(ids))]
+    return tuple(_topological(ids, prev, inputs, waits)), tuple(last)
+
+
+def _topological(ids: list, prev: list, inputs: list, waits: list) -> list:
+    """Kahn's order of the actions over ``waits`` (each action's rank predecessor and inputs)."""
+    after: list[list[int]] = [[] for _ in ids]
+    left = [len(w) for w in waits]
+    for i, w in enumerate(waits):
+        for j in w:
+            after[j].append(i)
+    ready, out = [i for i, n in enumerate(left) if n == 0], []
     while ready:
-        rank = ready.pop()
-        while at[rank] < len(order[rank]):
-            action = order[rank][at[rank]]
-            needs = _needs(action, chunks=chunks)
-            missing = next((n for n in needs if n not in done), None)
-            if missing is not None:
-                waiting.setdefault(missing, []).append(rank)
-                break
-            arrivals = (done[n] + (0.0 if place[n[1]] == rank else send_s) for n in needs)
-            clock[rank] = max([clock[rank], *arrivals]) + seconds[action[0]]
-            for result in _produces(action):
-                done[result] = clock[rank]
-                ready += waiting.pop(result, [])
-            at[rank] += 1
-    assert all(at[r] == len(order[r]) for r in range(ranks)), "the schedule's order deadlocked"
-    return clock
+        i = ready.pop()
+        out.append((i, ids[i][1][0], prev[i], inputs[i]))
+        for k in after[i]:
+            left[k] -= 1
+            if not left[k]:
+                ready.append(k)
+    assert len(out) == len(ids), "the schedule's order deadlocked"
+    return out
+
+
+def _replay(steps: tuple, *, seconds: dict[str, float], send_s: float) -> list[float]:
+    order, last = steps
+    end = [0.0] * len(order)
+    for i, kind, before, inputs in order:
+        start = end[before] if before >= 0 else 0.0
+        for j, sent in inputs:
+            arrive = end[j] + send_s if sent else end[j]
+            if arrive > start:
+                start = arrive
+        end[i] = start + seconds[kind]
+    return [end[i] if i >= 0 else 0.0 for i in last]
 
 
 def replay_bubble_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: float) -> float:
@@ -118,20 +157,47 @@ def replay_bubble_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: fl
 
 
 @lru_cache(maxsize=1024)
-def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int], ...]:
-    """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not) no other state of
-    its order exceeds in both (module docstring): one of them is the peak, whatever a chunk's activations and
-    kept output gradients weigh. An F&B counts its forward before its backward frees, as torch runs them."""
-    held = pending = 0
-    states = set()
+def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int, int], ...]:
+    """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not, tensors its
+    finished sends still hold) no other state of its order exceeds in all three (module docstring): one of them
+    is the peak, whatever a chunk's activations, kept output gradients and boundary tensor weigh. An F&B counts
+    its forward before its backward frees, as torch runs them."""
+    out_sent, grad_sent = _sends_of(pp=pp, rank=rank)
+    held = pending = sent = 0
+    most: dict[tuple[int, int], int] = {}  # the most tensors sent at each (held, kept)
     for action in v_order(schedule, pp=pp, m=m)[rank]:
-        for kind in ("F", "BW") if action[0] == "FB" else (action[0],):
+        halves = [("F", action[1]), ("BW", action[3])] if action[0] == "FB" else [(action[0], action[1])]
+        for kind, chunk in halves:
             held += {"F": 1, "W": -1, "BW": -1}.get(kind, 0)
-            pending += {"B": 1, "W": -1}.get(kind, 0)
-            states.add((held, pending))
-    return tuple(sorted(s for s in states if not any(o != s and o[0] >= s[0] and o[1] >= s[1] for o in states)))
+            pending += {"B": 1, "W": -1}.get(kind, 0) if chunk > 0 else 0  # torch's first stage keeps none
+            sent += (kind in ("W", "BW") and chunk in out_sent) + (kind in ("B", "BW") and chunk in grad_sent)
+            most[held, pending] = max(most.get((held, pending), 0), sent)
+    return _frontier([(h, k, n) for (h, k), n in most.items()])
+
+
+def _frontier(states: list[tuple[int, int, int]]) -> tuple[tuple[int, int, int], ...]:
+    """The states no other exceeds in all three counts (distinct, non-negative): swept from the most held down,
+    each against the most sent by any state already seen with at least its kept count."""
+    top = max((k for _, k, _ in states), default=0)
+    most_sent = [-1] * (top + 2)  # most_sent[k]: the most sent of the states seen with kept >= k
+    kept = []
+    for held, pending, sent in sorted(states, reverse=True):
+        if most_sent[pending] >= sent:
+            continue
+        kept.append((held, pending, sent))
+        for k in range(pending + 1):
+            most_sent[k] = max(most_sent[k], sent)
+    return tuple(sorted(kept))
+
+
+def _sends_of(*, pp: int, rank: int) -> tuple[set[int], set[int]]:
+    """The chunks of ``rank`` whose forward output, and those whose input gradient, go to a neighbouring chunk
+    (module docstring): every chunk's output but the last's (the loss), every input gradient but chunk 0's."""
+    mine = [c for c in range(2 * pp) if stage_of_chunk(c, pp=pp, v_shape=True) == rank]
+    return {c for c in mine if c < 2 * pp - 1}, {c for c in mine if c > 0}
 
 
 def held_at_peak(*, schedule: str, pp: int, m: int, rank: int) -> tuple[int, int]:
-    """The state of :func:`held_states` with the most chunks held (and of those the most gradients kept)."""
-    return max(held_states(schedule=schedule, pp=pp, m=m, rank=rank))
+    """The (held, kept) of the :func:`held_states` state with the most chunks held (and of those the most
+    gradients kept)."""
+    return max(held_states(schedule=schedule, pp=pp, m=m, rank=rank))[:2]

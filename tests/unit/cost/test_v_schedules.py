@@ -15,9 +15,10 @@ from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 from torch.distributed.pipelining.schedules import _ComputationType as Op
 
 from autoplan.cost import CostModel
-from autoplan.cost.pp.replay import held_at_peak, replay_bubble_s, replay_finish_s
+from autoplan.cost.pp.replay import held_at_peak, held_states, replay_bubble_s, replay_finish_s
 from autoplan.cost.pp.schedule import in_flight_chunks, pipeline_bubble_s
 from autoplan.cost.pp.v_orders import v_order
+from autoplan.cost.pp.zero_bubble import v_peak
 from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError
 from autoplan.solve.pins import parse_fixes
@@ -139,13 +140,54 @@ def test_v_schedules_price_their_replay_and_hold_its_peak(model):
     assert in_flight_chunks(_v_plan("zbv"), 2) == 4.0 and in_flight_chunks(_v_plan("dualpipev"), 2) == 4.5
 
 
-def test_the_search_offers_v_schedules_only_pinned_and_where_they_run():
-    assert not [o for o in schedule_options(pp=2, layers=8, num_microbatches=8, fixes={}) if o[0] in CLASSES]
+def test_the_search_offers_v_schedules_unasked_where_their_runtime_runs_them():
+    for runtime in ("autoplan", "torchtitan"):
+        offered = schedule_options(pp=2, layers=8, num_microbatches=8, fixes={}, runtime=runtime)
+        assert [o for o in offered if o[0] in CLASSES] == [("zbv", 2), ("dualpipev", 2)]
+    for runtime in ("megatron", "deepspeed"):  # no V placement (docs/export.md): only under a pin
+        assert not [
+            o
+            for o in schedule_options(pp=2, layers=8, num_microbatches=8, fixes={}, runtime=runtime)
+            if o[0] in CLASSES
+        ]
+    assert not [o for o in schedule_options(pp=4, layers=8, num_microbatches=6, fixes={}) if o[0] in CLASSES]
     for name in CLASSES:
         pin = parse_fixes(f"schedule={name}")
-        assert schedule_options(pp=2, layers=8, num_microbatches=8, fixes=pin) == [(name, 2)]
+        assert schedule_options(pp=2, layers=8, num_microbatches=8, fixes=pin, runtime="megatron") == [(name, 2)]
         assert not schedule_options(pp=4, layers=8, num_microbatches=6, fixes=pin)  # m < 2p
         assert not schedule_options(pp=1, layers=8, num_microbatches=8, fixes=pin)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_every_tensor_handed_to_a_neighbour_is_held_to_the_steps_end(schedule, pp):
+    """torch's runtime waits its sends after the last action, and the V's turn leaves each tensor in the
+    neighbour's receive slot (cost/pp/replay.py): once every chunk's backward ran, stage 0 still holds m
+    outputs of chunk 0 and m input gradients of the last chunk, every other stage 2m of each."""
+    m = 2 * pp + 2
+    for rank in range(pp):
+        states = held_states(schedule=schedule, pp=pp, m=m, rank=rank)
+        assert (0, 0, (2 if rank == 0 else 4) * m) in states
+        assert all(sent <= (2 if rank == 0 else 4) * m for _, _, sent in states)
+
+
+def test_a_middle_stage_prices_the_tensors_its_sends_hold(model):
+    """The middle stage's peak holds the boundary tensors of its finished micro-batches (the audit's +27% on
+    examples/gpt.py before they were priced): more than the chunks and kept gradients alone."""
+    plan = _v_plan("zbv")
+    stages, _, _ = model.priced_stages(plan)
+    held, pending, sent = v_peak(
+        plan,
+        2,
+        saved_bytes=stages[2].saved_bytes,
+        kept_bytes=stages[2].wgrad_held_bytes,
+        boundary_bytes=stages[2].boundary_bytes,
+    )
+    assert sent > 0
+    peak = model.stage_memory(plan, stages)[2].at_peak_bytes[3]
+    assert peak == pytest.approx(
+        held * stages[2].saved_bytes + pending * stages[2].wgrad_held_bytes + sent * stages[2].boundary_bytes
+    )
 
 
 @pytest.mark.parametrize(

@@ -141,3 +141,35 @@ def test_the_search_offers_zero_bubble_where_torch_runs_it_and_a_pin_keeps_it():
 def test_plans_zero_bubble_cannot_run_are_one_sentence(kw, words):
     with pytest.raises(PlanError, match=words):
         _plan(**{"schedule": "interleaved_zb", **kw})
+
+
+class _NormMLP(torch.nn.Module):
+    """A pre-norm residual MLP, a stage whose input carries a gradient: a LayerNorm (W is no matmul) and two
+    linears."""
+
+    def __init__(self, hidden: int = 32):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.up, self.down = torch.nn.Linear(hidden, 4 * hidden), torch.nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def test_the_gradients_kept_from_b_to_w_are_what_torchs_split_backward_keeps():
+    """torch's stage_backward_input keeps dL/dY of every node where a parameter's path meets the input's, the
+    LayerNorm's included (cost/pp/split_backward.py): the price is the bytes of the distinct tensors it keeps."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    from autoplan.cost.pp.split_backward import weight_grad_held_bytes
+    from autoplan.trace import trace
+
+    module, x = _NormMLP(), torch.randn(2, 8, 32)
+    graph = trace(module, (x,))
+    priced = sum(weight_grad_held_bytes(graph, node, precision="fp32") for node in graph.nodes)
+    inputs = x.clone().requires_grad_()
+    out = module(inputs)
+    _, groups = stage_backward_input([out], [torch.ones_like(out)], [inputs], module.parameters())
+    grads = [t for group in groups for kept in group["grads"] for t in kept if t is not None]  # a tuple per node
+    kept = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in grads}
+    assert priced == sum(kept.values())  # the norm's output gradient (2 x 8 x 32 x 4 bytes) with the linears'
