@@ -31,7 +31,8 @@ def check_runs_here(plan: Plan) -> None:
     device rule of a plan, async TP's (:func:`check_tp_overlap_runs_here`), FP8's
     (autoplan/execute/float8.py) and context parallelism's (execute/context_parallel.py); or asks
     for what the executor does not run (``overlap_param_gather`` other than ZeRO-1's without experts:
-    execute/param_gather.py; ``moe_a2a_overlap``: types/moe_overlap.py). The CLI calls it before a rank
+    execute/param_gather.py; ``moe_a2a_overlap``: types/moe_overlap.py; 1F1B on fewer micro-batches than
+    stages, which torch's Schedule1F1B refuses). The CLI calls it before a rank
     starts, ``parallelize`` first."""
     from autoplan.execute.float8 import check_runs_here as check_float8_runs_here
 
@@ -42,6 +43,12 @@ def check_runs_here(plan: Plan) -> None:
             "gathers after the step); set overlap_param_gather to false or use zero_stage 1 to run here."
         )
     check_executor_runs(plan)  # moe_a2a_overlap is priced only: each rank runs one micro-batch at a time
+    if plan.schedule == "1f1b" and plan.pp > 1 and plan.num_microbatches < plan.pp:  # solve/schedules.py
+        raise PlanError(
+            f"plan schedule='1f1b' with pp={plan.pp} and num_microbatches={plan.num_microbatches}: torch's "
+            "Schedule1F1B needs at least pp micro-batches; set schedule to 'gpipe' (the same order with so few) "
+            "or use more micro-batches."
+        )
     check_tp_overlap_runs_here(plan)
     check_float8_runs_here(plan)
     if plan.cp > 1:  # the cp rules' module loads DTensor (1 s of the launcher's start-up): only for a cp plan

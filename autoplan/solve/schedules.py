@@ -2,7 +2,7 @@
 rules: autoplan/types/schedules.py):
 
 - "1f1b" at ``pp = 1`` (no pipeline: the schedule is moot);
-- else gpipe and 1f1b; interleaved 1F1B with ``v >= 2`` where ``pp * v`` divides the blocks and ``pp``
+- else gpipe, and 1f1b where there are at least ``pp`` micro-batches (torch's Schedule1F1B refuses fewer); interleaved 1F1B with ``v >= 2`` where ``pp * v`` divides the blocks and ``pp``
   divides the micro-batch count (Megatron-LM's condition);
 - "interleaved_zb" (torch's ScheduleInterleavedZeroBubble) at v = 1 and each v of interleaved 1F1B, where
   there are at least ``pp`` micro-batches and torch's rounds divide them (the executor completes torch's split
@@ -31,7 +31,7 @@ def schedule_options(
     if pp == 1:
         options = [("1f1b", 1)]
     else:
-        options = [("gpipe", 1), ("1f1b", 1)]
+        options = [("gpipe", 1)] + [("1f1b", 1)] * (num_microbatches >= pp)  # torch's 1F1B refuses m < pp
         looped = [v for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
         if num_microbatches % pp == 0:
             options += [("interleaved_1f1b", v) for v in looped]

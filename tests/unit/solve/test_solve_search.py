@@ -204,3 +204,18 @@ def test_a_profile_given_as_a_file_is_recorded_by_its_path(tmp_path):
     assert best.profile == str(Path(path).resolve())
     assert load_profile(best.profile).name == "my-cluster"
     assert plan_graph(_tiny(), devices=8, profile=synthetic_profile(), batch_size=16).best.profile == "synthetic-a100"
+
+
+def test_1f1b_needs_as_many_micro_batches_as_stages_searched_pinned_and_run():
+    """torch's Schedule1F1B refuses m < pp: the search offers gpipe alone there, a 1f1b pin picks a micro-batch
+    size with m >= pp, and a hand-made plan is refused in one sentence before a rank starts."""
+    from autoplan.execute.tp_overlap import check_runs_here
+    from autoplan.types.plan import Plan
+
+    assert space.schedule_options(pp=2, layers=4, num_microbatches=1, fixes={}) == [("gpipe", 1)]
+    assert ("1f1b", 1) in space.schedule_options(pp=2, layers=4, num_microbatches=2, fixes={})
+    graph = synthetic_gpt(layers=4, hidden=64, heads=4, vocab=128, seq=16, batch=4)
+    best = plan_graph(graph, devices=2, profile="cpu-gloo", batch_size=4, fix={"pp": 2, "schedule": "1f1b"}).best
+    assert best.schedule == "1f1b" and best.num_microbatches >= 2
+    with pytest.raises(PlanError, match="Schedule1F1B needs at least pp micro-batches"):
+        check_runs_here(Plan(devices=2, dp=1, tp=1, pp=2, micro_batch_size=4, num_microbatches=1, schedule="1f1b"))
