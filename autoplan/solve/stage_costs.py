@@ -149,8 +149,8 @@ class StageCosts:
         params[0] += pre.param_count
         params[plan_last_stage(plan)] += post.param_count
         for stage, chunk in zip(plan_chunk_stages(plan, len(stages)), stages):
-            times[stage] += sum(times_of[layer] for layer in chunk)
-            params[stage] += sum(params_of[layer] for layer in chunk)
+            times[stage] += sum(map(times_of.__getitem__, chunk))  # in the chunk's order, as a generator would
+            params[stage] += sum(map(params_of.__getitem__, chunk))
         return times, params
 
     def bubble_floor(self, plan: Plan) -> float:
