@@ -200,6 +200,8 @@ class DataParallelTerms:
 
     def _sparse_s(self, plan: Plan, block, group: AxisGroup) -> float:
         """The all-gathers of the sparse tables ``block`` holds (cost/dp/sparse_embedding.py); 0 without."""
+        if not self.sparse:
+            return 0.0
         inside = set(block.param_names)
         tables = tuple(t for t in self.sparse if t.name in inside)
         return sparse_embedding.sync_s(self.profile, tables, plan, group) if tables else 0.0
