@@ -27,6 +27,7 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from autoplan.cost.compute.dtypes import RunDtypes, dtypes_of
 from autoplan.cost.compute.fp8 import fp8_linear
@@ -375,3 +376,16 @@ def _params(
         elif node.op in PARAM_KINDS or node.param_count:
             loose += node.param_count / shard
     return seen, sum(seen.values()) + loose
+
+
+def per_distinct(blocks: list, price: Callable[[Any], float]) -> list[float]:
+    """``[price(b) for b in blocks]``, calling ``price`` once per distinct object of ``blocks``: a group's
+    identical blocks share one summary (CostModel.block_summary), and ``price`` reads nothing but the block."""
+    prices: dict[int, float] = {}
+    out = []
+    for block in blocks:
+        hit = prices.get(id(block))  # every block is alive for the whole call: its id is not reused
+        if hit is None:
+            hit = prices[id(block)] = price(block)
+        out.append(hit)
+    return out

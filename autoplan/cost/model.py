@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost.blocks import LayerSummary, block_structure, summarise
+from autoplan.cost.blocks import LayerSummary, block_structure, per_distinct, summarise
 from autoplan.cost.compute.dtypes import dtype_policy, plan_dtypes
 from autoplan.cost.compute.eager_attention import FusedAttentionModel
 from autoplan.cost.compute.fp8 import fp8_recipe as recipe_of
@@ -172,15 +172,14 @@ class CostModel:
         self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool
     ) -> dict[str, LayerSummary]:
         """Every block's summary as the plan runs it, in the graph's order, memoised per tp_plan."""
-        key = ("blocks", *ctx.key, tp_comm_overlap)
-        return self._memo.get(
-            key,
-            tp_plan,
-            lambda: {
-                layer: self._as_run(self.block_summary(layer, tp_plan, ctx), ctx, tp_comm_overlap)
-                for layer in self.graph.layers
-            },
-        )
+
+        def make() -> dict[str, LayerSummary]:  # identical blocks share one summary, so one run of _as_run too
+            summaries = [self.block_summary(layer, tp_plan, ctx) for layer in self.graph.layers]
+            return dict(
+                zip(self.graph.layers, per_distinct(summaries, lambda s: self._as_run(s, ctx, tp_comm_overlap)))
+            )
+
+        return self._memo.get(("blocks", *ctx.key, tp_comm_overlap), tp_plan, make)
 
     def outside_summaries(
         self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool

@@ -12,6 +12,7 @@ block's rows sum to what CostModel charges it (tests/unit/solve/test_solve_agree
 
 from __future__ import annotations
 
+from itertools import repeat
 from pathlib import Path
 
 from autoplan.cost import CostModel, RunPricer, priced_ops, priced_profile
@@ -101,31 +102,28 @@ def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
         "reason",
     ]
     ranks = {id(c): i + 1 for i, c in enumerate(result.ranked())}
+    unpriced = [""] * (8 + len(Cost.TIME_FIELDS) + len(run_columns))  # a pruned row's cells up to lower_bound
     rows = []
     for c in sorted(result.candidates, key=lambda c: (ranks.get(id(c), 10**9), c.lower_bound)):
-        cost = c.cost
-        times = [getattr(cost, name) if cost else "" for name in Cost.TIME_FIELDS]
-        estimate = pricer.estimate(step_time_s=cost.step_time_s, devices=c.plan.devices) if pricer and cost else None
-        run = [getattr(estimate, name) if estimate else "" for name in run_columns]
-        rows.append(
-            [
-                ranks.get(id(c), ""),
-                c.status,
-                c.feasible if cost else "",
-                c.objective if c.objective is not None else "",
-                cost.step_time_s if cost else "",
-                *times,
-                cost.peak_memory_bytes if cost else "",
-                cost.samples_per_s if cost else "",
-                cost.mfu if cost else "",
-                *run,
-                c.lower_bound,
-                *(c.config.get(k, "") for k in config_columns),
-                c.count,
-                c.reason,
-            ]
-        )
+        config = list(map(c.config.get, config_columns, repeat("")))
+        if c.cost is None:
+            head = [*unpriced]
+            head[1], head[3] = c.status, c.objective if c.objective is not None else ""
+        else:
+            head = _priced_cells(c, ranks.get(id(c), ""), run_columns, pricer)
+        rows.append([*head, c.lower_bound, *config, c.count, c.reason])
     return csv_text(header, rows)
+
+
+def _priced_cells(c, rank: int | str, run_columns: list[str], pricer: RunPricer | None) -> list:
+    """A priced row's cells from rank to its run columns (plans_csv's header)."""
+    cost = c.cost
+    times = [getattr(cost, name) for name in Cost.TIME_FIELDS]
+    estimate = pricer.estimate(step_time_s=cost.step_time_s, devices=c.plan.devices) if pricer else None
+    run = [getattr(estimate, name) if estimate else "" for name in run_columns]
+    objective = c.objective if c.objective is not None else ""
+    head = [rank, c.status, c.feasible, objective, cost.step_time_s, *times]
+    return [*head, cost.peak_memory_bytes, cost.samples_per_s, cost.mfu, *run]
 
 
 #: columns written only when some candidate leaves their default (as plan.json omits fields at theirs),

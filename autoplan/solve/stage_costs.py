@@ -51,15 +51,20 @@ class StageCosts:
         self.graph, self.profile = graph, profile
         self.cost_model = cost_model or CostModel(graph, profile)
         self._memo = TpPlanMemo()
-        self._contexts: dict[tuple, TPContext] = {}
+        self._contexts: dict[tuple, tuple[TPContext, TPContext]] = {}
 
     def summary(self, layer: str | None, part: str, tp_plan: dict[str, str], ctx: TPContext) -> LayerSummary:
         return self.cost_model.block_summary(layer, tp_plan, ctx, part)
 
     def context(self, plan: Plan) -> TPContext:
-        """CostModel.tp_context, memoised on the plan fields it reads (its mesh, sequence split, precision,
-        micro-batch, expert placement, FP8 recipe, the weights' cast, and whether element-wise ops run fused:
-        compiled, async TP or the runtime's kernels): the search's bounds ask several times per candidate."""
+        """CostModel.tp_context (:meth:`_contexts_of`)."""
+        return self._contexts_of(plan)[0]
+
+    def _contexts_of(self, plan: Plan) -> tuple[TPContext, TPContext]:
+        """(CostModel.tp_context, floor_context), memoised on the plan fields it reads (its mesh, sequence
+        split, precision, micro-batch, expert placement, FP8 recipe, the weights' cast, and whether element-wise
+        ops run fused: compiled, async TP or the runtime's kernels): the search's bounds ask several times per
+        candidate."""
         key = (
             plan.dp,
             plan.tp,
@@ -78,9 +83,11 @@ class StageCosts:
             plan.tp_comm_overlap,
             plan.zero_stage,  # with dp, cp, precision and runtime: the activations' dtypes (cost/compute/dtypes.py)
         )
-        if key not in self._contexts:
-            self._contexts[key] = self.cost_model.tp_context(plan)
-        return self._contexts[key]
+        hit = self._contexts.get(key)
+        if hit is None:
+            ctx = self.cost_model.tp_context(plan)
+            hit = self._contexts[key] = (ctx, replace(ctx, dtypes=None))  # with floor_context's
+        return hit
 
     def problem(self, plan: Plan, *, memory_limit: bool = True) -> PartitionProblem:
         """The partition problem of ``plan`` (its stages ignored; ``pp * virtual_stages`` chunks),
@@ -142,8 +149,8 @@ class StageCosts:
         params[0] += pre.param_count
         params[plan_last_stage(plan)] += post.param_count
         for stage, chunk in zip(plan_chunk_stages(plan, len(stages)), stages):
-            times[stage] += sum(times_of[layer] for layer in chunk)
-            params[stage] += sum(params_of[layer] for layer in chunk)
+            times[stage] += sum(map(times_of.__getitem__, chunk))  # in the chunk's order, as a generator would
+            params[stage] += sum(map(params_of.__getitem__, chunk))
         return times, params
 
     def bubble_floor(self, plan: Plan) -> float:
@@ -175,7 +182,7 @@ class StageCosts:
         """:meth:`context` with every activation at the precision's bytes: a floor of the run dtypes of each
         of ``plan``'s ZeRO variants, which the search bounds together (cost/compute/dtypes.py: autocast keeps
         fp32 where FSDP2's cast weights do not, and neither goes below the precision)."""
-        return replace(self.context(plan), dtypes=None)
+        return self._contexts_of(plan)[1]
 
     def _block_totals(self, plan: Plan, ctx: TPContext) -> tuple:
         """({block: time}, {block: parameters}, pre, post) of ``plan``'s blocks, memoised per tp_plan."""

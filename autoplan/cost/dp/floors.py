@@ -21,7 +21,7 @@ from autoplan.cost.dp.messages import (
     find,
     replica_messages,
 )
-from autoplan.cost.network.comm import bucketed_time_s
+from autoplan.cost.network.comm import BucketedTimes
 from autoplan.cost.pp.schedule import prefetched_exposed_s
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -42,6 +42,7 @@ class SyncFloors:
         self.profile, self.stage_costs = profile, stage_costs
         self.mesh, self.trained_floor = mesh, trained_floor
         self._zero3: dict[tuple, tuple] = {}
+        self._bucketed = BucketedTimes(profile)
 
     def message_s(self, message: DpMessage, params: float, plan: Plan) -> float:
         """CostModel's price of one unit's dp ``message`` of ``params`` parameters (DataParallelTerms.message_s),
@@ -49,7 +50,7 @@ class SyncFloors:
         group = self.mesh(plan)["dp_shard"]  # ZeRO's messages: HSDP's shard group, else dp x cp
         params = message.sent(params, params - self.trained_floor(params))  # frozen ones at most
         size = params * message.floor_bytes_per_param(plan.precision)
-        return bucketed_time_s(self.profile, message.kind, size, group=group, bucket_bytes=message.bucket_bytes)
+        return self._bucketed(message.kind, size, group, message.bucket_bytes)
 
     def replicas_s(self, messages: tuple[DpMessage, ...], params: float, plan: Plan) -> float:
         """HSDP's all-reduces of one unit's 1/S gradient shard across the replicas, after its reduce-scatter
@@ -58,7 +59,7 @@ class SyncFloors:
         total = 0.0
         for m in replica_messages(messages):
             size = m.unit_bytes(m.sent(params, frozen)) * m.floor_bytes_per_param(plan.precision) / m.bytes_per_param
-            total += bucketed_time_s(self.profile, m.kind, size, group=group, bucket_bytes=m.bucket_bytes)
+            total += self._bucketed(m.kind, size, group, m.bucket_bytes)
         return total
 
     def sync_s(self, plan: Plan) -> float:

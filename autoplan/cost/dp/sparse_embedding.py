@@ -128,6 +128,8 @@ def sync_s(profile: Profile, tables: tuple[SparseTable, ...], plan: Plan, group:
 
 def sparse_params(tables: tuple[SparseTable, ...], names: tuple[str, ...]) -> float:
     """Of ``names``, the parameters in sparse tables: they leave DDP's dense buckets."""
+    if not tables:  # most models: no set of a block's names to build per block and plan
+        return 0.0
     inside = set(names)
     return float(sum(t.rows * t.dim for t in tables if t.name in inside))
 

@@ -36,7 +36,7 @@ from autoplan.cost.dp.messages import (
     find,
     replica_messages,
 )
-from autoplan.cost.network.comm import bucketed_time_s, collective_time_s
+from autoplan.cost.network.comm import BucketedTimes, collective_time_s
 from autoplan.cost.network.mesh import AxisGroup
 from autoplan.cost.pp.schedule import overlapped_sync_exposed_s, partially_hidden_s, prefetched_exposed_s
 from autoplan.cost.stages import StageTotals
@@ -53,6 +53,7 @@ class DataParallelTerms:
     def __init__(self, profile: Profile, graph: Graph):
         self.profile, self.graph = profile, graph
         self._memo: dict[tuple, object] = {}
+        self._bucketed = BucketedTimes(profile)
         self.sparse = sparse_embedding.sparse_tables(graph)  # tables DDP syncs as sparse rows
 
     def price(
@@ -79,13 +80,7 @@ class DataParallelTerms:
 
     def collective_s(self, kind: str, message_bytes: float, group: AxisGroup, bucket_bytes: float | None) -> float:
         """comm.bucketed_time_s, memoised: identical blocks and parameters send identical messages."""
-        key = (kind, message_bytes, group, bucket_bytes)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = bucketed_time_s(
-                self.profile, kind, message_bytes, group=group, bucket_bytes=bucket_bytes
-            )
-        return hit
+        return self._bucketed(kind, message_bytes, group, bucket_bytes)
 
     def message_s(self, message: DpMessage, message_bytes: float, group: AxisGroup) -> float:
         """One unit's ``message`` of ``message_bytes``: in DDP buckets or one call (comm.bucketed_time_s)."""
@@ -205,6 +200,8 @@ class DataParallelTerms:
 
     def _sparse_s(self, plan: Plan, block, group: AxisGroup) -> float:
         """The all-gathers of the sparse tables ``block`` holds (cost/dp/sparse_embedding.py); 0 without."""
+        if not self.sparse:
+            return 0.0
         inside = set(block.param_names)
         tables = tuple(t for t in self.sparse if t.name in inside)
         return sparse_embedding.sync_s(self.profile, tables, plan, group) if tables else 0.0

@@ -77,10 +77,14 @@ def runs_grouped(moe: MoELayer) -> bool:
 
 def layers_in(graph: Graph, nodes: tuple[OpNode, ...]) -> list[MoELayer]:
     """The grouped MoE layers whose experts run among ``nodes``."""
-    modules = {n.module for n in nodes}
-    return [
-        moe for moe in graph.moe_layers if runs_grouped(moe) and any(within(m, moe.experts_module) for m in modules)
-    ]
+    enclosing = set()  # every module a node runs in, and each module enclosing one: within(m, p) for any m
+    for module in {n.module for n in nodes}:
+        enclosing.add(module)
+        dot = module.find(".")
+        while dot >= 0:
+            enclosing.add(module[:dot])
+            dot = module.find(".", dot + 1)
+    return [moe for moe in graph.moe_layers if runs_grouped(moe) and moe.experts_module in enclosing]
 
 
 def is_expert_gemm(node: OpNode, moe: MoELayer) -> bool:

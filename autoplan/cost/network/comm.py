@@ -63,6 +63,24 @@ def bucketed_time_s(
     return buckets * collective_time_s(profile, kind, message_bytes / buckets, group=group)
 
 
+class BucketedTimes:
+    """:func:`bucketed_time_s` on one profile, memoised on (kind, bytes, group, bucket bytes): identical
+    blocks and parameter counts send identical messages, thousands of times a search."""
+
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        self._memo: dict[tuple, float] = {}
+
+    def __call__(self, kind: str, message_bytes: float, group: AxisGroup, bucket_bytes: float | None) -> float:
+        key = (kind, message_bytes, group, bucket_bytes)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = bucketed_time_s(
+                self.profile, kind, message_bytes, group=group, bucket_bytes=bucket_bytes
+            )
+        return hit
+
+
 def _flat_s(fit: CollectiveFit, kind: str, n: int, message_bytes: float) -> float:
     return fit.alpha_s + bus_factor(kind, n) * message_bytes / fit.busbw_bytes_per_s
 

@@ -23,6 +23,7 @@ all-gather of its output, and its consumers see a replicated tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from autoplan.cost.compute.dtypes import DtypePolicy
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
@@ -58,7 +59,7 @@ class TPContext:
     fused: bool = False  # element-wise ops run as fused regions (autoplan/cost/compute/fusion.py)
     dtypes: DtypePolicy | None = None  # each activation's run dtype (compute/dtypes.py); None: all in precision
 
-    @property
+    @cached_property  # frozen: computed once per context (replace() builds a new one), asked per block and plan
     def key(self) -> tuple:
         """Every field but the profile (one per cost model): what a memo of per-context prices keys on,
         so a field added here reaches every such memo."""
