@@ -2,8 +2,9 @@
 rules: autoplan/types/schedules.py):
 
 - "1f1b" at ``pp = 1`` (no pipeline: the schedule is moot);
-- else gpipe, and 1f1b where there are at least ``pp`` micro-batches (torch's Schedule1F1B refuses fewer); interleaved 1F1B with ``v >= 2`` where ``pp * v`` divides the blocks and ``pp``
-  divides the micro-batch count (Megatron-LM's condition);
+- else gpipe, and 1f1b where there are at least ``pp`` micro-batches (torch's Schedule1F1B refuses fewer);
+  interleaved 1F1B with ``v >= 2`` where ``pp * v`` divides the blocks and ``pp`` divides the micro-batch count
+  (Megatron-LM's condition);
 - "interleaved_zb" (torch's ScheduleInterleavedZeroBubble) at v = 1 and each v of interleaved 1F1B, where
   there are at least ``pp`` micro-batches and torch's rounds divide them (the executor completes torch's split
   backward where a stage sends a value made from weights alone: autoplan/execute/split_backward.py).
