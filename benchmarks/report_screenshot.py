@@ -1,9 +1,11 @@
-"""docs/images/report.png: the screenshot of report.html that docs/report.md shows.
+"""docs/images/report.png and report_timeline.png: the screenshots of report.html that docs/report.md shows
+(the page's top, and its timeline section with the predicted trace drawn as Perfetto lays it).
 
 Plans the README's example (examples/gpt.py, 8 devices of the dgx-a100 profile, batch 16) with the
 pipeline pinned to 2 stages so that the timeline has a schedule to show, writes its report with
 `autoplan report`, and has Debian's Chromium (apt-get install chromium) draw the page headless: its
-own --screenshot, given virtual time for plotly to draw. Needs no network.
+own --screenshot, given virtual time for plotly to draw; the timeline section through Playwright (the test
+extras) as an element screenshot. Needs no network.
 
     python benchmarks/report_screenshot.py [--height PX]
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "images" / "report.png"
+TIMELINE_OUT = ROOT / "docs" / "images" / "report_timeline.png"
 
 
 def _autoplan(*args: str) -> None:
@@ -56,7 +59,26 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
-    print(f"wrote {OUT.relative_to(ROOT)}")
+        _timeline_section(chromium, report / "report.html", Path(tmp) / "profile-2")
+    print(f"wrote {OUT.relative_to(ROOT)} and {TIMELINE_OUT.relative_to(ROOT)}")
+
+
+def _timeline_section(chromium: str, page_path: Path, profile: Path) -> None:
+    """The page's #timeline section, once every plotly figure has drawn."""
+    from playwright.sync_api import sync_playwright
+
+    args = "--headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking".split()
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=chromium, args=args, headless=True, viewport={"width": 1280, "height": 900}
+        )
+        try:
+            page = context.new_page()
+            page.goto(page_path.as_uri(), wait_until="load")
+            page.wait_for_function("() => document.querySelector('#figure-trace svg.main-svg')", timeout=60_000)
+            page.locator("#timeline").screenshot(path=str(TIMELINE_OUT))
+        finally:
+            context.close()
 
 
 if __name__ == "__main__":

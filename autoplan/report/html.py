@@ -11,6 +11,7 @@ per stage, sensitivity, the what-if trades, predicted against measured, checkpoi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +54,16 @@ def markdown_html(lines: list[str]) -> Markup:
     return Markup(MarkdownIt("commonmark", {"html": False}).enable("table").render(text))
 
 
-def _figures(folder: PlanFolder, drawn: Drawn, result, runs: pd.DataFrame | None) -> dict[str, Markup]:
+def _figures(
+    folder: PlanFolder, drawn: Drawn, result, runs: pd.DataFrame | None, trace: dict | None
+) -> dict[str, Markup]:
     figures = {}
     if len(drawn.breakdown):
         figures["breakdown"] = plot.breakdown(drawn.breakdown)
-    if drawn.timeline is not None:
+    title = "the predicted trace (timeline.json), as Perfetto lays it"
+    if trace is not None and (fig := plot.trace(trace, title=title)) is not None:
+        figures["trace"] = fig  # drawn from the priced terms: it ends at the predicted step on every stage
+    elif drawn.timeline is not None:  # the schedule simulated from stages.csv (timeline.png), when there is no trace
         figures["timeline"] = plot.timeline(drawn.timeline, title=drawn.timeline_title)
     if drawn.memory and drawn.usable_bytes:
         figures["memory"] = plot.memory(
@@ -120,12 +126,15 @@ def write_html(
 ) -> dict[str, Path]:
     """Write ``out/report.html`` (and the trace it links); return name -> path."""
     written = _copy_trace(folder, out)
+    trace = json.loads(written[TRACE].read_text()) if TRACE in written else None
     sections = explanation_sections(exp) if exp is not None else {}
     page = render_html(
         title=folder.path.name,
         top_k=top_k,
         tables=_tables(folder, tables, out, top_k=top_k),
-        figures=_figures(folder, drawn, result, tables.get("runs")),
+        figures=_figures(folder, drawn, result, tables.get("runs"), trace),
+        trace_events=len(plot.trace_rows(trace)[1]) if trace else 0,
+        max_trace_events=plot.MAX_TRACE_EVENTS,
         explanation={name: markdown_html(lines) for name, lines in sections.items()},
         trace=TRACE if written else None,
         plan_folder=str(folder.path),

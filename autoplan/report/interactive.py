@@ -4,6 +4,9 @@ so the page needs no server and no network (docs/report.md, "report.html").
 
 - ``timeline``: one row per pipeline stage, one bar per segment of the simulated step
   (autoplan/report/timeline.py); hovering shows the micro-batch, chunk, start and length.
+- ``trace``: the predicted trace (timeline.json, report/trace_events.py) as it lies in Perfetto: one row per
+  stage and stream (compute, dp, tp, pp, ep, cp), one bar per event, coloured by its category (forward,
+  backward, weight, bubble, exposed or hidden collective, tail); at most :data:`MAX_TRACE_EVENTS` events.
 - ``breakdown``: the top plans' step-time terms (breakdown.csv), stacked; they sum to each step time.
 - ``memory``: the top plans' priced peaks, and ``stage_memory``: the chosen plan's stages each at its
   own peak (autoplan/report/memory.py), stacked from the parts alive then, against the usable limit.
@@ -25,6 +28,18 @@ from autoplan.types.cost import Cost
 GIB = 2**30
 #: plotly's own buttons less its logo link (the page works offline; nothing on it points away unasked)
 CONFIG = {"displaylogo": False, "responsive": True}
+#: the most trace events drawn in the page (more would make it slow to open: Perfetto takes the file)
+MAX_TRACE_EVENTS = 5000
+#: the predicted trace's event categories (report/trace_events.py) and their colours
+TRACE_COLORS = {
+    "forward": COLORS["forward"],
+    "backward": COLORS["backward"],
+    "weight": COLORS["weight"],
+    "bubble": "#dddddd",
+    "exposed": "#c44e52",
+    "hidden": "#8fbc8f",
+    "tail": "#8172b3",
+}
 #: a memory limit above this multiple of the tallest bar is stated in the title, not drawn (it would flatten the bars)
 OFF_CHART = 3.0
 
@@ -66,6 +81,52 @@ def timeline(timeline_: Timeline, *, title: str) -> go.Figure:
         barmode="overlay",
         title={"text": title + (f"<br><sub>{timeline_.note}</sub>" if timeline_.note else ""), "font": {"size": 13}},
         height=160 + 45 * timeline_.pp,
+        legend={"orientation": "h", "y": -0.25},
+        xaxis_title=f"time ({unit})",
+        yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
+    )
+    return fig
+
+
+def trace_rows(trace: dict) -> tuple[list[str], list[dict]]:
+    """The rows ("stage K · thread", in the trace's order) and the complete events of a Chrome trace, each with
+    its row: the names come from the trace's metadata events (process_name, thread_name)."""
+    processes, threads = {}, {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            processes[e["pid"]] = e["args"]["name"]
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e["tid"])] = e["args"]["name"]
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    keys = sorted({(e["pid"], e["tid"]) for e in events})
+    row = {key: f"{processes.get(key[0], key[0])} · {threads.get(key, key[1])}" for key in keys}
+    return [row[key] for key in keys], [dict(e, row=row[(e["pid"], e["tid"])]) for e in events]
+
+
+def trace(trace_: dict, *, title: str) -> go.Figure | None:
+    """The predicted trace as bars (module docstring); None past :data:`MAX_TRACE_EVENTS` events."""
+    rows, events = trace_rows(trace_)
+    if not events or len(events) > MAX_TRACE_EVENTS:
+        return None
+    per_unit_s, unit = duration_unit(max(e["ts"] + e["dur"] for e in events) / 1e6)
+    scale = 1e6 * per_unit_s  # trace microseconds per display unit
+    fig = go.Figure()
+    for category in dict.fromkeys(e.get("cat", "") for e in events):
+        mine = [e for e in events if e.get("cat", "") == category]
+        fig.add_bar(
+            orientation="h",
+            name=category or "other",
+            y=[e["row"] for e in mine],
+            base=[e["ts"] / scale for e in mine],
+            x=[e["dur"] / scale for e in mine],
+            marker={"color": TRACE_COLORS.get(category, "#999999"), "line": {"color": "white", "width": 0.5}},
+            customdata=[[e["name"]] for e in mine],
+            hovertemplate=f"%{{customdata[0]}}<br>start %{{base:.4g}} {unit}, length %{{x:.4g}} {unit}<extra></extra>",
+        )
+    fig.update_layout(
+        barmode="overlay",
+        title={"text": title, "font": {"size": 13}},
+        height=160 + 28 * len(rows),
         legend={"orientation": "h", "y": -0.25},
         xaxis_title=f"time ({unit})",
         yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},

@@ -1,12 +1,13 @@
 """report.html in a real browser: Debian's Chromium, headless, driven by Playwright with a new empty
 profile, opens the page from disk with every request off the disk refused. It renders with no console
-error and no page error, shows the chosen plan, and every plotly figure has drawn its SVG (the timeline
-one bar per simulated segment); a full-page screenshot is kept as the test's artifact (report.png in
-the test's tmp_path, printed). Skipped, saying why, only where Chromium or Playwright is not installed
-(.ci/run installs Chromium with apt-get; Playwright comes with the test extras)."""
+error and no page error, shows the chosen plan, and every plotly figure has drawn its SVG (the predicted
+trace one bar per event); a full-page screenshot is kept as the
+test's artifact (report.png in the test's tmp_path, printed). Skipped, saying why, only where Chromium or
+Playwright is not installed (.ci/run installs Chromium with apt-get; Playwright comes with the test extras)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -16,8 +17,6 @@ import pytest
 from synthetic.folders import write_measured_run, write_plan_folder
 
 from autoplan.cli import main
-from autoplan.report.folder import load_plan_folder
-from autoplan.report.timeline import from_plan_folder
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: headless, no sandbox (CI runs as root), and nothing that reaches out on its own
@@ -68,7 +67,6 @@ def test_report_html_renders_in_headless_chromium(tmp_path):
     write_measured_run(tmp_path / "run", result.best)
     out = tmp_path / "out"
     assert main(["--quiet", "report", str(tmp_path / "plan"), str(tmp_path / "run"), "--out", str(out)]) == 0
-    segments = len(from_plan_folder(load_plan_folder(tmp_path / "plan")).segments)
     with sync_api.sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(tmp_path / "profile"),
@@ -93,9 +91,10 @@ def test_report_html_renders_in_headless_chromium(tmp_path):
     assert seen.errors == [] and seen.refused == []
     assert result.best.describe() in plan_text
     assert set(bars) == {
-        f"figure-{n}" for n in ("breakdown", "timeline", "memory", "stage_memory", "predicted_vs_measured")
+        f"figure-{n}" for n in ("breakdown", "trace", "memory", "stage_memory", "predicted_vs_measured")
     }
     assert all(count > 0 for count in bars.values()), bars
-    assert bars["figure-timeline"] == segments
+    trace = json.loads((out / "timeline.json").read_text())
+    assert bars["figure-trace"] == sum(e["ph"] == "X" for e in trace["traceEvents"])  # one bar per trace event
     image = mpimg.imread(tmp_path / "report.png")
     assert image.shape[0] > 2000 and len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 100

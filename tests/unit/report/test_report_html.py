@@ -20,7 +20,7 @@ import autoplan.report
 from autoplan.cli import main
 from autoplan.report.interactive import plotly_js
 
-FIGURES = ("breakdown", "timeline", "stage_memory", "memory", "predicted_vs_measured")
+FIGURES = ("breakdown", "trace", "stage_memory", "memory", "predicted_vs_measured")
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -87,16 +87,31 @@ def test_the_predicted_trace_is_written_and_linked_for_perfetto(built, tmp_path)
     trace = json.loads((tmp_path / "priced" / "timeline.json").read_text())
     assert any(e.get("args", {}).get("name") == "stage 0" for e in trace["traceEvents"] if e["ph"] == "M")
     assert '<a href="timeline.json" download>' in page and "ui.perfetto.dev" in page and "Open trace file" in page
+    assert 'id="figure-trace"' in page  # drawn from that file's events (interactive.trace)
     shutil.copytree(root / "plan", tmp_path / "plan")
     (tmp_path / "plan" / "graph.json").unlink()  # cannot be priced again: the folder's own file, else none
     page = _report(tmp_path / "plan", tmp_path / "without")
     assert "holds no <code>timeline.json</code>" in page and 'href="timeline.json"' not in page
     assert not (tmp_path / "without" / "timeline.json").exists()
+    assert 'id="figure-timeline"' in page  # without a trace, the schedule simulated from stages.csv
     own = '{"traceEvents": [{"name": "forward", "ph": "X", "ts": 0, "dur": 5, "pid": 0, "tid": 0}]}'
     (tmp_path / "plan" / "timeline.json").write_text(own)
     page = _report(tmp_path / "plan", tmp_path / "with")
     assert (tmp_path / "with" / "timeline.json").read_text() == own
     assert '<a href="timeline.json" download>' in page
+    assert 'id="figure-trace"' in page and "more than the" not in page  # drawn on the trace's own pid/tid rows
+
+
+def test_a_trace_too_large_to_draw_is_linked_and_said_so(built, tmp_path, monkeypatch):
+    from autoplan.report import interactive
+
+    root, _ = built
+    monkeypatch.setattr(interactive, "MAX_TRACE_EVENTS", 3)
+    page = _report(root / "plan", tmp_path / "large")
+    events = json.loads((tmp_path / "large" / "timeline.json").read_text())["traceEvents"]
+    assert f"The trace has {sum(e['ph'] == 'X' for e in events)} events, more than the 3" in page
+    assert 'id="figure-trace"' not in page and '<a href="timeline.json" download>' in page
+    assert 'id="figure-timeline"' in page
 
 
 def test_every_template_is_package_data():
