@@ -17,11 +17,14 @@
   exposed(1)); eta = 0 for FSDP2 without CUDA streams.
 
 docs/cost-model.md, "Step time" states each term with its source. :class:`DataParallelTerms` prices
-them from explicit inputs (profile, graph, plan, stage totals, dp and edp groups) with its own memo.
+them from explicit inputs (profile, graph, plan, stage totals, dp and edp groups) with its own memo;
+a block's messages are priced once per distinct summary (cost/blocks.py per_distinct) and the price
+listed for each block it stands for, so every sum and overlap runs in the blocks' order, bit for bit.
 """
 
 from __future__ import annotations
 
+from autoplan.cost.blocks import per_distinct
 from autoplan.cost.dp import compression, sparse_embedding, topk
 from autoplan.cost.dp.messages import (
     BACKWARD,
@@ -138,9 +141,8 @@ class DataParallelTerms:
             backward = [b.bwd_s + r for b, r in zip(reversed(stage.blocks), reversed(rerun))]
             sync = self._grad_syncs_s(plan, grads, stage, group, edp, experts=not apart)
             if plan.dp_replicate > 1:  # each block's shard all-reduced across the replicas after its reduce-scatter
-                sync = [
-                    s + self._replicas_s(plan, messages, b, replicate) for s, b in zip(sync, reversed(stage.blocks))
-                ]
+                replicas = per_distinct(stage.blocks, lambda b: self._replicas_s(plan, messages, b, replicate))
+                sync = [s + r for s, r in zip(sync, reversed(replicas))]
             total = max(total, sum(sync))
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(exposed, partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=eta))
@@ -175,7 +177,7 @@ class DataParallelTerms:
             return gather, gather
         eta, total, exposed = self._overlap_efficiency(plan), 0.0, 0.0
         for stage in stages:
-            gathers = [self._block_s(plan, weights, b, group, edp) for b in stage.blocks]
+            gathers = per_distinct(stage.blocks, lambda b: self._block_s(plan, weights, b, group, edp))
             forward = [b.fwd_s for b in stage.blocks]
             total = max(total, sum(gathers))
             exposed = max(exposed, prefetched_exposed_s(compute_s=forward, comm_s=gathers, efficiency=eta))
@@ -187,10 +189,11 @@ class DataParallelTerms:
         """Each block's gradient message, last block first (without the routed experts' when
         ``experts`` is False), or PowerSGD's three all-reduces per bucket."""
         if not grads.compressed:
-            return [
-                self._block_s(plan, grads, b, group, edp, experts=experts) + self._sparse_s(plan, b, group)
-                for b in reversed(stage.blocks)
-            ]
+            each = per_distinct(
+                stage.blocks,
+                lambda b: self._block_s(plan, grads, b, group, edp, experts=experts) + self._sparse_s(plan, b, group),
+            )
+            return each[::-1]
         bucket = grads.bucket_bytes
         if plan.grad_compression == "topk":
             found = self.topk_traffics(stage.blocks, plan.topk_ratio, group.size)
@@ -265,12 +268,11 @@ class DataParallelTerms:
         forward, backward = find(messages, WEIGHTS, FORWARD), find(messages, WEIGHTS, BACKWARD)
         grads = find(messages, GRADS)
         blocks = stage.blocks
-        gather = [self._block_s(plan, forward, b, group, edp) for b in blocks]
-        regather = [self._block_s(plan, backward, b, group, edp) for b in reversed(blocks)]
-        scatter = [
-            self._block_s(plan, grads, b, group, edp) + self._replicas_s(plan, messages, b, replicate)
-            for b in reversed(blocks)
-        ]
+        gather = per_distinct(blocks, lambda b: self._block_s(plan, forward, b, group, edp))
+        regather = per_distinct(blocks, lambda b: self._block_s(plan, backward, b, group, edp))[::-1]
+        scatter = per_distinct(
+            blocks, lambda b: self._block_s(plan, grads, b, group, edp) + self._replicas_s(plan, messages, b, replicate)
+        )[::-1]
         fwd = prefetched_exposed_s(compute_s=[b.fwd_s for b in blocks], comm_s=gather, efficiency=eta)
         bwd_compute = [b.bwd_s for b in reversed(blocks)]
         both = [g + s for g, s in zip(regather, scatter)]

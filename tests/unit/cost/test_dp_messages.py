@@ -3,10 +3,14 @@ priced alone from it (cost/dp/sync.py), and the audit's volumes reading the same
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 from synthetic import a100_profile, gpt_graph
 
-from autoplan.cost.blocks import LayerSummary
+from autoplan.cost.blocks import LayerSummary, per_distinct
+from autoplan.cost.dp import sync
 from autoplan.cost.dp.messages import GRADS, WEIGHTS, dp_messages, expert_messages, find, per_step
 from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.per_device import DDP_BUCKET_BYTES
@@ -105,20 +109,68 @@ def test_a_ddp_term_priced_alone_hides_under_the_backward():
     assert hidden.dp_comm_exposed_s == pytest.approx(syncs[0] + (1 - eta) * syncs[1], rel=1e-12)
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"overlap_grad_reduce": False},
+        {"zero_stage": 1, "overlap_param_gather": True},
+        {"zero_stage": 2},
+        {"zero_stage": 2, "dp_replicate": 2},
+        {"zero_stage": 3},
+        {"zero_stage": 3, "dp_replicate": 2},
+    ],
+)
+def test_copies_of_one_block_are_priced_as_each_alone(changes):
+    """A stage of one block summary repeated (as CostModel shares it among identical blocks) gets the
+    same dp terms, to the last bit, as a stage of equal but separate summaries: the terms price a
+    shared summary once and count it for every block it stands for, in the blocks' order. 10 µs of
+    compute per block hides part of each message, so the overlaps read every block's price too."""
+    terms, plan = DataParallelTerms(a100_profile(), gpt_graph()), _plan(**changes)
+    first, second = _stage(compute_s=1e-5).blocks
+    shared, apart = StageTotals(), StageTotals()
+    for block in (first, first, second, first, second, second):
+        add_block(shared, block, recompute="none")
+        add_block(apart, dataclasses.replace(block), recompute="none")
+    alike, alone = Cost(), Cost()
+    terms.price(alike, plan, [shared], group=GROUP, edp=GROUP, replicate=GROUP)
+    terms.price(alone, plan, [apart], group=GROUP, edp=GROUP, replicate=GROUP)
+    assert alike.dp_comm_s + alike.zero_comm_s > 0
+    assert (alike.dp_comm_s, alike.dp_comm_exposed_s, alike.zero_comm_s) == (
+        alone.dp_comm_s,
+        alone.dp_comm_exposed_s,
+        alone.zero_comm_s,
+    )
+
+
 @pytest.mark.parametrize("pp", [1, 2])
-def test_the_audit_predicts_the_bytes_the_time_terms_priced(pp):
+def test_the_audit_predicts_the_bytes_the_time_terms_priced(pp, monkeypatch):
     """ZeRO-3 on a GPT: the bytes the audit predicts per step (cost/volumes.py) are the bytes of
     the messages the time terms priced for one micro-batch's forward and backward, times the
     statement's repetitions (every micro-batch without a pipeline; in one, the first forward's
-    gathers and the last backward's scatters once)."""
+    gathers and the last backward's scatters once). The terms price a message once per distinct
+    block summary (cost/blocks.py per_distinct) and reuse it for each copy: a priced message counts
+    as many times as the blocks it stands for."""
     model, plan = CostModel(gpt_graph(), a100_profile()), _plan(zero_stage=3, pp=pp, num_microbatches=4)
     priced: list[tuple[str, str, float]] = []
+    copies: list[int] = []  # how many blocks the price being made stands for, nested
     message_s = model.dp_terms.message_s
 
     def recording(message, message_bytes, group):
-        priced.append((message.phase, message.kind, message_bytes))
+        priced.append((message.phase, message.kind, message_bytes * math.prod(copies)))
         return message_s(message, message_bytes, group)
 
+    def counted(blocks, price):
+        def once(block):
+            copies.append(sum(b is block for b in blocks))
+            try:
+                return price(block)
+            finally:
+                copies.pop()
+
+        return per_distinct(blocks, once)
+
+    monkeypatch.setattr(sync, "per_distinct", counted)
     model.dp_terms.message_s = recording
     model.estimate(plan)
     messages = dp_messages(plan)
