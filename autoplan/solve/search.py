@@ -225,8 +225,8 @@ class Search:
                 self._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
                 continue
             pp_comm_s = self.bounds.pp_comm_s(base)  # (2)'s sends: the same for each ZeRO choice
-            if offload is None:  # a twin of any recompute (its budget's, _evaluate) may run offloaded: the group's
-                offload = activation_offload.may_offload(replace(base, recompute="none"), self.profile, self.fixes)
+            if offload is None:  # the same for every member: tp, cp, ep, compile, runtime
+                offload = activation_offload.may_offload_a_twin(base, self.profile, self.fixes)
             if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras, (pp_comm_s, offload)):
                 continue
             stages = self._stages(base)

@@ -4,13 +4,17 @@ exhaustive best plan and its price."""
 
 from __future__ import annotations
 
-import pytest
-from synthetic import synthetic_gpt, synthetic_profile
+from dataclasses import replace
 
+import pytest
+from synthetic import synthetic_gpt, synthetic_host, synthetic_profile
+
+from autoplan.solve.activation_offload import may_offload, may_offload_a_twin
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import Search
 from autoplan.solve.stage_costs import StageCosts
+from autoplan.types import Plan
 from autoplan.types.schedules import V_SCHEDULES
 
 GRAPH = synthetic_gpt(layers=8, hidden=1024, heads=16, vocab=32000, seq=1024, batch=32)
@@ -51,3 +55,17 @@ def test_the_pruned_search_prices_fewer_v_plans_and_keeps_the_exhaustive_best(ex
     monkeypatch.setattr(StageCosts, "bubble_floor", lambda self, plan, may_offload=True: floor(self, plan))
     unfloored = Search(GRAPH, PROFILE, OPTIONS).run()  # the V floor at 0, as when it was not known
     assert 0 < _priced_v(pruned) < _priced_v(unfloored) < _priced_v(full)
+
+
+def test_a_group_whose_budgeted_twins_may_offload_gets_no_v_floor():
+    """A plan recomputing every block cannot offload, but its budgeted twin (fewer blocks recomputed) can: the
+    search asks may_offload_a_twin: true at tp = cp = ep = 1 with a host; false at tp = 2, hostless or pinned off."""
+    host = replace(PROFILE, host=synthetic_host())
+    plan = Plan(devices=4, dp=1, tp=1, pp=4, micro_batch_size=1, num_microbatches=8, schedule="zbv",
+                virtual_stages=2, recompute="full")  # fmt: skip
+    assert not may_offload(plan, host, {}) and may_offload_a_twin(plan, host, {})
+    assert not may_offload_a_twin(plan, host, {"offload_activations": False})
+    assert not may_offload_a_twin(plan, PROFILE, {})
+    split = Plan(devices=8, dp=1, tp=2, pp=4, micro_batch_size=1, num_microbatches=8, schedule="zbv",
+                 virtual_stages=2, recompute="full")  # fmt: skip
+    assert not may_offload_a_twin(split, host, {})
