@@ -9,7 +9,7 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
 - one block of the pipeline partition: ``block_time_s``, ``kept_bytes``, ``state_bytes_per_param``,
   ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``, ``bubble_floor``,
-  ``bubble_share``;
+  ``bubble_share``, ``v_forward_share``;
 - budgeted recompute: the fewest blocks per chunk that fit (``fit_recompute_blocks``), each stage's
   peak under a budget (``stage_peaks_bytes``);
 - ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``, and
@@ -36,6 +36,7 @@ from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
 from autoplan.cost.network.mesh import plan_mesh_groups
 from autoplan.cost.op_table import priced_ops
 from autoplan.cost.pp.partition import block_time_s, cut_s, kept_bytes, stage_capacity_bytes, state_bytes_per_param
+from autoplan.cost.pp.replay import v_forward_share
 from autoplan.cost.pp.schedule import balanced_stages, bubble_floor, in_flight_chunks
 from autoplan.cost.pp.v_orders import v_order
 from autoplan.cost.pp.zero_bubble import bubble_share
@@ -76,6 +77,7 @@ __all__ = [
     "in_flight_chunks",
     "bubble_floor",
     "bubble_share",
+    "v_forward_share",
     "kept_bytes",
     "stage_capacity_bytes",
     "state_bytes_per_param",

@@ -9,10 +9,11 @@ offloads every plan that can (the others are skipped), ``=false`` none.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from autoplan.cost import usable_bytes
 from autoplan.errors import PlanError
+from autoplan.types.activation_offload import check_activation_offload
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -55,6 +56,21 @@ def may_offload(plan: Plan, profile: Profile, fixes: dict) -> bool:
     if profile.host is None or fixes.get("offload_activations") is False:
         return False
     return plan.offload_activations or _offloaded(plan) is not None
+
+
+def may_offload_a_twin(plan: Plan, profile: Profile, fixes: dict) -> bool:
+    """Whether the search may price ``plan`` or a twin of it with fewer blocks recomputed (solve/recompute_budget.py)
+    with its activations on the host: :func:`may_offload` as if it recomputed nothing, asking the offload rule
+    alone (types/activation_offload.py), which the plan's other choices do not touch."""
+    if profile.host is None or fixes.get("offload_activations") is False:
+        return False
+    values = {f.name: getattr(plan, f.name) for f in fields(plan)}
+    values.update(recompute="none", recompute_blocks=[], offload_activations=True)
+    try:
+        check_activation_offload(Plan.unchecked(**values))
+    except PlanError:
+        return False
+    return True
 
 
 def with_pin(plan: Plan | None, fixes: dict) -> Plan | None:

@@ -12,8 +12,8 @@ visited in increasing bound (best-first branch and bound) and pruned once the bo
 
 ``C_min``: one micro-batch's forward + backward, every op divided tp ways, no communication (experts as
 CostModel prices them, cost/bounds.py; under cp 1/cp of the tokens plus each attention's K,V floor); ``b``:
-``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T), ``b_min`` the group's least, a member's (2) no
-less than (1) at its own b; (2) uses the real stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync
+``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T; V: f / T), ``b_min`` the group's least, a member's (2)
+no less than (1) at its own b; (2) uses the real stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync
 nothing hides: never above the priced step. Inside a group the tp_plan comes from the intra-op ILP
 (solve/tp_plan.py, again with its memory row when nothing fits), the stages from solve/pipeline.py; survivors are
 priced by ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample or per run
@@ -212,6 +212,7 @@ class Search:
         own_bounds, extras = {}, {}  # bound (1) at each schedule's own bubble floor; _beaten_whatever_the_stages's
         share = self.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
         per_microbatch_s, adam_s = self.bound_parts_s(g)
+        offload = None  # whether the group's plans may offload activations (StageCosts.bubble_floor)
         for overlap, recompute, (schedule, v) in self._stage_options(g):
             base = g.plan(
                 recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
@@ -224,7 +225,9 @@ class Search:
                 self._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
                 continue
             pp_comm_s = self.bounds.pp_comm_s(base)  # (2)'s sends: the same for each ZeRO choice
-            if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras, pp_comm_s):
+            if offload is None:  # the same for every member: tp, cp, ep, compile, runtime
+                offload = activation_offload.may_offload_a_twin(base, self.profile, self.fixes)
+            if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras, (pp_comm_s, offload)):
                 continue
             stages = self._stages(base)
             for i, (zero, grads) in enumerate(dp_choices):
@@ -240,7 +243,7 @@ class Search:
                     **names,
                 )
                 times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
-                core_s = (g.m + self.stage_costs.bubble_floor(plan)) * max(times) + pp_comm_s
+                core_s = (g.m + self.stage_costs.bubble_floor(plan, may_offload=offload)) * max(times) + pp_comm_s
                 core_s -= moe_overlap.hideable_s(self.stage_costs, plan, self.fixes)  # its overlapped twin's
                 if (key := (overlap, i, max(params))) not in extras:  # as in _beaten_whatever_the_stages
                     extras[key] = self.bounds.step_extras_s(plan, stage_params=max(params))
@@ -277,16 +280,19 @@ class Search:
         held.append((floor, plan, sub))
         return True
 
-    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, dp_choices, names, extras, pp_s) -> bool:
+    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, dp_choices, names, extras, sends) -> bool:
         """Bound (2) with the slowest stage and its parameters at their floors under any partition
         (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
         pruned without solving the partition. ``extras``: each ZeRO choice's step_extras_s, by tp overlap
-        (it reads no schedule, recompute or stages), shared by the members of one tp_plan."""
+        (it reads no schedule, recompute or stages), shared by the members of one tp_plan; ``sends``: (Bounds.pp_comm_s,
+        whether the group may offload activations)."""
+        pp_s, offload = sends
         kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
         kw.update(names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
-        core_s = (g.m + self.stage_costs.bubble_floor(base)) * floor_s + pp_s  # pp_s: Bounds.pp_comm_s(base)
+        bubble = min(self.stage_costs.bubble_floor(p, may_offload=offload) for p in plans)  # each ZeRO choice's dtypes
+        core_s = (g.m + bubble) * floor_s + pp_s
         core_s -= moe_overlap.hideable_s(self.stage_costs, base, self.fixes)  # an overlapped twin could hide it
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         if (key := base.tp_comm_overlap) not in extras:

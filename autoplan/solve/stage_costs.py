@@ -34,6 +34,7 @@ from autoplan.cost import (
     kept_bytes,
     stage_capacity_bytes,
     state_bytes_per_param,
+    v_forward_share,
 )
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.expert_layout import expert_dp
@@ -153,9 +154,11 @@ class StageCosts:
             params[stage] += sum(map(params_of.__getitem__, chunk))
         return times, params
 
-    def bubble_floor(self, plan: Plan) -> float:
+    def bubble_floor(self, plan: Plan, *, may_offload: bool = True) -> float:
         """Micro-batches of the slowest stage's time (stage_totals') ``plan``'s bubble is at least
-        (cost/pp/schedule.py:bubble_floor), a zero-bubble schedule's from its blocks' (T - 2W) / T."""
+        (cost/pp/schedule.py:bubble_floor), a zero-bubble schedule's from its blocks' (T - 2W) / T, a V schedule's
+        from their forward share (:meth:`_forward_share`; 0 where the plan ``may_offload`` its activations:
+        the copies join T, not the forward)."""
 
         def make() -> float:
             ctx = self.context(plan)
@@ -165,11 +168,36 @@ class StageCosts:
             outside = [(pre.fwd_s + pre.bwd_s, pre.wgrad_s), (post.fwd_s + post.bwd_s, post.wgrad_s)]
             return bubble_share(parts + outside)
 
-        share = 0.0
+        share = forward_share = 0.0
         if plan.pp > 1 and plan.schedule == "interleaved_zb":
             key = ("bubble_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap)
             share = self._memo.get(key, plan.tp_plan, make)
-        return bubble_floor(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, share=share)
+        if plan.pp > 1 and v_shaped(plan.schedule) and not may_offload:
+            forward_share = self._forward_share(plan)
+        return bubble_floor(
+            schedule=plan.schedule,
+            pp=plan.pp,
+            virtual_stages=plan.virtual_stages,
+            share=share,
+            forward_share=forward_share,
+        )
+
+    def _forward_share(self, plan: Plan) -> float:
+        """A floor on f / T of every stage of ``plan`` (cost/pp/replay.py v_forward_share): each block with all the
+        forward its recompute re-runs (cost/stages.py add_block: a budget recomputes fewer), the outside nodes
+        with none."""
+
+        def make() -> float:
+            ctx = self.context(plan)
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            rerun = {"full": lambda b: b.fwd_s, "selective": lambda b: b.selective_recompute_s}
+            again = rerun.get(plan.recompute, lambda b: 0.0)
+            parts = [(b.fwd_s, b.bwd_s, again(b)) for b in blocks.values()]
+            return v_forward_share(parts + [(pre.fwd_s, pre.bwd_s, 0.0), (post.fwd_s, post.bwd_s, 0.0)])
+
+        key = ("forward_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap)
+        return self._memo.get(key, plan.tp_plan, make)
 
     def slowest_stage_floor_s(self, plan: Plan) -> float:
         """A floor on the largest of stage_totals' times under any partition: their mean, since the

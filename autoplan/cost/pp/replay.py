@@ -156,6 +156,16 @@ def replay_bubble_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: fl
     return max(0.0, span - m * (f + b + w))
 
 
+def v_forward_share(parts: list[tuple[float, float, float]]) -> float:
+    """A floor on forward_s / micro_batch_s (cost/stages.py) of any stage built from ``parts`` ((forward, backward,
+    the most its recomputation re-runs) seconds of each block and of the outside nodes).
+
+    With a stage's sums F, B, R and its collectives c >= 0: forward_s = F (F + B + c) / (F + B) and micro_batch_s
+    = F + B + R + c, so their ratio is F / (F + B) times (F + B + c) / (F + B + R + c) >= (F + B) / (F + B + R):
+    at least F / (F + B + R), a ratio of sums, at least the least of the parts' own ratios."""
+    return min((f / (f + b + r) for f, b, r in parts if f + b + r > 0), default=0.0)
+
+
 @lru_cache(maxsize=1024)
 def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int, int], ...]:
     """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not, tensors its

@@ -73,13 +73,22 @@ def stage_bubble_s(plan: Plan, slowest: StageTotals) -> float:
     )
 
 
-def bubble_floor(*, schedule: str, pp: int, virtual_stages: int, share: float = 0.0) -> float:
+def bubble_floor(
+    *, schedule: str, pp: int, virtual_stages: int, share: float = 0.0, forward_share: float = 0.0
+) -> float:
     """Micro-batches of the slowest stage's time the bubble is at least (the search's bounds): (p - 1) / v;
     a zero-bubble schedule's (p - 1) / v times ``share``, a floor on (T - 2W) / T of every stage
-    (:func:`autoplan.cost.pp.zero_bubble.bubble_share`; 0 when not known); a V schedule's 0 (its replay's
-    bubble depends on F, B and W apart)."""
+    (:func:`autoplan.cost.pp.zero_bubble.bubble_share`; 0 when not known); a V schedule's (p - 1) / v times
+    ``forward_share``, a floor on the slowest stage's f / T (:func:`autoplan.cost.pp.replay.v_forward_share`; 0
+    when not known).
+
+    The V floor: the replay (pipeline_bubble_s) gives every chunk f / 2, b / 2, w / 2 with f + b + w = T. Every
+    action of rank p - 1 (chunks p - 1 and p) waits, through its inputs, for some micro-batch's forwards of chunks
+    0..p - 2, p - 1 actions of f / 2 each run one after another, so none starts before (p - 1) f / 2; the rank then
+    runs its own m (f + b + w) one action at a time (an F&B pair lasts F + BW: fb_pair_s), and the step ends no
+    earlier: bubble = span - m T >= (p - 1) f / 2 = (p - 1) / v * (f / T) * T at v = 2."""
     if schedule in V_SCHEDULES:
-        return 0.0
+        return (pp - 1) / virtual_stages * forward_share
     return (pp - 1) / virtual_stages * (share if schedule in ZERO_BUBBLE else 1.0)
 
 
