@@ -291,7 +291,7 @@ class Search:
         kw.update(names)
         plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
         floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
-        bubble = min(self.stage_costs.bubble_floor(p, may_offload=offload) for p in plans)  # each ZeRO choice's dtypes
+        bubble = min((self.stage_costs.bubble_floor(p, may_offload=offload) for p in plans), default=0.0)  # per ZeRO
         core_s = (g.m + bubble) * floor_s + pp_s
         core_s -= moe_overlap.hideable_s(self.stage_costs, base, self.fixes)  # an overlapped twin could hide it
         params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters

@@ -38,10 +38,21 @@ def test_profile_loads_and_every_number_has_a_source(name):
     assert not empty, f"{name}: no real source for {empty}"
 
 
+def _leaves(value, path=()):
+    """(path, leaf) pairs of a nested dict/list, floats as pytest.approx at 1e-9 relative: the generator's fits
+    (numpy) differ in the last bits between CPUs (4e-11 relative, Intel against AMD), not a change of the file."""
+    if isinstance(value, dict):
+        return [leaf for key in sorted(value) for leaf in _leaves(value[key], (*path, key))]
+    if isinstance(value, list):
+        return [leaf for i, item in enumerate(value) for leaf in _leaves(item, (*path, i))]
+    return [(path, pytest.approx(value, rel=1e-9) if isinstance(value, float) else value)]
+
+
 def test_generator_reproduces_the_shipped_files(generator):
     for build in (generator.mi300x, generator.dgx_b200, generator.gb200_nvl72):
         profile = build()
-        assert profile.to_dict() == load_profile(profile.name).to_dict(), f"{profile.name}: rerun {GENERATOR.name}"
+        shipped = load_profile(profile.name).to_dict()
+        assert _leaves(profile.to_dict()) == _leaves(shipped), f"{profile.name}: rerun {GENERATOR.name}"
 
 
 def test_datasheet_figures_and_domains():

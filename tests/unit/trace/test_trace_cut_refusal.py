@@ -119,3 +119,16 @@ def test_a_block_that_fails_is_refused_after_the_cut_export(exports):
 def test_a_failure_the_cut_may_cause_exports_the_whole_model(build, width, exports):
     graph = trace(build(), (torch.randn(4, width),))
     assert graph.trace_method == "export" and len(exports) == 2
+
+
+def test_a_loop_over_range_that_indexes_the_cut_experts_exports_the_whole_model(monkeypatch, exports):
+    """tests/odd_models/loop_moe.py indexes its experts' ModuleList by ``range(num_experts)``: cut to 3 of 16
+    it raises IndexError inside the container, which the whole model never does, so the whole is exported."""
+    from pathlib import Path
+
+    from autoplan.trace import trace_model_file
+
+    for name, value in dict(EXPERTS=16, TOP_K=1, SEQ=4).items():
+        monkeypatch.setenv(f"AUTOPLAN_LOOP_MOE_{name}", str(value))
+    graph = trace_model_file(Path(__file__).resolve().parents[2] / "odd_models" / "loop_moe.py", 8)
+    assert graph.trace_method == "export" and len(exports) == 2
