@@ -2,7 +2,8 @@
 rules: autoplan/types/schedules.py):
 
 - "1f1b" at ``pp = 1`` (no pipeline: the schedule is moot);
-- else gpipe, and 1f1b where there are at least ``pp`` micro-batches (torch's Schedule1F1B refuses fewer);
+- else gpipe, and 1f1b (where torch's Schedule1F1B runs it, autoplan's executor and torchtitan, only with at
+  least ``pp`` micro-batches: it refuses fewer; Megatron-Core and DeepSpeed run 1F1B on any count);
   interleaved 1F1B with ``v >= 2`` where ``pp * v`` divides the blocks and ``pp`` divides the micro-batch count
   (Megatron-LM's condition);
 - "interleaved_zb" (torch's ScheduleInterleavedZeroBubble) at v = 1 and each v of interleaved 1F1B, where
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
 
-#: the runtimes that run torch's V schedules (module docstring)
-RUNS_V = ("autoplan", "torchtitan")
+#: the runtimes that run torch's pipeline schedule classes: its V schedules, and its 1F1B only at m >= pp
+RUNS_V = TORCH_PIPELINES = ("autoplan", "torchtitan")
 
 
 def schedule_options(
@@ -32,7 +33,8 @@ def schedule_options(
     if pp == 1:
         options = [("1f1b", 1)]
     else:
-        options = [("gpipe", 1)] + [("1f1b", 1)] * (num_microbatches >= pp)  # torch's 1F1B refuses m < pp
+        runs_1f1b = num_microbatches >= pp or runtime not in TORCH_PIPELINES  # torch's 1F1B refuses m < pp
+        options = [("gpipe", 1)] + [("1f1b", 1)] * runs_1f1b
         looped = [v for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
         if num_microbatches % pp == 0:
             options += [("interleaved_1f1b", v) for v in looped]

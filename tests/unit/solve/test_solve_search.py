@@ -214,6 +214,7 @@ def test_1f1b_needs_as_many_micro_batches_as_stages_searched_pinned_and_run():
 
     assert space.schedule_options(pp=2, layers=4, num_microbatches=1, fixes={}) == [("gpipe", 1)]
     assert ("1f1b", 1) in space.schedule_options(pp=2, layers=4, num_microbatches=2, fixes={})
+    assert ("1f1b", 1) in space.schedule_options(pp=2, layers=4, num_microbatches=1, fixes={}, runtime="megatron")
     graph = synthetic_gpt(layers=4, hidden=64, heads=4, vocab=128, seq=16, batch=4)
     best = plan_graph(graph, devices=2, profile="cpu-gloo", batch_size=4, fix={"pp": 2, "schedule": "1f1b"}).best
     assert best.schedule == "1f1b" and best.num_microbatches >= 2
