@@ -18,6 +18,7 @@ the first method that applies, after :func:`_surely_infeasible`: identical layer
 
     F[0][0] = 0,   F[k+1][j] = min over i < j with M_k(i, j) <= capacity of max(F[k][i], T_k(i, j));
 
+the V placement (v = 2, zbv and dualpipev), the DP over pairs of boundaries of solve/partition_v.py;
 otherwise the ILP :func:`partition_ilp` under a time limit, with :func:`_partition_fill` and even
 chunks as fallbacks. Tests hold each to :func:`partition_brute_force`.
 """
@@ -27,101 +28,16 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 import pulp
 
 from autoplan.solve.backend import solve_model, variable
-from autoplan.types.layout import chunks_of_stage, local_chunk, sent_from_prior, stage_of_chunk
+from autoplan.solve.partition_problem import INF, Partition, PartitionProblem
+from autoplan.solve.partition_v import partition_v
+from autoplan.types.layout import local_chunk, stage_of_chunk
 
-INF = float("inf")
-
-
-@dataclass
-class PartitionProblem:
-    layer_time_s: list[float]
-    layer_static_bytes: list[float]
-    layer_activation_bytes: list[float]
-    pp: int
-    extra_time_s: list[float]  # per stage
-    extra_bytes: list[float]  # per stage
-    in_flight: list[float]  # per stage, in units of the stage's layers
-    p2p_s: float
-    capacity_bytes: float
-    virtual_stages: int = 1  # chunks per stage (autoplan/types/layout.py)
-    cut_s: list[float] | None = None  # per boundary i (before layer i, 0..L), its p2p time; None: p2p_s each
-    v_shape: bool = False  # chunks placed in a V (autoplan/types/layout.py), else looping
-
-    def __post_init__(self) -> None:
-        self._t = np.concatenate([[0.0], np.cumsum(self.layer_time_s)])
-        self._m = np.concatenate([[0.0], np.cumsum(self.layer_static_bytes)])
-        self._a = np.concatenate([[0.0], np.cumsum(self.layer_activation_bytes)])
-        cuts = self.cut_s if self.cut_s is not None else [self.p2p_s] * (self.layers + 1)
-        if len(cuts) != self.layers + 1:
-            raise ValueError(f"cut_s has {len(cuts)} entries; {self.layers} layers need one per boundary.")
-        self._cut = np.asarray(cuts, dtype=float)
-        chunks = range(self.chunks)  # looping: every chunk but the first receives (the common case, built fast)
-        sent = (
-            [sent_from_prior(c, pp=self.pp, v_shape=True) for c in chunks] if self.v_shape else [c > 0 for c in chunks]
-        )
-        self._sent = [*sent, False]  # chunk C: past the last
-
-    @property
-    def layers(self) -> int:
-        return len(self.layer_time_s)
-
-    @property
-    def chunks(self) -> int:
-        return self.pp * self.virtual_stages
-
-    def chunks_of(self, stage: int) -> list[int]:
-        """The chunks stage ``stage`` runs (autoplan/types/layout.py)."""
-        return chunks_of_stage(stage, pp=self.pp, virtual_stages=self.virtual_stages, v_shape=self.v_shape)
-
-    def stage_of(self, chunk: int) -> int:
-        return stage_of_chunk(chunk, pp=self.pp, v_shape=self.v_shape)
-
-    def sent(self, chunk: int) -> bool:
-        """Whether chunk ``chunk`` (0..C) receives from another stage: not the first, not past the last, not the
-        V's turn."""
-        return self._sent[chunk]
-
-    def neighbours(self, chunk: int) -> int:
-        return self.sent(chunk) + self.sent(chunk + 1)
-
-    def uniform_cuts(self) -> bool:
-        """Whether every boundary a partition can cut at (1..L-1) costs the same."""
-        return len(set(self._cut[1:-1].tolist())) <= 1
-
-    def mean_cut_s(self) -> float:
-        return float(self._cut[1:-1].mean()) if self.layers > 1 else 0.0
-
-    def chunk_cuts_s(self, chunk: int, i: int, j: int) -> float:
-        """The p2p time of chunk ``chunk`` = layers[i:j]: its receive at i and its send at j."""
-        return float(self._cut[i]) * self.sent(chunk) + float(self._cut[j]) * self.sent(chunk + 1)
-
-    def totals(self, bounds: list[int]) -> tuple[list[float], list[float]]:
-        """Per stage, T_k and M_k of the module docstring, chunk c being layers[bounds[c]:bounds[c+1]]."""
-        times, used = list(self.extra_time_s), list(self.extra_bytes)
-        for c in range(self.chunks):
-            k, i, j = self.stage_of(c), bounds[c], bounds[c + 1]
-            times[k] += float(self._t[j] - self._t[i]) + self.chunk_cuts_s(c, i, j)
-            used[k] += float(self._m[j] - self._m[i] + self.in_flight[k] * (self._a[j] - self._a[i]))
-        return times, used
-
-    def evaluate(self, bounds: list[int]) -> float:
-        """Slowest stage of the partition with chunk c = layers[bounds[c]:bounds[c+1]] (inf if infeasible)."""
-        if len(bounds) != self.chunks + 1 or any(j <= i for i, j in zip(bounds, bounds[1:])):
-            return INF
-        times, used = self.totals(bounds)
-        return INF if any(u > self.capacity_bytes for u in used) else max(times)
-
-
-@dataclass
-class Partition:
-    bounds: list[int]  # chunk c runs layers[bounds[c]:bounds[c+1]], on stage_of_chunk(c)
-    max_stage_time_s: float
+__all__ = ["INF", "Partition", "PartitionProblem", "partition", "partition_brute_force", "partition_ilp"]
 
 
 def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s: float = 0.25) -> Partition | None:
@@ -139,6 +55,8 @@ def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s:
         return _partition_uniform(problem)
     if problem.virtual_stages == 1:
         return _partition_dp(problem)
+    if problem.v_shape and problem.virtual_stages == 2:
+        return partition_v(problem)
     even = _checked(problem, _bounds_from_counts([L // C + (c < L % C) for c in range(C)], 1, v_shape=False))
     candidates = [
         p

@@ -1,0 +1,97 @@
+"""The pipeline partition's problem and answer (solve/pipeline.py's module docstring states them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan.types.layout import chunks_of_stage, sent_from_prior, stage_of_chunk
+
+INF = float("inf")
+
+
+@dataclass
+class PartitionProblem:
+    layer_time_s: list[float]
+    layer_static_bytes: list[float]
+    layer_activation_bytes: list[float]
+    pp: int
+    extra_time_s: list[float]  # per stage
+    extra_bytes: list[float]  # per stage
+    in_flight: list[float]  # per stage, in units of the stage's layers
+    p2p_s: float
+    capacity_bytes: float
+    virtual_stages: int = 1  # chunks per stage (autoplan/types/layout.py)
+    cut_s: list[float] | None = None  # per boundary i (before layer i, 0..L), its p2p time; None: p2p_s each
+    v_shape: bool = False  # chunks placed in a V (autoplan/types/layout.py), else looping
+
+    def __post_init__(self) -> None:
+        self._t = np.concatenate([[0.0], np.cumsum(self.layer_time_s)])
+        self._m = np.concatenate([[0.0], np.cumsum(self.layer_static_bytes)])
+        self._a = np.concatenate([[0.0], np.cumsum(self.layer_activation_bytes)])
+        cuts = self.cut_s if self.cut_s is not None else [self.p2p_s] * (self.layers + 1)
+        if len(cuts) != self.layers + 1:
+            raise ValueError(f"cut_s has {len(cuts)} entries; {self.layers} layers need one per boundary.")
+        self._cut = np.asarray(cuts, dtype=float)
+        chunks = range(self.chunks)  # looping: every chunk but the first receives (the common case, built fast)
+        sent = (
+            [sent_from_prior(c, pp=self.pp, v_shape=True) for c in chunks] if self.v_shape else [c > 0 for c in chunks]
+        )
+        self._sent = [*sent, False]  # chunk C: past the last
+
+    @property
+    def layers(self) -> int:
+        return len(self.layer_time_s)
+
+    @property
+    def chunks(self) -> int:
+        return self.pp * self.virtual_stages
+
+    def chunks_of(self, stage: int) -> list[int]:
+        """The chunks stage ``stage`` runs (autoplan/types/layout.py)."""
+        return chunks_of_stage(stage, pp=self.pp, virtual_stages=self.virtual_stages, v_shape=self.v_shape)
+
+    def stage_of(self, chunk: int) -> int:
+        return stage_of_chunk(chunk, pp=self.pp, v_shape=self.v_shape)
+
+    def sent(self, chunk: int) -> bool:
+        """Whether chunk ``chunk`` (0..C) receives from another stage: not the first, not past the last, not the
+        V's turn."""
+        return self._sent[chunk]
+
+    def neighbours(self, chunk: int) -> int:
+        return self.sent(chunk) + self.sent(chunk + 1)
+
+    def uniform_cuts(self) -> bool:
+        """Whether every boundary a partition can cut at (1..L-1) costs the same."""
+        return len(set(self._cut[1:-1].tolist())) <= 1
+
+    def mean_cut_s(self) -> float:
+        return float(self._cut[1:-1].mean()) if self.layers > 1 else 0.0
+
+    def chunk_cuts_s(self, chunk: int, i: int, j: int) -> float:
+        """The p2p time of chunk ``chunk`` = layers[i:j]: its receive at i and its send at j."""
+        return float(self._cut[i]) * self.sent(chunk) + float(self._cut[j]) * self.sent(chunk + 1)
+
+    def totals(self, bounds: list[int]) -> tuple[list[float], list[float]]:
+        """Per stage, T_k and M_k of the module docstring, chunk c being layers[bounds[c]:bounds[c+1]]."""
+        times, used = list(self.extra_time_s), list(self.extra_bytes)
+        for c in range(self.chunks):
+            k, i, j = self.stage_of(c), bounds[c], bounds[c + 1]
+            times[k] += float(self._t[j] - self._t[i]) + self.chunk_cuts_s(c, i, j)
+            used[k] += float(self._m[j] - self._m[i] + self.in_flight[k] * (self._a[j] - self._a[i]))
+        return times, used
+
+    def evaluate(self, bounds: list[int]) -> float:
+        """Slowest stage of the partition with chunk c = layers[bounds[c]:bounds[c+1]] (inf if infeasible)."""
+        if len(bounds) != self.chunks + 1 or any(j <= i for i, j in zip(bounds, bounds[1:])):
+            return INF
+        times, used = self.totals(bounds)
+        return INF if any(u > self.capacity_bytes for u in used) else max(times)
+
+
+@dataclass
+class Partition:
+    bounds: list[int]  # chunk c runs layers[bounds[c]:bounds[c+1]], on stage_of_chunk(c)
+    max_stage_time_s: float
