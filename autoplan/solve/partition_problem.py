@@ -40,6 +40,16 @@ class PartitionProblem:
         )
         self._sent = [*sent, False]  # chunk C: past the last
 
+    def content_key(self) -> tuple:
+        """Everything :meth:`evaluate` reads, as bytes: two problems with equal keys have the same partitions at
+        the same values (the memory fields only under a finite capacity; ``p2p_s`` only through the cuts)."""
+        key = (self.pp, self.virtual_stages, self.v_shape, self.capacity_bytes, self._cut.tobytes())
+        key += (_bytes(self.layer_time_s), _bytes(self.extra_time_s))
+        if self.capacity_bytes == INF:
+            return key
+        memory = (self.layer_static_bytes, self.layer_activation_bytes, self.extra_bytes, self.in_flight)
+        return key + tuple(_bytes(xs) for xs in memory)
+
     @property
     def layers(self) -> int:
         return len(self.layer_time_s)
@@ -95,3 +105,7 @@ class PartitionProblem:
 class Partition:
     bounds: list[int]  # chunk c runs layers[bounds[c]:bounds[c+1]], on stage_of_chunk(c)
     max_stage_time_s: float
+
+
+def _bytes(values: list[float]) -> bytes:
+    return np.asarray(values, dtype=float).tobytes()

@@ -1,20 +1,24 @@
 """A plan's pipeline stages for the search: the min-max partition of solve/pipeline.py over the cost
 model's own block times (solve/stage_costs.py), memoised per the plan fields that set them, and the
-partition under the memory limits when the time-optimal one does not fit."""
+partition under the memory limits when the time-optimal one does not fit. Each partition is solved once
+per distinct problem (PartitionProblem.content_key): plans that differ in fields the blocks' times do not
+read (ZeRO stage, schedule of the same placement, FP8 recipe where no fp8 linear runs) share it."""
 
 from __future__ import annotations
 
 from autoplan.cost import TpPlanMemo, balanced_stages
-from autoplan.solve.pipeline import partition
+from autoplan.solve.pipeline import Partition, PartitionProblem, partition
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
+from autoplan.types.schedules import v_shaped
 
 
 class Partitions:
     def __init__(self, graph: Graph, stage_costs: StageCosts, *, solver: str):
         self.graph, self.stage_costs, self.solver = graph, stage_costs, solver
         self._memo = TpPlanMemo()
+        self._solved: dict[tuple, Partition | None] = {}
 
     def stages(self, plan: Plan) -> list[list[str]]:
         """Stages (``pp * v`` chunks when interleaved): the min-max partition of solve/pipeline.py,
@@ -23,30 +27,30 @@ class Partitions:
         if plan.pp == 1:
             return [list(layers)]
         chunks = plan.pp * plan.virtual_stages
-        key = (
-            plan.tp,
-            plan.dp,
-            plan.sequence_parallel,
-            plan.precision,
-            plan.micro_batch_size,
-            plan.recompute,
-            plan.virtual_stages,
-            plan.tp_comm_overlap,
-            plan.ep,
-            plan.cp,
-            plan.cp_variant,
-        )
 
         def make() -> list[list[str]]:  # without a memory limit, GPipe and 1F1B share one problem
-            found = partition(self.stage_costs.problem(plan, memory_limit=False), solver=self.solver)
+            found = self._partition(self.stage_costs.problem(plan, memory_limit=False))
             return stages_from(layers, found.bounds) if found else balanced_stages(layers, chunks)
 
-        return self._memo.get(key, plan.tp_plan, make)
+        return self._memo.get(self._time_key(plan), plan.tp_plan, make)
 
     def within_memory(self, plan: Plan) -> list[list[str]] | None:
         """The best stages under the memory limits, or None when no partition fits."""
-        found = partition(self.stage_costs.problem(plan, memory_limit=True), solver=self.solver)
+        found = self._partition(self.stage_costs.problem(plan, memory_limit=True))
         return None if found is None else stages_from(self.graph.layers, found.bounds)
+
+    def _time_key(self, plan: Plan) -> tuple:
+        """The plan fields the problem without a memory limit reads (StageCosts.problem): the blocks' summaries
+        (their context's key), their recompute and overlap, the pp group's cuts, and the chunks' placement."""
+        ctx = self.stage_costs.context(plan)
+        placement = (plan.pp, plan.virtual_stages, v_shaped(plan.schedule))
+        return (*ctx.key, plan.recompute, plan.tp_comm_overlap, plan.dp, plan.tp, plan.cp, *placement)
+
+    def _partition(self, problem: PartitionProblem) -> Partition | None:
+        key = problem.content_key()
+        if key not in self._solved:
+            self._solved[key] = partition(problem, solver=self.solver)
+        return self._solved[key]
 
 
 def stages_from(layers: list[str], bounds: list[int]) -> list[list[str]]:
