@@ -59,35 +59,36 @@ def _chunk_terms(problem: PartitionProblem, chunk: int, stage: int) -> tuple[np.
 
 
 def _stage_step(problem: PartitionProblem, k: int, best: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """F_{k+1} from F_k (module docstring) and, per pair (x', y'), the flat index x * (L + 1) + y it came from."""
+    """F_{k+1} from F_k (module docstring) and, per pair (x', y'), the flat index x * (L + 1) + y it came from.
+    Arrays run (y', x, y) over the x and y that F_k reached, so a pair out of reach is an inf, never a choice."""
     L, p = problem.layers, problem.pp
     first, first_bytes = _chunk_terms(problem, k, k)
     second, second_bytes = _chunk_terms(problem, 2 * p - 1 - k, k)
-    first = problem.extra_time_s[k] + first
-    first_bytes = problem.extra_bytes[k] + first_bytes
-    limited = problem.capacity_bytes != INF
-    out = np.full((L + 1, L + 1), INF)
-    came_from = np.zeros((L + 1, L + 1), dtype=np.int64)
+    first, first_bytes = problem.extra_time_s[k] + first, problem.extra_bytes[k] + first_bytes
+    inward = np.less.outer(np.arange(L + 1), np.arange(L + 1))  # [y', y]: y' < y
+    rows, cols = np.flatnonzero((best < INF).any(axis=1)), np.flatnonzero((best < INF).any(axis=0))
+    out, came_from = np.full((L + 1, L + 1), INF), np.zeros((L + 1, L + 1), dtype=np.int64)
+    if rows.size == 0:  # no pair reached: no partition fits
+        return out, came_from
+    x_low, y_high = int(rows[0]), int(cols[-1]) + 1
     last, need = k == p - 1, 2 * (p - 1 - k)
-    reached = best < INF
-    rows, cols = np.flatnonzero(reached.any(axis=1)), np.flatnonzero(reached.any(axis=0))
-    for x_next in range(k + 1, L - 2 * p + k + 2):
-        y_nexts = np.array([x_next]) if last else np.arange(x_next + need, L - k)
-        if y_nexts.size == 0:
+    for x_next in range(max(k + 1, x_low + 1), L - 2 * p + k + 2):
+        y_first, y_end = (x_next, x_next + 1) if last else (x_next + need, L - k)
+        y_low = max(int(cols[0]), y_first + 1)
+        if y_first >= y_end or y_low >= y_high:
             continue
-        xs, ys = rows[rows < x_next], cols[cols > y_nexts[0]]
-        if xs.size == 0 or ys.size == 0:
-            continue
-        time = first[xs, x_next][:, None, None] + second[np.ix_(y_nexts, ys)][None, :, :]
-        value = np.maximum(best[np.ix_(xs, ys)][:, None, :], time)
-        allowed = ys[None, None, :] > y_nexts[None, :, None]
-        if limited:
-            used = first_bytes[xs, x_next][:, None, None] + second_bytes[np.ix_(y_nexts, ys)][None, :, :]
+        xs, ys, y_nexts = slice(x_low, x_next), slice(y_low, y_high), slice(y_first, y_end)
+        time = first[xs, x_next][None, :, None] + second[y_nexts, ys][:, None, :]
+        value = np.maximum(best[xs, ys][None, :, :], time)
+        allowed = inward[y_nexts, ys][:, None, :]
+        if problem.capacity_bytes != INF:
+            used = first_bytes[xs, x_next][None, :, None] + second_bytes[y_nexts, ys][:, None, :]
             allowed = allowed & (used <= problem.capacity_bytes)
-        value = np.where(allowed, value, INF).transpose(1, 0, 2).reshape(y_nexts.size, -1)
+        value = np.where(allowed, value, INF).reshape(y_end - y_first, -1)
         pick = np.argmin(value, axis=1)
-        out[x_next, y_nexts] = value[np.arange(y_nexts.size), pick]
-        came_from[x_next, y_nexts] = xs[pick // ys.size] * (L + 1) + ys[pick % ys.size]
+        out[x_next, y_nexts] = value[np.arange(y_end - y_first), pick]
+        width = y_high - y_low
+        came_from[x_next, y_nexts] = (x_low + pick // width) * (L + 1) + y_low + pick % width
     return out, came_from
 
 
