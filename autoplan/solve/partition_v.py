@@ -65,7 +65,7 @@ def _stage_step(problem: PartitionProblem, k: int, best: np.ndarray) -> tuple[np
     first, first_bytes = _chunk_terms(problem, k, k)
     second, second_bytes = _chunk_terms(problem, 2 * p - 1 - k, k)
     first, first_bytes = problem.extra_time_s[k] + first, problem.extra_bytes[k] + first_bytes
-    inward = np.less.outer(np.arange(L + 1), np.arange(L + 1))  # [y', y]: y' < y
+    second = np.where(np.less.outer(np.arange(L + 1), np.arange(L + 1)), second, INF)  # y' < y, or none
     rows, cols = np.flatnonzero((best < INF).any(axis=1)), np.flatnonzero((best < INF).any(axis=0))
     out, came_from = np.full((L + 1, L + 1), INF), np.zeros((L + 1, L + 1), dtype=np.int64)
     if rows.size == 0:  # no pair reached: no partition fits
@@ -79,12 +79,11 @@ def _stage_step(problem: PartitionProblem, k: int, best: np.ndarray) -> tuple[np
             continue
         xs, ys, y_nexts = slice(x_low, x_next), slice(y_low, y_high), slice(y_first, y_end)
         time = first[xs, x_next][None, :, None] + second[y_nexts, ys][:, None, :]
-        value = np.maximum(best[xs, ys][None, :, :], time)
-        allowed = inward[y_nexts, ys][:, None, :]
+        value = np.maximum(best[xs, ys][None, :, :], time, out=time)
         if problem.capacity_bytes != INF:
             used = first_bytes[xs, x_next][None, :, None] + second_bytes[y_nexts, ys][:, None, :]
-            allowed = allowed & (used <= problem.capacity_bytes)
-        value = np.where(allowed, value, INF).reshape(y_end - y_first, -1)
+            value = np.where(used <= problem.capacity_bytes, value, INF)
+        value = value.reshape(y_end - y_first, -1)
         pick = np.argmin(value, axis=1)
         out[x_next, y_nexts] = value[np.arange(y_end - y_first), pick]
         width = y_high - y_low
