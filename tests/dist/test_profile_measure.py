@@ -1,10 +1,10 @@
 """A real two-process gloo profiling run (small sweep) yields a valid, monotone profile with the
-host overhead per op, and ``autoplan profile --refresh op_overhead`` re-measures only that."""
+host overhead per op, and ``autoplan profile --refresh op_overhead`` re-measures only that. A one-device
+profile with --links-from is checked on the one that benchmarks/gpu_check.sh measures
+(tests/dist/test_gpu_check_cpu.py), which runs that command first."""
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -52,25 +52,3 @@ def _refresh_overhead(path: Path, *, before) -> None:
     after = load_profile(path)
     assert after.device.op_overhead.forward_s > 0 and after.device.op_overhead.source != before.device.op_overhead.source
     assert after.device.op_table == before.device.op_table and after.intra_node == before.intra_node
-
-
-@pytest.mark.slow
-def test_one_device_profile_takes_its_links_from_the_named_cluster(tmp_path: Path) -> None:
-    """A single-GPU machine: its device is measured, its links are the named profile's, each source saying so."""
-    out = tmp_path / "one.yaml"
-    done = subprocess.run(
-        [sys.executable, "-m", "autoplan.cli", "--quiet", "profile", "--devices", "1", "--links-from", "cpu-gloo",
-         "--quick", "--timeout", "120", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    profile, cluster = load_profile(out), load_profile("cpu-gloo")
-    assert profile.device.op_overhead is not None and profile.device.memory_bandwidth_bytes_per_s > 0
-    assert profile.devices_per_node == cluster.devices_per_node and profile.backend == cluster.backend
-    assert profile.intra_node.collectives == cluster.intra_node.collectives
-    assert "copied from profile 'cpu-gloo'" in profile.intra_node.name and "copied" in profile.comm_overlap.source
-    refused = subprocess.run(
-        [sys.executable, "-m", "autoplan.cli", "profile", "--devices", "1", "--out", str(tmp_path / "x.yaml")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert refused.returncode != 0 and "--links-from" in refused.stderr and "Traceback" not in refused.stderr
