@@ -28,12 +28,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
+import numpy as np
+
 from autoplan.cost.pp.looped_orders import looped_order
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.schedules import V_SCHEDULES
 
-State = tuple[int, ...]  # (h_1 .. h_v, k_1 .. k_v, sent, loss)
+State = tuple[int, ...]  # (h per chunk group, k per chunk group, sent, loss): chunk_groups
 
 
 def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Action, ...]:
@@ -45,12 +47,11 @@ def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int
 
 @lru_cache(maxsize=1024)
 def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
-    """The states of ``rank`` no other exceeds in every count (module docstring), memoised. An F&B pair
-    counts its forward before its backward frees, as torch runs them."""
-    v_shape = schedule in V_SCHEDULES
-    chunks = chunks_of_stage(rank, pp=pp, virtual_stages=virtual_stages, v_shape=v_shape)
-    index, last = {c: j for j, c in enumerate(sorted(chunks))}, pp * virtual_stages - 1
-    held, kept, sent = [0] * len(chunks), [0] * len(chunks), 0
+    """The states of ``rank`` no other exceeds in every count (module docstring), memoised, its chunks counted
+    in :func:`chunk_groups`. An F&B pair counts its forward before its backward frees, as torch runs them."""
+    group = chunk_groups(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
+    last, size = pp * virtual_stages - 1, max(group.values()) + 1
+    held, kept, sent = [0] * size, [0] * size, 0
     most: dict[tuple, int] = {}  # the most tensors sent at each (h, k, loss)
     for action in rank_order(schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank):
         halves = [("F", action[1]), ("BW", action[3])] if action[0] == "FB" else [(action[0], action[1])]
@@ -58,29 +59,54 @@ def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: in
             if chunk == last and kind in ("B", "BW"):  # the loss's backward runs on the state before it
                 key = (*held, *kept, 1)
                 most[key] = max(most.get(key, 0), sent)
-            j = index[chunk]
-            held[j] += {"F": 1, "W": -1, "BW": -1}.get(kind, 0)
-            kept[j] += {"B": 1, "W": -1}.get(kind, 0) if chunk > 0 else 0
+            j = group[chunk]
+            held[j] += _HELD[kind]
+            kept[j] += _KEPT[kind] if chunk > 0 else 0
             sent += (kind in ("W", "BW") and chunk < last) + (kind in ("B", "BW") and chunk > 0)
             key = (*held, *kept, 0)
             most[key] = max(most.get(key, 0), sent)
     return frontier([(*key[:-1], n, key[-1]) for key, n in most.items()])
 
 
-def frontier(states: Sequence[State]) -> tuple[State, ...]:
-    """The distinct ``states`` no other is at least in every count: taken in decreasing sum, each kept unless
-    one already kept is at least it everywhere (a state that exceeds another has the larger sum)."""
+_HELD = {"F": 1, "B": 0, "W": -1, "BW": -1}  # a chunk's activations: made by F, freed by W or the whole backward
+_KEPT = {"F": 0, "B": 1, "W": -1, "BW": 0}  # its output gradients: kept by B until W
+
+
+@lru_cache(maxsize=4096)
+def chunk_groups(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> dict[int, int]:
+    """Each chunk of ``rank``'s group in its states: the first (0), the last (the largest group) and, with v > 2,
+    the chunks between them together (1), whose activations the price takes at their mean. Only the first and
+    the last chunk run the nodes outside the blocks, so the middle ones weigh the same under an even partition;
+    2 v + 2 counts per state would make the frontier's cost grow with v."""
+    chunks = sorted(chunks_of_stage(rank, pp=pp, virtual_stages=virtual_stages, v_shape=schedule in V_SCHEDULES))
+    return {c: 0 if j == 0 else (min(2, len(chunks) - 1) if j == len(chunks) - 1 else 1) for j, c in enumerate(chunks)}
+
+
+@lru_cache(maxsize=4096)
+def group_sizes(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> tuple[int, ...]:
+    """How many chunks each group of :func:`chunk_groups` holds."""
+    groups = list(chunk_groups(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank).values())
+    return tuple(groups.count(g) for g in range(max(groups) + 1))
+
+
+def frontier(states: Sequence[State] | np.ndarray) -> tuple[State, ...]:
+    """The distinct ``states`` no other is at least in every count: the one with the largest sum left is one
+    (a state that exceeds another has the larger sum); it is kept and every state it is at least is dropped,
+    until none is left."""
+    left = np.unique(np.asarray(states, dtype=np.int64).reshape(len(states), -1), axis=0)  # distinct rows
+    left = left[np.argsort(-left.sum(axis=1), kind="stable")]
     kept: list[State] = []
-    for state in sorted(set(states), key=sum, reverse=True):
-        if not any(all(a >= b for a, b in zip(other, state)) for other in kept):
-            kept.append(state)
+    while len(left):
+        top, left = left[0], left[1:]
+        kept.append(tuple(int(n) for n in top))
+        left = left[~(left <= top).all(axis=1)]
     return tuple(sorted(kept))
 
 
 def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],
                boundary_bytes: float, loss_bytes: float) -> State:  # fmt: skip
-    """The state of ``states`` holding the most bytes, with ``saved_bytes`` and ``kept_bytes`` per chunk (in
-    the order of the chunks' indices), ``boundary_bytes`` one tensor handed on and ``loss_bytes`` the loss's
+    """The state of ``states`` holding the most bytes, with ``saved_bytes`` and ``kept_bytes`` per chunk group (in
+    the order of :func:`chunk_groups`), ``boundary_bytes`` one tensor handed on and ``loss_bytes`` the loss's
     gradients (module docstring)."""
-    weights = (*saved_bytes, *kept_bytes, boundary_bytes, loss_bytes)
-    return max(states, key=lambda state: sum(w * n for w, n in zip(weights, state)))
+    weights = np.asarray([*saved_bytes, *kept_bytes, boundary_bytes, loss_bytes], dtype=np.float64)
+    return states[int(np.argmax(np.asarray(states, dtype=np.float64) @ weights))]
