@@ -219,7 +219,7 @@ class CostModel:
                 if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
                     whole = block.input_bytes * (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1)
                     stage.boundary_bytes = max(stage.boundary_bytes, whole)
-                add_block(stage, block, recompute=plan.recompute if layer in rerun else "none")
+                add_block(stage, block, recompute=plan.recompute if layer in rerun else "none", chunk=index)
                 if plan.offload_activations and layer not in rerun:  # types/activation_offload.py
                     offload_block(stage, block, link_bytes_per_s=link_bytes_per_s(self.profile))
         last = plan_last_stage(plan)  # pp - 1, or stage 0 in a V (types/layout.py), whose first and last chunk

@@ -44,6 +44,10 @@ class StageTotals:
     recomputed: list[bool] = field(default_factory=list)  # per entry of blocks: under the plan's recompute
     boundary_bytes: float = 0.0  # activation received from the previous stage, per micro-batch
     param_names: set[str] = field(default_factory=set)  # the outside nodes' weights: a tied one is held once
+    #: per chunk the stage runs, its share of saved_bytes and wgrad_held_bytes (a replayed schedule weighs each
+    #: chunk's own: cost/pp/rank_memory.py); the outside nodes count with the chunk they run beside
+    chunk_saved_bytes: dict[int, float] = field(default_factory=dict)
+    chunk_held_bytes: dict[int, float] = field(default_factory=dict)
 
     @property
     def micro_batch_s(self) -> float:
@@ -98,8 +102,19 @@ def _outside_params(stage: StageTotals, block: LayerSummary) -> tuple[float, flo
     return loose + new, frozen
 
 
-def add_block(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool = True) -> None:
-    """Add one block (or the outside nodes, ``is_block=False``) to ``stage``."""
+def add_block(
+    stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool = True, chunk: int | None = None
+) -> None:
+    """Add one block (or the outside nodes, ``is_block=False``) of pipeline chunk ``chunk`` to ``stage`` (None: the
+    last chunk the stage has run so far, or chunk 0: the nodes before the first block, or after the last)."""
+    saved = stage.saved_bytes
+    _add(stage, block, recompute=recompute, is_block=is_block)
+    chunk = max(stage.chunk_saved_bytes, default=0) if chunk is None else chunk
+    stage.chunk_saved_bytes[chunk] = stage.chunk_saved_bytes.get(chunk, 0.0) + stage.saved_bytes - saved
+    stage.chunk_held_bytes[chunk] = stage.chunk_held_bytes.get(chunk, 0.0) + block.wgrad_held_bytes
+
+
+def _add(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool) -> None:
     stage.fwd_s += block.fwd_s
     stage.bwd_s += block.bwd_s
     stage.wgrad_s += block.wgrad_s

@@ -20,10 +20,9 @@ A ``--fix schedule=...`` or ``v=...`` pin keeps only its options.
 
 from __future__ import annotations
 
-from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
+from autoplan.types.schedules import TORCH_PIPELINES, V_SCHEDULES, zero_bubble_rounds
 
-#: the runtimes that run torch's pipeline schedule classes: its V schedules, and its 1F1B only at m >= pp
-RUNS_V = TORCH_PIPELINES = ("autoplan", "torchtitan")
+RUNS_V = TORCH_PIPELINES  # torch's V schedules run where its classes do
 
 
 def schedule_options(

@@ -30,6 +30,11 @@ MULTI_CHUNK = ("interleaved_1f1b", "interleaved_zb", *V_SCHEDULES)
 ZERO_BUBBLE = ("interleaved_zb",)
 #: every schedule that runs input and weight gradients apart (cost/pp/split_backward.py)
 SPLIT_BACKWARD = (*ZERO_BUBBLE, *V_SCHEDULES)
+#: the runtimes that run torch's pipeline schedule classes (torch.distributed.pipelining): its V schedules, its
+#: 1F1B only at m >= pp, and its per-rank orders and buffers, which the memory prices (cost/pp/rank_memory.py)
+TORCH_PIPELINES = ("autoplan", "torchtitan")
+#: the schedules torch runs in ``_PipelineScheduleRuntime``, which waits its sends after the step's last action
+RUNTIME_SCHEDULES = ("interleaved_1f1b", "interleaved_zb", *V_SCHEDULES)
 
 
 def v_shaped(schedule: str) -> bool:

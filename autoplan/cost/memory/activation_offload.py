@@ -50,6 +50,8 @@ def offload_block(stage: StageTotals, block: LayerSummary, *, link_bytes_per_s: 
     the stage's micro-batch time and its returning activations to the backward's transient."""
     sent = offloaded_bytes(block)
     stage.saved_bytes -= sent
+    chunk = max(stage.chunk_saved_bytes, default=0)  # the chunk ``block`` was just added to (cost/stages.py)
+    stage.chunk_saved_bytes[chunk] = stage.chunk_saved_bytes.get(chunk, 0.0) - sent
     stage.offloaded_bytes += sent
     stage.offload_s += 2.0 * sent / link_bytes_per_s
     stage.peak_block_bytes = max(stage.peak_block_bytes, sent)

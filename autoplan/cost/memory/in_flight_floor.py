@@ -16,13 +16,15 @@ give
 
 where s_b, d_b are block b's kept activations under the plan's recompute and its kept output gradients (the
 outside nodes' left out) and sum_k states_k at least the blocks' dense model states (model_states is linear in
-the parameters): none depends on the partition. A V schedule's peak is a replay state (cost/pp/replay.py): no
-floor here.
+the parameters): none depends on the partition. Where a stage's peak is its replayed order's
+(cost/memory/replayed.py), n'_k and p_k are the fewest micro-batches any of its chunks holds at the state
+holding the most (``held_floor``), whatever the chunks weigh; a V schedule's: no floor here.
 """
 
 from __future__ import annotations
 
 from autoplan.cost.memory.per_device import model_states
+from autoplan.cost.memory.replayed import held_floor, replays_memory
 from autoplan.cost.pp.schedule import in_flight_after_first_backward
 from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.types.plan import Plan
@@ -35,7 +37,9 @@ def in_flight_floor_bytes(
     """The module docstring's floor, bytes per device: ``block_params`` the blocks' dense parameters per device,
     ``trained`` the fewest of them trainable, ``kept_bytes`` every block's kept activations per micro-batch,
     ``wgrad_held_bytes`` every block's output gradients kept from B to W."""
-    held = [in_flight_after_first_backward(plan, k) for k in range(plan.pp)]
+    replayed = replays_memory(plan) and plan.schedule not in V_SCHEDULES
+    floors = [held_floor(plan, k) if replayed else (0.0, 0.0) for k in range(plan.pp)]
+    held = [f[0] if replayed else in_flight_after_first_backward(plan, k) for k, f in enumerate(floors)]
     if plan.schedule in V_SCHEDULES or min(held) <= 0:
         return 0.0
     states = model_states(
@@ -48,5 +52,5 @@ def in_flight_floor_bytes(
         offload=plan.offload,
     )
     states_bytes = states.weights_bytes + states.grads_bytes + states.optimizer_bytes
-    owed = min(pending_weight_grads(plan, k) / n for k, n in enumerate(held))
+    owed = min((floors[k][1] if replayed else pending_weight_grads(plan, k)) / n for k, n in enumerate(held))
     return (states_bytes / max(held) + kept_bytes + owed * wgrad_held_bytes) / sum(1.0 / n for n in held)

@@ -3,8 +3,8 @@
     peak = max_stage stage_memory(states, activations, in-flight micro-batches, buffers)
 
 with each part's formula and source in cost/memory/per_device.py (a zero-bubble schedule's output
-gradients kept from B to W, and a V schedule's boundary tensors held to the step's end, join the transient
-bytes: cost/pp/zero_bubble.py, replay.py); a plan is infeasible when the worst stage's peak exceeds the
+gradients kept from B to W, and the boundary tensors torch's runtime holds to the step's end, join the transient
+bytes: cost/pp/zero_bubble.py, cost/memory/replayed.py); a plan is infeasible when the worst stage's peak exceeds the
 device's usable memory (``usable_bytes``).
 """
 
@@ -27,14 +27,15 @@ from autoplan.cost.memory.per_device import (
     sync_buffer_bytes,
     usable_bytes,
 )
+from autoplan.cost.memory.replayed import replayed_held, replays_memory
 from autoplan.cost.pp.schedule import in_flight_after_first_backward, in_flight_chunks
-from autoplan.cost.pp.zero_bubble import pending_weight_grads, v_peak
+from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
-from autoplan.types.schedules import V_SCHEDULES, plan_last_stage
+from autoplan.types.schedules import plan_last_stage
 
 
 class PlanMemory:
@@ -56,11 +57,11 @@ class PlanMemory:
         blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
         block_params = max((b.param_count for b in stage.blocks), default=0.0)
         block_trainable = max((b.trainable_param_count for b in stage.blocks), default=0.0)
-        in_flight, in_flight_after, pending, sent = _held(plan, index, stage)
+        in_flight, in_flight_after, pending, sent, transient = _held(plan, index, stage)
         return stage_memory(
             states=with_outer_state(self._states(plan, stage), plan, stage),  # DiLoCo's, if any
             saved_bytes=stage.saved_bytes,
-            transient_bytes=stage.transient_bytes + pending * stage.wgrad_held_bytes + sent * stage.boundary_bytes,
+            transient_bytes=transient + pending * stage.wgrad_held_bytes + sent * stage.boundary_bytes,
             in_flight=in_flight,
             in_flight_after=in_flight_after,
             last_block_bytes=blocks[-1].saved_bytes if blocks else 0.0,
@@ -156,22 +157,16 @@ class PlanMemory:
             )
 
 
-def _held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float, float]:
+def _held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float, float, float]:
     """Micro-batches of activations stage ``index`` holds at its forward's end and in its backward, the
-    output gradients it keeps from B to W (cost/pp/schedule.py, zero_bubble.py) and the boundary tensors its
-    finished sends hold; a V schedule's at the state of its replay holding the most bytes, already in the
-    backward (cost/pp/replay.py)."""
-    if plan.schedule in V_SCHEDULES:
-        held, pending, sent = v_peak(
-            plan,
-            index,
-            saved_bytes=stage.saved_bytes,
-            kept_bytes=stage.wgrad_held_bytes,
-            boundary_bytes=stage.boundary_bytes,
-        )
-        return held, held, pending, sent
+    output gradients it keeps from B to W (cost/pp/schedule.py, zero_bubble.py), the boundary tensors its
+    finished sends hold and the backward's transient bytes; where torch's runtime runs the schedule, at the
+    state of its replayed order holding the most bytes, already in the backward (cost/memory/replayed.py)."""
+    if replays_memory(plan):
+        held, pending, sent, loss = replayed_held(plan, index, stage)
+        return held, held, pending, sent, max(stage.peak_block_bytes, loss)
     after = in_flight_after_first_backward(plan, index)
-    return in_flight_chunks(plan, index), after, pending_weight_grads(plan, index), 0.0
+    return in_flight_chunks(plan, index), after, pending_weight_grads(plan, index), 0.0, stage.transient_bytes
 
 
 def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:

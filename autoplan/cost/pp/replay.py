@@ -11,12 +11,8 @@ torch runs it without an overlap function, its forward then its backward, each o
 overlaps (:func:`fb_pair_s` below F + B) waits for both inputs and hands both outputs on at its end. Then
 
     bubble = the last rank's finish - m (2F + 2B + 2W)   (a rank's own work: m micro-batches of two chunks)
-    held   = per rank, chunks whose F ran and W (or whole backward) did not, and of them those past their B
-             (chunk 0's B keeps nothing: torch skips the first stage's B and runs its whole backward as W)
-    sent   = per rank, outputs of chunks whose W ran and input gradients of chunks whose B ran, a boundary
-             tensor each, held to the step's end: torch 2.13's _PipelineScheduleRuntime waits its sends
-             after the last action (schedules.py ``send_ops``), the V's turn keeps them in the neighbour's
-             per-micro-batch receive slot (stage.py ``set_local_fwd_input``)
+    held, kept, sent   per rank, as it runs its order (cost/pp/rank_memory.py): activations, output
+                       gradients kept from B to W, and tensors handed on, held to the step's end
 
 deepseek-ai/DualPipe's README: DualPipe's bubble (PP/2 - 1)(F&B + B - 3W), which the pairs taken whole tend
 to (PP = 2p) as F&B -> F + B; run apart (today) they replay to ZBV's, (p - 1) chunk forwards. DualPipeV holds
@@ -28,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
+from autoplan.cost.pp.rank_memory import frontier, rank_states
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import stage_of_chunk
 
@@ -169,42 +166,11 @@ def v_forward_share(parts: list[tuple[float, float, float]]) -> float:
 @lru_cache(maxsize=1024)
 def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int, int], ...]:
     """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not, tensors its
-    finished sends still hold) no other state of its order exceeds in all three (module docstring): one of them
-    is the peak, whatever a chunk's activations, kept output gradients and boundary tensor weigh. An F&B counts
-    its forward before its backward frees, as torch runs them."""
-    out_sent, grad_sent = _sends_of(pp=pp, rank=rank)
-    held = pending = sent = 0
-    most: dict[tuple[int, int], int] = {}  # the most tensors sent at each (held, kept)
-    for action in v_order(schedule, pp=pp, m=m)[rank]:
-        halves = [("F", action[1]), ("BW", action[3])] if action[0] == "FB" else [(action[0], action[1])]
-        for kind, chunk in halves:
-            held += {"F": 1, "W": -1, "BW": -1}.get(kind, 0)
-            pending += {"B": 1, "W": -1}.get(kind, 0) if chunk > 0 else 0  # torch's first stage keeps none
-            sent += (kind in ("W", "BW") and chunk in out_sent) + (kind in ("B", "BW") and chunk in grad_sent)
-            most[held, pending] = max(most.get((held, pending), 0), sent)
-    return _frontier([(h, k, n) for (h, k), n in most.items()])
-
-
-def _frontier(states: list[tuple[int, int, int]]) -> tuple[tuple[int, int, int], ...]:
-    """The states no other exceeds in all three counts (distinct, non-negative): swept from the most held down,
-    each against the most sent by any state already seen with at least its kept count."""
-    top = max((k for _, k, _ in states), default=0)
-    most_sent = [-1] * (top + 2)  # most_sent[k]: the most sent of the states seen with kept >= k
-    kept = []
-    for held, pending, sent in sorted(states, reverse=True):
-        if most_sent[pending] >= sent:
-            continue
-        kept.append((held, pending, sent))
-        for k in range(pending + 1):
-            most_sent[k] = max(most_sent[k], sent)
-    return tuple(sorted(kept))
-
-
-def _sends_of(*, pp: int, rank: int) -> tuple[set[int], set[int]]:
-    """The chunks of ``rank`` whose forward output, and those whose input gradient, go to a neighbouring chunk
-    (module docstring): every chunk's output but the last's (the loss), every input gradient but chunk 0's."""
-    mine = [c for c in range(2 * pp) if stage_of_chunk(c, pp=pp, v_shape=True) == rank]
-    return {c for c in mine if c < 2 * pp - 1}, {c for c in mine if c > 0}
+    finished sends still hold) no other state of its order exceeds in all three: one of them is the peak
+    whatever a chunk's activations, kept output gradients and boundary tensor weigh, when the rank's two
+    chunks weigh the same (:func:`autoplan.cost.pp.rank_memory.rank_states`, which counts them apart)."""
+    states = rank_states(schedule=schedule, pp=pp, virtual_stages=2, m=m, rank=rank)
+    return frontier([(a + b, ka + kb, sent) for a, b, ka, kb, sent, _loss in states])
 
 
 def held_at_peak(*, schedule: str, pp: int, m: int, rank: int) -> tuple[int, int]:

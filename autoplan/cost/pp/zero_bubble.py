@@ -26,7 +26,7 @@ Both hold for m >= p, which types/schedules.py requires (with fewer, torch's sch
 
 from __future__ import annotations
 
-from autoplan.cost.pp.replay import held_at_peak, held_states
+from autoplan.cost.pp.replay import held_at_peak
 from autoplan.types.plan import Plan
 from autoplan.types.schedules import V_SCHEDULES, ZERO_BUBBLE, zero_bubble_rounds
 
@@ -43,21 +43,6 @@ def zero_bubble_in_flight(*, pp: int, num_microbatches: int, virtual_stages: int
     m, v = num_microbatches, virtual_stages
     per_round = m / zero_bubble_rounds(pp=pp, num_microbatches=m)
     return min((v - 1) * per_round + pp, v * m) / v
-
-
-def v_peak(
-    plan: Plan, stage: int, *, saved_bytes: float, kept_bytes: float, boundary_bytes: float
-) -> tuple[float, float, float]:
-    """(micro-batches held, of them B-but-not-W, boundary tensors held by finished sends) of a V schedule's
-    ``stage`` at the state of its replay that holds the most bytes, with ``saved_bytes`` a micro-batch's
-    activations and ``kept_bytes`` its output gradients kept from B to W (whole-stage units) and
-    ``boundary_bytes`` one tensor sent between stages (cost/pp/replay.py)."""
-    v = plan.virtual_stages
-    states = held_states(schedule=plan.schedule, pp=plan.pp, m=plan.num_microbatches, rank=stage)
-    held, pending, sent = max(
-        states, key=lambda s: (s[0] * saved_bytes + s[1] * kept_bytes) / v + s[2] * boundary_bytes
-    )
-    return held / v, pending / v, float(sent)
 
 
 def pending_weight_grads(plan: Plan, stage: int) -> float:

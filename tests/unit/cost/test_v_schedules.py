@@ -15,10 +15,10 @@ from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 from torch.distributed.pipelining.schedules import _ComputationType as Op
 
 from autoplan.cost import CostModel
+from autoplan.cost.memory.replayed import replayed_held
 from autoplan.cost.pp.replay import held_at_peak, held_states, replay_bubble_s, replay_finish_s
 from autoplan.cost.pp.schedule import in_flight_chunks, pipeline_bubble_s
 from autoplan.cost.pp.v_orders import v_order
-from autoplan.cost.pp.zero_bubble import v_peak
 from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError
 from autoplan.solve.pins import parse_fixes
@@ -176,13 +176,7 @@ def test_a_middle_stage_prices_the_tensors_its_sends_hold(model):
     examples/gpt.py before they were priced): more than the chunks and kept gradients alone."""
     plan = _v_plan("zbv")
     stages, _, _ = model.priced_stages(plan)
-    held, pending, sent = v_peak(
-        plan,
-        2,
-        saved_bytes=stages[2].saved_bytes,
-        kept_bytes=stages[2].wgrad_held_bytes,
-        boundary_bytes=stages[2].boundary_bytes,
-    )
+    held, pending, sent, _loss = replayed_held(plan, 2, stages[2])
     assert sent > 0
     peak = model.stage_memory(plan, stages)[2].at_peak_bytes[3]
     assert peak == pytest.approx(

@@ -1,0 +1,95 @@
+"""A pipeline stage's activations, kept gradients and handed-on tensors at its peak, from its rank's replayed
+order (cost/pp/rank_memory.py; docs/cost-model.md, "Pipeline memory").
+
+Where torch's ``_PipelineScheduleRuntime`` runs the schedule (the V schedules always; interleaved_1f1b and
+interleaved_zb under the runtimes that run torch's classes, types/schedules.py ``TORCH_PIPELINES``) a stage's
+peak is the state of its order holding the most bytes, each chunk weighed by its own activations S_j and kept
+gradients K_j (cost/stages.py ``chunk_saved_bytes``, ``chunk_held_bytes``):
+
+    held    = sum_j h_j S_j / S      pending = sum_j k_j K_j / K      (S, K: the whole stage's, per micro-batch)
+
+(j over the chunk groups of cost/pp/rank_memory.py ``chunk_groups``: the first chunk, the last, and the ones
+between at their mean)
+in units of the whole stage's micro-batch, as cost/memory/per_device.py's moments take them, ``sent``
+boundary tensors, and the loss's gradients only where the state is the loss's backward (a recomputed block's
+transient, cost/stages.py ``peak_block_bytes``, counts at every state). Megatron-Core and DeepSpeed run
+their own schedules, which wait each send at once: their closed forms (cost/pp/schedule.py, zero_bubble.py)
+stay.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_states
+from autoplan.cost.stages import StageTotals
+from autoplan.types.plan import Plan
+from autoplan.types.schedules import RUNTIME_SCHEDULES, TORCH_PIPELINES, V_SCHEDULES
+
+
+def replays_memory(plan: Plan) -> bool:
+    """Whether ``plan``'s stages peak as their replayed orders say (module docstring)."""
+    torch_runs = plan.schedule in RUNTIME_SCHEDULES and plan.runtime in TORCH_PIPELINES
+    return plan.pp > 1 and (plan.schedule in V_SCHEDULES or torch_runs)
+
+
+def _key(plan: Plan, index: int) -> dict:
+    return dict(
+        schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, m=plan.num_microbatches, rank=index
+    )
+
+
+def _per_group(plan: Plan, index: int, by_chunk: dict[int, float], total: float) -> tuple[list[float], tuple]:
+    """Each chunk group's bytes of one of its chunks (rank_memory.py ``chunk_groups``: the middle chunks' mean)
+    and the chunks in each group; an even share of ``total`` where the stage has no split (a StageTotals built
+    without chunks)."""
+    where = dict(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, rank=index)
+    group, sizes = chunk_groups(**where), group_sizes(**where)
+    if not by_chunk:
+        return [total / len(group)] * len(sizes), sizes
+    sums = [0.0] * len(sizes)
+    for chunk, g in group.items():
+        sums[g] += by_chunk.get(chunk, 0.0)
+    return [b / n for b, n in zip(sums, sizes)], sizes
+
+
+def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float, float]:
+    """(held, pending, sent, the loss's gradients alive) of stage ``index`` at its state holding the most bytes
+    (module docstring)."""
+    saved, _ = _per_group(plan, index, stage.chunk_saved_bytes, stage.saved_bytes)
+    kept, sizes = _per_group(plan, index, stage.chunk_held_bytes, stage.wgrad_held_bytes)
+    weights = (*saved, *kept, stage.boundary_bytes, stage.loss_grad_bytes)
+    state = _peak(tuple(_key(plan, index).values()), weights)
+    g, v = len(saved), plan.virtual_stages
+    held_bytes = sum(n * s for n, s in zip(state[:g], saved))
+    kept_bytes = sum(n * k for n, k in zip(state[g : 2 * g], kept))
+    held = held_bytes / stage.saved_bytes if stage.saved_bytes else sum(state[:g]) / v
+    pending = kept_bytes / stage.wgrad_held_bytes if stage.wgrad_held_bytes else sum(state[g : 2 * g]) / v
+    return held, pending, float(state[2 * g]), stage.loss_grad_bytes * state[2 * g + 1]
+
+
+@lru_cache(maxsize=65536)
+def _peak(key: tuple, weights: tuple[float, ...]) -> tuple[int, ...]:
+    """:func:`peak_state` of the states of ``key`` (schedule, pp, v, m, rank), memoised: the search prices
+    many plans on the same stage totals."""
+    schedule, pp, v, m, rank = key
+    states = rank_states(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
+    g = (len(weights) - 2) // 2
+    return peak_state(states, saved_bytes=weights[:g], kept_bytes=weights[g : 2 * g], boundary_bytes=weights[-2],
+                      loss_bytes=weights[-1])  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def _held_floor(schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[float, float]:
+    sizes = group_sizes(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
+    states = rank_states(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    g = len(sizes)
+    most = max(states, key=lambda state: (sum(state[:g]), sum(state[g : 2 * g])))
+    return min(n / size for n, size in zip(most[:g], sizes)), min(n / size for n, size in zip(most[g : 2 * g], sizes))
+
+
+def held_floor(plan: Plan, index: int) -> tuple[float, float]:
+    """Micro-batches of the whole stage (activations, kept gradients) stage ``index`` holds at least at its
+    peak, whatever its chunks weigh: at the state holding the most chunks (of those, the most kept gradients),
+    the fewest any chunk group holds per chunk (the search's memory floor, cost/memory/in_flight_floor.py)."""
+    return _held_floor(*_key(plan, index).values())

@@ -1,0 +1,112 @@
+"""What one pipeline rank holds as it runs torch's order of its actions (docs/cost-model.md, "Pipeline memory").
+
+Rank r runs chunks c_1 < ... < c_v (types/layout.py) in the order torch builds (cost/pp/v_orders.py for the
+V schedules, cost/pp/looped_orders.py for interleaved_1f1b and interleaved_zb). After each action the state is
+
+    h_j  = micro-batches of chunk c_j whose F ran and whose W (or whole backward BW) did not: its activations
+    k_j  = those of them whose B ran: the output gradients torch's stage_backward_input keeps to W (chunk 0
+           keeps none: torch skips the first stage's B and runs its whole backward as W)
+    sent = outputs of chunks whose W or BW ran (all chunks but the last, the loss) and input gradients of
+           chunks whose B or BW ran (all but chunk 0): torch's ``_PipelineScheduleRuntime`` waits its sends
+           only after the step's last action (torch 2.13 schedules.py ``send_ops``), and each send's work
+           holds its tensor until then; the V's turn keeps them in the neighbour's per-micro-batch receive
+           slot (stage.py ``set_local_fwd_input``)
+
+and loss = 1 while the last chunk's backward runs (the state before its B or BW), 0 after each action. With
+S_j, K_j chunk c_j's activations and kept gradients of one micro-batch, D one boundary tensor and L the loss's
+gradients (cost/stages.py ``loss_grad_bytes``, alive only in that backward),
+
+    peak = max over states of  sum_j (h_j S_j + k_j K_j) + sent D + loss L
+
+Only the states no other exceeds in every count can be that maximum, whatever S, K, D weigh: they are kept
+(:func:`rank_states`, once per schedule, p, v, m and rank). Weighing each chunk by its own bytes prices
+stage 0 of a V (the embedding's chunk beside the head's and the loss's) as it holds them, not evenly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from autoplan.cost.pp.looped_orders import looped_order
+from autoplan.cost.pp.v_orders import Action, v_order
+from autoplan.types.layout import chunks_of_stage
+from autoplan.types.schedules import V_SCHEDULES
+
+State = tuple[int, ...]  # (h per chunk group, k per chunk group, sent, loss): chunk_groups
+
+
+def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Action, ...]:
+    """The actions ``rank`` runs under ``schedule``, in torch's order (module docstring)."""
+    if schedule in V_SCHEDULES:
+        return v_order(schedule, pp=pp, m=m)[rank]
+    return looped_order(schedule, pp=pp, virtual_stages=virtual_stages, m=m)[rank]
+
+
+@lru_cache(maxsize=1024)
+def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
+    """The states of ``rank`` no other exceeds in every count (module docstring), memoised, its chunks counted
+    in :func:`chunk_groups`. An F&B pair counts its forward before its backward frees, as torch runs them."""
+    group = chunk_groups(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
+    last, size = pp * virtual_stages - 1, max(group.values()) + 1
+    held, kept, sent = [0] * size, [0] * size, 0
+    most: dict[tuple, int] = {}  # the most tensors sent at each (h, k, loss)
+    for action in rank_order(schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank):
+        halves = [("F", action[1]), ("BW", action[3])] if action[0] == "FB" else [(action[0], action[1])]
+        for kind, chunk in halves:
+            if chunk == last and kind in ("B", "BW"):  # the loss's backward runs on the state before it
+                key = (*held, *kept, 1)
+                most[key] = max(most.get(key, 0), sent)
+            j = group[chunk]
+            held[j] += _HELD[kind]
+            kept[j] += _KEPT[kind] if chunk > 0 else 0
+            sent += (kind in ("W", "BW") and chunk < last) + (kind in ("B", "BW") and chunk > 0)
+            key = (*held, *kept, 0)
+            most[key] = max(most.get(key, 0), sent)
+    return frontier([(*key[:-1], n, key[-1]) for key, n in most.items()])
+
+
+_HELD = {"F": 1, "B": 0, "W": -1, "BW": -1}  # a chunk's activations: made by F, freed by W or the whole backward
+_KEPT = {"F": 0, "B": 1, "W": -1, "BW": 0}  # its output gradients: kept by B until W
+
+
+@lru_cache(maxsize=4096)
+def chunk_groups(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> dict[int, int]:
+    """Each chunk of ``rank``'s group in its states: the first (0), the last (the largest group) and, with v > 2,
+    the chunks between them together (1), whose activations the price takes at their mean. Only the first and
+    the last chunk run the nodes outside the blocks, so the middle ones weigh the same under an even partition;
+    2 v + 2 counts per state would make the frontier's cost grow with v."""
+    chunks = sorted(chunks_of_stage(rank, pp=pp, virtual_stages=virtual_stages, v_shape=schedule in V_SCHEDULES))
+    return {c: 0 if j == 0 else (min(2, len(chunks) - 1) if j == len(chunks) - 1 else 1) for j, c in enumerate(chunks)}
+
+
+@lru_cache(maxsize=4096)
+def group_sizes(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> tuple[int, ...]:
+    """How many chunks each group of :func:`chunk_groups` holds."""
+    groups = list(chunk_groups(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank).values())
+    return tuple(groups.count(g) for g in range(max(groups) + 1))
+
+
+def frontier(states: Sequence[State] | np.ndarray) -> tuple[State, ...]:
+    """The distinct ``states`` no other is at least in every count: the one with the largest sum left is one
+    (a state that exceeds another has the larger sum); it is kept and every state it is at least is dropped,
+    until none is left."""
+    left = np.unique(np.asarray(states, dtype=np.int64).reshape(len(states), -1), axis=0)  # distinct rows
+    left = left[np.argsort(-left.sum(axis=1), kind="stable")]
+    kept: list[State] = []
+    while len(left):
+        top, left = left[0], left[1:]
+        kept.append(tuple(int(n) for n in top))
+        left = left[~(left <= top).all(axis=1)]
+    return tuple(sorted(kept))
+
+
+def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],
+               boundary_bytes: float, loss_bytes: float) -> State:  # fmt: skip
+    """The state of ``states`` holding the most bytes, with ``saved_bytes`` and ``kept_bytes`` per chunk group (in
+    the order of :func:`chunk_groups`), ``boundary_bytes`` one tensor handed on and ``loss_bytes`` the loss's
+    gradients (module docstring)."""
+    weights = np.asarray([*saved_bytes, *kept_bytes, boundary_bytes, loss_bytes], dtype=np.float64)
+    return states[int(np.argmax(np.asarray(states, dtype=np.float64) @ weights))]
