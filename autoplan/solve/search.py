@@ -33,6 +33,7 @@ from autoplan.solve import (
     activation_offload,
     candidates,
     expert_layout,
+    memory_first,
     moe_overlap,
     recompute_budget,
     space,
@@ -46,7 +47,6 @@ from autoplan.solve.pin_checks import check_option_pins
 from autoplan.solve.sparse_grads import keep_dp_choices, sparse_tables
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.tp_plan import TPChoice, TPPlanner
-from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -89,6 +89,7 @@ class Search:
         self.candidates: list[Candidate] = []
         self.budgets = recompute_budget.BudgetBounds(self.fixes, options.runtime)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
+        self.memory_first = True  # price a plan's memory before its time (solve/memory_first.py)
         self._dp_memo, self._stage_memo = {}, {}  # _dp_choices by degrees, _stage_options by (tp, pp, sp, m)
 
     # ---- objective ---------------------------------------------------------------------
@@ -181,10 +182,10 @@ class Search:
             return
         first = len(self.candidates)
         self._run_choice(g, bound, choice, retry_next=deg.tp > 1)
-        priced = [c for c in self.candidates[first:] if c.cost is not None]
+        priced = [c for c in self.candidates[first:] if c.memory_cost is not None]
         if deg.tp > 1 and priced and not any(c.feasible for c in priced):
-            frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
-            budget = memory_budget(self.cost_model.graph, self.profile, plan=frugal.plan, cost=frugal.cost)
+            frugal = min(priced, key=lambda c: c.memory_cost.peak_memory_bytes)
+            budget = memory_budget(self.cost_model.graph, self.profile, plan=frugal.plan, cost=frugal.memory_cost)
             retry = self._choose(g, budget=budget)
             if retry.feasible and retry.tp_plan != choice.tp_plan:
                 self._run_choice(g, bound, retry)
@@ -258,7 +259,7 @@ class Search:
                     continue
                 if not self._held_back(plan, sub, held):
                     self._evaluate(plan, sub, ilp_status=choice.status)
-        priced = [c for c in self.candidates[first:] if c.cost is not None]
+        priced = [c for c in self.candidates[first:] if c.memory_cost is not None]
         if held and retry_next and not any(c.feasible for c in priced):
             for _, plan, sub in held:
                 self._evaluate(plan, sub, ilp_status=choice.status)
@@ -341,25 +342,26 @@ class Search:
         plan = moe_overlap.with_pin(recompute_budget.with_pin(plan.checked(), self.fixes), self.fixes)
         if (plan := activation_offload.with_pin(plan, self.fixes)) is None:
             return  # a pinned recompute budget, all-to-all overlap or activation offload this plan cannot hold
-        cost = self.cost_model.estimate(plan)
-        if not cost.feasible and plan.pp > 1:
-            cost, plan = self._repartition_for_memory(plan, cost)
-        value = self.objective(cost.step_time_s, plan.devices)
-        candidate = Candidate(
-            config=config_of(plan),
-            status="evaluated",
-            lower_bound=bound,
-            objective=value,
-            cost=cost,
-            plan=plan,
-            reason=cost.reason if not cost.feasible else f"tp ILP {ilp_status}",
+        cost, plan, timed = memory_first.price(self, plan)  # its time only where it fits (solve/memory_first.py)
+        candidate = (
+            memory_first.memory_row(plan, bound, cost)
+            if not timed
+            else Candidate(
+                config=config_of(plan),
+                status="evaluated",
+                lower_bound=bound,
+                objective=self.objective(cost.step_time_s, plan.devices),
+                cost=cost,
+                plan=plan,
+                reason=cost.reason if not cost.feasible else f"tp ILP {ilp_status}",
+            )
         )
         if cost.feasible and self.pricer is not None and self.pricer.spec.constrained:
             candidate.misses = self.pricer.violation(step_time_s=cost.step_time_s, devices=plan.devices)
             candidate.reason = candidate.misses or candidate.reason
         self.candidates.append(candidate)
         if candidate.feasible:
-            heapq.heappush(self._top, -value)
+            heapq.heappush(self._top, -candidate.objective)
             if len(self._top) > self.options.keep:
                 heapq.heappop(self._top)
             if self.best is None or rank_key(candidate) < rank_key(self.best):
@@ -370,15 +372,6 @@ class Search:
             self._evaluate(retry, bound, ilp_status=ilp_status)  # it did not fit: its activations offloaded
         if twin := moe_overlap.overlapped_twin(plan, self.fixes):
             self._evaluate(twin, bound, ilp_status=ilp_status)  # its all-to-all overlapped (solve/moe_overlap.py)
-
-    def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
-        """The time-optimal stages (or chunks) did not fit: try the best partition under the memory limits."""
-        stages = self.partitions.within_memory(plan)
-        if stages is None or not recompute_budget.holds(plan.recompute_blocks, stages):
-            return cost, plan
-        retry = replace(plan, stages=stages)
-        retry_cost = self.cost_model.estimate(retry)
-        return (retry_cost, retry) if retry_cost.feasible else (cost, plan)
 
     def _stages(self, plan: Plan) -> list[list[str]]:
         return self.partitions.stages(plan)

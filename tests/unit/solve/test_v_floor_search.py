@@ -27,6 +27,7 @@ def exhaustive():
     everything = Search(GRAPH, PROFILE, OPTIONS)
     everything._beaten = lambda bound: False  # price every candidate
     everything._usable_bytes = float("inf")  # whatever its memory floor
+    everything.memory_first = False  # and the time of every plan that does not fit
     return everything, everything.run()
 
 
