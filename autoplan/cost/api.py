@@ -28,9 +28,9 @@ from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
 from autoplan.cost.dp.compression import check_rank, compresses_any
 from autoplan.cost.dp.sparse_embedding import summary as sparse_grad_summary
+from autoplan.cost.memory.alone import memory_alone
 from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.memory.recompute_budget import fit_recompute_blocks, stage_peaks_bytes
-from autoplan.cost.memory_alone import memory_alone
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.a2a_overlap import COMM_SM_SHARE as A2A_EXPOSED_FLOOR
 from autoplan.cost.moe.a2a_overlap import paired_share as a2a_paired_share

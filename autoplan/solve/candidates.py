@@ -49,12 +49,6 @@ class Candidate:
     reason: str = ""
     count: int = 1  # configurations this row stands for (pruned groups)
     misses: str = ""  # the deadline or budget this plan's whole run misses (cost/run/whole_run.py:violation)
-    memory: Cost | None = None  # a plan pruned by its priced memory: that Cost, no time (solve/memory_first.py)
-
-    @property
-    def memory_cost(self) -> Cost | None:
-        """The Cost whose memory the search priced: the full one, or the memory alone of a plan that did not fit."""
-        return self.cost if self.cost is not None else self.memory
 
     @property
     def feasible(self) -> bool:

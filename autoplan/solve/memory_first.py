@@ -6,8 +6,8 @@ best plan and its price are those of a search that prices every time (tests/unit
 The retries read only memory: a pipelined plan that does not fit is repartitioned within the memory limits
 (Partitions.within_memory) and priced in full where that fits; the activation-offload retry reads the peak and
 its activations (solve/activation_offload.py), the recompute budgets the feasibility (solve/recompute_budget.py).
-A plan left over its memory is a pruned row that says what it needs (:func:`memory_row`): its ``memory`` is the
-Cost with its memory alone, which the group's memory-budgeted TP retry reads (solve/search.py). Measured on
+A plan left over its memory keeps its row, which says what it needs (:func:`memory_row`), with the Cost of its
+memory alone, which the group's memory-budgeted TP retry reads (solve/search.py), and no objective. Measured on
 GPT-1T on 3,072 A100s, 93% of the plans the search reaches do not fit, and their time is ~3/4 of a price.
 """
 
@@ -50,7 +50,18 @@ def _repartitioned(search: Any, plan: Plan, cost: Cost, pricer) -> tuple[Cost, P
     return (retry_cost, retry) if retry_cost.feasible else (cost, plan)
 
 
+def row(search: Any, plan: Plan, bound: float, cost: Cost, *, timed: bool, ilp_status: str) -> Candidate:
+    """The row of a plan :func:`price` priced: evaluated where its time was, else :func:`memory_row`."""
+    if not timed:
+        return memory_row(plan, bound, cost)
+    reason = cost.reason if not cost.feasible else f"tp ILP {ilp_status}"
+    value = search.objective(cost.step_time_s, plan.devices)
+    return Candidate(
+        config_of(plan), "evaluated", lower_bound=bound, objective=value, cost=cost, plan=plan, reason=reason
+    )
+
+
 def memory_row(plan: Plan, bound: float, cost: Cost) -> Candidate:
-    """The row of a plan whose priced memory does not fit, its time not priced: pruned, saying what it needs."""
-    reason = f"pruned (memory): {cost.reason}"
-    return Candidate(config=config_of(plan), status="pruned", lower_bound=bound, plan=plan, reason=reason, memory=cost)
+    """The row of a plan whose priced memory does not fit: evaluated, saying what it needs, with no objective (its
+    time not priced; plans.csv leaves those cells blank)."""
+    return Candidate(config_of(plan), "evaluated", lower_bound=bound, cost=cost, plan=plan, reason=cost.reason)

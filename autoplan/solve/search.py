@@ -18,7 +18,8 @@ nothing hides: never above the priced step. Inside a group the tp_plan comes fro
 (solve/tp_plan.py, again with its memory row when nothing fits), the stages from solve/pipeline.py; survivors are
 priced by ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample or per run
 (cost/run/whole_run.py), both rising with the step time at fixed devices, so the bounds hold. A group whose ILP
-splits no op at tp > 1 is pruned unless tp is pinned.
+splits no op at tp > 1 is pruned unless tp is pinned. Before the loop a few members are priced to start the
+threshold near the best (solve/incumbent.py); a plan's memory is priced before its time (solve/memory_first.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from autoplan.solve import (
     activation_offload,
     candidates,
     expert_layout,
+    incumbent,
     memory_first,
     moe_overlap,
     recompute_budget,
@@ -89,7 +91,9 @@ class Search:
         self.candidates: list[Candidate] = []
         self.budgets = recompute_budget.BudgetBounds(self.fixes, options.runtime)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
-        self.memory_first = True  # price a plan's memory before its time (solve/memory_first.py)
+        self.memory_first = self.early_incumbent = True  # price a plan's memory before its time (solve/memory_first.py)
+        self.probing: list | None = None  # where _evaluate defers its plans while the probes are found
+        self.probes = incumbent.Probes()  # the early incumbent's priced rows (solve/incumbent.py)
         self._dp_memo, self._stage_memo = {}, {}  # _dp_choices by degrees, _stage_options by (tp, pp, sp, m)
 
     # ---- objective ---------------------------------------------------------------------
@@ -139,6 +143,8 @@ class Search:
         groups = self.groups()
         if not groups:
             raise PlanError(space.no_configuration(self.options, len(self.graph.layers)))
+        if self.early_incumbent:
+            self.probes = incumbent.probe(self, groups)  # a threshold near the best from the start
         for index, (bound, group) in enumerate(groups):
             if self.options.progress:
                 self.options.progress(index, len(groups))
@@ -153,6 +159,7 @@ class Search:
             self._run_group(group, bound)
         if self.options.progress:
             self.options.progress(len(groups), len(groups))
+        self.candidates.extend(self.probes.leftovers())
         statuses = self.tp_planner.statuses()
         status = "time_limit" if any(s.status == "time_limit" for s in statuses) else "optimal"
         gap = max((s.gap or 0.0 for s in statuses), default=0.0)
@@ -182,10 +189,10 @@ class Search:
             return
         first = len(self.candidates)
         self._run_choice(g, bound, choice, retry_next=deg.tp > 1)
-        priced = [c for c in self.candidates[first:] if c.memory_cost is not None]
+        priced = [c for c in self.candidates[first:] if c.cost is not None]
         if deg.tp > 1 and priced and not any(c.feasible for c in priced):
-            frugal = min(priced, key=lambda c: c.memory_cost.peak_memory_bytes)
-            budget = memory_budget(self.cost_model.graph, self.profile, plan=frugal.plan, cost=frugal.memory_cost)
+            frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
+            budget = memory_budget(self.cost_model.graph, self.profile, plan=frugal.plan, cost=frugal.cost)
             retry = self._choose(g, budget=budget)
             if retry.feasible and retry.tp_plan != choice.tp_plan:
                 self._run_choice(g, bound, retry)
@@ -259,7 +266,7 @@ class Search:
                     continue
                 if not self._held_back(plan, sub, held):
                     self._evaluate(plan, sub, ilp_status=choice.status)
-        priced = [c for c in self.candidates[first:] if c.memory_cost is not None]
+        priced = [c for c in self.candidates[first:] if c.cost is not None]
         if held and retry_next and not any(c.feasible for c in priced):
             for _, plan, sub in held:
                 self._evaluate(plan, sub, ilp_status=choice.status)
@@ -339,23 +346,15 @@ class Search:
             self.candidates.append(candidates.memory_pruned_row(plan, sub, floor, self._usable_bytes, why=why))
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
+        if self.probing is not None:  # solve/incumbent.py finds its probes
+            return self.probing.append((bound, plan, ilp_status))
+        if (rows := self.probes.take(plan)) is not None:
+            return self.candidates.extend(rows)  # a probe's rows, priced before the loop
         plan = moe_overlap.with_pin(recompute_budget.with_pin(plan.checked(), self.fixes), self.fixes)
         if (plan := activation_offload.with_pin(plan, self.fixes)) is None:
             return  # a pinned recompute budget, all-to-all overlap or activation offload this plan cannot hold
         cost, plan, timed = memory_first.price(self, plan)  # its time only where it fits (solve/memory_first.py)
-        candidate = (
-            memory_first.memory_row(plan, bound, cost)
-            if not timed
-            else Candidate(
-                config=config_of(plan),
-                status="evaluated",
-                lower_bound=bound,
-                objective=self.objective(cost.step_time_s, plan.devices),
-                cost=cost,
-                plan=plan,
-                reason=cost.reason if not cost.feasible else f"tp ILP {ilp_status}",
-            )
-        )
+        candidate = memory_first.row(self, plan, bound, cost, timed=timed, ilp_status=ilp_status)
         if cost.feasible and self.pricer is not None and self.pricer.spec.constrained:
             candidate.misses = self.pricer.violation(step_time_s=cost.step_time_s, devices=plan.devices)
             candidate.reason = candidate.misses or candidate.reason

@@ -1,4 +1,4 @@
-"""autoplan.cost.memory_alone: a plan's memory as CostModel.estimate prices it, without its time (cost/memory_alone.py),
+"""autoplan.cost.memory_alone: a plan's memory as CostModel.estimate prices it, without its time (cost/memory/alone.py),
 checked on every plan an exhaustive search prices, those that fit and those that do not, with activations or model
 states on the host among them."""
 

@@ -10,6 +10,7 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_host, synthetic_profile
 
 from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.outputs import plans_csv
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import Search
 
@@ -36,13 +37,17 @@ def _fitting(result) -> dict[str, float]:
 
 def test_plans_that_do_not_fit_are_not_timed_and_say_what_they_need(runs):
     first, timed = runs
-    rows = [c for c in first.candidates if c.memory is not None]
-    assert rows and all(c.status == "pruned" and c.cost is None and not c.memory.feasible for c in rows)
-    assert all(c.reason.startswith("pruned (memory): needs") and "GiB per device" in c.reason for c in rows)
-    unfit = [c for c in timed.candidates if c.cost is not None and not c.cost.feasible]
-    assert sorted(str(c.config) for c in rows) == sorted(str(c.config) for c in unfit)  # the same plans
-    assert first.evaluated == timed.evaluated - len(unfit)
+    rows = [c for c in first.candidates if c.cost is not None and c.objective is None]
+    assert rows and all(c.status == "evaluated" and not c.cost.feasible and c.cost.step_time_s == 0 for c in rows)
+    assert all(c.reason.startswith("needs") and "GiB per device" in c.reason for c in rows)
+    unfit = {str(c.config): c.reason for c in timed.candidates if c.cost is not None and not c.cost.feasible}
+    assert {str(c.config): c.reason for c in rows} == unfit  # the same plans, and the same reasons
+    assert all(c.objective is not None for c in timed.candidates if c.cost is not None)
+    assert first.evaluated == timed.evaluated
     assert any(c.plan.offload_activations for c in first.candidates if c.feasible)  # the offload retry still runs
+    lines = plans_csv(first).splitlines()
+    header, unfit_line = lines[0].split(","), next(line for line in lines if ",False,," in line).split(",")
+    assert unfit_line[header.index("step_time_s")] == "" and float(unfit_line[header.index("peak_memory_bytes")]) > 0
 
 
 def test_the_best_plan_and_every_fitting_plan_are_those_of_timing_every_plan(runs):
