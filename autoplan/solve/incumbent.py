@@ -1,14 +1,14 @@
-"""An early incumbent: before its bounded loop the search prices the plans whose bound (2) is least among the
-members of its first groups (by bound (1)), so the pruning threshold starts near the best instead of at the first
-group's best (solve/search.py; docs/ilp.md, "An early incumbent").
+"""An early incumbent: before its bounded loop the search prices the members of least bound (2) of its first groups
+(by bound (1)), so the pruning threshold starts near the best instead of at the first group's best (solve/search.py;
+docs/ilp.md, "An early incumbent").
 
-The probes are members found as the loop finds them (Search._run_group with every price deferred: ``probing``)
-and priced by the same Search._evaluate, retries and all. The loop prunes only by sound bounds against the
-objectives of plans it priced, whichever order it meets them in, so its best plan and price are those of the
-plain loop (tests/unit/solve/test_incumbent.py). A probe's rows are held and put among the candidates where the
-loop reaches the same plan, so a group's retries read the rows they always read; the rows of a probe the loop
-prunes come last. Constants: GROUPS and PROBES are the search's own effort, not a model of the hardware; on
-GPT-3 175B, GPT-1T and DeepSeek-V3 the best plan's group lies among the first GROUPS (docs/ilp.md).
+The probes are members found as the loop finds them (Search._run_group with every price deferred: ``probing``),
+priced by the same Search._evaluate, retries and all, in order of bound (2) until a few fit. The loop prunes only
+by sound bounds against the objectives of plans it priced, whichever order it meets them in, so its best plan and
+price are those of the plain loop (tests/unit/solve/test_incumbent.py). A probe's rows are held and put among the
+candidates where the loop reaches the same plan, so a group's retries read the rows they always read; the rows
+of a probe the loop prunes come last. GROUPS, PROBES and TRIES set the search's own effort, not a model of the
+hardware.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from autoplan.solve.candidates import Candidate
 from autoplan.types.plan import Plan
 
 GROUPS = 8  # the first groups by bound (1) whose members are probed
-PROBES = 4  # the members priced: those of least bound (2)
+PROBES = 4  # members that fit, priced in order of bound (2) ...
+TRIES = 64  # ... of at most this many (most of the least bounds do not fit: their memory alone is priced)
 
 
 class Probes:
@@ -46,7 +47,8 @@ class Probes:
 
 
 def probe(search: Any, groups: list[tuple[float, Any]]) -> Probes:
-    """Price the :data:`PROBES` members of least bound (2) of the first :data:`GROUPS` ``groups``; their rows held."""
+    """Price the members of the first :data:`GROUPS` ``groups`` in order of bound (2) until :data:`PROBES` of them
+    (or their retries) fit or :data:`TRIES` were priced; their rows held."""
     probes, found = Probes(), []
     if search.pricer is not None and search.pricer.spec.constrained:
         return probes  # the loop may skip a group by its run's deadline or budget: probe nothing
@@ -57,9 +59,12 @@ def probe(search: Any, groups: list[tuple[float, Any]]) -> Probes:
             search._run_group(group, bound)
     finally:
         search.probing = None
-    for sub, plan, ilp_status in sorted(found, key=lambda item: item[0])[:PROBES]:
+    fitting = 0
+    for sub, plan, ilp_status in sorted(found, key=lambda item: item[0])[:TRIES]:
         search.candidates = []
         search._evaluate(plan, sub, ilp_status=ilp_status)
         probes.hold(plan, search.candidates)
+        if (fitting := fitting + any(c.feasible for c in search.candidates)) >= PROBES:
+            break
     search.candidates = kept
     return probes
