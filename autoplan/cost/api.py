@@ -2,8 +2,9 @@
 "The planner's interface", says why it is narrow. tests/unit/test_layout.py checks that those stages
 import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 
-- a whole plan: ``CostModel(graph, profile)``: ``estimate(plan)``, the block summaries the partition
-  balances, ``tp_context``, the expert ``placement``, each stage's priced memory, its op-time memo;
+- a whole plan: ``CostModel(graph, profile)``: ``estimate(plan)`` (its memory alone: ``memory_alone``), the
+  block summaries the partition balances, ``tp_context``, the expert ``placement``, each stage's priced memory,
+  its op-time memo;
   ``Bounds``: floors on its step-time terms and memory that the search prunes with (cost/bounds.py);
 - one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
@@ -27,6 +28,7 @@ from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
 from autoplan.cost.dp.compression import check_rank, compresses_any
 from autoplan.cost.dp.sparse_embedding import summary as sparse_grad_summary
+from autoplan.cost.memory.alone import memory_alone
 from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.memory.recompute_budget import fit_recompute_blocks, stage_peaks_bytes
 from autoplan.cost.model import CostModel
@@ -62,6 +64,7 @@ __all__ = [
     # a whole plan, and the floors the search prunes with
     "Bounds",
     "CostModel",
+    "memory_alone",
     # one block's splits (the intra-op ILP)
     "BlockPrices",
     "MemoryBudget",

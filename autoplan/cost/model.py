@@ -29,6 +29,7 @@ from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.local_sgd import price_outer_sync
 from autoplan.cost.dp.sync import DataParallelTerms
 from autoplan.cost.memory.activation_offload import link_bytes_per_s, offload_block
+from autoplan.cost.memory.alone import fill_memory
 from autoplan.cost.memory.offload import price_offload
 from autoplan.cost.memory.per_device import StageMemory
 from autoplan.cost.memory.plan import PlanMemory
@@ -289,8 +290,7 @@ class CostModel:
         stages, _tp_plan, _ctx, groups = self._priced(plan, fp8_recipe=fp8_recipe)
         cost = Cost()
         self._time(cost, plan, stages, groups)
-        weights = weight_sync_plan(plan)  # dp x cp ranks hold the same weights (cost/cp/weights.py)
-        self.memory.fill(cost, shard_view(weights), stages, [self.powersgd_stage(weights, s) for s in stages])
+        fill_memory(self, cost, plan, stages)  # the search asks it alone first (cost/memory/alone.py)
         price_outer_sync(cost, self.profile, plan, stages, groups=groups)  # local SGD / DiLoCo, if any
         self._throughput(cost, plan)
         return cost

@@ -83,7 +83,7 @@ def _oom_verdict(family: str, members: list, best, usable: float) -> FamilyVerdi
     priced = [c for c in members if c.cost is not None]
     if not priced or any(c.feasible for c in priced):
         return None
-    faster = [c for c in priced if c.objective < best.objective]
+    faster = [c for c in priced if c.objective is not None and c.objective < best.objective]  # None: not timed
     if faster:
         c = min(faster, key=lambda c: c.objective)
         detail = f"none of its members fits; {_would_win(c, best, usable)}"
@@ -110,7 +110,11 @@ def _fitting_verdict(family: str, members: list, best, usable: float) -> FamilyV
     own ranking picks it); members that would have won but do not fit are named after it."""
     feasible = [c for c in members if c.feasible]
     verdict = _term_verdict(family, best, min(feasible, key=lambda c: c.objective))
-    faster = [c for c in members if c.cost is not None and not c.feasible and c.objective < best.objective]
+    faster = [
+        c
+        for c in members
+        if c.cost is not None and not c.feasible and c.objective is not None and c.objective < best.objective
+    ]
     if faster:
         verdict.detail += "; " + _would_win(min(faster, key=lambda c: c.objective), best, usable)
     return verdict

@@ -118,11 +118,13 @@ def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
 def _priced_cells(c, rank: int | str, run_columns: list[str], pricer: RunPricer | None) -> list:
     """A priced row's cells from rank to its run columns (plans_csv's header)."""
     cost = c.cost
+    if c.objective is None:  # its memory alone was priced: it does not fit (solve/memory_first.py)
+        blank = [""] * (2 + len(Cost.TIME_FIELDS))  # objective, step time and its terms
+        return [rank, c.status, c.feasible, *blank, cost.peak_memory_bytes, "", "", *[""] * len(run_columns)]
     times = [getattr(cost, name) for name in Cost.TIME_FIELDS]
     estimate = pricer.estimate(step_time_s=cost.step_time_s, devices=c.plan.devices) if pricer else None
     run = [getattr(estimate, name) if estimate else "" for name in run_columns]
-    objective = c.objective if c.objective is not None else ""
-    head = [rank, c.status, c.feasible, objective, cost.step_time_s, *times]
+    head = [rank, c.status, c.feasible, c.objective, cost.step_time_s, *times]
     return [*head, cost.peak_memory_bytes, cost.samples_per_s, cost.mfu, *run]
 
 

@@ -18,7 +18,8 @@ nothing hides: never above the priced step. Inside a group the tp_plan comes fro
 (solve/tp_plan.py, again with its memory row when nothing fits), the stages from solve/pipeline.py; survivors are
 priced by ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample or per run
 (cost/run/whole_run.py), both rising with the step time at fixed devices, so the bounds hold. A group whose ILP
-splits no op at tp > 1 is pruned unless tp is pinned.
+splits no op at tp > 1 is pruned unless tp is pinned. Before the loop a few members are priced to start the
+threshold near the best (solve/incumbent.py); a plan's memory is priced before its time (solve/memory_first.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from autoplan.solve import (
     activation_offload,
     candidates,
     expert_layout,
+    incumbent,
+    memory_first,
     moe_overlap,
     recompute_budget,
     space,
@@ -46,7 +49,6 @@ from autoplan.solve.pin_checks import check_option_pins
 from autoplan.solve.sparse_grads import keep_dp_choices, sparse_tables
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.tp_plan import TPChoice, TPPlanner
-from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -89,6 +91,9 @@ class Search:
         self.candidates: list[Candidate] = []
         self.budgets = recompute_budget.BudgetBounds(self.fixes, options.runtime)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
+        self.memory_first = self.early_incumbent = True  # price a plan's memory before its time (solve/memory_first.py)
+        self.probing: list | None = None  # where _evaluate defers its plans while the probes are found
+        self.probes = incumbent.Probes()  # the early incumbent's priced rows (solve/incumbent.py)
         self._dp_memo, self._stage_memo = {}, {}  # _dp_choices by degrees, _stage_options by (tp, pp, sp, m)
 
     # ---- objective ---------------------------------------------------------------------
@@ -138,6 +143,8 @@ class Search:
         groups = self.groups()
         if not groups:
             raise PlanError(space.no_configuration(self.options, len(self.graph.layers)))
+        if self.early_incumbent:
+            self.probes = incumbent.probe(self, groups)  # a threshold near the best from the start
         for index, (bound, group) in enumerate(groups):
             if self.options.progress:
                 self.options.progress(index, len(groups))
@@ -152,6 +159,7 @@ class Search:
             self._run_group(group, bound)
         if self.options.progress:
             self.options.progress(len(groups), len(groups))
+        self.candidates.extend(self.probes.leftovers())
         statuses = self.tp_planner.statuses()
         status = "time_limit" if any(s.status == "time_limit" for s in statuses) else "optimal"
         gap = max((s.gap or 0.0 for s in statuses), default=0.0)
@@ -338,28 +346,21 @@ class Search:
             self.candidates.append(candidates.memory_pruned_row(plan, sub, floor, self._usable_bytes, why=why))
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
+        if self.probing is not None:  # solve/incumbent.py finds its probes
+            return self.probing.append((bound, plan, ilp_status))
+        if (rows := self.probes.take(plan)) is not None:
+            return self.candidates.extend(rows)  # a probe's rows, priced before the loop
         plan = moe_overlap.with_pin(recompute_budget.with_pin(plan.checked(), self.fixes), self.fixes)
         if (plan := activation_offload.with_pin(plan, self.fixes)) is None:
             return  # a pinned recompute budget, all-to-all overlap or activation offload this plan cannot hold
-        cost = self.cost_model.estimate(plan)
-        if not cost.feasible and plan.pp > 1:
-            cost, plan = self._repartition_for_memory(plan, cost)
-        value = self.objective(cost.step_time_s, plan.devices)
-        candidate = Candidate(
-            config=config_of(plan),
-            status="evaluated",
-            lower_bound=bound,
-            objective=value,
-            cost=cost,
-            plan=plan,
-            reason=cost.reason if not cost.feasible else f"tp ILP {ilp_status}",
-        )
+        cost, plan, timed = memory_first.price(self, plan)  # its time only where it fits (solve/memory_first.py)
+        candidate = memory_first.row(self, plan, bound, cost, timed=timed, ilp_status=ilp_status)
         if cost.feasible and self.pricer is not None and self.pricer.spec.constrained:
             candidate.misses = self.pricer.violation(step_time_s=cost.step_time_s, devices=plan.devices)
             candidate.reason = candidate.misses or candidate.reason
         self.candidates.append(candidate)
         if candidate.feasible:
-            heapq.heappush(self._top, -value)
+            heapq.heappush(self._top, -candidate.objective)
             if len(self._top) > self.options.keep:
                 heapq.heappop(self._top)
             if self.best is None or rank_key(candidate) < rank_key(self.best):
@@ -370,15 +371,6 @@ class Search:
             self._evaluate(retry, bound, ilp_status=ilp_status)  # it did not fit: its activations offloaded
         if twin := moe_overlap.overlapped_twin(plan, self.fixes):
             self._evaluate(twin, bound, ilp_status=ilp_status)  # its all-to-all overlapped (solve/moe_overlap.py)
-
-    def _repartition_for_memory(self, plan: Plan, cost: Cost) -> tuple[Cost, Plan]:
-        """The time-optimal stages (or chunks) did not fit: try the best partition under the memory limits."""
-        stages = self.partitions.within_memory(plan)
-        if stages is None or not recompute_budget.holds(plan.recompute_blocks, stages):
-            return cost, plan
-        retry = replace(plan, stages=stages)
-        retry_cost = self.cost_model.estimate(retry)
-        return (retry_cost, retry) if retry_cost.feasible else (cost, plan)
 
     def _stages(self, plan: Plan) -> list[list[str]]:
         return self.partitions.stages(plan)

@@ -135,6 +135,7 @@ def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_be
     profile = synthetic_profile(memory_bytes=2**30)
     search = Search(graph, profile, SearchOptions(devices=4, batch_size=BATCH, keep=10**6, runtime="megatron"))
     search._usable_bytes = float("inf")
+    search.memory_first = False  # and the time of every plan that does not fit
     priced = [c for c in search.run().candidates if c.cost is not None]
     overlapped = [c.plan for c in priced if c.plan.moe_a2a_overlap]
     assert overlapped and all(p.ep > 1 and p.recompute != "full" and p.precision != "fp32" for p in overlapped)

@@ -22,6 +22,7 @@ def _pruned_and_exhaustive(graph, profile, options: SearchOptions):
     everything = Search(graph, profile, options)
     everything._beaten = lambda bound: False  # price every candidate
     everything._usable_bytes = float("inf")  # whatever its memory floor
+    everything.memory_first = False  # and the time of every plan that does not fit
     return pruned, everything, everything.run()
 
 

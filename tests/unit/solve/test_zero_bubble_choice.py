@@ -66,6 +66,7 @@ def test_the_pruned_search_finds_the_exhaustive_best_with_zero_bubble_in_its_spa
     everything = Search(GRAPH, PROFILE, options)
     everything._beaten = lambda bound: False  # price every candidate
     everything._usable_bytes = float("inf")  # whatever its memory floor
+    everything.memory_first = False  # and the time of every plan that does not fit
     full = everything.run()
     assert full.best.schedule == "interleaved_zb" and pruned.pruned > 0
     priced_zb = [sum(c.config["schedule"] == "interleaved_zb" for c in r.candidates if c.cost) for r in (pruned, full)]

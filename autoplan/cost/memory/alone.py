@@ -1,0 +1,38 @@
+"""A plan's memory alone: what ``CostModel.estimate`` charges a device and whether it fits, without its time.
+
+The search asks this first (solve/memory_first.py): the peak, its parts and the feasibility read only the
+per-stage totals (cost/stages.py) and the memory terms (cost/memory/plan.py), never a time term, so a plan
+that cannot fit is known before its step time is priced, about a quarter of ``estimate``'s work on GPT-1T
+(docs/ilp.md, "Memory before time"). ``estimate`` fills its memory with :func:`fill_memory`, the one
+statement of this part, so the two cannot disagree (tests/unit/cost/test_memory_alone.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoplan.cost.cp.weights import weight_sync_plan
+from autoplan.cost.stages import StageTotals
+from autoplan.types.cost import Cost
+from autoplan.types.hsdp import shard_view
+from autoplan.types.plan import Plan
+
+if TYPE_CHECKING:
+    from autoplan.cost.model import CostModel
+
+
+def fill_memory(model: CostModel, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
+    """Write ``plan``'s memory parts, peak and feasibility into ``cost`` (PlanMemory.fill), its weights shared
+    by the dp x cp ranks (cost/cp/weights.py)."""
+    weights = weight_sync_plan(plan)
+    model.memory.fill(cost, shard_view(weights), stages, [model.powersgd_stage(weights, s) for s in stages])
+
+
+def memory_alone(model: CostModel, plan: Plan) -> Cost:
+    """``plan``'s Cost with only its memory fields, feasibility and reason set, as ``model.estimate`` sets them;
+    every time field is left at 0."""
+    model = model.for_runtime(plan.runtime)
+    stages, _tp_plan, _ctx = model.priced_stages(plan)
+    cost = Cost()
+    fill_memory(model, cost, plan, stages)
+    return cost
