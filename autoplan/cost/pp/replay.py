@@ -106,8 +106,39 @@ def _v_steps(schedule: str, *, pp: int, m: int, apart: bool) -> tuple:
 
 @lru_cache(maxsize=256)
 def _v_flat(schedule: str, *, pp: int, m: int, apart: bool) -> tuple | None:
-    """:func:`_flat` of :func:`_v_steps`, built once per (p, m)."""
-    return _flat(_v_steps(schedule, pp=pp, m=m, apart=apart))
+    """:func:`_flat` of :func:`_v_steps`, built once per (p, m) (None where F&B pairs run whole)."""
+    if not apart:
+        return None
+    place = [stage_of_chunk(c, pp=pp, v_shape=True) for c in range(2 * pp)]
+    return _flat_of([_unpaired(actions, {}) for actions in v_order(schedule, pp=pp, m=m)], place=place)
+
+
+def _flat_of(order: Sequence[Sequence[Action]], *, place: Sequence[int]) -> tuple:
+    """:func:`_flat` of an ``order`` whose actions wait for one input at most, built in one pass: each rank runs
+    its actions until one waits for a result not yet made, and resumes when it is (any order in which every
+    input comes first replays to the same floats)."""
+    kinds = tuple(sorted({action[0] for actions in order for action in actions}))
+    index = {kind: k for k, kind in enumerate(kinds)}
+    made: dict[tuple, int] = {}
+    waiting: dict[tuple, list[int]] = {}  # a result not yet made -> the ranks stopped for it
+    pos, last, out, ready = [0] * len(order), [0] * len(order), [], list(range(len(order)))
+    while ready:
+        rank = ready.pop()
+        actions = order[rank]
+        while pos[rank] < len(actions):
+            action = actions[pos[rank]]
+            needs = _needs(action, chunks=len(place))
+            j = made.get(needs[0]) if needs else 0
+            if j is None:
+                waiting.setdefault(needs[0], []).append(rank)
+                break
+            out.append((index[action[0]], last[rank], j, bool(needs) and place[needs[0][1]] != rank))
+            last[rank], pos[rank] = len(out), pos[rank] + 1
+            for result in _produces(action):
+                made[result] = len(out)
+                ready += waiting.pop(result, [])
+    assert all(p == len(actions) for p, actions in zip(pos, order)), "the schedule's order deadlocked"
+    return kinds, tuple(out), tuple(last)
 
 
 def _flat(steps: tuple) -> tuple | None:
