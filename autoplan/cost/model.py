@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autoplan.cost.blocks import LayerSummary, block_structure, per_distinct, summarise
-from autoplan.cost.compute.dtypes import dtype_policy, plan_dtypes
+from autoplan.cost.compute.dtypes import dtype_policy
 from autoplan.cost.compute.eager_attention import FusedAttentionModel
 from autoplan.cost.compute.fp8 import fp8_recipe as recipe_of
 from autoplan.cost.compute.fusion import fuses_elementwise
@@ -74,6 +74,8 @@ class CostModel:
         self._structures = {rep: block_structure(graph, rep) for rep in set(self._rep.values())}
         self._outside = self._split_outside()
         self._cache: dict[tuple, LayerSummary] = {}
+        inputs = {layer: (rep, self._structures[rep].inputs) for layer, rep in self._rep.items()}
+        self._boundaries = pp_messages.BoundaryMemo(graph, profile.backend, inputs)  # block_inputs, memoised
         self.node_times = NodeTimes(graph, profile)  # shared with the search's bounds and ILPs
         self.dp_terms = DataParallelTerms(profile, graph)  # the dp and ZeRO terms (cost/dp/sync.py)
         self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
@@ -336,13 +338,12 @@ class CostModel:
 
     def chunk_inputs(self, plan: Plan) -> pp_messages.ChunkInputs:
         """Per pipeline chunk, what it receives per micro-batch (cost/pp/messages.py)."""
-        return [self.block_inputs(chunk[0], plan) for chunk in self._chunks(plan)]
+        return self._boundaries.get([chunk[0] for chunk in self._chunks(plan)], plan)
 
     def block_inputs(self, layer: str, plan: Plan, *, in_precision: bool = False) -> pp_messages.Boundary:
         """What a chunk starting at block ``layer`` receives per micro-batch (pp_messages.block_inputs), in the
         run's dtypes or ``in_precision`` (a floor of every dtype policy: the search's bounds)."""
-        dtypes = None if in_precision else plan_dtypes(self.graph, plan, backend=self.profile.backend)
-        return pp_messages.block_inputs(self.graph, self._structures[self._rep[layer]].inputs, plan, dtypes=dtypes)
+        return self._boundaries.get([layer], plan, in_precision=in_precision)[0]
 
     def powersgd_stage(self, plan: Plan, stage: StageTotals) -> PowerSGDTraffic:
         """A stage's PowerSGD traffic (DataParallelTerms.powersgd_stage)."""

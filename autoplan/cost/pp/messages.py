@@ -22,7 +22,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autoplan.cost.compute.dtypes import RunDtypes
+from autoplan.cost.compute.dtypes import RunDtypes, dtype_policy, dtypes_of
 from autoplan.cost.compute.roofline import activation_scale
 from autoplan.cost.dp.messages import StepMessages
 from autoplan.cost.network.comm import collective_time_s
@@ -73,6 +73,29 @@ def block_inputs(graph: Graph, inputs: list[OpNode], plan: Plan, *, dtypes: RunD
     if not scatter and plan.sequence_parallel and plan.tp > 1:
         gathers += [(max(sizes), where) for sizes, where in ((sent, SENDER), (returned, RECEIVER)) if any(sizes)]
     return Boundary(sent, returned, tuple(gathers))
+
+
+class BoundaryMemo:
+    """:func:`block_inputs` of a block, memoised on its group (``inputs_of``: block -> (group, the group's block
+    inputs)) and what the function reads of a plan: micro-batch, cp, tp, runtime, precision, sequence split and
+    dtype policy (the run dtypes; none ``in_precision``). Thousands of priced plans share a few of these."""
+
+    def __init__(self, graph: Graph, backend: str, inputs_of: dict[str, tuple[str, list[OpNode]]]):
+        self.graph, self.backend, self.inputs_of = graph, backend, inputs_of
+        self._memo: dict[tuple, Boundary] = {}
+
+    def get(self, layers: list[str], plan: Plan, *, in_precision: bool = False) -> list[Boundary]:
+        """:func:`block_inputs` of each of ``layers`` under ``plan``."""
+        policy = None if in_precision else dtype_policy(plan, backend=self.backend)
+        reads = (plan.micro_batch_size, plan.cp, plan.tp, plan.runtime, plan.precision, plan.sequence_parallel, policy)
+        found = []
+        for layer in layers:
+            group, inputs = self.inputs_of[layer]
+            hit = self._memo.get(key := (group, *reads))
+            if hit is None:
+                hit = self._memo[key] = block_inputs(self.graph, inputs, plan, dtypes=dtypes_of(self.graph, policy))
+            found.append(hit)
+        return found
 
 
 def _scatter_dim(node: OpNode, plan: Plan) -> int | None:

@@ -72,8 +72,11 @@ def replay_span_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: floa
     """The time the last rank finishes one step of V ``schedule`` with one chunk's ``f``, ``b``, ``w`` seconds
     and ``send_s`` per send between ranks (module docstring), memoised."""
     seconds = _durations(f, b, w)
-    steps = _v_steps(schedule, pp=pp, m=m, apart=_apart(seconds))
-    return max(_replay(steps, seconds=seconds, send_s=send_s))
+    apart = _apart(seconds)
+    flat = _v_flat(schedule, pp=pp, m=m, apart=apart)
+    if flat is None:  # an F&B pair that overlaps, run whole
+        return max(_replay(_v_steps(schedule, pp=pp, m=m, apart=apart), seconds=seconds, send_s=send_s))
+    return max(_replay_flat(flat, seconds, send_s))
 
 
 def replay_finish_s(
@@ -82,7 +85,9 @@ def replay_finish_s(
     """Each rank's finish time for ``order`` (one action list per rank) with chunk c on rank ``place[c]`` and
     ``seconds`` per action kind (module docstring), O(actions): each action starts when its rank's previous
     one and the actions that make its inputs have ended."""
-    return _replay(_steps(order, place=place, apart=_apart(seconds)), seconds=seconds, send_s=send_s)
+    steps = _steps(order, place=place, apart=_apart(seconds))
+    flat = _flat(steps)
+    return _replay(steps, seconds=seconds, send_s=send_s) if flat is None else _replay_flat(flat, seconds, send_s)
 
 
 def _apart(seconds: dict[str, float]) -> bool:
@@ -90,11 +95,83 @@ def _apart(seconds: dict[str, float]) -> bool:
     return not seconds.get("FB", float("inf")) < seconds.get("F", 0.0) + seconds.get("BW", 0.0)
 
 
-@lru_cache(maxsize=256)
 def _v_steps(schedule: str, *, pp: int, m: int, apart: bool) -> tuple:
-    """:func:`_steps` of V ``schedule``'s order, built once per (p, m)."""
+    """:func:`_steps` of V ``schedule``'s order."""
     place = [stage_of_chunk(c, pp=pp, v_shape=True) for c in range(2 * pp)]
     return _steps(v_order(schedule, pp=pp, m=m), place=place, apart=apart)
+
+
+@lru_cache(maxsize=256)
+def _v_flat(schedule: str, *, pp: int, m: int, apart: bool) -> tuple | None:
+    """:func:`_flat` of :func:`_v_steps`, built once per (p, m) (None where F&B pairs run whole)."""
+    if not apart:
+        return None
+    place = [stage_of_chunk(c, pp=pp, v_shape=True) for c in range(2 * pp)]
+    return _flat_of([_unpaired(actions, {}) for actions in v_order(schedule, pp=pp, m=m)], place=place)
+
+
+def _flat_of(order: Sequence[Sequence[Action]], *, place: Sequence[int]) -> tuple:
+    """:func:`_flat` of an ``order`` whose actions wait for one input at most, built in one pass: each rank runs
+    its actions until one waits for a result not yet made, and resumes when it is (any order in which every
+    input comes first replays to the same floats)."""
+    kinds = tuple(sorted({action[0] for actions in order for action in actions}))
+    index = {kind: k for k, kind in enumerate(kinds)}
+    made: dict[tuple, int] = {}
+    waiting: dict[tuple, list[int]] = {}  # a result not yet made -> the ranks stopped for it
+    pos, last, out, ready = [0] * len(order), [0] * len(order), [], list(range(len(order)))
+    while ready:
+        rank = ready.pop()
+        actions = order[rank]
+        while pos[rank] < len(actions):
+            action = actions[pos[rank]]
+            needs = _needs(action, chunks=len(place))
+            j = made.get(needs[0]) if needs else 0
+            if j is None:
+                waiting.setdefault(needs[0], []).append(rank)
+                break
+            out.append((index[action[0]], last[rank], j, bool(needs) and place[needs[0][1]] != rank))
+            last[rank], pos[rank] = len(out), pos[rank] + 1
+            for result in _produces(action):
+                made[result] = len(out)
+                ready += waiting.pop(result, [])
+    assert all(p == len(actions) for p, actions in zip(pos, order)), "the schedule's order deadlocked"
+    return kinds, tuple(out), tuple(last)
+
+
+def _flat(steps: tuple) -> tuple | None:
+    """``steps`` renumbered for :func:`_replay_flat` (None where an action waits for two inputs: an F&B pair
+    run whole, which :func:`_replay` replays): action t becomes t + 1 and 0 stands for "nothing", whose end is
+    0.0; each action is (its kind's index in ``kinds``, its rank's previous action, its input, sent between
+    ranks)."""
+    order, last = steps
+    if any(len(inputs) > 1 for _, _, _, inputs in order):
+        return None
+    new = {i: t + 1 for t, (i, _, _, _) in enumerate(order)}
+    kinds = tuple(sorted({kind for _, kind, _, _ in order}))
+    index = {kind: k for k, kind in enumerate(kinds)}
+    actions = tuple(
+        (index[kind], new.get(before, 0), *((new[inputs[0][0]], inputs[0][1]) if inputs else (0, False)))
+        for _, kind, before, inputs in order
+    )
+    return kinds, actions, tuple(new.get(i, 0) for i in last)
+
+
+def _replay_flat(flat: tuple, seconds: dict[str, float], send_s: float) -> list[float]:
+    """:func:`_replay` of :func:`_flat`'s form, the same floats: each action starts at the later of its rank's
+    previous end and its input's arrival (0.0 for none, as the sentinel's end), then adds its kind's seconds."""
+    kinds, actions, last = flat
+    durations = [seconds[kind] for kind in kinds]
+    end = [0.0]
+    append = end.append
+    if send_s == 0.0:  # an arrival is its input's end: no end is -0.0, so end + 0.0 is that float
+        for k, before, j, _ in actions:
+            start, arrive = end[before], end[j]
+            append((arrive if arrive > start else start) + durations[k])
+    else:
+        for k, before, j, sent in actions:
+            start, arrive = end[before], end[j] + send_s if sent else end[j]
+            append((arrive if arrive > start else start) + durations[k])
+    return [end[t] for t in last]
 
 
 def _steps(order: Sequence[Sequence[Action]], *, place: Sequence[int], apart: bool) -> tuple:

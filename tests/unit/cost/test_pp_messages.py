@@ -3,6 +3,8 @@ charges them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from synthetic import a100_profile, gpt_graph
 
@@ -57,3 +59,18 @@ def test_under_tp_each_rank_sends_its_share_and_the_boundary_is_gathered_where_t
         assert cut_sizes == [max(full.sent)] * 2 and full_sizes == []
     assert model.estimate(split).pp_comm_s != model.estimate(whole).pp_comm_s
     assert gathered["autoplan"] != gathered["deepspeed"]
+
+
+@pytest.mark.parametrize("change", [{"micro_batch_size": 2}, {"sequence_parallel": True}, {"runtime": "deepspeed"}])
+def test_the_boundary_memo_keys_on_every_plan_field_block_inputs_reads(change):
+    """CostModel memoises each chunk's boundary (pp/messages.py BoundaryMemo): after pricing a plan, one that differs
+    only in a field block_inputs reads gets a fresh model's boundaries, not the first plan's, and its pipeline
+    sends are priced from them (the dtype policy: test_run_dtypes.py prices fp32, bf16 and bf16 under FSDP2 in one
+    model)."""
+    plan = Plan(devices=8, dp=2, tp=2, pp=2, micro_batch_size=1, num_microbatches=4, schedule="1f1b")
+    other = replace(plan, **change)
+    model = CostModel(gpt_graph(layers=4), a100_profile())
+    before = model.chunk_inputs(plan)
+    fresh = CostModel(gpt_graph(layers=4), a100_profile())
+    assert model.chunk_inputs(other) == fresh.chunk_inputs(other) != before
+    assert model.estimate(other).pp_comm_s == fresh.estimate(other).pp_comm_s

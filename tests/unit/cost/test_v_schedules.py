@@ -236,3 +236,31 @@ def test_a_weight_tied_across_the_vs_first_and_last_chunk_is_held_twice_on_stage
         stages, _, _ = model.priced_stages(plan)
         assert stages[0].params - 2 * (16 * 16 + 16) == tied_copies * 64 * 16, schedule
         assert not model.tied.elements_by_stage(plan, model._chunks(plan), stages) or schedule != "zbv"
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_the_flat_replay_gives_the_general_replays_floats(schedule):
+    """replay_span_s and replay_finish_s run the renumbered one-input replay (replay.py _replay_flat); on random
+    durations and sends its finishes are the same floats as the general replay's (which F&B pairs run whole need),
+    and a span memoised on (f, b, w) changes with each of them."""
+    import random
+
+    from autoplan.cost.pp import replay
+
+    rng = random.Random(7)
+    for pp, m in [(2, 4), (3, 7), (4, 8), (5, 13)]:
+        steps = replay._v_steps(schedule, pp=pp, m=m, apart=True)
+        place = [stage_of_chunk(c, pp=pp, v_shape=True) for c in range(2 * pp)]
+        for _ in range(20):
+            f, b, w, send = (rng.random() * 10 ** rng.randint(-6, 0) for _ in range(4))
+            seconds = replay._durations(f, b, w)
+            for send_s in (0.0, send):
+                general = replay._replay(steps, seconds=seconds, send_s=send_s)
+                assert replay_finish_s(v_order(schedule, pp=pp, m=m), place=place, seconds=seconds, send_s=send_s) == (
+                    general
+                )
+                span = replay.replay_span_s(schedule=schedule, pp=pp, m=m, f=f, b=b, w=w, send_s=send_s)
+                assert span == max(general)
+        base = replay.replay_span_s(schedule=schedule, pp=pp, m=m, f=1.0, b=1.0, w=1.0)
+        for more in (dict(f=2.0, b=1.0, w=1.0), dict(f=1.0, b=2.0, w=1.0), dict(f=1.0, b=1.0, w=2.0)):
+            assert replay.replay_span_s(schedule=schedule, pp=pp, m=m, **more) > base
