@@ -45,7 +45,7 @@ def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int
     return looped_order(schedule, pp=pp, virtual_stages=virtual_stages, m=m)[rank]
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=None)  # a search meets a few thousand (schedule, pp, v, m, rank): a bound thrashed
 def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
     """The states of ``rank`` no other exceeds in every count (module docstring), memoised, its chunks counted
     in :func:`chunk_groups`. An F&B pair counts its forward before its backward frees, as torch runs them."""
