@@ -80,8 +80,9 @@ def test_the_planner_compresses_on_a_slow_link_only_when_allowed():
 
 
 def test_bounds_stay_below_the_priced_objective_with_lossy_options():
-    result = plan_graph(_model(), devices=32, profile=_slow(), batch_size=32, allow_lossy=True)
-    evaluated = [c for c in result.candidates if c.status == "evaluated"]
+    synced = {"sync_every": 1}  # DiLoCo, also lossy, would win and its bound prune every compressed plan
+    result = plan_graph(_model(), devices=32, profile=_slow(), batch_size=32, allow_lossy=True, fix=synced)
+    evaluated = [c for c in result.candidates if c.status == "evaluated" and c.objective is not None]
     assert any(c.plan.grad_compression == "powersgd" for c in evaluated)
     assert any(c.plan.grad_reduce_dtype == "bf16" for c in evaluated)
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in evaluated)

@@ -25,7 +25,7 @@ from autoplan.types.cost import Cost
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    result = write_plan_folder(root / "plan", fix="pp=2")
+    result = write_plan_folder(root / "plan", fix="pp=2,schedule=1f1b")  # 1f1b: its memory parts peak on different stages
     median = write_measured_run(root / "run", result.best)
     with pytest.MonkeyPatch.context() as patch:  # keep what memory.png draws
         patch.setattr(figures, "memory_figure", _recording(figures.memory_figure, root))
@@ -175,7 +175,7 @@ def test_load_plan_folder_reads_the_planner_inputs(built):
     folder = load_plan_folder(root / "plan")
     assert folder.plan.describe() == result.best.describe()
     assert folder.graph is not None and folder.profile is not None
-    assert folder.search_options["fixes"] == {"pp": 2}
+    assert folder.search_options["fixes"] == {"pp": 2, "schedule": "1f1b"}
 
 
 def test_a_folder_where_nothing_fits_reports_the_closest_candidate(tmp_path, capsys):
