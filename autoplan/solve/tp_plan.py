@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from autoplan.cost import MemoryBudget, NodeTimes, TPContext, analyse_block, price_block, split_context
 from autoplan.solve.backend import SolveStatus
 from autoplan.solve.intra_op import budget_infeasibility, solve_block
+from autoplan.types.frozen_tp_plan import FrozenTpPlan
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -138,6 +139,7 @@ class TPPlanner:
         Plan(
             devices=ctx.tp, dp=1, tp=ctx.tp, pp=1, micro_batch_size=1, num_microbatches=1, tp_plan=choice.tp_plan
         )  # validates the splits once
+        choice.tp_plan = FrozenTpPlan(choice.tp_plan)  # shared by every candidate: memos key on its identity
         return choice
 
     def _copy(
