@@ -25,7 +25,8 @@ from autoplan.types.cost import Cost
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    result = write_plan_folder(root / "plan", fix="pp=2,schedule=1f1b")  # 1f1b: its memory parts peak on different stages
+    # 1f1b: its memory parts peak on different stages (the figure must not sum their maxima)
+    result = write_plan_folder(root / "plan", fix="pp=2,schedule=1f1b")
     median = write_measured_run(root / "run", result.best)
     with pytest.MonkeyPatch.context() as patch:  # keep what memory.png draws
         patch.setattr(figures, "memory_figure", _recording(figures.memory_figure, root))
