@@ -240,7 +240,7 @@ def v_forward_share(parts: list[tuple[float, float, float]]) -> float:
     return min((f / (f + b + r) for f, b, r in parts if f + b + r > 0), default=0.0)
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=None)  # one per (schedule, pp, m, rank) a search meets: a bound of 1,024 thrashed
 def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int, int], ...]:
     """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not, tensors its
     finished sends still hold) no other state of its order exceeds in all three: one of them is the peak
