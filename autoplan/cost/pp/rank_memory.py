@@ -31,6 +31,7 @@ from functools import lru_cache
 import numpy as np
 
 from autoplan.cost.pp.looped_orders import looped_order
+from autoplan.cost.pp.order_states import distinct_rows, order_halves, order_states
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.schedules import V_SCHEDULES
@@ -48,7 +49,20 @@ def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int
 @lru_cache(maxsize=None)  # a search meets a few thousand (schedule, pp, v, m, rank): a bound thrashed
 def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
     """The states of ``rank`` no other exceeds in every count (module docstring), memoised, its chunks counted
-    in :func:`chunk_groups`. An F&B pair counts its forward before its backward frees, as torch runs them."""
+    in :func:`chunk_groups`: the frontier of the walk's states as cost/pp/order_states.py computes them at once
+    (:func:`rank_states_walk` is the walk, one action at a time, that tests/unit/cost/test_rank_memory.py holds
+    it to)."""
+    where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
+    kinds, chunks = order_halves(m=m, **where)
+    group_of = np.zeros(pp * virtual_stages, dtype=np.int64)
+    for chunk, group in chunk_groups(**where).items():
+        group_of[chunk] = group
+    return frontier(order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1))
+
+
+def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
+    """:func:`rank_states` by walking ``rank``'s order one action at a time (the reference). An F&B pair counts
+    its forward before its backward frees, as torch runs them."""
     group = chunk_groups(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
     last, size = pp * virtual_stages - 1, max(group.values()) + 1
     held, kept, sent = [0] * size, [0] * size, 0
@@ -90,17 +104,23 @@ def group_sizes(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> tu
 
 
 def frontier(states: Sequence[State] | np.ndarray) -> tuple[State, ...]:
-    """The distinct ``states`` no other is at least in every count: the one with the largest sum left is one
-    (a state that exceeds another has the larger sum); it is kept and every state it is at least is dropped,
-    until none is left."""
-    left = np.unique(np.asarray(states, dtype=np.int64).reshape(len(states), -1), axis=0)  # distinct rows
-    left = left[np.argsort(-left.sum(axis=1), kind="stable")]
-    kept: list[State] = []
-    while len(left):
-        top, left = left[0], left[1:]
-        kept.append(tuple(int(n) for n in top))
-        left = left[~(left <= top).all(axis=1)]
-    return tuple(sorted(kept))
+    """The distinct ``states`` no other is at least in every count, sorted. A state that another exceeds has the
+    smaller sum, so in order of falling sum a state is kept unless one before it exceeds it, and one before it
+    does if a kept one does: the states are taken ``_BLOCK`` at a time, each tested against the kept ones and
+    against the others of its block at once."""
+    rows = distinct_rows(np.asarray(states, dtype=np.int64).reshape(len(states), -1))
+    rows = rows[np.argsort(-rows.sum(axis=1), kind="stable")]
+    kept = rows[:0]
+    for start in range(0, len(rows), _BLOCK):
+        block = rows[start : start + _BLOCK]
+        within = (block[:, None, :] <= block[None, :, :]).all(axis=2)  # [i, j]: state i at most state j
+        np.fill_diagonal(within, False)  # distinct rows: at most another means exceeded
+        exceeded = within.any(axis=1) | (block[:, None, :] <= kept[None, :, :]).all(axis=2).any(axis=1)
+        kept = np.concatenate([kept, block[~exceeded]])
+    return tuple(sorted(tuple(state) for state in kept.tolist()))
+
+
+_BLOCK = 64  # states tested at once: a block's tests cost _BLOCK * (kept + _BLOCK) * counts, few numpy calls
 
 
 def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],

@@ -1,0 +1,80 @@
+"""One rank's states as it runs its order, as arrays (docs/cost-model.md, "Pipeline memory"): the candidates of
+cost/pp/rank_memory.py's ``rank_states``, in one pass of numpy rather than one Python step per action.
+
+An order is a sequence of halves (kind, chunk) (DualPipeV's F&B pair is its F, then its whole backward BW).
+With g(c) the group of chunk c (rank_memory.py ``chunk_groups``) and ``last`` the loss's chunk, half i adds
+
+    held[g(c)] += 1 (F), -1 (W, BW)        kept[g(c)] += 1 (B), -1 (W), where c > 0
+    sent += [kind in (W, BW) and c < last] + [kind in (B, BW) and c > 0]
+
+so the state after half i is the cumulative sum of the deltas up to i, and the loss's backward (a B or BW of
+``last``) runs on the row before it. Two rules drop rows that cannot be on the frontier (a row at most another
+is never kept) before it is computed:
+
+    a row followed by a half that only adds (F, B) is at most the next row;
+    of the rows with the same (held, kept, loss), all but the most sent are at most it (sent never falls).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplan.cost.pp.looped_orders import KINDS, looped_halves
+from autoplan.cost.pp.v_orders import v_order
+from autoplan.types.schedules import V_SCHEDULES
+
+_HELD = np.array([1, 0, -1, -1])  # by kind code (KINDS): a chunk's activations, made by F, freed by W or BW
+_KEPT = np.array([0, 1, -1, 0])  # its output gradients: kept by B until W
+_CODE = {kind: code for code, kind in enumerate(KINDS)}
+
+
+def order_halves(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kinds (codes of looped_orders.py ``KINDS``) and chunks of the halves ``rank`` runs, in torch's order."""
+    if schedule not in V_SCHEDULES:
+        return looped_halves(schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    halves: list[tuple[int, int]] = []
+    for action in v_order(schedule, pp=pp, m=m)[rank]:
+        halves += [(0, action[1]), (3, action[3])] if action[0] == "FB" else [(_CODE[action[0]], action[1])]
+    pairs = np.asarray(halves, dtype=np.int64)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def order_states(kinds: np.ndarray, chunks: np.ndarray, *, group_of: np.ndarray, last: int) -> np.ndarray:
+    """Rows (held per group, kept per group, sent, loss) of the states after each half and before the loss's
+    backward, less the rows the module docstring's two rules drop; ``group_of[c]`` is chunk c's group."""
+    groups, count = int(group_of.max()) + 1, len(kinds)
+    group = group_of[chunks]
+    deltas = np.zeros((count, 2 * groups + 2), dtype=np.int64)
+    deltas[np.arange(count), group] = _HELD[kinds]
+    deltas[np.arange(count), groups + group] = _KEPT[kinds] * (chunks > 0)
+    backward = (kinds == 1) | (kinds == 3)
+    weight = (kinds == 2) | (kinds == 3)
+    deltas[:, 2 * groups] = (weight & (chunks < last)).astype(np.int64) + (backward & (chunks > 0))
+    after = np.cumsum(deltas, axis=0)
+    falls = np.ones(count, dtype=bool)
+    falls[:-1] = (deltas[1:] < 0).any(axis=1)
+    at_loss = np.flatnonzero(backward & (chunks == last))
+    before_loss = np.where((at_loss > 0)[:, None], after[np.maximum(at_loss - 1, 0)], 0)
+    before_loss[:, -1] = 1
+    return _most_sent(np.concatenate([after[falls], before_loss]), sent=2 * groups)
+
+
+def _most_sent(rows: np.ndarray, *, sent: int) -> np.ndarray:
+    """Of the rows with equal counts but ``sent``, the one with the most sent."""
+    order = [*range(sent), sent + 1, sent]  # sent last, so that sorting puts it last within its counts
+    rows = distinct_rows(rows[:, order])
+    last_of_counts = np.ones(len(rows), dtype=bool)
+    last_of_counts[:-1] = (rows[1:, :-1] != rows[:-1, :-1]).any(axis=1)
+    return rows[last_of_counts][:, order]  # the same swap undoes itself
+
+
+def distinct_rows(rows: np.ndarray) -> np.ndarray:
+    """The distinct rows of ``rows`` in lexicographic order, as ``np.unique(rows,
+    axis=0)`` returns them: each row read as one number in the mixed radix of its columns' largest counts plus
+    one, which sorts as the row does, where no count is negative and that number fits in 62 bits."""
+    radix = rows.max(axis=0, initial=0) + 1
+    if rows.min(initial=0) < 0 or float(np.prod(radix.astype(np.float64))) >= 2.0**62:
+        return np.unique(rows, axis=0)
+    place = np.cumprod(np.concatenate([radix[1:], [1]])[::-1])[::-1]  # place[i] = prod(radix[i + 1:])
+    _, first = np.unique(rows @ place, return_index=True)
+    return rows[first]

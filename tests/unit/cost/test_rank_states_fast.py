@@ -1,0 +1,88 @@
+"""The pipeline-memory states computed at once (cost/pp/order_states.py, looped_orders.py ``looped_halves``, the
+blocked frontier) are the walk's, state for state and in the same order, so the peak a price picks, ties
+included, is the one the walk picks (docs/cost-model.md, "Pipeline memory")."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from autoplan.cost.pp.looped_orders import KINDS, looped_halves, looped_order
+from autoplan.cost.pp.order_states import distinct_rows
+from autoplan.cost.pp.rank_memory import frontier, peak_state, rank_states, rank_states_walk
+from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
+
+VIRTUAL = {"interleaved_1f1b": (2, 3), "interleaved_zb": (1, 2, 3), "zbv": (2,), "dualpipev": (2,)}
+
+
+def _runs(schedule: str, pp: int, m: int) -> bool:
+    """Whether torch runs ``schedule`` with ``pp`` stages and ``m`` micro-batches (types/schedules.py)."""
+    if schedule in V_SCHEDULES:
+        return m >= 2 * pp
+    rounds_divide = m % zero_bubble_rounds(pp=pp, num_microbatches=m) == 0
+    return rounds_divide and (m >= pp or schedule == "interleaved_1f1b")
+
+
+def _grid() -> list[dict]:
+    """Every (schedule, pp <= 16, v <= 3, m <= 64, rank) torch runs."""
+    return [
+        dict(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
+        for schedule, vs in VIRTUAL.items()
+        for pp in range(2, 17)
+        for v in vs
+        for m in range(1, 65)
+        if _runs(schedule, pp, m)
+        for rank in range(pp)
+    ]
+
+
+def test_the_states_are_the_walks_on_every_schedule_torch_runs():
+    """A fixed sample of the grid (the whole grid, about 25,000 ranks, takes half a minute), and every rank of
+    the largest pipelines, where the warm-up and cool-down phases are longest."""
+    grid = _grid()
+    cases = random.Random(0).sample(grid, 600) + [c for c in grid if c["pp"] == 16 and c["m"] in (16, 33, 64)]
+    for case in cases:
+        assert rank_states(**case) == rank_states_walk(**case), case
+
+
+def test_the_peak_and_its_ties_are_the_walks():
+    """Weights that tie states (whole groups weighing nothing, equal weights) pick the same state."""
+    case = dict(schedule="interleaved_zb", pp=4, virtual_stages=3, m=8, rank=1)
+    fast, walk = rank_states(**case), rank_states_walk(**case)
+    for weights in ([1, 1, 1], [0, 1, 0], [1, 0, 0], [2, 2, 2]):
+        prices = dict(saved_bytes=weights, kept_bytes=weights[::-1], boundary_bytes=0.0, loss_bytes=0.0)
+        assert peak_state(fast, **prices) == peak_state(walk, **prices)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_frontier_keeps_exactly_the_states_none_exceeds_on_random_sets(seed):
+    """Kept states are distinct and none is at most another; every given state is at most a kept one."""
+    rng = np.random.default_rng(seed)
+    count, width = [(5, 2), (70, 3), (200, 8), (300, 4), (1, 6), (130, 5)][seed]
+    states = [tuple(int(n) for n in row) for row in rng.integers(0, 6, size=(count, width))]
+    states += states[: count // 3]  # repeats
+    kept = frontier(states)
+    assert list(kept) == sorted(set(kept))
+    assert not any(a != b and all(x <= y for x, y in zip(a, b)) for a in kept for b in kept)
+    assert all(any(all(x <= y for x, y in zip(s, k)) for k in kept) for s in states)
+
+
+def test_looped_halves_are_the_looped_orders_kinds_and_chunks():
+    for schedule in ("interleaved_1f1b", "interleaved_zb"):
+        for pp, v, m in [(2, 1, 2), (3, 2, 7), (4, 3, 8), (4, 2, 12), (5, 3, 10), (8, 2, 64), (6, 3, 1)]:
+            if schedule == "interleaved_1f1b" and v == 1:
+                continue
+            for rank, order in enumerate(looped_order(schedule, pp=pp, virtual_stages=v, m=m)):
+                kinds, chunks = looped_halves(schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
+                assert [(KINDS[k], c) for k, c in zip(kinds.tolist(), chunks.tolist())] == [a[:2] for a in order]
+
+
+@pytest.mark.parametrize("high", [4, 2**40, -3])
+def test_distinct_rows_are_numpys_unique_rows(high):
+    """The mixed-radix path, and numpy's own where the radix overflows or a count is negative."""
+    rng = np.random.default_rng(1)
+    rows = rng.integers(min(0, high), max(1, high), size=(50, 3))
+    rows = np.concatenate([rows, rows[:10]])
+    assert np.array_equal(distinct_rows(rows), np.unique(rows, axis=0))
