@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_states
+from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_states, state_matrix
 from autoplan.cost.stages import StageTotals
 from autoplan.types.plan import Plan
 from autoplan.types.schedules import RUNTIME_SCHEDULES, TORCH_PIPELINES, V_SCHEDULES
@@ -73,10 +73,10 @@ def _peak(key: tuple, weights: tuple[float, ...]) -> tuple[int, ...]:
     """:func:`peak_state` of the states of ``key`` (schedule, pp, v, m, rank), memoised: the search prices
     many plans on the same stage totals."""
     schedule, pp, v, m, rank = key
-    states = rank_states(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
+    where = dict(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
     g = (len(weights) - 2) // 2
-    return peak_state(states, saved_bytes=weights[:g], kept_bytes=weights[g : 2 * g], boundary_bytes=weights[-2],
-                      loss_bytes=weights[-1])  # fmt: skip
+    return peak_state(rank_states(**where), saved_bytes=weights[:g], kept_bytes=weights[g : 2 * g],
+                      boundary_bytes=weights[-2], loss_bytes=weights[-1], matrix=state_matrix(**where))  # fmt: skip
 
 
 @lru_cache(maxsize=4096)

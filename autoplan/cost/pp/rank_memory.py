@@ -49,15 +49,20 @@ def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int
 @lru_cache(maxsize=None)  # a search meets a few thousand (schedule, pp, v, m, rank): a bound thrashed
 def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
     """The states of ``rank`` no other exceeds in every count (module docstring), memoised, its chunks counted
-    in :func:`chunk_groups`: the frontier of the walk's states as cost/pp/order_states.py computes them at once
-    (:func:`rank_states_walk` is the walk, one action at a time, that tests/unit/cost/test_rank_memory.py holds
-    it to)."""
+    in :func:`chunk_groups`: the frontier of :func:`rank_rows` (:func:`rank_states_walk` is the walk, one action
+    at a time, that tests/unit/cost/test_rank_states_fast.py holds it to)."""
+    return frontier(rank_rows(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank))
+
+
+def rank_rows(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
+    """States of ``rank``'s walk, as rows, among which are all of :func:`rank_states` and each of the others
+    is at most one of them (cost/pp/order_states.py computes them at once)."""
     where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
     kinds, chunks = order_halves(m=m, **where)
     group_of = np.zeros(pp * virtual_stages, dtype=np.int64)
     for chunk, group in chunk_groups(**where).items():
         group_of[chunk] = group
-    return frontier(order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1))
+    return order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1)
 
 
 def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
@@ -124,9 +129,20 @@ _BLOCK = 64  # states tested at once: a block's tests cost _BLOCK * (kept + _BLO
 
 
 def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],
-               boundary_bytes: float, loss_bytes: float) -> State:  # fmt: skip
-    """The state of ``states`` holding the most bytes, with ``saved_bytes`` and ``kept_bytes`` per chunk group (in
-    the order of :func:`chunk_groups`), ``boundary_bytes`` one tensor handed on and ``loss_bytes`` the loss's
-    gradients (module docstring)."""
+               boundary_bytes: float, loss_bytes: float, matrix: np.ndarray | None = None) -> State:  # fmt: skip
+    """The state of ``states`` holding the most bytes (the first of them where several do), with ``saved_bytes``
+    and ``kept_bytes`` per chunk group (in the order of :func:`chunk_groups`), ``boundary_bytes`` one tensor handed
+    on and ``loss_bytes`` the loss's gradients (module docstring); ``matrix``: ``states`` as floats, where the
+    caller holds them (:func:`state_matrix`)."""
     weights = np.asarray([*saved_bytes, *kept_bytes, boundary_bytes, loss_bytes], dtype=np.float64)
-    return states[int(np.argmax(np.asarray(states, dtype=np.float64) @ weights))]
+    rows = np.asarray(states, dtype=np.float64) if matrix is None else matrix
+    return states[int(np.argmax(rows @ weights))]
+
+
+@lru_cache(maxsize=None)  # one per rank_states entry
+def state_matrix(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
+    """:func:`rank_states` as a read-only float matrix, one row per state in the same order, memoised: a search
+    weighs the same states under many plans' bytes (:func:`peak_state`)."""
+    rows = np.asarray(rank_states(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank), float)
+    rows.setflags(write=False)
+    return rows

@@ -11,7 +11,8 @@ import pytest
 
 from autoplan.cost.pp.looped_orders import KINDS, looped_halves, looped_order
 from autoplan.cost.pp.order_states import distinct_rows
-from autoplan.cost.pp.rank_memory import frontier, peak_state, rank_states, rank_states_walk
+from autoplan.cost.pp.rank_memory import frontier, peak_state, rank_states, rank_states_walk, state_matrix
+from autoplan.cost.pp.replay import held_at_peak, held_states
 from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
 
 VIRTUAL = {"interleaved_1f1b": (2, 3), "interleaved_zb": (1, 2, 3), "zbv": (2,), "dualpipev": (2,)}
@@ -48,12 +49,14 @@ def test_the_states_are_the_walks_on_every_schedule_torch_runs():
 
 
 def test_the_peak_and_its_ties_are_the_walks():
-    """Weights that tie states (whole groups weighing nothing, equal weights) pick the same state."""
+    """Weights that tie states (whole groups weighing nothing, equal weights) pick the same state, from the
+    states or from their memoised matrix."""
     case = dict(schedule="interleaved_zb", pp=4, virtual_stages=3, m=8, rank=1)
     fast, walk = rank_states(**case), rank_states_walk(**case)
     for weights in ([1, 1, 1], [0, 1, 0], [1, 0, 0], [2, 2, 2]):
         prices = dict(saved_bytes=weights, kept_bytes=weights[::-1], boundary_bytes=0.0, loss_bytes=0.0)
         assert peak_state(fast, **prices) == peak_state(walk, **prices)
+        assert peak_state(fast, **prices, matrix=state_matrix(**case)) == peak_state(walk, **prices)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -86,3 +89,12 @@ def test_distinct_rows_are_numpys_unique_rows(high):
     rows = rng.integers(min(0, high), max(1, high), size=(50, 3))
     rows = np.concatenate([rows, rows[:10]])
     assert np.array_equal(distinct_rows(rows), np.unique(rows, axis=0))
+
+
+def test_held_at_peak_is_the_greatest_of_the_held_states():
+    """held_at_peak reads the walk's rows without the frontier; it is the greatest state of held_states."""
+    for schedule in V_SCHEDULES:
+        for pp, m in [(2, 4), (3, 7), (4, 8), (4, 13), (6, 24), (8, 16)]:
+            for rank in range(pp):
+                expected = max(held_states(schedule=schedule, pp=pp, m=m, rank=rank))[:2]
+                assert held_at_peak(schedule=schedule, pp=pp, m=m, rank=rank) == expected
