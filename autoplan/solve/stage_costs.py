@@ -19,7 +19,7 @@ sizes, so the partition prefers the small ones.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from autoplan.cost import (
     CostModel,
@@ -93,39 +93,29 @@ class StageCosts:
     def problem(self, plan: Plan, *, memory_limit: bool = True) -> PartitionProblem:
         """The partition problem of ``plan`` (its stages ignored; ``pp * virtual_stages`` chunks),
         per the module docstring."""
-        ctx = self.context(plan)
-        blocks = list(self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values())
-        pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
         static = _StaticBytes(plan)
-        times = [block_time_s(b, plan.recompute) for b in blocks]
-        acts = [kept_bytes(b, plan.recompute) for b in blocks]
-        peak_block = max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0
+        blocks = self._problem_blocks(plan, static)
+        pre, post = blocks.pre, blocks.post
         last = plan_last_stage(plan)  # the loss's stage: pp - 1, or 0 in a V (types/layout.py)
         extra_time = [0.0] * plan.pp
         extra_time[0] += pre.fwd_s + pre.bwd_s
         extra_time[last] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
-        extra_bytes = [peak_block] * plan.pp  # StageTotals.transient_bytes
-        extra_bytes[last] = max(peak_block, post.loss_grad_bytes)
+        extra_bytes = [blocks.peak_block] * plan.pp  # StageTotals.transient_bytes
+        extra_bytes[last] = max(blocks.peak_block, post.loss_grad_bytes)
         in_flight = [in_flight_chunks(plan, k) for k in range(plan.pp)]
         extra_bytes[0] += static.dense(pre) + pre.saved_bytes * in_flight[0]
         extra_bytes[last] += static.dense(post) + post.saved_bytes * in_flight[last]
-        boundary = max((b.input_bytes for b in blocks[1:]), default=0.0)  # the first block's is never sent
-        cut_of: dict[float, float] = {}  # identical blocks cut at identical tensors: price each size once
-        for b in blocks[1:]:
-            if b.input_bytes not in cut_of:
-                cut_of[b.input_bytes] = cut_s(self.profile, plan, b.input_bytes)
-        cuts_s = [0.0, *(cut_of[b.input_bytes] for b in blocks[1:]), 0.0]
+        cut_of = {size: cut_s(self.profile, plan, size) for size in dict.fromkeys(blocks.inputs)}  # each size once
+        cuts_s = [0.0, *(cut_of[size] for size in blocks.inputs), 0.0]
         capacity = (
-            stage_capacity_bytes(
-                self.profile, plan, boundary_bytes=boundary, block_params=max(b.param_count for b in blocks)
-            )
+            stage_capacity_bytes(self.profile, plan, boundary_bytes=blocks.boundary, block_params=blocks.most_params)
             if memory_limit
             else float("inf")
         )
         return PartitionProblem(
-            layer_time_s=times,
-            layer_static_bytes=[static.dense(b, experts_apart=True) + static.experts(b) for b in blocks],
-            layer_activation_bytes=acts,
+            layer_time_s=list(blocks.times),
+            layer_static_bytes=list(blocks.static),
+            layer_activation_bytes=list(blocks.acts),
             pp=plan.pp,
             extra_time_s=extra_time,
             extra_bytes=extra_bytes,
@@ -136,6 +126,30 @@ class StageCosts:
             cut_s=cuts_s,
             v_shape=v_shaped(plan.schedule),
         )
+
+    def _problem_blocks(self, plan: Plan, static: _StaticBytes) -> _ProblemBlocks:
+        """:meth:`problem`'s per-block numbers, memoised on what they read: the blocks' summaries (their context and
+        overlap), the recompute, and the bytes per parameter (``static``): the search asks the problem of many
+        plans apart only in their pipeline's memory (ZeRO, schedule, micro-batches)."""
+
+        def make() -> _ProblemBlocks:
+            ctx = self.context(plan)
+            blocks = list(self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values())
+            pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            return _ProblemBlocks(
+                times=tuple(block_time_s(b, plan.recompute) for b in blocks),
+                static=tuple(static.dense(b, experts_apart=True) + static.experts(b) for b in blocks),
+                acts=tuple(kept_bytes(b, plan.recompute) for b in blocks),
+                peak_block=max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0,
+                boundary=max((b.input_bytes for b in blocks[1:]), default=0.0),  # the first block's is never sent
+                inputs=tuple(b.input_bytes for b in blocks[1:]),  # identical blocks cut at identical tensors
+                most_params=max(b.param_count for b in blocks),
+                pre=pre,
+                post=post,
+            )
+
+        key = ("problem", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap, *static.rates)
+        return self._memo.get(key, plan.tp_plan, make)
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
@@ -279,6 +293,21 @@ class StageCosts:
         return self._memo.get(key, plan.tp_plan, make)
 
 
+@dataclass(frozen=True)
+class _ProblemBlocks:
+    """What :meth:`StageCosts.problem` reads of a plan's blocks, per block in the graph's order."""
+
+    times: tuple[float, ...]
+    static: tuple[float, ...]
+    acts: tuple[float, ...]
+    peak_block: float
+    boundary: float
+    inputs: tuple[float, ...]  # the blocks' after the first
+    most_params: float
+    pre: LayerSummary
+    post: LayerSummary
+
+
 class _StaticBytes:
     """A block's model-state bytes per device under ``plan`` (cost/memory/per_device.py): trainable
     parameters their weights, gradients and optimizer state, frozen ones their weights only; the
@@ -288,6 +317,7 @@ class _StaticBytes:
         self.dense_bytes = (state_bytes_per_param(plan), state_bytes_per_param(plan, trainable=False))
         edp = expert_dp(plan)
         self.expert_bytes = (state_bytes_per_param(plan, dp=edp), state_bytes_per_param(plan, dp=edp, trainable=False))
+        self.rates = (*self.dense_bytes, *self.expert_bytes)  # all the bytes below read of the plan
 
     def dense(self, block: LayerSummary, *, experts_apart: bool = False) -> float:
         """All of ``block``'s parameters at the dense rate, or without its routed experts'."""

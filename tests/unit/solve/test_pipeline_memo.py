@@ -12,6 +12,7 @@ from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.partitions import Partitions
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import Search
+from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.schedules import V_SCHEDULES
 
 
@@ -48,3 +49,19 @@ def test_memoised_stages_are_each_plans_own(search, monkeypatch):
         assert stages == Partitions(search.graph, search.stage_costs, solver="highs").stages(plan), plan.describe()
     assert len(solved) - misses == len(plans)  # a fresh Partitions solves each plan's problem
     assert misses < len({(p.describe(), p.schedule) for p in plans})
+
+
+def test_memoised_problems_are_each_plans_own(search):
+    """StageCosts.problem's per-block memo (keyed on the blocks' context, recompute, overlap and bytes per
+    parameter) hands each plan, with and without the memory limit, the problem a fresh StageCosts builds for it
+    alone: same content, bit for bit, and so the same partition."""
+    plans = list(_plans(search))
+    assert len({p.zero_stage for p in plans}) > 1 and len({p.recompute for p in plans}) > 1
+    shared = StageCosts(search.graph, search.profile, search.stage_costs.cost_model)
+    for plan in plans:
+        for limit in (True, False):
+            fresh = StageCosts(search.graph, search.profile, search.stage_costs.cost_model)
+            assert (
+                shared.problem(plan, memory_limit=limit).content_key()
+                == fresh.problem(plan, memory_limit=limit).content_key()
+            ), plan.describe()
