@@ -1,7 +1,7 @@
 """The pipeline memory torch's runtime holds (docs/cost-model.md, "Pipeline memory"): the interleaved schedules'
 orders against torch's own ``pipeline_order``, each chunk weighed by its own bytes, the sends held to the step's
-end where torch's ``_PipelineScheduleRuntime`` runs the schedule (and not where Megatron-Core runs it), and the
-loss's gradients only in the loss's backward."""
+end where torch's ``_PipelineScheduleRuntime`` runs the schedule (and not where Megatron-Core runs it), torch's
+receive buffers, and the loss's gradients only in the loss's backward."""
 
 from __future__ import annotations
 
@@ -155,3 +155,21 @@ def test_the_memory_floor_counts_stay_below_every_chunk_split(model, schedule):
             assert held * stage.saved_bytes + pending * stage.wgrad_held_bytes <= (
                 priced_held * stage.saved_bytes + priced_pending * stage.wgrad_held_bytes + 1e-6
             )
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_torchs_single_chunk_stages_hold_a_receive_slot_per_micro_batch(model, schedule):
+    """Under torch's Schedule1F1B and ScheduleGPipe every stage keeps, for the whole run, m forward receive
+    buffers (not stage 0) and m gradient ones (not the last stage): they are its pipeline buffers, where
+    Megatron-Core's schedule holds one send and one receive buffer (cost/pp/receive_slots.py)."""
+    plan = _plan(schedule, virtual_stages=1)
+    stages, _, _ = model.priced_stages(plan)
+    memory = model.stage_memory(plan, stages)
+    m, pp = plan.num_microbatches, plan.pp
+    for index, (stage, held) in enumerate(zip(stages, memory)):
+        slots = m * ((index > 0) + (index < pp - 1))
+        assert held.buffers_bytes == pytest.approx(slots * stage.boundary_bytes), index
+    megatron = _plan(schedule, virtual_stages=1, runtime="megatron")
+    megatron_stages, _, _ = model.priced_stages(megatron)
+    for stage, held in zip(megatron_stages, model.stage_memory(megatron, megatron_stages)):
+        assert held.buffers_bytes == pytest.approx(2 * stage.boundary_bytes)
