@@ -90,6 +90,7 @@ class LayerSummary:
     frozen_names: frozenset[str] = frozenset()  # the frozen ones of param_names
     wgrad_s: float = 0.0  # of bwd_s, the weight gradients (W: cost/pp/split_backward.py)
     wgrad_held_bytes: float = 0.0  # output gradients kept from B to W when a schedule splits them (same module)
+    loss_saved_bytes: float = 0.0  # of saved_bytes, the loss's own (torch's split backward frees them at B)
     expert_fwd_s: float = 0.0  # of fwd_s, the routed experts' grouped GEMMs (cost/moe/a2a_overlap.py pairs them)
     expert_bwd_s: float = 0.0
 
@@ -141,7 +142,7 @@ def summarise(
     f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
     dtypes = dtypes_of(graph, ctx.dtypes)  # each activation's run dtype (compute/dtypes.py)
     block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
-    fwd = bwd = wgrad = rerun = saved = kept = flops = fp8_params = pending = 0.0
+    fwd = bwd = wgrad = rerun = saved = kept = flops = fp8_params = pending = loss_saved = 0.0
     by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
     experts = block_experts(
         graph, structure.nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
@@ -197,6 +198,7 @@ def summarise(
         busiest = _busiest_rows(node, experts)  # the busiest ep rank's expert activations (routing imbalance)
         held = saved_activation_bytes(node, precision=precision, gpu=gpu, dtypes=dtypes)
         saved += (held / act_shard + copies) * f * busiest
+        loss_saved += held / act_shard * f if node.op == "loss" else 0.0  # freed at a split backward's B
         if node.op in SAVED_KINDS:
             own_output = (
                 copies if splits.get(node.name) == "colwise" else 0.0
@@ -229,6 +231,7 @@ def summarise(
         bwd_s=bwd,
         wgrad_s=wgrad,
         wgrad_held_bytes=pending,
+        loss_saved_bytes=loss_saved,
         selective_recompute_s=rerun,
         tp_fwd_s=tp_cost.comm_fwd_s,
         tp_bwd_s=tp_cost.comm_bwd_s,

@@ -35,6 +35,7 @@ class StageTotals:
     offloaded_bytes: float = 0.0  # of the blocks' saved activations, those sent to the host, per micro-batch
     peak_block_bytes: float = 0.0  # one block's full activations (live while it is recomputed)
     loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/blocks.py), on the stage holding the loss
+    loss_saved_bytes: float = 0.0  # of saved_bytes, the loss's own (cost/blocks.py), on the stage holding the loss
     params: float = 0.0
     expert_params: float = 0.0  # the routed experts' share of params (held 1/ep, reduced over dp/ep)
     frozen_params: float = 0.0  # of params, the frozen ones: held, never given gradients or optimizer state
@@ -130,6 +131,7 @@ def _add(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: b
     stage.flops += block.flops
     stage.blocks.append(block)
     stage.loss_grad_bytes = max(stage.loss_grad_bytes, block.loss_grad_bytes)
+    stage.loss_saved_bytes = max(stage.loss_saved_bytes, block.loss_saved_bytes)
     stage.recomputed.append(recompute != "none")  # outside nodes: only dp/sync.py's backward slots read it
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes

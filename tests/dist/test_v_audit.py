@@ -1,9 +1,10 @@
 """The pipeline schedules' memory at pp = 4, as a user audits it: ``autoplan plan`` pinned to zbv, dualpipev or
 interleaved_zb (v = 2) on examples/gpt.py (8 blocks, hidden 128), then ``autoplan run --audit`` on 4 gloo ranks.
-Every stage peaks within 10% of its price (docs/cost-model.md, "Pipeline memory": each chunk's own activations,
-the output gradients kept from B to W, the boundary tensors torch's runtime holds to the step's end, the loss's
-gradients only in its backward). Before, ZBV's middle stages were 23-27% above it, interleaved_zb's 15%, and
-the V's stage 0, whose two chunks were priced evenly, 10-12% below it."""
+Every stage peaks within 5% of its price (docs/cost-model.md, "Pipeline memory": each chunk's own activations,
+the output gradients kept from B to W, the boundary tensors torch's runtime holds to the step's end, its
+receive buffers, the loss's saved tensors to the loss's B and its gradients only in its backward). Before the
+receive buffers were measured and priced the band was 10%; before the sends, ZBV's middle stages were 23-27%
+above their price."""
 
 from __future__ import annotations
 
@@ -46,4 +47,4 @@ def test_a_pipeline_schedules_stages_peak_as_priced_at_pp_4(schedule, tmp_path):
             int(r["stage"]): float(r["relative_error"]) for r in csv.DictReader(f) if r["what"] == "peak live memory"
         }
     assert sorted(peaks) == [0, 1, 2, 3]
-    assert all(abs(error) <= 0.10 for error in peaks.values()), peaks
+    assert all(abs(error) <= 0.05 for error in peaks.values()), peaks

@@ -28,6 +28,7 @@ from autoplan.cost.memory.per_device import (
     usable_bytes,
 )
 from autoplan.cost.memory.replayed import replayed_held, replays_memory
+from autoplan.cost.pp.receive_slots import single_chunk_slots
 from autoplan.cost.pp.schedule import in_flight_after_first_backward, in_flight_chunks
 from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.cost.stages import StageTotals
@@ -35,7 +36,7 @@ from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
-from autoplan.types.schedules import plan_last_stage
+from autoplan.types.schedules import TORCH_PIPELINES, plan_last_stage
 
 
 class PlanMemory:
@@ -68,11 +69,12 @@ class PlanMemory:
             buffers_bytes=comm_buffer_bytes(
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
-                pp=plan.pp,
+                pp=1 if torch_slots(plan) else plan.pp,  # torch's receive slots instead, below or in the replay
                 boundary_bytes=stage.boundary_bytes,
                 block_params=block_params,
                 precision=plan.precision,
             )
+            + _single_chunk_slots(plan, index) * stage.boundary_bytes
             + powersgd.held_bytes,  # error feedback and P, Q (cost/dp/compression.py)
             scatter_bytes=scatter_buffer_bytes(
                 zero_stage=plan.zero_stage,
@@ -167,6 +169,20 @@ def _held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, flo
         return held, held, pending, sent, max(stage.peak_block_bytes, loss)
     after = in_flight_after_first_backward(plan, index)
     return in_flight_chunks(plan, index), after, pending_weight_grads(plan, index), 0.0, stage.transient_bytes
+
+
+def torch_slots(plan: Plan) -> bool:
+    """Whether torch's ``PipelineStage`` runs ``plan``'s pipeline, with its receive slots (cost/pp/receive_slots.py)
+    in place of one send and one receive buffer: where its runtime runs torch's classes, and every V."""
+    return plan.pp > 1 and (plan.runtime in TORCH_PIPELINES or replays_memory(plan))
+
+
+def _single_chunk_slots(plan: Plan, index: int) -> float:
+    """The receive slots of a torch-run 1F1B or GPipe stage; the replayed schedules count theirs in their
+    states (cost/memory/replayed.py)."""
+    if not torch_slots(plan) or replays_memory(plan):
+        return 0.0
+    return single_chunk_slots(pp=plan.pp, m=plan.num_microbatches, rank=index)
 
 
 def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:

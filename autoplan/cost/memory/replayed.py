@@ -9,12 +9,12 @@ gradients K_j (cost/stages.py ``chunk_saved_bytes``, ``chunk_held_bytes``):
     held    = sum_j h_j S_j / S      pending = sum_j k_j K_j / K      (S, K: the whole stage's, per micro-batch)
 
 (j over the chunk groups of cost/pp/rank_memory.py ``chunk_groups``: the first chunk, the last, and the ones
-between at their mean)
-in units of the whole stage's micro-batch, as cost/memory/per_device.py's moments take them, ``sent``
-boundary tensors, and the loss's gradients only where the state is the loss's backward (a recomputed block's
-transient, cost/stages.py ``peak_block_bytes``, counts at every state). Megatron-Core and DeepSpeed run
-their own schedules, which wait each send at once: their closed forms (cost/pp/schedule.py, zero_bubble.py)
-stay.
+between at their mean; the loss's chunk keeps K_j - X, X the loss's saved tensors, which torch's split backward
+frees at B: ``StageTotals.loss_saved_bytes``) in units of the whole stage's micro-batch, as
+cost/memory/per_device.py's moments take them, ``sent`` boundary tensors (with the receive slots), and the
+loss's gradients only where the state is the loss's backward (a recomputed block's transient, cost/stages.py
+``peak_block_bytes``, counts at every state). Megatron-Core and DeepSpeed run their own schedules, which wait
+each send at once: their closed forms (cost/pp/schedule.py, zero_bubble.py) stay.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, fl
     (module docstring)."""
     saved, _ = _per_group(plan, index, stage.chunk_saved_bytes, stage.saved_bytes)
     kept, sizes = _per_group(plan, index, stage.chunk_held_bytes, stage.wgrad_held_bytes)
+    kept[-1] = max(0.0, kept[-1] - stage.loss_saved_bytes)  # the loss's chunk, last: its saved tensors freed at B
     weights = (*saved, *kept, stage.boundary_bytes, stage.loss_grad_bytes)
     state = _peak(tuple(_key(plan, index).values()), weights)
     g, v = len(saved), plan.virtual_stages

@@ -5,14 +5,14 @@ An order is a sequence of halves (kind, chunk) (DualPipeV's F&B pair is its F, t
 With g(c) the group of chunk c (rank_memory.py ``chunk_groups``) and ``last`` the loss's chunk, half i adds
 
     held[g(c)] += 1 (F), -1 (W, BW)        kept[g(c)] += 1 (B), -1 (W), where c > 0
-    sent += [kind in (W, BW) and c < last] + [kind in (B, BW) and c > 0]
+    sent += [kind in (W, BW) and c < last] + [kind in (B, BW) and c > 0] + slot change (receive_slots.py)
 
 so the state after half i is the cumulative sum of the deltas up to i, and the loss's backward (a B or BW of
 ``last``) runs on the row before it. Two rules drop rows that cannot be on the frontier (a row at most another
 is never kept) before it is computed:
 
     a row followed by a half that only adds (F, B) is at most the next row;
-    of the rows with the same (held, kept, loss), all but the most sent are at most it (sent never falls).
+    of the rows with the same (held, kept, loss), all but the most sent are at most it.
 """
 
 from __future__ import annotations
@@ -39,9 +39,12 @@ def order_halves(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: i
     return pairs[:, 0], pairs[:, 1]
 
 
-def order_states(kinds: np.ndarray, chunks: np.ndarray, *, group_of: np.ndarray, last: int) -> np.ndarray:
+def order_states(
+    kinds: np.ndarray, chunks: np.ndarray, *, group_of: np.ndarray, last: int, slots: tuple[int, dict] = (0, {})
+) -> np.ndarray:
     """Rows (held per group, kept per group, sent, loss) of the states after each half and before the loss's
-    backward, less the rows the module docstring's two rules drop; ``group_of[c]`` is chunk c's group."""
+    backward, less the rows the module docstring's two rules drop; ``group_of[c]`` is chunk c's group, ``slots``
+    the receive slots at the step's start and their change after a (kind, chunk) half (receive_slots.py)."""
     groups, count = int(group_of.max()) + 1, len(kinds)
     group = group_of[chunks]
     deltas = np.zeros((count, 2 * groups + 2), dtype=np.int64)
@@ -50,11 +53,15 @@ def order_states(kinds: np.ndarray, chunks: np.ndarray, *, group_of: np.ndarray,
     backward = (kinds == 1) | (kinds == 3)
     weight = (kinds == 2) | (kinds == 3)
     deltas[:, 2 * groups] = (weight & (chunks < last)).astype(np.int64) + (backward & (chunks > 0))
-    after = np.cumsum(deltas, axis=0)
+    for (kind, chunk), change in slots[1].items():
+        deltas[(kinds == _CODE[kind]) & (chunks == chunk), 2 * groups] += change
+    start = np.zeros(2 * groups + 2, dtype=np.int64)
+    start[2 * groups] = slots[0]
+    after = start + np.cumsum(deltas, axis=0)
     falls = np.ones(count, dtype=bool)
     falls[:-1] = (deltas[1:] < 0).any(axis=1)
     at_loss = np.flatnonzero(backward & (chunks == last))
-    before_loss = np.where((at_loss > 0)[:, None], after[np.maximum(at_loss - 1, 0)], 0)
+    before_loss = np.where((at_loss > 0)[:, None], after[np.maximum(at_loss - 1, 0)], start)
     before_loss[:, -1] = 1
     return _most_sent(np.concatenate([after[falls], before_loss]), sent=2 * groups)
 

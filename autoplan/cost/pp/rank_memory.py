@@ -32,6 +32,7 @@ import numpy as np
 
 from autoplan.cost.pp.looped_orders import looped_order
 from autoplan.cost.pp.order_states import distinct_rows, order_halves, order_states
+from autoplan.cost.pp.receive_slots import slot_changes
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.schedules import V_SCHEDULES
@@ -62,7 +63,8 @@ def rank_rows(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int)
     group_of = np.zeros(pp * virtual_stages, dtype=np.int64)
     for chunk, group in chunk_groups(**where).items():
         group_of[chunk] = group
-    return order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1)
+    slots = slot_changes(m=m, **where)
+    return order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1, slots=slots)
 
 
 def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
@@ -70,7 +72,8 @@ def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, ran
     its forward before its backward frees, as torch runs them."""
     group = chunk_groups(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
     last, size = pp * virtual_stages - 1, max(group.values()) + 1
-    held, kept, sent = [0] * size, [0] * size, 0
+    sent, slots = slot_changes(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    held, kept = [0] * size, [0] * size
     most: dict[tuple, int] = {}  # the most tensors sent at each (h, k, loss)
     for action in rank_order(schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank):
         halves = [("F", action[1]), ("BW", action[3])] if action[0] == "FB" else [(action[0], action[1])]
@@ -82,6 +85,7 @@ def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, ran
             held[j] += _HELD[kind]
             kept[j] += _KEPT[kind] if chunk > 0 else 0
             sent += (kind in ("W", "BW") and chunk < last) + (kind in ("B", "BW") and chunk > 0)
+            sent += slots.get((kind, chunk), 0)  # the receive slots, the outputs from F (receive_slots.py)
             key = (*held, *kept, 0)
             most[key] = max(most.get(key, 0), sent)
     return frontier([(*key[:-1], n, key[-1]) for key, n in most.items()])

@@ -35,6 +35,7 @@ from autoplan.execute.activation_offload import link_copies
 from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
+from autoplan.execute.job.receive_buffers import receive_slots
 from autoplan.execute.job.routing_audit import counted_rows, edp_by_name, routing_rows
 from autoplan.execute.job.sparse_audit import TOUCHED_ROWS, c10d_records
 from autoplan.execute.mesh import grad_groups
@@ -76,8 +77,7 @@ FUNCTIONAL_OPS = {
 
 
 def _tensor_bytes(obj: Any) -> int:
-    leaves, _ = tree_flatten(obj)
-    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
 
 
 def group_dims(
@@ -202,8 +202,8 @@ class CommRecorder(TorchDispatchMode):
 
 
 def existing_tensors(trainer: Any) -> list[torch.Tensor]:
-    """What a rank holds as a step starts: weights, grads, buffers, optimizer and comm hooks' states."""
-    found = []
+    """What a rank holds as a step starts: weights, grads, buffers, optimizer and hooks' states, receive slots."""
+    found = receive_slots(getattr(trainer, "schedule", None))
     for module in trainer.stage_modules.values():
         found += [p for p in module.parameters()] + [b for b in module.buffers()]
         found += [p.grad for p in module.parameters() if p.grad is not None]

@@ -2,7 +2,8 @@
 
 - :class:`LiveBytes`: the peak of live tensor bytes on this rank, tracked by tensor lifetime
   (each storage counted from the op that made it until Python frees it), starting from the
-  parameters, gradients, buffers and optimizer states alive when the step begins; a candidate
+  parameters, gradients, buffers, optimizer states and the pipeline's receive slots alive when
+  the step begins (execute/job/receive_buffers.py); a candidate
   peak is re-read from the storages' sizes, since FSDP2 frees by resizing storages in place.
   The op running at the peak is kept (``peak_op``). torch's own ``MemTracker`` refuses a
   module called twice in one tracked window, which every micro-batched or pipelined step does.
