@@ -91,13 +91,18 @@ def csv_text(header: list[str] | tuple[str, ...], rows: list[list[Any]]) -> str:
     return buffer.getvalue()
 
 
-def joined_text(header: list[str] | tuple[str, ...], parts: list[list[tuple]]) -> str:
+def joined_text(
+    header: list[str] | tuple[str, ...], parts: list[list[tuple]], *, order: list[int] | None = None
+) -> str:
     """:func:`csv_text` of the rows whose row i is ``parts[0][i] + parts[1][i] + ...``, byte for byte,
-    without building those rows: each part becomes text on its own (:func:`_part_texts`), and a row's
-    texts are joined by commas. For a table of many rows: plans.csv (220K rows on GPT-3 175B)."""
+    in ``order`` (row indexes; default as they come), without building those rows: each part becomes
+    text on its own (:func:`_part_texts`), and a row's texts are joined by commas. For a table of many
+    rows: plans.csv (220K rows on GPT-3 175B)."""
     if len({len(part) for part in parts}) > 1:
         raise ValueError(f"parts of {sorted({len(part) for part in parts})} rows; every part needs one tuple per row")
     lines = list(map(",".join, zip(*map(_part_texts, parts))))
+    if order is not None:
+        lines = list(map(lines.__getitem__, order))
     return csv_text(header, []) + "\n".join(lines) + ("\n" if lines else "")
 
 
