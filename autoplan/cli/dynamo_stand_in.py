@@ -7,10 +7,11 @@ torch._dynamo (0.6 s of user CPU on its own) only to ask
 it on ``fn``. No frame is being compiled while the planner traces, so ``fn`` itself behaves the same.
 
 :func:`dynamo_deferred` puts a stand-in at ``sys.modules["torch._dynamo"]`` for the block: its
-``disable(fn)`` returns ``fn``; anything else asked of it (an attribute, a submodule import: torch.export's
-fallback uses both) imports the real torch._dynamo in its place first, which then serves the rest of
-the block. On the way out the stand-in leaves ``sys.modules``, and every ``fn`` it passed through
-loses the cached copy, so a later call wraps it with the real ``disable`` as before.
+``disable(fn, wrapping=False)`` (torch/_compile.py's call) returns ``fn``; anything else asked of it
+(an attribute, a submodule import: torch.export's fallback uses both; a model's own ``disable``)
+imports the real torch._dynamo in its place first, which then serves the rest of the block. On the
+way out the stand-in leaves ``sys.modules``, and every ``fn`` it passed through loses the cached
+copy, so a later call wraps it with the real ``disable`` as before.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ class _StandIn(types.ModuleType):
         self.passed: list[Callable] = []
 
     def disable(self, fn: Callable | None = None, recursive: bool = True, **kwargs: Any) -> Any:
-        if fn is None:  # the decorator factory: only the real one has it
-            return self.real().disable(fn, recursive, **kwargs)
+        if fn is None or kwargs.get("wrapping", True):  # not torch/_compile.py's call (wrapping=False): a
+            return self.real().disable(fn, recursive, **kwargs)  # user's decorator gets the real one
         self.passed.append(fn)
         return fn
 
