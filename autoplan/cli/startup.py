@@ -1,6 +1,6 @@
 """Start-up cost of a command: import torch and the planner without Python's full collections.
 
-Importing torch (with ``torch._dynamo``, which FakeTensorMode loads) creates about a million
+Importing torch (and ``torch._dynamo`` where a trace needs it: cli/dynamo_stand_in.py) creates about a million
 long-lived objects and almost no garbage, and CPython runs a full (generation-2) collection each
 time the long-lived heap grows by a quarter: five rescans of everything, about 0.4 s of a 3 s
 ``autoplan plan`` on the 2-core dev machine, for a few hundred objects freed. :func:`frozen_imports`

@@ -42,19 +42,22 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_graph(args: argparse.Namespace) -> Graph:
     """The traced graph of ``args.model`` at ``args.batch``: from the trace cache while its entry is
-    valid (without importing torch), else traced, importing torch with the GC paused (cli/startup.py)."""
+    valid (without importing torch), else traced, importing torch with the GC paused (cli/startup.py)
+    and torch._dynamo only if the trace needs it (cli/dynamo_stand_in.py)."""
     from autoplan.cli.startup import paused_imports
     from autoplan.trace.cache import cache_dir, cached_trace
 
     routing = routing_of(args)
 
-    def prepare() -> None:  # torch._dynamo: FakeTensorMode loads it
-        paused_imports("torch", "torch._dynamo", "autoplan.trace.api")
+    def prepare() -> None:
+        paused_imports("torch", "autoplan.trace.api")
 
     def trace() -> Graph:
+        from autoplan.cli.dynamo_stand_in import dynamo_deferred
         from autoplan.trace import trace_model_file
 
-        return trace_model_file(args.model, args.batch, routing=routing)
+        with dynamo_deferred():  # torch._dynamo only if the trace needs more than its disable()
+            return trace_model_file(args.model, args.batch, routing=routing)
 
     folder = cache_dir(enabled=not args.no_trace_cache)
     traced = cached_trace(args.model, args.batch, routing=routing, trace=trace, folder=folder, prepare=prepare)

@@ -10,6 +10,9 @@ Two files are named ``ops.csv`` and hold different rows; the names are part of t
   ``autoplan report`` copies it with one more column, ``share_of_compute``.
 
 ``stages.csv`` (``autoplan plan``): :class:`StageRow`, one pipeline stage of the best plan.
+
+:func:`joined_text` writes what :func:`csv_text` writes, byte for byte, from parts of rows rendered
+apart: the planner's plans.csv (a row per candidate, 220K on GPT-3 175B; docs/cli.md, "Planning time").
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass, fields
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +89,52 @@ def csv_text(header: list[str] | tuple[str, ...], rows: list[list[Any]]) -> str:
     writer.writerow(header)
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+def joined_text(
+    header: list[str] | tuple[str, ...], parts: list[list[tuple]], *, order: list[int] | None = None
+) -> str:
+    """:func:`csv_text` of the rows whose row i is ``parts[0][i] + parts[1][i] + ...``, byte for byte,
+    in ``order`` (row indexes; default as they come), without building those rows: each part becomes
+    text on its own (:func:`_part_texts`), and a row's texts are joined by commas. For a table of many
+    rows: plans.csv (220K rows on GPT-3 175B)."""
+    if len({len(part) for part in parts}) > 1:
+        raise ValueError(f"parts of {sorted({len(part) for part in parts})} rows; every part needs one tuple per row")
+    lines = list(map(",".join, zip(*map(_part_texts, parts))))
+    if order is not None:
+        lines = list(map(lines.__getitem__, order))
+    return csv_text(header, []) + "\n".join(lines) + ("\n" if lines else "")
+
+
+#: Cells that ``%s`` writes as the csv module does: numbers by ``str`` (a float's is its ``repr``) and strings
+_PLAIN = frozenset({int, float, bool, str})
+
+
+def _part_texts(part: list[tuple]) -> list[str]:
+    """Each tuple of cells in ``part`` as the csv module writes it inside a longer row: a tuple that
+    many rows share (the same object) once, tuples of strings once per distinct value, tuples of
+    plain cells (:data:`_PLAIN`, no string to quote) by one ``%`` format each, others by the csv module."""
+    shared = {id(cells): cells for cells in part}
+    if len(shared) * 2 <= len(part):
+        texts = {key: _cells_text(cells) for key, cells in shared.items()}
+        return [texts[id(cells)] for cells in part]
+    kinds = set(map(type, chain.from_iterable(part)))
+    widths = set(map(len, part))
+    if kinds == {str}:
+        distinct = {cells: _cells_text(cells) for cells in set(part)}
+        return list(map(distinct.__getitem__, part))
+    strings = (value for value in set(chain.from_iterable(part)) if type(value) is str)
+    if kinds <= _PLAIN and len(widths) == 1 and all(_cells_text((text,)) == text for text in strings):
+        line = ",".join(["%s"] * widths.pop())
+        return [line % cells for cells in part]
+    return list(map(_cells_text, part))
+
+
+def _cells_text(cells: tuple) -> str:
+    """``cells`` as the csv module writes them inside a longer row (a lone '' row is written '""')."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow([*cells, ""])
+    return buffer.getvalue()[:-2]
 
 
 def table_text(rows: list[Any], row_type: type) -> str:

@@ -1,11 +1,13 @@
-"""CLI start-up: building the parser imports no heavy library, and frozen_imports leaves the
-garbage collector as it found it."""
+"""CLI start-up: building the parser imports no heavy library, frozen_imports leaves the
+garbage collector as it found it, and a trace imports torch._dynamo only when it needs it."""
 
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +98,43 @@ def test_run_starts_its_ranks_before_importing_what_only_a_rank_needs(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3 and "--verify found differences" in done.stderr, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+SMALL_GPT = {"AUTOPLAN_GPT_N_LAYER": "2", "AUTOPLAN_GPT_N_EMBD": "32", "AUTOPLAN_GPT_VOCAB_SIZE": "128"}
+TRACE_PROBE = """
+import sys
+{first}
+from autoplan.cli import main
+code = main(sys.argv[1:])
+dynamo = sys.modules.get("torch._dynamo")
+print("absent" if dynamo is None else type(dynamo).__name__)  # 'module': the real one, not the stand-in
+sys.exit(code)
+"""
+
+
+def _traced(argv: list[str], *, first: str = "") -> str:
+    """Run the command in a fresh process with the trace cache off; what torch._dynamo is at its exit."""
+    env = {**os.environ, "AUTOPLAN_TRACE_CACHE": "off", **SMALL_GPT}
+    probe = TRACE_PROBE.format(first=first)
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_plan_that_traces_imports_no_torch_dynamo_and_traces_the_same_graph(tmp_path):
+    """cli/dynamo_stand_in.py: the 4-layer GPT's trace needs none of torch._dynamo, so `autoplan plan` leaves
+    it out, and graph.json is the one traced with it imported."""
+    plan = ["plan", str(EXAMPLES / "gpt.py"), "--devices", "8", "--profile", "dgx-a100", "--batch", "16", "--quiet"]
+    assert _traced([*plan, "--out", str(tmp_path / "without")]) == "absent"
+    assert _traced([*plan, "--out", str(tmp_path / "with")], first="import torch._dynamo") == "module"
+    assert (tmp_path / "without" / "graph.json").read_bytes() == (tmp_path / "with" / "graph.json").read_bytes()
+
+
+def test_a_trace_that_needs_torch_dynamo_imports_the_real_one_and_traces_the_same_graph(tmp_path):
+    """examples/moe.py traces through torch.export, which needs torch._dynamo: the stand-in imports it in
+    its place, and graph.json is the one traced with it imported from the start."""
+    trace = ["trace", str(EXAMPLES / "moe.py"), "--batch", "8", "--quiet"]
+    assert _traced([*trace, "--out", str(tmp_path / "late")]) == "module"
+    assert _traced([*trace, "--out", str(tmp_path / "early")], first="import torch._dynamo") == "module"
+    assert (tmp_path / "late" / "graph.json").read_bytes() == (tmp_path / "early" / "graph.json").read_bytes()
