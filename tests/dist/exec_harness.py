@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,19 +32,11 @@ import torch.multiprocessing as mp
 from autoplan.jobs.launcher import free_port
 from autoplan.types.plan import Plan
 
-MODELS = {
-    "gpt": "TinyGPT",
-    "gpt_tied": "TiedGPT",
-    "gpt_encdec": "EncoderDecoderGPT",
-    "llama": "TinyLlama",
-    "llama3p": "ThirdPartyLlama",
-    "moe": "TinyMoE",
-    "moe_skewed": "SkewedMoE",
-    "gpt_bidirectional": "BidirectionalGPT",
-    "llama_enable_gqa": "SdpaGQALlama",
-    "lora": "LoRALlama",
-    "gpt_sparse": "SparseGPT",
-}
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "gpt_encdec": "EncoderDecoderGPT", "llama": "TinyLlama",
+          "llama3p": "ThirdPartyLlama", "moe": "TinyMoE", "moe_skewed": "SkewedMoE",
+          "gpt_bidirectional": "BidirectionalGPT", "llama_enable_gqa": "SdpaGQALlama", "lora": "LoRALlama",
+          "gpt_sparse": "SparseGPT"}  # fmt: skip
 
 
 def blocks_of(model_name: str) -> list[str]:
@@ -187,3 +182,13 @@ def audit_case(model_name: str, plan: Plan) -> dict:
 def run_audits(world_size: int, cases: list) -> dict[str, dict]:
     """Audit each case in one spawned gloo group (see :func:`audit_case`)."""
     return _spawn(world_size, cases, audit_case)
+
+
+def run_verified(model: Path, plan: Path, out: Path, *, timeout: float = 300) -> None:
+    """``autoplan run MODEL --plan PLAN --steps 2 --verify --out OUT`` from the repository root, as a user
+    types it: it exits 0 and its verify PASSED."""
+    command = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan), "--steps", "2",
+               "--verify", "--out", str(out)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout

@@ -478,19 +478,9 @@ def test_mixtral_under_sequence_parallelism_runs_as_priced(tmp_path):
     sizes = dict(LAYERS=2, DIM=64, HEADS=4, FFN=128, EXPERTS=4, VOCAB=512, SEQ=32)
     env = {**os.environ, **{f"AUTOPLAN_HF_MIXTRAL_{k}": str(v) for k, v in sizes.items()}}
     model = ROOT / "examples" / "hf_mixtral.py"
-    plan = Plan(
-        devices=2,
-        dp=1,
-        tp=2,
-        pp=1,
-        sequence_parallel=True,
-        recompute="selective",
-        micro_batch_size=2,
-        num_microbatches=2,
-        stages=[["model.layers.0", "model.layers.1"]],
-        routing=RoutingModel(),
-        profile="cpu-gloo",
-    )
+    plan = Plan(devices=2, dp=1, tp=2, pp=1, sequence_parallel=True, recompute="selective", micro_batch_size=2,
+                num_microbatches=2, stages=[["model.layers.0", "model.layers.1"]], routing=RoutingModel(),
+                profile="cpu-gloo")  # fmt: skip
     plan_file = str(plan.save(tmp_path / "plan.json"))
     command = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", plan_file,
                "--steps", "2", "--verify", "--audit", "--out", str(tmp_path / "run")]  # fmt: skip

@@ -10,47 +10,36 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from exec_models import SMALL_GPT
 
 from autoplan.types.plan import Plan
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SMALL_GPT = {
-    "AUTOPLAN_GPT_N_LAYER": "2",
-    "AUTOPLAN_GPT_N_EMBD": "32",
-    "AUTOPLAN_GPT_N_HEAD": "4",
-    "AUTOPLAN_GPT_VOCAB_SIZE": "128",
-    "AUTOPLAN_GPT_BLOCK_SIZE": "16",
-}
 
 
 def _run(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     import os
 
     env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "autoplan.cli", "run", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return subprocess.run([sys.executable, "-m", "autoplan.cli", "run", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)  # fmt: skip
+
+
+def _verified_gpt(tmp_path: Path, plan: Plan, steps: int, env: dict[str, str], *extra: str) -> tuple[str, dict]:
+    """``autoplan run examples/gpt.py`` of ``plan`` for ``steps`` with --verify and ``extra``: it exits 0 and
+    PASSED; what it printed, and its summary's verify section."""
+    result = _run([str(ROOT / "examples/gpt.py"), "--plan", str(plan.save(tmp_path / "plan.json")), "--steps",
+                   str(steps), "--verify", *extra, "--out", str(tmp_path / "run")], env)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "verify: PASSED" in result.stdout
+    return result.stdout, json.loads((tmp_path / "run/summary.json").read_text())["verify"]
 
 
 def test_run_writes_measured_and_summary_and_verifies(tmp_path):
     blocks = ["transformer.h.0", "transformer.h.1"]
-    plan = Plan(
-        devices=2,
-        dp=1,
-        tp=1,
-        pp=2,
-        micro_batch_size=1,
-        num_microbatches=2,
-        schedule="gpipe",
-        stages=[blocks[:1], blocks[1:]],
-        predicted={"step_time_s": 0.01},
-    )
+    plan = Plan(devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=2, schedule="gpipe",
+                stages=[blocks[:1], blocks[1:]], predicted={"step_time_s": 0.01})  # fmt: skip
     plan_path = plan.save(tmp_path / "plan.json")
     result = _run(
         [
@@ -88,22 +77,8 @@ def test_lossy_plans_verify_under_their_own_tolerance_and_steady_state(tmp_path,
     reported FAILED, exit 3), and a PowerSGD plan is verified over 3 steps, the third compressed
     and judged against the same compression (it compared the first, uncompressed, step only)."""
     plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, **lossy)
-    result = _run(
-        [
-            str(ROOT / "examples/gpt.py"),
-            "--plan",
-            str(plan.save(tmp_path / "plan.json")),
-            "--steps",
-            str(steps),
-            "--verify",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        SMALL_GPT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "verify: PASSED" in result.stdout and said in result.stdout
-    verify = json.loads((tmp_path / "run/summary.json").read_text())["verify"]
+    stdout, verify = _verified_gpt(tmp_path, plan, steps, SMALL_GPT)
+    assert said in stdout
     assert verify["steps"] == list(range(steps))
 
 
@@ -120,25 +95,11 @@ def test_local_sgd_verifies_exactly_where_it_must_and_by_its_invariant_elsewhere
     (execute/local_sgd.py); at H = 3 the verify says it is approximate and checks that every outer sync leaves
     the replicas' parameters identical (execute/job/replicas.py), after they drifted apart in between."""
     plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=2, num_microbatches=1, **outer)
-    result = _run(
-        [
-            str(ROOT / "examples/gpt.py"),
-            "--plan",
-            str(plan.save(tmp_path / "plan.json")),
-            "--steps",
-            str(steps),
-            "--verify",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        SMALL_GPT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "verify: PASSED" in result.stdout and said in result.stdout
-    verify = json.loads((tmp_path / "run/summary.json").read_text())["verify"]
+    stdout, verify = _verified_gpt(tmp_path, plan, steps, SMALL_GPT)
+    assert said in stdout
     if plan.sync_every > 1:
         assert verify["approximate"] and verify["steps"] == [2, 5] and verify["replica_spread_after_sync"] == 0.0
-        assert "drifted 0.000e+00" not in result.stdout  # the inner steps did not sync the replicas
+        assert "drifted 0.000e+00" not in stdout  # the inner steps did not sync the replicas
     else:
         assert verify["steps"] == [0, 1] and verify["tensors"] > 10
 
@@ -183,22 +144,7 @@ def test_low_precision_dp2_verifies_against_the_same_policy(tmp_path, precision,
     plan = Plan(
         devices=2, dp=2, tp=1, pp=1, zero_stage=zero, precision=precision, micro_batch_size=2, num_microbatches=1
     )
-    result = _run(
-        [
-            str(ROOT / "examples/gpt.py"),
-            "--plan",
-            str(plan.save(tmp_path / "plan.json")),
-            "--steps",
-            "3",
-            "--verify",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        BF16_GPT,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "verify: PASSED" in result.stdout
-    verify = json.loads((tmp_path / "run/summary.json").read_text())["verify"]
+    _, verify = _verified_gpt(tmp_path, plan, 3, BF16_GPT)
     assert (
         verify["passed"]
         and verify["tensors"] > 10
@@ -272,33 +218,9 @@ def test_context_parallel_run_verifies_and_audits_the_kv_exchange(tmp_path, vari
     """`autoplan run --verify --audit` at cp=2 (examples/gpt.py: positions from torch.arange in the root
     forward, causal SDPA): the run matches the single-process reference, and each rank's exchange of
     keys and values is counted on dim cp as CP_MESSAGES says."""
-    plan = Plan(
-        devices=2,
-        dp=1,
-        cp=2,
-        tp=1,
-        pp=1,
-        micro_batch_size=1,
-        num_microbatches=2,
-        profile="cpu-gloo",
-        cp_variant=variant,
-    )
-    result = _run(
-        [
-            str(ROOT / "examples/gpt.py"),
-            "--plan",
-            str(plan.save(tmp_path / "plan.json")),
-            "--steps",
-            "2",
-            "--verify",
-            "--audit",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        SMALL_GPT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "verify: PASSED" in result.stdout
+    plan = Plan(devices=2, dp=1, cp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=2, profile="cpu-gloo",
+                cp_variant=variant)  # fmt: skip
+    _verified_gpt(tmp_path, plan, 2, SMALL_GPT, "--audit")
     rows = list(csv.DictReader((tmp_path / "run/audit.csv").open()))
     layers, heads, seq, head_dim, fp32 = 2, 4, 16, 32 // 4, 4
     local_bytes = plan.micro_batch_size * heads * (seq // plan.cp) * head_dim * fp32

@@ -6,11 +6,10 @@ made before the first block. T5 at its default dropout is run in tests/dist/test
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from exec_harness import run_verified
 
 from autoplan.solve.api import plan_graph
 from autoplan.trace import trace_model_file
@@ -25,25 +24,4 @@ def test_hf_example_runs_a_pipeline_plan_and_verifies(tmp_path, name, fix):
     model_file = ROOT / "examples" / f"{name}.py"
     plan = plan_graph(trace_model_file(model_file, 8), devices=2, profile="cpu-gloo", fix=fix).best
     path = plan.save(tmp_path / "plan.json")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autoplan.cli",
-            "run",
-            str(model_file),
-            "--plan",
-            str(path),
-            "--steps",
-            "2",
-            "--verify",
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "verify: PASSED" in result.stdout
+    run_verified(model_file, path, tmp_path / "run", timeout=300)
