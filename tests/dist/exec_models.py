@@ -1,6 +1,7 @@
 """Small models for the executor's distributed tests: a GPT block with one fused qkv Linear
 (nanoGPT-style global-head reshapes), a Llama-style block with GQA, RMSNorm and SwiGLU, and a
 "third-party" Llama (in-place ops on activations, rotary tables as forward args, a long skip)."""
+
 from __future__ import annotations
 
 import torch
@@ -144,7 +145,11 @@ class LlamaBlock(nn.Module):
         super().__init__()
         self.attention_norm, self.attention = nn.RMSNorm(DIM), GQAAttention()
         self.ffn_norm = nn.RMSNorm(DIM)
-        self.w1, self.w3, self.w2 = nn.Linear(DIM, 2 * DIM, bias=False), nn.Linear(DIM, 2 * DIM, bias=False), nn.Linear(2 * DIM, DIM, bias=False)
+        self.w1, self.w3, self.w2 = (
+            nn.Linear(DIM, 2 * DIM, bias=False),
+            nn.Linear(DIM, 2 * DIM, bias=False),
+            nn.Linear(2 * DIM, DIM, bias=False),
+        )
 
     def forward(self, x, cos, sin):
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -158,7 +163,9 @@ class TinyLlama(nn.Module):
         self.tok_embeddings = nn.Embedding(VOCAB, DIM)
         self.layers = nn.ModuleList(LlamaBlock() for _ in range(LAYERS))
         self.norm, self.output = nn.RMSNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
-        freqs = torch.outer(torch.arange(SEQ).float(), 1.0 / 10000 ** (torch.arange(0, DIM // HEADS, 2).float() / (DIM // HEADS)))
+        freqs = torch.outer(
+            torch.arange(SEQ).float(), 1.0 / 10000 ** (torch.arange(0, DIM // HEADS, 2).float() / (DIM // HEADS))
+        )
         emb = torch.cat((freqs, freqs), dim=-1)[None, :, None, :]
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
@@ -223,8 +230,9 @@ class SdpaGQAAttention(GQAAttention):
         k = self.wk(x).view(B, T, KV_HEADS, self.head_dim)
         v = self.wv(x).view(B, T, KV_HEADS, self.head_dim)
         q, k = q * cos + _rotate(q) * sin, k * cos + _rotate(k) * sin
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                           enable_gqa=True)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+        )
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -277,7 +285,9 @@ class ThirdPartyLlama(nn.Module):
         self.layers = nn.ModuleList(InplaceLlamaBlock() for _ in range(LAYERS))
         self.norm, self.output = nn.RMSNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
         head_dim = DIM // HEADS
-        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False)
+        self.register_buffer(
+            "inv_freq", 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False
+        )
 
     def forward(self, idx):
         freqs = torch.outer(torch.arange(idx.shape[1], device=idx.device).float(), self.inv_freq)
@@ -378,8 +388,14 @@ def gpt_tp_plan(sp: bool, *, attention: bool = True) -> dict[str, str]:
     plan = {"wte": "rowwise", "lm_head": "colwise"}
     attn = ("colwise", "rowwise") if attention else ("replicate", "replicate")
     for i in range(LAYERS):
-        plan.update({f"h.{i}.attn.c_attn": attn[0], f"h.{i}.attn.c_proj": attn[1],
-                     f"h.{i}.c_fc": "colwise", f"h.{i}.c_proj": "rowwise"})
+        plan.update(
+            {
+                f"h.{i}.attn.c_attn": attn[0],
+                f"h.{i}.attn.c_proj": attn[1],
+                f"h.{i}.c_fc": "colwise",
+                f"h.{i}.c_proj": "rowwise",
+            }
+        )
         if sp:
             plan.update({f"h.{i}.ln_1": "sequence_parallel", f"h.{i}.ln_2": "sequence_parallel"})
     return plan
@@ -401,10 +417,18 @@ def llama_tp_plan(sp: bool, *, embedding: str = "rowwise") -> dict[str, str]:
     plan = {"tok_embeddings": embedding, "output": "colwise"}
     for i in range(LAYERS):
         plan.update({f"layers.{i}.attention.{n}": "colwise" for n in ("wq", "wk", "wv")})
-        plan.update({f"layers.{i}.w1": "colwise", f"layers.{i}.w3": "colwise",
-                     f"layers.{i}.attention.wo": "rowwise", f"layers.{i}.w2": "rowwise"})
+        plan.update(
+            {
+                f"layers.{i}.w1": "colwise",
+                f"layers.{i}.w3": "colwise",
+                f"layers.{i}.attention.wo": "rowwise",
+                f"layers.{i}.w2": "rowwise",
+            }
+        )
         if sp:
-            plan.update({f"layers.{i}.attention_norm": "sequence_parallel", f"layers.{i}.ffn_norm": "sequence_parallel"})
+            plan.update(
+                {f"layers.{i}.attention_norm": "sequence_parallel", f"layers.{i}.ffn_norm": "sequence_parallel"}
+            )
     if sp:
         plan["norm"] = "sequence_parallel"
     return plan

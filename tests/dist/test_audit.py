@@ -3,6 +3,7 @@ count for count and byte for byte, what autoplan/cost/volumes.py predicts from t
 own stage totals; parameters held per rank match the plan's shards; and recomputation really
 re-runs the forward matmuls it is priced for; and each rank's peak of live tensor bytes is within 10% of
 the priced peak (docs/cost-model.md, "The execution audit")."""
+
 from __future__ import annotations
 
 import csv
@@ -12,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import exec_models as m
+import pytest
 from exec_harness import make_plan, run_audits
 
 from autoplan.cost.dp.compression import traffic_of
@@ -58,7 +58,11 @@ CASES = [
     # budgeted recompute (types/recompute.py): the first k blocks of each chunk, FLOPs and memory as priced
     ("recompute_budget_full", "gpt", dict(dp=2, recompute="full", recompute_blocks=[2])),
     ("pp_recompute_budget_full", "llama", dict(pp=2, schedule="1f1b", recompute="full", recompute_blocks=[1, 0])),
-    ("tp_sp_recompute_budget_selective", "llama", dict(tp=2, sequence_parallel=True, recompute="selective", recompute_blocks=[3])),
+    (
+        "tp_sp_recompute_budget_selective",
+        "llama",
+        dict(tp=2, sequence_parallel=True, recompute="selective", recompute_blocks=[3]),
+    ),
     ("dp_fp16", "gpt", dict(dp=2, precision="fp16")),
     ("ddp_fp32_bf16_reduce", "gpt", dict(dp=2, grad_reduce_dtype="bf16")),
     ("zero3_fp32_fp16_reduce", "gpt", dict(dp=2, zero_stage=3, grad_reduce_dtype="fp16")),
@@ -111,8 +115,11 @@ CASES = [
     # activation offload: each block's saved activations but its output out to the host and back, byte for byte
     # (dim "host", execute/activation_offload.py), off the device's peak; beside a recompute budget, and per stage
     ("offload_activations", "gpt", dict(dp=2, offload_activations=True)),
-    ("zero1_offload_activations_budget", "llama", dict(dp=2, zero_stage=1, recompute="full", recompute_blocks=[2],
-                                                       offload_activations=True)),
+    (
+        "zero1_offload_activations_budget",
+        "llama",
+        dict(dp=2, zero_stage=1, recompute="full", recompute_blocks=[2], offload_activations=True),
+    ),
     ("pp_offload_activations", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, offload_activations=True)),
     # ZeRO-Offload on one dp rank: the whole gradient down and the whole updated vector up, no collective
     ("tp_offload_one_rank", "gpt", dict(tp=2, offload="optimizer")),
@@ -183,8 +190,16 @@ class _Graphs(dict):
 
 @pytest.fixture(scope="module")
 def graphs():
-    models = (("gpt", "TinyGPT"), ("gpt_tied", "TiedGPT"), ("llama", "TinyLlama"), ("moe", "TinyMoE"), ("moe_skewed", "SkewedMoE"),
-              ("llama3p", "ThirdPartyLlama"), ("lora", "LoRALlama"), ("gpt_sparse", "SparseGPT"))
+    models = (
+        ("gpt", "TinyGPT"),
+        ("gpt_tied", "TiedGPT"),
+        ("llama", "TinyLlama"),
+        ("moe", "TinyMoE"),
+        ("moe_skewed", "SkewedMoE"),
+        ("llama3p", "ThirdPartyLlama"),
+        ("lora", "LoRALlama"),
+        ("gpt_sparse", "SparseGPT"),
+    )
     return _Graphs({name: trace(getattr(m, cls)(), (m.tokens(2, 1),)) for name, cls in models})
 
 
@@ -198,7 +213,7 @@ def _priced(graphs, name):
     if name not in graphs.priced:
         model, kw = _case(name)
         plan = make_plan(model, **kw)
-        profile = dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8)   # volumes do not depend on the link
+        profile = dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8)  # volumes do not depend on the link
         cost_model = CostModel(graphs[model], profile)
         stages, _tp_plan, _ctx = cost_model.priced_stages(plan)
         peaks = [memory.peak_bytes for memory in cost_model.stage_memory(plan, stages)]
@@ -235,7 +250,9 @@ def test_collectives_equal_the_priced_volumes(audits, graphs, name):
             if key in routed:
                 summed[key] = [summed[key][0] + measured[key][1], summed[key][1] + size]
             else:
-                assert measured[key][1] == pytest.approx(size, rel=1e-9), f"{name} {key}: {measured[key][1]} bytes run, {size} priced"
+                assert measured[key][1] == pytest.approx(size, rel=1e-9), (
+                    f"{name} {key}: {measured[key][1]} bytes run, {size} priced"
+                )
             if count is not None:
                 assert measured[key][0] == count, f"{name} {key}: {measured[key][0]} collectives run, {count} priced"
     for key, (run, priced) in summed.items():
@@ -254,8 +271,12 @@ def test_compiled_blocks_generate_the_priced_fused_kernels(audits, graphs):
     assert predicted[0].fused_regions == 4 and len(forward) == len(ranks) == 2
     assert all(r["measured"] == r["predicted"] == 4 and r["as_priced"] for r in forward), forward
     assert all(rank["fused_kernels"][1] >= 4 for rank in ranks)
-    assert not any(r["what"].startswith("fused") for r in audit_rows(
-        ranks=audits["ddp"]["ranks"], predictions=_predictions(graphs, "ddp")[1], stage_peak_bytes=[0.0]))
+    assert not any(
+        r["what"].startswith("fused")
+        for r in audit_rows(
+            ranks=audits["ddp"]["ranks"], predictions=_predictions(graphs, "ddp")[1], stage_peak_bytes=[0.0]
+        )
+    )
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + SPARSE])
@@ -290,8 +311,14 @@ MEMORY_UNSEEN = {"ddp_powersgd"}
 #: gradients that no plan changes (the same bytes at dp, tp and tp with SP) and that the grouped
 #: GEMM the cost model prices does not have. Their memory is held through the user's path on a
 #: grouped-GEMM model instead: test_mixtral_under_sequence_parallelism_runs_as_priced.
-LOOP_EXPERTS = {"moe_tp", "moe_tp_sp", "moe_tp_sp_recompute_selective", "moe_tp_sp_etp", "moe_dp_tp_sp_ep_etp",
-                "moe_dp_tp_sp_etp_zero1"}
+LOOP_EXPERTS = {
+    "moe_tp",
+    "moe_tp_sp",
+    "moe_tp_sp_recompute_selective",
+    "moe_tp_sp_etp",
+    "moe_dp_tp_sp_ep_etp",
+    "moe_dp_tp_sp_etp_zero1",
+}
 #: FSDP2 hooks a unit's post-backward on forward inputs that need a gradient; the first block behind
 #: a frozen embedding has none, so it stays gathered until the backward's final callback reduces and
 #: reshards it. Whether that overlaps the previous unit's asynchronous gloo reduce-scatter is up to
@@ -323,15 +350,18 @@ def test_each_rank_computes_the_priced_flops(audits, graphs, name):
         if hook:  # M Q always on the backward's thread; M^T P and P Q^T wherever their future completes
             assert pred.backward_flops + hook / 3 <= rank["backward_flops"] <= pred.backward_flops + hook, name
         else:
-            assert rank["backward_flops"] == pytest.approx(pred.backward_flops, rel=1e-9), name   # recomputation included
+            assert rank["backward_flops"] == pytest.approx(pred.backward_flops, rel=1e-9), (
+                name
+            )  # recomputation included
         assert rank["attention_forward_flops"] == pytest.approx(pred.attention_forward_flops, rel=1e-9), name
         # flash attention's backward recomputes the scores (5 matmuls, priced as cost/compute/roofline.py
         # executed_bwd_flops); full recomputation adds the forward
         assert rank["attention_backward_flops"] == pytest.approx(pred.attention_backward_flops, rel=1e-9), name
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CASES + FOUR + SPARSE
-                                  if c[0] not in MEMORY_UNSEEN | LOOP_EXPERTS | MEASURED_ROUTING])
+@pytest.mark.parametrize(
+    "name", [c[0] for c in CASES + FOUR + SPARSE if c[0] not in MEMORY_UNSEEN | LOOP_EXPERTS | MEASURED_ROUTING]
+)
 def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs, name):
     """The ranks of one stage run the same program; gloo finishes an asynchronous collective (and
     frees what it holds) at a time the scheduler picks, so one rank may peak a few percent above
@@ -341,9 +371,13 @@ def test_each_stage_peaks_within_ten_percent_of_the_priced_memory(audits, graphs
     for rank in audits[name]["ranks"]:
         by_stage.setdefault(rank["stage"], []).append(rank["peak_live_bytes"])
     for stage, peaks in by_stage.items():
-        assert min(peaks) == pytest.approx(priced[stage], rel=0.10), f"{name} stage {stage}: peaks {peaks} bytes live, {priced[stage]:.0f} priced"
+        assert min(peaks) == pytest.approx(priced[stage], rel=0.10), (
+            f"{name} stage {stage}: peaks {peaks} bytes live, {priced[stage]:.0f} priced"
+        )
         if name not in ASYNC_FINAL_RESHARD:
-            assert max(peaks) == pytest.approx(priced[stage], rel=0.15), f"{name} stage {stage}: peaks {peaks} bytes live, {priced[stage]:.0f} priced"
+            assert max(peaks) == pytest.approx(priced[stage], rel=0.15), (
+                f"{name} stage {stage}: peaks {peaks} bytes live, {priced[stage]:.0f} priced"
+            )
 
 
 def test_the_busiest_ep_rank_peaks_as_priced_at_the_measured_imbalance(audits, graphs):
@@ -365,7 +399,9 @@ def test_the_busiest_ep_rank_peaks_as_priced_at_the_measured_imbalance(audits, g
         model = CostModel(graphs["moe_skewed"], dataclasses.replace(load_profile("cpu-gloo"), devices_per_node=8))
         peak[i] = model.stage_memory(plan, model.priced_stages(plan)[0])[0].peak_bytes
     assert busiest["peak_live_bytes"] == pytest.approx(peak[imbalance], rel=0.10), (busiest["peak_live_bytes"], peak)
-    assert busiest["peak_live_bytes"] > peak[1.0] * 1.10 and other["peak_live_bytes"] == pytest.approx(peak[1.0], rel=0.10)
+    assert busiest["peak_live_bytes"] > peak[1.0] * 1.10 and other["peak_live_bytes"] == pytest.approx(
+        peak[1.0], rel=0.10
+    )
 
 
 def test_sparse_embedding_rows_within_the_estimates_bound(audits, graphs):
@@ -400,7 +436,10 @@ def test_recomputation_runs_what_it_is_priced_for(audits):
     assert full["peak_live_bytes"] < plain["peak_live_bytes"]
     # half the blocks recomputed re-run half the forward matmuls: between none and every block
     half = audits["recompute_budget_full"]["ranks"][0]
-    rerun, rerun_half = full["backward_flops"] - plain["backward_flops"], half["backward_flops"] - plain["backward_flops"]
+    rerun, rerun_half = (
+        full["backward_flops"] - plain["backward_flops"],
+        half["backward_flops"] - plain["backward_flops"],
+    )
     assert rerun_half == pytest.approx(rerun / 2, rel=1e-9)
     assert full["peak_live_bytes"] < half["peak_live_bytes"] < plain["peak_live_bytes"]
 
@@ -440,8 +479,10 @@ def test_mixtral_under_sequence_parallelism_runs_as_priced(tmp_path):
     env = {**os.environ, **{f"AUTOPLAN_HF_MIXTRAL_{k}": str(v) for k, v in sizes.items()}}
     model = ROOT / "examples" / "hf_mixtral.py"
     plan = Plan(devices=2, dp=1, tp=2, pp=1, sequence_parallel=True, recompute="selective", micro_batch_size=2,
-                num_microbatches=2, stages=[["model.layers.0", "model.layers.1"]], routing=RoutingModel(), profile="cpu-gloo")
-    command = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan.save(tmp_path / "plan.json")),
+                num_microbatches=2, stages=[["model.layers.0", "model.layers.1"]], routing=RoutingModel(),
+                profile="cpu-gloo")  # fmt: skip
+    plan_file = str(plan.save(tmp_path / "plan.json"))
+    command = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", plan_file,
                "--steps", "2", "--verify", "--audit", "--out", str(tmp_path / "run")]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

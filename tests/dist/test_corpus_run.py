@@ -79,7 +79,8 @@ def _plan(
         out = done["root"] / f"{model}-{fix or 'pick'}-{batch}"
         pins = ["--fix", fix] if fix else []
         result = _cli_here("plan", str(CORPUS / f"{model}.py"), "--devices", "2", "--profile", "cpu-gloo",
-                           "--batch", str(batch), *pins, "--out", str(out), "--quiet", traces=done["root"] / "traces")  # fmt: skip
+                           "--batch", str(batch), *pins, "--out", str(out), "--quiet",
+                           traces=done["root"] / "traces")  # fmt: skip
         plan = json.loads((out / "plan.json").read_text()) if result.returncode == 0 else None
         done[(model, fix, batch)] = (result, plan)
     return done[(model, fix, batch)]

@@ -4,11 +4,11 @@ One spawned group per world size runs all its cases (spawning is the slow part);
 compares the loss, every parameter's gradient (DTensor shards gathered, FQNs mapped back) and
 every updated weight with the unsharded model over the same micro-batches, over the steps
 `autoplan run --verify` compares, and asserts its verdict."""
+
 from __future__ import annotations
 
-import pytest
-
 import exec_models as m
+import pytest
 from exec_harness import run_cases
 
 from autoplan.execute.job.verify import UPDATED
@@ -42,12 +42,28 @@ TWO = [
     ("tp2_bf16", "llama", dict(tp=2, precision="bf16")),
     ("pp2_fp16", "gpt", dict(pp=2, schedule="1f1b", precision="fp16")),
     # calibration-sweep regressions (plans the planner emitted that once failed to run)
-    ("tp2_sp_replicated_attention", "gpt", dict(tp=2, sequence_parallel=True, tp_plan=m.gpt_tp_plan(True, attention=False))),
+    (
+        "tp2_sp_replicated_attention",
+        "gpt",
+        dict(tp=2, sequence_parallel=True, tp_plan=m.gpt_tp_plan(True, attention=False)),
+    ),
     # LoRA's replicated adapters beside Megatron's splits under SP: run whole, gradients settled whole
     ("tp2_sp_lora_adapters", "lora", dict(tp=2, sequence_parallel=True, tp_plan=m.lora_tp_plan(True))),
-    ("tp2_colwise_embedding_inplace", "llama3p", dict(tp=2, recompute="full", tp_plan=m.llama_tp_plan(False, embedding="colwise"))),
-    ("tp2_sp_colwise_embedding_inplace", "llama3p", dict(tp=2, sequence_parallel=True, tp_plan=m.llama_tp_plan(True, embedding="colwise"))),
-    ("pp2_interleaved_rope_args", "llama3p", dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
+    (
+        "tp2_colwise_embedding_inplace",
+        "llama3p",
+        dict(tp=2, recompute="full", tp_plan=m.llama_tp_plan(False, embedding="colwise")),
+    ),
+    (
+        "tp2_sp_colwise_embedding_inplace",
+        "llama3p",
+        dict(tp=2, sequence_parallel=True, tp_plan=m.llama_tp_plan(True, embedding="colwise")),
+    ),
+    (
+        "pp2_interleaved_rope_args",
+        "llama3p",
+        dict(pp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4),
+    ),
     # ZB-H1 (torch's ScheduleInterleavedZeroBubble, one stage per rank): B and W apart, W of a checkpointed block
     ("pp2_zb_h1_recompute_full", "gpt", dict(pp=2, schedule="interleaved_zb", num_microbatches=2, recompute="full")),
     # zero-bubble over T5's stage outputs made from weights alone (a tied embedding looked up at chunk 1's end, a
@@ -83,14 +99,27 @@ TWO = [
     # FSDP2, and beside a recompute budget in a pipeline (the blocks that do not recompute offload)
     # ZeRO-Offload on one dp rank (execute/offload.py OneRank): the whole master and Adam state on the host
     ("tp2_offload_optimizer_one_rank", "gpt", dict(tp=2, offload="optimizer")),
-    ("pp2_offload_optimizer_one_rank_bf16", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4,
-                                                          offload="optimizer", precision="bf16")),
+    (
+        "pp2_offload_optimizer_one_rank_bf16",
+        "llama",
+        dict(pp=2, schedule="1f1b", num_microbatches=4, offload="optimizer", precision="bf16"),
+    ),
     ("zero3_offload_activations", "llama", dict(dp=2, zero_stage=3, offload_activations=True)),
     # expert tensor parallelism (execute/expert_tp.py): each expert's FFN split over the etp = tp ranks, the rows
     # each rank routes from its sequence shard gathered over etp and the partial outputs reduce-scattered
     ("tp2_sp_etp2", "moe", dict(tp=2, sequence_parallel=True, expert_tp=2)),
-    ("pp2_budget_offload_activations", "gpt", dict(pp=2, schedule="1f1b", num_microbatches=4, recompute="full",
-                                                   recompute_blocks=[1, 0], offload_activations=True)),
+    (
+        "pp2_budget_offload_activations",
+        "gpt",
+        dict(
+            pp=2,
+            schedule="1f1b",
+            num_microbatches=4,
+            recompute="full",
+            recompute_blocks=[1, 0],
+            offload_activations=True,
+        ),
+    ),
 ]
 FOUR = [
     ("dp2_tp2", "gpt", dict(dp=2, tp=2)),
@@ -169,5 +198,6 @@ def test_cp_refuses_a_whole_sequence_tensor_made_outside_the_blocks_in_one_sente
     name = REFUSED[0][0]
     errors = [v["error"] for k, v in two.items() if k.startswith(name)]
     assert len(errors) == 2, two.get(name)
-    assert all("PlanError: context parallelism shards the sequence at the blocks' inputs (4 of 8 tokens" in e
-               for e in errors)
+    assert all(
+        "PlanError: context parallelism shards the sequence at the blocks' inputs (4 of 8 tokens" in e for e in errors
+    )

@@ -2,6 +2,7 @@
 names the rank (never the 30-minute default timeout); Ctrl-C and SIGTERM stop every process, and
 ranks never outlive a launcher killed with SIGKILL. The ranks are forked from the launcher, whose import
 of the model ran a parallel op: they must not hang on OpenMP's pool (autoplan/jobs/forked.py)."""
+
 from __future__ import annotations
 
 import os
@@ -75,8 +76,14 @@ def _start(
     plan_file = plan.save(tmp_path / "plan.json")
     cmd = [sys.executable, *launcher, "-m", "autoplan.cli", "run", str(model), "--plan", str(plan_file), "--out",
            str(tmp_path / "run"), "--threads", "2", *extra]  # fmt: skip  # two intra-op threads: OpenMP's pool runs
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, MARKERS=str(markers)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=dict(os.environ, MARKERS=str(markers)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, markers
 
 
@@ -158,7 +165,9 @@ def test_sigterm_ends_every_rank_and_says_so_in_one_line(tmp_path):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr[-3000:]
     said = [line for line in stderr.splitlines() if line.startswith("autoplan:")]
-    assert said == ["autoplan: stopped by SIGTERM: all 2 ranks were ended; this run wrote no results (rerun it to train)."]
+    assert said == [
+        "autoplan: stopped by SIGTERM: all 2 ranks were ended; this run wrote no results (rerun it to train)."
+    ]
     assert "Traceback" not in stderr
     assert not _gone_within(ranks, 10)
 
@@ -180,7 +189,10 @@ def test_a_hung_rank_is_named_from_its_heartbeat_with_its_step_and_phase(tmp_pat
     error = [line for line in stderr.splitlines() if line.startswith("autoplan: error:")]
     assert proc.returncode == 2 and error, stderr[-3000:]
     assert error[0].startswith("autoplan: error: hung: rank 1 stopped at step 3, 'forward mb0': no heartbeat progress")
-    assert "deadline 10 s = max(--hang-timeout-s 10, 5 x the plan's predicted step (none), 5 x the last measured step" in error[0]
+    assert (
+        "deadline 10 s = max(--hang-timeout-s 10, 5 x the plan's predicted step (none), 5 x the last measured step"
+        in error[0]
+    )
     assert "rank 0 waits at step 3" in error[0] and "stopped all 2 ranks" in error[0]
     assert "Timed out" not in stderr  # not the collective timeout
     assert "in forward" in stderr.split("autoplan: error:")[0]  # rank 1's Python stack, asked for by SIGUSR1

@@ -1,4 +1,5 @@
 """The job layer's in-process ranks (autoplan/jobs/spawn.py): results by rank, one-sentence failures."""
+
 from __future__ import annotations
 
 import os
@@ -30,6 +31,7 @@ def _die(rank, world, port, messages):
 
 def _hang(rank, world, port, messages):
     import time
+
     time.sleep(60)
 
 
@@ -40,9 +42,14 @@ def test_every_rank_reports_its_value_on_one_port():
     assert len({port for _, port in values.values()}) == 1 and len(ticks) == 3
 
 
-@pytest.mark.parametrize("worker, message", [(_raise, "rank 0 failed while testing: ValueError: boom on 0"),
-                                             (_die, "exited with code 7 before reporting while testing"),
-                                             (_hang, "testing did not finish in 3 s")])
+@pytest.mark.parametrize(
+    "worker, message",
+    [
+        (_raise, "rank 0 failed while testing: ValueError: boom on 0"),
+        (_die, "exited with code 7 before reporting while testing"),
+        (_hang, "testing did not finish in 3 s"),
+    ],
+)
 def test_a_failing_rank_is_one_sentence(worker, message):
     with pytest.raises(RunError, match=message):
         spawn_ranks(worker, processes=1, args=(), timeout_s=3, what="testing")

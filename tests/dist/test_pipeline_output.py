@@ -1,5 +1,6 @@
 """The pipeline split hands the loss what the model returns (a dict, a tuple), not the flat
 tensors torch.export leaves on the last stage. One process: splitting needs no process group."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,4 +57,3 @@ def test_last_stage_output_rebuilds_into_what_the_model_returns(returns):
     assert type(rebuilt) is type(expected)
     for got, want in zip(pytree.tree_leaves(rebuilt), pytree.tree_leaves(expected)):
         torch.testing.assert_close(got, want)
-

@@ -22,14 +22,8 @@ NOISE = ("Failed to load", "is an Enum subclass", "DTensor random operators", "L
 
 
 def _autoplan(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "autoplan.cli", *args],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=timeout,
-        cwd=cwd,
-    )
+    return subprocess.run([sys.executable, "-m", "autoplan.cli", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=timeout, cwd=cwd)  # fmt: skip
 
 
 NAN_HEAD = textwrap.dedent('''
@@ -73,10 +67,8 @@ NAN_HEAD = textwrap.dedent('''
 def test_a_loss_that_turns_nan_stops_every_rank_with_one_sentence(tmp_path):
     """pp=2: the first stage's rank never sees the loss and must stop at the same step (no hang)."""
     (tmp_path / "nan_head.py").write_text(NAN_HEAD)
-    plan = Plan(
-        devices=2, dp=1, tp=1, pp=2, micro_batch_size=2, num_microbatches=1, schedule="gpipe",
-        stages=[["blocks.0"], ["blocks.1"]],
-    ).save(tmp_path / "plan.json")
+    plan = Plan(devices=2, dp=1, tp=1, pp=2, micro_batch_size=2, num_microbatches=1, schedule="gpipe",
+                stages=[["blocks.0"], ["blocks.1"]]).save(tmp_path / "plan.json")  # fmt: skip
     result = _autoplan(["run", "nan_head.py", "--plan", str(plan), "--steps", "8", "--out", "run"], tmp_path)
     assert result.returncode == 4, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.strip()]
@@ -88,7 +80,7 @@ def test_a_loss_that_turns_nan_stops_every_rank_with_one_sentence(tmp_path):
     assert summary["nonfinite_loss"] == {"step": 3, "loss": "nan"} and summary["final_loss"] is None
 
 
-BERT = textwrap.dedent('''
+BERT = textwrap.dedent("""
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
@@ -107,15 +99,30 @@ BERT = textwrap.dedent('''
 
     def loss_fn(output, target):
         return output.logits.float().pow(2).mean()
-''')
+""")
 
 
 def test_plan_and_run_print_only_autoplans_lines(tmp_path):
     """A Hugging Face model (transformers imports torchao) with dropout under tp=2 (DTensor random
     ops on a CPU mesh): every line on stderr is autoplan's, and none of the known noise appears."""
     (tmp_path / "bert.py").write_text(BERT)
-    plan = _autoplan(["plan", "bert.py", "--devices", "2", "--profile", "cpu-gloo", "--batch", "4", "--fix", "tp=2",
-                      "--out", "plan"], tmp_path)
+    plan = _autoplan(
+        [
+            "plan",
+            "bert.py",
+            "--devices",
+            "2",
+            "--profile",
+            "cpu-gloo",
+            "--batch",
+            "4",
+            "--fix",
+            "tp=2",
+            "--out",
+            "plan",
+        ],
+        tmp_path,
+    )
     assert plan.returncode == 0, plan.stderr[-3000:]
     run = _autoplan(["run", "bert.py", "--plan", "plan", "--steps", "2", "--out", "run"], tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -124,7 +131,7 @@ def test_plan_and_run_print_only_autoplans_lines(tmp_path):
         assert not any(noise in result.stdout + result.stderr for noise in NOISE), result.stdout + result.stderr
 
 
-LOUD_LOSS = textwrap.dedent('''
+LOUD_LOSS = textwrap.dedent("""
     import torch
 
 
@@ -150,17 +157,15 @@ LOUD_LOSS = textwrap.dedent('''
 
     def loss_fn(output, target):
         return output.float().mean() * 4  # times the initial loss scale 2**16, its fp16 gradients overflow
-''')
+""")
 
 
 def test_fp16_steps_the_loss_scaler_skips_do_not_stop_the_run(tmp_path):
     """The scaler skips the first steps (their scaled gradients overflow fp16); their losses are
     finite, so the pipelined run goes on to the end and verifies the first applied step."""
     (tmp_path / "loud.py").write_text(LOUD_LOSS)
-    plan = Plan(
-        devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=2, schedule="gpipe", precision="fp16",
-        stages=[["blocks.0"], ["blocks.1"]],
-    ).save(tmp_path / "plan.json")
+    plan = Plan(devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=2, schedule="gpipe",
+                precision="fp16", stages=[["blocks.0"], ["blocks.1"]]).save(tmp_path / "plan.json")  # fmt: skip
     result = _autoplan(["run", "loud.py", "--plan", str(plan), "--steps", "5", "--verify", "--out", "run"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run/summary.json").read_text())
