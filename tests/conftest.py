@@ -5,3 +5,20 @@ import os
 # The trace cache (autoplan/trace/cache.py) stays off in tests, so each test traces what it means to
 # trace; tests/unit/trace/test_trace_cache.py turns it on in a temporary folder.
 os.environ["AUTOPLAN_TRACE_CACHE"] = "off"
+
+# pytest-xdist's workers start with COLUMNS=80, which the CLI takes for a terminal's width
+# (solve/console.py); the tests read its tables as printed to a pipe (160 columns), as without xdist.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (the README's ``-n auto --dist loadgroup``) every multi-process test in tests/dist
+    runs on one worker, one after another, as without xdist: their ranks take the machine's cores, they
+    share process groups through module fixtures, and the hang tests time heartbeats. The unit tests
+    spread over the other workers beside them."""
+    import pytest
+
+    for item in items:
+        if "dist" in item.path.relative_to(item.config.rootpath).parts[:2]:
+            item.add_marker(pytest.mark.xdist_group("dist"))
