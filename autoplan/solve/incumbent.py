@@ -40,6 +40,7 @@ class Probes:
     def __init__(self) -> None:
         self._rows: dict[str, list[tuple[Plan, list[Candidate]]]] = {}
         self.priced = 0  # plans priced by the probes (their retries included)
+        self.floors: dict[int, float] = {}  # by id(group): a floor of bound (2) of each member (_least_member_bound)
 
     def take(self, plan: Plan, bound: float) -> list[Candidate] | None:
         """The rows of ``plan`` if it was probed (once), with the loop's ``bound``; else None."""
@@ -87,9 +88,10 @@ def probe(search: Any, groups: list[tuple[float, Any]]) -> Probes:
             if search._beaten(key):
                 break
             search.candidates = []  # the rows of what the threshold prunes here are the loop's to write
-            if not keyed:
-                heapq.heappush(queue, (_least_member_bound(search, group, key), next(order), True, group))
-            else:
+            if not keyed and (floor := _least_member_bound(search, group, key)) is not None:
+                probes.floors[id(group)] = floor  # the loop prunes the group whole where the final threshold beats it
+                heapq.heappush(queue, (floor, next(order), True, group))
+            elif keyed:
                 for sub, plan, status, rebound in _members(search, group, key):
                     heapq.heappush(members, (sub, next(order), plan, status, rebound))
     finally:
@@ -105,15 +107,17 @@ def _price(search: Any, probes: Probes, plan: Plan, sub: float, status: str) -> 
         probes.hold(plan, search.candidates)
 
 
-def _least_member_bound(search: Any, group: Any, bound: float) -> float:
-    """A floor of bound (2) of each member of ``group`` the threshold leaves, its stages at their floors under any
-    partition (member_bounds.options: no partition solved); inf where there is none."""
+def _least_member_bound(search: Any, group: Any, bound: float) -> float | None:
+    """A floor of bound (2) of each member of ``group``, its stages at their floors under any partition
+    (member_bounds.options: no partition solved), or the present threshold where that is lower (the options
+    it beats are not bounded); None where the loop prunes the group for its tp (Search._degenerate)."""
     choice = search._choose(group)
     if search._degenerate(group, choice):
-        return math.inf
+        return None
     dp_choices = search._dp_choices(group.degrees)
     options = member_bounds.options(search, group, bound, choice, dp_choices, {})
-    return min((min(subs) for *_, subs in options if subs), default=math.inf)
+    threshold = -search._top[0] if len(search._top) >= search.options.keep else math.inf
+    return min(min((min(subs) for *_, subs in options if subs), default=math.inf), threshold)
 
 
 def _members(search: Any, group: Any, bound: float) -> list[tuple]:

@@ -154,6 +154,9 @@ class Search:
             if self._beaten(bound):
                 self._prune_group(group, bound, "group bound")
                 continue
+            if self._beaten(floor := self.probes.floors.get(id(group), bound)):  # solve/incumbent.py
+                self._prune_group(group, floor, "members' bound")
+                continue
             if self.pricer is not None and self.pricer.spec.constrained:  # the run misses even at bound (1)
                 step_s, devices = self.step_lower_bound_s(group), group.degrees.devices
                 if misses := self.pricer.violation(step_time_s=step_s, devices=devices):
