@@ -78,10 +78,10 @@ def probe(search: Any, groups: list[tuple[float, Any]]) -> Probes:
                 if search._beaten(sub):
                     break
                 search.budgets = budgets  # bounded and priced as the loop would now
-                if (now := rebound()) > sub:  # no budget may be fitted to it (yet): its own stage times
+                if _own_times(budgets, plan) and (now := rebound()) > sub:  # no budget fitted to it (yet)
                     heapq.heappush(members, (now, next(order), plan, status, rebound))
                 else:
-                    _price(search, probes, plan, now, status)
+                    _price(search, probes, plan, sub, status)
                 search.budgets = _AnyBudget(budgets)
                 continue
             key, _, keyed, group = heapq.heappop(queue)
@@ -97,6 +97,12 @@ def probe(search: Any, groups: list[tuple[float, Any]]) -> Probes:
     finally:
         search.candidates, search.budgets = kept, budgets
     return probes
+
+
+def _own_times(budgets: Any, plan: Plan) -> bool:
+    """Whether the loop would bound ``plan`` by its own stage times where the probe took those of no recompute
+    (:class:`_AnyBudget`): it recomputes, and its plan without recompute has not been found short."""
+    return budgets.searched and plan.recompute != "none" and budgets.timing(plan) is plan
 
 
 def _price(search: Any, probes: Probes, plan: Plan, sub: float, status: str) -> None:
