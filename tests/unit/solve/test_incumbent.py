@@ -66,3 +66,20 @@ def test_best_first_prices_no_plan_whose_bound_the_best_beats():
     assert len(priced(early)) < len(priced(plain))
     assert early.best.describe() == full.best.describe() and early.best_cost.step_time_s == best
     assert [c.objective for c in early.ranked()[:1]] == [c.objective for c in full.ranked()[:1]]
+
+
+def test_a_probe_stopped_early_leaves_the_loop_exact(monkeypatch):
+    """The probe's stop after stale expansions (incumbent.STALE_GROUPS) only hands the loop a higher threshold:
+    stopped after the first expansion, the best plan, its price and the exact top 1 are the exhaustive run's."""
+    from autoplan.solve import incumbent
+
+    wide = dict(WIDE, profile=synthetic_profile(memory_bytes=24 * 2**30))
+    full = _run(incumbent=False, keep=1, exhaustive=True, **wide)
+    whole = _run(incumbent=True, keep=1, **wide)
+    monkeypatch.setattr(incumbent, "STALE_GROUPS", 0)
+    stopped = _run(incumbent=True, keep=1, **wide)
+    priced = [len([c for c in r.candidates if c.status == "evaluated"]) for r in (stopped, whole)]
+    assert priced[0] != priced[1]  # the stop changed what was priced
+    assert stopped.best.describe() == full.best.describe()
+    assert stopped.best_cost.step_time_s == full.best_cost.step_time_s
+    assert [c.objective for c in stopped.ranked()[:1]] == [c.objective for c in full.ranked()[:1]]
