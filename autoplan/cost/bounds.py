@@ -32,7 +32,7 @@ from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.floors import SyncFloors
 from autoplan.cost.dp.sparse_embedding import sparse_tables
-from autoplan.cost.memory.in_flight_floor import in_flight_floor_bytes
+from autoplan.cost.memory.in_flight_floor import in_flight_floor_bytes, schedule_key, schedule_weights
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
@@ -75,6 +75,7 @@ class Bounds:
         self._experts_min: dict[tuple, float] = {}
         self._cp_floors: dict[tuple, CpFloor] = {}
         self._groups: dict[tuple, dict] = {}
+        self._schedule_weights: dict[tuple, tuple | None] = {}  # in_flight_floor.schedule_weights by schedule_key
         self._frozen = float(graph.param_count - graph.trainable_param_count)
         sparse = float(sum(t.rows * t.dim for t in sparse_tables(graph)))  # out of the dense buckets
         self.sync = SyncFloors(
@@ -279,13 +280,15 @@ class Bounds:
         (cost/memory/in_flight_floor.py); ``offload``: the search may price the plan with its activations on
         the host, so they are not counted."""
         floor = self.states_floor_bytes(plan)
-        if offload:
+        if (key := schedule_key(plan)) not in self._schedule_weights:  # read by every plan of one schedule
+            self._schedule_weights[key] = schedule_weights(plan)
+        if offload or (weights := self._schedule_weights[key]) is None:
             return floor
         _, _, blocks = self.stage_costs.param_parts(plan)
         kept, owed = self.stage_costs.kept_bytes_total(plan)
         trained = self.trained_floor(blocks)
         floor_in_flight = in_flight_floor_bytes(
-            plan, block_params=blocks, trained=trained, kept_bytes=kept, wgrad_held_bytes=owed
+            plan, block_params=blocks, trained=trained, kept_bytes=kept, wgrad_held_bytes=owed, weights=weights
         )
         return max(floor, floor_in_flight)
 

@@ -18,8 +18,9 @@ nothing hides: never above the priced step. Inside a group the tp_plan comes fro
 (solve/tp_plan.py, again with its memory row when nothing fits), the stages from solve/pipeline.py; survivors are
 priced by ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample or per run
 (cost/run/whole_run.py), both rising with the step time at fixed devices, so the bounds hold. A group whose ILP
-splits no op at tp > 1 is pruned unless tp is pinned. Before the loop a few members are priced to start the
-threshold near the best (solve/incumbent.py); a plan's memory is priced before its time (solve/memory_first.py).
+splits no op at tp > 1 is pruned unless tp is pinned. Before the loop, plans are priced best first across the groups
+until the least bound left is beaten (solve/incumbent.py), so the loop starts at the best plan's objective; (2) is
+solve/member_bounds.py's; a plan's memory is priced before its time (solve/memory_first.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import replace
+from functools import partial
 
 from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, memory_budget, run_pricer, usable_bytes
 from autoplan.errors import PlanError
@@ -35,6 +37,7 @@ from autoplan.solve import (
     candidates,
     expert_layout,
     incumbent,
+    member_bounds,
     memory_first,
     moe_overlap,
     recompute_budget,
@@ -151,6 +154,9 @@ class Search:
             if self._beaten(bound):
                 self._prune_group(group, bound, "group bound")
                 continue
+            if self._beaten(floor := self.probes.floors.get(id(group), bound)):  # solve/incumbent.py
+                self._prune_group(group, floor, "members' bound")
+                continue
             if self.pricer is not None and self.pricer.spec.constrained:  # the run misses even at bound (1)
                 step_s, devices = self.step_lower_bound_s(group), group.degrees.devices
                 if misses := self.pricer.violation(step_time_s=step_s, devices=devices):
@@ -177,8 +183,7 @@ class Search:
 
     def _run_group(self, g: Group, bound: float) -> None:
         deg = g.degrees
-        choice = self._choose(g)
-        if deg.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan):
+        if self._degenerate(g, choice := self._choose(g)):
             self._prune_group(
                 g,
                 bound,
@@ -200,6 +205,10 @@ class Search:
                 for c in priced:
                     c.reason = f"{c.reason}; {retry.reason}" if c.reason else retry.reason
 
+    def _degenerate(self, g: Group, choice: TPChoice) -> bool:
+        """Whether ``choice`` splits no op at tp > 1 (unless tp is pinned): the group is pruned."""
+        return g.degrees.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan)
+
     def _choose(self, g: Group, budget: MemoryBudget | None = None) -> TPChoice:
         deg, ilp = g.degrees, dict(sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs)
         ilp.update(fused=g.compile or self.runtime_fuses)  # element-wise ops priced as fused regions
@@ -216,58 +225,28 @@ class Search:
         (``retry_next``) reads every priced plan's peak: where nothing of the group fits."""
         deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
         first, too_big, held = len(self.candidates), [], []
-        dp_choices = self._dp_choices(deg)
-        own_bounds, extras = {}, {}  # bound (1) at each schedule's own bubble floor; _beaten_whatever_the_stages's
-        share = self.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
-        per_microbatch_s, adam_s = self.bound_parts_s(g)
-        offload = None  # whether the group's plans may offload activations (StageCosts.bubble_floor)
-        for overlap, recompute, (schedule, v) in self._stage_options(g):
-            base = g.plan(
-                recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
-            )
-            if (schedule, v) not in own_bounds:
-                b = g.least_bubble([(schedule, v)], pp=deg.pp, share=share)
-                own_bounds[schedule, v] = max(bound, self.objective((g.m + b) * per_microbatch_s + adam_s, deg.devices))
-            if self._beaten(own := own_bounds[schedule, v]):  # every ZeRO choice of it: one row
-                known = dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)
-                self._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
+        dp_choices, extras = self._dp_choices(deg), {}  # extras: member_bounds's
+        for base, own, sends, plans, subs in member_bounds.options(self, g, bound, choice, dp_choices, extras):
+            if all(self._beaten(sub) for sub in subs):  # every ZeRO choice, without solving the partition
+                for plan, sub in zip(plans, subs):
+                    self._append_pruned(plan, sub)
                 continue
-            pp_comm_s = self.bounds.pp_comm_s(base)  # (2)'s sends: the same for each ZeRO choice
-            if offload is None:  # the same for every member: tp, cp, ep, compile, runtime
-                offload = activation_offload.may_offload_a_twin(base, self.profile, self.fixes)
-            if self._beaten_whatever_the_stages(g, base, own, dp_choices, names, extras, (pp_comm_s, offload)):
-                continue
-            stages = self._stages(base)
+            overlap, stages = base.tp_comm_overlap, self._stages(base)
+            kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_overlap=overlap)
             for i, (zero, grads) in enumerate(dp_choices):
-                plan = g.plan(
-                    recompute=recompute,
-                    schedule=schedule,
-                    v=v,
-                    zero=zero,
-                    tp_plan=choice.tp_plan,
-                    stages=stages,
-                    tp_overlap=overlap,
-                    grads=grads,
-                    **names,
-                )
-                times, params = self.stage_costs.stage_totals(self.budgets.timing(plan), stages)
-                core_s = (g.m + self.stage_costs.bubble_floor(plan, may_offload=offload)) * max(times) + pp_comm_s
-                core_s -= moe_overlap.hideable_s(self.stage_costs, plan, self.fixes)  # its overlapped twin's
-                if (key := (overlap, i, max(params))) not in extras:  # as in _beaten_whatever_the_stages
-                    extras[key] = self.bounds.step_extras_s(plan, stage_params=max(params))
-                extra_s = extras[key]
-                sub = max(own, self.objective(core_s + extra_s, deg.devices))  # (2)
+                plan = g.plan(zero=zero, tp_plan=choice.tp_plan, stages=stages, grads=grads, **kw, **names)
+                sub = member_bounds.member_bound(self, g, plan, at := (stages, own, sends, i), extras)
                 if self._beaten(sub):
                     self._append_pruned(plan, sub)
                     continue
-                floor = self.bounds.states_floor_bytes(plan)
-                if floor > self._usable_bytes:
-                    too_big.append((floor, plan, sub))
-                    continue
-                if not self._held_back(plan, sub, held):
+                if self.probing is not None:  # solve/incumbent.py: the floors and the budget when it prices it
+                    self.probing.append(
+                        (sub, plan, choice.status, partial(member_bounds.member_bound, self, g, plan, at, extras))
+                    )
+                elif not self._over_floor(plan, sub, too_big, held):
                     self._evaluate(plan, sub, ilp_status=choice.status)
         priced = [c for c in self.candidates[first:] if c.cost is not None]
-        if held and retry_next and not any(c.feasible for c in priced):
+        if held and retry_next and not any(c.feasible for c in priced) and self.probing is None:
             for _, plan, sub in held:
                 self._evaluate(plan, sub, ilp_status=choice.status)
             priced, held = [None], []
@@ -275,6 +254,13 @@ class Search:
         self._set_aside(
             held, priced_any=True, ilp_status=choice.status, why="model states with the activations in flight"
         )
+
+    def _over_floor(self, plan: Plan, sub: float, too_big: list, held: list) -> bool:
+        """Whether ``plan``'s memory floor sets it aside: its states alone (``too_big``), or with its activations."""
+        if (floor := self.bounds.states_floor_bytes(plan)) > self._usable_bytes:
+            too_big.append((floor, plan, sub))
+            return True
+        return self._held_back(plan, sub, held)
 
     def _held_back(self, plan: Plan, sub: float, held: list) -> bool:
         """Whether ``plan``'s memory floor with its activations (Bounds.memory_floor_bytes) exceeds the device: then
@@ -286,30 +272,6 @@ class Search:
         if (pinned := moe_overlap.with_pin(plan, self.fixes)) is not None:
             self.budgets.fitted(self.cost_model, pinned, feasible=False)  # as _evaluate records it
         held.append((floor, plan, sub))
-        return True
-
-    def _beaten_whatever_the_stages(self, g: Group, base: Plan, bound: float, dp_choices, names, extras, sends) -> bool:
-        """Bound (2) with the slowest stage and its parameters at their floors under any partition
-        (Bounds.stage_params_floor): when it rules out every ZeRO choice, they are recorded as
-        pruned without solving the partition. ``extras``: each ZeRO choice's step_extras_s, by tp overlap
-        (it reads no schedule, recompute or stages), shared by the members of one tp_plan; ``sends``: (Bounds.pp_comm_s,
-        whether the group may offload activations)."""
-        pp_s, offload = sends
-        kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
-        kw.update(names)
-        plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
-        floor_s = self.stage_costs.slowest_stage_floor_s(self.budgets.timing(base, plans))
-        bubble = min((self.stage_costs.bubble_floor(p, may_offload=offload) for p in plans), default=0.0)  # per ZeRO
-        core_s = (g.m + bubble) * floor_s + pp_s
-        core_s -= moe_overlap.hideable_s(self.stage_costs, base, self.fixes)  # an overlapped twin could hide it
-        params = self.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
-        if (key := base.tp_comm_overlap) not in extras:
-            extras[key] = [self.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
-        subs = [max(bound, self.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras[key]]
-        if not all(self._beaten(sub) for sub in subs):
-            return False
-        for plan, sub in zip(plans, subs):
-            self._append_pruned(plan, sub)
         return True
 
     def _dp_choices(self, deg: space.Degrees) -> list:
@@ -338,7 +300,7 @@ class Search:
         return self._stage_memo[key]
 
     def _set_aside(self, too_big: list, *, priced_any: bool, ilp_status: str, why: str = "") -> None:
-        if too_big and not priced_any:
+        if too_big and not priced_any and self.probing is None:  # it cannot fit: no probe (solve/incumbent.py)
             frugal = min(too_big, key=lambda item: item[0])
             too_big = [item for item in too_big if item is not frugal]
             self._evaluate(frugal[1], frugal[2], ilp_status=ilp_status)
@@ -346,9 +308,7 @@ class Search:
             self.candidates.append(candidates.memory_pruned_row(plan, sub, floor, self._usable_bytes, why=why))
 
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
-        if self.probing is not None:  # solve/incumbent.py finds its probes
-            return self.probing.append((bound, plan, ilp_status))
-        if (rows := self.probes.take(plan)) is not None:
+        if (rows := self.probes.take(plan, bound)) is not None:
             return self.candidates.extend(rows)  # a probe's rows, priced before the loop
         plan = moe_overlap.with_pin(recompute_budget.with_pin(plan.checked(), self.fixes), self.fixes)
         if (plan := activation_offload.with_pin(plan, self.fixes)) is None:

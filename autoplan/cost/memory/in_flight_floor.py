@@ -31,17 +31,40 @@ from autoplan.types.plan import Plan
 from autoplan.types.schedules import V_SCHEDULES
 
 
-def in_flight_floor_bytes(
-    plan: Plan, *, block_params: float, trained: float, kept_bytes: float, wgrad_held_bytes: float = 0.0
-) -> float:
-    """The module docstring's floor, bytes per device: ``block_params`` the blocks' dense parameters per device,
-    ``trained`` the fewest of them trainable, ``kept_bytes`` every block's kept activations per micro-batch,
-    ``wgrad_held_bytes`` every block's output gradients kept from B to W."""
+def schedule_key(plan: Plan) -> tuple:
+    """What :func:`schedule_weights` reads of ``plan``: its schedule, degrees, micro-batches and runtime, and
+    whether its all-to-all is overlapped (one forward more in flight)."""
+    return (plan.schedule, plan.pp, plan.virtual_stages, plan.num_microbatches, plan.runtime, plan.moe_a2a_overlap)
+
+
+def schedule_weights(plan: Plan) -> tuple[float, float, float] | None:
+    """(max_k n'_k, H = sum_k 1 / n'_k, min_k p_k / n'_k) of the module docstring; None where there is no floor
+    (a V schedule, or a device holding no micro-batch)."""
     replayed = replays_memory(plan) and plan.schedule not in V_SCHEDULES
     floors = [held_floor(plan, k) if replayed else (0.0, 0.0) for k in range(plan.pp)]
     held = [f[0] if replayed else in_flight_after_first_backward(plan, k) for k, f in enumerate(floors)]
     if plan.schedule in V_SCHEDULES or min(held) <= 0:
+        return None
+    owed = min((floors[k][1] if replayed else pending_weight_grads(plan, k)) / n for k, n in enumerate(held))
+    return max(held), sum(1.0 / n for n in held), owed
+
+
+def in_flight_floor_bytes(
+    plan: Plan,
+    *,
+    block_params: float,
+    trained: float,
+    kept_bytes: float,
+    wgrad_held_bytes: float = 0.0,
+    weights: tuple[float, float, float] | None = None,
+) -> float:
+    """The module docstring's floor, bytes per device: ``block_params`` the blocks' dense parameters per device,
+    ``trained`` the fewest of them trainable, ``kept_bytes`` every block's kept activations per micro-batch,
+    ``wgrad_held_bytes`` every block's output gradients kept from B to W; ``weights``: :func:`schedule_weights`
+    of ``plan`` (or of a plan of the same :func:`schedule_key`), computed here when not given."""
+    if (weights := weights or schedule_weights(plan)) is None:
         return 0.0
+    most_held, harmonic, owed = weights
     states = model_states(
         params=block_params,
         trainable=trained,
@@ -52,5 +75,4 @@ def in_flight_floor_bytes(
         offload=plan.offload,
     )
     states_bytes = states.weights_bytes + states.grads_bytes + states.optimizer_bytes
-    owed = min((floors[k][1] if replayed else pending_weight_grads(plan, k)) / n for k, n in enumerate(held))
-    return (states_bytes / max(held) + kept_bytes + owed * wgrad_held_bytes) / sum(1.0 / n for n in held)
+    return (states_bytes / most_held + kept_bytes + owed * wgrad_held_bytes) / harmonic

@@ -1,0 +1,77 @@
+"""Bound (2) of solve/search.py's docstring for the members of one group under one tp_plan (docs/ilp.md, section 4):
+
+    LB2 = (m + b(schedule, v)) * T_slowest + pp_comm - hideable + optimizer(zero)                  (2)
+
+first with the slowest stage and its parameters at their floors under any partition (:func:`options`: no partition
+solved, so a stage option whose ZeRO choices this rules out costs no partition), then with the partition's own stage
+times (:func:`member_bound`). Each is no less than bound (1) at the schedule's own bubble floor, and the stage times
+are those of ``Search.budgets.timing``: of no recompute where a recompute budget may be fitted to the member
+(solve/recompute_budget.py). ``search`` is a solve/search.py Search.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoplan.solve import activation_offload, moe_overlap
+from autoplan.solve.candidates import Group
+from autoplan.types.plan import Plan
+
+
+def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, extras: dict):
+    """Each (tp overlap, recompute, schedule, v) of ``g`` under ``choice`` (a TPChoice) that bound (1) at its
+    schedule's own bubble floor does not rule out (one row for those it does): its plan without ZeRO or stages,
+    that bound, its sends (Bounds.pp_comm_s, whether the group may offload activations), and each ZeRO choice's
+    plan and bound (2) whatever the stages (:func:`whatever_the_stages`)."""
+    deg, names = g.degrees, dict(model=search.graph.model_name, profile=search.profile.name)
+    own_bounds = {}  # bound (1) at each schedule's own bubble floor
+    share = search.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
+    per_microbatch_s, adam_s = search.bound_parts_s(g)
+    offload = None  # whether the group's plans may offload activations (StageCosts.bubble_floor)
+    for overlap, recompute, (schedule, v) in search._stage_options(g):
+        base = g.plan(
+            recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
+        )
+        if (schedule, v) not in own_bounds:
+            b = g.least_bubble([(schedule, v)], pp=deg.pp, share=share)
+            own_bounds[schedule, v] = max(bound, search.objective((g.m + b) * per_microbatch_s + adam_s, deg.devices))
+        if search._beaten(own := own_bounds[schedule, v]):  # every ZeRO choice of it: one row
+            known = dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)
+            search._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
+            continue
+        pp_comm_s = search.bounds.pp_comm_s(base)  # (2)'s sends: the same for each ZeRO choice
+        if offload is None:  # the same for every member: tp, cp, ep, compile, runtime
+            offload = activation_offload.may_offload_a_twin(base, search.profile, search.fixes)
+        sends = (pp_comm_s, offload)
+        yield base, own, sends, *whatever_the_stages(search, g, base, own, dp_choices, extras, sends)
+
+
+def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choices, extras, sends) -> tuple:
+    """Each ZeRO choice's plan and its bound (2) with the slowest stage and its parameters at their floors under
+    any partition (Bounds.stage_params_floor). ``extras``: each ZeRO choice's step_extras_s, by tp overlap (it
+    reads no schedule, recompute or stages), shared by the members of one tp_plan; ``sends``: (Bounds.pp_comm_s,
+    whether the group may offload activations)."""
+    pp_s, offload = sends
+    kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
+    kw.update(model=search.graph.model_name, profile=search.profile.name)
+    plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
+    floor_s = search.stage_costs.slowest_stage_floor_s(search.budgets.timing(base, plans))
+    bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in plans), default=0.0)  # per ZeRO
+    core_s = (g.m + bubble) * floor_s + pp_s
+    core_s -= moe_overlap.hideable_s(search.stage_costs, base, search.fixes)  # an overlapped twin could hide it
+    params = search.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
+    if (key := base.tp_comm_overlap) not in extras:
+        extras[key] = [search.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
+    return plans, [max(bound, search.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras[key]]
+
+
+def member_bound(search: Any, g: Group, plan: Plan, at: tuple, extras: dict) -> float:
+    """Bound (2) of ``plan``, the ``i``-th ZeRO choice of its stage option, with its partition's stage times at
+    the recompute ``search.budgets`` says now; ``at``: (stages, the option's own bound, its sends, i)."""
+    stages, own, (pp_comm_s, offload), i = at
+    times, params = search.stage_costs.stage_totals(search.budgets.timing(plan), stages)
+    core_s = (g.m + search.stage_costs.bubble_floor(plan, may_offload=offload)) * max(times) + pp_comm_s
+    core_s -= moe_overlap.hideable_s(search.stage_costs, plan, search.fixes)  # its overlapped twin's
+    if (key := (plan.tp_comm_overlap, i, max(params))) not in extras:  # as in whatever_the_stages
+        extras[key] = search.bounds.step_extras_s(plan, stage_params=max(params))
+    return max(own, search.objective(core_s + extras[key], g.degrees.devices))
