@@ -28,7 +28,8 @@ def test_the_first_command_installs_the_package_without_the_test_extras():
     targets = [words[-1] for words in _installs(first)]
     assert targets == ["torch==2.13.0", "."], targets  # the checkout, with no [extras]
     assert first[-1].startswith("autoplan plan ")
-    assert [words[-1] for words in _installs(second)] == [".[test]"] and second[-1] == "python -m pytest -q -n auto --dist loadgroup tests"
+    assert [words[-1] for words in _installs(second)] == [".[test]"]
+    assert second[-1] == "python -m pytest -q -n auto --dist loadgroup tests"
 
 
 def test_ci_runs_the_readmes_installs_and_test_command():
