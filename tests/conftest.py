@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 # The trace cache (autoplan/trace/cache.py) stays off in tests, so each test traces what it means to
 # trace; tests/unit/trace/test_trace_cache.py turns it on in a temporary folder.
 os.environ["AUTOPLAN_TRACE_CACHE"] = "off"
@@ -12,13 +14,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (the README's ``-n auto --dist loadgroup``) every multi-process test in tests/dist
     runs on one worker, one after another, as without xdist: their ranks take the machine's cores, they
     share process groups through module fixtures, and the hang tests time heartbeats. The unit tests
     spread over the other workers beside them."""
-    import pytest
-
     for item in items:
         if "dist" in item.path.relative_to(item.config.rootpath).parts[:2]:
             item.add_marker(pytest.mark.xdist_group("dist"))
