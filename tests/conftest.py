@@ -20,6 +20,7 @@ def pytest_collection_modifyitems(config, items):
     runs on one worker, one after another, as without xdist: their ranks take the machine's cores, they
     share process groups through module fixtures, and the hang tests time heartbeats. The unit tests
     spread over the other workers beside them."""
+    multi_process = config.rootpath / "tests" / "dist"
     for item in items:
-        if "dist" in item.path.relative_to(item.config.rootpath).parts[:2]:
+        if item.path.is_relative_to(multi_process):
             item.add_marker(pytest.mark.xdist_group("dist"))

@@ -12,14 +12,15 @@ the k-th best objective priced so far). While nothing fits yet, members go first
                             the plan without recompute did not fit, solve/recompute_budget.py): queued again
                             where that is higher, else priced by Search._evaluate, retries and all; rows held.
 
-Each key is a floor of every key it is replaced by (while a member waits for its plan without recompute, it is
-keyed by the stage times of no recompute, a floor of every budget), so every plan the loop would price against the
-final threshold is priced here before it is beaten. The loop prunes only by sound bounds against the objectives of
-plans it priced, whichever order it meets them in, so its best plan, price and exact top k are those of the plain
-loop (tests/unit/solve/test_incumbent.py). A probe's rows are put among the candidates, with the loop's bound,
-where the loop reaches the same plan; the rows of a probe the loop prunes come last. What a group prices only
-when nothing of it fits cannot fit, so it is not probed. The probe stops after STALE_GROUPS expansions in a row
-that left the threshold where it was: the loop expands each probed group again to write its rows.
+Each key is a floor of every key it is replaced by (while a member waits for its plan without recompute, it is keyed
+by the stage times of no recompute, a floor of every budget), so a probe run to its end prices every plan the loop
+would price against the final threshold before it is beaten. The loop prunes only by sound bounds against the
+objectives of plans it priced, whichever order it meets them in, so its best plan, price and exact top k are those
+of the plain loop (tests/unit/solve/test_incumbent.py). A probe's rows are put among the candidates, with the loop's
+bound, where the loop reaches the same plan; the rows of a probe the loop prunes come last. What a group prices only
+when nothing of it fits cannot fit, so it is not probed. The probe stops early after STALE_GROUPS expansions in a
+row that left the k best where they were (the loop expands each probed group again to write its rows); the loop then
+prices what the probe left, and stays exact.
 """
 
 from __future__ import annotations
