@@ -70,6 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    code = _dispatch(args)
+    if args.own_process and getattr(args, "exits_fast", False):  # plan, trace: nothing left to finalise
+        from autoplan.cli.startup import exit_now
+
+        exit_now(code)  # the interpreter's teardown skipped (cli/startup.py)
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command; its exit code, with bad input, a stop or a bug of ours said in one sentence."""
     try:
         check_out(args)  # a path --out cannot be, before any work (cli/outpath.py)
         result = args.func(args)

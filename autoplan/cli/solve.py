@@ -62,7 +62,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "estimate V(1-(1-1/V)^tokens), an upper bound for text; docs/cost-model.md)",
     )
     add_run_arguments(parser)
-    parser.set_defaults(func=run, out_kind="folder")
+    parser.set_defaults(func=run, out_kind="folder", exits_fast=True)  # cli/startup.py, exit_now
     add_sweep_parser(subparsers, common)
 
 

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
     parser.add_argument("--batch", type=int, required=True, help="global batch size in samples")
     parser.add_argument("--out", required=True, help="output folder")
     add_trace_arguments(parser)
-    parser.set_defaults(func=run, out_kind="folder")
+    parser.set_defaults(func=run, out_kind="folder", exits_fast=True)  # cli/startup.py, exit_now
 
 
 def add_trace_arguments(parser: argparse.ArgumentParser) -> None:

@@ -138,3 +138,60 @@ def test_a_trace_that_needs_torch_dynamo_imports_the_real_one_and_traces_the_sam
     assert _traced([*trace, "--out", str(tmp_path / "late")]) == "module"
     assert _traced([*trace, "--out", str(tmp_path / "early")], first="import torch._dynamo") == "module"
     assert (tmp_path / "late" / "graph.json").read_bytes() == (tmp_path / "early" / "graph.json").read_bytes()
+
+
+MARKED_MODEL = """
+import atexit
+import pathlib
+
+import torch
+
+
+def build_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 8),)
+
+
+atexit.register(lambda: pathlib.Path(__file__).with_name("marks.txt").write_text("exit handler ran"))
+"""
+#: ``autoplan`` run as a program (main() reads sys.argv), telling how it leaves
+EXIT_PROBE = """
+import os
+import sys
+
+leave = os._exit
+os._exit = lambda code: (print(f"os._exit({code})", flush=True), leave(code))
+sys.argv = ["autoplan", *sys.argv[1:]]
+from autoplan.cli import main
+
+sys.exit(main())
+"""
+
+
+def _program(argv: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AUTOPLAN_TRACE_CACHE": "off", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-c", EXIT_PROBE, *argv], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_plan_runs_the_exit_handlers_and_leaves_without_the_teardown(tmp_path):
+    """cli/startup.py, exit_now: `autoplan plan` run as a program prints its whole table to a pipe and runs
+    the exit handlers (here a model file's own), then leaves with os._exit, skipping the interpreter's teardown."""
+    (tmp_path / "model.py").write_text(MARKED_MODEL)
+    argv = ["plan", str(tmp_path / "model.py"), "--devices", "2", "--profile", "dgx-a100", "--batch", "8"]
+    done = _program([*argv, "--out", str(tmp_path / "out")])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "best: " in done.stdout and done.stdout.rstrip().endswith("os._exit(0)")
+    assert (tmp_path / "marks.txt").read_text() == "exit handler ran"
+    assert (tmp_path / "out" / "plan.json").is_file()
+
+
+def test_plan_leaves_fast_with_its_exit_code_on_bad_input(tmp_path):
+    argv = ["plan", str(tmp_path / "none.py"), "--devices", "2", "--profile", "dgx-a100", "--batch", "8"]
+    done = _program([*argv, "--out", str(tmp_path / "out")])
+    assert done.returncode == 2 and done.stderr.startswith("autoplan: error: "), done.stderr[-2000:]
+    assert done.stdout.strip() == "os._exit(2)"
