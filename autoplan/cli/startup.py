@@ -18,11 +18,10 @@ more peak memory); the thresholds are restored on the way out.
 A plan whose trace is in the trace cache (autoplan/trace/cache.py) needs no torch at all: the
 commands import it, with :func:`paused_imports`, only when they trace (cli/trace.py, ``model_graph``).
 
-Leaving costs too: after the command, the interpreter's finalisation clears every module and frees
-torch's objects one by one (0.16-0.2 s of user CPU after a traced plan of the 4-layer GPT, with the
-final collection already skipped). :func:`exit_now` flushes the standard streams, runs the exit
-handlers (``atexit``: logging, temporary folders, child processes) and leaves with ``os._exit``, as a
-rank does (execute/job/runner.py); docs/cli.md, "Start-up".
+Leaving costs too: the interpreter's finalisation clears every module and frees torch's objects one
+by one (0.16 s of user CPU after the 4-layer GPT's traced plan). :func:`exit_now` flushes the standard
+streams, runs the exit handlers (``atexit``) and leaves with ``os._exit``, as a rank does
+(execute/job/runner.py); docs/cli.md, "Start-up".
 """
 
 from __future__ import annotations
