@@ -21,15 +21,16 @@ from autoplan.cli.outpath import check_out
 from autoplan.errors import AutoplanError, StopSignal
 from autoplan.quiet import silence_known_noise
 
-#: Command modules, in pipeline order.
-COMMAND_MODULES = (
-    "autoplan.cli.trace",
-    "autoplan.cli.profile",
-    "autoplan.cli.solve",
-    "autoplan.cli.execute",
-    "autoplan.cli.report",
-    "autoplan.cli.calibrate",
-)
+#: Command modules, in pipeline order, with the commands each registers: a command line that names one
+#: imports only its module (tests/unit/cli/test_startup.py holds this to what each module registers).
+COMMAND_MODULES = {
+    "autoplan.cli.trace": ("trace",),
+    "autoplan.cli.profile": ("profile",),
+    "autoplan.cli.solve": ("plan", "sweep"),
+    "autoplan.cli.execute": ("run", "replan", "launch"),
+    "autoplan.cli.report": ("report", "explain", "export"),
+    "autoplan.cli.calibrate": ("calibrate",),
+}
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
@@ -47,7 +48,8 @@ def _common_flags(default) -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command's, or only that of ``command``'s module when it is one."""
     common = _common_flags(argparse.SUPPRESS)
     parser = argparse.ArgumentParser(
         prog="autoplan",
@@ -55,16 +57,23 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_common_flags(False)],
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers, common)
+    known = any(command in commands for commands in COMMAND_MODULES.values())
+    for name, commands in COMMAND_MODULES.items():
+        if not known or command in commands:
+            importlib.import_module(name).register(subparsers, common)
     return parser
+
+
+def command_named(argv: list[str]) -> str | None:
+    """The command a command line names: its first word that is not a flag (the common flags take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # run as a program: after the last atexit handler, freeze the heap so the
         atexit.register(gc.freeze)  # interpreter's final collection (~0.7 s over torch's objects) is skipped
     silence_known_noise()  # before any library is imported: their known harmless lines (autoplan/quiet.py)
-    parser = build_parser()
+    parser = build_parser(command_named(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     args.own_process = argv is None  # the program's own process, not a caller's (autoplan run forks its ranks)
     if not getattr(args, "func", None):

@@ -25,11 +25,31 @@ def test_parser_builds_without_heavy_imports():
     assert loaded == ""
 
 
+def _commands(parser) -> set[str]:
+    return set(parser._subparsers._group_actions[0].choices)
+
+
 def test_every_command_still_registered():
     from autoplan.cli import build_parser
 
-    commands = build_parser()._subparsers._group_actions[0].choices
-    assert {"trace", "profile", "plan", "run", "report", "explain", "calibrate"} <= set(commands)
+    assert {"trace", "profile", "plan", "run", "report", "explain", "calibrate"} <= _commands(build_parser())
+
+
+def test_a_command_line_imports_only_its_commands_module():
+    """cli/__init__.py, COMMAND_MODULES: what each module registers is what the table says, the table names
+    every command, and a command line naming one imports no other command module (unknown: all of them)."""
+    from autoplan.cli import COMMAND_MODULES, build_parser
+
+    listed = {command for commands in COMMAND_MODULES.values() for command in commands}
+    assert listed == _commands(build_parser())
+    for commands in COMMAND_MODULES.values():
+        for command in commands:
+            assert _commands(build_parser(command)) == set(commands)
+    assert _commands(build_parser("no-such-command")) == listed
+    code = "import sys, autoplan.cli as cli; cli.build_parser(cli.command_named(['--json', 'plan'])); "
+    code += "print(sorted(m for m in sys.modules if m.startswith('autoplan.cli.')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "'autoplan.cli.solve'" in loaded and "autoplan.cli.execute" not in loaded and "cli.report" not in loaded
 
 
 @pytest.mark.parametrize("enabled", [True, False])
