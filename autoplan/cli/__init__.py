@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     code = _dispatch(args)
-    if args.own_process and getattr(args, "exits_fast", False):  # plan, trace: nothing left to finalise
+    if args.own_process and getattr(args, "exits_fast", False):  # plan, sweep, trace: nothing left to finalise
         from autoplan.cli.startup import exit_now
 
         exit_now(code)  # the interpreter's teardown skipped (cli/startup.py)

@@ -46,7 +46,7 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
     add_trace_arguments(parser)
     add_run_arguments(parser)
-    parser.set_defaults(func=run, out_kind="folder")
+    parser.set_defaults(func=run, out_kind="folder", exits_fast=True)  # cli/startup.py, exit_now
 
 
 def run(args: argparse.Namespace) -> int:
