@@ -16,6 +16,8 @@ REV (on PYTHONPATH, the same model files), alternating with this tree run by run
 both and the ratio. Then it is timed in one process phase by phase (trace, search, write). Times are
 wall seconds and user CPU seconds (on a shared machine wall time also counts waiting for a core);
 the minimum over ``--repeats`` is reported. Prints a table; writes benchmarks/results/planning_time.csv.
+Each tree's autoplan is compiled to bytecode first and runs with ``PYTHONDONTWRITEBYTECODE`` dropped, as an installed
+autoplan has its modules compiled: else every run compiles them again from source (~0.15 s).
 
     python benchmarks/planning_time.py [--repeats N] [--baseline REV] [--cases NAME,...]
 """
@@ -95,11 +97,18 @@ def end_to_end_s(case: dict, out: Path, *, tree: Path = ROOT, cache: Path | None
     for flag in ("devices", "profile", "batch"):
         command += [f"--{flag}", str(case[flag])]
     env = {**os.environ, **case.get("env", {}), "PYTHONPATH": str(tree)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # read the bytecode compiled() wrote (module docstring)
     env["AUTOPLAN_TRACE_CACHE"] = str(cache) if cache else "off"
     user_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     start = time.perf_counter()
     subprocess.run([*command, "--out", str(out), "--quiet"], check=True, cwd=tree, env=env)
     return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - user_before
+
+
+def compiled(tree: Path) -> Path:
+    """``tree`` with its autoplan package compiled to bytecode, as pip installs it."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "autoplan")], check=True)
+    return tree
 
 
 @contextlib.contextmanager
@@ -111,7 +120,7 @@ def baseline_tree(rev: str | None, tmp: Path):
     tree = tmp / "baseline"
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], check=True, cwd=ROOT, capture_output=True)
     try:
-        yield tree
+        yield compiled(tree)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], check=True, cwd=ROOT)
 
@@ -183,6 +192,7 @@ def main() -> None:
     import autoplan.trace.api  # noqa: F401
     from autoplan.calibrate.runs import environment
 
+    compiled(ROOT)
     wanted = {name.strip() for name in args.cases.split(",")} if args.cases else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp, baseline_tree(args.baseline, Path(tmp)) as base:
