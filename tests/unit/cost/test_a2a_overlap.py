@@ -1,5 +1,6 @@
 """The EP all-to-all overlapped with the other micro-batch's compute (autoplan/cost/moe/a2a_overlap.py), as the
-cost model prices it, the search offers it, the executor refuses it and explain says it (types/moe_overlap.py)."""
+cost model prices it, the search offers it, the executor refuses it where it cannot run it and explain says it
+(types/moe_overlap.py)."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def test_a_plan_that_cannot_overlap_is_one_sentence():
 def test_autoplans_executor_refuses_to_run_an_overlap_it_cannot(tmp_path, capsys, command):
     from autoplan.cli import main
 
-    with pytest.raises(PlanError, match="one micro-batch's forward or backward at a time"):
+    with pytest.raises(PlanError, match="only in DualPipeV's F&B pairs"):
         check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True))  # parallelize's first check
     plan = _plan(devices=2, dp=2, ep=2, runtime="autoplan", moe_a2a_overlap=True).save(tmp_path / "plan.json")
     model = "examples/moe.py"
@@ -131,7 +132,7 @@ def test_autoplans_executor_refuses_to_run_an_overlap_it_cannot(tmp_path, capsys
     assert not (tmp_path / "run").exists() and not (tmp_path / "launch.sbatch").exists()
 
 
-def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_below(graph):
+def test_the_search_offers_it_only_where_a_runtime_runs_it_and_its_floor_stays_below(graph):
     profile = synthetic_profile(memory_bytes=2**30)
     search = Search(graph, profile, SearchOptions(devices=4, batch_size=BATCH, keep=10**6, runtime="megatron"))
     search._usable_bytes = float("inf")
@@ -147,7 +148,10 @@ def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_be
     assert any(c.plan.ep > 1 and c.plan.num_microbatches == 1 for c in priced)  # those run only plain
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)  # the floor keeps 20/132 of the a2a
     mine = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="autoplan")
-    assert not any(c.plan.moe_a2a_overlap for c in mine.candidates if c.plan is not None)
+    ours = [c.plan for c in mine.candidates if c.plan is not None and c.plan.moe_a2a_overlap]
+    assert all(p.schedule == "dualpipev" and p.tp == p.cp == 1 and p.recompute == "none" for p in ours)
+    titan = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="torchtitan")
+    assert not any(c.plan.moe_a2a_overlap for c in titan.candidates if c.plan is not None)
 
 
 def test_a_pin_runs_where_megatron_runs_it_and_is_one_sentence_elsewhere(graph):
@@ -159,9 +163,16 @@ def test_a_pin_runs_where_megatron_runs_it_and_is_one_sentence_elsewhere(graph):
     said = explain_result(result, graph=graph, profile=synthetic_profile(), sensitivity=False)
     assert said.a2a_overlap.startswith("moe_a2a_overlap runs each expert-parallel all-to-all beside")
     assert "**All-to-all overlap:**" in said.to_markdown()
-    with pytest.raises(PlanError, match="runtime 'autoplan': autoplan's executor runs one micro-batch") as info:
-        plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, fix="moe_a2a_overlap=on")
+    with pytest.raises(PlanError, match="runtime 'torchtitan', which cannot overlap") as info:
+        plan_graph(
+            graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="torchtitan",
+            fix="moe_a2a_overlap=on",
+        )  # fmt: skip
     assert "\n" not in str(info.value)
+    with pytest.raises(PlanError, match="only in DualPipeV's F&B pairs; pin schedule=dualpipev"):
+        plan_graph(
+            graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, fix="moe_a2a_overlap=on,schedule=1f1b"
+        )
 
 
 def test_explain_says_what_the_overlap_hides_and_what_the_step_takes_without_it(model):
