@@ -175,6 +175,25 @@ def test_a_pin_runs_where_megatron_runs_it_and_is_one_sentence_elsewhere(graph):
         )
 
 
+def test_under_dualpipev_autoplan_is_offered_the_overlap_beside_the_plain_plan_and_runs_it(graph):
+    """Runtime autoplan, schedule pinned to dualpipev: every plan its executor can overlap (ep > 1, tp 1, ZeRO 0/1,
+    no recompute) is priced overlapped beside itself plain, the others plain only; the overlapped one hides part
+    of its all-to-all and is picked, and the executor's checks accept it (execute/overlap_f_b.py runs it)."""
+    result = plan_graph(
+        graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="autoplan", fix="schedule=dualpipev"
+    )
+    priced = [c for c in result.candidates if c.plan is not None and c.cost is not None]
+    overlapped = [c for c in priced if c.plan.moe_a2a_overlap]
+    plain = {c.plan.describe(): c for c in priced if not c.plan.moe_a2a_overlap}
+    assert overlapped and all(c.plan.zero_stage <= 1 and c.plan.recompute == "none" for c in overlapped)
+    assert any(c.plan.recompute == "selective" or c.plan.zero_stage >= 2 for c in plain.values())  # plain only
+    for c in overlapped:  # its twin, the same plan without the overlap, priced too
+        twin = plain[replace(c.plan, moe_a2a_overlap=False).describe()]
+        assert 0 < c.cost.ep_comm_s < twin.cost.ep_comm_s
+    assert result.best.moe_a2a_overlap and result.best.schedule == "dualpipev"
+    check_runs_here(result.best)  # parallelize's first check: no refusal
+
+
 def test_explain_says_what_the_overlap_hides_and_what_the_step_takes_without_it(model):
     on = _plan(moe_a2a_overlap=True)
     cost, exposed = model.estimate(on), model.estimate(replace(on, moe_a2a_overlap=False))
