@@ -38,12 +38,12 @@ def _plan(overlap: bool, profile: str) -> Plan:
 
 
 def _worker(rank, world, port, profile, messages):
-    report(messages, rank, lambda: _both(rank, world, port, profile))
-
-
-def _both(rank, world, port, profile):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # the two runs alternate on one core per rank
+    report(messages, rank, lambda: _both(rank, world, profile))
+
+
+def _both(rank: int, world: int, profile: str) -> dict:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     runs = {overlap: _Run(_plan(overlap, profile)) for overlap in (False, True)}
     for step in range(2):  # --verify's steps
