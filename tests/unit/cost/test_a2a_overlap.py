@@ -194,6 +194,25 @@ def test_under_dualpipev_autoplan_is_offered_the_overlap_beside_the_plain_plan_a
     check_runs_here(result.best)  # parallelize's first check: no refusal
 
 
+@pytest.mark.parametrize(
+    "changes, said",
+    [
+        (dict(tp=2, dp=2, sequence_parallel=True), "not at tp=2"),
+        (dict(zero_stage=2), "not at zero_stage=2"),
+        (dict(recompute="selective"), "not recompute='selective'"),
+        (dict(schedule="1f1b", virtual_stages=1), "only in DualPipeV's F&B pairs"),
+    ],
+)
+def test_autoplans_executor_runs_the_overlap_only_where_no_other_collective_shares_the_halves(changes, said):
+    """One sentence per condition of types/moe_overlap.py ``executor_refusal``, before a rank starts; the plan that
+    meets them all runs (tests/dist/test_moe_a2a_overlap.py)."""
+    fields = dict(devices=8, dp=4, pp=2, ep=2, num_microbatches=4, schedule="dualpipev", virtual_stages=2)
+    check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True, **fields))
+    with pytest.raises(PlanError, match=said) as info:
+        check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True, **{**fields, **changes}))
+    assert "\n" not in str(info.value) and str(info.value).endswith("set moe_a2a_overlap to false to run here.")
+
+
 def test_explain_says_what_the_overlap_hides_and_what_the_step_takes_without_it(model):
     on = _plan(moe_a2a_overlap=True)
     cost, exposed = model.estimate(on), model.estimate(replace(on, moe_a2a_overlap=False))
