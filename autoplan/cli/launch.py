@@ -78,7 +78,7 @@ def launch_command(args: argparse.Namespace) -> int:
     args.plan = str(plan_json(args.plan))
     plan = _plan(args.plan)
     check_runs_on_autoplan(plan.runtime)  # the job runs autoplan's executor
-    check_executor_runs(plan)  # which cannot overlap the EP all-to-all (types/moe_overlap.py)
+    check_executor_runs(plan)  # which overlaps the EP all-to-all only in DualPipeV (types/moe_overlap.py)
     if not Path(args.model).is_file():
         raise RunError(f"model file '{args.model}' does not exist.")
     _check_model(args, plan)

@@ -223,6 +223,7 @@ def parallelize(
             device=device,
             loss_fn=trainer.schedule_loss,
             out_spec=out_spec,
+            lanes=ep_state.dispatches[0].lanes if ep_state is not None and ep_state.dispatches else None,
         )
     return trainer
 

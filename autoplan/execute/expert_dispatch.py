@@ -29,6 +29,8 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.execute import expert_tp
+from autoplan.execute.ep_lanes import LaneAllToAll, Lanes
+from autoplan.execute.ep_lanes import exchange as lane_exchange
 from autoplan.trace.forwards import replaced_forwards
 
 OP_NAME = "autoplan::experts"
@@ -77,6 +79,7 @@ class ExpertsDispatch:
         self.etp_group: dist.ProcessGroup | None = None  # expert tensor parallelism (expert_tp.py)
         self.etp, self.etp_rank = 1, 0
         self.rows_received = 0  # (token, choice) rows routed to this rank's experts, for the audit's imbalance
+        self.lanes: Lanes | None = None  # moe_a2a_overlap: the ep group's two lanes (ep_lanes.py)
 
     def shard(self, *, group: dist.ProcessGroup, etp_group: dist.ProcessGroup | None = None) -> None:
         """From now on this rank holds its ``E / ep`` experts and exchanges rows over ``group``; with an
@@ -123,16 +126,23 @@ class ExpertsDispatch:
             received, send_splits = sent, [int(sent.sum())]
             rows = hidden[tokens].to(wire)
         else:
-            received = expert_tp.exchange(sent, self.group)  # [ep, L]: what each rank sends to each of my experts
+            # [ep, L]: what each rank sends to each of my experts
+            received = expert_tp.exchange(sent, self.group) if self.lanes is None else lane_exchange(sent, self.lanes)
             send_splits = sent.view(self.ep, local).sum(1).tolist()
             recv_splits = received.view(self.ep, local).sum(1).tolist()
-            rows = all_to_all_single_autograd(hidden[tokens].to(wire), recv_splits, send_splits, self.group)
+            rows = self._all_to_all(hidden[tokens].to(wire), recv_splits, send_splits)
         self.rows_received += sum(send_splits if self.ep == 1 else recv_splits)
         out = self._expert_rows(rows, received, weights.dtype, params).to(wire)
-        back = out if self.ep == 1 else all_to_all_single_autograd(out, send_splits, recv_splits, self.group)
+        back = out if self.ep == 1 else self._all_to_all(out, send_splits, recv_splits)
         weighted = back * weights.reshape(-1)[order].unsqueeze(-1)
         summed = weighted.new_zeros(hidden.shape).index_add(0, tokens, weighted)
         return summed.to(hidden.dtype)
+
+    def _all_to_all(self, rows: torch.Tensor, recv_splits: list[int], send_splits: list[int]) -> torch.Tensor:
+        """``rows`` exchanged over the ep group: on the calling thread's lane under moe_a2a_overlap (ep_lanes.py)."""
+        if self.lanes is not None:
+            return LaneAllToAll.apply(rows, recv_splits, send_splits, self.lanes)
+        return all_to_all_single_autograd(rows, recv_splits, send_splits, self.group)
 
     def _expert_rows(
         self, rows: torch.Tensor, received: torch.Tensor, weight_dtype: torch.dtype, params: dict[str, torch.Tensor]

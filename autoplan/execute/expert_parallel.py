@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from autoplan.errors import PlanError
 from autoplan.execute.data_parallel import local
+from autoplan.execute.ep_lanes import Lanes, second_groups
 from autoplan.execute.expert_dispatch import ExpertsDispatch, install
 from autoplan.execute.expert_tp import check_divides, etp_splits
 from autoplan.trace.moe import experts_of, is_hf_experts
@@ -210,8 +211,11 @@ def apply_expert_parallel(
         ep=plan.ep, dp=plan.dp, ep_mesh=ep_mesh, edp_mesh=edp_mesh, param_mesh=folded, etp_mesh=etp_mesh
     )
     etp_group = etp_mesh.get_group() if etp_mesh is not None else None
+    # moe_a2a_overlap: a second ep group, so the overlapped pair's two halves each send on their own (ep_lanes.py)
+    lanes = Lanes((ep_mesh.get_group(), second_groups(expert_mesh))) if plan.moe_a2a_overlap else None
     for fqn, dispatch in dispatches.items():
         dispatch.shard(group=ep_mesh.get_group(), etp_group=etp_group)
+        dispatch.lanes = lanes
         state.dispatches.append(dispatch)
         for stage in modules.values():
             module = _submodule(stage, fqn)

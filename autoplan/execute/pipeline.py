@@ -37,7 +37,9 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from autoplan.errors import PlanError
+from autoplan.execute.ep_lanes import Lanes
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
+from autoplan.execute.overlap_f_b import OverlappedDualPipeV
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
 from autoplan.execute.split_backward import accumulate_weight_grads, join_sharing_groups, weight_only_roots
 from autoplan.execute.tied import retie, tied_names
@@ -51,7 +53,7 @@ SCHEDULE_CLASSES = {
     "interleaved_1f1b": ScheduleInterleaved1F1B,
     "interleaved_zb": ScheduleInterleavedZeroBubble,  # B and W apart: stage_backward_input / _weight
     "zbv": ScheduleZBVZeroBubble,  # two chunks per rank in a V, B and W apart
-    "dualpipev": ScheduleDualPipeV,  # the same V; its F&B pairs run one after the other (no overlap function)
+    "dualpipev": ScheduleDualPipeV,  # the same V; its F&B pairs one after the other, or overlapped (overlap_f_b.py)
 }
 
 
@@ -188,9 +190,12 @@ def build_schedule(
     device: torch.device,
     loss_fn: Callable,
     out_spec: pytree.TreeSpec | None = None,
+    lanes: Lanes | None = None,
 ) -> Any:
     """The plan's schedule over this rank's stages; the loss goes to the schedule, and sees the
-    last stage's tensors rebuilt into what the model returns (``out_spec``, from ``split_model``)."""
+    last stage's tensors rebuilt into what the model returns (``out_spec``, from ``split_model``).
+    ``lanes``: the ep group's two lanes, under ``moe_a2a_overlap`` (DualPipeV's F&B pairs overlapped,
+    autoplan/execute/overlap_f_b.py; types/moe_overlap.py admits it with no other schedule)."""
     if out_spec is not None:
         loss_fn = functools.partial(_loss_on_model_output, loss_fn=loss_fn, out_spec=out_spec)
     group = pp_mesh.get_group()
@@ -203,6 +208,11 @@ def build_schedule(
         for index, module in sorted(stage_modules.items())
     ]
     cls = SCHEDULE_CLASSES[plan.schedule]
+    if plan.moe_a2a_overlap:
+        assert plan.schedule == "dualpipev" and lanes is not None, "types/moe_overlap.py check_executor_runs"
+        return OverlappedDualPipeV(
+            stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True, lanes=lanes
+        )
     if issubclass(cls, PipelineScheduleMulti):
         return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1

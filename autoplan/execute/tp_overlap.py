@@ -42,7 +42,7 @@ def check_runs_here(plan: Plan) -> None:
             "overlaps only ZeRO-1's parameter all-gather without expert parallelism (ZeRO-2 runs as FSDP2, which "
             "gathers after the step); set overlap_param_gather to false or use zero_stage 1 to run here."
         )
-    check_executor_runs(plan)  # moe_a2a_overlap is priced only: each rank runs one micro-batch at a time
+    check_executor_runs(plan)  # moe_a2a_overlap runs only in DualPipeV's F&B pairs (types/moe_overlap.py)
     if plan.schedule == "1f1b" and plan.pp > 1 and plan.num_microbatches < plan.pp:  # solve/schedules.py
         raise PlanError(
             f"plan schedule='1f1b' with pp={plan.pp} and num_microbatches={plan.num_microbatches}: torch's "

@@ -15,6 +15,7 @@ from dataclasses import replace
 from autoplan.cost import CostModel
 from autoplan.display import duration_text
 from autoplan.types.cost import Cost
+from autoplan.types.moe_overlap import overlap_refusal
 from autoplan.types.plan import Plan
 
 
@@ -35,8 +36,11 @@ def a2a_overlap_why(model: CostModel, plan: Plan, cost: Cost) -> str:
 
 
 def _runs_as(plan: Plan) -> str:
-    """Who pairs the micro-batches: DualPipeV's F&B actions (priced only: no runtime runs them overlapped,
-    types/moe_overlap.py), else Megatron-Core's combined 1F1B."""
+    """Who pairs the micro-batches: DualPipeV's F&B actions (autoplan's executor runs them overlapped, another
+    runtime does not: types/moe_overlap.py), else Megatron-Core's combined 1F1B."""
     if plan.schedule == "dualpipev":
-        return "DualPipeV's F&B pairs, priced only: no runtime autoplan targets runs them overlapped"
+        why = overlap_refusal(plan)
+        return (
+            f"DualPipeV's F&B pairs, priced only: {why}" if why else "DualPipeV's F&B pairs, run by autoplan's executor"
+        )
     return "Megatron-Core's --overlap-moe-expert-parallel-comm"

@@ -45,7 +45,8 @@ def zero_bubble_why(model: CostModel, plan: Plan, cost: Cost) -> str:
 def v_schedule_why(model: CostModel, plan: Plan, cost: Cost) -> str:
     """One sentence for a V schedule (module docstring)."""
     rival = model.estimate(replace(plan, schedule="interleaved_1f1b", predicted=None))
-    name = {"zbv": "ZB-V", "dualpipev": "DualPipeV, its F&B pairs run one after the other"}[plan.schedule]
+    pairs = "with their EP all-to-alls overlapped" if plan.moe_a2a_overlap else "one after the other"
+    name = {"zbv": "ZB-V", "dualpipev": f"DualPipeV, its F&B pairs run {pairs}"}[plan.schedule]
     paid = (cost.peak_memory_bytes - rival.peak_memory_bytes) / GIB
     return (
         f"schedule {plan.schedule} ({name}) runs two chunks per stage in a V with the weight gradients deferred: "

@@ -1,8 +1,9 @@
 """Which plans the search prices with the EP all-to-all overlapped (``Plan.moe_a2a_overlap``; docs/cost-model.md,
 "EP all-to-all overlap"): only for a runtime that runs it, where that runtime's conditions hold
-(autoplan/types/moe_overlap.py: Megatron-Core's combined 1F1B), and beside the same plan without it, which the
-search keeps when it is faster or fits where the overlapped one does not. ``--fix moe_a2a_overlap=on`` overlaps
-every plan that can (the others are skipped) and is refused in one sentence for a runtime that cannot;
+(autoplan/types/moe_overlap.py: autoplan's executor in DualPipeV's F&B pairs, Megatron-Core's combined 1F1B), and
+beside the same plan without it, which the search keeps when it is faster or fits where the overlapped one does
+not. ``--fix moe_a2a_overlap=on`` overlaps every plan that can (the others are skipped) and is refused in one
+sentence for a runtime that cannot;
 ``=off`` overlaps none. Where a group may overlap, its step-time floor keeps only the share of the all-to-all
 an overlap cannot hide (cost/moe/a2a_overlap.py, ``A2A_EXPOSED_FLOOR``), and a plan's floor from its stages
 (bound (2) of solve/search.py, which prices the all-to-all exposed) is lowered by the most its twin could hide,
@@ -15,7 +16,7 @@ from dataclasses import replace
 
 from autoplan.cost import A2A_EXPOSED_FLOOR, a2a_paired_share
 from autoplan.errors import PlanError
-from autoplan.types.moe_overlap import A2A_OVERLAP_RUNTIMES, overlap_refusal
+from autoplan.types.moe_overlap import A2A_OVERLAP_RUNTIMES, executor_may_overlap, overlap_refusal
 from autoplan.types.plan import Plan
 
 
@@ -25,9 +26,14 @@ def check_pin(fixes: dict, runtime: str) -> None:
         return
     if runtime not in A2A_OVERLAP_RUNTIMES:
         raise PlanError(
-            f"--fix moe_a2a_overlap=on with runtime '{runtime}': autoplan's executor runs one micro-batch's forward "
-            "or backward at a time on a rank, so nothing runs beside the all-to-all; plan with --runtime megatron "
-            "(its --overlap-moe-expert-parallel-comm) or drop the pin."
+            f"--fix moe_a2a_overlap=on with runtime '{runtime}', which cannot overlap the EP all-to-all; plan with "
+            "--runtime autoplan (DualPipeV's F&B pairs) or megatron (--overlap-moe-expert-parallel-comm), or drop "
+            "the pin."
+        )
+    if runtime == "autoplan" and fixes.get("schedule", "dualpipev") != "dualpipev":
+        raise PlanError(
+            f"--fix moe_a2a_overlap=on with schedule={fixes['schedule']}: autoplan's executor overlaps the EP "
+            "all-to-all only in DualPipeV's F&B pairs; pin schedule=dualpipev or drop one pin."
         )
     if fixes.get("ep") == 1 or fixes.get("recompute") == "full":
         clash = "ep=1" if fixes.get("ep") == 1 else "recompute=full"
@@ -42,8 +48,11 @@ def may_overlap(fixes: dict, runtime: str) -> bool:
     return runtime in A2A_OVERLAP_RUNTIMES and fixes.get("moe_a2a_overlap") is not False
 
 
-def a2a_floor_share(fixes: dict, runtime: str) -> float:
-    """The least share of the all-to-all a plan of the search leaves on its step (module docstring)."""
+def a2a_floor_share(fixes: dict, runtime: str, degrees=None) -> float:
+    """The least share of the all-to-all a plan of the search leaves on its step (module docstring); with a group's
+    ``degrees`` (solve/space.py Degrees), 1 where autoplan's executor could overlap none of its plans."""
+    if runtime == "autoplan" and degrees is not None and not executor_may_overlap(degrees):
+        return 1.0
     return A2A_EXPOSED_FLOOR if may_overlap(fixes, runtime) else 1.0
 
 
@@ -52,6 +61,8 @@ def hideable_s(stage_costs, plan: Plan, fixes: dict) -> float:
     ``stage_costs`` is the search's solve/stage_costs.py StageCosts."""
     if plan.ep <= 1 or not may_overlap(fixes, plan.runtime):
         return 0.0
+    if plan.runtime == "autoplan" and (plan.schedule != "dualpipev" or not executor_may_overlap(plan)):
+        return 0.0  # no twin under any ZeRO stage (the members of one bound differ in it)
     ctx = stage_costs.context(plan)
     blocks = stage_costs.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values()
     return plan.num_microbatches * (1.0 - A2A_EXPOSED_FLOOR) * sum(b.ep_fwd_s + b.ep_bwd_s for b in blocks)

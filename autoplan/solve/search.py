@@ -134,7 +134,7 @@ class Search:
         cp = dict(cp=deg.cp, cp_variant=g.cp_variant, dp=deg.dp, pp=deg.pp) if deg.cp > 1 else {}
         overlap = space.tp_overlap_options(profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes)
         cp["fused"] = g.compile or True in overlap or self.runtime_fuses  # async TP compiles (compute/fusion.py)
-        cp["a2a_share"] = moe_overlap.a2a_floor_share(self.fixes, self.options.runtime)  # solve/moe_overlap.py
+        cp["a2a_share"] = moe_overlap.a2a_floor_share(self.fixes, self.options.runtime, deg)  # solve/moe_overlap.py
         c_min_s = self.bounds.compute_min_s(tp=deg.tp, precision=g.precision, mbs=g.mbs, experts=experts, **cp)
         zero_dp = deg.dp_cp if any(z >= 1 for z in space.zero_options(dp=deg.dp_cp, fixes=self.fixes)) else 1
         held = expert_layout.held_floor(params=self.graph.param_count, experts=self.expert_params, deg=deg, zdp=zero_dp)

@@ -1,16 +1,15 @@
 """The EP all-to-all overlap (``Plan.moe_a2a_overlap``): which plans may ask for it, and which runtimes run it
 (docs/cost-model.md, "EP all-to-all overlap"; the price: autoplan/cost/moe/a2a_overlap.py).
 
-Two micro-batches run together, the forward of one beside the backward of the other, each all-to-all on a
-communication stream beside the other's compute. Megatron-Core runs it under
-``--overlap-moe-expert-parallel-comm`` (TransformerConfig.__post_init__, core_v0.16.1): ep > 1, the
-alltoall dispatcher, bf16 or fp16 weights, no full recomputation, and at pp > 1 virtual stages. autoplan's
-executor cannot: its pipeline schedules (torch.distributed.pipelining) run one micro-batch's forward or
-backward at a time on a rank, and torch's DualPipeV runs its overlapped F and B one after the other unless a
-custom overlap function is registered; so the search offers it only for :data:`A2A_OVERLAP_RUNTIMES`. No runtime
-runs DualPipeV's pairs overlapped: Megatron-Core has no DualPipeV, and torchtitan 0.3 registers an ``OVERLAP_F_B``
-function only in its experimental graph_trainer, which runs the two graphs one after the other without the EP
-overlap (graph_pp/graph_multiplex.py); such a plan is priced through the cost model API alone.
+Two micro-batches run together, the forward of one beside the backward of the other, each all-to-all beside the
+other's compute. Megatron-Core runs it under ``--overlap-moe-expert-parallel-comm`` (TransformerConfig.__post_init__,
+core_v0.16.1): ep > 1, the alltoall dispatcher, bf16 or fp16 weights, no full recomputation, and at pp > 1 virtual
+stages. autoplan's executor runs it in DualPipeV's F&B pairs (autoplan/execute/overlap_f_b.py: the backward half on
+a second thread, its all-to-alls on a second ep group), where no collective but the ep group's runs inside a
+forward or backward: tp, cp and expert_tp 1 (their collectives on one group from two threads would meet in an
+order the ranks do not share), ZeRO below 2 (FSDP2 gathers and reduces inside them), and no recomputation (a
+re-run forward would send its all-to-alls again, which the price does not count). Other pipeline schedules run one
+micro-batch's forward or backward at a time on a rank.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from typing import Any
 
 from autoplan.errors import PlanError
 
-#: runtimes that run the overlap: Megatron-Core's combined 1F1B
-A2A_OVERLAP_RUNTIMES = ("megatron",)
+#: runtimes that run the overlap: autoplan's executor in DualPipeV's F&B pairs, Megatron-Core's combined 1F1B
+A2A_OVERLAP_RUNTIMES = ("autoplan", "megatron")
 #: precisions whose weights Megatron-Core's overlap accepts ("only supported with bf16 or fp16 model"; fp8 trains
 #: bf16 weights with --bf16)
 A2A_OVERLAP_PRECISIONS = ("bf16", "fp16", "fp8")
@@ -49,13 +48,43 @@ def check_moe_a2a_overlap(plan: Any) -> None:
 
 def overlap_refusal(plan: Any) -> str:
     """Why ``plan``'s runtime cannot run the overlap ('' when it can), as one clause (module docstring)."""
+    if plan.runtime == "autoplan":
+        return executor_refusal(plan)
     if plan.runtime not in A2A_OVERLAP_RUNTIMES:
         return (
-            f"runtime '{plan.runtime}' cannot overlap the EP all-to-all: autoplan's executor runs one micro-batch's "
-            "forward or backward at a time on a rank; price it for runtime 'megatron' (--runtime megatron), which "
-            "runs it as --overlap-moe-expert-parallel-comm"
+            f"runtime '{plan.runtime}' cannot overlap the EP all-to-all; price it for runtime 'autoplan' (DualPipeV's "
+            "F&B pairs) or 'megatron' (--overlap-moe-expert-parallel-comm)"
         )
     return megatron_refusal(plan)
+
+
+def executor_refusal(plan: Any) -> str:
+    """Which of autoplan's executor's conditions for the overlap ``plan`` misses ('' for none; module docstring)."""
+    if plan.schedule != "dualpipev":
+        return (
+            "autoplan's executor overlaps the EP all-to-all only in DualPipeV's F&B pairs (schedule dualpipev); "
+            f"{plan.schedule} runs one micro-batch's forward or backward at a time on a rank"
+        )
+    shared = [f"{name}={value}" for name, value in (("tp", plan.tp), ("cp", plan.cp), ("expert_tp", plan.expert_tp))]
+    shared = [pair for pair in shared if not pair.endswith("=1")]
+    if shared or plan.zero_stage >= 2:
+        what = ", ".join(shared) or f"zero_stage={plan.zero_stage}"
+        return (
+            "autoplan's executor overlaps the EP all-to-all only where the ep group's are the only collectives inside "
+            f"a forward or backward (tp, cp and expert_tp 1, zero_stage 0 or 1), not at {what}"
+        )
+    if plan.recompute != "none":
+        return (
+            "autoplan's executor overlaps the EP all-to-all without recomputation only: a recomputed forward would "
+            f"send its all-to-alls again, not recompute='{plan.recompute}'"
+        )
+    return ""
+
+
+def executor_may_overlap(degrees: Any) -> bool:
+    """Whether some plan of a search group with these degrees (pp, tp, cp, ep, expert_tp) may run the overlap on
+    autoplan's executor (:func:`executor_refusal`, its schedule and recompute aside)."""
+    return degrees.pp > 1 and degrees.ep > 1 and degrees.tp == degrees.cp == degrees.expert_tp == 1
 
 
 def megatron_refusal(plan: Any) -> str:
@@ -70,10 +99,9 @@ def megatron_refusal(plan: Any) -> str:
 
 
 def check_executor_runs(plan: Any) -> None:
-    """Refuse, in one sentence, to run or launch ``plan`` with the overlap on autoplan's executor (module
-    docstring); ``autoplan run`` and ``launch`` call it before any rank starts, ``parallelize`` first."""
-    if plan.moe_a2a_overlap:
-        raise PlanError(
-            "plan moe_a2a_overlap=true: autoplan's executor runs one micro-batch's forward or backward at a time on a "
-            "rank, so nothing runs beside the all-to-all; set moe_a2a_overlap to false to run here."
-        )
+    """Refuse, in one sentence, to run or launch ``plan`` with the overlap where autoplan's executor cannot
+    (:func:`executor_refusal`); ``autoplan run`` and ``launch`` call it before any rank starts, ``parallelize``
+    first."""
+    why = executor_refusal(plan) if plan.moe_a2a_overlap else ""
+    if why:
+        raise PlanError(f"plan moe_a2a_overlap=true: {why}; set moe_a2a_overlap to false to run here.")

@@ -9,7 +9,12 @@ Per block and micro-batch (the rule of :func:`autoplan.cost.stages.add_block`):
                dp x cp ranks (cost/memory/per_device.py:model_states, Rajbhandari et al. SC'20; cost/cp/weights.py)
 
 A cut before a block costs one send/recv of its input and one of its gradient over the pp group,
-and a stage may hold the usable memory less the communication buffers (nothing freed: an upper bound).
+and a stage may hold the usable memory less the communication buffers (nothing freed: an upper bound). Its
+boundary tensors held as buffers are one send and one receive buffer where the runtime runs its own pipeline;
+where torch's ``PipelineStage`` runs it, one receive slot per chunk and micro-batch (cost/pp/receive_slots.py),
+the fewest any stage holds, as one room stands for every stage: m (2v - 1) (the first and last stages, whose
+first or last chunk receives nothing), or 2m in a V (stage 0, chunks 0 and 2p - 1; a middle one holds 4m less
+at most m at the V's turn). The price counts no fewer on any stage (cost/memory/plan.py, replayed.py).
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ from autoplan.cost.blocks import LayerSummary
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.cp.weights import weight_sync_plan
 from autoplan.cost.memory.per_device import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
+from autoplan.cost.memory.plan import torch_slots
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import mesh_groups
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedules import V_SCHEDULES
 
 
 def block_time_s(block: LayerSummary, recompute: str) -> float:
@@ -71,11 +78,12 @@ def stage_capacity_bytes(profile: Profile, plan: Plan, *, boundary_bytes: float,
     buffers = comm_buffer_bytes(
         zero_stage=plan.zero_stage,
         dp=plan.dp,
-        pp=plan.pp,
+        pp=1,  # the boundary tensors: receive_buffers
         boundary_bytes=boundary_bytes,
         block_params=block_params,
         precision=plan.precision,
     )
+    buffers += receive_buffers(plan) * boundary_bytes
     buffers += scatter_buffer_bytes(
         zero_stage=plan.zero_stage,
         dp=plan.dp,
@@ -85,3 +93,13 @@ def stage_capacity_bytes(profile: Profile, plan: Plan, *, boundary_bytes: float,
         reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype],
     )  # nothing freed: an upper bound
     return usable_bytes(profile.device.memory_bytes) - buffers
+
+
+def receive_buffers(plan: Plan) -> int:
+    """Boundary tensors a stage holds as buffers, the fewest of any stage (module docstring)."""
+    if plan.pp == 1:
+        return 0
+    if not torch_slots(plan):
+        return 2  # one send and one receive buffer (cost/memory/per_device.py comm_buffer_bytes)
+    m, v = plan.num_microbatches, plan.virtual_stages
+    return 2 * m if plan.schedule in V_SCHEDULES else m * (2 * v - 1)

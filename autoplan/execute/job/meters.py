@@ -20,6 +20,7 @@ and its local ops reach the meters on plain tensors.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Iterable
 
@@ -65,6 +66,9 @@ class LiveBytes(TorchDispatchMode):
         self.current = self.peak = 0
         self.peak_op = ""
         self._op = "before the step"
+        # a storage may die on another thread (the overlapped F&B's backward half, execute/overlap_f_b.py) while
+        # this one tracks or re-reads: the counts change under one lock
+        self._lock = threading.RLock()
         for tensor in existing:
             self._track(tensor)
         self.start = self.current
@@ -81,20 +85,21 @@ class LiveBytes(TorchDispatchMode):
             return
         storage = tensor.untyped_storage()
         key = storage._cdata
-        if key in self.live:
-            return
-        size = storage.nbytes()
-        self.live[key] = size
-        self.current += size
-        self._refs[key] = weakref.ref(storage, lambda _ref, k=key: self._free(k))
-        if self.current > self.peak and self._resync() > self.peak:
-            self.peak, self.peak_op = self.current, self._op
+        with self._lock:
+            if key in self.live:
+                return
+            size = storage.nbytes()
+            self.live[key] = size
+            self.current += size
+            self._refs[key] = weakref.ref(storage, lambda _ref, k=key: self._free(k))
+            if self.current > self.peak and self._resync() > self.peak:
+                self.peak, self.peak_op = self.current, self._op
 
     def _resync(self) -> int:
         """The current bytes, re-read from every live storage: FSDP2 frees and re-allocates its
         unsharded parameters by resizing their storages in place (``resize_(0)``), which no
         dispatched op shows; a new peak is only taken on these exact sizes."""
-        for key, ref in self._refs.items():
+        for key, ref in list(self._refs.items()):
             storage = ref()
             if storage is not None:
                 self.live[key] = storage.nbytes()
@@ -102,9 +107,10 @@ class LiveBytes(TorchDispatchMode):
         return self.current
 
     def _free(self, key: int) -> None:
-        size = self.live.pop(key, 0)
-        self._refs.pop(key, None)
-        self.current -= size
+        with self._lock:
+            size = self.live.pop(key, 0)
+            self._refs.pop(key, None)
+            self.current -= size
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if on_dtensors(types):

@@ -1,5 +1,6 @@
 """The EP all-to-all overlapped with the other micro-batch's compute (autoplan/cost/moe/a2a_overlap.py), as the
-cost model prices it, the search offers it, the executor refuses it and explain says it (types/moe_overlap.py)."""
+cost model prices it, the search offers it, the executor refuses it where it cannot run it and explain says it
+(types/moe_overlap.py)."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def test_a_plan_that_cannot_overlap_is_one_sentence():
 def test_autoplans_executor_refuses_to_run_an_overlap_it_cannot(tmp_path, capsys, command):
     from autoplan.cli import main
 
-    with pytest.raises(PlanError, match="one micro-batch's forward or backward at a time"):
+    with pytest.raises(PlanError, match="only in DualPipeV's F&B pairs"):
         check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True))  # parallelize's first check
     plan = _plan(devices=2, dp=2, ep=2, runtime="autoplan", moe_a2a_overlap=True).save(tmp_path / "plan.json")
     model = "examples/moe.py"
@@ -131,7 +132,7 @@ def test_autoplans_executor_refuses_to_run_an_overlap_it_cannot(tmp_path, capsys
     assert not (tmp_path / "run").exists() and not (tmp_path / "launch.sbatch").exists()
 
 
-def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_below(graph):
+def test_the_search_offers_it_only_where_a_runtime_runs_it_and_its_floor_stays_below(graph):
     profile = synthetic_profile(memory_bytes=2**30)
     search = Search(graph, profile, SearchOptions(devices=4, batch_size=BATCH, keep=10**6, runtime="megatron"))
     search._usable_bytes = float("inf")
@@ -147,7 +148,10 @@ def test_the_search_offers_it_only_where_megatron_runs_it_and_its_floor_stays_be
     assert any(c.plan.ep > 1 and c.plan.num_microbatches == 1 for c in priced)  # those run only plain
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)  # the floor keeps 20/132 of the a2a
     mine = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="autoplan")
-    assert not any(c.plan.moe_a2a_overlap for c in mine.candidates if c.plan is not None)
+    ours = [c.plan for c in mine.candidates if c.plan is not None and c.plan.moe_a2a_overlap]
+    assert all(p.schedule == "dualpipev" and p.tp == p.cp == 1 and p.recompute == "none" for p in ours)
+    titan = plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="torchtitan")
+    assert not any(c.plan.moe_a2a_overlap for c in titan.candidates if c.plan is not None)
 
 
 def test_a_pin_runs_where_megatron_runs_it_and_is_one_sentence_elsewhere(graph):
@@ -159,9 +163,54 @@ def test_a_pin_runs_where_megatron_runs_it_and_is_one_sentence_elsewhere(graph):
     said = explain_result(result, graph=graph, profile=synthetic_profile(), sensitivity=False)
     assert said.a2a_overlap.startswith("moe_a2a_overlap runs each expert-parallel all-to-all beside")
     assert "**All-to-all overlap:**" in said.to_markdown()
-    with pytest.raises(PlanError, match="runtime 'autoplan': autoplan's executor runs one micro-batch") as info:
-        plan_graph(graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, fix="moe_a2a_overlap=on")
+    with pytest.raises(PlanError, match="runtime 'torchtitan', which cannot overlap") as info:
+        plan_graph(
+            graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="torchtitan",
+            fix="moe_a2a_overlap=on",
+        )  # fmt: skip
     assert "\n" not in str(info.value)
+    with pytest.raises(PlanError, match="only in DualPipeV's F&B pairs; pin schedule=dualpipev"):
+        plan_graph(
+            graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, fix="moe_a2a_overlap=on,schedule=1f1b"
+        )
+
+
+def test_under_dualpipev_autoplan_is_offered_the_overlap_beside_the_plain_plan_and_runs_it(graph):
+    """Runtime autoplan, schedule pinned to dualpipev: every plan its executor can overlap (ep > 1, tp 1, ZeRO 0/1,
+    no recompute) is priced overlapped beside itself plain, the others plain only; the overlapped one hides part
+    of its all-to-all and is picked, and the executor's checks accept it (execute/overlap_f_b.py runs it)."""
+    result = plan_graph(
+        graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="autoplan", fix="schedule=dualpipev"
+    )
+    priced = [c for c in result.candidates if c.plan is not None and c.cost is not None]
+    overlapped = [c for c in priced if c.plan.moe_a2a_overlap]
+    plain = {c.plan.describe(): c for c in priced if not c.plan.moe_a2a_overlap}
+    assert overlapped and all(c.plan.zero_stage <= 1 and c.plan.recompute == "none" for c in overlapped)
+    assert any(c.plan.recompute == "selective" or c.plan.zero_stage >= 2 for c in plain.values())  # plain only
+    for c in overlapped:  # its twin, the same plan without the overlap, priced too
+        twin = plain[replace(c.plan, moe_a2a_overlap=False).describe()]
+        assert 0 < c.cost.ep_comm_s < twin.cost.ep_comm_s
+    assert result.best.moe_a2a_overlap and result.best.schedule == "dualpipev"
+    check_runs_here(result.best)  # parallelize's first check: no refusal
+
+
+@pytest.mark.parametrize(
+    "changes, said",
+    [
+        (dict(tp=2, dp=2, sequence_parallel=True), "not at tp=2"),
+        (dict(zero_stage=2), "not at zero_stage=2"),
+        (dict(recompute="selective"), "not recompute='selective'"),
+        (dict(schedule="1f1b", virtual_stages=1), "only in DualPipeV's F&B pairs"),
+    ],
+)
+def test_autoplans_executor_runs_the_overlap_only_where_no_other_collective_shares_the_halves(changes, said):
+    """One sentence per condition of types/moe_overlap.py ``executor_refusal``, before a rank starts; the plan that
+    meets them all runs (tests/dist/test_moe_a2a_overlap.py)."""
+    fields = dict(devices=8, dp=4, pp=2, ep=2, num_microbatches=4, schedule="dualpipev", virtual_stages=2)
+    check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True, **fields))
+    with pytest.raises(PlanError, match=said) as info:
+        check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True, **{**fields, **changes}))
+    assert "\n" not in str(info.value) and str(info.value).endswith("set moe_a2a_overlap to false to run here.")
 
 
 def test_explain_says_what_the_overlap_hides_and_what_the_step_takes_without_it(model):
