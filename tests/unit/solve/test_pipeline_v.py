@@ -99,7 +99,7 @@ def test_the_search_with_a_v_pinned_picks_what_the_proven_ilp_picks(funnel, monk
     best = partition_brute_force(problem)
     assert len(set(problem.layer_time_s)) > 2 and len(plan.stages) == 4
     assert [len(chunk) for chunk in plan.stages] == [j - i for i, j in zip(best.bounds, best.bounds[1:])]
-    monkeypatch.setattr(pipeline, "partition_v", lambda p: partition_ilp(p, time_limit_s=60.0))
+    monkeypatch.setattr(pipeline, "partition_v", lambda p, **_: partition_ilp(p, time_limit_s=60.0))
     with_ilp = plan_graph(funnel, devices=2, profile="cpu-gloo", fix=fix)
     assert with_ilp.best.describe() == plan.describe()
     assert with_ilp.best_cost.step_time_s == result.best_cost.step_time_s
