@@ -20,6 +20,7 @@ from dataclasses import replace
 from autoplan.cost.blocks import LayerSummary, block_structure, per_distinct, summarise
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.moe.experts import layers_in
+from autoplan.cost.tp.block import block_nodes
 from autoplan.cost.tp.overlap import overlapped
 from autoplan.cost.tp.plan_memo import TpPlanMemo
 from autoplan.cost.tp.splits import TPContext
@@ -48,7 +49,7 @@ class BlockSummaries:
     def _index_group(self, layers: list[str]) -> None:
         rep = layers[0]
         for layer in layers:
-            self._param_modules[layer] = tuple(n.module for n in self.graph.layer_nodes(layer) if n.op in PARAM_KINDS)
+            self._param_modules[layer] = tuple(n.module for n in block_nodes(self.graph, layer) if n.op in PARAM_KINDS)
         for layer in layers:
             same = len(self._param_modules[layer]) == len(self._param_modules[rep])
             self.rep[layer] = rep if same else layer
