@@ -146,8 +146,11 @@ def _sparse_step(
 
 def _ceiling(problem: PartitionProblem, hints: Sequence[list[int]]) -> float:
     """The least value here of ``hints`` and even chunks (inf when none fits), with a slack of 1e-9 of the
-    times for the rounding of :func:`_pruned`'s mean: a value every optimum is at most."""
+    times for the rounding of :func:`_pruned`'s mean: a value every optimum is at most. Inf where a time is
+    negative: the pruning holds a chunk's time (blocks, cuts, extra) to be no less than none."""
     L, chunks = problem.layers, 2 * problem.pp
+    if min(problem.layer_time_s, default=0.0) < 0 or min(problem.extra_time_s) < 0 or problem._cut.min() < 0:
+        return INF
     even = [0, *itertools.accumulate(L // chunks + (c < L % chunks) for c in range(chunks))]
     fits = [b for b in (*hints, even) if len(b) == chunks + 1 and b[0] == 0 and b[-1] == L]
     least = min(problem.evaluate(list(b)) for b in fits)
@@ -164,9 +167,9 @@ def _pruned(problem: PartitionProblem, k: int, best: np.ndarray, ceiling: float)
 
 def _room(problem: PartitionProblem, k: int, ceiling: float) -> np.ndarray:
     """Per pair (x, y), whether the p - k stages that share [x, y) from stage k on can each take at most
-    ``ceiling``: their mean time (their extra times, the blocks, cuts >= 0) is no more."""
+    ``ceiling``: their mean time (their extra times, the blocks, the cuts left out: none is negative) is no more."""
     L = problem.layers
-    if k == 0 or problem._cut.min() < 0:
+    if k == 0:
         return np.ones((L + 1, L + 1), dtype=bool)
     t = problem._t
     return (sum(problem.extra_time_s[k:]) + (t[None, :] - t[:, None])) / (problem.pp - k) <= ceiling
