@@ -45,7 +45,7 @@ from autoplan.cost.cp.exposed import attention_time_factor, executed_fraction
 from autoplan.cost.cp.messages import CpMessage
 from autoplan.cost.moe.experts import BlockExperts, block_experts, grouped_gemm_s
 from autoplan.cost.pp.split_backward import weight_grad_held_bytes, weight_grad_s
-from autoplan.cost.tp.block import analyse_block
+from autoplan.cost.tp.block import analyse_block, block_nodes
 from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
 from autoplan.cost.tp.splits import TPContext, node_splits, tp_layer_cost
 from autoplan.types.graph import PARAM_KINDS, Graph, OpNode, within
@@ -117,7 +117,7 @@ class BlockStructure:
 
 def block_structure(graph: Graph, layer: str | None, *, nodes: list[OpNode] | None = None) -> BlockStructure:
     """The nodes, block inputs and readers of ``layer`` (module docstring)."""
-    nodes = graph.layer_nodes(layer) if nodes is None else nodes
+    nodes = block_nodes(graph, layer) if nodes is None else nodes
     names = {n.name for n in nodes}
     preds, succs = graph.adjacency()
     outside = {p for n in nodes for p in preds[n.name] if p not in names}
@@ -152,7 +152,7 @@ def summarise(
     attention: list[tuple[OpNode, int, float, float]] = []  # (node, shard, t_fwd, t_bwd) under cp > 1
     for node in structure.nodes:
         shard = tp_cost.compute_shard.get(node.name, 1)
-        read = input_bytes_of(list(structure.preds[node.name]), precision=precision, dtypes=dtypes)
+        read = times.reads(node, precision=precision, dtypes=dtypes)  # its preds' outputs: structure.preds
         if experts is not None and node.name in experts.gemms:
             t_fwd, t_bwd = grouped_gemm_s(
                 node,

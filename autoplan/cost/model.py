@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autoplan.cost.blocks import LayerSummary, block_structure, per_distinct, summarise
+from autoplan.cost.blocks import LayerSummary
 from autoplan.cost.compute.dtypes import dtype_policy
 from autoplan.cost.compute.eager_attention import FusedAttentionModel
 from autoplan.cost.compute.fp8 import fp8_recipe as recipe_of
@@ -41,15 +41,15 @@ from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.pp.schedule import balanced_stages, stage_bubble_s
 from autoplan.cost.pp.tied import TiedWeightSync
 from autoplan.cost.stages import StageTotals, add_block
+from autoplan.cost.summaries import BlockSummaries, part_context
 from autoplan.cost.tp.default import default_tp_plan
-from autoplan.cost.tp.overlap import overlapped
 from autoplan.cost.tp.plan_memo import TpPlanMemo
 from autoplan.cost.tp.sp_sync import SequenceParallelSync
 from autoplan.cost.tp.splits import TPContext
 from autoplan.errors import PlanError
 from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import experts_apart
-from autoplan.types.graph import PARAM_KINDS, Graph
+from autoplan.types.graph import Graph
 from autoplan.types.hsdp import shard_view
 from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
@@ -67,16 +67,11 @@ class CostModel:
     def __init__(self, graph: Graph, profile: Profile):
         self.graph, self.profile = graph, profile
         self._layer_set = set(graph.layers)
-        self._rep: dict[str, str] = {}
-        self._param_modules: dict[str | None, tuple[str, ...]] = {}
-        for group in graph.groups:
-            self._index_group(group.layers)
-        self._structures = {rep: block_structure(graph, rep) for rep in set(self._rep.values())}
-        self._outside = self._split_outside()
-        self._cache: dict[tuple, LayerSummary] = {}
+        self.node_times = NodeTimes(graph, profile)  # shared with the search's bounds and ILPs
+        self.summaries = BlockSummaries(graph, profile, self.node_times)  # each distinct block priced once
+        self._rep, self._structures = self.summaries.rep, self.summaries.structures
         inputs = {layer: (rep, self._structures[rep].inputs) for layer, rep in self._rep.items()}
         self._boundaries = pp_messages.BoundaryMemo(graph, profile.backend, inputs)  # block_inputs, memoised
-        self.node_times = NodeTimes(graph, profile)  # shared with the search's bounds and ILPs
         self.dp_terms = DataParallelTerms(profile, graph)  # the dp and ZeRO terms (cost/dp/sync.py)
         self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
         self._step_flops = graph.step_flops  # summed once: estimate() stays arithmetic
@@ -85,63 +80,19 @@ class CostModel:
         )
         self._default_plans: dict[tuple[int, bool], dict[str, str]] = {}
         self.memory = PlanMemory(profile)
-        self.tied = TiedWeightSync(graph, profile, {part: s.nodes for part, s in self._outside.items()})
+        self.tied = TiedWeightSync(graph, profile, {part: s.nodes for part, s in self.summaries.outside.items()})
         self.sp_sync = SequenceParallelSync(graph, profile)
         self.experts = ExpertGroups(graph, profile)
         self.fused_attention = FusedAttentionModel(graph, profile, build=CostModel)  # for runtimes with their own
 
-    # ---- precomputation ------------------------------------------------------------------
-    def _index_group(self, layers: list[str]) -> None:
-        rep = layers[0]
-        for layer in layers:
-            self._param_modules[layer] = tuple(n.module for n in self.graph.layer_nodes(layer) if n.op in PARAM_KINDS)
-        for layer in layers:
-            same = len(self._param_modules[layer]) == len(self._param_modules[rep])
-            self._rep[layer] = rep if same else layer
-
-    def _split_outside(self) -> dict[str, object]:
-        nodes = self.graph.nodes
-        first = next((i for i, n in enumerate(nodes) if n.layer is not None), len(nodes))
-        pre = [n for n in nodes[:first] if n.layer is None]
-        post = [n for n in nodes[first:] if n.layer is None]
-        self._param_modules[None] = tuple(n.module for n in nodes if n.layer is None and n.op in PARAM_KINDS)
-        return {
-            "pre": block_structure(self.graph, None, nodes=pre),
-            "post": block_structure(self.graph, None, nodes=post),
-        }
-
-    # ---- block summaries -----------------------------------------------------------------
+    # ---- block summaries (cost/summaries.py) ----------------------------------------------
     def block_summary(self, layer: str | None, tp_plan: dict[str, str], ctx: TPContext, part: str = "") -> LayerSummary:
         """One micro-batch of block ``layer`` (or of the outside nodes, ``layer=None`` with part
         "pre"/"post") under ``tp_plan`` and ``ctx``, priced once per group of identical blocks
-        (``cost.blocks.summarise``); the solver's partition reads the same summaries."""
-        rep = self._rep[layer] if layer is not None else None
-        splits = tuple(tp_plan.get(m, "replicate") for m in self._param_modules[layer]) if ctx.tp > 1 else ()
-        key = (rep, part, splits, *ctx.key)
-        hit = self._cache.get(key)
-        if hit is None:
-            rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
-            structure = self._structures[rep] if rep is not None else self._outside[part]
-            hit = summarise(
-                self.graph,
-                structure,
-                layer=rep,
-                tp_plan=rep_plan,
-                ctx=self.part_context(ctx, part),
-                node_times=self.node_times,
-            )
-            if part == "pre":  # the outside nodes' TP collectives are charged once, to the last stage
-                hit = LayerSummary(**{**hit.__dict__, "tp_fwd_s": 0.0, "tp_bwd_s": 0.0})
-            self._cache[key] = hit
-        return hit
+        (BlockSummaries.summary); the solver's partition reads the same summaries."""
+        return self.summaries.summary(layer, tp_plan, ctx, part)
 
-    @staticmethod
-    def part_context(ctx: TPContext, part: str) -> TPContext:
-        """The context the nodes of ``part`` run in: the nodes before the first block ("pre") run on the
-        whole sequence on every cp rank, since the executor splits it at the blocks' inputs
-        (execute/context_parallel.py); everything else on a rank's 1/cp of it."""
-        before = part.lstrip("@") == "pre"  # "pre" here, "@pre" among tp/block.py's OUTSIDE_PARTS
-        return replace(ctx, batch_fraction=ctx.micro_batch_fraction) if before and ctx.cp > 1 else ctx
+    part_context = staticmethod(part_context)
 
     def _tp_plan(self, plan: Plan) -> dict[str, str]:
         if plan.tp_plan or plan.tp == 1:
@@ -175,32 +126,13 @@ class CostModel:
         self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool
     ) -> dict[str, LayerSummary]:
         """Every block's summary as the plan runs it, in the graph's order, memoised per tp_plan."""
-
-        def make() -> dict[str, LayerSummary]:  # identical blocks share one summary, so one run of _as_run too
-            summaries = [self.block_summary(layer, tp_plan, ctx) for layer in self.graph.layers]
-            return dict(
-                zip(self.graph.layers, per_distinct(summaries, lambda s: self._as_run(s, ctx, tp_comm_overlap)))
-            )
-
-        return self._memo.get(("blocks", *ctx.key, tp_comm_overlap), tp_plan, make)
+        return self.summaries.blocks(tp_plan, ctx, tp_comm_overlap)
 
     def outside_summaries(
         self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool
     ) -> tuple[LayerSummary, LayerSummary]:
         """The nodes before the first block and after the last, as the plan runs them."""
-        pre, post = (
-            self._as_run(self.block_summary(None, tp_plan, ctx, part), ctx, tp_comm_overlap) for part in ("pre", "post")
-        )
-        return pre, post
-
-    def _as_run(self, summary: LayerSummary, ctx: TPContext, tp_comm_overlap: bool) -> LayerSummary:
-        """The summary as the plan runs it: with tp_comm_overlap, collectives partly hidden under
-        the split matmuls and those matmuls decomposed (autoplan/cost/tp/overlap.py)."""
-        return (
-            overlapped(summary, tp=ctx.tp, efficiency=self.profile.comm_overlap.efficiency)
-            if tp_comm_overlap
-            else summary
-        )
+        return self.summaries.outside_summaries(tp_plan, ctx, tp_comm_overlap)
 
     def _stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
         """Per-stage totals, memoised (read-only): shared by plans apart only in ZeRO or schedule (not V placement)."""

@@ -16,28 +16,38 @@ nest from the outside in, so the slowest of stages 0..k-1 over the pair (x_k, y_
 with ``y' - x' >= 2 (p - 1 - k)`` (the inner chunks keep a layer each) and ``x' = y'`` at k = p - 1; the
 optimum is min_z F_p(z, z). Every partition is one path through the pairs and every path one partition, so
 the DP is exact, in O(p L^4 / 24) steps (vectorised per x'); it adds T_k and M_k in the order
-:meth:`PartitionProblem.evaluate` does, so its optimum is the value evaluate gives, bit for bit.
+:meth:`PartitionProblem.evaluate` does, so its optimum is the value evaluate gives, bit for bit. With a ceiling
+U >= the optimum (the best of ``hints``, earlier answers of like problems, at evaluate's value), a pair whose
+F exceeds U, or whose inner stages' mean time does, is on no optimal path, and dropping it changes no pair
+on the path the DP returns (docs/ilp.md, section 3): the few pairs left are stepped as one array.
 """
 
 from __future__ import annotations
+
+import itertools
+from typing import Sequence
 
 import numpy as np
 
 from autoplan.solve.partition_problem import INF, Partition, PartitionProblem
 
+SPARSE_CELLS = 1 << 18  # (target, source) cells of one sparse step: 2 MiB per float64 array; past it, the dense step
 
-def partition_v(problem: PartitionProblem) -> Partition | None:
-    """The optimal V partition (module docstring), or None when none fits the memory."""
+
+def partition_v(problem: PartitionProblem, *, hints: Sequence[list[int]] = ()) -> Partition | None:
+    """The optimal V partition (module docstring), or None when none fits the memory; ``hints``: boundaries
+    b_0..b_2p of other partitions, whose best value here bounds the DP (none: it runs unbounded)."""
     L, p = problem.layers, problem.pp
     if not problem.v_shape or problem.virtual_stages != 2:
         raise ValueError("partition_v takes the V placement only: two chunks per stage in a V.")
     if L < 2 * p:
         return None
+    ceiling = _ceiling(problem, hints)
     best = np.full((L + 1, L + 1), INF)
     best[0, L] = -INF
     back = []
     for k in range(p):
-        best, came_from = _stage_step(problem, k, best)
+        best, came_from = _stage_step(problem, k, _pruned(problem, k, best, ceiling), ceiling)
         back.append(came_from)
     turn = np.diagonal(best)
     z = int(np.argmin(turn))
@@ -58,14 +68,24 @@ def _chunk_terms(problem: PartitionProblem, chunk: int, stage: int) -> tuple[np.
     return time, used
 
 
-def _stage_step(problem: PartitionProblem, k: int, best: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """F_{k+1} from F_k (module docstring) and, per pair (x', y'), the flat index x * (L + 1) + y it came from.
-    Arrays run (y', x, y) over the x and y that F_k reached, so a pair out of reach is an inf, never a choice."""
+def _stage_step(problem: PartitionProblem, k: int, best: np.ndarray, ceiling: float) -> tuple[np.ndarray, np.ndarray]:
+    """F_{k+1} from F_k (module docstring) and, per pair (x', y'), the flat index x * (L + 1) + y it came from:
+    over the few pairs reached when a ceiling left few (:func:`_sparse_step`), else over all (:func:`_dense_step`)."""
     L, p = problem.layers, problem.pp
     first, first_bytes = _chunk_terms(problem, k, k)
     second, second_bytes = _chunk_terms(problem, 2 * p - 1 - k, k)
     first, first_bytes = problem.extra_time_s[k] + first, problem.extra_bytes[k] + first_bytes
     second = np.where(np.less.outer(np.arange(L + 1), np.arange(L + 1)), second, INF)  # y' < y, or none
+    terms = (first, first_bytes, second, second_bytes)
+    stepped = _sparse_step(problem, k, best, np.flatnonzero(best < INF), terms, ceiling) if ceiling < INF else None
+    return stepped if stepped is not None else _dense_step(problem, k, best, terms)
+
+
+def _dense_step(problem: PartitionProblem, k: int, best: np.ndarray, terms: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_stage_step` with arrays that run (y', x, y) over the x and y that F_k reached, so a pair out of
+    reach is an inf, never a choice."""
+    L, p = problem.layers, problem.pp
+    first, first_bytes, second, second_bytes = terms
     rows, cols = np.flatnonzero((best < INF).any(axis=1)), np.flatnonzero((best < INF).any(axis=0))
     out, came_from = np.full((L + 1, L + 1), INF), np.zeros((L + 1, L + 1), dtype=np.int64)
     if rows.size == 0:  # no pair reached: no partition fits
@@ -89,6 +109,70 @@ def _stage_step(problem: PartitionProblem, k: int, best: np.ndarray) -> tuple[np
         width = y_high - y_low
         came_from[x_next, y_nexts] = (x_low + pick // width) * (L + 1) + y_low + pick % width
     return out, came_from
+
+
+def _sparse_step(
+    problem: PartitionProblem, k: int, best: np.ndarray, sources: np.ndarray, terms: tuple, ceiling: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_dense_step` over the pairs F_k holds (``sources``, in flat order, so a tie goes to the first as
+    there) into the pairs (x', y') some source reaches with each chunk at most ``ceiling``; None when that is
+    more than SPARSE_CELLS (source, target) cells."""
+    L, p = problem.layers, problem.pp
+    first, first_bytes, second, second_bytes = terms
+    span = np.arange(L + 1)
+    xs, ys = np.divmod(sources, L + 1)
+    x_ok = ((first[xs] <= ceiling) & (span[None, :] > xs[:, None])).any(axis=0)
+    x_ok &= (span >= k + 1) & (span < L - 2 * p + k + 2)
+    y_ok = (second[:, ys] <= ceiling).any(axis=1) & (span < L - k)  # second is inf unless y' < y
+    last = k == p - 1
+    shape = np.equal.outer(span, span) if last else (span[None, :] >= span[:, None] + 2 * (p - 1 - k))
+    to_x, to_y = np.nonzero(x_ok[:, None] & y_ok[None, :] & shape & (last or _room(problem, k + 1, ceiling)))
+    if to_x.size * sources.size > SPARSE_CELLS:
+        return None
+    out, came_from = np.full((L + 1, L + 1), INF), np.zeros((L + 1, L + 1), dtype=np.int64)
+    if to_x.size == 0 or sources.size == 0:
+        return out, came_from
+    x, y, x_next, y_next = xs[None, :], ys[None, :], to_x[:, None], to_y[:, None]
+    time = first[x, x_next] + second[y_next, y]
+    value = np.maximum(best.ravel()[sources][None, :], time, out=time)
+    if problem.capacity_bytes != INF:
+        value = np.where(first_bytes[x, x_next] + second_bytes[y_next, y] <= problem.capacity_bytes, value, INF)
+    value = np.where(x < x_next, value, INF)
+    pick = np.argmin(value, axis=1)
+    out[to_x, to_y] = value[np.arange(to_x.size), pick]
+    came_from[to_x, to_y] = sources[pick]
+    return out, came_from
+
+
+def _ceiling(problem: PartitionProblem, hints: Sequence[list[int]]) -> float:
+    """The least value here of ``hints`` and even chunks (inf when none fits), with a slack of 1e-9 of the
+    times for the rounding of :func:`_pruned`'s mean: a value every optimum is at most. Inf where a time is
+    negative: the pruning holds a chunk's time (blocks, cuts, extra) to be no less than none."""
+    L, chunks = problem.layers, 2 * problem.pp
+    if min(problem.layer_time_s, default=0.0) < 0 or min(problem.extra_time_s) < 0 or problem._cut.min() < 0:
+        return INF
+    even = [0, *itertools.accumulate(L // chunks + (c < L % chunks) for c in range(chunks))]
+    fits = [b for b in (*hints, even) if len(b) == chunks + 1 and b[0] == 0 and b[-1] == L]
+    least = min(problem.evaluate(list(b)) for b in fits)
+    scale = abs(least) + float(problem._t[-1]) + sum(map(abs, problem.extra_time_s)) + float(problem._cut.sum())
+    return least + 1e-9 * scale if least < INF else INF
+
+
+def _pruned(problem: PartitionProblem, k: int, best: np.ndarray, ceiling: float) -> np.ndarray:
+    """F_k without the pairs on no path of value <= ``ceiling``: F_k(x, y) above it, or :func:`_room`'s."""
+    if ceiling == INF:
+        return best
+    return np.where((best > ceiling) | ~_room(problem, k, ceiling), INF, best)
+
+
+def _room(problem: PartitionProblem, k: int, ceiling: float) -> np.ndarray:
+    """Per pair (x, y), whether the p - k stages that share [x, y) from stage k on can each take at most
+    ``ceiling``: their mean time (their extra times, the blocks, the cuts left out: none is negative) is no more."""
+    L = problem.layers
+    if k == 0:
+        return np.ones((L + 1, L + 1), dtype=bool)
+    t = problem._t
+    return (sum(problem.extra_time_s[k:]) + (t[None, :] - t[:, None])) / (problem.pp - k) <= ceiling
 
 
 def _bounds(back: list[np.ndarray], turn: int, layers: int) -> list[int]:

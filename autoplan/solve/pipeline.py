@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+from typing import Sequence
 
 import numpy as np
 import pulp
@@ -40,10 +41,12 @@ from autoplan.types.layout import local_chunk, stage_of_chunk
 __all__ = ["INF", "Partition", "PartitionProblem", "partition", "partition_brute_force", "partition_ilp"]
 
 
-def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s: float = 0.25) -> Partition | None:
+def partition(
+    problem: PartitionProblem, *, solver: str = "highs", time_limit_s: float = 0.25, hints: Sequence[list[int]] = ()
+) -> Partition | None:
     """The optimal partition (module docstring: DP, greedy or ILP); None when none fits the memory.
     ``time_limit_s`` bounds the ILP (method 3) only; past it the best of its incumbent, the fill
-    and even chunks is returned."""
+    and even chunks is returned. ``hints``: other partitions' bounds, which bound the V placement's DP."""
     L, C = problem.layers, problem.chunks
     if C > L or L == 0 or _surely_infeasible(problem):
         return None
@@ -56,7 +59,7 @@ def partition(problem: PartitionProblem, *, solver: str = "highs", time_limit_s:
     if problem.virtual_stages == 1:
         return _partition_dp(problem)
     if problem.v_shape and problem.virtual_stages == 2:
-        return partition_v(problem)
+        return partition_v(problem, hints=hints)
     even = _checked(problem, _bounds_from_counts([L // C + (c < L % C) for c in range(C)], 1, v_shape=False))
     candidates = [
         p

@@ -99,15 +99,20 @@ class NodeTimes:
         kwargs["dtypes"] = dtypes
         if profile is not self.profile:
             return node_times_s(self.graph, node, profile, reads=reads, **kwargs)
-        if reads is None:
-            reads = self._reads.get((node.name, precision, dtypes))
-            if reads is None:
-                reads = read_bytes(self.graph, node, precision=precision, dtypes=dtypes)
-                self._reads[node.name, precision, dtypes] = reads
+        reads = self.reads(node, precision=precision, dtypes=dtypes) if reads is None else reads
         key = (node.name, precision, batch_fraction, shard, reads, recipe, fused, dtypes)
         hit = self._times.get(key)
         if hit is None:
             hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, **kwargs)
+        return hit
+
+    def reads(self, node: OpNode, *, precision: str, dtypes: RunDtypes | None = None) -> float:
+        """:func:`read_bytes` of ``node``, memoised: it reads the graph alone, whatever the node's context."""
+        hit = self._reads.get((node.name, precision, dtypes))
+        if hit is None:
+            hit = self._reads[node.name, precision, dtypes] = read_bytes(
+                self.graph, node, precision=precision, dtypes=dtypes
+            )
         return hit
 
 

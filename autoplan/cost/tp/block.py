@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from autoplan.cost.compute.roofline import activation_scale
-from autoplan.types.graph import PARAM_KINDS, Graph, OpNode, within
+from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
 
 PRESERVING = ("elementwise", "view", "matmul", "attention")
 STREAM_KINDS = ("norm", "elementwise", "view")
@@ -70,8 +70,12 @@ OUTSIDE_PARTS = ("@pre", "@post")
 def block_nodes(graph: Graph, layer: str | None) -> list[OpNode]:
     """The nodes of block ``layer``; None: every node outside the blocks; "@pre"/"@post": those
     before the first block's first node and the rest (docs/architecture.md)."""
-    if layer not in OUTSIDE_PARTS:
-        return graph.layer_nodes(layer)
+    if layer not in OUTSIDE_PARTS:  # Graph.layer_nodes, from one pass over the graph (cached on it, as below)
+        index = graph.__dict__.setdefault("_block_nodes_cache", {})
+        if not index:
+            for node in graph.nodes:
+                index.setdefault(node.layer, []).append(node)
+        return list(index.get(layer, ()))
     first = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
     part = graph.nodes[:first] if layer == "@pre" else graph.nodes[first:]
     return [n for n in part if n.layer is None]
@@ -86,8 +90,21 @@ def token_wise_nodes(graph: Graph, nodes: list[OpNode]) -> frozenset[str]:
     (autoplan/execute/expert_sequence.py; Megatron-Core's experts at expert-tensor-parallel size 1).
     Its nodes choose no split and send nothing. A block routing with a fixed capacity is not
     token-wise (the capacity depends on how many tokens it sees) and is not listed."""
-    blocks = [moe.module for moe in graph.moe_layers if moe.interface == "grouped"]
-    return frozenset(n.name for n in nodes if any(within(n.module, b) for b in blocks))
+    blocks = {moe.module for moe in graph.moe_layers if moe.interface == "grouped"}
+    return frozenset(n.name for n in nodes if blocks and _within_any(n.module, blocks))
+
+
+def _within_any(module: str, prefixes: set[str]) -> bool:
+    """``within(module, p)`` for some p of ``prefixes``: the module or one that encloses it is among them
+    (a set lookup per enclosing module, not a test per prefix: DeepSeek-V3 has 58 MoE blocks)."""
+    if module in prefixes:
+        return True
+    dot = module.find(".")
+    while dot >= 0:
+        if module[:dot] in prefixes:
+            return True
+        dot = module.find(".", dot + 1)
+    return False
 
 
 def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:

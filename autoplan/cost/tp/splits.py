@@ -69,6 +69,11 @@ class TPContext:
         context = context if self.dtypes is None else (*context, self.dtypes)
         return (*context, "fused") if self.fused else context
 
+    @cached_property
+    def dense_key(self) -> tuple:
+        """:attr:`key` without the expert placement: all a block that runs no routed experts reads of it."""
+        return self.key if self.experts is None else (*self.key[:5], None, *self.key[6:])
+
     @property
     def micro_batch_fraction(self) -> float:
         """micro_batch_size / graph.batch_size: the samples a rank's cp group shares."""

@@ -102,7 +102,7 @@ def test_unfused_attention_costs_more_than_flash(monkeypatch, megatron_graphs, a
     for key, graph in (("flash", flash), ("megatron", megatron_graphs[2])):
         model = CostModel(graph, a100)
         model.estimate(_plan())
-        block = next(v for k, v in model._cache.items() if k[0] == graph.layers[0])
+        block = next(v for k, v in model.summaries._cache.items() if k[0] == graph.layers[0])
         per_block[key] = block.fwd_s
     device = a100.device
     one_pass_s = 2 * BATCH * A * S * S * 2 / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)

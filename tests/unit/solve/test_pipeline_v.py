@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import autoplan.solve.partition_v as partition_v_module
 import autoplan.solve.pipeline as pipeline
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
@@ -56,6 +57,62 @@ def test_v_partition_equals_brute_force(seed, limited):
     assert partition(problem).max_stage_time_s == brute.max_stage_time_s
 
 
+def _tied_v(rng: random.Random, *, limited: bool) -> PartitionProblem:
+    """A larger V problem of whole-number times, so many partitions tie and the tie-break shows."""
+    pp = rng.randint(2, 5)
+    layers = rng.randint(2 * pp + 2, 2 * pp + 14)
+    static = [float(rng.randint(1, 3)) for _ in range(layers)]
+    return PartitionProblem(
+        layer_time_s=[float(rng.randint(1, 3)) for _ in range(layers)],
+        layer_static_bytes=static,
+        layer_activation_bytes=[float(rng.randint(0, 2)) for _ in range(layers)],
+        pp=pp,
+        extra_time_s=[float(rng.randint(0, 3)) for _ in range(pp)],
+        extra_bytes=[float(rng.randint(0, 3)) for _ in range(pp)],
+        in_flight=[rng.choice([2 * (pp - k) - 1, 1, 3]) for k in range(pp)],
+        p2p_s=0.0,
+        capacity_bytes=rng.uniform(1.5, 3.5) * sum(static) / pp if limited else INF,
+        virtual_stages=2,
+        cut_s=[float(rng.randint(0, 1)) for _ in range(layers + 1)],
+        v_shape=True,
+    )
+
+
+@pytest.mark.parametrize("limited", [False, True])
+@pytest.mark.parametrize("seed", range(40))
+def test_the_ceiling_changes_no_answer(seed, limited, monkeypatch):
+    """Pruned to a ceiling (the best of the hints and even chunks), the DP returns the unpruned DP's bounds and
+    value bit for bit, ties split alike, whatever the hints: none, the optimum itself, or another partition."""
+    rng = random.Random(seed)
+    problem = (_tied_v if seed % 2 else _random_v)(rng, limited=limited)
+    with monkeypatch.context() as patch:
+        patch.setattr(partition_v_module, "_ceiling", lambda *args: INF)
+        unpruned = partition_v(problem)
+    other = [0, *sorted(rng.sample(range(1, problem.layers), 2 * problem.pp - 1)), problem.layers]
+    for hints in ([], [other], [unpruned.bounds] if unpruned else [], [other, other[::-1]]):
+        found = partition_v(problem, hints=hints)
+        assert (found is None) == (unpruned is None)
+        if found is not None:
+            assert (found.bounds, found.max_stage_time_s) == (unpruned.bounds, unpruned.max_stage_time_s)
+
+
+def test_a_ceiling_at_the_optimum_steps_only_the_pairs_left(monkeypatch):
+    """With the optimum as the ceiling every stage steps the few pairs left as one array (the sparse step); with
+    none, every stage steps all pairs per x' (the dense step); the answers are the same."""
+    problem = _tied_v(random.Random(3), limited=False)
+    best = partition_v(problem)
+    sparse, dense = partition_v_module._sparse_step, partition_v_module._dense_step
+    for ceiling, kind in ((best.max_stage_time_s, "sparse"), (INF, "dense")):
+        steps = []
+        with monkeypatch.context() as patch:
+            patch.setattr(partition_v_module, "_ceiling", lambda *args: ceiling)
+            patch.setattr(partition_v_module, "_sparse_step", lambda *a: steps.append("sparse") or sparse(*a))
+            patch.setattr(partition_v_module, "_dense_step", lambda *a: steps.append("dense") or dense(*a))
+            found = partition_v(problem)
+        assert steps == [kind] * problem.pp
+        assert (found.bounds, found.max_stage_time_s) == (best.bounds, best.max_stage_time_s)
+
+
 def test_the_random_v_problems_include_binding_memory_and_infeasible_ones():
     """The cases above test what they claim: some limits move the optimum, some leave no partition."""
     moved = infeasible = 0
@@ -99,7 +156,7 @@ def test_the_search_with_a_v_pinned_picks_what_the_proven_ilp_picks(funnel, monk
     best = partition_brute_force(problem)
     assert len(set(problem.layer_time_s)) > 2 and len(plan.stages) == 4
     assert [len(chunk) for chunk in plan.stages] == [j - i for i, j in zip(best.bounds, best.bounds[1:])]
-    monkeypatch.setattr(pipeline, "partition_v", lambda p: partition_ilp(p, time_limit_s=60.0))
+    monkeypatch.setattr(pipeline, "partition_v", lambda p, **_: partition_ilp(p, time_limit_s=60.0))
     with_ilp = plan_graph(funnel, devices=2, profile="cpu-gloo", fix=fix)
     assert with_ilp.best.describe() == plan.describe()
     assert with_ilp.best_cost.step_time_s == result.best_cost.step_time_s
