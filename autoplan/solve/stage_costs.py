@@ -106,7 +106,7 @@ class StageCosts:
         extra_bytes[0] += static.dense(pre) + pre.saved_bytes * in_flight[0]
         extra_bytes[last] += static.dense(post) + post.saved_bytes * in_flight[last]
         cut_of = {size: cut_s(self.profile, plan, size) for size in dict.fromkeys(blocks.inputs)}  # each size once
-        cuts_s = [0.0, *(cut_of[size] for size in blocks.inputs), 0.0]
+        cuts_s = [0.0, *(cut_of[size] for size in blocks.inputs), 0.0] if blocks.times else [0.0]  # no blocks: one
         capacity = (
             stage_capacity_bytes(self.profile, plan, boundary_bytes=blocks.boundary, block_params=blocks.most_params)
             if memory_limit
@@ -143,7 +143,7 @@ class StageCosts:
                 peak_block=max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0,
                 boundary=max((b.input_bytes for b in blocks[1:]), default=0.0),  # the first block's is never sent
                 inputs=tuple(b.input_bytes for b in blocks[1:]),  # identical blocks cut at identical tensors
-                most_params=max(b.param_count for b in blocks),
+                most_params=max((b.param_count for b in blocks), default=0),
                 pre=pre,
                 post=post,
             )

@@ -26,6 +26,7 @@ BLOCKS = {
     "mixed_blocks": [f"body.{i}" for i in range(8)],  # blocks and width-changing projections
     "nested": ["groups.low.0", "groups.low.1", "groups.high.0", "groups.high.1"],
     "shared_module": [],  # its children interleave over three calls, and it is called three times
+    "one_linear": [],  # no child module at all
     "side_effects": [f"layers.{i}" for i in range(4)],
     "loop_moe": ["layers.0", "layers.1"],  # blocks, but an MoE loop no pipeline split can export
 }
@@ -108,3 +109,10 @@ def test_the_command_line_pipelines_two_modules_and_refuses_a_reused_one_in_one_
     assert main(["plan", str(ODD / "shared_module.py"), *args, "--out", str(tmp_path / "shared")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("autoplan: warning:")]
     assert len(errors) == 1 and "forward() calls once each" in errors[0] and "Traceback" not in errors[0]
+
+
+def test_the_command_line_plans_a_model_without_blocks_and_writes_its_one_stage(tmp_path):
+    args = ["--devices", "2", "--profile", "cpu-gloo", "--batch", "8", "--quiet", "--out", str(tmp_path)]
+    assert main(["plan", str(ODD / "one_linear.py"), *args]) == 0
+    stages = (tmp_path / "stages.csv").read_text().splitlines()
+    assert len(stages) == 2 and stages[1].startswith("0,0,")  # a header and stage 0, holding no block
