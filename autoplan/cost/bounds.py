@@ -17,7 +17,8 @@ exceeds the priced step time (a test checks this for every priced candidate):
 
 ``states_floor_bytes`` bounds memory: the model states of the fewest parameters the fullest stage can
 hold, (blocks + max(pre, post)) / pp; CostModel's peak W + O + max(M1, M2, M3) >= W + O + G;
-``memory_floor_bytes`` adds the activations the schedule keeps in flight (cost/memory/in_flight_floor.py).
+``memory_floor_bytes`` adds the activations the schedule keeps in flight (cost/memory/in_flight_floor.py);
+``sends`` the boundary tensors torch's runtime holds to the step's end (cost/memory/sent_floor.py).
 docs/ilp.md, "Bounds" has the derivation of each term.
 """
 
@@ -34,6 +35,7 @@ from autoplan.cost.dp.floors import SyncFloors
 from autoplan.cost.dp.sparse_embedding import sparse_tables
 from autoplan.cost.memory.in_flight_floor import in_flight_floor_bytes, schedule_key, schedule_weights
 from autoplan.cost.memory.per_device import model_states
+from autoplan.cost.memory.sent_floor import SendsFloor
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
 from autoplan.cost.moe.experts import ExpertPlacement, a2a_times_s, grouped_gemm_s, is_expert_gemm, layers_in
 from autoplan.cost.network.comm import collective_time_s
@@ -77,6 +79,7 @@ class Bounds:
         self._groups: dict[tuple, dict] = {}
         self._schedule_weights: dict[tuple, tuple | None] = {}  # in_flight_floor.schedule_weights by schedule_key
         self._frozen = float(graph.param_count - graph.trainable_param_count)
+        self.sends = SendsFloor(stage_costs, self.trained_floor)  # the sends torch's runtime holds: any partition
         sparse = float(sum(t.rows * t.dim for t in sparse_tables(graph)))  # out of the dense buckets
         self.sync = SyncFloors(
             profile, stage_costs, mesh=self._mesh, trained_floor=lambda p: max(0.0, self.trained_floor(p) - sparse)

@@ -179,13 +179,13 @@ class CostModel:
         search's summaries and bounds) reads this one model, so they price the same graph."""
         return self.fused_attention.for_runtime(runtime) or self
 
-    def priced_stages(self, plan: Plan) -> tuple[list[StageTotals], dict[str, str], TPContext]:
-        """The per-stage totals ``estimate`` prices, the tp_plan it prices (the Megatron default
-        when the plan has none) and the TP context: what the execution audit predicts from."""
+    def priced_stages(self, plan: Plan, *, copy: bool = True) -> tuple[list[StageTotals], dict[str, str], TPContext]:
+        """The per-stage totals ``estimate`` prices (``copy=False``: the memoised ones, for a reader), the tp_plan
+        it prices (the Megatron default when the plan has none) and the TP context: what the audit predicts from."""
         if (model := self.for_runtime(plan.runtime)) is not self:
-            return model.priced_stages(plan)
+            return model.priced_stages(plan, copy=copy)
         stages, tp_plan, ctx, _groups = self._priced(plan)
-        return [replace(stage) for stage in stages], tp_plan, ctx
+        return [replace(stage) for stage in stages] if copy else stages, tp_plan, ctx
 
     def tp_context(self, plan: Plan, *, fp8_recipe: str = "") -> TPContext:
         """The tensor-parallel context ``plan`` is priced in (its tp group on the profile's nodes), its

@@ -40,7 +40,7 @@ def price(search: Any, plan: Plan) -> tuple[Cost, Plan, bool]:
 def _repartitioned(search: Any, plan: Plan, cost: Cost, pricer) -> tuple[Cost, Plan]:
     """The time-optimal stages (or chunks) did not fit: the best partition under the memory limits, priced by
     ``pricer``, where it fits; else ``plan`` and its ``cost``."""
-    if plan.pp == 1:
+    if plan.pp == 1 or _no_partition_fits(search, plan):
         return cost, plan
     stages = search.partitions.within_memory(plan)
     if stages is None or not recompute_budget.holds(plan.recompute_blocks, stages):
@@ -48,6 +48,16 @@ def _repartitioned(search: Any, plan: Plan, cost: Cost, pricer) -> tuple[Cost, P
     retry = replace(plan, stages=stages)
     retry_cost = pricer(retry)
     return (retry_cost, retry) if retry_cost.feasible else (cost, plan)
+
+
+def _no_partition_fits(search: Any, plan: Plan) -> bool:
+    """Whether a floor of ``plan``'s peak under every partition exceeds the device: its states, the activations in
+    flight (none counted where they are on the host) and the sends torch's runtime holds (Bounds.memory_floor_bytes,
+    Bounds.sends; none depends on the partition). Then no repartition fits, and its search is skipped: the
+    retry would have returned ``plan`` and its cost all the same."""
+    bounds, offload = search.bounds, plan.offload_activations
+    floor = max(bounds.memory_floor_bytes(plan, offload=offload), bounds.sends.floor_bytes(plan))
+    return floor > search._usable_bytes
 
 
 def row(search: Any, plan: Plan, bound: float, cost: Cost, *, timed: bool, ilp_status: str) -> Candidate:

@@ -32,7 +32,7 @@ def memory_alone(model: CostModel, plan: Plan) -> Cost:
     """``plan``'s Cost with only its memory fields, feasibility and reason set, as ``model.estimate`` sets them;
     every time field is left at 0."""
     model = model.for_runtime(plan.runtime)
-    stages, _tp_plan, _ctx = model.priced_stages(plan)
+    stages, _tp_plan, _ctx = model.priced_stages(plan, copy=False)  # read only: fill_memory memoises on them
     cost = Cost()
     fill_memory(model, cost, plan, stages)
     return cost

@@ -65,6 +65,13 @@ def in_flight_floor_bytes(
     if (weights := weights or schedule_weights(plan)) is None:
         return 0.0
     most_held, harmonic, owed = weights
+    states_bytes = blocks_states_bytes(plan, block_params=block_params, trained=trained)
+    return (states_bytes / most_held + kept_bytes + owed * wgrad_held_bytes) / harmonic
+
+
+def blocks_states_bytes(plan: Plan, *, block_params: float, trained: float) -> float:
+    """The model states of ``block_params`` parameters per device, ``trained`` of them trainable, under ``plan``'s
+    precision, ZeRO and offload: at most sum_k states_k over the pp devices (model_states is linear)."""
     states = model_states(
         params=block_params,
         trainable=trained,
@@ -74,5 +81,4 @@ def in_flight_floor_bytes(
         pp=plan.pp,
         offload=plan.offload,
     )
-    states_bytes = states.weights_bytes + states.grads_bytes + states.optimizer_bytes
-    return (states_bytes / most_held + kept_bytes + owed * wgrad_held_bytes) / harmonic
+    return states.weights_bytes + states.grads_bytes + states.optimizer_bytes

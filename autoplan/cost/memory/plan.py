@@ -27,10 +27,9 @@ from autoplan.cost.memory.per_device import (
     sync_buffer_bytes,
     usable_bytes,
 )
-from autoplan.cost.memory.replayed import replayed_held, replays_memory
+from autoplan.cost.memory.replayed import replays_memory
+from autoplan.cost.memory.shared import SharedStageMemo, StageFacts, UnsharedStages
 from autoplan.cost.pp.receive_slots import single_chunk_slots
-from autoplan.cost.pp.schedule import in_flight_after_first_backward, in_flight_chunks
-from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
@@ -44,28 +43,35 @@ class PlanMemory:
 
     def __init__(self, profile: Profile):
         self.profile = profile
+        self._shared = SharedStageMemo()  # what fill reads of the cost model's memoised stages
 
     def stage_memory(self, plan: Plan, stages: list[StageTotals], powersgd: list[PowerSGDTraffic]) -> list[StageMemory]:
         """Per stage, its memory on one device: the parts and the peak (cost/memory/per_device.py).
         ``powersgd`` is each stage's PowerSGD traffic (cost/dp/compression.py; all zeros when the
         plan does not compress), whose error feedback, factors and hook buffers it holds."""
+        return self._stages(plan, stages, powersgd, UnsharedStages())
+
+    def _stages(
+        self, plan: Plan, stages: list[StageTotals], powersgd: list[PowerSGDTraffic], facts: StageFacts
+    ) -> list[StageMemory]:
         return [
-            self._stage_memory(plan, index, stage, held) for index, (stage, held) in enumerate(zip(stages, powersgd))
+            self._stage_memory(plan, index, stage, held, facts)
+            for index, (stage, held) in enumerate(zip(stages, powersgd))
         ]
 
-    def _stage_memory(self, plan: Plan, index: int, stage: StageTotals, powersgd: PowerSGDTraffic) -> StageMemory:
+    def _stage_memory(
+        self, plan: Plan, index: int, stage: StageTotals, powersgd: PowerSGDTraffic, facts: StageFacts
+    ) -> StageMemory:
         reduce_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
-        blocks = [b for b in stage.blocks if b.param_count and not b.loss_grad_bytes]
-        block_params = max((b.param_count for b in stage.blocks), default=0.0)
-        block_trainable = max((b.trainable_param_count for b in stage.blocks), default=0.0)
-        in_flight, in_flight_after, pending, sent, transient = _held(plan, index, stage)
+        last_block_bytes, block_params, block_trainable = facts.blocks(stage)
+        in_flight, in_flight_after, pending, sent, transient = facts.held(plan, index, stage)
         return stage_memory(
             states=with_outer_state(self._states(plan, stage), plan, stage),  # DiLoCo's, if any
             saved_bytes=stage.saved_bytes,
             transient_bytes=transient + pending * stage.wgrad_held_bytes + sent * stage.boundary_bytes,
             in_flight=in_flight,
             in_flight_after=in_flight_after,
-            last_block_bytes=blocks[-1].saved_bytes if blocks else 0.0,
+            last_block_bytes=last_block_bytes,
             buffers_bytes=comm_buffer_bytes(
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
@@ -134,8 +140,9 @@ class PlanMemory:
 
     def fill(self, cost: Cost, plan: Plan, stages: list[StageTotals], powersgd: list[PowerSGDTraffic]) -> None:
         """Write the worst stage's memory parts and peak into ``cost``, and mark it infeasible when
-        the peak exceeds the usable memory."""
-        worst = max(self.stage_memory(plan, stages, powersgd), key=lambda m: m.peak_bytes)
+        the peak exceeds the usable memory. ``stages``: the cost model's memoised totals, never edited
+        (CostModel._stages), whose schedule's holding and block facts are memoised (cost/memory/shared.py)."""
+        worst = max(self._stages(plan, stages, powersgd, self._shared), key=lambda m: m.peak_bytes)
         cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes = (
             int(worst.weights_bytes),
             int(worst.grads_bytes),
@@ -157,18 +164,6 @@ class PlanMemory:
                 f"needs {cost.peak_memory_bytes / 2**30:.1f} GiB per device but {limit / 2**30:.1f} GiB is usable "
                 f"({self.profile.device.memory_bytes / 2**30:.0f} GiB less allocator headroom)"
             )
-
-
-def _held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float, float, float]:
-    """Micro-batches of activations stage ``index`` holds at its forward's end and in its backward, the
-    output gradients it keeps from B to W (cost/pp/schedule.py, zero_bubble.py), the boundary tensors its
-    finished sends hold and the backward's transient bytes; where torch's runtime runs the schedule, at the
-    state of its replayed order holding the most bytes, already in the backward (cost/memory/replayed.py)."""
-    if replays_memory(plan):
-        held, pending, sent, loss = replayed_held(plan, index, stage)
-        return held, held, pending, sent, max(stage.peak_block_bytes, loss)
-    after = in_flight_after_first_backward(plan, index)
-    return in_flight_chunks(plan, index), after, pending_weight_grads(plan, index), 0.0, stage.transient_bytes
 
 
 def torch_slots(plan: Plan) -> bool:

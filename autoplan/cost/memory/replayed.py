@@ -94,3 +94,16 @@ def held_floor(plan: Plan, index: int) -> tuple[float, float]:
     peak, whatever its chunks weigh: at the state holding the most chunks (of those, the most kept gradients),
     the fewest any chunk group holds per chunk (the search's memory floor, cost/memory/in_flight_floor.py)."""
     return _held_floor(*_key(plan, index).values())
+
+
+@lru_cache(maxsize=4096)
+def _most_sent(schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> int:
+    g = len(group_sizes(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank))
+    states = rank_states(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    return max(state[2 * g] for state in states)
+
+
+def most_sent(plan: Plan, index: int) -> int:
+    """The most boundary tensors stage ``index`` holds at once over its replayed states (its finished sends and
+    receive slots): its peak state holds at least their bytes (the search's memory floor, cost/memory/sent_floor.py)."""
+    return _most_sent(*_key(plan, index).values())

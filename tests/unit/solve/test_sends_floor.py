@@ -1,0 +1,69 @@
+"""The sends floor (cost/memory/sent_floor.py): the boundary tensors torch's runtime holds to the step's end bound
+a replayed pipeline plan's peak under any partition. It never exceeds a priced peak, it binds where the sends
+outweigh the states, and the search skips the repartition of a plan it rules out (solve/memory_first.py) with every
+row as it was without the skip."""
+
+from __future__ import annotations
+
+import pytest
+from synthetic import synthetic_gpt, synthetic_profile
+
+from autoplan.solve import memory_first
+from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.pins import parse_fixes
+from autoplan.solve.search import Search
+
+#: long sequences, narrow blocks and many micro-batches: the tensors sent between stages weigh
+GRAPH = synthetic_gpt(layers=8, hidden=128, heads=4, vocab=512, seq=1024, batch=32)
+SMALL = synthetic_profile(memory_bytes=int(0.06 * 2**30))
+OPTIONS = SearchOptions(devices=4, batch_size=32, fixes=parse_fixes("pp=4,mbs=1"))
+
+
+@pytest.fixture(scope="module", params=[4, 8], ids=["tp1", "tp2"])
+def exhaustive(request):
+    options = SearchOptions(devices=request.param, batch_size=32, fixes=parse_fixes("pp=4,mbs=1"))
+    search = Search(GRAPH, SMALL, options)
+    search._beaten = lambda bound: False  # price every candidate
+    search._usable_bytes = float("inf")  # whatever its memory floor
+    search.memory_first = False  # and the time of every plan that does not fit
+    return search, search.run()
+
+
+def test_the_sends_floor_never_exceeds_a_priced_peak_and_binds(exhaustive):
+    search, result = exhaustive
+    priced = [c for c in result.candidates if c.cost is not None]
+    replayed = [c for c in priced if c.plan.schedule in ("interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev")]
+    assert {c.plan.schedule for c in replayed} >= {"interleaved_1f1b", "zbv"}
+    binding = 0
+    for c in priced:
+        sends = search.bounds.sends.floor_bytes(c.plan)
+        assert sends <= c.cost.peak_memory_bytes, c.plan.describe()
+        binding += sends > search.bounds.memory_floor_bytes(c.plan)
+    assert all(search.bounds.sends.floor_bytes(c.plan) == 0 for c in priced if c.plan.schedule in ("1f1b", "gpipe"))
+    if search.options.devices == 8:  # the boundary received whole on each tp rank under sequence parallelism
+        assert any(c.plan.tp == 2 and c.plan.sequence_parallel for c in replayed)
+    assert binding  # it knows what the states and in-flight floors do not
+
+
+def _rows(result) -> list[tuple]:
+    return [
+        (c.status, c.reason, c.objective, c.cost.peak_memory_bytes if c.cost else None, tuple(c.config.items()))
+        for c in result.candidates
+    ]
+
+
+def test_skipping_the_repartitions_no_partition_fits_changes_no_row(monkeypatch):
+    skipped = []
+    real = memory_first._no_partition_fits
+
+    def counted(search, plan):
+        skipped.append(real(search, plan))
+        return skipped[-1]
+
+    monkeypatch.setattr(memory_first, "_no_partition_fits", counted)
+    with_skip = Search(GRAPH, SMALL, OPTIONS).run()
+    assert any(skipped)  # some repartitions were skipped
+    monkeypatch.setattr(memory_first, "_no_partition_fits", lambda search, plan: False)
+    without = Search(GRAPH, SMALL, OPTIONS).run()
+    assert _rows(with_skip) == _rows(without)
+    assert with_skip.best.describe() == without.best.describe()
