@@ -48,7 +48,8 @@ class _Choice:
     bound: float  # the group's bound (1)
     choice: Any  # solve/tp_plan.py TPChoice
     first: bool  # the group's first tp_plan (else the memory-budgeted retry)
-    options: list = field(default_factory=list)  # member_bounds.options, until expanded
+    options: list = field(default_factory=list)  # until expanded: (fields, own bound, sends, ZeRO bounds) of each
+    # of member_bounds.options, its plans made again where needed (held, 449 groups' plans took 1.3M objects)
     pruned: list = field(default_factory=list)  # (bound, fields) of the options their schedule bound rules out
     extras: dict = field(default_factory=dict)  # member_bounds' step_extras_s memo
     waiting: int = 0  # members queued and not yet priced, set aside or pruned
@@ -89,7 +90,7 @@ class Pass:
 
     def _next_member(self) -> None:
         key, _, own_keyed, plan, rebound, state = entry = heapq.heappop(self._members)
-        if own_keyed and not _own_times(self.search.budgets, plan):  # its plan without recompute did not fit since
+        if own_keyed and not _own_times(self.search, plan):  # its plan without recompute did not fit since
             return self._push_member(rebound(), False, plan, rebound, state)
         if self.search._beaten(key):
             heapq.heappush(self._members, entry)
@@ -113,7 +114,7 @@ class Pass:
         members, self._members = self._members, []
         while members:
             key, tie, own_keyed, plan, rebound, state = heapq.heappop(members)
-            if own_keyed and not _own_times(s.budgets, plan):
+            if own_keyed and not _own_times(s, plan):
                 key, own_keyed = rebound(), False
             if not s._beaten(key):
                 self._push_member(key, own_keyed, plan, rebound, state)
@@ -146,7 +147,7 @@ class Pass:
         with self._floors():
             dp_choices = s._dp_choices(g.degrees)
             opts = member_bounds.options(s, g, state.bound, state.choice, dp_choices, state.extras, state.pruned)
-            state.options = list(opts)
+            state.options = [(_fields(base), own, sends, subs) for base, own, sends, _, subs in opts]
         if not self.best_first:
             return self._expand(state)
         threshold = -s._top[0] if len(s._top) >= s.options.keep else math.inf  # the options it beat: unbounded
@@ -157,20 +158,19 @@ class Pass:
         """Partition and bound (2) every member of ``state`` that the threshold of the moment leaves; write the rows
         of the others; queue those (best first) or price them now."""
         s, g = self.search, state.group
-        names = dict(model=s.graph.model_name, profile=s.profile.name)
+        names = dict(model=s.graph.model_name, profile=s.profile.name, tp_plan=state.choice.tp_plan)
         dp_choices, members = s._dp_choices(g.degrees), []
         for own, known in state.pruned:
             s._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
         with self._floors():
-            for base, own, sends, plans, subs in state.options:
+            for kw, own, sends, subs in state.options:
                 if all(s._beaten(sub) for sub in subs):  # every ZeRO choice, without solving the partition
-                    for plan, sub in zip(plans, subs):
-                        s._append_pruned(plan, sub)
+                    for (zero, grads), sub in zip(dp_choices, subs):
+                        s._append_pruned(g.plan(zero=zero, grads=grads, **kw, **names), sub)
                     continue
-                overlap, stages = base.tp_comm_overlap, s._stages(base)
-                kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_overlap=overlap)
+                stages = s._stages(g.plan(zero=0, **kw, **names))
                 for i, (zero, grads) in enumerate(dp_choices):
-                    plan = g.plan(zero=zero, tp_plan=state.choice.tp_plan, stages=stages, grads=grads, **kw, **names)
+                    plan = g.plan(zero=zero, stages=stages, grads=grads, **kw, **names)
                     sub = member_bounds.member_bound(s, g, plan, at := (stages, own, sends, i), state.extras)
                     if s._beaten(sub):
                         s._append_pruned(plan, sub)
@@ -195,7 +195,7 @@ class Pass:
         """A member whose key is not beaten: keyed again by its own stage times where those bound it now, else set
         aside by its memory floor or priced."""
         s = self.search
-        if not own_keyed and _own_times(s.budgets, plan) and (now := rebound()) > key:
+        if not own_keyed and _own_times(s, plan) and (now := rebound()) > key:
             if self.best_first:
                 return self._push_member(now, True, plan, rebound, state)
             if s._beaten(key := now):
@@ -259,29 +259,44 @@ class Pass:
     def _floors(self):
         """Members bounded (not priced) with a recompute budget's floor: see :class:`_AnyBudget`."""
         budgets = self.search.budgets
-        self.search.budgets = _AnyBudget(budgets)
+        self.search.budgets = _AnyBudget(self.search)
         try:
             yield
         finally:
             self.search.budgets = budgets
 
 
-def _own_times(budgets: Any, plan: Plan) -> bool:
+def _fields(base: Plan) -> dict:
+    """The Group.plan arguments of a stage option (member_bounds.options' plan without ZeRO or stages)."""
+    overlap = base.tp_comm_overlap
+    return dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_overlap=overlap)
+
+
+def _own_times(search: Any, plan: Plan) -> bool:
     """Whether the search bounds ``plan`` by its own stage times where its key took those of no recompute
-    (:class:`_AnyBudget`): it recomputes, and its plan without recompute has not been found short."""
-    return budgets.searched and plan.recompute != "none" and budgets.timing(plan) is plan
+    (:class:`_AnyBudget`): it recomputes, could fit, and its plan without recompute has not been found short."""
+    return _may_budget(search, plan) and search.budgets.timing(plan) is plan
+
+
+def _may_budget(search: Any, plan: Plan) -> bool:
+    """Whether a recompute budget may yet be fitted to ``plan`` (solve/recompute_budget.py): budgets are searched, it
+    recomputes, and its states alone fit (Bounds.states_floor_bytes: a budget is fitted only to a plan that fits)."""
+    if not search.budgets.searched or plan.recompute == "none":
+        return False
+    return search.bounds.states_floor_bytes(plan) <= search._usable_bytes
 
 
 class _AnyBudget:
-    """A member that recomputes is keyed by the stage times of no recompute, the floor of every budget
-    (solve/recompute_budget.py): whether the search fits it a budget depends on a plan without recompute that may
-    not be priced yet."""
+    """A member that recomputes and may yet be fitted a budget (:func:`_may_budget`) is keyed by the stage times of
+    no recompute, the floor of every budget (solve/recompute_budget.py): whether the search fits it one depends on a
+    plan without recompute that may not be priced yet. The others by the stage times the budgets give now."""
 
-    def __init__(self, budgets: Any) -> None:
-        self._budgets = budgets
+    def __init__(self, search: Any) -> None:
+        self._search, self._budgets = search, search.budgets
+        self.searched = self._budgets.searched
 
     def timing(self, plan: Plan, members: list[Plan] | None = None) -> Plan:
-        if self._budgets.searched and plan.recompute != "none":
+        if any(_may_budget(self._search, p) for p in members or [plan]):
             return Plan.unchecked(**{**plan.__dict__, "recompute": "none"})
         return self._budgets.timing(plan, members)
 
