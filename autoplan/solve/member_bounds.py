@@ -18,9 +18,10 @@ from autoplan.solve.candidates import Group
 from autoplan.types.plan import Plan
 
 
-def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, extras: dict):
+def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, extras: dict, pruned: list):
     """Each (tp overlap, recompute, schedule, v) of ``g`` under ``choice`` (a TPChoice) that bound (1) at its
-    schedule's own bubble floor does not rule out (one row for those it does): its plan without ZeRO or stages,
+    schedule's own bubble floor does not rule out (for those it does, (that bound, the option's fields) joins
+    ``pruned``: one row each, which the caller writes where it expands the group): its plan without ZeRO or stages,
     that bound, its sends (Bounds.pp_comm_s, whether the group may offload activations), and each ZeRO choice's
     plan and bound (2) whatever the stages (:func:`whatever_the_stages`)."""
     deg, names = g.degrees, dict(model=search.graph.model_name, profile=search.profile.name)
@@ -36,8 +37,7 @@ def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, 
             b = g.least_bubble([(schedule, v)], pp=deg.pp, share=share)
             own_bounds[schedule, v] = max(bound, search.objective((g.m + b) * per_microbatch_s + adam_s, deg.devices))
         if search._beaten(own := own_bounds[schedule, v]):  # every ZeRO choice of it: one row
-            known = dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)
-            search._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
+            pruned.append((own, dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)))
             continue
         pp_comm_s = search.bounds.pp_comm_s(base)  # (2)'s sends: the same for each ZeRO choice
         if offload is None:  # the same for every member: tp, cp, ep, compile, runtime

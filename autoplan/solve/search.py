@@ -18,8 +18,8 @@ nothing hides: never above the priced step. Inside a group the tp_plan comes fro
 (solve/tp_plan.py, again with its memory row when nothing fits), the stages from solve/pipeline.py; survivors are
 priced by ``CostModel.estimate``. Objective ``time``: step time; ``cost``: dollars per sample or per run
 (cost/run/whole_run.py), both rising with the step time at fixed devices, so the bounds hold. A group whose ILP
-splits no op at tp > 1 is pruned unless tp is pinned. Before the loop, plans are priced best first across the groups
-until the least bound left is beaten (solve/incumbent.py), so the loop starts at the best plan's objective; (2) is
+splits no op at tp > 1 is pruned unless tp is pinned. Groups and members are taken best first across the whole space
+in one pass, each group expanded once, until the least key left is beaten (solve/best_first.py); (2) is
 solve/member_bounds.py's; a plan's memory is priced before its time (solve/memory_first.py).
 """
 
@@ -28,16 +28,14 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import replace
-from functools import partial
 
-from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, memory_budget, run_pricer, usable_bytes
+from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, run_pricer, usable_bytes
 from autoplan.errors import PlanError
 from autoplan.solve import (
     activation_offload,
+    best_first,
     candidates,
     expert_layout,
-    incumbent,
-    member_bounds,
     memory_first,
     moe_overlap,
     recompute_budget,
@@ -94,9 +92,8 @@ class Search:
         self.candidates: list[Candidate] = []
         self.budgets = recompute_budget.BudgetBounds(self.fixes, options.runtime)  # which plans get a recompute budget
         self.refused: list[space.RefusedShape] = []  # the shapes the rules refused, for solve/notes.py
-        self.memory_first = self.early_incumbent = True  # price a plan's memory before its time (solve/memory_first.py)
-        self.probing: list | None = None  # where _evaluate defers its plans while the probes are found
-        self.probes = incumbent.Probes()  # the early incumbent's priced rows (solve/incumbent.py)
+        self.memory_first = True  # price a plan's memory before its time (solve/memory_first.py)
+        self.best_first = True  # groups and members best first (solve/best_first.py); else groups by bound (1)
         self._dp_memo, self._stage_memo = {}, {}  # _dp_choices by degrees, _stage_options by (tp, pp, sp, m)
 
     # ---- objective ---------------------------------------------------------------------
@@ -146,26 +143,9 @@ class Search:
         groups = self.groups()
         if not groups:
             raise PlanError(space.no_configuration(self.options, len(self.graph.layers)))
-        if self.early_incumbent:
-            self.probes = incumbent.probe(self, groups)  # a threshold near the best from the start
-        for index, (bound, group) in enumerate(groups):
-            if self.options.progress:
-                self.options.progress(index, len(groups))
-            if self._beaten(bound):
-                self._prune_group(group, bound, "group bound")
-                continue
-            if self._beaten(floor := self.probes.floors.get(id(group), bound)):  # solve/incumbent.py
-                self._prune_group(group, floor, "members' bound")
-                continue
-            if self.pricer is not None and self.pricer.spec.constrained:  # the run misses even at bound (1)
-                step_s, devices = self.step_lower_bound_s(group), group.degrees.devices
-                if misses := self.pricer.violation(step_time_s=step_s, devices=devices):
-                    self._prune_group(group, bound, "run", reason=f"pruned: even at its lower bound the run {misses}")
-                    continue
-            self._run_group(group, bound)
+        best_first.Pass(self, groups, best_first=self.best_first).run()  # every row written (solve/best_first.py)
         if self.options.progress:
             self.options.progress(len(groups), len(groups))
-        self.candidates.extend(self.probes.leftovers())
         statuses = self.tp_planner.statuses()
         status = "time_limit" if any(s.status == "time_limit" for s in statuses) else "optimal"
         gap = max((s.gap or 0.0 for s in statuses), default=0.0)
@@ -181,30 +161,6 @@ class Search:
             refused=self.refused,
         )
 
-    def _run_group(self, g: Group, bound: float) -> None:
-        deg = g.degrees
-        if self._degenerate(g, choice := self._choose(g)):
-            self._prune_group(
-                g,
-                bound,
-                "degenerate tp",
-                reason=f"pruned: tp={deg.tp} splits no op (the ILP replicates every layer), "
-                "so its ranks would repeat the same work",
-            )
-            return
-        first = len(self.candidates)
-        self._run_choice(g, bound, choice, retry_next=deg.tp > 1)
-        priced = [c for c in self.candidates[first:] if c.cost is not None]
-        if deg.tp > 1 and priced and not any(c.feasible for c in priced):
-            frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
-            budget = memory_budget(self.cost_model.graph, self.profile, plan=frugal.plan, cost=frugal.cost)
-            retry = self._choose(g, budget=budget)
-            if retry.feasible and retry.tp_plan != choice.tp_plan:
-                self._run_choice(g, bound, retry)
-            elif not retry.feasible:
-                for c in priced:
-                    c.reason = f"{c.reason}; {retry.reason}" if c.reason else retry.reason
-
     def _degenerate(self, g: Group, choice: TPChoice) -> bool:
         """Whether ``choice`` splits no op at tp > 1 (unless tp is pinned): the group is pruned."""
         return g.degrees.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan)
@@ -215,45 +171,6 @@ class Search:
         if deg.cp > 1:  # the block is priced at a rank's 1/cp of the tokens (split_context)
             ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
-
-    def _run_choice(self, g: Group, bound: float, choice: TPChoice, retry_next: bool = False) -> None:
-        """Price every recompute x schedule x ZeRO plan of the group that its bounds do not rule
-        out. A plan whose memory floor (bounds.states_floor_bytes) exceeds the device is set aside
-        unpriced, except the one with the lowest floor when nothing else of the group was priced:
-        its cost is what the memory-budgeted TP retry of _run_group starts from. A plan whose activations
-        overflow too (cost/memory/in_flight_floor.py) is held back, and priced after all only where that retry
-        (``retry_next``) reads every priced plan's peak: where nothing of the group fits."""
-        deg, names = g.degrees, dict(model=self.graph.model_name, profile=self.profile.name)
-        first, too_big, held = len(self.candidates), [], []
-        dp_choices, extras = self._dp_choices(deg), {}  # extras: member_bounds's
-        for base, own, sends, plans, subs in member_bounds.options(self, g, bound, choice, dp_choices, extras):
-            if all(self._beaten(sub) for sub in subs):  # every ZeRO choice, without solving the partition
-                for plan, sub in zip(plans, subs):
-                    self._append_pruned(plan, sub)
-                continue
-            overlap, stages = base.tp_comm_overlap, self._stages(base)
-            kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_overlap=overlap)
-            for i, (zero, grads) in enumerate(dp_choices):
-                plan = g.plan(zero=zero, tp_plan=choice.tp_plan, stages=stages, grads=grads, **kw, **names)
-                sub = member_bounds.member_bound(self, g, plan, at := (stages, own, sends, i), extras)
-                if self._beaten(sub):
-                    self._append_pruned(plan, sub)
-                    continue
-                if self.probing is not None:  # solve/incumbent.py: the floors and the budget when it prices it
-                    self.probing.append(
-                        (sub, plan, choice.status, partial(member_bounds.member_bound, self, g, plan, at, extras))
-                    )
-                elif not self._over_floor(plan, sub, too_big, held):
-                    self._evaluate(plan, sub, ilp_status=choice.status)
-        priced = [c for c in self.candidates[first:] if c.cost is not None]
-        if held and retry_next and not any(c.feasible for c in priced) and self.probing is None:
-            for _, plan, sub in held:
-                self._evaluate(plan, sub, ilp_status=choice.status)
-            priced, held = [None], []
-        self._set_aside(too_big, priced_any=bool(priced or held), ilp_status=choice.status)
-        self._set_aside(
-            held, priced_any=True, ilp_status=choice.status, why="model states with the activations in flight"
-        )
 
     def _over_floor(self, plan: Plan, sub: float, too_big: list, held: list) -> bool:
         """Whether ``plan``'s memory floor sets it aside: its states alone (``too_big``), or with its activations."""
@@ -299,17 +216,7 @@ class Search:
             ]
         return self._stage_memo[key]
 
-    def _set_aside(self, too_big: list, *, priced_any: bool, ilp_status: str, why: str = "") -> None:
-        if too_big and not priced_any and self.probing is None:  # it cannot fit: no probe (solve/incumbent.py)
-            frugal = min(too_big, key=lambda item: item[0])
-            too_big = [item for item in too_big if item is not frugal]
-            self._evaluate(frugal[1], frugal[2], ilp_status=ilp_status)
-        for floor, plan, sub in too_big:
-            self.candidates.append(candidates.memory_pruned_row(plan, sub, floor, self._usable_bytes, why=why))
-
     def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
-        if (rows := self.probes.take(plan, bound)) is not None:
-            return self.candidates.extend(rows)  # a probe's rows, priced before the loop
         plan = moe_overlap.with_pin(recompute_budget.with_pin(plan.checked(), self.fixes), self.fixes)
         if (plan := activation_offload.with_pin(plan, self.fixes)) is None:
             return  # a pinned recompute budget, all-to-all overlap or activation offload this plan cannot hold

@@ -49,7 +49,7 @@ def test_the_v_floor_is_below_every_priced_v_bubble(exhaustive):
 def _without_incumbent() -> Search:
     """A search that meets its groups in bound order from an empty threshold, as the V floor was measured."""
     search = Search(GRAPH, PROFILE, OPTIONS)
-    search.early_incumbent = False  # solve/incumbent.py would prune them all before the V floor is asked
+    search.best_first = False  # solve/best_first.py would prune them all before the V floor is asked
     return search
 
 

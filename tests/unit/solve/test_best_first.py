@@ -1,0 +1,107 @@
+"""The one best-first pass (solve/best_first.py): the search takes groups and members best first across the space,
+expands each group once, prices fewer plans than the plain branch and bound, and keeps the best plan, its price and
+the exact top k of pricing every configuration."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from synthetic import synthetic_gpt, synthetic_profile
+
+from autoplan.solve import best_first
+from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.search import Search
+
+GRAPH = synthetic_gpt(layers=4, hidden=512, heads=8, vocab=8000, seq=256, batch=8)
+PROFILE = synthetic_profile()
+#: tests/unit/solve/test_plans_golden.py's space: its best group is not among the first by bound (1)
+WIDE = dict(graph=synthetic_gpt(layers=8, hidden=1024, heads=16, vocab=32000, seq=1024, batch=32), devices=16)
+
+BLANK = dict(recompute="none", schedule="1f1b", v=1, zero=0, tp_plan={}, model="", profile="")
+
+
+def _run(*, best: bool, keep: int, exhaustive: bool = False, graph=GRAPH, devices: int = 8, profile=PROFILE):
+    """``best``: best first (else groups in bound (1) order, each priced as it is expanded)."""
+    options = SearchOptions(devices=devices, batch_size=graph.batch_size, keep=keep)
+    search = Search(graph, profile, options)
+    search.best_first = best
+    if exhaustive:
+        search._beaten = lambda bound: False  # price every candidate
+        search._usable_bytes = float("inf")  # whatever its memory floor
+        search.memory_first = False  # and the time of every plan that does not fit
+    return search.run()
+
+
+def _timed(result) -> int:
+    return sum(c.objective is not None for c in result.candidates)
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_best_first_prices_fewer_plans_than_the_plain_order_and_keeps_the_exhaustive_top(keep):
+    early, plain = _run(best=True, keep=keep), _run(best=False, keep=keep)
+    full = _run(best=False, keep=keep, exhaustive=True)
+    assert 0 < _timed(early) < _timed(plain) < _timed(full)
+    for result in (early, plain):
+        assert result.best.describe() == full.best.describe()
+        assert result.best_cost.step_time_s == full.best_cost.step_time_s
+        assert [c.objective for c in result.ranked()[:keep]] == [c.objective for c in full.ranked()[:keep]]
+
+
+def test_every_priced_plan_is_a_row_once():
+    """Each member is priced once, where the pass takes it: no plan timed twice, the best among them."""
+    early = _run(best=True, keep=1)
+    timed = [c.plan for c in early.candidates if c.objective is not None]
+    assert len(timed) == len({repr(plan) for plan in timed})
+    assert early.best in timed
+
+
+def test_best_first_prices_no_plan_whose_bound_the_best_beats():
+    """Plans are priced in order of bound across the groups, so none whose bound reaches the best objective is
+    priced (memory or time), where the plain loop, group by group, prices some; the best is the exhaustive's."""
+    wide = dict(WIDE, profile=synthetic_profile(memory_bytes=24 * 2**30))
+    early, plain = _run(best=True, keep=1, **wide), _run(best=False, keep=1, **wide)
+    full = _run(best=False, keep=1, exhaustive=True, **wide)
+    best = full.best_cost.step_time_s
+
+    def priced(result) -> list:
+        return [c for c in result.candidates if c.status == "evaluated"]
+
+    assert not [c for c in priced(early) if c.lower_bound >= best]
+    assert [c for c in priced(plain) if c.lower_bound >= best]
+    assert len(priced(early)) < len(priced(plain))
+    assert early.best.describe() == full.best.describe() and early.best_cost.step_time_s == best
+    assert [c.objective for c in early.ranked()[:1]] == [c.objective for c in full.ranked()[:1]]
+
+
+def _shape(plan) -> tuple:
+    return (plan.dp, plan.tp, plan.pp, plan.micro_batch_size, plan.precision, plan.sequence_parallel)
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_each_group_is_expanded_once_and_the_top_is_the_exhaustive_one(keep, monkeypatch):
+    """Every (group, tp_plan) is expanded (its members partitioned and bounded) at most once, and each plan priced at
+    most once, on the golden plans' space (a group may come twice only with a second tp_plan: the memory-budgeted
+    retry's, where nothing of its first fits); some groups never (pruned whole). Nothing is priced outside an
+    expansion. Best plan, price and exact top k: the exhaustive run's."""
+    expanded = []
+    expand = best_first.Pass._expand
+
+    def counted(self, state):
+        expanded.append((state.group, tuple(sorted(state.choice.tp_plan.items()))))
+        return expand(self, state)
+
+    monkeypatch.setattr(best_first.Pass, "_expand", counted)
+    wide = dict(WIDE, profile=synthetic_profile(memory_bytes=24 * 2**30))
+    result = _run(best=True, keep=keep, **wide)
+    groups = Counter(group for group, _ in expanded)
+    assert expanded and len(expanded) == len(set(expanded)) and max(groups.values()) <= 2
+    everything = Search(wide["graph"], wide["profile"], SearchOptions(devices=16, batch_size=32, keep=keep)).groups()
+    assert len(groups) < len(everything)
+    priced = [c.plan for c in result.candidates if c.status == "evaluated"]
+    assert len(priced) == len({repr(plan) for plan in priced})
+    assert {_shape(plan) for plan in priced} <= {_shape(g.plan(**BLANK)) for g in groups}  # none outside an expansion
+    full = _run(best=False, keep=keep, exhaustive=True, **wide)
+    assert result.best.describe() == full.best.describe()
+    assert result.best_cost.step_time_s == full.best_cost.step_time_s
+    assert [c.objective for c in result.ranked()[:keep]] == [c.objective for c in full.ranked()[:keep]]
