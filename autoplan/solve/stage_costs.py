@@ -106,7 +106,7 @@ class StageCosts:
         extra_bytes[0] += static.dense(pre) + pre.saved_bytes * in_flight[0]
         extra_bytes[last] += static.dense(post) + post.saved_bytes * in_flight[last]
         cut_of = {size: cut_s(self.profile, plan, size) for size in dict.fromkeys(blocks.inputs)}  # each size once
-        cuts_s = [0.0, *(cut_of[size] for size in blocks.inputs), 0.0] if blocks.times else [0.0]  # no blocks: one
+        cuts_s = [0.0, *(cut_of[size] for size in blocks.inputs), 0.0] if blocks.times else [0.0]  # no block: 1 cut
         capacity = (
             stage_capacity_bytes(self.profile, plan, boundary_bytes=blocks.boundary, block_params=blocks.most_params)
             if memory_limit
