@@ -61,7 +61,7 @@ from autoplan.types.activation_offload import offloaded_blocks
 from autoplan.types.local_sgd import is_local_sgd
 from autoplan.types.plan import Plan
 from autoplan.types.runtime import check_runs_on_autoplan
-from autoplan.types.schedules import v_shaped
+from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
 
 
 def default_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -160,7 +160,9 @@ def parallelize(
             )
         if cp_state is not None:  # after the split and TP, before recompute (context_parallel.py)
             cp_state.route_attention(module=module, blocks=blocks)
-        checkpointed += apply_recompute(module=module, blocks=targets, mode=plan.recompute)
+        checkpointed += apply_recompute(
+            module=module, blocks=targets, mode=plan.recompute, split_backward=plan.schedule in SPLIT_BACKWARD
+        )
         if offload is not None:  # the blocks recompute does not wrap (types/activation_offload.py), before FSDP
             kept = offloaded_blocks(recomputed=targets, blocks=blocks)
             apply_activation_offload(module=module, blocks=kept, offload=offload)

@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed._functional_collectives import all_to_all_single, wait_tensor
 from torch.distributed.device_mesh import DeviceMesh
 
 
@@ -59,11 +60,9 @@ def second_groups(expert_mesh: DeviceMesh) -> dist.ProcessGroup:
 
 
 def exchange(counts: torch.Tensor, lanes: Lanes) -> torch.Tensor:
-    """``counts`` split evenly over the lane's ranks, each part sent to its rank (c10d's blocking all-to-all, whose
-    wait is not an op: autoplan/execute/overlap_f_b.py serialises the audit's ops, never a wait)."""
-    received = torch.empty_like(counts)
-    dist.all_to_all_single(received, counts.contiguous(), group=lanes.group())
-    return received
+    """``counts`` split evenly over the lane's ranks, each part sent to its rank (the functional all-to-all, whose
+    output selective recomputation keeps: module docstring)."""
+    return _all_to_all(counts, None, None, lanes.group())
 
 
 class LaneAllToAll(torch.autograd.Function):
@@ -81,7 +80,7 @@ class LaneAllToAll(torch.autograd.Function):
         return _all_to_all(grad, send_splits, recv_splits, ctx.lanes.backward_group()), None, None, None
 
 
-def _all_to_all(rows: torch.Tensor, recv_splits: list[int], send_splits: list[int], group) -> torch.Tensor:
-    out = rows.new_empty((sum(recv_splits), *rows.shape[1:]))
-    dist.all_to_all_single(out, rows.contiguous(), recv_splits, send_splits, group=group)
-    return out
+def _all_to_all(rows: torch.Tensor, recv_splits: list[int] | None, send_splits: list[int] | None, group):
+    """The functional all-to-all and its wait (a wait is an op: autoplan/execute/overlap_f_b.py runs it outside the
+    audit's lock, so that neither half waits on its lane holding it)."""
+    return wait_tensor(all_to_all_single(rows.contiguous(), recv_splits, send_splits, group))

@@ -7,15 +7,19 @@ backward of the rank's other chunk's, and runs them one after the other unless a
 second thread, on the ep group's second lane (autoplan/execute/ep_lanes.py: its all-to-alls, autograd's included, go
 over a second group), while this thread runs the forward half on the first lane; both join before the action ends, and
 what torch's runtime does after each half (the loss, a V turn's local hand-over) runs then, in torch's order. So each
-half's all-to-all waits while the other half computes, and the pair computes what the two actions computed apart:
-the same ops on the same tensors, each micro-batch's in its own order. On CUDA the forward half runs on a side
-stream (the backward's kernels stay on the streams of their forwards, as autograd runs them), joined to the current
-stream before and after.
+half's all-to-all waits while the other half computes, and the pair computes what the two actions computed apart.
+On CUDA the forward half runs on a side stream, joined to the current stream before and after.
+
+Selective recomputation: the backward half re-runs its blocks' forwards on its thread, beside the forward half, and
+sends nothing (the lanes' functional all-to-alls keep their outputs: ep_lanes.py). The re-run restores the forward's
+random-number state for its span (``fork_rng``), a global state the forward half would draw from meanwhile: a pair
+whose forward half draws (dropout) is refused (:func:`_same_rng`), as a re-run mask could then differ from its
+forward's. Full recomputation is refused beside the overlap (types/moe_overlap.py).
 
 Thread-local state: the forward half runs on the schedule's thread, under its autocast and grad mode; the backward
 needs neither. The execution audit's recorders are dispatch modes, which a thread does not inherit: under them both
-halves dispatch through :class:`_Serialised`, which re-enters the recorders for one op at a time under one lock (the
-halves then take turns op by op; a collective's wait is no op, so neither waits holding it).
+halves dispatch through :class:`_Serialised`, which re-enters the recorders for one op at a time under one lock; a
+collective's wait (``wait_tensor``) runs outside it, so neither half waits on its lane holding it.
 """
 
 from __future__ import annotations
@@ -34,15 +38,19 @@ from torch.utils._python_dispatch import (
     _push_mode,
 )
 
+from autoplan.errors import RunError
 from autoplan.execute.ep_lanes import Lanes
+
+#: the functional collectives' wait, which :class:`_Serialised` runs outside its lock (module docstring)
+WAIT = torch.ops._c10d_functional.wait_tensor.default
 
 
 class OverlappedDualPipeV(ScheduleDualPipeV):
     """torch's DualPipeV with :class:`OverlappedFB` registered for its ``OVERLAP_F_B`` actions."""
 
-    def __init__(self, *args: Any, lanes: Lanes, **kwargs: Any):
+    def __init__(self, *args: Any, lanes: Lanes, recomputes: bool, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.overlapped = OverlappedFB(lanes=lanes)
+        self.overlapped = OverlappedFB(lanes=lanes, recomputes=recomputes)
         self.register_custom_function(OVERLAP_F_B, self.overlapped)
 
     def _step_microbatches(self, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None, return_outputs=True,
@@ -53,10 +61,11 @@ class OverlappedDualPipeV(ScheduleDualPipeV):
 
 
 class OverlappedFB:
-    """The ``OVERLAP_F_B`` function (module docstring); ``pairs`` counts the pairs it ran."""
+    """The ``OVERLAP_F_B`` function (module docstring); ``pairs`` counts the pairs it ran; ``recomputes``: whether
+    a backward half may re-run forwards (the plan's recompute is not 'none')."""
 
-    def __init__(self, *, lanes: Lanes):
-        self.lanes = lanes
+    def __init__(self, *, lanes: Lanes, recomputes: bool):
+        self.lanes, self.recomputes = lanes, recomputes
         self.pairs = 0
         self.return_outputs, self.loss_kwargs = True, None
 
@@ -81,6 +90,7 @@ class OverlappedFB:
                 failed.append(exc)
 
         helper = threading.Thread(target=backward_half, name="autoplan-overlap-backward")
+        rng = _rng_states(f_stage.device) if self.recomputes else None
         with _side_stream(f_stage.device) as side, _disable_current_modes() if modes else contextlib.nullcontext():
             helper.start()
             try:
@@ -95,6 +105,12 @@ class OverlappedFB:
                 helper.join()
         if failed:
             raise failed[0]
+        if rng is not None and not _same_rng(rng, _rng_states(f_stage.device)):
+            raise RunError(
+                f"{action}: the forward half drew random numbers (dropout) while the backward half could re-run its "
+                "blocks under recomputation, whose masks would then differ from their forward's; set the model's "
+                "dropout to 0, recompute to 'none', or moe_a2a_overlap to false."
+            )
         self.pairs += 1
         self._after(schedule, stages, forward, backward, output, ctx)
 
@@ -123,6 +139,20 @@ class OverlappedFB:
             stages[b_index - 1].set_local_bwd_input(gradient, backward.microbatch_index)
 
 
+def _rng_states(device: torch.device) -> list[torch.Tensor]:
+    """The random-number states a forward draws from: the CPU's and, on an accelerator, its device's."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
+def _same_rng(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
+    """Whether no random number was drawn between the two states: the backward half's re-run restores the state it
+    used (module docstring), so only the forward half's draws change it."""
+    return all(torch.equal(a, b) for a, b in zip(before, after))
+
+
 @contextlib.contextmanager
 def _side_stream(device: torch.device):
     """On CUDA, a stream for the forward half, ordered after the current stream's work and before its next (module
@@ -144,6 +174,8 @@ class _Serialised(TorchDispatchMode):
         self.modes, self.lock = modes, lock
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is WAIT:  # blocks until the lane's peers send: never under the lock (module docstring)
+            return func(*args, **(kwargs or {}))
         with self.lock:
             for mode in self.modes:
                 _push_mode(mode)

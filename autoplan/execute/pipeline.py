@@ -211,8 +211,9 @@ def build_schedule(
     if plan.moe_a2a_overlap:
         assert plan.schedule == "dualpipev" and lanes is not None, "types/moe_overlap.py check_executor_runs"
         return OverlappedDualPipeV(
-            stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True, lanes=lanes
-        )
+            stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True, lanes=lanes,
+            recomputes=plan.recompute != "none",
+        )  # fmt: skip
     if issubclass(cls, PipelineScheduleMulti):
         return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1

@@ -12,6 +12,8 @@
 - The whole block is re-run: torch stops a recomputation early once the last tensor the
   backward needs is rebuilt (skipping a block's output projection and its TP all-reduce), but
   the cost model prices the whole forward and its collectives, so early stop is turned off.
+- Under a split backward (types/schedules.py ``SPLIT_BACKWARD``) torch re-runs a block in B's pass and again in
+  W's; SAC gives each kept output to one re-run, so there it stays for the next (:class:`_KeptForEachRerun`).
 - A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k
   blocks of each pipeline chunk (``plan.stages``; without a pipeline the one chunk is every block),
   the rest run as under "none": :func:`recompute_targets`.
@@ -28,7 +30,10 @@ import functools
 
 import torch.nn as nn
 from torch.utils.checkpoint import (
+    _RECOMPUTE,
     CheckpointPolicy,
+    _CachedTorchDispatchMode,
+    _sac_storage_key,
     checkpoint,
     create_selective_checkpoint_contexts,
     set_checkpoint_early_stop,
@@ -48,8 +53,32 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _checkpointed(forward, selective: bool):
-    context_fn = functools.partial(create_selective_checkpoint_contexts, _policy) if selective else None
+class _KeptForEachRerun(_CachedTorchDispatchMode):
+    """SAC's re-run mode (torch.utils.checkpoint, 2.13), each kept output left in the cache for the block's next
+    re-run: B's and W's under a split backward (module docstring)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        key = _sac_storage_key(func, args)
+        index, entries = self.func_counter[key], self.storage.get(key)
+        kept = entries.get(index) if entries is not None else None
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if kept is not None and kept is not _RECOMPUTE and self.func_counter[key] == index + 1:  # given, not ignored
+            entries[index] = kept
+        return out
+
+
+def _split_backward_contexts():
+    """SAC's forward and re-run modes, the re-run keeping each output for the next (:class:`_KeptForEachRerun`)."""
+    caching, cached = create_selective_checkpoint_contexts(_policy)
+    return caching, _KeptForEachRerun(None, cached.storage, cached.allow_cache_entry_mutation)
+
+
+def _checkpointed(forward, selective: bool, split_backward: bool):
+    context_fn = None
+    if selective:
+        context_fn = _split_backward_contexts if split_backward else functools.partial(
+            create_selective_checkpoint_contexts, _policy
+        )  # fmt: skip
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
@@ -61,8 +90,9 @@ def _checkpointed(forward, selective: bool):
     return run
 
 
-def apply_recompute(*, module: nn.Module, blocks: list[str], mode: str) -> int:
-    """Checkpoint every block of ``blocks`` present in ``module``; return how many."""
+def apply_recompute(*, module: nn.Module, blocks: list[str], mode: str, split_backward: bool = False) -> int:
+    """Checkpoint every block of ``blocks`` present in ``module``; return how many. ``split_backward``: the
+    schedule runs B and W apart (module docstring)."""
     if mode == "none":
         return 0
     present = dict(module.named_modules())
@@ -70,7 +100,7 @@ def apply_recompute(*, module: nn.Module, blocks: list[str], mode: str) -> int:
     for fqn in blocks:
         if fqn in present:
             block = present[fqn]
-            block.forward = _checkpointed(block.forward, selective=mode == "selective")
+            block.forward = _checkpointed(block.forward, selective=mode == "selective", split_backward=split_backward)
             count += 1
     return count
 

@@ -7,9 +7,10 @@ core_v0.16.1): ep > 1, the alltoall dispatcher, bf16 or fp16 weights, no full re
 stages. autoplan's executor runs it in DualPipeV's F&B pairs (autoplan/execute/overlap_f_b.py: the backward half on
 a second thread, its all-to-alls on a second ep group), where no collective but the ep group's runs inside a
 forward or backward: tp, cp and expert_tp 1 (their collectives on one group from two threads would meet in an
-order the ranks do not share), ZeRO below 2 (FSDP2 gathers and reduces inside them), and no recomputation (a
-re-run forward would send its all-to-alls again, which the price does not count). Other pipeline schedules run one
-micro-batch's forward or backward at a time on a rank.
+order the ranks do not share) and ZeRO below 2 (FSDP2 gathers and reduces inside them). Selective recomputation,
+budgeted or not, runs there: a block re-run in the backward half keeps its all-to-alls' outputs and sends nothing
+again (types/saved_ops.py ``SAVED_COLLECTIVES``), as priced; full recomputation is refused for every runtime, as
+Megatron-Core refuses it. Other pipeline schedules run one micro-batch's forward or backward at a time on a rank.
 """
 
 from __future__ import annotations
@@ -73,17 +74,12 @@ def executor_refusal(plan: Any) -> str:
             "autoplan's executor overlaps the EP all-to-all only where the ep group's are the only collectives inside "
             f"a forward or backward (tp, cp and expert_tp 1, zero_stage 0 or 1), not at {what}"
         )
-    if plan.recompute != "none":
-        return (
-            "autoplan's executor overlaps the EP all-to-all without recomputation only: a recomputed forward would "
-            f"send its all-to-alls again, not recompute='{plan.recompute}'"
-        )
     return ""
 
 
 def executor_may_overlap(degrees: Any) -> bool:
     """Whether some plan of a search group with these degrees (pp, tp, cp, ep, expert_tp) may run the overlap on
-    autoplan's executor (:func:`executor_refusal`, its schedule and recompute aside)."""
+    autoplan's executor (:func:`executor_refusal`, its schedule aside)."""
     return degrees.pp > 1 and degrees.ep > 1 and degrees.tp == degrees.cp == degrees.expert_tp == 1
 
 

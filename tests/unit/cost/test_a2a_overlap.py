@@ -177,16 +177,17 @@ def test_a_pin_runs_where_megatron_runs_it_and_is_one_sentence_elsewhere(graph):
 
 def test_under_dualpipev_autoplan_is_offered_the_overlap_beside_the_plain_plan_and_runs_it(graph):
     """Runtime autoplan, schedule pinned to dualpipev: every plan its executor can overlap (ep > 1, tp 1, ZeRO 0/1,
-    no recompute) is priced overlapped beside itself plain, the others plain only; the overlapped one hides part
-    of its all-to-all and is picked, and the executor's checks accept it (execute/overlap_f_b.py runs it)."""
+    no or selective recompute) is priced overlapped beside itself plain, the others plain only; the overlapped one
+    hides part of its all-to-all and is picked, and the executor's checks accept it (execute/overlap_f_b.py)."""
     result = plan_graph(
         graph, devices=8, profile=synthetic_profile(), batch_size=BATCH, runtime="autoplan", fix="schedule=dualpipev"
     )
     priced = [c for c in result.candidates if c.plan is not None and c.cost is not None]
     overlapped = [c for c in priced if c.plan.moe_a2a_overlap]
     plain = {c.plan.describe(): c for c in priced if not c.plan.moe_a2a_overlap}
-    assert overlapped and all(c.plan.zero_stage <= 1 and c.plan.recompute == "none" for c in overlapped)
-    assert any(c.plan.recompute == "selective" or c.plan.zero_stage >= 2 for c in plain.values())  # plain only
+    assert overlapped and all(c.plan.zero_stage <= 1 and c.plan.recompute != "full" for c in overlapped)
+    assert any(c.plan.recompute == "selective" for c in overlapped)  # a re-run block sends no all-to-all again
+    assert any(c.plan.zero_stage >= 2 for c in plain.values())  # plain only
     for c in overlapped:  # its twin, the same plan without the overlap, priced too
         twin = plain[replace(c.plan, moe_a2a_overlap=False).describe()]
         assert 0 < c.cost.ep_comm_s < twin.cost.ep_comm_s
@@ -199,7 +200,6 @@ def test_under_dualpipev_autoplan_is_offered_the_overlap_beside_the_plain_plan_a
     [
         (dict(tp=2, dp=2, sequence_parallel=True), "not at tp=2"),
         (dict(zero_stage=2), "not at zero_stage=2"),
-        (dict(recompute="selective"), "not recompute='selective'"),
         (dict(schedule="1f1b", virtual_stages=1), "only in DualPipeV's F&B pairs"),
     ],
 )
@@ -211,6 +211,17 @@ def test_autoplans_executor_runs_the_overlap_only_where_no_other_collective_shar
     with pytest.raises(PlanError, match=said) as info:
         check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True, **{**fields, **changes}))
     assert "\n" not in str(info.value) and str(info.value).endswith("set moe_a2a_overlap to false to run here.")
+
+
+def test_autoplans_executor_runs_the_overlap_beside_selective_recompute_budgeted_or_not_never_full():
+    """A block re-run in a pair's backward half keeps its all-to-alls' outputs (types/saved_ops.py), so selective
+    recomputation, on every block or the first k of each chunk, runs overlapped; full is refused at the plan."""
+    fields = dict(devices=8, dp=4, pp=2, ep=2, num_microbatches=4, schedule="dualpipev", virtual_stages=2)
+    check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True, recompute="selective", **fields))
+    budget = dict(recompute="selective", recompute_blocks=[1, 0, 1, 0])
+    check_runs_here(_plan(runtime="autoplan", moe_a2a_overlap=True, **budget, **fields))
+    with pytest.raises(PlanError, match="recompute='full'"):
+        _plan(runtime="autoplan", moe_a2a_overlap=True, recompute="full", **fields)
 
 
 def test_explain_says_what_the_overlap_hides_and_what_the_step_takes_without_it(model):

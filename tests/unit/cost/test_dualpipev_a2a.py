@@ -58,21 +58,24 @@ def check_plan(check, model):
     return check.published_plan(row, model.graph)
 
 
-def test_the_checks_plan_is_dualpipev_with_the_overlap_in_fp8_which_autoplan_runs_without_recompute(check_plan):
+def test_the_checks_plan_is_dualpipev_with_the_overlap_in_fp8_which_autoplan_runs_with_selective_recompute(check_plan):
     plan = check_plan
     assert (plan.schedule, plan.virtual_stages, plan.num_microbatches) == ("dualpipev", 2, 8)
     assert plan.moe_a2a_overlap and (plan.precision, plan.fp8_recipe) == ("fp8", "rowwise")
-    # autoplan's executor runs DualPipeV's pairs overlapped (execute/overlap_f_b.py), but not beside recomputation
-    assert "without recomputation only" in overlap_refusal(plan) and plan.recompute == "selective"
+    # autoplan's executor runs DualPipeV's pairs overlapped (execute/overlap_f_b.py), beside selective recomputation
+    # too (a re-run block keeps its all-to-alls' outputs), not beside ZeRO-2's collectives inside the halves
+    assert plan.recompute == "selective" and overlap_refusal(plan) == ""
     assert overlap_refusal(replace(plan, recompute="none")) == ""
+    assert "zero_stage=2" in overlap_refusal(replace(plan, zero_stage=2))
     assert "1F1B only" in overlap_refusal(replace(plan, runtime="megatron", fp8_recipe=""))
 
 
-def test_explain_names_dualpipevs_pairs_and_that_they_are_priced_only(model, check_plan):
-    why = a2a_overlap_why(model, check_plan, model.estimate(check_plan))
+def test_explain_names_dualpipevs_pairs_and_whether_the_executor_runs_them(model, check_plan):
+    refused = replace(check_plan, zero_stage=2)
+    why = a2a_overlap_why(model, refused, model.estimate(refused))
     assert "DualPipeV's F&B pairs, priced only: autoplan's executor" in why and "Megatron" not in why
-    runs = replace(check_plan, recompute="none")
-    assert "DualPipeV's F&B pairs, run by autoplan's executor" in a2a_overlap_why(model, runs, model.estimate(runs))
+    why = a2a_overlap_why(model, check_plan, model.estimate(check_plan))
+    assert "DualPipeV's F&B pairs, run by autoplan's executor" in why
 
 
 def test_the_checks_pairs_expose_only_what_their_compute_leaves(model, check_plan):
