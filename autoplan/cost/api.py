@@ -14,8 +14,8 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 - budgeted recompute: the fewest blocks per chunk that fit (``fit_recompute_blocks``), each stage's
   peak under a budget (``stage_peaks_bytes``);
 - ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``, and
-  ``A2A_EXPOSED_FLOOR``, the least share of the all-to-all an overlap leaves, ``a2a_paired_share``), a
-  PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
+  ``A2A_EXPOSED_FLOOR``, the least share of the all-to-all an overlap leaves, ``a2a_paired_share``, a pair's
+  phases ``a2a_pair_phases``), a PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
 - the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``) and the audit's
   predicted volumes (``predict_volumes``); what sparse embedding tables send (``sparse_grad_summary``).
 """
@@ -34,6 +34,7 @@ from autoplan.cost.memory.recompute_budget import fit_recompute_blocks, stage_pe
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.a2a_overlap import COMM_SM_SHARE as A2A_EXPOSED_FLOOR
 from autoplan.cost.moe.a2a_overlap import paired_share as a2a_paired_share
+from autoplan.cost.moe.a2a_overlap import stage_pair_phases as a2a_pair_phases
 from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
 from autoplan.cost.network.mesh import plan_mesh_groups
 from autoplan.cost.op_table import priced_ops
@@ -97,6 +98,7 @@ __all__ = [
     "pipeline_blocks",
     "A2A_EXPOSED_FLOOR",  # the least share of an all-to-all its overlap leaves (cost/moe/a2a_overlap.py)
     "a2a_paired_share",  # the share of micro-batches the overlap pairs (same module)
+    "a2a_pair_phases",  # a stage's pair in its four phases, as the predicted trace draws it (same module)
     # the whole run
     "RunPricer",
     "check_prices",

@@ -10,9 +10,9 @@
   exposed tp, cp and ep seconds, B the rest (a split-backward schedule's W its weight gradients), each
   slot also holding one pipeline send, pp_comm / (v m + p - 1) / 2 (cost/pp/messages.py prices
   v m + p - 1 slots of one activation and one gradient send on the critical path).
-- In its slot a stage draws its own priced pieces, one after the other: the chunk's compute ("F mb3 c0"),
-  its exposed tp, cp, ep seconds (each on its own thread), and its send on "pp" when the chunk's output
-  goes to another stage; the expert all-to-all the overlap hides is drawn "hidden" under the compute.
+- In its slot a stage draws its own priced pieces, one after the other: the chunk's compute ("F mb3 c0"), its
+  exposed tp, cp, ep seconds (each on its own thread), its send on "pp" when the chunk's output goes to another
+  stage, the all-to-all the overlap hides "hidden" under the compute (DualPipeV's pairs: report/pair_layout.py).
 - The bubble: the gaps of a stage's compute thread until the pipeline's priced end (compute + m tp_mb +
   ep + cp + bubble + pp); with uniform slots the schedule's own idle is (p - 1)/v slots (Narayanan et al.
   SC'21 section 2.2), and what the cost model prices beyond it (a zero-bubble closed form, the hidden
@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoplan.cost import a2a_pair_phases
 from autoplan.report.timeline import simulate
 from autoplan.types.cost import Cost
 from autoplan.types.layout import chunk_index, sent_from_prior
 from autoplan.types.plan import Plan
-from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
+from autoplan.types.schedules import SPLIT_BACKWARD, V_SCHEDULES, v_shaped
 from autoplan.types.trace_names import LETTER, chunk_name
 
 
@@ -98,9 +99,12 @@ def pipeline_end_s(cost: Cost, plan: Plan, slowest) -> float:
 def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, float]]) -> list[Span]:
     """Every span of ``plan``'s step (module docstring) from its priced stages (StageTotals), its Cost and
     each stage's per-step bytes per dimension."""
+    from autoplan.report.pair_layout import pair_saved_s, pair_spans  # it draws this module's Spans
+
     m, p, v, schedule = plan.num_microbatches, plan.pp, plan.virtual_stages, plan.schedule
     slowest = max(stages, key=lambda s: s.micro_batch_s)
-    ep_share = cost.ep_comm_s / (m * slowest.ep_s) if slowest.ep_s > 0 else 1.0
+    pairs = plan.moe_a2a_overlap and schedule in V_SCHEDULES  # pairs drawn as they run, the rest exposed
+    ep_share = cost.ep_comm_s / (m * slowest.ep_s) if slowest.ep_s > 0 and not pairs else 1.0
     split = schedule in SPLIT_BACKWARD
     pieces = [stage_pieces(s, ep_exposed_share=ep_share, split=split) for s in stages]
     send_s = cost.pp_comm_s / (v * m + p - 1) / 2 if p > 1 else 0.0
@@ -114,10 +118,18 @@ def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, flo
         forward_s=[slots["forward"]] * p,
         backward_s=[slots["backward"] + slots["weight"]] * p,
         weight_s=[slots["weight"]] * p if split else None,
+        pair_saved_s=[pair_saved_s(a2a_pair_phases(slowest.blocks), v=v)] * p if pairs else None,
     )
     spans: list[Span] = []
+    trios: list[list] = [[] for _ in range(p)]
     for seg in timeline.segments:
-        if seg.kind in LETTER:
+        if seg.kind in LETTER and seg.paired:
+            trios[seg.stage].append(seg)
+            if seg.kind == "weight":  # a pair's last segment (timeline.py)
+                phases = a2a_pair_phases(stages[seg.stage].blocks)
+                spans += pair_spans(trios[seg.stage], pieces[seg.stage], phases, plan=plan, send_s=send_s)
+                trios[seg.stage] = []
+        elif seg.kind in LETTER:
             spans += _chunk_spans(seg, pieces[seg.stage], plan=plan, send_s=send_s)
     end = max(pipeline_end_s(cost, plan, slowest), max((s.end_s for s in spans), default=0.0))
     by_stage: list[list[Span]] = [[] for _ in range(p)]

@@ -13,7 +13,9 @@ when the stage is free and its input has arrived:
 - V schedules (zbv, dualpipev: torch's order, cost/pp/v_orders.py via ``autoplan.cost.v_order``): two chunks
   per stage in the V placement (types/layout.py), the turn's hand-over unsent; a whole backward is drawn as its
   input half then its weight half, and DualPipeV's F&B pair as its forward then the other backward, as torch
-  runs them.
+  runs them; with the all-to-all overlapped (``pair_saved_s``) a pair takes its priced time, the seconds its
+  overlap hides taken off its backward half, and its halves are marked ``paired`` (report/pair_layout.py
+  draws them side by side).
 
 The forward of (i, c) needs the forward of (i, c - 1) and the activation send; the backward of
 (i, c) the backward of (i, c + 1) and the gradient send (the last chunk: its own forward). A send
@@ -44,6 +46,7 @@ class Segment:
     chunk: int
     start_s: float
     end_s: float
+    paired: bool = False  # a half of an overlapped F&B pair (module docstring)
 
 
 @dataclass
@@ -91,13 +94,18 @@ def stage_order(schedule: str, *, pp: int, stage: int, m: int, v: int = 1) -> li
 
 def v_stage_order(schedule: str, *, pp: int, stage: int, m: int) -> list[tuple[str, int, int]]:
     """torch's order of a V ``schedule`` on ``stage`` (module docstring) as (kind, micro-batch, local chunk)."""
+    return [op for op, _ in v_stage_ops(schedule, pp=pp, stage=stage, m=m)]
+
+
+def v_stage_ops(schedule: str, *, pp: int, stage: int, m: int) -> list[tuple[tuple[str, int, int], bool]]:
+    """:func:`v_stage_order`'s operations, each with whether it is a half of an F&B pair."""
     local = {stage: 0, 2 * pp - 1 - stage: 1}
     drawn = {"F": ("forward",), "B": ("backward",), "W": ("weight",), "BW": ("backward", "weight")}
-    order = []
+    ops = []
     for action in v_order(schedule, pp=pp, m=m)[stage]:
         parts = [("F", *action[1:3]), ("BW", *action[3:5])] if action[0] == "FB" else [action]
-        order += [(kind, mb, local[chunk]) for name, chunk, mb in parts for kind in drawn[name]]
-    return order
+        ops += [((kind, mb, local[chunk]), action[0] == "FB") for name, chunk, mb in parts for kind in drawn[name]]
+    return ops
 
 
 def zero_bubble_order(*, pp: int, stage: int, m: int, v: int) -> list[tuple[str, int, int]]:
@@ -143,16 +151,21 @@ def simulate(
     tail_s: float = 0.0,
     note: str = "",
     weight_s: list[float] | None = None,
+    pair_saved_s: list[float] | None = None,
 ) -> Timeline:
     """Simulate one step (module docstring); ``forward_s[k]``/``backward_s[k]`` are stage k's whole
     micro-batch times (all its chunks); ``weight_s[k]``, of ``backward_s[k]``, the weight gradients a
-    split-backward schedule runs apart (default: :data:`WEIGHT_SHARE` of it)."""
+    split-backward schedule runs apart (default: :data:`WEIGHT_SHARE` of it); ``pair_saved_s[k]``: what
+    an overlapped F&B pair of stage k saves (V schedules)."""
     if len(forward_s) != pp or len(backward_s) != pp:
         raise AutoplanError(
             f"the timeline needs {pp} stage times, got {len(forward_s)}; "
             "the plan folder's stages.csv does not match plan.json."
         )
     orders = [stage_order(schedule, pp=pp, stage=k, m=m, v=v) for k in range(pp)]
+    paired = [[False] * len(order) for order in orders]
+    if pair_saved_s is not None and schedule in V_SCHEDULES:
+        paired = [[pair for _, pair in v_stage_ops(schedule, pp=pp, stage=k, m=m)] for k in range(pp)]
     done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, global chunk) -> arrival at its consumer
     clock, position = [0.0] * pp, [0] * pp
     timeline = Timeline(pp=pp, schedule=schedule, note=note)
@@ -169,7 +182,10 @@ def simulate(
                 start = max(clock[k], ready)
                 weight = None if weight_s is None else weight_s[k]
                 duration = _duration(kind, forward_s[k], backward_s[k], weight, split=schedule in SPLIT_BACKWARD) / v
-                timeline.segments.append(Segment(k, kind, mb, local, start, start + duration))
+                pair = paired[k][position[k]]
+                if pair and kind == "backward":
+                    duration = max(0.0, duration - pair_saved_s[k])
+                timeline.segments.append(Segment(k, kind, mb, local, start, start + duration, pair))
                 end = start + duration
                 crosses = functools.partial(sent_from_prior, pp=pp, v_shape=v_shaped(schedule))
                 sends = (kind == "forward" and chunk < last and crosses(chunk + 1)) or (

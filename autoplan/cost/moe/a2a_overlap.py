@@ -119,8 +119,7 @@ def v_paired_share(schedule: str, *, num_microbatches: int, pp: int, rank: int) 
     F&B pairs (cost/pp/v_orders.py), each holding one forward and one backward: DualPipeV's rank r runs
     2m - 3p + r + 1 (one fewer on the last rank, which runs its first apart), ZBV none. A pair joins one chunk's
     forward with the rank's other chunk's backward, priced as a block's forward beside its own backward (the
-    chunks' MoE layers alike). No runtime autoplan targets runs DualPipeV's pairs overlapped
-    (types/moe_overlap.py): only the cost model API prices such a plan."""
+    chunks' MoE layers alike). autoplan's executor runs them overlapped (autoplan/execute/overlap_f_b.py)."""
     actions = v_order(schedule, pp=pp, m=num_microbatches)[rank]
     return sum(action[0] == "FB" for action in actions) / (2 * num_microbatches)
 
@@ -138,6 +137,39 @@ def block_exposed_s(block) -> float:
         fwd_expert_s=block.expert_fwd_s,
         bwd_expert_s=block.expert_bwd_s,
     ).exposed_s()
+
+
+@dataclass(frozen=True)
+class DrawnPhase:
+    """One phase of a stage's pair as the predicted trace draws it (report/pair_layout.py): ``half`` computes
+    ``compute_s`` ("forward" or "backward") while the other half's all-to-all sends ``comm_s``, of which
+    ``exposed_s`` adds to the compute (module docstring)."""
+
+    half: str
+    compute_s: float
+    comm_s: float
+    exposed_s: float
+
+
+#: which half computes in each of pair_phases' four phases
+PHASE_HALVES = ("forward", "backward", "forward", "backward")
+
+
+def stage_pair_phases(blocks) -> list[DrawnPhase]:
+    """The four phases of a pair of ``blocks`` (cost/blocks.py LayerSummary, a stage's), each summed over the
+    blocks as :func:`block_exposed_s` prices them one block at a time: their exposed seconds add to the pair's
+    priced exposure."""
+    sums = [[0.0, 0.0, 0.0] for _ in PHASE_HALVES]
+    for block in blocks:
+        phases = pair_phases(
+            fwd_compute_s=block.fwd_s, fwd_a2a_s=block.ep_fwd_s, bwd_compute_s=block.bwd_s,
+            bwd_a2a_s=block.ep_bwd_s, fwd_expert_s=block.expert_fwd_s, bwd_expert_s=block.expert_bwd_s,
+        ).phases  # fmt: skip
+        for total, (comm_s, compute_s) in zip(sums, phases):
+            total[0] += compute_s
+            total[1] += comm_s
+            total[2] += exposed_phase_s(comm_s, compute_s)
+    return [DrawnPhase(half, *total) for half, total in zip(PHASE_HALVES, sums)]
 
 
 def step_ep_s(plan, stage, *, rank: int = 0) -> float:

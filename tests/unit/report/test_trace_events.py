@@ -32,13 +32,20 @@ CASES = {
     "gpt-tp2-pp2-sp": ("gpt.py", "synthetic", "tp=2,pp=2,sp=true", "autoplan"),
     "moe-ep2": ("moe.py", "dgx-a100", "ep=2", "autoplan"),
     "moe-ep2-overlap": ("moe.py", "dgx-a100", "ep=2,moe_a2a_overlap=on", "megatron"),
+    "moe-ep2-dualpipev-overlap": ("moe4", "dgx-a100", "ep=2,pp=2,schedule=dualpipev,moe_a2a_overlap=on", "autoplan"),
 }
+#: cases on fewer than 8 devices: DualPipeV at pp 2 needs 4 micro-batches of the batch of 8 per dp rank
+DEVICES = {"moe-ep2-dualpipev-overlap": 4}
 TERM_THREADS = {"tp_comm_s": "tp", "ep_comm_s": "ep", "cp_comm_s": "cp"}
 
 
 @pytest.fixture(scope="module")
 def graphs():
-    return {name: trace_model_file(EXAMPLES / name, BATCH) for name in ("gpt.py", "moe.py")}
+    traced = {name: trace_model_file(EXAMPLES / name, BATCH) for name in ("gpt.py", "moe.py")}
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AUTOPLAN_MOE_LAYERS", "4")  # a V of 2 pp chunks, one MoE block each
+        traced["moe4"] = trace_model_file(EXAMPLES / "moe.py", BATCH)
+    return traced
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -46,7 +53,8 @@ def case(request, graphs, tmp_path_factory):
     example, profile_name, fix, runtime = CASES[request.param]
     profile = synthetic_profile() if profile_name == "synthetic" else load_profile(profile_name)
     graph = graphs[example]
-    result = plan_graph(graph, devices=8, profile=profile, batch_size=BATCH, fix=fix, runtime=runtime)
+    devices = DEVICES.get(request.param, 8)
+    result = plan_graph(graph, devices=devices, profile=profile, batch_size=BATCH, fix=fix, runtime=runtime)
     folder = tmp_path_factory.mktemp(request.param)
     write_outputs(folder, result=result, graph=graph, profile=profile)
     return request.param, result.best, graph, profile, predicted_trace(folder)
@@ -115,8 +123,33 @@ def test_each_priced_term_is_drawn_on_the_slowest_stage(case):
         assert cost.tp_comm_s > 0  # the case draws a tp term
     if name.startswith("moe"):
         assert cost.ep_comm_s > 0
-    if name == "moe-ep2-overlap":
+    if name in ("moe-ep2-overlap", "moe-ep2-dualpipev-overlap"):
         assert _spans(trace, slowest, tid=THREADS.index("ep"), cat="hidden")
+
+
+def test_an_overlapped_pair_draws_its_halves_side_by_side(case):
+    """DualPipeV's F&B pairs (report/pair_layout.py): on each stage, every pair of its order is drawn with its
+    forward half's compute and its backward half's interleaved, so the two halves' spans overlap in time, each
+    half's all-to-all hidden beside the other half's compute; the step still ends at its priced time (above)."""
+    from autoplan.cost import v_order
+
+    name, plan, _, _, trace = case
+    if name != "moe-ep2-dualpipev-overlap":
+        pytest.skip("no overlapped pairs")
+    assert plan.moe_a2a_overlap and plan.schedule == "dualpipev"
+    orders = v_order("dualpipev", pp=plan.pp, m=plan.num_microbatches)
+    for stage in range(plan.pp):
+        compute = _spans(trace, stage, tid=0)
+        hidden = {e["name"] for e in _spans(trace, stage, tid=THREADS.index("ep"), cat="hidden")}
+        pairs = [action for action in orders[stage] if action[0] == "FB"]
+        assert pairs
+        for _, f_chunk, f_mb, b_chunk, b_mb in pairs:
+            halves = [f"F mb{f_mb} c{f_chunk}", f"B mb{b_mb} c{b_chunk}"]
+            spans = [[(e["ts"], e["ts"] + e["dur"]) for e in compute if e["name"] == half] for half in halves]
+            assert all(len(pieces) >= 2 for pieces in spans), (stage, halves, spans)
+            (f_start, f_end), (b_start, b_end) = [(min(p)[0], max(e for _, e in p)) for p in spans]
+            assert f_start < b_start < f_end < b_end, (stage, halves, spans)  # side by side, interleaved
+            assert {f"ep all-to-all {half}" for half in halves} <= hidden
 
 
 def test_chunk_events_are_named_per_microbatch_and_chunk(case):
