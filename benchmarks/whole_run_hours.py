@@ -30,8 +30,9 @@ What is pinned beyond the CSV's columns, and why (docs/whole-run-checks.md has t
   (:data:`PUBLISHED_SCHEDULE`: p ranks of two chunks, one copy of the parameters instead of DualPipe's two,
   the same bubble per deepseek-ai/DualPipe's README), with the EP all-to-all hidden under each F&B pair's
   compute (``moe_a2a_overlap``, :data:`A2A_OVERLAP`; cost/moe/a2a_overlap.py counts the pairs from the V
-  order). No runtime autoplan targets runs that (types/moe_overlap.py), so the plan is priced through the
-  cost model API as a check of the model; the planner does not offer it. It trained its GEMMs in FP8 with
+  order). autoplan's executor runs that layout overlapped (types/moe_overlap.py: selective recomputation
+  too), but autoplan's memory model says it does not fit in 80 GB (``fits``), so the planner does not return it
+  and the plan is priced through the cost model API as a check of the model. It trained its GEMMs in FP8 with
   1x128 / 128x128 block scaling (report section 3.3): priced with fp8 and :data:`FP8_RECIPE` (rowwise, the
   nearest recipe autoplan prices) at the profile's FP8 peak, with balanced routing; its experts stay 16-bit,
   as autoplan's executor runs them (cost/compute/fp8.py ``FP8_EXPERT_RUNTIMES``). The sensitivity row
