@@ -122,3 +122,43 @@ def test_a_budget_re_runs_only_its_blocks_forward_in_the_backward():
         x.sum().backward()
         runs[k] = sorted(calls)
     assert runs == {0: [], 2: [0, 1], 4: [0, 1, 2, 3]}
+
+
+class _Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+@pytest.mark.parametrize("split_backward", [False, True])
+def test_a_split_backward_reruns_a_selective_block_in_b_and_again_in_w(split_backward):
+    """Zero-bubble and V schedules run B (input gradients) and W (weight gradients) as two autograd passes, and
+    torch re-runs a checkpointed block in each. Under the selective policy torch's cache gives each kept output to
+    one re-run ("Trying to backward an extra time" at W); with ``split_backward`` the kept outputs stay for W's,
+    whose weight gradients equal the block's without recomputation, with no kept matmul run again."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(_Mlp())
+    checkpointed = nn.Sequential(_Mlp())
+    checkpointed.load_state_dict(plain.state_dict())
+    apply_recompute(module=checkpointed, blocks=["0"], mode="selective", split_backward=split_backward)
+    x = torch.randn(4, 8)
+    grads = []
+    for model in (plain, checkpointed):
+        inp = x.clone().requires_grad_()
+        out = model(inp).square().sum()
+        (dx,) = torch.autograd.grad(out, inp, retain_graph=True)  # B
+        if model is checkpointed and not split_backward:
+            with pytest.raises(RuntimeError, match="backward an extra time"):
+                torch.autograd.grad(out, list(model.parameters()))
+            return
+        with MatmulFlops() as flops:
+            dw = torch.autograd.grad(out, list(model.parameters()))  # W
+        grads.append((dx, dw, flops.flops["matmul"][1]))
+    (dx, dw, plain_flops), (dx_c, dw_c, flops_c) = grads
+    torch.testing.assert_close(dx_c, dx)
+    for a, b in zip(dw_c, dw):
+        torch.testing.assert_close(a, b)
+    assert flops_c == plain_flops  # W's re-run took the kept matmul outputs, ran no matmul of its own
