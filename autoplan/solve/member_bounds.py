@@ -54,15 +54,21 @@ def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choi
     pp_s, offload = sends
     kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
     kw.update(model=search.graph.model_name, profile=search.profile.name)
-    plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
+    plans = g.plans(dp_choices, tp_overlap=base.tp_comm_overlap, **kw)
     floor_s = search.stage_costs.slowest_stage_floor_s(search.budgets.timing(base, plans))
-    bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in plans), default=0.0)  # per ZeRO
+    bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in _one_per_zero(plans)), default=0.0)
     core_s = (g.m + bubble) * floor_s + pp_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, base, search.fixes)  # an overlapped twin could hide it
     params = search.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
     if (key := base.tp_comm_overlap) not in extras:
         extras[key] = [search.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
     return plans, [max(bound, search.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras[key]]
+
+
+def _one_per_zero(plans: list[Plan]) -> list[Plan]:
+    """The first plan of each ZeRO stage: of a ZeRO choice, StageCosts.bubble_floor reads its stage alone (its tp
+    context's, solve/stage_costs.py), not its gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
+    return list({p.zero_stage: p for p in reversed(plans)}.values())
 
 
 def member_bound(search: Any, g: Group, plan: Plan, at: tuple, extras: dict) -> float:
