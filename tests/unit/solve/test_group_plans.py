@@ -13,7 +13,7 @@ from synthetic.profiles import synthetic_host
 
 from autoplan.solve import space
 from autoplan.solve.candidates import SearchOptions
-from autoplan.solve.member_bounds import _one_per_zero
+from autoplan.solve.member_bounds import _one_per_zero, _stage_totals
 from autoplan.solve.search import Search
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.plan import Plan
@@ -88,3 +88,18 @@ def test_a_zero_choice_s_bubble_floor_reads_its_stage_alone(search, group, sched
 
     for plan in plans:
         assert fresh(plan) == fresh(first[plan.zero_stage]), plan.describe()
+
+
+@pytest.mark.parametrize(("schedule", "v", "recompute"), [("interleaved_zb", 2, "full"), ("1f1b", 1, "none")])
+def test_a_member_s_stage_totals_memo_omits_its_gradient_sync(search, group, schedule, v, recompute):
+    """member_bounds._stage_totals keys one tp_plan's members on their stages, timing plan's recompute, schedule,
+    virtual stages, overlap and tp context: each member's answer equals a fresh StageCosts' (nothing memoised)."""
+    kw = {**_kw(search, group, schedule, v), "recompute": recompute}
+    stages = search._stages(group.plan(zero=0, **kw))
+    extras: dict = {}
+    for zero, grads in _choices(search, group):
+        plan = group.plan(zero=zero, grads=grads, stages=stages, **kw)
+        fresh = StageCosts(search.graph, search.profile, search.cost_model)
+        assert _stage_totals(search, plan, stages, extras) == fresh.stage_totals(search.budgets.timing(plan), stages)
+    zeros = {zero for zero, _ in _choices(search, group)}
+    assert 1 < len([key for key in extras if key[0] == "totals"]) <= len(zeros) < len(_choices(search, group))
