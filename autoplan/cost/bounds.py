@@ -148,8 +148,15 @@ class Bounds:
             )
             self._c_min[ops_key] = total
         if key not in self._c_min:
+            self._c_min[key] = self._c_min[ops_key] + self._kv_floor_s(tp=tp, precision=precision, f=f, cp=cp)
+        return self._c_min[key]
+
+    def _kv_floor_s(self, *, tp: int, precision: str, f: float, cp: CpFloor) -> float:
+        """Every attention's K,V floor (cost/cp/floor.py), memoised on what it reads: not ``fused`` (no message is)."""
+        key = ("cp kv", tp, precision, f, cp)
+        if key not in self._c_min:
             times = self.stage_costs.cost_model.node_times
-            self._c_min[key] = self._c_min[ops_key] + sum(
+            self._c_min[key] = sum(
                 kv_floor_s(n, self.graph, self.profile, floor=cp, tp=tp, precision=precision, f=f, times=times)
                 for n in self.graph.nodes
                 if n.op == "attention"

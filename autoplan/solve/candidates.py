@@ -140,28 +140,34 @@ class Group:
     ) -> Plan:
         """A Plan of this group, unchecked (Plan.unchecked): most are read only by a lower bound and pruned;
         the search checks the ones it prices (Plan.checked). Every choice comes from solve/space.py's rules,
-        which offer only what a Plan accepts (tests/unit/solve/test_unchecked_plans.py)."""
-        return Plan.unchecked(
-            **self._plan_fields,
-            schedule=schedule,
-            virtual_stages=v,
-            zero_stage=zero,
-            recompute=recompute,
-            tp_comm_overlap=tp_overlap,
-            grad_reduce_dtype=grads.reduce_dtype,
-            grad_compression=grads.compression,
-            powersgd_rank=grads.rank,
-            topk_ratio=grads.ratio,
-            overlap_param_gather=grads.param_gather,
-            dp_replicate=grads.replicate,
-            offload=grads.offload,
-            sync_every=grads.sync_every,
-            outer_optimizer=grads.outer_optimizer,
-            stages=stages or [],
-            tp_plan=tp_plan,
-            model=model,
-            profile=profile,
-        )
+        which offer only what a Plan accepts (tests/unit/solve/test_unchecked_plans.py). Made as a copy of
+        :meth:`_template` with these fields, each plan with its own lists and dicts: the plan Plan.unchecked makes
+        of the same keywords (tests/unit/solve/test_group_plans.py), several times cheaper."""
+        plan = Plan.__new__(Plan)  # as Plan.unchecked makes it: no __init__, no checks
+        fields, template = plan.__dict__, self._template.__dict__
+        fields.update(template)
+        for name in self._template_mutable:
+            fields[name] = type(template[name])(template[name])
+        fields.update(schedule=schedule, virtual_stages=v, recompute=recompute, tp_comm_overlap=tp_overlap)
+        fields.update(_dp_fields(zero, grads))
+        fields.update(tp_plan=tp_plan, model=model, profile=profile, stages=stages or [])
+        return plan
+
+    def plans(self, dp_choices: list, **kw) -> list[Plan]:
+        """:meth:`plan` of each (zero, grads) of ``dp_choices`` with the other arguments ``kw``."""
+        return [self.plan(zero=zero, grads=grads, **kw) for zero, grads in dp_choices]
+
+    @functools.cached_property
+    def _template(self) -> Plan:
+        """A plan of this group through Plan.unchecked: its defaults, factories and the group's fields."""
+        return Plan.unchecked(**self._plan_fields)
+
+    @functools.cached_property
+    def _template_mutable(self) -> tuple[str, ...]:
+        """The template's list and dict fields (Plan's default factories) that :meth:`plan` does not set: each
+        plan gets its own, as from Plan.unchecked."""
+        given = {"stages", "tp_plan"}
+        return tuple(k for k, v in self._template.__dict__.items() if type(v) in (list, dict) and k not in given)
 
     @functools.cached_property
     def _plan_fields(self) -> dict:
@@ -177,6 +183,23 @@ class Group:
             routing=self.routing,
             compile=self.compile,
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _dp_fields(zero: int, grads: space.GradSync) -> dict:
+    """The Plan fields of one ZeRO and gradient-sync choice (solve/space.py dp_options); memoised, so read only."""
+    return dict(
+        zero_stage=zero,
+        grad_reduce_dtype=grads.reduce_dtype,
+        grad_compression=grads.compression,
+        powersgd_rank=grads.rank,
+        topk_ratio=grads.ratio,
+        overlap_param_gather=grads.param_gather,
+        dp_replicate=grads.replicate,
+        offload=grads.offload,
+        sync_every=grads.sync_every,
+        outer_optimizer=grads.outer_optimizer,
+    )
 
 
 def pruned_row(config: dict, bound: float, *, top: float, keep: int, why: str = "", reason: str = "") -> Candidate:

@@ -54,9 +54,9 @@ def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choi
     pp_s, offload = sends
     kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
     kw.update(model=search.graph.model_name, profile=search.profile.name)
-    plans = [g.plan(zero=zero, tp_overlap=base.tp_comm_overlap, grads=grads, **kw) for zero, grads in dp_choices]
+    plans = g.plans(dp_choices, tp_overlap=base.tp_comm_overlap, **kw)
     floor_s = search.stage_costs.slowest_stage_floor_s(search.budgets.timing(base, plans))
-    bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in plans), default=0.0)  # per ZeRO
+    bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in _one_per_zero(plans)), default=0.0)
     core_s = (g.m + bubble) * floor_s + pp_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, base, search.fixes)  # an overlapped twin could hide it
     params = search.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
@@ -65,13 +65,32 @@ def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choi
     return plans, [max(bound, search.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras[key]]
 
 
+def _one_per_zero(plans: list[Plan]) -> list[Plan]:
+    """The first plan of each ZeRO stage: of a ZeRO choice, StageCosts.bubble_floor reads its stage alone (its tp
+    context's, solve/stage_costs.py), not its gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
+    return list({p.zero_stage: p for p in reversed(plans)}.values())
+
+
 def member_bound(search: Any, g: Group, plan: Plan, at: tuple, extras: dict) -> float:
     """Bound (2) of ``plan``, the ``i``-th ZeRO choice of its stage option, with its partition's stage times at
     the recompute ``search.budgets`` says now; ``at``: (stages, the option's own bound, its sends, i)."""
     stages, own, (pp_comm_s, offload), i = at
-    times, params = search.stage_costs.stage_totals(search.budgets.timing(plan), stages)
+    times, params = _stage_totals(search, plan, stages, extras)
     core_s = (g.m + search.stage_costs.bubble_floor(plan, may_offload=offload)) * max(times) + pp_comm_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, plan, search.fixes)  # its overlapped twin's
     if (key := (plan.tp_comm_overlap, i, max(params))) not in extras:  # as in whatever_the_stages
         extras[key] = search.bounds.step_extras_s(plan, stage_params=max(params))
     return max(own, search.objective(core_s + extras[key], g.degrees.devices))
+
+
+def _stage_totals(search: Any, plan: Plan, stages: list, extras: dict) -> tuple:
+    """StageCosts.stage_totals of ``plan``'s timing plan (``search.budgets``) and ``stages``, memoised in ``extras``
+    (one tp_plan's) on what it reads that tells its members apart: the stages (held, so their id stays theirs), the
+    timing plan's recompute, schedule, virtual stages, tp overlap and tp context (StageCosts.context: its ZeRO stage
+    among them), not a ZeRO choice's gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
+    timing = search.budgets.timing(plan)
+    ctx = search.stage_costs.context(timing).key
+    key = ("totals", id(stages), timing.recompute, timing.schedule, timing.virtual_stages, timing.tp_comm_overlap, ctx)
+    if key not in extras:
+        extras[key] = (stages, search.stage_costs.stage_totals(timing, stages))
+    return extras[key][1]

@@ -10,6 +10,8 @@ an identity check. It is still a dict: plans, JSON and the executor read it unch
 
 from __future__ import annotations
 
+import functools
+
 
 class FrozenTpPlan(dict):
     """A dict of module FQN -> split that raises on every edit (module docstring)."""
@@ -19,6 +21,11 @@ class FrozenTpPlan(dict):
 
     __setitem__ = __delitem__ = __ior__ = _refuse
     clear = pop = popitem = setdefault = update = _refuse
+
+    @functools.cached_property
+    def splits(self) -> frozenset[str]:
+        """The splits it names, each once: Plan's check reads them for every plan the search prices."""
+        return frozenset(self.values())
 
     def __reduce__(self):
         return (FrozenTpPlan, (dict(self),))

@@ -252,9 +252,9 @@ class Plan:
         check_runtime_choices(
             runtime=self.runtime, compile=self.compile, precision=self.precision, fp8_recipe=self.fp8_recipe
         )
-        for module, split in self.tp_plan.items():
-            if split not in SPLITS:
-                raise PlanError(f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
+        if not {*SPLITS}.issuperset(getattr(self.tp_plan, "splits", None) or self.tp_plan.values()):  # FrozenTpPlan's
+            module, split = next((module, split) for module, split in self.tp_plan.items() if split not in SPLITS)
+            raise PlanError(f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
         if self.sequence_parallel and self.tp <= 1:
             raise PlanError("plan sequence_parallel=true needs tp > 1.")
         if self.tp_comm_overlap and not self.sequence_parallel:

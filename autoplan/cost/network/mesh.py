@@ -12,12 +12,13 @@ the worst group decides, because the collective waits for its slowest group.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from autoplan.errors import PlanError
 from autoplan.types.hsdp import HSDP_AXES, hsdp_groups
-from autoplan.types.layout import expert_groups, plan_groups
+from autoplan.types.layout import MESH_AXES, mesh_shape
 from autoplan.types.profile import Profile
 from autoplan.types.sites import devices_per_site
 
@@ -82,9 +83,55 @@ def _hsdp_groups(
 def _mesh_groups(
     devices_per_node: int, dp: int, tp: int, pp: int, cp: int, per_site: int
 ) -> tuple[tuple[str, AxisGroup], ...]:
-    groups = plan_groups(pp=pp, dp=dp, tp=tp, cp=cp)
+    shape = dict(zip(MESH_AXES, mesh_shape(pp=pp, dp=dp, cp=cp, tp=tp)))
     axes = ("tp", "dp", "pp") if cp == 1 else ("tp", "dp", "pp", "cp", "dp_cp")
-    return tuple((axis, _worst(groups[axis], devices_per_node, per_site)) for axis in axes)
+    flat = dict(pp=pp, dp_cp=dp * cp, tp=tp)  # the ranks holding the same weights (types/layout.py plan_groups)
+    return tuple(
+        (axis, mesh_axis_group(flat if axis == "dp_cp" else shape, axis, devices_per_node, per_site)) for axis in axes
+    )
+
+
+def mesh_axis_group(shape: dict[str, int], axis: str, devices_per_node: int, per_site: int = 0) -> AxisGroup:
+    """``_worst`` of every group along ``axis`` of the row-major mesh ``shape`` ({name: size}, outermost first),
+    from the sizes alone (:func:`_axis_group`): no rank list is built."""
+    sizes = list(shape.values())
+    at = list(shape).index(axis)
+    outer, stride = math.prod(sizes[:at]), math.prod(sizes[at + 1 :])
+    return _axis_group(sizes[at], stride, outer, devices_per_node, per_site)
+
+
+@lru_cache(maxsize=4096)
+def _axis_group(size: int, stride: int, outer: int, devices_per_node: int, per_site: int) -> AxisGroup:
+    """The groups along an axis of ``size`` ranks ``stride`` apart, one per base ``o * size * stride + j``
+    (``o < outer``, ``j < stride``): a group's ranks sit on nodes as its base modulo the node does
+    (:func:`_distinct_patterns`), so only the residues of the bases are counted (:func:`_residues`)."""
+    fewest = size
+    for counts in _patterns(size, stride, outer, devices_per_node):
+        if len(counts) > 1:
+            fewest = min(fewest, min(counts))
+    if not per_site:
+        return AxisGroup(size=size, ranks_per_node=fewest)
+    spread = _patterns(size, stride, outer, per_site)
+    sites = max(len(counts) for counts in spread)
+    on_site = min((min(c) for c in spread if len(c) > 1), default=0)
+    return AxisGroup(size=size, ranks_per_node=fewest, sites=sites, ranks_per_site=on_site)
+
+
+def _patterns(size: int, stride: int, outer: int, block: int) -> list[list[int]]:
+    """For each distinct residue r of a group's base modulo ``block`` devices, how many of the ranks
+    r, r + stride, ..., r + (size - 1) stride each block holds (:func:`_per`'s values)."""
+    return [
+        list(_per([r + stride * i for i in range(size)], block).values()) for r in _residues(size, stride, outer, block)
+    ]
+
+
+def _residues(size: int, stride: int, outer: int, block: int) -> list[int]:
+    """The bases ``o * size * stride + j`` modulo ``block``: every residue once ``stride`` reaches it, else those
+    of the first ``block / gcd(size * stride, block)`` values of o (after them o's term repeats modulo ``block``)."""
+    if stride >= block:
+        return list(range(block))
+    period = block // math.gcd(size * stride, block)
+    return sorted({(o * size * stride + j) % block for o in range(min(outer, period)) for j in range(stride)})
 
 
 def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int, tp: int = 1, expert_tp: int = 1) -> dict[str, AxisGroup]:
@@ -101,8 +148,8 @@ def ep_groups(profile: Profile, *, dp: int, ep: int, pp: int, tp: int = 1, exper
 def _ep_groups(
     devices_per_node: int, dp: int, ep: int, pp: int, tp: int, expert_tp: int, per_site: int
 ) -> tuple[tuple[str, AxisGroup], ...]:
-    groups = expert_groups(pp=pp, dp=dp, ep=ep, tp=tp, expert_tp=expert_tp)
-    return tuple((axis, _worst(groups[axis], devices_per_node, per_site)) for axis in ("ep", "edp", "etp"))
+    shape = dict(pp=pp, edp=dp * tp // (ep * expert_tp), ep=ep, etp=expert_tp)  # types/layout.py expert_groups
+    return tuple((axis, mesh_axis_group(shape, axis, devices_per_node, per_site)) for axis in ("ep", "edp", "etp"))
 
 
 def _worst(groups: list[list[int]], devices_per_node: int, per_site: int = 0) -> AxisGroup:

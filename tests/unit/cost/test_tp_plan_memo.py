@@ -9,8 +9,10 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost.tp.plan_memo import TpPlanMemo
+from autoplan.errors import PlanError
 from autoplan.solve.tp_plan import TPPlanner
 from autoplan.types.frozen_tp_plan import FrozenTpPlan
+from autoplan.types.plan import Plan
 
 
 def _counting_memo():
@@ -64,3 +66,16 @@ def test_the_search_ilp_hands_out_frozen_tp_plans():
     planner = TPPlanner(graph, synthetic_profile(), solver="highs")
     choice = planner.choose(dp=1, tp=2, pp=1, sequence_parallel=False, precision="bf16", micro_batch_size=1)
     assert type(choice.tp_plan) is FrozenTpPlan and choice.tp_plan
+
+
+def test_a_plan_checks_a_frozen_plan_s_splits_as_a_dict_s():
+    """Plan's check reads a FrozenTpPlan's splits once (FrozenTpPlan.splits), a dict's each time: the same verdict."""
+    degrees = dict(devices=2, dp=1, tp=2, pp=1, micro_batch_size=1, num_microbatches=1)
+    good = {"h.0.attn": "colwise", "h.0.mlp": "rowwise", "ln": "sequence_parallel", "wte": "replicate"}
+    for tp_plan in (good, FrozenTpPlan(good), {}, FrozenTpPlan()):
+        assert Plan(**degrees, tp_plan=tp_plan).tp_plan == tp_plan
+    bad = {**good, "h.0.mlp": "diagonal"}
+    for tp_plan in (bad, FrozenTpPlan(bad)):
+        with pytest.raises(PlanError, match=r"tp_plan\['h.0.mlp'\]='diagonal'"):
+            Plan(**degrees, tp_plan=tp_plan)
+    assert FrozenTpPlan(bad).splits == {"colwise", "diagonal", "sequence_parallel", "replicate"}
