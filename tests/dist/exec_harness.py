@@ -47,7 +47,7 @@ def blocks_of(model_name: str) -> list[str]:
 
 
 def make_plan(model_name: str, **kw) -> Plan:
-    import exec_models as m
+    import exec_tp_plans as tp_plans
 
     pp = kw.get("pp", 1)
     blocks = blocks_of(model_name)
@@ -56,9 +56,8 @@ def make_plan(model_name: str, **kw) -> Plan:
     kw.setdefault("stages", [blocks[i * per : (i + 1) * per] for i in range(chunks)])
     sp = kw.get("sequence_parallel", False)
     if kw.get("tp", 1) > 1 and "tp_plan" not in kw:  # TinyMoE: the default (Megatron) plan
-        kw["tp_plan"] = (
-            m.gpt_tp_plan(sp) if model_name == "gpt" else {} if model_name.startswith("moe") else m.llama_tp_plan(sp)
-        )
+        megatron = tp_plans.gpt_tp_plan if model_name == "gpt" else tp_plans.llama_tp_plan
+        kw["tp_plan"] = {} if model_name.startswith("moe") else megatron(sp)
     kw.setdefault("micro_batch_size", 2)
     kw.setdefault("num_microbatches", 2)
     for axis in ("dp", "tp", "pp", "cp"):
@@ -110,6 +109,7 @@ PRELOAD = (
     "autoplan.execute.job.reference",
     "autoplan.execute.job.audit",
     "exec_models",
+    "exec_tp_plans",
 )
 
 
