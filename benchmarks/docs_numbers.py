@@ -251,7 +251,8 @@ def audit(path: Path) -> str:
 
 
 def audit_families(path: Path) -> str:
-    """How many plan families tests/dist/test_audit.py runs (its CASES on 2 ranks, FOUR on 4)."""
+    """How many plan families the audit runs (tests/dist/audit_cases.py: CASES on 2 ranks, FOUR on 4), each
+    checked by tests/dist/test_audit.py."""
     counts = {}
     for node in ast.parse(path.read_text()).body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
@@ -259,7 +260,8 @@ def audit_families(path: Path) -> str:
             counts[target.id] = len(node.value.elts)
     two, four = counts["CASES"], counts["FOUR"]
     return (
-        f"`tests/dist/test_audit.py` runs {two + four} plan families on real gloo groups of 2 and 4 ranks "
+        f"`tests/dist/test_audit.py` audits {two + four} plan families (tests/dist/audit_cases.py) on real gloo "
+        f"groups of 2 and 4 ranks "
         f"({two} and {four}, `CASES` and `FOUR`):"
     )
 
@@ -297,7 +299,7 @@ BLOCKS = {
         "executor.md", "benchmarks/results/hang_detection.csv", "python benchmarks/hang_detection.py", hang_detection
     ),
     "audit": Block("cost-model.md", "benchmarks/results/audit.csv", "python benchmarks/audit.py", audit),
-    "audit_families": Block("cost-model.md", "tests/dist/test_audit.py", "the test file itself", audit_families),
+    "audit_families": Block("cost-model.md", "tests/dist/audit_cases.py", "the cases file itself", audit_families),
     "gpu_check": Block(
         "calibration.md", "benchmarks/results/gpu_check/summary.csv", "benchmarks/gpu_check.sh (on a GPU)", gpu_check
     ),

@@ -18,12 +18,15 @@ rank's CPU over the audit's first 30 cases, alternating runs on the 2-core dev m
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import os
 import subprocess
 import sys
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -47,7 +50,7 @@ def blocks_of(model_name: str) -> list[str]:
 
 
 def make_plan(model_name: str, **kw) -> Plan:
-    import exec_models as m
+    import exec_tp_plans as tp_plans
 
     pp = kw.get("pp", 1)
     blocks = blocks_of(model_name)
@@ -56,9 +59,8 @@ def make_plan(model_name: str, **kw) -> Plan:
     kw.setdefault("stages", [blocks[i * per : (i + 1) * per] for i in range(chunks)])
     sp = kw.get("sequence_parallel", False)
     if kw.get("tp", 1) > 1 and "tp_plan" not in kw:  # TinyMoE: the default (Megatron) plan
-        kw["tp_plan"] = (
-            m.gpt_tp_plan(sp) if model_name == "gpt" else {} if model_name.startswith("moe") else m.llama_tp_plan(sp)
-        )
+        megatron = tp_plans.gpt_tp_plan if model_name == "gpt" else tp_plans.llama_tp_plan
+        kw["tp_plan"] = {} if model_name.startswith("moe") else megatron(sp)
     kw.setdefault("micro_batch_size", 2)
     kw.setdefault("num_microbatches", 2)
     for axis in ("dp", "tp", "pp", "cp"):
@@ -110,6 +112,7 @@ PRELOAD = (
     "autoplan.execute.job.reference",
     "autoplan.execute.job.audit",
     "exec_models",
+    "exec_tp_plans",
 )
 
 
@@ -192,3 +195,15 @@ def run_verified(model: Path, plan: Path, out: Path, *, timeout: float = 300) ->
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "verify: PASSED" in result.stdout
+
+
+def cli_here(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A planning command (``plan``, ``replan``: no process group) in this process, under ``env`` added to the
+    environment: the CLI's own main, its exit code and what it printed, without a fresh interpreter's imports
+    (1.5-2 s of CPU a command)."""
+    from autoplan.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(map(str, args)))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())

@@ -6,8 +6,6 @@ torchrun job that loses one of its two nodes re-plans for the survivor (--elasti
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import signal
@@ -15,11 +13,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
+from exec_harness import cli_here
 
-from autoplan.cli import main
 from autoplan.types.plan import Plan
 
 pytestmark = pytest.mark.slow
@@ -62,15 +59,6 @@ def _autoplan(*args, env=None, timeout=240) -> subprocess.CompletedProcess:
         timeout=timeout,
         env=dict(os.environ, **(env or {})),
     )
-
-
-def _autoplan_here(*args, env=None) -> subprocess.CompletedProcess:
-    """A planning command (``plan``, ``replan``: no process group) in this process: the CLI's own
-    main, its exit code and what it printed, without a fresh interpreter's imports."""
-    out, err = io.StringIO(), io.StringIO()
-    with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(map(str, args)))
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def _model(tmp_path: Path) -> Path:
@@ -216,7 +204,7 @@ def _cpu_profile(tmp_path: Path, devices: int) -> Path:
 
 def test_a_tp_checkpoint_reshards_into_the_plan_replan_picks_for_fewer_devices(tmp_path):
     gpt, profile = ROOT / "examples/gpt.py", _cpu_profile(tmp_path, 4)
-    made = _autoplan_here(
+    made = cli_here(
         "plan",
         gpt,
         "--devices",
@@ -248,9 +236,7 @@ def test_a_tp_checkpoint_reshards_into_the_plan_replan_picks_for_fewer_devices(t
         env=GPT_ENV,
     )
     assert first.returncode == 0, first.stderr[-3000:]
-    replanned = _autoplan_here(
-        "replan", tmp_path / "ck/step-00000003", "--devices", 2, "--out", tmp_path / "p2", env=GPT_ENV
-    )
+    replanned = cli_here("replan", tmp_path / "ck/step-00000003", "--devices", 2, "--out", tmp_path / "p2", env=GPT_ENV)
     assert replanned.returncode == 0, replanned.stderr[-3000:]
     plan2 = Plan.load(tmp_path / "p2/plan.json")
     assert plan2.devices == 2 and plan2.global_batch_size == 8 and plan2.tp == 1
@@ -279,7 +265,7 @@ def test_a_torchrun_job_that_loses_a_node_replans_for_the_survivor(tmp_path):
     hosts the rendezvous store (``is_host``): left to whichever agent binds the port first, a
     loaded machine let B host it now and then, and killing B then took A's store with it."""
     model, profile = _model(tmp_path), _cpu_profile(tmp_path, 2)
-    made = _autoplan_here(
+    made = cli_here(
         "plan", model, "--devices", 2, "--profile", profile, "--batch", 4, "--fix", "dp=2", "--out", tmp_path / "p"
     )
     assert made.returncode == 0, made.stderr[-3000:]

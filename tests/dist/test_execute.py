@@ -7,7 +7,7 @@ every updated weight with the unsharded model over the same micro-batches, over 
 
 from __future__ import annotations
 
-import exec_models as m
+import exec_tp_plans as tp_plans
 import pytest
 from exec_harness import run_cases
 
@@ -45,19 +45,19 @@ TWO = [
     (
         "tp2_sp_replicated_attention",
         "gpt",
-        dict(tp=2, sequence_parallel=True, tp_plan=m.gpt_tp_plan(True, attention=False)),
+        dict(tp=2, sequence_parallel=True, tp_plan=tp_plans.gpt_tp_plan(True, attention=False)),
     ),
     # LoRA's replicated adapters beside Megatron's splits under SP: run whole, gradients settled whole
-    ("tp2_sp_lora_adapters", "lora", dict(tp=2, sequence_parallel=True, tp_plan=m.lora_tp_plan(True))),
+    ("tp2_sp_lora_adapters", "lora", dict(tp=2, sequence_parallel=True, tp_plan=tp_plans.lora_tp_plan(True))),
     (
         "tp2_colwise_embedding_inplace",
         "llama3p",
-        dict(tp=2, recompute="full", tp_plan=m.llama_tp_plan(False, embedding="colwise")),
+        dict(tp=2, recompute="full", tp_plan=tp_plans.llama_tp_plan(False, embedding="colwise")),
     ),
     (
         "tp2_sp_colwise_embedding_inplace",
         "llama3p",
-        dict(tp=2, sequence_parallel=True, tp_plan=m.llama_tp_plan(True, embedding="colwise")),
+        dict(tp=2, sequence_parallel=True, tp_plan=tp_plans.llama_tp_plan(True, embedding="colwise")),
     ),
     (
         "pp2_interleaved_rope_args",
@@ -130,7 +130,7 @@ FOUR = [
     ("pp2_dp2_interleaved", "gpt", dict(pp=2, dp=2, schedule="interleaved_1f1b", virtual_stages=2, num_microbatches=4)),
     ("dp2_tp2_zero1", "llama", dict(dp=2, tp=2, zero_stage=1)),
     # weights tied across stages on a 4-D (pp, dp, cp, tp) mesh at tp > 1 (execute/tied.py)
-    ("pp2_tp2_tied", "gpt_tied", dict(pp=2, tp=2, tp_plan=m.gpt_tp_plan(False))),
+    ("pp2_tp2_tied", "gpt_tied", dict(pp=2, tp=2, tp_plan=tp_plans.gpt_tp_plan(False))),
     ("cp2_tp2_sp", "gpt", dict(cp=2, tp=2, sequence_parallel=True)),
     # HSDP: 2 replicas x 2-rank shard groups (ZeRO-1's sharded optimizer; FSDP2 on a 2-D mesh)
     ("hsdp2x2_zero1", "gpt", dict(dp=4, dp_replicate=2, zero_stage=1)),

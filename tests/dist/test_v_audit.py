@@ -1,5 +1,6 @@
 """The pipeline schedules' memory at pp = 4, as a user audits it: ``autoplan plan`` pinned to zbv, dualpipev or
-interleaved_zb (v = 2) on examples/gpt.py (8 blocks, hidden 128), then ``autoplan run --audit`` on 4 gloo ranks.
+interleaved_zb (v = 2) on examples/gpt.py (8 blocks, hidden 128; the CLI's main in this process, as planning needs no
+process group), then ``autoplan run --audit`` on 4 gloo ranks.
 Every stage peaks within 5% of its price (docs/cost-model.md, "Pipeline memory": each chunk's own activations,
 the output gradients kept from B to W, the boundary tensors torch's runtime holds to the step's end, its
 receive buffers, the loss's saved tensors to the loss's B and its gradients only in its backward). Before the
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from exec_harness import cli_here
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +38,8 @@ def test_a_pipeline_schedules_stages_peak_as_priced_at_pp_4(schedule, tmp_path):
         (ROOT / "profiles/cpu-gloo.yaml").read_text().replace("devices_per_node: 2", "devices_per_node: 4")
     )
     pins = f"pp=4,mbs=1,schedule={schedule},v=2,recompute=none,zero=0,tp=1,precision=bf16,offload=none"
-    made = _cli("plan", "examples/gpt.py", "--devices", "4", "--profile", str(profile), "--batch", "8",
-                "--fix", pins, "--out", str(tmp_path / "plan"))  # fmt: skip
+    made = cli_here("plan", ROOT / "examples/gpt.py", "--devices", "4", "--profile", profile, "--batch", "8",
+                    "--fix", pins, "--out", tmp_path / "plan", env=GPT)  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
     ran = _cli("run", "examples/gpt.py", "--plan", str(tmp_path / "plan/plan.json"), "--steps", "1", "--audit",
                "--out", str(tmp_path / "run"))  # fmt: skip
