@@ -29,14 +29,14 @@ class ExpertsFloor:
 
     def __init__(self, stage_costs: Any):
         self.stage_costs = stage_costs
+        self._any = bool(stage_costs.cost_model.graph.moe_layers)  # else 0 at once: the search asks per member
         self._params: dict[int, tuple[Any, float, float]] = {}
 
     def states_bytes(self, plan: Plan) -> float:
         """Every block's routed experts' model states on one device, summed over ``plan``'s stages; 0 without any."""
-        params, trained = self._expert_params(plan)
-        if not params:
+        if not self._any or not (counts := self._expert_params(plan))[0]:
             return 0.0
-        states = expert_states(shard_view(weight_sync_plan(plan)), params=params, trainable=trained)
+        states = expert_states(shard_view(weight_sync_plan(plan)), params=counts[0], trainable=counts[1])
         return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
 
     def _expert_params(self, plan: Plan) -> tuple[float, float]:
