@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from synthetic import synthetic_profile
+from synthetic.exhaustive import priced_everything
 from synthetic.moe import MIXTRAL_BATCH, mixtral_graph
 
 from autoplan.cost.memory.experts_floor import ExpertsFloor
@@ -17,10 +18,8 @@ from autoplan.solve.search import Search
 @pytest.fixture(scope="module")
 def exhaustive():
     pytest.importorskip("transformers")
-    options = SearchOptions(devices=8, batch_size=MIXTRAL_BATCH, keep=10**6, fixes=parse_fixes("tp=1,mbs=4"))
-    search = Search(mixtral_graph(), synthetic_profile(), options)
-    search._usable_bytes = float("inf")  # whatever its memory floor
-    search.memory_first = False  # and the time of every plan that does not fit
+    options = SearchOptions(devices=8, batch_size=MIXTRAL_BATCH, fixes=parse_fixes("tp=1,mbs=4"))
+    search = priced_everything(Search(mixtral_graph(), synthetic_profile(), options))
     return search, search.run()
 
 

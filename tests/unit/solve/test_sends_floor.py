@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
+from synthetic.exhaustive import priced_everything
 
 from autoplan.solve import memory_first
 from autoplan.solve.candidates import SearchOptions
@@ -23,10 +24,7 @@ OPTIONS = SearchOptions(devices=8, batch_size=32, fixes=parse_fixes("pp=4,tp=2")
 @pytest.fixture(scope="module", params=[4, 8], ids=["tp1", "tp2"])
 def exhaustive(request):
     options = SearchOptions(devices=request.param, batch_size=32, fixes=parse_fixes("pp=4,mbs=1"))
-    search = Search(GRAPH, SMALL, options)
-    search._beaten = lambda bound: False  # price every candidate
-    search._usable_bytes = float("inf")  # whatever its memory floor
-    search.memory_first = False  # and the time of every plan that does not fit
+    search = priced_everything(Search(GRAPH, SMALL, options))
     return search, search.run()
 
 
