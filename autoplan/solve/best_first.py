@@ -17,11 +17,11 @@ the k-th best objective priced so far). While nothing fits yet, members go first
 Keys are lower bounds of every plan they stand for (a recomputing member is keyed by the stage times of no recompute,
 the floor of every budget, until its plan without recompute has been found to fit or not), so once the least is
 beaten so is everything left: each group left gets one row, each member its own (:meth:`Pass._flush`). When every
-member of a group's tp_plan is resolved, its tail runs (:meth:`Pass._settle`): where nothing of it was priced, the
-plans its memory floor set aside are priced after all, and at tp > 1 where nothing priced fits, the memory-budgeted
-retry of the tp ILP is keyed and expanded in turn. The pass prunes only by sound bounds against plans it priced, so
-the best plan, its price and the exact top k are an exhaustive run's (tests/unit/solve/test_best_first.py). With
-``best_first`` off, groups go in bound (1) order and each is priced as it is expanded: the plain branch and bound.
+member of a group's tp_plan is resolved, its tail runs (:meth:`Pass._settle`): at tp > 1 where nothing priced fits,
+the plans its floors held back are priced in floor order until the least peak is known, the memory-budgeted retry of
+the tp ILP starts from it and is keyed and expanded in turn. The pass prunes only by sound bounds against plans it
+priced, so the best plan, its price and the exact top k are an exhaustive run's (tests/unit/solve/test_best_first.py).
+With ``best_first`` off, groups go in bound (1) order and each is priced as it is expanded: the plain branch and bound.
 """
 
 from __future__ import annotations
