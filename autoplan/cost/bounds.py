@@ -15,8 +15,8 @@ exceeds the priced step time (a test checks this for every priced candidate):
   all-gather, and the gradient sync exposed on stage 0 whatever the overlap (its first block's),
   priced from cost/dp/messages.py at each message's floor bytes per parameter (cost/dp/floors.py).
 
-``states_floor_bytes`` bounds memory: the model states of the fewest parameters the fullest stage can
-hold, (blocks + max(pre, post)) / pp; CostModel's peak W + O + max(M1, M2, M3) >= W + O + G;
+``states_floor_bytes`` bounds memory: the model states of the fewest parameters the fullest stage can hold,
+(blocks + max(pre, post)) / pp, and the routed experts' over pp (cost/memory/experts_floor.py); peak >= W + O + G;
 ``memory_floor_bytes`` adds the activations the schedule keeps in flight (cost/memory/in_flight_floor.py);
 ``sends`` the boundary tensors torch's runtime holds to the step's end (cost/memory/sent_floor.py).
 docs/ilp.md, "Bounds" has the derivation of each term.
@@ -33,6 +33,7 @@ from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.floors import SyncFloors
 from autoplan.cost.dp.sparse_embedding import sparse_tables
+from autoplan.cost.memory.experts_floor import ExpertsFloor
 from autoplan.cost.memory.in_flight_floor import in_flight_floor_bytes, schedule_key, schedule_weights
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.memory.sent_floor import SendsFloor
@@ -79,7 +80,8 @@ class Bounds:
         self._groups: dict[tuple, dict] = {}
         self._schedule_weights: dict[tuple, tuple | None] = {}  # in_flight_floor.schedule_weights by schedule_key
         self._frozen = float(graph.param_count - graph.trainable_param_count)
-        self.sends = SendsFloor(stage_costs, self.trained_floor)  # the sends torch's runtime holds: any partition
+        self.experts = ExpertsFloor(stage_costs)  # the routed experts' states summed over the stages
+        self.sends = SendsFloor(stage_costs, self.trained_floor, self.experts.states_bytes)  # torch's runtime's sends
         sparse = float(sum(t.rows * t.dim for t in sparse_tables(graph)))  # out of the dense buckets
         self.sync = SyncFloors(
             profile, stage_costs, mesh=self._mesh, trained_floor=lambda p: max(0.0, self.trained_floor(p) - sparse)
@@ -283,7 +285,8 @@ class Bounds:
             pp=plan.pp,
             offload=plan.offload,
         )
-        return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
+        dense = states.weights_bytes + states.grads_bytes + states.optimizer_bytes
+        return dense + self.experts.states_bytes(plan) / plan.pp
 
     def memory_floor_bytes(self, plan: Plan, *, offload: bool = False) -> float:
         """states_floor_bytes, or where larger the floor with the activations in flight
@@ -298,8 +301,9 @@ class Bounds:
         kept, owed = self.stage_costs.kept_bytes_total(plan)
         trained = self.trained_floor(blocks)
         floor_in_flight = in_flight_floor_bytes(
-            plan, block_params=blocks, trained=trained, kept_bytes=kept, wgrad_held_bytes=owed, weights=weights
-        )
+            plan, block_params=blocks, trained=trained, kept_bytes=kept, wgrad_held_bytes=owed, weights=weights,
+            experts_bytes=self.experts.states_bytes(plan),
+        )  # fmt: skip
         return max(floor, floor_in_flight)
 
     def pp_comm_s(self, plan: Plan) -> float:

@@ -17,11 +17,11 @@ the k-th best objective priced so far). While nothing fits yet, members go first
 Keys are lower bounds of every plan they stand for (a recomputing member is keyed by the stage times of no recompute,
 the floor of every budget, until its plan without recompute has been found to fit or not), so once the least is
 beaten so is everything left: each group left gets one row, each member its own (:meth:`Pass._flush`). When every
-member of a group's tp_plan is resolved, its tail runs (:meth:`Pass._settle`): where nothing of it was priced, the
-plans its memory floor set aside are priced after all, and at tp > 1 where nothing priced fits, the memory-budgeted
-retry of the tp ILP is keyed and expanded in turn. The pass prunes only by sound bounds against plans it priced, so
-the best plan, its price and the exact top k are an exhaustive run's (tests/unit/solve/test_best_first.py). With
-``best_first`` off, groups go in bound (1) order and each is priced as it is expanded: the plain branch and bound.
+member of a group's tp_plan is resolved, its tail runs (:meth:`Pass._settle`): at tp > 1 where nothing priced fits,
+the plans its floors held back are priced in floor order until the least peak is known, the memory-budgeted retry of
+the tp ILP starts from it and is keyed and expanded in turn. The pass prunes only by sound bounds against plans it
+priced, so the best plan, its price and the exact top k are an exhaustive run's (tests/unit/solve/test_best_first.py).
+With ``best_first`` off, groups go in bound (1) order and each is priced as it is expanded: the plain branch and bound.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from functools import partial
 from typing import Any
 
 from autoplan.cost import memory_budget
-from autoplan.solve import candidates, member_bounds
+from autoplan.solve import candidates, member_bounds, moe_overlap
 from autoplan.solve.candidates import Candidate, Group
 from autoplan.types.plan import Plan
 
@@ -54,8 +54,12 @@ class _Choice:
     extras: dict = field(default_factory=dict)  # member_bounds' step_extras_s memo
     waiting: int = 0  # members queued and not yet priced, set aside or pruned
     priced: list[Candidate] = field(default_factory=list)  # rows with a Cost
-    too_big: list = field(default_factory=list)  # (floor, plan, bound): states over the device (Search._over_floor)
-    held: list = field(default_factory=list)  # (floor, plan, bound): with their activations in flight
+    too_big: list = field(default_factory=list)  # (floor, plan, bound, why): states over the device (_over_floor)
+    held: list = field(default_factory=list)  # (floor, plan, bound, why): with their activations in flight or sends
+
+
+#: a floor and a peak sum the same terms in other orders: a floor within this share above a peak is priced still
+FLOOR_ROUNDING = 1e-9
 
 
 class Pass:
@@ -219,25 +223,44 @@ class Pass:
     def _settle(self, state: _Choice) -> None:
         """Every member of ``state`` is resolved. A plan whose states alone exceed the device is priced only where
         nothing else of its tp_plan was (the most frugal): its cost is what the memory-budgeted TP retry starts from.
-        A plan whose activations overflow too is priced after all only where that retry reads every priced plan's
-        peak: at tp > 1 where nothing priced fits. Then that retry (:meth:`_retry`)."""
+        A plan whose activations or sends overflow too is priced after all only where that retry reads the least
+        priced peak: at tp > 1 where nothing priced fits, and then only until that least peak is known
+        (:meth:`_price_held`). Then that retry (:meth:`_retry`)."""
         retry_next, priced_any = state.first and state.group.degrees.tp > 1, bool(state.priced or state.held)
         if state.held and retry_next and not any(c.feasible for c in state.priced):
-            held, state.held = state.held, []
-            for _, plan, sub in held:
-                self._price(state, plan, sub)
+            self._price_held(state)
         self._set_aside(state, state.too_big, priced_any=priced_any)
-        self._set_aside(state, state.held, priced_any=True, why="model states with the activations in flight")
+        self._set_aside(state, state.held, priced_any=True)
         if retry_next:
             self._retry(state)
 
-    def _set_aside(self, state: _Choice, too_big: list, *, priced_any: bool, why: str = "") -> None:
+    def _price_held(self, state: _Choice) -> None:
+        """Price ``state``'s held plans in order of their floors (a twin's counted: :func:`_least_floor`) until the
+        least peak priced is below the next floor: every plan left peaks above it, so the retry's most frugal plan,
+        the first of the least peak in the order the plans were held, is priced (docs/ilp.md, "Memory floor").
+        The plans priced keep that order among the priced plans and the rows; the others stay held."""
+        s, held, first_row, first_priced = self.search, state.held, len(self.search.candidates), len(state.priced)
+        floors = [_least_floor(s, item) for item in held]
+        least = min((c.cost.peak_memory_bytes for c in state.priced), default=math.inf)
+        rows, priced = {}, {}  # by the plan's place in ``held``: its rows, and those with a Cost
+        for i in sorted(range(len(held)), key=lambda i: (floors[i], i)):
+            if least < floors[i] * (1 - FLOOR_ROUNDING):
+                break
+            row, known = len(s.candidates), len(state.priced)
+            self._price(state, held[i][1], held[i][2])
+            rows[i], priced[i] = s.candidates[row:], state.priced[known:]
+            least = min([least] + [c.cost.peak_memory_bytes for c in priced[i]])
+        s.candidates[first_row:] = [c for i in sorted(rows) for c in rows[i]]
+        state.priced[first_priced:] = [c for i in sorted(priced) for c in priced[i]]
+        state.held = [item for i, item in enumerate(held) if i not in rows]
+
+    def _set_aside(self, state: _Choice, too_big: list, *, priced_any: bool) -> None:
         s = self.search
         if too_big and not priced_any:  # it cannot fit: its memory is what the retry starts from
             frugal = min(too_big, key=lambda item: item[0])
             too_big = [item for item in too_big if item is not frugal]
             self._price(state, frugal[1], frugal[2])
-        for floor, plan, sub in too_big:
+        for floor, plan, sub, why in too_big:
             s.candidates.append(candidates.memory_pruned_row(plan, sub, floor, s._usable_bytes, why=why))
 
     def _retry(self, state: _Choice) -> None:
@@ -264,6 +287,15 @@ class Pass:
             yield
         finally:
             self.search.budgets = budgets
+
+
+def _least_floor(search: Any, item: tuple) -> float:
+    """The least floor of what pricing a held plan (``item``: floor, plan, bound, why) prices: the plan's, and its
+    all-to-all's overlapped twin's where it has one (Search._evaluate prices that beside it)."""
+    floor, plan = item[0], item[1]
+    if (twin := moe_overlap.overlapped_twin(plan, search.fixes)) is None:
+        return floor
+    return min(floor, search.held_floor_bytes(twin)[0])
 
 
 def _fields(base: Plan) -> dict:

@@ -56,6 +56,8 @@ from autoplan.types.profile import Profile
 from autoplan.types.runtime import runtime_named
 
 OBJECTIVES = space.OBJECTIVES
+#: what a held plan's floor counts beside its model states, as its plans.csv row says
+IN_FLIGHT, SENT = "model states with the activations in flight", "model states with the tensors sent between stages"
 
 
 class Search:
@@ -173,23 +175,32 @@ class Search:
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
 
     def _over_floor(self, plan: Plan, sub: float, too_big: list, held: list) -> bool:
-        """Whether ``plan``'s memory floor sets it aside: its states alone (``too_big``), or with its activations."""
+        """Whether ``plan``'s memory floor sets it aside: its states alone (``too_big``), or with its activations or
+        its sends. Each joins its list as (floor, plan, bound (2), of what the floor is)."""
         if (floor := self.bounds.states_floor_bytes(plan)) > self._usable_bytes:
-            too_big.append((floor, plan, sub))
+            too_big.append((floor, plan, sub, ""))
             return True
         return self._held_back(plan, sub, held)
 
     def _held_back(self, plan: Plan, sub: float, held: list) -> bool:
-        """Whether ``plan``'s memory floor with its activations (Bounds.memory_floor_bytes) exceeds the device: then
-        it joins ``held`` and, recomputing nothing, is recorded short for the budgets (recompute_budget.py)."""
-        offload = activation_offload.may_offload(plan, self.profile, self.fixes)
-        floor = self.bounds.memory_floor_bytes(plan, offload=offload)
+        """Whether ``plan``'s :meth:`held_floor_bytes` exceeds the device: then it joins ``held`` and, recomputing
+        nothing, is recorded short for the budgets (recompute_budget.py)."""
+        floor, why = self.held_floor_bytes(plan)
         if floor <= self._usable_bytes:
             return False
         if (pinned := moe_overlap.with_pin(plan, self.fixes)) is not None:
             self.budgets.fitted(self.cost_model, pinned, feasible=False)  # as _evaluate records it
-        held.append((floor, plan, sub))
+        held.append((floor, plan, sub, why))
         return True
+
+    def held_floor_bytes(self, plan: Plan) -> tuple[float, str]:
+        """``plan``'s memory floor with its activations in flight (Bounds.memory_floor_bytes) or, where larger, with
+        the tensors torch's runtime holds sent (Bounds.sends; not counted where its activations may go to the host),
+        and of what it is (IN_FLIGHT or SENT)."""
+        offload = activation_offload.may_offload(plan, self.profile, self.fixes)
+        floor = self.bounds.memory_floor_bytes(plan, offload=offload)
+        sends = 0.0 if offload else self.bounds.sends.floor_bytes(plan)
+        return (floor, IN_FLIGHT) if floor >= sends else (sends, SENT)
 
     def _dp_choices(self, deg: space.Degrees) -> list:
         if deg not in self._dp_memo:

@@ -57,15 +57,17 @@ def in_flight_floor_bytes(
     kept_bytes: float,
     wgrad_held_bytes: float = 0.0,
     weights: tuple[float, float, float] | None = None,
+    experts_bytes: float = 0.0,
 ) -> float:
     """The module docstring's floor, bytes per device: ``block_params`` the blocks' dense parameters per device,
     ``trained`` the fewest of them trainable, ``kept_bytes`` every block's kept activations per micro-batch,
     ``wgrad_held_bytes`` every block's output gradients kept from B to W; ``weights``: :func:`schedule_weights`
-    of ``plan`` (or of a plan of the same :func:`schedule_key`), computed here when not given."""
+    of ``plan`` (or of a plan of the same :func:`schedule_key`), computed here when not given; ``experts_bytes``
+    the routed experts' states summed over the stages (experts_floor.py), part of sum_k states_k."""
     if (weights := weights or schedule_weights(plan)) is None:
         return 0.0
     most_held, harmonic, owed = weights
-    states_bytes = blocks_states_bytes(plan, block_params=block_params, trained=trained)
+    states_bytes = blocks_states_bytes(plan, block_params=block_params, trained=trained) + experts_bytes
     return (states_bytes / most_held + kept_bytes + owed * wgrad_held_bytes) / harmonic
 
 

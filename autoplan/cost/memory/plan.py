@@ -120,18 +120,7 @@ class PlanMemory:
         )
         if not stage.expert_params:
             return dense
-        edp = expert_dp(plan)
-        experts = model_states(
-            params=stage.expert_params,
-            precision=plan.precision,
-            zero_stage=plan.zero_stage,
-            dp=edp,
-            pp=plan.pp,
-            trainable=stage.trainable_expert_params,
-        )
-        if plan.zero_stage == 1 and plan.dp > 1 and edp == 1:  # ZeRO-1 steps the experts in a sharded
-            # optimizer of one rank (execute/zero.py sharded_optimizer): its fp32 master is a whole copy
-            experts = replace(experts, optimizer_bytes=12 * stage.trainable_expert_params)
+        experts = expert_states(plan, params=stage.expert_params, trainable=stage.trainable_expert_params)
         return ModelStates(
             weights_bytes=dense.weights_bytes + experts.weights_bytes,
             grads_bytes=dense.grads_bytes + experts.grads_bytes,
@@ -187,3 +176,17 @@ def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:
     start, end = (1 if index == 0 else 0), len(stage.blocks) - (1 if index == plan_last_stage(plan) else 0)
     blocks = [b.trainable_param_count for b in stage.blocks[start:end]]
     return max(blocks + [stage.trainable_params - sum(blocks)])
+
+
+def expert_states(plan: Plan, *, params: float, trainable: float) -> ModelStates:
+    """The routed experts' model states of ``params`` expert parameters on one device (``trainable`` of them
+    trained), sharded over the edp ranks that hold the same experts and never offloaded; linear in both counts
+    (the search's memory floors sum them over the stages: cost/bounds.py)."""
+    edp = expert_dp(plan)
+    experts = model_states(
+        params=params, precision=plan.precision, zero_stage=plan.zero_stage, dp=edp, pp=plan.pp, trainable=trainable
+    )
+    if plan.zero_stage == 1 and plan.dp > 1 and edp == 1:  # ZeRO-1 steps the experts in a sharded
+        # optimizer of one rank (execute/zero.py sharded_optimizer): its fp32 master is a whole copy
+        experts = replace(experts, optimizer_bytes=12 * trainable)
+    return experts

@@ -15,9 +15,10 @@ their mean and at least each one, so
 
     peak >= max((sum_k states_k + D sum_k n_k) / pp,  D max_k n_k)
 
-with sum_k states_k at least the blocks' model states (in_flight_floor.py ``blocks_states_bytes``): none depends
-on the partition. Measured on GPT-1T on 3,072 A100s, the sends alone exceed the device in most pipelined plans
-that the search used to price for their memory alone and find over it (docs/ilp.md).
+with sum_k states_k at least the blocks' model states (in_flight_floor.py ``blocks_states_bytes``, and the routed
+experts', experts_floor.py): none depends on the partition. Measured on GPT-1T on 3,072 A100s, the sends alone exceed
+the device in most pipelined plans that the search used to price for their memory alone and find over it; the search
+holds such a plan back unpriced (solve/search.py ``Search._held_back``; docs/ilp.md).
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ def sent_floor_bytes(plan: Plan, *, states_bytes: float, boundary_bytes: float, 
 
 class SendsFloor:
     """:func:`sent_floor_bytes` of a plan under any partition, from what the search's bounds read of its blocks
-    (``stage_costs``: cost/bounds.py StageFacts; ``trained_floor``: Bounds.trained_floor); the counts memoised per
-    schedule key, the least block input per block summaries."""
+    (``stage_costs``: cost/bounds.py StageFacts; ``trained_floor``: Bounds.trained_floor; ``experts_bytes``: the
+    routed experts' states summed over a plan's stages, experts_floor.py); the counts memoised per schedule key, the
+    least block input per block summaries."""
 
-    def __init__(self, stage_costs: Any, trained_floor: Callable[[float], float]):
-        self.stage_costs, self.trained_floor = stage_costs, trained_floor
+    def __init__(
+        self, stage_costs: Any, trained_floor: Callable[[float], float], experts_bytes: Callable[[Plan], float]
+    ):
+        self.stage_costs, self.trained_floor, self.experts_bytes = stage_costs, trained_floor, experts_bytes
         self._sent: dict[tuple, tuple[int, ...] | None] = {}
         self._inputs: dict[int, tuple[Any, float]] = {}  # by the summaries' identity, holding them
 
@@ -63,6 +67,7 @@ class SendsFloor:
             return 0.0
         _, _, blocks = self.stage_costs.param_parts(plan)
         states = blocks_states_bytes(plan, block_params=blocks, trained=self.trained_floor(blocks))
+        states += self.experts_bytes(plan)
         whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1  # received whole on each tp rank
         boundary = whole * self._least_input_bytes(plan)
         return sent_floor_bytes(plan, states_bytes=states, boundary_bytes=boundary, sent=sent)

@@ -1,12 +1,13 @@
 """The sends floor (cost/memory/sent_floor.py): the boundary tensors torch's runtime holds to the step's end bound
 a replayed pipeline plan's peak under any partition. It never exceeds a priced peak, it binds where the sends
-outweigh the states, and the search skips the repartition of a plan it rules out (solve/memory_first.py) with every
-row as it was without the skip."""
+outweigh the states, and the search skips the repartition of a plan it rules out (solve/memory_first.py: a held plan
+priced for the memory-budgeted TP retry, solve/best_first.py) with every row as it was without the skip."""
 
 from __future__ import annotations
 
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
+from synthetic.exhaustive import priced_everything
 
 from autoplan.solve import memory_first
 from autoplan.solve.candidates import SearchOptions
@@ -16,16 +17,14 @@ from autoplan.solve.search import Search
 #: long sequences, narrow blocks and many micro-batches: the tensors sent between stages weigh
 GRAPH = synthetic_gpt(layers=8, hidden=128, heads=4, vocab=512, seq=1024, batch=32)
 SMALL = synthetic_profile(memory_bytes=int(0.06 * 2**30))
-OPTIONS = SearchOptions(devices=4, batch_size=32, fixes=parse_fixes("pp=4,mbs=1"))
+#: at tp = 2 the plans the floors hold back are priced where nothing of their group fits (Pass._price_held)
+OPTIONS = SearchOptions(devices=8, batch_size=32, fixes=parse_fixes("pp=4,tp=2"))
 
 
 @pytest.fixture(scope="module", params=[4, 8], ids=["tp1", "tp2"])
 def exhaustive(request):
     options = SearchOptions(devices=request.param, batch_size=32, fixes=parse_fixes("pp=4,mbs=1"))
-    search = Search(GRAPH, SMALL, options)
-    search._beaten = lambda bound: False  # price every candidate
-    search._usable_bytes = float("inf")  # whatever its memory floor
-    search.memory_first = False  # and the time of every plan that does not fit
+    search = priced_everything(Search(GRAPH, SMALL, options))
     return search, search.run()
 
 
