@@ -113,7 +113,13 @@ class BlockSummaries:
 
         def make() -> dict[str, LayerSummary]:  # identical blocks share one summary, so one run of as_run too
             splits = self._block_splits(tp_plan) if ctx.tp > 1 else {}
-            summaries = [self._priced(layer, "", splits.get(layer, ()), tp_plan, ctx) for layer in self.graph.layers]
+            priced: dict[tuple, LayerSummary] = {}  # _priced reads a block's representative and splits only
+            summaries = []
+            for layer in self.graph.layers:
+                key = (self.rep[layer], splits.get(layer, ()))
+                if key not in priced:
+                    priced[key] = self._priced(layer, "", key[1], tp_plan, ctx)
+                summaries.append(priced[key])
             ran = per_distinct(summaries, lambda s: self.as_run(s, ctx, tp_comm_overlap))
             return dict(zip(self.graph.layers, ran))
 
