@@ -65,6 +65,8 @@ class NodeTerms(NamedTuple):
     expert_bwd_s: float
 
 
+ZERO = NodeTerms(*(0.0,) * len(NodeTerms._fields))  # where every sum starts, as the loop's ``x = 0.0``
+
 #: an attention call under cp > 1: (node, tp shard, forward s, backward s), as cost/cp/block.py reads it
 Attention = tuple[OpNode, int, float, float]
 
@@ -92,10 +94,10 @@ class BlockTerms:
         under ``ctx``'s placement (``experts``: cost/moe/experts.py ``block_experts`` of it). The sums of the
         nodes before the first routed one are kept, and the rest added to them: the same floats."""
         if not self.routed or experts is None:
-            return _summed(self.terms, NodeTerms(*(0.0,) * len(NodeTerms._fields)))
+            return _summed(self.terms, ZERO)
         first = self.routed[0]
         if self._prefix is None:
-            self._prefix = _summed(self.terms[:first], NodeTerms(*(0.0,) * len(NodeTerms._fields)))
+            self._prefix = _summed(self.terms[:first], ZERO)
         tail = self.terms[first:]
         for i in self.routed:
             node = self.nodes[i]
@@ -106,7 +108,8 @@ class BlockTerms:
 
 def _summed(terms: list[NodeTerms], start: NodeTerms) -> NodeTerms:
     """Each column of ``terms`` added in order to ``start``'s (``+=`` as a loop adds: no compensated sum)."""
-    return NodeTerms(*(reduce(add, column, first) for column, first in zip(zip(*terms), start)))
+    columns = list(zip(*terms)) or [()] * len(start)  # a block of no nodes: its sums are the start
+    return NodeTerms(*(reduce(add, column, first) for column, first in zip(columns, start)))
 
 
 def block_terms(
