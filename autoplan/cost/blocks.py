@@ -29,27 +29,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from autoplan.cost.compute.dtypes import RunDtypes, dtypes_of
-from autoplan.cost.compute.fp8 import fp8_linear
-from autoplan.cost.compute.op_costs import NodeTimes, node_times_s
-from autoplan.cost.compute.roofline import (
-    activation_scale,
-    executed_bwd_flops,
-    fp8_cast_s,
-    fp8_weight_cast_s,
-    input_bytes_of,
-    saved_activation_bytes,
-)
+from autoplan.cost.compute.dtypes import RunDtypes
+from autoplan.cost.compute.op_costs import NodeTimes
+from autoplan.cost.compute.roofline import activation_scale, input_bytes_of, saved_activation_bytes
 from autoplan.cost.cp.block import context_parallel
-from autoplan.cost.cp.exposed import attention_time_factor, executed_fraction
 from autoplan.cost.cp.messages import CpMessage
-from autoplan.cost.moe.experts import BlockExperts, block_experts, grouped_gemm_s
-from autoplan.cost.pp.split_backward import weight_grad_held_bytes, weight_grad_s
-from autoplan.cost.tp.block import analyse_block, block_nodes
-from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
-from autoplan.cost.tp.splits import TPContext, node_splits, tp_layer_cost
-from autoplan.types.graph import PARAM_KINDS, Graph, OpNode, within
-from autoplan.types.saved_ops import SAVED_KINDS
+from autoplan.cost.moe.experts import BlockExperts, block_experts
+from autoplan.cost.node_terms import BlockTerms, block_terms
+from autoplan.cost.tp.block import block_nodes
+from autoplan.cost.tp.memory import stream_copy_bytes
+from autoplan.cost.tp.splits import TPContext
+from autoplan.types.graph import PARAM_KINDS, Graph, OpNode
 
 
 @dataclass(frozen=True)
@@ -135,86 +125,19 @@ def summarise(
     tp_plan: dict[str, str],
     ctx: TPContext,
     node_times: NodeTimes | None = None,
+    terms: BlockTerms | None = None,
 ) -> LayerSummary:
-    """Price one micro-batch of the block (module docstring); ``node_times`` memoises op times."""
-    times = node_times or NodeTimes(graph, ctx.profile)
-    tp_cost = tp_layer_cost(graph, layer, tp_plan, ctx=ctx)
-    f, precision, gpu = ctx.batch_fraction, ctx.precision, ctx.profile.backend == "nccl"
-    dtypes = dtypes_of(graph, ctx.dtypes)  # each activation's run dtype (compute/dtypes.py)
-    block, splits = analyse_block(graph, layer), node_splits(graph, layer, tp_plan, tp=ctx.tp)
-    fwd = bwd = wgrad = rerun = saved = kept = flops = fp8_params = pending = loss_saved = 0.0
-    by_kind = {"matmul": [0.0, 0.0], "attention": [0.0, 0.0]}
-    experts = block_experts(
-        graph, structure.nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts
-    )
-    overlap = [0.0, 0.0, 0.0, 0.0]  # split matmuls fwd, bwd; their decomposition's extra fwd, bwd
-    expert_s = [0.0, 0.0]  # the experts' grouped GEMMs, fwd and bwd
-    attention: list[tuple[OpNode, int, float, float]] = []  # (node, shard, t_fwd, t_bwd) under cp > 1
-    for node in structure.nodes:
-        shard = tp_cost.compute_shard.get(node.name, 1)
-        read = times.reads(node, precision=precision, dtypes=dtypes)  # its preds' outputs: structure.preds
-        if experts is not None and node.name in experts.gemms:
-            t_fwd, t_bwd = grouped_gemm_s(
-                node,
-                experts.gemms[node.name],
-                ctx.profile,
-                precision=precision,
-                batch_fraction=f,
-                place=ctx.experts,
-                recipe=ctx.fp8,
-            )
-            expert_s[0], expert_s[1] = expert_s[0] + t_fwd, expert_s[1] + t_bwd
-        else:
-            t_fwd, t_bwd = times(
-                node,
-                ctx.profile,
-                precision=precision,
-                batch_fraction=f,
-                shard=shard,
-                reads=read,
-                recipe=ctx.fp8,
-                fused=ctx.fused,
-                dtypes=dtypes,
-            )
-        if ctx.cp > 1 and node.op == "attention":
-            factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
-            t_fwd, t_bwd = t_fwd * factor, t_bwd * factor
-            attention.append((node, shard, t_fwd, t_bwd))
-        fwd += t_fwd
-        bwd += t_bwd
-        wgrad += weight_grad_s(graph, node, bwd_s=t_bwd)
-        if fp8_linear(node, precision=precision, shard=shard) and not (experts and node.name in experts.gemms):
-            fp8_params += node.attrs["in_features"] * node.attrs["out_features"] / tp_cost.param_shard.get(node.name, 1)
-        if ctx.tp > 1 and node.op == "linear" and splits.get(node.name) in ("colwise", "rowwise"):
-            _add_overlap(overlap, graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
-        flops += (node.fwd_flops + node.bwd_flops) * f / shard
-        act_shard = tp_cost.activation_shard.get(node.name, 1)
-        pending += weight_grad_held_bytes(graph, node, precision=precision, dtypes=dtypes) * f / act_shard
-        copies = (
-            param_copy_bytes(graph, block, node.name, splits[node.name], tp=ctx.tp, precision=precision, dtypes=dtypes)
-            if node.name in splits
-            else 0.0
-        )
-        busiest = _busiest_rows(node, experts)  # the busiest ep rank's expert activations (routing imbalance)
-        held = saved_activation_bytes(node, precision=precision, gpu=gpu, dtypes=dtypes)
-        saved += (held / act_shard + copies) * f * busiest
-        loss_saved += held / act_shard * f if node.op == "loss" else 0.0  # freed at a split backward's B
-        if node.op in SAVED_KINDS:
-            own_output = (
-                copies if splits.get(node.name) == "colwise" else 0.0
-            )  # a gathered colwise output's local shard
-            out = node.output_bytes * activation_scale(node, precision=precision, dtypes=dtypes)
-            kept += (out / act_shard + own_output) * f * busiest
-            part = by_kind["attention" if node.op == "attention" else "matmul"]
-            ran = _executed_share(node, ctx)  # under cp, the share of attention's rectangle a rank's kernels run
-            part[0] += node.fwd_flops * f / shard * ran
-            part[1] += executed_bwd_flops(node) * f / shard * ran  # the audit measures what runs
-            # FP8's scaling passes are not kept (types/saved_ops.py): they re-run before the kept GEMM
-            rerun += fp8_cast_s(
-                node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False, recipe=ctx.fp8
-            )
-        else:
-            rerun += t_fwd
+    """Price one micro-batch of the block (module docstring); ``node_times`` memoises op times, and ``terms``
+    are the block's node terms under ``tp_plan`` and ``ctx`` but for its expert placement (cost/node_terms.py:
+    priced once per context, the routed experts' nodes again per placement)."""
+    nodes = structure.nodes
+    if terms is None:
+        terms = block_terms(graph, nodes, layer=layer, tp_plan=tp_plan, ctx=ctx, node_times=node_times)
+    f, precision, dtypes = ctx.batch_fraction, ctx.precision, terms.dtypes
+    tp_cost, block = terms.tp_cost, terms.block
+    experts = block_experts(graph, nodes, ctx.profile, precision=precision, batch_fraction=f, place=ctx.experts)
+    t = terms.sums(ctx, experts)
+    saved, gpu = t.saved_bytes, ctx.profile.backend == "nccl"
     names = {n.name for n in structure.nodes}
     gathered = stream_copy_bytes(
         graph, block, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel, precision=precision, dtypes=dtypes
@@ -224,19 +147,19 @@ def summarise(
     held, params, expert_params = _split_experts(held, params, experts)
     inputs = _input_bytes(structure, ctx, dtypes)
     outputs = _input_bytes(structure, ctx, dtypes, nodes=structure.outputs)
-    cp = context_parallel(attention, ctx, graph)
+    cp = context_parallel(terms.attention, ctx, graph)
     saved += cp.held_bytes
     return LayerSummary(
-        fwd_s=fwd,
-        bwd_s=bwd,
-        wgrad_s=wgrad,
-        wgrad_held_bytes=pending,
-        loss_saved_bytes=loss_saved,
-        selective_recompute_s=rerun,
+        fwd_s=t.fwd_s,
+        bwd_s=t.bwd_s,
+        wgrad_s=t.wgrad_s,
+        wgrad_held_bytes=t.wgrad_held_bytes,
+        loss_saved_bytes=t.loss_saved_bytes,
+        selective_recompute_s=t.rerun_s,
         tp_fwd_s=tp_cost.comm_fwd_s,
         tp_bwd_s=tp_cost.comm_bwd_s,
         saved_bytes=saved,
-        selective_dropped_bytes=max(0.0, saved - inputs - kept - (experts.a2a_kept_bytes if experts else 0.0)),
+        selective_dropped_bytes=max(0.0, saved - inputs - t.kept_bytes - (experts.a2a_kept_bytes if experts else 0.0)),
         loss_grad_bytes=sum(
             loss_grad_bytes(structure, n, precision=precision, gpu=gpu, dtypes=dtypes) for n in structure.nodes
         )
@@ -246,47 +169,30 @@ def summarise(
         param_count=params,
         param_names=tuple(held),
         param_numels=tuple(held.values()),
-        flops=flops,
-        matmul_fwd_flops=by_kind["matmul"][0],
-        matmul_bwd_flops=by_kind["matmul"][1],
-        attention_fwd_flops=by_kind["attention"][0],
-        attention_bwd_flops=by_kind["attention"][1],
-        tp_matmul_fwd_s=overlap[0],
-        tp_matmul_bwd_s=overlap[1],
-        tp_overlap_chunking_fwd_s=overlap[2],
-        tp_overlap_chunking_bwd_s=overlap[3],
+        flops=t.flops,
+        matmul_fwd_flops=t.matmul_fwd_flops,
+        matmul_bwd_flops=t.matmul_bwd_flops,
+        attention_fwd_flops=t.attention_fwd_flops,
+        attention_bwd_flops=t.attention_bwd_flops,
+        tp_matmul_fwd_s=t.tp_matmul_fwd_s,
+        tp_matmul_bwd_s=t.tp_matmul_bwd_s,
+        tp_overlap_chunking_fwd_s=t.tp_chunking_fwd_s,
+        tp_overlap_chunking_bwd_s=t.tp_chunking_bwd_s,
         ep_fwd_s=experts.a2a_fwd_s if experts else 0.0,
         ep_bwd_s=experts.a2a_bwd_s if experts else 0.0,
-        expert_fwd_s=expert_s[0],
-        expert_bwd_s=expert_s[1],
+        expert_fwd_s=t.expert_fwd_s,
+        expert_bwd_s=t.expert_bwd_s,
         expert_param_count=expert_params,
         cp_fwd_s=cp.fwd_s,
         cp_bwd_s=cp.bwd_s,
         cp_messages=cp.messages,
-        fp8_params=fp8_params,
+        fp8_params=t.fp8_params,
         frozen_param_count=sum(n for name, n in held.items() if name in graph.frozen_params),
         frozen_names=frozenset(held) & graph.frozen_params,
         frozen_expert_param_count=sum(
             n for name, n in held.items() if name in graph.frozen_params and experts and name in experts.param_names
         ),
     )
-
-
-def _executed_share(node: OpNode, ctx: TPContext) -> float:
-    """1, or under context parallelism an attention's executed FLOPs over its 1/cp share
-    (autoplan/cost/cp/exposed.py ``executed_fraction``)."""
-    if ctx.cp == 1 or node.op != "attention":
-        return 1.0
-    return executed_fraction(ctx.cp, causal=bool(node.attrs.get("causal")), variant=ctx.cp_variant) * ctx.cp
-
-
-def _busiest_rows(node: OpNode, experts: BlockExperts | None) -> float:
-    """The busiest expert-parallel rank's rows over the mean for a node of the routed experts (the routing
-    model's imbalance ``i``: its expert activations are ``i`` times the mean, as its GEMMs' time is,
-    cost/moe/experts.py), else 1. Only under ep > 1, where the busiest rank holds more than its share."""
-    if experts is None or experts.imbalance == 1.0 or not any(within(node.module, m) for m in experts.modules):
-        return 1.0
-    return experts.imbalance
 
 
 def _split_experts(
@@ -298,41 +204,6 @@ def _split_experts(
     mine = {name: n / experts.ep for name, n in held.items() if name in experts.param_names}
     saved = sum(held[name] - n for name, n in mine.items())
     return {**held, **mine}, params - saved, sum(mine.values())
-
-
-def _add_overlap(
-    totals: list[float],
-    graph: Graph,
-    node: OpNode,
-    ctx: TPContext,
-    *,
-    shard: int,
-    read: float,
-    t_fwd: float,
-    t_bwd: float,
-) -> None:
-    """A split linear's time, and what running it as tp slices of the tokens adds
-    (autoplan/cost/tp/overlap.py): tp * t(1/tp of the tokens) - t(all of them), less the
-    (tp - 1) extra casts of an FP8 weight that is cast once for all slices."""
-    n = ctx.tp
-    kw = dict(precision=ctx.precision, shard=shard, recipe=ctx.fp8)
-    recast = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=False, **kw)
-    recast_bwd = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=True, **kw)
-    slice_fwd, slice_bwd = node_times_s(
-        graph,
-        node,
-        ctx.profile,
-        precision=ctx.precision,
-        batch_fraction=ctx.batch_fraction / n,
-        shard=shard,
-        reads=read,
-        recipe=ctx.fp8,
-        dtypes=dtypes_of(graph, ctx.dtypes),
-    )
-    totals[0] += t_fwd
-    totals[1] += t_bwd
-    totals[2] += max(0.0, n * slice_fwd - t_fwd - recast)
-    totals[3] += max(0.0, n * slice_bwd - t_bwd - recast_bwd)
 
 
 def loss_grad_bytes(

@@ -6,7 +6,9 @@ block, the tp split of each of its parameterised modules, and the fields of the 
 of one group (trace/layers.py) with the same splits share one summary. A block that runs no routed experts
 (cost/moe/experts.py ``layers_in``: a dense block, the nodes outside every block) reads no expert placement,
 so its summary is keyed on the context without it (``TPContext.dense_key``): a search over ep, expert_tp
-and routing prices such a block once per the other fields, not once per placement.
+and routing prices such a block once per the other fields, not once per placement. A block that runs them
+reads the placement only in its routed experts' nodes (cost/node_terms.py): its other nodes' terms are kept
+per context without the placement, and only those nodes are priced again per placement.
 
 The splits of each block under a tp_plan are read once per tp_plan (``TpPlanMemo``), and the summaries of
 every block and of the outside nodes, as the plan runs them (tp_comm_overlap: cost/tp/overlap.py), once per
@@ -20,6 +22,7 @@ from dataclasses import replace
 from autoplan.cost.blocks import LayerSummary, block_structure, per_distinct, summarise
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.moe.experts import layers_in
+from autoplan.cost.node_terms import BlockTerms, block_terms
 from autoplan.cost.tp.block import block_nodes
 from autoplan.cost.tp.overlap import overlapped
 from autoplan.cost.tp.plan_memo import TpPlanMemo
@@ -44,6 +47,7 @@ class BlockSummaries:
         structures = [*self.structures.items(), *self.outside.items()]  # "pre" and "post" name no block
         self._routed = {name: bool(layers_in(graph, s.nodes)) for name, s in structures}
         self._cache: dict[tuple, LayerSummary] = {}
+        self._terms_cache: dict[tuple, BlockTerms] = {}  # a routed block's, per context but its placement
         self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
 
     def _index_group(self, layers: list[str]) -> None:
@@ -75,22 +79,33 @@ class BlockSummaries:
         self, layer: str | None, part: str, splits: tuple, tp_plan: dict[str, str], ctx: TPContext
     ) -> LayerSummary:
         rep = self.rep[layer] if layer is not None else None
-        key = (rep, part, splits, *(ctx.key if self._routed[rep or part] else ctx.dense_key))
+        routed = self._routed[rep or part]
+        key = (rep, part, splits, *(ctx.key if routed else ctx.dense_key))
         hit = self._cache.get(key)
         if hit is None:
             rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
             structure = self.structures[rep] if rep is not None else self.outside[part]
+            run_ctx = part_context(ctx, part)
+            terms = self._terms(rep, part, splits, rep_plan, structure, run_ctx) if routed else None
             hit = summarise(
-                self.graph,
-                structure,
-                layer=rep,
-                tp_plan=rep_plan,
-                ctx=part_context(ctx, part),
-                node_times=self.node_times,
+                self.graph, structure, layer=rep, tp_plan=rep_plan, ctx=run_ctx, node_times=self.node_times, terms=terms
             )
             if part == "pre":  # the outside nodes' TP collectives are charged once, to the last stage
                 hit = LayerSummary(**{**hit.__dict__, "tp_fwd_s": 0.0, "tp_bwd_s": 0.0})
             self._cache[key] = hit
+        return hit
+
+    def _terms(
+        self, rep: str | None, part: str, splits: tuple, tp_plan: dict[str, str], structure, ctx: TPContext
+    ) -> BlockTerms:
+        """A routed block's node terms but for its expert placement (cost/node_terms.py), once per context
+        without the placement, and whether there is one (its routed experts' nodes are priced apart then)."""
+        key = (rep, part, splits, ctx.experts is None, *ctx.dense_key)
+        hit = self._terms_cache.get(key)
+        if hit is None:
+            hit = self._terms_cache[key] = block_terms(
+                self.graph, structure.nodes, layer=rep, tp_plan=tp_plan, ctx=ctx, node_times=self.node_times
+            )
         return hit
 
     def blocks(self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool) -> dict[str, LayerSummary]:
@@ -98,7 +113,13 @@ class BlockSummaries:
 
         def make() -> dict[str, LayerSummary]:  # identical blocks share one summary, so one run of as_run too
             splits = self._block_splits(tp_plan) if ctx.tp > 1 else {}
-            summaries = [self._priced(layer, "", splits.get(layer, ()), tp_plan, ctx) for layer in self.graph.layers]
+            priced: dict[tuple, LayerSummary] = {}  # _priced reads a block's representative and splits only
+            summaries = []
+            for layer in self.graph.layers:
+                key = (self.rep[layer], splits.get(layer, ()))
+                if key not in priced:
+                    priced[key] = self._priced(layer, "", key[1], tp_plan, ctx)
+                summaries.append(priced[key])
             ran = per_distinct(summaries, lambda s: self.as_run(s, ctx, tp_comm_overlap))
             return dict(zip(self.graph.layers, ran))
 

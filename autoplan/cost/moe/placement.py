@@ -29,6 +29,7 @@ class ExpertGroups:
 
     def __init__(self, graph: Graph, profile: Profile):
         self.moe_layers, self.profile = graph.moe_layers, profile
+        self._placements: dict[tuple, ExpertPlacement | None] = {}  # one (frozen) placement per its arguments
 
     def for_plan(self, plan: Plan) -> ExpertPlacement | None:
         """How ``plan`` runs the experts; None for a dense model or under tensor parallelism without the
@@ -42,7 +43,16 @@ class ExpertGroups:
     ) -> ExpertPlacement | None:
         """:meth:`for_plan` of a plan with these degrees and routing model (the search's bounds ask
         before any plan is built). At tp > 1 the layout folds over the tp ranks, each routing its
-        sequence shard (types/expert_layout.py: it needs sequence parallelism there)."""
+        sequence shard (types/expert_layout.py: it needs sequence parallelism there). Memoised on the
+        arguments: the search asks again per candidate plan, and a block's memo keys hash the placement."""
+        key = (tp, dp, ep, pp, routing, expert_tp)
+        if key not in self._placements:
+            self._placements[key] = self._placement(tp=tp, dp=dp, ep=ep, pp=pp, routing=routing, expert_tp=expert_tp)
+        return self._placements[key]
+
+    def _placement(
+        self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None, expert_tp: int
+    ) -> ExpertPlacement | None:
         if not self.moe_layers or (tp > 1 and ep * expert_tp == 1):
             return None
         one = AxisGroup(size=1, ranks_per_node=1)

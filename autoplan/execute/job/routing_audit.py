@@ -3,7 +3,7 @@ experts, and the busiest expert-parallel rank's load over the mean (docs/cost-mo
 docs/moe.md, "Router imbalance in memory").
 
 The cost model prices the busiest ep rank at the routing model's imbalance ``i`` (its GEMM time and its expert
-activations, cost/blocks.py ``_busiest_rows``); the run's own is
+activations, cost/node_terms.py ``node_terms``); the run's own is
 
     i_measured = max_r rows_r / mean_r rows_r      over the ranks of one pipeline stage,
 
