@@ -127,6 +127,7 @@ def test_each_priced_term_is_drawn_on_the_slowest_stage(case):
         assert _spans(trace, slowest, tid=THREADS.index("ep"), cat="hidden")
 
 
+@pytest.mark.parametrize("case", ["moe-ep2-dualpipev-overlap"], indirect=True)
 def test_an_overlapped_pair_draws_its_halves_side_by_side(case):
     """DualPipeV's F&B pairs (report/pair_layout.py): on each stage, every pair of its order is drawn with its
     forward half's compute and its backward half's interleaved, so the two halves' spans overlap in time, each
@@ -134,8 +135,6 @@ def test_an_overlapped_pair_draws_its_halves_side_by_side(case):
     from autoplan.cost import v_order
 
     name, plan, _, _, trace = case
-    if name != "moe-ep2-dualpipev-overlap":
-        pytest.skip("no overlapped pairs")
     assert plan.moe_a2a_overlap and plan.schedule == "dualpipev"
     orders = v_order("dualpipev", pp=plan.pp, m=plan.num_microbatches)
     for stage in range(plan.pp):
