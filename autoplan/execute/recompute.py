@@ -1,41 +1,45 @@
 """Activation recomputation per block, as ``plan.recompute`` says.
 
 - ``full``: checkpoint each block: keep only its inputs, rerun its forward in backward.
-- ``selective``: op-level selective activation checkpointing (torch.utils.checkpoint with a
-  policy, as torchtitan's op SAC): the outputs of matmuls (grouped and FP8-scaled ones too),
-  attention kernels and convolutions are saved, everything else (norms, activations, softmax,
-  element-wise ops, FP8's scaling passes) is recomputed, and the functional all-to-all's output is
-  kept, so the expert dispatch never sends again (as torchtitan's op SAC). The kernels saved are the cost model's
-  own table (autoplan/types/saved_ops.py ``SAVED_ATEN_OPS``), so what is priced as kept is kept:
-  re-run the forward of the other nodes, keep the block inputs and the saved outputs. It frees
-  Korthikanti et al.'s softmax and dropout s^2 tensors but keeps the QK^T scores, a matmul output.
-- The whole block is re-run: torch stops a recomputation early once the last tensor the
-  backward needs is rebuilt (skipping a block's output projection and its TP all-reduce), but
-  the cost model prices the whole forward and its collectives, so early stop is turned off.
+- ``selective``: op-level selective activation checkpointing (torch.utils.checkpoint with a policy, as
+  torchtitan's op SAC): the outputs of matmuls (grouped and FP8-scaled ones too), attention kernels and
+  convolutions are saved, everything else (norms, activations, softmax, element-wise ops, FP8's scaling passes) is
+  recomputed, and the functional all-to-all's output is kept, so the expert dispatch never sends again (as
+  torchtitan's op SAC). The kernels saved are the cost model's own table (autoplan/types/saved_ops.py
+  ``SAVED_ATEN_OPS``), so what is priced as kept is kept: re-run the forward of the other nodes, keep the block
+  inputs and the saved outputs. It frees Korthikanti et al.'s softmax and dropout s^2 tensors but keeps the QK^T
+  scores, a matmul output.
+- The whole block is re-run: torch stops a recomputation early once the last tensor the backward needs is rebuilt
+  (skipping a block's output projection and its TP all-reduce), but the cost model prices the whole forward and
+  its collectives, so early stop is turned off.
 - Under a split backward (types/schedules.py ``SPLIT_BACKWARD``) torch re-runs a block in B's pass and again in
   W's; SAC gives each kept output to one re-run, so there it stays for the next (:class:`_KeptForEachRerun`).
-- A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k
-  blocks of each pipeline chunk (``plan.stages``; without a pipeline the one chunk is every block),
-  the rest run as under "none": :func:`recompute_targets`.
+  A re-run's tensors its pass never unpacks (W's in B, B's in W) are dropped when it ends (:func:`_checkpoint_split`).
+- A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k blocks of each
+  pipeline chunk (``plan.stages``; else every block), the rest run as under "none": :func:`recompute_targets`.
 - A plan that asks for recomputation on a rank holding none of the blocks it targets there is
   refused (autoplan/execute/api.py), so recomputation is never priced and silently skipped.
 
-The block's ``forward`` is replaced on the instance, so FQNs stay unchanged (no wrapper
-module), which keeps tp_plan keys, FSDP and --verify's name mapping intact.
+The block's ``forward`` is replaced on the instance, so FQNs stay unchanged (no wrapper module), which keeps
+tp_plan keys, FSDP and --verify's name mapping intact.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 
+import torch
 import torch.nn as nn
 from torch.utils.checkpoint import (
     _RECOMPUTE,
     CheckpointPolicy,
     _CachedTorchDispatchMode,
+    _checkpoint_without_reentrant_generator,
     _sac_storage_key,
     checkpoint,
     create_selective_checkpoint_contexts,
+    noop_context_fn,
     set_checkpoint_early_stop,
 )
 
@@ -73,6 +77,34 @@ def _split_backward_contexts():
     return caching, _KeptForEachRerun(None, cached.storage, cached.allow_cache_entry_mutation)
 
 
+def _checkpoint_split(function, context_fn, *args, **kwargs):
+    """``checkpoint(use_reentrant=False)``'s body (torch.utils.checkpoint, 2.13), each re-run's tensors dropped when
+    its backward pass ends. torch's unpack hook re-runs the block once per pass (graph task id) and keeps what it
+    saves in ``frame.recomputed[task]``, each entry freed when unpacked; under a split backward the tensors only
+    W's nodes unpack stay after B's pass, those only B's unpack after W's, until the graph is freed. No pass
+    reads another's entries (the key is its task id), so dropping a pass's entries at its end is sound. The frame is
+    held weakly: a strong reference would close a cycle (frame, its re-run, this closure) that only gc frees."""
+    frame = {}
+
+    def rerun(*a, **kw):
+        task = torch._C._current_graph_task_id()
+        if task != -1:  # a re-run inside a backward pass: forget its tensors once the pass ends
+            drop = functools.partial(frame["frame"]().recomputed.pop, task, None)
+            torch.autograd.Variable._execution_engine.queue_callback(drop)
+        return function(*a, **kw)
+
+    gen = _checkpoint_without_reentrant_generator(rerun, True, context_fn, "default", False, False, *args, **kwargs)
+    next(gen)
+    frame["frame"] = weakref.ref(gen.gi_frame.f_locals["new_frame"])
+    try:
+        out = rerun(*args, **kwargs)
+    except BaseException:
+        gen.close()
+        raise
+    next(gen, None)
+    return out
+
+
 def _checkpointed(forward, selective: bool, split_backward: bool):
     context_fn = None
     if selective:
@@ -83,6 +115,8 @@ def _checkpointed(forward, selective: bool, split_backward: bool):
     @functools.wraps(forward)
     def run(*args, **kwargs):
         with set_checkpoint_early_stop(False):  # re-run the whole block, as priced (module docstring)
+            if split_backward:
+                return _checkpoint_split(forward, context_fn or noop_context_fn, *args, **kwargs)
             if context_fn is None:
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)
             return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
