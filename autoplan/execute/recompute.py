@@ -27,6 +27,7 @@ tp_plan keys, FSDP and --verify's name mapping intact.
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 
 import torch
@@ -77,6 +78,10 @@ def _split_backward_contexts():
     return caching, _KeptForEachRerun(None, cached.storage, cached.allow_cache_entry_mutation)
 
 
+#: torch's generator takes the arguments _checkpoint_split passes (2.13's); else plain checkpoint runs
+_SPLIT_RUNS = "early_stop" in inspect.signature(_checkpoint_without_reentrant_generator).parameters
+
+
 def _checkpoint_split(function, context_fn, *args, **kwargs):
     """``checkpoint(use_reentrant=False)``'s body (torch.utils.checkpoint, 2.13), each re-run's tensors dropped when
     its backward pass ends. torch's unpack hook re-runs the block once per pass (graph task id) and keeps what it
@@ -95,6 +100,9 @@ def _checkpoint_split(function, context_fn, *args, **kwargs):
 
     gen = _checkpoint_without_reentrant_generator(rerun, True, context_fn, "default", False, False, *args, **kwargs)
     next(gen)
+    if "new_frame" not in gen.gi_frame.f_locals:  # another torch's internals: its own checkpoint, leftovers kept
+        gen.close()
+        return checkpoint(function, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
     frame["frame"] = weakref.ref(gen.gi_frame.f_locals["new_frame"])
     try:
         out = rerun(*args, **kwargs)
@@ -115,7 +123,7 @@ def _checkpointed(forward, selective: bool, split_backward: bool):
     @functools.wraps(forward)
     def run(*args, **kwargs):
         with set_checkpoint_early_stop(False):  # re-run the whole block, as priced (module docstring)
-            if split_backward:
+            if split_backward and _SPLIT_RUNS:
                 return _checkpoint_split(forward, context_fn or noop_context_fn, *args, **kwargs)
             if context_fn is None:
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)
