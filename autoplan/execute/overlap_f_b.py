@@ -12,9 +12,11 @@ On CUDA the forward half runs on a side stream, joined to the current stream bef
 
 Selective recomputation: the backward half re-runs its blocks' forwards on its thread, beside the forward half, and
 sends nothing (the lanes' functional all-to-alls keep their outputs: ep_lanes.py). The re-run restores the forward's
-random-number state for its span (``fork_rng``), a global state the forward half would draw from meanwhile: a pair
-whose forward half draws (dropout) is refused (:func:`_same_rng`), as a re-run mask could then differ from its
-forward's. Full recomputation is refused beside the overlap (types/moe_overlap.py).
+random-number state for its span (``fork_rng``), a global state the forward half would draw from meanwhile, so a
+re-run mask could differ from its forward's. A pair refuses, before it runs, a forward stage with a dropout module
+of p > 0 in training (:func:`_active_dropout`); a draw that no module shows (functional dropout) is caught after the
+pair only if it moved the generator's state (:func:`_same_rng`), which a draw made wholly inside the re-run's fork
+does not. Full recomputation is refused beside the overlap (types/moe_overlap.py).
 
 Thread-local state: the forward half runs on the schedule's thread, under its autocast and grad mode; the backward
 needs neither. The execution audit's recorders are dispatch modes, which a thread does not inherit: under them both
@@ -90,6 +92,12 @@ class OverlappedFB:
                 failed.append(exc)
 
         helper = threading.Thread(target=backward_half, name="autoplan-overlap-backward")
+        if self.recomputes and _active_dropout(f_stage.submod):
+            raise RunError(
+                f"{action}: stage {f_stage.stage_index} has dropout ({_active_dropout(f_stage.submod)}), whose masks "
+                "its forward half would draw while the backward half re-runs blocks under recomputation from the same "
+                "generator; set the model's dropout to 0, recompute to 'none', or moe_a2a_overlap to false."
+            )
         rng = _rng_states(f_stage.device) if self.recomputes else None
         with _side_stream(f_stage.device) as side, _disable_current_modes() if modes else contextlib.nullcontext():
             helper.start()
@@ -137,6 +145,14 @@ class OverlappedFB:
         if b_index - 1 in stages:
             gradient = stages[b_index].get_local_bwd_output(backward.microbatch_index)
             stages[b_index - 1].set_local_bwd_input(gradient, backward.microbatch_index)
+
+
+def _active_dropout(module: torch.nn.Module) -> str:
+    """The first dropout module of ``module`` that draws (p > 0, in training), by name; '' when none does."""
+    for name, child in module.named_modules():
+        if isinstance(child, torch.nn.modules.dropout._DropoutNd) and child.p > 0 and child.training:
+            return name or type(child).__name__
+    return ""
 
 
 def _rng_states(device: torch.device) -> list[torch.Tensor]:
