@@ -28,6 +28,7 @@ import torch.distributed as dist
 from autoplan.errors import CheckpointError, RunError
 from autoplan.execute.checkpoint import store
 from autoplan.execute.checkpoint.manager import Checkpointer, StopRequest
+from autoplan.jobs.lifeline import LAUNCHER_PID_ENV
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 FAULT_ENV = "AUTOPLAN_INJECT_FAULT"
@@ -38,6 +39,25 @@ KEEP = 2  # checkpoints kept: the newest may be cut short by a crash while it is
 def restart_count() -> int:
     value = os.environ.get(RESTART_ENV, "0")
     return int(value) if value.isdigit() else 0
+
+
+SHARED_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def shared_store_warning(*, elastic: bool, environ: dict[str, str] | None = None) -> str | None:
+    """The line rank 0 prints when ``--elastic`` runs under a user's torchrun whose agents share their
+    rendezvous store with the ranks (torch's default, ``TORCHELASTIC_USE_AGENT_STORE=True``). torch 2.13's
+    ``DynamicRendezvousHandler.next_rendezvous`` publishes that store's address only in rank 0's first round, so a
+    node that joins a later round (a node range such as ``--nnodes 1:4``, a replaced node) waits for it until the
+    store's timeout, and the other agents wait for the joining node. None without ``--elastic``, with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, and under autoplan's own one-host launcher, where no node joins."""
+    env = os.environ if environ is None else environ
+    if not elastic or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or LAUNCHER_PID_ENV in env:
+        return None
+    return (
+        "autoplan: warning: --elastic under torchrun's shared rendezvous store: a node that joins this job later "
+        f"hangs every agent (torch's dynamic rendezvous); start torchrun with {SHARED_STORE_OFF}=1 (docs/elastic.md)."
+    )
 
 
 @dataclass

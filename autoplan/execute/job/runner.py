@@ -130,6 +130,8 @@ def plan_for_world(*, opts: RunOptions, plan: Plan, replan: Replan | None) -> Pl
     fewer or more nodes): rank 0 re-plans for the world size with ``replan``, which keeps the global
     batch (autoplan/solve/replan.py, passed in by autoplan/cli/rank.py), and every rank takes its plan."""
     world = dist.get_world_size()
+    if dist.get_rank() == 0 and (warning := checkpointing.shared_store_warning(elastic=opts.elastic)):
+        print(warning, file=sys.stderr, flush=True)
     if world == plan.devices:
         return plan
     if not opts.elastic:
