@@ -10,7 +10,7 @@ all-to-alls (each half's on its own lane is still the ep group's) and the same o
 of its recompute mode, and the overlapped run's peak no higher than the plain run's (5% for the forward's
 transients) and, without recomputation, within the 10% the MoE audits hold (tests/dist/test_expert_parallel.py) of
 the price, which replays each pair as its forward then its backward (docs/executor.md, "EP all-to-all overlap").
-Under selective recomputation the plain DualPipeV run itself peaks up to 14% above its price (docs/executor.md, "EP
+Under selective recomputation the plain DualPipeV run itself peaks up to 11% above its price (docs/executor.md, "EP
 all-to-all overlap"), a gap the overlap does not widen; it is printed, as are step times without recomputation,
 measured alternately, never asserted."""
 
