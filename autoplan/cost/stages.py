@@ -33,7 +33,7 @@ class StageTotals:
     cp_s: float = 0.0  # context parallelism's K,V traffic left exposed (autoplan/cost/cp/)
     saved_bytes: float = 0.0  # activations kept per micro-batch after the recompute choice
     offloaded_bytes: float = 0.0  # of the blocks' saved activations, those sent to the host, per micro-batch
-    peak_block_bytes: float = 0.0  # one block's full activations (live while it is recomputed)
+    peak_block_bytes: float = 0.0  # a recomputed block's re-made activations: all (full), the dropped (selective)
     loss_grad_bytes: float = 0.0  # the loss backward's gradients (cost/blocks.py), on the stage holding the loss
     loss_saved_bytes: float = 0.0  # of saved_bytes, the loss's own (cost/blocks.py), on the stage holding the loss
     params: float = 0.0
@@ -143,6 +143,9 @@ def _add(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: b
         stage.recompute_s += block.selective_recompute_s
         stage.tp_s += block.tp_fwd_s
         stage.saved_bytes += block.saved_bytes - block.selective_dropped_bytes
+        # torch's checkpoint re-runs the block whole at its backward's first unpack (utils/checkpoint.py 2.13,
+        # _checkpoint_hook.unpack_hook; early stop off) and keeps what it saves until unpacked: the dropped bytes
+        stage.peak_block_bytes = max(stage.peak_block_bytes, block.selective_dropped_bytes)
         return
     stage.recompute_s += block.fwd_s
     stage.tp_s += block.tp_fwd_s

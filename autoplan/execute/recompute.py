@@ -13,7 +13,7 @@
   (skipping a block's output projection and its TP all-reduce), but the cost model prices the whole forward and
   its collectives, so early stop is turned off.
 - Under a split backward (types/schedules.py ``SPLIT_BACKWARD``) torch re-runs a block in B's pass and again in
-  W's; SAC gives each kept output to one re-run, so there it stays for the next (:class:`_KeptForEachRerun`).
+  W's; SAC gives each kept output to one re-run, so it stays for the next, as an alias (:class:`_KeptForEachRerun`).
   A re-run's tensors its pass never unpacks (W's in B, B's in W) are dropped when it ends (:func:`_checkpoint_split`).
 - A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k blocks of each
   pipeline chunk (``plan.stages``; else every block), the rest run as under "none": :func:`recompute_targets`.
@@ -32,6 +32,7 @@ import weakref
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import (
     _RECOMPUTE,
     CheckpointPolicy,
@@ -60,7 +61,11 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 
 class _KeptForEachRerun(_CachedTorchDispatchMode):
     """SAC's re-run mode (torch.utils.checkpoint, 2.13), each kept output left in the cache for the block's next
-    re-run: B's and W's under a split backward (module docstring)."""
+    re-run: B's and W's under a split backward (module docstring). Each re-run gets an alias of the kept output
+    (``detach``), not the cached tensor: autograd records the re-run's node on the tensor an op returns, and on the
+    cached one, kept for the next re-run, that node held the re-run's whole graph (every tensor it saved: a GELU's
+    output, a linear's input) until the step's end, so by a chunk's last block its B held every block's re-run,
+    where the price holds one (docs/executor.md, "Selective recomputation against its price")."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         key = _sac_storage_key(func, args)
@@ -69,6 +74,7 @@ class _KeptForEachRerun(_CachedTorchDispatchMode):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if kept is not None and kept is not _RECOMPUTE and self.func_counter[key] == index + 1:  # given, not ignored
             entries[index] = kept
+            out = tree_map_only(torch.Tensor, torch.Tensor.detach, out)
         return out
 
 

@@ -121,3 +121,18 @@ def test_an_interleaved_fit_gives_each_chunk_its_stages_count():
     assert peaks[counts[1]][1] <= usable_bytes(memory) and (
         counts[1] == 0 or peaks[counts[1] - 1][1] > usable_bytes(memory)
     )
+
+
+def test_the_first_block_recomputed_selectively_prices_its_rerun_as_the_transient(model):
+    """torch's checkpoint re-runs a block whole at its backward's first unpack (early stop off,
+    execute/recompute.py) and keeps every tensor the re-run saves until it is unpacked, so one block's
+    dropped tensors are live again at once: the first block recomputed selectively saves that much less
+    than each further one (stage 0, without the loss's transient)."""
+    stages = [["h.0", "h.1", "h.2"], ["h.3", "h.4", "h.5"]]
+    plan = _plan(pp=2, num_microbatches=4, recompute="selective", stages=stages)
+    peaks = [stage_peaks_bytes(model, plan, [k, 0])[0] for k in range(3)]
+    first, further = peaks[0] - peaks[1], peaks[1] - peaks[2]
+    priced, _tp_plan, _ctx = model.priced_stages(plan)
+    dropped = priced[0].blocks[-1].selective_dropped_bytes  # h.2's, as every block's (identical blocks)
+    assert dropped > 0 and further > 0
+    assert further - first == pytest.approx(dropped)
