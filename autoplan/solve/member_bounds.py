@@ -77,20 +77,21 @@ class _Shared:
     """What every stage option of one tp_plan and tp overlap shares, by ZeRO choice (:func:`_per_overlap`)."""
 
     extras_s: list[float]  # Bounds.step_extras_s of each ZeRO choice at the stage parameters' floor
-    states_fit: bool  # whether any ZeRO choice's states alone fit (Bounds.states_floor_bytes)
+    states_bytes: tuple[float, ...]  # Bounds.states_floor_bytes of each ZeRO choice, with its stages or without
+    states_fit: bool  # whether any ZeRO choice's states alone fit
 
 
 def _per_overlap(search: Any, g: Group, base: Plan, dp_choices: list, extras: dict, kw: dict) -> _Shared:
     """:class:`_Shared` of ``base``'s tp overlap, memoised in ``extras`` (one tp_plan's): its ZeRO choices' plans
-    differ from one stage option to the next only in recompute, schedule and virtual stages, which
-    Bounds.step_extras_s, stage_params_floor and states_floor_bytes do not read
+    differ from one stage option to the next only in recompute, schedule and virtual stages (and a member's in its
+    stages), which Bounds.step_extras_s, stage_params_floor and states_floor_bytes do not read
     (tests/unit/solve/test_search_memos.py varies each)."""
     if (key := base.tp_comm_overlap) not in extras:
         plans = g.plans(dp_choices, **kw)
         params = search.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         extras_s = [search.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
-        fit = any(search.bounds.states_floor_bytes(p) <= search._usable_bytes for p in plans)
-        extras[key] = _Shared(extras_s, fit)
+        states = tuple(search.bounds.states_floor_bytes(p) for p in plans)
+        extras[key] = _Shared(extras_s, states, any(b <= search._usable_bytes for b in states))
     return extras[key]
 
 
@@ -105,20 +106,33 @@ def member_bound(search: Any, g: Group, plan: Plan, at: tuple, extras: dict) -> 
     """Bound (2) of ``plan``, the ``i``-th ZeRO choice of its stage option, with its partition's stage times at
     the recompute ``search.budgets`` says now; ``at``: (stages, the option's own bound, its sends, i)."""
     stages, own, (pp_comm_s, offload), i = at
-    times, params = _stage_totals(search, plan, stages, extras)
-    core_s = (g.m + search.stage_costs.bubble_floor(plan, may_offload=offload)) * max(times) + pp_comm_s
+    shared = extras.get(plan.tp_comm_overlap)  # its option's (whatever_the_stages): the states floor of choice i
+    states_fit = shared.states_bytes[i] <= search._usable_bytes if shared is not None else None
+    times, params = _stage_totals(search, plan, stages, extras, states_fit=states_fit)
+    core_s = (g.m + _bubble_floor(search, plan, offload, extras)) * max(times) + pp_comm_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, plan, search.fixes)  # its overlapped twin's
     if (key := (plan.tp_comm_overlap, i, max(params))) not in extras:  # as in whatever_the_stages
         extras[key] = search.bounds.step_extras_s(plan, stage_params=max(params))
     return max(own, search.objective(core_s + extras[key], g.degrees.devices))
 
 
-def _stage_totals(search: Any, plan: Plan, stages: list, extras: dict) -> tuple:
-    """StageCosts.stage_totals of ``plan``'s timing plan (``search.budgets``) and ``stages``, memoised in ``extras``
-    (one tp_plan's) on what it reads that tells its members apart: the stages (held, so their id stays theirs), the
-    timing plan's recompute, schedule, virtual stages, tp overlap and tp context (StageCosts.context: its ZeRO stage
-    among them), not a ZeRO choice's gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
-    timing = search.budgets.timing(plan)
+def _bubble_floor(search: Any, plan: Plan, offload: bool, extras: dict) -> float:
+    """StageCosts.bubble_floor of ``plan``, memoised in ``extras`` (one tp_plan's) on what it reads that tells its
+    members apart: recompute, schedule, virtual stages, tp overlap and ZeRO stage (its tp context's), not its
+    stages or gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
+    key = ("bubble", plan.recompute, plan.schedule, plan.virtual_stages, plan.tp_comm_overlap, plan.zero_stage, offload)
+    if key not in extras:
+        extras[key] = search.stage_costs.bubble_floor(plan, may_offload=offload)
+    return extras[key]
+
+
+def _stage_totals(search: Any, plan: Plan, stages: list, extras: dict, *, states_fit: bool | None = None) -> tuple:
+    """StageCosts.stage_totals of ``plan``'s timing plan (``search.budgets``; ``states_fit``: whether its states alone
+    fit, where known) and ``stages``, memoised in ``extras`` (one tp_plan's) on what it reads that tells its members
+    apart: the stages (held, so their id stays theirs), the timing plan's recompute, schedule, virtual stages, tp
+    overlap and tp context (StageCosts.context: its ZeRO stage among them), not a ZeRO choice's gradient sync
+    (tests/unit/solve/test_group_plans.py varies each)."""
+    timing = search.budgets.timing(plan, states_fit=states_fit)
     ctx = search.stage_costs.context(timing).key
     key = ("totals", id(stages), timing.recompute, timing.schedule, timing.virtual_stages, timing.tp_comm_overlap, ctx)
     if key not in extras:

@@ -62,9 +62,10 @@ class BudgetBounds:
         self._short: set[tuple] = set()  # members whose plan without recompute was priced and did not fit
         self._short_shapes: set[tuple] = set()  # their _shape: a plan of another shape is no such member
 
-    def timing(self, plan: Plan, members: Callable[[], list[Plan]] | None = None) -> Plan:
+    def timing(self, plan: Plan, members: Callable[[], list[Plan]] | None = None, *, states_fit=None) -> Plan:
         """The plan whose stage times bound ``plan`` (and its ZeRO and sync variants, which ``members`` makes: they
-        share its _shape, so they are made only where that shape fell short)."""
+        share its _shape, so they are made only where that shape fell short). ``states_fit`` is not read: only a
+        priced plan that fit is fitted a budget (:meth:`fitted`); best_first's bounds pass it."""
         if plan.recompute == "none" or _shape(plan) not in self._short_shapes:  # implied by each _member
             return plan
         budgeted = any(_member(p) in self._short for p in (members() if members else [plan]))

@@ -87,7 +87,9 @@ def test_a_zero_choice_s_bubble_floor_reads_its_stage_alone(search, group, sched
     def fresh(plan) -> float:
         return StageCosts(search.graph, search.profile, search.cost_model).bubble_floor(plan, may_offload=False)
 
-    for plan in plans:
+    stages = search._stages(plans[0])  # nor its stages (member_bounds._bubble_floor)
+    staged = [group.plan(zero=zero, grads=grads, stages=stages, **kw) for zero, grads in choices]
+    for plan in plans + staged:
         assert fresh(plan) == fresh(first[plan.zero_stage]), plan.describe()
 
 

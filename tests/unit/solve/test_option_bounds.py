@@ -58,3 +58,46 @@ def test_option_bounds_equal_the_plain_ones_and_make_plans_once_per_overlap(devi
                 assert subs == _plain(search, g, base, own, dp_choices, offload, pp_s), base.describe()
                 compared += 1
     assert compared > 10 and fit in fits
+
+
+def _plain_member(search: Search, g: Group, plan, at: tuple) -> float:
+    """member_bound the plain way: the budgets' timing asking the plan's own states floor, its own bubble floor,
+    nothing shared."""
+    stages, own, (pp_s, offload), _ = at
+    times, params = search.stage_costs.stage_totals(search.budgets.timing(plan), stages)
+    bubble = search.stage_costs.bubble_floor(plan, may_offload=offload)
+    core_s = (g.m + bubble) * max(times) + pp_s - moe_overlap.hideable_s(search.stage_costs, plan, search.fixes)
+    extra_s = search.bounds.step_extras_s(plan, stage_params=max(params))
+    return max(own, search.objective(core_s + extra_s, g.degrees.devices))
+
+
+@pytest.mark.parametrize(("devices", "memory_bytes"), [(16, 2**31), (8, 2**24)])
+def test_member_bounds_equal_the_plain_ones_and_read_no_states_floor(devices, memory_bytes, monkeypatch):
+    """A member's bound (2) reads its ZeRO choice's states floor of its option (whatever_the_stages) and one bubble
+    floor per (recompute, schedule, v, overlap, ZeRO stage) of its tp_plan."""
+    search = _search(devices, memory_bytes)
+    floors, bubbles = [], []
+    real_floor, real_bubble = type(search.bounds).states_floor_bytes, type(search.stage_costs).bubble_floor
+    g = next(g for _, g in search.groups() if g.degrees.pp > 1 and g.degrees.dp > 1)
+    choice, dp_choices, extras = search._choose(g), search._dp_choices(g.degrees), {}
+    names = dict(model=search.graph.model_name, profile=search.profile.name, tp_plan=choice.tp_plan)
+    compared = 0
+    with Pass(search, [])._floors():
+        options = list(member_bounds.options(search, g, 0.0, choice, dp_choices, extras, []))
+        monkeypatch.setattr(type(search.bounds), "states_floor_bytes", lambda *a: floors.append(1) or real_floor(*a))
+        monkeypatch.setattr(
+            type(search.stage_costs), "bubble_floor", lambda *a, **k: bubbles.append(1) or real_bubble(*a, **k)
+        )
+        for base, own, sends, _ in options:
+            kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages)
+            kw.update(tp_overlap=base.tp_comm_overlap, **names)
+            stages = search._stages(g.plan(zero=0, **kw))
+            for i, (zero, grads) in enumerate(dp_choices):
+                plan, at = g.plan(zero=zero, grads=grads, stages=stages, **kw), (stages, own, sends, i)
+                floors.clear()
+                bound = member_bounds.member_bound(search, g, plan, at, extras)
+                assert not floors  # its option's states floor, not its own
+                assert bound == _plain_member(search, g, plan, at), plan.describe()
+                compared += 1
+    zeros = {zero for zero, _ in dp_choices}
+    assert compared > 10 and len(bubbles) - compared <= len(options) * len(zeros) < compared
