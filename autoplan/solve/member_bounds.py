@@ -52,7 +52,8 @@ def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choi
     floors under any partition (Bounds.stage_params_floor), under Pass._floors' budgets. ``extras``: what one
     tp_plan's options of one tp overlap share (:func:`_per_overlap`); ``sends``: (Bounds.pp_comm_s, whether the
     group may offload activations). A ZeRO choice's plan is made only where it is read: the first of each ZeRO
-    stage's (:func:`_first_per_zero`), and every one where the budgets' timing reads them."""
+    stage's (:func:`_first_per_zero`) where the bubble floor reads the ZeRO stage (StageCosts.bubble_reads_context),
+    and every one where the budgets' timing reads them."""
     pp_s, offload = sends
     kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
     kw.update(tp_overlap=base.tp_comm_overlap, model=search.graph.model_name, profile=search.profile.name)
@@ -65,8 +66,11 @@ def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choi
 
     timing = search.budgets.timing(base, plans, states_fit=shared.states_fit)
     floor_s = search.stage_costs.slowest_stage_floor_s(timing)
-    firsts = [g.plan(zero=zero, grads=grads, **kw) for zero, grads in _first_per_zero(dp_choices)]
-    bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in firsts), default=0.0)
+    if search.stage_costs.bubble_reads_context(base, may_offload=offload):  # each ZeRO stage's its own
+        firsts = [g.plan(zero=zero, grads=grads, **kw) for zero, grads in _first_per_zero(dp_choices)]
+        bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in firsts), default=0.0)
+    else:  # the schedule's alone: every ZeRO choice's is the base plan's
+        bubble = search.stage_costs.bubble_floor(base, may_offload=offload)
     core_s = (g.m + bubble) * floor_s + pp_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, base, search.fixes)  # an overlapped twin could hide it
     return [max(bound, search.objective(core_s + extra_s, g.degrees.devices)) for extra_s in shared.extras_s]

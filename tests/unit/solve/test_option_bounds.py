@@ -40,24 +40,34 @@ def _plain(search: Search, g: Group, base, bound: float, dp_choices: list, offlo
 def test_option_bounds_equal_the_plain_ones_and_make_plans_once_per_overlap(devices, memory_bytes, fit, monkeypatch):
     """``fit``: whether the states of some ZeRO choice fit (a recompute budget's timing), else none's does."""
     search = _search(devices, memory_bytes)
-    made = []
-    real = Group.plans
+    made, bubbles = [], []
+    real, real_bubble = Group.plans, type(search.stage_costs).bubble_floor
     monkeypatch.setattr(Group, "plans", lambda self, *a, **kw: made.append(1) or real(self, *a, **kw))
+    monkeypatch.setattr(
+        type(search.stage_costs), "bubble_floor", lambda *a, **kw: bubbles.append(a[1]) or real_bubble(*a, **kw)
+    )
     groups = [g for _, g in search.groups() if g.degrees.pp > 1][:4]
     assert groups
-    fits, compared = set(), 0
+    fits, read, compared = set(), set(), 0
     for g in groups:
         choice, dp_choices, extras, pruned = search._choose(g), search._dp_choices(g.degrees), {}, []
         overlaps = {o for o, _, _ in search._stage_options(g)}
         with Pass(search, [])._floors():
-            made.clear()
+            made.clear(), bubbles.clear()
             options = list(member_bounds.options(search, g, 0.0, choice, dp_choices, extras, pruned))
             assert len(made) == len(overlaps) < len(options)  # the ZeRO choices' plans: once per tp overlap
+            zeros = len({zero for zero, _ in dp_choices})  # a bubble floor per ZeRO stage where it reads its blocks
+            reading = [
+                search.stage_costs.bubble_reads_context(base, may_offload=offload)
+                for base, _, (_, offload), _ in options
+            ]
+            assert len(bubbles) == sum(zeros if r else 1 for r in reading)
+            read |= set(reading)
             fits |= {shared.states_fit for shared in extras.values() if isinstance(shared, member_bounds._Shared)}
             for base, own, (pp_s, offload), subs in options:
                 assert subs == _plain(search, g, base, own, dp_choices, offload, pp_s), base.describe()
                 compared += 1
-    assert compared > 10 and fit in fits
+    assert compared > 10 and fit in fits and read == {True, False}
 
 
 def _plain_member(search: Search, g: Group, plan, at: tuple) -> float:
