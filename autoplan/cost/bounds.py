@@ -29,7 +29,7 @@ from typing import Protocol
 from autoplan.cost.compute.fp8 import EXPERTS_FP8_FLOOR
 from autoplan.cost.compute.op_costs import node_time_s
 from autoplan.cost.compute.roofline import input_bytes_of, memory_time_s
-from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_floor_s
+from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_exposed_floor_s, kv_floor_inputs
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.floors import SyncFloors
 from autoplan.cost.dp.sparse_embedding import sparse_tables
@@ -91,6 +91,7 @@ class Bounds:
         self._moe = {rep: layers_in(graph, tuple(self._nodes[rep])) for rep, _ in reps}  # grouped MoE layers
         self._gemms = {rep: _expert_gemms(self._nodes[rep], self._moe[rep]) for rep, _ in reps}  # node -> its layer
         self._reps = [(rep, count) for rep, count in reps if self._gemms[rep]]
+        self._attentions = [n for n in graph.nodes if n.op == "attention"]  # the K,V floor's nodes, in order
 
     def compute_min_s(
         self,
@@ -154,15 +155,18 @@ class Bounds:
         return self._c_min[key]
 
     def _kv_floor_s(self, *, tp: int, precision: str, f: float, cp: CpFloor) -> float:
-        """Every attention's K,V floor (cost/cp/floor.py), memoised on what it reads: not ``fused`` (no message is)."""
+        """Every attention's K,V floor (cost/cp/floor.py), memoised on what it reads: not ``fused`` (no message is);
+        the messages of attentions with equal inputs (kv_floor_inputs: identical blocks') priced once, summed in the
+        graph's order."""
         key = ("cp kv", tp, precision, f, cp)
         if key not in self._c_min:
-            times = self.stage_costs.cost_model.node_times
-            self._c_min[key] = sum(
-                kv_floor_s(n, self.graph, self.profile, floor=cp, tp=tp, precision=precision, f=f, times=times)
-                for n in self.graph.nodes
-                if n.op == "attention"
-            )
+            times, floors, total = self.stage_costs.cost_model.node_times, {}, 0.0
+            for n in self._attentions:
+                inputs = kv_floor_inputs(n, self.profile, floor=cp, tp=tp, precision=precision, f=f, times=times)
+                if inputs not in floors:
+                    floors[inputs] = kv_exposed_floor_s(inputs, profile=self.profile, floor=cp)
+                total += floors[inputs]
+            self._c_min[key] = total
         return self._c_min[key]
 
     def zero_bubble_share(self, *, tp: int, precision: str, mbs: int, cp: int = 1) -> float:

@@ -32,7 +32,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from autoplan.cost import memory_budget
 from autoplan.solve import candidates, member_bounds, moe_overlap
@@ -151,7 +151,7 @@ class Pass:
         with self._floors():
             dp_choices = s._dp_choices(g.degrees)
             opts = member_bounds.options(s, g, state.bound, state.choice, dp_choices, state.extras, state.pruned)
-            state.options = [(_fields(base), own, sends, subs) for base, own, sends, _, subs in opts]
+            state.options = [(_fields(base), own, sends, subs) for base, own, sends, subs in opts]
         if not self.best_first:
             return self._expand(state)
         threshold = -s._top[0] if len(s._top) >= s.options.keep else math.inf  # the options it beat: unbounded
@@ -327,9 +327,15 @@ class _AnyBudget:
         self._search, self._budgets = search, search.budgets
         self.searched = self._budgets.searched
 
-    def timing(self, plan: Plan, members: list[Plan] | None = None) -> Plan:
-        if any(_may_budget(self._search, p) for p in members or [plan]):
-            return Plan.unchecked(**{**plan.__dict__, "recompute": "none"})
+    def timing(self, plan: Plan, members: Callable[[], list[Plan]] | None = None, *, states_fit=None) -> Plan:
+        """``members``: makes ``plan``'s ZeRO and sync variants, which share its recompute (BudgetBounds.timing);
+        ``states_fit``: whether any of their states alone fit, where the caller knows it (member_bounds)."""
+        if self.searched and plan.recompute != "none":  # _may_budget's first tests: the same for every member
+            if states_fit is None:
+                usable, floor = self._search._usable_bytes, self._search.bounds.states_floor_bytes
+                states_fit = any(floor(p) <= usable for p in (members() if members else [plan]))
+            if states_fit:
+                return Plan.unchecked(**{**plan.__dict__, "recompute": "none"})
         return self._budgets.timing(plan, members)
 
     def fitted(self, model: Any, plan: Plan, feasible: bool) -> Plan | None:

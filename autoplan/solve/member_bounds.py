@@ -11,6 +11,7 @@ are those of ``Search.budgets.timing``: of no recompute where a recompute budget
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from autoplan.solve import activation_offload, moe_overlap
@@ -23,7 +24,7 @@ def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, 
     schedule's own bubble floor does not rule out (for those it does, (that bound, the option's fields) joins
     ``pruned``: one row each, which the caller writes where it expands the group): its plan without ZeRO or stages,
     that bound, its sends (Bounds.pp_comm_s, whether the group may offload activations), and each ZeRO choice's
-    plan and bound (2) whatever the stages (:func:`whatever_the_stages`)."""
+    bound (2) whatever the stages (:func:`whatever_the_stages`)."""
     deg, names = g.degrees, dict(model=search.graph.model_name, profile=search.profile.name)
     own_bounds = {}  # bound (1) at each schedule's own bubble floor
     share = search.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
@@ -43,52 +44,99 @@ def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, 
         if offload is None:  # the same for every member: tp, cp, ep, compile, runtime
             offload = activation_offload.may_offload_a_twin(base, search.profile, search.fixes)
         sends = (pp_comm_s, offload)
-        yield base, own, sends, *whatever_the_stages(search, g, base, own, dp_choices, extras, sends)
+        yield base, own, sends, whatever_the_stages(search, g, base, own, dp_choices, extras, sends)
 
 
-def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choices, extras, sends) -> tuple:
-    """Each ZeRO choice's plan and its bound (2) with the slowest stage and its parameters at their floors under
-    any partition (Bounds.stage_params_floor). ``extras``: each ZeRO choice's step_extras_s, by tp overlap (it
-    reads no schedule, recompute or stages), shared by the members of one tp_plan; ``sends``: (Bounds.pp_comm_s,
-    whether the group may offload activations)."""
+def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choices, extras, sends) -> list[float]:
+    """Bound (2) of each ZeRO choice of ``base``'s stage option with the slowest stage and its parameters at their
+    floors under any partition (Bounds.stage_params_floor), under Pass._floors' budgets. ``extras``: what one
+    tp_plan's options of one tp overlap share (:func:`_per_overlap`); ``sends``: (Bounds.pp_comm_s, whether the
+    group may offload activations). A ZeRO choice's plan is made only where it is read: the first of each ZeRO
+    stage's (:func:`_first_per_zero`) where the bubble floor reads the ZeRO stage (StageCosts.bubble_reads_context),
+    and every one where the budgets' timing reads them."""
     pp_s, offload = sends
     kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
-    kw.update(model=search.graph.model_name, profile=search.profile.name)
-    plans = g.plans(dp_choices, tp_overlap=base.tp_comm_overlap, **kw)
-    floor_s = search.stage_costs.slowest_stage_floor_s(search.budgets.timing(base, plans))
-    bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in _one_per_zero(plans)), default=0.0)
+    kw.update(tp_overlap=base.tp_comm_overlap, model=search.graph.model_name, profile=search.profile.name)
+    shared = _per_overlap(search, g, base, dp_choices, extras, kw)
+    made: list[Plan] = []
+
+    def plans() -> list[Plan]:
+        made[:] = made or g.plans(dp_choices, **kw)
+        return made
+
+    timing = search.budgets.timing(base, plans, states_fit=shared.states_fit)
+    floor_s = search.stage_costs.slowest_stage_floor_s(timing)
+    if search.stage_costs.bubble_reads_context(base, may_offload=offload):  # each ZeRO stage's its own
+        firsts = [g.plan(zero=zero, grads=grads, **kw) for zero, grads in _first_per_zero(dp_choices)]
+        bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in firsts), default=0.0)
+    else:  # the schedule's alone: every ZeRO choice's is the base plan's
+        bubble = search.stage_costs.bubble_floor(base, may_offload=offload)
     core_s = (g.m + bubble) * floor_s + pp_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, base, search.fixes)  # an overlapped twin could hide it
-    params = search.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
+    return [max(bound, search.objective(core_s + extra_s, g.degrees.devices)) for extra_s in shared.extras_s]
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every stage option of one tp_plan and tp overlap shares, by ZeRO choice (:func:`_per_overlap`)."""
+
+    extras_s: list[float]  # Bounds.step_extras_s of each ZeRO choice at the stage parameters' floor
+    states_bytes: tuple[float, ...]  # Bounds.states_floor_bytes of each ZeRO choice, with its stages or without
+    states_fit: bool  # whether any ZeRO choice's states alone fit
+
+
+def _per_overlap(search: Any, g: Group, base: Plan, dp_choices: list, extras: dict, kw: dict) -> _Shared:
+    """:class:`_Shared` of ``base``'s tp overlap, memoised in ``extras`` (one tp_plan's): its ZeRO choices' plans
+    differ from one stage option to the next only in recompute, schedule and virtual stages (and a member's in its
+    stages), which Bounds.step_extras_s, stage_params_floor and states_floor_bytes do not read
+    (tests/unit/solve/test_search_memos.py varies each)."""
     if (key := base.tp_comm_overlap) not in extras:
-        extras[key] = [search.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
-    return plans, [max(bound, search.objective(core_s + extra_s, g.degrees.devices)) for extra_s in extras[key]]
+        plans = g.plans(dp_choices, **kw)
+        params = search.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
+        extras_s = [search.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
+        states = tuple(search.bounds.states_floor_bytes(p) for p in plans)
+        extras[key] = _Shared(extras_s, states, any(b <= search._usable_bytes for b in states))
+    return extras[key]
 
 
-def _one_per_zero(plans: list[Plan]) -> list[Plan]:
-    """The first plan of each ZeRO stage: of a ZeRO choice, StageCosts.bubble_floor reads its stage alone (its tp
-    context's, solve/stage_costs.py), not its gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
-    return list({p.zero_stage: p for p in reversed(plans)}.values())
+def _first_per_zero(dp_choices: list) -> list:
+    """The first (zero, grads) of each ZeRO stage of ``dp_choices``: of a ZeRO choice, StageCosts.bubble_floor reads
+    its stage alone (its tp context's, solve/stage_costs.py), not its gradient sync
+    (tests/unit/solve/test_group_plans.py varies each)."""
+    return list({zero: (zero, grads) for zero, grads in reversed(dp_choices)}.values())
 
 
 def member_bound(search: Any, g: Group, plan: Plan, at: tuple, extras: dict) -> float:
     """Bound (2) of ``plan``, the ``i``-th ZeRO choice of its stage option, with its partition's stage times at
     the recompute ``search.budgets`` says now; ``at``: (stages, the option's own bound, its sends, i)."""
     stages, own, (pp_comm_s, offload), i = at
-    times, params = _stage_totals(search, plan, stages, extras)
-    core_s = (g.m + search.stage_costs.bubble_floor(plan, may_offload=offload)) * max(times) + pp_comm_s
+    shared = extras.get(plan.tp_comm_overlap)  # its option's (whatever_the_stages): the states floor of choice i
+    states_fit = shared.states_bytes[i] <= search._usable_bytes if shared is not None else None
+    times, params = _stage_totals(search, plan, stages, extras, states_fit=states_fit)
+    core_s = (g.m + _bubble_floor(search, plan, offload, extras)) * max(times) + pp_comm_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, plan, search.fixes)  # its overlapped twin's
     if (key := (plan.tp_comm_overlap, i, max(params))) not in extras:  # as in whatever_the_stages
         extras[key] = search.bounds.step_extras_s(plan, stage_params=max(params))
     return max(own, search.objective(core_s + extras[key], g.degrees.devices))
 
 
-def _stage_totals(search: Any, plan: Plan, stages: list, extras: dict) -> tuple:
-    """StageCosts.stage_totals of ``plan``'s timing plan (``search.budgets``) and ``stages``, memoised in ``extras``
-    (one tp_plan's) on what it reads that tells its members apart: the stages (held, so their id stays theirs), the
-    timing plan's recompute, schedule, virtual stages, tp overlap and tp context (StageCosts.context: its ZeRO stage
-    among them), not a ZeRO choice's gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
-    timing = search.budgets.timing(plan)
+def _bubble_floor(search: Any, plan: Plan, offload: bool, extras: dict) -> float:
+    """StageCosts.bubble_floor of ``plan``, memoised in ``extras`` (one tp_plan's) on what it reads that tells its
+    members apart: recompute, schedule, virtual stages, tp overlap and ZeRO stage (its tp context's), not its
+    stages or gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
+    key = ("bubble", plan.recompute, plan.schedule, plan.virtual_stages, plan.tp_comm_overlap, plan.zero_stage, offload)
+    if key not in extras:
+        extras[key] = search.stage_costs.bubble_floor(plan, may_offload=offload)
+    return extras[key]
+
+
+def _stage_totals(search: Any, plan: Plan, stages: list, extras: dict, *, states_fit: bool | None = None) -> tuple:
+    """StageCosts.stage_totals of ``plan``'s timing plan (``search.budgets``; ``states_fit``: whether its states alone
+    fit, where known) and ``stages``, memoised in ``extras`` (one tp_plan's) on what it reads that tells its members
+    apart: the stages (held, so their id stays theirs), the timing plan's recompute, schedule, virtual stages, tp
+    overlap and tp context (StageCosts.context: its ZeRO stage among them), not a ZeRO choice's gradient sync
+    (tests/unit/solve/test_group_plans.py varies each)."""
+    timing = search.budgets.timing(plan, states_fit=states_fit)
     ctx = search.stage_costs.context(timing).key
     key = ("totals", id(stages), timing.recompute, timing.schedule, timing.virtual_stages, timing.tp_comm_overlap, ctx)
     if key not in extras:

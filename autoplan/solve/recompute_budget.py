@@ -15,6 +15,7 @@ budgets existed. docs/cost-model.md, "Budgeted recompute".
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from autoplan.cost import CostModel, balanced_stages, fit_recompute_blocks
 from autoplan.solve.candidates import config_of
@@ -61,13 +62,13 @@ class BudgetBounds:
         self._short: set[tuple] = set()  # members whose plan without recompute was priced and did not fit
         self._short_shapes: set[tuple] = set()  # their _shape: a plan of another shape is no such member
 
-    def timing(self, plan: Plan, members: list[Plan] | None = None) -> Plan:
-        """The plan whose stage times bound ``plan`` (and ``members``, its ZeRO and sync variants)."""
-        if plan.recompute == "none":
+    def timing(self, plan: Plan, members: Callable[[], list[Plan]] | None = None, *, states_fit=None) -> Plan:
+        """The plan whose stage times bound ``plan`` (and its ZeRO and sync variants, which ``members`` makes: they
+        share its _shape, so they are made only where that shape fell short). ``states_fit`` is not read: only a
+        priced plan that fit is fitted a budget (:meth:`fitted`); best_first's bounds pass it."""
+        if plan.recompute == "none" or _shape(plan) not in self._short_shapes:  # implied by each _member
             return plan
-        plans = members or [plan]
-        shaped = any(_shape(p) in self._short_shapes for p in plans)  # cheaper than each _member, and implied by it
-        budgeted = shaped and any(_member(p) in self._short for p in plans)
+        budgeted = any(_member(p) in self._short for p in (members() if members else [plan]))
         return replace(plan, recompute="none") if budgeted else plan
 
     def fitted(self, model: CostModel, plan: Plan, feasible: bool) -> Plan | None:

@@ -183,11 +183,12 @@ class StageCosts:
             return bubble_share(parts + outside)
 
         share = forward_share = 0.0
-        if plan.pp > 1 and plan.schedule == "interleaved_zb":
-            key = ("bubble_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap)
-            share = self._memo.get(key, plan.tp_plan, make)
-        if plan.pp > 1 and v_shaped(plan.schedule) and not may_offload:
-            forward_share = self._forward_share(plan)
+        if self.bubble_reads_context(plan, may_offload=may_offload):
+            if plan.schedule == "interleaved_zb":
+                key = ("bubble_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap)
+                share = self._memo.get(key, plan.tp_plan, make)
+            else:
+                forward_share = self._forward_share(plan)
         return bubble_floor(
             schedule=plan.schedule,
             pp=plan.pp,
@@ -195,6 +196,13 @@ class StageCosts:
             share=share,
             forward_share=forward_share,
         )
+
+    @staticmethod
+    def bubble_reads_context(plan: Plan, *, may_offload: bool = True) -> bool:
+        """Whether :meth:`bubble_floor` reads ``plan``'s blocks (its tp context, its ZeRO stage among it, recompute and
+        tp_plan): a zero-bubble schedule's W share or a V's forward share at pp > 1; else only its schedule, pp and
+        virtual stages."""
+        return plan.pp > 1 and (plan.schedule == "interleaved_zb" or (v_shaped(plan.schedule) and not may_offload))
 
     def _forward_share(self, plan: Plan) -> float:
         """A floor on f / T of every stage of ``plan`` (cost/pp/replay.py v_forward_share): each block with all the

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.cp.exposed import exposed_s
-from autoplan.cost.cp.messages import attention_bytes, attention_messages
+from autoplan.cost.cp.messages import AttentionBytes, attention_bytes, attention_messages
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
@@ -41,8 +41,22 @@ def kv_floor_s(
 ) -> float:
     """The floor of ``node``'s exposed K,V seconds per micro-batch (module docstring); ``f`` is a rank's
     share of the traced batch (the micro-batch's over cp)."""
+    inputs = kv_floor_inputs(node, profile, floor=floor, tp=tp, precision=precision, f=f, times=times)
+    return kv_exposed_floor_s(inputs, profile=profile, floor=floor)
+
+
+def kv_floor_inputs(
+    node: OpNode, profile: Profile, *, floor: CpFloor, tp: int, precision: str, f: float, times: NodeTimes
+) -> tuple[float, float, AttentionBytes]:
+    """All :func:`kv_floor_s` reads of ``node``: its attention's forward and backward seconds at shard 1 and its
+    K, Q bytes on a rank of 1/``tp`` of the heads; attentions with equal inputs have equal floors."""
     t_fwd, t_bwd = times(node, profile, precision=precision, batch_fraction=f, shard=1)
-    tensors = attention_bytes(node, precision=precision, micro_batch_fraction=f * floor.cp, shard=tp)
+    return t_fwd, t_bwd, attention_bytes(node, precision=precision, micro_batch_fraction=f * floor.cp, shard=tp)
+
+
+def kv_exposed_floor_s(inputs: tuple[float, float, AttentionBytes], *, profile: Profile, floor: CpFloor) -> float:
+    """:func:`kv_floor_s` of an attention whose :func:`kv_floor_inputs` are ``inputs``."""
+    t_fwd, t_bwd, tensors = inputs
     messages = attention_messages(floor.variant, cp=floor.cp, tensors=tensors)
     fwd, bwd = exposed_s(
         messages, profile=profile, group=floor.group, attention_fwd_s=t_fwd, attention_bwd_s=t_bwd, efficiency=1.0

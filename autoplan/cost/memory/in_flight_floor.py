@@ -39,11 +39,14 @@ def schedule_key(plan: Plan) -> tuple:
 
 def schedule_weights(plan: Plan) -> tuple[float, float, float] | None:
     """(max_k n'_k, H = sum_k 1 / n'_k, min_k p_k / n'_k) of the module docstring; None where there is no floor
-    (a V schedule, or a device holding no micro-batch)."""
-    replayed = replays_memory(plan) and plan.schedule not in V_SCHEDULES
+    (a V schedule, or a device holding no micro-batch). A V schedule's is None before any rank's count is read (each
+    replays its order: cost/pp/replay.py)."""
+    if plan.schedule in V_SCHEDULES:
+        return None
+    replayed = replays_memory(plan)
     floors = [held_floor(plan, k) if replayed else (0.0, 0.0) for k in range(plan.pp)]
     held = [f[0] if replayed else in_flight_after_first_backward(plan, k) for k, f in enumerate(floors)]
-    if plan.schedule in V_SCHEDULES or min(held) <= 0:
+    if min(held) <= 0:
         return None
     owed = min((floors[k][1] if replayed else pending_weight_grads(plan, k)) / n for k, n in enumerate(held))
     return max(held), sum(1.0 / n for n in held), owed

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autoplan.errors import PlanError
-from autoplan.types.hsdp import HSDP_AXES, hsdp_groups
+from autoplan.types.hsdp import HSDP_AXES
 from autoplan.types.layout import MESH_AXES, mesh_shape
 from autoplan.types.profile import Profile
 from autoplan.types.sites import devices_per_site
@@ -75,8 +75,10 @@ def plan_mesh_groups(profile: Profile, plan) -> dict[str, AxisGroup]:
 def _hsdp_groups(
     devices_per_node: int, dp: int, tp: int, pp: int, replicate: int, cp: int, per_site: int
 ) -> tuple[tuple[str, AxisGroup], ...]:
-    groups = hsdp_groups(pp=pp, dp=dp, tp=tp, dp_replicate=replicate, cp=cp)
-    return tuple((axis, _worst(groups[axis], devices_per_node, per_site)) for axis in HSDP_AXES)
+    """HSDP's shard and replicate groups (types/hsdp.py ``hsdp_groups``: the row-major ``(pp, dp_replicate,
+    dp_shard x cp, tp)`` mesh) counted from the axis sizes alone (:func:`mesh_axis_group`)."""
+    shape = dict(pp=pp, **{HSDP_AXES[0]: replicate, HSDP_AXES[1]: dp // replicate * cp}, tp=tp)
+    return tuple((axis, mesh_axis_group(shape, axis, devices_per_node, per_site)) for axis in HSDP_AXES)
 
 
 @lru_cache(maxsize=4096)

@@ -9,7 +9,9 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost import CostModel
+from autoplan.cost import bounds as bounds_module
 from autoplan.cost.bounds import Bounds
+from autoplan.cost.cp.floor import cp_floor, kv_floor_s
 from autoplan.solve.stage_costs import StageCosts
 
 
@@ -34,3 +36,20 @@ def test_the_kv_floor_memo_omits_fused_and_the_mesh_beyond_the_cp_group(gqa_mode
         assert shared.compute_min_s(**kw) == _bounds(gqa_model).compute_min_s(**kw), kw
     on = dict(tp=1, precision="bf16", mbs=1, cp=2, dp=1, pp=1)
     assert shared.compute_min_s(**on, fused=True) < shared.compute_min_s(**on, fused=False)  # the ops part reads it
+
+
+def test_the_kv_floor_prices_identical_attentions_messages_once(gqa_model, monkeypatch):
+    """The K,V floor sums every attention's kv_floor_s in the graph's order, pricing the messages of attentions
+    with equal inputs (kv_floor_inputs: every block's here) once."""
+    graph, profile, times = gqa_model.graph, gqa_model.profile, gqa_model.node_times
+    attentions = [n for n in graph.nodes if n.op == "attention"]
+    assert len(attentions) == 2
+    priced, real = [], bounds_module.kv_exposed_floor_s
+    monkeypatch.setattr(bounds_module, "kv_exposed_floor_s", lambda *a, **k: priced.append(1) or real(*a, **k))
+    for variant, tp in itertools.product(["allgather", "ring", "ulysses"], [1, 2]):
+        floor = cp_floor(profile, dp=1, tp=tp, pp=1, cp=2, variant=variant)
+        kw = dict(floor=floor, tp=tp, precision="bf16", f=1 / 8 / 2, times=times)
+        expected = sum(kv_floor_s(n, graph, profile, **kw) for n in attentions)
+        priced.clear()
+        got = _bounds(gqa_model)._kv_floor_s(tp=tp, precision="bf16", f=1 / 8 / 2, cp=floor)
+        assert got == expected > 0 and len(priced) == 1, (variant, tp)

@@ -8,6 +8,8 @@ import itertools
 from types import SimpleNamespace
 
 from autoplan.cost.network import mesh
+from autoplan.types import hsdp
+from autoplan.types.hsdp import HSDP_AXES, hsdp_groups
 from autoplan.types.layout import expert_groups, plan_groups
 from autoplan.types.sites import devices_per_site
 
@@ -42,6 +44,35 @@ def test_ep_groups_equal_the_explicit_groups_worst():
             got = mesh.ep_groups(profile, dp=dp, ep=ep, pp=pp, tp=tp, expert_tp=etp)
             for axis in ("ep", "edp", "etp"):
                 assert got[axis] == mesh._worst(explicit[axis], per_node, devices_per_site(profile)), (dp, tp, ep, etp)
+
+
+def test_hsdp_groups_equal_the_explicit_groups_worst():
+    checked = 0
+    for dp, tp, pp, cp, replicate in itertools.product([2, 4, 6, 8, 12], [1, 2, 3, 4], [1, 2], [1, 2, 3], [2, 3, 4]):
+        if dp % replicate:
+            continue
+        explicit = hsdp_groups(pp=pp, dp=dp, tp=tp, dp_replicate=replicate, cp=cp)
+        for per_node, nodes_per_site in [(1, None), (4, None), (6, 2), (8, 3), (16, None)]:
+            profile = _profile(per_node, nodes_per_site)
+            got = mesh.mesh_groups(profile, dp=dp, tp=tp, pp=pp, cp=cp, dp_replicate=replicate)
+            for axis in HSDP_AXES:
+                expected = mesh._worst(explicit[axis], per_node, devices_per_site(profile))
+                assert got[axis] == expected, (dp, tp, pp, cp, replicate, axis)
+                checked += 1
+    assert checked > 500
+
+
+def test_hsdp_groups_build_no_rank_list(monkeypatch):
+    """A search meets HSDP meshes of a thousand ranks or more: their groups are counted from the sizes alone."""
+
+    def built(*args, **kwargs):
+        raise AssertionError("HSDP's rank lists were built")
+
+    monkeypatch.setattr(hsdp, "axis_groups", built)
+    mesh._hsdp_groups.cache_clear()
+    got = mesh.mesh_groups(_profile(8, None), dp=256, tp=2, pp=2, cp=1, dp_replicate=4)
+    assert (got["dp_shard"].size, got["dp_replicate"].size) == (64, 4)
+    assert got["dp_shard"].spans_nodes and got["dp_replicate"].ranks_per_node == 1
 
 
 def test_a_group_across_nodes_is_counted_by_its_fewest_share():

@@ -13,7 +13,7 @@ from synthetic.profiles import synthetic_host
 
 from autoplan.solve import space
 from autoplan.solve.candidates import SearchOptions
-from autoplan.solve.member_bounds import _one_per_zero, _stage_totals
+from autoplan.solve.member_bounds import _first_per_zero, _stage_totals
 from autoplan.solve.search import Search
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.plan import Plan
@@ -79,14 +79,17 @@ def test_a_group_s_plan_is_the_plan_unchecked_makes_of_its_fields(search, group)
 
 @pytest.mark.parametrize(("schedule", "v"), [("interleaved_zb", 2), ("zbv", 2), ("1f1b", 1)])
 def test_a_zero_choice_s_bubble_floor_reads_its_stage_alone(search, group, schedule, v):
-    plans = group.plans(_choices(search, group), **_kw(search, group, schedule, v))
-    first = {p.zero_stage: p for p in _one_per_zero(plans)}
+    choices, kw = _choices(search, group), _kw(search, group, schedule, v)
+    plans = group.plans(choices, **kw)
+    first = {zero: group.plan(zero=zero, grads=grads, **kw) for zero, grads in _first_per_zero(choices)}
     assert set(first) == {p.zero_stage for p in plans}
 
     def fresh(plan) -> float:
         return StageCosts(search.graph, search.profile, search.cost_model).bubble_floor(plan, may_offload=False)
 
-    for plan in plans:
+    stages = search._stages(plans[0])  # nor its stages (member_bounds._bubble_floor)
+    staged = [group.plan(zero=zero, grads=grads, stages=stages, **kw) for zero, grads in choices]
+    for plan in plans + staged:
         assert fresh(plan) == fresh(first[plan.zero_stage]), plan.describe()
 
 

@@ -1,6 +1,7 @@
 """What the search's memos assume (solve/search.py): ``step_extras_s`` is shared by every member of a tp
 choice with the same tp overlap, ZeRO choice and stage parameters, so it must read no schedule, recompute
-or stages; a memo that held where this fails would bound a plan by another's extras."""
+or stages; a memo that held where this fails would bound a plan by another's extras. So are the states floor and
+the stage parameters' floor (member_bounds._per_overlap), which must read none of them either."""
 
 from synthetic import synthetic_gpt, synthetic_profile
 
@@ -21,7 +22,7 @@ def test_step_extras_read_no_schedule_recompute_or_stages():
         assert len({(recompute, sv) for _, recompute, sv in options}) > 1
         for zero, grads in search._dp_choices(g.degrees):
             for overlap in {o for o, _, _ in options}:
-                floored, unfloored = set(), set()
+                floored, unfloored, states = set(), set(), set()
                 for _, recompute, (schedule, v) in [item for item in options if item[0] == overlap]:
                     kw = dict(recompute=recompute, schedule=schedule, v=v, zero=zero, grads=grads, **names)
                     plan = g.plan(tp_plan=tp_plan, tp_overlap=overlap, **kw)
@@ -29,6 +30,7 @@ def test_step_extras_read_no_schedule_recompute_or_stages():
                     for p in (plan, staged):
                         floored.add(search.bounds.step_extras_s(p, stage_params=1e8, params_floor=1e8))
                         unfloored.add(search.bounds.step_extras_s(p, stage_params=1e8))
+                        states.add((search.bounds.states_floor_bytes(p), search.bounds.stage_params_floor(p)))
                         compared += 1
-                assert len(floored) == len(unfloored) == 1, (g, zero, grads, overlap, floored, unfloored)
+                assert len(floored) == len(unfloored) == len(states) == 1, (g, zero, grads, overlap, floored, states)
     assert compared > 100
