@@ -7,10 +7,12 @@ and every tensor argument's layout, ``requires_grad``, role and aliasing. The fi
 runs for real and leaves a :class:`Record`: its FLOPs, each output as "a view of input j" / "a view
 of new storage m" / a constant, and each saved tensor as "input j" / "new output storage m" / "a
 new intermediate of N bytes". Later nodes replay it against their own inputs, and the saved
-storages go through the propagator's own dedup and attribution. A call outside what the key
-describes (a user-defined function or module, an argument of unknown type, a parameter view with
-autograd history, an output viewing a parameter or reinterpreting a dtype, a saved tensor from
-outside the call) is never replayed.
+storages go through the propagator's own dedup and attribution. A call on parameters and buffers
+alone that saves nothing and returns views of them (``w.transpose(1, 2)``, ``w.to(w.dtype)``) is
+replayed by calling it again unmeasured (:attr:`Record.rerun`): the view keeps the ``grad_fn`` a
+later call differentiates through. A call outside what the key describes (a user-defined function
+or module, an argument of unknown type, another output viewing a parameter or reinterpreting a
+dtype, a saved tensor from outside the call) is never replayed.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Record:
     storages: tuple[tuple[int, torch.dtype], ...]  # new storages: bytes, dtype
     packs: tuple[tuple[str, int, int], ...]  # ('in' | 'new' | 'tmp', index, storage bytes)
     fake_mode: Any = None
+    rerun: bool = False  # replayed by calling it again, unmeasured (outputs view the parameters it takes)
 
 
 # ---- keys ------------------------------------------------------------------------------------
@@ -65,6 +68,8 @@ def record(
     for index, tensor in enumerate(leaves):
         inputs.setdefault(storage_key(tensor), index)
     flat, spec = tree_flatten(output)
+    if _views_frozen_only(flat, leaves, packs, storage_key, frozen):
+        return Record(fwd_flops=int(fwd), bwd_flops=int(bwd), spec=spec, outputs=(), storages=(), packs=(), rerun=True)
     new: dict[Any, int] = {}
     storages: list[tuple[int, torch.dtype]] = []
     outputs = tuple(
@@ -81,6 +86,19 @@ def record(
         storages=tuple(storages),
         packs=_pack_events(packs, inputs, new, frozen, owner),
         fake_mode=next(iter(modes.values()), None),
+    )
+
+
+def _views_frozen_only(flat: list, leaves: list, packs: list, storage_key: Callable, frozen: set) -> bool:
+    """Whether a call takes only parameters and buffers (no activation), saves nothing, and returns
+    only views of them: calling it again gives the measured call's outputs, grad_fn included, since
+    the propagator passes such tensors to the call as they are (propagate.py, ``_localize``)."""
+    tensors = [v for v in flat if isinstance(v, torch.Tensor)]
+    return (
+        bool(tensors)
+        and not packs
+        and all(storage_key(t) in frozen for t in leaves)
+        and all(storage_key(t) in frozen for t in tensors)
     )
 
 
@@ -150,7 +168,8 @@ def _pack_events(packs: list[tuple[Any, int, bool]], inputs: dict, new: dict, fr
 def replay(
     rec: Record, leaves: list[torch.Tensor], *, storage_key: Callable, charge: Callable[[Any, int], None]
 ) -> Any:
-    """Rebuild the output on ``leaves`` and charge the saved storages; returns the output.
+    """Rebuild the output on ``leaves`` and charge the saved storages; returns the output (a
+    :attr:`Record.rerun` record is replayed by the caller, which calls the node again).
 
     Each output FakeTensor is made the way FakeTensorMode makes its results: a meta tensor with
     the recorded layout on the right storage (an input's, or a new one), wrapped by the mode's

@@ -113,12 +113,11 @@ class _ArgWalker:
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
         is_frozen = StorageWeakRef(storage) in self.frozen
-        if is_frozen and t.grad_fn is not None:
-            raise NotMemoizable("a parameter view with autograd history")
         if not is_frozen and nbytes % t.element_size():
             raise NotMemoizable("a storage shared between dtypes")
-        # a parameter or buffer is passed to the call as it is; an activation is copied first
-        as_is = (isinstance(t, torch.nn.Parameter), t._is_view()) if is_frozen else None
+        # a parameter or buffer is passed to the call as it is; an activation is copied first. A
+        # parameter view with autograd history is a gradient leaf of the call (propagate.py, _localize)
+        as_is = (isinstance(t, torch.nn.Parameter), t._is_view(), t.grad_fn is not None) if is_frozen else None
         return (
             "T",
             tensor_layout(t, nbytes),

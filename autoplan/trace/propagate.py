@@ -178,7 +178,10 @@ class Propagator:
         if key is not None and key in self.memo:
             rec = self.memo[key]
             self.dtensor_lacks[name] = self.dtensor_lacks.get(key, [])
-            output = memo.replay(rec, inputs, storage_key=self._key, charge=self._charge)
+            if rec.rerun:  # views of the parameters it takes, grad_fn included (memo.Record.rerun)
+                output = fn(*args, **kwargs)
+            else:
+                output = memo.replay(rec, inputs, storage_key=self._key, charge=self._charge)
             self._register(name, _tensors(output))
             return output, rec.fwd_flops, rec.bwd_flops
         self.packs = [] if key is not None else None

@@ -26,6 +26,7 @@ from typing import Any
 
 from autoplan.errors import AutoplanError
 from autoplan.types._check import require, require_known_fields
+from autoplan.types.hash_once import hash_once
 
 INTERFACES = ("grouped", "module_list")
 DEFAULT_IMBALANCE = 1.25
@@ -36,6 +37,7 @@ class MoEError(AutoplanError):
     """A routing model or MoE layer description that cannot be used."""
 
 
+@hash_once
 @dataclass(frozen=True)
 class RoutingModel:
     imbalance: float = DEFAULT_IMBALANCE

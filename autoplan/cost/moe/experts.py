@@ -34,6 +34,7 @@ from autoplan.cost.compute.roofline import PRECISION_BYTES, memory_time_s, peak_
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup
 from autoplan.types.graph import Graph, OpNode, within
+from autoplan.types.hash_once import hash_once
 from autoplan.types.moe import MoELayer
 from autoplan.types.profile import Profile
 
@@ -41,6 +42,7 @@ GPU_M_TILE = 128  # DeepGEMM contiguous-layout M alignment (module docstring)
 COUNT_BYTES = 8  # one int64 count per expert
 
 
+@hash_once
 @dataclass(frozen=True)
 class ExpertPlacement:
     """How a plan places MoE experts: the ep degree, the busiest rank's load over the mean, and

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autoplan.errors import PlanError
+from autoplan.types.hash_once import hash_once
 from autoplan.types.hsdp import HSDP_AXES
 from autoplan.types.layout import MESH_AXES, mesh_shape
 from autoplan.types.profile import Profile
 from autoplan.types.sites import devices_per_site
 
 
+@hash_once
 @dataclass(frozen=True)
 class AxisGroup:
     """One process group along a mesh axis, as the cost model sees it."""

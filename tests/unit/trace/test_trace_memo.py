@@ -106,3 +106,38 @@ def test_distinct_calls_are_measured_once(monkeypatch):
         nodes[depth] = len(trace_model_file(EXAMPLES / "gpt.py", 2).nodes)
     assert nodes[4] > nodes[2]
     assert counts[4] == counts[2] < nodes[2]
+
+
+_SMALL_DSV3 = {"DENSE": 1, "DIM": 64, "HEADS": 4, "FFN": 128, "MOE_FFN": 32, "EXPERTS": 16, "TOP_K": 4, "VOCAB": 256}
+
+
+def _small_deepseek_v3(monkeypatch, layers: int):
+    for name, value in {**_SMALL_DSV3, "LAYERS": layers, "SEQ": 32}.items():
+        monkeypatch.setenv(f"AUTOPLAN_HF_DSV3_{name}", str(value))
+    return trace_model_file(EXAMPLES / "hf_deepseek_v3.py", 4)
+
+
+def test_replay_equals_measuring_on_moe_expert_weights(monkeypatch):
+    """A small DeepSeek-V3 (3 MoE layers): its experts' weight transposes and the grouped bmms
+    reading them (parameter views with autograd history) replay to the same graph."""
+    pytest.importorskip("transformers")
+    measured, replayed = _both(monkeypatch, lambda: _small_deepseek_v3(monkeypatch, 4))
+    assert replayed == measured
+    assert sum(n["target"] == "aten.bmm.default" for n in replayed["nodes"]) == 6
+
+
+def test_moe_expert_weights_are_measured_once(monkeypatch):
+    """More MoE layers add no real measurements: the expert weights' views and the bmms reading
+    them replay from the first MoE layer."""
+    pytest.importorskip("transformers")
+    counts: dict[int, int] = {}
+    original = propagate.Propagator._measure
+
+    def counting(self, *args, **kwargs):
+        counts[layers] = counts.get(layers, 0) + 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(propagate.Propagator, "_measure", counting)
+    for layers in (3, 4):
+        _small_deepseek_v3(monkeypatch, layers)
+    assert counts[4] == counts[3]
