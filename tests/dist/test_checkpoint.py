@@ -265,12 +265,10 @@ def test_a_torchrun_job_that_loses_a_node_replans_for_the_survivor(tmp_path):
     hosts the rendezvous store (``is_host``): left to whichever agent binds the port first, a
     loaded machine let B host it now and then, and killing B then took A's store with it.
 
-    Nothing waits on time alone: B is killed once a checkpoint written by both ranks exists (on a loaded
-    machine A may start alone, a quorum of one after last_call_timeout, and B join a later round: killed
-    while that round formed, B stayed in it with a fresh heartbeat and A waited for B's role info), and
-    the store's reads and the joins may take 300 s (one agent was seen to start 70 s after the other). The
-    agents do not share their store with the ranks: under torch 2.13's default a node that joins a later
-    round than rank 0's first waits forever for the address rank 0 published once (docs/elastic.md)."""
+    Nothing waits on time alone. On a loaded machine A may form round 0 alone (a quorum of one after
+    last_call_timeout) and B join round 1; under torch 2.13's shared store B then waits forever for the
+    store address rank 0 published only in round 0, so the agents do not share it (docs/elastic.md). B is
+    killed once a checkpoint written by both ranks exists, and joins and store reads may take 300 s."""
     model, profile = _model(tmp_path), _cpu_profile(tmp_path, 2)
     made = cli_here(
         "plan", model, "--devices", 2, "--profile", profile, "--batch", 4, "--fix", "dp=2", "--out", tmp_path / "p"
