@@ -1,7 +1,7 @@
 """The execution audit's runs, shared by tests/dist/test_audit.py and tests/dist/test_audit_mechanisms.py: every
 case of tests/dist/audit_cases.py audited once a session, on one 2-rank and one 4-rank gloo group, made when the first
-test that reads them asks (either file alone makes them; under xdist both files are in one group, run on one
-worker, tests/conftest.py)."""
+test that reads them asks (either file alone makes them; under xdist every tests/dist test runs on one worker,
+tests/conftest.py)."""
 
 from __future__ import annotations
 
