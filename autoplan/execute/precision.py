@@ -78,7 +78,36 @@ def autocast(policy: PrecisionPolicy, *, device_type: str):
     masks: ``q * cos`` is fp32 while ``v`` is bf16, and attention refuses mixed dtypes)."""
     if not policy.low:
         return contextlib.nullcontext()
+    if device_type == "cpu":
+        keep_rnns_off_onednn_without_kernels(policy.compute_dtype)
     return torch.autocast(device_type=device_type, dtype=policy.compute_dtype)
+
+
+#: whether oneDNN has this CPU's kernels for a low dtype (torch's checks of the ISA: bf16 needs
+#: AVX-512 BW/VL/DQ, fp16 AVX-512 FP16 or AMX-FP16)
+_ONEDNN_HAS = {
+    torch.bfloat16: lambda: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    torch.float16: lambda: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+}
+
+
+def keep_rnns_off_onednn_without_kernels(dtype: torch.dtype) -> bool:
+    """Turn oneDNN off for this process where CPU autocast would hand it an RNN in a dtype this CPU
+    has no oneDNN kernel for; returns whether it did.
+
+    torch picks oneDNN for an LSTM/GRU/RNN by the dtype of the input it is given (fp32 under
+    autocast; aten/src/ATen/native/RNN.cpp ``use_mkldnn``), and autocast then casts oneDNN's RNN layer
+    (``mkldnn_rnn_layer``, on CPU autocast's low-precision list) to ``dtype``. Without a kernel,
+    oneDNN "could not create a primitive descriptor for the LSTM forward propagation primitive" (seen
+    on AVX2-only CPUs under bf16, and on this AVX-512 one under fp16). With oneDNN off, torch runs its
+    native RNN, which autocast leaves in fp32, and the other ops keep the dtype checks they already
+    make. Off for the rest of the process, not only inside one context: recomputation re-runs a
+    forward during the backward, and the pipeline runs halves on other threads."""
+    has_kernels = _ONEDNN_HAS.get(dtype)
+    if has_kernels is None or not torch.backends.mkldnn.is_available() or has_kernels():
+        return False
+    torch.backends.mkldnn.enabled = False
+    return True
 
 
 def cast_parameters(model: nn.Module, policy: PrecisionPolicy) -> nn.Module:

@@ -5,6 +5,9 @@ same-policy reference, meta materialisation and the launcher's failure message."
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -134,3 +137,27 @@ def test_failure_message_puts_the_cause_before_peers_that_lost_their_connection(
     assert text.startswith("rank 1 failed (killed by SIGABRT): Received data size") and text.endswith(
         "stopped all 2 ranks."
     )
+
+
+_LSTM_UNDER_AUTOCAST = """
+import torch
+from autoplan.execute import precision
+torch.manual_seed(0)
+lstm, x = torch.nn.LSTM(8, 12, num_layers=2, batch_first=True), torch.randn(2, 5, 8)
+want = lstm(x)[0]
+for name in ("bf16", "fp16"):
+    with precision.autocast(precision.policy_for(precision=name, dp_mode="ddp"), device_type="cpu"):
+        out = lstm(x)[0]
+    out.float().sum().backward()
+    assert torch.allclose(out.float(), want, atol=2e-2), name
+print("oneDNN", torch.backends.mkldnn.enabled)
+"""
+
+
+def test_an_lstm_runs_under_low_precision_autocast_where_onednn_has_no_kernel_for_it():
+    """Capped at AVX2, oneDNN has no bf16 (nor fp16) LSTM kernel, yet torch hands it autocast's
+    low-precision RNN layer: the run failed to create the primitive (an AVX2-only CI machine)."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", _LSTM_UNDER_AUTOCAST], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "oneDNN False"
