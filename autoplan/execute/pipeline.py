@@ -41,8 +41,9 @@ from autoplan.execute.ep_lanes import Lanes
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.overlap_f_b import OverlappedDualPipeV
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
-from autoplan.execute.split_backward import accumulate_weight_grads, join_sharing_groups, weight_only_roots
+from autoplan.execute.split_backward import accumulate_weight_grads, joined_groups, weight_only_roots
 from autoplan.execute.tied import retie, tied_names
+from autoplan.execute.weight_pass import WeightPass, releases
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
 from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
@@ -259,8 +260,11 @@ class _ZeroFilledStage(PipelineStage):
         torch's parameter groups as one, W adds them before torch's W frees the graph. Full backwards are
         left as they are."""
         if backward_type == "weight":
-            roots = getattr(bwd_kwargs["param_groups"], "weight_only", [])
-            accumulate_weight_grads(roots=roots, weights=self.submod.parameters())
+            groups = bwd_kwargs["param_groups"]
+            accumulate_weight_grads(roots=getattr(groups, "weight_only", []), weights=self.submod.parameters())
+            with WeightPass(getattr(groups, "releases", None)) as weight_pass:  # one re-run per block
+                bwd_kwargs = {**bwd_kwargs, "param_groups": weight_pass.over(groups)}
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
         if backward_type != "input":
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
         roots = weight_only_roots(
@@ -269,16 +273,19 @@ class _ZeroFilledStage(PipelineStage):
             inputs=bwd_kwargs["input_values"],
         )
         grads, groups = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
-        return grads, _ParamGroups(join_sharing_groups(groups), weight_only=roots)
+        groups, nodes = joined_groups(groups)
+        return grads, _ParamGroups(groups, weight_only=roots, releases=releases(nodes))
 
 
 class _ParamGroups(list):
     """Torch's parameter groups of one B (``stage_backward_input``), carrying the weight-only outputs to
-    its W: the stage passes the groups from B to W untouched."""
+    its W, and after which group W ends each recomputed block's re-run (execute/weight_pass.py): the stage
+    passes the groups from B to W untouched."""
 
-    def __init__(self, groups: list, *, weight_only: list) -> None:
+    def __init__(self, groups: list, *, weight_only: list, releases: list) -> None:
         super().__init__(groups)
         self.weight_only = weight_only
+        self.releases = releases
 
 
 def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: pytree.TreeSpec) -> torch.Tensor:

@@ -15,6 +15,8 @@
 - Under a split backward (types/schedules.py ``SPLIT_BACKWARD``) torch re-runs a block in B's pass and again in
   W's; SAC gives each kept output to one re-run, so it stays for the next, as an alias (:class:`_KeptForEachRerun`).
   A re-run's tensors its pass never unpacks (W's in B, B's in W) are dropped when it ends (:func:`_checkpoint_split`).
+  W's passes (one per parameter group) share one re-run per block (execute/weight_pass.py), ended after the last
+  group that reads it.
 - A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k blocks of each
   pipeline chunk (``plan.stages``; else every block), the rest run as under "none": :func:`recompute_targets`.
 - A plan that asks for recomputation on a rank holding none of the blocks it targets there is
@@ -32,7 +34,7 @@ import weakref
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_leaves, tree_map_only
 from torch.utils.checkpoint import (
     _RECOMPUTE,
     CheckpointPolicy,
@@ -45,6 +47,7 @@ from torch.utils.checkpoint import (
     set_checkpoint_early_stop,
 )
 
+from autoplan.execute.weight_pass import WeightPass, tag_block_nodes
 from autoplan.types.plan import Plan
 from autoplan.types.recompute import recomputed_blocks
 from autoplan.types.saved_ops import SAVED_ATEN_OPS
@@ -94,12 +97,16 @@ def _checkpoint_split(function, context_fn, *args, **kwargs):
     saves in ``frame.recomputed[task]``, each entry freed when unpacked; under a split backward the tensors only
     W's nodes unpack stay after B's pass, those only B's unpack after W's, until the graph is freed. No pass
     reads another's entries (the key is its task id), so dropping a pass's entries at its end is sound. The frame is
-    held weakly: a strong reference would close a cycle (frame, its re-run, this closure) that only gc frees."""
+    held weakly: a strong reference would close a cycle (frame, its re-run, this closure) that only gc frees.
+    Under W's group (execute/weight_pass.py) the re-run is keyed by the group, which ends it; the block's autograd
+    nodes are tagged with the frame, for the group to know each block's last parameter group."""
     frame = {}
 
     def rerun(*a, **kw):
         task = torch._C._current_graph_task_id()
-        if task != -1:  # a re-run inside a backward pass: forget its tensors once the pass ends
+        if isinstance(WeightPass.current(), WeightPass):  # W's groups share one re-run (execute/weight_pass.py)
+            WeightPass.current().reran.append(frame["frame"])
+        elif task != -1:  # a re-run inside a backward pass: forget its tensors once the pass ends
             drop = functools.partial(frame["frame"]().recomputed.pop, task, None)
             torch.autograd.Variable._execution_engine.queue_callback(drop)
         return function(*a, **kw)
@@ -116,6 +123,7 @@ def _checkpoint_split(function, context_fn, *args, **kwargs):
         gen.close()
         raise
     next(gen, None)
+    tag_block_nodes(outputs=out, inputs=tree_leaves((args, kwargs)), frame=frame["frame"])
     return out
 
 

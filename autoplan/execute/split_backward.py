@@ -78,8 +78,14 @@ def join_sharing_groups(groups: list[dict]) -> list[dict]:
     call each intermediate's gradient is still pinned to the one B saved (torch's own rule within a group), so
     nothing is counted twice. Groups that share nothing stay apart: a joined call also runs the input-gradient
     work between its intermediates (discarded by the pins), which the price does not hold."""
+    return joined_groups(groups)[0]
+
+
+def joined_groups(groups: list[dict]) -> tuple[list[dict], list[set[Node]]]:
+    """:func:`join_sharing_groups`'s groups, and the autograd nodes each one's W backward runs (none listed for
+    a single group: nothing to join, and W's one pass ends every re-run, execute/weight_pass.py)."""
     if len(groups) <= 1:
-        return groups
+        return groups, [set() for _ in groups]
     nodes = [_w_nodes(g) for g in groups]
     owner = list(range(len(groups)))
 
@@ -95,9 +101,12 @@ def join_sharing_groups(groups: list[dict]) -> list[dict]:
                 owner[find(index)] = find(seen[node])
             seen.setdefault(node, index)
     joined: dict[int, list[dict]] = collections.defaultdict(list)
+    joined_nodes: dict[int, set[Node]] = collections.defaultdict(set)
     for index, group in enumerate(groups):
         joined[find(index)].append(group)
-    return [members[0] if len(members) == 1 else _one_group(members) for members in joined.values()]
+        joined_nodes[find(index)] |= nodes[index]
+    merged = [members[0] if len(members) == 1 else _one_group(members) for members in joined.values()]
+    return merged, [joined_nodes[root] for root in joined]
 
 
 def _one_group(groups: list[dict]) -> dict:
