@@ -49,12 +49,15 @@ def tag_block_nodes(*, outputs: Any, inputs: Iterable[Any], frame: weakref.ref) 
 
 
 def releases(node_sets: list[set[Node]]) -> list[list[weakref.ref]]:
-    """For each of W's groups (the nodes its backward runs), the checkpoint frames whose last group it is."""
+    """For each of W's groups (the nodes its backward runs), the checkpoint frames whose last group it is. A node
+    may outlive the frame that tagged it: autocast's cached cast of a weight (``ToCopyBackward0``), made in one
+    micro-batch's block and reused by the next's, tagged by the first, which has ended; it saves no tensor, so
+    it is passed over (its dead reference cannot be hashed, either)."""
     last: dict[weakref.ref, int] = {}
     for index, nodes in enumerate(node_sets):
         for node in nodes:
             frame = node.metadata.get(FRAME_KEY)
-            if frame is not None:
+            if frame is not None and frame() is not None:
                 last[frame] = index
     after: list[list[weakref.ref]] = [[] for _ in node_sets]
     for frame, index in last.items():

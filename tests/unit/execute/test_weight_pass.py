@@ -26,10 +26,13 @@ def one_rank_mesh():
     dist.destroy_process_group()
 
 
-def _zero_bubble_step(mesh, mode: str, micro_batches: int = 2) -> tuple[dict[int, int], list[torch.Tensor]]:
+def _zero_bubble_step(
+    mesh, mode: str, micro_batches: int = 2, *, autocast: bool = False
+) -> tuple[dict[int, int], list[torch.Tensor]]:
     """One step of interleaved_zb (pp = 1, two stages of two LayerNorm-MLP blocks) under ``mode``: how often
     each block's forward ran inside a W (``backward_weight_one_chunk``; stage 0's W is torch's full backward),
-    and every gradient."""
+    and every gradient. ``autocast``: the step under CPU bf16 autocast, whose cached weight casts every
+    micro-batch's graph shares."""
     model = _normed_stack(4)
     stages = {i: nn.Sequential(*list(model)[2 * i : 2 * i + 2]) for i in range(2)}
     for stage in stages.values():
@@ -53,7 +56,9 @@ def _zero_bubble_step(mesh, mode: str, micro_batches: int = 2) -> tuple[dict[int
             in_w.pop()
 
         stage.backward_weight_one_chunk = weight
-    schedule.step(torch.randn(8, 64, generator=torch.Generator().manual_seed(1)), target=torch.zeros(micro_batches))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+        schedule.step(x, target=torch.zeros(micro_batches))
     return reruns, [p.grad for p in model.parameters()]
 
 
@@ -66,6 +71,17 @@ def test_a_split_backwards_w_reruns_each_recomputed_block_once_per_micro_batch(o
     assert reruns == {0: 2, 1: 2, 2: 2, 3: 2}
     for got, want in zip(grads, reference, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_weight_cast_shared_by_micro_batches_outliving_its_tagging_block_is_passed_over(one_rank_mesh):
+    """Under autocast the first micro-batch's block tags the cached cast of each weight, which the second
+    micro-batch's graph reuses after the first's re-run has ended: its B failed with "weak object has gone away"
+    (an audit at bf16). W still re-runs each block once, with no recomputation's gradients."""
+    _, reference = _zero_bubble_step(one_rank_mesh, "none", autocast=True)
+    reruns, grads = _zero_bubble_step(one_rank_mesh, "full", autocast=True)
+    assert reruns == {0: 2, 1: 2, 2: 2, 3: 2}
+    for got, want in zip(grads, reference, strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def _w_peak(ends_each_block: bool) -> tuple[int, list[torch.Tensor]]:
@@ -90,4 +106,31 @@ def test_w_ends_each_blocks_rerun_after_its_last_parameter_group():
     ended, grads = _w_peak(ends_each_block=True)
     assert ended < held_to_the_end
     for got, want in zip(grads, grads_at_end, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_a_rerun_ended_before_a_group_that_reads_it_is_run_again_not_missed(mode):
+    """A block node left untagged would end the block's re-run too early; the next group that reads it then
+    re-runs the block (what W did before, once per group) with the same gradients, rather than missing a
+    tensor. Here every re-run is ended after every group: 3 re-runs per block, as before the change."""
+    counts, grads = {}, {}
+    for premature in (False, True):
+        model = _normed_stack(2)
+        apply_recompute(module=model, blocks=["0", "1"], mode=mode, split_backward=True)
+        in_w, runs = [], [0]
+        for block in model:
+            block[1].up.register_forward_hook(lambda *_: runs.__setitem__(0, runs[0] + bool(in_w)))
+        x = torch.randn(256, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        (dx,), groups = stage_backward_input([model(x).square().sum()], None, [x], model.parameters())
+        groups, nodes = joined_groups(groups)
+        after = releases(nodes)
+        if premature:
+            after = [[frame for ended in after for frame in ended] for _ in after]
+        in_w.append(True)
+        with WeightPass(after) as weight_pass:
+            stage_backward_weight(model.parameters(), weight_pass.over(groups))
+        counts[premature], grads[premature] = runs[0], [p.grad for p in model.parameters()]
+    assert counts == {False: 2, True: 6}
+    for got, want in zip(grads[True], grads[False], strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
