@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from autoplan.cost.compute.dtypes import RunDtypes, dtypes_of
 from autoplan.cost.compute.fp8 import fp8_linear
-from autoplan.cost.compute.op_costs import NodeTimes, node_times_s
+from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import (
     activation_scale,
     executed_bwd_flops,
@@ -170,7 +170,7 @@ def node_terms(
         fp8 = node.attrs["in_features"] * node.attrs["out_features"] / bt.tp_cost.param_shard.get(node.name, 1)
     overlap = (0.0, 0.0, 0.0, 0.0)
     if ctx.tp > 1 and node.op == "linear" and bt.splits.get(node.name) in ("colwise", "rowwise"):
-        overlap = _split_overlap(graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
+        overlap = _split_overlap(bt, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
     act_shard = bt.tp_cost.activation_shard.get(node.name, 1)
     split = bt.splits.get(node.name)
     kw = dict(precision=precision, dtypes=dtypes)
@@ -220,24 +220,15 @@ def _executed_share(node: OpNode, ctx: TPContext) -> float:
 
 
 def _split_overlap(
-    graph: Graph, node: OpNode, ctx: TPContext, *, shard: int, read: float, t_fwd: float, t_bwd: float
+    bt: BlockTerms, node: OpNode, ctx: TPContext, *, shard: int, read: float, t_fwd: float, t_bwd: float
 ) -> tuple[float, float, float, float]:
     """A split linear's time, and what running it as tp slices of the tokens adds
     (autoplan/cost/tp/overlap.py): tp * t(1/tp of the tokens) - t(all of them), less the
-    (tp - 1) extra casts of an FP8 weight that is cast once for all slices."""
+    (tp - 1) extra casts of an FP8 weight that is cast once for all slices (slices priced unfused)."""
     n = ctx.tp
     kw = dict(precision=ctx.precision, shard=shard, recipe=ctx.fp8)
     recast = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=False, **kw)
     recast_bwd = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=True, **kw)
-    slice_fwd, slice_bwd = node_times_s(
-        graph,
-        node,
-        ctx.profile,
-        precision=ctx.precision,
-        batch_fraction=ctx.batch_fraction / n,
-        shard=shard,
-        reads=read,
-        recipe=ctx.fp8,
-        dtypes=dtypes_of(graph, ctx.dtypes),
-    )
+    f = ctx.batch_fraction / n
+    slice_fwd, slice_bwd = bt.times(node, ctx.profile, batch_fraction=f, reads=read, dtypes=bt.dtypes, **kw)
     return t_fwd, t_bwd, max(0.0, n * slice_fwd - t_fwd - recast), max(0.0, n * slice_bwd - t_bwd - recast_bwd)

@@ -317,11 +317,14 @@ class MemoryBudget:
     frozen_param_bytes_factor: float | None = None
 
 
-def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> MemoryBudget:
+def memory_budget(
+    graph: Graph, profile: Profile, *, plan: Plan, cost: Cost, node_times: NodeTimes | None = None
+) -> MemoryBudget:
     """The ILP memory row for ``plan`` (which did not fit): usable memory less comm buffers and
     the outside modules' bytes (kept at most what they use now), shared by the blocks of the
     fullest stage; under full recomputation one block's full activations (live while it is
-    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py."""
+    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py;
+    ``node_times`` memoises the op times (the search's CostModel's)."""
     blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
     states = model_states(
         params=1.0,
@@ -352,7 +355,7 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
         fused=fuses_elementwise(plan),
         dtypes=dtype_policy(plan, backend=profile.backend),
     )
-    outside = price_block(graph, None, ctx=ctx, **factors)
+    outside = price_block(graph, None, ctx=ctx, node_times=node_times, **factors)
     outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]
     free = usable_bytes(profile.device.memory_bytes) - cost.comm_buffer_bytes - outside_bytes
     return MemoryBudget(
