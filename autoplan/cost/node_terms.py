@@ -14,7 +14,7 @@ not its attention and shared experts (cost/summaries.py keeps the terms per cont
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
 from typing import NamedTuple
@@ -88,6 +88,7 @@ class BlockTerms:
     routed: tuple[int, ...]
     attention: list[Attention]  # the attention calls under cp > 1, none of them an expert GEMM
     _prefix: NodeTerms | None = None  # the sums of the nodes before the first routed one
+    _by_busiest: dict[tuple[int, float], NodeTerms] = field(default_factory=dict)  # routed non-GEMMs' (_routed_terms)
 
     def sums(self, ctx: TPContext, experts: BlockExperts | None) -> NodeTerms:
         """Each column summed over the block's nodes in order from 0.0, the routed experts' nodes priced
@@ -100,10 +101,22 @@ class BlockTerms:
             self._prefix = _summed(self.terms[:first], ZERO)
         tail = self.terms[first:]
         for i in self.routed:
-            node = self.nodes[i]
-            one = node_terms(self, node, ctx=ctx, gemm=experts.gemms.get(node.name), busiest=experts.imbalance)
-            tail[i - first] = one[0]
+            tail[i - first] = self._routed_terms(i, ctx, experts)
         return _summed(tail, self._prefix)
+
+    def _routed_terms(self, i: int, ctx: TPContext, experts: BlockExperts) -> NodeTerms:
+        """Routed node ``i``'s terms under ``experts``; one that is not an expert GEMM kept per busiest share: with
+        ``gemm`` None, :func:`node_terms` reads the placement only as ``busiest``, and the rest of ``ctx`` only
+        through its ``dense_key``, which every context these terms serve shares (cost/summaries.py keys them so)."""
+        node = self.nodes[i]
+        gemm = experts.gemms.get(node.name)
+        if gemm is not None:
+            return node_terms(self, node, ctx=ctx, gemm=gemm, busiest=experts.imbalance)[0]
+        hit = self._by_busiest.get((i, experts.imbalance))
+        if hit is None:
+            hit = node_terms(self, node, ctx=ctx, gemm=None, busiest=experts.imbalance)[0]
+            self._by_busiest[i, experts.imbalance] = hit
+        return hit
 
 
 def _summed(terms: list[NodeTerms], start: NodeTerms) -> NodeTerms:
