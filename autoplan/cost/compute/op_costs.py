@@ -86,6 +86,7 @@ class NodeTimes:
         self._reads: dict[tuple, float] = {}
         self._kinds: dict[tuple, tuple[int, OpNode]] = {}  # (id(node), dtypes, fused) -> (kind, node kept alive)
         self._kind_ids: dict[tuple, int] = {}  # priced facts -> kind
+        self._known: dict[tuple, tuple[int, float, OpNode]] = {}  # (id(node), precision, dtypes, fused) -> kind, reads
 
     def __call__(
         self,
@@ -101,16 +102,21 @@ class NodeTimes:
         dtypes: RunDtypes | None = None,
     ) -> tuple[float, float]:
         kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
-        kwargs["dtypes"] = dtypes
         if profile is not self.profile:
-            return node_times_s(self.graph, node, profile, reads=reads, **kwargs)
-        reads = self.reads(node, precision=precision, dtypes=dtypes) if reads is None else reads
-        kind = self.kind(node, dtypes=dtypes, fused=fused)
-        key = (kind, precision, batch_fraction, shard, reads, recipe, fused, dtypes)
+            return node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes, **kwargs)
+        known = self._known.get((id(node), precision, dtypes, fused)) or self._know(node, precision, dtypes, fused)
+        reads = known[1] if reads is None else reads
+        key = (known[0], precision, batch_fraction, shard, reads, recipe, fused, dtypes)
         hit = self._times.get(key)
         if hit is None:
-            hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, **kwargs)
+            hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes, **kwargs)
         return hit
+
+    def _know(self, node: OpNode, precision: str, dtypes: RunDtypes | None, fused: bool) -> tuple[int, float, OpNode]:
+        """The node's kind and :meth:`reads`, looked up once per node object and arguments they read."""
+        kind, read = self.kind(node, dtypes=dtypes, fused=fused), self.reads(node, precision=precision, dtypes=dtypes)
+        known = self._known[id(node), precision, dtypes, fused] = (kind, read, node)
+        return known
 
     def kind(self, node: OpNode, *, dtypes: RunDtypes | None, fused: bool) -> int:
         """A number per distinct :func:`priced_facts`, found once per node object (kept alive, so its id stays its)."""
