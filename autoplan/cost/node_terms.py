@@ -188,7 +188,7 @@ def node_terms(
     split = bt.splits.get(node.name)
     kw = dict(precision=precision, dtypes=dtypes)
     copies = param_copy_bytes(graph, bt.block, node.name, split, tp=ctx.tp, **kw) if split is not None else 0.0
-    held = saved_activation_bytes(node, gpu=ctx.profile.backend == "nccl", **kw)
+    held, wgrad_held = held_bytes(graph, node, gpu=ctx.profile.backend == "nccl", **kw)
     kept = rerun = 0.0
     flops = [0.0, 0.0, 0.0, 0.0]  # matmul fwd, bwd; attention fwd, bwd
     if node.op in SAVED_KINDS:
@@ -212,7 +212,7 @@ def node_terms(
         fp8,
         *overlap,
         (node.fwd_flops + node.bwd_flops) * f / shard,
-        weight_grad_held_bytes(graph, node, **kw) * f / act_shard,
+        wgrad_held * f / act_shard,
         (held / act_shard + copies) * f * busiest,
         held / act_shard * f if node.op == "loss" else 0.0,  # freed at a split backward's B
         kept,
@@ -222,6 +222,21 @@ def node_terms(
         t_bwd if gemm is not None else 0.0,
     )
     return one, attention
+
+
+def held_bytes(
+    graph: Graph, node: OpNode, *, gpu: bool, precision: str, dtypes: RunDtypes | None
+) -> tuple[float, float]:
+    """(``saved_activation_bytes``, ``weight_grad_held_bytes``) of ``node`` for the traced batch: they read the
+    graph, the node, the precision, its run dtypes and whether the profile is a GPU's, not the context's shards or
+    micro-batch, so they are cached on the graph per node name and those arguments (as fusion.py caches regions)."""
+    cache = graph.__dict__.setdefault("_held_bytes_cache", {})
+    key = (node.name, gpu, precision, dtypes)
+    hit = cache.get(key)
+    if hit is None:
+        kw = dict(precision=precision, dtypes=dtypes)
+        hit = cache[key] = (saved_activation_bytes(node, gpu=gpu, **kw), weight_grad_held_bytes(graph, node, **kw))
+    return hit
 
 
 def _executed_share(node: OpNode, ctx: TPContext) -> float:
