@@ -21,17 +21,11 @@ from typing import NamedTuple
 
 from autoplan.cost.compute.dtypes import RunDtypes, dtypes_of
 from autoplan.cost.compute.fp8 import fp8_linear
-from autoplan.cost.compute.op_costs import NodeTimes
-from autoplan.cost.compute.roofline import (
-    activation_scale,
-    executed_bwd_flops,
-    fp8_cast_s,
-    fp8_weight_cast_s,
-    saved_activation_bytes,
-)
+from autoplan.cost.compute.op_costs import NodeTimes, held_bytes
+from autoplan.cost.compute.roofline import activation_scale, executed_bwd_flops, fp8_cast_s, fp8_weight_cast_s
 from autoplan.cost.cp.exposed import attention_time_factor, executed_fraction
 from autoplan.cost.moe.experts import BlockExperts, grouped_gemm_s, layers_in
-from autoplan.cost.pp.split_backward import weight_grad_held_bytes, weight_grad_s
+from autoplan.cost.pp.split_backward import weight_grad_s
 from autoplan.cost.tp.block import BlockAnalysis, analyse_block
 from autoplan.cost.tp.memory import param_copy_bytes
 from autoplan.cost.tp.splits import TPContext, TPLayerCost, node_splits, tp_layer_cost
@@ -222,21 +216,6 @@ def node_terms(
         t_bwd if gemm is not None else 0.0,
     )
     return one, attention
-
-
-def held_bytes(
-    graph: Graph, node: OpNode, *, gpu: bool, precision: str, dtypes: RunDtypes | None
-) -> tuple[float, float]:
-    """(``saved_activation_bytes``, ``weight_grad_held_bytes``) of ``node`` for the traced batch: they read the
-    graph, the node, the precision, its run dtypes and whether the profile is a GPU's, not the context's shards or
-    micro-batch, so they are cached on the graph per node name and those arguments (as fusion.py caches regions)."""
-    cache = graph.__dict__.setdefault("_held_bytes_cache", {})
-    key = (node.name, gpu, precision, dtypes)
-    hit = cache.get(key)
-    if hit is None:
-        kw = dict(precision=precision, dtypes=dtypes)
-        hit = cache[key] = (saved_activation_bytes(node, gpu=gpu, **kw), weight_grad_held_bytes(graph, node, **kw))
-    return hit
 
 
 def _executed_share(node: OpNode, ctx: TPContext) -> float:

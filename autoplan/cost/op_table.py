@@ -70,7 +70,6 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
                 recipe=ctx.fp8,
                 fused=ctx.fused,
                 dtypes=dtypes,
-                times=model.node_times,  # identical blocks' ops priced once
             )
             params = node.param_count / cost.param_shard.get(node.name, 1)
             states = model_states(

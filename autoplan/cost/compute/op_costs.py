@@ -26,6 +26,7 @@ from autoplan.cost.compute.dtypes import RunDtypes
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
 from autoplan.cost.compute.fusion import fused_moved_bytes, fused_ops
 from autoplan.cost.compute.roofline import input_bytes_of, op_time_s, saved_activation_bytes
+from autoplan.cost.pp.split_backward import weight_grad_held_bytes
 from autoplan.cost.tp.block import predecessors
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.profile import Profile
@@ -199,3 +200,18 @@ def node_time_s(
 def node_saved_bytes(node: OpNode, profile: Profile, *, precision: str, dtypes: RunDtypes | None = None) -> float:
     """Bytes ``node`` keeps for the backward, for the whole traced batch, in the run's dtypes."""
     return saved_activation_bytes(node, precision=precision, gpu=profile.backend == "nccl", dtypes=dtypes)
+
+
+def held_bytes(
+    graph: Graph, node: OpNode, *, gpu: bool, precision: str, dtypes: RunDtypes | None
+) -> tuple[float, float]:
+    """(``saved_activation_bytes``, ``weight_grad_held_bytes``) of ``node`` for the traced batch: they read the
+    graph, the node, the precision, its run dtypes and whether the profile is a GPU's, not the context's shards or
+    micro-batch, so they are cached on the graph per node name and those arguments (as fusion.py caches regions)."""
+    cache = graph.__dict__.setdefault("_held_bytes_cache", {})
+    key = (node.name, gpu, precision, dtypes)
+    hit = cache.get(key)
+    if hit is None:
+        kw = dict(precision=precision, dtypes=dtypes)
+        hit = cache[key] = (saved_activation_bytes(node, gpu=gpu, **kw), weight_grad_held_bytes(graph, node, **kw))
+    return hit

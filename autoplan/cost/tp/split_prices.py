@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from autoplan.cost.compute.dtypes import DtypePolicy, dtype_policy, dtypes_of
 from autoplan.cost.compute.fusion import fuses_elementwise
-from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s, node_times_s
+from autoplan.cost.compute.op_costs import NodeTimes, held_bytes, node_time_s, node_times_s
 from autoplan.cost.cp.block import context_parallel
 from autoplan.cost.cp.exposed import attention_time_factor
 from autoplan.cost.memory.per_device import model_states, usable_bytes
@@ -159,6 +159,7 @@ def price_block(
         )
 
     seen_params: set[str] = set()
+    gpu = ctx.profile.backend == "nccl"
     for node in block.nodes:
         own = [p for p in node.param_names if p not in seen_params]
         seen_params.update(own)
@@ -168,11 +169,8 @@ def price_block(
             for p in own
             if p in graph.parameters
         )
-        abytes = (
-            node_saved_bytes(node, ctx.profile, precision=ctx.precision, dtypes=dtypes) * activation_factor
-            if activation_factor
-            else 0.0
-        )
+        saved = held_bytes(graph, node, gpu=gpu, precision=ctx.precision, dtypes=dtypes)[0]  # node_saved_bytes, cached
+        abytes = saved * activation_factor if activation_factor else 0.0
         if node.name in prices.legal:
             copies = {
                 split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision, dtypes=dtypes)

@@ -10,14 +10,12 @@ from dataclasses import replace
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.cost import CostModel
-from autoplan.cost import node_terms as node_terms_module
+from autoplan.cost import CostModel, price_block
 from autoplan.cost.compute import op_costs
 from autoplan.cost.compute.dtypes import DtypePolicy, RunDtypes, dtypes_of, run_dtypes
 from autoplan.cost.compute.fusion import fused_ops
-from autoplan.cost.compute.op_costs import NodeTimes, node_times_s, priced_facts
-from autoplan.cost.node_terms import block_terms, held_bytes
-from autoplan.cost.op_table import priced_ops
+from autoplan.cost.compute.op_costs import NodeTimes, held_bytes, node_times_s, priced_facts
+from autoplan.cost.node_terms import block_terms
 from autoplan.cost.pp.split_backward import weight_grad_held_bytes
 from autoplan.cost.tp.split_prices import memory_budget
 from autoplan.types.plan import Plan
@@ -88,10 +86,9 @@ def test_each_fact_the_key_holds_gives_its_own_price(graph, monkeypatch):
     assert next(kinds) != next(kinds)
 
 
-def test_the_memory_row_and_ops_csv_price_through_the_memo(graph, monkeypatch):
-    """The ILP's memory row for the outside nodes (split_prices.memory_budget) and ops.csv's rows (op_table.priced_ops)
-    are the plain computation's with the search's NodeTimes, which prices each distinct op once: ops.csv computes
-    fewer times than it has rows, and a second memory row as the first computes nothing."""
+def test_the_memory_row_prices_through_the_memo(graph, monkeypatch):
+    """The ILP's memory row for the outside nodes (split_prices.memory_budget) is the plain computation's with the
+    search's NodeTimes: a second memory row as the first computes nothing."""
     profile = synthetic_profile()
     plan = Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=2, num_microbatches=2, precision="bf16", compile=True)
     model = CostModel(graph, profile)
@@ -103,27 +100,24 @@ def test_the_memory_row_and_ops_csv_price_through_the_memo(graph, monkeypatch):
     computed.clear()
     assert memory_budget(graph, profile, plan=plan, cost=cost, node_times=model.node_times) == plain
     assert computed == []
-    rows = priced_ops(graph, profile, plan)
-    assert 0 < len(computed) < len(rows) - len([n for n in graph.nodes if n.layer == graph.layers[-1]])
-    by_name = {r.op: r.compute_s for r in rows}
-    for node in (n for n in graph.nodes if n.layer == graph.layers[2]):
-        assert by_name[node.name] == by_name[node.name.replace(".2.", ".1.", 1)]
 
 
 def test_a_nodes_held_bytes_are_kept_across_contexts(graph, monkeypatch):
-    """node_terms.held_bytes: a node's saved and weight-gradient bytes read no shard or micro-batch, so a block's terms
-    in a second context compute none of them again, and every kept answer is the plain functions'."""
+    """op_costs.held_bytes, which node_terms and price_block read: a node's saved and weight-gradient bytes read
+    no shard or micro-batch, so a block's terms in a second context compute none of them again, and every kept
+    answer is the plain functions'."""
     profile = synthetic_profile()
     model = CostModel(graph, profile)
     layer = graph.layers[1]
     nodes = tuple(n for n in graph.nodes if n.layer == layer)
-    counted, real = [], node_terms_module.saved_activation_bytes
-    monkeypatch.setattr(node_terms_module, "saved_activation_bytes", lambda *a, **k: counted.append(1) or real(*a, **k))
+    counted, real = [], op_costs.saved_activation_bytes
+    monkeypatch.setattr(op_costs, "saved_activation_bytes", lambda *a, **k: counted.append(1) or real(*a, **k))
     for mbs, tp, precision in itertools.product([1, 2], [1, 2], ["bf16", "fp32"]):
         plan = Plan(devices=tp, dp=1, tp=tp, pp=1, micro_batch_size=mbs, num_microbatches=1, precision=precision)
         ctx = model.tp_context(plan)
         counted.clear()
         block_terms(graph, nodes, layer=layer, tp_plan={}, ctx=ctx, node_times=model.node_times)
+        price_block(graph, layer, ctx=ctx, activation_factor=1.0, node_times=model.node_times)
         assert len(counted) == (len(nodes) if (mbs, tp) == (1, 1) else 0), (mbs, tp, precision)
         dtypes = dtypes_of(graph, ctx.dtypes)
         for node in nodes:
