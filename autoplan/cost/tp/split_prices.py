@@ -26,9 +26,9 @@ from autoplan.cost.pp.schedule import in_flight_chunks
 from autoplan.cost.tp.block import BlockAnalysis, analyse_block
 from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
 from autoplan.cost.tp.shards import (
+    layouts_of,
     param_node_shards,
     pure_layout,
-    pure_layouts_possible,
     pure_node_shards,
     sharding_origins,
     stream_node_shards,
@@ -179,11 +179,8 @@ def price_block(
             }
             _price_param(prices, node, time_of, pbytes, abytes, copies, tp=tp)
         elif node.name in block.origins:
-            origins = block.origins[node.name]
-            shard = {
-                lay: pure_node_shards(lay, tp=tp)
-                for lay in pure_layouts_possible(block, origins, prices.legal, sequence_parallel=sp)
-            }
+            origins, sharding = block.origins[node.name], _sharding(graph, layer, node.name, prices.legal, tp=tp, sp=sp)
+            shard = {lay: pure_node_shards(lay, tp=tp) for lay in layouts_of(sharding)}
             kv = {
                 lay: _cp_price(graph, node, ctx, c, forward_repeats, activation_factor) for lay, (c, _) in shard.items()
             }
@@ -191,7 +188,7 @@ def price_block(
                 origins=origins,
                 time_s={lay: time_of(node, c) + kv[lay][0] for lay, (c, _) in shard.items()},
                 bytes={lay: abytes / a + kv[lay][1] for lay, (_, a) in shard.items()},
-                sharding=sharding_origins(block, origins, prices.legal, sequence_parallel=sp),
+                sharding=sharding,
             )
         else:
             compute, act = stream_node_shards(
@@ -210,6 +207,19 @@ def price_block(
     )
     _add_ties(graph, prices)
     return prices
+
+
+def _sharding(
+    graph: Graph, layer: str | None, name: str, legal: dict[str, tuple[str, ...]], *, tp: int, sp: bool
+) -> dict[str, tuple[str, ...]]:
+    """``sharding_origins`` of pure node ``name`` (read only), cached on the graph per (block, node, tp, sp): it reads
+    the block's structure and its origins' ``legal`` splits, which are ``legal_splits`` at ``tp``, and no context."""
+    cache = graph.__dict__.setdefault("_pure_sharding_cache", {})
+    key = (layer, name, tp, sp)
+    if key not in cache:
+        block = analyse_block(graph, layer)
+        cache[key] = sharding_origins(block, block.origins[name], legal, sequence_parallel=sp)
+    return cache[key]
 
 
 def _cp_price(

@@ -17,7 +17,11 @@ from autoplan.cost.compute.fusion import fused_ops
 from autoplan.cost.compute.op_costs import NodeTimes, held_bytes, node_times_s, priced_facts
 from autoplan.cost.node_terms import block_terms
 from autoplan.cost.pp.split_backward import weight_grad_held_bytes
+from autoplan.cost.tp import split_prices
+from autoplan.cost.tp.block import analyse_block
+from autoplan.cost.tp.shards import pure_layouts_possible
 from autoplan.cost.tp.split_prices import memory_budget
+from autoplan.cost.tp.splits import legal_splits
 from autoplan.types.plan import Plan
 
 CONTEXTS = list(itertools.product(["bf16", "fp32"], [1 / 4, 1 / 2], [1, 2], [False, True], [None, "autocast", "cast"]))
@@ -124,3 +128,26 @@ def test_a_nodes_held_bytes_are_kept_across_contexts(graph, monkeypatch):
             kw = dict(precision=precision, dtypes=dtypes)
             plain = (real(node, gpu=True, **kw), weight_grad_held_bytes(graph, node, **kw))
             assert held_bytes(graph, node, gpu=True, **kw) == plain
+
+
+def test_a_pure_nodes_layouts_are_kept_across_contexts(monkeypatch):
+    """price_block's pure nodes' sharding_origins read the block, tp and sequence parallelism, no micro-batch or
+    precision: a second context at the same tp and sp computes none again, and each is the plain function's."""
+    graph, profile = synthetic_gpt(layers=3, hidden=256, heads=4, seq=128, batch=4), synthetic_profile()
+    model = CostModel(graph, profile)
+    layer = graph.layers[1]
+    block = analyse_block(graph, layer)
+    counted, real = [], split_prices.sharding_origins
+    monkeypatch.setattr(split_prices, "sharding_origins", lambda *a, **k: counted.append(1) or real(*a, **k))
+    for sp, mbs, precision in itertools.product([False, True], [1, 2], ["bf16", "fp32"]):
+        plan = Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=mbs, num_microbatches=1, precision=precision)
+        ctx = model.tp_context(replace(plan, sequence_parallel=sp))
+        counted.clear()
+        prices = price_block(graph, layer, ctx=ctx, activation_factor=1.0, node_times=model.node_times)
+        assert prices.pure and len(counted) == (len(prices.pure) if (mbs, precision) == (1, "bf16") else 0)
+        legal = {v: legal_splits(graph.node(v), 2) for v in block.params}
+        for name, pure in prices.pure.items():
+            plain = real(block, block.origins[name], legal, sequence_parallel=sp)
+            assert pure.sharding == plain and tuple(pure.time_s) == pure_layouts_possible(
+                block, block.origins[name], legal, sequence_parallel=sp
+            )
