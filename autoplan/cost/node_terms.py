@@ -14,24 +14,18 @@ not its attention and shared experts (cost/summaries.py keeps the terms per cont
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
 from typing import NamedTuple
 
 from autoplan.cost.compute.dtypes import RunDtypes, dtypes_of
 from autoplan.cost.compute.fp8 import fp8_linear
-from autoplan.cost.compute.op_costs import NodeTimes, node_times_s
-from autoplan.cost.compute.roofline import (
-    activation_scale,
-    executed_bwd_flops,
-    fp8_cast_s,
-    fp8_weight_cast_s,
-    saved_activation_bytes,
-)
+from autoplan.cost.compute.op_costs import NodeTimes, held_bytes
+from autoplan.cost.compute.roofline import activation_scale, executed_bwd_flops, fp8_cast_s, fp8_weight_cast_s
 from autoplan.cost.cp.exposed import attention_time_factor, executed_fraction
 from autoplan.cost.moe.experts import BlockExperts, grouped_gemm_s, layers_in
-from autoplan.cost.pp.split_backward import weight_grad_held_bytes, weight_grad_s
+from autoplan.cost.pp.split_backward import weight_grad_s
 from autoplan.cost.tp.block import BlockAnalysis, analyse_block
 from autoplan.cost.tp.memory import param_copy_bytes
 from autoplan.cost.tp.splits import TPContext, TPLayerCost, node_splits, tp_layer_cost
@@ -88,6 +82,7 @@ class BlockTerms:
     routed: tuple[int, ...]
     attention: list[Attention]  # the attention calls under cp > 1, none of them an expert GEMM
     _prefix: NodeTerms | None = None  # the sums of the nodes before the first routed one
+    _by_busiest: dict[tuple[int, float], NodeTerms] = field(default_factory=dict)  # routed non-GEMMs' (_routed_terms)
 
     def sums(self, ctx: TPContext, experts: BlockExperts | None) -> NodeTerms:
         """Each column summed over the block's nodes in order from 0.0, the routed experts' nodes priced
@@ -100,10 +95,22 @@ class BlockTerms:
             self._prefix = _summed(self.terms[:first], ZERO)
         tail = self.terms[first:]
         for i in self.routed:
-            node = self.nodes[i]
-            one = node_terms(self, node, ctx=ctx, gemm=experts.gemms.get(node.name), busiest=experts.imbalance)
-            tail[i - first] = one[0]
+            tail[i - first] = self._routed_terms(i, ctx, experts)
         return _summed(tail, self._prefix)
+
+    def _routed_terms(self, i: int, ctx: TPContext, experts: BlockExperts) -> NodeTerms:
+        """Routed node ``i``'s terms under ``experts``; one that is not an expert GEMM kept per busiest share: with
+        ``gemm`` None, :func:`node_terms` reads the placement only as ``busiest``, and the rest of ``ctx`` only
+        through its ``dense_key``, which every context these terms serve shares (cost/summaries.py keys them so)."""
+        node = self.nodes[i]
+        gemm = experts.gemms.get(node.name)
+        if gemm is not None:
+            return node_terms(self, node, ctx=ctx, gemm=gemm, busiest=experts.imbalance)[0]
+        hit = self._by_busiest.get((i, experts.imbalance))
+        if hit is None:
+            hit = node_terms(self, node, ctx=ctx, gemm=None, busiest=experts.imbalance)[0]
+            self._by_busiest[i, experts.imbalance] = hit
+        return hit
 
 
 def _summed(terms: list[NodeTerms], start: NodeTerms) -> NodeTerms:
@@ -170,12 +177,12 @@ def node_terms(
         fp8 = node.attrs["in_features"] * node.attrs["out_features"] / bt.tp_cost.param_shard.get(node.name, 1)
     overlap = (0.0, 0.0, 0.0, 0.0)
     if ctx.tp > 1 and node.op == "linear" and bt.splits.get(node.name) in ("colwise", "rowwise"):
-        overlap = _split_overlap(graph, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
+        overlap = _split_overlap(bt, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
     act_shard = bt.tp_cost.activation_shard.get(node.name, 1)
     split = bt.splits.get(node.name)
     kw = dict(precision=precision, dtypes=dtypes)
     copies = param_copy_bytes(graph, bt.block, node.name, split, tp=ctx.tp, **kw) if split is not None else 0.0
-    held = saved_activation_bytes(node, gpu=ctx.profile.backend == "nccl", **kw)
+    held, wgrad_held = held_bytes(graph, node, gpu=ctx.profile.backend == "nccl", **kw)
     kept = rerun = 0.0
     flops = [0.0, 0.0, 0.0, 0.0]  # matmul fwd, bwd; attention fwd, bwd
     if node.op in SAVED_KINDS:
@@ -199,7 +206,7 @@ def node_terms(
         fp8,
         *overlap,
         (node.fwd_flops + node.bwd_flops) * f / shard,
-        weight_grad_held_bytes(graph, node, **kw) * f / act_shard,
+        wgrad_held * f / act_shard,
         (held / act_shard + copies) * f * busiest,
         held / act_shard * f if node.op == "loss" else 0.0,  # freed at a split backward's B
         kept,
@@ -220,24 +227,15 @@ def _executed_share(node: OpNode, ctx: TPContext) -> float:
 
 
 def _split_overlap(
-    graph: Graph, node: OpNode, ctx: TPContext, *, shard: int, read: float, t_fwd: float, t_bwd: float
+    bt: BlockTerms, node: OpNode, ctx: TPContext, *, shard: int, read: float, t_fwd: float, t_bwd: float
 ) -> tuple[float, float, float, float]:
     """A split linear's time, and what running it as tp slices of the tokens adds
     (autoplan/cost/tp/overlap.py): tp * t(1/tp of the tokens) - t(all of them), less the
-    (tp - 1) extra casts of an FP8 weight that is cast once for all slices."""
+    (tp - 1) extra casts of an FP8 weight that is cast once for all slices (slices priced unfused)."""
     n = ctx.tp
     kw = dict(precision=ctx.precision, shard=shard, recipe=ctx.fp8)
     recast = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=False, **kw)
     recast_bwd = (n - 1) * fp8_weight_cast_s(node, ctx.profile, backward=True, **kw)
-    slice_fwd, slice_bwd = node_times_s(
-        graph,
-        node,
-        ctx.profile,
-        precision=ctx.precision,
-        batch_fraction=ctx.batch_fraction / n,
-        shard=shard,
-        reads=read,
-        recipe=ctx.fp8,
-        dtypes=dtypes_of(graph, ctx.dtypes),
-    )
+    f = ctx.batch_fraction / n
+    slice_fwd, slice_bwd = bt.times(node, ctx.profile, batch_fraction=f, reads=read, dtypes=bt.dtypes, **kw)
     return t_fwd, t_bwd, max(0.0, n * slice_fwd - t_fwd - recast), max(0.0, n * slice_bwd - t_bwd - recast_bwd)

@@ -270,7 +270,8 @@ class Pass:
         if not priced or any(c.feasible for c in priced):
             return
         frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
-        budget = memory_budget(s.cost_model.graph, s.profile, plan=frugal.plan, cost=frugal.cost)
+        model = s.cost_model
+        budget = memory_budget(model.graph, s.profile, plan=frugal.plan, cost=frugal.cost, node_times=model.node_times)
         retry = s._choose(state.group, budget=budget)
         if retry.feasible and retry.tp_plan != state.choice.tp_plan:
             self._bound_choice(_Choice(state.group, state.bound, retry, first=False))

@@ -70,7 +70,12 @@ def pure_layouts_possible(
     block: BlockAnalysis, origins: frozenset[str], legal: dict[str, tuple[str, ...]], *, sequence_parallel: bool
 ) -> tuple[str, ...]:
     """The layouts :func:`pure_layout` can return for some legal splits of ``origins``."""
-    return ("R", *sharding_origins(block, origins, legal, sequence_parallel=sequence_parallel))
+    return layouts_of(sharding_origins(block, origins, legal, sequence_parallel=sequence_parallel))
+
+
+def layouts_of(sharding: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The layouts of a pure node whose :func:`sharding_origins` is ``sharding``: R, and each some origin gives."""
+    return ("R", *sharding)
 
 
 def pure_node_shards(layout: str, *, tp: int) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from autoplan.cost.compute.dtypes import DtypePolicy, dtype_policy, dtypes_of
 from autoplan.cost.compute.fusion import fuses_elementwise
-from autoplan.cost.compute.op_costs import NodeTimes, node_saved_bytes, node_time_s, node_times_s
+from autoplan.cost.compute.op_costs import NodeTimes, held_bytes, node_time_s, node_times_s
 from autoplan.cost.cp.block import context_parallel
 from autoplan.cost.cp.exposed import attention_time_factor
 from autoplan.cost.memory.per_device import model_states, usable_bytes
@@ -26,9 +26,9 @@ from autoplan.cost.pp.schedule import in_flight_chunks
 from autoplan.cost.tp.block import BlockAnalysis, analyse_block
 from autoplan.cost.tp.memory import param_copy_bytes, stream_copy_bytes
 from autoplan.cost.tp.shards import (
+    layouts_of,
     param_node_shards,
     pure_layout,
-    pure_layouts_possible,
     pure_node_shards,
     sharding_origins,
     stream_node_shards,
@@ -159,6 +159,7 @@ def price_block(
         )
 
     seen_params: set[str] = set()
+    gpu = ctx.profile.backend == "nccl"
     for node in block.nodes:
         own = [p for p in node.param_names if p not in seen_params]
         seen_params.update(own)
@@ -168,11 +169,8 @@ def price_block(
             for p in own
             if p in graph.parameters
         )
-        abytes = (
-            node_saved_bytes(node, ctx.profile, precision=ctx.precision, dtypes=dtypes) * activation_factor
-            if activation_factor
-            else 0.0
-        )
+        saved = held_bytes(graph, node, gpu=gpu, precision=ctx.precision, dtypes=dtypes)[0]  # node_saved_bytes, cached
+        abytes = saved * activation_factor if activation_factor else 0.0
         if node.name in prices.legal:
             copies = {
                 split: param_copy_bytes(graph, block, node.name, split, tp=tp, precision=ctx.precision, dtypes=dtypes)
@@ -181,11 +179,8 @@ def price_block(
             }
             _price_param(prices, node, time_of, pbytes, abytes, copies, tp=tp)
         elif node.name in block.origins:
-            origins = block.origins[node.name]
-            shard = {
-                lay: pure_node_shards(lay, tp=tp)
-                for lay in pure_layouts_possible(block, origins, prices.legal, sequence_parallel=sp)
-            }
+            origins, sharding = block.origins[node.name], _sharding(graph, layer, node.name, prices.legal, tp=tp, sp=sp)
+            shard = {lay: pure_node_shards(lay, tp=tp) for lay in layouts_of(sharding)}
             kv = {
                 lay: _cp_price(graph, node, ctx, c, forward_repeats, activation_factor) for lay, (c, _) in shard.items()
             }
@@ -193,7 +188,7 @@ def price_block(
                 origins=origins,
                 time_s={lay: time_of(node, c) + kv[lay][0] for lay, (c, _) in shard.items()},
                 bytes={lay: abytes / a + kv[lay][1] for lay, (_, a) in shard.items()},
-                sharding=sharding_origins(block, origins, prices.legal, sequence_parallel=sp),
+                sharding=sharding,
             )
         else:
             compute, act = stream_node_shards(
@@ -212,6 +207,19 @@ def price_block(
     )
     _add_ties(graph, prices)
     return prices
+
+
+def _sharding(
+    graph: Graph, layer: str | None, name: str, legal: dict[str, tuple[str, ...]], *, tp: int, sp: bool
+) -> dict[str, tuple[str, ...]]:
+    """``sharding_origins`` of pure node ``name`` (read only), cached on the graph per (block, node, tp, sp): it reads
+    the block's structure and its origins' ``legal`` splits, which are ``legal_splits`` at ``tp``, and no context."""
+    cache = graph.__dict__.setdefault("_pure_sharding_cache", {})
+    key = (layer, name, tp, sp)
+    if key not in cache:
+        block = analyse_block(graph, layer)
+        cache[key] = sharding_origins(block, block.origins[name], legal, sequence_parallel=sp)
+    return cache[key]
 
 
 def _cp_price(
@@ -317,11 +325,14 @@ class MemoryBudget:
     frozen_param_bytes_factor: float | None = None
 
 
-def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> MemoryBudget:
+def memory_budget(
+    graph: Graph, profile: Profile, *, plan: Plan, cost: Cost, node_times: NodeTimes | None = None
+) -> MemoryBudget:
     """The ILP memory row for ``plan`` (which did not fit): usable memory less comm buffers and
     the outside modules' bytes (kept at most what they use now), shared by the blocks of the
     fullest stage; under full recomputation one block's full activations (live while it is
-    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py."""
+    recomputed) are spread over them. Bytes per device follow autoplan/cost/memory/per_device.py;
+    ``node_times`` memoises the op times (the search's CostModel's)."""
     blocks = max(1, max(len(chunk) for chunk in plan.stages) * plan.virtual_stages) if plan.stages else 1
     states = model_states(
         params=1.0,
@@ -352,7 +363,7 @@ def memory_budget(graph: Graph, profile: Profile, *, plan: Plan, cost: Cost) -> 
         fused=fuses_elementwise(plan),
         dtypes=dtype_policy(plan, backend=profile.backend),
     )
-    outside = price_block(graph, None, ctx=ctx, **factors)
+    outside = price_block(graph, None, ctx=ctx, node_times=node_times, **factors)
     outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]
     free = usable_bytes(profile.device.memory_bytes) - cost.comm_buffer_bytes - outside_bytes
     return MemoryBudget(

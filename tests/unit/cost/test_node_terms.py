@@ -12,6 +12,7 @@ import pytest
 from synthetic import synthetic_profile
 from synthetic.moe import mixtral_graph
 
+from autoplan.cost import node_terms as node_terms_module
 from autoplan.cost.blocks import summarise
 from autoplan.cost.model import CostModel
 from autoplan.cost.moe.experts import block_experts
@@ -79,3 +80,27 @@ def test_the_memo_gives_what_a_fresh_cost_model_gives(model):
         fresh = CostModel(model.graph, model.profile)
         for layer in model.graph.layers:
             assert model.block_summary(layer, tp_plan, ctx) == fresh.block_summary(layer, tp_plan, ctx)
+
+
+@pytest.mark.parametrize("field", sorted(OTHER))
+def test_routed_nodes_terms_kept_per_busiest_share_serve_another_placement(model, field, monkeypatch):
+    """BlockTerms.sums keeps the terms of a routed node that is no expert GEMM per busiest rank's share, all of the
+    placement they read: after one placement, a placement that changes ``field`` prices again its expert GEMMs alone
+    where that share stays, every routed node where it moves, and sums what fresh terms sum."""
+    base = _ctx(model)
+    moved = replace(base, experts=replace(base.experts, **{field: OTHER[field]}))
+    layer = model.graph.layers[0]
+    structure = model.summaries.structures[layer]
+    kw = dict(layer=layer, tp_plan={}, node_times=model.node_times)
+    terms, fresh = (block_terms(model.graph, structure.nodes, ctx=base, **kw) for _ in range(2))
+    share = {
+        c: block_experts(model.graph, structure.nodes, model.profile, precision="bf16", batch_fraction=1 / 8, place=p)
+        for c, p in (("base", base.experts), ("moved", moved.experts))
+    }
+    summarise(model.graph, structure, ctx=base, terms=terms, **kw)
+    priced, real = [], node_terms_module.node_terms
+    monkeypatch.setattr(node_terms_module, "node_terms", lambda *a, **k: priced.append(1) or real(*a, **k))
+    got = terms.sums(moved, share["moved"])
+    gemms = sum(1 for i in terms.routed if structure.nodes[i].name in share["moved"].gemms)
+    assert len(priced) == (gemms if share["moved"].imbalance == share["base"].imbalance else len(terms.routed))
+    assert got == fresh.sums(moved, share["moved"])
