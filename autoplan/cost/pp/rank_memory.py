@@ -116,20 +116,32 @@ def frontier(states: Sequence[State] | np.ndarray) -> tuple[State, ...]:
     """The distinct ``states`` no other is at least in every count, sorted. A state that another exceeds has the
     smaller sum, so in order of falling sum a state is kept unless one before it exceeds it, and one before it
     does if a kept one does: the states are taken ``_BLOCK`` at a time, each tested against the kept ones and
-    against the others of its block at once."""
+    against the others of its block at once (:func:`_at_most`)."""
     rows = distinct_rows(np.asarray(states, dtype=np.int64).reshape(len(states), -1))
-    rows = rows[np.argsort(-rows.sum(axis=1), kind="stable")]
-    kept = rows[:0]
-    for start in range(0, len(rows), _BLOCK):
-        block = rows[start : start + _BLOCK]
-        within = (block[:, None, :] <= block[None, :, :]).all(axis=2)  # [i, j]: state i at most state j
+    width = rows.shape[1]
+    padded = np.zeros((len(rows), -(-width // 8) * 8), dtype=np.int64)  # zero columns: equal in every pair
+    padded[:, :width] = rows
+    padded = padded[np.argsort(-rows.sum(axis=1), kind="stable")]
+    kept = padded[:0]
+    for start in range(0, len(padded), _BLOCK):
+        block = padded[start : start + _BLOCK]
+        within = _at_most(block, block)  # [i, j]: state i at most state j
         np.fill_diagonal(within, False)  # distinct rows: at most another means exceeded
-        exceeded = within.any(axis=1) | (block[:, None, :] <= kept[None, :, :]).all(axis=2).any(axis=1)
+        exceeded = within.any(axis=1) | _at_most(block, kept).any(axis=1)
         kept = np.concatenate([kept, block[~exceeded]])
-    return tuple(sorted(tuple(state) for state in kept.tolist()))
+    return tuple(sorted(tuple(state[:width]) for state in kept.tolist()))
 
 
 _BLOCK = 64  # states tested at once: a block's tests cost _BLOCK * (kept + _BLOCK) * counts, few numpy calls
+_ALL_TRUE = np.frombuffer(b"\x01" * 8, dtype=np.uint64)[0]  # eight numpy booleans, all True, read as one word
+
+
+def _at_most(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[i, j]: whether row i of ``a`` is at most row j of ``b`` in every count; their width a multiple of 8.
+    The same as ``(a[:, None] <= b[None]).all(axis=2)``: each 8 booleans (one byte each) are read as one 64-bit
+    word, all True where it equals :data:`_ALL_TRUE`, since numpy's ``all`` over a short last axis is slow."""
+    words = np.ascontiguousarray(a[:, None, :] <= b[None, :, :]).view(np.uint64)
+    return (words == _ALL_TRUE).all(axis=2) if words.shape[2] > 1 else (words[:, :, 0] == _ALL_TRUE)
 
 
 def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],
