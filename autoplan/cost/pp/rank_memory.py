@@ -117,19 +117,19 @@ def frontier(states: Sequence[State] | np.ndarray) -> tuple[State, ...]:
     smaller sum, so in order of falling sum a state is kept unless one before it exceeds it, and one before it
     does if a kept one does: the states are taken ``_BLOCK`` at a time, each tested against the kept ones and
     against the others of its block at once (:func:`_at_most`)."""
-    rows = distinct_rows(np.asarray(states, dtype=np.int64).reshape(len(states), -1))
-    width = rows.shape[1]
-    padded = np.zeros((len(rows), -(-width // 8) * 8), dtype=np.int64)  # zero columns: equal in every pair
-    padded[:, :width] = rows
-    padded = padded[np.argsort(-rows.sum(axis=1), kind="stable")]
-    kept = padded[:0]
+    rows = distinct_rows(np.asarray(states, dtype=np.int64).reshape(len(states), -1))  # sorted, as tuples sort
+    padded = np.zeros((len(rows), -(-rows.shape[1] // 8) * 8), dtype=np.int64)  # zero columns: equal in every pair
+    padded[:, : rows.shape[1]] = rows
+    by_sum = np.argsort(-rows.sum(axis=1), kind="stable")
+    padded, kept, kept_rows = padded[by_sum], np.zeros(len(rows), dtype=bool), padded[:0]
     for start in range(0, len(padded), _BLOCK):
         block = padded[start : start + _BLOCK]
         within = _at_most(block, block)  # [i, j]: state i at most state j
         np.fill_diagonal(within, False)  # distinct rows: at most another means exceeded
-        exceeded = within.any(axis=1) | _at_most(block, kept).any(axis=1)
-        kept = np.concatenate([kept, block[~exceeded]])
-    return tuple(sorted(tuple(state[:width]) for state in kept.tolist()))
+        exceeded = within.any(axis=1) | _at_most(block, kept_rows).any(axis=1)
+        kept_rows = np.concatenate([kept_rows, block[~exceeded]])
+        kept[by_sum[start : start + _BLOCK][~exceeded]] = True  # by the rows' sorted index
+    return tuple(map(tuple, rows[kept].tolist()))
 
 
 _BLOCK = 64  # states tested at once: a block's tests cost _BLOCK * (kept + _BLOCK) * counts, few numpy calls
