@@ -113,35 +113,23 @@ def group_sizes(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> tu
 
 
 def frontier(states: Sequence[State] | np.ndarray) -> tuple[State, ...]:
-    """The distinct ``states`` no other is at least in every count, sorted. A state that another exceeds has the
-    smaller sum, so in order of falling sum a state is kept unless one before it exceeds it, and one before it
-    does if a kept one does: the states are taken ``_BLOCK`` at a time, each tested against the kept ones and
-    against the others of its block at once (:func:`_at_most`)."""
+    """The distinct ``states`` no other is at least in every count, sorted: each distinct state is tested against
+    every other at once (a state at most another distinct one is exceeded by it), ``_BLOCK`` states at a time
+    against all, one count at a time (each test a long numpy loop over pairs, not a short one over the counts)."""
     rows = distinct_rows(np.asarray(states, dtype=np.int64).reshape(len(states), -1))  # sorted, as tuples sort
-    padded = np.zeros((len(rows), -(-rows.shape[1] // 8) * 8), dtype=np.int64)  # zero columns: equal in every pair
-    padded[:, : rows.shape[1]] = rows
-    by_sum = np.argsort(-rows.sum(axis=1), kind="stable")
-    padded, kept, kept_rows = padded[by_sum], np.zeros(len(rows), dtype=bool), padded[:0]
-    for start in range(0, len(padded), _BLOCK):
-        block = padded[start : start + _BLOCK]
-        within = _at_most(block, block)  # [i, j]: state i at most state j
-        np.fill_diagonal(within, False)  # distinct rows: at most another means exceeded
-        exceeded = within.any(axis=1) | _at_most(block, kept_rows).any(axis=1)
-        kept_rows = np.concatenate([kept_rows, block[~exceeded]])
-        kept[by_sum[start : start + _BLOCK][~exceeded]] = True  # by the rows' sorted index
+    counts = [np.ascontiguousarray(rows[:, c]) for c in range(rows.shape[1])]
+    kept = np.empty(len(rows), dtype=bool)
+    for start in range(0, len(rows), _BLOCK):
+        end = min(start + _BLOCK, len(rows))
+        within = counts[0][start:end, None] <= counts[0][None, :]  # [i, j]: state start + i at most state j
+        for count in counts[1:]:
+            within &= count[start:end, None] <= count[None, :]
+        within[np.arange(end - start), np.arange(start, end)] = False  # not itself
+        kept[start:end] = ~within.any(axis=1)
     return tuple(map(tuple, rows[kept].tolist()))
 
 
-_BLOCK = 64  # states tested at once: a block's tests cost _BLOCK * (kept + _BLOCK) * counts, few numpy calls
-_ALL_TRUE = np.frombuffer(b"\x01" * 8, dtype=np.uint64)[0]  # eight numpy booleans, all True, read as one word
-
-
-def _at_most(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[i, j]: whether row i of ``a`` is at most row j of ``b`` in every count; their width a multiple of 8.
-    The same as ``(a[:, None] <= b[None]).all(axis=2)``: each 8 booleans (one byte each) are read as one 64-bit
-    word, all True where it equals :data:`_ALL_TRUE`, since numpy's ``all`` over a short last axis is slow."""
-    words = np.ascontiguousarray(a[:, None, :] <= b[None, :, :]).view(np.uint64)
-    return (words == _ALL_TRUE).all(axis=2) if words.shape[2] > 1 else (words[:, :, 0] == _ALL_TRUE)
+_BLOCK = 256  # states tested at once against all: a block's test holds _BLOCK * states booleans
 
 
 def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],

@@ -72,11 +72,10 @@ def test_the_frontier_keeps_exactly_the_states_none_exceeds_on_random_sets(seed)
     assert all(any(all(x <= y for x, y in zip(s, k)) for k in kept) for s in states)
 
 
-@pytest.mark.parametrize("count, width", [(3, 1), (90, 7), (150, 8), (140, 9), (200, 16), (70, 17)])
+@pytest.mark.parametrize("count, width", [(3, 1), (90, 7), (150, 8), (140, 9), (200, 16), (70, 17), (700, 6)])
 def test_the_frontier_is_the_pairwise_definitions_at_every_width(count, width):
-    """The blocked frontier, its rows padded to whole 64-bit words of booleans (rank_memory.py ``_at_most``), keeps
-    exactly the distinct states no other is at least in every count, in sorted order, at widths under, at and over
-    one word, over several blocks."""
+    """The frontier, tested one count at a time and a block of states against all (rank_memory.py), keeps exactly the
+    distinct states no other is at least in every count, in sorted order, at any width, over several blocks."""
     rng = np.random.default_rng(count)
     states = [tuple(int(n) for n in row) for row in rng.integers(0, 4, size=(count, width))]
     distinct = set(states)
