@@ -31,7 +31,7 @@ from autoplan.cost.compute.op_costs import node_time_s
 from autoplan.cost.compute.roofline import input_bytes_of, memory_time_s
 from autoplan.cost.cp.floor import CpFloor, cp_floor, kv_exposed_floor_s, kv_floor_inputs
 from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
-from autoplan.cost.dp.floors import SyncFloors
+from autoplan.cost.dp.floors import SyncFloors, weights_messages
 from autoplan.cost.dp.sparse_embedding import sparse_tables
 from autoplan.cost.memory.experts_floor import ExpertsFloor
 from autoplan.cost.memory.in_flight_floor import in_flight_floor_bytes, schedule_key, schedule_weights
@@ -325,10 +325,11 @@ class Bounds:
     def step_extras_s(self, plan: Plan, *, stage_params: float, params_floor: float | None = None) -> float:
         """Adam and ZeRO-1/2's gather on the fullest stage's ``stage_params``, the sync no overlap hides
         and the gradient accumulation; ``params_floor``: stage_params_floor(plan) when the caller has it."""
+        messages = weights_messages(plan)  # read by both the gather and the sync
         return (
             self.optimizer_s(plan, stage_params=stage_params)
-            + self.sync.zero_gather_s(plan, stage_params)
-            + self.sync.sync_s(plan)
+            + self.sync.zero_gather_s(plan, stage_params, messages)
+            + self.sync.sync_s(plan, messages)
             + self.accumulate_s(plan, params_floor=params_floor)
         )
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from autoplan.errors import PlanError
@@ -47,10 +48,16 @@ def plan_stage_of_chunk(plan: Any, chunk: int) -> int:
     return stage_of_chunk(chunk, pp=plan.pp, v_shape=v_shaped(plan.schedule))
 
 
-def plan_chunk_stages(plan: Any, chunks: int) -> list[int]:
-    """:func:`plan_stage_of_chunk` of chunks 0 .. ``chunks`` - 1, the placement read once."""
-    v_shape = v_shaped(plan.schedule)
-    return [stage_of_chunk(c, pp=plan.pp, v_shape=v_shape) for c in range(chunks)]
+def plan_chunk_stages(plan: Any, chunks: int) -> tuple[int, ...]:
+    """:func:`plan_stage_of_chunk` of chunks 0 .. ``chunks`` - 1, the placement read once: memoised on what it
+    reads, pp and whether the schedule is V-shaped (the search asks it of every member's stage totals)."""
+    return chunk_stages(pp=plan.pp, v_shape=v_shaped(plan.schedule), chunks=chunks)
+
+
+@lru_cache(maxsize=4096)
+def chunk_stages(*, pp: int, v_shape: bool, chunks: int) -> tuple[int, ...]:
+    """The stage of each of chunks 0 .. ``chunks`` - 1 (types/layout.py ``stage_of_chunk``)."""
+    return tuple(stage_of_chunk(c, pp=pp, v_shape=v_shape) for c in range(chunks))
 
 
 def plan_last_stage(plan: Any) -> int:

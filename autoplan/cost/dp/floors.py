@@ -62,11 +62,12 @@ class SyncFloors:
             total += self._bucketed(m.kind, size, group, m.bucket_bytes)
         return total
 
-    def sync_s(self, plan: Plan) -> float:
+    def sync_s(self, plan: Plan, messages: tuple[DpMessage, ...] | None = None) -> float:
         """The gradient sync stage 0's first block exposes whatever the overlap, per the dp messages
-        (cost/dp/messages.py): under ZeRO-3 its forward gathers, and where gradients are
-        reduce-scattered every micro-batch the smallest block's gather + reduce-scatter too."""
-        messages = dp_messages(weight_sync_plan(plan))
+        (cost/dp/messages.py; ``messages``: :func:`weights_messages` of ``plan`` where the caller has them): under
+        ZeRO-3 its forward gathers, and where gradients are reduce-scattered every micro-batch the smallest block's
+        gather + reduce-scatter too."""
+        messages = weights_messages(plan) if messages is None else messages
         if not messages or plan.grad_compression != "none":  # PowerSGD's factors: bounded below by 0
             return 0.0
         first, smallest = self.stage_costs.sync_params(plan)
@@ -135,12 +136,18 @@ class SyncFloors:
         bwd_gather = exposed(compute_s=bwd_compute, comm_s=regather) if g > s else 0.0
         return f * fwd + (g - s) * bwd_gather + s * bwd_last
 
-    def zero_gather_s(self, plan: Plan, stage_params: float) -> float:
-        """ZeRO-1/2's all-gather of the updated weights (not ZeRO-3's, which gather per block)."""
-        weights = find(dp_messages(weight_sync_plan(plan)), WEIGHTS)
+    def zero_gather_s(self, plan: Plan, stage_params: float, messages: tuple[DpMessage, ...] | None = None) -> float:
+        """ZeRO-1/2's all-gather of the updated weights (not ZeRO-3's, which gather per block); ``messages`` as
+        :meth:`sync_s`'s."""
+        weights = find(weights_messages(plan) if messages is None else messages, WEIGHTS)
         if weights is None or weights.phase == FORWARD:
             return 0.0
         return self.message_s(weights, stage_params, plan)
+
+
+def weights_messages(plan: Plan) -> tuple[DpMessage, ...]:
+    """The dp messages of ``plan`` as its weights see it (dp x cp ranks, cost/cp/weights.py), which the floors price."""
+    return dp_messages(weight_sync_plan(plan))
 
 
 def _unordered_exposed_s(pp: int):

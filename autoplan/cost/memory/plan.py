@@ -11,6 +11,7 @@ device's usable memory (``usable_bytes``).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import PowerSGDTraffic
@@ -38,6 +39,15 @@ from autoplan.types.profile import Profile
 from autoplan.types.schedules import TORCH_PIPELINES, plan_last_stage
 
 
+class _PlanFacts(NamedTuple):
+    """What every stage's memory reads of the plan alone, taken once per plan (PlanMemory._stages)."""
+
+    reduce_bytes: int  # the gradients' reduce dtype's bytes
+    buffer_pp: int  # the pp of the send and receive buffers: 1 where torch's receive slots replace them
+    flat: bool  # Plan.flat_grads
+    grads_persist: bool  # Plan.runs_ddp or Plan.flat_grads
+
+
 class PlanMemory:
     """A plan's memory on one device of ``profile`` (module docstring)."""
 
@@ -54,15 +64,27 @@ class PlanMemory:
     def _stages(
         self, plan: Plan, stages: list[StageTotals], powersgd: list[PowerSGDTraffic], facts: StageFacts
     ) -> list[StageMemory]:
+        whole = _PlanFacts(
+            reduce_bytes=PRECISION_BYTES[plan.grad_reduce_dtype],
+            buffer_pp=1 if torch_slots(plan) else plan.pp,  # torch's receive slots instead, below or in the replay
+            flat=plan.flat_grads,
+            grads_persist=plan.runs_ddp or plan.flat_grads,  # DDP's buckets, the flat buffer
+        )
         return [
-            self._stage_memory(plan, index, stage, held, facts)
+            self._stage_memory(plan, index, stage, held, facts, whole)
             for index, (stage, held) in enumerate(zip(stages, powersgd))
         ]
 
     def _stage_memory(
-        self, plan: Plan, index: int, stage: StageTotals, powersgd: PowerSGDTraffic, facts: StageFacts
+        self,
+        plan: Plan,
+        index: int,
+        stage: StageTotals,
+        powersgd: PowerSGDTraffic,
+        facts: StageFacts,
+        whole: _PlanFacts,
     ) -> StageMemory:
-        reduce_bytes = PRECISION_BYTES[plan.grad_reduce_dtype]
+        reduce_bytes = whole.reduce_bytes
         last_block_bytes, block_params, block_trainable = facts.blocks(stage)
         in_flight, in_flight_after, pending, sent, transient = facts.held(plan, index, stage)
         return stage_memory(
@@ -75,7 +97,7 @@ class PlanMemory:
             buffers_bytes=comm_buffer_bytes(
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
-                pp=1 if torch_slots(plan) else plan.pp,  # torch's receive slots instead, below or in the replay
+                pp=whole.buffer_pp,
                 boundary_bytes=stage.boundary_bytes,
                 block_params=block_params,
                 precision=plan.precision,
@@ -98,12 +120,12 @@ class PlanMemory:
                 pp=plan.pp,
                 reduce_bytes=reduce_bytes,
                 unit_params=_largest_unit(plan, stage, index) if plan.overlap_param_gather else 0.0,
-                flat=plan.flat_grads,
+                flat=whole.flat,
                 staged=self.profile.backend == "gloo",
             )
             + powersgd.hook_bytes  # with the last bucket, after the backward (M3)
             + outer_buffer_bytes(plan, stage),  # local SGD's flat copy, after the step (cost/dp/local_sgd.py)
-            grads_persist=plan.runs_ddp or plan.flat_grads,  # DDP's buckets, the flat buffer
+            grads_persist=whole.grads_persist,
         )
 
     def _states(self, plan: Plan, stage: StageTotals) -> ModelStates:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.cost.pp.looped_orders import KINDS, looped_halves
-from autoplan.cost.pp.v_orders import v_order
+from autoplan.cost.pp.v_orders import v_halves
 from autoplan.types.schedules import V_SCHEDULES
 
 _HELD = np.array([1, 0, -1, -1])  # by kind code (KINDS): a chunk's activations, made by F, freed by W or BW
@@ -32,11 +32,7 @@ def order_halves(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: i
     """The kinds (codes of looped_orders.py ``KINDS``) and chunks of the halves ``rank`` runs, in torch's order."""
     if schedule not in V_SCHEDULES:
         return looped_halves(schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
-    halves: list[tuple[int, int]] = []
-    for action in v_order(schedule, pp=pp, m=m)[rank]:
-        halves += [(0, action[1]), (3, action[3])] if action[0] == "FB" else [(_CODE[action[0]], action[1])]
-    pairs = np.asarray(halves, dtype=np.int64)
-    return pairs[:, 0], pairs[:, 1]
+    return v_halves(schedule, pp=pp, m=m, rank=rank)
 
 
 def order_states(

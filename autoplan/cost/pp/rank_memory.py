@@ -113,23 +113,23 @@ def group_sizes(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> tu
 
 
 def frontier(states: Sequence[State] | np.ndarray) -> tuple[State, ...]:
-    """The distinct ``states`` no other is at least in every count, sorted. A state that another exceeds has the
-    smaller sum, so in order of falling sum a state is kept unless one before it exceeds it, and one before it
-    does if a kept one does: the states are taken ``_BLOCK`` at a time, each tested against the kept ones and
-    against the others of its block at once."""
-    rows = distinct_rows(np.asarray(states, dtype=np.int64).reshape(len(states), -1))
-    rows = rows[np.argsort(-rows.sum(axis=1), kind="stable")]
-    kept = rows[:0]
+    """The distinct ``states`` no other is at least in every count, sorted: each distinct state is tested against
+    every other at once (a state at most another distinct one is exceeded by it), ``_BLOCK`` states at a time
+    against all, one count at a time (each test a long numpy loop over pairs, not a short one over the counts)."""
+    rows = distinct_rows(np.asarray(states, dtype=np.int64).reshape(len(states), -1))  # sorted, as tuples sort
+    counts = [np.ascontiguousarray(rows[:, c]) for c in range(rows.shape[1])]
+    kept = np.empty(len(rows), dtype=bool)
     for start in range(0, len(rows), _BLOCK):
-        block = rows[start : start + _BLOCK]
-        within = (block[:, None, :] <= block[None, :, :]).all(axis=2)  # [i, j]: state i at most state j
-        np.fill_diagonal(within, False)  # distinct rows: at most another means exceeded
-        exceeded = within.any(axis=1) | (block[:, None, :] <= kept[None, :, :]).all(axis=2).any(axis=1)
-        kept = np.concatenate([kept, block[~exceeded]])
-    return tuple(sorted(tuple(state) for state in kept.tolist()))
+        end = min(start + _BLOCK, len(rows))
+        within = counts[0][start:end, None] <= counts[0][None, :]  # [i, j]: state start + i at most state j
+        for count in counts[1:]:
+            within &= count[start:end, None] <= count[None, :]
+        within[np.arange(end - start), np.arange(start, end)] = False  # not itself
+        kept[start:end] = ~within.any(axis=1)
+    return tuple(map(tuple, rows[kept].tolist()))
 
 
-_BLOCK = 64  # states tested at once: a block's tests cost _BLOCK * (kept + _BLOCK) * counts, few numpy calls
+_BLOCK = 256  # states tested at once against all: a block's test holds _BLOCK * states booleans
 
 
 def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],

@@ -72,6 +72,17 @@ def test_the_frontier_keeps_exactly_the_states_none_exceeds_on_random_sets(seed)
     assert all(any(all(x <= y for x, y in zip(s, k)) for k in kept) for s in states)
 
 
+@pytest.mark.parametrize("count, width", [(3, 1), (90, 7), (150, 8), (140, 9), (200, 16), (70, 17), (700, 6)])
+def test_the_frontier_is_the_pairwise_definitions_at_every_width(count, width):
+    """The frontier, tested one count at a time and a block of states against all (rank_memory.py), keeps exactly the
+    distinct states no other is at least in every count, in sorted order, at any width, over several blocks."""
+    rng = np.random.default_rng(count)
+    states = [tuple(int(n) for n in row) for row in rng.integers(0, 4, size=(count, width))]
+    distinct = set(states)
+    plain = sorted(s for s in distinct if not any(s != t and all(x <= y for x, y in zip(s, t)) for t in distinct))
+    assert frontier(states) == tuple(plain)
+
+
 def test_looped_halves_are_the_looped_orders_kinds_and_chunks():
     for schedule in ("interleaved_1f1b", "interleaved_zb"):
         for pp, v, m in [(2, 1, 2), (3, 2, 7), (4, 3, 8), (4, 2, 12), (5, 3, 10), (8, 2, 64), (6, 3, 1)]:

@@ -67,3 +67,18 @@ def test_interleaved_chunks_loop_over_the_stages():
 def test_within_is_a_module_path_prefix_not_a_string_prefix():
     assert within("h.1", "h.1") and within("h.1.attn.q", "h.1")
     assert not within("h.10", "h.1") and not within("h", "h.1")
+
+
+def test_a_plans_chunk_stages_read_only_pp_and_the_v_shape():
+    """types/schedules.py ``plan_chunk_stages`` is memoised on pp, whether the schedule is V-shaped and the chunk
+    count (``chunk_stages``): every schedule's plans at any other fields get each chunk's own stage_of_chunk."""
+    from autoplan.types.plan import Plan
+    from autoplan.types.schedules import SCHEDULES, chunk_stages, plan_chunk_stages, v_shaped
+
+    chunk_stages.cache_clear()
+    for schedule, pp, v, dp in itertools.product(SCHEDULES, (1, 2, 3, 8), (1, 2, 3), (1, 4)):
+        plan = Plan.unchecked(devices=pp * dp, dp=dp, tp=1, pp=pp, micro_batch_size=1, num_microbatches=8,
+                              schedule=schedule, virtual_stages=v)  # fmt: skip
+        plain = [stage_of_chunk(c, pp=pp, v_shape=v_shaped(schedule)) for c in range(pp * v)]
+        assert list(plan_chunk_stages(plan, pp * v)) == plain, (schedule, pp, v, dp)
+    assert chunk_stages.cache_info().currsize <= 2 * 4 * 3  # (pp, v_shape, chunks): not one entry per schedule or dp
