@@ -27,9 +27,9 @@ def _run(monkeypatch, *, every_held: bool):
     such a group priced, in the order it was held (as before the floor order)."""
     budgets, real = [], best_first.memory_budget
 
-    def recorded(graph, profile, *, plan, cost):
+    def recorded(graph, profile, *, plan, cost, **kwargs):
         budgets.append((plan.describe(), cost.peak_memory_bytes))
-        return real(graph, profile, plan=plan, cost=cost)
+        return real(graph, profile, plan=plan, cost=cost, **kwargs)
 
     with monkeypatch.context() as patch:
         patch.setattr(best_first, "memory_budget", recorded)
