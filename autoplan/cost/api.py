@@ -8,7 +8,9 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``Bounds``: floors on its step-time terms and memory that the search prunes with (cost/bounds.py);
 - one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
-- one block of the pipeline partition: ``block_time_s``, ``kept_bytes``, ``state_bytes_per_param``,
+- one block of the pipeline partition: ``block_time_s``, ``rerun_s``, ``chunk_forward_reruns`` and
+  ``plan_forward_reruns`` (a recomputed block's re-runs per chunk: cost/pp/reruns.py), ``kept_bytes``,
+  ``state_bytes_per_param``,
   ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``, ``bubble_floor``,
   ``bubble_share``, ``v_forward_share``;
 - budgeted recompute: the fewest blocks per chunk that fit (``fit_recompute_blocks``), each stage's
@@ -38,8 +40,16 @@ from autoplan.cost.moe.a2a_overlap import stage_pair_phases as a2a_pair_phases
 from autoplan.cost.moe.experts import moe_limits, pipeline_blocks
 from autoplan.cost.network.mesh import plan_mesh_groups
 from autoplan.cost.op_table import priced_ops
-from autoplan.cost.pp.partition import block_time_s, cut_s, kept_bytes, stage_capacity_bytes, state_bytes_per_param
+from autoplan.cost.pp.partition import (
+    block_time_s,
+    cut_s,
+    kept_bytes,
+    rerun_s,
+    stage_capacity_bytes,
+    state_bytes_per_param,
+)
 from autoplan.cost.pp.replay import v_forward_share
+from autoplan.cost.pp.reruns import chunk_forward_reruns, plan_forward_reruns
 from autoplan.cost.pp.schedule import balanced_stages, bubble_floor, in_flight_chunks
 from autoplan.cost.pp.v_orders import v_order
 from autoplan.cost.pp.zero_bubble import bubble_share
@@ -77,6 +87,9 @@ __all__ = [
     # one block of the pipeline partition
     "balanced_stages",
     "block_time_s",
+    "rerun_s",
+    "chunk_forward_reruns",
+    "plan_forward_reruns",
     "cut_s",
     "in_flight_chunks",
     "bubble_floor",

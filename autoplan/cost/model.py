@@ -38,6 +38,7 @@ from autoplan.cost.moe.experts import ExpertPlacement, check_divides
 from autoplan.cost.moe.placement import ExpertGroups, optimizer_params
 from autoplan.cost.network.mesh import AxisGroup, mesh_groups, plan_mesh_groups
 from autoplan.cost.pp import messages as pp_messages
+from autoplan.cost.pp.reruns import chunk_forward_reruns, plan_forward_reruns
 from autoplan.cost.pp.schedule import balanced_stages, stage_bubble_s
 from autoplan.cost.pp.tied import TiedWeightSync
 from autoplan.cost.stages import StageTotals, add_block
@@ -138,7 +139,8 @@ class CostModel:
         """Per-stage totals, memoised (read-only): shared by plans apart only in ZeRO or schedule (not V placement)."""
         chunks = (v_shaped(plan.schedule), *(tuple(chunk) for chunk in self._chunks(plan)))  # placement, chunks
         budget = (tuple(plan.recompute_blocks), plan.offload_activations)  # which blocks recompute, the rest offload?
-        key = ("stages", *ctx.key, plan.recompute, budget, plan.pp, chunks, plan.tp_comm_overlap)
+        reruns = chunk_forward_reruns(plan) if plan.recompute != "none" else ()  # B and W split: two (reruns.py)
+        key = ("stages", *ctx.key, plan.recompute, budget, plan.pp, chunks, plan.tp_comm_overlap, reruns)
         return self._memo.get(key, tp_plan, lambda: self._sum_stages(plan, tp_plan, ctx))
 
     def _sum_stages(self, plan: Plan, tp_plan: dict[str, str], ctx: TPContext) -> list[StageTotals]:
@@ -154,7 +156,8 @@ class CostModel:
                 if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
                     whole = block.input_bytes * (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1)
                     stage.boundary_bytes = max(stage.boundary_bytes, whole)
-                add_block(stage, block, recompute=plan.recompute if layer in rerun else "none", chunk=index)
+                recompute = plan.recompute if layer in rerun else "none"
+                add_block(stage, block, recompute=recompute, chunk=index, reruns=plan_forward_reruns(plan, index))
                 if plan.offload_activations and layer not in rerun:  # types/activation_offload.py
                     offload_block(stage, block, link_bytes_per_s=link_bytes_per_s(self.profile))
         last = plan_last_stage(plan)  # pp - 1, or stage 0 in a V (types/layout.py), whose first and last chunk
@@ -171,6 +174,19 @@ class CostModel:
         (types/recompute.py; PlanError when it asks a chunk for more blocks than it runs)."""
         chunks = self._chunks(plan)
         return recomputed_blocks(recompute=plan.recompute, recompute_blocks=plan.recompute_blocks, chunks=chunks)
+
+    def layer_reruns(self, plan: Plan, stage: int) -> dict[str, float]:
+        """{block: its forward re-runs per micro-batch} of the blocks of ``stage`` that run the plan's recompute
+        (:meth:`recomputed_layers`), each at its chunk's count (cost/pp/reruns.py; the audit's collectives)."""
+        rerun, chunks = set(self.recomputed_layers(plan)), self._chunks(plan)
+        placed = enumerate(zip(plan_chunk_stages(plan, len(chunks)), chunks))
+        return {
+            layer: plan_forward_reruns(plan, c)
+            for c, (k, chunk) in placed
+            if k == stage
+            for layer in chunk
+            if layer in rerun
+        }
 
     def for_runtime(self, runtime: str) -> CostModel:
         """The model of the graph as ``runtime`` runs it (FusedAttentionModel.for_runtime: eager attention

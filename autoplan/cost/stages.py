@@ -7,7 +7,9 @@ head, loss), as docs/architecture.md fixes. Recomputation (autoplan/cost/blocks.
 blocks only, to the first k of each chunk under a budget (autoplan/types/recompute.py, the others
 add as under "none"); a block recomputed in full re-runs its all-to-alls (torch.utils.checkpoint re-runs the
 forward's collectives), a selective one does not (its policy keeps their outputs: cost/moe/experts.py
-``reruns_a2a``); either re-runs the block's context-parallel K,V exchange.
+``reruns_a2a``); either re-runs the block's context-parallel K,V exchange. A recomputed block re-runs its
+forward ``reruns`` times per micro-batch, twice where B and W split its backward (cost/pp/reruns.py), each
+re-run charged in full: its time, and its TP, EP and CP collectives.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class StageTotals:
     flops: float = 0.0
     blocks: list[LayerSummary] = field(default_factory=list)  # in forward order, outside nodes included
     recomputed: list[bool] = field(default_factory=list)  # per entry of blocks: under the plan's recompute
+    reruns: list[float] = field(default_factory=list)  # per entry of blocks: forward re-runs (cost/pp/reruns.py)
     boundary_bytes: float = 0.0  # activation received from the previous stage, per micro-batch
     param_names: set[str] = field(default_factory=set)  # the outside nodes' weights: a tied one is held once
     #: per chunk the stage runs, its share of saved_bytes and wgrad_held_bytes (a replayed schedule weighs each
@@ -104,18 +107,25 @@ def _outside_params(stage: StageTotals, block: LayerSummary) -> tuple[float, flo
 
 
 def add_block(
-    stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool = True, chunk: int | None = None
+    stage: StageTotals,
+    block: LayerSummary,
+    *,
+    recompute: str,
+    is_block: bool = True,
+    chunk: int | None = None,
+    reruns: float = 1.0,
 ) -> None:
     """Add one block (or the outside nodes, ``is_block=False``) of pipeline chunk ``chunk`` to ``stage`` (None: the
-    last chunk the stage has run so far, or chunk 0: the nodes before the first block, or after the last)."""
+    last chunk the stage has run so far, or chunk 0: the nodes before the first block, or after the last), its
+    forward re-run ``reruns`` times per micro-batch when recomputed (cost/pp/reruns.py forward_reruns)."""
     saved = stage.saved_bytes
-    _add(stage, block, recompute=recompute, is_block=is_block)
+    _add(stage, block, recompute=recompute, is_block=is_block, reruns=reruns)
     chunk = max(stage.chunk_saved_bytes, default=0) if chunk is None else chunk
     stage.chunk_saved_bytes[chunk] = stage.chunk_saved_bytes.get(chunk, 0.0) + stage.saved_bytes - saved
     stage.chunk_held_bytes[chunk] = stage.chunk_held_bytes.get(chunk, 0.0) + block.wgrad_held_bytes
 
 
-def _add(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool) -> None:
+def _add(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool, reruns: float) -> None:
     stage.fwd_s += block.fwd_s
     stage.bwd_s += block.bwd_s
     stage.wgrad_s += block.wgrad_s
@@ -133,21 +143,21 @@ def _add(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: b
     stage.loss_grad_bytes = max(stage.loss_grad_bytes, block.loss_grad_bytes)
     stage.loss_saved_bytes = max(stage.loss_saved_bytes, block.loss_saved_bytes)
     stage.recomputed.append(recompute != "none")  # outside nodes: only dp/sync.py's backward slots read it
+    stage.reruns.append(reruns if is_block and recompute != "none" else 0.0)
     if not is_block or recompute == "none":
         stage.saved_bytes += block.saved_bytes
         return
     if reruns_a2a(recompute):  # a forward recomputed in full dispatches and combines again
-        stage.ep_s += block.ep_fwd_s
-    stage.cp_s += block.cp_fwd_s  # and exchanges keys and values again
-    if recompute == "selective":  # everything but matmul-class ops re-runs, the TP collectives too
-        stage.recompute_s += block.selective_recompute_s
-        stage.tp_s += block.tp_fwd_s
+        stage.ep_s += reruns * block.ep_fwd_s
+    stage.cp_s += reruns * block.cp_fwd_s  # and exchanges keys and values again
+    stage.tp_s += reruns * block.tp_fwd_s  # and runs its TP collectives again
+    if recompute == "selective":  # everything but matmul-class ops re-runs
+        stage.recompute_s += reruns * block.selective_recompute_s
         stage.saved_bytes += block.saved_bytes - block.selective_dropped_bytes
         # torch's checkpoint re-runs the block whole at its backward's first unpack (utils/checkpoint.py 2.13,
         # _checkpoint_hook.unpack_hook; early stop off) and keeps what it saves until unpacked: the dropped bytes
         stage.peak_block_bytes = max(stage.peak_block_bytes, block.selective_dropped_bytes)
         return
-    stage.recompute_s += block.fwd_s
-    stage.tp_s += block.tp_fwd_s
+    stage.recompute_s += reruns * block.fwd_s
     stage.saved_bytes += block.input_bytes
     stage.peak_block_bytes = max(stage.peak_block_bytes, block.saved_bytes)

@@ -216,7 +216,7 @@ def _expert_tp(pred: StagePrediction, plan: Plan, a2a: A2AMessages, rows_bytes: 
         return
     counts, rows = etp_message_bytes(rows_bytes, num_experts=num_experts, etp=plan.expert_tp)
     m = plan.num_microbatches
-    pred.add("etp", "all_to_all", m * (a2a.counts + a2a.tokens), m * (a2a.counts * counts + a2a.tokens * rows))
+    pred.add("etp", "all_to_all", round(m * (a2a.counts + a2a.tokens)), m * (a2a.counts * counts + a2a.tokens * rows))
 
 
 def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTotals, index: int) -> None:
@@ -229,14 +229,14 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
     names = set(model.stage_layers(plan, index))
     moes = [moe for moe in model.graph.moe_layers if moe.layer in names or (moe.layer is None and plan.pp == 1)]
     f, m = plan.micro_batch_size / model.graph.batch_size, plan.num_microbatches
-    rerun = set(_recomputed_layers(plan, model, index))
+    rerun = model.layer_reruns(plan, index)
     for moe in moes:
         again = moe.layer in rerun or (moe.layer is None and plan.recompute != "none")
-        a2a = a2a_per_microbatch(recomputed=again and reruns_a2a(plan.recompute))
+        a2a = a2a_per_microbatch(recomputed=again and reruns_a2a(plan.recompute), reruns=rerun.get(moe.layer, 1.0))
         rows = dispatch_bytes(moe, precision=plan.precision, batch_fraction=f, imbalance=1.0, tokens=token_share(plan))
         size = a2a.counts * moe.num_experts * COUNT_BYTES + a2a.tokens * rows
         if plan.ep > 1:
-            pred.add("ep", "all_to_all", m * (a2a.counts + a2a.tokens), m * size)
+            pred.add("ep", "all_to_all", round(m * (a2a.counts + a2a.tokens)), m * size)
         _expert_tp(pred, plan, a2a, rows, moe.num_experts)
     if stage.expert_params:
         messages = dp_messages.expert_messages(plan)
@@ -246,35 +246,35 @@ def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTo
 
 
 def _context_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:
-    """Each block's attention messages per micro-batch (cost/cp/messages.py), the forward's twice
+    """Each block's attention messages per micro-batch (cost/cp/messages.py), the forward's again per re-run
     under recomputation (full or selective, as the step time charges them: cost/stages.py)."""
     if plan.cp == 1:
         return
     m = plan.num_microbatches
     for block, rerun in _real_blocks(plan, stage, index, recomputed=True):
         for message in block.cp_messages:
-            times = m * message.count * (2 if rerun and message.phase == cp_messages.FORWARD else 1)
+            times = round(m * message.count * (1 + rerun if message.phase == cp_messages.FORWARD else 1))
             for kind in message.audit_kinds():
                 pred.add("cp", kind, times, times * message.message_bytes)
 
 
 def _tensor_parallel(pred: StagePrediction, plan: Plan, model: CostModel, tp_plan: dict, ctx, index: int) -> None:
     """Each block's TP messages per micro-batch (``tensor_parallel.block_messages``), its forward
-    ones twice under recomputation (full or selective: collectives are not among the ops
+    ones again per re-run under recomputation (full or selective: collectives are not among the ops
     selective recomputation keeps); the nodes outside every block on the stage that runs them."""
     if plan.tp == 1:
         return
     layers = model.stage_layers(plan, index)
-    total, rerun = Messages(), set(_recomputed_layers(plan, model, index))
+    total, rerun = Messages(), model.layer_reruns(plan, index)
     for layer in layers:
         fwd, bwd = block_messages(model.graph, layer, tp_plan, ctx=ctx)
-        total = total + fwd + bwd + (fwd if layer in rerun else Messages())  # recomputation re-runs them
+        total = total + fwd + bwd + (fwd.times(rerun[layer]) if layer in rerun else Messages())  # re-runs them
     outside = [part for part, stage in zip(OUTSIDE_PARTS, (0, plan_last_stage(plan))) if stage == index]
     for part in outside:
         fwd, bwd = block_messages(model.graph, part, tp_plan, ctx=model.part_context(ctx, part))
         total = total + fwd + bwd
     for kind, (count, size) in total.times(plan.num_microbatches).by_kind.items():
-        pred.add("tp", kind, count, size)
+        pred.add("tp", kind, round(count), size)
     # FSDP2 reduces the partial gradients with each micro-batch's gradients (it syncs every one
     # without a pipeline); otherwise finalize_tp_grads does, once a step
     syncs = dp_messages.sp_partial_syncs(weight_sync_plan(plan))
@@ -297,32 +297,29 @@ def _pipeline(pred: StagePrediction, plan: Plan, index: int, model: CostModel) -
 
 def _real_blocks(plan: Plan, stage: StageTotals, index: int, *, recomputed: bool = False) -> list:
     """The stage's blocks without the outside-node summaries (first on stage 0, last on the last);
-    with ``recomputed``, (block, whether it runs the plan's recompute) pairs."""
+    with ``recomputed``, (block, its forward re-runs per micro-batch: 0 where it runs no recompute) pairs."""
     start = 1 if index == 0 else 0
     end = len(stage.blocks) - (1 if index == plan_last_stage(plan) else 0)
     if recomputed:
-        return list(zip(stage.blocks[start:end], stage.recomputed[start:end]))
+        return list(zip(stage.blocks[start:end], stage.reruns[start:end]))
     return stage.blocks[start:end]
-
-
-def _recomputed_layers(plan: Plan, model: CostModel, index: int) -> list[str]:
-    """The blocks of stage ``index`` that run the plan's recompute (types/recompute.py's budget)."""
-    held = set(model.stage_layers(plan, index))
-    return [layer for layer in model.recomputed_layers(plan) if layer in held]
 
 
 def _flops(pred: StagePrediction, plan: Plan, stage: StageTotals, index: int) -> None:
     """The tracer's FLOPs of the stage's matmul-class and attention nodes; full recomputation
     re-runs the recomputed blocks' forward inside the backward (every block, or the first k of each
-    chunk under a budget: types/recompute.py); selective keeps their outputs."""
+    chunk under a budget: types/recompute.py), as many times as the stage's totals charge (StageTotals.reruns:
+    twice where B and W split the backward, cost/pp/reruns.py); selective keeps their outputs."""
     m = plan.num_microbatches
     full = plan.recompute == "full"
-    blocks = [b for b, again in _real_blocks(plan, stage, index, recomputed=True) if again and full]
+    blocks = [(b, r) for b, r in _real_blocks(plan, stage, index, recomputed=True) if r and full]
     pred.forward_flops = m * sum(b.matmul_fwd_flops for b in stage.blocks)
-    pred.backward_flops = m * (sum(b.matmul_bwd_flops for b in stage.blocks) + sum(b.matmul_fwd_flops for b in blocks))
+    pred.backward_flops = m * (
+        sum(b.matmul_bwd_flops for b in stage.blocks) + sum(r * b.matmul_fwd_flops for b, r in blocks)
+    )
     pred.attention_forward_flops = m * sum(b.attention_fwd_flops for b in stage.blocks)
     pred.attention_backward_flops = m * (
-        sum(b.attention_bwd_flops for b in stage.blocks) + sum(b.attention_fwd_flops for b in blocks)
+        sum(b.attention_bwd_flops for b in stage.blocks) + sum(r * b.attention_fwd_flops for b, r in blocks)
     )
 
 

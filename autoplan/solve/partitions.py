@@ -47,10 +47,12 @@ class Partitions:
 
     def _time_key(self, plan: Plan) -> tuple:
         """The plan fields the problem without a memory limit reads (StageCosts.problem): the blocks' summaries
-        (their context's key), their recompute and overlap, the pp group's cuts, and the chunks' placement."""
+        (their context's key), their recompute, its re-runs (StageCosts.partition_reruns) and overlap, the pp
+        group's cuts, and the chunks' placement."""
         ctx = self.stage_costs.context(plan)
         placement = (plan.pp, plan.virtual_stages, v_shaped(plan.schedule))
-        return (*ctx.key, plan.recompute, plan.tp_comm_overlap, plan.dp, plan.tp, plan.cp, *placement)
+        reruns = self.stage_costs.partition_reruns(plan)
+        return (*ctx.key, plan.recompute, reruns, plan.tp_comm_overlap, plan.dp, plan.tp, plan.cp, *placement)
 
     def _partition(self, problem: PartitionProblem) -> Partition | None:
         """partition(), once per distinct problem, with the last answers to problems of its shape as hints:

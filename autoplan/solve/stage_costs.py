@@ -4,14 +4,16 @@ The partition (solve/pipeline.py) needs, per block and micro-batch, its time and
 these come from :func:`autoplan.cost.blocks.summarise`, the function CostModel prices blocks
 with, so the partition balances exactly what the cost model will charge:
 
-    time_i   = fwd + bwd + tp_fwd + tp_bwd  (+ fwd + tp_fwd under full recomputation,
-                                             + the re-run nodes' fwd + tp_fwd under selective)
+    time_i   = fwd + bwd + tp_fwd + tp_bwd  (+ r x (fwd + tp_fwd) under full recomputation,
+                                             + r x (the re-run nodes' fwd + tp_fwd) under selective)
     static_i = parameters_i * bytes per parameter of weights, grads and Adam state after ZeRO
                (autoplan/cost/memory/per_device.py, Rajbhandari et al. SC'20)
     act_i    = saved bytes (none), block input + matmul outputs (selective), block input (full)
 
-Nodes outside every block add to stage 0 (those before the first block) and to the last stage
-(the rest), as autoplan/cost/stages.py assigns them. A cut before block i costs one send/recv
+with r a recomputed block's forward re-runs (cost/pp/reruns.py: two where B and W split its backward), the
+mean over the plan's chunks here (:meth:`StageCosts.partition_reruns`), each chunk's own in
+:meth:`StageCosts.stage_totals`. Nodes outside every block add to stage 0 (those before the first block)
+and to the last stage (the rest), as autoplan/cost/stages.py assigns them. A cut before block i costs one send/recv
 of block i's input and one of its gradient (``cut_s``): identical blocks all cost the same, while
 unlike blocks (a model's top-level modules, autoplan/trace/layers.py) cut at tensors of different
 sizes, so the partition prefers the small ones.
@@ -29,9 +31,12 @@ from autoplan.cost import (
     block_time_s,
     bubble_floor,
     bubble_share,
+    chunk_forward_reruns,
     cut_s,
     in_flight_chunks,
     kept_bytes,
+    plan_forward_reruns,
+    rerun_s,
     stage_capacity_bytes,
     state_bytes_per_param,
     v_forward_share,
@@ -132,12 +137,14 @@ class StageCosts:
         overlap), the recompute, and the bytes per parameter (``static``): the search asks the problem of many
         plans apart only in their pipeline's memory (ZeRO, schedule, micro-batches)."""
 
+        reruns = self.partition_reruns(plan)
+
         def make() -> _ProblemBlocks:
             ctx = self.context(plan)
             blocks = list(self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values())
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             return _ProblemBlocks(
-                times=tuple(block_time_s(b, plan.recompute) for b in blocks),
+                times=tuple(block_time_s(b, plan.recompute, reruns) for b in blocks),
                 static=tuple(static.dense(b, experts_apart=True) + static.experts(b) for b in blocks),
                 acts=tuple(kept_bytes(b, plan.recompute) for b in blocks),
                 peak_block=max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0,
@@ -148,8 +155,15 @@ class StageCosts:
                 post=post,
             )
 
-        key = ("problem", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap, *static.rates)
+        key = ("problem", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap, *static.rates, reruns)
         return self._memo.get(key, plan.tp_plan, make)
+
+    @staticmethod
+    def partition_reruns(plan: Plan) -> float:
+        """The forward re-runs the partition charges a recomputed block: a block's chunk is the partition's
+        choice, so the mean of cost/pp/reruns.py's over ``plan``'s chunks (1 where no backward splits)."""
+        counts = chunk_forward_reruns(plan) if plan.recompute != "none" else (1.0,)
+        return sum(counts) / len(counts)
 
     def stage_totals(self, plan: Plan, stages: list[list[str]]) -> tuple[list[float], list[float]]:
         """Per pipeline stage: one micro-batch's fwd + bwd + recompute + TP time (what CostModel
@@ -157,20 +171,37 @@ class StageCosts:
         bounds that read them must stay below what their other groups cost); chunks placed by types/layout.py."""
         ctx = self.context(plan)
         times_of, params_of, pre, post = self._block_totals(plan, ctx)
+        again_of = self._rerun_times(plan, ctx)
         times = [0.0] * plan.pp
         params = [0.0] * plan.pp
         times[0] += pre.fwd_s + pre.bwd_s
         times[plan_last_stage(plan)] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
         params[0] += pre.param_count
         params[plan_last_stage(plan)] += post.param_count
-        for stage, chunk in zip(plan_chunk_stages(plan, len(stages)), stages):
+        for index, (stage, chunk) in enumerate(zip(plan_chunk_stages(plan, len(stages)), stages)):
             times[stage] += sum(map(times_of.__getitem__, chunk))  # in the chunk's order, as a generator would
             params[stage] += sum(map(params_of.__getitem__, chunk))
+            more = plan_forward_reruns(plan, index) - 1.0  # the re-runs beyond _block_totals' one (reruns.py)
+            if more and again_of:
+                times[stage] += more * sum(map(again_of.__getitem__, chunk))
         return times, params
+
+    def _rerun_times(self, plan: Plan, ctx: TPContext) -> dict[str, float]:
+        """{block: one forward re-run's seconds (cost/pp/partition.py rerun_s)} of ``plan``'s blocks, memoised per
+        tp_plan; empty without recomputation."""
+        if plan.recompute == "none":
+            return {}
+
+        def make() -> dict[str, float]:
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            return {layer: rerun_s(b, plan.recompute) for layer, b in blocks.items()}
+
+        return self._memo.get(("rerun", *ctx.key, plan.recompute, plan.tp_comm_overlap), plan.tp_plan, make)
 
     def bubble_floor(self, plan: Plan, *, may_offload: bool = True) -> float:
         """Micro-batches of the slowest stage's time (stage_totals') ``plan``'s bubble is at least
-        (cost/pp/schedule.py:bubble_floor), a zero-bubble schedule's from its blocks' (T - 2W) / T, a V schedule's
+        (cost/pp/schedule.py:bubble_floor), a zero-bubble schedule's from its blocks' (T - 2W) / T at one re-run
+        (a floor: each re-run more raises T and the share), a V schedule's
         from their forward share (:meth:`_forward_share`; 0 where the plan ``may_offload`` its activations:
         the copies join T, not the forward)."""
 
@@ -206,8 +237,8 @@ class StageCosts:
 
     def _forward_share(self, plan: Plan) -> float:
         """A floor on f / T of every stage of ``plan`` (cost/pp/replay.py v_forward_share): each block with all the
-        forward its recompute re-runs (cost/stages.py add_block: a budget recomputes fewer), the outside nodes
-        with none."""
+        forward its recompute re-runs, at the most re-runs any chunk makes (cost/pp/reruns.py; cost/stages.py
+        add_block: a budget recomputes fewer), the outside nodes with none."""
 
         def make() -> float:
             ctx = self.context(plan)
@@ -215,10 +246,11 @@ class StageCosts:
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             rerun = {"full": lambda b: b.fwd_s, "selective": lambda b: b.selective_recompute_s}
             again = rerun.get(plan.recompute, lambda b: 0.0)
-            parts = [(b.fwd_s, b.bwd_s, again(b)) for b in blocks.values()]
+            parts = [(b.fwd_s, b.bwd_s, most * again(b)) for b in blocks.values()]
             return v_forward_share(parts + [(pre.fwd_s, pre.bwd_s, 0.0), (post.fwd_s, post.bwd_s, 0.0)])
 
-        key = ("forward_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap)
+        most = max(chunk_forward_reruns(plan))  # a stage re-runs a block at most this often (reruns.py)
+        key = ("forward_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap, most)
         return self._memo.get(key, plan.tp_plan, make)
 
     def slowest_stage_floor_s(self, plan: Plan) -> float:

@@ -35,6 +35,18 @@ CASES = [
     # head is two Parameters on stage 0 (one per chunk module), summed there without a pp group
     ("pp_zbv_tied", "gpt_tied", dict(pp=2, schedule="zbv", virtual_stages=2, num_microbatches=4)),
     ("pp_dualpipev", "llama", dict(pp=2, schedule="dualpipev", virtual_stages=2, num_microbatches=4)),
+    # full recomputation under a split backward: a block re-runs in B and again in W, once where torch runs its
+    # backward whole (chunk 0; DualPipeV's overlapped middle): cost/pp/reruns.py, FLOPs exact
+    (
+        "pp_interleaved_zb_recompute_full",
+        "gpt",
+        dict(pp=2, schedule="interleaved_zb", virtual_stages=2, num_microbatches=4, recompute="full"),
+    ),
+    (
+        "pp_dualpipev_recompute_full",
+        "llama",
+        dict(pp=2, schedule="dualpipev", virtual_stages=2, num_microbatches=4, recompute="full"),
+    ),
     # bf16 under autocast (ZeRO-0): the residual stream stays fp32 (fp32 embedding, residual adds promote), so
     # the stages send 4 bytes an element, and the loss keeps fp32 log-probs (cost/compute/dtypes.py)
     ("pp_1f1b_bf16", "llama", dict(pp=2, schedule="1f1b", num_microbatches=4, precision="bf16")),

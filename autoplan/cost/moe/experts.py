@@ -179,11 +179,11 @@ def reruns_a2a(recompute: str) -> bool:
     return recompute == "full"
 
 
-def a2a_per_microbatch(*, recomputed: bool) -> A2AMessages:
-    """A layer's all-to-alls per micro-batch: forward and backward, the forward again when
-    recomputation re-runs it (:func:`reruns_a2a`; what the audit counts; the step time adds ep_fwd_s again,
-    cost/stages.py)."""
-    forwards = 2 if recomputed else 1
+def a2a_per_microbatch(*, recomputed: bool, reruns: float = 1.0) -> A2AMessages:
+    """A layer's all-to-alls per micro-batch: forward and backward, the forward ``reruns`` times again when
+    recomputation re-runs it (:func:`reruns_a2a`; cost/pp/reruns.py: twice where B and W split the backward;
+    what the audit counts; the step time adds ep_fwd_s as often, cost/stages.py)."""
+    forwards = 1 + reruns if recomputed else 1
     return A2AMessages(
         counts=forwards * FORWARD_A2A.counts + BACKWARD_A2A.counts,
         tokens=forwards * FORWARD_A2A.tokens + BACKWARD_A2A.tokens,

@@ -2,11 +2,14 @@
 
 Per block and micro-batch (the rule of :func:`autoplan.cost.stages.add_block`):
 
-    time_i   = fwd + bwd + tp_fwd + tp_bwd + ep_fwd + ep_bwd + cp_fwd + cp_bwd  (+ fwd + tp_fwd + ep_fwd
-               + cp_fwd under full recomputation, + the re-run nodes' time + tp_fwd + ep_fwd + cp_fwd under selective)
+    time_i   = fwd + bwd + tp_fwd + tp_bwd + ep_fwd + ep_bwd + cp_fwd + cp_bwd  + r x (fwd + tp_fwd + ep_fwd
+               + cp_fwd under full recomputation, the re-run nodes' time + tp_fwd + cp_fwd under selective)
     act_i    = saved bytes (none), saved less the dropped matmul outputs (selective), block input (full)
     static_i = parameters_i * bytes per parameter of weights, grads and Adam state after ZeRO over the
                dp x cp ranks (cost/memory/per_device.py:model_states, Rajbhandari et al. SC'20; cost/cp/weights.py)
+
+with r the re-runs per micro-batch (cost/pp/reruns.py): 1 where the backward runs whole, 2 where B and W split
+it; the partition does not know a block's chunk, so it charges r averaged over the plan's chunks.
 
 A cut before a block costs one send/recv of its input and one of its gradient over the pp group,
 and a stage may hold the usable memory less the communication buffers (nothing freed: an upper bound). Its
@@ -31,14 +34,24 @@ from autoplan.types.profile import Profile
 from autoplan.types.schedules import V_SCHEDULES
 
 
-def block_time_s(block: LayerSummary, recompute: str) -> float:
-    """One micro-batch of ``block`` under ``recompute``: compute, TP and EP collectives, re-runs."""
+def block_time_s(block: LayerSummary, recompute: str, reruns: float = 1.0) -> float:
+    """One micro-batch of ``block`` under ``recompute``: compute, TP and EP collectives, and ``reruns`` re-runs
+    (cost/pp/reruns.py forward_reruns: two where B and W split its backward)."""
     base = block.fwd_s + block.bwd_s + block.tp_fwd_s + block.tp_bwd_s + block.ep_fwd_s + block.ep_bwd_s
     base += block.cp_fwd_s + block.cp_bwd_s
+    again = (reruns - 1.0) * rerun_s(block, recompute)  # 0.0 at one re-run: the sums below as they were
     if recompute == "full":
-        return base + block.fwd_s + block.tp_fwd_s + block.ep_fwd_s + block.cp_fwd_s
+        return base + block.fwd_s + block.tp_fwd_s + block.ep_fwd_s + block.cp_fwd_s + again
     rerun = block.selective_recompute_s + block.tp_fwd_s + block.cp_fwd_s  # the all-to-alls kept: reruns_a2a
-    return base + (rerun if recompute == "selective" else 0.0)
+    return base + (rerun + again if recompute == "selective" else 0.0)
+
+
+def rerun_s(block: LayerSummary, recompute: str) -> float:
+    """One forward re-run of ``block`` under ``recompute`` (cost/stages.py add_block): its recomputed time and
+    the collectives it runs again (the all-to-alls only in full: reruns_a2a); 0 under "none"."""
+    if recompute == "full":
+        return block.fwd_s + block.tp_fwd_s + block.ep_fwd_s + block.cp_fwd_s
+    return block.selective_recompute_s + block.tp_fwd_s + block.cp_fwd_s if recompute == "selective" else 0.0
 
 
 def kept_bytes(block: LayerSummary, recompute: str) -> float:
