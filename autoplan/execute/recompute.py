@@ -14,16 +14,14 @@
   its collectives, so early stop is turned off.
 - Under a split backward (types/schedules.py ``SPLIT_BACKWARD``) torch re-runs a block in B's pass and again in
   W's; SAC gives each kept output to one re-run, so it stays for the next, as an alias (:class:`_KeptForEachRerun`).
-  A re-run's tensors its pass never unpacks (W's in B, B's in W) are dropped when it ends (:func:`_checkpoint_split`).
-  W's passes (one per parameter group) share one re-run per block (execute/weight_pass.py), ended after the last
-  group that reads it.
+  A re-run's tensors its pass never unpacks are dropped when it ends (:func:`_checkpoint_split`); W's passes (one
+  per parameter group) share one re-run per block (execute/weight_pass.py), ended after its last reader.
 - A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k blocks of each
   pipeline chunk (``plan.stages``; else every block), the rest run as under "none": :func:`recompute_targets`.
-- A plan that asks for recomputation on a rank holding none of the blocks it targets there is
-  refused (autoplan/execute/api.py), so recomputation is never priced and silently skipped.
+- A plan asking for recomputation on a rank holding none of the blocks it targets there is refused
+  (autoplan/execute/api.py): recomputation is never priced and silently skipped.
 
-The block's ``forward`` is replaced on the instance, so FQNs stay unchanged (no wrapper module), which keeps
-tp_plan keys, FSDP and --verify's name mapping intact.
+The block's ``forward`` is replaced on the instance: FQNs (tp_plan keys, FSDP, --verify's names) stay unchanged.
 """
 
 from __future__ import annotations
