@@ -143,7 +143,13 @@ def summarise(
         graph, block, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel, precision=precision, dtypes=dtypes
     )
     saved += sum(b for consumer, b in gathered.items() if consumer in names) * f
-    held, params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
+    facts = terms.facts  # what reads no batch fraction, summed once per facts (cost/node_terms.py BlockFacts)
+    if facts.params is None:
+        facts.params = _params(graph, structure.nodes, tp_cost.param_shard, tp_cost.whole_bias)
+    if facts.loss_grad_bytes is None:
+        kw = dict(precision=precision, gpu=gpu, dtypes=dtypes)
+        facts.loss_grad_bytes = sum(loss_grad_bytes(structure, n, **kw) for n in structure.nodes)
+    held, params = facts.params
     held, params, expert_params = _split_experts(held, params, experts)
     inputs = _input_bytes(structure, ctx, dtypes)
     outputs = _input_bytes(structure, ctx, dtypes, nodes=structure.outputs)
@@ -160,10 +166,7 @@ def summarise(
         tp_bwd_s=tp_cost.comm_bwd_s,
         saved_bytes=saved,
         selective_dropped_bytes=max(0.0, saved - inputs - t.kept_bytes - (experts.a2a_kept_bytes if experts else 0.0)),
-        loss_grad_bytes=sum(
-            loss_grad_bytes(structure, n, precision=precision, gpu=gpu, dtypes=dtypes) for n in structure.nodes
-        )
-        * f,
+        loss_grad_bytes=facts.loss_grad_bytes * f,
         input_bytes=inputs,
         output_bytes=outputs,
         param_count=params,

@@ -25,7 +25,7 @@ from autoplan.cost.compute.op_costs import NodeTimes, held_bytes
 from autoplan.cost.compute.roofline import activation_scale, executed_bwd_flops, fp8_cast_s, fp8_weight_cast_s
 from autoplan.cost.cp.exposed import attention_time_factor, executed_fraction
 from autoplan.cost.moe.experts import BlockExperts, grouped_gemm_s, layers_in
-from autoplan.cost.pp.split_backward import weight_grad_s
+from autoplan.cost.pp.split_backward import weight_grad_flops, weight_grad_s
 from autoplan.cost.tp.block import BlockAnalysis, analyse_block
 from autoplan.cost.tp.memory import param_copy_bytes
 from autoplan.cost.tp.splits import TPContext, TPLayerCost, node_splits, tp_layer_cost
@@ -81,6 +81,7 @@ class BlockTerms:
     terms: list[NodeTerms]
     routed: tuple[int, ...]
     attention: list[Attention]  # the attention calls under cp > 1, none of them an expert GEMM
+    facts: BlockFacts  # each node's node_facts: shared by the terms at every batch fraction
     _prefix: NodeTerms | None = None  # the sums of the nodes before the first routed one
     _by_busiest: dict[tuple[int, float], NodeTerms] = field(default_factory=dict)  # routed non-GEMMs' (_routed_terms)
 
@@ -105,10 +106,10 @@ class BlockTerms:
         node = self.nodes[i]
         gemm = experts.gemms.get(node.name)
         if gemm is not None:
-            return node_terms(self, node, ctx=ctx, gemm=gemm, busiest=experts.imbalance)[0]
+            return node_terms(self, node, ctx=ctx, gemm=gemm, busiest=experts.imbalance, facts=self.facts.nodes[i])[0]
         hit = self._by_busiest.get((i, experts.imbalance))
         if hit is None:
-            hit = node_terms(self, node, ctx=ctx, gemm=None, busiest=experts.imbalance)[0]
+            hit = node_terms(self, node, ctx=ctx, gemm=None, busiest=experts.imbalance, facts=self.facts.nodes[i])[0]
             self._by_busiest[i, experts.imbalance] = hit
         return hit
 
@@ -127,9 +128,12 @@ def block_terms(
     tp_plan: dict[str, str],
     ctx: TPContext,
     node_times: NodeTimes | None = None,
+    facts: BlockFacts | None = None,
 ) -> BlockTerms:
     """The terms of block ``layer``'s ``nodes`` under ``tp_plan`` and ``ctx``, the routed experts' nodes
-    priced as if the placement kept every rank's rows at the mean (module docstring)."""
+    priced as if the placement kept every rank's rows at the mean (module docstring); ``facts``: the nodes'
+    :func:`node_facts` under ``tp_plan`` and a context that differs from ``ctx`` at most in its batch fraction
+    and expert placement (computed when None)."""
     modules = {m.experts_module for m in layers_in(graph, nodes)} if ctx.experts is not None else set()
     terms = BlockTerms(
         graph=graph,
@@ -143,56 +147,115 @@ def block_terms(
         terms=[],
         routed=tuple(i for i, n in enumerate(nodes) if any(within(n.module, m) for m in modules)),
         attention=[],
+        facts=facts if facts is not None else BlockFacts([]),
     )
-    for node in nodes:
-        one, attention = node_terms(terms, node, ctx=ctx, gemm=None, busiest=1.0)
+    if facts is None:
+        terms.facts.nodes.extend(node_facts(terms, node, ctx) for node in nodes)
+    for node, nf in zip(nodes, terms.facts.nodes):
+        one, attention = node_terms(terms, node, ctx=ctx, gemm=None, busiest=1.0, facts=nf)
         terms.terms.append(one)
         if attention is not None:
             terms.attention.append(attention)
     return terms
 
 
+class NodeFacts(NamedTuple):
+    """What :func:`node_terms` reads of a node that no batch fraction changes: its shards, reads and bytes under
+    the block's splits and the context but its ``batch_fraction`` (:func:`node_facts`), each the same float the
+    terms' formulas computed inline, so a block's terms at another micro-batch reuse them (cost/summaries.py)."""
+
+    shard: int  # compute shard
+    read: float  # its preds' outputs, traced batch
+    fp8_params: float  # an FP8 linear's weight elements per device (0.0 else)
+    overlaps: bool  # a split linear under tp > 1: priced as tp token slices too
+    act_shard: int
+    held_share: float  # held / act_shard (saved bytes, traced batch)
+    saved_share: float  # held / act_shard + copies
+    wgrad_held: float
+    wgrad_flops: float  # split_backward.weight_grad_flops
+    kept_share: float  # (out / act_shard + own_output) of a kept kind, else 0.0
+    ran: float  # _executed_share
+    bwd_executed_flops: float
+    time_factor: float  # attention under cp > 1: attention_time_factor, else 1.0
+
+
+@dataclass
+class BlockFacts:
+    """A block's :class:`NodeFacts` in its node order, and what cost/blocks.py ``summarise`` sums of the block
+    that reads no batch fraction either, kept by it on first use: the loss's backward bytes per traced batch and
+    the held parameters (``_params``; they read the nodes and the tp shards)."""
+
+    nodes: list[NodeFacts]
+    loss_grad_bytes: float | None = None
+    params: tuple[dict[str, float], float] | None = None
+
+
+def node_facts(bt: BlockTerms, node: OpNode, ctx: TPContext) -> NodeFacts:
+    """``node``'s :class:`NodeFacts` under ``bt``'s splits and ``ctx``: they read its shards (tp, sequence parallel,
+    splits), precision, run dtypes, fp8 recipe, cp degree and variant and the profile's backend, never the batch
+    fraction nor the expert placement."""
+    graph, precision, dtypes = bt.graph, ctx.precision, bt.dtypes
+    shard = bt.tp_cost.compute_shard.get(node.name, 1)
+    read = bt.times.reads(node, precision=precision, dtypes=dtypes)
+    fp8 = 0.0
+    if fp8_linear(node, precision=precision, shard=shard):
+        fp8 = node.attrs["in_features"] * node.attrs["out_features"] / bt.tp_cost.param_shard.get(node.name, 1)
+    split = bt.splits.get(node.name)
+    overlaps = ctx.tp > 1 and node.op == "linear" and split in ("colwise", "rowwise")
+    act_shard = bt.tp_cost.activation_shard.get(node.name, 1)
+    kw = dict(precision=precision, dtypes=dtypes)
+    copies = param_copy_bytes(graph, bt.block, node.name, split, tp=ctx.tp, **kw) if split is not None else 0.0
+    held, wgrad_held = held_bytes(graph, node, gpu=ctx.profile.backend == "nccl", **kw)
+    kept = 0.0
+    if node.op in SAVED_KINDS:
+        own_output = copies if split == "colwise" else 0.0  # a gathered colwise output's local shard
+        kept = node.output_bytes * activation_scale(node, **kw) / act_shard + own_output
+    factor = 1.0
+    if ctx.cp > 1 and node.op == "attention":
+        factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
+    held_share = held / act_shard
+    return NodeFacts(
+        shard, read, fp8, overlaps, act_shard, held_share, held_share + copies, wgrad_held,
+        weight_grad_flops(graph, node), kept, _executed_share(node, ctx), executed_bwd_flops(node), factor,
+    )  # fmt: skip
+
+
 def node_terms(
-    bt: BlockTerms, node: OpNode, *, ctx: TPContext, gemm: MoELayer | None, busiest: float
+    bt: BlockTerms,
+    node: OpNode,
+    *,
+    ctx: TPContext,
+    gemm: MoELayer | None,
+    busiest: float,
+    facts: NodeFacts | None = None,
 ) -> tuple[NodeTerms, Attention | None]:
     """One node's terms (cost/blocks.py's docstring): ``gemm`` the MoE layer when the node is one of its
     expert GEMMs under a placement (priced as a grouped GEMM), ``busiest`` the busiest ep rank's rows over
-    the mean for a node of the routed experts, else 1.0; with its attention call under cp > 1."""
-    graph, precision, f, dtypes = bt.graph, ctx.precision, ctx.batch_fraction, bt.dtypes
-    shard = bt.tp_cost.compute_shard.get(node.name, 1)
-    read = bt.times.reads(node, precision=precision, dtypes=dtypes)  # its preds' outputs
+    the mean for a node of the routed experts, else 1.0; with its attention call under cp > 1. ``facts``:
+    its :func:`node_facts` under ``bt`` and ``ctx`` (computed when None)."""
+    precision, f = ctx.precision, ctx.batch_fraction
+    nf = node_facts(bt, node, ctx) if facts is None else facts
+    shard = nf.shard
     if gemm is not None:
         kw = dict(precision=precision, batch_fraction=f, place=ctx.experts, recipe=ctx.fp8)
         t_fwd, t_bwd = grouped_gemm_s(node, gemm, ctx.profile, **kw)
     else:
-        kw = dict(precision=precision, batch_fraction=f, shard=shard, reads=read, recipe=ctx.fp8)
-        t_fwd, t_bwd = bt.times(node, ctx.profile, fused=ctx.fused, dtypes=dtypes, **kw)
+        kw = dict(precision=precision, batch_fraction=f, shard=shard, reads=nf.read, recipe=ctx.fp8)
+        t_fwd, t_bwd = bt.times(node, ctx.profile, fused=ctx.fused, dtypes=bt.dtypes, **kw)
     attention = None
     if ctx.cp > 1 and node.op == "attention":
-        factor = attention_time_factor(ctx.cp, causal=bool(node.attrs.get("causal")))
-        t_fwd, t_bwd = t_fwd * factor, t_bwd * factor
+        t_fwd, t_bwd = t_fwd * nf.time_factor, t_bwd * nf.time_factor
         attention = (node, shard, t_fwd, t_bwd)
-    fp8 = 0.0
-    if fp8_linear(node, precision=precision, shard=shard) and gemm is None:
-        fp8 = node.attrs["in_features"] * node.attrs["out_features"] / bt.tp_cost.param_shard.get(node.name, 1)
     overlap = (0.0, 0.0, 0.0, 0.0)
-    if ctx.tp > 1 and node.op == "linear" and bt.splits.get(node.name) in ("colwise", "rowwise"):
-        overlap = _split_overlap(bt, node, ctx, shard=shard, read=read, t_fwd=t_fwd, t_bwd=t_bwd)
-    act_shard = bt.tp_cost.activation_shard.get(node.name, 1)
-    split = bt.splits.get(node.name)
-    kw = dict(precision=precision, dtypes=dtypes)
-    copies = param_copy_bytes(graph, bt.block, node.name, split, tp=ctx.tp, **kw) if split is not None else 0.0
-    held, wgrad_held = held_bytes(graph, node, gpu=ctx.profile.backend == "nccl", **kw)
+    if nf.overlaps:
+        overlap = _split_overlap(bt, node, ctx, shard=shard, read=nf.read, t_fwd=t_fwd, t_bwd=t_bwd)
     kept = rerun = 0.0
     flops = [0.0, 0.0, 0.0, 0.0]  # matmul fwd, bwd; attention fwd, bwd
     if node.op in SAVED_KINDS:
-        own_output = copies if split == "colwise" else 0.0  # a gathered colwise output's local shard
-        out = node.output_bytes * activation_scale(node, **kw)
-        kept = (out / act_shard + own_output) * f * busiest
-        ran = _executed_share(node, ctx)  # under cp, the share of attention's rectangle a rank's kernels run
-        at = 2 if node.op == "attention" else 0
-        flops[at] = node.fwd_flops * f / shard * ran
-        flops[at + 1] = executed_bwd_flops(node) * f / shard * ran  # the audit measures what runs
+        kept = nf.kept_share * f * busiest
+        at = 2 if node.op == "attention" else 0  # under cp, ran: the share of attention's rectangle a rank runs
+        flops[at] = node.fwd_flops * f / shard * nf.ran
+        flops[at + 1] = nf.bwd_executed_flops * f / shard * nf.ran  # the audit measures what runs
         # FP8's scaling passes are not kept (types/saved_ops.py): they re-run before the kept GEMM
         rerun = fp8_cast_s(
             node, ctx.profile, precision=precision, batch_fraction=f, shard=shard, backward=False, recipe=ctx.fp8
@@ -202,13 +265,13 @@ def node_terms(
     one = NodeTerms(
         t_fwd,
         t_bwd,
-        weight_grad_s(graph, node, bwd_s=t_bwd),
-        fp8,
+        weight_grad_s(bt.graph, node, bwd_s=t_bwd, wgrad_flops=nf.wgrad_flops),
+        nf.fp8_params if gemm is None else 0.0,
         *overlap,
         (node.fwd_flops + node.bwd_flops) * f / shard,
-        wgrad_held * f / act_shard,
-        (held / act_shard + copies) * f * busiest,
-        held / act_shard * f if node.op == "loss" else 0.0,  # freed at a split backward's B
+        nf.wgrad_held * f / nf.act_shard,
+        nf.saved_share * f * busiest,
+        nf.held_share * f if node.op == "loss" else 0.0,  # freed at a split backward's B
         kept,
         *flops,
         rerun,

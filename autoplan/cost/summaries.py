@@ -8,7 +8,10 @@ of one group (trace/layers.py) with the same splits share one summary. A block t
 so its summary is keyed on the context without it (``TPContext.dense_key``): a search over ep, expert_tp
 and routing prices such a block once per the other fields, not once per placement. A block that runs them
 reads the placement only in its routed experts' nodes (cost/node_terms.py): its other nodes' terms are kept
-per context without the placement, and only those nodes are priced again per placement.
+per context without the placement, and only those nodes are priced again per placement. What a block's terms read
+that no batch fraction changes (its nodes' shards, reads and bytes, its loss bytes and held parameters:
+cost/node_terms.py ``BlockFacts``) is kept per context without the batch fraction and the placement, so a block
+at another micro-batch prices its nodes' times and sums alone.
 
 The splits of each block under a tp_plan are read once per tp_plan (``TpPlanMemo``), and the summaries of
 every block and of the outside nodes, as the plan runs them (tp_comm_overlap: cost/tp/overlap.py), once per
@@ -22,7 +25,7 @@ from dataclasses import replace
 from autoplan.cost.blocks import LayerSummary, block_structure, per_distinct, summarise
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.moe.experts import layers_in
-from autoplan.cost.node_terms import BlockTerms, block_terms
+from autoplan.cost.node_terms import BlockFacts, BlockTerms, block_terms
 from autoplan.cost.tp.block import block_nodes
 from autoplan.cost.tp.overlap import overlapped
 from autoplan.cost.tp.plan_memo import TpPlanMemo
@@ -48,6 +51,7 @@ class BlockSummaries:
         self._routed = {name: bool(layers_in(graph, s.nodes)) for name, s in structures}
         self._cache: dict[tuple, LayerSummary] = {}
         self._terms_cache: dict[tuple, BlockTerms] = {}  # a routed block's, per context but its placement
+        self._facts: dict[tuple, BlockFacts] = {}  # a block's node facts, per context but its batch fraction
         self._memo = TpPlanMemo()  # per-tp_plan values shared by candidate plans
 
     def _index_group(self, layers: list[str]) -> None:
@@ -86,7 +90,7 @@ class BlockSummaries:
             rep_plan = dict(zip(self._param_modules[rep], splits)) if rep is not None else tp_plan
             structure = self.structures[rep] if rep is not None else self.outside[part]
             run_ctx = part_context(ctx, part)
-            terms = self._terms(rep, part, splits, rep_plan, structure, run_ctx) if routed else None
+            terms = self._terms(rep, part, splits, rep_plan, structure, run_ctx, keep=routed)
             hit = summarise(
                 self.graph, structure, layer=rep, tp_plan=rep_plan, ctx=run_ctx, node_times=self.node_times, terms=terms
             )
@@ -96,16 +100,28 @@ class BlockSummaries:
         return hit
 
     def _terms(
-        self, rep: str | None, part: str, splits: tuple, tp_plan: dict[str, str], structure, ctx: TPContext
+        self, rep: str | None, part: str, splits: tuple, tp_plan: dict[str, str], structure, ctx: TPContext, keep: bool
     ) -> BlockTerms:
-        """A routed block's node terms but for its expert placement (cost/node_terms.py), once per context
-        without the placement, and whether there is one (its routed experts' nodes are priced apart then)."""
+        """The block's node terms but for its expert placement (cost/node_terms.py); a routed block's (``keep``)
+        kept once per context without the placement, and whether there is one (its routed experts' nodes are
+        priced apart then). Their node facts, which read no batch fraction, are kept per the rest of the context
+        (``TPContext.unbatched_key``): a block at another micro-batch prices its nodes' times and sums alone."""
         key = (rep, part, splits, ctx.experts is None, *ctx.dense_key)
-        hit = self._terms_cache.get(key)
+        hit = self._terms_cache.get(key) if keep else None
         if hit is None:
-            hit = self._terms_cache[key] = block_terms(
-                self.graph, structure.nodes, layer=rep, tp_plan=tp_plan, ctx=ctx, node_times=self.node_times
+            facts_key = (rep, part, splits, *ctx.unbatched_key)
+            hit = block_terms(
+                self.graph,
+                structure.nodes,
+                layer=rep,
+                tp_plan=tp_plan,
+                ctx=ctx,
+                node_times=self.node_times,
+                facts=self._facts.get(facts_key),
             )
+            self._facts.setdefault(facts_key, hit.facts)
+            if keep:
+                self._terms_cache[key] = hit
         return hit
 
     def blocks(self, tp_plan: dict[str, str], ctx: TPContext, tp_comm_overlap: bool) -> dict[str, LayerSummary]:

@@ -102,16 +102,18 @@ class NodeTimes:
         fused: bool = False,
         dtypes: RunDtypes | None = None,
     ) -> tuple[float, float]:
+        if profile is self.profile:  # the arguments are gathered only to price a miss: most calls hit
+            known = self._known.get((id(node), precision, dtypes, fused)) or self._know(node, precision, dtypes, fused)
+            reads = known[1] if reads is None else reads
+            key = (known[0], precision, batch_fraction, shard, reads, recipe, fused, dtypes)
+            hit = self._times.get(key)
+            if hit is not None:
+                return hit
         kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
-        if profile is not self.profile:
-            return node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes, **kwargs)
-        known = self._known.get((id(node), precision, dtypes, fused)) or self._know(node, precision, dtypes, fused)
-        reads = known[1] if reads is None else reads
-        key = (known[0], precision, batch_fraction, shard, reads, recipe, fused, dtypes)
-        hit = self._times.get(key)
-        if hit is None:
-            hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes, **kwargs)
-        return hit
+        times = node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes, **kwargs)
+        if profile is self.profile:
+            self._times[key] = times
+        return times
 
     def _know(self, node: OpNode, precision: str, dtypes: RunDtypes | None, fused: bool) -> tuple[int, float, OpNode]:
         """The node's kind and :meth:`reads`, looked up once per node object and arguments they read."""
@@ -191,9 +193,14 @@ def node_time_s(
 ) -> float:
     """Forward (``forward_repeats`` times: 2 under full recomputation) + backward seconds;
     ``times`` memoises them (:class:`NodeTimes`)."""
-    kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
-    kwargs["dtypes"] = dtypes
-    fwd, bwd = times(node, profile, **kwargs) if times else node_times_s(graph, node, profile, **kwargs)
+    if times is not None:  # keywords passed as they are: the memo's hits cost no dict of them
+        fwd, bwd = times(
+            node, profile, precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe,
+            fused=fused, dtypes=dtypes,
+        )  # fmt: skip
+    else:
+        kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
+        fwd, bwd = node_times_s(graph, node, profile, dtypes=dtypes, **kwargs)
     return forward_repeats * fwd + bwd
 
 

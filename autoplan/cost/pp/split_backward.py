@@ -35,9 +35,10 @@ def weight_grad_flops(graph: Graph, node: OpNode) -> float:
     return float(min(node.fwd_flops, node.bwd_flops))
 
 
-def weight_grad_s(graph: Graph, node: OpNode, *, bwd_s: float) -> float:
-    """The W share of the node's backward seconds ``bwd_s`` (module docstring)."""
-    wgrad = weight_grad_flops(graph, node)
+def weight_grad_s(graph: Graph, node: OpNode, *, bwd_s: float, wgrad_flops: float | None = None) -> float:
+    """The W share of the node's backward seconds ``bwd_s`` (module docstring); ``wgrad_flops``: its
+    :func:`weight_grad_flops` when the caller has it already."""
+    wgrad = weight_grad_flops(graph, node) if wgrad_flops is None else wgrad_flops
     return bwd_s * wgrad / node.bwd_flops if wgrad else 0.0
 
 

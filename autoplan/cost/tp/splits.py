@@ -74,6 +74,11 @@ class TPContext:
         """:attr:`key` without the expert placement: all a block that runs no routed experts reads of it."""
         return self.key if self.experts is None else (*self.key[:5], None, *self.key[6:])
 
+    @cached_property
+    def unbatched_key(self) -> tuple:
+        """:attr:`dense_key` without the batch fraction: all a block's node facts read of it (cost/node_terms.py)."""
+        return (*self.dense_key[:4], *self.dense_key[5:])
+
     @property
     def micro_batch_fraction(self) -> float:
         """micro_batch_size / graph.batch_size: the samples a rank's cp group shares."""
