@@ -12,7 +12,7 @@ from autoplan.cli.sweep import add_sweep_parser
 from autoplan.cli.trace import add_trace_arguments
 from autoplan.cli.whole_run import add_run_arguments
 from autoplan.solve.pins import FIX_KEYS
-from autoplan.solve.space import OBJECTIVES
+from autoplan.types.prediction import OBJECTIVES
 from autoplan.types.runtime import RUNTIMES
 
 

@@ -40,6 +40,11 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: What every trace imports from torch beyond ``import torch``, imported with torch and the GC paused: the
+#: symbolic shapes (and sympy) that fake tensors and the meta device's Python kernels load on their first op.
+TRACE_IMPORTS = ("torch.fx.experimental.symbolic_shapes",)
+
+
 def model_graph(args: argparse.Namespace) -> Graph:
     """The traced graph of ``args.model`` at ``args.batch``: from the trace cache while its entry is
     valid (without importing torch), else traced, importing torch with the GC paused (cli/startup.py)
@@ -51,6 +56,9 @@ def model_graph(args: argparse.Namespace) -> Graph:
 
     def prepare() -> None:
         paused_imports("torch", "autoplan.trace.api")
+        from autoplan.trace.dtensor_reach import registry_modules
+
+        paused_imports(*TRACE_IMPORTS, *registry_modules())
 
     def trace() -> Graph:
         from autoplan.cli.dynamo_stand_in import dynamo_deferred

@@ -55,6 +55,11 @@ class OpRecorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def registry_modules() -> tuple[str, ...]:
+    """The modules :func:`lacking` imports, for a caller that imports them up front (cli/trace.py)."""
+    return ("torch.distributed.tensor", "autoplan.trace.dtensor_rules") if torch.distributed.is_available() else ()
+
+
 def lacking(ops: list[Any]) -> list[str]:
     """The names of ``ops`` DTensor has no way to run (module docstring); [] when
     torch.distributed is not built in (then no tensor parallelism runs at all)."""

@@ -25,7 +25,6 @@ which yields the same numbers (``MEMOIZE = False`` measures every node).
 from __future__ import annotations
 
 import contextlib
-import pydoc
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -359,7 +358,12 @@ def _splittable(kind: str, owner: Any) -> bool | None:
     """Whether the module a linear or embedding call sits in is one the executor can split
     (an nn.Linear, an nn.Embedding: autoplan/execute/tensor_parallel.py); None when unknown."""
     base = {"linear": torch.nn.Linear, "embedding": torch.nn.Embedding}.get(kind)
-    cls = owner if isinstance(owner, type) else pydoc.locate(str(owner))
+    if isinstance(owner, type):
+        cls = owner
+    else:  # torch.export names the class ('transformers.pytorch_utils.Conv1D'); fx hands the class itself
+        import pydoc  # 14 ms, only for the exporter's names
+
+        cls = pydoc.locate(str(owner))
     return issubclass(cls, base) if base is not None and isinstance(cls, type) else None
 
 

@@ -23,6 +23,9 @@ from autoplan.types._check import require, require_known_fields
 from autoplan.types.cost import Cost
 from autoplan.types.run import RunEstimate
 
+#: What the search minimises (``--objective``, ``SearchSummary.objective``): step time, or dollars per sample.
+OBJECTIVES = ("time", "cost")
+
 
 @dataclass
 class SearchSummary:

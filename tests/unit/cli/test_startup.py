@@ -4,6 +4,7 @@ garbage collector as it found it, and a trace imports torch._dynamo only when it
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -13,13 +14,18 @@ import pytest
 
 from autoplan.cli.startup import frozen_imports
 
-HEAVY = ("torch", "scipy", "pandas", "matplotlib", "rich", "pulp", "networkx", "torch.distributed")
+HEAVY = ("torch", "scipy", "pandas", "matplotlib", "rich", "pulp", "networkx", "torch.distributed", "numpy", "yaml")
+#: the planner and the cost model: `autoplan plan` imports them in its handler, with the GC paused (cli/solve.py)
+PLANNER = ("autoplan.solve.space", "autoplan.solve.api", "autoplan.cost")
 
 
-def test_parser_builds_without_heavy_imports():
+@pytest.mark.parametrize("command", [None, "plan"])
+def test_parser_builds_without_heavy_imports(command):
+    """`autoplan --help` and the plan command's parser import no heavy library and not the planner: the choices
+    they offer (--objective, --fix, --runtime) come from autoplan/types and solve/pins.py."""
     code = (
-        "import sys, autoplan.cli as cli; cli.build_parser(); "
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+        f"import sys, autoplan.cli as cli; cli.build_parser({command!r}); "
+        f"print(','.join(m for m in {HEAVY + PLANNER!r} if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == ""
@@ -158,6 +164,54 @@ def test_a_trace_that_needs_torch_dynamo_imports_the_real_one_and_traces_the_sam
     assert _traced([*trace, "--out", str(tmp_path / "late")]) == "module"
     assert _traced([*trace, "--out", str(tmp_path / "early")], first="import torch._dynamo") == "module"
     assert (tmp_path / "late" / "graph.json").read_bytes() == (tmp_path / "early" / "graph.json").read_bytes()
+
+
+#: a command run in this process, recording whether the cyclic GC was on as each watched module was first imported
+GC_PROBE = """
+import gc
+import json
+import sys
+
+WATCHED = {watched!r}
+seen = {{}}
+
+
+class Watch:
+    def find_spec(self, name, path, target=None):
+        if name in WATCHED:
+            seen.setdefault(name, gc.isenabled())
+
+
+sys.meta_path.insert(0, Watch())
+from autoplan.cli import main
+
+code = main(sys.argv[1:])
+print(json.dumps({{"gc_on": sorted(name for name, on in seen.items() if on), "imported": sorted(seen)}}))
+sys.exit(code)
+"""
+#: what a trace imports beyond torch itself (cli/trace.py, TRACE_IMPORTS, and trace/dtensor_reach.py's registry)
+TRACE_HEAVY = ("sympy", "torch.fx.experimental.symbolic_shapes", "torch.distributed.tensor", "numpy", "pulp")
+#: what a plan whose model torch.fx captures never needs: pydoc names the classes only in torch.export's graphs
+NOT_NEEDED = ("pydoc",)
+
+
+def test_a_traced_plan_imports_what_its_trace_needs_with_the_collector_paused(tmp_path):
+    """cli/trace.py, prepare: sympy (loaded by fake tensors' first op) and DTensor's op registry (the tensor-parallel
+    verdict, trace/dtensor_reach.py) are imported with torch, the GC paused, not mid-trace; the planner's libraries
+    with the planner (cli/solve.py, PLAN_IMPORTS), not by the parser; pydoc not at all (trace/propagate.py)."""
+    (tmp_path / "model.py").write_text(TINY_MODEL)
+    argv = ["plan", str(tmp_path / "model.py"), "--devices", "2", "--profile", "dgx-a100", "--batch", "8", "--quiet"]
+    env = {**os.environ, "AUTOPLAN_TRACE_CACHE": "off"}
+    probe = GC_PROBE.format(watched=TRACE_HEAVY + NOT_NEEDED)
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *argv, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"gc_on": [], "imported": sorted(TRACE_HEAVY)}
 
 
 MARKED_MODEL = """

@@ -166,3 +166,33 @@ def test_unlimited_budget_is_no_row_and_infinite_bytes_are_refused():
     assert solve_block(problem, memory_budget_bytes=float("inf")).time_s == pytest.approx(solve_block(problem).time_s)
     broken = _problem(CASES[0], tp=4, sp=False, mbs=8, param_bytes_factor=float("inf"), activation_factor=1.0)
     assert solve_block(broken, memory_budget_bytes=2**40) is None
+
+
+def _option(model: pulp.LpProblem, name: str):
+    answer = model.solverModel.getOptionValue(name)
+    return answer[1] if isinstance(answer, tuple) else answer  # highspy >= 1.12: (status, value)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_highs_runs_without_feasibility_jump_and_finds_the_same_splits(case, monkeypatch):
+    """solve/backend.py, HIGHS_OPTIONS: the heuristic is off in the solver the planner runs, and every intra-op
+    ILP here (four shapes, three tp/sp/micro-batch points, one block and the rest) chooses the same splits at
+    the same price as HiGHS with its defaults."""
+    used, solver = backend.make_solver("highs", time_limit_s=10)
+    model = pulp.LpProblem("one", pulp.LpMinimize)
+    x = backend.variable(model, "x", low=0, up=1, cat="Binary")
+    model += x
+    model += x >= 1
+    model.solve(solver)
+    assert used == "highs" and _option(model, "mip_heuristic_run_feasibility_jump") is False
+    problems = [
+        _problem(case, tp=tp, sp=sp, mbs=mbs, layer=layer)
+        for tp, sp, mbs in [(2, False, 1), (4, True, 4), (8, False, 16)]
+        for layer in ("h.0", None)
+    ]
+    planned = [solve_block(problem) for problem in problems]
+    monkeypatch.setattr(backend, "HIGHS_OPTIONS", {})
+    defaults = [solve_block(problem) for problem in problems]
+    assert [(s.splits, s.time_s, s.memory_bytes) for s in planned] == [
+        (s.splits, s.time_s, s.memory_bytes) for s in defaults
+    ]
