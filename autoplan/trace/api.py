@@ -39,6 +39,19 @@ def _grad_mode(enabled: bool):
         torch.set_grad_enabled(enabled)
 
 
+@contextlib.contextmanager
+def _onednn_on():
+    """oneDNN on while tracing, as a CPU run has it: torch picks an RNN's ops by it (``mkldnn_rnn_layer`` with it,
+    native ops without), and execute/precision.py turns it off for a process whose CPU lacks a low dtype's
+    kernels, so a graph does not depend on what ran in this process before."""
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = torch.backends.mkldnn.is_available()
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = enabled
+
+
 def trace(
     model: torch.nn.Module,
     example_inputs: Any,
@@ -59,7 +72,13 @@ def trace(
     batch = _batch_size(inputs)
     routing = routing or RoutingModel()
     grad_mode = torch.is_grad_enabled()  # an op that fails inside a set_grad_enabled region must not leak it
-    with training_mode(model), swapped(model, to_meta), moe.routed(model, routing) as log, _grad_mode(grad_mode):
+    with (
+        training_mode(model),
+        swapped(model, to_meta),
+        moe.routed(model, routing) as log,
+        _grad_mode(grad_mode),
+        _onednn_on(),
+    ):
         captured = capture(model, tuple(map_tensors(tuple(inputs), to_meta)), model_name=model_name)
         _move_meta_constants(captured.module)
         with FakeTensorMode() as mode:

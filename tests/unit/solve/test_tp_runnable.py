@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from autoplan.cli import main
 from autoplan.errors import PlanError
@@ -30,6 +31,15 @@ def test_the_trace_names_the_ops_dtensor_cannot_run_and_only_those(lstm_graph):
     assert _lacking(lstm_graph) == {"lstm": ["aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default"]}
     one_block = trace_model_file(ROOT / "tests/odd_models/one_block.py", 8)  # Linear, LayerNorm, tanh: all run
     assert _lacking(one_block) == {}
+
+
+def test_the_trace_keeps_onednn_on_whoever_turned_it_off(monkeypatch):
+    """A process that ran a low-precision RNN where oneDNN has no kernel for it turns oneDNN off
+    (execute/precision.py); a trace after it still finds the ops a CPU run executes, and leaves the flag off."""
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    lacking = _lacking(trace_model_file(LSTM, 8))
+    assert lacking == {"lstm": ["aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default"]}
+    assert not torch.backends.mkldnn.enabled
 
 
 def test_a_model_dtensor_cannot_run_is_never_offered_tp(lstm_graph):
