@@ -233,16 +233,19 @@ def audit(path: Path) -> str:
         [
             r.family,
             f"`{r.plan}`",
-            f"{r.as_priced}/{r.collective_rows}",
+            f"{r.as_priced:.0f}/{r.collective_rows:.0f}",
             f"{r.max_comm_error_pct:.1f}%",
             f"{r.max_matmul_flops_error_pct:.1f}%",
             f"{r.peak_memory_error_pct:+.1f}%",
         ]
+        if str(r.exit) == "0"
+        else [r.family, f"`{r.plan}`", "run failed", "", "", ""]
         for r in runs.itertuples()
     ]
-    exact = runs[(runs.as_priced == runs.collective_rows) & (runs.exit == 0)]
+    runs = runs[runs.exit.astype(str) == "0"]
+    exact = runs[runs.as_priced == runs.collective_rows]
     summary = (
-        f"{len(runs)} families; {len(exact)} have every collective as priced, with peak memory "
+        f"{len(rows)} families, {len(runs)} ran; {len(exact)} have every collective as priced, with peak memory "
         f"{exact.peak_memory_error_pct.abs().min():.0f}-{exact.peak_memory_error_pct.abs().max():.0f}% from the "
         f"prediction."
     )
