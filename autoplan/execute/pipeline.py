@@ -104,6 +104,8 @@ def split_model(
             "a split point is probably never called in forward()."
         )
     received = carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through
+    for i in range(pipe.num_stages):
+        drop_export_checks(pipe.get_stage_module(i))
     for i in range(pipe.num_stages - 1):
         _send_contiguous(pipe.get_stage_module(i))
     replaced = sum(replace_experts_ops(pipe.get_stage_module(i), experts) for i in range(pipe.num_stages))
@@ -131,6 +133,27 @@ def _check_split(pipe: Any, plan: Plan) -> None:
                     f"plan stage {index} lists block '{fqn}', which forward() does not run on that stage: stages "
                     "must list blocks in the order forward() calls them; re-plan for this model."
                 )
+
+
+#: checks torch.export writes into a graph (after a ``.to()``: the tensor's dtype and device) that return nothing
+EXPORT_CHECKS = (torch.ops.aten._assert_tensor_metadata.default,)
+
+
+def drop_export_checks(module: fx.GraphModule) -> int:
+    """Remove torch.export's metadata checks from a stage's graphs; return how many. Eager code never runs them, and
+    DTensor has no sharding strategy for them, so under tp a stage whose model calls ``.to()`` was refused
+    ("aten._assert_tensor_metadata.default does not have a sharding strategy registered")."""
+    dropped = 0
+    for sub in (m for m in module.modules() if isinstance(getattr(m, "graph", None), fx.Graph)):
+        checks = [n for n in sub.graph.nodes if n.op == "call_function" and n.target in EXPORT_CHECKS and not n.users]
+        for node in checks:
+            sub.graph.erase_node(node)
+        # a block torch.export unflattened (``InterpreterModule``) runs its graph, or the code of its graph_module
+        compiled = sub if isinstance(sub, fx.GraphModule) else getattr(sub, "graph_module", None)
+        if checks and compiled is not None:
+            compiled.recompile()
+        dropped += len(checks)
+    return dropped
 
 
 def _send_contiguous(module: fx.GraphModule) -> None:

@@ -154,3 +154,25 @@ def test_expert_parallel_widens_only_the_16_bit_gradient_tolerance():
     assert not verdict(diffs=[Difference("w", 1.0, 1.0)], plan=bf16_ep)[0]
     assert not verdict(diffs=[Difference("w", 2e-4, 1.0)], plan=plan(dp=2, ep=2))[0]
     assert not verdict(diffs=[Difference(f"w {UPDATED}", 0.6, 1.0)], plan=bf16_ep)[0]
+
+
+class CastsInside(nn.Module):
+    """Each block computes in fp32 and casts back (an RMSNorm's ``x.float() ... .type_as(x)``): torch.export
+    writes an ``_assert_tensor_metadata`` check after each ``.to()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x.to(torch.float32)).to(x.dtype))
+
+
+def test_a_split_keeps_none_of_exports_checks_which_dtensor_cannot_run():
+    """DTensor has no strategy for torch.export's checks: a tp x pp plan of examples/llama.py was refused."""
+    model, x = CastsInside(), torch.randn(2, 4)
+    pipe, _ = split_model(model=model, plan=plan(pp=2, stages=[["a"], ["b"]]), microbatch_args=(x,))
+    stages = [pipe.get_stage_module(i) for i in range(2)]
+    targets = {str(n.target) for s in stages for m in s.modules() if hasattr(m, "graph") for n in m.graph.nodes}
+    assert "aten._assert_tensor_metadata.default" not in targets and "aten.linear.default" in targets
+    torch.testing.assert_close(stages[1](stages[0](x)), model(x), rtol=0, atol=0)
