@@ -102,7 +102,8 @@ def keep_rnns_off_onednn_without_kernels(dtype: torch.dtype) -> bool:
     on AVX2-only CPUs under bf16, and on this AVX-512 one under fp16). With oneDNN off, torch runs its
     native RNN, which autocast leaves in fp32, and the other ops keep the dtype checks they already
     make. Off for the rest of the process, not only inside one context: recomputation re-runs a
-    forward during the backward, and the pipeline runs halves on other threads."""
+    forward during the backward, and the pipeline runs halves on other threads. Off whether or not the
+    model has an RNN (the model is not known here): fp32 convolutions then leave oneDNN too."""
     has_kernels = _ONEDNN_HAS.get(dtype)
     if has_kernels is None or not torch.backends.mkldnn.is_available() or has_kernels():
         return False
