@@ -91,11 +91,11 @@ class Propagator:
         self.keep: list[torch.Tensor] = []  # storages stay alive, so their keys are never reused
         self.current = ""
         self.counter = flop_counter()
-        self.memo: dict[Any, memo.Record] = {}
+        self.memo: dict[Any, tuple[memo.Record, list[str]]] = {}  # key -> record, the ops DTensor lacks
         self.module_keys: dict[int, Any] = {}
         self.packs: list[tuple[Any, int, bool]] | None = None  # saved-tensor events of the call being recorded
         self.recorder: Any = contextlib.nullcontext()  # the ops of the call being measured (dtensor_reach)
-        self.dtensor_lacks: dict[Any, list[str]] = {}  # node name or memo key -> ops DTensor cannot run
+        self.dtensor_lacks: dict[str, list[str]] = {}  # node name -> ops DTensor cannot run
 
     # ---- storage bookkeeping --------------------------------------------------------------
     def _key(self, tensor: torch.Tensor) -> StorageWeakRef:
@@ -174,9 +174,9 @@ class Propagator:
         return (output, forward FLOPs, backward FLOPs)."""
         self.current = name
         key, inputs = self._memo_key(node, module, args, kwargs, extra_params)
-        if key is not None and key in self.memo:
-            rec = self.memo[key]
-            self.dtensor_lacks[name] = self.dtensor_lacks.get(key, [])
+        hit = self.memo.get(key) if key is not None else None  # a key is a deep tuple: hashed once a call
+        if hit is not None:
+            rec, self.dtensor_lacks[name] = hit
             if rec.rerun:  # views of the parameters it takes, grad_fn included (memo.Record.rerun)
                 output = fn(*args, **kwargs)
             else:
@@ -191,10 +191,8 @@ class Propagator:
             packs, self.packs = self.packs, None
         if node is not None:
             self.dtensor_lacks[name] = dtensor_reach.lacking(list(self.recorder.ops))
-            if key is not None:
-                self.dtensor_lacks[key] = self.dtensor_lacks[name]
         if key is not None:
-            self._remember(key, output, inputs, packs, fwd, bwd)
+            self._remember(key, output, inputs, packs, fwd, bwd, self.dtensor_lacks.get(name, []))
         self._register(name, _tensors(output))
         return output, fwd, bwd
 
@@ -227,9 +225,11 @@ class Propagator:
         except Exception:  # NotMemoizable, or anything unforeseen: measuring for real is always right
             return None, []
 
-    def _remember(self, key: Any, output: Any, inputs: list[torch.Tensor], packs: list, fwd: int, bwd: int) -> None:
+    def _remember(
+        self, key: Any, output: Any, inputs: list[torch.Tensor], packs: list, fwd: int, bwd: int, lacks: list[str]
+    ) -> None:
         try:
-            self.memo[key] = memo.record(
+            rec = memo.record(
                 output=output,
                 leaves=inputs,
                 packs=packs,
@@ -240,7 +240,8 @@ class Propagator:
                 owner=self.owner,
             )
         except Exception:  # NotMemoizable, or anything unforeseen: this call is just not replayed
-            pass
+            return
+        self.memo[key] = (rec, lacks)
 
     def _backward(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> int:
         outs = [t for t in outputs if t.requires_grad and t.grad_fn is not None]
