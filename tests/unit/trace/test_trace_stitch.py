@@ -123,3 +123,19 @@ def test_short_stacks_are_exported_whole(count):
     model = Stack()
     model.blocks = nn.ModuleList(list(model.blocks)[:count])
     assert stitch.repeated_blocks(model) is None
+
+
+def test_export_with_code_on_demand_is_the_same_graph_and_runs(monkeypatch):
+    """capture._code_on_demand defers the exporter's code generation: the same graph node for node, and the
+    captured module still runs (its code made on its first call) and computes what the model computes."""
+    import contextlib
+
+    model = Stack()
+    deferred, _ = _traced(model, monkeypatch, stitched=False)
+    monkeypatch.setattr(capture, "_code_on_demand", contextlib.nullcontext)
+    eager, _ = _traced(model, monkeypatch, stitched=False)
+    assert deferred == eager and deferred["trace_method"] == "export"
+    x = torch.randn(2, 8)
+    with capture._code_on_demand():
+        program = torch.export.export(model, (x,), strict=False)
+    torch.testing.assert_close(program.module()(x), model(x))
