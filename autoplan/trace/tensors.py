@@ -28,14 +28,24 @@ def _slots(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, str, torc
 
 
 @contextlib.contextmanager
-def swapped(model: torch.nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[torch.nn.Module]:
-    """Within the block, ``model`` holds ``make(t)`` in place of each parameter/buffer ``t``."""
+def swapped(
+    model: torch.nn.Module,
+    make: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    make_param: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> Iterator[torch.nn.Module]:
+    """Within the block, ``model`` holds ``make(t)`` in place of each buffer ``t``, and ``make_param(t)``
+    (default: ``nn.Parameter(make(t))`` with ``t``'s ``requires_grad``) in place of each parameter."""
     slots = _slots(model)
     memo: dict[int, torch.Tensor] = {}
     for module, name, kind, tensor in slots:
         if id(tensor) not in memo:
-            new = make(tensor)
-            memo[id(tensor)] = torch.nn.Parameter(new, requires_grad=tensor.requires_grad) if kind == "param" else new
+            if kind != "param":
+                memo[id(tensor)] = make(tensor)
+            elif make_param is not None:
+                memo[id(tensor)] = make_param(tensor)
+            else:
+                memo[id(tensor)] = torch.nn.Parameter(make(tensor), requires_grad=tensor.requires_grad)
         (module._parameters if kind == "param" else module._buffers)[name] = memo[id(tensor)]
     try:
         yield model

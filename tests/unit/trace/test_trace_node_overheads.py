@@ -58,3 +58,34 @@ def test_node_params_equals_walking_every_argument():
     for node in calls:
         got = [(name, id(t)) for name, t in nodeattrs.node_params(node, gm, None, canonical)]
         assert got == [(name, id(t)) for name, t in _plain_params(node, gm, canonical)], node.name
+
+
+def _facts(t: torch.Tensor) -> tuple:
+    return (
+        type(t),
+        tuple(t.shape),
+        t.stride(),
+        t.dtype,
+        t.device,
+        t.requires_grad,
+        t.is_leaf,
+        t.grad_fn,
+        isinstance(t, nn.Parameter),
+        getattr(t, "_is_param", False),
+        t.fake_mode,
+    )
+
+
+def test_fake_parameters_are_what_nn_parameter_makes_of_a_fake():
+    """api._faker(parameter=True) makes what ``nn.Parameter(fake(t), t.requires_grad)`` returns, trained or frozen."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autoplan.trace.api import _faker
+
+    weights = [nn.Parameter(torch.empty(3, 5, device="meta")), nn.Parameter(torch.empty(7, device="meta"))]
+    weights[1].requires_grad_(False)
+    with FakeTensorMode() as mode:
+        fake, direct = _faker(mode), _faker(mode, parameter=True)
+        for weight in weights:
+            assert _facts(direct(weight)) == _facts(nn.Parameter(fake(weight), requires_grad=weight.requires_grad))
+            assert direct(weight).untyped_storage().nbytes() == weight.untyped_storage().nbytes()
