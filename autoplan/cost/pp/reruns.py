@@ -51,6 +51,30 @@ def split_backwards(schedule: str, *, pp: int, m: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def v_rerun_units(
+    schedule: str, *, pp: int, m: int, rank: int, rerun_s: tuple[float, float]
+) -> tuple[tuple[float, ...], float]:
+    """(per chunk c of V ``schedule``'s 2p, the seconds of one re-run in the replay, cost/pp/replay.py; the step's
+    re-run seconds on every rank), where every rank runs the work of stage ``rank``, whose chunks ``rank`` and
+    2p - 1 - rank re-run once in ``rerun_s`` seconds (their recomputed blocks and collectives).
+
+    A backward of chunk c runs n passes: a split one two (B, W), a whole one one, chunk 0's one, so c's m
+    backwards run n_c = m + s_c passes (chunk 0: m), n_c = m :func:`forward_reruns`. The replay gives every
+    rank that stage's times (cost/pp/schedule.py), its chunk c < p those of chunk ``rank`` and c >= p those of
+    2p - 1 - rank: the stage's re-runs of that chunk, n_rank R, spread over c's own passes,
+
+        unit_c = n_leg R_leg / n_c,        the step's re-runs = n_rank R_0 + n_(2p-1-rank) R_1 on every rank,
+
+    so each split backward takes two units and each whole one one, and the stage's own m backwards of chunk c
+    re-run n_c R_c = m r_c R_c, the price of the step time (cost/stages.py). Empty and 0 without recomputation."""
+    if not any(rerun_s):
+        return (), 0.0
+    splits = split_backwards(schedule, pp=pp, m=m)
+    passes = [m + (splits[c] if c > 0 else 0) for c in range(2 * pp)]
+    leg_s = (passes[rank] * rerun_s[0], passes[2 * pp - 1 - rank] * rerun_s[1])
+    return tuple(leg_s[c >= pp] / passes[c] for c in range(2 * pp)), leg_s[0] + leg_s[1]
+
+
 def plan_forward_reruns(plan: Any, chunk: int) -> float:
     """:func:`forward_reruns` of ``plan``'s schedule, pp and micro-batches."""
     return forward_reruns(schedule=plan.schedule, pp=plan.pp, num_microbatches=plan.num_microbatches, chunk=chunk)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from autoplan.cost.moe.a2a_overlap import extra_forwards
 from autoplan.cost.pp.replay import held_at_peak, replay_bubble_s
+from autoplan.cost.pp.reruns import v_rerun_units
 from autoplan.cost.pp.zero_bubble import zero_bubble_in_flight, zero_bubble_s
 from autoplan.cost.stages import StageTotals
 from autoplan.errors import PlanError
@@ -49,15 +50,20 @@ def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
     return stages
 
 
-def pipeline_bubble_s(plan: Plan, *, micro_batch_s: float, wgrad_s: float, forward_s: float = 0.0) -> float:
+def pipeline_bubble_s(
+    plan: Plan, *, micro_batch_s: float, wgrad_s: float, forward_s: float = 0.0, rerun_s: dict[int, float] | None = None
+) -> float:
     """The plan's pipeline bubble from its slowest stage's micro-batch seconds (module docstring), of
     which ``wgrad_s`` is weight gradients (what a zero-bubble schedule defers into the bubble) and
-    ``forward_s`` the forward (a V schedule's replay times F, B and W apart)."""
-    p, v = plan.pp, plan.virtual_stages
+    ``forward_s`` the forward (a V schedule's replay times F, B and W apart, and each backward's re-runs from
+    ``rerun_s``, one re-run of each of the stage's recomputed chunks: StageTotals.chunk_rerun_s)."""
+    p, v, m = plan.pp, plan.virtual_stages, plan.num_microbatches
     if plan.schedule in V_SCHEDULES:
-        backward_s = max(0.0, micro_batch_s - forward_s - wgrad_s)
+        rank, legs = _v_legs(rerun_s or {}, pp=p)
+        _, reruns_s = v_rerun_units(plan.schedule, pp=p, m=m, rank=rank, rerun_s=legs)
+        backward_s = max(0.0, micro_batch_s - forward_s - wgrad_s - reruns_s / m)
         return replay_bubble_s(
-            schedule=plan.schedule, pp=p, m=plan.num_microbatches, f=forward_s, b=backward_s, w=wgrad_s
+            schedule=plan.schedule, pp=p, m=m, f=forward_s, b=backward_s, w=wgrad_s, rerun_s=legs, rank=rank
         )
     if plan.schedule in ZERO_BUBBLE:
         return zero_bubble_s(
@@ -66,10 +72,23 @@ def pipeline_bubble_s(plan: Plan, *, micro_batch_s: float, wgrad_s: float, forwa
     return (p - 1) / v * micro_batch_s
 
 
+def _v_legs(rerun_s: dict[int, float], *, pp: int) -> tuple[int, tuple[float, float]]:
+    """(the stage, one re-run of its chunks on the V's two legs: chunk ``stage`` and 2p - 1 - stage) of a stage's
+    {chunk: one re-run's seconds}; (0, (0, 0)) for a stage without recomputation."""
+    if not rerun_s:
+        return 0, (0.0, 0.0)
+    stage = min(c if c < pp else 2 * pp - 1 - c for c in rerun_s)
+    return stage, (rerun_s.get(stage, 0.0), rerun_s.get(2 * pp - 1 - stage, 0.0))
+
+
 def stage_bubble_s(plan: Plan, slowest: StageTotals) -> float:
     """:func:`pipeline_bubble_s` of the plan's ``slowest`` stage."""
     return pipeline_bubble_s(
-        plan, micro_batch_s=slowest.micro_batch_s, wgrad_s=slowest.wgrad_s, forward_s=slowest.forward_s
+        plan,
+        micro_batch_s=slowest.micro_batch_s,
+        wgrad_s=slowest.wgrad_s,
+        forward_s=slowest.forward_s,
+        rerun_s=slowest.chunk_rerun_s,
     )
 
 
