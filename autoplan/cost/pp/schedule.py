@@ -81,6 +81,14 @@ def _v_legs(rerun_s: dict[int, float], *, pp: int) -> tuple[int, tuple[float, fl
     return stage, (rerun_s.get(stage, 0.0), rerun_s.get(2 * pp - 1 - stage, 0.0))
 
 
+def v_stage_reruns(plan: Plan, stage: StageTotals) -> tuple[tuple[float, ...], float]:
+    """(per chunk, one re-run's seconds in each backward pass of the replay; the step's re-run seconds of a rank)
+    of a V ``plan`` whose ranks all run ``stage``'s work (cost/pp/reruns.py v_rerun_units; empty and 0 without
+    recomputation): what report/step_layout.py draws."""
+    rank, legs = _v_legs(stage.chunk_rerun_s, pp=plan.pp)
+    return v_rerun_units(plan.schedule, pp=plan.pp, m=plan.num_microbatches, rank=rank, rerun_s=legs)
+
+
 def stage_bubble_s(plan: Plan, slowest: StageTotals) -> float:
     """:func:`pipeline_bubble_s` of the plan's ``slowest`` stage."""
     return pipeline_bubble_s(
