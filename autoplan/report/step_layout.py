@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoplan.cost import a2a_pair_phases, v_stage_reruns
+from autoplan.cost import a2a_pair_phases, stage_rerun_units
 from autoplan.report.timeline import simulate
 from autoplan.types.cost import Cost
 from autoplan.types.layout import chunk_index, sent_from_prior
@@ -110,7 +110,7 @@ def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, flo
     send_s = cost.pp_comm_s / (v * m + p - 1) / 2 if p > 1 else 0.0
     pace = pieces[stages.index(slowest)]
     slots = {kind: _slot(pace, kind, v=v, send_s=send_s)[0] * v for kind in LETTER}
-    units, reruns_s = v_stage_reruns(plan, slowest) if schedule in V_SCHEDULES else ((), 0.0)
+    units, reruns_s = stage_rerun_units(plan, slowest)
     mean_rerun_s = reruns_s / m / v  # the re-runs a uniform backward slot of one chunk holds
     timeline = simulate(
         schedule=schedule,

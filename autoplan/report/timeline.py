@@ -121,6 +121,13 @@ def v_stage_passes(schedule: str, *, pp: int, stage: int, m: int) -> list[int]:
     return out
 
 
+def looped_stage_passes(order: list[tuple[str, int, int]], *, stage: int) -> list[int]:
+    """Per operation of :func:`zero_bubble_order`'s ``order`` of ``stage``, the backward passes it runs, in each of
+    which a recomputed block re-runs (cost/pp/reruns.py): an input backward and a weight backward one each, chunk
+    0's input backward none (torch runs its W as the full backward), a forward none."""
+    return [int(kind == "weight" or (kind == "backward" and (local, stage) != (0, 0))) for kind, _, local in order]
+
+
 def zero_bubble_order(*, pp: int, stage: int, m: int, v: int) -> list[tuple[str, int, int]]:
     """torch's ScheduleInterleavedZeroBubble (ZB1P) order of ``stage``: (v - 1) r + p - 1 - stage warm-up
     forwards (r micro-batches per round), then one forward and one input backward per step, each step
@@ -171,7 +178,8 @@ def simulate(
     micro-batch times (all its chunks); ``weight_s[k]``, of ``backward_s[k]``, the weight gradients a
     split-backward schedule runs apart (default: :data:`WEIGHT_SHARE` of it); ``pair_saved_s[k]``: what
     an overlapped F&B pair of stage k saves (V schedules); ``rerun_s[c]``: a V schedule's one re-run of chunk
-    c per backward pass (:func:`v_stage_passes`; cost/pp/reruns.py v_rerun_units), beyond ``backward_s``."""
+    c per backward pass of a V schedule or interleaved_zb (:func:`v_stage_passes`, :func:`looped_stage_passes`;
+    cost/pp/reruns.py v_rerun_units, looped_rerun_units), beyond ``backward_s``."""
     if len(forward_s) != pp or len(backward_s) != pp:
         raise AutoplanError(
             f"the timeline needs {pp} stage times, got {len(forward_s)}; "
@@ -184,6 +192,8 @@ def simulate(
     passes = [[0] * len(order) for order in orders]
     if rerun_s and schedule in V_SCHEDULES:
         passes = [v_stage_passes(schedule, pp=pp, stage=k, m=m) for k in range(pp)]
+    elif rerun_s and schedule == "interleaved_zb":
+        passes = [looped_stage_passes(order, stage=k) for k, order in enumerate(orders)]
     done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, global chunk) -> arrival at its consumer
     clock, position = [0.0] * pp, [0] * pp
     timeline = Timeline(pp=pp, schedule=schedule, note=note)
