@@ -50,7 +50,7 @@ from autoplan.cost.pp.partition import (
 )
 from autoplan.cost.pp.replay import v_forward_share
 from autoplan.cost.pp.reruns import chunk_forward_reruns, plan_forward_reruns
-from autoplan.cost.pp.schedule import balanced_stages, bubble_floor, in_flight_chunks
+from autoplan.cost.pp.schedule import balanced_stages, bubble_floor, in_flight_chunks, stage_rerun_units
 from autoplan.cost.pp.v_orders import v_order
 from autoplan.cost.pp.zero_bubble import bubble_share
 from autoplan.cost.run.reliability import not_priced_reason as reliability_not_priced
@@ -134,4 +134,5 @@ __all__ = [
     "predict_volumes",
     "run_summary",
     "v_order",
+    "stage_rerun_units",
 ]

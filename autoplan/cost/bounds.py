@@ -8,7 +8,7 @@ exceeds the priced step time (a test checks this for every priced candidate):
   communication (op time falls as the shard grows: F/(peak*eff(F)) = (F + F_half)/(peak*a)); the
   routed experts' GEMMs as CostModel prices them at tp = 1, and at tp > 1 divided only where a legal
   split shards them; an fp8 linear also priced whole, the smaller kept;
-- ``zero_bubble_share``: a floor on a zero-bubble schedule's (T - 2W) / T (its bubble's share of 1F1B's), the
+- ``zero_bubble_share``: a floor on a zero-bubble schedule's (T0 - 2W) / T0 without re-runs (its bubble's share), the
   routed experts' grouped GEMMs at their largest W / T under any placement;
 - ``pp_comm_s``: (v m + p - 1)(t_p2p(forward) + t_p2p(backward)) with the smallest block inputs;
 - ``step_extras_s``: Adam on the largest stage's parameters (28 bytes each), ZeRO-1/2's weight
@@ -173,11 +173,14 @@ class Bounds:
         """A floor on (T - 2W) / T of any stage of any plan at these degrees (cost/pp/zero_bubble.py): the least
         over the nodes with weight gradients, each priced as the block summaries price it (at shard 1 and tp,
         whichever split it takes, and the routed experts' grouped GEMMs at any placement (_grouped_wgrad_parts);
-        every other part of a stage has no W. 0 where the floor is not known: FP8 (its recipe is the plan's)."""
+        every other part of a stage has no W. 0 where the floor is not known: FP8 (its recipe is the plan's).
+        Without re-runs: interleaved_zb's replayed bubble is at least (p - 1)/v (T0 - 2W), T0 the slowest stage's
+        time without them (cost/pp/looped_replay.py); docs/ilp.md, bound (1), says when C_min / pp stays below T0."""
         key = ("zb", tp, precision, mbs, cp)
         if key not in self._c_min:
             parts = self._wgrad_parts(tp=tp, precision=precision, f=mbs / self.graph.batch_size / cp)
-            self._c_min[key] = bubble_share(parts + self._grouped_wgrad_parts()) if precision != "fp8" else 0.0
+            parts = [(t, w, 0.0) for t, w in parts + self._grouped_wgrad_parts()]  # no re-runs: see the docstring
+            self._c_min[key] = bubble_share(parts) if precision != "fp8" else 0.0
         return self._c_min[key]
 
     def _grouped_wgrad_parts(self) -> list[tuple[float, float]]:

@@ -52,6 +52,9 @@ class StageTotals:
     #: chunk's own: cost/pp/rank_memory.py); the outside nodes count with the chunk they run beside
     chunk_saved_bytes: dict[int, float] = field(default_factory=dict)
     chunk_held_bytes: dict[int, float] = field(default_factory=dict)
+    #: per chunk, one forward re-run of its recomputed blocks with the collectives it runs again (recompute_s and
+    #: the collectives hold ``reruns`` of them: a V schedule's replay prices each backward's own, cost/pp/replay.py)
+    chunk_rerun_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def micro_batch_s(self) -> float:
@@ -123,6 +126,16 @@ def add_block(
     chunk = max(stage.chunk_saved_bytes, default=0) if chunk is None else chunk
     stage.chunk_saved_bytes[chunk] = stage.chunk_saved_bytes.get(chunk, 0.0) + stage.saved_bytes - saved
     stage.chunk_held_bytes[chunk] = stage.chunk_held_bytes.get(chunk, 0.0) + block.wgrad_held_bytes
+    if is_block and recompute != "none":
+        stage.chunk_rerun_s[chunk] = stage.chunk_rerun_s.get(chunk, 0.0) + one_rerun_s(block, recompute)
+
+
+def one_rerun_s(block: LayerSummary, recompute: str) -> float:
+    """One forward re-run of a ``block`` recomputed under ``recompute`` (what :func:`_add` charges per re-run): its
+    time (the block's forward in full, the re-run nodes' under selective), its TP and CP collectives, and its
+    all-to-alls in full (``reruns_a2a``); cost/pp/partition.py ``rerun_s`` sums the same."""
+    again = block.selective_recompute_s if recompute == "selective" else block.fwd_s
+    return again + block.tp_fwd_s + block.cp_fwd_s + (block.ep_fwd_s if reruns_a2a(recompute) else 0.0)
 
 
 def _add(stage: StageTotals, block: LayerSummary, *, recompute: str, is_block: bool, reruns: float) -> None:

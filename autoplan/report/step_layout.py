@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoplan.cost import a2a_pair_phases
+from autoplan.cost import a2a_pair_phases, stage_rerun_units
 from autoplan.report.timeline import simulate
 from autoplan.types.cost import Cost
 from autoplan.types.layout import chunk_index, sent_from_prior
@@ -110,15 +110,18 @@ def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, flo
     send_s = cost.pp_comm_s / (v * m + p - 1) / 2 if p > 1 else 0.0
     pace = pieces[stages.index(slowest)]
     slots = {kind: _slot(pace, kind, v=v, send_s=send_s)[0] * v for kind in LETTER}
+    units, reruns_s = stage_rerun_units(plan, slowest)
+    mean_rerun_s = reruns_s / m / v  # the re-runs a uniform backward slot of one chunk holds
     timeline = simulate(
         schedule=schedule,
         pp=p,
         m=m,
         v=v,
         forward_s=[slots["forward"]] * p,
-        backward_s=[slots["backward"] + slots["weight"]] * p,
+        backward_s=[slots["weight"] + max(0.0, slots["backward"] - reruns_s / m)] * p,
         weight_s=[slots["weight"]] * p if split else None,
         pair_saved_s=[pair_saved_s(a2a_pair_phases(slowest.blocks), v=v)] * p if pairs else None,
+        rerun_s=units,
     )
     spans: list[Span] = []
     trios: list[list] = [[] for _ in range(p)]
@@ -130,7 +133,7 @@ def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, flo
                 spans += pair_spans(trios[seg.stage], pieces[seg.stage], phases, plan=plan, send_s=send_s)
                 trios[seg.stage] = []
         elif seg.kind in LETTER:
-            spans += _chunk_spans(seg, pieces[seg.stage], plan=plan, send_s=send_s)
+            spans += _chunk_spans(seg, pieces[seg.stage], plan=plan, send_s=send_s, mean_rerun_s=mean_rerun_s)
     end = max(pipeline_end_s(cost, plan, slowest), max((s.end_s for s in spans), default=0.0))
     by_stage: list[list[Span]] = [[] for _ in range(p)]
     for span in spans:
@@ -141,13 +144,18 @@ def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, flo
     return spans
 
 
-def _chunk_spans(seg, pieces: StagePieces, *, plan: Plan, send_s: float) -> list[Span]:
-    """A chunk's own pieces from its slot's start, its send, and the hidden all-to-all under its compute."""
+def _chunk_spans(seg, pieces: StagePieces, *, plan: Plan, send_s: float, mean_rerun_s: float = 0.0) -> list[Span]:
+    """A chunk's own pieces from its slot's start, its send, and the hidden all-to-all under its compute; a V
+    schedule's backward halves draw their own re-runs (``seg.rerun_s``) in place of the mean ``mean_rerun_s`` a
+    uniform backward slot holds (report/timeline.py ``v_stage_passes``)."""
     v, p = plan.virtual_stages, plan.pp
     shape = v_shaped(plan.schedule)
     chunk = chunk_index(stage=seg.stage, local=seg.chunk, pp=p, v_shape=shape)
     name = chunk_name(seg.kind, seg.microbatch, chunk)
     _, drawn = _slot(pieces, seg.kind, v=v, send_s=send_s)
+    if seg.rerun_s or (mean_rerun_s and seg.kind == "backward"):
+        held = mean_rerun_s if seg.kind == "backward" else 0.0
+        drawn = [("compute", max(0.0, drawn[0][1] + seg.rerun_s - held)), *drawn[1:]]
     spans, cursor = [], seg.start_s
     for thread, seconds in drawn:
         dur = max(0.0, min(seconds, seg.end_s - cursor))  # a stage heavier here than the pace is cut to its slot

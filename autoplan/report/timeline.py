@@ -47,6 +47,7 @@ class Segment:
     start_s: float
     end_s: float
     paired: bool = False  # a half of an overlapped F&B pair (module docstring)
+    rerun_s: float = 0.0  # of its seconds, its recomputed blocks' re-runs placed per pass (``simulate``'s rerun_s)
 
 
 @dataclass
@@ -108,6 +109,25 @@ def v_stage_ops(schedule: str, *, pp: int, stage: int, m: int) -> list[tuple[tup
     return ops
 
 
+def v_stage_passes(schedule: str, *, pp: int, stage: int, m: int) -> list[int]:
+    """Per operation of :func:`v_stage_ops`, the backward passes it runs, in each of which a recomputed block
+    re-runs (cost/pp/reruns.py): a split B's input half and its W one each (chunk 0's B none: torch runs its W as
+    the full backward), a whole backward (an F&B pair's too) one, drawn on its input half; a forward none."""
+    passes = {"F": (0,), "B": (1,), "W": (1,), "BW": (1, 0)}
+    out = []
+    for action in v_order(schedule, pp=pp, m=m)[stage]:
+        parts = [("F", *action[1:3]), ("BW", *action[3:5])] if action[0] == "FB" else [action]
+        out += [0 if name == "B" and chunk == 0 else n for name, chunk, _ in parts for n in passes[name]]
+    return out
+
+
+def looped_stage_passes(order: list[tuple[str, int, int]], *, stage: int) -> list[int]:
+    """Per operation of :func:`zero_bubble_order`'s ``order`` of ``stage``, the backward passes it runs, in each of
+    which a recomputed block re-runs (cost/pp/reruns.py): an input backward and a weight backward one each, chunk
+    0's input backward none (torch runs its W as the full backward), a forward none."""
+    return [int(kind == "weight" or (kind == "backward" and (local, stage) != (0, 0))) for kind, _, local in order]
+
+
 def zero_bubble_order(*, pp: int, stage: int, m: int, v: int) -> list[tuple[str, int, int]]:
     """torch's ScheduleInterleavedZeroBubble (ZB1P) order of ``stage``: (v - 1) r + p - 1 - stage warm-up
     forwards (r micro-batches per round), then one forward and one input backward per step, each step
@@ -152,11 +172,14 @@ def simulate(
     note: str = "",
     weight_s: list[float] | None = None,
     pair_saved_s: list[float] | None = None,
+    rerun_s: tuple[float, ...] = (),
 ) -> Timeline:
     """Simulate one step (module docstring); ``forward_s[k]``/``backward_s[k]`` are stage k's whole
     micro-batch times (all its chunks); ``weight_s[k]``, of ``backward_s[k]``, the weight gradients a
     split-backward schedule runs apart (default: :data:`WEIGHT_SHARE` of it); ``pair_saved_s[k]``: what
-    an overlapped F&B pair of stage k saves (V schedules)."""
+    an overlapped F&B pair of stage k saves (V schedules); ``rerun_s[c]``: a V schedule's one re-run of chunk
+    c per backward pass of a V schedule or interleaved_zb (:func:`v_stage_passes`, :func:`looped_stage_passes`;
+    cost/pp/reruns.py v_rerun_units, looped_rerun_units), beyond ``backward_s``."""
     if len(forward_s) != pp or len(backward_s) != pp:
         raise AutoplanError(
             f"the timeline needs {pp} stage times, got {len(forward_s)}; "
@@ -166,6 +189,11 @@ def simulate(
     paired = [[False] * len(order) for order in orders]
     if pair_saved_s is not None and schedule in V_SCHEDULES:
         paired = [[pair for _, pair in v_stage_ops(schedule, pp=pp, stage=k, m=m)] for k in range(pp)]
+    passes = [[0] * len(order) for order in orders]
+    if rerun_s and schedule in V_SCHEDULES:
+        passes = [v_stage_passes(schedule, pp=pp, stage=k, m=m) for k in range(pp)]
+    elif rerun_s and schedule == "interleaved_zb":
+        passes = [looped_stage_passes(order, stage=k) for k, order in enumerate(orders)]
     done: dict[tuple[str, int, int], float] = {}  # (kind, micro-batch, global chunk) -> arrival at its consumer
     clock, position = [0.0] * pp, [0] * pp
     timeline = Timeline(pp=pp, schedule=schedule, note=note)
@@ -185,7 +213,9 @@ def simulate(
                 pair = paired[k][position[k]]
                 if pair and kind == "backward":
                     duration = max(0.0, duration - pair_saved_s[k])
-                timeline.segments.append(Segment(k, kind, mb, local, start, start + duration, pair))
+                rerun = passes[k][position[k]] * rerun_s[chunk] if passes[k][position[k]] else 0.0
+                duration += rerun
+                timeline.segments.append(Segment(k, kind, mb, local, start, start + duration, pair, rerun))
                 end = start + duration
                 crosses = functools.partial(sent_from_prior, pp=pp, v_shape=v_shaped(schedule))
                 sends = (kind == "forward" and chunk < last and crosses(chunk + 1)) or (

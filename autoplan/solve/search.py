@@ -12,7 +12,7 @@ visited in increasing bound (best-first branch and bound) and pruned once the bo
 
 ``C_min``: one micro-batch's forward + backward, every op divided tp ways, no communication (experts as
 CostModel prices them, cost/bounds.py; under cp 1/cp of the tokens plus each attention's K,V floor); ``b``:
-``bubble_floor`` (zero-bubble: times a floor on (T - 2W) / T; V: f / T), ``b_min`` the group's least, a member's (2)
+``bubble_floor`` (zero-bubble: times a floor on (T - 2W - R) / T; V: f / T), ``b_min`` the group's least, a member's (2)
 no less than (1) at its own b; (2) uses the real stages, smallest send/recv, Adam, ZeRO-1/2 gather and the sync
 nothing hides: never above the priced step. Inside a group the tp_plan comes from the intra-op ILP
 (solve/tp_plan.py, again with its memory row when nothing fits), the stages from solve/pipeline.py; survivors are

@@ -200,8 +200,9 @@ class StageCosts:
 
     def bubble_floor(self, plan: Plan, *, may_offload: bool = True) -> float:
         """Micro-batches of the slowest stage's time (stage_totals') ``plan``'s bubble is at least
-        (cost/pp/schedule.py:bubble_floor), a zero-bubble schedule's from its blocks' (T - 2W) / T at one re-run
-        (a floor: each re-run more raises T and the share), a V schedule's
+        (cost/pp/schedule.py:bubble_floor), a zero-bubble schedule's from its blocks' (T - 2W - R) / T with the most
+        re-runs R a chunk makes (cost/pp/zero_bubble.py bubble_share: the replay's bubble is at least (p - 1)/v
+        (F + B - W) without re-runs, cost/pp/looped_replay.py), a V schedule's
         from their forward share (:meth:`_forward_share`; 0 where the plan ``may_offload`` its activations:
         the copies join T, not the forward)."""
 
@@ -209,14 +210,17 @@ class StageCosts:
             ctx = self.context(plan)
             blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-            parts = [(block_time_s(b, plan.recompute), b.wgrad_s) for b in blocks.values()]
-            outside = [(pre.fwd_s + pre.bwd_s, pre.wgrad_s), (post.fwd_s + post.bwd_s, post.wgrad_s)]
+            again = {layer: most * rerun_s(b, plan.recompute) for layer, b in blocks.items()}
+            parts = [(block_time_s(b, plan.recompute, most), b.wgrad_s, again[k]) for k, b in blocks.items()]
+            outside = [(pre.fwd_s + pre.bwd_s, pre.wgrad_s, 0.0), (post.fwd_s + post.bwd_s, post.wgrad_s, 0.0)]
             return bubble_share(parts + outside)
 
         share = forward_share = 0.0
         if self.bubble_reads_context(plan, may_offload=may_offload):
             if plan.schedule == "interleaved_zb":
-                key = ("bubble_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap)
+                # a block re-runs at most as often as chunk 1 (every chunk but chunk 0's alike: cost/pp/reruns.py)
+                most = plan_forward_reruns(plan, 1) if plan.recompute != "none" else 0.0
+                key = ("bubble_share", *self.context(plan).key, plan.recompute, plan.tp_comm_overlap, most)
                 share = self._memo.get(key, plan.tp_plan, make)
             else:
                 forward_share = self._forward_share(plan)

@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from autoplan.cost.pp.rank_memory import frontier, rank_rows, rank_states
+from autoplan.cost.pp.reruns import v_rerun_units
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import stage_of_chunk
 
@@ -62,6 +63,21 @@ def _unpaired(actions: Sequence[Action], seconds: dict[str, float]) -> Sequence[
     return [half for a in actions for half in ([("F", *a[1:3]), ("BW", *a[3:5])] if a[0] == "FB" else [a])]
 
 
+def _key(action: Action) -> tuple[str, int]:
+    """(kind, the chunk whose backward it runs, or its forward's chunk): what an action's seconds depend on."""
+    return action[0], action[3] if action[0] == "FB" else action[1]
+
+
+def _seconds_of(key: tuple[str, int], seconds: dict[str, float], rerun_s: Sequence[float]) -> float:
+    """An action's seconds: its kind's, and where ``rerun_s`` gives each chunk one re-run of its recomputed blocks,
+    one in each backward pass (cost/pp/reruns.py): a B, a W, a whole BW (an F&B pair's too), none in a forward; the
+    first chunk's B runs none (its W runs its full backward: stage.py ``backward_one_chunk``)."""
+    kind, chunk = key
+    if not rerun_s or kind == "F" or (kind == "B" and chunk == 0):
+        return seconds[kind]
+    return seconds[kind] + rerun_s[chunk]
+
+
 def _produces(action: Action) -> list[tuple[str, int, int]]:
     kind = action[0]
     if kind == "FB":
@@ -70,26 +86,45 @@ def _produces(action: Action) -> list[tuple[str, int, int]]:
 
 
 @lru_cache(maxsize=4096)
-def replay_span_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: float, send_s: float = 0.0) -> float:
-    """The time the last rank finishes one step of V ``schedule`` with one chunk's ``f``, ``b``, ``w`` seconds
-    and ``send_s`` per send between ranks (module docstring), memoised."""
+def replay_span_s(
+    *,
+    schedule: str,
+    pp: int,
+    m: int,
+    f: float,
+    b: float,
+    w: float,
+    send_s: float = 0.0,
+    rerun_s: tuple[float, ...] = (),
+) -> float:
+    """The time the last rank finishes one step of V ``schedule`` with one chunk's ``f``, ``b``, ``w`` seconds,
+    ``send_s`` per send between ranks and ``rerun_s[c]`` per re-run of chunk c's recomputed blocks in each
+    backward pass (:func:`_seconds_of`; empty: none), memoised (module docstring)."""
     seconds = _durations(f, b, w)
     apart = _apart(seconds)
     flat = _v_flat(schedule, pp=pp, m=m, apart=apart)
     if flat is None:  # an F&B pair that overlaps, run whole
-        return max(_replay(_v_steps(schedule, pp=pp, m=m, apart=apart), seconds=seconds, send_s=send_s))
-    return max(_replay_flat(flat, seconds, send_s))
+        steps = _v_steps(schedule, pp=pp, m=m, apart=apart)
+        return max(_replay(steps, seconds=seconds, send_s=send_s, rerun_s=rerun_s))
+    return max(_replay_flat(flat, seconds, send_s, rerun_s))
 
 
 def replay_finish_s(
-    order: Sequence[Sequence[Action]], *, place: Sequence[int], seconds: dict[str, float], send_s: float = 0.0
+    order: Sequence[Sequence[Action]],
+    *,
+    place: Sequence[int],
+    seconds: dict[str, float],
+    send_s: float = 0.0,
+    rerun_s: Sequence[float] = (),
 ) -> list[float]:
-    """Each rank's finish time for ``order`` (one action list per rank) with chunk c on rank ``place[c]`` and
-    ``seconds`` per action kind (module docstring), O(actions): each action starts when its rank's previous
-    one and the actions that make its inputs have ended."""
+    """Each rank's finish time for ``order`` (one action list per rank) with chunk c on rank ``place[c]``,
+    ``seconds`` per action kind and ``rerun_s`` per chunk's re-run in each backward pass (:func:`_seconds_of`),
+    O(actions): each action starts when its rank's previous one and the actions that make its inputs have ended."""
     steps = _steps(order, place=place, apart=_apart(seconds))
     flat = _flat(steps)
-    return _replay(steps, seconds=seconds, send_s=send_s) if flat is None else _replay_flat(flat, seconds, send_s)
+    if flat is None:
+        return _replay(steps, seconds=seconds, send_s=send_s, rerun_s=rerun_s)
+    return _replay_flat(flat, seconds, send_s, rerun_s)
 
 
 def _apart(seconds: dict[str, float]) -> bool:
@@ -116,7 +151,7 @@ def _flat_of(order: Sequence[Sequence[Action]], *, place: Sequence[int]) -> tupl
     """:func:`_flat` of an ``order`` whose actions wait for one input at most, built in one pass: each rank runs
     its actions until one waits for a result not yet made, and resumes when it is (any order in which every
     input comes first replays to the same floats)."""
-    kinds = tuple(sorted({action[0] for actions in order for action in actions}))
+    kinds = tuple(sorted({_key(action) for actions in order for action in actions}))
     index = {kind: k for k, kind in enumerate(kinds)}
     made: dict[tuple, int] = {}
     waiting: dict[tuple, list[int]] = {}  # a result not yet made -> the ranks stopped for it
@@ -131,7 +166,7 @@ def _flat_of(order: Sequence[Sequence[Action]], *, place: Sequence[int]) -> tupl
             if j is None:
                 waiting.setdefault(needs[0], []).append(rank)
                 break
-            out.append((index[action[0]], last[rank], j, bool(needs) and place[needs[0][1]] != rank))
+            out.append((index[_key(action)], last[rank], j, bool(needs) and place[needs[0][1]] != rank))
             last[rank], pos[rank] = len(out), pos[rank] + 1
             for result in _produces(action):
                 made[result] = len(out)
@@ -158,11 +193,11 @@ def _flat(steps: tuple) -> tuple | None:
     return kinds, actions, tuple(new.get(i, 0) for i in last)
 
 
-def _replay_flat(flat: tuple, seconds: dict[str, float], send_s: float) -> list[float]:
+def _replay_flat(flat: tuple, seconds: dict[str, float], send_s: float, rerun_s: Sequence[float] = ()) -> list[float]:
     """:func:`_replay` of :func:`_flat`'s form, the same floats: each action starts at the later of its rank's
-    previous end and its input's arrival (0.0 for none, as the sentinel's end), then adds its kind's seconds."""
+    previous end and its input's arrival (0.0 for none, as the sentinel's end), then adds its seconds."""
     kinds, actions, last = flat
-    durations = [seconds[kind] for kind in kinds]
+    durations = [_seconds_of(key, seconds, rerun_s) for key in kinds]
     end = [0.0]
     append = end.append
     if send_s == 0.0:  # an arrival is its input's end: no end is -0.0, so end + 0.0 is that float
@@ -203,7 +238,7 @@ def _topological(ids: list, prev: list, inputs: list, waits: list) -> list:
     ready, out = [i for i, n in enumerate(left) if n == 0], []
     while ready:
         i = ready.pop()
-        out.append((i, ids[i][1][0], prev[i], inputs[i]))
+        out.append((i, _key(ids[i][1]), prev[i], inputs[i]))
         for k in after[i]:
             left[k] -= 1
             if not left[k]:
@@ -212,7 +247,7 @@ def _topological(ids: list, prev: list, inputs: list, waits: list) -> list:
     return out
 
 
-def _replay(steps: tuple, *, seconds: dict[str, float], send_s: float) -> list[float]:
+def _replay(steps: tuple, *, seconds: dict[str, float], send_s: float, rerun_s: Sequence[float] = ()) -> list[float]:
     order, last = steps
     end = [0.0] * len(order)
     for i, kind, before, inputs in order:
@@ -221,15 +256,21 @@ def _replay(steps: tuple, *, seconds: dict[str, float], send_s: float) -> list[f
             arrive = end[j] + send_s if sent else end[j]
             if arrive > start:
                 start = arrive
-        end[i] = start + seconds[kind]
+        end[i] = start + _seconds_of(kind, seconds, rerun_s)
     return [end[i] if i >= 0 else 0.0 for i in last]
 
 
-def replay_bubble_s(*, schedule: str, pp: int, m: int, f: float, b: float, w: float) -> float:
-    """The idle time of the step beyond a rank's own work, m (F + B + W) of the whole stage (``f``, ``b``, ``w``:
-    a stage's two chunks together, split evenly between them)."""
-    span = replay_span_s(schedule=schedule, pp=pp, m=m, f=f / 2, b=b / 2, w=w / 2)
-    return max(0.0, span - m * (f + b + w))
+def replay_bubble_s(
+    *, schedule: str, pp: int, m: int, f: float, b: float, w: float, rerun_s: tuple[float, float] = (0.0, 0.0),
+    rank: int = 0,
+) -> float:  # fmt: skip
+    """The idle time of the step beyond a rank's own work, m (F + B + W) of the whole stage and its re-runs
+    (``f``, ``b``, ``w``: stage ``rank``'s two chunks together without re-runs, split evenly between them;
+    ``rerun_s``: one re-run of its chunks ``rank`` and 2p - 1 - rank), each backward with its own re-runs
+    (cost/pp/reruns.py v_rerun_units: two where B and W split it, one where it runs whole)."""
+    units, reruns_s = v_rerun_units(schedule, pp=pp, m=m, rank=rank, rerun_s=rerun_s)
+    span = replay_span_s(schedule=schedule, pp=pp, m=m, f=f / 2, b=b / 2, w=w / 2, rerun_s=units)
+    return max(0.0, span - m * (f + b + w) - reruns_s)
 
 
 def v_forward_share(parts: list[tuple[float, float, float]]) -> float:

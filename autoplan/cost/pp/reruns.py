@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 from autoplan.cost.pp.v_orders import v_order
+from autoplan.types.layout import chunks_of_stage, local_chunk, stage_of_chunk
 from autoplan.types.schedules import SPLIT_BACKWARD, V_SCHEDULES
 
 
@@ -49,6 +50,53 @@ def split_backwards(schedule: str, *, pp: int, m: int) -> tuple[int, ...]:
         if action[0] == "B":
             counts[action[1]] += 1
     return tuple(counts)
+
+
+def v_rerun_units(
+    schedule: str, *, pp: int, m: int, rank: int, rerun_s: tuple[float, float]
+) -> tuple[tuple[float, ...], float]:
+    """(per chunk c of V ``schedule``'s 2p, the seconds of one re-run in the replay, cost/pp/replay.py; the step's
+    re-run seconds on every rank), where every rank runs the work of stage ``rank``, whose chunks ``rank`` and
+    2p - 1 - rank re-run once in ``rerun_s`` seconds (their recomputed blocks and collectives).
+
+    A backward of chunk c runs n passes: a split one two (B, W), a whole one one, chunk 0's one, so c's m
+    backwards run n_c = m + s_c passes (chunk 0: m), n_c = m :func:`forward_reruns`. The replay gives every
+    rank that stage's times (cost/pp/schedule.py), its chunk c < p those of chunk ``rank`` and c >= p those of
+    2p - 1 - rank: the stage's re-runs of that chunk, n_rank R, spread over c's own passes,
+
+        unit_c = n_leg R_leg / n_c,        the step's re-runs = n_rank R_0 + n_(2p-1-rank) R_1 on every rank,
+
+    so each split backward takes two units and each whole one one, and the stage's own m backwards of chunk c
+    re-run n_c R_c = m r_c R_c, the price of the step time (cost/stages.py). Empty and 0 without recomputation."""
+    if not any(rerun_s):
+        return (), 0.0
+    splits = split_backwards(schedule, pp=pp, m=m)
+    passes = [m + (splits[c] if c > 0 else 0) for c in range(2 * pp)]
+    leg_s = (passes[rank] * rerun_s[0], passes[2 * pp - 1 - rank] * rerun_s[1])
+    return tuple(leg_s[c >= pp] / passes[c] for c in range(2 * pp)), leg_s[0] + leg_s[1]
+
+
+def looped_rerun_units(
+    *, pp: int, virtual_stages: int, m: int, rerun_s: dict[int, float]
+) -> tuple[tuple[float, ...], float]:
+    """(per chunk c of interleaved_zb's p v, the seconds of one re-run in each of its backward passes in the replay,
+    cost/pp/looped_replay.py; the step's re-run seconds on every rank), where every rank runs the work of the stage k
+    whose chunks k + j p re-run once in ``rerun_s[k + j p]`` seconds (StageTotals.chunk_rerun_s).
+
+    As :func:`v_rerun_units`: chunk c's m backwards run n_c passes, m for chunk 0 and 2 m for the rest (B and W),
+    and rank r's chunk r + j p carries the stage's re-runs of its chunk k + j p spread over its own passes,
+
+        unit_c = n_(k + j p) R_(k + j p) / n_c,       the step's re-runs = sum over j of n_(k + j p) R_(k + j p),
+
+    so each rank's work is the stage's m T and stage k's chunk c re-runs m r_c R_c (:func:`forward_reruns`).
+    Empty and 0 without recomputation."""
+    if not any(rerun_s.values()):
+        return (), 0.0
+    stage, chunks = stage_of_chunk(min(rerun_s), pp=pp), pp * virtual_stages
+    passes = [m if c == 0 else 2 * m for c in range(chunks)]
+    own = chunks_of_stage(stage, pp=pp, virtual_stages=virtual_stages)  # its chunk on each leg j
+    legs = [passes[c] * rerun_s.get(c, 0.0) for c in own]
+    return tuple(legs[local_chunk(c, pp=pp)] / passes[c] for c in range(chunks)), sum(legs)
 
 
 def plan_forward_reruns(plan: Any, chunk: int) -> float:

@@ -4,8 +4,9 @@
 With p stages, m micro-batches and v model chunks per device:
 
     bubble = (p - 1) / v * T_max                          Narayanan et al. SC'21 section 2.2 (v = 1: GPipe, 1F1B)
-    zero-bubble schedules (B and W apart): autoplan/cost/pp/zero_bubble.py; V schedules (zbv, dualpipev): the
-        replay of their order (autoplan/cost/pp/replay.py), bubble and in flight
+    zero-bubble schedules (B and W apart): interleaved_zb's bubble the replay of torch's order
+        (autoplan/cost/pp/looped_replay.py), in flight autoplan/cost/pp/zero_bubble.py; V schedules (zbv,
+        dualpipev): the replay of their order (autoplan/cost/pp/replay.py), bubble and in flight
     in flight on stage i: GPipe m (Huang et al. 2019); 1F1B min(p - i, m) (Narayanan section 2.2.1);
         interleaved min(2 (p - i - 1) + (v - 1) p + 1, v m) chunks of 1/v of the stage
         (Megatron-LM's warm-up count; Korthikanti et al. 2022 section 4.2.3 for stage 0); one more under
@@ -24,8 +25,10 @@ reverse layer order on one stream:
 from __future__ import annotations
 
 from autoplan.cost.moe.a2a_overlap import extra_forwards
+from autoplan.cost.pp.looped_replay import looped_zb_bubble_s
 from autoplan.cost.pp.replay import held_at_peak, replay_bubble_s
-from autoplan.cost.pp.zero_bubble import zero_bubble_in_flight, zero_bubble_s
+from autoplan.cost.pp.reruns import looped_rerun_units, v_rerun_units
+from autoplan.cost.pp.zero_bubble import zero_bubble_in_flight
 from autoplan.cost.stages import StageTotals
 from autoplan.errors import PlanError
 from autoplan.types.plan import Plan
@@ -49,27 +52,59 @@ def balanced_stages(layers: list[str], chunks: int) -> list[list[str]]:
     return stages
 
 
-def pipeline_bubble_s(plan: Plan, *, micro_batch_s: float, wgrad_s: float, forward_s: float = 0.0) -> float:
+def pipeline_bubble_s(
+    plan: Plan, *, micro_batch_s: float, wgrad_s: float, forward_s: float = 0.0, rerun_s: dict[int, float] | None = None
+) -> float:
     """The plan's pipeline bubble from its slowest stage's micro-batch seconds (module docstring), of
     which ``wgrad_s`` is weight gradients (what a zero-bubble schedule defers into the bubble) and
-    ``forward_s`` the forward (a V schedule's replay times F, B and W apart)."""
-    p, v = plan.pp, plan.virtual_stages
+    ``forward_s`` the forward (the zero-bubble and V schedules' replays time F, B and W apart, and each backward's
+    re-runs from ``rerun_s``, one re-run of each of the stage's recomputed chunks: StageTotals.chunk_rerun_s)."""
+    p, v, m = plan.pp, plan.virtual_stages, plan.num_microbatches
     if plan.schedule in V_SCHEDULES:
-        backward_s = max(0.0, micro_batch_s - forward_s - wgrad_s)
+        rank, legs = _v_legs(rerun_s or {}, pp=p)
+        _, reruns_s = v_rerun_units(plan.schedule, pp=p, m=m, rank=rank, rerun_s=legs)
+        backward_s = max(0.0, micro_batch_s - forward_s - wgrad_s - reruns_s / m)
         return replay_bubble_s(
-            schedule=plan.schedule, pp=p, m=plan.num_microbatches, f=forward_s, b=backward_s, w=wgrad_s
+            schedule=plan.schedule, pp=p, m=m, f=forward_s, b=backward_s, w=wgrad_s, rerun_s=legs, rank=rank
         )
     if plan.schedule in ZERO_BUBBLE:
-        return zero_bubble_s(
-            schedule=plan.schedule, pp=p, virtual_stages=v, micro_batch_s=micro_batch_s, wgrad_s=wgrad_s
-        )
+        _, reruns_s = looped_rerun_units(pp=p, virtual_stages=v, m=m, rerun_s=rerun_s or {})
+        backward_s = max(0.0, micro_batch_s - forward_s - wgrad_s - reruns_s / m)
+        return looped_zb_bubble_s(pp=p, virtual_stages=v, m=m, f=forward_s, b=backward_s, w=wgrad_s, rerun_s=rerun_s)
     return (p - 1) / v * micro_batch_s
+
+
+def _v_legs(rerun_s: dict[int, float], *, pp: int) -> tuple[int, tuple[float, float]]:
+    """(the stage, one re-run of its chunks on the V's two legs: chunk ``stage`` and 2p - 1 - stage) of a stage's
+    {chunk: one re-run's seconds}; (0, (0, 0)) for a stage without recomputation."""
+    if not rerun_s:
+        return 0, (0.0, 0.0)
+    stage = min(c if c < pp else 2 * pp - 1 - c for c in rerun_s)
+    return stage, (rerun_s.get(stage, 0.0), rerun_s.get(2 * pp - 1 - stage, 0.0))
+
+
+def stage_rerun_units(plan: Plan, stage: StageTotals) -> tuple[tuple[float, ...], float]:
+    """(per chunk, one re-run's seconds in each backward pass of the replay; the step's re-run seconds of a rank)
+    of a replayed ``plan`` (a V schedule's or interleaved_zb's) whose ranks all run ``stage``'s work
+    (cost/pp/reruns.py v_rerun_units, looped_rerun_units; empty and 0 without recomputation or replay): what
+    report/step_layout.py draws."""
+    p, m = plan.pp, plan.num_microbatches
+    if plan.schedule in ZERO_BUBBLE:
+        return looped_rerun_units(pp=p, virtual_stages=plan.virtual_stages, m=m, rerun_s=stage.chunk_rerun_s)
+    if plan.schedule not in V_SCHEDULES:
+        return (), 0.0
+    rank, legs = _v_legs(stage.chunk_rerun_s, pp=p)
+    return v_rerun_units(plan.schedule, pp=p, m=m, rank=rank, rerun_s=legs)
 
 
 def stage_bubble_s(plan: Plan, slowest: StageTotals) -> float:
     """:func:`pipeline_bubble_s` of the plan's ``slowest`` stage."""
     return pipeline_bubble_s(
-        plan, micro_batch_s=slowest.micro_batch_s, wgrad_s=slowest.wgrad_s, forward_s=slowest.forward_s
+        plan,
+        micro_batch_s=slowest.micro_batch_s,
+        wgrad_s=slowest.wgrad_s,
+        forward_s=slowest.forward_s,
+        rerun_s=slowest.chunk_rerun_s,
     )
 
 
@@ -77,7 +112,7 @@ def bubble_floor(
     *, schedule: str, pp: int, virtual_stages: int, share: float = 0.0, forward_share: float = 0.0
 ) -> float:
     """Micro-batches of the slowest stage's time the bubble is at least (the search's bounds): (p - 1) / v;
-    a zero-bubble schedule's (p - 1) / v times ``share``, a floor on (T - 2W) / T of every stage
+    a zero-bubble schedule's (p - 1) / v times ``share``, a floor on (T - 2W - R) / T of every stage (R its re-runs)
     (:func:`autoplan.cost.pp.zero_bubble.bubble_share`; 0 when not known); a V schedule's (p - 1) / v times
     ``forward_share``, a floor on the slowest stage's f / T (:func:`autoplan.cost.pp.replay.v_forward_share`; 0
     when not known).

@@ -2,15 +2,14 @@
 
 With p stages, v chunks per stage, m micro-batches, and one micro-batch's whole-stage times F (forward),
 B (input gradients), W (weight gradients; cost/pp/split_backward.py), where 1F1B's bubble is
-(p - 1)(F + B + W) / v:
+(p - 1)(F + B + W) / v, torch's ScheduleInterleavedZeroBubble (ZB1P) replays to (cost/pp/looped_replay.py)
 
-    interleaved_zb (torch's ScheduleInterleavedZeroBubble, ZB1P):  bubble = (p - 1)(F + B - W) / v
+    interleaved_zb:  bubble = (p - 1) max(F, B, F + B - W) / v         (without recomputation)
 
-Qi et al. ICLR'24 section 2.1: ZB-H1's bubble is a third of 1F1B's at T_F = T_B = T_W, each stage
-filling its p - 1 cool-down slots with deferred Ws; deepseek-ai/DualPipe's table writes it
-(p - 1)(F + B - 2W) with B the whole backward (B + W here). Simulating the action list torch builds
-(``pipeline_order``) with these times gives this bubble for v = 1 and, divided by v, for v > 1
-(tests/unit/cost/test_zero_bubble.py checks it against torch's schedule).
+Qi et al. ICLR'24 section 2.1: ZB-H1's bubble (p - 1)(F + B - W), a third of 1F1B's at T_F = T_B = T_W, each
+stage filling its p - 1 cool-down slots with deferred Ws; deepseek-ai/DualPipe's table writes it
+(p - 1)(F + B - 2W) with B the whole backward (B + W here). A W above F or B leaves idle slots the Ws cannot fill.
+Under recomputation the order is replayed with each backward pass's re-runs.
 
 In flight: torch's stage_backward_input keeps the stage's autograd graph (every saved activation) until
 the W of that micro-batch runs, and ZB1P starts the Ws only after (v - 1) r + p - 1 - stage warm-up
@@ -31,13 +30,6 @@ from autoplan.types.plan import Plan
 from autoplan.types.schedules import V_SCHEDULES, ZERO_BUBBLE, zero_bubble_rounds
 
 
-def zero_bubble_s(*, schedule: str, pp: int, virtual_stages: int, micro_batch_s: float, wgrad_s: float) -> float:
-    """The bubble of a zero-bubble ``schedule`` (module docstring): ``micro_batch_s`` is F + B + W (with
-    the stage's collectives and recomputation), ``wgrad_s`` is W."""
-    assert schedule in ZERO_BUBBLE, schedule
-    return (pp - 1) / virtual_stages * max(0.0, micro_batch_s - 2.0 * wgrad_s)
-
-
 def zero_bubble_in_flight(*, pp: int, num_microbatches: int, virtual_stages: int) -> float:
     """Micro-batches of activations a zero-bubble schedule holds on every stage (module docstring)."""
     m, v = num_microbatches, virtual_stages
@@ -55,7 +47,10 @@ def pending_weight_grads(plan: Plan, stage: int) -> float:
     return (stage + 1) / plan.virtual_stages if plan.schedule in ZERO_BUBBLE and plan.pp > 1 else 0.0
 
 
-def bubble_share(parts: list[tuple[float, float]]) -> float:
-    """A floor on (T - 2W) / T of any stage built from ``parts`` ((time_s, wgrad_s) of each block and of the
-    outside nodes): the least of the parts' own, since a stage's T - 2W is the sum of its parts'."""
-    return min((max(0.0, 1.0 - 2.0 * w / t) for t, w in parts if t > 0), default=0.0)
+def bubble_share(parts: list[tuple[float, float, float]]) -> float:
+    """A floor on (T - 2W - R) / T of any stage built from ``parts`` ((time_s, wgrad_s, reruns_s) of each block,
+    its time with the most re-runs any chunk makes and those re-runs, and of the outside nodes, R = 0): the least
+    of the parts' own, as a stage's T - 2W - R is the sum of its parts' and its T at most theirs (a chunk re-runs
+    a block at most that often; the offload copies, if any, add to both). T - 2W - R = F + B - W with B, W without
+    their re-runs, which interleaved_zb's bubble is at least (p - 1)/v times (cost/pp/looped_replay.py)."""
+    return min((max(0.0, 1.0 - (2.0 * w + r) / t) for t, w, r in parts if t > 0), default=0.0)

@@ -80,13 +80,17 @@ def _held(actions: list) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("pp,v,m", [(2, 1, 4), (4, 1, 8), (4, 1, 6), (4, 2, 8), (4, 2, 6), (2, 3, 3), (8, 2, 12)])
-@pytest.mark.parametrize("f,b,w", [(1.0, 1.0, 1.0), (1.0, 1.2, 0.8), (1.0, 2.0, 0.5)])
+@pytest.mark.parametrize(
+    "f,b,w", [(1.0, 1.0, 1.0), (1.0, 1.2, 0.8), (1.0, 2.0, 0.5), (0.5, 1.0, 1.5), (1.0, 0.4, 0.9), (0.3, 0.2, 2.0)]
+)
 def test_the_bubble_is_torchs_schedule_replayed(pp, v, m, f, b, w):
-    """(p - 1)(F + B - W) / v: the idle time of torch's own action list, timed with a stage's F, B, W."""
+    """(p - 1) max(F, B, F + B - W) / v: the idle time of torch's own action list, timed with a stage's F, B, W;
+    (p - 1)(F + B - W) / v, the form priced until 2026-12, only where W <= min(F, B) (the last three cases not)."""
     order = _torch_order(pp=pp, v=v, m=m)
     span = _replay(order, chunks=pp * v, f=f / v, b=b / v, w=w / v)
     plan = _plan(pp=pp, num_microbatches=m, schedule="interleaved_zb", virtual_stages=v)
-    assert pipeline_bubble_s(plan, micro_batch_s=f + b + w, wgrad_s=w) == pytest.approx(span - m * (f + b + w))
+    priced = pipeline_bubble_s(plan, micro_batch_s=f + b + w, wgrad_s=w, forward_s=f)
+    assert priced == pytest.approx(span - m * (f + b + w))
 
 
 @pytest.mark.parametrize("pp,v,m", [(2, 1, 4), (4, 1, 8), (4, 1, 6), (4, 2, 8), (4, 2, 6), (2, 3, 3), (8, 2, 12)])
