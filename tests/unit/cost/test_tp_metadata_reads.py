@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from synthetic import synthetic_profile
 
 from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.tp.block import analyse_block
 from autoplan.cost.tp.default import default_tp_plan
 from autoplan.cost.tp.splits import TPContext, block_messages
 from autoplan.trace import trace
@@ -76,3 +77,29 @@ def test_rotary_tables_cast_to_q_dtype_gather_nothing(sp):
     stream = B * S * HEADS * D * 4  # fp32
     expected = {"all_gather": [1, stream], "reduce_scatter": [1, stream]} if sp else {"all_reduce": [1, stream]}
     assert fwd == expected  # no gather of q's or k's shards
+
+
+class _BufferTables(torch.nn.Module):
+    """The tables as buffers: their cast ``cos.to(q.dtype)`` reads nothing but q's dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_RotaryAttention(cast=True) for _ in range(2))
+        angles = torch.outer(torch.arange(S, dtype=torch.float32), torch.ones(D))
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x, self.cos, self.sin)
+        return x
+
+
+def test_a_cast_to_q_dtype_does_not_descend_from_q():
+    # it runs whole on every rank (a table), not on q's head shard
+    graph = trace(
+        _BufferTables(), (torch.randn(B, S, HEADS * D),), loss_fn=lambda out, _: out.sum(), target=None, model_name="b"
+    )
+    block = analyse_block(graph, graph.layers[0])
+    casts = [n.name for n in block.nodes if n.target == "to"]
+    assert casts and not any(name in block.origins for name in casts)
