@@ -138,7 +138,7 @@ def _origins(
     """Pure preserving nodes and the parameterised nodes they descend from."""
     origins: dict[str, frozenset[str]] = {}
     for node in nodes:
-        if node.name in params or node.op not in PRESERVING:
+        if node.name in params or node.op not in PRESERVING or not carries_values(node):
             continue
         found: set[str] = set()
         impure = False
@@ -152,6 +152,15 @@ def _origins(
         if found and not impure:
             origins[node.name] = frozenset(found)
     return origins
+
+
+def carries_values(node: OpNode) -> bool:
+    """Whether ``node`` outputs a tensor. One that outputs none reads its input's metadata (``x.dtype``,
+    ``x.shape``) or checks it (torch.export's ``_assert_tensor_metadata``): a consumer of it, such as the rotary
+    tables' ``cos.to(q.dtype)`` (examples/llama.py, Hugging Face's Llama), reads none of the input's values, so
+    it neither descends from the input's parameterised origin nor is a sink of it that the origin's shards must
+    be gathered for. Reading a DTensor's dtype or shape sends nothing."""
+    return bool(node.output_bytes)
 
 
 def _broadcast_side(source: OpNode, node: OpNode) -> bool:
@@ -169,7 +178,7 @@ def _walk_origin(graph: Graph, block: BlockAnalysis, u: str, inside: set[str], s
         consumers = succs[name]
         to_output = to_output or not consumers
         for c in consumers:
-            if not succs[c] and not graph.node(c).output_bytes:  # a check that outputs nothing (an assert) is no sink
+            if not carries_values(graph.node(c)):  # x.dtype, x.shape, an assert: none of u's values go on
                 continue
             if c in params and c in inside:
                 block.has_targets.add(u)
