@@ -1,0 +1,29 @@
+"""cost/pp/rank_memory.py ``rank_floors`` (the memory floors read from a rank's rows, without the frontier)
+against the same floors taken over the frontier (``rank_states``), as the search took them before: equal, ties
+included, on a sample of every (schedule, pp, v, m, rank) torch runs and on every rank of the largest pipelines."""
+
+from __future__ import annotations
+
+import random
+
+from test_rank_states_fast import _grid
+
+from autoplan.cost.pp.rank_memory import group_sizes, rank_floors, rank_states
+
+
+def _on_the_frontier(case: dict) -> tuple:
+    """(held_floor, most_sent, held_at_peak) over the frontier's states (the search's floors before rank_floors)."""
+    sizes = group_sizes(**{k: v for k, v in case.items() if k != "m"})
+    states, g = rank_states(**case), len(sizes)
+    most = max(states, key=lambda state: (sum(state[:g]), sum(state[g : 2 * g])))
+    floor = min(n / s for n, s in zip(most[:g], sizes)), min(n / s for n, s in zip(most[g : 2 * g], sizes))
+    peak = max(states, key=lambda state: (sum(state[:g]), sum(state[g : 2 * g]), state[2 * g]))
+    return floor, max(state[2 * g] for state in states), (sum(peak[:g]), sum(peak[g : 2 * g]))
+
+
+def test_rank_floors_are_the_frontiers_on_every_schedule_torch_runs():
+    grid = _grid()
+    cases = random.Random(1).sample(grid, 500) + [c for c in grid if c["pp"] == 16 and c["m"] in (16, 33, 64)]
+    for case in cases:
+        floors = rank_floors(**case)
+        assert (floors.held_floor, floors.most_sent, floors.held_at_peak) == _on_the_frontier(case), case
