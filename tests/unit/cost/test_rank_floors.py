@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+import pytest
 from test_rank_states_fast import _grid
 
-from autoplan.cost.pp.rank_memory import group_sizes, rank_floors, rank_states
+from autoplan.cost.pp.rank_memory import _rows, group_sizes, rank_floors, rank_rows, rank_states
 
 
 def _on_the_frontier(case: dict) -> tuple:
@@ -27,3 +29,14 @@ def test_rank_floors_are_the_frontiers_on_every_schedule_torch_runs():
     for case in cases:
         floors = rank_floors(**case)
         assert (floors.held_floor, floors.most_sent, floors.held_at_peak) == _on_the_frontier(case), case
+
+
+def test_a_ranks_rows_are_built_once_read_only_and_as_built_afresh():
+    """The floors and a price's rank_states read one (held) copy of a rank's rows, which nobody can edit."""
+    case = dict(schedule="interleaved_zb", pp=4, virtual_stages=2, m=8, rank=1)
+    first = rank_rows(**case)
+    assert rank_rows(**dict(reversed(list(case.items())))) is first  # whatever the keywords' order
+    with pytest.raises(ValueError):
+        first[0, 0] = 99
+    _rows.cache_clear()
+    assert np.array_equal(rank_rows(**case), first)
