@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 
 from autoplan.cost import usable_bytes
 from autoplan.errors import PlanError
-from autoplan.types.activation_offload import check_activation_offload
+from autoplan.types.activation_offload import check_activation_offload, offload_refusal
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -41,7 +41,11 @@ def check_activation_offload_pin(profile: Profile, fixes: dict, runtime: str) ->
 
 
 def _offloaded(plan: Plan) -> Plan | None:
-    """``plan`` with its activations offloaded, or None where the executor cannot run that."""
+    """``plan`` with its activations offloaded, or None where the executor cannot run that: at once where the offload
+    rule refuses it (types/activation_offload.py ``offload_refusal``, which the checked copy's checks would raise on),
+    else where the copy's checks raise."""
+    if offload_refusal(plan) is not None:
+        return None
     try:
         offloaded = replace(plan, offload_activations=True)
     except PlanError:

@@ -7,6 +7,11 @@ solved, so a stage option whose ZeRO choices this rules out costs no partition),
 times (:func:`member_bound`). Each is no less than bound (1) at the schedule's own bubble floor, and the stage times
 are those of ``Search.budgets.timing``: of no recompute where a recompute budget may be fitted to the member
 (solve/recompute_budget.py). ``search`` is a solve/search.py Search.
+
+The memos here live in ``extras``, one dict per best_first.py ``_Choice``: one group and one tp_plan. Their keys
+leave out what a group fixes (its degrees, micro-batch size and count m, precision, sequence parallelism): every
+plan they are asked of is made by that group's Group.plan (num_microbatches = g.m), or is a budgets' timing plan
+that copies it but for its recompute (tests/unit/solve/test_search_memos.py checks one m per dict).
 """
 
 from __future__ import annotations

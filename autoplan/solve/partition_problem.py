@@ -39,6 +39,7 @@ class PartitionProblem:
             [sent_from_prior(c, pp=self.pp, v_shape=True) for c in chunks] if self.v_shape else [c > 0 for c in chunks]
         )
         self._sent = [*sent, False]  # chunk C: past the last
+        self._lists = (self._t.tolist(), self._m.tolist(), self._a.tolist(), self._cut.tolist())  # for totals
 
     def content_key(self) -> tuple:
         """Everything :meth:`evaluate` reads, as bytes: two problems with equal keys have the same partitions at
@@ -85,12 +86,15 @@ class PartitionProblem:
         return float(self._cut[i]) * self.sent(chunk) + float(self._cut[j]) * self.sent(chunk + 1)
 
     def totals(self, bounds: list[int]) -> tuple[list[float], list[float]]:
-        """Per stage, T_k and M_k of the module docstring, chunk c being layers[bounds[c]:bounds[c+1]]."""
+        """Per stage, T_k and M_k of the module docstring, chunk c being layers[bounds[c]:bounds[c+1]]: in Python
+        floats, which round each step as numpy's float64 scalars do (:meth:`chunk_cuts_s`' terms, in its order)."""
         times, used = list(self.extra_time_s), list(self.extra_bytes)
+        t, m, a, cut = self._lists
+        sent = self._sent
         for c in range(self.chunks):
             k, i, j = self.stage_of(c), bounds[c], bounds[c + 1]
-            times[k] += float(self._t[j] - self._t[i]) + self.chunk_cuts_s(c, i, j)
-            used[k] += float(self._m[j] - self._m[i] + self.in_flight[k] * (self._a[j] - self._a[i]))
+            times[k] += (t[j] - t[i]) + (cut[i] * sent[c] + cut[j] * sent[c + 1])
+            used[k] += m[j] - m[i] + self.in_flight[k] * (a[j] - a[i])
         return times, used
 
     def evaluate(self, bounds: list[int]) -> float:

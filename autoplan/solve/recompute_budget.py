@@ -65,11 +65,12 @@ class BudgetBounds:
     def timing(self, plan: Plan, members: Callable[[], list[Plan]] | None = None, *, states_fit=None) -> Plan:
         """The plan whose stage times bound ``plan`` (and its ZeRO and sync variants, which ``members`` makes: they
         share its _shape, so they are made only where that shape fell short). ``states_fit`` is not read: only a
-        priced plan that fit is fitted a budget (:meth:`fitted`); best_first's bounds pass it."""
+        priced plan that fit is fitted a budget (:meth:`fitted`); best_first's bounds pass it. The plan of no
+        recompute is made unchecked (Plan.unchecked), as the search's candidates are: only a bound reads it."""
         if plan.recompute == "none" or _shape(plan) not in self._short_shapes:  # implied by each _member
             return plan
         budgeted = any(_member(p) in self._short for p in (members() if members else [plan]))
-        return replace(plan, recompute="none") if budgeted else plan
+        return Plan.unchecked(**{**plan.__dict__, "recompute": "none"}) if budgeted else plan
 
     def fitted(self, model: CostModel, plan: Plan, feasible: bool) -> Plan | None:
         """Record a priced plan; the plan with its fitted budget to price next, if any (:func:`budgeted`)."""

@@ -178,11 +178,14 @@ class StageCosts:
         times[plan_last_stage(plan)] += post.fwd_s + post.bwd_s + post.tp_fwd_s + post.tp_bwd_s
         params[0] += pre.param_count
         params[plan_last_stage(plan)] += post.param_count
+        reruns = chunk_forward_reruns(plan) if again_of else ()  # each chunk's (reruns.py), where it recomputes
         for index, (stage, chunk) in enumerate(zip(plan_chunk_stages(plan, len(stages)), stages)):
             times[stage] += sum(map(times_of.__getitem__, chunk))  # in the chunk's order, as a generator would
             params[stage] += sum(map(params_of.__getitem__, chunk))
-            more = plan_forward_reruns(plan, index) - 1.0  # the re-runs beyond _block_totals' one (reruns.py)
-            if more and again_of:
+            if not again_of:
+                continue
+            more = (reruns[index] if index < len(reruns) else plan_forward_reruns(plan, index)) - 1.0  # beyond one
+            if more:
                 times[stage] += more * sum(map(again_of.__getitem__, chunk))
         return times, params
 

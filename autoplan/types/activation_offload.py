@@ -30,27 +30,41 @@ def check_activation_offload(plan: Any) -> None:
         raise PlanError(f"plan offload_activations={plan.offload_activations!r}; expected true or false.")
     if not plan.offload_activations:
         return
-    if plan.tp > 1 or plan.cp > 1 or plan.ep > 1:
+    refusal = offload_refusal(plan)
+    if refusal == "parallel":
         raise PlanError(
             f"plan offload_activations=true with {plan.describe()}: the executor offloads plain tensors, and tp, cp "
             "and ep hold DTensor or routed activations; use tp=cp=ep=1 or offload_activations=false."
         )
-    if plan.compile:
+    if refusal == "compile":
         raise PlanError(
             "plan offload_activations=true with compile=true: compiled blocks save their tensors inside inductor's "
             "graph, out of the offload hooks' reach; use compile=false or offload_activations=false."
         )
-    if plan.recompute != "none" and not plan.recompute_blocks:
+    if refusal == "recompute":
         raise PlanError(
             f"plan offload_activations=true with recompute='{plan.recompute}' on every block: a recomputed block "
             "keeps only its checkpoint, so nothing would be offloaded; use recompute='none', a budget "
             "(recompute_blocks), or offload_activations=false."
         )
-    if plan.runtime not in ACTIVATION_OFFLOAD_RUNTIMES:
+    if refusal == "runtime":
         raise PlanError(
             f"plan offload_activations=true with runtime '{plan.runtime}': only autoplan's executor is priced for it "
             "(`autoplan export` writes Megatron-LM's --cpu-offloading from an autoplan plan); use runtime 'autoplan'."
         )
+
+
+def offload_refusal(plan: Any) -> str | None:
+    """Which rule of the module docstring refuses ``plan``'s activations on the host, whatever its
+    ``offload_activations`` says ("parallel", "compile", "recompute" or "runtime"), or None: no message built,
+    so the search can ask it of every plan it bounds (solve/activation_offload.py)."""
+    if plan.tp > 1 or plan.cp > 1 or plan.ep > 1:
+        return "parallel"
+    if plan.compile:
+        return "compile"
+    if plan.recompute != "none" and not plan.recompute_blocks:
+        return "recompute"
+    return "runtime" if plan.runtime not in ACTIVATION_OFFLOAD_RUNTIMES else None
 
 
 def offloaded_blocks(*, recomputed: list[str], blocks: list[str]) -> list[str]:

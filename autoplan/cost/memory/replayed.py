@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_states, state_matrix
+from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_floors, rank_states, state_matrix
 from autoplan.cost.stages import StageTotals
 from autoplan.types.plan import Plan
 from autoplan.types.schedules import RUNTIME_SCHEDULES, TORCH_PIPELINES, V_SCHEDULES
@@ -80,30 +80,14 @@ def _peak(key: tuple, weights: tuple[float, ...]) -> tuple[int, ...]:
                       boundary_bytes=weights[-2], loss_bytes=weights[-1], matrix=state_matrix(**where))  # fmt: skip
 
 
-@lru_cache(maxsize=4096)
-def _held_floor(schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[float, float]:
-    sizes = group_sizes(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
-    states = rank_states(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
-    g = len(sizes)
-    most = max(states, key=lambda state: (sum(state[:g]), sum(state[g : 2 * g])))
-    return min(n / size for n, size in zip(most[:g], sizes)), min(n / size for n, size in zip(most[g : 2 * g], sizes))
-
-
 def held_floor(plan: Plan, index: int) -> tuple[float, float]:
     """Micro-batches of the whole stage (activations, kept gradients) stage ``index`` holds at least at its
     peak, whatever its chunks weigh: at the state holding the most chunks (of those, the most kept gradients),
     the fewest any chunk group holds per chunk (the search's memory floor, cost/memory/in_flight_floor.py)."""
-    return _held_floor(*_key(plan, index).values())
-
-
-@lru_cache(maxsize=4096)
-def _most_sent(schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> int:
-    g = len(group_sizes(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank))
-    states = rank_states(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
-    return max(state[2 * g] for state in states)
+    return rank_floors(**_key(plan, index)).held_floor
 
 
 def most_sent(plan: Plan, index: int) -> int:
     """The most boundary tensors stage ``index`` holds at once over its replayed states (its finished sends and
     receive slots): its peak state holds at least their bytes (the search's memory floor, cost/memory/sent_floor.py)."""
-    return _most_sent(*_key(plan, index).values())
+    return rank_floors(**_key(plan, index)).most_sent

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -57,14 +58,55 @@ def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: in
 
 def rank_rows(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
     """States of ``rank``'s walk, as rows, among which are all of :func:`rank_states` and each of the others
-    is at most one of them (cost/pp/order_states.py computes them at once)."""
+    is at most one of them (cost/pp/order_states.py computes them at once); memoised and read-only: the search's
+    floors read them first (:func:`rank_floors`), and a price's :func:`rank_states` of the same rank after."""
+    return _rows(schedule, pp, virtual_stages, m, rank)
+
+
+@lru_cache(maxsize=4096)  # GPT-1T on 3,072 A100s meets about 3,900, 20 MB of rows in all
+def _rows(schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
     where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
     kinds, chunks = order_halves(m=m, **where)
     group_of = np.zeros(pp * virtual_stages, dtype=np.int64)
     for chunk, group in chunk_groups(**where).items():
         group_of[chunk] = group
     slots = slot_changes(m=m, **where)
-    return order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1, slots=slots)
+    rows = order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1, slots=slots)
+    rows.setflags(write=False)
+    return rows
+
+
+class RankFloors(NamedTuple):
+    """What the search's memory floors and the in-flight counts read of one rank's states (:func:`rank_floors`)."""
+
+    held_floor: tuple[float, float]  # cost/memory/replayed.py held_floor
+    most_sent: int  # cost/memory/replayed.py most_sent
+    held_at_peak: tuple[int, int]  # cost/pp/replay.py held_at_peak
+
+
+@lru_cache(maxsize=None)  # one per (schedule, pp, v, m, rank) a search bounds: a few thousand small tuples
+def rank_floors(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> RankFloors:
+    """:class:`RankFloors` of ``rank``, from :func:`rank_rows` without the frontier (:func:`rank_states`), which the
+    search then builds only for the ranks of the plans it prices. Each is a greatest over the frontier that every
+    row at most a frontier state cannot exceed, so it is the rows' own (tests/unit/cost/test_rank_floors.py holds
+    them to the frontier's):
+
+    - held_floor: at the state with the most chunks held, then kept (of those, the first in the frontier's order,
+      the least (held, kept) in tuple order: a row at most a state with the same sums has its held and kept), the
+      fewest per chunk of any group, held and kept;
+    - most_sent: the most boundary tensors of any state;
+    - held_at_peak: the (held, kept) of the greatest (held, kept, sent), all chunks together."""
+    where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
+    rows, sizes = rank_rows(m=m, **where), group_sizes(**where)
+    g = len(sizes)
+    held, kept, sent = rows[:, :g].sum(axis=1), rows[:, g : 2 * g].sum(axis=1), rows[:, 2 * g]
+    top = held == held.max()
+    top &= kept == kept[top].max()
+    counts = rows[top][:, : 2 * g]
+    most = counts[np.lexsort(counts.T[::-1])[0]].tolist()  # the least (held, kept) in tuple order
+    floor = (min(n / size for n, size in zip(most[:g], sizes)), min(n / size for n, size in zip(most[g:], sizes)))
+    peak = int(np.lexsort((sent, kept, held))[-1])
+    return RankFloors(floor, int(sent.max()), (int(held[peak]), int(kept[peak])))
 
 
 def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:

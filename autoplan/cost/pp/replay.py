@@ -24,9 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-import numpy as np
-
-from autoplan.cost.pp.rank_memory import frontier, rank_rows, rank_states
+from autoplan.cost.pp.rank_memory import frontier, rank_floors, rank_states
 from autoplan.cost.pp.reruns import v_rerun_units
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import stage_of_chunk
@@ -293,13 +291,9 @@ def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int
     return frontier([(a + b, ka + kb, sent) for a, b, ka, kb, sent, _loss in states])
 
 
-@lru_cache(maxsize=None)  # asked per stage of every plan priced (cost/pp/schedule.py in_flight_chunks)
 def held_at_peak(*, schedule: str, pp: int, m: int, rank: int) -> tuple[int, int]:
     """The (held, kept) of the :func:`held_states` state with the most chunks held (and of those the most
     gradients kept, then sent), memoised. The greatest of a set's (held, kept, sent) in that order is at most no
     other, so it is the greatest of the frontier's: it is taken from the walk's rows (rank_memory.py
-    ``rank_rows``) without the frontier."""
-    rows = rank_rows(schedule=schedule, pp=pp, virtual_stages=2, m=m, rank=rank)
-    held, kept, sent = rows[:, 0] + rows[:, 1], rows[:, 2] + rows[:, 3], rows[:, 4]
-    top = int(np.lexsort((sent, kept, held))[-1])
-    return int(held[top]), int(kept[top])
+    ``rank_rows``) without the frontier, with the rank's other floors (rank_memory.py ``rank_floors``)."""
+    return rank_floors(schedule=schedule, pp=pp, virtual_stages=2, m=m, rank=rank).held_at_peak

@@ -26,7 +26,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from autoplan.cost.pp.v_orders import v_order
+import numpy as np
+
+from autoplan.cost.pp.v_orders import v_halves
 from autoplan.types.layout import chunks_of_stage, local_chunk, stage_of_chunk
 from autoplan.types.schedules import SPLIT_BACKWARD, V_SCHEDULES
 
@@ -43,13 +45,14 @@ def forward_reruns(*, schedule: str, pp: int, num_microbatches: int, chunk: int)
 
 @lru_cache(maxsize=None)  # one per (schedule, pp, m) a search meets
 def split_backwards(schedule: str, *, pp: int, m: int) -> tuple[int, ...]:
-    """Per chunk of a V ``schedule``, how many of its m backwards run as B then W (v_order's "B" actions; "BW"
-    and an F&B pair's backward run whole)."""
-    counts = [0] * (2 * pp)
-    for action in (a for rank in v_order(schedule, pp=pp, m=m) for a in rank):
-        if action[0] == "B":
-            counts[action[1]] += 1
-    return tuple(counts)
+    """Per chunk of a V ``schedule``, how many of its m backwards run as B then W: v_order's "B" actions ("BW" and an
+    F&B pair's backward run whole), counted in each rank's halves (v_orders.py ``v_halves``: B is kind 1), built as
+    repeated patterns rather than one action at a time (tests/unit/cost/test_reruns_memo.py holds them equal)."""
+    counts = np.zeros(2 * pp, dtype=np.int64)
+    for rank in range(pp):
+        kinds, chunks = v_halves(schedule, pp=pp, m=m, rank=rank)
+        counts += np.bincount(chunks[kinds == 1], minlength=2 * pp)
+    return tuple(int(n) for n in counts)
 
 
 def v_rerun_units(
@@ -100,10 +103,21 @@ def looped_rerun_units(
 
 
 def plan_forward_reruns(plan: Any, chunk: int) -> float:
-    """:func:`forward_reruns` of ``plan``'s schedule, pp and micro-batches."""
+    """:func:`forward_reruns` of ``plan``'s schedule, pp and micro-batches (of :func:`chunk_forward_reruns`' memo
+    where ``chunk`` is one of the plan's chunks)."""
+    reruns = chunk_forward_reruns(plan)
+    if 0 <= chunk < len(reruns):
+        return reruns[chunk]
     return forward_reruns(schedule=plan.schedule, pp=plan.pp, num_microbatches=plan.num_microbatches, chunk=chunk)
 
 
 def chunk_forward_reruns(plan: Any) -> tuple[float, ...]:
-    """:func:`plan_forward_reruns` of each of ``plan``'s pp * v chunks."""
-    return tuple(plan_forward_reruns(plan, c) for c in range(plan.pp * plan.virtual_stages))
+    """:func:`forward_reruns` of each of ``plan``'s pp * v chunks, memoised on what it reads (schedule, pp, v, m):
+    the search asks it of every plan it bounds, each chunk of each (a million calls on GPT-1T)."""
+    return _chunk_reruns(plan.schedule, plan.pp, plan.virtual_stages, plan.num_microbatches)
+
+
+@lru_cache(maxsize=None)  # one per (schedule, pp, v, m) a search meets
+def _chunk_reruns(schedule: str, pp: int, virtual_stages: int, m: int) -> tuple[float, ...]:
+    kw = dict(schedule=schedule, pp=pp, num_microbatches=m)
+    return tuple(forward_reruns(**kw, chunk=c) for c in range(pp * virtual_stages))

@@ -34,3 +34,35 @@ def test_step_extras_read_no_schedule_recompute_or_stages():
                         compared += 1
                 assert len(floored) == len(unfloored) == len(states) == 1, (g, zero, grads, overlap, floored, states)
     assert compared > 100
+
+
+def test_each_member_bound_memo_sees_one_group_so_one_micro_batch_count(monkeypatch):
+    """member_bounds' memos (``extras``: _per_overlap, _bubble_floor, _stage_totals, member_bound's extras) leave
+    out m and every other field a group fixes: one dict per _Choice (best_first.py), so per group and tp_plan, and
+    every plan asked with it is that group's (Group.plan: num_microbatches = g.m; the budgets' timing plans copy
+    it). A search with several m per degrees (micro-batch sizes 1, 2, 4) checks that each dict meets one m."""
+    from autoplan.solve import member_bounds
+
+    seen: dict[int, set] = {}
+    kept = []  # the dicts, held so that their ids stay theirs
+
+    def spy(name, at):
+        original = getattr(member_bounds, name)
+
+        def wrapped(search, g, plan, *args):
+            extras = args[at]
+            kept.append(extras)
+            seen.setdefault(id(extras), set()).add((g, g.m, plan.num_microbatches))
+            return original(search, g, plan, *args)
+
+        monkeypatch.setattr(member_bounds, name, wrapped)
+
+    spy("whatever_the_stages", -2)  # (..., dp_choices, extras, sends)
+    spy("member_bound", -1)  # (..., at, extras)
+    graph = synthetic_gpt(layers=8, hidden=512, heads=8, vocab=8000, seq=256, batch=32)
+    options = SearchOptions(devices=8, batch_size=32, keep=5)
+    Search(graph, synthetic_profile(memory_bytes=8 * 2**30), options).run()
+    assert len(seen) > 5 and len({m for marks in seen.values() for _, m, _ in marks}) > 2
+    assert all(type(kept_dict) is dict for kept_dict in kept)
+    for marks in seen.values():
+        assert len(marks) == 1 and all(g_m == m for _, g_m, m in marks), marks
