@@ -19,6 +19,11 @@ alike (selective's re-run runs no matmul: its policy serves their outputs). Whic
   rest of its m backwards are whole (steps 4-6: FULL_BACKWARD, OVERLAP_F_B's): 1 + splits / m, counted in
   cost/pp/v_orders.py's copy of torch's order (tests/unit/cost/test_recompute_reruns.py checks both against
   torch's ``pipeline_order``).
+
+The split backwards of a V schedule are counted in each rank's halves (v_orders.py ``v_halves``: an F&B pair's
+backward is whole, as in ``v_order``), built as repeated patterns in O(p) numpy steps per rank, not O(m) actions:
+a search meets a hundred (schedule, pp, m). A plan's re-runs per chunk read its schedule, pp, virtual stages and
+micro-batches alone, and are kept per those.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from autoplan.cost.pp.v_orders import v_order
+import numpy as np
+
+from autoplan.cost.pp.v_orders import v_halves
 from autoplan.types.schedules import SPLIT_BACKWARD, V_SCHEDULES
 
 
@@ -43,12 +50,12 @@ def forward_reruns(*, schedule: str, pp: int, num_microbatches: int, chunk: int)
 @lru_cache(maxsize=None)  # one per (schedule, pp, m) a search meets
 def split_backwards(schedule: str, *, pp: int, m: int) -> tuple[int, ...]:
     """Per chunk of a V ``schedule``, how many of its m backwards run as B then W (v_order's "B" actions; "BW"
-    and an F&B pair's backward run whole)."""
-    counts = [0] * (2 * pp)
-    for action in (a for rank in v_order(schedule, pp=pp, m=m) for a in rank):
-        if action[0] == "B":
-            counts[action[1]] += 1
-    return tuple(counts)
+    and an F&B pair's backward run whole), counted in each rank's halves (kind code 1: B; module docstring)."""
+    counts = np.zeros(2 * pp, dtype=np.int64)
+    for rank in range(pp):
+        kinds, chunks = v_halves(schedule, pp=pp, m=m, rank=rank)
+        counts += np.bincount(chunks[kinds == 1], minlength=2 * pp)
+    return tuple(int(c) for c in counts)
 
 
 def plan_forward_reruns(plan: Any, chunk: int) -> float:
@@ -57,5 +64,11 @@ def plan_forward_reruns(plan: Any, chunk: int) -> float:
 
 
 def chunk_forward_reruns(plan: Any) -> tuple[float, ...]:
-    """:func:`plan_forward_reruns` of each of ``plan``'s pp * v chunks."""
-    return tuple(plan_forward_reruns(plan, c) for c in range(plan.pp * plan.virtual_stages))
+    """:func:`plan_forward_reruns` of each of ``plan``'s pp * v chunks, kept per the fields they read."""
+    return _chunk_reruns(plan.schedule, plan.pp, plan.virtual_stages, plan.num_microbatches)
+
+
+@lru_cache(maxsize=None)  # a few hundred (schedule, pp, v, m) a search meets, asked per plan and bound
+def _chunk_reruns(schedule: str, pp: int, virtual_stages: int, m: int) -> tuple[float, ...]:
+    chunks = range(pp * virtual_stages)
+    return tuple(forward_reruns(schedule=schedule, pp=pp, num_microbatches=m, chunk=c) for c in chunks)
