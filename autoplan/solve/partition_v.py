@@ -75,7 +75,9 @@ def _stage_step(problem: PartitionProblem, k: int, best: np.ndarray, ceiling: fl
     first, first_bytes = _chunk_terms(problem, k, k)
     second, second_bytes = _chunk_terms(problem, 2 * p - 1 - k, k)
     first, first_bytes = problem.extra_time_s[k] + first, problem.extra_bytes[k] + first_bytes
-    second = np.where(np.less.outer(np.arange(L + 1), np.arange(L + 1)), second, INF)  # y' < y, or none
+    inward = np.less.outer(np.arange(L + 1), np.arange(L + 1))
+    first = np.where(inward, first, INF)  # x < x', or none
+    second = np.where(inward, second, INF)  # y' < y, or none
     terms = (first, first_bytes, second, second_bytes)
     stepped = _sparse_step(problem, k, best, np.flatnonzero(best < INF), terms, ceiling) if ceiling < INF else None
     return stepped if stepped is not None else _dense_step(problem, k, best, terms)
@@ -121,7 +123,7 @@ def _sparse_step(
     first, first_bytes, second, second_bytes = terms
     span = np.arange(L + 1)
     xs, ys = np.divmod(sources, L + 1)
-    x_ok = ((first[xs] <= ceiling) & (span[None, :] > xs[:, None])).any(axis=0)
+    x_ok = (first[xs] <= ceiling).any(axis=0)  # first is inf unless x < x'
     x_ok &= (span >= k + 1) & (span < L - 2 * p + k + 2)
     y_ok = (second[:, ys] <= ceiling).any(axis=1) & (span < L - k)  # second is inf unless y' < y
     last = k == p - 1
@@ -132,16 +134,21 @@ def _sparse_step(
     out, came_from = np.full((L + 1, L + 1), INF), np.zeros((L + 1, L + 1), dtype=np.int64)
     if to_x.size == 0 or sources.size == 0:
         return out, came_from
-    x, y, x_next, y_next = xs[None, :], ys[None, :], to_x[:, None], to_y[:, None]
-    time = first[x, x_next] + second[y_next, y]
+    time = _cells(first.T, to_x, xs) + _cells(second, to_y, ys)  # first[x, x'] + second[y', y]: inf unless inward
     value = np.maximum(best.ravel()[sources][None, :], time, out=time)
     if problem.capacity_bytes != INF:
-        value = np.where(first_bytes[x, x_next] + second_bytes[y_next, y] <= problem.capacity_bytes, value, INF)
-    value = np.where(x < x_next, value, INF)
+        used = _cells(first_bytes.T, to_x, xs) + _cells(second_bytes, to_y, ys)
+        value = np.where(used <= problem.capacity_bytes, value, INF)
     pick = np.argmin(value, axis=1)
     out[to_x, to_y] = value[np.arange(to_x.size), pick]
     came_from[to_x, to_y] = sources[pick]
     return out, came_from
+
+
+def _cells(table: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``table[rows[t], cols[s]]`` per (t, s), taken one axis at a time: the same floats as the broadcast fancy
+    index, several times faster at the sparse step's thousands of cells."""
+    return np.take(np.take(table, rows, axis=0), cols, axis=1)
 
 
 def _ceiling(problem: PartitionProblem, hints: Sequence[list[int]]) -> float:
