@@ -60,12 +60,22 @@ def partition_v(problem: PartitionProblem, *, hints: Sequence[list[int]] = ()) -
 def _chunk_terms(problem: PartitionProblem, chunk: int, stage: int) -> tuple[np.ndarray, np.ndarray]:
     """(time, bytes)[i, j] of chunk ``chunk`` = layers[i:j] on ``stage``, its cuts included, summed as
     PartitionProblem.totals sums them."""
-    t, m, a, cut = problem._t, problem._m, problem._a, problem._cut
+    spans, cut = _spans(problem), problem._cut
     receive, send = float(problem.sent(chunk)), float(problem.sent(chunk + 1))
-    time = (t[None, :] - t[:, None]) + (cut[:, None] * receive + cut[None, :] * send)
-    flight = problem.in_flight[stage]
-    used = (m[None, :] - m[:, None]) + flight * (a[None, :] - a[:, None])
+    time = spans[0] + (cut[:, None] * receive + cut[None, :] * send)
+    used = spans[1] + problem.in_flight[stage] * spans[2]
     return time, used
+
+
+def _spans(problem: PartitionProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time, static bytes, activation bytes)[i, j] of layers[i:j], the prefix sums' differences: the same arrays at
+    every stage and chunk, so kept on the problem (its layers are not changed once built)."""
+    kept = problem.__dict__.get("_v_spans")
+    if kept is None:
+        t, m, a = problem._t, problem._m, problem._a
+        kept = (t[None, :] - t[:, None], m[None, :] - m[:, None], a[None, :] - a[:, None])
+        problem.__dict__["_v_spans"] = kept
+    return kept
 
 
 def _stage_step(problem: PartitionProblem, k: int, best: np.ndarray, ceiling: float) -> tuple[np.ndarray, np.ndarray]:
@@ -178,8 +188,10 @@ def _room(problem: PartitionProblem, k: int, ceiling: float) -> np.ndarray:
     L = problem.layers
     if k == 0:
         return np.ones((L + 1, L + 1), dtype=bool)
-    t = problem._t
-    return (sum(problem.extra_time_s[k:]) + (t[None, :] - t[:, None])) / (problem.pp - k) <= ceiling
+    rooms = problem.__dict__.setdefault("_v_rooms", {})  # asked twice per stage: F_k's pruning, F_k's targets
+    if (k, ceiling) not in rooms:
+        rooms[k, ceiling] = (sum(problem.extra_time_s[k:]) + _spans(problem)[0]) / (problem.pp - k) <= ceiling
+    return rooms[k, ceiling]
 
 
 def _bounds(back: list[np.ndarray], turn: int, layers: int) -> list[int]:
