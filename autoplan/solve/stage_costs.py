@@ -41,6 +41,7 @@ from autoplan.cost import (
     state_bytes_per_param,
     v_forward_share,
 )
+from autoplan.cost.blocks import per_distinct
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.expert_layout import expert_dp
 from autoplan.types.graph import Graph
@@ -51,7 +52,8 @@ from autoplan.types.schedules import plan_chunk_stages, plan_last_stage, v_shape
 
 class StageCosts:
     """The partition's view of a plan: CostModel's own block summaries (``CostModel.block_summary``),
-    arranged per block and stage and memoised per tp_plan."""
+    arranged per block and stage and memoised per tp_plan; a block's numbers are read once per distinct summary
+    (cost/blocks.py ``per_distinct``: a group's identical blocks share one)."""
 
     def __init__(self, graph: Graph, profile: Profile, cost_model: CostModel | None = None):
         self.graph, self.profile = graph, profile
@@ -144,9 +146,9 @@ class StageCosts:
             blocks = list(self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values())
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             return _ProblemBlocks(
-                times=tuple(block_time_s(b, plan.recompute, reruns) for b in blocks),
-                static=tuple(static.dense(b, experts_apart=True) + static.experts(b) for b in blocks),
-                acts=tuple(kept_bytes(b, plan.recompute) for b in blocks),
+                times=tuple(per_distinct(blocks, lambda b: block_time_s(b, plan.recompute, reruns))),
+                static=tuple(per_distinct(blocks, lambda b: static.dense(b, experts_apart=True) + static.experts(b))),
+                acts=tuple(per_distinct(blocks, lambda b: kept_bytes(b, plan.recompute))),
                 peak_block=max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0,
                 boundary=max((b.input_bytes for b in blocks[1:]), default=0.0),  # the first block's is never sent
                 inputs=tuple(b.input_bytes for b in blocks[1:]),  # identical blocks cut at identical tensors
@@ -197,7 +199,7 @@ class StageCosts:
 
         def make() -> dict[str, float]:
             blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-            return {layer: rerun_s(b, plan.recompute) for layer, b in blocks.items()}
+            return dict(zip(blocks, per_distinct(list(blocks.values()), lambda b: rerun_s(b, plan.recompute))))
 
         return self._memo.get(("rerun", *ctx.key, plan.recompute, plan.tp_comm_overlap), plan.tp_plan, make)
 
@@ -279,8 +281,9 @@ class StageCosts:
         def make() -> tuple:
             blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            times = per_distinct(list(blocks.values()), lambda b: block_time_s(b, plan.recompute))  # a group's one
             return (
-                {layer: block_time_s(b, plan.recompute) for layer, b in blocks.items()},
+                dict(zip(blocks, times)),
                 {layer: b.param_count - b.expert_param_count for layer, b in blocks.items()},
                 pre,
                 post,

@@ -5,7 +5,11 @@ intra-op ILP (solve/intra_op.py) for the first block of every LayerGroup and for
 outside every block, then copies each representative's splits to the other members of its
 group position by position (members are structurally identical: same ops in the same order).
 A 96-layer GPT therefore costs one block ILP, not 96. Results are cached per choice (and per
-memory budget when the search asks for a memory-constrained solve).
+memory budget when the search asks for a memory-constrained solve). Under a choice, a block's prices
+(cost/tp/split_prices.py ``price_block``) read the graph, the block, the context (``TPContext.key``; the
+profile is the planner's), the forward re-runs and the budget's three factors, and its ILP's answer those prices
+and the block's byte limit: both are kept on exactly these, so budgets that differ only in another block's limit
+(the search's memory-constrained retries) price and solve the blocks they share once.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autoplan.cost import MemoryBudget, NodeTimes, TPContext, analyse_block, price_block, split_context
+from autoplan.cost import BlockPrices, MemoryBudget, NodeTimes, TPContext, analyse_block, price_block, split_context
 from autoplan.solve.backend import SolveStatus
-from autoplan.solve.intra_op import budget_infeasibility, solve_block
+from autoplan.solve.intra_op import BlockSolution, budget_infeasibility, solve_block
 from autoplan.types.frozen_tp_plan import FrozenTpPlan
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -56,7 +60,9 @@ class TPPlanner:
         self.solver, self.time_limit_s = solver, time_limit_s
         self.node_times = node_times or NodeTimes(graph, profile)  # op times, memoised across choices
         self._cache: dict[tuple, TPChoice] = {}
-        self.solves = 0
+        self._prices: dict[tuple, BlockPrices] = {}  # per block, context, re-runs and factors (module docstring)
+        self._answers: dict[tuple, BlockSolution | None] = {}  # per those and the block's byte limit
+        self.solves = 0  # the ILPs solved, each distinct one once
 
     def choose(
         self,
@@ -110,21 +116,19 @@ class TPPlanner:
                 if budget
                 else {}
             )
-            problem = price_block(
-                self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, node_times=self.node_times, **factors
-            )
+            key = (rep, *ctx.key, forward_repeats, *factors.values())
+            problem = self._prices.get(key)
+            if problem is None:
+                problem = self._prices[key] = price_block(
+                    self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, node_times=self.node_times, **factors
+                )
             limit = None if budget is None else (budget.outside_bytes if rep is None else budget.block_bytes)
             why = (
                 budget_infeasibility(problem, limit)
                 if limit is not None and not (math.isinf(limit) and limit > 0)
                 else ""
             )
-            self.solves += 0 if why else 1
-            solution = (
-                None
-                if why
-                else solve_block(problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s)
-            )
+            solution = None if why else self._answer(problem, (*key, limit), limit)
             if solution is None:
                 part = "the modules outside the blocks" if rep is None else f"block {rep}"
                 why = why or f"no splits of {part} fit its {limit / 2**30:.3g} GiB budget"
@@ -141,6 +145,15 @@ class TPPlanner:
         )  # validates the splits once
         choice.tp_plan = FrozenTpPlan(choice.tp_plan)  # shared by every candidate: memos key on its identity
         return choice
+
+    def _answer(self, problem: BlockPrices, key: tuple, limit: float | None) -> BlockSolution | None:
+        """solve_block of ``problem`` within ``limit``, solved once per ``key`` (its prices' key and the limit)."""
+        if key not in self._answers:
+            self.solves += 1
+            self._answers[key] = solve_block(
+                problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s
+            )
+        return self._answers[key]
 
     def _copy(
         self, splits: dict[str, str], rep: str | None, members: list, tp_plan: dict[str, str], ctx: TPContext

@@ -251,22 +251,38 @@ def block_experts(
 ) -> BlockExperts | None:
     """The grouped MoE layers among ``nodes`` as ``place`` runs them; None without any (or
     without a placement: tensor parallelism prices experts as the ops they trace to)."""
-    found = layers_in(graph, nodes) if place is not None else []
+    found, gemms, param_names, modules = _expert_layout(graph, nodes) if place is not None else ([], {}, None, ())
     if not found:
         return None
-    gemms = {n.name: moe for moe in found for n in nodes if is_expert_gemm(n, moe)}
     times = [a2a_times_s(m, profile, precision=precision, batch_fraction=batch_fraction, place=place) for m in found]
     kept = sum(a2a_output_bytes(m, precision=precision, batch_fraction=batch_fraction, place=place) for m in found)
     return BlockExperts(
         gemms=gemms,
         a2a_fwd_s=sum(t[0] for t in times),
         a2a_bwd_s=sum(t[1] for t in times),
-        param_names=frozenset(name for moe in found for name in moe.expert_param_names),
+        param_names=param_names,
         ep=place.split,
         imbalance=place.imbalance,
-        modules=tuple(moe.experts_module for moe in found),
+        modules=modules,
         a2a_kept_bytes=kept,
     )
+
+
+def _expert_layout(graph: Graph, nodes: tuple[OpNode, ...]) -> tuple:
+    """(:func:`layers_in`, their expert GEMMs by node name, their experts' parameter names, their experts modules) of
+    ``nodes``: they read the graph and the nodes alone, not the placement nor the context, so a tuple of nodes (a
+    block's, asked once per summary) has them kept on the graph, the tuple held so that its id stays its own."""
+    cache = graph.__dict__.setdefault("_expert_layout_cache", {})
+    hit = cache.get(id(nodes))
+    if hit is not None and hit[0] is nodes:
+        return hit[1]
+    found = layers_in(graph, nodes)
+    gemms = {n.name: moe for moe in found for n in nodes if is_expert_gemm(n, moe)}
+    names = frozenset(name for moe in found for name in moe.expert_param_names)
+    layout = (found, gemms, names, tuple(moe.experts_module for moe in found))
+    if type(nodes) is tuple:  # a list may change: priced afresh
+        cache[id(nodes)] = (nodes, layout)
+    return layout
 
 
 def a2a_output_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:

@@ -162,3 +162,26 @@ def test_the_search_with_a_v_pinned_picks_what_the_proven_ilp_picks(funnel, monk
     assert with_ilp.best_cost.step_time_s == result.best_cost.step_time_s
     ilp_bounds = [0, *itertools.accumulate(len(chunk) for chunk in with_ilp.best.stages)]
     assert problem.evaluate(ilp_bounds) == best.max_stage_time_s  # the two may split a tie differently
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_spans_and_rooms_kept_on_a_problem_serve_every_ceiling(seed):
+    """The layers' spans and each stage's room (kept on the problem per stage and ceiling) give, under ceilings from
+    several hints, what a fresh copy of the problem gives: the room reads the ceiling, the spans none."""
+    rng = random.Random(seed)
+    problem = (_tied_v if seed % 2 else _random_v)(rng, limited=bool(seed % 3))
+    other = [0, *sorted(rng.sample(range(1, problem.layers), 2 * problem.pp - 1)), problem.layers]
+    for hints in ([other], [], [other[::-1]]):
+        fresh = partition_v(_copy(problem), hints=hints)
+        found = partition_v(problem, hints=hints)
+        assert (found is None) == (fresh is None)
+        if found is not None:
+            assert (found.bounds, found.max_stage_time_s) == (fresh.bounds, fresh.max_stage_time_s)
+    assert "_v_spans" in problem.__dict__
+    assert all(0 < k < problem.pp for k, _ in problem.__dict__.get("_v_rooms", {}))
+
+
+def _copy(problem: PartitionProblem) -> PartitionProblem:
+    fields = ("layer_time_s", "layer_static_bytes", "layer_activation_bytes", "pp", "extra_time_s", "extra_bytes")
+    fields += ("in_flight", "p2p_s", "capacity_bytes", "virtual_stages", "cut_s", "v_shape")
+    return PartitionProblem(**{name: getattr(problem, name) for name in fields})
