@@ -24,7 +24,7 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 
 from __future__ import annotations
 
-from autoplan.cost.blocks import LayerSummary
+from autoplan.cost.blocks import LayerSummary, per_distinct
 from autoplan.cost.bounds import Bounds
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
@@ -124,6 +124,7 @@ __all__ = [
     # types and shared constants
     "LayerSummary",
     "NodeTimes",
+    "per_distinct",
     "PRECISION_BYTES",
     "TPContext",
     "TpPlanMemo",

@@ -35,13 +35,13 @@ from autoplan.cost import (
     cut_s,
     in_flight_chunks,
     kept_bytes,
+    per_distinct,
     plan_forward_reruns,
     rerun_s,
     stage_capacity_bytes,
     state_bytes_per_param,
     v_forward_share,
 )
-from autoplan.cost.blocks import per_distinct
 from autoplan.solve.pipeline import PartitionProblem
 from autoplan.types.expert_layout import expert_dp
 from autoplan.types.graph import Graph

@@ -19,11 +19,6 @@ alike (selective's re-run runs no matmul: its policy serves their outputs). Whic
   rest of its m backwards are whole (steps 4-6: FULL_BACKWARD, OVERLAP_F_B's): 1 + splits / m, counted in
   cost/pp/v_orders.py's copy of torch's order (tests/unit/cost/test_recompute_reruns.py checks both against
   torch's ``pipeline_order``).
-
-The split backwards of a V schedule are counted in each rank's halves (v_orders.py ``v_halves``: an F&B pair's
-backward is whole, as in ``v_order``), built as repeated patterns in O(p) numpy steps per rank, not O(m) actions:
-a search meets a hundred (schedule, pp, m). A plan's re-runs per chunk read its schedule, pp, virtual stages and
-micro-batches alone, and are kept per those.
 """
 
 from __future__ import annotations
