@@ -120,14 +120,16 @@ def _file_order(candidates: list, ranks: dict[int, int]) -> list[int]:
 
 
 def _config_cells(names: tuple[str, ...]) -> Callable[[dict], tuple]:
-    """A candidate's configuration -> its cells under ``names`` ('' where it has none)."""
+    """A candidate's configuration -> its cells under ``names`` ('' where it has none): by one C call either
+    way (``map`` of ``dict.get`` with '' for a configuration that lacks some: every one of GPT-3's 41,666)."""
     every = itemgetter(*names)
+    blanks = ("",) * len(names)
 
     def cells(config: dict) -> tuple:
         try:
             return every(config)
         except KeyError:
-            return tuple(config.get(name, "") for name in names)
+            return tuple(map(config.get, names, blanks))
 
     return cells
 
