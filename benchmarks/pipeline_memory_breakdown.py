@@ -1,0 +1,129 @@
+"""The priced peak of a published pipelined run, term by term (an investigation aid, no pricing of its own).
+
+For each row of benchmarks/published_moe_runs.csv whose name contains ``--only``, the plan is pinned as
+published_moe_runs.py pins it and priced with the cost API (``CostModel.priced_stages``, ``stage_memory``); the
+worst stage's peak is split into the terms cost/memory/per_device.py ``stage_memory`` sums:
+
+    peak = W + O + max(M1, M2, M3),  M2 = n' S + G + max(T, scatter - S_block) + buffers (the pipeline's usual peak)
+
+with the transient T split into its parts (cost/memory/plan.py ``_stage_memory``): the kept output gradients
+(pending K), the boundary tensors the replay counts (``sent`` D: torch's receive slots, m per chunk input and
+output gradient, plus the sends held to the step's end: cost/pp/receive_slots.py, rank_memory.py) and the
+recomputed block's re-made activations. Beside it: the plan with the micro-batches of one schedule step (NeMo
+AutoModel runs its local batch, the notes' "LBS n", as one ``schedule.step`` and accumulates over several), the
+same plan under ``runtime=megatron`` (Megatron-Core's own schedule, one send and one receive buffer), and
+``peak_if_D_is_hidden``: the peak with every boundary tensor weighed as the gradient a chunk returns (the hidden
+state alone, ``Boundary.returned``; the forward boundary also carries the traced causal mask and rotary tables),
+tp = 1 only. ``--whole-run`` adds benchmarks/whole_run_hours.csv's rows (Llama 3.1 405B).
+
+    python benchmarks/pipeline_memory_breakdown.py [--only automodel_dsv3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+from published_moe_runs import published_plan, traced, why_left_out
+
+from autoplan.cost import CostModel
+from autoplan.cost.memory.shared import UnsharedStages
+from autoplan.cost.pp.receive_slots import slot_changes
+from autoplan.profile import load_profile
+
+HERE = Path(__file__).parent
+GIB = 2**30
+
+
+def breakdown(model: CostModel, plan) -> dict:
+    """The worst stage's terms in GiB (module docstring)."""
+    stages, _, _ = model.priced_stages(plan)
+    memories = model.stage_memory(plan, stages)
+    index = max(range(len(memories)), key=lambda i: memories[i].peak_bytes)
+    stage, memory = stages[index], memories[index]
+    in_flight, after, pending, sent, transient = UnsharedStages().held(plan, index, stage)
+    where = dict(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, m=plan.num_microbatches)
+    slots = slot_changes(rank=index, **where)[0] if sent else 0
+    weights, grads, optimizer, activations, buffers = memory.at_peak_bytes
+    layer = model.stage_layers(plan, index)[-1]  # the tensors a block of the stage receives and returns
+    returned = sum(model.block_inputs(layer, plan).returned) if plan.tp == 1 else float("nan")  # tp > 1: a shard
+    return {
+        "runtime": plan.runtime,
+        "stage": index,
+        "m": plan.num_microbatches,
+        "v": plan.virtual_stages,
+        "weights": weights / GIB,
+        "grads": grads / GIB,
+        "optimizer": optimizer / GIB,
+        "acts_in_flight": after * stage.saved_bytes / GIB,
+        "held_mb": after,
+        "kept_grads": pending * stage.wgrad_held_bytes / GIB,
+        "recv_slots_at_start": slots * stage.boundary_bytes / GIB,
+        "sent_and_slots_at_peak": sent * stage.boundary_bytes / GIB,
+        "boundary_tensors": sent,
+        "boundary_MiB": stage.boundary_bytes / 2**20,
+        "grad_boundary_MiB": returned / 2**20,
+        "peak_if_D_is_hidden": (memory.peak_bytes - sent * (stage.boundary_bytes - returned)) / GIB,
+        "recompute_transient": transient / GIB,
+        "activations_term": activations / GIB,
+        "buffers_term": buffers / GIB,
+        "peak": memory.peak_bytes / GIB,
+    }
+
+
+def per_step_microbatches(row: pd.Series, plan) -> int:
+    """Micro-batches of one pipeline schedule step: NeMo AutoModel runs its local batch (the notes' "LBS n") as one
+    ``schedule.step`` and accumulates gradients over global / (LBS dp) of them (recipes/llm/benchmark.py); the
+    plan's own m where the notes give no LBS."""
+    found = re.search(r"LBS (\d+)", str(row["notes"]))
+    return int(found.group(1)) // plan.micro_batch_size if found else plan.num_microbatches
+
+
+def whole_run_rows(only: str) -> list[dict]:
+    """The breakdown of benchmarks/whole_run_hours.csv's rows whose run contains ``only``, pinned as that script
+    pins them (its own runtime: autoplan's executor for Llama 3.1 405B), and under Megatron-Core's runtime."""
+    import whole_run_hours as whole
+
+    rows = []
+    for _, row in pd.read_csv(HERE / "whole_run_hours.csv").iterrows():
+        if only not in row["run"] or pd.isna(row["pp"]):
+            continue
+        graph = whole.traced(row["model"])
+        plan = whole.published_plan(row, graph)
+        model = CostModel(graph, whole.profile_for(row["hardware"]))
+        for label, variant in {"as pinned": plan, "megatron": replace(plan, runtime="megatron")}.items():
+            rows.append({"name": row["run"], "variant": label, **breakdown(model, variant)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="automodel_dsv3")
+    parser.add_argument("--whole-run", default="", help="also break down whole_run_hours.csv rows whose run has this")
+    args = parser.parse_args()
+    runs = pd.read_csv(HERE / "published_moe_runs.csv")
+    profile, rows = load_profile("dgx-h100"), []
+    for _, row in runs.iterrows():
+        if args.only not in row["name"] or why_left_out(row):
+            continue
+        plan = published_plan(row)
+        model = CostModel(traced(row["model"], plan.micro_batch_size), profile)
+        step_m = per_step_microbatches(row, plan)
+        variants = {
+            "as pinned": plan,
+            f"m={step_m} a schedule step": replace(plan, num_microbatches=step_m),
+            "megatron": replace(plan, runtime="megatron"),
+        }
+        for label, variant in variants.items():
+            rows.append({"name": row["name"], "variant": label, **breakdown(model, variant)})
+    rows += whole_run_rows(args.whole_run) if args.whole_run else []
+    table = pd.DataFrame(rows).round(2).set_index(["name", "variant"]).T
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(table.round(2).to_string())
+
+
+if __name__ == "__main__":
+    main()
