@@ -177,9 +177,9 @@ def simulate(
     """Simulate one step (module docstring); ``forward_s[k]``/``backward_s[k]`` are stage k's whole
     micro-batch times (all its chunks); ``weight_s[k]``, of ``backward_s[k]``, the weight gradients a
     split-backward schedule runs apart (default: :data:`WEIGHT_SHARE` of it); ``pair_saved_s[k]``: what
-    an overlapped F&B pair of stage k saves (V schedules); ``rerun_s[c]``: a V schedule's one re-run of chunk
-    c per backward pass of a V schedule or interleaved_zb (:func:`v_stage_passes`, :func:`looped_stage_passes`;
-    cost/pp/reruns.py v_rerun_units, looped_rerun_units), beyond ``backward_s``."""
+    an overlapped F&B pair of stage k saves (V schedules); ``rerun_s[c]``: under a V schedule or interleaved_zb,
+    the seconds chunk c's recomputed blocks re-run in each of its backward passes (:func:`v_stage_passes`,
+    :func:`looped_stage_passes`; cost/pp/reruns.py v_rerun_units, looped_rerun_units), beyond ``backward_s``."""
     if len(forward_s) != pp or len(backward_s) != pp:
         raise AutoplanError(
             f"the timeline needs {pp} stage times, got {len(forward_s)}; "
