@@ -25,10 +25,12 @@ from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoEError, RoutingModel
 from autoplan.types.moe_overlap import check_moe_a2a_overlap
 from autoplan.types.offload import OFFLOADS, check_offload  # noqa: F401 (OFFLOADS: the plan's names)
+from autoplan.types.overlaps import check_overlaps
 from autoplan.types.plan_text import describe_plan
 from autoplan.types.prediction import Prediction
 from autoplan.types.recompute import check_recompute_blocks
 from autoplan.types.runtime import Runtime, check_runtime_choices, runtime_named
+from autoplan.types.schedule_steps import check_schedule_steps
 from autoplan.types.schedules import SCHEDULES, check_schedule  # noqa: F401 (SCHEDULES: the plan's names)
 
 PLAN_SCHEMA_VERSION = 1
@@ -37,7 +39,7 @@ RECOMPUTE = ("none", "selective", "full")
 #: newer fields left out of plan.json at their (dataclass) default, so older plans and their files stay as they were
 OMITTED_AT_DEFAULT = ("runtime", "compile", "fp8_recipe", "dp_replicate", "offload", "recompute_blocks", "expert_tp")
 OMITTED_AT_DEFAULT += ("offload_activations", "moe_a2a_overlap", "sync_every", "outer_optimizer", "outer_lr")
-OMITTED_AT_DEFAULT += ("outer_momentum", "topk_ratio")
+OMITTED_AT_DEFAULT += ("outer_momentum", "topk_ratio", "schedule_steps")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 #: how context parallelism moves keys and values (docs/cost-model.md, "Context parallelism"): all-gather
 #: them once per layer (Llama 3 section 3.3), pass them round the cp ring point to point (ring
@@ -130,6 +132,7 @@ class Plan:
     the fp32 master and Adam step (ZeRO-Offload, on ZeRO-1), "full" also the weights and gradients (FSDP2's
     CPUOffloadPolicy, on ZeRO-3); docs/cost-model.md, "Offload"; ``offload_activations``: types/activation_offload.py.
     ``moe_a2a_overlap`` runs the EP all-to-all beside another micro-batch's compute (types/moe_overlap.py).
+    ``schedule_steps`` k runs the m micro-batches as k pipeline schedule steps of m / k (types/schedule_steps.py).
     ``routing`` is the routing model the plan was priced under (None for a dense model), so
     that run and calibrate re-trace the model as the planner did.
     ``model_sha256`` and ``graph_signature`` record what the plan was made for: the model file's
@@ -179,6 +182,7 @@ class Plan:
     outer_lr: float = local_sgd.DILOCO_OUTER_LR
     outer_momentum: float = local_sgd.DILOCO_OUTER_MOMENTUM
     topk_ratio: float = 0.0
+    schedule_steps: int = 1  # pipeline schedule steps per optimizer step (types/schedule_steps.py)
     routing: RoutingModel | None = None
     stages: list[list[str]] = field(default_factory=list)
     tp_plan: dict[str, str] = field(default_factory=dict)
@@ -234,6 +238,7 @@ class Plan:
     def _check_choices(self) -> None:
         if self.cp_variant not in CP_VARIANTS:
             raise PlanError(f"plan cp_variant='{self.cp_variant}'; expected one of {', '.join(CP_VARIANTS)}.")
+        check_schedule_steps(self)  # first: the schedule's rules read the micro-batches of one schedule step
         check_schedule(self)
         if self.recompute not in RECOMPUTE:
             raise PlanError(f"plan recompute='{self.recompute}'; expected one of {', '.join(RECOMPUTE)}.")
@@ -257,21 +262,7 @@ class Plan:
             raise PlanError(f"plan tp_plan['{module}']='{split}'; expected one of {', '.join(SPLITS)}.")
         if self.sequence_parallel and self.tp <= 1:
             raise PlanError("plan sequence_parallel=true needs tp > 1.")
-        if self.tp_comm_overlap and not self.sequence_parallel:
-            raise PlanError(
-                "plan tp_comm_overlap=true needs sequence_parallel=true: the overlapped collectives are sequence "
-                "parallelism's all-gather before and reduce-scatter after each split matmul."
-            )
-        if not (self.overlap_grad_reduce or self.zero_stage < 2):
-            raise PlanError(
-                "plan overlap_grad_reduce=false with ZeRO-2/3: FSDP2 reduce-scatters each block's gradients during the "
-                "backward; use zero_stage 0 or 1 for a reduction after the backward."
-            )
-        if self.overlap_param_gather and not (self.zero_stage in (1, 2) and self.overlap_grad_reduce):
-            raise PlanError(
-                "plan overlap_param_gather=true needs zero_stage 1 or 2 with overlap_grad_reduce (as Megatron-LM's "
-                "--overlap-param-gather does); ZeRO-3 always gathers each block's weights ahead of its use."
-            )
+        check_overlaps(self)
 
     @property
     def runs_ddp(self) -> bool:

@@ -29,6 +29,7 @@ def describe_plan(plan: Any) -> str:
     red += f" runtime={plan.runtime}" if plan.runtime != "autoplan" else ""
     red += f" hsdp={plan.dp_replicate}x{plan.dp // plan.dp_replicate}" if plan.dp_replicate > 1 else ""
     red += local_sgd.describe_local_sgd(plan)
+    red += f" steps={plan.schedule_steps}" if plan.schedule_steps > 1 else ""  # schedule steps of m / k each
     rc = describe_counts(plan.recompute, plan.recompute_blocks)
     return (
         f"dp={plan.dp}{ep} tp={plan.tp} pp={plan.pp} mbs={plan.micro_batch_size}x{plan.num_microbatches} "

@@ -71,9 +71,19 @@ def zero_bubble_rounds(*, pp: int, num_microbatches: int) -> int:
     return max(1, num_microbatches // pp)
 
 
+def _step_microbatches(plan: Any) -> tuple[int, str]:
+    """(the micro-batches one schedule step runs, how a message names them): m, or m / k under
+    ``schedule_steps`` k > 1 (types/schedule_steps.py, checked first)."""
+    k = plan.schedule_steps
+    if k == 1:
+        return plan.num_microbatches, f"num_microbatches={plan.num_microbatches}"
+    m = plan.num_microbatches // k
+    return m, f"num_microbatches={plan.num_microbatches} in schedule_steps={k} ({m} per schedule step)"
+
+
 def check_schedule(plan: Any) -> None:
-    """The plan's schedule is known and runs its virtual stages and micro-batches (module docstring);
-    one sentence naming the rule otherwise."""
+    """The plan's schedule is known and runs its virtual stages and the micro-batches of one schedule
+    step (module docstring); one sentence naming the rule otherwise."""
     if plan.schedule not in SCHEDULES:
         raise PlanError(f"plan schedule='{plan.schedule}'; expected one of {', '.join(SCHEDULES)}.")
     if not (plan.virtual_stages == 1 or plan.schedule in MULTI_CHUNK):
@@ -84,17 +94,17 @@ def check_schedule(plan: Any) -> None:
     if plan.schedule in V_SCHEDULES:
         check_v_schedule(plan)
     if plan.schedule in ZERO_BUBBLE and plan.pp > 1:
-        m = plan.num_microbatches
+        m, named = _step_microbatches(plan)
         if m < plan.pp:
             raise PlanError(
-                f"plan schedule='{plan.schedule}' with pp={plan.pp} and num_microbatches={m}: a zero-bubble "
+                f"plan schedule='{plan.schedule}' with pp={plan.pp} and {named}: a zero-bubble "
                 "schedule fills the bubble with deferred weight gradients only with at least pp micro-batches; "
                 "use more micro-batches or schedule '1f1b'."
             )
         rounds = zero_bubble_rounds(pp=plan.pp, num_microbatches=m)
         if m % rounds:
             raise PlanError(
-                f"plan schedule='{plan.schedule}' with pp={plan.pp} and num_microbatches={m}: torch runs it in "
+                f"plan schedule='{plan.schedule}' with pp={plan.pp} and {named}: torch runs it in "
                 f"{rounds} rounds of equal size (max(1, m // pp)), which must divide the micro-batches; use a "
                 f"multiple of {rounds} or of pp."
             )
@@ -108,8 +118,9 @@ def check_v_schedule(plan: Any) -> None:
         raise PlanError(f"plan schedule='{name}' runs exactly 2 chunks per stage (a V); set virtual_stages=2.")
     if plan.pp < 2:
         raise PlanError(f"plan schedule='{name}' is a pipeline schedule; it needs pp >= 2, not pp={plan.pp}.")
-    if plan.num_microbatches < 2 * plan.pp:
+    m, named = _step_microbatches(plan)
+    if m < 2 * plan.pp:
         raise PlanError(
-            f"plan schedule='{name}' with pp={plan.pp} and num_microbatches={plan.num_microbatches}: a V schedule "
+            f"plan schedule='{name}' with pp={plan.pp} and {named}: a V schedule "
             f"needs at least 2 * pp = {2 * plan.pp} micro-batches, one per chunk; use more micro-batches."
         )
