@@ -2,12 +2,14 @@
 
 :class:`CostModel` prices blocks once per distinct choice (autoplan/cost/blocks.py) and then
 assembles each plan with arithmetic, so the planner can price thousands of plans a second.
-The step time of one global batch is the sum of ``Cost.TIME_FIELDS``; docs/cost-model.md
+The step time of one global batch (one optimizer step) is the sum of ``Cost.TIME_FIELDS``; docs/cost-model.md
 ("Step time") is the one statement of each term with its source, and :meth:`CostModel._time`
 computes each. The terms are objects with explicit inputs (docs/architecture.md, "The cost model's
 layout"): ``dp_terms`` (cost/dp/sync.py, pricing the messages cost/dp/messages.py states),
 ``memory`` (cost/memory/plan.py), ``tied`` (cost/pp/tied.py), ``sp_sync`` (cost/tp/sp_sync.py) and
-``experts`` (cost/moe/placement.py); the pipeline's sends are cost/pp/messages.py's.
+``experts`` (cost/moe/placement.py); the pipeline's sends are cost/pp/messages.py's. Under ``schedule_steps`` k > 1
+(types/schedule_steps.py) the schedule's shape (bubble, fill and drain sends, the EP overlap's pairing, re-runs
+and the memory) is priced on one schedule step of m / k micro-batches, the time terms k times.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from autoplan.types.moe import RoutingModel
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.recompute import recomputed_blocks
+from autoplan.types.schedule_steps import schedule_step_plan
 from autoplan.types.schedules import plan_chunk_stages, plan_last_stage, v_shaped
 
 ADAM_BYTES_PER_PARAM = 28  # read weight, gradient, 2 moments, write weight, 2 moments (fp32); 16-bit copy
@@ -230,7 +233,7 @@ class CostModel:
         groups = plan_mesh_groups(self.profile, plan)
         tp_plan = self._tp_plan(plan)
         ctx = self.tp_context(plan, fp8_recipe=fp8_recipe)
-        return self._stages(plan, tp_plan, ctx), tp_plan, ctx, groups
+        return self._stages(schedule_step_plan(plan), tp_plan, ctx), tp_plan, ctx, groups  # re-runs per step
 
     def estimate(self, plan: Plan, *, fp8_recipe: str = "") -> Cost:
         """Predict ``plan``'s step time, per-device memory and throughput (module docstring); with
@@ -240,7 +243,7 @@ class CostModel:
         stages, _tp_plan, _ctx, groups = self._priced(plan, fp8_recipe=fp8_recipe)
         cost = Cost()
         self._time(cost, plan, stages, groups)
-        fill_memory(self, cost, plan, stages)  # the search asks it alone first (cost/memory/alone.py)
+        fill_memory(self, cost, schedule_step_plan(plan), stages)  # the search asks it alone first (memory/alone.py)
         price_outer_sync(cost, self.profile, plan, stages, groups=groups)  # local SGD / DiLoCo, if any
         self._throughput(cost, plan)
         return cost
@@ -264,16 +267,18 @@ class CostModel:
     # ---- time ----------------------------------------------------------------------------
     def _time(self, cost: Cost, plan: Plan, stages: list[StageTotals], groups: dict[str, AxisGroup]) -> None:
         m, p = plan.num_microbatches, plan.pp
+        k, step = plan.schedule_steps, schedule_step_plan(plan)  # k schedule steps of m / k (types/schedule_steps.py)
         chunks = self._chunks(plan)
         slowest = max(stages, key=lambda s: s.micro_batch_s)
         cost.compute_s = m * slowest.compute_s
         cost.recompute_s = m * slowest.recompute_s
         cost.tp_comm_s = m * slowest.tp_s + self.sp_sync.grad_sync_s(plan, self._tp_plan(plan), chunks, groups["tp"])
-        cost.ep_comm_s = step_ep_s(plan, slowest, rank=stages.index(slowest))  # cost/moe/a2a_overlap.py
+        cost.ep_comm_s = k * step_ep_s(step, slowest, rank=stages.index(slowest))  # cost/moe/a2a_overlap.py
         cost.cp_comm_s = m * slowest.cp_s
-        cost.bubble_s = stage_bubble_s(plan, slowest)
+        cost.bubble_s = k * stage_bubble_s(step, slowest)  # each schedule step fills and drains
         inputs = self.chunk_inputs(plan) if p > 1 else []  # what each pipeline chunk receives (cost/pp/messages.py)
-        sends_s = pp_messages.pipeline_sends_s(self.profile, plan, inputs, group=groups["pp"], tp_group=groups["tp"])
+        sends_s = pp_messages.pipeline_sends_s(self.profile, step, inputs, group=groups["pp"], tp_group=groups["tp"])
+        sends_s *= k  # (v m / k + p - 1) slots per schedule step
         cost.pp_comm_s = sends_s + self.tied.sync_s(plan, chunks, stages, groups["pp"])
         cost.grad_accum_s = (m - 1) * max(accumulate_s(self.profile, plan, s.trainable_params) for s in stages)
         weights = weight_sync_plan(plan)  # gradients sync over dp x cp (cost/cp/weights.py)

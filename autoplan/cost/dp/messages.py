@@ -16,6 +16,12 @@ those of the compute dtype, P' = g ceil(P / g) (ZeRO-1's flat buffer padded to t
 Under ZeRO-3 with fp8 tensorwise in autoplan's executor on NCCL (types/runtime.py
 ``fsdp_float8_all_gather``) FP8 linears' weights, P_8 of the P, are gathered in FP8: (P - P_8) b_w + P_8.
 
+With ``schedule_steps`` k > 1 (a pipeline run as k torch schedule steps of m / k: types/schedule_steps.py) the
+"first" and "last" micro-batch are each schedule step's: torch's ``perform_reduce_grad`` runs FSDP2's
+post-backward (its reduce-scatter) and reshards after every step's last backward (torch/distributed/pipelining/
+stage.py, ``backward_maybe_with_nosync`` syncs nothing before it), so ZeRO-2/3's reduce-scatter and ZeRO-3's
+forward gather go k times a step; what is sent after the backward (zero 0, ZeRO-1) goes once.
+
 HSDP (R = ``dp_replicate``, S = dp / R; types/hsdp.py): the table over S ranks, each gradient reduce-scatter
 then all-reducing its 1/S shard (P/S b_g; ZeRO-1 P'/S) across the R replicas. Also stated here:
 ``overlap_param_gather``, PowerSGD's three all-reduces per bucket, top-k's all-gathered pairs, the experts'
@@ -68,6 +74,7 @@ class DpMessage:
     fp8_bytes_per_param: int = 0  # FP8 linears' weights under FSDP2's FP8 all-gather (1), 0 when not
     replicas: bool = False  # HSDP's all-reduce across the dp_replicate group (module docstring)
     share: int = 1  # the message carries 1/share of the unit: HSDP's replica all-reduce of a 1/S shard
+    steps: int = 1  # FIRST / LAST in a pipeline: once per schedule step, k = schedule_steps a step (module docstring)
 
     @property
     def trained_only(self) -> bool:
@@ -81,7 +88,9 @@ class DpMessage:
         return params - frozen if self.trained_only else params
 
     def times_per_step(self, num_microbatches: int) -> int:
-        return num_microbatches if self.micro_batches == EACH else 1
+        """How often an optimizer step sends it: m (EACH), k (:attr:`steps`: FIRST / LAST once per schedule
+        step), else once."""
+        return num_microbatches if self.micro_batches == EACH else self.steps
 
     @property
     def bucket_bytes(self) -> float | None:
@@ -161,7 +170,9 @@ def _sharded_grads(plan: Plan) -> DpMessage:
     """ZeRO-1's padded flat buffer after the backward; ZeRO-2/3's per unit in the backward."""
     if plan.zero_stage == 1:
         return DpMessage(GRADS, "reduce_scatter", _grad_bytes(plan), AFTER_BACKWARD, ONCE, padded=True)
-    return DpMessage(GRADS, "reduce_scatter", _grad_bytes(plan), BACKWARD, EACH if plan.pp == 1 else LAST)
+    if plan.pp == 1:
+        return DpMessage(GRADS, "reduce_scatter", _grad_bytes(plan), BACKWARD, EACH)
+    return DpMessage(GRADS, "reduce_scatter", _grad_bytes(plan), BACKWARD, LAST, steps=plan.schedule_steps)
 
 
 def _updated_weights(plan: Plan) -> DpMessage:
@@ -185,7 +196,8 @@ def _zero3(plan: Plan, *, backend: str) -> tuple[DpMessage, ...]:
         backend=backend,
     )
     gathered = dict(fp8_bytes_per_param=FP8_GATHER_BYTES if fp8 else 0)
-    forward = DpMessage(WEIGHTS, "all_gather", weight, FORWARD, EACH if plan.pp == 1 else FIRST, **gathered)
+    first = dict(micro_batches=FIRST, steps=plan.schedule_steps) if plan.pp > 1 else dict(micro_batches=EACH)
+    forward = DpMessage(WEIGHTS, "all_gather", weight, FORWARD, **first, **gathered)
     backward = DpMessage(WEIGHTS, "all_gather", weight, BACKWARD, EACH, **gathered)
     return (forward, backward, _sharded_grads(plan))
 
@@ -307,4 +319,4 @@ def sp_partial_syncs(plan: Plan) -> int:
     with each micro-batch's gradients when it syncs every one (no pipeline), finalize_tp_grads
     once a step otherwise (cost/tp/sp_sync.py)."""
     grads = find(dp_messages(plan), GRADS)
-    return grads.times_per_step(plan.num_microbatches) if grads and plan.zero_stage >= 2 else 1
+    return plan.num_microbatches if grads and plan.zero_stage >= 2 and grads.micro_batches == EACH else 1

@@ -7,6 +7,8 @@
   forward with ``overlap_param_gather``), DDP's buffer broadcast and the experts' after-backward sync;
 - zero_exposed (ZeRO-3): gathers and reduce-scatters prefetched one block ahead,
   f t_fwd + (g - s) t_bwd_gather + s t_bwd_gather+scatter with f, g, s the statement's repetitions;
+- ``schedule_steps`` k > 1: a pipeline's once-a-schedule-step messages (ZeRO-2/3's reduce-scatter, ZeRO-3's
+  first-forward gather) are sent k times, each priced (total and exposed) as the one schedule step's;
 - PowerSGD: three all-reduces per bucket, its own compute added whole (``compression_s``); top-k
   (cost/dp/topk.py): one all-gather of (index, value) pairs per bucket, its selection added whole;
 - sparse embedding tables (cost/dp/sparse_embedding.py): out of the dense buckets, their touched rows
@@ -30,6 +32,7 @@ from autoplan.cost.dp.messages import (
     BACKWARD,
     FORWARD,
     GRADS,
+    LAST,
     NEXT_FORWARD,
     WEIGHTS,
     DpMessage,
@@ -147,7 +150,9 @@ class DataParallelTerms:
             perfect = max(0.0, overlapped_sync_exposed_s(backward_s=backward, sync_s=sync) - index * slot_s)
             exposed = max(exposed, partially_hidden_s(exposed_s=perfect, total_s=sum(sync), efficiency=eta))
         repeats = grads.times_per_step(plan.num_microbatches)
-        if repeats > 1:  # reduce-scattered every micro-batch, the earlier ones under their backward
+        if repeats > 1 and grads.micro_batches == LAST:  # once per schedule step, each as the last (messages.py)
+            total, exposed = repeats * total, repeats * exposed
+        elif repeats > 1:  # reduce-scattered every micro-batch, the earlier ones under their backward
             earlier = (repeats - 1) * total
             total, exposed = total + earlier, exposed + earlier * (1.0 - eta)
         total, exposed = total + after, exposed + after

@@ -16,6 +16,7 @@ from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.hsdp import shard_view
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import schedule_step_plan
 
 if TYPE_CHECKING:
     from autoplan.cost.model import CostModel
@@ -34,5 +35,5 @@ def memory_alone(model: CostModel, plan: Plan) -> Cost:
     model = model.for_runtime(plan.runtime)
     stages, _tp_plan, _ctx = model.priced_stages(plan, copy=False)  # read only: fill_memory memoises on them
     cost = Cost()
-    fill_memory(model, cost, plan, stages)
+    fill_memory(model, cost, schedule_step_plan(plan), stages)  # one schedule step's (types/schedule_steps.py)
     return cost
