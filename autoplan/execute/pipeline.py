@@ -46,6 +46,7 @@ from autoplan.execute.tied import retie, tied_names
 from autoplan.execute.weight_pass import WeightPass, releases
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import step_microbatches
 from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
 
 SCHEDULE_CLASSES = {
@@ -232,16 +233,17 @@ def build_schedule(
         for index, module in sorted(stage_modules.items())
     ]
     cls = SCHEDULE_CLASSES[plan.schedule]
+    # one schedule step's micro-batches (types/schedule_steps.py); torch divides the gradients by them after each
+    # step's last backward, which over k > 1 steps would divide the earlier steps' again: there the loss is
+    # divided by the step's m instead (Trainer.schedule_loss), and torch scales nothing
+    kw = dict(n_microbatches=step_microbatches(plan), loss_fn=loss_fn, scale_grads=plan.schedule_steps == 1)
     if plan.moe_a2a_overlap:
         assert plan.schedule == "dualpipev" and lanes is not None, "types/moe_overlap.py check_executor_runs"
-        return OverlappedDualPipeV(
-            stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True, lanes=lanes,
-            recomputes=plan.recompute != "none",
-        )  # fmt: skip
+        return OverlappedDualPipeV(stages, **kw, lanes=lanes, recomputes=plan.recompute != "none")
     if issubclass(cls, PipelineScheduleMulti):
-        return cls(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+        return cls(stages, **kw)
     assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1
-    return cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    return cls(stages[0], **kw)
 
 
 def _own_view_outputs(module: nn.Module, args: Any, output: Any) -> Any:

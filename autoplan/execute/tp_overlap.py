@@ -24,6 +24,7 @@ from autoplan.errors import PlanError
 from autoplan.execute.compiled import compile_blocks
 from autoplan.types.moe_overlap import check_executor_runs
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import step_microbatches
 
 
 def check_runs_here(plan: Plan) -> None:
@@ -43,11 +44,13 @@ def check_runs_here(plan: Plan) -> None:
             "gathers after the step); set overlap_param_gather to false or use zero_stage 1 to run here."
         )
     check_executor_runs(plan)  # moe_a2a_overlap runs only in DualPipeV's F&B pairs (types/moe_overlap.py)
-    if plan.schedule == "1f1b" and plan.pp > 1 and plan.num_microbatches < plan.pp:  # solve/schedules.py
+    step_m = step_microbatches(plan)  # one schedule step's (types/schedule_steps.py)
+    if plan.schedule == "1f1b" and plan.pp > 1 and step_m < plan.pp:  # solve/schedules.py
+        per_step = f" ({step_m} in each of {plan.schedule_steps} schedule steps)" if plan.schedule_steps > 1 else ""
         raise PlanError(
-            f"plan schedule='1f1b' with pp={plan.pp} and num_microbatches={plan.num_microbatches}: torch's "
-            "Schedule1F1B needs at least pp micro-batches; set schedule to 'gpipe' (the same order with so few) "
-            "or use more micro-batches."
+            f"plan schedule='1f1b' with pp={plan.pp} and num_microbatches={plan.num_microbatches}{per_step}: torch's "
+            "Schedule1F1B needs at least pp micro-batches a schedule step; set schedule to 'gpipe' (the same order "
+            "with so few) or use more micro-batches."
         )
     check_tp_overlap_runs_here(plan)
     check_float8_runs_here(plan)

@@ -4,11 +4,13 @@
 (``micro_batch_size * num_microbatches`` samples; :meth:`Trainer.local_batch` cuts it from a
 global batch). Without a pipeline it accumulates gradients over the micro-batches, syncing
 data-parallel gradients only after the last; with one, the schedule runs the micro-batches
-and computes the loss on the last stage. It returns the mean micro-batch loss on ranks that
-hold the last stage and NaN elsewhere; :meth:`Trainer.reduce_loss` gives every rank the
-global loss (a collective, kept out of the step so it is not timed). Under context parallelism the
-target is this cp rank's sequence shard (the blocks shard their inputs and route attention to the cp
-group: autoplan/execute/context_parallel.py), and gradients average over dp x cp.
+and computes the loss on the last stage, in ``schedule_steps`` k schedule steps of m / k each
+(types/schedule_steps.py; torch's FSDP2 reduce-scatter after each, the explicit all-reduce once
+after all). It returns the mean micro-batch loss on ranks that hold the last stage and NaN
+elsewhere; :meth:`Trainer.reduce_loss` gives every rank the global loss (a collective, kept out
+of the step so it is not timed). Under context parallelism the target is this cp rank's sequence
+shard (the blocks shard their inputs and route attention to the cp group:
+autoplan/execute/context_parallel.py), and gradients average over dp x cp.
 """
 
 from __future__ import annotations
@@ -100,7 +102,9 @@ class Trainer:
         :meth:`_pipelined` to report: a 16-bit loss times the scale can overflow where the loss
         does not (the scaler then skips the step), and a reported inf would read as a diverged run."""
         loss = self.loss_fn(output, target if self.target_given else None)
-        scaled = self.scaler.scale_loss(loss) if self.scaler else loss
+        steps = self.plan.schedule_steps  # k > 1: the mean over the optimizer step's m (execute/pipeline.py)
+        mean = loss / self.plan.num_microbatches if steps > 1 else loss
+        scaled = self.scaler.scale_loss(mean) if self.scaler else mean
         self.unscaled_losses.append((scaled, loss.detach().float()))
         return scaled
 
@@ -210,14 +214,16 @@ class Trainer:
         self.target_given = target is not None
         if target is None:  # the schedule splits a target per micro-batch; give it one to split
             target = torch.zeros(batch, device=self.device)
-        kwargs = {"target": target, "losses": losses} if self.holds_last_stage else {}
-        args = inputs if self.holds_first_stage else ()
         self.unscaled_losses.clear()
         self.mark(f"pipeline schedule (chunks {', '.join(map(str, sorted(self.stage_modules)))})")
-        with self._forward_context():
-            self.schedule.step(
-                *args, return_outputs=False, **kwargs
-            )  # the losses are all we use; merging logits costs a copy
+        k = self.plan.schedule_steps  # k schedule steps of m / k micro-batches each (types/schedule_steps.py)
+        for step in range(k):
+            found: list[torch.Tensor] = []
+            kwargs = {"target": shard_batch(target, index=step, parts=k, batch_size=batch), "losses": found}
+            args = shard_batch(inputs, index=step, parts=k, batch_size=batch) if self.holds_first_stage else ()
+            with self._forward_context():  # the losses are all we use; merging logits costs a copy
+                self.schedule.step(*args, return_outputs=False, **(kwargs if self.holds_last_stage else {}))
+            losses += found
         # The schedule's own losses, unscaled; torch's first step also calls the loss on its shape-
         # inference pass (on uninitialised tensors), which is left out by identity.
         kept = [unscaled for scaled, unscaled in self.unscaled_losses if any(scaled is loss for loss in losses)]
