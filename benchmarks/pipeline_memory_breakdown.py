@@ -9,9 +9,10 @@ worst stage's peak is split into the terms cost/memory/per_device.py ``stage_mem
 with the transient T split into its parts (cost/memory/plan.py ``_stage_memory``): the kept output gradients
 (pending K), the boundary tensors the replay counts (``sent`` D: torch's receive slots, m per chunk input and
 output gradient, plus the sends held to the step's end: cost/pp/receive_slots.py, rank_memory.py) and the
-recomputed block's re-made activations. Beside it: the plan with the micro-batches of one schedule step (NeMo
-AutoModel runs its local batch, the notes' "LBS n", as one ``schedule.step`` and accumulates over several), the
-same plan under ``runtime=megatron`` (Megatron-Core's own schedule, one send and one receive buffer), and
+recomputed block's re-made activations, of one schedule step (the row's GA as ``schedule_steps``: NeMo AutoModel
+runs its local batch, the notes' "LBS n", as one ``schedule.step`` and accumulates over several). Beside it: the
+plan with all its micro-batches in one schedule step (as it was priced before 2026-12), that plan under
+``runtime=megatron`` (Megatron-Core's own schedule, one send and one receive buffer), and
 ``peak_if_D_is_hidden``: the peak with every boundary tensor weighed as the gradient a chunk returns (the hidden
 state alone, ``Boundary.returned``; the forward boundary also carries the traced causal mask and rotary tables),
 tp = 1 only. ``--whole-run`` adds benchmarks/whole_run_hours.csv's rows (Llama 3.1 405B).
@@ -22,7 +23,6 @@ tp = 1 only. ``--whole-run`` adds benchmarks/whole_run_hours.csv's rows (Llama 3
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from autoplan.cost import CostModel
 from autoplan.cost.memory.shared import UnsharedStages
 from autoplan.cost.pp.receive_slots import slot_changes
 from autoplan.profile import load_profile
+from autoplan.types.schedule_steps import schedule_step_plan
 
 HERE = Path(__file__).parent
 GIB = 2**30
@@ -44,8 +45,9 @@ def breakdown(model: CostModel, plan) -> dict:
     memories = model.stage_memory(plan, stages)
     index = max(range(len(memories)), key=lambda i: memories[i].peak_bytes)
     stage, memory = stages[index], memories[index]
-    in_flight, after, pending, sent, transient = UnsharedStages().held(plan, index, stage)
-    where = dict(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, m=plan.num_microbatches)
+    step = schedule_step_plan(plan)  # the memory is one schedule step's (types/schedule_steps.py)
+    in_flight, after, pending, sent, transient = UnsharedStages().held(step, index, stage)
+    where = dict(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, m=step.num_microbatches)
     slots = slot_changes(rank=index, **where)[0] if sent else 0
     weights, grads, optimizer, activations, buffers = memory.at_peak_bytes
     layer = model.stage_layers(plan, index)[-1]  # the tensors a block of the stage receives and returns
@@ -54,6 +56,7 @@ def breakdown(model: CostModel, plan) -> dict:
         "runtime": plan.runtime,
         "stage": index,
         "m": plan.num_microbatches,
+        "steps": plan.schedule_steps,
         "v": plan.virtual_stages,
         "weights": weights / GIB,
         "grads": grads / GIB,
@@ -72,14 +75,6 @@ def breakdown(model: CostModel, plan) -> dict:
         "buffers_term": buffers / GIB,
         "peak": memory.peak_bytes / GIB,
     }
-
-
-def per_step_microbatches(row: pd.Series, plan) -> int:
-    """Micro-batches of one pipeline schedule step: NeMo AutoModel runs its local batch (the notes' "LBS n") as one
-    ``schedule.step`` and accumulates gradients over global / (LBS dp) of them (recipes/llm/benchmark.py); the
-    plan's own m where the notes give no LBS."""
-    found = re.search(r"LBS (\d+)", str(row["notes"]))
-    return int(found.group(1)) // plan.micro_batch_size if found else plan.num_microbatches
 
 
 def whole_run_rows(only: str) -> list[dict]:
@@ -111,12 +106,9 @@ def main() -> None:
             continue
         plan = published_plan(row)
         model = CostModel(traced(row["model"], plan.micro_batch_size), profile)
-        step_m = per_step_microbatches(row, plan)
-        variants = {
-            "as pinned": plan,
-            f"m={step_m} a schedule step": replace(plan, num_microbatches=step_m),
-            "megatron": replace(plan, runtime="megatron"),
-        }
+        one = replace(plan, schedule_steps=1)  # all m micro-batches in one schedule step (as priced before 2026-12)
+        variants = {"as pinned": plan, f"m={plan.num_microbatches} in one schedule step": one}
+        variants["megatron"] = replace(one, runtime="megatron")
         for label, variant in variants.items():
             rows.append({"name": row["name"], "variant": label, **breakdown(model, variant)})
     rows += whole_run_rows(args.whole_run) if args.whole_run else []

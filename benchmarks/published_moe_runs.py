@@ -19,6 +19,10 @@ How each layout is pinned, as its software ran it:
   parameter all-gather overlapped); NeMo AutoModel, PyTorch-native FSDP2 with fused attention and
   no torch.compile, as ``torchtitan``, the preset with those switches; DeepSeek-V3's own
   framework has no preset and is priced as ``autoplan``;
+- gradient accumulation: NeMo AutoModel accumulates over GA torch schedule steps of (local batch / mbs)
+  micro-batches each (its notes print "LBS 8, GA 4"; the CSV's ``ga`` column), priced as ``schedule_steps`` = GA
+  where it runs a pipeline (docs/cost-model.md, "Schedule steps"); Megatron's GA is its micro-batches of one
+  schedule, as is any GA without a pipeline;
 - routing: every NVIDIA row forces balanced routing for benchmarking ("force-balance", "fake
   balanced gate"), so the routing model's imbalance is 1 for them.
 
@@ -64,6 +68,7 @@ from autoplan.profile import load_profile
 from autoplan.trace import trace_model_file
 from autoplan.types import Plan
 from autoplan.types.moe import RoutingModel
+from autoplan.types.schedules import TORCH_PIPELINES
 
 HERE = Path(__file__).parent
 EXAMPLES = HERE.parent / "examples"
@@ -155,6 +160,7 @@ def published_plan(row: pd.Series) -> Plan:
         sequence_parallel=tp > 1,
         micro_batch_size=mbs,
         num_microbatches=int(row["global_batch"]) // (dp * mbs),
+        schedule_steps=schedule_steps_of(row, runtime=runtime.get("runtime", "autoplan")),
         schedule="interleaved_1f1b" if v > 1 else ("1f1b" if pp > 1 else "1f1b"),
         virtual_stages=v,
         zero_stage=3 if fsdp else 1,
@@ -165,6 +171,16 @@ def published_plan(row: pd.Series) -> Plan:
         profile="dgx-h100",
         **runtime,
     )
+
+
+def schedule_steps_of(row: pd.Series, *, runtime: str) -> int:
+    """The published gradient accumulation (the CSV's ``ga``, as the notes print it) as schedule steps, where the
+    run's software accumulates over several torch schedule steps (a pipeline under ``TORCH_PIPELINES``: NeMo
+    AutoModel's GA); 1 elsewhere: Megatron runs all its micro-batches in one schedule, and without a pipeline the
+    GA is the micro-batches (module docstring)."""
+    if pd.isna(row["ga"]) or int(row["pp"]) == 1 or runtime not in TORCH_PIPELINES:
+        return 1
+    return int(row["ga"])
 
 
 def overlaps_a2a(row: pd.Series) -> bool:

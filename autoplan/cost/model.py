@@ -305,8 +305,8 @@ class CostModel:
     # ---- the terms, as other code asks them of the model -----------------------------------------
     def stage_memory(self, plan: Plan, stages: list[StageTotals]) -> list[StageMemory]:
         """Per stage, its memory on one device (PlanMemory.stage_memory, with the plan's PowerSGD traffic),
-        its weights shared by the dp x cp ranks (cost/cp/weights.py)."""
-        weights = weight_sync_plan(plan)
+        its weights shared by the dp x cp ranks (cost/cp/weights.py), in one schedule step (types/schedule_steps.py)."""
+        weights = weight_sync_plan(schedule_step_plan(plan))
         return self.memory.stage_memory(shard_view(weights), stages, [self.powersgd_stage(weights, s) for s in stages])
 
     def tied_elements_by_stage(self, plan: Plan, stages: list[StageTotals]) -> dict[int, float]:
