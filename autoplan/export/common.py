@@ -194,6 +194,18 @@ def _comment_block(items: list[str]) -> list[str]:
     return out
 
 
+def refuse_schedule_steps(plan: Plan, *, framework: str) -> None:
+    """One sentence refusing ``schedule_steps`` k > 1 (types/schedule_steps.py) for a ``framework`` whose pipeline
+    runs every micro-batch of a step in one schedule (Megatron-Core's ``--global-batch-size`` over
+    ``--micro-batch-size`` x dp, DeepSpeed's ``gradient_accumulation_steps``): it has no accumulation outside it."""
+    if plan.schedule_steps > 1:
+        raise ExportError(
+            f"schedule_steps={plan.schedule_steps}: {framework} runs all {plan.num_microbatches} micro-batches of a "
+            "step in one pipeline schedule and has no gradient accumulation outside it; export a plan with "
+            "schedule_steps=1 for it."
+        )
+
+
 def refuse_v_schedule(plan: Plan, *, framework: str, runs: str) -> None:
     """One sentence refusing a V schedule (zbv, dualpipev: types/layout.py) for a ``framework`` that places its
     pipeline chunks otherwise (``runs``: what it runs instead): the stage lists would run on other ranks."""

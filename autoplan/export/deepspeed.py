@@ -20,6 +20,7 @@ from autoplan.export.common import (
     ModelFacts,
     expert_layout_notes,
     layers_per_stage,
+    refuse_schedule_steps,
     refuse_v_schedule,
     split_note,
 )
@@ -44,6 +45,7 @@ CHECKPOINTING = {"partition_activations": False, "contiguous_memory_optimization
 def export(plan: Plan, facts: ModelFacts) -> Exported:
     """``plan`` as a DeepSpeed JSON config (module docstring)."""
     refuse_v_schedule(plan, framework="DeepSpeed", runs="runs one chunk per stage (its 1F1B TrainSchedule)")
+    refuse_schedule_steps(plan, framework="DeepSpeed")
     unexpressed = _unexpressed(plan, facts)
     config: dict[str, Any] = {
         **_batch(plan),

@@ -25,6 +25,7 @@ from autoplan.export.common import (
     comment_lines,
     frozen_notes,
     layers_per_stage,
+    refuse_schedule_steps,
     refuse_v_schedule,
     split_note,
 )
@@ -54,6 +55,7 @@ Flags = list[tuple[str, Any]]  # (flag, value); None for a switch
 def export(plan: Plan, facts: ModelFacts) -> Exported:
     """The plan as Megatron-LM arguments (module docstring); what they cannot say is in ``unexpressed``."""
     refuse_v_schedule(plan, framework="Megatron-Core 0.16", runs="loops its virtual pipeline stages over the ranks")
+    refuse_schedule_steps(plan, framework="Megatron-LM")
     notes: list[str] = []
     remarks: list[str] = []
     flags = _model_flags(facts, remarks)

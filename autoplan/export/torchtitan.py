@@ -24,6 +24,7 @@ from autoplan.export.common import Exported, ExportError, Imported, ModelFacts, 
 from autoplan.export.local_sgd import local_sgd_notes
 from autoplan.export.torchtitan_flavours import Flavour, Registry, describe_shape, matching, read_registry
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import step_microbatches
 
 FORMATS = {"py": "0.3", "toml": "0.2"}  # format -> the torchtitan release series it is written for
 GPUS_PER_NODE = 8  # a plan does not say how its devices sit in nodes; the launch line assumes 8
@@ -103,7 +104,8 @@ def training_batch(plan: Plan, facts: ModelFacts, remarks: list[str], *, seq_len
     """The training settings both config formats share: torchtitan's local and global batch, the
     traced sequence length (a remark names ``seq_len_key`` when the trace does not state it), and
     mixed precision (parameters in bf16 unless fp32, gradients reduced in fp32)."""
-    local = plan.micro_batch_size * plan.num_microbatches if plan.pp > 1 else plan.micro_batch_size
+    # under pp one schedule step's micro-batches (schedule_steps k: torchtitan's global / (local x dp) accumulation)
+    local = plan.micro_batch_size * step_microbatches(plan) if plan.pp > 1 else plan.micro_batch_size
     out: dict[str, Any] = {"local_batch_size": local, "global_batch_size": plan.global_batch_size}
     if facts.seq_len:
         out["seq_len"] = facts.seq_len

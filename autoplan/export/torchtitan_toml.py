@@ -328,13 +328,9 @@ def _read_batch(
     mbs = par.get("pipeline_parallel_microbatch_size", 1) if degrees["pp"] > 1 else local
     if local % mbs:
         raise ExportError(f"local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size {mbs}.")
-    accumulation = global_batch // (local * dp)
-    if degrees["pp"] > 1 and accumulation > 1:
-        unmapped.append(
-            f"{accumulation} gradient-accumulation steps with PP: torchtitan runs the pipeline {accumulation} "
-            f"times per step; autoplan prices one pipeline of {global_batch // (dp * mbs)} micro-batches."
-        )
-    return {"micro_batch_size": mbs, "num_microbatches": global_batch // (dp * mbs)}
+    accumulation = global_batch // (local * dp)  # with PP: that many schedule steps (types/schedule_steps.py)
+    steps = {"schedule_steps": accumulation} if degrees["pp"] > 1 and accumulation > 1 else {}
+    return {"micro_batch_size": mbs, "num_microbatches": global_batch // (dp * mbs), **steps}
 
 
 def _read_pipeline(par: dict[str, Any], pp: int, layers: int | None, unmapped: list[str]) -> dict[str, Any]:

@@ -67,6 +67,10 @@ PLANS = {
         devices=4, dp=2, tp=1, pp=2, micro_batch_size=2, num_microbatches=4, schedule="gpipe", zero_stage=3,
         precision="fp8", stages=[["layers.0", "layers.1"], ["layers.2", "layers.3"]],
     ),
+    "pp2-1f1b-two-schedule-steps": Plan(  # torchtitan's gradient accumulation: global / (local x dp) = 2
+        devices=4, dp=2, tp=1, pp=2, micro_batch_size=1, num_microbatches=8, schedule_steps=2, precision="bf16",
+        stages=[["layers.0", "layers.1"], ["layers.2", "layers.3"]],
+    ),
     "pp2-uneven": Plan(
         devices=2, dp=1, tp=1, pp=2, micro_batch_size=1, num_microbatches=4, precision="bf16",
         stages=[["layers.0"], ["layers.1", "layers.2", "layers.3"]],
@@ -276,7 +280,7 @@ def test_read_gives_the_plan_back(name, facts, registry):
     for devices in (plan.devices, None):
         back = titan.read(text, devices=devices).plan()
         same = ("devices", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
-                "virtual_stages", "dp_replicate")  # fmt: skip
+                "virtual_stages", "dp_replicate", "schedule_steps")  # fmt: skip
         assert {k: getattr(back, k) for k in same} == {k: getattr(plan, k) for k in same}
         assert back.cp_variant == "allgather"  # 0.2.2 trains with torch's default rotation
         ddp_only = plan.tp == plan.pp == plan.ep == plan.cp == 1
