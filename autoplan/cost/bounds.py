@@ -50,6 +50,7 @@ from autoplan.types.graph import Graph, OpNode
 from autoplan.types.moe import MoELayer
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedule_steps import schedule_step_plan
 
 
 class StageFacts(Protocol):
@@ -298,8 +299,8 @@ class Bounds:
     def memory_floor_bytes(self, plan: Plan, *, offload: bool = False) -> float:
         """states_floor_bytes, or where larger the floor with the activations in flight
         (cost/memory/in_flight_floor.py); ``offload``: the search may price the plan with its activations on
-        the host, so they are not counted."""
-        floor = self.states_floor_bytes(plan)
+        the host, so they are not counted. Of one schedule step, as the memory is (types/schedule_steps.py)."""
+        floor = self.states_floor_bytes(plan := schedule_step_plan(plan))
         if (key := schedule_key(plan)) not in self._schedule_weights:  # read by every plan of one schedule
             self._schedule_weights[key] = schedule_weights(plan)
         if offload or (weights := self._schedule_weights[key]) is None:

@@ -90,6 +90,7 @@ class Group:
     cp_variant: str = "allgather"  # how the cp ranks exchange keys and values (solve/context_parallel.py)
     runtime: str = "autoplan"  # the runtime its plans are priced for (SearchOptions.runtime)
     compile: bool = False  # blocks compiled with torch.compile: only when pinned (--fix compile=on)
+    schedule_steps: int = 1  # schedule steps of m / k: only when pinned (--fix schedule_steps=k)
 
     @staticmethod
     def least_bubble(schedules: list[tuple[str, int]], *, pp: int, share: float) -> float:
@@ -182,6 +183,7 @@ class Group:
             runtime=self.runtime,
             routing=self.routing,
             compile=self.compile,
+            schedule_steps=self.schedule_steps,
         )
 
 
@@ -257,6 +259,7 @@ def config_of(plan: Plan) -> dict:
         **({"offload_activations": True} if plan.offload_activations else {}),
         **({"moe_a2a_overlap": True} if plan.moe_a2a_overlap else {}),
         **({"sync_every": plan.sync_every, "outer_optimizer": plan.outer_optimizer} if is_local_sgd(plan) else {}),
+        **({"schedule_steps": plan.schedule_steps} if plan.schedule_steps > 1 else {}),
     )
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoplan.errors import PlanError
 from autoplan.solve import expert_layout, space
 from autoplan.solve.candidates import Group
 from autoplan.solve.context_parallel import folds_into_dp, variant_options
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
 from autoplan.solve.sparse_grads import keep_degrees
+from autoplan.types.schedules import TORCH_PIPELINES
 
 
 def search_degrees(search: Any) -> list:
@@ -28,7 +30,19 @@ def search_degrees(search: Any) -> list:
     degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=search.max_tp, **kw)]
     degrees = keep_degrees(degrees, search.sparse_tables)
     space.check_zero_pin(degrees, search.fixes, runtime=opts.runtime)
+    check_schedule_steps_pin(search.fixes, runtime=opts.runtime)
     return degrees
+
+
+def check_schedule_steps_pin(fixes: dict, *, runtime: str) -> None:
+    """A pinned ``schedule_steps`` k > 1 needs a runtime that runs torch's schedules (types/schedule_steps.py);
+    one sentence otherwise."""
+    k = fixes.get("schedule_steps", 1)
+    if k > 1 and runtime not in TORCH_PIPELINES:
+        raise PlanError(
+            f"--fix schedule_steps={k} with --runtime {runtime}: only runtimes that run torch's pipeline schedules "
+            f"({', '.join(TORCH_PIPELINES)}) accumulate over several schedule steps; pin schedule_steps=1."
+        )
 
 
 def bounded_groups(search: Any) -> list[tuple[float, Any]]:
@@ -46,9 +60,11 @@ def bounded_groups(search: Any) -> list[tuple[float, Any]]:
                 for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=search.fixes):
                     if folds_into_dp(cp=deg.cp, mbs=mbs, fixes=search.fixes) or (expert_layout.folds(deg) and not sp):
                         continue
-                    m = opts.batch_size // (deg.dp * mbs)
-                    schedules = space.schedule_options(
-                        pp=deg.pp, layers=layers, num_microbatches=m, fixes=search.fixes, runtime=opts.runtime
+                    m, k = opts.batch_size // (deg.dp * mbs), search.fixes.get("schedule_steps", 1)
+                    if k > 1 and (deg.pp == 1 or m % k):  # pinned schedule steps: a pipeline of k steps of m / k
+                        continue
+                    schedules = space.schedule_options(  # the schedules one schedule step's m / k runs
+                        pp=deg.pp, layers=layers, num_microbatches=m // k, fixes=search.fixes, runtime=opts.runtime
                     )
                     if not schedules:
                         continue
@@ -57,6 +73,6 @@ def bounded_groups(search: Any) -> list[tuple[float, Any]]:
                     for variant in variant_options(search.profile, cp=deg.cp, fixes=search.fixes):
                         compiled = bool(search.fixes.get("compile", False))
                         group = Group(deg, precision, sp, mbs, m, b_min, routing=search.routing, cp_variant=variant,
-                                      runtime=opts.runtime, compile=compiled)  # fmt: skip
+                                      runtime=opts.runtime, compile=compiled, schedule_steps=k)  # fmt: skip
                         found.append((search.lower_bound(group), group))
     return sorted(found, key=lambda item: item[0])

@@ -11,6 +11,7 @@ from autoplan.solve.pipeline import Partition, PartitionProblem, partition
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import schedule_step_plan
 from autoplan.types.schedules import v_shaped
 
 #: answers kept per problem shape as hints, each one evaluation (O(pp)) per problem: on the 739 V problems of
@@ -28,8 +29,9 @@ class Partitions:
 
     def stages(self, plan: Plan) -> list[list[str]]:
         """Stages (``pp * v`` chunks when interleaved): the min-max partition of solve/pipeline.py,
-        which minimises the slowest stage's total over its chunks, as CostModel charges it."""
-        layers = self.graph.layers
+        which minimises the slowest stage's total over its chunks, as CostModel charges it (its re-runs and memory
+        those of one schedule step: types/schedule_steps.py)."""
+        plan, layers = schedule_step_plan(plan), self.graph.layers
         if plan.pp == 1:
             return [list(layers)]
         chunks = plan.pp * plan.virtual_stages
@@ -41,8 +43,8 @@ class Partitions:
         return self._memo.get(self._time_key(plan), plan.tp_plan, make)
 
     def within_memory(self, plan: Plan) -> list[list[str]] | None:
-        """The best stages under the memory limits, or None when no partition fits."""
-        found = self._partition(self.stage_costs.problem(plan, memory_limit=True))
+        """The best stages under the memory limits (one schedule step's), or None when no partition fits."""
+        found = self._partition(self.stage_costs.problem(schedule_step_plan(plan), memory_limit=True))
         return None if found is None else stages_from(self.graph.layers, found.bounds)
 
     def _time_key(self, plan: Plan) -> tuple:

@@ -14,7 +14,9 @@ Plan.recompute_blocks), ``offload`` (none, optimizer, full: Plan.offload), ``off
 Plan.offload_activations), ``expert_tp`` (the experts' tensor-parallel degree, solve/expert_layout.py),
 ``moe_a2a_overlap`` (on/off: the EP all-to-all beside the other micro-batch's compute, solve/moe_overlap.py),
 ``sync_every`` (local SGD's H, an integer >= 1) with ``outer_optimizer`` (average, nesterov: solve/local_sgd.py), and
-``grad_compression`` (none, powersgd, topk) and ``topk_ratio`` (a fraction in (0, 1], solve/sparsify.py).
+``grad_compression`` (none, powersgd, topk) and ``topk_ratio`` (a fraction in (0, 1], solve/sparsify.py), and
+``schedule_steps`` (k >= 1 pipeline schedule steps per optimizer step, types/schedule_steps.py: only pipelined
+groups whose micro-batches it divides, with the schedules their m / k runs).
 Anything else is refused in one sentence.
 """
 
@@ -54,8 +56,10 @@ FIX_KEYS = (
     "outer_optimizer",
     "grad_compression",
     "topk_ratio",
+    "schedule_steps",
 )
-_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp", "sync_every")
+_INT_KEYS = ("dp", "ep", "tp", "pp", "cp", "mbs", "zero", "v", "powersgd", "dp_replicate", "expert_tp", "sync_every",
+              "schedule_steps")  # fmt: skip
 _SCHEDULE_ALIASES = {
     "interleaved": "interleaved_1f1b",
     "interleaved_1f1b": "interleaved_1f1b",

@@ -214,15 +214,19 @@ class Search:
     def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int]]]:
         """(tp_comm_overlap, recompute, (schedule, v)) choices of a group: what sets its stage times."""
         deg, layers = g.degrees, len(self.graph.layers)
-        if (key := (deg.tp, deg.pp, g.sp, g.m)) not in self._stage_memo:
+        if (key := (deg.tp, deg.pp, g.sp, g.m, g.schedule_steps)) not in self._stage_memo:
             self._stage_memo[key] = [
                 (overlap, recompute, sv)
                 for overlap in space.tp_overlap_options(
                     profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes
                 )
                 for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
-                for sv in space.schedule_options(
-                    pp=deg.pp, layers=layers, num_microbatches=g.m, fixes=self.fixes, runtime=self.options.runtime
+                for sv in space.schedule_options(  # those one schedule step's m / k runs (types/schedule_steps.py)
+                    pp=deg.pp,
+                    layers=layers,
+                    num_microbatches=g.m // g.schedule_steps,
+                    fixes=self.fixes,
+                    runtime=self.options.runtime,
                 )
             ]
         return self._stage_memo[key]

@@ -28,6 +28,7 @@ from typing import Any, Callable
 from autoplan.cost.memory.in_flight_floor import blocks_states_bytes, schedule_key
 from autoplan.cost.memory.replayed import most_sent, replays_memory
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import schedule_step_plan
 from autoplan.types.schedules import V_SCHEDULES
 
 
@@ -60,7 +61,9 @@ class SendsFloor:
         self._inputs: dict[int, tuple[Any, float]] = {}  # by the summaries' identity, holding them
 
     def floor_bytes(self, plan: Plan) -> float:
-        """The module docstring's floor, bytes per device; 0 where ``plan``'s memory is not replayed."""
+        """The module docstring's floor, bytes per device; 0 where ``plan``'s memory is not replayed. Of one schedule
+        step, as the memory is (types/schedule_steps.py)."""
+        plan = schedule_step_plan(plan)
         if (key := schedule_key(plan)) not in self._sent:
             self._sent[key] = sent_counts(plan)
         if (sent := self._sent[key]) is None:
