@@ -16,14 +16,10 @@ holds chunk p's input gradient, which rank_memory counts as sent from chunk p's 
     W or BW of p - 1      + 1 - 1 (the slot's again; rank_memory's count of the output sent, taken back)
     B or BW of chunk p    - 1    (rank_memory's count of the input gradient sent, taken back: a gradient one)
 
-A gradient slot is there only for the tensors whose gradient comes back (cost/blocks.py ``input_grad_bytes``):
-torch allocates one for an output only where the next stage's input gradient has metadata, that is where that
-input requires grad (stage.py ``_backward_metadata_inference``: ``elif fwd_inputs[i].requires_grad``; the manual
-``PipelineStage._create_grad_recv_info``: ``buffer=... if grad_meta else None``), and ``get_bwd_send_ops`` sends
-only the gradients there are. So the forward slots and sends weigh D, the gradient ones D_g (a mask or a rotary
-table crosses forward only). Grad slots hold a received tensor no kept gradient is: a stage's output gradient
-reaches its last parameter node through the residual add, a new tensor under autocast (the bf16 audits; an fp32
-stage may share it).
+Forward slots and sends weigh D, gradient ones D_g: torch makes a gradient buffer only for an input that requires
+grad (stage.py ``_create_grad_recv_info``: ``buffer=... if grad_meta else None``; cost/blocks.py
+``input_grad_bytes``; docs/cost-model.md, "A boundary's gradients weigh D_g"). Grad slots hold a received tensor
+no kept gradient is (the last block's residual add makes a new one under autocast; an fp32 stage may share it).
 """
 
 from __future__ import annotations
