@@ -7,15 +7,16 @@ worst stage's peak is split into the terms cost/memory/per_device.py ``stage_mem
     peak = W + O + max(M1, M2, M3),  M2 = n' S + G + max(T, scatter - S_block) + buffers (the pipeline's usual peak)
 
 with the transient T split into its parts (cost/memory/plan.py ``_stage_memory``): the kept output gradients
-(pending K), the boundary tensors the replay counts (``sent`` D: torch's receive slots, m per chunk input and
-output gradient, plus the sends held to the step's end: cost/pp/receive_slots.py, rank_memory.py) and the
-recomputed block's re-made activations, of one schedule step (the row's GA as ``schedule_steps``: NeMo AutoModel
-runs its local batch, the notes' "LBS n", as one ``schedule.step`` and accumulates over several). Beside it: the
-plan with all its micro-batches in one schedule step (as it was priced before 2026-12), that plan under
-``runtime=megatron`` (Megatron-Core's own schedule, one send and one receive buffer), and
-``peak_if_D_is_hidden``: the peak with every boundary tensor weighed as the gradient a chunk returns (the hidden
-state alone, ``Boundary.returned``; the forward boundary also carries the traced causal mask and rotary tables),
-tp = 1 only. ``--whole-run`` adds benchmarks/whole_run_hours.csv's rows (Llama 3.1 405B).
+(pending K), the boundary tensors and gradients the replay counts (``sent`` D + ``grads`` D_g: torch's receive
+slots, m per chunk input and output gradient, plus the sends held to the step's end: cost/pp/receive_slots.py,
+rank_memory.py) and the recomputed block's re-made activations, of one schedule step (the row's GA as
+``schedule_steps``: NeMo AutoModel runs its local batch, the notes' "LBS n", as one ``schedule.step`` and
+accumulates over several). Beside it: the plan with all its micro-batches in one schedule step (as it was priced
+before 2026-12), that plan under ``runtime=megatron`` (Megatron-Core's own schedule, one send and one receive
+buffer), and ``peak_if_grads_at_D``: the peak with every gradient weighed as the whole boundary (D_g = D, as
+autoplan priced it before gradients had their own size: the forward boundary also carries the traced causal mask
+and rotary tables, which send no gradient back). ``--whole-run`` adds
+benchmarks/whole_run_hours.csv's rows (Llama 3.1 405B).
 
     python benchmarks/pipeline_memory_breakdown.py [--only automodel_dsv3]
 """
@@ -31,7 +32,7 @@ from published_moe_runs import published_plan, traced, why_left_out
 
 from autoplan.cost import CostModel
 from autoplan.cost.memory.shared import UnsharedStages
-from autoplan.cost.pp.receive_slots import slot_changes
+from autoplan.cost.pp.receive_slots import held_bytes, slot_changes
 from autoplan.profile import load_profile
 from autoplan.types.schedule_steps import schedule_step_plan
 
@@ -48,10 +49,11 @@ def breakdown(model: CostModel, plan) -> dict:
     step = schedule_step_plan(plan)  # the memory is one schedule step's (types/schedule_steps.py)
     in_flight, after, pending, sent, transient = UnsharedStages().held(step, index, stage)
     where = dict(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, m=step.num_microbatches)
-    slots = slot_changes(rank=index, **where)[0] if sent else 0
+    tensors = dict(boundary_bytes=stage.boundary_bytes, grad_bytes=stage.boundary_grad_bytes)
+    slots = held_bytes(*slot_changes(rank=index, **where)[0], **tensors) if sent else 0.0
     weights, grads, optimizer, activations, buffers = memory.at_peak_bytes
-    layer = model.stage_layers(plan, index)[-1]  # the tensors a block of the stage receives and returns
-    returned = sum(model.block_inputs(layer, plan).returned) if plan.tp == 1 else float("nan")  # tp > 1: a shard
+    whole = [replace(s, boundary_grad_bytes=s.boundary_bytes) for s in stages]  # D_g = D
+    before = max(m.peak_bytes for m in model.stage_memory(plan, whole))
     return {
         "runtime": plan.runtime,
         "stage": index,
@@ -64,12 +66,11 @@ def breakdown(model: CostModel, plan) -> dict:
         "acts_in_flight": after * stage.saved_bytes / GIB,
         "held_mb": after,
         "kept_grads": pending * stage.wgrad_held_bytes / GIB,
-        "recv_slots_at_start": slots * stage.boundary_bytes / GIB,
-        "sent_and_slots_at_peak": sent * stage.boundary_bytes / GIB,
-        "boundary_tensors": sent,
+        "recv_slots_at_start": slots / GIB,
+        "sent_and_slots_at_peak": sent / GIB,
         "boundary_MiB": stage.boundary_bytes / 2**20,
-        "grad_boundary_MiB": returned / 2**20,
-        "peak_if_D_is_hidden": (memory.peak_bytes - sent * (stage.boundary_bytes - returned)) / GIB,
+        "grad_boundary_MiB": stage.boundary_grad_bytes / 2**20,
+        "peak_if_grads_at_D": before / GIB,
         "recompute_transient": transient / GIB,
         "activations_term": activations / GIB,
         "buffers_term": buffers / GIB,

@@ -112,11 +112,12 @@ def run(rank: int, port: int, schedule: str, m: int, out: dict) -> None:
 
 
 def priced(schedule: str, m: int, rank: int) -> tuple[int, int | None]:
-    """autoplan's receive slots at the step's start and, where it replays the order, its most boundary tensors."""
+    """autoplan's receive slots at the step's start and, where it replays the order, its most boundary tensors
+    (forward and gradient ones together: every boundary tensor here has a gradient)."""
     if schedule == "1f1b":
-        return single_chunk_slots(pp=WORLD, m=m, rank=rank), None
+        return sum(single_chunk_slots(pp=WORLD, m=m, rank=rank)), None
     where = dict(schedule=schedule, pp=WORLD, virtual_stages=2, m=m, rank=rank)
-    return slot_changes(**where)[0], rank_floors(**where).most_sent
+    return sum(slot_changes(**where)[0]), rank_floors(**where).most_sent[0]
 
 
 def free_port() -> int:

@@ -83,6 +83,8 @@ class LayerSummary:
     loss_saved_bytes: float = 0.0  # of saved_bytes, the loss's own (torch's split backward frees them at B)
     expert_fwd_s: float = 0.0  # of fwd_s, the routed experts' grouped GEMMs (cost/moe/a2a_overlap.py pairs them)
     expert_bwd_s: float = 0.0
+    #: of input_bytes, the inputs whose gradient goes back (Graph.grad_nodes: not masks or rotary tables)
+    input_grad_bytes: float = 0.0
 
     @property
     def trainable_param_count(self) -> float:
@@ -152,6 +154,8 @@ def summarise(
     held, params = facts.params
     held, params, expert_params = _split_experts(held, params, experts)
     inputs = _input_bytes(structure, ctx, dtypes)
+    grads = graph.grad_nodes()
+    input_grads = _input_bytes(structure, ctx, dtypes, nodes=tuple(n for n in structure.inputs if n.name in grads))
     outputs = _input_bytes(structure, ctx, dtypes, nodes=structure.outputs)
     cp = context_parallel(terms.attention, ctx, graph)
     saved += cp.held_bytes
@@ -168,6 +172,7 @@ def summarise(
         selective_dropped_bytes=max(0.0, saved - inputs - t.kept_bytes - (experts.a2a_kept_bytes if experts else 0.0)),
         loss_grad_bytes=facts.loss_grad_bytes * f,
         input_bytes=inputs,
+        input_grad_bytes=input_grads,
         output_bytes=outputs,
         param_count=params,
         param_names=tuple(held),

@@ -157,8 +157,9 @@ class CostModel:
             for position, layer in enumerate(chunk):
                 block = summaries[layer]
                 if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
-                    whole = block.input_bytes * (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1)
-                    stage.boundary_bytes = max(stage.boundary_bytes, whole)
+                    whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
+                    stage.boundary_bytes = max(stage.boundary_bytes, block.input_bytes * whole)
+                    stage.boundary_grad_bytes = max(stage.boundary_grad_bytes, block.input_grad_bytes * whole)
                 recompute = plan.recompute if layer in rerun else "none"
                 add_block(stage, block, recompute=recompute, chunk=index, reruns=plan_forward_reruns(plan, index))
                 if plan.offload_activations and layer not in rerun:  # types/activation_offload.py

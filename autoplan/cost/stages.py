@@ -47,6 +47,7 @@ class StageTotals:
     recomputed: list[bool] = field(default_factory=list)  # per entry of blocks: under the plan's recompute
     reruns: list[float] = field(default_factory=list)  # per entry of blocks: forward re-runs (cost/pp/reruns.py)
     boundary_bytes: float = 0.0  # activation received from the previous stage, per micro-batch
+    boundary_grad_bytes: float = 0.0  # of it, the tensors whose gradient goes back (LayerSummary.input_grad_bytes)
     param_names: set[str] = field(default_factory=set)  # the outside nodes' weights: a tied one is held once
     #: per chunk the stage runs, its share of saved_bytes and wgrad_held_bytes (a replayed schedule weighs each
     #: chunk's own: cost/pp/rank_memory.py); the outside nodes count with the chunk they run beside

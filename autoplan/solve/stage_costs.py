@@ -112,10 +112,16 @@ class StageCosts:
         in_flight = [in_flight_chunks(plan, k) for k in range(plan.pp)]
         extra_bytes[0] += static.dense(pre) + pre.saved_bytes * in_flight[0]
         extra_bytes[last] += static.dense(post) + post.saved_bytes * in_flight[last]
-        cut_of = {size: cut_s(self.profile, plan, size) for size in dict.fromkeys(blocks.inputs)}  # each size once
+        cut_of = {size: cut_s(self.profile, plan, *size) for size in dict.fromkeys(blocks.inputs)}  # each size once
         cuts_s = [0.0, *(cut_of[size] for size in blocks.inputs), 0.0] if blocks.times else [0.0]  # no block: 1 cut
         capacity = (
-            stage_capacity_bytes(self.profile, plan, boundary_bytes=blocks.boundary, block_params=blocks.most_params)
+            stage_capacity_bytes(
+                self.profile,
+                plan,
+                boundary_bytes=blocks.boundary[0],
+                grad_bytes=blocks.boundary[1],
+                block_params=blocks.most_params,
+            )
             if memory_limit
             else float("inf")
         )
@@ -150,8 +156,11 @@ class StageCosts:
                 static=tuple(per_distinct(blocks, lambda b: static.dense(b, experts_apart=True) + static.experts(b))),
                 acts=tuple(per_distinct(blocks, lambda b: kept_bytes(b, plan.recompute))),
                 peak_block=max(b.saved_bytes for b in blocks) if plan.recompute == "full" else 0.0,
-                boundary=max((b.input_bytes for b in blocks[1:]), default=0.0),  # the first block's is never sent
-                inputs=tuple(b.input_bytes for b in blocks[1:]),  # identical blocks cut at identical tensors
+                boundary=(  # the first block's is never sent
+                    max((b.input_bytes for b in blocks[1:]), default=0.0),
+                    max((b.input_grad_bytes for b in blocks[1:]), default=0.0),
+                ),
+                inputs=tuple((b.input_bytes, b.input_grad_bytes) for b in blocks[1:]),  # identical blocks, tensors
                 most_params=max((b.param_count for b in blocks), default=0),
                 pre=pre,
                 post=post,
@@ -351,8 +360,8 @@ class _ProblemBlocks:
     static: tuple[float, ...]
     acts: tuple[float, ...]
     peak_block: float
-    boundary: float
-    inputs: tuple[float, ...]  # the blocks' after the first
+    boundary: tuple[float, float]  # the largest block input after the first and its gradients (D, D_g)
+    inputs: tuple[tuple[float, float], ...]  # the blocks' after the first, and their gradients
     most_params: float
     pre: LayerSummary
     post: LayerSummary

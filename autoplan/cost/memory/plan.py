@@ -30,7 +30,7 @@ from autoplan.cost.memory.per_device import (
 )
 from autoplan.cost.memory.replayed import replays_memory
 from autoplan.cost.memory.shared import SharedStageMemo, StageFacts, UnsharedStages
-from autoplan.cost.pp.receive_slots import single_chunk_slots
+from autoplan.cost.pp.receive_slots import held_bytes, single_chunk_slots
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
@@ -90,7 +90,7 @@ class PlanMemory:
         return stage_memory(
             states=with_outer_state(self._states(plan, stage), plan, stage),  # DiLoCo's, if any
             saved_bytes=stage.saved_bytes,
-            transient_bytes=transient + pending * stage.wgrad_held_bytes + sent * stage.boundary_bytes,
+            transient_bytes=transient + pending * stage.wgrad_held_bytes + sent,
             in_flight=in_flight,
             in_flight_after=in_flight_after,
             last_block_bytes=last_block_bytes,
@@ -102,7 +102,7 @@ class PlanMemory:
                 block_params=block_params,
                 precision=plan.precision,
             )
-            + _single_chunk_slots(plan, index) * stage.boundary_bytes
+            + _single_chunk_slots(plan, index, stage)
             + powersgd.held_bytes,  # error feedback and P, Q (cost/dp/compression.py)
             scatter_bytes=scatter_buffer_bytes(
                 zero_stage=plan.zero_stage,
@@ -183,12 +183,13 @@ def torch_slots(plan: Plan) -> bool:
     return plan.pp > 1 and (plan.runtime in TORCH_PIPELINES or replays_memory(plan))
 
 
-def _single_chunk_slots(plan: Plan, index: int) -> float:
-    """The receive slots of a torch-run 1F1B or GPipe stage; the replayed schedules count theirs in their
-    states (cost/memory/replayed.py)."""
+def _single_chunk_slots(plan: Plan, index: int, stage: StageTotals) -> float:
+    """The bytes of the receive slots of a torch-run 1F1B or GPipe stage, a forward one D and a gradient one D_g
+    (cost/pp/receive_slots.py); the replayed schedules count theirs in their states (cost/memory/replayed.py)."""
     if not torch_slots(plan) or replays_memory(plan):
         return 0.0
-    return single_chunk_slots(pp=plan.pp, m=plan.num_microbatches, rank=index)
+    forward, grads = single_chunk_slots(pp=plan.pp, m=plan.num_microbatches, rank=index)
+    return held_bytes(forward, grads, boundary_bytes=stage.boundary_bytes, grad_bytes=stage.boundary_grad_bytes)
 
 
 def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:

@@ -11,7 +11,8 @@ gradients K_j (cost/stages.py ``chunk_saved_bytes``, ``chunk_held_bytes``):
 (j over the chunk groups of cost/pp/rank_memory.py ``chunk_groups``: the first chunk, the last, and the ones
 between at their mean; the loss's chunk keeps K_j - X, X the loss's saved tensors, which torch's split backward
 frees at B: ``StageTotals.loss_saved_bytes``) in units of the whole stage's micro-batch, as
-cost/memory/per_device.py's moments take them, ``sent`` boundary tensors (with the receive slots), and the
+cost/memory/per_device.py's moments take them, ``sent`` boundary tensors D and ``grads`` gradients of them D_g
+(cost/stages.py ``boundary_bytes``, ``boundary_grad_bytes``; each with its receive slots), and the
 loss's gradients only where the state is the loss's backward (a recomputed block's transient, cost/stages.py
 ``peak_block_bytes``, counts at every state). Megatron-Core and DeepSpeed run their own schedules, which wait
 each send at once: their closed forms (cost/pp/schedule.py, zero_bubble.py) stay.
@@ -22,6 +23,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_floors, rank_states, state_matrix
+from autoplan.cost.pp.receive_slots import held_bytes as boundary_held_bytes
 from autoplan.cost.stages import StageTotals
 from autoplan.types.plan import Plan
 from autoplan.types.schedules import RUNTIME_SCHEDULES, TORCH_PIPELINES, V_SCHEDULES
@@ -54,19 +56,21 @@ def _per_group(plan: Plan, index: int, by_chunk: dict[int, float], total: float)
 
 
 def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float, float]:
-    """(held, pending, sent, the loss's gradients alive) of stage ``index`` at its state holding the most bytes
-    (module docstring)."""
+    """(held, pending, the bytes of the boundary tensors and gradients sent and in receive slots, the loss's
+    gradients alive) of stage ``index`` at its state holding the most bytes (module docstring)."""
     saved, _ = _per_group(plan, index, stage.chunk_saved_bytes, stage.saved_bytes)
     kept, sizes = _per_group(plan, index, stage.chunk_held_bytes, stage.wgrad_held_bytes)
     kept[-1] = max(0.0, kept[-1] - stage.loss_saved_bytes)  # the loss's chunk, last: its saved tensors freed at B
-    weights = (*saved, *kept, stage.boundary_bytes, stage.loss_grad_bytes)
+    weights = (*saved, *kept, stage.boundary_bytes, stage.boundary_grad_bytes, stage.loss_grad_bytes)
     state = _peak(tuple(_key(plan, index).values()), weights)
     g, v = len(saved), plan.virtual_stages
     held_bytes = sum(n * s for n, s in zip(state[:g], saved))
     kept_bytes = sum(n * k for n, k in zip(state[g : 2 * g], kept))
     held = held_bytes / stage.saved_bytes if stage.saved_bytes else sum(state[:g]) / v
     pending = kept_bytes / stage.wgrad_held_bytes if stage.wgrad_held_bytes else sum(state[g : 2 * g]) / v
-    return held, pending, float(state[2 * g]), stage.loss_grad_bytes * state[2 * g + 1]
+    tensors = dict(boundary_bytes=stage.boundary_bytes, grad_bytes=stage.boundary_grad_bytes)
+    sent = boundary_held_bytes(state[2 * g], state[2 * g + 1], **tensors)
+    return held, pending, sent, stage.loss_grad_bytes * state[2 * g + 2]
 
 
 @lru_cache(maxsize=65536)
@@ -75,9 +79,10 @@ def _peak(key: tuple, weights: tuple[float, ...]) -> tuple[int, ...]:
     many plans on the same stage totals."""
     schedule, pp, v, m, rank = key
     where = dict(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
-    g = (len(weights) - 2) // 2
+    g = (len(weights) - 3) // 2
     return peak_state(rank_states(**where), saved_bytes=weights[:g], kept_bytes=weights[g : 2 * g],
-                      boundary_bytes=weights[-2], loss_bytes=weights[-1], matrix=state_matrix(**where))  # fmt: skip
+                      boundary_bytes=weights[-3], grad_bytes=weights[-2], loss_bytes=weights[-1],
+                      matrix=state_matrix(**where, merged=weights[-3] == weights[-2]))  # fmt: skip
 
 
 def held_floor(plan: Plan, index: int) -> tuple[float, float]:
@@ -87,7 +92,8 @@ def held_floor(plan: Plan, index: int) -> tuple[float, float]:
     return rank_floors(**_key(plan, index)).held_floor
 
 
-def most_sent(plan: Plan, index: int) -> int:
-    """The most boundary tensors stage ``index`` holds at once over its replayed states (its finished sends and
-    receive slots): its peak state holds at least their bytes (the search's memory floor, cost/memory/sent_floor.py)."""
+def most_sent(plan: Plan, index: int) -> tuple[int, int]:
+    """The most boundary tensors and gradients together, and the most boundary tensors, stage ``index`` holds at
+    once over its replayed states (its finished sends and receive slots): its peak state holds at least their bytes
+    at D_g each, and the second's at D each (the search's memory floor, cost/memory/sent_floor.py)."""
     return rank_floors(**_key(plan, index)).most_sent

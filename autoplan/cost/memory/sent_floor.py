@@ -5,15 +5,16 @@ Where a stage's peak is its replayed order's (cost/memory/replayed.py), its mome
 stage_memory) counts the state of its order holding the most bytes, sum_j (h_j S_j + k_j K_j) + sent D_k + loss L,
 with every weight >= 0; that state holds at least as many bytes as the one with the most tensors sent, so
 
-    peak_k >= W_k + G_k + O_k + n_k D_k
+    peak_k >= W_k + G_k + O_k + max(n_k D_g,  f_k D)
 
-with n_k the most boundary tensors rank k's states hold at once (replayed.py ``most_sent``: sends finished but not
-waited, and the receive slots) and D_k the stage's boundary tensor: the input of the first block of a chunk of
-index > 0, received whole on every tp rank (cost/stages.py), so D_k >= D, the smallest input of a block after the
-first; stage 0 of a one-chunk pipeline receives none (n_0 D_0 counted 0). The largest of the pp devices is at least
-their mean and at least each one, so
+with n_k the most boundary tensors and gradients rank k's states hold at once, f_k the most boundary tensors
+(replayed.py ``most_sent``: sends finished but not waited, and the receive slots), D_k the stage's boundary: the
+input of the first block of a chunk of index > 0, received whole on every tp rank (cost/stages.py), so D_k >= D,
+the smallest input of a block after the first, and its gradients D_g,k >= D_g, the smallest of theirs (a state's
+bytes f D_k + g D_g,k with D_k >= D_g,k: at least (f + g) D_g and f D); stage 0 of a one-chunk pipeline receives
+none (counted 0). The largest of the pp devices is at least their mean and at least each one, so
 
-    peak >= max((sum_k states_k + D sum_k n_k) / pp,  D max_k n_k)
+    peak >= max((sum_k states_k + max(D_g sum_k n_k, D sum_k f_k)) / pp,  D_g max_k n_k,  D max_k f_k)
 
 with sum_k states_k at least the blocks' model states (in_flight_floor.py ``blocks_states_bytes``, and the routed
 experts', experts_floor.py): none depends on the partition. Measured on GPT-1T on 3,072 A100s, the sends alone exceed
@@ -32,19 +33,23 @@ from autoplan.types.schedule_steps import schedule_step_plan
 from autoplan.types.schedules import V_SCHEDULES
 
 
-def sent_counts(plan: Plan) -> tuple[int, ...] | None:
-    """n_k of the module docstring per stage (0 where the stage receives nothing); None where ``plan``'s memory is
-    not replayed. Reads only the plan's schedule key (in_flight_floor.py ``schedule_key``)."""
+def sent_counts(plan: Plan) -> tuple[tuple[int, int], ...] | None:
+    """(n_k, f_k) of the module docstring per stage ((0, 0) where the stage receives nothing); None where ``plan``'s
+    memory is not replayed. Reads only the plan's schedule key (in_flight_floor.py ``schedule_key``)."""
     if not replays_memory(plan):
         return None
     receives = [k > 0 or plan.virtual_stages > 1 or plan.schedule in V_SCHEDULES for k in range(plan.pp)]
-    return tuple(most_sent(plan, k) if receives[k] else 0 for k in range(plan.pp))
+    return tuple(most_sent(plan, k) if receives[k] else (0, 0) for k in range(plan.pp))
 
 
-def sent_floor_bytes(plan: Plan, *, states_bytes: float, boundary_bytes: float, sent: tuple[int, ...]) -> float:
+def sent_floor_bytes(
+    plan: Plan, *, states_bytes: float, boundary_bytes: float, grad_bytes: float, sent: tuple[tuple[int, int], ...]
+) -> float:
     """The module docstring's floor, bytes per device: ``states_bytes`` the blocks' model states per device summed
-    over the stages' devices, ``boundary_bytes`` D, ``sent`` :func:`sent_counts` of ``plan``."""
-    return max((states_bytes + boundary_bytes * sum(sent)) / plan.pp, boundary_bytes * max(sent))
+    over the stages' devices, ``boundary_bytes`` D, ``grad_bytes`` D_g, ``sent`` :func:`sent_counts` of ``plan``."""
+    both, forward = [n for n, _ in sent], [f for _, f in sent]
+    summed = max(grad_bytes * sum(both), boundary_bytes * sum(forward))
+    return max((states_bytes + summed) / plan.pp, grad_bytes * max(both), boundary_bytes * max(forward))
 
 
 class SendsFloor:
@@ -57,8 +62,8 @@ class SendsFloor:
         self, stage_costs: Any, trained_floor: Callable[[float], float], experts_bytes: Callable[[Plan], float]
     ):
         self.stage_costs, self.trained_floor, self.experts_bytes = stage_costs, trained_floor, experts_bytes
-        self._sent: dict[tuple, tuple[int, ...] | None] = {}
-        self._inputs: dict[int, tuple[Any, float]] = {}  # by the summaries' identity, holding them
+        self._sent: dict[tuple, tuple[tuple[int, int], ...] | None] = {}
+        self._inputs: dict[int, tuple[Any, tuple[float, float]]] = {}  # by the summaries' identity, holding them
 
     def floor_bytes(self, plan: Plan) -> float:
         """The module docstring's floor, bytes per device; 0 where ``plan``'s memory is not replayed. Of one schedule
@@ -72,15 +77,21 @@ class SendsFloor:
         states = blocks_states_bytes(plan, block_params=blocks, trained=self.trained_floor(blocks))
         states += self.experts_bytes(plan)
         whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1  # received whole on each tp rank
-        boundary = whole * self._least_input_bytes(plan)
-        return sent_floor_bytes(plan, states_bytes=states, boundary_bytes=boundary, sent=sent)
+        boundary, grads = self._least_input_bytes(plan)
+        return sent_floor_bytes(plan, states_bytes=states, boundary_bytes=whole * boundary, grad_bytes=whole * grads,
+                                sent=sent)  # fmt: skip
 
-    def _least_input_bytes(self, plan: Plan) -> float:
-        """D: the smallest input of a block after the first, at floor_context's activation bytes (a floor of every
-        run dtype of the plan's ZeRO variants, solve/stage_costs.py)."""
+    def _least_input_bytes(self, plan: Plan) -> tuple[float, float]:
+        """(D, D_g): the smallest input of a block after the first and the smallest of its gradients, at
+        floor_context's activation bytes (a floor of every run dtype of the plan's ZeRO variants,
+        solve/stage_costs.py)."""
         ctx = self.stage_costs.floor_context(plan)
         summaries = self.stage_costs.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
         if (hit := self._inputs.get(id(summaries))) is None or hit[0] is not summaries:
-            least = min((b.input_bytes for b in list(summaries.values())[1:]), default=0.0)
+            after = list(summaries.values())[1:]
+            least = (
+                min((b.input_bytes for b in after), default=0.0),
+                min((b.input_grad_bytes for b in after), default=0.0),
+            )
             self._inputs[id(summaries)] = hit = (summaries, least)
         return hit[1]

@@ -5,14 +5,15 @@ An order is a sequence of halves (kind, chunk) (DualPipeV's F&B pair is its F, t
 With g(c) the group of chunk c (rank_memory.py ``chunk_groups``) and ``last`` the loss's chunk, half i adds
 
     held[g(c)] += 1 (F), -1 (W, BW)        kept[g(c)] += 1 (B), -1 (W), where c > 0
-    sent += [kind in (W, BW) and c < last] + [kind in (B, BW) and c > 0] + slot change (receive_slots.py)
+    sent += [kind in (W, BW) and c < last] + forward slot change      (boundary tensors, D each)
+    grads += [kind in (B, BW) and c > 0] + gradient slot change       (their gradients, D_g each; receive_slots.py)
 
 so the state after half i is the cumulative sum of the deltas up to i, and the loss's backward (a B or BW of
 ``last``) runs on the row before it. Two rules drop rows that cannot be on the frontier (a row at most another
 is never kept) before it is computed:
 
     a row followed by a half that only adds (F, B) is at most the next row;
-    of the rows with the same (held, kept, loss), all but the most sent are at most it.
+    of the rows with the same (held, kept, grads, loss), all but the most sent are at most it.
 """
 
 from __future__ import annotations
@@ -36,39 +37,46 @@ def order_halves(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: i
 
 
 def order_states(
-    kinds: np.ndarray, chunks: np.ndarray, *, group_of: np.ndarray, last: int, slots: tuple[int, dict] = (0, {})
+    kinds: np.ndarray,
+    chunks: np.ndarray,
+    *,
+    group_of: np.ndarray,
+    last: int,
+    slots: tuple[tuple[int, int], dict] = ((0, 0), {}),
 ) -> np.ndarray:
-    """Rows (held per group, kept per group, sent, loss) of the states after each half and before the loss's
+    """Rows (held per group, kept per group, sent, grads, loss) of the states after each half and before the loss's
     backward, less the rows the module docstring's two rules drop; ``group_of[c]`` is chunk c's group, ``slots``
-    the receive slots at the step's start and their change after a (kind, chunk) half (receive_slots.py)."""
+    the receive slots (forward, gradient) at the step's start and their change after a (kind, chunk) half
+    (receive_slots.py)."""
     groups, count = int(group_of.max()) + 1, len(kinds)
-    group = group_of[chunks]
-    deltas = np.zeros((count, 2 * groups + 2), dtype=np.int64)
+    group, sent = group_of[chunks], 2 * groups
+    deltas = np.zeros((count, sent + 3), dtype=np.int64)
     deltas[np.arange(count), group] = _HELD[kinds]
     deltas[np.arange(count), groups + group] = _KEPT[kinds] * (chunks > 0)
     backward = (kinds == 1) | (kinds == 3)
     weight = (kinds == 2) | (kinds == 3)
-    deltas[:, 2 * groups] = (weight & (chunks < last)).astype(np.int64) + (backward & (chunks > 0))
+    deltas[:, sent] = weight & (chunks < last)
+    deltas[:, sent + 1] = backward & (chunks > 0)
     for (kind, chunk), change in slots[1].items():
-        deltas[(kinds == _CODE[kind]) & (chunks == chunk), 2 * groups] += change
-    start = np.zeros(2 * groups + 2, dtype=np.int64)
-    start[2 * groups] = slots[0]
+        deltas[(kinds == _CODE[kind]) & (chunks == chunk), sent : sent + 2] += change
+    start = np.zeros(sent + 3, dtype=np.int64)
+    start[sent : sent + 2] = slots[0]
     after = start + np.cumsum(deltas, axis=0)
     falls = np.ones(count, dtype=bool)
     falls[:-1] = (deltas[1:] < 0).any(axis=1)
     at_loss = np.flatnonzero(backward & (chunks == last))
     before_loss = np.where((at_loss > 0)[:, None], after[np.maximum(at_loss - 1, 0)], start)
     before_loss[:, -1] = 1
-    return _most_sent(np.concatenate([after[falls], before_loss]), sent=2 * groups)
+    return _most_sent(np.concatenate([after[falls], before_loss]), sent=sent)
 
 
 def _most_sent(rows: np.ndarray, *, sent: int) -> np.ndarray:
     """Of the rows with equal counts but ``sent``, the one with the most sent."""
-    order = [*range(sent), sent + 1, sent]  # sent last, so that sorting puts it last within its counts
+    order = [*range(sent), *range(sent + 1, rows.shape[1]), sent]  # sent last: sorting puts it last in its counts
     rows = distinct_rows(rows[:, order])
     last_of_counts = np.ones(len(rows), dtype=bool)
     last_of_counts[:-1] = (rows[1:, :-1] != rows[:-1, :-1]).any(axis=1)
-    return rows[last_of_counts][:, order]  # the same swap undoes itself
+    return rows[last_of_counts][:, np.argsort(order)]
 
 
 def distinct_rows(rows: np.ndarray) -> np.ndarray:

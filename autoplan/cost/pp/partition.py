@@ -11,13 +11,15 @@ Per block and micro-batch (the rule of :func:`autoplan.cost.stages.add_block`):
 with r the re-runs per micro-batch (cost/pp/reruns.py): 1 where the backward runs whole, 2 where B and W split
 it; the partition does not know a block's chunk, so it charges r averaged over the plan's chunks.
 
-A cut before a block costs one send/recv of its input and one of its gradient over the pp group,
-and a stage may hold the usable memory less the communication buffers (nothing freed: an upper bound). Its
-boundary tensors held as buffers are one send and one receive buffer where the runtime runs its own pipeline;
-where torch's ``PipelineStage`` runs it, one receive slot per chunk and micro-batch (cost/pp/receive_slots.py),
-the fewest any stage holds, as one room stands for every stage: m (2v - 1) (the first and last stages, whose
-first or last chunk receives nothing), or 2m in a V (stage 0, chunks 0 and 2p - 1; a middle one holds 4m less
-at most m at the V's turn). The price counts no fewer on any stage (cost/memory/plan.py, replayed.py).
+A cut before a block costs one send/recv of its input (D) and one of its gradient (D_g: of the input's tensors,
+those with one, LayerSummary.input_grad_bytes) over the pp group, and a stage may hold the usable memory less the
+communication buffers (nothing freed: an upper bound). Its boundary tensors held as buffers are one send and one
+receive buffer where the runtime runs its own pipeline; where torch's ``PipelineStage`` runs it, one receive slot
+per chunk and micro-batch (cost/pp/receive_slots.py), a forward one at D and a gradient one at D_g <= D, the fewest
+bytes any stage holds, as one room stands for every stage: m (v - 1) forward and m v gradient slots (the first
+stage, whose first chunk receives nothing; the last holds the reverse), or m of each in a V (stage 0, chunks 0 and
+2p - 1; a middle one holds 2m of each less at most m of each at the V's turn). The price counts no fewer bytes on
+any stage (cost/memory/plan.py, replayed.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from autoplan.cost.memory.per_device import comm_buffer_bytes, model_states, sca
 from autoplan.cost.memory.plan import torch_slots
 from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import mesh_groups
+from autoplan.cost.pp.receive_slots import held_bytes
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.schedules import V_SCHEDULES
@@ -77,16 +80,20 @@ def state_bytes_per_param(plan: Plan, dp: int | None = None, *, trainable: bool 
     return sum((states.weights_bytes, states.grads_bytes, states.optimizer_bytes))
 
 
-def cut_s(profile: Profile, plan: Plan, boundary_bytes: float) -> float:
-    """A cut's one send/recv of the activation and one of its gradient, ``boundary_bytes`` each."""
+def cut_s(profile: Profile, plan: Plan, boundary_bytes: float, grad_bytes: float) -> float:
+    """A cut's one send/recv of the activation, ``boundary_bytes``, and one of its gradient, ``grad_bytes``."""
     if plan.pp == 1:
         return 0.0
     group = mesh_groups(profile, dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)["pp"]
-    return 2.0 * collective_time_s(profile, "send_recv", boundary_bytes, group=group)
+    forward = collective_time_s(profile, "send_recv", boundary_bytes, group=group)
+    return forward + collective_time_s(profile, "send_recv", grad_bytes, group=group)
 
 
-def stage_capacity_bytes(profile: Profile, plan: Plan, *, boundary_bytes: float, block_params: float) -> float:
-    """The bytes one stage's blocks may hold: usable memory less the communication buffers."""
+def stage_capacity_bytes(
+    profile: Profile, plan: Plan, *, boundary_bytes: float, grad_bytes: float, block_params: float
+) -> float:
+    """The bytes one stage's blocks may hold: usable memory less the communication buffers, ``boundary_bytes`` D
+    and ``grad_bytes`` D_g the largest block input and its gradients (module docstring)."""
     plan = weight_sync_plan(plan)  # ZeRO's buffers are sharded over dp x cp
     buffers = comm_buffer_bytes(
         zero_stage=plan.zero_stage,
@@ -96,7 +103,8 @@ def stage_capacity_bytes(profile: Profile, plan: Plan, *, boundary_bytes: float,
         block_params=block_params,
         precision=plan.precision,
     )
-    buffers += receive_buffers(plan) * boundary_bytes
+    forward, grads = receive_buffers(plan)
+    buffers += held_bytes(forward, grads, boundary_bytes=boundary_bytes, grad_bytes=grad_bytes)
     buffers += scatter_buffer_bytes(
         zero_stage=plan.zero_stage,
         dp=plan.dp,
@@ -108,11 +116,12 @@ def stage_capacity_bytes(profile: Profile, plan: Plan, *, boundary_bytes: float,
     return usable_bytes(profile.device.memory_bytes) - buffers
 
 
-def receive_buffers(plan: Plan) -> int:
-    """Boundary tensors a stage holds as buffers, the fewest of any stage (module docstring)."""
+def receive_buffers(plan: Plan) -> tuple[int, int]:
+    """(boundary tensors, their gradients) a stage holds as buffers, the fewest bytes of any stage (module
+    docstring)."""
     if plan.pp == 1:
-        return 0
+        return 0, 0
     if not torch_slots(plan):
-        return 2  # one send and one receive buffer (cost/memory/per_device.py comm_buffer_bytes)
+        return 2, 0  # one send and one receive buffer, each D (cost/memory/per_device.py comm_buffer_bytes)
     m, v = plan.num_microbatches, plan.virtual_stages
-    return 2 * m if plan.schedule in V_SCHEDULES else m * (2 * v - 1)
+    return (m, m) if plan.schedule in V_SCHEDULES else (m * (v - 1), m * v)

@@ -6,19 +6,20 @@ V schedules, cost/pp/looped_orders.py for interleaved_1f1b and interleaved_zb). 
     h_j  = micro-batches of chunk c_j whose F ran and whose W (or whole backward BW) did not: its activations
     k_j  = those of them whose B ran: the output gradients torch's stage_backward_input keeps to W (chunk 0
            keeps none: torch skips the first stage's B and runs its whole backward as W)
-    sent = outputs of chunks whose W or BW ran (all chunks but the last, the loss) and input gradients of
-           chunks whose B or BW ran (all but chunk 0): torch's ``_PipelineScheduleRuntime`` waits its sends
+    sent = outputs of chunks whose W or BW ran (all chunks but the last, the loss), and grads = input gradients
+           of chunks whose B or BW ran (all but chunk 0): torch's ``_PipelineScheduleRuntime`` waits its sends
            only after the step's last action (torch 2.13 schedules.py ``send_ops``), and each send's work
            holds its tensor until then; the V's turn keeps them in the neighbour's per-micro-batch receive
-           slot (stage.py ``set_local_fwd_input``)
+           slot (stage.py ``set_local_fwd_input``); each with its receive slots (cost/pp/receive_slots.py)
 
 and loss = 1 while the last chunk's backward runs (the state before its B or BW), 0 after each action. With
-S_j, K_j chunk c_j's activations and kept gradients of one micro-batch, D one boundary tensor and L the loss's
-gradients (cost/stages.py ``loss_grad_bytes``, alive only in that backward),
+S_j, K_j chunk c_j's activations and kept gradients of one micro-batch, D one boundary, D_g the gradients of its
+tensors that need one (cost/stages.py ``boundary_grad_bytes``: a mask or rotary table has none, receive_slots.py)
+and L the loss's gradients (cost/stages.py ``loss_grad_bytes``, alive only in that backward),
 
-    peak = max over states of  sum_j (h_j S_j + k_j K_j) + sent D + loss L
+    peak = max over states of  sum_j (h_j S_j + k_j K_j) + sent D + grads D_g + loss L
 
-Only the states no other exceeds in every count can be that maximum, whatever S, K, D weigh: they are kept
+Only the states no other exceeds in every count can be that maximum, whatever S, K, D, D_g weigh: they are kept
 (:func:`rank_states`, once per schedule, p, v, m and rank). Weighing each chunk by its own bytes prices
 stage 0 of a V (the embedding's chunk beside the head's and the loss's) as it holds them, not evenly.
 """
@@ -38,7 +39,7 @@ from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.schedules import V_SCHEDULES
 
-State = tuple[int, ...]  # (h per chunk group, k per chunk group, sent, loss): chunk_groups
+State = tuple[int, ...]  # (h per chunk group, k per chunk group, sent, grads, loss): chunk_groups
 
 
 def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Action, ...]:
@@ -80,7 +81,7 @@ class RankFloors(NamedTuple):
     """What the search's memory floors and the in-flight counts read of one rank's states (:func:`rank_floors`)."""
 
     held_floor: tuple[float, float]  # cost/memory/replayed.py held_floor
-    most_sent: int  # cost/memory/replayed.py most_sent
+    most_sent: tuple[int, int]  # cost/memory/replayed.py most_sent
     held_at_peak: tuple[int, int]  # cost/pp/replay.py held_at_peak
 
 
@@ -94,19 +95,20 @@ def rank_floors(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: in
     - held_floor: at the state with the most chunks held, then kept (of those, the first in the frontier's order,
       the least (held, kept) in tuple order: a row at most a state with the same sums has its held and kept), the
       fewest per chunk of any group, held and kept;
-    - most_sent: the most boundary tensors of any state;
-    - held_at_peak: the (held, kept) of the greatest (held, kept, sent), all chunks together."""
+    - most_sent: the most boundary tensors and gradients of any state together, and the most boundary tensors;
+    - held_at_peak: the (held, kept) of the greatest (held, kept, sent + grads), all chunks together."""
     where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
     rows, sizes = rank_rows(m=m, **where), group_sizes(**where)
     g = len(sizes)
-    held, kept, sent = rows[:, :g].sum(axis=1), rows[:, g : 2 * g].sum(axis=1), rows[:, 2 * g]
+    held, kept, forward = rows[:, :g].sum(axis=1), rows[:, g : 2 * g].sum(axis=1), rows[:, 2 * g]
+    sent = forward + rows[:, 2 * g + 1]
     top = held == held.max()
     top &= kept == kept[top].max()
     counts = rows[top][:, : 2 * g]
     most = counts[np.lexsort(counts.T[::-1])[0]].tolist()  # the least (held, kept) in tuple order
     floor = (min(n / size for n, size in zip(most[:g], sizes)), min(n / size for n, size in zip(most[g:], sizes)))
     peak = int(np.lexsort((sent, kept, held))[-1])
-    return RankFloors(floor, int(sent.max()), (int(held[peak]), int(kept[peak])))
+    return RankFloors(floor, (int(sent.max()), int(forward.max())), (int(held[peak]), int(kept[peak])))
 
 
 def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
@@ -114,23 +116,24 @@ def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, ran
     its forward before its backward frees, as torch runs them."""
     group = chunk_groups(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
     last, size = pp * virtual_stages - 1, max(group.values()) + 1
-    sent, slots = slot_changes(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    (sent, grads), slots = slot_changes(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
     held, kept = [0] * size, [0] * size
-    most: dict[tuple, int] = {}  # the most tensors sent at each (h, k, loss)
+    most: dict[tuple, int] = {}  # the most tensors sent at each (h, k, grads, loss)
     for action in rank_order(schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank):
         halves = [("F", action[1]), ("BW", action[3])] if action[0] == "FB" else [(action[0], action[1])]
         for kind, chunk in halves:
             if chunk == last and kind in ("B", "BW"):  # the loss's backward runs on the state before it
-                key = (*held, *kept, 1)
+                key = (*held, *kept, grads, 1)
                 most[key] = max(most.get(key, 0), sent)
             j = group[chunk]
             held[j] += _HELD[kind]
             kept[j] += _KEPT[kind] if chunk > 0 else 0
-            sent += (kind in ("W", "BW") and chunk < last) + (kind in ("B", "BW") and chunk > 0)
-            sent += slots.get((kind, chunk), 0)  # the receive slots, the outputs from F (receive_slots.py)
-            key = (*held, *kept, 0)
+            forward, back = slots.get((kind, chunk), (0, 0))  # the receive slots, the outputs from F (receive_slots.py)
+            sent += (kind in ("W", "BW") and chunk < last) + forward
+            grads += (kind in ("B", "BW") and chunk > 0) + back
+            key = (*held, *kept, grads, 0)
             most[key] = max(most.get(key, 0), sent)
-    return frontier([(*key[:-1], n, key[-1]) for key, n in most.items()])
+    return frontier([(*key[:-2], n, *key[-2:]) for key, n in most.items()])
 
 
 _HELD = {"F": 1, "B": 0, "W": -1, "BW": -1}  # a chunk's activations: made by F, freed by W or the whole backward
@@ -175,20 +178,27 @@ _BLOCK = 256  # states tested at once against all: a block's test holds _BLOCK *
 
 
 def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],
-               boundary_bytes: float, loss_bytes: float, matrix: np.ndarray | None = None) -> State:  # fmt: skip
+               boundary_bytes: float, grad_bytes: float, loss_bytes: float,
+               matrix: np.ndarray | None = None) -> State:  # fmt: skip
     """The state of ``states`` holding the most bytes (the first of them where several do), with ``saved_bytes``
-    and ``kept_bytes`` per chunk group (in the order of :func:`chunk_groups`), ``boundary_bytes`` one tensor handed
-    on and ``loss_bytes`` the loss's gradients (module docstring); ``matrix``: ``states`` as floats, where the
-    caller holds them (:func:`state_matrix`)."""
-    weights = np.asarray([*saved_bytes, *kept_bytes, boundary_bytes, loss_bytes], dtype=np.float64)
+    and ``kept_bytes`` per chunk group (in the order of :func:`chunk_groups`), ``boundary_bytes`` one boundary
+    handed on, ``grad_bytes`` its gradients (D_g) and ``loss_bytes`` the loss's gradients (module docstring);
+    ``matrix``: ``states`` as floats, where the caller holds them (:func:`state_matrix`)."""
+    weights = np.asarray([*saved_bytes, *kept_bytes, boundary_bytes, grad_bytes, loss_bytes], dtype=np.float64)
     rows = np.asarray(states, dtype=np.float64) if matrix is None else matrix
+    if rows.shape[1] == len(weights) - 1:  # a merged matrix (state_matrix): one count at D = D_g
+        weights = np.delete(weights, len(saved_bytes) + len(kept_bytes) + 1)
     return states[int(np.argmax(rows @ weights))]
 
 
-@lru_cache(maxsize=None)  # one per rank_states entry
-def state_matrix(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
+@lru_cache(maxsize=None)  # one per rank_states entry (and merged)
+def state_matrix(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int, merged: bool = False) -> np.ndarray:
     """:func:`rank_states` as a read-only float matrix, one row per state in the same order, memoised: a search
-    weighs the same states under many plans' bytes (:func:`peak_state`)."""
+    weighs the same states under many plans' bytes (:func:`peak_state`). ``merged``: the sent and grads counts
+    summed into one column, for a boundary whose every tensor has a gradient (D_g = D: the weights of one count)."""
     rows = np.asarray(rank_states(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank), float)
+    if merged:
+        sent = rows.shape[1] - 3
+        rows = np.concatenate([rows[:, :sent], rows[:, sent : sent + 1] + rows[:, sent + 1 : -1], rows[:, -1:]], 1)
     rows.setflags(write=False)
     return rows

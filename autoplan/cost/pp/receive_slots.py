@@ -11,13 +11,15 @@ to the step's end (cost/pp/rank_memory.py ``sent``). Only at the turn is one ten
 holds chunk p - 1's output, which chunk p - 1's activations count until its W, and chunk p - 1's gradient slot
 holds chunk p's input gradient, which rank_memory counts as sent from chunk p's B. So, added to ``sent``,
 
-    at the step's start   m (chunks with c > 0 + chunks with c < last)
+    at the step's start   m (chunks with c > 0) forward, m (chunks with c < last) gradient slots
     F of chunk p - 1      - 1    (its output is in the slot and in its activations)
     W or BW of p - 1      + 1 - 1 (the slot's again; rank_memory's count of the output sent, taken back)
-    B or BW of chunk p    - 1    (rank_memory's count of the input gradient sent, taken back)
+    B or BW of chunk p    - 1    (rank_memory's count of the input gradient sent, taken back: a gradient one)
 
-Grad slots hold a received tensor no kept gradient is: a stage's output gradient reaches its last parameter
-node through the residual add, a new tensor under autocast (the bf16 audits; an fp32 stage may share it).
+Forward slots and sends weigh D, gradient ones D_g: torch makes a gradient buffer only for an input that requires
+grad (stage.py ``_create_grad_recv_info``: ``buffer=... if grad_meta else None``; cost/blocks.py
+``input_grad_bytes``; docs/cost-model.md, "A boundary's gradients weigh D_g"). Grad slots hold a received tensor
+no kept gradient is (the last block's residual add makes a new one under autocast; an fp32 stage may share it).
 """
 
 from __future__ import annotations
@@ -27,20 +29,28 @@ from functools import lru_cache
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.schedules import V_SCHEDULES
 
+Slots = tuple[int, int]  # (forward slots, each one boundary tensor D; gradient slots, each its gradients D_g)
+
 
 @lru_cache(maxsize=None)  # one per (schedule, pp, v, m, rank), as rank_memory.rank_states
-def slot_changes(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[int, dict]:
-    """(the rank's receive slots at the step's start, {(kind, chunk): change} to add to rank_memory's sent count
-    after each action half) (module docstring)."""
+def slot_changes(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Slots, dict]:
+    """(the rank's receive slots at the step's start, {(kind, chunk): change} to add to rank_memory's sent counts
+    after each action half), each as (forward slots, gradient slots) (module docstring)."""
     v_shape = schedule in V_SCHEDULES
     chunks, last = chunks_of_stage(rank, pp=pp, virtual_stages=virtual_stages, v_shape=v_shape), pp * virtual_stages - 1
-    start = m * sum((c > 0) + (c < last) for c in chunks)
+    start = (m * sum(c > 0 for c in chunks), m * sum(c < last for c in chunks))
     turn = [c for c in chunks if c + 1 in chunks]  # the V's turn: chunk p - 1 beside chunk p
-    changes = {(kind, c + 1): -1 for c in turn for kind in ("B", "BW")}
-    return start, {**changes, **{("F", c): -1 for c in turn}}
+    changes = {(kind, c + 1): (0, -1) for c in turn for kind in ("B", "BW")}
+    return start, {**changes, **{("F", c): (-1, 0) for c in turn}}
 
 
-def single_chunk_slots(*, pp: int, m: int, rank: int) -> int:
+def single_chunk_slots(*, pp: int, m: int, rank: int) -> Slots:
     """Receive slots stage ``rank`` of torch's ``Schedule1F1B`` or ``ScheduleGPipe`` holds beside its activations
     (module docstring): m forward slots (rank > 0) and m gradient slots (rank < pp - 1)."""
-    return m * ((rank > 0) + (rank < pp - 1))
+    return m * (rank > 0), m * (rank < pp - 1)
+
+
+def held_bytes(sent: int, grads: int, *, boundary_bytes: float, grad_bytes: float) -> float:
+    """The bytes of ``sent`` boundary tensors (and forward slots) at D and ``grads`` of their gradients (and gradient
+    slots) at D_g <= D (module docstring), as (sent + grads) D_g + sent (D - D_g): one product where D_g = D."""
+    return (sent + grads) * grad_bytes + sent * (boundary_bytes - grad_bytes)

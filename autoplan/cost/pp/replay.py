@@ -284,11 +284,11 @@ def v_forward_share(parts: list[tuple[float, float, float]]) -> float:
 @lru_cache(maxsize=None)  # one per (schedule, pp, m, rank) a search meets: a bound of 1,024 thrashed
 def held_states(*, schedule: str, pp: int, m: int, rank: int) -> tuple[tuple[int, int, int], ...]:
     """Every (chunks whose activations ``rank`` holds, of them those whose B ran and W did not, tensors its
-    finished sends still hold) no other state of its order exceeds in all three: one of them is the peak
+    finished sends still hold, gradients too) no other state of its order exceeds in all three: one of them is the peak
     whatever a chunk's activations, kept output gradients and boundary tensor weigh, when the rank's two
     chunks weigh the same (:func:`autoplan.cost.pp.rank_memory.rank_states`, which counts them apart)."""
     states = rank_states(schedule=schedule, pp=pp, virtual_stages=2, m=m, rank=rank)
-    return frontier([(a + b, ka + kb, sent) for a, b, ka, kb, sent, _loss in states])
+    return frontier([(a + b, ka + kb, sent + grads) for a, b, ka, kb, sent, grads, _loss in states])
 
 
 def held_at_peak(*, schedule: str, pp: int, m: int, rank: int) -> tuple[int, int]:

@@ -19,8 +19,9 @@ def _on_the_frontier(case: dict) -> tuple:
     states, g = rank_states(**case), len(sizes)
     most = max(states, key=lambda state: (sum(state[:g]), sum(state[g : 2 * g])))
     floor = min(n / s for n, s in zip(most[:g], sizes)), min(n / s for n, s in zip(most[g : 2 * g], sizes))
-    peak = max(states, key=lambda state: (sum(state[:g]), sum(state[g : 2 * g]), state[2 * g]))
-    return floor, max(state[2 * g] for state in states), (sum(peak[:g]), sum(peak[g : 2 * g]))
+    sent = max(state[2 * g] + state[2 * g + 1] for state in states), max(state[2 * g] for state in states)
+    peak = max(states, key=lambda state: (sum(state[:g]), sum(state[g : 2 * g]), state[2 * g] + state[2 * g + 1]))
+    return floor, sent, (sum(peak[:g]), sum(peak[g : 2 * g]))
 
 
 def test_rank_floors_are_the_frontiers_on_every_schedule_torch_runs():

@@ -63,7 +63,7 @@ def test_at_the_steps_end_every_tensor_handed_on_is_still_held(schedule, v):
         away = [c for c in range(pp * v) if c not in chunks]
         handed = sum(m * ((c > 0) * (1 + (c - 1 in away)) + (c < pp * v - 1) * (1 + (c + 1 in away))) for c in chunks)
         states = rank_states(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
-        assert max(state[2 * v] for state in states) == handed
+        assert max(state[2 * v] + state[2 * v + 1] for state in states) == handed
 
 
 def test_the_frontier_keeps_exactly_the_states_none_exceeds():
@@ -168,8 +168,8 @@ def test_torchs_single_chunk_stages_hold_a_receive_slot_per_micro_batch(model, s
     memory = model.stage_memory(plan, stages)
     m, pp = plan.num_microbatches, plan.pp
     for index, (stage, held) in enumerate(zip(stages, memory)):
-        slots = m * ((index > 0) + (index < pp - 1))
-        assert held.buffers_bytes == pytest.approx(slots * stage.boundary_bytes), index
+        slots = m * (index > 0) * stage.boundary_bytes + m * (index < pp - 1) * stage.boundary_grad_bytes
+        assert held.buffers_bytes == pytest.approx(slots), index
     megatron = _plan(schedule, virtual_stages=1, runtime="megatron")
     megatron_stages, _, _ = model.priced_stages(megatron)
     for stage, held in zip(megatron_stages, model.stage_memory(megatron, megatron_stages)):

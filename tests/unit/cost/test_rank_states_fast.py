@@ -54,7 +54,7 @@ def test_the_peak_and_its_ties_are_the_walks():
     case = dict(schedule="interleaved_zb", pp=4, virtual_stages=3, m=8, rank=1)
     fast, walk = rank_states(**case), rank_states_walk(**case)
     for weights in ([1, 1, 1], [0, 1, 0], [1, 0, 0], [2, 2, 2]):
-        prices = dict(saved_bytes=weights, kept_bytes=weights[::-1], boundary_bytes=0.0, loss_bytes=0.0)
+        prices = dict(saved_bytes=weights, kept_bytes=weights[::-1], boundary_bytes=0.0, grad_bytes=0.0, loss_bytes=0.0)
         assert peak_state(fast, **prices) == peak_state(walk, **prices)
         assert peak_state(fast, **prices, matrix=state_matrix(**case)) == peak_state(walk, **prices)
 
@@ -109,3 +109,16 @@ def test_held_at_peak_is_the_greatest_of_the_held_states():
             for rank in range(pp):
                 expected = max(held_states(schedule=schedule, pp=pp, m=m, rank=rank))[:2]
                 assert held_at_peak(schedule=schedule, pp=pp, m=m, rank=rank) == expected
+
+
+def test_a_boundary_whose_every_tensor_has_a_gradient_weighs_its_two_counts_as_one():
+    """Where D_g = D the price weighs the merged matrix (sent + grads in one column, as before the gradients were
+    counted apart): the state it picks holds as many bytes as the one picked from the two counts."""
+    case = dict(schedule="interleaved_1f1b", pp=4, virtual_stages=2, m=8, rank=1)
+    states = rank_states(**case)
+    for boundary in (0.0, 1.0, 3.0):
+        prices = dict(saved_bytes=[2.0, 1.0], kept_bytes=[1.0, 1.0], boundary_bytes=boundary, loss_bytes=0.5)
+        merged = peak_state(states, **prices, grad_bytes=boundary, matrix=state_matrix(**case, merged=True))
+        apart = peak_state(states, **prices, grad_bytes=boundary)
+        weights = [*prices["saved_bytes"], *prices["kept_bytes"], boundary, boundary, prices["loss_bytes"]]
+        assert sum(w * n for w, n in zip(weights, merged)) == sum(w * n for w, n in zip(weights, apart))
