@@ -43,6 +43,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
     first_block = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
     nodes_of = _nodes_by_layer(graph)
     fractions = {part: CostModel.part_context(ctx, part).batch_fraction for part in ("pre", "")}
+    last_stage = plan_last_stage(plan)
     rows = []
     for layer in [None, *graph.layers]:
         cost = tp_layer_cost(graph, layer, plan.tp_plan, ctx=ctx)
@@ -58,7 +59,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
         split_of = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
         structure = None  # the block's readers, for its loss nodes alone (loss_grad_bytes: 0 for the others)
         for index, node in nodes_of[layer]:
-            stage = stages.get(layer, 0 if index < first_block else plan_last_stage(plan))
+            stage = stages.get(layer, 0 if index < first_block else last_stage)
             shard = cost.compute_shard.get(node.name, 1)
             fraction = fractions["pre" if index < first_block else ""]
             compute = node_time_s(
