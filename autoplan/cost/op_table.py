@@ -42,6 +42,8 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
     stages = dict(stage_of_block(plan.stages, pp=plan.pp, v_shape=v_shaped(plan.schedule)))
     first_block = next((i for i, n in enumerate(graph.nodes) if n.layer is not None), len(graph.nodes))
     nodes_of = _nodes_by_layer(graph)
+    fractions = {part: CostModel.part_context(ctx, part).batch_fraction for part in ("pre", "")}
+    last_stage = plan_last_stage(plan)
     rows = []
     for layer in [None, *graph.layers]:
         cost = tp_layer_cost(graph, layer, plan.tp_plan, ctx=ctx)
@@ -55,11 +57,11 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
             dtypes=dtypes,
         )
         split_of = node_splits(graph, layer, plan.tp_plan, tp=plan.tp)
-        structure = block_structure(graph, layer)
+        structure = None  # the block's readers, for its loss nodes alone (loss_grad_bytes: 0 for the others)
         for index, node in nodes_of[layer]:
-            stage = stages.get(layer, 0 if index < first_block else plan_last_stage(plan))
+            stage = stages.get(layer, 0 if index < first_block else last_stage)
             shard = cost.compute_shard.get(node.name, 1)
-            fraction = CostModel.part_context(ctx, "pre" if index < first_block else "").batch_fraction
+            fraction = fractions["pre" if index < first_block else ""]
             compute = node_time_s(
                 graph,
                 node,
@@ -71,26 +73,17 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
                 fused=ctx.fused,
                 dtypes=dtypes,
             )
-            params = node.param_count / cost.param_shard.get(node.name, 1)
-            states = model_states(
-                params=params,
-                precision=plan.precision,
-                zero_stage=plan.zero_stage,
-                dp=plan.dp * plan.cp,
-                pp=plan.pp,
-                trainable=params * _trained_share(graph, node),
-                offload=plan.offload,
-            )
+            state_bytes = _state_bytes(graph, node, plan, shard=cost.param_shard.get(node.name, 1))
             kv = _context_parallel(graph, node, profile, ctx, shard=shard)
             saved = node_saved_bytes(node, profile, precision=plan.precision, dtypes=dtypes)
             saved /= cost.activation_shard.get(node.name, 1)
             saved = (
                 saved + copies.get(node.name, 0.0) + _param_copies(graph, layer, node, plan, split_of, dtypes)
             ) * fraction + kv.held_bytes
-            saved += (
-                loss_grad_bytes(structure, node, precision=plan.precision, gpu=profile.backend == "nccl", dtypes=dtypes)
-                * fraction
-            )
+            if node.op == "loss":
+                structure = structure or block_structure(graph, layer)
+                gpu = profile.backend == "nccl"
+                saved += loss_grad_bytes(structure, node, precision=plan.precision, gpu=gpu, dtypes=dtypes) * fraction
             split = (
                 plan.tp_plan.get(node.module, "replicate")
                 if node.module and node.op in ("linear", "embedding", "norm")
@@ -107,7 +100,7 @@ def priced_ops(graph: Graph, profile: Profile, plan: Plan) -> list[PricedOp]:
                     compute_shard=shard,
                     compute_s=compute,
                     comm_s=comm.get(node.name, 0.0) + kv.fwd_s + kv.bwd_s,
-                    param_state_bytes=int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes),
+                    param_state_bytes=state_bytes,
                     activation_bytes=int(saved),
                 )
             )
@@ -176,6 +169,24 @@ def _comm_by_node(
             seconds = collective_time_s(ctx.profile, "all_reduce", graph.parameters[name].numel * 4, group=ctx.group)
             comm[node.name] = comm.get(node.name, 0.0) + seconds / plan.num_microbatches
     return comm
+
+
+def _state_bytes(graph: Graph, node: OpNode, plan: Plan, *, shard: int) -> int:
+    """The weights, gradients and optimizer state of ``node``'s parameters on one device (cost/memory/per_device.py);
+    0 for a node that holds none (most nodes: every term is a multiple of its parameter count)."""
+    if not node.param_count:
+        return 0
+    params = node.param_count / shard
+    states = model_states(
+        params=params,
+        precision=plan.precision,
+        zero_stage=plan.zero_stage,
+        dp=plan.dp * plan.cp,
+        pp=plan.pp,
+        trainable=params * _trained_share(graph, node),
+        offload=plan.offload,
+    )
+    return int(states.weights_bytes + states.grads_bytes + states.optimizer_bytes)
 
 
 def _trained_share(graph, node) -> float:

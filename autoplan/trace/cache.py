@@ -8,7 +8,8 @@ modelfile.py, so a changed tracer never reuses an old graph). What the trace rea
 recorded while it runs: every module loaded from the model file's folder (by the SHA-256 of its
 bytes) and every environment variable code in that folder looked up (sizes such as
 AUTOPLAN_GPTM_N_LAYER; trace/cache_reads.py). The index ``<base>.json`` lists those names; the
-entry ``<base>-<reads>.json`` holds their values and the graph, and is used only when every file
+entry ``<base>-<reads>.json`` holds their values, ``<base>-<reads>.graph.json`` the graph (graph.json's text,
+which ``plan`` then writes as it is: Graph.json_text), and is used only when every file
 and variable it lists still has the value it stores (a variable as the SHA-256 of its value, None
 when unset: the environment may hold secrets). Code that iterates the whole environment keys its
 entry on all of it.
@@ -31,14 +32,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autoplan.trace.cache_reads import Reads, recording
-from autoplan.types._check import write_json_atomic
+from autoplan.types._check import write_json_atomic, write_text_atomic
 from autoplan.types.graph import Graph
 from autoplan.types.moe import RoutingModel
 from autoplan.version import __version__
 
 ENV_VAR = "AUTOPLAN_TRACE_CACHE"
 OFF = ("off", "0", "no", "false")
-CACHE_FORMAT = 1  # bump when an entry's layout changes
+CACHE_FORMAT = 2  # bump when an entry's layout changes
 _TRACER_SOURCES = ("trace", "types")  # autoplan's folders whose code decides a graph (with modelfile.py)
 
 
@@ -163,7 +164,7 @@ def _lookup(folder: Path, base: str, notes: list[str]) -> Graph | None:
         entry = json.loads(entry_path.read_text())
         if entry["reads"] != values:
             return None
-        return Graph.from_dict(entry["graph"])
+        return Graph.from_json_text(_graph_file(entry_path).read_text())
     except Exception as exc:  # a corrupt or foreign file must never stop a plan: trace again
         why = type(exc).__name__
         notes.append(f"ignoring a trace cache entry in {folder} that cannot be read ({why}); traced again.")
@@ -187,8 +188,15 @@ def _store(folder: Path, base: str, reads: Reads, graph: Graph, notes: list[str]
         pass  # an unreadable index is replaced
     values = _current(names)
     try:
-        write_json_atomic(folder / f"{_reads_key(base, values)}.json", {"reads": values, "graph": graph.to_dict()})
+        entry = folder / f"{_reads_key(base, values)}.json"
+        write_text_atomic(_graph_file(entry), graph.json_text())  # before the entry that names it
+        write_json_atomic(entry, {"reads": values})
         write_json_atomic(index, names)
     except OSError as exc:  # a read-only or full disk costs the next plan a trace, nothing more
         why = exc.strerror or exc
         notes.append(f"could not write the trace cache in {folder} ({why}); the next plan traces again.")
+
+
+def _graph_file(entry: Path) -> Path:
+    """Where the graph of ``entry`` is kept: beside it, as graph.json's text."""
+    return entry.with_name(f"{entry.stem}.graph.json")

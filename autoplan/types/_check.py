@@ -73,7 +73,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     """Write ``data`` as indented JSON, atomically."""
-    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    return write_text_atomic(path, json_file_text(data))
+
+
+def json_file_text(data: Any) -> str:
+    """The text :func:`write_json_atomic` writes: ``data`` as JSON indented by 2, and a newline."""
+    return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
 
 def read_json(path: str | os.PathLike, error: type[Exception], what: str) -> Any:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import AutoplanError, PlanError
-from autoplan.types._check import read_json, require, require_fields, write_json_atomic
+from autoplan.types._check import json_file_text, read_json, require, require_fields, write_text_atomic
 from autoplan.types.inputs import InputSpec
 from autoplan.types.moe import MoELayer
 
@@ -371,8 +371,24 @@ class Graph:
             raise GraphError(f"graph {exc}") from None
         return cls(**fields)
 
+    def json_text(self) -> str:
+        """graph.json's text (``write_json_atomic``'s of :meth:`to_dict`), made once per Graph as its totals
+        are (a Graph is only read once built): the trace cache and ``plan``'s outputs write the same text, and
+        a graph read from it keeps it (:meth:`from_json_text`). DeepSeek-V3's 9,598 nodes: 0.23 s a time."""
+        if "_json_text" not in self.__dict__:
+            self.__dict__["_json_text"] = json_file_text(self.to_dict())
+        return self.__dict__["_json_text"]
+
+    @classmethod
+    def from_json_text(cls, text: str) -> "Graph":
+        """The graph :meth:`json_text` wrote as ``text``, keeping ``text`` as its own: reading JSON and building
+        the graph from it gives back the same text (tests/unit/types/test_graph_json_text.py)."""
+        graph = cls.from_dict(json.loads(text))
+        graph.__dict__["_json_text"] = text
+        return graph
+
     def save(self, path: str | Path) -> Path:
-        return write_json_atomic(path, self.to_dict())
+        return write_text_atomic(path, self.json_text())
 
     @classmethod
     def load(cls, path: str | Path) -> "Graph":

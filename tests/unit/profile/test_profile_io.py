@@ -180,3 +180,36 @@ def test_refresh_needs_an_existing_profile_at_out(tmp_path: Path, capsys) -> Non
     assert main(["profile", "--refresh", "comm_overlap", "--out", str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("stem", available_profiles())
+def test_libyaml_reads_every_profile_as_the_python_loader_does(stem: str) -> None:
+    """profile/io.py reads YAML with libyaml's parser (_FastLoader): the same values, of the same types, as
+    the pure-Python loader it replaces, on every profile found (repr tells 1 from 1.0 and True)."""
+    from autoplan.profile.io import _FastLoader, _Loader, _yaml_data
+
+    text = Path(resolve_profile_path(stem)).read_text()
+    assert repr(_yaml_data(text)) == repr(yaml.load(text, Loader=_Loader))
+    assert _FastLoader.__mro__[1] is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: 2e0\nb: 1e-5\nc: 200e9\nd: 1.5E+3\ne: 3\nf: 0.5\ng: yes\nh: 2026-01-21\ni: [1, 2e3, '1e3']\nj: ~\n",
+        "name: x\ndevice: [1, 2\n",  # unparsable: the pure-Python loader's error stands
+        "a: 1\n\tb: 2\n",
+    ],
+)
+def test_libyaml_values_and_errors_are_the_python_loaders(text: str) -> None:
+    from autoplan.profile.io import _Loader, _yaml_data
+
+    try:
+        expected = repr(yaml.load(text, Loader=_Loader))
+    except yaml.YAMLError as exc:
+        expected = f"{type(exc).__name__}: {exc}"
+    try:
+        found = repr(_yaml_data(text))
+    except yaml.YAMLError as exc:
+        found = f"{type(exc).__name__}: {exc}"
+    assert found == expected
