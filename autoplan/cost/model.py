@@ -244,7 +244,7 @@ class CostModel:
         stages, _tp_plan, _ctx, groups = self._priced(plan, fp8_recipe=fp8_recipe)
         cost = Cost()
         self._time(cost, plan, stages, groups)
-        fill_memory(self, cost, schedule_step_plan(plan), stages)  # the search asks it alone first (memory/alone.py)
+        fill_memory(self, cost, plan, stages)  # one schedule step's; the search asks it alone first (memory/alone.py)
         price_outer_sync(cost, self.profile, plan, stages, groups=groups)  # local SGD / DiLoCo, if any
         self._throughput(cost, plan)
         return cost

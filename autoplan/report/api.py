@@ -28,9 +28,9 @@ def _drawn(folder, result, *, top_k: int) -> Drawn:
     timeline, title = None, ""
     if folder.plan is not None and folder.stages is not None:
         timeline = from_plan_folder(folder)
-        title = (
-            f"{folder.plan.describe()}: one step ({folder.plan.schedule}, {folder.plan.num_microbatches} micro-batches)"
-        )
+        plan = folder.plan
+        steps = f" as {plan.schedule_steps} schedule steps" if plan.schedule_steps > 1 else ""
+        title = f"{plan.describe()}: one step ({plan.schedule}, {plan.num_microbatches} micro-batches{steps})"
     capacity = (
         folder.profile.device.memory_bytes
         if folder.profile

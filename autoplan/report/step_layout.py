@@ -1,6 +1,5 @@
 """The predicted step laid out in time from its priced terms: the spans of timeline.json (docs/report.md,
 "The predicted trace"). Every stage's track ends at the priced step time T = sum of Cost.TIME_FIELDS:
-
     T = [compute + m tp_mb + ep + cp + bubble + pp]   (the pipeline, as the cost model paces it)
       + grad_accum + sp_sync + dp_exposed + compression + zero + optimizer   (the tail, in that order)
 
@@ -17,10 +16,11 @@
   ep + cp + bubble + pp); with uniform slots the schedule's own idle is (p - 1)/v slots (Narayanan et al.
   SC'21 section 2.2), and what the cost model prices beyond it (a zero-bubble closed form, the hidden
   all-to-all's share of the bubble) closes each stage's pipeline as one more "bubble".
-- The tail, after the pipeline on every stage: the dp sync's exposed part (its hidden part ends with the
-  stage's last backward, on "dp", category "hidden"), sequence parallelism's gradient all-reduce
-  (tp_comm - m tp_mb), ZeRO-3's exposed traffic, gradient accumulation ((m - 1) adds, priced serially),
-  compression and the optimizer step.
+- The tail, after the pipeline on every stage: the dp sync's exposed part (its hidden part ends with the stage's
+  last backward, on "dp", category "hidden"), sequence parallelism's gradient all-reduce (tp_comm - m tp_mb),
+  ZeRO-3's exposed traffic, gradient accumulation ((m - 1) adds, priced serially), compression, the optimizer.
+- ``schedule_steps`` k: k pipelines of m / k end to end, each 1/k of the priced one and followed by its own
+  dp syncs, then the tail (report/step_syncs.py; docs/report.md "The predicted trace").
 A span's bytes are its stage's per-step bytes on that dimension (cost/volumes.py) shared by seconds.
 """
 
@@ -29,10 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autoplan.cost import a2a_pair_phases, stage_rerun_units
-from autoplan.report.timeline import simulate
+from autoplan.report.step_syncs import Syncs, split_syncs
+from autoplan.report.timeline import consecutive_steps, simulate
 from autoplan.types.cost import Cost
 from autoplan.types.layout import chunk_index, sent_from_prior
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import schedule_step_plan
 from autoplan.types.schedules import SPLIT_BACKWARD, V_SCHEDULES, v_shaped
 from autoplan.types.trace_names import LETTER, chunk_name
 
@@ -96,21 +98,25 @@ def pipeline_end_s(cost: Cost, plan: Plan, slowest) -> float:
     return cost.compute_s + tp_mb + cost.ep_comm_s + cost.cp_comm_s + cost.bubble_s + cost.pp_comm_s
 
 
-def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, float]]) -> list[Span]:
+def lay_out(
+    plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, float]], step_cost: Cost | None = None
+) -> list[Span]:
     """Every span of ``plan``'s step (module docstring) from its priced stages (StageTotals), its Cost and
-    each stage's per-step bytes per dimension."""
+    each stage's per-step bytes per dimension; with ``schedule_steps`` k > 1, ``step_cost`` is the Cost of one
+    schedule step (``schedule_step_plan``), which splits the dp terms into per-step and once (:func:`split_syncs`)."""
     from autoplan.report.pair_layout import pair_saved_s, pair_spans  # it draws this module's Spans
 
-    m, p, v, schedule = plan.num_microbatches, plan.pp, plan.virtual_stages, plan.schedule
+    k, step = plan.schedule_steps, schedule_step_plan(plan)
+    m, p, v, schedule = step.num_microbatches, plan.pp, plan.virtual_stages, plan.schedule  # m of one schedule step
     slowest = max(stages, key=lambda s: s.micro_batch_s)
     pairs = plan.moe_a2a_overlap and schedule in V_SCHEDULES  # pairs drawn as they run, the rest exposed
-    ep_share = cost.ep_comm_s / (m * slowest.ep_s) if slowest.ep_s > 0 and not pairs else 1.0
+    ep_share = cost.ep_comm_s / (k * m * slowest.ep_s) if slowest.ep_s > 0 and not pairs else 1.0
     split = schedule in SPLIT_BACKWARD
     pieces = [stage_pieces(s, ep_exposed_share=ep_share, split=split) for s in stages]
-    send_s = cost.pp_comm_s / (v * m + p - 1) / 2 if p > 1 else 0.0
+    send_s = cost.pp_comm_s / (k * (v * m + p - 1)) / 2 if p > 1 else 0.0
     pace = pieces[stages.index(slowest)]
     slots = {kind: _slot(pace, kind, v=v, send_s=send_s)[0] * v for kind in LETTER}
-    units, reruns_s = stage_rerun_units(plan, slowest)
+    units, reruns_s = stage_rerun_units(step, slowest)
     mean_rerun_s = reruns_s / m / v  # the re-runs a uniform backward slot of one chunk holds
     timeline = simulate(
         schedule=schedule,
@@ -123,23 +129,33 @@ def lay_out(plan: Plan, stages: list, cost: Cost, step_bytes: list[dict[str, flo
         pair_saved_s=[pair_saved_s(a2a_pair_phases(slowest.blocks), v=v)] * p if pairs else None,
         rerun_s=units,
     )
-    spans: list[Span] = []
-    trios: list[list] = [[] for _ in range(p)]
-    for seg in timeline.segments:
-        if seg.kind in LETTER and seg.paired:
-            trios[seg.stage].append(seg)
-            if seg.kind == "weight":  # a pair's last segment (timeline.py)
-                phases = a2a_pair_phases(stages[seg.stage].blocks)
-                spans += pair_spans(trios[seg.stage], pieces[seg.stage], phases, plan=plan, send_s=send_s)
-                trios[seg.stage] = []
-        elif seg.kind in LETTER:
-            spans += _chunk_spans(seg, pieces[seg.stage], plan=plan, send_s=send_s, mean_rerun_s=mean_rerun_s)
-    end = max(pipeline_end_s(cost, plan, slowest), max((s.end_s for s in spans), default=0.0))
+
+    def drawn(segments) -> list[Span]:
+        spans: list[Span] = []
+        trios: list[list] = [[] for _ in range(p)]
+        for seg in segments:
+            if seg.kind in LETTER and seg.paired:
+                trios[seg.stage].append(seg)
+                if seg.kind == "weight":  # a pair's last segment (timeline.py)
+                    phases = a2a_pair_phases(stages[seg.stage].blocks)
+                    spans += pair_spans(trios[seg.stage], pieces[seg.stage], phases, plan=plan, send_s=send_s)
+                    trios[seg.stage] = []
+            elif seg.kind in LETTER:
+                spans += _chunk_spans(seg, pieces[seg.stage], plan=plan, send_s=send_s, mean_rerun_s=mean_rerun_s)
+        return spans
+
+    spans, syncs = drawn(timeline.segments), split_syncs(cost, step_cost, k)
+    length_s = max(pipeline_end_s(cost, plan, slowest) / k, max((s.end_s for s in spans), default=0.0))
+    end = length_s
+    if k > 1:  # k schedule steps end to end, each followed by its own syncs (module docstring)
+        period_s = length_s + syncs.per_step[1] + syncs.per_step[2]
+        steps = drawn(consecutive_steps(timeline.segments, steps=k, m=m, period_s=period_s))
+        spans, end = steps + _step_syncs(spans, syncs, steps=k, length_s=length_s, pp=p), k * period_s
     by_stage: list[list[Span]] = [[] for _ in range(p)]
     for span in spans:
         by_stage[span.stage].append(span)
-    for k, mine in enumerate(by_stage):
-        spans += _bubbles(mine, k, end) + _tail(mine, k, end, cost, plan, slowest)
+    for rank, mine in enumerate(by_stage):
+        spans += _bubbles(mine, rank, end) + _tail(mine, rank, end, cost, plan, slowest, syncs)
     _share_bytes(spans, step_bytes)
     return spans
 
@@ -188,19 +204,41 @@ def _bubbles(spans: list[Span], stage: int, end_s: float) -> list[Span]:
     return gaps
 
 
-def _tail(spans: list[Span], stage: int, start_s: float, cost: Cost, plan: Plan, slowest) -> list[Span]:
-    """The step's terms after ``stage``'s pipeline (its ``spans``; module docstring), and the dp sync's hidden
-    part before it."""
+def _step_syncs(one_step: list[Span], syncs: Syncs, *, steps: int, length_s: float, pp: int) -> list[Span]:
+    """Each schedule step's own syncs (report/step_syncs.py) on every stage: the exposed ones after the step's
+    pipeline (``length_s`` of its ``one_step`` spans), the hidden part ending with the stage's last backward."""
+    _, exposed_s, zero_s = syncs.per_step
+    hidden_s, period_s = syncs.per_step_hidden_s, length_s + exposed_s + zero_s
     out = []
-    hidden = cost.dp_comm_s - cost.dp_comm_exposed_s
-    if hidden > 0:
+    for stage in range(pp):
+        last = max((s.end_s for s in one_step if s.stage == stage and s.category in ("backward", "weight")), default=0)
+        for j in range(steps):
+            offset, cursor = j * period_s, j * period_s + length_s
+            if hidden_s > 0:
+                start, dur = offset + max(0.0, last - hidden_s), min(hidden_s, last)
+                out.append(Span(stage, "dp", f"dp gradient sync, schedule step {j}", start, dur, "hidden"))
+            for name, seconds in (("dp gradient sync", exposed_s), ("ZeRO-3 gathers and reduce-scatters", zero_s)):
+                if seconds > 0:
+                    out.append(Span(stage, "dp", f"{name}, schedule step {j}", cursor, seconds, "exposed"))
+                    cursor += seconds
+    return out
+
+
+def _tail(spans: list[Span], stage: int, start_s: float, cost: Cost, plan: Plan, slowest, syncs: Syncs) -> list[Span]:
+    """The step's terms after ``stage``'s pipeline (its ``spans``; module docstring), once an optimizer step
+    (``syncs.once``), and the dp sync's hidden part before it."""
+    out = []
+    dp_s, dp_exposed_s, zero_s = syncs.once
+    hidden = dp_s - dp_exposed_s
+    if hidden > 0:  # before the last schedule step's own hidden sync, if any
         last = max((s.end_s for s in spans if s.category in ("backward", "weight")), default=0)
+        last -= syncs.per_step_hidden_s
         out.append(Span(stage, "dp", "dp gradient sync", max(0.0, last - hidden), min(hidden, last), "hidden"))
     sp_sync_s = cost.tp_comm_s - plan.num_microbatches * slowest.tp_s
     terms = (
-        ("dp", "dp gradient sync", cost.dp_comm_exposed_s, "exposed"),
+        ("dp", "dp gradient sync", dp_exposed_s, "exposed"),
         ("tp", "tp sequence-parallel gradient all-reduce", sp_sync_s, "exposed"),
-        ("dp", "ZeRO-3 gathers and reduce-scatters", cost.zero_comm_s, "exposed"),
+        ("dp", "ZeRO-3 gathers and reduce-scatters", zero_s, "exposed"),
         ("compute", "gradient accumulation", cost.grad_accum_s, "tail"),
         ("compute", "gradient compression", cost.compression_s, "tail"),
         ("compute", "optimizer step", cost.optimizer_s, "tail"),

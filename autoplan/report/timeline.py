@@ -17,17 +17,17 @@ when the stage is free and its input has arrived:
   overlap hides taken off its backward half, and its halves are marked ``paired`` (report/pair_layout.py
   draws them side by side).
 
-The forward of (i, c) needs the forward of (i, c - 1) and the activation send; the backward of
-(i, c) the backward of (i, c + 1) and the gradient send (the last chunk: its own forward). A send
-occupies the sender for ``send_s``. A final segment shows the exposed dp sync and the optimizer
-step; gaps are the bubble. Stage times come from stages.csv (backward = 2 x forward without
-``forward_s``, Narayanan et al. section 5.1).
+The forward of (i, c) needs the forward of (i, c - 1) and the activation send; the backward of (i, c) the
+backward of (i, c + 1) and the gradient send (the last chunk: its own forward). A send occupies the sender for
+``send_s``. ``schedule_steps`` k runs k schedule steps of m / k end to end (:func:`consecutive_steps`). A final
+segment shows the exposed dp sync and the optimizer step; gaps are the bubble. Stage times come from
+stages.csv (backward = 2 x forward without ``forward_s``, Narayanan et al. section 5.1).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autoplan.cost import v_order
 from autoplan.errors import AutoplanError
@@ -173,18 +173,21 @@ def simulate(
     weight_s: list[float] | None = None,
     pair_saved_s: list[float] | None = None,
     rerun_s: tuple[float, ...] = (),
+    schedule_steps: int = 1,
 ) -> Timeline:
     """Simulate one step (module docstring); ``forward_s[k]``/``backward_s[k]`` are stage k's whole
     micro-batch times (all its chunks); ``weight_s[k]``, of ``backward_s[k]``, the weight gradients a
     split-backward schedule runs apart (default: :data:`WEIGHT_SHARE` of it); ``pair_saved_s[k]``: what
     an overlapped F&B pair of stage k saves (V schedules); ``rerun_s[c]``: under a V schedule or interleaved_zb,
     the seconds chunk c's recomputed blocks re-run in each of its backward passes (:func:`v_stage_passes`,
-    :func:`looped_stage_passes`; cost/pp/reruns.py v_rerun_units, looped_rerun_units), beyond ``backward_s``."""
+    :func:`looped_stage_passes`; cost/pp/reruns.py v_rerun_units, looped_rerun_units), beyond ``backward_s``;
+    ``schedule_steps`` k: the m micro-batches run as k schedule steps of m / k, end to end."""
     if len(forward_s) != pp or len(backward_s) != pp:
         raise AutoplanError(
             f"the timeline needs {pp} stage times, got {len(forward_s)}; "
             "the plan folder's stages.csv does not match plan.json."
         )
+    m //= schedule_steps  # one schedule step's micro-batches, simulated once and repeated
     orders = [stage_order(schedule, pp=pp, stage=k, m=m, v=v) for k in range(pp)]
     paired = [[False] * len(order) for order in orders]
     if pair_saved_s is not None and schedule in V_SCHEDULES:
@@ -233,8 +236,22 @@ def simulate(
                 f"the {schedule} timeline deadlocked at pp={pp}, m={m}, v={v}; "
                 "this schedule needs pp to divide the micro-batches."
             )
+    if schedule_steps > 1:
+        period_s = max(clock)
+        timeline.segments = consecutive_steps(timeline.segments, steps=schedule_steps, m=m, period_s=period_s)
+        clock = [c + (schedule_steps - 1) * period_s for c in clock]
     _finish(timeline, clock, tail_s)
     return timeline
+
+
+def consecutive_steps(segments: list[Segment], *, steps: int, m: int, period_s: float) -> list[Segment]:
+    """``segments`` of one schedule step of ``m`` micro-batches drawn ``steps`` times, step j from j x
+    ``period_s``, its micro-batch i named j m + i (module docstring)."""
+    return [
+        replace(s, microbatch=j * m + s.microbatch, start_s=s.start_s + j * period_s, end_s=s.end_s + j * period_s)
+        for j in range(steps)
+        for s in segments
+    ]
 
 
 def _duration(kind: str, forward_s: float, backward_s: float, weight_s: float | None, *, split: bool) -> float:
@@ -302,4 +319,5 @@ def from_plan_folder(folder) -> Timeline:
         send_s=send_s,
         tail_s=tail_s,
         note=note,
+        schedule_steps=plan.schedule_steps,
     )

@@ -22,6 +22,7 @@ from autoplan.types._check import write_text_atomic
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
+from autoplan.types.schedule_steps import schedule_step_plan
 from autoplan.types.trace_names import THREADS, US_PER_S, metadata_events
 
 TIMELINE_JSON = "timeline.json"
@@ -66,7 +67,8 @@ def predicted_spans(plan: Plan, *, graph: Graph, profile: Profile) -> list[Span]
             f"{cost.step_time_s:.6g} s; re-run `autoplan plan` with this version to draw its trace."
         )
     step_bytes = [_dims_bytes(pred.comm) for pred in predict_volumes(model, plan)]
-    return lay_out(plan, stages, cost, step_bytes)
+    step_cost = model.estimate(schedule_step_plan(plan)) if plan.schedule_steps > 1 else None  # one schedule step
+    return lay_out(plan, stages, cost, step_bytes, step_cost)
 
 
 def _dims_bytes(comm: dict) -> dict[str, float]:
@@ -98,6 +100,7 @@ def trace_of_plan(plan: Plan, *, graph: Graph, profile: Profile) -> dict:
         "plan": plan.describe(),
         "schedule": plan.schedule,
         "num_microbatches": plan.num_microbatches,
+        **({"schedule_steps": plan.schedule_steps} if plan.schedule_steps > 1 else {}),
         "step_time_s": plan.predicted.step_time_s if plan.predicted else None,
         "source": "autoplan predicted (docs/report.md, 'The predicted trace')",
     }

@@ -64,22 +64,26 @@ def host_activation_bytes(plan: Plan, stages: list[StageTotals], in_flight: list
     return max(n * stage.offloaded_bytes for n, stage in zip(in_flight, stages))
 
 
-def activation_copy_s(plan: Plan, stages: list[StageTotals]) -> float:
-    """The step's copies on the slowest stage's stream: m micro-batches of 2 H / L."""
+def activation_copy_s(plan: Plan, stages: list[StageTotals], *, schedule_steps: int = 1) -> float:
+    """The optimizer step's copies on the slowest stage's stream: m micro-batches of 2 H / L, ``plan`` being one
+    of ``schedule_steps`` k schedule steps of m / k (types/schedule_steps.py)."""
     slowest = max(stages, key=lambda s: s.micro_batch_s)
-    return plan.num_microbatches * slowest.offload_s
+    return schedule_steps * plan.num_microbatches * slowest.offload_s
 
 
-def record_activation_offload(cost: Cost, profile: Profile, plan: Plan, stages: list[StageTotals]) -> None:
-    """``cost.extra["activation_offload"]``: the host bytes (n H), the step's copy bytes each way and their
-    seconds; infeasible when the host, beside any offloaded model states (``cost.extra["host_bytes"]``),
+def record_activation_offload(
+    cost: Cost, profile: Profile, plan: Plan, stages: list[StageTotals], *, schedule_steps: int = 1
+) -> None:
+    """``cost.extra["activation_offload"]``: the host bytes (n H, one schedule step's in flight: ``plan`` is one of
+    ``schedule_steps`` k steps of m / k), the optimizer step's copy bytes each way over all m micro-batches and
+    their seconds; infeasible when the host, beside any offloaded model states (``cost.extra["host_bytes"]``),
     cannot hold them. Nothing without activation offload."""
     if not plan.offload_activations:
         return
     in_flight = [in_flight_chunks(plan, index) for index in range(len(stages))]
     held = host_activation_bytes(plan, stages, in_flight)
-    copied = plan.num_microbatches * max(stage.offloaded_bytes for stage in stages)
-    copy_s = activation_copy_s(plan, stages)
+    copied = schedule_steps * plan.num_microbatches * max(stage.offloaded_bytes for stage in stages)
+    copy_s = activation_copy_s(plan, stages, schedule_steps=schedule_steps)
     cost.extra["activation_offload"] = {"host_bytes": held, "copy_bytes": copied, "copy_s": copy_s}
     limit = profile.host.host_memory_bytes_per_device
     total = held + cost.extra.get("host_bytes", 0.0)

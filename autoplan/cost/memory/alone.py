@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
 def fill_memory(model: CostModel, cost: Cost, plan: Plan, stages: list[StageTotals]) -> None:
     """Write ``plan``'s memory parts, peak and feasibility into ``cost`` (PlanMemory.fill), its weights shared
-    by the dp x cp ranks (cost/cp/weights.py)."""
-    weights = weight_sync_plan(plan)
-    model.memory.fill(cost, shard_view(weights), stages, [model.powersgd_stage(weights, s) for s in stages])
+    by the dp x cp ranks (cost/cp/weights.py): one schedule step's (types/schedule_steps.py), the activation
+    offload's copies counted over all k of them."""
+    weights = weight_sync_plan(schedule_step_plan(plan))
+    powersgd = [model.powersgd_stage(weights, s) for s in stages]
+    model.memory.fill(cost, shard_view(weights), stages, powersgd, schedule_steps=plan.schedule_steps)
 
 
 def memory_alone(model: CostModel, plan: Plan) -> Cost:
@@ -35,5 +37,5 @@ def memory_alone(model: CostModel, plan: Plan) -> Cost:
     model = model.for_runtime(plan.runtime)
     stages, _tp_plan, _ctx = model.priced_stages(plan, copy=False)  # read only: fill_memory memoises on them
     cost = Cost()
-    fill_memory(model, cost, schedule_step_plan(plan), stages)  # one schedule step's (types/schedule_steps.py)
+    fill_memory(model, cost, plan, stages)
     return cost

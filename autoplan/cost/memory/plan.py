@@ -149,10 +149,18 @@ class PlanMemory:
             optimizer_bytes=dense.optimizer_bytes + experts.optimizer_bytes,
         )
 
-    def fill(self, cost: Cost, plan: Plan, stages: list[StageTotals], powersgd: list[PowerSGDTraffic]) -> None:
+    def fill(
+        self,
+        cost: Cost,
+        plan: Plan,
+        stages: list[StageTotals],
+        powersgd: list[PowerSGDTraffic],
+        schedule_steps: int = 1,
+    ) -> None:
         """Write the worst stage's memory parts and peak into ``cost``, and mark it infeasible when
         the peak exceeds the usable memory. ``stages``: the cost model's memoised totals, never edited
-        (CostModel._stages), whose schedule's holding and block facts are memoised (cost/memory/shared.py)."""
+        (CostModel._stages), whose schedule's holding and block facts are memoised (cost/memory/shared.py).
+        ``plan``: one schedule step's, run ``schedule_steps`` times an optimizer step (types/schedule_steps.py)."""
         worst = max(self._stages(plan, stages, powersgd, self._shared), key=lambda m: m.peak_bytes)
         cost.weights_bytes, cost.grads_bytes, cost.optimizer_bytes = (
             int(worst.weights_bytes),
@@ -168,7 +176,7 @@ class PlanMemory:
             cost.extra["host_bytes"] = host_bytes
             if shortfall := host_shortfall(self.profile, plan, host_bytes):
                 cost.feasible, cost.reason = False, shortfall
-        record_activation_offload(cost, self.profile, plan, stages)  # saved activations on the host, if any
+        record_activation_offload(cost, self.profile, plan, stages, schedule_steps=schedule_steps)  # host, if any
         if cost.peak_memory_bytes > limit:
             cost.feasible = False
             cost.reason = (

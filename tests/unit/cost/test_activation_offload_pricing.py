@@ -13,6 +13,8 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_host, synthetic_profile
 
 from autoplan.cost import CostModel
+from autoplan.cost.memory.alone import memory_alone
+from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError
 from autoplan.types.plan import Plan
 
@@ -85,3 +87,18 @@ def test_no_host_is_one_sentence_and_a_small_host_is_infeasible(graph, model):
     tiny = CostModel(graph, replace(synthetic_profile(), host=replace(HOST, host_memory_bytes_per_device=1024)))
     cost = tiny.estimate(_plan(offload_activations=True))
     assert not cost.feasible and "GiB of activations) but the host has 0.0 GiB per device" in cost.reason
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+def test_schedule_steps_copy_all_m_micro_batches_and_hold_one_steps(model, steps):
+    """k schedule steps of m / k (Plan.schedule_steps): the optimizer step's copies are all m micro-batches' (as the
+    stage's compute and cost/volumes.py's act_d2h count them), the host holds one schedule step's in flight."""
+    kw = dict(dp=1, pp=2, num_microbatches=8, offload_activations=True, schedule="gpipe")  # m in flight
+    plan, whole = _plan(schedule_steps=steps, **kw), _plan(**kw)
+    one_step = _plan(**{**kw, "num_microbatches": 8 // steps})
+    paid, once, alone = (model.estimate(p).extra["activation_offload"] for p in (plan, whole, one_step))
+    assert paid["copy_bytes"] == pytest.approx(once["copy_bytes"]) and paid["copy_s"] == pytest.approx(once["copy_s"])
+    assert paid["copy_bytes"] == pytest.approx(max(p.comm[("host", "act_d2h")][1] for p in predict(model, plan)))
+    assert paid["copy_bytes"] == pytest.approx(steps * alone["copy_bytes"])
+    assert paid["host_bytes"] == pytest.approx(alone["host_bytes"]) and paid["host_bytes"] < once["host_bytes"]
+    assert memory_alone(model, plan).extra["activation_offload"] == paid

@@ -86,3 +86,20 @@ def test_a_v_timeline_runs_torchs_order_as_the_cost_model_replays_it(schedule, p
     plain = simulate(schedule=schedule, pp=pp, m=m, v=2, forward_s=[1.0] * pp, backward_s=[2.0] * pp)
     assert plain.makespan_s == pytest.approx(replay_span_s(schedule=schedule, pp=pp, m=m, f=0.5, b=0.5, w=0.5))
     assert plain.busy_s(0, "weight") == pytest.approx(m * 1.0)
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2)])
+def test_schedule_steps_run_the_schedule_k_times_end_to_end(schedule, v):
+    """Plan.schedule_steps k (timeline.png): k schedule steps of m / k, each filling and draining, micro-batches
+    numbered on across the steps, the tail once."""
+    kw = dict(schedule=schedule, pp=2, v=v, forward_s=[1.0, 1.0], backward_s=[2.0, 2.0])
+    one = simulate(m=4, **kw)
+    steps = simulate(m=8, schedule_steps=2, tail_s=0.5, **kw)
+    assert steps.makespan_s == pytest.approx(2 * one.makespan_s + 0.5)
+    chunks = [s for s in steps.segments if s.kind in ("forward", "backward", "weight")]
+    assert sorted({s.microbatch for s in chunks}) == list(range(8))
+    first, second = [[s for s in chunks if (s.microbatch >= 4) == later] for later in (False, True)]
+    assert max(s.end_s for s in first) <= min(s.start_s for s in second)
+    assert sum(s.end_s - s.start_s for s in steps.segments if s.kind == "idle") == pytest.approx(
+        2 * sum(s.end_s - s.start_s for s in one.segments if s.kind == "idle")
+    )

@@ -33,7 +33,16 @@ CASES = {
     "moe-ep2": ("moe.py", "dgx-a100", "ep=2", "autoplan"),
     "moe-ep2-overlap": ("moe.py", "dgx-a100", "ep=2,moe_a2a_overlap=on", "megatron"),
     "moe-ep2-dualpipev-overlap": ("moe4", "dgx-a100", "ep=2,pp=2,schedule=dualpipev,moe_a2a_overlap=on", "autoplan"),
+    # Plan.schedule_steps k: k schedule steps of m / k an optimizer step (docs/cost-model.md "Schedule steps")
+    "gpt-pp2-1f1b-k2-zero3": ("gpt.py", "dgx-a100", "pp=2,schedule=1f1b,schedule_steps=2,zero=3", "autoplan"),
+    "gpt-pp2-1f1b-k4-zero2": ("gpt.py", "dgx-a100", "pp=2,schedule=1f1b,schedule_steps=4,zero=2", "autoplan"),
+    "gpt-pp2-inter-k2": ("gpt.py", "dgx-a100", "pp=2,schedule=interleaved_1f1b,zero=2,schedule_steps=2", "autoplan"),
+    "gpt-pp2-inter-k4": ("gpt.py", "dgx-a100", "pp=2,schedule=interleaved_1f1b,schedule_steps=4", "autoplan"),
+    "gpt-pp2-zb-k2": ("gpt.py", "dgx-a100", "pp=2,schedule=interleaved_zb,schedule_steps=2", "autoplan"),
+    "gpt-pp2-zbv-k2": ("gpt.py", "dgx-a100", "pp=2,schedule=zbv,schedule_steps=2", "autoplan"),
+    "gpt-pp2-dualpipev-k2": ("gpt.py", "dgx-a100", "pp=2,schedule=dualpipev,schedule_steps=2", "autoplan"),
 }
+STEPS_CASES = sorted(name for name in CASES if "-k" in name)
 #: cases on fewer than 8 devices: DualPipeV at pp 2 needs 4 micro-batches of the batch of 8 per dp rank
 DEVICES = {"moe-ep2-dualpipev-overlap": 4}
 TERM_THREADS = {"tp_comm_s": "tp", "ep_comm_s": "ep", "cp_comm_s": "cp"}
@@ -149,6 +158,31 @@ def test_an_overlapped_pair_draws_its_halves_side_by_side(case):
             (f_start, f_end), (b_start, b_end) = [(min(p)[0], max(e for _, e in p)) for p in spans]
             assert f_start < b_start < f_end < b_end, (stage, halves, spans)  # side by side, interleaved
             assert {f"ep all-to-all {half}" for half in halves} <= hidden
+
+
+@pytest.mark.parametrize("case", STEPS_CASES, indirect=True)
+def test_schedule_steps_are_drawn_one_after_another_each_with_its_fill_drain_and_syncs(case):
+    """Plan.schedule_steps k: k schedule steps of m / k micro-batches end to end on every stage (all of step j's
+    chunks before any of step j + 1's), each filling the pipeline anew (a bubble before the last stage's first
+    chunk of every step) and followed by its own syncs under ZeRO-2/3 (report/step_syncs.py); the tracks still
+    end at the priced step (test_every_stage_track_ends_at_the_predicted_step)."""
+    _, plan, _, _, trace = case
+    k, per = plan.schedule_steps, plan.num_microbatches // plan.schedule_steps
+    assert k > 1 and trace["otherData"]["schedule_steps"] == k
+    tolerance_us = 1e-6 * plan.predicted.step_time_s * 1e6
+    for pid in range(plan.pp):
+        chunks = [e for e in _spans(trace, pid, tid=0) if e["cat"] in ("forward", "backward", "weight")]
+        steps = [[e for e in chunks if int(e["name"].split()[1][2:]) // per == j] for j in range(k)]
+        for earlier, later in zip(steps, steps[1:]):
+            assert max(e["ts"] + e["dur"] for e in earlier) <= min(e["ts"] for e in later) + tolerance_us
+        if pid == plan.pp - 1:
+            bubble_ends = [e["ts"] + e["dur"] for e in _spans(trace, pid, tid=0, cat="bubble")]
+            for j, mine in enumerate(steps):
+                first = min(e["ts"] for e in mine)
+                assert any(abs(end - first) <= tolerance_us for end in bubble_ends), j
+        dp = _spans(trace, pid, tid=THREADS.index("dp"))
+        synced = {e["name"].rsplit(" ", 1)[1] for e in dp if ", schedule step" in e["name"]}
+        assert synced == ({str(j) for j in range(k)} if plan.zero_stage >= 2 else set())
 
 
 def test_chunk_events_are_named_per_microbatch_and_chunk(case):
