@@ -139,17 +139,18 @@ def _columns(model: LinearModel, names: list[str]):
     row-by-row ``addRow`` calls leave in HiGHS (the same starts, indices and values)."""
     import numpy as np
 
-    entries: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
+    index = {name: i for i, name in enumerate(names)}
+    cols, rows, values = [], [], []
     for r, (coefficients, _, _) in enumerate(model.rows):
         for name, c in coefficients.items():
             if c != 0:
-                entries[name].append((r, c))
-    starts, rows, values = [], [], []
-    for name in names:
-        starts.append(len(rows))
-        rows += [r for r, _ in entries[name]]
-        values += [c for _, c in entries[name]]
-    return np.array(starts, dtype=np.int32), np.array(rows, dtype=np.int32), np.array(values, dtype=np.float64)
+                cols.append(index[name])
+                rows.append(r)
+                values.append(c)
+    order = np.argsort(np.array(cols, dtype=np.int64), kind="stable")  # by column, rows kept in order within one
+    counts = np.bincount(np.array(cols, dtype=np.int64), minlength=len(names))
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int32)
+    return starts, np.array(rows, dtype=np.int32)[order], np.array(values, dtype=np.float64)[order]
 
 
 def _highs_status(highspy, h) -> tuple[str, float | None]:
