@@ -25,10 +25,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
-import pulp
-
 from autoplan.cost import BlockPrices, shard_dim
-from autoplan.solve.backend import SolveStatus, solve_model, variable
+from autoplan.solve.backend import SolveStatus
+from autoplan.solve.linear import LinearModel, solve
 
 
 # ---- the ILP -----------------------------------------------------------------------------
@@ -49,32 +48,42 @@ def solve_block(
         memory_budget_bytes = None  # an unlimited budget is no row at all
     if memory_budget_bytes is not None and budget_infeasibility(problem, memory_budget_bytes):
         return None
-    model = pulp.LpProblem("intra_op", pulp.LpMinimize)
+    model = LinearModel()
     x = {
-        (v, s): variable(model, f"x{i}_{j}", low=0, up=1, cat="Binary")
+        (v, s): model.column(f"x{i}_{j}", integer=True)
         for i, v in enumerate(problem.params)
         for j, s in enumerate(problem.legal[v])
     }
-    objective = [problem.constant_s]
-    memory = [problem.constant_bytes]
+    objective: list[tuple[str, float]] = []
+    memory: list[tuple[str, float]] = []
+    memory_constant = [problem.constant_bytes]  # summed in PuLP's order, for the row's bound (solve/linear.py)
+    objective_constant = [problem.constant_s]
     for v in problem.params:
-        model += pulp.lpSum(x[v, s] for s in problem.legal[v]) == 1  # (a)
-        objective += [problem.unary_s[v][s] * x[v, s] for s in problem.legal[v]]
-        memory += [problem.unary_bytes[v][s] * x[v, s] for s in problem.legal[v]]
+        model.row([(x[v, s], 1) for s in problem.legal[v]], low=1, up=1)  # (a)
+        objective += [(x[v, s], problem.unary_s[v][s]) for s in problem.legal[v]]
+        memory += [(x[v, s], problem.unary_bytes[v][s]) for s in problem.legal[v]]
     _add_pairs(model, problem, x, objective)
     _add_any_of(model, problem, x, objective)
     _add_gated(model, problem, x, objective)
-    _add_pure(model, problem, x, objective, memory)
+    _add_pure(model, problem, x, objective, memory, (objective_constant, memory_constant))
     _add_tie_rows(model, problem, x)
     if memory_budget_bytes is not None:
-        model += pulp.lpSum(memory) <= memory_budget_bytes  # (f)
-    model += pulp.lpSum(objective)
-    status = solve_model(model, solver=solver, time_limit_s=time_limit_s)
+        model.row(memory, up=-(_pulp_sum(memory_constant) - memory_budget_bytes))  # (f)
+    model.minimise(objective, _pulp_sum(objective_constant))
+    status, values = solve(model, solver=solver, time_limit_s=time_limit_s)
     if not status.has_solution:
         return None
-    splits = {v: max(problem.legal[v], key=lambda s: x[v, s].value() or 0.0) for v in problem.params}
+    splits = {v: max(problem.legal[v], key=lambda s: values[x[v, s]] or 0.0) for v in problem.params}
     time_s, memory_bytes = problem.evaluate(splits)
     return BlockSolution(splits=splits, time_s=time_s, memory_bytes=memory_bytes, status=status)
+
+
+def _pulp_sum(numbers: list[float]) -> float:
+    """The numbers summed left to right from 0, as ``pulp.lpSum`` sums an expression's constants."""
+    total = 0
+    for number in numbers:
+        total += number
+    return total
 
 
 def budget_infeasibility(problem: BlockPrices, memory_budget_bytes: float) -> str:
@@ -99,67 +108,68 @@ def budget_infeasibility(problem: BlockPrices, memory_budget_bytes: float) -> st
     return ""
 
 
-def _add_pairs(model, problem: BlockPrices, x, objective) -> None:
+def _add_pairs(model: LinearModel, problem: BlockPrices, x, objective) -> None:
     r = problem.forward_repeats
     for k, ((u, v), table) in enumerate(problem.terms.pair.items()):
         if not any(f or b for f, b in table.values()):
             continue
-        e = {(a, c): variable(model, f"e{k}_{i}", low=0, up=1) for i, (a, c) in enumerate(table)}
+        e = {(a, c): model.column(f"e{k}_{i}") for i, (a, c) in enumerate(table)}
         for a in problem.legal[u]:  # (b)
-            model += pulp.lpSum(e[a, c] for c in problem.legal[v]) == x[u, a]
+            model.row([*((e[a, c], 1) for c in problem.legal[v]), (x[u, a], -1)], low=0, up=0)
         for c in problem.legal[v]:
-            model += pulp.lpSum(e[a, c] for a in problem.legal[u]) == x[v, c]
-        objective += [(r * f + b) * e[key] for key, (f, b) in table.items() if f or b]
+            model.row([*((e[a, c], 1) for a in problem.legal[u]), (x[v, c], -1)], low=0, up=0)
+        objective += [(e[key], r * f + b) for key, (f, b) in table.items() if f or b]
 
 
-def _add_any_of(model, problem: BlockPrices, x, objective) -> None:
+def _add_any_of(model: LinearModel, problem: BlockPrices, x, objective) -> None:
     r = problem.forward_repeats
     for k, ((f, b), choices) in enumerate(problem.terms.any_of):
-        y = variable(model, f"y{k}", low=0, up=1)
+        y = model.column(f"y{k}")
         for v, s in choices:  # (c)
-            model += y >= x[v, s]
-        objective.append((r * f + b) * y)
+            model.row([(y, 1), (x[v, s], -1)], low=0)
+        objective.append((y, r * f + b))
 
 
-def _add_gated(model, problem: BlockPrices, x, objective) -> None:
+def _add_gated(model: LinearModel, problem: BlockPrices, x, objective) -> None:
     """A gated any-of term costs when its gate holds and any of its choices does:
     g[k] >= x[w,s_w] + x[v,s] - 1 for each (v,s) of k.                                    (c')"""
     r = problem.forward_repeats
     for k, ((f, b), (w, s_w), choices) in enumerate(problem.terms.gated):
-        g = variable(model, f"g{k}", low=0, up=1)
+        g = model.column(f"g{k}")
         for v, s in choices:
-            model += g >= x[w, s_w] + x[v, s] - 1
-        objective.append((r * f + b) * g)
+            model.row([(g, 1), (x[w, s_w], -1), (x[v, s], -1)], low=-1)
+        objective.append((g, r * f + b))
 
 
-def _add_pure(model, problem: BlockPrices, x, objective, memory) -> None:
+def _add_pure(model: LinearModel, problem: BlockPrices, x, objective, memory, constants) -> None:
     """A pure node costs its R price less the saving of the one sharded layout it runs on:
     z[n,S] <= the origins that can be colwise, summed; z[n,Q] <= those that can be rowwise
-    (reduce-scattered under SP); z[n,S] + z[n,Q] <= 1.                                   (d)"""
+    (reduce-scattered under SP); z[n,S] + z[n,Q] <= 1.                                   (d)
+    Its R price and bytes go to ``constants`` (the objective's and the memory row's)."""
     need = {"S": "colwise", "Q": "rowwise"}
     for k, (n, pure) in enumerate(problem.pure.items()):
-        objective.append(pure.time_s["R"])
-        memory.append(pure.bytes["R"])
+        constants[0].append(pure.time_s["R"])
+        constants[1].append(pure.bytes["R"])
         zs = []
         for layout, origins in pure.sharding.items():
-            z = variable(model, f"z{k}_{layout}", low=0, up=1)
-            model += z <= pulp.lpSum(x[u, need[layout]] for u in origins)
-            objective.append(-(pure.time_s["R"] - pure.time_s[layout]) * z)
-            memory.append(-(pure.bytes["R"] - pure.bytes[layout]) * z)
+            z = model.column(f"z{k}_{layout}")
+            model.row([(z, 1), *((x[u, need[layout]], -1) for u in origins)], up=0)
+            objective.append((z, -(pure.time_s["R"] - pure.time_s[layout])))
+            memory.append((z, -(pure.bytes["R"] - pure.bytes[layout])))
             zs.append(z)
         if len(zs) > 1:
-            model += pulp.lpSum(zs) <= 1
+            model.row([(z, 1) for z in zs], up=1)
 
 
-def _add_tie_rows(model, problem: BlockPrices, x) -> None:
+def _add_tie_rows(model: LinearModel, problem: BlockPrices, x) -> None:
     for u, w in problem.ties:  # (e)
         for s in problem.legal[u]:
-            model += x[u, s] == (x[w, s] if (w, s) in x else 0)
+            model.row([(x[u, s], 1), *([(x[w, s], -1)] if (w, s) in x else [])], low=0, up=0)
     for u, w, ku, kw in problem.dim_ties:
         for dim in (None, 0, 1):
-            left = [x[u, s] for s in problem.legal[u] if shard_dim(ku, s) == dim]
-            right = [x[w, s] for s in problem.legal[w] if shard_dim(kw, s) == dim]
-            model += pulp.lpSum(left) == pulp.lpSum(right)
+            left = [(x[u, s], 1) for s in problem.legal[u] if shard_dim(ku, s) == dim]
+            right = [(x[w, s], -1) for s in problem.legal[w] if shard_dim(kw, s) == dim]
+            model.row(left + right, low=0, up=0)
 
 
 # ---- the reference -----------------------------------------------------------------------
