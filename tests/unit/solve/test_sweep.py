@@ -184,9 +184,10 @@ def test_bad_input_fails_in_one_sentence(graph):
         sweep_graph(graph, devices=[8], profiles=[CHEAP], run={})
 
 
-def test_plan_with_an_unreachable_deadline_names_the_cluster_that_meets_it(graph):
-    on16 = plan_graph(graph, devices=16, profile=FAST, run=RunSpec(tokens=TOKENS)).best.predicted.run
-    on32 = plan_graph(graph, devices=32, profile=FAST, run=RunSpec(tokens=TOKENS)).best.predicted.run
+def test_plan_with_an_unreachable_deadline_names_the_cluster_that_meets_it(graph, full):
+    """The deadline between the fast instance's runs on 16 and 32 devices, as the exhaustive sweep planned them
+    (plan_graph on each count, without deadline or budget: the same searches this test made again)."""
+    on16, on32 = _find(full, "dear-fast", 16).estimate, _find(full, "dear-fast", 32).estimate
     deadline = (on16.wall_h + on32.wall_h) / 2
     with pytest.raises(NoPlanFits, match="the smallest cluster that meets it is 32 devices: plan with --devices 32"):
         plan_graph(graph, devices=16, profile=FAST, run=RunSpec(tokens=TOKENS, deadline_h=deadline))
