@@ -117,7 +117,8 @@ PRELOAD = (
 
 
 def _worker(rank: int, world_size: int, port: int, cases: list, queue, case_fn=None, environ=None) -> None:
-    """One rank: every case through ``case_fn`` (default :func:`run_case`), results to ``queue``."""
+    """One rank: every case through ``case_fn`` (default :func:`run_case`), or through its own function where the
+    case names one as a fourth item (cases that differ in what they run sharing one group), results to ``queue``."""
     if environ is not None:  # the caller's, not the fork server's (module docstring)
         os.environ.clear()
         os.environ.update(environ)
@@ -132,9 +133,9 @@ def _worker(rank: int, world_size: int, port: int, cases: list, queue, case_fn=N
         world_size=world_size,
         timeout=timedelta(seconds=int(os.environ.get("AUTOPLAN_TEST_TIMEOUT_S", "60"))),
     )
-    for name, model_name, kw in cases:
+    for name, model_name, kw, *own in cases:
         try:
-            result = (case_fn or run_case)(model_name, make_plan(model_name, **kw))
+            result = (own[0] if own else case_fn or run_case)(model_name, make_plan(model_name, **kw))
         except Exception:
             result = {"error": traceback.format_exc()}
         if rank == 0 or "error" in result:
