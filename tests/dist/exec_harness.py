@@ -7,10 +7,12 @@ the largest relative difference of the loss, every gradient and every updated we
 error text when the case raised.
 
 The ranks fork from one fork server per test process (multiprocessing's ``forkserver``), which
-imports torch, DTensor, FSDP2, dynamo and the executor once (:data:`PRELOAD`); a spawned rank
+imports torch, DTensor, FSDP2, dynamo, inductor and the executor once (:data:`PRELOAD`); a spawned rank
 imported them again for every group, 3-4 s of CPU per rank (a group of 8 on 2 cores: 15 s before
-its first case). A forked rank gets the environment of the call (:func:`_spawn` passes it: the
-server's own is from when it started) and, as a spawned one, its sys.path and working directory.
+its first case), and a group's first compiled case imported inductor (two compiled cases in one group
+20.0, 23.5 -> 15.7, 13.8 s, alternating runs on the 2-core dev machine under load). A forked rank
+gets the environment of the call (:func:`_spawn` passes it: the server's own is from when it started)
+and, as a spawned one, its sys.path and working directory.
 It freezes the heap it was forked with (``gc.freeze``): those ~300K long-lived objects were rescanned
 by every full collection, the audit's one a case among them (0.14 s each): 16.5 -> 13.7 s of a
 rank's CPU over the audit's first 30 cases, alternating runs on the 2-core dev machine.
@@ -108,6 +110,7 @@ PRELOAD = (
     "torch.distributed.tensor",
     "torch.distributed.fsdp",
     "torch._dynamo",
+    "torch._inductor.compile_fx",  # the compiled cases' (execute/compiled.py)
     "autoplan.execute.api",
     "autoplan.execute.job.reference",
     "autoplan.execute.job.audit",
@@ -117,7 +120,8 @@ PRELOAD = (
 
 
 def _worker(rank: int, world_size: int, port: int, cases: list, queue, case_fn=None, environ=None) -> None:
-    """One rank: every case through ``case_fn`` (default :func:`run_case`), results to ``queue``."""
+    """One rank: every case through ``case_fn`` (default :func:`run_case`), or through its own function where the
+    case names one as a fourth item (cases that differ in what they run sharing one group), results to ``queue``."""
     if environ is not None:  # the caller's, not the fork server's (module docstring)
         os.environ.clear()
         os.environ.update(environ)
@@ -132,9 +136,9 @@ def _worker(rank: int, world_size: int, port: int, cases: list, queue, case_fn=N
         world_size=world_size,
         timeout=timedelta(seconds=int(os.environ.get("AUTOPLAN_TEST_TIMEOUT_S", "60"))),
     )
-    for name, model_name, kw in cases:
+    for name, model_name, kw, *own in cases:
         try:
-            result = (case_fn or run_case)(model_name, make_plan(model_name, **kw))
+            result = (own[0] if own else case_fn or run_case)(model_name, make_plan(model_name, **kw))
         except Exception:
             result = {"error": traceback.format_exc()}
         if rank == 0 or "error" in result:

@@ -14,14 +14,16 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 
 import exec_models as m
 import pytest
 import torch
-from exec_harness import MODELS, _spawn, run_cases
+from exec_harness import MODELS, _spawn, run_case
 
+from autoplan.execute.float8 import EMULATE_ENV
 from autoplan.execute.job.verify import UPDATED
 
 pytestmark = pytest.mark.slow
@@ -90,6 +92,40 @@ def _ok(results: dict, name: str) -> dict:
     return results[name]
 
 
+def _groups(folder) -> dict[str, list]:
+    """This module's 2-rank cases by group, each with the function its rank runs (exec_harness.run_case: what
+    `autoplan run --verify` judges), in the order the tests below read them; the checkpoint cases save under
+    ``folder``."""
+    return {
+        "powersgd": [(n, model, kw, powersgd_case) for n, model, kw in POWERSGD]
+        + [(n, model, kw, forced_powersgd_case) for n, model, kw in POWERSGD_FORCED],
+        "reduced": [(*case, run_case) for case in REDUCE],
+        "powersgd_verify": [(*case, run_case) for case in POWERSGD_VERIFY],
+        "fp8_verify": [(*case, run_case) for case in FP8_VERIFY],
+        "fp8_losses": [(*case, losses_case) for case in FP8_LOSSES],
+        "powersgd_checkpoint": [
+            ("ck", "gpt", POWERSGD_CHECKPOINTED, functools.partial(checkpoint_case, folder=folder))
+        ],
+        "topk_verify": [(*case, run_case) for case in TOPK_VERIFY],
+        "topk_checkpoint": [("ck", "gpt", TOPK_CHECKPOINTED, functools.partial(topk_checkpoint_case, folder=folder))],
+    }
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> dict[str, dict]:
+    """Every case of the module on one spawned 2-rank group (a group per fixture or test spawned nine), its results
+    by group and case name. FP8 runs emulated on the CPU (``AUTOPLAN_FP8_EMULATE=1``, which the ranks inherit);
+    only a plan of precision fp8 reads it (autoplan/execute/float8.py)."""
+    groups = _groups(str(tmp_path_factory.mktemp("checkpoints")))
+    cases = [(f"{group}/{name}", *rest) for group, members in groups.items() for name, *rest in members]
+    os.environ[EMULATE_ENV] = "1"
+    try:
+        results = _spawn(2, cases)
+    finally:
+        del os.environ[EMULATE_ENV]
+    return {group: {k.split("/", 1)[1]: v for k, v in results.items() if k.startswith(f"{group}/")} for group in groups}
+
+
 # ---- PowerSGD ---------------------------------------------------------------------------
 # Every matrix of the test GPT (DIM 32) has a smaller side <= 32, so rank 32 is "full rank".
 
@@ -97,16 +133,17 @@ DDP = dict(dp=2)
 FULL_RANK = 32
 
 
+POWERSGD = [
+    ("plain", "gpt", DDP),
+    ("rank32", "gpt", dict(DDP, grad_compression="powersgd", powersgd_rank=FULL_RANK)),
+    ("rank1", "gpt", dict(DDP, grad_compression="powersgd", powersgd_rank=1)),
+]
+POWERSGD_FORCED = [("rank32_forced", "gpt", dict(DDP, grad_compression="powersgd", powersgd_rank=FULL_RANK))]
+
+
 @pytest.fixture(scope="module")
-def powersgd():
-    cases = [
-        ("plain", "gpt", DDP),
-        ("rank32", "gpt", dict(DDP, grad_compression="powersgd", powersgd_rank=FULL_RANK)),
-        ("rank1", "gpt", dict(DDP, grad_compression="powersgd", powersgd_rank=1)),
-    ]
-    results = _spawn(2, cases, powersgd_case)
-    forced = [("rank32_forced", "gpt", dict(DDP, grad_compression="powersgd", powersgd_rank=FULL_RANK))]
-    return {**results, **_spawn(2, forced, forced_powersgd_case)}
+def powersgd(ranks):
+    return ranks["powersgd"]
 
 
 def test_powersgd_at_full_rank_is_left_uncompressed_and_matches(powersgd):
@@ -154,8 +191,8 @@ REDUCE = [
 
 
 @pytest.fixture(scope="module")
-def reduced():
-    return run_cases(2, REDUCE)
+def reduced(ranks):
+    return ranks["reduced"]
 
 
 @pytest.mark.parametrize("name", [c[0] for c in REDUCE])
@@ -179,12 +216,12 @@ POWERSGD_VERIFY = [
 ]
 
 
-def test_powersgd_plans_pass_verify_over_their_compressed_steps():
+def test_powersgd_plans_pass_verify_over_their_compressed_steps(ranks):
     """`autoplan run --verify` compares 3 steps of a PowerSGD plan: the two uncompressed ones and
     the first compressed one, which is judged against the reference's replay of the compression
     (autoplan/execute/job/reference.py) at fp32's tolerance, where the exact gradient is O(1) off
     (test_powersgd_rank1_differs_but_trains_with_bounded_error)."""
-    results = run_cases(2, POWERSGD_VERIFY)
+    results = ranks["powersgd_verify"]
     for name, _, _ in POWERSGD_VERIFY:
         found = _ok(results, name)
         assert found["steps"] == [0, 1, 2], found["steps"]
@@ -215,12 +252,8 @@ GPT_LINEARS = sorted(
 
 
 @pytest.fixture(scope="module")
-def fp8():
-    os.environ["AUTOPLAN_FP8_EMULATE"] = "1"  # the spawned ranks inherit it
-    try:
-        return run_cases(2, FP8_VERIFY), _spawn(2, FP8_LOSSES, losses_case)
-    finally:
-        del os.environ["AUTOPLAN_FP8_EMULATE"]
+def fp8(ranks):
+    return ranks["fp8_verify"], ranks["fp8_losses"]
 
 
 @pytest.mark.parametrize("name", [c[0] for c in FP8_VERIFY])
@@ -269,12 +302,12 @@ def _three_steps_saved(model_name: str, plan, folder: str):
     return trainer, (x, y)
 
 
-def checkpoint_case(model_name: str, plan) -> dict:
-    """3 steps, save, then a fresh trainer resumes: same weights, a fresh PowerSGD state (its
+def checkpoint_case(model_name: str, plan, *, folder: str) -> dict:
+    """3 steps, save under ``folder``, then a fresh trainer resumes: same weights, a fresh PowerSGD state (its
     error feedback is not saved), and it trains on."""
     from autoplan.execute.checkpoint.api import checkpointer, resume
 
-    folder = os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+    folder = os.path.join(folder, "powersgd")
     trainer, (x, y) = _three_steps_saved(model_name, plan, folder)
     saved = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
     fresh, _, _ = _trainer(model_name, plan)
@@ -293,13 +326,11 @@ def checkpoint_case(model_name: str, plan) -> dict:
     }
 
 
-def test_a_powersgd_run_checkpoints_and_resumes_with_fresh_error_feedback(tmp_path):
-    os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"] = str(tmp_path / "ck")
-    try:
-        plan = dict(dp=2, grad_compression="powersgd", powersgd_rank=1)
-        got = _ok(_spawn(2, [("ck", "gpt", plan)], checkpoint_case), "ck")
-    finally:
-        del os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+POWERSGD_CHECKPOINTED = dict(dp=2, grad_compression="powersgd", powersgd_rank=1)
+
+
+def test_a_powersgd_run_checkpoints_and_resumes_with_fresh_error_feedback(ranks):
+    got = _ok(ranks["powersgd_checkpoint"], "ck")
     assert got["step"] == 3 and got["same"]
     assert got["iter"] == 0 and got["feedback"] == 0  # restarted: two uncompressed steps, then compressed
     assert got["feedback_after"] >= 1 and all(math.isfinite(v) for v in got["losses"])
@@ -313,24 +344,24 @@ TOPK_VERIFY = [
 ]
 
 
-def test_topk_at_every_entry_is_the_exact_run_and_below_it_conserves_what_it_does_not_send():
+def test_topk_at_every_entry_is_the_exact_run_and_below_it_conserves_what_it_does_not_send(ranks):
     """`autoplan run --verify` of the top-k hook (autoplan/execute/topk_hook.py): at ratio 1 against the
     exact reference; at 1% against g + ebar - ebar' (autoplan/execute/job/topk_reference.py), which
     a hook that dropped its residual or sent other entries than it zeroed would fail, and the
     verdict says the update is approximate."""
-    results = run_cases(2, TOPK_VERIFY)
+    results = ranks["topk_verify"]
     exact, sparse = _ok(results, "topk_all"), _ok(results, "topk_1pct")
     assert exact["passed"] and "approximate" not in exact["report"], exact["report"]
     assert sparse["passed"], sparse["report"]
     assert "the update is approximate): within tolerance" in sparse["report"], sparse["report"]
 
 
-def topk_checkpoint_case(model_name: str, plan) -> dict:
-    """3 steps, save, a 4th step; then a fresh trainer resumes from the save and takes its 4th step: with
-    each rank's residual restored (execute/checkpoint/residual.py) both 4th steps give the same weights."""
+def topk_checkpoint_case(model_name: str, plan, *, folder: str) -> dict:
+    """3 steps, save under ``folder``, a 4th step; then a fresh trainer resumes from the save and takes its 4th
+    step: with each rank's residual restored (execute/checkpoint/residual.py) both 4th steps give the same weights."""
     from autoplan.execute.checkpoint.api import checkpointer, resume
 
-    folder = os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+    folder = os.path.join(folder, "topk")
     trainer, (x, y) = _three_steps_saved(model_name, plan, folder)
     trainer.train_step(x, y)
     went_on = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
@@ -341,11 +372,9 @@ def topk_checkpoint_case(model_name: str, plan) -> dict:
     return {"largest": max(float((got[n] - w).abs().max()) for n, w in went_on.items())}
 
 
-def test_a_topk_run_resumes_with_its_residuals(tmp_path):
-    os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"] = str(tmp_path / "ck")
-    try:
-        plan = dict(dp=2, grad_compression="topk", topk_ratio=0.01)
-        got = _ok(_spawn(2, [("ck", "gpt", plan)], topk_checkpoint_case), "ck")
-    finally:
-        del os.environ["AUTOPLAN_TEST_CHECKPOINT_DIR"]
+TOPK_CHECKPOINTED = dict(dp=2, grad_compression="topk", topk_ratio=0.01)
+
+
+def test_a_topk_run_resumes_with_its_residuals(ranks):
+    got = _ok(ranks["topk_checkpoint"], "ck")
     assert got["largest"] == 0.0, got

@@ -7,8 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-from test_zero_bubble import DONE, _torch_order
+from torch_zb_orders import DONE, replay_span, torch_order
 
 from autoplan.cost.pp.looped_replay import looped_span_s
 from autoplan.cost.pp.reruns import forward_reruns
@@ -18,36 +17,10 @@ from autoplan.cost.stages import StageTotals
 from autoplan.types import Plan
 from autoplan.types.schedules import zero_bubble_rounds
 
-assert torch  # torch's schedule classes build the orders (test_zero_bubble._torch_order)
-
 
 def _plan(pp: int, v: int, m: int) -> Plan:
     return Plan(devices=pp, pp=pp, dp=1, tp=1, micro_batch_size=1, num_microbatches=m, schedule="interleaved_zb",
                 virtual_stages=v)  # fmt: skip
-
-
-def _torch_span(order: dict, *, pp: int, v: int, f: float, b: float, w: float, units: list[float]) -> float:
-    """An event replay of torch's own actions (ScheduleInterleavedZeroBubble.pipeline_order): F after the previous
-    chunk's F, B after the next chunk's B (the last chunk's after its F), W after its B; a B carries chunk c's
-    ``units[c]`` (none on chunk 0, which torch runs as nothing), a W carries it."""
-    done: dict[tuple, float] = {}
-    clock, at = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0)
-    while any(at[r] < len(order[r]) for r in order):
-        moved = False
-        for rank, actions in order.items():
-            while at[rank] < len(actions):
-                a = actions[at[rank]]
-                kind, c, i = DONE[a.computation_type], a.stage_index, a.microbatch_index
-                need = {"F": (c - 1, "F", i), "B": (c + 1, "B", i) if c < pp * v - 1 else (c, "F", i)}
-                dep = need.get(kind, (c, "B", i))
-                if dep[0] >= 0 and dep not in done:
-                    break
-                rerun = units[c] if kind == "W" or (kind == "B" and c > 0) else 0.0
-                clock[rank] = max(clock[rank], done.get(dep, 0.0)) + {"F": f, "B": b, "W": w}[kind] + rerun
-                done[(c, kind, i)] = clock[rank]
-                at[rank], moved = at[rank] + 1, True
-        assert moved, "the replay deadlocked"
-    return max(clock.values())
 
 
 def _stage(rng: random.Random, *, pp: int, v: int, m: int, k: int) -> StageTotals:
@@ -73,7 +46,7 @@ def test_a_recomputing_stage_is_priced_as_torchs_order_replays(pp, v):
     for m in (pp, pp + 1, 2 * pp, 3 * pp):
         if m % zero_bubble_rounds(pp=pp, num_microbatches=m):
             continue
-        order = _torch_order(pp=pp, v=v, m=m)
+        order = torch_order(pp=pp, v=v, m=m)
         passes = [0] * (pp * v)  # each chunk's backward passes in torch's actions: its Ws and its B's but chunk 0's
         for a in (a for actions in order.values() for a in actions):
             kind, c = DONE[a.computation_type], a.stage_index
@@ -84,7 +57,7 @@ def test_a_recomputing_stage_is_priced_as_torchs_order_replays(pp, v):
             units = [leg[c // pp] / passes[c] for c in range(pp * v)]
             f, w = stage.forward_s, stage.wgrad_s
             b = stage.micro_batch_s - f - w - sum(leg) / m
-            span = _torch_span(order, pp=pp, v=v, f=f / v, b=b / v, w=w / v, units=units)
+            span = replay_span(order, chunks=pp * v, f=f / v, b=b / v, w=w / v, units=units)
             assert stage_bubble_s(_plan(pp, v, m), stage) == pytest.approx(span - m * stage.micro_batch_s, abs=1e-9)
 
 

@@ -4,14 +4,12 @@ of ``interleaved_zb`` against a timed replay of the action list torch's Schedule
 
 from __future__ import annotations
 
-import types
 from dataclasses import replace
 
 import pytest
 import torch
 from synthetic import a100_profile, gpt_graph, synthetic_gpt
-from torch.distributed.pipelining import schedules as torch_schedules
-from torch.distributed.pipelining.schedules import _ComputationType as Op
+from torch_zb_orders import DONE, replay_span, torch_order
 
 from autoplan.cost import CostModel
 from autoplan.cost.pp.schedule import in_flight_chunks, pipeline_bubble_s
@@ -21,50 +19,11 @@ from autoplan.solve.pins import parse_fixes
 from autoplan.solve.space import schedule_options
 from autoplan.types import Plan
 
-DONE = {Op.FORWARD: "F", Op.BACKWARD_INPUT: "B", Op.FULL_BACKWARD: "B", Op.BACKWARD_WEIGHT: "W"}
-
 
 def _plan(**kw) -> Plan:
     fields = dict(dp=1, tp=1, pp=4, micro_batch_size=1, num_microbatches=8, precision="bf16")
     fields.update(kw)
     return Plan(devices=fields["pp"], **fields)
-
-
-def _torch_order(*, pp: int, v: int, m: int) -> dict[int, list]:
-    """Each rank's actions as ScheduleInterleavedZeroBubble builds them (looping placement, no process group)."""
-    order = {}
-    for rank in range(pp):
-        stages = [
-            types.SimpleNamespace(
-                num_stages=pp * v, group_size=pp, group_rank=rank, submod=torch.nn.Linear(1, 1), stage_index=s
-            )
-            for s in range(rank, pp * v, pp)
-        ]
-        order[rank] = [a for a in torch_schedules.ScheduleInterleavedZeroBubble(stages, m).pipeline_order[rank] if a]
-    return order
-
-
-def _replay(order: dict[int, list], *, chunks: int, f: float, b: float, w: float) -> float:
-    """The makespan of ``order`` with one chunk's F, B, W seconds: each action starts when its rank is free
-    and its inputs are done (F after the previous chunk's F, B after the next chunk's B, W after its B)."""
-    seconds = {"F": f, "B": b, "W": w}
-    done: dict[tuple, float] = {}
-    clock, at = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0)
-    while any(at[r] < len(order[r]) for r in order):
-        moved = False
-        for rank, actions in order.items():
-            while at[rank] < len(actions):
-                a = actions[at[rank]]
-                kind, s, mb = DONE[a.computation_type], a.stage_index, a.microbatch_index
-                need = {"F": (s - 1, "F", mb), "B": (s + 1, "B", mb) if s < chunks - 1 else (s, "F", mb)}
-                dep = need.get(kind, (s, "B", mb))
-                if dep[0] >= 0 and dep not in done:
-                    break
-                clock[rank] = max(clock[rank], done.get(dep, 0.0)) + seconds[kind]
-                done[(s, kind, mb)] = clock[rank]
-                at[rank], moved = at[rank] + 1, True
-        assert moved, "the replay deadlocked"
-    return max(clock.values())
 
 
 def _held(actions: list) -> tuple[int, int]:
@@ -86,8 +45,8 @@ def _held(actions: list) -> tuple[int, int]:
 def test_the_bubble_is_torchs_schedule_replayed(pp, v, m, f, b, w):
     """(p - 1) max(F, B, F + B - W) / v: the idle time of torch's own action list, timed with a stage's F, B, W;
     (p - 1)(F + B - W) / v, the form priced until 2026-12, only where W <= min(F, B) (the last three cases not)."""
-    order = _torch_order(pp=pp, v=v, m=m)
-    span = _replay(order, chunks=pp * v, f=f / v, b=b / v, w=w / v)
+    order = torch_order(pp=pp, v=v, m=m)
+    span = replay_span(order, chunks=pp * v, f=f / v, b=b / v, w=w / v)
     plan = _plan(pp=pp, num_microbatches=m, schedule="interleaved_zb", virtual_stages=v)
     priced = pipeline_bubble_s(plan, micro_batch_s=f + b + w, wgrad_s=w, forward_s=f)
     assert priced == pytest.approx(span - m * (f + b + w))
@@ -96,7 +55,7 @@ def test_the_bubble_is_torchs_schedule_replayed(pp, v, m, f, b, w):
 @pytest.mark.parametrize("pp,v,m", [(2, 1, 4), (4, 1, 8), (4, 1, 6), (4, 2, 8), (4, 2, 6), (2, 3, 3), (8, 2, 12)])
 def test_activations_and_kept_gradients_are_torchs_at_the_peak(pp, v, m):
     plan = _plan(pp=pp, num_microbatches=m, schedule="interleaved_zb", virtual_stages=v)
-    for rank, actions in _torch_order(pp=pp, v=v, m=m).items():
+    for rank, actions in torch_order(pp=pp, v=v, m=m).items():
         held, pending = _held(actions)
         assert in_flight_chunks(plan, rank) * v == pytest.approx(held)
         assert pending_weight_grads(plan, rank) * v == pytest.approx(pending)
