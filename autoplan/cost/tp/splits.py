@@ -14,7 +14,8 @@ A block's comm time is a sum of unary terms (per origin reaching the stream), pa
 edge from an origin into a parameterised node, on ``b = |src| / |origins(src)|`` bytes), any-of terms
 (a shared input all-reduced once however many consumers need it) and gated any-of terms (a
 replicated origin whose gradient comes back sharded because a sibling origin is sharded), each a
-collective on the tp group priced by autoplan.cost.network.comm. A fused linear whose chunks are
+collective on the tp group priced by autoplan.cost.network.comm on the bytes of the tensor it moves,
+in that tensor's run dtype (autoplan/cost/tp/collectives.py). A fused linear whose chunks are
 not whole heads per rank is *gathered colwise*
 (:func:`autoplan.cost.tp.block.is_gathered`): its compute and weights divide by tp, it pays an
 all-gather of its output, and its consumers see a replicated tensor.
