@@ -48,7 +48,8 @@ from autoplan.cost.moe.experts import (
 from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tp.block import OUTSIDE_PARTS
-from autoplan.cost.tp.splits import Messages, block_messages
+from autoplan.cost.tp.collectives import Messages
+from autoplan.cost.tp.splits import block_messages
 from autoplan.types.expert_layout import expert_dp, experts_apart, token_share
 from autoplan.types.hsdp import HSDP_AXES, dp_shard, shard_view
 from autoplan.types.layout import stage_of_chunk

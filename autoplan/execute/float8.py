@@ -193,11 +193,12 @@ def _style(split: str) -> Any:
 
 def tp_input(*, module: nn.Module, split: str, x: Any, placement: Any, mesh: Any) -> Any:
     """A converted linear's input under tensor parallelism: ``x`` (a DTensor) redistributed to
-    ``placement`` in 16 bits, then cast to fp8 with its global tensorwise scale (torchao's style
-    input function). torchao and torchtitan cast *before* the redistribution, so sequence
-    parallelism's all-gather moves fp8 bytes; autoplan's cost model prices tensor-parallel
-    collectives in 16-bit bytes, so the executor casts after it: the same numbers (the scale is
-    the global amax either way and a cast is element-wise), and gloo has no float8 dtypes."""
+    ``placement`` in its own dtype (fp32 on autocast's fp32 residual stream, bf16 where the weights
+    are cast), then cast to fp8 with its global tensorwise scale (torchao's style input function).
+    torchao and torchtitan cast *before* the redistribution, so sequence parallelism's all-gather
+    moves fp8 bytes; autoplan's cost model prices each tensor-parallel collective in its tensor's
+    run dtype (cost/tp/collectives.py), so the executor casts after it: the same numbers (the scale
+    is the global amax either way and a cast is element-wise), and gloo has no float8 dtypes."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         return x
     if tuple(x.placements) != (placement,):
@@ -208,7 +209,7 @@ def tp_input(*, module: nn.Module, split: str, x: Any, placement: Any, mesh: Any
 def tp_output(*, module: nn.Module, split: str, out: Any, placement: Any | None, mesh: Any) -> Any:
     """A converted linear's output under tensor parallelism: marked so that its gradient is cast
     to fp8 (e5m2) for the backward GEMMs (torchao's style output function), then redistributed
-    to ``placement`` (None: kept) in 16 bits, as :func:`tp_input` says why."""
+    to ``placement`` (None: kept) in the output's dtype, as :func:`tp_input` says why."""
     layouts = tuple(out.placements) if placement is None else (placement,)
     marked = _style(split)._prepare_output_fn(tuple(out.placements), False, module, out, mesh)
     return marked if tuple(marked.placements) == layouts else marked.redistribute(mesh, list(layouts))

@@ -73,6 +73,9 @@ CASES = [
     ("tp_gqa", "llama", dict(tp=2)),
     ("tp_sp", "gpt", dict(tp=2, sequence_parallel=True)),
     ("tp_sp_gqa", "llama", dict(tp=2, sequence_parallel=True)),
+    # bf16 autocast under tp + SP: the fp32 stream's norm outputs gathered and their gradients reduce-scattered in
+    # fp32, the rowwise linears' outputs in bf16 (cost/tp/collectives.py; priced all in 16 bits before: -33% bytes)
+    ("tp_sp_gqa_bf16", "llama", dict(tp=2, sequence_parallel=True, precision="bf16")),
     ("tp_recompute_full", "gpt", dict(tp=2, recompute="full")),
     ("tp_sp_recompute_selective", "llama", dict(tp=2, sequence_parallel=True, recompute="selective")),
     ("zero1_fp32_bf16_reduce", "gpt", dict(dp=2, zero_stage=1, grad_reduce_dtype="bf16")),

@@ -46,7 +46,7 @@ class BlockAnalysis:
     siblings: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     sources: dict[str, tuple[float, list[str], bool, bool]] = field(default_factory=dict)
     # stream tensor -> (bytes, consumers, needs grad, sequence-shardable)
-    scale: dict[str, float] = field(default_factory=dict)  # node -> precision rescale of its bytes
+    edge_tensors: dict[tuple[str, str], str] = field(default_factory=dict)  # (u, v) -> the tensor v reads
     token_wise: frozenset[str] = frozenset()  # nodes of MoE blocks: run whole on the rank's tokens (token_wise_nodes)
 
 
@@ -121,8 +121,6 @@ def _analyse(graph: Graph, layer: str | None) -> BlockAnalysis:
         gathered=gathered,
         token_wise=token_wise,
     )
-    for node in nodes:
-        block.scale[node.name] = 1.0
     for u in params:
         _walk_origin(graph, block, u, inside, succs)
     for n, origin_set in block.origins.items():
@@ -220,6 +218,7 @@ def _record_input(graph: Graph, block: BlockAnalysis, v: str, inside: set[str], 
         origin_set = {src} if src in block.params else block.origins[src]
         for u in origin_set:
             block.edges[(u, v)] = block.edges.get((u, v), 0.0) + node.output_bytes / len(origin_set)
+            block.edge_tensors[(u, v)] = src
         return
     floating = activation_scale(node, precision="fp32") != 1.0 or "float" in node.output_dtype
     shardable = floating and (node.op in STREAM_KINDS or src not in inside)

@@ -14,7 +14,8 @@ A block's comm time is a sum of unary terms (per origin reaching the stream), pa
 edge from an origin into a parameterised node, on ``b = |src| / |origins(src)|`` bytes), any-of terms
 (a shared input all-reduced once however many consumers need it) and gated any-of terms (a
 replicated origin whose gradient comes back sharded because a sibling origin is sharded), each a
-collective on the tp group priced by autoplan.cost.network.comm. A fused linear whose chunks are
+collective on the tp group priced by autoplan.cost.network.comm on the bytes of the tensor it moves,
+in that tensor's run dtype (autoplan/cost/tp/collectives.py). A fused linear whose chunks are
 not whole heads per rank is *gathered colwise*
 (:func:`autoplan.cost.tp.block.is_gathered`): its compute and weights divide by tp, it pays an
 all-gather of its output, and its consumers see a replicated tensor.
@@ -27,11 +28,10 @@ from functools import cached_property
 
 from autoplan.cost.compute.dtypes import DtypePolicy
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
-from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.moe.experts import ExpertPlacement
-from autoplan.cost.network.comm import collective_time_s
 from autoplan.cost.network.mesh import AxisGroup
 from autoplan.cost.tp.block import BlockAnalysis, analyse_block
+from autoplan.cost.tp.collectives import Collectives, MessageCollectives, Messages
 from autoplan.cost.tp.shards import reduce_scattered, shards
 from autoplan.errors import PlanError
 from autoplan.types.graph import Graph, OpNode
@@ -160,6 +160,7 @@ def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
     """Every comm term of block ``layer`` under ``ctx``; cached per context on the graph."""
     cache = graph.__dict__.setdefault("_tp_terms_cache", {})
     key = (layer, _link_key(ctx.profile), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+    key = key if ctx.dtypes is None else (*key, ctx.dtypes)  # each message in its tensor's run dtype
     if key not in cache:
         cache[key] = _terms(graph, analyse_block(graph, layer), ctx)
     return cache[key]
@@ -178,75 +179,29 @@ def _link_key(profile) -> tuple:
     )
 
 
-def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext, coll: "_Collectives | None" = None) -> TPTerms:
+def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext, coll: "Collectives | None" = None) -> TPTerms:
     terms = TPTerms()
     if ctx.tp <= 1:
         return terms
-    coll = coll or _Collectives(graph, ctx)
+    coll = coll or Collectives(graph, ctx)
     legal = {v: legal_splits(graph.node(v), ctx.tp) for v in block.params}
     for u in block.params:
         terms.unary[u] = {s: _unary(block, u, s, coll, ctx) for s in legal[u]}
     lay = {u: {s: _effective(s, u in block.gathered) for s in legal[u]} for u in block.params}
     for (u, v), b in block.edges.items():
-        terms.pair[(u, v)] = {(a, c): _pair(lay[u][a], c, b, coll) for a in legal[u] for c in legal[v]}
+        moved = block.edge_tensors[(u, v)]
+        terms.pair[(u, v)] = {(a, c): _pair(lay[u][a], c, b, coll, moved) for a in legal[u] for c in legal[v]}
     _add_sliced(terms, block, legal, coll, ctx)
     fwd = 0.0
     for src, (b, consumers, needs_grad, shardable) in block.sources.items():
         q = ctx.sequence_parallel and shardable
-        gather = coll("all_gather", b) if q else 0.0
+        gather = coll("all_gather", b, src) if q else 0.0
         fwd += gather
         terms.constant_at[consumers[0]] = terms.constant_at.get(consumers[0], 0.0) + gather
         if needs_grad:
-            _source_any_of(terms, b, consumers, legal, q, coll)
+            _source_any_of(terms, (src, b), consumers, legal, q, coll)
     terms.constant = (fwd, 0.0)
     return terms
-
-
-class _Collectives:
-    """Collective seconds on the tp group for traced bytes rescaled to the micro-batch and precision."""
-
-    def __init__(self, graph: Graph, ctx: TPContext):
-        traced = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}.get(
-            graph.dtype.replace("torch.", ""), 4
-        )
-        self.factor = ctx.batch_fraction * PRECISION_BYTES[ctx.precision] / traced
-        self.ctx = ctx
-
-    def __call__(self, kind: str, traced_bytes: float) -> float:
-        return collective_time_s(self.ctx.profile, kind, traced_bytes * self.factor, group=self.ctx.group)
-
-
-class Messages:
-    """A sum of collectives, kind -> [count, bytes]: the terms' algebra with messages for seconds
-    (``0.0`` is the empty sum), so the same term code states what a block sends."""
-
-    def __init__(self, by_kind: dict[str, list] | None = None):
-        self.by_kind = {k: list(v) for k, v in (by_kind or {}).items()}
-
-    def __add__(self, other: "Messages | float") -> "Messages":
-        if not isinstance(other, Messages):
-            return self
-        merged = Messages(self.by_kind)
-        for kind, (count, size) in other.by_kind.items():
-            entry = merged.by_kind.setdefault(kind, [0, 0.0])
-            entry[0], entry[1] = entry[0] + count, entry[1] + size
-        return merged
-
-    __radd__ = __add__
-
-    def times(self, n: int) -> "Messages":
-        return Messages({k: [c * n, b * n] for k, (c, b) in self.by_kind.items()})
-
-
-class _MessageCollectives:
-    """One message of ``kind`` per call, in the bytes :class:`_Collectives` prices."""
-
-    def __init__(self, graph: Graph, ctx: TPContext):
-        self.priced = _Collectives(graph, ctx)
-
-    def __call__(self, kind: str, traced_bytes: float) -> Messages | float:
-        size = traced_bytes * self.priced.factor
-        return Messages({kind: [1, size]}) if size > 0 and self.priced.ctx.tp > 1 else 0.0
 
 
 def block_messages(
@@ -255,7 +210,7 @@ def block_messages(
     """The TP collectives of one micro-batch of block ``layer``, forward and backward: the
     messages behind :func:`tp_layer_cost`'s seconds (the execution audit's prediction)."""
     splits = node_splits(graph, layer, tp_plan, tp=ctx.tp)
-    terms = _terms(graph, analyse_block(graph, layer), ctx, coll=_MessageCollectives(graph, ctx))
+    terms = _terms(graph, analyse_block(graph, layer), ctx, coll=MessageCollectives(graph, ctx))
     fwd, bwd = terms_time_s(terms, splits)
     return fwd + Messages(), bwd + Messages()
 
@@ -265,33 +220,34 @@ def _effective(split: str, gathered: bool) -> str:
     return "replicate" if gathered and split == "colwise" else split
 
 
-def _unary(block: BlockAnalysis, u: str, split: str, coll: _Collectives, ctx: TPContext) -> tuple[float, float]:
+def _unary(block: BlockAnalysis, u: str, split: str, coll: Collectives, ctx: TPContext) -> tuple[float, float]:
     sink = block.sinks.get(u, 0.0)
     sp = ctx.sequence_parallel
     if split == "colwise" and u in block.gathered:
         out = float(next(n.output_bytes for n in block.nodes if n.name == u))
-        return coll("all_gather", out), coll("all_gather", sink) if sp and sink else 0.0
+        return coll("all_gather", out, u), coll("all_gather", sink, u) if sp and sink else 0.0
     if split == "rowwise":
         out = float(next(n.output_bytes for n in block.nodes if n.name == u))
         if reduce_scattered(block, u, sequence_parallel=sp):
-            return coll("reduce_scatter", out), coll("all_gather", out)
-        return coll("all_reduce", out), 0.0
+            return coll("reduce_scatter", out, u), coll("all_gather", out, u)
+        return coll("all_reduce", out, u), 0.0
     to_stream = sp and u not in block.output_sinks  # the model output is gathered whole: its gradient is a local slice
     if sink and split == "replicate" and settled(block, u):  # whole output sliced to the SP stream, its
-        return 0.0, coll("all_gather", sink) if to_stream else 0.0  # gradient gathered whole again
+        return 0.0, coll("all_gather", sink, u) if to_stream else 0.0  # gradient gathered whole again
     if not sink or split != "colwise":
         return 0.0, 0.0
-    return coll("all_gather", sink), coll("all_gather", sink) if to_stream else 0.0
+    return coll("all_gather", sink, u), coll("all_gather", sink, u) if to_stream else 0.0
 
 
-def _pair(a: str, c: str, b: float, coll: _Collectives) -> tuple[float, float]:
-    fwd = coll("all_gather", b) if OUT_LAYOUT[a] == "S" and IN_NEED[c] == "R" else 0.0
+def _pair(a: str, c: str, b: float, coll: Collectives, tensor: str) -> tuple[float, float]:
+    """An edge's terms: ``b`` traced bytes of ``tensor`` (or its gradient) when the layouts disagree."""
+    fwd = coll("all_gather", b, tensor) if OUT_LAYOUT[a] == "S" and IN_NEED[c] == "R" else 0.0
     grad, need = IN_GRAD[c], OUT_GRAD_NEED[a]
     bwd = 0.0
     if grad == "P":
-        bwd = coll("reduce_scatter" if need == "S" else "all_reduce", b)
+        bwd = coll("reduce_scatter" if need == "S" else "all_reduce", b, tensor)
     elif grad == "S" and need == "R":
-        bwd = coll("all_gather", b)
+        bwd = coll("all_gather", b, tensor)
     return fwd, bwd
 
 
@@ -302,7 +258,7 @@ def settled(block: BlockAnalysis, u: str) -> bool:
     return next(n.op for n in block.nodes if n.name == u) == "linear"
 
 
-def _add_sliced(terms: TPTerms, block: BlockAnalysis, legal: dict, coll: _Collectives, ctx: TPContext) -> None:
+def _add_sliced(terms: TPTerms, block: BlockAnalysis, legal: dict, coll: Collectives, ctx: TPContext) -> None:
     """A whole (replicated) output ``w`` that meets a sharded sibling in a pure node: DTensor
     slices ``w`` locally and the node runs sharded (cost/tp/shards.py:pure_layout), so the
     gradient comes back sharded and is gathered whole where ``w``'s producer settled it: one
@@ -326,16 +282,21 @@ def _add_sliced(terms: TPTerms, block: BlockAnalysis, legal: dict, coll: _Collec
         )
         if choices:
             out = float(next(n.output_bytes for n in block.nodes if n.name == w))
-            terms.gated.append(((0.0, coll("all_gather", out)), (w, "replicate"), choices))
+            terms.gated.append(((0.0, coll("all_gather", out, w)), (w, "replicate"), choices))
 
 
-def _source_any_of(terms: TPTerms, b: float, consumers: list[str], legal: dict, q: bool, coll: _Collectives) -> None:
+def _source_any_of(
+    terms: TPTerms, source: tuple[str, float], consumers: list[str], legal: dict, q: bool, coll: Collectives
+) -> None:
+    """A stream tensor's gradient, ``source`` (its name, traced bytes): reduced once if any consumer is colwise,
+    gathered once if any is rowwise."""
+    src, b = source
     col = tuple((v, "colwise") for v in consumers if "colwise" in legal[v])
     row = tuple((v, "rowwise") for v in consumers if "rowwise" in legal[v])
     if col:
-        terms.any_of.append(((0.0, coll("reduce_scatter" if q else "all_reduce", b)), col))
+        terms.any_of.append(((0.0, coll("reduce_scatter" if q else "all_reduce", b, src)), col))
     if row:
-        terms.any_of.append(((0.0, coll("all_to_all" if q else "all_gather", b)), row))
+        terms.any_of.append(((0.0, coll("all_to_all" if q else "all_gather", b, src)), row))
 
 
 # ---- evaluating a plan -------------------------------------------------------------------
