@@ -15,13 +15,8 @@ those of the compute dtype, P' = g ceil(P / g) (ZeRO-1's flat buffer padded to t
 
 Under ZeRO-3 with fp8 tensorwise in autoplan's executor on NCCL (types/runtime.py
 ``fsdp_float8_all_gather``) FP8 linears' weights, P_8 of the P, are gathered in FP8: (P - P_8) b_w + P_8.
-
-With ``schedule_steps`` k > 1 (a pipeline run as k torch schedule steps of m / k: types/schedule_steps.py) the
-"first" and "last" micro-batch are each schedule step's: torch's ``perform_reduce_grad`` runs FSDP2's
-post-backward (its reduce-scatter) and reshards after every step's last backward (torch/distributed/pipelining/
-stage.py, ``backward_maybe_with_nosync`` syncs nothing before it), so ZeRO-2/3's reduce-scatter and ZeRO-3's
-forward gather go k times a step; what is sent after the backward (zero 0, ZeRO-1) goes once.
-
+With ``schedule_steps`` k, "first" and "last" are each schedule step's (torch's ``perform_reduce_grad``
+reduce-scatters and reshards after every step's last backward): k a step. docs/cost-model.md, "Schedule steps".
 HSDP (R = ``dp_replicate``, S = dp / R; types/hsdp.py): the table over S ranks, each gradient reduce-scatter
 then all-reducing its 1/S shard (P/S b_g; ZeRO-1 P'/S) across the R replicas. Also stated here:
 ``overlap_param_gather``, PowerSGD's three all-reduces per bucket, top-k's all-gathered pairs, the experts'

@@ -67,9 +67,12 @@ class Messages:
         return Messages({k: [c * n, b * n] for k, (c, b) in self.by_kind.items()})
 
 
-class MessageCollectives(Collectives):
-    """One message of ``kind`` per call, in the bytes :class:`Collectives` prices."""
+class MessageCollectives:
+    """One message of ``kind`` per call, in the bytes :class:`Collectives` prices (it holds one)."""
+
+    def __init__(self, graph: Graph, ctx):
+        self.priced = Collectives(graph, ctx)
 
     def __call__(self, kind: str, traced_bytes: float, tensor: str) -> Messages | float:
-        size = traced_bytes * self.scale(tensor)
-        return Messages({kind: [1, size]}) if size > 0 and self.ctx.tp > 1 else 0.0
+        size = traced_bytes * self.priced.scale(tensor)
+        return Messages({kind: [1, size]}) if size > 0 and self.priced.ctx.tp > 1 else 0.0
