@@ -32,7 +32,7 @@ from published_moe_runs import published_plan, traced, why_left_out
 
 from autoplan.cost import CostModel
 from autoplan.cost.memory.shared import UnsharedStages
-from autoplan.cost.pp.receive_slots import held_bytes, slot_changes
+from autoplan.cost.pp.receive_slots import slot_changes
 from autoplan.profile import load_profile
 from autoplan.types.schedule_steps import schedule_step_plan
 
@@ -49,10 +49,10 @@ def breakdown(model: CostModel, plan) -> dict:
     step = schedule_step_plan(plan)  # the memory is one schedule step's (types/schedule_steps.py)
     in_flight, after, pending, sent, transient = UnsharedStages().held(step, index, stage)
     where = dict(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, m=step.num_microbatches)
-    tensors = dict(boundary_bytes=stage.boundary_bytes, grad_bytes=stage.boundary_grad_bytes)
-    slots = held_bytes(*slot_changes(rank=index, **where)[0], **tensors) if sent else 0.0
+    forward, back = slot_changes(rank=index, **where)[0]  # inputs at D_in, output gradients at D_g,out
+    slots = forward * stage.boundary_bytes + back * stage.output_grad_bytes if sent else 0.0
     weights, grads, optimizer, activations, buffers = memory.at_peak_bytes
-    whole = [replace(s, boundary_grad_bytes=s.boundary_bytes) for s in stages]  # D_g = D
+    whole = [replace(s, boundary_grad_bytes=s.boundary_bytes, output_grad_bytes=s.output_bytes) for s in stages]
     before = max(m.peak_bytes for m in model.stage_memory(plan, whole))
     return {
         "runtime": plan.runtime,

@@ -43,7 +43,7 @@ from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.pp.reruns import chunk_forward_reruns, plan_forward_reruns
 from autoplan.cost.pp.schedule import balanced_stages, stage_bubble_s
 from autoplan.cost.pp.tied import TiedWeightSync
-from autoplan.cost.stages import StageTotals, add_block
+from autoplan.cost.stages import StageTotals, add_block, add_boundary
 from autoplan.cost.summaries import BlockSummaries, part_context
 from autoplan.cost.tp.default import default_tp_plan
 from autoplan.cost.tp.plan_memo import TpPlanMemo
@@ -153,13 +153,12 @@ class CostModel:
         rerun = set(self.recomputed_layers(plan))  # the outside nodes run as their stage's blocks (cost/stages.py)
         add_block(stages[0], pre, recompute=self._outside_recompute(plan, rerun, 0), is_block=False)
         chunks = self._chunks(plan)
-        for index, (stage, chunk) in enumerate(zip([stages[k] for k in plan_chunk_stages(plan, len(chunks))], chunks)):
+        placed = [stages[k] for k in plan_chunk_stages(plan, len(chunks))]
+        for index, (stage, chunk) in enumerate(zip(placed, chunks)):
             for position, layer in enumerate(chunk):
                 block = summaries[layer]
-                if position == 0 and index > 0:  # received whole on every tp rank, also under SP (execute/pipeline.py)
-                    whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
-                    stage.boundary_bytes = max(stage.boundary_bytes, block.input_bytes * whole)
-                    stage.boundary_grad_bytes = max(stage.boundary_grad_bytes, block.input_grad_bytes * whole)
+                if position == 0 and index > 0:  # chunk index's input, chunk index - 1's output (cost/stages.py)
+                    add_boundary(stage, placed[index - 1], block, whole=plan.tp if plan.sequence_parallel else 1)
                 recompute = plan.recompute if layer in rerun else "none"
                 add_block(stage, block, recompute=recompute, chunk=index, reruns=plan_forward_reruns(plan, index))
                 if plan.offload_activations and layer not in rerun:  # types/activation_offload.py

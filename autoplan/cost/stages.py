@@ -46,8 +46,10 @@ class StageTotals:
     blocks: list[LayerSummary] = field(default_factory=list)  # in forward order, outside nodes included
     recomputed: list[bool] = field(default_factory=list)  # per entry of blocks: under the plan's recompute
     reruns: list[float] = field(default_factory=list)  # per entry of blocks: forward re-runs (cost/pp/reruns.py)
-    boundary_bytes: float = 0.0  # activation received from the previous stage, per micro-batch
-    boundary_grad_bytes: float = 0.0  # of it, the tensors whose gradient goes back (LayerSummary.input_grad_bytes)
+    boundary_bytes: float = 0.0  # D_in: the activation its chunks receive (index > 0), the largest, per micro-batch
+    boundary_grad_bytes: float = 0.0  # D_g,in: of it, the tensors whose gradient it sends back (input_grad_bytes)
+    output_bytes: float = 0.0  # D_out: the activation its chunks send on (not the loss's), the next chunk's input
+    output_grad_bytes: float = 0.0  # D_g,out: the gradients of it that come back, into its gradient receive slots
     param_names: set[str] = field(default_factory=set)  # the outside nodes' weights: a tied one is held once
     #: per chunk the stage runs, its share of saved_bytes and wgrad_held_bytes (a replayed schedule weighs each
     #: chunk's own: cost/pp/rank_memory.py); the outside nodes count with the chunk they run beside
@@ -94,6 +96,14 @@ class StageTotals:
         return max(self.peak_block_bytes, self.loss_grad_bytes)
 
     @property
+    def held_boundary_bytes(self) -> tuple[float, float]:
+        """(D, D_g) a replayed state's counts of boundary tensors and of gradients weigh (cost/pp/rank_memory.py):
+        its tensors count forward slots (inputs, D_in) with outputs sent (D_out), its gradients gradient slots
+        (output gradients, D_g,out) with input gradients sent (D_g,in), so each count at the larger of its two: the
+        bytes where the stage's boundaries are equal, and stage 0 of a one-chunk pipeline at its output's alone."""
+        return max(self.boundary_bytes, self.output_bytes), max(self.boundary_grad_bytes, self.output_grad_bytes)
+
+    @property
     def compute_s(self) -> float:
         return self.fwd_s + self.bwd_s + self.recompute_s + self.offload_s
 
@@ -129,6 +139,18 @@ def add_block(
     stage.chunk_held_bytes[chunk] = stage.chunk_held_bytes.get(chunk, 0.0) + block.wgrad_held_bytes
     if is_block and recompute != "none":
         stage.chunk_rerun_s[chunk] = stage.chunk_rerun_s.get(chunk, 0.0) + one_rerun_s(block, recompute)
+
+
+def add_boundary(receiver: StageTotals, sender: StageTotals, block: LayerSummary, *, whole: int) -> None:
+    """The boundary before ``block``, the first of a chunk but the first: ``receiver`` (the chunk's stage) holds it
+    as its input and sends its gradient back; ``sender`` (the previous chunk's) sends it on and holds its gradient's
+    receive slots (torch 2.13 stage.py ``_create_grad_recv_info``: a stage's gradient buffers are its output's).
+    ``whole``: received whole on every tp rank, tp under sequence parallelism (execute/pipeline.py)."""
+    size, grads = block.input_bytes * whole, block.input_grad_bytes * whole
+    receiver.boundary_bytes = max(receiver.boundary_bytes, size)
+    receiver.boundary_grad_bytes = max(receiver.boundary_grad_bytes, grads)
+    sender.output_bytes = max(sender.output_bytes, size)
+    sender.output_grad_bytes = max(sender.output_grad_bytes, grads)
 
 
 def one_rerun_s(block: LayerSummary, recompute: str) -> float:

@@ -30,7 +30,7 @@ from autoplan.cost.memory.per_device import (
 )
 from autoplan.cost.memory.replayed import replays_memory
 from autoplan.cost.memory.shared import SharedStageMemo, StageFacts, UnsharedStages
-from autoplan.cost.pp.receive_slots import held_bytes, single_chunk_slots
+from autoplan.cost.pp.receive_slots import single_chunk_slots
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
@@ -98,7 +98,7 @@ class PlanMemory:
                 zero_stage=plan.zero_stage,
                 dp=plan.dp,
                 pp=whole.buffer_pp,
-                boundary_bytes=stage.boundary_bytes,
+                boundary_bytes=stage.held_boundary_bytes[0],  # its larger boundary: stage 0's output, the last's input
                 block_params=block_params,
                 precision=plan.precision,
             )
@@ -192,12 +192,13 @@ def torch_slots(plan: Plan) -> bool:
 
 
 def _single_chunk_slots(plan: Plan, index: int, stage: StageTotals) -> float:
-    """The bytes of the receive slots of a torch-run 1F1B or GPipe stage, a forward one D and a gradient one D_g
-    (cost/pp/receive_slots.py); the replayed schedules count theirs in their states (cost/memory/replayed.py)."""
+    """The bytes of the receive slots of a torch-run 1F1B or GPipe stage, a forward one for its input (D_in) and a
+    gradient one for its output's gradient (D_g,out: cost/pp/receive_slots.py); the replayed schedules count theirs
+    in their states (cost/memory/replayed.py)."""
     if not torch_slots(plan) or replays_memory(plan):
         return 0.0
     forward, grads = single_chunk_slots(pp=plan.pp, m=plan.num_microbatches, rank=index)
-    return held_bytes(forward, grads, boundary_bytes=stage.boundary_bytes, grad_bytes=stage.boundary_grad_bytes)
+    return forward * stage.boundary_bytes + grads * stage.output_grad_bytes
 
 
 def _largest_unit(plan: Plan, stage: StageTotals, index: int) -> float:

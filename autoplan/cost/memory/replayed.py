@@ -12,7 +12,7 @@ gradients K_j (cost/stages.py ``chunk_saved_bytes``, ``chunk_held_bytes``):
 between at their mean; the loss's chunk keeps K_j - X, X the loss's saved tensors, which torch's split backward
 frees at B: ``StageTotals.loss_saved_bytes``) in units of the whole stage's micro-batch, as
 cost/memory/per_device.py's moments take them, ``sent`` boundary tensors D and ``grads`` gradients of them D_g
-(cost/stages.py ``boundary_bytes``, ``boundary_grad_bytes``; each with its receive slots), and the
+(cost/stages.py ``held_boundary_bytes``: inputs and outputs, input and output gradients; with the slots), and the
 loss's gradients only where the state is the loss's backward (a recomputed block's transient, cost/stages.py
 ``peak_block_bytes``, counts at every state). Megatron-Core and DeepSpeed run their own schedules, which wait
 each send at once: their closed forms (cost/pp/schedule.py, zero_bubble.py) stay.
@@ -61,15 +61,15 @@ def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, fl
     saved, _ = _per_group(plan, index, stage.chunk_saved_bytes, stage.saved_bytes)
     kept, sizes = _per_group(plan, index, stage.chunk_held_bytes, stage.wgrad_held_bytes)
     kept[-1] = max(0.0, kept[-1] - stage.loss_saved_bytes)  # the loss's chunk, last: its saved tensors freed at B
-    weights = (*saved, *kept, stage.boundary_bytes, stage.boundary_grad_bytes, stage.loss_grad_bytes)
+    weights = (*saved, *kept, *stage.held_boundary_bytes, stage.loss_grad_bytes)
     state = _peak(tuple(_key(plan, index).values()), weights)
     g, v = len(saved), plan.virtual_stages
     held_bytes = sum(n * s for n, s in zip(state[:g], saved))
     kept_bytes = sum(n * k for n, k in zip(state[g : 2 * g], kept))
     held = held_bytes / stage.saved_bytes if stage.saved_bytes else sum(state[:g]) / v
     pending = kept_bytes / stage.wgrad_held_bytes if stage.wgrad_held_bytes else sum(state[g : 2 * g]) / v
-    tensors = dict(boundary_bytes=stage.boundary_bytes, grad_bytes=stage.boundary_grad_bytes)
-    sent = boundary_held_bytes(state[2 * g], state[2 * g + 1], **tensors)
+    tensors, grads = stage.held_boundary_bytes
+    sent = boundary_held_bytes(state[2 * g], state[2 * g + 1], boundary_bytes=tensors, grad_bytes=grads)
     return held, pending, sent, stage.loss_grad_bytes * state[2 * g + 2]
 
 

@@ -8,11 +8,12 @@ with every weight >= 0; that state holds at least as many bytes as the one with 
     peak_k >= W_k + G_k + O_k + max(n_k D_g,  f_k D)
 
 with n_k the most boundary tensors and gradients rank k's states hold at once, f_k the most boundary tensors
-(replayed.py ``most_sent``: sends finished but not waited, and the receive slots), D_k the stage's boundary: the
-input of the first block of a chunk of index > 0, received whole on every tp rank (cost/stages.py), so D_k >= D,
-the smallest input of a block after the first, and its gradients D_g,k >= D_g, the smallest of theirs (a state's
-bytes f D_k + g D_g,k with D_k >= D_g,k: at least (f + g) D_g and f D); stage 0 of a one-chunk pipeline receives
-none (counted 0). The largest of the pp devices is at least their mean and at least each one, so
+(replayed.py ``most_sent``: sends finished but not waited, and the receive slots), D_k the larger of the stage's
+input and output: the input of the first block of a chunk of index > 0, received whole on every tp rank
+(cost/stages.py ``held_boundary_bytes``), so D_k >= D, the smallest input of a block after the first, and its
+gradients D_g,k >= D_g, the smallest of theirs (a state's bytes f D_k + g D_g,k with D_k >= D_g,k: at least
+(f + g) D_g and f D); stage 0 too, whose outputs and gradient slots weigh its output's. The largest of the pp
+devices is at least their mean and at least each one, so
 
     peak >= max((sum_k states_k + max(D_g sum_k n_k, D sum_k f_k)) / pp,  D_g max_k n_k,  D max_k f_k)
 
@@ -30,16 +31,14 @@ from autoplan.cost.memory.in_flight_floor import blocks_states_bytes, schedule_k
 from autoplan.cost.memory.replayed import most_sent, replays_memory
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import schedule_step_plan
-from autoplan.types.schedules import V_SCHEDULES
 
 
 def sent_counts(plan: Plan) -> tuple[tuple[int, int], ...] | None:
-    """(n_k, f_k) of the module docstring per stage ((0, 0) where the stage receives nothing); None where ``plan``'s
-    memory is not replayed. Reads only the plan's schedule key (in_flight_floor.py ``schedule_key``)."""
+    """(n_k, f_k) of the module docstring per stage; None where ``plan``'s memory is not replayed. Reads only the
+    plan's schedule key (in_flight_floor.py ``schedule_key``)."""
     if not replays_memory(plan):
         return None
-    receives = [k > 0 or plan.virtual_stages > 1 or plan.schedule in V_SCHEDULES for k in range(plan.pp)]
-    return tuple(most_sent(plan, k) if receives[k] else (0, 0) for k in range(plan.pp))
+    return tuple(most_sent(plan, k) for k in range(plan.pp))
 
 
 def sent_floor_bytes(

@@ -13,9 +13,9 @@ V schedules, cost/pp/looped_orders.py for interleaved_1f1b and interleaved_zb). 
            slot (stage.py ``set_local_fwd_input``); each with its receive slots (cost/pp/receive_slots.py)
 
 and loss = 1 while the last chunk's backward runs (the state before its B or BW), 0 after each action. With
-S_j, K_j chunk c_j's activations and kept gradients of one micro-batch, D one boundary, D_g the gradients of its
-tensors that need one (cost/stages.py ``boundary_grad_bytes``: a mask or rotary table has none, receive_slots.py)
-and L the loss's gradients (cost/stages.py ``loss_grad_bytes``, alive only in that backward),
+S_j, K_j chunk c_j's activations and kept gradients of one micro-batch, D one boundary and D_g its gradients, the
+larger of the rank's input's and output's (cost/stages.py ``held_boundary_bytes``, receive_slots.py) and L the
+loss's gradients (cost/stages.py ``loss_grad_bytes``, alive only in that backward),
 
     peak = max over states of  sum_j (h_j S_j + k_j K_j) + sent D + grads D_g + loss L
 

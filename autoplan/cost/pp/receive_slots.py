@@ -16,10 +16,10 @@ holds chunk p's input gradient, which rank_memory counts as sent from chunk p's 
     W or BW of p - 1      + 1 - 1 (the slot's again; rank_memory's count of the output sent, taken back)
     B or BW of chunk p    - 1    (rank_memory's count of the input gradient sent, taken back: a gradient one)
 
-Forward slots and sends weigh D, gradient ones D_g: torch makes a gradient buffer only for an input that requires
-grad (stage.py ``_create_grad_recv_info``: ``buffer=... if grad_meta else None``; cost/blocks.py
-``input_grad_bytes``; docs/cost-model.md, "A boundary's gradients weigh D_g"). Grad slots hold a received tensor
-no kept gradient is (the last block's residual add makes a new one under autocast; an fp32 stage may share it).
+A forward slot weighs its chunk's input D_in, a gradient slot its output's gradients D_g,out (the next chunk's
+input that requires grad: stage.py ``_create_grad_recv_info`` reads the next stage's, ``buffer=... if grad_meta
+else None``; docs/cost-model.md, "A boundary's gradients weigh D_g"), a send of the output D_out and of the input
+gradient D_g,in (cost/stages.py ``held_boundary_bytes``). Grad slots hold a received tensor no kept gradient is.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def slot_changes(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: i
 
 def single_chunk_slots(*, pp: int, m: int, rank: int) -> Slots:
     """Receive slots stage ``rank`` of torch's ``Schedule1F1B`` or ``ScheduleGPipe`` holds beside its activations
-    (module docstring): m forward slots (rank > 0) and m gradient slots (rank < pp - 1)."""
+    (module docstring): m forward slots for its input (rank > 0) and m gradient slots for its output's gradient
+    (rank < pp - 1: stage 0 holds stage 1's input gradients, the last stage none)."""
     return m * (rank > 0), m * (rank < pp - 1)
 
 

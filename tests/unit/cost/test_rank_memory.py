@@ -161,19 +161,23 @@ def test_the_memory_floor_counts_stay_below_every_chunk_split(model, schedule):
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_torchs_single_chunk_stages_hold_a_receive_slot_per_micro_batch(model, schedule):
     """Under torch's Schedule1F1B and ScheduleGPipe every stage keeps, for the whole run, m forward receive
-    buffers (not stage 0) and m gradient ones (not the last stage): they are its pipeline buffers, where
-    Megatron-Core's schedule holds one send and one receive buffer (cost/pp/receive_slots.py)."""
+    buffers for its input (not stage 0) and m gradient ones for its output's gradient, the next stage's input
+    gradient (not the last stage): they are its pipeline buffers, where Megatron-Core's schedule holds one send and
+    one receive buffer, of its output on stage 0 and of its input on the last (cost/pp/receive_slots.py)."""
     plan = _plan(schedule, virtual_stages=1)
     stages, _, _ = model.priced_stages(plan)
     memory = model.stage_memory(plan, stages)
     m, pp = plan.num_microbatches, plan.pp
     for index, (stage, held) in enumerate(zip(stages, memory)):
-        slots = m * (index > 0) * stage.boundary_bytes + m * (index < pp - 1) * stage.boundary_grad_bytes
+        output_grads = stages[index + 1].boundary_grad_bytes if index < pp - 1 else 0.0
+        slots = m * (index > 0) * stage.boundary_bytes + m * output_grads
         assert held.buffers_bytes == pytest.approx(slots), index
+    assert memory[0].buffers_bytes > 0 < stages[1].boundary_grad_bytes
     megatron = _plan(schedule, virtual_stages=1, runtime="megatron")
     megatron_stages, _, _ = model.priced_stages(megatron)
-    for stage, held in zip(megatron_stages, model.stage_memory(megatron, megatron_stages)):
-        assert held.buffers_bytes == pytest.approx(2 * stage.boundary_bytes)
+    for index, held in enumerate(model.stage_memory(megatron, megatron_stages)):
+        received = megatron_stages[max(index, 1)].boundary_bytes  # stage 0 sends stage 1's input, gets its gradient
+        assert held.buffers_bytes == pytest.approx(2 * received) and received > 0, index
 
 
 def test_the_losss_saved_tensors_leave_at_its_b(model):
