@@ -74,13 +74,27 @@ def test_the_frontier_keeps_exactly_the_states_none_exceeds_on_random_sets(seed)
 
 @pytest.mark.parametrize("count, width", [(3, 1), (90, 7), (150, 8), (140, 9), (200, 16), (70, 17), (700, 6)])
 def test_the_frontier_is_the_pairwise_definitions_at_every_width(count, width):
-    """The frontier, tested one count at a time and a block of states against all (rank_memory.py), keeps exactly the
+    """The frontier, read by falling sum a block at a time against those kept (rank_memory.py), keeps exactly the
     distinct states no other is at least in every count, in sorted order, at any width, over several blocks."""
     rng = np.random.default_rng(count)
     states = [tuple(int(n) for n in row) for row in rng.integers(0, 4, size=(count, width))]
     distinct = set(states)
     plain = sorted(s for s in distinct if not any(s != t and all(x <= y for x, y in zip(s, t)) for t in distinct))
     assert frontier(states) == tuple(plain)
+
+
+@pytest.mark.parametrize("total", [6, 40])
+def test_a_frontier_wider_than_a_block_is_kept_whole(total):
+    """States of one sum exceed none of each other, so all are kept, over more blocks than one; states under
+    them (a count less) are exceeded: the falling-sum order never keeps a state before its exceeder."""
+    rng = np.random.default_rng(total)
+    top = {(a, b, total - a - b) for a in range(total + 1) for b in range(total + 1 - a)}
+    under = {tuple(max(0, n - int(d)) for n, d in zip(s, rng.integers(1, 3, size=3))) for s in top}
+    states = list(under | top)
+    rng.shuffle(states)
+    distinct = set(states)
+    plain = sorted(s for s in distinct if not any(s != t and all(x <= y for x, y in zip(s, t)) for t in distinct))
+    assert frontier(states) == tuple(plain) and len(plain) >= len(top)
 
 
 def test_looped_halves_are_the_looped_orders_kinds_and_chunks():
