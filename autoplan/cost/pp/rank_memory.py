@@ -158,30 +158,51 @@ def group_sizes(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> tu
 
 
 def frontier(states: Sequence[State] | np.ndarray) -> tuple[State, ...]:
-    """The distinct ``states`` no other is at least in every count, in sorted order. A distinct state at least
-    another in every count has the larger sum, so the states are read by falling sum, ``_BLOCK`` at a time: a
-    state is kept unless one already kept, or a survivor of its own block, is at least it (one kept earlier and
-    exceeded is exceeded by a kept one too: the order is transitive). The test costs states x kept, not states
-    squared: a long step's 10^5 states have a frontier of a few."""
+    """The distinct ``states`` no other is at least in every count, in sorted order. Up to ``_PAIRS_AT_MOST``
+    distinct states each is tested against all, ``_BLOCK`` at a time. More are read by falling sum (a distinct
+    state at least another in every count has the larger sum), ``_BLOCK`` at a time: a state is kept unless one
+    already kept, or a survivor of its own block, is at least it (one kept earlier and exceeded is exceeded by a
+    kept one too). That costs states x kept, not states squared: a long step's 10^5 states keep a few."""
     rows = distinct_rows(np.asarray(states, dtype=np.int64).reshape(len(states), -1))  # sorted, as tuples sort
+    kept = _kept_by_pairs(rows) if len(rows) <= _PAIRS_AT_MOST else _kept_by_sum(rows)
+    return tuple(map(tuple, rows[kept].tolist()))
+
+
+def _kept_by_pairs(rows: np.ndarray) -> np.ndarray:
+    """:func:`frontier`'s mask, each row tested against every other, one count at a time (each test a long numpy
+    loop over pairs, not a short one over the counts)."""
+    counts = [np.ascontiguousarray(rows[:, c]) for c in range(rows.shape[1])]
+    kept = np.empty(len(rows), dtype=bool)
+    for start in range(0, len(rows), _BLOCK):
+        end = min(start + _BLOCK, len(rows))
+        within = counts[0][start:end, None] <= counts[0][None, :]  # [i, j]: row start + i at most row j
+        for count in counts[1:]:
+            within &= count[start:end, None] <= count[None, :]
+        within[np.arange(end - start), np.arange(start, end)] = False  # not itself
+        kept[start:end] = ~within.any(axis=1)
+    return kept
+
+
+def _kept_by_sum(rows: np.ndarray) -> np.ndarray:
+    """:func:`frontier`'s mask, the rows read by falling sum against those kept."""
     falling = np.argsort(-rows.sum(axis=1), kind="stable")
     kept, found = np.zeros(len(rows), dtype=bool), rows[:0]
     for start in range(0, len(rows), _BLOCK):
         block = falling[start : start + _BLOCK]
         block = block[~_exceeded(rows[block], found)]
-        alive = rows[block]
-        within = _at_most(alive, alive)
+        within = _at_most(rows[block], rows[block])
         within[np.arange(len(block)), np.arange(len(block))] = False  # not itself
         block = block[~within.any(axis=1)]
         kept[block], found = True, np.concatenate([found, rows[block]])
-    return tuple(map(tuple, rows[kept].tolist()))
+    return kept
 
 
 def _at_most(rows: np.ndarray, others: np.ndarray) -> np.ndarray:
     """[i, j]: row i at most row j of ``others`` in every count."""
+    mine, theirs = np.ascontiguousarray(rows.T), np.ascontiguousarray(others.T)  # one count a contiguous row
     within = np.ones((len(rows), len(others)), dtype=bool)
-    for c in range(rows.shape[1]):
-        within &= rows[:, c, None] <= others[None, :, c]
+    for count, other in zip(mine, theirs):
+        within &= count[:, None] <= other[None, :]
     return within
 
 
@@ -190,7 +211,8 @@ def _exceeded(rows: np.ndarray, kept: np.ndarray) -> np.ndarray:
     return _at_most(rows, kept).any(axis=1) if len(kept) else np.zeros(len(rows), dtype=bool)
 
 
-_BLOCK = 256  # states tested at once: a block's test holds _BLOCK * (kept + _BLOCK) booleans
+_BLOCK = 256  # states tested at once: a block's test holds _BLOCK * (states or kept + _BLOCK) booleans
+_PAIRS_AT_MOST = 2048  # distinct states tested all against all: fewer numpy calls where few are many
 
 
 def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 
+from autoplan.cost.pp import rank_memory
 from autoplan.cost.pp.looped_orders import KINDS, looped_halves, looped_order
 from autoplan.cost.pp.order_states import distinct_rows
 from autoplan.cost.pp.rank_memory import frontier, peak_state, rank_states, rank_states_walk, state_matrix
@@ -60,7 +61,7 @@ def test_the_peak_and_its_ties_are_the_walks():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_frontier_keeps_exactly_the_states_none_exceeds_on_random_sets(seed):
+def test_the_frontier_keeps_exactly_the_states_none_exceeds_on_random_sets(seed, frontier_path):
     """Kept states are distinct and none is at most another; every given state is at most a kept one."""
     rng = np.random.default_rng(seed)
     count, width = [(5, 2), (70, 3), (200, 8), (300, 4), (1, 6), (130, 5)][seed]
@@ -72,8 +73,16 @@ def test_the_frontier_keeps_exactly_the_states_none_exceeds_on_random_sets(seed)
     assert all(any(all(x <= y for x, y in zip(s, k)) for k in kept) for s in states)
 
 
+@pytest.fixture(params=["pairs", "by_sum"])
+def frontier_path(request, monkeypatch):
+    """Both of rank_memory.frontier's tests: all pairs, or by falling sum (``_PAIRS_AT_MOST`` 0)."""
+    if request.param == "by_sum":
+        monkeypatch.setattr(rank_memory, "_PAIRS_AT_MOST", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("count, width", [(3, 1), (90, 7), (150, 8), (140, 9), (200, 16), (70, 17), (700, 6)])
-def test_the_frontier_is_the_pairwise_definitions_at_every_width(count, width):
+def test_the_frontier_is_the_pairwise_definitions_at_every_width(count, width, frontier_path):
     """The frontier, read by falling sum a block at a time against those kept (rank_memory.py), keeps exactly the
     distinct states no other is at least in every count, in sorted order, at any width, over several blocks."""
     rng = np.random.default_rng(count)
@@ -84,7 +93,7 @@ def test_the_frontier_is_the_pairwise_definitions_at_every_width(count, width):
 
 
 @pytest.mark.parametrize("total", [6, 40])
-def test_a_frontier_wider_than_a_block_is_kept_whole(total):
+def test_a_frontier_wider_than_a_block_is_kept_whole(total, frontier_path):
     """States of one sum exceed none of each other, so all are kept, over more blocks than one; states under
     them (a count less) are exceeded: the falling-sum order never keeps a state before its exceeder."""
     rng = np.random.default_rng(total)
