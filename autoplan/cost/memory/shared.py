@@ -25,14 +25,15 @@ from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.cost.stages import StageTotals
 from autoplan.types.plan import Plan
 
-Held = tuple[float, float, float, float, float]  # in flight, in flight after the first backward, pending, sent, T
+Held = tuple[float, float, float, float, float]  # in flight, after the first backward, pending, sent bytes, T
 
 
 def held(plan: Plan, index: int, stage: StageTotals) -> Held:
     """Micro-batches of activations stage ``index`` holds at its forward's end and in its backward, the
-    output gradients it keeps from B to W (cost/pp/schedule.py, zero_bubble.py), the boundary tensors its
-    finished sends hold and the backward's transient bytes; where torch's runtime runs the schedule, at the
-    state of its replayed order holding the most bytes, already in the backward (cost/memory/replayed.py)."""
+    output gradients it keeps from B to W (cost/pp/schedule.py, zero_bubble.py), the bytes its finished sends and
+    receive slots hold (boundary tensors at D, gradients at D_g) and the backward's transient bytes; where torch's
+    runtime runs the schedule, at the state of its replayed order holding the most bytes, already in the backward
+    (cost/memory/replayed.py)."""
     if replays_memory(plan):
         most, pending, sent, loss = replayed_held(plan, index, stage)
         return most, most, pending, sent, max(stage.peak_block_bytes, loss)
