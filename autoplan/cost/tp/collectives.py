@@ -44,6 +44,10 @@ class Collectives:
         size = traced_bytes * self.scale(tensor)
         return collective_time_s(self.ctx.profile, kind, size, group=self.ctx.group)
 
+    def scalars(self, kind: str, size_bytes: float, count: int) -> float:
+        """``count`` collectives of ``size_bytes`` each, whatever the batch and dtypes (FP8 scales, cost/tp/amax.py)."""
+        return count * collective_time_s(self.ctx.profile, kind, size_bytes, group=self.ctx.group) if count else 0.0
+
 
 class Messages:
     """A sum of collectives, kind -> [count, bytes]: the terms' algebra with messages for seconds
@@ -76,3 +80,7 @@ class MessageCollectives:
     def __call__(self, kind: str, traced_bytes: float, tensor: str) -> Messages | float:
         size = traced_bytes * self.priced.scale(tensor)
         return Messages({kind: [1, size]}) if size > 0 and self.priced.ctx.tp > 1 else 0.0
+
+    def scalars(self, kind: str, size_bytes: float, count: int) -> Messages | float:
+        """``count`` messages of ``size_bytes`` each (:meth:`Collectives.scalars`)."""
+        return Messages({kind: [count, count * size_bytes]}) if count and self.priced.ctx.tp > 1 else 0.0

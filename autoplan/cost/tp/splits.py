@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from autoplan.cost.compute.dtypes import DtypePolicy
-from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
+from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe, fp8_linear
 from autoplan.cost.moe.experts import ExpertPlacement
 from autoplan.cost.network.mesh import AxisGroup
+from autoplan.cost.tp.amax import AMAX_BYTES, amax_reductions
 from autoplan.cost.tp.block import BlockAnalysis, analyse_block
 from autoplan.cost.tp.collectives import Collectives, MessageCollectives, Messages
 from autoplan.cost.tp.shards import reduce_scattered, shards
@@ -161,6 +162,7 @@ def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
     cache = graph.__dict__.setdefault("_tp_terms_cache", {})
     key = (layer, _link_key(ctx.profile), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
     key = key if ctx.dtypes is None else (*key, ctx.dtypes)  # each message in its tensor's run dtype
+    key = key if ctx.precision != "fp8" else (*key, ctx.fp8.name)  # tensorwise scales' all-reduces (cost/tp/amax.py)
     if key not in cache:
         cache[key] = _terms(graph, analyse_block(graph, layer), ctx)
     return cache[key]
@@ -186,7 +188,7 @@ def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext, coll: "Collective
     coll = coll or Collectives(graph, ctx)
     legal = {v: legal_splits(graph.node(v), ctx.tp) for v in block.params}
     for u in block.params:
-        terms.unary[u] = {s: _unary(block, u, s, coll, ctx) for s in legal[u]}
+        terms.unary[u] = {s: _unary(graph, block, u, s, coll, ctx) for s in legal[u]}
     lay = {u: {s: _effective(s, u in block.gathered) for s in legal[u]} for u in block.params}
     for (u, v), b in block.edges.items():
         moved = block.edge_tensors[(u, v)]
@@ -220,7 +222,20 @@ def _effective(split: str, gathered: bool) -> str:
     return "replicate" if gathered and split == "colwise" else split
 
 
-def _unary(block: BlockAnalysis, u: str, split: str, coll: Collectives, ctx: TPContext) -> tuple[float, float]:
+def _unary(
+    graph: Graph, block: BlockAnalysis, u: str, split: str, coll: Collectives, ctx: TPContext
+) -> tuple[float, float]:
+    """``u``'s own collectives under ``split``: its output's (:func:`_unary_output`) and, for a tensorwise FP8
+    linear, the scalar all-reduces of its scales (cost/tp/amax.py)."""
+    fwd, bwd = _unary_output(block, u, split, coll, ctx)
+    fp8 = fp8_linear(graph.node(u), precision=ctx.precision, shard=ctx.tp)
+    scales_fwd, scales_bwd = amax_reductions(split, fp8=fp8, recipe=ctx.fp8.name, tp=ctx.tp)
+    return fwd + coll.scalars("all_reduce", AMAX_BYTES, scales_fwd), bwd + coll.scalars(
+        "all_reduce", AMAX_BYTES, scales_bwd
+    )
+
+
+def _unary_output(block: BlockAnalysis, u: str, split: str, coll: Collectives, ctx: TPContext) -> tuple[float, float]:
     sink = block.sinks.get(u, 0.0)
     sp = ctx.sequence_parallel
     if split == "colwise" and u in block.gathered:

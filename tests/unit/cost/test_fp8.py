@@ -12,6 +12,8 @@ import pytest
 from autoplan.cost import CostModel
 from autoplan.cost.compute.fp8 import fp8_cast_bytes, fp8_linear
 from autoplan.cost.compute.roofline import memory_time_s, op_time_s
+from autoplan.cost.network.comm import collective_time_s
+from autoplan.cost.network.mesh import AxisGroup
 from autoplan.cost.volumes import predict
 from autoplan.errors import PlanError, ProfileError
 from autoplan.profile import load_profile
@@ -181,10 +183,24 @@ def test_fp8_memory_equals_bf16(gpt_graph, h100):
 
 
 def test_fp8_moves_what_bf16_moves_and_no_fp16_overflow_flag(gpt_graph, h100):
-    plan = dict(dp=2, tp=2, pp=2, num_microbatches=4, sequence_parallel=True)
+    plan = dict(dp=2, tp=1, pp=2, num_microbatches=4)  # at tp = 1 no scale is reduced (cost/tp/amax.py)
     comm = {p: [s.comm for s in predict(CostModel(gpt_graph, h100), _plan(p, **plan))] for p in ("bf16", "fp8", "fp16")}
     assert comm["fp8"] == comm["bf16"]
     assert comm["fp16"] != comm["bf16"]  # fp16 adds its overflow all-reduce (cost/volumes.py)
+
+
+@pytest.mark.parametrize("sp", (False, True))
+def test_tensorwise_fp8_under_tp_adds_three_scalar_amax_all_reduces_per_split_linear(gpt_graph, h100, sp):
+    """torchao's tensorwise scales under tp=2 (cost/tp/amax.py): per split FP8 linear and micro-batch, one
+    8-byte all-reduce for each cast of a sharded tensor (weight twice, and a rowwise input or a colwise
+    output gradient), on top of every message bf16 sends; the audit counted 174 = 29 x 3 x 2 of them."""
+    plan = dict(dp=2, tp=2, num_microbatches=4, sequence_parallel=sp)
+    (was,), (now,) = (predict(CostModel(gpt_graph, h100), _plan(p, **plan)) for p in ("bf16", "fp8"))
+    split = [n for n in gpt_graph.nodes if fp8_linear(n, precision="fp8", shard=2)]  # every linear is split
+    reduces = ("tp", "all_reduce")
+    count, size = (now.comm[reduces][i] - was.comm.get(reduces, [0, 0.0])[i] for i in (0, 1))
+    assert len(split) == 9 and count == 3 * len(split) * 4 and size == 8 * count
+    assert {k: v for k, v in now.comm.items() if k != reduces} == {k: v for k, v in was.comm.items() if k != reduces}
 
 
 @pytest.mark.parametrize("name", ("dgx-a100", "cpu-gloo"))
@@ -201,6 +217,9 @@ def test_fp8_without_an_fp8_peak_raises_one_sentence(gpt_graph, name):
 
 
 def test_async_tp_slices_cast_each_fp8_weight_once(gpt_graph, h100):
+    """Casts and GEMMs are faster in fp8 under async TP; what the step loses is the scales' scalar all-reduces
+    (cost/tp/amax.py: 3 per split linear per micro-batch, 9 linears, 2 micro-batches), each at its alpha."""
     plan = dict(tp=4, sequence_parallel=True, tp_comm_overlap=True, micro_batch_size=2, num_microbatches=2)
     bf16, fp8 = (CostModel(gpt_graph, h100).estimate(_plan(p, **plan)) for p in ("bf16", "fp8"))
-    assert fp8.step_time_s < bf16.step_time_s
+    scales_s = 3 * 9 * 2 * collective_time_s(h100, "all_reduce", 8, group=AxisGroup(4, 8))
+    assert bf16.step_time_s < fp8.step_time_s < bf16.step_time_s + scales_s
