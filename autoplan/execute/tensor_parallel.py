@@ -226,9 +226,12 @@ def _check_even_sequences(module: nn.Module, *, fqn: str, split: str, kind: str,
 
     def check(what: str, *values: Any) -> None:
         for x in values:
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 3 and x.shape[SEQ_DIM] % tp:
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < (3 if what == "input" else 2):
+                continue
+            dim = sequence_dim(x)
+            if x.shape[dim] % tp:
                 raise PlanError(
-                    f"plan sequence_parallel shards the sequence of {fqn}'s {what} ({x.shape[SEQ_DIM]} positions) "
+                    f"plan sequence_parallel shards the sequence of {fqn}'s {what} ({x.shape[dim]} positions) "
                     f"over tp={tp}, which does not divide it; plan sp=off or a tp that divides every sequence length."
                 )
 
@@ -238,6 +241,21 @@ def _check_even_sequences(module: nn.Module, *, fqn: str, split: str, kind: str,
         module.register_forward_hook(lambda _m, _args, out: check("output", out))
 
 
+def sequence_dim(x: torch.Tensor) -> int:
+    """Where sequence parallelism shards ``x``: dim 1 of [batch, seq, ...], dim 0 of an unbatched [seq, hidden]
+    output (nanoGPT's position embedding ``wpe(arange(t))``, broadcast over the batch). Dim 1 of the latter is
+    its hidden size, which the stream's sequence shard would all-gather to broadcast against, in the forward
+    and again in the backward: the cost model's sequence shard (Q) is the sequence (cost/tp/shards.py)."""
+    return SEQ_DIM if x.dim() >= 3 else 0
+
+
+def _out_placement(want: Any, out: Any) -> Any:
+    """``want`` for a module output ``out``: SP's sequence shard on ``out``'s sequence (:func:`sequence_dim`)."""
+    if want == Shard(SEQ_DIM) and isinstance(out, torch.Tensor) and out.dim() == 2:
+        return Shard(sequence_dim(out))
+    return want
+
+
 def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp: bool, inputs: SharedInputs) -> None:
     want_in, want_out = _layouts(split=split, kind=kind, sp=sp)
     if float8.is_float8(module):  # fp8 casts before the redistributions (torchao's float8 TP styles)
@@ -245,7 +263,9 @@ def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp
         return
     module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in) for a in args))
     if want_out is not None:
-        module.register_forward_hook(lambda _m, _args, out: _settled(_redistribute(out, mesh, want_out)))
+        module.register_forward_hook(
+            lambda _m, _args, out: _settled(_redistribute(out, mesh, _out_placement(want_out, out)))
+        )
     else:  # a colwise output keeps its shard, and so does its gradient: when model code gathers the output
         # (a fused qkv split by global sizes), the weight gradient is still computed on the local shard only
         module.register_forward_hook(lambda _m, _args, out: _settled(out) if isinstance(out, DTensor) else out)
@@ -259,7 +279,9 @@ def _add_float8_hooks(
     fp8 = (module, split)
     module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in, fp8=fp8) for a in args))
     module.register_forward_hook(
-        lambda m, _args, out: _settled(float8.tp_output(module=m, split=split, out=out, placement=want_out, mesh=mesh))
+        lambda m, _args, out: _settled(
+            float8.tp_output(module=m, split=split, out=out, placement=_out_placement(want_out, out), mesh=mesh)
+        )
     )
 
 

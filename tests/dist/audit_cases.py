@@ -72,6 +72,13 @@ CASES = [
     ("tp_default_split", "gpt", dict(tp=2, tp_plan={})),
     ("tp_gqa", "llama", dict(tp=2)),
     ("tp_sp", "gpt", dict(tp=2, sequence_parallel=True)),
+    # the unbatched [seq, hidden] position embedding rowwise under SP: reduce-scattered on its sequence (dim 0), as
+    # priced; on dim 1 (its hidden size) the stream all-gathered it to broadcast, forward and backward (unpriced)
+    (
+        "tp_sp_wpe_rowwise",
+        "gpt",
+        dict(tp=2, sequence_parallel=True, tp_plan=tp_plans.gpt_tp_plan(True) | {"wpe": "rowwise"}),
+    ),
     ("tp_sp_gqa", "llama", dict(tp=2, sequence_parallel=True)),
     # bf16 autocast under tp + SP: the fp32 stream's norm outputs gathered and their gradients reduce-scattered in
     # fp32, the rowwise linears' outputs in bf16 (cost/tp/collectives.py; priced all in 16 bits before: -33% bytes)

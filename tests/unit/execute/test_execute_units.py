@@ -13,7 +13,7 @@ from autoplan.execute.job.outputs import summarize, warmup_steps
 from autoplan.execute.job.runner import rank_threads
 from autoplan.execute.job.verify import UPDATED, Difference, Tolerance, tolerance_of, verdict
 from autoplan.execute.pipeline import check_stages, split_model, stage_indices
-from autoplan.execute.tensor_parallel import validate_tp_plan
+from autoplan.execute.tensor_parallel import sequence_dim, validate_tp_plan
 from autoplan.execute.tied import tied_names
 from autoplan.execute.zero import padded_numel
 from autoplan.trace.layers import find_blocks
@@ -176,3 +176,11 @@ def test_a_split_keeps_none_of_exports_checks_which_dtensor_cannot_run():
     targets = {str(n.target) for s in stages for m in s.modules() if hasattr(m, "graph") for n in m.graph.nodes}
     assert "aten._assert_tensor_metadata.default" not in targets and "aten.linear.default" in targets
     torch.testing.assert_close(stages[1](stages[0](x)), model(x), rtol=0, atol=0)
+
+
+def test_sequence_parallel_shards_an_unbatched_output_on_its_sequence():
+    """nanoGPT's position embedding ``wpe(arange(t))`` is [t, C]: SP shards its dim 0, as the cost model's
+    sequence shard (Q) says, not dim 1 (its hidden size), which the [b, t, C] stream would all-gather."""
+    assert sequence_dim(torch.empty(64, 128)) == 0
+    assert sequence_dim(torch.empty(2, 64, 128)) == 1
+    assert sequence_dim(torch.empty(2, 64, 4, 32)) == 1
