@@ -53,6 +53,11 @@ TE_TRANSPOSE_BYTES = 1  # the FP8 transpose a fused norm/activation-cast kernel 
 #: emulated mode, so no gloo test could verify it; torchtitan runs it only under quantize.grouped_mm, which
 #: autoplan's torchtitan export does not write. Their experts stay at the 16-bit peak.
 FP8_EXPERT_RUNTIMES = {"megatron": "Transformer Engine's fp8_autocast covers the experts' TE linears"}
+#: runtimes whose tensorwise FP8 under TP casts a linear's input and output gradient before their redistributions
+#: (torchao's Float8ColwiseParallel, Float8RowwiseParallel and PrepareFloat8ModuleInput, which torchtitan's
+#: float8 TP applies); autoplan's executor casts after them (execute/float8.py). Which amaxes each all-reduces:
+#: cost/tp/amax.py.
+TP_CAST_FIRST_RUNTIMES = {"torchtitan": "torchao/float8/float8_tensor_parallel.py, torchtitan's apply_tp"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class Fp8Recipe:
     name: str = "tensorwise"
     micro_batches: int = 1
     experts: bool = False  # the grouped expert GEMMs run FP8 too (FP8_EXPERT_RUNTIMES)
+    tp_cast_first: bool = False  # under TP, casts before the redistributions (TP_CAST_FIRST_RUNTIMES, cost/tp/amax.py)
 
     @classmethod
     def of(cls, *, recipe: str, num_microbatches: int, runtime: str = "autoplan") -> Fp8Recipe:
@@ -71,7 +77,9 @@ class Fp8Recipe:
         recipe = recipe or "tensorwise"
         if recipe not in FP8_RECIPES:
             raise ValueError(f"fp8 recipe '{recipe}'; expected one of {', '.join(FP8_RECIPES)}")
-        return cls(recipe, num_microbatches if recipe.startswith("te_") else 1, runtime in FP8_EXPERT_RUNTIMES)
+        micro_batches = num_microbatches if recipe.startswith("te_") else 1
+        cast_first = runtime in TP_CAST_FIRST_RUNTIMES and recipe == "tensorwise"
+        return cls(recipe, micro_batches, runtime in FP8_EXPERT_RUNTIMES, tp_cast_first=cast_first)
 
     @property
     def transformer_engine(self) -> bool:

@@ -30,7 +30,7 @@ from autoplan.cost.compute.dtypes import DtypePolicy
 from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe, fp8_linear
 from autoplan.cost.moe.experts import ExpertPlacement
 from autoplan.cost.network.mesh import AxisGroup
-from autoplan.cost.tp.amax import AMAX_BYTES, amax_reductions
+from autoplan.cost.tp.amax import AMAX_BYTES, amax_reductions, shared_input_amaxes
 from autoplan.cost.tp.block import BlockAnalysis, analyse_block
 from autoplan.cost.tp.collectives import Collectives, MessageCollectives, Messages
 from autoplan.cost.tp.shards import reduce_scattered, shards
@@ -202,6 +202,7 @@ def _terms(graph: Graph, block: BlockAnalysis, ctx: TPContext, coll: "Collective
         terms.constant_at[consumers[0]] = terms.constant_at.get(consumers[0], 0.0) + gather
         if needs_grad:
             _source_any_of(terms, (src, b), consumers, legal, q, coll)
+        _shared_input_amax(graph, terms, consumers, legal, q, coll, ctx)
     terms.constant = (fwd, 0.0)
     return terms
 
@@ -229,7 +230,8 @@ def _unary(
     linear, the scalar all-reduces of its scales (cost/tp/amax.py)."""
     fwd, bwd = _unary_output(block, u, split, coll, ctx)
     fp8 = fp8_linear(graph.node(u), precision=ctx.precision, shard=ctx.tp)
-    scales_fwd, scales_bwd = amax_reductions(split, fp8=fp8, recipe=ctx.fp8.name, tp=ctx.tp)
+    sequence_output = split == "rowwise" and reduce_scattered(block, u, sequence_parallel=ctx.sequence_parallel)
+    scales_fwd, scales_bwd = amax_reductions(split, fp8=fp8, recipe=ctx.fp8, tp=ctx.tp, sequence_output=sequence_output)
     return fwd + coll.scalars("all_reduce", AMAX_BYTES, scales_fwd), bwd + coll.scalars(
         "all_reduce", AMAX_BYTES, scales_bwd
     )
@@ -312,6 +314,18 @@ def _source_any_of(
         terms.any_of.append(((0.0, coll("reduce_scatter" if q else "all_reduce", b, src)), col))
     if row:
         terms.any_of.append(((0.0, coll("all_to_all" if q else "all_gather", b, src)), row))
+
+
+def _shared_input_amax(
+    graph: Graph, terms: TPTerms, consumers: list[str], legal: dict, q: bool, coll: Collectives, ctx: TPContext
+) -> None:
+    """A stream input's tensorwise FP8 amax, all-reduced once in the forward if any FP8 consumer is colwise and the
+    recipe casts it sequence-sharded, before the all-gather (cost/tp/amax.py ``shared_input_amaxes``)."""
+    count = shared_input_amaxes(sequence_sharded=q, recipe=ctx.fp8, tp=ctx.tp) if ctx.precision == "fp8" else 0
+    fp8 = [v for v in consumers if fp8_linear(graph.node(v), precision=ctx.precision, shard=ctx.tp)]
+    col = tuple((v, "colwise") for v in fp8 if "colwise" in legal[v])
+    if count and col:
+        terms.any_of.append(((coll.scalars("all_reduce", AMAX_BYTES, count), 0.0), col))
 
 
 # ---- evaluating a plan -------------------------------------------------------------------

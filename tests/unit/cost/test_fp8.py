@@ -216,6 +216,20 @@ def test_fp8_without_an_fp8_peak_raises_one_sentence(gpt_graph, name):
     assert message.count(". ") == 0
 
 
+def test_torchtitan_casting_before_the_all_gather_reduces_sequence_sharded_amaxes_too(gpt_graph, h100):
+    """torchtitan's float8 TP styles cast before the redistribution (cost/tp/amax.py): under SP, per micro-batch
+    one more all-reduce per block input its colwise linears share (ln_1, ln_2 per block, ln_f: 5) and per rowwise
+    output reduce-scattered to the sequence (both c_proj per block: 4); without SP the same as autoplan's."""
+    extra = {}  # the tp all-reduces fp8 adds over bf16, (count, bytes)
+    for runtime in ("autoplan", "torchtitan"):
+        for sp in (False, True):
+            plans = (_plan(p, tp=2, num_microbatches=4, sequence_parallel=sp, runtime=runtime) for p in ("bf16", "fp8"))
+            (was,), (now,) = (predict(CostModel(gpt_graph, h100), plan) for plan in plans)
+            extra[runtime, sp] = [b - a for a, b in zip(was.comm[("tp", "all_reduce")], now.comm[("tp", "all_reduce")])]
+    assert extra["torchtitan", False] == extra["autoplan", False] == [3 * 9 * 4, 8 * 3 * 9 * 4]
+    assert extra["torchtitan", True] == [(3 * 9 + 5 + 4) * 4, 8 * (3 * 9 + 5 + 4) * 4]
+
+
 def test_async_tp_slices_cast_each_fp8_weight_once(gpt_graph, h100):
     """Casts and GEMMs are faster in fp8 under async TP; what the step loses is the scales' scalar all-reduces
     (cost/tp/amax.py: 3 per split linear per micro-batch, 9 linears, 2 micro-batches), each at its alpha."""
