@@ -31,7 +31,6 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Callable
 
 from autoplan.cost import memory_budget
@@ -94,7 +93,7 @@ class Pass:
 
     def _next_member(self) -> None:
         key, _, own_keyed, plan, rebound, state = entry = heapq.heappop(self._members)
-        if own_keyed and not _own_times(self.search, plan):  # its plan without recompute did not fit since
+        if own_keyed and not _own_times(self.search, plan, rebound):  # its plan without recompute did not fit since
             return self._push_member(rebound(), False, plan, rebound, state)
         if self.search._beaten(key):
             heapq.heappush(self._members, entry)
@@ -118,7 +117,7 @@ class Pass:
         members, self._members = self._members, []
         while members:
             key, tie, own_keyed, plan, rebound, state = heapq.heappop(members)
-            if own_keyed and not _own_times(s, plan):
+            if own_keyed and not _own_times(s, plan, rebound):
                 key, own_keyed = rebound(), False
             if not s._beaten(key):
                 self._push_member(key, own_keyed, plan, rebound, state)
@@ -179,7 +178,7 @@ class Pass:
                     if s._beaten(sub):
                         s._append_pruned(plan, sub)
                         continue
-                    members.append((sub, plan, partial(member_bounds.member_bound, s, g, plan, at, state.extras)))
+                    members.append((sub, plan, _Rebound(s, g, plan, at, state.extras)))
         state.options, state.pruned, state.waiting = [], [], len(members)
         if state.first:
             self._progress()
@@ -199,13 +198,13 @@ class Pass:
         """A member whose key is not beaten: keyed again by its own stage times where those bound it now, else set
         aside by its memory floor or priced."""
         s = self.search
-        if not own_keyed and _own_times(s, plan) and (now := rebound()) > key:
+        if not own_keyed and _own_times(s, plan, rebound) and (now := rebound()) > key:
             if self.best_first:
                 return self._push_member(now, True, plan, rebound, state)
             if s._beaten(key := now):
                 s._append_pruned(plan, key)
                 return self._done(state)
-        if not s._over_floor(plan, key, state.too_big, state.held):
+        if not s._over_floor(plan, key, state.too_big, state.held, states_bytes=rebound.states_floor_bytes()):
             self._price(state, plan, key)
         self._done(state)
 
@@ -305,18 +304,38 @@ def _fields(base: Plan) -> dict:
     return dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_overlap=overlap)
 
 
-def _own_times(search: Any, plan: Plan) -> bool:
-    """Whether the search bounds ``plan`` by its own stage times where its key took those of no recompute
-    (:class:`_AnyBudget`): it recomputes, could fit, and its plan without recompute has not been found short."""
-    return _may_budget(search, plan) and search.budgets.timing(plan) is plan
+def _own_times(search: Any, plan: Plan, rebound: _Rebound) -> bool:
+    """Whether the search bounds ``plan`` (``rebound``: its bound and states floor) by its own stage times where its
+    key took those of no recompute (:class:`_AnyBudget`): it recomputes, could fit, and its plan without recompute
+    has not been found short."""
+    return _may_budget(search, plan, rebound.states_floor_bytes) and search.budgets.timing(plan) is plan
 
 
-def _may_budget(search: Any, plan: Plan) -> bool:
+def _may_budget(search: Any, plan: Plan, states_bytes: Callable[[], float]) -> bool:
     """Whether a recompute budget may yet be fitted to ``plan`` (solve/recompute_budget.py): budgets are searched, it
-    recomputes, and its states alone fit (Bounds.states_floor_bytes: a budget is fitted only to a plan that fits)."""
+    recomputes, and its states alone fit (``states_bytes``: its Bounds.states_floor_bytes; a budget is fitted only to
+    a plan that fits)."""
     if not search.budgets.searched or plan.recompute == "none":
         return False
-    return search.bounds.states_floor_bytes(plan) <= search._usable_bytes
+    return states_bytes() <= search._usable_bytes
+
+
+class _Rebound:
+    """A member's bound (2) as the budgets stand when called (member_bounds.member_bound of ``args``: search, group,
+    plan, (stages, its option's bound, sends, ZeRO choice), extras), and its states floor, its option's
+    (member_bounds.states_floor_bytes): the pass asks it of a member up to three times."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+
+    def __call__(self) -> float:
+        return member_bounds.member_bound(*self.args)
+
+    def states_floor_bytes(self) -> float:
+        search, _, plan, at, extras = self.args
+        return member_bounds.states_floor_bytes(search, plan, at, extras)
 
 
 class _AnyBudget:

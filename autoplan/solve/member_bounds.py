@@ -111,6 +111,14 @@ def _first_per_zero(dp_choices: list) -> list:
     return list({zero: (zero, grads) for zero, grads in reversed(dp_choices)}.values())
 
 
+def states_floor_bytes(search: Any, plan: Plan, at: tuple, extras: dict) -> float:
+    """Bounds.states_floor_bytes of ``plan``, the ``i``-th ZeRO choice of its stage option (``at`` as
+    :func:`member_bound`'s): its tp overlap's :func:`_per_overlap` value, which reads no recompute, schedule,
+    virtual stages or stages (tests/unit/solve/test_search_memos.py)."""
+    shared = extras.get(plan.tp_comm_overlap)
+    return shared.states_bytes[at[3]] if shared is not None else search.bounds.states_floor_bytes(plan)
+
+
 def member_bound(search: Any, g: Group, plan: Plan, at: tuple, extras: dict) -> float:
     """Bound (2) of ``plan``, the ``i``-th ZeRO choice of its stage option, with its partition's stage times at
     the recompute ``search.budgets`` says now; ``at``: (stages, the option's own bound, its sends, i)."""

@@ -21,6 +21,7 @@ from autoplan.solve import recompute_budget
 from autoplan.solve.candidates import Candidate, config_of
 from autoplan.types.cost import Cost
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import schedule_step_plan
 
 
 def price(search: Any, plan: Plan) -> tuple[Cost, Plan, bool]:
@@ -54,10 +55,13 @@ def _no_partition_fits(search: Any, plan: Plan) -> bool:
     """Whether a floor of ``plan``'s peak under every partition exceeds the device: its states, the activations in
     flight (none counted where they are on the host) and the sends torch's runtime holds (Bounds.memory_floor_bytes,
     Bounds.sends; none depends on the partition). Then no repartition fits, and its search is skipped: the
-    retry would have returned ``plan`` and its cost all the same."""
-    bounds, offload = search.bounds, plan.offload_activations
-    floor = max(bounds.memory_floor_bytes(plan, offload=offload), bounds.sends.floor_bytes(plan))
-    return floor > search._usable_bytes
+    retry would have returned ``plan`` and its cost all the same. The floors are read cheapest first, the states
+    alone (which Bounds.memory_floor_bytes takes the larger of) before the schedule's replay: a plan over the device
+    by its states alone (a group's most frugal, priced for its TP retry) needs no replay of its schedule."""
+    bounds, offload, usable = search.bounds, plan.offload_activations, search._usable_bytes
+    if bounds.states_floor_bytes(schedule_step_plan(plan)) > usable or bounds.sends.floor_bytes(plan) > usable:
+        return True
+    return bounds.memory_floor_bytes(plan, offload=offload) > usable
 
 
 def row(search: Any, plan: Plan, bound: float, cost: Cost, *, timed: bool, ilp_status: str) -> Candidate:

@@ -174,10 +174,11 @@ class Search:
             ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
 
-    def _over_floor(self, plan: Plan, sub: float, too_big: list, held: list) -> bool:
-        """Whether ``plan``'s memory floor sets it aside: its states alone (``too_big``), or with its activations or
-        its sends. Each joins its list as (floor, plan, bound (2), of what the floor is)."""
-        if (floor := self.bounds.states_floor_bytes(plan)) > self._usable_bytes:
+    def _over_floor(self, plan: Plan, sub: float, too_big: list, held: list, *, states_bytes: float) -> bool:
+        """Whether ``plan``'s memory floor sets it aside: its states alone (``too_big``; ``states_bytes``: its
+        Bounds.states_floor_bytes), or with its activations or its sends. Each joins its list as (floor, plan,
+        bound (2), of what the floor is)."""
+        if (floor := states_bytes) > self._usable_bytes:
             too_big.append((floor, plan, sub, ""))
             return True
         return self._held_back(plan, sub, held)

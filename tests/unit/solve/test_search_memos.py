@@ -60,9 +60,43 @@ def test_each_member_bound_memo_sees_one_group_so_one_micro_batch_count(monkeypa
     spy("whatever_the_stages", -2)  # (..., dp_choices, extras, sends)
     spy("member_bound", -1)  # (..., at, extras)
     graph = synthetic_gpt(layers=8, hidden=512, heads=8, vocab=8000, seq=256, batch=32)
-    options = SearchOptions(devices=8, batch_size=32, keep=5)
+    options = SearchOptions(devices=8, batch_size=32, keep=300)
     Search(graph, synthetic_profile(memory_bytes=8 * 2**30), options).run()
     assert len(seen) > 5 and len({m for marks in seen.values() for _, m, _ in marks}) > 2
     assert all(type(kept_dict) is dict for kept_dict in kept)
     for marks in seen.values():
         assert len(marks) == 1 and all(g_m == m for _, g_m, m in marks), marks
+
+
+def test_a_members_states_floor_is_its_options_and_the_pass_reads_no_other(monkeypatch):
+    """best_first.py reads a member's states floor (Search._over_floor, the recompute budgets' _may_budget) from its
+    option's (member_bounds.states_floor_bytes: _per_overlap's, by ZeRO choice), each equal to Bounds.
+    states_floor_bytes of the member itself: neither reads Bounds.states_floor_bytes."""
+    import sys
+
+    from autoplan.solve import member_bounds
+
+    graph = synthetic_gpt(layers=8, hidden=512, heads=8, vocab=8000, seq=256, batch=32)
+    options = SearchOptions(devices=8, batch_size=32, keep=100, allow_lossy=True)
+    search = Search(graph, synthetic_profile(memory_bytes=int(0.4 * 2**30)), options)
+    plain, original, over = search.bounds.states_floor_bytes, member_bounds.states_floor_bytes, Search._over_floor
+    counts = {"by the pass": 0, "members": 0, "over": 0}
+
+    def counted(plan):
+        counts["by the pass"] += sys._getframe(1).f_code.co_name in ("_over_floor", "_may_budget")
+        return plain(plan)
+
+    def checked(search_, plan, at, extras):
+        counts["members"] += 1
+        assert (value := original(search_, plan, at, extras)) == plain(plan), plan.describe()
+        return value
+
+    def over_counted(self, *args, **kw):
+        counts["over"] += 1
+        return over(self, *args, **kw)
+
+    monkeypatch.setattr(search.bounds, "states_floor_bytes", counted)
+    monkeypatch.setattr(member_bounds, "states_floor_bytes", checked)
+    monkeypatch.setattr(Search, "_over_floor", over_counted)
+    assert search.run().best is not None
+    assert counts["over"] > 500 and counts["members"] > counts["over"] and counts["by the pass"] == 0, counts

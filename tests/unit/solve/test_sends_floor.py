@@ -66,3 +66,33 @@ def test_skipping_the_repartitions_no_partition_fits_changes_no_row(monkeypatch)
     without = Search(GRAPH, SMALL, OPTIONS).run()
     assert _rows(with_skip) == _rows(without)
     assert with_skip.best.describe() == without.best.describe()
+
+
+def _members(search: Search) -> list:
+    """Every member plan of every group of ``search`` (no stages: the floors read none)."""
+    names, plans = dict(model=GRAPH.model_name, profile=search.profile.name), []
+    for _, g in search.groups():
+        tp_plan = search._choose(g).tp_plan
+        for overlap, recompute, (schedule, v) in search._stage_options(g):
+            kw = dict(recompute=recompute, schedule=schedule, v=v, tp_plan=tp_plan, tp_overlap=overlap, **names)
+            plans += g.plans(search._dp_choices(g.degrees), **kw)
+    return plans
+
+
+def test_no_partition_fits_reads_the_states_first_and_agrees_with_the_plain_floors(monkeypatch):
+    """memory_first._no_partition_fits is max(Bounds.memory_floor_bytes, the sends floor) > usable; it reads the
+    states alone first (memory_floor_bytes' larger of them and the activations in flight) and the sends, and
+    replays the schedule (memory_floor_bytes) only for the plans neither rules out."""
+    tiny = synthetic_profile(memory_bytes=int(0.005 * 2**30))  # some plans' states alone exceed it, not all
+    search = Search(GRAPH, tiny, SearchOptions(devices=8, batch_size=32, fixes=parse_fixes("pp=4")))
+    bounds, usable, plans = search.bounds, search._usable_bytes, _members(search)
+    floors = [
+        max(bounds.memory_floor_bytes(p, offload=p.offload_activations), bounds.sends.floor_bytes(p)) for p in plans
+    ]
+    cheap = [bounds.states_floor_bytes(p) > usable or bounds.sends.floor_bytes(p) > usable for p in plans]
+    replayed, real = [], bounds.memory_floor_bytes
+    monkeypatch.setattr(bounds, "memory_floor_bytes", lambda plan, **kw: replayed.append(plan) or real(plan, **kw))
+    assert [memory_first._no_partition_fits(search, p) for p in plans] == [f > usable for f in floors]
+    assert any(f > usable for f in floors) and not all(f > usable for f in floors)
+    assert any(cheap) and not all(cheap)
+    assert len(replayed) == cheap.count(False)
