@@ -21,7 +21,9 @@ Per MoE layer, micro-batch and rank: ``E`` routed experts over ``ep`` ranks, eac
   dispatcher) as all-to-alls of ``e S`` (execute/expert_tp.py) with ``e`` copies of the counts forward:
   ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
 - memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the busiest
-  rank's expert activations ``i`` times the mean (cost/blocks.py), the all-to-alls' outputs kept (selective).
+  rank's expert activations ``i`` times the mean (cost/blocks.py), the all-to-alls' outputs kept (selective); at
+  ``ep e > 1`` the dispatch weights the combined rows outside the experts module, keeping them (``S`` at ``i = 1``,
+  the rank's own rows) for the routing weights' gradient (:func:`dispatch_saved_bytes`; execute/expert_dispatch.py).
 """
 
 from __future__ import annotations
@@ -238,6 +240,7 @@ class BlockExperts:
     imbalance: float = 1.0  # the busiest rank's rows over the mean (its expert activations too)
     modules: tuple[str, ...] = ()  # the experts modules
     a2a_kept_bytes: float = 0.0  # the forward all-to-alls' outputs selective recompute keeps (a2a_output_bytes)
+    dispatch_saved_bytes: float = 0.0  # the combined rows the dispatch's weighting keeps (dispatch_saved_bytes)
 
 
 def block_experts(
@@ -265,6 +268,9 @@ def block_experts(
         imbalance=place.imbalance,
         modules=modules,
         a2a_kept_bytes=kept,
+        dispatch_saved_bytes=sum(
+            dispatch_saved_bytes(m, precision=precision, batch_fraction=batch_fraction, place=place) for m in found
+        ),
     )
 
 
@@ -283,6 +289,14 @@ def _expert_layout(graph: Graph, nodes: tuple[OpNode, ...]) -> tuple:
     if type(nodes) is tuple:  # a list may change: priced afresh
         cache[id(nodes)] = (nodes, layout)
     return layout
+
+
+def dispatch_saved_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:
+    """Bytes of one MoE layer's combined rows per micro-batch that the dispatch keeps at ``ep e > 1``: it weights them
+    outside the experts module (execute/expert_dispatch.py), whose weights' gradient reads them: the rank's own rows
+    whatever the routing, ``S`` at ``i = 1`` (module docstring; the traced experts' saved outputs are the module's)."""
+    kw = dict(precision=precision, batch_fraction=batch_fraction, imbalance=1.0, tokens=place.tokens)
+    return dispatch_bytes(moe, **kw) if place.split > 1 else 0.0
 
 
 def a2a_output_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:
