@@ -21,9 +21,8 @@ Per MoE layer, micro-batch and rank: ``E`` routed experts over ``ep`` ranks, eac
   dispatcher) as all-to-alls of ``e S`` (execute/expert_tp.py) with ``e`` copies of the counts forward:
   ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
 - memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the busiest
-  rank's expert activations ``i`` times the mean (cost/blocks.py), the all-to-alls' outputs kept (selective); at
-  ``ep e > 1`` the dispatch weights the combined rows outside the experts module, keeping them (``S`` at ``i = 1``,
-  the rank's own rows) for the routing weights' gradient (:func:`dispatch_saved_bytes`; execute/expert_dispatch.py).
+  rank's expert activations ``i`` times the mean (cost/blocks.py), the all-to-alls' outputs kept (selective), the
+  combined rows autoplan's dispatch weights (:func:`dispatch_saved_bytes`).
 """
 
 from __future__ import annotations
@@ -57,6 +56,7 @@ class ExpertPlacement:
     etp: int = 1
     etp_group: AxisGroup = AxisGroup(size=1, ranks_per_node=1)
     tokens: float = 1.0
+    weights_combined: bool = True  # the dispatch weights the combined rows, keeping them (dispatch_saved_bytes)
 
     @property
     def split(self) -> int:
@@ -292,11 +292,11 @@ def _expert_layout(graph: Graph, nodes: tuple[OpNode, ...]) -> tuple:
 
 
 def dispatch_saved_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:
-    """Bytes of one MoE layer's combined rows per micro-batch that the dispatch keeps at ``ep e > 1``: it weights them
-    outside the experts module (execute/expert_dispatch.py), whose weights' gradient reads them: the rank's own rows
-    whatever the routing, ``S`` at ``i = 1`` (module docstring; the traced experts' saved outputs are the module's)."""
+    """One MoE layer's combined rows per micro-batch that autoplan's dispatch keeps at ``ep e > 1``, weighting them
+    outside the experts module for the weights' gradient (execute/expert_dispatch.py): the rank's own rows, ``S`` at
+    ``i = 1``. Other runtimes weight the outputs the traced experts save already (``place.weights_combined``)."""
     kw = dict(precision=precision, batch_fraction=batch_fraction, imbalance=1.0, tokens=place.tokens)
-    return dispatch_bytes(moe, **kw) if place.split > 1 else 0.0
+    return dispatch_bytes(moe, **kw) if place.split > 1 and place.weights_combined else 0.0
 
 
 def a2a_output_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:

@@ -159,13 +159,21 @@ def test_the_dispatch_keeps_the_combined_rows_it_weights(graph):
     """At ep > 1 the dispatch multiplies the combined rows by the routing weights outside the experts module
     (execute/expert_dispatch.py), keeping them for the weights' gradient: S per MoE layer and micro-batch beyond
     what the traced experts save, the rank's own rows whatever the routing; none at ep = 1 (the module's own
-    forward). Balanced, so that the experts' activations are the same at both ep."""
+    forward), nor under Megatron, whose dispatcher weights the experts' outputs. Balanced, so that the experts'
+    activations are the same at both ep."""
     model = CostModel(graph, synthetic_profile())
     balanced = dict(num_microbatches=2, micro_batch_size=2, routing=RoutingModel(imbalance=1.0))
-    saved = [sum(b.saved_bytes for b in model.priced_stages(_plan(ep=ep, **balanced))[0][0].blocks) for ep in (4, 1)]
+    saved = {
+        (ep, runtime): sum(
+            b.saved_bytes for b in model.priced_stages(_plan(ep=ep, runtime=runtime, **balanced))[0][0].blocks
+        )
+        for ep in (4, 1)
+        for runtime in ("autoplan", "megatron")
+    }
     moe = graph.moe_layers[0]
     rows = dispatch_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, imbalance=1.0)
-    assert saved[0] - saved[1] == pytest.approx(rows * len(graph.moe_layers), rel=1e-9)
+    assert saved[4, "autoplan"] - saved[1, "autoplan"] == pytest.approx(rows * len(graph.moe_layers), rel=1e-9)
+    assert saved[4, "megatron"] == pytest.approx(saved[1, "megatron"], rel=1e-12)  # its dispatcher weights them
     assert dispatch_saved_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=_place(4, 2.0)) == rows
     assert dispatch_saved_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=_place(1)) == 0.0
 
