@@ -20,9 +20,8 @@ Per MoE layer, micro-batch and rank: ``E`` routed experts over ``ep`` ranks, eac
 - e > 1: the etp group gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
   dispatcher) as all-to-alls of ``e S`` (execute/expert_tp.py) with ``e`` copies of the counts forward:
   ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
-- memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the busiest
-  rank's expert activations ``i`` times the mean (cost/blocks.py), the all-to-alls' outputs kept (selective), the
-  combined rows autoplan's dispatch weights (:func:`dispatch_saved_bytes`).
+- memory: ``1 / (ep e)`` of each routed expert's parameters, reduced and ZeRO-sharded over edp; the busiest rank's
+  expert activations ``i`` times the mean, all-to-all outputs kept (selective), :func:`dispatch_saved_bytes`.
 """
 
 from __future__ import annotations
