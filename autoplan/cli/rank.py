@@ -9,6 +9,7 @@ is the planner ``--elastic`` calls when the job has another number of ranks than
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from autoplan.types.plan import Plan
@@ -22,17 +23,33 @@ def write_audit_prediction(opts: RunOptions, plan: Plan) -> None:
     from autoplan.cost import CostModel, predict_volumes
     from autoplan.profile import load_profile
     from autoplan.trace import trace_model_file
-    from autoplan.types.audit_prediction import AuditPrediction, StageAuditPrediction
+    from autoplan.types.audit_prediction import PEAK, AuditPrediction, StageAuditPrediction
 
     graph = trace_model_file(opts.model, plan.micro_batch_size, routing=plan.routing)
     model = CostModel(graph, load_profile(plan.profile or "cpu-gloo"))
-    stages, _tp_plan, _ctx = model.priced_stages(plan)
-    peaks = [memory.peak_bytes for memory in model.stage_memory(plan, stages)]
-    predicted = [
-        StageAuditPrediction(**{**vars(stage), "comm": dict(stage.comm)}, peak_bytes=peak)
-        for stage, peak in zip(predict_volumes(model, plan), peaks)
-    ]
+    peaks = _peaks(model, plan)
+    predicted = []
+    for stage, peak, balanced, busier in zip(predict_volumes(model, plan), peaks, *_balanced_peaks(model, plan, peaks)):
+        per_row = {**stage.per_expert_row, PEAK: (busier - balanced) / stage.expert_rows} if stage.expert_rows else {}
+        fields = {**vars(stage), "comm": dict(stage.comm), "per_expert_row": per_row}
+        predicted.append(StageAuditPrediction(**fields, peak_bytes=peak, balanced_peak_bytes=balanced))
     AuditPrediction(plan=plan.describe(), stages=tuple(predicted)).save(opts.out)
+
+
+def _peaks(model, plan: Plan) -> list[float]:
+    """Each stage's predicted peak bytes (CostModel.stage_memory)."""
+    stages, _tp_plan, _ctx = model.priced_stages(plan)
+    return [memory.peak_bytes for memory in model.stage_memory(plan, stages)]
+
+
+def _balanced_peaks(model, plan: Plan, peaks: list[float]) -> tuple[list[float], list[float]]:
+    """Each stage's peak at balanced routing and at imbalance 2, the busiest rank's experts receiving twice the
+    mean: the expert activations the peak holds are linear in the rows (cost/blocks.py), so the difference over
+    the balanced rows is what a received row adds (types/audit_prediction.py); the plan's ``peaks`` without MoE."""
+    if plan.routing is None:
+        return peaks, peaks
+    at = [dataclasses.replace(plan, routing=dataclasses.replace(plan.routing, imbalance=i)) for i in (1.0, 2.0)]
+    return _peaks(model, at[0]), _peaks(model, at[1])
 
 
 def replan_for_world(opts: RunOptions, plan: Plan, devices: int) -> Plan:

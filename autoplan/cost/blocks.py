@@ -9,9 +9,9 @@ Per block and micro-batch (``f`` = micro_batch_size / graph.batch_size):
 - ``tp_fwd_s``/``tp_bwd_s``: the block's TP collectives (``tp_layer_cost``).
 - ``wgrad_s``: of ``bwd_s``, the weight-gradient GEMMs' seconds (W; autoplan/cost/pp/split_backward.py);
   ``wgrad_held_bytes``: their output gradients, kept from B to W (same module).
-- ``saved_bytes`` = sum of ``saved_bytes * f * dtype_scale / activation_shard`` (Korthikanti et
-  al. 2022 section 4) plus the copies TP resharding keeps (autoplan/cost/tp/memory.py); the routed
-  experts' nodes times the routing imbalance ``i`` under ep > 1 (the busiest rank's rows, cost/moe/experts.py).
+- ``saved_bytes`` = sum of ``saved_bytes * f * dtype_scale / activation_shard`` (Korthikanti et al. 2022 section 4)
+  plus the copies TP resharding keeps (autoplan/cost/tp/memory.py); the routed experts' nodes times the imbalance
+  ``i`` under ep > 1, and the combined rows the dispatch weights (cost/moe/experts.py ``dispatch_saved_bytes``).
 - ``loss_grad_bytes`` = ``(|inputs| + saved(loss)) * f``, the loss's backward transient.
 - selective recomputation (op-level, as torchtitan runs it; ``SAVED_KINDS``, shared with
   autoplan/execute/recompute.py): ``selective_recompute_s`` is the forward time of the nodes
@@ -158,7 +158,7 @@ def summarise(
     input_grads = _input_bytes(structure, ctx, dtypes, nodes=tuple(n for n in structure.inputs if n.name in grads))
     outputs = _input_bytes(structure, ctx, dtypes, nodes=structure.outputs)
     cp = context_parallel(terms.attention, ctx, graph)
-    saved += cp.held_bytes
+    saved += cp.held_bytes + (experts.dispatch_saved_bytes if experts else 0.0)
     return LayerSummary(
         fwd_s=t.fwd_s,
         bwd_s=t.bwd_s,

@@ -45,6 +45,7 @@ from autoplan.cost.moe.experts import (
     etp_message_bytes,
     reruns_a2a,
 )
+from autoplan.cost.moe.routed_rows import RoutedRows, add_layer
 from autoplan.cost.pp import messages as pp_messages
 from autoplan.cost.stages import StageTotals
 from autoplan.cost.tp.block import OUTSIDE_PARTS
@@ -71,6 +72,8 @@ class StagePrediction:
     attention_forward_flops: float = 0.0
     attention_backward_flops: float = 0.0
     fused_regions: int = 0  # compiled blocks: the fused regions of each distinct block on the rank (one compile each)
+    expert_rows: float = 0.0  # rows the rank's experts receive at balanced routing, as the dispatch counts them
+    per_expert_row: dict[str, float] = field(default_factory=dict)  # what a row more adds (cost/moe/routed_rows.py)
 
     def add(self, dim: str, kind: str, count: int | None, message_bytes: float) -> None:
         entry = self.comm.setdefault((dim, kind), [0, 0.0])
@@ -222,23 +225,30 @@ def _expert_tp(pred: StagePrediction, plan: Plan, a2a: A2AMessages, rows_bytes: 
 
 def _experts(pred: StagePrediction, plan: Plan, model: CostModel, stage: StageTotals, index: int) -> None:
     """Expert parallelism: per MoE layer and micro-batch the all-to-alls on the ep group that
-    experts.a2a_per_microbatch states, of the rows a rank sends under balanced routing (the
-    measured bytes of the combine and its gradient follow the real routing); and the experts'
-    gradient sync over the edp group (dp_messages.expert_messages), one unit per experts module."""
+    experts.a2a_per_microbatch states, of the rows a rank sends under balanced routing; the rows its
+    experts receive and what each row more adds (cost/moe/routed_rows.py: the combine and its gradient, the
+    expert GEMMs' FLOPs follow the real routing); and the experts' gradient sync over the edp group
+    (dp_messages.expert_messages), one unit per experts module."""
     if not experts_apart(plan):
         return
     names = set(model.stage_layers(plan, index))
     moes = [moe for moe in model.graph.moe_layers if moe.layer in names or (moe.layer is None and plan.pp == 1)]
     f, m = plan.micro_batch_size / model.graph.batch_size, plan.num_microbatches
-    rerun = model.layer_reruns(plan, index)
+    rerun, routed = model.layer_reruns(plan, index), RoutedRows()
     for moe in moes:
         again = moe.layer in rerun or (moe.layer is None and plan.recompute != "none")
         a2a = a2a_per_microbatch(recomputed=again and reruns_a2a(plan.recompute), reruns=rerun.get(moe.layer, 1.0))
-        rows = dispatch_bytes(moe, precision=plan.precision, batch_fraction=f, imbalance=1.0, tokens=token_share(plan))
+        kw = dict(precision=plan.precision, batch_fraction=f, tokens=token_share(plan))
+        runs = 1 + rerun.get(moe.layer, 1.0) if again else 1.0
+        a2a_runs = runs if reruns_a2a(plan.recompute) else 1.0
+        placed = dict(ep=plan.ep, expert_tp=plan.expert_tp, microbatches=m)
+        add_layer(routed, model.graph, moe, **kw, **placed, runs=runs, a2a_runs=a2a_runs)
+        rows = dispatch_bytes(moe, imbalance=1.0, **kw)
         size = a2a.counts * moe.num_experts * COUNT_BYTES + a2a.tokens * rows
         if plan.ep > 1:
             pred.add("ep", "all_to_all", round(m * (a2a.counts + a2a.tokens)), m * size)
         _expert_tp(pred, plan, a2a, rows, moe.num_experts)
+    pred.expert_rows, pred.per_expert_row = routed.rows, routed.per_row()
     if stage.expert_params:
         messages = dp_messages.expert_messages(plan)
         units = len(moes) if plan.zero_stage >= 2 else 1

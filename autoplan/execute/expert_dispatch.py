@@ -5,7 +5,7 @@ parallelism, and the opaque op that lets torch.export (the pipeline split) step 
 An experts module in the Hugging Face interface is called as ``experts(hidden [S, H], top_k_index
 [S, k], top_k_weights [S, k]) -> [S, H]``; each of ``ep`` ranks holds ``L = E / ep`` consecutive
 experts. :meth:`ExpertsDispatch.__call__` sorts the ``S k`` pairs by expert, exchanges the
-per-expert counts, all-to-alls the rows (``all_to_all_single_autograd``), runs the module's own
+per-expert counts, all-to-alls the rows (:class:`GroupAllToAll`), runs the module's own
 forward on them (``torch.func.functional_call`` with ``num_experts = L``), all-to-alls the outputs
 back and sums each token's ``k`` weighted choices: the model's result up to the order of sums. At
 expert_tp > 1 the etp group shares its received rows around each local expert's FFN shard
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
-from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed._functional_collectives import all_to_all_single, wait_tensor
 from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.execute import expert_tp
@@ -134,15 +134,17 @@ class ExpertsDispatch:
         self.rows_received += sum(send_splits if self.ep == 1 else recv_splits)
         out = self._expert_rows(rows, received, weights.dtype, params).to(wire)
         back = out if self.ep == 1 else self._all_to_all(out, send_splits, recv_splits)
-        weighted = back * weights.reshape(-1)[order].unsqueeze(-1)
-        summed = weighted.new_zeros(hidden.shape).index_add(0, tokens, weighted)
+        weighted = back * weights.reshape(-1)[order].unsqueeze(-1)  # keeps ``back`` for the weights' gradient
+        # each token's k choices back in pair order and summed: index_add would keep its source too (its backward
+        # reads source.dim()), a second copy of the combined rows (cost/moe/experts.py ``dispatch_saved_bytes``)
+        summed = weighted[torch.argsort(order)].view(*hidden.shape[:-1], k, -1).sum(-2)
         return summed.to(hidden.dtype)
 
     def _all_to_all(self, rows: torch.Tensor, recv_splits: list[int], send_splits: list[int]) -> torch.Tensor:
         """``rows`` exchanged over the ep group: on the calling thread's lane under moe_a2a_overlap (ep_lanes.py)."""
         if self.lanes is not None:
             return LaneAllToAll.apply(rows, recv_splits, send_splits, self.lanes)
-        return all_to_all_single_autograd(rows, recv_splits, send_splits, self.group)
+        return GroupAllToAll.apply(rows, recv_splits, send_splits, self.group)
 
     def _expert_rows(
         self, rows: torch.Tensor, received: torch.Tensor, weight_dtype: torch.dtype, params: dict[str, torch.Tensor]
@@ -169,6 +171,23 @@ class ExpertsDispatch:
             return rows * 0 + sum(p.reshape(-1)[:0].sum() for p in params.values())
         unit = torch.ones(rows.shape[0], 1, dtype=weight_dtype, device=rows.device)
         return torch.func.functional_call(self.template, params, (rows, ids.unsqueeze(-1), unit))
+
+
+class GroupAllToAll(torch.autograd.Function):
+    """``rows`` exchanged over ``group`` (``recv_splits`` rows from each rank, ``send_splits`` to each), the
+    gradient back the other way: one tensor out, where torch's ``all_to_all_single_autograd`` returns its result
+    wrapped (``_wrap_tensor_autograd``) beside the collective's own output, both kept while the combined rows are
+    saved for the backward (a third copy of them per layer and micro-batch, measured by the execution audit)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, recv_splits: list[int], send_splits: list[int], group):
+        ctx.splits, ctx.group = (recv_splits, send_splits), group
+        return wait_tensor(all_to_all_single(rows.contiguous(), recv_splits, send_splits, group))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        recv_splits, send_splits = ctx.splits
+        return wait_tensor(all_to_all_single(grad.contiguous(), send_splits, recv_splits, ctx.group)), None, None, None
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,11 @@ pipeline stage sends, holds and computes in one step, and its peak live memory.
 ``audit_predicted.json``; rank 0 reads it after the audited step and writes ``audit.csv``
 (autoplan/execute/job/audit.py), so a rank never traces the model nor builds a cost model.
 Units are in names (``_bytes``, ``_elements``, ``_flops``).
+
+Under expert parallelism the prediction also says how a rank's price moves with the rows its experts receive
+(cost/moe/routed_rows.py): ``expert_rows`` at balanced routing, and ``per_expert_row``, what one row more adds to
+each of :data:`ROUTED` (the peak from ``balanced_peak_bytes``), so the audit compares each rank with the price at
+the routing it ran (execute/job/routing_audit.py).
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from autoplan.types._check import require, write_json_atomic
 
 #: the file in the run folder
 FILE_NAME = "audit_predicted.json"
+#: the quantities that follow a rank's received rows: the ep all-to-alls' bytes (the audit's comm row), the FLOP
+#: fields, and the peak
+A2A_ROW, FORWARD_FLOPS, BACKWARD_FLOPS, PEAK = "comm ep all_to_all", "forward_flops", "backward_flops", "peak_bytes"
+ROUTED = (A2A_ROW, FORWARD_FLOPS, BACKWARD_FLOPS, PEAK)
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,9 @@ class StageAuditPrediction:
     attention_backward_flops: float = 0.0
     fused_regions: int = 0  # compiled blocks' fused regions (cost/compute/fusion.py), once per distinct block
     peak_bytes: float = 0.0
+    expert_rows: float = 0.0  # rows this rank's experts receive in a step at balanced routing (module docstring)
+    per_expert_row: dict[str, float] = field(default_factory=dict)  # of ROUTED: what a received row more adds
+    balanced_peak_bytes: float = 0.0  # the peak at balanced routing (peak_bytes: at the plan's imbalance)
 
     def to_dict(self) -> dict[str, Any]:
         scalars = {k: v for k, v in self.__dict__.items() if k != "comm"}

@@ -20,8 +20,8 @@ Per MoE layer, micro-batch and rank: ``E`` routed experts over ``ep`` ranks, eac
 - e > 1: the etp group gathers the rows received and reduce-scatters the experts' output (Megatron-Core's
   dispatcher) as all-to-alls of ``e S`` (execute/expert_tp.py) with ``e`` copies of the counts forward:
   ``t(counts e) + 2 t_A2A(e S)`` forward, ``2 t_A2A(e S)`` backward;
-- memory: ``1 / (ep e)`` of every routed expert's parameters, reduced and ZeRO-sharded over edp; the busiest
-  rank's expert activations ``i`` times the mean (cost/blocks.py), the all-to-alls' outputs kept (selective).
+- memory: ``1 / (ep e)`` of each routed expert's parameters, reduced and ZeRO-sharded over edp; the busiest rank's
+  expert activations ``i`` times the mean, all-to-all outputs kept (selective), :func:`dispatch_saved_bytes`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class ExpertPlacement:
     etp: int = 1
     etp_group: AxisGroup = AxisGroup(size=1, ranks_per_node=1)
     tokens: float = 1.0
+    weights_combined: bool = True  # the dispatch weights the combined rows, keeping them (dispatch_saved_bytes)
 
     @property
     def split(self) -> int:
@@ -238,6 +239,7 @@ class BlockExperts:
     imbalance: float = 1.0  # the busiest rank's rows over the mean (its expert activations too)
     modules: tuple[str, ...] = ()  # the experts modules
     a2a_kept_bytes: float = 0.0  # the forward all-to-alls' outputs selective recompute keeps (a2a_output_bytes)
+    dispatch_saved_bytes: float = 0.0  # the combined rows the dispatch's weighting keeps (dispatch_saved_bytes)
 
 
 def block_experts(
@@ -265,6 +267,9 @@ def block_experts(
         imbalance=place.imbalance,
         modules=modules,
         a2a_kept_bytes=kept,
+        dispatch_saved_bytes=sum(
+            dispatch_saved_bytes(m, precision=precision, batch_fraction=batch_fraction, place=place) for m in found
+        ),
     )
 
 
@@ -283,6 +288,14 @@ def _expert_layout(graph: Graph, nodes: tuple[OpNode, ...]) -> tuple:
     if type(nodes) is tuple:  # a list may change: priced afresh
         cache[id(nodes)] = (nodes, layout)
     return layout
+
+
+def dispatch_saved_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:
+    """One MoE layer's combined rows per micro-batch that autoplan's dispatch keeps at ``ep e > 1``, weighting them
+    outside the experts module for the weights' gradient (execute/expert_dispatch.py): the rank's own rows, ``S`` at
+    ``i = 1``. Other runtimes weight the outputs the traced experts save already (``place.weights_combined``)."""
+    kw = dict(precision=precision, batch_fraction=batch_fraction, imbalance=1.0, tokens=place.tokens)
+    return dispatch_bytes(moe, **kw) if place.split > 1 and place.weights_combined else 0.0
 
 
 def a2a_output_bytes(moe: MoELayer, *, precision: str, batch_fraction: float, place: ExpertPlacement) -> float:

@@ -14,6 +14,8 @@ pace), 1 at ep = 1. Per-block times and the all-to-alls are in cost/moe/experts.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autoplan.cost.moe.experts import ExpertPlacement
 from autoplan.cost.network.mesh import AxisGroup, ep_groups
 from autoplan.cost.stages import StageTotals
@@ -35,19 +37,23 @@ class ExpertGroups:
         """How ``plan`` runs the experts; None for a dense model or under tensor parallelism without the
         experts' own layout (its expert matmuls are then priced as the ops they trace to, token-wise)."""
         return self.placement(
-            tp=plan.tp, dp=plan.dp, ep=plan.ep, pp=plan.pp, routing=plan.routing, expert_tp=plan.expert_tp
-        )
+            tp=plan.tp, dp=plan.dp, ep=plan.ep, pp=plan.pp, routing=plan.routing, expert_tp=plan.expert_tp,
+            runtime=plan.runtime,
+        )  # fmt: skip
 
     def placement(
-        self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None, expert_tp: int = 1
-    ) -> ExpertPlacement | None:
+        self, *, tp: int, dp: int, ep: int, pp: int, routing: RoutingModel | None, expert_tp: int = 1,
+        runtime: str = "autoplan",
+    ) -> ExpertPlacement | None:  # fmt: skip
         """:meth:`for_plan` of a plan with these degrees and routing model (the search's bounds ask
         before any plan is built). At tp > 1 the layout folds over the tp ranks, each routing its
         sequence shard (types/expert_layout.py: it needs sequence parallelism there). Memoised on the
         arguments: the search asks again per candidate plan, and a block's memo keys hash the placement."""
-        key = (tp, dp, ep, pp, routing, expert_tp)
+        key = (tp, dp, ep, pp, routing, expert_tp, runtime)
         if key not in self._placements:
-            self._placements[key] = self._placement(tp=tp, dp=dp, ep=ep, pp=pp, routing=routing, expert_tp=expert_tp)
+            found = self._placement(tp=tp, dp=dp, ep=ep, pp=pp, routing=routing, expert_tp=expert_tp)
+            # autoplan's executor weights the combined rows outside the experts module (cost/moe/experts.py)
+            self._placements[key] = found and replace(found, weights_combined=runtime == "autoplan")
         return self._placements[key]
 
     def _placement(

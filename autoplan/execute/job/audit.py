@@ -36,7 +36,7 @@ from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
 from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
 from autoplan.execute.job.receive_buffers import receive_slots
-from autoplan.execute.job.routing_audit import counted_rows, edp_by_name, routing_rows
+from autoplan.execute.job.routing_audit import PEAK, at_routing, counted_rows, edp_by_name, routing_rows
 from autoplan.execute.job.sparse_audit import TOUCHED_ROWS, c10d_records
 from autoplan.execute.mesh import grad_groups
 
@@ -340,21 +340,21 @@ FLOP_ROWS = (
 
 def audit_rows(*, ranks: list[dict], predictions: list, stage_peak_bytes: list[float]) -> list[dict]:
     """Predicted beside measured, one row per rank and quantity (docs/cost-model.md, the audit): each collective
-    (dim, kind), the parameter elements held, forward and backward matmul FLOPs, peak live bytes against the
-    stage's predicted peak, and under expert parallelism the rows its experts received (routing_audit.py)."""
+    (dim, kind), parameters held, matmul FLOPs, peak live bytes against the stage's predicted peak; under expert
+    parallelism the rows its experts received, what follows them priced at those rows (routing_audit.py)."""
     rows = []
     for rank, audit in enumerate(ranks):
         stage = audit["stage"]
-        pred = predictions[stage]
+        pred, routed = predictions[stage], {PEAK: stage_peak_bytes[stage], **at_routing(predictions[stage], audit)}
         measured = {(d, k): (c, b) for d, k, c, b in audit["comm"]}
         for key in sorted(set(measured) | set(pred.comm)):
-            (mc, mb), (pc, pb) = measured.get(key, (0, 0)), pred.comm.get(key, (0, 0.0))
-            rows.append(_row(rank, stage, f"comm {key[0]} {key[1]}", mb, pb, UNITS.get(key[1], "bytes"), mc, pc))
+            (mc, mb), (pc, pb), what = measured.get(key, (0, 0)), pred.comm.get(key, (0, 0.0)), "comm " + " ".join(key)
+            rows.append(_row(rank, stage, what, mb, routed.get(what, pb), UNITS.get(key[1], "bytes"), mc, pc))
         held = audit["placement"]["param_elements"]
         rows.append(_row(rank, stage, "parameters held", held, pred.param_elements, "elements"))
         for what, key in FLOP_ROWS:
-            rows.append(_row(rank, stage, what, audit[key], getattr(pred, key), "flops"))
-        rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], stage_peak_bytes[stage], "bytes"))
+            rows.append(_row(rank, stage, what, audit[key], routed.get(key, getattr(pred, key)), "flops"))
+        rows.append(_row(rank, stage, "peak live memory", audit["peak_live_bytes"], routed[PEAK], "bytes"))
         reshards = sum(audit.get("resharded", {}).values())
         rows.append(_row(rank, stage, "in-place reshards", reshards, 0, "ops", reshards, 0))
         rows += _fused_rows(rank, stage, audit, pred)

@@ -10,12 +10,18 @@ activations, cost/node_terms.py ``node_terms``); the run's own is
 ``rows_r`` the rows rank ``r``'s experts received in the audited step (each experts dispatch counts them,
 autoplan/execute/expert_dispatch.py). The audit reports every rank's rows against the stage's mean, and the
 measured imbalance, so the plan can be priced again at it.
+
+A rank's all-to-all bytes, expert GEMM FLOPs and peak follow its rows, so :func:`at_routing` prices each at the rows
+the rank received: the balanced price plus ``(rows_r - rows) * per_row`` (cost/moe/routed_rows.py; the prediction
+carries both, types/audit_prediction.py), and the audit compares the rank with that.
 """
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Iterator
+
+from autoplan.types.audit_prediction import PEAK
 
 
 @contextlib.contextmanager
@@ -62,3 +68,23 @@ def routing_rows(ranks: list[dict], row: Any) -> list[dict]:
         for rank, audit in enumerate(ranks)
         if "expert_rows" in audit
     ]  # fmt: skip
+
+
+def at_routing(pred: Any, audit: dict) -> dict[str, float]:
+    """{quantity of ``ROUTED`` (types/audit_prediction.py): its price at the rows this rank's experts received}
+    (module docstring), for a rank whose rows were counted and priced; empty otherwise. ``pred``: the stage's
+    prediction, ``audit``: the rank's record."""
+    rows = audit.get("expert_rows")
+    if rows is None or not pred.expert_rows:
+        return {}
+    more = rows - pred.expert_rows
+    return {what: _balanced(pred, what) + more * per_row for what, per_row in pred.per_expert_row.items()}
+
+
+def _balanced(pred: Any, what: str) -> float:
+    """``what``'s price at balanced routing: a comm row's bytes, the balanced peak, or a FLOP field."""
+    if what == PEAK:
+        return pred.balanced_peak_bytes
+    if what.startswith("comm "):
+        return pred.comm.get(tuple(what.split()[1:]), (0, 0.0))[1]
+    return getattr(pred, what)

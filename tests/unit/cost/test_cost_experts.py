@@ -22,6 +22,7 @@ from autoplan.cost.moe.experts import (
     a2a_output_bytes,
     a2a_times_s,
     dispatch_bytes,
+    dispatch_saved_bytes,
     grouped_gemm_s,
     is_expert_gemm,
 )
@@ -150,8 +151,31 @@ def test_selective_recompute_keeps_the_all_to_alls_and_their_outputs(graph):
     assert a2a_output_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=_place(1)) == 0.0
     balanced = dict(recompute="selective", num_microbatches=2, micro_batch_size=2, routing=RoutingModel(imbalance=1.0))
     kept, plain = (model.priced_stages(_plan(ep=ep, **balanced))[0][0] for ep in (4, 1))
-    dropped = [sum(b.selective_dropped_bytes for b in stage.blocks) for stage in (kept, plain)]
-    assert dropped[1] - dropped[0] == pytest.approx(2 * rows / place.imbalance * len(graph.moe_layers), rel=1e-9)
+    held = [sum(b.saved_bytes - b.selective_dropped_bytes for b in stage.blocks) for stage in (kept, plain)]
+    assert held[0] - held[1] == pytest.approx(2 * rows / place.imbalance * len(graph.moe_layers), rel=1e-9)
+
+
+def test_the_dispatch_keeps_the_combined_rows_it_weights(graph):
+    """At ep > 1 the dispatch multiplies the combined rows by the routing weights outside the experts module
+    (execute/expert_dispatch.py), keeping them for the weights' gradient: S per MoE layer and micro-batch beyond
+    what the traced experts save, the rank's own rows whatever the routing; none at ep = 1 (the module's own
+    forward), nor under Megatron, whose dispatcher weights the experts' outputs. Balanced, so that the experts'
+    activations are the same at both ep."""
+    model = CostModel(graph, synthetic_profile())
+    balanced = dict(num_microbatches=2, micro_batch_size=2, routing=RoutingModel(imbalance=1.0))
+    saved = {
+        (ep, runtime): sum(
+            b.saved_bytes for b in model.priced_stages(_plan(ep=ep, runtime=runtime, **balanced))[0][0].blocks
+        )
+        for ep in (4, 1)
+        for runtime in ("autoplan", "megatron")
+    }
+    moe = graph.moe_layers[0]
+    rows = dispatch_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, imbalance=1.0)
+    assert saved[4, "autoplan"] - saved[1, "autoplan"] == pytest.approx(rows * len(graph.moe_layers), rel=1e-9)
+    assert saved[4, "megatron"] == pytest.approx(saved[1, "megatron"], rel=1e-12)  # its dispatcher weights them
+    assert dispatch_saved_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=_place(4, 2.0)) == rows
+    assert dispatch_saved_bytes(moe, precision="bf16", batch_fraction=2 / BATCH, place=_place(1)) == 0.0
 
 
 def test_fp8_reaches_the_grouped_experts_only_where_the_runtime_runs_them_so(graph):

@@ -30,6 +30,7 @@ OTHER = {
     "etp": 2,
     "etp_group": AxisGroup(size=2, ranks_per_node=1),
     "tokens": 0.5,
+    "weights_combined": False,
 }
 
 

@@ -190,3 +190,37 @@ def test_the_audit_measures_the_routing_imbalance_from_the_rows_each_rank_receiv
         (1, 0, "expert rows received", 100, 200.0, "rows"),
     ]
     assert measured_imbalance([{"stage": 0}]) == {}
+
+
+def _rank(expert_rows: int | None, a2a_bytes: float, flops: float, peak: float) -> dict:
+    """A rank's audit record (execute/job/audit.py) with the rows its experts received, or none."""
+    record = {
+        "stage": 0, "comm": [["dp", "all_reduce", 1, 1000], ["ep", "all_to_all", 20, a2a_bytes]],
+        "placement": {"param_elements": 10}, "forward_flops": flops, "backward_flops": 2 * flops,
+        "attention_forward_flops": 0.0, "attention_backward_flops": 0.0, "peak_live_bytes": peak,
+    }  # fmt: skip
+    return record if expert_rows is None else {**record, "expert_rows": expert_rows}
+
+
+def test_the_audit_prices_each_rank_at_the_rows_its_experts_received():
+    """execute/job/routing_audit.py ``at_routing``: the routed all-to-all bytes, the FLOP rows and the peak are
+    compared with the balanced price plus the rank's rows over the balanced ones times what a row adds
+    (types/audit_prediction.py); the dp all-reduce keeps its price, and a record without rows the balanced one."""
+    from autoplan.execute.job.audit import audit_rows
+    from autoplan.types.audit_prediction import StageAuditPrediction
+
+    per_row = {"comm ep all_to_all": 512.0, "forward_flops": 64.0, "backward_flops": 128.0, "peak_bytes": 1000.0}
+    pred = StageAuditPrediction(
+        comm={("dp", "all_reduce"): [1, 1000.0], ("ep", "all_to_all"): [20, 524416.0]},
+        param_elements=10, forward_flops=50000.0, backward_flops=100000.0, peak_bytes=2e6,
+        expert_rows=512.0, per_expert_row=per_row, balanced_peak_bytes=1.5e6,
+    )  # fmt: skip
+    ranks = [_rank(506, 524416.0 - 6 * 512, 50000.0 - 6 * 64, 1.5e6 - 6000), _rank(None, 524416.0, 50000.0, 2e6)]
+    rows = audit_rows(ranks=ranks, predictions=[pred], stage_peak_bytes=[2e6])
+    got = {(r["rank"], r["what"]): (r["predicted"], r["as_priced"]) for r in rows}
+    assert got[0, "comm ep all_to_all"] == (524416.0 - 6 * 512, True)
+    assert got[0, "forward matmul FLOPs"] == (50000.0 - 6 * 64, True)
+    assert got[0, "backward matmul FLOPs"] == (100000.0 - 6 * 128, True)
+    assert got[0, "peak live memory"] == (1.5e6 - 6000, True)
+    assert got[0, "comm dp all_reduce"] == (1000.0, True)
+    assert got[1, "comm ep all_to_all"] == (524416.0, True) and got[1, "peak live memory"] == (2e6, True)
