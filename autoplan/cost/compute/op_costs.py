@@ -88,6 +88,7 @@ class NodeTimes:
         self._kinds: dict[tuple, tuple[int, OpNode]] = {}  # (id(node), dtypes, fused) -> (kind, node kept alive)
         self._kind_ids: dict[tuple, int] = {}  # priced facts -> kind
         self._known: dict[tuple, tuple[int, float, OpNode]] = {}  # (id(node), precision, dtypes, fused) -> kind, reads
+        self.outside_prices: dict[tuple, object] = {}  # memory_budget's (cost/tp/split_prices.py), per context
 
     def __call__(
         self,
