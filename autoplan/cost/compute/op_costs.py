@@ -78,8 +78,10 @@ class NodeTimes:
     """:func:`node_times_s` of one graph on one profile, memoised: a search prices the same op at
     the same micro-batch and shard in its bounds, its block ILPs and CostModel's block summaries.
     Keyed on what the node is (:func:`priced_facts`: equal for the same op in identical blocks), the
-    precision, batch fraction, shard, bytes read, FP8 recipe, fusion and run dtypes: the function is
-    pure, and reads nothing else of the node or graph. A call with another profile is not memoised."""
+    precision, batch fraction, shard, bytes read, FP8 recipe and fusion: the function is pure, and reads
+    nothing else of the node or graph. Of the run dtypes it reads only the node's and, fused, its region's
+    inputs' (``activation_scale``), which its facts hold: dtype policies that agree on them share its times.
+    A call with another profile is not memoised."""
 
     def __init__(self, graph: Graph, profile: Profile):
         self.graph, self.profile = graph, profile
@@ -88,6 +90,7 @@ class NodeTimes:
         self._kinds: dict[tuple, tuple[int, OpNode]] = {}  # (id(node), dtypes, fused) -> (kind, node kept alive)
         self._kind_ids: dict[tuple, int] = {}  # priced facts -> kind
         self._known: dict[tuple, tuple[int, float, OpNode]] = {}  # (id(node), precision, dtypes, fused) -> kind, reads
+        self.outside_prices: dict[tuple, object] = {}  # memory_budget's (cost/tp/split_prices.py), per context
 
     def __call__(
         self,
@@ -105,7 +108,7 @@ class NodeTimes:
         if profile is self.profile:  # the arguments are gathered only to price a miss: most calls hit
             known = self._known.get((id(node), precision, dtypes, fused)) or self._know(node, precision, dtypes, fused)
             reads = known[1] if reads is None else reads
-            key = (known[0], precision, batch_fraction, shard, reads, recipe, fused, dtypes)
+            key = (known[0], precision, batch_fraction, shard, reads, recipe, fused)  # kind: dtypes' reads
             hit = self._times.get(key)
             if hit is not None:
                 return hit

@@ -363,9 +363,22 @@ def memory_budget(
         fused=fuses_elementwise(plan),
         dtypes=dtype_policy(plan, backend=profile.backend),
     )
-    outside = price_block(graph, None, ctx=ctx, node_times=node_times, **factors)
+    outside = _outside_prices(graph, ctx, node_times, factors)
     outside_bytes = outside.evaluate(node_splits(graph, None, plan.tp_plan, tp=plan.tp))[1]
     free = usable_bytes(profile.device.memory_bytes) - cost.comm_buffer_bytes - outside_bytes
     return MemoryBudget(
         block_bytes=free / blocks, outside_bytes=outside_bytes, **factors
     )  # negative: nothing left (infeasible)
+
+
+def _outside_prices(graph: Graph, ctx: TPContext, node_times: NodeTimes | None, factors: dict) -> BlockPrices:
+    """:func:`price_block` of the nodes outside every block (read only), kept on ``node_times`` (one graph's op times
+    on one profile) per ``ctx.key`` (every field of the context but its profile) and ``factors``: all it reads. The
+    search asks :func:`memory_budget` once per tp_plan whose plans did not fit, and most share their context."""
+    if node_times is None or node_times.graph is not graph or node_times.profile is not ctx.profile:
+        return price_block(graph, None, ctx=ctx, node_times=node_times, **factors)
+    key = (*ctx.key, *factors.items())
+    hit = node_times.outside_prices.get(key)
+    if hit is None:
+        hit = node_times.outside_prices[key] = price_block(graph, None, ctx=ctx, node_times=node_times, **factors)
+    return hit

@@ -160,12 +160,19 @@ class TPTerms:
 def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
     """Every comm term of block ``layer`` under ``ctx``; cached per context on the graph."""
     cache = graph.__dict__.setdefault("_tp_terms_cache", {})
-    key = (layer, _link_key(ctx.profile), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
-    key = key if ctx.dtypes is None else (*key, ctx.dtypes)  # each message in its tensor's run dtype
-    key = key if ctx.precision != "fp8" else (*key, ctx.fp8.name)  # tensorwise scales' all-reduces (cost/tp/amax.py)
+    key = _terms_key(layer, ctx)
     if key not in cache:
         cache[key] = _terms(graph, analyse_block(graph, layer), ctx)
     return cache[key]
+
+
+def _terms_key(layer: str | None, ctx: TPContext) -> tuple:
+    """All :func:`_terms` reads of ``ctx`` for block ``layer``: the profile's links, tp, its group, sequence
+    parallelism, precision, batch fraction, run dtypes (each message in its tensor's run dtype) and, under fp8, the
+    recipe (tensorwise scales' all-reduces: cost/tp/amax.py)."""
+    key = (layer, _link_key(ctx.profile), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
+    key = key if ctx.dtypes is None else (*key, ctx.dtypes)
+    return key if ctx.precision != "fp8" else (*key, ctx.fp8.name)
 
 
 def _link_key(profile) -> tuple:
@@ -363,8 +370,19 @@ def terms_time_s(terms: TPTerms, splits: dict[str, str]) -> tuple[float, float]:
 
 
 def tp_layer_cost(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, ctx: TPContext) -> TPLayerCost:
-    """TP comm and shard factors of block ``layer`` (None = nodes outside every block)."""
+    """TP comm and shard factors of block ``layer`` (None = nodes outside every block), read only: cached on the
+    graph per the block's splits and :func:`block_terms`' key. The comm seconds read the terms and the splits, the
+    shards the splits, tp and sequence parallelism, the rowwise biases the splits: contexts that differ only in what
+    none of them reads (fusion, FP8 recipe, cp, the expert placement) share one."""
     splits = node_splits(graph, layer, tp_plan, tp=ctx.tp)
+    cache = graph.__dict__.setdefault("_tp_layer_cost_cache", {})
+    key = (tuple(splits.items()), *_terms_key(layer, ctx))
+    if key not in cache:
+        cache[key] = _layer_cost(graph, layer, splits, ctx)
+    return cache[key]
+
+
+def _layer_cost(graph: Graph, layer: str | None, splits: dict[str, str], ctx: TPContext) -> TPLayerCost:
     fwd, bwd = terms_time_s(block_terms(graph, layer, ctx=ctx), splits)
     sp = ctx.sequence_parallel and ctx.tp > 1
     compute, param, act = shards(graph, layer, splits, tp=ctx.tp, sequence_parallel=sp)

@@ -56,6 +56,33 @@ def test_identical_blocks_ops_are_priced_once_and_as_the_plain_function(graph, m
         assert computed == [], kw  # every answer for block 2 was block 1's (the plain calls above bypass the patch)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_dtype_policies_that_agree_on_a_node_share_its_times(graph, monkeypatch, fused):
+    """The times read a policy only through the node's run dtype and its fused inputs' (its kind) and the bytes it
+    reads (its key): under autocast without and with cast weights, a node that agrees on them is priced once, one
+    that does not is priced anew, and every answer is node_times_s's under its own policy."""
+    profile = synthetic_profile()
+    times, computed, plain = NodeTimes(graph, profile), [], op_costs.node_times_s
+    monkeypatch.setattr(op_costs, "node_times_s", lambda *a, **k: computed.append(1) or plain(*a, **k))
+    policies = [_dtypes(graph, which) for which in ("autocast", "cast")]
+    kw = dict(precision="bf16", batch_fraction=1 / 2, shard=1, fused=fused)
+    agree = set()
+    for node in graph.nodes:
+        facts = [
+            (times.kind(node, dtypes=d, fused=fused), times.reads(node, precision="bf16", dtypes=d)) for d in policies
+        ]
+        if facts[0] == facts[1]:
+            agree.add(node.name)
+    assert 10 < len(agree) < len(graph.nodes)  # the policies differ in some nodes' dtypes (the stream, cast weights)
+    for dtypes in policies:
+        computed.clear()
+        for node in sorted(graph.nodes, key=lambda n: n.name not in agree):  # those that agree first
+            assert times(node, profile, dtypes=dtypes, **kw) == plain(graph, node, profile, dtypes=dtypes, **kw)
+            if dtypes is policies[1] and node.name in agree:
+                assert computed == [], node.name  # the first policy's times
+    assert computed  # those that do not agree: priced under the second policy
+
+
 def test_each_fact_the_key_holds_gives_its_own_price(graph, monkeypatch):
     """A node that differs from another only in a field that names it shares its kind; one that differs in an
     own field, in needing a gradient, in its run dtype or in a fused input's run dtype does not, and its
