@@ -76,13 +76,15 @@ def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, fl
 @lru_cache(maxsize=65536)
 def _peak(key: tuple, weights: tuple[float, ...]) -> tuple[int, ...]:
     """:func:`peak_state` of the states of ``key`` (schedule, pp, v, m, rank), memoised: the search prices
-    many plans on the same stage totals."""
+    many plans on the same stage totals. Where D_g = D, of the merged states (order_states.py ``merge_sent``), their
+    merged count returned as sent, with no gradients apart: held_bytes weighs it n D_g + n (D - D_g) = n D."""
     schedule, pp, v, m, rank = key
-    where = dict(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
+    where = dict(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank, merged=weights[-3] == weights[-2])
     g = (len(weights) - 3) // 2
-    return peak_state(rank_states(**where), saved_bytes=weights[:g], kept_bytes=weights[g : 2 * g],
-                      boundary_bytes=weights[-3], grad_bytes=weights[-2], loss_bytes=weights[-1],
-                      matrix=state_matrix(**where, merged=weights[-3] == weights[-2]))  # fmt: skip
+    state = peak_state(rank_states(**where), saved_bytes=weights[:g], kept_bytes=weights[g : 2 * g],
+                       boundary_bytes=weights[-3], grad_bytes=weights[-2], loss_bytes=weights[-1],
+                       matrix=state_matrix(**where))  # fmt: skip
+    return (*state[:-2], state[-2], 0, state[-1]) if where["merged"] else state
 
 
 def held_floor(plan: Plan, index: int) -> tuple[float, float]:

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoplan.cost.pp.looped_orders import looped_order
-from autoplan.cost.pp.order_states import distinct_rows, order_halves, order_states
+from autoplan.cost.pp.order_states import distinct_rows, merge_sent, order_halves, order_states
 from autoplan.cost.pp.receive_slots import slot_changes
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import chunks_of_stage
@@ -50,11 +50,17 @@ def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int
 
 
 @lru_cache(maxsize=None)  # a search meets a few thousand (schedule, pp, v, m, rank): a bound thrashed
-def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
+def rank_states(
+    *, schedule: str, pp: int, virtual_stages: int, m: int, rank: int, merged: bool = False
+) -> tuple[State, ...]:
     """The states of ``rank`` no other exceeds in every count (module docstring), memoised, its chunks counted
     in :func:`chunk_groups`: the frontier of :func:`rank_rows` (:func:`rank_states_walk` is the walk, one action
-    at a time, that tests/unit/cost/test_rank_states_fast.py holds it to)."""
-    return frontier(rank_rows(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank))
+    at a time, that tests/unit/cost/test_rank_states_fast.py holds it to). ``merged``: of the rows with sent and
+    grads summed into one count (order_states.py ``merge_sent``), for a boundary whose every tensor has a
+    gradient (D_g = D, one weight for both), as the states were before gradients were counted apart: fewer rows
+    into the frontier, and the same greatest bytes."""
+    rows = rank_rows(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    return frontier(merge_sent(rows) if merged else rows)
 
 
 def rank_rows(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
@@ -221,22 +227,20 @@ def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_by
     """The state of ``states`` holding the most bytes (the first of them where several do), with ``saved_bytes``
     and ``kept_bytes`` per chunk group (in the order of :func:`chunk_groups`), ``boundary_bytes`` one boundary
     handed on, ``grad_bytes`` its gradients (D_g) and ``loss_bytes`` the loss's gradients (module docstring);
-    ``matrix``: ``states`` as floats, where the caller holds them (:func:`state_matrix`)."""
+    ``matrix``: ``states`` as floats, where the caller holds them (:func:`state_matrix`); merged states
+    (order_states.py ``merge_sent``, one count fewer) weigh their merged count at ``boundary_bytes``."""
     weights = np.asarray([*saved_bytes, *kept_bytes, boundary_bytes, grad_bytes, loss_bytes], dtype=np.float64)
     rows = np.asarray(states, dtype=np.float64) if matrix is None else matrix
-    if rows.shape[1] == len(weights) - 1:  # a merged matrix (state_matrix): one count at D = D_g
+    if rows.shape[1] == len(weights) - 1:  # merged states (order_states.py merge_sent): one count at D = D_g
         weights = np.delete(weights, len(saved_bytes) + len(kept_bytes) + 1)
     return states[int(np.argmax(rows @ weights))]
 
 
 @lru_cache(maxsize=None)  # one per rank_states entry (and merged)
 def state_matrix(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int, merged: bool = False) -> np.ndarray:
-    """:func:`rank_states` as a read-only float matrix, one row per state in the same order, memoised: a search
-    weighs the same states under many plans' bytes (:func:`peak_state`). ``merged``: the sent and grads counts
-    summed into one column, for a boundary whose every tensor has a gradient (D_g = D: the weights of one count)."""
-    rows = np.asarray(rank_states(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank), float)
-    if merged:
-        sent = rows.shape[1] - 3
-        rows = np.concatenate([rows[:, :sent], rows[:, sent : sent + 1] + rows[:, sent + 1 : -1], rows[:, -1:]], 1)
+    """:func:`rank_states` (``merged`` or not) as a read-only float matrix, one row per state in the same order,
+    memoised: a search weighs the same states under many plans' bytes (:func:`peak_state`)."""
+    where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    rows = np.asarray(rank_states(**where, merged=merged), dtype=float)
     rows.setflags(write=False)
     return rows

@@ -135,13 +135,20 @@ def test_held_at_peak_is_the_greatest_of_the_held_states():
 
 
 def test_a_boundary_whose_every_tensor_has_a_gradient_weighs_its_two_counts_as_one():
-    """Where D_g = D the price weighs the merged matrix (sent + grads in one column, as before the gradients were
-    counted apart): the state it picks holds as many bytes as the one picked from the two counts."""
-    case = dict(schedule="interleaved_1f1b", pp=4, virtual_stages=2, m=8, rank=1)
-    states = rank_states(**case)
-    for boundary in (0.0, 1.0, 3.0):
-        prices = dict(saved_bytes=[2.0, 1.0], kept_bytes=[1.0, 1.0], boundary_bytes=boundary, loss_bytes=0.5)
-        merged = peak_state(states, **prices, grad_bytes=boundary, matrix=state_matrix(**case, merged=True))
-        apart = peak_state(states, **prices, grad_bytes=boundary)
-        weights = [*prices["saved_bytes"], *prices["kept_bytes"], boundary, boundary, prices["loss_bytes"]]
-        assert sum(w * n for w, n in zip(weights, merged)) == sum(w * n for w, n in zip(weights, apart))
+    """Where D_g = D the price weighs the merged states (sent + grads in one count, as before the gradients were
+    counted apart): they are the frontier of the two counts' states once merged, and the state the price picks
+    from them holds as many bytes as the one it picks from the two counts."""
+    grid = _grid()
+    for case in random.Random(1).sample(grid, 300) + [c for c in grid if c["pp"] == 16 and c["m"] == 64]:
+        states, merged = rank_states(**case), rank_states(**case, merged=True)
+        assert merged == frontier([(*s[:-3], s[-3] + s[-2], s[-1]) for s in states]), case
+        g = (len(states[0]) - 3) // 2
+        for boundary in (0.0, 1.0, 3.0):
+            saved, kept = [2.0, 1.0, 1.5][:g], [1.0] * g
+            prices = dict(saved_bytes=saved, kept_bytes=kept, boundary_bytes=boundary, loss_bytes=0.5)
+            picked = peak_state(merged, **prices, grad_bytes=boundary, matrix=state_matrix(**case, merged=True))
+            apart = peak_state(states, **prices, grad_bytes=boundary)
+            weights = [*prices["saved_bytes"], *prices["kept_bytes"], boundary, boundary, prices["loss_bytes"]]
+            del weights[2 * g + 1]
+            expanded = (*apart[: 2 * g], apart[2 * g] + apart[2 * g + 1], apart[-1])
+            assert sum(w * n for w, n in zip(weights, picked)) == sum(w * n for w, n in zip(weights, expanded)), case
