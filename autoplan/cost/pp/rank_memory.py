@@ -233,11 +233,11 @@ def peak_state(states: Sequence[State] | np.ndarray, *, saved_bytes: Sequence[fl
     ``states`` may be the frontier or any rows among which it lies (:func:`rank_rows`): every weight is >= 0, so a
     row at most another holds at most its bytes, and the frontier's states holding the most are the rows holding
     the most that no other of them exceeds (their frontier, a few rows: no frontier of all the rows is built)."""
-    weights = np.asarray([*saved_bytes, *kept_bytes, boundary_bytes, grad_bytes, loss_bytes], dtype=np.float64)
+    weights = [*saved_bytes, *kept_bytes, boundary_bytes, grad_bytes, loss_bytes]
     rows = np.asarray(states, dtype=np.float64) if matrix is None else matrix
     if rows.shape[1] == len(weights) - 1:  # merged states (order_states.py merge_sent): one count at D = D_g
-        weights = np.delete(weights, len(saved_bytes) + len(kept_bytes) + 1)
-    values = rows @ weights
+        del weights[len(saved_bytes) + len(kept_bytes) + 1]
+    values = rows @ np.asarray(weights, dtype=np.float64)
     tied = np.flatnonzero(values == values.max())
     if len(tied) == 1:
         return tuple(np.asarray(states[int(tied[0])]).tolist())
