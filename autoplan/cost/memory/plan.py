@@ -34,6 +34,7 @@ from autoplan.cost.pp.receive_slots import single_chunk_slots
 from autoplan.cost.stages import StageTotals
 from autoplan.types.cost import Cost
 from autoplan.types.expert_layout import expert_dp
+from autoplan.types.local_sgd import is_local_sgd, outer_state_bytes_per_param
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.schedules import TORCH_PIPELINES, plan_last_stage
@@ -46,6 +47,9 @@ class _PlanFacts(NamedTuple):
     buffer_pp: int  # the pp of the send and receive buffers: 1 where torch's receive slots replace them
     flat: bool  # Plan.flat_grads
     grads_persist: bool  # Plan.runs_ddp or Plan.flat_grads
+    single_slots: bool  # torch's 1F1B or GPipe receive slots, priced beside the buffers (_single_chunk_slots)
+    outer_state: bool  # DiLoCo's outer optimizer keeps state per parameter (cost/dp/local_sgd.py with_outer_state)
+    local_sgd: bool  # an outer sync, with its flat copy after the step (local_sgd.py outer_buffer_bytes)
 
 
 class PlanMemory:
@@ -69,6 +73,9 @@ class PlanMemory:
             buffer_pp=1 if torch_slots(plan) else plan.pp,  # torch's receive slots instead, below or in the replay
             flat=plan.flat_grads,
             grads_persist=plan.runs_ddp or plan.flat_grads,  # DDP's buckets, the flat buffer
+            single_slots=torch_slots(plan) and not replays_memory(plan),
+            outer_state=bool(outer_state_bytes_per_param(plan)),
+            local_sgd=is_local_sgd(plan),
         )
         return [
             self._stage_memory(plan, index, stage, held, facts, whole)
@@ -87,8 +94,9 @@ class PlanMemory:
         reduce_bytes = whole.reduce_bytes
         last_block_bytes, block_params, block_trainable = facts.blocks(stage)
         in_flight, in_flight_after, pending, sent, transient = facts.held(plan, index, stage)
+        states = self._states(plan, stage)
         return stage_memory(
-            states=with_outer_state(self._states(plan, stage), plan, stage),  # DiLoCo's, if any
+            states=with_outer_state(states, plan, stage) if whole.outer_state else states,  # DiLoCo's, if any
             saved_bytes=stage.saved_bytes,
             transient_bytes=transient + pending * stage.wgrad_held_bytes + sent,
             in_flight=in_flight,
@@ -102,7 +110,7 @@ class PlanMemory:
                 block_params=block_params,
                 precision=plan.precision,
             )
-            + _single_chunk_slots(plan, index, stage)
+            + (_single_chunk_slots(plan, index, stage) if whole.single_slots else 0.0)
             + powersgd.held_bytes,  # error feedback and P, Q (cost/dp/compression.py)
             scatter_bytes=scatter_buffer_bytes(
                 zero_stage=plan.zero_stage,
@@ -124,7 +132,7 @@ class PlanMemory:
                 staged=self.profile.backend == "gloo",
             )
             + powersgd.hook_bytes  # with the last bucket, after the backward (M3)
-            + outer_buffer_bytes(plan, stage),  # local SGD's flat copy, after the step (cost/dp/local_sgd.py)
+            + (outer_buffer_bytes(plan, stage) if whole.local_sgd else 0.0),  # local SGD's flat copy, after the step
             grads_persist=whole.grads_persist,
         )
 

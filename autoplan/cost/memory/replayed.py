@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_floors, rank_states, state_matrix
+from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_floors, row_matrix
 from autoplan.cost.pp.receive_slots import held_bytes as boundary_held_bytes
 from autoplan.cost.stages import StageTotals
 from autoplan.types.plan import Plan
@@ -76,13 +76,16 @@ def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, fl
 @lru_cache(maxsize=65536)
 def _peak(key: tuple, weights: tuple[float, ...]) -> tuple[int, ...]:
     """:func:`peak_state` of the states of ``key`` (schedule, pp, v, m, rank), memoised: the search prices
-    many plans on the same stage totals."""
+    many plans on the same stage totals. It reads the rank's rows (rank_memory.py ``row_matrix``), whose frontier's
+    peak it is, without building that frontier. Where D_g = D, of the merged rows (order_states.py ``merge_sent``),
+    their merged count returned as sent, with no gradients apart: held_bytes weighs it n D_g + n (D - D_g) = n D."""
     schedule, pp, v, m, rank = key
-    where = dict(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank)
+    merged = weights[-3] == weights[-2]
+    rows, matrix = row_matrix(schedule=schedule, pp=pp, virtual_stages=v, m=m, rank=rank, merged=merged)
     g = (len(weights) - 3) // 2
-    return peak_state(rank_states(**where), saved_bytes=weights[:g], kept_bytes=weights[g : 2 * g],
-                      boundary_bytes=weights[-3], grad_bytes=weights[-2], loss_bytes=weights[-1],
-                      matrix=state_matrix(**where, merged=weights[-3] == weights[-2]))  # fmt: skip
+    state = peak_state(rows, saved_bytes=weights[:g], kept_bytes=weights[g : 2 * g], boundary_bytes=weights[-3],
+                       grad_bytes=weights[-2], loss_bytes=weights[-1], matrix=matrix)  # fmt: skip
+    return (*state[:-2], state[-2], 0, state[-1]) if merged else state
 
 
 def held_floor(plan: Plan, index: int) -> tuple[float, float]:

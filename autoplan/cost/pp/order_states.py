@@ -70,6 +70,16 @@ def order_states(
     return _most_sent(np.concatenate([after[falls], before_loss]), sent=sent)
 
 
+def merge_sent(rows: np.ndarray) -> np.ndarray:
+    """Rows (held, kept, sent, grads, loss) as (held, kept, sent + grads, loss), for a boundary whose every tensor
+    has a gradient (D_g = D, one weight for both), less those the second rule drops once merged (of the rows with
+    the same (held, kept, loss), all but the most sent + grads). A row at most another stays at most it once
+    merged, so the frontier of these is the frontier of the merged frontier, each row weighing its merged bytes."""
+    sent = rows.shape[1] - 3
+    merged = np.concatenate([rows[:, :sent], rows[:, sent : sent + 1] + rows[:, sent + 1 : -1], rows[:, -1:]], 1)
+    return _most_sent(merged, sent=sent)
+
+
 def _most_sent(rows: np.ndarray, *, sent: int) -> np.ndarray:
     """Of the rows with equal counts but ``sent``, the one with the most sent."""
     order = [*range(sent), *range(sent + 1, rows.shape[1]), sent]  # sent last: sorting puts it last in its counts

@@ -20,8 +20,9 @@ loss's gradients (cost/stages.py ``loss_grad_bytes``, alive only in that backwar
     peak = max over states of  sum_j (h_j S_j + k_j K_j) + sent D + grads D_g + loss L
 
 Only the states no other exceeds in every count can be that maximum, whatever S, K, D, D_g weigh: they are kept
-(:func:`rank_states`, once per schedule, p, v, m and rank). Weighing each chunk by its own bytes prices
-stage 0 of a V (the embedding's chunk beside the head's and the loss's) as it holds them, not evenly.
+(:func:`rank_states`, once per schedule, p, v, m and rank); a price reads them from the rows (:func:`peak_state`).
+Weighing each chunk by its own bytes prices stage 0 of a V (the embedding's chunk beside the head's and the
+loss's) as it holds them, not evenly.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoplan.cost.pp.looped_orders import looped_order
-from autoplan.cost.pp.order_states import distinct_rows, order_halves, order_states
+from autoplan.cost.pp.order_states import distinct_rows, merge_sent, order_halves, order_states
 from autoplan.cost.pp.receive_slots import slot_changes
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import chunks_of_stage
@@ -50,11 +51,17 @@ def rank_order(schedule: str, *, pp: int, virtual_stages: int, m: int, rank: int
 
 
 @lru_cache(maxsize=None)  # a search meets a few thousand (schedule, pp, v, m, rank): a bound thrashed
-def rank_states(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:
+def rank_states(
+    *, schedule: str, pp: int, virtual_stages: int, m: int, rank: int, merged: bool = False
+) -> tuple[State, ...]:
     """The states of ``rank`` no other exceeds in every count (module docstring), memoised, its chunks counted
     in :func:`chunk_groups`: the frontier of :func:`rank_rows` (:func:`rank_states_walk` is the walk, one action
-    at a time, that tests/unit/cost/test_rank_states_fast.py holds it to)."""
-    return frontier(rank_rows(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank))
+    at a time, that tests/unit/cost/test_rank_states_fast.py holds it to). ``merged``: of the rows with sent and
+    grads summed into one count (order_states.py ``merge_sent``), for a boundary whose every tensor has a
+    gradient (D_g = D, one weight for both), as the states were before gradients were counted apart: fewer rows
+    into the frontier, and the same greatest bytes."""
+    rows = rank_rows(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    return frontier(merge_sent(rows) if merged else rows)
 
 
 def rank_rows(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
@@ -215,28 +222,41 @@ _BLOCK = 256  # states tested at once: a block's test holds _BLOCK * (states or 
 _PAIRS_AT_MOST = 2048  # distinct states tested all against all: fewer numpy calls where few are many
 
 
-def peak_state(states: Sequence[State], *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],
+def peak_state(states: Sequence[State] | np.ndarray, *, saved_bytes: Sequence[float], kept_bytes: Sequence[float],
                boundary_bytes: float, grad_bytes: float, loss_bytes: float,
                matrix: np.ndarray | None = None) -> State:  # fmt: skip
-    """The state of ``states`` holding the most bytes (the first of them where several do), with ``saved_bytes``
-    and ``kept_bytes`` per chunk group (in the order of :func:`chunk_groups`), ``boundary_bytes`` one boundary
-    handed on, ``grad_bytes`` its gradients (D_g) and ``loss_bytes`` the loss's gradients (module docstring);
-    ``matrix``: ``states`` as floats, where the caller holds them (:func:`state_matrix`)."""
-    weights = np.asarray([*saved_bytes, *kept_bytes, boundary_bytes, grad_bytes, loss_bytes], dtype=np.float64)
+    """The state of the frontier of ``states`` holding the most bytes (the first of them in sorted order where
+    several do), with ``saved_bytes`` and ``kept_bytes`` per chunk group (in the order of :func:`chunk_groups`),
+    ``boundary_bytes`` one boundary handed on, ``grad_bytes`` its gradients (D_g) and ``loss_bytes`` the loss's
+    gradients (module docstring); ``matrix``: ``states`` as floats, where the caller holds them (:func:`row_matrix`);
+    merged states (order_states.py ``merge_sent``, one count fewer) weigh their merged count at ``boundary_bytes``.
+    ``states`` may be the frontier or any rows among which it lies (:func:`rank_rows`): every weight is >= 0, so a
+    row at most another holds at most its bytes, and the frontier's states holding the most are the rows holding
+    the most that no other of them exceeds (their frontier, a few rows: no frontier of all the rows is built)."""
+    weights = [*saved_bytes, *kept_bytes, boundary_bytes, grad_bytes, loss_bytes]
     rows = np.asarray(states, dtype=np.float64) if matrix is None else matrix
-    if rows.shape[1] == len(weights) - 1:  # a merged matrix (state_matrix): one count at D = D_g
-        weights = np.delete(weights, len(saved_bytes) + len(kept_bytes) + 1)
-    return states[int(np.argmax(rows @ weights))]
+    if rows.shape[1] == len(weights) - 1:  # merged states (order_states.py merge_sent): one count at D = D_g
+        del weights[len(saved_bytes) + len(kept_bytes) + 1]
+    values = rows @ np.asarray(weights, dtype=np.float64)
+    tied = np.flatnonzero(values == values.max())
+    if len(tied) == 1:
+        return tuple(np.asarray(states[int(tied[0])]).tolist())
+    most = np.asarray(states)[tied]
+    within = _at_most(most, most)
+    within[np.arange(len(most)), np.arange(len(most))] = False  # not itself
+    kept = most[~within.any(axis=1)]
+    return tuple(kept[np.lexsort(kept.T[::-1])[0]].tolist())  # the least in sorted order
 
 
-@lru_cache(maxsize=None)  # one per rank_states entry (and merged)
-def state_matrix(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int, merged: bool = False) -> np.ndarray:
-    """:func:`rank_states` as a read-only float matrix, one row per state in the same order, memoised: a search
-    weighs the same states under many plans' bytes (:func:`peak_state`). ``merged``: the sent and grads counts
-    summed into one column, for a boundary whose every tensor has a gradient (D_g = D: the weights of one count)."""
-    rows = np.asarray(rank_states(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank), float)
-    if merged:
-        sent = rows.shape[1] - 3
-        rows = np.concatenate([rows[:, :sent], rows[:, sent : sent + 1] + rows[:, sent + 1 : -1], rows[:, -1:]], 1)
+@lru_cache(maxsize=None)  # one per rank a search prices (and merged)
+def row_matrix(
+    *, schedule: str, pp: int, virtual_stages: int, m: int, rank: int, merged: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`rank_rows` (``merged``: order_states.py ``merge_sent`` of them), and the same rows as floats, both
+    read-only, memoised: a search weighs the same rows under many plans' bytes (:func:`peak_state`)."""
+    rows = rank_rows(schedule=schedule, pp=pp, virtual_stages=virtual_stages, m=m, rank=rank)
+    rows = merge_sent(rows) if merged else rows
+    floats = rows.astype(np.float64)
     rows.setflags(write=False)
-    return rows
+    floats.setflags(write=False)
+    return rows, floats

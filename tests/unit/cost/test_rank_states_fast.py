@@ -12,7 +12,7 @@ import pytest
 from autoplan.cost.pp import rank_memory
 from autoplan.cost.pp.looped_orders import KINDS, looped_halves, looped_order
 from autoplan.cost.pp.order_states import distinct_rows
-from autoplan.cost.pp.rank_memory import frontier, peak_state, rank_states, rank_states_walk, state_matrix
+from autoplan.cost.pp.rank_memory import frontier, peak_state, rank_states, rank_states_walk, row_matrix
 from autoplan.cost.pp.replay import held_at_peak, held_states
 from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
 
@@ -57,7 +57,25 @@ def test_the_peak_and_its_ties_are_the_walks():
     for weights in ([1, 1, 1], [0, 1, 0], [1, 0, 0], [2, 2, 2]):
         prices = dict(saved_bytes=weights, kept_bytes=weights[::-1], boundary_bytes=0.0, grad_bytes=0.0, loss_bytes=0.0)
         assert peak_state(fast, **prices) == peak_state(walk, **prices)
-        assert peak_state(fast, **prices, matrix=state_matrix(**case)) == peak_state(walk, **prices)
+        rows, matrix = row_matrix(**case)
+        assert peak_state(rows, **prices, matrix=matrix) == peak_state(walk, **prices)
+
+
+def test_the_peak_of_the_rows_is_the_frontiers_ties_included():
+    """The price weighs a rank's rows without their frontier (rank_memory.py ``row_matrix``): the state it picks
+    is the one the frontier's first state holding the most would be, under weights that tie many rows (zeros,
+    equal weights) and without ties, merged (D_g = D) or not."""
+    grid = _grid()
+    cases = random.Random(2).sample(grid, 200) + [c for c in grid if c["pp"] == 8 and c["m"] == 32]
+    for case in cases:
+        for merged in (False, True):
+            rows, matrix = row_matrix(**case, merged=merged)
+            states, g = rank_states(**case, merged=merged), (rows.shape[1] - 2 - (not merged)) // 2
+            for saved, kept, boundary, loss in [(1.0, 0.0, 0.0, 0.0), (0.0, 1.0, 1.0, 0.0), (1.0, 1.0, 1.0, 1.0),
+                                                (3.0, 0.5, 2.0, 0.0), (1.25, 0.75, 0.0, 4.0)]:  # fmt: skip
+                prices = dict(saved_bytes=[saved] * g, kept_bytes=[kept] * g, boundary_bytes=boundary,
+                              grad_bytes=boundary if merged else boundary / 2, loss_bytes=loss)  # fmt: skip
+                assert peak_state(rows, **prices, matrix=matrix) == peak_state(states, **prices), (case, prices)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -135,13 +153,20 @@ def test_held_at_peak_is_the_greatest_of_the_held_states():
 
 
 def test_a_boundary_whose_every_tensor_has_a_gradient_weighs_its_two_counts_as_one():
-    """Where D_g = D the price weighs the merged matrix (sent + grads in one column, as before the gradients were
-    counted apart): the state it picks holds as many bytes as the one picked from the two counts."""
-    case = dict(schedule="interleaved_1f1b", pp=4, virtual_stages=2, m=8, rank=1)
-    states = rank_states(**case)
-    for boundary in (0.0, 1.0, 3.0):
-        prices = dict(saved_bytes=[2.0, 1.0], kept_bytes=[1.0, 1.0], boundary_bytes=boundary, loss_bytes=0.5)
-        merged = peak_state(states, **prices, grad_bytes=boundary, matrix=state_matrix(**case, merged=True))
-        apart = peak_state(states, **prices, grad_bytes=boundary)
-        weights = [*prices["saved_bytes"], *prices["kept_bytes"], boundary, boundary, prices["loss_bytes"]]
-        assert sum(w * n for w, n in zip(weights, merged)) == sum(w * n for w, n in zip(weights, apart))
+    """Where D_g = D the price weighs the merged states (sent + grads in one count, as before the gradients were
+    counted apart): they are the frontier of the two counts' states once merged, and the state the price picks
+    from them holds as many bytes as the one it picks from the two counts."""
+    grid = _grid()
+    for case in random.Random(1).sample(grid, 300) + [c for c in grid if c["pp"] == 16 and c["m"] == 64]:
+        states, merged = rank_states(**case), rank_states(**case, merged=True)
+        assert merged == frontier([(*s[:-3], s[-3] + s[-2], s[-1]) for s in states]), case
+        g = (len(states[0]) - 3) // 2
+        for boundary in (0.0, 1.0, 3.0):
+            saved, kept = [2.0, 1.0, 1.5][:g], [1.0] * g
+            prices = dict(saved_bytes=saved, kept_bytes=kept, boundary_bytes=boundary, loss_bytes=0.5)
+            picked = peak_state(merged, **prices, grad_bytes=boundary)
+            apart = peak_state(states, **prices, grad_bytes=boundary)
+            weights = [*prices["saved_bytes"], *prices["kept_bytes"], boundary, boundary, prices["loss_bytes"]]
+            del weights[2 * g + 1]
+            expanded = (*apart[: 2 * g], apart[2 * g] + apart[2 * g + 1], apart[-1])
+            assert sum(w * n for w, n in zip(weights, picked)) == sum(w * n for w, n in zip(weights, expanded)), case
