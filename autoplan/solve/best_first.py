@@ -212,8 +212,8 @@ class Pass:
                 self._push_steps(schedule_steps.next_fitting(s, plan), rebound, state)
         elif not s._over_floor(plan, key, state.too_big, state.held):
             self._price(state, plan, key, rebound=rebound)
-        elif s.steps_searched:  # held at k = 1: its next k, bounded before its floors are read
-            self._push_steps(schedule_steps.next_step(plan), rebound, state)
+        elif s.steps_searched:  # held at k = 1: the least larger k whose floors fit, if any
+            self._push_steps(schedule_steps.next_fitting(s, plan), rebound, state)
         self._done(state)
 
     def _price(self, state: _Choice, plan: Plan, bound: float, *, rebound=None) -> None:
@@ -226,7 +226,7 @@ class Pass:
         k = state.group.schedule_steps
         state.priced.extend(c for c in s.candidates[first:] if c.cost is not None and c.plan.schedule_steps == k)
         for left in s.steps_next if rebound is not None else ():
-            self._push_steps(schedule_steps.next_step(left), rebound, state)
+            self._push_steps(schedule_steps.next_fitting(s, left), rebound, state)
 
     def _push_steps(self, stepped: Plan | None, rebound, state: _Choice) -> None:
         """Queue ``stepped`` (a member at a larger schedule step: solve/schedule_steps.py) keyed by its own bound (2),

@@ -24,6 +24,7 @@ import functools
 from typing import Any
 
 from autoplan.errors import PlanError
+from autoplan.solve import activation_offload
 from autoplan.solve.candidates import config_of
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import check_schedule_steps
@@ -67,17 +68,19 @@ def with_steps(plan: Plan, k: int) -> Plan:
     return stepped
 
 
-def next_step(plan: Plan) -> Plan | None:
-    """``plan`` at the least larger k (its floors not yet read: best_first.py reads them where its bound is not
-    beaten), or None where there is none."""
-    return with_steps(plan, steps[0]) if (steps := larger_steps(plan)) else None
-
-
 def floors_fit(search: Any, plan: Plan) -> bool:
     """Whether ``plan``'s memory floors fit the device: its states alone, and with its activations in flight or its
     sends (Search._over_floor's, of one schedule step)."""
-    usable = search._usable_bytes
-    return search.bounds.states_floor_bytes(plan) <= usable and search.held_floor_bytes(plan)[0] <= usable
+    return search.bounds.states_floor_bytes(plan) <= search._usable_bytes and _held_fits(search, plan)
+
+
+def _held_fits(search: Any, plan: Plan) -> bool:
+    """Whether Search.held_floor_bytes of ``plan`` fits the device, its sends' floor read only where the floor with
+    its activations in flight does."""
+    usable, offload = search._usable_bytes, activation_offload.may_offload(plan, search.profile, search.fixes)
+    if search.bounds.memory_floor_bytes(plan, offload=offload) > usable:
+        return False
+    return offload or search.bounds.sends.floor_bytes(plan) <= usable
 
 
 def next_fitting(search: Any, plan: Plan) -> Plan | None:
@@ -86,15 +89,14 @@ def next_fitting(search: Any, plan: Plan) -> Plan | None:
     A floor at k bounds the peak at k under every partition, and the peak at every smaller k (it falls with k at
     equal stages: tests/unit/solve/test_schedule_steps_choice.py), so a k whose floor exceeds the device rules out
     every smaller k: bisected so (a floor itself need not fall with k)."""
-    usable = search._usable_bytes
-    if not (steps := larger_steps(plan)) or search.bounds.states_floor_bytes(plan) > usable:
+    if not (steps := larger_steps(plan)) or search.bounds.states_floor_bytes(plan) > search._usable_bytes:
         return None
     low, high = 0, len(steps) - 1  # the least index whose floor fits lies in [low, high], if the last's does
-    if search.held_floor_bytes(last := with_steps(plan, steps[high]))[0] > usable:
+    if not _held_fits(search, last := with_steps(plan, steps[high])):
         return None
     while low < high:
         middle = (low + high) // 2
-        if search.held_floor_bytes(with_steps(plan, steps[middle]))[0] <= usable:
+        if _held_fits(search, with_steps(plan, steps[middle])):
             high = middle
         else:
             low = middle + 1
