@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from autoplan.cost import memory_budget
-from autoplan.solve import candidates, member_bounds, moe_overlap
+from autoplan.solve import candidates, member_bounds, moe_overlap, schedule_steps
 from autoplan.solve.candidates import Candidate, Group
 from autoplan.types.plan import Plan
 
@@ -122,7 +122,7 @@ class Pass:
             if not s._beaten(key):
                 self._push_member(key, own_keyed, plan, rebound, state)
                 continue
-            s._append_pruned(plan, key)
+            self._pruned(plan, key, state)
             self._done(state)
 
     def _progress(self) -> None:
@@ -202,16 +202,50 @@ class Pass:
             if self.best_first:
                 return self._push_member(now, True, plan, rebound, state)
             if s._beaten(key := now):
-                s._append_pruned(plan, key)
+                self._pruned(plan, key, state)
                 return self._done(state)
-        if not s._over_floor(plan, key, state.too_big, state.held, states_bytes=rebound.states_floor_bytes()):
-            self._price(state, plan, key)
+        if plan.schedule_steps != state.group.schedule_steps:  # a larger k (solve/schedule_steps.py)
+            if schedule_steps.floors_fit(s, plan):
+                self._price(state, plan, key, rebound=rebound)
+            else:  # its floors rule out the smaller k too: the least larger k whose floors fit, if any
+                self._push_steps(schedule_steps.next_fitting(s, plan), rebound, state)
+        elif not s._over_floor(plan, key, state.too_big, state.held, states_bytes=rebound.states_floor_bytes()):
+            self._price(state, plan, key, rebound=rebound)
+        elif s.steps_searched:  # held at k = 1: the least larger k whose floors fit, if any
+            self._push_steps(schedule_steps.next_fitting(s, plan), rebound, state)
         self._done(state)
 
-    def _price(self, state: _Choice, plan: Plan, bound: float) -> None:
-        first = len(self.search.candidates)
-        self.search._evaluate(plan, bound, ilp_status=state.choice.status)
-        state.priced.extend(c for c in self.search.candidates[first:] if c.cost is not None)
+    def _price(self, state: _Choice, plan: Plan, bound: float, *, rebound=None) -> None:
+        """Price ``plan`` (Search._evaluate); its rows of the group's schedule steps join ``state.priced`` (the
+        TP retry reads those, as before schedule steps were searched). With ``rebound`` (a member's bound), the plans
+        it leaves their next schedule steps to search join the members (:meth:`_push_steps`)."""
+        s, first = self.search, len(self.search.candidates)
+        s.steps_next = []
+        s._evaluate(plan, bound, ilp_status=state.choice.status, chain=rebound is not None)
+        k = state.group.schedule_steps
+        state.priced.extend(c for c in s.candidates[first:] if c.cost is not None and c.plan.schedule_steps == k)
+        for left in s.steps_next if rebound is not None else ():
+            self._push_steps(schedule_steps.next_fitting(s, left), rebound, state)
+
+    def _push_steps(self, stepped: Plan | None, rebound, state: _Choice) -> None:
+        """Queue ``stepped`` (a member at a larger schedule step: solve/schedule_steps.py) keyed by its own bound (2),
+        the least of its k's and every larger k's (member_bounds.member_bound, with ``rebound``'s group, stages and
+        memos) as the floors' budgets give it: where that is beaten, so is every larger k of it, and no row is
+        written."""
+        if stepped is None:
+            return
+        _, group, _, at, extras = rebound.args
+        rebound = _Rebound(self.search, group, stepped, at, extras)
+        with self._floors():
+            key = rebound()
+        state.waiting += 1
+        self._push_member(key, False, stepped, rebound, state)
+
+    def _pruned(self, plan: Plan, key: float, state: _Choice) -> None:
+        """The row of a member its bound prunes; none for a larger schedule step's (solve/schedule_steps.py): its
+        layout has its row at the group's, and plans.csv keeps the rows it had where no plan needs one."""
+        if plan.schedule_steps == state.group.schedule_steps:
+            self.search._append_pruned(plan, key)
 
     def _done(self, state: _Choice) -> None:
         state.waiting -= 1

@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autoplan.solve import activation_offload, moe_overlap
+from autoplan.solve import activation_offload, moe_overlap, schedule_steps
 from autoplan.solve.candidates import Group
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import schedule_step_plan
 
 
 def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, extras: dict, pruned: list):
@@ -126,11 +127,23 @@ def member_bound(search: Any, g: Group, plan: Plan, at: tuple, extras: dict) -> 
     shared = extras.get(plan.tp_comm_overlap)  # its option's (whatever_the_stages): the states floor of choice i
     states_fit = shared.states_bytes[i] <= search._usable_bytes if shared is not None else None
     times, params = _stage_totals(search, plan, stages, extras, states_fit=states_fit)
-    core_s = (g.m + _bubble_floor(search, plan, offload, extras)) * max(times) + pp_comm_s
+    core_s = (g.m + _steps_bubble(search, g, plan, offload, extras)) * max(times) + pp_comm_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, plan, search.fixes)  # its overlapped twin's
     if (key := (plan.tp_comm_overlap, i, max(params))) not in extras:  # as in whatever_the_stages
         extras[key] = search.bounds.step_extras_s(plan, stage_params=max(params))
     return max(own, search.objective(core_s + extras[key], g.degrees.devices))
+
+
+def _steps_bubble(search: Any, g: Group, plan: Plan, offload: bool, extras: dict) -> float:
+    """:func:`_bubble_floor`, or at a schedule step k the group's search did not pin (solve/schedule_steps.py) the least
+    over k and each larger k j of j times StageCosts.bubble_floor of one schedule step (types/schedule_steps.py),
+    which CostModel prices j times: the floor reads the step's m / j where a zero-bubble schedule's re-runs do, and
+    the member stands for its larger k until its floors are read (best_first.py)."""
+    if plan.schedule_steps == g.schedule_steps:
+        return _bubble_floor(search, plan, offload, extras)
+    steps = [plan] + [schedule_steps.with_steps(plan, j) for j in schedule_steps.larger_steps(plan)]
+    floor = search.stage_costs.bubble_floor
+    return min(p.schedule_steps * floor(schedule_step_plan(p), may_offload=offload) for p in steps)
 
 
 def _bubble_floor(search: Any, plan: Plan, offload: bool, extras: dict) -> float:

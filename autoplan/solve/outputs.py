@@ -149,7 +149,7 @@ def _priced_cells(c, rank: int | str, run_columns: list[str], pricer: RunPricer 
 
 #: columns written only when some candidate leaves their default (as plan.json omits fields at theirs),
 #: so searches without them write the plans.csv they always did
-OPTIONAL_COLUMNS = (("expert_tp", 1),)
+OPTIONAL_COLUMNS = (("expert_tp", 1), ("schedule_steps", 1))
 
 
 def _shown_at_non_default(result: SearchResult) -> tuple[str, ...]:

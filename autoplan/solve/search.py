@@ -39,6 +39,7 @@ from autoplan.solve import (
     memory_first,
     moe_overlap,
     recompute_budget,
+    schedule_steps,
     space,
     tp_runnable,
 )
@@ -97,6 +98,11 @@ class Search:
         self.memory_first = True  # price a plan's memory before its time (solve/memory_first.py)
         self.best_first = True  # groups and members best first (solve/best_first.py); else groups by bound (1)
         self._dp_memo, self._stage_memo = {}, {}  # _dp_choices by degrees, _stage_options by (tp, pp, sp, m)
+        self.steps_searched = schedule_steps.searched(self.fixes, options.runtime)  # k > 1 unpinned (its module)
+        self.steps_settle = options.keep == 1  # a plan that fits settles its larger k; not for an exact top k (a
+        # runner-up may be the best plan at a larger k), nor in the tests that price every k
+        self.steps_fitted: set = set()  # plans of no recompute that settled their k (schedule_steps.settles)
+        self.steps_next: list[Plan] = []  # plans _evaluate priced that leave their next k to search
 
     # ---- objective ---------------------------------------------------------------------
     def objective(self, step_time_s: float, devices: int) -> float:
@@ -232,11 +238,18 @@ class Search:
             ]
         return self._stage_memo[key]
 
-    def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str) -> None:
+    def _evaluate(self, plan: Plan, bound: float, *, ilp_status: str, chain: bool = False) -> None:
+        """Price ``plan`` and its retries; ``chain``: where it does not settle its larger schedule steps
+        (solve/schedule_steps.py), it joins ``steps_next`` (its all-to-all twin only where it does)."""
         plan = moe_overlap.with_pin(recompute_budget.with_pin(plan.checked(), self.fixes), self.fixes)
         if (plan := activation_offload.with_pin(plan, self.fixes)) is None:
             return  # a pinned recompute budget, all-to-all overlap or activation offload this plan cannot hold
+        given = plan
         cost, plan, timed = memory_first.price(self, plan)  # its time only where it fits (solve/memory_first.py)
+        if chain := chain and self.steps_searched and plan.pp > 1:
+            fitted = cost.feasible and plan.stages == given.stages  # not repartitioned within memory
+            if not (chain := schedule_steps.settles(self, given, fitted)):
+                self.steps_next.append(given)
         candidate = memory_first.row(self, plan, bound, cost, timed=timed, ilp_status=ilp_status)
         if cost.feasible and self.pricer is not None and self.pricer.spec.constrained:
             candidate.misses = self.pricer.violation(step_time_s=cost.step_time_s, devices=plan.devices)
@@ -253,7 +266,7 @@ class Search:
         if retry := activation_offload.offloaded_retry(plan, cost=cost, profile=self.profile, fixes=self.fixes):
             self._evaluate(retry, bound, ilp_status=ilp_status)  # it did not fit: its activations offloaded
         if twin := moe_overlap.overlapped_twin(plan, self.fixes):
-            self._evaluate(twin, bound, ilp_status=ilp_status)  # its all-to-all overlapped (solve/moe_overlap.py)
+            self._evaluate(twin, bound, ilp_status=ilp_status, chain=chain)  # all-to-all overlapped (moe_overlap.py)
 
     def _stages(self, plan: Plan) -> list[list[str]]:
         return self.partitions.stages(plan)

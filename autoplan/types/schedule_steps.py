@@ -13,7 +13,6 @@ micro-batches already accumulate one by one) and a runtime that runs torch's sch
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from autoplan.errors import PlanError
@@ -31,7 +30,10 @@ def schedule_step_plan(plan: Any) -> Any:
     buffers, held sends, re-runs per micro-batch) is priced on this plan, k times per optimizer step."""
     if plan.schedule_steps == 1:
         return plan
-    return replace(plan, num_microbatches=step_microbatches(plan), schedule_steps=1)
+    step = type(plan).__new__(type(plan))  # a copy of its fields, as dataclasses.replace makes it, unchecked:
+    step.__dict__.update(plan.__dict__)  # m / k meets the rules k's plan was checked against (or is a search's
+    step.num_microbatches, step.schedule_steps = step_microbatches(plan), 1  # unchecked member, made by those rules)
+    return step
 
 
 def check_schedule_steps(plan: Any) -> None:

@@ -101,10 +101,12 @@ def test_explain_says_why_k_of_l_blocks_recompute(tight, searched):
 )
 def test_each_runtime_gets_the_budget_it_runs(runtime, budget):
     """Two stages of 4 blocks at 1F1B: stage 0 holds more micro-batches in flight and needs 3 blocks
-    recomputed to fit, stage 1 none. Megatron-LM runs one count on every chunk; torchtitan none."""
+    recomputed to fit, stage 1 none. Megatron-LM runs one count on every chunk; torchtitan none. One schedule step
+    (pinned: at 2 steps of 2 micro-batches fewer receive slots fit selective recompute, faster, where torch's
+    schedules run: test_schedule_steps_choice.py)."""
     graph = gpt_graph(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=1024, batch_size=8, dtype_bytes=2)
     profile = synthetic_profile(memory_bytes=int(1.2 * GIB / usable_bytes(GIB) * GIB))  # 1.2 GiB usable
-    pins = "dp=1,tp=1,pp=2,mbs=2,precision=bf16,schedule=1f1b"
+    pins = "dp=1,tp=1,pp=2,mbs=2,precision=bf16,schedule=1f1b" + (",schedule_steps=1" if runtime != "megatron" else "")
     best = plan_graph(graph, devices=2, profile=profile, batch_size=8, fix=pins, runtime=runtime).best
     assert [len(chunk) for chunk in best.stages] == [4, 4]
     assert (best.recompute, best.recompute_blocks) == ("full", budget)

@@ -37,10 +37,14 @@ def test_a_pinned_k_is_searched_exactly(fix):
 
 
 def test_the_pin_lets_a_plan_fit_that_one_schedule_step_cannot():
+    """Pinned to one schedule step nothing fits; pinned to 4, or left to the search (solve/schedule_steps.py), it
+    does."""
     fixes = "pp=4,mbs=1,tp=1,schedule=interleaved_1f1b,recompute=none"
-    one = Search(GRAPH, SMALL, SearchOptions(devices=8, batch_size=32, fixes=parse_fixes(fixes))).run()
+    one = Search(GRAPH, SMALL, SearchOptions(devices=8, batch_size=32, fixes=parse_fixes(fixes + ",schedule_steps=1")))
     four = Search(GRAPH, SMALL, SearchOptions(devices=8, batch_size=32, fixes=parse_fixes(fixes + ",schedule_steps=4")))
-    assert one.best is None and four.run().best_cost.feasible  # 16 micro-batches' receive slots, or 4's
+    free = Search(GRAPH, SMALL, SearchOptions(devices=8, batch_size=32, fixes=parse_fixes(fixes))).run()
+    assert one.run().best is None and four.run().best_cost.feasible  # 16 micro-batches' receive slots, or 4's
+    assert free.best_cost.feasible and free.best.schedule_steps > 1
 
 
 def test_a_runtime_without_torchs_schedules_refuses_the_pin_in_one_sentence():

@@ -3,6 +3,8 @@ step; its rules in one sentence each, the schedule's own rules read per schedule
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autoplan.errors import PlanError
@@ -47,7 +49,8 @@ def test_json_and_summary_show_it_only_away_from_one():
 
 
 def test_one_schedule_step_is_the_plan_with_m_over_k():
-    step = schedule_step_plan(_plan())
+    step = schedule_step_plan(plan := _plan(schedule="interleaved_zb", recompute="full"))
     assert (step.num_microbatches, step.schedule_steps) == (8, 1)
+    assert step.__dict__ == replace(plan, num_microbatches=8, schedule_steps=1).__dict__  # a copy, unchecked
     single = _plan(schedule_steps=1)
     assert schedule_step_plan(single) is single
