@@ -21,8 +21,7 @@ loss's gradients (cost/stages.py ``loss_grad_bytes``, alive only in that backwar
 
 Only the states no other exceeds in every count can be that maximum, whatever S, K, D, D_g weigh: they are kept
 (:func:`rank_states`, once per schedule, p, v, m and rank); a price reads them from the rows (:func:`peak_state`).
-Weighing each chunk by its own bytes prices stage 0 of a V (the embedding's chunk beside the head's and the
-loss's) as it holds them, not evenly.
+Each chunk weighs its own bytes: stage 0 of a V (the embedding's chunk beside the head's and loss's) as it holds.
 """
 
 from __future__ import annotations
