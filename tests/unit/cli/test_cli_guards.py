@@ -162,10 +162,11 @@ BIG_GPT = {"N_LAYER": "16", "N_EMBD": "8192", "N_HEAD": "64", "VOCAB_SIZE": "320
 @pytest.mark.parametrize("devices, words", [(4, "unpin recompute, zero, mbs: --fix "), (2, "would fit on 4 devices")])
 def test_the_pins_a_no_fit_message_suggests_fit(monkeypatch, tmp_path, capsys, devices, words):
     """A 13B GPT with pinned memory choices: the message's --fix pins, planned as given, fit. Nothing is offloaded
-    (dgx-a100 has a host section: optimizer or activation offload would make the pinned plan fit)."""
+    or split into schedule steps (dgx-a100 has a host section: offload, or k > 1 at pp > 1, would make the pinned
+    plan fit)."""
     for field, value in BIG_GPT.items():
         monkeypatch.setenv(f"AUTOPLAN_GPT_{field}", value)
-    pins = "recompute=none,zero=0,mbs=8,offload=none,offload_activations=off"
+    pins = "recompute=none,zero=0,mbs=8,offload=none,offload_activations=off,schedule_steps=1"
     assert _plan(GPT, devices, 16, pins, tmp_path / "nofit") == 2
     sentence = _one_sentence(capsys, "no plan fits", words, "usable")
     suggested = re.search(r"--fix (\S+?)[ )]", sentence).group(1)
