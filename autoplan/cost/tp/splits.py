@@ -169,10 +169,10 @@ def block_terms(graph: Graph, layer: str | None, *, ctx: TPContext) -> TPTerms:
 def _terms_key(layer: str | None, ctx: TPContext) -> tuple:
     """All :func:`_terms` reads of ``ctx`` for block ``layer``: the profile's links, tp, its group, sequence
     parallelism, precision, batch fraction, run dtypes (each message in its tensor's run dtype) and, under fp8, the
-    recipe (tensorwise scales' all-reduces: cost/tp/amax.py)."""
+    recipe's name and whether it casts before the redistributions (tensorwise scales' all-reduces: cost/tp/amax.py)."""
     key = (layer, _link_key(ctx.profile), ctx.tp, ctx.group, ctx.sequence_parallel, ctx.precision, ctx.batch_fraction)
     key = key if ctx.dtypes is None else (*key, ctx.dtypes)
-    return key if ctx.precision != "fp8" else (*key, ctx.fp8.name)
+    return key if ctx.precision != "fp8" else (*key, ctx.fp8.name, ctx.fp8.tp_cast_first)
 
 
 def _link_key(profile) -> tuple:
@@ -373,7 +373,7 @@ def tp_layer_cost(graph: Graph, layer: str | None, tp_plan: dict[str, str], *, c
     """TP comm and shard factors of block ``layer`` (None = nodes outside every block), read only: cached on the
     graph per the block's splits and :func:`block_terms`' key. The comm seconds read the terms and the splits, the
     shards the splits, tp and sequence parallelism, the rowwise biases the splits: contexts that differ only in what
-    none of them reads (fusion, FP8 recipe, cp, the expert placement) share one."""
+    none of them reads (fusion, cp, the expert placement, the FP8 recipe outside fp8) share one."""
     splits = node_splits(graph, layer, tp_plan, tp=ctx.tp)
     cache = graph.__dict__.setdefault("_tp_layer_cost_cache", {})
     key = (tuple(splits.items()), *_terms_key(layer, ctx))

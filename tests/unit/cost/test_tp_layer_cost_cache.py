@@ -66,3 +66,20 @@ def test_a_profile_with_other_links_gets_its_own_cost():
     fast_cost = tp_layer_cost(graph, graph.layers[0], plan, ctx=_ctx(fast))
     slow_cost = tp_layer_cost(graph, graph.layers[0], plan, ctx=_ctx(slow))
     assert slow_cost == _fresh(graph.layers[0], plan, _ctx(slow)) and slow_cost.comm_fwd_s > fast_cost.comm_fwd_s
+
+
+def test_under_fp8_recipes_that_cast_before_or_after_the_redistributions_get_their_own_cost():
+    """Tensorwise FP8 under SP: casting before the all-gather (torchtitan's float8 TP styles) all-reduces more
+    amaxes than casting after it (cost/tp/amax.py); both recipes are named "tensorwise", and neither may take the
+    other's cached terms or cost."""
+    graph, profile = _graph(), synthetic_profile()
+    plan = default_tp_plan(graph, 4)
+    layer = graph.layers[0]
+    after, first = (
+        _ctx(profile, precision="fp8", sequence_parallel=True, fp8=Fp8Recipe("tensorwise", tp_cast_first=cast))
+        for cast in (False, True)
+    )
+    cost_after = tp_layer_cost(graph, layer, plan, ctx=after)
+    cost_first = tp_layer_cost(graph, layer, plan, ctx=first)
+    assert cost_after == _fresh(layer, plan, after) and cost_first == _fresh(layer, plan, first)
+    assert cost_first.comm_fwd_s > cost_after.comm_fwd_s
