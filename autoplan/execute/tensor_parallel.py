@@ -226,12 +226,9 @@ def _check_even_sequences(module: nn.Module, *, fqn: str, split: str, kind: str,
 
     def check(what: str, *values: Any) -> None:
         for x in values:
-            if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < (3 if what == "input" else 2):
-                continue
-            dim = sequence_dim(x)
-            if x.shape[dim] % tp:
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 3 and x.shape[SEQ_DIM] % tp:
                 raise PlanError(
-                    f"plan sequence_parallel shards the sequence of {fqn}'s {what} ({x.shape[dim]} positions) "
+                    f"plan sequence_parallel shards the sequence of {fqn}'s {what} ({x.shape[SEQ_DIM]} positions) "
                     f"over tp={tp}, which does not divide it; plan sp=off or a tp that divides every sequence length."
                 )
 
@@ -249,9 +246,11 @@ def sequence_dim(x: torch.Tensor) -> int:
     return SEQ_DIM if x.dim() >= 3 else 0
 
 
-def _out_placement(want: Any, out: Any) -> Any:
-    """``want`` for a module output ``out``: SP's sequence shard on ``out``'s sequence (:func:`sequence_dim`)."""
-    if want == Shard(SEQ_DIM) and isinstance(out, torch.Tensor) and out.dim() == 2:
+def _out_placement(want: Any, out: Any, tp: int) -> Any:
+    """``want`` for a module output ``out``: SP's sequence shard on ``out``'s sequence (:func:`sequence_dim`). A 2-D
+    output whose dim 0 tp does not divide keeps ``want``: it is no sequence the stream shards (the stream's own
+    sequence is checked, :func:`_check_even_sequences`), e.g. a [batch, features] head at a micro-batch of 1."""
+    if want == Shard(SEQ_DIM) and isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] % tp == 0:
         return Shard(sequence_dim(out))
     return want
 
@@ -264,7 +263,7 @@ def _add_hooks(module: nn.Module, *, split: str, kind: str, mesh: DeviceMesh, sp
     module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in) for a in args))
     if want_out is not None:
         module.register_forward_hook(
-            lambda _m, _args, out: _settled(_redistribute(out, mesh, _out_placement(want_out, out)))
+            lambda _m, _args, out: _settled(_redistribute(out, mesh, _out_placement(want_out, out, mesh.size())))
         )
     else:  # a colwise output keeps its shard, and so does its gradient: when model code gathers the output
         # (a fused qkv split by global sizes), the weight gradient is still computed on the local shard only
@@ -280,7 +279,9 @@ def _add_float8_hooks(
     module.register_forward_pre_hook(lambda _m, args: tuple(inputs(a, want_in, fp8=fp8) for a in args))
     module.register_forward_hook(
         lambda m, _args, out: _settled(
-            float8.tp_output(module=m, split=split, out=out, placement=_out_placement(want_out, out), mesh=mesh)
+            float8.tp_output(
+                module=m, split=split, out=out, placement=_out_placement(want_out, out, mesh.size()), mesh=mesh
+            )
         )
     )
 
