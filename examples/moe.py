@@ -8,8 +8,11 @@ routing model and can split them over ranks with expert parallelism (docs/execut
 ``num_experts`` and 3-D weights ``up_proj [E, 4D, D]`` and ``down_proj [E, D, 4D]`` (a GELU FFN,
 no gate: ``has_gate = False``; ``[out, in]`` per expert: ``is_transposed = False``), called as
 ``experts(hidden [S, D], top_k_index [S, k], top_k_weights [S, k])``. Its eager forward loops over
-the experts that received tokens, with index ops. Sizes overridable with AUTOPLAN_MOE_<NAME> for
-LAYERS, DIM, HEADS, EXPERTS, TOP_K, VOCAB, SEQ."""
+the experts that received tokens, with index ops, on per-expert views from one ``unbind`` of each
+weight: its backward stacks the experts' gradients into one ``[E, ...]`` tensor, where indexing
+``weight[e]`` per expert would make a zero-filled ``[E, ...]`` gradient per expert and sum them
+(docs/cost-model.md, "The execution audit"). Sizes overridable with AUTOPLAN_MOE_<NAME> for LAYERS,
+DIM, HEADS, EXPERTS, TOP_K, VOCAB, SEQ."""
 
 import math
 import os
@@ -49,10 +52,11 @@ class Experts(nn.Module):
         out = torch.zeros_like(hidden_states)
         with torch.no_grad():
             hit = torch.unique(top_k_index)
+        ups, downs = self.up_proj.unbind(0), self.down_proj.unbind(0)  # one gradient stack each (docstring)
         for expert in hit.tolist():
             token, choice = torch.where(top_k_index == expert)
-            h = self.act_fn(F.linear(hidden_states[token], self.up_proj[expert]))
-            h = F.linear(h, self.down_proj[expert]) * top_k_weights[token, choice, None]
+            h = self.act_fn(F.linear(hidden_states[token], ups[expert]))
+            h = F.linear(h, downs[expert]) * top_k_weights[token, choice, None]
             out.index_add_(0, token, h.to(out.dtype))
         return out
 
