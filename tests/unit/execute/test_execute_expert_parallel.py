@@ -1,6 +1,6 @@
 """Expert parallelism's pieces that need no process group: the plans it refuses (one sentence
-each), the experts it finds, the dispatch's copy of a module, the pipeline split's opaque op, and
-the grouped-GEMM FLOPs the audit counts."""
+each), the experts it finds, the dispatch's copy of a module, the pipeline split's opaque op,
+the grouped-GEMM FLOPs the audit counts, and the gradients examples/moe.py's expert loop makes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from autoplan.errors import PlanError
 from autoplan.execute.expert_dispatch import ExpertsDispatch
@@ -224,3 +226,36 @@ def test_the_audit_prices_each_rank_at_the_rows_its_experts_received():
     assert got[0, "peak live memory"] == (1.5e6 - 6000, True)
     assert got[0, "comm dp all_reduce"] == (1000.0, True)
     assert got[1, "comm ep all_to_all"] == (524416.0, True) and got[1, "peak live memory"] == (2e6, True)
+
+
+class NewStorages(TorchDispatchMode):
+    """The shapes of the tensors each op of a backward makes in new storage (views and in-place results left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def test_the_moe_examples_backward_makes_one_gradient_per_expert_weight(moe):
+    """examples/moe.py loops over its experts on views from one ``unbind`` of each 3-D weight, so the backward
+    makes one ``[E, ...]`` tensor per weight (unbind's stack). Indexing ``weight[e]`` made a zero-filled
+    ``[E, ...]`` gradient per expert and summed them out of place, 2E - 1 per weight, four of them alive beside
+    the gradients at the audit's moe_tp peak (docs/cost-model.md, "The execution audit")."""
+    experts = moe.Experts()
+    index = torch.tensor([[e, (e + 1) % 4] for e in range(4)] * 2)  # every expert receives rows
+    hidden = torch.randn(len(index), experts.up_proj.shape[-1], requires_grad=True)
+    out = experts(hidden, index, torch.rand(len(index), 2))
+    with NewStorages() as made:
+        out.pow(2).sum().backward()
+    whole = {tuple(experts.up_proj.shape), tuple(experts.down_proj.shape)}
+    assert sorted(s for s in made.shapes if s in whole) == sorted(whole)
