@@ -17,7 +17,7 @@ from autoplan.cost import usable_bytes
 from autoplan.errors import PlanError
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
-from autoplan.solve.schedule_steps import enters, larger_steps, settles, with_steps
+from autoplan.solve.schedule_steps import enters, entry_steps, larger_steps, schedule_entries, settles, with_steps
 from autoplan.solve.search import Search
 from autoplan.types.schedule_steps import schedule_step_plan
 
@@ -169,3 +169,17 @@ def test_time_rises_and_memory_falls_with_k_at_equal_layout(name):
         # every smaller k: schedule_steps.next_fitting rules those out by it
         for p, peak in zip(steps, peaks):
             assert max(search.held_floor_bytes(p)[0], search.bounds.states_floor_bytes(p)) <= peak, p.describe()
+
+
+def test_a_schedule_enters_at_the_least_k_whose_m_over_k_it_runs():
+    """schedule_entries: the schedules m runs at k = 1; interleaved_zb, whose max(1, m // p) rounds (7 at m = 30,
+    p = 4) do not divide m, at 2 (15 a step, 3 rounds); none at k > 1 pinned or for a runtime without torch's
+    schedules; entry_steps says the same of a plan."""
+    kw = dict(pp=4, layers=8, m=30, k=1)
+    entries = schedule_entries(**kw, fixes={}, runtime="autoplan")
+    assert ("interleaved_zb", 1, 2) in entries and ("interleaved_zb", 2, 2) in entries
+    assert {j for s, _, j in entries if s != "interleaved_zb"} == {1} and ("1f1b", 1, 1) in entries
+    for fixes, runtime in (({}, "megatron"), ({"schedule_steps": 1}, "autoplan")):
+        assert {j for *_, j in schedule_entries(**kw, fixes=fixes, runtime=runtime)} == {1}
+    plan = _every("zero bubble at 2 steps").best
+    assert entry_steps(plan, 1) == 2 and enters(plan, 1) and not enters(replace(plan, schedule_steps=3), 1)
