@@ -204,26 +204,26 @@ class Pass:
             if s._beaten(key := now):
                 self._pruned(plan, key, state)
                 return self._done(state)
-        if plan.schedule_steps != state.group.schedule_steps:  # a larger k (solve/schedule_steps.py)
+        if not schedule_steps.enters(plan, state.group.schedule_steps):  # a larger k (solve/schedule_steps.py)
             if schedule_steps.floors_fit(s, plan):
                 self._price(state, plan, key, rebound=rebound)
             else:  # its floors rule out the smaller k too: the least larger k whose floors fit, if any
                 self._push_steps(schedule_steps.next_fitting(s, plan), rebound, state)
         elif not s._over_floor(plan, key, state.too_big, state.held, states_bytes=rebound.states_floor_bytes()):
             self._price(state, plan, key, rebound=rebound)
-        elif s.steps_searched:  # held at k = 1: the least larger k whose floors fit, if any
+        elif s.steps_searched:  # held at its entry k: the least larger k whose floors fit, if any
             self._push_steps(schedule_steps.next_fitting(s, plan), rebound, state)
         self._done(state)
 
     def _price(self, state: _Choice, plan: Plan, bound: float, *, rebound=None) -> None:
-        """Price ``plan`` (Search._evaluate); its rows of the group's schedule steps join ``state.priced`` (the
+        """Price ``plan`` (Search._evaluate); its rows at their entry schedule steps join ``state.priced`` (the
         TP retry reads those, as before schedule steps were searched). With ``rebound`` (a member's bound), the plans
         it leaves their next schedule steps to search join the members (:meth:`_push_steps`)."""
         s, first = self.search, len(self.search.candidates)
         s.steps_next = []
         s._evaluate(plan, bound, ilp_status=state.choice.status, chain=rebound is not None)
         k = state.group.schedule_steps
-        state.priced.extend(c for c in s.candidates[first:] if c.cost is not None and c.plan.schedule_steps == k)
+        state.priced.extend(c for c in s.candidates[first:] if c.cost is not None and schedule_steps.enters(c.plan, k))
         for left in s.steps_next if rebound is not None else ():
             self._push_steps(schedule_steps.next_fitting(s, left), rebound, state)
 
@@ -243,8 +243,8 @@ class Pass:
 
     def _pruned(self, plan: Plan, key: float, state: _Choice) -> None:
         """The row of a member its bound prunes; none for a larger schedule step's (solve/schedule_steps.py): its
-        layout has its row at the group's, and plans.csv keeps the rows it had where no plan needs one."""
-        if plan.schedule_steps == state.group.schedule_steps:
+        layout has its row at its entry k, and plans.csv keeps the rows it had where no plan needs one."""
+        if schedule_steps.enters(plan, state.group.schedule_steps):
             self.search._append_pruned(plan, key)
 
     def _done(self, state: _Choice) -> None:
@@ -334,8 +334,8 @@ def _least_floor(search: Any, item: tuple) -> float:
 
 def _fields(base: Plan) -> dict:
     """The Group.plan arguments of a stage option (member_bounds.options' plan without ZeRO or stages)."""
-    overlap = base.tp_comm_overlap
-    return dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_overlap=overlap)
+    fields = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, steps=base.schedule_steps)
+    return {**fields, "tp_overlap": base.tp_comm_overlap}  # steps: its entry k (solve/schedule_steps.py)
 
 
 def _own_times(search: Any, plan: Plan, rebound: _Rebound) -> bool:

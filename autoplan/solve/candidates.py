@@ -138,12 +138,14 @@ class Group:
         stages: list | None = None,
         tp_overlap: bool = False,
         grads: space.GradSync = space.EXACT,
+        steps: int = 0,
     ) -> Plan:
         """A Plan of this group, unchecked (Plan.unchecked): most are read only by a lower bound and pruned;
         the search checks the ones it prices (Plan.checked). Every choice comes from solve/space.py's rules,
         which offer only what a Plan accepts (tests/unit/solve/test_unchecked_plans.py). Made as a copy of
         :meth:`_template` with these fields, each plan with its own lists and dicts: the plan Plan.unchecked makes
-        of the same keywords (tests/unit/solve/test_group_plans.py), several times cheaper."""
+        of the same keywords (tests/unit/solve/test_group_plans.py), several times cheaper. ``steps``: its schedule
+        steps where not the group's (a schedule's entry k: solve/schedule_steps.py)."""
         plan = Plan.__new__(Plan)  # as Plan.unchecked makes it: no __init__, no checks
         fields, template = plan.__dict__, self._template.__dict__
         fields.update(template)
@@ -152,6 +154,8 @@ class Group:
         fields.update(schedule=schedule, virtual_stages=v, recompute=recompute, tp_comm_overlap=tp_overlap)
         fields.update(_dp_fields(zero, grads))
         fields.update(tp_plan=tp_plan, model=model, profile=profile, stages=stages or [])
+        if steps:
+            fields["schedule_steps"] = steps
         return plan
 
     def plans(self, dp_choices: list, **kw) -> list[Plan]:

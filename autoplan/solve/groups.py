@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.errors import PlanError
-from autoplan.solve import expert_layout, space
+from autoplan.solve import expert_layout, schedule_steps, space
 from autoplan.solve.candidates import Group
 from autoplan.solve.context_parallel import folds_into_dp, variant_options
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
@@ -63,9 +63,8 @@ def bounded_groups(search: Any) -> list[tuple[float, Any]]:
                     m, k = opts.batch_size // (deg.dp * mbs), search.fixes.get("schedule_steps", 1)
                     if k > 1 and (deg.pp == 1 or m % k):  # pinned schedule steps: a pipeline of k steps of m / k
                         continue
-                    schedules = space.schedule_options(  # the schedules one schedule step's m / k runs
-                        pp=deg.pp, layers=layers, num_microbatches=m // k, fixes=search.fixes, runtime=opts.runtime
-                    )
+                    schedules = [(s, v) for s, v, _ in schedule_steps.schedule_entries(  # m / k's, or a larger k's
+                        pp=deg.pp, layers=layers, m=m, k=k, fixes=search.fixes, runtime=opts.runtime)]  # fmt: skip
                     if not schedules:
                         continue
                     share = search.bounds.zero_bubble_share(tp=deg.tp, precision=precision, mbs=mbs, cp=deg.cp)

@@ -36,15 +36,14 @@ def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, 
     share = search.bounds.zero_bubble_share(tp=deg.tp, precision=g.precision, mbs=g.mbs, cp=deg.cp)
     per_microbatch_s, adam_s = search.bound_parts_s(g)
     offload = None  # whether the group's plans may offload activations (StageCosts.bubble_floor)
-    for overlap, recompute, (schedule, v) in search._stage_options(g):
-        base = g.plan(
-            recompute=recompute, schedule=schedule, v=v, zero=0, tp_plan=choice.tp_plan, tp_overlap=overlap, **names
-        )
+    for overlap, recompute, (schedule, v, steps) in search._stage_options(g):
+        kw = dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap, steps=steps)
+        base = g.plan(zero=0, tp_plan=choice.tp_plan, **kw, **names)
         if (schedule, v) not in own_bounds:
             b = g.least_bubble([(schedule, v)], pp=deg.pp, share=share)
             own_bounds[schedule, v] = max(bound, search.objective((g.m + b) * per_microbatch_s + adam_s, deg.devices))
         if search._beaten(own := own_bounds[schedule, v]):  # every ZeRO choice of it: one row
-            pruned.append((own, dict(recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)))
+            pruned.append((own, _known(g, steps, recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)))
             continue
         pp_comm_s = search.bounds.pp_comm_s(base)  # (2)'s sends: the same for each ZeRO choice
         if offload is None:  # the same for every member: tp, cp, ep, compile, runtime
@@ -63,6 +62,7 @@ def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choi
     pp_s, offload = sends
     kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
     kw.update(tp_overlap=base.tp_comm_overlap, model=search.graph.model_name, profile=search.profile.name)
+    kw.update(steps=base.schedule_steps)
     shared = _per_overlap(search, g, base, dp_choices, extras, kw)
     made: list[Plan] = []
 
@@ -82,6 +82,11 @@ def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choi
     return [max(bound, search.objective(core_s + extra_s, g.degrees.devices)) for extra_s in shared.extras_s]
 
 
+def _known(g: Group, steps: int, **fields) -> dict:
+    """The row fields of a stage option its bound prunes: its schedule steps where not the group's (config_of's)."""
+    return {**fields, "schedule_steps": steps} if steps != g.schedule_steps else fields
+
+
 @dataclass(frozen=True)
 class _Shared:
     """What every stage option of one tp_plan and tp overlap shares, by ZeRO choice (:func:`_per_overlap`)."""
@@ -97,7 +102,7 @@ def _per_overlap(search: Any, g: Group, base: Plan, dp_choices: list, extras: di
     stages), which Bounds.step_extras_s, stage_params_floor and states_floor_bytes do not read
     (tests/unit/solve/test_search_memos.py varies each)."""
     if (key := base.tp_comm_overlap) not in extras:
-        plans = g.plans(dp_choices, **kw)
+        plans = g.plans(dp_choices, **{**kw, "steps": 0})  # at the group's k, the least (_group_steps)
         params = search.bounds.stage_params_floor(base)  # each extra rises with the stage's parameters
         extras_s = [search.bounds.step_extras_s(p, stage_params=params, params_floor=params) for p in plans]
         states = tuple(search.bounds.states_floor_bytes(p) for p in plans)
@@ -130,8 +135,14 @@ def member_bound(search: Any, g: Group, plan: Plan, at: tuple, extras: dict) -> 
     core_s = (g.m + _steps_bubble(search, g, plan, offload, extras)) * max(times) + pp_comm_s
     core_s -= moe_overlap.hideable_s(search.stage_costs, plan, search.fixes)  # its overlapped twin's
     if (key := (plan.tp_comm_overlap, i, max(params))) not in extras:  # as in whatever_the_stages
-        extras[key] = search.bounds.step_extras_s(plan, stage_params=max(params))
+        extras[key] = search.bounds.step_extras_s(_group_steps(g, plan), stage_params=max(params))
     return max(own, search.objective(core_s + extras[key], g.degrees.devices))
+
+
+def _group_steps(g: Group, plan: Plan) -> Plan:
+    """``plan`` at its group's schedule steps, where the memos of step_extras_s read it: a larger k sends ZeRO-2/3's
+    per-step messages k times (cost/dp/sync.py), so the group's k bounds every k of its members."""
+    return plan if plan.schedule_steps == g.schedule_steps else schedule_steps.with_steps(plan, g.schedule_steps)
 
 
 def _steps_bubble(search: Any, g: Group, plan: Plan, offload: bool, extras: dict) -> float:

@@ -15,7 +15,8 @@ member at the next k whose memory floors (one schedule step's) fit, keyed by its
 (solve/member_bounds.py ``steps_bound``), so it is priced only where that bound is not beaten. A member whose
 floors exceed the device at k = 1 is searched at the first k whose floors fit. Only where k is not pinned, on a
 pipeline, under a runtime that runs torch's schedules (TORCH_PIPELINES), at the k whose m / k the plan's schedule
-runs (Plan's checks); a schedule that runs m / k but not m is offered only under a pin.
+runs (Plan's checks). A schedule that runs m / k but not m (interleaved_zb: torch's max(1, m // p) rounds must
+divide m, types/schedules.py) enters at its least such k (:func:`schedule_entries`), partitioned there.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from autoplan.errors import PlanError
 from autoplan.solve import activation_offload
 from autoplan.solve.candidates import config_of
+from autoplan.solve.schedules import schedule_options
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import check_schedule_steps
 from autoplan.types.schedules import TORCH_PIPELINES, check_schedule
@@ -34,6 +36,36 @@ from autoplan.types.schedules import TORCH_PIPELINES, check_schedule
 def searched(fixes: dict, runtime: str) -> bool:
     """Whether the search offers k > 1 of its own: k not pinned, a runtime that runs torch's schedules."""
     return "schedule_steps" not in fixes and runtime in TORCH_PIPELINES
+
+
+def schedule_entries(*, pp: int, layers: int, m: int, k: int, fixes: dict, runtime: str) -> tuple:
+    """(schedule, virtual stages, entry k) of a group of ``m`` micro-batches at ``k`` schedule steps: its schedules
+    at m / k (solve/schedules.py) entering at k; where the search offers k > 1 (:func:`searched`), on a pipeline,
+    each schedule that runs no smaller j's m / j enters at the least j that divides m whose m / j it runs."""
+    pins = tuple((name, fixes[name]) for name in ("schedule", "v") if name in fixes)
+    return _entries(pp, layers, m, k, pins, runtime, pp > 1 and searched(fixes, runtime))
+
+
+@functools.lru_cache(maxsize=4096)
+def _entries(pp: int, layers: int, m: int, k: int, pins: tuple, runtime: str, stepped: bool) -> tuple:
+    """:func:`schedule_entries` by what it reads (``pins``: the schedule and v pins schedule_options reads)."""
+    found: dict = {}
+    for j in (j for j in range(k, m + 1) if m % j == 0) if stepped else (k,):
+        for sv in schedule_options(pp=pp, layers=layers, num_microbatches=m // j, fixes=dict(pins), runtime=runtime):
+            found.setdefault(sv, j)
+    return tuple((s, v, j) for (s, v), j in found.items())
+
+
+def entry_steps(plan: Plan, k: int) -> int:
+    """The least schedule steps j >= ``k`` (its group's) whose m / j ``plan``'s schedule runs: where its member
+    enters the search (:func:`schedule_entries`); ``k`` where none does (pp = 1, or another runtime)."""
+    found = _larger_steps(plan.num_microbatches, k - 1, plan.pp, plan.virtual_stages, plan.schedule, plan.runtime)
+    return found[0] if found else k
+
+
+def enters(plan: Plan, k: int) -> bool:
+    """Whether ``plan`` is its member's entry into the search (:func:`entry_steps`) in a group of ``k`` steps."""
+    return plan.schedule_steps == k or plan.schedule_steps == entry_steps(plan, k)
 
 
 def larger_steps(plan: Plan) -> tuple[int, ...]:

@@ -218,23 +218,21 @@ class Search:
     def _append_pruned(self, plan: Plan, sub: float) -> None:
         self.candidates.append(candidates.pruned_row(config_of(plan), sub, top=-self._top[0], keep=self.options.keep))
 
-    def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int]]]:
-        """(tp_comm_overlap, recompute, (schedule, v)) choices of a group: what sets its stage times."""
+    def _stage_options(self, g: Group) -> list[tuple[bool, str, tuple[str, int, int]]]:
+        """(tp_comm_overlap, recompute, (schedule, v, entry k)) choices of a group: what sets its stage times; a
+        schedule that runs m / k but not m enters at that k (schedule_steps.schedule_entries)."""
         deg, layers = g.degrees, len(self.graph.layers)
         if (key := (deg.tp, deg.pp, g.sp, g.m, g.schedule_steps)) not in self._stage_memo:
+            entries = schedule_steps.schedule_entries(
+                pp=deg.pp, layers=layers, m=g.m, k=g.schedule_steps, fixes=self.fixes, runtime=self.options.runtime
+            )
             self._stage_memo[key] = [
-                (overlap, recompute, sv)
+                (overlap, recompute, entry)
                 for overlap in space.tp_overlap_options(
                     profile=self.profile, tp=deg.tp, sequence_parallel=g.sp, fixes=self.fixes
                 )
                 for recompute in space.recompute_options(fixes=self.fixes, layers=layers)
-                for sv in space.schedule_options(  # those one schedule step's m / k runs (types/schedule_steps.py)
-                    pp=deg.pp,
-                    layers=layers,
-                    num_microbatches=g.m // g.schedule_steps,
-                    fixes=self.fixes,
-                    runtime=self.options.runtime,
-                )
+                for entry in entries
             ]
         return self._stage_memo[key]
 

@@ -6,6 +6,7 @@ the stage parameters' floor (member_bounds._per_overlap), which must read none o
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import Search
 
 
@@ -23,7 +24,7 @@ def test_step_extras_read_no_schedule_recompute_or_stages():
         for zero, grads in search._dp_choices(g.degrees):
             for overlap in {o for o, _, _ in options}:
                 floored, unfloored, states = set(), set(), set()
-                for _, recompute, (schedule, v) in [item for item in options if item[0] == overlap]:
+                for _, recompute, (schedule, v, _) in [item for item in options if item[0] == overlap]:  # at g's k
                     kw = dict(recompute=recompute, schedule=schedule, v=v, zero=zero, grads=grads, **names)
                     plan = g.plan(tp_plan=tp_plan, tp_overlap=overlap, **kw)
                     staged = g.plan(tp_plan=tp_plan, tp_overlap=overlap, stages=search._stages(plan), **kw)
@@ -100,3 +101,38 @@ def test_a_members_states_floor_is_its_options_and_the_pass_reads_no_other(monke
     monkeypatch.setattr(Search, "_over_floor", over_counted)
     assert search.run().best is not None
     assert counts["over"] > 500 and counts["members"] > counts["over"] and counts["by the pass"] == 0, counts
+
+
+def test_step_extras_are_read_at_the_groups_schedule_steps(monkeypatch):
+    """member_bounds' step_extras_s memos (_per_overlap, member_bound's) key no schedule steps, and a member may enter
+    at a larger k (interleaved_zb at m / k only: solve/schedule_steps.py): a larger k sends ZeRO-2/3's per-step
+    messages k times (its extras no less, more for some), so both read the plan at the group's k, a floor of every
+    k of its members. Here every member enters at k = 2 (30 micro-batches, schedule pinned)."""
+    from autoplan.solve import member_bounds
+    from autoplan.solve.schedule_steps import larger_steps, with_steps
+
+    graph = synthetic_gpt(layers=4, hidden=512, heads=8, vocab=1024, seq=256, batch=60)
+    fixes = parse_fixes("tp=1,pp=4,mbs=1,schedule=interleaved_zb")
+    options = SearchOptions(devices=8, batch_size=60, fixes=fixes)
+    search = Search(graph, synthetic_profile(memory_bytes=4 * 2**30), options)
+    plain, bounded, read, members = search.bounds.step_extras_s, member_bounds.member_bound, [], []
+
+    def extras(plan, **kw):
+        read.append(plan.schedule_steps)
+        return plain(plan, **kw)
+
+    def bound(search_, g, plan, *args):
+        members.append(plan)
+        return bounded(search_, g, plan, *args)
+
+    monkeypatch.setattr(search.bounds, "step_extras_s", extras)
+    monkeypatch.setattr(member_bounds, "member_bound", bound)
+    assert search.run().best.schedule_steps > 1
+    assert members and min(p.schedule_steps for p in members) == 2 and set(read) == {1}
+    rises = []
+    for plan in {p.zero_stage: p for p in members}.values():  # each ZeRO stage's: at 1 no more than at any k
+        one = plain(with_steps(plan, 1), stage_params=1e8)
+        costs = [plain(with_steps(plan, k), stage_params=1e8) for k in (2, *larger_steps(plan))]
+        assert all(c >= one for c in costs), plan.describe()
+        rises.append(costs[-1] > one)
+    assert any(rises)
