@@ -140,25 +140,27 @@ def stage_memory(
     peak = W + O + max(M1, M2, M3)
     """
     grads = states.grads_bytes
+    held = in_flight * saved_bytes + transient_bytes
     kept = in_flight_after * saved_bytes
-    moments = (  # (grads, activations, buffers) of M1, M2, M3
-        (grads if grads_persist else 0.0, in_flight * saved_bytes + transient_bytes, buffers_bytes),
-        (grads, kept + transient_bytes, buffers_bytes)
-        if transient_bytes >= scatter_bytes - last_block_bytes
-        else (grads, kept - last_block_bytes, buffers_bytes + scatter_bytes),  # the block's activations freed
-        (grads, 0.0, sync_bytes),
-    )
-    m1 = in_flight * saved_bytes + transient_bytes + buffers_bytes + (grads if grads_persist else 0.0)
+    m1 = held + buffers_bytes + (grads if grads_persist else 0.0)
     m2 = kept + grads + max(transient_bytes, scatter_bytes - last_block_bytes) + buffers_bytes
     m3 = grads + sync_bytes
-    peak = moments[(m1, m2, m3).index(max(m1, m2, m3))]
+    most = max(m1, m2, m3)  # one of the three objects: the first of them at the largest
+    if most is m1:  # (grads, activations, buffers) of the moment at the peak
+        peak = (grads if grads_persist else 0.0, held, buffers_bytes)
+    elif most is m2 and transient_bytes >= scatter_bytes - last_block_bytes:
+        peak = (grads, kept + transient_bytes, buffers_bytes)
+    elif most is m2:  # the block's activations freed
+        peak = (grads, kept - last_block_bytes, buffers_bytes + scatter_bytes)
+    else:
+        peak = (grads, 0.0, sync_bytes)
     return StageMemory(
         weights_bytes=states.weights_bytes,
         grads_bytes=grads,
         optimizer_bytes=states.optimizer_bytes,
-        activations_bytes=in_flight * saved_bytes + transient_bytes,
+        activations_bytes=held,
         buffers_bytes=buffers_bytes + max(scatter_bytes, sync_bytes),
-        peak_bytes=states.weights_bytes + states.optimizer_bytes + max(m1, m2, m3),
+        peak_bytes=states.weights_bytes + states.optimizer_bytes + most,
         at_peak_bytes=(states.weights_bytes, peak[0], states.optimizer_bytes, peak[1], peak[2]),
     )
 

@@ -17,6 +17,7 @@ from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.dp.compression import PowerSGDTraffic
 from autoplan.cost.dp.local_sgd import outer_buffer_bytes, with_outer_state
 from autoplan.cost.memory.activation_offload import record_activation_offload
+from autoplan.cost.memory.in_flight_floor import schedule_key
 from autoplan.cost.memory.offload import HOST_BYTES_PER_PARAM, host_shortfall, slice_params
 from autoplan.cost.memory.per_device import (
     ModelStates,
@@ -50,6 +51,7 @@ class _PlanFacts(NamedTuple):
     single_slots: bool  # torch's 1F1B or GPipe receive slots, priced beside the buffers (_single_chunk_slots)
     outer_state: bool  # DiLoCo's outer optimizer keeps state per parameter (cost/dp/local_sgd.py with_outer_state)
     local_sgd: bool  # an outer sync, with its flat copy after the step (local_sgd.py outer_buffer_bytes)
+    schedule: tuple  # what a stage's held counts read of the plan (cost/memory/in_flight_floor.py schedule_key)
 
 
 class PlanMemory:
@@ -76,6 +78,7 @@ class PlanMemory:
             single_slots=torch_slots(plan) and not replays_memory(plan),
             outer_state=bool(outer_state_bytes_per_param(plan)),
             local_sgd=is_local_sgd(plan),
+            schedule=schedule_key(plan),
         )
         return [
             self._stage_memory(plan, index, stage, held, facts, whole)
@@ -93,7 +96,7 @@ class PlanMemory:
     ) -> StageMemory:
         reduce_bytes = whole.reduce_bytes
         last_block_bytes, block_params, block_trainable = facts.blocks(stage)
-        in_flight, in_flight_after, pending, sent, transient = facts.held(plan, index, stage)
+        in_flight, in_flight_after, pending, sent, transient = facts.held(plan, index, stage, whole.schedule)
         states = self._states(plan, stage)
         return stage_memory(
             states=with_outer_state(states, plan, stage) if whole.outer_state else states,  # DiLoCo's, if any

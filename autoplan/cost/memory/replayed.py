@@ -45,14 +45,21 @@ def _per_group(plan: Plan, index: int, by_chunk: dict[int, float], total: float)
     """Each chunk group's bytes of one of its chunks (rank_memory.py ``chunk_groups``: the middle chunks' mean)
     and the chunks in each group; an even share of ``total`` where the stage has no split (a StageTotals built
     without chunks)."""
-    where = dict(schedule=plan.schedule, pp=plan.pp, virtual_stages=plan.virtual_stages, rank=index)
-    group, sizes = chunk_groups(**where), group_sizes(**where)
+    pairs, sizes = _groups(plan.schedule, plan.pp, plan.virtual_stages, index)
     if not by_chunk:
-        return [total / len(group)] * len(sizes), sizes
+        return [total / len(pairs)] * len(sizes), sizes
     sums = [0.0] * len(sizes)
-    for chunk, g in group.items():
+    for chunk, g in pairs:
         sums[g] += by_chunk.get(chunk, 0.0)
     return [b / n for b, n in zip(sums, sizes)], sizes
+
+
+@lru_cache(maxsize=4096)
+def _groups(schedule: str, pp: int, virtual_stages: int, rank: int) -> tuple[tuple[tuple[int, int], ...], tuple]:
+    """rank_memory.py ``chunk_groups`` as (chunk, group) pairs in its order, and ``group_sizes``, memoised on
+    positional arguments: a search reads them for each stage whose held counts it prices."""
+    where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
+    return tuple(chunk_groups(**where).items()), group_sizes(**where)
 
 
 def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, float, float, float]:
@@ -61,14 +68,14 @@ def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, fl
     saved, _ = _per_group(plan, index, stage.chunk_saved_bytes, stage.saved_bytes)
     kept, sizes = _per_group(plan, index, stage.chunk_held_bytes, stage.wgrad_held_bytes)
     kept[-1] = max(0.0, kept[-1] - stage.loss_saved_bytes)  # the loss's chunk, last: its saved tensors freed at B
-    weights = (*saved, *kept, *stage.held_boundary_bytes, stage.loss_grad_bytes)
-    state = _peak(tuple(_key(plan, index).values()), weights)
+    tensors, grads = stage.held_boundary_bytes
+    weights = (*saved, *kept, tensors, grads, stage.loss_grad_bytes)
+    state = _peak((plan.schedule, plan.pp, plan.virtual_stages, plan.num_microbatches, index), weights)
     g, v = len(saved), plan.virtual_stages
     held_bytes = sum(n * s for n, s in zip(state[:g], saved))
     kept_bytes = sum(n * k for n, k in zip(state[g : 2 * g], kept))
     held = held_bytes / stage.saved_bytes if stage.saved_bytes else sum(state[:g]) / v
     pending = kept_bytes / stage.wgrad_held_bytes if stage.wgrad_held_bytes else sum(state[g : 2 * g]) / v
-    tensors, grads = stage.held_boundary_bytes
     sent = boundary_held_bytes(state[2 * g], state[2 * g + 1], boundary_bytes=tensors, grad_bytes=grads)
     return held, pending, sent, stage.loss_grad_bytes * state[2 * g + 2]
 

@@ -55,7 +55,7 @@ def block_facts(stage: StageTotals) -> tuple[float, float, float]:
 class UnsharedStages:
     """:func:`held` and :func:`block_facts` computed at each call: for stage totals a caller may edit."""
 
-    def held(self, plan: Plan, index: int, stage: StageTotals) -> Held:
+    def held(self, plan: Plan, index: int, stage: StageTotals, key: tuple | None = None) -> Held:
         return held(plan, index, stage)
 
     def blocks(self, stage: StageTotals) -> tuple[float, float, float]:
@@ -69,8 +69,9 @@ class SharedStageMemo:
         self._held: dict[tuple, tuple[StageTotals, Held]] = {}
         self._blocks: dict[int, tuple[StageTotals, tuple[float, float, float]]] = {}
 
-    def held(self, plan: Plan, index: int, stage: StageTotals) -> Held:
-        key = (id(stage), index, schedule_key(plan))
+    def held(self, plan: Plan, index: int, stage: StageTotals, key: tuple | None = None) -> Held:
+        """``key``: ``schedule_key(plan)``, where the caller took it once for all its stages."""
+        key = (id(stage), index, schedule_key(plan) if key is None else key)
         if (hit := self._held.get(key)) is None or hit[0] is not stage:
             self._held[key] = hit = (stage, held(plan, index, stage))
         return hit[1]

@@ -81,21 +81,38 @@ def merge_sent(rows: np.ndarray) -> np.ndarray:
 
 
 def _most_sent(rows: np.ndarray, *, sent: int) -> np.ndarray:
-    """Of the rows with equal counts but ``sent``, the one with the most sent."""
+    """Of the rows with equal counts but ``sent``, the one with the most sent, in the order of their counts: read as
+    one number each (:func:`_packed`, sent last, its least significant place), sorted, the last of each run of equal
+    counts (the number's quotient by sent's radix)."""
     order = [*range(sent), *range(sent + 1, rows.shape[1]), sent]  # sent last: sorting puts it last in its counts
-    rows = distinct_rows(rows[:, order])
+    rows = rows[:, order]
+    if (packed := _packed(rows)) is None:
+        rows = np.unique(rows, axis=0)
+        last_of_counts = np.ones(len(rows), dtype=bool)
+        last_of_counts[:-1] = (rows[1:, :-1] != rows[:-1, :-1]).any(axis=1)
+        return rows[last_of_counts][:, np.argsort(order)]
+    numbers, radix = packed
+    rising = np.argsort(numbers, kind="stable")
+    counts = numbers[rising] // radix[-1]
     last_of_counts = np.ones(len(rows), dtype=bool)
-    last_of_counts[:-1] = (rows[1:, :-1] != rows[:-1, :-1]).any(axis=1)
-    return rows[last_of_counts][:, np.argsort(order)]
+    last_of_counts[:-1] = counts[1:] != counts[:-1]
+    return rows[rising[last_of_counts]][:, np.argsort(order)]
 
 
 def distinct_rows(rows: np.ndarray) -> np.ndarray:
-    """The distinct rows of ``rows`` in lexicographic order, as ``np.unique(rows,
-    axis=0)`` returns them: each row read as one number in the mixed radix of its columns' largest counts plus
-    one, which sorts as the row does, where no count is negative and that number fits in 62 bits."""
+    """The distinct rows of ``rows`` in lexicographic order, as ``np.unique(rows, axis=0)`` returns them, by their
+    numbers (:func:`_packed`) where they have them."""
+    if (packed := _packed(rows)) is None:
+        return np.unique(rows, axis=0)
+    _, first = np.unique(packed[0], return_index=True)
+    return rows[first]
+
+
+def _packed(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each row read as one number in the mixed radix of its columns' largest counts plus one, which sorts as the
+    row does, and those radices; None where a count is negative or a number would not fit in 62 bits."""
     radix = rows.max(axis=0, initial=0) + 1
     if rows.min(initial=0) < 0 or float(np.prod(radix.astype(np.float64))) >= 2.0**62:
-        return np.unique(rows, axis=0)
+        return None
     place = np.cumprod(np.concatenate([radix[1:], [1]])[::-1])[::-1]  # place[i] = prod(radix[i + 1:])
-    _, first = np.unique(rows @ place, return_index=True)
-    return rows[first]
+    return rows @ place, radix

@@ -11,7 +11,7 @@ import pytest
 
 from autoplan.cost.pp import rank_memory
 from autoplan.cost.pp.looped_orders import KINDS, looped_halves, looped_order
-from autoplan.cost.pp.order_states import distinct_rows
+from autoplan.cost.pp.order_states import _most_sent, distinct_rows
 from autoplan.cost.pp.rank_memory import frontier, peak_state, rank_states, rank_states_walk, row_matrix
 from autoplan.cost.pp.replay import held_at_peak, held_states
 from autoplan.types.schedules import V_SCHEDULES, zero_bubble_rounds
@@ -141,6 +141,22 @@ def test_distinct_rows_are_numpys_unique_rows(high):
     rows = rng.integers(min(0, high), max(1, high), size=(50, 3))
     rows = np.concatenate([rows, rows[:10]])
     assert np.array_equal(distinct_rows(rows), np.unique(rows, axis=0))
+
+
+@pytest.mark.parametrize("high", [4, 2**40, -3])
+@pytest.mark.parametrize("sent", [0, 2, 4])
+def test_most_sent_keeps_the_rows_most_sent_per_counts_in_their_order(high, sent):
+    """order_states.py ``_most_sent`` by sorting packed rows (and numpy's rows where they do not pack), against its
+    definition: of the rows equal but in column ``sent``, the one with the most, ordered by the other counts."""
+    rng = np.random.default_rng(2)
+    rows = rng.integers(min(0, high), max(1, high), size=(80, 5))
+    rows = np.concatenate([rows, rows[:10], rows[10:30] * [1, 1, 1, 1, 0] + [0, 0, 0, 0, 1]])  # ties, other sents
+    most: dict[tuple, int] = {}
+    for row in rows.tolist():
+        counts = (*row[:sent], *row[sent + 1 :])
+        most[counts] = max(most.get(counts, row[sent]), row[sent])
+    expected = [(*counts[:sent], n, *counts[sent:]) for counts, n in sorted(most.items())]
+    assert _most_sent(rows, sent=sent).tolist() == [list(row) for row in expected]
 
 
 def test_held_at_peak_is_the_greatest_of_the_held_states():
