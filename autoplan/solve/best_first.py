@@ -325,11 +325,13 @@ class Pass:
 
 def _least_floor(search: Any, item: tuple) -> float:
     """The least floor of what pricing a held plan (``item``: floor, plan, bound, why) prices: the plan's, and its
-    all-to-all's overlapped twin's where it has one (Search._evaluate prices that beside it)."""
+    all-to-all's overlapped twin's where it has one (Search._evaluate prices that beside it); each the larger of its
+    held floor and its own stages' (solve/stage_floor.py)."""
     floor, plan = item[0], item[1]
+    floor = max(floor, search.stage_floors.floor_bytes(plan))
     if (twin := moe_overlap.overlapped_twin(plan, search.fixes)) is None:
         return floor
-    return min(floor, search.held_floor_bytes(twin)[0])
+    return min(floor, max(search.held_floor_bytes(twin)[0], search.stage_floors.floor_bytes(twin)))
 
 
 def _fields(base: Plan) -> dict:

@@ -1,0 +1,85 @@
+"""A floor on the peak of a plan whose stages are known: cost/memory/in_flight_floor.py's per-device bound read
+on the plan's own partition, not weighted over every partition (docs/ilp.md, "Memory floor").
+
+On every pipeline device k, CostModel's peak is at least its moment M2 (cost/memory/per_device.py stage_memory):
+
+    peak >= max_k ( states(P_k) + n'_k S_k + p_k D_k )
+
+with P_k the dense parameters of the blocks device k holds (and the nodes before the first block on device 0, those
+after the last on the loss's device, as StageCosts.stage_totals places them), states() their model states at the
+fewest of them trainable (Bounds.trained_floor), n'_k and p_k device k's micro-batches in flight after its first
+backward and W owed (in_flight_floor.device_counts), S_k and D_k its blocks' kept activations and kept output
+gradients per micro-batch at floor_context (StageCosts.kept_bytes_total's terms, block by block). Where the search may
+price the plan with its activations on the host, or its schedule has no counts (a V schedule), the states alone.
+The harmonic floor spreads the activations over ~ln(pp) devices' worth; this one reads the fullest device's own:
+Pass._price_held orders the plans it prices for the TP retry by it, so it prices fewer
+(tests/unit/solve/test_held_floor_order.py checks it below every priced peak, and the retry's start unchanged).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoplan.cost import kept_bytes
+from autoplan.cost.memory.in_flight_floor import blocks_states_bytes, device_counts, schedule_key
+from autoplan.solve import activation_offload
+from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import schedule_step_plan
+from autoplan.types.schedules import plan_chunk_stages, plan_last_stage
+
+
+class StageFloors:
+    """:func:`stage_floor_bytes` of plans of one search, its per-block numbers memoised per tp_plan and context."""
+
+    def __init__(self, search: Any) -> None:
+        self.search = search
+        self._counts: dict[tuple, list | None] = {}  # device_counts by schedule_key
+        self._blocks: dict[tuple, tuple] = {}  # (tp_plan id, context, recompute, overlap) -> (tp_plan, per block)
+
+    def floor_bytes(self, plan: Plan) -> float:
+        """The module docstring's floor of ``plan`` (its stages set), bytes per device; 0 without stages."""
+        if not plan.stages:
+            return 0.0
+        plan, s = schedule_step_plan(plan), self.search
+        params, acts, owed, (pre, post) = self._per_block(plan)
+        counts = None
+        if not (plan.offload_activations or activation_offload.may_offload(plan, s.profile, s.fixes)):
+            if (key := schedule_key(plan)) not in self._counts:
+                self._counts[key] = device_counts(plan, every_schedule=True)
+            counts = self._counts[key]
+        devices = [[0.0, 0.0, 0.0] for _ in range(plan.pp)]  # dense parameters, kept bytes, kept output gradients
+        for stage, chunk in zip(plan_chunk_stages(plan, len(plan.stages)), plan.stages):
+            device = devices[stage]
+            device[0] += sum(map(params.__getitem__, chunk))
+            device[1] += sum(map(acts.__getitem__, chunk))
+            device[2] += sum(map(owed.__getitem__, chunk))
+        devices[0][0] += pre
+        devices[plan_last_stage(plan)][0] += post
+        floors = []
+        for k, (held, kept, wgrad) in enumerate(devices):
+            states = blocks_states_bytes(plan, block_params=held, trained=s.bounds.trained_floor(held))
+            n, p = counts[k] if counts else (0.0, 0.0)
+            floors.append(states + n * kept + p * wgrad)
+        return max(floors)
+
+    def _per_block(self, plan: Plan) -> tuple:
+        """({block: dense parameters}, {block: kept bytes}, {block: kept output gradients}, (pre, post parameters))
+        of ``plan``'s blocks at floor_context, under its recompute and tp overlap."""
+        stage_costs = self.search.stage_costs
+        ctx = stage_costs.floor_context(plan)
+        key = (id(plan.tp_plan), ctx.key, plan.recompute, plan.tp_comm_overlap)
+        hit = self._blocks.get(key)
+        if hit is None or hit[0] is not plan.tp_plan:  # the tp_plan held, so its id stays its own
+            model = stage_costs.cost_model
+            blocks = model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            pre, post = model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            hit = self._blocks[key] = (
+                plan.tp_plan,
+                (
+                    {layer: b.param_count - b.expert_param_count for layer, b in blocks.items()},
+                    {layer: kept_bytes(b, plan.recompute) for layer, b in blocks.items()},
+                    {layer: b.wgrad_held_bytes for layer, b in blocks.items()},
+                    (pre.param_count, post.param_count),
+                ),
+            )
+        return hit[1]
