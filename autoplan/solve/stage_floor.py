@@ -18,6 +18,7 @@ Pass._price_held orders the plans it prices for the TP retry by it, so it prices
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from autoplan.cost import kept_bytes
@@ -33,38 +34,46 @@ class StageFloors:
 
     def __init__(self, search: Any) -> None:
         self.search = search
+        self._at = {layer: i for i, layer in enumerate(search.graph.layers)}  # a block's place in the graph
         self._counts: dict[tuple, list | None] = {}  # device_counts by schedule_key
-        self._blocks: dict[tuple, tuple] = {}  # (tp_plan id, context, recompute, overlap) -> (tp_plan, per block)
+        self._blocks: dict[tuple, tuple] = {}  # (tp_plan id, context, recompute, overlap) -> (tp_plan, sums)
 
     def floor_bytes(self, plan: Plan) -> float:
-        """The module docstring's floor of ``plan`` (its stages set), bytes per device; 0 without stages."""
+        """The module docstring's floor of ``plan`` (its stages set), bytes per device; 0 without stages. The
+        model states are linear in the parameters and the trainable ones (cost/memory/per_device.py model_states),
+        so each device's are one parameter's coefficients times its counts."""
         if not plan.stages:
             return 0.0
         plan, s = schedule_step_plan(plan), self.search
-        params, acts, owed, (pre, post) = self._per_block(plan)
+        sums, (pre, post) = self._per_block(plan)
         counts = None
         if not (plan.offload_activations or activation_offload.may_offload(plan, s.profile, s.fixes)):
             if (key := schedule_key(plan)) not in self._counts:
                 self._counts[key] = device_counts(plan, every_schedule=True)
             counts = self._counts[key]
         devices = [[0.0, 0.0, 0.0] for _ in range(plan.pp)]  # dense parameters, kept bytes, kept output gradients
+        (params, kept, owed), at = sums, self._at
         for stage, chunk in zip(plan_chunk_stages(plan, len(plan.stages)), plan.stages):
+            first, last = at[chunk[0]], at[chunk[-1]] + 1
+            if last - first != len(chunk):  # not a run of the graph's blocks (the search's never are): no floor
+                return 0.0
             device = devices[stage]
-            device[0] += sum(map(params.__getitem__, chunk))
-            device[1] += sum(map(acts.__getitem__, chunk))
-            device[2] += sum(map(owed.__getitem__, chunk))
+            device[0] += params[last] - params[first]
+            device[1] += kept[last] - kept[first]
+            device[2] += owed[last] - owed[first]
         devices[0][0] += pre
         devices[plan_last_stage(plan)][0] += post
-        floors = []
+        weights = blocks_states_bytes(plan, block_params=1.0, trained=0.0)  # per parameter
+        trained = blocks_states_bytes(plan, block_params=1.0, trained=1.0) - weights  # per trainable one
+        floor, trained_floor = 0.0, s.bounds.trained_floor
         for k, (held, kept, wgrad) in enumerate(devices):
-            states = blocks_states_bytes(plan, block_params=held, trained=s.bounds.trained_floor(held))
             n, p = counts[k] if counts else (0.0, 0.0)
-            floors.append(states + n * kept + p * wgrad)
-        return max(floors)
+            floor = max(floor, weights * held + trained * trained_floor(held) + n * kept + p * wgrad)
+        return floor
 
     def _per_block(self, plan: Plan) -> tuple:
-        """({block: dense parameters}, {block: kept bytes}, {block: kept output gradients}, (pre, post parameters))
-        of ``plan``'s blocks at floor_context, under its recompute and tp overlap."""
+        """(prefix sums over the graph's blocks of their dense parameters, kept bytes and kept output gradients,
+        (pre, post parameters)) of ``plan``'s blocks at floor_context, under its recompute and tp overlap."""
         stage_costs = self.search.stage_costs
         ctx = stage_costs.floor_context(plan)
         key = (id(plan.tp_plan), ctx.key, plan.recompute, plan.tp_comm_overlap)
@@ -73,13 +82,10 @@ class StageFloors:
             model = stage_costs.cost_model
             blocks = model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             pre, post = model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-            hit = self._blocks[key] = (
-                plan.tp_plan,
-                (
-                    {layer: b.param_count - b.expert_param_count for layer, b in blocks.items()},
-                    {layer: kept_bytes(b, plan.recompute) for layer, b in blocks.items()},
-                    {layer: b.wgrad_held_bytes for layer, b in blocks.items()},
-                    (pre.param_count, post.param_count),
-                ),
-            )
+            parts = [
+                (b.param_count - b.expert_param_count, kept_bytes(b, plan.recompute), b.wgrad_held_bytes)
+                for b in map(blocks.__getitem__, self.search.graph.layers)
+            ]
+            sums = tuple(list(itertools.accumulate((p[j] for p in parts), initial=0.0)) for j in range(3))
+            hit = self._blocks[key] = (plan.tp_plan, (sums, (pre.param_count, post.param_count)))
         return hit[1]
