@@ -11,7 +11,7 @@ import math
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 
-from autoplan.solve import best_first
+from autoplan.solve import best_first, stage_floor
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import SENT, Search
@@ -36,7 +36,7 @@ def _run(monkeypatch, *, every_held: bool, own_stages: bool = True):
     with monkeypatch.context() as patch:
         patch.setattr(best_first, "memory_budget", recorded)
         if every_held:
-            patch.setattr(best_first, "_least_floor", lambda search, item: -math.inf)
+            patch.setattr(stage_floor, "least_floor", lambda search, item, twin: -math.inf)
         if not own_stages:
             patch.setattr(StageFloors, "floor_bytes", lambda self, plan: 0.0)
         search = Search(GRAPH, PROFILE, OPTIONS)
@@ -98,3 +98,29 @@ def test_the_floor_on_its_own_stages_is_below_every_peak_and_prices_fewer(runs, 
     _, alone, alone_budgets = held_floor_alone
     assert budgets == alone_budgets and ordered.best.describe() == alone.best.describe()
     assert _priced(ordered).keys() < _priced(alone).keys()
+
+
+def test_the_floors_are_read_lazily_in_the_order_of_reading_them_all(monkeypatch):
+    """stage_floor.floor_order yields each held plan's floor in the order of sorting them all, having read a plan's
+    floor on its own stages only once no plan of a lesser held floor is left: the first reads fewer."""
+    helds, real = [], best_first.Pass._price_held
+
+    def captured(self, state):
+        helds.append((self.search, list(state.held)))
+        return real(self, state)
+
+    monkeypatch.setattr(best_first.Pass, "_price_held", captured)
+    Search(GRAPH, PROFILE, OPTIONS).run()
+    assert helds
+    fewer = False
+    for search, held in helds:
+        every = [
+            (stage_floor.least_floor(search, it, stage_floor.held_floor(search, it)[1]), i) for i, it in enumerate(held)
+        ]
+        assert list(stage_floor.floor_order(search, held)) == sorted(every)
+        reads, floors = [], search.stage_floors
+        read = lambda plan: reads.append(plan) or StageFloors.floor_bytes(floors, plan)  # noqa: E731
+        monkeypatch.setattr(floors, "floor_bytes", read)
+        next(stage_floor.floor_order(search, held))
+        fewer |= len(reads) < len(held)
+    assert fewer
