@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from autoplan.cost import memory_budget
-from autoplan.solve import candidates, member_bounds, moe_overlap, schedule_steps
+from autoplan.solve import candidates, member_bounds, schedule_steps, stage_floor
 from autoplan.solve.candidates import Candidate, Group
 from autoplan.types.plan import Plan
 
@@ -268,16 +268,16 @@ class Pass:
             self._retry(state)
 
     def _price_held(self, state: _Choice) -> None:
-        """Price ``state``'s held plans in order of their floors (a twin's counted: :func:`_least_floor`) until the
-        least peak priced is below the next floor: every plan left peaks above it, so the retry's most frugal plan,
-        the first of the least peak in the order the plans were held, is priced (docs/ilp.md, "Memory floor").
-        The plans priced keep that order among the priced plans and the rows; the others stay held."""
+        """Price ``state``'s held plans in order of their floors (a twin's counted, each read lazily:
+        solve/stage_floor.py floor_order) until the least peak priced is below the next floor: every plan left
+        peaks above it, so the retry's most frugal plan, the first of the least peak in the order the plans were
+        held, is priced (docs/ilp.md, "Memory floor"). The plans priced keep that order among the priced plans and
+        the rows; the others stay held."""
         s, held, first_row, first_priced = self.search, state.held, len(self.search.candidates), len(state.priced)
-        floors = [_least_floor(s, item) for item in held]
         least = min((c.cost.peak_memory_bytes for c in state.priced), default=math.inf)
         rows, priced = {}, {}  # by the plan's place in ``held``: its rows, and those with a Cost
-        for i in sorted(range(len(held)), key=lambda i: (floors[i], i)):
-            if least < floors[i] * (1 - FLOOR_ROUNDING):
+        for floor, i in stage_floor.floor_order(s, held):
+            if least < floor * (1 - FLOOR_ROUNDING):
                 break
             row, known = len(s.candidates), len(state.priced)
             self._price(state, held[i][1], held[i][2])
@@ -321,15 +321,6 @@ class Pass:
             yield
         finally:
             self.search.budgets = budgets
-
-
-def _least_floor(search: Any, item: tuple) -> float:
-    """The least floor of what pricing a held plan (``item``: floor, plan, bound, why) prices: the plan's, and its
-    all-to-all's overlapped twin's where it has one (Search._evaluate prices that beside it)."""
-    floor, plan = item[0], item[1]
-    if (twin := moe_overlap.overlapped_twin(plan, search.fixes)) is None:
-        return floor
-    return min(floor, search.held_floor_bytes(twin)[0])
 
 
 def _fields(base: Plan) -> dict:

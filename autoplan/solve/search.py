@@ -50,6 +50,7 @@ from autoplan.solve.partitions import Partitions
 from autoplan.solve.pin_checks import check_option_pins
 from autoplan.solve.sparse_grads import keep_dp_choices, sparse_tables
 from autoplan.solve.stage_costs import StageCosts
+from autoplan.solve.stage_floor import StageFloors
 from autoplan.solve.tp_plan import TPChoice, TPPlanner
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -89,6 +90,7 @@ class Search:
         self.stage_costs = StageCosts(graph, profile, self.cost_model)
         self.bounds = Bounds(graph, profile, self.stage_costs)
         self.partitions = Partitions(graph, self.stage_costs, solver=options.solver)
+        self.stage_floors = StageFloors(self)  # held plans' floors on their own stages (solve/stage_floor.py)
         self._usable_bytes = usable_bytes(profile.device.memory_bytes)  # what CostModel calls feasible
         self.best: Candidate | None = None
         self._top: list[float] = []  # max-heap (negated) of the best `keep` feasible objectives

@@ -41,15 +41,26 @@ def schedule_weights(plan: Plan) -> tuple[float, float, float] | None:
     """(max_k n'_k, H = sum_k 1 / n'_k, min_k p_k / n'_k) of the module docstring; None where there is no floor
     (a V schedule, or a device holding no micro-batch). A V schedule's is None before any rank's count is read (each
     replays its order: cost/pp/replay.py)."""
-    if plan.schedule in V_SCHEDULES:
+    if (counts := device_counts(plan)) is None:
+        return None
+    held = [n for n, _ in counts]
+    return max(held), sum(1.0 / n for n in held), min(p / n for n, p in counts)
+
+
+def device_counts(plan: Plan, *, every_schedule: bool = False) -> list[tuple[float, float]] | None:
+    """(n'_k, p_k) of the module docstring for each pipeline device k: the micro-batches it holds after its first
+    backward and those whose W it still owes (a replayed stage's, ``held_floor``, whatever its chunks weigh); None
+    where the harmonic floor has none (a V schedule, or a device holding no micro-batch). ``every_schedule``: a V
+    schedule's too (replayed), and devices holding none as they are, for a floor read device by device
+    (solve/stage_floor.py)."""
+    if plan.schedule in V_SCHEDULES and not every_schedule:
         return None
     replayed = replays_memory(plan)
-    floors = [held_floor(plan, k) if replayed else (0.0, 0.0) for k in range(plan.pp)]
-    held = [f[0] if replayed else in_flight_after_first_backward(plan, k) for k, f in enumerate(floors)]
-    if min(held) <= 0:
-        return None
-    owed = min((floors[k][1] if replayed else pending_weight_grads(plan, k)) / n for k, n in enumerate(held))
-    return max(held), sum(1.0 / n for n in held), owed
+    if replayed:
+        counts = [held_floor(plan, k) for k in range(plan.pp)]
+    else:
+        counts = [(in_flight_after_first_backward(plan, k), pending_weight_grads(plan, k)) for k in range(plan.pp)]
+    return counts if every_schedule or min(n for n, _ in counts) > 0 else None
 
 
 def in_flight_floor_bytes(

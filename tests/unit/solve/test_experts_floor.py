@@ -33,6 +33,7 @@ def test_no_memory_floor_with_the_experts_states_exceeds_a_priced_moe_peak(exhau
         plan = c.plan
         assert bounds.experts.states_bytes(plan) > 0  # every plan holds routed experts
         floors = (bounds.states_floor_bytes(plan), bounds.memory_floor_bytes(plan), bounds.sends.floor_bytes(plan))
+        floors += (search.stage_floors.floor_bytes(plan),)  # on its own stages (solve/stage_floor.py)
         assert max(floors) <= c.cost.peak_memory_bytes * (1 + 1e-12), plan.describe()
 
 

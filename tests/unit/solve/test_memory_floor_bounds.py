@@ -43,14 +43,17 @@ def test_plans_whose_activations_overflow_are_set_aside_and_the_best_is_the_exha
 
 
 def test_the_memory_floor_never_exceeds_a_priced_peak(dense):
-    """The floor holds for every plan the exhaustive run priced: each recompute, schedule, ZeRO stage, tp
-    and partition (the memory-bounded repartitions and fitted recompute budgets among them)."""
+    """The floor, and the floor on a plan's own stages, hold for every plan the exhaustive run priced: each
+    recompute, schedule, ZeRO stage, tp and partition (the memory-bounded repartitions and fitted recompute budgets
+    among them)."""
     _, search, full = dense
     priced = [c for c in full.candidates if c.cost is not None]
     assert {c.plan.tp for c in priced} == {1, 2} and {c.plan.recompute for c in priced} >= {"none", "full"}
     for c in priced:
         floor = search.bounds.memory_floor_bytes(c.plan)
         assert floor <= c.cost.peak_memory_bytes, c.plan.describe()
+        stages_floor = search.stage_floors.floor_bytes(c.plan)  # on its own stages (solve/stage_floor.py)
+        assert stages_floor <= c.cost.peak_memory_bytes * (1 + 1e-12), c.plan.describe()
 
 
 def test_zero_bubble_with_routed_experts_is_bounded_and_the_best_is_the_exhaustive_one():
