@@ -8,6 +8,7 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``Bounds``: floors on its step-time terms and memory that the search prunes with (cost/bounds.py);
 - one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
+  ``ParamStepPrice`` and ``block_step_s``: what the step charges each split's parameters once a step;
 - one block of the pipeline partition: ``block_time_s``, ``rerun_s``, ``chunk_forward_reruns`` and
   ``plan_forward_reruns`` (a recomputed block's re-runs per chunk: cost/pp/reruns.py), ``kept_bytes``,
   ``state_bytes_per_param``,
@@ -29,6 +30,7 @@ from autoplan.cost.bounds import Bounds
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
 from autoplan.cost.dp.compression import check_rank, compresses_any
+from autoplan.cost.dp.param_step import ParamStepPrice, block_step_s
 from autoplan.cost.dp.sparse_embedding import summary as sparse_grad_summary
 from autoplan.cost.memory.alone import memory_alone
 from autoplan.cost.memory.per_device import usable_bytes
@@ -79,7 +81,9 @@ __all__ = [
     # one block's splits (the intra-op ILP)
     "BlockPrices",
     "MemoryBudget",
+    "ParamStepPrice",
     "analyse_block",
+    "block_step_s",
     "memory_budget",
     "price_block",
     "shard_dim",

@@ -80,6 +80,7 @@ class BlockPrices:
     sequence_parallel: bool = False
     block: BlockAnalysis | None = None  # the block's structure (layouts of pure nodes)
     dim_ties: list[tuple[str, str, str, str]] = field(default_factory=list)  # (u, w, kind_u, kind_w)
+    step_s: dict[str, dict[str, float]] = field(default_factory=dict)  # the ILP's step term (cost/dp/param_step.py)
 
     def evaluate(self, splits: dict[str, str]) -> tuple[float, float]:
         """(seconds, bytes) of ``splits``: the ILP's objective and memory row, evaluated directly."""
