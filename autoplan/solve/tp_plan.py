@@ -5,11 +5,13 @@ intra-op ILP (solve/intra_op.py) for the first block of every LayerGroup and for
 outside every block, then copies each representative's splits to the other members of its
 group position by position (members are structurally identical: same ops in the same order).
 A 96-layer GPT therefore costs one block ILP, not 96. Results are cached per choice (and per
-memory budget when the search asks for a memory-constrained solve). Under a choice, a block's prices
-(cost/tp/split_prices.py ``price_block``) read the graph, the block, the context (``TPContext.key``; the
-profile is the planner's), the forward re-runs and the budget's three factors, and its ILP's answer those prices
-and the block's byte limit: both are kept on exactly these, so budgets that differ only in another block's limit
-(the search's memory-constrained retries) price and solve the blocks they share once.
+memory budget when the search asks for a memory-constrained solve). A choice names its dtype policy
+(compute/dtypes.py), so splits are priced at the run dtypes the final price charges. Under a choice, a block's
+prices (cost/tp/split_prices.py ``price_block``) read the graph, the block, the context (``TPContext.key``, the
+policy in it; the profile is the planner's), the forward re-runs and the budget's three factors, and are kept on
+these; its ILP's answer reads those prices and the block's byte limit only, and is kept on the block, the prices'
+``fingerprint`` and the limit: budgets that differ only in another block's limit (the search's memory-constrained
+retries) solve the blocks they share once, and so do policies (or contexts) that price a block alike.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from autoplan.cost import BlockPrices, MemoryBudget, NodeTimes, TPContext, analyse_block, price_block, split_context
+from autoplan.cost.compute.dtypes import DtypePolicy
 from autoplan.solve.backend import SolveStatus
 from autoplan.solve.intra_op import BlockSolution, budget_infeasibility, solve_block
 from autoplan.types.frozen_tp_plan import FrozenTpPlan
@@ -60,8 +63,8 @@ class TPPlanner:
         self.solver, self.time_limit_s = solver, time_limit_s
         self.node_times = node_times or NodeTimes(graph, profile)  # op times, memoised across choices
         self._cache: dict[tuple, TPChoice] = {}
-        self._prices: dict[tuple, BlockPrices] = {}  # per block, context, re-runs and factors (module docstring)
-        self._answers: dict[tuple, BlockSolution | None] = {}  # per those and the block's byte limit
+        self._prices: dict[tuple, tuple] = {}  # (prices, fingerprint) per block, context, re-runs and factors
+        self._answers: dict[tuple, BlockSolution | None] = {}  # per block, fingerprint and byte limit (docstring)
         self.solves = 0  # the ILPs solved, each distinct one once
 
     def choose(
@@ -78,9 +81,11 @@ class TPPlanner:
         cp: int = 1,
         cp_variant: str = "allgather",
         fused: bool = False,
+        dtypes: DtypePolicy | None = None,
     ) -> TPChoice:
         """The tp_plan for one choice (cached); ``budget`` adds the memory row; under cp the block is
-        priced at a rank's 1/cp of the tokens, with its K,V exchange (split_context)."""
+        priced at a rank's 1/cp of the tokens, with its K,V exchange (split_context); ``dtypes`` the run's
+        dtype policy (compute/dtypes.py dtype_policy; None: every activation in ``precision``)."""
         ctx = split_context(
             self.graph,
             self.profile,
@@ -93,6 +98,7 @@ class TPPlanner:
             cp=cp,
             cp_variant=cp_variant,
             fused=fused,
+            dtypes=dtypes,
         )
         key = (*ctx.key, forward_repeats, budget)
         if key not in self._cache:
@@ -117,18 +123,19 @@ class TPPlanner:
                 else {}
             )
             key = (rep, *ctx.key, forward_repeats, *factors.values())
-            problem = self._prices.get(key)
-            if problem is None:
-                problem = self._prices[key] = price_block(
+            if key not in self._prices:
+                problem = price_block(
                     self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, node_times=self.node_times, **factors
                 )
+                self._prices[key] = problem, problem.fingerprint()
+            problem, fingerprint = self._prices[key]
             limit = None if budget is None else (budget.outside_bytes if rep is None else budget.block_bytes)
             why = (
                 budget_infeasibility(problem, limit)
                 if limit is not None and not (math.isinf(limit) and limit > 0)
                 else ""
             )
-            solution = None if why else self._answer(problem, (*key, limit), limit)
+            solution = None if why else self._answer(problem, (rep, fingerprint, limit), limit)
             if solution is None:
                 part = "the modules outside the blocks" if rep is None else f"block {rep}"
                 why = why or f"no splits of {part} fit its {limit / 2**30:.3g} GiB budget"
@@ -147,7 +154,7 @@ class TPPlanner:
         return choice
 
     def _answer(self, problem: BlockPrices, key: tuple, limit: float | None) -> BlockSolution | None:
-        """solve_block of ``problem`` within ``limit``, solved once per ``key`` (its prices' key and the limit)."""
+        """solve_block of ``problem`` within ``limit``, solved once per ``key`` (block, fingerprint, limit)."""
         if key not in self._answers:
             self.solves += 1
             self._answers[key] = solve_block(
