@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 
 from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, run_pricer, usable_bytes
+from autoplan.cost.compute.dtypes import DtypePolicy, policy_for
 from autoplan.errors import PlanError
 from autoplan.solve import (
     activation_offload,
@@ -167,12 +168,20 @@ class Search:
         """Whether ``choice`` splits no op at tp > 1 (unless tp is pinned): the group is pruned."""
         return g.degrees.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan)
 
-    def _choose(self, g: Group, budget: MemoryBudget | None = None) -> TPChoice:
+    def _choose(self, g: Group, budget: MemoryBudget | None = None, *, zero: int = 0) -> TPChoice:
+        """The group's tp_plan for its members of ZeRO stage ``zero``: priced in the run dtypes they run (the
+        dtype policy reads the stage: compute/dtypes.py), within ``budget`` when given."""
         deg, ilp = g.degrees, dict(sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs)
         ilp.update(fused=g.compile or self.runtime_fuses)  # element-wise ops priced as fused regions
         if deg.cp > 1:  # the block is priced at a rank's 1/cp of the tokens (split_context)
             ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
+        ilp.update(dtypes=self.dtype_policy(g, zero))
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
+
+    def dtype_policy(self, g: Group, zero: int) -> DtypePolicy | None:
+        """The dtype policy of the group's plans at ZeRO stage ``zero`` (compute/dtypes.py dtype_policy)."""
+        deg, backend = g.degrees, self.profile.backend
+        return policy_for(precision=g.precision, runtime=g.runtime, dp_cp=deg.dp_cp, zero_stage=zero, backend=backend)
 
     def _over_floor(self, plan: Plan, sub: float, too_big: list, held: list) -> bool:
         """Whether ``plan``'s memory floor sets it aside: its states alone (``too_big``), or with its activations or
