@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from synthetic import synthetic_profile
+from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost import CostModel
 from autoplan.cost.blocks import block_structure, summarise
@@ -118,16 +118,19 @@ def test_policies_that_price_a_block_alike_share_its_solve():
     assert solves == [3, 0, 2]
 
 
-def test_the_search_asks_one_ilp_per_dtype_policy_of_a_group(graph):
-    """Each member's tp_plan is the one its own dtype policy chooses; the ZeRO stages of one policy share it."""
-    profile = dataclasses.replace(synthetic_profile(intra_busbw_bytes_per_s=230e9), backend="nccl")
-    search = Search(graph, profile, SearchOptions(devices=4, batch_size=BATCH, fixes={"tp": 2, "precision": "bf16"}))
-    result = search.run()
-    priced = [c.plan for c in result.candidates if c.plan is not None and c.plan.tp > 1]
-    assert {dtype_policy(plan, backend="nccl").cast_params for plan in priced} == {False, True}
+def test_the_search_asks_one_ilp_per_dtype_policy_of_a_group():
+    """Each priced member's tp_plan is the one its own dtype policy chooses: on a GPT of a 32,000-word vocabulary at
+    tp = 2 with SP, the fp32 stream of ZeRO-0/1 makes the word embedding's reduce-scatter dear enough to replicate it
+    at 4 samples a micro-batch, while FSDP2's bf16 stream (ZeRO-2/3) keeps it rowwise: one group, two tp_plans."""
+    gpt = synthetic_gpt(layers=2, hidden=1024, heads=16, vocab=32000, seq=1024, batch=8)
+    profile = synthetic_profile(memory_bytes=24 * 2**30)
+    options = SearchOptions(devices=4, batch_size=8, fixes={"tp": 2, "sp": True, "precision": "bf16"}, keep=100)
+    priced = [c.plan for c in Search(gpt, profile, options).run().candidates if c.plan is not None]
+    embedding = {(plan.micro_batch_size, plan.zero_stage >= 2): set() for plan in priced}
     for plan in priced:
-        policy = dtype_policy(plan, backend="nccl")
-        kw = dict(dp=plan.dp, sequence_parallel=plan.sequence_parallel, fused=plan.compile)
-        fresh = TPPlanner(graph, profile).choose(**{**CHOICE, "micro_batch_size": plan.micro_batch_size}, **kw,
-                                                 dtypes=policy)  # fmt: skip
+        policy = dtype_policy(plan, backend=profile.backend)
+        kw = dict(dp=plan.dp, sequence_parallel=True, micro_batch_size=plan.micro_batch_size, fused=plan.compile)
+        fresh = TPPlanner(gpt, profile).choose(**{**CHOICE, **kw}, dtypes=policy)
         assert dict(plan.tp_plan) == dict(fresh.tp_plan), plan
+        embedding[plan.micro_batch_size, plan.zero_stage >= 2].add(plan.tp_plan["wte"])
+    assert embedding[4, False] == {"replicate"} and embedding[4, True] == {"rowwise"}
