@@ -310,7 +310,7 @@ class Pass:
         frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
         model = s.cost_model
         budget = memory_budget(model.graph, s.profile, plan=frugal.plan, cost=frugal.cost, node_times=model.node_times)
-        retry = s._choose(state.group, budget=budget, zero=frugal.plan.zero_stage)  # at the frugal plan's stage
+        retry = s._choose(state.group, budget=budget, zero=frugal.plan.zero_stage)  # the frugal plan's stage, dtypes
         if retry.feasible and retry.tp_plan != state.choice.tp_plan:
             self._bound_choice(_Choice(state.group, state.bound, retry, first=False, dp_choices=state.dp_choices))
         elif not retry.feasible:

@@ -29,7 +29,17 @@ import heapq
 import time
 from dataclasses import replace
 
-from autoplan.cost import Bounds, CostModel, MemoryBudget, ParamStepPrice, dollars_per_sample, run_pricer, usable_bytes
+from autoplan.cost import (
+    Bounds,
+    CostModel,
+    DtypePolicy,
+    MemoryBudget,
+    ParamStepPrice,
+    dollars_per_sample,
+    policy_for,
+    run_pricer,
+    usable_bytes,
+)
 from autoplan.errors import PlanError
 from autoplan.solve import (
     activation_offload,
@@ -174,14 +184,20 @@ class Search:
         return g.degrees.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan)
 
     def _choose(self, g: Group, budget: MemoryBudget | None = None, *, zero: int = 0) -> TPChoice:
-        """The group's tp_plan for its members of ZeRO stage ``zero``, each split charged what the step charges its
+        """The group's tp_plan for its members of ZeRO stage ``zero``: priced in the run dtypes they run (the
+        dtype policy reads the stage: compute/dtypes.py), each split also charged what the step charges its
         parameters at that stage (:meth:`step_price`), within ``budget`` when given."""
         deg, ilp = g.degrees, dict(sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs)
         ilp.update(fused=g.compile or self.runtime_fuses)  # element-wise ops priced as fused regions
         if deg.cp > 1:  # the block is priced at a rank's 1/cp of the tokens (split_context)
             ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
-        ilp.update(step=self.step_price(g, zero) if deg.tp > 1 else None)
+        ilp.update(dtypes=self.dtype_policy(g, zero), step=self.step_price(g, zero) if deg.tp > 1 else None)
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
+
+    def dtype_policy(self, g: Group, zero: int) -> DtypePolicy | None:
+        """The dtype policy of the group's plans at ZeRO stage ``zero`` (compute/dtypes.py dtype_policy)."""
+        deg, backend = g.degrees, self.profile.backend
+        return policy_for(precision=g.precision, runtime=g.runtime, dp_cp=deg.dp_cp, zero_stage=zero, backend=backend)
 
     def step_price(self, g: Group, zero: int) -> ParamStepPrice:
         """What the step charges a rank's parameters once a step (cost/dp/param_step.py) in the group's plans of

@@ -5,16 +5,18 @@ intra-op ILP (solve/intra_op.py) for the first block of every LayerGroup and for
 outside every block, then copies each representative's splits to the other members of its
 group position by position (members are structurally identical: same ops in the same order).
 A 96-layer GPT therefore costs one block ILP, not 96. Results are cached per choice (and per
-memory budget when the search asks for a memory-constrained solve). Under a choice, a block's prices
-(cost/tp/split_prices.py ``price_block``) read the graph, the block, the context (``TPContext.key``; the
-profile is the planner's), the forward re-runs and the budget's three factors, and its ILP's answer those prices
-and the block's byte limit: both are kept on exactly these, so budgets that differ only in another block's limit
-(the search's memory-constrained retries) price and solve the blocks they share once. Given a ``step``
-(cost/dp/param_step.py: the plan's ZeRO stage, dp groups and micro-batches), each split's objective also carries
-what the step charges its parameters once a step (dp messages, optimizer step) over the micro-batches: a step's
-seconds kept per block, tp, SP and ``step.step_key``. The ILP without it answers first (kept as before); where its
-optimum already gives each node a split of the least step seconds (Megatron's splits shard every parameter), it is
-the optimum with the term too, and only the others solve the ILP with the term. Equal splits make one tp_plan.
+memory budget when the search asks for a memory-constrained solve). A choice names its dtype policy
+(compute/dtypes.py), so splits are priced at the run dtypes the final price charges. Under a choice, a block's
+prices (cost/tp/split_prices.py ``price_block``) read the graph, the block, the context (``TPContext.key``, the
+policy in it; the profile is the planner's), the forward re-runs and the budget's three factors, and are kept on
+these; its ILP's answer reads those prices and the block's byte limit only, and is kept on the block, the prices'
+``fingerprint`` and the limit: budgets that differ only in another block's limit (the search's memory-constrained
+retries) solve the blocks they share once, and so do policies (or contexts) that price a block alike. Given a
+``step`` (cost/dp/param_step.py: the plan's ZeRO stage, dp groups and micro-batches), each split's objective also
+carries what the step charges its parameters once a step (dp messages, optimizer step) over the micro-batches: a
+step's seconds kept per block, tp, SP and ``step.step_key``. The ILP without it answers first; where its optimum
+already gives each node a split of the least step seconds (Megatron's splits shard every parameter), it is the
+optimum with the term too, and only the others solve the ILP with the term. Equal splits make one tp_plan.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from autoplan.cost import (
     BlockPrices,
+    DtypePolicy,
     MemoryBudget,
     NodeTimes,
     ParamStepPrice,
@@ -75,8 +78,8 @@ class TPPlanner:
         self.solver, self.time_limit_s = solver, time_limit_s
         self.node_times = node_times or NodeTimes(graph, profile)  # op times, memoised across choices
         self._cache: dict[tuple, TPChoice] = {}
-        self._prices: dict[tuple, BlockPrices] = {}  # per block, context, re-runs and factors (module docstring)
-        self._answers: dict[tuple, BlockSolution | None] = {}  # per those and the block's byte limit
+        self._prices: dict[tuple, tuple] = {}  # (prices, fingerprint) per block, context, re-runs and factors
+        self._answers: dict[tuple, BlockSolution | None] = {}  # per block, fingerprint and byte limit (docstring)
         self._steps: dict[tuple, dict] = {}  # block_step_s per block, tp, SP and step key
         self._plans: dict[tuple, FrozenTpPlan] = {}  # per the representatives' splits, tp and SP (_tp_plan)
         self.solves = 0  # the ILPs solved, each distinct one once
@@ -95,11 +98,13 @@ class TPPlanner:
         cp: int = 1,
         cp_variant: str = "allgather",
         fused: bool = False,
+        dtypes: DtypePolicy | None = None,
         step: ParamStepPrice | None = None,
     ) -> TPChoice:
         """The tp_plan for one choice (cached); ``budget`` adds the memory row; under cp the block is
-        priced at a rank's 1/cp of the tokens, with its K,V exchange (split_context); ``step`` adds the step
-        term (module docstring; None: a micro-batch's seconds alone)."""
+        priced at a rank's 1/cp of the tokens, with its K,V exchange (split_context); ``dtypes`` the run's
+        dtype policy (compute/dtypes.py dtype_policy; None: every activation in ``precision``); ``step`` adds the
+        step term (module docstring; None: a micro-batch's seconds alone)."""
         ctx = split_context(
             self.graph,
             self.profile,
@@ -112,6 +117,7 @@ class TPPlanner:
             cp=cp,
             cp_variant=cp_variant,
             fused=fused,
+            dtypes=dtypes,
         )
         key = (*ctx.key, forward_repeats, budget, step and step.key)
         if key not in self._cache:
@@ -137,20 +143,21 @@ class TPPlanner:
                 else {}
             )
             key = (rep, *ctx.key, forward_repeats, *factors.values())
-            problem = self._prices.get(key)
-            if problem is None:
-                problem = self._prices[key] = price_block(
+            if key not in self._prices:
+                problem = price_block(
                     self.graph, rep, ctx=ctx, forward_repeats=forward_repeats, node_times=self.node_times, **factors
                 )
+                self._prices[key] = problem, problem.fingerprint()
+            problem, fingerprint = self._prices[key]
             limit = None if budget is None else (budget.outside_bytes if rep is None else budget.block_bytes)
             why = (
                 budget_infeasibility(problem, limit)
                 if limit is not None and not (math.isinf(limit) and limit > 0)
                 else ""
             )
-            solution = None if why else self._answer(problem, (*key, limit), limit)
+            solution = None if why else self._answer(problem, (rep, fingerprint, limit), limit)
             if solution is not None and step is not None:
-                solution = self._with_step(problem, (*key, step.key, limit), solution, rep, ctx, step)
+                solution = self._with_step(problem, (rep, fingerprint, ctx.tp, step.key, limit), solution, ctx, step)
             if solution is None:
                 part = "the modules outside the blocks" if rep is None else f"block {rep}"
                 why = why or f"no splits of {part} fit its {limit / 2**30:.3g} GiB budget"
@@ -193,13 +200,13 @@ class TPPlanner:
         return self._steps[key]
 
     def _with_step(
-        self, problem: BlockPrices, key: tuple, solution: BlockSolution, rep: str | None, ctx: TPContext, step
+        self, problem: BlockPrices, key: tuple, solution: BlockSolution, ctx: TPContext, step
     ) -> BlockSolution:
-        """The answer with ``step``'s term for block ``rep``: ``solution`` (the optimum without it) where each node's
-        split already pays the least step seconds of its splits, as no assignment pays less for the block nor for
-        its step (its objective then with the term); else the ILP with the term, solved once per ``key`` (the
-        prices', the step's and the limit)."""
-        per_step = self._step_s(rep, ctx, step, per_step=True)
+        """The answer with ``step``'s term for the block ``key`` names first: ``solution`` (the optimum without it)
+        where each node's split already pays the least step seconds of its splits, as no assignment pays less for the
+        block nor for its step (its objective then with the term); else the ILP with the term, solved once per
+        ``key`` (block, fingerprint, tp, the step's key and the limit)."""
+        rep, per_step = key[0], self._step_s(key[0], ctx, step, per_step=True)
         if solution.status.status == "optimal" and all(
             table[solution.splits[v]] == min(table.values()) for v, table in per_step.items()
         ):
@@ -208,7 +215,7 @@ class TPPlanner:
         return self._answer(replace(problem, step_s=self._step_s(rep, ctx, step)), key, key[-1])
 
     def _answer(self, problem: BlockPrices, key: tuple, limit: float | None) -> BlockSolution | None:
-        """solve_block of ``problem`` within ``limit``, solved once per ``key`` (its prices' key and the limit)."""
+        """solve_block of ``problem`` within ``limit``, solved once per ``key`` (block, fingerprint, limit)."""
         if key not in self._answers:
             self.solves += 1
             self._answers[key] = solve_block(
