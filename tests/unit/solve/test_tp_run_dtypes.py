@@ -130,14 +130,18 @@ def test_the_search_asks_one_ilp_per_zero_stage_in_its_dtype_policy():
     options = SearchOptions(devices=4, batch_size=8, fixes={"tp": 2, "sp": True, "precision": "bf16"}, keep=100)
     search = Search(gpt, profile, options)
     priced = [c.plan for c in search.run().candidates if c.plan is not None]
+    objectives = [status.objective for status in search.tp_planner.statuses()]
     embedding = {(plan.micro_batch_size, plan.zero_stage >= 2): set() for plan in priced}
     for plan in priced:
         policy = dtype_policy(plan, backend=profile.backend)
-        kw = dict(dp=plan.dp, sequence_parallel=True, micro_batch_size=plan.micro_batch_size, fused=plan.compile)
+        kw = dict(dp=plan.dp, sequence_parallel=True, micro_batch_size=plan.micro_batch_size)  # unfused: no pin
+        kw.update(cp=plan.cp, cp_variant=plan.cp_variant)
         exact = Plan.unchecked(**{**plan.__dict__, **_dp_fields(plan.zero_stage, EXACT)})
         step = ParamStepPrice(exact, profile, search.cost_model.dp_terms)
         fresh = TPPlanner(gpt, profile).choose(**{**CHOICE, **kw}, dtypes=policy, step=step)
         assert dict(plan.tp_plan) == dict(fresh.tp_plan), plan
+        for status in fresh.statuses:  # the search solved these very prices (a policy of the wrong dtypes does not)
+            assert any(o == pytest.approx(status.objective, rel=1e-12) for o in objectives), plan
         embedding[plan.micro_batch_size, plan.zero_stage >= 2].add(plan.tp_plan["wte"])
         alone = TPPlanner(gpt, profile).choose(**{**CHOICE, **kw}, dtypes=policy)
         if plan.micro_batch_size == 4 and plan.zero_stage < 2:
