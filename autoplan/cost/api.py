@@ -8,6 +8,8 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``Bounds``: floors on its step-time terms and memory that the search prunes with (cost/bounds.py);
 - one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
+  ``ParamStepPrice`` and ``block_step_s``: what the step charges each split's parameters once a step;
+  ``DtypePolicy`` and ``policy_for``: the run dtypes a ZeRO stage's plans price their splits in;
 - one block of the pipeline partition: ``block_time_s``, ``rerun_s``, ``chunk_forward_reruns`` and
   ``plan_forward_reruns`` (a recomputed block's re-runs per chunk: cost/pp/reruns.py), ``kept_bytes``,
   ``state_bytes_per_param``,
@@ -26,9 +28,11 @@ from __future__ import annotations
 
 from autoplan.cost.blocks import LayerSummary, per_distinct
 from autoplan.cost.bounds import Bounds
+from autoplan.cost.compute.dtypes import DtypePolicy, policy_for
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
 from autoplan.cost.dp.compression import check_rank, compresses_any
+from autoplan.cost.dp.param_step import ParamStepPrice, block_step_s
 from autoplan.cost.dp.sparse_embedding import summary as sparse_grad_summary
 from autoplan.cost.memory.alone import memory_alone
 from autoplan.cost.memory.per_device import usable_bytes
@@ -60,14 +64,8 @@ from autoplan.cost.run.whole_run import RunPricer, check_prices, dollars_per_sam
 from autoplan.cost.run.whole_run import summary as run_summary
 from autoplan.cost.tp.block import analyse_block
 from autoplan.cost.tp.plan_memo import TpPlanMemo
-from autoplan.cost.tp.split_prices import (
-    BlockPrices,
-    MemoryBudget,
-    memory_budget,
-    price_block,
-    shard_dim,
-    split_context,
-)
+from autoplan.cost.tp.shards import shard_dim
+from autoplan.cost.tp.split_prices import BlockPrices, MemoryBudget, memory_budget, price_block, split_context
 from autoplan.cost.tp.splits import TPContext
 from autoplan.cost.volumes import predict as predict_volumes
 
@@ -78,9 +76,13 @@ __all__ = [
     "memory_alone",
     # one block's splits (the intra-op ILP)
     "BlockPrices",
+    "DtypePolicy",
     "MemoryBudget",
+    "ParamStepPrice",
     "analyse_block",
+    "block_step_s",
     "memory_budget",
+    "policy_for",
     "price_block",
     "shard_dim",
     "split_context",

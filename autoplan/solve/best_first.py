@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from autoplan.cost import memory_budget
-from autoplan.solve import candidates, member_bounds, schedule_steps, stage_floor
+from autoplan.solve import candidates, member_bounds, schedule_steps, stage_floor, tp_choices
 from autoplan.solve.candidates import Candidate, Group
 from autoplan.types.plan import Plan
 
@@ -47,6 +47,8 @@ class _Choice:
     bound: float  # the group's bound (1)
     choice: Any  # solve/tp_plan.py TPChoice
     first: bool  # the group's first tp_plan (else the memory-budgeted retry)
+    dp_choices: list = field(default_factory=list)  # the (zero, grads) it serves (solve/tp_choices.py)
+    counted: bool = True  # the group's progress step is this tp_plan's (one of a group's first tp_plans)
     options: list = field(default_factory=list)  # until expanded: (fields, own bound, sends, ZeRO bounds) of each
     # of member_bounds.options, its plans made again where needed (held, 449 groups' plans took 1.3M objects)
     pruned: list = field(default_factory=list)  # (bound, fields) of the options their schedule bound rules out
@@ -109,9 +111,13 @@ class Pass:
         s = self.search
         while self._groups:
             key, _, bound, group, state = heapq.heappop(self._groups)
-            if state is None or state.first:
-                s._prune_group(group, key, "group bound" if state is None else "members' bound")
+            if state is None:
+                s._prune_group(group, key, "group bound")
                 self._progress()
+            elif state.first:
+                s._prune_group(group, key, "members' bound", count=len(s._stage_options(group)) * len(state.dp_choices))
+                if state.counted:
+                    self._progress()
             else:
                 self._expand(state)  # every bound is beaten: rows only, no partition solved
         members, self._members = self._members, []
@@ -138,17 +144,16 @@ class Pass:
             if misses := s.pricer.violation(step_time_s=s.step_lower_bound_s(group), devices=deg.devices):
                 s._prune_group(group, bound, "run", reason=f"pruned: even at its lower bound the run {misses}")
                 return self._progress()
-        if s._degenerate(group, choice := s._choose(group)):
-            reason = f"pruned: tp={deg.tp} splits no op (the ILP replicates every layer), so its ranks would repeat "
-            s._prune_group(group, bound, "degenerate tp", reason=reason + "the same work")
+        if not (kept := tp_choices.kept(s, group, bound)):
             return self._progress()
-        self._bound_choice(_Choice(group, bound, choice, first=True))
+        for i, (choice, dp) in enumerate(kept):
+            self._bound_choice(_Choice(group, bound, choice, first=True, dp_choices=dp, counted=i == 0))
 
     def _bound_choice(self, state: _Choice) -> None:
         """Bound ``state``'s options without partitions; key it by the least (best first), or expand it now."""
         s, g = self.search, state.group
         with self._floors():
-            dp_choices = s._dp_choices(g.degrees)
+            dp_choices = state.dp_choices
             opts = member_bounds.options(s, g, state.bound, state.choice, dp_choices, state.extras, state.pruned)
             state.options = [(_fields(base), own, sends, subs) for base, own, sends, subs in opts]
         if not self.best_first:
@@ -162,7 +167,7 @@ class Pass:
         of the others; queue those (best first) or price them now."""
         s, g = self.search, state.group
         names = dict(model=s.graph.model_name, profile=s.profile.name, tp_plan=state.choice.tp_plan)
-        dp_choices, members = s._dp_choices(g.degrees), []
+        dp_choices, members = state.dp_choices, []
         for own, known in state.pruned:
             s._prune_group(g, own, "schedule bound", count=len(dp_choices), **known)
         with self._floors():
@@ -180,7 +185,7 @@ class Pass:
                         continue
                     members.append((sub, plan, _Rebound(s, g, plan, at, state.extras)))
         state.options, state.pruned, state.waiting = [], [], len(members)
-        if state.first:
+        if state.first and state.counted:
             self._progress()
         if not members:
             return self._settle(state)
@@ -305,9 +310,9 @@ class Pass:
         frugal = min(priced, key=lambda c: c.cost.peak_memory_bytes)
         model = s.cost_model
         budget = memory_budget(model.graph, s.profile, plan=frugal.plan, cost=frugal.cost, node_times=model.node_times)
-        retry = s._choose(state.group, budget=budget)
+        retry = s._choose(state.group, budget=budget, zero=frugal.plan.zero_stage)  # the frugal plan's stage, dtypes
         if retry.feasible and retry.tp_plan != state.choice.tp_plan:
-            self._bound_choice(_Choice(state.group, state.bound, retry, first=False))
+            self._bound_choice(_Choice(state.group, state.bound, retry, first=False, dp_choices=state.dp_choices))
         elif not retry.feasible:
             for c in priced:
                 c.reason = f"{c.reason}; {retry.reason}" if c.reason else retry.reason

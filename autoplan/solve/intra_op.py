@@ -11,8 +11,11 @@ docs/ilp.md, section 2). Terms from autoplan.cost.tp.splits, priced as CostModel
                          z[n,S] <= sum_u x[u,colwise], z[n,Q] <= sum_u x[u,rowwise], z[n,S] + z[n,Q] <= 1  (d)
     ties                 x[u,s] = x[w,s] (one module); equal shard dims (shared parameter)  (e)
     memory               sum bytes(v,s) x + sum_n (act_R(n) - sum_L (act_R - act_L)(n) z[n,L]) + const <= budget  (f)
-    minimise  sum x[v,s] (compute(v,s) + unary_comm(v,s)) + sum e pair_comm + sum y anyof_comm
+    minimise  sum x[v,s] (compute(v,s) + unary_comm(v,s) + step(v,s)) + sum e pair_comm + sum y anyof_comm
               + sum_n (t_R(n) - sum_L (t_R(n) - t_L(n)) z[n,L]) + constants      (s per micro-batch)
+
+step(v,s) (``BlockPrices.step_s``, 0 where not given): v's parameters' dp messages and optimizer step once a step
+at split s, over the m micro-batches (cost/dp/param_step.py); :func:`objective_s` evaluates the whole objective.
 
 (b) forces e = x[u,a] x[v,c] at 0/1 marginals (linearising the resharding term); (c) and (d) are
 exact at the optimum. The forward counts ``forward_repeats`` times (2 under full recomputation).
@@ -60,7 +63,8 @@ def solve_block(
     objective_constant = [problem.constant_s]
     for v in problem.params:
         model.row([(x[v, s], 1) for s in problem.legal[v]], low=1, up=1)  # (a)
-        objective += [(x[v, s], problem.unary_s[v][s]) for s in problem.legal[v]]
+        step = problem.step_s.get(v, {})
+        objective += [(x[v, s], problem.unary_s[v][s] + step.get(s, 0.0)) for s in problem.legal[v]]
         memory += [(x[v, s], problem.unary_bytes[v][s]) for s in problem.legal[v]]
     _add_pairs(model, problem, x, objective)
     _add_any_of(model, problem, x, objective)
@@ -76,6 +80,12 @@ def solve_block(
     splits = {v: max(problem.legal[v], key=lambda s: values[x[v, s]] or 0.0) for v in problem.params}
     time_s, memory_bytes = problem.evaluate(splits)
     return BlockSolution(splits=splits, time_s=time_s, memory_bytes=memory_bytes, status=status)
+
+
+def objective_s(problem: BlockPrices, splits: dict[str, str]) -> float:
+    """The ILP's objective at ``splits``: the block's seconds (``BlockPrices.evaluate``) and their step term."""
+    step_s = sum(problem.step_s.get(v, {}).get(splits[v], 0.0) for v in problem.params)
+    return problem.evaluate(splits)[0] + step_s
 
 
 def _pulp_sum(numbers: list[float]) -> float:
@@ -182,9 +192,10 @@ def brute_force_block(
         splits = dict(zip(problem.params, combo))
         if not problem.respects_ties(splits):
             continue
-        time_s, memory = problem.evaluate(splits)
+        memory = problem.evaluate(splits)[1]
         if memory_budget_bytes is not None and memory > memory_budget_bytes + 1e-6:
             continue
+        time_s = objective_s(problem, splits)
         if best is None or time_s < best[1]:
             best = (splits, time_s)
     return best

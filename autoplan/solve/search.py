@@ -29,7 +29,17 @@ import heapq
 import time
 from dataclasses import replace
 
-from autoplan.cost import Bounds, CostModel, MemoryBudget, dollars_per_sample, run_pricer, usable_bytes
+from autoplan.cost import (
+    Bounds,
+    CostModel,
+    DtypePolicy,
+    MemoryBudget,
+    ParamStepPrice,
+    dollars_per_sample,
+    policy_for,
+    run_pricer,
+    usable_bytes,
+)
 from autoplan.errors import PlanError
 from autoplan.solve import (
     activation_offload,
@@ -175,12 +185,30 @@ class Search:
         """Whether ``choice`` splits no op at tp > 1 (unless tp is pinned): the group is pruned."""
         return g.degrees.tp > 1 and "tp" not in self.fixes and splits_nothing(choice.tp_plan)
 
-    def _choose(self, g: Group, budget: MemoryBudget | None = None) -> TPChoice:
+    def _choose(self, g: Group, budget: MemoryBudget | None = None, *, zero: int = 0) -> TPChoice:
+        """The group's tp_plan for its members of ZeRO stage ``zero``: priced in the run dtypes they run (the
+        dtype policy reads the stage: compute/dtypes.py), each split also charged what the step charges its
+        parameters at that stage (:meth:`step_price`), within ``budget`` when given."""
         deg, ilp = g.degrees, dict(sequence_parallel=g.sp, precision=g.precision, micro_batch_size=g.mbs)
         ilp.update(fused=g.compile or self.runtime_fuses)  # element-wise ops priced as fused regions
         if deg.cp > 1:  # the block is priced at a rank's 1/cp of the tokens (split_context)
             ilp.update(cp=deg.cp, cp_variant=g.cp_variant)
+        ilp.update(dtypes=self.dtype_policy(g, zero), step=self.step_price(g, zero) if deg.tp > 1 else None)
         return self.tp_planner.choose(dp=deg.dp, tp=deg.tp, pp=deg.pp, budget=budget, **ilp)
+
+    def dtype_policy(self, g: Group, zero: int) -> DtypePolicy | None:
+        """The dtype policy of the group's plans at ZeRO stage ``zero`` (compute/dtypes.py dtype_policy)."""
+        deg, backend = g.degrees, self.profile.backend
+        return policy_for(precision=g.precision, runtime=g.runtime, dp_cp=deg.dp_cp, zero_stage=zero, backend=backend)
+
+    def step_price(self, g: Group, zero: int) -> ParamStepPrice:
+        """What the step charges a rank's parameters once a step (cost/dp/param_step.py) in the group's plans of
+        ZeRO stage ``zero``, with the first gradient sync the search offers that stage (the exact one)."""
+        grads = next(grads for z, grads in self._dp_choices(g.degrees) if z == zero)
+        _, recompute, (schedule, v) = self._stage_options(g)[0]  # the messages read none of these
+        names = dict(model=self.graph.model_name, profile=self.profile.name)
+        plan = g.plan(recompute=recompute, schedule=schedule, v=v, zero=zero, grads=grads, tp_plan={}, **names)
+        return ParamStepPrice(plan, self.profile, self.cost_model.dp_terms)
 
     def _over_floor(self, plan: Plan, sub: float, too_big: list, held: list, *, states_bytes: float) -> bool:
         """Whether ``plan``'s memory floor sets it aside: its states alone (``too_big``; ``states_bytes``: its

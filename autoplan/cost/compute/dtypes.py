@@ -63,10 +63,16 @@ class DtypePolicy:
 def dtype_policy(plan: Plan, *, backend: str) -> DtypePolicy | None:
     """The policy ``plan`` runs under (module docstring); None where every activation is in the
     precision: fp32, or a runtime that casts the whole model."""
-    if plan.precision not in _LOW or plan.runtime != "autoplan":
+    dp_cp, zero = plan.dp * plan.cp, plan.zero_stage
+    return policy_for(precision=plan.precision, runtime=plan.runtime, dp_cp=dp_cp, zero_stage=zero, backend=backend)
+
+
+def policy_for(*, precision: str, runtime: str, dp_cp: int, zero_stage: int, backend: str) -> DtypePolicy | None:
+    """:func:`dtype_policy` from the fields it reads: what the search asks per ZeRO choice before a plan exists."""
+    if precision not in _LOW or runtime != "autoplan":
         return None
-    fsdp = plan.dp * plan.cp > 1 and plan.zero_stage >= 2  # execute/data_parallel.py dp_mode == "fsdp"
-    return DtypePolicy(low=_LOW[plan.precision], cast_params=fsdp, device="cuda" if backend == "nccl" else "cpu")
+    fsdp = dp_cp > 1 and zero_stage >= 2  # execute/data_parallel.py dp_mode == "fsdp"
+    return DtypePolicy(low=_LOW[precision], cast_params=fsdp, device="cuda" if backend == "nccl" else "cpu")
 
 
 class RunDtypes:

@@ -92,6 +92,17 @@ class DataParallelTerms:
         """One unit's ``message`` of ``message_bytes``: in DDP buckets or one call (comm.bucketed_time_s)."""
         return self.collective_s(message.kind, message_bytes, group, message.bucket_bytes)
 
+    def least_exposed_s(self, plan: Plan, message: DpMessage, total_s: float) -> float:
+        """The least of ``total_s`` of one ``message`` the step charges, whatever the stages: all of it where it is
+        never hidden (after the backward, as ZeRO-0/1's sync at tp or pp > 1, or after the step), else the part
+        ``(1 - eta) total_s`` no overlap hides (partially_hidden_s with nothing exposed at perfect overlap): the
+        backward's overlapped sync, FSDP2's prefetched gathers and reduce-scatters (module docstring)."""
+        hidden = plan.zero_stage >= 3 or message.phase == NEXT_FORWARD
+        hidden = hidden or (message.payload == GRADS and self._overlaps_grad_reduce(plan, message))
+        if not hidden:
+            return total_s
+        return partially_hidden_s(exposed_s=0.0, total_s=total_s, efficiency=self._overlap_efficiency(plan))
+
     def _block_s(
         self, plan: Plan, message: DpMessage, block, group: AxisGroup, edp: AxisGroup, *, experts: bool = True
     ) -> float:

@@ -84,4 +84,10 @@ def optimizer_params(plan: Plan, stage: StageTotals) -> float:
     take no step."""
     if plan.zero_stage < 1:
         return stage.trainable_params
-    return stage.trainable_dense_params / plan.dp + stage.trainable_expert_params / expert_dp(plan)
+    return dense_optimizer_params(plan, stage.trainable_dense_params) + stage.trainable_expert_params / expert_dp(plan)
+
+
+def dense_optimizer_params(plan: Plan, trainable_dense: float) -> float:
+    """Of ``trainable_dense`` dense trainable parameters, those whose optimizer step runs on one device: all, or
+    their 1/dp ZeRO shard (:func:`optimizer_params`)."""
+    return trainable_dense if plan.zero_stage < 1 else trainable_dense / plan.dp

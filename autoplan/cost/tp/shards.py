@@ -23,6 +23,19 @@ def reduce_scattered(block: BlockAnalysis, u: str, *, sequence_parallel: bool) -
     return sequence_parallel and bool(block.sinks.get(u)) and u not in block.has_targets
 
 
+SHARD_DIM = {
+    ("linear", "colwise"): 0,
+    ("linear", "rowwise"): 1,
+    ("embedding", "rowwise"): 0,
+    ("embedding", "colwise"): 1,
+}
+
+
+def shard_dim(kind: str, split: str) -> int | None:
+    """The weight dimension ``split`` shards on an op of ``kind`` (None: not sharded): tied ops must agree."""
+    return SHARD_DIM.get((kind, split))
+
+
 def param_node_shards(
     block: BlockAnalysis, name: str, split: str, *, tp: int, sequence_parallel: bool
 ) -> tuple[int, int, int]:

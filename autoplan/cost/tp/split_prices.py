@@ -30,6 +30,7 @@ from autoplan.cost.tp.shards import (
     param_node_shards,
     pure_layout,
     pure_node_shards,
+    shard_dim,
     sharding_origins,
     stream_node_shards,
 )
@@ -38,18 +39,6 @@ from autoplan.types.cost import Cost
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
-
-SHARD_DIM = {
-    ("linear", "colwise"): 0,
-    ("linear", "rowwise"): 1,
-    ("embedding", "rowwise"): 0,
-    ("embedding", "colwise"): 1,
-}
-
-
-def shard_dim(kind: str, split: str) -> int | None:
-    """The weight dimension ``split`` shards on an op of ``kind`` (None: not sharded): tied ops must agree."""
-    return SHARD_DIM.get((kind, split))
 
 
 @dataclass
@@ -80,6 +69,7 @@ class BlockPrices:
     sequence_parallel: bool = False
     block: BlockAnalysis | None = None  # the block's structure (layouts of pure nodes)
     dim_ties: list[tuple[str, str, str, str]] = field(default_factory=list)  # (u, w, kind_u, kind_w)
+    step_s: dict[str, dict[str, float]] = field(default_factory=dict)  # the ILP's step term (cost/dp/param_step.py)
 
     def evaluate(self, splits: dict[str, str]) -> tuple[float, float]:
         """(seconds, bytes) of ``splits``: the ILP's objective and memory row, evaluated directly."""
@@ -100,10 +90,29 @@ class BlockPrices:
         memory = self.constant_bytes + sum(min(self.unary_bytes[v].values()) for v in self.params)
         return memory + sum(min(pure.bytes.values()) for pure in self.pure.values())
 
+    def fingerprint(self) -> tuple:
+        """Every name and number the ILP (solve/intra_op.py) and its answer read of these prices, in the order it
+        reads them: prices with equal fingerprints are one ILP, whatever context (dtype policy) priced them."""
+        t = self.terms
+        read = (self.params, self.legal, self.unary_s, self.unary_bytes, self.pure, t.constant, t.pair, t.any_of)
+        rest = (t.gated, self.forward_repeats, self.constant_s, self.constant_bytes, self.ties, self.dim_ties)
+        return _frozen((*read, *rest, self.sequence_parallel, self.step_s))
+
     def respects_ties(self, splits: dict[str, str]) -> bool:
         if any(splits[u] != splits[w] for u, w in self.ties):
             return False
         return all(shard_dim(ku, splits[u]) == shard_dim(kw, splits[w]) for u, w, ku, kw in self.dim_ties)
+
+
+def _frozen(value):
+    """``value`` with its dicts (in order), lists and PureNodes as tuples: hashable, equal where the values are."""
+    if isinstance(value, dict):
+        return tuple((k, _frozen(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, PureNode):
+        return (value.origins, _frozen(value.time_s), _frozen(value.bytes), _frozen(value.sharding))
+    return value
 
 
 def _without_unary(terms: TPTerms) -> TPTerms:
@@ -295,7 +304,7 @@ def split_context(
     and a rank's share of the traced batch (1/cp of the micro-batch's tokens under context parallelism);
     no expert placement (experts run at tp = 1); ``fused``: element-wise ops as fused regions
     (cost/compute/fusion.py); ``dtypes``: the activations' run dtypes (compute/dtypes.py; None: all in
-    ``precision``, as the search's per-group ILP prices them before ZeRO picks the policy)."""
+    ``precision``, as fp32 plans and runtimes that cast the whole model run)."""
     groups = mesh_groups(profile, dp=dp, tp=tp, pp=pp, cp=cp)
     return TPContext(
         profile=profile,
