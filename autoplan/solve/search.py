@@ -205,7 +205,7 @@ class Search:
         """What the step charges a rank's parameters once a step (cost/dp/param_step.py) in the group's plans of
         ZeRO stage ``zero``, with the first gradient sync the search offers that stage (the exact one)."""
         grads = next(grads for z, grads in self._dp_choices(g.degrees) if z == zero)
-        _, recompute, (schedule, v) = self._stage_options(g)[0]  # the messages read none of these
+        _, recompute, (schedule, v, _) = self._stage_options(g)[0]  # the messages read none of these
         names = dict(model=self.graph.model_name, profile=self.profile.name)
         plan = g.plan(recompute=recompute, schedule=schedule, v=v, zero=zero, grads=grads, tp_plan={}, **names)
         return ParamStepPrice(plan, self.profile, self.cost_model.dp_terms)

@@ -23,8 +23,7 @@ import heapq
 import itertools
 from typing import Any, Iterator
 
-from autoplan.cost import kept_bytes
-from autoplan.cost.memory.in_flight_floor import blocks_states_bytes, device_counts, schedule_key
+from autoplan.cost import blocks_states_bytes, device_counts, kept_bytes, schedule_key
 from autoplan.solve import activation_offload, moe_overlap
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import schedule_step_plan
