@@ -15,8 +15,8 @@ about 1,400 young and 9 full collections over them (1.4 s). Inside the block the
 generation is collected every :data:`YOUNG_THRESHOLD` allocations instead (0.3 s, about 25 MB
 more peak memory); the thresholds are restored on the way out.
 
-A plan whose trace is in the trace cache (autoplan/trace/cache.py) needs no torch at all: the
-commands import it, with :func:`paused_imports`, only when they trace (cli/trace.py, ``model_graph``).
+A plan whose trace is cached (trace/cache.py) needs no torch: it comes, with :func:`paused_imports`, only to trace
+(cli/trace.py), the model file's imports with :func:`paused`; the heap is frozen after the trace, whose graphs live on.
 
 Leaving costs too: the interpreter's finalisation clears every module and frees torch's objects one
 by one (0.16 s of user CPU after the 4-layer GPT's traced plan). :func:`exit_now` flushes the standard
@@ -33,7 +33,9 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 #: Net allocations between young-generation collections while a command runs (CPython's default: 700).
 YOUNG_THRESHOLD = 10_000
@@ -56,11 +58,29 @@ def frozen_imports(*modules: str) -> Iterator[None]:
 def paused_imports(*modules: str) -> None:
     """Import ``modules`` with the cyclic GC paused, then freeze the heap (module docstring); inside
     :func:`frozen_imports` the heap is unfrozen on its way out."""
+    with paused_collector():
+        for name in modules:
+            importlib.import_module(name)
+
+
+def paused(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` run with the cyclic GC paused and the heap frozen after it (a model file's import)."""
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        with paused_collector():
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@contextmanager
+def paused_collector() -> Iterator[None]:
+    """The cyclic GC paused inside the block, and the heap frozen once it has run without an error
+    (module docstring); the collector is left enabled or not as it was."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        for name in modules:
-            importlib.import_module(name)
+        yield
         gc.freeze()
     finally:
         if enabled:

@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._mode_utils import no_dispatch
 
 from autoplan.errors import AutoplanError, TraceError
-from autoplan.modelfile import default_loss, load_model_file
+from autoplan.modelfile import ModelFile, default_loss, load_model_file
 from autoplan.trace import dataflow, moe
 from autoplan.trace.build import build_graph, canonical_names, seq_len_of
 from autoplan.trace.capture import capture, first_line
@@ -104,11 +104,18 @@ def trace(
     return graph
 
 
-def trace_model_file(path: str | Path, batch_size: int, *, routing: RoutingModel | None = None) -> Graph:
-    """Load a model file, build its model and inputs on the meta device, and trace them."""
+def trace_model_file(
+    path: str | Path,
+    batch_size: int,
+    *,
+    routing: RoutingModel | None = None,
+    load: Callable[[str | Path], ModelFile] | None = None,
+) -> Graph:
+    """Load a model file (with ``load``, else ``load_model_file``: the CLI imports it with the GC paused,
+    cli/startup.py), build its model and inputs on the meta device, and trace them."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise AutoplanError(f"batch size {batch_size!r} is not a positive integer; pass --batch B with B >= 1.")
-    model_file = load_model_file(path)
+    model_file = (load or load_model_file)(path)
     with torch.device("meta"):
         model = model_file.build()
         inputs = model_file.inputs(batch_size)

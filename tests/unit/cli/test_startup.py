@@ -269,3 +269,49 @@ def test_plan_leaves_fast_with_its_exit_code_on_bad_input(tmp_path):
     done = _program([*argv, "--out", str(tmp_path / "out")])
     assert done.returncode == 2 and done.stderr.startswith("autoplan: error: "), done.stderr[-2000:]
     assert done.stdout.strip() == "os._exit(2)"
+
+
+#: a trace run as `autoplan plan` runs it (cli/trace.py, model_graph): whether the Graph is left to the collector
+FREEZE_PROBE = """
+import gc
+import sys
+
+from autoplan.cli import build_parser
+from autoplan.cli.trace import model_graph
+
+graph = model_graph(build_parser().parse_args(sys.argv[1:]))
+print("collected" if any(o is graph for o in gc.get_objects()) else "frozen", gc.isenabled())
+"""
+GC_MARKING_MODEL = """
+import gc
+import os
+import pathlib
+
+import torch
+
+pathlib.Path(os.environ["AUTOPLAN_TEST_GC_MARK"]).write_text(str(gc.isenabled()))
+
+
+def build_model():
+    return torch.nn.Linear(8, 8)
+
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 8),)
+"""
+
+
+def test_a_trace_imports_the_model_file_with_the_collector_paused_and_freezes_what_it_leaves(tmp_path):
+    """cli/startup.py: the model file's imports (transformers) run with the GC paused, as torch's do, and the
+    traced model and Graph, which live to the end of the command, are frozen so the search's full collections
+    skip them; the collector is on again afterwards."""
+    (tmp_path / "model.py").write_text(GC_MARKING_MODEL)
+    mark = tmp_path / "gc_on_at_import.txt"
+    env = {**os.environ, "AUTOPLAN_TRACE_CACHE": "off", "AUTOPLAN_TEST_GC_MARK": str(mark)}
+    argv = ["trace", str(tmp_path / "model.py"), "--batch", "4", "--out", str(tmp_path / "out")]
+    done = subprocess.run(
+        [sys.executable, "-c", FREEZE_PROBE, *argv], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["frozen", "True"]
+    assert mark.read_text() == "False"
