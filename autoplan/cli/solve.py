@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from autoplan.cli.startup import paused_collector
     from autoplan.cli.trace import model_graph
     from autoplan.cli.whole_run import run_spec_of
     from autoplan.profile.io import load_profile, profile_file
@@ -145,8 +146,8 @@ def _run(args: argparse.Namespace) -> int:
 
     graph = with_touched_rows(model_graph(args), args.touched_rows)
     quiet = args.quiet or args.json
-    try:
-        with search_progress(enabled=not quiet and sys.stderr.isatty()) as progress:
+    try:  # the search makes next to no cyclic garbage: its collections only rescan what lives on (cli/startup.py)
+        with search_progress(enabled=not quiet and sys.stderr.isatty()) as progress, paused_collector():
             result = plan_graph(
                 graph,
                 devices=args.devices,

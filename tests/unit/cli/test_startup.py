@@ -315,3 +315,30 @@ def test_a_trace_imports_the_model_file_with_the_collector_paused_and_freezes_wh
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["frozen", "True"]
     assert mark.read_text() == "False"
+
+
+def test_the_search_runs_with_the_collector_paused(tmp_path, monkeypatch):
+    """cli/solve.py: `autoplan plan`'s search runs with the cyclic GC paused (its collections only rescanned what
+    lives to the end), and the collector is on again once the command is done, here with the search stopped."""
+    import autoplan.solve.api
+    from autoplan.cli import build_parser
+    from autoplan.cli import solve as plan_command
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def search(graph, **options):
+        seen.append(gc.isenabled())
+        raise Stop
+
+    (tmp_path / "model.py").write_text(GC_MARKING_MODEL)
+    monkeypatch.setenv("AUTOPLAN_TRACE_CACHE", "off")
+    monkeypatch.setenv("AUTOPLAN_TEST_GC_MARK", str(tmp_path / "mark.txt"))
+    monkeypatch.setattr(autoplan.solve.api, "plan_graph", search)
+    argv = ["plan", str(tmp_path / "model.py"), "--devices", "2", "--profile", "dgx-a100", "--batch", "8"]
+    with pytest.raises(Stop):
+        plan_command.run(build_parser().parse_args([*argv, "--quiet", "--out", str(tmp_path / "out")]))
+    assert seen == [False]
+    assert gc.isenabled()
