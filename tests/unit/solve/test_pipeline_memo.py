@@ -29,8 +29,8 @@ def _plans(search):
     for _, g in search.groups():
         tp_plan = search._choose(g).tp_plan
         for zero, grads in search._dp_choices(g.degrees):
-            for overlap, recompute, (schedule, v) in search._stage_options(g):
-                kw = dict(recompute=recompute, schedule=schedule, v=v, zero=zero, grads=grads, **names)
+            for overlap, recompute, (schedule, v, steps) in search._stage_options(g):
+                kw = dict(recompute=recompute, schedule=schedule, v=v, steps=steps, zero=zero, grads=grads, **names)
                 yield g.plan(tp_plan=tp_plan, tp_overlap=overlap, **kw)
 
 

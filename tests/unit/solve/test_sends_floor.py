@@ -73,8 +73,9 @@ def _members(search: Search) -> list:
     names, plans = dict(model=GRAPH.model_name, profile=search.profile.name), []
     for _, g in search.groups():
         tp_plan = search._choose(g).tp_plan
-        for overlap, recompute, (schedule, v) in search._stage_options(g):
-            kw = dict(recompute=recompute, schedule=schedule, v=v, tp_plan=tp_plan, tp_overlap=overlap, **names)
+        for overlap, recompute, (schedule, v, steps) in search._stage_options(g):
+            kw = dict(recompute=recompute, schedule=schedule, v=v, steps=steps, tp_plan=tp_plan, tp_overlap=overlap)
+            kw.update(names)
             plans += g.plans(search._dp_choices(g.degrees), **kw)
     return plans
 
