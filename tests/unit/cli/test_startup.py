@@ -342,3 +342,34 @@ def test_the_search_runs_with_the_collector_paused(tmp_path, monkeypatch):
         plan_command.run(build_parser().parse_args([*argv, "--quiet", "--out", str(tmp_path / "out")]))
     assert seen == [False]
     assert gc.isenabled()
+
+
+RANK_PROBE = """
+import os, sys
+import torch
+torch.set_num_threads(1)  # as `autoplan run` keeps it until it forks (cli/execute.py)
+from autoplan.cli import execute
+from autoplan.jobs import launcher
+from autoplan.types.plan import Plan
+from autoplan.types.run_options import RunOptions
+
+threads = len(os.listdir("/proc/self/task"))
+def launch(**kw):
+    wanted = (*execute.RANK_MODULES, "autoplan.execute.job.reference", "autoplan.execute.job.audit")
+    print([m for m in wanted if m not in sys.modules], len(os.listdir("/proc/self/task")) - threads, kw["fork"])
+    return 0
+launcher.launch = launch
+opts = RunOptions(model="m.py", plan="p.json", steps=2, out="o", verify=True, audit=True)
+plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=1)
+execute._launch(opts, plan=plan, hint="", fork=True)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_run_imports_its_ranks_modules_before_it_forks_them_and_starts_no_thread():
+    """`autoplan run` forks its local CPU ranks (autoplan/jobs/forked.py) after importing what they run, so no
+    rank imports it again; forking is only safe from a process that started no thread, and these imports start
+    none (a fresh interpreter: the launch itself is replaced by a probe)."""
+    printed = subprocess.run([sys.executable, "-c", RANK_PROBE], capture_output=True, text=True)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    assert printed.stdout.split("\n")[-2] == "[] 0 True"
