@@ -19,10 +19,9 @@ A plan whose trace is cached (trace/cache.py) needs no torch: it comes, with :fu
 and after the search, run paused too (cli/solve.py): its collections freed no measurable memory on GPT-1T or
 DeepSeek-V3 and cost 0.6 s and 1.0 s of user CPU.
 
-Leaving costs too: the interpreter's finalisation clears every module and frees torch's objects one
-by one (0.16 s of user CPU after the 4-layer GPT's traced plan). :func:`exit_now` flushes the standard
-streams, runs the exit handlers (``atexit``) and leaves with ``os._exit``, as a rank does
-(execute/job/runner.py); docs/cli.md, "Start-up".
+Leaving costs too: the interpreter's finalisation clears every module and frees torch's objects one by one (0.16 s
+of user CPU after the 4-layer GPT's traced plan). :func:`exit_now` flushes the standard streams, runs the exit
+handlers (``atexit``) and leaves with ``os._exit``, as a rank does (execute/job/runner.py); docs/cli.md, "Start-up".
 """
 
 from __future__ import annotations
