@@ -177,15 +177,20 @@ def test_a_view_of_a_parameter_and_a_metadata_assert_move_nothing():
 
 
 @pytest.mark.parametrize(
-    ("transient", "scatter", "sync", "after", "at_peak"),
+    ("transient", "scatter", "sync", "after", "persist", "at_peak"),
     [
-        (5.0, 0.0, 0.0, 1, (100, 0, 200, 125, 2)),  # M1: the forward's end, no gradients yet
-        (5.0, 0.0, 0.0, 3, (100, 50, 200, 95, 2)),  # M2: a later backward
-        (1.0, 40.0, 0.0, 3, (100, 50, 200, 80, 42)),  # M2: a block's scatter beside its freed activations
-        (0.0, 0.0, 500.0, 3, (100, 50, 200, 0, 500)),  # M3: the sync buffer after the backward
+        (5.0, 0.0, 0.0, 1, False, (100, 0, 200, 125, 2)),  # M1: the forward's end, no gradients yet
+        (5.0, 0.0, 0.0, 3, False, (100, 50, 200, 95, 2)),  # M2: a later backward
+        (1.0, 40.0, 0.0, 3, False, (100, 50, 200, 80, 42)),  # M2: a block's scatter beside its freed activations
+        (0.0, 0.0, 500.0, 3, False, (100, 50, 200, 0, 500)),  # M3: the sync buffer after the backward
+        # a tie peaks at the first moment of M1, M2, M3 (per_device.stage_memory builds only that one)
+        (0.0, 0.0, 0.0, 4, True, (100, 50, 200, 120, 2)),  # M1 = M2 = 172: M1's parts
+        (0.0, 0.0, 122.0, 4, False, (100, 50, 200, 120, 2)),  # M2 = M3 = 172, M1 = 122: M2's parts
+        (0.0, 20.0, 132.0, 4, False, (100, 50, 200, 110, 22)),  # M2 freeing its block = M3 = 182: M2's scatter
+        (0.0, 0.0, 172.0, 1, False, (100, 50, 200, 0, 172)),  # M3 = 222 alone the largest
     ],
 )
-def test_the_peak_moment_splits_into_parts_that_sum_to_the_peak(transient, scatter, sync, after, at_peak):
+def test_the_peak_moment_splits_into_parts_that_sum_to_the_peak(transient, scatter, sync, after, persist, at_peak):
     """memory.png draws at_peak_bytes (report/memory.py): the moment itself, not each part's maximum."""
     from autoplan.cost.memory.per_device import ModelStates, stage_memory
 
@@ -199,7 +204,7 @@ def test_the_peak_moment_splits_into_parts_that_sum_to_the_peak(transient, scatt
         buffers_bytes=2.0,
         scatter_bytes=scatter,
         sync_bytes=sync,
-        grads_persist=False,
+        grads_persist=persist,
     )
     assert memory.at_peak_bytes == pytest.approx(at_peak)
     assert sum(memory.at_peak_bytes) == pytest.approx(memory.peak_bytes)

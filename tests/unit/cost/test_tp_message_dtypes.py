@@ -10,54 +10,21 @@ fp8_tp_sp families measured exactly that). With FSDP2's cast weights (ZeRO-2/3 o
 import dataclasses
 
 import pytest
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from synthetic import synthetic_profile
+from synthetic.mlp_lm import traced_mlp_lm
 
 from autoplan.cost.model import CostModel
 from autoplan.cost.tp.default import default_tp_plan
 from autoplan.cost.tp.splits import block_messages, tp_layer_cost
-from autoplan.trace import trace
 from autoplan.types.plan import Plan
 
 BATCH, SEQ, DIM, VOCAB = 2, 8, 16, 32
 TOKENS = BATCH * SEQ
 
 
-class Block(nn.Module):
-    """A pre-norm MLP block: the up projection colwise, the down projection rowwise (Megatron's split)."""
-
-    def __init__(self):
-        super().__init__()
-        self.norm, self.up, self.down = nn.RMSNorm(DIM), nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed, self.blocks, self.head = (
-            nn.Embedding(VOCAB, DIM),
-            nn.ModuleList([Block(), Block()]),
-            nn.Linear(DIM, VOCAB),
-        )
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 @pytest.fixture(scope="module")
 def graph():
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
-    return trace(
-        Net(), (tokens,), loss_fn=lambda out, t: F.cross_entropy(out.flatten(0, 1), t.flatten()), target=tokens
-    )
+    return traced_mlp_lm(batch=BATCH, seq=SEQ, dim=DIM, vocab=VOCAB)
 
 
 def _block_messages(graph, *, sp: bool, dp: int = 1, backend: str = "gloo", **kw) -> tuple[dict, dict]:
@@ -104,12 +71,9 @@ def test_cuda_autocast_keeps_its_fp32_list_in_fp32_under_cast_weights(graph):
 def test_the_priced_seconds_follow_the_dtypes_whatever_was_priced_first():
     """block_terms caches each block's terms on the graph: two plans that differ only in their activation dtypes
     (autoplan's autocast against Megatron's whole-model cast, both bf16) get their own seconds in either order."""
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
     seconds = {}
     for order in (("autoplan", "megatron"), ("megatron", "autoplan")):
-        graph = trace(
-            Net(), (tokens,), loss_fn=lambda out, t: F.cross_entropy(out.flatten(0, 1), t.flatten()), target=tokens
-        )
+        graph = traced_mlp_lm(batch=BATCH, seq=SEQ, dim=DIM, vocab=VOCAB)
         model = CostModel(graph, dataclasses.replace(synthetic_profile(), backend="gloo"))
         for runtime in order:
             plan = Plan(

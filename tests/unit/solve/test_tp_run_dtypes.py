@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from synthetic import synthetic_gpt, synthetic_profile
+from synthetic.mlp_lm import traced_mlp_lm
 
 from autoplan.cost import CostModel, ParamStepPrice
 from autoplan.cost.blocks import block_structure, summarise
@@ -29,39 +30,9 @@ BATCH, SEQ, DIM, VOCAB = 2, 1024, 1024, 1024
 CHOICE = dict(tp=2, pp=1, precision="bf16", micro_batch_size=BATCH)
 
 
-class Block(nn.Module):
-    """A pre-norm MLP block: Megatron splits the up projection colwise and the down projection rowwise."""
-
-    def __init__(self):
-        super().__init__()
-        self.norm, self.up, self.down = nn.RMSNorm(DIM), nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed, self.blocks, self.head = (
-            nn.Embedding(VOCAB, DIM),
-            nn.ModuleList([Block(), Block()]),
-            nn.Linear(DIM, VOCAB),
-        )
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 @pytest.fixture(scope="module")
 def graph():
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
-    return trace(
-        Net(), (tokens,), loss_fn=lambda out, t: F.cross_entropy(out.flatten(0, 1), t.flatten()), target=tokens
-    )
+    return traced_mlp_lm(batch=BATCH, seq=SEQ, dim=DIM, vocab=VOCAB)
 
 
 def _final_block_s(graph, profile, plan: Plan) -> float:
