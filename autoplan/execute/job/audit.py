@@ -1,6 +1,7 @@
 """The execution audit: measure, on a real step, what the cost model prices (docs/cost-model.md,
 "The execution audit"). One training step runs under three recorders, each a
-``TorchDispatchMode``, so they see every op that reaches the dispatcher, from Python and C++ alike:
+``TorchDispatchMode`` (run as one, meters.py ``StepRecorders``), so they see every op that reaches the
+dispatcher, from Python and C++ alike:
 
 - :class:`CommRecorder`: every ``c10d`` and ``_c10d_functional`` collective, its kind, its message
   bytes (autoplan/cost/network/comm.py's convention) and its process group's mesh dimension: by its
@@ -34,8 +35,8 @@ from torch.utils._pytree import tree_flatten
 from autoplan.execute.activation_offload import link_copies
 from autoplan.execute.compiled import compiled_kernels
 from autoplan.execute.dtensor_handlers import RESHARDED
-from autoplan.execute.job.meters import LiveBytes, MatmulFlops, local_tensor, on_dtensors
-from autoplan.execute.job.receive_buffers import receive_slots
+from autoplan.execute.job.held import existing_tensors, placement
+from autoplan.execute.job.meters import LiveBytes, MatmulFlops, StepRecorders, on_dtensors
 from autoplan.execute.job.routing_audit import PEAK, at_routing, counted_rows, edp_by_name, routing_rows
 from autoplan.execute.job.sparse_audit import TOUCHED_ROWS, c10d_records
 from autoplan.execute.mesh import grad_groups
@@ -153,6 +154,15 @@ class CommRecorder(TorchDispatchMode):
         self._known: dict[Any, str] = {(name, a2a): dim for name, dim in (named or {}).items() for a2a in (False, True)}
 
     def __enter__(self):
+        self.patch()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.unpatch()
+        return super().__exit__(*exc)
+
+    def patch(self) -> None:
+        """Count ``torch.distributed.all_reduce`` calls from gloo's callback threads (module docstring)."""
         self._thread, self._all_reduce = threading.get_ident(), dist.all_reduce
         recorder = self
 
@@ -163,21 +173,28 @@ class CommRecorder(TorchDispatchMode):
             return recorder._all_reduce(tensor, *args, **kwargs)
 
         dist.all_reduce = all_reduce
-        return super().__enter__()
 
-    def __exit__(self, *exc):
+    def unpatch(self) -> None:
         dist.all_reduce = self._all_reduce
-        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if on_dtensors(types):
             return NotImplemented
-        namespace, name = func.namespace, func.__name__.split(".")[0]
-        if namespace == "c10d" and name in C10D_OPS:
-            self._record_c10d(name, args)
-        elif namespace == "_c10d_functional" and name in FUNCTIONAL_OPS:
-            self._record_functional(name, args)
+        self.record(func, args)
         return func(*args, **(kwargs or {}))
+
+    def record(self, func, args: tuple) -> None:
+        """Record ``func`` if it is a collective, before it runs."""
+        namespace, name = _collective(func)
+        if namespace == "c10d":
+            self._record_c10d(name, args)
+        elif namespace == "_c10d_functional":
+            self._record_functional(name, args)
+
+    @staticmethod
+    def runs_ops(func) -> bool:
+        """Whether :meth:`record` may run ops itself: a c10d all-reduce of sparse tensors coalesces them."""
+        return _collective(func)[0] == "c10d"
 
     def _dim(self, group: Any, kind: str) -> str:
         """The mesh dim of a process group (or group name): by its ranks; "world" or "other" else."""
@@ -201,41 +218,15 @@ class CommRecorder(TorchDispatchMode):
         self.totals.add(self._dim(str(args[group]), kind), kind, _tensor_bytes(args[0]) * size)
 
 
-def existing_tensors(trainer: Any) -> list[torch.Tensor]:
-    """What a rank holds as a step starts: weights, grads, buffers, optimizer and hooks' states, receive slots."""
-    found = receive_slots(getattr(trainer, "schedule", None))
-    for module in trainer.stage_modules.values():
-        found += [p for p in module.parameters()] + [b for b in module.buffers()]
-        found += [p.grad for p in module.parameters() if p.grad is not None]
-        hook = getattr(module, "powersgd_state", None)
-        for held in (hook.error_dict, hook.p_memory_dict, hook.q_memory_dict) if hook is not None else ():
-            found += list(held.values())
-        found += getattr(module, "topk_state", None).held_tensors() if hasattr(module, "topk_state") else []
-    for state in optimizer_states(trainer.optimizer):
-        found += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    return found + _held(trainer.optimizer) + _held(getattr(trainer, "outer", None))
+_COLLECTIVES: dict[Any, tuple[str | None, str]] = {}  # op -> (its namespace if a collective it records, its name)
 
 
-def _held(optimizer: Any) -> list[torch.Tensor]:
-    """Tensors an optimizer keeps besides its states (ZeRO-1's fp32 master slice; DiLoCo's anchor and momentum)."""
-    return list(getattr(optimizer, "held_tensors", lambda: [])())
-
-
-def optimizer_states(optimizer: Any) -> list[dict]:
-    inner = None if getattr(optimizer, "on_host", False) else getattr(optimizer, "inner", optimizer)  # offload.py
-    return list(inner.state.values()) if inner is not None and hasattr(inner, "state") else []
-
-
-def placement(trainer: Any) -> dict[str, int]:
-    """Bytes of parameters and optimizer states this rank holds, and its parameter elements."""
-    params = [local_tensor(p) for p in trainer.parameters]
-    held = [v for s in optimizer_states(trainer.optimizer) for v in s.values() if isinstance(v, torch.Tensor)]
-    states = [local_tensor(t) for t in held if t.dim() > 0] + [local_tensor(t) for t in _held(trainer.optimizer)]
-    return {
-        "param_elements": sum(p.numel() for p in params),
-        "weights_bytes": sum(p.numel() * p.element_size() for p in params),
-        "optimizer_bytes": sum(t.numel() * t.element_size() for t in states),
-    }
+def _collective(func) -> tuple[str | None, str]:
+    if func not in _COLLECTIVES:
+        namespace, name = func.namespace, func.__name__.split(".")[0]
+        ops = {"c10d": C10D_OPS, "_c10d_functional": FUNCTIONAL_OPS}.get(namespace, ())
+        _COLLECTIVES[func] = namespace if name in ops else None, name
+    return _COLLECTIVES[func]
 
 
 @dataclass
@@ -284,7 +275,7 @@ def audited_step(
     gc.collect()  # the last step's cyclic garbage is not this step's memory
     memory = LiveBytes(existing_tensors(trainer))
     before, copied = Counter(RESHARDED), link_copies(trainer)
-    with memory, comm, flops:
+    with StepRecorders(memory, comm, flops):  # as ``with memory, comm, flops``, one mode (meters.py)
         loss = trainer.train_step(inputs, target)
     (mm_fwd, mm_bwd), (at_fwd, at_bwd) = flops.flops["matmul"], flops.flops["attention"]
     audit = StepAudit(

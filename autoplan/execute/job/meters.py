@@ -64,8 +64,8 @@ class LiveBytes(TorchDispatchMode):
         self.live: dict[int, int] = {}
         self._refs: dict[int, weakref.ref] = {}
         self.current = self.peak = 0
-        self.peak_op = ""
-        self._op = "before the step"
+        self._peak_at: Any = ""
+        self._op: Any = "before the step"  # (op, in the backward) once one ran: named at the peak only
         # a storage may die on another thread (the overlapped F&B's backward half, execute/overlap_f_b.py) while
         # this one tracks or re-reads: the counts change under one lock
         self._lock = threading.RLock()
@@ -93,7 +93,7 @@ class LiveBytes(TorchDispatchMode):
             self.current += size
             self._refs[key] = weakref.ref(storage, lambda _ref, k=key: self._free(k))
             if self.current > self.peak and self._resync() > self.peak:
-                self.peak, self.peak_op = self.current, self._op
+                self.peak, self._peak_at = self.current, self._op
 
     def _resync(self) -> int:
         """The current bytes, re-read from every live storage: FSDP2 frees and re-allocates its
@@ -112,20 +112,26 @@ class LiveBytes(TorchDispatchMode):
             self._refs.pop(key, None)
             self.current -= size
 
+    @property
+    def peak_op(self) -> str:
+        """The op running at the peak and its pass, e.g. 'addmm (forward)': the audit says where the peak happened."""
+        if isinstance(self._peak_at, str):
+            return self._peak_at
+        func, backward = self._peak_at
+        return f"{func._overloadpacket.__name__} ({'backward' if backward else 'forward'})"
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if on_dtensors(types):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
-        self._op = _op_label(func)
-        for leaf in tree_flatten(out)[0]:
-            self._track(leaf)
+        self.record(func, out)
         return out
 
-
-def _op_label(func) -> str:
-    """The op's name and pass, e.g. 'addmm (forward)': the audit says where the peak happened."""
-    running = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
-    return f"{func._overloadpacket.__name__} ({running})"
+    def record(self, func, out: Any) -> None:
+        """Track the storages of ``out``, what ``func`` returned (a lone tensor without flattening it)."""
+        self._op = func, torch._C._current_graph_task_id() != -1
+        for leaf in (out,) if isinstance(out, torch.Tensor) else tree_flatten(out)[0]:
+            self._track(leaf)
 
 
 class MatmulFlops(TorchDispatchMode):
@@ -141,12 +147,60 @@ class MatmulFlops(TorchDispatchMode):
             return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        name = func._overloadpacket.__name__
-        kind = "matmul" if name in MATMUL_OPS else "attention" if name in ALL_ATTENTION_OPS else None
+        self.record(func, args, kwargs, out)
+        return out
+
+    def record(self, func, args: tuple, kwargs: dict, out: Any) -> None:
+        """Count ``func``'s FLOPs if it is a matmul-class or attention op."""
+        kind, name = _flop_kind(func)
         if kind is not None:
             phase = 0 if torch._C._current_graph_task_id() == -1 else 1
             self.flops[kind][phase] += _op_flops(func, name, args, kwargs, out)
+
+
+class StepRecorders(TorchDispatchMode):
+    """The audit's recorders as one mode, recording what ``with memory, comm, flops`` does (audit.py
+    ``audited_step``) with one Python dispatch an op instead of three (each a mode-stack pop and push and a
+    dynamo-disabled call): the collective noted before it runs, then the outputs tracked, then the FLOPs counted,
+    as down and back up that stack. There the live-bytes mode alone, below the others, saw the ops the collective
+    recorder runs itself (a sparse all-reduce's coalesce): here it is entered around them. ``comm``: an
+    audit.py ``CommRecorder`` (its all-reduce patch for gloo's callback threads held while this mode is)."""
+
+    def __init__(self, memory: LiveBytes, comm: Any, flops: MatmulFlops):
+        super().__init__()
+        self.memory, self.comm, self.flops = memory, comm, flops
+
+    def __enter__(self):
+        self.comm.patch()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.comm.unpatch()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if on_dtensors(types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        if self.comm.runs_ops(func):
+            with self.memory:
+                self.comm.record(func, args)
+        else:
+            self.comm.record(func, args)
+        out = func(*args, **kwargs)
+        self.memory.record(func, out)
+        self.flops.record(func, args, kwargs, out)
         return out
+
+
+_KINDS: dict[Any, tuple[str | None, str]] = {}  # op -> (its FLOP kind or None, its name): looked up once an op
+
+
+def _flop_kind(func) -> tuple[str | None, str]:
+    if func not in _KINDS:
+        name = func._overloadpacket.__name__
+        _KINDS[func] = "matmul" if name in MATMUL_OPS else "attention" if name in ALL_ATTENTION_OPS else None, name
+    return _KINDS[func]
 
 
 def _op_flops(func, name: str, args: tuple, kwargs: dict, out: Any) -> float:
@@ -170,6 +224,12 @@ def grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> flo
     return 2.0 * out.numel() * a.shape[-1]
 
 
+_ON_DTENSORS: dict[tuple, bool] = {}  # the operand types an op had -> whether one is a DTensor: answered once
+
+
 def on_dtensors(types: tuple) -> bool:
     """Whether an op has DTensor operands: then DTensor runs it first (module docstring)."""
-    return any(issubclass(t, DTensor) for t in types)
+    key = tuple(types)
+    if key not in _ON_DTENSORS:
+        _ON_DTENSORS[key] = any(issubclass(t, DTensor) for t in key)
+    return _ON_DTENSORS[key]
