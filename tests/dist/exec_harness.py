@@ -121,7 +121,8 @@ PRELOAD = (
 
 def _worker(rank: int, world_size: int, port: int, cases: list, queue, case_fn=None, environ=None) -> None:
     """One rank: every case through ``case_fn`` (default :func:`run_case`), or through its own function where the
-    case names one as a fourth item (cases that differ in what they run sharing one group), results to ``queue``."""
+    case names one as a fourth item (cases that differ in what they run sharing one group), results to ``queue``.
+    A case's third item is its :func:`make_plan` keywords, or a :class:`Plan` of its own."""
     if environ is not None:  # the caller's, not the fork server's (module docstring)
         os.environ.clear()
         os.environ.update(environ)
@@ -138,7 +139,8 @@ def _worker(rank: int, world_size: int, port: int, cases: list, queue, case_fn=N
     )
     for name, model_name, kw, *own in cases:
         try:
-            result = (own[0] if own else case_fn or run_case)(model_name, make_plan(model_name, **kw))
+            plan = kw if isinstance(kw, Plan) else make_plan(model_name, **kw)  # a case may bring its own plan
+            result = (own[0] if own else case_fn or run_case)(model_name, plan)
         except Exception:
             result = {"error": traceback.format_exc()}
         if rank == 0 or "error" in result:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from exec_harness import cli_here
 
 from autoplan.profile import load_profile
 
@@ -67,8 +67,5 @@ def test_one_device_profile_takes_its_links_from_the_named_cluster(checked: Path
     assert profile.devices_per_node == cluster.devices_per_node and profile.backend == cluster.backend
     assert profile.intra_node.collectives == cluster.intra_node.collectives
     assert "copied from profile 'cpu-gloo'" in profile.intra_node.name and "copied" in profile.comm_overlap.source
-    refused = subprocess.run(
-        [sys.executable, "-m", "autoplan.cli", "profile", "--devices", "1", "--out", str(tmp_path / "x.yaml")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    refused = cli_here("profile", "--devices", 1, "--out", tmp_path / "x.yaml")  # refused before measuring anything
     assert refused.returncode != 0 and "--links-from" in refused.stderr and "Traceback" not in refused.stderr

@@ -13,11 +13,11 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from exec_harness import cli_here
 from exec_models import SMALL_GPT
 
 from autoplan.jobs.slurm import sbatch_options
@@ -59,17 +59,13 @@ def _shims(folder: Path) -> Path:
 
 
 def _launch(tmp_path: Path, *, steps: int) -> Path:
+    """``autoplan launch --slurm``'s script, written by the CLI's main in this process (it starts no process)."""
     from autoplan.jobs.launcher import free_port
 
-    made = subprocess.run(
-        [sys.executable, "-m", "autoplan.cli", "launch", str(ROOT / "examples/gpt.py"), str(tmp_path / "plan.json")]
-        + ["--slurm", "--gpus-per-node", "1", "--steps", str(steps), "--rdzv-port", str(free_port())]
-        + ["--checkpoint-every", "1"],
-        cwd=ROOT,
-        env=dict(os.environ, **SMALL_GPT),  # the sizes the plan was made with
-        capture_output=True,
-        text=True,
-        timeout=60,
+    made = cli_here(
+        *("launch", ROOT / "examples/gpt.py", tmp_path / "plan.json", "--slurm", "--gpus-per-node", 1),
+        *("--steps", steps, "--rdzv-port", free_port(), "--checkpoint-every", 1),
+        env=SMALL_GPT,  # the sizes the plan was made with
     )
     assert made.returncode == 0, made.stderr
     assert f"sbatch {tmp_path / 'launch.sbatch'}" in made.stdout
