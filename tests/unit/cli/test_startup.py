@@ -128,46 +128,14 @@ def test_run_starts_its_ranks_before_importing_what_only_a_rank_needs(tmp_path):
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 SMALL_GPT = {"AUTOPLAN_GPT_N_LAYER": "2", "AUTOPLAN_GPT_N_EMBD": "32", "AUTOPLAN_GPT_VOCAB_SIZE": "128"}
-TRACE_PROBE = """
-import sys
-{first}
-from autoplan.cli import main
-code = main(sys.argv[1:])
-dynamo = sys.modules.get("torch._dynamo")
-print("absent" if dynamo is None else type(dynamo).__name__)  # 'module': the real one, not the stand-in
-sys.exit(code)
-"""
-
-
-def _traced(argv: list[str], *, first: str = "") -> str:
-    """Run the command in a fresh process with the trace cache off; what torch._dynamo is at its exit."""
-    env = {**os.environ, "AUTOPLAN_TRACE_CACHE": "off", **SMALL_GPT}
-    probe = TRACE_PROBE.format(first=first)
-    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
-def test_a_plan_that_traces_imports_no_torch_dynamo_and_traces_the_same_graph(tmp_path):
-    """cli/dynamo_stand_in.py: the 4-layer GPT's trace needs none of torch._dynamo, so `autoplan plan` leaves
-    it out, and graph.json is the one traced with it imported."""
-    plan = ["plan", str(EXAMPLES / "gpt.py"), "--devices", "8", "--profile", "dgx-a100", "--batch", "16", "--quiet"]
-    assert _traced([*plan, "--out", str(tmp_path / "without")]) == "absent"
-    assert _traced([*plan, "--out", str(tmp_path / "with")], first="import torch._dynamo") == "module"
-    assert (tmp_path / "without" / "graph.json").read_bytes() == (tmp_path / "with" / "graph.json").read_bytes()
-
-
-def test_a_trace_that_needs_torch_dynamo_imports_the_real_one_and_traces_the_same_graph(tmp_path):
-    """examples/moe.py traces through torch.export, which needs torch._dynamo: the stand-in imports it in
-    its place, and graph.json is the one traced with it imported from the start."""
-    trace = ["trace", str(EXAMPLES / "moe.py"), "--batch", "8", "--quiet"]
-    assert _traced([*trace, "--out", str(tmp_path / "late")]) == "module"
-    assert _traced([*trace, "--out", str(tmp_path / "early")], first="import torch._dynamo") == "module"
-    assert (tmp_path / "late" / "graph.json").read_bytes() == (tmp_path / "early" / "graph.json").read_bytes()
-
-
-#: a command run in this process, recording whether the cyclic GC was on as each watched module was first imported
-GC_PROBE = """
+#: what a trace imports beyond torch itself (cli/trace.py, TRACE_IMPORTS, and trace/dtensor_reach.py's registry)
+TRACE_HEAVY = ("sympy", "torch.fx.experimental.symbolic_shapes", "torch.distributed.tensor", "numpy", "pulp")
+#: what a plan whose model torch.fx captures never needs: pydoc names the classes only in torch.export's graphs
+NOT_NEEDED = ("pydoc",)
+#: commands run one after another in this process (argv lists, JSON in sys.argv[1]); after each, one JSON line:
+#: its exit code, what torch._dynamo is ('module': the real one, not the stand-in), and, for each watched module
+#: imported so far, whether the cyclic GC was on as it was first imported
+COMMANDS_PROBE = """
 import gc
 import json
 import sys
@@ -183,35 +151,74 @@ class Watch:
 
 
 sys.meta_path.insert(0, Watch())
+{first}
 from autoplan.cli import main
 
-code = main(sys.argv[1:])
-print(json.dumps({{"gc_on": sorted(name for name, on in seen.items() if on), "imported": sorted(seen)}}))
-sys.exit(code)
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    dynamo = sys.modules.get("torch._dynamo")
+    dynamo = "absent" if dynamo is None else type(dynamo).__name__
+    gc_on = sorted(name for name, on in seen.items() if on)
+    print(json.dumps({{"code": code, "dynamo": dynamo, "gc_on": gc_on, "imported": sorted(seen)}}), flush=True)
 """
-#: what a trace imports beyond torch itself (cli/trace.py, TRACE_IMPORTS, and trace/dtensor_reach.py's registry)
-TRACE_HEAVY = ("sympy", "torch.fx.experimental.symbolic_shapes", "torch.distributed.tensor", "numpy", "pulp")
-#: what a plan whose model torch.fx captures never needs: pydoc names the classes only in torch.export's graphs
-NOT_NEEDED = ("pydoc",)
 
 
-def test_a_traced_plan_imports_what_its_trace_needs_with_the_collector_paused(tmp_path):
+def _commands_in_one_process(commands: list[list[str]], *, first: str = "") -> list[dict]:
+    """Run the commands, in this order, in one fresh process with the trace cache off; what each left."""
+    env = {**os.environ, "AUTOPLAN_TRACE_CACHE": "off", **SMALL_GPT}
+    probe = COMMANDS_PROBE.format(watched=TRACE_HEAVY + NOT_NEEDED, first=first)
+    argv = [sys.executable, "-c", probe, json.dumps(commands)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"code"')]
+    assert [run["code"] for run in seen] == [0] * len(commands), done.stderr[-2000:]
+    return seen
+
+
+@pytest.fixture(scope="module")
+def traced_runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """Four traces in three fresh processes (each costs a fresh interpreter's torch import, ~3 s of CPU), read by
+    the three tests below. The 4-layer GPT's plan and examples/moe.py's trace each start a bare process: each is
+    the first trace of its process, as a command line's is (a plan traced after another in one process was seen
+    to import torch._dynamo). The third process imports torch._dynamo first, then plans the GPT and
+    traces moe.py again (the stand-in stays out where torch._dynamo is imported): the references the first two's
+    graphs must match."""
+    tmp = tmp_path_factory.mktemp("traced")
+    gpt = ["plan", str(EXAMPLES / "gpt.py"), "--devices", "8", "--profile", "dgx-a100", "--batch", "16", "--quiet"]
+    moe = ["trace", str(EXAMPLES / "moe.py"), "--batch", "8", "--quiet"]
+    runs = _commands_in_one_process([[*gpt, "--out", str(tmp / "without")]])
+    runs += _commands_in_one_process([[*moe, "--out", str(tmp / "late")]])
+    early = [[*gpt, "--out", str(tmp / "with")], [*moe, "--out", str(tmp / "early")]]
+    runs += _commands_in_one_process(early, first="import torch._dynamo")
+    return tmp, dict(zip(("without", "late", "with", "early"), runs))
+
+
+def test_a_plan_that_traces_imports_no_torch_dynamo_and_traces_the_same_graph(traced_runs):
+    """cli/dynamo_stand_in.py: the 4-layer GPT's trace needs none of torch._dynamo, so `autoplan plan` leaves
+    it out, and graph.json is the one traced with it imported."""
+    tmp, runs = traced_runs
+    assert runs["without"]["dynamo"] == "absent"
+    assert runs["with"]["dynamo"] == "module"
+    assert (tmp / "without" / "graph.json").read_bytes() == (tmp / "with" / "graph.json").read_bytes()
+
+
+def test_a_trace_that_needs_torch_dynamo_imports_the_real_one_and_traces_the_same_graph(traced_runs):
+    """examples/moe.py traces through torch.export, which needs torch._dynamo: the stand-in imports it in
+    its place, and graph.json is the one traced with it imported from the start."""
+    tmp, runs = traced_runs
+    assert runs["late"]["dynamo"] == "module"
+    assert runs["early"]["dynamo"] == "module"
+    assert (tmp / "late" / "graph.json").read_bytes() == (tmp / "early" / "graph.json").read_bytes()
+
+
+def test_a_traced_plan_imports_what_its_trace_needs_with_the_collector_paused(traced_runs):
     """cli/trace.py, prepare: sympy (loaded by fake tensors' first op) and DTensor's op registry (the tensor-parallel
     verdict, trace/dtensor_reach.py) are imported with torch, the GC paused, not mid-trace; the planner's libraries
-    with the planner (cli/solve.py, PLAN_IMPORTS), not by the parser; pydoc not at all (trace/propagate.py)."""
-    (tmp_path / "model.py").write_text(TINY_MODEL)
-    argv = ["plan", str(tmp_path / "model.py"), "--devices", "2", "--profile", "dgx-a100", "--batch", "8", "--quiet"]
-    env = {**os.environ, "AUTOPLAN_TRACE_CACHE": "off"}
-    probe = GC_PROBE.format(watched=TRACE_HEAVY + NOT_NEEDED)
-    done = subprocess.run(
-        [sys.executable, "-c", probe, *argv, "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"gc_on": [], "imported": sorted(TRACE_HEAVY)}
+    with the planner (cli/solve.py, PLAN_IMPORTS), not by the parser; pydoc not at all (trace/propagate.py). Read
+    from the GPT's plan in a bare process (traced_runs): any model torch.fx captures needs the same imports."""
+    _, runs = traced_runs
+    plan = runs["without"]
+    assert {"gc_on": plan["gc_on"], "imported": plan["imported"]} == {"gc_on": [], "imported": sorted(TRACE_HEAVY)}
 
 
 MARKED_MODEL = """

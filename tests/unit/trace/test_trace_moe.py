@@ -108,8 +108,8 @@ def test_the_users_model_is_left_as_it_was(traced):
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
-def test_a_capacity_factor_pads_every_expert_to_its_capacity():
-    _, balanced = _trace("mixtral")
+def test_a_capacity_factor_pads_every_expert_to_its_capacity(traced):
+    _, balanced = traced["mixtral"]  # _trace("mixtral") under the default routing model: dropless
     _, padded = _trace("mixtral", RoutingModel(capacity_factor=1.5))
     base, layer = balanced.moe_layers[0], padded.moe_layers[0]
     assert layer.slots_per_expert == math.ceil(1.5 * base.tokens * base.top_k / base.num_experts)
