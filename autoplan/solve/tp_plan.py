@@ -87,7 +87,8 @@ class TPPlanner:
         self._ranks: dict[tuple, tuple] = {}  # rank_params per block, tp and SP (all it reads)
         self._stepped: dict[tuple, BlockSolution | None] = {}  # _with_step's answer per its key
         self._plans: dict[tuple, FrozenTpPlan] = {}  # per the representatives' splits, tp and SP (_tp_plan)
-        self.solves = 0  # the ILPs solved, each distinct one once
+        self._models: dict = {}  # HiGHS's answers per model (solve/linear.py solve's memo)
+        self.solves = 0  # the ILPs solved, each distinct model once
 
     def choose(
         self,
@@ -237,10 +238,10 @@ class TPPlanner:
     def _answer(self, problem: BlockPrices, key: tuple, limit: float | None) -> BlockSolution | None:
         """solve_block of ``problem`` within ``limit``, solved once per ``key`` (block, fingerprint, limit)."""
         if key not in self._answers:
-            self.solves += 1
-            self._answers[key] = solve_block(
-                problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s
-            )
+            runs = len(self._models)
+            how = dict(solver=self.solver, time_limit_s=self.time_limit_s, memo=self._models)
+            self._answers[key] = solve_block(problem, memory_budget_bytes=limit, **how)
+            self.solves += len(self._models) > runs or self.solver != "highs"
         return self._answers[key]
 
     def _copy(
