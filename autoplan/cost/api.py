@@ -8,7 +8,8 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``Bounds``: floors on its step-time terms and memory that the search prunes with (cost/bounds.py);
 - one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
-  ``ParamStepPrice`` and ``block_step_s``: what the step charges each split's parameters once a step;
+  ``ParamStepPrice`` and ``block_step_s`` (of ``rank_params``): what the step charges each split's parameters once
+  a step;
   ``DtypePolicy`` and ``policy_for``: the run dtypes a ZeRO stage's plans price their splits in;
 - one block of the pipeline partition: ``block_time_s``, ``rerun_s``, ``chunk_forward_reruns`` and
   ``plan_forward_reruns`` (a recomputed block's re-runs per chunk: cost/pp/reruns.py), ``kept_bytes``,
@@ -32,7 +33,7 @@ from autoplan.cost.compute.dtypes import DtypePolicy, policy_for
 from autoplan.cost.compute.op_costs import NodeTimes
 from autoplan.cost.compute.roofline import PRECISION_BYTES, peak_dtype
 from autoplan.cost.dp.compression import check_rank, compresses_any
-from autoplan.cost.dp.param_step import ParamStepPrice, block_step_s
+from autoplan.cost.dp.param_step import ParamStepPrice, block_step_s, rank_params
 from autoplan.cost.dp.sparse_embedding import summary as sparse_grad_summary
 from autoplan.cost.memory.alone import memory_alone
 from autoplan.cost.memory.in_flight_floor import blocks_states_bytes, device_counts, schedule_key
@@ -82,6 +83,7 @@ __all__ = [
     "ParamStepPrice",
     "analyse_block",
     "block_step_s",
+    "rank_params",
     "memory_budget",
     "policy_for",
     "price_block",

@@ -43,10 +43,16 @@ class BlockSolution:
 
 
 def solve_block(
-    problem: BlockPrices, *, memory_budget_bytes: float | None = None, solver: str = "highs", time_limit_s: float = 10.0
+    problem: BlockPrices,
+    *,
+    memory_budget_bytes: float | None = None,
+    solver: str = "highs",
+    time_limit_s: float = 10.0,
+    memo: dict | None = None,
 ) -> BlockSolution | None:
     """The split of each parameterised op minimising the block's time within the budget;
-    None when no assignment fits the budget (:func:`budget_infeasibility` says why)."""
+    None when no assignment fits the budget (:func:`budget_infeasibility` says why). ``memo``: solve/linear.py
+    ``solve``'s (prices apart only in what the model does not read, bytes without a budget or a constant, run once)."""
     if memory_budget_bytes is not None and math.isinf(memory_budget_bytes) and memory_budget_bytes > 0:
         memory_budget_bytes = None  # an unlimited budget is no row at all
     if memory_budget_bytes is not None and budget_infeasibility(problem, memory_budget_bytes):
@@ -74,7 +80,7 @@ def solve_block(
     if memory_budget_bytes is not None:
         model.row(memory, up=-(_pulp_sum(memory_constant) - memory_budget_bytes))  # (f)
     model.minimise(objective, _pulp_sum(objective_constant))
-    status, values = solve(model, solver=solver, time_limit_s=time_limit_s)
+    status, values = solve(model, solver=solver, time_limit_s=time_limit_s, memo=memo)
     if not status.has_solution:
         return None
     splits = {v: max(problem.legal[v], key=lambda s: values[x[v, s]] or 0.0) for v in problem.params}

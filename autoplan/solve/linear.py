@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import pulp
 
@@ -65,6 +66,12 @@ class LinearModel:
             named.add("__dummy")
         return sorted(named)
 
+    def key(self) -> tuple:
+        """All HiGHS is handed (:func:`highs_model`): the columns in order, their bounds and costs, and the rows."""
+        names = self.ordered()
+        columns = tuple((name, self.bounds(name), self.cost(name)) for name in names)
+        return columns, tuple((tuple(coefficients.items()), low, up) for coefficients, low, up in self.rows)
+
     def bounds(self, name: str) -> tuple[float, float, bool]:
         return (0.0, 0.0, False) if name == "__dummy" else self.columns[name]
 
@@ -79,15 +86,30 @@ def _finite(c: float) -> float:
     return c
 
 
-def solve(model: LinearModel, *, solver: str, time_limit_s: float) -> tuple[SolveStatus, dict[str, float]]:
-    """Solve ``model``: its status and each column's value (HiGHS directly; CBC, or no highspy, through PuLP)."""
+def solve(
+    model: LinearModel, *, solver: str, time_limit_s: float, memo: dict | None = None
+) -> tuple[SolveStatus, dict[str, float]]:
+    """Solve ``model``: its status and each column's value (HiGHS directly; CBC, or no highspy, through PuLP).
+    ``memo``: HiGHS's answers kept on all it is handed (:meth:`LinearModel.key` and the time limit), so a model
+    equal in those (apart in its objective's constant) runs once; the objective is summed from its own terms."""
     try:
         import highspy
     except ImportError:
         highspy = None
     if solver != "highs" or highspy is None:
         return _solve_pulp(model, solver=solver, time_limit_s=time_limit_s)
-    return _solve_highs(highspy, model, time_limit_s=time_limit_s)
+    if memo is None:
+        return _solve_highs(highspy, model, time_limit_s=time_limit_s)
+    key = (model.key(), float(time_limit_s))
+    if key not in memo:
+        memo[key] = _solve_highs(highspy, model, time_limit_s=time_limit_s)
+    status, values = memo[key]
+    return replace(status, objective=_objective(model, values) if status.objective is not None else None), values
+
+
+def _objective(model: LinearModel, values: dict[str, float]) -> float:
+    """The model's objective at ``values``: its constant and its terms, in the order they were named."""
+    return model.objective_constant + sum(c * values[name] for name, c in model.objective.items())
 
 
 def _solve_highs(highspy, model: LinearModel, *, time_limit_s: float) -> tuple[SolveStatus, dict[str, float]]:
@@ -98,9 +120,7 @@ def _solve_highs(highspy, model: LinearModel, *, time_limit_s: float) -> tuple[S
     elapsed = time.perf_counter() - start
     values = dict(zip(names, h.getSolution().col_value))
     status, gap = _highs_status(highspy, h)
-    objective = None
-    if status != "infeasible":
-        objective = model.objective_constant + sum(c * values[name] for name, c in model.objective.items())
+    objective = None if status == "infeasible" else _objective(model, values)
     return SolveStatus(status=status, solver="highs", gap=gap, objective=objective, solve_time_s=elapsed), values
 
 

@@ -14,9 +14,11 @@ these; its ILP's answer reads those prices and the block's byte limit only, and 
 retries) solve the blocks they share once, and so do policies (or contexts) that price a block alike. Given a
 ``step`` (cost/dp/param_step.py: the plan's ZeRO stage, dp groups and micro-batches), each split's objective also
 carries what the step charges its parameters once a step (dp messages, optimizer step) over the micro-batches: a
-step's seconds kept per block, tp, SP and ``step.step_key``. The ILP without it answers first; where its optimum
-already gives each node a split of the least step seconds (Megatron's splits shard every parameter), it is the
-optimum with the term too, and only the others solve the ILP with the term. Equal splits make one tp_plan.
+step's seconds kept per block, tp, SP and ``step.step_key`` (rank_params per block, tp and SP). The ILP without it
+answers first; where its optimum already gives each node a split of the least step seconds (Megatron's splits shard
+every parameter), it is the optimum with the term too, and only the others solve the ILP with the term, once per
+block, fingerprint, term seconds and limit (step keys that charge alike share it); either answer is kept on the
+block, fingerprint, tp, step key and limit. Equal splits make one tp_plan.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from autoplan.cost import (
     analyse_block,
     block_step_s,
     price_block,
+    rank_params,
     split_context,
 )
 from autoplan.solve.backend import SolveStatus
@@ -81,8 +84,11 @@ class TPPlanner:
         self._prices: dict[tuple, tuple] = {}  # (prices, fingerprint) per block, context, re-runs and factors
         self._answers: dict[tuple, BlockSolution | None] = {}  # per block, fingerprint and byte limit (docstring)
         self._steps: dict[tuple, dict] = {}  # block_step_s per block, tp, SP and step key
+        self._ranks: dict[tuple, tuple] = {}  # rank_params per block, tp and SP (all it reads)
+        self._stepped: dict[tuple, BlockSolution | None] = {}  # _with_step's answer per its key
         self._plans: dict[tuple, FrozenTpPlan] = {}  # per the representatives' splits, tp and SP (_tp_plan)
-        self.solves = 0  # the ILPs solved, each distinct one once
+        self._models: dict = {}  # HiGHS's answers per model (solve/linear.py solve's memo)
+        self.solves = 0  # the ILPs solved, each distinct model once
 
     def choose(
         self,
@@ -193,34 +199,49 @@ class TPPlanner:
         key = (rep, ctx.tp, ctx.sequence_parallel, step.step_key if per_step else step.key)
         if key not in self._steps:
             if per_step:
-                self._steps[key] = block_step_s(self.graph, rep, ctx, step)
+                self._steps[key] = block_step_s(self.graph, rep, ctx, step, ranks=self._rank_params(rep, ctx))
             else:
                 m, table = step.num_microbatches, self._step_s(rep, ctx, step, per_step=True)
                 self._steps[key] = {v: {s: t / m for s, t in splits.items()} for v, splits in table.items()}
         return self._steps[key]
 
+    def _rank_params(self, rep: str | None, ctx: TPContext) -> tuple:
+        """rank_params of ``rep`` (cost/dp/param_step.py), kept on all it reads: the block, tp and SP."""
+        key = (rep, ctx.tp, ctx.sequence_parallel)
+        if key not in self._ranks:
+            self._ranks[key] = rank_params(self.graph, rep, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel)
+        return self._ranks[key]
+
     def _with_step(
         self, problem: BlockPrices, key: tuple, solution: BlockSolution, ctx: TPContext, step
-    ) -> BlockSolution:
-        """The answer with ``step``'s term for the block ``key`` names first: ``solution`` (the optimum without it)
-        where each node's split already pays the least step seconds of its splits, as no assignment pays less for the
-        block nor for its step (its objective then with the term); else the ILP with the term, solved once per
-        ``key`` (block, fingerprint, tp, the step's key and the limit)."""
-        rep, per_step = key[0], self._step_s(key[0], ctx, step, per_step=True)
-        if solution.status.status == "optimal" and all(
-            table[solution.splits[v]] == min(table.values()) for v, table in per_step.items()
-        ):
-            least_s = sum(table[solution.splits[v]] for v, table in per_step.items()) / step.num_microbatches
-            return replace(solution, status=replace(solution.status, objective=solution.status.objective + least_s))
-        return self._answer(replace(problem, step_s=self._step_s(rep, ctx, step)), key, key[-1])
+    ) -> BlockSolution | None:
+        """The answer with ``step``'s term for the block ``key`` names (block, fingerprint, tp, the step's key and the
+        limit), kept on ``key``: ``solution`` (the optimum without it, which the block, fingerprint and limit fix)
+        where each node's split already pays the least step seconds of its splits, as no assignment pays less for
+        the block nor for its step (its objective then with the term); else the ILP with the term, solved once per
+        block, fingerprint, term (each node's seconds per split, in order) and limit: all its model reads."""
+        if key not in self._stepped:
+            rep, per_step = key[0], self._step_s(key[0], ctx, step, per_step=True)
+            if solution.status.status == "optimal" and all(
+                table[solution.splits[v]] == min(table.values()) for v, table in per_step.items()
+            ):
+                least_s = sum(table[solution.splits[v]] for v, table in per_step.items()) / step.num_microbatches
+                objective = solution.status.objective + least_s
+                self._stepped[key] = replace(solution, status=replace(solution.status, objective=objective))
+            else:  # the model reads the prices, the term and the limit: step keys that charge alike solve once
+                step_s = self._step_s(rep, ctx, step)
+                seconds = tuple((v, tuple(table.items())) for v, table in step_s.items())
+                solved = (*key[:2], seconds, key[-1])  # the block, fingerprint, term and limit
+                self._stepped[key] = self._answer(replace(problem, step_s=step_s), solved, key[-1])
+        return self._stepped[key]
 
     def _answer(self, problem: BlockPrices, key: tuple, limit: float | None) -> BlockSolution | None:
         """solve_block of ``problem`` within ``limit``, solved once per ``key`` (block, fingerprint, limit)."""
         if key not in self._answers:
-            self.solves += 1
-            self._answers[key] = solve_block(
-                problem, memory_budget_bytes=limit, solver=self.solver, time_limit_s=self.time_limit_s
-            )
+            runs = len(self._models)
+            how = dict(solver=self.solver, time_limit_s=self.time_limit_s, memo=self._models)
+            self._answers[key] = solve_block(problem, memory_budget_bytes=limit, **how)
+            self.solves += len(self._models) > runs or self.solver != "highs"
         return self._answers[key]
 
     def _copy(

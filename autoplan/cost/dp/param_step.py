@@ -70,13 +70,18 @@ class ParamStepPrice:
         return total_s + memory_time_s(self.profile, local * self.adam_bytes)
 
 
-def block_step_s(graph: Graph, layer: str | None, ctx: TPContext, step: ParamStepPrice) -> dict[str, dict[str, float]]:
+def block_step_s(
+    graph: Graph, layer: str | None, ctx: TPContext, step: ParamStepPrice, *, ranks: tuple | None = None
+) -> dict[str, dict[str, float]]:
     """Per parameterised node of block ``layer`` with more than one legal split and per split, ``step``'s seconds
-    a step for the node's own parameters at that split (:func:`rank_params`), each distinct count priced once; the
-    ILP's term is these over ``step.num_microbatches`` (module docstring)."""
+    a step for the node's own parameters at that split (:func:`rank_params`; ``ranks``: its answer for the block, tp
+    and SP when kept), each distinct count priced once; the ILP's term is these over ``step.num_microbatches``
+    (module docstring)."""
     prices: dict[tuple[float, float], float] = {}
     out = {}
-    for name, splits in rank_params(graph, layer, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel):
+    if ranks is None:
+        ranks = rank_params(graph, layer, tp=ctx.tp, sequence_parallel=ctx.sequence_parallel)
+    for name, splits in ranks:
         out[name] = {}
         for split, held in splits:
             if held not in prices:

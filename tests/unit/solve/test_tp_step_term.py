@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from synthetic import synthetic_profile
 
-from autoplan.cost import CostModel, MemoryBudget, ParamStepPrice, block_step_s, price_block, split_context
+from autoplan.cost import CostModel, MemoryBudget, ParamStepPrice, block_step_s, price_block, rank_params, split_context
 from autoplan.solve import tp_plan
 from autoplan.solve.api import plan_graph
 from autoplan.solve.intra_op import objective_s, solve_block
@@ -127,7 +127,7 @@ def test_step_keys_apart_in_micro_batches_share_a_step_table_and_equal_splits_on
     """TPPlanner prices a block's step seconds once per what a step reads (ZeRO-1's messages go once a step, so
     m = 1 and 8 read alike) and makes one tp_plan object per splits; every choice is a fresh planner's."""
     profile, priced = synthetic_profile(), []
-    monkeypatch.setattr(tp_plan, "block_step_s", lambda *a: priced.append(a[1]) or block_step_s(*a))
+    monkeypatch.setattr(tp_plan, "block_step_s", lambda *a, **k: priced.append(a[1]) or block_step_s(*a, **k))
     planner, kw = TPPlanner(graph, profile), dict(dp=2, tp=2, pp=1, sequence_parallel=False, precision="bf16")
     choices = []
     for m, mbs in itertools.product((1, 8), (1, 2)):
@@ -140,3 +140,66 @@ def test_step_keys_apart_in_micro_batches_share_a_step_table_and_equal_splits_on
     assert sorted(priced, key=str) == sorted([None, "layers.0", "layers.1"] * 5, key=str)  # 4 fresh + 1 shared
     plans = {id(c.tp_plan): dict(c.tp_plan) for c in choices}
     assert len(plans) == len({tuple(sorted(p.items())) for p in plans.values()})
+
+
+def _step(graph, profile, *, dp: int, m: int, zero: int) -> ParamStepPrice:
+    plan = Plan(devices=2 * dp, dp=dp, tp=2, pp=1, micro_batch_size=1, num_microbatches=m, zero_stage=zero)
+    return ParamStepPrice(plan, profile, CostModel(graph, profile).dp_terms)
+
+
+def test_rank_params_are_kept_per_block_tp_and_sp(graph, monkeypatch):
+    """TPPlanner reads a block's rank_params once per block, tp and SP, whatever the step (ZeRO stage, m, dp): every
+    choice is the one a planner that reads them afresh makes."""
+    profile, kw = synthetic_profile(), dict(tp=2, pp=1, sequence_parallel=False, precision="bf16", micro_batch_size=1)
+    steps = [(dp, _step(graph, profile, dp=dp, m=m, zero=z)) for z, m, dp in itertools.product((0, 3), (1, 8), (2, 4))]
+    fresh = [TPPlanner(graph, profile).choose(**kw, dp=dp, step=step) for dp, step in steps]
+    read = []
+    monkeypatch.setattr(tp_plan, "rank_params", lambda g, rep, **k: read.append(rep) or rank_params(g, rep, **k))
+    planner = TPPlanner(graph, profile)
+    for (dp, step), plain in zip(steps, fresh):
+        choice = planner.choose(**kw, dp=dp, step=step)
+        assert dict(choice.tp_plan) == dict(plain.tp_plan)
+        assert [s.objective for s in choice.statuses] == [s.objective for s in plain.statuses]
+    assert sorted(read, key=str) == sorted([None, "layers.0", "layers.1"], key=str)  # not once per step key
+
+
+def test_the_answer_with_the_term_is_kept_on_its_key(graph, monkeypatch):
+    """TPPlanner keeps a block's answer with the step term on the block, fingerprint, tp, step key and limit: budgets
+    apart only in the layers' limit read the outside nodes' step seconds once, and each choice is a fresh planner's."""
+    profile, kw = (
+        synthetic_profile(),
+        dict(dp=2, tp=2, pp=1, sequence_parallel=False, precision="bf16", micro_batch_size=1),
+    )
+    ctx, step = split_context(graph, profile, **kw), _step(graph, profile, dp=2, m=8, zero=1)
+    lightest = {rep: price_block(graph, rep, ctx=ctx, **FACTORS).min_memory_bytes() for rep in (None, "layers.0")}
+    budgets = [
+        MemoryBudget(block_bytes=lightest["layers.0"] * f, outside_bytes=lightest[None] * 4, **FACTORS)
+        for f in (4, 2, 1.02)
+    ]
+    fresh = [TPPlanner(graph, profile).choose(**kw, budget=budget, step=step) for budget in budgets]
+    read, step_s = [], TPPlanner._step_s
+    monkeypatch.setattr(TPPlanner, "_step_s", lambda self, rep, *a, **k: read.append(rep) or step_s(self, rep, *a, **k))
+    planner = TPPlanner(graph, profile)
+    for budget, plain in zip(budgets, fresh):
+        choice = planner.choose(**kw, budget=budget, step=step)
+        assert dict(choice.tp_plan) == dict(plain.tp_plan)
+        assert [s.objective for s in choice.statuses] == [s.objective for s in plain.statuses]
+    assert len({frozenset(c.tp_plan.items()) for c in fresh}) > 1  # the limits bind: one answer must not do for all
+    assert read.count(None) == 1 and read.count("layers.0") >= len(budgets)  # the outside nodes' once, not per budget
+
+
+def test_step_keys_that_charge_alike_solve_the_ilp_with_the_term_once(graph):
+    """ZeRO-2's step over pp = 1 and pp = 2 reads other process groups (step keys apart) that charge each split alike:
+    TPPlanner solves a block's ILP with the term once per its term's seconds, not per step key; ZeRO-3's term, apart
+    in its seconds, is solved again. Every choice is a fresh planner's."""
+    profile, kw = _profile(), dict(dp=2, tp=2, pp=1, sequence_parallel=False, precision="bf16", micro_batch_size=1)
+    planner, solved = TPPlanner(graph, profile), []
+    for pp, zero in ((1, 2), (2, 2), (1, 3)):
+        plan = Plan(devices=4 * pp, dp=2, tp=2, pp=pp, micro_batch_size=1, num_microbatches=8, zero_stage=zero)
+        step = ParamStepPrice(plan, profile, CostModel(graph, profile).dp_terms)
+        before = planner.solves
+        choice, fresh = planner.choose(**kw, step=step), TPPlanner(graph, profile).choose(**kw, step=step)
+        solved.append(planner.solves - before)
+        assert dict(choice.tp_plan) == dict(fresh.tp_plan)
+        assert [s.objective for s in choice.statuses] == [s.objective for s in fresh.statuses]
+    assert solved[0] > 3 and solved[1] == 0 and solved[2] > 0, solved  # 3 ILPs without the term, then with it
