@@ -8,8 +8,7 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``Bounds``: floors on its step-time terms and memory that the search prunes with (cost/bounds.py);
 - one block's splits for the intra-op ILP: ``price_block`` in a ``split_context``, within a
   ``memory_budget`` when a plan did not fit; ``analyse_block`` names a block's parameterised ops;
-  ``ParamStepPrice`` and ``block_step_s`` (of ``rank_params``): what the step charges each split's parameters once
-  a step;
+  ``ParamStepPrice``, ``block_step_s`` (of ``rank_params``): what the step charges each split's parameters a step;
   ``DtypePolicy`` and ``policy_for``: the run dtypes a ZeRO stage's plans price their splits in;
 - one block of the pipeline partition: ``block_time_s``, ``rerun_s``, ``chunk_forward_reruns`` and
   ``plan_forward_reruns`` (a recomputed block's re-runs per chunk: cost/pp/reruns.py), ``kept_bytes``,
