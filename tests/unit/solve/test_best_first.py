@@ -47,7 +47,7 @@ def _full():
 
 @cache
 def _full_wide():
-    """The exhaustive run of the golden plans' space on a 24 GiB device, shared by the tests that compare with it
+    """The exhaustive run of WIDE (on a 24 GiB device), shared by the tests that compare with it
     (``keep`` does not change what an exhaustive run prices; 3: the top 3 are exact)."""
     return _run(best=False, keep=3, exhaustive=True, **WIDE)
 
@@ -123,7 +123,7 @@ def _shape(plan) -> tuple:
 @pytest.mark.parametrize("keep", [1, 3])
 def test_each_group_is_expanded_once_and_the_top_is_the_exhaustive_one(keep):
     """Every (group, tp_plan) is expanded (its members partitioned and bounded) at most once, and each plan priced at
-    most once, on the golden plans' space (a group may come twice only with a second tp_plan: the memory-budgeted
+    most once, on WIDE (a group may come twice only with a second tp_plan: the memory-budgeted
     retry's, where nothing of its first fits); some groups never (pruned whole). Nothing is priced outside an
     expansion. Best plan, price and exact top k: the exhaustive run's."""
     result, expanded = _wide_best_first(keep)
