@@ -16,8 +16,13 @@ from autoplan.solve.search import Search
 
 GRAPH = synthetic_gpt(layers=4, hidden=512, heads=8, vocab=8000, seq=256, batch=8)
 PROFILE = synthetic_profile()
-#: tests/unit/solve/test_plans_golden.py's space: its best group is not among the first by bound (1)
-WIDE = dict(graph=synthetic_gpt(layers=8, hidden=1024, heads=16, vocab=32000, seq=1024, batch=32), devices=16)
+#: tests/unit/solve/test_plans_golden.py's space at batch 16 (its exhaustive run prices 50,814 plans, not 71,514): its
+#: best group is not the first by bound (1), and the plain order prices plans whose bound the best beats (both asserted)
+WIDE = dict(
+    graph=synthetic_gpt(layers=8, hidden=1024, heads=16, vocab=32000, seq=1024, batch=16),
+    devices=16,
+    profile=synthetic_profile(memory_bytes=24 * 2**30),
+)
 
 BLANK = dict(recompute="none", schedule="1f1b", v=1, zero=0, tp_plan={}, model="", profile="")
 
@@ -42,9 +47,31 @@ def _full():
 
 @cache
 def _full_wide():
-    """The exhaustive run of the golden plans' space on a 24 GiB device, shared by the tests that compare with it
+    """The exhaustive run of WIDE (on a 24 GiB device), shared by the tests that compare with it
     (``keep`` does not change what an exhaustive run prices; 3: the top 3 are exact)."""
-    return _run(best=False, keep=3, exhaustive=True, **WIDE, profile=synthetic_profile(memory_bytes=24 * 2**30))
+    return _run(best=False, keep=3, exhaustive=True, **WIDE)
+
+
+@cache
+def _wide_best_first(keep: int) -> tuple:
+    """The best-first run of WIDE and the (group, tp_plan) it expanded, in order, shared by the tests that read it."""
+    expanded = []
+    expand = best_first.Pass._expand
+
+    def counted(self, state):
+        expanded.append((state.group, tuple(sorted(state.choice.tp_plan.items()))))
+        return expand(self, state)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(best_first.Pass, "_expand", counted)
+        return _run(best=True, keep=keep, **WIDE), expanded
+
+
+def _everything_wide(keep: int) -> list:
+    """Every group of WIDE's space with its bound (1), best first."""
+    graph = WIDE["graph"]
+    options = SearchOptions(devices=WIDE["devices"], batch_size=graph.batch_size, keep=keep)
+    return Search(graph, WIDE["profile"], options).groups()
 
 
 def _timed(result) -> int:
@@ -73,10 +100,11 @@ def test_every_priced_plan_is_a_row_once():
 def test_best_first_prices_no_plan_whose_bound_the_best_beats():
     """Plans are priced in order of bound across the groups, so none whose bound reaches the best objective is
     priced (memory or time), where the plain loop, group by group, prices some; the best is the exhaustive's."""
-    wide = dict(WIDE, profile=synthetic_profile(memory_bytes=24 * 2**30))
-    early, plain = _run(best=True, keep=1, **wide), _run(best=False, keep=1, **wide)
+    early, plain = _wide_best_first(1)[0], _run(best=False, keep=1, **WIDE)
     full = _full_wide()
     best = full.best_cost.step_time_s
+    first = _everything_wide(1)[0][1].plan(**BLANK)
+    assert _shape(full.best) != _shape(first)  # WIDE's property: its best group is not the first by bound (1)
 
     def priced(result) -> list:
         return [c for c in result.candidates if c.status == "evaluated"]
@@ -93,24 +121,15 @@ def _shape(plan) -> tuple:
 
 
 @pytest.mark.parametrize("keep", [1, 3])
-def test_each_group_is_expanded_once_and_the_top_is_the_exhaustive_one(keep, monkeypatch):
+def test_each_group_is_expanded_once_and_the_top_is_the_exhaustive_one(keep):
     """Every (group, tp_plan) is expanded (its members partitioned and bounded) at most once, and each plan priced at
-    most once, on the golden plans' space (a group may come twice only with a second tp_plan: the memory-budgeted
+    most once, on WIDE (a group may come twice only with a second tp_plan: the memory-budgeted
     retry's, where nothing of its first fits); some groups never (pruned whole). Nothing is priced outside an
     expansion. Best plan, price and exact top k: the exhaustive run's."""
-    expanded = []
-    expand = best_first.Pass._expand
-
-    def counted(self, state):
-        expanded.append((state.group, tuple(sorted(state.choice.tp_plan.items()))))
-        return expand(self, state)
-
-    monkeypatch.setattr(best_first.Pass, "_expand", counted)
-    wide = dict(WIDE, profile=synthetic_profile(memory_bytes=24 * 2**30))
-    result = _run(best=True, keep=keep, **wide)
+    result, expanded = _wide_best_first(keep)
     groups = Counter(group for group, _ in expanded)
     assert expanded and len(expanded) == len(set(expanded)) and max(groups.values()) <= 2
-    everything = Search(wide["graph"], wide["profile"], SearchOptions(devices=16, batch_size=32, keep=keep)).groups()
+    everything = _everything_wide(keep)
     assert len(groups) < len(everything)
     priced = [c.plan for c in result.candidates if c.status == "evaluated"]
     assert len(priced) == len({repr(plan) for plan in priced})
