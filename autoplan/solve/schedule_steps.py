@@ -81,8 +81,8 @@ def _larger_steps(m: int, k: int, pp: int, v: int, schedule: str, runtime: str) 
     fields = dict(devices=pp, dp=1, tp=1, pp=pp, micro_batch_size=1, num_microbatches=m, schedule=schedule)
     found = []
     for j in range(k + 1, m + 1) if pp > 1 else ():
-        probe = Plan.unchecked(**fields, virtual_stages=v, runtime=runtime, schedule_steps=j)
-        try:
+        try:  # a probe a Plan refuses is a k that does not run, however it is built (checked or not)
+            probe = Plan.unchecked(**fields, virtual_stages=v, runtime=runtime, schedule_steps=j)
             check_schedule_steps(probe)
             check_schedule(probe)
         except PlanError:
