@@ -92,10 +92,7 @@ def solve(
     """Solve ``model``: its status and each column's value (HiGHS directly; CBC, or no highspy, through PuLP).
     ``memo``: HiGHS's answers kept on all it is handed (:meth:`LinearModel.key` and the time limit), so a model
     equal in those (apart in its objective's constant) runs once; the objective is summed from its own terms."""
-    try:
-        import highspy
-    except ImportError:
-        highspy = None
+    highspy = _highspy()
     if solver != "highs" or highspy is None:
         return _solve_pulp(model, solver=solver, time_limit_s=time_limit_s)
     if memo is None:
@@ -105,6 +102,21 @@ def solve(
         memo[key] = _solve_highs(highspy, model, time_limit_s=time_limit_s)
     status, values = memo[key]
     return replace(status, objective=_objective(model, values) if status.objective is not None else None), values
+
+
+def _highspy():
+    """highspy, or None where it cannot be imported (then PuLP runs every solver)."""
+    try:
+        import highspy
+    except ImportError:
+        return None
+    return highspy
+
+
+def memoises(solver: str) -> bool:
+    """Whether :func:`solve` runs ``solver`` itself and keeps its answers in a memo given it: HiGHS, where highspy
+    imports; PuLP's runs (CBC, or HiGHS without highspy) are not kept."""
+    return solver == "highs" and _highspy() is not None
 
 
 def _objective(model: LinearModel, values: dict[str, float]) -> float:

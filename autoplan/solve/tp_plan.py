@@ -41,6 +41,7 @@ from autoplan.cost import (
 )
 from autoplan.solve.backend import SolveStatus
 from autoplan.solve.intra_op import BlockSolution, budget_infeasibility, solve_block
+from autoplan.solve.linear import memoises
 from autoplan.types.frozen_tp_plan import FrozenTpPlan
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
@@ -241,7 +242,7 @@ class TPPlanner:
             runs = len(self._models)
             how = dict(solver=self.solver, time_limit_s=self.time_limit_s, memo=self._models)
             self._answers[key] = solve_block(problem, memory_budget_bytes=limit, **how)
-            self.solves += len(self._models) > runs or self.solver != "highs"
+            self.solves += len(self._models) > runs or not memoises(self.solver)  # PuLP's runs: no memo
         return self._answers[key]
 
     def _copy(

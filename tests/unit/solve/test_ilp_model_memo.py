@@ -3,12 +3,14 @@ the model does not read (a constant, or bytes where no budget adds the memory ro
 the one solve_block gives without the memo, its objective summed from its own constant."""
 
 import dataclasses
+import sys
 
 from synthetic import synthetic_gpt, synthetic_profile
 
 from autoplan.cost import price_block, split_context
 from autoplan.solve import linear
 from autoplan.solve.intra_op import solve_block
+from autoplan.solve.tp_plan import TPPlanner
 
 CTX = dict(dp=1, tp=4, pp=1, sequence_parallel=False, precision="bf16", micro_batch_size=8)
 
@@ -41,3 +43,16 @@ def test_prices_apart_in_what_the_model_does_not_read_run_highs_once(monkeypatch
         assert _answer(solve_block(prices, memory_budget_bytes=limit, memo=memo)) == answer
         assert len(runs) - before == solved
     assert plain[1][4] != plain[0][4] and plain[2][2] != plain[0][2]  # the reused answers' own objective and bytes
+
+
+def test_solves_are_counted_where_pulp_runs_them_without_highspy(monkeypatch):
+    """Without highspy, solver "highs" runs through PuLP, which keeps no memo: each distinct ILP still counts once
+    (plan.json's ``ilp_solves``), as many as where HiGHS runs and keeps them."""
+    graph, profile = synthetic_gpt(layers=2, seq=256, batch=16, vocab=4096), synthetic_profile()
+    with_highspy = TPPlanner(graph, profile)
+    with_highspy.choose(**CTX)
+    monkeypatch.setitem(sys.modules, "highspy", None)  # its import raises ImportError
+    assert not linear.memoises("highs")
+    without = TPPlanner(graph, profile)
+    without.choose(**CTX)
+    assert without.solves == with_highspy.solves > 0
