@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -34,11 +35,8 @@ class PartitionProblem:
         if len(cuts) != self.layers + 1:
             raise ValueError(f"cut_s has {len(cuts)} entries; {self.layers} layers need one per boundary.")
         self._cut = np.asarray(cuts, dtype=float)
-        chunks = range(self.chunks)  # looping: every chunk but the first receives (the common case, built fast)
-        sent = (
-            [sent_from_prior(c, pp=self.pp, v_shape=True) for c in chunks] if self.v_shape else [c > 0 for c in chunks]
-        )
-        self._sent = [*sent, False]  # chunk C: past the last
+        self._sent = list(chunk_sent(self.pp, self.virtual_stages, self.v_shape))
+        self._stage_of = chunk_stages(self.pp, self.virtual_stages, self.v_shape)  # each chunk's stage
         self._lists = (self._t.tolist(), self._m.tolist(), self._a.tolist(), self._cut.tolist())  # for totals
 
     def content_key(self) -> tuple:
@@ -64,7 +62,7 @@ class PartitionProblem:
         return chunks_of_stage(stage, pp=self.pp, virtual_stages=self.virtual_stages, v_shape=self.v_shape)
 
     def stage_of(self, chunk: int) -> int:
-        return stage_of_chunk(chunk, pp=self.pp, v_shape=self.v_shape)
+        return self._stage_of[chunk]
 
     def sent(self, chunk: int) -> bool:
         """Whether chunk ``chunk`` (0..C) receives from another stage: not the first, not past the last, not the
@@ -90,9 +88,9 @@ class PartitionProblem:
         floats, which round each step as numpy's float64 scalars do (:meth:`chunk_cuts_s`' terms, in its order)."""
         times, used = list(self.extra_time_s), list(self.extra_bytes)
         t, m, a, cut = self._lists
-        sent = self._sent
+        sent, stage_of = self._sent, self._stage_of
         for c in range(self.chunks):
-            k, i, j = self.stage_of(c), bounds[c], bounds[c + 1]
+            k, i, j = stage_of[c], bounds[c], bounds[c + 1]
             times[k] += (t[j] - t[i]) + (cut[i] * sent[c] + cut[j] * sent[c + 1])
             used[k] += m[j] - m[i] + self.in_flight[k] * (a[j] - a[i])
         return times, used
@@ -103,6 +101,33 @@ class PartitionProblem:
             return INF
         times, used = self.totals(bounds)
         return INF if any(u > self.capacity_bytes for u in used) else max(times)
+
+
+@lru_cache(maxsize=1024)
+def chunk_stages(pp: int, virtual_stages: int, v_shape: bool) -> tuple[int, ...]:
+    """Each chunk's stage (types/layout.py ``stage_of_chunk``), once per placement: a search builds thousands of
+    problems of a few dozen placements, each read per chunk by every evaluation."""
+    return tuple(stage_of_chunk(c, pp=pp, v_shape=v_shape) for c in range(pp * virtual_stages))
+
+
+@lru_cache(maxsize=1024)
+def stage_neighbours(pp: int, virtual_stages: int, v_shape: bool) -> tuple[int, ...]:
+    """Per stage, the cuts its chunks pay (a receive and a send each, where another stage is on the other side:
+    :meth:`PartitionProblem.neighbours` summed over :meth:`PartitionProblem.chunks_of`), once per placement."""
+    sent = chunk_sent(pp, virtual_stages, v_shape)
+    return tuple(
+        sum(sent[c] + sent[c + 1] for c in chunks_of_stage(k, pp=pp, virtual_stages=virtual_stages, v_shape=v_shape))
+        for k in range(pp)
+    )
+
+
+@lru_cache(maxsize=1024)
+def chunk_sent(pp: int, virtual_stages: int, v_shape: bool) -> tuple[bool, ...]:
+    """Whether each chunk 0..C receives from another stage (:meth:`PartitionProblem.sent`; chunk C, past the last,
+    does not), once per placement: looping, every chunk but the first; in a V, not at its turn either."""
+    chunks = range(pp * virtual_stages)
+    sent = [sent_from_prior(c, pp=pp, v_shape=True) for c in chunks] if v_shape else [c > 0 for c in chunks]
+    return (*sent, False)
 
 
 @dataclass

@@ -25,7 +25,6 @@ chunks as fallbacks. Tests hold each to :func:`partition_brute_force`.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 from typing import Sequence
@@ -34,9 +33,9 @@ import numpy as np
 import pulp
 
 from autoplan.solve.backend import solve_model, variable
-from autoplan.solve.partition_problem import INF, Partition, PartitionProblem
+from autoplan.solve.partition_problem import INF, Partition, PartitionProblem, chunk_stages, stage_neighbours
 from autoplan.solve.partition_v import partition_v
-from autoplan.types.layout import local_chunk, stage_of_chunk
+from autoplan.types.layout import local_chunk
 
 __all__ = ["INF", "Partition", "PartitionProblem", "partition", "partition_brute_force", "partition_ilp"]
 
@@ -52,9 +51,8 @@ def partition(
         return None
     if C == L:  # one layer per chunk: the only partition
         return _checked(problem, list(range(L + 1)))
-    if problem.uniform_cuts() and all(
-        len(set(xs)) == 1 for xs in (problem.layer_time_s, problem.layer_static_bytes, problem.layer_activation_bytes)
-    ):
+    alike = (problem.layer_time_s, problem.layer_static_bytes, problem.layer_activation_bytes)
+    if problem.uniform_cuts() and all(xs.count(xs[0]) == L for xs in alike):  # every layer alike (L > 0 here)
         return _partition_uniform(problem)
     if problem.virtual_stages == 1:
         return _partition_dp(problem)
@@ -83,11 +81,9 @@ def _surely_infeasible(problem: PartitionProblem, *, margin: float = 1e-6) -> bo
     total = sum(problem.extra_bytes) + sum(m + min(low * a, high * a) for m, a in zip(static, act))
     if total / problem.pp > limit:
         return True
-    return any(
-        problem.extra_bytes[k] + sum(heapq.nsmallest(v, (m + problem.in_flight[k] * a for m, a in zip(static, act))))
-        > limit
-        for k in range(problem.pp)
-    )
+    per_stage = np.asarray(static)[None, :] + np.asarray(problem.in_flight)[:, None] * np.asarray(act)[None, :]
+    lightest = np.sort(per_stage, axis=1)[:, :v].tolist()  # each stage's v lightest layers, rising
+    return any(problem.extra_bytes[k] + sum(lightest[k]) > limit for k in range(problem.pp))
 
 
 def _checked(problem: PartitionProblem, bounds: list[int]) -> Partition | None:
@@ -135,7 +131,8 @@ def _partition_uniform(problem: PartitionProblem) -> Partition | None:
     """Identical layers: each stage's layer count by the greedy of the module docstring (method 2)."""
     L, pp, v = problem.layers, problem.pp, problem.virtual_stages
     t, cut = problem.layer_time_s[0], problem.mean_cut_s()  # every cut costs the same here
-    base = [problem.extra_time_s[k] + cut * sum(problem.neighbours(c) for c in problem.chunks_of(k)) for k in range(pp)]
+    neighbours = stage_neighbours(pp, v, problem.v_shape)  # the cuts each stage's chunks pay
+    base = [problem.extra_time_s[k] + cut * neighbours[k] for k in range(pp)]
     per = [problem.layer_static_bytes[0] + problem.in_flight[k] * problem.layer_activation_bytes[0] for k in range(pp)]
     most = [_most_layers(problem.capacity_bytes - problem.extra_bytes[k], per[k], L) for k in range(pp)]
     if any(n < v for n in most):
@@ -143,13 +140,15 @@ def _partition_uniform(problem: PartitionProblem) -> Partition | None:
     counts = [v] * pp
     ready = [(base[k] + (v + 1) * t, (v + 1) * per[k], k) for k in range(pp) if most[k] > v]
     heapq.heapify(ready)
-    for _ in range(L - pp * v):
+    for _ in range(L - pp * v):  # each entry's k is its own: the least pops first however the heap lies
         if not ready:
             return None  # the memory holds fewer layers than the model has
-        _, _, k = heapq.heappop(ready)
+        k = ready[0][2]
         counts[k] += 1
         if counts[k] < most[k]:
-            heapq.heappush(ready, (base[k] + (counts[k] + 1) * t, (counts[k] + 1) * per[k], k))
+            heapq.heapreplace(ready, (base[k] + (counts[k] + 1) * t, (counts[k] + 1) * per[k], k))
+        else:
+            heapq.heappop(ready)
     return _checked(problem, _bounds_from_counts(counts, v, v_shape=problem.v_shape))
 
 
@@ -172,9 +171,11 @@ def _bounds_from_counts(counts: list[int], v: int, *, v_shape: bool) -> list[int
     possible; the later chunks take the remainder (interleaved 1F1B's warm-up holds the fewest
     micro-batches of a stage's last chunk)."""
     pp = len(counts)
+    if v == 1:  # chunk c is stage c's only one
+        return [0, *itertools.accumulate(counts)]
     sizes = [[n // v + (q >= v - n % v) for q in range(v)] for n in counts]
-    stage = functools.partial(stage_of_chunk, pp=pp, v_shape=v_shape)
-    return [0, *itertools.accumulate(sizes[stage(c)][local_chunk(c, pp=pp)] for c in range(pp * v))]
+    stages = chunk_stages(pp, v, v_shape)
+    return [0, *itertools.accumulate(sizes[stages[c]][c // pp] for c in range(pp * v))]  # c // pp: local_chunk
 
 
 def _partition_fill(problem: PartitionProblem, *, steps: int = 40) -> Partition | None:
