@@ -70,6 +70,47 @@ def order_states(
     return _most_sent(np.concatenate([after[falls], before_loss]), sent=sent)
 
 
+def ranks_states(
+    kinds: np.ndarray, chunks: np.ndarray, *, group_of: np.ndarray, last: int, slots: list
+) -> list[np.ndarray] | None:
+    """:func:`order_states` of every rank of one schedule at once, as numpy arrays of shape (ranks, halves): the
+    search asks each rank of a (schedule, p, v, m) it meets (rank_memory.py ``rank_rows``), and one pass over all
+    of them makes each rank's numpy calls once. Each rank's rows are :func:`order_states`' own, in its order:
+    ``_most_sent`` reads them beside the rank's index as a leading count, so they sort by rank first, and a run of
+    equal counts never spans two ranks. ``group_of[r, c]``: chunk c's group on rank r; ``slots[r]``: rank r's
+    receive slots. None where the ranks' groups differ in number (each then by :func:`order_states`)."""
+    ranks, count = kinds.shape
+    groups = {int(g.max()) + 1 for g in group_of}
+    if len(groups) != 1:
+        return None
+    groups, rank = groups.pop(), np.arange(ranks)[:, None]
+    group, sent = np.take_along_axis(group_of, chunks, axis=1), 2 * groups
+    deltas = np.zeros((ranks, count, sent + 3), dtype=np.int64)
+    deltas[rank, np.arange(count)[None, :], group] = _HELD[kinds]
+    deltas[rank, np.arange(count)[None, :], groups + group] = _KEPT[kinds] * (chunks > 0)
+    backward = (kinds == 1) | (kinds == 3)
+    weight = (kinds == 2) | (kinds == 3)
+    deltas[:, :, sent] = weight & (chunks < last)
+    deltas[:, :, sent + 1] = backward & (chunks > 0)
+    for r, (_start, changes) in enumerate(slots):
+        for (kind, chunk), change in changes.items():
+            deltas[r][(kinds[r] == _CODE[kind]) & (chunks[r] == chunk), sent : sent + 2] += change
+    start = np.zeros((ranks, sent + 3), dtype=np.int64)
+    start[:, sent : sent + 2] = [first for first, _changes in slots]
+    after = start[:, None, :] + np.cumsum(deltas, axis=1)
+    falls = np.ones((ranks, count), dtype=bool)
+    falls[:, :-1] = (deltas[:, 1:] < 0).any(axis=2)
+    loss_rank, at_loss = np.nonzero(backward & (chunks == last))
+    before_loss = np.where((at_loss > 0)[:, None], after[loss_rank, np.maximum(at_loss - 1, 0)], start[loss_rank])
+    before_loss[:, -1] = 1
+    fall_rank, fall_at = np.nonzero(falls)
+    rows = np.concatenate([after[fall_rank, fall_at], before_loss])
+    owner = np.concatenate([fall_rank, loss_rank])[:, None]
+    kept = _most_sent(np.concatenate([owner, rows], axis=1), sent=sent + 1)
+    edges = np.searchsorted(kept[:, 0], np.arange(ranks + 1))
+    return [np.ascontiguousarray(kept[edges[r] : edges[r + 1], 1:]) for r in range(ranks)]
+
+
 def merge_sent(rows: np.ndarray) -> np.ndarray:
     """Rows (held, kept, sent, grads, loss) as (held, kept, sent + grads, loss), for a boundary whose every tensor
     has a gradient (D_g = D, one weight for both), less those the second rule drops once merged (of the rows with

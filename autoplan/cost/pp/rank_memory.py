@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoplan.cost.pp.looped_orders import looped_order
-from autoplan.cost.pp.order_states import distinct_rows, merge_sent, order_halves, order_states
+from autoplan.cost.pp.order_states import distinct_rows, merge_sent, order_halves, order_states, ranks_states
 from autoplan.cost.pp.receive_slots import slot_changes
 from autoplan.cost.pp.v_orders import Action, v_order
 from autoplan.types.layout import chunks_of_stage
@@ -67,20 +67,50 @@ def rank_rows(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int)
     """States of ``rank``'s walk, as rows, among which are all of :func:`rank_states` and each of the others
     is at most one of them (cost/pp/order_states.py computes them at once); memoised and read-only: the search's
     floors read them first (:func:`rank_floors`), and a price's :func:`rank_states` of the same rank after."""
-    return _rows(schedule, pp, virtual_stages, m, rank)
+    return _schedule_rows(schedule, pp, virtual_stages, m)[rank]
 
 
-@lru_cache(maxsize=None)  # GPT-1T on 3,072 A100s meets about 5,700, 80 MB: a bound of 4,096 made 1,200 twice
-def _rows(schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
+#: (ranks x halves x counts) int64 cells one pass of order_states.py ``ranks_states`` holds at most: 64 MiB
+RANKS_CELLS = 1 << 23
+
+
+@lru_cache(maxsize=None)  # GPT-1T on 3,072 A100s meets ~250, every rank of each (~5,700 ranks, 80 MB)
+def _schedule_rows(schedule: str, pp: int, virtual_stages: int, m: int) -> tuple[np.ndarray, ...]:
+    """:func:`_rows` of every rank, read-only: the search asks each rank of a schedule it meets (its floors read
+    every stage), so their rows are made together (order_states.py ``ranks_states``), ranks with as many halves
+    at once, RANKS_CELLS at most, each rank alone where that holds one rank or its groups differ in number."""
+    inputs = [_rank_inputs(schedule, pp, virtual_stages, m, rank) for rank in range(pp)]
+    width = 2 * len(group_sizes(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=0)) + 3  # counts
+    last, rows, start = pp * virtual_stages - 1, [], 0
+    while start < pp:
+        end, count = start + 1, len(inputs[start][0])
+        while end < pp and len(inputs[end][0]) == count and (end + 1 - start) * count * width <= RANKS_CELLS:
+            end += 1
+        block, together = inputs[start:end], None
+        if end - start > 1:
+            kinds, chunks, group_of = (np.stack([x[i] for x in block]) for i in range(3))
+            together = ranks_states(kinds, chunks, group_of=group_of, last=last, slots=[x[3] for x in block])
+        rows += together or [order_states(*x[:2], group_of=x[2], last=last, slots=x[3]) for x in block]
+        start = end
+    for one in rows:
+        one.setflags(write=False)
+    return tuple(rows)
+
+
+def _rank_inputs(schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple:
+    """(kinds, chunks, each chunk's group, receive slots) of ``rank``'s order: what order_states.py reads."""
     where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
     kinds, chunks = order_halves(m=m, **where)
     group_of = np.zeros(pp * virtual_stages, dtype=np.int64)
     for chunk, group in chunk_groups(**where).items():
         group_of[chunk] = group
-    slots = slot_changes(m=m, **where)
-    rows = order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1, slots=slots)
-    rows.setflags(write=False)
-    return rows
+    return kinds, chunks, group_of, slot_changes(m=m, **where)
+
+
+def _rows(schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> np.ndarray:
+    """``rank``'s rows alone (order_states.py ``order_states``): what :func:`_schedule_rows` makes of each rank."""
+    kinds, chunks, group_of, slots = _rank_inputs(schedule, pp, virtual_stages, m, rank)
+    return order_states(kinds, chunks, group_of=group_of, last=pp * virtual_stages - 1, slots=slots)
 
 
 class RankFloors(NamedTuple):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_rank_states_fast import _grid
 
-from autoplan.cost.pp.rank_memory import _rows, group_sizes, rank_floors, rank_rows, rank_states
+from autoplan.cost.pp.rank_memory import _schedule_rows, group_sizes, rank_floors, rank_rows, rank_states
 
 
 def _on_the_frontier(case: dict) -> tuple:
@@ -39,5 +39,5 @@ def test_a_ranks_rows_are_built_once_read_only_and_as_built_afresh():
     assert rank_rows(**dict(reversed(list(case.items())))) is first  # whatever the keywords' order
     with pytest.raises(ValueError):
         first[0, 0] = 99
-    _rows.cache_clear()
+    _schedule_rows.cache_clear()
     assert np.array_equal(rank_rows(**case), first)
