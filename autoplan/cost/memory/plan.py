@@ -60,6 +60,7 @@ class PlanMemory:
     def __init__(self, profile: Profile):
         self.profile = profile
         self._shared = SharedStageMemo()  # what fill reads of the cost model's memoised stages
+        self.last_fill: tuple | None = None  # (plan, its stages, the Cost filled): cost/memory/alone.py fill_memory
 
     def stage_memory(self, plan: Plan, stages: list[StageTotals], powersgd: list[PowerSGDTraffic]) -> list[StageMemory]:
         """Per stage, its memory on one device: the parts and the peak (cost/memory/per_device.py).
