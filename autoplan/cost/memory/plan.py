@@ -52,6 +52,7 @@ class _PlanFacts(NamedTuple):
     outer_state: bool  # DiLoCo's outer optimizer keeps state per parameter (cost/dp/local_sgd.py with_outer_state)
     local_sgd: bool  # an outer sync, with its flat copy after the step (local_sgd.py outer_buffer_bytes)
     schedule: tuple  # what a stage's held counts read of the plan (cost/memory/in_flight_floor.py schedule_key)
+    states: dict  # PlanMemory._states by the four parameter counts it reads of a stage: the stages alike share one
 
 
 class PlanMemory:
@@ -80,6 +81,7 @@ class PlanMemory:
             outer_state=bool(outer_state_bytes_per_param(plan)),
             local_sgd=is_local_sgd(plan),
             schedule=schedule_key(plan),
+            states={},
         )
         return [
             self._stage_memory(plan, index, stage, held, facts, whole)
@@ -98,7 +100,9 @@ class PlanMemory:
         reduce_bytes = whole.reduce_bytes
         last_block_bytes, block_params, block_trainable = facts.blocks(stage)
         in_flight, in_flight_after, pending, sent, transient = facts.held(plan, index, stage, whole.schedule)
-        states = self._states(plan, stage)
+        counts = (stage.dense_params, stage.trainable_dense_params, stage.expert_params, stage.trainable_expert_params)
+        if (states := whole.states.get(counts)) is None:
+            states = whole.states[counts] = self._states(plan, stage)
         return stage_memory(
             states=with_outer_state(states, plan, stage) if whole.outer_state else states,  # DiLoCo's, if any
             saved_bytes=stage.saved_bytes,
@@ -142,7 +146,8 @@ class PlanMemory:
 
     def _states(self, plan: Plan, stage: StageTotals) -> ModelStates:
         """Weights, gradients and optimizer state: dense parameters sharded over dp, the routed
-        experts' (1/ep of them) over the dp / ep ranks that hold the same experts."""
+        experts' (1/ep of them) over the dp / ep ranks that hold the same experts. It reads four counts of
+        ``stage``: its dense and expert parameters and the trained ones of each (_PlanFacts.states' key)."""
         dense = model_states(
             params=stage.dense_params,
             precision=plan.precision,
