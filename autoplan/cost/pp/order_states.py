@@ -83,11 +83,13 @@ def ranks_states(
     groups = {int(g.max()) + 1 for g in group_of}
     if len(groups) != 1:
         return None
-    groups, rank = groups.pop(), np.arange(ranks)[:, None]
+    groups = groups.pop()
     group, sent = np.take_along_axis(group_of, chunks, axis=1), 2 * groups
     deltas = np.zeros((ranks, count, sent + 3), dtype=np.int64)
-    deltas[rank, np.arange(count)[None, :], group] = _HELD[kinds]
-    deltas[rank, np.arange(count)[None, :], groups + group] = _KEPT[kinds] * (chunks > 0)
+    held, kept = _HELD[kinds], _KEPT[kinds] * (chunks > 0)
+    for g in range(groups):  # a half changes its own group's counts only
+        mine = group == g
+        deltas[:, :, g], deltas[:, :, groups + g] = held * mine, kept * mine
     backward = (kinds == 1) | (kinds == 3)
     weight = (kinds == 2) | (kinds == 3)
     deltas[:, :, sent] = weight & (chunks < last)
@@ -97,9 +99,10 @@ def ranks_states(
             deltas[r][(kinds[r] == _CODE[kind]) & (chunks[r] == chunk), sent : sent + 2] += change
     start = np.zeros((ranks, sent + 3), dtype=np.int64)
     start[:, sent : sent + 2] = [first for first, _changes in slots]
-    after = start[:, None, :] + np.cumsum(deltas, axis=1)
-    falls = np.ones((ranks, count), dtype=bool)
-    falls[:, :-1] = (deltas[:, 1:] < 0).any(axis=2)
+    after = np.cumsum(deltas, axis=1)
+    after += start[:, None, :]
+    falls = np.ones((ranks, count), dtype=bool)  # a half's nonzero counts: its group's held and kept, sent, grads
+    falls[:, :-1] = ((held < 0) | (kept < 0) | (deltas[:, :, sent] < 0) | (deltas[:, :, sent + 1] < 0))[:, 1:]
     loss_rank, at_loss = np.nonzero(backward & (chunks == last))
     before_loss = np.where((at_loss > 0)[:, None], after[loss_rank, np.maximum(at_loss - 1, 0)], start[loss_rank])
     before_loss[:, -1] = 1
