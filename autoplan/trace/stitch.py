@@ -133,25 +133,11 @@ def _copy_block(
                 with gm.graph.inserting_after(anchor):
                     made[arg] = anchor = gm.graph.get_attr(new + str(arg.target)[len(old) :])
         with gm.graph.inserting_after(anchor):
-            copy = _node_copy(gm.graph, node, lambda n: made.get(n) or previous_of.get(n, n))
+            copy = gm.graph.node_copy(node, lambda n: made.get(n) or previous_of.get(n, n))
         copy.meta = {**node.meta, "nn_module_stack": _renamed_stack(node.meta.get("nn_module_stack"), old, new)}
         made[node] = anchor = copy
         copies.append(copy)
     return copies, anchor
-
-
-def _node_copy(graph: torch.fx.Graph, node: torch.fx.Node, arg_transform) -> torch.fx.Node:
-    """``graph.node_copy(node, arg_transform)`` less its meta copy (_copy_block sets the meta) and
-    create_node's walk over the arguments for raw SymInts (a warning; an exported node's arguments
-    are nodes and constants): the node is made without arguments, then given them, the same node
-    under the same name. ~0.2 s of DeepSeek-V3's 9,400 copies. A graph whose module hooks node
-    creation (``_create_node_hooks``, which would see the node without its arguments) copies as before."""
-    if getattr(graph.owning_module, "_create_node_hooks", None):
-        return graph.node_copy(node, arg_transform)
-    copy = graph.create_node(node.op, node.target, name=node.name, type_expr=node.type)
-    copy.args = torch.fx.node.map_arg(node.args, arg_transform)
-    copy.kwargs = torch.fx.node.map_arg(node.kwargs, arg_transform)
-    return copy
 
 
 def _renamed_stack(stack: dict | None, old: str, new: str) -> dict | None:

@@ -139,37 +139,3 @@ def test_export_with_code_on_demand_is_the_same_graph_and_runs(monkeypatch):
     with capture._code_on_demand():
         program = torch.export.export(model, (x,), strict=False)
     torch.testing.assert_close(program.module()(x), model(x))
-
-
-def _stitched_nodes(monkeypatch, copy=None) -> list[tuple]:
-    """Each node of Stack's stitched export: name, op, target, arguments (by name) and meta, copying with
-    ``copy`` in place of stitch._node_copy when given."""
-    if copy is not None:
-        monkeypatch.setattr(stitch, "_node_copy", copy)
-    with torch.device("meta"):
-        model, x = Stack(), torch.randn(2, 8)
-    captured = capture.capture(model, (x,), model_name="stack")
-    monkeypatch.undo()
-    named = lambda v: torch.fx.node.map_arg(v, lambda n: ("node", n.name))  # noqa: E731
-    return [
-        (n.name, n.op, n.target, named(n.args), named(n.kwargs), n.type, sorted(n.meta), [u.name for u in n.users])
-        for n in captured.module.graph.nodes
-    ]
-
-
-def test_a_copied_node_made_without_its_arguments_first_is_torchs_node_copy(monkeypatch):
-    """stitch._node_copy skips create_node's walk of the arguments: the same nodes, names, uses and meta."""
-    fast = _stitched_nodes(monkeypatch)
-    assert any(op == "get_attr" and target.startswith("blocks.6.") for _, op, target, *_ in fast)  # a copy
-    assert fast == _stitched_nodes(monkeypatch, copy=lambda graph, node, f: graph.node_copy(node, f))
-
-
-def test_a_graph_that_hooks_node_creation_copies_with_torchs_node_copy():
-    graph = torch.fx.Graph(owning_module=torch.fx.GraphModule(nn.Module(), torch.fx.Graph()))
-    x = graph.placeholder("x")
-    relu = graph.call_function(torch.relu, (x,))
-    seen: list[tuple] = []
-    graph.owning_module._create_node_hooks = [lambda node: seen.append(node.args)]
-    with graph.inserting_after(relu):
-        copy = stitch._node_copy(graph, relu, lambda n: relu)
-    assert seen == [(relu,)] and copy.args == (relu,) and copy.name == "relu_1"
