@@ -47,10 +47,10 @@ TRACE_IMPORTS = ("torch.fx.experimental.symbolic_shapes",)
 
 def model_graph(args: argparse.Namespace) -> Graph:
     """The traced graph of ``args.model`` at ``args.batch``: from the trace cache while its entry is
-    valid (without importing torch), else traced, importing torch and the model file with the GC paused,
-    the heap frozen after the trace (cli/startup.py), and torch._dynamo only if the trace needs it
+    valid (without importing torch), else traced, importing torch and the model file and tracing with the GC
+    paused, the heap frozen after the trace (cli/startup.py), and torch._dynamo only if the trace needs it
     (cli/dynamo_stand_in.py)."""
-    from autoplan.cli.startup import paused, paused_imports
+    from autoplan.cli.startup import paused, paused_collector, paused_imports
     from autoplan.trace.cache import cache_dir, cached_trace
 
     routing = routing_of(args)
@@ -62,16 +62,14 @@ def model_graph(args: argparse.Namespace) -> Graph:
         paused_imports(*TRACE_IMPORTS, *registry_modules())
 
     def trace() -> Graph:
-        import gc
-
         from autoplan.cli.dynamo_stand_in import dynamo_deferred
         from autoplan.modelfile import load_model_file
         from autoplan.trace import trace_model_file
 
-        with dynamo_deferred():  # torch._dynamo only if the trace needs more than its disable()
-            graph = trace_model_file(args.model, args.batch, routing=routing, load=paused(load_model_file))
-        gc.freeze()  # what the trace leaves lives to the end of the command (cli/startup.py)
-        return graph
+        # torch._dynamo only if the trace needs more than its disable(); the collector paused, and the heap
+        # frozen after, as what the trace leaves lives to the end of the command (cli/startup.py)
+        with dynamo_deferred(), paused_collector():
+            return trace_model_file(args.model, args.batch, routing=routing, load=paused(load_model_file))
 
     folder = cache_dir(enabled=not args.no_trace_cache)
     traced = cached_trace(args.model, args.batch, routing=routing, trace=trace, folder=folder, prepare=prepare)

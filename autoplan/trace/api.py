@@ -22,7 +22,7 @@ from autoplan.modelfile import ModelFile, default_loss, load_model_file
 from autoplan.trace import dataflow, moe
 from autoplan.trace.build import build_graph, canonical_names, seq_len_of
 from autoplan.trace.capture import capture, first_line
-from autoplan.trace.propagate import Measured, Propagator
+from autoplan.trace.propagate import Measured, NodeFailure, Propagator
 from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
 from autoplan.trace.windows import annotate_windows
 from autoplan.types.graph import Graph
@@ -69,8 +69,30 @@ def trace(
         raise TraceError(
             f"example_inputs must be a non-empty tuple of forward() arguments; got {type(example_inputs).__name__}."
         )
+    step = dict(inputs=tuple(inputs), loss_fn=loss_fn, target=target, model_name=model_name)
+    step["routing"] = routing or RoutingModel()
+    try:
+        return _traced(model, **step, source_lines=False)
+    except _Unplaced:  # a node failed on fake tensors: export again with stack traces to name its source line
+        return _traced(model, **step, source_lines=True)
+
+
+class _Unplaced(Exception):
+    """A node of an export without stack traces failed (capture.py, _stack_traces)."""
+
+
+def _traced(
+    model: torch.nn.Module,
+    *,
+    inputs: tuple,
+    loss_fn: Callable | None,
+    target: Any,
+    model_name: str,
+    routing: RoutingModel,
+    source_lines: bool,
+) -> Graph:
+    """trace()'s work; an exported graph's nodes carry their source lines only with ``source_lines``."""
     batch = _batch_size(inputs)
-    routing = routing or RoutingModel()
     grad_mode = torch.is_grad_enabled()  # an op that fails inside a set_grad_enabled region must not leak it
     with (
         training_mode(model),
@@ -79,14 +101,21 @@ def trace(
         _grad_mode(grad_mode),
         _onednn_on(),
     ):
-        captured = capture(model, tuple(map_tensors(tuple(inputs), to_meta)), model_name=model_name)
+        meta_inputs = tuple(map_tensors(inputs, to_meta))
+        captured = capture(model, meta_inputs, model_name=model_name, source_lines=source_lines)
         _move_meta_constants(captured.module)
         with FakeTensorMode() as mode:
             fake = _faker(mode)
-            fake_in = map_tensors(tuple(inputs), fake)
+            fake_in = map_tensors(inputs, fake)
             fake_target = map_tensors(target, fake)
             with swapped(captured.module, fake, make_param=_faker(mode, parameter=True)):
-                records = _run(captured.module, fake_in, fake_target, loss_fn or _default_loss, canonical_names(model))
+                try:
+                    loss = loss_fn or _default_loss
+                    records = _run(captured.module, fake_in, fake_target, loss, canonical_names(model))
+                except NodeFailure as exc:
+                    if captured.source_lines:
+                        raise
+                    raise _Unplaced() from exc
         dataflow.annotate(records, model)
         annotate_windows(records, model)
         graph = build_graph(
@@ -95,9 +124,9 @@ def trace(
             model_name=model_name,
             batch_size=batch,
             trace_method=captured.method,
-            seq_len=seq_len_of(tuple(inputs)),
+            seq_len=seq_len_of(inputs),
         )
-        graph.inputs = input_specs(tuple(inputs), batch_size=batch)  # for parallelize's micro-batch (types/inputs.py)
+        graph.inputs = input_specs(inputs, batch_size=batch)  # for parallelize's micro-batch (types/inputs.py)
         tokens = batch * (graph.seq_len or 1)
         graph.moe_layers = moe.describe(model, records, routing=routing, log=log, tokens=tokens, blocks=graph.layers)
         moe.keep_list_layers_whole(graph)

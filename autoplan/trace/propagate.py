@@ -43,6 +43,10 @@ from autoplan.trace.flops import flop_counter
 MEMOIZE = True
 
 
+class NodeFailure(TraceError):
+    """A node failed on fake tensors (Propagator._failure)."""
+
+
 @dataclass
 class Measured:
     """One executed node, before it becomes an OpNode."""
@@ -307,7 +311,7 @@ class Propagator:
             return lambda obj, *a, **k: getattr(obj, node.target)(*a, **k)
         return node.target
 
-    def _failure(self, node: torch.fx.Node, exc: Exception) -> TraceError:
+    def _failure(self, node: torch.fx.Node, exc: Exception) -> NodeFailure:
         from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
         where = stack_trace_line(node.meta.get("stack_trace"))
@@ -315,7 +319,7 @@ class Propagator:
         module = module_path(node) or "the top-level forward()"
         op = _target_text(node, None)
         if isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException)):
-            return TraceError(
+            return NodeFailure(
                 f"op '{op}' in module '{module}'{where} has an output that depends on tensor values "
                 "(data-dependent routing such as nonzero() or boolean-mask indexing), "
                 "which shape-only tracing cannot size. autoplan runs Mixture-of-Experts routing under its routing "
@@ -323,7 +327,7 @@ class Propagator:
                 "experts in Hugging Face's experts interface or an nn.ModuleList of alike modules (docs/moe.md); "
                 "otherwise route with dense masks or a fixed expert capacity."
             )
-        return TraceError(f"op '{op}' in module '{module}'{where} failed on fake tensors: {first_line(exc)}.")
+        return NodeFailure(f"op '{op}' in module '{module}'{where} failed on fake tensors: {first_line(exc)}.")
 
     def placeholder(self, node: torch.fx.Node, value: Any) -> Measured:
         self.env[node] = value

@@ -324,6 +324,27 @@ def test_a_trace_imports_the_model_file_with_the_collector_paused_and_freezes_wh
     assert mark.read_text() == "False"
 
 
+def test_the_trace_runs_with_the_collector_paused(tmp_path, monkeypatch):
+    """cli/trace.py: the trace (here the model's build, inside it) runs with the cyclic GC paused, and the
+    collector is on again once the command is done."""
+    from autoplan.cli import build_parser
+    from autoplan.cli import trace as trace_command
+
+    model = GC_MARKING_MODEL.replace("def build_model():\n", "def build_model():\n    mark_gc()\n")
+    model = model.replace(
+        'pathlib.Path(os.environ["AUTOPLAN_TEST_GC_MARK"]).write_text(str(gc.isenabled()))',
+        'def mark_gc():\n    pathlib.Path(os.environ["AUTOPLAN_TEST_GC_MARK"]).write_text(str(gc.isenabled()))',
+    )
+    (tmp_path / "model.py").write_text(model)
+    mark = tmp_path / "gc_on_at_build.txt"
+    monkeypatch.setenv("AUTOPLAN_TRACE_CACHE", "off")
+    monkeypatch.setenv("AUTOPLAN_TEST_GC_MARK", str(mark))
+    argv = ["trace", str(tmp_path / "model.py"), "--batch", "4", "--quiet", "--out", str(tmp_path / "out")]
+    assert trace_command.run(build_parser().parse_args(argv)) == 0
+    assert mark.read_text() == "False"
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
 def test_the_search_runs_with_the_collector_paused(tmp_path, monkeypatch):
     """cli/solve.py: `autoplan plan`'s search runs with the cyclic GC paused (its collections only rescanned what
     lives to the end), and the collector is on again once the command is done, here with the search stopped."""

@@ -1,0 +1,63 @@
+"""An export records no stack traces (trace/capture.py, _stack_traces): the graph is the same, and a node
+that fails on fake tensors is still named with its source line (trace() exports again with them)."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn as nn
+
+import autoplan.trace.capture as capture
+from autoplan.errors import TraceError
+from autoplan.trace import trace
+
+
+class Branchy(nn.Module):
+    """Python branching on a shape: torch.fx fails on it, torch.export runs it."""
+
+    def __init__(self, nonzero: bool = False):
+        super().__init__()
+        self.proj, self.nonzero = nn.Linear(4, 4), nonzero
+
+    def forward(self, x):
+        if x.shape[0] > 1:
+            x = self.proj(x)
+        if self.nonzero:
+            return x.nonzero().float().sum() + x.sum()  # FAILS HERE on fake tensors
+        return torch.relu(x)
+
+
+def _traced(model: nn.Module) -> dict:
+    with torch.device("meta"):
+        x = torch.randn(8, 4)
+    return trace(model, (x,), loss_fn=lambda out, target: out.sum()).to_dict()
+
+
+def _exports(monkeypatch) -> list[set[str]]:
+    """Each export's nodes that carry a stack trace."""
+    real, seen = capture._try_export, []
+
+    def spy(model, meta_inputs):
+        found = real(model, meta_inputs)
+        seen.append({n.name for n in found.module.graph.nodes if n.meta.get("stack_trace")})
+        return found
+
+    monkeypatch.setattr(capture, "_try_export", spy)
+    return seen
+
+
+def test_an_export_keeps_no_stack_traces_and_gives_the_same_graph(monkeypatch):
+    seen = _exports(monkeypatch)
+    graph = _traced(Branchy())
+    assert seen == [set()]
+    monkeypatch.setattr(capture, "_stack_traces", lambda enabled: contextlib.nullcontext())  # recorded, as before
+    assert _traced(Branchy()) == graph
+    assert seen[1] >= {"linear", "relu"}
+
+
+def test_a_node_that_fails_is_named_with_its_source_line(monkeypatch):
+    seen = _exports(monkeypatch)
+    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if "FAILS HERE" in text)
+    with pytest.raises(TraceError, match=rf"op 'aten.nonzero.default' .* at test_trace_source_lines.py:{line} "):
+        _traced(Branchy(nonzero=True))
+    assert len(seen) == 2 and "nonzero" not in seen[0] and "nonzero" in seen[1]  # the second one names the line
