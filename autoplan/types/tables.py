@@ -91,16 +91,21 @@ def csv_text(header: list[str] | tuple[str, ...], rows: list[list[Any]]) -> str:
     return buffer.getvalue()
 
 
+class Column(list):
+    """A part of :func:`joined_text` that is one cell a row, given as the cells themselves (not 1-tuples)."""
+
+
 def joined_text(
-    header: list[str] | tuple[str, ...], parts: list[list[tuple]], *, order: list[int] | None = None
+    header: list[str] | tuple[str, ...], parts: list[list[tuple] | Column], *, order: list[int] | None = None
 ) -> str:
     """:func:`csv_text` of the rows whose row i is ``parts[0][i] + parts[1][i] + ...``, byte for byte,
     in ``order`` (row indexes; default as they come), without building those rows: each part becomes
-    text on its own (:func:`_part_texts`), and a row's texts are joined by commas. For a table of many
-    rows: plans.csv (220K rows on GPT-3 175B)."""
+    text on its own (:func:`_part_texts`, or :func:`_column_texts` for a :class:`Column`: ``(cell,)``
+    a row), and a row's texts are joined by commas. For a table of many rows: plans.csv (220K rows on
+    GPT-3 175B)."""
     if len({len(part) for part in parts}) > 1:
         raise ValueError(f"parts of {sorted({len(part) for part in parts})} rows; every part needs one tuple per row")
-    lines = list(map(",".join, zip(*map(_part_texts, parts))))
+    lines = list(map(",".join, zip(*(_column_texts(p) if isinstance(p, Column) else _part_texts(p) for p in parts))))
     if order is not None:
         lines = list(map(lines.__getitem__, order))
     return csv_text(header, []) + "\n".join(lines) + ("\n" if lines else "")
@@ -128,6 +133,23 @@ def _part_texts(part: list[tuple]) -> list[str]:
         line = ",".join(["%s"] * widths.pop())
         return [line % cells for cells in part]
     return list(map(_cells_text, part))
+
+
+def _column_texts(cells: Column) -> list[str]:
+    """:func:`_part_texts` of the part ``[(cell,) for cell in cells]``, without its tuples: numbers and
+    booleans by ``str`` (what the csv module writes for their exact types: a float by its ``repr``, which
+    is its ``str``), strings once per distinct value, others (None, subclasses) by the csv module."""
+    kinds = set(map(type, cells))
+    if kinds <= _NUMBERS:
+        return list(map(str, cells))
+    if kinds == {str}:
+        distinct = {cell: _cells_text((cell,)) for cell in set(cells)}
+        return list(map(distinct.__getitem__, cells))
+    return [_cells_text((cell,)) for cell in cells]
+
+
+#: Cells that ``str`` writes as the csv module does, whatever their value
+_NUMBERS = frozenset({int, float, bool})
 
 
 def _cells_text(cells: tuple) -> str:
