@@ -84,12 +84,12 @@ RUN_COLUMNS = ("wall_h", "device_hours", "cost_usd", "spot_wall_h", "spot_cost_u
 
 def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
     """Every candidate, the ranked ones first, the others by lower bound; with ``pricer``, also its
-    whole run (RUN_COLUMNS; cost/run/whole_run.py). A row is five parts, each written on its own
-    (types/tables.py, joined_text): its price (one shared part for the rows that have none), its lower
-    bound, its configuration, its optional columns and count, and its reason. The parts are read off
-    the candidates column by column (``map`` of attribute and item getters: one C call a cell where a
-    loop over 74K candidates of GPT-1T spent 0.2 s), in the search's order, and the rows are written
-    in the file's (_file_order)."""
+    whole run (RUN_COLUMNS; cost/run/whole_run.py). A row is parts, each written on its own (types/tables.py,
+    joined_text): its price (one shared part for the rows that have none) and its configuration, rows of
+    cells; its lower bound, optional columns, count and reason, each a Column. The parts are read off the
+    candidates column by column (``map`` of attribute and item getters: one C call a cell where a loop over
+    74K candidates of GPT-1T spent 0.2 s), in the search's order; the rows are written in the file's
+    (_file_order)."""
     run_columns = [c for c in RUN_COLUMNS if pricer is not None and (pricer.spec.spot or not c.startswith("spot"))]
     candidates = result.candidates
     configs = list(map(attrgetter("config"), candidates))
@@ -98,15 +98,16 @@ def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
     price_columns = [*head, "samples_per_s", "mfu", *run_columns]
     header = [*price_columns, "lower_bound", *CONFIG_COLUMNS, *optional, "configurations", "reason"]
     ranks = {id(c): i + 1 for i, c in enumerate(result.ranked())}
-    counts = map(attrgetter("count"), candidates)
+    bounds = Column(map(attrgetter("lower_bound"), candidates))
     parts = [
         _price_rows(candidates, ranks, len(price_columns), run_columns, pricer),
-        Column(map(attrgetter("lower_bound"), candidates)),
+        bounds,
         _config_rows(configs, CONFIG_COLUMNS),
-        list(zip(*(map(dict.get, configs, repeat(name), repeat("")) for name in optional), counts)),
+        *(Column(map(dict.get, configs, repeat(name), repeat(""))) for name in optional),
+        Column(map(attrgetter("count"), candidates)),
         Column(map(attrgetter("reason"), candidates)),
     ]
-    return joined_text(header, parts, order=_file_order(candidates, ranks))
+    return joined_text(header, parts, order=_file_order(candidates, ranks, bounds))
 
 
 def _price_rows(candidates: list, ranks: dict[int, int], width: int, run_columns: list[str], pricer) -> list[tuple]:
@@ -124,10 +125,9 @@ def _price_rows(candidates: list, ranks: dict[int, int], width: int, run_columns
     return rows
 
 
-def _file_order(candidates: list, ranks: dict[int, int]) -> list[int]:
+def _file_order(candidates: list, ranks: dict[int, int], bounds: list[float]) -> list[int]:
     """Indexes of ``candidates`` in plans.csv's order: the ranked ones by rank, then the others by lower
-    bound (in the search's order where they tie). Which are ranked is read in one C pass (``map``)."""
-    bounds = list(map(attrgetter("lower_bound"), candidates))
+    bound (``bounds``: theirs; in the search's order where they tie). Which are ranked: one C pass (``map``)."""
     ranked_mask = list(map(ranks.__contains__, map(id, candidates)))
     ranked = sorted(compress(range(len(candidates)), ranked_mask), key=lambda i: ranks[id(candidates[i])])
     others = list(compress(range(len(candidates)), map(not_, ranked_mask)))

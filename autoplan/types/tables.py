@@ -137,16 +137,34 @@ def _part_texts(part: list[tuple]) -> list[str]:
 
 
 def _column_texts(cells: Column) -> list[str]:
-    """:func:`_part_texts` of the part ``[(cell,) for cell in cells]``, without its tuples: numbers and
-    booleans by ``str`` (what the csv module writes for their exact types: a float by its ``repr``, which
-    is its ``str``), strings once per distinct value, others (None, subclasses) by the csv module."""
+    """:func:`_part_texts` of the part ``[(cell,) for cell in cells]``, without its tuples: numbers,
+    booleans and strings that need no quotes by ``str`` (what the csv module writes for their exact types:
+    a float by its ``repr``, which is its ``str``), other strings once per distinct value, and columns with
+    other cells (None, subclasses) by the csv module."""
     kinds = set(map(type, cells))
     if kinds <= _NUMBERS:
         return list(map(str, cells))
-    if kinds == {str}:
-        distinct = {cell: _cells_text((cell,)) for cell in set(cells)}
-        return list(map(distinct.__getitem__, cells))
+    if kinds <= _PLAIN:
+        strings = [cell for cell in set(cells) if type(cell) is str]
+        texts = _strings_texts(strings)
+        if texts == strings:  # no string to quote
+            return list(map(str, cells))
+        if kinds == {str}:
+            return list(map(dict(zip(strings, texts)).__getitem__, cells))
     return [_cells_text((cell,)) for cell in cells]
+
+
+def _strings_texts(strings: list[str]) -> list[str]:
+    """Each of ``strings`` as :func:`_cells_text` writes it alone, by one csv writer: each is a row
+    ``[text, '']``, read back from where it starts to its ``,\n``."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    ends = []
+    for text in strings:
+        writer.writerow((text, ""))
+        ends.append(buffer.tell())
+    written = buffer.getvalue()
+    return [written[start : end - 2] for start, end in zip([0, *ends], ends)]
 
 
 #: Cells that ``str`` writes as the csv module does, whatever their value

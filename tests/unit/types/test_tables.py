@@ -73,9 +73,10 @@ def test_parts_of_unequal_length_are_refused():
 def test_a_column_of_cells_is_written_as_csv_writes_them():
     head = [(i, "x") for i in range(8)]
     numbers = Column([0.0, -0.0, 1 / 3, math.inf, math.nan, 7, True, 10**20])  # str, one by one
-    words = Column(["pruned", 'say "x"', "a,b", "", "line\nbreak", "pruned", "cr\r", "ok"])  # once per value
+    words = Column(["pruned", 'say "x"', "a,b", "", "line\nbreak", "pruned", "naïve, ☃", "日本"])  # once per value
+    mixed = Column([1, "", 2.5, "*", True, "ünï", 3, ""])  # no string to quote: each by str
     odd = Column([None, np.float64(0.25), Mode.FAST, 0.25, 1, "a,b", np.int64(3), False])  # the csv module
-    for column in (numbers, words, odd):
+    for column in (numbers, words, mixed, odd, Column([*mixed[:7], 'a,"b"'])):
         _same_as_csv([head, column])
         _same_as_csv([column, head, column])
     text = _same_as_csv([head, odd])
