@@ -15,10 +15,12 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-
-import pulp
+from typing import TYPE_CHECKING
 
 from autoplan.errors import PlanError
+
+if TYPE_CHECKING:  # PuLP is imported where it runs (CBC, a missing highspy, the partition ILP): cli/startup.py
+    import pulp
 
 SOLVERS = ("highs", "cbc")
 #: HiGHS options beyond the time limit and threads. Its feasibility-jump heuristic (Luteberget & Sartor,
@@ -47,6 +49,8 @@ def variable(
     """A variable attached to ``model`` (PuLP >= 3.3's add_variable; older PuLP: LpVariable)."""
     if hasattr(model, "add_variable"):
         return model.add_variable(name, low, up, cat=cat)
+    import pulp
+
     return pulp.LpVariable(name, lowBound=low, upBound=up, cat=cat)
 
 
@@ -54,6 +58,8 @@ def make_solver(name: str, *, time_limit_s: float):
     """A PuLP solver object; 'highs' falls back to CBC when highspy is not importable."""
     if name not in SOLVERS:
         raise PlanError(f"solver '{name}' is unknown; expected one of {', '.join(SOLVERS)}.")
+    import pulp
+
     if name == "highs":
         solver = pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1, **HIGHS_OPTIONS)
         if solver.available():
@@ -65,6 +71,8 @@ def make_solver(name: str, *, time_limit_s: float):
 
 def solve_model(problem: pulp.LpProblem, *, solver: str = "highs", time_limit_s: float = 10.0) -> SolveStatus:
     """Solve ``problem`` in place and say honestly how it ended (see the module docstring)."""
+    import pulp
+
     used, backend = make_solver(solver, time_limit_s=time_limit_s)
     start = time.perf_counter()
     with _quiet_stdout():

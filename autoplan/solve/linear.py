@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-
-import pulp
+from typing import TYPE_CHECKING
 
 from autoplan.solve import backend
 from autoplan.solve.backend import SolveStatus, _quiet_stdout, solve_model, variable
+
+if TYPE_CHECKING:  # PuLP is imported where it runs (backend.py)
+    import pulp
 
 INF = float("inf")
 
@@ -200,6 +202,8 @@ def _highs_status(highspy, h) -> tuple[str, float | None]:
 
 def to_pulp(model: LinearModel) -> tuple[pulp.LpProblem, dict[str, pulp.LpVariable]]:
     """The same model as a PuLP problem (for CBC)."""
+    import pulp
+
     problem = pulp.LpProblem("intra_op", pulp.LpMinimize)
     cols = {
         name: variable(problem, name, low=low, up=up, cat="Binary" if integer else "Continuous")

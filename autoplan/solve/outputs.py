@@ -12,9 +12,9 @@ block's rows sum to what CostModel charges it (tests/unit/solve/test_solve_agree
 
 from __future__ import annotations
 
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter, ne, not_
 from pathlib import Path
-from typing import Callable
 
 from autoplan.cost import CostModel, RunPricer, priced_ops, priced_profile
 from autoplan.solve.candidates import SearchResult
@@ -26,7 +26,7 @@ from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.run import RunSpec
 from autoplan.types.schedules import plan_last_stage, plan_stage_of_chunk
-from autoplan.types.tables import PricedOp, StageRow, csv_text, joined_text, table_text
+from autoplan.types.tables import Column, PricedOp, StageRow, csv_text, joined_text, table_text
 
 CONFIG_COLUMNS = (
     "devices",
@@ -84,54 +84,68 @@ RUN_COLUMNS = ("wall_h", "device_hours", "cost_usd", "spot_wall_h", "spot_cost_u
 
 def plans_csv(result: SearchResult, *, pricer: RunPricer | None = None) -> str:
     """Every candidate, the ranked ones first, the others by lower bound; with ``pricer``, also its
-    whole run (RUN_COLUMNS; cost/run/whole_run.py). A row is three parts, each written on its own
-    (types/tables.py, joined_text): its price (one shared part for the rows that have none), its
-    lower bound and configuration, and its reason. The rows are made in the search's order, in one
-    pass (reading 220K candidates in the file's order, scattered in memory, took twice as long),
-    and written in the file's."""
+    whole run (RUN_COLUMNS; cost/run/whole_run.py). A row is parts, each written on its own (types/tables.py,
+    joined_text): its price (one shared part for the rows that have none) and its configuration, rows of
+    cells; its lower bound, optional columns, count and reason, each a Column. The parts are read off the
+    candidates column by column (``map`` of attribute and item getters: one C call a cell where a loop over
+    74K candidates of GPT-1T spent 0.2 s), in the search's order; the rows are written in the file's
+    (_file_order)."""
     run_columns = [c for c in RUN_COLUMNS if pricer is not None and (pricer.spec.spot or not c.startswith("spot"))]
-    config_columns = CONFIG_COLUMNS + _shown_at_non_default(result)
+    candidates = result.candidates
+    configs = list(map(attrgetter("config"), candidates))
+    optional = _shown_at_non_default(configs)
     head = ["rank", "status", "feasible", "objective", "step_time_s", *Cost.TIME_FIELDS, "peak_memory_bytes"]
-    header = [*head, "samples_per_s", "mfu", *run_columns, "lower_bound", *config_columns, "configurations", "reason"]
+    price_columns = [*head, "samples_per_s", "mfu", *run_columns]
+    header = [*price_columns, "lower_bound", *CONFIG_COLUMNS, *optional, "configurations", "reason"]
     ranks = {id(c): i + 1 for i, c in enumerate(result.ranked())}
-    unpriced = {}  # status -> the shared price part of its rows that have neither cost nor objective
-    width = header.index("lower_bound")
-    cells = _config_cells(config_columns)
-    prices, rest, reasons = [], [], []
-    for c in result.candidates:
+    bounds = Column(map(attrgetter("lower_bound"), candidates))
+    parts = [
+        _price_rows(candidates, ranks, len(price_columns), run_columns, pricer),
+        bounds,
+        _config_rows(configs, CONFIG_COLUMNS),
+        *(Column(map(dict.get, configs, repeat(name), repeat(""))) for name in optional),
+        Column(map(attrgetter("count"), candidates)),
+        Column(map(attrgetter("reason"), candidates)),
+    ]
+    return joined_text(header, parts, order=_file_order(candidates, ranks, bounds))
+
+
+def _price_rows(candidates: list, ranks: dict[int, int], width: int, run_columns: list[str], pricer) -> list[tuple]:
+    """Each candidate's cells from rank to its run columns (``width`` of them): its price, its objective
+    alone, or one tuple shared by the rows of its status that have neither."""
+    unpriced = {}  # status -> the shared cells of its rows that have neither cost nor objective
+    rows = []
+    for c in candidates:
         if c.cost is not None:
-            prices.append(_priced_cells(c, ranks.get(id(c), ""), run_columns, pricer))
+            rows.append(_priced_cells(c, ranks.get(id(c), ""), run_columns, pricer))
         elif c.objective is None:
-            prices.append(unpriced.get(c.status) or unpriced.setdefault(c.status, ("", c.status, *[""] * (width - 2))))
+            rows.append(unpriced.get(c.status) or unpriced.setdefault(c.status, ("", c.status, *[""] * (width - 2))))
         else:
-            prices.append(("", c.status, "", c.objective, *[""] * (width - 4)))
-        rest.append((c.lower_bound, *cells(c.config), c.count))
-        reasons.append((c.reason,))
-    return joined_text(header, [prices, rest, reasons], order=_file_order(result.candidates, ranks))
+            rows.append(("", c.status, "", c.objective, *[""] * (width - 4)))
+    return rows
 
 
-def _file_order(candidates: list, ranks: dict[int, int]) -> list[int]:
+def _file_order(candidates: list, ranks: dict[int, int], bounds: list[float]) -> list[int]:
     """Indexes of ``candidates`` in plans.csv's order: the ranked ones by rank, then the others by lower
-    bound (in the search's order where they tie)."""
-    bounds = [c.lower_bound for c in candidates]
-    ranked = sorted((i for i, c in enumerate(candidates) if id(c) in ranks), key=lambda i: ranks[id(candidates[i])])
-    others = sorted((i for i, c in enumerate(candidates) if id(c) not in ranks), key=bounds.__getitem__)
+    bound (``bounds``: theirs; in the search's order where they tie). Which are ranked: one C pass (``map``)."""
+    ranked_mask = list(map(ranks.__contains__, map(id, candidates)))
+    ranked = sorted(compress(range(len(candidates)), ranked_mask), key=lambda i: ranks[id(candidates[i])])
+    others = list(compress(range(len(candidates)), map(not_, ranked_mask)))
+    others.sort(key=bounds.__getitem__)
     return ranked + others
 
 
-def _config_cells(names: tuple[str, ...]) -> Callable[[dict], tuple]:
-    """A candidate's configuration -> its cells under ``names`` ('' where it has none): by one C call either
-    way (``map`` of ``dict.get`` with '' for a configuration that lacks some: every one of GPT-3's 41,666)."""
-    every = itemgetter(*names)
+def _config_rows(configs: list[dict], names: tuple[str, ...]) -> list[tuple]:
+    """Each configuration's cells under ``names`` ('' where it has none): one C call a row (``map`` of an
+    ``itemgetter``) when every configuration holds every name, as the search's do for CONFIG_COLUMNS, else
+    ``dict.get`` with '' name by name."""
     blanks = ("",) * len(names)
-
-    def cells(config: dict) -> tuple:
+    if len(names) > 1:
         try:
-            return every(config)
+            return list(map(itemgetter(*names), configs))
         except KeyError:
-            return tuple(map(config.get, names, blanks))
-
-    return cells
+            pass
+    return [tuple(map(config.get, names, blanks)) for config in configs]
 
 
 def _priced_cells(c, rank: int | str, run_columns: list[str], pricer: RunPricer | None) -> tuple:
@@ -152,12 +166,13 @@ def _priced_cells(c, rank: int | str, run_columns: list[str], pricer: RunPricer 
 OPTIONAL_COLUMNS = (("expert_tp", 1), ("schedule_steps", 1))
 
 
-def _shown_at_non_default(result: SearchResult) -> tuple[str, ...]:
-    """The :data:`OPTIONAL_COLUMNS` some candidate of ``result`` sets to another value than the default."""
+def _shown_at_non_default(configs: list[dict]) -> tuple[str, ...]:
+    """The :data:`OPTIONAL_COLUMNS` some of ``configs`` sets to another value than the default (``value !=
+    default``, as ``map`` of ``operator.ne``)."""
     found = [
         name
         for name, default in OPTIONAL_COLUMNS
-        if any(c.config.get(name, default) != default for c in result.candidates)
+        if any(map(ne, map(dict.get, configs, repeat(name), repeat(default)), repeat(default)))
     ]
     return tuple(found)
 

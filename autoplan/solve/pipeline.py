@@ -30,7 +30,6 @@ import itertools
 from typing import Sequence
 
 import numpy as np
-import pulp
 
 from autoplan.solve.backend import solve_model, variable
 from autoplan.solve.partition_problem import INF, Partition, PartitionProblem, chunk_stages, stage_neighbours
@@ -224,6 +223,8 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
     L, C, pp = problem.layers, problem.chunks, problem.pp
     if C > L or L == 0:
         return None
+    import pulp  # here, not at import: a plan whose ILPs run in highspy never loads PuLP (cli/startup.py)
+
     model = pulp.LpProblem("partition", pulp.LpMinimize)
     slack = L - C
     free = {
@@ -272,11 +273,15 @@ def partition_ilp(problem: PartitionProblem, *, solver: str = "highs", time_limi
 
 def _chunk_start_s(problem: PartitionProblem, u, chunk: int):
     """The cut before chunk ``chunk`` (>= 1) of the staircase: layer i starts it when u[i,c] - u[i-1,c] = 1."""
+    import pulp
+
     return pulp.lpSum(float(problem._cut[i]) * (u(i, chunk) - u(i - 1, chunk)) for i in range(1, problem.layers))
 
 
 def _staircase_bounds(u, layers: int, chunks: int) -> list[int]:
     """Chunk boundaries of a solved staircase: layer i is in chunk sum_c u[i,c]."""
+    import pulp
+
     chunk = [round(sum(pulp.value(u(i, c)) for c in range(1, chunks))) for i in range(layers)]
     return [0] + [i for i in range(1, layers) if chunk[i] != chunk[i - 1]] + [layers]
 

@@ -31,6 +31,17 @@ def test_parser_builds_without_heavy_imports(command):
     assert loaded == ""
 
 
+def test_the_planner_imports_no_pulp():
+    """`autoplan plan` imports the planner up front (cli/solve.py, PLAN_IMPORTS); PuLP comes only where one of
+    its solvers runs (solve/backend.py), not with the modules (~20 ms of a plan's start-up)."""
+    from autoplan.cli.solve import PLAN_IMPORTS
+
+    code = (
+        f"import sys, importlib; [importlib.import_module(m) for m in {PLAN_IMPORTS!r}]; print('pulp' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
 def _commands(parser) -> set[str]:
     return set(parser._subparsers._group_actions[0].choices)
 
@@ -129,9 +140,10 @@ def test_run_starts_its_ranks_before_importing_what_only_a_rank_needs(tmp_path):
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 SMALL_GPT = {"AUTOPLAN_GPT_N_LAYER": "2", "AUTOPLAN_GPT_N_EMBD": "32", "AUTOPLAN_GPT_VOCAB_SIZE": "128"}
 #: what a trace imports beyond torch itself (cli/trace.py, TRACE_IMPORTS, and trace/dtensor_reach.py's registry)
-TRACE_HEAVY = ("sympy", "torch.fx.experimental.symbolic_shapes", "torch.distributed.tensor", "numpy", "pulp")
-#: what a plan whose model torch.fx captures never needs: pydoc names the classes only in torch.export's graphs
-NOT_NEEDED = ("pydoc",)
+TRACE_HEAVY = ("sympy", "torch.fx.experimental.symbolic_shapes", "torch.distributed.tensor", "numpy")
+#: what a plan whose model torch.fx captures never needs: pydoc names the classes only in torch.export's graphs;
+#: PuLP, whose solvers run only for CBC, without highspy, and in the partition ILP (solve/backend.py)
+NOT_NEEDED = ("pydoc", "pulp")
 #: commands run one after another in this process (argv lists, JSON in sys.argv[1]); after each, one JSON line:
 #: its exit code, what torch._dynamo is ('module': the real one, not the stand-in), and, for each watched module
 #: imported so far, whether the cyclic GC was on as it was first imported

@@ -6,6 +6,7 @@ FLOPs in each of the expert's projections (gate, up, down), twice that in the ba
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,28 @@ def test_without_expert_parallelism_no_row_moves_the_price(graph):
     """At ep = 1 every rank runs every expert on its own tokens: nothing follows the routing."""
     pred = _predicted(graph, ep=1)
     assert (pred.expert_rows, pred.per_expert_row) == (0.0, {})
+
+
+def test_each_layer_looks_among_the_batched_matmuls_alone_and_finds_what_a_scan_of_every_node_finds(graph, monkeypatch):
+    """The expert GEMMs of a layer (is_expert_gemm) come from batched_matmuls, listed once per node list: the
+    per-row prices equal those of a scan of every node, fewer nodes are asked, and a new or longer node list is
+    listed again."""
+    from autoplan.cost.moe import routed_rows
+    from autoplan.cost.moe.experts import is_expert_gemm
+
+    asked = []
+    monkeypatch.setattr(routed_rows, "is_expert_gemm", lambda n, moe: asked.append(n) or is_expert_gemm(n, moe))
+    pred = _predicted(graph)
+    assert 0 < len(asked) < len(graph.nodes) * len(graph.moe_layers) / 2
+    monkeypatch.setattr(routed_rows, "batched_matmuls", lambda g: g.nodes)  # the plain scan
+    assert _predicted(graph).per_expert_row == pred.per_expert_row
+    monkeypatch.undo()
+    plain = lambda g: [n for n in g.nodes if n.op in ("matmul", "linear") and len(n.output_shape) == 3]  # noqa: E731
+    other = copy.copy(graph)  # its cache copied too
+    other.nodes = [n for n in graph.nodes if n not in routed_rows.batched_matmuls(graph)[:1]]
+    assert routed_rows.batched_matmuls(other) == plain(other) != plain(graph)
+    other.nodes.append(routed_rows.batched_matmuls(graph)[0])  # the same list, one node longer
+    assert routed_rows.batched_matmuls(other) == plain(other)
 
 
 def test_the_written_prediction_holds_the_peak_at_balance_and_per_row(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from autoplan.types.tables import csv_text, joined_text
+from autoplan.types.tables import Column, csv_text, joined_text
 
 HEADER = ["a", "b", "c", "d", "e"]
 
@@ -21,7 +21,8 @@ class Mode(str, enum.Enum):  # a str subclass whose str() is not its text
 
 
 def _rows(parts: list[list[tuple]]) -> list[list]:
-    return [[cell for part in parts for cell in part[i]] for i in range(len(parts[0]))]
+    tuples = [[(cell,) for cell in part] if isinstance(part, Column) else part for part in parts]
+    return [[cell for part in tuples for cell in part[i]] for i in range(len(parts[0]))]
 
 
 def _same_as_csv(parts: list[list[tuple]]) -> str:
@@ -67,3 +68,17 @@ def test_parts_of_unequal_length_are_refused():
         assert "one tuple per row" in str(exc)
     else:
         raise AssertionError("parts of unequal length were written")
+
+
+def test_a_column_of_cells_is_written_as_csv_writes_them():
+    head = [(i, "x") for i in range(8)]
+    numbers = Column([0.0, -0.0, 1 / 3, math.inf, math.nan, 7, True, 10**20])  # str, one by one
+    words = Column(["pruned", 'say "x"', "a,b", "", "line\nbreak", "pruned", "naïve, ☃", "日本"])  # once per value
+    mixed = Column([1, "", 2.5, "*", True, "ünï", 3, ""])  # no string to quote: each by str
+    odd = Column([None, np.float64(0.25), Mode.FAST, 0.25, 1, "a,b", np.int64(3), False])  # the csv module
+    for column in (numbers, words, mixed, odd, Column([*mixed[:7], 'a,"b"'])):
+        _same_as_csv([head, column])
+        _same_as_csv([column, head, column])
+    text = _same_as_csv([head, odd])
+    cells = [row[2] for row in csv.reader(io.StringIO(text))]
+    assert (cells[1], cells[3]) == ("", "fast")  # None blank, a str subclass by its text
