@@ -1,0 +1,81 @@
+"""member_bounds' memos of one _Choice's stage options (solve/member_bounds.py; ``extras``, one group's and one
+tp_plan's): each keys on what its value reads that a stage option sets and leaves out the rest, so every stage
+option's answer through one shared dict must equal the plain computation's, a fresh StageCosts' where it memoises:
+
+- _first_per_context: the ZeRO stages whose tp contexts differ, by tp overlap (not recompute, schedule, v, k);
+- _pp_comm_s: Bounds.pp_comm_s by tp overlap and virtual stages (not recompute, schedule, k);
+- _slowest_stage_floor_s: StageCosts.slowest_stage_floor_s by recompute and tp overlap (not schedule, v, k)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from synthetic import synthetic_gpt, synthetic_profile
+from synthetic.profiles import synthetic_host
+
+from autoplan.solve import member_bounds
+from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.search import Search
+from autoplan.solve.stage_costs import StageCosts
+
+
+@pytest.fixture(scope="module")
+def search():
+    graph = synthetic_gpt(layers=8, hidden=256, heads=8, vocab=1000, seq=128, batch=32)
+    profile = replace(synthetic_profile(), host=synthetic_host())
+    return Search(graph, profile, SearchOptions(devices=16, batch_size=32, allow_lossy=True))
+
+
+@pytest.fixture(scope="module")
+def group(search):
+    """A group at pp = 2 and tp > 1 (both tp overlaps), whose stage options span several v and recomputes."""
+    deg = lambda g: g.degrees  # noqa: E731
+    return next(g for _, g in search.groups() if deg(g).pp == 2 and deg(g).tp > 1 and deg(g).dp > 1 and g.m >= 4)
+
+
+def _bases(search, group) -> list:
+    """Each stage option's plan without ZeRO or stages, as member_bounds.options makes it."""
+    tp_plan, names = search._choose(group).tp_plan, dict(model="m", profile="p")
+    options = search._stage_options(group)
+    assert len({o for o, _, _ in options}) == 2 and len({v for *_, (_, v, _) in options}) > 1
+    assert len({r for _, r, _ in options}) > 1
+    kw = [dict(recompute=r, schedule=s, v=v, tp_overlap=o, steps=k) for o, r, (s, v, k) in options]
+    return [group.plan(zero=0, tp_plan=tp_plan, **names, **each) for each in kw]
+
+
+def _kw(base) -> dict:
+    kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
+    return dict(kw, tp_overlap=base.tp_comm_overlap, model="m", profile="p", steps=base.schedule_steps)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_bubble_floor_of_a_zero_stage_per_context_is_the_least_of_every_zero_choice(search, group, offload):
+    dp_choices, extras, fewer = search._dp_choices(group.degrees), {}, False
+    for base in _bases(search, group):
+        fresh = StageCosts(search.graph, search.profile, search.cost_model)  # nothing memoised
+        kw = _kw(base)
+        every = min(fresh.bubble_floor(p, may_offload=offload) for p in group.plans(dp_choices, **kw))
+        firsts = member_bounds._first_per_context(search, group, kw, dp_choices, extras)
+        least = min(fresh.bubble_floor(group.plan(zero=z, grads=g, **kw), may_offload=offload) for z, g in firsts)
+        assert least == every, base.describe()
+        fewer |= len(firsts) < len(member_bounds._first_per_zero(dp_choices))
+    assert fewer and len([k for k in extras if k[0] == "contexts"]) == 2  # one per tp overlap
+
+
+def test_the_sends_are_read_once_per_tp_overlap_and_virtual_stages(search, group):
+    extras: dict = {}
+    for base in _bases(search, group):
+        assert member_bounds._pp_comm_s(search, base, extras) == search.bounds.pp_comm_s(base), base.describe()
+    distinct = {(b.tp_comm_overlap, b.virtual_stages) for b in _bases(search, group)}
+    assert len([k for k in extras if k[0] == "sends"]) == len(distinct) < len(_bases(search, group))
+
+
+def test_the_slowest_stage_floor_is_read_once_per_recompute_and_tp_overlap(search, group):
+    extras: dict = {}
+    for base in _bases(search, group):
+        fresh = StageCosts(search.graph, search.profile, search.cost_model)
+        plain = fresh.slowest_stage_floor_s(base)
+        assert member_bounds._slowest_stage_floor_s(search, base, extras) == plain, base.describe()
+    distinct = {(b.recompute, b.tp_comm_overlap) for b in _bases(search, group)}
+    assert len([k for k in extras if k[0] == "slowest floor"]) == len(distinct) < len(_bases(search, group))
