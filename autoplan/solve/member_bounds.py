@@ -188,19 +188,28 @@ def _steps_bubble(search: Any, g: Group, plan: Plan, offload: bool, extras: dict
     """:func:`_bubble_floor`, or at a schedule step k the group's search did not pin (solve/schedule_steps.py) the least
     over k and each larger k j of j times StageCosts.bubble_floor of one schedule step (types/schedule_steps.py),
     which CostModel prices j times: the floor reads the step's m / j where a zero-bubble schedule's re-runs do, and
-    the member stands for its larger k until its floors are read (best_first.py)."""
+    the member stands for its larger k until its floors are read (best_first.py). Memoised in ``extras`` as
+    :func:`_bubble_floor` is, with k (tests/unit/solve/test_member_bound_memos.py)."""
     if plan.schedule_steps == g.schedule_steps:
         return _bubble_floor(search, plan, offload, extras)
-    steps = [plan] + [schedule_steps.with_steps(plan, j) for j in schedule_steps.larger_steps(plan)]
-    floor = search.stage_costs.bubble_floor
-    return min(p.schedule_steps * floor(schedule_step_plan(p), may_offload=offload) for p in steps)
+    key = ("steps bubble", *_bubble_key(plan, offload), plan.schedule_steps)
+    if key not in extras:
+        steps = [plan] + [schedule_steps.with_steps(plan, j) for j in schedule_steps.larger_steps(plan)]
+        floor = search.stage_costs.bubble_floor
+        extras[key] = min(p.schedule_steps * floor(schedule_step_plan(p), may_offload=offload) for p in steps)
+    return extras[key]
+
+
+def _bubble_key(plan: Plan, offload: bool) -> tuple:
+    """What StageCosts.bubble_floor reads of one group's and tp_plan's plan that tells its members apart (and
+    schedule_steps.larger_steps, but for k): recompute, schedule, virtual stages, tp overlap and ZeRO stage (its tp
+    context's), not its stages or gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
+    return (plan.recompute, plan.schedule, plan.virtual_stages, plan.tp_comm_overlap, plan.zero_stage, offload)
 
 
 def _bubble_floor(search: Any, plan: Plan, offload: bool, extras: dict) -> float:
-    """StageCosts.bubble_floor of ``plan``, memoised in ``extras`` (one tp_plan's) on what it reads that tells its
-    members apart: recompute, schedule, virtual stages, tp overlap and ZeRO stage (its tp context's), not its
-    stages or gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
-    key = ("bubble", plan.recompute, plan.schedule, plan.virtual_stages, plan.tp_comm_overlap, plan.zero_stage, offload)
+    """StageCosts.bubble_floor of ``plan``, memoised in ``extras`` (one tp_plan's) on :func:`_bubble_key`."""
+    key = ("bubble", *_bubble_key(plan, offload))
     if key not in extras:
         extras[key] = search.stage_costs.bubble_floor(plan, may_offload=offload)
     return extras[key]

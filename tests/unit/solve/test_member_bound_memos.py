@@ -4,7 +4,8 @@ option's answer through one shared dict must equal the plain computation's, a fr
 
 - _first_per_context: the ZeRO stages whose tp contexts differ, by tp overlap (not recompute, schedule, v, k);
 - _pp_comm_s: Bounds.pp_comm_s by tp overlap and virtual stages (not recompute, schedule, k);
-- _slowest_stage_floor_s: StageCosts.slowest_stage_floor_s by recompute and tp overlap (not schedule, v, k)."""
+- _slowest_stage_floor_s: StageCosts.slowest_stage_floor_s by recompute and tp overlap (not schedule, v, k);
+- _steps_bubble at a k the group did not pin: as _bubble_floor with k (not stages or gradient sync)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from synthetic.profiles import synthetic_host
 
 from autoplan.solve import member_bounds
 from autoplan.solve.candidates import SearchOptions
+from autoplan.solve.pins import parse_fixes
+from autoplan.solve.schedule_steps import larger_steps, with_steps
 from autoplan.solve.search import Search
 from autoplan.solve.stage_costs import StageCosts
+from autoplan.types.schedule_steps import schedule_step_plan
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +83,29 @@ def test_the_slowest_stage_floor_is_read_once_per_recompute_and_tp_overlap(searc
         assert member_bounds._slowest_stage_floor_s(search, base, extras) == plain, base.describe()
     distinct = {(b.recompute, b.tp_comm_overlap) for b in _bases(search, group)}
     assert len([k for k in extras if k[0] == "slowest floor"]) == len(distinct) < len(_bases(search, group))
+
+
+def test_a_member_s_bubble_at_a_larger_k_is_read_once_per_option_zero_stage_and_k():
+    """member_bounds._steps_bubble at a k its group did not pin: keyed as _bubble_floor, with k; members apart in
+    their stages or gradient sync, and options apart in schedule, v or recompute, each get the plain least over k."""
+    graph = synthetic_gpt(layers=8, hidden=256, heads=8, vocab=1000, seq=128, batch=60)
+    options = SearchOptions(devices=8, batch_size=60, fixes=parse_fixes("tp=1,pp=2,mbs=1"))
+    search = Search(graph, synthetic_profile(memory_bytes=4 * 2**30), options)
+    group = next(g for _, g in search.groups() if g.degrees.dp == 4)
+    tp_plan, dp_choices, extras, asked = search._choose(group).tp_plan, search._dp_choices(group.degrees), {}, []
+    for _, recompute, (schedule, v, _) in search._stage_options(group):
+        for k in (2, 3):
+            kw = dict(recompute=recompute, schedule=schedule, v=v, tp_plan=tp_plan, model="m", profile="p", steps=k)
+            stages = search._stages(group.plan(zero=0, **kw))
+            for zero, grads in dp_choices:
+                for plan in (
+                    group.plan(zero=zero, grads=grads, **kw),
+                    group.plan(zero=zero, grads=grads, stages=stages, **kw),
+                ):
+                    fresh = StageCosts(search.graph, search.profile, search.cost_model).bubble_floor
+                    steps = [plan] + [with_steps(plan, j) for j in larger_steps(plan)]
+                    plain = min(p.schedule_steps * fresh(schedule_step_plan(p), may_offload=False) for p in steps)
+                    assert member_bounds._steps_bubble(search, group, plan, False, extras) == plain, plan.describe()
+                    asked.append((recompute, schedule, v, zero, k))
+    read = [key for key in extras if key[0] == "steps bubble"]
+    assert 1 < len(read) == len(set(asked)) < len(asked) / 2
