@@ -5,7 +5,8 @@ option's answer through one shared dict must equal the plain computation's, a fr
 - _first_per_context: the ZeRO stages whose tp contexts differ, by tp overlap (not recompute, schedule, v, k);
 - _pp_comm_s: Bounds.pp_comm_s by tp overlap and virtual stages (not recompute, schedule, k);
 - _slowest_stage_floor_s: StageCosts.slowest_stage_floor_s by recompute and tp overlap (not schedule, v, k);
-- _steps_bubble at a k the group did not pin: as _bubble_floor with k (not stages or gradient sync)."""
+- _steps_bubble at a k the group did not pin: as _bubble_floor with k (not stages or gradient sync);
+and StageCosts.bubble_floor's shares read each distinct block summary once (the least of the parts' own)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,42 @@ def test_a_member_s_bubble_at_a_larger_k_is_read_once_per_option_zero_stage_and_
                     asked.append((recompute, schedule, v, zero, k))
     read = [key for key in extras if key[0] == "steps bubble"]
     assert 1 < len(read) == len(set(asked)) < len(asked) / 2
+
+
+@pytest.mark.parametrize(("schedule", "v", "recompute"), [("interleaved_zb", 2, "full"), ("zbv", 2, "selective")])
+def test_a_bubble_share_reads_each_distinct_block_summary_once(search, group, schedule, v, recompute, monkeypatch):
+    """StageCosts.bubble_floor's shares (zero-bubble, V) are the least of their parts' own, so each distinct block
+    summary is read once (identical blocks share one): the floor equals the one taken over every block."""
+    from autoplan.cost import block_time_s, bubble_floor, rerun_s
+    from autoplan.cost.pp.replay import v_forward_share
+    from autoplan.cost.pp.reruns import chunk_forward_reruns, plan_forward_reruns
+    from autoplan.cost.pp.zero_bubble import bubble_share
+    from autoplan.solve import stage_costs
+
+    kw = dict(recompute=recompute, schedule=schedule, v=v, tp_plan=search._choose(group).tp_plan, model="m")
+    plan = group.plan(zero=0, profile="p", **kw)
+    fresh = StageCosts(search.graph, search.profile, search.cost_model)
+    ctx = fresh.context(plan)
+    blocks = list(fresh.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values())
+    pre, post = fresh.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+    if schedule == "interleaved_zb":
+        most = plan_forward_reruns(plan, 1)
+        parts = [(block_time_s(b, recompute, most), b.wgrad_s, most * rerun_s(b, recompute)) for b in blocks]
+        outside = [(pre.fwd_s + pre.bwd_s, pre.wgrad_s, 0.0), (post.fwd_s + post.bwd_s, post.wgrad_s, 0.0)]
+        shares = dict(share=bubble_share(parts + outside))
+    else:
+        most = max(chunk_forward_reruns(plan))
+        parts = [(b.fwd_s, b.bwd_s, most * b.selective_recompute_s) for b in blocks]
+        shares = dict(
+            forward_share=v_forward_share(parts + [(pre.fwd_s, pre.bwd_s, 0.0), (post.fwd_s, post.bwd_s, 0.0)])
+        )
+    plain = bubble_floor(schedule=schedule, pp=plan.pp, virtual_stages=v, **shares)
+    read = []
+    if schedule == "interleaved_zb":  # a block's re-runs, read once per part
+        monkeypatch.setattr(stage_costs, "rerun_s", lambda b, r: read.append(b) or rerun_s(b, r))
+    else:  # a block's forward, read once per part
+        forward = property(lambda b: read.append(b) or b.__dict__["fwd_s"])
+        monkeypatch.setattr(type(blocks[0]), "fwd_s", forward, raising=False)
+    assert fresh.bubble_floor(plan, may_offload=False) == plain > 0
+    ids = {id(b) for b in blocks}
+    assert len([b for b in read if id(b) in ids]) == len(ids) < len(blocks)  # the outside nodes' aside
