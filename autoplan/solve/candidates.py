@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from autoplan.cost import bubble_floor
 from autoplan.solve import space
@@ -147,13 +147,14 @@ class Group:
         of the same keywords (tests/unit/solve/test_group_plans.py), several times cheaper. ``steps``: its schedule
         steps where not the group's (a schedule's entry k: solve/schedule_steps.py)."""
         plan = Plan.__new__(Plan)  # as Plan.unchecked makes it: no __init__, no checks
-        fields, template = plan.__dict__, self._template.__dict__
-        fields.update(template)
-        for name in self._template_mutable:
-            fields[name] = type(template[name])(template[name])
-        fields.update(schedule=schedule, virtual_stages=v, recompute=recompute, tp_comm_overlap=tp_overlap)
+        fields = plan.__dict__
+        fields.update(self._template.__dict__)  # every key in the template's order: the others set its values
+        for name, kind, value in self._template_mutable:
+            fields[name] = kind(value)
+        fields["schedule"], fields["virtual_stages"], fields["recompute"] = schedule, v, recompute
+        fields["tp_comm_overlap"] = tp_overlap
         fields.update(_dp_fields(zero, grads))
-        fields.update(tp_plan=tp_plan, model=model, profile=profile, stages=stages or [])
+        fields["tp_plan"], fields["model"], fields["profile"], fields["stages"] = tp_plan, model, profile, stages or []
         if steps:
             fields["schedule_steps"] = steps
         return plan
@@ -168,11 +169,12 @@ class Group:
         return Plan.unchecked(**self._plan_fields)
 
     @functools.cached_property
-    def _template_mutable(self) -> tuple[str, ...]:
-        """The template's list and dict fields (Plan's default factories) that :meth:`plan` does not set: each
-        plan gets its own, as from Plan.unchecked."""
+    def _template_mutable(self) -> tuple[tuple[str, type, Any], ...]:
+        """(name, type, value) of the template's list and dict fields (Plan's default factories) that :meth:`plan`
+        does not set: each plan gets its own copy, as from Plan.unchecked."""
         given = {"stages", "tp_plan"}
-        return tuple(k for k, v in self._template.__dict__.items() if type(v) in (list, dict) and k not in given)
+        fields = self._template.__dict__.items()
+        return tuple((k, type(v), v) for k, v in fields if type(v) in (list, dict) and k not in given)
 
     @functools.cached_property
     def _plan_fields(self) -> dict:

@@ -45,7 +45,7 @@ def options(search: Any, g: Group, bound: float, choice: Any, dp_choices: list, 
         if search._beaten(own := own_bounds[schedule, v]):  # every ZeRO choice of it: one row
             pruned.append((own, _known(g, steps, recompute=recompute, schedule=schedule, v=v, tp_overlap=overlap)))
             continue
-        pp_comm_s = search.bounds.pp_comm_s(base)  # (2)'s sends: the same for each ZeRO choice
+        pp_comm_s = _pp_comm_s(search, base, extras)  # (2)'s sends: the same for each ZeRO choice
         if offload is None:  # the same for every member: tp, cp, ep, compile, runtime
             offload = activation_offload.may_offload_a_twin(base, search.profile, search.fixes)
         sends = (pp_comm_s, offload)
@@ -71,9 +71,12 @@ def whatever_the_stages(search: Any, g: Group, base: Plan, bound: float, dp_choi
         return made
 
     timing = search.budgets.timing(base, plans, states_fit=shared.states_fit)
-    floor_s = search.stage_costs.slowest_stage_floor_s(timing)
-    if search.stage_costs.bubble_reads_context(base, may_offload=offload):  # each ZeRO stage's its own
-        firsts = [g.plan(zero=zero, grads=grads, **kw) for zero, grads in _first_per_zero(dp_choices)]
+    floor_s = _slowest_stage_floor_s(search, timing, extras)
+    if search.stage_costs.bubble_reads_context(base, may_offload=offload):  # each ZeRO stage's its own context's
+        firsts = [
+            g.plan(zero=zero, grads=grads, **kw)
+            for zero, grads in _first_per_context(search, g, kw, dp_choices, extras)
+        ]
         bubble = min((search.stage_costs.bubble_floor(p, may_offload=offload) for p in firsts), default=0.0)
     else:  # the schedule's alone: every ZeRO choice's is the base plan's
         bubble = search.stage_costs.bubble_floor(base, may_offload=offload)
@@ -117,6 +120,42 @@ def _first_per_zero(dp_choices: list) -> list:
     return list({zero: (zero, grads) for zero, grads in reversed(dp_choices)}.values())
 
 
+def _first_per_context(search: Any, g: Group, kw: dict, dp_choices: list, extras: dict) -> list:
+    """:func:`_first_per_zero`, the first of each ZeRO stage whose tp context (StageCosts.context: its key) no earlier
+    one has: StageCosts.bubble_floor reads a ZeRO stage only through its context (ZeRO-3's cast weights set the
+    activations' dtypes, cost/compute/dtypes.py, the others share one), so a min over these is the min over all.
+    Memoised in ``extras`` (one group's, one tp_plan's) per tp overlap, the one other field StageCosts.context reads
+    that a stage option sets (``kw``: Group.plan's other keywords; tests/unit/solve/test_member_bound_memos.py)."""
+    if (key := ("contexts", kw["tp_overlap"])) not in extras:
+        firsts, seen = [], set()
+        for zero, grads in _first_per_zero(dp_choices):
+            ctx = search.stage_costs.context(g.plan(zero=zero, grads=grads, **kw)).key
+            if ctx not in seen:
+                seen.add(ctx)
+                firsts.append((zero, grads))
+        extras[key] = firsts
+    return extras[key]
+
+
+def _pp_comm_s(search: Any, base: Plan, extras: dict) -> float:
+    """Bounds.pp_comm_s of ``base``, memoised in ``extras`` (one group's, one tp_plan's) on what it reads that a
+    stage option sets: its virtual stages (the sends per step, v m + p - 1) and tp overlap (StageCosts.
+    min_boundary_bytes' floor context), not its recompute, schedule or schedule steps
+    (tests/unit/solve/test_member_bound_memos.py)."""
+    if (key := ("sends", base.tp_comm_overlap, base.virtual_stages)) not in extras:
+        extras[key] = search.bounds.pp_comm_s(base)
+    return extras[key]
+
+
+def _slowest_stage_floor_s(search: Any, timing: Plan, extras: dict) -> float:
+    """StageCosts.slowest_stage_floor_s of ``timing`` (a budgets' timing plan), memoised in ``extras`` (one group's,
+    one tp_plan's) on what it reads that a stage option sets: recompute and tp overlap (its block totals at the
+    floor context), not schedule, virtual stages or schedule steps (tests/unit/solve/test_member_bound_memos.py)."""
+    if (key := ("slowest floor", timing.recompute, timing.tp_comm_overlap, timing.zero_stage)) not in extras:
+        extras[key] = search.stage_costs.slowest_stage_floor_s(timing)
+    return extras[key]
+
+
 def states_floor_bytes(search: Any, plan: Plan, at: tuple, extras: dict) -> float:
     """Bounds.states_floor_bytes of ``plan``, the ``i``-th ZeRO choice of its stage option (``at`` as
     :func:`member_bound`'s): its tp overlap's :func:`_per_overlap` value, which reads no recompute, schedule,
@@ -149,19 +188,28 @@ def _steps_bubble(search: Any, g: Group, plan: Plan, offload: bool, extras: dict
     """:func:`_bubble_floor`, or at a schedule step k the group's search did not pin (solve/schedule_steps.py) the least
     over k and each larger k j of j times StageCosts.bubble_floor of one schedule step (types/schedule_steps.py),
     which CostModel prices j times: the floor reads the step's m / j where a zero-bubble schedule's re-runs do, and
-    the member stands for its larger k until its floors are read (best_first.py)."""
+    the member stands for its larger k until its floors are read (best_first.py). Memoised in ``extras`` as
+    :func:`_bubble_floor` is, with k (tests/unit/solve/test_member_bound_memos.py)."""
     if plan.schedule_steps == g.schedule_steps:
         return _bubble_floor(search, plan, offload, extras)
-    steps = [plan] + [schedule_steps.with_steps(plan, j) for j in schedule_steps.larger_steps(plan)]
-    floor = search.stage_costs.bubble_floor
-    return min(p.schedule_steps * floor(schedule_step_plan(p), may_offload=offload) for p in steps)
+    key = ("steps bubble", *_bubble_key(plan, offload), plan.schedule_steps)
+    if key not in extras:
+        steps = [plan] + [schedule_steps.with_steps(plan, j) for j in schedule_steps.larger_steps(plan)]
+        floor = search.stage_costs.bubble_floor
+        extras[key] = min(p.schedule_steps * floor(schedule_step_plan(p), may_offload=offload) for p in steps)
+    return extras[key]
+
+
+def _bubble_key(plan: Plan, offload: bool) -> tuple:
+    """What StageCosts.bubble_floor reads of one group's and tp_plan's plan that tells its members apart (and
+    schedule_steps.larger_steps, but for k): recompute, schedule, virtual stages, tp overlap and ZeRO stage (its tp
+    context's), not its stages or gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
+    return (plan.recompute, plan.schedule, plan.virtual_stages, plan.tp_comm_overlap, plan.zero_stage, offload)
 
 
 def _bubble_floor(search: Any, plan: Plan, offload: bool, extras: dict) -> float:
-    """StageCosts.bubble_floor of ``plan``, memoised in ``extras`` (one tp_plan's) on what it reads that tells its
-    members apart: recompute, schedule, virtual stages, tp overlap and ZeRO stage (its tp context's), not its
-    stages or gradient sync (tests/unit/solve/test_group_plans.py varies each)."""
-    key = ("bubble", plan.recompute, plan.schedule, plan.virtual_stages, plan.tp_comm_overlap, plan.zero_stage, offload)
+    """StageCosts.bubble_floor of ``plan``, memoised in ``extras`` (one tp_plan's) on :func:`_bubble_key`."""
+    key = ("bubble", *_bubble_key(plan, offload))
     if key not in extras:
         extras[key] = search.stage_costs.bubble_floor(plan, may_offload=offload)
     return extras[key]

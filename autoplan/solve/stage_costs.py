@@ -230,12 +230,11 @@ class StageCosts:
         from their forward share (:meth:`_forward_share`; 0 where the plan ``may_offload`` its activations:
         the copies join T, not the forward)."""
 
-        def make() -> float:
-            ctx = self.context(plan)
-            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+        def make() -> float:  # each distinct summary once: the share is the least of the parts' own (bubble_share)
+            summaries = self.cost_model.block_summaries(plan.tp_plan, ctx := self.context(plan), plan.tp_comm_overlap)
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-            again = {layer: most * rerun_s(b, plan.recompute) for layer, b in blocks.items()}
-            parts = [(block_time_s(b, plan.recompute, most), b.wgrad_s, again[k]) for k, b in blocks.items()]
+            rc, blocks = plan.recompute, {id(b): b for b in summaries.values()}.values()  # a group's blocks share one
+            parts = [(block_time_s(b, rc, most), b.wgrad_s, most * rerun_s(b, rc)) for b in blocks]
             outside = [(pre.fwd_s + pre.bwd_s, pre.wgrad_s, 0.0), (post.fwd_s + post.bwd_s, post.wgrad_s, 0.0)]
             return bubble_share(parts + outside)
 
@@ -268,13 +267,12 @@ class StageCosts:
         forward its recompute re-runs, at the most re-runs any chunk makes (cost/pp/reruns.py; cost/stages.py
         add_block: a budget recomputes fewer), the outside nodes with none."""
 
-        def make() -> float:
-            ctx = self.context(plan)
-            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+        def make() -> float:  # each distinct summary once: the share is the least of the parts' own (v_forward_share)
+            summaries = self.cost_model.block_summaries(plan.tp_plan, ctx := self.context(plan), plan.tp_comm_overlap)
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             rerun = {"full": lambda b: b.fwd_s, "selective": lambda b: b.selective_recompute_s}
             again = rerun.get(plan.recompute, lambda b: 0.0)
-            parts = [(b.fwd_s, b.bwd_s, most * again(b)) for b in blocks.values()]
+            parts = [(b.fwd_s, b.bwd_s, most * again(b)) for b in {id(b): b for b in summaries.values()}.values()]
             return v_forward_share(parts + [(pre.fwd_s, pre.bwd_s, 0.0), (post.fwd_s, post.bwd_s, 0.0)])
 
         most = max(chunk_forward_reruns(plan))  # a stage re-runs a block at most this often (reruns.py)

@@ -56,18 +56,26 @@ def test_option_bounds_equal_the_plain_ones_and_make_plans_once_per_overlap(devi
             made.clear(), bubbles.clear()
             options = list(member_bounds.options(search, g, 0.0, choice, dp_choices, extras, pruned))
             assert len(made) == len(overlaps) < len(options)  # the ZeRO choices' plans: once per tp overlap
-            zeros = len({zero for zero, _ in dp_choices})  # a bubble floor per ZeRO stage where it reads its blocks
             reading = [
                 search.stage_costs.bubble_reads_context(base, may_offload=offload)
                 for base, _, (_, offload), _ in options
-            ]
-            assert len(bubbles) == sum(zeros if r else 1 for r in reading)
+            ]  # a bubble floor per distinct tp context of a ZeRO stage where it reads its blocks
+            contexts = [len(_contexts(search, g, base, dp_choices)) for base, *_ in options]
+            assert len(bubbles) == sum(n if r else 1 for r, n in zip(reading, contexts))
             read |= set(reading)
             fits |= {shared.states_fit for shared in extras.values() if isinstance(shared, member_bounds._Shared)}
             for base, own, (pp_s, offload), subs in options:
+                assert pp_s == search.bounds.pp_comm_s(base)
                 assert subs == _plain(search, g, base, own, dp_choices, offload, pp_s), base.describe()
                 compared += 1
     assert compared > 10 and fit in fits and read == {True, False}
+
+
+def _contexts(search: Search, g: Group, base, dp_choices: list) -> set:
+    """The distinct tp contexts (StageCosts.context) of ``base``'s ZeRO choices."""
+    kw = dict(recompute=base.recompute, schedule=base.schedule, v=base.virtual_stages, tp_plan=base.tp_plan)
+    plans = g.plans(dp_choices, tp_overlap=base.tp_comm_overlap, model="m", profile="p", **kw)
+    return {search.stage_costs.context(p).key for p in plans}
 
 
 def _plain_member(search: Search, g: Group, plan, at: tuple) -> float:
