@@ -1,6 +1,8 @@
-"""What best_first.py's member loop reads once and hands on (solve/best_first.py ``Pass._consider``): a member's states
-floor, its option's (solve/member_bounds.py states_floor_bytes), given to schedule_steps.floors_fit and next_fitting,
-which then answer as they do computing it, and refuse a member whose states exceed the device before any probe."""
+"""What best_first.py's member loop reads once and hands on: a member's states floor, its option's
+(solve/member_bounds.py states_floor_bytes), given to schedule_steps.floors_fit and next_fitting (``Pass._consider``),
+which then answer as they do computing it, and refuse a member whose states exceed the device before any probe; and
+the held plans' floors on their own stages (solve/stage_floor.py), whose per-device sums the ZeRO and sync variants
+of one partition share."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 from synthetic.exhaustive import priced_everything
 
+from autoplan.solve import stage_floor
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
-from autoplan.solve.schedule_steps import floors_fit, larger_steps, next_fitting
+from autoplan.solve.schedule_steps import floors_fit, larger_steps, next_fitting, with_steps
 from autoplan.solve.search import Search
+from autoplan.solve.stage_floor import StageFloors
+from autoplan.types.plan import Plan
 
 #: long sequences, narrow blocks, 32 micro-batches: the sends weigh, so some k fit and others do not
 GRAPH = synthetic_gpt(layers=8, hidden=128, heads=4, vocab=512, seq=1024, batch=32)
@@ -27,7 +32,7 @@ def _searched() -> tuple[Search, list]:
     options = SearchOptions(devices=8, batch_size=32, fixes=parse_fixes(PINS))
     profile = synthetic_profile(memory_bytes=int(0.02 * 2**30))
     every = priced_everything(Search(GRAPH, profile, options)).run()
-    plans = [c.plan for c in every.candidates if c.plan is not None and larger_steps(c.plan)][::8]
+    plans = [c.plan for c in every.candidates if c.plan is not None and larger_steps(c.plan)][::16]
     return Search(GRAPH, profile, options), plans
 
 
@@ -60,3 +65,30 @@ def test_a_states_floor_over_the_device_refuses_before_any_floor_is_read(monkeyp
         assert not floors_fit(search, plan, states_bytes=over)
     with pytest.raises(AssertionError, match="a floor was read"):
         next_fitting(search, plans[0])
+
+
+def _variant(plan: Plan, **fields) -> Plan:
+    """``plan`` with ``fields``, its stages list the same object (as a stage option's ZeRO and sync variants)."""
+    variant = Plan.__new__(Plan)
+    variant.__dict__.update(plan.__dict__)
+    variant.__dict__.update(fields)
+    return variant
+
+
+def test_the_floor_on_its_stages_sums_a_partition_once_for_its_variants(monkeypatch):
+    """Variants in what the per-device sums do not read (ZeRO stage, gradient sync, offload, k) share them, and
+    each floor is a fresh StageFloors'; another partition, or an equal one in another list, is summed again."""
+    search, plans = _searched()
+    plan = next(p for p in plans if p.virtual_stages == 1 and len(p.stages[0]) > 1)
+    variants = [_variant(plan, zero_stage=z) for z in (0, 1, 2, 3)]
+    variants += [_variant(plan, grad_reduce_dtype="bf16", offload="optimizer"), with_steps(plan, larger_steps(plan)[0])]
+    moved = [plan.stages[0][:-1], [plan.stages[0][-1], *plan.stages[1]], *plan.stages[2:]]
+    others = [_variant(plan, stages=moved), _variant(plan, stages=[list(chunk) for chunk in plan.stages])]
+    summed, real = [], stage_floor.plan_chunk_stages
+    monkeypatch.setattr(stage_floor, "plan_chunk_stages", lambda *a: summed.append(a) or real(*a))
+    floors, fresh = StageFloors(search), []
+    for p in variants + others:
+        fresh.append(StageFloors(search).floor_bytes(p))
+        assert floors.floor_bytes(p) == fresh[-1] > 0, p.describe()
+    assert len(set(fresh)) > 2  # the variants' floors differ, not their sums
+    assert len(summed) == len(fresh) + 1 + len(others)  # each fresh one's; the variants' once, each other's
