@@ -77,10 +77,11 @@ def larger_steps(plan: Plan) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=4096)
 def _larger_steps(m: int, k: int, pp: int, v: int, schedule: str, runtime: str) -> tuple[int, ...]:
-    """:func:`larger_steps` by the fields those checks read."""
+    """:func:`larger_steps` by the fields those checks read; only the j that divide m are probed, as
+    check_schedule_steps refuses every other j > 1 first, whatever the plan."""
     fields = dict(devices=pp, dp=1, tp=1, pp=pp, micro_batch_size=1, num_microbatches=m, schedule=schedule)
     found = []
-    for j in range(k + 1, m + 1) if pp > 1 else ():
+    for j in (j for j in range(k + 1, m + 1) if m % j == 0) if pp > 1 else ():
         try:  # a probe a Plan refuses is a k that does not run, however it is built (checked or not)
             probe = Plan.unchecked(**fields, virtual_stages=v, runtime=runtime, schedule_steps=j)
             check_schedule_steps(probe)

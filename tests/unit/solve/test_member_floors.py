@@ -12,13 +12,16 @@ import pytest
 from synthetic import synthetic_gpt, synthetic_profile
 from synthetic.exhaustive import priced_everything
 
-from autoplan.solve import stage_floor
+from autoplan.errors import PlanError
+from autoplan.solve import schedule_steps, stage_floor
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.schedule_steps import floors_fit, larger_steps, next_fitting, with_steps
 from autoplan.solve.search import Search
 from autoplan.solve.stage_floor import StageFloors
 from autoplan.types.plan import Plan
+from autoplan.types.schedule_steps import check_schedule_steps
+from autoplan.types.schedules import check_schedule
 
 #: long sequences, narrow blocks, 32 micro-batches: the sends weigh, so some k fit and others do not
 GRAPH = synthetic_gpt(layers=8, hidden=128, heads=4, vocab=512, seq=1024, batch=32)
@@ -92,3 +95,32 @@ def test_the_floor_on_its_stages_sums_a_partition_once_for_its_variants(monkeypa
         assert floors.floor_bytes(p) == fresh[-1] > 0, p.describe()
     assert len(set(fresh)) > 2  # the variants' floors differ, not their sums
     assert len(summed) == len(fresh) + 1 + len(others)  # each fresh one's; the variants' once, each other's
+
+
+def test_larger_steps_probe_only_the_divisors_and_find_what_probing_every_k_finds(monkeypatch):
+    """schedule_steps._larger_steps builds a probe Plan only for a k that divides m: every other k > 1
+    check_schedule_steps refuses, so the k found are those of probing every k (the checks themselves, here)."""
+    probed, real, found_any = [], schedule_steps.check_schedule_steps, False
+    monkeypatch.setattr(schedule_steps, "check_schedule_steps", lambda plan: probed.append(plan) or real(plan))
+    for schedule, v in (("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_zb", 1), ("dualpipev", 2)):
+        for m, k, pp in ((30, 1, 4), (48, 2, 8), (64, 1, 4), (7, 1, 2), (12, 12, 4), (12, 1, 1)):
+            for runtime in ("autoplan", "megatron"):
+                probed.clear()
+                found = schedule_steps._larger_steps.__wrapped__(m, k, pp, v, schedule, runtime)
+                every = [j for j in range(k + 1, m + 1) if pp > 1 and _runs(m, j, pp, v, schedule, runtime)]
+                assert list(found) == every, (schedule, m, k, pp, runtime)
+                found_any |= bool(found)
+                assert len(probed) == sum(1 for j in range(k + 1, m + 1) if pp > 1 and m % j == 0)
+    assert found_any
+
+
+def _runs(m: int, j: int, pp: int, v: int, schedule: str, runtime: str) -> bool:
+    """Whether a Plan of ``j`` schedule steps passes the two checks that read it."""
+    plan = Plan.unchecked(devices=pp, dp=1, tp=1, pp=pp, micro_batch_size=1, num_microbatches=m, schedule=schedule,
+                          virtual_stages=v, runtime=runtime, schedule_steps=j)  # fmt: skip
+    try:
+        check_schedule_steps(plan)
+        check_schedule(plan)
+    except PlanError:
+        return False
+    return True
