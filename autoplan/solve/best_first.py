@@ -209,15 +209,16 @@ class Pass:
             if s._beaten(key := now):
                 self._pruned(plan, key, state)
                 return self._done(state)
+        states = rebound.states_floor_bytes()  # read by each floor below: no k changes it
         if not schedule_steps.enters(plan, state.group.schedule_steps):  # a larger k (solve/schedule_steps.py)
-            if schedule_steps.floors_fit(s, plan):
+            if schedule_steps.floors_fit(s, plan, states_bytes=states):
                 self._price(state, plan, key, rebound=rebound)
             else:  # its floors rule out the smaller k too: the least larger k whose floors fit, if any
-                self._push_steps(schedule_steps.next_fitting(s, plan), rebound, state)
-        elif not s._over_floor(plan, key, state.too_big, state.held, states_bytes=rebound.states_floor_bytes()):
+                self._push_steps(schedule_steps.next_fitting(s, plan, states_bytes=states), rebound, state)
+        elif not s._over_floor(plan, key, state.too_big, state.held, states_bytes=states):
             self._price(state, plan, key, rebound=rebound)
         elif s.steps_searched:  # held at its entry k: the least larger k whose floors fit, if any
-            self._push_steps(schedule_steps.next_fitting(s, plan), rebound, state)
+            self._push_steps(schedule_steps.next_fitting(s, plan, states_bytes=states), rebound, state)
         self._done(state)
 
     def _price(self, state: _Choice, plan: Plan, bound: float, *, rebound=None) -> None:

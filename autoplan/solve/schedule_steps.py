@@ -77,10 +77,11 @@ def larger_steps(plan: Plan) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=4096)
 def _larger_steps(m: int, k: int, pp: int, v: int, schedule: str, runtime: str) -> tuple[int, ...]:
-    """:func:`larger_steps` by the fields those checks read."""
+    """:func:`larger_steps` by the fields those checks read; only the j that divide m are probed, as
+    check_schedule_steps refuses every other j > 1 first, whatever the plan."""
     fields = dict(devices=pp, dp=1, tp=1, pp=pp, micro_batch_size=1, num_microbatches=m, schedule=schedule)
     found = []
-    for j in range(k + 1, m + 1) if pp > 1 else ():
+    for j in (j for j in range(k + 1, m + 1) if m % j == 0) if pp > 1 else ():
         try:  # a probe a Plan refuses is a k that does not run, however it is built (checked or not)
             probe = Plan.unchecked(**fields, virtual_stages=v, runtime=runtime, schedule_steps=j)
             check_schedule_steps(probe)
@@ -100,10 +101,18 @@ def with_steps(plan: Plan, k: int) -> Plan:
     return stepped
 
 
-def floors_fit(search: Any, plan: Plan) -> bool:
-    """Whether ``plan``'s memory floors fit the device: its states alone, and with its activations in flight or its
-    sends (Search._over_floor's, of one schedule step)."""
-    return search.bounds.states_floor_bytes(plan) <= search._usable_bytes and _held_fits(search, plan)
+def floors_fit(search: Any, plan: Plan, *, states_bytes: float | None = None) -> bool:
+    """Whether ``plan``'s memory floors fit the device: its states alone (``states_bytes``: its
+    Bounds.states_floor_bytes where the caller has it), and with its activations in flight or its sends
+    (Search._over_floor's, of one schedule step)."""
+    return _states_fit(search, plan, states_bytes) and _held_fits(search, plan)
+
+
+def _states_fit(search: Any, plan: Plan, states_bytes: float | None) -> bool:
+    """Whether ``plan``'s states alone fit the device, which no k changes: read from ``states_bytes`` where given
+    (a member's is its option's, solve/member_bounds.py states_floor_bytes), else computed."""
+    states_bytes = search.bounds.states_floor_bytes(plan) if states_bytes is None else states_bytes
+    return states_bytes <= search._usable_bytes
 
 
 def _held_fits(search: Any, plan: Plan) -> bool:
@@ -115,13 +124,14 @@ def _held_fits(search: Any, plan: Plan) -> bool:
     return offload or search.bounds.sends.floor_bytes(plan) <= usable
 
 
-def next_fitting(search: Any, plan: Plan) -> Plan | None:
+def next_fitting(search: Any, plan: Plan, *, states_bytes: float | None = None) -> Plan | None:
     """``plan`` at the least larger k whose memory floors fit (Search._over_floor's, of one schedule step), or None
-    where none can fit: the states alone (which no k changes) exceed the device, or the floor at the largest k does.
+    where none can fit: the states alone (which no k changes; ``states_bytes``: as :func:`floors_fit`'s, read first,
+    so a member set aside by them costs no probe) exceed the device, or the floor at the largest k does.
     A floor at k bounds the peak at k under every partition, and the peak at every smaller k (it falls with k at
     equal stages: tests/unit/solve/test_schedule_steps_choice.py), so a k whose floor exceeds the device rules out
     every smaller k: bisected so (a floor itself need not fall with k)."""
-    if not (steps := larger_steps(plan)) or search.bounds.states_floor_bytes(plan) > search._usable_bytes:
+    if not _states_fit(search, plan, states_bytes) or not (steps := larger_steps(plan)):
         return None
     low, high = 0, len(steps) - 1  # the least index whose floor fits lies in [low, high], if the last's does
     if not _held_fits(search, last := with_steps(plan, steps[high])):

@@ -27,7 +27,7 @@ from autoplan.cost import blocks_states_bytes, device_counts, kept_bytes, schedu
 from autoplan.solve import activation_offload, moe_overlap
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import schedule_step_plan
-from autoplan.types.schedules import plan_chunk_stages, plan_last_stage
+from autoplan.types.schedules import plan_chunk_stages, plan_last_stage, v_shaped
 
 
 def floor_order(search: Any, held: list) -> Iterator[tuple[float, int]]:
@@ -64,13 +64,15 @@ def least_floor(search: Any, item: tuple, twin: tuple | None) -> float:
 
 
 class StageFloors:
-    """:func:`stage_floor_bytes` of plans of one search, its per-block numbers memoised per tp_plan and context."""
+    """:func:`stage_floor_bytes` of plans of one search, its per-block numbers memoised per tp_plan and context, and
+    each device's sums of them per partition (:meth:`_devices`)."""
 
     def __init__(self, search: Any) -> None:
         self.search = search
         self._at = {layer: i for i, layer in enumerate(search.graph.layers)}  # a block's place in the graph
         self._counts: dict[tuple, list | None] = {}  # device_counts by schedule_key
         self._blocks: dict[tuple, tuple] = {}  # (tp_plan id, context, recompute, overlap) -> (tp_plan, sums)
+        self._sums: dict[tuple, tuple] = {}  # (stages id, _per_block's key, placement) -> (stages, devices)
 
     def floor_bytes(self, plan: Plan) -> float:
         """The module docstring's floor of ``plan`` (its stages set), bytes per device; 0 without stages. The
@@ -79,24 +81,13 @@ class StageFloors:
         if not plan.stages:
             return 0.0
         plan, s = schedule_step_plan(plan), self.search
-        sums, (pre, post) = self._per_block(plan)
+        if (devices := self._devices(plan)) is None:  # not runs of the graph's blocks (the search's never are)
+            return 0.0
         counts = None
         if not (plan.offload_activations or activation_offload.may_offload(plan, s.profile, s.fixes)):
             if (key := schedule_key(plan)) not in self._counts:
                 self._counts[key] = device_counts(plan, every_schedule=True)
             counts = self._counts[key]
-        devices = [[0.0, 0.0, 0.0] for _ in range(plan.pp)]  # dense parameters, kept bytes, kept output gradients
-        (params, kept, owed), at = sums, self._at
-        for stage, chunk in zip(plan_chunk_stages(plan, len(plan.stages)), plan.stages):
-            first, last = at[chunk[0]], at[chunk[-1]] + 1
-            if last - first != len(chunk):  # not a run of the graph's blocks (the search's never are): no floor
-                return 0.0
-            device = devices[stage]
-            device[0] += params[last] - params[first]
-            device[1] += kept[last] - kept[first]
-            device[2] += owed[last] - owed[first]
-        devices[0][0] += pre
-        devices[plan_last_stage(plan)][0] += post
         weights = blocks_states_bytes(plan, block_params=1.0, trained=0.0)  # per parameter
         trained = blocks_states_bytes(plan, block_params=1.0, trained=1.0) - weights  # per trainable one
         floor, trained_floor = 0.0, s.bounds.trained_floor
@@ -105,9 +96,40 @@ class StageFloors:
             floor = max(floor, weights * held + trained * trained_floor(held) + n * kept + p * wgrad)
         return floor
 
+    def _devices(self, plan: Plan) -> list | None:
+        """Each device's (dense parameters, kept bytes, kept output gradients) of ``plan``'s blocks on its stages,
+        the parameters before the first block on device 0 and after the last on the loss's; None where a chunk is
+        not a run of the graph's blocks. Memoised on what it reads: the stages (a partition's list, held, so its id
+        stays its own; the ZeRO and sync variants of a stage option share it), :meth:`_per_block`'s key and the
+        chunks' placement (pp, whether V-shaped, the loss's stage), not the ZeRO stage, sync or micro-batches
+        (tests/unit/solve/test_member_floors.py varies them)."""
+        block_key, sums, (pre, post) = self._per_block(plan)
+        key = (id(plan.stages), block_key, plan.pp, v_shaped(plan.schedule), plan_last_stage(plan))
+        hit = self._sums.get(key)
+        if hit is None or hit[0] is not plan.stages:
+            hit = self._sums[key] = (plan.stages, self._summed(plan, sums, pre, post))
+        return hit[1]
+
+    def _summed(self, plan: Plan, sums: tuple, pre: float, post: float) -> list | None:
+        """:meth:`_devices` of ``plan``, from the prefix sums ``sums`` and the ``pre`` and ``post`` parameters."""
+        devices = [[0.0, 0.0, 0.0] for _ in range(plan.pp)]  # dense parameters, kept bytes, kept output gradients
+        (params, kept, owed), at = sums, self._at
+        for stage, chunk in zip(plan_chunk_stages(plan, len(plan.stages)), plan.stages):
+            first, last = at[chunk[0]], at[chunk[-1]] + 1
+            if last - first != len(chunk):
+                return None
+            device = devices[stage]
+            device[0] += params[last] - params[first]
+            device[1] += kept[last] - kept[first]
+            device[2] += owed[last] - owed[first]
+        devices[0][0] += pre
+        devices[plan_last_stage(plan)][0] += post
+        return devices
+
     def _per_block(self, plan: Plan) -> tuple:
-        """(prefix sums over the graph's blocks of their dense parameters, kept bytes and kept output gradients,
-        (pre, post parameters)) of ``plan``'s blocks at floor_context, under its recompute and tp overlap."""
+        """(its memo key: the tp_plan by identity, floor context, recompute and tp overlap; prefix sums over the
+        graph's blocks of their dense parameters, kept bytes and kept output gradients; (pre, post parameters)) of
+        ``plan``'s blocks at floor_context, under its recompute and tp overlap."""
         stage_costs = self.search.stage_costs
         ctx = stage_costs.floor_context(plan)
         key = (id(plan.tp_plan), ctx.key, plan.recompute, plan.tp_comm_overlap)
@@ -122,4 +144,4 @@ class StageFloors:
             ]
             sums = tuple(list(itertools.accumulate((p[j] for p in parts), initial=0.0)) for j in range(3))
             hit = self._blocks[key] = (plan.tp_plan, (sums, (pre.param_count, post.param_count)))
-        return hit[1]
+        return (key, *hit[1])
