@@ -81,8 +81,8 @@ class NodeTimes:
     precision, batch fraction, shard, bytes read, FP8 recipe and fusion: the function is pure, and reads
     nothing else of the node or graph. Of the run dtypes it reads only the node's and, fused, its region's
     inputs' (``activation_scale``), which its facts hold: dtype policies that agree on them share its times.
-    A call without ``reads`` (its kind and reads fixed by the node object, precision, dtypes and fusion) is also
-    kept per node object and arguments: one look-up where the search asks again (~300,000 calls on DeepSeek-V3).
+    A call is also kept per node object and its arguments (the node object, precision, dtypes and fusion fix its
+    kind and, when not given, its reads): one look-up where the search asks again (~300,000 calls on DeepSeek-V3).
     A call with another profile is not memoised."""
 
     def __init__(self, graph: Graph, profile: Profile):
@@ -92,7 +92,7 @@ class NodeTimes:
         self._kinds: dict[tuple, tuple[int, OpNode]] = {}  # (id(node), dtypes, fused) -> (kind, node kept alive)
         self._kind_ids: dict[tuple, int] = {}  # priced facts -> kind
         self._known: dict[tuple, tuple[int, float, OpNode]] = {}  # (id(node), precision, dtypes, fused) -> kind, reads
-        self._direct: dict[tuple, tuple[float, float]] = {}  # a call without reads, per node object and arguments
+        self._direct: dict[tuple, tuple[float, float]] = {}  # a call's times per node object and arguments
         self.outside_prices: dict[tuple, object] = {}  # memory_budget's (cost/tp/split_prices.py), per context
 
     def __call__(
@@ -111,8 +111,8 @@ class NodeTimes:
         if profile is not self.profile:
             kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
             return node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes, **kwargs)
-        direct = (id(node), precision, batch_fraction, shard, recipe, fused, dtypes) if reads is None else None
-        hit = self._direct.get(direct) if direct else None
+        direct = (id(node), precision, batch_fraction, shard, recipe, fused, dtypes, reads)
+        hit = self._direct.get(direct)
         if hit is None:  # the arguments are gathered only to price a miss: most calls hit
             known = self._known.get((id(node), precision, dtypes, fused)) or self._know(node, precision, dtypes, fused)
             reads = known[1] if reads is None else reads
@@ -122,8 +122,7 @@ class NodeTimes:
                 kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe)
                 hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes,
                                                       fused=fused, **kwargs)  # fmt: skip
-            if direct:  # the node is kept alive by _known: its id stays its own
-                self._direct[direct] = hit
+            self._direct[direct] = hit  # the node is kept alive by _known: its id stays its own
         return hit
 
     def _know(self, node: OpNode, precision: str, dtypes: RunDtypes | None, fused: bool) -> tuple[int, float, OpNode]:

@@ -183,10 +183,10 @@ def test_a_pure_nodes_layouts_are_kept_across_contexts(monkeypatch):
             )
 
 
-def test_a_call_without_reads_is_answered_again_per_node_and_arguments(graph, monkeypatch):
-    """A call that passes no ``reads`` is kept per node object and its arguments (NodeTimes._direct): each
-    argument varied alone gets the plain node_times_s's answer, and the same calls asked again find no node's kind
-    or reads again (the per-kind tables are not read)."""
+def test_a_call_is_answered_again_per_node_and_arguments(graph, monkeypatch):
+    """A call is kept per node object and its arguments, ``reads`` among them (NodeTimes._direct): each argument
+    varied alone gets the plain node_times_s's answer, and the same calls asked again find no node's kind or reads
+    again (the per-kind tables are not read)."""
     profile = load_profile("dgx-h100")  # an FP8 peak: fp8 linears read the recipe
     times = NodeTimes(graph, profile)
     calls = [
@@ -195,6 +195,7 @@ def test_a_call_without_reads_is_answered_again_per_node_and_arguments(graph, mo
         for r in (TENSORWISE, ROWWISE)
         for node in graph.nodes[::7]
     ]
+    calls += [(node, {**kw, "reads": reads}) for node, kw in calls[::5] for reads in (0.0, 3.0e6)]
     for node, kw in calls:
         assert times(node, profile, **kw) == node_times_s(graph, node, profile, **kw), kw
     monkeypatch.setattr(times, "_know", lambda *a: pytest.fail("found a node's kind again"))
