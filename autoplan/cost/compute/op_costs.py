@@ -81,8 +81,6 @@ class NodeTimes:
     precision, batch fraction, shard, bytes read, FP8 recipe and fusion: the function is pure, and reads
     nothing else of the node or graph. Of the run dtypes it reads only the node's and, fused, its region's
     inputs' (``activation_scale``), which its facts hold: dtype policies that agree on them share its times.
-    A call is also kept per node object and its arguments (the node object, precision, dtypes and fusion fix its
-    kind and, when not given, its reads): one look-up where the search asks again (~300,000 calls on DeepSeek-V3).
     A call with another profile is not memoised."""
 
     def __init__(self, graph: Graph, profile: Profile):
@@ -92,7 +90,6 @@ class NodeTimes:
         self._kinds: dict[tuple, tuple[int, OpNode]] = {}  # (id(node), dtypes, fused) -> (kind, node kept alive)
         self._kind_ids: dict[tuple, int] = {}  # priced facts -> kind
         self._known: dict[tuple, tuple[int, float, OpNode]] = {}  # (id(node), precision, dtypes, fused) -> kind, reads
-        self._direct: dict[tuple, tuple[float, float]] = {}  # a call's times per node object and arguments
         self.outside_prices: dict[tuple, object] = {}  # memory_budget's (cost/tp/split_prices.py), per context
 
     def __call__(
@@ -108,22 +105,18 @@ class NodeTimes:
         fused: bool = False,
         dtypes: RunDtypes | None = None,
     ) -> tuple[float, float]:
-        if profile is not self.profile:
-            kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
-            return node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes, **kwargs)
-        direct = (id(node), precision, batch_fraction, shard, recipe, fused, dtypes, reads)
-        hit = self._direct.get(direct)
-        if hit is None:  # the arguments are gathered only to price a miss: most calls hit
+        if profile is self.profile:  # the arguments are gathered only to price a miss: most calls hit
             known = self._known.get((id(node), precision, dtypes, fused)) or self._know(node, precision, dtypes, fused)
             reads = known[1] if reads is None else reads
             key = (known[0], precision, batch_fraction, shard, reads, recipe, fused)  # kind: dtypes' reads
             hit = self._times.get(key)
-            if hit is None:
-                kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe)
-                hit = self._times[key] = node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes,
-                                                      fused=fused, **kwargs)  # fmt: skip
-            self._direct[direct] = hit  # the node is kept alive by _known: its id stays its own
-        return hit
+            if hit is not None:
+                return hit
+        kwargs = dict(precision=precision, batch_fraction=batch_fraction, shard=shard, recipe=recipe, fused=fused)
+        times = node_times_s(self.graph, node, profile, reads=reads, dtypes=dtypes, **kwargs)
+        if profile is self.profile:
+            self._times[key] = times
+        return times
 
     def _know(self, node: OpNode, precision: str, dtypes: RunDtypes | None, fused: bool) -> tuple[int, float, OpNode]:
         """The node's kind and :meth:`reads`, looked up once per node object and arguments they read."""

@@ -13,7 +13,6 @@ from synthetic import synthetic_gpt, synthetic_profile
 from autoplan.cost import CostModel, price_block
 from autoplan.cost.compute import op_costs
 from autoplan.cost.compute.dtypes import DtypePolicy, RunDtypes, dtypes_of, run_dtypes
-from autoplan.cost.compute.fp8 import TENSORWISE, Fp8Recipe
 from autoplan.cost.compute.fusion import fused_ops
 from autoplan.cost.compute.op_costs import NodeTimes, held_bytes, node_times_s, priced_facts
 from autoplan.cost.node_terms import block_terms
@@ -23,10 +22,8 @@ from autoplan.cost.tp.block import analyse_block
 from autoplan.cost.tp.shards import pure_layouts_possible
 from autoplan.cost.tp.split_prices import memory_budget
 from autoplan.cost.tp.splits import legal_splits
-from autoplan.profile import load_profile
 from autoplan.types.plan import Plan
 
-ROWWISE = Fp8Recipe(name="rowwise")
 CONTEXTS = list(itertools.product(["bf16", "fp32"], [1 / 4, 1 / 2], [1, 2], [False, True], [None, "autocast", "cast"]))
 
 
@@ -181,24 +178,3 @@ def test_a_pure_nodes_layouts_are_kept_across_contexts(monkeypatch):
             assert pure.sharding == plain and tuple(pure.time_s) == pure_layouts_possible(
                 block, block.origins[name], legal, sequence_parallel=sp
             )
-
-
-def test_a_call_is_answered_again_per_node_and_arguments(graph, monkeypatch):
-    """A call is kept per node object and its arguments, ``reads`` among them (NodeTimes._direct): each argument
-    varied alone gets the plain node_times_s's answer, and the same calls asked again find no node's kind or reads
-    again (the per-kind tables are not read)."""
-    profile = load_profile("dgx-h100")  # an FP8 peak: fp8 linears read the recipe
-    times = NodeTimes(graph, profile)
-    calls = [
-        (node, dict(precision=p, batch_fraction=f, shard=s, fused=fused, dtypes=_dtypes(graph, which), recipe=r))
-        for p, f, s, fused, which in [*CONTEXTS, *((("fp8",) + c[1:]) for c in CONTEXTS)]
-        for r in (TENSORWISE, ROWWISE)
-        for node in graph.nodes[::7]
-    ]
-    calls += [(node, {**kw, "reads": reads}) for node, kw in calls[::5] for reads in (0.0, 3.0e6)]
-    for node, kw in calls:
-        assert times(node, profile, **kw) == node_times_s(graph, node, profile, **kw), kw
-    monkeypatch.setattr(times, "_know", lambda *a: pytest.fail("found a node's kind again"))
-    times._known.clear()
-    for node, kw in calls:
-        assert times(node, profile, **kw) == node_times_s(graph, node, profile, **kw), kw
