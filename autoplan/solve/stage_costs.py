@@ -22,6 +22,7 @@ sizes, so the partition prefers the small ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from autoplan.cost import (
     CostModel,
@@ -49,6 +50,13 @@ from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 from autoplan.types.schedules import plan_chunk_stages, plan_last_stage, v_shaped
 
+#: the plan fields CostModel.tp_context reads: ep, expert_tp and routing the experts' placement (cost/moe/placement.py
+#: for_plan); zero_stage with dp, cp, precision and runtime the activations' dtypes (cost/compute/dtypes.py)
+_context_key = attrgetter(
+    *("dp", "tp", "pp", "cp", "cp_variant", "sequence_parallel", "precision", "micro_batch_size", "ep", "expert_tp"),
+    *("routing", "fp8_recipe", "runtime", "compile", "tp_comm_overlap", "zero_stage"),
+)  # one C call builds the key tuple: the search asks ~190,000 times on DeepSeek-V3
+
 
 class StageCosts:
     """The partition's view of a plan: CostModel's own block summaries (``CostModel.block_summary``),
@@ -74,25 +82,7 @@ class StageCosts:
         split, precision, micro-batch, expert placement, FP8 recipe, the weights' cast, and whether element-wise
         ops run fused: compiled, async TP or the runtime's kernels): the search's bounds ask several times per
         candidate."""
-        key = (
-            plan.dp,
-            plan.tp,
-            plan.pp,
-            plan.cp,
-            plan.cp_variant,
-            plan.sequence_parallel,
-            plan.precision,
-            plan.micro_batch_size,
-            plan.ep,
-            plan.expert_tp,  # the experts' placement (cost/moe/placement.py for_plan)
-            plan.routing,
-            plan.fp8_recipe,
-            plan.runtime,
-            plan.compile,
-            plan.tp_comm_overlap,
-            plan.zero_stage,  # with dp, cp, precision and runtime: the activations' dtypes (cost/compute/dtypes.py)
-        )
-        hit = self._contexts.get(key)
+        hit = self._contexts.get(key := _context_key(plan))
         if hit is None:
             ctx = self.cost_model.tp_context(plan)
             hit = self._contexts[key] = (ctx, replace(ctx, dtypes=None))  # with floor_context's
@@ -299,12 +289,8 @@ class StageCosts:
             blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
             times = per_distinct(list(blocks.values()), lambda b: block_time_s(b, plan.recompute))  # a group's one
-            return (
-                dict(zip(blocks, times)),
-                {layer: b.param_count - b.expert_param_count for layer, b in blocks.items()},
-                pre,
-                post,
-            )
+            params = {layer: b.param_count - b.expert_param_count for layer, b in blocks.items()}
+            return dict(zip(blocks, times)), params, pre, post
 
         key = ("totals", *ctx.key, plan.recompute, plan.tp_comm_overlap)
         return self._memo.get(key, plan.tp_plan, make)
@@ -313,8 +299,8 @@ class StageCosts:
         """(parameters of the nodes before the first block, the fewest dense ones any block holds, the
         nodes after the last block included: they are the last block of the last stage); counted at
         floor_context, whose summaries the bounds share: a parameter count reads no activation dtype."""
-        _, params_of, pre, post = self._block_totals(plan, self.floor_context(plan))
-        return pre.param_count, min([*params_of.values(), post.param_count])
+        pre, _, _, smallest = self._param_counts(plan)
+        return pre, smallest
 
     def single_stage_blocks(self, plan: Plan) -> tuple[LayerSummary, ...]:
         """The summaries CostModel's one pipeline stage holds at pp = 1, in forward order: the nodes
@@ -344,8 +330,21 @@ class StageCosts:
     def param_parts(self, plan: Plan) -> tuple[float, float, float]:
         """(parameters of the nodes before the first block, after the last block, of all blocks),
         per device; counted at floor_context (sync_params)."""
-        _, params_of, pre, post = self._block_totals(plan, self.floor_context(plan))
-        return pre.param_count, post.param_count, sum(params_of.values())
+        return self._param_counts(plan)[:3]
+
+    def _param_counts(self, plan: Plan) -> tuple[float, float, float, float]:
+        """(pre's parameters, post's, all blocks' dense ones, the fewest dense ones of any block or post) at
+        floor_context, memoised per tp_plan on the context and tp_comm_overlap: the summaries' parameter counts
+        read no recompute (a search asks ~46,000 times on DeepSeek-V3, its recompute choices apart)."""
+        ctx = self.floor_context(plan)
+
+        def make() -> tuple[float, float, float, float]:
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            pre, post = self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
+            dense = [b.param_count - b.expert_param_count for b in blocks.values()]
+            return pre.param_count, post.param_count, sum(dense), min([*dense, post.param_count])
+
+        return self._memo.get(("params", *ctx.key, plan.tp_comm_overlap), plan.tp_plan, make)
 
     def min_boundary_bytes(self, plan: Plan) -> tuple[float, float]:
         """The smallest block inputs, forward and those whose gradient goes back (rotary tables and
