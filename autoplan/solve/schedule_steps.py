@@ -30,7 +30,7 @@ from autoplan.solve.candidates import config_of
 from autoplan.solve.schedules import schedule_options
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import check_schedule_steps
-from autoplan.types.schedules import TORCH_PIPELINES, check_schedule
+from autoplan.types.schedules import TORCH_PIPELINES, V_SCHEDULES, check_schedule
 
 
 def searched(fixes: dict, runtime: str) -> bool:
@@ -117,9 +117,11 @@ def _states_fit(search: Any, plan: Plan, states_bytes: float | None) -> bool:
 
 def _held_fits(search: Any, plan: Plan) -> bool:
     """Whether Search.held_floor_bytes of ``plan`` fits the device, its sends' floor read only where the floor with
-    its activations in flight does."""
+    its activations in flight does; a V schedule's activations not counted, as before they had a floor (2026-12):
+    the k a floor skips is not recorded short for the recompute budgets (recompute_budget.py), so the V plans of
+    larger k are priced as they were and the budgets search the same plans (docs/ilp.md, "Memory floor")."""
     usable, offload = search._usable_bytes, activation_offload.may_offload(plan, search.profile, search.fixes)
-    if search.bounds.memory_floor_bytes(plan, offload=offload) > usable:
+    if search.bounds.memory_floor_bytes(plan, offload=offload or plan.schedule in V_SCHEDULES) > usable:
         return False
     return offload or search.bounds.sends.floor_bytes(plan) <= usable
 

@@ -18,7 +18,9 @@ where s_b, d_b are block b's kept activations under the plan's recompute and its
 outside nodes' left out) and sum_k states_k at least the blocks' dense model states (model_states is linear in
 the parameters): none depends on the partition. Where a stage's peak is its replayed order's
 (cost/memory/replayed.py), n'_k and p_k are the fewest micro-batches any of its chunks holds at the state
-holding the most (``held_floor``), whatever the chunks weigh; a V schedule's: no floor here.
+holding the most (``held_floor``), whatever the chunks weigh: a V schedule's too (its device k holds chunks k and
+2 pp - 1 - k, their blocks' S_k summed; peak_k >= W_k + G_k + O_k + n'_k S_k + p_k D_k as for the other replayed
+orders, solve/stage_floor.py reads the same counts device by device). Until 2026-12 a V schedule had no floor here.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from autoplan.cost.memory.replayed import held_floor, replays_memory
 from autoplan.cost.pp.schedule import in_flight_after_first_backward
 from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.types.plan import Plan
-from autoplan.types.schedules import V_SCHEDULES
 
 
 def schedule_key(plan: Plan) -> tuple:
@@ -39,8 +40,7 @@ def schedule_key(plan: Plan) -> tuple:
 
 def schedule_weights(plan: Plan) -> tuple[float, float, float] | None:
     """(max_k n'_k, H = sum_k 1 / n'_k, min_k p_k / n'_k) of the module docstring; None where there is no floor
-    (a V schedule, or a device holding no micro-batch). A V schedule's is None before any rank's count is read (each
-    replays its order: cost/pp/replay.py)."""
+    (a device holding no micro-batch)."""
     if (counts := device_counts(plan)) is None:
         return None
     held = [n for n, _ in counts]
@@ -49,12 +49,9 @@ def schedule_weights(plan: Plan) -> tuple[float, float, float] | None:
 
 def device_counts(plan: Plan, *, every_schedule: bool = False) -> list[tuple[float, float]] | None:
     """(n'_k, p_k) of the module docstring for each pipeline device k: the micro-batches it holds after its first
-    backward and those whose W it still owes (a replayed stage's, ``held_floor``, whatever its chunks weigh); None
-    where the harmonic floor has none (a V schedule, or a device holding no micro-batch). ``every_schedule``: a V
-    schedule's too (replayed), and devices holding none as they are, for a floor read device by device
-    (solve/stage_floor.py)."""
-    if plan.schedule in V_SCHEDULES and not every_schedule:
-        return None
+    backward and those whose W it still owes (a replayed stage's, a V schedule's among them, ``held_floor``,
+    whatever its chunks weigh); None where the harmonic floor has none (a device holding no micro-batch).
+    ``every_schedule``: devices holding none as they are, for a floor read device by device (solve/stage_floor.py)."""
     replayed = replays_memory(plan)
     if replayed:
         counts = [held_floor(plan, k) for k in range(plan.pp)]

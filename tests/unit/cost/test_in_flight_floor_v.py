@@ -1,5 +1,6 @@
-"""schedule_weights (cost/memory/in_flight_floor.py) has no floor for a V schedule: it answers None before it reads any
-rank's count, each of which replays the rank's order (cost/pp/replay.py), and a looped schedule's weights are as
+"""schedule_weights (cost/memory/in_flight_floor.py) reads a V schedule's counts as the other replayed schedules': each
+device's from its replayed order (``held_floor``, cost/memory/replayed.py), the same counts the floor on a plan's
+own stages reads (device_counts with every_schedule, solve/stage_floor.py); a looped schedule's weights are as
 before."""
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ def _plan(schedule: str, v: int) -> Plan:
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
-def test_a_v_schedule_has_no_weights_and_reads_no_rank(schedule, monkeypatch):
-    def unread(*args, **kwargs):
-        raise AssertionError("a V schedule's ranks are not read")
-
-    monkeypatch.setattr(in_flight_floor, "in_flight_after_first_backward", unread)
-    monkeypatch.setattr(in_flight_floor, "held_floor", unread)
-    assert in_flight_floor.schedule_weights(_plan(schedule, 2)) is None
+def test_a_v_schedule_s_weights_are_its_replayed_ranks_counts(schedule):
+    plan = _plan(schedule, 2)
+    counts = in_flight_floor.device_counts(plan, every_schedule=True)
+    held = [n for n, _ in counts]
+    assert min(held) > 0
+    expected = (max(held), sum(1.0 / n for n in held), min(p / n for n, p in counts))
+    assert in_flight_floor.schedule_weights(plan) == expected
 
 
 @pytest.mark.parametrize(("schedule", "v"), [("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_zb", 2)])
