@@ -150,7 +150,8 @@ def _pp_comm_s(search: Any, base: Plan, extras: dict) -> float:
 def _slowest_stage_floor_s(search: Any, timing: Plan, extras: dict) -> float:
     """StageCosts.slowest_stage_floor_s of ``timing`` (a budgets' timing plan), memoised in ``extras`` (one group's,
     one tp_plan's) on what it reads that a stage option sets: recompute and tp overlap (its block totals at the
-    floor context), not schedule, virtual stages or schedule steps (tests/unit/solve/test_member_bound_memos.py)."""
+    floor context), and, to be safe, the timing plan's ZeRO stage (the tp context it is priced in may read it); not
+    schedule, virtual stages or schedule steps (tests/unit/solve/test_member_bound_memos.py)."""
     if (key := ("slowest floor", timing.recompute, timing.tp_comm_overlap, timing.zero_stage)) not in extras:
         extras[key] = search.stage_costs.slowest_stage_floor_s(timing)
     return extras[key]
