@@ -30,7 +30,7 @@ from autoplan.solve.candidates import config_of
 from autoplan.solve.schedules import schedule_options
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import check_schedule_steps
-from autoplan.types.schedules import TORCH_PIPELINES, V_SCHEDULES, check_schedule
+from autoplan.types.schedules import TORCH_PIPELINES, check_schedule
 
 
 def searched(fixes: dict, runtime: str) -> bool:
@@ -104,8 +104,14 @@ def with_steps(plan: Plan, k: int) -> Plan:
 def floors_fit(search: Any, plan: Plan, *, states_bytes: float | None = None) -> bool:
     """Whether ``plan``'s memory floors fit the device: its states alone (``states_bytes``: its
     Bounds.states_floor_bytes where the caller has it), and with its activations in flight or its sends
-    (Search._over_floor's, of one schedule step)."""
-    return _states_fit(search, plan, states_bytes) and _held_fits(search, plan)
+    (Search._over_floor's, of one schedule step); a plan held by the latter is recorded short for the recompute
+    budgets (Search.held_short), as at its entry step."""
+    if not _states_fit(search, plan, states_bytes):
+        return False
+    if _held_fits(search, plan):
+        return True
+    search.held_short(plan)
+    return False
 
 
 def _states_fit(search: Any, plan: Plan, states_bytes: float | None) -> bool:
@@ -117,11 +123,9 @@ def _states_fit(search: Any, plan: Plan, states_bytes: float | None) -> bool:
 
 def _held_fits(search: Any, plan: Plan) -> bool:
     """Whether Search.held_floor_bytes of ``plan`` fits the device, its sends' floor read only where the floor with
-    its activations in flight does; a V schedule's activations not counted, as before they had a floor (2026-12):
-    the k a floor skips is not recorded short for the recompute budgets (recompute_budget.py), so the V plans of
-    larger k are priced as they were and the budgets search the same plans (docs/ilp.md, "Memory floor")."""
+    its activations in flight does."""
     usable, offload = search._usable_bytes, activation_offload.may_offload(plan, search.profile, search.fixes)
-    if search.bounds.memory_floor_bytes(plan, offload=offload or plan.schedule in V_SCHEDULES) > usable:
+    if search.bounds.memory_floor_bytes(plan, offload=offload) > usable:
         return False
     return offload or search.bounds.sends.floor_bytes(plan) <= usable
 
@@ -132,18 +136,23 @@ def next_fitting(search: Any, plan: Plan, *, states_bytes: float | None = None) 
     so a member set aside by them costs no probe) exceed the device, or the floor at the largest k does.
     A floor at k bounds the peak at k under every partition, and the peak at every smaller k (it falls with k at
     equal stages: tests/unit/solve/test_schedule_steps_choice.py), so a k whose floor exceeds the device rules out
-    every smaller k: bisected so (a floor itself need not fall with k)."""
+    every smaller k: bisected so (a floor itself need not fall with k). Each k below the one returned (every k where
+    None is) is recorded short for the recompute budgets (Search.held_short), as pricing it would find it."""
     if not _states_fit(search, plan, states_bytes) or not (steps := larger_steps(plan)):
         return None
     low, high = 0, len(steps) - 1  # the least index whose floor fits lies in [low, high], if the last's does
     if not _held_fits(search, last := with_steps(plan, steps[high])):
-        return None
+        low = len(steps)
     while low < high:
         middle = (low + high) // 2
         if _held_fits(search, with_steps(plan, steps[middle])):
             high = middle
         else:
             low = middle + 1
+    for k in steps[:low] if plan.recompute == "none" else ():  # each over the device: recorded short
+        search.held_short(with_steps(plan, k))
+    if low == len(steps):
+        return None
     return last if low == len(steps) - 1 else with_steps(plan, steps[low])
 
 

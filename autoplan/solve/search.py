@@ -221,14 +221,28 @@ class Search:
 
     def _held_back(self, plan: Plan, sub: float, held: list) -> bool:
         """Whether ``plan``'s :meth:`held_floor_bytes` exceeds the device: then it joins ``held`` and, recomputing
-        nothing, is recorded short for the budgets (recompute_budget.py)."""
+        nothing, is recorded short for the budgets (:meth:`held_short`)."""
         floor, why = self.held_floor_bytes(plan)
         if floor <= self._usable_bytes:
             return False
-        if (pinned := moe_overlap.with_pin(plan, self.fixes)) is not None:
-            self.budgets.fitted(self.cost_model, pinned, feasible=False)  # as _evaluate records it
+        self.held_short(plan)
         held.append((floor, plan, sub, why))
         return True
+
+    def held_short(self, plan: Plan) -> None:
+        """Record ``plan``, whose held floor exceeds the device, short for the recompute budgets
+        (recompute_budget.py) as pricing it would (:meth:`_evaluate`: a plan that does not fit), wherever the search
+        finds it so (at its entry schedule step or a larger one, solve/schedule_steps.py): whether a budget is
+        fitted must not depend on how the plan was found not to fit. Its all-to-all twin, priced beside it where
+        the plan is priced, too: the twin peaks no lower (it runs the same order, Megatron-Core's with one forward
+        more ahead: cost/pp/schedule.py). Only a plan of no recompute is recorded."""
+        if plan.recompute != "none" or not self.budgets.searched:
+            return
+        if (pinned := moe_overlap.with_pin(plan, self.fixes)) is None:
+            return
+        self.budgets.fitted(self.cost_model, pinned, feasible=False)
+        if (twin := moe_overlap.overlapped_twin(pinned, self.fixes)) is not None:
+            self.budgets.fitted(self.cost_model, twin, feasible=False)
 
     def held_floor_bytes(self, plan: Plan) -> tuple[float, str]:
         """``plan``'s memory floor with its activations in flight (Bounds.memory_floor_bytes) or, where larger, with
