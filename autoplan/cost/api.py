@@ -11,7 +11,7 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
   ``ParamStepPrice``, ``block_step_s`` (of ``rank_params``): what the step charges each split's parameters a step;
   ``DtypePolicy`` and ``policy_for``: the run dtypes a ZeRO stage's plans price their splits in;
 - one block of the pipeline partition: ``block_time_s``, ``rerun_s``, ``chunk_forward_reruns`` and
-  ``plan_forward_reruns`` (a recomputed block's re-runs per chunk: cost/pp/reruns.py), ``kept_bytes``,
+  ``plan_forward_reruns`` (re-runs per chunk: cost/pp/reruns.py), ``kept_bytes``, ``kept_of`` (``KeptBytes``),
   ``state_bytes_per_param``, ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``,
   ``bubble_floor``, ``bubble_share``, ``v_forward_share``; a held plan's floor on its own stages
   (``device_counts``, ``blocks_states_bytes``, ``schedule_key``: cost/memory/in_flight_floor.py);
@@ -35,7 +35,7 @@ from autoplan.cost.dp.compression import check_rank, compresses_any
 from autoplan.cost.dp.param_step import ParamStepPrice, block_step_s, rank_params
 from autoplan.cost.dp.sparse_embedding import summary as sparse_grad_summary
 from autoplan.cost.memory.alone import memory_alone
-from autoplan.cost.memory.in_flight_floor import blocks_states_bytes, device_counts, schedule_key
+from autoplan.cost.memory.in_flight_floor import KeptBytes, blocks_states_bytes, device_counts, schedule_key
 from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.memory.recompute_budget import fit_recompute_blocks, stage_peaks_bytes
 from autoplan.cost.model import CostModel
@@ -49,6 +49,7 @@ from autoplan.cost.pp.partition import (
     block_time_s,
     cut_s,
     kept_bytes,
+    kept_of,
     rerun_s,
     stage_capacity_bytes,
     state_bytes_per_param,
@@ -100,6 +101,8 @@ __all__ = [
     "bubble_share",
     "v_forward_share",
     "kept_bytes",
+    "KeptBytes",
+    "kept_of",
     "blocks_states_bytes",
     "device_counts",
     "schedule_key",

@@ -34,7 +34,7 @@ from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.floors import SyncFloors, weights_messages
 from autoplan.cost.dp.sparse_embedding import sparse_tables
 from autoplan.cost.memory.experts_floor import ExpertsFloor
-from autoplan.cost.memory.in_flight_floor import in_flight_floor_bytes, schedule_key, schedule_weights
+from autoplan.cost.memory.in_flight_floor import activations_floor, loss_device_held, schedule_key, schedule_weights
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.memory.sent_floor import SendsFloor
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
@@ -79,7 +79,7 @@ class Bounds:
         self._experts_min: dict[tuple, float] = {}
         self._cp_floors: dict[tuple, CpFloor] = {}
         self._groups: dict[tuple, dict] = {}
-        self._schedule_weights: dict[tuple, tuple | None] = {}  # in_flight_floor.schedule_weights by schedule_key
+        self._schedule_weights: dict[tuple, tuple] = {}  # (schedule_weights, loss_device_held) by schedule_key
         self._frozen = float(graph.param_count - graph.trainable_param_count)
         self.experts = ExpertsFloor(stage_costs)  # the routed experts' states summed over the stages
         self.sends = SendsFloor(stage_costs, self.trained_floor, self.experts.states_bytes)  # torch's runtime's sends
@@ -297,22 +297,22 @@ class Bounds:
         return dense + self.experts.states_bytes(plan) / plan.pp
 
     def memory_floor_bytes(self, plan: Plan, *, offload: bool = False) -> float:
-        """states_floor_bytes, or where larger the floor with the activations in flight
-        (cost/memory/in_flight_floor.py); ``offload``: the search may price the plan with its activations on
-        the host, so they are not counted. Of one schedule step, as the memory is (types/schedule_steps.py)."""
+        """states_floor_bytes, or where larger the floor with the activations (cost/memory/in_flight_floor.py), with
+        the receive slots every device holds (sent_floor.py slots_bytes); ``offload``: the search may price the plan
+        with its activations on the host, so neither is counted. Of one schedule step (types/schedule_steps.py)."""
         floor = self.states_floor_bytes(plan := schedule_step_plan(plan))
         if (key := schedule_key(plan)) not in self._schedule_weights:  # read by every plan of one schedule
-            self._schedule_weights[key] = schedule_weights(plan)
-        if offload or (weights := self._schedule_weights[key]) is None:
+            self._schedule_weights[key] = schedule_weights(plan), loss_device_held(plan)
+        weights, loss_held = self._schedule_weights[key]
+        if offload or weights is None:
             return floor
-        _, _, blocks = self.stage_costs.param_parts(plan)
-        kept, owed = self.stage_costs.kept_bytes_total(plan)
-        trained = self.trained_floor(blocks)
-        floor_in_flight = in_flight_floor_bytes(
-            plan, block_params=blocks, trained=trained, kept_bytes=kept, wgrad_held_bytes=owed, weights=weights,
+        _, post, blocks = self.stage_costs.param_parts(plan)
+        activations = activations_floor(
+            plan, self.stage_costs.kept_bytes_total(plan), params=(blocks, self.trained_floor(blocks)),
+            post=(post, self.trained_floor(post)), weights=weights, loss_held=loss_held,
             experts_bytes=self.experts.states_bytes(plan),
         )  # fmt: skip
-        return max(floor, floor_in_flight)
+        return max(floor, activations) + self.sends.slots_bytes(plan)  # the slots: in M2 beside both
 
     def pp_comm_s(self, plan: Plan) -> float:
         if plan.pp == 1:

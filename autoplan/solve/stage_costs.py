@@ -26,6 +26,7 @@ from operator import attrgetter
 
 from autoplan.cost import (
     CostModel,
+    KeptBytes,
     LayerSummary,
     TPContext,
     TpPlanMemo,
@@ -36,6 +37,7 @@ from autoplan.cost import (
     cut_s,
     in_flight_chunks,
     kept_bytes,
+    kept_of,
     per_distinct,
     plan_forward_reruns,
     rerun_s,
@@ -314,16 +316,14 @@ class StageCosts:
 
         return self._memo.get(("one stage", *ctx.key, plan.tp_comm_overlap), plan.tp_plan, make)
 
-    def kept_bytes_total(self, plan: Plan) -> tuple[float, float]:
-        """(the activations every block of ``plan`` keeps per micro-batch until its backward under its recompute,
-        cost/pp/partition.py kept_bytes; the output gradients they keep from B to W), each summed over the blocks,
-        at floor_context's activation bytes, a floor of every run dtype."""
+    def kept_bytes_total(self, plan: Plan) -> KeptBytes:
+        """:class:`KeptBytes` of ``plan`` under its recompute, at floor_context's activation bytes, a floor of every
+        run dtype."""
         ctx = self.floor_context(plan)
 
-        def make() -> tuple[float, float]:
-            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap)
-            kept = sum(kept_bytes(b, plan.recompute) for b in blocks.values())
-            return kept, sum(b.wgrad_held_bytes for b in blocks.values())
+        def make() -> KeptBytes:
+            blocks = self.cost_model.block_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap).values()
+            return kept_of(blocks, *self.cost_model.outside_summaries(plan.tp_plan, ctx, plan.tp_comm_overlap), plan)
 
         return self._memo.get(("kept", *ctx.key, plan.recompute, plan.tp_comm_overlap), plan.tp_plan, make)
 

@@ -1,35 +1,36 @@
 """A floor on a plan's peak memory that counts the micro-batches its schedule keeps in flight (docs/ilp.md,
-"Memory floor"), so the search sets aside, unpriced, a plan no partition can fit.
+"Memory floor"), so the search sets aside, unpriced, a plan no partition can fit. On every pipeline device k,
+CostModel's peak is at least its moment M2 (cost/memory/per_device.py stage_memory):
 
-On every pipeline device k, CostModel's peak is at least its moment M2 (cost/memory/per_device.py stage_memory):
+    peak >= W_k + G_k + O_k + n'_k S_k + p_k D_k + T_k
 
-    peak >= W_k + G_k + O_k + n'_k S_k + p_k D_k
+n'_k: the micro-batches device k holds after its first backward (cost/pp/schedule.py, zero_bubble.py; a replayed
+stage's, V schedules' too, the fewest any of its chunks holds at its fullest state, replayed.py ``held_floor``); S_k
+its kept activations per micro-batch; p_k the micro-batches whose W it owes, D_k its kept output gradients; T_k
+the bytes its backward re-makes of its largest recomputed block. Weights 1 / (n'_k H), H = sum_k 1 / n'_k, every
+block on some device and every chunk holding one (solve/pipeline.py), give the weighted mean and the loss's device
+L alone:
 
-with n'_k the micro-batches device k holds after its first backward (cost/pp/schedule.py
-in_flight_after_first_backward; zero-bubble's from cost/pp/zero_bubble.py), S_k its blocks' kept activations
-per micro-batch, p_k the micro-batches whose W a zero-bubble schedule still owes (pending_weight_grads) and D_k
-the output gradients its blocks keep from B to W (part of M2's transient bytes). The largest of the pp devices
-is at least any weighted mean of them; weights 1 / (n'_k H), H = sum_k 1 / n'_k, and each block on some device,
-give
+    peak >= (sum_k states_k / max_k n'_k + sum_b s_b + s_pre + s_post + min_k (p_k / n'_k) sum_b d_b) / H + R
+    peak >= states(post) + n'_L s_post + R
 
-    peak >= (sum_k states_k / max_k n'_k + sum_b s_b + min_k (p_k / n'_k) sum_b d_b) / H
-
-where s_b, d_b are block b's kept activations under the plan's recompute and its kept output gradients (the
-outside nodes' left out) and sum_k states_k at least the blocks' dense model states (model_states is linear in
-the parameters): none depends on the partition. Where a stage's peak is its replayed order's
-(cost/memory/replayed.py), n'_k and p_k are the fewest micro-batches any of its chunks holds at the state
-holding the most (``held_floor``), whatever the chunks weigh: a V schedule's too (its device k holds chunks k and
-2 pp - 1 - k, their blocks' S_k summed; peak_k >= W_k + G_k + O_k + n'_k S_k + p_k D_k as for the other replayed
-orders, solve/stage_floor.py reads the same counts device by device). Until 2026-12 a V schedule had no floor here.
+s_b, d_b: block b's kept activations under the plan's recompute and kept output gradients; s_pre, s_post: the
+saved activations of the nodes before the first block and after the last (never recomputed); sum_k states_k at
+least the blocks' dense model states (model_states is linear); R = min_b r_b where every block recomputes (r_b its
+saved bytes under full, dropped ones under selective; 0 under a budget or without recompute). None depends on the
+partition.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.memory.replayed import held_floor, replays_memory
 from autoplan.cost.pp.schedule import in_flight_after_first_backward
 from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.types.plan import Plan
+from autoplan.types.schedules import plan_last_stage
 
 
 def schedule_key(plan: Plan) -> tuple:
@@ -45,6 +46,14 @@ def schedule_weights(plan: Plan) -> tuple[float, float, float] | None:
         return None
     held = [n for n, _ in counts]
     return max(held), sum(1.0 / n for n in held), min(p / n for n, p in counts)
+
+
+def loss_device_held(plan: Plan) -> float:
+    """n'_k of the loss's device (types/schedules.py plan_last_stage: the last, or 0 in a V): the micro-batches
+    whose activations it holds after its first backward, the nodes after the last block's among them (its loss
+    chunk holds at least as many, ``held_floor``); 0 where :func:`device_counts` has no floor."""
+    counts = device_counts(plan)
+    return counts[plan_last_stage(plan)][0] if counts else 0.0
 
 
 def device_counts(plan: Plan, *, every_schedule: bool = False) -> list[tuple[float, float]] | None:
@@ -80,6 +89,32 @@ def in_flight_floor_bytes(
     most_held, harmonic, owed = weights
     states_bytes = blocks_states_bytes(plan, block_params=block_params, trained=trained) + experts_bytes
     return (states_bytes / most_held + kept_bytes + owed * wgrad_held_bytes) / harmonic
+
+
+class KeptBytes(NamedTuple):
+    """What the floors read of a plan's activations per micro-batch (solve/stage_costs.py kept_bytes_total)."""
+
+    blocks: float  # sum_b s_b: every block's kept until its backward (cost/pp/partition.py kept_bytes)
+    owed: float  # sum_b d_b: every block's output gradients kept from B to W
+    remade: float  # min_b r_b (every block recomputed: cost/stages.py peak_block_bytes)
+    pre: float  # s_pre: the nodes before the first block, on device 0
+    post: float  # s_post: the nodes after the last block, the loss's saved tensors among them
+
+
+def activations_floor(
+    plan: Plan, kept: KeptBytes, *, params: tuple[float, float], post: tuple[float, float], **weighted: Any
+) -> float:
+    """The larger of the module docstring's two floors, bytes per device: ``params`` the blocks' (dense parameters
+    per device, the fewest of them trainable), ``post`` the nodes' after the last block; ``weighted``: weights
+    (:func:`schedule_weights`), loss_held (:func:`loss_device_held`), experts_bytes (:func:`in_flight_floor_bytes`)."""
+    remade = 0.0 if plan.recompute_blocks else kept.remade
+    loss_held = weighted.pop("loss_held")
+    mean = in_flight_floor_bytes(
+        plan, block_params=params[0], trained=params[1], kept_bytes=kept.blocks + kept.pre + kept.post,
+        wgrad_held_bytes=kept.owed, **weighted,
+    )  # fmt: skip
+    loss = blocks_states_bytes(plan, block_params=post[0], trained=post[1]) + loss_held * kept.post
+    return max(mean, loss) + remade
 
 
 def blocks_states_bytes(plan: Plan, *, block_params: float, trained: float) -> float:

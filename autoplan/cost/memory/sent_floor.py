@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from autoplan.cost.memory.in_flight_floor import blocks_states_bytes, schedule_key
+from autoplan.cost.memory.plan import torch_slots
 from autoplan.cost.memory.replayed import most_sent, replays_memory
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import schedule_step_plan
@@ -79,6 +80,18 @@ class SendsFloor:
         boundary, grads = self._least_input_bytes(plan)
         return sent_floor_bytes(plan, states_bytes=states, boundary_bytes=whole * boundary, grad_bytes=whole * grads,
                                 sent=sent)  # fmt: skip
+
+    def slots_bytes(self, plan: Plan) -> float:
+        """The fewest bytes of receive slots any device of ``plan`` holds where torch's runtime runs its 1F1B or GPipe
+        (cost/memory/plan.py ``_single_chunk_slots``, not replayed: the replayed count theirs above): every stage m
+        forward slots (rank > 0, each its input, D_in >= D >= D_g) or m gradient slots (rank < pp - 1, each its
+        output's gradients, D_g,out >= D_g), so m D_g on each (``plan`` of one schedule step). In every stage's M2
+        beside the terms the other floors bound (cost/memory/per_device.py stage_memory: its buffers), so added to
+        them (Bounds.memory_floor_bytes); 0 for every other plan."""
+        if not torch_slots(plan) or replays_memory(plan):
+            return 0.0
+        whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1  # received whole on each tp rank
+        return plan.num_microbatches * whole * self._least_input_bytes(plan)[1]
 
     def _least_input_bytes(self, plan: Plan) -> tuple[float, float]:
         """(D, D_g): the smallest input of a block after the first and the smallest of its gradients, at

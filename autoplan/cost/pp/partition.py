@@ -24,9 +24,13 @@ any stage (cost/memory/plan.py, replayed.py).
 
 from __future__ import annotations
 
+from operator import attrgetter
+from typing import Iterable
+
 from autoplan.cost.blocks import LayerSummary
 from autoplan.cost.compute.roofline import PRECISION_BYTES
 from autoplan.cost.cp.weights import weight_sync_plan
+from autoplan.cost.memory.in_flight_floor import KeptBytes
 from autoplan.cost.memory.per_device import comm_buffer_bytes, model_states, scatter_buffer_bytes, usable_bytes
 from autoplan.cost.memory.plan import torch_slots
 from autoplan.cost.network.comm import collective_time_s
@@ -62,6 +66,21 @@ def kept_bytes(block: LayerSummary, recompute: str) -> float:
     if recompute == "full":
         return block.input_bytes
     return block.saved_bytes - (block.selective_dropped_bytes if recompute == "selective" else 0.0)
+
+
+def kept_of(blocks: Iterable[LayerSummary], pre: LayerSummary, post: LayerSummary, plan: Plan) -> KeptBytes:
+    """:class:`KeptBytes` of the block summaries ``blocks`` and the outside nodes' ``pre`` and ``post`` under
+    ``plan``'s recompute (cost/stages.py add_block: a block re-makes its saved bytes under full recompute, its
+    dropped ones under selective)."""
+    remade = {"full": attrgetter("saved_bytes"), "selective": attrgetter("selective_dropped_bytes")}
+    blocks = list(blocks)
+    return KeptBytes(
+        blocks=sum(kept_bytes(b, plan.recompute) for b in blocks),
+        owed=sum(b.wgrad_held_bytes for b in blocks),
+        remade=min(map(remade[plan.recompute], blocks), default=0.0) if plan.recompute in remade else 0.0,
+        pre=pre.saved_bytes,
+        post=post.saved_bytes,
+    )
 
 
 def state_bytes_per_param(plan: Plan, dp: int | None = None, *, trainable: bool = True) -> float:
