@@ -13,8 +13,8 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 - one block of the pipeline partition: ``block_time_s``, ``rerun_s``, ``chunk_forward_reruns`` and
   ``plan_forward_reruns`` (re-runs per chunk: cost/pp/reruns.py), ``kept_bytes``, ``kept_of`` (``KeptBytes``),
   ``state_bytes_per_param``, ``cut_s``, ``stage_capacity_bytes``, ``in_flight_chunks``, ``balanced_stages``,
-  ``bubble_floor``, ``bubble_share``, ``v_forward_share``; a held plan's floor on its own stages
-  (``device_counts``, ``blocks_states_bytes``, ``schedule_key``: cost/memory/in_flight_floor.py);
+  ``bubble_floor``, ``bubble_share``, ``v_forward_share``; a held plan's floor on its own stages (``device_counts``,
+  ``device_sent``, ``sent_bytes``, ``blocks_states_bytes``, ``schedule_key``: cost/memory/in_flight_floor.py);
 - budgeted recompute: the fewest blocks per chunk that fit (``fit_recompute_blocks``), each stage's
   peak under a budget (``stage_peaks_bytes``);
 - ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``, and
@@ -35,7 +35,14 @@ from autoplan.cost.dp.compression import check_rank, compresses_any
 from autoplan.cost.dp.param_step import ParamStepPrice, block_step_s, rank_params
 from autoplan.cost.dp.sparse_embedding import summary as sparse_grad_summary
 from autoplan.cost.memory.alone import memory_alone
-from autoplan.cost.memory.in_flight_floor import KeptBytes, blocks_states_bytes, device_counts, schedule_key
+from autoplan.cost.memory.in_flight_floor import (
+    KeptBytes,
+    blocks_states_bytes,
+    device_counts,
+    device_sent,
+    schedule_key,
+    sent_bytes,
+)
 from autoplan.cost.memory.per_device import usable_bytes
 from autoplan.cost.memory.recompute_budget import fit_recompute_blocks, stage_peaks_bytes
 from autoplan.cost.model import CostModel
@@ -103,6 +110,8 @@ __all__ = [
     "kept_bytes",
     "KeptBytes",
     "kept_of",
+    "device_sent",
+    "sent_bytes",
     "blocks_states_bytes",
     "device_counts",
     "schedule_key",

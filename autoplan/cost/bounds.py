@@ -34,7 +34,7 @@ from autoplan.cost.dp.accumulation import accumulation_bytes_per_param
 from autoplan.cost.dp.floors import SyncFloors, weights_messages
 from autoplan.cost.dp.sparse_embedding import sparse_tables
 from autoplan.cost.memory.experts_floor import ExpertsFloor
-from autoplan.cost.memory.in_flight_floor import activations_floor, loss_device_held, schedule_key, schedule_weights
+from autoplan.cost.memory.in_flight_floor import activations_floor, held_sent, schedule_key, schedule_weights
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.memory.sent_floor import SendsFloor
 from autoplan.cost.model import ADAM_BYTES_PER_PARAM, CostModel
@@ -79,7 +79,7 @@ class Bounds:
         self._experts_min: dict[tuple, float] = {}
         self._cp_floors: dict[tuple, CpFloor] = {}
         self._groups: dict[tuple, dict] = {}
-        self._schedule_weights: dict[tuple, tuple] = {}  # (schedule_weights, loss_device_held) by schedule_key
+        self._schedule_weights: dict[tuple, tuple] = {}  # (schedule_weights, held_sent) by schedule_key
         self._frozen = float(graph.param_count - graph.trainable_param_count)
         self.experts = ExpertsFloor(stage_costs)  # the routed experts' states summed over the stages
         self.sends = SendsFloor(stage_costs, self.trained_floor, self.experts.states_bytes)  # torch's runtime's sends
@@ -302,14 +302,14 @@ class Bounds:
         with its activations on the host, so neither is counted. Of one schedule step (types/schedule_steps.py)."""
         floor = self.states_floor_bytes(plan := schedule_step_plan(plan))
         if (key := schedule_key(plan)) not in self._schedule_weights:  # read by every plan of one schedule
-            self._schedule_weights[key] = schedule_weights(plan), loss_device_held(plan)
-        weights, loss_held = self._schedule_weights[key]
+            self._schedule_weights[key] = schedule_weights(plan), held_sent(plan)
+        weights, held = self._schedule_weights[key]
         if offload or weights is None:
             return floor
         _, post, blocks = self.stage_costs.param_parts(plan)
         activations = activations_floor(
             plan, self.stage_costs.kept_bytes_total(plan), params=(blocks, self.trained_floor(blocks)),
-            post=(post, self.trained_floor(post)), weights=weights, loss_held=loss_held,
+            post=(post, self.trained_floor(post)), weights=weights, held=held, boundary=self.sends.boundary_bytes(plan),
             experts_bytes=self.experts.states_bytes(plan),
         )  # fmt: skip
         return max(floor, activations) + self.sends.slots_bytes(plan)  # the slots: in M2 beside both

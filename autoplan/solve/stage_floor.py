@@ -3,10 +3,12 @@ on the plan's own partition, not weighted over every partition (docs/ilp.md, "Me
 
 On every pipeline device k, CostModel's peak is at least its moment M2 (cost/memory/per_device.py stage_memory):
 
-    peak >= max_k ( states(P_k) + n'_k S_k + p_k D_k )
+    peak >= max_k ( states(P_k) + n'_k S_k + p_k D_k + C_k ) + R + B
 
 with P_k the dense parameters of the blocks device k holds (and the nodes before the first block on device 0, those
-after the last on the loss's device, as StageCosts.stage_totals places them), states() their model states at the
+after the last on the loss's device, as StageCosts.stage_totals places them, their saved activations in S_k; R and
+B in_flight_floor.py's and sent_floor.py's, on every device; C_k device k's boundary tensors at its counts' state,
+in_flight_floor.device_sent), states() their model states at the
 fewest of them trainable (Bounds.trained_floor), n'_k and p_k device k's micro-batches in flight after its first
 backward and W owed (in_flight_floor.device_counts), S_k and D_k its blocks' kept activations and kept output
 gradients per micro-batch at floor_context (StageCosts.kept_bytes_total's terms, block by block); a replayed stage's
@@ -23,7 +25,7 @@ import heapq
 import itertools
 from typing import Any, Iterator
 
-from autoplan.cost import blocks_states_bytes, device_counts, kept_bytes, schedule_key
+from autoplan.cost import blocks_states_bytes, device_counts, device_sent, kept_bytes, schedule_key, sent_bytes
 from autoplan.solve import activation_offload, moe_overlap
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import schedule_step_plan
@@ -71,6 +73,7 @@ class StageFloors:
         self.search = search
         self._at = {layer: i for i, layer in enumerate(search.graph.layers)}  # a block's place in the graph
         self._counts: dict[tuple, list | None] = {}  # device_counts by schedule_key
+        self._device_sent: dict[tuple, list] = {}  # device_sent by schedule_key
         self._blocks: dict[tuple, tuple] = {}  # (tp_plan id, context, recompute, overlap) -> (tp_plan, sums)
         self._sums: dict[tuple, tuple] = {}  # (stages id, _per_block's key, placement) -> (stages, devices)
 
@@ -91,10 +94,21 @@ class StageFloors:
         weights = blocks_states_bytes(plan, block_params=1.0, trained=0.0)  # per parameter
         trained = blocks_states_bytes(plan, block_params=1.0, trained=1.0) - weights  # per trainable one
         floor, trained_floor = 0.0, s.bounds.trained_floor
+        sent = self._sent_bytes(plan) if counts else [0.0] * plan.pp
         for k, (held, kept, wgrad) in enumerate(devices):
             n, p = counts[k] if counts else (0.0, 0.0)
-            floor = max(floor, weights * held + trained * trained_floor(held) + n * kept + p * wgrad)
-        return floor
+            floor = max(floor, weights * held + trained * trained_floor(held) + n * kept + p * wgrad + sent[k])
+        if not counts:
+            return floor
+        remade = 0.0 if plan.recompute_blocks else s.stage_costs.kept_bytes_total(plan).remade
+        return floor + remade + s.bounds.sends.slots_bytes(plan)  # on every device (in_flight_floor.py, R and B)
+
+    def _sent_bytes(self, plan: Plan) -> list[float]:
+        """Each device's boundary tensors at its counts' state (in_flight_floor.py device_sent), at D and D_g."""
+        if (key := schedule_key(plan)) not in self._device_sent:
+            self._device_sent[key] = device_sent(plan)
+        boundary = self.search.bounds.sends.boundary_bytes(plan)
+        return [sent_bytes(counts, boundary) for counts in self._device_sent[key]]
 
     def _devices(self, plan: Plan) -> list | None:
         """Each device's (dense parameters, kept bytes, kept output gradients) of ``plan``'s blocks on its stages,
@@ -103,15 +117,16 @@ class StageFloors:
         stays its own; the ZeRO and sync variants of a stage option share it), :meth:`_per_block`'s key and the
         chunks' placement (pp, whether V-shaped, the loss's stage), not the ZeRO stage, sync or micro-batches
         (tests/unit/solve/test_member_floors.py varies them)."""
-        block_key, sums, (pre, post) = self._per_block(plan)
+        block_key, sums, outside = self._per_block(plan)
         key = (id(plan.stages), block_key, plan.pp, v_shaped(plan.schedule), plan_last_stage(plan))
         hit = self._sums.get(key)
         if hit is None or hit[0] is not plan.stages:
-            hit = self._sums[key] = (plan.stages, self._summed(plan, sums, pre, post))
+            hit = self._sums[key] = (plan.stages, self._summed(plan, sums, outside))
         return hit[1]
 
-    def _summed(self, plan: Plan, sums: tuple, pre: float, post: float) -> list | None:
-        """:meth:`_devices` of ``plan``, from the prefix sums ``sums`` and the ``pre`` and ``post`` parameters."""
+    def _summed(self, plan: Plan, sums: tuple, outside: tuple) -> list | None:
+        """:meth:`_devices` of ``plan``, from the prefix sums ``sums`` and the ``outside`` nodes' (parameters before
+        the first block and after the last, their saved activations)."""
         devices = [[0.0, 0.0, 0.0] for _ in range(plan.pp)]  # dense parameters, kept bytes, kept output gradients
         (params, kept, owed), at = sums, self._at
         for stage, chunk in zip(plan_chunk_stages(plan, len(plan.stages)), plan.stages):
@@ -122,8 +137,11 @@ class StageFloors:
             device[0] += params[last] - params[first]
             device[1] += kept[last] - kept[first]
             device[2] += owed[last] - owed[first]
+        pre, post, pre_saved, post_saved, post_owed = outside
+        last = devices[plan_last_stage(plan)]
         devices[0][0] += pre
-        devices[plan_last_stage(plan)][0] += post
+        devices[0][1] += pre_saved
+        last[0], last[1], last[2] = last[0] + post, last[1] + post_saved, max(0.0, last[2] + post_owed)
         return devices
 
     def _per_block(self, plan: Plan) -> tuple:
@@ -143,5 +161,7 @@ class StageFloors:
                 for b in map(blocks.__getitem__, self.search.graph.layers)
             ]
             sums = tuple(list(itertools.accumulate((p[j] for p in parts), initial=0.0)) for j in range(3))
-            hit = self._blocks[key] = (plan.tp_plan, (sums, (pre.param_count, post.param_count)))
+            outside = (pre.param_count, post.param_count, pre.saved_bytes, post.saved_bytes)
+            outside += (post.wgrad_held_bytes - post.loss_saved_bytes,)  # the loss's saved freed at B (replayed.py)
+            hit = self._blocks[key] = (plan.tp_plan, (sums, outside))
         return (key, *hit[1])

@@ -11,14 +11,14 @@ the bytes its backward re-makes of its largest recomputed block. Weights 1 / (n'
 block on some device and every chunk holding one (solve/pipeline.py), give the weighted mean and the loss's device
 L alone:
 
-    peak >= (sum_k states_k / max_k n'_k + sum_b s_b + s_pre + s_post + min_k (p_k / n'_k) sum_b d_b) / H + R
-    peak >= states(post) + n'_L s_post + R
+    peak >= (sum_k states_k / max_k n'_k + sum_b s_b + s_pre + s_post + min_k (p_k / n'_k) sum_b d_b) / H + C + R
+    peak >= states(post) + n'_L s_post + C_L + R
 
 s_b, d_b: block b's kept activations under the plan's recompute and kept output gradients; s_pre, s_post: the
 saved activations of the nodes before the first block and after the last (never recomputed); sum_k states_k at
 least the blocks' dense model states (model_states is linear); R = min_b r_b where every block recomputes (r_b its
 saved bytes under full, dropped ones under selective; 0 under a budget or without recompute). None depends on the
-partition.
+partition. C: the boundary tensors a replayed device holds at its n'_k state (:func:`device_sent`), weighted alike.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from autoplan.cost.memory.per_device import model_states
-from autoplan.cost.memory.replayed import held_floor, replays_memory
+from autoplan.cost.memory.replayed import held_floor, replays_memory, sent_at_held_floor
 from autoplan.cost.pp.schedule import in_flight_after_first_backward
 from autoplan.cost.pp.zero_bubble import pending_weight_grads
 from autoplan.types.plan import Plan
@@ -48,12 +48,38 @@ def schedule_weights(plan: Plan) -> tuple[float, float, float] | None:
     return max(held), sum(1.0 / n for n in held), min(p / n for n, p in counts)
 
 
-def loss_device_held(plan: Plan) -> float:
-    """n'_k of the loss's device (types/schedules.py plan_last_stage: the last, or 0 in a V): the micro-batches
-    whose activations it holds after its first backward, the nodes after the last block's among them (its loss
-    chunk holds at least as many, ``held_floor``); 0 where :func:`device_counts` has no floor."""
-    counts = device_counts(plan)
-    return counts[plan_last_stage(plan)][0] if counts else 0.0
+class HeldSent(NamedTuple):
+    """What the floors read of a schedule beside :func:`schedule_weights` (:func:`held_sent`)."""
+
+    loss_held: float  # n'_L: the micro-batches the loss's device holds after its first backward
+    mean_sent: tuple[float, float]  # sum_k c_k / (n'_k H) of each device's c_k = :func:`device_sent`
+    loss_sent: tuple[float, float]  # c_L
+
+
+def held_sent(plan: Plan) -> HeldSent:
+    """:class:`HeldSent` of ``plan`` (the loss's device: types/schedules.py plan_last_stage, the last or 0 in a
+    V; its loss chunk holds at least n'_L, ``held_floor``); zeros where :func:`device_counts` has no floor."""
+    if (counts := device_counts(plan)) is None:
+        return HeldSent(0.0, (0.0, 0.0), (0.0, 0.0))
+    sent, harmonic = device_sent(plan), sum(1.0 / n for n, _ in counts)
+    mean = tuple(sum(c[i] / (n * harmonic) for c, (n, _) in zip(sent, counts)) for i in range(2))
+    last = plan_last_stage(plan)
+    return HeldSent(counts[last][0], mean, sent[last])
+
+
+def device_sent(plan: Plan) -> list[tuple[int, int]]:
+    """Per device, the boundary tensors and gradients together, and the tensors, its replayed order holds at the
+    state :func:`device_counts` reads (replayed.py ``sent_at_held_floor``); none where its memory is not replayed
+    (torch's 1F1B and GPipe slots: sent_floor.py ``slots_bytes``)."""
+    if not replays_memory(plan):
+        return [(0, 0)] * plan.pp
+    return [sent_at_held_floor(plan, k) for k in range(plan.pp)]
+
+
+def sent_bytes(counts: tuple[float, float], boundary: tuple[float, float]) -> float:
+    """The bytes of ``counts`` (tensors and gradients together, tensors: :func:`device_sent`) at ``boundary`` (D, D_g:
+    the least input of a block after the first and its gradients; D_g <= D), as receive_slots.py held_bytes."""
+    return counts[0] * boundary[1] + counts[1] * (boundary[0] - boundary[1])
 
 
 def device_counts(plan: Plan, *, every_schedule: bool = False) -> list[tuple[float, float]] | None:
@@ -95,7 +121,7 @@ class KeptBytes(NamedTuple):
     """What the floors read of a plan's activations per micro-batch (solve/stage_costs.py kept_bytes_total)."""
 
     blocks: float  # sum_b s_b: every block's kept until its backward (cost/pp/partition.py kept_bytes)
-    owed: float  # sum_b d_b: every block's output gradients kept from B to W
+    owed: float  # sum_b d_b + d_post - X: kept from B to W, less the loss's saved X (freed at B: replayed.py)
     remade: float  # min_b r_b (every block recomputed: cost/stages.py peak_block_bytes)
     pre: float  # s_pre: the nodes before the first block, on device 0
     post: float  # s_post: the nodes after the last block, the loss's saved tensors among them
@@ -106,15 +132,16 @@ def activations_floor(
 ) -> float:
     """The larger of the module docstring's two floors, bytes per device: ``params`` the blocks' (dense parameters
     per device, the fewest of them trainable), ``post`` the nodes' after the last block; ``weighted``: weights
-    (:func:`schedule_weights`), loss_held (:func:`loss_device_held`), experts_bytes (:func:`in_flight_floor_bytes`)."""
+    (:func:`schedule_weights`), held (:func:`held_sent`), boundary (D, D_g: :func:`sent_bytes`) and experts_bytes
+    (:func:`in_flight_floor_bytes`)."""
     remade = 0.0 if plan.recompute_blocks else kept.remade
-    loss_held = weighted.pop("loss_held")
+    held, boundary = weighted.pop("held"), weighted.pop("boundary")
     mean = in_flight_floor_bytes(
         plan, block_params=params[0], trained=params[1], kept_bytes=kept.blocks + kept.pre + kept.post,
         wgrad_held_bytes=kept.owed, **weighted,
-    )  # fmt: skip
-    loss = blocks_states_bytes(plan, block_params=post[0], trained=post[1]) + loss_held * kept.post
-    return max(mean, loss) + remade
+    ) + sent_bytes(held.mean_sent, boundary)  # fmt: skip
+    loss = blocks_states_bytes(plan, block_params=post[0], trained=post[1]) + held.loss_held * kept.post
+    return max(mean, loss + sent_bytes(held.loss_sent, boundary)) + remade
 
 
 def blocks_states_bytes(plan: Plan, *, block_params: float, trained: float) -> float:

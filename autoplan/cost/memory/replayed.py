@@ -107,3 +107,10 @@ def most_sent(plan: Plan, index: int) -> tuple[int, int]:
     once over its replayed states (its finished sends and receive slots): its peak state holds at least their bytes
     at D_g each, and the second's at D each (the search's memory floor, cost/memory/sent_floor.py)."""
     return rank_floors(**_key(plan, index)).most_sent
+
+
+def sent_at_held_floor(plan: Plan, index: int) -> tuple[int, int]:
+    """The boundary tensors and gradients together, and the tensors, that stage ``index`` holds at a state with
+    :func:`held_floor`'s counts (the most such): its peak holds at least the first at D_g and the second's excess
+    at D - D_g beside held_floor's activations (the search's memory floor, cost/memory/in_flight_floor.py)."""
+    return rank_floors(**_key(plan, index)).sent_at_held

@@ -76,10 +76,8 @@ class SendsFloor:
         _, _, blocks = self.stage_costs.param_parts(plan)
         states = blocks_states_bytes(plan, block_params=blocks, trained=self.trained_floor(blocks))
         states += self.experts_bytes(plan)
-        whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1  # received whole on each tp rank
-        boundary, grads = self._least_input_bytes(plan)
-        return sent_floor_bytes(plan, states_bytes=states, boundary_bytes=whole * boundary, grad_bytes=whole * grads,
-                                sent=sent)  # fmt: skip
+        boundary, grads = self.boundary_bytes(plan)
+        return sent_floor_bytes(plan, states_bytes=states, boundary_bytes=boundary, grad_bytes=grads, sent=sent)
 
     def slots_bytes(self, plan: Plan) -> float:
         """The fewest bytes of receive slots any device of ``plan`` holds where torch's runtime runs its 1F1B or GPipe
@@ -90,8 +88,14 @@ class SendsFloor:
         them (Bounds.memory_floor_bytes); 0 for every other plan."""
         if not torch_slots(plan) or replays_memory(plan):
             return 0.0
-        whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1  # received whole on each tp rank
-        return plan.num_microbatches * whole * self._least_input_bytes(plan)[1]
+        return plan.num_microbatches * self.boundary_bytes(plan)[1]
+
+    def boundary_bytes(self, plan: Plan) -> tuple[float, float]:
+        """(D, D_g) of the module docstring: the least input of a block after the first and its gradients, whole on
+        each tp rank where sequence parallelism splits them (received whole)."""
+        whole = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
+        boundary, grads = self._least_input_bytes(plan)
+        return whole * boundary, whole * grads
 
     def _least_input_bytes(self, plan: Plan) -> tuple[float, float]:
         """(D, D_g): the smallest input of a block after the first and the smallest of its gradients, at

@@ -76,7 +76,7 @@ def kept_of(blocks: Iterable[LayerSummary], pre: LayerSummary, post: LayerSummar
     blocks = list(blocks)
     return KeptBytes(
         blocks=sum(kept_bytes(b, plan.recompute) for b in blocks),
-        owed=sum(b.wgrad_held_bytes for b in blocks),
+        owed=max(0.0, sum(b.wgrad_held_bytes for b in blocks) + post.wgrad_held_bytes - post.loss_saved_bytes),
         remade=min(map(remade[plan.recompute], blocks), default=0.0) if plan.recompute in remade else 0.0,
         pre=pre.saved_bytes,
         post=post.saved_bytes,

@@ -119,6 +119,7 @@ class RankFloors(NamedTuple):
     held_floor: tuple[float, float]  # cost/memory/replayed.py held_floor
     most_sent: tuple[int, int]  # cost/memory/replayed.py most_sent
     held_at_peak: tuple[int, int]  # cost/pp/replay.py held_at_peak
+    sent_at_held: tuple[int, int] = (0, 0)  # cost/memory/replayed.py sent_at_held_floor
 
 
 @lru_cache(maxsize=None)  # one per (schedule, pp, v, m, rank) a search bounds: a few thousand small tuples
@@ -132,7 +133,9 @@ def rank_floors(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: in
       the least (held, kept) in tuple order: a row at most a state with the same sums has its held and kept), the
       fewest per chunk of any group, held and kept;
     - most_sent: the most boundary tensors and gradients of any state together, and the most boundary tensors;
-    - held_at_peak: the (held, kept) of the greatest (held, kept, sent + grads), all chunks together."""
+    - held_at_peak: the (held, kept) of the greatest (held, kept, sent + grads), all chunks together;
+    - sent_at_held: the greatest (sent + grads, sent) of a row with held_floor's counts (a row, so at most a state:
+      its bytes, each weight at least its floor, bound the peak with held_floor's)."""
     where = dict(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank)
     rows, sizes = rank_rows(m=m, **where), group_sizes(**where)
     g = len(sizes)
@@ -140,11 +143,20 @@ def rank_floors(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: in
     sent = forward + rows[:, 2 * g + 1]
     top = held == held.max()
     top &= kept == kept[top].max()
+    top = np.flatnonzero(top)
     counts = rows[top][:, : 2 * g]
-    most = counts[np.lexsort(counts.T[::-1])[0]].tolist()  # the least (held, kept) in tuple order
-    floor = (min(n / size for n, size in zip(most[:g], sizes)), min(n / size for n, size in zip(most[g:], sizes)))
+    most = counts[np.lexsort(counts.T[::-1])[0]]  # the least (held, kept) in tuple order
+    listed = most.tolist()
+    floor = (min(n / size for n, size in zip(listed[:g], sizes)), min(n / size for n, size in zip(listed[g:], sizes)))
     peak = int(np.lexsort((sent, kept, held))[-1])
-    return RankFloors(floor, (int(sent.max()), int(forward.max())), (int(held[peak]), int(kept[peak])))
+    same = top[(counts == most).all(axis=1)]
+    at = same[np.lexsort((forward[same], sent[same]))[-1]]
+    return RankFloors(
+        floor,
+        (int(sent.max()), int(forward.max())),
+        (int(held[peak]), int(kept[peak])),
+        (int(sent[at]), int(forward[at])),
+    )
 
 
 def rank_states_walk(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[State, ...]:

@@ -1,7 +1,8 @@
 """The terms of the held memory floor beyond the blocks' kept activations (cost/memory/in_flight_floor.py,
 Bounds.memory_floor_bytes): the block a backward re-makes under recompute (R), the saved activations of the nodes
-before the first block and after the last (s_pre, s_post), the loss's device alone, and the receive slots of a
-torch-run 1F1B or GPipe (sent_floor.py ``slots_bytes``). Each raises the floor of some plan of an exhaustive search,
+before the first block and after the last (s_pre, s_post), the loss's device alone, the boundary tensors a replayed
+order holds at the floor's state (C, in_flight_floor.py ``device_sent``) and the receive slots of a torch-run 1F1B or
+GPipe (sent_floor.py ``slots_bytes``). Each raises the floor of some plan of an exhaustive search,
 the floor stays at or below every peak CostModel prices, and the search prices fewer plans with the same ranked
 rows (docs/ilp.md, "Memory floor")."""
 
@@ -14,6 +15,7 @@ from synthetic import synthetic_gpt, synthetic_profile
 from synthetic.exhaustive import priced_everything
 
 from autoplan.cost import bounds as bounds_module
+from autoplan.cost.memory.in_flight_floor import held_sent
 from autoplan.cost.memory.sent_floor import SendsFloor
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
@@ -40,8 +42,9 @@ def _floors(monkeypatch, without: str | None) -> list[float]:
         monkeypatch.setattr(StageCosts, "kept_bytes_total", lambda self, plan: kept(self, plan)._replace(**drop))
     if without == "slots":
         monkeypatch.setattr(SendsFloor, "slots_bytes", lambda self, plan: 0.0)
-    if without == "loss device":
-        monkeypatch.setattr(bounds_module, "loss_device_held", lambda plan: 0.0)
+    if without in ("loss device", "sent"):
+        zeroed = dict(loss_held=0.0) if without == "loss device" else dict(mean_sent=(0, 0), loss_sent=(0, 0))
+        monkeypatch.setattr(bounds_module, "held_sent", lambda plan: held_sent(plan)._replace(**zeroed))
     search = Search(GRAPH, synthetic_profile(), OPTIONS)
     floors = [search.bounds.memory_floor_bytes(c.plan) for c in _exhaustive()[1]]
     monkeypatch.undo()
@@ -55,7 +58,7 @@ def test_the_floor_holds_below_every_priced_peak(monkeypatch):
         assert floor <= c.cost.peak_memory_bytes * (1 + 1e-12), c.plan.describe()
 
 
-@pytest.mark.parametrize("term", ["remade", "outside", "slots", "loss device"])
+@pytest.mark.parametrize("term", ["remade", "outside", "slots", "loss device", "sent"])
 def test_each_term_raises_the_floor_of_some_plan(monkeypatch, term):
     floors, without = _floors(monkeypatch, None), _floors(monkeypatch, term)
     assert all(w <= f for w, f in zip(without, floors))
@@ -76,7 +79,7 @@ def test_the_search_prices_fewer_plans_with_the_same_ranked_rows(monkeypatch):
     kept = StageCosts.kept_bytes_total
     monkeypatch.setattr(StageCosts, "kept_bytes_total", lambda s, p: kept(s, p)._replace(remade=0.0, pre=0.0, post=0.0))
     monkeypatch.setattr(SendsFloor, "slots_bytes", lambda self, plan: 0.0)
-    monkeypatch.setattr(bounds_module, "loss_device_held", lambda plan: 0.0)
+    monkeypatch.setattr(bounds_module, "held_sent", lambda plan: held_sent(plan)._replace(loss_held=0.0))
     before, ranked_before = run()
     assert ranked and ranked == ranked_before
     assert priced < before
