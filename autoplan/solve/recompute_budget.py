@@ -108,12 +108,12 @@ PER_CHUNK, ONE_COUNT = ("autoplan",), ("megatron", "megatron-lm-2022")
 
 
 def budgeted(model: CostModel, plan: Plan) -> Plan | None:
-    """``plan`` (recomputing every block, and fitting) with the fewest recomputed blocks that fit and
-    its runtime runs; None when that is every block, or none at all (the plan without recompute is
-    searched and dominates), or when the runtime runs no budget."""
+    """``plan`` (recomputing every block, and priced to fit on its stages) with the fewest recomputed blocks
+    that fit and its runtime runs; None when that is every block, or none at all (the plan without recompute
+    is searched and dominates), or when the runtime runs no budget."""
     if plan.recompute == "none" or plan.recompute_blocks or plan.runtime not in PER_CHUNK + ONE_COUNT:
         return None
-    counts = fit_recompute_blocks(model, plan)
+    counts = fit_recompute_blocks(model, plan, fits=True)  # only a plan priced to fit is fitted a budget
     sizes = [len(chunk) for chunk in plan.stages or balanced_stages(model.graph.layers, plan.pp * plan.virtual_stages)]
     if counts is not None and plan.runtime in ONE_COUNT:  # the largest stage's count on every chunk
         counts = [min(max(counts), size) for size in sizes]

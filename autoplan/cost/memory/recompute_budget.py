@@ -40,9 +40,10 @@ def stage_peaks_bytes(model: CostModel, plan: Plan, counts: list[int]) -> list[f
     return [memory.peak_bytes for memory in model.stage_memory(budgeted, stages)]
 
 
-def fit_recompute_blocks(model: CostModel, plan: Plan) -> list[int] | None:
+def fit_recompute_blocks(model: CostModel, plan: Plan, *, fits: bool = False) -> list[int] | None:
     """Per chunk, the fewest leading blocks ``plan.recompute`` must cover for every stage to fit (module
-    docstring); None when even every block recomputed does not fit or the plan recomputes nothing."""
+    docstring); None when even every block recomputed does not fit or the plan recomputes nothing. ``fits``: the
+    caller priced ``plan`` (every block recomputed, on its stages) and it fit, so that probe is not priced again."""
     if plan.recompute == "none":
         return None
     sizes = chunk_sizes(model, plan)
@@ -51,7 +52,7 @@ def fit_recompute_blocks(model: CostModel, plan: Plan) -> list[int] | None:
         max(size for c, size in enumerate(sizes) if stage_of_chunk(c, pp=plan.pp, v_shape=v_shaped(plan.schedule)) == s)
         for s in range(plan.pp)
     ]
-    if any(peak > limit for peak in stage_peaks_bytes(model, plan, sizes)):
+    if not fits and any(peak > limit for peak in stage_peaks_bytes(model, plan, sizes)):
         return None
     zero = stage_peaks_bytes(model, plan, [0] * len(sizes))
     low = [0 if zero[s] <= limit else 1 for s in range(plan.pp)]  # the smallest k that may fit
