@@ -310,9 +310,9 @@ class Bounds:
         activations = activations_floor(
             plan, self.stage_costs.kept_bytes_total(plan), params=(blocks, self.trained_floor(blocks)),
             post=(post, self.trained_floor(post)), weights=weights, held=held, boundary=self.sends.boundary_bytes(plan),
-            experts_bytes=self.experts.states_bytes(plan),
+            experts_bytes=self.experts.states_bytes(plan), states=floor,
         )  # fmt: skip
-        return max(floor, activations) + self.sends.slots_bytes(plan)  # the slots: in M2 beside both
+        return activations + self.sends.slots_bytes(plan)  # the slots: in M2 beside every term
 
     def pp_comm_s(self, plan: Plan) -> float:
         if plan.pp == 1:

@@ -19,6 +19,7 @@ saved activations of the nodes before the first block and after the last (never 
 least the blocks' dense model states (model_states is linear); R = min_b r_b where every block recomputes (r_b its
 saved bytes under full, dropped ones under selective; 0 under a budget or without recompute). None depends on the
 partition. C: the boundary tensors a replayed device holds at its n'_k state (:func:`device_sent`), weighted alike.
+Any weights summing to 1 bound the peak so: the floor takes the largest of these and :func:`_weightings`'.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class HeldSent(NamedTuple):
     loss_held: float  # n'_L: the micro-batches the loss's device holds after its first backward
     mean_sent: tuple[float, float]  # sum_k c_k / (n'_k H) of each device's c_k = :func:`device_sent`
     loss_sent: tuple[float, float]  # c_L
+    #: (states, activations, owed, sent, tensors) coefficients of the other weightings (:func:`_weightings`)
+    weightings: tuple[tuple[float, ...], ...] = ()
 
 
 def held_sent(plan: Plan) -> HeldSent:
@@ -64,7 +67,22 @@ def held_sent(plan: Plan) -> HeldSent:
     sent, harmonic = device_sent(plan), sum(1.0 / n for n, _ in counts)
     mean = tuple(sum(c[i] / (n * harmonic) for c, (n, _) in zip(sent, counts)) for i in range(2))
     last = plan_last_stage(plan)
-    return HeldSent(counts[last][0], mean, sent[last])
+    return HeldSent(counts[last][0], mean, sent[last], _weightings(counts, sent))
+
+
+def _weightings(counts: list[tuple[float, float]], sent: list[tuple[int, int]]) -> tuple[tuple[float, ...], ...]:
+    """The weightings w_k = beta / min(n_j, n'_k) of each device count n_j below the largest (whose weighting is the
+    harmonic one, 1 / (n'_k H)), beta = 1 / sum_k 1 / min(n_j, n'_k) so they sum to 1: the least weight beta / n_j,
+    the least of w_k n'_k beta, so the mean is at least beta (A / n_j + B) + D min_k w_k p_k + sum_k w_k C_k
+    (A, B, D, C of the module docstring; n_j = min n'_k spreads the states evenly). Each as the coefficients of
+    (A, B, D, C's tensors and gradients at D_g, its tensors at D - D_g), those another is at least dropped."""
+    found = []
+    for n in sorted({n for n, _ in counts})[:-1]:
+        low = [min(n, held) for held, _ in counts]
+        beta = 1.0 / sum(1.0 / m for m in low)
+        owed = beta * min(p / m for (_, p), m in zip(counts, low))
+        found.append((beta / n, beta, owed, *(beta * sum(c[i] / m for c, m in zip(sent, low)) for i in range(2))))
+    return tuple(w for w in found if not any(o != w and all(a >= b for a, b in zip(o, w)) for o in found))
 
 
 def device_sent(plan: Plan) -> list[tuple[int, int]]:
@@ -132,16 +150,20 @@ def activations_floor(
 ) -> float:
     """The larger of the module docstring's two floors, bytes per device: ``params`` the blocks' (dense parameters
     per device, the fewest of them trainable), ``post`` the nodes' after the last block; ``weighted``: weights
-    (:func:`schedule_weights`), held (:func:`held_sent`), boundary (D, D_g: :func:`sent_bytes`) and experts_bytes
-    (:func:`in_flight_floor_bytes`)."""
+    (:func:`schedule_weights`), held (:func:`held_sent`), boundary (D, D_g: :func:`sent_bytes`), experts_bytes
+    (:func:`in_flight_floor_bytes`) and states (the fullest stage's states, at most its peak less R)."""
     remade = 0.0 if plan.recompute_blocks else kept.remade
-    held, boundary = weighted.pop("held"), weighted.pop("boundary")
+    held, boundary, states = weighted.pop("held"), weighted.pop("boundary"), weighted.pop("states", 0.0)
     mean = in_flight_floor_bytes(
         plan, block_params=params[0], trained=params[1], kept_bytes=kept.blocks + kept.pre + kept.post,
         wgrad_held_bytes=kept.owed, **weighted,
     ) + sent_bytes(held.mean_sent, boundary)  # fmt: skip
+    if held.weightings:  # A, B, D, C's two bytes per count of the other weightings
+        whole = blocks_states_bytes(plan, block_params=params[0], trained=params[1]) + weighted.get("experts_bytes", 0)
+        terms = (whole, kept.blocks + kept.pre + kept.post, kept.owed, boundary[1], boundary[0] - boundary[1])
+        mean = max(mean, max(sum(a * b for a, b in zip(w, terms)) for w in held.weightings))
     loss = blocks_states_bytes(plan, block_params=post[0], trained=post[1]) + held.loss_held * kept.post
-    return max(mean, loss + sent_bytes(held.loss_sent, boundary)) + remade
+    return max(states, mean, loss + sent_bytes(held.loss_sent, boundary)) + remade
 
 
 def blocks_states_bytes(plan: Plan, *, block_params: float, trained: float) -> float:

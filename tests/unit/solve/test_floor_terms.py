@@ -2,7 +2,8 @@
 Bounds.memory_floor_bytes): the block a backward re-makes under recompute (R), the saved activations of the nodes
 before the first block and after the last (s_pre, s_post), the loss's device alone, the boundary tensors a replayed
 order holds at the floor's state (C, in_flight_floor.py ``device_sent``) and the receive slots of a torch-run 1F1B or
-GPipe (sent_floor.py ``slots_bytes``). Each raises the floor of some plan of an exhaustive search,
+GPipe (sent_floor.py ``slots_bytes``), and the weightings beside the harmonic one (in_flight_floor.py
+``_weightings``). Each raises the floor of some plan of an exhaustive search,
 the floor stays at or below every peak CostModel prices, and the search prices fewer plans with the same ranked
 rows (docs/ilp.md, "Memory floor")."""
 
@@ -42,8 +43,9 @@ def _floors(monkeypatch, without: str | None) -> list[float]:
         monkeypatch.setattr(StageCosts, "kept_bytes_total", lambda self, plan: kept(self, plan)._replace(**drop))
     if without == "slots":
         monkeypatch.setattr(SendsFloor, "slots_bytes", lambda self, plan: 0.0)
-    if without in ("loss device", "sent"):
-        zeroed = dict(loss_held=0.0) if without == "loss device" else dict(mean_sent=(0, 0), loss_sent=(0, 0))
+    if without in ("loss device", "sent", "weightings"):
+        zeroed = {"loss device": dict(loss_held=0.0), "sent": dict(mean_sent=(0, 0), loss_sent=(0, 0))}.get(without)
+        zeroed = zeroed or dict(weightings=())
         monkeypatch.setattr(bounds_module, "held_sent", lambda plan: held_sent(plan)._replace(**zeroed))
     search = Search(GRAPH, synthetic_profile(), OPTIONS)
     floors = [search.bounds.memory_floor_bytes(c.plan) for c in _exhaustive()[1]]
@@ -58,7 +60,7 @@ def test_the_floor_holds_below_every_priced_peak(monkeypatch):
         assert floor <= c.cost.peak_memory_bytes * (1 + 1e-12), c.plan.describe()
 
 
-@pytest.mark.parametrize("term", ["remade", "outside", "slots", "loss device", "sent"])
+@pytest.mark.parametrize("term", ["remade", "outside", "slots", "loss device", "sent", "weightings"])
 def test_each_term_raises_the_floor_of_some_plan(monkeypatch, term):
     floors, without = _floors(monkeypatch, None), _floors(monkeypatch, term)
     assert all(w <= f for w, f in zip(without, floors))
