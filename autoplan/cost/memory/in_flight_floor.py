@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.memory.replayed import held_floor, replays_memory, sent_at_held_floor
 from autoplan.cost.pp.schedule import in_flight_after_first_backward
@@ -55,8 +57,8 @@ class HeldSent(NamedTuple):
     loss_held: float  # n'_L: the micro-batches the loss's device holds after its first backward
     mean_sent: tuple[float, float]  # sum_k c_k / (n'_k H) of each device's c_k = :func:`device_sent`
     loss_sent: tuple[float, float]  # c_L
-    #: (states, activations, owed, sent, tensors) coefficients of the other weightings (:func:`_weightings`)
-    weightings: tuple[tuple[float, ...], ...] = ()
+    #: (states, activations, owed, sent, tensors) coefficients of the other weightings, a row each (:func:`_weightings`)
+    weightings: np.ndarray | None = None
 
 
 def held_sent(plan: Plan) -> HeldSent:
@@ -70,7 +72,7 @@ def held_sent(plan: Plan) -> HeldSent:
     return HeldSent(counts[last][0], mean, sent[last], _weightings(counts, sent))
 
 
-def _weightings(counts: list[tuple[float, float]], sent: list[tuple[int, int]]) -> tuple[tuple[float, ...], ...]:
+def _weightings(counts: list[tuple[float, float]], sent: list[tuple[int, int]]) -> np.ndarray | None:
     """The weightings w_k = beta / min(n_j, n'_k) of each device count n_j below the largest (whose weighting is the
     harmonic one, 1 / (n'_k H)), beta = 1 / sum_k 1 / min(n_j, n'_k) so they sum to 1: the least weight beta / n_j,
     the least of w_k n'_k beta, so the mean is at least beta (A / n_j + B) + D min_k w_k p_k + sum_k w_k C_k
@@ -82,7 +84,8 @@ def _weightings(counts: list[tuple[float, float]], sent: list[tuple[int, int]]) 
         beta = 1.0 / sum(1.0 / m for m in low)
         owed = beta * min(p / m for (_, p), m in zip(counts, low))
         found.append((beta / n, beta, owed, *(beta * sum(c[i] / m for c, m in zip(sent, low)) for i in range(2))))
-    return tuple(w for w in found if not any(o != w and all(a >= b for a, b in zip(o, w)) for o in found))
+    kept = [w for w in found if not any(o != w and all(a >= b for a, b in zip(o, w)) for o in found)]
+    return np.array(kept) if kept else None
 
 
 def device_sent(plan: Plan) -> list[tuple[int, int]]:
@@ -158,10 +161,10 @@ def activations_floor(
         plan, block_params=params[0], trained=params[1], kept_bytes=kept.blocks + kept.pre + kept.post,
         wgrad_held_bytes=kept.owed, **weighted,
     ) + sent_bytes(held.mean_sent, boundary)  # fmt: skip
-    if held.weightings:  # A, B, D, C's two bytes per count of the other weightings
+    if held.weightings is not None:  # A, B, D, C's two bytes per count of the other weightings
         whole = blocks_states_bytes(plan, block_params=params[0], trained=params[1]) + weighted.get("experts_bytes", 0)
         terms = (whole, kept.blocks + kept.pre + kept.post, kept.owed, boundary[1], boundary[0] - boundary[1])
-        mean = max(mean, max(sum(a * b for a, b in zip(w, terms)) for w in held.weightings))
+        mean = max(mean, float((held.weightings @ np.array(terms)).max()))
     loss = blocks_states_bytes(plan, block_params=post[0], trained=post[1]) + held.loss_held * kept.post
     return max(states, mean, loss + sent_bytes(held.loss_sent, boundary)) + remade
 
