@@ -45,7 +45,7 @@ def _floors(monkeypatch, without: str | None) -> list[float]:
         monkeypatch.setattr(SendsFloor, "slots_bytes", lambda self, plan: 0.0)
     if without in ("loss device", "sent", "weightings"):
         zeroed = {"loss device": dict(loss_held=0.0), "sent": dict(mean_sent=(0, 0), loss_sent=(0, 0))}.get(without)
-        zeroed = zeroed or dict(weightings=())
+        zeroed = zeroed or dict(weightings=None)
         monkeypatch.setattr(bounds_module, "held_sent", lambda plan: held_sent(plan)._replace(**zeroed))
     search = Search(GRAPH, synthetic_profile(), OPTIONS)
     floors = [search.bounds.memory_floor_bytes(c.plan) for c in _exhaustive()[1]]
