@@ -151,7 +151,8 @@ class KeptBytes(NamedTuple):
 def activations_floor(
     plan: Plan, kept: KeptBytes, *, params: tuple[float, float], post: tuple[float, float], **weighted: Any
 ) -> float:
-    """The larger of the module docstring's two floors, bytes per device: ``params`` the blocks' (dense parameters
+    """The largest of the module docstring's floors (the harmonic mean, :func:`_weightings`' means, the loss's device)
+    and ``states``, plus R, bytes per device: ``params`` the blocks' (dense parameters
     per device, the fewest of them trainable), ``post`` the nodes' after the last block; ``weighted``: weights
     (:func:`schedule_weights`), held (:func:`held_sent`), boundary (D, D_g: :func:`sent_bytes`), experts_bytes
     (:func:`in_flight_floor_bytes`) and states (the fullest stage's states, at most its peak less R)."""
