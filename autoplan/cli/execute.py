@@ -63,6 +63,7 @@ def run_command(args: argparse.Namespace) -> int:
         write_audit_prediction(opts, plan)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: we are one rank
         code = run_rank(opts)
+        args.exits_fast = True  # no interpreter teardown once done, as a forked rank (execute/job/runner.py exit_now)
     else:
         _check_devices(plan.devices)
         _warn_other_device(plan)
