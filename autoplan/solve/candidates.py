@@ -3,7 +3,8 @@ configuration priced or pruned, and the result.
 
 A pruned row stands for every configuration of its group (``count``); ``SearchResult.ranked``
 orders the feasible rows by objective and, on a tie, by fewer tp, then cp, then pp ranks, so dp
-is preferred when it is as fast (solve/search.py).
+is preferred when it is as fast (solve/search.py), then by the lower peak, then by the configuration's cells (a
+total order).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class SearchOptions:
     allow_lossy: bool = False  # search (and allow pins of) lossy gradient sync: Plan.lossy
     allow_fp8: bool = False  # search fp8 too (a precision=fp8 pin needs no flag): solve/space.py
     runtime: str = "autoplan"  # the runtime every plan is priced for (types/runtime.py)
+    jobs: int = 1  # processes the search runs on (solve/shares.py; 0: one per core, at most 4)
 
 
 @dataclass
@@ -65,6 +67,7 @@ class SearchResult:
     ilp_status: str
     ilp_gap: float
     refused: list[space.RefusedShape] = field(default_factory=list)  # shapes a rule refused (space.degree_options)
+    processes: int = 1  # the processes the search ran on (solve/shares.py: 1 where it never split)
 
     def ranked(self) -> list[Candidate]:
         return sorted((c for c in self.candidates if c.feasible), key=rank_key)
@@ -229,8 +232,24 @@ def memory_pruned_row(plan: Plan, bound: float, floor_bytes: float, usable_bytes
 
 
 def rank_key(c: Candidate) -> tuple:
-    """Objective first; on a tie, fewer model-parallel ranks (dp before tp before cp before pp)."""
-    return (c.objective, c.plan.tp, c.plan.cp, c.plan.pp)
+    """Objective first; on a tie, fewer model-parallel ranks (dp before tp before cp before pp), then the lower peak
+    (more of the device spare), then the configuration's cells: a total order, so the best plan does not depend on
+    the order the plans were priced in (solve/shares.py)."""
+    return (*_first(c), _cells(c))
+
+
+def better(a: Candidate, b: Candidate) -> bool:
+    """``a`` ranks before ``b`` (:func:`rank_key`, its configuration's cells read only on a tie)."""
+    first, second = _first(a), _first(b)
+    return first < second if first != second else _cells(a) < _cells(b)
+
+
+def _first(c: Candidate) -> tuple:
+    return (c.objective, c.plan.tp, c.plan.cp, c.plan.pp, c.cost.peak_memory_bytes)
+
+
+def _cells(c: Candidate) -> tuple:
+    return tuple(sorted((name, str(value)) for name, value in c.config.items()))
 
 
 def splits_nothing(tp_plan: dict[str, str]) -> bool:
