@@ -16,8 +16,10 @@ REV (on PYTHONPATH, the same model files), alternating with this tree run by run
 both and the ratio. Then it is timed in one process phase by phase (trace, search, write). Times are
 wall seconds and user CPU seconds (on a shared machine wall time also counts waiting for a core);
 the minimum over ``--repeats`` is reported. Prints a table; writes benchmarks/results/planning_time.csv.
-Each tree's autoplan is compiled to bytecode first and runs with ``PYTHONDONTWRITEBYTECODE`` dropped, as an installed
-autoplan has its modules compiled: else every run compiles them again from source (~0.15 s).
+``autoplan plan`` searches on its default processes (``--jobs`` 0: one per core, at most 4; solve/shares.py), and
+so does the in-process search phase; user CPU counts the search's child processes. Each tree's autoplan is compiled
+to bytecode first and runs with ``PYTHONDONTWRITEBYTECODE`` dropped, as an installed autoplan has its modules
+compiled: else every run compiles them again from source (~0.15 s).
 
     python benchmarks/planning_time.py [--repeats N] [--baseline REV] [--cases NAME,...]
 """
@@ -158,7 +160,7 @@ def phases_s(case: dict, out: Path) -> dict:
         graph = trace_model_file(ROOT / case["model"], case["batch"])
     clocks.append((time.perf_counter(), _user_s()))
     with paused_collector():
-        result = plan_graph(graph, devices=case["devices"], profile=profile, batch_size=case["batch"])
+        result = plan_graph(graph, devices=case["devices"], profile=profile, batch_size=case["batch"], jobs=0)
     clocks.append((time.perf_counter(), _user_s()))
     write_outputs(out, result=result, graph=graph, profile=profile)
     clocks.append((time.perf_counter(), _user_s()))
@@ -172,13 +174,15 @@ def phases_s(case: dict, out: Path) -> dict:
         "evaluated": result.evaluated,
         "pruned": result.pruned,
         "ilp_solves": result.ilp_solves,
+        "processes": result.processes,
         "ilp_status": result.ilp_status,
         "plan": result.best.describe(),
     }
 
 
 def _user_s() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    """This process's user CPU and its reaped children's: the search's shares (solve/shares.py) are children."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
 
 
 def main() -> None:
@@ -225,7 +229,7 @@ def _print(rows: list[dict]) -> None:
     table = Table(title="planning time: model file -> plan.json, end to end (user CPU s in brackets)")
     columns = ["case", "devices", "target s"]
     columns += [f"{baseline} s", "traced s", "ratio", "cached s", "ratio"] if baseline else ["traced s", "cached s"]
-    columns += ["trace s", "search s", "write s", "priced", "pruned", "ILPs", "plan"]
+    columns += ["trace s", "search s", "write s", "priced", "pruned", "ILPs", "processes", "plan"]
     for name in columns:
         table.add_column(name, no_wrap=True)
     both = lambda r, k: f"{r[k + '_s']:.2f} ({r[k + '_user_s']:.2f})"  # noqa: E731
@@ -244,6 +248,7 @@ def _print(rows: list[dict]) -> None:
             str(r["evaluated"]),
             str(r["pruned"]),
             str(r["ilp_solves"]),
+            str(r["processes"]),
             r["plan"],
         )
     Console(width=240).print(table)

@@ -8,6 +8,11 @@ import pytest
 # trace; tests/unit/trace/test_trace_cache.py turns it on in a temporary folder.
 os.environ["AUTOPLAN_TRACE_CACHE"] = "off"
 
+# The search runs in one process (``plan --jobs``' default reads AUTOPLAN_JOBS): the suite's workers already take
+# every core (-n auto), and a search that forks inside one would only compete with them. The search on several
+# processes is tested where a test asks for it (tests/unit/solve/test_shares.py).
+os.environ["AUTOPLAN_JOBS"] = "1"
+
 # pytest-xdist's workers start with COLUMNS=80, which the CLI takes for a terminal's width
 # (solve/console.py); the tests read its tables as printed to a pipe (160 columns), as without xdist.
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -46,6 +46,14 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "--solver", choices=("highs", "cbc"), default="highs", help="ILP backend (default HiGHS, CBC fallback)"
     )
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per ILP solve (default 10)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="processes to search on (default 0: AUTOPLAN_JOBS, else one per core, at most 4; Linux only): the "
+        "best plan is the same, the plans priced beside it depend on N",
+    )
     add_runtime_argument(parser)
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="output folder for plan.json, plans.csv, ops.csv, stages.csv"
@@ -132,6 +140,9 @@ def _run(args: argparse.Namespace) -> int:
     from autoplan.solve.outputs import write_outputs
 
     spec = run_spec_of(args)  # bad whole-run flags fail before the trace
+    from autoplan.solve.shares import usable_jobs
+
+    usable_jobs(args.jobs)  # as a bad --jobs or AUTOPLAN_JOBS
     profile = load_profile(args.profile)
     if spec is not None:
         from autoplan.cost import check_prices, priced_profile
@@ -156,6 +167,7 @@ def _run(args: argparse.Namespace) -> int:
                 objective=args.objective,
                 solver=args.solver,
                 time_limit_s=args.time_limit,
+                jobs=args.jobs,
                 progress=progress,
                 top_k=args.top_k if args.exact_top_k else 1,  # pruning against the k-th best costs 2.3x
                 run=spec,

@@ -73,7 +73,8 @@ def plan_lines(folder: PlanFolder) -> list[str]:
     if (search := pred.search) is not None:
         lines[-1] += (
             f" The search priced {search.candidates_evaluated} plans and pruned {search.candidates_pruned} "
-            f"in {search.search_time_s:.2f} s (tp ILP: {search.ilp_status}, gap {search.ilp_gap:.2g})."
+            f"in {search.search_time_s:.2f} s{_on(search.search_processes)} (tp ILP: {search.ilp_status}, "
+            f"gap {search.ilp_gap:.2g})."
         )
     return lines
 
@@ -144,3 +145,8 @@ def report_markdown(
             explanation_md.replace("## ", "### ").replace("### Why this plan", "## Explanation\n\n### Why this plan", 1)
         ]
     return "\n".join(lines) + "\n"
+
+
+def _on(processes: int) -> str:
+    """Where the search ran on several processes (solve/shares.py), on how many."""
+    return f" on {processes} processes" if processes > 1 else ""

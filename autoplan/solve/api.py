@@ -53,6 +53,7 @@ def plan_graph(
     objective: str = "time",
     solver: str = "highs",
     time_limit_s: float = 10.0,
+    jobs: int = 1,
     progress=None,
     top_k: int = 1,
     run: RunSpec | dict | None = None,
@@ -68,7 +69,8 @@ def plan_graph(
     searches (and allows pins of) gradient reduction below fp32 and PowerSGD (Plan.lossy);
     ``allow_fp8`` also searches FP8 linears (a ``precision=fp8`` pin searches them without it).
     ``runtime`` prices every plan for that runtime (types/runtime.py: ``autoplan``'s executor, or a
-    framework to export to); the refusals of what autoplan's executor cannot run still apply."""
+    framework to export to); the refusals of what autoplan's executor cannot run still apply. ``jobs``: the
+    processes to search on (solve/shares.py; 0: one per core, at most 4): the same best plan and exact top k."""
     source = profile_file(profile)
     profile = load_profile(profile)
     run = RunSpec(**run) if isinstance(run, dict) else run
@@ -82,6 +84,7 @@ def plan_graph(
         objective=objective,
         solver=solver,
         time_limit_s=time_limit_s,
+        jobs=jobs,
         progress=progress,
         keep=max(1, top_k),
         run=run,
@@ -115,6 +118,7 @@ def plan_graph(
         objective=objective,
         allow_lossy=allow_lossy,
         allow_fp8=allow_fp8,
+        search_processes=result.processes,
     )  # for autoplan explain
     checkpoints = reliability_fields(
         params=graph.param_count, devices=devices, profile=profile, step_time_s=result.best_cost.step_time_s

@@ -66,8 +66,8 @@ FLOOR_ROUNDING = 1e-9
 class Pass:
     """One pass over ``groups`` ((bound (1), group), best first) of ``search`` (a solve/search.py Search)."""
 
-    def __init__(self, search: Any, groups: list[tuple[float, Group]], *, best_first: bool = True):
-        self.search, self.best_first, self.total = search, best_first, len(groups)
+    def __init__(self, search: Any, groups: list[tuple[float, Group]], *, best_first: bool = True, shares=None):
+        self.search, self.best_first, self.total, self.shares = search, best_first, len(groups), shares
         self._tie = itertools.count()  # ties: first queued, first taken
         self._groups = [(bound, next(self._tie), bound, group, None) for bound, group in groups]  # (key, tie,
         # bound (1), group, its _Choice once bounded); members: (key, tie, keyed by its own times?, plan, its bound (2)
@@ -78,6 +78,8 @@ class Pass:
     def run(self) -> None:
         s = self.search
         while self._groups or self._members:
+            if self.shares is not None and self.shares.split(self):  # one share of them on (solve/shares.py)
+                self.shares = None
             if self._members and (not s._top or not self._groups or self._members[0][:2] < self._groups[0][:2]):
                 self._next_member()
             else:

@@ -50,10 +50,11 @@ from autoplan.solve import (
     moe_overlap,
     recompute_budget,
     schedule_steps,
+    shares,
     space,
     tp_runnable,
 )
-from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, config_of, rank_key, splits_nothing
+from autoplan.solve.candidates import Candidate, Group, SearchOptions, SearchResult, better, config_of, splits_nothing
 from autoplan.solve.context_parallel import cp_sequence
 from autoplan.solve.groups import bounded_groups
 from autoplan.solve.partitions import Partitions
@@ -163,10 +164,16 @@ class Search:
         groups = self.groups()
         if not groups:
             raise PlanError(space.no_configuration(self.options, len(self.graph.layers)))
-        best_first.Pass(self, groups, best_first=self.best_first).run()  # every row written (solve/best_first.py)
+        jobs = shares.usable_jobs(self.options.jobs)
+        split = shares.Shares(self, groups, jobs) if jobs > 1 and len(groups) > 1 else None  # solve/shares.py
+        try:
+            best_first.Pass(self, groups, best_first=self.best_first, shares=split).run()  # every row written
+            statuses = self.tp_planner.statuses() + (split.merge() if split else [])
+        finally:
+            if split:
+                split.stop()
         if self.options.progress:
             self.options.progress(len(groups), len(groups))
-        statuses = self.tp_planner.statuses()
         status = "time_limit" if any(s.status == "time_limit" for s in statuses) else "optimal"
         gap = max((s.gap or 0.0 for s in statuses), default=0.0)
         best = self.best
@@ -179,6 +186,7 @@ class Search:
             ilp_status=status,
             ilp_gap=gap,
             refused=self.refused,
+            processes=1 + len(split.children) if split else 1,
         )
 
     def _degenerate(self, g: Group, choice: TPChoice) -> bool:
@@ -301,7 +309,7 @@ class Search:
             heapq.heappush(self._top, -candidate.objective)
             if len(self._top) > self.options.keep:
                 heapq.heappop(self._top)
-            if self.best is None or rank_key(candidate) < rank_key(self.best):
+            if self.best is None or better(candidate, self.best):
                 self.best = candidate
         if fitted := self.budgets.fitted(self.cost_model, plan, candidate.feasible):  # fewer blocks recomputed
             self._evaluate(fitted, bound, ilp_status=ilp_status)

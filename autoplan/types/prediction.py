@@ -42,9 +42,10 @@ class SearchSummary:
     objective: str = "time"
     allow_lossy: bool = False  # lossy gradient sync was searched (--allow-lossy)
     allow_fp8: bool = False  # fp8 was searched (--allow-fp8); absent in plans of before, which searched it
+    search_processes: int = 1  # the processes the search ran on (solve/shares.py); absent in plans of before: 1
 
     def __post_init__(self) -> None:
-        for name in ("candidates_evaluated", "candidates_pruned", "ilp_solves"):
+        for name in ("candidates_evaluated", "candidates_pruned", "ilp_solves", "search_processes"):
             value = getattr(self, name)
             require(
                 isinstance(value, int) and value >= 0,
