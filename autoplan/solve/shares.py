@@ -25,6 +25,7 @@ import select
 import signal
 import struct
 import sys
+import traceback
 from dataclasses import replace
 from typing import Any
 
@@ -109,10 +110,11 @@ class Shares:
             found = ("ok", s.candidates[rows_from:], s.best, s._top, s.tp_planner.solves - solves_from)
             payload = (*found, s.tp_planner.statuses())
         except BaseException as exc:  # noqa: BLE001 - every error goes to the parent, which raises it
+            exc.add_note(f"(in the search's process for share {share} of {self.jobs})\n" + traceback.format_exc())
             code, payload = 1, ("error", exc)
         try:
             with os.fdopen(write, "wb") as pipe:
-                pickle.dump(payload, pipe, protocol=pickle.HIGHEST_PROTOCOL)
+                pipe.write(_pickled(payload, share, self.jobs))
         finally:
             os._exit(code)
 
@@ -166,7 +168,10 @@ class Shares:
         _, status = os.waitpid(pid, 0)
         self.reaped.add(pid)
         if data:
-            return pickle.loads(data)
+            try:
+                return pickle.loads(data)
+            except Exception as exc:  # an error whose class takes other arguments than it was raised with
+                raise PlanError(f"The search's process for share {share} of {self.jobs} failed ({exc}).") from exc
         how = f"signal {-code}" if (code := os.waitstatus_to_exitcode(status)) < 0 else f"exit status {code}"
         raise PlanError(
             f"The search's process for share {share} of {self.jobs} stopped ({how}) before it sent its plans; "
@@ -186,3 +191,15 @@ class Shares:
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
                 self.reaped.add(pid)
+
+
+def _pickled(payload: tuple, share: int, jobs: int) -> bytes:
+    """``payload`` pickled, or an error saying it could not be (one sentence for the parent to raise)."""
+    try:
+        return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - an unpicklable row or error is this sentence
+        error = PlanError(
+            f"The search's process for share {share} of {jobs} could not send what it found ({exc}); "
+            "plan again with --jobs 1 to search in one process."
+        )
+        return pickle.dumps(("error", error), protocol=pickle.HIGHEST_PROTOCOL)

@@ -80,9 +80,17 @@ def test_rank_key_orders_ties_by_configuration():
     assert sorted([a, b], key=rank_key) == sorted([b, a], key=rank_key)
 
 
+class _Odd(Exception):
+    """An error pickle cannot make again (its class needs an argument its args do not hold)."""
+
+    def __init__(self, message: str, *, extra: int):
+        super().__init__(message)
+        self.extra = extra
+
+
 def test_an_error_in_a_share_is_raised_in_the_parent(monkeypatch):
-    """A child that raises: the same error, raised by the search the user called; one that dies without a word:
-    one sentence naming its share and how it stopped."""
+    """A child that raises: the same error, raised by the search the user called (or, where pickle cannot make it
+    again, one sentence); one that dies without a word: one sentence naming its share and how it stopped."""
     evaluate = Search._evaluate
 
     def failing(self, *args, **kwargs):
@@ -91,7 +99,17 @@ def test_an_error_in_a_share_is_raised_in_the_parent(monkeypatch):
         return evaluate(self, *args, **kwargs)
 
     monkeypatch.setattr(Search, "_evaluate", failing)
-    with pytest.raises(PlanError, match="a child's error"):
+    with pytest.raises(PlanError, match="a child's error") as raised:
+        _search("wide", jobs=2, keep=1)
+    assert "in the search's process for share 1 of 2" in raised.value.__notes__[0]  # with the child's traceback
+
+    def odd(self, *args, **kwargs):
+        if shares._IN_CHILD:
+            raise _Odd("made with a keyword", extra=1)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Search, "_evaluate", odd)
+    with pytest.raises(PlanError, match=r"share 1 of 2 failed"):
         _search("wide", jobs=2, keep=1)
 
     def dying(self, *args, **kwargs):
