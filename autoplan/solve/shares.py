@@ -34,15 +34,16 @@ from autoplan.solve.candidates import better
 
 #: the processes ``jobs`` 0 uses at most: past 4 shares the search's serial start and its copies outweigh more cores
 MAX_AUTO_JOBS = 4
+JOBS_ENV = "AUTOPLAN_JOBS"  # jobs 0's count where set (a run control, not a model size: cli/launch.py)
 _SLOT = struct.Struct("q")  # a child's groups resolved since the split, in the shared page
 _IN_CHILD = False  # this process is a share's child: it forks no further
 
 
 def auto_jobs() -> int:
     """``jobs`` 0: ``AUTOPLAN_JOBS`` where set, else the cores this process may run on, at most MAX_AUTO_JOBS."""
-    if (env := os.environ.get("AUTOPLAN_JOBS", "").strip()) and env != "0":
+    if (env := os.environ.get(JOBS_ENV, "").strip()) and env != "0":
         if not env.isdigit():
-            raise PlanError(f"AUTOPLAN_JOBS={env!r} is not a whole number of processes; set it to 1 or more, or 0.")
+            raise PlanError(f"{JOBS_ENV}={env!r} is not a whole number of processes; set it to 1 or more, or 0.")
         return int(env)
     from autoplan.jobs.threads import available_cores
 
