@@ -73,7 +73,8 @@ def top_table(result: SearchResult, *, top_k: int, exact_k: int | None = None) -
     table = FitTable(
         headers=headers,
         numbers=set(headers) - {"plan"},
-        title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s)"
+        title=f"top {top_k} plans ({result.evaluated} priced, {result.pruned} pruned, {result.elapsed_s:.2f} s"
+        + (f" on {result.processes} processes)" if result.processes > 1 else ")")
         + _exactness(top_k=min(top_k, len(top)), exact_k=top_k if exact_k is None else exact_k),
         caption=f"times in {unit}; {left_out} terms that are zero for every plan shown are left out" * bool(left_out),
     )

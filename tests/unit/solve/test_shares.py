@@ -123,14 +123,16 @@ def test_an_error_in_a_share_is_raised_in_the_parent(monkeypatch):
 MODEL = Path(__file__).resolve().parents[3] / "examples" / "gpt.py"
 
 
-def test_plan_on_two_processes_writes_the_plan_of_one(tmp_path):
+def test_plan_on_two_processes_writes_the_plan_of_one(tmp_path, capsys):
     """``autoplan plan --jobs 2``: the same plan.json as ``--jobs 1`` but what the search counted, and it records
-    the two processes it ran on."""
-    plans = []
+    and prints the two processes it ran on."""
+    plans, titles = [], []
     for jobs in (1, 2):
-        words = ["plan", str(MODEL), "--devices", "16", "--profile", "dgx-a100", "--batch", "32", "--quiet"]
+        words = ["plan", str(MODEL), "--devices", "16", "--profile", "dgx-a100", "--batch", "32"]
         assert main([*words, "--jobs", str(jobs), "--out", str(tmp_path / str(jobs))]) == 0
         plans.append(json.loads((tmp_path / str(jobs) / "plan.json").read_text()))
+        titles.append(next(line for line in capsys.readouterr().out.splitlines() if "plans (" in line))
+    assert "processes" not in titles[0] and " s on 2 processes)" in titles[1]
     searches = [plan["predicted"].pop("search") for plan in plans]
     assert plans[0] == plans[1]
     assert [s["search_processes"] for s in searches] == [1, 2]
