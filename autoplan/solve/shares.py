@@ -32,7 +32,8 @@ from typing import Any
 from autoplan.errors import PlanError
 from autoplan.solve.candidates import better
 
-#: the processes ``jobs`` 0 uses at most: past 4 shares the search's serial start and its copies outweigh more cores
+#: the processes ``jobs`` 0 uses at most: each share solves tp ILPs again and prices what its own best does not prune,
+#: and the serial start does not shrink; measured on 2 cores only (docs/cli.md): where more stop paying is a guess
 MAX_AUTO_JOBS = 4
 JOBS_ENV = "AUTOPLAN_JOBS"  # jobs 0's count where set (a run control, not a model size: cli/launch.py)
 _SLOT = struct.Struct("q")  # a child's groups resolved since the split, in the shared page
