@@ -101,7 +101,8 @@ class Shares:
         """Run ``share`` to its end, send what it found, exit: the parent's program never resumes here."""
         global _IN_CHILD
         _IN_CHILD, code, s = True, 0, self.search
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: the parent reports it
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Ctrl-C ends it quietly: the parent
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # says so (where SIGINT is ignored, it stays ignored)
         try:
             sys.stdout = sys.stderr = open(os.devnull, "w")  # the terminal is the parent's (its locks may be held)
             rows_from, solves_from = len(s.candidates), s.tp_planner.solves

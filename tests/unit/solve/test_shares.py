@@ -120,6 +120,32 @@ def test_an_error_in_a_share_is_raised_in_the_parent(monkeypatch):
         _search("wide", jobs=2, keep=1)
 
 
+def test_an_interrupt_in_the_parent_ends_and_reaps_every_child(monkeypatch):
+    """Ctrl-C while the shares run: the search raises KeyboardInterrupt (the CLI says "interrupted") and no child is
+    left running or unreaped."""
+    forked, evaluate, priced = [], Search._evaluate, []
+    fork = os.fork
+
+    def recorded_fork():
+        if (pid := fork()) != 0:
+            forked.append(pid)
+        return pid
+
+    def interrupted(self, *args, **kwargs):
+        if forked and not shares._IN_CHILD and len(priced) >= 3:
+            raise KeyboardInterrupt
+        priced.append(1)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fork", recorded_fork)
+    monkeypatch.setattr(Search, "_evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _search("wide", jobs=2, keep=1)
+    assert len(forked) == 1
+    with pytest.raises(ChildProcessError):  # reaped already
+        os.waitpid(forked[0], os.WNOHANG)
+
+
 MODEL = Path(__file__).resolve().parents[3] / "examples" / "gpt.py"
 
 
