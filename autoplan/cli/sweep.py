@@ -42,6 +42,9 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--allow-fp8", action="store_true", help="let every point pick FP8 linears (as autoplan plan)")
     parser.add_argument("--no-prune", action="store_true", help="plan every point (slower; same front)")
+    parser.add_argument(
+        "--jobs", type=int, default=0, metavar="N", help="processes each point's search runs on (as autoplan plan)"
+    )
     add_runtime_argument(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
     add_trace_arguments(parser)
@@ -73,6 +76,9 @@ def _run(args: argparse.Namespace) -> int:
         raise PlanError("autoplan sweep compares whole runs: pass --tokens N or --steps N.")
     devices = _devices(args.devices)
     device_counts(devices)  # a bad --devices fails before the trace
+    from autoplan.solve.shares import usable_jobs
+
+    usable_jobs(args.jobs)  # as a bad --jobs or AUTOPLAN_JOBS
     profiles = [name.strip() for name in args.profile.split(",") if name.strip()]
     graph = model_graph(args)
     quiet = args.quiet or args.json
@@ -92,6 +98,7 @@ def _run(args: argparse.Namespace) -> int:
                 allow_lossy=args.allow_lossy,
                 allow_fp8=args.allow_fp8,
                 runtime=args.runtime,
+                jobs=args.jobs,
             )
     except NoClusterMeets as exc:
         if exc.result.planned:

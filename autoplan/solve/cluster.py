@@ -152,13 +152,15 @@ def sweep_graph(
     allow_lossy: bool = False,
     allow_fp8: bool = False,
     runtime: str = "autoplan",
+    jobs: int = 1,
 ) -> SweepResult:
     """Plan every (profile, devices) point worth planning (module docstring); the front and the
     recommendation. Raises NoClusterMeets when no point meets the deadline or budget. ``allow_lossy``
     lets every point's search pick lossy gradient sync (solve/space.py); the pruning floor holds
     for it too (bound (1) of solve/search.py has no gradient-sync term). ``allow_fp8`` lets every
     point's search pick FP8 (solve/space.py); the floor is then taken over FP8 plans too. ``runtime``
-    prices every point, and its floor, for that runtime (plan_graph's ``runtime``)."""
+    prices every point, and its floor, for that runtime (plan_graph's ``runtime``); ``jobs``: the processes each
+    point's search runs on (plan_graph's: the same best plan, so the same front)."""
     start = time.perf_counter()
     run = RunSpec(**run) if isinstance(run, dict) else run
     if not run.has_length:
@@ -208,6 +210,7 @@ def sweep_graph(
                 allow_lossy=allow_lossy,
                 allow_fp8=allow_fp8,
                 runtime=runtime,
+                jobs=jobs,
             )
         except NoPlanFits as exc:
             row.status, row.reason = "no fit", str(exc)

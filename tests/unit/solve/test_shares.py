@@ -146,6 +146,25 @@ def test_an_interrupt_in_the_parent_ends_and_reaps_every_child(monkeypatch):
         os.waitpid(forked[0], os.WNOHANG)
 
 
+def test_a_sweep_whose_points_search_on_two_processes_finds_the_same_front():
+    """sweep_graph's ``jobs``: each point's search on 2 processes, the same rows (status, plan, whole-run hours and
+    dollars) and Pareto front as on one."""
+    from synthetic.profiles import rental_profile
+
+    from autoplan.solve.cluster import sweep_graph
+
+    graph = synthetic_gpt(layers=2, hidden=1024, heads=16, seq=1024, batch=256)
+    profiles = [rental_profile(name="cheap", price=1.0, inter_busbw_bytes_per_s=5e9)]
+    rows = []
+    for jobs in (1, 2):
+        result = sweep_graph(graph, devices=range(4, 33), profiles=profiles, run={"tokens": 1e10}, jobs=jobs)
+        rows.append([(r.devices, r.status, r.plan and r.plan.describe(), r.estimate, r.reason) for r in result.rows])
+        rows.append([(r.devices, r.wall_h) for r in result.pareto])
+        assert {r.search.processes for r in result.rows if r.search} == {jobs}  # each point split
+    assert rows[0] == rows[2] and rows[1] == rows[3]
+    assert sum(status == "planned" for _, status, *_ in rows[0]) >= 2
+
+
 MODEL = Path(__file__).resolve().parents[3] / "examples" / "gpt.py"
 
 
