@@ -81,7 +81,14 @@ class Shares:
         sys.stdout.flush(), sys.stderr.flush()
         for share in range(1, self.jobs):
             read, write = os.pipe()
-            if (pid := os.fork()) == 0:
+            try:
+                pid = os.fork()
+            except OSError:  # no process to be had (a limit, memory): the pass goes on whole, in this process
+                os.close(read), os.close(write)
+                self.stop()
+                self.children.clear()
+                return True
+            if pid == 0:
                 os.close(read)
                 self._child(pass_, share, write)  # never returns
             os.close(write)
@@ -98,28 +105,37 @@ class Shares:
         heapq.heapify(pass_._groups), heapq.heapify(pass_._members)
 
     def _child(self, pass_: Any, share: int, write: int) -> None:
-        """Run ``share`` to its end, send what it found, exit: the parent's program never resumes here."""
+        """Run ``share`` to its end, send what it found, exit: the parent's program never resumes here, whatever
+        is raised on the way."""
         global _IN_CHILD
-        _IN_CHILD, code, s = True, 0, self.search
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Ctrl-C ends it quietly: the parent
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # says so (where SIGINT is ignored, it stays ignored)
+        _IN_CHILD, code = True, 1
         try:
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Ctrl-C ends it quietly: the
+                signal.signal(signal.SIGINT, signal.SIG_DFL)  # parent says so (an ignored SIGINT stays ignored)
             sys.stdout = sys.stderr = open(os.devnull, "w")  # the terminal is the parent's (its locks may be held)
+            payload = self._found(pass_, share)
+            code = 0 if payload[0] == "ok" else 1
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(_pickled(payload, share, self.jobs))
+        finally:
+            os._exit(code)
+
+    def _found(self, pass_: Any, share: int) -> tuple:
+        """``share``'s pass run here: ("ok", its rows, best, top, ILP solves, ILP statuses) or ("error", what it
+        raised, with its traceback as a note where Python keeps notes, 3.11 on)."""
+        s = self.search
+        try:
             rows_from, solves_from = len(s.candidates), s.tp_planner.solves
             s.options = replace(s.options, progress=lambda done, _: self._report(share, done))
             self._keep(pass_, share)
             pass_.shares = None
             pass_.run()
-            found = ("ok", s.candidates[rows_from:], s.best, s._top, s.tp_planner.solves - solves_from)
-            payload = (*found, s.tp_planner.statuses())
+            found = (s.candidates[rows_from:], s.best, s._top, s.tp_planner.solves - solves_from)
+            return ("ok", *found, s.tp_planner.statuses())
         except BaseException as exc:  # noqa: BLE001 - every error goes to the parent, which raises it
-            exc.add_note(f"(in the search's process for share {share} of {self.jobs})\n" + traceback.format_exc())
-            code, payload = 1, ("error", exc)
-        try:
-            with os.fdopen(write, "wb") as pipe:
-                pipe.write(_pickled(payload, share, self.jobs))
-        finally:
-            os._exit(code)
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"(in the search's process for share {share} of {self.jobs})\n" + traceback.format_exc())
+            return ("error", exc)
 
     def _report(self, share: int, done: int) -> None:
         _SLOT.pack_into(self.page, _SLOT.size * share, done - self.progress_from)

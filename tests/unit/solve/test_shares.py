@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,8 @@ def test_an_error_in_a_share_is_raised_in_the_parent(monkeypatch):
     monkeypatch.setattr(Search, "_evaluate", failing)
     with pytest.raises(PlanError, match="a child's error") as raised:
         _search("wide", jobs=2, keep=1)
-    assert "in the search's process for share 1 of 2" in raised.value.__notes__[0]  # with the child's traceback
+    if sys.version_info >= (3, 11):  # with the child's traceback, where Python keeps notes
+        assert "in the search's process for share 1 of 2" in raised.value.__notes__[0]
 
     def odd(self, *args, **kwargs):
         if shares._IN_CHILD:
@@ -118,6 +120,28 @@ def test_an_error_in_a_share_is_raised_in_the_parent(monkeypatch):
     monkeypatch.setattr(Search, "_evaluate", dying)
     with pytest.raises(PlanError, match=r"share 1 of 2 stopped \(exit status 3\).*--jobs 1"):
         _search("wide", jobs=2, keep=1)
+
+
+def test_a_fork_that_fails_leaves_the_search_whole_in_one_process(monkeypatch):
+    """The second of two forks refused (a process limit): the child already forked is ended and reaped, and the
+    search goes on with every group in this process, the best plan and price of one process."""
+    forked, fork = [], os.fork
+
+    def refusing_fork():
+        if forked:
+            raise BlockingIOError("Resource temporarily unavailable")
+        if (pid := fork()) != 0:
+            forked.append(pid)
+        return pid
+
+    alone = _search("wide", jobs=1, keep=1)
+    monkeypatch.setattr(os, "fork", refusing_fork)
+    split = _search("wide", jobs=3, keep=1)
+    assert split.processes == 1 and len(forked) == 1
+    assert split.best.describe() == alone.best.describe() and split.best_cost == alone.best_cost
+    assert split.evaluated + split.pruned == alone.evaluated + alone.pruned
+    with pytest.raises(ChildProcessError):  # reaped already
+        os.waitpid(forked[0], os.WNOHANG)
 
 
 def test_an_interrupt_in_the_parent_ends_and_reaps_every_child(monkeypatch):
