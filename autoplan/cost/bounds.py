@@ -16,8 +16,8 @@ exceeds the priced step time (a test checks this for every priced candidate):
   priced from cost/dp/messages.py at each message's floor bytes per parameter (cost/dp/floors.py).
 
 ``states_floor_bytes`` bounds memory: the model states of the fewest parameters the fullest stage can hold,
-(blocks + max(pre, post)) / pp, and the routed experts' over pp (cost/memory/experts_floor.py); peak >= W + O + G;
-``memory_floor_bytes`` adds the activations the schedule keeps in flight (cost/memory/in_flight_floor.py);
+(blocks + max(pre, post)) / pp (ZeRO over HSDP's shards), the routed experts' over pp (memory/experts_floor.py):
+peak >= W + O + G; ``memory_floor_bytes`` adds the activations the schedule keeps in flight (memory/in_flight_floor.py);
 ``sends`` the boundary tensors torch's runtime holds to the step's end (cost/memory/sent_floor.py).
 docs/ilp.md, "Bounds" has the derivation of each term.
 """
@@ -47,6 +47,7 @@ from autoplan.cost.tp.block import STREAM_KINDS, BlockAnalysis, analyse_block
 from autoplan.cost.tp.shards import pure_layouts_possible
 from autoplan.cost.tp.splits import legal_splits
 from autoplan.types.graph import Graph, OpNode
+from autoplan.types.hsdp import state_shards
 from autoplan.types.moe import MoELayer
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -289,12 +290,11 @@ class Bounds:
             trainable=self.trained_floor(floor),
             precision=plan.precision,
             zero_stage=plan.zero_stage,
-            dp=plan.dp * plan.cp,  # dp x cp ranks share the weights (cost/cp/weights.py)
+            dp=state_shards(plan),  # dp x cp ranks share the weights (cost/cp/weights.py), HSDP's S x cp shard them
             pp=plan.pp,
             offload=plan.offload,
         )
-        dense = states.weights_bytes + states.grads_bytes + states.optimizer_bytes
-        return dense + self.experts.states_bytes(plan) / plan.pp
+        return states.total_bytes + self.experts.states_bytes(plan) / plan.pp
 
     def memory_floor_bytes(self, plan: Plan, *, offload: bool = False) -> float:
         """states_floor_bytes, or where larger the floor with the activations (cost/memory/in_flight_floor.py), with
@@ -304,7 +304,7 @@ class Bounds:
         if (key := schedule_key(plan)) not in self._schedule_weights:  # read by every plan of one schedule
             self._schedule_weights[key] = schedule_weights(plan), held_sent(plan)
         weights, held = self._schedule_weights[key]
-        if offload or weights is None:
+        if offload or (weights is None and plan.pp > 1):  # one stage of one micro-batch: at its forward's end
             return floor
         _, post, blocks = self.stage_costs.param_parts(plan)
         activations = activations_floor(
@@ -365,7 +365,7 @@ class Bounds:
         trained = self.trained_floor(stage_params)
         if plan.offload != "none":
             return trained / (plan.dp * plan.cp) / self.profile.host.adam_params_per_s  # checked by the plan
-        return self.adam_s(trained / (plan.dp * plan.cp if plan.zero_stage >= 1 else 1))
+        return self.adam_s(trained / (state_shards(plan) if plan.zero_stage >= 1 else 1))
 
     def adam_s(self, local_params: float) -> float:
         """CostModel's memory-bound Adam step over ``local_params`` parameters, or the host's CPU Adam step

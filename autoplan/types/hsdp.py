@@ -30,6 +30,13 @@ def dp_shard(plan: Any) -> int:
     return plan.dp // plan.dp_replicate
 
 
+def state_shards(plan: Any) -> int:
+    """S x cp: the ranks over which ZeRO shards one rank's model states (the flattened ``(dp_shard, cp)`` axes of
+    the module docstring; dp x cp without HSDP), as the cost model's memory sees them (cost/cp/weights.py
+    ``weight_sync_plan``, then :func:`shard_view`)."""
+    return plan.dp * plan.cp // plan.dp_replicate
+
+
 def check_dp_replicate(plan: Any) -> None:
     """The rules of ``Plan.dp_replicate``, one sentence each (module docstring)."""
     r = plan.dp_replicate

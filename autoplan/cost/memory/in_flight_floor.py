@@ -19,7 +19,9 @@ saved activations of the nodes before the first block and after the last (never 
 least the blocks' dense model states (model_states is linear); R = min_b r_b where every block recomputes (r_b its
 saved bytes under full, dropped ones under selective; 0 under a budget or without recompute). None depends on the
 partition. C: the boundary tensors a replayed device holds at its n'_k state (:func:`device_sent`), weighted alike.
-Any weights summing to 1 bound the peak so: the floor takes the largest of these and :func:`_weightings`'.
+Any weights summing to 1 bound the peak so: the floor takes the largest of these and :func:`_weightings`'. A plan of
+one stage and one micro-batch, whose device holds none after its first backward, has its forward's end instead
+(:func:`forward_end_floor`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from autoplan.cost.memory.per_device import model_states
 from autoplan.cost.memory.replayed import held_floor, replays_memory, sent_at_held_floor
 from autoplan.cost.pp.schedule import in_flight_after_first_backward
 from autoplan.cost.pp.zero_bubble import pending_weight_grads
+from autoplan.types.hsdp import state_shards
 from autoplan.types.plan import Plan
 from autoplan.types.schedules import plan_last_stage
 
@@ -158,6 +161,8 @@ def activations_floor(
     (:func:`in_flight_floor_bytes`) and states (the fullest stage's states, at most its peak less R)."""
     remade = 0.0 if plan.recompute_blocks else kept.remade
     held, boundary, states = weighted.pop("held"), weighted.pop("boundary"), weighted.pop("states", 0.0)
+    if weighted["weights"] is None:  # no device holds a micro-batch after its first backward
+        return max(states, forward_end_floor(plan, kept, params=params[0] + post[0], trained=params[1]))
     mean = in_flight_floor_bytes(
         plan, block_params=params[0], trained=params[1], kept_bytes=kept.blocks + kept.pre + kept.post,
         wgrad_held_bytes=kept.owed, **weighted,
@@ -170,6 +175,24 @@ def activations_floor(
     return max(states, mean, loss + sent_bytes(held.loss_sent, boundary)) + remade
 
 
+def forward_end_floor(plan: Plan, kept: KeptBytes, *, params: float, trained: float) -> float:
+    """The floor of a one-stage plan where the others have none (one micro-batch: no device holds one after its
+    first backward, :func:`schedule_weights` None): its moment M1, the forward's end (cost/memory/per_device.py),
+
+        peak >= W + O + s_pre + sum_b s_b + s_post + R
+
+    ``params`` its dense parameters per device (``trained`` the fewest of them trainable), R as the module
+    docstring's (the backward's transient T >= R). 0 for a pipeline."""
+    if plan.pp > 1:
+        return 0.0
+    states = model_states(
+        params=params, trainable=trained, precision=plan.precision, zero_stage=plan.zero_stage,
+        dp=state_shards(plan), pp=1, offload=plan.offload,
+    )  # fmt: skip
+    remade = 0.0 if plan.recompute_blocks else kept.remade
+    return states.weights_bytes + states.optimizer_bytes + kept.blocks + kept.pre + kept.post + remade
+
+
 def blocks_states_bytes(plan: Plan, *, block_params: float, trained: float) -> float:
     """The model states of ``block_params`` parameters per device, ``trained`` of them trainable, under ``plan``'s
     precision, ZeRO and offload: at most sum_k states_k over the pp devices (model_states is linear)."""
@@ -178,8 +201,8 @@ def blocks_states_bytes(plan: Plan, *, block_params: float, trained: float) -> f
         trainable=trained,
         precision=plan.precision,
         zero_stage=plan.zero_stage,
-        dp=plan.dp * plan.cp,  # as Bounds.states_floor_bytes: the fewest bytes any of its ZeRO layouts holds
+        dp=state_shards(plan),  # as Bounds.states_floor_bytes: the fewest bytes any of its ZeRO layouts holds
         pp=plan.pp,
         offload=plan.offload,
     )
-    return states.weights_bytes + states.grads_bytes + states.optimizer_bytes
+    return states.total_bytes

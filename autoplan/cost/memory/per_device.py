@@ -38,6 +38,11 @@ class ModelStates:
     grads_bytes: float
     optimizer_bytes: float
 
+    @property
+    def total_bytes(self) -> float:
+        """W + G + O."""
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
 
 def model_states(
     *,
