@@ -8,8 +8,9 @@ the k-th best objective priced so far). While nothing fits yet, members go first
                             op (Search._degenerate); else its stage options bounded with every stage at its floor
                             under any partition (member_bounds.options: no partition solved), the group keyed again
                             by the least of their bounds (2);
-    group by that floor  -> expanded (:meth:`Pass._expand`): each member partitioned and bounded by (2), its row
-                            written where the threshold of the moment beats it, else queued;
+    group by that floor  -> expanded (:meth:`Pass._expand`): a member whose states alone exceed the device set aside
+                            (:meth:`Pass._states_over`), each other partitioned and bounded by (2), its row written
+                            where the threshold of the moment beats it, else queued;
     member               -> bound (2) as the budgets now stand (a recompute budget counts only once the plan without
                             recompute did not fit, solve/recompute_budget.py): queued again where that is higher;
                             else set aside by its memory floor (Search._over_floor) or priced (Search._evaluate).
@@ -21,8 +22,7 @@ member of a group's tp_plan is resolved, its tail runs (:meth:`Pass._settle`): a
 the plans its floors held back are priced in floor order until the least peak is known, the memory-budgeted retry of
 the tp ILP starts from it and is keyed and expanded in turn. The pass prunes only by sound bounds against plans it
 priced, so the best plan, its price and the exact top k are an exhaustive run's (tests/unit/solve/test_best_first.py).
-With ``best_first`` off, groups go in bound (1) order and each is priced as it is expanded: the plain branch and bound.
-"""
+With ``best_first`` off, groups go in bound (1) order, each priced as it is expanded (the plain branch and bound)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class Pass:
 
     def _next_member(self) -> None:
         key, _, own_keyed, plan, rebound, state = entry = heapq.heappop(self._members)
-        if own_keyed and not _own_times(self.search, plan, rebound):  # its plan without recompute did not fit since
+        if own_keyed and not member_bounds.own_times(self.search, plan, rebound):  # its plan without recompute: short
             return self._push_member(rebound(), False, plan, rebound, state)
         if self.search._beaten(key):
             heapq.heappush(self._members, entry)
@@ -125,7 +125,7 @@ class Pass:
         members, self._members = self._members, []
         while members:
             key, tie, own_keyed, plan, rebound, state = heapq.heappop(members)
-            if own_keyed and not _own_times(s, plan, rebound):
+            if own_keyed and not member_bounds.own_times(s, plan, rebound):
                 key, own_keyed = rebound(), False
             if not s._beaten(key):
                 self._push_member(key, own_keyed, plan, rebound, state)
@@ -181,7 +181,9 @@ class Pass:
                 stages = s._stages(g.plan(zero=0, **kw, **names))
                 for i, (zero, grads) in enumerate(dp_choices):
                     plan = g.plan(zero=zero, stages=stages, grads=grads, **kw, **names)
-                    sub = member_bounds.member_bound(s, g, plan, at := (stages, own, sends, i), state.extras)
+                    if self._states_over(state, plan, at := (stages, own, sends, i), subs[i]):
+                        continue
+                    sub = member_bounds.member_bound(s, g, plan, at, state.extras)
                     if s._beaten(sub):
                         s._append_pruned(plan, sub)
                         continue
@@ -200,12 +202,25 @@ class Pass:
             else:
                 self._consider(sub, False, plan, rebound, state)
 
+    def _states_over(self, state: _Choice, plan: Plan, at: tuple, sub: float) -> bool:
+        """Whether ``plan``'s states alone exceed the device (member_bounds.states_floor_bytes): no partition or
+        recompute budget makes it fit, so it is neither bounded by (2) nor queued. Its option's bound whatever the
+        stages, ``sub``, keys it: its row is pruned where that is beaten, else it is set aside (``too_big``)."""
+        s = self.search
+        if (floor := member_bounds.states_floor_bytes(s, plan, at, state.extras)) <= s._usable_bytes:
+            return False
+        if s._beaten(sub):
+            s._append_pruned(plan, sub)
+        else:
+            state.too_big.append((floor, plan, sub, ""))
+        return True
+
     # ---- a member --------------------------------------------------------------------------
     def _consider(self, key: float, own_keyed: bool, plan: Plan, rebound, state: _Choice) -> None:
         """A member whose key is not beaten: keyed again by its own stage times where those bound it now, else set
         aside by its memory floor or priced."""
         s = self.search
-        if not own_keyed and _own_times(s, plan, rebound) and (now := rebound()) > key:
+        if not own_keyed and member_bounds.own_times(s, plan, rebound) and (now := rebound()) > key:
             if self.best_first:
                 return self._push_member(now, True, plan, rebound, state)
             if s._beaten(key := now):
@@ -337,22 +352,6 @@ def _fields(base: Plan) -> dict:
     return {**fields, "tp_overlap": base.tp_comm_overlap}  # steps: its entry k (solve/schedule_steps.py)
 
 
-def _own_times(search: Any, plan: Plan, rebound: _Rebound) -> bool:
-    """Whether the search bounds ``plan`` (``rebound``: its bound and states floor) by its own stage times where its
-    key took those of no recompute (:class:`_AnyBudget`): it recomputes, could fit, and its plan without recompute
-    has not been found short."""
-    return _may_budget(search, plan, rebound.states_floor_bytes) and search.budgets.timing(plan) is plan
-
-
-def _may_budget(search: Any, plan: Plan, states_bytes: Callable[[], float]) -> bool:
-    """Whether a recompute budget may yet be fitted to ``plan`` (solve/recompute_budget.py): budgets are searched, it
-    recomputes, and its states alone fit (``states_bytes``: its Bounds.states_floor_bytes; a budget is fitted only to
-    a plan that fits)."""
-    if not search.budgets.searched or plan.recompute == "none":
-        return False
-    return states_bytes() <= search._usable_bytes
-
-
 class _Rebound:
     """A member's bound (2) as the budgets stand when called (member_bounds.member_bound of ``args``: search, group,
     plan, (stages, its option's bound, sends, ZeRO choice), extras), and its states floor, its option's
@@ -372,7 +371,7 @@ class _Rebound:
 
 
 class _AnyBudget:
-    """A member that recomputes and may yet be fitted a budget (:func:`_may_budget`) is keyed by the stage times of
+    """A member that recomputes and may yet be fitted a budget (member_bounds.may_budget) is keyed by the stage times of
     no recompute, the floor of every budget (solve/recompute_budget.py): whether the search fits it one depends on a
     plan without recompute that may not be priced yet. The others by the stage times the budgets give now."""
 
@@ -383,7 +382,7 @@ class _AnyBudget:
     def timing(self, plan: Plan, members: Callable[[], list[Plan]] | None = None, *, states_fit=None) -> Plan:
         """``members``: makes ``plan``'s ZeRO and sync variants, which share its recompute (BudgetBounds.timing);
         ``states_fit``: whether any of their states alone fit, where the caller knows it (member_bounds)."""
-        if self.searched and plan.recompute != "none":  # _may_budget's first tests: the same for every member
+        if self.searched and plan.recompute != "none":  # may_budget's first tests: the same for every member
             if states_fit is None:
                 usable, floor = self._search._usable_bytes, self._search.bounds.states_floor_bytes
                 states_fit = any(floor(p) <= usable for p in (members() if members else [plan]))

@@ -17,7 +17,7 @@ that copies it but for its recompute (tests/unit/solve/test_search_memos.py chec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from autoplan.solve import activation_offload, moe_overlap, schedule_steps
 from autoplan.solve.candidates import Group
@@ -228,3 +228,19 @@ def _stage_totals(search: Any, plan: Plan, stages: list, extras: dict, *, states
     if key not in extras:
         extras[key] = (stages, search.stage_costs.stage_totals(timing, stages))
     return extras[key][1]
+
+
+def own_times(search: Any, plan: Plan, rebound: Any) -> bool:
+    """Whether the search bounds ``plan`` (``rebound``: best_first.py's, its bound and states floor) by its own stage
+    times where its key took those of no recompute (best_first.py ``_AnyBudget``): it recomputes, could fit, and its
+    plan without recompute has not been found short."""
+    return may_budget(search, plan, rebound.states_floor_bytes) and search.budgets.timing(plan) is plan
+
+
+def may_budget(search: Any, plan: Plan, states_bytes: Callable[[], float]) -> bool:
+    """Whether a recompute budget may yet be fitted to ``plan`` (solve/recompute_budget.py): budgets are searched, it
+    recomputes, and its states alone fit (``states_bytes``: its Bounds.states_floor_bytes; a budget is fitted only to
+    a plan that fits)."""
+    if not search.budgets.searched or plan.recompute == "none":
+        return False
+    return states_bytes() <= search._usable_bytes

@@ -70,9 +70,9 @@ def test_each_member_bound_memo_sees_one_group_so_one_micro_batch_count(monkeypa
 
 
 def test_a_members_states_floor_is_its_options_and_the_pass_reads_no_other(monkeypatch):
-    """best_first.py reads a member's states floor (Search._over_floor, the recompute budgets' _may_budget) from its
-    option's (member_bounds.states_floor_bytes: _per_overlap's, by ZeRO choice), each equal to Bounds.
-    states_floor_bytes of the member itself: neither reads Bounds.states_floor_bytes."""
+    """best_first.py reads a member's states floor (Search._over_floor, Pass._states_over, the recompute budgets'
+    member_bounds.may_budget) from its option's (member_bounds.states_floor_bytes: _per_overlap's, by ZeRO choice),
+    each equal to Bounds.states_floor_bytes of the member itself: none reads Bounds.states_floor_bytes."""
     import sys
 
     from autoplan.solve import member_bounds
@@ -84,7 +84,7 @@ def test_a_members_states_floor_is_its_options_and_the_pass_reads_no_other(monke
     counts = {"by the pass": 0, "members": 0, "over": 0}
 
     def counted(plan):
-        counts["by the pass"] += sys._getframe(1).f_code.co_name in ("_over_floor", "_may_budget")
+        counts["by the pass"] += sys._getframe(1).f_code.co_name in ("_over_floor", "_states_over", "may_budget")
         return plain(plan)
 
     def checked(search_, plan, at, extras):
@@ -136,3 +136,25 @@ def test_step_extras_are_read_at_the_groups_schedule_steps(monkeypatch):
         assert all(c >= one for c in costs), plan.describe()
         rises.append(costs[-1] > one)
     assert any(rises)
+
+
+def test_a_member_whose_states_alone_exceed_the_device_is_never_bounded_by_its_stages(monkeypatch):
+    """Pass._states_over sets such a member aside at its option's bound, before its partition's stage times are read
+    for bound (2): no stage times make it fit. Its row still says why (the states' floor), and the pruned search keeps
+    the best plan of pricing everything (tests/unit/solve/test_best_first.py)."""
+    from autoplan.solve import member_bounds
+
+    graph = synthetic_gpt(layers=8, hidden=512, heads=8, vocab=8000, seq=256, batch=32)
+    options = SearchOptions(devices=8, batch_size=32, keep=100)
+    search = Search(graph, synthetic_profile(memory_bytes=int(0.3 * 2**30)), options)
+    original, bounded = member_bounds.member_bound, []
+
+    def recorded(search_, g, plan, at, extras):
+        bounded.append(search_.bounds.states_floor_bytes(plan) <= search_._usable_bytes)
+        return original(search_, g, plan, at, extras)
+
+    monkeypatch.setattr(member_bounds, "member_bound", recorded)
+    result = search.run()
+    assert result.best is not None and bounded and all(bounded)
+    states_rows = [c for c in result.candidates if "optimizer state alone need" in (c.reason or "")]
+    assert states_rows and all(c.status == "pruned" and c.cost is None for c in states_rows)
