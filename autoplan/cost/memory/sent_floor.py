@@ -18,9 +18,12 @@ devices is at least their mean and at least each one, so
     peak >= max((sum_k states_k + max(D_g sum_k n_k, D sum_k f_k)) / pp,  D_g max_k n_k,  D max_k f_k)
 
 with sum_k states_k at least the blocks' model states (in_flight_floor.py ``blocks_states_bytes``, and the routed
-experts', experts_floor.py): none depends on the partition. Measured on GPT-1T on 3,072 A100s, the sends alone exceed
-the device in most pipelined plans that the search used to price for their memory alone and find over it; the search
-holds such a plan back unpriced (solve/search.py ``Search._held_back``; docs/ilp.md).
+experts', experts_floor.py): none depends on the partition. A torch-run 1F1B or GPipe stage (not replayed) holds its
+receive slots in every moment's buffers (plan.py ``_single_chunk_slots``): f_k forward slots at D_in,k >= D and g_k
+gradient slots at D_g,out >= D_g (cost/pp/receive_slots.py), so the same floor holds with n_k = f_k + g_k. Measured on
+GPT-1T on 3,072 A100s, the sends alone exceed the device in most pipelined plans that the search used to price for
+their memory alone and find over it; the search holds such a plan back unpriced (solve/search.py
+``Search._held_back``; docs/ilp.md).
 """
 
 from __future__ import annotations
@@ -30,16 +33,22 @@ from typing import Any, Callable
 from autoplan.cost.memory.in_flight_floor import blocks_states_bytes, schedule_key
 from autoplan.cost.memory.plan import torch_slots
 from autoplan.cost.memory.replayed import most_sent, replays_memory
+from autoplan.cost.pp.receive_slots import single_chunk_slots
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import schedule_step_plan
 
 
 def sent_counts(plan: Plan) -> tuple[tuple[int, int], ...] | None:
-    """(n_k, f_k) of the module docstring per stage; None where ``plan``'s memory is not replayed. Reads only the
-    plan's schedule key (in_flight_floor.py ``schedule_key``)."""
-    if not replays_memory(plan):
+    """(n_k, f_k) of the module docstring per stage: of its replayed order, or of a torch-run 1F1B's or GPipe's
+    receive slots (f_k forward slots and g_k gradient slots, n_k = f_k + g_k: receive_slots.py
+    ``single_chunk_slots``); None where torch's runtime does not run the pipeline. Reads only the plan's schedule key
+    (in_flight_floor.py ``schedule_key``)."""
+    if replays_memory(plan):
+        return tuple(most_sent(plan, k) for k in range(plan.pp))
+    if not torch_slots(plan):
         return None
-    return tuple(most_sent(plan, k) for k in range(plan.pp))
+    slots = (single_chunk_slots(pp=plan.pp, m=plan.num_microbatches, rank=k) for k in range(plan.pp))
+    return tuple((forward + grads, forward) for forward, grads in slots)
 
 
 def sent_floor_bytes(
