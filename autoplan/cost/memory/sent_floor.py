@@ -20,10 +20,8 @@ devices is at least their mean and at least each one, so
 with sum_k states_k at least the blocks' model states (in_flight_floor.py ``blocks_states_bytes``, and the routed
 experts', experts_floor.py): none depends on the partition. A torch-run 1F1B or GPipe stage (not replayed) holds its
 receive slots in every moment's buffers (plan.py ``_single_chunk_slots``): f_k forward slots at D_in,k >= D and g_k
-gradient slots at D_g,out >= D_g (cost/pp/receive_slots.py), so the same floor holds with n_k = f_k + g_k. Measured on
-GPT-1T on 3,072 A100s, the sends alone exceed the device in most pipelined plans that the search used to price for
-their memory alone and find over it; the search holds such a plan back unpriced (solve/search.py
-``Search._held_back``; docs/ilp.md).
+gradient slots at D_g,out >= D_g (cost/pp/receive_slots.py), so the same floor holds with n_k = f_k + g_k. The
+search holds a plan over it back unpriced (solve/search.py ``Search._held_back``; docs/ilp.md, "The sends floor").
 """
 
 from __future__ import annotations
