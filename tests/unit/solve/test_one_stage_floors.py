@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from synthetic import synthetic_gpt, synthetic_profile
+from synthetic.exhaustive import priced_everything
 
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
@@ -22,12 +23,8 @@ TIGHT = synthetic_profile(memory_bytes=int(0.15 * 2**30))  # about a quarter of 
 @pytest.fixture(scope="module")
 def runs():
     options = SearchOptions(devices=16, batch_size=32, fixes=parse_fixes("pp=1"))
-    pruned = Search(GRAPH, TIGHT, options).run()
-    everything = Search(GRAPH, TIGHT, options)
-    everything._beaten = lambda bound: False  # price every candidate
-    everything._usable_bytes = float("inf")  # whatever its memory floor
-    everything.memory_first = False  # and the time of every plan that does not fit
-    return pruned, everything, everything.run()
+    everything = priced_everything(Search(GRAPH, TIGHT, options))
+    return Search(GRAPH, TIGHT, options).run(), everything, everything.run()
 
 
 def _priced(full) -> list:
