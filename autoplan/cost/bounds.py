@@ -304,7 +304,7 @@ class Bounds:
         if (key := schedule_key(plan)) not in self._schedule_weights:  # read by every plan of one schedule
             self._schedule_weights[key] = schedule_weights(plan), held_sent(plan)
         weights, held = self._schedule_weights[key]
-        if offload or (weights is None and plan.pp > 1):  # one stage of one micro-batch: at its forward's end
+        if offload or (weights is None and plan.pp > 1):  # one stage of one micro-batch: activations_floor's M1
             return floor
         _, post, blocks = self.stage_costs.param_parts(plan)
         activations = activations_floor(

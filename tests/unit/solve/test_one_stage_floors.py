@@ -15,7 +15,7 @@ from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import Search
 
-#: 16 devices, two nodes: HSDP's 2 x 8 split is offered; one stage, so a micro-batch of 2 is the whole batch per rank
+#: 16 devices, two nodes: HSDP's 2 x 8 split is offered; one stage: at dp = 16 a micro-batch of 2 is a rank's batch
 GRAPH = synthetic_gpt(layers=4, hidden=512, heads=8, vocab=1024, seq=512, batch=32)
 TIGHT = synthetic_profile(memory_bytes=int(0.15 * 2**30))  # about a quarter of the plans priced do not fit
 
