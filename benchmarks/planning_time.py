@@ -9,17 +9,18 @@ its published size (examples/hf_deepseek_v3.py, 671B, 256 routed experts top-8) 
 batch of 15,360 sequences on 2,048 GPUs of the dgx-h100 profile (target 10 s).
 
 Each case is timed end to end as a user runs it (``autoplan plan ...`` in a fresh process: Python
-start-up, imports, trace, search, writing the files) twice: traced (``AUTOPLAN_TRACE_CACHE=off``)
-and with its trace in the trace cache (a warm cache in a temporary folder: the user's second plan
-of the same model). With ``--baseline REV`` each case also runs in a temporary ``git worktree`` of
+start-up, imports, trace, search, writing the files) twice: traced with nothing cached
+(``AUTOPLAN_TRACE_CACHE=off``, ``AUTOPLAN_SEARCH_CACHE=off``) and with its trace in the trace cache and its
+schedules' analyses in the search cache (warm caches in a temporary folder: the user's second plan of the same
+model on the same cluster). With ``--baseline REV`` each case also runs in a temporary ``git worktree`` of
 REV (on PYTHONPATH, the same model files), alternating with this tree run by run, and the table shows
 both and the ratio. Then it is timed in one process phase by phase (trace, search, write). Times are
 wall seconds and user CPU seconds (on a shared machine wall time also counts waiting for a core);
 the minimum over ``--repeats`` is reported. Prints a table; writes benchmarks/results/planning_time.csv.
 ``autoplan plan`` searches on its default processes (``--jobs`` 0: one per core, at most 4; solve/shares.py), and
-so does the in-process search phase; user CPU counts the search's child processes. Each tree's autoplan is compiled
-to bytecode first and runs with ``PYTHONDONTWRITEBYTECODE`` dropped, as an installed autoplan has its modules
-compiled: else every run compiles them again from source (~0.15 s).
+so does the in-process search phase (with no search cache); user CPU counts the search's child processes. Each
+tree's autoplan is compiled to bytecode first and runs with ``PYTHONDONTWRITEBYTECODE`` dropped, as an installed
+autoplan has its modules compiled: else every run compiles them again from source (~0.15 s).
 
     python benchmarks/planning_time.py [--repeats N] [--baseline REV] [--cases NAME,...]
 """
@@ -94,13 +95,15 @@ CASES = [
 
 def end_to_end_s(case: dict, out: Path, *, tree: Path = ROOT, cache: Path | None = None) -> tuple[float, float]:
     """(wall s, user CPU s) of one ``autoplan plan`` process running ``tree``'s autoplan on this
-    tree's model file, traced (``cache`` None) or with the trace cache in ``cache``."""
+    tree's model file, traced with nothing cached (``cache`` None) or with the trace cache in ``cache`` and the
+    search cache (cost/stored.py) in its ``search`` folder."""
     command = [sys.executable, "-m", "autoplan.cli", "plan", str(ROOT / case["model"])]
     for flag in ("devices", "profile", "batch"):
         command += [f"--{flag}", str(case[flag])]
     env = {**os.environ, **case.get("env", {}), "PYTHONPATH": str(tree)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # read the bytecode compiled() wrote (module docstring)
     env["AUTOPLAN_TRACE_CACHE"] = str(cache) if cache else "off"
+    env["AUTOPLAN_SEARCH_CACHE"] = str(cache / "search") if cache else "off"
     user_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     start = time.perf_counter()
     subprocess.run([*command, "--out", str(out), "--quiet"], check=True, cwd=tree, env=env)

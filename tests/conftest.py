@@ -7,6 +7,7 @@ import pytest
 # The trace cache (autoplan/trace/cache.py) stays off in tests, so each test traces what it means to
 # trace; tests/unit/trace/test_trace_cache.py turns it on in a temporary folder.
 os.environ["AUTOPLAN_TRACE_CACHE"] = "off"
+os.environ["AUTOPLAN_SEARCH_CACHE"] = "off"  # the search cache (cost/stored.py): only where a test attaches one
 
 # The search runs in one process (``plan --jobs``' default reads AUTOPLAN_JOBS): the suite's workers already take
 # every core (-n auto), and a search that forks inside one would only compete with them. The search on several

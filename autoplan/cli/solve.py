@@ -5,8 +5,10 @@ and ``autoplan sweep`` (cli/sweep.py): the planner's commands."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 
 from autoplan.cli.sweep import add_sweep_parser
 from autoplan.cli.trace import add_trace_arguments
@@ -55,6 +57,7 @@ def register(subparsers, common: argparse.ArgumentParser) -> None:
         "best plan is the same, the plans priced beside it depend on N",
     )
     add_runtime_argument(parser)
+    add_search_cache_argument(parser)
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="output folder for plan.json, plans.csv, ops.csv, stages.csv"
     )
@@ -90,6 +93,16 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help="also consider gradient reduction in bf16/fp16 and PowerSGD compression (lossy: docs/cost-model.md)",
     )
     add_fp8_argument(parser)
+
+
+def add_search_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-search-cache``: one definition for ``plan`` and ``sweep`` (:func:`search_cache`)."""
+    parser.add_argument(
+        "--no-search-cache",
+        action="store_true",
+        help="neither read nor add to the search cache of pipeline schedules' analyses (also "
+        "AUTOPLAN_SEARCH_CACHE=off; docs/ilp.md, The search cache)",
+    )
 
 
 def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
@@ -158,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
     graph = with_touched_rows(model_graph(args), args.touched_rows)
     quiet = args.quiet or args.json
     try:  # the search makes next to no cyclic garbage: its collections only rescan what lives on (cli/startup.py)
-        with search_progress(enabled=not quiet and sys.stderr.isatty()) as progress, paused_collector():
+        bar = search_progress(enabled=not quiet and sys.stderr.isatty())
+        with search_cache(args), bar as progress, paused_collector():
             result = plan_graph(
                 graph,
                 devices=args.devices,
@@ -221,6 +235,18 @@ def _run(args: argparse.Namespace) -> int:
 
         print_explanation(explanation, as_json=False, quiet=args.quiet)
     return 0
+
+
+@contextlib.contextmanager
+def search_cache(args: argparse.Namespace) -> Iterator[None]:
+    """The search inside reads and adds to the search cache (cost/stored.py: ``$AUTOPLAN_SEARCH_CACHE``) unless
+    ``--no-search-cache``; a cache it could not write is a warning."""
+    from autoplan.cost import stored
+
+    with stored.attached(None if args.no_search_cache else stored.cache_dir()) as notes:
+        yield
+    for note in notes:
+        print(f"autoplan: warning: {note}", file=sys.stderr)
 
 
 def _explain(result, graph, profile, args):

@@ -17,7 +17,7 @@ from autoplan.cli.whole_run import add_run_arguments
 
 
 def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
-    from autoplan.cli.solve import add_runtime_argument  # cli/solve.py registers this parser
+    from autoplan.cli.solve import add_runtime_argument, add_search_cache_argument  # cli/solve.py registers it
 
     parser = subparsers.add_parser(
         "sweep",
@@ -46,6 +46,7 @@ def add_sweep_parser(subparsers, common: argparse.ArgumentParser) -> None:
         "--jobs", type=int, default=0, metavar="N", help="processes each point's search runs on (as autoplan plan)"
     )
     add_runtime_argument(parser)
+    add_search_cache_argument(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder for sweep.csv and pareto.png")
     add_trace_arguments(parser)
     add_run_arguments(parser)
@@ -65,6 +66,7 @@ def _devices(text: str):
 
 
 def _run(args: argparse.Namespace) -> int:
+    from autoplan.cli.solve import search_cache
     from autoplan.cli.trace import model_graph
     from autoplan.cli.whole_run import run_spec_of
     from autoplan.errors import PlanError
@@ -83,7 +85,8 @@ def _run(args: argparse.Namespace) -> int:
     graph = model_graph(args)
     quiet = args.quiet or args.json
     try:
-        with search_progress(enabled=not quiet and sys.stderr.isatty(), label="sweeping clusters") as progress:
+        bar = search_progress(enabled=not quiet and sys.stderr.isatty(), label="sweeping clusters")
+        with search_cache(args), bar as progress:
             result = sweep_graph(
                 graph,
                 devices=devices,

@@ -29,6 +29,7 @@ import traceback
 from dataclasses import replace
 from typing import Any
 
+from autoplan.cost import stored
 from autoplan.errors import PlanError
 from autoplan.solve.candidates import better
 
@@ -121,17 +122,18 @@ class Shares:
             os._exit(code)
 
     def _found(self, pass_: Any, share: int) -> tuple:
-        """``share``'s pass run here: ("ok", its rows, best, top, ILP solves, ILP statuses) or ("error", what it
-        raised, with its traceback as a note where Python keeps notes, 3.11 on)."""
+        """``share``'s pass run here: ("ok", its rows, best, top, ILP solves, ILP statuses, the search cache's values it
+        computed) or ("error", what it raised, with its traceback as a note where Python keeps notes, 3.11 on)."""
         s = self.search
         try:
             rows_from, solves_from = len(s.candidates), s.tp_planner.solves
+            stored.forked()  # the search cache's values this share computes go back with its rows
             s.options = replace(s.options, progress=lambda done, _: self._report(share, done))
             self._keep(pass_, share)
             pass_.shares = None
             pass_.run()
             found = (s.candidates[rows_from:], s.best, s._top, s.tp_planner.solves - solves_from)
-            return ("ok", *found, s.tp_planner.statuses())
+            return ("ok", *found, s.tp_planner.statuses(), stored.computed())
         except BaseException as exc:  # noqa: BLE001 - every error goes to the parent, which raises it
             if hasattr(exc, "add_note"):
                 exc.add_note(f"(in the search's process for share {share} of {self.jobs})\n" + traceback.format_exc())
@@ -156,7 +158,8 @@ class Shares:
         for payload in self._payloads():
             if payload[0] == "error":
                 raise payload[1]
-            _, rows, best, top, solves, child_statuses = payload
+            _, rows, best, top, solves, child_statuses, computed = payload
+            stored.add_computed(computed)
             s.candidates.extend(rows)
             s.tp_planner.solves += solves
             statuses += child_statuses

@@ -59,11 +59,20 @@ def temp_file_beside(path: Path, suffix: str = ".tmp") -> tuple[int, str]:
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename, so a crash never
     leaves a half-written file where the user's last good one was (:func:`temp_file_beside`)."""
+    return _write_atomic(path, text, "w")
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """:func:`write_text_atomic` of bytes."""
+    return _write_atomic(path, data, "wb")
+
+
+def _write_atomic(path: str | os.PathLike, content: str | bytes, mode: str) -> Path:
     path = Path(path)
     fd, tmp = temp_file_beside(path)
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, mode) as handle:
+            handle.write(content)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

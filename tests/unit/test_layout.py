@@ -214,6 +214,7 @@ COST_TOP_LEVEL = {
     "node_terms.py",  # blocks.py's idea: a block's sums node by node (blocks.py was near 400; docs/architecture.md)
     "summaries.py",  # blocks.py's idea, as CostModel keeps it: which blocks share a summary (model.py was at 400)
     "stages.py",
+    "stored.py",  # the search cache beneath the pure functions of pp/ and memory/ (no idea of its own: a memo)
     "volumes.py",
     "op_table.py",
 }

@@ -20,11 +20,10 @@ each send at once: their closed forms (cost/pp/schedule.py, zero_bubble.py) stay
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from autoplan.cost.pp.rank_memory import chunk_groups, group_sizes, peak_state, rank_floors, row_matrix
 from autoplan.cost.pp.receive_slots import held_bytes as boundary_held_bytes
 from autoplan.cost.stages import StageTotals
+from autoplan.cost.stored import stored
 from autoplan.types.plan import Plan
 from autoplan.types.schedules import RUNTIME_SCHEDULES, TORCH_PIPELINES, V_SCHEDULES
 
@@ -54,7 +53,7 @@ def _per_group(plan: Plan, index: int, by_chunk: dict[int, float], total: float)
     return [b / n for b, n in zip(sums, sizes)], sizes
 
 
-@lru_cache(maxsize=4096)
+@stored(maxsize=4096)
 def _groups(schedule: str, pp: int, virtual_stages: int, rank: int) -> tuple[tuple[tuple[int, int], ...], tuple]:
     """rank_memory.py ``chunk_groups`` as (chunk, group) pairs in its order, and ``group_sizes``, memoised on
     positional arguments: a search reads them for each stage whose held counts it prices."""
@@ -80,7 +79,7 @@ def replayed_held(plan: Plan, index: int, stage: StageTotals) -> tuple[float, fl
     return held, pending, sent, stage.loss_grad_bytes * state[2 * g + 2]
 
 
-@lru_cache(maxsize=65536)
+@stored(maxsize=65536)
 def _peak(key: tuple, weights: tuple[float, ...]) -> tuple[int, ...]:
     """:func:`peak_state` of the states of ``key`` (schedule, pp, v, m, rank), memoised: the search prices
     many plans on the same stage totals. It reads the rank's rows (rank_memory.py ``row_matrix``), whose frontier's

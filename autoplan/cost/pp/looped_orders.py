@@ -18,16 +18,15 @@ builds one rank's kinds and chunks from the same formulas as arrays, at once (co
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from autoplan.cost.pp.v_orders import Action
+from autoplan.cost.stored import stored
 
 KINDS = ("F", "B", "W", "BW")  # an action's kind, by its code in the arrays of looped_halves
 
 
-@lru_cache(maxsize=256)
+@stored(maxsize=256)
 def looped_order(schedule: str, *, pp: int, virtual_stages: int, m: int) -> tuple[tuple[Action, ...], ...]:
     """Each rank's actions under ``schedule`` ("interleaved_1f1b" or "interleaved_zb"), memoised."""
     return tuple(tuple(_rank(schedule, rank, pp=pp, v=virtual_stages, m=m)) for rank in range(pp))

@@ -23,11 +23,10 @@ u_0 = R, u_c = R / 2 (k = 0). So bubble >= (p - 1)(F + B - W) / v = (p - 1)(T - 
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from autoplan.cost.pp.looped_orders import looped_order
 from autoplan.cost.pp.replay import _durations, _flat_of, _replay_flat
 from autoplan.cost.pp.reruns import looped_rerun_units
+from autoplan.cost.stored import stored
 from autoplan.types.layout import stage_of_chunk
 
 
@@ -47,7 +46,7 @@ def looped_zb_bubble_s(
     return max(0.0, span - m * (f + b + w) - reruns_s)
 
 
-@lru_cache(maxsize=4096)
+@stored(maxsize=4096)
 def looped_span_s(
     *, pp: int, virtual_stages: int, m: int, f: float, b: float, w: float, rerun_s: tuple[float, ...] = ()
 ) -> float:
@@ -57,7 +56,7 @@ def looped_span_s(
     return max(_replay_flat(flat, _durations(f, b, w), 0.0, rerun_s))
 
 
-@lru_cache(maxsize=256)
+@stored(maxsize=256)
 def _looped_flat(*, pp: int, virtual_stages: int, m: int) -> tuple:
     """replay.py's flat form of interleaved_zb's order, built once per (p, v, m)."""
     order = looped_order("interleaved_zb", pp=pp, virtual_stages=virtual_stages, m=m)

@@ -36,6 +36,7 @@ from autoplan.cost.pp.looped_orders import looped_order
 from autoplan.cost.pp.order_states import distinct_rows, merge_sent, order_halves, order_states, ranks_states
 from autoplan.cost.pp.receive_slots import slot_changes
 from autoplan.cost.pp.v_orders import Action, v_order
+from autoplan.cost.stored import stored
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.schedules import V_SCHEDULES
 
@@ -122,7 +123,7 @@ class RankFloors(NamedTuple):
     sent_at_held: tuple[int, int] = (0, 0)  # cost/memory/replayed.py sent_at_held_floor
 
 
-@lru_cache(maxsize=None)  # one per (schedule, pp, v, m, rank) a search bounds: a few thousand small tuples
+@stored(maxsize=None)  # one per (schedule, pp, v, m, rank) a search bounds: a few thousand small tuples
 def rank_floors(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> RankFloors:
     """:class:`RankFloors` of ``rank``, from :func:`rank_rows` without the frontier (:func:`rank_states`), which the
     search then builds only for the ranks of the plans it prices. Each is a greatest over the frontier that every
@@ -188,7 +189,7 @@ _HELD = {"F": 1, "B": 0, "W": -1, "BW": -1}  # a chunk's activations: made by F,
 _KEPT = {"F": 0, "B": 1, "W": -1, "BW": 0}  # its output gradients: kept by B until W
 
 
-@lru_cache(maxsize=4096)
+@stored(maxsize=4096)
 def chunk_groups(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> dict[int, int]:
     """Each chunk of ``rank``'s group in its states: the first (0), the last (the largest group) and, with v > 2,
     the chunks between them together (1), whose activations the price takes at their mean. Only the first and
@@ -198,7 +199,7 @@ def chunk_groups(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> d
     return {c: 0 if j == 0 else (min(2, len(chunks) - 1) if j == len(chunks) - 1 else 1) for j, c in enumerate(chunks)}
 
 
-@lru_cache(maxsize=4096)
+@stored(maxsize=4096)
 def group_sizes(*, schedule: str, pp: int, virtual_stages: int, rank: int) -> tuple[int, ...]:
     """How many chunks each group of :func:`chunk_groups` holds."""
     groups = list(chunk_groups(schedule=schedule, pp=pp, virtual_stages=virtual_stages, rank=rank).values())

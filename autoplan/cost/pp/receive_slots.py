@@ -24,15 +24,14 @@ gradient D_g,in (cost/stages.py ``held_boundary_bytes``). Grad slots hold a rece
 
 from __future__ import annotations
 
-from functools import lru_cache
-
+from autoplan.cost.stored import stored
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.schedules import V_SCHEDULES
 
 Slots = tuple[int, int]  # (forward slots, each one boundary tensor D; gradient slots, each its gradients D_g)
 
 
-@lru_cache(maxsize=None)  # one per (schedule, pp, v, m, rank), as rank_memory.rank_states
+@stored(maxsize=None)  # one per (schedule, pp, v, m, rank), as rank_memory.rank_states
 def slot_changes(*, schedule: str, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Slots, dict]:
     """(the rank's receive slots at the step's start, {(kind, chunk): change} to add to rank_memory's sent counts
     after each action half), each as (forward slots, gradient slots) (module docstring)."""

@@ -27,6 +27,7 @@ from functools import lru_cache
 from autoplan.cost.pp.rank_memory import frontier, rank_floors, rank_states
 from autoplan.cost.pp.reruns import v_rerun_units
 from autoplan.cost.pp.v_orders import Action, v_order
+from autoplan.cost.stored import stored
 from autoplan.types.layout import stage_of_chunk
 
 
@@ -83,7 +84,7 @@ def _produces(action: Action) -> list[tuple[str, int, int]]:
     return [("B" if kind == "BW" else kind, action[1], action[2])]
 
 
-@lru_cache(maxsize=4096)
+@stored(maxsize=4096)
 def replay_span_s(
     *,
     schedule: str,
@@ -136,7 +137,7 @@ def _v_steps(schedule: str, *, pp: int, m: int, apart: bool) -> tuple:
     return _steps(v_order(schedule, pp=pp, m=m), place=place, apart=apart)
 
 
-@lru_cache(maxsize=256)
+@stored(maxsize=256)
 def _v_flat(schedule: str, *, pp: int, m: int, apart: bool) -> tuple | None:
     """:func:`_flat` of :func:`_v_steps`, built once per (p, m) (None where F&B pairs run whole)."""
     if not apart:

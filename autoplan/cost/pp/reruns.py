@@ -23,12 +23,12 @@ alike (selective's re-run runs no matmul: its policy serves their outputs). Whic
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from autoplan.cost.pp.v_orders import v_halves
+from autoplan.cost.stored import stored
 from autoplan.types.layout import chunks_of_stage, local_chunk, stage_of_chunk
 from autoplan.types.schedules import SPLIT_BACKWARD, V_SCHEDULES
 
@@ -43,7 +43,7 @@ def forward_reruns(*, schedule: str, pp: int, num_microbatches: int, chunk: int)
     return 1.0 + split_backwards(schedule, pp=pp, m=num_microbatches)[chunk] / num_microbatches
 
 
-@lru_cache(maxsize=None)  # one per (schedule, pp, m) a search meets
+@stored(maxsize=None)  # one per (schedule, pp, m) a search meets
 def split_backwards(schedule: str, *, pp: int, m: int) -> tuple[int, ...]:
     """Per chunk of a V ``schedule``, how many of its m backwards run as B then W: v_order's "B" actions ("BW" and an
     F&B pair's backward run whole), counted in each rank's halves (v_orders.py ``v_halves``: B is kind 1), built as
@@ -117,7 +117,7 @@ def chunk_forward_reruns(plan: Any) -> tuple[float, ...]:
     return _chunk_reruns(plan.schedule, plan.pp, plan.virtual_stages, plan.num_microbatches)
 
 
-@lru_cache(maxsize=None)  # one per (schedule, pp, v, m) a search meets
+@stored(maxsize=None)  # one per (schedule, pp, v, m) a search meets
 def _chunk_reruns(schedule: str, pp: int, virtual_stages: int, m: int) -> tuple[float, ...]:
     kw = dict(schedule=schedule, pp=pp, num_microbatches=m)
     return tuple(forward_reruns(**kw, chunk=c) for c in range(pp * virtual_stages))

@@ -25,14 +25,14 @@ tests/unit/cost/test_v_schedules.py checks both against torch's own ``pipeline_o
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
+
+from autoplan.cost.stored import stored
 
 Action = tuple  # (kind, chunk, micro-batch) or ("FB", chunk, micro-batch, chunk, micro-batch)
 
 
-@lru_cache(maxsize=256)
+@stored(maxsize=256)
 def v_order(schedule: str, *, pp: int, m: int) -> tuple[tuple[Action, ...], ...]:
     """Each rank's actions under ``schedule`` ("zbv" or "dualpipev"), memoised per (p, m)."""
     build = {"zbv": _zbv_rank, "dualpipev": _dualpipev_rank}[schedule]
