@@ -185,9 +185,10 @@ def _checkpoint_dir(args: argparse.Namespace, *, absolute: bool) -> str:
 def model_environment() -> tuple[tuple[str, str], ...]:
     """The ``AUTOPLAN_*`` variables set here, which model files read their sizes from (examples/*.py),
     less autoplan's own run controls (error folder, launcher pid, fault injection, FP8 emulation, the trace
-    cache's folder, the heartbeat's folder, the search's processes)."""
+    cache's and the search cache's folders, the heartbeat's folder, the search's processes)."""
     import os
 
+    from autoplan.cost.stored import ENV_VAR as SEARCH_CACHE_ENV
     from autoplan.execute.float8 import EMULATE_ENV
     from autoplan.execute.job.checkpointing import FAULT_ENV
     from autoplan.jobs.heartbeat import HEARTBEAT_DIR_ENV
@@ -196,7 +197,7 @@ def model_environment() -> tuple[tuple[str, str], ...]:
     from autoplan.trace.cache import ENV_VAR as TRACE_CACHE_ENV
 
     controls = {"AUTOPLAN_ERROR_DIR", LAUNCHER_PID_ENV, FAULT_ENV, EMULATE_ENV, TRACE_CACHE_ENV, HEARTBEAT_DIR_ENV}
-    controls.add(JOBS_ENV)
+    controls |= {JOBS_ENV, SEARCH_CACHE_ENV}
     return tuple(
         (name, value)
         for name, value in sorted(os.environ.items())
