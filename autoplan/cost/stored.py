@@ -15,9 +15,9 @@ The file is ``<folder>/<digest>.pickle``, the digest that of autoplan's version,
 changed cost model never reads old values), of numpy's version and of the CPU (:func:`code_digest`); only builtins
 and autoplan's own classes are read from it. It is written atomically (a temporary file renamed over it); one that
 cannot be read is ignored and written again, one that cannot be written is a note for the command to print; past
-:data:`MAX_FILE_BYTES` it starts again from this search's values. Location: ``$AUTOPLAN_SEARCH_CACHE`` (a folder, or
-``off``), else ``$XDG_CACHE_HOME/autoplan/search``, else ``~/.cache/autoplan/search``. Nothing is stored while no
-folder is attached (the API, the tests).
+:data:`MAX_FILE_BYTES` it starts again from this search's values, and the folder keeps its :data:`KEPT_FILES` last
+written files. Location: ``$AUTOPLAN_SEARCH_CACHE`` (a folder, or ``off``), else ``$XDG_CACHE_HOME/autoplan/search``,
+else ``~/.cache/autoplan/search``. Nothing is stored while no folder is attached (the API, the tests).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from autoplan.version import __version__
 ENV_VAR = "AUTOPLAN_SEARCH_CACHE"
 OFF = ("off", "0", "no", "false")
 MAX_FILE_BYTES = 32 << 20  # a file past this starts again: its load would cost more than most searches save
+KEPT_FILES = 4  # the folder's files kept, the last written: a few versions or machines sharing one home folder
 _CODE = ("cost", "types")  # autoplan's folders whose code the stored functions' values are a function of
 _MISSING = object()
 
@@ -188,5 +189,17 @@ def _save(store: _Store) -> None:
         data = pickle.dumps(store.fresh, protocol=pickle.HIGHEST_PROTOCOL)
     try:
         write_bytes_atomic(store.path, data)
+        _forget_old(store.path.parent)
     except OSError as exc:
         store.notes.append(f"the search cache '{store.path.parent}' could not be written ({exc.strerror or exc}).")
+
+
+def _forget_old(folder: Path) -> None:
+    """Remove the folder's files but the :data:`KEPT_FILES` last written: those of older code (or another
+    machine's) are read no more, and a folder kept for years would otherwise hold one for each release."""
+    written = {}
+    for file in folder.glob("*.pickle"):
+        with contextlib.suppress(FileNotFoundError):  # another process's may go meanwhile
+            written[file] = file.stat().st_mtime
+    for old in sorted(written, key=written.__getitem__, reverse=True)[KEPT_FILES:]:
+        old.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ unwritable folder is one note, and the command line reads ``AUTOPLAN_SEARCH_CACH
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -91,6 +92,20 @@ def test_a_bad_file_is_computed_again_and_written_over(tmp_path):
         assert notes == []
         saved = pickle.loads(path.read_bytes())
         assert saved["autoplan.cost.pp.rank_memory.rank_floors"][((), tuple(sorted(args.items())))] == expected
+
+
+def test_the_folder_keeps_its_last_files(tmp_path):
+    """Files of other code (older, here) are removed past KEPT_FILES, the newest kept, this search's among them."""
+    for i in range(stored.KEPT_FILES + 2):
+        old = tmp_path / f"old{i}.pickle"
+        old.write_bytes(pickle.dumps({}))
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))
+    stored.clear_memos()
+    with stored.attached(tmp_path):
+        rank_floors(schedule="1f1b", pp=4, virtual_stages=1, m=8, rank=3)
+    kept = sorted(p.name for p in tmp_path.glob("*.pickle"))
+    newest = [f"old{i}.pickle" for i in range(3, stored.KEPT_FILES + 2)]
+    assert kept == sorted([f"{stored.code_digest()}.pickle", *newest])
 
 
 def test_an_unwritable_folder_is_one_note(tmp_path):
