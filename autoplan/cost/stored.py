@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import hashlib
 import io
 import os
@@ -171,27 +172,33 @@ def _load(path: Path) -> dict[str, dict]:
     """The file's values by function; none where it is missing, unreadable or not the store's."""
     try:
         data = _OwnClasses(io.BytesIO(path.read_bytes())).load()
-    except FileNotFoundError:
-        return {}
-    except Exception:  # noqa: BLE001 - a corrupt or foreign file: a cache, computed again and written over
+    except Exception:  # noqa: BLE001 - missing, corrupt or foreign: a cache, computed again and written over
         return {}
     return data if isinstance(data, dict) and all(isinstance(v, dict) for v in data.values()) else {}
 
 
 def _save(store: _Store) -> None:
     """Add ``store``'s computed values to its file (as it is now: another process may have added to it), atomically;
-    past MAX_FILE_BYTES, this search's values alone."""
-    merged = _load(store.path)
-    for name, entries in store.fresh.items():
-        merged.setdefault(name, {}).update(entries)
-    data = pickle.dumps(merged, protocol=pickle.HIGHEST_PROTOCOL)
-    if len(data) > MAX_FILE_BYTES:
-        data = pickle.dumps(store.fresh, protocol=pickle.HIGHEST_PROTOCOL)
+    past MAX_FILE_BYTES, this search's values alone. The cyclic collector is paused meanwhile (reading the file makes
+    ~10^5 tuples that live on: 0.24 -> 0.05 s for GPT-1T's 3.7 MB). A cache never fails the plan: what goes wrong
+    here is a note."""
+    collecting = gc.isenabled()
+    gc.disable()
     try:
+        merged = _load(store.path)
+        for name, entries in store.fresh.items():
+            merged.setdefault(name, {}).update(entries)
+        data = pickle.dumps(merged, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > MAX_FILE_BYTES:
+            data = pickle.dumps(store.fresh, protocol=pickle.HIGHEST_PROTOCOL)
         write_bytes_atomic(store.path, data)
         _forget_old(store.path.parent)
-    except OSError as exc:
-        store.notes.append(f"the search cache '{store.path.parent}' could not be written ({exc.strerror or exc}).")
+    except Exception as exc:  # noqa: BLE001 - a file system's refusal, or a value that would not pickle
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        store.notes.append(f"the search cache '{store.path.parent}' could not be written ({why}).")
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _forget_old(folder: Path) -> None:
