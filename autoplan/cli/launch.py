@@ -188,7 +188,7 @@ def model_environment() -> tuple[tuple[str, str], ...]:
     cache's and the search cache's folders, the heartbeat's folder, the search's processes)."""
     import os
 
-    from autoplan.cost.stored import ENV_VAR as SEARCH_CACHE_ENV
+    from autoplan.cost import stored
     from autoplan.execute.float8 import EMULATE_ENV
     from autoplan.execute.job.checkpointing import FAULT_ENV
     from autoplan.jobs.heartbeat import HEARTBEAT_DIR_ENV
@@ -197,7 +197,7 @@ def model_environment() -> tuple[tuple[str, str], ...]:
     from autoplan.trace.cache import ENV_VAR as TRACE_CACHE_ENV
 
     controls = {"AUTOPLAN_ERROR_DIR", LAUNCHER_PID_ENV, FAULT_ENV, EMULATE_ENV, TRACE_CACHE_ENV, HEARTBEAT_DIR_ENV}
-    controls |= {JOBS_ENV, SEARCH_CACHE_ENV}
+    controls |= {JOBS_ENV, stored.ENV_VAR}
     return tuple(
         (name, value)
         for name, value in sorted(os.environ.items())

@@ -20,12 +20,13 @@ import cost/ only here (as ``autoplan.cost``) and that every name is asked for.
 - ops.csv's rows (``priced_ops``), the usable memory, what MoE layers allow (``moe_limits``, and
   ``A2A_EXPOSED_FLOOR``, the least share of the all-to-all an overlap leaves, ``a2a_paired_share``, a pair's
   phases ``a2a_pair_phases``), a PowerSGD rank (``check_rank``, ``compresses_any``), a precision's ``peak_dtype``;
-- the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``) and the audit's
-  predicted volumes (``predict_volumes``); what sparse embedding tables send (``sparse_grad_summary``).
+- the whole run (``RunPricer``, ``run_pricer``, ``run_summary``, ``reliability_*``), the audit's predicted volumes
+  (``predict_volumes``), what sparse embedding tables send (``sparse_grad_summary``), the search cache (``stored``).
 """
 
 from __future__ import annotations
 
+from autoplan.cost import stored
 from autoplan.cost.blocks import LayerSummary, per_distinct
 from autoplan.cost.bounds import Bounds
 from autoplan.cost.compute.dtypes import DtypePolicy, policy_for
@@ -79,6 +80,7 @@ from autoplan.cost.tp.splits import TPContext
 from autoplan.cost.volumes import predict as predict_volumes
 
 __all__ = [
+    "stored",  # the search cache (cost/stored.py)
     # a whole plan, and the floors the search prunes with
     "Bounds",
     "CostModel",
