@@ -26,6 +26,11 @@ from autoplan.errors import TraceError
 from autoplan.trace.cut_watch import watched_cut
 from autoplan.trace.stitch import repeated_blocks, stitch
 
+try:  # a GraphModule whose Python code is generated only if asked for: the trace runs its nodes one by one
+    from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModule  # GPT-3's 3,083 nodes: 0.26 -> 0.01 s
+except ImportError:  # a torch without it: the code generated at once
+    _GraphModule = torch.fx.GraphModule
+
 _TORCH_DIR = str(Path(torch.__file__).parent)
 _AUTOPLAN_DIR = str(Path(__file__).parent.parent)
 
@@ -95,7 +100,7 @@ def _try_fx(model: torch.nn.Module) -> Captured | Failure:
     tracer = _Tracer()
     try:
         graph = tracer.trace(model)
-        return Captured(torch.fx.GraphModule(tracer.root, graph, type(model).__name__), "fx")
+        return Captured(_GraphModule(tracer.root, graph, type(model).__name__), "fx")
     except Exception as exc:
         return Failure("torch.fx", tracer.failed_module or "", user_line(exc), first_line(exc))
 
