@@ -27,7 +27,7 @@ from autoplan.trace.cut_watch import watched_cut
 from autoplan.trace.stitch import repeated_blocks, stitch
 
 try:  # a GraphModule whose Python code is generated only if asked for: the trace runs its nodes one by one
-    from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModule  # GPT-3's 3,083 nodes: 0.26 -> 0.01 s
+    from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModule  # GPT-3 175B: capture 0.26 -> 0.19 s
 except ImportError:  # a torch without it: the code generated at once
     _GraphModule = torch.fx.GraphModule
 
