@@ -12,9 +12,9 @@ the same plans and prices (tests/unit/cost/test_stored.py), without the work (GP
 search's CPU). The share processes of a search (solve/shares.py) send theirs back to the parent with their rows.
 
 The file is ``<folder>/<digest>.pickle``, the digest that of autoplan's version, of the code of cost/ and types/ (a
-changed cost model never reads old values), of numpy's version and of the CPU (:func:`code_digest`); only builtins
-and autoplan's own classes are read from it. It is written atomically (a temporary file renamed over it); one that
-cannot be read is ignored and written again, one that cannot be written is a note for the command to print; past
+changed cost model never reads old values), of numpy's version and of the CPU (:func:`code_digest`); only builtins'
+values and autoplan's named tuples are read from it. It is written atomically (a temporary file renamed over it); one
+that cannot be read is ignored and written again, one that cannot be written is a note for the command to print; past
 :data:`MAX_FILE_BYTES` it starts again from this search's values, and the folder keeps its :data:`KEPT_FILES` last
 written files. Location: ``$AUTOPLAN_SEARCH_CACHE`` (a folder, or ``off``), else ``$XDG_CACHE_HOME/autoplan/search``,
 else ``~/.cache/autoplan/search``. Nothing is stored while no folder is attached (the API, the tests).
@@ -160,12 +160,14 @@ def _cpu_model() -> str:
 
 
 class _OwnClasses(pickle.Unpickler):
-    """Reads builtins' values and autoplan's classes only: anything else in the file is a corrupt file."""
+    """Reads builtins' values and autoplan's named tuples only (RankFloors): anything else in the file, a function
+    or another class whose call the file could ask for, is a corrupt file."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module.split(".")[0] != "autoplan":
-            raise pickle.UnpicklingError(f"{module}.{name} is not autoplan's")
-        return super().find_class(module, name)
+        found = super().find_class(module, name) if module.split(".")[0] == "autoplan" else None
+        if not (isinstance(found, type) and issubclass(found, tuple)):
+            raise pickle.UnpicklingError(f"{module}.{name} is not one of autoplan's named tuples")
+        return found
 
 
 def _load(path: Path) -> dict[str, dict]:

@@ -18,9 +18,10 @@ from autoplan.cost.pp.rank_memory import rank_floors
 from autoplan.solve import shares
 from autoplan.solve.candidates import SearchOptions
 from autoplan.solve.search import Search
+from autoplan.types._check import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[3]
-#: pipelines of every schedule on a device tight enough that memory floors and peak states are read
+#: a space with pipelines, on a device tight enough that their memory floors and peak states are read
 GRAPH = synthetic_gpt(layers=8, hidden=1024, heads=16, vocab=32000, seq=1024, batch=16)
 
 
@@ -77,14 +78,25 @@ def test_the_shares_send_their_values_back(tmp_path, monkeypatch):
     assert _rows(second) == _rows(first)
 
 
+class _Writes:
+    """Pickles as a call of one of autoplan's functions: writing a file where it is loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return write_text_atomic, (str(self.path), "written by the cache file")
+
+
 def test_a_bad_file_is_computed_again_and_written_over(tmp_path):
-    """Garbage, and a pickle that names a class not autoplan's, read as an empty cache: the values are computed as
-    without one, and the file is written again, readable."""
+    """Garbage, a pickle that names a class not autoplan's, and one that calls an autoplan function, read as an empty
+    cache (the function never called): the values are computed as without one, and the file is written again."""
     args = dict(schedule="1f1b", pp=4, virtual_stages=1, m=8, rank=1)
     stored.clear_memos()
     expected = rank_floors(**args)
-    path = tmp_path / f"{stored.code_digest()}.pickle"
-    for bad in (b"not a pickle", pickle.dumps({"x": {(): subprocess.Popen}})):
+    path, planted = tmp_path / f"{stored.code_digest()}.pickle", tmp_path / "planted.txt"
+    foreign, calling = pickle.dumps({"x": {(): subprocess.Popen}}), pickle.dumps({"x": {(): _Writes(planted)}})
+    for bad in (b"not a pickle", foreign, calling):
         path.write_bytes(bad)
         stored.clear_memos()
         with stored.attached(tmp_path) as notes:
@@ -92,6 +104,7 @@ def test_a_bad_file_is_computed_again_and_written_over(tmp_path):
         assert notes == []
         saved = pickle.loads(path.read_bytes())
         assert saved["autoplan.cost.pp.rank_memory.rank_floors"][((), tuple(sorted(args.items())))] == expected
+    assert not planted.exists()
 
 
 def test_the_folder_keeps_its_last_files(tmp_path):
