@@ -234,7 +234,11 @@ def _optimizer(
     *, plan: Plan, mode: str, params: list, modules: list, blocks: list[str], optimizer_fn: Callable, **zero: Any
 ) -> Any:
     """The plan's optimizer: ZeRO-1's sharded one (its all-gather per block under the next forward
-    with ``overlap_param_gather``: execute/param_gather.py), else ``optimizer_fn`` on every parameter."""
+    with ``overlap_param_gather``: execute/param_gather.py), else ``optimizer_fn`` on every parameter. A rank
+    that holds no trainable parameter (a pipeline stage of frozen layers) gets ``optimizer_fn`` on one empty
+    parameter group, whose step does nothing: torch's optimizers refuse an empty parameter list."""
+    if not params:  # the same on every dp rank of the stage: no ZeRO state to shard
+        return optimizer_fn([{"params": []}])
     if plan.offload == "optimizer" and mode == "none":  # ZeRO-Offload on one dp rank (execute/offload.py OneRank)
         return OffloadedOptimizer(
             params=params, optimizer_fn=optimizer_fn, dp_mesh=OneRank(), reduce_dtype=zero["reduce_dtype"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -83,7 +84,7 @@ def check_stages(*, model: nn.Module, plan: Plan) -> None:
 
 def split_model(
     *, model: nn.Module, plan: Plan, microbatch_args: tuple, experts: dict[str, ExpertsDispatch] | None = None
-) -> tuple[Any, pytree.TreeSpec | None]:
+) -> tuple[Any, "ModelOutput | None"]:
     """Export ``model`` on one micro-batch and cut it into ``len(plan.stages)`` stage modules.
     Return the ``Pipe`` and the spec that rebuilds the model's output from the last stage's
     tensors (None where the model returns one tensor), for ``build_schedule``. ``experts``: the
@@ -92,8 +93,8 @@ def split_model(
     experts = experts or {}
     split_spec = {stage[0]: SplitPoint.BEGINNING for stage in plan.stages[1:]}
     try:
-        with _output_spec(model) as spec, opaque_experts(model, experts):
-            pipe = pipeline(model, mb_args=microbatch_args, split_spec=split_spec)
+        with _output_spec(model) as spec, opaque_experts(model, experts), _values_bound(model, microbatch_args) as args:
+            pipe = pipeline(model, mb_args=args, split_spec=split_spec)
     except Exception as exc:  # torch.export failed on this model
         raise PlanError(
             "cannot split the model into pipeline stages with torch.export "
@@ -109,6 +110,7 @@ def split_model(
         drop_export_checks(pipe.get_stage_module(i))
     for i in range(pipe.num_stages - 1):
         _send_contiguous(pipe.get_stage_module(i))
+        _send_contiguous_grads(pipe.get_stage_module(i + 1))
     replaced = sum(replace_experts_ops(pipe.get_stage_module(i), experts) for i in range(pipe.num_stages))
     assert replaced >= len(experts), f"{len(experts)} experts modules exported as {replaced} autoplan::experts ops"
     out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None, received=received)
@@ -171,6 +173,59 @@ def _send_contiguous(module: fx.GraphModule) -> None:
     module.recompile()
 
 
+def _send_contiguous_grads(module: fx.GraphModule) -> None:
+    """Make the gradient a stage sends back for each tensor it received contiguous. ``PipelineStage`` receives
+    gradients into buffers with the strides the sender's backward gave them, and gloo receives only into
+    contiguous ones: a received tensor that a ``torch.cat`` reads (a U-Net's skip connection) gets a slice of
+    the cat's gradient, and the sending stage's receive failed ("input tensor has to be contiguous")."""
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    if not placeholders:
+        return
+    with module.graph.inserting_after(placeholders[-1]):
+        for node in placeholders:
+            users = list(node.users)
+            hooked = module.graph.call_function(contiguous_grad, (node,))
+            for user in users:
+                user.replace_input_with(node, hooked)
+    module.recompile()
+
+
+def contiguous_grad(value: Any) -> Any:
+    """``value``, whose gradient, when autograd computes one, is made contiguous first (a hook on the tensor)."""
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        value.register_hook(_contiguous)
+    return value
+
+
+def _contiguous(grad: torch.Tensor) -> torch.Tensor:
+    return grad.contiguous()
+
+
+@contextlib.contextmanager
+def _values_bound(model: nn.Module, args: tuple) -> Iterator[tuple]:
+    """Export ``model`` with its forward()'s non-tensor arguments (a Python float such as a temperature, None)
+    fixed at their values in ``args``: yields the tensor arguments alone, which are all a pipeline stage can
+    receive (torch's schedule refuses others, and the export kept a float as an input that every stage up to
+    its use had to carry). The trainer passes the tensors alone too (execute/trainer.py)."""
+    if all(isinstance(a, torch.Tensor) for a in args):
+        yield args
+        return
+    forward, own = model.forward, model.__dict__.get("forward")
+
+    def bound(*tensors: Any, **kwargs: Any) -> Any:
+        given = iter(tensors)
+        return forward(*(next(given) if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+
+    model.forward = bound
+    try:
+        yield tuple(a for a in args if isinstance(a, torch.Tensor))
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
+
+
 @contextlib.contextmanager
 def _output_spec(model: nn.Module) -> Iterator[list[pytree.TreeSpec]]:
     """Record the pytree spec of what ``model`` returns while ``pipeline()`` exports it."""
@@ -184,10 +239,10 @@ def _output_spec(model: nn.Module) -> Iterator[list[pytree.TreeSpec]]:
 
 def _flat_model_output(
     split_gm: fx.GraphModule, *, out_spec: pytree.TreeSpec | None, received: list[fx.Node]
-) -> pytree.TreeSpec | None:
+) -> "ModelOutput | None":
     """Make the last stage return the model's output tensors in the model's flattening order, those
     it computes and those it receives (``received``: the split values its placeholders hold);
-    return the spec that rebuilds the model's output from them (None: a single tensor, as is)."""
+    return what rebuilds the model's output from them (None: a single tensor, as is)."""
     if out_spec is None or out_spec.is_leaf():
         return None  # the model returns one tensor (or export ran without calling forward): already right
     result = split_gm.graph.output_node().args[0]
@@ -197,14 +252,32 @@ def _flat_model_output(
     output = module.graph.output_node()
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     own = {**dict(zip(received, placeholders)), **own_outputs(output, last)}
-    if len(leaves) != out_spec.num_leaves or any(leaf not in own for leaf in leaves):
+    constants = tuple((i, leaf) for i, leaf in enumerate(leaves) if not isinstance(leaf, fx.Node))
+    if len(leaves) != out_spec.num_leaves or any(leaf not in own for leaf in leaves if isinstance(leaf, fx.Node)):
         raise PlanError(
-            "the model returns a value its last pipeline stage neither computes nor receives (a constant); "
-            "return only tensors the model computes, or plan pp=1 for this model."
+            "the model returns a value its last pipeline stage neither computes nor receives; "
+            "return only values the model computes, or plan pp=1 for this model."
         )
-    output.args = (tuple(own[leaf] for leaf in leaves),)
+    output.args = (tuple(own[leaf] for leaf in leaves if isinstance(leaf, fx.Node)),)
     module.recompile()
-    return out_spec
+    return ModelOutput(out_spec, constants)
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    """What the model returns, rebuilt from the last stage's tensors: its pytree spec, and the constants (a None
+    in a tuple, as Hugging Face models return; the split writes them as values, not as tensors a stage could
+    send) by their place among its leaves."""
+
+    spec: pytree.TreeSpec
+    constants: tuple[tuple[int, Any], ...] = ()
+
+    def rebuild(self, tensors: list) -> Any:
+        leaves, given = [], iter(tensors)
+        fixed = dict(self.constants)
+        for i in range(self.spec.num_leaves):
+            leaves.append(fixed[i] if i in fixed else next(given))
+        return pytree.tree_unflatten(leaves, self.spec)
 
 
 def build_schedule(
@@ -214,7 +287,7 @@ def build_schedule(
     pp_mesh: DeviceMesh,
     device: torch.device,
     loss_fn: Callable,
-    out_spec: pytree.TreeSpec | None = None,
+    out_spec: "ModelOutput | None" = None,
     lanes: Lanes | None = None,
 ) -> Any:
     """The plan's schedule over this rank's stages; the loss goes to the schedule, and sees the
@@ -313,6 +386,6 @@ class _ParamGroups(list):
         self.releases = releases
 
 
-def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: pytree.TreeSpec) -> torch.Tensor:
+def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: "ModelOutput") -> torch.Tensor:
     leaves = list(output) if isinstance(output, (tuple, list)) else [output]
-    return loss_fn(pytree.tree_unflatten(leaves, out_spec), target)
+    return loss_fn(out_spec.rebuild(leaves), target)

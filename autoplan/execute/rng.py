@@ -186,6 +186,18 @@ class DropoutOff(TorchFunctionMode):
         super().__init__()
         self.dropped = 0
         self.other_random: Counter[str] = Counter()
+        self._reruns: contextlib.ExitStack | None = None
+
+    def __enter__(self):
+        self._reruns = contextlib.ExitStack()
+        self._reruns.enter_context(reruns_under(self))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._reruns.close()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -198,6 +210,51 @@ class DropoutOff(TorchFunctionMode):
         elif func in OTHER_RANDOM or _random_aten(func):
             self.other_random[getattr(func, "__name__", str(func))] += 1
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def reruns_under(mode: TorchFunctionMode):
+    """Re-run checkpointed forwards under ``mode`` too. torch's autograd engine runs a backward without the torch
+    function modes its forward ran under, and a checkpointed block re-runs its forward inside the backward
+    (autoplan's recompute, a model's own ``torch.utils.checkpoint``): there dropout was on again, so the re-run
+    saved other tensors than the forward (torch's CheckpointError) or other values. Both of torch's checkpoints
+    are wrapped, while ``mode`` is entered: the re-run of the non-reentrant one (``_CheckpointFrame``'s
+    ``recompute_fn``), and the reentrant one's backward; each enters ``mode`` where the stack lacks it."""
+    from torch.utils import checkpoint as ckpt
+
+    frame, reentrant = getattr(ckpt, "_CheckpointFrame", None), getattr(ckpt, "CheckpointFunction", None)
+    init = frame.__init__ if frame is not None else None
+    backward = reentrant.__dict__.get("backward") if reentrant is not None else None
+    if init is not None:
+        frame.__init__ = lambda self, recompute_fn, *a, **k: init(self, _entering(mode, recompute_fn), *a, **k)
+    if isinstance(backward, staticmethod):
+        reentrant.backward = staticmethod(_entering(mode, backward.__func__))
+    try:
+        yield
+    finally:
+        if init is not None:
+            frame.__init__ = init
+        if isinstance(backward, staticmethod):
+            reentrant.backward = backward
+
+
+def _entering(mode: TorchFunctionMode, fn):
+    """``fn`` run under ``mode`` where the torch function mode stack lacks it (inside a backward)."""
+
+    def run(*args, **kwargs):
+        if any(m is mode for m in _function_modes()):
+            return fn(*args, **kwargs)
+        torch.overrides._push_mode(mode)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.overrides._pop_mode()
+
+    return run
+
+
+def _function_modes() -> list:
+    return torch.overrides._get_current_function_mode_stack()
 
 
 def _random_aten(func) -> bool:

@@ -221,6 +221,7 @@ class Trainer:
             found: list[torch.Tensor] = []
             kwargs = {"target": shard_batch(target, index=step, parts=k, batch_size=batch), "losses": found}
             args = shard_batch(inputs, index=step, parts=k, batch_size=batch) if self.holds_first_stage else ()
+            args = self._stage_args(args)
             with self._forward_context():  # the losses are all we use; merging logits costs a copy
                 self.schedule.step(*args, return_outputs=False, **(kwargs if self.holds_last_stage else {}))
             losses += found
@@ -231,6 +232,18 @@ class Trainer:
         if not kept:
             return torch.tensor(float("nan"), device=self.device)
         return torch.stack(kept).mean()
+
+    def _stage_args(self, args: tuple) -> tuple:
+        """The tensor arguments, which the first stage receives: the split fixed the others at the values the
+        plan recorded (execute/pipeline.py ``_values_bound``), so a different value is refused, not ignored."""
+        specs = self.plan.inputs if len(self.plan.inputs) == len(args) else []
+        for i, (arg, spec) in enumerate(zip(args, specs)):
+            if not isinstance(arg, torch.Tensor) and spec.kind == "value" and arg != spec.value:
+                raise PlanError(
+                    f"forward() argument {i} is {arg!r}, but the pipeline stages were split with it fixed at "
+                    f"{spec.value!r}, the value the plan was traced with; plan again with this value."
+                )
+        return tuple(a for a in args if isinstance(a, torch.Tensor))
 
     def _sync_grads(self) -> None:
         params = self.trainable

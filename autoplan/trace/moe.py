@@ -23,6 +23,7 @@ graph records each layer (:func:`describe`).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -172,7 +173,26 @@ def _is_expert_list(parent: nn.Module, child: nn.Module) -> bool:
     shapes = {tuple((n, tuple(p.shape)) for n, p in m.named_parameters()) for m in child}
     if len(shapes) != 1 or not next(iter(shapes)) or len({type(m) for m in child}) != 1:
         return False
-    return _router(parent, len(child)) is not None
+    return _router(parent, len(child)) is not None and _picks_experts(parent)
+
+
+#: what a block's forward that routes tokens to experts calls to pick them
+_PICKS = ("topk", "top_k", "argmax", "argsort", ".max(", ".sort(")
+
+
+def _picks_experts(parent: nn.Module) -> bool:
+    """Whether ``parent`` picks experts per token: a top-k attribute, or a pick in its forward's code. A stack
+    of alike blocks beside a head with one output per block (two blocks and a two-class head) is no MoE layer,
+    and was taken for one (its top-k then unknown: the trace refused the model). A forward whose code cannot be
+    read is taken to pick."""
+    holders = (parent, getattr(parent, "config", None))
+    if any(isinstance(getattr(h, a, None), int) for h in holders if h is not None for a in _TOP_K_NAMES):
+        return True
+    try:
+        code = inspect.getsource(type(parent).forward)
+    except (OSError, TypeError):
+        return True
+    return any(pick in code for pick in _PICKS)
 
 
 def _router(parent: nn.Module, experts: int) -> str | None:

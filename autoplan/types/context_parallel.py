@@ -38,6 +38,23 @@ def cp_refusal(graph: Graph) -> str | None:
                 f"attention '{node.name}' attends {a.get('q_len')} queries to {a.get('kv_len')} keys, not the "
                 f"whole sequence of {graph.seq_len}; context parallelism splits self-attention over the sequence."
             )
+    if (node := _positions_in_block(graph)) is not None:
+        return (
+            f"block '{node.layer}' builds positions of the whole sequence inside the block ('{node.name}', a "
+            f"torch.arange of {graph.seq_len}), and under context parallelism a block sees only its shard of the "
+            "sequence; build positions (or rotary tables) before the first block and pass them in, or plan cp=1."
+        )
+    return None
+
+
+def _positions_in_block(graph: Graph):
+    """A node inside a block that makes a range as long as the sequence (RoPE's ``torch.arange(x.shape[-2])``),
+    which context parallelism's shards would make from their own length (execute/context_parallel.py shards at
+    the blocks' inputs); None when positions come from before the blocks."""
+    for node in graph.nodes:
+        shape = node.output_shape or []
+        if node.layer is not None and "arange" in (node.target or "") and shape[:1] == [graph.seq_len]:
+            return node
     return None
 
 

@@ -36,10 +36,15 @@ def _traced(name: str):
         ("side_effects", "pp=2,schedule=gpipe"),
         ("loop_moe", "dp=2,zero=3,recompute=full"),  # FSDP2: every expert touched (execute/expert_loop.py)
         ("loop_moe", "tp=2,sp=true"),  # the MoE loop runs whole on each tp rank, on the gathered sequence
+        ("loose_ends", "pp=2,recompute=full"),  # None and float inputs, a None output, a cat's gradient sent back
+        ("frozen_stem", "pp=2"),  # the first stage's rank holds no parameter to train
+        ("buffer_updates", "dp=2,mbs=2"),  # each dp rank updates its own buffers over its micro-batches
     ],
 )
 def test_odd_model_runs_its_plan_and_verifies(tmp_path, name, fix):
     plan = plan_graph(_traced(name), devices=2, profile="cpu-gloo", fix=fix).best
+    if name == "frozen_stem":  # what the case is for: a stage of frozen blocks alone
+        assert plan.stages[0] == ["blocks.0", "blocks.1"]
     path = plan.save(tmp_path / "plan.json")
     run_verified(ODD / f"{name}.py", path, tmp_path / "run", timeout=240)
 

@@ -30,8 +30,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
+from autoplan.execute.data_parallel import dp_mode
 from autoplan.execute.job import verify
 from autoplan.execute.job.contract import verify_steps, why_steps
+from autoplan.execute.job.reference_buffers import RankBuffers
 from autoplan.execute.job.topk_reference import approximation, topk_expected
 from autoplan.types.plan import Plan
 
@@ -61,8 +63,10 @@ class Reference:
     optimizer: Any = None
     feedback: dict[str, torch.Tensor] = field(default_factory=dict)  # PowerSGD's or top-k's mean error feedback
     checks: list[StepCheck] = field(default_factory=list)
+    buffers: RankBuffers | None = None  # each dp rank's buffers (reference_buffers.py)
 
     def __post_init__(self):
+        self.buffers = RankBuffers(self.model, dp=self.plan.dp, synced_each_step=dp_mode(plan=self.plan) == "ddp")
         self.masters = {name: nn.Parameter(w) for name, w in verify.initial_weights(self.model).items()}
         verify.prepare_reference(self.model, plan=self.plan, policy=self.policy)
 
@@ -83,6 +87,7 @@ class Reference:
             policy=self.policy,
             loss_scale=trainer.last_loss_scale,
             prepared=True,
+            buffers=self.buffers,
         )
         state = getattr(trainer.model, "powersgd_state", None)
         compressed = state is not None and state.iter - 1 >= state.start_powerSGD_iter  # iter counts steps done

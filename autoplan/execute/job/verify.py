@@ -32,6 +32,7 @@ from autoplan.execute.batch import shard_batch
 from autoplan.execute.data_parallel import dp_mode
 from autoplan.execute.expert_parallel import find_experts
 from autoplan.execute.grad_scaler import INIT_SCALE
+from autoplan.execute.job.reference_buffers import RankBuffers
 from autoplan.execute.trainer import Trainer
 from autoplan.types.plan import Plan
 
@@ -70,17 +71,24 @@ def reference_step(
     policy: precision.PrecisionPolicy | None = None,
     loss_scale: float | None = None,
     prepared: bool = False,
+    buffers: RankBuffers | None = None,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and fp32 gradients of ``model`` over the global batch, micro-batch by micro-batch,
     under the run's precision policy (module docstring). Unless ``prepared`` (by
-    :func:`prepare_reference`, once), prepares ``model`` in place as the run does first."""
+    :func:`prepare_reference`, once), prepares ``model`` in place as the run does first. ``buffers``: each dp
+    rank's buffers, which its forwards read and update (reference_buffers.py)."""
     policy = policy or policy_of(plan)
     scale = loss_scale if loss_scale is not None else (INIT_SCALE if policy.scales_loss else 1.0)
     if not prepared:
         prepare_reference(model, plan=plan, policy=policy)
     device_type = next(model.parameters()).device.type
     parts, total, grads = plan.dp * plan.num_microbatches, 0.0, {}
+    buffers = buffers or RankBuffers(model, dp=plan.dp, synced_each_step=dp_mode(plan=plan) == "ddp")
+    buffers.start_step(model)
     for index in range(parts):
+        rank, first = divmod(index, plan.num_microbatches)
+        if first == 0:
+            buffers.enter(model, rank)
         x = shard_batch(tuple(inputs), index=index, parts=parts, batch_size=plan.global_batch_size)
         y = shard_batch(target, index=index, parts=parts, batch_size=plan.global_batch_size)
         model.zero_grad(set_to_none=True)
@@ -88,6 +96,8 @@ def reference_step(
             loss = loss_fn(model(*precision.cast_inputs(x, policy)), y) / parts
         (loss * scale if scale != 1.0 else loss).backward()
         total += float(loss.detach())
+        if first == plan.num_microbatches - 1:
+            buffers.leave(model, rank)
         for name, p in model.named_parameters():
             if p.grad is not None:
                 grads[name] = grads.get(name, 0.0) + _dense(p.grad.detach()).float() / scale

@@ -135,3 +135,23 @@ def test_each_pipeline_stage_draws_from_a_stream_of_its_own():
     assert not torch.equal(first, draws(seed=0, step=4, pp_rank=0))
     torch.manual_seed(0 + 1 + 3)  # the runner's batch seed for step 3
     assert not torch.equal(first, torch.rand(8))
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_a_checkpointed_forward_reruns_with_dropout_off_inside_the_backward(use_reentrant):
+    """torch's autograd engine runs the backward without the forward's torch function modes: a checkpoint's
+    re-run there dropped out again (a CheckpointError, or other gradients) unless dropout_off re-enters."""
+    from torch.utils import checkpoint as ckpt
+
+    frame_init, backward = ckpt._CheckpointFrame.__init__, ckpt.CheckpointFunction.__dict__["backward"]
+
+    def block(x):
+        return F.dropout(x, 0.5, training=True).sin()
+
+    x = torch.randn(64, requires_grad=True)
+    mode = rng.dropout_off()
+    with mode:
+        ckpt.checkpoint(block, x, use_reentrant=use_reentrant).sum().backward()
+    assert torch.equal(x.grad, x.detach().cos())  # d/dx sin(x): no mask, in the forward or the re-run
+    assert mode.dropped == 2  # the forward's call and the re-run's
+    assert ckpt._CheckpointFrame.__init__ is frame_init and ckpt.CheckpointFunction.__dict__["backward"] is backward

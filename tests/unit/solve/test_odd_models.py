@@ -29,6 +29,8 @@ BLOCKS = {
     "one_linear": [],  # no child module at all
     "side_effects": [f"layers.{i}" for i in range(4)],
     "loop_moe": ["layers.0", "layers.1"],  # blocks, but an MoE loop no pipeline split can export
+    "loose_ends": [f"blocks.{i}" for i in range(4)],
+    "frozen_stem": [f"blocks.{i}" for i in range(4)],
 }
 #: models with blocks that the planner still refuses to pipeline: torch.export cannot split them
 UNSPLITTABLE = {"loop_moe"}

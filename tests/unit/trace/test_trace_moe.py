@@ -268,3 +268,24 @@ def test_plan_traces_under_the_routing_model_it_is_given(tmp_path, capsys, monke
     capsys.readouterr()
     assert main(args + ["--out", str(tmp_path / "bad"), "--moe-capacity-factor", "-1"]) != 0
     assert "MoE capacity factor -1.0 must be a positive number" in capsys.readouterr().err
+
+
+class TwoBlocksTwoClasses(nn.Module):
+    """Two alike blocks beside a head with one output per block: the shape of a router beside its experts, but
+    nothing picks a block per token."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+def test_blocks_beside_a_head_with_one_output_each_are_not_an_moe_layer():
+    """Taken for an MoE layer whose top-k could not be found, the model was refused."""
+    graph = trace(TwoBlocksTwoClasses(), (torch.randn(4, 8),))
+    assert graph.moe_layers == [] and graph.layers == ["blocks.0", "blocks.1"]

@@ -74,3 +74,30 @@ def test_head_tail_chunks_need_2cp_to_divide_the_sequence():
 def test_gloo_runs_autoplans_allgather_and_ulysses_and_nccl_torchs_allgather_and_ring():
     assert runnable_cp_variants("gloo") == ("allgather", "ulysses")
     assert runnable_cp_variants("nccl") == ("allgather", "ring")
+
+
+class RopeInside(nn.Module):
+    """A block that builds its rotary positions from its own input's length, as much hand-written RoPE does."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(DIM, 3 * DIM)
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)
+        q, k, v = self.qkv(x).view(x.size(0), SEQ, 3, 2, DIM // 2).permute(2, 0, 3, 1, 4).unbind(0)
+        angle = positions[:, None] * torch.ones(DIM // 2, device=x.device)
+        q, k = q * angle.cos(), k * angle.cos()
+        return x + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape)
+
+
+def test_positions_built_inside_a_block_refuse_context_parallelism():
+    """Under cp a block sees its shard of the sequence, so ``torch.arange(x.shape[1])`` inside it counts from 0 on
+    every rank: the run computed other gradients (--verify failed at 0.75). Positions built before the blocks
+    (Model above, Hugging Face's models) are what the executor keeps global."""
+    model = Model()
+    model.layers = nn.ModuleList(RopeInside() for _ in range(2))
+    graph = trace(model, (torch.zeros(2, SEQ, dtype=torch.long),))
+    assert "builds positions of the whole sequence inside the block" in cp_refusal(graph)
+    assert "layers.0" in cp_refusal(graph)
+    assert cp_refusal(trace(Model(), (torch.zeros(2, SEQ, dtype=torch.long),))) is None
