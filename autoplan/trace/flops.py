@@ -54,4 +54,23 @@ CUSTOM_FLOPS = {**{op: _sdpa_forward for op in _FORWARD_OPS}, **{op: _sdpa_backw
 
 
 def flop_counter() -> torch.utils.flop_counter.FlopCounterMode:
-    return torch.utils.flop_counter.FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS)
+    """torch's counter, whose totals the trace reads, without its module tracker (:class:`_GlobalOnly`)."""
+    counter = torch.utils.flop_counter.FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS)
+    if hasattr(counter, "mod_tracker"):
+        counter.mod_tracker = _GlobalOnly()
+    return counter
+
+
+class _GlobalOnly:
+    """FlopCounterMode's module tracker reduced to the one parent its totals read ("Global"). torch's tracker
+    hooks every module call, forward and backward, for a per-module table the trace never reads; its backward
+    hooks on a parametrized weight's leaf (``torch.nn.utils.parametrizations.weight_norm``) raised inside
+    ``torch.autograd.grad`` ("A leaf node was passed to _will_engine_execute_node"), refusing the model."""
+
+    parents = ("Global",)
+
+    def __enter__(self) -> "_GlobalOnly":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None

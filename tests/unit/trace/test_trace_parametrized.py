@@ -1,0 +1,31 @@
+"""A parametrized weight (torch.nn.utils.parametrizations.weight_norm) traces: FlopCounterMode's module tracker,
+whose backward hooks raised on the parametrization's leaf inside autograd.grad, is not used (trace/flops.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from autoplan.trace import trace
+
+
+class Block(nn.Module):
+    def __init__(self, parametrized: bool):
+        super().__init__()
+        self.fc = weight_norm(nn.Linear(16, 32)) if parametrized else nn.Linear(16, 32)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)).sum(-1, keepdim=True) + x
+
+
+def test_weight_norm_traces_with_its_linears_flops():
+    x = (torch.randn(4, 16),)
+    plain = trace(nn.Sequential(Block(False), Block(False)), x)
+    normed = trace(nn.Sequential(Block(True), Block(True)), x)
+    matmul = 2 * 4 * 16 * 32
+    assert sum(n.fwd_flops for n in plain.nodes) == 2 * matmul
+    assert sum(n.fwd_flops for n in normed.nodes) >= 2 * matmul  # the linears, and the norm's own work
+    assert {p for p in normed.parameters if "original" in p} == {
+        f"{i}.fc.parametrizations.weight.original{j}" for i in (0, 1) for j in (0, 1)
+    }
