@@ -280,6 +280,18 @@ def user_line(exc: BaseException | None) -> str:
     return ""
 
 
+def raised_in(exc: BaseException) -> str:
+    """'raised in FILE:LINE (function)' for the code that raised ``exc``: its innermost user frame, else its
+    innermost frame in torch.nn's modules (nn.Transformer's own check of a mask), else 'raised inside torch'."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if _is_user(f.filename)]
+    modules = [f for f in frames if Path(f.filename).parts[-4:-2] == ("nn", "modules") or "/nn/modules/" in f.filename]
+    frame = (user or modules or [None])[-1]
+    if frame is None:
+        return "raised inside torch"
+    return f"raised in {Path(frame.filename).name}:{frame.lineno} ({frame.name})"
+
+
 def stack_trace_line(stack_trace: str | None) -> str:
     """The innermost user frame of an fx node's recorded ``stack_trace``."""
     if not stack_trace:

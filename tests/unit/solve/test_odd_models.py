@@ -87,6 +87,13 @@ def test_asking_a_blockless_model_for_what_needs_blocks_is_one_clear_sentence(gr
         plan_graph(graphs["shared_module"], devices=2, profile="cpu-gloo", fix=fix)
 
 
+@pytest.mark.parametrize("fix", ["pp=2,schedule=interleaved_1f1b", "pp=2,v=2", "pp=2,schedule=dualpipev"])
+def test_a_looped_schedule_on_too_few_blocks_says_so(graphs, fix):
+    """two_modules has 2 blocks, and a looped schedule at pp = 2 runs 4 chunks of them: 'relax a pin' hid it."""
+    with pytest.raises(PlanError, match="runs 4 chunks of whole blocks .* this model has 2 blocks"):
+        plan_graph(graphs["two_modules"], devices=2, profile="cpu-gloo", fix=fix)
+
+
 def test_a_tp_degree_that_splits_nothing_is_pruned_unless_pinned(graphs):
     result = plan_graph(graphs["two_modules"], devices=2, profile="cpu-gloo", top_k=5)
     assert result.best.tp == 1

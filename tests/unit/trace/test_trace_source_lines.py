@@ -61,3 +61,24 @@ def test_a_node_that_fails_is_named_with_its_source_line(monkeypatch):
     with pytest.raises(TraceError, match=rf"op 'aten.nonzero.default' .* at test_trace_source_lines.py:{line} "):
         _traced(Branchy(nonzero=True))
     assert len(seen) == 2 and "nonzero" not in seen[0] and "nonzero" in seen[1]  # the second one names the line
+
+
+class MaskedTransformer(torch.nn.Module):
+    """torch's nn.Transformer given a causal tgt_mask: it checks whether the mask is causal on its values."""
+
+    def __init__(self):
+        super().__init__()
+        self.tf = torch.nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1)
+
+    def forward(self, src, tgt):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[0])
+        return self.tf(src, tgt, tgt_mask=mask)
+
+
+def test_a_branch_on_values_inside_torch_names_the_module_class_and_torchs_line():
+    """It read: op 'module' ... (data-dependent routing such as nonzero()), as if it were MoE routing."""
+    with pytest.raises(TraceError) as caught:
+        trace(MaskedTransformer(), (torch.randn(5, 2, 16), torch.randn(4, 2, 16)))
+    said = str(caught.value)
+    assert "op 'Transformer' in module 'tf'" in said and "(_detect_is_causal_mask)" in said
+    assert "tgt_is_causal=True" in said
