@@ -45,6 +45,7 @@ from autoplan.solve import (
     activation_offload,
     best_first,
     candidates,
+    empty_space,
     expert_layout,
     memory_first,
     moe_overlap,
@@ -163,7 +164,7 @@ class Search:
         start = time.perf_counter()
         groups = self.groups()
         if not groups:
-            raise PlanError(space.no_configuration(self.options, len(self.graph.layers)))
+            raise PlanError(empty_space.no_configuration(self.options, len(self.graph.layers)))
         jobs = shares.usable_jobs(self.options.jobs)
         split = shares.Shares(self, groups, jobs) if jobs > 1 and len(groups) > 1 else None  # solve/shares.py
         try:

@@ -377,34 +377,3 @@ def device_counts(*, devices: int, objective: str, profile: Profile) -> list[int
 def fits_nodes(devices: int, profile: Profile) -> bool:
     per_node = profile.devices_per_node
     return devices <= per_node or (devices % per_node == 0 and profile.inter_node is not None)
-
-
-def _chunks_pinned(fixes: dict) -> int:
-    """The fewest chunks a pinned looped schedule (interleaved 1F1B, a V, or v >= 2) splits the blocks into: pp x v,
-    from the pinned pp (else 2) and v (else 2); 0 when no such schedule is pinned."""
-    looped = fixes.get("schedule") in ("interleaved_1f1b", "zbv", "dualpipev") or fixes.get("v", 1) >= 2
-    return fixes.get("pp", 2) * max(2, fixes.get("v", 2)) if looped else 0
-
-
-def no_configuration(options: Any, layers: int) -> str:
-    pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
-    if options.fixes.get("pp", 1) > max(1, layers):
-        return (
-            f"--fix pp={options.fixes['pp']} needs at least {options.fixes['pp']} blocks to place on stages (repeated "
-            f"blocks, or top-level modules that forward() calls once each) and this model has {layers}; "
-            f"use pp=1{f' or at most pp={layers}' if layers > 1 else ''}."
-        )
-    if (chunks := _chunks_pinned(options.fixes)) and chunks > layers:
-        return (
-            f"--fix {pins} runs {chunks} chunks of whole blocks (pp x v, v >= 2 chunks on each pipeline rank), and this "
-            f"model has {layers} blocks; pin schedule=1f1b or gpipe, or a smaller pp."
-        )
-    if pins:
-        return (
-            f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; "
-            "relax a pin (dp*tp*pp must equal the devices and dp must divide the batch)."
-        )
-    return (
-        f"no configuration of {options.devices} devices divides the batch of {options.batch_size}; "
-        "use a batch divisible by a data-parallel degree."
-    )
