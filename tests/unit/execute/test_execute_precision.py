@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from autoplan.errors import ModelFileError
 from autoplan.execute.grad_scaler import ShardedGradScaler
-from autoplan.execute.job.verify import Difference, reference_step, tensor_difference, verdict
+from autoplan.execute.job.verify import Difference, reference_step, step_table, tensor_difference, verdict
 from autoplan.execute.materialize import materialize, uninitialisable
 from autoplan.execute.precision import policy_for
 from autoplan.jobs.launcher import _clean, failure_message
@@ -161,3 +161,14 @@ def test_an_lstm_runs_under_low_precision_autocast_where_onednn_has_no_kernel_fo
     done = subprocess.run([sys.executable, "-c", _LSTM_UNDER_AUTOCAST], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "oneDNN False"
+
+
+def test_the_verify_table_lists_the_tensor_nearest_its_own_tolerance_first():
+    """A gradient at 1.02x its bf16 tolerance failed the step, and the table, ranked by the relative difference
+    alone, listed only weights-after-the-step (0.07x of theirs) and left it out."""
+    bf16 = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=1, precision="bf16")
+    weights = [Difference(f"w{i} (weight after the step)", 3.5e-2, 1.0) for i in range(5)]
+    gradient = Difference("fc.weight", 3.06e-2, 1.0)
+    passed, lines = step_table(diffs=[*weights, gradient], plan=bf16, rows=2)
+    assert not passed
+    assert "fc.weight" in lines[1] and "(tolerance 0.03)" in lines[1]
