@@ -11,6 +11,9 @@
   priced plans fits in memory, the line says which, and for the batch rule the batches that would
   allow more (``--devices 64 --batch 100`` can only use dp in {1, 2, 4}: 100 = 2^2 x 5^2). A
   larger dp that was searched and only lost on speed gets no line: ``autoplan explain`` says why.
+- **A pinned tp that splits nothing.** The search prunes a tp > 1 whose ILP replicates every op, unless tp is
+  pinned; then the line says the tp ranks repeat the same work (ops autoplan does not shard, such as a linear
+  written as ``x @ self.weight.T``, are replicated).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 
 from autoplan.cost import usable_bytes
 from autoplan.display import number_text
-from autoplan.solve.candidates import SearchResult, config_of
+from autoplan.solve.candidates import SearchResult, config_of, splits_nothing
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
 
@@ -31,7 +34,7 @@ PIN_KEYS = ("dp", "ep", "tp", "pp", "mbs", "zero", "recompute", "schedule", "v",
 
 def plan_notes(result: SearchResult, profile: Profile) -> list[str]:
     """Every warning that applies to ``result``'s best plan (module docstring)."""
-    return [note for note in (headroom_note(result, profile), dp_note(result)) if note]
+    return [note for note in (headroom_note(result, profile), dp_note(result), tp_note(result)) if note]
 
 
 def headroom_fraction(peak_bytes: float, profile: Profile) -> float:
@@ -87,6 +90,19 @@ def _pin(key: str, value) -> str:
 
 def _spelt(value) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def tp_note(result: SearchResult) -> str | None:
+    """A pinned tp > 1 whose plan splits no op (module docstring)."""
+    ranked = result.ranked()
+    best = ranked[0].plan if ranked else None
+    if best is None or best.tp == 1 or not splits_nothing(best.tp_plan):
+        return None
+    return (
+        f"tp={best.tp} splits no op of this model: every layer is replicated, so its {best.tp} tensor-parallel ranks "
+        "repeat the same work (autoplan shards nn.Linear and nn.Embedding modules; a linear written as "
+        "x @ self.weight.T is not one); unpin tp to use those devices for data parallelism."
+    )
 
 
 def dp_note(result: SearchResult) -> str | None:

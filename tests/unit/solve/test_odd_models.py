@@ -11,6 +11,7 @@ from autoplan.cli import main
 from autoplan.errors import PlanError
 from autoplan.profile import load_profile
 from autoplan.solve.api import plan_graph
+from autoplan.solve.notes import plan_notes
 from autoplan.solve.pipeline import partition_brute_force
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.trace import trace_model_file
@@ -99,8 +100,11 @@ def test_a_tp_degree_that_splits_nothing_is_pruned_unless_pinned(graphs):
     assert result.best.tp == 1
     assert all(c.plan.tp == 1 for c in result.ranked())
     assert any("splits no op" in c.reason for c in result.candidates if c.status == "pruned")
-    pinned = plan_graph(graphs["two_modules"], devices=2, profile="cpu-gloo", fix="tp=2").best
-    assert pinned.tp == 2
+    pinned = plan_graph(graphs["two_modules"], devices=2, profile="cpu-gloo", fix="tp=2")
+    assert pinned.best.tp == 2
+    notes = plan_notes(pinned, load_profile("cpu-gloo"))  # the warning `autoplan plan` prints
+    assert any("tp=2 splits no op of this model" in note for note in notes)
+    assert not any("splits no op" in note for note in plan_notes(result, load_profile("cpu-gloo")))
 
 
 def test_resnet_on_eight_gpus_uses_them_for_data_not_replicated_tp():
