@@ -96,9 +96,11 @@ def split_model(
         with _output_spec(model) as spec, opaque_experts(model, experts), _values_bound(model, microbatch_args) as args:
             pipe = pipeline(model, mb_args=args, split_spec=split_spec)
     except Exception as exc:  # torch.export failed on this model
+        said = str(exc).splitlines()[0] if str(exc) else ""
+        why = NO_GRAD_REGION if "submod_" in said else ""
         raise PlanError(
-            "cannot split the model into pipeline stages with torch.export "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); plan pp=1 for this model."
+            f"cannot split the model into pipeline stages with torch.export ({type(exc).__name__}: {said}){why}; "
+            "plan pp=1 for this model."
         ) from exc
     if pipe.num_stages != len(plan.stages):
         raise PlanError(
@@ -137,6 +139,13 @@ def _check_split(pipe: Any, plan: Plan) -> None:
                     "must list blocks in the order forward() calls them; re-plan for this model."
                 )
 
+
+#: what torch's split (2.13) fails on when the export wrapped a torch.no_grad() region of forward() (a spectral norm's
+#: power iteration, a running mean updated in place) as a submodule of its own, which the split then looks for
+NO_GRAD_REGION = (
+    ": forward() runs code under torch.no_grad(), which torch.export keeps as a submodule of its own that torch's "
+    "pipeline split cannot place"
+)
 
 #: checks torch.export writes into a graph (after a ``.to()``: the tensor's dtype and device) that return nothing
 EXPORT_CHECKS = (torch.ops.aten._assert_tensor_metadata.default,)

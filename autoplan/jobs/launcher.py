@@ -216,9 +216,22 @@ def _settle(ranks: list[Rank]) -> list[int | None]:
 
 
 def failure_message(*, reasons: dict[int, tuple[int, str]], nprocs: int) -> str:
-    """One line naming every failed rank with its exit and reason, secondary failures last."""
-    order = sorted(reasons, key=lambda rank: (any(s in reasons[rank][1] for s in SECONDARY), rank))
-    parts = [f"rank {rank} failed ({_exit(reasons[rank][0])}): {reasons[rank][1]}" for rank in order]
+    """One line naming every failed rank with its exit and reason; the ranks that failed only because a peer's
+    connection closed (SECONDARY) are named after the cause without their gloo message, when a cause is known."""
+    secondary = [rank for rank in sorted(reasons) if any(s in reasons[rank][1] for s in SECONDARY)]
+    causes = [rank for rank in sorted(reasons) if rank not in secondary] or secondary
+    same: dict[tuple[int, str], list[int]] = {}
+    for rank in causes:  # ranks that failed alike (every rank refusing the same split) are named once
+        same.setdefault(reasons[rank], []).append(rank)
+    parts = [
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} failed ({_exit(code)}): {why}"
+        for (code, why), ranks in same.items()
+    ]
+    if lost := [rank for rank in secondary if rank not in causes]:
+        names = ", ".join(map(str, lost))
+        parts.append(
+            f"rank{'s' if len(lost) > 1 else ''} {names} then lost {'their' if len(lost) > 1 else 'its'} connection"
+        )
     return f"{'; '.join(parts)}; stopped all {nprocs} ranks."
 
 

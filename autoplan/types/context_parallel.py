@@ -17,10 +17,17 @@ from autoplan.types.graph import Graph
 def cp_refusal(graph: Graph) -> str | None:
     """None when ``graph`` can run under context parallelism, else one sentence saying why not."""
     if not graph.seq_len:
-        return "context parallelism splits the sequence, and this model has no sequence dimension."
+        return (
+            "context parallelism splits the token sequence a model takes as [batch, sequence] integer ids, and this "
+            "model takes none (images, features); plan cp=1."
+        )
     attention = [n for n in graph.nodes if n.op == "attention"]
     if not attention:
-        return "context parallelism splits attention over the sequence, and this model has no attention."
+        return (
+            "context parallelism splits attention written as F.scaled_dot_product_attention, and this model calls "
+            "none (eager attention as matmul and softmax, or ALiBi through baddbmm, is not split); run the model's "
+            "SDPA attention (Hugging Face: attn_implementation='sdpa') or plan cp=1."
+        )
     for node in attention:
         a = node.attrs
         if a.get("has_mask"):

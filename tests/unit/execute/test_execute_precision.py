@@ -135,8 +135,13 @@ def test_failure_message_puts_the_cause_before_peers_that_lost_their_connection(
         nprocs=2,
     )
     assert text.startswith("rank 1 failed (killed by SIGABRT): Received data size") and text.endswith(
-        "stopped all 2 ranks."
+        "; rank 0 then lost its connection; stopped all 2 ranks."
     )
+    assert "127.0.0.1" not in text  # the peers' gloo message is noise once the cause is named
+    alone = failure_message(reasons={0: (1, "RuntimeError: Connection closed by peer [127.0.0.1]:1")}, nprocs=2)
+    assert alone.startswith("rank 0 failed (exit code 1): RuntimeError: Connection closed by peer")
+    alike = failure_message(reasons={0: (1, "PlanError: no split"), 1: (1, "PlanError: no split")}, nprocs=2)
+    assert alike == "ranks 0, 1 failed (exit code 1): PlanError: no split; stopped all 2 ranks."
 
 
 _LSTM_UNDER_AUTOCAST = """
