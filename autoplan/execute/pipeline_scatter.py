@@ -46,9 +46,15 @@ def boundary_specs(stage_modules: list[fx.GraphModule], model_inputs: list[Any])
 
 
 def _unwrapped(node: Any) -> Any:
-    """The value behind ``_send_contiguous``'s ``contiguous()`` (autoplan/execute/pipeline.py)."""
-    if isinstance(node, fx.Node) and node.op == "call_method" and node.target == "contiguous":
-        return node.args[0]
+    """The value behind ``_send_contiguous``'s ``contiguous()`` and ``_send_contiguous_grads``'s
+    ``contiguous_grad`` (autoplan/execute/pipeline.py): a received value a chunk passes on is its placeholder."""
+    from autoplan.execute.pipeline import contiguous_grad
+
+    while isinstance(node, fx.Node) and (
+        (node.op == "call_method" and node.target == "contiguous")
+        or (node.op == "call_function" and node.target is contiguous_grad)
+    ):
+        node = node.args[0]
     return node
 
 

@@ -48,6 +48,7 @@ class ListMoE(nn.Module):
         super().__init__()
         self.router = nn.Linear(8, 4, bias=False)
         self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+        self.top_k = 2  # it picks experts (no forward here: trace/moe.py reads the attribute)
 
 
 def test_an_ep_the_model_cannot_run_is_one_sentence(moe):

@@ -52,7 +52,7 @@ def test_last_stage_output_rebuilds_into_what_the_model_returns(returns):
     model, x = TwoBlocks(returns), torch.randn(2, 4)
     pipe, out_spec = split_model(model=model, plan=StagesOnly([["blocks.0"], ["blocks.1"]]), microbatch_args=(x,))
     out = _run_stages(pipe, x)
-    rebuilt = pytree.tree_unflatten(list(out) if isinstance(out, (tuple, list)) else [out], out_spec)
+    rebuilt = out_spec.rebuild(list(out) if isinstance(out, (tuple, list)) else [out])
     expected = model(x)
     assert type(rebuilt) is type(expected)
     for got, want in zip(pytree.tree_leaves(rebuilt), pytree.tree_leaves(expected)):
