@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -41,6 +40,7 @@ from autoplan.errors import PlanError
 from autoplan.execute.ep_lanes import Lanes
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.overlap_f_b import OverlappedDualPipeV
+from autoplan.execute.pipeline_args import ModelOutput, values_bound
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
 from autoplan.execute.split_backward import accumulate_weight_grads, joined_groups, weight_only_roots
 from autoplan.execute.tied import retie, tied_names
@@ -84,7 +84,7 @@ def check_stages(*, model: nn.Module, plan: Plan) -> None:
 
 def split_model(
     *, model: nn.Module, plan: Plan, microbatch_args: tuple, experts: dict[str, ExpertsDispatch] | None = None
-) -> tuple[Any, "ModelOutput | None"]:
+) -> tuple[Any, ModelOutput | None]:
     """Export ``model`` on one micro-batch and cut it into ``len(plan.stages)`` stage modules.
     Return the ``Pipe`` and the spec that rebuilds the model's output from the last stage's
     tensors (None where the model returns one tensor), for ``build_schedule``. ``experts``: the
@@ -93,7 +93,7 @@ def split_model(
     experts = experts or {}
     split_spec = {stage[0]: SplitPoint.BEGINNING for stage in plan.stages[1:]}
     try:
-        with _output_spec(model) as spec, opaque_experts(model, experts), _values_bound(model, microbatch_args) as args:
+        with _output_spec(model) as spec, opaque_experts(model, experts), values_bound(model, microbatch_args) as args:
             pipe = pipeline(model, mb_args=args, split_spec=split_spec)
     except Exception as exc:  # torch.export failed on this model
         said = str(exc).splitlines()[0] if str(exc) else ""
@@ -211,31 +211,6 @@ def _contiguous(grad: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _values_bound(model: nn.Module, args: tuple) -> Iterator[tuple]:
-    """Export ``model`` with its forward()'s non-tensor arguments (a Python float such as a temperature, None)
-    fixed at their values in ``args``: yields the tensor arguments alone, which are all a pipeline stage can
-    receive (torch's schedule refuses others, and the export kept a float as an input that every stage up to
-    its use had to carry). The trainer passes the tensors alone too (execute/trainer.py)."""
-    if all(isinstance(a, torch.Tensor) for a in args):
-        yield args
-        return
-    forward, own = model.forward, model.__dict__.get("forward")
-
-    def bound(*tensors: Any, **kwargs: Any) -> Any:
-        given = iter(tensors)
-        return forward(*(next(given) if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
-
-    model.forward = bound
-    try:
-        yield tuple(a for a in args if isinstance(a, torch.Tensor))
-    finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own
-
-
-@contextlib.contextmanager
 def _output_spec(model: nn.Module) -> Iterator[list[pytree.TreeSpec]]:
     """Record the pytree spec of what ``model`` returns while ``pipeline()`` exports it."""
     specs: list[pytree.TreeSpec] = []
@@ -248,7 +223,7 @@ def _output_spec(model: nn.Module) -> Iterator[list[pytree.TreeSpec]]:
 
 def _flat_model_output(
     split_gm: fx.GraphModule, *, out_spec: pytree.TreeSpec | None, received: list[fx.Node]
-) -> "ModelOutput | None":
+) -> ModelOutput | None:
     """Make the last stage return the model's output tensors in the model's flattening order, those
     it computes and those it receives (``received``: the split values its placeholders hold);
     return what rebuilds the model's output from them (None: a single tensor, as is)."""
@@ -272,23 +247,6 @@ def _flat_model_output(
     return ModelOutput(out_spec, constants)
 
 
-@dataclass(frozen=True)
-class ModelOutput:
-    """What the model returns, rebuilt from the last stage's tensors: its pytree spec, and the constants (a None
-    in a tuple, as Hugging Face models return; the split writes them as values, not as tensors a stage could
-    send) by their place among its leaves."""
-
-    spec: pytree.TreeSpec
-    constants: tuple[tuple[int, Any], ...] = ()
-
-    def rebuild(self, tensors: list) -> Any:
-        leaves, given = [], iter(tensors)
-        fixed = dict(self.constants)
-        for i in range(self.spec.num_leaves):
-            leaves.append(fixed[i] if i in fixed else next(given))
-        return pytree.tree_unflatten(leaves, self.spec)
-
-
 def build_schedule(
     *,
     stage_modules: dict[int, nn.Module],
@@ -296,7 +254,7 @@ def build_schedule(
     pp_mesh: DeviceMesh,
     device: torch.device,
     loss_fn: Callable,
-    out_spec: "ModelOutput | None" = None,
+    out_spec: ModelOutput | None = None,
     lanes: Lanes | None = None,
 ) -> Any:
     """The plan's schedule over this rank's stages; the loss goes to the schedule, and sees the
@@ -395,6 +353,6 @@ class _ParamGroups(list):
         self.releases = releases
 
 
-def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: "ModelOutput") -> torch.Tensor:
+def _loss_on_model_output(output: Any, target: Any, *, loss_fn: Callable, out_spec: ModelOutput) -> torch.Tensor:
     leaves = list(output) if isinstance(output, (tuple, list)) else [output]
     return loss_fn(out_spec.rebuild(leaves), target)

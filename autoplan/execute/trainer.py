@@ -31,6 +31,7 @@ from autoplan.execute.batch import move_to, shard_batch
 from autoplan.execute.data_parallel import allreduce_grads
 from autoplan.execute.expert_parallel import split_params
 from autoplan.execute.labels import chunk_label
+from autoplan.execute.pipeline_args import is_bound_value, stage_inputs
 from autoplan.execute.sparse_grads import densify_grads, release_grads
 from autoplan.execute.tensor_parallel import finalize_tp_grads
 from autoplan.types.plan import Plan
@@ -235,15 +236,15 @@ class Trainer:
 
     def _stage_args(self, args: tuple) -> tuple:
         """The tensor arguments, which the first stage receives: the split fixed the others at the values the
-        plan recorded (execute/pipeline.py ``_values_bound``), so a different value is refused, not ignored."""
+        plan recorded (execute/pipeline_args.py ``values_bound``), so a different value is refused, not ignored."""
         specs = self.plan.inputs if len(self.plan.inputs) == len(args) else []
         for i, (arg, spec) in enumerate(zip(args, specs)):
-            if not isinstance(arg, torch.Tensor) and spec.kind == "value" and arg != spec.value:
+            if is_bound_value(arg) and spec.kind == "value" and arg != spec.value:
                 raise PlanError(
                     f"forward() argument {i} is {arg!r}, but the pipeline stages were split with it fixed at "
                     f"{spec.value!r}, the value the plan was traced with; plan again with this value."
                 )
-        return tuple(a for a in args if isinstance(a, torch.Tensor))
+        return stage_inputs(args)
 
     def _sync_grads(self) -> None:
         params = self.trainable

@@ -21,9 +21,10 @@ def replan_plan(*, model: str | Path, plan: Plan, devices: int) -> Plan:
 
 
 def search(*, model: str | Path, plan: Plan, devices: int, profile: Any = None, **options: Any) -> tuple:
-    """(search result, graph, profile) for ``devices`` devices at ``plan``'s global batch and routing.
-    FP8 is searched when ``options`` say ``allow_fp8=True``, or (``allow_fp8`` absent or None) when
-    the old plan searched it or ran it: the run keeps the numerics it was trained with."""
+    """(search result, graph, profile) for ``devices`` devices at ``plan``'s global batch and routing, in its
+    precision and gradient reduction dtype (:func:`numerics_pins`). FP8 is searched when ``options`` say
+    ``allow_fp8=True``, or (``allow_fp8`` absent or None) when the old plan searched it or ran it: the run keeps
+    the numerics it was trained with."""
     from autoplan.profile.io import load_profile, profile_file
     from autoplan.solve.api import plan_graph
     from autoplan.trace import trace_model_file
@@ -34,11 +35,24 @@ def search(*, model: str | Path, plan: Plan, devices: int, profile: Any = None, 
     resolved = load_profile(chosen)
     if options.get("allow_fp8") is None:
         options["allow_fp8"] = allowed_fp8(plan)
+    options["fix"] = {**numerics_pins(plan, allow_fp8=options["allow_fp8"]), **(options.get("fix") or {})}
+    if "reduce" in options["fix"]:  # the old run reduced in 16 bits: lossy, as it was allowed then
+        options.setdefault("allow_lossy", True)
     graph = trace_model_file(str(model), plan.global_batch_size, routing=plan.routing)
     result = plan_graph(graph, devices=devices, profile=resolved, batch_size=plan.global_batch_size, **options)
     if isinstance(chosen, str) and (source := profile_file(chosen)) is not None:
         result.best.profile = source
     return result, graph, resolved
+
+
+def numerics_pins(plan: Plan, *, allow_fp8: bool) -> dict:
+    """The pins that keep ``plan``'s numerics: its precision (a replan of an fp32 run picked bf16 and the resumed
+    losses drifted, 5.304708 against 5.304728), but for the choice between bf16 and FP8 where FP8 is searched
+    (:func:`search`), and the dtype its gradients were reduced in where that was not fp32."""
+    pins: dict = {} if allow_fp8 and plan.precision in ("bf16", "fp8") else {"precision": plan.precision}
+    if plan.grad_reduce_dtype != "fp32":
+        pins["reduce"] = plan.grad_reduce_dtype
+    return pins
 
 
 def allowed_fp8(plan: Plan) -> bool:

@@ -163,7 +163,9 @@ def _default_loss(output: Any, target: Any) -> torch.Tensor:
 
 
 def _batch_size(inputs: Any) -> int:
-    for value in inputs:
+    """Dim 0 of the first tensor among the inputs, looking inside tuples, lists and dicts (a forward() that takes
+    one dict of tensors), as the executor's batch split does (execute/batch.py)."""
+    for value in torch.utils._pytree.tree_leaves(tuple(inputs)):
         if isinstance(value, torch.Tensor) and value.dim() >= 1:
             return int(value.shape[0])
     raise TraceError(

@@ -1,4 +1,4 @@
-"""A pipeline's loose ends: forward(x, None, 2.0) takes a None and a Python float beside its tensor, a skip
+"""A pipeline's loose ends: forward({"x": x}, None, 2.0) takes a dict of tensors, a None and a Python float, a skip
 connection joins the stem's output to the last block's by torch.cat (its gradient, a slice of the cat's, goes back
 across the stage boundary), it returns (logits, None) as Hugging Face models return tuples with a None, and its
 blocks drop out (p = 0.1), which a recomputed block re-runs inside the backward."""
@@ -26,8 +26,8 @@ class LooseEnds(nn.Module):
         self.blocks = nn.ModuleList(Block() for _ in range(4))
         self.head = nn.Linear(2 * D, 3)
 
-    def forward(self, x, mask=None, temperature=1.0):
-        skip = h = self.stem(x)
+    def forward(self, batch, mask=None, temperature=1.0):
+        skip = h = self.stem(batch["x"])
         for block in self.blocks:
             h = block(h)
         return self.head(torch.cat([h, skip], dim=-1)) / temperature, mask
@@ -38,7 +38,7 @@ def build_model():
 
 
 def example_inputs(batch_size):
-    return (torch.randn(batch_size, 6), None, 2.0)
+    return ({"x": torch.randn(batch_size, 6)}, None, 2.0)
 
 
 def example_target(batch_size):
