@@ -13,6 +13,16 @@ def _chunks_pinned(fixes: dict) -> int:
     return fixes.get("pp", 2) * max(2, fixes.get("v", 2)) if looped else 0
 
 
+def _interleaved_divides(fixes: dict, layers: int) -> bool:
+    """Whether interleaved 1F1B, where pinned (by name or by v >= 2 without a V), has a v >= 2 with pp x v dividing
+    the blocks (solve/schedules.py: equal chunks of whole blocks); True where it is not pinned."""
+    if fixes.get("schedule") in ("zbv", "dualpipev") or not _chunks_pinned(fixes):
+        return True
+    pp = fixes.get("pp", 2)
+    vs = [fixes["v"]] if "v" in fixes else range(2, layers // pp + 1)
+    return any(layers % (pp * v) == 0 for v in vs)
+
+
 def no_configuration(options: Any, layers: int) -> str:
     """The sentence the search raises when ``options`` leave it no (dp, tp, pp, cp) on a model of ``layers`` blocks."""
     pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
@@ -26,6 +36,11 @@ def no_configuration(options: Any, layers: int) -> str:
         return (
             f"--fix {pins} runs {chunks} chunks of whole blocks (pp x v, v >= 2 chunks on each pipeline rank), and "
             f"this model has {layers} blocks; pin schedule=1f1b or gpipe, or a smaller pp."
+        )
+    if not _interleaved_divides(options.fixes, layers):
+        return (
+            f"--fix {pins} runs pp x v chunks of equal whole blocks (v >= 2 on each pipeline rank), and no v makes "
+            f"pp x v divide this model's {layers} blocks; pin schedule=1f1b, gpipe or zbv, or another pp."
         )
     if pins:
         return (

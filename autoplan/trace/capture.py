@@ -91,9 +91,17 @@ def capture(model: torch.nn.Module, meta_inputs: tuple, *, model_name: str, sour
         return export_result
     raise TraceError(
         f"could not trace {model_name}: {fx_failure.sentence()}; {export_result.sentence()}. "
-        "Make the failing code traceable (no Python branching on tensor values, static shapes) "
+        + (META_HINT if "meta and cpu" in export_result.message else "")
+        + "Make the failing code traceable (no Python branching on tensor values, static shapes) "
         "or move it out of forward()."
     )
+
+
+#: a forward() that makes a tensor without ``device=`` meets the meta tensors autoplan traces on
+META_HINT = (
+    "A tensor forward() makes without device= (torch.ones(S, S), torch.arange(S)) lands on the CPU while autoplan "
+    "traces on the meta device: make it with device=x.device (as it must be for a GPU run too). "
+)
 
 
 def _try_fx(model: torch.nn.Module) -> Captured | Failure:

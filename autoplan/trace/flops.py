@@ -16,6 +16,8 @@ to ``FlopCounterMode(custom_mapping=...)`` so no global registry is changed.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.utils.flop_counter import sdpa_flop_count
 
@@ -31,9 +33,10 @@ def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, o
 
 
 def attention_recompute_flops(query_shape, key_shape) -> int:
-    """Q·K^T once more: what a flash-style backward recomputes (2·b·h·s_q·s_k·d)."""
-    b, h, s_q, d = query_shape
-    return 2 * b * h * s_q * key_shape[-2] * d
+    """Q·K^T once more: what a flash-style backward recomputes (2·b·h·s_q·s_k·d; any leading dims, as SDPA takes
+    ``[..., s, d]``: a 3-D ``[b, s, d]`` query refused the model with an unpacking error)."""
+    *lead, s_q, d = query_shape
+    return 2 * math.prod(lead) * s_q * key_shape[-2] * d
 
 
 _FORWARD_OPS = [

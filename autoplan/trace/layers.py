@@ -1,7 +1,7 @@
 """Blocks (the layers a pipeline splits between) and groups of identical blocks (the rules with
 their reasons and examples: docs/trace.md, "Blocks and groups").
 
-- **Blocks**: every ``nn.ModuleList`` / ``nn.Sequential`` with two or more parameterised children
+- **Blocks**: every ``nn.ModuleList`` / ``nn.Sequential`` / ``nn.ModuleDict`` with two or more parameterised children
   is a candidate, scored by the parameters of its children whose class repeats; accepted in order
   of score (then child count), never nested, and only when each child runs as one contiguous
   stretch of the forward. Its parameterised children are the blocks.
@@ -35,7 +35,7 @@ def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -
     children each run once, contiguously (module docstring)."""
     candidates = []
     for name, container in model.named_modules():
-        if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+        if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
             continue
         children = [(f"{name}.{c}" if name else c, m, _numel(m)) for c, m in container.named_children()]
         children = [(c, m, n) for c, m, n in children if n > 0]

@@ -129,3 +129,17 @@ def test_the_command_line_plans_a_model_without_blocks_and_writes_its_one_stage(
     assert main(["plan", str(ODD / "one_linear.py"), *args]) == 0
     stages = (tmp_path / "stages.csv").read_text().splitlines()
     assert len(stages) == 2 and stages[1].startswith("0,0,")  # a header and stage 0, holding no block
+
+
+def test_interleaving_blocks_no_pp_x_v_divides_says_so():
+    """Five blocks at pp = 2: interleaved 1F1B needs equal chunks of whole blocks (pp x v divides the blocks)."""
+    from types import SimpleNamespace
+
+    from autoplan.solve.empty_space import no_configuration
+
+    for fixes in ({"pp": 2, "schedule": "interleaved_1f1b"}, {"pp": 2, "v": 2}):
+        said = no_configuration(SimpleNamespace(fixes=fixes, devices=2, batch_size=8), 5)
+        assert "no v makes pp x v divide this model's 5 blocks" in said
+    assert "no v makes" not in no_configuration(
+        SimpleNamespace(fixes={"pp": 2, "schedule": "zbv"}, devices=2, batch_size=8), 5
+    )

@@ -99,3 +99,20 @@ def test_blocks_are_repeated_blocks_else_top_level_modules_called_once(model, bl
     for name in blocks:  # every parameter of a block is on one of its nodes
         held = {p for node in graph.nodes if node.layer == name for p in node.param_names}
         assert held == {n for n in graph.parameters if n.startswith(name + ".")}
+
+
+class NamedBlocks(torch.nn.Module):
+    """Blocks held by name in an nn.ModuleDict: not found before, so a pipeline put them all on one stage."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleDict({name: torch.nn.Linear(8, 8) for name in ("a", "b", "c", "d")})
+
+    def forward(self, x):
+        for layer in self.layers.values():
+            x = torch.relu(layer(x))
+        return x
+
+
+def test_blocks_in_a_module_dict_are_found_by_name():
+    assert trace(NamedBlocks(), (torch.randn(2, 8),)).layers == ["layers.a", "layers.b", "layers.c", "layers.d"]

@@ -29,3 +29,22 @@ def test_weight_norm_traces_with_its_linears_flops():
     assert {p for p in normed.parameters if "original" in p} == {
         f"{i}.fc.parametrizations.weight.original{j}" for i in (0, 1) for j in (0, 1)
     }
+
+
+class ThreeDimAttention(nn.Module):
+    """SDPA on [batch, seq, dim] tensors (no heads dim), which torch accepts."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_attention_on_three_dim_tensors_traces_with_its_recompute_flops():
+    """It refused the model: 'not enough values to unpack (expected 4, got 3)'."""
+    graph = trace(ThreeDimAttention(), (torch.randn(2, 5, 16),))
+    attention = next(n for n in graph.nodes if n.op == "attention")
+    assert attention.attrs["bwd_recompute_flops"] == 2 * 2 * 5 * 5 * 16
