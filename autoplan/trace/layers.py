@@ -1,8 +1,8 @@
 """Blocks (the layers a pipeline splits between) and groups of identical blocks (the rules with
 their reasons and examples: docs/trace.md, "Blocks and groups").
 
-- **Blocks**: every ``nn.ModuleList`` / ``nn.Sequential`` / ``nn.ModuleDict`` with two or more parameterised children
-  is a candidate, scored by the parameters of its children whose class repeats; accepted in order
+- **Blocks**: every ``nn.ModuleList`` / ``nn.Sequential`` (or ``nn.ModuleDict`` of one class) with two or more
+  parameterised children is a candidate, scored by the parameters of its children whose class repeats; accepted in order
   of score (then child count), never nested, and only when each child runs as one contiguous
   stretch of the forward. Its parameterised children are the blocks.
 - **Top-level modules**: without such a container, the parameterised children of the shallowest
@@ -30,6 +30,10 @@ def _numel(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def _holds_lists(children: list) -> bool:
+    return any(isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict)) for _, m, _ in children)
+
+
 def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -> list[str]:
     """Block FQNs, in module-registration order; with ``records``, only containers whose
     children each run once, contiguously (module docstring)."""
@@ -42,6 +46,8 @@ def find_blocks(model: torch.nn.Module, records: list[Measured] | None = None) -
         if len(children) < 2:
             continue
         kinds = Counter(type(m).__name__ for _, m, _ in children)
+        if isinstance(container, torch.nn.ModuleDict) and (len(kinds) > 1 or _holds_lists(children)):
+            continue  # a dict of alike blocks: not nanoGPT's dict of wte, wpe, h and ln_f, nor a dict of block lists
         score = sum(n for _, m, n in children if kinds[type(m).__name__] >= 2)
         if score > 0:
             candidates.append((score, len(children), name, [c for c, _, _ in children]))
