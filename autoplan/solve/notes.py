@@ -12,8 +12,8 @@
   allow more (``--devices 64 --batch 100`` can only use dp in {1, 2, 4}: 100 = 2^2 x 5^2). A
   larger dp that was searched and only lost on speed gets no line: ``autoplan explain`` says why.
 - **A pinned tp that splits nothing.** The search prunes a tp > 1 whose ILP replicates every op, unless tp is
-  pinned; then the line says the tp ranks repeat the same work (ops autoplan does not shard, such as a linear
-  written as ``x @ self.weight.T``, are replicated).
+  pinned; then the line says the tp ranks repeat the same work (the ILP found splitting slower, or the layers are
+  no modules autoplan shards, such as a linear written as ``x @ self.weight.T``).
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ def tp_note(result: SearchResult) -> str | None:
     if best is None or best.tp == 1 or not splits_nothing(best.tp_plan):
         return None
     return (
-        f"tp={best.tp} splits no op of this model: every layer is replicated, so its {best.tp} tensor-parallel ranks "
-        "repeat the same work (autoplan shards nn.Linear and nn.Embedding modules; a linear written as "
-        "x @ self.weight.T is not one); unpin tp to use those devices for data parallelism."
+        f"tp={best.tp} splits no op of this model: the plan replicates every layer (splitting them is slower, or they "
+        "are no modules autoplan shards, such as a linear written as x @ self.weight.T), so its "
+        f"{best.tp} tensor-parallel ranks repeat the same work; unpin tp to use those devices for data parallelism."
     )
 
 
