@@ -52,6 +52,12 @@ def export(
 ) -> Exported:
     """``plan`` as Accelerate's config YAML (module docstring); ``devices_per_node`` sets num_machines,
     ``main_process_ip`` and ``main_process_port`` the rendezvous of a multi-machine job."""
+    if plan.tp > 1 and plan.dp * plan.pp * plan.cp == 1:  # docs/export.md: what it cannot run at all is refused
+        raise ExportError(
+            f"Accelerate cannot run tp={plan.tp} alone (dp=1): its FSDP2 config then has no dimension to shard over "
+            "and Accelerator() refuses it; load the model with transformers' tp_plan='auto' under a MULTI_GPU "
+            "config, or export a plan with dp > 1."
+        )
     kind = _distributed_type(plan)
     machines = math.ceil(plan.devices / devices_per_node)
     config: dict[str, Any] = {
@@ -210,11 +216,6 @@ def _parallel_gaps(plan: Plan) -> list[str]:
         )
         note = split_note(plan)
         found += [note] if note else []
-        if plan.dp * plan.pp * plan.cp == 1:
-            found.append(
-                "dp=1: FSDP2 then has no dimension to shard over and Accelerator() refuses it; load the model "
-                "with transformers' tp_plan='auto' under a MULTI_GPU config instead."
-            )
     if plan.sequence_parallel or plan.tp_comm_overlap:
         found.append(
             "sequence_parallel / tp_comm_overlap have no Accelerate config key (its sp_size is DeepSpeed Ulysses; "

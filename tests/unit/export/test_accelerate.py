@@ -192,3 +192,13 @@ def test_launch_command_is_accelerates_own(facts):
     assert exported.launch == "accelerate launch --config_file accelerate_fsdp.yaml train.py"
     assert exported.filename == "accelerate_fsdp.yaml"
     assert "num_machines: 4" in acc_export.export(PLANS["zero3-bf16-full"], facts, devices_per_node=4).text
+
+
+def test_tensor_parallelism_alone_is_refused_not_written(facts):
+    """tp=2 at dp=1 was written with a warning that Accelerator() refuses it, and exit 0 (docs/export.md: what a
+    framework cannot run at all is refused)."""
+    from autoplan.export import ExportError
+
+    alone = Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=1, num_microbatches=2, precision="bf16")
+    with pytest.raises(ExportError, match=r"Accelerate cannot run tp=2 alone \(dp=1\)"):
+        acc_export.export(alone, facts)
