@@ -48,6 +48,7 @@ class ModelFacts:
     ffn_hidden_size: int | None = None  # a dense block's MLP width (its widest Linear from the hidden size)
     params: int = 0  # the traced model's parameters, and how many of them are frozen (requires_grad=False)
     frozen_params: int = 0
+    has_attention: bool | None = None  # a scaled-dot-product attention in the trace; None without a graph
 
     @classmethod
     def from_graph(cls, graph: Graph | None) -> "ModelFacts":
@@ -66,6 +67,7 @@ class ModelFacts:
             ffn_hidden_size=_ffn_hidden_size(graph, embedding.get("embedding_dim")),
             params=graph.param_count,
             frozen_params=graph.param_count - graph.trainable_param_count,
+            has_attention=bool(attention) or any(n.op == "attention" for n in graph.nodes),
         )
 
 
@@ -135,6 +137,19 @@ def frozen_notes(facts: ModelFacts, framework: str) -> list[str]:
         f"{facts.frozen_params / facts.params:.1%} of the traced model's parameters are frozen (requires_grad=False) "
         f"and autoplan priced them so; {framework} trains its own model definition whole, so freeze them there "
         "(or expect full fine-tuning's memory, which this plan may not fit)."
+    ]
+
+
+def attention_notes(facts: ModelFacts, framework: str) -> list[str]:
+    """One sentence when the trace shows no scaled-dot-product attention and ``framework`` trains its own
+    transformer definition (Megatron-LM's GPT): its arguments then describe a transformer of the traced sizes, not
+    this model (an LSTM or a CNN exported to Megatron said nothing, and Megatron's validate_args refused the file)."""
+    if facts.has_attention is not False:
+        return []
+    return [
+        f"the traced model calls no scaled_dot_product_attention (an LSTM, a CNN, or attention written as matmul and "
+        f"softmax); {framework} trains its own transformer definition, so these arguments describe a transformer of "
+        "the traced sizes, not this model, and its attention-head arguments are left for you to set."
     ]
 
 

@@ -22,6 +22,7 @@ from autoplan.export.activation_offload import megatron_activation_flags
 from autoplan.export.common import (
     Exported,
     ModelFacts,
+    attention_notes,
     comment_lines,
     frozen_notes,
     layers_per_stage,
@@ -71,6 +72,7 @@ def export(plan: Plan, facts: ModelFacts) -> Exported:
     flags += _precision_flags(plan, notes)
     flags += _recompute_flags(plan, notes) + megatron_activation_flags(plan, facts.layers, notes)
     notes += _general_notes(plan) + overlap_notes(plan) + frozen_notes(facts, "Megatron-LM")
+    notes += attention_notes(facts, "Megatron-LM")
     launch = _launch(plan)
     header = [
         f"Megatron-LM (core_v0.16.1) arguments written by autoplan for: {plan.describe()}",

@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import autoplan.trace
 from autoplan.errors import PlanError
@@ -421,3 +422,22 @@ def test_megatrons_weight_gather_is_read_as_it_runs():
     imported = megatron.read(zero3 + " --overlap-grad-reduce --bf16", devices=8)
     assert imported.fields["zero_stage"] == 3 and "gathers each block's weights when" in imported.unmapped[0]
     assert megatron.read(zero3 + " --overlap-grad-reduce --overlap-param-gather", devices=8).unmapped == []
+
+
+def test_a_model_without_attention_is_said_to_be_no_transformer():
+    """An LSTM exported to Megatron said nothing, and Megatron's validate_args refused the file (no heads)."""
+
+    class LSTMModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.rnn = torch.nn.Embedding(50, 16), torch.nn.LSTM(16, 16, batch_first=True)
+            self.head = torch.nn.Linear(16, 50)
+
+        def forward(self, ids):
+            return self.head(self.rnn(self.embed(ids))[0])
+
+    graph = autoplan.trace.trace(LSTMModel(), (torch.zeros(2, 8, dtype=torch.long),))
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=1, num_microbatches=1)
+    said = " ".join(megatron.export(plan, ModelFacts.from_graph(graph)).unexpressed)
+    assert "calls no scaled_dot_product_attention" in said
+    assert "scaled_dot_product_attention" not in " ".join(megatron.export(plan, ModelFacts()).unexpressed)
