@@ -57,3 +57,27 @@ def test_last_stage_output_rebuilds_into_what_the_model_returns(returns):
     assert type(rebuilt) is type(expected)
     for got, want in zip(pytree.tree_leaves(rebuilt), pytree.tree_leaves(expected)):
         torch.testing.assert_close(got, want)
+
+
+class NoGradRegion(TwoBlocks):
+    """A statistic taken under torch.no_grad() in forward(): torch.export keeps the region as a submodule of its
+    own, which torch's pipeline split (2.13) then fails to place."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            scale = x.abs().mean()
+        h = self.embed(x) / (scale + 1)
+        for block in self.blocks:
+            h = torch.relu(block(h))
+        return self.head(h)
+
+
+def test_a_split_that_fails_on_a_no_grad_region_says_so():
+    from autoplan.errors import PlanError
+
+    with pytest.raises(PlanError, match=r"forward\(\) runs code under torch.no_grad\(\).*plan pp=1"):
+        split_model(
+            model=NoGradRegion("tuple"),
+            plan=StagesOnly([["blocks.0"], ["blocks.1"]]),
+            microbatch_args=(torch.randn(2, 4),),
+        )

@@ -82,3 +82,20 @@ def test_a_branch_on_values_inside_torch_names_the_module_class_and_torchs_line(
     said = str(caught.value)
     assert "op 'Transformer' in module 'tf'" in said and "(_detect_is_causal_mask)" in said
     assert "tgt_is_causal=True" in said
+
+
+class MaskWithoutDevice(torch.nn.Module):
+    """A mask made in forward() without device=: on the CPU beside autoplan's meta tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        return self.proj(x).masked_fill(~mask[:, :8], 0.0)
+
+
+def test_a_tensor_made_without_device_is_refused_with_that_advice():
+    with pytest.raises(TraceError, match=r"without device=.*make it with device=x.device"):
+        trace(MaskWithoutDevice(), (torch.randn(2, 8, 8),))
