@@ -47,8 +47,10 @@ def _refusal(what: str, batch_size: int, built: Any, grown: Any) -> str | None:
         shape = list(a.shape)
         if moved[0] != 0:
             where = f"holds the batch of {batch_size} on dim {moved[0]}"
-        else:
+        elif shape[0] != batch_size:
             where = f"has a dim 0 of {shape[0]} that grows with the batch but is not the batch of {batch_size}"
+        else:  # a (batch, batch) pairing: the split would cut its rows and keep every column
+            where = f"grows with the batch on dims {moved}, not on dim 0 alone"
         return (
             f"{what}({batch_size})'s tensor {i} (shape {shape}) {where}, and autoplan splits batches along dim 0 "
             "(data-parallel shares, micro-batches); make the batch the first dimension (nn.LSTM/GRU/RNN: "

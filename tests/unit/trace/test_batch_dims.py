@@ -42,6 +42,11 @@ CASES = {
         "tensor 1 (shape [2, 8, 8]) holds the batch of 8 on dim 1",
     ),
     "flattened": ("True", "(torch.zeros(batch_size * 6, dtype=torch.long).view(-1, 1),)", "grows with the batch"),
+    "pairwise": (
+        "True",
+        "(torch.zeros(batch_size, 6, dtype=torch.long), torch.zeros(batch_size, batch_size))",
+        "grows with the batch on dims [0, 1], not on dim 0 alone",
+    ),
 }
 
 
