@@ -33,14 +33,14 @@ def test_model_too_large_for_one_device_gets_tp_or_pp():
 
 
 def test_tp_stays_inside_a_node_when_links_between_nodes_are_slow():
-    graph = synthetic_gpt(layers=8, hidden=2048, heads=16, vocab=32000, seq=1024, batch=32)
+    graph = synthetic_gpt(layers=8, hidden=2048, heads=16, vocab=32000, seq=1024, batch=8)
     profile = synthetic_profile(devices_per_node=4, inter_busbw_bytes_per_s=2e9)
-    result = plan_graph(graph, devices=16, profile=profile, batch_size=32)
+    result = plan_graph(graph, devices=16, profile=profile, batch_size=8)
     for c in result.candidates:
         if c.status == "evaluated":
             assert not mesh_groups(profile, dp=c.plan.dp, tp=c.plan.tp, pp=c.plan.pp)["tp"].spans_nodes
-    in_node = plan_graph(graph, devices=16, profile=profile, batch_size=32, fix={"tp": 4}).best_cost
-    across = plan_graph(graph, devices=16, profile=profile, batch_size=32, fix={"tp": 8}).best_cost
+    in_node = plan_graph(graph, devices=16, profile=profile, batch_size=8, fix={"tp": 4}).best_cost
+    across = plan_graph(graph, devices=16, profile=profile, batch_size=8, fix={"tp": 8}).best_cost
     assert across.step_time_s > in_node.step_time_s
 
 

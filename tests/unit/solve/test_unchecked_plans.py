@@ -26,9 +26,9 @@ def test_every_candidate_the_search_builds_passes_the_checks(monkeypatch):
         return plan
 
     monkeypatch.setattr(Plan, "unchecked", checking)
-    graph = synthetic_gpt(layers=4, hidden=512, heads=8, vocab=8000, seq=256, batch=16)
+    graph = synthetic_gpt(layers=4, hidden=512, heads=8, vocab=8000, seq=256, batch=4)
     profile = replace(synthetic_profile(), host=synthetic_host())  # offload is offered too
-    options = SearchOptions(devices=8, batch_size=16, keep=1000, allow_lossy=True, allow_fp8=True)
+    options = SearchOptions(devices=8, batch_size=4, keep=1000, allow_lossy=True, allow_fp8=True)
     everything = Search(graph, profile, options)
     everything._beaten = lambda bound: False  # build every candidate of the space
     result = everything.run()
