@@ -50,6 +50,8 @@ from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import step_microbatches
 from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
 
+#: GraphModule.meta key: the stage's outputs it also reads (:func:`read_inside`)
+READ_INSIDE = "autoplan.read_inside"
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
@@ -122,6 +124,8 @@ def split_model(
         # pipeline() leaves a tied weight's other owner on a stage that never calls it (GPT's lm_head
         # on the embedding's stage): a dead copy the cost model does not charge, so drop it
         pipe.get_stage_module(i).delete_all_unused_submodules()
+    for i in range(pipe.num_stages):
+        pipe.get_stage_module(i).meta[READ_INSIDE] = read_inside(pipe.get_stage_module(i))
     _check_split(pipe, plan)
     return pipe, out_spec
 
@@ -267,7 +271,8 @@ def build_schedule(
     num_stages = plan.pp * plan.virtual_stages
     if plan.schedule in SPLIT_BACKWARD:  # B and W apart (types/schedules.py)
         for module in stage_modules.values():
-            module.register_forward_hook(_own_view_outputs)
+            read = module.meta.get(READ_INSIDE, frozenset()) if plan.recompute != "none" else frozenset()
+            module.register_forward_hook(functools.partial(_own_outputs, read_inside=read))
     stages = [
         _ZeroFilledStage(module, index, num_stages, device, group=group)
         for index, module in sorted(stage_modules.items())
@@ -286,16 +291,36 @@ def build_schedule(
     return cls(stages[0], **kw)
 
 
-def _own_view_outputs(module: nn.Module, args: Any, output: Any) -> Any:
-    """A stage's outputs that are views (of an input it carries through, of a reshape) cloned into their own
-    storage: torch's split backward (``stage_backward_input``) detaches every stage output in place to free its
-    graph before W, and in-place detach refuses a view (T5's carried encoder states). One boundary tensor's
-    copy per view, under the schedules that split B from W."""
+def _own_outputs(module: nn.Module, args: Any, output: Any, *, read_inside: frozenset = frozenset()) -> Any:
+    """A stage's outputs that are views (of an input it carries through, of a reshape), or that the stage also
+    reads (``read_inside``, under recomputation: T5's encoder states, which its decoder blocks read and the model
+    returns), cloned into their own storage. torch detaches stage outputs in place after B to free their graph
+    (``stage_backward_input``; the last stage's in ``backward_one_chunk``): in-place detach refuses a view (T5's
+    carried encoder states), and a block recomputed in W re-ran on the detached tensor, saving fewer tensors than
+    its forward (CheckpointError). One boundary tensor's copy per such output, under the schedules that split B
+    from W (tests/odd_models/shared_bias.py)."""
     if isinstance(output, torch.Tensor):
-        return output.clone() if output._is_view() else output
+        return output.clone() if output._is_view() or 0 in read_inside else output
     if isinstance(output, tuple):
-        return tuple(o.clone() if isinstance(o, torch.Tensor) and o._is_view() else o for o in output)
+        own = [isinstance(o, torch.Tensor) and (o._is_view() or i in read_inside) for i, o in enumerate(output)]
+        return tuple(o.clone() if apart else o for o, apart in zip(output, own))
     return output
+
+
+def read_inside(module: fx.GraphModule) -> frozenset:
+    """The positions of the stage's outputs whose tensor the stage also reads (any user but the output and the
+    ``contiguous`` :func:`_send_contiguous` puts before it): a value the next stage needs too."""
+    output = module.graph.output_node()
+    values = output.args[0]
+    flat = list(values) if isinstance(values, (tuple, list)) else [values]
+    read = set()
+    for index, value in enumerate(flat):
+        if not isinstance(value, fx.Node):
+            continue
+        source = value.args[0] if value.op == "call_method" and value.target == "contiguous" else value
+        if any(user is not output and user is not value for user in source.users):
+            read.add(index)
+    return frozenset(read)
 
 
 class _ZeroFilledStage(PipelineStage):
