@@ -42,7 +42,15 @@ from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, re
 from autoplan.execute.overlap_f_b import OverlappedDualPipeV
 from autoplan.execute.pipeline_args import ModelOutput, values_bound
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
+from autoplan.execute.pipeline_regions import regions_kept
 from autoplan.execute.split_backward import accumulate_weight_grads, joined_groups, weight_only_roots
+from autoplan.execute.stage_outputs import (
+    READ_INSIDE,
+    owned_outputs,
+    read_inside,
+    send_contiguous,
+    send_contiguous_grads,
+)
 from autoplan.execute.tied import retie, tied_names
 from autoplan.execute.weight_pass import WeightPass, releases
 from autoplan.types.layout import chunks_of_stage
@@ -50,8 +58,6 @@ from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import step_microbatches
 from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
 
-#: GraphModule.meta key: the stage's outputs it also reads (:func:`read_inside`)
-READ_INSIDE = "autoplan.read_inside"
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
@@ -96,7 +102,8 @@ def split_model(
     split_spec = {stage[0]: SplitPoint.BEGINNING for stage in plan.stages[1:]}
     try:
         with _output_spec(model) as spec, opaque_experts(model, experts), values_bound(model, microbatch_args) as args:
-            pipe = pipeline(model, mb_args=args, split_spec=split_spec)
+            with regions_kept():  # torch.no_grad() regions of forward() (execute/pipeline_regions.py)
+                pipe = pipeline(model, mb_args=args, split_spec=split_spec)
     except Exception as exc:  # torch.export failed on this model
         said = str(exc).splitlines()[0] if str(exc) else ""
         why = NO_GRAD_REGION if "submod_" in said else ""
@@ -113,8 +120,8 @@ def split_model(
     for i in range(pipe.num_stages):
         drop_export_checks(pipe.get_stage_module(i))
     for i in range(pipe.num_stages - 1):
-        _send_contiguous(pipe.get_stage_module(i))
-        _send_contiguous_grads(pipe.get_stage_module(i + 1))
+        send_contiguous(pipe.get_stage_module(i))
+        send_contiguous_grads(pipe.get_stage_module(i + 1))
     replaced = sum(replace_experts_ops(pipe.get_stage_module(i), experts) for i in range(pipe.num_stages))
     assert replaced >= len(experts), f"{len(experts)} experts modules exported as {replaced} autoplan::experts ops"
     out_spec = _flat_model_output(pipe.split_gm, out_spec=spec[0] if spec else None, received=received)
@@ -170,48 +177,6 @@ def drop_export_checks(module: fx.GraphModule) -> int:
             compiled.recompile()
         dropped += len(checks)
     return dropped
-
-
-def _send_contiguous(module: fx.GraphModule) -> None:
-    """Make every tensor a stage sends contiguous. ``PipelineStage`` receives into buffers with
-    the strides of the sender's output and gloo and NCCL send only contiguous tensors, so a
-    stage ending in a view (an LSTM's ``batch_first`` output is a transpose) would fail at its
-    first send; ``contiguous()`` is free where the tensor already is."""
-    output = module.graph.output_node()
-    values = output.args[0]
-    flat = list(values) if isinstance(values, (tuple, list)) else [values]
-    with module.graph.inserting_before(output):
-        made = [module.graph.call_method("contiguous", (v,)) if isinstance(v, fx.Node) else v for v in flat]
-    output.args = (type(values)(made) if isinstance(values, (tuple, list)) else made[0],)
-    module.recompile()
-
-
-def _send_contiguous_grads(module: fx.GraphModule) -> None:
-    """Make the gradient a stage sends back for each tensor it received contiguous. ``PipelineStage`` receives
-    gradients into buffers with the strides the sender's backward gave them, and gloo receives only into
-    contiguous ones: a received tensor that a ``torch.cat`` reads (a U-Net's skip connection) gets a slice of
-    the cat's gradient, and the sending stage's receive failed ("input tensor has to be contiguous")."""
-    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
-    if not placeholders:
-        return
-    with module.graph.inserting_after(placeholders[-1]):
-        for node in placeholders:
-            users = list(node.users)
-            hooked = module.graph.call_function(contiguous_grad, (node,))
-            for user in users:
-                user.replace_input_with(node, hooked)
-    module.recompile()
-
-
-def contiguous_grad(value: Any) -> Any:
-    """``value``, whose gradient, when autograd computes one, is made contiguous first (a hook on the tensor)."""
-    if isinstance(value, torch.Tensor) and value.requires_grad:
-        value.register_hook(_contiguous)
-    return value
-
-
-def _contiguous(grad: torch.Tensor) -> torch.Tensor:
-    return grad.contiguous()
 
 
 @contextlib.contextmanager
@@ -271,8 +236,9 @@ def build_schedule(
     num_stages = plan.pp * plan.virtual_stages
     if plan.schedule in SPLIT_BACKWARD:  # B and W apart (types/schedules.py)
         for module in stage_modules.values():
-            read = module.meta.get(READ_INSIDE, frozenset()) if plan.recompute != "none" else frozenset()
-            module.register_forward_hook(functools.partial(_own_outputs, read_inside=read))
+            read = getattr(module, "meta", {}).get(READ_INSIDE, frozenset())  # a split's stage; else none known
+            read = read if plan.recompute != "none" else frozenset()
+            module.register_forward_hook(functools.partial(owned_outputs, read_inside=read))
     stages = [
         _ZeroFilledStage(module, index, num_stages, device, group=group)
         for index, module in sorted(stage_modules.items())
@@ -289,38 +255,6 @@ def build_schedule(
         return cls(stages, **kw)
     assert issubclass(cls, PipelineScheduleSingle) and len(stages) == 1
     return cls(stages[0], **kw)
-
-
-def _own_outputs(module: nn.Module, args: Any, output: Any, *, read_inside: frozenset = frozenset()) -> Any:
-    """A stage's outputs that are views (of an input it carries through, of a reshape), or that the stage also
-    reads (``read_inside``, under recomputation: T5's encoder states, which its decoder blocks read and the model
-    returns), cloned into their own storage. torch detaches stage outputs in place after B to free their graph
-    (``stage_backward_input``; the last stage's in ``backward_one_chunk``): in-place detach refuses a view (T5's
-    carried encoder states), and a block recomputed in W re-ran on the detached tensor, saving fewer tensors than
-    its forward (CheckpointError). One boundary tensor's copy per such output, under the schedules that split B
-    from W (tests/odd_models/shared_bias.py)."""
-    if isinstance(output, torch.Tensor):
-        return output.clone() if output._is_view() or 0 in read_inside else output
-    if isinstance(output, tuple):
-        own = [isinstance(o, torch.Tensor) and (o._is_view() or i in read_inside) for i, o in enumerate(output)]
-        return tuple(o.clone() if apart else o for o, apart in zip(output, own))
-    return output
-
-
-def read_inside(module: fx.GraphModule) -> frozenset:
-    """The positions of the stage's outputs whose tensor the stage also reads (any user but the output and the
-    ``contiguous`` :func:`_send_contiguous` puts before it): a value the next stage needs too."""
-    output = module.graph.output_node()
-    values = output.args[0]
-    flat = list(values) if isinstance(values, (tuple, list)) else [values]
-    read = set()
-    for index, value in enumerate(flat):
-        if not isinstance(value, fx.Node):
-            continue
-        source = value.args[0] if value.op == "call_method" and value.target == "contiguous" else value
-        if any(user is not output and user is not value for user in source.users):
-            read.add(index)
-    return frozenset(read)
 
 
 class _ZeroFilledStage(PipelineStage):
@@ -343,6 +277,21 @@ class _ZeroFilledStage(PipelineStage):
             with torch.no_grad():
                 tensor.zero_()
         return tensor
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        """torch's shape inference (2.13) runs the stage's forward once more, on the first step: a forward that
+        updates buffers (BatchNorm's running statistics, a spectral norm's vectors, a running mean) counted it, on
+        zeros past the first stage. It runs on copies of the buffers (``.data``: the buffers the inference's graph
+        saved are not written after it), which are then dropped; a torch without the hook never calls it."""
+        with torch.no_grad():
+            held = [(buffer, buffer.data) for buffer in self.submod.buffers()]
+            for buffer, data in held:
+                buffer.data = data.clone()
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            for buffer, data in held:
+                buffer.data = data
 
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
         """Torch's backward step, its split W completed with the weight-only outputs' gradients

@@ -46,9 +46,9 @@ def boundary_specs(stage_modules: list[fx.GraphModule], model_inputs: list[Any])
 
 
 def _unwrapped(node: Any) -> Any:
-    """The value behind ``_send_contiguous``'s ``contiguous()`` and ``_send_contiguous_grads``'s
-    ``contiguous_grad`` (autoplan/execute/pipeline.py): a received value a chunk passes on is its placeholder."""
-    from autoplan.execute.pipeline import contiguous_grad
+    """The value behind ``send_contiguous``'s ``contiguous()`` and ``send_contiguous_grads``'s
+    ``contiguous_grad`` (autoplan/execute/stage_outputs.py): a received value a chunk passes on is its placeholder."""
+    from autoplan.execute.stage_outputs import contiguous_grad
 
     while isinstance(node, fx.Node) and (
         (node.op == "call_method" and node.target == "contiguous")
