@@ -39,6 +39,7 @@ def _traced(name: str):
         ("loose_ends", "pp=2,recompute=full"),  # None and float inputs, a None output, a cat's gradient sent back
         ("frozen_stem", "pp=2"),  # the first stage's rank holds no parameter to train
         ("buffer_updates", "dp=2,mbs=2"),  # each dp rank updates its own buffers over its micro-batches
+        ("buffer_updates", "pp=2,schedule=zb,recompute=full"),  # no_grad regions split; re-runs on found buffers
         ("shared_bias", "pp=2,schedule=zb,recompute=full"),  # W re-runs blocks that read a tensor the stage returns
     ],
 )
