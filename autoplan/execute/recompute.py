@@ -45,6 +45,7 @@ from torch.utils.checkpoint import (
     set_checkpoint_early_stop,
 )
 
+from autoplan.execute.rerun_buffers import BuffersAsFound
 from autoplan.execute.weight_pass import WeightPass, tag_block_nodes
 from autoplan.types.plan import Plan
 from autoplan.types.recompute import recomputed_blocks
@@ -125,7 +126,7 @@ def _checkpoint_split(function, context_fn, *args, **kwargs):
     return out
 
 
-def _checkpointed(forward, selective: bool, split_backward: bool):
+def _checkpointed(block: nn.Module, forward, selective: bool, split_backward: bool):
     context_fn = None
     if selective:
         context_fn = _split_backward_contexts if split_backward else functools.partial(
@@ -134,12 +135,18 @@ def _checkpointed(forward, selective: bool, split_backward: bool):
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
+        found = BuffersAsFound(block)  # each re-run on the buffers this call found (execute/rerun_buffers.py)
+        out = _run(found.wrap(forward), *args, **kwargs)
+        found.forward_done()
+        return out
+
+    def _run(function, *args, **kwargs):
         with set_checkpoint_early_stop(False):  # re-run the whole block, as priced (module docstring)
             if split_backward and _SPLIT_RUNS:
-                return _checkpoint_split(forward, context_fn or noop_context_fn, *args, **kwargs)
+                return _checkpoint_split(function, context_fn or noop_context_fn, *args, **kwargs)
             if context_fn is None:
-                return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-            return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+                return checkpoint(function, *args, use_reentrant=False, **kwargs)
+            return checkpoint(function, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
     return run
 
@@ -154,7 +161,9 @@ def apply_recompute(*, module: nn.Module, blocks: list[str], mode: str, split_ba
     for fqn in blocks:
         if fqn in present:
             block = present[fqn]
-            block.forward = _checkpointed(block.forward, selective=mode == "selective", split_backward=split_backward)
+            block.forward = _checkpointed(
+                block, block.forward, selective=mode == "selective", split_backward=split_backward
+            )
             count += 1
     return count
 

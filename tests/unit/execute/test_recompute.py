@@ -225,3 +225,43 @@ def test_a_split_backwards_b_holds_one_selective_blocks_rerun_whatever_the_block
             torch.testing.assert_close(a, b)
         above[blocks] = peak - none_peak
     assert 0 < above[4] <= above[1] and above[2] <= above[1], above
+
+
+class _RunningNormed(nn.Module):
+    """A block whose forward updates buffers it then reads: a spectral norm's power-iteration vectors and a running
+    mean it subtracts (tests/odd_models/buffer_updates.py's two kinds), and BatchNorm's statistics."""
+
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.linear = torch.nn.utils.spectral_norm(nn.Linear(dim, dim))
+        self.norm = nn.BatchNorm1d(dim)
+        self.register_buffer("mean", torch.zeros(dim))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.mean.mul_(0.5).add_(0.5 * x.mean(0))
+        return torch.tanh(self.norm(self.linear(x - self.mean)))
+
+
+@pytest.mark.parametrize("mode, split_backward", [("full", False), ("selective", False), ("full", True)])
+def test_a_rerun_sees_the_buffers_its_forward_found_and_leaves_them_as_the_forward_did(mode, split_backward):
+    """Two forwards (two micro-batches), then their backwards: each block's re-run reads the buffers as its own
+    forward found them (else the spectral norm's weight is rebuilt from the vectors the next forward left), and
+    after the backwards every buffer is where the forwards left it, as without recomputation."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(_RunningNormed(), _RunningNormed())
+    checkpointed = nn.Sequential(_RunningNormed(), _RunningNormed())
+    checkpointed.load_state_dict(plain.state_dict())
+    apply_recompute(module=checkpointed, blocks=["0", "1"], mode=mode, split_backward=split_backward)
+    batches = [torch.randn(6, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    results = []
+    for model in (plain, checkpointed):
+        losses = [model(x).square().sum() for x in batches]
+        for loss in losses:
+            loss.backward()
+        results.append(([p.grad for p in model.parameters()], dict(model.named_buffers())))
+    (grads, buffers), (grads_c, buffers_c) = results
+    for a, b in zip(grads_c, grads):
+        torch.testing.assert_close(a, b)
+    for name, buffer in buffers.items():
+        torch.testing.assert_close(buffers_c[name], buffer)
