@@ -35,6 +35,7 @@ from autoplan.execute.job import verify
 from autoplan.execute.job.contract import verify_steps, why_steps
 from autoplan.execute.job.reference_buffers import RankBuffers
 from autoplan.execute.job.topk_reference import approximation, topk_expected
+from autoplan.execute.job.verify_buffers import expected_buffers
 from autoplan.types.plan import Plan
 
 #: singular values of a compressed gradient below this fraction of its largest are rounding
@@ -111,6 +112,7 @@ class Reference:
             initial=before,
             ref_updated=updated,
             weights=weights,
+            ref_buffers=expected_buffers(self.model, self.buffers, trainer.mesh.get_local_rank("dp")),
         ) + verify.frozen_differences(weights=weights, initial=frozen)
         self._follow(trainer, weights)
         self.checks.append(StepCheck(step=step, diffs=diffs, compressed=compressed, approximate=approximate))

@@ -33,6 +33,7 @@ from autoplan.execute.data_parallel import dp_mode
 from autoplan.execute.expert_parallel import find_experts
 from autoplan.execute.grad_scaler import INIT_SCALE
 from autoplan.execute.job.reference_buffers import RankBuffers
+from autoplan.execute.job.verify_buffers import buffer_differences
 from autoplan.execute.trainer import Trainer
 from autoplan.types.plan import Plan
 
@@ -220,10 +221,12 @@ def compare(
     initial: dict[str, torch.Tensor] | None = None,
     ref_updated: dict[str, torch.Tensor] | None = None,
     weights: dict[str, torch.Tensor] | None = None,
+    ref_buffers: dict[str, torch.Tensor] | None = None,
 ) -> list[Difference]:
     """Per-tensor differences, gathered from every rank; loss first. With ``initial`` and
     ``ref_updated`` (:func:`updated_reference`) the weights after the optimizer step are compared
-    too (module docstring): ``weights`` (:func:`gathered_weights`), when the caller has them."""
+    too (module docstring): ``weights`` (:func:`gathered_weights`), when the caller has them; with
+    ``ref_buffers`` (this rank's dp index's), the buffers (verify_buffers.py)."""
     floor = FLOOR * _norm(ref_grads.values())
     local = [Difference("loss", abs(loss - ref_loss), abs(ref_loss))]
     for name, grad in gathered_grads(trainer).items():
@@ -243,6 +246,8 @@ def compare(
             noise=noise,
             weights=weights,
         )
+    if ref_buffers is not None:
+        local += buffer_differences(trainer.stage_modules.values(), ref_buffers, original_name)
     everyone: list[list[Difference]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, local)
     merged = {}
