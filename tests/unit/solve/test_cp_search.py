@@ -114,7 +114,7 @@ def test_bounds_of_cp_plans_stay_below_their_price_and_count_every_blocks_gather
     """Bound (2) never exceeds the priced objective of any plan, cp plans included; under cp a ZeRO-3
     plan's bound counts each block's exposed weight gather (a block computes 1/cp of the tokens but
     gathers all its weights), not only the first block's."""
-    search = Search(tiny, synthetic_profile(), SearchOptions(devices=8, batch_size=16, keep=10**6))
+    search = Search(tiny, synthetic_profile(), SearchOptions(devices=8, batch_size=8, keep=10**6))
     priced = [c for c in search.run().candidates if c.cost is not None and c.status == "evaluated"]
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)
     zero3 = [c.lower_bound / c.objective for c in priced if c.plan.cp > 1 and c.plan.zero_stage == 3 and c.plan.pp == 1]

@@ -24,8 +24,8 @@ def dense():
     return synthetic_gpt(layers=2, hidden=256, vocab=4096, seq=128, batch=16)
 
 
-def _priced(graph, **options):
-    search = Search(graph, synthetic_profile(), SearchOptions(devices=8, batch_size=16, keep=10**6, **options))
+def _priced(graph, keep: int = 10**6, **options):
+    search = Search(graph, synthetic_profile(), SearchOptions(devices=8, batch_size=16, keep=keep, **options))
     priced = [c for c in search.run().candidates if c.cost is not None and c.status == "evaluated"]
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)  # the bounds hold without the tables too
     return [c.plan for c in priced]
@@ -37,8 +37,8 @@ def _runs_sparse(plan) -> bool:
 
 
 def test_sparse_tables_narrow_the_space_to_ddp(dense):
-    everything = _priced(dense, allow_lossy=True)
-    assert not all(_runs_sparse(p) for p in everything)  # the dense model is offered tp, pp, ZeRO, compression
+    offered = _priced(dense, keep=10, allow_lossy=True)  # its best ten exact, not its whole space priced
+    assert not all(_runs_sparse(p) for p in offered)  # the dense model is offered tp, pp, ZeRO, compression
     narrowed = _priced(_sparse(dense), allow_lossy=True)
     assert narrowed and all(_runs_sparse(p) for p in narrowed)
     assert {p.dp for p in narrowed} == {8}
