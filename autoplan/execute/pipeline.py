@@ -53,6 +53,7 @@ from autoplan.execute.stage_outputs import (
 )
 from autoplan.execute.tied import retie, tied_names
 from autoplan.execute.weight_pass import WeightPass, releases
+from autoplan.trace.capture import drop_export_checks
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import step_microbatches
@@ -157,26 +158,6 @@ NO_GRAD_REGION = (
     ": forward() runs code under torch.no_grad(), which torch.export keeps as a submodule of its own that torch's "
     "pipeline split cannot place"
 )
-
-#: checks torch.export writes into a graph (after a ``.to()``: the tensor's dtype and device) that return nothing
-EXPORT_CHECKS = (torch.ops.aten._assert_tensor_metadata.default,)
-
-
-def drop_export_checks(module: fx.GraphModule) -> int:
-    """Remove torch.export's metadata checks from a stage's graphs; return how many. Eager code never runs them, and
-    DTensor has no sharding strategy for them, so under tp a stage whose model calls ``.to()`` was refused
-    ("aten._assert_tensor_metadata.default does not have a sharding strategy registered")."""
-    dropped = 0
-    for sub in (m for m in module.modules() if isinstance(getattr(m, "graph", None), fx.Graph)):
-        checks = [n for n in sub.graph.nodes if n.op == "call_function" and n.target in EXPORT_CHECKS and not n.users]
-        for node in checks:
-            sub.graph.erase_node(node)
-        # a block torch.export unflattened (``InterpreterModule``) runs its graph, or the code of its graph_module
-        compiled = sub if isinstance(sub, fx.GraphModule) else getattr(sub, "graph_module", None)
-        if checks and compiled is not None:
-            compiled.recompile()
-        dropped += len(checks)
-    return dropped
 
 
 @contextlib.contextmanager

@@ -121,9 +121,43 @@ def _try_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failur
     try:
         with _module_stack(model, stack), _pytree_outputs(model), _quiet_logs():
             program = torch.export.export(model, meta_inputs, strict=False)
-        return Captured(program.module(), "export")
+        return Captured(_without_region_checks(program.module()), "export")
     except Exception as exc:
         return Failure("torch.export (non-strict)", stack[-1] if stack else "", user_line(exc), first_line(exc))
+
+
+#: what torch.export writes after a ``.to()`` (the dtype and device as exported: meta); it returns nothing
+EXPORT_CHECKS = (torch.ops.aten._assert_tensor_metadata.default,)
+
+
+def _without_region_checks(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` without torch.export's metadata checks inside its regions' bodies (the submodule graphs a
+    ``torch.no_grad()`` or ``torch.autocast`` region runs as a higher-order op). The graph is propagated on CPU fake
+    tensors (trace/tensors.py) where export ran on meta, and a region's op runs its body whole, so a ``.to(dtype)``
+    in a ``@torch.no_grad()`` rotary embedding failed the trace ("Tensor device mismatch! Expected: meta"); the top
+    graph's own checks are classified and never run (trace/classify.py). Eager code never runs any of them."""
+    drop_export_checks(module, top=False)
+    return module
+
+
+def drop_export_checks(module: torch.nn.Module, *, top: bool = True) -> int:
+    """Remove torch.export's metadata checks from ``module``'s graphs (with ``top``, its own graph's too); return
+    how many. Eager code never runs them; DTensor has no sharding strategy for them, so under tp a pipeline stage
+    whose model calls ``.to()`` was refused ("aten._assert_tensor_metadata.default does not have a sharding
+    strategy registered"); and in a region's body they fail the trace (:func:`_without_region_checks`)."""
+    dropped = 0
+    for name, sub in module.named_modules():
+        if not isinstance(getattr(sub, "graph", None), torch.fx.Graph) or (not top and not name):
+            continue
+        checks = [n for n in sub.graph.nodes if n.op == "call_function" and n.target in EXPORT_CHECKS and not n.users]
+        for node in checks:
+            sub.graph.erase_node(node)
+        # a block torch.export unflattened (``InterpreterModule``) runs its graph, or the code of its graph_module
+        compiled = sub if isinstance(sub, torch.fx.GraphModule) else getattr(sub, "graph_module", None)
+        if checks and compiled is not None:
+            compiled.recompile()
+        dropped += len(checks)
+    return dropped
 
 
 def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failure | None:
@@ -148,7 +182,7 @@ def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured
             return None
         cut = f" (the model cut to its first {kept} of {len(blocks)} blocks '{name}', which the whole model runs alike)"
         return Failure("torch.export (non-strict)" + cut, stack[-1] if stack else "", user_line(exc), first_line(exc))
-    module = program.module()
+    module = _without_region_checks(program.module())
     return Captured(module, "export") if stitch(module, prefix=name, blocks=blocks, kept=kept) else None
 
 
