@@ -248,6 +248,8 @@ class Trainer:
 
     def _sync_grads(self) -> None:
         params = self.trainable
+        if self.dp_mode == "ddp" and not self.some_unused:
+            _refuse_unreached(self.model, params)
         if self.plan.tp > 1:
             finalize_tp_grads(params)
         if self.tie_sync is not None:
@@ -298,3 +300,19 @@ class Trainer:
         )
         dist.all_reduce(value)
         return float(value.item()) / holders
+
+
+def _refuse_unreached(model: nn.Module, trainable: list[nn.Parameter]) -> None:
+    """DDP (no ``find_unused_parameters``) waits for every trainable parameter's gradient and stopped the next step
+    with torch's long message where one never gets any: read only under ``torch.no_grad()``, or never. One sentence
+    instead, naming them, after the first backward; FSDP2 and ZeRO-1 reduce zeros for them."""
+    if not any(p.grad is None for p in trainable):
+        return
+    held = {id(p) for p in trainable if p.grad is None}
+    names = [name.removeprefix("module.") for name, p in model.named_parameters() if id(p) in held]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    verb = "gets" if len(names) == 1 else "get"
+    raise PlanError(
+        f"{shown} {verb} no gradient (read only under torch.no_grad(), or never), and DDP waits for every trainable "
+        "parameter's: freeze them (requires_grad_(False)) in build_model(), or run a plan with --fix zero=1."
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,10 @@ def _traced(name: str):
         ("buffer_updates", "dp=2,mbs=2"),  # each dp rank updates its own buffers over its micro-batches
         ("buffer_updates", "pp=2,schedule=zb,recompute=full"),  # no_grad regions split; re-runs on found buffers
         ("shared_bias", "pp=2,schedule=zb,recompute=full"),  # W re-runs blocks that read a tensor the stage returns
+        (
+            "no_grad_stem",
+            "dp=2,zero=1",
+        ),  # a trainable parameter with no gradient: zeros in ZeRO-1, none in the reference
     ],
 )
 def test_odd_model_runs_its_plan_and_verifies(tmp_path, name, fix):
@@ -61,3 +67,17 @@ def test_a_loop_moe_whose_experts_some_rank_never_uses_runs_under_ddp(tmp_path, 
     plan = plan_graph(trace_model_file(model, 8), devices=2, profile="cpu-gloo", fix="dp=2").best
     path = plan.save(tmp_path / "plan.json")
     run_verified(model, path, tmp_path / "run", timeout=240)
+
+
+def test_ddp_names_the_parameters_that_get_no_gradient_in_one_sentence(tmp_path):
+    """DDP waits for every trainable parameter's gradient; one read only under torch.no_grad() stopped the second
+    step with torch's paragraph. The first step's sync names it and says what to do."""
+    model = ODD / "no_grad_stem.py"
+    path = plan_graph(_traced("no_grad_stem"), devices=2, profile="cpu-gloo", fix="dp=2,zero=0").best.save(
+        tmp_path / "p.json"
+    )
+    command = [sys.executable, "-m", "autoplan.cli", "run", str(model), "--plan", str(path), "--steps", "2"]
+    result = subprocess.run(command + ["--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=240)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "embed.weight gets no gradient" in last and "--fix zero=1" in last

@@ -1,0 +1,40 @@
+"""A trainable embedding read only under torch.no_grad() (a stem its author meant to keep fixed but did not freeze):
+it never gets a gradient. ZeRO-1 reduces zeros for it and --verify leaves it out; DDP, which waits for every
+trainable parameter's gradient, is refused in one sentence at the first step."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+D, S, V = 16, 8, 32
+
+
+class NoGradStem(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(D), nn.Linear(D, D), nn.GELU()) for _ in range(2))
+        self.head = nn.Linear(D, V)
+
+    def forward(self, ids):
+        with torch.no_grad():
+            x = self.embed(ids)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+def build_model():
+    return NoGradStem()
+
+
+def example_inputs(batch_size):
+    return (torch.randint(0, V, (batch_size, S)),)
+
+
+def example_target(batch_size):
+    return torch.randint(0, V, (batch_size, S))
+
+
+def loss_fn(output, target):
+    return F.cross_entropy(output.reshape(-1, V), target.reshape(-1))
