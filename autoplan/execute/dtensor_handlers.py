@@ -1,4 +1,4 @@
-"""Two DTensor behaviours that break ordinary model code, fixed once on import as DTensor custom op
+"""Three DTensor behaviours that break ordinary model code, fixed once on import as DTensor custom op
 handlers (docs/executor.md, "Tensor parallelism: how any model code runs correctly"):
 
 1. **Local layout drifts from the global one** after a redistribution, so ``.contiguous()`` is a
@@ -8,6 +8,10 @@ handlers (docs/executor.md, "Tensor parallelism: how any model code runs correct
    every in-place op DTensor has a rule for: if sharding propagation fails and ``self`` is not
    replicated, ``self`` is redistributed to ``Replicate`` in place and the op retried, counted in
    ``RESHARDED``. Ops that work on their placement take the normal path untouched.
+3. **In-place op on a plain tensor from a DTensor** (a buffer updated from an activation under tp:
+   ``self.running.mul_(0.9).add_(0.1 * h.mean(0))``): DTensor's dispatch asserted (a bare
+   ``AssertionError``). The DTensor operands are made whole (``full_tensor``: a collective only for a
+   shard or a partial sum, on every tp rank alike) and the op runs on plain tensors, as on one device.
 
 A handler reaches DTensor's normal dispatch by removing itself from the handler table for that
 one call (under a lock).
@@ -22,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
+from torch.utils._pytree import tree_map_only
 
 aten = torch.ops.aten
 _LOCK = threading.RLock()
@@ -71,6 +76,9 @@ RESHARDED: Counter = Counter()
 
 
 def _inplace_handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    if args and isinstance(args[0], torch.Tensor) and not isinstance(args[0], DTensor):  # 3. in the module docstring
+        whole = tree_map_only(DTensor, DTensor.full_tensor, (args, kwargs))
+        return op_call(*whole[0], **whole[1])
     try:
         return _default(op_call, _inplace_handler, args, kwargs)
     except RuntimeError:
