@@ -36,5 +36,5 @@ def residual_state(trainer: Any, named: dict[str, torch.Tensor], tensors: dict, 
 
 
 def per_rank(key: str) -> bool:
-    """A key only the same world size can restore (the RNG states, the residuals)."""
-    return key.startswith(("rng.", PREFIX))
+    """A key only the same world size can restore (the RNG states, the residuals, each dp index's buffers)."""
+    return key.startswith(("rng.", PREFIX, "extra.buffers."))

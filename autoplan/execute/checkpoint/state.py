@@ -5,8 +5,8 @@ Every tensor is keyed by its FQN in the original model, whatever the plan did to
 dropped, stages keep FQNs, a tied alias maps to its first name: verify.py ``original_name``), and
 is a global tensor: a TP- or FSDP2-sharded parameter its DTensor, an expert slice ``[E / ep, ...]``
 a DTensor ``Shard(0)`` over the ep group, anything else a plain tensor. Keys: ``model.<fqn>``,
-``optim.<fqn>.<state>``, ``extra.loss_scale`` (fp16), top-k's ``extra.topk.rank<r>.<fqn>`` (residual.py)
-and ``rng.rank<r>.cpu`` / ``.cuda``. DCP
+``optim.<fqn>.<state>``, ``extra.loss_scale`` (fp16), top-k's ``extra.topk.rank<r>.<fqn>`` (residual.py),
+each dp index's buffers ``extra.buffers.dp<d>.<fqn>`` (buffers.py) and ``rng.rank<r>.cpu`` / ``.cuda``. DCP
 saves each shard once and loads whatever slice each destination covers, so a checkpoint written
 by one plan loads into any other plan of the same model.
 
@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
+from autoplan.execute.checkpoint.buffers import buffer_state
 from autoplan.execute.checkpoint.outer import outer_state
 from autoplan.execute.checkpoint.residual import residual_state
 from autoplan.execute.data_parallel import local
@@ -108,6 +109,7 @@ def trainer_state(trainer: Trainer, *, for_load: bool = False) -> TrainerState:
     if trainer.scaler is not None:
         _scaler_state(trainer, state)
     residual_state(trainer, params, state.tensors, state.after_load, for_load=for_load)  # top-k's, per rank
+    buffer_state(trainer, state.tensors, state.after_load, for_load=for_load)  # each dp index's (buffers.py)
     _rng_state(state)
     return state
 
