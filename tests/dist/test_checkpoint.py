@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from exec_harness import cli_here
 
+from autoplan.execute.checkpoint import store
 from autoplan.types.plan import Plan
 
 pytestmark = pytest.mark.slow
@@ -419,3 +420,6 @@ def test_a_resume_continues_with_each_dp_ranks_buffers_persistent_or_not(tmp_pat
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout
     assert _losses(tmp_path / "r") == _losses(tmp_path / "ref")
+    held = store.read_dcp_metadata(tmp_path / "ck" / "step-00000002").state_dict_metadata
+    second = {k for k in held if k.startswith("extra.buffers.dp1.")}  # dp index 1's: only where it differs from 0's
+    assert "extra.buffers.dp0.center.mean" in held and bool(second) == (zero == 3)  # none under DDP
