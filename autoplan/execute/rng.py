@@ -11,7 +11,10 @@ Which ranks draw the same masks (Megatron-LM's model-parallel RNG tracker,
 - dp ranks share the seed.
 
 :func:`dropout_off` (a torch function mode) makes every dropout, ``F.dropout`` and attention
-``dropout_p`` return its input under ``--verify``, and counts other random draws so they can be named.
+``dropout_p`` return its input under ``--verify``, and counts other random draws so they can be named. Given the
+model, it also sets each stochastic-depth module's rate to 0 (:data:`STOCHASTIC_DEPTH`), before the model is copied
+for the reference and split into stages: those draw with ``torch.rand`` / ``bernoulli_``, which no function mode can
+tell from a draw the model needs, and return their input at rate 0.
 """
 
 from __future__ import annotations
@@ -174,6 +177,9 @@ OTHER_RANDOM = frozenset(
         torch.Tensor.random_,
     }
 )
+#: stochastic depth's modules, by class-name suffix, and the attribute holding their rate: timm's and Hugging Face's
+#: ``*DropPath`` (``drop_prob``), torchvision's ``StochasticDepth`` (``p``); each returns its input at rate 0
+STOCHASTIC_DEPTH = (("DropPath", "drop_prob"), ("StochasticDepth", "p"))
 SDPA_DROPOUT_INDEX = 4  # F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, ...)
 
 
@@ -186,6 +192,7 @@ class DropoutOff(TorchFunctionMode):
         super().__init__()
         self.dropped = 0
         self.other_random: Counter[str] = Counter()
+        self.depth_off = 0  # stochastic-depth modules whose rate was set to 0 (stochastic_depth_off)
         self._reruns: contextlib.ExitStack | None = None
 
     def __enter__(self):
@@ -285,9 +292,25 @@ def _without_attention_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict, 
     return args, kwargs, rate
 
 
-def dropout_off() -> DropoutOff:
-    """A context (a torch function mode) in which dropout is off: module docstring."""
-    return DropoutOff()
+def dropout_off(model: torch.nn.Module | None = None) -> DropoutOff:
+    """A context (a torch function mode) in which dropout is off; ``model``'s stochastic depth off for good (module
+    docstring): call before the model is copied or split."""
+    mode = DropoutOff()
+    if model is not None:
+        mode.depth_off = stochastic_depth_off(model)
+    return mode
+
+
+def stochastic_depth_off(model: torch.nn.Module) -> int:
+    """Set the rate of each of ``model``'s stochastic-depth modules (:data:`STOCHASTIC_DEPTH`) to 0; how many had."""
+    turned = 0
+    for module in model.modules():
+        for suffix, attribute in STOCHASTIC_DEPTH:
+            rate = getattr(module, attribute, None)
+            if type(module).__name__.endswith(suffix) and type(rate) in (int, float) and rate > 0:
+                setattr(module, attribute, 0.0)
+                turned += 1
+    return turned
 
 
 def describe(mode: DropoutOff) -> str:
@@ -296,6 +319,8 @@ def describe(mode: DropoutOff) -> str:
         said = f"dropout off in the run and in the reference ({mode.dropped} calls with p > 0 returned their input)"
     else:
         said = "dropout off in the run and in the reference (the model ran no dropout with p > 0)"
+    if mode.depth_off:
+        said += f", and stochastic depth ({mode.depth_off} modules' rate set to 0)"
     if mode.other_random:
         drawn = ", ".join(f"{name} x{count}" for name, count in sorted(mode.other_random.items()))
         said += f"; the model also draws random numbers outside dropout ({drawn}), which the two draw differently"

@@ -1,7 +1,8 @@
 """A pipeline's loose ends: forward({"x": x}, None, 2.0) takes a dict of tensors, a None and a Python float, a skip
 connection joins the stem's output to the last block's by torch.cat (its gradient, a slice of the cat's, goes back
 across the stage boundary), it returns (logits, None) as Hugging Face models return tuples with a None, and its
-blocks drop out (p = 0.1), which a recomputed block re-runs inside the backward."""
+blocks drop out (p = 0.1), which a recomputed block re-runs inside the backward, and drop their path (stochastic
+depth at 0.1, as Hugging Face's and timm's ``DropPath`` draw it with ``torch.rand``: --verify turns it off)."""
 
 import torch
 import torch.nn as nn
@@ -10,13 +11,29 @@ import torch.nn.functional as F
 D = 16
 
 
+class DropPath(nn.Module):
+    """Each sample's residual branch dropped at ``drop_prob`` in training, the rest scaled up."""
+
+    def __init__(self, drop_prob: float):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x):
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.drop_prob
+        mask = (keep + torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype, device=x.device)).floor()
+        return x / keep * mask
+
+
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
         self.norm, self.fc, self.drop = nn.LayerNorm(D), nn.Linear(D, D), nn.Dropout(0.1)
+        self.drop_path = DropPath(0.1)
 
     def forward(self, h):
-        return h + self.drop(torch.tanh(self.fc(self.norm(h))))
+        return h + self.drop_path(self.drop(torch.tanh(self.fc(self.norm(h)))))
 
 
 class LooseEnds(nn.Module):

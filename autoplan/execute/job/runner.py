@@ -160,6 +160,7 @@ def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
     model = model_file.build()
     torch.manual_seed(opts.seed)  # a meta-built model is initialised here, the same on every rank
     model = materialize(model, device=local_device())
+    randomness = rng.dropout_off(model) if opts.verify else None  # before the copy: stochastic depth off in both
     reference = copy.deepcopy(model) if opts.verify else None
     torch.manual_seed(opts.seed)
     microbatch = model_file.inputs(plan.micro_batch_size)
@@ -171,7 +172,6 @@ def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
     pp_rank = trainer.mesh.get_local_rank("pp")
     # --verify: dropout off in the run's steps and in its reference, which then compute the same function
     # (rng.py); the batches are drawn outside, so its count of other random draws is the model's own
-    randomness = rng.dropout_off() if opts.verify else None
     model_only = randomness if randomness is not None else contextlib.nullcontext()
     tracer = StepTracer(opts, trainer) if opts.trace else None  # --trace: torch.profiler on the chosen steps
     for step in range(session.start_step, opts.steps):

@@ -48,6 +48,42 @@ def test_t5_attention_dropout_is_not_a_module_and_dropout_off_finds_it():
     assert "dropout off in the run and in the reference (6 calls" in rng.describe(mode)
 
 
+def test_dropout_off_turns_stochastic_depth_off_by_its_modules_names():
+    """Stochastic depth draws with torch.rand (Hugging Face, timm) or bernoulli_ (torchvision), which no function
+    mode can tell from a draw the model needs: Swin at its default drop_path_rate failed --verify. Its modules,
+    named ``*DropPath`` (``drop_prob``) or ``StochasticDepth`` (``p``), are set to rate 0 for good, in the model
+    that is then copied for the reference; a module of another name, or a rate that is not a number, is left."""
+
+    class SwinDropPath(nn.Module):  # Hugging Face's name; timm's is DropPath
+        def __init__(self):
+            super().__init__()
+            self.drop_prob = 0.2
+
+        def forward(self, x):
+            if not self.training or self.drop_prob == 0:
+                return x
+            return x * (1 - self.drop_prob + torch.rand(x.shape[0], 1)).floor() / (1 - self.drop_prob)
+
+    class StochasticDepth(nn.Module):  # torchvision's
+        def __init__(self):
+            super().__init__()
+            self.p, self.mode = 0.3, "row"
+
+    class Gate(nn.Module):  # not stochastic depth: its drop_prob is the model's business
+        def __init__(self):
+            super().__init__()
+            self.drop_prob = 0.5
+
+    model = nn.Sequential(SwinDropPath(), nn.Sequential(StochasticDepth(), Gate()))
+    x = torch.ones(64, 4)
+    assert not torch.equal(model[0](x), x)
+    mode = rng.dropout_off(model)
+    assert (model[0].drop_prob, model[1][0].p, model[1][1].drop_prob) == (0.0, 0.0, 0.5)
+    assert torch.equal(model[0](x), x) and mode.depth_off == 2
+    assert "and stochastic depth (2 modules' rate set to 0)" in rng.describe(mode)
+    assert rng.dropout_off(model).depth_off == 0  # already off
+
+
 def test_dropout_off_zeroes_attention_dropout_and_counts_other_draws():
     q = torch.randn(1, 2, 4, 8)
     with rng.dropout_off() as mode:
