@@ -269,6 +269,7 @@ class Trainer:
         """Step (fp16: unscale first, and skip on every rank when any gradient overflowed); synced sparse
         gradients are made dense first (sparse_grads.py)."""
         self.densified = densify_grads(self.trainable)
+        _lay_out_as_params(self.trainable)
         if self.scaler is None:
             self.optimizer.step()
             return
@@ -300,6 +301,16 @@ class Trainer:
         )
         dist.all_reduce(value)
         return float(value.item()) / holders
+
+
+def _lay_out_as_params(params: list[nn.Parameter]) -> None:
+    """Give each gradient its parameter's strides: AdamW's fused kernel pairs weight and gradient elements by memory
+    order, and a split backward's W hands a weight autograd's gradient as it is, channels-last for a convolution
+    reading a channels-last activation (ConvNeXt), which AccumulateGrad would have laid out as the weight."""
+    for param in params:
+        grad = param.grad
+        if grad is not None and not grad.is_sparse and grad.stride() != param.stride():
+            param.grad = torch.empty_like(param, dtype=grad.dtype).copy_(grad)
 
 
 def _refuse_unreached(model: nn.Module, trainable: list[nn.Parameter]) -> None:
