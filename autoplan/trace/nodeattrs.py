@@ -7,6 +7,7 @@ embedding and its output head) is named by its first fully qualified name, the n
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -165,9 +166,33 @@ def _linear_call_attrs(name: str, args: tuple, kwargs: dict, weights: set[int]) 
     if name == "linear":
         bias = _arg(args, kwargs, 2, "bias")
         return classify.linear_attrs(weight=args[1], bias=bias is not None, weight_is_out_in=True, module_type=name)
+    if name == "einsum":
+        return _einsum_attrs(args, weights)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     weight = next(t for t in tensors if id(t) in weights)
     has_bias = name in ("addmm", "baddbmm")
     operands = tensors[1:] if has_bias else tensors
     weight_first = operands and operands[0] is weight
     return classify.linear_attrs(weight=weight, bias=has_bias, weight_is_out_in=bool(weight_first), module_type=name)
+
+
+def _einsum_attrs(args: tuple, weights: set[int]) -> dict[str, Any]:
+    """A weight contracted by ``einsum(equation, *operands)`` (or aten's ``einsum(equation, [operands])``, as
+    torch.export records it; HF XLNet's ``einsum("ibh,hnd->ibnd", h, self.q)``): in_features the product of the
+    weight's dims contracted with another operand's, out_features that of its dims kept in the output. Not split
+    by tensor parallelism: the executor splits 2-D weights of linears and matmuls only."""
+    equation = str(args[0]).replace(" ", "")
+    operands = [t for t in tree_leaves(list(args[1:])) if isinstance(t, torch.Tensor)]
+    weight = next(t for t in operands if id(t) in weights)
+    attrs = {"bias": False, "weight_layout": "in_out", "module_type": "einsum", "tp_splittable": False}
+    specs, _, output = equation.partition("->")
+    inputs = specs.split(",")
+    if "." in equation or len(inputs) != len(operands) or not output:  # ellipses, implicit output: the weight's dims
+        in_features, out_features = weight.shape[-2:] if weight.ndim >= 2 else (weight.numel(), 1)
+        return {**attrs, "in_features": int(in_features), "out_features": int(out_features)}
+    index = next(i for i, t in enumerate(operands) if t is weight)
+    others = {c for i, spec in enumerate(inputs) if i != index for c in spec}
+    size = dict(zip(inputs[index], weight.shape))
+    contracted = [int(size[c]) for c in inputs[index] if c in others and c not in output]
+    kept = [int(size[c]) for c in inputs[index] if c in output and c not in others]
+    return {**attrs, "in_features": math.prod(contracted), "out_features": math.prod(kept)}
