@@ -1,4 +1,5 @@
-"""Parameters tied across pipeline stages (e.g. a GPT's token embedding and output head).
+"""Parameters tied across pipeline stages (e.g. a GPT's token embedding and output head), and parameters that more
+than one stage reads (:func:`shared_names`).
 
 ``pipeline()`` gives each stage that uses a tied parameter its own copy, and each copy gets
 only its own stage's part of the gradient. The true gradient is their sum (it is what the
@@ -9,6 +10,7 @@ The copies start equal and get equal gradients, so they stay equal under any opt
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +28,16 @@ def tied_names(model: nn.Module) -> list[list[str]]:
     for name, param in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(param), []).append(name)
     return [names for names in by_id.values() if len(names) > 1]
+
+
+def shared_names(*, groups: list[list[str]], holders: dict[int, set[str]]) -> list[list[str]]:
+    """One-name parameters that more than one stage holds, each as its own group, in name order (the same on every
+    rank: the groups are made collectively). ``pipeline()`` copies a parameter into every stage that reads it: a
+    relative-position table that every block reads, normed once (DeBERTa-v2's ``rel_embeddings``), Perceiver's input
+    embeddings; each copy took only its own stage's part of the gradient, 71-86% off, until summed as a tie's."""
+    tied = {name for names in groups for name in names}
+    stages = Counter(name for names in holders.values() for name in names if name not in tied)
+    return [[name] for name in sorted(name for name, count in stages.items() if count > 1)]
 
 
 def retie(module: nn.Module, groups: list[list[str]]) -> None:
@@ -87,6 +99,7 @@ def build_tied_sync(
 
     ``holders[stage]`` is the set of parameter FQNs stage ``stage`` holds."""
     sync = TiedGradSync()
+    groups = groups + shared_names(groups=groups, holders=holders)
     # [pp, dp, cp, tp] -> global rank; one row per position off the pp axis, its pp ranks in order
     along_pp = mesh.mesh.reshape(mesh.mesh.shape[0], -1).T
     me = dist.get_rank()
