@@ -37,6 +37,7 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from autoplan.errors import PlanError
+from autoplan.execute.dtype_extremes import read_extremes_by_dtype
 from autoplan.execute.ep_lanes import Lanes
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.overlap_f_b import OverlappedDualPipeV
@@ -120,6 +121,7 @@ def split_model(
     received = carry_skip_values(pipe.split_gm)  # values a later stage needs from an earlier one pass through
     for i in range(pipe.num_stages):
         drop_export_checks(pipe.get_stage_module(i))
+        read_extremes_by_dtype(pipe.get_stage_module(i))  # finfo(x.dtype).min of the dtype autocast gives x
     for i in range(pipe.num_stages - 1):
         send_contiguous(pipe.get_stage_module(i))
         send_contiguous_grads(pipe.get_stage_module(i + 1))

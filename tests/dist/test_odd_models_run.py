@@ -43,7 +43,7 @@ def _traced(name: str):
         ("buffer_updates", "dp=2,mbs=2"),  # each dp rank updates its own buffers over its micro-batches
         ("buffer_updates", "pp=2,schedule=zb,recompute=full"),  # no_grad regions split; re-runs on found buffers
         ("shared_bias", "pp=2,schedule=zb,recompute=full"),  # W re-runs blocks that read a tensor the stage returns
-        ("shared_table", "pp=2,schedule=1f1b"),  # a parameter both stages read: their copies' gradients summed
+        ("shared_table", "pp=2,schedule=1f1b,precision=bf16"),  # a parameter both stages read; finfo(x.dtype).min
         ("conv_layout", "pp=2,schedule=zbv"),  # W leaves channels-last weight gradients, fused AdamW reads by memory
         (
             "no_grad_stem",
