@@ -42,7 +42,7 @@ from autoplan.execute.ep_lanes import Lanes
 from autoplan.execute.expert_dispatch import ExpertsDispatch, opaque_experts, replace_experts_ops
 from autoplan.execute.overlap_f_b import OverlappedDualPipeV
 from autoplan.execute.pipeline_args import ModelOutput, values_bound
-from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs
+from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs, stage_calls
 from autoplan.execute.pipeline_regions import regions_kept
 from autoplan.execute.split_backward import accumulate_weight_grads, joined_groups, weight_only_roots
 from autoplan.execute.stage_outputs import (
@@ -183,7 +183,7 @@ def _flat_model_output(
         return None  # the model returns one tensor (or export ran without calling forward): already right
     result = split_gm.graph.output_node().args[0]
     leaves = list(result) if isinstance(result, (tuple, list)) else [result]
-    last = [n for n in split_gm.graph.nodes if n.op == "call_module"][-1]
+    last = stage_calls(split_gm)[-1]
     module = getattr(split_gm, last.target)
     output = module.graph.output_node()
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]

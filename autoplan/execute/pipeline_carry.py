@@ -35,7 +35,7 @@ def carry_skip_values(split_gm: fx.GraphModule) -> list[fx.Node]:
     after the last chunk, so one made earlier (T5's ``encoder_last_hidden_state``) reaches it."""
     graph = split_gm.graph
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
-    calls = [n for n in graph.nodes if n.op == "call_module"]
+    calls = stage_calls(split_gm)
     made_by = _producers(inputs, calls)
     last_use = {}
     for k, call in enumerate(calls):
@@ -54,6 +54,15 @@ def carry_skip_values(split_gm: fx.GraphModule) -> list[fx.Node]:
         out_keys = live[k] if k < len(calls) - 1 else None
         _rewrite_stage(getattr(split_gm, call.target), call=call, in_keys=stage_in[k], out_keys=out_keys)
     return stage_in[-1]
+
+
+def stage_calls(split_gm: fx.GraphModule) -> list[fx.Node]:
+    """The split graph's stage calls in stage order (``submod_pp_<k>``), which the schedule runs them in. The graph
+    may list them otherwise: a chunk that reads only an earlier chunk's value can come before a chunk between the
+    two (SegFormer's decoder projects each encoder stage's output: stage 2 read stage 0's, and was called with stage
+    1's outputs)."""
+    calls = [n for n in split_gm.graph.nodes if n.op == "call_module"]
+    return sorted(calls, key=lambda call: int(str(call.target).rpartition("_")[2]))
 
 
 def _producers(inputs: list[fx.Node], calls: list[fx.Node]) -> dict[fx.Node, int]:
