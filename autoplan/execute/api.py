@@ -54,6 +54,7 @@ from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_
 from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tp_overlap import apply_async_tp, check_runs_here
 from autoplan.execute.trainer import Trainer
+from autoplan.execute.unreached import unreached_params
 from autoplan.execute.zero import sharded_optimizer
 from autoplan.trace.build import seq_len_of
 from autoplan.trace.layers import find_blocks
@@ -137,6 +138,8 @@ def parallelize(
         modules=modules, plan=plan, dispatches=experts, expert_mesh=ep_mesh, eager=plan.pp == 1
     )
     mode = data_parallel.dp_mode(plan=plan) if plan.sync_every == 1 or plan.dp_replicate > 1 else "none"
+    # DDP looks for parameters no gradient reaches where a forward on fake tensors finds some (unreached.py)
+    unused = bool(list_moe) or (mode == "ddp" and bool(unreached_params(model, microbatch_inputs)))
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
     checkpointed, offload = 0, ActivationOffload() if plan.offload_activations else None
     if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)
@@ -179,7 +182,7 @@ def parallelize(
             device=device,
             policy=policy,
             ep=ep_state,
-            find_unused=bool(list_moe),
+            find_unused=unused,
         )
     if expects_recompute(plan=plan, targets=targets, chunks=list(modules)) and not checkpointed:
         raise PlanError(
@@ -208,7 +211,7 @@ def parallelize(
         tie_sync=tie_sync,
         aliases=aliases,
         experts=ep_state,
-        some_unused=bool(list_moe),
+        some_unused=unused,
         grad_mesh=sync_mesh,
         context=cp_state,
         activation_offload=offload,

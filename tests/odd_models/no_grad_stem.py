@@ -1,6 +1,8 @@
-"""A trainable embedding read only under torch.no_grad() (a stem its author meant to keep fixed but did not freeze):
-it never gets a gradient. ZeRO-1 reduces zeros for it and --verify leaves it out; DDP, which waits for every
-trainable parameter's gradient, is refused in one sentence at the first step."""
+"""A trainable embedding read only under torch.no_grad() (a stem its author meant to keep fixed but did not freeze),
+and a trainable projection the forward never calls (as BART's ``shared`` embedding once the word embeddings are
+untied, Dinov2's ``mask_token`` without a mask): neither gets a gradient. ZeRO-1 reduces zeros for them and --verify
+leaves them out; DDP, which waits for every trainable parameter's gradient, looks for unused ones (found before it
+wraps the model: execute/unreached.py)."""
 
 import torch
 import torch.nn as nn
@@ -15,6 +17,7 @@ class NoGradStem(nn.Module):
         self.embed = nn.Embedding(V, D)
         self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(D), nn.Linear(D, D), nn.GELU()) for _ in range(2))
         self.head = nn.Linear(D, V)
+        self.spare = nn.Linear(D, D)  # never called
 
     def forward(self, ids):
         with torch.no_grad():
