@@ -5,6 +5,9 @@ that says what was wrong and what to do. The CLI prints that sentence and exits 
 it prints a traceback only with ``--debug``. ``assert`` is kept for our own invariants.
 """
 
+#: set to "1" by ``autoplan --debug`` for the processes it starts: a rank then raises a refusal with its traceback
+DEBUG_ENV = "AUTOPLAN_DEBUG"
+
 
 class AutoplanError(ValueError):
     """Bad input from the user: a model file, a profile, a plan or a flag."""

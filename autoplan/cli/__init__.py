@@ -15,10 +15,11 @@ import argparse
 import atexit
 import gc
 import importlib
+import os
 import sys
 
 from autoplan.cli.outpath import check_out
-from autoplan.errors import AutoplanError, StopSignal
+from autoplan.errors import DEBUG_ENV, AutoplanError, StopSignal
 from autoplan.quiet import silence_known_noise
 
 #: Command modules, in pipeline order, with the commands each registers: a command line that names one
@@ -79,7 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
-    code = _dispatch(args)
+    debug_set = getattr(args, "debug", False) and DEBUG_ENV not in os.environ
+    if debug_set:  # the ranks autoplan run starts show their refusals' tracebacks too
+        os.environ[DEBUG_ENV] = "1"
+    try:
+        code = _dispatch(args)
+    finally:
+        if debug_set:
+            os.environ.pop(DEBUG_ENV, None)
     if args.own_process and getattr(args, "exits_fast", False):  # plan, sweep, trace: nothing left to finalise
         from autoplan.cli.startup import exit_now
 

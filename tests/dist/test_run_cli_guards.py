@@ -80,6 +80,21 @@ def test_a_loss_that_turns_nan_stops_every_rank_with_one_sentence(tmp_path):
     assert summary["nonfinite_loss"] == {"step": 3, "loss": "nan"} and summary["final_loss"] is None
 
 
+def test_a_rank_that_refuses_its_plan_says_so_in_one_line_and_with_debug_its_traceback(tmp_path):
+    """Stages listed out of the order forward() calls them: each rank raises PlanError at the split. The launcher
+    names it in one line; the ranks' tracebacks, printed above it before, only with --debug."""
+    (tmp_path / "nan_head.py").write_text(NAN_HEAD)
+    plan = Plan(devices=2, dp=1, tp=1, pp=2, micro_batch_size=2, num_microbatches=1, schedule="gpipe",
+                stages=[["blocks.1"], ["blocks.0"]]).save(tmp_path / "plan.json")  # fmt: skip
+    args = ["run", "nan_head.py", "--plan", str(plan), "--steps", "2", "--out", "run"]
+    refused = _autoplan(args, tmp_path)
+    errors = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-3000:]
+    assert errors[0].startswith("autoplan: error: ranks 0, 1 failed (exit code 1): PlanError: "), errors
+    debugged = _autoplan(["--debug", *args[:-1], "run2"], tmp_path)
+    assert debugged.returncode != 0 and debugged.stderr.count("autoplan.errors.PlanError: ") >= 2
+
+
 BERT = textwrap.dedent("""
     import torch
     from transformers import BertConfig, BertForMaskedLM

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from autoplan.errors import AutoplanError
+from autoplan.errors import DEBUG_ENV, AutoplanError
 from autoplan.execute.job import checkpointing, nonfinite, replicas
 from autoplan.execute.job.contract import EXIT_NONFINITE_LOSS, EXIT_STOPPED, EXIT_VERIFY_FAILED
 from autoplan.execute.job.heartbeats import start_heartbeat
@@ -362,6 +362,8 @@ def main(opts: RunOptions, *, replan: Replan | None = None) -> int:
         return 130
     except BaseException as exc:
         record_failure(exc)
+        if isinstance(exc, AutoplanError) and _error_file() is not None and os.environ.get(DEBUG_ENV) != "1":
+            return 1  # a refusal: the launcher says it in one line; `autoplan --debug run` shows the traceback
         raise
 
 
