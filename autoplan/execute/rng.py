@@ -198,6 +198,7 @@ class DropoutOff(TorchFunctionMode):
     def __enter__(self):
         self._reruns = contextlib.ExitStack()
         self._reruns.enter_context(reruns_under(self))
+        self._reruns.enter_context(host_draws_counted(self.other_random))
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -243,6 +244,43 @@ def reruns_under(mode: TorchFunctionMode):
             frame.__init__ = init
         if isinstance(backward, staticmethod):
             reentrant.backward = backward
+
+
+#: draws of numpy's and Python's global generators, which no torch function mode sees (Hugging Face Wav2Vec2's
+#: SpecAugment masks draw with numpy): counted by :func:`host_draws_counted`
+HOST_RANDOM = {
+    "numpy.random": ("rand", "randn", "random", "random_sample", "uniform", "normal", "randint", "choice",
+                     "permutation", "shuffle", "binomial", "poisson"),
+    "random": ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "gauss"),
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def host_draws_counted(counts: Counter):
+    """Count each call of :data:`HOST_RANDOM`'s functions into ``counts`` (as ``numpy.random.rand``) while entered."""
+    import importlib
+
+    patched = []
+    for module_name, names in HOST_RANDOM.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            original = getattr(module, name, None)
+            if original is not None:
+                patched.append((module, name, original))
+                setattr(module, name, _counted(original, f"{module_name}.{name}", counts))
+    try:
+        yield
+    finally:
+        for module, name, original in patched:
+            setattr(module, name, original)
+
+
+def _counted(fn, name: str, counts: Counter):
+    def draw(*args, **kwargs):
+        counts[name] += 1
+        return fn(*args, **kwargs)
+
+    return draw
 
 
 def _entering(mode: TorchFunctionMode, fn):

@@ -3,6 +3,9 @@ off wherever a model calls it, how many steps verify compares, and the CLI's ref
 
 from __future__ import annotations
 
+import random
+
+import numpy
 import pytest
 import torch
 import torch.nn as nn
@@ -90,6 +93,7 @@ def test_dropout_off_zeroes_attention_dropout_and_counts_other_draws():
         out = F.scaled_dot_product_attention(q, q, q, None, 0.9)
         kw = F.scaled_dot_product_attention(q, q, q, dropout_p=0.9)
         _ = torch.rand(3), torch.empty(3).bernoulli_(0.5)
+        _ = numpy.random.rand(2), random.random()  # host generators: Hugging Face Wav2Vec2's SpecAugment masks
         same = F.dropout(q, p=0.5, training=False)
         # what a pipeline stage's exported graph calls (docs/executor.md: the stages are torch.export graphs)
         graph_dropout = torch.ops.aten.dropout.default(q, 0.5, True)
@@ -99,6 +103,8 @@ def test_dropout_off_zeroes_attention_dropout_and_counts_other_draws():
     assert graph_dropout is q and torch.equal(graph_attention, plain)
     assert mode.dropped == 4  # two attentions, two graph ops; a call that would not drop (training=False) is not
     assert "rand x1" in rng.describe(mode) and "bernoulli_ x1" in rng.describe(mode)
+    assert "numpy.random.rand x1" in rng.describe(mode) and "random.random x1" in rng.describe(mode)
+    assert numpy.random.rand.__name__ == "rand"  # put back on exit
 
 
 def _plan(**kw) -> Plan:
