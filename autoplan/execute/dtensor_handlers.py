@@ -1,4 +1,4 @@
-"""Three DTensor behaviours that break ordinary model code, fixed once on import as DTensor custom op
+"""Four DTensor behaviours that break ordinary model code, fixed once on import as DTensor custom op
 handlers (docs/executor.md, "Tensor parallelism: how any model code runs correctly"):
 
 1. **Local layout drifts from the global one** after a redistribution, so ``.contiguous()`` is a
@@ -12,6 +12,12 @@ handlers (docs/executor.md, "Tensor parallelism: how any model code runs correct
    ``self.running.mul_(0.9).add_(0.1 * h.mean(0))``): DTensor's dispatch asserted (a bare
    ``AssertionError``). The DTensor operands are made whole (``full_tensor``: a collective only for a
    shard or a partial sum, on every tp rank alike) and the op runs on plain tensors, as on one device.
+4. **A convolution over a sharded length** (Hugging Face Mamba: the rowwise ``in_proj``'s sequence-sharded output,
+   transposed, into its depthwise ``conv1d``): DTensor's rule (torch 2.13) returned a ``Shard(0)`` output of the
+   wrong global shape, which failed the next redistribution ("narrow unexpectedly changed concrete size"); each
+   window needs its neighbours' positions. Handler for ``aten.convolution`` and its backward, in front of torch's
+   own (``torch/distributed/tensor/_tp_conv.py``, which it then calls): an activation sharded on a spatial dim
+   (>= 2) is made ``Replicate`` first (an all-gather, counted in ``RESHARDED``).
 
 A handler reaches DTensor's normal dispatch by removing itself from the handler table for that
 one call (under a lock).
@@ -90,17 +96,43 @@ def _inplace_handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
         return _default(op_call, _inplace_handler, args, kwargs)
 
 
-def _note_reshard(op: str, target: DTensor) -> None:
+def _note_reshard(op: str, target: DTensor, *, how: str = "in place") -> None:
     """Count the fallback and warn once per op: it all-gathers a tensor the cost model priced as sharded."""
     if not RESHARDED[op]:
         warnings.warn(
-            f"{op} cannot run in place on a {tuple(target.placements)} DTensor of shape {tuple(target.shape)}; "
+            f"{op} cannot run {how} on a {tuple(target.placements)} DTensor of shape {tuple(target.shape)}; "
             "autoplan replicates it first, an all-gather the cost model does not price. Mark the module that "
             "produces it 'replicate' in tp_plan to avoid it (`autoplan run --audit` counts these: its "
             "'in-place reshards' rows).",
             stacklevel=3,
         )
     RESHARDED[op] += 1
+
+
+#: convolution ops and how many of their leading arguments are activations (forward: input; backward: the output's
+#: gradient and the input)
+CONVOLUTIONS = {aten.convolution.default: 1, aten.convolution_backward.default: 2}
+#: torch's own handlers of the convolutions, which autoplan's calls after its own step
+_TORCH_HANDLERS: dict = {}
+
+
+def _spatially_sharded(x: Any) -> bool:
+    return isinstance(x, DTensor) and any(p.is_shard() and p.dim >= 2 for p in x.placements)
+
+
+def _convolution_handler(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """4. in the module docstring."""
+    activations = CONVOLUTIONS[op_call]
+    if any(_spatially_sharded(a) for a in args[:activations]):
+        whole = []
+        for arg in args[:activations]:
+            if _spatially_sharded(arg):
+                _note_reshard(str(op_call), arg, how="over a sharded length")
+                arg = arg.redistribute(arg.device_mesh, [Replicate()] * arg.device_mesh.ndim)
+            whole.append(arg)
+        args = (*whole, *args[activations:])
+    own = _TORCH_HANDLERS.get(op_call)
+    return own(op_call, args, kwargs) if own is not None else _default(op_call, _convolution_handler, args, kwargs)
 
 
 def _is_inplace(op: Any) -> bool:
@@ -125,8 +157,12 @@ def inplace_ops() -> list:
 
 
 def install() -> None:
-    """Register both handlers (idempotent; never replaces one torch registered itself)."""
+    """Register the handlers (idempotent; never replaces one torch registered itself)."""
     _HANDLERS.setdefault(aten.view.default, _view_handler)
+    for op in CONVOLUTIONS:
+        if _HANDLERS.get(op) is not _convolution_handler:
+            _TORCH_HANDLERS[op] = _HANDLERS.get(op)
+            _HANDLERS[op] = _convolution_handler
     for op in inplace_ops():
         _HANDLERS.setdefault(op, _inplace_handler)
 

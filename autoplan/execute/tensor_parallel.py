@@ -106,6 +106,7 @@ def apply_tensor_parallel(
             _check_even_sequences(present[fqn], fqn=fqn, split=split, kind=kinds[fqn], tp=plan.tp)
         _add_hooks(present[fqn], split=split, kind=kinds[fqn], mesh=tp_mesh, sp=plan.sequence_parallel, inputs=inputs)
     for fqn in _replicated(present, splits=splits, moe=moe):
+        _whole_weights_while_called(present[fqn])  # a weight tied to a split module's: whole for this call
         present[fqn].register_forward_pre_hook(lambda _m, args: tuple(inputs(a, Replicate()) for a in args))
         present[fqn].register_forward_hook(lambda _m, _args, out: _settled(out) if isinstance(out, DTensor) else out)
     # Enter as DTensors, leave as full plain tensors: then the gradient a pipeline stage
@@ -114,6 +115,32 @@ def apply_tensor_parallel(
     module.register_forward_pre_hook(lambda _m, args: tuple(_entering(a, tp_mesh, sp=sp) for a in args))
     module.register_forward_hook(lambda _m, _args, output: to_full(output))
     return module
+
+
+def _whole_weights_while_called(module: nn.Module) -> None:
+    """A replicated linear whose weight is tied to a split module's (Hugging Face Mamba's ``lm_head`` to the colwise
+    embedding's ``Shard(1)`` table) computes with that weight redistributed to ``Replicate`` for each call, which
+    autograd sends back to the shard. Left on the shard, DTensor's matmul gave every gradient of the model twice its
+    value (tp = 2, all of them: the logits' gradient entered the stream doubled)."""
+    sharded = [name for name, p in module.named_parameters(recurse=False) if _split_dtensor(p)]
+    if not sharded:
+        return
+    kept: dict[str, nn.Parameter] = {}
+
+    def swap_in(mod: nn.Module, _args: tuple) -> None:
+        for name in sharded:
+            param = kept[name] = mod._parameters[name]
+            mod._parameters[name] = param.redistribute(param.device_mesh, [Replicate()] * param.device_mesh.ndim)
+
+    def swap_back(mod: nn.Module, _args: tuple, _output: Any) -> None:
+        mod._parameters.update(kept)
+
+    module.register_forward_pre_hook(swap_in)
+    module.register_forward_hook(swap_back, always_call=True)
+
+
+def _split_dtensor(x: Any) -> bool:
+    return isinstance(x, DTensor) and not all(p.is_replicate() for p in x.placements)
 
 
 def _replicated(present: dict[str, nn.Module], *, splits: dict[str, str], moe: tuple[str, ...]) -> list[str]:

@@ -10,6 +10,7 @@ from exec_harness import run_verified
 
 from autoplan.solve.api import plan_graph
 from autoplan.trace import trace_model_file
+from autoplan.types.plan import Plan
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +56,18 @@ def test_odd_model_runs_its_plan_and_verifies(tmp_path, name, fix):
         assert plan.stages[0] == ["blocks.0", "blocks.1"]
     path = plan.save(tmp_path / "plan.json")
     run_verified(ODD / f"{name}.py", path, tmp_path / "run", timeout=240)
+
+
+def test_mamba_shaped_tp_split_computes_what_the_model_computes(tmp_path):
+    """tests/odd_models/conv_mixer.py under the split that stopped Hugging Face Mamba (a convolution over the
+    sequence shard) and, once that ran, doubled its gradients (a replicated head on the tied, sharded table)."""
+    splits = {"embed": "colwise", "head": "replicate"}
+    splits |= {
+        f"layers.{i}.{name}": split for i in range(2) for name, split in (("proj", "rowwise"), ("out", "rowwise"))
+    }
+    plan = Plan(devices=2, dp=1, tp=2, pp=1, micro_batch_size=4, num_microbatches=1, sequence_parallel=True,
+                precision="fp32", tp_plan=splits)  # fmt: skip
+    run_verified(ODD / "conv_mixer.py", plan.save(tmp_path / "plan.json"), tmp_path / "run", timeout=240)
 
 
 def test_a_loop_moe_whose_experts_some_rank_never_uses_runs_under_ddp(tmp_path, monkeypatch):
