@@ -73,9 +73,19 @@ def model_graph(args: argparse.Namespace) -> Graph:
 
     folder = cache_dir(enabled=not args.no_trace_cache)
     traced = cached_trace(args.model, args.batch, routing=routing, trace=trace, folder=folder, prepare=prepare)
-    for note in traced.warnings:  # on stderr even with --quiet, as plan's own warnings
+    for note in [*traced.warnings, *unmeasured_notes(traced.graph)]:  # on stderr even with --quiet, as plan's own
         print(f"autoplan: warning: {note}", file=sys.stderr)
     return traced.graph
+
+
+def unmeasured_notes(graph: Graph) -> list[str]:
+    """One sentence per node whose op the trace could not run on fake tensors (trace/api.py ``_unmeasured_loss``)."""
+    return [
+        f"the loss calls {node.attrs['unmeasured']}, which cannot run on the trace's fake tensors (its output shape "
+        "depends on its values): its time is priced at zero, small beside the model's; `autoplan run` runs it for real."
+        for node in graph.nodes
+        if node.attrs.get("unmeasured")
+    ]
 
 
 def add_routing_arguments(parser: argparse.ArgumentParser) -> None:

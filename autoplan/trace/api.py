@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
 from torch.utils._mode_utils import no_dispatch
 
 from autoplan.errors import AutoplanError, TraceError
@@ -261,6 +267,30 @@ def _output_record(node: torch.fx.Node, prop: Propagator, outputs: Any) -> Measu
     )
 
 
+#: what fake tensors raise for an op whose output shape depends on its values (aten._ctc_loss) or that has no fake
+#: kernel at all
+NO_FAKE_KERNEL = (DynamicOutputShapeException, DataDependentOutputException, UnsupportedOperatorException)
+UNMEASURED = "unmeasured"  # the loss node's attribute naming the op the trace could not run
+
+
+def _unmeasured_loss(name: str, loss_fn: Callable, after: str, *, op: str) -> Measured:
+    """A loss whose op cannot run on fake tensors (CTC's ``aten._ctc_loss``: its output shape depends on the target
+    lengths' values) as a node of no FLOPs and a scalar output, marked :data:`UNMEASURED` for the command to say:
+    such a loss costs a pass or two over the logits, small beside the model, and it runs for real in ``run``."""
+    return Measured(
+        name=name,
+        node=None,
+        kind="loss",
+        op_name="loss",
+        target=getattr(loss_fn, "__name__", "loss_fn"),
+        module="",
+        inputs=[after],
+        params=[],
+        outputs=[torch.empty((), device="meta")],
+        attrs={UNMEASURED: op},
+    )
+
+
 def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any, after: str, name: str) -> Measured:
     try:
         loss, fwd, bwd = prop.measure(
@@ -268,6 +298,8 @@ def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any,
         )
     except AutoplanError:
         raise
+    except NO_FAKE_KERNEL as exc:  # the loss runs fine eagerly; a trace on fake tensors cannot run its op
+        return _unmeasured_loss(name, loss_fn, after, op=str(getattr(exc, "func", "") or first_line(exc)))
     except Exception as exc:
         raise TraceError(
             f"the loss function failed on the model's output: {first_line(exc)}; "
