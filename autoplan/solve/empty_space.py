@@ -23,6 +23,43 @@ def _interleaved_divides(fixes: dict, layers: int) -> bool:
     return any(layers % (pp * v) == 0 for v in vs)
 
 
+#: what each pinned pipeline schedule asks of one step's micro-batch count m (solve/schedules.py)
+MICROBATCH_RULES = {
+    "1f1b": "at least pp = {pp} micro-batches a step (torch's Schedule1F1B refuses fewer)",
+    "interleaved_1f1b": "a number of micro-batches a step that pp = {pp} divides",
+    "interleaved_zb": "at least pp = {pp} micro-batches a step, in torch's rounds of max(1, m // pp) that divide them",
+    "zbv": "at least 2 pp = {two_pp} micro-batches a step (one per chunk)",
+    "dualpipev": "at least 2 pp = {two_pp} micro-batches a step (one per chunk)",
+}
+
+
+def _microbatches_refused(options: Any, layers: int, pins: str) -> str | None:
+    """The sentence when the pinned schedule runs none of the micro-batch counts the batch gives (at any dp that
+    divides both the devices left by pp and the batch, every mbs); None when some count runs, or nothing pins it."""
+    from autoplan.solve.schedules import schedule_options
+
+    schedule, pp = options.fixes.get("schedule"), options.fixes.get("pp", 1)
+    if schedule not in MICROBATCH_RULES or pp < 2 or options.devices % pp:
+        return None
+    batch = options.batch_size
+    counts = {m for dp in _divisors(options.devices // pp) if batch % dp == 0 for m in _divisors(batch // dp)}
+    runtime = getattr(options, "runtime", "autoplan")
+    if not counts or any(
+        schedule_options(pp=pp, layers=layers, num_microbatches=m, fixes=options.fixes, runtime=runtime) for m in counts
+    ):
+        return None
+    *fewer, most = sorted(counts)
+    gives = f"{', '.join(map(str, fewer))} or {most}" if fewer else str(most)
+    return (
+        f"--fix {pins} needs {MICROBATCH_RULES[schedule].format(pp=pp, two_pp=2 * pp)}, and batch {batch} "
+        f"on {options.devices} devices gives {gives}; use a batch that gives such a count, or pin schedule=gpipe."
+    )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def no_configuration(options: Any, layers: int) -> str:
     """The sentence the search raises when ``options`` leave it no (dp, tp, pp, cp) on a model of ``layers`` blocks."""
     pins = ", ".join(f"{k}={v}" for k, v in options.fixes.items())
@@ -42,6 +79,8 @@ def no_configuration(options: Any, layers: int) -> str:
             f"--fix {pins} runs pp x v chunks of equal whole blocks (v >= 2 on each pipeline rank), and no v makes "
             f"pp x v divide this model's {layers} blocks; pin schedule=1f1b, gpipe or zbv, or another pp."
         )
+    if refused := _microbatches_refused(options, layers, pins):
+        return refused
     if pins:
         return (
             f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; "

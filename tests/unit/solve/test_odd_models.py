@@ -143,3 +143,15 @@ def test_interleaving_blocks_no_pp_x_v_divides_says_so():
     assert "no v makes" not in no_configuration(
         SimpleNamespace(fixes={"pp": 2, "schedule": "zbv"}, devices=2, batch_size=8), 5
     )
+
+
+@pytest.mark.parametrize(
+    "schedule, rule",
+    [("zbv", "needs at least 2 pp = 4 micro-batches a step"), ("interleaved_1f1b", "a step that pp = 2 divides")],
+)
+def test_a_schedule_that_runs_no_micro_batch_count_of_the_batch_says_so(graphs, schedule, rule):
+    """Batch 3 on 2 devices at pp = 2 gives 1 or 3 micro-batches a step: neither a V schedule (at least 2 pp) nor
+    interleaved 1F1B (a multiple of pp) runs them, where the sentence named the device and batch rules, which hold."""
+    with pytest.raises(PlanError) as refused:
+        plan_graph(graphs["side_effects"], devices=2, profile="cpu-gloo", batch_size=3, fix=f"pp=2,schedule={schedule}")
+    assert rule in str(refused.value) and "and batch 3 on 2 devices gives 1 or 3;" in str(refused.value)
