@@ -228,7 +228,7 @@ def compare(
     too (module docstring): ``weights`` (:func:`gathered_weights`), when the caller has them; with
     ``ref_buffers`` (this rank's dp index's), the buffers (verify_buffers.py)."""
     floor = FLOOR * _norm(ref_grads.values())
-    local = [Difference("loss", abs(loss - ref_loss), abs(ref_loss))]
+    local = [Difference("loss", abs(loss - ref_loss), abs(ref_loss), max_abs_diff=abs(loss - ref_loss))]
     for name, grad in gathered_grads(trainer).items():
         ref = ref_grads.get(name)
         if ref is None and not grad.any():  # no gradient in the reference, zeros in a flat buffer (ZeRO-1's)
