@@ -79,7 +79,7 @@ def model_graph(args: argparse.Namespace) -> Graph:
 
 
 def unmeasured_notes(graph: Graph) -> list[str]:
-    """One sentence per node whose op the trace could not run on fake tensors (trace/api.py ``_unmeasured_loss``)."""
+    """One sentence per node whose op the trace could not run on fake tensors (trace/api.py ``_loss_record``: CTC)."""
     return [
         f"the loss calls {node.attrs['unmeasured']}, which cannot run on the trace's fake tensors (its output shape "
         "depends on its values): its time is priced at zero, small beside the model's; `autoplan run` runs it for real."

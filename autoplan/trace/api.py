@@ -273,22 +273,11 @@ NO_FAKE_KERNEL = (DynamicOutputShapeException, DataDependentOutputException, Uns
 UNMEASURED = "unmeasured"  # the loss node's attribute naming the op the trace could not run
 
 
-def _unmeasured_loss(name: str, loss_fn: Callable, after: str, *, op: str) -> Measured:
-    """A loss whose op cannot run on fake tensors (CTC's ``aten._ctc_loss``: its output shape depends on the target
-    lengths' values) as a node of no FLOPs and a scalar output, marked :data:`UNMEASURED` for the command to say:
-    such a loss costs a pass or two over the logits, small beside the model, and it runs for real in ``run``."""
-    return Measured(
-        name=name,
-        node=None,
-        kind="loss",
-        op_name="loss",
-        target=getattr(loss_fn, "__name__", "loss_fn"),
-        module="",
-        inputs=[after],
-        params=[],
-        outputs=[torch.empty((), device="meta")],
-        attrs={UNMEASURED: op},
-    )
+def _loss_node(name: str, loss_fn: Callable, after: str, loss: torch.Tensor, **measured: Any) -> Measured:
+    """The loss's record: ``loss`` its output, ``measured`` its FLOPs or attributes."""
+    target = getattr(loss_fn, "__name__", "loss_fn")
+    return Measured(name=name, node=None, kind="loss", op_name="loss", target=target, module="", inputs=[after],
+                    params=[], outputs=[loss], **measured)  # fmt: skip
 
 
 def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any, after: str, name: str) -> Measured:
@@ -298,8 +287,10 @@ def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any,
         )
     except AutoplanError:
         raise
-    except NO_FAKE_KERNEL as exc:  # the loss runs fine eagerly; a trace on fake tensors cannot run its op
-        return _unmeasured_loss(name, loss_fn, after, op=str(getattr(exc, "func", "") or first_line(exc)))
+    except NO_FAKE_KERNEL as exc:  # CTC's aten._ctc_loss: its output shape depends on the target lengths' values
+        # a node of no FLOPs, marked for the command to say: a pass or two over the logits, run for real in `run`
+        op = str(getattr(exc, "func", "") or first_line(exc))
+        return _loss_node(name, loss_fn, after, torch.empty((), device="meta"), attrs={UNMEASURED: op})
     except Exception as exc:
         raise TraceError(
             f"the loss function failed on the model's output: {first_line(exc)}; "
@@ -307,16 +298,4 @@ def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any,
         ) from exc
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise TraceError(f"the loss function returned {type(loss).__name__}; expected a scalar tensor.")
-    return Measured(
-        name=name,
-        node=None,
-        kind="loss",
-        op_name="loss",
-        target=getattr(loss_fn, "__name__", "loss_fn"),
-        module="",
-        inputs=[after],
-        params=[],
-        outputs=[loss],
-        fwd_flops=int(fwd),
-        bwd_flops=int(bwd),
-    )
+    return _loss_node(name, loss_fn, after, loss, fwd_flops=int(fwd), bwd_flops=int(bwd))
