@@ -106,11 +106,40 @@ META_HINT = (
 
 def _try_fx(model: torch.nn.Module) -> Captured | Failure:
     tracer = _Tracer()
+    found = _attributes(model)
     try:
         graph = tracer.trace(model)
-        return Captured(_GraphModule(tracer.root, graph, type(model).__name__), "fx")
     except Exception as exc:
         return Failure("torch.fx", tracer.failed_module or "", user_line(exc), first_line(exc))
+    finally:
+        _put_back(found)
+    return Captured(_GraphModule(tracer.root, graph, type(model).__name__), "fx")
+
+
+#: a module's own tables, which symbolic tracing leaves alone
+_TABLES = ("_parameters", "_buffers", "_modules")
+
+
+def _attributes(model: torch.nn.Module) -> list[tuple[torch.nn.Module, dict]]:
+    """Each module's plain attributes (what ``vars()`` holds besides its tables) before torch.fx runs forward()."""
+    return [(module, {k: v for k, v in vars(module).items() if k not in _TABLES}) for module in model.modules()]
+
+
+def _put_back(found: list[tuple[torch.nn.Module, dict]]) -> None:
+    """Undo what forward() assigned to its modules while torch.fx ran it: Meta's original Llama code does
+    ``self.freqs_cis = self.freqs_cis.to(h.device)``, which left a Proxy in the model where the graph reads the
+    table ("internal error: AttributeError: ... '_tensor_constant0'"), or, when fx then failed, in the model
+    torch.export traced next ("Found <class 'torch.fx.proxy.Proxy'> in output"). An attribute forward() added is
+    dropped when it holds a Proxy; the constants fx itself stores on the root are kept."""
+    for module, before in found:
+        for key, value in list(vars(module).items()):
+            if key in _TABLES:
+                continue
+            if key in before:
+                if value is not before[key]:
+                    setattr(module, key, before[key])
+            elif isinstance(value, torch.fx.Proxy):
+                delattr(module, key)
 
 
 def _try_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failure:
@@ -306,8 +335,8 @@ def first_line(exc: BaseException) -> str:
     """The first non-empty line of an exception message, shortened, with its type."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = lines[0] if lines else ""
-    if len(text) > 240:
-        text = text[:237] + "..."
+    if len(text) > 240:  # at a word's end, marked (a trailing "..." was stripped with the full stop: "can b")
+        text = text[:230].rsplit(" ", 1)[0].rstrip(",;:") + " (...)"
     return f"{type(exc).__name__}: {text}".rstrip(": ").rstrip(".")
 
 

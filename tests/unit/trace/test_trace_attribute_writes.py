@@ -1,0 +1,42 @@
+"""A forward() that assigns to its module (Meta's original Llama code: ``self.freqs_cis = self.freqs_cis.to(h.device)``)
+traces: torch.fx runs forward() on the model, and what it assigned is put back before the graph or torch.export
+reads the model (trace/capture.py ``_put_back``). Before, the plan stopped with an internal AttributeError (fx
+traced it) or torch.export met fx's Proxy in the model (fx could not)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from autoplan.trace import trace
+from autoplan.trace.capture import first_line
+
+
+class Scaled(nn.Module):
+    def __init__(self, fx_traceable: bool):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+        self.scale = torch.linspace(0.5, 1.5, 16)  # a plain tensor attribute, not a buffer
+        self.fx_traceable = fx_traceable
+
+    def forward(self, x):
+        self.scale = self.scale.to(x.device)
+        h = self.a(x) * self.scale
+        if not self.fx_traceable:
+            h = h.reshape(*h.shape[:-1], 4, 4).flatten(-2)  # iterating a shape: torch.fx cannot trace it
+        return self.b(h)
+
+
+@pytest.mark.parametrize("fx_traceable", [True, False])
+def test_a_forward_that_assigns_to_its_module_traces_and_leaves_it_as_it_was(fx_traceable):
+    model = Scaled(fx_traceable)
+    graph = trace(model, (torch.randn(2, 8, 16),))
+    assert graph.trace_method == ("fx" if fx_traceable else "export")
+    assert sum(n.fwd_flops for n in graph.nodes) == 2 * 2 * 8 * (16 * 16 + 16 * 4)
+    assert type(model.scale) is torch.Tensor and not hasattr(model, "_tensor_constant0")
+
+
+def test_a_long_error_is_cut_at_a_word_and_says_so():
+    said = first_line(RuntimeError("word " * 100))
+    assert said.endswith("word (...)") and len(said) < 250
