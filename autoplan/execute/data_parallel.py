@@ -88,9 +88,20 @@ def apply_fsdp(
     present = dict(module.named_modules())
     for fqn in sorted(blocks, key=lambda b: -b.count(".")):  # inner before outer, as fully_shard needs
         if fqn in present:
-            fully_shard(present[fqn], **kwargs)
+            for unit in _callable_units(present[fqn]):
+                fully_shard(unit, **kwargs)
     fully_shard(module, **kwargs)
     return module
+
+
+def _callable_units(block: nn.Module) -> list[nn.Module]:
+    """``block``, or where it is a container without a forward() (a ModuleList of one block, which the tracer takes
+    as a top-level module: fully_shard refuses it), its children holding parameters: the same parameters, gathered
+    as each runs."""
+    if type(block).forward is not nn.Module.forward:
+        return [block]
+    units = [unit for child in block.children() for unit in _callable_units(child)]
+    return [unit for unit in units if any(True for _ in unit.parameters())]
 
 
 def apply_ddp(

@@ -1,4 +1,6 @@
-"""A single residual block between an input and an output projection: one block, so pp <= 1."""
+"""A single residual block between an input and an output projection, in a ModuleList of one (a model configured
+with one layer): one block, so pp <= 1; the tracer takes the top-level modules, the list among them, which FSDP2
+cannot shard as a unit (no forward()), so its block is (execute/data_parallel.py ``_callable_units``)."""
 
 import torch
 import torch.nn as nn
@@ -16,10 +18,13 @@ class Block(nn.Module):
 class OneBlock(nn.Module):
     def __init__(self):
         super().__init__()
-        self.inp, self.block, self.out = nn.Linear(32, 64), Block(64), nn.Linear(64, 8)
+        self.inp, self.blocks, self.out = nn.Linear(32, 64), nn.ModuleList([Block(64)]), nn.Linear(64, 8)
 
     def forward(self, x):
-        return self.out(self.block(self.inp(x)))
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
 
 
 def build_model():

@@ -23,7 +23,7 @@ ROOT = ODD.parents[1]
 BLOCKS = {
     "two_modules": ["a", "b"],  # no repeated container: the top-level modules
     "unlike_modules": ["embed", "rnn", "head"],  # in the order forward() calls them, not registers them
-    "one_block": ["inp", "block", "out"],  # one child is not a repeated container: the top-level modules
+    "one_block": ["inp", "blocks", "out"],  # a list of one block is not repeated: the top-level modules
     "mixed_blocks": [f"body.{i}" for i in range(8)],  # blocks and width-changing projections
     "nested": ["groups.low.0", "groups.low.1", "groups.high.0", "groups.high.1"],
     "shared_module": [],  # its children interleave over three calls, and it is called three times
