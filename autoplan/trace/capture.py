@@ -91,10 +91,16 @@ def capture(model: torch.nn.Module, meta_inputs: tuple, *, model_name: str, sour
         return export_result
     raise TraceError(
         f"could not trace {model_name}: {fx_failure.sentence()}; {export_result.sentence()}. "
-        + (META_HINT if "meta and cpu" in export_result.message else "")
+        + (META_HINT if _device_mismatch(export_result.message) else "")
         + "Make the failing code traceable (no Python branching on tensor values, static shapes) "
         "or move it out of forward()."
     )
+
+
+def _device_mismatch(message: str) -> bool:
+    """Whether export met a CPU tensor beside the meta ones, in either order torch names them (LongT5's
+    ``torch.ones(...)`` without a device read "found at least two devices, cpu and meta")."""
+    return "meta and cpu" in message or "cpu and meta" in message
 
 
 #: a forward() that makes a tensor without ``device=`` meets the meta tensors autoplan traces on

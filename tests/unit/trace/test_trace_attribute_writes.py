@@ -40,3 +40,25 @@ def test_a_forward_that_assigns_to_its_module_traces_and_leaves_it_as_it_was(fx_
 def test_a_long_error_is_cut_at_a_word_and_says_so():
     said = first_line(RuntimeError("word " * 100))
     assert said.endswith("word (...)") and len(said) < 250
+
+
+class CpuMask(nn.Module):
+    """A mask made without device= (LongT5's ``torch.ones(...)`` without an attention mask), on either side of +."""
+
+    def __init__(self, mask_first: bool):
+        super().__init__()
+        self.fc, self.mask_first = nn.Linear(8, 8), mask_first
+
+    def forward(self, x):
+        if x.dtype == torch.float64:  # a branch torch.fx cannot take: the export's message is the one shown
+            x = x.float()
+        mask = torch.ones(x.shape[-1])
+        return self.fc(mask + x if self.mask_first else x + mask)
+
+
+@pytest.mark.parametrize("mask_first", [True, False])
+def test_a_tensor_made_without_a_device_is_named_whichever_device_torch_names_first(mask_first):
+    from autoplan.errors import TraceError
+
+    with pytest.raises(TraceError, match="make it with device=x.device"):
+        trace(CpuMask(mask_first), (torch.randn(2, 8),))
