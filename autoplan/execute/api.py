@@ -78,6 +78,7 @@ def parallelize(
     *,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     microbatch_inputs: tuple | None = None,
+    microbatch_target: Any = None,
     device: torch.device | None = None,
     optimizer_fn: Callable[[list[nn.Parameter]], Any] = default_optimizer,
 ) -> Trainer:
@@ -89,7 +90,8 @@ def parallelize(
     the inputs the plan was traced with (``plan.inputs``: shapes and dtypes), so a plan from
     ``autoplan.plan(model, inputs, ...)`` needs none. A plan without ``inputs`` (made from a
     graph traced before they were recorded, or from inputs that are not tensors and scalars)
-    still needs them."""
+    still needs them. ``microbatch_target`` (the loss's target for those samples) lets DDP tell a parameter the
+    loss never reaches (execute/unreached.py)."""
     check_runs_on_autoplan(plan.runtime)
     check_runs_here(plan)
     if microbatch_inputs is None and plan.inputs and (plan.pp > 1 or plan.cp > 1 or (plan.tp > 1 and not plan.tp_plan)):
@@ -139,7 +141,9 @@ def parallelize(
     )
     mode = data_parallel.dp_mode(plan=plan) if plan.sync_every == 1 or plan.dp_replicate > 1 else "none"
     # DDP looks for parameters no gradient reaches where a forward on fake tensors finds some (unreached.py)
-    unused = bool(list_moe) or (mode == "ddp" and bool(unreached_params(model, microbatch_inputs)))
+    unused = bool(list_moe) or (
+        mode == "ddp" and bool(unreached_params(model, microbatch_inputs, loss_fn=loss_fn, target=microbatch_target))
+    )
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
     checkpointed, offload = 0, ActivationOffload() if plan.offload_activations else None
     if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)

@@ -13,7 +13,7 @@ and the trainer names a parameter without gradient after the first backward in o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -21,9 +21,14 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 
-def unreached_params(model: nn.Module, inputs: tuple | None) -> list[str]:
-    """Names of ``model``'s trainable parameters that a forward on ``inputs`` gives no path to its outputs (module
-    docstring); empty when there is none, no input, or the forward cannot run on fake tensors."""
+def unreached_params(
+    model: nn.Module, inputs: tuple | None, *, loss_fn: Callable | None = None, target: Any = None
+) -> list[str]:
+    """Names of ``model``'s trainable parameters that a forward on ``inputs`` gives no path to its loss (with
+    ``loss_fn`` and ``target``) or, without them or where the loss cannot run, to its outputs (module docstring);
+    empty when there is none, no input, or the forward cannot run on fake tensors. From the loss: a pooler whose
+    output the loss never reads (Hugging Face BigBird, SqueezeBERT, FNet, CANINE, ESM's contact head) gets no
+    gradient either."""
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     if not trainable or inputs is None:
         return []
@@ -32,10 +37,21 @@ def unreached_params(model: nn.Module, inputs: tuple | None) -> list[str]:
             fake = {name: mode.from_tensor(t) for name, t in (*model.named_parameters(), *model.named_buffers())}
             args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, tuple(inputs))
             outputs = torch.func.functional_call(model, fake, args)
+            outputs = _loss(loss_fn, outputs, pytree.tree_map_only(torch.Tensor, mode.from_tensor, target))
     except Exception:  # noqa: BLE001 - any forward fake tensors cannot run: not judged (module docstring)
         return []
     reached = _reached(outputs)
     return [name for name in trainable if id(fake[name]) not in reached]
+
+
+def _loss(loss_fn: Callable | None, outputs: Any, target: Any) -> Any:
+    """``loss_fn(outputs, target)``, or ``outputs`` where there is no loss function or it cannot run here."""
+    if loss_fn is None:
+        return outputs
+    try:
+        return loss_fn(outputs, target)
+    except Exception:  # noqa: BLE001 - a loss that fake tensors cannot run (CTC): judged from the outputs
+        return outputs
 
 
 def _reached(outputs: Any) -> set[int]:

@@ -164,7 +164,8 @@ def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
     reference = copy.deepcopy(model) if opts.verify else None
     torch.manual_seed(opts.seed)
     microbatch = model_file.inputs(plan.micro_batch_size)
-    trainer = parallelize(model, plan, loss_fn=model_file.loss, microbatch_inputs=microbatch)
+    target = model_file.target(plan.micro_batch_size)
+    trainer = parallelize(model, plan, loss_fn=model_file.loss, microbatch_inputs=microbatch, microbatch_target=target)
     trainer.heartbeat = heartbeat  # the trainer marks its phases (forward mb, gradient sync, optimizer step)
     verifier = _reference(trainer=trainer, model=reference, model_file=model_file) if opts.verify else None
     session = checkpointing.open_session(opts=opts, trainer=trainer)
