@@ -86,12 +86,23 @@ def apply_fsdp(
         policy = dataclasses.replace(mp_policy or MixedPrecisionPolicy(), cast_forward_inputs=False)
         fully_shard(expert_module, **{**kwargs, "mesh": edp_mesh, "mp_policy": policy})
     present = dict(module.named_modules())
-    for fqn in sorted(blocks, key=lambda b: -b.count(".")):  # inner before outer, as fully_shard needs
-        if fqn in present:
-            for unit in _callable_units(present[fqn]):
-                fully_shard(unit, **kwargs)
+    inner_first = sorted(blocks, key=lambda b: -b.count("."))  # inner before outer, as fully_shard needs
+    units = [unit for fqn in inner_first if fqn in present for unit in _callable_units(present[fqn])]
+    for unit in _apart(units):
+        fully_shard(unit, **kwargs)
     fully_shard(module, **kwargs)
     return module
+
+
+def _apart(units: list[nn.Module]) -> list[nn.Module]:
+    """The units that share no parameter with another: fully_shard refuses a parameter another group manages, and a
+    weight tied across two units (a masked-LM decoder's to the embedding, where the blocks are top-level modules)
+    stopped the run. Units that share one are left to the enclosing module's group, which gathers them together."""
+    owners: dict[int, int] = {}
+    for unit in units:
+        for param in unit.parameters():
+            owners[id(param)] = owners.get(id(param), 0) + 1
+    return [unit for unit in units if all(owners[id(p)] == 1 for p in unit.parameters())]
 
 
 def _callable_units(block: nn.Module) -> list[nn.Module]:

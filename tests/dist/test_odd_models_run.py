@@ -32,6 +32,7 @@ def _traced(name: str):
         ("unlike_modules", "pp=2,schedule=1f1b,mbs=2"),  # called out of registration order; sends an LSTM's view
         ("one_block", "tp=2"),
         ("one_block", "dp=2,zero=3"),  # FSDP2 shards the block inside the list of one the tracer takes whole
+        ("tied_top", "dp=2,zero=3"),  # the two top-level units share the tied weight: left to the root's
         ("mixed_blocks", "pp=2,schedule=1f1b,mbs=2"),
         ("nested", "pp=2,recompute=full"),
         ("shared_module", "dp=2,zero=1"),
