@@ -71,8 +71,25 @@ def top_level_blocks(model: torch.nn.Module, records: list[Measured]) -> list[st
             break
         prefix, module = children[0]
     calls = _calls(records, [c for c, _ in children])
-    called = [c for c, _ in children if calls.get(c)]  # a child forward() never calls is no block
+    live = _live_modules(records, {c for c, _ in children})
+    # a child forward() never calls is no block, nor one whose output nothing uses (a pooler a masked LM drops):
+    # its nodes are no stage's, and the pipeline split, which drops dead code, would lose the boundary
+    called = [c for c, _ in children if calls.get(c) and c in live]
     return called if len(called) >= 2 and all(calls[c] == 1 for c in called) else []
+
+
+def _live_modules(records: list[Measured], names: set[str]) -> set[str]:
+    """The ``names`` with a record whose value reaches the model's output or loss."""
+    by_name = {record.name: record for record in records}
+    stack = [record.name for record in records if record.kind in ("output", "loss")]
+    live: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in live or name not in by_name:
+            continue
+        live.add(name)
+        stack.extend(by_name[name].inputs)
+    return {child for record in records if record.name in live if (child := _innermost(record.module, names))}
 
 
 def _calls(records: list[Measured], children: list[str]) -> Counter:

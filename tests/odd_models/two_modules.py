@@ -1,4 +1,5 @@
-"""Two Linear attributes and a relu: no repeated block; a pipeline cuts between the two modules."""
+"""Two Linear attributes and a relu: no repeated block; a pipeline cuts between the two modules. A third module's
+output is discarded (a pooler a masked LM leaves unused): no block, so no pipeline boundary falls on it."""
 
 import torch
 import torch.nn as nn
@@ -9,9 +10,12 @@ class TwoLinear(nn.Module):
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Linear(64, 128), nn.Linear(128, 10)
+        self.pool = nn.Linear(128, 16)
 
     def forward(self, x):
-        return self.b(F.relu(self.a(x)))
+        h = F.relu(self.a(x))
+        _pooled = torch.tanh(self.pool(h))  # computed, never used
+        return self.b(h)
 
 
 def build_model():
