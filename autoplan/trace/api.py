@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._mode_utils import no_dispatch
 
-from autoplan.errors import AutoplanError, TraceError
+from autoplan.errors import AutoplanError, ModelFileError, TraceError
 from autoplan.modelfile import ModelFile, default_loss, load_model_file
 from autoplan.trace import dataflow, moe
 from autoplan.trace.batch_dims import check_batch_dims
@@ -140,6 +140,21 @@ def _traced(
     return graph
 
 
+def _built_on_meta(model_file: ModelFile) -> torch.nn.Module:
+    """``build_model()`` under the meta device; a build that needs real values there (an orthogonal
+    parametrization's ``.item()``) is refused with what autoplan does and what to change."""
+    try:
+        return model_file.build()
+    except ModelFileError as exc:
+        if "meta" not in str(exc):
+            raise
+        raise ModelFileError(
+            f"{str(exc).rstrip('.')}: autoplan builds the model on the meta device, to plan without allocating its "
+            "weights; build what needs real values on the CPU inside build_model() (`with torch.device('cpu'):`), or "
+            "make it run on meta."
+        ) from exc
+
+
 def trace_model_file(
     path: str | Path,
     batch_size: int,
@@ -153,7 +168,7 @@ def trace_model_file(
         raise AutoplanError(f"batch size {batch_size!r} is not a positive integer; pass --batch B with B >= 1.")
     model_file = (load or load_model_file)(path)
     with torch.device("meta"):
-        model = model_file.build()
+        model = _built_on_meta(model_file)
         inputs = model_file.inputs(batch_size)
         target = model_file.target(batch_size)
     check_batch_dims(model_file, batch_size, inputs, target)

@@ -62,3 +62,17 @@ def test_a_tensor_made_without_a_device_is_named_whichever_device_torch_names_fi
 
     with pytest.raises(TraceError, match="make it with device=x.device"):
         trace(CpuMask(mask_first), (torch.randn(2, 8),))
+
+
+def test_a_build_that_needs_real_values_on_meta_is_told_what_autoplan_does(tmp_path):
+    """torch's orthogonal parametrization calls .item() while it is built; under the meta device autoplan builds on."""
+    from autoplan.errors import ModelFileError
+    from autoplan.trace import trace_model_file
+
+    (tmp_path / "ortho.py").write_text(
+        "import torch\nfrom torch.nn.utils.parametrizations import orthogonal\n\n\n"
+        "def build_model():\n    return orthogonal(torch.nn.Linear(8, 8))\n\n\n"
+        "def example_inputs(batch_size):\n    return (torch.randn(batch_size, 8),)\n"
+    )
+    with pytest.raises(ModelFileError, match=r"builds the model on the meta device.*with torch.device\('cpu'\)"):
+        trace_model_file(tmp_path / "ortho.py", 4)
