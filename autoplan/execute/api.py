@@ -140,11 +140,10 @@ def parallelize(
         modules=modules, plan=plan, dispatches=experts, expert_mesh=ep_mesh, eager=plan.pp == 1
     )
     mode = data_parallel.dp_mode(plan=plan) if plan.sync_every == 1 or plan.dp_replicate > 1 else "none"
-    # DDP looks for parameters no gradient reaches where a forward on fake tensors finds some (unreached.py)
-    unused = bool(list_moe) or (
-        mode == "ddp" and bool(unreached_params(model, microbatch_inputs, loss_fn=loss_fn, target=microbatch_target))
-    )
     policy = precision.policy_for(precision=plan.precision, dp_mode=mode, reduce_dtype=plan.grad_reduce_dtype)
+    unused = bool(list_moe) or (
+        mode == "ddp" and _finds_unreached(model, policy, device, microbatch_inputs, microbatch_target, loss_fn)
+    )
     checkpointed, offload = 0, ActivationOffload() if plan.offload_activations else None
     if plan.tp > 1:  # dropout masks: equal on replicated activations, independent per shard (rng.py)
         rng.install_tracker(mesh["tp"])
@@ -339,6 +338,23 @@ def _data_parallel(
             topk_ratio=plan.topk_ratio,
         )
     return module
+
+
+def _finds_unreached(model, policy, device, inputs, target, loss_fn) -> bool:
+    """Whether a forward and loss on the micro-batch, under the step's autocast, leave a trainable parameter without
+    gradient: DDP then looks for unused parameters (execute/unreached.py)."""
+    from autoplan.execute.batch import move_to
+
+    if inputs is None:
+        return False
+    found = unreached_params(
+        model,
+        move_to(tuple(inputs), device),
+        loss_fn=loss_fn,
+        target=move_to(target, device),
+        context=lambda: precision.autocast(policy, device_type=device.type),
+    )
+    return bool(found)
 
 
 def with_default_tp_plan(*, model: nn.Module, plan: Plan, microbatch_inputs: tuple | None) -> Plan:

@@ -1,5 +1,6 @@
-"""Which trainable parameters no gradient reaches, found on fake tensors before DDP wraps the model
-(autoplan/execute/unreached.py): never read, read under torch.no_grad(), or read into an output the loss ignores."""
+"""Which trainable parameters no gradient reaches, found by one forward and loss before DDP wraps the model
+(autoplan/execute/unreached.py): never read, read under torch.no_grad(), or read into an output the loss ignores;
+and that forward leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -23,10 +24,13 @@ def test_parameters_no_gradient_reaches_from_the_loss_or_else_the_outputs():
     assert unreached_params(model, None) == []  # nothing to run: not judged
 
 
-def test_the_model_is_left_as_it_was_and_a_forward_fake_tensors_cannot_run_is_not_judged():
-    norm = torch.nn.BatchNorm1d(4)
-    assert unreached_params(norm, (torch.randn(3, 4),)) == []
-    assert int(norm.num_batches_tracked) == 0 and torch.equal(norm.running_mean, torch.zeros(4))
+def test_the_forward_leaves_buffers_and_generators_as_they_were_and_judges_the_branch_it_took():
+    norm = torch.nn.Sequential(torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.5))
+    x = torch.randn(3, 4)
+    state = torch.get_rng_state()
+    assert unreached_params(norm, (x,)) == []
+    assert int(norm[0].num_batches_tracked) == 0 and torch.equal(norm[0].running_mean, torch.zeros(4))
+    assert torch.equal(torch.get_rng_state(), state)  # the dropout's draw was on a forked generator
 
     class ValueBranch(torch.nn.Module):
         def __init__(self):
@@ -34,6 +38,7 @@ def test_the_model_is_left_as_it_was_and_a_forward_fake_tensors_cannot_run_is_no
             self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
 
         def forward(self, x):
-            return self.a(x) if x.sum() > 0 else self.b(x)  # a branch on a value: fake tensors cannot take it
+            return self.a(x) if x.sum() > 0 else self.b(x)  # DDP's search then looks every step
 
-    assert unreached_params(ValueBranch(), (torch.randn(3, 4),)) == []
+    assert unreached_params(ValueBranch(), (torch.ones(3, 4),)) == ["b.weight", "b.bias"]
+    assert unreached_params(ValueBranch(), (torch.ones(3, 4), "extra")) == []  # a forward that fails: not judged
