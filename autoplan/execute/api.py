@@ -340,7 +340,14 @@ def _data_parallel(
     return module
 
 
-def _finds_unreached(model, policy, device, inputs, target, loss_fn) -> bool:
+def _finds_unreached(
+    model: nn.Module,
+    policy: precision.PrecisionPolicy,
+    device: torch.device,
+    inputs: tuple | None,
+    target: Any,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+) -> bool:
     """Whether a forward and loss on the micro-batch, under the step's autocast, leave a trainable parameter without
     gradient: DDP then looks for unused parameters (execute/unreached.py)."""
     from autoplan.execute.batch import move_to

@@ -157,7 +157,8 @@ def inplace_ops() -> list:
 
 
 def install() -> None:
-    """Register the handlers (idempotent; never replaces one torch registered itself)."""
+    """Register the handlers (idempotent). Torch's own handler of an op is kept, except the convolutions', which
+    autoplan's handler stands in front of and then calls (item 4)."""
     _HANDLERS.setdefault(aten.view.default, _view_handler)
     for op in CONVOLUTIONS:
         if _HANDLERS.get(op) is not _convolution_handler:
