@@ -13,8 +13,9 @@ tail balancing, torch's ``_HeadTailLoadBalancer`` order), ``2c = S / cp`` tokens
   states leave each block already sharded, and so do the model's outputs; the targets are sharded
   the same way (:meth:`ContextParallel.shard_target`), and each rank's loss is its shard's mean,
   whose mean over the cp group is the reference's loss. Gradients are averaged over dp x cp.
-- **Which dim**: a tensor whose dim 0 is the micro-batch carries the sequence in dim 1; any other
-  in its first dim of length S.
+- **Which dim**: a tensor whose dim 0 is the micro-batch carries the sequence in dim 1; a mask over
+  the scores (``[B or 1, H or 1, S or 1, S]``) in none: it stays whole, and attention takes its shard's rows;
+  any other in its first dim of length S.
 - **Attention**: a torch function mode, entered by each block's forward (so by a recomputed
   forward too, and by a pipeline stage's exported block), replaces SDPA calls on shards (query and
   key length 2c; ``F.scaled_dot_product_attention`` or the aten op an exported graph calls) by
@@ -60,9 +61,17 @@ def sequence_dim(shape: torch.Size | tuple, *, seq_len: int, batch: int) -> int 
     """The dim of a tensor of ``shape`` that carries the whole sequence, or None (module docstring)."""
     if len(shape) >= 2 and shape[0] == batch and shape[1] == seq_len:
         return 1
+    if _is_score_mask(shape, seq_len=seq_len):
+        return None
     if len(shape) >= 2 and shape[0] == batch:
         return None
     return next((d for d, size in enumerate(shape) if size == seq_len), None)
+
+
+def _is_score_mask(shape: torch.Size | tuple, *, seq_len: int) -> bool:
+    """A mask over the scores of the whole sequence as SDPA takes it, ``[B or 1, H or 1, S or 1, S]``
+    (types/context_parallel.py ``score_mask_shape``)."""
+    return len(shape) == 4 and shape[-1] == seq_len and shape[-2] in (1, seq_len)
 
 
 def shard_sequence(obj: Any, *, positions: torch.Tensor, seq_len: int, batch: int) -> Any:
@@ -104,10 +113,7 @@ class _AttentionOnShards(TorchFunctionMode):
         if q.size(-2) != local or k.size(-2) != local or q.is_meta or _on_cp_mesh(q, self.cp.cp_mesh):
             return func(*args, **kwargs)
         if call["attn_mask"] is not None:
-            raise PlanError(
-                "context parallelism cannot split attention with an explicit mask; use is_causal=True "
-                "(or no mask), or plan cp=1."
-            )
+            self.cp.check_mask(call["attn_mask"])
         return self.cp.attention(**call)
 
 
@@ -163,16 +169,39 @@ class ContextParallel:
         """This rank's shard of a target batch of ``batch`` samples (module docstring)."""
         return shard_sequence(target, positions=self.positions(), seq_len=self.seq_len, batch=batch)
 
+    def check_mask(self, mask: torch.Tensor) -> None:
+        """Raise PlanError unless ``mask`` is one the variant applies: over the whole sequence's queries (or
+        broadcast over them) and keys, made before the blocks (types/context_parallel.py MASKED_CP_VARIANTS)."""
+        from autoplan.types.context_parallel import MASKED_CP_VARIANTS
+
+        if self.variant not in MASKED_CP_VARIANTS:
+            raise PlanError(
+                f"context parallelism's {self.variant} attention cannot apply the explicit mask this model's "
+                f"attention takes; plan cp_variant={MASKED_CP_VARIANTS[0]} (or cp=1)."
+            )
+        if not _is_score_mask(mask.shape, seq_len=self.seq_len):
+            raise PlanError(
+                f"context parallelism applies a mask of shape [batch or 1, heads or 1, {self.seq_len}, "
+                f"{self.seq_len}] made before the first block, and attention here got one of shape "
+                f"{list(mask.shape)} (made inside a block from its shard of the sequence, or 2-D); build such a "
+                "mask before the first block and pass it in, or plan cp=1."
+            )
+
     def attention(self, *, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor:
-        """SDPA on this rank's shards; DTensor operands (tensor-parallel heads) run on their local heads."""
+        """SDPA on this rank's shards; DTensor operands (tensor-parallel heads) run on their local heads. A mask
+        (:meth:`check_mask`) runs through autoplan's all-gather or Ulysses attention on any backend."""
         placed = query if isinstance(query, DTensor) else None
         if placed is not None:
             query, key, value = (t.to_local() for t in (query, key, value))
+        if isinstance(attn_mask, DTensor):
+            attn_mask = attn_mask.full_tensor()
         kwargs = {"is_causal": is_causal, "dropout_p": dropout_p, "scale": scale, "enable_gqa": enable_gqa}
+        if attn_mask is not None:
+            kwargs["attn_mask"] = cp_attention.mask_of_heads(attn_mask, heads=query.size(1))
         if self.variant == "ulysses":
             self._check_heads(query, key)
             out = cp_attention.ulysses_attention(query, key, value, group=self.kv_group, **kwargs)
-        elif self.backend == "nccl":
+        elif self.backend == "nccl" and attn_mask is None:
             out = cp_attention.torch_cp_attention(query, key, value, cp_mesh=self.cp_mesh, **kwargs)
         else:
             out = cp_attention.allgather_attention(query, key, value, group=self.kv_group, **kwargs)

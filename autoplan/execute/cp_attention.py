@@ -11,12 +11,13 @@ per element and ``Hkv`` KV heads on this rank:
 The gathered K, V are put in global order; the head chunk (global index j = r) and the tail chunk
 (j = 2cp-1-r) each attend to keys 0 .. (j+1)c-1 under a causal mask aligned to its last key
 (query i sees keys <= j c + i): two SDPA calls of equal total work on every rank. Without a causal
-mask both chunks attend to all S keys in one call. GQA goes through SDPA's ``enable_gqa``.
+mask both chunks attend to all S keys in one call, under a mask made before the blocks (``[B, H, S, S]``,
+Hugging Face's) its rows of the two chunks. GQA goes through SDPA's ``enable_gqa``.
 
 **Ulysses** (DeepSpeed-Ulysses, Jacobs et al. 2023 section 3; any backend): all-to-alls turn q, k and
 v from sequence shards of all heads into the whole sequence of 1/cp of the heads, one causal (or
 unmasked) SDPA runs on it, and an all-to-all turns the output back: four all-to-alls forward (q, k,
-v, o), four backward (dO, dQ, dK, dV), each of the local tensor's bytes; heads divide by cp.
+v, o), four backward (dO, dQ, dK, dV), each of the local tensor's bytes; heads divide by cp; a mask whole.
 
 **CUDA** (NCCL): torch's context-parallel SDPA, as torchtitan runs it: q, k, v as DTensors sharded on
 the sequence dim of the cp mesh, dispatched to torch's ring attention (rotate method "allgather"
@@ -70,6 +71,28 @@ def _aligned_causal_mask(rows: int, keys: int, device: torch.device) -> torch.Te
     return torch.ones(rows, keys, dtype=torch.bool, device=device).tril(keys - rows)
 
 
+def mask_of_heads(mask: torch.Tensor, *, heads: int) -> torch.Tensor:
+    """``mask`` for attention over ``heads`` heads: broadcast over heads, or one per head as many as there are.
+    A per-head mask of the model's heads beside tensor parallelism's share of them is refused."""
+    if mask.dim() < 3 or mask.size(-3) in (1, heads):
+        return mask
+    from autoplan.errors import PlanError
+
+    raise PlanError(
+        f"context parallelism applies a per-head mask of {mask.size(-3)} heads to attention over {heads} heads "
+        "(tensor parallelism's share); plan tp=1 beside cp, or a mask shared by every head."
+    )
+
+
+def _rows_of(mask: torch.Tensor, *, cp: int, rank: int) -> torch.Tensor:
+    """The rows of a whole-sequence mask ``[..., S or 1, S]`` for this rank's chunks r and 2cp-1-r."""
+    if mask.size(-2) == 1:
+        return mask
+    c = mask.size(-2) // (2 * cp)
+    head, tail = mask[..., rank * c : (rank + 1) * c, :], mask[..., (2 * cp - 1 - rank) * c : (2 * cp - rank) * c, :]
+    return torch.cat([head, tail], dim=-2)
+
+
 def allgather_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -80,13 +103,17 @@ def allgather_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     enable_gqa: bool = False,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's attention output ``[B, H, 2c, D]`` for its head-tail shards (module docstring)."""
     keys, values = _AllGatherKV.apply(k, v, group)
     sdpa = {"dropout_p": dropout_p, "scale": scale, "enable_gqa": enable_gqa}
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    if attn_mask is not None:
+        rows = _rows_of(attn_mask, cp=cp, rank=rank)
+        return _flash_layout(F.scaled_dot_product_attention(q, keys, values, attn_mask=rows, **sdpa))
     if not is_causal:
         return _flash_layout(F.scaled_dot_product_attention(q, keys, values, **sdpa))
-    cp, rank = dist.get_world_size(group), dist.get_rank(group)
     c = q.size(SEQ_DIM) // 2
     outputs = []
     for chunk, rows in ((rank, q[:, :, :c]), (2 * cp - 1 - rank, q[:, :, c:])):
@@ -180,11 +207,15 @@ def ulysses_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     enable_gqa: bool = False,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's attention output ``[B, H, 2c, D]`` for its head-tail shards, through 1/cp of the
     heads over the whole sequence (module docstring)."""
     whole = [_SeqToHeads.apply(t, group) for t in (q, k, v)]
+    if attn_mask is not None and attn_mask.dim() >= 3 and attn_mask.size(-3) > 1:  # this rank's head group
+        share = attn_mask.size(-3) // dist.get_world_size(group)
+        attn_mask = attn_mask.narrow(-3, dist.get_rank(group) * share, share)
     out = F.scaled_dot_product_attention(
-        *whole, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        *whole, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
     )
     return _flash_layout(_HeadsToSeq.apply(out, group))

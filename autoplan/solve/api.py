@@ -25,6 +25,7 @@ from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.context_parallel import cp_sequence, variant_options
 from autoplan.solve.pins import parse_fixes
 from autoplan.solve.search import search
+from autoplan.types.context_parallel import masked_attention
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.prediction import Prediction, SearchSummary
@@ -240,6 +241,7 @@ def _frugal_fit(
         fixes=frugal,
         max_tp=tp_runnable.max_tp(graph, fixes),
         cp_seq_len=cp_sequence(graph, profile, fixes),
+        cp_beside_pp=not masked_attention(graph),
     ):
         moe = any(layer.interface == "grouped" for layer in graph.moe_layers)
         local = tuple(n // deg.cp for n in seq_lens)
@@ -264,7 +266,7 @@ def _frugal_fit(
                     sequence_parallel=sp,
                     precision=precision,
                     cp=deg.cp,
-                    cp_variant=variant_options(profile, cp=deg.cp, fixes=frugal)[0],
+                    cp_variant=variant_options(profile, cp=deg.cp, fixes=frugal, masked=masked_attention(graph))[0],
                     runtime=options.runtime,
                 )
                 if model.estimate(candidate).feasible:

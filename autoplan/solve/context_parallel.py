@@ -1,11 +1,15 @@
 """Where the search may split every sequence over ``cp`` ranks, and by which variant (docs/ilp.md, section 4).
 
 - cp > 1 only for a model :func:`autoplan.types.context_parallel.cp_refusal` accepts (SDPA over the
-  whole sequence, causal or unmasked), and only where ``2 cp`` divides the sequence
+  whole sequence, causal, unmasked or masked by a mask made before the blocks), and only where ``2 cp``
+  divides the sequence
   (:func:`~autoplan.types.context_parallel.cp_divides`: head-tail load balancing gives each rank
   chunks r and 2cp-1-r of 2cp, Megatron-Core's and torch's context_parallel's layout);
-- cp composes with tp, pp and dp/ZeRO; not with ep (Plan refuses cp > 1 with ep > 1);
-- the variant is one the executor runs on the profile's backend (``runnable_cp_variants``); the cost
+- cp composes with tp, pp and dp/ZeRO; not with ep (Plan refuses cp > 1 with ep > 1); nor with pp where
+  attention takes an explicit mask: a pipeline stage is exported with its blocks' inputs sharded, and the
+  export's attention cannot meet a whole-sequence mask with a shard's queries;
+- the variant is one the executor runs on the profile's backend (``runnable_cp_variants``), and for a model
+  whose attention takes an explicit mask one that runs masks (``MASKED_CP_VARIANTS``: not ring); the cost
   model prices every variant, so a plan read from another trainer may use any.
 
 - a (dp, cp, mbs) with g = gcd(cp, mbs) > 1 is not searched unless dp, cp or mbs is pinned
@@ -22,7 +26,13 @@ from __future__ import annotations
 import math
 
 from autoplan.errors import PlanError
-from autoplan.types.context_parallel import cp_divides, cp_refusal, runnable_cp_variants
+from autoplan.types.context_parallel import (
+    MASKED_CP_VARIANTS,
+    cp_divides,
+    cp_refusal,
+    masked_attention,
+    runnable_cp_variants,
+)
 from autoplan.types.graph import Graph
 from autoplan.types.profile import Profile
 
@@ -48,12 +58,13 @@ def folds_into_dp(*, cp: int, mbs: int, fixes: dict) -> bool:
     return math.gcd(cp, mbs) > 1 and not {"dp", "cp", "mbs"} & set(fixes)
 
 
-def variant_options(profile: Profile, *, cp: int, fixes: dict) -> list[str]:
-    """The cp variants searched at this cp: those the executor runs on the profile's backend, or the
-    pinned one; at cp = 1 the plan's default, which nothing reads."""
+def variant_options(profile: Profile, *, cp: int, fixes: dict, masked: bool = False) -> list[str]:
+    """The cp variants searched at this cp: those the executor runs on the profile's backend (for a model
+    whose attention takes masks, ``masked``, those that run them), or the pinned one; at cp = 1 the plan's
+    default, which nothing reads."""
     if cp == 1:
         return ["allgather"]
-    runnable = list(runnable_cp_variants(profile.backend))
+    runnable = list(runnable_cp_variants(profile.backend, masked=masked))
     return [fixes["cp_variant"]] if "cp_variant" in fixes else runnable
 
 
@@ -69,6 +80,12 @@ def check_cp_pins(graph: Graph, profile: Profile, fixes: dict) -> None:
                 f"(head-tail load balancing, so causal attention costs every cp rank the same), and {2 * cp} does "
                 f"not divide {graph.seq_len}; pin a cp whose double divides the sequence length."
             )
+        if fixes.get("pp", 1) > 1 and masked_attention(graph):
+            raise PlanError(
+                f"--fix cp={cp} with pp={fixes['pp']}: this model's attention takes an explicit mask, which "
+                "context parallelism applies only outside a pipeline (an exported stage's attention cannot meet "
+                "the whole sequence's mask with a shard's queries); pin one of them to 1."
+            )
         if fixes.get("ep", 1) > 1:
             raise PlanError(
                 f"--fix cp={cp} with ep={fixes['ep']}: context parallelism does not compose with expert "
@@ -80,4 +97,10 @@ def check_cp_pins(graph: Graph, profile: Profile, fixes: dict) -> None:
         raise PlanError(
             f"--fix cp_variant={variant}: autoplan's executor does not run it on profile '{profile.name}' "
             f"({profile.backend}), which runs {runnable}; pin one of those."
+        )
+    if variant is not None and variant not in MASKED_CP_VARIANTS and masked_attention(graph):
+        runs = ", ".join(runnable_cp_variants(profile.backend, masked=True)) or "none"
+        raise PlanError(
+            f"--fix cp_variant={variant}: this model's attention takes an explicit mask, which {variant} attention "
+            f"cannot apply; pin one that does ({runs})."
         )

@@ -26,7 +26,7 @@ def search_degrees(search: Any) -> list:
     per_node = search.profile.devices_per_node
     kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=search.fixes, eps=search.moe_limits.eps)
     kw.update(refused=search.refused, cp_seq_len=search.cp_seq_len, runtime=opts.runtime)
-    kw.update(etp_ok=expert_layout.expert_tp_ok(search.moe_limits))
+    kw.update(etp_ok=expert_layout.expert_tp_ok(search.moe_limits), cp_beside_pp=not search.cp_masked)
     degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=search.max_tp, **kw)]
     degrees = keep_degrees(degrees, search.sparse_tables)
     space.check_zero_pin(degrees, search.fixes, runtime=opts.runtime)
@@ -69,7 +69,8 @@ def bounded_groups(search: Any) -> list[tuple[float, Any]]:
                         continue
                     share = search.bounds.zero_bubble_share(tp=deg.tp, precision=precision, mbs=mbs, cp=deg.cp)
                     b_min = Group.least_bubble(schedules, pp=deg.pp, share=share)
-                    for variant in variant_options(search.profile, cp=deg.cp, fixes=search.fixes):
+                    variants = variant_options(search.profile, cp=deg.cp, fixes=search.fixes, masked=search.cp_masked)
+                    for variant in variants:
                         compiled = bool(search.fixes.get("compile", False))
                         group = Group(deg, precision, sp, mbs, m, b_min, routing=search.routing, cp_variant=variant,
                                       runtime=opts.runtime, compile=compiled, schedule_steps=k)  # fmt: skip

@@ -64,6 +64,7 @@ from autoplan.solve.sparse_grads import keep_dp_choices, sparse_tables
 from autoplan.solve.stage_costs import StageCosts
 from autoplan.solve.stage_floor import StageFloors
 from autoplan.solve.tp_plan import TPChoice, TPPlanner
+from autoplan.types.context_parallel import masked_attention
 from autoplan.types.graph import Graph
 from autoplan.types.plan import Plan
 from autoplan.types.profile import Profile
@@ -90,6 +91,7 @@ class Search:
         self.moe_limits = expert_layout.limits(graph, self.fixes, runtime=options.runtime)  # or its pin, refused
         check_option_pins(graph, profile, self.fixes, options)  # refused in one sentence (solve/pin_checks.py)
         self.cp_seq_len = cp_sequence(graph, profile, self.fixes)  # 0: cp = 1 only (solve/context_parallel.py)
+        self.cp_masked = masked_attention(graph)  # cp then runs the variants that apply masks
         self.max_tp = tp_runnable.max_tp(graph, self.fixes)  # raises for a tp pin the model's ops cannot run
         self.sparse_tables = sparse_tables(graph)  # they narrow the space (solve/sparse_grads.py)
         self.routing = graph.moe_layers[0].routing if graph.moe_layers else None

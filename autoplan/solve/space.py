@@ -119,11 +119,13 @@ def degree_options(
     cp_seq_len: int = 0,
     runtime: str = "autoplan",
     etp_ok: Any = True,
+    cp_beside_pp: bool = True,
 ) -> list[Degrees]:
     """Every (dp, tp, pp, ep, cp) the rules and the pins allow (module docstring); ``eps`` are the
     expert-parallel degrees the model's MoE layers allow (cost/moe/experts.py:ep_options), ``max_tp`` the
     largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit), ``cp_seq_len`` the sequence
-    cp may split (solve/context_parallel.cp_sequence; 0: cp = 1 only). Each shape a rule
+    cp may split (solve/context_parallel.cp_sequence; 0: cp = 1 only), ``cp_beside_pp`` whether cp > 1 may
+    share a plan with pp > 1 (solve/context_parallel.cp_beside_pp). Each shape a rule
     refuses is appended to ``refused`` (the search's record: solve/notes.py reads it)."""
     refused = [] if refused is None else refused
     options, experts = [], dict(eps=eps, fixes=fixes, runtime=runtime, etp_ok=etp_ok)  # solve/expert_layout.py
@@ -133,6 +135,7 @@ def degree_options(
                 dp = devices // (tp * cp * pp)
                 rule = _tp_rule(tp, devices, per_node, fixes, max_tp) or _shape_rule(dp, pp, layers, batch, fixes)
                 rule = rule or ("pin cp" if "cp" in fixes and cp != fixes["cp"] else "")
+                rule = rule or ("cp masks pp" if cp > 1 and pp > 1 and not cp_beside_pp else "")
                 if rule:
                     refused.append(RefusedShape(devices=devices, dp=dp, tp=tp, pp=pp, rule=rule, cp=cp))
                     continue

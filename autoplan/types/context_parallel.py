@@ -4,9 +4,12 @@ the executor both read (docs/executor.md, "Context parallelism").
 Context parallelism shards every sequence over ``cp`` ranks, each holding chunks r and 2cp-1-r of
 2cp equal chunks (head-tail load balancing), so a sequence of S tokens needs 2cp | S. Only attention
 mixes tokens across the sequence, and the executor splits it for scaled-dot-product attention over
-the whole sequence (q_len = kv_len = S) that is causal or unmasked: an explicit mask has a query and
-a key dimension the shards cannot both keep. The executor shards the sequence at the blocks' inputs
-and routes attention from inside the blocks, so attention outside every block is refused too.
+the whole sequence (q_len = kv_len = S) that is causal, unmasked, or masked by a mask made before the
+blocks (Hugging Face's traced causal or sliding-window mask, a padding mask): a rank's queries take
+their rows of the whole mask against the whole sequence's keys (autoplan's all-gather), or the whole
+mask on 1/cp of the heads (Ulysses); torch's ring attention takes no mask. A mask made inside a block
+is made from the block's shard, so it is refused. The executor shards the sequence at the blocks'
+inputs and routes attention from inside the blocks, so attention outside every block is refused too.
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ def cp_refusal(graph: Graph) -> str | None:
         )
     for node in attention:
         a = node.attrs
-        if a.get("has_mask"):
+        if a.get("has_mask") and not _mask_made_before(graph, node):
             return (
-                f"attention '{node.name}' takes an explicit mask, which context parallelism cannot split; "
-                "use is_causal=True (or no mask) to plan cp > 1."
+                f"attention '{node.name}' in block '{node.layer}' takes an explicit mask that context parallelism "
+                f"cannot split: it applies a mask of shape [batch or 1, heads or 1, {graph.seq_len}, "
+                f"{graph.seq_len}] made before the first block (as Hugging Face models make theirs), and this one "
+                "is made inside the block (which sees only its shard of the sequence) or has another shape; build "
+                "such a mask before the first block and pass it in, use is_causal=True, or plan cp=1."
             )
         if node.layer is None:
             return (
@@ -52,6 +58,26 @@ def cp_refusal(graph: Graph) -> str | None:
             "sequence; build positions (or rotary tables) before the first block and pass them in, or plan cp=1."
         )
     return None
+
+
+def _mask_made_before(graph: Graph, node) -> bool:
+    """Whether the mask of attention ``node`` comes from outside its block: an input of ``node`` outside the
+    block shaped as SDPA takes a mask over the scores, ``[B or 1, H or 1, q_len or 1, kv_len]`` (the query, key
+    and value come from inside the block). A mask built, sliced or viewed inside the block is not, nor a 2-D
+    one, which a block's pre-hook cannot tell from a table of positions (execute/context_parallel.py)."""
+    preds, _ = graph.adjacency()
+    q_len, kv_len = node.attrs.get("q_len"), node.attrs.get("kv_len")
+    for name in preds[node.name]:
+        pred = graph.node(name)
+        shape = pred.output_shape or []
+        if pred.layer != node.layer and len(shape) == 4 and shape[-1] == kv_len and shape[-2] in (1, q_len):
+            return True
+    return False
+
+
+def masked_attention(graph: Graph) -> bool:
+    """Whether any attention of ``graph`` takes an explicit mask (which cp runs by MASKED_CP_VARIANTS only)."""
+    return any(n.op == "attention" and n.attrs.get("has_mask") for n in graph.nodes)
 
 
 def _positions_in_block(graph: Graph):
@@ -75,6 +101,14 @@ def cp_divides(seq_len: int, cp: int) -> bool:
 RUNNABLE_CP_VARIANTS = {"gloo": ("allgather", "ulysses"), "nccl": ("allgather", "ring")}
 
 
-def runnable_cp_variants(backend: str) -> tuple[str, ...]:
-    """The cp variants autoplan's executor runs on ``backend`` (gloo or nccl)."""
-    return RUNNABLE_CP_VARIANTS.get(backend, ())
+#: the cp variants that run attention with a mask made before the blocks: autoplan's all-gather (each rank's
+#: rows of the mask against the gathered keys, on any backend) and Ulysses (the whole mask on 1/cp of the
+#: heads); torch's CP attention (ring, and its all-gather on NCCL) takes no mask
+MASKED_CP_VARIANTS = ("allgather", "ulysses")
+
+
+def runnable_cp_variants(backend: str, *, masked: bool = False) -> tuple[str, ...]:
+    """The cp variants autoplan's executor runs on ``backend`` (gloo or nccl); ``masked``: for a model whose
+    attention takes an explicit mask (:func:`masked_attention`)."""
+    runs = RUNNABLE_CP_VARIANTS.get(backend, ())
+    return tuple(v for v in runs if v in MASKED_CP_VARIANTS) if masked else runs

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"gpt": "TinyGPT", "gpt_tied": "TiedGPT", "gpt_encdec": "EncoderDecoderGPT", "llama": "TinyLlama",
           "llama3p": "ThirdPartyLlama", "moe": "TinyMoE", "moe_skewed": "SkewedMoE",
           "gpt_bidirectional": "BidirectionalGPT", "llama_enable_gqa": "SdpaGQALlama", "lora": "LoRALlama",
-          "gpt_sparse": "SparseGPT"}  # fmt: skip
+          "gpt_sparse": "SparseGPT", "gpt_window_mask": "WindowMaskedGPT"}  # fmt: skip
 
 
 def blocks_of(model_name: str) -> list[str]:
@@ -61,7 +61,7 @@ def make_plan(model_name: str, **kw) -> Plan:
     kw.setdefault("stages", [blocks[i * per : (i + 1) * per] for i in range(chunks)])
     sp = kw.get("sequence_parallel", False)
     if kw.get("tp", 1) > 1 and "tp_plan" not in kw:  # TinyMoE: the default (Megatron) plan
-        megatron = tp_plans.gpt_tp_plan if model_name == "gpt" else tp_plans.llama_tp_plan
+        megatron = tp_plans.gpt_tp_plan if model_name in ("gpt", "gpt_window_mask") else tp_plans.llama_tp_plan
         kw["tp_plan"] = {} if model_name.startswith("moe") else megatron(sp)
     kw.setdefault("micro_batch_size", 2)
     kw.setdefault("num_microbatches", 2)

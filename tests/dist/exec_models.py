@@ -221,6 +221,48 @@ class BidirectionalGPT(TinyGPT):
             block.attn = BidirectionalAttention()
 
 
+class MaskedAttention(FusedAttention):
+    """FusedAttention under an explicit mask handed in by the model's root (Hugging Face's habit)."""
+
+    def forward(self, x, mask):
+        B, T, C = x.size()
+        q, k, v = (t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MaskedBlock(GPTBlock):
+    def __init__(self):
+        super().__init__()
+        self.attn = MaskedAttention()
+
+    def forward(self, x, mask):
+        x = x + self.attn(self.ln_1(x), mask)
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class WindowMaskedGPT(TinyGPT):
+    """TinyGPT whose attention takes an explicit additive mask the root makes from positions before the blocks,
+    as Hugging Face models trace theirs: causal within a sliding window of WINDOW keys (0 where a query sees a
+    key, the dtype's least value elsewhere), which no ``is_causal`` flag expresses."""
+
+    WINDOW = 3
+
+    def __init__(self):
+        super().__init__()
+        self.h = nn.ModuleList(MaskedBlock() for _ in range(LAYERS))
+
+    def forward(self, idx):
+        pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        seen = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < self.WINDOW)
+        mask = torch.zeros(seen.shape, dtype=x.dtype, device=x.device).masked_fill(~seen, torch.finfo(x.dtype).min)
+        mask = mask[None, None].expand(idx.size(0), 1, -1, -1)
+        for block in self.h:
+            x = block(x, mask)
+        return self.lm_head(self.ln_f(x))
+
+
 class SdpaGQAAttention(GQAAttention):
     """GQA handed to SDPA with fewer key/value heads than query heads (``enable_gqa``), not repeated first."""
 

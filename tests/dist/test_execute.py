@@ -83,6 +83,9 @@ TWO = [
     ("cp2_unmasked_attention", "gpt_bidirectional", dict(cp=2)),
     ("cp2_enable_gqa_recompute_selective", "llama_enable_gqa", dict(cp=2, recompute="selective")),
     ("cp2_ulysses_gqa_recompute_full", "llama", dict(cp=2, cp_variant="ulysses", recompute="full")),
+    # an explicit mask made before the blocks (Hugging Face's traced masks): each rank's rows of it
+    ("cp2_window_mask_allgather", "gpt_window_mask", dict(cp=2)),
+    ("cp2_window_mask_ulysses_recompute_full", "gpt_window_mask", dict(cp=2, cp_variant="ulysses", recompute="full")),
     # torch.compile per block (execute/compiled.py) after TP, SP and recomputation, before FSDP2
     ("tp2_sp_compile_recompute_full", "gpt", dict(tp=2, sequence_parallel=True, compile=True, recompute="full")),
     ("zero3_compile_gqa", "llama", dict(dp=2, zero_stage=3, compile=True)),
@@ -140,6 +143,7 @@ FOUR = [
     ("cp2_dp2_ddp", "llama", dict(cp=2, dp=2)),
     ("cp2_tp2_ulysses", "llama", dict(cp=2, tp=2, cp_variant="ulysses")),
     ("cp2_pp2_1f1b_recompute_bf16", "llama", dict(cp=2, pp=2, schedule="1f1b", recompute="full", precision="bf16")),
+    ("cp2_tp2_window_mask", "gpt_window_mask", dict(cp=2, tp=2)),
     # MoE Parallel Folding, expert_tp x ep x edp = 2 x 2 x 1 beside dp x tp = 2 x 2: tokens to the ep peer of the
     # other dp replica by all-to-all, then shared over etp around each expert's FFN shard
     ("dp2_tp2_sp_ep2_etp2", "moe", dict(dp=2, tp=2, ep=2, expert_tp=2, sequence_parallel=True)),

@@ -41,6 +41,11 @@ def test_head_tail_positions_are_torch_balancers_chunks(cp):
         ((8, 4), 0),  # a rotary table [S, D]
         ((8, 8), 0),  # [S, D] with D == S: the first dim
         ((4, 4), None),  # no sequence
+        ((2, 1, 8, 8), None),  # a mask over the whole sequence's scores (Hugging Face's): whole, attention slices it
+        ((1, 1, 8, 8), None),  # the same broadcast over the batch
+        ((2, 1, 1, 8), None),  # a key-padding mask broadcast over the queries
+        ((1, 8), 1),  # position ids [1, S]: a block takes its shard
+        ((1, 8, 8), 1),  # 3-D: no mask as SDPA takes one ([B, H, L, S])
     ],
 )
 def test_sequence_dim_is_dim_1_of_a_batched_tensor_else_the_first_of_length_s(shape, dim):
@@ -84,6 +89,32 @@ def test_ulysses_on_heads_cp_does_not_divide_is_one_sentence(fake_cp_rank_0_of_2
         cp.attention(
             query=q, key=kv, value=kv, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None, enable_gqa=True
         )
+
+
+def test_a_mask_made_inside_a_block_or_for_ring_attention_is_one_sentence(fake_cp_rank_0_of_2):
+    """cp applies a mask over the whole sequence made before the blocks, through autoplan's all-gather or Ulysses;
+    one made from a block's shard ([.., S/cp, S/cp]), or one handed to torch's ring attention, is refused."""
+    cp = fake_cp_rank_0_of_2
+    with pytest.raises(PlanError, match="ring attention cannot apply the explicit mask.*cp_variant=allgather"):
+        cp.check_mask(torch.ones(2, 1, 16, 16, dtype=torch.bool))
+    cp.variant = "allgather"
+    cp.check_mask(torch.ones(2, 1, 16, 16, dtype=torch.bool))
+    cp.check_mask(torch.zeros(2, 1, 1, 16))
+    with pytest.raises(PlanError, match=r"got one of shape \[2, 1, 8, 8\] \(made inside a block"):
+        cp.check_mask(torch.ones(2, 1, 8, 8, dtype=torch.bool))
+
+
+def test_allgather_attention_takes_the_rows_of_the_ranks_two_chunks_of_a_whole_mask():
+    """Rank r's queries are chunks r and 2cp-1-r: their rows of the mask, every key's column."""
+    mask = torch.arange(8 * 8).view(1, 1, 8, 8)
+    rows = cp_attention._rows_of(mask, cp=2, rank=1)  # chunks 1 and 2 of 4: queries 2..5
+    assert torch.equal(rows, mask[..., 2:6, :])
+    assert torch.equal(cp_attention._rows_of(mask, cp=2, rank=0), mask[..., [0, 1, 6, 7], :])
+    broadcast = torch.zeros(2, 1, 1, 8)
+    assert cp_attention._rows_of(broadcast, cp=2, rank=1) is broadcast
+    assert cp_attention.mask_of_heads(mask, heads=4) is mask
+    with pytest.raises(PlanError, match="per-head mask of 8 heads to attention over 4 heads"):
+        cp_attention.mask_of_heads(torch.ones(2, 8, 8, 8), heads=4)
 
 
 def test_cuda_path_runs_torchs_cp_sdpa_on_sequence_sharded_dtensors(fake_cp_rank_0_of_2, monkeypatch):

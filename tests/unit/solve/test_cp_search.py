@@ -119,3 +119,53 @@ def test_bounds_of_cp_plans_stay_below_their_price_and_count_every_blocks_gather
     assert all(c.lower_bound <= c.objective * (1 + 1e-9) for c in priced)
     zero3 = [c.lower_bound / c.objective for c in priced if c.plan.cp > 1 and c.plan.zero_stage == 3 and c.plan.pp == 1]
     assert len(zero3) > 10 and min(zero3) > 0.9  # 0.82 when the bound counted the first block's gather alone
+
+
+def _root_masked_graph():
+    """A model whose root makes a sliding-window mask [B, 1, S, S] and hands it to every block (Hugging Face's
+    habit), traced at 64 tokens."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from autoplan.trace import trace
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = nn.Linear(64, 192), nn.Linear(64, 64)
+
+        def forward(self, x, mask):
+            q, k, v = self.qkv(x).view(*x.shape[:2], 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return x + self.out(y.transpose(1, 2).reshape(x.shape))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.layers = nn.Embedding(100, 64), nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, idx):
+            pos = torch.arange(idx.size(1), device=idx.device)
+            mask = ((pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < 16))[None, None]
+            x = self.emb(idx)
+            for layer in self.layers:
+                x = layer(x, mask.expand(idx.size(0), 1, -1, -1))
+            return x
+
+    return trace(Model(), (torch.zeros(2, 64, dtype=torch.long),))
+
+
+def test_a_model_masked_before_its_blocks_is_split_by_the_variants_that_apply_masks_outside_a_pipeline():
+    """cp runs such a mask through autoplan's all-gather (Ulysses on gloo), never torch's ring, and not beside a
+    pipeline, whose exported stages cannot meet the whole mask with a shard's queries; pins say so in one sentence."""
+    graph, nccl = _root_masked_graph(), synthetic_profile()
+    assert cp_sequence(graph, nccl, {}) == 64
+    candidates = plan_graph(graph, devices=8, profile=nccl, batch_size=16).candidates
+    split = [c for c in candidates if c.config["cp"] > 1]
+    assert split and {c.config["cp_variant"] for c in split} == {"allgather"}
+    assert all(c.config["pp"] == 1 for c in split) and any(c.config["pp"] > 1 for c in candidates)
+    for pins, words in (({"cp": 2, "pp": 2}, "pin one of them to 1"), ({"cp_variant": "ring"}, "pin one that does")):
+        with pytest.raises(PlanError) as info:
+            check_cp_pins(graph, nccl, pins)
+        assert "explicit mask" in str(info.value) and words in str(info.value) and "\n" not in str(info.value)

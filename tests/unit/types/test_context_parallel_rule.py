@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autoplan.trace import trace
-from autoplan.types.context_parallel import cp_divides, cp_refusal, runnable_cp_variants
+from autoplan.types.context_parallel import cp_divides, cp_refusal, masked_attention, runnable_cp_variants
 
 SEQ, DIM = 8, 16
 
@@ -29,6 +29,30 @@ class Block(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.mask == "causal")
         return x + y.transpose(1, 2).reshape(x.shape)
+
+
+class RootMaskedBlock(Block):
+    """Attention under the mask the model's root hands every block (Hugging Face's habit)."""
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).view(x.size(0), SEQ, 3, 2, DIM // 2).permute(2, 0, 3, 1, 4).unbind(0)
+        return x + F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(x.shape)
+
+
+class RootMasked(nn.Module):
+    """A sliding-window mask made from positions before the blocks: what cp applies (a rank's rows of it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.layers = nn.Embedding(32, DIM), nn.ModuleList(RootMaskedBlock("root") for _ in range(2))
+
+    def forward(self, idx):
+        pos = torch.arange(idx.size(1), device=idx.device)
+        mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < 3)
+        x = self.emb(idx)
+        for layer in self.layers:
+            x = layer(x, mask[None, None].expand(idx.size(0), 1, -1, -1))
+        return x
 
 
 class Model(nn.Module):
@@ -57,9 +81,19 @@ def test_causal_or_unmasked_attention_in_the_blocks_can_be_split(mask):
     assert cp_refusal(_graph(Model(mask))) is None
 
 
-def test_an_explicit_mask_is_refused():
+def test_a_mask_made_inside_a_block_is_refused():
+    """Under cp a block sees its shard, so a mask it builds is the shard's; one made before the blocks is whole."""
     said = cp_refusal(_graph(Model("explicit")))
-    assert said is not None and "takes an explicit mask" in said and "is_causal=True" in said
+    assert said is not None and "in block 'layers.0' takes an explicit mask that context parallelism" in said
+    assert "is made inside the block" in said and "is_causal=True" in said
+    assert masked_attention(_graph(Model("explicit"))) and not masked_attention(_graph(Model("causal")))
+
+
+def test_a_mask_made_before_the_blocks_can_be_split_by_the_variants_that_apply_it():
+    graph = _graph(RootMasked())
+    assert masked_attention(graph) and cp_refusal(graph) is None
+    assert runnable_cp_variants("gloo", masked=True) == ("allgather", "ulysses")
+    assert runnable_cp_variants("nccl", masked=True) == ("allgather",)  # torch's ring and all-gather take no mask
 
 
 def test_attention_outside_the_blocks_is_refused():
