@@ -106,6 +106,7 @@ CASES = [
     # reduce-scattered, gradients synced over dp x cp (execute/context_parallel.py)
     ("cp", "llama", dict(cp=2)),
     ("cp_recompute_full", "gpt", dict(cp=2, recompute="full")),
+    ("cp_window_mask", "gpt_window_mask", dict(cp=2)),  # a mask made before the blocks: each rank's rows of it
     # compiled blocks: collectives, FLOPs and memory as priced, and inductor's forward kernels as the fused
     # regions the price assumes (test_compiled_blocks_generate_the_priced_fused_kernels)
     ("ddp_compile", "gpt", dict(dp=2, compile=True)),
@@ -191,6 +192,7 @@ TRACED = (
     ("llama3p", "ThirdPartyLlama"),
     ("lora", "LoRALlama"),
     ("gpt_sparse", "SparseGPT"),
+    ("gpt_window_mask", "WindowMaskedGPT"),
 )
 
 
