@@ -26,6 +26,7 @@ tail balancing, torch's ``_HeadTailLoadBalancer`` order), ``2c = S / cp`` tokens
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from dataclasses import dataclass
@@ -45,6 +46,10 @@ from autoplan.types.plan import Plan
 
 #: how attention is called: from Python, and from a pipeline stage's exported graph
 SDPA_FUNCTIONS = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+#: torch's Python functions that call SDPA by torch.nn.functional's module-level name: nn.MultiheadAttention's. torch
+#: takes a mode off its stack while the mode handles a call, so the SDPA inside would pass the mode by (the PyTorch
+#: tutorial's nn.TransformerEncoder ran attention on each rank's shard alone: gradients 100% off)
+SDPA_CALLERS = (F.multi_head_attention_forward,)
 #: the cp variant -> torch's rotate method on NCCL (ring passes KV round the group)
 TORCH_ROTATE_METHOD = {"allgather": "allgather", "ring": "alltoall"}
 
@@ -105,8 +110,15 @@ class _AttentionOnShards(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in SDPA_CALLERS:
+            with _sdpa_named(functools.partial(self._attention, F.scaled_dot_product_attention)):
+                return func(*args, **kwargs)
         if func not in SDPA_FUNCTIONS:
             return func(*args, **kwargs)
+        return self._attention(func, *args, **kwargs)
+
+    def _attention(self, func, *args, **kwargs):
+        """SDPA ``func`` on shards routed to the cp group; on anything else run as called."""
         call = _sdpa_arguments(args, kwargs)
         q, k = call["query"], call["key"]
         local = self.cp.local_len
@@ -115,6 +127,18 @@ class _AttentionOnShards(TorchFunctionMode):
         if call["attn_mask"] is not None:
             self.cp.check_mask(call["attn_mask"])
         return self.cp.attention(**call)
+
+
+@contextlib.contextmanager
+def _sdpa_named(routed):
+    """torch.nn.functional's module-level ``scaled_dot_product_attention`` is ``routed`` for the context: what
+    torch's own Python functions (SDPA_CALLERS) call by that name."""
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = routed
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
 
 
 #: torch's message when two operands of an elementwise op disagree on one dim

@@ -181,6 +181,9 @@ OTHER_RANDOM = frozenset(
 #: ``*DropPath`` (``drop_prob``), torchvision's ``StochasticDepth`` (``p``); each returns its input at rate 0
 STOCHASTIC_DEPTH = (("DropPath", "drop_prob"), ("StochasticDepth", "p"))
 SDPA_DROPOUT_INDEX = 4  # F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, ...)
+#: nn.MultiheadAttention's F.multi_head_attention_forward(query, ..., add_zero_attn, dropout_p, ...): torch takes a
+#: mode off its stack while the mode handles a call, so the dropout it hands SDPA inside would pass the mode by
+MHA_DROPOUT_INDEX, MHA_TRAINING_INDEX = 10, 13
 
 
 class DropoutOff(TorchFunctionMode):
@@ -215,6 +218,10 @@ class DropoutOff(TorchFunctionMode):
         if func in ATTENTION_FUNCTIONS:
             args, kwargs, rate = _without_attention_dropout(args, kwargs)
             self.dropped += int(rate > 0)
+        elif func is F.multi_head_attention_forward:
+            args, kwargs, rate = _without_attention_dropout(args, kwargs, index=MHA_DROPOUT_INDEX)
+            training = kwargs.get("training", args[MHA_TRAINING_INDEX] if len(args) > MHA_TRAINING_INDEX else True)
+            self.dropped += int(rate > 0 and training)
         elif func in OTHER_RANDOM or _random_aten(func):
             self.other_random[getattr(func, "__name__", str(func))] += 1
         return func(*args, **kwargs)
@@ -320,11 +327,11 @@ def _would_drop(func, args: tuple, kwargs: dict) -> int:
     return int(bool(training) and float(values.get("p", 0.0)) > 0)
 
 
-def _without_attention_dropout(args: tuple, kwargs: dict) -> tuple[tuple, dict, float]:
-    """``F.scaled_dot_product_attention``'s arguments with ``dropout_p`` = 0, and the rate it had."""
-    rate = float(kwargs.get("dropout_p", args[SDPA_DROPOUT_INDEX] if len(args) > SDPA_DROPOUT_INDEX else 0.0))
-    if len(args) > SDPA_DROPOUT_INDEX:
-        args = (*args[:SDPA_DROPOUT_INDEX], 0.0, *args[SDPA_DROPOUT_INDEX + 1 :])
+def _without_attention_dropout(args: tuple, kwargs: dict, index: int = SDPA_DROPOUT_INDEX) -> tuple[tuple, dict, float]:
+    """An attention function's arguments with ``dropout_p`` (positional ``index``) = 0, and the rate it had."""
+    rate = float(kwargs.get("dropout_p", args[index] if len(args) > index else 0.0))
+    if len(args) > index:
+        args = (*args[:index], 0.0, *args[index + 1 :])
     if "dropout_p" in kwargs:
         kwargs = {**kwargs, "dropout_p": 0.0}
     return args, kwargs, rate

@@ -46,6 +46,10 @@ def _traced(name: str):
         ("shared_bias", "pp=2,schedule=zb,recompute=full"),  # W re-runs blocks that read a tensor the stage returns
         ("shared_table", "pp=2,schedule=1f1b,precision=bf16"),  # a parameter both stages read; finfo(x.dtype).min
         ("conv_layout", "pp=2,schedule=zbv"),  # W leaves channels-last weight gradients, fused AdamW reads by memory
+        # nn.MultiheadAttention calls SDPA and its attention dropout inside a torch function torch's modes see whole:
+        # cp left its attention on each shard alone, --verify its dropout on
+        ("torch_transformer", "cp=2"),
+        ("torch_transformer", "dp=2"),
         (
             "no_grad_stem",
             "dp=2,zero=1",

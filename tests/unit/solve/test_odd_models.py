@@ -32,6 +32,7 @@ BLOCKS = {
     "loop_moe": ["layers.0", "layers.1"],  # blocks, but an MoE loop no pipeline split can export
     "loose_ends": [f"blocks.{i}" for i in range(4)],
     "frozen_stem": [f"blocks.{i}" for i in range(4)],
+    "torch_transformer": ["transformer_encoder.layers.0", "transformer_encoder.layers.1"],
 }
 #: models with blocks that the planner still refuses to pipeline: torch.export cannot split them
 UNSPLITTABLE = {"loop_moe"}
