@@ -24,6 +24,7 @@ import torch.fx
 
 from autoplan.errors import TraceError
 from autoplan.trace.cut_watch import watched_cut
+from autoplan.trace.hints import META_HINT, data_dependent_hint, device_mismatch
 from autoplan.trace.stitch import repeated_blocks, stitch
 
 try:  # a GraphModule whose Python code is generated only if asked for: the trace runs its nodes one by one
@@ -48,6 +49,7 @@ class Failure:
     module: str
     where: str
     message: str
+    raised: str = ""  # where code that needs tensor values raised (raised_in), when that is what failed
 
     def sentence(self) -> str:
         module = f"in module '{self.module}'" if self.module else "in the top-level forward()"
@@ -61,6 +63,12 @@ class _Tracer(torch.fx.Tracer):
     def __init__(self) -> None:
         super().__init__()
         self.failed_module: str | None = None
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        """torch's own layers (Linear, LSTM, ...) are leaves, as symbolic_trace keeps them; torch's own modules
+        built of other modules are not (nn.Transformer, nn.TransformerEncoderLayer, nn.MultiheadAttention): as one
+        node they hid their blocks (nn.Transformer planned with none) and their attention from the planner."""
+        return super().is_leaf_module(m, module_qualified_name) and next(m.children(), None) is None
 
     def call_module(self, m, forward, args, kwargs):
         try:
@@ -91,23 +99,11 @@ def capture(model: torch.nn.Module, meta_inputs: tuple, *, model_name: str, sour
         return export_result
     raise TraceError(
         f"could not trace {model_name}: {fx_failure.sentence()}; {export_result.sentence()}. "
-        + (META_HINT if _device_mismatch(export_result.message) else "")
+        + (META_HINT if device_mismatch(export_result.message) else "")
+        + (f"The export {data_dependent_hint(export_result.raised)} " if export_result.raised else "")
         + "Make the failing code traceable (no Python branching on tensor values, static shapes) "
         "or move it out of forward()."
     )
-
-
-def _device_mismatch(message: str) -> bool:
-    """Whether export met a CPU tensor beside the meta ones, in either order torch names them (LongT5's
-    ``torch.ones(...)`` without a device read "found at least two devices, cpu and meta")."""
-    return "meta and cpu" in message or "cpu and meta" in message
-
-
-#: a forward() that makes a tensor without ``device=`` meets the meta tensors autoplan traces on
-META_HINT = (
-    "A tensor forward() makes without device= (torch.ones(S, S), torch.arange(S)) lands on the CPU while autoplan "
-    "traces on the meta device: make it with device=x.device (as it must be for a GPU run too). "
-)
 
 
 def _try_fx(model: torch.nn.Module) -> Captured | Failure:
@@ -158,7 +154,14 @@ def _try_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured | Failur
             program = torch.export.export(model, meta_inputs, strict=False)
         return Captured(_without_region_checks(program.module()), "export")
     except Exception as exc:
-        return Failure("torch.export (non-strict)", stack[-1] if stack else "", user_line(exc), first_line(exc))
+        return _export_failure("torch.export (non-strict)", stack, exc)
+
+
+def _export_failure(method: str, stack: list[str], exc: BaseException) -> Failure:
+    """The export's failure: the innermost module running, the user's line, and where code that needs tensor
+    values raised, when that is what stopped it."""
+    raised = raised_in(exc, torch_modules_first=True) if data_dependent(exc) else ""
+    return Failure(method, stack[-1] if stack else "", user_line(exc), first_line(exc), raised)
 
 
 #: what torch.export writes after a ``.to()`` (the dtype and device as exported: meta); it returns nothing
@@ -216,7 +219,7 @@ def _try_stitched_export(model: torch.nn.Module, meta_inputs: tuple) -> Captured
         if not (data_dependent(exc) or (watch.same_failure() and not indexed_a_container(exc))):
             return None
         cut = f" (the model cut to its first {kept} of {len(blocks)} blocks '{name}', which the whole model runs alike)"
-        return Failure("torch.export (non-strict)" + cut, stack[-1] if stack else "", user_line(exc), first_line(exc))
+        return _export_failure("torch.export (non-strict)" + cut, stack, exc)
     module = _without_region_checks(program.module())
     return Captured(module, "export") if stitch(module, prefix=name, blocks=blocks, kept=kept) else None
 
@@ -357,12 +360,15 @@ def user_line(exc: BaseException | None) -> str:
     return ""
 
 
-def raised_in(exc: BaseException) -> str:
+def raised_in(exc: BaseException, *, torch_modules_first: bool = False) -> str:
     """'raised in FILE:LINE (function)' for the code that raised ``exc``: its innermost user frame, else its
-    innermost frame in torch.nn's modules (nn.Transformer's own check of a mask), else 'raised inside torch'."""
+    innermost frame in torch.nn's modules (nn.Transformer's own check of a mask), else 'raised inside torch';
+    ``torch_modules_first``: the innermost of both (an export runs the user's forward around torch's modules)."""
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if _is_user(f.filename)]
     modules = [f for f in frames if Path(f.filename).parts[-4:-2] == ("nn", "modules") or "/nn/modules/" in f.filename]
+    if torch_modules_first:
+        user = [f for f in frames if f in user or f in modules]
     frame = (user or modules or [None])[-1]
     if frame is None:
         return "raised inside torch"

@@ -38,6 +38,7 @@ from autoplan.errors import TraceError
 from autoplan.trace import casts, classify, dtensor_reach, memo, memo_keys, nodeattrs
 from autoplan.trace.capture import first_line, raised_in, stack_trace_line
 from autoplan.trace.flops import flop_counter
+from autoplan.trace.hints import data_dependent_hint
 
 #: Replay identical calls instead of re-measuring them (autoplan.trace.memo); False measures every node.
 MEMOIZE = True
@@ -319,15 +320,7 @@ class Propagator:
         module = module_path(node) or "the top-level forward()"
         op = _target_text(node, self.gm.get_submodule(node.target) if node.op == "call_module" else None)
         if isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException)):
-            return NodeFailure(
-                f"op '{op}' in module '{module}'{where} needs tensor values that shape-only tracing does not have "
-                f"({raised_in(exc)}: a Python branch on a tensor's values, such as nn.Transformer's check that a "
-                "mask is causal, or data-dependent routing such as nonzero() or boolean-mask indexing). Pass "
-                "what the branch checks as an argument (is_causal=True, tgt_is_causal=True); autoplan runs "
-                "Mixture-of-Experts routing under its routing model when it recognises the layer: a router with one "
-                "output per expert, a topk over them, and experts in Hugging Face's experts interface or an "
-                "nn.ModuleList of alike modules (docs/moe.md); otherwise route with dense masks or a fixed capacity."
-            )
+            return NodeFailure(f"op '{op}' in module '{module}'{where} {data_dependent_hint(raised_in(exc))}")
         return NodeFailure(f"op '{op}' in module '{module}'{where} failed on fake tensors: {first_line(exc)}.")
 
     def placeholder(self, node: torch.fx.Node, value: Any) -> Measured:

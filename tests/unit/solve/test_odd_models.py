@@ -33,6 +33,7 @@ BLOCKS = {
     "loose_ends": [f"blocks.{i}" for i in range(4)],
     "frozen_stem": [f"blocks.{i}" for i in range(4)],
     "torch_transformer": ["transformer_encoder.layers.0", "transformer_encoder.layers.1"],
+    "torch_seq2seq": [f"transformer.{part}.layers.{i}" for part in ("encoder", "decoder") for i in range(2)],
 }
 #: models with blocks that the planner still refuses to pipeline: torch.export cannot split them
 UNSPLITTABLE = {"loop_moe"}
