@@ -184,6 +184,14 @@ SDPA_DROPOUT_INDEX = 4  # F.scaled_dot_product_attention(query, key, value, attn
 #: nn.MultiheadAttention's F.multi_head_attention_forward(query, ..., add_zero_attn, dropout_p, ...): torch takes a
 #: mode off its stack while the mode handles a call, so the dropout it hands SDPA inside would pass the mode by
 MHA_DROPOUT_INDEX, MHA_TRAINING_INDEX = 10, 13
+_ops = torch.ops.aten
+#: nn.LSTM's, nn.GRU's and nn.RNN's functions (called through torch._VF) and the aten ops an exported stage calls:
+#: (input, hx, params, has_biases, num_layers, dropout, train, ...), with a packed sequence's batch sizes second
+RNN_NAMES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+RNN_FUNCTIONS = frozenset(
+    {getattr(torch, name) for name in RNN_NAMES}
+    | {getattr(getattr(_ops, name), form) for name in RNN_NAMES for form in ("input", "data")}
+)
 
 
 class DropoutOff(TorchFunctionMode):
@@ -218,6 +226,10 @@ class DropoutOff(TorchFunctionMode):
         if func in ATTENTION_FUNCTIONS:
             args, kwargs, rate = _without_attention_dropout(args, kwargs)
             self.dropped += int(rate > 0)
+        elif func in RNN_FUNCTIONS:  # the dropout between stacked layers: (..., num_layers, dropout, train, ...)
+            at = _rnn_dropout_index(args)
+            args, _, rate = _without_attention_dropout(args, {}, index=at)
+            self.dropped += int(rate > 0 and bool(args[at + 1]) and args[at - 1] > 1)
         elif func is F.multi_head_attention_forward:
             args, kwargs, rate = _without_attention_dropout(args, kwargs, index=MHA_DROPOUT_INDEX)
             training = kwargs.get("training", args[MHA_TRAINING_INDEX] if len(args) > MHA_TRAINING_INDEX else True)
@@ -311,6 +323,14 @@ def _function_modes() -> list:
 
 def _random_aten(func) -> bool:
     return isinstance(func, torch._ops.OpOverload) and func.overloadpacket.__name__ in RANDOM_ATEN
+
+
+def _rnn_dropout_index(args: tuple) -> int:
+    """Where a recurrent function's ``dropout`` is: 5, or 6 after a packed sequence's batch sizes (an integer
+    vector second, where the unpacked call has its hidden state)."""
+    second = args[1]
+    packed = isinstance(second, torch.Tensor) and second.dim() == 1 and not second.is_floating_point()
+    return 6 if packed else 5
 
 
 def _would_drop(func, args: tuple, kwargs: dict) -> int:
