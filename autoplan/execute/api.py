@@ -49,7 +49,7 @@ from autoplan.execute.mesh import build_mesh, coordinates, expert_mesh, grad_mes
 from autoplan.execute.offload import OffloadedOptimizer, OneRank
 from autoplan.execute.param_gather import overlapped_zero1
 from autoplan.execute.pipeline_scatter import apply_pipeline_scatter, boundary_specs
-from autoplan.execute.recompute import apply_recompute, expects_recompute, recompute_targets
+from autoplan.execute.recompute import apply_recompute, expects_recompute, out_of_place, recompute_targets
 from autoplan.execute.tensor_parallel import apply_tensor_parallel, validate_tp_plan
 from autoplan.execute.tied import TiedGradSync, build_tied_sync, tied_names
 from autoplan.execute.tp_overlap import apply_async_tp, check_runs_here
@@ -119,6 +119,8 @@ def parallelize(
         model
     )  # the tracer's rule (autoplan/trace/layers.py)
     targets = recompute_targets(plan=plan, blocks=blocks)  # all, or the first k of each chunk (recompute.py)
+    if plan.recompute == "selective":  # before the split, which bakes a module's in-place flag into its graph
+        out_of_place(module=model, blocks=targets)
     cp_state = build_context_parallel(plan=plan, mesh=mesh, seq_len=seq_len_of(tuple(microbatch_inputs or ())))
     if cp_state is not None:
         cp_state.install(model=model, blocks=blocks)

@@ -16,6 +16,8 @@
   W's; SAC gives each kept output to one re-run, so it stays for the next, as an alias (:class:`_KeptForEachRerun`).
   A re-run's tensors its pass never unpacks are dropped when it ends (:func:`_checkpoint_split`); W's passes (one
   per parameter group) share one re-run per block (execute/weight_pass.py), ended after its last reader.
+- Under selective recomputation a module inside a recomputed block writes its output anew, not over its input
+  (:func:`out_of_place`): SAC keeps a matmul's output by reference, which an in-place activation would change.
 - A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k blocks of each
   pipeline chunk (``plan.stages``; else every block), the rest run as under "none": :func:`recompute_targets`.
 - A plan asking for recomputation on a rank holding none of the blocks it targets there is refused
@@ -198,6 +200,19 @@ def apply_recompute(*, module: nn.Module, blocks: list[str], mode: str, split_ba
                 block, block.forward, selective=mode == "selective", split_backward=split_backward
             )
             count += 1
+    return count
+
+
+def out_of_place(*, module: nn.Module, blocks: list[str]) -> int:
+    """Turn off the ``inplace`` flag of every module inside ``blocks`` (nn.ReLU(inplace=True), nn.Dropout(inplace=
+    True), ...); return how many. Selective recomputation keeps a matmul's output by reference, and an activation
+    written over it in place (HF Swinv2's Linear -> ReLU(inplace=True)) stopped the backward ("Tensor cached during
+    selective activation checkpoint has been mutated"); the out-of-place op computes the same values."""
+    present, count = dict(module.named_modules()), 0
+    for fqn in blocks:
+        for sub in present[fqn].modules() if fqn in present else ():
+            if getattr(sub, "inplace", None) is True:
+                sub.inplace, count = False, count + 1
     return count
 
 

@@ -50,6 +50,12 @@ def _explained(plan: Plan, context: Any = None):
         if refused is not None:
             raise refused from exc
         text = str(exc)
+        if "cached during selective activation checkpoint has been mutated" in text:
+            raise PlanError(
+                "selective recomputation keeps the outputs of matmuls, and the model changes one in place (an "
+                "in-place op such as F.relu(x, inplace=True) or x.add_(...) on a matmul's output inside a block), "
+                "which torch's checkpoint refuses; make that op out of place, or plan recompute=full or none."
+            ) from exc
         if plan.tp > 1 and any(marker in text for marker in DTENSOR_LIMITS):
             first = text.strip().splitlines()[0]
             raise PlanError(

@@ -50,6 +50,7 @@ def _traced(name: str):
         # cp left its attention on each shard alone, --verify its dropout on
         ("torch_transformer", "cp=2"),
         ("torch_transformer", "dp=2"),
+        ("inplace_mlp", "pp=2,schedule=1f1b,recompute=selective"),  # ReLU(inplace=True) over a kept matmul output
         ("scalar_scale", "dp=2,zero=3,mbs=2"),  # fully_shard refuses a 0-dim parameter: replicated, averaged
         ("torch_seq2seq", "pp=2,schedule=1f1b"),  # nn.Transformer's own layers, found inside it, on two stages
         (

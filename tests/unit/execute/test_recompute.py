@@ -284,3 +284,50 @@ def test_selective_recomputation_of_a_recurrent_block_gives_the_plain_gradients(
         grads.append([p.grad for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a)
+
+
+class _InplaceBlock(nn.Module):
+    """A Linear whose output an activation overwrites: as a module flag (HF Swinv2's MLP) or a functional call."""
+
+    def __init__(self, functional: bool):
+        super().__init__()
+        self.up, self.act, self.down, self.functional = (
+            nn.Linear(8, 16),
+            nn.ReLU(inplace=True),
+            nn.Linear(16, 8),
+            functional,
+        )
+
+    def forward(self, x):
+        h = self.up(x)
+        h = torch.relu_(h) if self.functional else self.act(h)
+        return x + self.down(h)
+
+
+def test_selective_recomputation_turns_in_place_modules_off_and_names_an_in_place_call_in_one_sentence():
+    """SAC keeps the Linear's output by reference: ReLU(inplace=True) over it stopped the backward ("Tensor cached
+    during selective activation checkpoint has been mutated"). The block's modules now write anew (same values);
+    a functional in-place call is refused in one sentence."""
+    from autoplan.errors import PlanError
+    from autoplan.execute.recompute import out_of_place
+    from autoplan.execute.trainer import _explained
+    from autoplan.types.plan import Plan
+
+    torch.manual_seed(0)
+    model, x = nn.Sequential(_InplaceBlock(False), _InplaceBlock(False)), torch.randn(4, 8)
+    reference = nn.Sequential(*(_InplaceBlock(False) for _ in range(2)))
+    reference.load_state_dict(model.state_dict())
+    assert out_of_place(module=model, blocks=["1"]) == 1 and model[0].act.inplace and not model[1].act.inplace
+    assert out_of_place(module=model, blocks=["0", "1"]) == 1
+    apply_recompute(module=model, blocks=["0", "1"], mode="selective")
+    model(x).sum().backward()
+    reference(x).sum().backward()
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(mine.grad, theirs.grad)
+    calls = nn.Sequential(_InplaceBlock(True))
+    apply_recompute(module=calls, blocks=["0"], mode="selective")
+    with pytest.raises(PlanError, match="the model changes one in place .* plan recompute=full or none"):
+        with _explained(
+            Plan(devices=1, dp=1, tp=1, pp=1, micro_batch_size=4, num_microbatches=1, recompute="selective")
+        ):
+            calls(x).sum().backward()
