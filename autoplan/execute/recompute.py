@@ -16,12 +16,10 @@
   W's; SAC gives each kept output to one re-run, so it stays for the next, as an alias (:class:`_KeptForEachRerun`).
   A re-run's tensors its pass never unpacks are dropped when it ends (:func:`_checkpoint_split`); W's passes (one
   per parameter group) share one re-run per block (execute/weight_pass.py), ended after its last reader.
-- Under selective recomputation a module inside a recomputed block writes its output anew, not over its input
-  (:func:`out_of_place`): SAC keeps a matmul's output by reference, which an in-place activation would change.
+- Under selective recomputation a block's modules write anew, not in place (:func:`out_of_place`).
 - A budget (``plan.recompute_blocks``, autoplan/types/recompute.py) checkpoints only the first k blocks of each
   pipeline chunk (``plan.stages``; else every block), the rest run as under "none": :func:`recompute_targets`.
-- A plan asking for recomputation on a rank holding none of the blocks it targets there is refused
-  (autoplan/execute/api.py): recomputation is never priced and silently skipped.
+- A plan recomputing on a rank that holds none of its target blocks is refused (execute/api.py), not skipped.
 
 The block's ``forward`` is replaced on the instance: FQNs (tp_plan keys, FSDP, --verify's names) stay unchanged.
 """
