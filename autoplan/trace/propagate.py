@@ -140,8 +140,8 @@ class Propagator:
 
         def local(t: torch.Tensor) -> torch.Tensor:
             if StorageWeakRef(t.untyped_storage()) in self.frozen:
-                if t.grad_fn is not None and all(t is not leaf for leaf in leaves):
-                    leaves.append(t)  # a parameter's view (w.T, w[e]): its gradient is this node's work
+                if (t.grad_fn is not None or t.requires_grad) and all(t is not leaf for leaf in leaves):
+                    leaves.append(t)  # a parameter or its view (w.T, w[e]) as an argument: its gradient is this node's
                 return t
             if id(t) not in memo:
                 if t.requires_grad:
@@ -208,7 +208,7 @@ class Propagator:
             output = fn(*largs, **lkwargs)
         fwd = self.counter.get_total_flops() - before
         tensors = _tensors(output)
-        grads_of = [p for p in extra_params if p.requires_grad]
+        grads_of = [p for p in extra_params if p.requires_grad and all(p is not leaf for leaf in leaves)]
         with self.recorder:
             return output, fwd, self._backward(tensors, leaves + grads_of)
 

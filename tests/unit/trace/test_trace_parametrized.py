@@ -48,3 +48,21 @@ def test_attention_on_three_dim_tensors_traces_with_its_recompute_flops():
     graph = trace(ThreeDimAttention(), (torch.randn(2, 5, 16),))
     attention = next(n for n in graph.nodes if n.op == "attention")
     assert attention.attrs["bwd_recompute_flops"] == 2 * 2 * 5 * 5 * 16
+
+
+def test_a_parametrizations_backward_is_measured_and_tp_refused_where_dtensor_cannot_run_it():
+    """fx calls the parametrization with its parameters as arguments (get_attr), whose gradient the node measured
+    nowhere: the backward (aten._weight_norm_interface_backward, which DTensor cannot run) went unseen, the planner
+    offered tp = 2, and every rank stopped at the first step."""
+    from autoplan.errors import PlanError
+    from autoplan.solve.api import plan_graph
+
+    graph = trace(nn.Sequential(Block(True), Block(True)), (torch.randn(8, 16),))
+    norm = next(n for n in graph.nodes if n.module == "0.fc.parametrizations.weight.0")
+    assert "aten._weight_norm_interface_backward.default" in norm.attrs["dtensor_lacks"]
+    try:
+        plan_graph(graph, devices=2, profile="cpu-gloo", fix="tp=2")
+    except PlanError as refused:
+        assert "_weight_norm_interface_backward" in str(refused) and "use tp=1" in str(refused)
+    else:
+        raise AssertionError("tp=2 was planned")
