@@ -51,6 +51,13 @@ def cp_refusal(graph: Graph) -> str | None:
                 f"attention '{node.name}' attends {a.get('q_len')} queries to {a.get('kv_len')} keys, not the "
                 f"whole sequence of {graph.seq_len}; context parallelism splits self-attention over the sequence."
             )
+    if (shape := _output_without_sequence(graph)) is not None:
+        return (
+            f"context parallelism shards the sequence from the first block to the loss, and this model's output "
+            f"(shape {shape}) has no sequence dim: something after the last block pools or picks tokens (a "
+            "classifier's [CLS] or last token, a mean over the sequence), which on a shard picks another token or "
+            "pools a part; plan cp=1."
+        )
     if (node := _positions_in_block(graph)) is not None:
         return (
             f"block '{node.layer}' builds positions of the whole sequence inside the block ('{node.name}', a "
@@ -78,6 +85,19 @@ def _mask_made_before(graph: Graph, node) -> bool:
 def masked_attention(graph: Graph) -> bool:
     """Whether any attention of ``graph`` takes an explicit mask (which cp runs by MASKED_CP_VARIANTS only)."""
     return any(n.op == "attention" and n.attrs.get("has_mask") for n in graph.nodes)
+
+
+def _output_without_sequence(graph: Graph) -> list[int] | None:
+    """The shape of an output tensor of the model whose dim 0 is the batch and whose dim 1 is not the sequence
+    (``[B, labels]`` of a sequence classifier), or None when every batched output carries it: under cp the loss
+    meets each rank's shard of a per-token output (execute/context_parallel.py ``shard_target``)."""
+    for node in graph.nodes:
+        if node.op != "output":
+            continue
+        for shape in node.attrs.get("output_shapes") or [node.output_shape]:
+            if shape and shape[0] == graph.batch_size and (len(shape) < 2 or shape[1] != graph.seq_len):
+                return shape
+    return None
 
 
 def _positions_in_block(graph: Graph):

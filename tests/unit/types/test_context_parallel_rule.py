@@ -135,3 +135,22 @@ def test_positions_built_inside_a_block_refuse_context_parallelism():
     assert "builds positions of the whole sequence inside the block" in cp_refusal(graph)
     assert "layers.0" in cp_refusal(graph)
     assert cp_refusal(trace(Model(), (torch.zeros(2, SEQ, dtype=torch.long),))) is None
+
+
+class Classifier(Model):
+    """A sequence classifier: the first token's hidden state after the blocks, as BERT's pooler takes [CLS]."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(DIM, 3)
+
+    def forward(self, idx):
+        return self.head(super().forward(idx)[:, 0])
+
+
+def test_an_output_without_the_sequence_is_refused():
+    """Under cp each rank's hidden states leave the blocks as its shard: HF BertForSequenceClassification pooled
+    another token on cp rank 1 (--verify 70% off, no error) and LlamaForSequenceClassification's last-token index
+    fell off the shard (a raw IndexError)."""
+    said = cp_refusal(_graph(Classifier()))
+    assert said is not None and "output (shape [2, 3]) has no sequence dim" in said and "plan cp=1" in said
