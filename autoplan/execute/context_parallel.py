@@ -11,8 +11,8 @@ tail balancing, torch's ``_HeadTailLoadBalancer`` order), ``2c = S / cp`` tokens
   own inputs and what runs before the first block (embeddings, positions built with
   ``torch.arange(T)``, rotary tables sliced ``[:T]``) run whole, so positions stay global. Hidden
   states leave each block already sharded, and so do the model's outputs; the targets are sharded
-  the same way (:meth:`ContextParallel.shard_target`), and each rank's loss is its shard's mean,
-  whose mean over the cp group is the reference's loss. Gradients are averaged over dp x cp.
+  the same way (:meth:`ContextParallel.shard_target`), and each rank's loss is its shard's mean (weighed by
+  the tokens it scores where targets skip some: cp_loss.py), the cp group's mean the reference's; dp x cp average.
 - **Which dim**: a tensor whose dim 0 is the micro-batch carries the sequence in dim 1; a mask over
   the scores (``[B or 1, H or 1, S or 1, S]``) in none: it stays whole, and attention takes its shard's rows;
   any other in its first dim of length S.

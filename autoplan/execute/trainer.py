@@ -28,6 +28,7 @@ from torch.distributed.tensor.experimental import implicit_replication
 from autoplan.errors import PlanError
 from autoplan.execute import precision
 from autoplan.execute.batch import move_to, shard_batch
+from autoplan.execute.cp_loss import token_weights
 from autoplan.execute.data_parallel import allreduce_grads
 from autoplan.execute.expert_parallel import split_params
 from autoplan.execute.labels import chunk_label
@@ -97,6 +98,7 @@ class Trainer:
         None  # the rank's Heartbeat (autoplan/jobs/heartbeat.py): phases marked per micro-batch, not per op
     )
     traced: bool = False  # label each micro-batch's forward and backward for torch.profiler (labels.py)
+    token_weights: Any = None  # cp: each micro-batch's loss weight where targets skip tokens (local_batch)
 
     def mark(self, phase: str, *, kind: str = "compute") -> None:
         """Tell the heartbeat which phase of the step this rank is in (one tuple stored)."""
@@ -108,7 +110,7 @@ class Trainer:
         fp16: the schedule runs backward on what this returns). The unscaled loss is kept for
         :meth:`_pipelined` to report: a 16-bit loss times the scale can overflow where the loss
         does not (the scaler then skips the step), and a reported inf would read as a diverged run."""
-        loss = self.loss_fn(output, target if self.target_given else None)
+        loss = self._weighed(self.loss_fn(output, target if self.target_given else None), target)
         steps = self.plan.schedule_steps  # k > 1: the mean over the optimizer step's m (execute/pipeline.py)
         mean = loss / self.plan.num_microbatches if steps > 1 else loss
         scaled = self.scaler.scale_loss(mean) if self.scaler else mean
@@ -148,8 +150,13 @@ class Trainer:
         inputs = shard_batch(tuple(inputs), index=index, parts=parts, batch_size=global_batch)
         target = shard_batch(target, index=index, parts=parts, batch_size=global_batch)
         if self.context is not None:
-            target = self.context.shard_target(target, batch=global_batch // parts)
+            whole, target = target, move_to(self.context.shard_target(target, batch=global_batch // parts), self.device)
+            self.token_weights = token_weights(whole, target, rows=self.plan.micro_batch_size, cp=self.plan.cp)
         return move_to(inputs, self.device), move_to(target, self.device)
+
+    def _weighed(self, loss: torch.Tensor, target: Any) -> torch.Tensor:
+        """``loss`` times its micro-batch's weight under cp where targets skip tokens (TokenWeights)."""
+        return loss if self.token_weights is None else loss * self.token_weights.of(target)
 
     # ---- the step -----------------------------------------------------------------------
     def train_step(self, inputs: tuple, target: Any) -> torch.Tensor:
@@ -197,7 +204,7 @@ class Trainer:
                 self._forward_context(),
                 chunk_label(self.traced, "forward", index),
             ):
-                loss = self.loss_fn(model(*x), y) / n
+                loss = self._weighed(self.loss_fn(model(*x), y), y) / n
             self.mark(f"backward mb{index}")
             with chunk_label(self.traced, "backward", index):
                 (self.scaler.scale_loss(loss) if self.scaler else loss).backward()
