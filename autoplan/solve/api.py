@@ -242,11 +242,13 @@ def _frugal_fit(
         max_tp=tp_runnable.max_tp(graph, fixes),
         cp_seq_len=cp_sequence(graph, profile, fixes),
         cp_beside_pp=not masked_attention(graph),
+        whole_batch=bool(graph.batch_coupled),
     ):
         moe = any(layer.interface == "grouped" for layer in graph.moe_layers)
         local = tuple(n // deg.cp for n in seq_lens)
         for sp in sequence_parallel.sp_options(tp=deg.tp, seq_lens=local, fixes=frugal, pp=deg.pp, moe=moe)[-1:]:
-            for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal)[:1]:
+            whole = bool(graph.batch_coupled)
+            for mbs in space.micro_batch_options(batch=batch, dp=deg.dp, fixes=frugal, whole=whole)[:1]:
                 zeros = space.zero_options(dp=deg.dp_cp, fixes=frugal)
                 if not zeros:
                     continue

@@ -27,6 +27,7 @@ def search_degrees(search: Any) -> list:
     kw = dict(per_node=per_node, layers=layers, batch=opts.batch_size, fixes=search.fixes, eps=search.moe_limits.eps)
     kw.update(refused=search.refused, cp_seq_len=search.cp_seq_len, runtime=opts.runtime)
     kw.update(etp_ok=expert_layout.expert_tp_ok(search.moe_limits), cp_beside_pp=not search.cp_masked)
+    kw.update(whole_batch=bool(search.graph.batch_coupled))
     degrees = [deg for n in counts for deg in space.degree_options(devices=n, max_tp=search.max_tp, **kw)]
     degrees = keep_degrees(degrees, search.sparse_tables)
     space.check_zero_pin(degrees, search.fixes, runtime=opts.runtime)
@@ -57,7 +58,8 @@ def bounded_groups(search: Any) -> list[tuple[float, Any]]:
             search.profile, fixes=search.fixes, allow_fp8=search.options.allow_fp8, runtime=search.options.runtime
         ):
             for sp in sp_options(tp=deg.tp, seq_lens=local_seq_lens, fixes=search.fixes, pp=deg.pp, moe=moe):
-                for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=search.fixes):
+                whole = bool(search.graph.batch_coupled)
+                for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=search.fixes, whole=whole):
                     if folds_into_dp(cp=deg.cp, mbs=mbs, fixes=search.fixes) or (expert_layout.folds(deg) and not sp):
                         continue
                     m, k = opts.batch_size // (deg.dp * mbs), search.fixes.get("schedule_steps", 1)

@@ -146,7 +146,7 @@ def _bound(result: SearchResult, devices: int, dp: int, members: list) -> str:
         kinds = {_kind(c) for c in members}
         return "" if "speed" in kinds else ("run" if "run" in kinds else "memory")
     rules = {r.rule for r in result.refused if r.devices == devices and r.dp == dp}
-    return next((rule for rule in sorted(rules) if rule == "batch" or rule.startswith("pin")), "")
+    return next((rule for rule in sorted(rules) if rule in ("batch", "whole batch") or rule.startswith("pin")), "")
 
 
 def _kind(c) -> str:
@@ -169,6 +169,12 @@ def _sentence(rule: str, dps: list[int], best: Plan) -> str:
         every = math.ceil(batch / every) * every
         more = f"a batch of {one} allows dp={dps[0]}" + (f", {every} every dp up to {dps[-1]}" if len(dps) > 1 else "")
         return f"the batch of {batch} ({_factors(batch)}) does not divide by {listed}; {more}"
+    if rule == "whole batch":
+        return (
+            "the model's output couples the samples of a batch (an in-batch contrastive loss), which data "
+            "parallelism and micro-batches would split into another loss, so the batch stays whole; gather the "
+            "embeddings across ranks in the model's loss to train it data-parallel"
+        )
     if rule == "memory":
         return f"no plan with {listed} fits in memory"
     if rule == "run":

@@ -120,12 +120,14 @@ def degree_options(
     runtime: str = "autoplan",
     etp_ok: Any = True,
     cp_beside_pp: bool = True,
+    whole_batch: bool = False,
 ) -> list[Degrees]:
     """Every (dp, tp, pp, ep, cp) the rules and the pins allow (module docstring); ``eps`` are the
     expert-parallel degrees the model's MoE layers allow (cost/moe/experts.py:ep_options), ``max_tp`` the
     largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit), ``cp_seq_len`` the sequence
     cp may split (solve/context_parallel.cp_sequence; 0: cp = 1 only), ``cp_beside_pp`` whether cp > 1 may
-    share a plan with pp > 1 (solve/context_parallel.cp_beside_pp). Each shape a rule
+    share a plan with pp > 1 (solve/context_parallel.cp_beside_pp), ``whole_batch`` whether the model's output couples
+    the batch's samples (Graph.batch_coupled: dp = 1 only, :func:`check_whole_batch_pins`). Each shape a rule
     refuses is appended to ``refused`` (the search's record: solve/notes.py reads it)."""
     refused = [] if refused is None else refused
     options, experts = [], dict(eps=eps, fixes=fixes, runtime=runtime, etp_ok=etp_ok)  # solve/expert_layout.py
@@ -136,6 +138,7 @@ def degree_options(
                 rule = _tp_rule(tp, devices, per_node, fixes, max_tp) or _shape_rule(dp, pp, layers, batch, fixes)
                 rule = rule or ("pin cp" if "cp" in fixes and cp != fixes["cp"] else "")
                 rule = rule or ("cp masks pp" if cp > 1 and pp > 1 and not cp_beside_pp else "")
+                rule = rule or ("whole batch" if whole_batch and dp > 1 else "")
                 if rule:
                     refused.append(RefusedShape(devices=devices, dp=dp, tp=tp, pp=pp, rule=rule, cp=cp))
                     continue
@@ -162,11 +165,30 @@ def _shape_rule(dp: int, pp: int, layers: int, batch: int, fixes: dict) -> str:
     return "batch" if batch % dp else ""
 
 
-def micro_batch_options(*, batch: int, dp: int, fixes: dict) -> list[int]:
+def micro_batch_options(*, batch: int, dp: int, fixes: dict, whole: bool = False) -> list[int]:
+    """The micro-batch sizes a dp replica's share of the batch splits into; ``whole``: the share as one micro-batch
+    (a model whose output couples the batch's samples, Graph.batch_coupled)."""
     per_replica = batch // dp
+    if whole:
+        return [per_replica] if fixes.get("mbs", per_replica) == per_replica else []
     if "mbs" in fixes:
         return [fixes["mbs"]] if per_replica % fixes["mbs"] == 0 else []
     return _divisors(per_replica)
+
+
+def check_whole_batch_pins(graph: Graph, fixes: dict, *, batch: int) -> None:
+    """A ``dp`` or ``mbs`` pin that splits the batch of a model whose output couples its samples: one sentence."""
+    if not graph.batch_coupled:
+        return
+    split = fixes.get("dp", 1) > 1 or fixes.get("mbs", batch) < batch
+    if split:
+        pinned = ",".join(f"{key}={fixes[key]}" for key in ("dp", "mbs") if key in fixes)
+        raise PlanError(
+            f"--fix {pinned}: this model's output (shape {graph.batch_coupled}) couples the samples of a batch (an "
+            "in-batch contrastive loss), and a batch split over data-parallel ranks or micro-batches trains another "
+            "loss, each part scored against its own samples only; unpin them (autoplan keeps the batch whole: tp, "
+            "pp, cp), or gather the embeddings across ranks in the model's loss."
+        )
 
 
 def tp_overlap_options(*, profile: Profile, tp: int, sequence_parallel: bool, fixes: dict) -> list[bool]:

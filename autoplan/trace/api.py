@@ -26,6 +26,7 @@ from torch.utils._mode_utils import no_dispatch
 from autoplan.errors import AutoplanError, ModelFileError, TraceError
 from autoplan.modelfile import ModelFile, default_loss, load_model_file
 from autoplan.trace import dataflow, moe
+from autoplan.trace.batch_coupling import coupled_output
 from autoplan.trace.batch_dims import check_batch_dims
 from autoplan.trace.build import build_graph, canonical_names, seq_len_of
 from autoplan.trace.capture import capture, first_line
@@ -175,6 +176,7 @@ def trace_model_file(
     loss = model_file.loss if model_file.loss_fn is not None else None
     graph = trace(model, inputs, loss_fn=loss, target=target, model_name=model_file.name, routing=routing)
     graph.model_sha256 = model_file.sha256
+    graph.batch_coupled = coupled_output(model, model_file, graph)
     return graph
 
 

@@ -197,6 +197,7 @@ class Graph:
     moe_layers: list[MoELayer] = field(default_factory=list)  # types/moe.py; empty for a dense model
     model_sha256: str = ""  # the SHA-256 of the model file it was traced from ("" when traced from a module)
     inputs: list[InputSpec] = field(default_factory=list)  # the forward() arguments traced (types/inputs.py)
+    batch_coupled: list[int] = field(default_factory=list)  # an output coupling samples (trace/batch_coupling.py)
     version: int = GRAPH_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -1,0 +1,59 @@
+"""An output that couples the samples of a batch (autoplan/trace/batch_coupling.py): CLIP's in-batch contrastive
+logits ``[B, B]`` are recorded, a ``[B, C]`` classifier whose C happens to equal B is not, and the planner keeps the
+batch of a coupled model whole (no dp, one micro-batch), refusing a pin that splits it in one sentence."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.errors import PlanError
+from autoplan.solve.api import plan_graph
+from autoplan.trace.api import trace_model_file
+
+TOWERS = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class TwoTowers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.text, self.image = nn.Linear(16, 16), nn.Linear(16, 16)
+    def forward(self, a, b):
+        return F.normalize(self.text(a), dim=-1) @ F.normalize(self.image(b), dim=-1).t()
+def build_model(): return TwoTowers()
+def example_inputs(n): return (torch.randn(n, 16), torch.randn(n, 16))
+def example_target(n): return torch.arange(n)
+def loss_fn(logits, target): return F.cross_entropy(logits, torch.arange(logits.size(0), device=logits.device))
+"""
+CLASSES = """
+import torch, torch.nn as nn, torch.nn.functional as F
+def build_model(): return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+def example_inputs(n): return (torch.randn(n, 16),)
+def example_target(n): return torch.zeros(n, dtype=torch.long)
+def loss_fn(logits, target): return F.cross_entropy(logits, target)
+"""
+
+
+def _traced(tmp_path, name, text):
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    return trace_model_file(path, 8)
+
+
+def test_a_contrastive_output_is_recorded_and_a_classifier_with_as_many_classes_as_samples_is_not(tmp_path):
+    assert _traced(tmp_path, "towers", TOWERS).batch_coupled == [8, 8]
+    assert _traced(tmp_path, "classes", CLASSES).batch_coupled == []  # [8, 8] at batch 8, [16, 8] at 16
+
+
+def test_the_planner_keeps_a_coupled_batch_whole_and_refuses_a_pin_that_splits_it(tmp_path):
+    """Split over dp or micro-batches, each part scored against its own samples: another loss (3.08 against the
+    model's 3.35 on the first step), which --verify's reference, splitting alike, passed."""
+    graph = _traced(tmp_path, "towers", TOWERS)
+    result = plan_graph(graph, devices=2, profile="cpu-gloo")
+    assert result.candidates and all(c.config["dp"] == 1 for c in result.candidates)
+    assert result.best.num_microbatches == 1 and result.best.micro_batch_size == 8
+    for pin in ("dp=2", "mbs=4"):
+        with pytest.raises(PlanError) as refused:
+            plan_graph(graph, devices=2, profile="cpu-gloo", fix=pin)
+        said = str(refused.value)
+        assert f"--fix {pin}" in said and "couples the samples of a batch" in said and "\n" not in said
+    assert any(c.config["dp"] == 2 for c in plan_graph(_traced(tmp_path, "classes", CLASSES), devices=2,
+                                                       profile="cpu-gloo").candidates)  # fmt: skip
