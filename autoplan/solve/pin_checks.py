@@ -11,6 +11,7 @@ from autoplan.solve import activation_offload, moe_overlap, space
 from autoplan.solve.context_parallel import check_cp_pins
 from autoplan.solve.local_sgd import check_local_sgd_pins
 from autoplan.solve.sparse_grads import check_sparse_pins
+from autoplan.solve.whole_batch import check_whole_batch_pins
 from autoplan.types.graph import Graph
 from autoplan.types.profile import Profile
 
@@ -25,4 +26,4 @@ def check_option_pins(graph: Graph, profile: Profile, fixes: dict, options: Any)
     activation_offload.check_activation_offload_pin(profile, fixes, options.runtime)
     moe_overlap.check_pin(fixes, options.runtime)
     check_sparse_pins(graph, fixes)
-    space.check_whole_batch_pins(graph, fixes, batch=options.batch_size)
+    check_whole_batch_pins(graph, fixes, batch=options.batch_size)

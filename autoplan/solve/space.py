@@ -127,7 +127,7 @@ def degree_options(
     largest tp its ops run under (solve/tp_runnable.max_tp; None: no limit), ``cp_seq_len`` the sequence
     cp may split (solve/context_parallel.cp_sequence; 0: cp = 1 only), ``cp_beside_pp`` whether cp > 1 may
     share a plan with pp > 1 (solve/context_parallel.cp_beside_pp), ``whole_batch`` whether the model's output couples
-    the batch's samples (Graph.batch_coupled: dp = 1 only, :func:`check_whole_batch_pins`). Each shape a rule
+    the batch's samples (Graph.batch_coupled: dp = 1 only, solve/whole_batch.py). Each shape a rule
     refuses is appended to ``refused`` (the search's record: solve/notes.py reads it)."""
     refused = [] if refused is None else refused
     options, experts = [], dict(eps=eps, fixes=fixes, runtime=runtime, etp_ok=etp_ok)  # solve/expert_layout.py
@@ -174,21 +174,6 @@ def micro_batch_options(*, batch: int, dp: int, fixes: dict, whole: bool = False
     if "mbs" in fixes:
         return [fixes["mbs"]] if per_replica % fixes["mbs"] == 0 else []
     return _divisors(per_replica)
-
-
-def check_whole_batch_pins(graph: Graph, fixes: dict, *, batch: int) -> None:
-    """A ``dp`` or ``mbs`` pin that splits the batch of a model whose output couples its samples: one sentence."""
-    if not graph.batch_coupled:
-        return
-    split = fixes.get("dp", 1) > 1 or fixes.get("mbs", batch) < batch
-    if split:
-        pinned = ",".join(f"{key}={fixes[key]}" for key in ("dp", "mbs") if key in fixes)
-        raise PlanError(
-            f"--fix {pinned}: this model's output (shape {graph.batch_coupled}) couples the samples of a batch (an "
-            "in-batch contrastive loss), and a batch split over data-parallel ranks or micro-batches trains another "
-            "loss, each part scored against its own samples only; unpin them (autoplan keeps the batch whole: tp, "
-            "pp, cp), or gather the embeddings across ranks in the model's loss."
-        )
 
 
 def tp_overlap_options(*, profile: Profile, tp: int, sequence_parallel: bool, fixes: dict) -> list[bool]:
