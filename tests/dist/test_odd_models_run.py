@@ -52,6 +52,7 @@ def _traced(name: str):
         ("torch_transformer", "dp=2"),
         ("inplace_mlp", "pp=2,schedule=1f1b,recompute=selective"),  # ReLU(inplace=True) over a kept matmul output
         ("scalar_scale", "dp=2,zero=3,mbs=2"),  # fully_shard refuses a 0-dim parameter: replicated, averaged
+        ("legacy_weight_norm", "dp=2"),  # --verify's reference: no deepcopy of a computed weight; built again
         ("ignored_tokens", "cp=2,mbs=2"),  # -100 targets: each cp rank's shard mean weighed by the tokens it scores
         ("torch_seq2seq", "pp=2,schedule=1f1b"),  # nn.Transformer's own layers, found inside it, on two stages
         (

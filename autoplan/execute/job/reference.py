@@ -247,3 +247,25 @@ def _how(found: StepCheck) -> str:
     if found.approximate:
         return f" ({found.approximate})"
     return " (compressed by PowerSGD)" if found.compressed else ""
+
+
+def reference_copy(model: nn.Module, model_file: Any) -> nn.Module:
+    """A copy of ``model`` for the reference: ``copy.deepcopy``, else where a tensor attribute of the model is no
+    graph leaf (the legacy ``torch.nn.utils.weight_norm`` keeps ``weight`` as a computed tensor: deepcopy refused
+    it and --verify stopped on every plan) ``model_file``'s model built again, holding ``model``'s state, its
+    stochastic depth off as ``model``'s (runner.py)."""
+    import copy
+
+    from autoplan.execute import rng
+    from autoplan.execute.materialize import materialize
+    from autoplan.execute.mesh import local_device
+
+    try:
+        return copy.deepcopy(model)
+    except RuntimeError as exc:
+        if "deepcopy protocol" not in str(exc):
+            raise
+    fresh = materialize(model_file.build(), device=local_device())
+    fresh.load_state_dict(model.state_dict())
+    rng.dropout_off(fresh)
+    return fresh

@@ -16,7 +16,6 @@ RSS (``ru_maxrss``), the largest over ranks.
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import resource
 import sys
@@ -33,6 +32,7 @@ from autoplan.execute.job import checkpointing, nonfinite, replicas
 from autoplan.execute.job.contract import EXIT_NONFINITE_LOSS, EXIT_STOPPED, EXIT_VERIFY_FAILED
 from autoplan.execute.job.heartbeats import start_heartbeat
 from autoplan.execute.job.outputs import write_outputs
+from autoplan.execute.job.reference import reference_copy
 from autoplan.execute.job.replicas import ReplicaCheck
 from autoplan.execute.job.tracing import StepTracer
 from autoplan.jobs.heartbeat import Heartbeat
@@ -161,7 +161,7 @@ def _train(*, opts: RunOptions, plan, model_file, heartbeat: Heartbeat) -> int:
     torch.manual_seed(opts.seed)  # a meta-built model is initialised here, the same on every rank
     model = materialize(model, device=local_device())
     randomness = rng.dropout_off(model) if opts.verify else None  # before the copy: stochastic depth off in both
-    reference = copy.deepcopy(model) if opts.verify else None
+    reference = reference_copy(model, model_file) if opts.verify else None
     torch.manual_seed(opts.seed)
     microbatch = model_file.inputs(plan.micro_batch_size)
     target = model_file.target(plan.micro_batch_size)
