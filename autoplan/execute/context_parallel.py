@@ -75,8 +75,10 @@ def sequence_dim(shape: torch.Size | tuple, *, seq_len: int, batch: int) -> int 
 
 def _is_score_mask(shape: torch.Size | tuple, *, seq_len: int) -> bool:
     """A mask over the scores of the whole sequence as SDPA takes it, ``[B or 1, H or 1, S or 1, S]``
-    (types/context_parallel.py ``score_mask_shape``)."""
-    return len(shape) == 4 and shape[-1] == seq_len and shape[-2] in (1, seq_len)
+    (types/context_parallel.py ``is_score_mask``)."""
+    from autoplan.types.context_parallel import is_score_mask
+
+    return is_score_mask(shape, q_len=seq_len, kv_len=seq_len)
 
 
 def shard_sequence(obj: Any, *, positions: torch.Tensor, seq_len: int, batch: int) -> Any:

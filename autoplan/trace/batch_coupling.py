@@ -22,17 +22,22 @@ from autoplan.types.graph import Graph
 def coupled_output(model: torch.nn.Module, model_file: Any, graph: Graph) -> list[int]:
     """The shape of an output of ``model`` (on meta) that grows with the batch on two dims, or [] (module
     docstring); [] too when the model does not run at twice the batch on the meta device."""
-    batch = graph.batch_size
-    candidates = [s for s in _output_shapes(graph) if batch >= 2 and sum(d == batch for d in s) >= 2]
-    if not candidates:
+    batch, shapes = graph.batch_size, _output_shapes(graph)
+    if batch < 2 or not any(sum(d == batch for d in shape) >= 2 for shape in shapes):
         return []
     try:
         with torch.device("meta"), torch.no_grad():
-            grown = model(*model_file.inputs(2 * batch))
+            grown = [t for t in tree_leaves(model(*model_file.inputs(2 * batch))) if isinstance(t, torch.Tensor)]
     except Exception:  # a file or model with its own limits on the batch: nothing to compare with
         return []
-    if any(isinstance(t, torch.Tensor) and sum(d == 2 * batch for d in t.shape) >= 2 for t in tree_leaves(grown)):
-        return candidates[0]
+    if len(grown) != len(shapes):
+        return []
+    for shape, tensor in zip(shapes, grown):  # the same output at both batches: its dims that doubled
+        doubled = [
+            d for d, size in enumerate(shape) if size == batch and d < tensor.dim() and tensor.shape[d] == 2 * batch
+        ]
+        if len(doubled) >= 2:
+            return shape
     return []
 
 

@@ -77,9 +77,17 @@ def _mask_made_before(graph: Graph, node) -> bool:
     for name in preds[node.name]:
         pred = graph.node(name)
         shape = pred.output_shape or []
-        if pred.layer != node.layer and len(shape) == 4 and shape[-1] == kv_len and shape[-2] in (1, q_len):
+        if pred.layer != node.layer and is_score_mask(shape, q_len=q_len, kv_len=kv_len):
             return True
     return False
+
+
+def is_score_mask(shape, *, q_len: int | None, kv_len: int | None) -> bool:
+    """A shape of a mask over attention scores as SDPA takes it: ``[B or 1, H or 1, q_len or 1, kv_len]``. A rotary
+    table ``[1, S, 1, D]`` whose D happens to equal S is not: its dim 1 is the sequence."""
+    if len(shape) != 4 or shape[-1] != kv_len:
+        return False
+    return shape[-2] == q_len or (shape[-2] == 1 and shape[1] != q_len)
 
 
 def masked_attention(graph: Graph) -> bool:
