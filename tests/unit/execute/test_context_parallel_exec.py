@@ -46,6 +46,7 @@ def test_head_tail_positions_are_torch_balancers_chunks(cp):
         ((2, 1, 1, 8), None),  # a key-padding mask broadcast over the queries
         ((1, 8), 1),  # position ids [1, S]: a block takes its shard
         ((1, 8, 8), 1),  # 3-D: no mask as SDPA takes one ([B, H, L, S])
+        ((1, 8, 1, 8), 1),  # a rotary table [1, S, 1, D] whose D equals S: its dim 1 is the sequence
     ],
 )
 def test_sequence_dim_is_dim_1_of_a_batched_tensor_else_the_first_of_length_s(shape, dim):

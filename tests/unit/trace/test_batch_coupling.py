@@ -23,6 +23,20 @@ def example_inputs(n): return (torch.randn(n, 16), torch.randn(n, 16))
 def example_target(n): return torch.arange(n)
 def loss_fn(logits, target): return F.cross_entropy(logits, torch.arange(logits.size(0), device=logits.device))
 """
+POOLED = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj, self.pool = nn.Linear(16, 16), nn.Linear(16, 16)
+    def forward(self, x):
+        h = self.proj(x)
+        return h, self.pool(h[:, 0])
+def build_model(): return Pooled()
+def example_inputs(n): return (torch.randn(n, 8, 16),)
+def example_target(n): return torch.randn(n, 8, 16)
+def loss_fn(out, target): return F.mse_loss(out[0], target)
+"""
 CLASSES = """
 import torch, torch.nn as nn, torch.nn.functional as F
 def build_model(): return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
@@ -41,6 +55,8 @@ def _traced(tmp_path, name, text):
 def test_a_contrastive_output_is_recorded_and_a_classifier_with_as_many_classes_as_samples_is_not(tmp_path):
     assert _traced(tmp_path, "towers", TOWERS).batch_coupled == [8, 8]
     assert _traced(tmp_path, "classes", CLASSES).batch_coupled == []  # [8, 8] at batch 8, [16, 8] at 16
+    # [8, 8, 16] at batch 8 (two dims of its size) is [16, 8, 16] at 16: two dims of 16, one of them grown
+    assert _traced(tmp_path, "pooled", POOLED).batch_coupled == []
 
 
 def test_the_planner_keeps_a_coupled_batch_whole_and_refuses_a_pin_that_splits_it(tmp_path):
