@@ -84,8 +84,18 @@ def _start(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interruptible,
     )
     return proc, markers
+
+
+def _interruptible() -> None:
+    """In the launcher's process before it starts: SIGINT handled and unblocked, as a shell starts a command. A
+    process ignoring SIGINT hands that on to the programs it starts, and Python then installs no handler of its own:
+    a test worker that some library left so made this launcher ignore the Ctrl-C the test sends (the test timed out
+    and the 100,000-step run went on under the rest of the suite)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @pytest.mark.parametrize("forward,expected", [(SHAPES, "rank 1 failed"), (OPS, "Timed out")], ids=["shapes", "ops"])
@@ -126,10 +136,23 @@ def _alive(pid: int) -> bool:
 
 def test_ctrl_c_stops_every_process(tmp_path):
     proc, ranks = _running_ranks(tmp_path)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    try:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:  # a launcher that did not stop must not train on under the next tests
+        _kill_all(proc, ranks)
     assert proc.returncode == 130
     assert not [pid for pid in ranks if _alive(pid)]
+
+
+def _kill_all(proc: subprocess.Popen, ranks: list[int]) -> None:
+    """SIGKILL to the ranks and the launcher that still run."""
+    for pid in ranks:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def _running_ranks(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
