@@ -217,10 +217,19 @@ def _faker(mode: FakeTensorMode, *, parameter: bool = False) -> Callable[[torch.
 
 
 def _move_meta_constants(gm: torch.fx.GraphModule) -> None:
-    """torch.export bakes the capture device (meta) into factory calls; propagation runs on CPU fakes.
-    Only the nodes change: propagation runs the graph node by node (autoplan.trace.propagate), never
-    the module's generated code, so that code is not regenerated (about 0.5 s on a 10k-node graph;
-    stitching, autoplan.trace.stitch, leaves it stale the same way)."""
+    """torch.export bakes the capture device (meta) into factory calls and ``.to(device)``; propagation runs on CPU
+    fakes. The top graph's nodes change without its code regenerated: propagation runs it node by node
+    (autoplan.trace.propagate), never the generated code (about 0.5 s on a 10k-node graph; stitching,
+    autoplan.trace.stitch, leaves it stale the same way). A region's body (a ``@torch.no_grad()`` or autocast
+    submodule graph, run whole by its higher-order op) is recompiled: HF M2M100's position embedding moved its
+    positions ``.to(input_ids.device)``, baked as meta, beside CPU fakes."""
+    for name, sub in gm.named_modules():
+        if isinstance(getattr(sub, "graph", None), torch.fx.Graph) and _meta_to_cpu(sub.graph) and name:
+            sub.recompile()
+
+
+def _meta_to_cpu(graph: torch.fx.Graph) -> bool:
+    """Each node's meta device argument made cpu; whether any was."""
     meta, cpu = torch.device("meta"), torch.device("cpu")
     found: list[bool] = []
 
@@ -230,11 +239,13 @@ def _move_meta_constants(gm: torch.fx.GraphModule) -> None:
             return cpu if isinstance(value, torch.device) else "cpu"
         return value
 
-    for node in gm.graph.nodes:
+    changed = False
+    for node in graph.nodes:
         found.clear()
         args, kwargs = torch.fx.node.map_aggregate(node.args, fix), torch.fx.node.map_aggregate(node.kwargs, fix)
         if found:
-            node.args, node.kwargs = args, kwargs
+            node.args, node.kwargs, changed = args, kwargs, True
+    return changed
 
 
 def _run(

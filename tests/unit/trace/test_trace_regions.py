@@ -61,3 +61,41 @@ def test_a_no_grad_rotary_with_a_cast_in_every_block_traces():
     graph = trace(model, (ids,))
     assert graph.layers == ["blocks.0", "blocks.1", "blocks.2"]
     assert sum(n.fwd_flops for n in graph.nodes if n.module.startswith("blocks.2")) > 0  # the stitched block priced
+
+
+class Positions(nn.Module):
+    """HF M2M100's shape: positions from the ids under ``@torch.no_grad()``, moved ``.to(ids.device)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(S + 2, D), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, ids):
+        positions = (torch.cumsum(ids.ne(0).int(), dim=1) * ids.ne(0).int()).long().to(ids.device)
+        return self.table.index_select(0, positions.view(-1)).view(*ids.shape, D)
+
+
+class PositionsModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.positions = nn.Embedding(V, D), Positions()
+        self.blocks = nn.ModuleList(nn.Linear(D, D) for _ in range(2))
+        self.head = nn.Linear(D, V)
+
+    def forward(self, ids):
+        x = self.embed(ids) + self.positions(ids)
+        if x.shape[1] > 1:  # a branch torch.fx cannot take: torch.export traces
+            for block in self.blocks:
+                x = x + torch.tanh(block(x))
+        return self.head(x)
+
+
+def test_a_no_grad_region_moving_a_tensor_to_the_input_device_traces():
+    """torch.export baked ``.to(ids.device)`` as the meta device it ran on, inside the region's body; the trace ran
+    that body on CPU fakes ("found at least two devices, cpu and meta")."""
+    with torch.device("meta"):
+        model, ids = PositionsModel(), torch.randint(0, V, (4, S))
+    graph = trace(model, (ids,))
+    assert graph.layers == ["blocks.0", "blocks.1"]
+    assert any(n.module == "positions" for n in graph.nodes)
