@@ -80,7 +80,7 @@ def _start(
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
-        env=dict(os.environ, MARKERS=str(markers)),
+        env=dict(os.environ, MARKERS=str(markers), TMPDIR=str(tmp_path)),  # a launcher killed hard leaves its temp dir
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
