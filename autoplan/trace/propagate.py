@@ -35,7 +35,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 
 from autoplan.errors import TraceError
-from autoplan.trace import casts, classify, dtensor_reach, memo, memo_keys, nodeattrs
+from autoplan.trace import casts, classify, dtensor_reach, memo, memo_keys, nodeattrs, sequence_mixing
 from autoplan.trace.capture import first_line, raised_in, stack_trace_line
 from autoplan.trace.flops import flop_counter
 from autoplan.trace.hints import data_dependent_hint
@@ -281,6 +281,8 @@ class Propagator:
         kind, attrs = nodeattrs.kind_and_attrs(node, module, args, kwargs, output, params)
         if module is None:  # an explicit cast's target, for the activations' run dtypes (trace/casts.py)
             attrs.update(casts.cast_attrs(node, classify.short_name(node), self.canonical))
+        if mixes := sequence_mixing.mixed_sizes(classify.short_name(node), kind, args, kwargs, module):
+            attrs["mixes"] = mixes  # the dims a shard of the sequence cannot combine alone (cp_refusal)
         if self.dtensor_lacks.get(node.name):  # tensor parallelism cannot run this node (dtensor_reach)
             attrs["dtensor_lacks"] = self.dtensor_lacks[node.name]
         if "module_type" in attrs and module is None and node.meta.get("nn_module_stack"):

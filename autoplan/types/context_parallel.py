@@ -3,7 +3,8 @@ the executor both read (docs/executor.md, "Context parallelism").
 
 Context parallelism shards every sequence over ``cp`` ranks, each holding chunks r and 2cp-1-r of
 2cp equal chunks (head-tail load balancing), so a sequence of S tokens needs 2cp | S. Only attention
-mixes tokens across the sequence, and the executor splits it for scaled-dot-product attention over
+may mix tokens across the sequence (any other op that does, a scan, shift or convolution over it, is refused:
+trace/sequence_mixing.py), and the executor splits it for scaled-dot-product attention over
 the whole sequence (q_len = kv_len = S) that is causal, unmasked, or masked by a mask made before the
 blocks (Hugging Face's traced causal or sliding-window mask, a padding mask): a rank's queries take
 their rows of the whole mask against the whole sequence's keys (autoplan's all-gather), or the whole
@@ -58,6 +59,14 @@ def cp_refusal(graph: Graph) -> str | None:
             "classifier's [CLS] or last token, a mean over the sequence), which on a shard picks another token or "
             "pools a part; plan cp=1."
         )
+    if (node := _mixing_node(graph)) is not None:
+        where = f"in block '{node.layer}'" if node.layer is not None else "after the last block"
+        return (
+            f"'{node.name}' ({node.target}) {where} combines values along the sequence of {graph.seq_len} tokens "
+            "(a scan, shift, convolution, pooling or slice over it), and under context parallelism each rank holds "
+            "only its shard of the sequence from the first block on: only attention exchanges between the shards, "
+            "so the op would compute on each shard alone; plan cp=1."
+        )
     if (node := _positions_in_block(graph)) is not None:
         return (
             f"block '{node.layer}' builds positions of the whole sequence inside the block ('{node.name}', a "
@@ -105,6 +114,17 @@ def _output_without_sequence(graph: Graph) -> list[int] | None:
         for shape in node.attrs.get("output_shapes") or [node.output_shape]:
             if shape and shape[0] == graph.batch_size and (len(shape) < 2 or shape[1] != graph.seq_len):
                 return shape
+    return None
+
+
+def _mixing_node(graph: Graph):
+    """The first node from the first block on that combines values along a dim as long as the sequence, other
+    than attention (``attrs["mixes"]``, trace/sequence_mixing.py); None when every such op is token-wise."""
+    started = False
+    for node in graph.nodes:
+        started = started or node.layer is not None
+        if started and node.op not in ("attention", "loss", "output") and graph.seq_len in node.attrs.get("mixes", ()):
+            return node
     return None
 
 

@@ -154,3 +154,61 @@ def test_an_output_without_the_sequence_is_refused():
     fell off the shard (a raw IndexError)."""
     said = cp_refusal(_graph(Classifier()))
     assert said is not None and "output (shape [2, 3]) has no sequence dim" in said and "plan cp=1" in said
+
+
+class MixingBlock(Block):
+    """Causal SDPA, then an op that combines values along the sequence (``mix``), or none."""
+
+    def __init__(self, mix: str):
+        super().__init__("causal")
+        self.mix, self.conv = mix, nn.Conv1d(DIM, DIM, 3, padding=2, groups=DIM)
+        self.rnn = nn.LSTM(DIM, DIM, batch_first=True)
+
+    def forward(self, x):
+        x = super().forward(x)
+        if self.mix == "cumsum":  # a minGRU / RetNet scan
+            return x + x.cumsum(dim=1)
+        if self.mix == "shift":  # RWKV's token shift
+            return x + F.pad(x, (0, 0, 1, -1))
+        if self.mix == "conv":  # Mamba's or Hyena's short causal filter
+            return x + self.conv(x.transpose(1, 2))[..., : x.size(1)].transpose(1, 2)
+        if self.mix == "lstm":
+            return x + self.rnn(x)[0]
+        if self.mix == "loop":  # a recurrence written as a Python loop over the positions
+            h, out = torch.zeros_like(x[:, 0]), []
+            for t in range(x.size(1)):
+                h = torch.tanh(h + x[:, t])
+                out.append(h)
+            return x + torch.stack(out, dim=1)
+        if self.mix == "pool":  # a mean over the tokens, added back to each
+            return x + x.mean(dim=1, keepdim=True)
+        # token-wise ops over a hidden size equal to the sequence's length: an RMSNorm, a softmax gate, a half
+        norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return norm + x.softmax(-1) + x[..., : DIM // 2].sum(-1, True)
+
+
+@pytest.mark.parametrize(
+    "mix, op", [("cumsum", "cumsum"), ("shift", "pad"), ("conv", "Conv1d"), ("lstm", "LSTM"), ("loop", "select"),
+                ("pool", "mean")],
+)  # fmt: skip
+def test_an_op_that_combines_values_along_the_sequence_in_a_block_is_refused(mix, op):
+    """Under cp each rank holds its shard of the sequence in the blocks and only attention exchanges between them:
+    a cumsum, a token shift or a causal Conv1d trained with gradients 20-40% off, no error (--verify failed)."""
+    model = Model()
+    model.layers = nn.ModuleList(MixingBlock(mix) for _ in range(2))
+    said = cp_refusal(_graph(model))
+    assert said is not None and "in block 'layers.0' combines values along the sequence of 8 tokens" in said, said
+    assert op in said and "plan cp=1" in said
+
+
+def test_token_wise_ops_over_a_hidden_size_as_long_as_the_sequence_are_no_mixing():
+    """With the hidden size equal to the sequence's length, a reduction over the last dim reads as either: it is
+    left to the hidden size (trace/sequence_mixing.py), so a norm or a gate does not refuse cp."""
+    global SEQ
+    model = Model()
+    model.layers = nn.ModuleList(MixingBlock("none") for _ in range(2))
+    saved, SEQ = SEQ, DIM
+    try:
+        assert cp_refusal(trace(model, (torch.randint(0, 32, (2, DIM)),))) is None
+    finally:
+        SEQ = saved
