@@ -1,5 +1,5 @@
 """Ops that combine values along one dim of a tensor, other than attention: the dims a context-parallel shard of the
-sequence cannot run alone (types/context_parallel.py ``cp_refusal``; docs/trace.md, "Sequence mixing").
+sequence cannot run alone (types/context_parallel.py ``cp_refusal``; docs/trace.md, "Op kinds and attrs").
 
 Context parallelism gives each rank a shard of the sequence from the first block to the loss, and only attention
 exchanges keys and values between the shards. Any other op that reads other positions of the sequence computes, on
