@@ -80,7 +80,59 @@ def autocast(policy: PrecisionPolicy, *, device_type: str):
         return contextlib.nullcontext()
     if device_type == "cpu":
         keep_rnns_off_onednn_without_kernels(policy.compute_dtype)
-    return torch.autocast(device_type=device_type, dtype=policy.compute_dtype)
+    cast = torch.autocast(device_type=device_type, dtype=policy.compute_dtype)
+    return _Stacked(cast, NormParamsLikeStatistics()) if policy.cast_params else cast
+
+
+class _Stacked(contextlib.ExitStack):
+    """Several contexts entered as one (a fresh stack each time the context is built)."""
+
+    def __init__(self, *contexts: Any):
+        super().__init__()
+        self.contexts = contexts
+
+    def __enter__(self):
+        super().__enter__()
+        for context in self.contexts:
+            self.enter_context(context)
+        return self
+
+
+class NormParamsLikeStatistics(torch.overrides.TorchFunctionMode):
+    """Under cast_params, a batch norm's weight and bias in its running statistics' dtype (fp32).
+
+    FSDP2 casts a BatchNorm's weight and bias to bf16 and leaves its running mean and variance, buffers, in fp32,
+    and batch_norm refuses the mix ("expected scalar type BFloat16 but found Float": every ResNet and U-Net under
+    ZeRO-2/3 in bf16 stopped at its first step). Cast up, the call is batch_norm's mixed-precision form (a bf16
+    input with fp32 parameters and statistics, a bf16 output), as FSDP1 kept batch norms in fp32; the gradients
+    flow back through the cast to the bf16 parameters FSDP2 reduces."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _BATCH_NORMS:
+            args, kwargs = _params_like_statistics(args, kwargs)
+        return func(*args, **kwargs)
+
+
+#: batch_norm(input, running_mean, running_var, weight, bias, ...): F.batch_norm's and torch.batch_norm's order
+_BATCH_NORMS = (torch.nn.functional.batch_norm, torch.batch_norm)
+
+
+def _params_like_statistics(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    named = dict(zip(("input", "running_mean", "running_var", "weight", "bias"), args))
+    named.update({k: v for k, v in kwargs.items() if k in ("running_mean", "weight", "bias")})
+    stats = named.get("running_mean")
+    if not isinstance(stats, torch.Tensor):
+        return args, kwargs
+    args = list(args)
+    for index, name in ((3, "weight"), (4, "bias")):
+        value = named.get(name)
+        if isinstance(value, torch.Tensor) and value.dtype != stats.dtype:
+            if name in kwargs:
+                kwargs = {**kwargs, name: value.to(stats.dtype)}
+            else:
+                args[index] = value.to(stats.dtype)
+    return tuple(args), kwargs
 
 
 #: whether oneDNN has this CPU's kernels for a low dtype (torch's checks of the ISA: bf16 needs
