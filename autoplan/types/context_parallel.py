@@ -60,18 +60,17 @@ def cp_refusal(graph: Graph) -> str | None:
             "pools a part; plan cp=1."
         )
     if (node := _mixing_node(graph)) is not None:
-        where = f"in block '{node.layer}'" if node.layer is not None else "after the last block"
         return (
-            f"'{node.name}' ({node.target}) {where} combines values along the sequence of {graph.seq_len} tokens "
-            "(a scan, shift, convolution, pooling or slice over it), and under context parallelism each rank holds "
-            "only its shard of the sequence from the first block on: only attention exchanges between the shards, "
-            "so the op would compute on each shard alone; plan cp=1."
+            f"'{node.name}' ({node.target}) {_where(node)} combines values along the sequence of {graph.seq_len} "
+            "tokens (a scan, shift, convolution, pooling or slice over it), and under context parallelism each rank "
+            "holds only its shard of the sequence from the first block on: only attention exchanges between the "
+            "shards, so the op would compute on each shard alone; plan cp=1."
         )
     if (node := _positions_in_block(graph)) is not None:
         return (
-            f"block '{node.layer}' builds positions of the whole sequence inside the block ('{node.name}', a "
-            f"torch.arange of {graph.seq_len}), and under context parallelism a block sees only its shard of the "
-            "sequence; build positions (or rotary tables) before the first block and pass them in, or plan cp=1."
+            f"'{node.name}' (a torch.arange of {graph.seq_len}) {_where(node)} builds positions of the whole sequence "
+            "from the first block on, and under context parallelism each block sees only its shard of the sequence; "
+            "build positions (or rotary tables) before the first block and pass them in, or plan cp=1."
         )
     return None
 
@@ -126,6 +125,17 @@ def _mixing_node(graph: Graph):
         if started and node.op not in ("attention", "loss", "output") and graph.seq_len in node.attrs.get("mixes", ()):
             return node
     return None
+
+
+def _where(node) -> str:
+    """Where a node runs: in its block, or in another module between two blocks (an op between two blocks counts
+    in the one before: BART's decoder positions, made after the encoder's last block), or after the last one."""
+    module = node.module or ""
+    if node.layer is None:
+        return "after the last block"
+    if module and not module.startswith(str(node.layer)):
+        return f"in module '{module}' (after block '{node.layer}')"
+    return f"in block '{node.layer}'"
 
 
 def _positions_in_block(graph: Graph):

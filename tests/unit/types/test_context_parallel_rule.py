@@ -132,7 +132,7 @@ def test_positions_built_inside_a_block_refuse_context_parallelism():
     model = Model()
     model.layers = nn.ModuleList(RopeInside() for _ in range(2))
     graph = trace(model, (torch.zeros(2, SEQ, dtype=torch.long),))
-    assert "builds positions of the whole sequence inside the block" in cp_refusal(graph)
+    assert "in block 'layers.0' builds positions of the whole sequence" in cp_refusal(graph)
     assert "layers.0" in cp_refusal(graph)
     assert cp_refusal(trace(Model(), (torch.zeros(2, SEQ, dtype=torch.long),))) is None
 
