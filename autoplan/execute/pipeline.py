@@ -45,13 +45,7 @@ from autoplan.execute.pipeline_args import ModelOutput, values_bound
 from autoplan.execute.pipeline_carry import carry_skip_values, own_outputs, stage_calls
 from autoplan.execute.pipeline_regions import regions_kept
 from autoplan.execute.split_backward import accumulate_weight_grads, joined_groups, weight_only_roots
-from autoplan.execute.stage_outputs import (
-    READ_INSIDE,
-    owned_outputs,
-    read_inside,
-    send_contiguous,
-    send_contiguous_grads,
-)
+from autoplan.execute.stage_outputs import owned_outputs, send_contiguous, send_contiguous_grads
 from autoplan.execute.tied import retie, tied_names
 from autoplan.execute.weight_pass import WeightPass, releases
 from autoplan.trace.capture import drop_export_checks
@@ -134,8 +128,6 @@ def split_model(
         # pipeline() leaves a tied weight's other owner on a stage that never calls it (GPT's lm_head
         # on the embedding's stage): a dead copy the cost model does not charge, so drop it
         pipe.get_stage_module(i).delete_all_unused_submodules()
-    for i in range(pipe.num_stages):
-        pipe.get_stage_module(i).meta[READ_INSIDE] = read_inside(pipe.get_stage_module(i))
     _check_split(pipe, plan)
     return pipe, out_spec
 
@@ -219,9 +211,7 @@ def build_schedule(
     num_stages = plan.pp * plan.virtual_stages
     if plan.schedule in SPLIT_BACKWARD:  # B and W apart (types/schedules.py)
         for module in stage_modules.values():
-            read = getattr(module, "meta", {}).get(READ_INSIDE, frozenset())  # a split's stage; else none known
-            read = read if plan.recompute != "none" else frozenset()
-            module.register_forward_hook(functools.partial(owned_outputs, read_inside=read))
+            module.register_forward_hook(owned_outputs)
     stages = [
         _ZeroFilledStage(module, index, num_stages, device, group=group)
         for index, module in sorted(stage_modules.items())

@@ -3,8 +3,8 @@
 - Every tensor a stage sends is contiguous, and so is every gradient it sends back for a tensor it received
   (:func:`send_contiguous`, :func:`send_contiguous_grads`): torch's ``PipelineStage`` receives into buffers with
   the sender's strides, and gloo and NCCL send and receive only contiguous tensors.
-- Under a split backward a stage returns its own copy of each output that is a view, or that the stage also reads
-  (:func:`read_inside`, :func:`owned_outputs`): torch detaches the outputs in place after B.
+- Under a split backward a stage returns its own copy of each output that needs a gradient or is a view
+  (:func:`owned_outputs`): torch detaches the outputs in place after B.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
-
-#: GraphModule.meta key: the stage's outputs it also reads (:func:`read_inside`)
-READ_INSIDE = "autoplan.read_inside"
 
 
 def send_contiguous(module: fx.GraphModule) -> None:
@@ -61,33 +58,22 @@ def _contiguous(grad: torch.Tensor) -> torch.Tensor:
     return grad.contiguous()
 
 
-def owned_outputs(module: nn.Module, args: Any, output: Any, *, read_inside: frozenset = frozenset()) -> Any:
-    """A stage's outputs that are views (of an input it carries through, of a reshape), or that the stage also
-    reads (``read_inside``, under recomputation: T5's encoder states, which its decoder blocks read and the model
-    returns), cloned into their own storage. torch detaches stage outputs in place after B to free their graph
-    (``stage_backward_input``; the last stage's in ``backward_one_chunk``): in-place detach refuses a view (T5's
-    carried encoder states), and a block recomputed in W re-ran on the detached tensor, saving fewer tensors than
-    its forward (CheckpointError). One boundary tensor's copy per such output, under the schedules that split B
-    from W (tests/odd_models/shared_bias.py)."""
+def owned_outputs(module: nn.Module, args: Any, output: Any) -> Any:
+    """A stage's tensor outputs that need a gradient or are views, each cloned into its own storage (one boundary
+    copy per output and micro-batch, under the schedules that split B from W). torch detaches stage outputs in place
+    after B to free their graph (``stage_backward_input``; the last stage's in ``backward_one_chunk``): in-place detach
+    refuses a view (T5's carried encoder states), and an output the stage also reads was detached under the ops that
+    saved it, so W found its saved tensor detached (BART's encoder states, made by the stage's last encoder block and
+    read by its decoder blocks, returned through another node than the one they read) or re-ran a recomputed block on
+    it, saving fewer tensors than its forward (CheckpointError: tests/odd_models/shared_bias.py). Which outputs a stage
+    reads cannot be told from its graph alone (two getitems of one tuple are one tensor), so every one is copied."""
     if isinstance(output, torch.Tensor):
-        return output.clone() if output._is_view() or 0 in read_inside else output
+        return output.clone() if _own(output) else output
     if isinstance(output, tuple):
-        own = [isinstance(o, torch.Tensor) and (o._is_view() or i in read_inside) for i, o in enumerate(output)]
-        return tuple(o.clone() if apart else o for o, apart in zip(output, own))
+        return tuple(o.clone() if _own(o) else o for o in output)
     return output
 
 
-def read_inside(module: fx.GraphModule) -> frozenset:
-    """The positions of the stage's outputs whose tensor the stage also reads (any user but the output and the
-    ``contiguous`` :func:`send_contiguous` puts before it): a value the next stage needs too."""
-    output = module.graph.output_node()
-    values = output.args[0]
-    flat = list(values) if isinstance(values, (tuple, list)) else [values]
-    read = set()
-    for index, value in enumerate(flat):
-        if not isinstance(value, fx.Node):
-            continue
-        source = value.args[0] if value.op == "call_method" and value.target == "contiguous" else value
-        if any(user is not output and user is not value for user in source.users):
-            read.add(index)
-    return frozenset(read)
+def _own(value: Any) -> bool:
+    """A tensor torch's in-place detach would reach through: one that needs a gradient, or a view."""
+    return isinstance(value, torch.Tensor) and (value.requires_grad or value._is_view())

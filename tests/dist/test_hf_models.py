@@ -19,9 +19,17 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name, fix", [("hf_llama", "pp=2,schedule=1f1b"), ("hf_gpt2", "pp=2,schedule=1f1b")])
+@pytest.mark.parametrize(
+    "name, fix",
+    [
+        ("hf_llama", "pp=2,schedule=1f1b"),
+        ("hf_gpt2", "pp=2,schedule=1f1b"),
+        # a chunk's encoder states, read by its decoder blocks and sent on: detached under them after B, W stopped
+        ("../tests/corpus/hf_bart", "pp=2,schedule=zbv,recompute=full"),
+    ],
+)
 def test_hf_example_runs_a_pipeline_plan_and_verifies(tmp_path, name, fix):
-    model_file = ROOT / "examples" / f"{name}.py"
+    model_file = (ROOT / "examples" / f"{name}.py").resolve()
     plan = plan_graph(trace_model_file(model_file, 8), devices=2, profile="cpu-gloo", fix=fix).best
     path = plan.save(tmp_path / "plan.json")
     run_verified(model_file, path, tmp_path / "run", timeout=300)

@@ -56,6 +56,7 @@ def _traced(name: str):
         ("ignored_tokens", "cp=2,mbs=2"),  # -100 targets: each cp rank's shard mean weighed by the tokens it scores
         ("torch_seq2seq", "pp=2,schedule=1f1b"),  # nn.Transformer's own layers, found inside it, on two stages
         ("batch_norm_cnn", "dp=2,zero=3,precision=bf16"),  # FSDP2 casts a batch norm's weight, not its statistics
+        ("latent_queries", "pp=2,schedule=zbv"),  # a chunk sends on what it reads; torch detaches it after B
         (
             "no_grad_stem",
             "dp=2,zero=1",
