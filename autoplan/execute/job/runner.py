@@ -30,6 +30,7 @@ import torch.distributed as dist
 from autoplan.errors import DEBUG_ENV, AutoplanError
 from autoplan.execute.job import checkpointing, nonfinite, replicas
 from autoplan.execute.job.contract import EXIT_NONFINITE_LOSS, EXIT_STOPPED, EXIT_VERIFY_FAILED
+from autoplan.execute.job.failure_hints import failure_hint
 from autoplan.execute.job.heartbeats import start_heartbeat
 from autoplan.execute.job.outputs import write_outputs
 from autoplan.execute.job.reference import reference_copy
@@ -118,7 +119,7 @@ def run_rank(opts: RunOptions, *, replan: Replan | None = None) -> int:
         dist.barrier()  # leave together: rank 0 may still be writing (the audit traces the model) while
         return code  # a peer that tore its process group down first would abort the connection
     except Exception as exc:  # record why before tearing down: peers fail "closed by peer" after it
-        record_failure(exc)
+        record_failure(exc, precision=plan.precision)
         raise
     finally:
         heartbeat.stop()
@@ -368,16 +369,14 @@ def main(opts: RunOptions, *, replan: Replan | None = None) -> int:
         raise
 
 
-def record_failure(exc: BaseException) -> None:
+def record_failure(exc: BaseException, *, precision: str = "fp32") -> None:
+    """The exception's first line, and what it most likely means (execute/job/failure_hints.py), for the launcher."""
     path = _error_file()
-    if path is not None:
+    if path is not None and not getattr(exc, "_autoplan_recorded", False):  # run_rank's, with the plan's precision
         first = (str(exc).strip().splitlines() or [""])[0]
-        if "Timed out" in first or "timed out" in first:
-            first += (
-                " (a collective waited the whole --timeout-s: "
-                "the ranks disagree on their collectives, or one rank hung)"
-            )
-        write_text_atomic(path, f"{type(exc).__name__}: {first}\n")
+        write_text_atomic(path, f"{type(exc).__name__}: {first}{failure_hint(first, precision=precision)}\n")
+        with contextlib.suppress(AttributeError, TypeError):
+            exc._autoplan_recorded = True  # type: ignore[attr-defined]
 
 
 def exit_now(code: int) -> None:
