@@ -25,6 +25,7 @@ import torch.fx
 from autoplan.errors import TraceError
 from autoplan.trace.cut_watch import watched_cut
 from autoplan.trace.hints import META_HINT, data_dependent_hint, device_mismatch
+from autoplan.trace.none_args import none_arguments
 from autoplan.trace.stitch import repeated_blocks, stitch
 
 try:  # a GraphModule whose Python code is generated only if asked for: the trace runs its nodes one by one
@@ -89,7 +90,7 @@ def _path_or_empty(tracer: torch.fx.Tracer, module: torch.nn.Module) -> str:
 def capture(model: torch.nn.Module, meta_inputs: tuple, *, model_name: str, source_lines: bool = True) -> Captured:
     """The forward graph of ``model`` (already on meta) for positional ``meta_inputs``; without
     ``source_lines`` an exported graph's nodes carry no ``stack_trace`` (:func:`_stack_traces`)."""
-    fx_failure = _try_fx(model)
+    fx_failure = _try_fx(model, meta_inputs)
     if isinstance(fx_failure, Captured):
         return fx_failure
     with _code_on_demand(), _stack_traces(source_lines):
@@ -106,11 +107,11 @@ def capture(model: torch.nn.Module, meta_inputs: tuple, *, model_name: str, sour
     )
 
 
-def _try_fx(model: torch.nn.Module) -> Captured | Failure:
+def _try_fx(model: torch.nn.Module, inputs: tuple) -> Captured | Failure:
     tracer = _Tracer()
     found = _attributes(model)
     try:
-        graph = tracer.trace(model)
+        graph = tracer.trace(model, concrete_args=none_arguments(model, inputs) or None)
     except Exception as exc:
         return Failure("torch.fx", tracer.failed_module or "", user_line(exc), first_line(exc))
     finally:
@@ -135,12 +136,9 @@ def _put_back(found: list[tuple[torch.nn.Module, dict]]) -> None:
     dropped when it holds a Proxy; the constants fx itself stores on the root are kept."""
     for module, before in found:
         for key, value in list(vars(module).items()):
-            if key in _TABLES:
-                continue
-            if key in before:
-                if value is not before[key]:
-                    setattr(module, key, before[key])
-            elif isinstance(value, torch.fx.Proxy):
+            if key in before and key not in _TABLES and value is not before[key]:
+                setattr(module, key, before[key])
+            elif key not in before and key not in _TABLES and isinstance(value, torch.fx.Proxy):
                 delattr(module, key)
 
 

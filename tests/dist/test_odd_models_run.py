@@ -57,6 +57,7 @@ def _traced(name: str):
         ("torch_seq2seq", "pp=2,schedule=1f1b"),  # nn.Transformer's own layers, found inside it, on two stages
         ("batch_norm_cnn", "dp=2,zero=3,precision=bf16"),  # FSDP2 casts a batch norm's weight, not its statistics
         ("latent_queries", "pp=2,schedule=zbv"),  # a chunk sends on what it reads; torch detaches it after B
+        ("optional_args", "pp=2,schedule=1f1b"),  # `if mask is not None:` with mask None: fx took the branch
         (
             "no_grad_stem",
             "dp=2,zero=1",
