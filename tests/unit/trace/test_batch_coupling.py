@@ -37,6 +37,20 @@ def example_inputs(n): return (torch.randn(n, 8, 16),)
 def example_target(n): return torch.randn(n, 8, 16)
 def loss_fn(out, target): return F.mse_loss(out[0], target)
 """
+SIGLIP = """
+import torch, torch.nn.functional as F
+from transformers import SiglipConfig, SiglipModel
+def build_model():
+    text = dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                max_position_embeddings=8)
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=16,
+                  patch_size=8)
+    return SiglipModel(SiglipConfig(text_config=text, vision_config=vision, attn_implementation="sdpa"))
+def example_inputs(n): return (torch.randint(0, 100, (n, 8)), torch.randn(n, 3, 16, 16))
+def loss_fn(out, target=None):
+    logits = out["logits_per_text"]
+    return -F.logsigmoid((2 * torch.eye(logits.size(0), device=logits.device) - 1) * logits).sum() / logits.size(0)
+"""
 CLASSES = """
 import torch, torch.nn as nn, torch.nn.functional as F
 def build_model(): return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
@@ -57,6 +71,14 @@ def test_a_contrastive_output_is_recorded_and_a_classifier_with_as_many_classes_
     assert _traced(tmp_path, "classes", CLASSES).batch_coupled == []  # [8, 8] at batch 8, [16, 8] at 16
     # [8, 8, 16] at batch 8 (two dims of its size) is [16, 8, 16] at 16: two dims of 16, one of them grown
     assert _traced(tmp_path, "pooled", POOLED).batch_coupled == []
+
+
+def test_a_contrastive_output_of_a_model_returning_nested_outputs_is_recorded(tmp_path):
+    """HF SigLIP returns 8 tensors (each tower's own output nested in its ModelOutput) where the graph's output node
+    holds 4, and the outputs at twice the batch were compared with the graph's: SigLIP and CLIP were planned with
+    their batch split, another loss than the model's, and --verify passed (its reference splits alike)."""
+    pytest.importorskip("transformers")
+    assert _traced(tmp_path, "siglip", SIGLIP).batch_coupled == [8, 8]
 
 
 def test_the_planner_keeps_a_coupled_batch_whole_and_refuses_a_pin_that_splits_it(tmp_path):
