@@ -126,7 +126,7 @@ def parallelize(
         cp_state.install(model=model, blocks=blocks)
     ties = tied_names(model)
     aliases = {alias: names[0] for names in ties for alias in names[1:]}
-    modules, tie_sync, out_spec, sends = _split(
+    modules, tie_sync, out_spec, sends, unheld = _split(
         model=model,
         plan=plan,
         microbatch_inputs=microbatch_inputs,
@@ -215,6 +215,7 @@ def parallelize(
         scaler=scaler,
         tie_sync=tie_sync,
         aliases=aliases,
+        unheld=unheld,
         experts=ep_state,
         some_unused=unused,
         grad_mesh=sync_mesh,
@@ -272,12 +273,12 @@ def _split(
     ties: list[list[str]],
     device: torch.device,
     experts: dict[str, expert_parallel.ExpertsDispatch],
-) -> tuple[dict[int, nn.Module], TiedGradSync | None, Any, list]:
+) -> tuple[dict[int, nn.Module], TiedGradSync | None, Any, list, dict]:
     """This rank's stage modules, the tied-weight gradient sync, the spec that rebuilds the
     model's output from the last stage's tensors (``pipeline.split_model``), and what each chunk
-    but the last sends the next (``pipeline_scatter.boundary_specs``)."""
+    but the last sends the next (``pipeline_scatter.boundary_specs``), and the parameters no stage holds."""
     if plan.pp == 1:
-        return {0: model}, None, None, []
+        return {0: model}, None, None, [], {}
     if microbatch_inputs is None:
         raise PlanError(
             f"plan pp={plan.pp} needs microbatch_inputs (forward args for {plan.micro_batch_size} samples) "
@@ -294,12 +295,14 @@ def _split(
         i: {n for n, _ in pipe.get_stage_module(i).named_parameters(remove_duplicate=False)}
         for i in range(pipe.num_stages)
     }
+    held = set().union(*holders.values(), *(names[1:] for names in ties))
+    unheld = {n: p for n, p in model.named_parameters() if n not in held}  # the graph reads them nowhere
     # Groups are created on every rank before any module transform (new_group is a collective).
     sends = boundary_specs([pipe.get_stage_module(i) for i in range(pipe.num_stages)], tree_leaves(microbatch_inputs))
     tie_sync = build_tied_sync(
         groups=ties, holders=holders, pp=plan.pp, v_shape=v_shaped(plan.schedule), mesh=mesh, my_modules=modules
     )
-    return modules, tie_sync, out_spec, sends
+    return modules, tie_sync, out_spec, sends, unheld
 
 
 def _data_parallel(

@@ -98,6 +98,8 @@ class Trainer:
         None  # the rank's Heartbeat (autoplan/jobs/heartbeat.py): phases marked per micro-batch, not per op
     )
     traced: bool = False  # label each micro-batch's forward and backward for torch.profiler (labels.py)
+    # a pipeline's parameters no stage holds (the graph never reads them), by FQN: saved as built (checkpoint/state.py)
+    unheld: dict = field(default_factory=dict)
     token_weights: Any = None  # cp: each micro-batch's loss weight where targets skip tokens (local_batch)
 
     def mark(self, phase: str, *, kind: str = "compute") -> None:

@@ -423,3 +423,47 @@ def test_a_resume_continues_with_each_dp_ranks_buffers_persistent_or_not(tmp_pat
     held = store.read_dcp_metadata(tmp_path / "ck" / "step-00000002").state_dict_metadata
     second = {k for k in held if k.startswith("extra.buffers.dp1.")}  # dp index 1's: only where it differs from 0's
     assert "extra.buffers.dp0.center.mean" in held and bool(second) == (zero == 3)  # none under DDP
+
+
+UNUSED = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mask_token = torch.nn.Parameter(torch.zeros(16))  # as DINOv2's: read only when a mask is passed
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + torch.tanh(block(x))
+        return self.head(x)
+
+def build_model():
+    return Net()
+
+def example_inputs(batch_size):
+    return (torch.randn(batch_size, 16),)
+"""
+
+
+@pytest.mark.parametrize("fix", ["dp=2,zero=3", "pp=2,schedule=1f1b"])
+def test_a_model_with_a_parameter_its_forward_never_reads_resumes(tmp_path, fix):
+    """AdamW keeps no state for a parameter that never gets a gradient, and a pipeline's stages hold no parameter
+    the graph never reads: the checkpoint autoplan wrote was then refused as "written for another model" (HF
+    DINOv2's mask_token on every plan). Stopped after step 2 and resumed, the run ends as one that was not."""
+    model = tmp_path / "unused.py"
+    model.write_text(UNUSED)
+    planned = _autoplan("plan", model, "--profile", "cpu-gloo", "--devices", 2, "--batch", 8, "--fix", fix,
+                        "--out", tmp_path / "plan", "--quiet")  # fmt: skip
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    plan = tmp_path / "plan" / "plan.json"
+    ref = _autoplan("run", model, "--plan", plan, "--steps", 4, "--out", tmp_path / "ref")
+    first = _autoplan("run", model, "--plan", plan, "--steps", 2, "--out", tmp_path / "r", "--checkpoint-dir",
+                      tmp_path / "ck", "--checkpoint-every", 1)  # fmt: skip
+    again = _autoplan("run", model, "--plan", plan, "--steps", 4, "--out", tmp_path / "r", "--resume", tmp_path / "ck")
+    assert ref.returncode == first.returncode == again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout
+    assert _losses(tmp_path / "r") == _losses(tmp_path / "ref")
+    assert "model.mask_token" in store.read_dcp_metadata(tmp_path / "ck" / "step-00000002").state_dict_metadata

@@ -88,6 +88,7 @@ class Checkpointer:
         for key in [k for k in state.tensors if k.startswith((EXTRA, RNG))]:
             if key not in held or (per_rank(key) and not same_world):
                 del state.tensors[key]  # RNG or residuals of another world size, or a scale an fp32 run never had
+        stateless = without_optimizer_state(state.tensors, held)
         shapes = {k: tuple(v.shape) for k, v in state.tensors.items() if k.startswith((MODEL, OPTIM)) and v.dim() > 0}
         store.check_tensors(step_dir, metadata, shapes)
         try:
@@ -99,6 +100,32 @@ class Checkpointer:
                 "resume from an earlier step directory."
             ) from exc
         state.write_back()
+        forget_optimizer_state(trainer, stateless)
+
+
+def without_optimizer_state(tensors: dict[str, Any], held: Any) -> list[str]:
+    """Drop from ``tensors`` the optimizer states of each parameter the checkpoint holds none for (a parameter that
+    never had a gradient: AdamW keeps no state for it, DINOv2's ``mask_token`` without a mask), which
+    ``trainer_state(for_load=True)`` created to load into; return those parameters' FQNs. A checkpoint of another
+    model still fails the check on its parameters themselves."""
+    saved = {key[len(OPTIM) :].rsplit(".", 1)[0] for key in held if key.startswith(OPTIM)}
+    names = {key[len(OPTIM) :].rsplit(".", 1)[0] for key in tensors if key.startswith(OPTIM)}
+    stateless = sorted(name for name in names - saved if f"{MODEL}{name}" in held)
+    for key in [k for k in tensors if k.startswith(OPTIM) and k[len(OPTIM) :].rsplit(".", 1)[0] in stateless]:
+        del tensors[key]
+    return stateless
+
+
+def forget_optimizer_state(trainer: Any, names: list[str]) -> None:
+    """After a load: no optimizer state for ``names``, as when the checkpoint was written."""
+    if not names or not hasattr(trainer.optimizer, "state"):
+        return
+    from autoplan.execute.checkpoint.state import named_state
+
+    held = named_state(trainer)
+    for name in names:
+        if name in held:
+            trainer.optimizer.state.pop(held[name], None)
 
 
 class StopRequest:

@@ -99,6 +99,8 @@ def trainer_state(trainer: Trainer, *, for_load: bool = False) -> TrainerState:
     state = TrainerState({})
     state.tensors.update({MODEL + name: global_view(trainer, name, t, state) for name, t in named.items()})
     params = {name: t for name, t in named.items() if isinstance(t, nn.Parameter) or t.requires_grad}
+    # a pipeline's parameters no stage holds, as built: the checkpoint holds every parameter of the model
+    state.tensors.update({MODEL + name: t.detach() for name, t in trainer.unheld.items() if name not in named})
     if hasattr(trainer.optimizer, "reduced_gradients"):  # ZeRO-1 (one or two sharded optimizers)
         _zero1_state(trainer, params, state, for_load=for_load)
     else:
