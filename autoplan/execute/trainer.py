@@ -27,7 +27,7 @@ from torch.distributed.tensor.experimental import implicit_replication
 
 from autoplan.errors import PlanError
 from autoplan.execute import precision
-from autoplan.execute.batch import move_to, shard_batch
+from autoplan.execute.batch import move_to, shard_batch, slice_batch
 from autoplan.execute.cp_loss import token_weights
 from autoplan.execute.data_parallel import allreduce_grads
 from autoplan.execute.expert_parallel import split_params
@@ -98,6 +98,7 @@ class Trainer:
         None  # the rank's Heartbeat (autoplan/jobs/heartbeat.py): phases marked per micro-batch, not per op
     )
     traced: bool = False  # label each micro-batch's forward and backward for torch.profiler (labels.py)
+    whole_target: Any = None  # a pipeline step's target that is no tensor (a dict): its rows go by index
     # a pipeline's parameters no stage holds (the graph never reads them), by FQN: saved as built (checkpoint/state.py)
     unheld: dict = field(default_factory=dict)
     token_weights: Any = None  # cp: each micro-batch's loss weight where targets skip tokens (local_batch)
@@ -112,6 +113,7 @@ class Trainer:
         fp16: the schedule runs backward on what this returns). The unscaled loss is kept for
         :meth:`_pipelined` to report: a 16-bit loss times the scale can overflow where the loss
         does not (the scaler then skips the step), and a reported inf would read as a diverged run."""
+        target = self._target_rows(target)
         loss = self._weighed(self.loss_fn(output, target if self.target_given else None), target)
         steps = self.plan.schedule_steps  # k > 1: the mean over the optimizer step's m (execute/pipeline.py)
         mean = loss / self.plan.num_microbatches if steps > 1 else loss
@@ -235,7 +237,8 @@ class Trainer:
         k = self.plan.schedule_steps  # k schedule steps of m / k micro-batches each (types/schedule_steps.py)
         for step in range(k):
             found: list[torch.Tensor] = []
-            kwargs = {"target": shard_batch(target, index=step, parts=k, batch_size=batch), "losses": found}
+            kwargs = {"target": self._schedule_target(shard_batch(target, index=step, parts=k, batch_size=batch)),
+                      "losses": found}  # fmt: skip
             args = shard_batch(inputs, index=step, parts=k, batch_size=batch) if self.holds_first_stage else ()
             args = self._stage_args(args)
             with self._forward_context():  # the losses are all we use; merging logits costs a copy
@@ -248,6 +251,26 @@ class Trainer:
         if not kept:
             return torch.tensor(float("nan"), device=self.device)
         return torch.stack(kept).mean()
+
+    def _schedule_target(self, target: Any) -> torch.Tensor:
+        """What the schedule splits into micro-batches as the target: the target itself when it is a tensor, else the
+        rows' indices, which :meth:`_target_rows` turns back into the rows of the kept target (torch's schedule splits
+        only tensors: a dict of targets stopped every pipeline plan)."""
+        self.whole_target = None if isinstance(target, torch.Tensor) else target
+        if self.whole_target is None:
+            return target
+        return torch.arange(self.plan.micro_batch_size * self.plan.num_microbatches // self.plan.schedule_steps,
+                            device=self.device)  # fmt: skip
+
+    def _target_rows(self, target: Any) -> Any:
+        """The micro-batch's target: the schedule's split, or the rows its indices name (:meth:`_schedule_target`);
+        rows 0.. where they name none (torch's shape-inference call of the loss, on uninitialised tensors)."""
+        if self.whole_target is None or not isinstance(target, torch.Tensor) or target.dim() != 1 or not len(target):
+            return target
+        rows = self.plan.micro_batch_size * self.plan.num_microbatches // self.plan.schedule_steps
+        start = int(target[0])
+        start = start if 0 <= start <= rows - len(target) else 0
+        return slice_batch(self.whole_target, start=start, stop=start + len(target), batch_size=rows)
 
     def _stage_args(self, args: tuple) -> tuple:
         """The tensor arguments, which the first stage receives: the split fixed the others at the values the

@@ -58,6 +58,7 @@ def _traced(name: str):
         ("batch_norm_cnn", "dp=2,zero=3,precision=bf16"),  # FSDP2 casts a batch norm's weight, not its statistics
         ("latent_queries", "pp=2,schedule=zbv"),  # a chunk sends on what it reads; torch detaches it after B
         ("optional_args", "pp=2,schedule=1f1b"),  # `if mask is not None:` with mask None: fx took the branch
+        ("dict_target", "pp=2,schedule=1f1b,mbs=2"),  # torch's schedule splits a tensor target only
         (
             "no_grad_stem",
             "dp=2,zero=1",
