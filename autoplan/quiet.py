@@ -8,7 +8,8 @@ Anything else those loggers and warnings say still shows. The entry points (``au
 and each rank, ``autoplan.execute.job.runner.main``, started by ``autoplan.cli.rank``) call it
 first; it is idempotent. The lines: torchao's ``Failed to load ... .so``, torch's pytree note on
 torchao's Enums, DTensor's CPU-mesh random-op and ``manual_seed()`` warnings, and torch's
-``LeafSpec`` deprecation from pipelining's ``copyreg`` copies.
+``LeafSpec`` deprecation from pipelining's ``copyreg`` copies, and the fake-tensor logger's traceback of an op
+that fails on fake tensors (the trace says which op, where and why in one sentence: trace/propagate.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ class _TorchaoEnumNote(logging.Filter):
         return not (args and getattr(args[0], "__module__", "").startswith("torchao"))
 
 
+#: What torch's fake-tensor logger says, with a traceback, before the failing op's exception reaches the tracer.
+FAKE_META_FAILURE = "failed while attempting to run meta for"
+
+
+class _FakeMetaFailure(logging.Filter):
+    """Drops the fake-tensor logger's traceback of an op whose meta kernel failed: the exception goes on to the
+    tracer, whose sentence names the op, the module and the error (a model given inputs of the wrong width)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(FAKE_META_FAILURE)
+
+
 def _add_once(logger_name: str, kind: type[logging.Filter]) -> None:
     logger = logging.getLogger(logger_name)
     if not any(isinstance(f, kind) for f in logger.filters):
@@ -58,6 +71,7 @@ def silence_known_noise() -> None:
     """Install the module docstring's filters (idempotent)."""
     _add_once("torchao", _TorchaoKernelNote)
     _add_once("torch.utils._pytree", _TorchaoEnumNote)
+    _add_once("torch._subclasses.fake_tensor", _FakeMetaFailure)
     for message in DTENSOR_RNG_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
     message, category, module = LEAFSPEC_COPY

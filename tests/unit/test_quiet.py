@@ -14,7 +14,7 @@ from autoplan.quiet import silence_known_noise
 
 @pytest.fixture
 def silenced():
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree", "torch._subclasses.fake_tensor")]
     before = [list(logger.filters) for logger in loggers]
     with warnings.catch_warnings():
         silence_known_noise()
@@ -65,3 +65,9 @@ def test_the_executor_and_the_commands_import_no_torchao():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+def test_the_fake_tensor_loggers_traceback_of_a_failing_op_is_dropped_and_its_other_lines_shown(silenced):
+    """A model given inputs of the wrong width printed 19 lines of traceback before the tracer's one sentence."""
+    assert not _shown("torch._subclasses.fake_tensor", "failed while attempting to run meta for %s", "aten.mm.default")
+    assert _shown("torch._subclasses.fake_tensor", "some other fake tensor line")
