@@ -49,6 +49,7 @@ from autoplan.execute.stage_outputs import owned_outputs, send_contiguous, send_
 from autoplan.execute.tied import retie, tied_names
 from autoplan.execute.weight_pass import WeightPass, releases
 from autoplan.trace.capture import drop_export_checks
+from autoplan.trace.dataclass_outputs import register_dataclasses
 from autoplan.types.layout import chunks_of_stage
 from autoplan.types.plan import Plan
 from autoplan.types.schedule_steps import step_microbatches
@@ -158,7 +159,12 @@ NO_GRAD_REGION = (
 def _output_spec(model: nn.Module) -> Iterator[list[pytree.TreeSpec]]:
     """Record the pytree spec of what ``model`` returns while ``pipeline()`` exports it."""
     specs: list[pytree.TreeSpec] = []
-    handle = model.register_forward_hook(lambda module, args, output: specs.append(pytree.tree_structure(output)))
+
+    def record(module: nn.Module, args: Any, output: Any) -> None:
+        register_dataclasses(output)
+        specs.append(pytree.tree_structure(output))
+
+    handle = model.register_forward_hook(record)
     try:
         yield specs
     finally:

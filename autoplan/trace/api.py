@@ -30,6 +30,7 @@ from autoplan.trace.batch_coupling import coupled_output
 from autoplan.trace.batch_dims import check_batch_dims
 from autoplan.trace.build import build_graph, canonical_names, seq_len_of
 from autoplan.trace.capture import capture, first_line
+from autoplan.trace.dataclass_outputs import dataclass_outputs_known
 from autoplan.trace.propagate import Measured, NodeFailure, Propagator
 from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
 from autoplan.trace.windows import annotate_windows
@@ -108,6 +109,7 @@ def _traced(
         moe.routed(model, routing) as log,
         _grad_mode(grad_mode),
         _onednn_on(),
+        dataclass_outputs_known(model),  # torch.export flattens the output
     ):
         meta_inputs = tuple(map_tensors(inputs, to_meta))
         captured = capture(model, meta_inputs, model_name=model_name, source_lines=source_lines)

@@ -59,6 +59,7 @@ def _traced(name: str):
         ("latent_queries", "pp=2,schedule=zbv"),  # a chunk sends on what it reads; torch detaches it after B
         ("optional_args", "pp=2,schedule=1f1b"),  # `if mask is not None:` with mask None: fx took the branch
         ("dict_target", "pp=2,schedule=1f1b,mbs=2"),  # torch's schedule splits a tensor target only
+        ("dataclass_output", "pp=2,schedule=1f1b"),  # torch.export flattens the output: pytree knew no dataclass
         (
             "no_grad_stem",
             "dp=2,zero=1",
