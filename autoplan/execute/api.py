@@ -68,8 +68,11 @@ from autoplan.types.schedules import SPLIT_BACKWARD, v_shaped
 def default_optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
     """AdamW with its fused kernel: one pass over weight, gradient and both moments (the
     28 bytes per parameter the cost model charges, autoplan/cost/model.py), where the
-    for-loop and foreach versions make a pass per arithmetic step."""
-    return torch.optim.AdamW(params, lr=1e-4, fused=True)
+    for-loop and foreach versions make a pass per arithmetic step. The fused kernel takes floating parameters only:
+    a model with a complex one (a global filter's spectrum) gets torch's default AdamW, which takes both."""
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]  # tensors, or param groups
+    fused = all(torch.is_floating_point(t) for t in tensors)
+    return torch.optim.AdamW(params, lr=1e-4, fused=fused or None)
 
 
 def parallelize(

@@ -74,8 +74,10 @@ def apply_fsdp(
     edp_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """fully_shard each experts module on the edp mesh, then each block present in ``module``,
-    then ``module`` itself; a 0-dim parameter (CLIP's ``logit_scale``), which fully_shard refuses, is left out of
-    every group, replicated, and its gradient averaged over the dp ranks (:func:`_averaged_over`)."""
+    then ``module`` itself; a 0-dim parameter (CLIP's ``logit_scale``), which fully_shard refuses, and a complex one
+    (a global filter's spectrum: fully_shard wants one dtype per group, "FSDP expects uniform original parameter
+    dtype") are left out of every group, replicated, and their gradients averaged over the dp ranks
+    (:func:`_averaged_over`)."""
     kwargs = {"mesh": dp_mesh, "reshard_after_forward": plan.zero_stage == 3}
     if (
         plan.offload == "full"
@@ -86,9 +88,9 @@ def apply_fsdp(
     for expert_module in experts:
         policy = dataclasses.replace(mp_policy or MixedPrecisionPolicy(), cast_forward_inputs=False)
         fully_shard(expert_module, **{**kwargs, "mesh": edp_mesh, "mp_policy": policy})
-    if scalars := {p for p in module.parameters() if p.dim() == 0}:
-        kwargs["ignored_params"] = scalars
-        _averaged_over(scalars, dp_mesh)
+    if apart := {p for p in module.parameters() if p.dim() == 0 or p.is_complex()}:
+        kwargs["ignored_params"] = apart
+        _averaged_over(apart, dp_mesh)
     present = dict(module.named_modules())
     inner_first = sorted(blocks, key=lambda b: -b.count("."))  # inner before outer, as fully_shard needs
     units = [unit for fqn in inner_first if fqn in present for unit in _callable_units(present[fqn])]
@@ -99,7 +101,7 @@ def apply_fsdp(
 
 
 def _averaged_over(params: set[nn.Parameter], dp_mesh: DeviceMesh) -> None:
-    """Each of ``params`` (0-dim: fully_shard refuses them, so they are left out of its groups and replicated)
+    """Each of ``params`` (0-dim or complex: left out of fully_shard's groups and replicated)
     averages its gradient over the dp ranks as each micro-batch's backward accumulates it: the accumulated
     gradient is equal on every rank, so averaging again after the next micro-batch adds that one's mean."""
     groups = [dp_mesh.get_group(dim) for dim in range(dp_mesh.ndim)]

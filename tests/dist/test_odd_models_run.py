@@ -60,6 +60,7 @@ def _traced(name: str):
         ("optional_args", "pp=2,schedule=1f1b"),  # `if mask is not None:` with mask None: fx took the branch
         ("dict_target", "pp=2,schedule=1f1b,mbs=2"),  # torch's schedule splits a tensor target only
         ("dataclass_output", "pp=2,schedule=1f1b"),  # torch.export flattens the output: pytree knew no dataclass
+        ("complex_filter", "dp=2,zero=3,mbs=2"),  # a complex parameter: unfused AdamW, left out of FSDP2's groups
         (
             "no_grad_stem",
             "dp=2,zero=1",

@@ -137,7 +137,7 @@ class Reference:
         if self.optimizer is None:
             self.optimizer = (self.optimizer_fn or default_optimizer)(list(self.masters.values()))
         for name, master in self.masters.items():
-            master.grad = grads[name].to(master.device, torch.float32) if name in grads else None
+            master.grad = verify.full_precision(grads[name]).to(master.device) if name in grads else None
         self.optimizer.step()
         return {name: self.masters[name].detach().clone() for name in grads}
 
@@ -169,21 +169,25 @@ class Reference:
         )
 
 
-def packed(weights: dict[str, torch.Tensor]) -> tuple[list[tuple[str, tuple[int, ...]]], torch.Tensor]:
-    """``weights`` (fp32, by name) as their names and shapes and one flat fp32 CPU tensor, for
-    ``all_gather_object``: pickling one storage instead of one per tensor (each a ``torch.save`` of its
-    own) took a TinyLlama's 39 weights from 5-8 ms to 0.4-0.6 ms a pickle and unpickle. :func:`unpacked`
-    gives them back, the same values."""
-    names = [(name, tuple(w.shape)) for name, w in weights.items()]
-    flat = [w.detach().cpu().reshape(-1) for w in weights.values()]
+def packed(weights: dict[str, torch.Tensor]) -> tuple[list[tuple[str, tuple[int, ...], bool]], torch.Tensor]:
+    """``weights`` (fp32, by name) as their names, shapes and whether complex, and one flat fp32 CPU tensor (a
+    complex weight as its real and imaginary parts: a cat with one complex tensor made every weight complex), for
+    ``all_gather_object``: pickling one storage instead of one per tensor (each a ``torch.save`` of its own) took a
+    TinyLlama's 39 weights from 5-8 ms to 0.4-0.6 ms a pickle and unpickle. :func:`unpacked` gives them back, the
+    same values."""
+    names = [(name, tuple(w.shape), w.is_complex()) for name, w in weights.items()]
+    flat = [(torch.view_as_real(w) if w.is_complex() else w).detach().cpu().reshape(-1) for w in weights.values()]
     return names, torch.cat(flat) if flat else torch.empty(0)
 
 
-def unpacked(found: tuple[list[tuple[str, tuple[int, ...]]], torch.Tensor]) -> dict[str, torch.Tensor]:
+def unpacked(found: tuple[list[tuple[str, tuple[int, ...], bool]], torch.Tensor]) -> dict[str, torch.Tensor]:
     """The weights :func:`packed` packed, by name: views of its flat tensor."""
     names, flat = found
-    sizes = [math.prod(shape) for _, shape in names]
-    return {name: part.view(shape) for (name, shape), part in zip(names, flat.split(sizes))}
+    sizes = [math.prod(shape) * (2 if complex_ else 1) for _, shape, complex_ in names]
+    return {
+        name: torch.view_as_complex(part.view(*shape, 2)) if complex_ else part.view(shape)
+        for (name, shape, complex_), part in zip(names, flat.split(sizes))
+    }
 
 
 def powersgd_expected(
@@ -209,7 +213,7 @@ def powersgd_expected(
         else:
             expected[name] = fed
         feedback[name] = fed - got
-    return {name: g.float() for name, g in expected.items()}
+    return {name: verify.full_precision(g) for name, g in expected.items()}
 
 
 def _projected(matrix: torch.Tensor, *, onto: torch.Tensor, rank: int) -> torch.Tensor:

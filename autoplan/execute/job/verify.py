@@ -101,7 +101,7 @@ def reference_step(
             buffers.leave(model, rank)
         for name, p in model.named_parameters():
             if p.grad is not None:
-                grads[name] = grads.get(name, 0.0) + _dense(p.grad.detach()).float() / scale
+                grads[name] = grads.get(name, 0.0) + full_precision(_dense(p.grad.detach())) / scale
     return total, grads
 
 
@@ -119,9 +119,15 @@ def prepare_reference(model: nn.Module, *, plan: Plan, policy: precision.Precisi
     precision.cast_parameters(model, policy)
 
 
+def full_precision(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in fp32, or complex64 where it is complex: ``.float()`` kept the real part of a complex parameter
+    only (a global filter), and --verify compared a reference that had lost its imaginary part."""
+    return tensor.to(torch.complex64) if tensor.is_complex() else tensor.float()
+
+
 def initial_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """fp32 copies of ``model``'s weights by FQN, taken before the reference casts or steps."""
-    return {name: p.detach().float().clone() for name, p in model.named_parameters()}
+    return {name: full_precision(p.detach()).clone() for name, p in model.named_parameters()}
 
 
 def updated_reference(
@@ -157,8 +163,8 @@ def _full(tensor: torch.Tensor, name: str = "", trainer: Trainer | None = None) 
     parameter's ``[E / ep, ...]`` slices gathered over its ep group into ``[E, ...]``)."""
     experts = trainer.experts if trainer is not None else None
     if experts is not None and name in experts.names:
-        return experts.whole(tensor.detach()).float().cpu()
-    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().float().cpu()
+        return full_precision(experts.whole(tensor.detach())).cpu()
+    return full_precision((tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()).cpu()
 
 
 def gathered_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -185,7 +191,7 @@ def frozen_differences(*, weights: dict[str, torch.Tensor], initial: dict[str, t
     """Each frozen parameter's change over the step, which must be none (docs/executor.md, "Frozen
     parameters"): any change is an error, however small (its norm over a reference norm of 0)."""
     return [
-        Difference(f"{name} (frozen)", float((weights[name].double() - initial[name].cpu().double()).norm()), 0.0)
+        Difference(f"{name} (frozen)", float((_wide(weights[name]) - _wide(initial[name].cpu())).norm()), 0.0)
         for name in sorted(initial)
         if name in weights
     ]
@@ -262,8 +268,13 @@ def compare(
     return sorted(merged.values(), key=lambda d: -d.relative)
 
 
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in double precision, complex128 where it is complex (``.double()`` drops an imaginary part)."""
+    return tensor.to(torch.complex128) if tensor.is_complex() else tensor.double()
+
+
 def _norm(tensors) -> float:
-    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
+    return math.sqrt(sum(float(_wide(t).abs().pow(2).sum()) for t in tensors))
 
 
 def _weight_differences(
@@ -287,13 +298,13 @@ def _weight_differences(
     found = []
     weights = weights if weights is not None else gathered_weights(trainer)
     for name, weight in weights.items():
-        if name not in ref_updated or float(ref_grads[name].double().norm()) <= floor:
+        if name not in ref_updated or float(_wide(ref_grads[name]).norm()) <= floor:
             continue
-        grad = ref_grads[name].cpu().double().abs()
+        grad = _wide(ref_grads[name].cpu()).abs()
         signal = grad > noise * float(grad.max())
-        ref = ref_updated[name].cpu().double()[signal]
-        step = float((ref - initial[name].cpu().double()[signal]).norm())
-        diff = weight.double()[signal] - ref
+        ref = _wide(ref_updated[name].cpu())[signal]
+        step = float((ref - _wide(initial[name].cpu())[signal]).norm())
+        diff = _wide(weight)[signal] - ref
         found.append(
             Difference(
                 f"{name} {UPDATED}",
@@ -308,9 +319,9 @@ def _weight_differences(
 
 def tensor_difference(*, name: str, grad: torch.Tensor, ref: torch.Tensor, floor: float) -> Difference:
     """The norm-relative difference of one gradient (module docstring)."""
-    diff = grad.double() - ref.double()
+    diff = _wide(grad) - _wide(ref)
     return Difference(
-        name, float(diff.norm()), float(ref.double().norm()), floor, float(diff.abs().max()) if diff.numel() else 0.0
+        name, float(diff.norm()), float(_wide(ref).norm()), floor, float(diff.abs().max()) if diff.numel() else 0.0
     )
 
 
