@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
 from exec_harness import run_verified
 
+from autoplan.modelfile import load_model_file
 from autoplan.solve.api import plan_graph
 from autoplan.trace import trace_model_file
 from autoplan.types.plan import Plan
@@ -107,3 +109,17 @@ def test_ddp_runs_a_model_with_parameters_no_gradient_reaches(tmp_path):
     plan = plan_graph(_traced("no_grad_stem"), devices=2, profile="cpu-gloo", fix="dp=2,zero=0").best
     assert plan.runs_ddp
     run_verified(model, plan.save(tmp_path / "p.json"), tmp_path / "run", timeout=240)
+
+
+def test_verify_compares_the_frozen_weights_of_every_pipeline_rank(tmp_path):
+    """Under zbv rank 1 holds frozen_stem's second frozen block: its frozen weights were compared on rank 1 only,
+    and rank 0's report (and verdict) left them out, so a step that changed them went unseen. Every rank's
+    comparisons are gathered now: the loss, each trained parameter's gradient and update, each frozen weight."""
+    plan = plan_graph(_traced("frozen_stem"), devices=2, profile="cpu-gloo", fix="pp=2,schedule=zbv").best
+    assert plan.stages[1] == ["blocks.1"]  # a frozen block on the second rank
+    run_verified(ODD / "frozen_stem.py", plan.save(tmp_path / "plan.json"), tmp_path / "run", timeout=240)
+    model = load_model_file(ODD / "frozen_stem.py").build()
+    trained = sum(p.requires_grad for p in model.parameters())
+    frozen = sum(not p.requires_grad for p in model.parameters())
+    verified = json.loads((tmp_path / "run" / "summary.json").read_text())["verify"]
+    assert verified["tensors"] == 1 + 2 * trained + frozen, verified

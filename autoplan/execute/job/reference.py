@@ -113,7 +113,8 @@ class Reference:
             ref_updated=updated,
             weights=weights,
             ref_buffers=expected_buffers(self.model, self.buffers, trainer.mesh.get_local_rank("dp")),
-        ) + verify.frozen_differences(weights=weights, initial=frozen)
+            frozen=frozen,
+        )
         self._follow(trainer, weights)
         self.checks.append(StepCheck(step=step, diffs=diffs, compressed=compressed, approximate=approximate))
         return self.checks[-1]

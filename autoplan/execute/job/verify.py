@@ -228,11 +228,14 @@ def compare(
     ref_updated: dict[str, torch.Tensor] | None = None,
     weights: dict[str, torch.Tensor] | None = None,
     ref_buffers: dict[str, torch.Tensor] | None = None,
+    frozen: dict[str, torch.Tensor] | None = None,
 ) -> list[Difference]:
     """Per-tensor differences, gathered from every rank; loss first. With ``initial`` and
     ``ref_updated`` (:func:`updated_reference`) the weights after the optimizer step are compared
     too (module docstring): ``weights`` (:func:`gathered_weights`), when the caller has them; with
-    ``ref_buffers`` (this rank's dp index's), the buffers (verify_buffers.py)."""
+    ``ref_buffers`` (this rank's dp index's), the buffers (verify_buffers.py); with ``frozen`` (the frozen
+    parameters' values before the step), each frozen weight this rank holds (:func:`frozen_differences`), gathered
+    like the rest: a pipeline rank other than 0 once kept its frozen weights' changes to itself."""
     floor = FLOOR * _norm(ref_grads.values())
     local = [Difference("loss", abs(loss - ref_loss), abs(ref_loss), max_abs_diff=abs(loss - ref_loss))]
     for name, grad in gathered_grads(trainer).items():
@@ -256,6 +259,8 @@ def compare(
         )
     if ref_buffers is not None:
         local += buffer_differences(trainer.stage_modules.values(), ref_buffers, original_name)
+    if frozen is not None and weights is not None:
+        local += frozen_differences(weights=weights, initial=frozen)
     everyone: list[list[Difference]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, local)
     merged = {}
