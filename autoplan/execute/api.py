@@ -57,6 +57,7 @@ from autoplan.execute.trainer import Trainer
 from autoplan.execute.unreached import unreached_params
 from autoplan.execute.zero import sharded_optimizer
 from autoplan.trace.build import seq_len_of
+from autoplan.trace.identity import check_plan_is_for_module
 from autoplan.trace.layers import find_blocks
 from autoplan.types.activation_offload import offloaded_blocks
 from autoplan.types.local_sgd import is_local_sgd
@@ -97,6 +98,7 @@ def parallelize(
     loss never reaches (execute/unreached.py)."""
     check_runs_on_autoplan(plan.runtime)
     check_runs_here(plan)
+    check_plan_is_for_module(plan, model)
     if microbatch_inputs is None and plan.inputs and (plan.pp > 1 or plan.cp > 1 or (plan.tp > 1 and not plan.tp_plan)):
         from autoplan.execute.batch import microbatch_from_specs
 

@@ -54,6 +54,22 @@ def check_plan_is_for(plan: Plan, model: str | Path | ModelFile, *, plan_name: s
     return None
 
 
+def check_plan_is_for_module(plan: Plan, model: torch.nn.Module) -> None:
+    """Raise PlanError when ``plan`` was made for another model than ``model`` (a module, as the Python API's
+    ``parallelize`` takes it): its parameters' names and shapes give another signature. The CLI asks
+    :func:`check_plan_is_for` of the model file; the API trained another model's plan silently."""
+    if not plan.graph_signature:
+        return
+    signature = parameters_signature(parameter_table(model))
+    if signature != plan.graph_signature:
+        made_for = f"'{plan.model}'" if plan.model else "another model"
+        raise PlanError(
+            f"the plan was made for {made_for} (graph signature {plan.graph_signature}), not for this "
+            f"{type(model).__name__} (graph signature {signature}: other parameter names or shapes); make a plan "
+            "for it with autoplan.plan()."
+        )
+
+
 def _made_for(plan: Plan, model_file: ModelFile, signature: str) -> str:
     """The clause that says which model the plan is for and how this one differs."""
     name = model_file.path.name
