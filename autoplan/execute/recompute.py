@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import weakref
 
@@ -191,7 +192,7 @@ def apply_recompute(*, module: nn.Module, blocks: list[str], mode: str, split_ba
     count = 0
     for fqn in blocks:
         if fqn in present:
-            block = present[fqn]
+            block = _compiled_inside(present[fqn])
             if mode == "selective":
                 _rnn_recomputed(block)
             block.forward = _checkpointed(
@@ -199,6 +200,15 @@ def apply_recompute(*, module: nn.Module, blocks: list[str], mode: str, split_ba
             )
             count += 1
     return count
+
+
+def _compiled_inside(block: nn.Module) -> nn.Module:
+    """The module a ``torch.compile``-d block compiles (its ``_orig_mod``), else the block: checkpointed inside, the
+    compiled graph holds the checkpoint (torch.compile traces it), where a selective checkpoint around the compiled
+    module stopped its backward ("Tensor cached during selective activation checkpoint has been mutated") or its
+    compilation."""
+    frame = sys.modules.get("torch._dynamo.eval_frame")  # no compiled module without it: never imported here
+    return block._orig_mod if frame is not None and isinstance(block, frame.OptimizedModule) else block
 
 
 def out_of_place(*, module: nn.Module, blocks: list[str]) -> int:

@@ -63,6 +63,7 @@ def _traced(name: str):
         ("dict_target", "pp=2,schedule=1f1b,mbs=2"),  # torch's schedule splits a tensor target only
         ("dataclass_output", "pp=2,schedule=1f1b"),  # torch.export flattens the output: pytree knew no dataclass
         ("complex_filter", "dp=2,zero=3,mbs=2"),  # a complex parameter: unfused AdamW, left out of FSDP2's groups
+        ("compiled_block", "dp=2,recompute=selective"),  # the checkpoint goes inside the file's torch.compile
         (
             "no_grad_stem",
             "dp=2,zero=1",
