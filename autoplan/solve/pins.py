@@ -83,7 +83,10 @@ def parse_fixes(text: str | list[str] | None) -> dict[str, object]:
             key, value = key.strip().lower(), value.strip().lower()
             if not sep or key not in FIX_KEYS:
                 raise PlanError(f"--fix '{pair}' is not KEY=VALUE with KEY one of {', '.join(FIX_KEYS)}.")
-            fixes[key] = _typed(key, value)
+            typed = _typed(key, value)
+            if key in fixes and fixes[key] != typed:
+                raise PlanError(f"--fix pins {key} twice, to {fixes[key]} and to {typed}; pin it once.")
+            fixes[key] = typed
     if "recompute_blocks" in fixes and fixes.get("recompute") == "none":
         raise PlanError(
             "--fix recompute_blocks with recompute=none: the counts say how many blocks recompute; "
