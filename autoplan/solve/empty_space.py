@@ -81,6 +81,11 @@ def no_configuration(options: Any, layers: int) -> str:
         )
     if refused := _microbatches_refused(options, layers, pins):
         return refused
+    if options.fixes.get("pp") == 1 and options.fixes.get("schedule", "1f1b") not in ("1f1b", "gpipe"):
+        return (
+            f"--fix {pins}: schedule={options.fixes['schedule']} orders the micro-batches of a pipeline, and pp=1 is "
+            "no pipeline; pin pp >= 2 with it, or drop the schedule."
+        )
     if pins:
         return (
             f"no configuration of {options.devices} devices and batch {options.batch_size} satisfies --fix {pins}; "

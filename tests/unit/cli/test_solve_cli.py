@@ -110,6 +110,8 @@ def test_fix_and_runtime_are_honoured_from_the_command_line(small_gpt, tmp_path)
         (["--devices", "8", "--profile", "dgx-a100", "--fix", "colour=red"], "KEY=VALUE"),
         # the last value won before, with only a warning that dp is 1
         (["--devices", "8", "--profile", "dgx-a100", "--fix", "dp=2,dp=1"], "pins dp twice, to 2 and to 1"),
+        # it said dp*tp*pp must equal the devices
+        (["--devices", "8", "--profile", "dgx-a100", "--fix", "pp=1,schedule=zbv"], "and pp=1 is no pipeline"),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(small_gpt, tmp_path, capsys, extra, words):
