@@ -32,6 +32,7 @@ from autoplan.trace.build import build_graph, canonical_names, seq_len_of
 from autoplan.trace.capture import capture, first_line
 from autoplan.trace.dataclass_outputs import dataclass_outputs_known
 from autoplan.trace.propagate import Measured, NodeFailure, Propagator
+from autoplan.trace.sequence_mixing import LossMixing
 from autoplan.trace.tensors import map_tensors, swapped, to_meta, training_mode
 from autoplan.trace.windows import annotate_windows
 from autoplan.types.graph import Graph
@@ -311,10 +312,12 @@ def _loss_node(name: str, loss_fn: Callable, after: str, loss: torch.Tensor, **m
 
 
 def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any, after: str, name: str) -> Measured:
+    mixing = LossMixing()  # what the loss shifts or slices along (types/context_parallel.py)
     try:
-        loss, fwd, bwd = prop.measure(
-            name=name, node=None, fn=loss_fn, args=(outputs, target), kwargs={}, extra_params=[]
-        )
+        with mixing:
+            loss, fwd, bwd = prop.measure(
+                name=name, node=None, fn=loss_fn, args=(outputs, target), kwargs={}, extra_params=[]
+            )
     except AutoplanError:
         raise
     except NO_FAKE_KERNEL as exc:  # CTC's aten._ctc_loss: its output shape depends on the target lengths' values
@@ -328,4 +331,5 @@ def _loss_record(prop: Propagator, loss_fn: Callable, outputs: Any, target: Any,
         ) from exc
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise TraceError(f"the loss function returned {type(loss).__name__}; expected a scalar tensor.")
-    return _loss_node(name, loss_fn, after, loss, fwd_flops=int(fwd), bwd_flops=int(bwd))
+    attrs = {"mixes": sorted(mixing.sizes)} if mixing.sizes else {}
+    return _loss_node(name, loss_fn, after, loss, fwd_flops=int(fwd), bwd_flops=int(bwd), attrs=attrs)

@@ -59,7 +59,15 @@ def cp_refusal(graph: Graph) -> str | None:
             "classifier's [CLS] or last token, a mean over the sequence), which on a shard picks another token or "
             "pools a part; plan cp=1."
         )
-    if (node := _mixing_node(graph)) is not None:
+    if (node := _mixing_node(graph)) is not None and node.op == "loss":
+        return (
+            f"the loss function shifts, slices or picks along the sequence of {graph.seq_len} tokens (a causal LM's "
+            "logits[:, :-1] against target[:, 1:]), and under context parallelism it meets each rank's shard of the "
+            "output and the target, whose chunks are not contiguous: it would pair tokens across the shards; give "
+            "example_target() the shifted targets (the token after each position) and score all positions, or plan "
+            "cp=1."
+        )
+    if node is not None:
         return (
             f"'{node.name}' ({node.target}) {_where(node)} combines values along the sequence of {graph.seq_len} "
             "tokens (a scan, shift, convolution, pooling or slice over it), and under context parallelism each rank "
@@ -122,7 +130,7 @@ def _mixing_node(graph: Graph):
     started = False
     for node in graph.nodes:
         started = started or node.layer is not None
-        if started and node.op not in ("attention", "loss", "output") and graph.seq_len in node.attrs.get("mixes", ()):
+        if started and node.op not in ("attention", "output") and graph.seq_len in node.attrs.get("mixes", ()):
             return node
     return None
 
