@@ -26,6 +26,21 @@ import torch
 
 from autoplan.errors import ModelFileError
 
+#: transformers' names of a model's own checkpointing flag and switch: 5.x's, then 4.x's
+_HF_CHECKPOINTING = (
+    ("is_activation_checkpointing", "activation_checkpointing_disable"),
+    ("is_gradient_checkpointing", "gradient_checkpointing_disable"),
+)
+
+
+def _own_checkpointing_off(model: torch.nn.Module) -> None:
+    """Turn off a Hugging Face model's own gradient checkpointing (:meth:`ModelFile.build`)."""
+    for flag, switch in _HF_CHECKPOINTING:
+        if hasattr(type(model), flag) and callable(getattr(model, switch, None)):
+            if getattr(model, flag):
+                getattr(model, switch)()
+            return
+
 
 @dataclass
 class ModelFile:
@@ -48,12 +63,16 @@ class ModelFile:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
     def build(self) -> torch.nn.Module:
-        """Call ``build_model()`` and check it returns a module."""
+        """Call ``build_model()`` and check it returns a module. A Hugging Face model built with its own gradient
+        checkpointing on (``gradient_checkpointing_enable()``) gets it turned off: the plan's recomputation is the one
+        autoplan prices and runs, and the model's own re-ran its blocks under context parallelism's attention routing
+        with other saved tensors ("A different number of tensors was saved", docs/executor.md)."""
         model = self._call("build_model", self.build_model)
         if not isinstance(model, torch.nn.Module):
             raise ModelFileError(
                 f"{self.path}: build_model() returned {type(model).__name__}; expected a torch.nn.Module."
             )
+        _own_checkpointing_off(model)
         return model
 
     def inputs(self, batch_size: int) -> tuple:

@@ -94,3 +94,28 @@ def test_subprocess_prints_no_traceback(tmp_path):
         text=True,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+HF_CHECKPOINTED = """
+from transformers import LlamaConfig, LlamaForCausalLM
+def build_model():
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, use_cache=False))
+    model.activation_checkpointing_enable()
+    return model
+def example_inputs(batch_size):
+    import torch
+    return (torch.zeros(batch_size, 8, dtype=torch.long),)
+"""
+
+
+def test_a_hugging_face_models_own_checkpointing_is_turned_off_for_the_plans(tmp_path):
+    """The plan's recomputation is the one autoplan prices and runs; the model's own re-ran its blocks under context
+    parallelism's attention routing with other saved tensors (CheckpointError on every cp plan)."""
+    pytest.importorskip("transformers")
+    from autoplan.modelfile import load_model_file
+
+    path = tmp_path / "checkpointed.py"
+    path.write_text(HF_CHECKPOINTED)
+    model = load_model_file(path).build()
+    assert not model.is_activation_checkpointing
