@@ -175,6 +175,13 @@ def _unexpressed(plan: Plan, kind: str) -> list[str]:
     found += _sharding_gaps(plan, kind) + _parallel_gaps(plan) + _reduction_gaps(plan, kind)
     found += activation_offload_notes(plan, "Accelerate")
     found += local_sgd_notes(plan, "Accelerate")
+    if plan.recompute != "none" and kind != "FSDP":
+        found.append(
+            f"recompute={plan.recompute}: a {kind} config has no activation-checkpointing key (Accelerate's one is "
+            "fsdp_activation_checkpointing, under FSDP); turn it on in the training script (a Hugging Face model: "
+            "model.gradient_checkpointing_enable(); else torch.utils.checkpoint around each block)."
+        )
+        return found
     if plan.recompute_blocks:
         how = "checkpoints every wrapped block (fsdp_activation_checkpointing is one switch)"
         found.append(every_block_note(plan, trainer="Accelerate", how=how))

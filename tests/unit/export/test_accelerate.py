@@ -187,6 +187,16 @@ def test_unexpressed_items_are_named_in_the_result_and_the_file(facts):
     assert "num_machines assumes 8 devices per machine" in acc_export.export(PLANS["ddp-bf16"], facts).text
 
 
+def test_recomputation_under_ddp_is_said_not_dropped(facts):
+    """A MULTI_GPU (DDP) config has no checkpointing key: the file once left recompute out with no note (and a
+    selective plan's note said it was written as full)."""
+    for mode in ("full", "selective"):
+        exported = acc_export.export(dataclasses.replace(PLANS["ddp-bf16"], recompute=mode), facts)
+        said = " ".join(exported.unexpressed)
+        assert f"recompute={mode}: a MULTI_GPU config has no activation-checkpointing key" in said
+        assert "gradient_checkpointing_enable()" in said and "written as full" not in said
+
+
 def test_launch_command_is_accelerates_own(facts):
     exported = acc_export.export(PLANS["ddp-bf16"], facts)  # one machine; more: test_accelerate_start.py
     assert exported.launch == "accelerate launch --config_file accelerate_fsdp.yaml train.py"
