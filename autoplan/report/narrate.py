@@ -25,7 +25,10 @@ def _decision(exp) -> str:
     """The nearest other family's verdict, word for word as the families table states it."""
     r = exp.decision_rival
     if r is None:
-        return f"**Decision:** no plan of another family fits, so the {exp.family} shape was the only option."
+        return (
+            f"**Decision:** no plan of another family was among those searched and fitting (the pins or the memory "
+            f"left none), so the {exp.family} shape was the only option."
+        )
     verdict = exp.family_verdict(r.family)
     if verdict.verdict == "tie":
         return f"**Decision:** the nearest other family, {r.family}, ties with it: {verdict.detail}."
@@ -54,7 +57,7 @@ def _why_lines(exp) -> list[str]:
         "## Why this plan",
         "",
         f"Chosen: **{exp.plan}**, {duration_text(exp.step_time_s)} per step, "
-        f"{exp.peak_memory_bytes / GIB:.2f} GiB peak per device (objective: {exp.objective}).",
+        f"{number_text(exp.peak_memory_bytes / GIB)} GiB peak per device (objective: {exp.objective}).",
         "",
         *(f"**Warning:** {w}\n" for w in exp.warnings),
         _decision(exp),

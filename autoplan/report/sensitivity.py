@@ -168,7 +168,11 @@ def batch_threshold(model: CostModel, plans: list[Plan], objective) -> Threshold
     if piped is None or flat is None:
         what = "flat (pp = 1)" if flat is None else "pipelined (pp > 1)"
         return Threshold.unchanged(
-            knob, batch, "samples", f"no {what} plan fits, so the batch size cannot flip the choice between them here."
+            knob,
+            batch,
+            "samples",
+            f"no {what} plan was among those searched and fitting (the pins or the memory left none), so the batch "
+            "size cannot flip the choice between them here.",
         )
     unit = math.lcm(piped.dp * piped.micro_batch_size, flat.dp * flat.micro_batch_size)
     if piped.schedule == "interleaved_1f1b":
