@@ -178,7 +178,7 @@ def _data_parallel(pred: StagePrediction, plan: Plan, stage: StageTotals, index:
     if tables and plan.dp > 1:  # gloo's sparse all-reduce: indices, then values, all-gathered per table
         pred.add("dp", sparse_embedding.KIND, *sparse_embedding.step_volume(tables, plan))
         pred.add("dp", sparse_embedding.ROWS, len(tables), sparse_embedding.step_rows(tables, plan))
-    _add(pred, "dp", dp_messages.buffer_broadcast(plan, model.graph.buffer_bytes))
+    _add(pred, "dp", dp_messages.buffer_broadcast(plan, model.graph.buffer_bytes, model.graph.buffer_dtypes))
     module_list = any(m.interface == "module_list" for m in model.graph.moe_layers)
     tensors = len(model.graph.parameters)
     _add(pred, "dp", dp_messages.unused_map(plan, parameter_tensors=tensors, module_list_experts=module_list))

@@ -112,4 +112,5 @@ def build_graph(
         seq_len=seq_len,
         dtype=dtypes.most_common(1)[0][0] if dtypes else "float32",
         buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        buffer_dtypes=len({b.dtype for b in model.buffers()}),
     )

@@ -194,6 +194,7 @@ class Graph:
     seq_len: int | None = None
     dtype: str = "float32"
     buffer_bytes: int = 0  # the model's buffers (DDP broadcasts them from rank 0 each step)
+    buffer_dtypes: int = 0  # their distinct dtypes: DDP coalesces one broadcast per dtype (0: not recorded, one)
     moe_layers: list[MoELayer] = field(default_factory=list)  # types/moe.py; empty for a dense model
     model_sha256: str = ""  # the SHA-256 of the model file it was traced from ("" when traced from a module)
     inputs: list[InputSpec] = field(default_factory=list)  # the forward() arguments traced (types/inputs.py)

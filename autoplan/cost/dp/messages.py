@@ -287,13 +287,15 @@ def fsdp_units(blocks: list, synced_params: float, *, experts_apart: bool, train
     return holding + (1 if root > 0 else 0)
 
 
-def buffer_broadcast(plan: Plan, buffer_bytes: float) -> StepMessages | None:
+def buffer_broadcast(plan: Plan, buffer_bytes: float, dtypes: int = 1) -> StepMessages | None:
     """DDP broadcasts rank 0's module buffers (``broadcast_buffers``) before the synced
-    micro-batch's forward, once a step, on the dp group; the time terms price it as an all-gather
-    of the same bytes (a pipelined broadcast moves the whole message over every link)."""
+    micro-batch's forward, once a step, on the dp group, one coalesced message per buffer dtype (torch's
+    ``_broadcast_coalesced`` flattens tensors of one dtype together: a BatchNorm's fp32 statistics and its int64
+    ``num_batches_tracked`` are two); the time terms price it as an all-gather of the same bytes (a pipelined
+    broadcast moves the whole message over every link)."""
     if plan.dp == 1 or not plan.runs_ddp or not buffer_bytes:
         return None
-    return StepMessages("broadcast", 1, buffer_bytes)
+    return StepMessages("broadcast", max(1, dtypes), buffer_bytes)
 
 
 def unused_map(plan: Plan, *, parameter_tensors: int, module_list_experts: bool) -> StepMessages | None:

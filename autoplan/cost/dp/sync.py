@@ -171,9 +171,10 @@ class DataParallelTerms:
         if not self._overlaps_grad_reduce(plan, grads):
             exposed = total
         total, exposed = total + gather_s, exposed + gather_exposed_s
-        broadcast = buffer_broadcast(plan, self.graph.buffer_bytes)
-        if broadcast:  # priced as an all-gather of the same bytes (messages.buffer_broadcast); never hidden
-            broadcast_s = collective_time_s(self.profile, "all_gather", broadcast.message_bytes, group=group)
+        broadcast = buffer_broadcast(plan, self.graph.buffer_bytes, self.graph.buffer_dtypes)
+        if broadcast:  # each message priced as an all-gather of its bytes (messages.buffer_broadcast); never hidden
+            each = broadcast.message_bytes / broadcast.count
+            broadcast_s = broadcast.count * collective_time_s(self.profile, "all_gather", each, group=group)
             total, exposed = total + broadcast_s, exposed + broadcast_s
         cost.dp_comm_s, cost.dp_comm_exposed_s = total, max(0.0, exposed)
 

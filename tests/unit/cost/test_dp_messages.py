@@ -184,3 +184,22 @@ def test_the_audit_predicts_the_bytes_the_time_terms_priced(pp, monkeypatch):
         sent[kind == "reduce_scatter"] += times[(phase, kind)] * size
     assert find(messages, WEIGHTS) and find(messages, GRADS)
     assert audit == pytest.approx(sent, rel=1e-12) and min(sent) > 0
+
+
+def test_ddp_broadcasts_its_buffers_in_one_message_per_dtype(tmp_path):
+    """A BatchNorm holds fp32 statistics and an int64 num_batches_tracked, which torch's coalesced broadcast sends
+    as two messages: the audit counted two where one was priced, on every DDP plan of a CNN."""
+    from pathlib import Path
+
+    from autoplan.cost import CostModel
+    from autoplan.cost.volumes import predict
+    from autoplan.profile import load_profile
+    from autoplan.trace import trace_model_file
+    from autoplan.types import Plan
+
+    model_file = Path(__file__).resolve().parents[2] / "odd_models" / "batch_norm_cnn.py"
+    graph = trace_model_file(model_file, 8)
+    assert graph.buffer_dtypes == 2
+    plan = Plan(devices=2, dp=2, tp=1, pp=1, micro_batch_size=4, num_microbatches=1)
+    (stage,) = predict(CostModel(graph, load_profile("cpu-gloo")), plan)
+    assert stage.comm[("dp", "broadcast")] == [2, graph.buffer_bytes]
