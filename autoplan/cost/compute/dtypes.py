@@ -24,12 +24,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import torch
+
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.plan import Plan
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2, "bfloat16": 2}
 _LOW = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}  # fp8 computes its non-GEMM ops in bf16
 _LOWER_KINDS = ("linear", "matmul", "conv", "attention")  # AT_FORALL_LOWER_PRECISION_FP, KERNEL_CPU lower_precision_fp
+_RNN_MODULES = ("LSTM", "GRU", "RNN")  # torch.nn's recurrent modules, run by cuDNN or oneDNN
+_RNN_OPS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer")
+
+
+def _onednn_runs(dtype: str) -> bool:
+    """Whether this CPU's oneDNN has RNN kernels for ``dtype`` (torch's checks of the ISA)."""
+    check = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}.get(dtype)
+    try:
+        return bool(check) and torch.backends.mkldnn.is_available() and getattr(torch.ops.mkldnn, check)()
+    except (AttributeError, RuntimeError):
+        return False
+
+
 #: AT_FORALL_FP32 and AT_FORALL_FP32_SET_OPT_DTYPE (autocast_mode.h, CUDA), the losses and FFTs of KERNEL_CPU fp32
 _FP32_CUDA = frozenset(
     "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus layer_norm "
@@ -104,7 +119,7 @@ class RunDtypes:
             cast = "cast_dtype" in reader.attrs or "cast_like" in reader.attrs
             if reader.op == "view" and not cast:
                 stack.extend((r, name) for r in succs[name])
-            elif reader.op in _LOWER_KINDS:
+            elif self._lowered(reader):
                 lower += 1
             elif not cast:
                 other = True
@@ -156,7 +171,7 @@ class RunDtypes:
         if "cast_dtype" in node.attrs or "cast_like" in node.attrs:
             return self._cast(node, traced)
         name = torch_name(node)
-        if policy.autocast and node.op in _LOWER_KINDS:
+        if policy.autocast and self._lowered(node):
             return low
         if policy.autocast and (node.op == "loss" or name in (_FP32_CUDA if policy.device == "cuda" else _FP32_CPU)):
             return "float32"
@@ -166,6 +181,15 @@ class RunDtypes:
         if node.op == "norm" and floating:
             return self.dtypes[floating[0].name]
         return self._promote(node, floating, traced)
+
+    def _lowered(self, node: OpNode) -> bool:
+        """Whether autocast runs ``node`` in the low dtype: its lower-precision kinds, and an RNN (cuDNN's on a GPU;
+        oneDNN's ``mkldnn_rnn_layer`` on a CPU with its kernels for the dtype, else torch's native RNN, which stays
+        fp32: execute/precision.py). A bf16 LSTM's pipeline boundary was priced at fp32's bytes, twice its sends."""
+        if node.op in _LOWER_KINDS:
+            return True
+        rnn = node.attrs.get("module_type") in _RNN_MODULES or torch_name(node) in _RNN_OPS
+        return rnn and (self.policy.device == "cuda" or _onednn_runs(self.policy.low))
 
     def _cast(self, node: OpNode, traced: str) -> str:
         like = node.attrs.get("cast_like")

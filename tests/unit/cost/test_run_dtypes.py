@@ -178,3 +178,28 @@ def test_a_linear_keeps_its_own_bf16_copy_of_an_fp32_norm_output(graph):
     for cast_params, expected in ((False, norm.saved_bytes - norm.output_bytes / 2), (True, norm.saved_bytes / 2)):
         dtypes = run_dtypes(graph, DtypePolicy(low="bfloat16", cast_params=cast_params, device="cpu"))
         assert saved_activation_bytes(norm, precision="bf16", gpu=False, dtypes=dtypes) == expected
+
+
+class _Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.head = nn.LSTM(16, 16, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+def test_an_lstm_runs_in_the_low_dtype_where_autocast_gives_it_a_kernel():
+    """cuDNN's and oneDNN's RNNs run in autocast's low dtype: a bf16 LSTM's pipeline boundary was priced at fp32's
+    bytes (the audit measured half). A CPU whose oneDNN has no bf16 kernel runs torch's native RNN in fp32, as
+    execute/precision.py makes it; the run's own autocast is the check."""
+    graph = trace(_Recurrent(), (torch.randn(2, 8, 16),))
+    lstm = next(n for n in graph.nodes if n.attrs.get("module_type") == "LSTM")
+    assert run_dtypes(graph, DtypePolicy(low="bfloat16", cast_params=False, device="cuda")).dtype(lstm) == "bfloat16"
+    cpu = run_dtypes(graph, DtypePolicy(low="bfloat16", cast_params=False, device="cpu")).dtype(lstm)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ran = str(nn.LSTM(16, 16, batch_first=True)(torch.randn(2, 8, 16))[0].dtype).replace("torch.", "")
+    except RuntimeError:  # oneDNN without this CPU's bf16 kernel: autoplan runs the native RNN, in fp32
+        ran = "float32"
+    assert cpu == ran
