@@ -254,8 +254,9 @@ def _frugal_fit(
                     continue
                 zero = max(zeros)
                 precision = space.precision_options(
-                    profile, fixes=frugal, allow_fp8=allow_fp8, runtime=options.runtime
-                )[-1]
+                    profile, fixes=frugal, allow_fp8=allow_fp8, runtime=options.runtime,
+                    built_in=space.built_in_precision(graph),
+                )[-1]  # fmt: skip
                 candidate = Plan(
                     devices=devices,
                     dp=deg.dp,

@@ -55,8 +55,9 @@ def bounded_groups(search: Any) -> list[tuple[float, Any]]:
     for deg in [d for d in degrees if space.zero_options(dp=d.dp_cp, fixes=search.fixes)]:  # ZeRO pins skip dp=1
         local_seq_lens = tuple(n // deg.cp for n in seq_lens)  # what sp shards: a cp rank's part
         for precision in space.precision_options(
-            search.profile, fixes=search.fixes, allow_fp8=search.options.allow_fp8, runtime=search.options.runtime
-        ):
+            search.profile, fixes=search.fixes, allow_fp8=search.options.allow_fp8, runtime=search.options.runtime,
+            built_in=space.built_in_precision(search.graph),
+        ):  # fmt: skip
             for sp in sp_options(tp=deg.tp, seq_lens=local_seq_lens, fixes=search.fixes, pp=deg.pp, moe=moe):
                 whole = bool(search.graph.batch_coupled)
                 for mbs in space.micro_batch_options(batch=opts.batch_size, dp=deg.dp, fixes=search.fixes, whole=whole):

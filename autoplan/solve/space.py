@@ -14,7 +14,7 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
 - sequence parallelism (``tp > 1``, tp dividing every sequence: solve/sequence_parallel.py);
   TP communication overlap (with SP, on NCCL, tp inside a node);
 - precision: fp32; bf16, or fp16 without bf16; fp8 only with ``allow_fp8`` or a pin, where the
-  profile has fp8 and bf16 peaks;
+  profile has fp8 and bf16 peaks; a model built in bf16 or fp16 only that (:func:`built_in_precision`);
 - gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction, where the executor runs DDP PowerSGD at the
   pinned rank or :data:`DEFAULT_POWERSGD_RANK` and top-k at DGC's ratios (solve/sparsify.py), and local SGD
   and DiLoCo over the replicas (solve/local_sgd.py); the cost model knows no accuracy; under ZeRO-1 without
@@ -330,6 +330,15 @@ def check_zero_pin(degrees: list[Degrees], fixes: dict, *, runtime: str = "autop
     )
 
 
+def built_in_precision(graph) -> str:
+    """``bf16`` or ``fp16`` where every floating parameter of ``graph`` is of that dtype, else ""."""
+    dtypes = {p.dtype for p in graph.parameters.values() if p.dtype in _SIXTEEN_BITS or "float" in p.dtype}
+    return _SIXTEEN_BITS.get(dtypes.pop(), "") if len(dtypes) == 1 else ""
+
+
+_SIXTEEN_BITS = {"bfloat16": "bf16", "float16": "fp16"}
+
+
 def recompute_options(*, fixes: dict, layers: int) -> list[str]:
     """Recomputation checkpoints blocks: a model without blocks has only "none"."""
     check_budget_pin(fixes, layers=layers)
@@ -345,10 +354,19 @@ def recompute_options(*, fixes: dict, layers: int) -> list[str]:
 
 
 def precision_options(
-    profile: Profile, *, fixes: dict, allow_fp8: bool = False, runtime: str = "autoplan"
+    profile: Profile, *, fixes: dict, allow_fp8: bool = False, runtime: str = "autoplan", built_in: str = ""
 ) -> list[str]:
     """The precisions searched (module docstring); fp8 only when allowed or pinned, and only for a
-    runtime that runs an FP8 recipe (types/runtime.py)."""
+    runtime that runs an FP8 recipe (types/runtime.py). ``built_in``: the 16-bit precision a model's floating
+    parameters were all built in (``torch_dtype=torch.bfloat16``), which it computes in whatever autocast says: that
+    precision only, where the plan once read fp32 and --verify judged a bf16 model by fp32's tolerance."""
+    if built_in:
+        if fixes.get("precision", built_in) != built_in:
+            raise PlanError(
+                f"--fix precision={fixes['precision']}, but the model's parameters are all {built_in} (built so), and "
+                f"it computes in {built_in}; pin precision={built_in}, or build the model in fp32."
+            )
+        return [built_in]
     peaks = profile.device.peak_flops
     if fixes.get("precision") == "fp8":
         check_runtime_choices(runtime=runtime, compile=False, precision="fp8", fp8_recipe="")

@@ -64,6 +64,7 @@ def _traced(name: str):
         ("dataclass_output", "pp=2,schedule=1f1b"),  # torch.export flattens the output: pytree knew no dataclass
         ("complex_filter", "dp=2,zero=3,mbs=2"),  # a complex parameter: unfused AdamW, left out of FSDP2's groups
         ("compiled_block", "dp=2,recompute=selective"),  # the checkpoint goes inside the file's torch.compile
+        ("built_in_bf16", "dp=2,zero=3"),  # planned bf16, its reference stepping bf16 copies as the run does
         (
             "no_grad_stem",
             "dp=2,zero=1",

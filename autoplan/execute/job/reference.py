@@ -68,7 +68,9 @@ class Reference:
 
     def __post_init__(self):
         self.buffers = RankBuffers(self.model, dp=self.plan.dp, synced_each_step=dp_mode(plan=self.plan) == "ddp")
-        self.masters = {name: nn.Parameter(w) for name, w in verify.initial_weights(self.model).items()}
+        fp32 = dp_mode(plan=self.plan) == "zero1"  # ZeRO-1 steps fp32 master slices (execute/zero.py)
+        weights = verify.initial_weights(self.model, fp32_masters=fp32)
+        self.masters = {name: nn.Parameter(w) for name, w in weights.items()}
         verify.prepare_reference(self.model, plan=self.plan, policy=self.policy)
 
     @property
@@ -138,7 +140,7 @@ class Reference:
         if self.optimizer is None:
             self.optimizer = (self.optimizer_fn or default_optimizer)(list(self.masters.values()))
         for name, master in self.masters.items():
-            master.grad = verify.full_precision(grads[name]).to(master.device) if name in grads else None
+            master.grad = grads[name].to(master.device, master.dtype) if name in grads else None
         self.optimizer.step()
         return {name: self.masters[name].detach().clone() for name in grads}
 

@@ -157,3 +157,10 @@ def test_a_schedule_that_runs_no_micro_batch_count_of_the_batch_says_so(graphs, 
     with pytest.raises(PlanError) as refused:
         plan_graph(graphs["side_effects"], devices=2, profile="cpu-gloo", batch_size=3, fix=f"pp=2,schedule={schedule}")
     assert rule in str(refused.value) and "and batch 3 on 2 devices gives 1 or 3;" in str(refused.value)
+
+
+def test_a_model_built_in_bf16_is_planned_in_bf16_and_an_fp32_pin_is_one_sentence():
+    graph = trace_model_file(ODD / "built_in_bf16.py", 8)
+    assert {c.plan.precision for c in plan_graph(graph, devices=2, profile="cpu-gloo").candidates if c.plan} == {"bf16"}
+    with pytest.raises(PlanError, match="the model's parameters are all bf16 .* pin precision=bf16"):
+        plan_graph(graph, devices=2, profile="cpu-gloo", fix="precision=fp32")
