@@ -21,6 +21,7 @@ from autoplan.cost import CostModel, pipeline_blocks, priced_profile, reliabilit
 from autoplan.errors import PlanError
 from autoplan.profile.io import load_profile, profile_file
 from autoplan.solve import sequence_parallel, space, tp_runnable
+from autoplan.solve.built_in_precision import built_in_precision
 from autoplan.solve.candidates import SearchOptions, SearchResult
 from autoplan.solve.context_parallel import cp_sequence, variant_options
 from autoplan.solve.pins import parse_fixes
@@ -255,7 +256,7 @@ def _frugal_fit(
                 zero = max(zeros)
                 precision = space.precision_options(
                     profile, fixes=frugal, allow_fp8=allow_fp8, runtime=options.runtime,
-                    built_in=space.built_in_precision(graph),
+                    built_in=built_in_precision(graph),
                 )[-1]  # fmt: skip
                 candidate = Plan(
                     devices=devices,

@@ -11,6 +11,7 @@ from typing import Any
 
 from autoplan.errors import PlanError
 from autoplan.solve import expert_layout, schedule_steps, space
+from autoplan.solve.built_in_precision import built_in_precision
 from autoplan.solve.candidates import Group
 from autoplan.solve.context_parallel import folds_into_dp, variant_options
 from autoplan.solve.sequence_parallel import sequence_lengths, sp_options
@@ -56,7 +57,7 @@ def bounded_groups(search: Any) -> list[tuple[float, Any]]:
         local_seq_lens = tuple(n // deg.cp for n in seq_lens)  # what sp shards: a cp rank's part
         for precision in space.precision_options(
             search.profile, fixes=search.fixes, allow_fp8=search.options.allow_fp8, runtime=search.options.runtime,
-            built_in=space.built_in_precision(search.graph),
+            built_in=built_in_precision(search.graph),
         ):  # fmt: skip
             for sp in sp_options(tp=deg.tp, seq_lens=local_seq_lens, fixes=search.fixes, pp=deg.pp, moe=moe):
                 whole = bool(search.graph.batch_coupled)

@@ -14,7 +14,7 @@ with their reasons: docs/ilp.md, section 4). Each choice and the rule that makes
 - sequence parallelism (``tp > 1``, tp dividing every sequence: solve/sequence_parallel.py);
   TP communication overlap (with SP, on NCCL, tp inside a node);
 - precision: fp32; bf16, or fp16 without bf16; fp8 only with ``allow_fp8`` or a pin, where the
-  profile has fp8 and bf16 peaks; a model built in bf16 or fp16 only that (:func:`built_in_precision`);
+  profile has fp8 and bf16 peaks; a model built in bf16 or fp16 only that (solve/built_in_precision.py);
 - gradient sync: fp32; with ``allow_lossy`` a 16-bit reduction, where the executor runs DDP PowerSGD at the
   pinned rank or :data:`DEFAULT_POWERSGD_RANK` and top-k at DGC's ratios (solve/sparsify.py), and local SGD
   and DiLoCo over the replicas (solve/local_sgd.py); the cost model knows no accuracy; under ZeRO-1 without
@@ -328,15 +328,6 @@ def check_zero_pin(degrees: list[Degrees], fixes: dict, *, runtime: str = "autop
         f"{degrees[0].devices} devices leaves dp=1, one rank with nothing to partition; pin zero=0 (the same plan), "
         "or leave dp > 1 with a smaller tp or pp."
     )
-
-
-def built_in_precision(graph) -> str:
-    """``bf16`` or ``fp16`` where every floating parameter of ``graph`` is of that dtype, else ""."""
-    dtypes = {p.dtype for p in graph.parameters.values() if p.dtype in _SIXTEEN_BITS or "float" in p.dtype}
-    return _SIXTEEN_BITS.get(dtypes.pop(), "") if len(dtypes) == 1 else ""
-
-
-_SIXTEEN_BITS = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def recompute_options(*, fixes: dict, layers: int) -> list[str]:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import torch
-
 from autoplan.types.graph import Graph, OpNode
 from autoplan.types.plan import Plan
 
@@ -39,8 +37,12 @@ _RNN_OPS = ("lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer")
 def _onednn_runs(dtype: str) -> bool:
     """Whether this CPU's oneDNN has RNN kernels for ``dtype`` (torch's checks of the ISA)."""
     check = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}.get(dtype)
+    if not check:
+        return False
+    import torch  # only where an RNN is priced on a CPU: cost/ imports no torch (docs/architecture.md)
+
     try:
-        return bool(check) and torch.backends.mkldnn.is_available() and getattr(torch.ops.mkldnn, check)()
+        return torch.backends.mkldnn.is_available() and getattr(torch.ops.mkldnn, check)()
     except (AttributeError, RuntimeError):
         return False
 

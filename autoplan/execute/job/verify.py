@@ -127,9 +127,8 @@ def full_precision(tensor: torch.Tensor) -> torch.Tensor:
 
 def initial_weights(model: nn.Module, *, fp32_masters: bool = True) -> dict[str, torch.Tensor]:
     """fp32 copies of ``model``'s weights by FQN, taken before the reference casts or steps; without ``fp32_masters``
-    (a run that keeps no fp32 master: all but ZeRO-1) a model built in a 16-bit dtype keeps it, as its run steps its
-    parameters in that dtype, where an update too small for bf16 changed the reference's fp32 copy and left the run's
-    weight as it was (a LayerNorm weight 100% off)."""
+    (a run that keeps no fp32 master: all but ZeRO-1) a 16-bit weight keeps its dtype, as its run steps it: an update
+    too small for bf16 changed the reference's fp32 copy, not the run's weight (a LayerNorm weight 100% off)."""
     sixteen = () if fp32_masters else (torch.bfloat16, torch.float16)
     return {
         name: (p.detach() if p.dtype in sixteen else full_precision(p.detach())).clone()
