@@ -176,8 +176,9 @@ def _unexpressed(plan: Plan, kind: str) -> list[str]:
     found += activation_offload_notes(plan, "Accelerate")
     found += local_sgd_notes(plan, "Accelerate")
     if plan.recompute != "none" and kind != "FSDP":
+        what = "a single-device (NO)" if kind == "NO" else f"a DDP ({kind})"
         found.append(
-            f"recompute={plan.recompute}: a {kind} config has no activation-checkpointing key (Accelerate's one is "
+            f"recompute={plan.recompute}: {what} config has no activation-checkpointing key (Accelerate's one is "
             "fsdp_activation_checkpointing, under FSDP); turn it on in the training script (a Hugging Face model: "
             "model.gradient_checkpointing_enable(); else torch.utils.checkpoint around each block)."
         )

@@ -193,7 +193,7 @@ def test_recomputation_under_ddp_is_said_not_dropped(facts):
     for mode in ("full", "selective"):
         exported = acc_export.export(dataclasses.replace(PLANS["ddp-bf16"], recompute=mode), facts)
         said = " ".join(exported.unexpressed)
-        assert f"recompute={mode}: a MULTI_GPU config has no activation-checkpointing key" in said
+        assert f"recompute={mode}: a DDP (MULTI_GPU) config has no activation-checkpointing key" in said
         assert "gradient_checkpointing_enable()" in said and "written as full" not in said
 
 

@@ -21,7 +21,7 @@ def _plan(**kw) -> Plan:
     kw.setdefault("pp", 2)
     kw.setdefault("stages", HALVES if kw["pp"] == 2 else [])
     fields = dict(dp=1, tp=1, micro_batch_size=1, num_microbatches=4, precision="bf16", recompute="full")
-    return Plan(devices=kw["pp"], **{**fields, **kw})
+    return Plan(**{"devices": kw["pp"], **fields, **kw})
 
 
 def _registry() -> Registry:
@@ -71,10 +71,13 @@ def test_trainers_that_checkpoint_every_block_say_so():
     plan = _plan(pp=1, recompute_blocks=[5])
     py = titan.export(plan, FACTS, fmt="py", registry=_registry())
     ds = deepspeed.export(plan, FACTS)
-    acc = accelerate.export(plan, FACTS)
+    acc = accelerate.export(_plan(pp=1, dp=2, devices=2, zero_stage=3, recompute_blocks=[5]), FACTS)  # FSDP's switch
     for trainer, exported in (("torchtitan 0.3", py), ("DeepSpeed", ds), ("Accelerate", acc)):
         notes = [n for n in exported.unexpressed if n.startswith("recompute_blocks 5 (full)")]
         assert len(notes) == 1 and trainer in notes[0] and "written as every block" in notes[0], exported.unexpressed
+    # a single-device or DDP config has no checkpointing key at all: nothing is written as every block
+    said = " ".join(accelerate.export(plan, FACTS).unexpressed)
+    assert "single-device (NO) config has no activation-checkpointing key" in said and "every block" not in said
     assert not [n for n in deepspeed.export(_plan(pp=1), FACTS).unexpressed if "recompute_blocks" in n]
 
 
