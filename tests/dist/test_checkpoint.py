@@ -455,14 +455,14 @@ def test_a_model_with_a_parameter_its_forward_never_reads_resumes(tmp_path, fix)
     DINOv2's mask_token on every plan). Stopped after step 2 and resumed, the run ends as one that was not."""
     model = tmp_path / "unused.py"
     model.write_text(UNUSED)
-    planned = _autoplan("plan", model, "--profile", "cpu-gloo", "--devices", 2, "--batch", 8, "--fix", fix,
-                        "--out", tmp_path / "plan", "--quiet")  # fmt: skip
+    planned = cli_here("plan", model, "--profile", "cpu-gloo", "--devices", 2, "--batch", 8, "--fix", fix,
+                       "--out", tmp_path / "plan", "--quiet")  # fmt: skip  # in this process: no start-up
     assert planned.returncode == 0, planned.stderr[-3000:]
     plan = tmp_path / "plan" / "plan.json"
-    ref = _autoplan("run", model, "--plan", plan, "--steps", 4, "--out", tmp_path / "ref")
+    ref = _autoplan("run", model, "--plan", plan, "--steps", 3, "--out", tmp_path / "ref")
     first = _autoplan("run", model, "--plan", plan, "--steps", 2, "--out", tmp_path / "r", "--checkpoint-dir",
-                      tmp_path / "ck", "--checkpoint-every", 1)  # fmt: skip
-    again = _autoplan("run", model, "--plan", plan, "--steps", 4, "--out", tmp_path / "r", "--resume", tmp_path / "ck")
+                      tmp_path / "ck", "--checkpoint-every", 2)  # fmt: skip
+    again = _autoplan("run", model, "--plan", plan, "--steps", 3, "--out", tmp_path / "r", "--resume", tmp_path / "ck")
     assert ref.returncode == first.returncode == again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout
     assert _losses(tmp_path / "r") == _losses(tmp_path / "ref")
