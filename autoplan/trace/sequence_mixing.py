@@ -123,9 +123,13 @@ def _sliced(tensor: torch.Tensor, args: tuple, kwargs: dict, name: str) -> list[
 
 
 def _indexed(tensor: torch.Tensor, index: Any) -> list[int]:
-    """``x[...]`` with slices and integers only (no Ellipsis, no None, no tensor): each dim an integer picks from
-    or a slice does not take whole."""
+    """``x[...]`` with slices, integers and one Ellipsis only (no None, no tensor): each dim an integer picks from
+    or a slice does not take whole. The Ellipsis stands for the dims it spans (HF's causal-LM loss shifts with
+    ``logits[..., :-1, :]``)."""
     index = index if isinstance(index, tuple) else (index,)
+    if index.count(Ellipsis) == 1:
+        at = index.index(Ellipsis)
+        index = index[:at] + (slice(None),) * (tensor.dim() - len(index) + 1) + index[at + 1 :]
     if not all(isinstance(i, (slice, int)) for i in index) or len(index) > tensor.dim():
         return []
     return [d for d, i in enumerate(index) if isinstance(i, int) or not _whole(i, tensor.shape[d])]

@@ -218,6 +218,10 @@ def _shifted(logits, target):  # a causal LM's loss: position t scored against t
     return F.cross_entropy(logits[:, :-1].reshape(-1, DIM), target[:, 1:].reshape(-1))
 
 
+def _shifted_as_hf(logits, target):  # transformers' ForCausalLMLoss idiom
+    return F.cross_entropy(logits[..., :-1, :].reshape(-1, DIM), target[..., 1:].reshape(-1))
+
+
 def _aligned(logits, target):
     return F.cross_entropy(logits.reshape(-1, DIM), target.reshape(-1))
 
@@ -226,6 +230,7 @@ def test_a_loss_that_shifts_the_sequence_refuses_cp_and_an_aligned_one_does_not(
     """Under cp the loss meets each rank's head-tail shard of the output and the target, so a shift inside the loss
     pairs tokens across the chunks: HF Llama trained with gradients 26-36% off, no error."""
     ids, target = torch.randint(0, 32, (2, SEQ)), torch.randint(0, DIM, (2, SEQ))
-    said = cp_refusal(trace(Model(), (ids,), loss_fn=_shifted, target=target))
-    assert said is not None and "the loss function shifts, slices or picks along the sequence of 8 tokens" in said
+    for loss in (_shifted, _shifted_as_hf):
+        said = cp_refusal(trace(Model(), (ids,), loss_fn=loss, target=target))
+        assert said is not None and "the loss function shifts, slices or picks along the sequence of 8 tokens" in said
     assert cp_refusal(trace(Model(), (ids,), loss_fn=_aligned, target=target)) is None
