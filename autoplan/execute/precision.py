@@ -110,22 +110,27 @@ class NormParamsLikeStatistics(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _BATCH_NORMS:
-            args, kwargs = _params_like_statistics(args, kwargs)
+            args, kwargs = _params_like_statistics(func, args, kwargs)
         return func(*args, **kwargs)
 
 
-#: batch_norm(input, running_mean, running_var, weight, bias, ...): F.batch_norm's and torch.batch_norm's order
-_BATCH_NORMS = (torch.nn.functional.batch_norm, torch.batch_norm)
+#: each batch norm's positional order up to the bias: F.batch_norm(input, running_mean, running_var, weight, bias, ...),
+#: and the ATen binding torch.batch_norm(input, weight, bias, running_mean, running_var, ...) that model code may call
+_BATCH_NORMS = {
+    torch.nn.functional.batch_norm: ("input", "running_mean", "running_var", "weight", "bias"),
+    torch.batch_norm: ("input", "weight", "bias", "running_mean", "running_var"),
+}
 
 
-def _params_like_statistics(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    named = dict(zip(("input", "running_mean", "running_var", "weight", "bias"), args))
+def _params_like_statistics(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    order = _BATCH_NORMS[func]
+    named = dict(zip(order, args))
     named.update({k: v for k, v in kwargs.items() if k in ("running_mean", "weight", "bias")})
     stats = named.get("running_mean")
     if not isinstance(stats, torch.Tensor):
         return args, kwargs
     args = list(args)
-    for index, name in ((3, "weight"), (4, "bias")):
+    for index, name in ((order.index("weight"), "weight"), (order.index("bias"), "bias")):
         value = named.get(name)
         if isinstance(value, torch.Tensor) and value.dtype != stats.dtype:
             if name in kwargs:

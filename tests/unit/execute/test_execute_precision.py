@@ -177,3 +177,19 @@ def test_the_verify_table_lists_the_tensor_nearest_its_own_tolerance_first():
     passed, lines = step_table(diffs=[*weights, gradient], plan=bf16, rows=2)
     assert not passed
     assert "fc.weight" in lines[1] and "(tolerance 0.03)" in lines[1]
+
+
+def test_a_batch_norm_gets_its_weight_in_its_statistics_dtype_and_updates_them_in_place():
+    """FSDP2's cast_params leaves bf16 weights beside fp32 running statistics (every BatchNorm plan under ZeRO-2/3 in
+    bf16 stopped); both call forms (F.batch_norm's order and the ATen binding's weight-first one) run mixed, in bf16,
+    and keep updating the fp32 buffers themselves."""
+    from autoplan.execute.precision import NormParamsLikeStatistics
+
+    x = torch.randn(8, 3, dtype=torch.bfloat16)
+    weight, bias = torch.ones(3, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.bfloat16)
+    mean, var = torch.zeros(3), torch.ones(3)
+    with NormParamsLikeStatistics():
+        assert torch.nn.functional.batch_norm(x, mean, var, weight, bias, training=True).dtype == torch.bfloat16
+        after_first = mean.clone()
+        assert torch.batch_norm(x, weight, bias, mean, var, True, 0.1, 1e-5, False).dtype == torch.bfloat16
+    assert mean.dtype == torch.float32 and after_first.abs().sum() > 0 and not torch.equal(mean, after_first)
